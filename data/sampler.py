@@ -1,0 +1,99 @@
+"""Which samples each data-parallel rank reads (Megatron's MegatronPretrainingSampler).
+
+The global sample sequence, from ``consumed_samples`` on, is cut into chunks of
+``micro_batch_size * data_parallel_size``; rank r reads slice ``[r * mbs, (r + 1) * mbs)`` of each
+chunk. Samples are already shuffled by the dataset, so the sampler only walks forward: resuming a run
+is starting it at the consumed-samples count, and all TP ranks of a DP rank read the same samples.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+
+
+class PretrainingSampler:
+    """Yields this rank's micro-batches as lists of sample indices (a DataLoader batch_sampler)."""
+
+    def __init__(
+        self,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        data_parallel_rank: int,
+        data_parallel_size: int,
+        drop_last: bool = True,
+    ):
+        if total_samples <= 0:
+            raise ValueError(f"total_samples must be positive, got {total_samples}")
+        if not 0 <= consumed_samples < total_samples:
+            raise ValueError(
+                f"consumed_samples={consumed_samples} must lie in [0, total_samples={total_samples}); "
+                f"the run has already read the whole dataset"
+            )
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+        if data_parallel_size <= 0:
+            raise ValueError(f"data_parallel_size must be positive, got {data_parallel_size}")
+        if not 0 <= data_parallel_rank < data_parallel_size:
+            raise ValueError(f"data_parallel_rank={data_parallel_rank} must lie in [0, {data_parallel_size})")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel_rank = data_parallel_rank
+        self.data_parallel_size = data_parallel_size
+        self.drop_last = drop_last
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples all DP ranks read together for one micro-batch each."""
+        return self.micro_batch_size * self.data_parallel_size
+
+    def _chunk_starts(self) -> range:
+        remaining = self.total_samples - self.consumed_samples
+        full_chunks = remaining // self.samples_per_step
+        has_partial = remaining % self.samples_per_step and not self.drop_last
+        stop = self.consumed_samples + (full_chunks + bool(has_partial)) * self.samples_per_step
+        return range(self.consumed_samples, stop, self.samples_per_step)
+
+    def _my_slice(self, chunk_start: int) -> range:
+        start = chunk_start + self.data_parallel_rank * self.micro_batch_size
+        return range(start, min(start + self.micro_batch_size, self.total_samples))
+
+    def __len__(self) -> int:
+        """Micro-batches this rank yields (with drop_last=False a rank may get one fewer than rank 0,
+        when the final partial chunk does not reach its slice)."""
+        return sum(1 for start in self._chunk_starts() if len(self._my_slice(start)))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for chunk_start in self._chunk_starts():
+            indices = self._my_slice(chunk_start)
+            if len(indices):
+                yield list(indices)
+
+
+def collate_tokens(samples: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Stack the samples' token tensors into one [micro_batch, seq_length + 1] batch."""
+    return {"tokens": torch.stack([sample["tokens"] for sample in samples])}
+
+
+def build_data_loader(
+    dataset: torch.utils.data.Dataset,
+    consumed_samples: int,
+    micro_batch_size: int,
+    dp_rank: int,
+    dp_size: int,
+    num_workers: int = 0,
+) -> torch.utils.data.DataLoader:
+    """A DataLoader over this DP rank's micro-batches, starting after ``consumed_samples``."""
+    sampler = PretrainingSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_tokens,
+        # Pinned host memory only pays off when batches are copied to a GPU.
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=num_workers > 0,
+    )
