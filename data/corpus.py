@@ -1,0 +1,165 @@
+"""The embedded default corpus: CPython's own reference documentation, tokenized and cached.
+
+`python pretrain_gpt.py` must train on something with no download and no data flags. Every CPython
+ships `pydoc_data.topics`, the text `help()` shows for statements, operators and types: ~465k
+characters of English prose and code in ~80 long topics. The trainer splits train/valid/test by
+*document* ratio (969,30,1 by default), which needs many documents, so each topic is cut into
+paragraph chunks (see `default_corpus_documents`), giving about 1,200 documents.
+
+`prepare_default_corpus` trains a tokenizer on those documents, writes them as a Megatron indexed
+dataset, and caches both under a directory keyed by the vocabulary size and a hash of the text, so a
+second run (or a different rank of the same job) reuses the work and a different CPython rebuilds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import pydoc_data.topics
+
+from data.indexed import IndexedDatasetWriter, best_dtype
+from data.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
+
+# A chunk grows paragraph by paragraph until it holds this many characters. Paragraphs of the topics
+# are mostly one to three lines (median ~110 characters), too short to be useful documents alone.
+MIN_DOCUMENT_CHARS = 200
+
+# Bump when the chunking or the cached layout changes, so stale caches are rebuilt rather than reused.
+CORPUS_RECIPE_VERSION = 1
+
+DATASET_NAME = "pydoc_topics_text_document"
+TOKENIZER_DIR_NAME = "tokenizer"
+
+# Two or more line breaks, possibly with spaces or tabs on the empty lines: a paragraph boundary.
+_BLANK_LINES = re.compile(r"\n(?:[ \t]*\n)+")
+
+
+def split_on_blank_lines(text: str) -> list[str]:
+    """The paragraphs of `text`: pieces between blank lines, without surrounding newlines, none empty.
+
+    Only newlines are trimmed, so indentation of the first line (code blocks) is kept.
+    """
+    pieces = (piece.strip("\n") for piece in _BLANK_LINES.split(text))
+    return [piece for piece in pieces if piece.strip()]
+
+
+def _chunk_paragraphs(paragraphs: list[str], min_chars: int) -> list[str]:
+    """Join consecutive paragraphs (with a blank line between) into chunks of at least `min_chars`.
+
+    A short tail is folded into the previous chunk rather than left as a tiny document.
+    """
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    current_chars = 0
+    for paragraph in paragraphs:
+        # Counted exactly as joined: a two-character separator before every paragraph but the first.
+        current_chars += len(paragraph) + (2 if current else 0)
+        current.append(paragraph)
+        if current_chars >= min_chars:
+            chunks.append(current)
+            current, current_chars = [], 0
+    if current:
+        if chunks:
+            chunks[-1].extend(current)
+        else:
+            chunks.append(current)
+    return ["\n\n".join(chunk) for chunk in chunks]
+
+
+def default_corpus_documents() -> list[str]:
+    """The default corpus as documents: each `pydoc_data.topics` topic, in sorted topic order, split
+    into chunks of consecutive paragraphs of at least `MIN_DOCUMENT_CHARS` characters.
+
+    Deterministic for a given CPython: sorted keys fix the order and the chunking has no randomness.
+    Paragraphs are joined by exactly one empty line, so the documents hold all of the topics' text;
+    only the blank-line separators themselves are normalised.
+    """
+    documents: list[str] = []
+    for name in sorted(pydoc_data.topics.topics):
+        paragraphs = split_on_blank_lines(pydoc_data.topics.topics[name])
+        documents.extend(_chunk_paragraphs(paragraphs, MIN_DOCUMENT_CHARS))
+    return documents
+
+
+def corpus_fingerprint(documents: list[str]) -> str:
+    """Short hash of the documents, the Python version and the recipe: changes when any of them does."""
+    digest = hashlib.sha256()
+    digest.update(f"recipe={CORPUS_RECIPE_VERSION};python={sys.version_info[:3]}".encode())
+    for document in documents:
+        # Length-prefixing keeps ["ab", "c"] and ["a", "bc"] apart.
+        encoded = document.encode("utf-8")
+        digest.update(len(encoded).to_bytes(8, "little"))
+        digest.update(encoded)
+    return digest.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class PreparedCorpus:
+    """Where the cached default corpus lives; pass these to the data and tokenizer loaders."""
+
+    data_prefix: str  # path of the .bin/.idx without extension
+    tokenizer_dir: str  # holds tokenizer.json (and vocab.json + merges.txt)
+    vocab_size: int  # of the trained tokenizer; can be below the requested size on this small corpus
+
+
+def _build(directory: str, documents: list[str], vocab_size: int) -> None:
+    """Train the tokenizer and write the dataset (one document per chunk, EOD appended) into `directory`."""
+    tokenizer = train_tokenizer(documents, vocab_size)
+    tokenizer.save(os.path.join(directory, TOKENIZER_DIR_NAME))
+    prefix = os.path.join(directory, DATASET_NAME)
+    with IndexedDatasetWriter(prefix, best_dtype(tokenizer.vocab_size)) as writer:
+        for tokens in tokenizer.encode_batch(documents):
+            writer.add_document(tokens + [tokenizer.eod_id])
+
+
+def _prepared(directory: str) -> PreparedCorpus:
+    tokenizer_dir = os.path.join(directory, TOKENIZER_DIR_NAME)
+    tokenizer = load_tokenizer(tokenizer_file=os.path.join(tokenizer_dir, TOKENIZER_FILE))
+    return PreparedCorpus(
+        data_prefix=os.path.join(directory, DATASET_NAME),
+        tokenizer_dir=tokenizer_dir,
+        vocab_size=tokenizer.vocab_size,
+    )
+
+
+def prepare_default_corpus(cache_dir: str, vocab_size: int) -> PreparedCorpus:
+    """Tokenizer + indexed dataset of the default corpus under `cache_dir`, built on first use.
+
+    Safe for concurrent callers (every rank of a torchrun job may call it) and against interruption:
+    each builder works in its own temporary directory next to the final one and renames it into place
+    in one step, so the final directory either does not exist or is complete. When two builders race,
+    the first rename wins and the loser discards its copy and uses the winner's (same input, same
+    output: training is deterministic).
+    """
+    documents = default_corpus_documents()
+    name = f"pydoc-topics-v{vocab_size}-{corpus_fingerprint(documents)}"
+    final_dir = os.path.join(cache_dir, name)
+    if os.path.isdir(final_dir):
+        return _prepared(final_dir)
+
+    os.makedirs(cache_dir, exist_ok=True)
+    print(
+        f"corpus: building the default corpus ({len(documents)} documents of CPython's pydoc topics, "
+        f"tokenizer vocab {vocab_size}) in {final_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+    work_dir = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir)
+    try:
+        _build(work_dir, documents, vocab_size)
+        try:
+            os.rename(work_dir, final_dir)
+        except OSError:
+            # Another process renamed its finished copy first; a rename onto a non-empty directory fails.
+            if not os.path.isdir(final_dir):
+                raise
+    finally:
+        # After a successful rename work_dir no longer exists; otherwise drop our partial/losing copy.
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return _prepared(final_dir)

@@ -1,0 +1,543 @@
+"""Corpus -> Megatron indexed dataset: ``<output-prefix>_<key>_document.{bin,idx}`` per JSON key.
+
+Megatron-LM's ``tools/preprocess_data.py`` flags, extended to the formats corpora come in today::
+
+    python -m data.preprocess --input corpus.jsonl --output-prefix data/my \\
+        --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod --workers 8
+
+Inputs are files or directories, read in the order given (directories in sorted path order):
+``.jsonl``/``.json`` (one JSON object per line), ``.txt`` (a file is one document, or several with
+``--text-document-separator``), ``.parquet``, and folders written by ``datasets``' ``save_to_disk``.
+Each key in ``--json-keys`` (a column, for parquet and datasets) becomes its own output.
+
+Reading and writing happen in this process; tokenization runs in ``--workers`` processes on batches
+of documents that come back in submission order, so the output is byte-identical for any worker count.
+Empty (whitespace-only) documents are skipped and counted in the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from data import DataError
+from data.corpus import split_on_blank_lines
+from data.indexed import IndexedDatasetWriter, best_dtype
+from data.tokenizer import GPTTokenizer, load_tokenizer, train_tokenizer
+
+FORMATS = ("auto", "jsonl", "text", "parquet", "hf")
+_FORMAT_OF_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
+BLANK_LINE_SEPARATOR = "blank-line"
+
+# A batch closes at whichever limit comes first: enough documents to amortise the trip to a worker,
+# few enough characters that one huge document does not make a huge message.
+_BATCH_DOCUMENTS = 256
+_BATCH_CHARACTERS = 4 << 20
+# Rows pulled at a time from parquet files and saved datasets.
+_ROW_BATCH = 1024
+
+
+# ----------------------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class InputSource:
+    path: str
+    format: str  # one of FORMATS except "auto"
+
+
+def _is_saved_hf_dataset(directory: str) -> bool:
+    """`Dataset.save_to_disk` writes state.json; `DatasetDict.save_to_disk` writes dataset_dict.json."""
+    return any(os.path.isfile(os.path.join(directory, name)) for name in ("state.json", "dataset_dict.json"))
+
+
+def _format_of_file(path: str, input_format: str) -> str:
+    if input_format != "auto":
+        return input_format
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in _FORMAT_OF_EXTENSION:
+        known = ", ".join(sorted(_FORMAT_OF_EXTENSION))
+        raise DataError(
+            f"--input {path}: cannot tell the format from extension {extension!r} (known: {known}); "
+            f"pass --input-format"
+        )
+    return _FORMAT_OF_EXTENSION[extension]
+
+
+def _walk_directory(directory: str, input_format: str) -> list[InputSource]:
+    """Files under `directory` in sorted order; hidden entries skipped, saved datasets taken whole.
+
+    With --input-format auto only files with a known extension are taken (so a README next to the
+    shards is ignored); with an explicit format every file is read in that format.
+    """
+    sources = []
+    for root, dirnames, filenames in os.walk(directory):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for dirname in list(dirnames):
+            subdirectory = os.path.join(root, dirname)
+            if input_format in ("auto", "hf") and _is_saved_hf_dataset(subdirectory):
+                sources.append(InputSource(subdirectory, "hf"))
+                dirnames.remove(dirname)
+        for filename in sorted(f for f in filenames if not f.startswith(".")):
+            path = os.path.join(root, filename)
+            if input_format == "auto":
+                extension = os.path.splitext(filename)[1].lower()
+                if extension in _FORMAT_OF_EXTENSION:
+                    sources.append(InputSource(path, _FORMAT_OF_EXTENSION[extension]))
+            elif input_format != "hf":
+                sources.append(InputSource(path, input_format))
+    return sorted(sources, key=lambda source: source.path)
+
+
+def resolve_inputs(paths: Iterable[str], input_format: str) -> list[InputSource]:
+    """Expand --input paths into the files (and saved datasets) to read, each with its format."""
+    if input_format not in FORMATS:
+        raise DataError(f"--input-format {input_format!r} is unknown; choose one of {', '.join(FORMATS)}")
+    sources: list[InputSource] = []
+    for path in paths:
+        if not os.path.exists(path):
+            raise DataError(f"--input {path}: no such file or directory")
+        if os.path.isdir(path):
+            if input_format in ("auto", "hf") and _is_saved_hf_dataset(path):
+                sources.append(InputSource(path, "hf"))
+                continue
+            found = _walk_directory(path, input_format)
+            if not found:
+                raise DataError(
+                    f"--input {path}: directory holds no input files for --input-format {input_format} "
+                    f"(auto takes {', '.join(sorted(_FORMAT_OF_EXTENSION))} files and saved datasets)"
+                )
+            sources.extend(found)
+        elif input_format == "hf":
+            raise DataError(f"--input {path}: --input-format hf expects a directory written by save_to_disk")
+        else:
+            sources.append(InputSource(path, _format_of_file(path, input_format)))
+    return sources
+
+
+# ---------------------------------------------------------------------------------------- readers
+# Each reader yields one dict {key: text} per document (row, line or text piece).
+
+
+def _check_text(value, key: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise DataError(f"{where}: key {key!r} holds {type(value).__name__}, not text")
+    return value
+
+
+def _read_jsonl(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for line_number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{line_number}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DataError(f"{where}: not valid JSON ({error.msg})") from error
+                if not isinstance(record, dict):
+                    raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                for key in keys:
+                    if key not in record:
+                        raise DataError(f"{where}: missing key {key!r} (--json-keys {' '.join(keys)})")
+                yield {key: _check_text(record[key], key, where) for key in keys}
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text ({error})") from error
+
+
+def _unescape_separator(separator: str) -> str:
+    r"""Shell-friendly separators: '\n', '\t', '\r' and '\\' stand for the characters."""
+    escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+    def replace(match: re.Match) -> str:
+        if match.group(1) not in escapes:
+            raise DataError(
+                f"--text-document-separator: unknown escape '\\{match.group(1)}' (use \\n \\t \\r \\\\)"
+            )
+        return escapes[match.group(1)]
+
+    return re.sub(r"\\(.)", replace, separator)
+
+
+def _read_text(path: str, keys: list[str], separator: str | None) -> Iterator[dict[str, str]]:
+    if len(keys) != 1:
+        raise DataError(
+            f"{path}: plain text has no keys, so --json-keys must name exactly one output "
+            f"(got {' '.join(keys)})"
+        )
+    try:
+        # Universal newlines: CRLF files give the same documents (and tokens) as LF files.
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text ({error})") from error
+    if separator is None:
+        documents = [text]
+    elif separator == BLANK_LINE_SEPARATOR:
+        documents = split_on_blank_lines(text)
+    else:
+        documents = text.split(_unescape_separator(separator))
+    for document in documents:
+        yield {keys[0]: document}
+
+
+def _rows_of_columns(
+    columns: dict[str, list], keys: list[str], where: str, first_row: int
+) -> Iterator[dict[str, str]]:
+    for offset in range(len(columns[keys[0]])):
+        row_where = f"{where} row {first_row + offset}"
+        yield {key: _check_text(columns[key][offset], key, row_where) for key in keys}
+
+
+def _check_columns(path: str, available: list[str], keys: list[str]) -> None:
+    for key in keys:
+        if key not in available:
+            raise DataError(f"{path}: no column {key!r} (--json-keys); columns are {', '.join(available)}")
+
+
+def _read_parquet(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
+    import pyarrow.parquet  # imported on use: only parquet inputs need it
+
+    try:
+        parquet = pyarrow.parquet.ParquetFile(path)
+    except Exception as error:  # pyarrow raises ArrowInvalid / OSError variants for non-parquet files
+        raise DataError(f"{path}: not a readable parquet file ({error})") from error
+    _check_columns(path, parquet.schema_arrow.names, keys)
+    row = 0
+    for batch in parquet.iter_batches(batch_size=_ROW_BATCH, columns=keys):
+        columns = {key: batch.column(key).to_pylist() for key in keys}
+        yield from _rows_of_columns(columns, keys, path, row)
+        row += batch.num_rows
+
+
+def _read_hf(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
+    import datasets  # imported on use: it takes a second or two and only these inputs need it
+
+    try:
+        dataset = datasets.load_from_disk(path)
+    except Exception as error:  # datasets raises FileNotFoundError or its own errors for foreign folders
+        raise DataError(f"{path}: not a dataset saved with save_to_disk ({error})") from error
+    if isinstance(dataset, datasets.DatasetDict):
+        # Never merge splits silently: folding a test split into training data is a costly mistake.
+        splits = ", ".join(dataset)
+        example = os.path.join(path, next(iter(dataset)))
+        raise DataError(f"{path}: holds several splits ({splits}); pass one split's folder, e.g. {example}")
+    _check_columns(path, dataset.column_names, keys)
+    row = 0
+    for columns in dataset.select_columns(keys).iter(batch_size=_ROW_BATCH):
+        yield from _rows_of_columns(columns, keys, path, row)
+        row += len(columns[keys[0]])
+
+
+def iter_documents(
+    sources: list[InputSource], keys: list[str], text_separator: str | None
+) -> Iterator[dict[str, str]]:
+    """Every document of every source, in order, as {key: text}."""
+    for source in sources:
+        if source.format == "jsonl":
+            yield from _read_jsonl(source.path, keys)
+        elif source.format == "text":
+            yield from _read_text(source.path, keys, text_separator)
+        elif source.format == "parquet":
+            yield from _read_parquet(source.path, keys)
+        else:
+            yield from _read_hf(source.path, keys)
+
+
+# ----------------------------------------------------------------------------------- tokenization
+
+
+@dataclass
+class Batch:
+    texts: dict[str, list[str]]  # per key, the non-empty documents in input order
+    skipped: dict[str, int]  # per key, empty documents left out
+    num_bytes: int  # UTF-8 size of the texts, for MB/s
+
+
+def make_batches(documents: Iterator[dict[str, str]], keys: list[str]) -> Iterator[Batch]:
+    def empty_batch() -> Batch:
+        return Batch({key: [] for key in keys}, {key: 0 for key in keys}, 0)
+
+    batch, documents_in_batch, characters_in_batch = empty_batch(), 0, 0
+    for document in documents:
+        for key in keys:
+            text = document[key]
+            if text.strip():
+                batch.texts[key].append(text)
+                batch.num_bytes += len(text.encode("utf-8"))
+                characters_in_batch += len(text)
+            else:
+                batch.skipped[key] += 1
+        documents_in_batch += 1
+        if documents_in_batch >= _BATCH_DOCUMENTS or characters_in_batch >= _BATCH_CHARACTERS:
+            yield batch
+            batch, documents_in_batch, characters_in_batch = empty_batch(), 0, 0
+    if documents_in_batch:
+        yield batch
+
+
+class BatchEncoder:
+    """Turns a batch's texts into token arrays of the dataset dtype (EOD appended if asked)."""
+
+    def __init__(self, tokenizer: GPTTokenizer, append_eod: bool, dtype: np.dtype):
+        self.tokenizer = tokenizer
+        self.append_eod = append_eod
+        self.dtype = np.dtype(dtype)
+
+    def __call__(self, texts: dict[str, list[str]]) -> dict[str, list[np.ndarray]]:
+        encoded = {}
+        for key, key_texts in texts.items():
+            ids_per_text = self.tokenizer.encode_batch(key_texts) if key_texts else []
+            if self.append_eod:
+                for ids in ids_per_text:
+                    ids.append(self.tokenizer.eod_id)
+            # Arrays of the dataset dtype pickle back from workers at 2 bytes a token, not ~30.
+            encoded[key] = [np.asarray(ids, dtype=self.dtype) for ids in ids_per_text]
+        return encoded
+
+
+# One encoder per worker process, built once by the pool initializer: the tokenizer is too costly to
+# ship with every batch. Only worker processes ever set it.
+_worker_encoder: BatchEncoder | None = None
+
+
+def _init_worker(tokenizer_json: str, append_eod: bool, dtype: str) -> None:
+    global _worker_encoder
+    # N workers each running the library's all-core thread pool would oversubscribe the CPU.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker_encoder = BatchEncoder(GPTTokenizer.from_json(tokenizer_json), append_eod, np.dtype(dtype))
+
+
+def _encode_in_worker(texts: dict[str, list[str]]) -> dict[str, list[np.ndarray]]:
+    return _worker_encoder(texts)
+
+
+def encode_in_order(
+    batches: Iterator[Batch], encoder: BatchEncoder, workers: int
+) -> Iterator[tuple[Batch, dict[str, list[np.ndarray]]]]:
+    """(batch, its token arrays) in input order; with workers > 1, encoding runs in a process pool."""
+    if workers == 1:
+        for batch in batches:
+            yield batch, encoder(batch.texts)
+        return
+    # spawn, not fork: forking after the tokenizers library started its threads can deadlock the child.
+    context = multiprocessing.get_context("spawn")
+    initargs = (encoder.tokenizer.to_json(), encoder.append_eod, encoder.dtype.str)
+    with context.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
+        # A bounded window keeps every worker busy without reading the whole corpus into memory.
+        pending: deque = deque()
+        for batch in batches:
+            pending.append((batch, pool.apply_async(_encode_in_worker, (batch.texts,))))
+            if len(pending) >= 2 * workers:
+                done, result = pending.popleft()
+                yield done, result.get()
+        while pending:
+            done, result = pending.popleft()
+            yield done, result.get()
+
+
+# --------------------------------------------------------------------------------------- progress
+
+
+@dataclass
+class Totals:
+    documents: int = 0
+    skipped: int = 0
+    tokens: int = 0
+    num_bytes: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def rates(self) -> str:
+        seconds = max(self.seconds, 1e-9)
+        return f"{self.documents / seconds:,.0f} docs/s, {self.num_bytes / 1e6 / seconds:.2f} MB/s"
+
+
+class Progress:
+    """A tqdm bar (docs/s, MB/s) on a terminal; a plain line every `log_interval` documents otherwise,
+    so batch logs (SLURM, CI) still show progress."""
+
+    def __init__(self, totals: Totals, log_interval: int):
+        self.totals = totals
+        self.log_interval = log_interval
+        self.bar = tqdm(desc="preprocess", unit="docs", file=sys.stderr, disable=None, dynamic_ncols=True)
+        self._next_log = log_interval
+
+    def update(self, documents: int) -> None:
+        if not self.bar.disable:
+            self.bar.update(documents)
+            megabytes_per_second = self.totals.num_bytes / 1e6 / max(self.totals.seconds, 1e-9)
+            self.bar.set_postfix_str(f"{megabytes_per_second:.2f} MB/s")
+        elif self.totals.documents >= self._next_log:
+            print(
+                f"preprocess: {self.totals.documents:,} documents, {self.totals.num_bytes / 1e6:.1f} MB "
+                f"({self.totals.rates()})",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._next_log = (self.totals.documents // self.log_interval + 1) * self.log_interval
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+
+def output_prefix_for_key(output_prefix: str, key: str) -> str:
+    return f"{output_prefix}_{key}_document"
+
+
+def _choose_tokenizer(args: argparse.Namespace, sources: list[InputSource]) -> GPTTokenizer:
+    train = args.train_tokenizer_vocab_size is not None
+    choices = [bool(args.tokenizer_file), bool(args.vocab_file or args.merge_file), train]
+    if sum(choices) != 1:
+        raise DataError(
+            "choose exactly one tokenizer: --tokenizer-file, --vocab-file with --merge-file, "
+            "or --train-tokenizer-vocab-size"
+        )
+    if not train:
+        return load_tokenizer(args.tokenizer_file, args.vocab_file, args.merge_file)
+
+    documents_seen = 0
+
+    def texts() -> Iterator[str]:
+        nonlocal documents_seen
+        for document in iter_documents(sources, args.json_keys, args.text_document_separator):
+            for text in document.values():
+                if text.strip():
+                    documents_seen += 1
+                    yield text
+
+    tokenizer = train_tokenizer(texts(), args.train_tokenizer_vocab_size)
+    if documents_seen == 0:
+        raise DataError(f"--input {' '.join(args.input)}: no non-empty documents to train a tokenizer on")
+    directory = f"{args.output_prefix}_tokenizer"
+    tokenizer.save(directory)
+    print(
+        f"preprocess: trained a {tokenizer.vocab_size}-token tokenizer, saved to {directory}",
+        file=sys.stderr,
+    )
+    return tokenizer
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.workers < 1:
+        raise DataError(f"--workers {args.workers}: need at least 1")
+    if args.log_interval < 1:
+        raise DataError(f"--log-interval {args.log_interval}: need at least 1")
+    if len(set(args.json_keys)) != len(args.json_keys):
+        raise DataError(f"--json-keys {' '.join(args.json_keys)}: a key is repeated")
+    if args.train_tokenizer_vocab_size is not None and args.train_tokenizer_vocab_size < 1:
+        raise DataError(f"--train-tokenizer-vocab-size {args.train_tokenizer_vocab_size}: must be positive")
+
+
+def preprocess(args: argparse.Namespace) -> Totals:
+    """Run the whole conversion for parsed arguments; raises DataError for bad input."""
+    _check_options(args)
+    sources = resolve_inputs(args.input, args.input_format)
+    tokenizer = _choose_tokenizer(args, sources)
+    encoder = BatchEncoder(tokenizer, args.append_eod, best_dtype(tokenizer.vocab_size))
+    prefixes = {key: output_prefix_for_key(args.output_prefix, key) for key in args.json_keys}
+    output_dir = os.path.dirname(os.path.abspath(args.output_prefix))
+    os.makedirs(output_dir, exist_ok=True)
+
+    totals = Totals()
+    documents_per_key = dict.fromkeys(args.json_keys, 0)
+    progress = Progress(totals, args.log_interval)
+    # Writers discard their temporary files if anything below raises: no half-written dataset remains.
+    with contextlib.ExitStack() as stack:
+        stack.callback(progress.close)
+        writers = {
+            key: stack.enter_context(IndexedDatasetWriter(prefix, encoder.dtype))
+            for key, prefix in prefixes.items()
+        }
+        documents = iter_documents(sources, args.json_keys, args.text_document_separator)
+        batches = make_batches(documents, args.json_keys)
+        for batch, encoded in encode_in_order(batches, encoder, args.workers):
+            for key, arrays in encoded.items():
+                for tokens in arrays:
+                    writers[key].add_document(tokens)
+                    totals.tokens += tokens.size
+                documents_per_key[key] += len(arrays)
+                totals.skipped += batch.skipped[key]
+            written = sum(len(arrays) for arrays in encoded.values())
+            totals.documents += written
+            totals.num_bytes += batch.num_bytes
+            progress.update(written)
+        for key, count in documents_per_key.items():
+            if count == 0:
+                raise DataError(f"--input {' '.join(args.input)}: no non-empty documents for key {key!r}")
+
+    print(
+        f"preprocess: {totals.documents:,} documents ({totals.skipped:,} empty skipped), "
+        f"{totals.tokens:,} tokens, {totals.num_bytes / 1e6:.2f} MB in {totals.seconds:.1f} s "
+        f"({totals.rates()}) -> {', '.join(prefix + '.{bin,idx}' for prefix in prefixes.values())}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return totals
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m data.preprocess",
+        description="Tokenize a corpus into Megatron .bin/.idx datasets (<output-prefix>_<key>_document).",
+    )
+    group = parser.add_argument_group("input")
+    group.add_argument(
+        "--input", nargs="+", required=True, metavar="PATH", help="files or directories, read in order"
+    )
+    group.add_argument("--input-format", choices=FORMATS, default="auto",
+                       help="auto: .jsonl/.json -> jsonl, .txt -> text, .parquet -> parquet, "
+                            "save_to_disk folder -> hf")
+    group.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
+                       help="keys (columns) to tokenize; one output dataset per key")
+    group.add_argument("--text-document-separator", default=None, metavar="SEP",
+                       help=f"split text files into documents at SEP ('\\n' escapes allowed), or at "
+                            f"blank lines with '{BLANK_LINE_SEPARATOR}'; default: one document per file")
+    group = parser.add_argument_group("tokenizer")
+    group.add_argument("--tokenizer-file", help="a tokenizers tokenizer.json")
+    group.add_argument("--vocab-file", help="GPT-2 style vocab.json (with --merge-file)")
+    group.add_argument("--merge-file", help="GPT-2 style merges.txt (with --vocab-file)")
+    group.add_argument("--train-tokenizer-vocab-size", type=int, metavar="N",
+                       help="train a byte-level BPE of N tokens on the input; "
+                            "saved to <output-prefix>_tokenizer/")
+    group.add_argument("--append-eod", action="store_true", help="end every document with <|endoftext|>")
+    group = parser.add_argument_group("output and runtime")
+    group.add_argument("--output-prefix", required=True, help="path prefix of the output datasets")
+    group.add_argument("--workers", type=int, default=1,
+                       help="tokenizer processes (output is identical for any count)")
+    group.add_argument("--log-interval", type=int, default=10000, metavar="DOCS",
+                       help="documents between progress lines when stderr is not a terminal")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        preprocess(args)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
