@@ -1,0 +1,1 @@
+"""The GPT model and the training program."""

@@ -1,0 +1,210 @@
+"""Configuration dataclasses for a pretraining run, and their validation.
+
+Every field name here is also a CLI flag (`num_layers` <-> `--num-layers`) and a YAML preset key, so
+there is one name for each setting wherever it is written. The defaults below are the `tiny` preset:
+a GPT that trains on a laptop CPU in a couple of minutes.
+
+Validation happens in `PretrainConfig.validate()`, before any work starts, and raises `ConfigError`
+with a message that names the flag and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from parallel.layers import padded_vocab_size
+
+ACTIVATIONS = ("gelu", "gelu_tanh")
+LR_DECAY_STYLES = ("cosine", "linear", "constant")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work. The message names the flag(s) involved."""
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    ffn_hidden_size: Optional[int] = None  # None means 4 x hidden_size, as in GPT-2
+    seq_length: int = 128
+    max_position_embeddings: int = 128
+    vocab_size: int = 0  # the tokenizer's vocabulary; filled in once the tokenizer is loaded
+    make_vocab_size_divisible_by: int = 128
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layernorm_epsilon: float = 1e-5
+    init_method_std: float = 0.02
+    # GPT-2 uses the tanh approximation of GeLU ("gelu_new" in transformers); Megatron the exact one.
+    activation: str = "gelu_tanh"
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
+        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tensor_parallel_size)
+
+    def validate(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                     "max_position_embeddings", "make_vocab_size_divisible_by"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.ffn_hidden_size is not None and self.ffn_hidden_size < 1:
+            raise ConfigError(f"--ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}")
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ConfigError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
+                              f"{self.num_attention_heads}; choose sizes with hidden = heads x head_dim")
+        if self.seq_length > self.max_position_embeddings:
+            raise ConfigError(f"--seq-length {self.seq_length} is larger than --max-position-embeddings "
+                              f"{self.max_position_embeddings}; raise the latter or shorten the sequence")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
+            raise ConfigError("--init-method-std and --layernorm-epsilon must be positive")
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    lr_warmup_iters: int = 20
+    lr_decay_iters: Optional[int] = None  # None means decay over all of --train-iters
+    lr_decay_style: str = "cosine"
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0  # 0 disables clipping
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+
+    def validate(self) -> None:
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ConfigError(f"--lr-decay-style {self.lr_decay_style!r} is not one of "
+                              f"{', '.join(LR_DECAY_STYLES)}")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"need 0 <= --min-lr ({self.min_lr}) <= --lr ({self.lr}) and --lr > 0")
+        if self.lr_warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters < 1):
+            raise ConfigError("--lr-warmup-iters must be >= 0 and --lr-decay-iters >= 1")
+        if self.weight_decay < 0 or self.clip_grad < 0 or self.adam_eps <= 0:
+            raise ConfigError("--weight-decay and --clip-grad must be >= 0, --adam-eps > 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass
+class TrainingConfig:
+    micro_batch_size: int = 16
+    global_batch_size: int = 32
+    train_iters: int = 250
+    seed: int = 1234
+    bf16: bool = False
+    device: str = "auto"
+    tensor_model_parallel_size: int = 1
+    eval_interval: int = 50
+    eval_iters: int = 10
+    log_interval: int = 10
+
+    def validate(self) -> None:
+        for name in ("micro_batch_size", "global_batch_size", "train_iters", "tensor_model_parallel_size",
+                     "eval_interval", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.eval_iters < 0:
+            raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}")
+
+    def gradient_accumulation_steps(self, data_parallel_size: int) -> int:
+        """global batch = micro batch x accumulation steps x data-parallel size."""
+        per_step = self.micro_batch_size * data_parallel_size
+        if self.global_batch_size % per_step != 0:
+            raise ConfigError(
+                f"--global-batch-size {self.global_batch_size} is not divisible by --micro-batch-size "
+                f"{self.micro_batch_size} x data-parallel size {data_parallel_size} = {per_step}")
+        return self.global_batch_size // per_step
+
+
+@dataclass
+class DataConfig:
+    # Megatron's form: one prefix ("path/to/x_text_document"), or "weight prefix weight prefix ...".
+    # Empty means the embedded default corpus (CPython's pydoc topics).
+    data_path: list[str] = field(default_factory=list)
+    split: str = "969,30,1"
+    data_cache_dir: Optional[str] = None  # default: ~/.cache/zero-gpt
+    num_workers: int = 0
+    tokenizer_file: Optional[str] = None
+    vocab_file: Optional[str] = None
+    merge_file: Optional[str] = None
+    # Vocabulary of the BPE trained on the default corpus (used only without --data-path).
+    tokenizer_vocab_size: int = 4096
+
+    def validate(self) -> None:
+        if self.data_path and not (self.tokenizer_file or self.vocab_file):
+            raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
+                              "or --vocab-file and --merge-file")
+        if bool(self.vocab_file) != bool(self.merge_file):
+            raise ConfigError("--vocab-file and --merge-file go together (GPT-2 style BPE files)")
+        if self.tokenizer_file and self.vocab_file:
+            raise ConfigError("pass either --tokenizer-file or --vocab-file/--merge-file, not both")
+        if self.num_workers < 0 or self.tokenizer_vocab_size < 300:
+            raise ConfigError("--num-workers must be >= 0 and --tokenizer-vocab-size >= 300")
+
+
+@dataclass
+class LoggingConfig:
+    metrics_file: str = "runs/metrics.jsonl"
+    wandb_project: Optional[str] = None
+    wandb_run_name: Optional[str] = None
+    wandb_entity: Optional[str] = None
+
+    def validate(self) -> None:
+        if not self.metrics_file:
+            raise ConfigError("--metrics-file must name a file")
+
+
+@dataclass
+class PretrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    SECTIONS = ("model", "optimizer", "training", "data", "logging")
+
+    def validate(self) -> None:
+        for section in self.SECTIONS:
+            getattr(self, section).validate()
+
+    def to_dict(self) -> dict:
+        return {section: {f.name: getattr(getattr(self, section), f.name)
+                          for f in fields(getattr(self, section))} for section in self.SECTIONS}
+
+    @classmethod
+    def from_flat(cls, values: dict) -> "PretrainConfig":
+        """Build from a flat {field_name: value} mapping (what argparse and YAML presets give)."""
+        config = cls()
+        sections = field_sections()
+        for name, value in values.items():
+            if name not in sections:
+                raise ConfigError(f"unknown setting {name!r}")
+            setattr(getattr(config, sections[name]), name, value)
+        return config
+
+
+def field_sections() -> dict[str, str]:
+    """Every setting name -> the section it lives in."""
+    config = PretrainConfig()
+    return {f.name: section for section in PretrainConfig.SECTIONS for f in fields(getattr(config, section))}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")

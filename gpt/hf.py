@@ -1,0 +1,96 @@
+"""Weight mapping between `GPTModel` (at TP=1) and transformers' `GPT2LMHeadModel`.
+
+Two differences in layout, besides the names:
+- transformers' GPT-2 uses `Conv1D`, whose weight is the transpose of a Linear's ([in, out]).
+- its fused QKV orders output features [q | k | v], each head by head; ours orders them head by head,
+  [head][q, k, v], so that a contiguous tensor-parallel slice holds whole heads.
+Our vocabulary may be padded; transformers' is the tokenizer's exact size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpt.config import ModelConfig
+
+ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
+
+
+def hf_config(config: ModelConfig):
+    """A transformers GPT2Config describing the same network (dropouts as configured)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=config.vocab_size, n_positions=config.max_position_embeddings, n_embd=config.hidden_size,
+        n_layer=config.num_layers, n_head=config.num_attention_heads, n_inner=config.ffn_size,
+        activation_function=ACTIVATION_TO_HF[config.activation], layer_norm_epsilon=config.layernorm_epsilon,
+        resid_pdrop=config.hidden_dropout, embd_pdrop=config.hidden_dropout,
+        attn_pdrop=config.attention_dropout, initializer_range=config.init_method_std, tie_word_embeddings=True)
+
+
+def _qkv_ours_to_hf(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """[heads*3*d, ...] in [head][qkv][d] order -> [3*heads*d, ...] in [qkv][head][d] order."""
+    rest = tensor.shape[1:]
+    return tensor.reshape(heads, 3, -1, *rest).transpose(0, 1).reshape(-1, *rest)
+
+
+def _qkv_hf_to_ours(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    rest = tensor.shape[1:]
+    return tensor.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
+
+
+def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    heads = config.num_attention_heads
+    out = {
+        "transformer.wte.weight": state_dict["word_embeddings.weight"][: config.vocab_size],
+        "transformer.wpe.weight": state_dict["position_embeddings.weight"],
+        "transformer.ln_f.weight": state_dict["final_layernorm.weight"],
+        "transformer.ln_f.bias": state_dict["final_layernorm.bias"],
+    }
+    for i in range(config.num_layers):
+        ours, hf = f"blocks.{i}.", f"transformer.h.{i}."
+        out[hf + "ln_1.weight"] = state_dict[ours + "input_layernorm.weight"]
+        out[hf + "ln_1.bias"] = state_dict[ours + "input_layernorm.bias"]
+        out[hf + "attn.c_attn.weight"] = _qkv_ours_to_hf(state_dict[ours + "attention.query_key_value.weight"],
+                                                         heads).t()
+        out[hf + "attn.c_attn.bias"] = _qkv_ours_to_hf(state_dict[ours + "attention.query_key_value.bias"], heads)
+        out[hf + "attn.c_proj.weight"] = state_dict[ours + "attention.dense.weight"].t()
+        out[hf + "attn.c_proj.bias"] = state_dict[ours + "attention.dense.bias"]
+        out[hf + "ln_2.weight"] = state_dict[ours + "post_attention_layernorm.weight"]
+        out[hf + "ln_2.bias"] = state_dict[ours + "post_attention_layernorm.bias"]
+        out[hf + "mlp.c_fc.weight"] = state_dict[ours + "mlp.dense_h_to_4h.weight"].t()
+        out[hf + "mlp.c_fc.bias"] = state_dict[ours + "mlp.dense_h_to_4h.bias"]
+        out[hf + "mlp.c_proj.weight"] = state_dict[ours + "mlp.dense_4h_to_h.weight"].t()
+        out[hf + "mlp.c_proj.bias"] = state_dict[ours + "mlp.dense_4h_to_h.bias"]
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
+                       padded_vocab_size: int) -> dict[str, torch.Tensor]:
+    """The inverse of `to_hf_state_dict`; padding rows of the vocabulary are zeros."""
+    heads = config.num_attention_heads
+    wte = hf_state["transformer.wte.weight"]
+    padding = wte.new_zeros(padded_vocab_size - wte.shape[0], wte.shape[1])
+    out = {
+        "word_embeddings.weight": torch.cat([wte, padding]),
+        "position_embeddings.weight": hf_state["transformer.wpe.weight"],
+        "final_layernorm.weight": hf_state["transformer.ln_f.weight"],
+        "final_layernorm.bias": hf_state["transformer.ln_f.bias"],
+    }
+    for i in range(config.num_layers):
+        ours, hf = f"blocks.{i}.", f"transformer.h.{i}."
+        out[ours + "input_layernorm.weight"] = hf_state[hf + "ln_1.weight"]
+        out[ours + "input_layernorm.bias"] = hf_state[hf + "ln_1.bias"]
+        out[ours + "attention.query_key_value.weight"] = _qkv_hf_to_ours(hf_state[hf + "attn.c_attn.weight"].t(),
+                                                                         heads)
+        out[ours + "attention.query_key_value.bias"] = _qkv_hf_to_ours(hf_state[hf + "attn.c_attn.bias"], heads)
+        out[ours + "attention.dense.weight"] = hf_state[hf + "attn.c_proj.weight"].t()
+        out[ours + "attention.dense.bias"] = hf_state[hf + "attn.c_proj.bias"]
+        out[ours + "post_attention_layernorm.weight"] = hf_state[hf + "ln_2.weight"]
+        out[ours + "post_attention_layernorm.bias"] = hf_state[hf + "ln_2.bias"]
+        out[ours + "mlp.dense_h_to_4h.weight"] = hf_state[hf + "mlp.c_fc.weight"].t()
+        out[ours + "mlp.dense_h_to_4h.bias"] = hf_state[hf + "mlp.c_fc.bias"]
+        out[ours + "mlp.dense_4h_to_h.weight"] = hf_state[hf + "mlp.c_proj.weight"].t()
+        out[ours + "mlp.dense_4h_to_h.bias"] = hf_state[hf + "mlp.c_proj.bias"]
+    return {name: tensor.contiguous() for name, tensor in out.items()}

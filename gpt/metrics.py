@@ -1,0 +1,157 @@
+"""What a run reports: model size, FLOPs, throughput, and where the records go.
+
+Records go to three sinks with the same keys: a Megatron-style console line, one JSON object per line
+in `metrics.jsonl`, and Weights & Biases when a project is given. Only the first rank writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from gpt.config import ModelConfig
+
+
+def parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> int:
+    """Exact number of parameters of `GPTModel` (tied output layer counted once).
+
+    Per block: QKV 3h^2+3h, attention output h^2+h, MLP 2*h*f+f+h, two LayerNorms 4h.
+    """
+    h, f, layers = config.hidden_size, config.ffn_size, config.num_layers
+    vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
+    per_block = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    return vocab * h + config.max_position_embeddings * h + layers * per_block + 2 * h
+
+
+def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_recompute: bool = False,
+                        padded_vocab_size: Optional[int] = None) -> float:
+    """Matmul FLOPs of one training iteration, Megatron's accounting (Narayanan et al., 2021).
+
+    Forward of one block: 24*B*s*h^2 (QKV, output, 4h MLP) + 4*B*s^2*h (scores and context), with the
+    attention counted as full (not halved for the causal mask), as Megatron does; logits: 2*B*s*h*V.
+    Backward costs twice the forward; full recompute adds one more forward of the blocks:
+        no recompute: 72 B s l h^2 (1 + s/(6h) + V/(12 l h))
+        recompute:    96 B s l h^2 (1 + s/(6h) + V/(16 l h))
+    The MLP term uses the configured ffn size (4h gives the formula above exactly).
+    """
+    b, s, h, layers = global_batch_size, config.seq_length, config.hidden_size, config.num_layers
+    vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
+    block_forward = 2 * b * s * (4 * h * h + 2 * h * config.ffn_size) + 4 * b * s * s * h
+    logits_forward = 2 * b * s * h * vocab
+    block_passes = 4 if activation_recompute else 3
+    return float(block_passes * layers * block_forward + 3 * logits_forward)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak device memory allocated by tensors on CUDA; the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
+
+
+def format_console_line(record: dict[str, Any], train_iters: int) -> str:
+    """One Megatron-style line for a training record."""
+    parts = [
+        f"iteration {record['iteration']:>8d}/{train_iters:>8d}",
+        f"consumed samples: {record['consumed_samples']:>10d}",
+        f"elapsed time per iteration (ms): {record['iter_time_s'] * 1000:.1f}",
+        f"learning rate: {record['lr']:.3E}",
+        f"lm loss: {record['loss']:.6E}",
+        f"grad norm: {record['grad_norm']:.3f}",
+        f"tokens/s: {record['tokens_per_s']:.0f}",
+        f"TFLOP/s/GPU: {record['tflops_per_gpu']:.2f}",
+        f"mem (MB): {record['memory_bytes'] / 2**20:.0f}",
+    ]
+    if record.get("skipped_iterations"):
+        parts.append(f"skipped: {record['skipped_iterations']}")
+    return " | ".join(parts) + " |"
+
+
+def format_eval_line(record: dict[str, Any]) -> str:
+    return (f"{record['split']} loss at iteration {record['iteration']}: lm loss {record['loss']:.6E} | "
+            f"lm loss PPL {record['ppl']:.6E}")
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
+
+
+class MetricsWriter:
+    """Fans one record out to the console, metrics.jsonl and (optionally) W&B."""
+
+    def __init__(self, metrics_file: str, enabled: bool, wandb_run: Any = None):
+        self.enabled = enabled
+        self.wandb_run = wandb_run
+        self._file = None
+        if enabled:
+            path = Path(metrics_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", buffering=1)  # line-buffered: a crash loses at most one line
+
+    def write(self, record: dict[str, Any], console_line: Optional[str] = None) -> None:
+        if not self.enabled:
+            return
+        if console_line:
+            print(console_line, flush=True)
+        self._file.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            _log_to_wandb(self.wandb_run, record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.wandb_run is not None:
+            try:
+                self.wandb_run.finish()
+            except Exception as error:  # W&B trouble must never fail a finished run
+                print(f"warning: W&B finish failed: {error}", file=sys.stderr)
+            self.wandb_run = None
+
+
+def _log_to_wandb(run: Any, record: dict[str, Any]) -> None:
+    prefix = f"{record['split']}/" if "split" in record else "train/"
+    values = {prefix + key: value for key, value in record.items()
+              if isinstance(value, (int, float)) and key != "iteration"}
+    try:
+        run.log(values, step=record["iteration"])
+    except Exception as error:
+        print(f"warning: W&B log failed, continuing without it: {error}", file=sys.stderr)
+
+
+def wandb_mode() -> str:
+    """Online only when the user configured W&B (WANDB_MODE, an API key, or a netrc login)."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        if "api.wandb.ai" in netrc.read_text():
+            return "online"
+    except OSError:
+        pass
+    return "offline"
+
+
+def start_wandb(project: Optional[str], run_name: Optional[str], entity: Optional[str],
+                config: dict, directory: str) -> Any:
+    """A W&B run, or None when no project is given or W&B cannot start (training goes on)."""
+    if not project:
+        return None
+    try:
+        import wandb
+
+        return wandb.init(project=project, name=run_name, entity=entity, config=config, dir=directory,
+                          mode=wandb_mode())
+    except Exception as error:
+        print(f"warning: W&B did not start ({error}); training continues without it", file=sys.stderr)
+        return None

@@ -1,0 +1,131 @@
+"""GPT-2: token + learned position embeddings, pre-LayerNorm blocks, final LayerNorm, tied logits.
+
+Every linear and the token embedding come from `parallel.layers`, so one model definition serves every
+tensor-parallel size. Tensors are laid out [batch, sequence, hidden].
+
+Initialisation follows GPT-2/Megatron: normal(0, 0.02) for weights, zeros for biases, and the output
+projection of each residual branch (attention `dense`, MLP `dense_4h_to_h`) scaled by
+1/sqrt(2 * num_layers) so the residual stream's variance does not grow with depth. All weights are
+drawn from one seeded generator in construction order (see `parallel.layers.WeightInitializer`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt.config import ModelConfig
+from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, WeightInitializer
+from parallel.state import ParallelState
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head attention with one fused QKV projection.
+
+    The QKV weight's output rows are laid out head by head, [head][q, k, v][head_dim], so that
+    splitting them into contiguous column-parallel slices hands each TP rank whole heads.
+    """
+
+    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer):
+        super().__init__()
+        self.heads_per_rank = config.num_attention_heads // state.tensor_parallel_size
+        self.head_dim = config.head_dim
+        self.dropout_p = config.attention_dropout
+        h = config.hidden_size
+        self.query_key_value = ColumnParallelLinear(h, 3 * h, state=state, initializer=initializer,
+                                                    init_std=config.init_method_std)
+        self.dense = RowParallelLinear(h, h, state=state, initializer=initializer,
+                                       init_std=_output_layer_std(config))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = hidden.shape
+        qkv = self.query_key_value(hidden).view(batch, seq, self.heads_per_rank, 3, self.head_dim)
+        query, key, value = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
+        context = F.scaled_dot_product_attention(
+            query, key, value, dropout_p=self.dropout_p if self.training else 0.0, is_causal=True)
+        context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
+        return self.dense(context)
+
+
+class MLP(nn.Module):
+    """h -> 4h -> GeLU -> h; the 4h dimension is what tensor parallelism splits."""
+
+    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer):
+        super().__init__()
+        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+        self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, config.ffn_size, state=state,
+                                                  initializer=initializer, init_std=config.init_method_std)
+        self.dense_4h_to_h = RowParallelLinear(config.ffn_size, config.hidden_size, state=state,
+                                               initializer=initializer, init_std=_output_layer_std(config))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(hidden), approximate=self.approximate))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LayerNorm residual block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x)))."""
+
+    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer):
+        super().__init__()
+        h, eps = config.hidden_size, config.layernorm_epsilon
+        self.input_layernorm = nn.LayerNorm(h, eps=eps, device=state.device)
+        self.attention = SelfAttention(config, state, initializer)
+        self.post_attention_layernorm = nn.LayerNorm(h, eps=eps, device=state.device)
+        self.mlp = MLP(config, state, initializer)
+        self.hidden_dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.hidden_dropout(self.attention(self.input_layernorm(hidden)))
+        return hidden + self.hidden_dropout(self.mlp(self.post_attention_layernorm(hidden)))
+
+
+class GPTModel(nn.Module):
+    def __init__(self, config: ModelConfig, state: ParallelState, seed: int):
+        super().__init__()
+        if config.vocab_size < 1:
+            raise ValueError("ModelConfig.vocab_size is unset: fill it in from the tokenizer first")
+        self.config = config
+        initializer = WeightInitializer(seed)
+        self.word_embeddings = VocabParallelEmbedding(
+            config.vocab_size, config.padded_vocab_size(state.tensor_parallel_size), config.hidden_size,
+            state=state, initializer=initializer, init_std=config.init_method_std)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size,
+                                                device=state.device)
+        with torch.no_grad():
+            self.position_embeddings.weight.copy_(initializer.normal(
+                (config.max_position_embeddings, config.hidden_size), config.init_method_std))
+        self.embedding_dropout = nn.Dropout(config.hidden_dropout)
+        self.blocks = nn.ModuleList(TransformerBlock(config, state, initializer)
+                                    for _ in range(config.num_layers))
+        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon,
+                                            device=state.device)
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final LayerNorm's output, [batch, seq, hidden]."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        hidden = self.word_embeddings(tokens) + self.position_embeddings(positions)
+        hidden = self.embedding_dropout(hidden)
+        for block in self.blocks:
+            hidden = block(hidden)
+        return self.final_layernorm(hidden)
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, seq, vocab] without labels; per-token cross-entropy [batch, seq] with them.
+
+        The output layer is tied to the token embedding. Padding rows of the vocabulary are cut off
+        before the softmax, so padding never changes a loss or a logit.
+        """
+        logits = F.linear(self.hidden_states(tokens), self.word_embeddings.weight)
+        logits = logits[..., : self.config.vocab_size]
+        if labels is None:
+            return logits
+        # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
+        losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
+        return losses.view_as(labels)
+
+
+def _output_layer_std(config: ModelConfig) -> float:
+    return config.init_method_std / math.sqrt(2.0 * config.num_layers)

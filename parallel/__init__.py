@@ -1,0 +1,1 @@
+"""Tensor model parallelism."""

@@ -1,0 +1,123 @@
+"""Linear and embedding layers that own a tensor-parallel slice of their weight.
+
+The GPT model is built only from these classes, so the same model code serves every tensor-parallel
+size. Each layer draws its *full* weight from the shared `WeightInitializer` and keeps this rank's
+slice: a model built from seed S at TP=k therefore holds exactly the slices of the model built from
+seed S at TP=1, and runs compare across TP degrees. At TP=1 the slice is the whole weight and each
+layer is exactly `nn.Linear` / `nn.Embedding`.
+
+Sharded parameters carry `tensor_parallel_dim` (the dimension they are split along) so that
+gradient-norm code can tell them from replicated parameters without knowing the model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parallel.state import ParallelState
+
+
+class WeightInitializer:
+    """Draws full-size weights from one seeded CPU generator, in model-construction order.
+
+    Drawing on the CPU in fp32 makes the values independent of the device and of the TP size.
+    """
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def normal(self, shape: tuple[int, ...], std: float) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=self.generator)
+
+
+def _keep_slice(full: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor:
+    """This rank's contiguous 1/TP slice of `full` along `dim`."""
+    size = full.shape[dim] // state.tensor_parallel_size
+    return full.narrow(dim, state.tensor_parallel_rank * size, size).clone()
+
+
+def _parameter(data: torch.Tensor, device: torch.device, tensor_parallel_dim: int | None) -> nn.Parameter:
+    param = nn.Parameter(data.to(device))
+    if tensor_parallel_dim is not None:
+        param.tensor_parallel_dim = tensor_parallel_dim
+    return param
+
+
+def _check_divisible(size: int, state: ParallelState, what: str) -> None:
+    if size % state.tensor_parallel_size != 0:
+        raise ValueError(f"{what} ({size}) is not divisible by the tensor-parallel size "
+                         f"({state.tensor_parallel_size})")
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = X A^T + b with A split along its output (row) dimension: each rank computes Y's columns
+    for its slice of the outputs. The input must be identical on all ranks of the TP group."""
+
+    def __init__(self, input_size: int, output_size: int, *, state: ParallelState,
+                 initializer: WeightInitializer, init_std: float, bias: bool = True):
+        super().__init__()
+        _check_divisible(output_size, state, "column-parallel output size")
+        self.input_size, self.output_size = input_size, output_size
+        full_weight = initializer.normal((output_size, input_size), init_std)
+        self.weight = _parameter(_keep_slice(full_weight, 0, state), state.device, tensor_parallel_dim=0)
+        if bias:
+            local = output_size // state.tensor_parallel_size
+            self.bias = _parameter(torch.zeros(local), state.device, tensor_parallel_dim=0)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """Y = X A^T + b with A split along its input (column) dimension: each rank holds a slice of the
+    input features and produces a partial sum of Y. The bias is replicated and added once."""
+
+    def __init__(self, input_size: int, output_size: int, *, state: ParallelState,
+                 initializer: WeightInitializer, init_std: float, bias: bool = True):
+        super().__init__()
+        _check_divisible(input_size, state, "row-parallel input size")
+        self.input_size, self.output_size = input_size, output_size
+        full_weight = initializer.normal((output_size, input_size), init_std)
+        self.weight = _parameter(_keep_slice(full_weight, 1, state), state.device, tensor_parallel_dim=1)
+        if bias:
+            self.bias = _parameter(torch.zeros(output_size), state.device, tensor_parallel_dim=None)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.weight, self.bias)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int) -> int:
+    """Round the vocabulary up to a multiple of divisible_by x TP (fast GEMM shapes, equal shards)."""
+    multiple = divisible_by * tensor_parallel_size
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding whose rows (the padded vocabulary) are split across TP ranks.
+
+    Only the first `vocab_size` rows are drawn from the initializer; padding rows are zeros. So the
+    real rows, and everything drawn after them, are the same whatever the padded size is.
+    """
+
+    def __init__(self, vocab_size: int, padded_size: int, embedding_dim: int, *, state: ParallelState,
+                 initializer: WeightInitializer, init_std: float):
+        super().__init__()
+        if padded_size < vocab_size:
+            raise ValueError(f"padded vocabulary {padded_size} is smaller than the vocabulary {vocab_size}")
+        _check_divisible(padded_size, state, "padded vocabulary size")
+        self.vocab_size, self.padded_size = vocab_size, padded_size
+        rows_per_rank = padded_size // state.tensor_parallel_size
+        self.vocab_start_index = state.tensor_parallel_rank * rows_per_rank
+        self.vocab_end_index = self.vocab_start_index + rows_per_rank
+        real_rows = initializer.normal((vocab_size, embedding_dim), init_std)
+        full_weight = torch.cat([real_rows, torch.zeros(padded_size - vocab_size, embedding_dim)])
+        self.weight = _parameter(_keep_slice(full_weight, 0, state), state.device, tensor_parallel_dim=0)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self.weight)

@@ -1,0 +1,131 @@
+"""Pretrain a GPT: parse config -> parallel state -> tokenizer and data -> model and optimizer -> train.
+
+    python pretrain_gpt.py                          # the tiny preset on the embedded corpus
+    python pretrain_gpt.py --config gpt2-124m --data-path my_text_document --vocab-file vocab.json \
+        --merge-file merges.txt
+
+Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data) is reported as one line
+on stderr with exit code 2, before any work starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+
+from data import DataError
+from data.corpus import prepare_default_corpus
+from data.gpt_dataset import build_train_valid_test_datasets
+from data.sampler import build_data_loader
+from data.tokenizer import GPTTokenizer, load_tokenizer
+from gpt.arguments import parse_config
+from gpt.config import ConfigError, PretrainConfig
+from gpt.metrics import MetricsWriter, parameter_count, perplexity, start_wandb
+from gpt.model import GPTModel
+from gpt.training import TrainingSummary, build_optimizer, train
+from parallel.state import ParallelState, initialize
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
+
+
+@dataclass
+class DataSplits:
+    tokenizer: GPTTokenizer
+    train_batches: Iterable[dict]
+    make_valid_loader: Optional[Callable[[], Iterable[dict]]]
+    make_test_loader: Optional[Callable[[], Iterable[dict]]]
+
+
+def load_tokenizer_and_data_path(config: PretrainConfig) -> tuple[GPTTokenizer, list[str]]:
+    """The user's tokenizer and data, or the embedded corpus prepared on first use."""
+    data = config.data
+    if data.data_path:
+        tokenizer = load_tokenizer(tokenizer_file=data.tokenizer_file, vocab_file=data.vocab_file,
+                                   merges_file=data.merge_file)
+        return tokenizer, list(data.data_path)
+    corpus = prepare_default_corpus(str(data.data_cache_dir or DEFAULT_CACHE_DIR), data.tokenizer_vocab_size)
+    tokenizer = load_tokenizer(tokenizer_file=os.path.join(corpus.tokenizer_dir, "tokenizer.json"))
+    return tokenizer, [corpus.data_prefix]
+
+
+def build_data(config: PretrainConfig, state: ParallelState) -> DataSplits:
+    tokenizer, data_path = load_tokenizer_and_data_path(config)
+    config.model.vocab_size = tokenizer.vocab_size
+    training = config.training
+    eval_samples = training.eval_iters * training.global_batch_size
+    num_samples = (training.train_iters * training.global_batch_size, eval_samples, eval_samples)
+    train_set, valid_set, test_set = build_train_valid_test_datasets(
+        data_path, config.data.split, config.model.seq_length, training.seed, num_samples)
+
+    def loader(dataset):
+        return build_data_loader(dataset, consumed_samples=0, micro_batch_size=training.micro_batch_size,
+                                 dp_rank=state.data_parallel_rank, dp_size=state.data_parallel_size,
+                                 num_workers=config.data.num_workers)
+
+    return DataSplits(
+        tokenizer=tokenizer,
+        train_batches=iter(loader(train_set)),
+        make_valid_loader=(lambda: loader(valid_set)) if valid_set is not None else None,
+        make_test_loader=(lambda: loader(test_set)) if test_set is not None else None,
+    )
+
+
+def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
+    # Validate the batch arithmetic before any data or model work.
+    accumulation = config.training.gradient_accumulation_steps(state.data_parallel_size)
+    log = print if state.is_first_rank else (lambda *args, **kwargs: None)
+    log("> preparing tokenizer and data", flush=True)
+    data = build_data(config, state)
+
+    torch.manual_seed(config.training.seed)  # dropout; weights draw from their own seeded generator
+    model = GPTModel(config.model, state, seed=config.training.seed)
+    optimizer = build_optimizer(model, config.optimizer, state.device)
+    padded_vocab = config.model.padded_vocab_size(state.tensor_parallel_size)
+    log(f"> model: {parameter_count(config.model, padded_vocab):,} parameters "
+        f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
+        f"{config.model.num_attention_heads} heads, vocab {config.model.vocab_size} padded to {padded_vocab}) "
+        f"on {state.device}; global batch {config.training.global_batch_size} = micro batch "
+        f"{config.training.micro_batch_size} x {accumulation} accumulation steps x "
+        f"{state.data_parallel_size} data-parallel", flush=True)
+
+    metrics_path = Path(config.logging.metrics_file)
+    if state.is_first_rank:
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        metrics_path.unlink(missing_ok=True)  # a new run starts a new record
+    wandb_run = None
+    if state.is_first_rank:
+        wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,
+                                config.logging.wandb_entity, config.to_dict(), str(metrics_path.parent))
+    writer = MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run)
+    try:
+        summary = train(model, optimizer, iter(data.train_batches), data.make_valid_loader,
+                        data.make_test_loader, config, state, writer)
+    finally:
+        writer.close()
+    if summary.final_valid_loss is not None:
+        log(f"> final validation perplexity: {perplexity(summary.final_valid_loss):.3f}")
+    log(f"> metrics written to {metrics_path}")
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        config = parse_config(argv)
+        try:
+            state = initialize(config.training.device, config.training.tensor_model_parallel_size)
+        except ValueError as error:  # a launch or device the config cannot run on
+            raise ConfigError(str(error)) from None
+        run(config, state)
+    except (ConfigError, DataError) as error:
+        print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

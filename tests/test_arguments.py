@@ -1,0 +1,99 @@
+"""Flags over YAML presets, and the one-line errors that stop a bad run before any work."""
+
+import argparse
+
+import pytest
+
+import pretrain_gpt
+from gpt.arguments import build_parser, parse_config, preset_names
+from gpt.config import ConfigError, PretrainConfig, field_sections
+from gpt.metrics import parameter_count
+
+
+def test_every_setting_is_a_flag_and_every_flag_a_setting():
+    dests = {a.dest for a in build_parser()._actions if a.option_strings} - {"help", "config"}
+    assert dests == set(field_sections()) - {"vocab_size"}
+
+
+def test_default_is_the_tiny_preset_and_flags_win(tmp_path):
+    config = parse_config([])
+    assert (config.model.num_layers, config.model.hidden_size) == (4, 128)
+    assert PretrainConfig.from_flat({}).to_dict() == config.to_dict()  # dataclass defaults are the tiny preset
+    config = parse_config(["--num-layers", "2", "--lr", "3e-4", "--bf16"])
+    assert config.model.num_layers == 2 and config.optimizer.lr == 3e-4 and config.training.bf16
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("num-layers: 6\nbf16: true\ndata_path: [0.5, a, 0.5, b]\ntokenizer_file: t.json\n")
+    config = parse_config(["--config", str(preset), "--no-bf16"])
+    assert config.model.num_layers == 6 and not config.training.bf16
+    assert config.data.data_path == ["0.5", "a", "0.5", "b"]
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_parses_and_validates(name):
+    config = parse_config(["--config", name])
+    config.validate()
+
+
+def test_the_papers_1_5b_preset():
+    config = parse_config(["--config", "gpt2-1.5b"])
+    model = config.model
+    assert (model.num_layers, model.hidden_size, model.num_attention_heads) == (48, 1600, 16)
+    model.vocab_size = 50257
+    assert 1.5e9 < parameter_count(model) < 1.6e9
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--hidden-size", "100", "--num-attention-heads", "3"], "--hidden-size 100 is not divisible"),
+    (["--seq-length", "256", "--max-position-embeddings", "128"], "--seq-length 256 is larger"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--num-layers", "two"], "--num-layers: invalid int value"),
+    (["--lr-decay-style", "step"], "invalid choice"),
+    (["--config", "no-such-preset"], "no such preset"),
+    (["--data-path", "x"], "--data-path needs the tokenizer"),
+    (["--vocab-file", "v.json"], "--vocab-file and --merge-file go together"),
+])
+def test_bad_settings_raise_config_error(argv, words):
+    with pytest.raises(ConfigError, match=words.replace("-", r"\-").replace(".", r"\.")):
+        parse_config(argv)
+
+
+def test_unknown_yaml_key_is_named_with_its_file(tmp_path):
+    preset = tmp_path / "bad.yaml"
+    preset.write_text("num_layers: 2\nnum_layerz: 3\n")
+    with pytest.raises(ConfigError, match="bad.yaml: unknown key 'num_layerz'"):
+        parse_config(["--config", str(preset)])
+    preset.write_text("num_layers: many\n")
+    with pytest.raises(ConfigError, match="bad.yaml: argument --num-layers: invalid int value"):
+        parse_config(["--config", str(preset)])
+
+
+def test_global_batch_must_split_into_micro_batches():
+    training = PretrainConfig().training
+    training.micro_batch_size, training.global_batch_size = 3, 32
+    with pytest.raises(ConfigError, match="--global-batch-size 32 is not divisible by --micro-batch-size 3"):
+        training.gradient_accumulation_steps(data_parallel_size=1)
+    training.micro_batch_size = 4
+    assert training.gradient_accumulation_steps(data_parallel_size=2) == 4
+
+
+@pytest.mark.parametrize("argv", [
+    ["--hidden-size", "100", "--num-attention-heads", "3"],
+    ["--micro-batch-size", "5", "--global-batch-size", "32"],
+    ["--bogus"],
+])
+def test_cli_exits_2_with_one_line_before_any_work(argv, tmp_path, capsys, monkeypatch):
+    def no_data_work(*args, **kwargs):
+        raise AssertionError("data preparation started although the config is invalid")
+
+    monkeypatch.setattr(pretrain_gpt, "build_data", no_data_work)
+    code = pretrain_gpt.main(argv + ["--data-cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("pretrain_gpt.py: error: ")
+
+
+def test_parser_is_argparse_with_groups():
+    parser = build_parser()
+    titles = {group.title for group in parser._action_groups}
+    assert {"model", "training", "data and tokenizer", "logging"} <= titles
+    assert isinstance(parser, argparse.ArgumentParser)
