@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-import torch
 
 from data import DataError
 from data.corpus import prepare_default_corpus
@@ -28,7 +27,8 @@ from gpt.config import ConfigError, PretrainConfig
 from gpt.metrics import MetricsWriter, parameter_count, perplexity, start_wandb
 from gpt.model import GPTModel
 from gpt.training import TrainingSummary, build_optimizer, train
-from parallel.state import ParallelState, initialize
+from parallel.random import TensorParallelRNG
+from parallel.state import ParallelState, destroy, initialize
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
 
@@ -82,8 +82,10 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     log("> preparing tokenizer and data", flush=True)
     data = build_data(config, state)
 
-    torch.manual_seed(config.training.seed)  # dropout; weights draw from their own seeded generator
-    model = GPTModel(config.model, state, seed=config.training.seed)
+    # Dropout streams (shared across TP ranks, and private per TP rank inside attention); the weights
+    # draw from their own seeded generator, so they are the same whatever the TP size.
+    rng = TensorParallelRNG(config.training.seed, state)
+    model = GPTModel(config.model, state, seed=config.training.seed, rng=rng)
     optimizer = build_optimizer(model, config.optimizer, state.device)
     padded_vocab = config.model.padded_vocab_size(state.tensor_parallel_size)
     log(f"> model: {parameter_count(config.model, padded_vocab):,} parameters "
@@ -91,7 +93,8 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
         f"{config.model.num_attention_heads} heads, vocab {config.model.vocab_size} padded to {padded_vocab}) "
         f"on {state.device}; global batch {config.training.global_batch_size} = micro batch "
         f"{config.training.micro_batch_size} x {accumulation} accumulation steps x "
-        f"{state.data_parallel_size} data-parallel", flush=True)
+        f"{state.data_parallel_size} data-parallel; tensor-parallel size {state.tensor_parallel_size}",
+        flush=True)
 
     metrics_path = Path(config.logging.metrics_file)
     if state.is_first_rank:
@@ -120,7 +123,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             state = initialize(config.training.device, config.training.tensor_model_parallel_size)
         except ValueError as error:  # a launch or device the config cannot run on
             raise ConfigError(str(error)) from None
-        run(config, state)
+        try:
+            run(config, state)
+        finally:
+            destroy(state)
     except (ConfigError, DataError) as error:
         print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
         return 2

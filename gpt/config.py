@@ -51,6 +51,14 @@ class ModelConfig:
     def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
         return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tensor_parallel_size)
 
+    def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
+        """Each TP rank takes whole attention heads and an equal slice of hidden and 4h."""
+        for name, size in (("num_attention_heads", self.num_attention_heads), ("hidden_size", self.hidden_size),
+                           ("ffn_hidden_size", self.ffn_size)):
+            if size % tensor_parallel_size != 0:
+                raise ConfigError(f"{_flag(name)} {size} is not divisible by --tensor-model-parallel-size "
+                                  f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share")
+
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "max_position_embeddings", "make_vocab_size_divisible_by"):
@@ -183,6 +191,7 @@ class PretrainConfig:
     def validate(self) -> None:
         for section in self.SECTIONS:
             getattr(self, section).validate()
+        self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
 
     def to_dict(self) -> dict:
         return {section: {f.name: getattr(getattr(self, section), f.name)

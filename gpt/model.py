@@ -11,14 +11,19 @@ drawn from one seeded generator in construction order (see `parallel.layers.Weig
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpt.config import ModelConfig
+from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, WeightInitializer
+from parallel.mappings import copy_to_tensor_parallel_region, gather_from_tensor_parallel_region
+from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 
 
@@ -29,8 +34,10 @@ class SelfAttention(nn.Module):
     splitting them into contiguous column-parallel slices hands each TP rank whole heads.
     """
 
-    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer):
+    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer,
+                 rng: Optional[TensorParallelRNG]):
         super().__init__()
+        self.rng = rng
         self.heads_per_rank = config.num_attention_heads // state.tensor_parallel_size
         self.head_dim = config.head_dim
         self.dropout_p = config.attention_dropout
@@ -44,8 +51,11 @@ class SelfAttention(nn.Module):
         batch, seq, _ = hidden.shape
         qkv = self.query_key_value(hidden).view(batch, seq, self.heads_per_rank, 3, self.head_dim)
         query, key, value = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
-        context = F.scaled_dot_product_attention(
-            query, key, value, dropout_p=self.dropout_p if self.training else 0.0, is_causal=True)
+        # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
+        dropout_stream = self.rng.fork() if self.rng is not None else contextlib.nullcontext()
+        with dropout_stream:
+            context = F.scaled_dot_product_attention(
+                query, key, value, dropout_p=self.dropout_p if self.training else 0.0, is_causal=True)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
         return self.dense(context)
 
@@ -66,13 +76,16 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LayerNorm residual block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x)))."""
+    """Pre-LayerNorm residual block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x))).
 
-    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer):
+    The residual stream is identical on every TP rank, so its dropout uses the shared stream."""
+
+    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer,
+                 rng: Optional[TensorParallelRNG]):
         super().__init__()
         h, eps = config.hidden_size, config.layernorm_epsilon
         self.input_layernorm = nn.LayerNorm(h, eps=eps, device=state.device)
-        self.attention = SelfAttention(config, state, initializer)
+        self.attention = SelfAttention(config, state, initializer, rng)
         self.post_attention_layernorm = nn.LayerNorm(h, eps=eps, device=state.device)
         self.mlp = MLP(config, state, initializer)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
@@ -83,11 +96,16 @@ class TransformerBlock(nn.Module):
 
 
 class GPTModel(nn.Module):
-    def __init__(self, config: ModelConfig, state: ParallelState, seed: int):
+    """`rng` supplies the per-TP-rank dropout stream for attention; without it (TP=1 tools, tests)
+    attention dropout draws from torch's default generator."""
+
+    def __init__(self, config: ModelConfig, state: ParallelState, seed: int,
+                 rng: Optional[TensorParallelRNG] = None):
         super().__init__()
         if config.vocab_size < 1:
             raise ValueError("ModelConfig.vocab_size is unset: fill it in from the tokenizer first")
         self.config = config
+        self.state = state
         initializer = WeightInitializer(seed)
         self.word_embeddings = VocabParallelEmbedding(
             config.vocab_size, config.padded_vocab_size(state.tensor_parallel_size), config.hidden_size,
@@ -98,7 +116,7 @@ class GPTModel(nn.Module):
             self.position_embeddings.weight.copy_(initializer.normal(
                 (config.max_position_embeddings, config.hidden_size), config.init_method_std))
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(config, state, initializer)
+        self.blocks = nn.ModuleList(TransformerBlock(config, state, initializer, rng)
                                     for _ in range(config.num_layers))
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon,
                                             device=state.device)
@@ -115,16 +133,17 @@ class GPTModel(nn.Module):
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [batch, seq, vocab] without labels; per-token cross-entropy [batch, seq] with them.
 
-        The output layer is tied to the token embedding. Padding rows of the vocabulary are cut off
-        before the softmax, so padding never changes a loss or a logit.
+        The output layer is tied to the token embedding, so its logits are vocab-parallel: each TP
+        rank scores its slice of the vocabulary and the loss is computed without gathering them.
+        Padding rows of the vocabulary never take part in the softmax, so padding changes nothing.
         """
-        logits = F.linear(self.hidden_states(tokens), self.word_embeddings.weight)
-        logits = logits[..., : self.config.vocab_size]
+        hidden = copy_to_tensor_parallel_region(self.hidden_states(tokens), self.state)
+        logits = F.linear(hidden, self.word_embeddings.weight)
         if labels is None:
-            return logits
+            return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
-        losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
-        return losses.view_as(labels)
+        return vocab_parallel_cross_entropy(logits, labels, self.word_embeddings.vocab_start_index,
+                                            self.config.vocab_size, self.state)
 
 
 def _output_layer_std(config: ModelConfig) -> float:

@@ -19,6 +19,7 @@ from gpt.config import OptimizerConfig, PretrainConfig
 from gpt.metrics import (MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
                          peak_memory_bytes, perplexity)
 from gpt.schedule import learning_rate
+from parallel.grad_norm import clip_gradients
 from parallel.state import ParallelState
 
 # Re-creates an evaluation loader from its first sample, so every evaluation sees the same batches.
@@ -70,23 +71,44 @@ def _split_tokens(batch: dict, device: torch.device) -> tuple[torch.Tensor, torc
     return tokens[:, :-1], tokens[:, 1:]
 
 
+def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """Mean of `tensor` over the DP group, in place (a no-op without data parallelism)."""
+    if state.data_parallel_size > 1:
+        state.comm.all_reduce(tensor, state.data_parallel_group, "dp")
+        tensor /= state.data_parallel_size
+    return tensor
+
+
+def average_data_parallel_gradients(model: nn.Module, state: ParallelState) -> None:
+    """Plain data parallelism: every rank ends with the mean gradient of the global batch.
+
+    One all-reduce per parameter after the whole backward; ZeRO's bucketed, overlapped reduction
+    replaces this when a ZeRO stage is selected."""
+    if state.data_parallel_size == 1:
+        return
+    for param in model.parameters():
+        if param.grad is not None:
+            average_over_data_parallel(param.grad, state)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, config: PretrainConfig,
-             device: torch.device) -> float:
-    """Mean token loss over the first `num_micro_batches` micro-batches of `loader`."""
+             state: ParallelState) -> float:
+    """Mean token loss over the first `num_micro_batches` micro-batches of `loader` on every DP rank."""
     model.eval()
-    total, count = 0.0, 0
+    total = torch.zeros((), device=state.device)
+    count = 0
     try:
         for batch, _ in zip(loader, range(num_micro_batches)):
-            inputs, labels = _split_tokens(batch, device)
-            with _autocast(config, device):
-                total += model(inputs, labels).mean().item()
+            inputs, labels = _split_tokens(batch, state.device)
+            with _autocast(config, state.device):
+                total += model(inputs, labels).mean()
             count += 1
     finally:
         model.train()
     if count == 0:
         raise RuntimeError("evaluation data ran out before the first batch")
-    return total / count
+    return average_over_data_parallel(total / count, state).item()
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Iterator[dict],
@@ -108,6 +130,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Ite
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
+        state.comm.stats.snapshot_and_reset()  # comm_bytes below cover this iteration only
 
         iteration_loss = torch.zeros((), device=device)
         for _ in range(accumulation_steps):
@@ -117,12 +140,11 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Ite
             loss.backward()
             iteration_loss += loss.detach()
 
-        # clip_grad_norm_ with an infinite max still returns the norm we log, and changes nothing.
-        max_norm = config.optimizer.clip_grad if config.optimizer.clip_grad > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+        average_data_parallel_gradients(model, state)
+        grad_norm = clip_gradients(model.parameters(), config.optimizer.clip_grad, state)
         optimizer.step()
 
-        loss_value = iteration_loss.item()  # waits for the device, so the timing below is complete
+        loss_value = average_over_data_parallel(iteration_loss, state).item()  # waits for the device, so the timing below is complete
         interval_times.append(time.perf_counter() - iteration_start)
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss is {loss_value} at iteration {iteration}; lower --lr or check data")
@@ -143,6 +165,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Ite
                 "tokens_per_s": training.global_batch_size * config.model.seq_length / iter_time,
                 "tflops_per_gpu": flops / (iter_time * state.world_size * 1e12),
                 "memory_bytes": peak_memory_bytes(device),
+                "comm_bytes": state.comm.stats.snapshot(),
             }
             writer.write(record, format_console_line(record, training.train_iters))
             interval_losses.clear()
@@ -152,18 +175,18 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Ite
         if make_valid_loader is not None and eval_micro_batches > 0 and (
                 iteration % training.eval_interval == 0 or last):
             summary.final_valid_loss = _evaluate_and_log(model, make_valid_loader, eval_micro_batches,
-                                                         "valid", iteration, summary, config, device, writer)
+                                                         "valid", iteration, summary, config, state, writer)
 
     if make_test_loader is not None and eval_micro_batches > 0:
         summary.final_test_loss = _evaluate_and_log(model, make_test_loader, eval_micro_batches, "test",
-                                                    summary.iterations, summary, config, device, writer)
+                                                    summary.iterations, summary, config, state, writer)
     return summary
 
 
 def _evaluate_and_log(model, make_loader: LoaderFactory, micro_batches: int, split: str, iteration: int,
-                      summary: TrainingSummary, config: PretrainConfig, device: torch.device,
+                      summary: TrainingSummary, config: PretrainConfig, state: ParallelState,
                       writer: MetricsWriter) -> float:
-    loss = evaluate(model, make_loader(), micro_batches, config, device)
+    loss = evaluate(model, make_loader(), micro_batches, config, state)
     record = {"iteration": iteration, "consumed_samples": summary.consumed_samples, "split": split,
               "loss": loss, "ppl": perplexity(loss)}
     writer.write(record, format_eval_line(record))

@@ -8,6 +8,11 @@ layer is exactly `nn.Linear` / `nn.Embedding`.
 
 Sharded parameters carry `tensor_parallel_dim` (the dimension they are split along) so that
 gradient-norm code can tell them from replicated parameters without knowing the model.
+
+The collectives that make the slices add up to the unsplit layer are the autograd mappings of
+`parallel.mappings`: a column-parallel linear enters its TP region with `copy` (all-reduce of the input
+gradient), a row-parallel linear leaves it with `reduce` (all-reduce of the partial outputs). With TP=1
+they are identities and add nothing to the graph.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parallel.mappings import (copy_to_tensor_parallel_region, gather_from_tensor_parallel_region,
+                               reduce_from_tensor_parallel_region, scatter_to_tensor_parallel_region)
 from parallel.state import ParallelState
 
 
@@ -53,13 +60,19 @@ def _check_divisible(size: int, state: ParallelState, what: str) -> None:
 
 class ColumnParallelLinear(nn.Module):
     """Y = X A^T + b with A split along its output (row) dimension: each rank computes Y's columns
-    for its slice of the outputs. The input must be identical on all ranks of the TP group."""
+    for its slice of the outputs. The input must be identical on all ranks of the TP group.
+
+    The output stays split (the next layer is usually row-parallel and wants exactly that slice)
+    unless `gather_output=True`, which all-gathers the full Y on every rank.
+    """
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState,
-                 initializer: WeightInitializer, init_std: float, bias: bool = True):
+                 initializer: WeightInitializer, init_std: float, bias: bool = True,
+                 gather_output: bool = False):
         super().__init__()
         _check_divisible(output_size, state, "column-parallel output size")
         self.input_size, self.output_size = input_size, output_size
+        self.state, self.gather_output = state, gather_output
         full_weight = initializer.normal((output_size, input_size), init_std)
         self.weight = _parameter(_keep_slice(full_weight, 0, state), state.device, tensor_parallel_dim=0)
         if bias:
@@ -69,18 +82,26 @@ class ColumnParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight, self.bias)
+        output = F.linear(copy_to_tensor_parallel_region(hidden, self.state), self.weight, self.bias)
+        return gather_from_tensor_parallel_region(output, self.state) if self.gather_output else output
 
 
 class RowParallelLinear(nn.Module):
     """Y = X A^T + b with A split along its input (column) dimension: each rank holds a slice of the
-    input features and produces a partial sum of Y. The bias is replicated and added once."""
+    input features and produces a partial sum of Y; the partial sums are all-reduced over the TP group.
+    The bias is replicated and added once, after the reduce.
+
+    By default the input is already split (`input_is_parallel=True`: it is a column-parallel layer's
+    output); otherwise each rank keeps its slice of the full input.
+    """
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState,
-                 initializer: WeightInitializer, init_std: float, bias: bool = True):
+                 initializer: WeightInitializer, init_std: float, bias: bool = True,
+                 input_is_parallel: bool = True):
         super().__init__()
         _check_divisible(input_size, state, "row-parallel input size")
         self.input_size, self.output_size = input_size, output_size
+        self.state, self.input_is_parallel = state, input_is_parallel
         full_weight = initializer.normal((output_size, input_size), init_std)
         self.weight = _parameter(_keep_slice(full_weight, 1, state), state.device, tensor_parallel_dim=1)
         if bias:
@@ -89,7 +110,13 @@ class RowParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight, self.bias)
+        if self.state.tensor_parallel_size == 1:
+            # Nothing to reduce: keep the bias inside the GEMM, exactly nn.Linear.
+            return F.linear(hidden, self.weight, self.bias)
+        if not self.input_is_parallel:
+            hidden = scatter_to_tensor_parallel_region(hidden, self.state)
+        output = reduce_from_tensor_parallel_region(F.linear(hidden, self.weight), self.state)
+        return output if self.bias is None else output + self.bias
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int) -> int:
@@ -103,6 +130,9 @@ class VocabParallelEmbedding(nn.Module):
 
     Only the first `vocab_size` rows are drawn from the initializer; padding rows are zeros. So the
     real rows, and everything drawn after them, are the same whatever the padded size is.
+
+    Each rank looks up only the ids in its row range [vocab_start_index, vocab_end_index) and
+    contributes zeros for the others; the all-reduce over the TP group adds the one non-zero row.
     """
 
     def __init__(self, vocab_size: int, padded_size: int, embedding_dim: int, *, state: ParallelState,
@@ -118,6 +148,13 @@ class VocabParallelEmbedding(nn.Module):
         real_rows = initializer.normal((vocab_size, embedding_dim), init_std)
         full_weight = torch.cat([real_rows, torch.zeros(padded_size - vocab_size, embedding_dim)])
         self.weight = _parameter(_keep_slice(full_weight, 0, state), state.device, tensor_parallel_dim=0)
+        self.state = state
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(token_ids, self.weight)
+        if self.state.tensor_parallel_size == 1:
+            # No masking: an out-of-range id must fail here as in nn.Embedding, not become a zero row.
+            return F.embedding(token_ids, self.weight)
+        outside = (token_ids < self.vocab_start_index) | (token_ids >= self.vocab_end_index)
+        local_ids = (token_ids - self.vocab_start_index).masked_fill(outside, 0)
+        partial = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tensor_parallel_region(partial, self.state)

@@ -1,19 +1,36 @@
-"""The process grid every other module is handed: ranks, groups and the device.
+"""The process grid every other module is handed: ranks, groups, the device and the communicator.
 
 A `ParallelState` is built once by `initialize()` and passed explicitly to whatever needs a group or
-a rank; nothing in the repo reads parallel layout from module globals. While the tensor-parallel and
-data-parallel sizes are 1 it describes a single process with no process group at all, which is what
-`python pretrain_gpt.py` runs on a laptop.
+a rank; nothing in the repo reads parallel layout from module globals. With one process it describes a
+single process with no process group at all, which is what `python pretrain_gpt.py` runs on a laptop.
+
+The grid is a 2-D `DeviceMesh` of shape (DP, TP). TP groups are runs of consecutive ranks, so with
+torchrun/SLURM's node-major rank order a TP group stays inside a node, where tensor parallelism's
+per-layer all-reduces can use NVLink; DP groups are strided across nodes:
+
+    world 8, TP 4:   TP groups {0,1,2,3} {4,5,6,7}      DP groups {0,4} {1,5} {2,6} {3,7}
+    tensor_parallel_rank = rank % TP,   data_parallel_rank = rank // TP
+
+The state also carries the process's `Communicator` (zero/comm.py), so whoever holds the state holds
+the one door to collectives and its byte counters: `state.comm`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Optional
+import re
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Mapping, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from zero.comm import Communicator
+
+DEFAULT_MASTER_PORT = 29500
 
 
 @dataclass(frozen=True)
@@ -28,6 +45,10 @@ class ParallelState:
     # None while the corresponding size is 1: collectives over a group of one are skipped.
     tensor_parallel_group: Optional[dist.ProcessGroup] = None
     data_parallel_group: Optional[dist.ProcessGroup] = None
+    # The (dp, tp) DeviceMesh; None without a process group. DTensor-based code can build on it.
+    mesh: Optional[DeviceMesh] = field(default=None, compare=False, repr=False)
+    # Every collective goes through this object, which counts the bytes this rank sends.
+    comm: Communicator = field(default_factory=Communicator, compare=False, repr=False)
 
     @property
     def is_first_rank(self) -> bool:
@@ -35,41 +56,171 @@ class ParallelState:
         return self.rank == 0
 
 
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when present, else CPU; anything else must name an available device."""
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """Where this process sits in the launch, as torchrun or SLURM describe it."""
+    launcher: str  # "torchrun", "slurm" or "none"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: Optional[int] = None  # processes on this node, when the launcher says
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_MASTER_PORT
+
+
+def read_launch_environment(environ: Mapping[str, str] = os.environ) -> LaunchEnvironment:
+    """torchrun's variables win over SLURM's: `srun torchrun ...` sets both, and torchrun's ranks are
+    the ones the processes actually have."""
+    port = int(environ.get("MASTER_PORT", DEFAULT_MASTER_PORT))
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        local_world = environ.get("LOCAL_WORLD_SIZE")
+        return LaunchEnvironment(
+            launcher="torchrun", rank=int(environ["RANK"]), world_size=int(environ["WORLD_SIZE"]),
+            local_rank=int(environ.get("LOCAL_RANK", 0)),
+            local_world_size=int(local_world) if local_world else None,
+            master_addr=environ.get("MASTER_ADDR", "127.0.0.1"), master_port=port)
+    if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+        if "MASTER_ADDR" in environ:
+            master_addr = environ["MASTER_ADDR"]
+        elif nodelist:
+            master_addr = expand_nodelist(nodelist)[0]
+        else:
+            raise ValueError("SLURM launch without SLURM_JOB_NODELIST: set MASTER_ADDR to the first node")
+        return LaunchEnvironment(
+            launcher="slurm", rank=int(environ["SLURM_PROCID"]), world_size=int(environ["SLURM_NTASKS"]),
+            local_rank=int(environ.get("SLURM_LOCALID", 0)), local_world_size=_slurm_tasks_per_node(environ),
+            master_addr=master_addr, master_port=port)
+    return LaunchEnvironment(launcher="none")
+
+
+def _slurm_tasks_per_node(environ: Mapping[str, str]) -> Optional[int]:
+    # Forms like "4", "4(x2)" or "4(x2),3": the first node's count is what a TP group lands on.
+    for variable in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        match = re.match(r"\s*(\d+)", environ.get(variable, ""))
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM hostlist: "dgx[001-004,007],other5" -> dgx001 ... dgx004, dgx007, other5.
+
+    Zero padding follows the range's first bound ("001-004"); several bracket groups in one name
+    ("rack[1-2]-node[01-02]") expand as a product, in SLURM's order.
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist.strip()):
+        hosts.extend(_expand_host(item))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in SLURM nodelist {text!r}")
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"unbalanced '[' in SLURM nodelist {text!r}")
+    items.append(text[start:])
+    return [item for item in items if item]
+
+
+def _expand_host(pattern: str) -> list[str]:
+    open_at = pattern.find("[")
+    if open_at < 0:
+        return [pattern]
+    close_at = pattern.index("]", open_at)
+    prefix, ranges, rest = pattern[:open_at], pattern[open_at + 1:close_at], pattern[close_at + 1:]
+    tails = _expand_host(rest)
+    hosts = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"cannot parse range {part!r} in SLURM nodelist {pattern!r}")
+        width = len(low)
+        for number in range(int(low), int(high or low) + 1):
+            hosts.extend(f"{prefix}{number:0{width}d}{tail}" for tail in tails)
+    return hosts
+
+
+def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
+    """'auto' picks CUDA when present, else CPU; anything else must name an available device.
+
+    A CUDA device without an index becomes this process's GPU on its node (local rank modulo GPUs).
+    """
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if name == "auto":
-        if torch.cuda.is_available():
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        return torch.device("cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
+        if device.index is None:
+            device = torch.device("cuda", local_rank % torch.cuda.device_count())
     return device
 
 
-def launched_world_size() -> int:
-    """How many processes the launcher (torchrun or SLURM) started, 1 when run directly."""
-    for variable in ("WORLD_SIZE", "SLURM_NTASKS"):
-        if variable in os.environ:
-            return int(os.environ[variable])
-    return 1
+def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
+               gpus_per_node: Optional[int] = None) -> ParallelState:
+    """Build the TP x DP grid for this launch (torchrun, SLURM, or a plain single process).
 
-
-def initialize(device_name: str = "auto", tensor_parallel_size: int = 1) -> ParallelState:
-    """Build the process grid for this run.
-
-    Multi-process grids (TP x DP over torchrun or SLURM) are the next step of the roadmap; until they
-    land, a launch with more than one process is refused here, before any work, rather than silently
-    training N independent copies of the model.
+    Bad sizes raise ValueError naming the flag before any process group exists. The process group's
+    timeout turns a dead or hung peer into an error that ends the job instead of a job that hangs.
     """
-    world_size = launched_world_size()
-    if world_size != 1 or tensor_parallel_size != 1:
+    if tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-model-parallel-size must be at least 1, got {tensor_parallel_size}")
+    launch = read_launch_environment()
+    if launch.world_size % tensor_parallel_size != 0:
         raise ValueError(
-            f"this build trains in a single process (launcher world size {world_size}, "
-            f"--tensor-model-parallel-size {tensor_parallel_size}); run `python pretrain_gpt.py` "
-            "without torchrun until tensor and data parallelism land")
-    device = resolve_device(device_name)
+            f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the {launch.world_size} "
+            f"launched processes; launch a multiple of {tensor_parallel_size} processes or pick a TP size "
+            f"that divides {launch.world_size}")
+    device = resolve_device(device_name, launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return ParallelState(device=device)
+    if launch.world_size == 1:
+        return ParallelState(device=device)
+
+    if launch.rank == 0:
+        _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size, device, launch, gpus_per_node)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    host = f"[{launch.master_addr}]" if ":" in launch.master_addr else launch.master_addr  # IPv6
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{launch.master_port}", rank=launch.rank,
+                            world_size=launch.world_size, timeout=timedelta(minutes=timeout_minutes))
+    data_parallel_size = launch.world_size // tensor_parallel_size
+    mesh = init_device_mesh(device.type, (data_parallel_size, tensor_parallel_size), mesh_dim_names=("dp", "tp"))
+    return ParallelState(
+        device=device, rank=launch.rank, world_size=launch.world_size,
+        tensor_parallel_size=tensor_parallel_size, tensor_parallel_rank=launch.rank % tensor_parallel_size,
+        data_parallel_size=data_parallel_size, data_parallel_rank=launch.rank // tensor_parallel_size,
+        tensor_parallel_group=mesh.get_group("tp") if tensor_parallel_size > 1 else None,
+        data_parallel_group=mesh.get_group("dp") if data_parallel_size > 1 else None,
+        mesh=mesh)
+
+
+def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torch.device,
+                                         launch: LaunchEnvironment, gpus_per_node: Optional[int]) -> None:
+    per_node = gpus_per_node or launch.local_world_size
+    if per_node is None and device.type == "cuda":
+        per_node = torch.cuda.device_count()
+    if per_node and tensor_parallel_size > per_node:
+        warnings.warn(
+            f"--tensor-model-parallel-size {tensor_parallel_size} is larger than the {per_node} GPUs of a "
+            "node, so TP groups span nodes. TP across nodes is slow (the ZeRO paper measured it): keep TP "
+            "within a node and scale across nodes with data parallelism (ZeRO).", stacklevel=3)
+
+
+def destroy(state: ParallelState) -> None:
+    """Tear down the process group built by `initialize` (end of training, end of a test)."""
+    if state.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()

@@ -51,6 +51,10 @@ def test_the_papers_1_5b_preset():
     (["--config", "no-such-preset"], "no such preset"),
     (["--data-path", "x"], "--data-path needs the tokenizer"),
     (["--vocab-file", "v.json"], "--vocab-file and --merge-file go together"),
+    (["--num-attention-heads", "4", "--hidden-size", "128", "--tensor-model-parallel-size", "8"],
+     "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 8"),
+    (["--num-attention-heads", "8", "--hidden-size", "128", "--ffn-hidden-size", "100",
+      "--tensor-model-parallel-size", "8"], "--ffn-hidden-size 100 is not divisible"),
 ])
 def test_bad_settings_raise_config_error(argv, words):
     with pytest.raises(ConfigError, match=words.replace("-", r"\-").replace(".", r"\.")):

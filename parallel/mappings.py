@@ -1,0 +1,113 @@
+"""Autograd collectives that mark the entry and exit of a tensor-parallel region.
+
+Each function is one half of a pair whose forward and backward are each other's transposes:
+
+    copy_to_tensor_parallel_region      forward: identity          backward: all-reduce
+    reduce_from_tensor_parallel_region  forward: all-reduce        backward: identity
+    scatter_to_tensor_parallel_region   forward: keep my chunk     backward: all-gather   (last dim)
+    gather_from_tensor_parallel_region  forward: all-gather        backward: keep my chunk (last dim)
+
+A column-parallel linear enters with `copy` (every rank needs the whole input; the input's gradient
+is the sum of every rank's partial gradient), a row-parallel linear leaves with `reduce`. With TP=1
+every function returns its input unchanged and adds no autograd node.
+
+All collectives run over the TP group through the state's Communicator, counted under "tp".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from parallel.state import ParallelState
+
+
+def _all_reduce(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    # Reduce into a fresh buffer: the incoming tensor may be shared with another autograd branch
+    # (an add hands one gradient to both inputs) or still be read by its producer.
+    reduced = tensor.clone(memory_format=torch.contiguous_format)
+    state.comm.all_reduce(reduced, state.tensor_parallel_group, "tp")
+    return reduced
+
+
+def _keep_last_dim_chunk(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    size = tensor.shape[-1]
+    if size % state.tensor_parallel_size != 0:
+        raise ValueError(f"last dimension {size} is not divisible by the tensor-parallel size "
+                         f"{state.tensor_parallel_size}")
+    chunk = size // state.tensor_parallel_size
+    return tensor.narrow(-1, state.tensor_parallel_rank * chunk, chunk).contiguous()
+
+
+def _gather_last_dim(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    # The single-tensor all-gather concatenates along dim 0, so gather with the last dim in front.
+    leading = tensor.movedim(-1, 0).contiguous()
+    gathered = leading.new_empty((leading.shape[0] * state.tensor_parallel_size, *leading.shape[1:]))
+    state.comm.all_gather(gathered, leading, state.tensor_parallel_group, "tp")
+    return gathered.movedim(0, -1).contiguous()
+
+
+class _CopyToTensorParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return _all_reduce(grad_output, ctx.state), None
+
+
+class _ReduceFromTensorParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        return _all_reduce(tensor, state)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return grad_output, None
+
+
+class _ScatterToTensorParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return _keep_last_dim_chunk(tensor, state)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return _gather_last_dim(grad_output, ctx.state), None
+
+
+class _GatherFromTensorParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return _gather_last_dim(tensor, state)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return _keep_last_dim_chunk(grad_output, ctx.state), None
+
+
+def copy_to_tensor_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    if state.tensor_parallel_size == 1:
+        return tensor
+    return _CopyToTensorParallelRegion.apply(tensor, state)
+
+
+def reduce_from_tensor_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    if state.tensor_parallel_size == 1:
+        return tensor
+    return _ReduceFromTensorParallelRegion.apply(tensor, state)
+
+
+def scatter_to_tensor_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    if state.tensor_parallel_size == 1:
+        return tensor
+    return _ScatterToTensorParallelRegion.apply(tensor, state)
+
+
+def gather_from_tensor_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    if state.tensor_parallel_size == 1:
+        return tensor
+    return _GatherFromTensorParallelRegion.apply(tensor, state)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Several nodes with torchrun's static rendezvous. Run the same command on every node with
+#   NNODES       number of nodes
+#   NODE_RANK    this node's index, 0 .. NNODES-1
+#   MASTER_ADDR  address of node 0 (reachable from every node)
+#   MASTER_PORT  a free port on node 0 (default 29500)
+#   GPUS_PER_NODE processes per node (default: every visible GPU)
+# Keep --tensor-model-parallel-size <= GPUS_PER_NODE: tensor parallelism across nodes is slow.
+# Extra arguments go to pretrain_gpt.py unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+: "${NNODES:?set NNODES}" "${NODE_RANK:?set NODE_RANK}" "${MASTER_ADDR:?set MASTER_ADDR}"
+MASTER_PORT=${MASTER_PORT:-29500}
+if [[ -z "${GPUS_PER_NODE:-}" ]]; then
+  GPUS_PER_NODE=$(python -c "import torch; print(torch.cuda.device_count() or 1)")
+fi
+command=(torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$GPUS_PER_NODE"
+         --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" pretrain_gpt.py "$@")
+echo "+ ${command[*]}"
+exec "${command[@]}"

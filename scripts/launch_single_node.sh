@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One node, GPUS_PER_NODE processes (default: every visible GPU, or 2 CPU processes without GPUs).
+# Extra arguments go to pretrain_gpt.py unchanged, e.g.
+#   scripts/launch_single_node.sh --config gpt2-124m --tensor-model-parallel-size 2 --data-path ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ -z "${GPUS_PER_NODE:-}" ]]; then
+  GPUS_PER_NODE=$(python -c "import torch; print(torch.cuda.device_count() or 2)")
+fi
+command=(torchrun --standalone --nnodes 1 --nproc_per_node "$GPUS_PER_NODE" pretrain_gpt.py "$@")
+echo "+ ${command[*]}"
+exec "${command[@]}"

@@ -1,0 +1,120 @@
+"""zero/comm.py: collective results, and bytes counted with the ring-algorithm formulas."""
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.distributed import run_distributed
+from zero.comm import CommStats, Communicator, CompletedWork, ring_bytes_sent
+
+FLOAT32 = 4
+INT64 = 8
+
+
+def test_ring_volumes():
+    # Independent of the implementation: the textbook numbers for M = 1200 bytes.
+    assert ring_bytes_sent("all_reduce", 1200, 4) == 1800  # 2 M 3/4
+    assert ring_bytes_sent("reduce_scatter", 1200, 4) == 900  # M 3/4
+    assert ring_bytes_sent("all_gather", 1200, 2) == 600  # M 1/2
+    assert ring_bytes_sent("broadcast", 1200, 8, is_source=True) == 1200
+    assert ring_bytes_sent("broadcast", 1200, 8, is_source=False) == 0
+    assert all(ring_bytes_sent(kind, 1200, 1) == 0
+               for kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))
+    with pytest.raises(ValueError, match="unknown collective"):
+        ring_bytes_sent("all_to_all", 1200, 4)
+
+
+def test_stats_snapshot_is_per_iteration_and_shaped_per_group():
+    stats = CommStats()
+    stats.add("dp", "reduce_scatter", 100)
+    stats.add("dp", "reduce_scatter", 28)
+    stats.add("tp", "all_reduce", 7)
+    first = stats.snapshot_and_reset()
+    assert first == {"dp": {"all_reduce": 0, "reduce_scatter": 128, "all_gather": 0, "broadcast": 0},
+                     "tp": {"all_reduce": 7, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0}}
+    assert stats.snapshot_and_reset()["dp"]["reduce_scatter"] == 0
+    with pytest.raises(ValueError, match="unknown group name"):
+        stats.add("pp", "all_reduce", 1)
+
+
+def test_no_group_means_no_call_and_no_bytes():
+    # No process group exists in this process: any real collective would raise.
+    assert not dist.is_initialized()
+    comm = Communicator()
+    tensor = torch.arange(6.0)
+    assert comm.all_reduce(tensor, None, "tp") is None
+    assert torch.equal(tensor, torch.arange(6.0))
+    output = torch.empty(6)
+    comm.reduce_scatter(output, tensor, None, "dp")
+    assert torch.equal(output, tensor)
+    output = torch.empty(2, 3)
+    assert isinstance(comm.all_gather(output, tensor, None, "dp", async_op=True), CompletedWork)
+    assert torch.equal(output.flatten(), tensor)
+    comm.broadcast(tensor, 0, None, "dp")
+    comm.barrier()
+    assert comm.stats.total() == 0
+    with pytest.raises(ValueError, match="expected 1 x output"):
+        comm.reduce_scatter(torch.empty(4), tensor, None, "dp")
+
+
+def _collectives_worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    world = dist.new_group(list(range(world_size)))
+    # new_group is collective: every rank creates every singleton group, then keeps its own.
+    alone = [dist.new_group([r]) for r in range(world_size)][rank]
+    comm = Communicator()
+    n = world_size
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        summed = torch.full((6,), float(rank + 1))
+        comm.all_reduce(summed, world, "tp")
+        assert torch.equal(summed, torch.full((6,), n * (n + 1) / 2))
+
+        largest = torch.tensor([float(rank), -float(rank)])
+        comm.all_reduce(largest, world, "tp", op=dist.ReduceOp.MAX)
+        assert torch.equal(largest, torch.tensor([n - 1.0, 0.0]))
+
+        # reduce-scatter: every rank contributes chunk i = (rank + 1) * i; rank r keeps chunk r summed.
+        chunks = torch.stack([torch.full((3,), float((rank + 1) * i)) for i in range(n)]).flatten()
+        mine = torch.empty(3)
+        comm.reduce_scatter(mine, chunks, world, "dp")
+        assert torch.equal(mine, torch.full((3,), float(rank * n * (n + 1) // 2)))
+
+        gathered = torch.empty(n * 3)
+        handle = comm.all_gather(gathered, torch.full((3,), float(rank)), world, "dp", async_op=True)
+        handle.wait()
+        assert torch.equal(gathered, torch.arange(n).float().repeat_interleave(3))
+
+        announced = torch.full((5,), float(rank), dtype=torch.float64)
+        comm.broadcast(announced, 1, world, "dp")
+        assert torch.equal(announced, torch.full((5,), 1.0, dtype=torch.float64))
+
+        unchanged = torch.full((4,), float(rank))
+        comm.all_reduce(unchanged, alone, "tp")
+        comm.broadcast(unchanged, rank, alone, "dp")
+        assert torch.equal(unchanged, torch.full((4,), float(rank)))
+        comm.barrier(world)
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    assert not deprecations, deprecations
+    return comm.stats.snapshot_and_reset(), comm.stats.snapshot()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_collectives_and_their_byte_counts(world_size):
+    results = run_distributed(_collectives_worker, world_size, timeout=90)
+    n = world_size
+    for rank, (iteration, after_reset) in enumerate(results):
+        # Sizes: all-reduces of 6 and 2 fp32, a reduce-scatter of n x 3 fp32 in, an all-gather of
+        # n x 3 fp32 out, a broadcast of 5 fp64 from rank 1. Singleton-group calls cost nothing.
+        assert iteration == {
+            "tp": {"all_reduce": 2 * (6 * FLOAT32) * (n - 1) // n + 2 * (2 * FLOAT32) * (n - 1) // n,
+                   "reduce_scatter": 0, "all_gather": 0, "broadcast": 0},
+            "dp": {"all_reduce": 0, "reduce_scatter": (n * 3 * FLOAT32) * (n - 1) // n,
+                   "all_gather": (n * 3 * FLOAT32) * (n - 1) // n,
+                   "broadcast": 5 * 8 if rank == 1 else 0},
+        }, f"rank {rank}"
+        assert all(count == 0 for kinds in after_reset.values() for count in kinds.values())

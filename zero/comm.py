@@ -1,0 +1,172 @@
+"""The one door to collectives: every all-reduce, reduce-scatter, all-gather and broadcast in the repo
+goes through a `Communicator`, which also counts the bytes this rank sends.
+
+Byte accounting uses the volumes of the ring algorithms (what NCCL runs for large messages and what
+the ZeRO paper's communication analysis assumes). For a full tensor of M bytes over N ranks, one rank
+sends:
+
+    reduce-scatter   M (N-1) / N      (M is the size of the unreduced input)
+    all-gather       M (N-1) / N      (M is the size of the gathered output)
+    all-reduce       2 M (N-1) / N    (a reduce-scatter followed by an all-gather)
+    broadcast        M on the source rank, 0 on the others
+
+Broadcast is charged to the source only: it is the data that has to leave the owner, the same on
+every topology. (NCCL's chain broadcast also forwards M through every rank but the last, so the
+figure is a lower bound on what the links carry.) Fractions of a byte are rounded down per call.
+
+A group of size 1 -- and `None`, which here means "no group", never torch's default world group --
+is skipped entirely: no call, no bytes. That is how TP=1 and DP=1 cost nothing without any caller
+checking sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+GROUP_NAMES = ("dp", "tp")
+
+# torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool = True) -> int:
+    """Bytes one rank sends for a collective over `group_size` ranks on a tensor of `full_bytes`."""
+    if group_size <= 1:
+        return 0
+    if kind == "all_reduce":
+        return 2 * full_bytes * (group_size - 1) // group_size
+    if kind in ("reduce_scatter", "all_gather"):
+        return full_bytes * (group_size - 1) // group_size
+    if kind == "broadcast":
+        return full_bytes if is_source else 0
+    raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(COLLECTIVE_KINDS)}")
+
+
+class CommStats:
+    """Bytes sent by this rank since the last snapshot, per group name and collective kind."""
+
+    def __init__(self) -> None:
+        self._bytes = self._zeros()
+
+    @staticmethod
+    def _zeros() -> dict[str, dict[str, int]]:
+        return {group: {kind: 0 for kind in COLLECTIVE_KINDS} for group in GROUP_NAMES}
+
+    def add(self, group_name: str, kind: str, num_bytes: int) -> None:
+        if group_name not in self._bytes:
+            raise ValueError(f"unknown group name {group_name!r}; expected one of {', '.join(GROUP_NAMES)}")
+        self._bytes[group_name][kind] += int(num_bytes)
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {group: dict(kinds) for group, kinds in self._bytes.items()}
+
+    def snapshot_and_reset(self) -> dict[str, dict[str, int]]:
+        """The bytes of the iteration that just ended; the counters restart from zero."""
+        snapshot, self._bytes = self._bytes, self._zeros()
+        return snapshot
+
+    def total(self) -> int:
+        return sum(n for kinds in self._bytes.values() for n in kinds.values())
+
+
+class CompletedWork:
+    """What an `async_op=True` call returns when the collective was skipped (group of one): a handle
+    whose wait() returns at once, so overlap code need not special-case TP=1 or DP=1."""
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def group_size(group: Optional[dist.ProcessGroup]) -> int:
+    """Ranks in `group`; 1 for None (no group)."""
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def _num_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class Communicator:
+    """Issues collectives and counts what this rank sends. Create one per process (the parallel state
+    holds it) and pass it explicitly; it keeps no module-level state.
+
+    Every method takes the group and its name ("tp" or "dp"), so the accounting can say which part of
+    the grid the traffic was on. With `async_op=True` a method returns the work handle to wait on;
+    bytes are counted when the collective is issued.
+    """
+
+    def __init__(self) -> None:
+        self.stats = CommStats()
+
+    def _skip(self, group: Optional[dist.ProcessGroup]) -> bool:
+        return group_size(group) == 1
+
+    def all_reduce(self, tensor: torch.Tensor, group: Optional[dist.ProcessGroup], group_name: str,
+                   op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
+        """In-place all-reduce of `tensor` over `group`."""
+        if self._skip(group):
+            return CompletedWork() if async_op else None
+        self.stats.add(group_name, "all_reduce", ring_bytes_sent("all_reduce", _num_bytes(tensor), group_size(group)))
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
+                       group_name: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
+        """Sum `input` (N equal chunks along dim 0) over the group; rank i's `output` gets chunk i."""
+        size = group_size(group)
+        if input.numel() != output.numel() * size:
+            raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected "
+                             f"{size} x output ({output.numel()})")
+        if size == 1:
+            _copy_unless_same(output, input)
+            return CompletedWork() if async_op else None
+        self.stats.add(group_name, "reduce_scatter", ring_bytes_sent("reduce_scatter", _num_bytes(input), size))
+        return _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
+                   group_name: str, async_op: bool = False):
+        """Concatenate every rank's `input` along dim 0 into `output` (rank order)."""
+        size = group_size(group)
+        if output.numel() != input.numel() * size:
+            raise ValueError(f"all_gather: output has {output.numel()} elements, expected "
+                             f"{size} x input ({input.numel()})")
+        if size == 1:
+            _copy_unless_same(output, input)
+            return CompletedWork() if async_op else None
+        self.stats.add(group_name, "all_gather", ring_bytes_sent("all_gather", _num_bytes(output), size))
+        return _all_gather_single(output, input, group=group, async_op=async_op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup], group_name: str,
+                  async_op: bool = False):
+        """Copy `tensor` from global rank `src` to every rank of the group (torch's convention: `src` is
+        a global rank, not a rank within the group)."""
+        size = group_size(group)
+        if size == 1:
+            return CompletedWork() if async_op else None
+        is_source = dist.get_rank() == src
+        self.stats.add(group_name, "broadcast", ring_bytes_sent("broadcast", _num_bytes(tensor), size, is_source))
+        return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+
+    def barrier(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        """Wait for every rank of `group`. Unlike the data collectives, None here means the whole world
+        (checkpoint and shutdown synchronise everyone); without a process group it returns at once."""
+        if not dist.is_available() or not dist.is_initialized():
+            return
+        if group is None and dist.get_world_size() == 1:
+            return
+        if group is not None and group_size(group) == 1:
+            return
+        dist.barrier(group=group)
+
+
+def _copy_unless_same(output: torch.Tensor, input: torch.Tensor) -> None:
+    """A collective over one rank is the identity; callers may pass the same buffer as both ends."""
+    if output.data_ptr() != input.data_ptr():
+        output.copy_(input.reshape(output.shape))
