@@ -39,29 +39,53 @@ def _qkv_hf_to_ours(tensor: torch.Tensor, heads: int) -> torch.Tensor:
     return tensor.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
 
 
-def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    heads = config.num_attention_heads
-    out = {
-        "transformer.wte.weight": state_dict["word_embeddings.weight"][: config.vocab_size],
-        "transformer.wpe.weight": state_dict["position_embeddings.weight"],
-        "transformer.ln_f.weight": state_dict["final_layernorm.weight"],
-        "transformer.ln_f.bias": state_dict["final_layernorm.bias"],
-    }
+# How each tensor moves: "same" as is, "linear" transposed (Linear <-> Conv1D), "qkv_weight" and
+# "qkv_bias" re-ordered between our per-head layout and transformers' [q | k | v] layout.
+def _name_table(config: ModelConfig) -> list[tuple[str, str, str]]:
+    """(our name, transformers' name, how it converts) for every tensor except the token embedding."""
+    table = [("position_embeddings.weight", "transformer.wpe.weight", "same"),
+             ("final_layernorm.weight", "transformer.ln_f.weight", "same"),
+             ("final_layernorm.bias", "transformer.ln_f.bias", "same")]
     for i in range(config.num_layers):
         ours, hf = f"blocks.{i}.", f"transformer.h.{i}."
-        out[hf + "ln_1.weight"] = state_dict[ours + "input_layernorm.weight"]
-        out[hf + "ln_1.bias"] = state_dict[ours + "input_layernorm.bias"]
-        out[hf + "attn.c_attn.weight"] = _qkv_ours_to_hf(state_dict[ours + "attention.query_key_value.weight"],
-                                                         heads).t()
-        out[hf + "attn.c_attn.bias"] = _qkv_ours_to_hf(state_dict[ours + "attention.query_key_value.bias"], heads)
-        out[hf + "attn.c_proj.weight"] = state_dict[ours + "attention.dense.weight"].t()
-        out[hf + "attn.c_proj.bias"] = state_dict[ours + "attention.dense.bias"]
-        out[hf + "ln_2.weight"] = state_dict[ours + "post_attention_layernorm.weight"]
-        out[hf + "ln_2.bias"] = state_dict[ours + "post_attention_layernorm.bias"]
-        out[hf + "mlp.c_fc.weight"] = state_dict[ours + "mlp.dense_h_to_4h.weight"].t()
-        out[hf + "mlp.c_fc.bias"] = state_dict[ours + "mlp.dense_h_to_4h.bias"]
-        out[hf + "mlp.c_proj.weight"] = state_dict[ours + "mlp.dense_4h_to_h.weight"].t()
-        out[hf + "mlp.c_proj.bias"] = state_dict[ours + "mlp.dense_4h_to_h.bias"]
+        table += [
+            (ours + "input_layernorm.weight", hf + "ln_1.weight", "same"),
+            (ours + "input_layernorm.bias", hf + "ln_1.bias", "same"),
+            (ours + "attention.query_key_value.weight", hf + "attn.c_attn.weight", "qkv_weight"),
+            (ours + "attention.query_key_value.bias", hf + "attn.c_attn.bias", "qkv_bias"),
+            (ours + "attention.dense.weight", hf + "attn.c_proj.weight", "linear"),
+            (ours + "attention.dense.bias", hf + "attn.c_proj.bias", "same"),
+            (ours + "post_attention_layernorm.weight", hf + "ln_2.weight", "same"),
+            (ours + "post_attention_layernorm.bias", hf + "ln_2.bias", "same"),
+            (ours + "mlp.dense_h_to_4h.weight", hf + "mlp.c_fc.weight", "linear"),
+            (ours + "mlp.dense_h_to_4h.bias", hf + "mlp.c_fc.bias", "same"),
+            (ours + "mlp.dense_4h_to_h.weight", hf + "mlp.c_proj.weight", "linear"),
+            (ours + "mlp.dense_4h_to_h.bias", hf + "mlp.c_proj.bias", "same"),
+        ]
+    return table
+
+
+def _to_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
+    if how == "qkv_weight":
+        return _qkv_ours_to_hf(tensor, heads).t()
+    if how == "qkv_bias":
+        return _qkv_ours_to_hf(tensor, heads)
+    return tensor.t() if how == "linear" else tensor
+
+
+def _from_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
+    if how == "qkv_weight":
+        return _qkv_hf_to_ours(tensor.t(), heads)
+    if how == "qkv_bias":
+        return _qkv_hf_to_ours(tensor, heads)
+    return tensor.t() if how == "linear" else tensor
+
+
+def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    heads = config.num_attention_heads
+    out = {"transformer.wte.weight": state_dict["word_embeddings.weight"][: config.vocab_size]}
+    for ours, hf, how in _name_table(config):
+        out[hf] = _to_hf(state_dict[ours], how, heads)
     out["lm_head.weight"] = out["transformer.wte.weight"]
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
@@ -72,25 +96,7 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
     heads = config.num_attention_heads
     wte = hf_state["transformer.wte.weight"]
     padding = wte.new_zeros(padded_vocab_size - wte.shape[0], wte.shape[1])
-    out = {
-        "word_embeddings.weight": torch.cat([wte, padding]),
-        "position_embeddings.weight": hf_state["transformer.wpe.weight"],
-        "final_layernorm.weight": hf_state["transformer.ln_f.weight"],
-        "final_layernorm.bias": hf_state["transformer.ln_f.bias"],
-    }
-    for i in range(config.num_layers):
-        ours, hf = f"blocks.{i}.", f"transformer.h.{i}."
-        out[ours + "input_layernorm.weight"] = hf_state[hf + "ln_1.weight"]
-        out[ours + "input_layernorm.bias"] = hf_state[hf + "ln_1.bias"]
-        out[ours + "attention.query_key_value.weight"] = _qkv_hf_to_ours(hf_state[hf + "attn.c_attn.weight"].t(),
-                                                                         heads)
-        out[ours + "attention.query_key_value.bias"] = _qkv_hf_to_ours(hf_state[hf + "attn.c_attn.bias"], heads)
-        out[ours + "attention.dense.weight"] = hf_state[hf + "attn.c_proj.weight"].t()
-        out[ours + "attention.dense.bias"] = hf_state[hf + "attn.c_proj.bias"]
-        out[ours + "post_attention_layernorm.weight"] = hf_state[hf + "ln_2.weight"]
-        out[ours + "post_attention_layernorm.bias"] = hf_state[hf + "ln_2.bias"]
-        out[ours + "mlp.dense_h_to_4h.weight"] = hf_state[hf + "mlp.c_fc.weight"].t()
-        out[ours + "mlp.dense_h_to_4h.bias"] = hf_state[hf + "mlp.c_fc.bias"]
-        out[ours + "mlp.dense_4h_to_h.weight"] = hf_state[hf + "mlp.c_proj.weight"].t()
-        out[ours + "mlp.dense_4h_to_h.bias"] = hf_state[hf + "mlp.c_proj.bias"]
+    out = {"word_embeddings.weight": torch.cat([wte, padding])}
+    for ours, hf, how in _name_table(config):
+        out[ours] = _from_hf(hf_state[hf], how, heads)
     return {name: tensor.contiguous() for name, tensor in out.items()}
