@@ -26,9 +26,10 @@ from gpt.arguments import parse_config
 from gpt.config import ConfigError, PretrainConfig
 from gpt.metrics import MetricsWriter, parameter_count, perplexity, start_wandb
 from gpt.model import GPTModel
-from gpt.training import TrainingSummary, build_optimizer, train
+from gpt.training import TrainingSummary, train
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
+from zero.optimizer import build_zero_optimizer
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
 
@@ -86,14 +87,15 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # draw from their own seeded generator, so they are the same whatever the TP size.
     rng = TensorParallelRNG(config.training.seed, state)
     model = GPTModel(config.model, state, seed=config.training.seed, rng=rng)
-    optimizer = build_optimizer(model, config.optimizer, state.device)
+    optimizer = build_zero_optimizer(model, config, state)
     padded_vocab = config.model.padded_vocab_size(state.tensor_parallel_size)
     log(f"> model: {parameter_count(config.model, padded_vocab):,} parameters "
         f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
         f"{config.model.num_attention_heads} heads, vocab {config.model.vocab_size} padded to {padded_vocab}) "
         f"on {state.device}; global batch {config.training.global_batch_size} = micro batch "
         f"{config.training.micro_batch_size} x {accumulation} accumulation steps x "
-        f"{state.data_parallel_size} data-parallel; tensor-parallel size {state.tensor_parallel_size}",
+        f"{state.data_parallel_size} data-parallel; tensor-parallel size {state.tensor_parallel_size}; "
+        f"ZeRO stage {optimizer.stage}, {config.training.precision}",
         flush=True)
 
     metrics_path = Path(config.logging.metrics_file)

@@ -3,6 +3,8 @@
 A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose keys are flag names
 (`num_layers: 48` or `num-layers: 48`). Its values are turned into flags placed *before* the user's
 flags, so argparse checks their types the same way and a flag given on the command line wins.
+`--zero-config ds.json` (a DeepSpeed-style JSON) is turned into flags the same way and placed between
+the two, so the precedence is YAML preset < --zero-config JSON < command line.
 Every bad input ends in `ConfigError` with one line naming the key or flag.
 """
 
@@ -16,9 +18,29 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from gpt.config import ACTIVATIONS, LR_DECAY_STYLES, ConfigError, PretrainConfig
+from zero.config import ZERO_STAGES, load_deepspeed_config, resolve_zero_config
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 DEFAULT_PRESET = "tiny"
+
+
+# Flags that choose where settings come from; they are not settings themselves.
+SOURCE_FLAGS = ("config", "zero_config")
+
+
+def count(text: str) -> int:
+    """An element count: a whole number, also written as 5e8."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number such as 500000000 or 5e8)")
+    return int(value)
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -31,6 +53,7 @@ class _RaisingParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     defaults = PretrainConfig()
     m, o, t, d, log = defaults.model, defaults.optimizer, defaults.training, defaults.data, defaults.logging
+    z = defaults.zero
     parser = _RaisingParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", default=DEFAULT_PRESET,
@@ -68,11 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("training")
     g.add_argument("--micro-batch-size", type=int, default=t.micro_batch_size)
     g.add_argument("--global-batch-size", type=int, default=t.global_batch_size,
-                   help="micro batch x gradient-accumulation steps x data-parallel size")
+                   help="micro batch x gradient-accumulation steps x data-parallel size "
+                        "(set from --gradient-accumulation-steps when that is given)")
+    g.add_argument("--gradient-accumulation-steps", dest="accumulation_steps", type=int,
+                   default=t.accumulation_steps,
+                   help="micro batches per rank per iteration; when given, it determines the global batch "
+                        "(default: --global-batch-size / (micro batch x data-parallel size))")
     g.add_argument("--train-iters", type=int, default=t.train_iters)
     g.add_argument("--seed", type=int, default=t.seed)
-    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=t.bf16,
-                   help="bf16 autocast for matmuls (fp32 weights and optimizer)")
     g.add_argument("--device", default=t.device, help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
     g.add_argument("--tensor-model-parallel-size", type=int, default=t.tensor_model_parallel_size)
     g.add_argument("--eval-interval", type=int, default=t.eval_interval)
@@ -101,11 +127,61 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log to W&B (offline unless W&B is configured on this machine)")
     g.add_argument("--wandb-run-name", default=log.wandb_run_name)
     g.add_argument("--wandb-entity", default=log.wandb_entity)
+    g.add_argument("--report-memory", action=argparse.BooleanOptionalAction, default=log.report_memory,
+                   help="log per-rank model-state bytes held and the zero/memory.py prediction")
+
+    g = parser.add_argument_group("ZeRO and mixed precision")
+    g.add_argument("--zero-config", metavar="FILE.json",
+                   help="DeepSpeed-style JSON (a path, or a name in configs/zero: "
+                        f"{', '.join(zero_config_names())}); its zero_optimization, fp16, bf16, batch and "
+                        "clipping keys become flags: YAML preset < this file < command-line flags")
+    g.add_argument("--zero-stage", dest="stage", type=int, choices=ZERO_STAGES, default=z.stage,
+                   help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
+                        "2: and gradients (P_os+g); 3: and parameters (P_os+g+p)")
+    g.add_argument("--reduce-bucket-size", type=count, default=z.reduce_bucket_size,
+                   help="elements per gradient reduce(-scatter)")
+    g.add_argument("--allgather-bucket-size", type=count, default=z.allgather_bucket_size,
+                   help="elements per parameter all-gather after the optimizer step")
+    g.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=z.overlap_comm,
+                   help="reduce gradient buckets while backward is still running")
+    g.add_argument("--contiguous-gradients", action=argparse.BooleanOptionalAction,
+                   default=z.contiguous_gradients,
+                   help="copy gradients into contiguous buckets (always on; --no- is rejected)")
+    g.add_argument("--reduce-scatter", action=argparse.BooleanOptionalAction, default=z.reduce_scatter,
+                   help="reduce-scatter gradients (--no-: all-reduce, then keep this rank's shard)")
+    g.add_argument("--stage3-prefetch-bucket-size", type=count, default=z.stage3_prefetch_bucket_size,
+                   help="stage 3: elements of parameters fetched ahead of their use")
+    g.add_argument("--stage3-param-persistence-threshold", type=count,
+                   default=z.stage3_param_persistence_threshold,
+                   help="stage 3: parameters with fewer elements stay whole on every rank "
+                        "(DeepSpeed's default is 1e5; 0 partitions everything, as in the paper)")
+    g.add_argument("--stage3-max-live-parameters", type=count, default=z.stage3_max_live_parameters,
+                   help="stage 3: most parameter elements gathered at once")
+    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=t.bf16,
+                   help="bf16 mixed precision: bf16 parameters and gradients, fp32 master weights and Adam "
+                        "states in the ZeRO optimizer")
+    g.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=t.fp16,
+                   help="fp16 mixed precision: fp16 parameters and gradients, fp32 master weights and Adam "
+                        "states in the ZeRO optimizer, with dynamic loss scaling (or --loss-scale)")
+    g.add_argument("--loss-scale", type=float, default=t.loss_scale,
+                   help="fp16: a static loss scale (None: dynamic scaling)")
+    g.add_argument("--initial-loss-scale", type=float, default=t.initial_loss_scale,
+                   help="fp16: where dynamic loss scaling starts")
+    g.add_argument("--loss-scale-window", type=int, default=t.loss_scale_window,
+                   help="fp16: overflow-free steps before the loss scale doubles")
+    g.add_argument("--hysteresis", type=int, default=t.hysteresis,
+                   help="fp16: overflows tolerated before the loss scale is lowered")
+    g.add_argument("--min-loss-scale", type=float, default=t.min_loss_scale,
+                   help="fp16: dynamic loss scaling never goes below this")
     return parser
 
 
 def preset_names() -> list[str]:
     return sorted(path.stem for path in PRESET_DIR.glob("*.yaml"))
+
+
+def zero_config_names() -> list[str]:
+    return sorted(path.stem for path in (PRESET_DIR.parent / "zero").glob("*.json"))
 
 
 def resolve_preset(name_or_path: str) -> Path:
@@ -121,17 +197,28 @@ def resolve_preset(name_or_path: str) -> Path:
 
 
 def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, source: Path) -> list[str]:
-    """Turn a flat YAML mapping into the equivalent flags, rejecting keys that are not flags."""
-    flags = {action.dest: action for action in parser._actions if action.option_strings}
+    """Turn a flat YAML mapping into the equivalent flags, rejecting keys that are not flags.
+
+    A key is a flag's name (`zero_stage`, `zero-stage`) or its setting's (`stage`)."""
+    flags = {}
+    for action in parser._actions:
+        if action.option_strings and action.dest not in SOURCE_FLAGS + ("help",):
+            flags[action.dest] = action
+            for option in action.option_strings:
+                if not (isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-")):
+                    flags[option[2:].replace("-", "_")] = action
     argv: list[str] = []
     for key, value in preset.items():
-        dest = str(key).replace("-", "_")
-        if dest not in flags or dest in ("config", "help"):
+        name = str(key).replace("-", "_")
+        if name in SOURCE_FLAGS:
+            raise ConfigError(f"{source}: {key} cannot be set in a preset; pass --{name.replace('_', '-')} "
+                              f"on the command line")
+        if name not in flags:
             raise ConfigError(f"{source}: unknown key {key!r} (keys are flag names, e.g. num_layers)")
-        option = flags[dest].option_strings[0]
+        option = flags[name].option_strings[0]
         if value is None:
             continue
-        if isinstance(flags[dest], argparse.BooleanOptionalAction):
+        if isinstance(flags[name], argparse.BooleanOptionalAction):
             if not isinstance(value, bool):
                 raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
             argv.append(option if value else "--no-" + option[2:])
@@ -159,10 +246,22 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
         parser.parse_args(preset_argv)
     except ConfigError as error:
         raise ConfigError(f"{preset_path}: {error}") from None
-    namespace = parser.parse_args(preset_argv + argv)
-    values = vars(namespace)
-    values.pop("config")
-    config = PretrainConfig.from_flat(values)
+    zero_argv: list[str] = []
+    if known.zero_config is not None:
+        zero_path = resolve_zero_config(known.zero_config)
+        zero_argv = load_deepspeed_config(zero_path)
+        try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
+            PretrainConfig.from_flat(_settings(parser.parse_args(zero_argv))).zero.validate()
+        except ConfigError as error:
+            raise ConfigError(f"{zero_path}: {error}") from None
+    config = PretrainConfig.from_flat(_settings(parser.parse_args(preset_argv + zero_argv + argv)))
     config.validate()
     return config
+
+
+def _settings(namespace: argparse.Namespace) -> dict[str, Any]:
+    values = vars(namespace)
+    for name in SOURCE_FLAGS:
+        values.pop(name)
+    return values
 

@@ -1,7 +1,9 @@
 """Configuration dataclasses for a pretraining run, and their validation.
 
 Every field name here is also a CLI flag (`num_layers` <-> `--num-layers`) and a YAML preset key, so
-there is one name for each setting wherever it is written. The defaults below are the `tiny` preset:
+there is one name for each setting wherever it is written. Two fields keep the name their flag would
+collide with: `zero.stage` is `--zero-stage` and `training.accumulation_steps` is
+`--gradient-accumulation-steps` (`FLAG_NAMES`). The defaults below are the `tiny` preset:
 a GPT that trains on a laptop CPU in a couple of minutes.
 
 Validation happens in `PretrainConfig.validate()`, before any work starts, and raises `ConfigError`
@@ -13,14 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from gpt.errors import ConfigError
 from parallel.layers import padded_vocab_size
+from zero.config import ZeroConfig
 
 ACTIVATIONS = ("gelu", "gelu_tanh")
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
-
-
-class ConfigError(ValueError):
-    """A setting that cannot work. The message names the flag(s) involved."""
 
 
 @dataclass
@@ -113,26 +113,60 @@ class OptimizerConfig:
 class TrainingConfig:
     micro_batch_size: int = 16
     global_batch_size: int = 32
+    # When set (--gradient-accumulation-steps), it determines the global batch instead of
+    # --global-batch-size; see gradient_accumulation_steps().
+    accumulation_steps: Optional[int] = None
     train_iters: int = 250
     seed: int = 1234
+    # Mixed precision: bf16 or fp16 parameters and gradients, fp32 master weights and Adam states.
     bf16: bool = False
+    fp16: bool = False
+    loss_scale: Optional[float] = None  # fp16 static loss scale; None means dynamic scaling
+    initial_loss_scale: float = 2.0**16  # where dynamic scaling starts
+    loss_scale_window: int = 1000  # overflow-free steps before the scale doubles
+    hysteresis: int = 2  # overflows tolerated before the scale is lowered
+    min_loss_scale: float = 1.0  # dynamic scaling never goes below this
     device: str = "auto"
     tensor_model_parallel_size: int = 1
     eval_interval: int = 50
     eval_iters: int = 10
     log_interval: int = 10
 
+    @property
+    def precision(self) -> str:
+        """The training precision: "fp32", "bf16" or "fp16"."""
+        return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
+
     def validate(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters", "tensor_model_parallel_size",
-                     "eval_interval", "log_interval"):
+                     "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.accumulation_steps is not None and self.accumulation_steps < 1:
+            raise ConfigError(f"{_flag('accumulation_steps')} must be at least 1, got {self.accumulation_steps}")
         if self.eval_iters < 0:
             raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}")
+        if self.fp16 and self.bf16:
+            raise ConfigError("--fp16 and --bf16 are exclusive: choose one (add --no-fp16 or --no-bf16 to "
+                              "override a preset or --zero-config)")
+        for name in ("loss_scale", "initial_loss_scale", "min_loss_scale"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"{_flag(name)} must be a positive number, got {value}")
+        if self.min_loss_scale > self.initial_loss_scale:
+            raise ConfigError(f"--min-loss-scale {self.min_loss_scale} is larger than --initial-loss-scale "
+                              f"{self.initial_loss_scale}; lower the former or raise the latter")
 
     def gradient_accumulation_steps(self, data_parallel_size: int) -> int:
-        """global batch = micro batch x accumulation steps x data-parallel size."""
+        """Micro batches per rank per iteration: global batch = micro batch x steps x data-parallel size.
+
+        When --gradient-accumulation-steps is given it determines the global batch, and
+        `global_batch_size` is set to match; otherwise the steps follow from --global-batch-size.
+        """
         per_step = self.micro_batch_size * data_parallel_size
+        if self.accumulation_steps is not None:
+            self.global_batch_size = per_step * self.accumulation_steps
+            return self.accumulation_steps
         if self.global_batch_size % per_step != 0:
             raise ConfigError(
                 f"--global-batch-size {self.global_batch_size} is not divisible by --micro-batch-size "
@@ -172,6 +206,7 @@ class LoggingConfig:
     wandb_project: Optional[str] = None
     wandb_run_name: Optional[str] = None
     wandb_entity: Optional[str] = None
+    report_memory: bool = False  # log per-rank model-state bytes held and the zero/memory.py prediction
 
     def validate(self) -> None:
         if not self.metrics_file:
@@ -185,8 +220,9 @@ class PretrainConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
 
-    SECTIONS = ("model", "optimizer", "training", "data", "logging")
+    SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero")
 
     def validate(self) -> None:
         for section in self.SECTIONS:
@@ -215,5 +251,9 @@ def field_sections() -> dict[str, str]:
     return {f.name: section for section in PretrainConfig.SECTIONS for f in fields(getattr(config, section))}
 
 
+# Fields whose flag is not simply the field name with dashes.
+FLAG_NAMES = {"stage": "--zero-stage", "accumulation_steps": "--gradient-accumulation-steps"}
+
+
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))

@@ -15,12 +15,14 @@ from typing import Callable, Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-from gpt.config import OptimizerConfig, PretrainConfig
+from gpt.config import PretrainConfig
 from gpt.metrics import (MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
                          peak_memory_bytes, perplexity)
 from gpt.schedule import learning_rate
-from parallel.grad_norm import clip_gradients
 from parallel.state import ParallelState
+from zero.memory import (format_memory_line, measure_tensor_bytes, memory_record,
+                         predict_model_state_bytes)
+from zero.optimizer import PRECISION_DTYPES, ZeroOptimizer
 
 # Re-creates an evaluation loader from its first sample, so every evaluation sees the same batches.
 LoaderFactory = Callable[[], Iterable[dict]]
@@ -33,36 +35,16 @@ class TrainingSummary:
     train_losses: list[float] = field(default_factory=list)  # one per iteration
     final_valid_loss: Optional[float] = None
     final_test_loss: Optional[float] = None
-
-
-def apex_fused_adam():
-    """NVIDIA apex's FusedAdam when the real apex (built from source) is installed, else None."""
-    try:
-        from apex.optimizers import FusedAdam
-    except ImportError:
-        return None
-    return FusedAdam
-
-
-def build_optimizer(model: nn.Module, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; biases and LayerNorm parameters (every parameter with fewer than 2 dims) get no decay."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    betas = (config.adam_beta1, config.adam_beta2)
-    fused_adam = apex_fused_adam() if device.type == "cuda" else None
-    if fused_adam is not None:
-        return fused_adam(groups, lr=config.lr, betas=betas, eps=config.adam_eps, adam_w_mode=True)
-    # PyTorch's own multi-tensor kernels: fused on CUDA, foreach on CPU.
-    kernel = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.adam_eps, **kernel)
+    skipped_iterations: int = 0  # fp16 steps skipped for a gradient overflow
 
 
 def _autocast(config: PretrainConfig, device: torch.device):
-    if config.training.bf16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """In 16-bit training the parameters are already bf16/fp16; autocast additionally runs the ops it
+    keeps in fp32 (LayerNorm, softmax, reductions) at full precision."""
+    dtype = PRECISION_DTYPES[config.training.precision]
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def _split_tokens(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,18 +59,6 @@ def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> to
         state.comm.all_reduce(tensor, state.data_parallel_group, "dp")
         tensor /= state.data_parallel_size
     return tensor
-
-
-def average_data_parallel_gradients(model: nn.Module, state: ParallelState) -> None:
-    """Plain data parallelism: every rank ends with the mean gradient of the global batch.
-
-    One all-reduce per parameter after the whole backward; ZeRO's bucketed, overlapped reduction
-    replaces this when a ZeRO stage is selected."""
-    if state.data_parallel_size == 1:
-        return
-    for param in model.parameters():
-        if param.grad is not None:
-            average_over_data_parallel(param.grad, state)
 
 
 @torch.no_grad()
@@ -111,7 +81,7 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
     return average_over_data_parallel(total / count, state).item()
 
 
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Iterator[dict],
+def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[dict],
           make_valid_loader: Optional[LoaderFactory], make_test_loader: Optional[LoaderFactory],
           config: PretrainConfig, state: ParallelState, writer: MetricsWriter) -> TrainingSummary:
     training, device = config.training, state.device
@@ -129,20 +99,24 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Ite
         lr = learning_rate(iteration, config.optimizer, training.train_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # comm_bytes below cover this iteration only
 
         iteration_loss = torch.zeros((), device=device)
-        for _ in range(accumulation_steps):
+        for micro_batch in range(accumulation_steps):
             inputs, labels = _split_tokens(next(train_batches), device)
             with _autocast(config, device):
-                loss = model(inputs, labels).mean() / accumulation_steps
-            loss.backward()
+                loss = model(inputs, labels).float().mean() / accumulation_steps
+            optimizer.backward(loss, last_micro_batch=micro_batch == accumulation_steps - 1)
             iteration_loss += loss.detach()
 
-        average_data_parallel_gradients(model, state)
-        grad_norm = clip_gradients(model.parameters(), config.optimizer.clip_grad, state)
-        optimizer.step()
+        step = optimizer.step()
+        grad_norm = step.grad_norm
+        if step.skipped:
+            summary.skipped_iterations += 1
+            if state.is_first_rank:
+                print(f" iteration {iteration}: gradient overflow at loss scale {step.loss_scale:g}; step "
+                      f"skipped, loss scale now {optimizer.loss_scaler.scale:g}", flush=True)
 
         loss_value = average_over_data_parallel(iteration_loss, state).item()  # waits for the device, so the timing below is complete
         interval_times.append(time.perf_counter() - iteration_start)
@@ -167,9 +141,14 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Ite
                 "memory_bytes": peak_memory_bytes(device),
                 "comm_bytes": state.comm.stats.snapshot(),
             }
+            if config.training.fp16:
+                record["loss_scale"] = optimizer.loss_scaler.scale
+                record["skipped_iterations"] = summary.skipped_iterations
             writer.write(record, format_console_line(record, training.train_iters))
             interval_losses.clear()
             interval_times.clear()
+        if iteration == 1 and config.logging.report_memory:
+            report_memory(optimizer, config, state, writer, iteration)
 
         last = iteration == training.train_iters
         if make_valid_loader is not None and eval_micro_batches > 0 and (
@@ -181,6 +160,28 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, train_batches: Ite
         summary.final_test_loss = _evaluate_and_log(model, make_test_loader, eval_micro_batches, "test",
                                                     summary.iterations, summary, config, state, writer)
     return summary
+
+
+def report_memory(optimizer: ZeroOptimizer, config: PretrainConfig, state: ParallelState,
+                  writer: MetricsWriter, iteration: int) -> list[dict]:
+    """Measure the model-state bytes every rank holds (after a step, when the Adam moments exist),
+    beside zero/memory.py's prediction; rank 0 prints one line per rank and writes one record."""
+    measured = measure_tensor_bytes(optimizer.model_state_tensors())
+    predicted = predict_model_state_bytes(optimizer.num_parameters, optimizer.stage,
+                                          state.data_parallel_size, config.training.precision)
+    extra = {"iteration": iteration, "stage": optimizer.stage, "data_parallel_size": state.data_parallel_size,
+             "tensor_parallel_rank": state.tensor_parallel_rank, "num_parameters": optimizer.num_parameters,
+             "padding_elements": optimizer.padding}
+    own = memory_record(measured, predicted, state.rank, extra)
+    records = [own]
+    if torch.distributed.is_initialized() and state.world_size > 1:
+        records = [None] * state.world_size
+        torch.distributed.all_gather_object(records, own)
+    if state.is_first_rank:
+        for record in records:
+            print(" " + format_memory_line(record), flush=True)
+        writer.write({"iteration": iteration, "memory": records}, None)
+    return records
 
 
 def _evaluate_and_log(model, make_loader: LoaderFactory, micro_batches: int, split: str, iteration: int,

@@ -1,0 +1,86 @@
+"""Loss scaling for fp16: keep small gradients representable, and back off when they overflow.
+
+The scaler only decides; the optimizer multiplies the loss by `scale` before backward, divides the
+gradients by it afterwards, and skips the step when any rank saw an inf or NaN. Every rank feeds the
+same overflow verdict (it is agreed by an all-reduce of the gradient norm), so every rank's scale
+stays the same without further communication.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+class LossScaler:
+    """A static scale (1.0 for fp32 and bf16): never changes, never skips."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = float(scale)
+
+    @property
+    def skips_on_overflow(self) -> bool:
+        return False
+
+    def update(self, overflow: bool) -> None:
+        """Called once per optimizer step with the agreed overflow verdict."""
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale = float(state["scale"])
+
+
+@dataclass
+class DynamicLossScaler(LossScaler):
+    """Halve the scale after `hysteresis` overflowing steps (never below `min_scale`); double it after
+    `growth_interval` steps in a row without one. An overflowing step is always skipped."""
+
+    scale: float = 2.0 ** 16
+    growth_interval: int = 1000
+    hysteresis: int = 2
+    min_scale: float = 1.0
+    backoff_factor: float = 0.5
+    growth_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        self.scale = float(self.scale)
+        self._hysteresis_left = self.hysteresis
+        self._good_steps = 0
+
+    @property
+    def skips_on_overflow(self) -> bool:
+        return True
+
+    def update(self, overflow: bool) -> None:
+        if overflow:
+            self._good_steps = 0
+            self._hysteresis_left -= 1
+            if self._hysteresis_left <= 0:
+                self.scale = max(self.scale * self.backoff_factor, self.min_scale)
+            return
+        self._good_steps += 1
+        if self._good_steps == self.growth_interval:
+            self._good_steps = 0
+            self._hysteresis_left = self.hysteresis
+            self.scale *= self.growth_factor
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self._good_steps, "hysteresis_left": self._hysteresis_left}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale = float(state["scale"])
+        self._good_steps = int(state["good_steps"])
+        self._hysteresis_left = int(state["hysteresis_left"])
+
+
+def build_loss_scaler(fp16: bool, static_scale: Optional[float], initial_scale: float, growth_interval: int,
+                      hysteresis: int, min_scale: float) -> LossScaler:
+    """fp16 gets a dynamic scaler unless a static scale is given; other precisions need none."""
+    if not fp16:
+        return LossScaler(1.0)
+    if static_scale is not None:
+        return LossScaler(static_scale)
+    return DynamicLossScaler(scale=initial_scale, growth_interval=growth_interval, hysteresis=hysteresis,
+                             min_scale=min_scale)

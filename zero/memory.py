@@ -1,0 +1,176 @@
+"""Model-state memory: what ZeRO's accounting predicts, and what the optimizer actually holds.
+
+The prediction follows the ZeRO paper (section 5, Table 1): mixed-precision Adam keeps 2Ψ bytes of
+16-bit parameters, 2Ψ of 16-bit gradients and KΨ (K = 12) of fp32 master weights, momentum and
+variance; stage 1 partitions the fp32 states over the N data-parallel ranks, stage 2 also the
+gradients, stage 3 also the parameters. `predict_model_state_bytes` gives the per-rank bytes of our
+implementation (ceil division, since a rank's shard is padded up to Ψ/N rounded up);
+`paper_model_state_gb` is the paper's own formula, kept separate so a test can pin it to Table 1.
+
+The measurement walks the tensors the optimizer reports through `model_state_tensors()` instead of
+reading `torch.cuda.memory_allocated`: that works on CPU as well as CUDA, and it counts exactly the
+model states, not activations, caching-allocator slack or another module's scratch tensors.
+Tensors are summed by *storage*, de-duplicated: a flat buffer that backs many parameter views is
+one allocation, so it must count once and at its full size (alignment padding included), and a
+storage reported under two categories (a gradient bucket that is also a communication buffer) is
+still one allocation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import torch
+
+MODEL_STATE_CATEGORIES = ("parameters", "gradients", "master_weights", "optimizer_states")
+BUFFER_CATEGORY = "buffers"
+# Storages are attributed in this order, so an allocation shared with a buffer counts as a model state.
+MEASURED_CATEGORIES = MODEL_STATE_CATEGORIES + (BUFFER_CATEGORY,)
+
+# Bytes per element of (parameters, gradients, fp32 master weights, Adam exp_avg + exp_avg_sq).
+# fp32 mode still keeps a separate fp32 master copy, as our optimizer does.
+_BYTES_PER_ELEMENT = {
+    "fp32": (4, 4, 4, 8),
+    "bf16": (2, 2, 4, 8),
+    "fp16": (2, 2, 4, 8),
+}
+# The first stage at which each model state is partitioned over the data-parallel ranks.
+_PARTITIONED_FROM_STAGE = {"parameters": 3, "gradients": 2, "master_weights": 1, "optimizer_states": 1}
+ZERO_STAGES = (0, 1, 2, 3)
+PAPER_GB = 10**9  # Table 1 uses decimal GB: 16 B x 7.5e9 params = 120 GB (it would be 111.8 in GiB)
+
+
+def _check_stage(stage: int) -> None:
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}")
+
+
+def _check_data_parallel_size(data_parallel_size: int) -> None:
+    if data_parallel_size < 1:
+        raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
+
+
+def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_size: int,
+                              precision: str) -> dict[str, int]:
+    """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's tensor-parallel shard)."""
+    if precision not in _BYTES_PER_ELEMENT:
+        raise ValueError(f"precision must be one of {sorted(_BYTES_PER_ELEMENT)}, got {precision!r}")
+    _check_stage(stage)
+    _check_data_parallel_size(data_parallel_size)
+    if num_parameters < 0:
+        raise ValueError(f"num_parameters must be >= 0, got {num_parameters}")
+    shard_elements = -(-num_parameters // data_parallel_size)  # each rank's shard is padded up
+    predicted = {}
+    for category, bytes_per_element in zip(MODEL_STATE_CATEGORIES, _BYTES_PER_ELEMENT[precision]):
+        partitioned = stage >= _PARTITIONED_FROM_STAGE[category]
+        predicted[category] = bytes_per_element * (shard_elements if partitioned else num_parameters)
+    predicted["total"] = sum(predicted.values())
+    return predicted
+
+
+def paper_model_state_gb(psi: float, data_parallel_size: int, stage: int, k: int = 12) -> float:
+    """The ZeRO paper's per-device model-state memory (Table 1), in decimal GB.
+
+    baseline (2+2+K)Ψ, P_os 4Ψ + KΨ/N_d, P_os+g 2Ψ + (2+K)Ψ/N_d, P_os+g+p (2+2+K)Ψ/N_d.
+    """
+    _check_stage(stage)
+    _check_data_parallel_size(data_parallel_size)
+    n = data_parallel_size
+    per_stage = {
+        0: (4 + k) * psi,
+        1: 4 * psi + k * psi / n,
+        2: 2 * psi + (2 + k) * psi / n,
+        3: (4 + k) * psi / n,
+    }
+    return per_stage[stage] / PAPER_GB
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int]:
+    storage = tensor.untyped_storage()
+    return (str(tensor.device), storage.data_ptr(), storage.nbytes())
+
+
+def measure_tensor_bytes(categories: dict[str, Iterable[Optional[torch.Tensor]]]) -> dict[str, int]:
+    """Bytes of the distinct storages behind each category's tensors, plus the model-state "total".
+
+    Categories are walked in MEASURED_CATEGORIES order whatever the dict's order, and a storage
+    counts under the first category that holds it. None entries (a parameter without a gradient
+    yet) and meta tensors (no memory behind them) are skipped.
+    """
+    unknown = set(categories) - set(MEASURED_CATEGORIES)
+    if unknown:
+        raise ValueError(f"unknown memory categories {sorted(unknown)}; expected some of "
+                         f"{list(MEASURED_CATEGORIES)}")
+    seen: set[tuple[str, int, int]] = set()
+    measured = {category: 0 for category in MODEL_STATE_CATEGORIES}
+    for category in MEASURED_CATEGORIES:
+        if category not in categories:
+            continue
+        measured[category] = 0
+        for tensor in categories[category]:
+            if tensor is None or tensor.device.type == "meta":
+                continue
+            key = _storage_key(tensor)
+            if key in seen:
+                continue
+            seen.add(key)
+            measured[category] += key[2]
+    measured["total"] = sum(measured[category] for category in MODEL_STATE_CATEGORIES)
+    return measured
+
+
+def within_tolerance(measured_total: int, predicted_total: int, padding_bytes: int,
+                     rel: float = 0.02) -> bool:
+    """The acceptance check: |measured - predicted| <= rel * predicted + padding_bytes.
+
+    `padding_bytes` is what the implementation knowingly adds (alignment of flat buffers), which
+    the element-count formula cannot see.
+    """
+    if rel < 0 or padding_bytes < 0:
+        raise ValueError(f"rel and padding_bytes must be >= 0, got rel={rel}, padding_bytes={padding_bytes}")
+    return abs(measured_total - predicted_total) <= rel * predicted_total + padding_bytes
+
+
+def relative_difference(measured: int, predicted: int) -> Optional[float]:
+    """(measured - predicted) / predicted; None when nothing was predicted (no meaningful ratio)."""
+    if predicted == 0:
+        return None
+    return (measured - predicted) / predicted
+
+
+def memory_record(measured: dict[str, int], predicted: dict[str, int], rank: int,
+                  extra: dict[str, Any]) -> dict[str, Any]:
+    """A flat record of scalars, so metrics.jsonl and W&B (which logs only numbers) take it as is."""
+    record: dict[str, Any] = {"rank": rank}
+    for category in MODEL_STATE_CATEGORIES + ("total",):
+        record[f"measured_{category}_bytes"] = measured[category]
+        record[f"predicted_{category}_bytes"] = predicted[category]
+    if BUFFER_CATEGORY in measured:
+        record["measured_buffers_bytes"] = measured[BUFFER_CATEGORY]
+    record["relative_difference"] = relative_difference(measured["total"], predicted["total"])
+    record.update(extra)
+    return record
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Binary units, named as such (KiB, MiB, ...), with two decimals above a byte."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"
+
+
+def format_memory_line(record: dict[str, Any]) -> str:
+    """One console line: measured model states by category, the prediction, and the buffers."""
+    parts = ", ".join(
+        f"{label} {format_bytes(record[f'measured_{category}_bytes'])}"
+        for label, category in zip(("params", "grads", "master", "adam"), MODEL_STATE_CATEGORIES))
+    difference = record["relative_difference"]
+    difference_text = "n/a" if difference is None else f"{difference * 100:+.1f}%"
+    line = (f"rank {record['rank']} model states: measured {format_bytes(record['measured_total_bytes'])} "
+            f"({parts}) predicted {format_bytes(record['predicted_total_bytes'])} ({difference_text})")
+    if "measured_buffers_bytes" in record:
+        line += f"; buffers {format_bytes(record['measured_buffers_bytes'])}"
+    return line

@@ -1,0 +1,198 @@
+"""ZeRO stage 3 (P_os+g+p): parameters live as 1/N shards and are gathered only while in use.
+
+The unit of gathering is one flat chunk per transformer block, plus one *root* chunk for every
+parameter outside the blocks (embeddings and final LayerNorm for our GPT; the tied output layer uses
+the word embedding, so the root chunk is needed at both ends of the model and stays gathered for the
+whole of the model's forward). Blocks are found as the children of the model's largest
+`nn.ModuleList`, so a model we did not write (transformers' GPT2LMHeadModel) works unchanged.
+
+Lifecycle of a chunk, driven by module hooks, autograd tensor hooks and the optimizer:
+
+    forward pre-hook   gather (waiting for a prefetch if one is in flight); prefetch the next chunks
+    forward hook       hook the outputs' gradients, then free the chunk
+    output grad hook   (backward reaches the block) gather again; prefetch the chunks backward needs next
+    grads all reduced  free the chunk (the optimizer calls `backward_done` once every parameter of the
+                       chunk has its gradient, i.e. every autograd node that reads it has run)
+
+Each parameter is a permanent view into its chunk's flat tensor; freeing resizes that tensor's
+storage to zero bytes and gathering resizes it back and all-gathers into it. Because the storage
+object never changes, tensors autograd saved during forward (such as `weight.t()` inside a linear)
+see the re-gathered values in backward, and no module code has to change.
+
+Activation checkpointing: a recompute runs a block's forward again *during* its backward. The pre-hook
+sees the chunk is already gathered for backward and does nothing, and the forward hook keeps it, so
+recompute and backward share one gather.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from zero.flat_buffer import FlatLayout, Unit, unique_trainable_parameters
+
+_RELEASED, _IN_FLIGHT, _READY = "released", "in flight", "ready"
+
+
+def block_modules(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks: the children of the ModuleList holding the most parameters."""
+    best: list[nn.Module] = []
+    best_numel = 0
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            numel = sum(p.numel() for p in module.parameters())
+            if numel > best_numel:
+                best, best_numel = list(module), numel
+    return best
+
+
+def stage3_unit_params(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None
+                       ) -> tuple[list[list[nn.Parameter]], list[nn.Module]]:
+    """Parameters per chunk -- the root chunk first, then one per block -- and the module whose
+    forward each chunk serves (the model itself for the root)."""
+    blocks = list(blocks) if blocks is not None else block_modules(model)
+    claimed: set[int] = set()
+    block_params = []
+    for block in blocks:
+        params = [p for p in unique_trainable_parameters(block) if id(p) not in claimed]
+        claimed.update(id(p) for p in params)
+        block_params.append(params)
+    root_params = [p for p in unique_trainable_parameters(model) if id(p) not in claimed]
+    pairs = [(params, module) for params, module in zip([root_params] + block_params, [model] + blocks) if params]
+    return [params for params, _ in pairs], [module for _, module in pairs]
+
+
+def _tensors(output) -> Iterable[torch.Tensor]:
+    """Every tensor in a module's output (tensors, tuples, lists, dicts, transformers' ModelOutput)."""
+    if torch.is_tensor(output):
+        yield output
+    elif isinstance(output, dict):
+        for value in output.values():
+            yield from _tensors(value)
+    elif isinstance(output, (tuple, list)):
+        for value in output:
+            yield from _tensors(value)
+
+
+class ParameterGatherer:
+    """Gathers and frees the chunks of a stage-3 model. `layout.units[i]` serves `modules[i]`;
+    `param_shard` holds this rank's 16-bit shard of every unit (partition coordinates)."""
+
+    def __init__(self, model: nn.Module, modules: Sequence[nn.Module], layout: FlatLayout,
+                 param_shard: torch.Tensor, comm, group, dtype: torch.dtype, device: torch.device,
+                 zero_config) -> None:
+        self.layout, self.param_shard, self.comm, self.group = layout, param_shard, comm, group
+        self.prefetch_numel = zero_config.stage3_prefetch_bucket_size
+        self.max_live_numel = zero_config.stage3_max_live_parameters
+        self.units = layout.units
+        self.root = self.units[0] if modules and modules[0] is model else None
+        self.persistent = {u.index for u in self.units if u.used < zero_config.stage3_param_persistence_threshold}
+        self.flat: list[torch.Tensor] = []
+        self._nbytes: list[int] = []
+        for unit in self.units:
+            flat = torch.empty(unit.numel, dtype=dtype, device=device)
+            flat[unit.used:].zero_()
+            for slot in unit.slots:
+                flat[slot.start:slot.end].copy_(slot.param.detach().reshape(-1))
+                slot.param.data = flat[slot.start:slot.end].view(slot.shape)
+            self.flat.append(flat)
+            self._nbytes.append(flat.untyped_storage().nbytes())
+        self._state = [_READY] * len(self.units)
+        self._work: dict[int, object] = {}
+        self.live_numel = sum(unit.numel for unit in self.units)
+        self._trace: list[int] = []            # units in the order this forward ran them
+        self._in_backward: set[int] = set()    # units whose backward has started in this backward
+        for unit in self.units:
+            self.release(unit)
+        self._handles = []
+        for unit, module in zip(self.units, modules):
+            self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_forward, unit)))
+            self._handles.append(module.register_forward_hook(functools.partial(self._post_forward, unit)))
+
+    # ---- gather and free ----------------------------------------------------------------------
+
+    def _start_gather(self, unit: Unit) -> None:
+        if self._state[unit.index] != _RELEASED:
+            return
+        flat = self.flat[unit.index]
+        flat.untyped_storage().resize_(self._nbytes[unit.index])
+        shard = self.param_shard[unit.partition_offset:unit.partition_offset + unit.shard_numel]
+        self._work[unit.index] = self.comm.all_gather(flat, shard, self.group, "dp", async_op=True)
+        self._state[unit.index] = _IN_FLIGHT
+        self.live_numel += unit.numel
+
+    def fetch(self, unit: Unit) -> None:
+        """Make `unit`'s parameters usable now."""
+        self._start_gather(unit)
+        if self._state[unit.index] == _IN_FLIGHT:
+            self._work.pop(unit.index).wait()
+            self._state[unit.index] = _READY
+
+    def release(self, unit: Unit) -> None:
+        if unit.index in self.persistent or self._state[unit.index] == _RELEASED:
+            return
+        if self._state[unit.index] == _IN_FLIGHT:
+            self._work.pop(unit.index).wait()
+        self.flat[unit.index].untyped_storage().resize_(0)
+        self._state[unit.index] = _RELEASED
+        self.live_numel -= unit.numel
+
+    def _prefetch(self, candidates: Iterable[Unit]) -> None:
+        """Start gathering the next chunks, up to the prefetch budget and the live-parameter cap."""
+        budget = self.prefetch_numel
+        for unit in candidates:
+            if self._state[unit.index] != _RELEASED:
+                continue
+            if unit.numel > budget or self.live_numel + unit.numel > self.max_live_numel:
+                break
+            self._start_gather(unit)
+            budget -= unit.numel
+
+    # ---- hooks --------------------------------------------------------------------------------
+
+    def _pre_forward(self, unit: Unit, module, args) -> None:
+        if unit.index in self._in_backward:
+            return  # activation-checkpoint recompute: the backward gather serves it
+        if unit is self.root:
+            self._trace.clear()
+        if torch.is_grad_enabled():
+            self._trace.append(unit.index)
+        self.fetch(unit)
+        self._prefetch(self.units[unit.index + 1:])
+
+    def _post_forward(self, unit: Unit, module, args, output) -> None:
+        if unit.index in self._in_backward:
+            return
+        if torch.is_grad_enabled():
+            for tensor in _tensors(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(functools.partial(self._pre_backward, unit))
+        self.release(unit)
+
+    def _pre_backward(self, unit: Unit, grad: torch.Tensor) -> None:
+        if unit.index in self._in_backward:
+            return
+        self._in_backward.add(unit.index)
+        self.fetch(unit)
+        self._prefetch(self.units[i] for i in reversed(self._trace) if i not in self._in_backward)
+
+    def backward_done(self, unit: Unit) -> None:
+        """Every parameter of `unit` has its gradient: no autograd node will read it again."""
+        if unit.index in self._in_backward:
+            self.release(unit)
+
+    def finish_backward(self) -> None:
+        """Free whatever backward left gathered (chunks with unused parameters, unused prefetches)."""
+        for unit in self.units:
+            self.release(unit)
+        self._in_backward.clear()
+
+    def refresh_persistent(self) -> None:
+        """Persistent chunks are never freed, so after the optimizer step they are re-gathered whole."""
+        for index in sorted(self.persistent):
+            unit = self.units[index]
+            shard = self.param_shard[unit.partition_offset:unit.partition_offset + unit.shard_numel]
+            self.comm.all_gather(self.flat[index], shard, self.group, "dp")
