@@ -13,14 +13,16 @@ from typing import Optional
 
 
 class LossScaler:
-    """A static scale (1.0 for fp32 and bf16): never changes, never skips."""
+    """A static scale: 1.0 for fp32 and bf16, which never skip a step, or a fixed fp16 scale, which
+    skips a step whose gradients overflowed (an inf or NaN would otherwise poison the master weights)."""
 
-    def __init__(self, scale: float = 1.0) -> None:
+    def __init__(self, scale: float = 1.0, skips_on_overflow: bool = False) -> None:
         self.scale = float(scale)
+        self._skips_on_overflow = skips_on_overflow
 
     @property
     def skips_on_overflow(self) -> bool:
-        return False
+        return self._skips_on_overflow
 
     def update(self, overflow: bool) -> None:
         """Called once per optimizer step with the agreed overflow verdict."""
@@ -81,6 +83,6 @@ def build_loss_scaler(fp16: bool, static_scale: Optional[float], initial_scale: 
     if not fp16:
         return LossScaler(1.0)
     if static_scale is not None:
-        return LossScaler(static_scale)
+        return LossScaler(static_scale, skips_on_overflow=True)
     return DynamicLossScaler(scale=initial_scale, growth_interval=growth_interval, hysteresis=hysteresis,
                              min_scale=min_scale)

@@ -405,7 +405,7 @@ class ZeroOptimizer:
         grads = [slot.param.grad for slot in slots if slot.param.grad is not None]
         grads += [t for t in (self.flat_grads, self.grad_partition) if t is not None]
         moments = [value for per_param in self.optimizer.state.values() for value in per_param.values()
-                   if torch.is_tensor(value) and value.numel() > 1]
+                   if torch.is_tensor(value) and value.dim() > 0]  # not the scalar step counters
         buffers = self._buckets.buffers + self._staging.buffers
         return {"parameters": params, "gradients": grads, "master_weights": [self.master],
                 "optimizer_states": moments, "buffers": buffers}

@@ -189,6 +189,7 @@ class ParameterGatherer:
         for unit in self.units:
             self.release(unit)
         self._in_backward.clear()
+        self._trace.clear()  # the next forward records its own order (models without a root chunk too)
 
     def refresh_persistent(self) -> None:
         """Persistent chunks are never freed, so after the optimizer step they are re-gathered whole."""
