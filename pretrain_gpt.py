@@ -29,6 +29,7 @@ from gpt.model import GPTModel
 from gpt.training import TrainingSummary, train
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
+from zero.activations import ActivationCheckpointing
 from zero.optimizer import build_zero_optimizer
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
@@ -87,6 +88,9 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # draw from their own seeded generator, so they are the same whatever the TP size.
     rng = TensorParallelRNG(config.training.seed, state)
     model = GPTModel(config.model, state, seed=config.training.seed, rng=rng)
+    if config.activations.checkpoint_activations:
+        model.activation_checkpointing = ActivationCheckpointing(config.activations, state, rng,
+                                                                 config.model.num_layers)
     optimizer = build_zero_optimizer(model, config, state)
     padded_vocab = config.model.padded_vocab_size(state.tensor_parallel_size)
     log(f"> model: {parameter_count(config.model, padded_vocab):,} parameters "

@@ -53,7 +53,7 @@ class _RaisingParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     defaults = PretrainConfig()
     m, o, t, d, log = defaults.model, defaults.optimizer, defaults.training, defaults.data, defaults.logging
-    z = defaults.zero
+    z, a = defaults.zero, defaults.activations
     parser = _RaisingParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", default=DEFAULT_PRESET,
@@ -133,8 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("ZeRO and mixed precision")
     g.add_argument("--zero-config", metavar="FILE.json",
                    help="DeepSpeed-style JSON (a path, or a name in configs/zero: "
-                        f"{', '.join(zero_config_names())}); its zero_optimization, fp16, bf16, batch and "
-                        "clipping keys become flags: YAML preset < this file < command-line flags")
+                        f"{', '.join(zero_config_names())}); its zero_optimization, fp16, bf16, "
+                        "activation_checkpointing, batch and clipping keys become flags: "
+                        "YAML preset < this file < command-line flags")
     g.add_argument("--zero-stage", dest="stage", type=int, choices=ZERO_STAGES, default=z.stage,
                    help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
                         "2: and gradients (P_os+g); 3: and parameters (P_os+g+p)")
@@ -173,6 +174,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16: overflows tolerated before the loss scale is lowered")
     g.add_argument("--min-loss-scale", type=float, default=t.min_loss_scale,
                    help="fp16: dynamic loss scaling never goes below this")
+
+    g = parser.add_argument_group("activation checkpointing (ZeRO-R)")
+    g.add_argument("--checkpoint-activations", action=argparse.BooleanOptionalAction,
+                   default=a.checkpoint_activations,
+                   help="keep only each group's input in forward and recompute the group in backward")
+    g.add_argument("--checkpoint-num-layers", type=int, default=a.checkpoint_num_layers,
+                   help="transformer blocks per checkpointed group")
+    g.add_argument("--partition-activations", action=argparse.BooleanOptionalAction,
+                   default=a.partition_activations,
+                   help="P_a: each tensor-parallel rank keeps 1/TP of every checkpointed input and they are "
+                        "all-gathered before the recompute")
+    g.add_argument("--cpu-checkpointing", action=argparse.BooleanOptionalAction, default=a.cpu_checkpointing,
+                   help="P_a+cpu: keep checkpointed inputs (their 1/TP slices with --partition-activations) in "
+                        "host memory")
+    g.add_argument("--contiguous-checkpointing", action=argparse.BooleanOptionalAction,
+                   default=a.contiguous_checkpointing,
+                   help="M_D: copy a micro-batch's checkpoints into one pre-allocated buffer (DeepSpeed's "
+                        "contiguous_memory_optimization)")
+    g.add_argument("--number-checkpoints", type=int, default=a.number_checkpoints,
+                   help="checkpoints the contiguous buffer holds (None: one per group, "
+                        "ceil(num layers / checkpoint num layers))")
+    g.add_argument("--synchronize-checkpoint-boundary", action=argparse.BooleanOptionalAction,
+                   default=a.synchronize_checkpoint_boundary,
+                   help="CUDA synchronize at each checkpoint boundary (debugging)")
+    g.add_argument("--profile-checkpointing", action=argparse.BooleanOptionalAction,
+                   default=a.profile_checkpointing,
+                   help="time each checkpoint's forward and recompute (DeepSpeed's profile)")
     return parser
 
 
@@ -251,7 +279,9 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
         zero_path = resolve_zero_config(known.zero_config)
         zero_argv = load_deepspeed_config(zero_path)
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
-            PretrainConfig.from_flat(_settings(parser.parse_args(zero_argv))).zero.validate()
+            json_only = PretrainConfig.from_flat(_settings(parser.parse_args(zero_argv)))
+            json_only.zero.validate()
+            json_only.activations.validate()
         except ConfigError as error:
             raise ConfigError(f"{zero_path}: {error}") from None
     config = PretrainConfig.from_flat(_settings(parser.parse_args(preset_argv + zero_argv + argv)))

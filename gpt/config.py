@@ -17,7 +17,7 @@ from typing import Optional
 
 from gpt.errors import ConfigError
 from parallel.layers import padded_vocab_size
-from zero.config import ZeroConfig
+from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 ACTIVATIONS = ("gelu", "gelu_tanh")
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
@@ -221,13 +221,15 @@ class PretrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
+    activations: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
 
-    SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero")
+    SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations")
 
     def validate(self) -> None:
         for section in self.SECTIONS:
             getattr(self, section).validate()
         self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
+        self.activations.validate_for_layers(self.model.num_layers)
 
     def to_dict(self) -> dict:
         return {section: {f.name: getattr(getattr(self, section), f.name)

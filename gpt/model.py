@@ -120,14 +120,19 @@ class GPTModel(nn.Module):
                                     for _ in range(config.num_layers))
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon,
                                             device=state.device)
+        # zero.activations.ActivationCheckpointing, when the blocks recompute in backward.
+        self.activation_checkpointing = None
 
     def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
         """The final LayerNorm's output, [batch, seq, hidden]."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         hidden = self.word_embeddings(tokens) + self.position_embeddings(positions)
         hidden = self.embedding_dropout(hidden)
-        for block in self.blocks:
-            hidden = block(hidden)
+        if self.activation_checkpointing is not None:
+            hidden = self.activation_checkpointing.run(self.blocks, hidden)
+        else:
+            for block in self.blocks:
+                hidden = block(hidden)
         return self.final_layernorm(hidden)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

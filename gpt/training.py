@@ -20,8 +20,9 @@ from gpt.metrics import (MetricsWriter, flops_per_iteration, format_console_line
                          peak_memory_bytes, perplexity)
 from gpt.schedule import learning_rate
 from parallel.state import ParallelState
-from zero.memory import (format_memory_line, measure_tensor_bytes, memory_record,
-                         predict_model_state_bytes)
+from zero.activations import SavedTensorMeter
+from zero.memory import (format_bytes, format_memory_line, measure_tensor_bytes, memory_record,
+                         predict_model_state_bytes, predict_saved_activation_bytes)
 from zero.optimizer import PRECISION_DTYPES, ZeroOptimizer
 
 # Re-creates an evaluation loader from its first sample, so every evaluation sees the same batches.
@@ -87,7 +88,9 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
     training, device = config.training, state.device
     accumulation_steps = training.gradient_accumulation_steps(state.data_parallel_size)
     flops = flops_per_iteration(config.model, training.global_batch_size,
+                                activation_recompute=config.activations.checkpoint_activations,
                                 padded_vocab_size=config.model.padded_vocab_size(state.tensor_parallel_size))
+    checkpointing = getattr(model, "activation_checkpointing", None)
     eval_micro_batches = training.eval_iters * accumulation_steps
     summary = TrainingSummary()
     interval_losses: list[float] = []
@@ -103,9 +106,13 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
         state.comm.stats.snapshot_and_reset()  # comm_bytes below cover this iteration only
 
         iteration_loss = torch.zeros((), device=device)
+        # The first iteration measures what autograd keeps for backward when memory is reported.
+        meter = SavedTensorMeter(device) if iteration == 1 and config.logging.report_memory else None
+        if checkpointing is not None:
+            checkpointing.meter = meter
         for micro_batch in range(accumulation_steps):
             inputs, labels = _split_tokens(next(train_batches), device)
-            with _autocast(config, device):
+            with _autocast(config, device), meter.hooks() if meter else contextlib.nullcontext():
                 loss = model(inputs, labels).float().mean() / accumulation_steps
             optimizer.backward(loss, last_micro_batch=micro_batch == accumulation_steps - 1)
             iteration_loss += loss.detach()
@@ -141,14 +148,21 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
                 "memory_bytes": peak_memory_bytes(device),
                 "comm_bytes": state.comm.stats.snapshot(),
             }
+            if checkpointing is not None and checkpointing.timings:  # --profile-checkpointing
+                for phase in ("forward", "recompute+backward"):
+                    record[f"checkpoint_{phase.replace('+', '_')}_s"] = sum(
+                        seconds for name, seconds in checkpointing.timings if name == phase)
+                checkpointing.timings.clear()
             if config.training.fp16:
                 record["loss_scale"] = optimizer.loss_scaler.scale
                 record["skipped_iterations"] = summary.skipped_iterations
             writer.write(record, format_console_line(record, training.train_iters))
             interval_losses.clear()
             interval_times.clear()
-        if iteration == 1 and config.logging.report_memory:
-            report_memory(optimizer, config, state, writer, iteration)
+        if meter is not None:
+            report_memory(optimizer, config, state, writer, iteration, meter)
+            if checkpointing is not None:
+                checkpointing.meter = None
 
         last = iteration == training.train_iters
         if make_valid_loader is not None and eval_micro_batches > 0 and (
@@ -163,9 +177,10 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
 
 
 def report_memory(optimizer: ZeroOptimizer, config: PretrainConfig, state: ParallelState,
-                  writer: MetricsWriter, iteration: int) -> list[dict]:
-    """Measure the model-state bytes every rank holds (after a step, when the Adam moments exist),
-    beside zero/memory.py's prediction; rank 0 prints one line per rank and writes one record."""
+                  writer: MetricsWriter, iteration: int, meter: SavedTensorMeter) -> list[dict]:
+    """Measure the model-state bytes every rank holds (after a step, when the Adam moments exist)
+    and the peak bytes autograd saved for backward in this iteration, beside zero/memory.py's
+    predictions; rank 0 prints one line per rank and writes one record."""
     measured = measure_tensor_bytes(optimizer.model_state_tensors())
     predicted = predict_model_state_bytes(optimizer.num_parameters, optimizer.stage,
                                           state.data_parallel_size, config.training.precision)
@@ -173,15 +188,40 @@ def report_memory(optimizer: ZeroOptimizer, config: PretrainConfig, state: Paral
              "tensor_parallel_rank": state.tensor_parallel_rank, "num_parameters": optimizer.num_parameters,
              "padding_elements": optimizer.padding}
     own = memory_record(measured, predicted, state.rank, extra)
+    own.update(saved_activation_record(meter, config, state))
     records = [own]
     if torch.distributed.is_initialized() and state.world_size > 1:
         records = [None] * state.world_size
         torch.distributed.all_gather_object(records, own)
     if state.is_first_rank:
         for record in records:
-            print(" " + format_memory_line(record), flush=True)
+            print(" " + format_memory_line(record) + format_activation_line(record), flush=True)
         writer.write({"iteration": iteration, "memory": records}, None)
     return records
+
+
+def saved_activation_record(meter: SavedTensorMeter, config: PretrainConfig, state: ParallelState) -> dict:
+    """Peak saved-for-backward bytes by location, the checkpointed inputs among them, and the
+    analytic prediction for the checkpointed inputs of one micro-batch."""
+    model, activations = config.model, config.activations
+    element = torch.finfo(PRECISION_DTYPES[config.training.precision]).bits // 8
+    predicted = predict_saved_activation_bytes(
+        model.num_layers, model.seq_length, config.training.micro_batch_size, model.hidden_size,
+        model.num_attention_heads, element, state.tensor_parallel_size,
+        activations.checkpoint_num_layers if activations.checkpoint_activations else None,
+        activations.partition_activations)
+    return {"saved_activation_device_bytes": meter.peak["device"],
+            "saved_activation_host_bytes": meter.peak["host"],
+            "checkpointed_input_device_bytes": meter.checkpointed_peak["device"],
+            "checkpointed_input_host_bytes": meter.checkpointed_peak["host"],
+            "predicted_checkpointed_input_bytes": predicted["checkpointed_inputs"]}
+
+
+def format_activation_line(record: dict) -> str:
+    return (f"; saved for backward: {format_bytes(record['saved_activation_device_bytes'])} device, "
+            f"{format_bytes(record['saved_activation_host_bytes'])} host (checkpointed inputs "
+            f"{format_bytes(record['checkpointed_input_device_bytes'] + record['checkpointed_input_host_bytes'])}, "
+            f"predicted {format_bytes(record['predicted_checkpointed_input_bytes'])})")
 
 
 def _evaluate_and_log(model, make_loader: LoaderFactory, micro_batches: int, split: str, iteration: int,

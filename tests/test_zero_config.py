@@ -56,6 +56,9 @@ EVERY_KEY = {
                           "overlap_comm": False, "contiguous_gradients": True, "reduce_scatter": False,
                           "stage3_prefetch_bucket_size": 4e5, "stage3_param_persistence_threshold": 1e5,
                           "stage3_max_live_parameters": 7e7},
+    "activation_checkpointing": {"partition_activations": True, "cpu_checkpointing": True,
+                                 "contiguous_memory_optimization": True, "number_checkpoints": 6,
+                                 "synchronize_checkpoint_boundary": True, "profile": True},
 }
 EXPECTED = {
     ("training", "micro_batch_size"): 2, ("training", "global_batch_size"): 64,
@@ -67,6 +70,10 @@ EXPECTED = {
     ("zero", "overlap_comm"): False, ("zero", "contiguous_gradients"): True, ("zero", "reduce_scatter"): False,
     ("zero", "stage3_prefetch_bucket_size"): 400_000, ("zero", "stage3_param_persistence_threshold"): 100_000,
     ("zero", "stage3_max_live_parameters"): 70_000_000,
+    ("activations", "checkpoint_activations"): True, ("activations", "partition_activations"): True,
+    ("activations", "cpu_checkpointing"): True, ("activations", "contiguous_checkpointing"): True,
+    ("activations", "number_checkpoints"): 6, ("activations", "synchronize_checkpoint_boundary"): True,
+    ("activations", "profile_checkpointing"): True,
 }
 
 

@@ -1,12 +1,14 @@
-"""The model-state memory model (closed forms, the paper's Table 1) and the live storage walk."""
+"""The model-state memory model (closed forms, the paper's Table 1), the live storage walk, and the
+analytic activation model (checkpointed inputs, Korthikanti et al.'s per-layer estimate)."""
 
 import json
 
 import pytest
 import torch
 
-from zero.memory import (format_bytes, format_memory_line, measure_tensor_bytes, memory_record,
-                         paper_model_state_gb, predict_model_state_bytes, within_tolerance)
+from zero.memory import (checkpointed_input_bytes, format_bytes, format_memory_line, measure_tensor_bytes,
+                         memory_record, paper_model_state_gb, predict_model_state_bytes,
+                         predict_saved_activation_bytes, within_tolerance)
 
 PSI = 1200  # divisible by 1, 2, 4 so the closed forms need no rounding
 
@@ -258,3 +260,77 @@ def test_format_memory_line_shows_the_numbers_on_one_line():
     assert "predicted 11.88 MiB (+1.1%)" in line  # 0.125 MiB over 11.875 MiB is +1.05%
     assert line.endswith("; buffers 1.00 MiB")
     assert "buffers" not in format_memory_line(make_record(with_buffers=False))
+
+
+# GPT-2 1.5B (ZeRO paper's model): 48 layers, s=1024, h=1600, a=16; one micro-batch of b=1.
+GPT2_15B = dict(num_layers=48, seq_length=1024, micro_batch_size=1, hidden_size=1600, num_attention_heads=16)
+SBH = 1024 * 1 * 1600  # 1,638,400 elements
+
+
+def test_checkpointed_input_is_sbh_elements_and_a_tp_slice_when_partitioned():
+    assert checkpointed_input_bytes(1024, 1, 1600, 2, 1, partitioned=False) == 3_276_800
+    assert checkpointed_input_bytes(1024, 1, 1600, 2, 4, partitioned=False) == 3_276_800
+    assert checkpointed_input_bytes(1024, 1, 1600, 2, 4, partitioned=True) == 819_200
+    assert checkpointed_input_bytes(1024, 2, 1600, 4, 1, partitioned=True) == 13_107_200
+    # 15 elements over 4 ranks: each keeps a padded slice of 4.
+    assert checkpointed_input_bytes(3, 1, 5, 2, 4, partitioned=True) == 8
+
+
+def test_per_layer_estimate_for_gpt2_1_5b_is_34_plus_5as_over_h_bytes_per_sbh():
+    # t=1: 10 + 24 + 5*16*1024/1600 = 34 + 51.2 = 85.2 bytes per s*b*h element.
+    predicted = predict_saved_activation_bytes(**GPT2_15B, bytes_per_element=2, tensor_parallel_size=1,
+                                               checkpoint_num_layers=None, partitioned=False)
+    assert predicted == {"checkpointed_inputs": 0, "per_layer_without_recompute": 139_591_680,
+                         "total": 48 * 139_591_680}
+    assert predicted["per_layer_without_recompute"] == SBH * 852 // 10
+    fp32 = predict_saved_activation_bytes(**GPT2_15B, bytes_per_element=4, tensor_parallel_size=1,
+                                          checkpoint_num_layers=None, partitioned=False)
+    assert fp32["per_layer_without_recompute"] == 2 * 139_591_680 and fp32["total"] == 2 * predicted["total"]
+
+
+def test_per_layer_estimate_with_tensor_parallelism():
+    # t=4: 10 + 24/4 + 5*16*1024/(1600*4) = 10 + 6 + 12.8 = 28.8 bytes per s*b*h element.
+    predicted = predict_saved_activation_bytes(**GPT2_15B, bytes_per_element=2, tensor_parallel_size=4,
+                                               checkpoint_num_layers=None, partitioned=False)
+    assert predicted["per_layer_without_recompute"] == SBH * 288 // 10 == 47_185_920
+
+
+def test_per_layer_estimate_rounds_a_fraction_of_a_byte_up():
+    # s=3, b=1, h=5, a=1, t=7: 15*10 + 15*24/7 + 5*1*9*1/7 = 150 + 360/7 + 45/7 = 207.86 -> 208.
+    predicted = predict_saved_activation_bytes(1, 3, 1, 5, 1, 2, 7, checkpoint_num_layers=None, partitioned=False)
+    assert predicted["per_layer_without_recompute"] == 208
+
+
+def test_checkpointing_keeps_one_input_per_group():
+    # Full recompute of every layer: 2*s*b*h bytes per layer in 16-bit, as in Korthikanti et al.
+    every_layer = predict_saved_activation_bytes(**GPT2_15B, bytes_per_element=2, tensor_parallel_size=1,
+                                                 checkpoint_num_layers=1, partitioned=False)
+    assert every_layer["checkpointed_inputs"] == every_layer["total"] == 48 * 2 * SBH == 157_286_400
+    assert every_layer["per_layer_without_recompute"] == 139_591_680  # still reported
+    # Groups of 5 blocks: ceil(48 / 5) = 10 checkpoints.
+    groups = predict_saved_activation_bytes(**GPT2_15B, bytes_per_element=2, tensor_parallel_size=1,
+                                            checkpoint_num_layers=5, partitioned=False)
+    assert groups["total"] == 10 * 2 * SBH
+
+
+def test_partitioned_checkpoints_divide_by_tp():
+    whole = predict_saved_activation_bytes(**GPT2_15B, bytes_per_element=2, tensor_parallel_size=4,
+                                           checkpoint_num_layers=1, partitioned=False)
+    sliced = predict_saved_activation_bytes(**GPT2_15B, bytes_per_element=2, tensor_parallel_size=4,
+                                            checkpoint_num_layers=1, partitioned=True)
+    assert whole["total"] == 157_286_400 and sliced["total"] == 48 * 819_200 == 39_321_600
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(num_layers=0), "num_layers must be >= 1"),
+    (dict(num_attention_heads=0), "num_attention_heads must be >= 1"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
+    (dict(bytes_per_element=0), "bytes_per_element must be >= 1"),
+    (dict(checkpoint_num_layers=0), "checkpoint_num_layers must be >= 1 or None"),
+])
+def test_activation_model_rejects_bad_sizes(kwargs, words):
+    arguments = dict(GPT2_15B, bytes_per_element=2, tensor_parallel_size=1, checkpoint_num_layers=1,
+                     partitioned=False)
+    arguments.update(kwargs)
+    with pytest.raises(ValueError, match=words):
+        predict_saved_activation_bytes(**arguments)

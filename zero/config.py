@@ -1,6 +1,7 @@
 """ZeRO settings, and DeepSpeed-style JSON configs translated into our command-line flags.
 
-`ZeroConfig` is the `zero` section of `PretrainConfig`; like every section, each field is a flag
+`ZeroConfig` is the `zero` section of `PretrainConfig` and `ActivationCheckpointConfig` (ZeRO-R's
+activation checkpointing) its `activations` section; like every section, each field is a flag
 (`reduce_bucket_size` <-> `--reduce-bucket-size`; `stage` is `--zero-stage`). Sizes count elements, not
 bytes, as in DeepSpeed.
 
@@ -17,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from gpt.errors import ConfigError
 
@@ -56,6 +57,68 @@ class ZeroConfig:
                               "contiguous buckets")
 
 
+@dataclass
+class ActivationCheckpointConfig:
+    """ZeRO-R's activation memory: checkpointing, partitioned (P_a) and offloaded (P_a+cpu) checkpoints,
+    and one contiguous buffer for them (M_D).
+
+    Checks that need the model's depth (`--checkpoint-num-layers`, `--number-checkpoints` against
+    `--num-layers`) are in `validate_for_layers`, which `PretrainConfig.validate` calls.
+    """
+
+    checkpoint_activations: bool = False  # keep each group's input, recompute the group in backward
+    checkpoint_num_layers: int = 1  # transformer blocks per checkpointed group
+    partition_activations: bool = False  # P_a: each TP rank keeps 1/TP of every checkpointed input
+    cpu_checkpointing: bool = False  # P_a+cpu: checkpointed inputs (or their slices) live in host memory
+    contiguous_checkpointing: bool = False  # M_D: one pre-allocated buffer for a micro-batch's checkpoints
+    # Checkpoints the contiguous buffer holds; None means one per group, ceil(num_layers / checkpoint_num_layers).
+    number_checkpoints: Optional[int] = None
+    synchronize_checkpoint_boundary: bool = False  # CUDA synchronize at each checkpoint (debugging)
+    profile_checkpointing: bool = False  # time each checkpoint's forward and recompute
+
+    # The options that only mean something with --checkpoint-activations.
+    NEEDS_CHECKPOINTING = ("partition_activations", "cpu_checkpointing", "contiguous_checkpointing",
+                           "number_checkpoints", "synchronize_checkpoint_boundary", "profile_checkpointing")
+
+    def validate(self) -> None:
+        if self.checkpoint_num_layers < 1:
+            raise ConfigError(f"--checkpoint-num-layers must be at least 1, got {self.checkpoint_num_layers}")
+        if self.number_checkpoints is not None and self.number_checkpoints < 1:
+            raise ConfigError(f"--number-checkpoints must be at least 1, got {self.number_checkpoints}")
+        if not self.checkpoint_activations:
+            for name in self.NEEDS_CHECKPOINTING:
+                value = getattr(self, name)
+                if value is not None and value is not False:
+                    raise ConfigError(f"{activation_flag(name)} needs --checkpoint-activations (add it, or "
+                                      f"drop {activation_flag(name)})")
+
+    def validate_for_layers(self, num_layers: int) -> None:
+        """The checks against the model's depth; they apply only with --checkpoint-activations."""
+        if not self.checkpoint_activations:
+            return
+        if self.checkpoint_num_layers > num_layers:
+            raise ConfigError(f"--checkpoint-num-layers {self.checkpoint_num_layers} is larger than --num-layers "
+                              f"{num_layers}; a checkpointed group cannot span more blocks than the model has")
+        needed = self.num_checkpoints(num_layers)
+        if self.number_checkpoints is not None and self.number_checkpoints < needed:
+            raise ConfigError(f"--number-checkpoints {self.number_checkpoints} is fewer than the {needed} "
+                              f"checkpoints of --num-layers {num_layers} / --checkpoint-num-layers "
+                              f"{self.checkpoint_num_layers} (rounded up); raise it or leave it unset")
+
+    def num_checkpoints(self, num_layers: int) -> int:
+        """Checkpointed groups per micro-batch: ceil(num_layers / checkpoint_num_layers)."""
+        return -(-num_layers // self.checkpoint_num_layers)
+
+    def buffer_checkpoints(self, num_layers: int) -> int:
+        """Checkpoints the contiguous buffer is sized for: --number-checkpoints, else one per group."""
+        return self.number_checkpoints if self.number_checkpoints is not None else self.num_checkpoints(num_layers)
+
+
+def activation_flag(name: str) -> str:
+    """The flag of an ActivationCheckpointConfig field."""
+    return "--" + name.replace("_", "-")
+
+
 def zero_flag(name: str) -> str:
     """The flag of a ZeroConfig field."""
     return "--zero-stage" if name == "stage" else "--" + name.replace("_", "-")
@@ -63,7 +126,8 @@ def zero_flag(name: str) -> str:
 
 # The one list of DeepSpeed keys that --zero-config accepts: key path -> (our flag, kind of value).
 # Kinds: "count" (a whole number; 5e8 is fine, 1.5 is not), "number", "bool", and the two fp16 keys
-# whose values change meaning on the way ("loss_scale": 0 means dynamic; "scale_power": 2**p).
+# whose values change meaning on the way ("loss_scale": 0 means dynamic; "scale_power": 2**p), and
+# "optional_count" (a whole number, or null for "not set": no flag).
 SUPPORTED_KEYS: dict[str, tuple[str, str]] = {
     "zero_optimization.stage": ("--zero-stage", "count"),
     "zero_optimization.reduce_bucket_size": ("--reduce-bucket-size", "count"),
@@ -81,6 +145,12 @@ SUPPORTED_KEYS: dict[str, tuple[str, str]] = {
     "fp16.hysteresis": ("--hysteresis", "count"),
     "fp16.min_loss_scale": ("--min-loss-scale", "number"),
     "bf16.enabled": ("--bf16", "bool"),
+    "activation_checkpointing.partition_activations": ("--partition-activations", "bool"),
+    "activation_checkpointing.cpu_checkpointing": ("--cpu-checkpointing", "bool"),
+    "activation_checkpointing.contiguous_memory_optimization": ("--contiguous-checkpointing", "bool"),
+    "activation_checkpointing.number_checkpoints": ("--number-checkpoints", "optional_count"),
+    "activation_checkpointing.synchronize_checkpoint_boundary": ("--synchronize-checkpoint-boundary", "bool"),
+    "activation_checkpointing.profile": ("--profile-checkpointing", "bool"),
     "gradient_clipping": ("--clip-grad", "number"),
     "train_micro_batch_size_per_gpu": ("--micro-batch-size", "count"),
     "train_batch_size": ("--global-batch-size", "count"),
@@ -93,7 +163,7 @@ _SECTIONS = {key.split(".")[0] for key in SUPPORTED_KEYS if "." in key}
 DEEPSPEED_UNSUPPORTED_KEYS = frozenset({
     "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
     "prescale_gradients", "gradient_predivide_factor", "communication_data_type", "sparse_gradients",
-    "amp", "bfloat16", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+    "amp", "bfloat16", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
     "comms_logger", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "elasticity",
     "autotuning", "aio", "checkpoint", "data_types", "compression_training", "data_efficiency", "pipeline",
     "fp16.auto_cast", "fp16.consecutive_hysteresis", "fp16.fp16_master_weights_and_grads",
@@ -119,6 +189,12 @@ def deepspeed_config_to_flags(config: dict, source: str) -> list[str]:
     Only the keys present become flags, so the rest keep their preset or default values. A config that
     enables one of fp16/bf16 also disables the other (the two are exclusive, and a preset may have
     turned the other on); one that enables both is an error.
+
+    In DeepSpeed the `activation_checkpointing` block only configures checkpointing; Megatron's
+    --checkpoint-activations turns it on. Here a block with any option on (a true flag, or a
+    `number_checkpoints` that is not null) also emits --checkpoint-activations, so the JSON takes
+    effect on its own; a block with every option off or null leaves checkpointing as it was, and
+    --no-checkpoint-activations on the command line still wins (and then rejects the options).
     """
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: a DeepSpeed config must be a JSON object")
@@ -142,6 +218,9 @@ def deepspeed_config_to_flags(config: dict, source: str) -> list[str]:
         argv.append("--no-bf16")
     if bf16 is True and fp16 is None:
         argv.append("--no-fp16")
+    if any(key.startswith("activation_checkpointing.") and value is not None and value is not False
+           for key, value in values.items()):
+        argv.append("--checkpoint-activations")
     return argv
 
 
@@ -193,6 +272,8 @@ def _to_flag(key: str, value: Any, source: str) -> list[str]:
         return [flag if value else "--no-" + flag[2:]]
     if kind == "count":
         return [flag, str(_whole_number(key, value, source))]
+    if kind == "optional_count":
+        return [] if value is None else [flag, str(_whole_number(key, value, source))]
     number = _number(key, value, source)
     if kind == "loss_scale":
         if number < 0:

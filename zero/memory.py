@@ -1,4 +1,5 @@
-"""Model-state memory: what ZeRO's accounting predicts, and what the optimizer actually holds.
+"""Model-state memory: what ZeRO's accounting predicts, and what the optimizer actually holds; and an
+analytic model of the activations a micro-batch saves for backward (ZeRO-R).
 
 The prediction follows the ZeRO paper (section 5, Table 1): mixed-precision Adam keeps 2Ψ bytes of
 16-bit parameters, 2Ψ of 16-bit gradients and KΨ (K = 12) of fp32 master weights, momentum and
@@ -14,10 +15,17 @@ Tensors are summed by *storage*, de-duplicated: a flat buffer that backs many pa
 one allocation, so it must count once and at its full size (alignment padding included), and a
 storage reported under two categories (a gradient bucket that is also a communication buffer) is
 still one allocation.
+
+The activation model (`checkpointed_input_bytes`, `predict_saved_activation_bytes`) counts what
+stays alive between a micro-batch's forward and its backward: with checkpointing, one s x b x h input
+per checkpointed group (1/TP of it per rank with P_a); without it, the per-layer estimate of
+Korthikanti et al. 2022.
 """
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any, Iterable, Optional
 
 import torch
@@ -83,6 +91,58 @@ def paper_model_state_gb(psi: float, data_parallel_size: int, stage: int, k: int
         3: (4 + k) * psi / n,
     }
     return per_stage[stage] / PAPER_GB
+
+
+def checkpointed_input_bytes(seq_length: int, micro_batch_size: int, hidden_size: int, bytes_per_element: int,
+                             tensor_parallel_size: int, partitioned: bool) -> int:
+    """Bytes one rank keeps for one checkpointed block input: s x b x h elements, or with P_a
+    (`partitioned`) its 1/TP slice, rounded up as a padded partition is."""
+    _check_positive(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
+                    bytes_per_element=bytes_per_element, tensor_parallel_size=tensor_parallel_size)
+    elements = seq_length * micro_batch_size * hidden_size
+    if partitioned:
+        elements = -(-elements // tensor_parallel_size)
+    return elements * bytes_per_element
+
+
+def predict_saved_activation_bytes(num_layers: int, seq_length: int, micro_batch_size: int, hidden_size: int,
+                                   num_attention_heads: int, bytes_per_element: int, tensor_parallel_size: int,
+                                   checkpoint_num_layers: Optional[int], partitioned: bool) -> dict[str, int]:
+    """Per-rank bytes of the transformer blocks' activations saved for backward in one micro-batch.
+
+    - `checkpointed_inputs`: with checkpointing (`checkpoint_num_layers` not None), the inputs of the
+      ceil(num_layers / checkpoint_num_layers) groups, each `checkpointed_input_bytes`; 0 without.
+    - `per_layer_without_recompute`: one block's activations when nothing is recomputed, from
+      Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models" (tensor
+      parallelism without sequence parallelism): s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes in 16-bit,
+      scaled by bytes_per_element / 2 for other precisions and rounded up. It is the paper's estimate
+      (dropout masks as 1 byte, no fused kernels), not a measurement of our model.
+    - `total`: `checkpointed_inputs` with checkpointing, else num_layers x `per_layer_without_recompute`.
+
+    Not included: embeddings, the final LayerNorm and logits, and, with checkpointing, the transient
+    activations of the one group being recomputed in backward (checkpoint_num_layers x per-layer).
+    """
+    _check_positive(num_layers=num_layers, num_attention_heads=num_attention_heads)
+    if checkpoint_num_layers is not None and checkpoint_num_layers < 1:
+        raise ValueError(f"checkpoint_num_layers must be >= 1 or None, got {checkpoint_num_layers}")
+    one_input = checkpointed_input_bytes(seq_length, micro_batch_size, hidden_size, bytes_per_element,
+                                         tensor_parallel_size, partitioned)
+    s, b, h, a, t = seq_length, micro_batch_size, hidden_size, num_attention_heads, tensor_parallel_size
+    per_layer_16_bit = s * b * h * (10 + Fraction(24, t) + Fraction(5 * a * s, h * t))
+    per_layer = math.ceil(per_layer_16_bit * Fraction(bytes_per_element, 2))
+    if checkpoint_num_layers is None:
+        checkpointed = 0
+        total = num_layers * per_layer
+    else:
+        checkpointed = -(-num_layers // checkpoint_num_layers) * one_input
+        total = checkpointed
+    return {"checkpointed_inputs": checkpointed, "per_layer_without_recompute": per_layer, "total": total}
+
+
+def _check_positive(**sizes: int) -> None:
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int]:

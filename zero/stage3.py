@@ -19,9 +19,11 @@ storage to zero bytes and gathering resizes it back and all-gathers into it. Bec
 object never changes, tensors autograd saved during forward (such as `weight.t()` inside a linear)
 see the re-gathered values in backward, and no module code has to change.
 
-Activation checkpointing: a recompute runs a block's forward again *during* its backward. The pre-hook
-sees the chunk is already gathered for backward and does nothing, and the forward hook keeps it, so
-recompute and backward share one gather.
+Activation checkpointing: a recompute runs a block's forward again *during* its backward. With
+torch's non-reentrant checkpoint the output grad hook has already gathered the chunk; with the
+reentrant form (zero/activations.py) the original forward ran without gradients, so no hook was
+registered and the pre-hook, seeing a forward inside backward, starts the chunk's backward there.
+Either way the forward hook keeps the chunk, and recompute and backward share one gather.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ def stage3_unit_params(model: nn.Module, blocks: Optional[Sequence[nn.Module]] =
     root_params = [p for p in unique_trainable_parameters(model) if id(p) not in claimed]
     pairs = [(params, module) for params, module in zip([root_params] + block_params, [model] + blocks) if params]
     return [params for params, _ in pairs], [module for _, module in pairs]
+
+
+def _inside_backward() -> bool:
+    """True while autograd's engine runs a backward pass on this thread."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _tensors(output) -> Iterable[torch.Tensor]:
@@ -155,11 +162,15 @@ class ParameterGatherer:
 
     def _pre_forward(self, unit: Unit, module, args) -> None:
         if unit.index in self._in_backward:
-            return  # activation-checkpoint recompute: the backward gather serves it
-        if unit is self.root:
-            self._trace.clear()
-        if torch.is_grad_enabled():
-            self._trace.append(unit.index)
+            return  # a non-reentrant recompute: the backward gather serves it
+        if _inside_backward():
+            # A reentrant recompute (zero/activations.py): its forward runs with no gradient hook on
+            # the outputs of the original forward, so this is where the block's backward begins.
+            self._begin_backward(unit)
+            return
+        if unit is self.root or unit.index in self._trace:
+            self._trace.clear()  # a new forward (also for models without a root chunk)
+        self._trace.append(unit.index)
         self.fetch(unit)
         self._prefetch(self.units[unit.index + 1:])
 
@@ -173,6 +184,9 @@ class ParameterGatherer:
         self.release(unit)
 
     def _pre_backward(self, unit: Unit, grad: torch.Tensor) -> None:
+        self._begin_backward(unit)
+
+    def _begin_backward(self, unit: Unit) -> None:
         if unit.index in self._in_backward:
             return
         self._in_backward.add(unit.index)

@@ -1,0 +1,273 @@
+"""ZeRO-R for activations: checkpointing with P_a (partitioned over TP), P_a+cpu and M_D (one buffer).
+
+With `--checkpoint-activations` each group of `--checkpoint-num-layers` transformer blocks runs its
+forward without keeping anything for backward except its *input*, and runs again in backward to
+rebuild what it needs (full recompute). The RNG streams (CPU, CUDA, and the TP-private one that
+attention dropout draws from) are captured before the forward and restored for the recompute, so the
+recomputed dropout masks are the ones the forward used.
+
+The kept input is identical on every TP rank (Megatron TP replicates the hidden states between
+blocks), so:
+
+    P_a       (`--partition-activations`) each TP rank keeps only its 1/TP slice; one all-gather over
+              the TP group rebuilds the input right before the recompute.
+    P_a+cpu   (`--cpu-checkpointing`) the kept slice lives in host memory (pinned and copied
+              asynchronously on CUDA) and comes back before the recompute.
+    M_D       (`--contiguous-checkpointing`) the slices of every checkpoint of a micro-batch go into
+              one buffer allocated once (sized by `--number-checkpoints`) and reused every iteration,
+              instead of one allocation per block, so long runs do not fragment memory.
+
+`SavedTensorMeter` measures what autograd keeps for backward (via `saved_tensors_hooks`), split by
+device and host, and which part of it is checkpointed inputs; `--report-memory` logs it.
+
+The checkpoint is a custom autograd Function (the "reentrant" form Megatron uses), so what is kept
+is exactly what this file stores. Under ZeRO stage 3, zero/stage3.py recognises a forward that runs
+inside backward as a recompute and serves it, and the block's backward, from one gather.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+
+def _rng_states(rng, device: torch.device) -> dict:
+    if rng is not None:
+        return rng.get_states()
+    states = {"default_cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["default_cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def _set_rng_states(rng, device: torch.device, states: dict) -> None:
+    if rng is not None:
+        rng.set_states(states)
+        return
+    torch.set_rng_state(states["default_cpu"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(states["default_cuda"], device)
+
+
+class SavedTensorMeter:
+    """Peak bytes of tensors autograd saves for backward, by location ("device" or "host"), and the
+    peak of those that are checkpointed block inputs. Parameters (model states, not activations) are
+    not counted; a storage saved by several ops counts once while it is saved."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.live = {"device": 0, "host": 0}
+        self.peak = {"device": 0, "host": 0}
+        self.checkpointed_live = {"device": 0, "host": 0}
+        self.checkpointed_peak = {"device": 0, "host": 0}
+        self._counts: dict[tuple, int] = {}
+        # Checkpointed inputs announced by the checkpoint function, by (data_ptr, numel): autograd
+        # packs a custom Function's saved tensors after its forward returns, so they are recognised
+        # when they arrive rather than by a flag set around save_for_backward.
+        self._expected: dict[tuple[int, int], str] = {}
+
+    def expect_checkpoint(self, tensor: torch.Tensor, location: str) -> None:
+        self._expected[(tensor.data_ptr(), tensor.numel())] = location
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, tensor: torch.Tensor):
+        if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
+            return tensor
+        # Where it lives: by device, except that on a CPU-only run the host copies P_a+cpu makes are
+        # known only from the checkpoint function's announcement.
+        location = "host" if tensor.device.type == "cpu" and self.device.type != "cpu" else "device"
+        announced = self._expected.pop((tensor.data_ptr(), tensor.numel()), None)
+        checkpointed = announced is not None
+        location = announced or location
+        key = (tensor.device, tensor.data_ptr(), tensor.numel() * tensor.element_size(), location, checkpointed)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        if self._counts[key] == 1:
+            self._add(key, +1)
+        return _Saved(tensor, self, key)
+
+    @staticmethod
+    def _unpack(saved):
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def _release(self, key) -> None:
+        self._counts[key] -= 1
+        if self._counts[key] == 0:
+            del self._counts[key]
+            self._add(key, -1)
+
+    def _add(self, key, sign: int) -> None:
+        _, _, nbytes, location, checkpointed = key
+        self.live[location] += sign * nbytes
+        self.peak[location] = max(self.peak[location], self.live[location])
+        if checkpointed:
+            self.checkpointed_live[location] += sign * nbytes
+            self.checkpointed_peak[location] = max(self.checkpointed_peak[location],
+                                                   self.checkpointed_live[location])
+
+
+class _Saved:
+    """A saved tensor; when autograd drops it (after use in backward) the meter counts it freed."""
+
+    __slots__ = ("tensor", "meter", "key")
+
+    def __init__(self, tensor, meter, key):
+        self.tensor, self.meter, self.key = tensor, meter, key
+
+    def __del__(self):
+        self.meter._release(self.key)
+
+
+class ActivationCheckpointing:
+    """Runs a model's blocks under activation checkpointing with the ZeRO-R options of `config`
+    (an ActivationCheckpointConfig). One instance per model; it owns the contiguous buffer."""
+
+    def __init__(self, config, state, rng=None, num_layers: Optional[int] = None) -> None:
+        self.config = config
+        self.state = state
+        self.rng = rng
+        self.device = state.device
+        self.group_size = config.checkpoint_num_layers
+        self.partition = config.partition_activations and state.tensor_parallel_size > 1
+        self.offload = config.cpu_checkpointing
+        self.num_checkpoints = config.number_checkpoints or (
+            math.ceil(num_layers / self.group_size) if num_layers else None)
+        self.buffer: Optional[torch.Tensor] = None
+        self.buffer_allocations = 0       # how many times the contiguous buffer was allocated
+        self.meter: Optional[SavedTensorMeter] = None
+        self.timings: list[tuple[str, float]] = []  # (phase, seconds) with profile_checkpointing
+        self._next_slot = 0
+
+    @property
+    def host(self) -> torch.device:
+        return torch.device("cpu")
+
+    def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+        """`hidden` through every block, checkpointing groups of `checkpoint_num_layers` blocks
+        (a plain loop when no gradient is being recorded, e.g. in evaluation)."""
+        if not torch.is_grad_enabled():
+            for block in blocks:
+                hidden = block(hidden)
+            return hidden
+        self._next_slot = 0
+        for start in range(0, len(blocks), self.group_size):
+            group = list(blocks[start:start + self.group_size])
+            hidden = _CheckpointFunction.apply(_BlockGroup(group), self, hidden)
+        return hidden
+
+    # ---- what is kept for backward ------------------------------------------------------------
+
+    def _slice_bounds(self, numel: int) -> tuple[int, int]:
+        """This TP rank's [start, end) of a flattened input, padded to TP equal slices."""
+        slice_numel = math.ceil(numel / self.state.tensor_parallel_size)
+        start = self.state.tensor_parallel_rank * slice_numel
+        return start, slice_numel
+
+    def _destination(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Where one checkpoint's kept slice goes: a slot of the contiguous buffer, or a fresh tensor."""
+        where = self.host if self.offload else self.device
+        pin = self.offload and self.device.type == "cuda"
+        if not self.config.contiguous_checkpointing:
+            return torch.empty(numel, dtype=dtype, device=where, pin_memory=pin)
+        if self.num_checkpoints is None:
+            raise ValueError("--contiguous-checkpointing needs the number of checkpoints (--number-checkpoints)")
+        slot = self._next_slot
+        self._next_slot += 1
+        if slot >= self.num_checkpoints:
+            raise RuntimeError(f"the model made more than --number-checkpoints {self.num_checkpoints} "
+                               f"checkpoints in one forward; raise it")
+        needed = self.num_checkpoints * numel
+        if self.buffer is None or self.buffer.numel() != needed or self.buffer.dtype != dtype:
+            # Once per run, unless the micro-batch shape changes.
+            self.buffer = torch.empty(needed, dtype=dtype, device=where, pin_memory=pin)
+            self.buffer_allocations += 1
+        # A tensor of its own over the slot's bytes, not a view: views share the buffer's version
+        # counter, and writing the next slot would make autograd reject this one as modified.
+        kept = torch.empty(0, dtype=dtype, device=where)
+        return kept.set_(self.buffer.untyped_storage(), slot * numel, (numel,))
+
+    def store(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The part of a block group's input this rank keeps: all of it, or its 1/TP slice (P_a), on
+        the device or the host (P_a+cpu), in its own tensor or the contiguous buffer (M_D)."""
+        flat = hidden.detach().reshape(-1)
+        if self.partition:
+            start, slice_numel = self._slice_bounds(flat.numel())
+            piece = flat[start:start + slice_numel]
+            kept = self._destination(slice_numel, flat.dtype)
+            kept[:piece.numel()].copy_(piece, non_blocking=True)
+            kept[piece.numel():].zero_()  # the last rank's padding
+        else:
+            kept = self._destination(flat.numel(), flat.dtype)
+            kept.copy_(flat, non_blocking=True)
+        return kept
+
+    def restore(self, kept: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """Rebuild the full input from what `store` kept: back to the device, then one TP all-gather."""
+        piece = kept.to(self.device, non_blocking=True) if kept.device != self.device else kept
+        if not self.partition:
+            return piece.clone().view(shape)  # a fresh tensor: the kept one may be a reused buffer slot
+        gathered = torch.empty(piece.numel() * self.state.tensor_parallel_size, dtype=piece.dtype,
+                               device=self.device)
+        self.state.comm.all_gather(gathered, piece, self.state.tensor_parallel_group, "tp")
+        return gathered[:shape.numel()].view(shape)
+
+    def synchronize(self) -> None:
+        if self.config.synchronize_checkpoint_boundary and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class _BlockGroup:
+    """Calls a group of blocks in order (a picklable stand-in for a closure)."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        self.blocks = blocks
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            hidden = block(hidden)
+        return hidden
+
+
+class _CheckpointFunction(torch.autograd.Function):
+    """Forward without saving the group's internals; in backward, rebuild the input, restore the RNG
+    streams, recompute with autograd on and backpropagate through the recomputed graph."""
+
+    @staticmethod
+    def forward(ctx, run: Callable, checkpointing: ActivationCheckpointing, hidden: torch.Tensor):
+        checkpointing.synchronize()
+        started = time.perf_counter()
+        ctx.run, ctx.checkpointing, ctx.shape = run, checkpointing, hidden.shape
+        ctx.rng_states = _rng_states(checkpointing.rng, checkpointing.device)
+        with torch.no_grad():
+            output = run(hidden)
+        kept = checkpointing.store(hidden)
+        if checkpointing.meter is not None:
+            checkpointing.meter.expect_checkpoint(kept, "host" if checkpointing.offload else "device")
+        ctx.save_for_backward(kept)
+        if checkpointing.config.profile_checkpointing:
+            checkpointing.timings.append(("forward", time.perf_counter() - started))
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        checkpointing = ctx.checkpointing
+        checkpointing.synchronize()
+        started = time.perf_counter()
+        (kept,) = ctx.saved_tensors
+        hidden = checkpointing.restore(kept, ctx.shape).detach().requires_grad_(True)
+        current = _rng_states(checkpointing.rng, checkpointing.device)
+        _set_rng_states(checkpointing.rng, checkpointing.device, ctx.rng_states)
+        try:
+            with torch.enable_grad():
+                output = ctx.run(hidden)
+        finally:
+            _set_rng_states(checkpointing.rng, checkpointing.device, current)
+        torch.autograd.backward(output, grad_output)
+        if checkpointing.config.profile_checkpointing:
+            checkpointing.timings.append(("recompute+backward", time.perf_counter() - started))
+        return None, None, hidden.grad
