@@ -210,7 +210,9 @@ def saved_activation_record(meter: SavedTensorMeter, config: PretrainConfig, sta
         model.num_attention_heads, element, state.tensor_parallel_size,
         activations.checkpoint_num_layers if activations.checkpoint_activations else None,
         activations.partition_activations)
-    return {"saved_activation_device_bytes": meter.peak["device"],
+    cuda = {"cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(state.device)} \
+        if state.device.type == "cuda" else {}
+    return {**cuda, "saved_activation_device_bytes": meter.peak["device"],
             "saved_activation_host_bytes": meter.peak["host"],
             "checkpointed_input_device_bytes": meter.checkpointed_peak["device"],
             "checkpointed_input_host_bytes": meter.checkpointed_peak["host"],
