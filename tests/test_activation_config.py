@@ -6,6 +6,7 @@ import pytest
 
 from gpt.arguments import build_parser, parse_config
 from gpt.config import ConfigError, PretrainConfig, field_sections
+from tests.test_zero_config import assert_bad_json_names, write_json
 from zero.config import EXAMPLE_DIR, ActivationCheckpointConfig, deepspeed_config_to_flags
 
 FLAGS = {
@@ -19,11 +20,6 @@ FLAGS = {
     "profile_checkpointing": "--profile-checkpointing",
 }
 
-
-def write_json(tmp_path, config, name="ds.json"):
-    path = tmp_path / name
-    path.write_text(json.dumps(config))
-    return path
 
 
 def test_defaults_turn_everything_off():
@@ -151,11 +147,7 @@ def test_json_block_reaches_the_config_and_flags_still_win(tmp_path):
     ({"activation_checkpointing": {"number_checkpoints": 0}}, "ds.json: --number-checkpoints must be at least 1"),
 ])
 def test_bad_json_block_names_the_key_and_the_file(config, words, tmp_path):
-    path = write_json(tmp_path, config)
-    with pytest.raises(ConfigError) as error:
-        parse_config(["--zero-config", str(path)])
-    message = str(error.value)
-    assert words in message.replace(str(path), "ds.json") and "\n" not in message
+    assert_bad_json_names(tmp_path, config, words)
 
 
 def test_too_few_json_checkpoints_for_the_model_are_caught(tmp_path):

@@ -136,6 +136,11 @@ def test_flags_win_over_json_and_json_over_yaml(tmp_path):
     ('{"gradient_clipping": 1, "gradient_clipping": 2}', 'ds.json: key "gradient_clipping" appears twice'),
 ])
 def test_bad_json_names_the_key_and_the_file(config, words, tmp_path):
+    assert_bad_json_names(tmp_path, config, words)
+
+
+def assert_bad_json_names(tmp_path, config, words):
+    """`--zero-config` with this JSON fails with one line containing `words` (the file as ds.json)."""
     path = write_json(tmp_path, config)
     with pytest.raises(ConfigError) as error:
         parse_config(["--zero-config", str(path)])

@@ -82,6 +82,14 @@ class Unit:
     def padding(self) -> int:
         return self.numel - self.used
 
+    def in_buffer(self, flat: torch.Tensor) -> torch.Tensor:
+        """This unit's piece of a full flat buffer."""
+        return flat[self.buffer_offset:self.buffer_offset + self.numel]
+
+    def in_partition(self, partition: torch.Tensor) -> torch.Tensor:
+        """This unit's shard inside a rank's partition (master weights, moments, reduced gradients)."""
+        return partition[self.partition_offset:self.partition_offset + self.shard_numel]
+
     def shard_bounds(self, part: int) -> tuple[int, int]:
         """Shard `part` as [start, end) inside the unit."""
         return part * self.shard_numel, (part + 1) * self.shard_numel

@@ -167,29 +167,22 @@ class ZeroOptimizer:
             for slot in unit.slots:
                 full[slot.start:slot.end] = slot.param.detach().reshape(-1)
             lo, hi = unit.shard_bounds(self.part)
-            self._master_shard(unit).copy_(full[lo:hi])
+            unit.in_partition(self.master).copy_(full[lo:hi])
             if self.stage < 3:
-                unit_params = self.flat_params[unit.buffer_offset:unit.buffer_offset + unit.numel]
+                unit_params = unit.in_buffer(self.flat_params)
                 unit_params.copy_(full)
                 for slot in unit.slots:
                     slot.param.data = unit_params[slot.start:slot.end].view(slot.shape)
             else:
-                self._partition_slice(self.param_shard, unit).copy_(full[lo:hi])
+                unit.in_partition(self.param_shard).copy_(full[lo:hi])
         if self.stage < 2:
             self.flat_grads = torch.zeros(layout.numel, dtype=dtype, device=self.device)
         else:
             self.grad_partition = torch.zeros(layout.partition_numel, dtype=dtype, device=self.device)
 
-    @staticmethod
-    def _partition_slice(partition: torch.Tensor, unit: Unit) -> torch.Tensor:
-        return partition[unit.partition_offset:unit.partition_offset + unit.shard_numel]
-
-    def _master_shard(self, unit: Unit) -> torch.Tensor:
-        return self._partition_slice(self.master, unit)
-
     def _owned_flat_slice(self, flat: torch.Tensor, unit: Unit) -> torch.Tensor:
         lo, hi = unit.shard_bounds(self.part)
-        return flat[unit.buffer_offset + lo:unit.buffer_offset + hi]
+        return unit.in_buffer(flat)[lo:hi]
 
     # ---- gradients ----------------------------------------------------------------------------
 
@@ -199,9 +192,9 @@ class ZeroOptimizer:
         if self.flat_grads is not None:
             self.flat_grads.zero_()
             for unit in self.layout.units:
-                base = unit.buffer_offset
+                unit_grads = unit.in_buffer(self.flat_grads)
                 for slot in unit.slots:
-                    slot.param.grad = self.flat_grads[base + slot.start:base + slot.end].view(slot.shape)
+                    slot.param.grad = unit_grads[slot.start:slot.end].view(slot.shape)
         else:
             self.grad_partition.zero_()
             for unit in self.layout.units:
@@ -250,7 +243,7 @@ class ZeroOptimizer:
         """Average `unit`'s gradient over the DP group, asynchronously."""
         self._ready[unit.index] = -1  # reduced; late hooks (none expected) cannot trigger it again
         if self.stage < 2:
-            bucket = self.flat_grads[unit.buffer_offset:unit.buffer_offset + unit.numel]
+            bucket = unit.in_buffer(self.flat_grads)
             bucket_buffer = None
         else:
             bucket_buffer = self._filling.pop(unit.index)
@@ -278,7 +271,7 @@ class ZeroOptimizer:
                 target = self._owned_flat_slice(self.flat_grads, unit)
                 finish = (lambda t=target, s=shard: t.copy_(s)) if target.data_ptr() != shard.data_ptr() else None
             else:
-                target = self._partition_slice(self.grad_partition, unit)
+                target = unit.in_partition(self.grad_partition)
                 finish = lambda t=target, s=shard: t.add_(s)  # noqa: E731 (accumulate across micro-batches)
 
         def release(buffers=tuple(released)) -> None:
@@ -326,7 +319,7 @@ class ZeroOptimizer:
         else:
             grads = torch.empty_like(self.master)
             for unit in self.layout.units:
-                self._partition_slice(grads, unit).copy_(self._owned_flat_slice(self.flat_grads, unit))
+                unit.in_partition(grads).copy_(self._owned_flat_slice(self.flat_grads, unit))
         if self.loss_scaler.scale != 1.0:
             grads.mul_(1.0 / self.loss_scaler.scale)
         return grads
@@ -383,8 +376,8 @@ class ZeroOptimizer:
         owned = self.master.to(self.dtype)  # a separate tensor, so no collective reads what it writes
         works, in_flight = [], 0
         for unit in self.layout.units:
-            output = self.flat_params[unit.buffer_offset:unit.buffer_offset + unit.numel]
-            works.append(self.comm.all_gather(output, self._partition_slice(owned, unit), self.group, "dp",
+            output = unit.in_buffer(self.flat_params)
+            works.append(self.comm.all_gather(output, unit.in_partition(owned), self.group, "dp",
                                               async_op=True))
             in_flight += unit.numel
             if in_flight >= self.zero_config.allgather_bucket_size:

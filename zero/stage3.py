@@ -126,7 +126,7 @@ class ParameterGatherer:
             return
         flat = self.flat[unit.index]
         flat.untyped_storage().resize_(self._nbytes[unit.index])
-        shard = self.param_shard[unit.partition_offset:unit.partition_offset + unit.shard_numel]
+        shard = unit.in_partition(self.param_shard)
         self._work[unit.index] = self.comm.all_gather(flat, shard, self.group, "dp", async_op=True)
         self._state[unit.index] = _IN_FLIGHT
         self.live_numel += unit.numel
@@ -209,5 +209,5 @@ class ParameterGatherer:
         """Persistent chunks are never freed, so after the optimizer step they are re-gathered whole."""
         for index in sorted(self.persistent):
             unit = self.units[index]
-            shard = self.param_shard[unit.partition_offset:unit.partition_offset + unit.shard_numel]
+            shard = unit.in_partition(self.param_shard)
             self.comm.all_gather(self.flat[index], shard, self.group, "dp")
