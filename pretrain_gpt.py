@@ -23,8 +23,11 @@ from data.gpt_dataset import build_train_valid_test_datasets
 from data.sampler import build_data_loader
 from data.tokenizer import GPTTokenizer, load_tokenizer
 from gpt.arguments import parse_config
+from gpt.checkpoint_format import METADATA_FILE, CheckpointError, has_checkpoint
+from gpt.checkpointing import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gpt.config import ConfigError, PretrainConfig
-from gpt.metrics import MetricsWriter, parameter_count, perplexity, start_wandb
+from gpt.exit_conditions import ExitConditions
+from gpt.metrics import MetricsWriter, keep_records_through, parameter_count, perplexity, start_wandb
 from gpt.model import GPTModel
 from gpt.training import TrainingSummary, train
 from parallel.random import TensorParallelRNG
@@ -38,7 +41,7 @@ DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
 @dataclass
 class DataSplits:
     tokenizer: GPTTokenizer
-    train_batches: Iterable[dict]
+    make_train_loader: Callable[[int], Iterable[dict]]  # consumed samples -> the rest of the data
     make_valid_loader: Optional[Callable[[], Iterable[dict]]]
     make_test_loader: Optional[Callable[[], Iterable[dict]]]
 
@@ -64,14 +67,14 @@ def build_data(config: PretrainConfig, state: ParallelState) -> DataSplits:
     train_set, valid_set, test_set = build_train_valid_test_datasets(
         data_path, config.data.split, config.model.seq_length, training.seed, num_samples)
 
-    def loader(dataset):
-        return build_data_loader(dataset, consumed_samples=0, micro_batch_size=training.micro_batch_size,
-                                 dp_rank=state.data_parallel_rank, dp_size=state.data_parallel_size,
-                                 num_workers=config.data.num_workers)
+    def loader(dataset, consumed_samples=0):
+        return build_data_loader(dataset, consumed_samples=consumed_samples,
+                                 micro_batch_size=training.micro_batch_size, dp_rank=state.data_parallel_rank,
+                                 dp_size=state.data_parallel_size, num_workers=config.data.num_workers)
 
     return DataSplits(
         tokenizer=tokenizer,
-        train_batches=iter(loader(train_set)),
+        make_train_loader=lambda consumed_samples: loader(train_set, consumed_samples),
         make_valid_loader=(lambda: loader(valid_set)) if valid_set is not None else None,
         make_test_loader=(lambda: loader(test_set)) if test_set is not None else None,
     )
@@ -91,7 +94,24 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     if config.activations.checkpoint_activations:
         model.activation_checkpointing = ActivationCheckpointing(config.activations, state, rng,
                                                                  config.model.num_layers)
+    checkpoint = config.checkpoint
+    resume_from = checkpoint.load if checkpoint.load and _has_checkpoint(checkpoint.load) else None
+    if checkpoint.load and resume_from is None:
+        log(f"> no checkpoint in {checkpoint.load} yet: starting a fresh run", flush=True)
+    if checkpoint.init_from_hf and resume_from is None:
+        from gpt.hf import initialize_from_hf  # transformers is only imported when it is needed
+
+        log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}", flush=True)
+        initialize_from_hf(model, checkpoint.init_from_hf, config.model, state)
     optimizer = build_zero_optimizer(model, config, state)
+    start = ResumePoint(0, 0, None)
+    if resume_from is not None:
+        start = load_checkpoint(resume_from, model, optimizer, rng, state, load_optimizer=checkpoint.load_optim,
+                                load_rng=checkpoint.load_rng, finetune=checkpoint.finetune)
+        log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
+                                          f"({start.consumed_samples} samples consumed)"
+                                          if not checkpoint.finetune else "weights only, from iteration 0"),
+            flush=True)
     padded_vocab = config.model.padded_vocab_size(state.tensor_parallel_size)
     log(f"> model: {parameter_count(config.model, padded_vocab):,} parameters "
         f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
@@ -105,16 +125,32 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     metrics_path = Path(config.logging.metrics_file)
     if state.is_first_rank:
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        metrics_path.unlink(missing_ok=True)  # a new run starts a new record
+        if start.iteration > 0:  # a resumed run continues its record from the checkpoint
+            keep_records_through(str(metrics_path), start.iteration)
+        else:
+            metrics_path.unlink(missing_ok=True)  # a new run starts a new record
     wandb_run = None
     if state.is_first_rank:
         wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,
                                 config.logging.wandb_entity, config.to_dict(), str(metrics_path.parent))
     writer = MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run)
+
+    def save(iteration: int, consumed_samples: int, lr: float) -> None:
+        save_checkpoint(checkpoint.save, iteration, consumed_samples, model, optimizer, rng, config, state,
+                        tokenizer=data.tokenizer, lr=lr)
+        prune_checkpoints(checkpoint.save, checkpoint.keep_last, state)
+
+    finished = start.iteration >= config.training.train_iters
+    if finished:
+        log(f"> the checkpoint is already at --train-iters {config.training.train_iters}; nothing to train")
+    exit_conditions = ExitConditions(checkpoint, state)
     try:
-        summary = train(model, optimizer, iter(data.train_batches), data.make_valid_loader,
-                        data.make_test_loader, config, state, writer)
+        train_batches = iter(data.make_train_loader(start.consumed_samples)) if not finished else iter(())
+        summary = train(model, optimizer, train_batches, data.make_valid_loader, data.make_test_loader, config,
+                        state, writer, start_iteration=start.iteration, consumed_samples=start.consumed_samples,
+                        save_checkpoint=save if checkpoint.save else None, exit_conditions=exit_conditions)
     finally:
+        exit_conditions.close()
         writer.close()
     if summary.final_valid_loss is not None:
         log(f"> final validation perplexity: {perplexity(summary.final_valid_loss):.3f}")
@@ -122,18 +158,26 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     return summary
 
 
+def _has_checkpoint(path: str) -> bool:
+    """Whether --load names a checkpoint: a --save directory with `latest`, or an iteration directory.
+    A broken one (latest naming a missing directory) counts, so that loading it reports the problem
+    instead of silently starting over."""
+    return has_checkpoint(path) or (Path(path) / METADATA_FILE).exists()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         config = parse_config(argv)
         try:
-            state = initialize(config.training.device, config.training.tensor_model_parallel_size)
+            state = initialize(config.training.device, config.training.tensor_model_parallel_size,
+                               timeout_minutes=config.training.distributed_timeout_minutes)
         except ValueError as error:  # a launch or device the config cannot run on
             raise ConfigError(str(error)) from None
         try:
             run(config, state)
         finally:
             destroy(state)
-    except (ConfigError, DataError) as error:
+    except (ConfigError, DataError, CheckpointError) as error:
         print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -96,4 +96,8 @@ def build_data_loader(
         # Pinned host memory only pays off when batches are copied to a GPU.
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
+        # Every new iterator draws a base seed for its workers; from its own generator it leaves the
+        # global one (dropout's stream) alone, so creating a loader on resume or for an evaluation
+        # does not shift the random numbers training sees. The samples themselves draw nothing.
+        generator=torch.Generator().manual_seed(0),
     )

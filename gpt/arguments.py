@@ -53,7 +53,7 @@ class _RaisingParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     defaults = PretrainConfig()
     m, o, t, d, log = defaults.model, defaults.optimizer, defaults.training, defaults.data, defaults.logging
-    z, a = defaults.zero, defaults.activations
+    z, a, c = defaults.zero, defaults.activations, defaults.checkpoint
     parser = _RaisingParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", default=DEFAULT_PRESET,
@@ -129,6 +129,34 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--wandb-entity", default=log.wandb_entity)
     g.add_argument("--report-memory", action=argparse.BooleanOptionalAction, default=log.report_memory,
                    help="log per-rank model-state bytes held and the zero/memory.py prediction")
+
+    g = parser.add_argument_group("checkpoints, resume and preemption")
+    g.add_argument("--save", default=c.save, metavar="DIR",
+                   help="write checkpoints here: one iter_NNNNNNN/ per save and a 'latest' pointer")
+    g.add_argument("--save-interval", type=int, default=c.save_interval,
+                   help="save every N iterations (always also at the end of training and on an exit)")
+    g.add_argument("--keep-last", type=int, default=c.keep_last, help="keep only the newest K checkpoints")
+    g.add_argument("--load", default=c.load, metavar="CKPT",
+                   help="resume from a --save directory (its latest checkpoint) or one iter_NNNNNNN "
+                        "directory, at any data-parallel size and ZeRO stage; a directory with no "
+                        "checkpoint yet starts a fresh run, so restarts can use the same command")
+    g.add_argument("--load-optim", action=argparse.BooleanOptionalAction, default=c.load_optim,
+                   help="--no-load-optim: take the weights only, with fresh Adam moments")
+    g.add_argument("--load-rng", action=argparse.BooleanOptionalAction, default=c.load_rng,
+                   help="--no-load-rng: random streams from --seed instead of the checkpoint's")
+    g.add_argument("--finetune", action=argparse.BooleanOptionalAction, default=c.finetune,
+                   help="load weights only and start at iteration 0")
+    g.add_argument("--init-from-hf", default=c.init_from_hf, metavar="DIR",
+                   help="start from a transformers GPT2LMHeadModel folder (config.json + model.safetensors)")
+    g.add_argument("--exit-signal-handler", action=argparse.BooleanOptionalAction,
+                   default=c.exit_signal_handler,
+                   help="on SIGTERM or SIGUSR1, finish the iteration, save and exit 0")
+    g.add_argument("--exit-interval", type=int, default=c.exit_interval,
+                   help="save and exit 0 after an iteration that is a multiple of N")
+    g.add_argument("--exit-duration-in-mins", type=float, default=c.exit_duration_in_mins,
+                   help="save and exit 0 once the run has lasted this many minutes")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=t.distributed_timeout_minutes,
+                   help="how long a collective waits for a peer before the job fails (a dead rank)")
 
     g = parser.add_argument_group("ZeRO and mixed precision")
     g.add_argument("--zero-config", metavar="FILE.json",

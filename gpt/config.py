@@ -13,6 +13,7 @@ with a message that names the flag and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Optional
 
 from gpt.errors import ConfigError
@@ -128,6 +129,8 @@ class TrainingConfig:
     min_loss_scale: float = 1.0  # dynamic scaling never goes below this
     device: str = "auto"
     tensor_model_parallel_size: int = 1
+    # How long a collective may wait for a peer: a dead or hung rank ends the job after this.
+    distributed_timeout_minutes: float = 10.0
     eval_interval: int = 50
     eval_iters: int = 10
     log_interval: int = 10
@@ -146,6 +149,8 @@ class TrainingConfig:
             raise ConfigError(f"{_flag('accumulation_steps')} must be at least 1, got {self.accumulation_steps}")
         if self.eval_iters < 0:
             raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}")
+        if not self.distributed_timeout_minutes > 0:
+            raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}")
         if self.fp16 and self.bf16:
             raise ConfigError("--fp16 and --bf16 are exclusive: choose one (add --no-fp16 or --no-bf16 to "
                               "override a preset or --zero-config)")
@@ -214,6 +219,36 @@ class LoggingConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    save: Optional[str] = None  # directory for checkpoints (one iter_NNNNNNN/ per save, and `latest`)
+    save_interval: Optional[int] = None  # None: save only at the end of training and on an exit
+    keep_last: Optional[int] = None  # keep the newest K checkpoints; None keeps all
+    load: Optional[str] = None  # resume from this --save directory (its `latest`) or iteration directory
+    load_optim: bool = True  # --no-load-optim: weights only, fresh Adam moments
+    load_rng: bool = True  # --no-load-rng: random streams from --seed
+    finetune: bool = False  # weights only, starting at iteration 0 with fresh data order
+    init_from_hf: Optional[str] = None  # a transformers GPT2LMHeadModel folder to start from
+    exit_signal_handler: bool = False  # on SIGTERM/SIGUSR1: finish the iteration, save, exit 0
+    exit_interval: Optional[int] = None  # save and exit after an iteration that is a multiple of this
+    exit_duration_in_mins: Optional[float] = None  # save and exit once the run has lasted this long
+
+    def validate(self) -> None:
+        for name in ("save_interval", "keep_last", "exit_interval"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {value}")
+        if self.exit_duration_in_mins is not None and not self.exit_duration_in_mins > 0:
+            raise ConfigError(f"--exit-duration-in-mins must be positive, got {self.exit_duration_in_mins}")
+        for name in ("save_interval", "keep_last", "exit_signal_handler"):
+            if getattr(self, name) and not self.save:
+                raise ConfigError(f"{_flag(name)} needs --save DIR (where the checkpoints go)")
+        if self.finetune and not self.load:
+            raise ConfigError("--finetune needs --load CHECKPOINT (the weights to start from)")
+        if self.save and Path(self.save).is_file():
+            raise ConfigError(f"--save {self.save} is a file; it must be a directory (created if missing)")
+
+
+@dataclass
 class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -222,8 +257,9 @@ class PretrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     activations: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
-    SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations")
+    SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations", "checkpoint")
 
     def validate(self) -> None:
         for section in self.SECTIONS:

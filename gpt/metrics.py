@@ -84,6 +84,30 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
 
 
+def keep_records_through(metrics_file: str, iteration: int) -> int:
+    """Drop the records after `iteration` (a resumed run redoes those iterations; a run killed after
+    its last checkpoint logged some that no longer count). Rewritten atomically; returns how many
+    records were dropped. A missing file is left missing."""
+    path = Path(metrics_file)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1  # a line cut short by the crash
+            continue
+        if isinstance(record, dict) and record.get("iteration", 0) <= iteration:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(kept), encoding="utf-8")
+    os.replace(temporary, path)
+    return dropped
+
+
 class MetricsWriter:
     """Fans one record out to the console, metrics.jsonl and (optionally) W&B."""
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from gpt.config import PretrainConfig
+from gpt.exit_conditions import ExitConditions
 from gpt.metrics import (MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
                          peak_memory_bytes, perplexity)
 from gpt.schedule import learning_rate
@@ -37,6 +38,8 @@ class TrainingSummary:
     final_valid_loss: Optional[float] = None
     final_test_loss: Optional[float] = None
     skipped_iterations: int = 0  # fp16 steps skipped for a gradient overflow
+    exit_reason: Optional[str] = None  # why the run stopped before --train-iters (signal, interval, time)
+    saved_iterations: list[int] = field(default_factory=list)
 
 
 def _autocast(config: PretrainConfig, device: torch.device):
@@ -82,22 +85,37 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
     return average_over_data_parallel(total / count, state).item()
 
 
+# Writes a checkpoint: (iteration, consumed samples, learning rate) -> None.
+SaveCheckpoint = Callable[[int, int, float], None]
+
+
 def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[dict],
           make_valid_loader: Optional[LoaderFactory], make_test_loader: Optional[LoaderFactory],
-          config: PretrainConfig, state: ParallelState, writer: MetricsWriter) -> TrainingSummary:
+          config: PretrainConfig, state: ParallelState, writer: MetricsWriter, *, start_iteration: int = 0,
+          consumed_samples: int = 0, save_checkpoint: Optional[SaveCheckpoint] = None,
+          exit_conditions: Optional[ExitConditions] = None) -> TrainingSummary:
+    """Train from `start_iteration` + 1 to --train-iters (a resumed run passes the checkpoint's
+    iteration and consumed samples). With `save_checkpoint`, saves every --save-interval iterations,
+    at the end, and before an early exit that `exit_conditions` calls for."""
     training, device = config.training, state.device
+    save_interval = config.checkpoint.save_interval
     accumulation_steps = training.gradient_accumulation_steps(state.data_parallel_size)
     flops = flops_per_iteration(config.model, training.global_batch_size,
                                 activation_recompute=config.activations.checkpoint_activations,
                                 padded_vocab_size=config.model.padded_vocab_size(state.tensor_parallel_size))
     checkpointing = getattr(model, "activation_checkpointing", None)
     eval_micro_batches = training.eval_iters * accumulation_steps
-    summary = TrainingSummary()
+    summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples)
     interval_losses: list[float] = []
     interval_times: list[float] = []
     model.train()
+    lr = learning_rate(max(start_iteration, 1), config.optimizer, training.train_iters)
 
-    for iteration in range(1, training.train_iters + 1):
+    def save(iteration: int) -> None:
+        save_checkpoint(iteration, summary.consumed_samples, lr)
+        summary.saved_iterations.append(iteration)
+
+    for iteration in range(start_iteration + 1, training.train_iters + 1):
         iteration_start = time.perf_counter()
         lr = learning_rate(iteration, config.optimizer, training.train_iters)
         for group in optimizer.param_groups:
@@ -107,7 +125,7 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
 
         iteration_loss = torch.zeros((), device=device)
         # The first iteration measures what autograd keeps for backward when memory is reported.
-        meter = SavedTensorMeter(device) if iteration == 1 and config.logging.report_memory else None
+        meter = SavedTensorMeter(device) if iteration == start_iteration + 1 and config.logging.report_memory else None
         if checkpointing is not None:
             checkpointing.meter = meter
         for micro_batch in range(accumulation_steps):
@@ -170,6 +188,20 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
             summary.final_valid_loss = _evaluate_and_log(model, make_valid_loader, eval_micro_batches,
                                                          "valid", iteration, summary, config, state, writer)
 
+        if save_checkpoint is not None and save_interval is not None and iteration % save_interval == 0:
+            save(iteration)
+        reason = exit_conditions.check(iteration) if exit_conditions is not None else None
+        if reason is not None:
+            if state.is_first_rank:
+                print(f" exiting after iteration {iteration}: {reason}", flush=True)
+            if save_checkpoint is not None and summary.saved_iterations[-1:] != [iteration]:
+                save(iteration)
+            summary.exit_reason = reason
+            return summary
+
+    if save_checkpoint is not None and summary.iterations > start_iteration \
+            and summary.saved_iterations[-1:] != [summary.iterations]:
+        save(summary.iterations)  # the end of training is always kept
     if make_test_loader is not None and eval_micro_batches > 0:
         summary.final_test_loss = _evaluate_and_log(model, make_test_loader, eval_micro_batches, "test",
                                                     summary.iterations, summary, config, state, writer)

@@ -166,6 +166,27 @@ class Communicator:
         dist.barrier(group=group)
 
 
+    # ---- control messages: whole-world agreement, not counted (a few bytes, not model traffic) ----
+
+    def all_gather_object(self, obj) -> list:
+        """Every rank's picklable `obj`, in rank order, from the whole world (a checkpoint's file list,
+        a save's outcome); `[obj]` without a process group."""
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+            return [obj]
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def any_rank(self, flags: list[bool], device: torch.device) -> list[bool]:
+        """Element-wise OR of `flags` over the whole world (did any rank get a signal, run out of
+        time...), so that every rank takes the same branch."""
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+            return list(flags)
+        tensor = torch.tensor([float(flag) for flag in flags], device=device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return [bool(value) for value in tensor.tolist()]
+
+
 def _copy_unless_same(output: torch.Tensor, input: torch.Tensor) -> None:
     """A collective over one rank is the identity; callers may pass the same buffer as both ends."""
     if output.data_ptr() != input.data_ptr():

@@ -59,6 +59,17 @@ class Segment:
     kind: ParamKind
 
 
+@dataclass(frozen=True)
+class Fragment:
+    """Elements [param_offset, param_offset + numel) of a flattened parameter, stored at
+    [partition_offset, partition_offset + numel) of a rank's partition. A partition is described
+    completely by its fragments, which is what lets a checkpoint be re-cut for another DP size."""
+    slot: Slot
+    param_offset: int
+    partition_offset: int
+    numel: int
+
+
 class Unit:
     """A contiguous piece of the flat buffer, padded to split evenly into `parts` aligned shards."""
 
@@ -93,6 +104,14 @@ class Unit:
     def shard_bounds(self, part: int) -> tuple[int, int]:
         """Shard `part` as [start, end) inside the unit."""
         return part * self.shard_numel, (part + 1) * self.shard_numel
+
+    def fragments(self, part: int) -> list["Fragment"]:
+        """The pieces of parameters inside shard `part`, in partition coordinates (padding is in none)."""
+        lo, hi = self.shard_bounds(part)
+        offset = self.partition_offset - lo
+        return [Fragment(slot, max(lo, slot.start) - slot.start, max(lo, slot.start) + offset,
+                         min(hi, slot.end) - max(lo, slot.start))
+                for slot in self.slots if slot.start < hi and slot.end > lo]
 
     def segments(self, part: int) -> list[Segment]:
         """The runs of one kind inside shard `part`, in partition coordinates (padding belongs to the
@@ -149,6 +168,9 @@ class FlatLayout:
 
     def segments(self) -> list[Segment]:
         return [segment for unit in self.units for segment in unit.segments(self.part)]
+
+    def fragments(self) -> list[Fragment]:
+        return [fragment for unit in self.units for fragment in unit.fragments(self.part)]
 
 
 def bucket_params(params: Sequence[nn.Parameter], bucket_size: int) -> list[list[nn.Parameter]]:

@@ -30,6 +30,7 @@ The training loop only calls `zero_grad()`, `backward(loss, last_micro_batch)` a
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -144,6 +145,7 @@ class ZeroOptimizer:
         # AdamW over views of the master partition: one group with weight decay, one without.
         self._segments = self.layout.segments()
         self._segment_params = [nn.Parameter(self.master[s.start:s.end]) for s in self._segments]
+        self._segment_index = {id(param): i for i, param in enumerate(self._segment_params)}
         groups = []
         for decay in (True, False):
             members = [p for p, s in zip(self._segment_params, self._segments) if s.kind.weight_decay == decay]
@@ -152,6 +154,21 @@ class ZeroOptimizer:
                                "weight_decay": optimizer_config.weight_decay if decay else 0.0})
         self.optimizer = build_adamw(groups, optimizer_config, self.device)
         self.param_groups = self.optimizer.param_groups
+        # The Adam moments are two flat tensors in partition coordinates, like the master: AdamW's
+        # per-segment state is views into them, so a checkpoint saves (and an elastic resume
+        # refills) each as one tensor. Created here rather than lazily at the first step, with the
+        # zeros AdamW would have used, so nothing about the update changes.
+        self.exp_avg = torch.zeros_like(self.master)
+        self.exp_avg_sq = torch.zeros_like(self.master)
+        for group in self.param_groups:
+            step_on_device = group.get("fused") or group.get("capturable")
+            for param in group["params"]:
+                segment = self._segments[self._segment_index[id(param)]]
+                self.optimizer.state[param] = {
+                    "step": torch.zeros((), dtype=torch.float32,
+                                        device=self.device if step_on_device else "cpu"),
+                    "exp_avg": self.exp_avg[segment.start:segment.end],
+                    "exp_avg_sq": self.exp_avg_sq[segment.start:segment.end]}
         self.zero_grad()
 
     # ---- layout -------------------------------------------------------------------------------
@@ -360,12 +377,13 @@ class ZeroOptimizer:
         for param in self._segment_params:
             param.grad = None
         del grads
-        self._publish_parameters()
+        self.publish_parameters()
         self.loss_scaler.update(overflow=False)
         return StepResult(norm, skipped=False, loss_scale=scale)
 
-    def _publish_parameters(self) -> None:
-        """Make the 16-bit parameters reflect the updated master weights."""
+    def publish_parameters(self) -> None:
+        """Make the 16-bit parameters reflect the master weights (after a step, or after a checkpoint
+        refilled the master). Every DP rank must call it: stages 1-3 communicate."""
         if self.stage == 0:
             self.flat_params.copy_(self.master)
             return
@@ -387,6 +405,31 @@ class ZeroOptimizer:
         for work in works:
             work.wait()
 
+    # ---- checkpoint state ---------------------------------------------------------------------
+
+    @property
+    def adam_step(self) -> int:
+        """Updates AdamW has applied (the same for every segment; skipped fp16 steps do not count)."""
+        group = self.param_groups[0]
+        if "step" in group:  # apex FusedAdam counts per group
+            return int(group["step"])
+        return int(self.optimizer.state[group["params"][0]]["step"].item())
+
+    @adam_step.setter
+    def adam_step(self, step: int) -> None:
+        for group in self.param_groups:
+            if "step" in group:
+                group["step"] = step
+            for param in group["params"]:
+                self.optimizer.state[param]["step"].fill_(step)
+
+    def gathered_parameters(self, unit: Unit):
+        """A context in which `unit`'s parameters hold their full values (stage 3 gathers the chunk,
+        a collective over the DP group, and frees it afterwards)."""
+        if self.gatherer is None:
+            return contextlib.nullcontext()
+        return self.gatherer.gathered(unit)
+
     # ---- introspection ------------------------------------------------------------------------
 
     def model_state_tensors(self) -> dict[str, list[torch.Tensor]]:
@@ -397,8 +440,7 @@ class ZeroOptimizer:
         params += [t for t in (self.flat_params, self.param_shard) if t is not None]
         grads = [slot.param.grad for slot in slots if slot.param.grad is not None]
         grads += [t for t in (self.flat_grads, self.grad_partition) if t is not None]
-        moments = [value for per_param in self.optimizer.state.values() for value in per_param.values()
-                   if torch.is_tensor(value) and value.dim() > 0]  # not the scalar step counters
+        moments = [self.exp_avg, self.exp_avg_sq]
         buffers = self._buckets.buffers + self._staging.buffers
         return {"parameters": params, "gradients": grads, "master_weights": [self.master],
                 "optimizer_states": moments, "buffers": buffers}

@@ -28,8 +28,9 @@ Either way the forward hook keeps the chunk, and recompute and backward share on
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -204,6 +205,17 @@ class ParameterGatherer:
             self.release(unit)
         self._in_backward.clear()
         self._trace.clear()  # the next forward records its own order (models without a root chunk too)
+
+    @contextlib.contextmanager
+    def gathered(self, unit: Unit) -> Iterator[None]:
+        """`unit` gathered for the body (outside forward and backward: checkpoint saving)."""
+        was_released = self._state[unit.index] == _RELEASED
+        self.fetch(unit)
+        try:
+            yield
+        finally:
+            if was_released:
+                self.release(unit)
 
     def refresh_persistent(self) -> None:
         """Persistent chunks are never freed, so after the optimizer step they are re-gathered whole."""

@@ -1,0 +1,58 @@
+"""When a run should save and stop early: a signal (preemption), an iteration interval, a time budget.
+
+A cluster scheduler that preempts a job sends SIGTERM (SLURM's `--signal=USR1@120` sends SIGUSR1 a
+while before the end of a job's time). With `--exit-signal-handler` the handler only records the
+signal; the loop finishes the iteration it is in, saves, and exits with status 0, so the job can be
+requeued and resume from `latest`. Ranks receive signals at slightly different moments and measure
+time separately, so the verdict is agreed across the world once per iteration (a 2-element MAX
+all-reduce) and every rank stops after the same iteration.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Optional
+
+from parallel.state import ParallelState
+
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class ExitConditions:
+    """Checked after every iteration; `check` returns why to stop, or None."""
+
+    def __init__(self, checkpoint_config, state: ParallelState, start_time: Optional[float] = None) -> None:
+        self.state = state
+        self.exit_interval = checkpoint_config.exit_interval
+        self.duration_s = (checkpoint_config.exit_duration_in_mins * 60.0
+                           if checkpoint_config.exit_duration_in_mins is not None else None)
+        self.start_time = time.monotonic() if start_time is None else start_time
+        self.received: Optional[int] = None
+        self._previous_handlers = {}
+        if checkpoint_config.exit_signal_handler:
+            for signum in EXIT_SIGNALS:
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.received = signum
+
+    def check(self, iteration: int) -> Optional[str]:
+        signalled = self.received is not None
+        out_of_time = self.duration_s is not None and time.monotonic() - self.start_time >= self.duration_s
+        if self._previous_handlers or self.duration_s is not None:
+            signalled, out_of_time = self.state.comm.any_rank([signalled, out_of_time], self.state.device)
+        if signalled:
+            name = signal.Signals(self.received).name if self.received is not None else "a signal"
+            return f"received {name} (on this or another rank)"
+        if out_of_time:
+            return f"--exit-duration-in-mins {self.duration_s / 60:g} reached"
+        if self.exit_interval is not None and iteration % self.exit_interval == 0:
+            return f"--exit-interval {self.exit_interval} reached"
+        return None
+
+    def close(self) -> None:
+        """Put back the handlers that were there before."""
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
