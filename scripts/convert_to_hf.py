@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Convert a training checkpoint into a Hugging Face GPT-2 folder that transformers loads as is.
+
+    python scripts/convert_to_hf.py runs/gpt/checkpoints hf-gpt            # the latest iteration
+    python scripts/convert_to_hf.py runs/gpt/checkpoints/iter_0002000 hf-gpt --dtype bf16
+    python -c "from transformers import GPT2LMHeadModel, AutoTokenizer as T; \
+               GPT2LMHeadModel.from_pretrained('hf-gpt'); T.from_pretrained('hf-gpt')"
+
+CKPT is a `--save` directory (its `latest` iteration) or one iteration directory. The weights are
+the fp32 master copy from the optimizer partitions, consolidated over every TP and DP rank, so the
+conversion needs neither a GPU nor a process group, and reads only safetensors and JSON. OUT_DIR
+gets config.json, model.safetensors in --dtype, and the run's tokenizer files when the checkpoint
+has them. The folder appears only once it is complete; a non-empty OUT_DIR is replaced only with
+--overwrite. Errors are one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root holds `gpt`
+
+import torch  # noqa: E402  (the imports below need the path above)
+
+from gpt.checkpoint_format import CheckpointError, read_metadata, resolve_checkpoint  # noqa: E402
+from gpt.errors import ConfigError  # noqa: E402
+from gpt.hf import check_output_folder, checkpoint_to_hf_state, write_hf_folder  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PROGRAM = "convert_to_hf.py"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", metavar="CKPT", help="a --save directory or one iter_NNNNNNN directory")
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="the Hugging Face folder to write")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="dtype of model.safetensors (default fp32)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it is not empty")
+    return parser.parse_args(argv)
+
+
+def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool) -> None:
+    started = time.perf_counter()
+    # Checked first so a refused OUT_DIR costs nothing; write_hf_folder checks again before renaming.
+    check_output_folder(Path(out_dir), overwrite)
+    iteration_dir = resolve_checkpoint(checkpoint)
+    if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
+        # Replacing OUT_DIR would delete the checkpoint being converted.
+        raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")
+    metadata = read_metadata(iteration_dir)
+    print(f"reading {iteration_dir}: iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
+          f"DP {metadata['data_parallel_size']}, ZeRO stage {metadata['zero_stage']}", flush=True)
+    model_config, hf_state = checkpoint_to_hf_state(iteration_dir, progress=True)
+    tokenizer = metadata.get("tokenizer")
+    tokenizer_dir = iteration_dir / tokenizer if tokenizer is not None else None
+    print(f"writing {out_dir} ({len(hf_state)} tensors in {dtype}, "
+          f"{'with the tokenizer' if tokenizer_dir else 'no tokenizer in the checkpoint'})", flush=True)
+    write_hf_folder(out_dir, hf_state, model_config, tokenizer_dir, dtype=dtype, overwrite=overwrite)
+    print(f"done in {time.perf_counter() - started:.1f} s: GPT2LMHeadModel.from_pretrained({str(out_dir)!r})",
+          flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        convert(args.checkpoint, args.out_dir, DTYPES[args.dtype], args.overwrite)
+    except (CheckpointError, ConfigError, OSError) as error:
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

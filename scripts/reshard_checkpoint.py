@@ -1,0 +1,242 @@
+#!/usr/bin/env python
+"""Rewrite a checkpoint for another tensor-parallel size, offline.
+
+    python scripts/reshard_checkpoint.py runs/ckpt runs/ckpt_tp4 --tensor-model-parallel-size 4
+    python pretrain_gpt.py ... --tensor-model-parallel-size 4 --load runs/ckpt_tp4
+
+A run resumes at any DP size and ZeRO stage by itself (each rank reads the fragments it needs), but
+not at another TP size: every TP rank's tensors are a different slice of each weight, and the word
+embedding's vocabulary is padded to a multiple of make_vocab_size_divisible_by x TP. So this tool
+puts the fp32 master weights and both Adam moments back into whole tensors (`consolidate`),
+re-pads the vocabulary for the new TP size (the padding rows are zeros and never trained, so rows
+are appended as zeros or dropped), cuts each tensor for each new TP rank, and writes a checkpoint of
+the new TP size at DP=1: per TP rank one optimizer partition holding its parameters end to end
+(one fragment per parameter) and the model file in the training dtype. The iteration, consumed
+samples, Adam step, loss scaler and learning rate carry over, so training continues where it
+stopped. RNG states do not: the TP-private streams belong to the old TP ranks, so the resumed run
+notes it and seeds them from --seed. The same TP size is accepted too: a re-layout to DP=1.
+
+OUT is a --save style directory: the checkpoint is written to OUT/iter_NNNNNNN.partial and renamed
+into place, and OUT/latest is replaced atomically, so an interrupted rewrite leaves nothing a run
+would load. Memory: three whole fp32 copies of the model (master, exp_avg, exp_avg_sq) plus one new
+TP rank's files. No GPU and no process group. Errors are one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are not on the path
+
+import torch  # noqa: E402
+
+from gpt.checkpoint_format import (METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX, TOKENIZER_DIR,  # noqa: E402
+                                   CheckpointError, commit, consolidate, iteration_dir_name, model_file,
+                                   optimizer_file, read_metadata, remove_stale_saves, resolve_checkpoint,
+                                   save_tensors, tensor_parallel_slice, write_text_atomic)
+from parallel.layers import padded_vocab_size  # noqa: E402
+
+# The one parameter whose shape depends on the TP size beyond the split itself (vocabulary padding).
+WORD_EMBEDDING = "word_embeddings.weight"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Memory: three whole fp32 copies of the model (master weights and both Adam moments) "
+               "plus one new TP rank's files; no GPU needed.")
+    p.add_argument("checkpoint", metavar="CKPT",
+                   help="a --save directory (its latest checkpoint) or one iter_NNNNNNN directory")
+    p.add_argument("output", metavar="OUT",
+                   help="a --save style directory to write into (created if missing; its 'latest' is replaced)")
+    p.add_argument("--tensor-model-parallel-size", type=int, required=True, metavar="M",
+                   help="the TP size the rewritten checkpoint is for")
+    return p.parse_args(argv)
+
+
+# ---- the new layout ---------------------------------------------------------------------------
+
+def check_splittable(metadata: dict, table: dict, tensor_parallel_size: int) -> None:
+    """Each new TP rank must get whole attention heads and an equal slice of every split tensor."""
+    heads = metadata["config"]["model"]["num_attention_heads"]
+    if heads % tensor_parallel_size != 0:
+        raise CheckpointError(f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the model's "
+                              f"{heads} attention heads; each TP rank needs whole heads")
+    for name, entry in table.items():
+        dim = entry["tensor_parallel_dim"]
+        if dim is not None and entry["shape"][dim] % tensor_parallel_size != 0:
+            raise CheckpointError(f"--tensor-model-parallel-size {tensor_parallel_size} does not divide "
+                                  f"{name}'s dimension {dim} ({entry['shape'][dim]})")
+
+
+def repad_vocabulary(whole: dict[str, dict[str, torch.Tensor]], rows: int) -> None:
+    """Give the word embedding `rows` rows in every key, in place: zero rows appended, or padding rows
+    dropped. Dropping is safe only for rows that are still zero in the master weights; anything else
+    means they were not padding, and the rewrite would lose trained weights."""
+    master = whole["master"][WORD_EMBEDDING]
+    saved_rows = master.shape[0]
+    if rows < saved_rows and master[rows:].count_nonzero() > 0:
+        raise CheckpointError(f"{WORD_EMBEDDING} rows {rows}..{saved_rows - 1} are not zero, so they are not "
+                              "vocabulary padding; refusing to drop them")
+    if rows == saved_rows:
+        return
+    for tensors in whole.values():
+        weight = tensors[WORD_EMBEDDING]
+        if rows < saved_rows:
+            tensors[WORD_EMBEDDING] = weight[:rows].clone()  # a copy, so the dropped rows are freed
+        else:
+            tensors[WORD_EMBEDDING] = torch.cat([weight, weight.new_zeros(rows - saved_rows, weight.shape[1])])
+
+
+def resharded_table(table: dict, vocabulary_rows: int) -> dict:
+    """The parameter table with the word embedding's new whole shape (the only one that changes)."""
+    if WORD_EMBEDDING not in table:
+        raise CheckpointError(f"the checkpoint has no parameter {WORD_EMBEDDING}: not a GPT checkpoint of this repo")
+    table = copy.deepcopy(table)
+    table[WORD_EMBEDDING]["shape"][0] = vocabulary_rows
+    return table
+
+
+def write_rank_files(staging: Path, whole: dict[str, dict[str, torch.Tensor]], table: dict, tensor_parallel_rank: int,
+                     tensor_parallel_size: int, dtype: torch.dtype) -> dict[str, int]:
+    """One new TP rank's optimizer partition (DP rank 0 holds everything: one fragment per parameter,
+    the local tensors flattened end to end) and its model file; returns {file name: bytes}."""
+    def local(key: str, name: str) -> torch.Tensor:
+        return tensor_parallel_slice(whole[key][name], table[name]["tensor_parallel_dim"], tensor_parallel_rank,
+                                     tensor_parallel_size)
+
+    fragments, offset = [], 0
+    for name in table:
+        numel = local("master", name).numel()
+        fragments.append([name, 0, offset, numel])
+        offset += numel
+    partition = {key: torch.cat([local(key, name).reshape(-1) for name in table]) for key in OPTIMIZER_KEYS}
+    written = {}
+    name = optimizer_file(tensor_parallel_rank, 0)
+    written[name] = save_tensors(staging / name, partition, {"fragments": fragments})
+    del partition
+    # What publish_parameters would make of these master weights: each one rounded to the training dtype.
+    weights = {name: local("master", name).to(dtype) for name in table}
+    written[model_file(tensor_parallel_rank)] = save_tensors(staging / model_file(tensor_parallel_rank), weights)
+    return written
+
+
+def resharded_metadata(metadata: dict, source: Path, table: dict, tensor_parallel_size: int,
+                       files: dict[str, int]) -> dict:
+    """The source's metadata for the new grid: training state (iteration, consumed samples, Adam step,
+    loss scaler, lr) unchanged, no RNG files."""
+    result = copy.deepcopy(metadata)
+    result.update(
+        tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=1,
+        parameters=table,
+        model_files=[[tp, model_file(tp)] for tp in range(tensor_parallel_size)],
+        optimizer_shards=[[tp, 0, optimizer_file(tp, 0)] for tp in range(tensor_parallel_size)],
+        rng_files=[],  # the TP-private streams of the old ranks mean nothing to the new ones
+        files=files,
+        resharded_from={"path": str(source), "tensor_parallel_size": metadata["tensor_parallel_size"],
+                        "data_parallel_size": metadata["data_parallel_size"],
+                        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+    )
+    result["config"]["training"]["tensor_model_parallel_size"] = tensor_parallel_size
+    return result
+
+
+def copy_tokenizer(source: Path, metadata: dict, staging: Path) -> Optional[str]:
+    """The run's tokenizer goes with its weights; returns the metadata entry for it."""
+    if not metadata.get("tokenizer"):
+        return None
+    tokenizer = source / metadata["tokenizer"]
+    if not tokenizer.is_dir():
+        raise CheckpointError(f"{tokenizer}: missing from the checkpoint")
+    shutil.copytree(tokenizer, staging / TOKENIZER_DIR)
+    return TOKENIZER_DIR
+
+
+def write_resharded(staging: Path, source: Path, metadata: dict, whole: dict[str, dict[str, torch.Tensor]],
+                    table: dict, tensor_parallel_size: int, log) -> None:
+    """Every file of the new checkpoint into `staging`, metadata.json last (as a save does)."""
+    files = {}
+    for tp in range(tensor_parallel_size):
+        written = write_rank_files(staging, whole, table, tp, tensor_parallel_size, DTYPES[metadata["precision"]])
+        files.update(written)
+        log(f"  wrote TP rank {tp}: " + ", ".join(f"{name} ({size / 2**20:.1f} MiB)"
+                                                    for name, size in written.items()), flush=True)
+    new_metadata = resharded_metadata(metadata, source, table, tensor_parallel_size, files)
+    new_metadata["tokenizer"] = copy_tokenizer(source, metadata, staging)
+    write_text_atomic(staging / METADATA_FILE, json.dumps(new_metadata, indent=1, sort_keys=True) + "\n")
+
+
+# ---- the rewrite ------------------------------------------------------------------------------
+
+def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_parallel_size: int,
+            log=print) -> Path:
+    """Write `checkpoint` rewritten for `tensor_parallel_size` into the save directory `output` and
+    point its `latest` at it; returns the new iteration directory."""
+    if tensor_parallel_size < 1:
+        raise CheckpointError(f"--tensor-model-parallel-size must be at least 1, got {tensor_parallel_size}")
+    source = resolve_checkpoint(checkpoint)
+    metadata = read_metadata(source)
+    output = Path(output)
+    final = output / iteration_dir_name(metadata["iteration"])
+    if final.resolve() == source.resolve():
+        raise CheckpointError(f"{final} is the checkpoint being read; write the rewrite to another directory")
+    if output.exists() and not output.is_dir():
+        raise CheckpointError(f"{output} is a file; OUT must be a directory (created if missing)")
+    if metadata["precision"] not in DTYPES:
+        raise CheckpointError(f"{source}: unknown training precision {metadata['precision']!r}")
+    model = metadata["config"]["model"]
+    rows = padded_vocab_size(model["vocab_size"], model["make_vocab_size_divisible_by"], tensor_parallel_size)
+    table = resharded_table(metadata["parameters"], rows)
+    check_splittable(metadata, table, tensor_parallel_size)
+
+    log(f"> resharding {source} (iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
+        f"DP {metadata['data_parallel_size']}, {metadata['precision']}) to TP {tensor_parallel_size} x DP 1",
+        flush=True)
+    whole = consolidate(source, OPTIMIZER_KEYS, progress=True)
+    repad_vocabulary(whole, rows)
+
+    output.mkdir(parents=True, exist_ok=True)
+    remove_stale_saves(output)
+    staging = final.with_name(final.name + STAGING_SUFFIX)
+    staging.mkdir()
+    try:
+        write_resharded(staging, source, metadata, whole, table, tensor_parallel_size, log)
+        commit(staging, final, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays behind
+        raise
+    log(f"> wrote {final} for --tensor-model-parallel-size {tensor_parallel_size}; {output / 'latest'} names it. "
+        "RNG states are not carried over: the resumed run seeds them from --seed.", flush=True)
+    return final
+
+
+def report_error(error) -> int:
+    message = " ".join(str(error).split())  # one line, whatever the exception held
+    print(f"reshard_checkpoint.py: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        reshard(args.checkpoint, args.output, args.tensor_model_parallel_size)
+    except (CheckpointError, OSError) as error:
+        return report_error(error)
+    except KeyError as error:  # a metadata.json that parses but lacks an entry every save writes
+        return report_error(f"the checkpoint's metadata has no {error} entry; is it from another tool?")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Consolidate a checkpoint's fp32 master weights into one safetensors file, offline.
+
+    python scripts/zero_to_fp32.py runs/ckpt runs/model_fp32.safetensors     # the latest iteration
+    python scripts/zero_to_fp32.py runs/ckpt/iter_0001000 exported/          # -> exported/model_fp32.safetensors
+
+A checkpoint keeps the weights twice: each TP rank's parameters in the training dtype (model_tpXX)
+and the fp32 master weights spread over the ZeRO partitions. In bf16/fp16 training only the master
+is the real state of the run, so this tool reads that one: it puts every partition's fragments back
+into whole tensors and writes them under the model's parameter names at TP=1 (the word embedding
+keeps the vocabulary padding rows it was saved with; they are zeros). The safetensors metadata says
+which iteration it is and carries the model config, so the file stands on its own.
+
+No GPU and no process group: memory is the model in fp32 plus one partition file's tensors. The
+output is written under a temporary name and renamed, so a failure never leaves half a file.
+Errors are one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are not on the path
+
+from gpt.checkpoint_format import (CheckpointError, consolidate, fsync_path, read_metadata,  # noqa: E402
+                                   resolve_checkpoint, save_tensors)
+
+DEFAULT_FILE_NAME = "model_fp32.safetensors"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Memory: the whole model in fp32 plus one optimizer partition.")
+    p.add_argument("checkpoint", metavar="CKPT",
+                   help="a --save directory (its latest checkpoint) or one iter_NNNNNNN directory")
+    p.add_argument("output", metavar="OUT",
+                   help=f"the safetensors file to write; an existing directory gets OUT/{DEFAULT_FILE_NAME}")
+    return p.parse_args(argv)
+
+
+def output_path(output: str | os.PathLike) -> Path:
+    output = Path(output)
+    return output / DEFAULT_FILE_NAME if output.is_dir() else output
+
+
+def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=print) -> Path:
+    """Write the master weights of `checkpoint` to `output` (see the module docstring); returns the
+    file written."""
+    iteration_dir = resolve_checkpoint(checkpoint)
+    metadata = read_metadata(iteration_dir)
+    output = output_path(output)
+    if not output.parent.is_dir():
+        raise CheckpointError(f"{output.parent}: no such directory for the output file")
+    log(f"> consolidating the fp32 master weights of {iteration_dir} (iteration {metadata['iteration']}, "
+        f"TP {metadata['tensor_parallel_size']} x DP {metadata['data_parallel_size']}, "
+        f"ZeRO stage {metadata.get('zero_stage')})", flush=True)
+    weights = consolidate(iteration_dir, ("master",), progress=True)["master"]
+    model_config = metadata["config"]["model"]
+    header = {"iteration": metadata["iteration"], "vocab_size": model_config["vocab_size"],
+              "model_config": model_config}
+    write_atomically(output, weights, header)
+    numel = sum(tensor.numel() for tensor in weights.values())
+    log(f"> wrote {output}: {len(weights)} tensors, {numel:,} parameters "
+        f"({output.stat().st_size / 2**20:.1f} MiB)", flush=True)
+    return output
+
+
+def write_atomically(path: Path, tensors: dict, metadata: dict) -> None:
+    """A reader of `path` finds the old file or the complete new one: write beside it, then rename."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_tensors(temporary, tensors, metadata)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    fsync_path(path.parent)
+
+
+def report_error(error) -> int:
+    message = " ".join(str(error).split())  # one line, whatever the exception held
+    print(f"zero_to_fp32.py: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        export_fp32(args.checkpoint, args.output)
+    except (CheckpointError, OSError) as error:
+        return report_error(error)
+    except KeyError as error:  # a metadata.json that parses but lacks an entry every save writes
+        return report_error(f"the checkpoint's metadata has no {error} entry; is it from another tool?")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
