@@ -99,7 +99,20 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: Optiona
         text_metadata[key] = json.dumps(value)
     save_file(tensors, str(path), metadata=text_metadata)
     fsync_path(path)
-    return path.stat().st_size
+    size, expected = path.stat().st_size, _safetensors_size(path)
+    if size != expected:  # a writer that did not report a full disk
+        raise OSError(f"{path}: short write, {size} of {expected} bytes on disk (is the disk full?)")
+    return size
+
+
+def _safetensors_size(path: Path) -> int:
+    """The size a safetensors file must have, from its header: 8 bytes of header length, the header,
+    then the data up to the end of the last tensor."""
+    with open(path, "rb") as f:
+        header_length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_length))
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    return 8 + header_length + max(ends, default=0)
 
 
 # ---- reading ----------------------------------------------------------------------------------

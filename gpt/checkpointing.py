@@ -132,7 +132,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     written, error = {}, None
     try:
         written = _write_rank_files(staging, model, optimizer, rng, state, tokenizer)
-    except (OSError, RuntimeError, ValueError) as failure:  # disk full, permissions, serialisation
+    except Exception as failure:  # noqa: BLE001 - disk full, permissions, safetensors' own errors: any
+        # failure must reach the other ranks, which would otherwise wait for this one forever
         error = f"{type(failure).__name__}: {failure}"
     outcomes = state.comm.all_gather_object((error, written))
     _raise_if_any_failed(state, next((f"rank {rank}: {e}" for rank, (e, _) in enumerate(outcomes) if e), None),
@@ -146,7 +147,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
         try:
             write_text_atomic(staging / METADATA_FILE, _json(metadata))
             commit(staging, final, save_dir)
-        except OSError as failure:
+        except Exception as failure:  # noqa: BLE001 - as above: the other ranks wait for the verdict
             error = f"cannot commit {staging}: {failure}"
     _raise_if_any_failed(state, error, iteration, staging)
     if state.is_first_rank:

@@ -27,10 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402  (the imports below need the path above)
 
 from gpt.checkpoint_format import CheckpointError, read_metadata, resolve_checkpoint  # noqa: E402
-from gpt.errors import ConfigError  # noqa: E402
+from gpt.errors import ConfigError, run_tool  # noqa: E402
 from gpt.hf import check_output_folder, checkpoint_to_hf_state, write_hf_folder  # noqa: E402
+from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PROGRAM = "convert_to_hf.py"
 
 
@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", metavar="CKPT", help="a --save directory or one iter_NNNNNNN directory")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="the Hugging Face folder to write")
-    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="dtype of model.safetensors (default fp32)")
+    parser.add_argument("--dtype", choices=PRECISION_DTYPES, default="fp32", help="dtype of model.safetensors (default fp32)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it is not empty")
     return parser.parse_args(argv)
 
@@ -66,12 +66,8 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool) 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        convert(args.checkpoint, args.out_dir, DTYPES[args.dtype], args.overwrite)
-    except (CheckpointError, ConfigError, OSError) as error:
-        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_tool(PROGRAM, lambda: convert(args.checkpoint, args.out_dir, PRECISION_DTYPES[args.dtype],
+                                             args.overwrite), (CheckpointError, ConfigError, OSError))
 
 
 if __name__ == "__main__":

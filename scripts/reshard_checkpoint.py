@@ -43,11 +43,12 @@ from gpt.checkpoint_format import (METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX
                                    CheckpointError, commit, consolidate, iteration_dir_name, model_file,
                                    optimizer_file, read_metadata, remove_stale_saves, resolve_checkpoint,
                                    save_tensors, tensor_parallel_slice, write_text_atomic)
+from gpt.errors import run_tool  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
+from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 
 # The one parameter whose shape depends on the TP size beyond the split itself (vocabulary padding).
 WORD_EMBEDDING = "word_embeddings.weight"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -168,7 +169,7 @@ def write_resharded(staging: Path, source: Path, metadata: dict, whole: dict[str
     """Every file of the new checkpoint into `staging`, metadata.json last (as a save does)."""
     files = {}
     for tp in range(tensor_parallel_size):
-        written = write_rank_files(staging, whole, table, tp, tensor_parallel_size, DTYPES[metadata["precision"]])
+        written = write_rank_files(staging, whole, table, tp, tensor_parallel_size, PRECISION_DTYPES[metadata["precision"]])
         files.update(written)
         log(f"  wrote TP rank {tp}: " + ", ".join(f"{name} ({size / 2**20:.1f} MiB)"
                                                     for name, size in written.items()), flush=True)
@@ -193,7 +194,7 @@ def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_par
         raise CheckpointError(f"{final} is the checkpoint being read; write the rewrite to another directory")
     if output.exists() and not output.is_dir():
         raise CheckpointError(f"{output} is a file; OUT must be a directory (created if missing)")
-    if metadata["precision"] not in DTYPES:
+    if metadata["precision"] not in PRECISION_DTYPES:
         raise CheckpointError(f"{source}: unknown training precision {metadata['precision']!r}")
     model = metadata["config"]["model"]
     rows = padded_vocab_size(model["vocab_size"], model["make_vocab_size_divisible_by"], tensor_parallel_size)
@@ -221,21 +222,9 @@ def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_par
     return final
 
 
-def report_error(error) -> int:
-    message = " ".join(str(error).split())  # one line, whatever the exception held
-    print(f"reshard_checkpoint.py: error: {message}", file=sys.stderr)
-    return 2
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        reshard(args.checkpoint, args.output, args.tensor_model_parallel_size)
-    except (CheckpointError, OSError) as error:
-        return report_error(error)
-    except KeyError as error:  # a metadata.json that parses but lacks an entry every save writes
-        return report_error(f"the checkpoint's metadata has no {error} entry; is it from another tool?")
-    return 0
+    return run_tool("reshard_checkpoint.py", lambda: reshard(args.checkpoint, args.output, args.tensor_model_parallel_size), (CheckpointError, OSError))
 
 
 if __name__ == "__main__":

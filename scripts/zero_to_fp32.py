@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are n
 
 from gpt.checkpoint_format import (CheckpointError, consolidate, fsync_path, read_metadata,  # noqa: E402
                                    resolve_checkpoint, save_tensors)
+from gpt.errors import run_tool  # noqa: E402
 
 DEFAULT_FILE_NAME = "model_fp32.safetensors"
 
@@ -80,21 +81,9 @@ def write_atomically(path: Path, tensors: dict, metadata: dict) -> None:
     fsync_path(path.parent)
 
 
-def report_error(error) -> int:
-    message = " ".join(str(error).split())  # one line, whatever the exception held
-    print(f"zero_to_fp32.py: error: {message}", file=sys.stderr)
-    return 2
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        export_fp32(args.checkpoint, args.output)
-    except (CheckpointError, OSError) as error:
-        return report_error(error)
-    except KeyError as error:  # a metadata.json that parses but lacks an entry every save writes
-        return report_error(f"the checkpoint's metadata has no {error} entry; is it from another tool?")
-    return 0
+    return run_tool("zero_to_fp32.py", lambda: export_fp32(args.checkpoint, args.output), (CheckpointError, OSError))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""gpt/exit_conditions.py on one process: signals, the iteration interval, the time budget, and the
+end-to-end exit with a save (`--exit-duration-in-mins`)."""
+
+import json
+import os
+import signal
+
+import torch
+
+import pretrain_gpt
+from gpt.config import CheckpointConfig
+from gpt.exit_conditions import ExitConditions
+from parallel.state import ParallelState
+
+STATE = ParallelState(device=torch.device("cpu"))
+
+
+def test_sigusr1_and_sigterm_are_recorded_then_handlers_restored():
+    before = signal.getsignal(signal.SIGUSR1)
+    for signum in (signal.SIGUSR1, signal.SIGTERM):
+        conditions = ExitConditions(CheckpointConfig(save="unused", exit_signal_handler=True), STATE)
+        try:
+            assert conditions.check(1) is None
+            os.kill(os.getpid(), signum)
+            assert conditions.check(2) == f"received {signal.Signals(signum).name} (on this or another rank)"
+        finally:
+            conditions.close()
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_interval_and_duration():
+    conditions = ExitConditions(CheckpointConfig(exit_interval=3), STATE)
+    assert [conditions.check(i) for i in (1, 2, 3)] == [None, None, "--exit-interval 3 reached"]
+    conditions = ExitConditions(CheckpointConfig(exit_duration_in_mins=0.5), STATE, start_time=0.0)
+    assert conditions.check(1) == "--exit-duration-in-mins 0.5 reached"  # monotonic time is far past 30 s
+    conditions = ExitConditions(CheckpointConfig(exit_duration_in_mins=60.0), STATE)
+    assert conditions.check(1) is None
+
+
+def test_time_budget_saves_and_exits_zero(tmp_path):
+    metrics, save_dir = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
+    argv = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2",
+            "--train-iters", "50", "--eval-iters", "0", "--log-interval", "1", "--tokenizer-vocab-size", "512",
+            "--device", "cpu", "--data-cache-dir", str(tmp_path / "cache"), "--metrics-file", str(metrics),
+            "--save", str(save_dir), "--exit-duration-in-mins", "1e-6"]
+    assert pretrain_gpt.main(argv) == 0
+    iterations = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
+    assert iterations == [1]
+    assert (save_dir / "latest").read_text().strip() == "iter_0000001"
