@@ -77,16 +77,46 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a reader sees the old content or the new, never a mix:
-    write a temporary file beside it, fsync it, rename it over, fsync the directory."""
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` for the body to write; once the body is done it is fsynced and
+    renamed over `path`, and the directory fsynced, so a reader sees the old file or the whole new
+    one. If the body fails, the temporary is removed and `path` is untouched."""
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temporary, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    try:
+        yield temporary
+        fsync_path(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
     fsync_path(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (see `atomic_file`)."""
+    with atomic_file(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
+
+
+def metadata_text(metadata: dict) -> str:
+    """metadata.json's content (what `read_metadata` reads back)."""
+    return json.dumps(metadata, indent=1, sort_keys=True) + "\n"
+
+
+def replace_directory(staging: Path, final: Path) -> None:
+    """Rename a fully written `staging` directory to `final`. An existing `final` is moved aside
+    first (no rename swaps two directories atomically) and deleted once the new one is in place; a
+    crash in between leaves the old copy, which `resolve_checkpoint` falls back to."""
+    for path in staging.iterdir():
+        if path.is_file():
+            fsync_path(path)
+    fsync_path(staging)
+    if final.exists():
+        os.replace(final, final.with_name(f"{final.name}{RETIRED_SUFFIX}{os.getpid()}"))
+    os.replace(staging, final)
+    fsync_path(final.parent)
+    for old_copy in final.parent.glob(f"{final.name}{RETIRED_SUFFIX}*"):  # this one, and any a crash left
+        shutil.rmtree(old_copy, ignore_errors=True)
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: Optional[dict] = None) -> int:
@@ -353,17 +383,10 @@ def fill_partition(iteration_dir: Path, metadata: dict, tensor_parallel_rank: in
 
 def commit(staging: Path, final: Path, save_dir: Path) -> None:
     """Make a fully written staging directory the checkpoint `final` and point `latest` at it. Until
-    the last rename nothing a reader looks at has changed; an existing directory of the same
-    iteration is replaced."""
-    fsync_path(staging)
-    if final.exists():
-        retired = final.with_name(final.name + f"{RETIRED_SUFFIX}{os.getpid()}")
-        os.replace(final, retired)
-    os.replace(staging, final)
-    fsync_path(save_dir)
+    the renames nothing a reader looks at has changed; an existing directory of the same iteration
+    is replaced."""
+    replace_directory(staging, final)
     write_text_atomic(save_dir / LATEST_FILE, final.name + "\n")
-    for old_copy in save_dir.glob(f"{final.name}{RETIRED_SUFFIX}*"):  # this one, and any a crash left
-        shutil.rmtree(old_copy, ignore_errors=True)
 
 
 def remove_stale_saves(save_dir: Path) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 
 from gpt.checkpoint_format import (FORMAT_VERSION, METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX,
                                    TOKENIZER_DIR, CheckpointError, PartitionRequest, commit, fill_partition,
-                                   iteration_dir_name, model_file, open_tensors, optimizer_file, prune,
+                                   iteration_dir_name, metadata_text, model_file, open_tensors, optimizer_file, prune,
                                    read_metadata, remove_stale_saves, resolve_checkpoint, rng_file,
                                    save_tensors, write_text_atomic)
 from parallel.random import TensorParallelRNG
@@ -145,7 +145,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
         metadata = _metadata(iteration, consumed_samples, model, optimizer, config, state, files, lr,
                              tokenizer is not None)
         try:
-            write_text_atomic(staging / METADATA_FILE, _json(metadata))
+            write_text_atomic(staging / METADATA_FILE, metadata_text(metadata))
             commit(staging, final, save_dir)
         except Exception as failure:  # noqa: BLE001 - as above: the other ranks wait for the verdict
             error = f"cannot commit {staging}: {failure}"
@@ -191,12 +191,6 @@ def _metadata(iteration: int, consumed_samples: int, model: nn.Module, optimizer
         "files": files,
         "config": config.to_dict(),
     }
-
-
-def _json(value) -> str:
-    import json
-
-    return json.dumps(value, indent=1, sort_keys=True) + "\n"
 
 
 def prune_checkpoints(save_dir: str | Path, keep_last: Optional[int], state: ParallelState) -> None:

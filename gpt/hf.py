@@ -30,7 +30,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from gpt.checkpoint_format import consolidate, fsync_path, read_metadata, save_tensors, tensor_parallel_slice
+from gpt.checkpoint_format import (consolidate, read_metadata, replace_directory, save_tensors,
+                                   tensor_parallel_slice)
 from gpt.config import ModelConfig
 from gpt.errors import ConfigError
 from parallel.state import ParallelState
@@ -168,7 +169,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
         save_tensors(staging / SAFETENSORS_FILE, tensors)
         if tokenizer_dir is not None:
             _copy_tokenizer(tokenizer_dir, staging)
-        _move_into_place(staging, out_dir)
+        replace_directory(staging, out_dir)  # an existing OUT_DIR goes only once the new one is in place
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -220,22 +221,6 @@ def _copy_tokenizer(tokenizer_dir: Path, destination: Path) -> None:
     for path in sorted(tokenizer_dir.iterdir()):
         if path.is_file():
             shutil.copyfile(path, destination / path.name)
-
-
-def _move_into_place(staging: Path, out_dir: Path) -> None:
-    """Rename the finished staging folder to OUT_DIR; an existing OUT_DIR is moved aside first and
-    deleted only once the new folder is in place."""
-    for path in staging.iterdir():
-        fsync_path(path)
-    fsync_path(staging)
-    retired = None
-    if out_dir.exists():
-        retired = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.replace(out_dir, retired)
-    os.replace(staging, out_dir)
-    fsync_path(out_dir.parent)
-    if retired is not None:
-        shutil.rmtree(retired, ignore_errors=True)
 
 
 def read_hf_folder(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:

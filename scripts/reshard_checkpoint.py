@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import shutil
 import sys
@@ -40,7 +39,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are n
 import torch  # noqa: E402
 
 from gpt.checkpoint_format import (METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX, TOKENIZER_DIR,  # noqa: E402
-                                   CheckpointError, commit, consolidate, iteration_dir_name, model_file,
+                                   CheckpointError, commit, consolidate, iteration_dir_name, metadata_text, model_file,
                                    optimizer_file, read_metadata, remove_stale_saves, resolve_checkpoint,
                                    save_tensors, tensor_parallel_slice, write_text_atomic)
 from gpt.errors import run_tool  # noqa: E402
@@ -175,7 +174,7 @@ def write_resharded(staging: Path, source: Path, metadata: dict, whole: dict[str
                                                     for name, size in written.items()), flush=True)
     new_metadata = resharded_metadata(metadata, source, table, tensor_parallel_size, files)
     new_metadata["tokenizer"] = copy_tokenizer(source, metadata, staging)
-    write_text_atomic(staging / METADATA_FILE, json.dumps(new_metadata, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(staging / METADATA_FILE, metadata_text(new_metadata))
 
 
 # ---- the rewrite ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are not on the path
 
-from gpt.checkpoint_format import (CheckpointError, consolidate, fsync_path, read_metadata,  # noqa: E402
+from gpt.checkpoint_format import (CheckpointError, atomic_file, consolidate, read_metadata,  # noqa: E402
                                    resolve_checkpoint, save_tensors)
 from gpt.errors import run_tool  # noqa: E402
 
@@ -63,22 +63,12 @@ def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=pr
     model_config = metadata["config"]["model"]
     header = {"iteration": metadata["iteration"], "vocab_size": model_config["vocab_size"],
               "model_config": model_config}
-    write_atomically(output, weights, header)
+    with atomic_file(output) as temporary:  # a failure leaves no half-written file at OUT
+        save_tensors(temporary, weights, header)
     numel = sum(tensor.numel() for tensor in weights.values())
     log(f"> wrote {output}: {len(weights)} tensors, {numel:,} parameters "
         f"({output.stat().st_size / 2**20:.1f} MiB)", flush=True)
     return output
-
-
-def write_atomically(path: Path, tensors: dict, metadata: dict) -> None:
-    """A reader of `path` finds the old file or the complete new one: write beside it, then rename."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_tensors(temporary, tensors, metadata)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    fsync_path(path.parent)
 
 
 def main(argv=None) -> int:
