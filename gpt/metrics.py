@@ -179,3 +179,22 @@ def start_wandb(project: Optional[str], run_name: Optional[str], entity: Optiona
     except Exception as error:
         print(f"warning: W&B did not start ({error}); training continues without it", file=sys.stderr)
         return None
+
+
+# Dense (no sparsity) 16-bit tensor-core peaks in TFLOP/s, from NVIDIA's datasheets, matched against
+# the CUDA device name in order (the more specific names first): "NVIDIA H100 80GB HBM3" is the SXM
+# part, "NVIDIA H100 PCIe" and "NVIDIA H100 NVL" the slower ones.
+PEAK_TFLOPS_16BIT = (
+    ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
+    ("GH200", 989.0), ("A100", 312.0), ("A800", 312.0), ("A10G", 125.0), ("L40S", 362.0),
+    ("V100S", 130.0), ("V100-PCIE", 112.0), ("V100", 125.0),
+)
+
+
+def device_peak_tflops(device_name: str) -> Optional[float]:
+    """The dense 16-bit peak of a CUDA device named `device_name` (torch.cuda.get_device_name), or
+    None when the name is not in the table (pass --peak-tflops then)."""
+    for fragment, peak in PEAK_TFLOPS_16BIT:
+        if fragment.lower() in device_name.lower():
+            return peak
+    return None

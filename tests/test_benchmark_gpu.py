@@ -1,0 +1,69 @@
+"""scripts/benchmark_gpu.py: its CPU smoke mode runs (so the GPU benchmark never rots), and the figures
+it derives (tokens/s, TFLOP/s, MFU, ours/hf) agree with an independent computation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpt.config import ModelConfig
+from gpt.metrics import device_peak_tflops
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import benchmark_gpu  # noqa: E402
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100-PCIE-40GB", 312.0), ("Tesla V100-SXM2-32GB", 125.0),
+    ("Tesla V100-PCIE-32GB", 112.0), ("Some Future GPU", None)])
+def test_device_peak_by_name(name, peak):
+    assert device_peak_tflops(name) == peak
+
+
+def megatron_closed_form(batch, seq, layers, hidden, vocab):
+    """Narayanan et al. (2021), eq. 3 without recompute: 72 B s l h^2 (1 + s/(6h) + V/(12 l h))."""
+    return 72 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+
+
+def test_throughput_figures_match_the_closed_form():
+    config = ModelConfig(num_layers=4, hidden_size=256, num_attention_heads=4, seq_length=128,
+                         max_position_embeddings=128, vocab_size=benchmark_gpu.GPT2_VOCAB)
+    base = {"micro_batch_size": 3, "accumulation_steps": 2, "seq_length": 128}
+    results = [{**base, "impl": "ours", "compiled": False, "step_times_s": [0.5, 0.25, 0.4]},
+               {**base, "impl": "hf", "compiled": False, "step_times_s": [0.6, 0.5]}]
+    benchmark_gpu.add_throughput(results, config, peak=100.0)
+    ours, hf = results
+    assert ours["best_step_s"] == 0.25
+    assert ours["tokens_per_s"] == pytest.approx(6 * 128 / 0.25)
+    flops = megatron_closed_form(6, 128, 4, 256, config.padded_vocab_size())
+    assert ours["tflops"] == pytest.approx(flops / 0.25 / 1e12)
+    assert ours["mfu"] == pytest.approx(flops / 0.25 / 1e12 / 100.0)
+    # transformers' model has the unpadded vocabulary.
+    assert hf["tflops"] == pytest.approx(megatron_closed_form(6, 128, 4, 256, 50257) / 0.5 / 1e12)
+    assert ours["ours_over_hf"] == pytest.approx(0.5 / 0.25)
+
+
+@pytest.mark.slow
+def test_smoke_mode_runs_both_models(tmp_path):
+    out = tmp_path / "bench.json"
+    completed = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark_gpu.py"), "--smoke",
+                                "--gradient-accumulation-steps", "2", "--json", str(out)],
+                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.strip().splitlines()
+    assert lines[-1].startswith("verdict: smoke ours (eager)")
+    assert any(line.startswith("| smoke | ours | off | 2 x 2 |") for line in lines)
+    assert any(line.startswith("| smoke | hf | off | 2 x 2 |") for line in lines)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["impl"], row["compiled"]) for row in rows] == [("ours", False), ("hf", False)]
+    for row in rows:
+        assert len(row["step_times_s"]) == 2 and all(t > 0 for t in row["step_times_s"])
+        assert row["tokens_per_s"] == pytest.approx(2 * 2 * 32 / min(row["step_times_s"]))
+        assert all(loss == loss and 5 < loss < 15 for loss in row["losses"])  # finite, near ln(50257)
+    assert rows[0]["ours_over_hf"] == pytest.approx(rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"])
