@@ -25,15 +25,16 @@ from data.tokenizer import GPTTokenizer, load_tokenizer
 from gpt.arguments import parse_config
 from gpt.checkpoint_format import METADATA_FILE, CheckpointError, has_checkpoint
 from gpt.checkpointing import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from gpt.config import ConfigError, PretrainConfig
+from gpt.config import ConfigError, PretrainConfig, batch_arithmetic
 from gpt.exit_conditions import ExitConditions
 from gpt.metrics import MetricsWriter, keep_records_through, parameter_count, perplexity, start_wandb
 from gpt.model import GPTModel
+from gpt.run_plan import resolve_plan
 from gpt.training import TrainingSummary, train
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
-from zero.activations import ActivationCheckpointing
-from zero.optimizer import build_zero_optimizer
+from zero.activations import ActivationMonitor, apply_activation_checkpointing
+from zero.apply import apply_zero
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
 
@@ -58,12 +59,11 @@ def load_tokenizer_and_data_path(config: PretrainConfig) -> tuple[GPTTokenizer, 
     return tokenizer, [corpus.data_prefix]
 
 
-def build_data(config: PretrainConfig, state: ParallelState) -> DataSplits:
+def build_data(config: PretrainConfig, state: ParallelState, global_batch_size: int) -> DataSplits:
     tokenizer, data_path = load_tokenizer_and_data_path(config)
-    config.model.vocab_size = tokenizer.vocab_size
     training = config.training
-    eval_samples = training.eval_iters * training.global_batch_size
-    num_samples = (training.train_iters * training.global_batch_size, eval_samples, eval_samples)
+    eval_samples = training.eval_iters * global_batch_size
+    num_samples = (training.train_iters * global_batch_size, eval_samples, eval_samples)
     train_set, valid_set, test_set = build_train_valid_test_datasets(
         data_path, config.data.split, config.model.seq_length, training.seed, num_samples)
 
@@ -82,18 +82,21 @@ def build_data(config: PretrainConfig, state: ParallelState) -> DataSplits:
 
 def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # Validate the batch arithmetic before any data or model work.
-    accumulation = config.training.gradient_accumulation_steps(state.data_parallel_size)
+    _, global_batch_size = batch_arithmetic(config.training, state.data_parallel_size)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
     log("> preparing tokenizer and data", flush=True)
-    data = build_data(config, state)
+    data = build_data(config, state, global_batch_size)
+    plan = resolve_plan(config, data.tokenizer.vocab_size, state.tensor_parallel_size, state.data_parallel_size)
+    config = plan.config  # from here on, the resolved copy
 
     # Dropout streams (shared across TP ranks, and private per TP rank inside attention); the weights
-    # draw from their own seeded generator, so they are the same whatever the TP size.
+    # are a function of the seed and their names, the same whatever the TP size.
     rng = TensorParallelRNG(config.training.seed, state)
-    model = GPTModel(config.model, state, seed=config.training.seed, rng=rng)
+    model = GPTModel(config.model, state, rng=rng)  # on the meta device: no memory yet
+    activations = ActivationMonitor(state.device)
     if config.activations.checkpoint_activations:
-        model.activation_checkpointing = ActivationCheckpointing(config.activations, state, rng,
-                                                                 config.model.num_layers)
+        apply_activation_checkpointing(model, config.activations, state, rng, activations)
+    zero = apply_zero(model, config, state, blocks=model.blocks)  # each rank materializes what it owns
     checkpoint = config.checkpoint
     resume_from = checkpoint.load if checkpoint.load and _has_checkpoint(checkpoint.load) else None
     if checkpoint.load and resume_from is None:
@@ -102,24 +105,23 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
         from gpt.hf import initialize_from_hf  # transformers is only imported when it is needed
 
         log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}", flush=True)
-        initialize_from_hf(model, checkpoint.init_from_hf, config.model, state)
-    optimizer = build_zero_optimizer(model, config, state)
+        initialize_from_hf(zero.optimizer, model, checkpoint.init_from_hf, config.model, state)
     start = ResumePoint(0, 0, None)
     if resume_from is not None:
-        start = load_checkpoint(resume_from, model, optimizer, rng, state, load_optimizer=checkpoint.load_optim,
+        start = load_checkpoint(resume_from, model, zero.optimizer, rng, state, load_optimizer=checkpoint.load_optim,
                                 load_rng=checkpoint.load_rng, finetune=checkpoint.finetune)
         log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
                                           f"({start.consumed_samples} samples consumed)"
                                           if not checkpoint.finetune else "weights only, from iteration 0"),
             flush=True)
-    padded_vocab = config.model.padded_vocab_size(state.tensor_parallel_size)
-    log(f"> model: {parameter_count(config.model, padded_vocab):,} parameters "
+    log(f"> model: {parameter_count(config.model, plan.padded_vocab_size):,} parameters "
         f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
-        f"{config.model.num_attention_heads} heads, vocab {config.model.vocab_size} padded to {padded_vocab}) "
-        f"on {state.device}; global batch {config.training.global_batch_size} = micro batch "
-        f"{config.training.micro_batch_size} x {accumulation} accumulation steps x "
+        f"{config.model.num_attention_heads} heads, vocab {plan.vocab_size} padded to {plan.padded_vocab_size}) "
+        f"on {state.device}; global batch {plan.global_batch_size} = micro batch "
+        f"{config.training.micro_batch_size} x {plan.accumulation_steps} accumulation steps x "
         f"{state.data_parallel_size} data-parallel; tensor-parallel size {state.tensor_parallel_size}; "
-        f"ZeRO stage {optimizer.stage}, {config.training.precision}",
+        f"ZeRO stage {zero.optimizer.stage}, {config.training.precision} "
+        f"({config.training.gradient_precision} gradients)",
         flush=True)
 
     metrics_path = Path(config.logging.metrics_file)
@@ -136,7 +138,7 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     writer = MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run)
 
     def save(iteration: int, consumed_samples: int, lr: float) -> None:
-        save_checkpoint(checkpoint.save, iteration, consumed_samples, model, optimizer, rng, config, state,
+        save_checkpoint(checkpoint.save, iteration, consumed_samples, model, zero.optimizer, rng, config, state,
                         tokenizer=data.tokenizer, lr=lr)
         prune_checkpoints(checkpoint.save, checkpoint.keep_last, state)
 
@@ -146,9 +148,10 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     exit_conditions = ExitConditions(checkpoint, state)
     try:
         train_batches = iter(data.make_train_loader(start.consumed_samples)) if not finished else iter(())
-        summary = train(model, optimizer, train_batches, data.make_valid_loader, data.make_test_loader, config,
+        summary = train(model, zero, train_batches, data.make_valid_loader, data.make_test_loader, plan,
                         state, writer, start_iteration=start.iteration, consumed_samples=start.consumed_samples,
-                        save_checkpoint=save if checkpoint.save else None, exit_conditions=exit_conditions)
+                        save_checkpoint=save if checkpoint.save else None, exit_conditions=exit_conditions,
+                        activations=activations)
     finally:
         exit_conditions.close()
         writer.close()

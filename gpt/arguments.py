@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=t.bf16,
                    help="bf16 mixed precision: bf16 parameters and gradients, fp32 master weights and Adam "
                         "states in the ZeRO optimizer")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action=argparse.BooleanOptionalAction,
+                   default=t.accumulate_allreduce_grads_in_fp32,
+                   help="accumulate and reduce gradients in fp32 (Megatron's flag; default: on with --bf16, "
+                        "off with --fp16, whose gradients stay 16-bit as in the ZeRO paper)")
     g.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=t.fp16,
                    help="fp16 mixed precision: fp16 parameters and gradients, fp32 master weights and Adam "
                         "states in the ZeRO optimizer, with dynamic loss scaling (or --loss-scale)")

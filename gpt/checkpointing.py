@@ -32,7 +32,7 @@ from gpt.checkpoint_format import (FORMAT_VERSION, METADATA_FILE, OPTIMIZER_KEYS
                                    save_tensors, write_text_atomic)
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
-from zero.optimizer import ZeroOptimizer
+from zero.optimizer import ShardedAdamW
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def _rng_tensors(rng: Optional[TensorParallelRNG]) -> tuple[dict[str, torch.Tens
                      "python": [version, list(python_state), gauss]}
 
 
-def _write_rank_files(staging: Path, model: nn.Module, optimizer: ZeroOptimizer,
+def _write_rank_files(staging: Path, model: nn.Module, optimizer: ShardedAdamW,
                       rng: Optional[TensorParallelRNG], state: ParallelState, tokenizer) -> dict[str, int]:
     """This rank's files; returns {file name: bytes}. Stage 3 gathers each chunk for the model file,
     which every DP rank of the TP group must take part in."""
@@ -110,7 +110,7 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: ZeroOptimizer,
 
 
 def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
-                    optimizer: ZeroOptimizer, rng: Optional[TensorParallelRNG], config, state: ParallelState,
+                    optimizer: ShardedAdamW, rng: Optional[TensorParallelRNG], config, state: ParallelState,
                     tokenizer=None, lr: Optional[float] = None) -> Path:
     """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this.
     Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
@@ -166,7 +166,7 @@ def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: 
                               f"and 'latest' are untouched")
 
 
-def _metadata(iteration: int, consumed_samples: int, model: nn.Module, optimizer: ZeroOptimizer, config,
+def _metadata(iteration: int, consumed_samples: int, model: nn.Module, optimizer: ShardedAdamW, config,
               state: ParallelState, files: dict[str, int], lr: Optional[float], has_tokenizer: bool) -> dict:
     tp_size, dp_size = state.tensor_parallel_size, state.data_parallel_size
     optimizer_dp_ranks = range(dp_size) if optimizer.partitioned else range(1)
@@ -220,7 +220,7 @@ def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, pat
                               + "\n  ".join(problems))
 
 
-def load_checkpoint(path: str | Path, model: nn.Module, optimizer: ZeroOptimizer, rng: Optional[TensorParallelRNG],
+def load_checkpoint(path: str | Path, model: nn.Module, optimizer: ShardedAdamW, rng: Optional[TensorParallelRNG],
                     state: ParallelState, *, load_optimizer: bool = True, load_rng: bool = True,
                     finetune: bool = False) -> ResumePoint:
     """Restore the fp32 master weights (and with `load_optimizer` the Adam moments, step and loss

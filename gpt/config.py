@@ -115,7 +115,7 @@ class TrainingConfig:
     micro_batch_size: int = 16
     global_batch_size: int = 32
     # When set (--gradient-accumulation-steps), it determines the global batch instead of
-    # --global-batch-size; see gradient_accumulation_steps().
+    # --global-batch-size; see batch_arithmetic().
     accumulation_steps: Optional[int] = None
     train_iters: int = 250
     seed: int = 1234
@@ -127,6 +127,10 @@ class TrainingConfig:
     loss_scale_window: int = 1000  # overflow-free steps before the scale doubles
     hysteresis: int = 2  # overflows tolerated before the scale is lowered
     min_loss_scale: float = 1.0  # dynamic scaling never goes below this
+    # Megatron's --accumulate-allreduce-grads-in-fp32: accumulate and reduce gradients in fp32. None
+    # means the default for the precision: on for bf16 (as Megatron and DeepSpeed do), off for fp16
+    # (the paper's 16-bit gradients).
+    accumulate_allreduce_grads_in_fp32: Optional[bool] = None
     device: str = "auto"
     tensor_model_parallel_size: int = 1
     # How long a collective may wait for a peer: a dead or hung rank ends the job after this.
@@ -139,6 +143,14 @@ class TrainingConfig:
     def precision(self) -> str:
         """The training precision: "fp32", "bf16" or "fp16"."""
         return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
+
+    @property
+    def gradient_precision(self) -> str:
+        """What gradients are accumulated and reduced in: "fp32", or the training precision."""
+        fp32 = self.accumulate_allreduce_grads_in_fp32
+        if fp32 is None:
+            fp32 = self.precision == "bf16"
+        return "fp32" if fp32 else self.precision
 
     def validate(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters", "tensor_model_parallel_size",
@@ -162,21 +174,20 @@ class TrainingConfig:
             raise ConfigError(f"--min-loss-scale {self.min_loss_scale} is larger than --initial-loss-scale "
                               f"{self.initial_loss_scale}; lower the former or raise the latter")
 
-    def gradient_accumulation_steps(self, data_parallel_size: int) -> int:
-        """Micro batches per rank per iteration: global batch = micro batch x steps x data-parallel size.
 
-        When --gradient-accumulation-steps is given it determines the global batch, and
-        `global_batch_size` is set to match; otherwise the steps follow from --global-batch-size.
-        """
-        per_step = self.micro_batch_size * data_parallel_size
-        if self.accumulation_steps is not None:
-            self.global_batch_size = per_step * self.accumulation_steps
-            return self.accumulation_steps
-        if self.global_batch_size % per_step != 0:
-            raise ConfigError(
-                f"--global-batch-size {self.global_batch_size} is not divisible by --micro-batch-size "
-                f"{self.micro_batch_size} x data-parallel size {data_parallel_size} = {per_step}")
-        return self.global_batch_size // per_step
+def batch_arithmetic(training: TrainingConfig, data_parallel_size: int) -> tuple[int, int]:
+    """(micro-batches per rank per iteration, global batch): global batch = micro batch x steps x
+    data-parallel size. --gradient-accumulation-steps, when given, determines the global batch;
+    otherwise the steps follow from --global-batch-size, which must divide evenly. Reads the config,
+    never writes it (gpt.run_plan records the result)."""
+    per_step = training.micro_batch_size * data_parallel_size
+    if training.accumulation_steps is not None:
+        return training.accumulation_steps, per_step * training.accumulation_steps
+    if training.global_batch_size % per_step != 0:
+        raise ConfigError(
+            f"--global-batch-size {training.global_batch_size} is not divisible by --micro-batch-size "
+            f"{training.micro_batch_size} x data-parallel size {data_parallel_size} = {per_step}")
+    return training.global_batch_size // per_step, training.global_batch_size
 
 
 @dataclass

@@ -403,26 +403,40 @@ def check_hf_tensors(hf_state: dict[str, torch.Tensor], model_config: ModelConfi
                           f"{_listing(problems)}")
 
 
-def initialize_from_hf(model: nn.Module, hf_dir: str | os.PathLike, model_config: ModelConfig,
-                       state: ParallelState) -> None:
-    """Copy a Hugging Face GPT-2 folder's weights into `model` (before the ZeroOptimizer wraps it, so
-    the fp32 master starts from them): each TP rank takes its slice, in its parameters' dtype."""
+def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState
+                    ) -> dict[str, torch.Tensor]:
+    """A Hugging Face GPT-2 folder's weights under our names and layout (vocabulary padded for this
+    TP size), after checking that its config and tensors fit `model_config`."""
     hf_dir = Path(hf_dir)
     hf, hf_state = read_hf_folder(hf_dir)
     check_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
     check_hf_tensors(hf_state, model_config, hf_dir)
-    full = from_hf_state_dict(hf_state, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
-    del hf_state
-    with torch.no_grad():
-        for name, param in model.named_parameters():
+    return from_hf_state_dict(hf_state, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
+
+
+def initialize_from_hf(optimizer, model: nn.Module, hf_dir: str | os.PathLike, model_config: ModelConfig,
+                       state: ParallelState) -> None:
+    """Start a run from a Hugging Face GPT-2 folder's weights: this rank's fp32 master partition (the
+    ZeRO optimizer's) is filled from its TP slice of them, then published into the 16-bit parameters.
+    The folder is read whole on every rank (a GPT-2 folder is at most a few GB)."""
+    hf_dir = Path(hf_dir)
+    full = load_hf_weights(hf_dir, model_config, state)
+    names = {id(param): name for name, param in model.named_parameters()}
+    slices: dict[str, torch.Tensor] = {}
+    for fragment in optimizer.layout.fragments():
+        name = names[id(fragment.slot.param)]
+        if name not in slices:
             if name not in full:
                 raise ConfigError(f"{hf_dir}: no weight maps to our parameter {name}")
-            piece = tensor_parallel_slice(full[name], getattr(param, "tensor_parallel_dim", None),
+            piece = tensor_parallel_slice(full[name], getattr(fragment.slot.param, "tensor_parallel_dim", None),
                                           state.tensor_parallel_rank, state.tensor_parallel_size)
-            if piece.shape != param.shape:
+            if piece.shape != fragment.slot.shape:
                 raise ConfigError(f"{hf_dir}: {name} maps to shape {list(piece.shape)} on TP rank "
-                                  f"{state.tensor_parallel_rank}, the model has {list(param.shape)}")
-            param.copy_(piece)
+                                  f"{state.tensor_parallel_rank}, the model has {list(fragment.slot.shape)}")
+            slices[name] = piece.reshape(-1)
+        values = slices[name][fragment.param_offset:fragment.param_offset + fragment.numel]
+        optimizer.master[fragment.partition_offset:fragment.partition_offset + fragment.numel].copy_(values)
+    optimizer.publish_parameters()
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False

@@ -3,10 +3,16 @@
 Every linear and the token embedding come from `parallel.layers`, so one model definition serves every
 tensor-parallel size. Tensors are laid out [batch, sequence, hidden].
 
-Initialisation follows GPT-2/Megatron: normal(0, 0.02) for weights, zeros for biases, and the output
-projection of each residual branch (attention `dense`, MLP `dense_4h_to_h`) scaled by
-1/sqrt(2 * num_layers) so the residual stream's variance does not grow with depth. All weights are
-drawn from one seeded generator in construction order (see `parallel.layers.WeightInitializer`).
+Initialisation follows GPT-2/Megatron: normal(0, 0.02) for weights, zeros for biases, ones for
+LayerNorm gains, and the output projection of each residual branch (attention `dense`, MLP
+`dense_4h_to_h`) scaled by 1/sqrt(2 * num_layers) so the residual stream's variance does not grow with
+depth.
+
+`GPTModel(...)` builds the structure on the meta device: no memory, no random draws, in milliseconds
+even for the ZeRO paper's 170B model. Each parameter carries its initialisation, a pure function of
+(seed, parameter name, element index) (parallel/init.py). Memory comes afterwards and only for what
+this rank owns: `zero.apply.apply_zero` fills ZeRO's flat buffers directly, and `build_gpt_model`
+(tests, tools, single-process use) materializes the whole TP slice.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from torch import nn
 
 from gpt.config import ModelConfig
 from parallel.cross_entropy import vocab_parallel_cross_entropy
-from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, WeightInitializer
+from parallel.init import InitMethod, materialize, set_init_method
+from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_tensor_parallel_region
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -34,18 +41,15 @@ class SelfAttention(nn.Module):
     splitting them into contiguous column-parallel slices hands each TP rank whole heads.
     """
 
-    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer,
-                 rng: Optional[TensorParallelRNG]):
+    def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG]):
         super().__init__()
         self.rng = rng
         self.heads_per_rank = config.num_attention_heads // state.tensor_parallel_size
         self.head_dim = config.head_dim
         self.dropout_p = config.attention_dropout
         h = config.hidden_size
-        self.query_key_value = ColumnParallelLinear(h, 3 * h, state=state, initializer=initializer,
-                                                    init_std=config.init_method_std)
-        self.dense = RowParallelLinear(h, h, state=state, initializer=initializer,
-                                       init_std=_output_layer_std(config))
+        self.query_key_value = ColumnParallelLinear(h, 3 * h, state=state, init_std=config.init_method_std)
+        self.dense = RowParallelLinear(h, h, state=state, init_std=_output_layer_std(config))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = hidden.shape
@@ -63,13 +67,13 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     """h -> 4h -> GeLU -> h; the 4h dimension is what tensor parallelism splits."""
 
-    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer):
+    def __init__(self, config: ModelConfig, state: ParallelState):
         super().__init__()
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, config.ffn_size, state=state,
-                                                  initializer=initializer, init_std=config.init_method_std)
+                                                  init_std=config.init_method_std)
         self.dense_4h_to_h = RowParallelLinear(config.ffn_size, config.hidden_size, state=state,
-                                               initializer=initializer, init_std=_output_layer_std(config))
+                                               init_std=_output_layer_std(config))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(hidden), approximate=self.approximate))
@@ -80,14 +84,13 @@ class TransformerBlock(nn.Module):
 
     The residual stream is identical on every TP rank, so its dropout uses the shared stream."""
 
-    def __init__(self, config: ModelConfig, state: ParallelState, initializer: WeightInitializer,
-                 rng: Optional[TensorParallelRNG]):
+    def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG]):
         super().__init__()
         h, eps = config.hidden_size, config.layernorm_epsilon
-        self.input_layernorm = nn.LayerNorm(h, eps=eps, device=state.device)
-        self.attention = SelfAttention(config, state, initializer, rng)
-        self.post_attention_layernorm = nn.LayerNorm(h, eps=eps, device=state.device)
-        self.mlp = MLP(config, state, initializer)
+        self.input_layernorm = _layer_norm(h, eps)
+        self.attention = SelfAttention(config, state, rng)
+        self.post_attention_layernorm = _layer_norm(h, eps)
+        self.mlp = MLP(config, state)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -96,43 +99,36 @@ class TransformerBlock(nn.Module):
 
 
 class GPTModel(nn.Module):
-    """`rng` supplies the per-TP-rank dropout stream for attention; without it (TP=1 tools, tests)
-    attention dropout draws from torch's default generator."""
+    """Built on the meta device (see the module docstring). `rng` supplies the per-TP-rank dropout
+    stream for attention; without it (TP=1 tools, tests) attention dropout draws from torch's default
+    generator."""
 
-    def __init__(self, config: ModelConfig, state: ParallelState, seed: int,
-                 rng: Optional[TensorParallelRNG] = None):
+    def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG] = None):
         super().__init__()
         if config.vocab_size < 1:
             raise ValueError("ModelConfig.vocab_size is unset: fill it in from the tokenizer first")
         self.config = config
         self.state = state
-        initializer = WeightInitializer(seed)
         self.word_embeddings = VocabParallelEmbedding(
             config.vocab_size, config.padded_vocab_size(state.tensor_parallel_size), config.hidden_size,
-            state=state, initializer=initializer, init_std=config.init_method_std)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size,
-                                                device=state.device)
-        with torch.no_grad():
-            self.position_embeddings.weight.copy_(initializer.normal(
-                (config.max_position_embeddings, config.hidden_size), config.init_method_std))
+            state=state, init_std=config.init_method_std)
+        # `_weight` skips nn.Embedding's own (pointless, on meta) initialisation.
+        self.position_embeddings = nn.Embedding(
+            config.max_position_embeddings, config.hidden_size,
+            _weight=torch.empty(config.max_position_embeddings, config.hidden_size, device="meta"))
+        set_init_method(self.position_embeddings.weight, InitMethod.normal(config.init_method_std))
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(config, state, initializer, rng)
-                                    for _ in range(config.num_layers))
-        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon,
-                                            device=state.device)
-        # zero.activations.ActivationCheckpointing, when the blocks recompute in backward.
-        self.activation_checkpointing = None
+        self.blocks = nn.ModuleList(TransformerBlock(config, state, rng) for _ in range(config.num_layers))
+        self.final_layernorm = _layer_norm(config.hidden_size, config.layernorm_epsilon)
+        # How the blocks run: in a plain loop, or under activation checkpointing once
+        # zero.activations.apply_activation_checkpointing has replaced it.
+        self.run_blocks = run_in_order
 
     def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
         """The final LayerNorm's output, [batch, seq, hidden]."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         hidden = self.word_embeddings(tokens) + self.position_embeddings(positions)
-        hidden = self.embedding_dropout(hidden)
-        if self.activation_checkpointing is not None:
-            hidden = self.activation_checkpointing.run(self.blocks, hidden)
-        else:
-            for block in self.blocks:
-                hidden = block(hidden)
+        hidden = self.run_blocks(self.blocks, self.embedding_dropout(hidden))
         return self.final_layernorm(hidden)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -149,6 +145,27 @@ class GPTModel(nn.Module):
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
         return vocab_parallel_cross_entropy(logits, labels, self.word_embeddings.vocab_start_index,
                                             self.config.vocab_size, self.state)
+
+
+def run_in_order(blocks: nn.ModuleList, hidden: torch.Tensor) -> torch.Tensor:
+    for block in blocks:
+        hidden = block(hidden)
+    return hidden
+
+
+def build_gpt_model(config: ModelConfig, state: ParallelState, seed: int, rng: Optional[TensorParallelRNG] = None,
+                    dtype: torch.dtype = torch.float32) -> GPTModel:
+    """A GPTModel with this TP rank's whole slice materialized on `state.device` (tests, tools and
+    single-process use; training materializes through ZeRO, which holds only what each rank owns)."""
+    return materialize(GPTModel(config, state, rng), seed, state.tensor_parallel_size, state.tensor_parallel_rank,
+                       device=state.device, dtype=dtype)
+
+
+def _layer_norm(hidden_size: int, eps: float) -> nn.LayerNorm:
+    norm = nn.LayerNorm(hidden_size, eps=eps, device="meta")
+    set_init_method(norm.weight, InitMethod.ones())
+    set_init_method(norm.bias, InitMethod.zeros())
+    return norm
 
 
 def _output_layer_std(config: ModelConfig) -> float:

@@ -1,7 +1,12 @@
-"""The training loop: micro-batches with gradient accumulation, clipping, AdamW, evaluation, logging.
+"""The training loop: micro-batches with gradient accumulation, the optimizer step, evaluation, logging.
 
-Everything the loop needs is passed in (model, optimizer, data, config, parallel state, metrics
-writer); it owns only the cadence: when to step, evaluate and log.
+Everything the loop needs is passed in (model, ZeRO's reducer and optimizer, data, the resolved run
+plan, parallel state, metrics writer, the activation monitor); it owns only the cadence: when to
+step, evaluate and log. One iteration reads:
+
+    for each micro-batch:   loss.backward()  (under reducer.no_sync() but for the last)
+                            reducer.finish_grad_sync()
+    optimizer.step()
 """
 
 from __future__ import annotations
@@ -17,14 +22,16 @@ from torch import nn
 
 from gpt.config import PretrainConfig
 from gpt.exit_conditions import ExitConditions
+from gpt.run_plan import RunPlan
 from gpt.metrics import (MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
                          peak_memory_bytes, perplexity)
 from gpt.schedule import learning_rate
 from parallel.state import ParallelState
-from zero.activations import SavedTensorMeter
+from zero.activations import ActivationMonitor, SavedTensorMeter
+from zero.apply import ZeroParts
 from zero.memory import (format_bytes, format_memory_line, measure_tensor_bytes, memory_record,
                          predict_model_state_bytes, predict_saved_activation_bytes)
-from zero.optimizer import PRECISION_DTYPES, ZeroOptimizer
+from zero.optimizer import PRECISION_DTYPES, ShardedAdamW
 
 # Re-creates an evaluation loader from its first sample, so every evaluation sees the same batches.
 LoaderFactory = Callable[[], Iterable[dict]]
@@ -89,21 +96,24 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
 SaveCheckpoint = Callable[[int, int, float], None]
 
 
-def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[dict],
+def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
           make_valid_loader: Optional[LoaderFactory], make_test_loader: Optional[LoaderFactory],
-          config: PretrainConfig, state: ParallelState, writer: MetricsWriter, *, start_iteration: int = 0,
+          plan: RunPlan, state: ParallelState, writer: MetricsWriter, *, start_iteration: int = 0,
           consumed_samples: int = 0, save_checkpoint: Optional[SaveCheckpoint] = None,
-          exit_conditions: Optional[ExitConditions] = None) -> TrainingSummary:
+          exit_conditions: Optional[ExitConditions] = None,
+          activations: Optional[ActivationMonitor] = None) -> TrainingSummary:
     """Train from `start_iteration` + 1 to --train-iters (a resumed run passes the checkpoint's
     iteration and consumed samples). With `save_checkpoint`, saves every --save-interval iterations,
     at the end, and before an early exit that `exit_conditions` calls for."""
+    config = plan.config
     training, device = config.training, state.device
+    reducer, optimizer = zero.reducer, zero.optimizer
+    activations = activations or ActivationMonitor(device)
     save_interval = config.checkpoint.save_interval
-    accumulation_steps = training.gradient_accumulation_steps(state.data_parallel_size)
-    flops = flops_per_iteration(config.model, training.global_batch_size,
+    accumulation_steps = plan.accumulation_steps
+    flops = flops_per_iteration(config.model, plan.global_batch_size,
                                 activation_recompute=config.activations.checkpoint_activations,
-                                padded_vocab_size=config.model.padded_vocab_size(state.tensor_parallel_size))
-    checkpointing = getattr(model, "activation_checkpointing", None)
+                                padded_vocab_size=plan.padded_vocab_size)
     eval_micro_batches = training.eval_iters * accumulation_steps
     summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples)
     interval_losses: list[float] = []
@@ -120,19 +130,20 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
         lr = learning_rate(iteration, config.optimizer, training.train_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        optimizer.zero_grad()
+        reducer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # comm_bytes below cover this iteration only
 
         iteration_loss = torch.zeros((), device=device)
         # The first iteration measures what autograd keeps for backward when memory is reported.
-        meter = SavedTensorMeter(device) if iteration == start_iteration + 1 and config.logging.report_memory else None
-        if checkpointing is not None:
-            checkpointing.meter = meter
+        measure = iteration == start_iteration + 1 and config.logging.report_memory
         for micro_batch in range(accumulation_steps):
             inputs, labels = _split_tokens(next(train_batches), device)
-            with _autocast(config, device), meter.hooks() if meter else contextlib.nullcontext():
-                loss = model(inputs, labels).float().mean() / accumulation_steps
-            optimizer.backward(loss, last_micro_batch=micro_batch == accumulation_steps - 1)
+            last = micro_batch == accumulation_steps - 1
+            with contextlib.nullcontext() if last else reducer.no_sync():
+                with _autocast(config, device), activations.measuring() if measure else contextlib.nullcontext():
+                    loss = model(inputs, labels).float().mean() / accumulation_steps
+                zero.scale_loss(loss).backward()
+            reducer.finish_grad_sync()
             iteration_loss += loss.detach()
 
         step = optimizer.step()
@@ -150,7 +161,7 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
         summary.train_losses.append(loss_value)
         interval_losses.append(loss_value)
         summary.iterations = iteration
-        summary.consumed_samples += training.global_batch_size
+        summary.consumed_samples += plan.global_batch_size
 
         if iteration % training.log_interval == 0 or iteration == training.train_iters:
             iter_time = sum(interval_times) / len(interval_times)
@@ -161,26 +172,25 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
                 "lr": lr,
                 "grad_norm": grad_norm,
                 "iter_time_s": iter_time,
-                "tokens_per_s": training.global_batch_size * config.model.seq_length / iter_time,
+                "tokens_per_s": plan.tokens_per_iteration / iter_time,
                 "tflops_per_gpu": flops / (iter_time * state.world_size * 1e12),
                 "memory_bytes": peak_memory_bytes(device),
                 "comm_bytes": state.comm.stats.snapshot(),
             }
-            if checkpointing is not None and checkpointing.timings:  # --profile-checkpointing
+            timings = activations.take_timings()
+            if timings:  # --profile-checkpointing
                 for phase in ("forward", "recompute+backward"):
                     record[f"checkpoint_{phase.replace('+', '_')}_s"] = sum(
-                        seconds for name, seconds in checkpointing.timings if name == phase)
-                checkpointing.timings.clear()
-            if config.training.fp16:
+                        seconds for name, seconds in timings if name == phase)
+            if training.fp16:
                 record["loss_scale"] = optimizer.loss_scaler.scale
                 record["skipped_iterations"] = summary.skipped_iterations
             writer.write(record, format_console_line(record, training.train_iters))
             interval_losses.clear()
             interval_times.clear()
+        meter = activations.finish_measurement() if measure else None
         if meter is not None:
-            report_memory(optimizer, config, state, writer, iteration, meter)
-            if checkpointing is not None:
-                checkpointing.meter = None
+            report_memory(optimizer, plan, state, writer, iteration, meter)
 
         last = iteration == training.train_iters
         if make_valid_loader is not None and eval_micro_batches > 0 and (
@@ -208,14 +218,15 @@ def train(model: nn.Module, optimizer: ZeroOptimizer, train_batches: Iterator[di
     return summary
 
 
-def report_memory(optimizer: ZeroOptimizer, config: PretrainConfig, state: ParallelState,
+def report_memory(optimizer: ShardedAdamW, plan: RunPlan, state: ParallelState,
                   writer: MetricsWriter, iteration: int, meter: SavedTensorMeter) -> list[dict]:
     """Measure the model-state bytes every rank holds (after a step, when the Adam moments exist)
     and the peak bytes autograd saved for backward in this iteration, beside zero/memory.py's
     predictions; rank 0 prints one line per rank and writes one record."""
+    config = plan.config
     measured = measure_tensor_bytes(optimizer.model_state_tensors())
-    predicted = predict_model_state_bytes(optimizer.num_parameters, optimizer.stage,
-                                          state.data_parallel_size, config.training.precision)
+    predicted = predict_model_state_bytes(optimizer.num_parameters, optimizer.stage, state.data_parallel_size,
+                                          config.training.precision, config.training.gradient_precision)
     extra = {"iteration": iteration, "stage": optimizer.stage, "data_parallel_size": state.data_parallel_size,
              "tensor_parallel_rank": state.tensor_parallel_rank, "num_parameters": optimizer.num_parameters,
              "padding_elements": optimizer.padding}

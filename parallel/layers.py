@@ -1,13 +1,15 @@
 """Linear and embedding layers that own a tensor-parallel slice of their weight.
 
 The GPT model is built only from these classes, so the same model code serves every tensor-parallel
-size. Each layer draws its *full* weight from the shared `WeightInitializer` and keeps this rank's
-slice: a model built from seed S at TP=k therefore holds exactly the slices of the model built from
-seed S at TP=1, and runs compare across TP degrees. At TP=1 the slice is the whole weight and each
-layer is exactly `nn.Linear` / `nn.Embedding`.
+size. Layers are built on the meta device: construction allocates nothing and draws nothing. Each
+parameter carries its `InitMethod` (parallel/init.py), which defines its values on the whole TP=1
+tensor element by element, so whoever materializes it (`parallel.init.materialize`, or ZeRO filling
+its flat buffers) computes only this rank's slice, and a model at TP=k holds exactly the slices of
+the model at TP=1. At TP=1 each layer is exactly `nn.Linear` / `nn.Embedding`.
 
 Sharded parameters carry `tensor_parallel_dim` (the dimension they are split along) so that
-gradient-norm code can tell them from replicated parameters without knowing the model.
+gradient-norm code and the initializer can tell them from replicated parameters without knowing the
+model.
 
 The collectives that make the slices add up to the unsplit layer are the autograd mappings of
 `parallel.mappings`: a column-parallel linear enters its TP region with `copy` (all-reduce of the input
@@ -23,30 +25,14 @@ from torch import nn
 
 from parallel.mappings import (copy_to_tensor_parallel_region, gather_from_tensor_parallel_region,
                                reduce_from_tensor_parallel_region, scatter_to_tensor_parallel_region)
+from parallel.init import InitMethod, set_init_method
 from parallel.state import ParallelState
 
 
-class WeightInitializer:
-    """Draws full-size weights from one seeded CPU generator, in model-construction order.
-
-    Drawing on the CPU in fp32 makes the values independent of the device and of the TP size.
-    """
-
-    def __init__(self, seed: int):
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
-
-    def normal(self, shape: tuple[int, ...], std: float) -> torch.Tensor:
-        return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=self.generator)
-
-
-def _keep_slice(full: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor:
-    """This rank's contiguous 1/TP slice of `full` along `dim`."""
-    size = full.shape[dim] // state.tensor_parallel_size
-    return full.narrow(dim, state.tensor_parallel_rank * size, size).clone()
-
-
-def _parameter(data: torch.Tensor, device: torch.device, tensor_parallel_dim: int | None) -> nn.Parameter:
-    param = nn.Parameter(data.to(device))
+def meta_parameter(shape: tuple[int, ...], init: InitMethod, tensor_parallel_dim: int | None = None
+                   ) -> nn.Parameter:
+    """A parameter with a shape and an initialisation but no memory yet."""
+    param = set_init_method(nn.Parameter(torch.empty(shape, device="meta")), init)
     if tensor_parallel_dim is not None:
         param.tensor_parallel_dim = tensor_parallel_dim
     return param
@@ -66,18 +52,16 @@ class ColumnParallelLinear(nn.Module):
     unless `gather_output=True`, which all-gathers the full Y on every rank.
     """
 
-    def __init__(self, input_size: int, output_size: int, *, state: ParallelState,
-                 initializer: WeightInitializer, init_std: float, bias: bool = True,
-                 gather_output: bool = False):
+    def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
+                 bias: bool = True, gather_output: bool = False):
         super().__init__()
         _check_divisible(output_size, state, "column-parallel output size")
         self.input_size, self.output_size = input_size, output_size
         self.state, self.gather_output = state, gather_output
-        full_weight = initializer.normal((output_size, input_size), init_std)
-        self.weight = _parameter(_keep_slice(full_weight, 0, state), state.device, tensor_parallel_dim=0)
+        local = output_size // state.tensor_parallel_size
+        self.weight = meta_parameter((local, input_size), InitMethod.normal(init_std), tensor_parallel_dim=0)
         if bias:
-            local = output_size // state.tensor_parallel_size
-            self.bias = _parameter(torch.zeros(local), state.device, tensor_parallel_dim=0)
+            self.bias = meta_parameter((local,), InitMethod.zeros(), tensor_parallel_dim=0)
         else:
             self.register_parameter("bias", None)
 
@@ -95,17 +79,16 @@ class RowParallelLinear(nn.Module):
     output); otherwise each rank keeps its slice of the full input.
     """
 
-    def __init__(self, input_size: int, output_size: int, *, state: ParallelState,
-                 initializer: WeightInitializer, init_std: float, bias: bool = True,
-                 input_is_parallel: bool = True):
+    def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
+                 bias: bool = True, input_is_parallel: bool = True):
         super().__init__()
         _check_divisible(input_size, state, "row-parallel input size")
         self.input_size, self.output_size = input_size, output_size
         self.state, self.input_is_parallel = state, input_is_parallel
-        full_weight = initializer.normal((output_size, input_size), init_std)
-        self.weight = _parameter(_keep_slice(full_weight, 1, state), state.device, tensor_parallel_dim=1)
+        local = input_size // state.tensor_parallel_size
+        self.weight = meta_parameter((output_size, local), InitMethod.normal(init_std), tensor_parallel_dim=1)
         if bias:
-            self.bias = _parameter(torch.zeros(output_size), state.device, tensor_parallel_dim=None)
+            self.bias = meta_parameter((output_size,), InitMethod.zeros())
         else:
             self.register_parameter("bias", None)
 
@@ -128,15 +111,15 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: 
 class VocabParallelEmbedding(nn.Module):
     """Token embedding whose rows (the padded vocabulary) are split across TP ranks.
 
-    Only the first `vocab_size` rows are drawn from the initializer; padding rows are zeros. So the
-    real rows, and everything drawn after them, are the same whatever the padded size is.
+    Only the first `vocab_size` rows are drawn; padding rows are zeros. The values of a row do not
+    depend on the padded size, so a model padded for another TP size has the same real rows.
 
     Each rank looks up only the ids in its row range [vocab_start_index, vocab_end_index) and
     contributes zeros for the others; the all-reduce over the TP group adds the one non-zero row.
     """
 
     def __init__(self, vocab_size: int, padded_size: int, embedding_dim: int, *, state: ParallelState,
-                 initializer: WeightInitializer, init_std: float):
+                 init_std: float):
         super().__init__()
         if padded_size < vocab_size:
             raise ValueError(f"padded vocabulary {padded_size} is smaller than the vocabulary {vocab_size}")
@@ -145,9 +128,8 @@ class VocabParallelEmbedding(nn.Module):
         rows_per_rank = padded_size // state.tensor_parallel_size
         self.vocab_start_index = state.tensor_parallel_rank * rows_per_rank
         self.vocab_end_index = self.vocab_start_index + rows_per_rank
-        real_rows = initializer.normal((vocab_size, embedding_dim), init_std)
-        full_weight = torch.cat([real_rows, torch.zeros(padded_size - vocab_size, embedding_dim)])
-        self.weight = _parameter(_keep_slice(full_weight, 0, state), state.device, tensor_parallel_dim=0)
+        self.weight = meta_parameter((rows_per_rank, embedding_dim), InitMethod.normal(init_std, rows=vocab_size),
+                                     tensor_parallel_dim=0)
         self.state = state
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:

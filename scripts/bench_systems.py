@@ -42,9 +42,9 @@ def model_config(spec: dict):
 
 
 def build_model(spec: dict, state):
-    from gpt.model import GPTModel
+    from gpt.model import build_gpt_model
 
-    return GPTModel(model_config(spec), state, seed=spec["seed"])
+    return build_gpt_model(model_config(spec), state, seed=spec["seed"])
 
 
 def make_batches(spec: dict, rank: int, num_steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -219,21 +219,23 @@ class OurSystem:
     name = "ours"
 
     def __init__(self, model, spec: dict, state):
-        from zero.optimizer import build_zero_optimizer
+        from zero.apply import apply_zero
 
         self.spec = spec
-        self.optimizer = build_zero_optimizer(model, our_config(spec), state)
+        self.zero = apply_zero(model, our_config(spec), state, blocks=model.blocks)
+        self.optimizer = self.zero.optimizer
         self.model = model
         self.info = {"optimizer": type(self.optimizer).__name__}
 
     def step(self, inputs, labels, marks=None) -> torch.Tensor:
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec["lr"]
-        self.optimizer.zero_grad()
+        self.zero.reducer.zero_grad()
         with autocast(self.spec["bf16"]):
             loss = self.model(inputs, labels).mean()
         mark(marks)
-        self.optimizer.backward(loss, last_micro_batch=True)
+        self.zero.scale_loss(loss).backward()
+        self.zero.reducer.finish_grad_sync()
         mark(marks)
         result = self.optimizer.step()
         if getattr(result, "skipped", False):

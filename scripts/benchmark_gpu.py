@@ -8,9 +8,10 @@
 Both models train the same shape (the preset's layers, hidden, heads and sequence length, GPT-2's 50257
 token vocabulary, dropout 0) on the same random token batches, one optimizer step per micro-batch:
 
-    ours  GPTModel under ZeroOptimizer on one rank: bf16 parameters and gradients, fp32 master weights
-          and Adam moments, bf16 autocast, attention through SDPA restricted to the flash kernel, fused
-          AdamW (apex's FusedAdam when the real apex is installed).
+    ours  GPTModel under ZeRO on one rank (pretrain_gpt.py's path): bf16 parameters, gradients
+          accumulated in fp32, fp32 master weights and Adam moments, bf16 autocast, attention through
+          SDPA restricted to the flash kernel, fused AdamW (apex's FusedAdam when the real apex is
+          installed).
     hf    GPT2LMHeadModel with attn_implementation="sdpa", the usual transformers recipe: fp32
           parameters, bf16 autocast, torch's fused AdamW.
 
@@ -58,7 +59,7 @@ from gpt.model import GPTModel  # noqa: E402
 from parallel.state import ParallelState, resolve_device  # noqa: E402
 from zero.config import ZeroConfig  # noqa: E402
 from zero.memory import measure_tensor_bytes  # noqa: E402
-from zero.optimizer import ZeroOptimizer  # noqa: E402
+from zero.apply import build_zero  # noqa: E402
 
 GPT2_VOCAB = 50257
 DEFAULT_MODELS = ("gpt2-124m", "gpt2-350m", "gpt2-1.5b")
@@ -97,24 +98,28 @@ def flash_only(device: torch.device):
 
 
 def build_ours(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> Trainer:
+    """pretrain_gpt.py's path: built on the meta device, materialized by ZeRO (stage 0 on one rank)."""
     state = ParallelState(device=device)
-    model = GPTModel(config, state, seed=seed)
-    optimizer = ZeroOptimizer(model, OptimizerConfig(lr=1e-4, min_lr=0.0), ZeroConfig(stage=0), state,
-                              dtype=dtype)
+    model = GPTModel(config, state)
+    zero = build_zero(model, ZeroConfig(stage=0), OptimizerConfig(lr=1e-4, min_lr=0.0), state, param_dtype=dtype,
+                      grad_dtype=torch.float32, seed=seed, blocks=model.blocks)
 
     def step(micro_batches: list[torch.Tensor]) -> torch.Tensor:
-        optimizer.zero_grad()
+        zero.reducer.zero_grad()
         total = torch.zeros((), device=device)
         for index, tokens in enumerate(micro_batches):
-            with autocast(device, dtype), flash_only(device):
-                loss = model(tokens[:, :-1], tokens[:, 1:]).float().mean() / len(micro_batches)
-            optimizer.backward(loss, last_micro_batch=index == len(micro_batches) - 1)
+            last = index == len(micro_batches) - 1
+            with contextlib.nullcontext() if last else zero.reducer.no_sync():
+                with autocast(device, dtype), flash_only(device):
+                    loss = model(tokens[:, :-1], tokens[:, 1:]).float().mean() / len(micro_batches)
+                zero.scale_loss(loss).backward()
+            zero.reducer.finish_grad_sync()
             total += loss.detach()
-        optimizer.step()
+        zero.optimizer.step()
         return total
 
     def state_tensors() -> list[torch.Tensor]:
-        return [t for tensors in optimizer.model_state_tensors().values() for t in tensors]
+        return [t for tensors in zero.optimizer.model_state_tensors().values() for t in tensors]
 
     return Trainer("ours", model, step, model.blocks, state_tensors)
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from gpt.config import ModelConfig
-from gpt.model import GPTModel
+from gpt.model import build_gpt_model
 from parallel.random import TensorParallelRNG
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
 from tests.test_zero_training import Runs, corpus_cache, losses_of, single_process_losses  # noqa: F401
-from zero.activations import ActivationCheckpointing, SavedTensorMeter
+from zero.activations import ActivationMonitor, apply_activation_checkpointing
 from zero.comm import ring_bytes_sent
 from zero.config import ActivationCheckpointConfig
 
@@ -41,21 +41,20 @@ def compare_options(rank, world_size, tensor_parallel_size):
         results, reference_grads = {}, None
         for name, options in OPTIONS.items():
             rng = TensorParallelRNG(SEED, state)
-            model = GPTModel(MODEL, state, seed=SEED, rng=rng)
-            meter = SavedTensorMeter(state.device)
+            model = build_gpt_model(MODEL, state, seed=SEED, rng=rng)
+            monitor = ActivationMonitor(state.device)
             checkpointing = None
             if options is not None:
                 config = ActivationCheckpointConfig(checkpoint_activations=True, **options)
-                checkpointing = ActivationCheckpointing(config, state, rng, MODEL.num_layers)
-                checkpointing.meter = meter
-                model.activation_checkpointing = checkpointing
+                checkpointing = apply_activation_checkpointing(model, config, state, rng, monitor)
             state.comm.stats.snapshot_and_reset()
             losses = []
             for tokens in batches:
-                with meter.hooks():
+                with monitor.measuring():
                     loss = model(tokens[:, :-1], tokens[:, 1:]).mean()
                 loss.backward()
                 losses.append(loss.item())
+            meter = monitor.finish_measurement()
             grads = [p.grad.clone() for p in model.parameters()]
             if reference_grads is None:
                 reference_grads = grads

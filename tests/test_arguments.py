@@ -6,7 +6,7 @@ import pytest
 
 import pretrain_gpt
 from gpt.arguments import build_parser, parse_config, preset_names
-from gpt.config import ConfigError, PretrainConfig, field_sections
+from gpt.config import ConfigError, PretrainConfig, batch_arithmetic, field_sections
 from gpt.metrics import parameter_count
 
 
@@ -75,9 +75,9 @@ def test_global_batch_must_split_into_micro_batches():
     training = PretrainConfig().training
     training.micro_batch_size, training.global_batch_size = 3, 32
     with pytest.raises(ConfigError, match="--global-batch-size 32 is not divisible by --micro-batch-size 3"):
-        training.gradient_accumulation_steps(data_parallel_size=1)
+        batch_arithmetic(training, data_parallel_size=1)
     training.micro_batch_size = 4
-    assert training.gradient_accumulation_steps(data_parallel_size=2) == 4
+    assert batch_arithmetic(training, data_parallel_size=2) == (4, 32)
 
 
 @pytest.mark.parametrize("argv", [

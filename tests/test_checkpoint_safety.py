@@ -10,6 +10,8 @@ DP=4 stage 2 resumes bit-exactly at DP=2 stage 3, DP=2 stage 1 and single-proces
 
 from __future__ import annotations
 
+import dataclasses
+
 import errno
 import hashlib
 import json
@@ -37,7 +39,7 @@ from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
 from tests.distributed import run_distributed
-from zero.optimizer import build_zero_optimizer
+from tests.zero_harness import ZeroHarness
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 500
@@ -65,8 +67,9 @@ def cpu_state() -> ParallelState:
 def build(config, state, seed: int, with_rng: bool = True):
     """(model, optimizer, rng) as pretrain_gpt builds them; `seed` picks the initial weights."""
     rng = TensorParallelRNG(seed, state) if with_rng else None
-    model = GPTModel(config.model, state, seed=seed, rng=rng)
-    return model, build_zero_optimizer(model, config, state), rng
+    model = GPTModel(config.model, state, rng=rng)
+    seeded = dataclasses.replace(config, training=dataclasses.replace(config.training, seed=seed))
+    return model, ZeroHarness.from_config(model, seeded, state, blocks=model.blocks), rng
 
 
 def train_steps(model, optimizer, steps: int, data_seed: int) -> None:

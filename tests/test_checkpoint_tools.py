@@ -33,7 +33,7 @@ from scripts import reshard_checkpoint, zero_to_fp32
 from scripts.reshard_checkpoint import WORD_EMBEDDING, reshard
 from scripts.zero_to_fp32 import export_fp32
 from tests.distributed import run_distributed
-from zero.optimizer import build_zero_optimizer
+from tests.zero_harness import ZeroHarness
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
@@ -70,8 +70,8 @@ def tokens_for(step: int) -> torch.Tensor:
 
 def build(config: PretrainConfig, state: ParallelState):
     rng = TensorParallelRNG(config.training.seed, state)
-    model = GPTModel(config.model, state, seed=config.training.seed, rng=rng)
-    return model, build_zero_optimizer(model, config, state), rng
+    model = GPTModel(config.model, state, rng=rng)
+    return model, ZeroHarness.from_config(model, config, state, blocks=model.blocks), rng
 
 
 def mean_loss(model, config, state, tokens: torch.Tensor) -> torch.Tensor:

@@ -19,13 +19,13 @@ from gpt.checkpointing import save_checkpoint
 from gpt.config import PretrainConfig
 from gpt.errors import ConfigError
 from gpt.hf import (PICKLE_FILE, SAFETENSORS_FILE, check_hf_config, checkpoint_to_hf_state, hf_config,
-                    initialize_from_hf, read_hf_folder, write_hf_folder)
+                    initialize_from_hf, load_hf_weights, read_hf_folder, write_hf_folder)
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
 from scripts import convert_to_hf
 from tests.distributed import run_distributed
-from zero.optimizer import build_zero_optimizer
+from tests.zero_harness import ZeroHarness
 
 REPO = Path(__file__).resolve().parent.parent
 CPU = ParallelState(device=torch.device("cpu"))
@@ -88,9 +88,9 @@ def trained(tmp_path_factory, tokenizer):
     saved to with its tokenizer."""
     config = pretrain_config(tokenizer.vocab_size, zero_stage=1)
     rng = TensorParallelRNG(1, CPU)
-    model = GPTModel(config.model, CPU, seed=1, rng=rng)
+    model = GPTModel(config.model, CPU, rng=rng)
+    optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)
     initial = model.blocks[0].attention.query_key_value.weight.detach().clone()
-    optimizer = build_zero_optimizer(model, config, CPU)
     tokens = torch.randint(0, tokenizer.vocab_size, (4, TINY["seq_length"] + 1),
                            generator=torch.Generator().manual_seed(1))
     for _ in range(3):
@@ -187,9 +187,9 @@ def test_failed_write_leaves_no_folder_and_keeps_the_old_one(tmp_path):
 def test_round_trip_hf_to_ours_to_hf_is_lossless(tmp_path):
     source = random_hf_folder(tmp_path / "source")
     config = pretrain_config(HF_VOCAB)
-    model = GPTModel(config.model, CPU, seed=2)
-    initialize_from_hf(model, source, config.model, CPU)
-    optimizer = build_zero_optimizer(model, config, CPU)
+    model = GPTModel(config.model, CPU)
+    optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)
+    initialize_from_hf(optimizer, model, source, config.model, CPU)
     save_checkpoint(tmp_path / "ckpt", 0, 0, model, optimizer, None, config, CPU)
     assert convert_to_hf.main([str(tmp_path / "ckpt"), str(tmp_path / "back")]) == 0
 
@@ -206,8 +206,9 @@ def logits_at_tensor_parallel(rank, world_size, hf_dir, tokens):
     state = initialize("cpu", world_size)
     try:
         config = pretrain_config(HF_VOCAB)
-        model = GPTModel(config.model, state, seed=5).eval()
-        initialize_from_hf(model, hf_dir, config.model, state)
+        model = GPTModel(config.model, state).eval()
+        initialize_from_hf(ZeroHarness.from_config(model, config, state, blocks=model.blocks), model, hf_dir,
+                           config.model, state)
         with torch.no_grad():
             return model(torch.tensor(tokens)).tolist()
     finally:
@@ -230,7 +231,7 @@ def test_mismatched_config_lists_every_flag_to_pass(tmp_path):
     other.max_position_embeddings, other.seq_length = 64, 64
     other.activation, other.layernorm_epsilon = "gelu", 1e-6
     with pytest.raises(ConfigError) as caught:
-        initialize_from_hf(GPTModel(other, CPU, seed=1), source, other, CPU)
+        load_hf_weights(source, other, CPU)
     message = str(caught.value)
     assert str(source / "config.json") in message and "\n" not in message
     for expected in ["--num-layers 2 (config.json n_layer", "--hidden-size 64 (config.json n_embd",

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from gpt.config import ModelConfig
 from gpt.hf import from_hf_state_dict, hf_config, to_hf_state_dict
 from gpt.metrics import flops_per_iteration, parameter_count
-from gpt.model import GPTModel
+from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 
 CPU = ParallelState(device=torch.device("cpu"))
@@ -27,7 +27,7 @@ def test_logits_match_transformers_gpt2(activation):
     from transformers import GPT2LMHeadModel
 
     config = small_config(activation=activation)
-    ours = GPTModel(config, CPU, seed=7).eval()
+    ours = build_gpt_model(config, CPU, seed=7).eval()
     theirs = GPT2LMHeadModel(hf_config(config)).eval()
     missing, unexpected = theirs.load_state_dict(to_hf_state_dict(ours.state_dict(), config), strict=False)
     assert not unexpected and all(name.endswith("attn.bias") or name.endswith("masked_bias") for name in missing)
@@ -42,7 +42,7 @@ def test_logits_match_transformers_gpt2(activation):
 
 def test_hf_mapping_round_trip_is_lossless():
     config = small_config()
-    model = GPTModel(config, CPU, seed=3)
+    model = build_gpt_model(config, CPU, seed=3)
     state = model.state_dict()
     back = from_hf_state_dict(to_hf_state_dict(state, config), config, config.padded_vocab_size())
     assert back.keys() == state.keys()
@@ -52,7 +52,7 @@ def test_hf_mapping_round_trip_is_lossless():
 
 def test_loss_is_cross_entropy_of_the_logits_and_ignores_vocab_padding():
     config = small_config(vocab_size=1000)  # padded to 1024
-    model = GPTModel(config, CPU, seed=1).eval()
+    model = build_gpt_model(config, CPU, seed=1).eval()
     assert model.word_embeddings.weight.shape[0] == 1024
     tokens = torch.randint(0, 1000, (2, 17))
     logits = model(tokens[:, :-1])
@@ -61,8 +61,8 @@ def test_loss_is_cross_entropy_of_the_logits_and_ignores_vocab_padding():
 
 
 def test_vocab_padding_does_not_change_initialisation():
-    a = GPTModel(small_config(make_vocab_size_divisible_by=128), CPU, seed=5)
-    b = GPTModel(small_config(make_vocab_size_divisible_by=8), CPU, seed=5)
+    a = build_gpt_model(small_config(make_vocab_size_divisible_by=128), CPU, seed=5)
+    b = build_gpt_model(small_config(make_vocab_size_divisible_by=8), CPU, seed=5)
     assert a.word_embeddings.weight.shape != b.word_embeddings.weight.shape
     assert torch.equal(a.word_embeddings.weight[:1000], b.word_embeddings.weight[:1000])
     assert torch.count_nonzero(a.word_embeddings.weight[1000:]) == 0
@@ -73,7 +73,7 @@ def test_vocab_padding_does_not_change_initialisation():
 
 def test_initialisation_follows_gpt2():
     config = small_config(num_layers=8, hidden_size=256, num_attention_heads=8, vocab_size=4000)
-    model = GPTModel(config, CPU, seed=0)
+    model = build_gpt_model(config, CPU, seed=0)
     scaled = 0.02 / math.sqrt(2 * config.num_layers)
     for name, param in model.named_parameters():
         if name.endswith("bias"):
@@ -86,15 +86,15 @@ def test_initialisation_follows_gpt2():
             assert param[: config.vocab_size].std().item() == pytest.approx(0.02, rel=0.05)
         else:
             assert param.std().item() == pytest.approx(0.02, rel=0.05), name
-    assert GPTModel(config, CPU, seed=0).state_dict().keys() == model.state_dict().keys()
-    assert torch.equal(GPTModel(config, CPU, seed=0).blocks[3].mlp.dense_h_to_4h.weight,
+    assert build_gpt_model(config, CPU, seed=0).state_dict().keys() == model.state_dict().keys()
+    assert torch.equal(build_gpt_model(config, CPU, seed=0).blocks[3].mlp.dense_h_to_4h.weight,
                        model.blocks[3].mlp.dense_h_to_4h.weight)
 
 
 @pytest.mark.parametrize("ffn", [None, 96])
 def test_parameter_count_matches_the_model(ffn):
     config = small_config(ffn_hidden_size=ffn)
-    model = GPTModel(config, CPU, seed=0)
+    model = build_gpt_model(config, CPU, seed=0)
     assert parameter_count(config) == sum(p.numel() for p in model.parameters())
 
 
@@ -106,7 +106,7 @@ def count_matmul_flops_of_one_forward(config: ModelConfig, batch: int) -> tuple[
     Megatron counts them) are run explicitly at the shapes the block uses."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = GPTModel(config, CPU, seed=0)
+    model = build_gpt_model(config, CPU, seed=0)
     tokens = torch.randint(0, config.vocab_size, (batch, config.seq_length))
     hidden = torch.randn(batch, config.seq_length, config.hidden_size)
     with FlopCounterMode(display=False) as counter:
@@ -143,7 +143,7 @@ def test_flops_formula_is_megatrons_closed_form():
 
 
 def test_dropout_is_active_in_training_only():
-    model = GPTModel(small_config(hidden_dropout=0.5, attention_dropout=0.5), CPU, seed=0)
+    model = build_gpt_model(small_config(hidden_dropout=0.5, attention_dropout=0.5), CPU, seed=0)
     tokens = torch.randint(0, 1000, (2, 16))
     model.train()
     assert not torch.equal(model(tokens), model(tokens))

@@ -77,7 +77,7 @@ def test_tp2_with_dropout_is_reproducible(tmp_path, corpus_cache):
 def tp_bytes_of_one_step(rank, world_size, num_layers, batch, seq, hidden):
     """TP all-reduce bytes this rank sends for one forward + backward of the model."""
     from gpt.config import ModelConfig
-    from gpt.model import GPTModel
+    from gpt.model import build_gpt_model
     from parallel.state import destroy, initialize
 
     state = initialize("cpu", tensor_parallel_size=world_size)
@@ -85,7 +85,7 @@ def tp_bytes_of_one_step(rank, world_size, num_layers, batch, seq, hidden):
         config = ModelConfig(num_layers=num_layers, hidden_size=hidden, num_attention_heads=4, seq_length=seq,
                              max_position_embeddings=seq, vocab_size=500, hidden_dropout=0.0,
                              attention_dropout=0.0)
-        model = GPTModel(config, state, seed=0)
+        model = build_gpt_model(config, state, seed=0)
         tokens = torch.randint(0, 500, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
         state.comm.stats.snapshot_and_reset()
         model(tokens[:, :-1], tokens[:, 1:]).mean().backward()

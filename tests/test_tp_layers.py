@@ -1,6 +1,6 @@
 """Tensor-parallel layers and vocab-parallel cross entropy against the unsplit (TP=1) computation.
 
-Each rank builds the TP=k layer and the TP=1 layer from the same WeightInitializer seed, feeds both
+Each rank builds the TP=k layer and the TP=1 layer, materialized from the same seed, feeds both
 the same input, and checks the TP=k outputs and gradients against the matching slices of TP=1's.
 """
 
@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from parallel.cross_entropy import vocab_parallel_cross_entropy
-from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, WeightInitializer
+from parallel.init import materialize
+from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from parallel.mappings import copy_to_tensor_parallel_region
 from parallel.state import ParallelState, destroy, initialize
 from tests.distributed import run_distributed
@@ -27,14 +28,19 @@ def _shard(tensor: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor
     return tensor.narrow(dim, state.tensor_parallel_rank * size, size)
 
 
+def _built(layer, seed: int, state: ParallelState = SINGLE):
+    """`layer` (built on the meta device) with this TP rank's slice materialized from `seed`."""
+    return materialize(layer, seed, state.tensor_parallel_size, state.tensor_parallel_rank)
+
+
 def _leaf(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone().requires_grad_(True)
 
 
 def _pair(layer_class, *sizes, state, seed, **kwargs):
     """The same layer at TP=1 and TP=k, with a non-zero bias so that its handling is tested too."""
-    reference = layer_class(*sizes, state=SINGLE, initializer=WeightInitializer(seed), init_std=0.2, **kwargs)
-    parallel = layer_class(*sizes, state=state, initializer=WeightInitializer(seed), init_std=0.2, **kwargs)
+    reference = _built(layer_class(*sizes, state=SINGLE, init_std=0.2, **kwargs), seed, SINGLE)
+    parallel = _built(layer_class(*sizes, state=state, init_std=0.2, **kwargs), seed, state)
     with torch.no_grad():
         reference.bias.normal_()
         parallel.bias.copy_(reference.bias if parallel.bias.shape == reference.bias.shape
@@ -90,10 +96,8 @@ def check_row_parallel_reduce_is_counted(state):
 
 def check_vocab_parallel_embedding(state):
     vocab, padded, dim = 1000, 1024, 6
-    reference = VocabParallelEmbedding(vocab, padded, dim, state=SINGLE, initializer=WeightInitializer(3),
-                                       init_std=0.2)
-    parallel = VocabParallelEmbedding(vocab, padded, dim, state=state, initializer=WeightInitializer(3),
-                                      init_std=0.2)
+    reference = _built(VocabParallelEmbedding(vocab, padded, dim, state=SINGLE, init_std=0.2), 3, SINGLE)
+    parallel = _built(VocabParallelEmbedding(vocab, padded, dim, state=state, init_std=0.2), 3, state)
     # Ids from every shard, including the last real row and rows owned by the last rank.
     tokens = torch.cat([torch.randint(0, vocab, (2, 7)), torch.tensor([[0, 999, 767, 768, 511, 512, 256]])])
     out_ref, out_par = reference(tokens), parallel(tokens)
@@ -128,10 +132,8 @@ def check_tied_output_loss_is_independent_of_tp_and_padding(state):
     to 2048. The padding rows of the embedding are zeros, so their logits (0) would shift the
     softmax if they were not excluded."""
     vocab, dim = 1000, 16
-    reference = VocabParallelEmbedding(vocab, 1024, dim, state=SINGLE, initializer=WeightInitializer(4),
-                                       init_std=0.2)
-    parallel = VocabParallelEmbedding(vocab, 2048, dim, state=state, initializer=WeightInitializer(4),
-                                      init_std=0.2)
+    reference = _built(VocabParallelEmbedding(vocab, 1024, dim, state=SINGLE, init_std=0.2), 4, SINGLE)
+    parallel = _built(VocabParallelEmbedding(vocab, 2048, dim, state=state, init_std=0.2), 4, state)
     hidden = torch.randn(2, 6, dim)
     target = torch.randint(0, vocab, (2, 6))
     h_ref, h_par = _leaf(hidden), _leaf(hidden)
@@ -173,9 +175,9 @@ def test_tensor_parallel_layers_match_the_unsplit_computation(world_size, tensor
 def test_layers_at_tp1_are_plain_linear_and_embedding():
     """At TP=1 the mappings are identities: the layers are exactly F.linear / F.embedding."""
     torch.manual_seed(0)
-    column = ColumnParallelLinear(8, 12, state=SINGLE, initializer=WeightInitializer(1), init_std=0.2)
-    row = RowParallelLinear(12, 8, state=SINGLE, initializer=WeightInitializer(1), init_std=0.2)
-    embedding = VocabParallelEmbedding(10, 16, 8, state=SINGLE, initializer=WeightInitializer(1), init_std=0.2)
+    column = _built(ColumnParallelLinear(8, 12, state=SINGLE, init_std=0.2), 1, SINGLE)
+    row = _built(RowParallelLinear(12, 8, state=SINGLE, init_std=0.2), 1, SINGLE)
+    embedding = _built(VocabParallelEmbedding(10, 16, 8, state=SINGLE, init_std=0.2), 1, SINGLE)
     hidden = torch.randn(2, 3, 8)
     assert torch.equal(column(hidden), F.linear(hidden, column.weight, column.bias))
     assert torch.equal(row(column(hidden)), F.linear(column(hidden), row.weight, row.bias))

@@ -6,7 +6,7 @@ import pytest
 
 import pretrain_gpt
 from gpt.arguments import parse_config
-from gpt.config import ConfigError, PretrainConfig, field_sections
+from gpt.config import ConfigError, PretrainConfig, batch_arithmetic, field_sections
 from zero.config import EXAMPLE_DIR, SUPPORTED_KEYS, ZeroConfig, deepspeed_config_to_flags, load_deepspeed_config
 
 EXAMPLES = sorted(EXAMPLE_DIR.glob("*.json"))
@@ -189,10 +189,9 @@ def test_precision():
 
 def test_gradient_accumulation_steps_determine_the_global_batch():
     training = parse_config(["--gradient-accumulation-steps", "4", "--micro-batch-size", "2"]).training
-    assert training.gradient_accumulation_steps(data_parallel_size=2) == 4
-    assert training.global_batch_size == 16
+    assert batch_arithmetic(training, data_parallel_size=2) == (4, 16)
     training = parse_config(["--micro-batch-size", "2", "--global-batch-size", "16"]).training
-    assert training.accumulation_steps is None and training.gradient_accumulation_steps(data_parallel_size=2) == 4
+    assert training.accumulation_steps is None and batch_arithmetic(training, data_parallel_size=2) == (4, 16)
 
 
 def test_yaml_preset_cannot_name_a_zero_config(tmp_path):

@@ -11,7 +11,7 @@ from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
 from zero.config import ZeroConfig
 from zero.loss_scaler import DynamicLossScaler
-from zero.optimizer import ZeroOptimizer
+from tests.zero_harness import ZeroHarness
 
 VOCAB, SEQ, STEPS = 128, 16, 5
 OPTIMIZER = OptimizerConfig(lr=3e-3, weight_decay=0.1, clip_grad=1.0)
@@ -37,7 +37,7 @@ def train_hf_with_zero(rank, world_size, stage):
     state = initialize("cpu", 1)
     try:
         model = tiny_gpt2()
-        optimizer = ZeroOptimizer(model, OPTIMIZER, ZeroConfig(stage=stage, reduce_bucket_size=3000), state)
+        optimizer = ZeroHarness(model, OPTIMIZER, ZeroConfig(stage=stage, reduce_bucket_size=3000), state)
         losses = []
         for tokens in batches(4 * world_size):
             mine = tokens.chunk(world_size)[state.data_parallel_rank]
@@ -92,7 +92,7 @@ def overflow_on_one_rank(rank, world_size, stage):
     try:
         model = tiny_gpt2()
         scaler = DynamicLossScaler(scale=1024.0, growth_interval=1000, hysteresis=1)
-        optimizer = ZeroOptimizer(model, OPTIMIZER, ZeroConfig(stage=stage, reduce_bucket_size=3000), state,
+        optimizer = ZeroHarness(model, OPTIMIZER, ZeroConfig(stage=stage, reduce_bucket_size=3000), state,
                                   dtype=torch.float16, loss_scaler=scaler)
         poison = {"on": False}
         victim = model.transformer.h[0].mlp.c_fc.weight

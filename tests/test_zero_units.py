@@ -16,13 +16,14 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from gpt.config import ModelConfig, OptimizerConfig
 from gpt.model import GPTModel
+from parallel.init import materialize
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 from zero.config import ZeroConfig
 from zero.flat_buffer import FlatLayout, ParamKind, bucket_params, unique_trainable_parameters
 from zero.loss_scaler import DynamicLossScaler, LossScaler, build_loss_scaler
 from zero.memory import measure_tensor_bytes, predict_model_state_bytes, within_tolerance
-from zero.optimizer import ZeroOptimizer
+from tests.zero_harness import ZeroHarness
 from zero.stage3 import ParameterGatherer
 
 CPU = torch.device("cpu")
@@ -69,7 +70,7 @@ class CheckpointedGPT(GPTModel):
 
 def make_model(seed: int = 1, cls=GPTModel) -> GPTModel:
     state = ParallelState(device=CPU)
-    return cls(model_config(), state, seed=seed, rng=TensorParallelRNG(seed, state))
+    return materialize(cls(model_config(), state, rng=TensorParallelRNG(seed, state)), seed)
 
 
 def token_batches(count: int, batch: int = 4, seed: int = 0) -> list[torch.Tensor]:
@@ -87,8 +88,8 @@ def zero_config(stage: int, **overrides) -> ZeroConfig:
     return ZeroConfig(**values)
 
 
-def wrap(model: GPTModel, stage: int, dtype=torch.float32, loss_scaler=None, **overrides) -> ZeroOptimizer:
-    return ZeroOptimizer(model, OPTIMIZER, zero_config(stage, **overrides), model.state, dtype=dtype,
+def wrap(model: GPTModel, stage: int, dtype=torch.float32, loss_scaler=None, **overrides) -> ZeroHarness:
+    return ZeroHarness(model, OPTIMIZER, zero_config(stage, **overrides), model.state, dtype=dtype,
                          loss_scaler=loss_scaler)
 
 
@@ -112,7 +113,7 @@ def train_reference(model: nn.Module, batches, lrs) -> tuple[list[float], list[f
     return losses, norms
 
 
-def train_zero(model: nn.Module, optimizer: ZeroOptimizer, batches, lrs) -> tuple[list[float], list[float]]:
+def train_zero(model: nn.Module, optimizer: ZeroHarness, batches, lrs) -> tuple[list[float], list[float]]:
     losses, norms = [], []
     for tokens, lr in zip(batches, lrs):
         for group in optimizer.param_groups:
@@ -572,7 +573,7 @@ def test_stage3_without_root_chunk_trains_like_adamw():
     torch.manual_seed(0)
     model = Blocks()
     reference = copy.deepcopy(model)
-    optimizer = ZeroOptimizer(model, OPTIMIZER, zero_config(3), ParallelState(device=CPU))
+    optimizer = ZeroHarness(model, OPTIMIZER, zero_config(3), ParallelState(device=CPU))
     assert optimizer.gatherer.root is None and len(optimizer.layout.units) == 3
     inputs = torch.randn(4, 8)
     ref_optimizer = torch.optim.AdamW(
@@ -596,7 +597,7 @@ def test_stage3_without_root_chunk_trains_like_adamw():
 def test_stage3_forward_trace_does_not_grow_without_root_chunk():
     torch.manual_seed(0)
     model = Blocks()
-    optimizer = ZeroOptimizer(model, OPTIMIZER, zero_config(3), ParallelState(device=CPU))
+    optimizer = ZeroHarness(model, OPTIMIZER, zero_config(3), ParallelState(device=CPU))
     inputs = torch.randn(4, 8)
     for _ in range(4):
         optimizer.zero_grad()
@@ -605,7 +606,7 @@ def test_stage3_forward_trace_does_not_grow_without_root_chunk():
     assert len(optimizer.gatherer._trace) <= len(optimizer.layout.units)
 
 
-def count_gathers(optimizer: ZeroOptimizer) -> dict:
+def count_gathers(optimizer: ZeroHarness) -> dict:
     """Wrap the gatherer's `_start_gather` (on the instance): calls, and calls that really gather."""
     gatherer = optimizer.gatherer
     counts = {"calls": 0, "gathers": 0}
@@ -701,7 +702,7 @@ def test_measured_optimizer_states_include_one_element_segments():
     torch.manual_seed(0)
     model = nn.Linear(4, 1)  # bias: 1 element, no decay -> a 1-element segment of its own
     state = ParallelState(device=CPU)
-    optimizer = ZeroOptimizer(model, OPTIMIZER, zero_config(0), state, alignment=8)
+    optimizer = ZeroHarness(model, OPTIMIZER, zero_config(0), state, alignment=8)
     optimizer.zero_grad()
     optimizer.backward(model(torch.randn(3, 4)).square().mean())
     optimizer.step()

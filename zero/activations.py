@@ -17,19 +17,23 @@ blocks), so:
               one buffer allocated once (sized by `--number-checkpoints`) and reused every iteration,
               instead of one allocation per block, so long runs do not fragment memory.
 
-`SavedTensorMeter` measures what autograd keeps for backward (via `saved_tensors_hooks`), split by
-device and host, and which part of it is checkpointed inputs; `--report-memory` logs it.
+`apply_activation_checkpointing(model, config, state, rng, monitor)` installs this on a model as a
+transform (the model's `run_blocks` hook); the training loop never touches it. What the loop reads
+(`--report-memory`'s saved-tensor measurement, `--profile-checkpointing`'s timings) goes through an
+`ActivationMonitor` that both are handed. `SavedTensorMeter` measures what autograd keeps for backward
+(via `saved_tensors_hooks`), split by device and host, and which part of it is checkpointed inputs.
 
 The checkpoint is a custom autograd Function (the "reentrant" form Megatron uses), so what is kept
 is exactly what this file stores. Under ZeRO stage 3, zero/stage3.py recognises a forward that runs
-inside backward as a recompute and serves it, and the block's backward, from one gather.
+after backward has begun as a recompute and serves it, and the block's backward, from one gather.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -123,11 +127,42 @@ class _Saved:
         self.meter._release(self.key)
 
 
+class ActivationMonitor:
+    """What the training loop observes of activations, without reaching into the checkpointing: the
+    saved-tensor measurement of one iteration (`measuring()`) and the checkpoint timings
+    (`take_timings()`). The checkpointing reports to it; both are handed the same monitor."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.meter: Optional[SavedTensorMeter] = None  # set while an iteration is measured
+        self.timings: list[tuple[str, float]] = []     # (phase, seconds) with --profile-checkpointing
+
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[SavedTensorMeter]:
+        """Measure what autograd saves while the body runs (its forward passes: wrap each one)."""
+        self.meter = SavedTensorMeter(self.device) if self.meter is None else self.meter
+        with self.meter.hooks():
+            yield self.meter
+
+    def finish_measurement(self) -> Optional[SavedTensorMeter]:
+        """The iteration's meter (None if nothing was measured); the next iteration is not measured."""
+        meter, self.meter = self.meter, None
+        return meter
+
+    def record_timing(self, phase: str, seconds: float) -> None:
+        self.timings.append((phase, seconds))
+
+    def take_timings(self) -> list[tuple[str, float]]:
+        timings, self.timings = self.timings, []
+        return timings
+
+
 class ActivationCheckpointing:
     """Runs a model's blocks under activation checkpointing with the ZeRO-R options of `config`
     (an ActivationCheckpointConfig). One instance per model; it owns the contiguous buffer."""
 
-    def __init__(self, config, state, rng=None, num_layers: Optional[int] = None) -> None:
+    def __init__(self, config, state, rng=None, num_layers: Optional[int] = None,
+                 monitor: Optional[ActivationMonitor] = None) -> None:
         self.config = config
         self.state = state
         self.rng = rng
@@ -139,8 +174,7 @@ class ActivationCheckpointing:
             math.ceil(num_layers / self.group_size) if num_layers else None)
         self.buffer: Optional[torch.Tensor] = None
         self.buffer_allocations = 0       # how many times the contiguous buffer was allocated
-        self.meter: Optional[SavedTensorMeter] = None
-        self.timings: list[tuple[str, float]] = []  # (phase, seconds) with profile_checkpointing
+        self.monitor = monitor or ActivationMonitor(self.device)
         self._next_slot = 0
 
     @property
@@ -246,11 +280,11 @@ class _CheckpointFunction(torch.autograd.Function):
         with torch.no_grad():
             output = run(hidden)
         kept = checkpointing.store(hidden)
-        if checkpointing.meter is not None:
-            checkpointing.meter.expect_checkpoint(kept, "host" if checkpointing.offload else "device")
+        if checkpointing.monitor.meter is not None:
+            checkpointing.monitor.meter.expect_checkpoint(kept, "host" if checkpointing.offload else "device")
         ctx.save_for_backward(kept)
         if checkpointing.config.profile_checkpointing:
-            checkpointing.timings.append(("forward", time.perf_counter() - started))
+            checkpointing.monitor.record_timing("forward", time.perf_counter() - started)
         return output
 
     @staticmethod
@@ -269,5 +303,17 @@ class _CheckpointFunction(torch.autograd.Function):
             _set_rng_states(checkpointing.rng, checkpointing.device, current)
         torch.autograd.backward(output, grad_output)
         if checkpointing.config.profile_checkpointing:
-            checkpointing.timings.append(("recompute+backward", time.perf_counter() - started))
+            checkpointing.monitor.record_timing("recompute+backward", time.perf_counter() - started)
         return None, None, hidden.grad
+
+
+def apply_activation_checkpointing(model: nn.Module, config, state, rng=None,
+                                   monitor: Optional[ActivationMonitor] = None) -> ActivationCheckpointing:
+    """Make `model` run its blocks under activation checkpointing (`config`: ActivationCheckpointConfig).
+    The model must run its blocks through a `run_blocks(blocks, hidden)` hook, as GPTModel does."""
+    if not hasattr(model, "run_blocks") or not hasattr(model, "blocks"):
+        raise TypeError(f"{type(model).__name__} has no run_blocks hook: activation checkpointing applies to "
+                        "models that run their blocks through model.run_blocks(blocks, hidden), like GPTModel")
+    checkpointing = ActivationCheckpointing(config, state, rng, len(model.blocks), monitor)
+    model.run_blocks = checkpointing.run
+    return checkpointing

@@ -142,7 +142,7 @@ class FlatLayout:
                  alignment: int = DEFAULT_ALIGNMENT) -> None:
         if not 0 <= part < parts:
             raise ValueError(f"part {part} is not in [0, {parts})")
-        self.parts, self.part = parts, part
+        self.parts, self.part, self.alignment = parts, part, alignment
         self.units: list[Unit] = []
         buffer_offset = partition_offset = 0
         for params in unit_params:

@@ -59,17 +59,21 @@ def _check_data_parallel_size(data_parallel_size: int) -> None:
 
 
 def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_size: int,
-                              precision: str) -> dict[str, int]:
-    """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's tensor-parallel shard)."""
-    if precision not in _BYTES_PER_ELEMENT:
-        raise ValueError(f"precision must be one of {sorted(_BYTES_PER_ELEMENT)}, got {precision!r}")
+                              precision: str, gradient_precision: Optional[str] = None) -> dict[str, int]:
+    """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's tensor-parallel shard).
+    `gradient_precision` ("fp32" with --accumulate-allreduce-grads-in-fp32) defaults to `precision`."""
+    for value in (precision, gradient_precision or precision):
+        if value not in _BYTES_PER_ELEMENT:
+            raise ValueError(f"precision must be one of {sorted(_BYTES_PER_ELEMENT)}, got {value!r}")
     _check_stage(stage)
     _check_data_parallel_size(data_parallel_size)
     if num_parameters < 0:
         raise ValueError(f"num_parameters must be >= 0, got {num_parameters}")
     shard_elements = -(-num_parameters // data_parallel_size)  # each rank's shard is padded up
+    per_element = list(_BYTES_PER_ELEMENT[precision])
+    per_element[1] = _BYTES_PER_ELEMENT[gradient_precision or precision][1]
     predicted = {}
-    for category, bytes_per_element in zip(MODEL_STATE_CATEGORIES, _BYTES_PER_ELEMENT[precision]):
+    for category, bytes_per_element in zip(MODEL_STATE_CATEGORIES, per_element):
         partitioned = stage >= _PARTITIONED_FROM_STAGE[category]
         predicted[category] = bytes_per_element * (shard_elements if partitioned else num_parameters)
     predicted["total"] = sum(predicted.values())

@@ -3,16 +3,19 @@
 The unit of gathering is one flat chunk per transformer block, plus one *root* chunk for every
 parameter outside the blocks (embeddings and final LayerNorm for our GPT; the tied output layer uses
 the word embedding, so the root chunk is needed at both ends of the model and stays gathered for the
-whole of the model's forward). Blocks are found as the children of the model's largest
-`nn.ModuleList`, so a model we did not write (transformers' GPT2LMHeadModel) works unchanged.
+whole of the model's forward). The caller passes the blocks (our GPTModel's `model.blocks`); for a
+model we did not write (transformers' GPT2LMHeadModel) they are found as the children of its largest
+`nn.ModuleList`, so such a model works unchanged.
 
-Lifecycle of a chunk, driven by module hooks, autograd tensor hooks and the optimizer:
+Lifecycle of a chunk, driven by module hooks, autograd tensor hooks and the gradient reducer's events
+(the gatherer subscribes to them; nothing calls into it during a step):
 
     forward pre-hook   gather (waiting for a prefetch if one is in flight); prefetch the next chunks
     forward hook       hook the outputs' gradients, then free the chunk
     output grad hook   (backward reaches the block) gather again; prefetch the chunks backward needs next
-    grads all reduced  free the chunk (the optimizer calls `backward_done` once every parameter of the
-                       chunk has its gradient, i.e. every autograd node that reads it has run)
+    unit reduced       free the chunk (every parameter of the chunk has its gradient, so every autograd
+                       node that reads it has run)
+    grad sync finished free whatever backward left gathered; the next forward starts afresh
 
 Each parameter is a permanent view into its chunk's flat tensor; freeing resizes that tensor's
 storage to zero bytes and gathering resizes it back and all-gathers into it. Because the storage
@@ -22,8 +25,9 @@ see the re-gathered values in backward, and no module code has to change.
 Activation checkpointing: a recompute runs a block's forward again *during* its backward. With
 torch's non-reentrant checkpoint the output grad hook has already gathered the chunk; with the
 reentrant form (zero/activations.py) the original forward ran without gradients, so no hook was
-registered and the pre-hook, seeing a forward inside backward, starts the chunk's backward there.
-Either way the forward hook keeps the chunk, and recompute and backward share one gather.
+registered, and the pre-hook, seeing a forward after this backward has begun (the root chunk's output
+hook fires first in every backward), starts the chunk's backward there. Either way the forward hook
+keeps the chunk, and recompute and backward share one gather.
 """
 
 from __future__ import annotations
@@ -68,11 +72,6 @@ def stage3_unit_params(model: nn.Module, blocks: Optional[Sequence[nn.Module]] =
     return [params for params, _ in pairs], [module for _, module in pairs]
 
 
-def _inside_backward() -> bool:
-    """True while autograd's engine runs a backward pass on this thread."""
-    return torch._C._current_graph_task_id() != -1
-
-
 def _tensors(output) -> Iterable[torch.Tensor]:
     """Every tensor in a module's output (tensors, tuples, lists, dicts, transformers' ModelOutput)."""
     if torch.is_tensor(output):
@@ -86,35 +85,31 @@ def _tensors(output) -> Iterable[torch.Tensor]:
 
 
 class ParameterGatherer:
-    """Gathers and frees the chunks of a stage-3 model. `layout.units[i]` serves `modules[i]`;
-    `param_shard` holds this rank's 16-bit shard of every unit (partition coordinates)."""
+    """Gathers and frees the chunks of a stage-3 model. `layout.units[i]` serves `modules[i]` and is
+    backed by `flats[i]` (its parameters are views into it, its storage freed); `param_shard` holds
+    this rank's 16-bit shard of every unit (partition coordinates). Persistent chunks (smaller than
+    the persistence threshold) get their storage back here and stay whole."""
 
-    def __init__(self, model: nn.Module, modules: Sequence[nn.Module], layout: FlatLayout,
-                 param_shard: torch.Tensor, comm, group, dtype: torch.dtype, device: torch.device,
-                 zero_config) -> None:
+    def __init__(self, layout: FlatLayout, modules: Sequence[nn.Module], model: nn.Module,
+                 flats: Sequence[torch.Tensor], param_shard: torch.Tensor, comm, group, zero_config) -> None:
         self.layout, self.param_shard, self.comm, self.group = layout, param_shard, comm, group
         self.prefetch_numel = zero_config.stage3_prefetch_bucket_size
         self.max_live_numel = zero_config.stage3_max_live_parameters
         self.units = layout.units
         self.root = self.units[0] if modules and modules[0] is model else None
         self.persistent = {u.index for u in self.units if u.used < zero_config.stage3_param_persistence_threshold}
-        self.flat: list[torch.Tensor] = []
-        self._nbytes: list[int] = []
-        for unit in self.units:
-            flat = torch.empty(unit.numel, dtype=dtype, device=device)
-            flat[unit.used:].zero_()
-            for slot in unit.slots:
-                flat[slot.start:slot.end].copy_(slot.param.detach().reshape(-1))
-                slot.param.data = flat[slot.start:slot.end].view(slot.shape)
-            self.flat.append(flat)
-            self._nbytes.append(flat.untyped_storage().nbytes())
-        self._state = [_READY] * len(self.units)
+        self.flat = list(flats)
+        self._nbytes = [unit.numel * flat.element_size() for unit, flat in zip(self.units, self.flat)]
+        self._state = [_RELEASED] * len(self.units)
         self._work: dict[int, object] = {}
-        self.live_numel = sum(unit.numel for unit in self.units)
+        self.live_numel = 0
         self._trace: list[int] = []            # units in the order this forward ran them
         self._in_backward: set[int] = set()    # units whose backward has started in this backward
-        for unit in self.units:
-            self.release(unit)
+        self._backward_started = False         # any unit's backward has begun since the last sync
+        for index in sorted(self.persistent):
+            self.flat[index].untyped_storage().resize_(self._nbytes[index])
+            self._state[index] = _READY
+            self.live_numel += self.units[index].numel
         self._handles = []
         for unit, module in zip(self.units, modules):
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_forward, unit)))
@@ -164,7 +159,7 @@ class ParameterGatherer:
     def _pre_forward(self, unit: Unit, module, args) -> None:
         if unit.index in self._in_backward:
             return  # a non-reentrant recompute: the backward gather serves it
-        if _inside_backward():
+        if self._backward_started:
             # A reentrant recompute (zero/activations.py): its forward runs with no gradient hook on
             # the outputs of the original forward, so this is where the block's backward begins.
             self._begin_backward(unit)
@@ -190,20 +185,24 @@ class ParameterGatherer:
     def _begin_backward(self, unit: Unit) -> None:
         if unit.index in self._in_backward:
             return
+        self._backward_started = True
         self._in_backward.add(unit.index)
         self.fetch(unit)
         self._prefetch(self.units[i] for i in reversed(self._trace) if i not in self._in_backward)
 
-    def backward_done(self, unit: Unit) -> None:
+    # ---- the gradient reducer's events (zero.grad_reducer.ReductionListener) --------------------
+
+    def unit_reduced(self, unit: Unit) -> None:
         """Every parameter of `unit` has its gradient: no autograd node will read it again."""
         if unit.index in self._in_backward:
             self.release(unit)
 
-    def finish_backward(self) -> None:
+    def grad_sync_finished(self) -> None:
         """Free whatever backward left gathered (chunks with unused parameters, unused prefetches)."""
         for unit in self.units:
             self.release(unit)
         self._in_backward.clear()
+        self._backward_started = False
         self._trace.clear()  # the next forward records its own order (models without a root chunk too)
 
     @contextlib.contextmanager

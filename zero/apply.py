@@ -1,0 +1,138 @@
+"""`apply_zero`: ZeRO data parallelism applied to a plain model, torchtitan-style.
+
+The stage is decided here, once, by which storage each model state gets; nothing downstream tests it:
+
+    stage   16-bit parameters        gradients                reduction        optimizer partition
+    0       ReplicatedParameters     FullGradients            all-reduce       whole (one part)
+    1       ReplicatedParameters     FullGradients            reduce-scatter   1/N
+    2       ReplicatedParameters     PartitionedGradients     reduce-scatter   1/N
+    3       ShardedParameters        PartitionedGradients     reduce-scatter   1/N
+
+(DeepSpeed's `reduce_scatter: false` swaps reduce-scatter for all-reduce in stages 1-3.) Units are
+reduce buckets in stages 0-2 and one chunk per transformer block (plus the root chunk) in stage 3.
+
+The model may be built on the meta device (our GPTModel always is): then nothing of it is ever held
+whole. Each rank allocates only its own storage and fills it from the counter-based initializer:
+its TP shard in 16 bits (stages 0-2) or its DP shard of it (stage 3), and the fp32 master for its
+partition. A model that is already materialized (transformers' GPT-2 in the tests) is copied in
+instead. Either way the parameters end up as views into ZeRO's buffers.
+
+The loop then reads: per micro-batch `scale_loss(loss).backward()` (under `reducer.no_sync()` for all
+but the last) and `reducer.finish_grad_sync()`; then `optimizer.step()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from parallel.init import ParameterInitializer
+from zero.flat_buffer import DEFAULT_ALIGNMENT, FlatLayout, bucket_params, unique_trainable_parameters
+from zero.grad_reducer import FullGradients, GradientReducer, PartitionedGradients
+from zero.loss_scaler import LossScaler, build_loss_scaler
+from zero.optimizer import PRECISION_DTYPES, ShardedAdamW
+from zero.param_storage import (InitializerSource, ParameterStorage, ReplicatedParameters, ShardedParameters,
+                                TensorSource, ValueSource)
+from zero.stage3 import stage3_unit_params
+
+
+@dataclass
+class ZeroParts:
+    """What the training loop and the checkpoint code need from ZeRO."""
+    reducer: GradientReducer
+    optimizer: ShardedAdamW
+
+    @property
+    def loss_scaler(self) -> LossScaler:
+        return self.optimizer.loss_scaler
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on: multiplied by the fp16 loss scale (unchanged otherwise)."""
+        scale = self.optimizer.loss_scaler.scale
+        return loss * scale if scale != 1.0 else loss
+
+
+def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Module]] = None) -> ZeroParts:
+    """ZeRO as a resolved PretrainConfig asks for: its stage, buckets, precision, gradient precision and
+    loss scaling. `blocks` are the stage-3 chunks' modules (our GPTModel's `model.blocks`)."""
+    training = config.training
+    scaler = build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
+                               training.loss_scale_window, training.hysteresis, training.min_loss_scale)
+    return build_zero(model, config.zero, config.optimizer, state, param_dtype=PRECISION_DTYPES[training.precision],
+                      grad_dtype=PRECISION_DTYPES[training.gradient_precision], loss_scaler=scaler,
+                      seed=training.seed, blocks=blocks)
+
+
+def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_dtype: torch.dtype = torch.float32,
+               grad_dtype: Optional[torch.dtype] = None, loss_scaler: Optional[LossScaler] = None,
+               seed: Optional[int] = None, blocks: Optional[Sequence[nn.Module]] = None,
+               alignment: int = DEFAULT_ALIGNMENT) -> ZeroParts:
+    """The explicit form of `apply_zero`. `seed` is needed when the model is on the meta device;
+    `grad_dtype` defaults to the parameters' dtype."""
+    stage = zero_config.stage
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage}")
+    grad_dtype = grad_dtype or param_dtype
+    params = unique_trainable_parameters(model)
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    source = _value_source(model, params, state, seed)
+    device = state.device
+
+    modules: list[nn.Module] = []
+    if stage == 3:
+        unit_params, modules = stage3_unit_params(model, blocks)
+    else:
+        unit_params = bucket_params(params, zero_config.reduce_bucket_size)
+    partition_group = state.data_parallel_group if stage >= 1 else None
+    parts, part = (state.data_parallel_size, state.data_parallel_rank) if stage >= 1 else (1, 0)
+    layout = FlatLayout(unit_params, parts, part, alignment)
+
+    storage: ParameterStorage
+    if stage == 3:
+        storage = ShardedParameters(layout, param_dtype, device, state.comm, state.data_parallel_group, zero_config,
+                                    modules)
+    else:
+        storage = ReplicatedParameters(layout, param_dtype, device, state.comm, partition_group,
+                                       zero_config.allgather_bucket_size)
+    master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=device)  # padding stays 0
+    if device.type != "meta":  # a planner's rank (zero.plan) has shapes only: nothing to fill
+        storage.fill(source, master)
+    layout = storage.bind(model)
+
+    scatter = stage >= 1 and zero_config.reduce_scatter
+    reducer: GradientReducer
+    if stage >= 2:
+        reducer = PartitionedGradients(layout, grad_dtype, state.comm, state.data_parallel_group,
+                                       state.data_parallel_size, scatter, zero_config.overlap_comm, device)
+    else:
+        reducer = FullGradients(layout, param_dtype, grad_dtype, state.comm, state.data_parallel_group,
+                                state.data_parallel_size, scatter, zero_config.overlap_comm, device)
+    reducer.attach()
+    if isinstance(storage, ShardedParameters):
+        reducer.subscribe(storage.gatherer)
+    reducer.zero_grad()
+    optimizer = ShardedAdamW(layout, master, reducer, storage, optimizer_config, loss_scaler or LossScaler(1.0),
+                             state, partition_group, stage)
+    return ZeroParts(reducer, optimizer)
+
+
+def _value_source(model: nn.Module, params: list[nn.Parameter], state, seed: Optional[int]) -> ValueSource:
+    """Initial values: the counter-based initializer for a meta-built model, else the tensors it has."""
+    on_meta = [p.device.type == "meta" for p in params]
+    if all(on_meta):
+        if seed is None:
+            raise ValueError("the model is on the meta device: pass the seed its values are drawn from")
+        names = {id(param): name for name, param in model.named_parameters()}
+        initializer = ParameterInitializer(seed, state.tensor_parallel_size, state.tensor_parallel_rank)
+        return InitializerSource(initializer, names)
+    if any(on_meta):
+        raise ValueError("some parameters are on the meta device and some are not: build the model on one")
+    for param in params:
+        if param.device != state.device:
+            raise ValueError(f"parameters must be on {state.device} before ZeRO takes the model over; "
+                             f"found one on {param.device}")
+    return TensorSource()

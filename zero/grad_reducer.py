@@ -1,0 +1,301 @@
+"""Gradient reduction over the data-parallel group: hooks, buckets, all-reduce or reduce-scatter, overlap.
+
+A reducer owns where gradients live and how they are averaged across DP ranks. Which ZeRO stage a run
+has is decided once, by which class `zero.apply.apply_zero` builds:
+
+    FullGradients         stages 0-1: a full flat gradient buffer (every parameter's gradient is a view
+                          into it, or, with fp32 accumulation under 16-bit parameters, a main-gradient
+                          slice that a hook adds each 16-bit gradient into). Micro-batches accumulate
+                          locally under `no_sync()`; the last one reduces unit by unit as backward
+                          produces them: all-reduce (stage 0) or reduce-scatter into the rank's own
+                          slice (stage 1).
+    PartitionedGradients  stages 2-3: no full gradient ever exists. A gradient is copied into a
+                          constant-size bucket the moment autograd produces it, then freed; a complete
+                          bucket is reduce-scattered (or all-reduced, keeping the rank's shard) and
+                          added into the rank's gradient partition. This must happen every micro-batch.
+
+Reductions are issued with `async_op=True` and completed at `finish_grad_sync()` (or earlier, when a
+scratch buffer is needed again), so they overlap with the backward of earlier layers. On CUDA the
+collectives run on NCCL's stream; the small copies around them stay on the compute stream, which
+orders every buffer reuse without extra events.
+
+Listeners (`subscribe`) hear `unit_reduced(unit)` as soon as a unit's reduction is issued (every
+parameter of the unit has its gradient, so nothing will read the unit's parameters again in this
+backward) and `grad_sync_finished()` at the end of each `finish_grad_sync()`. ZeRO stage 3's
+parameter gatherer frees chunks on those events.
+
+The training loop calls, per micro-batch, `loss.backward()` (under `no_sync()` for all but the last
+one) and `finish_grad_sync()`; the optimizer then takes `partition_gradients()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Protocol
+
+import torch
+from torch import nn
+
+from zero.flat_buffer import BufferPool, FlatLayout, Unit
+
+
+class ReductionListener(Protocol):
+    def unit_reduced(self, unit: Unit) -> None: ...
+
+    def grad_sync_finished(self) -> None: ...
+
+
+@dataclass
+class _PendingReduction:
+    work: object                         # the async handle
+    finish: Optional[Callable[[], None]]  # moves the reduced shard where it belongs
+    release: Callable[[], None]           # returns scratch buffers to their pools
+
+
+class GradientReducer(ABC):
+    """What both storages share: the post-accumulate-grad hooks, the count of gradients each unit has
+    received in this backward, the in-flight reductions and the listeners."""
+
+    def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
+                 scatter: bool, overlap: bool, device: torch.device) -> None:
+        self.layout = layout
+        self.grad_dtype = grad_dtype
+        self.comm, self.group, self.dp_size = comm, group, data_parallel_size
+        self.scatter = scatter    # reduce-scatter (each rank receives its shard) or all-reduce
+        self.overlap = overlap    # False: wait for each reduction as soon as it is issued
+        self.device = device
+        self._staging = BufferPool(max(unit.shard_numel for unit in layout.units), grad_dtype, device)
+        self._pending: list[_PendingReduction] = []
+        self._ready = [0] * len(layout.units)
+        self._syncing = True
+        # Whether the backward in progress reduces: fixed by its first gradient, so that a
+        # finish_grad_sync() called after leaving no_sync() still knows what that backward was.
+        self._backward_syncs: Optional[bool] = None
+        self._listeners: list[ReductionListener] = []
+        self._hooks = []
+
+    def attach(self) -> None:
+        """Hook every parameter of the layout (after the parameters are in their final place)."""
+        self._hooks = [slot.param.register_post_accumulate_grad_hook(self._on_grad_ready)
+                       for unit in self.layout.units for slot in unit.slots]
+
+    def subscribe(self, listener: ReductionListener) -> None:
+        self._listeners.append(listener)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally where the storage allows (full
+        gradients); partitioned gradients are reduced every micro-batch regardless."""
+        self._syncing = False
+        try:
+            yield
+        finally:
+            self._syncing = True
+
+    # ---- the hook path ------------------------------------------------------------------------
+
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        if self._backward_syncs is None:
+            self._backward_syncs = self._syncing
+        unit = self.layout.unit_of[id(param)]
+        if not self._take_gradient(unit, self.layout.slot_of[id(param)], param):
+            return
+        self._ready[unit.index] += 1
+        if self._ready[unit.index] == len(unit.slots):
+            self._reduce(unit)
+
+    @abstractmethod
+    def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
+        """Store the gradient autograd just produced; True when it counts toward reducing the unit."""
+
+    def _reduce(self, unit: Unit) -> None:
+        self._ready[unit.index] = -1  # issued; a late hook (none expected) cannot issue it again
+        self._pending.append(self._issue_reduction(unit))
+        if not self.overlap:
+            self._complete_all()
+        for listener in self._listeners:
+            listener.unit_reduced(unit)
+
+    @abstractmethod
+    def _issue_reduction(self, unit: Unit) -> _PendingReduction:
+        """Start averaging `unit`'s gradient over the DP group."""
+
+    def _averaged_collective(self, unit: Unit, bucket: torch.Tensor, released: list
+                             ) -> tuple[object, torch.Tensor]:
+        """Start averaging `bucket` (this rank's gradient of `unit`) over the DP group; returns the work
+        handle and where this rank's averaged shard will be once it completes."""
+        if self.dp_size > 1:
+            bucket.div_(self.dp_size)  # average before summing: keeps 16-bit sums in range
+        if self.scatter:
+            staging = self._staging_buffer()
+            released.append((self._staging, staging))
+            shard = staging[:unit.shard_numel]
+            return self.comm.reduce_scatter(shard, bucket, self.group, "dp", async_op=True), shard
+        lo, hi = unit.shard_bounds(self.layout.part)
+        return self.comm.all_reduce(bucket, self.group, "dp", async_op=True), bucket[lo:hi]
+
+    def _staging_buffer(self) -> torch.Tensor:
+        while not self._staging.has_free and self._pending:
+            self._complete(self._pending.pop(0))
+        return self._staging.acquire()
+
+    @staticmethod
+    def _release_all(buffers: list) -> Callable[[], None]:
+        def release(buffers=tuple(buffers)) -> None:
+            for pool, buffer in buffers:
+                pool.release(buffer)
+        return release
+
+    @staticmethod
+    def _complete(pending: _PendingReduction) -> None:
+        pending.work.wait()
+        if pending.finish is not None:
+            pending.finish()
+        pending.release()
+
+    def _complete_all(self) -> None:
+        while self._pending:
+            self._complete(self._pending.pop(0))
+
+    # ---- the loop's calls ---------------------------------------------------------------------
+
+    def finish_grad_sync(self) -> None:
+        """After each micro-batch's backward: reduce the units whose gradients did not all arrive
+        (unused parameters), in unit order so every rank issues the same collectives, wait for every
+        reduction, and tell the listeners."""
+        if self._must_reduce_now():
+            for unit in self.layout.units:
+                if self._ready[unit.index] != -1 and self._has_gradient(unit):
+                    self._reduce(unit)
+        self._complete_all()
+        self._ready = [0] * len(self.layout.units)
+        self._backward_syncs = None
+        for listener in self._listeners:
+            listener.grad_sync_finished()
+
+    def _must_reduce_now(self) -> bool:
+        return self._syncing if self._backward_syncs is None else self._backward_syncs
+
+    def _has_gradient(self, unit: Unit) -> bool:
+        return True
+
+    @abstractmethod
+    def partition_gradients(self) -> torch.Tensor:
+        """This rank's partition of the averaged gradient, as a new fp32 tensor (loss scale not removed)."""
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Start a new accumulation."""
+
+    @abstractmethod
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        """The live tensors that hold gradients (for zero/memory.py)."""
+
+    def buffer_tensors(self) -> list[torch.Tensor]:
+        """Constant-size scratch buffers (C_B)."""
+        return list(self._staging.buffers)
+
+
+class FullGradients(GradientReducer):
+    """Stages 0-1: the whole TP-shard gradient in one flat buffer of `grad_dtype`."""
+
+    def __init__(self, layout: FlatLayout, param_dtype: torch.dtype, grad_dtype: torch.dtype, comm, group,
+                 data_parallel_size: int, scatter: bool, overlap: bool, device: torch.device) -> None:
+        super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device)
+        self.buffer = torch.zeros(layout.numel, dtype=grad_dtype, device=device)
+        # Same dtype: autograd accumulates straight into views of the buffer. Otherwise (fp32
+        # accumulation of 16-bit gradients) each gradient is added into its main-gradient slice.
+        self.grads_are_views = grad_dtype == param_dtype
+
+    def zero_grad(self) -> None:
+        self.buffer.zero_()
+        for unit in self.layout.units:
+            for slot in unit.slots:
+                slot.param.grad = self._main_grad(unit, slot) if self.grads_are_views else None
+
+    def _main_grad(self, unit: Unit, slot) -> torch.Tensor:
+        return unit.in_buffer(self.buffer)[slot.start:slot.end].view(slot.shape)
+
+    def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
+        if not self.grads_are_views:
+            self._main_grad(unit, slot).add_(param.grad)
+            param.grad = None
+        return self._backward_syncs  # under no_sync the gradient just accumulates here
+
+    def _issue_reduction(self, unit: Unit) -> _PendingReduction:
+        bucket = unit.in_buffer(self.buffer)
+        released: list = []
+        work, shard = self._averaged_collective(unit, bucket, released)
+        lo, hi = unit.shard_bounds(self.layout.part)
+        owned = bucket[lo:hi]
+        finish = (lambda: owned.copy_(shard)) if owned.data_ptr() != shard.data_ptr() else None
+        return _PendingReduction(work, finish, self._release_all(released))
+
+    def partition_gradients(self) -> torch.Tensor:
+        grads = torch.empty(self.layout.partition_numel, dtype=torch.float32, device=self.device)
+        for unit in self.layout.units:
+            lo, hi = unit.shard_bounds(self.layout.part)
+            unit.in_partition(grads).copy_(unit.in_buffer(self.buffer)[lo:hi])
+        return grads
+
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        slots = [slot for unit in self.layout.units for slot in unit.slots]
+        return [slot.param.grad for slot in slots if slot.param.grad is not None] + [self.buffer]
+
+
+class PartitionedGradients(GradientReducer):
+    """Stages 2-3: only this rank's partition of the gradient, plus constant-size buckets."""
+
+    def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
+                 scatter: bool, overlap: bool, device: torch.device) -> None:
+        super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device)
+        self.partition = torch.zeros(layout.partition_numel, dtype=grad_dtype, device=device)
+        self._buckets = BufferPool(max(unit.numel for unit in layout.units), grad_dtype, device)
+        self._filling: dict[int, torch.Tensor] = {}  # unit index -> its bucket while gradients arrive
+
+    def zero_grad(self) -> None:
+        self.partition.zero_()
+        for unit in self.layout.units:
+            for slot in unit.slots:
+                slot.param.grad = None
+
+    def _take_gradient(self, unit: Unit, slot, param: nn.Parameter) -> bool:
+        # Copy into the bucket and free the gradient: a full gradient never exists.
+        self._bucket_for(unit)[slot.start:slot.end].copy_(param.grad.reshape(-1))
+        param.grad = None
+        return True
+
+    def _bucket_for(self, unit: Unit) -> torch.Tensor:
+        buffer = self._filling.get(unit.index)
+        if buffer is None:
+            while not self._buckets.has_free and self._pending:
+                self._complete(self._pending.pop(0))
+            buffer = self._buckets.acquire()
+            buffer[:unit.numel].zero_()  # padding, and parameters that get no gradient this micro-batch
+            self._filling[unit.index] = buffer
+        return buffer[:unit.numel]
+
+    def _issue_reduction(self, unit: Unit) -> _PendingReduction:
+        bucket_buffer = self._filling.pop(unit.index)
+        released: list = [(self._buckets, bucket_buffer)]
+        work, shard = self._averaged_collective(unit, bucket_buffer[:unit.numel], released)
+        target = unit.in_partition(self.partition)
+        return _PendingReduction(work, lambda: target.add_(shard), self._release_all(released))
+
+    def _must_reduce_now(self) -> bool:
+        return True  # partitioned gradients cannot wait for the last micro-batch
+
+    def _has_gradient(self, unit: Unit) -> bool:
+        return unit.index in self._filling
+
+    def partition_gradients(self) -> torch.Tensor:
+        return self.partition.to(torch.float32, copy=True)
+
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        slots = [slot for unit in self.layout.units for slot in unit.slots]
+        return [slot.param.grad for slot in slots if slot.param.grad is not None] + [self.partition]
+
+    def buffer_tensors(self) -> list[torch.Tensor]:
+        return list(self._buckets.buffers) + super().buffer_tensors()

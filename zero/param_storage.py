@@ -1,0 +1,195 @@
+"""Where the 16-bit (training-dtype) parameters live, how they are first filled, and how the optimizer's
+fp32 master partition is published back into them after a step.
+
+    ReplicatedParameters  stages 0-2: one flat buffer of the whole TP shard; every parameter is a view
+                          into it. Publishing all-gathers each unit from the ranks' updated shards (a
+                          copy when the partition is the whole buffer, stage 0).
+    ShardedParameters     stage 3: only this rank's shard of every unit; `zero.stage3.ParameterGatherer`
+                          gathers a unit's chunk while its module runs. Publishing is a local copy.
+
+Initial values come from a `ValueSource`: the counter-based initializer for a model built on the meta
+device (each rank computes only the elements it stores: its whole TP shard in 16 bits at stages 0-2,
+only its DP shard at stage 3), or the existing tensors of a model that was materialized already (a
+transformers model, a test's model). The same fp32 values fill the rank's fp32 master partition, so
+master and 16-bit parameters agree exactly as if the fp32 model had been rounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from parallel.init import CHUNK_ELEMENTS, ParameterInitializer, replace_parameters
+from zero.flat_buffer import FlatLayout, Unit
+from zero.stage3 import ParameterGatherer
+
+
+class ValueSource(ABC):
+    """The initial fp32 values of any range of a parameter's flattened local elements."""
+
+    @abstractmethod
+    def read(self, param: nn.Parameter, start: int, count: int, device: torch.device) -> torch.Tensor:
+        """float32 values of `param`'s flattened elements [start, start + count) on `device`."""
+
+
+class InitializerSource(ValueSource):
+    """Values from the counter-based initializer, by parameter name (meta-built models)."""
+
+    def __init__(self, initializer: ParameterInitializer, names: dict[int, str]) -> None:
+        self.initializer, self.names = initializer, names
+
+    def read(self, param: nn.Parameter, start: int, count: int, device: torch.device) -> torch.Tensor:
+        return self.initializer.values(self.names[id(param)], param, start, count, device)
+
+
+class TensorSource(ValueSource):
+    """Values from a parameter's existing tensor (a model materialized before ZeRO took it over)."""
+
+    def read(self, param: nn.Parameter, start: int, count: int, device: torch.device) -> torch.Tensor:
+        return param.detach().reshape(-1)[start:start + count].to(device=device, dtype=torch.float32)
+
+
+def _pieces(start: int, count: int) -> Iterator[tuple[int, int]]:
+    """[start, start + count) in pieces of at most CHUNK_ELEMENTS: bounds the fp32 temporaries."""
+    for begin in range(start, start + count, CHUNK_ELEMENTS):
+        yield begin, min(CHUNK_ELEMENTS, start + count - begin)
+
+
+class ParameterStorage(ABC):
+    def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device) -> None:
+        self.layout, self.dtype, self.device = layout, dtype, device
+
+    @abstractmethod
+    def fill(self, source: ValueSource, master: torch.Tensor) -> None:
+        """Write the initial values of what this rank stores, and of its fp32 master partition."""
+
+    @abstractmethod
+    def bind(self, model: nn.Module) -> FlatLayout:
+        """Put parameters backed by this storage in place of the model's (meta or materialized) ones;
+        returns the layout over the new parameters."""
+
+    @abstractmethod
+    def publish(self, master: torch.Tensor) -> None:
+        """Make the 16-bit parameters equal the master weights (every DP rank calls it)."""
+
+    @abstractmethod
+    def tensors(self) -> list[torch.Tensor]:
+        """The live tensors holding parameters (for zero/memory.py)."""
+
+    def gathered(self, unit: Unit):
+        """A context in which `unit`'s parameters hold their full values."""
+        return contextlib.nullcontext()
+
+    def _fill_master(self, master: torch.Tensor, unit: Unit, slot, begin: int, values: torch.Tensor) -> None:
+        """Copy the part of `values` (slot elements [begin, begin + len)) that lies in this rank's shard."""
+        lo, hi = unit.shard_bounds(self.layout.part)
+        first, last = max(slot.start + begin, lo), min(slot.start + begin + values.numel(), hi)
+        if first < last:
+            offset = unit.partition_offset - lo
+            master[first + offset:last + offset] = values[first - slot.start - begin:last - slot.start - begin]
+
+
+def _rebuilt_layout(layout: FlatLayout, replaced: dict[int, nn.Parameter]) -> FlatLayout:
+    """The same layout (units, order, offsets) over the replacement parameters."""
+    return FlatLayout([[replaced[id(slot.param)] for slot in unit.slots] for unit in layout.units],
+                      layout.parts, layout.part, layout.alignment)
+
+
+class ReplicatedParameters(ParameterStorage):
+    """Stages 0-2: the whole TP shard in one flat 16-bit buffer. `group` is the one the partition is
+    cut across (the DP group; None when the partition is the whole buffer)."""
+
+    def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group,
+                 allgather_bucket_numel: int) -> None:
+        super().__init__(layout, dtype, device)
+        self.comm, self.group = comm, group
+        self.allgather_bucket_numel = allgather_bucket_numel
+        self.flat = torch.zeros(layout.numel, dtype=dtype, device=device)
+
+    def fill(self, source: ValueSource, master: torch.Tensor) -> None:
+        for unit in self.layout.units:
+            unit_flat = unit.in_buffer(self.flat)
+            for slot in unit.slots:
+                for begin, count in _pieces(0, slot.numel):
+                    values = source.read(slot.param, begin, count, self.device)
+                    unit_flat[slot.start + begin:slot.start + begin + count] = values
+                    self._fill_master(master, unit, slot, begin, values)
+
+    def bind(self, model: nn.Module) -> FlatLayout:
+        views = {}
+        for unit in self.layout.units:
+            unit_flat = unit.in_buffer(self.flat)
+            for slot in unit.slots:
+                views[id(slot.param)] = (slot.param, unit_flat[slot.start:slot.end].view(slot.shape))
+        self.layout = _rebuilt_layout(self.layout, replace_parameters(model, views))
+        return self.layout
+
+    def publish(self, master: torch.Tensor) -> None:
+        """All-gather every unit from the ranks' shards, a bucket of units in flight at a time; with
+        one part (stage 0) the "gather" is this rank's own copy."""
+        works, inputs, in_flight = [], [], 0
+        for unit in self.layout.units:
+            owned = unit.in_partition(master).to(self.dtype)  # its own tensor: no collective reads what it writes
+            works.append(self.comm.all_gather(unit.in_buffer(self.flat), owned, self.group, "dp", async_op=True))
+            inputs.append(owned)
+            in_flight += unit.numel
+            if in_flight >= self.allgather_bucket_numel:
+                for work in works:
+                    work.wait()
+                works, inputs, in_flight = [], [], 0
+        for work in works:
+            work.wait()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [slot.param.data for unit in self.layout.units for slot in unit.slots] + [self.flat]
+
+
+class ShardedParameters(ParameterStorage):
+    """Stage 3: this rank's 16-bit shard of every unit; chunks are gathered only while in use."""
+
+    def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group, zero_config,
+                 modules: Sequence[nn.Module]) -> None:
+        super().__init__(layout, dtype, device)
+        self.comm, self.group, self.zero_config = comm, group, zero_config
+        self.modules = list(modules)  # modules[i] runs layout.units[i]
+        self.shard = torch.zeros(layout.partition_numel, dtype=dtype, device=device)
+        self.gatherer: Optional[ParameterGatherer] = None
+
+    def fill(self, source: ValueSource, master: torch.Tensor) -> None:
+        for unit in self.layout.units:
+            for fragment in unit.fragments(self.layout.part):
+                for begin, count in _pieces(fragment.param_offset, fragment.numel):
+                    values = source.read(fragment.slot.param, begin, count, self.device)
+                    at = fragment.partition_offset + begin - fragment.param_offset
+                    self.shard[at:at + count] = values
+                    master[at:at + count] = values
+
+    def bind(self, model: nn.Module) -> FlatLayout:
+        """Each unit's chunk is allocated, its parameters become views into it, and its storage is
+        freed before the next unit's: building never holds more than one chunk."""
+        views, flats = {}, []
+        for unit in self.layout.units:
+            flat = torch.empty(unit.numel, dtype=self.dtype, device=self.device)
+            for slot in unit.slots:  # views are taken while the storage has its size
+                views[id(slot.param)] = (slot.param, flat[slot.start:slot.end].view(slot.shape))
+            flat.untyped_storage().resize_(0)
+            flats.append(flat)
+        self.layout = _rebuilt_layout(self.layout, replace_parameters(model, views))
+        self.gatherer = ParameterGatherer(self.layout, self.modules, model, flats, self.shard, self.comm,
+                                          self.group, self.zero_config)
+        self.gatherer.refresh_persistent()  # persistent chunks stay whole: gather them once now
+        return self.layout
+
+    def publish(self, master: torch.Tensor) -> None:
+        self.shard.copy_(master)
+        self.gatherer.refresh_persistent()
+
+    def gathered(self, unit: Unit):
+        return self.gatherer.gathered(unit)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [slot.param.data for unit in self.layout.units for slot in unit.slots] + [self.shard]
