@@ -236,3 +236,42 @@ def test_bf16_with_fp32_gradients_tracks_fp32_closer_than_bf16_gradients(tmp_pat
         for record in (r for r in records[name] if "comm_bytes" in r):
             sent = sum(record["comm_bytes"]["dp"].values())
             assert abs(sent - expected) <= 0.01 * expected, f"{name}: {sent} vs {expected:.0f}"
+
+
+# ---- checkpoints written before the meta-device construction still load ---------------------------
+
+LEGACY = __import__("pathlib").Path(__file__).parent / "data" / "checkpoint_84ae2c6"
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_a_checkpoint_saved_by_the_previous_construction_loads_exactly(stage):
+    """tests/data/checkpoint_84ae2c6 was written by commit 84ae2c6 (sequentially drawn weights, the old
+    ZeroOptimizer, stage 1): `pretrain_gpt.py --num-layers 2 --hidden-size 32 --num-attention-heads 4
+    --seq-length 32 --max-position-embeddings 32 --tokenizer-vocab-size 300 --global-batch-size 4
+    --micro-batch-size 2 --train-iters 2 --zero-stage 1 --seed 3 --save ...`. It loads into a model
+    built on the meta device and materialized by ZeRO: master, moments, step and weights as saved."""
+    from gpt.checkpoint_format import open_tensors, read_metadata, resolve_checkpoint
+    from gpt.checkpointing import load_checkpoint
+    from parallel.random import TensorParallelRNG
+
+    iteration_dir = resolve_checkpoint(LEGACY)
+    metadata = read_metadata(iteration_dir)
+    config = ModelConfig(**metadata["config"]["model"])
+    state = ParallelState(device=CPU)
+    rng = TensorParallelRNG(3, state)
+    model = GPTModel(config, state, rng)
+    zero = ZeroHarness(model, OPTIMIZER, ZeroConfig(stage=stage, reduce_bucket_size=5000), state, seed=99,
+                       stage3_units=model.blocks)
+    point = load_checkpoint(LEGACY, model, zero, rng, state)
+    assert (point.iteration, point.consumed_samples, zero.adam_step) == (2, 8, 2)
+    with open_tensors(iteration_dir, "model_tp00.safetensors", metadata) as reader:
+        saved = {key: reader.tensor(key) for key in reader.keys()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for unit in zero.layout.units:
+        with zero.gathered_parameters(unit):
+            for slot in unit.slots:
+                assert torch.equal(slot.param.detach(), saved[names[id(slot.param)]]), names[id(slot.param)]
+    zero.zero_grad()
+    tokens = torch.randint(0, config.vocab_size, (2, config.seq_length + 1), generator=torch.Generator().manual_seed(0))
+    zero.backward(model(tokens[:, :-1], tokens[:, 1:]).mean())
+    assert not zero.step().skipped and zero.adam_step == 3
