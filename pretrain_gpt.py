@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+import torch
+
 
 from data import DataError
 from data.corpus import prepare_default_corpus
@@ -27,7 +29,7 @@ from gpt.checkpoint_format import METADATA_FILE, CheckpointError, has_checkpoint
 from gpt.checkpointing import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gpt.config import ConfigError, PretrainConfig, batch_arithmetic
 from gpt.exit_conditions import ExitConditions
-from gpt.metrics import MetricsWriter, keep_records_through, parameter_count, perplexity, start_wandb
+from gpt.metrics import MemoryCheck, MetricsWriter, keep_records_through, parameter_count, perplexity, start_wandb
 from gpt.model import GPTModel
 from gpt.run_plan import resolve_plan
 from gpt.training import TrainingSummary, train
@@ -91,6 +93,8 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
 
     # Dropout streams (shared across TP ranks, and private per TP rank inside attention); the weights
     # are a function of the seed and their names, the same whatever the TP size.
+    predicted, why_not = predicted_peak(config, state, plan.vocab_size)
+    memory_check = MemoryCheck(predicted, state.device, why_not)
     rng = TensorParallelRNG(config.training.seed, state)
     model = GPTModel(config.model, state, rng=rng)  # on the meta device: no memory yet
     activations = ActivationMonitor(state.device)
@@ -151,7 +155,7 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
         summary = train(model, zero, train_batches, data.make_valid_loader, data.make_test_loader, plan,
                         state, writer, start_iteration=start.iteration, consumed_samples=start.consumed_samples,
                         save_checkpoint=save if checkpoint.save else None, exit_conditions=exit_conditions,
-                        activations=activations)
+                        activations=activations, memory_check=memory_check)
     finally:
         exit_conditions.close()
         writer.close()
@@ -161,6 +165,18 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     return summary
 
 
+def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int) -> tuple[Optional[int], str]:
+    """The planner's peak for this rank (a dry run of the same config, a few seconds at most), or None
+    and why: a prediction that fails must not stop a run."""
+    from zero.dry_run import Cluster, dry_run
+
+    cluster = Cluster(state.world_size, state.world_size, None, state.device.type)
+    try:
+        return dry_run(config, cluster, vocab_size, state.rank).total_bytes, ""
+    except Exception as error:  # noqa: BLE001 - any planner failure is reported, training goes on
+        return None, f"the planner failed: {type(error).__name__}: {error}"
+
+
 def _has_checkpoint(path: str) -> bool:
     """Whether --load names a checkpoint: a --save directory with `latest`, or an iteration directory.
     A broken one (latest naming a missing directory) counts, so that loading it reports the problem
@@ -168,9 +184,33 @@ def _has_checkpoint(path: str) -> bool:
     return has_checkpoint(path) or (Path(path) / METADATA_FILE).exists()
 
 
+def dry_run_launch(config: PretrainConfig) -> None:
+    """--dry-run: plan this launch's rank without a process group and print it (rank 0 only)."""
+    from parallel.state import read_launch_environment, resolve_device
+    from zero.dry_run import Cluster, dry_run
+    from zero.plan import format_plan, planning_vocab
+
+    launch = read_launch_environment()
+    try:
+        device = resolve_device(config.training.device, launch.local_rank)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    _, global_batch_size = batch_arithmetic(config.training, launch.world_size // config.training.tensor_model_parallel_size)
+    budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    cluster = Cluster(launch.world_size, launch.local_world_size or launch.world_size, budget, device.type)
+    vocab, source = planning_vocab(config, None)
+    if not (config.data.tokenizer_file or config.data.vocab_file):
+        vocab, source = config.data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
+    if launch.rank == 0:
+        print(format_plan(dry_run(config, cluster, vocab, launch.rank), cluster, config, source), flush=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         config = parse_config(argv)
+        if config.training.dry_run:
+            dry_run_launch(config)
+            return 0
         try:
             state = initialize(config.training.device, config.training.tensor_model_parallel_size,
                                timeout_minutes=config.training.distributed_timeout_minutes)

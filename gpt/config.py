@@ -132,6 +132,7 @@ class TrainingConfig:
     # (the paper's 16-bit gradients).
     accumulate_allreduce_grads_in_fp32: Optional[bool] = None
     device: str = "auto"
+    dry_run: bool = False  # print this rank's plan (zero/plan.py) and exit without training
     tensor_model_parallel_size: int = 1
     # How long a collective may wait for a peer: a dead or hung rank ends the job after this.
     distributed_timeout_minutes: float = 10.0

@@ -57,6 +57,29 @@ def peak_memory_bytes(device: torch.device) -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
 
 
+class MemoryCheck:
+    """After iteration 1, one line: the peak the planner predicted for this rank (zero/dry_run.py)
+    beside the peak measured: CUDA's max_memory_allocated, or on a CPU the growth of the process's
+    peak RSS since the model was built (which also holds the data loader and the allocator's slack)."""
+
+    def __init__(self, predicted_bytes: Optional[int], device: torch.device, note: str = "") -> None:
+        self.predicted_bytes, self.device, self.note = predicted_bytes, device, note
+        self.baseline = 0 if device.type == "cuda" else peak_memory_bytes(device)
+
+    def measured(self) -> tuple[int, str]:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device), "CUDA max_memory_allocated"
+        return peak_memory_bytes(self.device) - self.baseline, "peak RSS growth since the model was built"
+
+    def line(self, iteration: int) -> str:
+        measured, how = self.measured()
+        if self.predicted_bytes is None:
+            return f" memory after iteration {iteration}: {measured / 2**20:.1f} MiB ({how}); no prediction ({self.note})"
+        ratio = measured / self.predicted_bytes if self.predicted_bytes else float("nan")
+        return (f" memory after iteration {iteration}: predicted peak {self.predicted_bytes / 2**20:.1f} MiB "
+                f"(zero.plan), measured {measured / 2**20:.1f} MiB ({how}), measured/predicted {ratio:.2f}")
+
+
 def format_console_line(record: dict[str, Any], train_iters: int) -> str:
     """One Megatron-style line for a training record."""
     parts = [

@@ -23,7 +23,7 @@ from torch import nn
 from gpt.config import PretrainConfig
 from gpt.exit_conditions import ExitConditions
 from gpt.run_plan import RunPlan
-from gpt.metrics import (MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
+from gpt.metrics import (MemoryCheck, MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
                          peak_memory_bytes, perplexity)
 from gpt.schedule import learning_rate
 from parallel.state import ParallelState
@@ -101,7 +101,8 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
           plan: RunPlan, state: ParallelState, writer: MetricsWriter, *, start_iteration: int = 0,
           consumed_samples: int = 0, save_checkpoint: Optional[SaveCheckpoint] = None,
           exit_conditions: Optional[ExitConditions] = None,
-          activations: Optional[ActivationMonitor] = None) -> TrainingSummary:
+          activations: Optional[ActivationMonitor] = None,
+          memory_check: Optional[MemoryCheck] = None) -> TrainingSummary:
     """Train from `start_iteration` + 1 to --train-iters (a resumed run passes the checkpoint's
     iteration and consumed samples). With `save_checkpoint`, saves every --save-interval iterations,
     at the end, and before an early exit that `exit_conditions` calls for."""
@@ -191,6 +192,8 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
         meter = activations.finish_measurement() if measure else None
         if meter is not None:
             report_memory(optimizer, plan, state, writer, iteration, meter)
+        if memory_check is not None and iteration == start_iteration + 1 and state.is_first_rank:
+            print(memory_check.line(iteration), flush=True)
 
         last = iteration == training.train_iters
         if make_valid_loader is not None and eval_micro_batches > 0 and (

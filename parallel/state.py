@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from zero.comm import Communicator
+from zero.comm import Communicator, DryRunCommunicator, VirtualGroup
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -218,6 +218,26 @@ def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torc
             f"--tensor-model-parallel-size {tensor_parallel_size} is larger than the {per_node} GPUs of a "
             "node, so TP groups span nodes. TP across nodes is slow (the ZeRO paper measured it): keep TP "
             "within a node and scale across nodes with data parallelism (ZeRO).", stacklevel=3)
+
+
+def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
+                  device: torch.device | str = "meta") -> ParallelState:
+    """One rank of a grid that is not launched (the planner, zero/plan.py): the ranks, sizes and
+    layout `initialize` would give rank `rank` of `world_size` processes, with groups that are only
+    their sizes and a communicator that counts and sends nothing."""
+    if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
+        raise ValueError(f"--tensor-model-parallel-size {tensor_parallel_size} does not divide --world-size "
+                         f"{world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    data_parallel_size = world_size // tensor_parallel_size
+    return ParallelState(
+        device=torch.device(device), rank=rank, world_size=world_size,
+        tensor_parallel_size=tensor_parallel_size, tensor_parallel_rank=rank % tensor_parallel_size,
+        data_parallel_size=data_parallel_size, data_parallel_rank=rank // tensor_parallel_size,
+        tensor_parallel_group=VirtualGroup(tensor_parallel_size) if tensor_parallel_size > 1 else None,
+        data_parallel_group=VirtualGroup(data_parallel_size) if data_parallel_size > 1 else None,
+        comm=DryRunCommunicator(rank))
 
 
 def destroy(state: ParallelState) -> None:

@@ -38,6 +38,8 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
+from zero.memory import storage_identity
+
 
 def _rng_states(rng, device: torch.device) -> dict:
     if rng is not None:
@@ -69,13 +71,19 @@ class SavedTensorMeter:
         self.checkpointed_live = {"device": 0, "host": 0}
         self.checkpointed_peak = {"device": 0, "host": 0}
         self._counts: dict[tuple, int] = {}
-        # Checkpointed inputs announced by the checkpoint function, by (data_ptr, numel): autograd
+        # Checkpointed inputs announced by the checkpoint function, by where they start: autograd
         # packs a custom Function's saved tensors after its forward returns, so they are recognised
         # when they arrive rather than by a flag set around save_for_backward.
-        self._expected: dict[tuple[int, int], str] = {}
+        self._expected: dict[tuple, str] = {}
+
+    @staticmethod
+    def _where(tensor: torch.Tensor) -> tuple:
+        """The allocation and offset a tensor starts at (meta tensors, which all have data pointer 0,
+        included: the planner measures a rank on the meta device)."""
+        return (*storage_identity(tensor), tensor.storage_offset(), tensor.numel())
 
     def expect_checkpoint(self, tensor: torch.Tensor, location: str) -> None:
-        self._expected[(tensor.data_ptr(), tensor.numel())] = location
+        self._expected[self._where(tensor)] = location
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -86,10 +94,10 @@ class SavedTensorMeter:
         # Where it lives: by device, except that on a CPU-only run the host copies P_a+cpu makes are
         # known only from the checkpoint function's announcement.
         location = "host" if tensor.device.type == "cpu" and self.device.type != "cpu" else "device"
-        announced = self._expected.pop((tensor.data_ptr(), tensor.numel()), None)
+        announced = self._expected.pop(self._where(tensor), None)
         checkpointed = announced is not None
         location = announced or location
-        key = (tensor.device, tensor.data_ptr(), tensor.numel() * tensor.element_size(), location, checkpointed)
+        key = (self._where(tensor), tensor.numel() * tensor.element_size(), location, checkpointed)
         self._counts[key] = self._counts.get(key, 0) + 1
         if self._counts[key] == 1:
             self._add(key, +1)
@@ -106,7 +114,7 @@ class SavedTensorMeter:
             self._add(key, -1)
 
     def _add(self, key, sign: int) -> None:
-        _, _, nbytes, location, checkpointed = key
+        _, nbytes, location, checkpointed = key
         self.live[location] += sign * nbytes
         self.peak[location] = max(self.peak[location], self.live[location])
         if checkpointed:
@@ -179,7 +187,9 @@ class ActivationCheckpointing:
 
     @property
     def host(self) -> torch.device:
-        return torch.device("cpu")
+        """Where P_a+cpu keeps checkpoints: the CPU, or the meta device for a planner's rank (which
+        holds nothing but still reports the checkpoints as host memory)."""
+        return torch.device("meta") if self.device.type == "meta" else torch.device("cpu")
 
     def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor) -> torch.Tensor:
         """`hidden` through every block, checkpointing groups of `checkpoint_num_layers` blocks

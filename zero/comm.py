@@ -17,6 +17,11 @@ figure is a lower bound on what the links carry.) Fractions of a byte are rounde
 A group of size 1 -- and `None`, which here means "no group", never torch's default world group --
 is skipped entirely: no call, no bytes. That is how TP=1 and DP=1 cost nothing without any caller
 checking sizes.
+
+`DryRunCommunicator` is the planner's (zero/plan.py): the same checks and the same byte accounting,
+but the transport does nothing and the groups are `VirtualGroup`s, which are only a size. One rank of
+a 400-GPU grid can thus run the real model and ZeRO code with no process group at all, and what it
+counts is what a live rank would count.
 """
 
 from __future__ import annotations
@@ -85,9 +90,28 @@ class CompletedWork:
         return True
 
 
-def group_size(group: Optional[dist.ProcessGroup]) -> int:
+class VirtualGroup:
+    """A process group that is only its size: one rank's TP or DP group in a planned (dry) run."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a group has at least one rank, got {size}")
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"VirtualGroup(size={self._size})"
+
+
+def group_size(group) -> int:
     """Ranks in `group`; 1 for None (no group)."""
-    return 1 if group is None else dist.get_world_size(group)
+    if group is None:
+        return 1
+    if isinstance(group, VirtualGroup):
+        return group.size()
+    return dist.get_world_size(group)
 
 
 def _num_bytes(tensor: torch.Tensor) -> int:
@@ -115,7 +139,7 @@ class Communicator:
         if self._skip(group):
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "all_reduce", ring_bytes_sent("all_reduce", _num_bytes(tensor), group_size(group)))
-        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        return self._transport_all_reduce(tensor, op, group, async_op)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                        group_name: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
@@ -128,7 +152,7 @@ class Communicator:
             _copy_unless_same(output, input)
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "reduce_scatter", ring_bytes_sent("reduce_scatter", _num_bytes(input), size))
-        return _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+        return self._transport_reduce_scatter(output, input, op, group, async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                    group_name: str, async_op: bool = False):
@@ -141,7 +165,7 @@ class Communicator:
             _copy_unless_same(output, input)
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "all_gather", ring_bytes_sent("all_gather", _num_bytes(output), size))
-        return _all_gather_single(output, input, group=group, async_op=async_op)
+        return self._transport_all_gather(output, input, group, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup], group_name: str,
                   async_op: bool = False):
@@ -150,9 +174,26 @@ class Communicator:
         size = group_size(group)
         if size == 1:
             return CompletedWork() if async_op else None
-        is_source = dist.get_rank() == src
+        is_source = self._global_rank() == src
         self.stats.add(group_name, "broadcast", ring_bytes_sent("broadcast", _num_bytes(tensor), size, is_source))
+        return self._transport_broadcast(tensor, src, group, async_op)
+
+    # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------
+
+    def _transport_all_reduce(self, tensor, op, group, async_op):
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+    def _transport_reduce_scatter(self, output, input, op, group, async_op):
+        return _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+
+    def _transport_all_gather(self, output, input, group, async_op):
+        return _all_gather_single(output, input, group=group, async_op=async_op)
+
+    def _transport_broadcast(self, tensor, src, group, async_op):
         return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+
+    def _global_rank(self) -> int:
+        return dist.get_rank()
 
     def barrier(self, group: Optional[dist.ProcessGroup] = None) -> None:
         """Wait for every rank of `group`. Unlike the data collectives, None here means the whole world
@@ -191,3 +232,40 @@ def _copy_unless_same(output: torch.Tensor, input: torch.Tensor) -> None:
     """A collective over one rank is the identity; callers may pass the same buffer as both ends."""
     if output.data_ptr() != input.data_ptr():
         output.copy_(input.reshape(output.shape))
+
+
+class DryRunCommunicator(Communicator):
+    """Counts what one rank (global rank `rank`) of a planned run would send, and sends nothing.
+    Tensors in a dry run live on the meta device, so nothing is moved or written either."""
+
+    def __init__(self, rank: int = 0) -> None:
+        super().__init__()
+        self.rank = rank
+
+    @staticmethod
+    def _done(async_op: bool):
+        return CompletedWork() if async_op else None
+
+    def _transport_all_reduce(self, tensor, op, group, async_op):
+        return self._done(async_op)
+
+    def _transport_reduce_scatter(self, output, input, op, group, async_op):
+        return self._done(async_op)
+
+    def _transport_all_gather(self, output, input, group, async_op):
+        return self._done(async_op)
+
+    def _transport_broadcast(self, tensor, src, group, async_op):
+        return self._done(async_op)
+
+    def _global_rank(self) -> int:
+        return self.rank
+
+    def barrier(self, group=None) -> None:
+        return None
+
+    def all_gather_object(self, obj) -> list:
+        return [obj]
+
+    def any_rank(self, flags: list[bool], device: torch.device) -> list[bool]:
+        return list(flags)

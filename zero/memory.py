@@ -149,17 +149,27 @@ def _check_positive(**sizes: int) -> None:
             raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int]:
+def storage_identity(tensor: torch.Tensor) -> tuple[str, int]:
+    """Which allocation `tensor` is a view of: its device and data pointer, or, on the meta device
+    (where every data pointer is 0), the storage object's own address."""
     storage = tensor.untyped_storage()
-    return (str(tensor.device), storage.data_ptr(), storage.nbytes())
+    if tensor.device.type == "meta":
+        return ("meta", storage._cdata)
+    return (str(tensor.device), storage.data_ptr())
 
 
-def measure_tensor_bytes(categories: dict[str, Iterable[Optional[torch.Tensor]]]) -> dict[str, int]:
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int]:
+    return (*storage_identity(tensor), tensor.untyped_storage().nbytes())
+
+
+def measure_tensor_bytes(categories: dict[str, Iterable[Optional[torch.Tensor]]],
+                         include_meta: bool = False) -> dict[str, int]:
     """Bytes of the distinct storages behind each category's tensors, plus the model-state "total".
 
     Categories are walked in MEASURED_CATEGORIES order whatever the dict's order, and a storage
     counts under the first category that holds it. None entries (a parameter without a gradient
-    yet) and meta tensors (no memory behind them) are skipped.
+    yet) are skipped, and so are meta tensors (no memory behind them) unless `include_meta`: the
+    planner's rank lives on the meta device and counts what the storages would hold.
     """
     unknown = set(categories) - set(MEASURED_CATEGORIES)
     if unknown:
@@ -172,7 +182,7 @@ def measure_tensor_bytes(categories: dict[str, Iterable[Optional[torch.Tensor]]]
             continue
         measured[category] = 0
         for tensor in categories[category]:
-            if tensor is None or tensor.device.type == "meta":
+            if tensor is None or (tensor.device.type == "meta" and not include_meta):
                 continue
             key = _storage_key(tensor)
             if key in seen:

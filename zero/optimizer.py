@@ -109,6 +109,11 @@ class ShardedAdamW:
 
     def global_grad_norm(self, grads: torch.Tensor) -> float:
         """L2 norm over the whole model of the partition gradients `grads` (see the module docstring)."""
+        return self.grad_norm_squared(grads).sqrt().item()
+
+    def grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
+        """The squared global norm as a 1-element fp32 tensor, summed over TP and the partition group
+        (its collectives are the step's only ones besides publishing; the planner replays them)."""
         sharded = [grads[s.start:s.end] for s in self._segments if s.kind.tensor_parallel]
         replicated = [grads[s.start:s.end] for s in self._segments if not s.kind.tensor_parallel]
         if self.parallel_state.tensor_parallel_rank != 0:
@@ -119,7 +124,7 @@ class ShardedAdamW:
         total = total.reshape(1).to(torch.float32)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
-        return total.sqrt().item()
+        return total
 
     def step(self) -> StepResult:
         """Unscale, agree on overflow, clip by the global norm, update this rank's partition with AdamW

@@ -103,6 +103,7 @@ class ParameterGatherer:
         self._state = [_RELEASED] * len(self.units)
         self._work: dict[int, object] = {}
         self.live_numel = 0
+        self.peak_live_numel = 0               # the most parameter elements gathered at once
         self._trace: list[int] = []            # units in the order this forward ran them
         self._in_backward: set[int] = set()    # units whose backward has started in this backward
         self._backward_started = False         # any unit's backward has begun since the last sync
@@ -110,6 +111,7 @@ class ParameterGatherer:
             self.flat[index].untyped_storage().resize_(self._nbytes[index])
             self._state[index] = _READY
             self.live_numel += self.units[index].numel
+        self.peak_live_numel = self.live_numel
         self._handles = []
         for unit, module in zip(self.units, modules):
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_forward, unit)))
@@ -126,6 +128,7 @@ class ParameterGatherer:
         self._work[unit.index] = self.comm.all_gather(flat, shard, self.group, "dp", async_op=True)
         self._state[unit.index] = _IN_FLIGHT
         self.live_numel += unit.numel
+        self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
 
     def fetch(self, unit: Unit) -> None:
         """Make `unit`'s parameters usable now."""

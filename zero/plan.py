@@ -1,0 +1,261 @@
+"""The planner: will it fit, and what will it send, for any model on any cluster, without GPUs.
+
+    python -m zero.plan tables                       # the ZeRO paper's Tables 1 and 2, from the formulas
+    python -m zero.plan dry-run --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
+        --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \\
+        --zero-stage 2 --checkpoint-activations --partition-activations --micro-batch-size 4 --fp16 [--json]
+    python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
+        --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
+
+`dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`,
+`--gpus-per-node`, `--gpu-memory` (e.g. 32GB = 32e9 bytes, 32GiB = 32 x 2^30), `--rank` (which rank to
+plan; default 0) and `--vocab-size` (default: the tokenizer the flags name, else GPT-2's 50257). DP is
+world size / TP, as in a real launch. A dry run builds the real model and the real ZeRO setup for one
+rank on the meta device and runs one iteration through them (zero/dry_run.py); `max-size` repeats it
+to find the most layers that fit under each of the paper's configurations C1-C5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from typing import Optional, Sequence
+
+from gpt.config import ConfigError, PretrainConfig
+from gpt.errors import run_tool
+from zero.dry_run import Cluster, RankPlan, dry_run
+from zero.memory import format_bytes
+from zero.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
+
+GPT2_VOCAB = 50257
+# The paper's Figures 6-8 configurations (section 10.4): each with activation checkpointing.
+CONFIGURATIONS = {
+    "C1": {"stage": 1, "partition_activations": False, "cpu_checkpointing": False},
+    "C2": {"stage": 1, "partition_activations": True, "cpu_checkpointing": False},
+    "C3": {"stage": 2, "partition_activations": False, "cpu_checkpointing": False},
+    "C4": {"stage": 2, "partition_activations": True, "cpu_checkpointing": False},
+    "C5": {"stage": 2, "partition_activations": True, "cpu_checkpointing": True},
+}
+CONFIGURATION_NAMES = {"C1": "P_os", "C2": "P_os + P_a", "C3": "P_os+g", "C4": "P_os+g + P_a",
+                       "C5": "P_os+g + P_a+cpu"}
+
+
+def parse_memory(text: str) -> int:
+    """"32GB" (decimal), "32GiB" (binary), "80e9" or a plain byte count -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGT]i?B)?\s*", text)
+    if not match:
+        raise ConfigError(f"--gpu-memory {text!r}: give a size like 32GB, 80GiB or 34359738368")
+    value, unit = float(match.group(1)), (match.group(2) or "B")
+    scale = {"B": 1} if unit == "B" else {unit: (1024 if "i" in unit else 1000) ** ("KMGT".index(unit[0]) + 1)}
+    return int(value * scale[unit])
+
+
+def planning_vocab(config: PretrainConfig, override: Optional[int]) -> tuple[int, str]:
+    """The vocabulary to plan with, and where it came from."""
+    if override is not None:
+        if override < 1:
+            raise ConfigError(f"--vocab-size must be at least 1, got {override}")
+        return override, "--vocab-size"
+    data = config.data
+    if data.tokenizer_file or data.vocab_file:
+        from data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_file=data.tokenizer_file, vocab_file=data.vocab_file,
+                                   merges_file=data.merge_file)
+        return tokenizer.vocab_size, "the tokenizer named by the flags"
+    return GPT2_VOCAB, "GPT-2's vocabulary (no tokenizer given; pass --vocab-size to change it)"
+
+
+# ---- dry-run --------------------------------------------------------------------------------------
+
+def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str) -> str:
+    training, activations = config.training, config.activations
+    devices = "GPUs" if cluster.device_type == "cuda" else "processes"
+    lines = [f"dry run of rank {plan.rank} (TP rank {plan.tensor_parallel_rank}, DP rank {plan.data_parallel_rank}) "
+             f"of {cluster.world_size} {devices}, {cluster.gpus_per_node} per node: TP {plan.tensor_parallel_size} "
+             f"x DP {plan.data_parallel_size}",
+             f"model: {_count(plan.parameters_total)} parameters ({config.model.num_layers} layers, hidden "
+             f"{config.model.hidden_size}, {config.model.num_attention_heads} heads, sequence "
+             f"{config.model.seq_length}; vocabulary from {vocab_source}); this rank's TP shard "
+             f"{plan.parameters_local:,}",
+             f"training: ZeRO stage {plan.stage}, {plan.precision} parameters, {plan.gradient_precision} gradients, "
+             f"micro batch {training.micro_batch_size}; checkpointing "
+             + (("on" + (", P_a" if activations.partition_activations else "")
+                 + (", P_a+cpu" if activations.cpu_checkpointing else "")
+                 + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
+                if activations.checkpoint_activations else "off"),
+             "", "per GPU:" if cluster.device_type == "cuda" else "per process:"]
+    states = plan.model_state_bytes
+    rows = [("parameters", states["parameters"]), ("gradients", states["gradients"]),
+            ("fp32 master weights", states["master_weights"]), ("Adam moments", states["optimizer_states"]),
+            ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
+    if plan.stage == 3:
+        rows.append((f"stage-3 gathered chunks, peak (prefetch {plan.stage3_prefetch_elements:,} elements)",
+                     plan.stage3_live_chunk_bytes))
+    rows += [("saved for backward, peak over the iteration", plan.saved_activation_bytes["device"]),
+             ("  of which activation checkpoints" + (" (1/TP each, P_a)" if activations.partition_activations else ""),
+              plan.checkpoint_bytes["device"]),
+             ("  of which the loss's fp32 softmax", plan.loss_softmax_bytes),
+             ("  one block's saved tensors in forward", plan.block_saved_bytes["forward"]),
+             ("  one block's saved tensors in backward (recompute)", plan.block_saved_bytes["backward"]),
+             ("logits of one micro-batch (transient)", plan.logits_bytes),
+             ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes)]
+    width = max(len(name) for name, _ in rows) + 2
+    lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]
+    lines.append(f"  {'total':<{width}} {format_bytes(plan.total_bytes):>12}")
+    if plan.saved_activation_bytes["host"]:
+        lines.append(f"  {'host memory: activation checkpoints (P_a+cpu)':<{width}} "
+                     f"{format_bytes(plan.saved_activation_bytes['host']):>12}")
+    if plan.budget_bytes is not None:
+        verdict = "fits" if plan.fits else "does NOT fit"
+        lines.append(f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, headroom "
+                     f"{format_bytes(plan.headroom_bytes)}" if plan.fits else
+                     f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}")
+    lines += ["", "sent per iteration by this rank:"]
+    for group, kinds in plan.comm_bytes.items():
+        sent = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in kinds.items() if n)
+        lines.append(f"  {group}: {sent or 'nothing'}")
+    lines += [f"FLOPs per iteration: {plan.flops_per_iteration:.3e} (model FLOPs"
+              + (" with recompute" if activations.checkpoint_activations else "") + f"), {plan.flops_per_gpu:.3e} per GPU",
+              "", "not known to a dry run (leave headroom for them):"]
+    lines += [f"  - {unknown}" for unknown in plan.unknowns] + [f"note: {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def _count(parameters: int) -> str:
+    return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters:,}"
+
+
+# ---- max-size -------------------------------------------------------------------------------------
+
+def _with(config: PretrainConfig, num_layers: int, configuration: Optional[dict]) -> PretrainConfig:
+    model = dataclasses.replace(config.model, num_layers=num_layers)
+    zero, activations = config.zero, config.activations
+    if configuration is not None:
+        zero = dataclasses.replace(zero, stage=configuration["stage"])
+        activations = dataclasses.replace(activations, checkpoint_activations=True,
+                                          partition_activations=configuration["partition_activations"],
+                                          cpu_checkpointing=configuration["cpu_checkpointing"])
+    return dataclasses.replace(config, model=model, zero=zero, activations=activations)
+
+
+def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configuration: Optional[dict],
+                   progress=None) -> tuple[int, Optional[RankPlan]]:
+    """The most layers (the rest of the shape fixed) whose dry run fits the budget, and that plan.
+
+    A rank's bytes grow linearly with the layers (each adds the same states, checkpoint and buckets),
+    so two small dry runs locate the answer; dry runs around it then confirm it exactly."""
+    def plan_for(layers: int) -> RankPlan:
+        result = dry_run(_with(config, layers, configuration), cluster, vocab)
+        if progress:
+            progress(f"    {layers} layers: {format_bytes(result.total_bytes)}")
+        return result
+
+    small, larger = plan_for(2), plan_for(4)
+    if not small.fits:
+        return (1, plan_for(1)) if plan_for(1).fits else (0, None)
+    per_layer = max(1, (larger.total_bytes - small.total_bytes) / 2)
+    guess = max(2, int(2 + (cluster.gpu_memory_bytes - small.total_bytes) / per_layer))
+    best = plan_for(guess)
+    while not best.fits and guess > 2:
+        guess -= 1
+        best = plan_for(guess)
+    while True:
+        above = plan_for(guess + 1)
+        if not above.fits:
+            return guess, best
+        guess, best = guess + 1, above
+
+
+def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, config: PretrainConfig) -> str:
+    tp = config.training.tensor_model_parallel_size
+    figure6 = tp == 16 and cluster.world_size == 400
+    table2 = cluster.world_size == 64 * tp and tp in PAPER_TABLE2_MEASURED
+    header = "| config | ZeRO | max layers | parameters | per-GPU total | headroom |"
+    rule = "|---|---|---:|---:|---:|---:|"
+    if figure6:
+        header, rule = header + " paper Figure 6 |", rule + "---:|"
+    if table2:
+        header, rule = header + " paper Table 2 measured P_os |", rule + "---:|"
+    lines = [f"largest model per configuration on {cluster.world_size} GPUs (TP {tp}), "
+             f"{format_bytes(cluster.gpu_memory_bytes)} each; hidden {config.model.hidden_size}, "
+             f"{config.model.num_attention_heads} heads, sequence {config.model.seq_length}, micro batch "
+             f"{config.training.micro_batch_size}, {config.training.precision}", header, rule]
+    for name, (layers, plan) in results.items():
+        row = (f"| {name} | {CONFIGURATION_NAMES.get(name, '-')} | {layers} | "
+               f"{format_parameters(plan.parameters_total) if plan else '-'} | "
+               f"{format_bytes(plan.total_bytes) if plan else '-'} | {format_bytes(plan.headroom_bytes) if plan else '-'} |")
+        if figure6:
+            paper = PAPER_FIGURE6.get(name)
+            row += f" {format_parameters(paper) if paper else 'not given'} |"
+        if table2:
+            row += f" {format_parameters(PAPER_TABLE2_MEASURED[tp][1]) if name == 'C1' else ''} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+def planner_arguments(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, add_help=False)
+    p.add_argument("--world-size", type=int, default=1, help="GPUs in the job")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpu-memory", default=None, help="per-GPU budget: 32GB, 80GiB, ... (no verdict without it)")
+    p.add_argument("--rank", type=int, default=0, help="which rank to plan")
+    p.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer the flags name, else 50257")
+    p.add_argument("--target", choices=("cuda", "cpu"), default="cuda",
+                   help="the device the run will use (it decides which attention kernel's tensors are kept)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+    return p
+
+
+def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, PretrainConfig, Cluster]:
+    from gpt.arguments import parse_config
+
+    planner, rest = planner_arguments(prog).parse_known_args(list(argv))
+    config = parse_config(rest)
+    for name in ("world_size", "gpus_per_node"):
+        if getattr(planner, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(planner, name)}")
+    budget = parse_memory(planner.gpu_memory) if planner.gpu_memory is not None else None
+    return planner, config, Cluster(planner.world_size, planner.gpus_per_node, budget, planner.target)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = ("tables", "dry-run", "max-size")
+    if not argv or argv[0] not in commands:
+        if argv and argv[0] in ("-h", "--help"):
+            print(__doc__)
+            return 0
+        raise ConfigError(f"usage: python -m zero.plan {{{','.join(commands)}}} [flags]; see --help")
+    command, rest = argv[0], argv[1:]
+    if command == "tables":
+        print(format_table1() + "\n\n" + format_table2())
+        return 0
+    planner, config, cluster = parse_planner(rest, f"python -m zero.plan {command}")
+    vocab, source = planning_vocab(config, planner.vocab_size)
+    if command == "dry-run":
+        plan = dry_run(config, cluster, vocab, planner.rank)
+        print(json.dumps(plan.to_json()) if planner.json else format_plan(plan, cluster, config, source))
+        return 0
+    if cluster.gpu_memory_bytes is None:
+        raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
+    results = {}
+    for name, configuration in CONFIGURATIONS.items():
+        print(f"> {name} ({CONFIGURATION_NAMES[name]})", file=sys.stderr, flush=True)
+        results[name] = largest_layers(config, cluster, vocab, configuration,
+                                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if planner.json:
+        print(json.dumps({name: {"layers": layers, "plan": plan.to_json() if plan else None}
+                          for name, (layers, plan) in results.items()}))
+    else:
+        print(format_max_size(results, cluster, config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool("python -m zero.plan", main, (ConfigError,)))
