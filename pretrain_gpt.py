@@ -65,7 +65,8 @@ def build_data(config: PretrainConfig, state: ParallelState) -> DataSplits:
     eval_samples = training.eval_iters * training.global_batch_size
     num_samples = (training.train_iters * training.global_batch_size, eval_samples, eval_samples)
     train_set, valid_set, test_set = build_train_valid_test_datasets(
-        data_path, config.data.split, config.model.seq_length, training.seed, num_samples)
+        data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
+        vocab_size=tokenizer.vocab_size)
 
     def loader(dataset, consumed_samples=0):
         return build_data_loader(dataset, consumed_samples=consumed_samples,
