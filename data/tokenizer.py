@@ -139,8 +139,8 @@ def _load_gpt2_files(vocab_file: str, merges_file: str) -> GPTTokenizer:
     try:
         with open(vocab_file, encoding="utf-8") as f:
             vocab = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"--vocab-file {vocab_file}: not a JSON vocabulary ({error})") from error
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise DataError(f"--vocab-file {vocab_file}: not a JSON vocabulary ({type(error).__name__}: {error})") from None
     if not isinstance(vocab, dict):
         raise DataError(f"--vocab-file {vocab_file}: expected a JSON object of token -> id")
     if EOD_TOKEN not in vocab:
