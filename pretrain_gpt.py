@@ -93,11 +93,11 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # Validate the batch arithmetic, the outputs and the checkpoint before any data or model work.
     config.training.gradient_accumulation_steps(state.data_parallel_size)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
-    start = claim_run_start(config, state, corpus_cache_dir(config), lambda line: log(line, flush=True))
+    claimed = claim_run_start(config, state, corpus_cache_dir(config), lambda line: log(line, flush=True))
     try:
-        return run_claimed(config, state, start)
+        return run_claimed(config, state, claimed)
     finally:
-        start.release()
+        claimed.release()
 
 
 def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart) -> TrainingSummary:
@@ -147,9 +147,8 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
         if dropped:
             log(f"> dropped {dropped} records after iteration {start.iteration} from {metrics_path}: this run "
                 f"redoes those iterations", flush=True)
-        elif start.iteration == 0 and count_records(str(metrics_path)):
-            log(f"> appending to {metrics_path}, which holds {count_records(str(metrics_path))} records of "
-                f"earlier runs", flush=True)
+        elif start.iteration == 0 and (earlier := count_records(str(metrics_path))):
+            log(f"> appending to {metrics_path}, which holds {earlier} records of earlier runs", flush=True)
     wandb_run = None
     if state.is_first_rank:
         wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,
