@@ -1,11 +1,13 @@
-"""Pretrain a GPT: parse config -> parallel state -> tokenizer and data -> model and optimizer -> train.
+"""Pretrain a GPT: config -> parallel state -> tokenizer and data -> run plan -> model -> ZeRO -> train.
 
     python pretrain_gpt.py                          # the tiny preset on the embedded corpus
     python pretrain_gpt.py --config gpt2-124m --data-path my_text_document --vocab-file vocab.json \
         --merge-file merges.txt
 
-Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data) is reported as one line
-on stderr with exit code 2, before any work starts.
+Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data, an unwritable output, a
+save directory another run owns, a damaged checkpoint) is reported as one line on stderr with exit
+code 2, before any work starts; see gpt/run_start.py for what is checked. `--dry-run` prints what this
+rank would hold and send (zero/plan.py) and exits.
 """
 
 from __future__ import annotations
@@ -18,21 +20,23 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-
 from data import DataError
 from data.corpus import prepare_default_corpus
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.sampler import build_data_loader
 from data.tokenizer import GPTTokenizer, load_tokenizer
 from gpt.arguments import parse_config
-from gpt.checkpoint_format import METADATA_FILE, CheckpointError, has_checkpoint
+from gpt.checkpoint_format import LATEST_FILE, CheckpointError, resolve_checkpoint
 from gpt.checkpointing import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gpt.config import ConfigError, PretrainConfig, batch_arithmetic
+from gpt.errors import run_tool
 from gpt.exit_conditions import ExitConditions
-from gpt.metrics import MemoryCheck, MetricsWriter, keep_records_through, parameter_count, perplexity, start_wandb
+from gpt.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, parameter_count,
+                         perplexity, start_wandb)
 from gpt.model import GPTModel
 from gpt.run_plan import resolve_plan
-from gpt.training import TrainingSummary, train
+from gpt.run_start import RunStart, claim_run_start
+from gpt.training import TrainingDiverged, TrainingSummary, train
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
 from zero.activations import ActivationMonitor, apply_activation_checkpointing
@@ -67,7 +71,8 @@ def build_data(config: PretrainConfig, state: ParallelState, global_batch_size: 
     eval_samples = training.eval_iters * global_batch_size
     num_samples = (training.train_iters * global_batch_size, eval_samples, eval_samples)
     train_set, valid_set, test_set = build_train_valid_test_datasets(
-        data_path, config.data.split, config.model.seq_length, training.seed, num_samples)
+        data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
+        vocab_size=tokenizer.vocab_size)
 
     def loader(dataset, consumed_samples=0):
         return build_data_loader(dataset, consumed_samples=consumed_samples,
@@ -82,8 +87,24 @@ def build_data(config: PretrainConfig, state: ParallelState, global_batch_size: 
     )
 
 
+def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
+    """Where the embedded corpus is prepared; None when the user's --data-path is used instead."""
+    return None if config.data.data_path else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
+
+
 def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
-    # Validate the batch arithmetic before any data or model work.
+    # Validate the batch arithmetic, the outputs and the checkpoint before any data or model work.
+    batch_arithmetic(config.training, state.data_parallel_size)
+    log = print if state.is_first_rank else (lambda *args, **kwargs: None)
+    claimed = claim_run_start(config, state, corpus_cache_dir(config), lambda line: log(line, flush=True))
+    try:
+        return run_claimed(config, state, claimed)
+    finally:
+        claimed.release()
+
+
+def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart) -> TrainingSummary:
+    """The run, once its outputs are claimed and its checkpoint (if any) verified."""
     _, global_batch_size = batch_arithmetic(config.training, state.data_parallel_size)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
     log("> preparing tokenizer and data", flush=True)
@@ -91,10 +112,10 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     plan = resolve_plan(config, data.tokenizer.vocab_size, state.tensor_parallel_size, state.data_parallel_size)
     config = plan.config  # from here on, the resolved copy
 
-    # Dropout streams (shared across TP ranks, and private per TP rank inside attention); the weights
-    # are a function of the seed and their names, the same whatever the TP size.
     predicted, why_not = predicted_peak(config, state, plan.vocab_size)
     memory_check = MemoryCheck(predicted, state.device, why_not)
+    # Dropout streams (shared across TP ranks, and private per TP rank inside attention); the weights
+    # are a function of the seed and their names, the same whatever the TP size.
     rng = TensorParallelRNG(config.training.seed, state)
     model = GPTModel(config.model, state, rng=rng)  # on the meta device: no memory yet
     activations = ActivationMonitor(state.device)
@@ -102,9 +123,7 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
         apply_activation_checkpointing(model, config.activations, state, rng, activations)
     zero = apply_zero(model, config, state, blocks=model.blocks)  # each rank materializes what it owns
     checkpoint = config.checkpoint
-    resume_from = checkpoint.load if checkpoint.load and _has_checkpoint(checkpoint.load) else None
-    if checkpoint.load and resume_from is None:
-        log(f"> no checkpoint in {checkpoint.load} yet: starting a fresh run", flush=True)
+    resume_from = claimed.resume_from
     if checkpoint.init_from_hf and resume_from is None:
         from gpt.hf import initialize_from_hf  # transformers is only imported when it is needed
 
@@ -113,7 +132,8 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     start = ResumePoint(0, 0, None)
     if resume_from is not None:
         start = load_checkpoint(resume_from, model, zero.optimizer, rng, state, load_optimizer=checkpoint.load_optim,
-                                load_rng=checkpoint.load_rng, finetune=checkpoint.finetune)
+                                load_rng=checkpoint.load_rng, finetune=checkpoint.finetune,
+                                verify=False)  # claim_run_start verified every file before any work
         log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
                                           f"({start.consumed_samples} samples consumed)"
                                           if not checkpoint.finetune else "weights only, from iteration 0"),
@@ -129,12 +149,13 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
         flush=True)
 
     metrics_path = Path(config.logging.metrics_file)
-    if state.is_first_rank:
-        metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        if start.iteration > 0:  # a resumed run continues its record from the checkpoint
-            keep_records_through(str(metrics_path), start.iteration)
-        else:
-            metrics_path.unlink(missing_ok=True)  # a new run starts a new record
+    if state.is_first_rank:  # appended to, never truncated: only the records a resume redoes go
+        dropped = drop_redone_records(str(metrics_path), start.iteration) if start.iteration > 0 else 0
+        if dropped:
+            log(f"> dropped {dropped} records after iteration {start.iteration} from {metrics_path}: this run "
+                f"redoes those iterations", flush=True)
+        elif start.iteration == 0 and (earlier := count_records(str(metrics_path))):
+            log(f"> appending to {metrics_path}, which holds {earlier} records of earlier runs", flush=True)
     wandb_run = None
     if state.is_first_rank:
         wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,
@@ -156,6 +177,8 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
                         state, writer, start_iteration=start.iteration, consumed_samples=start.consumed_samples,
                         save_checkpoint=save if checkpoint.save else None, exit_conditions=exit_conditions,
                         activations=activations, memory_check=memory_check)
+    except TrainingDiverged as error:
+        raise TrainingDiverged(f"{error}; {last_good_checkpoint(checkpoint.save, start.path)}") from None
     finally:
         exit_conditions.close()
         writer.close()
@@ -175,13 +198,6 @@ def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int
         return dry_run(config, cluster, vocab_size, state.rank).total_bytes, ""
     except Exception as error:  # noqa: BLE001 - any planner failure is reported, training goes on
         return None, f"the planner failed: {type(error).__name__}: {error}"
-
-
-def _has_checkpoint(path: str) -> bool:
-    """Whether --load names a checkpoint: a --save directory with `latest`, or an iteration directory.
-    A broken one (latest naming a missing directory) counts, so that loading it reports the problem
-    instead of silently starting over."""
-    return has_checkpoint(path) or (Path(path) / METADATA_FILE).exists()
 
 
 def dry_run_launch(config: PretrainConfig) -> None:
@@ -205,25 +221,37 @@ def dry_run_launch(config: PretrainConfig) -> None:
         print(format_plan(dry_run(config, cluster, vocab, launch.rank), cluster, config, source), flush=True)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def last_good_checkpoint(save_dir: Optional[str], loaded: Optional[Path]) -> str:
+    """Where a diverged run can restart from, in words: what --save's `latest` names, else the
+    checkpoint this run loaded."""
+    if save_dir and (Path(save_dir) / LATEST_FILE).is_file():
+        try:
+            return f"the last good checkpoint is {resolve_checkpoint(save_dir)}"
+        except CheckpointError:
+            pass
+    if loaded is not None:
+        return f"the last good checkpoint is {loaded} (the one this run loaded)"
+    return "no checkpoint was saved"
+
+
+def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
+    config = parse_config(argv)
+    if config.training.dry_run:
+        dry_run_launch(config)
+        return
     try:
-        config = parse_config(argv)
-        if config.training.dry_run:
-            dry_run_launch(config)
-            return 0
-        try:
-            state = initialize(config.training.device, config.training.tensor_model_parallel_size,
-                               timeout_minutes=config.training.distributed_timeout_minutes)
-        except ValueError as error:  # a launch or device the config cannot run on
-            raise ConfigError(str(error)) from None
-        try:
-            run(config, state)
-        finally:
-            destroy(state)
-    except (ConfigError, DataError, CheckpointError) as error:
-        print(f"pretrain_gpt.py: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+        state = initialize(config.training.device, config.training.tensor_model_parallel_size,
+                           timeout_minutes=config.training.distributed_timeout_minutes)
+    except ValueError as error:  # a launch or device the config cannot run on
+        raise ConfigError(str(error)) from None
+    try:
+        run(config, state)
+    finally:
+        destroy(state)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_tool("pretrain_gpt.py", lambda: initialize_and_run(argv), (DataError,))
 
 
 if __name__ == "__main__":

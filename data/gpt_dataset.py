@@ -29,6 +29,7 @@ import torch
 
 from data import DataError
 from data.indexed import IndexedDataset, index_file_path
+from data.token_range import check_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -410,17 +411,21 @@ def build_train_valid_test_datasets(
     seed: int,
     num_samples: tuple[int, int, int],
     cache_dir: str | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[torch.utils.data.Dataset | None, torch.utils.data.Dataset | None, torch.utils.data.Dataset | None]:
     """Train, valid and test datasets, each None when it gets no samples or no documents.
 
     Every prefix is split by documents with the same ratios; several prefixes are blended. A valid
-    or test split that is empty in some blended prefixes blends the others, reweighted.
+    or test split that is empty in some blended prefixes blends the others, reweighted. With
+    `vocab_size`, every token id of every prefix is checked to be below it (data/token_range.py).
     """
     if len(num_samples) != 3 or any(n < 0 for n in num_samples):
         raise ValueError(f"num_samples must be three non-negative counts, got {num_samples}")
     prefixes, weights = parse_data_path(data_path)
     fractions = parse_split(split)
     indexed = [IndexedDataset(prefix) for prefix in prefixes]
+    for ds in indexed if vocab_size is not None else ():
+        check_token_ids(ds, vocab_size)
     ranges = [split_document_ranges(ds.num_documents, fractions) for ds in indexed]
 
     for ds, document_ranges in zip(indexed, ranges):

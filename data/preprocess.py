@@ -34,8 +34,11 @@ from tqdm import tqdm
 
 from data import DataError
 from data.corpus import split_on_blank_lines
-from data.indexed import IndexedDatasetWriter, best_dtype
+from data.indexed import IndexedDatasetWriter, best_dtype, data_file_path, index_file_path
 from data.tokenizer import GPTTokenizer, load_tokenizer, train_tokenizer
+from gpt.errors import OneLineArgumentParser, run_tool
+
+PROGRAM = "python -m data.preprocess"
 
 FORMATS = ("auto", "jsonl", "text", "parquet", "hf")
 _FORMAT_OF_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
@@ -148,6 +151,8 @@ def _read_jsonl(path: str, keys: list[str]) -> Iterator[dict[str, str]]:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise DataError(f"{where}: not valid JSON ({error.msg})") from error
+                except RecursionError:
+                    raise DataError(f"{where}: JSON nested too deeply to be a document") from None
                 if not isinstance(record, dict):
                     raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
                 for key in keys:
@@ -448,15 +453,37 @@ def _check_options(args: argparse.Namespace) -> None:
         raise DataError(f"--train-tokenizer-vocab-size {args.train_tokenizer_vocab_size}: must be positive")
 
 
+def _check_outputs(args: argparse.Namespace, prefixes: dict[str, str]) -> None:
+    """Before any input is read: the output directory is writable, and no dataset (or trained
+    tokenizer) of an earlier run is replaced without --overwrite."""
+    output_dir = os.path.dirname(os.path.abspath(args.output_prefix))
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise DataError(f"--output-prefix {args.output_prefix}: {output_dir} is a file, not a directory")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        probe = os.path.join(output_dir, f".write-test-{os.getpid()}")
+        open(probe, "wb").close()
+        os.remove(probe)
+    except OSError as error:
+        raise DataError(f"--output-prefix {args.output_prefix}: cannot write in {output_dir} "
+                        f"({error.strerror or error})") from None
+    outputs = [path for prefix in prefixes.values() for path in (data_file_path(prefix), index_file_path(prefix))]
+    if args.train_tokenizer_vocab_size is not None:
+        outputs.append(f"{args.output_prefix}_tokenizer")
+    existing = [path for path in outputs if os.path.exists(path)]
+    if existing and not args.overwrite:
+        raise DataError(f"--output-prefix {args.output_prefix}: {existing[0]} already exists; pass --overwrite "
+                        f"to replace it, or choose another prefix")
+
+
 def preprocess(args: argparse.Namespace) -> Totals:
     """Run the whole conversion for parsed arguments; raises DataError for bad input."""
     _check_options(args)
     sources = resolve_inputs(args.input, args.input_format)
+    prefixes = {key: output_prefix_for_key(args.output_prefix, key) for key in args.json_keys}
+    _check_outputs(args, prefixes)
     tokenizer = _choose_tokenizer(args, sources)
     encoder = BatchEncoder(tokenizer, args.append_eod, best_dtype(tokenizer.vocab_size))
-    prefixes = {key: output_prefix_for_key(args.output_prefix, key) for key in args.json_keys}
-    output_dir = os.path.dirname(os.path.abspath(args.output_prefix))
-    os.makedirs(output_dir, exist_ok=True)
 
     totals = Totals()
     documents_per_key = dict.fromkeys(args.json_keys, 0)
@@ -496,8 +523,8 @@ def preprocess(args: argparse.Namespace) -> Totals:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m data.preprocess",
+    parser = OneLineArgumentParser(
+        prog=PROGRAM,
         description="Tokenize a corpus into Megatron .bin/.idx datasets (<output-prefix>_<key>_document).",
     )
     group = parser.add_argument_group("input")
@@ -522,6 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--append-eod", action="store_true", help="end every document with <|endoftext|>")
     group = parser.add_argument_group("output and runtime")
     group.add_argument("--output-prefix", required=True, help="path prefix of the output datasets")
+    group.add_argument("--overwrite", action="store_true",
+                       help="replace datasets (and a trained tokenizer) an earlier run wrote at this prefix")
     group.add_argument("--workers", type=int, default=1,
                        help="tokenizer processes (output is identical for any count)")
     group.add_argument("--log-interval", type=int, default=10000, metavar="DOCS",
@@ -530,13 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        preprocess(args)
-    except DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_tool(PROGRAM, lambda: preprocess(build_parser().parse_args(argv)), (DataError,))
 
 
 if __name__ == "__main__":

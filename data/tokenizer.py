@@ -51,11 +51,18 @@ class GPTTokenizer:
             raise DataError(f"tokenizer has no {EOD_TOKEN!r} token; it is needed to separate documents")
         self._tokenizer = tokenizer
         self._eod_id = eod_id
+        self._vocab_size: int | None = None
 
     @property
     def vocab_size(self) -> int:
-        """Number of token ids, special tokens included (the model's embedding needs at least this)."""
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+        """Rows the model's embedding needs: the largest token id + 1, special tokens included. For a
+        vocabulary whose ids have gaps this is more than the number of tokens, which would leave the
+        largest ids outside the embedding."""
+        if self._vocab_size is None:
+            ids = self._tokenizer.get_vocab(with_added_tokens=True).values()
+            counted = self._tokenizer.get_vocab_size(with_added_tokens=True)
+            self._vocab_size = max(max(ids, default=-1) + 1, counted)
+        return self._vocab_size
 
     @property
     def eod_id(self) -> int:
@@ -132,8 +139,8 @@ def _load_gpt2_files(vocab_file: str, merges_file: str) -> GPTTokenizer:
     try:
         with open(vocab_file, encoding="utf-8") as f:
             vocab = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"--vocab-file {vocab_file}: not a JSON vocabulary ({error})") from error
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise DataError(f"--vocab-file {vocab_file}: not a JSON vocabulary ({type(error).__name__}: {error})") from None
     if not isinstance(vocab, dict):
         raise DataError(f"--vocab-file {vocab_file}: expected a JSON object of token -> id")
     if EOD_TOKEN not in vocab:

@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from gpt.config import ACTIVATIONS, LR_DECAY_STYLES, ConfigError, PretrainConfig
+from gpt.errors import OneLineArgumentParser
 from zero.config import ZERO_STAGES, load_deepspeed_config, resolve_zero_config
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
@@ -43,18 +44,11 @@ def count(text: str) -> int:
     return int(value)
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    """argparse that raises ConfigError instead of printing usage and exiting."""
-
-    def error(self, message: str) -> None:
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
     defaults = PretrainConfig()
     m, o, t, d, log = defaults.model, defaults.optimizer, defaults.training, defaults.data, defaults.logging
     z, a, c = defaults.zero, defaults.activations, defaults.checkpoint
-    parser = _RaisingParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
+    parser = OneLineArgumentParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", default=DEFAULT_PRESET,
                         help=f"YAML preset: a name in configs/models ({', '.join(preset_names())}) or a path")
@@ -140,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-last", type=int, default=c.keep_last, help="keep only the newest K checkpoints")
     g.add_argument("--load", default=c.load, metavar="CKPT",
                    help="resume from a --save directory (its latest checkpoint) or one iter_NNNNNNN "
-                        "directory, at any data-parallel size and ZeRO stage; a directory with no "
-                        "checkpoint yet starts a fresh run, so restarts can use the same command")
+                        "directory, at any data-parallel size and ZeRO stage; when it is also the --save "
+                        "directory and holds no checkpoint yet, the run starts fresh, so restarts can use "
+                        "the same command")
     g.add_argument("--load-optim", action=argparse.BooleanOptionalAction, default=c.load_optim,
                    help="--no-load-optim: take the weights only, with fresh Adam moments")
     g.add_argument("--load-rng", action=argparse.BooleanOptionalAction, default=c.load_rng,
@@ -157,6 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save and exit 0 after an iteration that is a multiple of N")
     g.add_argument("--exit-duration-in-mins", type=float, default=c.exit_duration_in_mins,
                    help="save and exit 0 once the run has lasted this many minutes")
+    g.add_argument("--overwrite-save", action=argparse.BooleanOptionalAction, default=c.overwrite_save,
+                   help="let this run write into a --save directory holding checkpoints it did not resume "
+                        "from (its saves replace same-numbered iterations and move 'latest')")
+    g.add_argument("--override-data-on-resume", action=argparse.BooleanOptionalAction,
+                   default=c.override_data_on_resume,
+                   help="resume although --data-path, --split, --seq-length or --seed differ from the "
+                        "checkpoint's (the samples then differ from the original run's)")
+    g.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=c.verify_checkpoint,
+                   help="check every checkpoint file's content hash before loading (--no-verify-checkpoint "
+                        "keeps the size, header and dtype checks and skips reading whole files)")
     g.add_argument("--distributed-timeout-minutes", type=float, default=t.distributed_timeout_minutes,
                    help="how long a collective waits for a peer before the job fails (a dead rank)")
 
@@ -258,6 +263,20 @@ def resolve_preset(name_or_path: str) -> Path:
     return candidate
 
 
+def read_preset(path: Path) -> Any:
+    """A preset file's YAML, every way it can be unreadable reported as a ConfigError naming it."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a preset (a preset is a flat mapping)") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+
+
 def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, source: Path) -> list[str]:
     """Turn a flat YAML mapping into the equivalent flags, rejecting keys that are not flags.
 
@@ -286,8 +305,8 @@ def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, sou
             argv.append(option if value else "--no-" + option[2:])
         elif isinstance(value, list):
             argv += [option, *map(str, value)]
-        else:
-            argv += [option, str(value)]
+        else:  # one token, so a value such as -1e-3 or -inf is not taken for a flag
+            argv.append(f"{option}={value}")
     return argv
 
 
@@ -297,10 +316,7 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
     argv = list(sys.argv[1:] if argv is None else argv)
     known, _ = parser.parse_known_args(argv)
     preset_path = resolve_preset(known.config)
-    try:
-        preset = yaml.safe_load(preset_path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{preset_path}: not valid YAML ({error})") from None
+    preset = read_preset(preset_path)
     if not isinstance(preset, dict):
         raise ConfigError(f"{preset_path}: a preset must be a mapping of flag names to values")
     preset_argv = preset_to_flags(preset, parser, preset_path)

@@ -18,7 +18,8 @@ or ZeRO stage, or to consolidate it into whole tensors (`consolidate`). Stage 0 
 (everything), written by DP rank 0 alone.
 
 Only safetensors and JSON are ever read, so loading a checkpoint cannot run code. Every file's size
-is in the manifest, and a file that is missing, truncated or not safetensors is reported by name.
+and content hash is in the manifest; gpt/checkpoint_schema.py checks what metadata.json and `latest`
+hold, and gpt/checkpoint_integrity.py verifies each listed file before a load or a tool reads it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from gpt.checkpoint_schema import check_metadata, member, read_latest
+from gpt.errors import CheckpointError
+
 FORMAT_VERSION = 1
 LATEST_FILE = "latest"
 METADATA_FILE = "metadata.json"
@@ -41,13 +45,6 @@ TOKENIZER_DIR = "tokenizer"
 OPTIMIZER_KEYS = ("master", "exp_avg", "exp_avg_sq")
 STAGING_SUFFIX = ".partial"
 RETIRED_SUFFIX = ".old-"
-REQUIRED_METADATA = ("iteration", "consumed_samples", "tensor_parallel_size", "data_parallel_size",
-                     "zero_stage", "adam_step", "parameters", "optimizer_shards", "files")
-
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used (missing, incomplete, corrupt, or for another model); the
-    message names the file or the keys."""
 
 
 def iteration_dir_name(iteration: int) -> str:
@@ -121,13 +118,17 @@ def replace_directory(staging: Path, final: Path) -> None:
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: Optional[dict] = None) -> int:
     """Write a safetensors file and fsync it; returns its size in bytes."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in tensors.items()}
     text_metadata = {"format": "pt"}
     for key, value in (metadata or {}).items():
         text_metadata[key] = json.dumps(value)
-    save_file(tensors, str(path), metadata=text_metadata)
+    try:
+        save_file(tensors, str(path), metadata=text_metadata)
+    except SafetensorError as error:  # safetensors reports a full disk or a bad path as its own type
+        raise OSError(f"{path}: cannot write ({error})") from None
     fsync_path(path)
     size, expected = path.stat().st_size, _safetensors_size(path)
     if size != expected:  # a writer that did not report a full disk
@@ -152,15 +153,15 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     that iteration directory, checked to be complete."""
     path = Path(path)
     if (path / LATEST_FILE).is_file():
-        name = (path / LATEST_FILE).read_text(encoding="utf-8").strip()
+        name = read_latest(path / LATEST_FILE)
         target = path / name
-        if name and not target.exists():
+        if not target.exists():
             # A crash while an iteration was re-saved, between moving the old copy aside and moving
             # the new one in (see `commit`): the old copy is complete.
             retired = sorted(path.glob(f"{name}{RETIRED_SUFFIX}*"))
             if retired and (retired[0] / METADATA_FILE).is_file():
                 return retired[0]
-        if not name or not (target / METADATA_FILE).is_file():
+        if not (target / METADATA_FILE).is_file():
             raise CheckpointError(f"{path / LATEST_FILE} names {name!r}, which is not a complete checkpoint")
         return target
     if (path / METADATA_FILE).is_file():
@@ -182,12 +183,12 @@ def read_metadata(iteration_dir: Path) -> dict:
         metadata = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{path}: unreadable or corrupt ({error})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: corrupt, nested too deeply to be checkpoint metadata") from None
     version = metadata.get("format_version") if isinstance(metadata, dict) else None
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path}: format version {version!r}; this code reads version {FORMAT_VERSION}")
-    missing = [key for key in REQUIRED_METADATA if key not in metadata]
-    if missing:
-        raise CheckpointError(f"{path}: corrupt, it lacks {', '.join(missing)}")
+    check_metadata(metadata, path)
     return metadata
 
 
@@ -198,7 +199,7 @@ def open_tensors(iteration_dir: Path, name: str, metadata: dict) -> Iterator:
     copy, garbage) raises `CheckpointError` naming the file; nothing in it is ever executed."""
     from safetensors import safe_open
 
-    path = iteration_dir / name
+    path = member(iteration_dir, name)
     expected = metadata.get("files", {}).get(name)
     if not path.is_file():
         raise CheckpointError(f"{path}: missing from the checkpoint")
@@ -403,7 +404,7 @@ def remove_stale_saves(save_dir: Path) -> None:
 
 def prune(save_dir: Path, keep_last: int) -> list[Path]:
     """Delete all but the newest `keep_last` checkpoints (never the one `latest` names)."""
-    latest = (save_dir / LATEST_FILE).read_text(encoding="utf-8").strip()
+    latest = read_latest(save_dir / LATEST_FILE)
     complete = sorted((p for p in save_dir.glob("iter_*") if re.fullmatch(r"iter_\d+", p.name) and p.is_dir()
                        and (p / METADATA_FILE).is_file()), key=lambda p: int(p.name[len("iter_"):]))
     removed = []

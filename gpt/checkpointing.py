@@ -30,6 +30,7 @@ from gpt.checkpoint_format import (FORMAT_VERSION, METADATA_FILE, OPTIMIZER_KEYS
                                    iteration_dir_name, metadata_text, model_file, open_tensors, optimizer_file, prune,
                                    read_metadata, remove_stale_saves, resolve_checkpoint, rng_file,
                                    save_tensors, write_text_atomic)
+from gpt.checkpoint_integrity import hash_files, verify_checkpoint
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 from zero.optimizer import ShardedAdamW
@@ -119,6 +120,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     staging = final.with_name(final.name + STAGING_SUFFIX)
     started = time.perf_counter()
 
+    _raise_if_any_failed(state, non_finite_optimizer_state(optimizer), iteration, staging)
     error = None
     if state.is_first_rank:
         try:
@@ -129,21 +131,24 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
             error = f"cannot create {staging}: {failure}"
     _raise_if_any_failed(state, error, iteration, staging)
 
-    written, error = {}, None
+    written, hashes, error = {}, {}, None
     try:
         written = _write_rank_files(staging, model, optimizer, rng, state, tokenizer)
+        hashes = hash_files(staging, written)  # each rank hashes its own files, still in the page cache
     except Exception as failure:  # noqa: BLE001 - disk full, permissions, safetensors' own errors: any
         # failure must reach the other ranks, which would otherwise wait for this one forever
         error = f"{type(failure).__name__}: {failure}"
-    outcomes = state.comm.all_gather_object((error, written))
-    _raise_if_any_failed(state, next((f"rank {rank}: {e}" for rank, (e, _) in enumerate(outcomes) if e), None),
+    outcomes = state.comm.all_gather_object((error, written, hashes))
+    _raise_if_any_failed(state, next((f"rank {rank}: {e}" for rank, (e, _, _) in enumerate(outcomes) if e), None),
                          iteration, staging)
 
     error = None
     if state.is_first_rank:
-        files = {name: size for _, rank_files in outcomes for name, size in rank_files.items()}
+        files = {name: size for _, rank_files, _ in outcomes for name, size in rank_files.items()}
         metadata = _metadata(iteration, consumed_samples, model, optimizer, config, state, files, lr,
                              tokenizer is not None)
+        metadata["file_hashes"] = {name: digest for _, _, rank_hashes in outcomes
+                                   for name, digest in rank_hashes.items()}
         try:
             write_text_atomic(staging / METADATA_FILE, metadata_text(metadata))
             commit(staging, final, save_dir)
@@ -151,10 +156,22 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
             error = f"cannot commit {staging}: {failure}"
     _raise_if_any_failed(state, error, iteration, staging)
     if state.is_first_rank:
-        size = sum(size for _, rank_files in outcomes for size in rank_files.values())
+        size = sum(size for _, rank_files, _ in outcomes for size in rank_files.values())
         print(f" saved checkpoint {final} ({size / 2**20:.1f} MiB in {time.perf_counter() - started:.1f} s)",
               flush=True)
     return final
+
+
+def non_finite_optimizer_state(optimizer: ShardedAdamW) -> Optional[str]:
+    """Why this rank's optimizer state must not be saved (NaN or inf in it), or None. A checkpoint of
+    a diverged run would become `latest` and every restart would load the divergence."""
+    for key in OPTIMIZER_KEYS:
+        tensor = getattr(optimizer, key)
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int(tensor.numel() - torch.isfinite(tensor).sum())
+            return (f"the fp32 {key} holds {bad} non-finite values (NaN or inf); the run diverged, so nothing "
+                    f"is saved")
+    return None
 
 
 def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: int, staging: Path) -> None:
@@ -222,12 +239,15 @@ def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, pat
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: ShardedAdamW, rng: Optional[TensorParallelRNG],
                     state: ParallelState, *, load_optimizer: bool = True, load_rng: bool = True,
-                    finetune: bool = False) -> ResumePoint:
+                    finetune: bool = False, verify: bool = True) -> ResumePoint:
     """Restore the fp32 master weights (and with `load_optimizer` the Adam moments, step and loss
     scaler; with `load_rng` the random streams) into this rank's partition, whatever DP size and
-    stage saved them. `finetune` takes the weights only and starts at iteration 0."""
+    stage saved them. `finetune` takes the weights only and starts at iteration 0. `verify` checks
+    every file of the checkpoint first (`verify_for_job`); pass False only when that was just done."""
     iteration_dir = resolve_checkpoint(path)
     metadata = read_metadata(iteration_dir)
+    if verify:
+        verify_for_job(iteration_dir, metadata, state)
     check_compatible(metadata, model, state, iteration_dir)
     if finetune:
         load_optimizer = load_rng = False
@@ -240,6 +260,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: ShardedAdamW,
         targets.update(exp_avg=optimizer.exp_avg, exp_avg_sq=optimizer.exp_avg_sq)
     staged = {key: torch.zeros(tensor.shape, dtype=torch.float32) for key, tensor in targets.items()}
     fill_partition(iteration_dir, metadata, state.tensor_parallel_rank, request, staged)
+    warn_non_finite(iteration_dir, staged, state)
     for key, tensor in targets.items():
         tensor.copy_(staged[key])
     del staged
@@ -262,6 +283,27 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: ShardedAdamW,
     return ResumePoint(metadata["iteration"], metadata["consumed_samples"], iteration_dir)
 
 
+def verify_for_job(iteration_dir: Path, metadata: dict, state: ParallelState, check_content: bool = True) -> None:
+    """Every file of the checkpoint verified (gpt/checkpoint_integrity.py), each by one rank; every
+    rank raises the same CheckpointError if any file fails."""
+    problem = verify_checkpoint(iteration_dir, metadata, check_content, state.rank, state.world_size)
+    problems = [p for p in state.comm.all_gather_object(problem) if p]
+    if problems:
+        raise CheckpointError(problems[0])
+
+
+def warn_non_finite(iteration_dir: Path, staged: dict[str, torch.Tensor], state: ParallelState) -> None:
+    """Rank 0 says so when the loaded optimizer state holds NaN or inf on any rank: training from it
+    diverges at once (and then stops, naming the iteration)."""
+    counts = {key: int(tensor.numel() - torch.isfinite(tensor).sum()) for key, tensor in staged.items()}
+    totals = {key: sum(rank_counts[key] for rank_counts in state.comm.all_gather_object(counts)) for key in counts}
+    bad = {key: count for key, count in totals.items() if count}
+    if bad and state.is_first_rank:
+        listed = ", ".join(f"{count} in {key}" for key, count in bad.items())
+        print(f" warning: {iteration_dir} holds non-finite values (NaN or inf): {listed}; training from it "
+              f"will diverge", flush=True)
+
+
 def _restore_rng(iteration_dir: Path, metadata: dict, rng: Optional[TensorParallelRNG], state: ParallelState) -> None:
     """This rank's RNG states. A run with another DP size takes DP rank 0's of its TP rank: the
     streams do not depend on the DP rank (see parallel/random.py)."""
@@ -276,11 +318,14 @@ def _restore_rng(iteration_dir: Path, metadata: dict, rng: Optional[TensorParall
     with open_tensors(iteration_dir, name, metadata) as reader:
         tensors = {key: reader.tensor(key) for key in reader.keys()}
         extra = reader.metadata()
-    kind, position, has_gauss, cached_gaussian = extra["numpy"]
-    np.random.set_state((kind, tensors["numpy_keys"].numpy().astype(np.uint32), position, has_gauss,
-                         cached_gaussian))
-    version, python_state, gauss = extra["python"]
-    random.setstate((version, tuple(python_state), gauss))
+    try:
+        kind, position, has_gauss, cached_gaussian = extra["numpy"]
+        np.random.set_state((kind, tensors["numpy_keys"].numpy().astype(np.uint32), position, has_gauss,
+                             cached_gaussian))
+        version, python_state, gauss = extra["python"]
+        random.setstate((version, tuple(python_state), gauss))
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{iteration_dir / name}: corrupt random states ({error})") from None
     if rng is None or "torch_tensor_parallel_cpu" not in tensors:
         torch.set_rng_state(tensors["torch_default_cpu"])
         if rng is not None and state.is_first_rank:

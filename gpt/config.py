@@ -12,15 +12,21 @@ with a message that names the flag and the fix.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
+import torch
+
+from data import DataError
+from data.gpt_dataset import parse_data_path, parse_split
 from gpt.errors import ConfigError
 from parallel.layers import padded_vocab_size
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 ACTIVATIONS = ("gelu", "gelu_tanh")
+SEED_LIMIT = 2**32
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
 
 
@@ -164,6 +170,10 @@ class TrainingConfig:
             raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}")
         if not self.distributed_timeout_minutes > 0:
             raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
+                              "takes a 32-bit seed")
+        check_device_name(self.device)
         if self.fp16 and self.bf16:
             raise ConfigError("--fp16 and --bf16 are exclusive: choose one (add --no-fp16 or --no-bf16 to "
                               "override a preset or --zero-config)")
@@ -206,6 +216,12 @@ class DataConfig:
     tokenizer_vocab_size: int = 4096
 
     def validate(self) -> None:
+        try:  # the data files are opened later; their flags' syntax is checked now, before any work
+            parse_split(self.split)
+            if self.data_path:
+                parse_data_path(self.data_path)
+        except DataError as error:
+            raise ConfigError(str(error)) from None
         if self.data_path and not (self.tokenizer_file or self.vocab_file):
             raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
                               "or --vocab-file and --merge-file")
@@ -243,6 +259,9 @@ class CheckpointConfig:
     exit_signal_handler: bool = False  # on SIGTERM/SIGUSR1: finish the iteration, save, exit 0
     exit_interval: Optional[int] = None  # save and exit after an iteration that is a multiple of this
     exit_duration_in_mins: Optional[float] = None  # save and exit once the run has lasted this long
+    overwrite_save: bool = False  # allow a run that did not resume from --save's checkpoints to replace them
+    override_data_on_resume: bool = False  # resume although data, split, seq length or seed changed
+    verify_checkpoint: bool = True  # --no-verify-checkpoint: skip the content hashes on load (not the rest)
 
     def validate(self) -> None:
         for name in ("save_interval", "keep_last", "exit_interval"):
@@ -274,6 +293,7 @@ class PretrainConfig:
     SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations", "checkpoint")
 
     def validate(self) -> None:
+        check_finite_numbers(self)
         for section in self.SECTIONS:
             getattr(self, section).validate()
         self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
@@ -299,6 +319,30 @@ def field_sections() -> dict[str, str]:
     """Every setting name -> the section it lives in."""
     config = PretrainConfig()
     return {f.name: section for section in PretrainConfig.SECTIONS for f in fields(getattr(config, section))}
+
+
+def check_finite_numbers(config: PretrainConfig) -> None:
+    """Every float setting must be a finite number. NaN compares false with everything, so the range
+    checks alone would let `--lr nan` or `--clip-grad nan` through (and a NaN clip disables clipping);
+    inf would train to NaN weights. Run first, so the range checks compare real numbers."""
+    for section in config.SECTIONS:
+        for f in fields(getattr(config, section)):
+            value = getattr(getattr(config, section), f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}")
+
+
+def check_device_name(name: str) -> None:
+    """--device is 'auto', 'cpu', 'cuda' or 'cuda:N'; whether that CUDA device exists is checked when
+    the process grid is built."""
+    if name == "auto":
+        return
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name!r} is not a device this program trains on; use auto, cpu, cuda or cuda:N")
 
 
 # Fields whose flag is not simply the field name with dashes.

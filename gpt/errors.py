@@ -1,26 +1,97 @@
-"""The error every bad setting ends in; its own module so that gpt.config and zero.config can both raise
-it without importing each other in a cycle (gpt.config re-exports it). Also how the command-line
-tools report bad input."""
+"""The error every bad setting ends in, and the one boundary every entry point runs through.
 
+`ConfigError` and `CheckpointError` have their own module so that the modules raising them
+(gpt.config and zero.config; the checkpoint format, schema and integrity checks) need not import
+each other in a cycle; gpt.config and gpt.checkpoint_format re-export them. `run_tool` is the boundary: the training
+program, `python -m data.preprocess` and every script in scripts/ call their work through it, so a
+bad input anywhere ends the same way -- one line `program: error: ...` on stderr and exit status 2 --
+and Ctrl-C ends in one line and status 130 instead of a traceback. Nothing here imports torch or the
+rest of the repo: the boundary must work even when those imports are what fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Callable
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
+
+# Set by scripts/launch.py: each rank writes its exit status here, so the launcher can exit with the
+# job's own status instead of torchrun's generic 1.
+EXIT_STATUS_DIR_VARIABLE = "ZERO_GPT_EXIT_STATUS_DIR"
 
 
 class ConfigError(ValueError):
     """A setting that cannot work. The message names the flag(s) involved."""
 
 
-def run_tool(program: str, action: Callable[[], object], expected: tuple[type[BaseException], ...]) -> int:
-    """Run a command-line tool's work: 0 on success; an `expected` error (bad input, a damaged
-    checkpoint, a full disk) is one line `program: error: ...` on stderr and exit status 2."""
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used (missing, incomplete, corrupt, or for another model); the
+    message names the file or the keys. Defined here so the checkpoint modules can share it without
+    importing each other; gpt.checkpoint_format re-exports it."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of printing the usage block and exiting, so a bad
+    flag is reported like every other bad input: one line, exit 2."""
+
+    def error(self, message: str) -> None:
+        raise ConfigError(message)
+
+
+# Failures of the input or the environment that every entry point reports as one line; each entry
+# point adds its own domain errors (DataError). OSError covers unreadable and
+# unwritable paths and full disks; FloatingPointError a run that diverged.
+ALWAYS_EXPECTED: tuple[type[BaseException], ...] = (ConfigError, CheckpointError, OSError, FloatingPointError)
+
+
+def reporting_process() -> bool:
+    """Whether this process prints the error line. Under torchrun or SLURM every rank meets the same
+    bad input (the ranks agree on every check before raising), so only rank 0 speaks."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    return rank.strip() in ("", "0")
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def run_tool(program: str, action: Callable[[], object],
+             expected: tuple[type[BaseException], ...] = ()) -> int:
+    """Run an entry point's work: its own exit status (an int it returns) or 0 on success; an
+    expected error is one line `program: error: ...` on stderr and status 2; Ctrl-C (when nothing
+    else handles SIGINT) is one line and status 130. Anything else is a bug and keeps its traceback."""
     try:
-        action()
-    except expected as error:
-        message = " ".join(str(error).split())  # one line, whatever the exception held
-        print(f"{program}: error: {message}", file=sys.stderr)
-        return 2
+        result = action()
+        status = result if isinstance(result, int) and not isinstance(result, bool) else 0
+    except KeyboardInterrupt:
+        _report(f"{program}: interrupted (SIGINT); stopped without saving")
+        status = EXIT_INTERRUPTED
+    except ALWAYS_EXPECTED + tuple(expected) as error:
+        _report(f"{program}: error: {one_line(error)}")
+        status = EXIT_BAD_INPUT
     except KeyError as error:  # a metadata.json that parses but lacks an entry every save writes
-        print(f"{program}: error: the checkpoint's metadata has no {error} entry; is it from another tool?",
-              file=sys.stderr)
-        return 2
-    return 0
+        _report(f"{program}: error: the checkpoint's metadata has no {error} entry; is it from another tool?")
+        status = EXIT_BAD_INPUT
+    _record_exit_status(status)
+    return status
+
+
+def _report(line: str) -> None:
+    if reporting_process():
+        print(line, file=sys.stderr, flush=True)
+
+
+def _record_exit_status(status: int) -> None:
+    directory = os.environ.get(EXIT_STATUS_DIR_VARIABLE)
+    if not directory:
+        return
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    try:
+        (Path(directory) / f"rank{rank}").write_text(f"{status}\n")
+    except OSError:
+        pass  # the launcher then falls back to torchrun's own status

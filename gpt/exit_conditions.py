@@ -1,8 +1,9 @@
 """When a run should save and stop early: a signal (preemption), an iteration interval, a time budget.
 
 A cluster scheduler that preempts a job sends SIGTERM (SLURM's `--signal=USR1@120` sends SIGUSR1 a
-while before the end of a job's time). With `--exit-signal-handler` the handler only records the
-signal; the loop finishes the iteration it is in, saves, and exits with status 0, so the job can be
+while before the end of a job's time); a person at a terminal presses Ctrl-C (SIGINT). With
+`--exit-signal-handler` the handler only records the signal; the loop finishes the iteration it is
+in, saves, and exits with status 0, so the job can be
 requeued and resume from `latest`. Ranks receive signals at slightly different moments and measure
 time separately, so the verdict is agreed across the world once per iteration (a 2-element MAX
 all-reduce) and every rank stops after the same iteration.
@@ -16,7 +17,9 @@ from typing import Optional
 
 from parallel.state import ParallelState
 
-EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Ctrl-C takes the same path as a scheduler's signals when the handler is on: finish the iteration,
+# save, exit 0. A second Ctrl-C interrupts at once (one line, status 130, no save).
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class ExitConditions:
@@ -36,6 +39,8 @@ class ExitConditions:
 
     def _on_signal(self, signum, frame) -> None:
         self.received = signum
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def check(self, iteration: int) -> Optional[str]:
         signalled = self.received is not None

@@ -237,7 +237,7 @@ def _read_config(path: Path) -> dict:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: missing; a Hugging Face model folder needs its config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ConfigError(f"{path}: unreadable or not JSON ({error})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a JSON object")

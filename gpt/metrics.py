@@ -107,28 +107,42 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
 
 
-def keep_records_through(metrics_file: str, iteration: int) -> int:
-    """Drop the records after `iteration` (a resumed run redoes those iterations; a run killed after
-    its last checkpoint logged some that no longer count). Rewritten atomically; returns how many
-    records were dropped. A missing file is left missing."""
+def drop_redone_records(metrics_file: str, iteration: int) -> int:
+    """Drop the records a resumed run is about to write again: the file's tail after its last record
+    of an iteration <= `iteration` (a run killed after its last checkpoint logged some that no longer
+    count, possibly a line cut short). Everything before that -- earlier runs' records included --
+    is kept. Rewritten atomically only when something is dropped; returns how many records were."""
     path = Path(metrics_file)
     if not path.is_file():
         return 0
-    kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            dropped += 1  # a line cut short by the crash
-            continue
-        if isinstance(record, dict) and record.get("iteration", 0) <= iteration:
-            kept.append(line + "\n")
-        else:
-            dropped += 1
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(kept), encoding="utf-8")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    keep = len(lines)
+    while keep > 0 and not _record_at_or_before(lines[keep - 1], iteration):
+        keep -= 1
+    if keep == len(lines):
+        return 0
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text("".join(line if line.endswith("\n") else line + "\n" for line in lines[:keep]),
+                         encoding="utf-8")
     os.replace(temporary, path)
-    return dropped
+    return len(lines) - keep
+
+
+def _record_at_or_before(line: str, iteration: int) -> bool:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return False  # a line cut short by the crash
+    value = record.get("iteration") if isinstance(record, dict) else None
+    return isinstance(value, int) and value <= iteration
+
+
+def count_records(metrics_file: str) -> int:
+    path = Path(metrics_file)
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
 
 
 class MetricsWriter:

@@ -31,7 +31,7 @@ from zero.activations import ActivationMonitor, SavedTensorMeter
 from zero.apply import ZeroParts
 from zero.memory import (format_bytes, format_memory_line, measure_tensor_bytes, memory_record,
                          predict_model_state_bytes, predict_saved_activation_bytes)
-from zero.optimizer import PRECISION_DTYPES, ShardedAdamW
+from zero.optimizer import PRECISION_DTYPES, ShardedAdamW, StepResult
 
 # Re-creates an evaluation loader from its first sample, so every evaluation sees the same batches.
 LoaderFactory = Callable[[], Iterable[dict]]
@@ -90,6 +90,21 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
     if count == 0:
         raise RuntimeError("evaluation data ran out before the first batch")
     return average_over_data_parallel(total / count, state).item()
+
+
+class TrainingDiverged(FloatingPointError):
+    """A non-finite loss or gradient norm that fp16's loss scaling did not absorb: the run stops
+    before anything from that step is saved."""
+
+
+def check_step_is_finite(iteration: int, loss: float, step: StepResult) -> None:
+    """Stop the run at a NaN/inf loss or gradient norm. A step fp16 skipped for an overflow is the
+    loss scaler's business (it lowers the scale and the run goes on)."""
+    if step.skipped:
+        return
+    if not math.isfinite(loss) or not math.isfinite(step.grad_norm):
+        raise TrainingDiverged(f"iteration {iteration}: loss {loss}, gradient norm {step.grad_norm}; the run "
+                               f"diverged and stopped without saving this step (lower --lr, or check the data)")
 
 
 # Writes a checkpoint: (iteration, consumed samples, learning rate) -> None.
@@ -157,8 +172,7 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
 
         loss_value = average_over_data_parallel(iteration_loss, state).item()  # waits for the device, so the timing below is complete
         interval_times.append(time.perf_counter() - iteration_start)
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(f"loss is {loss_value} at iteration {iteration}; lower --lr or check data")
+        check_step_is_finite(iteration, loss_value, step)
         summary.train_losses.append(loss_value)
         interval_losses.append(loss_value)
         summary.iterations = iteration

@@ -4,7 +4,7 @@ All of them train the same `gpt.model.GPTModel` (TP=1, dropout 0) built from the
 same AdamW hyperparameters (decay on matrices, none on biases and LayerNorm), the same gradient
 clipping and the same precision:
 
-    ours        zero.optimizer.build_zero_optimizer, stages 0-3
+    ours        zero.apply.apply_zero, stages 0-3
     deepspeed   deepspeed.initialize with a torch.optim.AdamW client optimizer, ZeRO stages 1-3
     fsdp2       torch.distributed.fsdp.fully_shard on every transformer block, then on the root
     ddp         torch.nn.parallel.DistributedDataParallel
@@ -70,7 +70,7 @@ def make_batches(spec: dict, rank: int, num_steps: int) -> list[tuple[torch.Tens
 
 
 def adamw_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """ZeroOptimizer's grouping: matrices decay, biases and LayerNorm parameters do not."""
+    """Our sharded AdamW's grouping: matrices decay, biases and LayerNorm parameters do not."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]

@@ -52,6 +52,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from gpt.arguments import resolve_preset  # noqa: E402
+from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
 from gpt.config import ModelConfig, OptimizerConfig  # noqa: E402
 from gpt.hf import hf_config  # noqa: E402
 from gpt.metrics import device_peak_tflops, flops_per_iteration, parameter_count  # noqa: E402
@@ -322,7 +323,7 @@ def verdict(rows: list[dict]) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = OneLineArgumentParser(prog="benchmark_gpu.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma list of presets in configs/models")
     p.add_argument("--micro-batch-size", type=int, default=None, help="default: per model, see the script")
@@ -414,4 +415,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool("benchmark_gpu.py", main))  # bad flags and inputs: one line, exit 2

@@ -40,6 +40,10 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve()
 REPO_ROOT = SCRIPT.parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402  (imports nothing but the standard library)
 SYSTEM_ORDER = ("ours", "deepspeed", "fsdp2", "ddp")
 LABELS = {"ours": "ours", "deepspeed": "DeepSpeed", "fsdp2": "FSDP2", "ddp": "DDP"}
 RELEASE = "release"
@@ -48,7 +52,7 @@ RELEASE = "release"
 # ----------------------------------------------------------------------------- orchestration
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = OneLineArgumentParser(prog="benchmark_zero.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--systems", default=",".join(SYSTEM_ORDER), help="comma list of " + ", ".join(SYSTEM_ORDER))
@@ -503,4 +507,4 @@ def _run_rank(spec: dict, rank: int, shim, audit_cls) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool("benchmark_zero.py", main))  # bad flags and inputs: one line, exit 2

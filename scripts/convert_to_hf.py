@@ -10,8 +10,9 @@ CKPT is a `--save` directory (its `latest` iteration) or one iteration directory
 the fp32 master copy from the optimizer partitions, consolidated over every TP and DP rank, so the
 conversion needs neither a GPU nor a process group, and reads only safetensors and JSON. OUT_DIR
 gets config.json, model.safetensors in --dtype, and the run's tokenizer files when the checkpoint
-has them. The folder appears only once it is complete; a non-empty OUT_DIR is replaced only with
---overwrite. Errors are one line on stderr and exit code 2.
+has them. Every file of the checkpoint is verified first (--no-verify-checkpoint skips the content
+hashes). The folder appears only once it is complete; a non-empty OUT_DIR is replaced only with
+--overwrite, and it is never a checkpoint or inside one. Errors are one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -26,24 +27,28 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import torch  # noqa: E402  (the imports below need the path above)
 
-from gpt.checkpoint_format import CheckpointError, read_metadata, resolve_checkpoint  # noqa: E402
-from gpt.errors import ConfigError, run_tool  # noqa: E402
+from gpt.checkpoint_format import read_metadata, resolve_checkpoint  # noqa: E402
+from gpt.checkpoint_integrity import verify_or_raise  # noqa: E402
+from gpt.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from gpt.hf import check_output_folder, checkpoint_to_hf_state, write_hf_folder  # noqa: E402
+from gpt.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 
 PROGRAM = "convert_to_hf.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
+    parser = OneLineArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", metavar="CKPT", help="a --save directory or one iter_NNNNNNN directory")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="the Hugging Face folder to write")
     parser.add_argument("--dtype", choices=PRECISION_DTYPES, default="fp32", help="dtype of model.safetensors (default fp32)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it is not empty")
+    parser.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=True,
+                        help="check each checkpoint file's content hash before reading it")
     return parser.parse_args(argv)
 
 
-def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool) -> None:
+def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, verify: bool = True) -> None:
     started = time.perf_counter()
     # Checked first so a refused OUT_DIR costs nothing; write_hf_folder checks again before renaming.
     check_output_folder(Path(out_dir), overwrite)
@@ -51,7 +56,10 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool) 
     if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
         # Replacing OUT_DIR would delete the checkpoint being converted.
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")
+    refuse_inside_checkpoint(out_dir, "OUT_DIR", include_self=True)
+    prepare_output_directory(Path(out_dir).parent, "OUT_DIR's parent")
     metadata = read_metadata(iteration_dir)
+    verify_or_raise(iteration_dir, metadata, check_content=verify)
     print(f"reading {iteration_dir}: iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
           f"DP {metadata['data_parallel_size']}, ZeRO stage {metadata['zero_stage']}", flush=True)
     model_config, hf_state = checkpoint_to_hf_state(iteration_dir, progress=True)
@@ -65,9 +73,12 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool) 
 
 
 def main(argv=None) -> int:
+    return run_tool(PROGRAM, lambda: _main(argv))
+
+
+def _main(argv) -> None:
     args = parse_args(argv)
-    return run_tool(PROGRAM, lambda: convert(args.checkpoint, args.out_dir, PRECISION_DTYPES[args.dtype],
-                                             args.overwrite), (CheckpointError, ConfigError, OSError))
+    convert(args.checkpoint, args.out_dir, PRECISION_DTYPES[args.dtype], args.overwrite, args.verify_checkpoint)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 #   MASTER_PORT  a free port on node 0 (default 29500)
 #   GPUS_PER_NODE processes per node (default: every visible GPU)
 # Keep --tensor-model-parallel-size <= GPUS_PER_NODE: tensor parallelism across nodes is slow.
-# Extra arguments go to pretrain_gpt.py unchanged.
+# scripts/launch.py is torchrun ending with the job's own exit status (2 for a bad input, 0 after a
+# signal-triggered save) and without torchrun's traceback. Extra arguments go to pretrain_gpt.py unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +16,7 @@ MASTER_PORT=${MASTER_PORT:-29500}
 if [[ -z "${GPUS_PER_NODE:-}" ]]; then
   GPUS_PER_NODE=$(python -c "import torch; print(torch.cuda.device_count() or 1)")
 fi
-command=(torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$GPUS_PER_NODE"
+command=(python scripts/launch.py --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$GPUS_PER_NODE"
          --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" pretrain_gpt.py "$@")
 echo "+ ${command[*]}"
 exec "${command[@]}"

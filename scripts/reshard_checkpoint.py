@@ -18,8 +18,11 @@ notes it and seeds them from --seed. The same TP size is accepted too: a re-layo
 
 OUT is a --save style directory: the checkpoint is written to OUT/iter_NNNNNNN.partial and renamed
 into place, and OUT/latest is replaced atomically, so an interrupted rewrite leaves nothing a run
-would load. Memory: three whole fp32 copies of the model (master, exp_avg, exp_avg_sq) plus one new
-TP rank's files. No GPU and no process group. Errors are one line on stderr and exit status 2.
+would load. OUT is held with the same lock a training run takes (gpt/save_directory.py), is never
+inside a checkpoint, and if it already holds checkpoints they are replaced only with --overwrite.
+Every file of CKPT is verified before it is read (--no-verify-checkpoint skips the content hashes).
+Memory: three whole fp32 copies of the model (master, exp_avg, exp_avg_sq) plus one new TP rank's
+files. No GPU and no process group. Errors are one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ from gpt.checkpoint_format import (METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX
                                    CheckpointError, commit, consolidate, iteration_dir_name, metadata_text, model_file,
                                    optimizer_file, read_metadata, remove_stale_saves, resolve_checkpoint,
                                    save_tensors, tensor_parallel_slice, write_text_atomic)
-from gpt.errors import run_tool  # noqa: E402
+from gpt.checkpoint_integrity import hash_files, verify_or_raise  # noqa: E402
+from gpt.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
+from gpt.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
+from gpt.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 
@@ -51,8 +57,8 @@ WORD_EMBEDDING = "word_embeddings.weight"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+    p = OneLineArgumentParser(
+        prog="reshard_checkpoint.py", description=__doc__.split("\n\n")[0],
         epilog="Memory: three whole fp32 copies of the model (master weights and both Adam moments) "
                "plus one new TP rank's files; no GPU needed.")
     p.add_argument("checkpoint", metavar="CKPT",
@@ -61,6 +67,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a --save style directory to write into (created if missing; its 'latest' is replaced)")
     p.add_argument("--tensor-model-parallel-size", type=int, required=True, metavar="M",
                    help="the TP size the rewritten checkpoint is for")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into OUT although it holds checkpoints (a same-numbered one is replaced)")
+    p.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=True,
+                   help="check each checkpoint file's content hash before reading it")
     return p.parse_args(argv)
 
 
@@ -173,14 +183,27 @@ def write_resharded(staging: Path, source: Path, metadata: dict, whole: dict[str
         log(f"  wrote TP rank {tp}: " + ", ".join(f"{name} ({size / 2**20:.1f} MiB)"
                                                     for name, size in written.items()), flush=True)
     new_metadata = resharded_metadata(metadata, source, table, tensor_parallel_size, files)
+    new_metadata["file_hashes"] = hash_files(staging, files)
     new_metadata["tokenizer"] = copy_tokenizer(source, metadata, staging)
     write_text_atomic(staging / METADATA_FILE, metadata_text(new_metadata))
 
 
 # ---- the rewrite ------------------------------------------------------------------------------
 
+def check_output(output: Path, overwrite: bool) -> None:
+    """OUT is a save directory this rewrite may write into: not inside a checkpoint, and holding no
+    checkpoints unless --overwrite."""
+    refuse_inside_checkpoint(output, "OUT")
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"{output} is a file; OUT must be a directory (created if missing)")
+    existing = holds_checkpoints(output)
+    if existing and not overwrite:
+        raise ConfigError(f"OUT {output} already holds checkpoints ({', '.join(existing[:3])}); pass --overwrite "
+                          f"to write into it anyway, or choose another directory")
+
+
 def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_parallel_size: int,
-            log=print) -> Path:
+            log=print, overwrite: bool = False, verify: bool = True) -> Path:
     """Write `checkpoint` rewritten for `tensor_parallel_size` into the save directory `output` and
     point its `latest` at it; returns the new iteration directory."""
     if tensor_parallel_size < 1:
@@ -191,8 +214,7 @@ def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_par
     final = output / iteration_dir_name(metadata["iteration"])
     if final.resolve() == source.resolve():
         raise CheckpointError(f"{final} is the checkpoint being read; write the rewrite to another directory")
-    if output.exists() and not output.is_dir():
-        raise CheckpointError(f"{output} is a file; OUT must be a directory (created if missing)")
+    check_output(output, overwrite)
     if metadata["precision"] not in PRECISION_DTYPES:
         raise CheckpointError(f"{source}: unknown training precision {metadata['precision']!r}")
     model = metadata["config"]["model"]
@@ -200,30 +222,38 @@ def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_par
     table = resharded_table(metadata["parameters"], rows)
     check_splittable(metadata, table, tensor_parallel_size)
 
-    log(f"> resharding {source} (iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
-        f"DP {metadata['data_parallel_size']}, {metadata['precision']}) to TP {tensor_parallel_size} x DP 1",
-        flush=True)
-    whole = consolidate(source, OPTIMIZER_KEYS, progress=True)
-    repad_vocabulary(whole, rows)
+    prepare_output_directory(output, "OUT")
+    with SaveDirectoryLock(output, log=lambda line: log(line, flush=True)):
+        check_output(output, overwrite)  # again, now that no run can write into OUT meanwhile
+        verify_or_raise(source, metadata, check_content=verify)
+        log(f"> resharding {source} (iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
+            f"DP {metadata['data_parallel_size']}, {metadata['precision']}) to TP {tensor_parallel_size} x DP 1",
+            flush=True)
+        whole = consolidate(source, OPTIMIZER_KEYS, progress=True)
+        repad_vocabulary(whole, rows)
 
-    output.mkdir(parents=True, exist_ok=True)
-    remove_stale_saves(output)
-    staging = final.with_name(final.name + STAGING_SUFFIX)
-    staging.mkdir()
-    try:
-        write_resharded(staging, source, metadata, whole, table, tensor_parallel_size, log)
-        commit(staging, final, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays behind
-        raise
+        remove_stale_saves(output)  # safe: the lock says no other writer is saving into OUT
+        staging = final.with_name(final.name + STAGING_SUFFIX)
+        staging.mkdir()
+        try:
+            write_resharded(staging, source, metadata, whole, table, tensor_parallel_size, log)
+            commit(staging, final, output)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays behind
+            raise
     log(f"> wrote {final} for --tensor-model-parallel-size {tensor_parallel_size}; {output / 'latest'} names it. "
         "RNG states are not carried over: the resumed run seeds them from --seed.", flush=True)
     return final
 
 
 def main(argv=None) -> int:
+    return run_tool("reshard_checkpoint.py", lambda: _main(argv))
+
+
+def _main(argv) -> None:
     args = parse_args(argv)
-    return run_tool("reshard_checkpoint.py", lambda: reshard(args.checkpoint, args.output, args.tensor_model_parallel_size), (CheckpointError, OSError))
+    reshard(args.checkpoint, args.output, args.tensor_model_parallel_size, overwrite=args.overwrite,
+            verify=args.verify_checkpoint)
 
 
 if __name__ == "__main__":

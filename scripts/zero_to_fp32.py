@@ -11,8 +11,10 @@ into whole tensors and writes them under the model's parameter names at TP=1 (th
 keeps the vocabulary padding rows it was saved with; they are zeros). The safetensors metadata says
 which iteration it is and carries the model config, so the file stands on its own.
 
-No GPU and no process group: memory is the model in fp32 plus one partition file's tensors. The
-output is written under a temporary name and renamed, so a failure never leaves half a file.
+No GPU and no process group: memory is the model in fp32 plus one partition file's tensors. Every
+file of the checkpoint is verified first (sizes, headers, content hashes; --no-verify-checkpoint skips
+the hashes). OUT is never inside a checkpoint directory, and an existing OUT is replaced only with
+--overwrite; it is written under a temporary name and renamed, so a failure never leaves half a file.
 Errors are one line on stderr and exit status 2.
 """
 
@@ -26,20 +28,25 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are not on the path
 
-from gpt.checkpoint_format import (CheckpointError, atomic_file, consolidate, read_metadata,  # noqa: E402
-                                   resolve_checkpoint, save_tensors)
-from gpt.errors import run_tool  # noqa: E402
+from gpt.checkpoint_format import (atomic_file, consolidate, read_metadata, resolve_checkpoint,  # noqa: E402
+                                   save_tensors)
+from gpt.checkpoint_integrity import verify_or_raise  # noqa: E402
+from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from gpt.output_paths import prepare_output_directory, refuse_existing, refuse_inside_checkpoint  # noqa: E402
 
 DEFAULT_FILE_NAME = "model_fp32.safetensors"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Memory: the whole model in fp32 plus one optimizer partition.")
+    p = OneLineArgumentParser(prog="zero_to_fp32.py", description=__doc__.split("\n\n")[0],
+                              epilog="Memory: the whole model in fp32 plus one optimizer partition.")
     p.add_argument("checkpoint", metavar="CKPT",
                    help="a --save directory (its latest checkpoint) or one iter_NNNNNNN directory")
     p.add_argument("output", metavar="OUT",
                    help=f"the safetensors file to write; an existing directory gets OUT/{DEFAULT_FILE_NAME}")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=True,
+                   help="check each checkpoint file's content hash before reading it")
     return p.parse_args(argv)
 
 
@@ -48,14 +55,17 @@ def output_path(output: str | os.PathLike) -> Path:
     return output / DEFAULT_FILE_NAME if output.is_dir() else output
 
 
-def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=print) -> Path:
+def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=print, overwrite: bool = False,
+                verify: bool = True) -> Path:
     """Write the master weights of `checkpoint` to `output` (see the module docstring); returns the
     file written."""
     iteration_dir = resolve_checkpoint(checkpoint)
     metadata = read_metadata(iteration_dir)
     output = output_path(output)
-    if not output.parent.is_dir():
-        raise CheckpointError(f"{output.parent}: no such directory for the output file")
+    refuse_inside_checkpoint(output, "OUT")
+    refuse_existing(output, "OUT", overwrite)
+    prepare_output_directory(output.parent, "OUT's directory")
+    verify_or_raise(iteration_dir, metadata, check_content=verify)
     log(f"> consolidating the fp32 master weights of {iteration_dir} (iteration {metadata['iteration']}, "
         f"TP {metadata['tensor_parallel_size']} x DP {metadata['data_parallel_size']}, "
         f"ZeRO stage {metadata.get('zero_stage')})", flush=True)
@@ -72,8 +82,12 @@ def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=pr
 
 
 def main(argv=None) -> int:
+    return run_tool("zero_to_fp32.py", lambda: _main(argv))
+
+
+def _main(argv) -> None:
     args = parse_args(argv)
-    return run_tool("zero_to_fp32.py", lambda: export_fp32(args.checkpoint, args.output), (CheckpointError, OSError))
+    export_fp32(args.checkpoint, args.output, overwrite=args.overwrite, verify=args.verify_checkpoint)
 
 
 if __name__ == "__main__":

@@ -262,7 +262,7 @@ def test_zero_to_fp32_failure_leaves_no_partial_file(single_process_checkpoint, 
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(zero_to_fp32, "save_tensors", fail_midway)
-    assert zero_to_fp32.main([str(save_dir), str(out)]) == 2
+    assert zero_to_fp32.main([str(save_dir), str(out), "--overwrite"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "No space left on device" in error
     assert out.read_bytes() == b"the previous export"

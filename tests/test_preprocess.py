@@ -232,12 +232,13 @@ def test_bad_input_exits_2_with_a_message_and_writes_nothing(tmp_path, tokenizer
         prefix = tmp_path / "outputs" / f"case{index}"
         assert main(["--input", *inputs, "--output-prefix", str(prefix), *extra]) == 2, message
         err = capsys.readouterr().err
-        assert err.startswith("error: ") and re.search(message, err), (message, err)
+        assert err.startswith("python -m data.preprocess: error: ") and err.count("\n") == 1, err
+        assert re.search(message, err), (message, err)
     leftovers = os.listdir(tmp_path / "outputs") if (tmp_path / "outputs").exists() else []
     assert leftovers == []  # no dataset, and no temporary file, from any failed run
 
 
-def test_unknown_input_format_is_an_argument_error(tmp_path, tokenizer_args):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--input", "x", "--input-format", "csv", "--output-prefix", str(tmp_path / "out"), *tokenizer_args])
-    assert exit_info.value.code == 2
+def test_unknown_input_format_is_an_argument_error(tmp_path, tokenizer_args, capsys):
+    code = main(["--input", "x", "--input-format", "csv", "--output-prefix", str(tmp_path / "out"), *tokenizer_args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "invalid choice: 'csv'" in err, err

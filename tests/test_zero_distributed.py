@@ -1,4 +1,4 @@
-"""ZeroOptimizer across gloo ranks, driven directly: fp16 overflow agreement, and wrapping a model we did
+"""ZeRO (reducer and sharded AdamW) across gloo ranks, driven directly: fp16 overflow agreement, and wrapping a model we did
 not write (transformers' GPT2LMHeadModel) with no change to its code."""
 
 import copy

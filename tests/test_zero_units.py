@@ -1,5 +1,5 @@
 """Single-process unit tests of zero/: the flat layout's arithmetic, the loss scaler's state machine, and
-ZeroOptimizer stages 0-3 against plain `torch.optim.AdamW` on an identical copy of the model.
+ZeRO stages 0-3 (zero.apply.build_zero) against plain `torch.optim.AdamW` on an identical copy of the model.
 
 With one process the data-parallel group is None, so every collective is skipped (reduce-scatter and
 all-gather of a one-rank group still copy), which isolates the bookkeeping: flattening, bucketing,
@@ -421,7 +421,7 @@ def test_build_loss_scaler():
     assert (dynamic.scale, dynamic.growth_interval, dynamic.hysteresis, dynamic.min_scale) == (4096.0, 7, 3, 0.5)
 
 
-# ---- 3. ZeroOptimizer against torch AdamW --------------------------------------------------------
+# ---- 3. ZeRO against torch AdamW --------------------------------------------------------
 
 @pytest.mark.parametrize("stage, options", [
     (0, {}), (1, {}), (2, {}), (3, {}),

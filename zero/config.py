@@ -228,13 +228,17 @@ def load_deepspeed_config(path: Union[str, Path]) -> list[str]:
     """Read a DeepSpeed JSON config and return the equivalent flags (see `deepspeed_config_to_flags`)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"--zero-config {path}: cannot read it ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     try:
         config = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a DeepSpeed config") from None
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
     return deepspeed_config_to_flags(config, str(path))

@@ -146,28 +146,34 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
                    progress=None) -> tuple[int, Optional[RankPlan]]:
     """The most layers (the rest of the shape fixed) whose dry run fits the budget, and that plan.
 
-    A rank's bytes grow linearly with the layers (each adds the same states, checkpoint and buckets),
-    so two small dry runs locate the answer; dry runs around it then confirm it exactly."""
-    def plan_for(layers: int) -> RankPlan:
-        result = dry_run(_with(config, layers, configuration), cluster, vocab)
-        if progress:
-            progress(f"    {layers} layers: {format_bytes(result.total_bytes)}")
-        return result
+    A rank's bytes grow almost linearly with the layers; almost, because the constant-size buckets
+    stop growing once the model outgrows them. So the search is a secant search on dry runs (each
+    step re-measures the slope where it is), then a step at a time to the exact boundary."""
+    plans: dict[int, RankPlan] = {}
 
-    small, larger = plan_for(2), plan_for(4)
-    if not small.fits:
-        return (1, plan_for(1)) if plan_for(1).fits else (0, None)
-    per_layer = max(1, (larger.total_bytes - small.total_bytes) / 2)
-    guess = max(2, int(2 + (cluster.gpu_memory_bytes - small.total_bytes) / per_layer))
-    best = plan_for(guess)
-    while not best.fits and guess > 2:
-        guess -= 1
-        best = plan_for(guess)
-    while True:
-        above = plan_for(guess + 1)
-        if not above.fits:
-            return guess, best
-        guess, best = guess + 1, above
+    def plan_for(layers: int) -> RankPlan:
+        if layers not in plans:
+            plans[layers] = dry_run(_with(config, layers, configuration), cluster, vocab)
+            if progress:
+                progress(f"    {layers} layers: {format_bytes(plans[layers].total_bytes)}")
+        return plans[layers]
+
+    budget = cluster.gpu_memory_bytes
+    if not plan_for(1).fits:
+        return 0, None
+    low, high = 1, 2
+    for _ in range(20):  # secant steps: converges in a few, since the curve is nearly a line
+        slope = max(1.0, (plan_for(high).total_bytes - plan_for(low).total_bytes) / (high - low))
+        guess = max(1, high + int((budget - plan_for(high).total_bytes) // slope))
+        if guess in (low, high):
+            break
+        low, high = high, guess
+    layers = high
+    while layers > 1 and not plan_for(layers).fits:
+        layers -= 1
+    while plan_for(layers + 1).fits:
+        layers += 1
+    return layers, plan_for(layers)
 
 
 def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, config: PretrainConfig) -> str:

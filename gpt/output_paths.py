@@ -1,0 +1,78 @@
+"""Output paths checked before any work: created, tested for writability, never a checkpoint's inside.
+
+A read-only mount, a path under a regular file or a full permission mistake used to surface at the
+first save, after the whole run. Every entry point calls these at start instead, so the same mistake
+costs a second. Failures are `ConfigError`s naming the flag and the path.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from gpt.checkpoint_format import LATEST_FILE, METADATA_FILE
+from gpt.errors import ConfigError
+
+
+def prepare_output_directory(path: str | os.PathLike, flag: str) -> Path:
+    """Create `path` (and its parents) if missing and prove a file can be written in it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} is a file; it must be a directory (created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"{flag} {path}: cannot write there ({error.strerror or error}); "
+                          f"choose a writable directory") from None
+    return path
+
+
+def prepare_output_file(path: str | os.PathLike, flag: str) -> Path:
+    """Create the parent of `path` and open `path` for appending (creating it empty if missing), so
+    an unwritable file fails now; an existing file keeps every byte."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; it must name a file")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {path.parent} is a file, so nothing can be written under it")
+    prepare_output_directory(path.parent, flag)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"{flag} {path}: cannot write it ({error.strerror or error}); "
+                          f"choose a writable path") from None
+    return path
+
+
+def checkpoint_holding(path: str | os.PathLike, include_self: bool = False) -> Path | None:
+    """The nearest directory above `path` (or at it, with `include_self`) that is a checkpoint (it
+    has metadata.json) or a save directory (it has `latest`), or None."""
+    path = Path(path).resolve()
+    for directory in ([path] if include_self else []) + list(path.parents):
+        if (directory / METADATA_FILE).is_file() or (directory / LATEST_FILE).is_file():
+            return directory
+    return None
+
+
+def refuse_inside_checkpoint(path: str | os.PathLike, flag: str, include_self: bool = False) -> None:
+    """Tools write beside checkpoints, never into one: a file there would be taken for part of it,
+    or replace part of it. With `include_self`, `path` must not be a checkpoint either."""
+    holder = checkpoint_holding(path, include_self)
+    if holder is not None:
+        where = "is" if holder == Path(path).resolve() else "is inside"
+        raise ConfigError(f"{flag} {path} {where} the checkpoint directory {holder}; write it somewhere else")
+
+
+def refuse_existing(path: str | os.PathLike, flag: str, overwrite: bool) -> None:
+    """An output that exists is replaced only when the user said --overwrite."""
+    path = Path(path)
+    if overwrite or not path.exists():
+        return
+    if path.is_dir() and not any(path.iterdir()):
+        return  # an empty directory holds nothing to lose
+    raise ConfigError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")

@@ -1,0 +1,102 @@
+"""Everything a training run claims and checks before any work, agreed by every rank.
+
+`claim_run_start` decides fresh start or resume (gpt/start_plan.py), takes the save directory's lock
+(gpt/save_directory.py), proves every output path writable (gpt/output_paths.py), and verifies the
+checkpoint to resume from: every file, its header and its hash (gpt/checkpoint_integrity.py). Rank 0
+makes the decisions that touch shared files (the lock exists once); checks every rank must pass for
+itself (its data cache directory) run everywhere. Each step ends in an agreement, so an error is the
+same error on every rank, raised before any data or model work, and only rank 0 prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from data import DataError
+from gpt.checkpoint_format import read_metadata
+from gpt.checkpointing import verify_for_job
+from gpt.errors import ALWAYS_EXPECTED
+from gpt.output_paths import prepare_output_directory, prepare_output_file
+from gpt.save_directory import SaveDirectoryLock
+from gpt.start_plan import StartPlan, check_resume_matches, check_save_directory, plan_start
+from parallel.state import ParallelState
+
+EXPECTED = ALWAYS_EXPECTED + (DataError,)
+
+
+@dataclass
+class RunStart:
+    resume_from: Optional[Path]  # the verified iteration directory to load; None: a fresh start
+    lock: Optional[SaveDirectoryLock]  # held by rank 0 while the run writes into --save
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def agree(state: ParallelState, error: Optional[BaseException]) -> None:
+    """Raise on every rank the first error (in rank order) that any rank met."""
+    errors = state.comm.all_gather_object(error)
+    for rank, failure in enumerate(errors):
+        if failure is not None:
+            raise error if rank == state.rank else failure
+
+
+def _attempt(action: Callable[[], object]) -> tuple[object, Optional[BaseException]]:
+    try:
+        return action(), None
+    except EXPECTED as error:
+        return None, error
+
+
+def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log: Callable[[str], None]) -> RunStart:
+    """The checks and claims above, in order; raises the same expected error on every rank."""
+    checkpoint = config.checkpoint
+    lock: Optional[SaveDirectoryLock] = None
+
+    def first_rank() -> StartPlan:
+        nonlocal lock
+        plan = plan_start(checkpoint.load, checkpoint.save)
+        if checkpoint.save:
+            prepare_output_directory(checkpoint.save, "--save")
+            lock = SaveDirectoryLock(checkpoint.save, log=log)
+            lock.acquire()
+            check_save_directory(checkpoint.save, plan.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
+        prepare_output_file(config.logging.metrics_file, "--metrics-file")
+        return plan
+
+    plan, error = _attempt(first_rank) if state.is_first_rank else (None, None)
+    if error is not None and lock is not None:
+        lock.release()
+        lock = None
+    try:
+        agree(state, error)
+        plan = state.comm.all_gather_object(plan)[0]
+        if cache_dir is not None:  # every rank writes its own copy of the prepared corpus and caches
+            agree(state, _attempt(lambda: prepare_output_directory(cache_dir, "--data-cache-dir"))[1])
+        if plan.note:
+            log(plan.note)
+        if plan.resume_from is not None:
+            check_resume(config, state, plan.resume_from, log)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return RunStart(plan.resume_from, lock)
+
+
+def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callable[[str], None]) -> None:
+    """The checkpoint's metadata fits this run's data settings, and every file of it is intact."""
+    checkpoint = config.checkpoint
+    metadata, error = _attempt(lambda: read_metadata(iteration_dir))
+    agree(state, error)
+    if not checkpoint.finetune:  # a fine-tuning run starts a new sample sequence anyway
+        note, error = _attempt(lambda: check_resume_matches(metadata, config, iteration_dir,
+                                                            checkpoint.override_data_on_resume))
+        agree(state, error)
+        if note:
+            log(note)
+    verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
