@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log to W&B (offline unless W&B is configured on this machine)")
     g.add_argument("--wandb-run-name", default=log.wandb_run_name)
     g.add_argument("--wandb-entity", default=log.wandb_entity)
+    g.add_argument("--peak-tflops", type=float, default=log.peak_tflops,
+                   help="the device's dense 16-bit peak for the mfu metric (default: by CUDA device name, "
+                        "H100 SXM 989, A100 312, V100 125; no mfu on CPU without it)")
     g.add_argument("--report-memory", action=argparse.BooleanOptionalAction, default=log.report_memory,
                    help="log per-rank model-state bytes held and the zero/memory.py prediction")
 

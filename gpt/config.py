@@ -240,10 +240,14 @@ class LoggingConfig:
     wandb_run_name: Optional[str] = None
     wandb_entity: Optional[str] = None
     report_memory: bool = False  # log per-rank model-state bytes held and the zero/memory.py prediction
+    # The device's dense 16-bit peak for MFU; None: looked up by the CUDA device's name (omitted on CPU).
+    peak_tflops: Optional[float] = None
 
     def validate(self) -> None:
         if not self.metrics_file:
             raise ConfigError("--metrics-file must name a file")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}")
 
 
 @dataclass

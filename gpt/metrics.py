@@ -93,6 +93,8 @@ def format_console_line(record: dict[str, Any], train_iters: int) -> str:
         f"TFLOP/s/GPU: {record['tflops_per_gpu']:.2f}",
         f"mem (MB): {record['memory_bytes'] / 2**20:.0f}",
     ]
+    if "mfu" in record:
+        parts.insert(-1, f"MFU: {record['mfu'] * 100:.1f}%")
     if record.get("skipped_iterations"):
         parts.append(f"skipped: {record['skipped_iterations']}")
     return " | ".join(parts) + " |"
@@ -226,6 +228,22 @@ PEAK_TFLOPS_16BIT = (
     ("GH200", 989.0), ("A100", 312.0), ("A800", 312.0), ("A10G", 125.0), ("L40S", 362.0),
     ("V100S", 130.0), ("V100-PCIE", 112.0), ("V100", 125.0),
 )
+
+
+def run_peak_tflops(device: torch.device, override: Optional[float]) -> Optional[float]:
+    """The peak MFU is measured against: --peak-tflops, else the table's entry for this CUDA device;
+    None on a CPU (no meaningful peak) or an unknown GPU."""
+    if override is not None:
+        return override
+    if device.type == "cuda":
+        return device_peak_tflops(torch.cuda.get_device_name(device))
+    return None
+
+
+def model_flops_utilization(model_flops: float, iteration_seconds: float, world_size: int,
+                            peak_tflops: float) -> float:
+    """MFU: model FLOPs (no recompute) per second per GPU over the device's dense peak."""
+    return model_flops / (iteration_seconds * world_size * 1e12) / peak_tflops
 
 
 def device_peak_tflops(device_name: str) -> Optional[float]:

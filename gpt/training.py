@@ -24,7 +24,7 @@ from gpt.config import PretrainConfig
 from gpt.exit_conditions import ExitConditions
 from gpt.run_plan import RunPlan
 from gpt.metrics import (MemoryCheck, MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
-                         peak_memory_bytes, perplexity)
+                         model_flops_utilization, peak_memory_bytes, perplexity, run_peak_tflops)
 from gpt.schedule import learning_rate
 from parallel.state import ParallelState
 from zero.activations import ActivationMonitor, SavedTensorMeter
@@ -130,6 +130,9 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
     flops = flops_per_iteration(config.model, plan.global_batch_size,
                                 activation_recompute=config.activations.checkpoint_activations,
                                 padded_vocab_size=plan.padded_vocab_size)
+    # MFU counts the model's FLOPs only: a recompute is work the hardware does, not the model.
+    model_flops = flops_per_iteration(config.model, plan.global_batch_size, padded_vocab_size=plan.padded_vocab_size)
+    peak_tflops = run_peak_tflops(device, config.logging.peak_tflops)
     eval_micro_batches = training.eval_iters * accumulation_steps
     summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples)
     interval_losses: list[float] = []
@@ -192,6 +195,8 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
                 "memory_bytes": peak_memory_bytes(device),
                 "comm_bytes": state.comm.stats.snapshot(),
             }
+            if peak_tflops is not None:
+                record["mfu"] = model_flops_utilization(model_flops, iter_time, state.world_size, peak_tflops)
             timings = activations.take_timings()
             if timings:  # --profile-checkpointing
                 for phase in ("forward", "recompute+backward"):

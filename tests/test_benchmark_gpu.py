@@ -67,3 +67,29 @@ def test_smoke_mode_runs_both_models(tmp_path):
         assert row["tokens_per_s"] == pytest.approx(2 * 2 * 32 / min(row["step_times_s"]))
         assert all(loss == loss and 5 < loss < 15 for loss in row["losses"])  # finite, near ln(50257)
     assert rows[0]["ours_over_hf"] == pytest.approx(rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"])
+
+
+def test_mfu_in_metrics_uses_model_flops_without_recompute(tmp_path):
+    """Every training record carries `mfu` when a peak is known (here --peak-tflops on the CPU): the
+    model FLOPs without recompute, over time x ranks x the peak, even with checkpointing on."""
+    import pretrain_gpt
+
+    metrics = tmp_path / "metrics.jsonl"
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--train-iters", "2", "--log-interval", "1", "--eval-iters", "0", "--tokenizer-vocab-size", "512",
+            "--device", "cpu", "--data-cache-dir", str(tmp_path / "cache"), "--metrics-file", str(metrics),
+            "--checkpoint-activations", "--peak-tflops", "0.5"]
+    assert pretrain_gpt.main(argv) == 0
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    train = [r for r in records if "loss" in r and "split" not in r]
+    padded = 512  # the BPE is trained to at most --tokenizer-vocab-size 512 ids, padded to a multiple of 128
+    for record in train:
+        model = megatron_closed_form(4, 32, 2, 64, padded)
+        assert record["mfu"] == pytest.approx(model / (record["iter_time_s"] * 1e12) / 0.5, rel=1e-9)
+        # TFLOP/s counts the recompute (96 instead of 72 x ...): hardware FLOPs, higher than the model's.
+        assert record["tflops_per_gpu"] > record["mfu"] * 0.5
+    argv_no_peak = [a for a in argv if a not in ("--peak-tflops", "0.5")]
+    metrics.unlink()
+    assert pretrain_gpt.main(argv_no_peak + ["--metrics-file", str(metrics)]) == 0
+    assert all("mfu" not in json.loads(line) for line in metrics.read_text().splitlines())
