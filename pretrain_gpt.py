@@ -33,7 +33,7 @@ from gpt.errors import run_tool
 from gpt.exit_conditions import ExitConditions
 from gpt.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, parameter_count,
                          perplexity, start_wandb)
-from gpt.model import GPTModel
+from gpt.model import GPTModel, compile_blocks
 from gpt.run_plan import resolve_plan
 from gpt.run_start import RunStart, claim_run_start
 from gpt.training import TrainingDiverged, TrainingSummary, train
@@ -122,6 +122,8 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
     if config.activations.checkpoint_activations:
         apply_activation_checkpointing(model, config.activations, state, rng, activations)
     zero = apply_zero(model, config, state, blocks=model.blocks)  # each rank materializes what it owns
+    if config.training.compile:
+        compile_blocks(model)
     checkpoint = config.checkpoint
     resume_from = claimed.resume_from
     if checkpoint.init_from_hf and resume_from is None:

@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train-iters", type=int, default=t.train_iters)
     g.add_argument("--seed", type=int, default=t.seed)
     g.add_argument("--device", default=t.device, help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=t.compile,
+                   help="torch.compile each transformer block (the first iterations compile; every TP size and "
+                        "ZeRO stage)")
     g.add_argument("--dry-run", action="store_true", default=t.dry_run,
                    help="print what this rank would hold and send (python -m zero.plan dry-run) and exit")
     g.add_argument("--tensor-model-parallel-size", type=int, default=t.tensor_model_parallel_size)

@@ -139,6 +139,7 @@ class TrainingConfig:
     accumulate_allreduce_grads_in_fp32: Optional[bool] = None
     device: str = "auto"
     dry_run: bool = False  # print this rank's plan (zero/plan.py) and exit without training
+    compile: bool = False  # torch.compile each transformer block (gpt.model.compile_blocks)
     tensor_model_parallel_size: int = 1
     # How long a collective may wait for a peer: a dead or hung rank ends the job after this.
     distributed_timeout_minutes: float = 10.0

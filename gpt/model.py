@@ -147,6 +147,15 @@ class GPTModel(nn.Module):
                                             self.config.vocab_size, self.state)
 
 
+def compile_blocks(model: GPTModel) -> None:
+    """torch.compile each transformer block in place (nn.Module.compile: names, parameters and hooks
+    stay as they are). Call it after parallelism is applied. What must stay eager is marked so where
+    it is defined: the communicator's collectives (byte accounting) and ZeRO stage 3's gather hooks
+    (Python bookkeeping that would otherwise be traced and recompiled every step)."""
+    for block in model.blocks:
+        block.compile()
+
+
 def run_in_order(blocks: nn.ModuleList, hidden: torch.Tensor) -> torch.Tensor:
     for block in blocks:
         hidden = block(hidden)

@@ -133,6 +133,9 @@ class Communicator:
     def _skip(self, group: Optional[dist.ProcessGroup]) -> bool:
         return group_size(group) == 1
 
+    # The collectives run eagerly even inside a compiled block (--compile): their byte accounting is
+    # Python state, and torch.distributed's calls are not traceable anyway.
+    @torch.compiler.disable
     def all_reduce(self, tensor: torch.Tensor, group: Optional[dist.ProcessGroup], group_name: str,
                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
         """In-place all-reduce of `tensor` over `group`."""
@@ -141,6 +144,7 @@ class Communicator:
         self.stats.add(group_name, "all_reduce", ring_bytes_sent("all_reduce", _num_bytes(tensor), group_size(group)))
         return self._transport_all_reduce(tensor, op, group, async_op)
 
+    @torch.compiler.disable
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                        group_name: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
         """Sum `input` (N equal chunks along dim 0) over the group; rank i's `output` gets chunk i."""
@@ -154,6 +158,7 @@ class Communicator:
         self.stats.add(group_name, "reduce_scatter", ring_bytes_sent("reduce_scatter", _num_bytes(input), size))
         return self._transport_reduce_scatter(output, input, op, group, async_op)
 
+    @torch.compiler.disable
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                    group_name: str, async_op: bool = False):
         """Concatenate every rank's `input` along dim 0 into `output` (rank order)."""
@@ -167,6 +172,7 @@ class Communicator:
         self.stats.add(group_name, "all_gather", ring_bytes_sent("all_gather", _num_bytes(output), size))
         return self._transport_all_gather(output, input, group, async_op)
 
+    @torch.compiler.disable
     def broadcast(self, tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup], group_name: str,
                   async_op: bool = False):
         """Copy `tensor` from global rank `src` to every rank of the group (torch's convention: `src` is

@@ -159,6 +159,7 @@ class ParameterGatherer:
 
     # ---- hooks --------------------------------------------------------------------------------
 
+    @torch.compiler.disable  # bookkeeping on Python state: runs eagerly around a compiled block
     def _pre_forward(self, unit: Unit, module, args) -> None:
         if unit.index in self._in_backward:
             return  # a non-reentrant recompute: the backward gather serves it
@@ -173,6 +174,7 @@ class ParameterGatherer:
         self.fetch(unit)
         self._prefetch(self.units[unit.index + 1:])
 
+    @torch.compiler.disable  # bookkeeping on Python state: runs eagerly around a compiled block
     def _post_forward(self, unit: Unit, module, args, output) -> None:
         if unit.index in self._in_backward:
             return
@@ -182,6 +184,7 @@ class ParameterGatherer:
                     tensor.register_hook(functools.partial(self._pre_backward, unit))
         self.release(unit)
 
+    @torch.compiler.disable  # bookkeeping on Python state: runs eagerly around a compiled block
     def _pre_backward(self, unit: Unit, grad: torch.Tensor) -> None:
         self._begin_backward(unit)
 
