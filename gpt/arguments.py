@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elements per parameter all-gather after the optimizer step")
     g.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=z.overlap_comm,
                    help="reduce gradient buckets while backward is still running")
+    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=z.overlap_param_gather,
+                   help="stages 1-2: start the parameter all-gather after the step and wait for each bucket "
+                        "just before the forward that needs it (Megatron's overlap-param-gather)")
     g.add_argument("--contiguous-gradients", action=argparse.BooleanOptionalAction,
                    default=z.contiguous_gradients,
                    help="copy gradients into contiguous buckets (always on; --no- is rejected)")

@@ -209,7 +209,10 @@ def our_config(spec: dict):
             "--allgather-bucket-size", spec["allgather_bucket_size"],
             "--stage3-prefetch-bucket-size", spec["prefetch_bucket_size"],
             "--stage3-param-persistence-threshold", spec["param_persistence_threshold"],
-            "--stage3-max-live-parameters", spec["max_live_parameters"]]
+            "--stage3-max-live-parameters", spec["max_live_parameters"],
+            # DeepSpeed's stages 1-2 reduce gradients in the training dtype: compare like with like.
+            "--no-accumulate-allreduce-grads-in-fp32",
+            "--overlap-param-gather" if spec.get("overlap_param_gather") else "--no-overlap-param-gather"]
     config = parse_config([str(a) for a in argv])
     config.model = model_config(spec)  # exactly the peers' model (vocab size filled in)
     return config

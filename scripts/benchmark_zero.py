@@ -47,6 +47,7 @@ from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402  (imports n
 SYSTEM_ORDER = ("ours", "deepspeed", "fsdp2", "ddp")
 LABELS = {"ours": "ours", "deepspeed": "DeepSpeed", "fsdp2": "FSDP2", "ddp": "DDP"}
 RELEASE = "release"
+OVERLAP = "overlap"  # ours at stages 1-2 with --overlap-param-gather
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -87,6 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ds-release-variant", action=argparse.BooleanOptionalAction, default=True,
                    help="also run DeepSpeed stage 3 with stage3_prefetch_bucket_size 0 and "
                         "stage3_max_reuse_distance 0, which release parameters after use (see configurations())")
+    p.add_argument("--overlap-variant", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run our stages 1-2 with --overlap-param-gather")
     p.add_argument("--no-audit", action="store_true", help="skip the dispatcher audit step")
     p.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
     p.add_argument("--output", help="also write the Markdown report here")
@@ -125,6 +128,8 @@ def configurations(args) -> list[tuple[str, int, str]]:
             plan.append(("fsdp2", 3, ""))
         if "ours" in systems:
             plan.append(("ours", stage, ""))
+            if stage in (1, 2) and args.overlap_variant:
+                plan.append(("ours", stage, OVERLAP))
     for system, stage in (("ddp", 0), ("fsdp2", 3)):  # the peers without stages run whatever --stages says
         if system in systems and (system, stage, "") not in plan:
             plan.append((system, stage, ""))
@@ -152,6 +157,8 @@ def run_configuration(args, system: str, stage: int, variant: str, workdir: Path
     spec.update(system=system, stage=stage, audit=not args.no_audit, result_dir=str(workdir / name))
     if variant == RELEASE:
         spec.update(prefetch_bucket_size=0, ds_max_reuse_distance=0)
+    if variant == OVERLAP:
+        spec.update(overlap_param_gather=True)
     Path(spec["result_dir"]).mkdir(parents=True, exist_ok=True)
     spec_path = workdir / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
@@ -274,12 +281,13 @@ def _ratio(a, b) -> str:
 
 def label(r: dict) -> str:
     text = f"{LABELS[r['system']]} {r['stage']}" if r["system"] in ("ours", "deepspeed") else LABELS[r["system"]]
-    return text + (" (release)" if r.get("variant") == RELEASE else "")
+    return text + {RELEASE: " (release)", OVERLAP: " (overlap)"}.get(r.get("variant"), "")
 
 
 def stage_column(r: dict) -> str:
     stage = {"ddp": "0 (DDP)", "fsdp2": "3 (FSDP2)"}.get(r["system"], str(r["stage"]))
-    return stage + (", release after use: prefetch 0, max reuse distance 0" if r.get("variant") == RELEASE else "")
+    return stage + {RELEASE: ", release after use: prefetch 0, max reuse distance 0",
+                    OVERLAP: ", parameter all-gather overlapped with the next forward"}.get(r.get("variant"), "")
 
 
 def report(args, results: list[dict]) -> str:
@@ -316,6 +324,8 @@ def report(args, results: list[dict]) -> str:
 
     by_key = {(r["system"], r["stage"], r.get("variant", "")): r for r in ok}
     pairs = [(("ours", 0, ""), ("ddp", 0, ""))] + [(("ours", k, ""), ("deepspeed", k, "")) for k in (1, 2, 3)] + [
+        (("ours", k, OVERLAP), ("deepspeed", k, "")) for k in (1, 2)] + [
+        (("ours", k, OVERLAP), ("ours", k, "")) for k in (1, 2)] + [
         (("ours", 3, ""), ("deepspeed", 3, RELEASE)), (("ours", 3, ""), ("fsdp2", 3, ""))]
     lines += ["", "Ratios ours/theirs (below 1: ours is faster, smaller, or sends less):", "",
               "| comparison | step time | peak RSS | bytes sent |", "|---|---:|---:|---:|"]

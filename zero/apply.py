@@ -97,7 +97,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
                                     modules)
     else:
         storage = ReplicatedParameters(layout, param_dtype, device, state.comm, partition_group,
-                                       zero_config.allgather_bucket_size)
+                                       zero_config.allgather_bucket_size, zero_config.overlap_param_gather)
     master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=device)  # padding stays 0
     if device.type != "meta":  # a planner's rank (zero.plan) has shapes only: nothing to fill
         storage.fill(source, master)

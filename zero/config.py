@@ -34,6 +34,8 @@ class ZeroConfig:
     reduce_bucket_size: int = 500_000_000  # elements per gradient reduce(-scatter)
     allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather after the step
     overlap_comm: bool = True  # reduce gradient buckets while backward still runs
+    # Stages 1-2: gather the updated parameters while the next forward runs (Megatron's flag).
+    overlap_param_gather: bool = False
     contiguous_gradients: bool = True  # only True is implemented; kept so DeepSpeed configs read as they do
     reduce_scatter: bool = True  # reduce-scatter gradients (False: all-reduce, then keep our shard)
     stage3_prefetch_bucket_size: int = 50_000_000  # elements of parameters fetched ahead (stage 3)
@@ -52,6 +54,9 @@ class ZeroConfig:
                      "stage3_max_live_parameters"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{zero_flag(name)} must be >= 0 (elements), got {getattr(self, name)}")
+        if self.overlap_param_gather and self.stage not in (1, 2):
+            raise ConfigError(f"--overlap-param-gather applies to ZeRO stages 1-2, not --zero-stage {self.stage} "
+                              "(stage 3 gathers ahead with --stage3-prefetch-bucket-size; stage 0 gathers nothing)")
         if not self.contiguous_gradients:
             raise ConfigError("--no-contiguous-gradients is not supported: gradients are always copied into "
                               "contiguous buckets")

@@ -17,6 +17,7 @@ master and 16-bit parameters agree exactly as if the fp32 model had been rounded
 from __future__ import annotations
 
 import contextlib
+import functools
 from abc import ABC, abstractmethod
 from typing import Iterator, Optional, Sequence
 
@@ -101,14 +102,22 @@ def _rebuilt_layout(layout: FlatLayout, replaced: dict[int, nn.Parameter]) -> Fl
 
 class ReplicatedParameters(ParameterStorage):
     """Stages 0-2: the whole TP shard in one flat 16-bit buffer. `group` is the one the partition is
-    cut across (the DP group; None when the partition is the whole buffer)."""
+    cut across (the DP group; None when the partition is the whole buffer).
+
+    With `overlap_param_gather` (Megatron's overlap-param-gather; stages 1-2), publishing after a step
+    only *starts* every unit's all-gather, in the order the next forward needs them (units are reduce
+    buckets, laid out last layer first); each module that owns parameters waits, just before its
+    forward, for the units that hold them. The gathers then run while the first layers compute."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group,
-                 allgather_bucket_numel: int) -> None:
+                 allgather_bucket_numel: int, overlap_param_gather: bool = False) -> None:
         super().__init__(layout, dtype, device)
         self.comm, self.group = comm, group
         self.allgather_bucket_numel = allgather_bucket_numel
+        self.overlap = overlap_param_gather and group is not None  # with one part there is nothing to gather
         self.flat = torch.zeros(layout.numel, dtype=dtype, device=device)
+        self._in_flight: dict[int, tuple[object, torch.Tensor]] = {}  # unit index -> (work, its input)
+        self._hooks: list = []
 
     def fill(self, source: ValueSource, master: torch.Tensor) -> None:
         for unit in self.layout.units:
@@ -126,11 +135,47 @@ class ReplicatedParameters(ParameterStorage):
             for slot in unit.slots:
                 views[id(slot.param)] = (slot.param, unit_flat[slot.start:slot.end].view(slot.shape))
         self.layout = _rebuilt_layout(self.layout, replace_parameters(model, views))
+        if self.overlap:
+            self._hook_owners(model)
         return self.layout
 
+    def _hook_owners(self, model: nn.Module) -> None:
+        for module in model.modules():
+            units = sorted({self.layout.unit_of[id(p)].index for p in module._parameters.values()
+                            if p is not None and id(p) in self.layout.unit_of})
+            if units:
+                self._hooks.append(module.register_forward_pre_hook(functools.partial(self._wait_for, units)))
+
+    @torch.compiler.disable  # waits on Python-held work handles: stays out of compiled blocks
+    def _wait_for(self, units: list[int], module, args) -> None:
+        for index in units:
+            self._wait(index)
+
+    def _wait(self, index: int) -> None:
+        pending = self._in_flight.pop(index, None)
+        if pending is not None:
+            pending[0].wait()
+
+    def wait_all(self) -> None:
+        for index in list(self._in_flight):
+            self._wait(index)
+
+    @contextlib.contextmanager
+    def gathered(self, unit: Unit) -> Iterator[None]:
+        self._wait(unit.index)
+        yield
+
     def publish(self, master: torch.Tensor) -> None:
-        """All-gather every unit from the ranks' shards, a bucket of units in flight at a time; with
-        one part (stage 0) the "gather" is this rank's own copy."""
+        """All-gather every unit from the ranks' shards, a bucket of units in flight at a time (or all
+        of them, waited for by the next forward, with overlap); with one part (stage 0) the "gather"
+        is this rank's own copy."""
+        self.wait_all()  # the previous publish's gathers write this same buffer
+        if self.overlap:
+            for unit in reversed(self.layout.units):  # forward order
+                owned = unit.in_partition(master).to(self.dtype)
+                work = self.comm.all_gather(unit.in_buffer(self.flat), owned, self.group, "dp", async_op=True)
+                self._in_flight[unit.index] = (work, owned)
+            return
         works, inputs, in_flight = [], [], 0
         for unit in self.layout.units:
             owned = unit.in_partition(master).to(self.dtype)  # its own tensor: no collective reads what it writes
