@@ -24,7 +24,8 @@ run() {
     local began=$SECONDS
     if "$python" pretrain_gpt.py --device "$device" --data-cache-dir "$work/cache" --metrics-file "$work/$name/metrics.jsonl" \
         "$@" >"$logs/$name.log" 2>&1; then
-        echo "PASS $name ($((SECONDS - began)) s): $(grep -E '^ *iteration' "$logs/$name.log" | tail -1 | cut -c1-220)"
+        echo "PASS $name ($((SECONDS - began)) s): $(grep -E '^ *iteration|^ *total' "$logs/$name.log" | tail -1 | cut -c1-260)"
+        grep -E "memory after iteration" "$logs/$name.log" | head -1
     else
         echo "FAIL $name (exit $?, $((SECONDS - began)) s): pretrain_gpt.py $*"
         tail -25 "$logs/$name.log"
@@ -41,6 +42,8 @@ for stage in 1 2 3; do
 done
 run checkpointing_cpu "${tiny[@]}" --bf16 --checkpoint-activations --partition-activations --cpu-checkpointing \
     --contiguous-checkpointing --report-memory
+run compiled_stage3 "${tiny[@]}" --bf16 --zero-stage 3 --compile --checkpoint-activations
+run dry_run --bf16 --zero-stage 3 --dry-run
 
 # Exact resume on the device: 20 iterations straight against 10, exit, resume, 10 more.
 run resume_full "${tiny[@]}" --bf16 --save "$work/full_ckpt"
