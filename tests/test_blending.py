@@ -76,6 +76,31 @@ def test_short_chunks_and_wrong_guesses_still_equal_the_reference(seed, monkeypa
     assert_same(random_weights(rng, 1 + seed % 5), int(rng.integers(16, 3000)))
 
 
+def test_from_the_true_starting_counts_no_repair_is_needed(monkeypatch):
+    """The vectorised steps alone must reproduce the rule: given every chunk's true starting counts,
+    no chunk may come out needing a repair (repairs would otherwise hide a wrong step). Chunks of 4
+    steps make the run wider than one block of chunks, where flat indices exceed int16."""
+    weights = [0.5, 0.3, 0.2]
+    monkeypatch.setattr(blending, "_CHUNK_LENGTH", 4)
+    num_samples = 4 * (blending._BLOCK_CHUNKS + 500)
+    expected = greedy_reference(weights, num_samples)
+    onehot = np.eye(len(weights))[expected[0]]
+    true_counts = np.vstack([np.zeros(len(weights)), np.cumsum(onehot, axis=0)])
+
+    def true_guess(w, first_samples):
+        return true_counts[first_samples].T.copy()
+
+    def no_repair(*args, **kwargs):
+        raise AssertionError("a chunk needed a repair although it started from the true counts")
+
+    monkeypatch.setattr(blending, "_guess_counts", true_guess)
+    monkeypatch.setattr(blending, "_repair_in_place", no_repair)
+    monkeypatch.setattr(blending, "_repair_sequentially", no_repair)
+    got = build_blending_indices(weights, num_samples)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+
+
 def test_the_guess_is_usually_right_so_repairs_are_rare():
     """Not a correctness condition (any guess gives the loop's result) but the reason for the speed."""
     w = np.array([0.6, 0.3, 0.1])
