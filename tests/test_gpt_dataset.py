@@ -102,6 +102,36 @@ def test_sample_index_matches_naive_reference(seed, seq_length):
     np.testing.assert_array_equal(got, naive_sample_index(lengths, document_index, seq_length, num_samples))
 
 
+@pytest.mark.parametrize("seq_length", [5, 8])  # a division and a shift
+def test_sample_index_over_many_documents_matches_a_binary_search(seq_length):
+    """Long enough to be read in several blocks of documents, with empty documents throughout."""
+    rng = np.random.default_rng(seq_length)
+    lengths = rng.integers(0, 9, size=300_000)
+    document_index = build_document_index(np.arange(lengths.size), 2, seed=3)
+    ends = np.cumsum(lengths[document_index])
+    for num_samples in (int(ends[-1] - 1) // seq_length, 1000):
+        token_positions = np.arange(num_samples + 1) * seq_length
+        positions = np.searchsorted(ends, token_positions, side="right")
+        offsets = token_positions - (ends[positions] - lengths[document_index[positions]])
+        got = build_sample_index(lengths, document_index, seq_length, num_samples)
+        np.testing.assert_array_equal(got, np.stack([positions, offsets], axis=1))
+
+
+def test_orders_are_numpys_permutations_per_epoch():
+    """The in-place shuffles (int32 where it fits) draw the same swaps as Generator.permutation, the
+    formulation earlier versions used, so caches and resumed runs keep their order."""
+    ids = np.arange(5, 1005)
+    expected = np.concatenate([np.random.default_rng([7, gpt_dataset._DOCUMENT_ORDER_STREAM, epoch]).permutation(ids)
+                               for epoch in range(3)])
+    np.testing.assert_array_equal(build_document_index(ids, 3, seed=7), expected)
+    boundaries = [0, 300, 650, 1000]
+    expected = np.concatenate([start + np.random.default_rng([7, gpt_dataset._SAMPLE_ORDER_STREAM, epoch]).permutation(stop - start)
+                               for epoch, (start, stop) in enumerate(zip(boundaries[:-1], boundaries[1:]))])
+    got = build_shuffle_index(boundaries, 7)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_sample_index_refuses_more_samples_than_tokens():
     with pytest.raises(ValueError, match="tokens"):
         build_sample_index(np.array([5, 5]), np.array([0, 1]), 5, 2)  # needs 11 tokens, has 10
