@@ -25,6 +25,7 @@ import pydoc_data.topics
 
 from data.indexed import IndexedDatasetWriter, best_dtype
 from data.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
+from gpt.file_modes import apply_umask
 
 # A chunk grows paragraph by paragraph until it holds this many characters. Paragraphs of the topics
 # are mostly one to three lines (median ~110 characters), too short to be useful documents alone.
@@ -152,6 +153,7 @@ def prepare_default_corpus(cache_dir: str, vocab_size: int) -> PreparedCorpus:
     )
     work_dir = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir)
     try:
+        apply_umask(work_dir)  # mkdtemp makes it 0700; renamed into place it is the shared cache
         _build(work_dir, documents, vocab_size)
         try:
             os.rename(work_dir, final_dir)

@@ -30,6 +30,7 @@ import torch
 from data import DataError
 from data.indexed import IndexedDataset, index_file_path
 from data.token_range import check_token_ids
+from gpt.file_modes import apply_umask
 
 logger = logging.getLogger(__name__)
 
@@ -268,6 +269,7 @@ class GPTDataset(torch.utils.data.Dataset):
                 try:
                     with os.fdopen(handle, "wb") as temp_file:
                         np.save(temp_file, array)
+                    apply_umask(temp_path)  # mkstemp makes it 0600; the cache is shared by every user of the data
                     os.replace(temp_path, self.cache_paths[kind])
                 except BaseException:
                     os.remove(temp_path)
