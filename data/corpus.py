@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pydoc_data.topics
 
 from data.indexed import IndexedDatasetWriter, best_dtype
+from data.progress import ProgressLines, print_line
 from data.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 from gpt.file_modes import apply_umask
 
@@ -111,7 +112,7 @@ class PreparedCorpus:
 
 def _build(directory: str, documents: list[str], vocab_size: int) -> None:
     """Train the tokenizer and write the dataset (one document per chunk, EOD appended) into `directory`."""
-    tokenizer = train_tokenizer(documents, vocab_size)
+    tokenizer = train_tokenizer(documents, vocab_size, progress=ProgressLines())
     tokenizer.save(os.path.join(directory, TOKENIZER_DIR_NAME))
     prefix = os.path.join(directory, DATASET_NAME)
     with IndexedDatasetWriter(prefix, best_dtype(tokenizer.vocab_size)) as writer:
@@ -145,12 +146,8 @@ def prepare_default_corpus(cache_dir: str, vocab_size: int) -> PreparedCorpus:
         return _prepared(final_dir)
 
     os.makedirs(cache_dir, exist_ok=True)
-    print(
-        f"corpus: building the default corpus ({len(documents)} documents of CPython's pydoc topics, "
-        f"tokenizer vocab {vocab_size}) in {final_dir}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print_line(f"corpus: building the default corpus ({len(documents)} documents of CPython's pydoc topics, "
+               f"tokenizer vocab {vocab_size}) in {final_dir}")
     work_dir = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir)
     try:
         apply_umask(work_dir)  # mkdtemp makes it 0700; renamed into place it is the shared cache

@@ -29,6 +29,7 @@ import torch
 
 from data import DataError
 from data.indexed import IndexedDataset, index_file_path
+from data.progress import ProgressLines
 from data.token_range import check_token_ids
 from gpt.file_modes import apply_umask
 
@@ -201,9 +202,13 @@ class GPTDataset(torch.utils.data.Dataset):
         self.cache_paths = self._cache_paths(cache_dir)
         self.loaded_from_cache = False
         indices = self._load_cache()
-        if indices is None:
+        if indices is None:  # a large corpus takes minutes here (once: the result is cached)
+            progress = ProgressLines()
+            progress.start(f"data: building the {name} index of {indexed.prefix}: {num_samples:,} samples "
+                           f"of {seq_length + 1} tokens over {self.num_epochs} epoch(s)")
             indices = self._build_indices()
             self._save_cache(indices)
+            progress.done(f"data: built the {name} index of {indexed.prefix}")
         else:
             self.loaded_from_cache = True
         self.document_index, self.sample_index, self.shuffle_index = indices
