@@ -2,13 +2,13 @@
 
 Each piece of such work says when it starts, at most one line every `interval_s` seconds while it runs
 (so a short job prints only its start and end, a long one shows it is alive), and when it ends, with
-the time it took. Lines go to stderr so they never mix with the metrics on stdout. Under torchrun or
+the time it took. Lines go to stdout, with the run's other progress lines ("> loaded ...", the
+iteration lines): stderr holds only what went wrong, one line for a bad input. Under torchrun or
 SLURM every rank does the same work; only the rank that reports errors (rank 0) prints.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Callable, Optional
 
@@ -18,9 +18,9 @@ REPORT_EVERY_S = 10.0
 
 
 def print_line(line: str) -> None:
-    """Where progress goes by default: one flushed line on stderr, from rank 0 only."""
+    """Where progress goes by default: one flushed line on stdout, from rank 0 only."""
     if reporting_process():
-        print(line, file=sys.stderr, flush=True)
+        print(line, flush=True)
 
 
 class ProgressLines:

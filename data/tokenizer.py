@@ -125,6 +125,8 @@ def _require_file(path: str, flag: str) -> None:
 
 
 def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
+    if os.path.isdir(tokenizer_file):  # a Hugging Face folder (Megatron's --tokenizer-model names one)
+        tokenizer_file = os.path.join(tokenizer_file, TOKENIZER_FILE)
     _require_file(tokenizer_file, "--tokenizer-file")
     try:
         tokenizer = Tokenizer.from_file(tokenizer_file)
@@ -178,6 +180,36 @@ def load_tokenizer(
     if merges_file:
         raise DataError(f"--merge-file {merges_file} needs --vocab-file as well (GPT-2 BPE uses both)")
     raise DataError("no tokenizer given: pass --tokenizer-file, or --vocab-file and --merge-file")
+
+
+class NullTokenizer:
+    """Megatron's NullTokenizer: for data tokenized elsewhere. Token ids 0..N-1 are taken as they are,
+    and the end-of-document id is N, so the model's vocabulary is N + 1. There is nothing to encode,
+    decode or save."""
+
+    def __init__(self, vocab_size: int):
+        if vocab_size < 1:
+            raise DataError(f"--vocab-size must be at least 1 for NullTokenizer, got {vocab_size}")
+        self._vocab_size_without_eod = int(vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size_without_eod + 1
+
+    @property
+    def eod_id(self) -> int:
+        return self._vocab_size_without_eod
+
+
+def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None, vocab_file: str | None,
+                         merges_file: str | None, vocab_size: int = 0) -> GPTTokenizer | NullTokenizer | None:
+    """The tokenizer the flags name (Megatron's --tokenizer-type, or the files given), or None when
+    they name none (the embedded corpus then brings its own)."""
+    if tokenizer_type == "NullTokenizer":
+        return NullTokenizer(vocab_size)
+    if tokenizer_file or vocab_file or merges_file:
+        return load_tokenizer(tokenizer_file=tokenizer_file, vocab_file=vocab_file, merges_file=merges_file)
+    return None
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
