@@ -106,7 +106,8 @@ def check_vocabulary_flags(config: PretrainConfig) -> None:
     vocabulary is the model's, so a --vocab-size beside it could only contradict it."""
     if config.model.vocab_size and config.data.tokenizer_type != "NullTokenizer":
         raise ConfigError(f"--vocab-size {config.model.vocab_size} is for --tokenizer-type NullTokenizer (data "
-                          f"tokenized elsewhere); with a tokenizer the vocabulary is the tokenizer's: drop --vocab-size")
+                          f"tokenized elsewhere); with a tokenizer the vocabulary is the tokenizer's: drop "
+                          f"--vocab-size")
 
 
 def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
@@ -239,7 +240,8 @@ def dry_run_launch(config: PretrainConfig) -> None:
     budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     cluster = Cluster(launch.world_size, launch.local_world_size or launch.world_size, budget, device.type)
     vocab, source = planning_vocab(config)
-    if not (config.data.tokenizer_file or config.data.vocab_file or config.data.tokenizer_type or config.model.vocab_size):
+    data = config.data
+    if not (data.tokenizer_file or data.vocab_file or data.tokenizer_type or config.model.vocab_size):
         vocab, source = config.data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
     if launch.rank == 0:
         print(format_plan(dry_run(config, cluster, vocab, launch.rank), cluster, config, source), flush=True)

@@ -3,8 +3,11 @@
 A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose keys are flag names
 (`num_layers: 48` or `num-layers: 48`). Its values are turned into flags placed *before* the user's
 flags, so argparse checks their types the same way and a flag given on the command line wins.
-`--zero-config ds.json` (a DeepSpeed-style JSON) is turned into flags the same way and placed between
-the two, so the precedence is YAML preset < --zero-config JSON < command line.
+`--zero-config ds.json` (a DeepSpeed JSON, zero/deepspeed_json.py) is turned into flags the same way
+and placed between the two, so the precedence is YAML preset < JSON < command line; a command-line
+flag that contradicts a JSON key is an error naming both rather than a silent override. Megatron-LM's
+and DeepSpeed-Megatron's flags are aliases or meanings (gpt/megatron_flags.py). Each value keeps its
+source (gpt/config_sources.py) for --print-config and for errors about values the user did not type.
 Every bad input ends in `ConfigError` with one line naming the key or flag.
 """
 
@@ -415,8 +418,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
     notes = list(resolved.notes)
     if translation is not None and translation.info_line():
         notes.append(translation.info_line())
+    given = {dest: value for dest, value in meanings.items() if value is not None and value is not False}
     return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
-                           preset_label(preset_path), {dest: value for dest, value in meanings.items() if value is not None and value is not False})
+                           preset_label(preset_path), given)
 
 
 def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_argv: list[str],

@@ -96,7 +96,8 @@ NO_BLOCK_RECOMPUTE = ("--recompute-method block (checkpoint only the first --rec
 
 
 MEANINGS: list[Meaning] = [
-    Meaning(("--deepspeed",), "deepspeed", "DeepSpeed-Megatron", {"action": "store_true"}, NO_EFFECT_FLAGS["deepspeed"]),
+    Meaning(("--deepspeed",), "deepspeed", "DeepSpeed-Megatron", {"action": "store_true"},
+            NO_EFFECT_FLAGS["deepspeed"]),
     Meaning(("--local_rank", "--local-rank"), "local_rank", "DeepSpeed's launcher", {"type": int},
             NO_EFFECT_FLAGS["local_rank"]),
     Meaning(("--resume-dataloader",), "resume_dataloader", "DeepSpeed-Megatron", {"action": "store_true"},

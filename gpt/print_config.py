@@ -35,7 +35,8 @@ def format_config(parsed) -> str:
             lines.append(_row(f.name, show_value(value), sources.get(f.name, Source(DEFAULT)).describe()))
     if parsed.meanings:
         lines.append("Megatron-LM and DeepSpeed flags that are not settings here")
-        lines += [_row(_typed(dest, value, sources), "", _meaning(dest, value)) for dest, value in parsed.meanings.items()]
+        lines += [_row(_typed(dest, value, sources), "", _meaning(dest, value))
+                  for dest, value in parsed.meanings.items()]
     if parsed.deepspeed is not None:
         lines.append(f"DeepSpeed JSON {parsed.deepspeed.source}: every key")
         for verdict in parsed.deepspeed.verdicts:
