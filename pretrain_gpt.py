@@ -114,7 +114,7 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # Validate the batch arithmetic, the outputs and the checkpoint before any data or model work.
     batch_schedule(config, state.data_parallel_size)
     check_vocabulary_flags(config)
-    check_attention_backend(config.model, state.device)
+    check_attention_backend(config.model, config.training.precision, state.device)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
     claimed = claim_run_start(config, state, corpus_cache_dir(config), lambda line: log(line, flush=True))
     try:

@@ -38,9 +38,12 @@ def attention_kernels(backend: str):
     return contextlib.nullcontext() if kernels is None else sdpa_kernel(kernels)
 
 
-def check_attention_backend(config: ModelConfig, device: torch.device) -> None:
-    """Refuse, before any work, a kernel the device cannot run for this model."""
+def check_attention_backend(config: ModelConfig, precision: str, device: torch.device) -> None:
+    """Refuse, before any work, a kernel the device cannot run for this model and precision."""
     if device.type == "cuda":
+        if config.attention_backend == "flash" and precision == "fp32":
+            raise ConfigError("--attention-backend flash on CUDA takes 16-bit inputs: add --bf16 or --fp16, or use "
+                              "fused or auto")
         return
     if config.attention_backend == "fused":
         raise ConfigError("--attention-backend fused needs CUDA (cuDNN or the memory-efficient kernel); on a CPU use "

@@ -46,3 +46,15 @@ def test_a_kernel_the_cpu_cannot_run_is_refused_before_any_work(argv, words, tmp
     monkeypatch.setattr(pretrain_gpt, "build_data", lambda *args: pytest.fail("data work started"))
     assert pretrain_gpt.main(argv + ["--device", "cpu", "--metrics-file", str(tmp_path / "m.jsonl")]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_flash_on_cuda_needs_16_bit_inputs():
+    """Checked without a GPU: the rule is the kernel's (flash attention takes fp16/bf16 only)."""
+    from gpt.attention_backend import check_attention_backend
+    from gpt.config import ConfigError
+
+    flash = dataclasses.replace(MODEL, attention_backend="flash")
+    with pytest.raises(ConfigError, match="--attention-backend flash on CUDA takes 16-bit inputs"):
+        check_attention_backend(flash, "fp32", torch.device("cuda"))
+    check_attention_backend(flash, "bf16", torch.device("cuda"))
+    check_attention_backend(dataclasses.replace(MODEL, attention_backend="fused"), "fp32", torch.device("cuda"))

@@ -137,7 +137,7 @@ def classify_optimizer(key: str, value: Any) -> list[Verdict]:
         else:
             verdicts.append(Verdict(path, UNSUPPORTED, why=f"not a parameter of the AdamW here (it takes "
                                                            f"{', '.join(sorted(OPTIMIZER_PARAMS))})"))
-    for name in set(optimizer) - {"type", "params"}:
+    for name in sorted(set(optimizer) - {"type", "params"}):
         verdicts += _adam_mode(f"{key}.{name}", optimizer[name]) if name == "adam_w_mode" else \
             [Verdict(f"{key}.{name}", UNSUPPORTED, why="not a key of DeepSpeed's optimizer block (type, params)")]
     return verdicts
