@@ -24,18 +24,22 @@ from data import DataError
 from data.corpus import prepare_default_corpus
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.sampler import build_data_loader
-from data.tokenizer import GPTTokenizer, load_tokenizer
-from gpt.arguments import parse_config
+from data.tokenizer import GPTTokenizer, NullTokenizer, load_named_tokenizer, load_tokenizer
+from gpt.arguments import parse_arguments
+from gpt.attention_backend import check_attention_backend
+from gpt.batch_schedule import BatchSchedule, batch_schedule
 from gpt.checkpoint_format import LATEST_FILE, CheckpointError, resolve_checkpoint
 from gpt.checkpointing import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from gpt.config import ConfigError, PretrainConfig, batch_arithmetic
-from gpt.errors import run_tool
+from gpt.config import ConfigError, PretrainConfig
+from gpt.errors import reporting_process, run_tool
 from gpt.exit_conditions import ExitConditions
 from gpt.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, parameter_count,
                          perplexity, start_wandb)
 from gpt.model import GPTModel, compile_blocks
+from gpt.print_config import format_config
 from gpt.run_plan import resolve_plan
 from gpt.run_start import RunStart, claim_run_start
+from gpt.tensorboard_sink import open_tensorboard
 from gpt.training import TrainingDiverged, TrainingSummary, train
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
@@ -47,36 +51,41 @@ DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
 
 @dataclass
 class DataSplits:
-    tokenizer: GPTTokenizer
+    tokenizer: GPTTokenizer | NullTokenizer
     make_train_loader: Callable[[int], Iterable[dict]]  # consumed samples -> the rest of the data
     make_valid_loader: Optional[Callable[[], Iterable[dict]]]
     make_test_loader: Optional[Callable[[], Iterable[dict]]]
 
 
-def load_tokenizer_and_data_path(config: PretrainConfig) -> tuple[GPTTokenizer, list[str]]:
-    """The user's tokenizer and data, or the embedded corpus prepared on first use."""
+def load_tokenizer_and_data_path(config: PretrainConfig) -> tuple[GPTTokenizer | NullTokenizer, list[str]]:
+    """The user's tokenizer and data; without --data-path, the embedded corpus prepared on first use,
+    tokenized with the user's tokenizer when one is named, else with one trained on it."""
     data = config.data
+    tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file,
+                                     config.model.vocab_size)
     if data.data_path:
-        tokenizer = load_tokenizer(tokenizer_file=data.tokenizer_file, vocab_file=data.vocab_file,
-                                   merges_file=data.merge_file)
         return tokenizer, list(data.data_path)
-    corpus = prepare_default_corpus(str(data.data_cache_dir or DEFAULT_CACHE_DIR), data.tokenizer_vocab_size)
-    tokenizer = load_tokenizer(tokenizer_file=os.path.join(corpus.tokenizer_dir, "tokenizer.json"))
+    corpus = prepare_default_corpus(str(data.data_cache_dir or DEFAULT_CACHE_DIR), data.tokenizer_vocab_size,
+                                    tokenizer=tokenizer)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(tokenizer_file=os.path.join(corpus.tokenizer_dir, "tokenizer.json"))
     return tokenizer, [corpus.data_prefix]
 
 
-def build_data(config: PretrainConfig, state: ParallelState, global_batch_size: int) -> DataSplits:
+def build_data(config: PretrainConfig, state: ParallelState, batch: BatchSchedule) -> DataSplits:
+    """Datasets sized for the run (every iteration's batch, a ramp's included) and loaders that start
+    at a number of consumed samples."""
     tokenizer, data_path = load_tokenizer_and_data_path(config)
     training = config.training
-    eval_samples = training.eval_iters * global_batch_size
-    num_samples = (training.train_iters * global_batch_size, eval_samples, eval_samples)
+    eval_samples = training.eval_iters * batch.global_batch_size
+    num_samples = (batch.consumed_after(training.train_iters), eval_samples, eval_samples)
     train_set, valid_set, test_set = build_train_valid_test_datasets(
         data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
         vocab_size=tokenizer.vocab_size)
 
     def loader(dataset, consumed_samples=0):
         return build_data_loader(dataset, consumed_samples=consumed_samples,
-                                 micro_batch_size=training.micro_batch_size, dp_rank=state.data_parallel_rank,
+                                 micro_batch_size=batch.micro_batch_size, dp_rank=state.data_parallel_rank,
                                  dp_size=state.data_parallel_size, num_workers=config.data.num_workers)
 
     return DataSplits(
@@ -92,9 +101,20 @@ def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
     return None if config.data.data_path else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
 
 
+def check_vocabulary_flags(config: PretrainConfig) -> None:
+    """--vocab-size is Megatron's NullTokenizer vocabulary; with a real tokenizer, the tokenizer's
+    vocabulary is the model's, so a --vocab-size beside it could only contradict it."""
+    if config.model.vocab_size and config.data.tokenizer_type != "NullTokenizer":
+        raise ConfigError(f"--vocab-size {config.model.vocab_size} is for --tokenizer-type NullTokenizer (data "
+                          f"tokenized elsewhere); with a tokenizer the vocabulary is the tokenizer's: drop "
+                          f"--vocab-size")
+
+
 def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # Validate the batch arithmetic, the outputs and the checkpoint before any data or model work.
-    batch_arithmetic(config.training, state.data_parallel_size)
+    batch_schedule(config, state.data_parallel_size)
+    check_vocabulary_flags(config)
+    check_attention_backend(config.model, config.training.precision, state.device)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
     claimed = claim_run_start(config, state, corpus_cache_dir(config), lambda line: log(line, flush=True))
     try:
@@ -105,12 +125,14 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
 
 def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart) -> TrainingSummary:
     """The run, once its outputs are claimed and its checkpoint (if any) verified."""
-    _, global_batch_size = batch_arithmetic(config.training, state.data_parallel_size)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
     log("> preparing tokenizer and data", flush=True)
-    data = build_data(config, state, global_batch_size)
-    plan = resolve_plan(config, data.tokenizer.vocab_size, state.tensor_parallel_size, state.data_parallel_size)
+    data = build_data(config, state, batch_schedule(config, state.data_parallel_size))
+    plan = resolve_plan(config, data.tokenizer.vocab_size, state.tensor_parallel_size, state.data_parallel_size,
+                        state.device.type)
     config = plan.config  # from here on, the resolved copy
+    for note in plan.notes:
+        log(note, flush=True)
 
     predicted, why_not = predicted_peak(config, state, plan.vocab_size)
     memory_check = MemoryCheck(predicted, state.device, why_not)
@@ -143,8 +165,8 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
     log(f"> model: {parameter_count(config.model, plan.padded_vocab_size):,} parameters "
         f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
         f"{config.model.num_attention_heads} heads, vocab {plan.vocab_size} padded to {plan.padded_vocab_size}) "
-        f"on {state.device}; global batch {plan.global_batch_size} = micro batch "
-        f"{config.training.micro_batch_size} x {plan.accumulation_steps} accumulation steps x "
+        f"on {state.device}; global batch {plan.batch.describe()} = micro batch "
+        f"{config.training.micro_batch_size} x {plan.batch.final_accumulation_steps} accumulation steps x "
         f"{state.data_parallel_size} data-parallel; tensor-parallel size {state.tensor_parallel_size}; "
         f"ZeRO stage {zero.optimizer.stage}, {config.training.precision} "
         f"({config.training.gradient_precision} gradients)",
@@ -162,11 +184,14 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
     if state.is_first_rank:
         wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,
                                 config.logging.wandb_entity, config.to_dict(), str(metrics_path.parent))
-    writer = MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run)
+    tensorboard = open_tensorboard(config.logging.tensorboard_dir) if state.is_first_rank else None
+    writer = MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run, tensorboard=tensorboard)
+    # A NullTokenizer has no files: the checkpoint then holds no tokenizer/ copy.
+    saved_tokenizer = data.tokenizer if isinstance(data.tokenizer, GPTTokenizer) else None
 
     def save(iteration: int, consumed_samples: int, lr: float) -> None:
         save_checkpoint(checkpoint.save, iteration, consumed_samples, model, zero.optimizer, rng, config, state,
-                        tokenizer=data.tokenizer, lr=lr)
+                        tokenizer=saved_tokenizer, lr=lr)
         prune_checkpoints(checkpoint.save, checkpoint.keep_last, state)
 
     finished = start.iteration >= config.training.train_iters
@@ -213,11 +238,12 @@ def dry_run_launch(config: PretrainConfig) -> None:
         device = resolve_device(config.training.device, launch.local_rank)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    _, global_batch_size = batch_arithmetic(config.training, launch.world_size // config.training.tensor_model_parallel_size)
+    batch_schedule(config, launch.world_size // config.training.tensor_model_parallel_size)
     budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     cluster = Cluster(launch.world_size, launch.local_world_size or launch.world_size, budget, device.type)
-    vocab, source = planning_vocab(config, None)
-    if not (config.data.tokenizer_file or config.data.vocab_file):
+    vocab, source = planning_vocab(config)
+    data = config.data
+    if not (data.tokenizer_file or data.vocab_file or data.tokenizer_type or config.model.vocab_size):
         vocab, source = config.data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
     if launch.rank == 0:
         print(format_plan(dry_run(config, cluster, vocab, launch.rank), cluster, config, source), flush=True)
@@ -237,7 +263,15 @@ def last_good_checkpoint(save_dir: Optional[str], loaded: Optional[Path]) -> str
 
 
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
-    config = parse_config(argv)
+    parsed = parse_arguments(argv)
+    config = parsed.config
+    if parsed.print_config:
+        if reporting_process():
+            print(format_config(parsed), flush=True)
+        return
+    if reporting_process():
+        for note in parsed.notes:  # flags and JSON keys taken with no effect, and how Megatron's map here
+            print(note if note.startswith(">") else f"> {note}", flush=True)
     if config.training.dry_run:
         dry_run_launch(config)
         return

@@ -20,11 +20,14 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import Optional
 
 import pydoc_data.topics
 
 from data.indexed import IndexedDatasetWriter, best_dtype
-from data.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
+from data.progress import ProgressLines, print_line
+from data.tokenizer import TOKENIZER_FILE, GPTTokenizer, load_tokenizer, train_tokenizer
+from gpt.file_modes import apply_umask
 
 # A chunk grows paragraph by paragraph until it holds this many characters. Paragraphs of the topics
 # are mostly one to three lines (median ~110 characters), too short to be useful documents alone.
@@ -108,9 +111,11 @@ class PreparedCorpus:
     vocab_size: int  # of the trained tokenizer; can be below the requested size on this small corpus
 
 
-def _build(directory: str, documents: list[str], vocab_size: int) -> None:
-    """Train the tokenizer and write the dataset (one document per chunk, EOD appended) into `directory`."""
-    tokenizer = train_tokenizer(documents, vocab_size)
+def _build(directory: str, documents: list[str], vocab_size: int, tokenizer: Optional[GPTTokenizer]) -> None:
+    """Train the tokenizer (unless one is given) and write the dataset (one document per chunk, EOD
+    appended) into `directory`."""
+    if tokenizer is None:
+        tokenizer = train_tokenizer(documents, vocab_size, progress=ProgressLines())
     tokenizer.save(os.path.join(directory, TOKENIZER_DIR_NAME))
     prefix = os.path.join(directory, DATASET_NAME)
     with IndexedDatasetWriter(prefix, best_dtype(tokenizer.vocab_size)) as writer:
@@ -128,8 +133,10 @@ def _prepared(directory: str) -> PreparedCorpus:
     )
 
 
-def prepare_default_corpus(cache_dir: str, vocab_size: int) -> PreparedCorpus:
-    """Tokenizer + indexed dataset of the default corpus under `cache_dir`, built on first use.
+def prepare_default_corpus(cache_dir: str, vocab_size: int, tokenizer: Optional[GPTTokenizer] = None) -> PreparedCorpus:
+    """Tokenizer + indexed dataset of the default corpus under `cache_dir`, built on first use. With
+    `tokenizer` (the user's --tokenizer-file or GPT-2 files), the corpus is tokenized with it instead
+    of a trained one, and cached under a name keyed by that tokenizer's content.
 
     Safe for concurrent callers (every rank of a torchrun job may call it) and against interruption:
     each builder works in its own temporary directory next to the final one and renames it into place
@@ -138,21 +145,23 @@ def prepare_default_corpus(cache_dir: str, vocab_size: int) -> PreparedCorpus:
     output: training is deterministic).
     """
     documents = default_corpus_documents()
-    name = f"pydoc-topics-v{vocab_size}-{corpus_fingerprint(documents)}"
+    if tokenizer is None:
+        name = f"pydoc-topics-v{vocab_size}-{corpus_fingerprint(documents)}"
+    else:
+        name = f"pydoc-topics-tok{hashlib.sha256(tokenizer.to_json().encode()).hexdigest()[:12]}-" \
+               f"{corpus_fingerprint(documents)}"
     final_dir = os.path.join(cache_dir, name)
     if os.path.isdir(final_dir):
         return _prepared(final_dir)
 
     os.makedirs(cache_dir, exist_ok=True)
-    print(
-        f"corpus: building the default corpus ({len(documents)} documents of CPython's pydoc topics, "
-        f"tokenizer vocab {vocab_size}) in {final_dir}",
-        file=sys.stderr,
-        flush=True,
-    )
+    which = f"tokenizer vocab {vocab_size}" if tokenizer is None else f"your tokenizer, {tokenizer.vocab_size} tokens"
+    print_line(f"corpus: building the default corpus ({len(documents)} documents of CPython's pydoc topics, "
+               f"{which}) in {final_dir}")
     work_dir = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir)
     try:
-        _build(work_dir, documents, vocab_size)
+        apply_umask(work_dir)  # mkdtemp makes it 0700; renamed into place it is the shared cache
+        _build(work_dir, documents, vocab_size, tokenizer)
         try:
             os.rename(work_dir, final_dir)
         except OSError:

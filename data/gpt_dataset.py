@@ -30,6 +30,7 @@ from data import DataError
 from data.blending import BlendedDataset, build_blending_indices, samples_per_dataset  # noqa: F401
 from data.index_cache import cache_key, load_cached_arrays, save_cached_arrays
 from data.indexed import IndexedDataset, index_file_path
+from data.progress import ProgressLines
 from data.token_range import check_token_ids
 
 logger = logging.getLogger(__name__)
@@ -245,11 +246,15 @@ class GPTDataset(torch.utils.data.Dataset):
         # Seconds spent on each index and on the cache write; empty when the cache had them.
         self.build_seconds: dict[str, float] = {}
         indices = self._load_cache()
-        if indices is None:
+        if indices is None:  # a large corpus takes minutes here (once: the result is cached)
+            progress = ProgressLines()
+            progress.start(f"data: building the {name} index of {indexed.prefix}: {num_samples:,} samples "
+                           f"of {seq_length + 1} tokens over {self.num_epochs} epoch(s)")
             indices = self._build_indices()
             began = time.perf_counter()
             save_cached_arrays(self.cache_paths, dict(zip(_INDEX_KINDS, indices)), self.name)
             self.build_seconds["cache_write"] = time.perf_counter() - began
+            progress.done(f"data: built the {name} index of {indexed.prefix}")
             logger.info("built the %s indices of %s in %.2f s (%s)", self.name, indexed.prefix,
                         sum(self.build_seconds.values()),
                         ", ".join(f"{kind} {seconds:.2f} s" for kind, seconds in self.build_seconds.items()))

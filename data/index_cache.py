@@ -16,6 +16,8 @@ import tempfile
 
 import numpy as np
 
+from gpt.file_modes import apply_umask
+
 logger = logging.getLogger(__name__)
 
 
@@ -46,6 +48,7 @@ def save_cached_arrays(paths: dict[str, str], arrays: dict[str, np.ndarray], wha
             try:
                 with os.fdopen(handle, "wb") as temp_file:
                     np.save(temp_file, arrays[kind])
+                apply_umask(temp_path)  # mkstemp makes it 0600; the cache is shared by every user of the data
                 os.replace(temp_path, path)
             except BaseException:
                 os.remove(temp_path)

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from data import DataError
 from data.corpus import split_on_blank_lines
 from data.indexed import IndexedDatasetWriter, best_dtype, data_file_path, index_file_path
+from data.progress import ProgressLines
 from data.tokenizer import GPTTokenizer, load_tokenizer, train_tokenizer
 from gpt.errors import OneLineArgumentParser, run_tool
 
@@ -430,7 +431,7 @@ def _choose_tokenizer(args: argparse.Namespace, sources: list[InputSource]) -> G
                     documents_seen += 1
                     yield text
 
-    tokenizer = train_tokenizer(texts(), args.train_tokenizer_vocab_size)
+    tokenizer = train_tokenizer(texts(), args.train_tokenizer_vocab_size, progress=ProgressLines())
     if documents_seen == 0:
         raise DataError(f"--input {' '.join(args.input)}: no non-empty documents to train a tokenizer on")
     directory = f"{args.output_prefix}_tokenizer"

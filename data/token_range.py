@@ -22,6 +22,7 @@ import numpy as np
 
 from data import DataError
 from data.indexed import IndexedDataset
+from data.progress import ProgressLines
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +50,14 @@ def _fingerprint(dataset: IndexedDataset) -> dict:
     return fingerprint
 
 
-def scan_token_range(dataset: IndexedDataset, chunk_tokens: int = CHUNK_TOKENS) -> TokenRange:
+def scan_token_range(dataset: IndexedDataset, chunk_tokens: int = CHUNK_TOKENS,
+                     progress: Optional[ProgressLines] = None) -> TokenRange:
     """The smallest and largest token id in the dataset's .bin, one chunk in memory at a time."""
     tokens = dataset.num_tokens
     if tokens == 0:
         return TokenRange(None, None)
+    progress = progress or ProgressLines(emit=None)
+    progress.start(f"data: checking the token ids of {dataset.prefix} ({tokens:,} tokens)")
     data = np.memmap(dataset.data_path, dtype=dataset.dtype, mode="r", shape=(tokens,))
     low, high = None, None
     for start in range(0, tokens, chunk_tokens):
@@ -61,7 +65,10 @@ def scan_token_range(dataset: IndexedDataset, chunk_tokens: int = CHUNK_TOKENS) 
         chunk_low, chunk_high = chunk.min().item(), chunk.max().item()
         low = chunk_low if low is None else min(low, chunk_low)
         high = chunk_high if high is None else max(high, chunk_high)
+        progress.update(lambda: f"data: checked {min(start + chunk_tokens, tokens):,} of {tokens:,} token ids "
+                                f"of {dataset.prefix}")
     del data
+    progress.done(f"data: token ids of {dataset.prefix} are in [{low}, {high}]")
     return TokenRange(int(low), int(high))
 
 
@@ -79,7 +86,7 @@ def cached_token_range(dataset: IndexedDataset, chunk_tokens: int = CHUNK_TOKENS
                 return TokenRange(low, high)
     except (OSError, ValueError, RecursionError):
         pass  # no cache yet, or not one we wrote: scan
-    result = scan_token_range(dataset, chunk_tokens)
+    result = scan_token_range(dataset, chunk_tokens, ProgressLines())  # ~1 s per GB: say so on a big corpus
     temporary = f"{path}.tmp-{os.getpid()}"
     try:
         with open(temporary, "w", encoding="utf-8") as f:

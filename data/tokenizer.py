@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable, Sequence
+import sys
+from typing import Iterable, Iterator, Optional, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from data import DataError
+from data.progress import ProgressLines
 
 EOD_TOKEN = "<|endoftext|>"
 
@@ -123,6 +125,8 @@ def _require_file(path: str, flag: str) -> None:
 
 
 def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
+    if os.path.isdir(tokenizer_file):  # a Hugging Face folder (Megatron's --tokenizer-model names one)
+        tokenizer_file = os.path.join(tokenizer_file, TOKENIZER_FILE)
     _require_file(tokenizer_file, "--tokenizer-file")
     try:
         tokenizer = Tokenizer.from_file(tokenizer_file)
@@ -178,13 +182,48 @@ def load_tokenizer(
     raise DataError("no tokenizer given: pass --tokenizer-file, or --vocab-file and --merge-file")
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> GPTTokenizer:
+class NullTokenizer:
+    """Megatron's NullTokenizer: for data tokenized elsewhere. Token ids 0..N-1 are taken as they are,
+    and the end-of-document id is N, so the model's vocabulary is N + 1. There is nothing to encode,
+    decode or save."""
+
+    def __init__(self, vocab_size: int):
+        if vocab_size < 1:
+            raise DataError(f"--vocab-size must be at least 1 for NullTokenizer, got {vocab_size}")
+        self._vocab_size_without_eod = int(vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size_without_eod + 1
+
+    @property
+    def eod_id(self) -> int:
+        return self._vocab_size_without_eod
+
+
+def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None, vocab_file: str | None,
+                         merges_file: str | None, vocab_size: int = 0) -> GPTTokenizer | NullTokenizer | None:
+    """The tokenizer the flags name (Megatron's --tokenizer-type, or the files given), or None when
+    they name none (the embedded corpus then brings its own)."""
+    if tokenizer_type == "NullTokenizer":
+        return NullTokenizer(vocab_size)
+    if tokenizer_file or vocab_file or merges_file:
+        return load_tokenizer(tokenizer_file=tokenizer_file, vocab_file=vocab_file, merges_file=merges_file)
+    return None
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
+                    progress: Optional[ProgressLines] = None) -> GPTTokenizer:
     """Train a byte-level BPE on `texts`, with all 256 bytes as the initial alphabet and EOD as id 0.
 
     The result is deterministic: the trainer breaks ties between equally frequent pairs by the pair
     itself, so the same texts give the same vocabulary in every run. On a small corpus the trainer
     stops early once no pair occurs `min_frequency` times, so `vocab_size` of the result may be
     smaller than asked; use the result's `vocab_size`, never the request.
+
+    With `progress`, training a large corpus says what it is doing: a line when it starts, one every
+    few seconds while the texts are read, one when reading ends (the merges are computed after that)
+    and one at the end.
     """
     if vocab_size < MIN_VOCAB_SIZE:
         raise DataError(
@@ -197,7 +236,34 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 
         min_frequency=min_frequency,
         special_tokens=[EOD_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        # The library's own bars, on a terminal only: in a batch log they are thousands of redraws.
+        show_progress=progress is not None and sys.stderr.isatty(),
     )
-    tokenizer.train_from_iterator(texts, trainer)
-    return GPTTokenizer(tokenizer)
+    if progress is None:
+        tokenizer.train_from_iterator(texts, trainer)
+        return GPTTokenizer(tokenizer)
+    progress.start(f"tokenizer: training a byte-level BPE of up to {vocab_size} tokens")
+    counted = _CountedTexts(texts, progress)
+    tokenizer.train_from_iterator(counted, trainer)
+    result = GPTTokenizer(tokenizer)
+    progress.done(f"tokenizer: trained {result.vocab_size} tokens on {counted.describe()}")
+    return result
+
+
+class _CountedTexts:
+    """The texts, passed through while their number and size are counted for the progress lines."""
+
+    def __init__(self, texts: Iterable[str], progress: ProgressLines):
+        self.texts, self.progress = texts, progress
+        self.documents = self.characters = 0
+
+    def describe(self) -> str:
+        return f"{self.documents:,} documents ({self.characters / 1e6:,.1f} M characters)"
+
+    def __iter__(self) -> Iterator[str]:
+        for text in self.texts:
+            self.documents += 1
+            self.characters += len(text)
+            self.progress.update(lambda: f"tokenizer: read {self.describe()}")
+            yield text
+        self.progress.update(lambda: f"tokenizer: read all {self.describe()}; computing the merges")

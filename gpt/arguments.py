@@ -3,8 +3,11 @@
 A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose keys are flag names
 (`num_layers: 48` or `num-layers: 48`). Its values are turned into flags placed *before* the user's
 flags, so argparse checks their types the same way and a flag given on the command line wins.
-`--zero-config ds.json` (a DeepSpeed-style JSON) is turned into flags the same way and placed between
-the two, so the precedence is YAML preset < --zero-config JSON < command line.
+`--zero-config ds.json` (a DeepSpeed JSON, zero/deepspeed_json.py) is turned into flags the same way
+and placed between the two, so the precedence is YAML preset < JSON < command line; a command-line
+flag that contradicts a JSON key is an error naming both rather than a silent override. Megatron-LM's
+and DeepSpeed-Megatron's flags are aliases or meanings (gpt/megatron_flags.py). Each value keeps its
+source (gpt/config_sources.py) for --print-config and for errors about values the user did not type.
 Every bad input ends in `ConfigError` with one line naming the key or flag.
 """
 
@@ -13,20 +16,28 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import yaml
 
-from gpt.config import ACTIVATIONS, LR_DECAY_STYLES, ConfigError, PretrainConfig
+from gpt.config import (ACTIVATIONS, ATTENTION_BACKENDS, LR_DECAY_STYLES, TOKENIZER_TYPES, ConfigError,
+                        PretrainConfig)
+from gpt.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inherited_values, options_typed,
+                                show_value, values_set_by)
 from gpt.errors import OneLineArgumentParser
-from zero.config import ZERO_STAGES, load_deepspeed_config, resolve_zero_config
+from gpt.flag_equivalents import unknown_flags_message
+from gpt.megatron_flags import MEANING_DESTS, add_meanings, aliases_of, describe_alias, resolve_meanings
+from zero.config import ZERO_STAGES
+from zero.deepspeed_json import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 DEFAULT_PRESET = "tiny"
 
 
-# Flags that choose where settings come from; they are not settings themselves.
-SOURCE_FLAGS = ("config", "zero_config")
+# Flags that choose where settings come from, or what the program does; they are not settings.
+SOURCE_FLAGS = ("config", "zero_config", "print_config")
+NOT_SETTINGS = SOURCE_FLAGS + MEANING_DESTS
 
 
 def count(text: str) -> int:
@@ -44,6 +55,11 @@ def count(text: str) -> int:
     return int(value)
 
 
+def _with_aliases(group, *options: str, **kwargs) -> argparse.Action:
+    """add_argument, with the Megatron/DeepSpeed names of the flag (gpt/megatron_flags.py) as aliases."""
+    return group.add_argument(*options, *[alias for option in options for alias in aliases_of(option)], **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     defaults = PretrainConfig()
     m, o, t, d, log = defaults.model, defaults.optimizer, defaults.training, defaults.data, defaults.logging
@@ -52,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", default=DEFAULT_PRESET,
                         help=f"YAML preset: a name in configs/models ({', '.join(preset_names())}) or a path")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print every setting with its value and where it came from (default, preset, JSON, "
+                             "flag), then exit without training")
 
     g = parser.add_argument_group("model")
     g.add_argument("--num-layers", type=int, default=m.num_layers)
@@ -68,11 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--init-method-std", type=float, default=m.init_method_std)
     g.add_argument("--activation", choices=ACTIVATIONS, default=m.activation,
                    help="gelu_tanh is GPT-2's approximation, gelu the exact erf form")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=m.attention_backend,
+                   help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the "
+                        "memory-efficient kernel, unfused/local = the math kernel, auto = PyTorch's choice")
+    g.add_argument("--use-flash-attn", dest="attention_backend", action="store_const", const="flash",
+                   help="Megatron-LM's older name for --attention-backend flash")
 
     g = parser.add_argument_group("optimizer and learning-rate schedule")
     g.add_argument("--lr", type=float, default=o.lr)
     g.add_argument("--min-lr", type=float, default=o.min_lr)
     g.add_argument("--lr-warmup-iters", type=int, default=o.lr_warmup_iters)
+    _with_aliases(g, "--lr-warmup-fraction", type=float, default=o.lr_warmup_fraction,
+                  help="warm up over this fraction of --lr-decay-iters (Megatron-LM; instead of --lr-warmup-iters)")
     g.add_argument("--lr-decay-iters", type=int, default=o.lr_decay_iters, help="default: --train-iters")
     g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default=o.lr_decay_style)
     g.add_argument("--weight-decay", type=float, default=o.weight_decay,
@@ -83,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--adam-eps", type=float, default=o.adam_eps)
 
     g = parser.add_argument_group("training")
-    g.add_argument("--micro-batch-size", type=int, default=t.micro_batch_size)
+    _with_aliases(g, "--micro-batch-size", type=int, default=t.micro_batch_size)
     g.add_argument("--global-batch-size", type=int, default=t.global_batch_size,
                    help="micro batch x gradient-accumulation steps x data-parallel size "
                         "(set from --gradient-accumulation-steps when that is given)")
@@ -91,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default=t.accumulation_steps,
                    help="micro batches per rank per iteration; when given, it determines the global batch "
                         "(default: --global-batch-size / (micro batch x data-parallel size))")
+    g.add_argument("--rampup-batch-size", nargs=3, type=count, default=t.rampup_batch_size,
+                   metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="grow the global batch from START by INCREMENT, evenly over the first SAMPLES samples, "
+                        "to --global-batch-size (Megatron-LM)")
     g.add_argument("--train-iters", type=int, default=t.train_iters)
     g.add_argument("--seed", type=int, default=t.seed)
     g.add_argument("--device", default=t.device, help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
@@ -99,20 +129,28 @@ def build_parser() -> argparse.ArgumentParser:
                         "ZeRO stage)")
     g.add_argument("--dry-run", action="store_true", default=t.dry_run,
                    help="print what this rank would hold and send (python -m zero.plan dry-run) and exit")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=t.tensor_model_parallel_size)
+    _with_aliases(g, "--tensor-model-parallel-size", type=int, default=t.tensor_model_parallel_size)
     g.add_argument("--eval-interval", type=int, default=t.eval_interval)
     g.add_argument("--eval-iters", type=int, default=t.eval_iters, help="batches per evaluation; 0 disables")
     g.add_argument("--log-interval", type=int, default=t.log_interval)
 
     g = parser.add_argument_group("data and tokenizer")
-    g.add_argument("--data-path", nargs="+", default=d.data_path,
+    _with_aliases(g, "--data-path", nargs="+", default=d.data_path,
                    help="a dataset prefix, or 'weight prefix weight prefix ...' to blend; "
                         "omit to train on the embedded corpus")
     g.add_argument("--split", default=d.split, help="train,valid,test ratio of documents")
     g.add_argument("--data-cache-dir", default=d.data_cache_dir,
                    help="where the embedded corpus and index caches go (default ~/.cache/zero-gpt)")
     g.add_argument("--num-workers", type=int, default=d.num_workers, help="data-loader worker processes")
-    g.add_argument("--tokenizer-file", default=d.tokenizer_file, help="a tokenizers tokenizer.json")
+    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=d.tokenizer_type,
+                   help="Megatron-LM's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer "
+                        "(--tokenizer-model), NullTokenizer (--vocab-size; data tokenized elsewhere); default: "
+                        "from the files given")
+    _with_aliases(g, "--tokenizer-file", default=d.tokenizer_file,
+                  help="a tokenizers tokenizer.json (or, as --tokenizer-model, a folder holding one); without "
+                       "--data-path the embedded corpus is tokenized with it")
+    g.add_argument("--vocab-size", type=int, default=m.vocab_size,
+                   help="with --tokenizer-type NullTokenizer: token ids are 0..N-1 and the end-of-document id is N")
     g.add_argument("--vocab-file", "--tokenizer-vocab-file", dest="vocab_file", default=d.vocab_file,
                    help="GPT-2 style vocab.json (with --merge-file)")
     g.add_argument("--merge-file", "--tokenizer-merge-file", dest="merge_file", default=d.merge_file,
@@ -124,13 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--metrics-file", default=log.metrics_file, help="JSON lines, one record per log/eval")
     g.add_argument("--wandb-project", default=log.wandb_project,
                    help="log to W&B (offline unless W&B is configured on this machine)")
-    g.add_argument("--wandb-run-name", default=log.wandb_run_name)
+    _with_aliases(g, "--wandb-run-name", default=log.wandb_run_name)
     g.add_argument("--wandb-entity", default=log.wandb_entity)
     g.add_argument("--peak-tflops", type=float, default=log.peak_tflops,
                    help="the device's dense 16-bit peak for the mfu metric (default: by CUDA device name, "
                         "H100 SXM 989, A100 312, V100 125; no mfu on CPU without it)")
     g.add_argument("--report-memory", action=argparse.BooleanOptionalAction, default=log.report_memory,
                    help="log per-rank model-state bytes held and the zero/memory.py prediction")
+    g.add_argument("--tensorboard-dir", default=log.tensorboard_dir, metavar="DIR",
+                   help="also write TensorBoard events here, with the same keys as --metrics-file")
 
     g = parser.add_argument_group("checkpoints, resume and preemption")
     g.add_argument("--save", default=c.save, metavar="DIR",
@@ -172,11 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a collective waits for a peer before the job fails (a dead rank)")
 
     g = parser.add_argument_group("ZeRO and mixed precision")
-    g.add_argument("--zero-config", metavar="FILE.json",
-                   help="DeepSpeed-style JSON (a path, or a name in configs/zero: "
-                        f"{', '.join(zero_config_names())}); its zero_optimization, fp16, bf16, "
-                        "activation_checkpointing, batch and clipping keys become flags: "
-                        "YAML preset < this file < command-line flags")
+    _with_aliases(g, "--zero-config", metavar="FILE.json",
+                   help="a DeepSpeed config JSON (a path, or a name in configs/zero: "
+                        f"{', '.join(zero_config_names())}); every key is honoured as a flag, accepted with no "
+                        "effect on the math, or refused with the alternative (zero/deepspeed_keys.py). YAML preset "
+                        "< this file < command-line flags; a flag that contradicts the file is an error")
     g.add_argument("--zero-stage", dest="stage", type=int, choices=ZERO_STAGES, default=z.stage,
                    help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
                         "2: and gradients (P_os+g); 3: and parameters (P_os+g+p)")
@@ -184,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elements per gradient reduce(-scatter)")
     g.add_argument("--allgather-bucket-size", type=count, default=z.allgather_bucket_size,
                    help="elements per parameter all-gather after the optimizer step")
-    g.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=z.overlap_comm,
+    _with_aliases(g, "--overlap-comm", action=argparse.BooleanOptionalAction, default=z.overlap_comm,
                    help="reduce gradient buckets while backward is still running")
     g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=z.overlap_param_gather,
                    help="stages 1-2: start the parameter all-gather after the step and wait for each bucket "
@@ -227,28 +267,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-activations", action=argparse.BooleanOptionalAction,
                    default=a.checkpoint_activations,
                    help="keep only each group's input in forward and recompute the group in backward")
-    g.add_argument("--checkpoint-num-layers", type=int, default=a.checkpoint_num_layers,
+    _with_aliases(g, "--checkpoint-num-layers", type=int, default=a.checkpoint_num_layers,
                    help="transformer blocks per checkpointed group")
     g.add_argument("--partition-activations", action=argparse.BooleanOptionalAction,
                    default=a.partition_activations,
                    help="P_a: each tensor-parallel rank keeps 1/TP of every checkpointed input and they are "
                         "all-gathered before the recompute")
-    g.add_argument("--cpu-checkpointing", action=argparse.BooleanOptionalAction, default=a.cpu_checkpointing,
+    _with_aliases(g, "--cpu-checkpointing", action=argparse.BooleanOptionalAction, default=a.cpu_checkpointing,
                    help="P_a+cpu: keep checkpointed inputs (their 1/TP slices with --partition-activations) in "
                         "host memory")
-    g.add_argument("--contiguous-checkpointing", action=argparse.BooleanOptionalAction,
+    _with_aliases(g, "--contiguous-checkpointing", action=argparse.BooleanOptionalAction,
                    default=a.contiguous_checkpointing,
                    help="M_D: copy a micro-batch's checkpoints into one pre-allocated buffer (DeepSpeed's "
                         "contiguous_memory_optimization)")
     g.add_argument("--number-checkpoints", type=int, default=a.number_checkpoints,
                    help="checkpoints the contiguous buffer holds (None: one per group, "
                         "ceil(num layers / checkpoint num layers))")
-    g.add_argument("--synchronize-checkpoint-boundary", action=argparse.BooleanOptionalAction,
+    _with_aliases(g, "--synchronize-checkpoint-boundary", action=argparse.BooleanOptionalAction,
                    default=a.synchronize_checkpoint_boundary,
                    help="CUDA synchronize at each checkpoint boundary (debugging)")
     g.add_argument("--profile-checkpointing", action=argparse.BooleanOptionalAction,
                    default=a.profile_checkpointing,
                    help="time each checkpoint's forward and recompute (DeepSpeed's profile)")
+    add_meanings(parser)
     return parser
 
 
@@ -272,6 +313,13 @@ def resolve_preset(name_or_path: str) -> Path:
     return candidate
 
 
+def preset_label(path: Path) -> str:
+    """A preset as a user would name it: `tiny (configs/models/tiny.yaml)`, or its path."""
+    if path.resolve().parent == PRESET_DIR:
+        return f"{path.stem} (configs/models/{path.name})"
+    return str(path)
+
+
 def read_preset(path: Path) -> Any:
     """A preset file's YAML, every way it can be unreadable reported as a ConfigError naming it."""
     try:
@@ -292,7 +340,7 @@ def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, sou
     A key is a flag's name (`zero_stage`, `zero-stage`) or its setting's (`stage`)."""
     flags = {}
     for action in parser._actions:
-        if action.option_strings and action.dest not in SOURCE_FLAGS + ("help",):
+        if action.option_strings and action.dest not in NOT_SETTINGS + ("help",):
             flags[action.dest] = action
             for option in action.option_strings:
                 if not (isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-")):
@@ -319,11 +367,30 @@ def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, sou
     return argv
 
 
+@dataclass(frozen=True)
+class ParsedArguments:
+    config: PretrainConfig            # validated; config.sources says where each value came from
+    notes: tuple[str, ...]            # said once at the start: flags and JSON keys with no effect, mappings
+    print_config: bool                # --print-config: show the configuration and exit
+    deepspeed: Optional[DeepSpeedTranslation]  # the JSON's classification, for --print-config
+    preset: str                       # the preset in force, as `preset_label` names it
+    meanings: dict[str, Any]          # the Megatron-meaning flags given, for --print-config
+
+
 def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
-    """CLI flags over a YAML preset -> a validated PretrainConfig (vocab_size still unset)."""
+    """CLI flags over a YAML preset -> a validated PretrainConfig (see `parse_arguments`)."""
+    return parse_arguments(argv).config
+
+
+def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
+    """The layers -- YAML preset < DeepSpeed JSON < command line -- parsed into one validated config,
+    with the source of every value. Unknown flags, refused Megatron flags, unsupported JSON keys and
+    a JSON value that contradicts a command-line flag are each one ConfigError listing all of them."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    known, _ = parser.parse_known_args(argv)
+    known, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ConfigError(unknown_flags_message(unknown, parser))
     preset_path = resolve_preset(known.config)
     preset = read_preset(preset_path)
     if not isinstance(preset, dict):
@@ -333,24 +400,92 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
         parser.parse_args(preset_argv)
     except ConfigError as error:
         raise ConfigError(f"{preset_path}: {error}") from None
-    zero_argv: list[str] = []
-    if known.zero_config is not None:
-        zero_path = resolve_zero_config(known.zero_config)
-        zero_argv = load_deepspeed_config(zero_path)
+    translation = load_deepspeed_config(resolve_zero_config(known.zero_config)) if known.zero_config else None
+    json_argv = translation.argv if translation is not None else []
+    if translation is not None:
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
-            json_only = PretrainConfig.from_flat(_settings(parser.parse_args(zero_argv)))
+            json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(json_argv))))
             json_only.zero.validate()
             json_only.activations.validate()
         except ConfigError as error:
-            raise ConfigError(f"{zero_path}: {error}") from None
-    config = PretrainConfig.from_flat(_settings(parser.parse_args(preset_argv + zero_argv + argv)))
-    config.validate()
-    return config
+            raise ConfigError(f"{translation.source}: {error}") from None
+
+    namespace = vars(parser.parse_args(preset_argv + json_argv + argv))
+    sources = layer_sources(parser, preset_path, preset_argv, translation, argv)
+    settings = _settings(dict(namespace))
+    meanings = {dest: namespace[dest] for dest in MEANING_DESTS}
+    typed = options_typed(parser, argv)
+    resolved = resolve_meanings(meanings, settings, sources, typed.get)
+    for name, (value, source) in resolved.changes.items():
+        settings[name], sources[name] = value, source
+    check_given_together(sources)
+    config = PretrainConfig.from_flat(settings, sources)
+    try:
+        config.validate()
+    except ConfigError as error:
+        raise name_inherited_values(error, parser, sources, settings.get) from None
+    notes = list(resolved.notes)
+    if translation is not None and translation.info_line():
+        notes.append(translation.info_line())
+    given = {dest: value for dest, value in meanings.items() if value is not None and value is not False}
+    return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
+                           preset_label(preset_path), given)
 
 
-def _settings(namespace: argparse.Namespace) -> dict[str, Any]:
-    values = vars(namespace)
-    for name in SOURCE_FLAGS:
-        values.pop(name)
+def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_argv: list[str],
+                  translation: Optional[DeepSpeedTranslation], argv: list[str]) -> dict[str, Source]:
+    """The source of every setting (the last layer that set it), and the check that the JSON and the
+    command line do not contradict each other, nor two JSON keys one another."""
+    sources = {dest: Source(DEFAULT) for dest in _settings(vars(parser.parse_args([])))}
+    for dest in values_set_by(parser, preset_argv):
+        sources[dest] = Source(PRESET, preset_label(preset_path))
+    json_values: dict[str, tuple[Any, str, str]] = {}  # dest -> (value, key, the flags the key became)
+    contradictions = []
+    for setting in translation.settings if translation is not None else []:
+        where = f"{translation.source}: {setting.key}"
+        for dest, value in values_set_by(parser, list(setting.flags)).items():
+            if dest in json_values and json_values[dest][0] != value:
+                contradictions.append(f"{json_values[dest][1]} and {setting.key} in {translation.source} ask for "
+                                      f"different values ({json_values[dest][2]}; {' '.join(setting.flags)})")
+            json_values[dest] = (value, setting.key, " ".join(setting.flags))
+            sources[dest] = Source(JSON, where)
+    typed = options_typed(parser, argv)
+    for dest, value in values_set_by(parser, argv).items():
+        agrees = ""
+        if dest in json_values:
+            json_value, key, json_flags = json_values[dest]
+            if json_value != value:
+                contradictions.append(f"{_typed_value(typed.get(dest, dest), value)} on the command line "
+                                      f"contradicts {key} in {translation.source} ({json_flags})")
+            agrees = f"{key} in {translation.source}"
+        sources[dest] = Source(FLAG, describe_alias(typed.get(dest, dest)), agrees_with=agrees)
+    if contradictions:
+        raise ConfigError("; ".join(contradictions) + ": remove one of each pair")
+    return sources
+
+
+# Settings of which only one may be given explicitly (on the command line or in the JSON): the first
+# replaces the second, as in Megatron-LM, where giving both is an error. A preset's value for the
+# second is simply replaced.
+EXCLUSIVE_SETTINGS = (
+    ("lr_warmup_fraction", "lr_warmup_iters", "--lr-warmup-fraction", "--lr-warmup-iters"),
+)
+
+
+def check_given_together(sources: dict[str, Source]) -> None:
+    for first, second, first_flag, second_flag in EXCLUSIVE_SETTINGS:
+        explicit = [sources[name] for name in (first, second) if sources[name].kind in (JSON, FLAG)]
+        if len(explicit) == 2:
+            raise ConfigError(f"give one of {first_flag} and {second_flag}, not both ({explicit[0].describe()}; "
+                              f"{explicit[1].describe()})")
+
+
+def _typed_value(option: str, value: Any) -> str:
+    """How a flag was given: `--fp16`, `--no-bf16`, `--lr 0.0003`."""
+    return option if isinstance(value, bool) else f"{option} {show_value(value)}"
+
+
+def _settings(values: dict[str, Any]) -> dict[str, Any]:
+    for name in NOT_SETTINGS:
+        values.pop(name, None)
     return values
-

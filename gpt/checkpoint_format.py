@@ -37,6 +37,7 @@ import torch
 
 from gpt.checkpoint_schema import check_metadata, member, read_latest
 from gpt.errors import CheckpointError
+from gpt.file_modes import apply_umask
 
 FORMAT_VERSION = 1
 LATEST_FILE = "latest"
@@ -129,6 +130,7 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: Optiona
         save_file(tensors, str(path), metadata=text_metadata)
     except SafetensorError as error:  # safetensors reports a full disk or a bad path as its own type
         raise OSError(f"{path}: cannot write ({error})") from None
+    apply_umask(path)  # safetensors creates its files 0600; teammates must be able to read checkpoints
     fsync_path(path)
     size, expected = path.stat().st_size, _safetensors_size(path)
     if size != expected:  # a writer that did not report a full disk

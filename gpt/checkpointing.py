@@ -119,6 +119,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     final = save_dir / iteration_dir_name(iteration)
     staging = final.with_name(final.name + STAGING_SUFFIX)
     started = time.perf_counter()
+    if state.is_first_rank:  # a large save takes minutes; say when it starts, not only when it ends
+        print(f" saving checkpoint at iteration {iteration} to {final}", flush=True)
 
     _raise_if_any_failed(state, non_finite_optimizer_state(optimizer), iteration, staging)
     error = None

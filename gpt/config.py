@@ -26,6 +26,8 @@ from parallel.layers import padded_vocab_size
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 ACTIVATIONS = ("gelu", "gelu_tanh")
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer")
 SEED_LIMIT = 2**32
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
 
@@ -38,7 +40,9 @@ class ModelConfig:
     ffn_hidden_size: Optional[int] = None  # None means 4 x hidden_size, as in GPT-2
     seq_length: int = 128
     max_position_embeddings: int = 128
-    vocab_size: int = 0  # the tokenizer's vocabulary; filled in once the tokenizer is loaded
+    # Megatron's --vocab-size: with --tokenizer-type NullTokenizer, token ids are 0..N-1 and the
+    # end-of-document id is N. Otherwise 0, and the run plan's resolved copy holds the tokenizer's.
+    vocab_size: int = 0
     make_vocab_size_divisible_by: int = 128
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -46,6 +50,8 @@ class ModelConfig:
     init_method_std: float = 0.02
     # GPT-2 uses the tanh approximation of GeLU ("gelu_new" in transformers); Megatron the exact one.
     activation: str = "gelu_tanh"
+    # Which SDPA kernel computes attention (Megatron's --attention-backend): auto lets PyTorch choose.
+    attention_backend: str = "auto"
 
     @property
     def ffn_size(self) -> int:
@@ -86,6 +92,11 @@ class ModelConfig:
             raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
         if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
             raise ConfigError("--init-method-std and --layernorm-epsilon must be positive")
+        if self.vocab_size < 0:
+            raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
+                              f"{', '.join(ATTENTION_BACKENDS)}")
 
 
 @dataclass
@@ -93,6 +104,9 @@ class OptimizerConfig:
     lr: float = 1e-3
     min_lr: float = 1e-4
     lr_warmup_iters: int = 20
+    # Megatron's --lr-warmup-fraction: warm up over this fraction of --lr-decay-iters (of --train-iters
+    # when that is unset), instead of --lr-warmup-iters.
+    lr_warmup_fraction: Optional[float] = None
     lr_decay_iters: Optional[int] = None  # None means decay over all of --train-iters
     lr_decay_style: str = "cosine"
     weight_decay: float = 0.1
@@ -109,6 +123,8 @@ class OptimizerConfig:
             raise ConfigError(f"need 0 <= --min-lr ({self.min_lr}) <= --lr ({self.lr}) and --lr > 0")
         if self.lr_warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters < 1):
             raise ConfigError("--lr-warmup-iters must be >= 0 and --lr-decay-iters >= 1")
+        if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
+            raise ConfigError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}")
         if self.weight_decay < 0 or self.clip_grad < 0 or self.adam_eps <= 0:
             raise ConfigError("--weight-decay and --clip-grad must be >= 0, --adam-eps > 0")
         for name in ("adam_beta1", "adam_beta2"):
@@ -121,8 +137,11 @@ class TrainingConfig:
     micro_batch_size: int = 16
     global_batch_size: int = 32
     # When set (--gradient-accumulation-steps), it determines the global batch instead of
-    # --global-batch-size; see batch_arithmetic().
+    # --global-batch-size, unless both are given explicitly; see gpt/batch_schedule.py.
     accumulation_steps: Optional[int] = None
+    # Megatron's --rampup-batch-size START INCREMENT SAMPLES: the global batch grows from START by
+    # INCREMENT, evenly over the first SAMPLES samples, to --global-batch-size (gpt/batch_schedule.py).
+    rampup_batch_size: Optional[list[int]] = None
     train_iters: int = 250
     seed: int = 1234
     # Mixed precision: bf16 or fp16 parameters and gradients, fp32 master weights and Adam states.
@@ -167,6 +186,11 @@ class TrainingConfig:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.accumulation_steps is not None and self.accumulation_steps < 1:
             raise ConfigError(f"{_flag('accumulation_steps')} must be at least 1, got {self.accumulation_steps}")
+        if self.rampup_batch_size is not None:
+            check_rampup(self.rampup_batch_size, self.global_batch_size)
+            if self.accumulation_steps is not None:
+                raise ConfigError("--rampup-batch-size sets the accumulation steps of each iteration; drop "
+                                  "--gradient-accumulation-steps (the ramp ends at --global-batch-size)")
         if self.eval_iters < 0:
             raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}")
         if not self.distributed_timeout_minutes > 0:
@@ -187,19 +211,17 @@ class TrainingConfig:
                               f"{self.initial_loss_scale}; lower the former or raise the latter")
 
 
-def batch_arithmetic(training: TrainingConfig, data_parallel_size: int) -> tuple[int, int]:
-    """(micro-batches per rank per iteration, global batch): global batch = micro batch x steps x
-    data-parallel size. --gradient-accumulation-steps, when given, determines the global batch;
-    otherwise the steps follow from --global-batch-size, which must divide evenly. Reads the config,
-    never writes it (gpt.run_plan records the result)."""
-    per_step = training.micro_batch_size * data_parallel_size
-    if training.accumulation_steps is not None:
-        return training.accumulation_steps, per_step * training.accumulation_steps
-    if training.global_batch_size % per_step != 0:
-        raise ConfigError(
-            f"--global-batch-size {training.global_batch_size} is not divisible by --micro-batch-size "
-            f"{training.micro_batch_size} x data-parallel size {data_parallel_size} = {per_step}")
-    return training.global_batch_size // per_step, training.global_batch_size
+def check_rampup(ramp: list[int], global_batch_size: int) -> None:
+    """Megatron's rules for --rampup-batch-size START INCREMENT SAMPLES, which need no grid to check."""
+    if len(ramp) != 3:
+        raise ConfigError(f"--rampup-batch-size takes three numbers, START INCREMENT SAMPLES; got {len(ramp)}")
+    start, increment, samples = ramp
+    if start < 1 or increment < 1 or samples < 0:
+        raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: START and INCREMENT must be at least "
+                          f"1 and SAMPLES at least 0")
+    if start > global_batch_size or (global_batch_size - start) % increment != 0:
+        raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: the ramp must reach --global-batch-size "
+                          f"{global_batch_size} from {start} in steps of {increment}")
 
 
 @dataclass
@@ -210,6 +232,8 @@ class DataConfig:
     split: str = "969,30,1"
     data_cache_dir: Optional[str] = None  # default: ~/.cache/zero-gpt
     num_workers: int = 0
+    # Megatron's --tokenizer-type; None infers it from the files given (none: the embedded corpus's).
+    tokenizer_type: Optional[str] = None
     tokenizer_file: Optional[str] = None
     vocab_file: Optional[str] = None
     merge_file: Optional[str] = None
@@ -223,9 +247,25 @@ class DataConfig:
                 parse_data_path(self.data_path)
         except DataError as error:
             raise ConfigError(str(error)) from None
-        if self.data_path and not (self.tokenizer_file or self.vocab_file):
+        if self.tokenizer_type not in (None, *TOKENIZER_TYPES):
+            raise ConfigError(f"--tokenizer-type {self.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
+        if self.tokenizer_type == "NullTokenizer":
+            if self.tokenizer_file or self.vocab_file or self.merge_file:
+                raise ConfigError("--tokenizer-type NullTokenizer reads token ids as they are: drop --tokenizer-file, "
+                                  "--vocab-file and --merge-file")
+            if not self.data_path:
+                raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere); the "
+                                  "embedded corpus is text and needs a real tokenizer")
+        elif self.data_path and not (self.tokenizer_file or self.vocab_file):
             raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
-                              "or --vocab-file and --merge-file")
+                              "(--tokenizer-model), --vocab-file and --merge-file, or --tokenizer-type NullTokenizer "
+                              "with --vocab-size")
+        if self.tokenizer_type == "GPT2BPETokenizer" and not self.vocab_file:
+            raise ConfigError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
+                              "gpt2-vocab.json and gpt2-merges.txt; nothing is downloaded here)")
+        if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_file:
+            raise ConfigError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model: a tokenizer.json, or a "
+                              "folder holding one (nothing is downloaded here)")
         if bool(self.vocab_file) != bool(self.merge_file):
             raise ConfigError("--vocab-file and --merge-file go together (GPT-2 style BPE files)")
         if self.tokenizer_file and self.vocab_file:
@@ -243,6 +283,7 @@ class LoggingConfig:
     report_memory: bool = False  # log per-rank model-state bytes held and the zero/memory.py prediction
     # The device's dense 16-bit peak for MFU; None: looked up by the CUDA device's name (omitted on CPU).
     peak_tflops: Optional[float] = None
+    tensorboard_dir: Optional[str] = None  # TensorBoard events with the same keys as --metrics-file
 
     def validate(self) -> None:
         if not self.metrics_file:
@@ -295,6 +336,10 @@ class PretrainConfig:
     activations: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
+    # Where each setting's value came from (gpt/config_sources.py): filled in by gpt.arguments, empty
+    # for a config built in code. Not a setting: to_dict and comparisons leave it out.
+    sources: dict = field(default_factory=dict, compare=False, repr=False)
+
     SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations", "checkpoint")
 
     def validate(self) -> None:
@@ -303,15 +348,18 @@ class PretrainConfig:
             getattr(self, section).validate()
         self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
         self.activations.validate_for_layers(self.model.num_layers)
+        if self.data.tokenizer_type == "NullTokenizer" and self.model.vocab_size < 1:
+            raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
+                              "end-of-document id is N)")
 
     def to_dict(self) -> dict:
         return {section: {f.name: getattr(getattr(self, section), f.name)
                           for f in fields(getattr(self, section))} for section in self.SECTIONS}
 
     @classmethod
-    def from_flat(cls, values: dict) -> "PretrainConfig":
+    def from_flat(cls, values: dict, sources: Optional[dict] = None) -> "PretrainConfig":
         """Build from a flat {field_name: value} mapping (what argparse and YAML presets give)."""
-        config = cls()
+        config = cls(sources=dict(sources or {}))
         sections = field_sections()
         for name, value in values.items():
             if name not in sections:

@@ -148,11 +148,12 @@ def count_records(metrics_file: str) -> int:
 
 
 class MetricsWriter:
-    """Fans one record out to the console, metrics.jsonl and (optionally) W&B."""
+    """Fans one record out to the console, metrics.jsonl and (optionally) W&B and TensorBoard."""
 
-    def __init__(self, metrics_file: str, enabled: bool, wandb_run: Any = None):
+    def __init__(self, metrics_file: str, enabled: bool, wandb_run: Any = None, tensorboard: Any = None):
         self.enabled = enabled
         self.wandb_run = wandb_run
+        self.tensorboard = tensorboard
         self._file = None
         if enabled:
             path = Path(metrics_file)
@@ -167,6 +168,8 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")
         if self.wandb_run is not None:
             _log_to_wandb(self.wandb_run, record)
+        if self.tensorboard is not None and "iteration" in record:
+            self.tensorboard.write(scalar_values(record), record["iteration"])
 
     def close(self) -> None:
         if self._file is not None:
@@ -178,12 +181,32 @@ class MetricsWriter:
             except Exception as error:  # W&B trouble must never fail a finished run
                 print(f"warning: W&B finish failed: {error}", file=sys.stderr)
             self.wandb_run = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+
+def scalar_values(record: dict[str, Any]) -> dict[str, float]:
+    """A record's numbers as W&B and TensorBoard get them: `<split>/<key>` (`train/` for training
+    records), nested numbers flattened with slashes, the iteration left out (it is the step)."""
+    prefix = f"{record['split']}/" if "split" in record else "train/"
+    values: dict[str, float] = {}
+
+    def add(name: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                add(f"{name}/{key}", inner)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            values[name] = value
+
+    for key, value in record.items():
+        if key not in ("iteration", "split"):
+            add(prefix + key, value)
+    return values
 
 
 def _log_to_wandb(run: Any, record: dict[str, Any]) -> None:
-    prefix = f"{record['split']}/" if "split" in record else "train/"
-    values = {prefix + key: value for key, value in record.items()
-              if isinstance(value, (int, float)) and key != "iteration"}
+    values = scalar_values(record)
     try:
         run.log(values, step=record["iteration"])
     except Exception as error:

@@ -66,6 +66,8 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             lock.acquire()
             check_save_directory(checkpoint.save, plan.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
         prepare_output_file(config.logging.metrics_file, "--metrics-file")
+        if config.logging.tensorboard_dir:
+            prepare_output_directory(config.logging.tensorboard_dir, "--tensorboard-dir")
         return plan
 
     plan, error = _attempt(first_rank) if state.is_first_rank else (None, None)

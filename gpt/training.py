@@ -119,26 +119,29 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
           activations: Optional[ActivationMonitor] = None,
           memory_check: Optional[MemoryCheck] = None) -> TrainingSummary:
     """Train from `start_iteration` + 1 to --train-iters (a resumed run passes the checkpoint's
-    iteration and consumed samples). With `save_checkpoint`, saves every --save-interval iterations,
-    at the end, and before an early exit that `exit_conditions` calls for."""
+    iteration and consumed samples). Each iteration's global batch, and with a batch-size ramp the
+    learning rate's position, follow from the samples consumed before it (plan.batch), so a resumed
+    run continues a ramp exactly. With `save_checkpoint`, saves every --save-interval iterations, at
+    the end, and before an early exit that `exit_conditions` calls for."""
     config = plan.config
     training, device = config.training, state.device
     reducer, optimizer = zero.reducer, zero.optimizer
     activations = activations or ActivationMonitor(device)
     save_interval = config.checkpoint.save_interval
-    accumulation_steps = plan.accumulation_steps
-    flops = flops_per_iteration(config.model, plan.global_batch_size,
-                                activation_recompute=config.activations.checkpoint_activations,
-                                padded_vocab_size=plan.padded_vocab_size)
-    # MFU counts the model's FLOPs only: a recompute is work the hardware does, not the model.
-    model_flops = flops_per_iteration(config.model, plan.global_batch_size, padded_vocab_size=plan.padded_vocab_size)
+
+    def flops_for(global_batch_size: int, recompute: bool = config.activations.checkpoint_activations) -> float:
+        return flops_per_iteration(config.model, global_batch_size, activation_recompute=recompute,
+                                   padded_vocab_size=plan.padded_vocab_size)
+
     peak_tflops = run_peak_tflops(device, config.logging.peak_tflops)
-    eval_micro_batches = training.eval_iters * accumulation_steps
+    eval_micro_batches = training.eval_iters * plan.batch.final_accumulation_steps
     summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples)
     interval_losses: list[float] = []
     interval_times: list[float] = []
+    interval_samples: list[int] = []
     model.train()
-    lr = learning_rate(max(start_iteration, 1), config.optimizer, training.train_iters)
+    lr = learning_rate(plan.batch.schedule_position(max(start_iteration, 1), consumed_samples), config.optimizer,
+                       training.train_iters)
 
     def save(iteration: int) -> None:
         save_checkpoint(iteration, summary.consumed_samples, lr)
@@ -146,7 +149,10 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
 
     for iteration in range(start_iteration + 1, training.train_iters + 1):
         iteration_start = time.perf_counter()
-        lr = learning_rate(iteration, config.optimizer, training.train_iters)
+        global_batch_size = plan.batch.global_batch_at(summary.consumed_samples)
+        accumulation_steps = plan.batch.accumulation_steps_at(summary.consumed_samples)
+        position = plan.batch.schedule_position(iteration, summary.consumed_samples + global_batch_size)
+        lr = learning_rate(position, config.optimizer, training.train_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
         reducer.zero_grad()
@@ -179,24 +185,29 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
         summary.train_losses.append(loss_value)
         interval_losses.append(loss_value)
         summary.iterations = iteration
-        summary.consumed_samples += plan.global_batch_size
+        summary.consumed_samples += global_batch_size
+        interval_samples.append(global_batch_size)
 
         if iteration % training.log_interval == 0 or iteration == training.train_iters:
-            iter_time = sum(interval_times) / len(interval_times)
+            iter_time, interval_s = sum(interval_times) / len(interval_times), sum(interval_times)
             record = {
                 "iteration": iteration,
                 "consumed_samples": summary.consumed_samples,
+                "global_batch_size": global_batch_size,
                 "loss": sum(interval_losses) / len(interval_losses),
                 "lr": lr,
                 "grad_norm": grad_norm,
                 "iter_time_s": iter_time,
-                "tokens_per_s": plan.tokens_per_iteration / iter_time,
-                "tflops_per_gpu": flops / (iter_time * state.world_size * 1e12),
+                # Over the interval, whose iterations may differ in batch size during a ramp.
+                "tokens_per_s": sum(map(plan.tokens_in, interval_samples)) / interval_s,
+                "tflops_per_gpu": sum(map(flops_for, interval_samples)) / (interval_s * state.world_size * 1e12),
                 "memory_bytes": peak_memory_bytes(device),
                 "comm_bytes": state.comm.stats.snapshot(),
             }
             if peak_tflops is not None:
-                record["mfu"] = model_flops_utilization(model_flops, iter_time, state.world_size, peak_tflops)
+                # MFU counts the model's FLOPs only: a recompute is work the hardware does, not the model.
+                model_flops = sum(flops_for(samples, recompute=False) for samples in interval_samples)
+                record["mfu"] = model_flops_utilization(model_flops, interval_s, state.world_size, peak_tflops)
             timings = activations.take_timings()
             if timings:  # --profile-checkpointing
                 for phase in ("forward", "recompute+backward"):
@@ -208,6 +219,7 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
             writer.write(record, format_console_line(record, training.train_iters))
             interval_losses.clear()
             interval_times.clear()
+            interval_samples.clear()
         meter = activations.finish_measurement() if measure else None
         if meter is not None:
             report_memory(optimizer, plan, state, writer, iteration, meter)

@@ -7,7 +7,8 @@ import pytest
 from gpt.arguments import build_parser, parse_config
 from gpt.config import ConfigError, PretrainConfig, field_sections
 from tests.test_zero_config import assert_bad_json_names, write_json
-from zero.config import EXAMPLE_DIR, ActivationCheckpointConfig, deepspeed_config_to_flags
+from zero.config import ActivationCheckpointConfig
+from zero.deepspeed_json import EXAMPLE_DIR, deepspeed_config_to_flags
 
 FLAGS = {
     "checkpoint_activations": "--checkpoint-activations",
@@ -90,7 +91,7 @@ def test_options_need_checkpoint_activations(flag):
      "--number-checkpoints 3 is fewer than the 4 checkpoints of --num-layers 4 / --checkpoint-num-layers 1"),
     (["--checkpoint-activations", "--num-layers", "5", "--checkpoint-num-layers", "2", "--number-checkpoints", "2"],
      "--number-checkpoints 2 is fewer than the 3 checkpoints of --num-layers 5 / --checkpoint-num-layers 2"),
-    (["--checkpoint-num-layers", "x"], "argument --checkpoint-num-layers: invalid int value"),
+    (["--checkpoint-num-layers", "x"], "argument --checkpoint-num-layers/--recompute-num-layers: invalid int value"),
 ])
 def test_bad_settings_name_the_flags(argv, words):
     with pytest.raises(ConfigError) as error:
@@ -109,7 +110,7 @@ def test_enough_checkpoints_pass():
 def test_json_block_maps_to_flags_and_turns_checkpointing_on():
     block = {"partition_activations": True, "cpu_checkpointing": False, "contiguous_memory_optimization": True,
              "number_checkpoints": 8, "synchronize_checkpoint_boundary": False, "profile": True}
-    assert deepspeed_config_to_flags({"activation_checkpointing": block}, "x") == [
+    assert deepspeed_config_to_flags({"activation_checkpointing": block}, "x").argv == [
         "--partition-activations", "--no-cpu-checkpointing", "--contiguous-checkpointing", "--number-checkpoints",
         "8", "--no-synchronize-checkpoint-boundary", "--profile-checkpointing", "--checkpoint-activations"]
 
@@ -117,27 +118,30 @@ def test_json_block_maps_to_flags_and_turns_checkpointing_on():
 def test_json_block_with_everything_off_leaves_checkpointing_alone():
     block = {"partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
              "number_checkpoints": None, "synchronize_checkpoint_boundary": False, "profile": False}
-    flags = deepspeed_config_to_flags({"activation_checkpointing": block}, "x")
+    flags = deepspeed_config_to_flags({"activation_checkpointing": block}, "x").argv
     assert "--checkpoint-activations" not in flags and "--number-checkpoints" not in flags
-    assert deepspeed_config_to_flags({"activation_checkpointing": {}}, "x") == []
+    assert deepspeed_config_to_flags({"activation_checkpointing": {}}, "x").argv == []
     assert not parse_config(["--zero-config", "stage2"]).activations.checkpoint_activations
 
 
-def test_json_block_reaches_the_config_and_flags_still_win(tmp_path):
+def test_json_block_reaches_the_config_and_contradicting_flags_are_named(tmp_path):
     path = write_json(tmp_path, {"activation_checkpointing": {"partition_activations": True, "profile": True}})
     activations = parse_config(["--zero-config", str(path)]).activations
     assert (activations.checkpoint_activations, activations.partition_activations,
             activations.profile_checkpointing) == (True, True, True)
-    activations = parse_config(["--zero-config", str(path), "--no-profile-checkpointing"]).activations
-    assert activations.partition_activations and not activations.profile_checkpointing
-    with pytest.raises(ConfigError, match="--partition-activations needs --checkpoint-activations"):
+    with pytest.raises(ConfigError, match="--no-profile-checkpointing on the command line contradicts "
+                                          "activation_checkpointing.profile"):
+        parse_config(["--zero-config", str(path), "--no-profile-checkpointing"])
+    with pytest.raises(ConfigError, match="--no-checkpoint-activations on the command line contradicts "
+                                          "activation_checkpointing in"):
         parse_config(["--zero-config", str(path), "--no-checkpoint-activations"])
+    assert parse_config(["--zero-config", str(path), "--profile-checkpointing"]).activations.profile_checkpointing
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"activation_checkpointing": {"foo": True}}, 'ds.json: unknown key "activation_checkpointing.foo"'),
+    ({"activation_checkpointing": {"foo": True}}, 'activation_checkpointing.foo (unknown key'),
     ({"activation_checkpointing": {"contiguous_memory_optimisation": True}},
-     'ds.json: unknown key "activation_checkpointing.contiguous_memory_optimisation" (did you mean '
+     'activation_checkpointing.contiguous_memory_optimisation (unknown key; did you mean '
      '"activation_checkpointing.contiguous_memory_optimization"?)'),
     ({"activation_checkpointing": True}, 'ds.json: "activation_checkpointing" must be an object'),
     ({"activation_checkpointing": {"partition_activations": "yes"}},

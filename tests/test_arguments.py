@@ -5,14 +5,17 @@ import argparse
 import pytest
 
 import pretrain_gpt
-from gpt.arguments import build_parser, parse_config, preset_names
-from gpt.config import ConfigError, PretrainConfig, batch_arithmetic, field_sections
+from gpt.arguments import NOT_SETTINGS, build_parser, parse_config, preset_names
+from gpt.megatron_flags import MEANING_DESTS
+from gpt.batch_schedule import batch_schedule
+from gpt.config import ConfigError, PretrainConfig, field_sections
 from gpt.metrics import parameter_count
 
 
-def test_every_setting_is_a_flag_and_every_flag_a_setting():
-    dests = {a.dest for a in build_parser()._actions if a.option_strings} - {"help", "config", "zero_config"}
-    assert dests == set(field_sections()) - {"vocab_size"}
+def test_every_setting_is_a_flag_and_every_flag_a_setting_or_a_megatron_meaning():
+    dests = {a.dest for a in build_parser()._actions if a.option_strings} - {"help"}
+    assert dests - set(NOT_SETTINGS) == set(field_sections())
+    assert set(MEANING_DESTS) <= dests
 
 
 def test_default_is_the_tiny_preset_and_flags_win(tmp_path):
@@ -72,12 +75,13 @@ def test_unknown_yaml_key_is_named_with_its_file(tmp_path):
 
 
 def test_global_batch_must_split_into_micro_batches():
-    training = PretrainConfig().training
-    training.micro_batch_size, training.global_batch_size = 3, 32
+    config = PretrainConfig()
+    config.training.micro_batch_size, config.training.global_batch_size = 3, 32
     with pytest.raises(ConfigError, match="--global-batch-size 32 is not divisible by --micro-batch-size 3"):
-        batch_arithmetic(training, data_parallel_size=1)
-    training.micro_batch_size = 4
-    assert batch_arithmetic(training, data_parallel_size=2) == (4, 32)
+        batch_schedule(config, data_parallel_size=1)
+    config.training.micro_batch_size = 4
+    batch = batch_schedule(config, data_parallel_size=2)
+    assert (batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (4, 32)
 
 
 @pytest.mark.parametrize("argv", [

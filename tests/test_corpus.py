@@ -102,7 +102,7 @@ def test_second_prepare_reuses_the_cache(prepared, cache_dir, capfd, monkeypatch
 
 def test_other_vocab_size_builds_its_own_directory(tmp_path, capfd):
     result = prepare_default_corpus(str(tmp_path), 300)
-    assert "corpus: building" in capfd.readouterr().err
+    assert "corpus: building" in capfd.readouterr().out
     assert os.path.basename(os.path.dirname(result.data_prefix)).startswith("pydoc-topics-v300-")
     assert result.vocab_size <= 300
 
@@ -110,8 +110,8 @@ def test_other_vocab_size_builds_its_own_directory(tmp_path, capfd):
 def test_losing_a_build_race_uses_the_winners_copy(tmp_path, monkeypatch):
     real_build = corpus._build
 
-    def build_while_another_process_finishes_first(directory, documents, vocab_size):
-        real_build(directory, documents, vocab_size)
+    def build_while_another_process_finishes_first(directory, documents, vocab_size, tokenizer):
+        real_build(directory, documents, vocab_size, tokenizer)
         # The competitor renames its complete copy into place before we get to rename ours.
         winner = tmp_path / f"pydoc-topics-v{vocab_size}-{corpus_fingerprint(documents)}"
         shutil.copytree(directory, winner)
@@ -125,7 +125,7 @@ def test_losing_a_build_race_uses_the_winners_copy(tmp_path, monkeypatch):
 
 
 def test_interrupted_build_leaves_nothing_behind(tmp_path, monkeypatch):
-    def interrupted(directory, documents, vocab_size):
+    def interrupted(directory, documents, vocab_size, tokenizer):
         open(os.path.join(directory, "partial.bin"), "w").close()
         raise KeyboardInterrupt
 
@@ -147,7 +147,7 @@ def test_concurrent_processes_agree(tmp_path):
         )
         for _ in range(3)
     ]
-    outputs = [child.communicate(timeout=60)[0].strip() for child in children]
+    outputs = [child.communicate(timeout=60)[0].splitlines()[-1] for child in children]  # after any progress lines
     assert all(child.returncode == 0 for child in children)
     assert len(set(outputs)) == 1
     assert len(IndexedDataset(outputs[0])) == len(default_corpus_documents())

@@ -314,3 +314,17 @@ def test_gpt2model_files_without_the_transformer_prefix_are_read(tmp_path):
     _, unprefixed = read_hf_folder(source)
     assert unprefixed.keys() == tensors.keys()
     assert all(torch.equal(unprefixed[name], tensors[name]) for name in tensors)
+
+
+def test_a_hf_folder_trains_on_the_embedded_corpus_with_its_own_tokenizer(converted, tmp_path):
+    """Before: without --data-path, --tokenizer-file was ignored (a tokenizer was trained on the
+    corpus), and the vocabulary-mismatch error then recommended passing that same flag."""
+    import pretrain_gpt
+
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in TINY.items()]
+    metrics = tmp_path / "m.jsonl"
+    code = pretrain_gpt.main(flags + ["--init-from-hf", str(converted), "--tokenizer-file",
+                                      str(converted / "tokenizer.json"), "--train-iters", "1", "--eval-iters", "0",
+                                      "--micro-batch-size", "2", "--global-batch-size", "2", "--device", "cpu",
+                                      "--data-cache-dir", str(tmp_path / "cache"), "--metrics-file", str(metrics)])
+    assert code == 0 and metrics.read_text().count("\n") == 1

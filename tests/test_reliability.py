@@ -606,8 +606,11 @@ def launcher(tmp_path: Path, *argv, gpus: int = 2) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_under_torchrun_one_rank_prints_and_the_launcher_forwards_the_status(cache, tmp_path):
-    """Before: every rank printed the error, torchrun added its traceback and exited 1."""
-    process = launcher(tmp_path, "--device", "cpu", "--lr", "nan", "--data-cache-dir", cache)
+    """Before: every rank printed the error, torchrun added its traceback and exited 1. The preset is a
+    path relative to the caller's directory: the launcher keeps it (it used to cd into the repo, where
+    the preset was "no such file")."""
+    (tmp_path / "mine.yaml").write_text("num_layers: 2\n")
+    process = launcher(tmp_path, "--config", "mine.yaml", "--device", "cpu", "--lr", "nan", "--data-cache-dir", cache)
     out, err = process.communicate(timeout=300)
     assert process.returncode == 2, (out, err)
     assert err.splitlines() == ["pretrain_gpt.py: error: --lr must be a finite number, got nan"], (out, err)

@@ -6,8 +6,11 @@ import pytest
 
 import pretrain_gpt
 from gpt.arguments import parse_config
-from gpt.config import ConfigError, PretrainConfig, batch_arithmetic, field_sections
-from zero.config import EXAMPLE_DIR, SUPPORTED_KEYS, ZeroConfig, deepspeed_config_to_flags, load_deepspeed_config
+from gpt.batch_schedule import batch_schedule
+from gpt.config import ConfigError, PretrainConfig, field_sections
+from zero.config import ZeroConfig
+from zero.deepspeed_json import EXAMPLE_DIR, deepspeed_config_to_flags, load_deepspeed_config
+from zero.deepspeed_keys import HONOURED
 
 EXAMPLES = sorted(EXAMPLE_DIR.glob("*.json"))
 
@@ -77,10 +80,9 @@ EXPECTED = {
 }
 
 
-def test_every_supported_key_maps_to_its_setting(tmp_path):
-    written = {f"{k}.{sub}" if isinstance(v, dict) else k
-               for k, v in EVERY_KEY.items() for sub in (v if isinstance(v, dict) else [None])}
-    assert written == set(SUPPORTED_KEYS)  # a new supported key needs a line here
+def test_every_honoured_zero_key_maps_to_its_setting(tmp_path):
+    translation = deepspeed_config_to_flags(EVERY_KEY, "ds.json")
+    assert {verdict.kind for verdict in translation.verdicts} == {HONOURED}
     config = parse_config(["--zero-config", str(write_json(tmp_path, EVERY_KEY))])
     for (section, name), value in EXPECTED.items():
         got = getattr(getattr(config, section), name)
@@ -89,12 +91,12 @@ def test_every_supported_key_maps_to_its_setting(tmp_path):
 
 
 def test_loss_scale_zero_is_dynamic_and_bf16_config_turns_fp16_off():
-    assert deepspeed_config_to_flags({"fp16": {"enabled": True, "loss_scale": 0}}, "x") == ["--fp16", "--no-bf16"]
-    assert deepspeed_config_to_flags({"bf16": {"enabled": True}}, "x") == ["--bf16", "--no-fp16"]
-    assert deepspeed_config_to_flags({"fp16": {"enabled": False}}, "x") == ["--no-fp16"]
+    assert deepspeed_config_to_flags({"fp16": {"enabled": True, "loss_scale": 0}}, "x").argv == ["--fp16", "--no-bf16"]
+    assert deepspeed_config_to_flags({"bf16": {"enabled": True}}, "x").argv == ["--bf16", "--no-fp16"]
+    assert deepspeed_config_to_flags({"fp16": {"enabled": False}}, "x").argv == ["--no-fp16"]
 
 
-def test_flags_win_over_json_and_json_over_yaml(tmp_path):
+def test_json_wins_over_yaml_and_a_flag_that_contradicts_the_json_is_an_error(tmp_path):
     preset = tmp_path / "mine.yaml"
     preset.write_text("zero_stage: 1\nreduce_bucket_size: 1000\noverlap_comm: false\nbf16: true\n"
                       "hysteresis: 5\n")
@@ -104,19 +106,28 @@ def test_flags_win_over_json_and_json_over_yaml(tmp_path):
     assert (config.zero.stage, config.zero.reduce_bucket_size) == (2, 2000)  # JSON over YAML
     assert config.zero.overlap_comm is False  # YAML where the JSON says nothing
     assert config.training.precision == "fp16" and config.training.hysteresis == 4
-    config = parse_config(["--zero-stage", "3", "--hysteresis", "6", "--zero-config", str(ds),
+    config = parse_config(["--zero-stage", "2", "--loss-scale-window", "6", "--zero-config", str(ds),
                            "--config", str(preset)])
-    assert (config.zero.stage, config.zero.reduce_bucket_size, config.training.hysteresis) == (3, 2000, 6)
+    assert (config.zero.stage, config.zero.reduce_bucket_size, config.training.loss_scale_window) == (2, 2000, 6)
+    assert config.sources["stage"].describe() == f"--zero-stage (command line); the same as zero_optimization.stage in {ds}"
+    assert config.sources["reduce_bucket_size"].describe() == f"{ds}: zero_optimization.reduce_bucket_size"
+    assert config.sources["overlap_comm"].describe() == f"preset {preset}"
+    with pytest.raises(ConfigError) as error:
+        parse_config(["--zero-stage", "3", "--hysteresis", "4", "--no-fp16", "--zero-config", str(ds)])
+    assert str(error.value) == (f"--zero-stage 3 on the command line contradicts zero_optimization.stage in {ds} "
+                                f"(--zero-stage 2); --no-fp16 on the command line contradicts fp16.enabled in {ds} "
+                                f"(--fp16): remove one of each pair")
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"optimizer": {"type": "Adam"}}, 'ds.json: unsupported key "optimizer"'),
+    ({"optimizer": {"type": "Lamb"}}, "ds.json: 1 key(s) not supported here, remove or change them: optimizer.type "
+                                      "('Lamb': the optimizer here is AdamW"),
     ({"zero_optimization": {"offload_param": {"device": "cpu"}}},
-     'ds.json: unsupported key "zero_optimization.offload_param"'),
+     "zero_optimization.offload_param (parameter offload (ZeRO-Infinity) is not implemented"),
     ({"zero_optimization": {"stage3_prefetch_bucket": 5}},
-     'ds.json: unknown key "zero_optimization.stage3_prefetch_bucket" (did you mean '
+     'zero_optimization.stage3_prefetch_bucket (unknown key; did you mean '
      '"zero_optimization.stage3_prefetch_bucket_size"?)'),
-    ({"fp32": {"enabled": True}}, 'ds.json: unknown key "fp32"'),
+    ({"fp32": {"enabled": True}}, "fp32 (unknown key"),
     ({"zero_optimization": {"overlap_comm": "true"}}, "ds.json: zero_optimization.overlap_comm must be true or false"),
     ({"bf16": {"enabled": 1}}, "ds.json: bf16.enabled must be true or false, got 1"),
     ({"bf16": True}, 'ds.json: "bf16" must be an object'),
@@ -158,7 +169,7 @@ def test_missing_json_is_named(tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (["--fp16", "--bf16"], "--fp16 and --bf16 are exclusive"),
-    (["--zero-config", "stage2", "--fp16"], "--fp16 and --bf16 are exclusive"),
+    (["--zero-config", "stage2", "--fp16"], "--fp16 on the command line contradicts bf16.enabled"),
     (["--no-contiguous-gradients"], "--no-contiguous-gradients is not supported"),
     (["--zero-stage", "4"], "argument --zero-stage: invalid choice"),
     (["--reduce-bucket-size", "1.5"], "argument --reduce-bucket-size: invalid count '1.5'"),
@@ -188,10 +199,26 @@ def test_precision():
 
 
 def test_gradient_accumulation_steps_determine_the_global_batch():
-    training = parse_config(["--gradient-accumulation-steps", "4", "--micro-batch-size", "2"]).training
-    assert batch_arithmetic(training, data_parallel_size=2) == (4, 16)
-    training = parse_config(["--micro-batch-size", "2", "--global-batch-size", "16"]).training
-    assert training.accumulation_steps is None and batch_arithmetic(training, data_parallel_size=2) == (4, 16)
+    def steps_and_batch(argv, data_parallel_size=2):
+        batch = batch_schedule(parse_config(argv), data_parallel_size)
+        return batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)
+
+    assert steps_and_batch(["--gradient-accumulation-steps", "4", "--micro-batch-size", "2"]) == (2, 4, 16)
+    assert steps_and_batch(["--micro-batch-size", "2", "--global-batch-size", "16"]) == (2, 4, 16)
+
+
+def test_deepspeeds_two_of_three_batch_settings(tmp_path):
+    """train_batch_size and gradient_accumulation_steps given: the micro batch follows (DeepSpeed's rule);
+    all three given and inconsistent: an error naming each with its source."""
+    ds = write_json(tmp_path, {"train_batch_size": 16, "gradient_accumulation_steps": 2})
+    batch = batch_schedule(parse_config(["--zero-config", str(ds)]), data_parallel_size=2)
+    assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (4, 2, 16)
+    with pytest.raises(ConfigError) as error:
+        batch_schedule(parse_config(["--zero-config", str(ds), "--batch-size", "4"]), data_parallel_size=1)
+    assert str(error.value) == (
+        f"--global-batch-size 16 ({ds}: train_batch_size) is not --micro-batch-size 4 (--batch-size (DeepSpeed-Megatron's "
+        f"name for --micro-batch-size) (command line)) x --gradient-accumulation-steps 2 ({ds}: "
+        f"gradient_accumulation_steps) x data-parallel size 1 = 8; give two of the three")
 
 
 def test_yaml_preset_cannot_name_a_zero_config(tmp_path):
@@ -211,7 +238,8 @@ def test_cli_exits_2_with_one_line_for_a_bad_zero_config(tmp_path, capsys, monke
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("pretrain_gpt.py: error: ")
-    assert f'{bad}: unsupported key "zero_optimization.offload_optimizer"' in err
+    assert f"{bad}: 1 key(s) not supported here, remove or change them: zero_optimization.offload_optimizer " \
+           f"(ZeRO-Offload is not implemented" in err
 
 
 def test_yaml_keys_may_be_flag_names_or_setting_names(tmp_path):

@@ -159,7 +159,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     """Plan rank `rank` of a run of `config` on `cluster` (see the module docstring)."""
     tp = config.training.tensor_model_parallel_size
     state = virtual_state(cluster.world_size, tp, rank, META)
-    plan = resolve_plan(config, vocab_size, tp, state.data_parallel_size)
+    plan = resolve_plan(config, vocab_size, tp, state.data_parallel_size, cluster.device_type)
     config = plan.config
     model = GPTModel(config.model, state)
     monitor = ActivationMonitor(META)
@@ -200,7 +200,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4,
         gradient_working_bytes=logits + 4 * hidden_bytes,
         comm_bytes=state.comm.stats.snapshot(),
-        flops_per_iteration=flops_per_iteration(config.model, plan.global_batch_size,
+        flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
                                                 activation_recompute=config.activations.checkpoint_activations,
                                                 padded_vocab_size=plan.padded_vocab_size),
         flops_per_gpu=0.0)
@@ -233,13 +233,14 @@ def _one_iteration(model, zero, plan: RunPlan, state, monitor: ActivationMonitor
     reducer.zero_grad()
     state.comm.stats.snapshot_and_reset()
     shape = (config.training.micro_batch_size, config.model.seq_length + 1)
-    for micro_batch in range(plan.accumulation_steps):
+    steps = plan.batch.final_accumulation_steps  # the steady state, after any batch-size ramp
+    for micro_batch in range(steps):
         tokens = torch.zeros(shape, dtype=torch.long, device=META)
-        last = micro_batch == plan.accumulation_steps - 1
+        last = micro_batch == steps - 1
         with contextlib.nullcontext() if last else reducer.no_sync():
             probe.phase = "forward"
             with monitor.measuring():
-                loss = model(tokens[:, :-1], tokens[:, 1:]).float().mean() / plan.accumulation_steps
+                loss = model(tokens[:, :-1], tokens[:, 1:]).float().mean() / steps
             probe.phase = "backward"
             with probe.backward_meter.hooks():
                 zero.scale_loss(loss).backward()

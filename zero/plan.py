@@ -8,8 +8,9 @@
         --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
 
 `dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`,
-`--gpus-per-node`, `--gpu-memory` (e.g. 32GB = 32e9 bytes, 32GiB = 32 x 2^30), `--rank` (which rank to
-plan; default 0) and `--vocab-size` (default: the tokenizer the flags name, else GPT-2's 50257). DP is
+`--gpus-per-node`, `--gpu-memory` (e.g. 32GB = 32e9 bytes, 32GiB = 32 x 2^30) and `--rank` (which rank to
+plan; default 0). The vocabulary is the run's: pretrain_gpt.py's `--vocab-size` (with NullTokenizer, plus
+the end-of-document id), else the tokenizer the flags name, else GPT-2's 50257. DP is
 world size / TP, as in a real launch. A dry run builds the real model and the real ZeRO setup for one
 rank on the meta device and runs one iteration through them (zero/dry_run.py); `max-size` repeats it
 to find the most layers that fit under each of the paper's configurations C1-C5.
@@ -53,19 +54,19 @@ def parse_memory(text: str) -> int:
     return int(value * scale[unit])
 
 
-def planning_vocab(config: PretrainConfig, override: Optional[int]) -> tuple[int, str]:
-    """The vocabulary to plan with, and where it came from."""
-    if override is not None:
-        if override < 1:
-            raise ConfigError(f"--vocab-size must be at least 1, got {override}")
-        return override, "--vocab-size"
+def planning_vocab(config: PretrainConfig) -> tuple[int, str]:
+    """The vocabulary to plan with, and where it came from: what a run with these flags would have."""
     data = config.data
+    if data.tokenizer_type == "NullTokenizer":
+        return config.model.vocab_size + 1, f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
     if data.tokenizer_file or data.vocab_file:
         from data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_file=data.tokenizer_file, vocab_file=data.vocab_file,
                                    merges_file=data.merge_file)
         return tokenizer.vocab_size, "the tokenizer named by the flags"
+    if config.model.vocab_size:
+        return config.model.vocab_size, "--vocab-size"
     return GPT2_VOCAB, "GPT-2's vocabulary (no tokenizer given; pass --vocab-size to change it)"
 
 
@@ -211,7 +212,6 @@ def planner_arguments(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--gpu-memory", default=None, help="per-GPU budget: 32GB, 80GiB, ... (no verdict without it)")
     p.add_argument("--rank", type=int, default=0, help="which rank to plan")
-    p.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer the flags name, else 50257")
     p.add_argument("--target", choices=("cuda", "cpu"), default="cuda",
                    help="the device the run will use (it decides which attention kernel's tensors are kept)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
@@ -243,7 +243,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_table1() + "\n\n" + format_table2())
         return 0
     planner, config, cluster = parse_planner(rest, f"python -m zero.plan {command}")
-    vocab, source = planning_vocab(config, planner.vocab_size)
+    vocab, source = planning_vocab(config)
     if command == "dry-run":
         plan = dry_run(config, cluster, vocab, planner.rank)
         print(json.dumps(plan.to_json()) if planner.json else format_plan(plan, cluster, config, source))

@@ -1,0 +1,77 @@
+"""`--print-config`: the resolved configuration, every value beside where it came from.
+
+Four parts: the settings by section (value, then source: default, the preset, the DeepSpeed JSON key,
+or the flag as typed -- a Megatron or DeepSpeed name shows as itself); the Megatron-LM and DeepSpeed
+flags that are not settings and what each does here; every key of the DeepSpeed JSON and what became
+of it; and the numbers derived from several settings (a fractional warmup, a batch ramp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from gpt.config_sources import DEFAULT, Source, show_value
+from gpt.megatron_flags import MEANINGS, NO_EFFECT_FLAGS
+from gpt.schedule import warmup_iterations
+from zero.deepspeed_keys import HONOURED
+
+NAME_WIDTH = 38
+VALUE_WIDTH = 22
+
+
+def format_config(parsed) -> str:
+    """The text --print-config prints for a `gpt.arguments.ParsedArguments`."""
+    config, sources = parsed.config, parsed.config.sources
+    lines = ["pretrain_gpt.py --print-config: every setting, its value, and where the value came from"]
+    preset = sources.get("config", Source(DEFAULT))
+    lines.append(_row("preset", parsed.preset, preset.describe()))
+    if parsed.deepspeed is not None:
+        lines.append(_row("DeepSpeed JSON", parsed.deepspeed.source, sources["zero_config"].describe()))
+    for section in config.SECTIONS:
+        lines.append(section)
+        for f in fields(getattr(config, section)):
+            value = getattr(getattr(config, section), f.name)
+            lines.append(_row(f.name, show_value(value), sources.get(f.name, Source(DEFAULT)).describe()))
+    if parsed.meanings:
+        lines.append("Megatron-LM and DeepSpeed flags that are not settings here")
+        lines += [_row(_typed(dest, value, sources), "", _meaning(dest, value))
+                  for dest, value in parsed.meanings.items()]
+    if parsed.deepspeed is not None:
+        lines.append(f"DeepSpeed JSON {parsed.deepspeed.source}: every key")
+        for verdict in parsed.deepspeed.verdicts:
+            if verdict.kind == HONOURED:
+                effect = f"honoured: {' '.join(verdict.flags)}" if verdict.flags else f"honoured: {verdict.why}"
+            else:
+                effect = f"accepted, no effect on the math: {verdict.why}"
+            lines.append(_row(verdict.key, "", effect))
+    lines.append("derived")
+    optimizer, training = config.optimizer, config.training
+    warmup = warmup_iterations(optimizer, training.train_iters)
+    how = (f"--lr-warmup-fraction {optimizer.lr_warmup_fraction} x {optimizer.lr_decay_iters or training.train_iters} "
+           f"decay iterations" if optimizer.lr_warmup_fraction is not None else "--lr-warmup-iters")
+    lines.append(_row("learning-rate warmup (iterations)", f"{warmup:g}", how))
+    if training.rampup_batch_size is not None:
+        start, increment, samples = training.rampup_batch_size
+        lines.append(_row("global batch", f"{start} -> {training.global_batch_size}",
+                          f"+{increment} evenly over the first {samples:,} samples (--rampup-batch-size); the "
+                          f"learning-rate schedule follows consumed samples"))
+    return "\n".join(lines)
+
+
+def _row(name: str, value: str, where: str) -> str:
+    """`  name   value   # where`: aligned for reading, and split at "  # " by a program."""
+    return f"  {name:<{NAME_WIDTH}} {value:<{VALUE_WIDTH}}  # {where}"
+
+
+def _typed(dest: str, value: Any, sources: dict[str, Source]) -> str:
+    source = sources.get(dest)
+    option = source.origin if source is not None and source.origin else dest
+    return option if isinstance(value, bool) else f"{option} {value}"
+
+
+def _meaning(dest: str, value: Any) -> str:
+    if dest in NO_EFFECT_FLAGS:
+        return f"accepted, no effect on the math: {NO_EFFECT_FLAGS[dest]}"
+    meaning = next(m for m in MEANINGS if m.dest == dest)
+    return f"honoured: {meaning.help}"

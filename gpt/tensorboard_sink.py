@@ -1,0 +1,40 @@
+"""TensorBoard events with the values of the metrics records (`--tensorboard-dir`, Megatron's flag).
+
+Each record's numbers become scalars at the record's iteration, tagged as W&B gets them: the record's
+key under the split it belongs to (`train/loss`, `train/tokens_per_s`, `valid/ppl`), nested numbers
+flattened with slashes (`train/comm_bytes/dp/all_reduce`). `torch.utils.tensorboard` is imported only
+when the flag is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class TensorBoardSink:
+    def __init__(self, directory: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=directory)
+
+    def write(self, values: dict[str, float], step: int) -> None:
+        try:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, global_step=step)
+        except Exception as error:  # noqa: BLE001 - logging trouble must never stop training
+            print(f"warning: TensorBoard write failed, continuing without it: {error}", file=sys.stderr)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def open_tensorboard(directory: Any) -> "TensorBoardSink | None":
+    """A sink writing into `directory`, or None (with a warning) when TensorBoard cannot start."""
+    if not directory:
+        return None
+    try:
+        return TensorBoardSink(str(directory))
+    except Exception as error:  # noqa: BLE001 - e.g. the tensorboard package missing
+        print(f"warning: TensorBoard did not start ({error}); training continues without it", file=sys.stderr)
+        return None

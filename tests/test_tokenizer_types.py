@@ -1,0 +1,118 @@
+"""Megatron's --tokenizer-type, --tokenizer-model and --vocab-size; --tokenizer-file with the embedded
+corpus (it used to be ignored without --data-path)."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+import pretrain_gpt
+from data.corpus import default_corpus_documents
+from data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype
+from data.tokenizer import train_tokenizer
+from gpt.arguments import parse_config
+from gpt.checkpoint_format import read_metadata, resolve_checkpoint
+from gpt.config import ConfigError
+from zero.plan import planning_vocab
+
+TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--micro-batch-size", "4", "--global-batch-size", "4", "--device", "cpu",
+        "--log-interval", "1", "--eval-iters", "1", "--eval-interval", "100", "--lr-warmup-iters", "0"]
+NULL_VOCAB = 200  # ids 0..199 in the data, 200 is the end-of-document id: a 201-token vocabulary
+
+
+def write_pretokenized(prefix, documents=80, high=NULL_VOCAB, seed=0):
+    """Data tokenized elsewhere, in Megatron-Core's MMIDIDX format (our writer writes it byte for byte),
+    each document ending with NullTokenizer's end-of-document id, `high`."""
+    rng = np.random.default_rng(seed)
+    with IndexedDatasetWriter(str(prefix), best_dtype(high + 1)) as writer:
+        for _ in range(documents):
+            tokens = rng.integers(0, high, size=int(rng.integers(20, 60)))
+            writer.add_document(np.append(tokens, high))
+    return str(prefix)
+
+
+def train_records(path):
+    return [r for r in map(json.loads, path.read_text().splitlines()) if "split" not in r]
+
+
+def test_null_tokenizer_trains_on_data_tokenized_elsewhere_and_resumes(tmp_path):
+    prefix = write_pretokenized(tmp_path / "pretokenized_text_document")
+    assert IndexedDataset(prefix).dtype == np.uint16
+    metrics, save = tmp_path / "m.jsonl", tmp_path / "ck"
+    argv = TINY + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(NULL_VOCAB), "--data-path", prefix,
+                   "--split", "90,10,0", "--metrics-file", str(metrics), "--save", str(save)]
+    assert pretrain_gpt.main(argv + ["--train-iters", "3"]) == 0
+    first = train_records(metrics)
+    # Untrained, the model's loss is near that of a uniform guess over the 201 real ids.
+    assert math.isclose(first[0]["loss"], math.log(NULL_VOCAB + 1), rel_tol=0.1)
+    metadata = read_metadata(resolve_checkpoint(save))
+    assert metadata["config"]["model"]["vocab_size"] == NULL_VOCAB + 1 and metadata["tokenizer"] is None
+    assert pretrain_gpt.main(argv + ["--train-iters", "5", "--load", str(save)]) == 0
+    assert [r["iteration"] for r in train_records(metrics)] == [1, 2, 3, 4, 5]
+
+
+def test_null_tokenizer_refuses_an_id_past_its_vocabulary(tmp_path, capsys):
+    prefix = write_pretokenized(tmp_path / "wide_text_document", high=NULL_VOCAB + 5)
+    code = pretrain_gpt.main(TINY + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(NULL_VOCAB),
+                                     "--data-path", prefix, "--train-iters", "1",
+                                     "--metrics-file", str(tmp_path / "m.jsonl")])
+    assert code == 2
+    assert f"outside the tokenizer's vocabulary [0, {NULL_VOCAB + 1})" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tokenizer-type", "NullTokenizer", "--data-path", "x"], "--tokenizer-type NullTokenizer needs --vocab-size"),
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "10"], "NullTokenizer needs --data-path"),
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "10", "--data-path", "x", "--tokenizer-file", "t.json"],
+     "NullTokenizer reads token ids as they are: drop --tokenizer-file"),
+    (["--tokenizer-type", "GPT2BPETokenizer"], "GPT2BPETokenizer needs --vocab-file and --merge-file"),
+    (["--tokenizer-type", "HuggingFaceTokenizer"], "HuggingFaceTokenizer needs --tokenizer-model"),
+    (["--tokenizer-type", "SentencePieceTokenizer"], "invalid choice"),
+    (["--data-path", "x"], "or --tokenizer-type NullTokenizer with --vocab-size"),
+])
+def test_tokenizer_flags_that_cannot_work_are_refused(argv, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_config(argv)
+
+
+def test_vocab_size_beside_a_real_tokenizer_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(pretrain_gpt, "build_data", lambda *args: pytest.fail("data work started"))
+    assert pretrain_gpt.main(TINY + ["--vocab-size", "300", "--metrics-file", str(tmp_path / "m.jsonl")]) == 2
+    assert "--vocab-size 300 is for --tokenizer-type NullTokenizer" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def own_tokenizer(tmp_path_factory):
+    """A tokenizer a user has (trained elsewhere), saved as tokenizer.json + GPT-2's vocab/merges."""
+    directory = tmp_path_factory.mktemp("own-tokenizer")
+    train_tokenizer(default_corpus_documents()[::3], 400).save(str(directory))
+    return directory
+
+
+@pytest.mark.parametrize("flags", [
+    lambda d: ["--tokenizer-file", str(d / "tokenizer.json")],
+    lambda d: ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(d)],
+    lambda d: ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(d / "vocab.json"),
+               "--merge-file", str(d / "merges.txt")],
+], ids=["tokenizer-file", "HuggingFaceTokenizer folder", "GPT2BPETokenizer"])
+def test_a_named_tokenizer_tokenizes_the_embedded_corpus(own_tokenizer, flags, tmp_path):
+    """Before: --tokenizer-file without --data-path was ignored and a tokenizer was trained instead."""
+    cache = tmp_path / "cache"
+    assert pretrain_gpt.main(TINY + flags(own_tokenizer) + ["--train-iters", "1", "--data-cache-dir", str(cache),
+                                                            "--metrics-file", str(tmp_path / "m.jsonl")]) == 0
+    built = [name for name in os.listdir(cache) if name.startswith("pydoc-topics-")]
+    assert len(built) == 1 and built[0].startswith("pydoc-topics-tok")  # keyed by the tokenizer, not trained
+    theirs = json.loads((own_tokenizer / "tokenizer.json").read_text())["model"]["vocab"]
+    ours = json.loads((cache / built[0] / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert ours == theirs
+
+
+def test_the_planner_plans_the_runs_vocabulary(own_tokenizer):
+    assert planning_vocab(parse_config(["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+                                        "--data-path", "x"]))[0] == 1001
+    assert planning_vocab(parse_config(["--vocab-size", "1000"])) == (1000, "--vocab-size")
+    assert planning_vocab(parse_config(["--tokenizer-file", str(own_tokenizer / "tokenizer.json")]))[0] == 400
+    assert planning_vocab(parse_config([]))[0] == 50257

@@ -1,0 +1,176 @@
+"""A DeepSpeed config JSON, as users write it, turned into this program's flags.
+
+`--zero-config ds.json` (also `--deepspeed_config` / `--deepspeed-config`) reads the whole file and
+classifies every key (`zero/deepspeed_keys.py`):
+
+- honoured keys become flags, each remembered with the key it came from, so `gpt.arguments` can say
+  where a setting came from and report a JSON value that contradicts a command-line flag;
+- keys with no effect on the math are collected for one info line at the start of the run;
+- unsupported and unknown keys are collected too, and reported together in one error line, each with
+  the reason or the alternative (and "did you mean" for a key DeepSpeed does not have).
+
+A value of the wrong type is an error at once, naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from gpt.errors import ConfigError
+from zero.deepspeed_keys import (HONOURED, NO_EFFECT, SECTION_ALIASES, SECTION_KEYS, SECTIONS, TOP_LEVEL_KEYS,
+                                 UNSUPPORTED, Verdict, block, classify_legacy_zero, nearest_key)
+
+EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "configs" / "zero"
+
+
+@dataclass(frozen=True)
+class JsonSetting:
+    key: str                # the dotted key path, as written (or the key an implied flag follows from)
+    flags: tuple[str, ...]  # what it becomes on the command line
+
+
+@dataclass
+class DeepSpeedTranslation:
+    source: str                                                # the file, for messages
+    settings: list[JsonSetting] = field(default_factory=list)  # in the file's order
+    verdicts: list[Verdict] = field(default_factory=list)      # every key's, for --print-config
+
+    @property
+    def no_effect(self) -> list[Verdict]:
+        return [verdict for verdict in self.verdicts if verdict.kind == NO_EFFECT]
+
+    @property
+    def argv(self) -> list[str]:
+        return [token for setting in self.settings for token in setting.flags]
+
+    def info_line(self) -> str:
+        """The keys accepted with no effect on the math, in one line (empty when there are none)."""
+        if not self.no_effect:
+            return ""
+        listed = "; ".join(f"{verdict.key} ({verdict.why})" for verdict in self.no_effect)
+        return f"> {self.source}: accepted with no effect on the math: {listed}"
+
+
+def deepspeed_config_to_flags(config: Any, source: str) -> DeepSpeedTranslation:
+    """Classify every key of a parsed DeepSpeed config; raise one ConfigError listing every unsupported
+    or unknown key. A config that enables one of fp16/bf16 also disables the other (they are exclusive,
+    and a preset may have turned the other on); one that enables both is an error.
+
+    In DeepSpeed the `activation_checkpointing` block only configures checkpointing; Megatron's
+    --checkpoint-activations turns it on. Here a block with any option on (a true flag, or a
+    `number_checkpoints` that is not null) also emits --checkpoint-activations, so the JSON takes
+    effect on its own; a block with every option off or null leaves checkpointing as it was.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: a DeepSpeed config must be a JSON object")
+    verdicts: list[Verdict] = []
+    values: dict[str, Any] = {}  # honoured section keys' values, for the implied flags below
+    try:
+        for key, value in config.items():
+            section = SECTION_ALIASES.get(key, key)
+            if section == "zero_optimization" and isinstance(value, bool):
+                verdicts += classify_legacy_zero(key, value)
+            elif section in SECTIONS:
+                for sub_key, sub_value in block(key, value).items():
+                    path = f"{section}.{sub_key}"
+                    classify = SECTION_KEYS.get(path)
+                    verdicts += classify(path, sub_value) if classify else [_unknown(path)]
+                    values[path] = sub_value
+            elif key in TOP_LEVEL_KEYS:
+                verdicts += TOP_LEVEL_KEYS[key](key, value)
+            else:
+                verdicts.append(_unknown(key))
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None
+
+    refused = [verdict for verdict in verdicts if verdict.kind == UNSUPPORTED]
+    if refused:
+        listed = "; ".join(f"{verdict.key} ({verdict.why})" for verdict in refused)
+        raise ConfigError(f"{source}: {len(refused)} key(s) not supported here, remove or change them: {listed}")
+    translation = DeepSpeedTranslation(str(source), verdicts=_scheduler_sets_the_peak(verdicts))
+    translation.settings = [JsonSetting(verdict.key, verdict.flags) for verdict in translation.verdicts
+                            if verdict.kind == HONOURED and verdict.flags]
+    translation.settings += _implied(values, source)
+    return translation
+
+
+def _scheduler_sets_the_peak(verdicts: list[Verdict]) -> list[Verdict]:
+    """DeepSpeed's WarmupLR/WarmupDecayLR set the learning rate from warmup_max_lr whatever the
+    optimizer block says; so does the translation (the optimizer's lr then has no effect)."""
+    def lr(verdict: Verdict):
+        flags = list(verdict.flags)
+        return flags[flags.index("--lr") + 1] if verdict.kind == HONOURED and "--lr" in flags else None
+
+    peak = next((lr(v) for v in verdicts if v.key == "scheduler.params" and lr(v) is not None), None)
+    result = []
+    for verdict in verdicts:
+        if verdict.key == "optimizer.params.lr" and peak is not None and lr(verdict) != peak:
+            verdict = Verdict(verdict.key, NO_EFFECT, why=f"the scheduler's warmup_max_lr {peak} is the peak "
+                                                          "learning rate, as in DeepSpeed")
+        result.append(verdict)
+    return result
+
+
+def _unknown(key: str) -> Verdict:
+    nearest = nearest_key(key)
+    hint = f'did you mean "{nearest}"?' if nearest else "not a key of DeepSpeed's documented configuration"
+    return Verdict(key, UNSUPPORTED, why=f"unknown key; {hint}")
+
+
+def _implied(values: dict[str, Any], source: str) -> list[JsonSetting]:
+    fp16, bf16 = values.get("fp16.enabled"), values.get("bf16.enabled")
+    if fp16 is True and bf16 is True:
+        raise ConfigError(f"{source}: fp16.enabled and bf16.enabled are both true; choose one precision")
+    implied = []
+    if fp16 is True and bf16 is None:
+        implied.append(JsonSetting("fp16.enabled", ("--no-bf16",)))
+    if bf16 is True and fp16 is None:
+        implied.append(JsonSetting("bf16.enabled", ("--no-fp16",)))
+    if any(key.startswith("activation_checkpointing.") and value is not None and value is not False
+           for key, value in values.items()):
+        implied.append(JsonSetting("activation_checkpointing", ("--checkpoint-activations",)))
+    return implied
+
+
+def load_deepspeed_config(path: Union[str, Path]) -> DeepSpeedTranslation:
+    """Read a DeepSpeed JSON config and classify it (see `deepspeed_config_to_flags`)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"--zero-config {path}: cannot read it ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    try:
+        config = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a DeepSpeed config") from None
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    return deepspeed_config_to_flags(config, str(path))
+
+
+def resolve_zero_config(name_or_path: str) -> Path:
+    """A path to a JSON file, or the name of an example in configs/zero (`stage2` -> stage2.json)."""
+    path = Path(name_or_path)
+    if path.is_file() or path.suffix == ".json" or path.parent != Path("."):
+        return path
+    example = EXAMPLE_DIR / f"{name_or_path}.json"
+    if example.is_file():
+        return example
+    names = ", ".join(sorted(p.stem for p in EXAMPLE_DIR.glob("*.json")))
+    raise ConfigError(f"--zero-config {name_or_path}: no such file, nor an example in configs/zero ({names})")
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    result: dict = {}
+    for key, value in pairs:
+        if key in result:
+            raise ConfigError(f'key "{key}" appears twice')
+        result[key] = value
+    return result
