@@ -44,6 +44,12 @@ run checkpointing_cpu "${tiny[@]}" --bf16 --checkpoint-activations --partition-a
     --contiguous-checkpointing --report-memory
 run compiled_stage3 "${tiny[@]}" --bf16 --zero-stage 3 --compile --checkpoint-activations
 run dry_run --bf16 --zero-stage 3 --dry-run
+# Megatron-LM's flags on the device: the flash kernel (16-bit only), the distributed optimizer, full
+# recompute, a batch ramp and TensorBoard events.
+run megatron_flags "${tiny[@]}" --bf16 --attention-backend flash --use-distributed-optimizer \
+    --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \
+    --global-batch-size 32 --rampup-batch-size 16 16 64 --tensorboard-dir "$work/tb"
+run overlap_param_gather "${tiny[@]}" --bf16 --zero-stage 2 --overlap-param-gather
 
 # Exact resume on the device: 20 iterations straight against 10, exit, resume, 10 more.
 run resume_full "${tiny[@]}" --bf16 --save "$work/full_ckpt"
