@@ -162,18 +162,21 @@ def test_metrics_runs_are_read_with_their_launch_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_committed_h100_calibration_is_what_calibrate_computes_from_the_anchor(capsys):
-    """No hand-tuning: the constants every GPU prediction uses are the fit to docs/h100-benchmark-gpu-*.json."""
-    committed = yaml.safe_load((perf_model.CALIBRATION_DIR / "h100-anchor.yaml").read_text())
-    files = [part for part in committed["command"].split() if part.endswith(".json")]
-    assert files and all((perf_model.HARDWARE_DIR.parent.parent / f).is_file() for f in files)
-    observations = [o for f in files for o in perf_calibration.observations_from(perf_model.HARDWARE_DIR.parent.parent / f)]
-    h100 = load_hardware("h100-sxm")
-    perf_calibration.plan_observations(observations, h100)
-    fitted, error, _ = perf_calibration.fit_constants(observations, h100)
+@pytest.mark.parametrize("calibration", ["h100-anchor", "cpu-2core"])
+def test_a_committed_calibration_is_what_calibrate_computes_from_its_runs(calibration):
+    """No hand-tuning: the constants are the fit to the measurements their file names (the H100 one,
+    which every GPU prediction uses, to docs/h100-benchmark-gpu-*.json)."""
+    committed = yaml.safe_load((perf_model.CALIBRATION_DIR / f"{calibration}.yaml").read_text())
+    root = perf_model.HARDWARE_DIR.parent.parent
+    files = [part for part in committed["command"].split() if part.endswith((".json", ".jsonl"))]
+    assert files and all((root / f).is_file() for f in files)
+    observations = [o for f in files for o in perf_calibration.observations_from(root / f)]
+    hardware = load_hardware(committed["hardware"])
+    perf_calibration.plan_observations(observations, hardware)
+    fitted, error, overlap_fitted = perf_calibration.fit_constants(observations, hardware)
     assert fitted.gemm_efficiency == pytest.approx(committed["gemm_efficiency"], abs=1e-4)
     assert fitted.elementwise_passes == pytest.approx(committed["elementwise_passes"], abs=0.01)
-    assert fitted.dp_overlap == committed["dp_overlap"] == perf_calibration.DP_OVERLAP_BY_DESIGN
+    assert fitted.dp_overlap == committed["dp_overlap"] and overlap_fitted == committed["dp_overlap_fitted"]
     assert error == pytest.approx(committed["rms_relative_error"], abs=1e-4)
 
 
