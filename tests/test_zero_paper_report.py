@@ -4,6 +4,7 @@ C1-C5 against the planner, on gloo)."""
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,7 +128,7 @@ def test_the_mini_reproduction_measures_every_configuration_in_one_launch(tmp_pa
     output = tmp_path / "mini.json"
     assert mini_reproduction.main(["--output", str(output), "--layers", "1", "2", "--hidden-size", "64",
                                    "--seq-length", "64", "--micro-batch-size", "4", "--bucket-size", "20000",
-                                   "--data-cache-dir", str(tmp_path / "corpus")]) == 0
+                                   "--data-cache-dir", str(tmp_path / "corpus"), "--timeout", "300"]) == 0
     summary = json.loads(output.read_text())
     assert len(summary["runs"]) == 10
     for run in summary["runs"]:
@@ -139,3 +140,10 @@ def test_the_mini_reproduction_measures_every_configuration_in_one_launch(tmp_pa
                                                                               rel=0.01)
     with pytest.raises(ConfigError, match="exists"):
         mini_reproduction.main(["--output", str(output)])
+
+
+def test_a_launch_that_hangs_is_stopped_with_its_processes():
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match="did not finish in 1 s"):
+        mini_reproduction._launch([sys.executable, "-c", "import time; time.sleep(60)"], 1)
+    assert time.perf_counter() - started < 30

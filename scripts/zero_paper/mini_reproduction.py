@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,20 @@ def _measured_summary(rank: dict) -> dict:
             "saved_activation_host_bytes": rank["saved_activation_host_bytes"]}
 
 
+def _launch(command: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run the launch in its own process group, so a hang ends the launcher and every rank with it."""
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"},
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise ConfigError(f"the launch did not finish in {timeout:g} s (--timeout); its processes were stopped") from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 def reproduce(args, argv: Sequence[str]) -> dict:
     from data.corpus import prepare_default_corpus
 
@@ -117,8 +132,7 @@ def reproduce(args, argv: Sequence[str]) -> dict:
     started = time.perf_counter()
     results = []
     try:
-        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+        result = _launch(command, args.timeout)
         if result.returncode != 0:
             raise ConfigError(f"the launch failed ({result.returncode}): "
                               f"{' '.join(result.stderr.strip().splitlines()[-3:])}")
@@ -150,6 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--bucket-size", type=int, default=200_000, help="reduce and all-gather buckets, elements")
     parser.add_argument("--configurations", nargs="+", choices=tuple(CONFIGURATIONS), default=list(CONFIGURATIONS))
     parser.add_argument("--data-cache-dir")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds the launch may take before it is stopped")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)
