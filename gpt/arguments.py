@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", default=DEFAULT_PRESET,
-                        help=f"YAML preset: a name in configs/models ({', '.join(preset_names())}) or a path")
+                        help=f"YAML preset: a name in configs/models ({', '.join(preset_names())}; the ZeRO "
+                             "paper's Table 4 models as zero_paper/NAME) or a path")
     parser.add_argument("--print-config", action="store_true",
                         help="print every setting with its value and where it came from (default, preset, JSON, "
                              "flag), then exit without training")
@@ -302,15 +303,20 @@ def zero_config_names() -> list[str]:
 
 
 def resolve_preset(name_or_path: str) -> Path:
+    """A path to a YAML file, or a preset's name in configs/models, also in a folder there
+    (`zero_paper/100b-125x8192` is configs/models/zero_paper/100b-125x8192.yaml)."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.parent != Path("."):
-        candidate = path
+    if path.suffix in (".yaml", ".yml"):
+        candidates = [path]
+    elif path.parent == Path("."):
+        candidates = [PRESET_DIR / f"{name_or_path}.yaml"]
     else:
-        candidate = PRESET_DIR / f"{name_or_path}.yaml"
-    if not candidate.is_file():
-        raise ConfigError(f"--config {name_or_path}: no such preset file ({candidate}); "
-                          f"presets: {', '.join(preset_names())}")
-    return candidate
+        candidates = [path] + ([] if path.is_absolute() else [PRESET_DIR / f"{name_or_path}.yaml"])
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"--config {name_or_path}: no such preset file ({candidates[-1]}); "
+                      f"presets: {', '.join(preset_names())}")
 
 
 def preset_label(path: Path) -> str:

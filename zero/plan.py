@@ -144,17 +144,18 @@ def _with(config: PretrainConfig, num_layers: int, configuration: Optional[dict]
 
 
 def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configuration: Optional[dict],
-                   progress=None) -> tuple[int, Optional[RankPlan]]:
+                   progress=None, plan_run=dry_run) -> tuple[int, Optional[RankPlan]]:
     """The most layers (the rest of the shape fixed) whose dry run fits the budget, and that plan.
 
     A rank's bytes grow almost linearly with the layers; almost, because the constant-size buckets
     stop growing once the model outgrows them. So the search is a secant search on dry runs (each
-    step re-measures the slope where it is), then a step at a time to the exact boundary."""
+    step re-measures the slope where it is), then a step at a time to the exact boundary.
+    `plan_run(config, cluster, vocab)` plans one depth: `dry_run`, or a caller's cache of it."""
     plans: dict[int, RankPlan] = {}
 
     def plan_for(layers: int) -> RankPlan:
         if layers not in plans:
-            plans[layers] = dry_run(_with(config, layers, configuration), cluster, vocab)
+            plans[layers] = plan_run(_with(config, layers, configuration), cluster, vocab)
             if progress:
                 progress(f"    {layers} layers: {format_bytes(plans[layers].total_bytes)}")
         return plans[layers]

@@ -1,0 +1,65 @@
+"""What the CPU mini-reproduction (mini_reproduction.py's JSON) says about Figures 6 and 7.
+
+Device memory of a rank, measured and planned alike, is what --report-memory measures: model states
+(parameters, gradients, fp32 master, Adam), the constant buffers, and the peak bytes autograd saved
+for backward on the device (activation checkpoints unless P_a+cpu moved them, the recompute's
+tensors, the loss's softmax). The planner's transient estimates (logits, gradients in flight) are left
+out on both sides, so the comparison is like for like.
+
+For Figure 6 the question is how many layers fit a fixed budget. A rank's device bytes are a line
+in the layers, so the two depths give each configuration's bytes per layer and its intercept; the
+budget is what C1 needs at the deeper depth (so C1 fits exactly that many), and every configuration's
+answer is (budget - intercept) / bytes per layer, from the measured line and from the planned one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def device_bytes(rank: dict) -> int:
+    return rank["model_state_bytes"] + rank["buffer_bytes"] + rank["saved_activation_device_bytes"]
+
+
+@dataclass
+class ConfigurationMemory:
+    configuration: str
+    layers: tuple[int, int]
+    measured: tuple[int, int]   # the largest rank's device bytes at each depth
+    planned: tuple[int, int]
+    host_measured: int          # P_a+cpu's checkpoints in host memory, at the deeper depth
+    host_planned: int
+
+    def per_layer(self, which: str) -> float:
+        low, high = getattr(self, which)
+        return (high - low) / (self.layers[1] - self.layers[0])
+
+    def layers_within(self, budget: float, which: str) -> float:
+        low = getattr(self, which)[0]
+        return self.layers[0] + (budget - low) / self.per_layer(which)
+
+
+def memory_by_configuration(summary: dict) -> dict[str, ConfigurationMemory]:
+    runs: dict[str, dict[int, dict]] = {}
+    for run in summary["runs"]:
+        runs.setdefault(run["configuration"], {})[run["layers"]] = run
+    result = {}
+    for name, by_layers in runs.items():
+        depths = tuple(sorted(by_layers))
+        if len(depths) != 2:
+            raise ValueError(f"{name}: the mini-reproduction needs two depths, has {depths}")
+        deep = by_layers[depths[1]]
+        result[name] = ConfigurationMemory(
+            name, depths,
+            tuple(max(device_bytes(rank) for rank in by_layers[d]["measured"]) for d in depths),
+            tuple(max(device_bytes(rank) for rank in by_layers[d]["planned"]) for d in depths),
+            max(rank["saved_activation_host_bytes"] for rank in deep["measured"]),
+            max(rank["saved_activation_host_bytes"] for rank in deep["planned"]))
+    return result
+
+
+def layers_in_c1_budget(memory: dict[str, ConfigurationMemory]) -> dict[str, dict[str, float]]:
+    """Per configuration, the layers that fit in what C1 holds at the deeper depth (measured, planned)."""
+    reference = memory["C1"]
+    return {name: {which: item.layers_within(getattr(reference, which)[1], which) for which in ("measured", "planned")}
+            for name, item in memory.items()}

@@ -1,0 +1,110 @@
+"""What the planner and the performance model say about a point, with a cache of dry runs.
+
+A dry run of a 100B+ model takes 10-20 s on a small machine, and a figure has dozens of points, so
+each plan is kept in a JSON cache keyed by the point's flags, its grid, the vocabulary and a hash of
+the source code that plans (gpt/, parallel/, zero/): a change to that code plans again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from gpt.arguments import parse_config
+from gpt.config import PretrainConfig
+from zero.dry_run import Cluster, RankPlan, dry_run
+from zero.perf_model import Constants, Prediction, load_constants, predict
+
+from experiments import GPT2_VOCAB, REPO_ROOT, Point
+
+PLANNING_SOURCES = ("gpt", "parallel", "zero")
+NOT_PLANNING = ("perf_model.py", "perf_calibration.py", "paper_tables.py", "plan.py")  # they never change a plan
+MICRO_BATCH_LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)  # 96: the largest of the authors' sweeps
+# The share of a GPU the planned peak may take when a batch size is chosen: the rest is for what a
+# dry run cannot see (the CUDA context, NCCL's buffers, fragmentation).
+BATCH_HEADROOM = 0.9
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("ZERO_GPT_PLAN_CACHE", Path.home() / ".cache" / "zero-gpt" / "plans"))
+
+
+def _source_hash() -> str:
+    digest = hashlib.sha256()
+    for folder in PLANNING_SOURCES:
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            if path.name in NOT_PLANNING:
+                continue
+            digest.update(path.relative_to(REPO_ROOT).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+class Planner:
+    """Dry runs and predictions of points, each planned once (and kept in `cache_dir` if given)."""
+
+    def __init__(self, cache_dir: Optional[Path] = None, constants: Optional[dict[str, Constants]] = None) -> None:
+        self.cache_dir = cache_dir
+        self.source = _source_hash()
+        self.constants = constants or {}
+        self._plans: dict[str, RankPlan] = {}
+
+    def plan(self, point: Point) -> RankPlan:
+        return self.plan_config(parse_config(point.pretrain_argv()), point.cluster())
+
+    def plan_config(self, config: PretrainConfig, cluster: Cluster, vocab_size: int = GPT2_VOCAB) -> RankPlan:
+        """zero/dry_run.py's plan of rank 0, from memory, the cache, or a dry run (then cached).
+        Where the metrics go and whether the run reports memory do not change a plan (a dry run reads
+        neither), so they are not part of the key: Figure 7's points share Figures 6 and 8's plans."""
+        settings = config.to_dict()
+        for unplanned in ("metrics_file", "report_memory"):
+            settings.get("logging", {}).pop(unplanned, None)
+        key = hashlib.sha256(json.dumps([self.source, settings, dataclasses.asdict(cluster), vocab_size],
+                                        sort_keys=True, default=str).encode()).hexdigest()
+        if key in self._plans:
+            return self._plans[key]
+        cached = self.cache_dir / f"{key}.json" if self.cache_dir is not None else None
+        if cached is not None and cached.is_file():
+            data = json.loads(cached.read_text(encoding="utf-8"))
+            data.pop("fits", None)
+            self._plans[key] = RankPlan(**data)
+            return self._plans[key]
+        plan = self._plans[key] = dry_run(config, cluster, vocab_size)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            temporary = cached.with_suffix(f".tmp-{os.getpid()}")
+            temporary.write_text(json.dumps(plan.to_json()), encoding="utf-8")
+            os.replace(temporary, cached)
+        return plan
+
+    def predict(self, point: Point, plan: Optional[RankPlan] = None) -> Prediction:
+        hardware = point.hardware
+        if hardware.calibration not in self.constants:
+            self.constants[hardware.calibration] = load_constants(hardware.calibration)
+        plan = plan if plan is not None else self.plan(point)
+        return predict(plan, parse_config(point.pretrain_argv()), GPT2_VOCAB, point.world_size, hardware,
+                       self.constants[hardware.calibration])
+
+    def fits_with_headroom(self, point: Point) -> bool:
+        return self.plan(point).total_bytes <= BATCH_HEADROOM * point.hardware.gpu_memory_bytes
+
+    def largest_micro_batch(self, point: Point) -> Optional[int]:
+        """The largest micro batch of MICRO_BATCH_LADDER whose planned peak is within BATCH_HEADROOM of
+        the GPU, or None when even 1 is not. The peak is a line in the micro batch (activations and
+        logits grow with it, model states and buffers do not), so dry runs at 1 and 2 give the line;
+        the answer it points to is then confirmed by a dry run of its own, stepping down if needed."""
+        limit = BATCH_HEADROOM * point.hardware.gpu_memory_bytes
+        one, two = (self.plan(point.with_micro_batch(b)).total_bytes for b in (1, 2))
+        if one > limit:
+            return None
+        slope = max(two - one, 1)
+        estimate = 1 + (limit - one) / slope
+        candidates = [b for b in MICRO_BATCH_LADDER if b <= estimate] or [1]
+        for micro_batch in reversed(candidates):
+            if self.fits_with_headroom(point.with_micro_batch(micro_batch)):
+                return micro_batch
+        return 1

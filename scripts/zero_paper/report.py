@@ -1,0 +1,177 @@
+#!/usr/bin/env python
+"""The ZeRO paper's Figures 2-8 and a Markdown report, from real runs where they exist and from the
+planner and the performance model everywhere.
+
+    python scripts/zero_paper/report.py --output-dir DIR [--runs RUNS_DIR ...]
+
+Writes DIR/fig2.png, fig3.png, fig4.png, fig6.png, fig7.png, fig8.png and DIR/report.md. For every
+point of every figure (scripts/zero_paper/experiments/*.dat) and profile (dgx2, h100):
+
+- predicted: the planner's dry run of rank 0 (zero/dry_run.py: per-GPU memory, fits or not, bytes per
+  collective) and the performance model's iteration time (zero/perf_model.py with the profile's
+  calibration);
+- measured: the run in RUNS_DIR/PROFILE/FIGURE/POINT (run.py's layout; measurements.py), when one
+  exists;
+- paper: the values the paper states (zero/paper_tables.py), beside the points they are about.
+
+Figures 4 and 6 add the planner's search for the largest model (zero.plan.largest_layers); Figures 6
+and 7 add the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json, mini_reproduction.py)
+when it exists. Dry runs are cached under ~/.cache/zero-gpt/plans (--no-cache to plan afresh): a
+first report plans about 200 large models (tens of minutes on two cores), a later one takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent.parent), str(HERE)]
+
+from gpt.arguments import parse_config  # noqa: E402
+from gpt.config import ConfigError  # noqa: E402
+from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from zero.dry_run import RankPlan  # noqa: E402
+from zero.perf_model import Prediction  # noqa: E402
+from zero.plan import CONFIGURATIONS, largest_layers  # noqa: E402
+
+import figures  # noqa: E402
+import report_tables  # noqa: E402
+from experiments import DEFINITION_DIR, FIGURES, GPT2_VOCAB, PROFILES, REPO_ROOT, Point, load_points  # noqa: E402
+from measurements import Measured, read_runs  # noqa: E402
+from mini_analysis import layers_in_c1_budget, memory_by_configuration  # noqa: E402
+from planning import Planner, default_cache_dir  # noqa: E402
+
+MINI_REPRODUCTION = REPO_ROOT / "docs" / "zero-paper" / "mini-reproduction.json"
+OUTPUTS = ("report.md",) + tuple(f"{figure}.png" for figure in FIGURES)
+
+
+@dataclass
+class PointResult:
+    point: Point
+    plan: RankPlan
+    prediction: Prediction
+    measured: Optional[Measured]
+
+
+def point_results(figure: str, profiles: Sequence[str], planner: Planner, runs: dict, directory: Path,
+                  progress) -> dict[str, list[PointResult]]:
+    results = {}
+    for profile in profiles:
+        rows = []
+        for point in load_points(figure, profile, directory):
+            progress(f"  {point.name}")
+            plan = planner.plan(point)
+            rows.append(PointResult(point, plan, planner.predict(point, plan),
+                                    runs.get((figure, profile, point.point))))
+        results[profile] = rows
+    return results
+
+
+def largest_model(planner: Planner, point: Point, configuration: Optional[dict]) -> int:
+    """Parameters of the largest model of `point`'s shape (hidden, heads, grid, batch) the planner
+    fits, under `configuration` (a C1-C5 of zero.plan.CONFIGURATIONS) or the point's own settings."""
+    config = parse_config(point.pretrain_argv())
+    layers, plan = largest_layers(config, point.cluster(), GPT2_VOCAB, configuration, plan_run=planner.plan_config)
+    return plan.parameters_total if plan is not None else 0
+
+
+def fig4_max_sizes(rows_by_profile: dict, planner: Planner) -> dict[tuple[str, str], int]:
+    """Without MP, at micro batch 1: ZeRO's largest at the shape of its largest point, DDP's likewise."""
+    sizes = {}
+    for profile, rows in rows_by_profile.items():
+        for series in ("zero", "ddp"):
+            candidates = [r.point for r in rows if r.point.series == series]
+            if candidates:
+                widest = max(candidates, key=lambda p: (p.hidden, p.layers))
+                sizes[(profile, series)] = largest_model(planner, widest.with_micro_batch(1), None)
+    return sizes
+
+
+def fig6_max_sizes(rows_by_profile: dict, planner: Planner) -> dict[tuple[str, str], int]:
+    sizes = {}
+    for profile, rows in rows_by_profile.items():
+        for name, configuration in CONFIGURATIONS.items():
+            points = [r.point for r in rows if r.point.series == name]
+            if points:
+                sizes[(profile, name)] = largest_model(planner, points[0], configuration)
+    return sizes
+
+
+def measured_largest(rows_by_profile: dict) -> dict[tuple[str, str], int]:
+    """Per profile and configuration, the largest model whose run completed."""
+    found = {}
+    for profile, rows in rows_by_profile.items():
+        for row in rows:
+            if row.measured is not None and row.measured.completed:
+                key = (profile, row.point.series)
+                found[key] = max(found.get(key, 0), row.plan.parameters_total)
+    return found
+
+
+def build_parser() -> OneLineArgumentParser:
+    p = OneLineArgumentParser(prog="scripts/zero_paper/report.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--runs", nargs="+", default=[], metavar="RUNS_DIR", help="directories holding run.py's runs")
+    p.add_argument("--figures", nargs="+", choices=FIGURES, default=list(FIGURES))
+    p.add_argument("--profiles", nargs="+", choices=tuple(PROFILES), default=list(PROFILES))
+    p.add_argument("--definitions", default=str(DEFINITION_DIR), help="a folder of figN.dat files")
+    p.add_argument("--mini-reproduction", default=str(MINI_REPRODUCTION),
+                   help="mini_reproduction.py's JSON (skipped when the file does not exist)")
+    p.add_argument("--no-cache", action="store_true", help="plan every point afresh")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier report in --output-dir")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    output = Path(args.output_dir)
+    existing = [name for name in OUTPUTS if (output / name).exists()]
+    if existing and not args.overwrite:
+        raise ConfigError(f"{output} already holds {', '.join(existing)}; pass --overwrite to replace them")
+    output.mkdir(parents=True, exist_ok=True)
+    progress = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    planner = Planner(None if args.no_cache else default_cache_dir())
+    runs = read_runs(args.runs)
+    mini_path = Path(args.mini_reproduction)
+    mini = json.loads(mini_path.read_text(encoding="utf-8")) if mini_path.is_file() else None
+    memory = memory_by_configuration(mini) if mini is not None else None
+    results = {}
+    for figure in args.figures:
+        progress(f"{figure}:")
+        results[figure] = point_results(figure, args.profiles, planner, runs, Path(args.definitions), progress)
+    extras = {}
+    if "fig2" in results:
+        figures.plot_fig2(results["fig2"], output / "fig2.png")
+    if "fig3" in results:
+        figures.plot_fig3(results["fig3"], output / "fig3.png")
+    if "fig4" in results:
+        progress("fig4: the largest model without MP (planner search)")
+        extras["fig4"] = fig4_max_sizes(results["fig4"], planner)
+        figures.plot_fig4(results["fig4"], extras["fig4"], output / "fig4.png")
+    if "fig6" in results:
+        progress("fig6: the largest model per configuration (planner search)")
+        extras["fig6"] = fig6_max_sizes(results["fig6"], planner)
+        extras["fig6_measured"] = measured_largest(results["fig6"])
+        points = [r.point for rows in results["fig6"].values() for r in rows]
+        setting = (f"{'/'.join(sorted({str(p.world_size) for p in points}))} GPUs, MP "
+                   f"{'/'.join(sorted({str(p.mp) for p in points}))} (in a node), micro batch "
+                   f"{'/'.join(sorted({str(p.micro_batch) for p in points}))}")
+        figures.plot_fig6(extras["fig6"], extras["fig6_measured"],
+                          layers_in_c1_budget(memory) if memory else None, setting, output / "fig6.png")
+    if "fig7" in results:
+        figures.plot_fig7(results["fig7"], memory, output / "fig7.png")
+    if "fig8" in results:
+        figures.plot_fig8(results["fig8"], output / "fig8.png")
+    text = report_tables.report(results, extras, memory, mini, runs, argv if argv is not None else sys.argv[1:])
+    (output / "report.md").write_text(text, encoding="utf-8")
+    print(f"wrote {output / 'report.md'} and {len(results)} figures ({len(runs)} measured runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool("scripts/zero_paper/report.py", main, (ConfigError,)))
