@@ -9,9 +9,11 @@ Both models train the same shape (the preset's layers, hidden, heads and sequenc
 token vocabulary, dropout 0) on the same random token batches, one optimizer step per micro-batch:
 
     ours  GPTModel under ZeRO on one rank (pretrain_gpt.py's path): bf16 parameters, gradients
-          accumulated in fp32, fp32 master weights and Adam moments, bf16 autocast, attention through
-          SDPA restricted to the flash kernel, fused AdamW (apex's FusedAdam when the real apex is
-          installed).
+          accumulated in fp32, fp32 master weights and Adam moments, no autocast (the parameters are
+          bf16 already), attention through SDPA restricted to the flash kernel, fused AdamW (apex's
+          FusedAdam when the real apex is installed).
+    ours-autocast  the same under bf16 autocast, as pretrain_gpt.py ran before 2026-11-22 (an
+          ablation: `--impls ours,ours-autocast`).
     hf    GPT2LMHeadModel with attn_implementation="sdpa", the usual transformers recipe: fp32
           parameters, bf16 autocast, torch's fused AdamW.
 
@@ -98,7 +100,8 @@ def flash_only(device: torch.device):
     return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
 
 
-def build_ours(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> Trainer:
+def build_ours(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int,
+               use_autocast: bool = False) -> Trainer:
     """pretrain_gpt.py's path: built on the meta device, materialized by ZeRO (stage 0 on one rank)."""
     state = ParallelState(device=device)
     model = GPTModel(config, state)
@@ -111,7 +114,7 @@ def build_ours(config: ModelConfig, device: torch.device, dtype: torch.dtype, se
         for index, tokens in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
             with contextlib.nullcontext() if last else zero.reducer.no_sync():
-                with autocast(device, dtype), flash_only(device):
+                with autocast(device, dtype) if use_autocast else contextlib.nullcontext(), flash_only(device):
                     loss = model(tokens[:, :-1], tokens[:, 1:]).float().mean() / len(micro_batches)
                 zero.scale_loss(loss).backward()
             zero.reducer.finish_grad_sync()
@@ -122,7 +125,7 @@ def build_ours(config: ModelConfig, device: torch.device, dtype: torch.dtype, se
     def state_tensors() -> list[torch.Tensor]:
         return [t for tensors in zero.optimizer.model_state_tensors().values() for t in tensors]
 
-    return Trainer("ours", model, step, model.blocks, state_tensors)
+    return Trainer("ours-autocast" if use_autocast else "ours", model, step, model.blocks, state_tensors)
 
 
 def build_hf(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> Trainer:
@@ -236,7 +239,8 @@ def time_trainers(trainers: list[Trainer], spec: dict, iterations: list[list[tor
     return results
 
 
-BUILDERS = {"ours": build_ours, "hf": build_hf}
+BUILDERS = {"ours": build_ours, "hf": build_hf,
+            "ours-autocast": lambda *args: build_ours(*args, use_autocast=True)}
 
 
 def worker(spec: dict) -> list[dict]:
@@ -287,13 +291,13 @@ def benchmark_model(name: str, config: ModelConfig, micro_batch: int, args, devi
             "compile_modes": {"off": [False], "on": [True], "both": [False, True]}[args.compile],
             "rounds": args.rounds, "steps": args.steps, "warmup_steps": args.warmup_steps, "seed": args.seed,
             "profile": args.profile}
-    groups = [["ours", "hf"]] if together else [["ours"], ["hf"]]
-    results = [result for impls in groups for result in run_worker({**spec, "impls": impls})]
-    order = {("ours", False): 0, ("hf", False): 1, ("ours", True): 2, ("hf", True): 3}
+    impls = args.impls.split(",")
+    groups = [impls] if together else [[impl] for impl in impls]
+    results = [result for group in groups for result in run_worker({**spec, "impls": group})]
     for result in results:
         result.update(model=name, micro_batch_size=micro_batch, accumulation_steps=args.gradient_accumulation_steps,
                       seq_length=config.seq_length)
-    return sorted(results, key=lambda r: order[(r["impl"], r["compiled"])])
+    return sorted(results, key=lambda r: (r["compiled"], impls.index(r["impl"])))
 
 
 def format_table(rows: list[dict], device_name: str, peak: Optional[float]) -> str:
@@ -314,12 +318,20 @@ def verdict(rows: list[dict]) -> str:
     ours = [r for r in rows if r["model"] == largest and r["impl"] == "ours"]
     best = max(ours, key=lambda r: r["tokens_per_s"])
     mfu = best["mfu"]
-    ratio = best["ours_over_hf"]
-    met = (mfu is not None and mfu >= MFU_GOAL) and ratio >= HF_RATIO_GOAL
+    ratio = best.get("ours_over_hf")
+    met = (mfu is not None and mfu >= MFU_GOAL) and ratio is not None and ratio >= HF_RATIO_GOAL
     mfu_text = f"{mfu * 100:.1f}% MFU" if mfu is not None else "MFU unknown (no peak for this device)"
+    ratio_text = f"{ratio:.2f}x transformers' tokens/s" if ratio is not None else "transformers not run"
     return (f"verdict: {largest} ours ({'compiled' if best['compiled'] else 'eager'}) {mfu_text} "
-            f"(goal >= {MFU_GOAL * 100:.0f}%), {ratio:.2f}x transformers' tokens/s (goal >= {HF_RATIO_GOAL:.1f}x): "
+            f"(goal >= {MFU_GOAL * 100:.0f}%), {ratio_text} (goal >= {HF_RATIO_GOAL:.1f}x): "
             f"{'goals met' if met else 'goals not met'}")
+
+
+def _impls(text: str) -> str:
+    unknown = [impl for impl in text.split(",") if impl not in BUILDERS]
+    if unknown or not text:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or 'empty list'}: choose from {', '.join(BUILDERS)}")
+    return text
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -330,6 +342,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gradient-accumulation-steps", type=int, default=4,
                    help="micro batches per iteration (one optimizer step each iteration)")
     p.add_argument("--seq-length", type=int, default=None, help="default: the preset's")
+    p.add_argument("--impls", default="ours,hf", type=_impls,
+                   help=f"comma list of what to time, from {', '.join(BUILDERS)}")
     p.add_argument("--compile", choices=("off", "on", "both"), default="both")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8, help="timed iterations per round")
@@ -367,13 +381,13 @@ def add_throughput(results: list[dict], config: ModelConfig, peak: Optional[floa
     for result in results:
         result["best_step_s"] = min(result["step_times_s"])
         tokens = result["micro_batch_size"] * result["accumulation_steps"]
-        vocab = config.padded_vocab_size() if result["impl"] == "ours" else GPT2_VOCAB
+        vocab = config.padded_vocab_size() if result["impl"].startswith("ours") else GPT2_VOCAB
         flops = flops_per_iteration(config, tokens, padded_vocab_size=vocab)
         result["tokens_per_s"] = tokens * config.seq_length / result["best_step_s"]
         result["tflops"] = flops / result["best_step_s"] / 1e12
         result["mfu"] = result["tflops"] / peak if peak else None
     for result in results:
-        if result["impl"] == "ours" and result["compiled"] in hf_by_mode:
+        if result["impl"].startswith("ours") and result["compiled"] in hf_by_mode:
             result["ours_over_hf"] = result["tokens_per_s"] / hf_by_mode[result["compiled"]]["tokens_per_s"]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt.config import ModelConfig
+from gpt.config import ConfigError, ModelConfig
 from gpt.metrics import device_peak_tflops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,3 +93,22 @@ def test_mfu_in_metrics_uses_model_flops_without_recompute(tmp_path):
     metrics.unlink()
     assert pretrain_gpt.main(argv_no_peak + ["--metrics-file", str(metrics)]) == 0
     assert all("mfu" not in json.loads(line) for line in metrics.read_text().splitlines())
+
+
+def test_the_autocast_ablation_trains_the_same_losses_as_ours_in_fp32():
+    """`--impls ours,ours-autocast`: on the CPU's fp32 the two must be the same model and the same steps
+    (autocast is a no-op there), so any difference in what they compute is a bug in the ablation."""
+    spec = {"name": "t", "model": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                                       max_position_embeddings=32, vocab_size=benchmark_gpu.GPT2_VOCAB,
+                                       hidden_dropout=0.0, attention_dropout=0.0),
+            "device": "cpu", "dtype": "float32", "micro_batch_size": 2, "accumulation_steps": 2,
+            "compile_modes": [False], "rounds": 2, "steps": 2, "warmup_steps": 1, "seed": 7, "profile": False,
+            "impls": ["ours", "ours-autocast"]}
+    ours, ablation = benchmark_gpu.worker(spec)
+    assert (ours["impl"], ablation["impl"]) == ("ours", "ours-autocast")
+    assert ours["losses"] == ablation["losses"]
+
+
+def test_an_unknown_implementation_is_one_line():
+    with pytest.raises(ConfigError, match="unknown theirs: choose from ours, hf, ours-autocast"):
+        benchmark_gpu.parse_args(["--impls", "ours,theirs"])

@@ -40,8 +40,6 @@ UNKNOWNS = (
     "the caching allocator's fragmentation and reserved-but-unused blocks",
     "NCCL's own buffers and communicators (hundreds of MB per process group on large jobs)",
     "the CUDA context and library workspaces (cuBLAS, cuDNN): about 0.5-1 GB per process",
-    "casts CUDA autocast adds around fp32 ops (a meta run has no autocast); bf16 parameters keep most "
-    "activations bf16 either way",
 )
 
 
