@@ -10,8 +10,9 @@ clipping and the same precision:
     ddp         torch.nn.parallel.DistributedDataParallel
 
 bf16 means 16-bit parameters with fp32 master weights where the system has that notion (ours,
-DeepSpeed, FSDP2's MixedPrecisionPolicy with bf16 reduction), and autocast for everyone; DDP has no
-16-bit parameters, so under bf16 it is autocast over fp32 weights and fp32 gradient all-reduce.
+DeepSpeed, FSDP2's MixedPrecisionPolicy with bf16 reduction), and autocast for the peers; ours runs
+without autocast, as pretrain_gpt.py trains (its parameters are bf16 already). DDP has no 16-bit
+parameters, so under bf16 it is autocast over fp32 weights and fp32 gradient all-reduce.
 """
 
 from __future__ import annotations
@@ -234,8 +235,7 @@ class OurSystem:
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec["lr"]
         self.zero.reducer.zero_grad()
-        with autocast(self.spec["bf16"]):
-            loss = self.model(inputs, labels).mean()
+        loss = self.model(inputs, labels).mean()  # no autocast: pretrain_gpt.py's path
         mark(marks)
         self.zero.scale_loss(loss).backward()
         self.zero.reducer.finish_grad_sync()

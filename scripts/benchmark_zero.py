@@ -70,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run the whole plan this many times, interleaved, and keep each configuration's "
                         "round with the lowest median step time (on a shared machine, load from other "
                         "work only ever slows a round down)")
-    p.add_argument("--bf16", action="store_true", help="bf16 parameters/autocast (default fp32)")
+    p.add_argument("--bf16", action="store_true", help="bf16 parameters (autocast for the peers; default fp32)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--adam-beta1", type=float, default=0.9)
