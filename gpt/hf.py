@@ -30,10 +30,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from gpt.checkpoint_format import (consolidate, read_metadata, replace_directory, save_tensors,
+from gpt.checkpoint_format import (consolidate, read_metadata, save_tensors,
                                    tensor_parallel_slice)
 from gpt.config import ModelConfig
 from gpt.errors import ConfigError
+from gpt.output_paths import check_replaceable_folder, install_folder
 from parallel.state import ParallelState
 
 ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
@@ -143,12 +144,21 @@ HF_ATTENTION_OPTIONS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer
 MAX_LISTED = 12  # problems listed in one error before "... and N more"
 
 
-def check_output_folder(out_dir: Path, overwrite: bool) -> None:
-    """OUT_DIR may be absent or empty; a non-empty one is replaced only when asked to."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"{out_dir} exists and is not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise ConfigError(f"{out_dir} exists and is not empty; pass --overwrite to replace it")
+def owned_names(tokenizer_dir: Optional[Path] = None) -> frozenset[str]:
+    """The names an export writes into OUT_DIR, and so the only ones --overwrite may replace: the
+    config, the weights, and the tokenizer files (ours, or whatever the checkpoint's tokenizer/ holds)."""
+    from data.tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE
+
+    tokenizer_files = {TOKENIZER_FILE, VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG_FILE}
+    if tokenizer_dir is not None and tokenizer_dir.is_dir():
+        tokenizer_files |= {path.name for path in tokenizer_dir.iterdir() if path.is_file()}
+    return frozenset({CONFIG_FILE, SAFETENSORS_FILE, *tokenizer_files})
+
+
+def check_output_folder(out_dir: Path, overwrite: bool, tokenizer_dir: Optional[Path] = None) -> None:
+    """OUT_DIR may be absent or empty; with --overwrite it may also hold an earlier export, and
+    nothing else (gpt/output_paths.py)."""
+    check_replaceable_folder(Path(os.path.abspath(out_dir)), owned_names(tokenizer_dir), overwrite, "OUT_DIR")
 
 
 def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor], model_config: ModelConfig,
@@ -156,9 +166,9 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
                     overwrite: bool = False) -> Path:
     """Write a folder `GPT2LMHeadModel.from_pretrained` (and, with `tokenizer_dir`,
     `AutoTokenizer.from_pretrained`) loads: config.json, model.safetensors in `dtype`, tokenizer files."""
-    out_dir = Path(out_dir)
-    check_output_folder(out_dir, overwrite)
+    out_dir = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to stage beside
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
+    check_output_folder(out_dir, overwrite, tokenizer_dir)
     tensors = _tensors_to_write(hf_state, dtype)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
@@ -169,7 +179,8 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
         save_tensors(staging / SAFETENSORS_FILE, tensors)
         if tokenizer_dir is not None:
             _copy_tokenizer(tokenizer_dir, staging)
-        replace_directory(staging, out_dir)  # an existing OUT_DIR goes only once the new one is in place
+        # An existing OUT_DIR goes only once the new one is in place, and only its owned files go.
+        install_folder(staging, out_dir, owned_names(tokenizer_dir))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -11,7 +11,7 @@ import os
 import uuid
 from pathlib import Path
 
-from gpt.checkpoint_format import LATEST_FILE, METADATA_FILE
+from gpt.checkpoint_format import LATEST_FILE, METADATA_FILE, fsync_path
 from gpt.errors import ConfigError
 
 
@@ -76,3 +76,64 @@ def refuse_existing(path: str | os.PathLike, flag: str, overwrite: bool) -> None
     if path.is_dir() and not any(path.iterdir()):
         return  # an empty directory holds nothing to lose
     raise ConfigError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")
+
+
+# ---- outputs a tool replaces: only what it wrote itself -----------------------------------------
+
+MAX_NAMED = 5  # foreign entries named in one refusal before "... and N more"
+
+
+def foreign_entries(folder: Path, owned_names: frozenset[str]) -> list[str]:
+    """The entries of `folder` that a tool writing `owned_names` did not write: any other name, and
+    any owned name that is not a regular file (a directory called config.json is not ours)."""
+    return sorted(entry.name + ("/" if entry.is_dir() else "") for entry in folder.iterdir()
+                  if entry.name not in owned_names or entry.is_symlink() or not entry.is_file())
+
+
+def check_replaceable_folder(folder: Path, owned_names: frozenset[str], overwrite: bool, flag: str) -> None:
+    """`folder` may be absent or empty; with --overwrite it may also hold the files the tool writes,
+    and nothing else. `--overwrite` never means "delete whatever is there": a user's other files in
+    an export folder (notes, data, a subfolder) are refused by name and never touched."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {folder} exists and is not a directory")
+    entries = list(folder.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise ConfigError(f"{flag} {folder} exists and is not empty; pass --overwrite to replace the files this "
+                          f"tool wrote there, or choose another path")
+    foreign = foreign_entries(folder, owned_names)
+    if foreign:
+        named = ", ".join(foreign[:MAX_NAMED]) + (f" and {len(foreign) - MAX_NAMED} more" if len(foreign) > MAX_NAMED
+                                                  else "")
+        raise ConfigError(f"{flag} {folder} holds files this tool did not write ({named}); --overwrite replaces "
+                          f"only {', '.join(sorted(owned_names))}: move the others away or choose another path")
+
+
+def install_folder(staging: Path, folder: Path, owned_names: frozenset[str]) -> None:
+    """Put the fully written `staging` at `folder`. An existing `folder` (checked again here, just
+    before it goes) is renamed aside under a hidden name of this process and emptied of the owned
+    files only; it is removed when that leaves it empty, so nothing else can be deleted, even a file
+    someone added meanwhile. No glob of sibling names: a user's `hf.old-...` beside it is not ours."""
+    for path in staging.iterdir():
+        if path.is_file():
+            fsync_path(path)
+    fsync_path(staging)
+    if not folder.exists():
+        os.replace(staging, folder)
+        fsync_path(folder.parent)
+        return
+    check_replaceable_folder(folder, owned_names, overwrite=True, flag="OUT_DIR")
+    retired = folder.with_name(f".{folder.name}.replaced-{os.getpid()}")
+    os.replace(folder, retired)
+    os.replace(staging, folder)
+    fsync_path(folder.parent)
+    for entry in retired.iterdir():
+        if entry.name in owned_names and entry.is_file() and not entry.is_symlink():
+            entry.unlink()
+    try:
+        retired.rmdir()
+    except OSError:  # something appeared in the old folder meanwhile: keep it, and say where
+        print(f"note: {retired} kept: it holds files that appeared while {folder} was replaced", flush=True)

@@ -11,8 +11,10 @@ the fp32 master copy from the optimizer partitions, consolidated over every TP a
 conversion needs neither a GPU nor a process group, and reads only safetensors and JSON. OUT_DIR
 gets config.json, model.safetensors in --dtype, and the run's tokenizer files when the checkpoint
 has them. Every file of the checkpoint is verified first (--no-verify-checkpoint skips the content
-hashes). The folder appears only once it is complete; a non-empty OUT_DIR is replaced only with
---overwrite, and it is never a checkpoint or inside one. Errors are one line on stderr and exit code 2.
+hashes). The folder appears only once it is complete; it is never a checkpoint or inside one. A
+non-empty OUT_DIR is replaced only with --overwrite, and only when it holds nothing but an earlier
+export's files (config.json, model.safetensors, the tokenizer files): any other file or subfolder
+there is named and the conversion refused, before any weight is read. Errors are one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("checkpoint", metavar="CKPT", help="a --save directory or one iter_NNNNNNN directory")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="the Hugging Face folder to write")
     parser.add_argument("--dtype", choices=PRECISION_DTYPES, default="fp32", help="dtype of model.safetensors (default fp32)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it is not empty")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT_DIR (refused when it holds other files)")
     parser.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=True,
                         help="check each checkpoint file's content hash before reading it")
     return parser.parse_args(argv)
@@ -50,21 +52,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, verify: bool = True) -> None:
     started = time.perf_counter()
-    # Checked first so a refused OUT_DIR costs nothing; write_hf_folder checks again before renaming.
-    check_output_folder(Path(out_dir), overwrite)
     iteration_dir = resolve_checkpoint(checkpoint)
     if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
         # Replacing OUT_DIR would delete the checkpoint being converted.
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")
     refuse_inside_checkpoint(out_dir, "OUT_DIR", include_self=True)
-    prepare_output_directory(Path(out_dir).parent, "OUT_DIR's parent")
     metadata = read_metadata(iteration_dir)
+    tokenizer = metadata.get("tokenizer")
+    tokenizer_dir = iteration_dir / tokenizer if tokenizer is not None else None
+    # Checked before any weight is read, so a refused OUT_DIR costs nothing; write_hf_folder checks
+    # again just before the old folder goes.
+    check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
+    prepare_output_directory(Path(os.path.abspath(out_dir)).parent, "OUT_DIR's parent")
     verify_or_raise(iteration_dir, metadata, check_content=verify)
     print(f"reading {iteration_dir}: iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
           f"DP {metadata['data_parallel_size']}, ZeRO stage {metadata['zero_stage']}", flush=True)
     model_config, hf_state = checkpoint_to_hf_state(iteration_dir, progress=True)
-    tokenizer = metadata.get("tokenizer")
-    tokenizer_dir = iteration_dir / tokenizer if tokenizer is not None else None
     print(f"writing {out_dir} ({len(hf_state)} tensors in {dtype}, "
           f"{'with the tokenizer' if tokenizer_dir else 'no tokenizer in the checkpoint'})", flush=True)
     write_hf_folder(out_dir, hf_state, model_config, tokenizer_dir, dtype=dtype, overwrite=overwrite)

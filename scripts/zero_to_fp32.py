@@ -14,7 +14,7 @@ which iteration it is and carries the model config, so the file stands on its ow
 No GPU and no process group: memory is the model in fp32 plus one partition file's tensors. Every
 file of the checkpoint is verified first (sizes, headers, content hashes; --no-verify-checkpoint skips
 the hashes). OUT is never inside a checkpoint directory, and an existing OUT is replaced only with
---overwrite; it is written under a temporary name and renamed, so a failure never leaves half a file.
+--overwrite and only when it is an earlier export (a safetensors file with this tool's header); it is written under a temporary name and renamed, so a failure never leaves half a file.
 Errors are one line on stderr and exit status 2.
 """
 
@@ -31,10 +31,11 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are n
 from gpt.checkpoint_format import (atomic_file, consolidate, read_metadata, resolve_checkpoint,  # noqa: E402
                                    save_tensors)
 from gpt.checkpoint_integrity import verify_or_raise  # noqa: E402
-from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from gpt.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from gpt.output_paths import prepare_output_directory, refuse_existing, refuse_inside_checkpoint  # noqa: E402
 
 DEFAULT_FILE_NAME = "model_fp32.safetensors"
+EXPORT_HEADER_KEYS = ("iteration", "vocab_size", "model_config")  # the safetensors metadata every export has
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a --save directory (its latest checkpoint) or one iter_NNNNNNN directory")
     p.add_argument("output", metavar="OUT",
                    help=f"the safetensors file to write; an existing directory gets OUT/{DEFAULT_FILE_NAME}")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it is an earlier export of this tool")
     p.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=True,
                    help="check each checkpoint file's content hash before reading it")
     return p.parse_args(argv)
@@ -53,6 +54,20 @@ def parse_args(argv=None) -> argparse.Namespace:
 def output_path(output: str | os.PathLike) -> Path:
     output = Path(output)
     return output / DEFAULT_FILE_NAME if output.is_dir() else output
+
+
+def is_fp32_export(path: Path) -> bool:
+    """Whether `path` is a regular file that export_fp32 wrote: safetensors whose metadata holds the
+    header below. Only such a file is replaced with --overwrite; a user's other file never is."""
+    from safetensors import safe_open
+
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as reader:
+            return set(EXPORT_HEADER_KEYS) <= set(reader.metadata() or {})
+    except Exception:  # safetensors raises its own types for anything that is not its format
+        return False
 
 
 def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=print, overwrite: bool = False,
@@ -64,6 +79,9 @@ def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=pr
     output = output_path(output)
     refuse_inside_checkpoint(output, "OUT")
     refuse_existing(output, "OUT", overwrite)
+    if output.exists() and not is_fp32_export(output):
+        raise ConfigError(f"OUT {output} is not a file this tool wrote (a safetensors export with a model_config); "
+                          f"--overwrite replaces only an earlier export: choose another path")
     prepare_output_directory(output.parent, "OUT's directory")
     verify_or_raise(iteration_dir, metadata, check_content=verify)
     log(f"> consolidating the fp32 master weights of {iteration_dir} (iteration {metadata['iteration']}, "
@@ -71,8 +89,7 @@ def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=pr
         f"ZeRO stage {metadata.get('zero_stage')})", flush=True)
     weights = consolidate(iteration_dir, ("master",), progress=True)["master"]
     model_config = metadata["config"]["model"]
-    header = {"iteration": metadata["iteration"], "vocab_size": model_config["vocab_size"],
-              "model_config": model_config}
+    header = dict(zip(EXPORT_HEADER_KEYS, (metadata["iteration"], model_config["vocab_size"], model_config)))
     with atomic_file(output) as temporary:  # a failure leaves no half-written file at OUT
         save_tensors(temporary, weights, header)
     numel = sum(tensor.numel() for tensor in weights.values())

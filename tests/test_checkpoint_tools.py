@@ -255,7 +255,8 @@ def test_zero_to_fp32_exports_the_master_weights(single_process_checkpoint, tmp_
 def test_zero_to_fp32_failure_leaves_no_partial_file(single_process_checkpoint, tmp_path, monkeypatch, capsys):
     save_dir, _ = single_process_checkpoint
     out = tmp_path / "model.safetensors"
-    out.write_bytes(b"the previous export")
+    assert zero_to_fp32.main([str(save_dir), str(out)]) == 0  # the previous export, which --overwrite may replace
+    previous = out.read_bytes()
 
     def fail_midway(path, tensors, metadata=None):
         path.write_bytes(b"half a file")
@@ -265,7 +266,7 @@ def test_zero_to_fp32_failure_leaves_no_partial_file(single_process_checkpoint, 
     assert zero_to_fp32.main([str(save_dir), str(out), "--overwrite"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "No space left on device" in error
-    assert out.read_bytes() == b"the previous export"
+    assert out.read_bytes() == previous
     assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
 
 

@@ -6,6 +6,7 @@ running anything in them.
 
 import pickle
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -161,8 +162,9 @@ def test_cli_errors_are_one_line_with_exit_code_2(trained, tmp_path, capsys):
     (occupied / "keep.txt").write_text("mine")
     assert convert_to_hf.main([str(trained[1]), str(occupied)]) == 2
     assert "--overwrite" in capsys.readouterr().err and (occupied / "keep.txt").read_text() == "mine"
-    assert convert_to_hf.main([str(trained[1]), str(occupied), "--overwrite"]) == 0
-    assert (occupied / SAFETENSORS_FILE).is_file() and not (occupied / "keep.txt").exists()
+    # --overwrite replaces an earlier export, never a user's other files (issue 27).
+    assert convert_to_hf.main([str(trained[1]), str(occupied), "--overwrite"]) == 2
+    assert "keep.txt" in capsys.readouterr().err and (occupied / "keep.txt").read_text() == "mine"
 
     assert convert_to_hf.main([str(trained[1]), str(trained[1]), "--overwrite"]) == 2
     assert "holds the checkpoint" in capsys.readouterr().err and (trained[1] / "latest").is_file()
@@ -328,3 +330,59 @@ def test_a_hf_folder_trains_on_the_embedded_corpus_with_its_own_tokenizer(conver
                                       "--micro-batch-size", "2", "--global-batch-size", "2", "--device", "cpu",
                                       "--data-cache-dir", str(tmp_path / "cache"), "--metrics-file", str(metrics)])
     assert code == 0 and metrics.read_text().count("\n") == 1
+
+
+def test_overwrite_replaces_only_an_earlier_export_and_names_foreign_files(trained, tmp_path, capsys):
+    """Issue 27: `--overwrite` was `rm -rf OUT_DIR`: a thesis.tex and sub/deep/data.csv beside an
+    earlier export were deleted without being named."""
+    out = tmp_path / "hf"
+    assert convert_to_hf.main([str(trained[1]), str(out)]) == 0
+    exported = sorted(path.name for path in out.iterdir())
+    (out / "thesis.tex").write_text("years of work")
+    (out / "sub" / "deep").mkdir(parents=True)
+    (out / "sub" / "deep" / "data.csv").write_text("1,2,3")
+    before = {path: path.stat().st_mtime_ns for path in out.rglob("*")}
+
+    assert convert_to_hf.main([str(trained[1]), str(out), "--overwrite"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "sub/" in error and "thesis.tex" in error, error
+    assert {path: path.stat().st_mtime_ns for path in out.rglob("*")} == before  # nothing touched
+
+    (out / "thesis.tex").unlink()
+    shutil.rmtree(out / "sub")
+    (out / SAFETENSORS_FILE).write_bytes(b"an earlier export's weights")
+    assert convert_to_hf.main([str(trained[1]), str(out), "--overwrite"]) == 0
+    assert sorted(path.name for path in out.iterdir()) == exported
+    _, written = read_hf_folder(out)
+    assert written, "the earlier export was replaced by the new one"
+    assert not list(tmp_path.glob(".hf*")), "a staging or retired folder was left behind"
+
+
+def test_overwrite_never_deletes_a_sibling_that_looks_like_a_retired_copy(trained, tmp_path):
+    (tmp_path / "hf.old-1").mkdir()  # a user's own folder, named like the checkpoint code's retired copies
+    (tmp_path / "hf.old-1" / "notes.txt").write_text("mine")
+    out = tmp_path / "hf"
+    assert convert_to_hf.main([str(trained[1]), str(out)]) == 0
+    assert convert_to_hf.main([str(trained[1]), str(out), "--overwrite"]) == 0
+    assert (tmp_path / "hf.old-1" / "notes.txt").read_text() == "mine"
+
+
+def test_dot_as_out_dir_is_checked_before_reading_the_checkpoint(trained, tmp_path, monkeypatch, capsys):
+    """Issue 27: `.` as OUT_DIR crashed after reading the whole checkpoint ("PosixPath('.') has an
+    empty name"). Occupied, it is refused up front; empty, the export lands in it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.md").write_text("mine")
+    monkeypatch.chdir(work)
+    read = []
+    monkeypatch.setattr(convert_to_hf, "checkpoint_to_hf_state",
+                        lambda *args, **kwargs: read.append(1) or checkpoint_to_hf_state(*args, **kwargs))
+    assert convert_to_hf.main([str(trained[1]), ".", "--overwrite"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "notes.md" in error and "Traceback" not in error and not read
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    assert convert_to_hf.main([str(trained[1]), "."]) == 0
+    assert (empty / SAFETENSORS_FILE).is_file() and (empty / "config.json").is_file()

@@ -131,11 +131,16 @@ def test_zero_to_fp32_never_overwrites_without_asking_nor_writes_into_a_checkpoi
     assert snapshot(ck) == before
 
     out = tmp_path / "mine.safetensors"
-    out.write_bytes(b"an earlier export")
+    out.write_bytes(b"a user's own file")
     run_main(zero_to_fp32.main, [ck, out]).one_error_line("--overwrite")
-    assert out.read_bytes() == b"an earlier export"
+    # Issue 27: --overwrite replaces only what the tool itself wrote, never a user's other file.
+    run_main(zero_to_fp32.main, [ck, out, "--overwrite"]).one_error_line("not a file this tool wrote")
+    assert out.read_bytes() == b"a user's own file"
+    out.unlink()
+    assert run_main(zero_to_fp32.main, [ck, out]).code == 0
+    os.utime(out, ns=(0, 0))
     assert run_main(zero_to_fp32.main, [ck, out, "--overwrite"]).code == 0
-    assert out.read_bytes() != b"an earlier export"
+    assert out.stat().st_mtime_ns != 0  # an earlier export is replaced
 
 
 def test_reshard_into_a_save_directory_with_checkpoints_needs_overwrite(ck, trained, tmp_path):
