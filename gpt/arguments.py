@@ -263,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16: overflows tolerated before the loss scale is lowered")
     g.add_argument("--min-loss-scale", type=float, default=t.min_loss_scale,
                    help="fp16: dynamic loss scaling never goes below this")
+    g.add_argument("--max-consecutive-skipped-iterations", type=int, default=t.max_consecutive_skipped_iterations,
+                   help="fp16: stop as diverged after this many overflow-skipped steps in a row (0: no limit)")
 
     g = parser.add_argument_group("activation checkpointing (ZeRO-R)")
     g.add_argument("--checkpoint-activations", action=argparse.BooleanOptionalAction,

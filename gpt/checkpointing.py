@@ -122,7 +122,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     if state.is_first_rank:  # a large save takes minutes; say when it starts, not only when it ends
         print(f" saving checkpoint at iteration {iteration} to {final}", flush=True)
 
-    _raise_if_any_failed(state, non_finite_optimizer_state(optimizer), iteration, staging)
+    _raise_if_any_failed(state, non_finite_training_state(optimizer), iteration, staging)
     error = None
     if state.is_first_rank:
         try:
@@ -164,14 +164,22 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     return final
 
 
-def non_finite_optimizer_state(optimizer: ShardedAdamW) -> Optional[str]:
-    """Why this rank's optimizer state must not be saved (NaN or inf in it), or None. A checkpoint of
-    a diverged run would become `latest` and every restart would load the divergence."""
+def non_finite_training_state(optimizer: ShardedAdamW) -> Optional[str]:
+    """Why this rank's state must not be saved (NaN or inf in it), or None. A checkpoint of a
+    diverged run would become `latest` and every restart would load the divergence. The 16-bit
+    parameters are checked beside the fp32 master: a master of 1e9 is finite in fp32 and inf in
+    fp16, and the model file is what a restart computes its first forward with."""
     for key in OPTIMIZER_KEYS:
         tensor = getattr(optimizer, key)
         if not bool(torch.isfinite(tensor).all()):
             bad = int(tensor.numel() - torch.isfinite(tensor).sum())
             return (f"the fp32 {key} holds {bad} non-finite values (NaN or inf); the run diverged, so nothing "
+                    f"is saved")
+    for tensor in optimizer.parameters.tensors():
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int(tensor.numel() - torch.isfinite(tensor).sum())
+            return (f"the {str(tensor.dtype).replace('torch.', '')} parameters hold {bad} non-finite values (NaN "
+                    f"or inf: the master weights outgrew the training precision); the run diverged, so nothing "
                     f"is saved")
     return None
 

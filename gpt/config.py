@@ -152,6 +152,10 @@ class TrainingConfig:
     loss_scale_window: int = 1000  # overflow-free steps before the scale doubles
     hysteresis: int = 2  # overflows tolerated before the scale is lowered
     min_loss_scale: float = 1.0  # dynamic scaling never goes below this
+    # fp16: a run that skips this many steps in a row only skips (the scale found no value at which
+    # the gradients are finite) and stops as diverged; 0 turns the limit off. From 2**32, halving
+    # on every overflow reaches 1 in 32 + hysteresis steps, so 100 leaves room for any honest start.
+    max_consecutive_skipped_iterations: int = 100
     # Megatron's --accumulate-allreduce-grads-in-fp32: accumulate and reduce gradients in fp32. None
     # means the default for the precision: on for bf16 (as Megatron and DeepSpeed do), off for fp16
     # (the paper's 16-bit gradients).
@@ -202,6 +206,9 @@ class TrainingConfig:
         if self.fp16 and self.bf16:
             raise ConfigError("--fp16 and --bf16 are exclusive: choose one (add --no-fp16 or --no-bf16 to "
                               "override a preset or --zero-config)")
+        if self.max_consecutive_skipped_iterations < 0:
+            raise ConfigError(f"{_flag('max_consecutive_skipped_iterations')} must be 0 (no limit) or more, got "
+                              f"{self.max_consecutive_skipped_iterations}")
         for name in ("loss_scale", "initial_loss_scale", "min_loss_scale"):
             value = getattr(self, name)
             if value is not None and not 0 < value < float("inf"):

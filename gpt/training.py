@@ -83,18 +83,30 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
 
 
 class TrainingDiverged(FloatingPointError):
-    """A non-finite loss or gradient norm that fp16's loss scaling did not absorb: the run stops
-    before anything from that step is saved."""
+    """A non-finite loss, a non-finite gradient norm that fp16's loss scaling did not absorb, or an
+    fp16 run that only skips: the run stops before anything from that step is saved."""
 
 
 def check_step_is_finite(iteration: int, loss: float, step: StepResult) -> None:
-    """Stop the run at a NaN/inf loss or gradient norm. A step fp16 skipped for an overflow is the
-    loss scaler's business (it lowers the scale and the run goes on)."""
-    if step.skipped:
-        return
-    if not math.isfinite(loss) or not math.isfinite(step.grad_norm):
+    """Stop the run at a NaN/inf loss in every precision, and at a NaN/inf gradient norm unless fp16
+    skipped the step. A skip is the loss scaler's business only when the loss was finite: an
+    overflow in backward is what loss scaling absorbs, but a non-finite forward means the weights
+    themselves have diverged, and no scale brings them back."""
+    if not math.isfinite(loss):
         raise TrainingDiverged(f"iteration {iteration}: loss {loss}, gradient norm {step.grad_norm}; the run "
                                f"diverged and stopped without saving this step (lower --lr, or check the data)")
+    if not step.skipped and not math.isfinite(step.grad_norm):
+        raise TrainingDiverged(f"iteration {iteration}: loss {loss}, gradient norm {step.grad_norm}; the run "
+                               f"diverged and stopped without saving this step (lower --lr, or check the data)")
+
+
+def check_skip_limit(iteration: int, consecutive_skips: int, limit: int, loss_scale: float) -> None:
+    """Stop an fp16 run whose last `limit` steps were all skipped (0: no limit): its weights have not
+    moved since, so it trains nothing while looking alive."""
+    if limit and consecutive_skips >= limit:
+        raise TrainingDiverged(f"iteration {iteration}: {consecutive_skips} steps in a row skipped for gradient "
+                               f"overflow (loss scale now {loss_scale:g}); the run diverged and stopped without "
+                               f"saving (lower --lr, or raise --max-consecutive-skipped-iterations)")
 
 
 # Writes a checkpoint: (iteration, consumed samples, learning rate) -> None.
@@ -129,6 +141,7 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
     interval_losses: list[float] = []
     interval_times: list[float] = []
     interval_samples: list[int] = []
+    consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
     model.train()
     lr = learning_rate(plan.batch.schedule_position(max(start_iteration, 1), consumed_samples), config.optimizer,
                        training.train_iters)
@@ -169,6 +182,7 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
 
         step = optimizer.step()
         grad_norm = step.grad_norm
+        consecutive_skips = consecutive_skips + 1 if step.skipped else 0
         if step.skipped:
             summary.skipped_iterations += 1
             if state.is_first_rank:
@@ -178,6 +192,9 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
         loss_value = average_over_data_parallel(iteration_loss, state).item()  # waits for the device, so the timing below is complete
         interval_times.append(time.perf_counter() - iteration_start)
         check_step_is_finite(iteration, loss_value, step)
+        if step.skipped:
+            check_skip_limit(iteration, consecutive_skips, training.max_consecutive_skipped_iterations,
+                             optimizer.loss_scaler.scale)
         summary.train_losses.append(loss_value)
         interval_losses.append(loss_value)
         summary.iterations = iteration

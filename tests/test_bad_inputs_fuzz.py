@@ -37,7 +37,8 @@ FLOAT_VALUES = ["nan", "inf", "-inf", "1e999", "-nan", "abc", "", "0x1p3"]
 INT_FLAGS = ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
              "--global-batch-size", "--train-iters", "--seed", "--tensor-model-parallel-size", "--eval-interval",
              "--log-interval", "--save-interval", "--keep-last", "--exit-interval", "--num-workers",
-             "--reduce-bucket-size", "--zero-stage", "--checkpoint-num-layers", "--tokenizer-vocab-size"]
+             "--reduce-bucket-size", "--zero-stage", "--checkpoint-num-layers", "--tokenizer-vocab-size",
+             "--max-consecutive-skipped-iterations"]
 INT_VALUES = ["-1", "1.5", "x", "", "nan"]
 OTHER_FLAGS = [["--device", "foo"], ["--device", "cuda:x"], ["--device", "meta"], ["--device", "gpu"],
                ["--activation", "relu"], ["--lr-decay-style", "step"], ["--split", "nan,1,1"], ["--split", "a,b"],

@@ -351,6 +351,41 @@ def test_a_non_finite_gradient_norm_stops_the_run_unless_fp16_skipped_the_step()
         check_step_is_finite(6, float("inf"), StepResult(1.0, skipped=False, loss_scale=1.0))
 
 
+def test_a_skipped_step_with_a_non_finite_loss_is_divergence():
+    """Issue 27: a skip is the loss scaler's business only when the forward was finite."""
+    from gpt.training import TrainingDiverged, check_skip_limit, check_step_is_finite
+
+    with pytest.raises(TrainingDiverged, match="iteration 7: loss nan"):
+        check_step_is_finite(7, float("nan"), StepResult(float("nan"), skipped=True, loss_scale=1024.0))
+    check_skip_limit(9, 99, 100, 1.0)
+    check_skip_limit(9, 10**6, 0, 1.0)  # 0: no limit
+    with pytest.raises(TrainingDiverged, match="100 steps in a row skipped"):
+        check_skip_limit(9, 100, 100, 1.0)
+
+
+def test_fp16_divergence_stops_the_run_and_commits_nothing(cache, tmp_path):
+    """Issue 27: with --fp16 --lr 1e9 --clip-grad 0 the loss was NaN from iteration 2, every step was
+    logged as a skipped overflow, the run exited 0 and its diverged weights became `latest`."""
+    diverging = ["--fp16", "--lr", "1e9", "--clip-grad", "0", "--train-iters", "6", "--save", tmp_path / "ck"]
+    outcome = train(cache, tmp_path, *diverging, "--save-interval", "3")
+    outcome.one_error_line("iteration 2: loss nan", "diverged")
+    assert not (tmp_path / "ck" / "latest").exists() and not list((tmp_path / "ck").glob("iter_*"))
+
+    # Saving after iteration 1: the fp32 master (about 1e8) is finite, its fp16 copy is not.
+    outcome = train(cache, tmp_path, *diverging, "--save-interval", "1", "--overwrite-save")
+    outcome.one_error_line("saving iteration 1 failed", "float16 parameters hold", "diverged")
+    assert not (tmp_path / "ck" / "latest").exists() and not list((tmp_path / "ck").glob("iter_*"))
+
+
+def test_an_fp16_run_that_only_skips_stops_at_the_limit(cache, tmp_path):
+    """A static scale of 1e30 overflows every backward with a finite loss: before, the run skipped
+    every step and exited 0 having trained nothing."""
+    outcome = train(cache, tmp_path, "--fp16", "--loss-scale", "1e30", "--train-iters", "8",
+                    "--max-consecutive-skipped-iterations", "3", "--save", tmp_path / "ck")
+    outcome.one_error_line("iteration 3: 3 steps in a row skipped", "--max-consecutive-skipped-iterations")
+    assert not (tmp_path / "ck" / "latest").exists()
+
+
 # ---- 7. two runs on one save directory -------------------------------------------------------------
 
 def write_lock(directory: Path, host: str, pid: int) -> Path:
