@@ -164,23 +164,36 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     return final
 
 
+NON_FINITE_CHECK_CHUNK = 1 << 24  # elements per check: the bool and cast temporaries stay a few MiB
+
+
+def count_non_finite(tensor: torch.Tensor, as_dtype: Optional[torch.dtype] = None) -> int:
+    """NaN/inf elements of `tensor`, or of its cast to `as_dtype`, in bounded chunks."""
+    flat = tensor.detach().reshape(-1)
+    bad = 0
+    for start in range(0, flat.numel(), NON_FINITE_CHECK_CHUNK):
+        chunk = flat[start:start + NON_FINITE_CHECK_CHUNK]
+        bad += int((~torch.isfinite(chunk if as_dtype is None else chunk.to(as_dtype))).sum())
+    return bad
+
+
 def non_finite_training_state(optimizer: ShardedAdamW) -> Optional[str]:
     """Why this rank's state must not be saved (NaN or inf in it), or None. A checkpoint of a
-    diverged run would become `latest` and every restart would load the divergence. The 16-bit
-    parameters are checked beside the fp32 master: a master of 1e9 is finite in fp32 and inf in
-    fp16, and the model file is what a restart computes its first forward with."""
+    diverged run would become `latest` and every restart would load the divergence. The master is
+    also checked in the 16-bit training dtype: a master of 1e9 is finite in fp32 and inf in fp16,
+    and the 16-bit parameters (the master cast, saved as the model file) are what a restart
+    computes its first forward with. Only this rank's own partition is read."""
     for key in OPTIMIZER_KEYS:
-        tensor = getattr(optimizer, key)
-        if not bool(torch.isfinite(tensor).all()):
-            bad = int(tensor.numel() - torch.isfinite(tensor).sum())
+        bad = count_non_finite(getattr(optimizer, key))
+        if bad:
             return (f"the fp32 {key} holds {bad} non-finite values (NaN or inf); the run diverged, so nothing "
                     f"is saved")
-    for tensor in optimizer.parameters.tensors():
-        if not bool(torch.isfinite(tensor).all()):
-            bad = int(tensor.numel() - torch.isfinite(tensor).sum())
-            return (f"the {str(tensor.dtype).replace('torch.', '')} parameters hold {bad} non-finite values (NaN "
-                    f"or inf: the master weights outgrew the training precision); the run diverged, so nothing "
-                    f"is saved")
+    dtype = optimizer.parameters.dtype
+    if dtype != torch.float32:
+        bad = count_non_finite(optimizer.master, as_dtype=dtype)
+        if bad:
+            return (f"{bad} master weights are beyond {str(dtype).replace('torch.', '')}'s range, so the parameters "
+                    f"the model file would hold are inf; the run diverged, so nothing is saved")
     return None
 
 
