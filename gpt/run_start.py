@@ -1,7 +1,7 @@
 """Everything a training run claims and checks before any work, agreed by every rank.
 
-`claim_run_start` decides fresh start or resume (gpt/start_plan.py), takes the save directory's lock
-(gpt/save_directory.py), proves every output path writable (gpt/output_paths.py), and verifies the
+`claim_run_start` decides fresh start or resume (gpt/start_plan.py), takes the locks of the save
+directory and of the metrics file (gpt/save_directory.py), proves every output path writable (gpt/output_paths.py), and verifies the
 checkpoint to resume from: every file, its header and its hash (gpt/checkpoint_integrity.py). Rank 0
 makes the decisions that touch shared files (the lock exists once); checks every rank must pass for
 itself (its data cache directory) run everywhere. Each step ends in an agreement, so an error is the
@@ -19,7 +19,7 @@ from gpt.checkpoint_format import read_metadata
 from gpt.checkpointing import verify_for_job
 from gpt.errors import ALWAYS_EXPECTED
 from gpt.output_paths import prepare_output_directory, prepare_output_file
-from gpt.save_directory import SaveDirectoryLock
+from gpt.save_directory import MetricsFileLock, RunLock, SaveDirectoryLock
 from gpt.start_plan import StartPlan, check_resume_matches, check_save_directory, plan_start
 from parallel.state import ParallelState
 
@@ -29,12 +29,11 @@ EXPECTED = ALWAYS_EXPECTED + (DataError,)
 @dataclass
 class RunStart:
     resume_from: Optional[Path]  # the verified iteration directory to load; None: a fresh start
-    lock: Optional[SaveDirectoryLock]  # held by rank 0 while the run writes into --save
+    locks: list[RunLock]  # held by rank 0 while the run writes: --save's and --metrics-file's
 
     def release(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        while self.locks:
+            self.locks.pop().release()
 
 
 def agree(state: ParallelState, error: Optional[BaseException]) -> None:
@@ -55,25 +54,26 @@ def _attempt(action: Callable[[], object]) -> tuple[object, Optional[BaseExcepti
 def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log: Callable[[str], None]) -> RunStart:
     """The checks and claims above, in order; raises the same expected error on every rank."""
     checkpoint = config.checkpoint
-    lock: Optional[SaveDirectoryLock] = None
+    locks: list[RunLock] = []
+
+    def claim(lock: RunLock) -> None:
+        lock.acquire()
+        locks.append(lock)
 
     def first_rank() -> StartPlan:
-        nonlocal lock
         plan = plan_start(checkpoint.load, checkpoint.save)
         if checkpoint.save:
             prepare_output_directory(checkpoint.save, "--save")
-            lock = SaveDirectoryLock(checkpoint.save, log=log)
-            lock.acquire()
+            claim(SaveDirectoryLock(checkpoint.save, log=log))
             check_save_directory(checkpoint.save, plan.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
         prepare_output_file(config.logging.metrics_file, "--metrics-file")
+        claim(MetricsFileLock(config.logging.metrics_file, log=log))
         if config.logging.tensorboard_dir:
             prepare_output_directory(config.logging.tensorboard_dir, "--tensorboard-dir")
         return plan
 
+    started = RunStart(None, locks)
     plan, error = _attempt(first_rank) if state.is_first_rank else (None, None)
-    if error is not None and lock is not None:
-        lock.release()
-        lock = None
     try:
         agree(state, error)
         plan = state.comm.all_gather_object(plan)[0]
@@ -84,10 +84,10 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         if plan.resume_from is not None:
             check_resume(config, state, plan.resume_from, log)
     except BaseException:
-        if lock is not None:
-            lock.release()
+        started.release()
         raise
-    return RunStart(plan.resume_from, lock)
+    started.resume_from = plan.resume_from
+    return started
 
 
 def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callable[[str], None]) -> None:

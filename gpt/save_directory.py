@@ -1,7 +1,10 @@
-"""A save directory belongs to one run: its lock, and what counts as checkpoints another run made.
+"""A save directory and a metrics file belong to one run: their locks, and what counts as checkpoints
+another run made.
 
 A run (or a tool writing a checkpoint, such as reshard_checkpoint.py) owns its `--save` directory
-through the lock file `DIR/.lock`: JSON with the owner's host, pid, start time and a random token.
+through the lock file `DIR/.lock`, and its `--metrics-file` through `FILE.lock` beside it (two runs
+appending to one metrics.jsonl would interleave their records): JSON with the owner's host, pid,
+start time and a random token.
 The lock is created with a hard link from a complete temporary file, which is atomic even on NFS, so
 two writers that start together cannot both get it. While held, a daemon thread touches the file
 every `heartbeat_s` seconds.
@@ -60,13 +63,15 @@ def process_is_running(pid: int) -> bool:
     return True
 
 
-class SaveDirectoryLock:
-    """Exclusive ownership of one save directory for the life of a run (a context manager)."""
+class RunLock:
+    """Exclusive ownership of one output for the life of a run (a context manager): the lock file
+    `path`, described to a second writer as `what`, with `alternative` saying what to do instead."""
 
-    def __init__(self, directory: str | os.PathLike, *, log: Callable[[str], None] = print,
-                 heartbeat_s: float = HEARTBEAT_S, stale_after_s: float = STALE_AFTER_S) -> None:
-        self.directory = Path(directory)
-        self.path = self.directory / LOCK_FILE
+    def __init__(self, path: str | os.PathLike, what: str, alternative: str, *,
+                 log: Callable[[str], None] = print, heartbeat_s: float = HEARTBEAT_S,
+                 stale_after_s: float = STALE_AFTER_S) -> None:
+        self.path = Path(path)
+        self.what, self.alternative = what, alternative
         self.log = log
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
@@ -75,7 +80,7 @@ class SaveDirectoryLock:
         self._stop = threading.Event()
         self._heartbeat: Optional[threading.Thread] = None
 
-    def __enter__(self) -> "SaveDirectoryLock":
+    def __enter__(self) -> "RunLock":
         self.acquire()
         return self
 
@@ -100,7 +105,7 @@ class SaveDirectoryLock:
 
     def _create(self) -> bool:
         """Create the lock file complete, or return False if one exists."""
-        temporary = self.path.with_name(f"{LOCK_FILE}.tmp-{self.owner['token']}")
+        temporary = self.path.with_name(f"{self.path.name}.tmp-{self.owner['token']}")
         temporary.write_text(json.dumps(self.owner) + "\n", encoding="utf-8")
         try:
             os.link(temporary, self.path)
@@ -139,7 +144,7 @@ class SaveDirectoryLock:
 
     def _retire_stale(self) -> bool:
         """Move the stale lock aside; only one of several processes doing this at once succeeds."""
-        aside = self.path.with_name(f"{LOCK_FILE}.stale-{self.owner['token']}")
+        aside = self.path.with_name(f"{self.path.name}.stale-{self.owner['token']}")
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
@@ -149,18 +154,18 @@ class SaveDirectoryLock:
 
     def _in_use_message(self, holder: Optional[dict]) -> str:
         if holder is None:
-            return (f"{self.directory} is locked by {self.path}, which this program did not write; "
-                    f"if no run uses the directory, delete that file")
-        return (f"{self.directory} is in use by another run ({_describe(holder)}, started {holder.get('started')}, "
-                f"heartbeat {holder['heartbeat_age_s']:.0f} s ago); wait for it to end, or pass another --save "
-                f"directory. If that run is gone, delete {self.path} (or wait {self.stale_after_s:.0f} s for "
-                f"its heartbeat to go stale)")
+            return (f"{self.what} is locked by {self.path}, which this program did not write; "
+                    f"if no run uses it, delete that file")
+        return (f"{self.what} is in use by another run ({_describe(holder)}, started {holder.get('started')}, "
+                f"heartbeat {holder['heartbeat_age_s']:.0f} s ago); wait for it to end, or {self.alternative}. "
+                f"If that run is gone, delete {self.path} (or wait {self.stale_after_s:.0f} s for its heartbeat "
+                f"to go stale)")
 
     # ---- holding and releasing -----------------------------------------------------------------
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
-        self._heartbeat = threading.Thread(target=self._beat, name="save-lock-heartbeat", daemon=True)
+        self._heartbeat = threading.Thread(target=self._beat, name=f"{self.path.name}-heartbeat", daemon=True)
         self._heartbeat.start()
 
     def _beat(self) -> None:
@@ -182,6 +187,23 @@ class SaveDirectoryLock:
             return
         if isinstance(holder, dict) and holder.get("token") == self.owner["token"]:
             self.path.unlink(missing_ok=True)
+
+
+class SaveDirectoryLock(RunLock):
+    """A `--save` directory's lock, `DIR/.lock`."""
+
+    def __init__(self, directory: str | os.PathLike, **kwargs) -> None:
+        self.directory = Path(directory)
+        super().__init__(self.directory / LOCK_FILE, str(self.directory), "pass another --save directory", **kwargs)
+
+
+class MetricsFileLock(RunLock):
+    """A `--metrics-file`'s lock, `FILE.lock` beside it: one run appends to a metrics file at a time."""
+
+    def __init__(self, metrics_file: str | os.PathLike, **kwargs) -> None:
+        path = Path(metrics_file)
+        super().__init__(path.with_name(path.name + ".lock"), f"--metrics-file {path}",
+                         "pass another --metrics-file", **kwargs)
 
 
 def _describe(holder: Optional[dict]) -> str:

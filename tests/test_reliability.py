@@ -38,7 +38,7 @@ from gpt.checkpoint_format import (LATEST_FILE, METADATA_FILE, CheckpointError, 
                                    resolve_checkpoint, rng_file)
 from gpt.checkpointing import load_checkpoint, save_checkpoint
 from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
-from tests.reliability_helpers import metrics_records, run_main, snapshot, train, write_dataset
+from tests.reliability_helpers import TINY, metrics_records, run_main, snapshot, train, write_dataset
 from tests.test_checkpoint_safety import build, cpu_state, make_config, train_steps
 from zero.optimizer import StepResult
 
@@ -373,7 +373,7 @@ def test_fp16_divergence_stops_the_run_and_commits_nothing(cache, tmp_path):
 
     # Saving after iteration 1: the fp32 master (about 1e8) is finite, its fp16 copy is not.
     outcome = train(cache, tmp_path, *diverging, "--save-interval", "1", "--overwrite-save")
-    outcome.one_error_line("saving iteration 1 failed", "float16 parameters hold", "diverged")
+    outcome.one_error_line("saving iteration 1 failed", "beyond float16's range", "diverged")
     assert not (tmp_path / "ck" / "latest").exists() and not list((tmp_path / "ck").glob("iter_*"))
 
 
@@ -411,6 +411,32 @@ def test_a_second_writer_fails_at_start_and_leaves_the_first_runs_files(ck, cach
     finally:
         live.kill()
         live.wait()
+
+
+def test_two_runs_cannot_share_a_metrics_file(cache, tmp_path, monkeypatch):
+    """Issue 27: two runs given one --metrics-file (different --save) interleaved their records in it
+    silently (iterations 1-10 twice). The second is now refused at start, naming the first."""
+    metrics = tmp_path / "shared" / "metrics.jsonl"
+    first = subprocess.Popen([sys.executable, "pretrain_gpt.py", *TINY, "--data-cache-dir", cache,
+                              "--metrics-file", str(metrics), "--train-iters", "100000", "--save", str(tmp_path / "a")],
+                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (metrics.is_file() and metrics_records(metrics)):
+            assert first.poll() is None, first.stderr.read()
+            assert time.monotonic() < deadline, "the first run logged nothing in 120 s"
+            time.sleep(0.2)
+        no_work(monkeypatch)
+        outcome = run_main(pretrain_gpt.main, TINY + ["--data-cache-dir", cache, "--metrics-file", metrics,
+                                                      "--save", tmp_path / "b"])
+        outcome.one_error_line(f"--metrics-file {metrics} is in use by another run", f"pid {first.pid}",
+                               "pass another --metrics-file")
+        assert not (tmp_path / "b" / "latest").exists()
+    finally:
+        first.kill()
+        first.wait()
+    iterations = [record["iteration"] for record in metrics_records(metrics) if "iteration" in record]
+    assert iterations == sorted(set(iterations)), "records of two runs interleaved"
 
 
 def test_a_stale_lock_is_taken_over_with_a_message(ck, cache, tmp_path):
