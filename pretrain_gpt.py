@@ -12,6 +12,7 @@ rank would hold and send (zero/plan.py) and exits.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from gpt.model import GPTModel, compile_blocks
 from gpt.print_config import format_config
 from gpt.run_plan import resolve_plan
 from gpt.run_start import RunStart, claim_run_start
+from gpt.schedule import train_iterations
 from gpt.tensorboard_sink import open_tensorboard
 from gpt.training import TrainingDiverged, TrainingSummary, train
 from parallel.random import TensorParallelRNG
@@ -78,7 +80,7 @@ def build_data(config: PretrainConfig, state: ParallelState, batch: BatchSchedul
     tokenizer, data_path = load_tokenizer_and_data_path(config)
     training = config.training
     eval_samples = training.eval_iters * batch.global_batch_size
-    num_samples = (batch.consumed_after(training.train_iters), eval_samples, eval_samples)
+    num_samples = (batch.consumed_after(train_iterations(config, batch)), eval_samples, eval_samples)
     train_set, valid_set, test_set = build_train_valid_test_datasets(
         data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
         vocab_size=tokenizer.vocab_size)
@@ -130,6 +132,8 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
     data = build_data(config, state, batch_schedule(config, state.data_parallel_size))
     plan = resolve_plan(config, data.tokenizer.vocab_size, state.tensor_parallel_size, state.data_parallel_size,
                         state.device.type)
+    if claimed.lr_schedule is not None:  # --use-checkpoint-opt_param-scheduler
+        plan = dataclasses.replace(plan, lr_schedule=claimed.lr_schedule)
     config = plan.config  # from here on, the resolved copy
     for note in plan.notes:
         log(note, flush=True)
@@ -194,9 +198,12 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
                         tokenizer=saved_tokenizer, lr=lr)
         prune_checkpoints(checkpoint.save, checkpoint.keep_last, state)
 
-    finished = start.iteration >= config.training.train_iters
+    training = config.training
+    finished = start.iteration >= training.train_iters or (
+        training.train_tokens is not None and plan.tokens_in(start.consumed_samples) >= training.train_tokens)
     if finished:
-        log(f"> the checkpoint is already at --train-iters {config.training.train_iters}; nothing to train")
+        log(f"> the checkpoint is already at {training.train_iters} iterations"
+            f"{f' or {training.train_tokens} tokens' if training.train_tokens is not None else ''}; nothing to train")
     exit_conditions = ExitConditions(checkpoint, state)
     try:
         train_batches = iter(data.make_train_loader(start.consumed_samples)) if not finished else iter(())

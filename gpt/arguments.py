@@ -102,6 +102,23 @@ def build_parser() -> argparse.ArgumentParser:
                   help="warm up over this fraction of --lr-decay-iters (Megatron-LM; instead of --lr-warmup-iters)")
     g.add_argument("--lr-decay-iters", type=int, default=o.lr_decay_iters, help="default: --train-iters")
     g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default=o.lr_decay_style)
+    g.add_argument("--lr-warmup-samples", type=count, default=o.lr_warmup_samples,
+                   help="with --train-samples: warm up over this many samples (Megatron-LM)")
+    g.add_argument("--lr-decay-samples", type=count, default=o.lr_decay_samples,
+                   help="with --train-samples: decay over this many samples (default: --train-samples)")
+    g.add_argument("--lr-warmup-tokens", type=count, default=o.lr_warmup_tokens,
+                   help="warm up over this many consumed tokens (Megatron-DeepSpeed)")
+    g.add_argument("--lr-decay-tokens", type=count, default=o.lr_decay_tokens,
+                   help="decay over this many consumed tokens (Megatron-DeepSpeed)")
+    g.add_argument("--lr-warmup-init", type=float, default=o.lr_warmup_init,
+                   help="the rate the linear warmup starts from (Megatron-LM)")
+    g.add_argument("--override-opt_param-scheduler", "--override-lr-scheduler", dest="override_opt_param_scheduler",
+                   action="store_true", default=o.override_opt_param_scheduler,
+                   help="on resume, this run's schedule wins over the checkpoint's (Megatron-LM)")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-lr-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   default=o.use_checkpoint_opt_param_scheduler,
+                   help="on resume, the checkpoint's schedule wins over this run's (Megatron-LM)")
     g.add_argument("--weight-decay", type=float, default=o.weight_decay,
                    help="AdamW decay; biases and LayerNorm parameters are never decayed")
     g.add_argument("--clip-grad", type=float, default=o.clip_grad, help="global gradient-norm clip; 0 disables")
@@ -123,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grow the global batch from START by INCREMENT, evenly over the first SAMPLES samples, "
                         "to --global-batch-size (Megatron-LM)")
     g.add_argument("--train-iters", type=int, default=t.train_iters)
+    g.add_argument("--train-samples", type=count, default=t.train_samples,
+                   help="train for this many samples instead of --train-iters (Megatron-LM; the iterations are "
+                        "derived as Megatron derives them, a batch ramp included)")
+    g.add_argument("--train-tokens", type=count, default=t.train_tokens,
+                   help="also stop once this many tokens are consumed (Megatron-DeepSpeed)")
     g.add_argument("--seed", type=int, default=t.seed)
     g.add_argument("--device", default=t.device, help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=t.compile,
@@ -427,6 +449,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
     for name, (value, source) in resolved.changes.items():
         settings[name], sources[name] = value, source
     check_given_together(sources)
+    use_sample_based_lengths(settings, sources)
     config = PretrainConfig.from_flat(settings, sources)
     try:
         config.validate()
@@ -477,7 +500,29 @@ def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_arg
 # second is simply replaced.
 EXCLUSIVE_SETTINGS = (
     ("lr_warmup_fraction", "lr_warmup_iters", "--lr-warmup-fraction", "--lr-warmup-iters"),
+    ("lr_warmup_fraction", "lr_warmup_samples", "--lr-warmup-fraction", "--lr-warmup-samples"),
+    ("train_samples", "train_iters", "--train-samples", "--train-iters"),
+    ("train_samples", "lr_decay_iters", "--train-samples", "--lr-decay-iters"),
+    ("train_samples", "lr_warmup_iters", "--train-samples", "--lr-warmup-iters"),
+    ("train_iters", "lr_decay_samples", "--train-iters", "--lr-decay-samples"),
+    ("train_iters", "lr_warmup_samples", "--train-iters", "--lr-warmup-samples"),
 )
+
+
+# With --train-samples the run is sample-based, as in Megatron-LM: the iteration-based lengths must be
+# unset there, so a preset's or default's value for them is dropped (an explicit one is refused above).
+ITERATION_BASED_UNSET = {"train_iters": None, "lr_warmup_iters": 0, "lr_decay_iters": None}
+
+
+def use_sample_based_lengths(settings: dict[str, Any], sources: dict[str, Source]) -> None:
+    if settings.get("train_samples") is None:
+        return
+    for name, unset in ITERATION_BASED_UNSET.items():
+        if settings[name] != unset:
+            settings[name] = unset
+            given = sources["train_samples"]
+            sources[name] = Source(given.kind, given.origin or "--train-samples",
+                                   note="unset: the run is sample-based, as in Megatron-LM")
 
 
 def check_given_together(sources: dict[str, Source]) -> None:

@@ -63,13 +63,6 @@ class BatchSchedule:
             consumed_samples += self.global_batch_at(consumed_samples)
         return consumed_samples
 
-    def schedule_position(self, iteration: int, consumed_samples: int) -> float:
-        """Where the learning-rate schedule is after `iteration`, in iterations of the final global
-        batch. Without a ramp that is the iteration; with one it is the samples consumed, as Megatron's
-        scheduler counts (it advances by each iteration's batch), so a ramp's small batches move the
-        schedule less."""
-        return float(iteration) if self.rampup is None else consumed_samples / self.global_batch_size
-
     def describe(self) -> str:
         if self.rampup is None:
             return str(self.global_batch_size)

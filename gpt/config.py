@@ -109,6 +109,17 @@ class OptimizerConfig:
     lr_warmup_fraction: Optional[float] = None
     lr_decay_iters: Optional[int] = None  # None means decay over all of --train-iters
     lr_decay_style: str = "cosine"
+    # Megatron's sample-based schedule (with --train-samples): warmup and decay lengths in samples.
+    lr_warmup_samples: int = 0
+    lr_decay_samples: Optional[int] = None  # None means decay over all of --train-samples
+    # Megatron-DeepSpeed's token-based schedule: when set, warmup and decay follow consumed tokens.
+    lr_warmup_tokens: Optional[int] = None
+    lr_decay_tokens: Optional[int] = None
+    lr_warmup_init: float = 0.0  # Megatron-LM: the rate the linear warmup starts from
+    # On resume, Megatron compares the schedule (lr, min lr, warmup, decay, style) with the checkpoint's:
+    # different values are an error unless one of these says which side wins.
+    override_opt_param_scheduler: bool = False  # this run's values win
+    use_checkpoint_opt_param_scheduler: bool = False  # the checkpoint's values win
     weight_decay: float = 0.1
     clip_grad: float = 1.0  # 0 disables clipping
     adam_beta1: float = 0.9
@@ -123,6 +134,15 @@ class OptimizerConfig:
             raise ConfigError(f"need 0 <= --min-lr ({self.min_lr}) <= --lr ({self.lr}) and --lr > 0")
         if self.lr_warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters < 1):
             raise ConfigError("--lr-warmup-iters must be >= 0 and --lr-decay-iters >= 1")
+        for name in ("lr_warmup_samples", "lr_decay_samples", "lr_warmup_tokens", "lr_decay_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if "warmup" in name else 1):
+                raise ConfigError(f"{_flag(name)} must be at least {0 if 'warmup' in name else 1}, got {value}")
+        if not 0.0 <= self.lr_warmup_init <= self.lr:
+            raise ConfigError(f"--lr-warmup-init must be in [0, --lr {self.lr}], got {self.lr_warmup_init}")
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            raise ConfigError("give one of --override-opt_param-scheduler (this run's schedule) and "
+                              "--use-checkpoint-opt_param-scheduler (the checkpoint's), not both")
         if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
             raise ConfigError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}")
         if self.weight_decay < 0 or self.clip_grad < 0 or self.adam_eps <= 0:
@@ -142,7 +162,9 @@ class TrainingConfig:
     # Megatron's --rampup-batch-size START INCREMENT SAMPLES: the global batch grows from START by
     # INCREMENT, evenly over the first SAMPLES samples, to --global-batch-size (gpt/batch_schedule.py).
     rampup_batch_size: Optional[list[int]] = None
-    train_iters: int = 250
+    train_iters: Optional[int] = 250  # None with --train-samples: derived as Megatron does (gpt/schedule.py)
+    train_samples: Optional[int] = None  # Megatron's sample-based length, instead of --train-iters
+    train_tokens: Optional[int] = None  # Megatron-DeepSpeed: also stop once this many tokens are consumed
     seed: int = 1234
     # Mixed precision: bf16 or fp16 parameters and gradients, fp32 master weights and Adam states.
     bf16: bool = False
@@ -184,7 +206,12 @@ class TrainingConfig:
         return "fp32" if fp32 else self.precision
 
     def validate(self) -> None:
-        for name in ("micro_batch_size", "global_batch_size", "train_iters", "tensor_model_parallel_size",
+        for name in ("train_iters", "train_samples", "train_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.train_iters is None and self.train_samples is None:
+            raise ConfigError("give --train-iters or --train-samples (how long to train)")
+        for name in ("micro_batch_size", "global_batch_size", "tensor_model_parallel_size",
                      "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
@@ -406,7 +433,10 @@ def check_device_name(name: str) -> None:
 
 
 # Fields whose flag is not simply the field name with dashes.
-FLAG_NAMES = {"stage": "--zero-stage", "accumulation_steps": "--gradient-accumulation-steps"}
+FLAG_NAMES = {"stage": "--zero-stage", "accumulation_steps": "--gradient-accumulation-steps",
+              # Megatron's own spelling, underscore and all
+              "override_opt_param_scheduler": "--override-opt_param-scheduler",
+              "use_checkpoint_opt_param_scheduler": "--use-checkpoint-opt_param-scheduler"}
 
 
 def _flag(name: str) -> str:

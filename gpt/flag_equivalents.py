@@ -12,10 +12,6 @@ import difflib
 
 # Megatron-LM / DeepSpeed-Megatron flags that are not accepted, and what to use instead.
 EQUIVALENTS: dict[str, str] = {
-    "--train-samples": "Megatron's sample-based length: give --train-iters (iterations of --global-batch-size)",
-    "--lr-decay-samples": "give --lr-decay-iters (iterations)",
-    "--lr-warmup-samples": "give --lr-warmup-iters or --lr-warmup-fraction",
-    "--lr-warmup-init": "the warmup starts from 0 here",
     "--data-cache-path": "--data-cache-dir",
     "--valid-data-path": "--data-path with --split (valid documents come from the split)",
     "--test-data-path": "--data-path with --split (test documents come from the split)",

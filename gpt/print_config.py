@@ -13,7 +13,8 @@ from typing import Any
 
 from gpt.config_sources import DEFAULT, Source, show_value
 from gpt.megatron_flags import MEANINGS, NO_EFFECT_FLAGS
-from gpt.schedule import warmup_iterations
+from gpt.batch_schedule import batch_schedule
+from gpt.schedule import build_lr_schedule, train_iterations
 from zero.deepspeed_keys import HONOURED
 
 NAME_WIDTH = 38
@@ -47,10 +48,23 @@ def format_config(parsed) -> str:
             lines.append(_row(verdict.key, "", effect))
     lines.append("derived")
     optimizer, training = config.optimizer, config.training
-    warmup = warmup_iterations(optimizer, training.train_iters)
-    how = (f"--lr-warmup-fraction {optimizer.lr_warmup_fraction} x {optimizer.lr_decay_iters or training.train_iters} "
-           f"decay iterations" if optimizer.lr_warmup_fraction is not None else "--lr-warmup-iters")
-    lines.append(_row("learning-rate warmup (iterations)", f"{warmup:g}", how))
+    if training.accumulation_steps is None:  # else the global batch depends on the data-parallel size
+        batch = batch_schedule(config, 1)
+        schedule = build_lr_schedule(config, batch)
+        lines.append(_row("training iterations", str(train_iterations(config, batch)),
+                          "--train-iters" if training.train_samples is None else
+                          f"--train-samples {training.train_samples} // global batch (Megatron's arithmetic)"))
+        lines.append(_row("learning-rate warmup (samples)", f"{schedule.warmup_samples:g}",
+                          f"--lr-warmup-fraction {optimizer.lr_warmup_fraction} x decay"
+                          if optimizer.lr_warmup_fraction is not None else
+                          "--lr-warmup-iters x global batch" if training.train_samples is None else
+                          "--lr-warmup-samples"))
+        lines.append(_row("learning-rate decay (samples)", f"{schedule.decay_samples:g}",
+                          "(--lr-decay-iters or --train-iters) x global batch" if training.train_samples is None
+                          else "--lr-decay-samples or --train-samples"))
+        if schedule.decay_tokens is not None or schedule.warmup_tokens is not None:
+            lines.append(_row("learning-rate by tokens", f"{schedule.warmup_tokens} / {schedule.decay_tokens}",
+                              "--lr-warmup-tokens / --lr-decay-tokens (Megatron-DeepSpeed)"))
     if training.rampup_batch_size is not None:
         start, increment, samples = training.rampup_batch_size
         lines.append(_row("global batch", f"{start} -> {training.global_batch_size}",

@@ -2,7 +2,8 @@
 
 A `PretrainConfig` holds what the user asked for; a few numbers depend on things known only later:
 the vocabulary (from the tokenizer), the padded vocabulary (and the TP size), the batch of every
-iteration (and the DP size: gpt/batch_schedule.py), the dtypes (and the device). `resolve_plan`
+iteration (and the DP size: gpt/batch_schedule.py), the iterations a --train-samples run makes and the
+learning-rate schedule in samples (gpt/schedule.py), the dtypes (and the device). `resolve_plan`
 computes them once into a frozen `RunPlan`, whose `config` is a resolved copy (vocabulary, batch sizes
 and precision filled in) that checkpoint metadata records and everything downstream reads. Nothing
 changes the user's config object, so the order in which functions are called cannot change a number.
@@ -22,6 +23,7 @@ import torch
 from gpt.batch_schedule import BatchSchedule, batch_schedule
 from gpt.config import PretrainConfig
 from gpt.config_sources import FLAG, JSON
+from gpt.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
 from zero.optimizer import PRECISION_DTYPES
 
 
@@ -35,6 +37,7 @@ class RunPlan:
     padded_vocab_size: int          # rounded up for fast GEMMs and equal TP shards
     param_dtype: torch.dtype        # 16-bit (or fp32) parameters and activations
     grad_dtype: torch.dtype         # what gradients are accumulated and reduced in
+    lr_schedule: LearningRateSchedule  # Megatron's, in samples (and tokens): gpt/schedule.py
     notes: tuple[str, ...] = ()     # what resolving changed or warns about, said once at the start
 
     def tokens_in(self, global_batch_size: int) -> int:
@@ -49,9 +52,10 @@ def resolve_plan(config: PretrainConfig, vocab_size: int, tensor_parallel_size: 
     training, notes = resolve_precision(config, device_type)
     model = dataclasses.replace(config.model, vocab_size=vocab_size)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
-                                   micro_batch_size=batch.micro_batch_size)
+                                   micro_batch_size=batch.micro_batch_size,
+                                   train_iters=train_iterations(config, batch))
     resolved = dataclasses.replace(config, model=model, training=training)
-    return RunPlan(
+    return RunPlan(lr_schedule=build_lr_schedule(resolved, batch),
         config=resolved, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
         batch=batch, vocab_size=vocab_size, padded_vocab_size=model.padded_vocab_size(tensor_parallel_size),
         param_dtype=PRECISION_DTYPES[training.precision], grad_dtype=PRECISION_DTYPES[training.gradient_precision],

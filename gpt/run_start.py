@@ -19,7 +19,9 @@ from gpt.checkpoint_format import read_metadata
 from gpt.checkpointing import verify_for_job
 from gpt.errors import ALWAYS_EXPECTED
 from gpt.output_paths import prepare_output_directory, prepare_output_file
+from gpt.batch_schedule import batch_schedule
 from gpt.save_directory import MetricsFileLock, RunLock, SaveDirectoryLock
+from gpt.schedule import LearningRateSchedule, schedule_on_resume
 from gpt.start_plan import StartPlan, check_resume_matches, check_save_directory, plan_start
 from parallel.state import ParallelState
 
@@ -30,6 +32,8 @@ EXPECTED = ALWAYS_EXPECTED + (DataError,)
 class RunStart:
     resume_from: Optional[Path]  # the verified iteration directory to load; None: a fresh start
     locks: list[RunLock]  # held by rank 0 while the run writes: --save's and --metrics-file's
+    # The checkpoint's learning-rate schedule, when --use-checkpoint-opt_param-scheduler keeps it.
+    lr_schedule: Optional[LearningRateSchedule] = None
 
     def release(self) -> None:
         while self.locks:
@@ -82,7 +86,7 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         if plan.note:
             log(plan.note)
         if plan.resume_from is not None:
-            check_resume(config, state, plan.resume_from, log)
+            started.lr_schedule = check_resume(config, state, plan.resume_from, log)
     except BaseException:
         started.release()
         raise
@@ -90,15 +94,26 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
     return started
 
 
-def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callable[[str], None]) -> None:
-    """The checkpoint's metadata fits this run's data settings, and every file of it is intact."""
+def check_resume(config, state: ParallelState, iteration_dir: Path,
+                 log: Callable[[str], None]) -> Optional[LearningRateSchedule]:
+    """The checkpoint's metadata fits this run's data settings and learning-rate schedule (Megatron's
+    rule), and every file of it is intact. Returns the checkpoint's schedule when it is to be kept."""
     checkpoint = config.checkpoint
     metadata, error = _attempt(lambda: read_metadata(iteration_dir))
     agree(state, error)
+    schedule = None
     if not checkpoint.finetune:  # a fine-tuning run starts a new sample sequence anyway
         note, error = _attempt(lambda: check_resume_matches(metadata, config, iteration_dir,
                                                             checkpoint.override_data_on_resume))
         agree(state, error)
         if note:
             log(note)
+    if not checkpoint.finetune and checkpoint.load_optim:  # as Megatron: only when it loads the scheduler
+        outcome, error = _attempt(lambda: schedule_on_resume(
+            config, batch_schedule(config, state.data_parallel_size), metadata.get("config") or {}, iteration_dir))
+        agree(state, error)
+        schedule, note = outcome
+        if note:
+            log(note)
     verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
+    return schedule

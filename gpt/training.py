@@ -25,7 +25,7 @@ from gpt.exit_conditions import ExitConditions
 from gpt.run_plan import RunPlan
 from gpt.metrics import (MemoryCheck, MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
                          model_flops_utilization, peak_memory_bytes, perplexity, run_peak_tflops)
-from gpt.schedule import learning_rate
+from gpt.schedule import tokens_seen_by_schedule
 from parallel.state import ParallelState
 from zero.activations import ActivationMonitor, SavedTensorMeter
 from zero.apply import ZeroParts
@@ -143,19 +143,26 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
     interval_samples: list[int] = []
     consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
     model.train()
-    lr = learning_rate(plan.batch.schedule_position(max(start_iteration, 1), consumed_samples), config.optimizer,
-                       training.train_iters)
+    seq_length = config.model.seq_length
+    lr = plan.lr_schedule.rate(consumed_samples,
+                               tokens_seen_by_schedule(plan.batch, consumed_samples, seq_length))
 
     def save(iteration: int) -> None:
         save_checkpoint(iteration, summary.consumed_samples, lr)
         summary.saved_iterations.append(iteration)
 
     for iteration in range(start_iteration + 1, training.train_iters + 1):
+        if training.train_tokens is not None and plan.tokens_in(summary.consumed_samples) >= training.train_tokens:
+            if state.is_first_rank:  # Megatron-DeepSpeed's loop condition: the rest is the normal end
+                print(f" stopping before iteration {iteration}: --train-tokens {training.train_tokens} consumed",
+                      flush=True)
+            break
         iteration_start = time.perf_counter()
         global_batch_size = plan.batch.global_batch_at(summary.consumed_samples)
         accumulation_steps = plan.batch.accumulation_steps_at(summary.consumed_samples)
-        position = plan.batch.schedule_position(iteration, summary.consumed_samples + global_batch_size)
-        lr = learning_rate(position, config.optimizer, training.train_iters)
+        # Megatron's convention: this update uses the rate at the samples consumed before it.
+        lr = plan.lr_schedule.rate(summary.consumed_samples,
+                                   tokens_seen_by_schedule(plan.batch, summary.consumed_samples, seq_length))
         for group in optimizer.param_groups:
             group["lr"] = lr
         reducer.zero_grad()

@@ -79,10 +79,10 @@ def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alt
 
 def test_unknown_flags_get_did_you_mean_and_the_equivalent_all_at_once():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--num-layer", "2", "--lr-warmup-samples", "100", "--swiglu", "--zzzzzz"])
+        parse_config(["--num-layer", "2", "--data-cache-path", "c", "--swiglu", "--zzzzzz"])
     assert str(error.value) == (
-        "unrecognized arguments: --num-layer 2 --lr-warmup-samples 100 --swiglu --zzzzzz (--num-layer: did you "
-        "mean --num-layers?; --lr-warmup-samples: give --lr-warmup-iters or --lr-warmup-fraction; --swiglu: not "
+        "unrecognized arguments: --num-layer 2 --data-cache-path c --swiglu --zzzzzz (--num-layer: did you "
+        "mean --num-layers?; --data-cache-path: --data-cache-dir; --swiglu: not "
         "implemented: the MLP here is GPT-2's GeLU (--activation gelu or gelu_tanh); --zzzzzz: no flag of that name "
         "or near it (python pretrain_gpt.py --help lists them))")
 

@@ -110,7 +110,7 @@ def test_megatron_style_save_equals_load_starts_fresh_then_resumes(cache, tmp_pa
     first = train(cache, tmp_path, "--save", empty, "--load", empty)
     assert first.code == 0, first.err
     assert first.out.count("starting a fresh run") == 1
-    again = train(cache, tmp_path, "--save", empty, "--load", empty, "--train-iters", "3")
+    again = train(cache, tmp_path, "--save", empty, "--load", empty, "--train-iters", "3", "--override-opt_param-scheduler")
     assert again.code == 0 and "resuming after iteration 2" in again.out, again.err
 
 
@@ -333,7 +333,7 @@ def test_loading_nan_warns_and_the_diverged_run_stops_in_one_line_saving_nothing
     """Before: no warning, and a FloatingPointError traceback."""
     poison_master(ck / "iter_0000002")
     before = snapshot(ck)
-    outcome = train(cache, tmp_path, "--load", ck, "--save", ck, "--train-iters", "4")
+    outcome = train(cache, tmp_path, "--load", ck, "--save", ck, "--train-iters", "4", "--override-opt_param-scheduler")
     assert re.search(r"holds non-finite values \(NaN or inf\): \d+ in master; training from it will diverge",
                      outcome.out), outcome.out
     line = outcome.one_error_line("iteration 3", "diverged", f"the last good checkpoint is {ck / 'iter_0000002'}")
@@ -366,7 +366,8 @@ def test_a_skipped_step_with_a_non_finite_loss_is_divergence():
 def test_fp16_divergence_stops_the_run_and_commits_nothing(cache, tmp_path):
     """Issue 27: with --fp16 --lr 1e9 --clip-grad 0 the loss was NaN from iteration 2, every step was
     logged as a skipped overflow, the run exited 0 and its diverged weights became `latest`."""
-    diverging = ["--fp16", "--lr", "1e9", "--clip-grad", "0", "--train-iters", "6", "--save", tmp_path / "ck"]
+    diverging = ["--fp16", "--lr", "1e9", "--clip-grad", "0", "--lr-warmup-iters", "0", "--train-iters", "6",
+                 "--save", tmp_path / "ck"]
     outcome = train(cache, tmp_path, *diverging, "--save-interval", "3")
     outcome.one_error_line("iteration 2: loss nan", "diverged")
     assert not (tmp_path / "ck" / "latest").exists() and not list((tmp_path / "ck").glob("iter_*"))
@@ -443,7 +444,7 @@ def test_a_stale_lock_is_taken_over_with_a_message(ck, cache, tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     lock = write_lock(ck, socket.gethostname(), gone.pid)
-    outcome = train(cache, tmp_path, "--save", ck, "--load", ck, "--train-iters", "3")
+    outcome = train(cache, tmp_path, "--save", ck, "--load", ck, "--train-iters", "3", "--override-opt_param-scheduler")
     assert outcome.code == 0, outcome.err
     assert f"taking over the lock {lock} of pid {gone.pid}" in outcome.out
     assert "is no longer running" in outcome.out
@@ -577,10 +578,10 @@ def test_wrong_typed_metadata_is_one_line(ck, cache, tmp_path, monkeypatch):
 @pytest.mark.parametrize("flag, value", [("--seq-length", "8"), ("--seed", "7"), ("--split", "90,10,0")])
 def test_a_resume_with_other_data_settings_needs_override(ck, cache, tmp_path, monkeypatch, flag, value):
     """Before: the run resumed silently with samples that do not continue the original sequence."""
-    line = train(cache, tmp_path, "--load", ck, "--save", ck, "--train-iters", "3", flag, value).one_error_line(
+    line = train(cache, tmp_path, "--load", ck, "--save", ck, "--train-iters", "3", "--override-opt_param-scheduler", flag, value).one_error_line(
         flag, "--override-data-on-resume")
     assert "the checkpoint's" in line
-    outcome = train(cache, tmp_path, "--load", ck, "--save", ck, "--train-iters", "3", flag, value,
+    outcome = train(cache, tmp_path, "--load", ck, "--save", ck, "--train-iters", "3", "--override-opt_param-scheduler", flag, value,
                     "--override-data-on-resume")
     assert outcome.code == 0, outcome.err
     assert "as --override-data-on-resume allows" in outcome.out
