@@ -118,6 +118,11 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     check_vocabulary_flags(config)
     check_attention_backend(config.model, config.training.precision, state.device)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
+    kill_switch = config.checkpoint.kill_switch_path
+    # BigScience: a killed group does not start; every rank takes the same branch.
+    if kill_switch is not None and state.comm.any_rank([os.path.exists(kill_switch)], state.device)[0]:
+        log(f"> found the kill switch {kill_switch} (--kill-switch-path): not starting", flush=True)
+        return TrainingSummary(exit_reason=f"found the kill switch {kill_switch}")
     claimed = claim_run_start(config, state, corpus_cache_dir(config), lambda line: log(line, flush=True))
     try:
         return run_claimed(config, state, claimed)

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-position-embeddings", type=int, default=m.max_position_embeddings)
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=m.make_vocab_size_divisible_by,
                    help="pad the vocabulary to a multiple of this x tensor-parallel size")
+    g.add_argument("--pad-vocab-size-to", type=int, default=m.pad_vocab_size_to,
+                   help="pad the vocabulary to exactly this size (BigScience's Megatron-DeepSpeed): at least the "
+                        "tokenizer's, divisible by --make-vocab-size-divisible-by and the TP size")
     g.add_argument("--hidden-dropout", type=float, default=m.hidden_dropout)
     g.add_argument("--attention-dropout", type=float, default=m.attention_dropout)
     g.add_argument("--layernorm-epsilon", type=float, default=m.layernorm_epsilon)
@@ -221,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save and exit 0 after an iteration that is a multiple of N")
     g.add_argument("--exit-duration-in-mins", type=float, default=c.exit_duration_in_mins,
                    help="save and exit 0 once the run has lasted this many minutes")
+    g.add_argument("--kill-switch-path", default=c.kill_switch_path, metavar="FILE",
+                   help="when FILE exists: do not start, or save after the current iteration and exit 0 "
+                        "(BigScience's Megatron-DeepSpeed)")
     g.add_argument("--overwrite-save", action=argparse.BooleanOptionalAction, default=c.overwrite_save,
                    help="let this run write into a --save directory holding checkpoints it did not resume "
                         "from (its saves replace same-numbered iterations and move 'latest')")

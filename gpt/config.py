@@ -44,6 +44,7 @@ class ModelConfig:
     # end-of-document id is N. Otherwise 0, and the run plan's resolved copy holds the tokenizer's.
     vocab_size: int = 0
     make_vocab_size_divisible_by: int = 128
+    pad_vocab_size_to: Optional[int] = None  # BigScience: the padded vocabulary, exactly (else rounded up)
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     layernorm_epsilon: float = 1e-5
@@ -62,7 +63,11 @@ class ModelConfig:
         return self.hidden_size // self.num_attention_heads
 
     def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
-        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tensor_parallel_size)
+        try:
+            return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tensor_parallel_size,
+                                     self.pad_vocab_size_to)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
 
     def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
         """Each TP rank takes whole attention heads and an equal slice of hidden and 4h."""
@@ -339,6 +344,8 @@ class CheckpointConfig:
     exit_signal_handler: bool = False  # on SIGTERM/SIGUSR1: finish the iteration, save, exit 0
     exit_interval: Optional[int] = None  # save and exit after an iteration that is a multiple of this
     exit_duration_in_mins: Optional[float] = None  # save and exit once the run has lasted this long
+    # BigScience's kill switch: when this file exists, a run does not start, and a running one saves and exits.
+    kill_switch_path: Optional[str] = None
     overwrite_save: bool = False  # allow a run that did not resume from --save's checkpoints to replace them
     override_data_on_resume: bool = False  # resume although data, split, seq length or seed changed
     verify_checkpoint: bool = True  # --no-verify-checkpoint: skip the content hashes on load (not the rest)

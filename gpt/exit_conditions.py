@@ -1,4 +1,5 @@
-"""When a run should save and stop early: a signal (preemption), an iteration interval, a time budget.
+"""When a run should save and stop early: a signal (preemption), an iteration interval, a time budget,
+a kill-switch file.
 
 A cluster scheduler that preempts a job sends SIGTERM (SLURM's `--signal=USR1@120` sends SIGUSR1 a
 while before the end of a job's time); a person at a terminal presses Ctrl-C (SIGINT). With
@@ -6,11 +7,14 @@ while before the end of a job's time); a person at a terminal presses Ctrl-C (SI
 in, saves, and exits with status 0, so the job can be
 requeued and resume from `latest`. Ranks receive signals at slightly different moments and measure
 time separately, so the verdict is agreed across the world once per iteration (a 2-element MAX
-all-reduce) and every rank stops after the same iteration.
+all-reduce) and every rank stops after the same iteration. BigScience's kill switch is a file an
+operator creates (`touch $KILL_SWITCH_PATH`) to stop every job of a group at once: a run that finds
+it saves after the iteration and exits 0, and a run started while it exists does not start.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import Optional
@@ -31,6 +35,7 @@ class ExitConditions:
         self.duration_s = (checkpoint_config.exit_duration_in_mins * 60.0
                            if checkpoint_config.exit_duration_in_mins is not None else None)
         self.start_time = time.monotonic() if start_time is None else start_time
+        self.kill_switch_path = checkpoint_config.kill_switch_path
         self.received: Optional[int] = None
         self._previous_handlers = {}
         if checkpoint_config.exit_signal_handler:
@@ -45,11 +50,15 @@ class ExitConditions:
     def check(self, iteration: int) -> Optional[str]:
         signalled = self.received is not None
         out_of_time = self.duration_s is not None and time.monotonic() - self.start_time >= self.duration_s
-        if self._previous_handlers or self.duration_s is not None:
-            signalled, out_of_time = self.state.comm.any_rank([signalled, out_of_time], self.state.device)
+        killed = self.kill_switch_path is not None and os.path.exists(self.kill_switch_path)
+        if self._previous_handlers or self.duration_s is not None or self.kill_switch_path is not None:
+            signalled, out_of_time, killed = self.state.comm.any_rank([signalled, out_of_time, killed],
+                                                                      self.state.device)
         if signalled:
             name = signal.Signals(self.received).name if self.received is not None else "a signal"
             return f"received {name} (on this or another rank)"
+        if killed:
+            return f"found the kill switch {self.kill_switch_path} (--kill-switch-path)"
         if out_of_time:
             return f"--exit-duration-in-mins {self.duration_s / 60:g} reached"
         if self.exit_interval is not None and iteration % self.exit_interval == 0:

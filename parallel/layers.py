@@ -19,6 +19,8 @@ they are identities and add nothing to the graph.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -102,8 +104,16 @@ class RowParallelLinear(nn.Module):
         return output if self.bias is None else output + self.bias
 
 
-def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int) -> int:
-    """Round the vocabulary up to a multiple of divisible_by x TP (fast GEMM shapes, equal shards)."""
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int,
+                      pad_to: Optional[int] = None) -> int:
+    """Round the vocabulary up to a multiple of divisible_by x TP (fast GEMM shapes, equal shards), or
+    to exactly `pad_to` (BigScience's --pad-vocab-size-to, which keeps one size across TP layouts)."""
+    if pad_to is not None:
+        if pad_to < vocab_size or pad_to % divisible_by or pad_to % tensor_parallel_size:
+            raise ValueError(f"--pad-vocab-size-to {pad_to} must be at least the vocabulary ({vocab_size}) and "
+                             f"divisible by --make-vocab-size-divisible-by {divisible_by} and by "
+                             f"--tensor-model-parallel-size {tensor_parallel_size}")
+        return pad_to
     multiple = divisible_by * tensor_parallel_size
     return ((vocab_size + multiple - 1) // multiple) * multiple
 

@@ -218,7 +218,11 @@ def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_par
     if metadata["precision"] not in PRECISION_DTYPES:
         raise CheckpointError(f"{source}: unknown training precision {metadata['precision']!r}")
     model = metadata["config"]["model"]
-    rows = padded_vocab_size(model["vocab_size"], model["make_vocab_size_divisible_by"], tensor_parallel_size)
+    try:
+        rows = padded_vocab_size(model["vocab_size"], model["make_vocab_size_divisible_by"], tensor_parallel_size,
+                                 model.get("pad_vocab_size_to"))
+    except ValueError as error:
+        raise ConfigError(f"{source}: {error}") from None
     table = resharded_table(metadata["parameters"], rows)
     check_splittable(metadata, table, tensor_parallel_size)
 

@@ -48,3 +48,33 @@ def test_time_budget_saves_and_exits_zero(tmp_path):
     iterations = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
     assert iterations == [1]
     assert (save_dir / "latest").read_text().strip() == "iter_0000001"
+
+
+def test_the_kill_switch_stops_a_run_after_its_iteration_and_keeps_a_new_one_from_starting(tmp_path):
+    """BigScience's --kill-switch-path: `touch` the file and every run of the group saves and exits 0."""
+    import pretrain_gpt
+    from gpt import exit_conditions
+    from tests.reliability_helpers import TINY, metrics_records
+
+    switch = tmp_path / "kill-switch"
+    check = exit_conditions.ExitConditions.check
+
+    def touch_after_three(self, iteration):
+        if iteration == 3:
+            switch.touch()
+        return check(self, iteration)
+
+    common = TINY + ["--train-iters", "8", "--data-cache-dir", str(tmp_path / "cache"), "--save", str(tmp_path / "ck"),
+                     "--kill-switch-path", str(switch)]
+    exit_conditions.ExitConditions.check = touch_after_three
+    try:
+        assert pretrain_gpt.main(common + ["--metrics-file", str(tmp_path / "m.jsonl")]) == 0
+    finally:
+        exit_conditions.ExitConditions.check = check
+    assert [r["iteration"] for r in metrics_records(tmp_path / "m.jsonl")] == [1, 2, 3]
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "iter_0000003"
+
+    # The switch is still there: a new run (a requeued job) does not start.
+    assert pretrain_gpt.main(common + ["--load", str(tmp_path / "ck"), "--metrics-file", str(tmp_path / "n.jsonl")]) == 0
+    assert not (tmp_path / "n.jsonl").exists() or not metrics_records(tmp_path / "n.jsonl")
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "iter_0000003"
