@@ -13,8 +13,10 @@ store_false when its default is True; `metadata={"argparse_meta": {...}}` overri
     python scripts/harvest_megatron_flags.py --out gpt/megatron_flags_harvested.json \\
         --source LABEL OWNER/NAME GIT_DIR REV PATH [--source ...] [--unavailable "OWNER/NAME PATH: why"]
 
-The data file is the committed artefact; gpt/harvested_flags.py reads it and classifies every option
-string. Re-run this script (scripts/harvest_megatron_flags.sh has the sources) to refresh it.
+The data file is the committed artefact; gpt/harvested_flags.py reads it, gpt/megatron_flag_classes.py
+classifies every option string that is not ours, nor an alias of ours. Re-run this script
+(scripts/harvest_megatron_flags.sh has the sources) to refresh it; tests/test_harvested_flags.py then
+names every new option string that needs a class.
 """
 
 from __future__ import annotations
@@ -327,9 +329,9 @@ def harvest(sources: list[list[str]], unavailable: list[str]) -> dict:
                 if label not in entry["sources"]:
                     entry["sources"].append(label)
                 key = shape_key(shape)
+                dest = shape.get("dest", option.lstrip("-").replace("-", "_"))
                 record = entry["shapes"].setdefault(key, {**{k: shape[k] for k in SHAPE_KEYS if k in shape},
-                                                          "dest": shape.get("dest", option.lstrip("-").replace("-", "_")),
-                                                          "sources": []})
+                                                          "dest": dest, "sources": []})
                 if label not in record["sources"]:
                     record["sources"].append(label)
         described.append({"label": label, "repository": repository, "path": path, "ref": rev, "commit": commit,
@@ -343,7 +345,7 @@ def harvest(sources: list[list[str]], unavailable: list[str]) -> dict:
                  "DeepSpeed, harvested from their argument files with Python's ast by "
                  "scripts/harvest_megatron_flags.py (names and argparse shapes only). Each flag lists the "
                  "sources that define it and each distinct shape with the sources that give it. "
-                 "gpt/harvested_flags.py classifies every option string.",
+                 "gpt/megatron_flag_classes.py and gpt/megatron_flags.py classify every option string.",
         "sources": described,
         "unavailable": unavailable,
         "flags": ordered,
@@ -358,7 +360,8 @@ def write(data: dict, out: Path) -> None:
     lines.append('  "flags": {')
     items = list(data["flags"].items())
     for i, (option, entry) in enumerate(items):
-        lines.append(f"    {json.dumps(option)}: {json.dumps(entry, sort_keys=True)}" + ("," if i < len(items) - 1 else ""))
+        comma = "," if i < len(items) - 1 else ""
+        lines.append(f"    {json.dumps(option)}: {json.dumps(entry, sort_keys=True)}{comma}")
     lines += ["  }", "}"]
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
