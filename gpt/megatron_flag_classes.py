@@ -227,7 +227,8 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --num-query-groups --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
         --cache-mla-latents --mla-down-proj-fusion --apply-wd-to-qk-layernorm --no-weight-decay-cond-type""")),
     ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, sliding windows, gated "
-     "linear units, hyper-connections); their switches are refused, so it has no effect", _names("""
+     "linear units, hyper-connections, Mamba and hybrid stacks); their switches are refused, so it has no effect",
+     _names("""
         --dsa-indexer-head-dim --dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 --dsa-indexer-loss-coeff
         --dsa-indexer-n-heads --dsa-indexer-rope-interleaved --dsa-indexer-skip-topk-offset --dsa-indexer-topk
         --dsa-indexer-topk-freq --dsa-indexer-use-sparse-loss --dsa-kernel-backend --no-dsa-indexer-rotate-activation
@@ -236,7 +237,9 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --linear-num-value-heads --linear-value-head-dim --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
         --gdp-num-householder --window-attn-skip-freq --glu-linear-offset --use-fused-weighted-squared-relu
         --fused-residual-rmsnorm --mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num
-        --mhc-sinkhorn-iterations""")),
+        --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
+        --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
+        --disable-mamba-mem-eff-path --hybrid-attention-ratio --hybrid-mlp-ratio""")),
     ("multi-token prediction's knob: it is off here (--mtp-num-layers 0), so it has no effect", _names("""
         --mtp-detach-heads --mtp-hsm --mtp-hybrid-override-pattern --mtp-loss-scaling-factor --mtp-standalone
         --mtp-use-repeated-layer""")),
@@ -280,8 +283,8 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ALBERT-style parameter sharing's knob: every layer has its own parameters here (--num-unique-layers is the "
      "number of layers), so it has no effect", _names("--param-sharing-style")),
     ("read only by Megatron's other programs (BERT, T5, prefix-LM, ICT/REALM retrieval, RETRO, vision, DINO, "
-     "Mamba and hybrid models, reinforcement learning, inference serving, text generation, evaluation tasks); "
-     "their pretrain_gpt.py ignores it too", _names("""
+     "reinforcement learning, inference serving, text generation, evaluation tasks); their pretrain_gpt.py "
+     "ignores it too", _names("""
         --bert-load --bert-no-binary-head --bert-embedder-type --output-bert-embeddings --biencoder-projection-dim
         --biencoder-shared-query-context-model --ict-head-size --ict-load --block-data-path --titles-data-path
         --evidence-data-path --embedding-path --indexer-batch-size --indexer-log-interval --query-in-block-prob
@@ -296,10 +299,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --classes-fraction --data-per-class-fraction --mask-factor --mask-type --iter-per-epoch --head-lr-mult
         --dino-bottleneck-size --dino-freeze-last-layer --dino-head-hidden-size --dino-local-crops-number
         --dino-local-img-size --dino-norm-last-layer --dino-teacher-temp --dino-warmup-teacher-temp
-        --dino-warmup-teacher-temp-epochs --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
-        --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
-        --disable-mamba-mem-eff-path --hybrid-attention-ratio --hybrid-mlp-ratio --hybrid-override-pattern
-        --hybrid-layer-pattern --is-hybrid-model --perform-rl-step --langrl-env-config --langrl-external-server
+        --dino-warmup-teacher-temp-epochs --perform-rl-step --langrl-env-config --langrl-external-server
         --no-langrl-external-server --langrl-inference-server-conversation-template --langrl-inference-server-type
         --grpo-clamp-eps-lower --grpo-clamp-eps-upper --grpo-default-temperature --grpo-default-top-p
         --grpo-entropy-term-weight --grpo-filter-groups-with-same-reward --grpo-group-size --grpo-iterations
@@ -365,7 +365,7 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --experimental-attention-variant""")),
     ("not implemented: every block is the same GPT-2 block", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
-        --use-mup""")),
+        --use-mup --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
     ("not implemented: the output layer is tied to the word embedding, as in GPT-2",
      _names("--untie-embeddings-and-output-weights")),
     ("not implemented: linear layers have biases, as in GPT-2", _names("--disable-bias-linear")),
