@@ -6,7 +6,9 @@ flags, so argparse checks their types the same way and a flag given on the comma
 `--zero-config ds.json` (a DeepSpeed JSON, zero/deepspeed_json.py) is turned into flags the same way
 and placed between the two, so the precedence is YAML preset < JSON < command line; a command-line
 flag that contradicts a JSON key is an error naming both rather than a silent override. Megatron-LM's
-and DeepSpeed-Megatron's flags are aliases or meanings (gpt/megatron_flags.py). Each value keeps its
+and DeepSpeed-Megatron's flags are aliases or meanings (gpt/megatron_flags.py); every other flag those
+programs define is accepted with no effect or refused with the alternative (gpt/harvested_flags.py,
+gpt/megatron_flag_classes.py), so none ends in "unrecognized arguments". Each value keeps its
 source (gpt/config_sources.py) for --print-config and for errors about values the user did not type.
 Every bad input ends in `ConfigError` with one line naming the key or flag.
 """
@@ -27,7 +29,9 @@ from gpt.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inheri
                                 show_value, values_set_by)
 from gpt.errors import OneLineArgumentParser
 from gpt.flag_equivalents import unknown_flags_message
-from gpt.megatron_flags import MEANING_DESTS, add_meanings, aliases_of, describe_alias, resolve_meanings
+from gpt.harvested_flags import add_harvested, classified_options, resolve_harvested
+from gpt.megatron_flags import (MEANING_DESTS, add_meanings, add_spellings, aliases_of, describe_alias,
+                                resolve_meanings)
 from zero.config import ZERO_STAGES
 from zero.deepspeed_json import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 
@@ -37,7 +41,9 @@ DEFAULT_PRESET = "tiny"
 
 # Flags that choose where settings come from, or what the program does; they are not settings.
 SOURCE_FLAGS = ("config", "zero_config", "print_config")
-NOT_SETTINGS = SOURCE_FLAGS + MEANING_DESTS
+HARVESTED_DESTS = tuple(classified_options())  # each one's dest is its option string (gpt/harvested_flags.py)
+NOT_SETTINGS = SOURCE_FLAGS + MEANING_DESTS + HARVESTED_DESTS
+_NOT_SETTINGS = frozenset(NOT_SETTINGS + ("help",))
 
 
 def count(text: str) -> int:
@@ -74,33 +80,37 @@ def build_parser() -> argparse.ArgumentParser:
                              "flag), then exit without training")
 
     g = parser.add_argument_group("model")
-    g.add_argument("--num-layers", type=int, default=m.num_layers)
+    _with_aliases(g, "--num-layers", type=int, default=m.num_layers)
     g.add_argument("--hidden-size", type=int, default=m.hidden_size)
     g.add_argument("--num-attention-heads", type=int, default=m.num_attention_heads)
     g.add_argument("--ffn-hidden-size", type=int, default=m.ffn_hidden_size, help="default: 4 x hidden size")
-    g.add_argument("--seq-length", type=int, default=m.seq_length)
+    _with_aliases(g, "--seq-length", type=int, default=m.seq_length)
     g.add_argument("--max-position-embeddings", type=int, default=m.max_position_embeddings)
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=m.make_vocab_size_divisible_by,
                    help="pad the vocabulary to a multiple of this x tensor-parallel size")
-    g.add_argument("--pad-vocab-size-to", type=int, default=m.pad_vocab_size_to,
-                   help="pad the vocabulary to exactly this size (BigScience's Megatron-DeepSpeed): at least the "
-                        "tokenizer's, divisible by --make-vocab-size-divisible-by and the TP size")
+    g.add_argument("--pad-vocab-size-to", "--padded-vocab-size", dest="pad_vocab_size_to", type=int,
+                   default=m.pad_vocab_size_to,
+                   help="the padded vocabulary, exactly (BigScience's --pad-vocab-size-to, Megatron-LM's "
+                        "--padded-vocab-size): at least the tokenizer's, divisible by the TP size")
+    g.add_argument("--no-pad-vocab-size", "--disable-pad-vocab-size", dest="make_vocab_size_divisible_by",
+                   action="store_const", const=1,
+                   help="Megatron-LM: no padding beyond the TP split (--make-vocab-size-divisible-by 1)")
     g.add_argument("--hidden-dropout", type=float, default=m.hidden_dropout)
     g.add_argument("--attention-dropout", type=float, default=m.attention_dropout)
-    g.add_argument("--layernorm-epsilon", type=float, default=m.layernorm_epsilon)
+    _with_aliases(g, "--layernorm-epsilon", type=float, default=m.layernorm_epsilon)
     g.add_argument("--init-method-std", type=float, default=m.init_method_std)
     g.add_argument("--activation", choices=ACTIVATIONS, default=m.activation,
                    help="gelu_tanh is GPT-2's approximation, gelu the exact erf form")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=m.attention_backend,
                    help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the "
                         "memory-efficient kernel, unfused/local = the math kernel, auto = PyTorch's choice")
-    g.add_argument("--use-flash-attn", dest="attention_backend", action="store_const", const="flash",
-                   help="Megatron-LM's older name for --attention-backend flash")
+    add_spellings(g, "attention_backend")
+    add_spellings(g, "activation")
 
     g = parser.add_argument_group("optimizer and learning-rate schedule")
     g.add_argument("--lr", type=float, default=o.lr)
     g.add_argument("--min-lr", type=float, default=o.min_lr)
-    g.add_argument("--lr-warmup-iters", type=int, default=o.lr_warmup_iters)
+    _with_aliases(g, "--lr-warmup-iters", type=int, default=o.lr_warmup_iters)
     _with_aliases(g, "--lr-warmup-fraction", type=float, default=o.lr_warmup_fraction,
                   help="warm up over this fraction of --lr-decay-iters (Megatron-LM; instead of --lr-warmup-iters)")
     g.add_argument("--lr-decay-iters", type=int, default=o.lr_decay_iters, help="default: --train-iters")
@@ -115,10 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decay over this many consumed tokens (Megatron-DeepSpeed)")
     g.add_argument("--lr-warmup-init", type=float, default=o.lr_warmup_init,
                    help="the rate the linear warmup starts from (Megatron-LM)")
-    g.add_argument("--override-opt_param-scheduler", "--override-lr-scheduler", dest="override_opt_param_scheduler",
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler", "--override-lr-scheduler",
+                   dest="override_opt_param_scheduler",
                    action="store_true", default=o.override_opt_param_scheduler,
                    help="on resume, this run's schedule wins over the checkpoint's (Megatron-LM)")
-    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-lr-scheduler",
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   "--use-checkpoint-lr-scheduler",
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
                    default=o.use_checkpoint_opt_param_scheduler,
                    help="on resume, the checkpoint's schedule wins over this run's (Megatron-LM)")
@@ -134,10 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--global-batch-size", type=int, default=t.global_batch_size,
                    help="micro batch x gradient-accumulation steps x data-parallel size "
                         "(set from --gradient-accumulation-steps when that is given)")
-    g.add_argument("--gradient-accumulation-steps", dest="accumulation_steps", type=int,
-                   default=t.accumulation_steps,
-                   help="micro batches per rank per iteration; when given, it determines the global batch "
-                        "(default: --global-batch-size / (micro batch x data-parallel size))")
+    _with_aliases(g, "--gradient-accumulation-steps", dest="accumulation_steps", type=int,
+                  default=t.accumulation_steps,
+                  help="micro batches per rank per iteration; when given, it determines the global batch "
+                       "(default: --global-batch-size / (micro batch x data-parallel size))")
     g.add_argument("--rampup-batch-size", nargs=3, type=count, default=t.rampup_batch_size,
                    metavar=("START", "INCREMENT", "SAMPLES"),
                    help="grow the global batch from START by INCREMENT, evenly over the first SAMPLES samples, "
@@ -162,11 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = parser.add_argument_group("data and tokenizer")
     _with_aliases(g, "--data-path", nargs="+", default=d.data_path,
-                   help="a dataset prefix, or 'weight prefix weight prefix ...' to blend; "
-                        "omit to train on the embedded corpus")
+                  help="a dataset prefix, or 'weight prefix weight prefix ...' to blend; "
+                       "omit to train on the embedded corpus")
     g.add_argument("--split", default=d.split, help="train,valid,test ratio of documents")
-    g.add_argument("--data-cache-dir", default=d.data_cache_dir,
-                   help="where the embedded corpus and index caches go (default ~/.cache/zero-gpt)")
+    _with_aliases(g, "--data-cache-dir", default=d.data_cache_dir,
+                  help="where the embedded corpus and index caches go (default ~/.cache/zero-gpt)")
     g.add_argument("--num-workers", type=int, default=d.num_workers, help="data-loader worker processes")
     g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=d.tokenizer_type,
                    help="Megatron-LM's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer "
@@ -201,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("checkpoints, resume and preemption")
     g.add_argument("--save", default=c.save, metavar="DIR",
                    help="write checkpoints here: one iter_NNNNNNN/ per save and a 'latest' pointer")
-    g.add_argument("--save-interval", type=int, default=c.save_interval,
-                   help="save every N iterations (always also at the end of training and on an exit)")
+    _with_aliases(g, "--save-interval", type=int, default=c.save_interval,
+                  help="save every N iterations (always also at the end of training and on an exit)")
     g.add_argument("--keep-last", type=int, default=c.keep_last, help="keep only the newest K checkpoints")
     g.add_argument("--load", default=c.load, metavar="CKPT",
                    help="resume from a --save directory (its latest checkpoint) or one iter_NNNNNNN "
@@ -224,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save and exit 0 after an iteration that is a multiple of N")
     g.add_argument("--exit-duration-in-mins", type=float, default=c.exit_duration_in_mins,
                    help="save and exit 0 once the run has lasted this many minutes")
-    g.add_argument("--kill-switch-path", default=c.kill_switch_path, metavar="FILE",
+    g.add_argument("--kill-switch-path", "--kill-switch-file", dest="kill_switch_path", default=c.kill_switch_path,
+                   metavar="FILE",
                    help="when FILE exists: do not start, or save after the current iteration and exit 0 "
                         "(BigScience's Megatron-DeepSpeed)")
     g.add_argument("--overwrite-save", action=argparse.BooleanOptionalAction, default=c.overwrite_save,
@@ -242,27 +255,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = parser.add_argument_group("ZeRO and mixed precision")
     _with_aliases(g, "--zero-config", metavar="FILE.json",
-                   help="a DeepSpeed config JSON (a path, or a name in configs/zero: "
-                        f"{', '.join(zero_config_names())}); every key is honoured as a flag, accepted with no "
-                        "effect on the math, or refused with the alternative (zero/deepspeed_keys.py). YAML preset "
-                        "< this file < command-line flags; a flag that contradicts the file is an error")
+                  help="a DeepSpeed config JSON (a path, or a name in configs/zero: "
+                       f"{', '.join(zero_config_names())}); every key is honoured as a flag, accepted with no "
+                       "effect on the math, or refused with the alternative (zero/deepspeed_keys.py). YAML preset "
+                       "< this file < command-line flags; a flag that contradicts the file is an error")
     g.add_argument("--zero-stage", dest="stage", type=int, choices=ZERO_STAGES, default=z.stage,
                    help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
                         "2: and gradients (P_os+g); 3: and parameters (P_os+g+p)")
-    g.add_argument("--reduce-bucket-size", type=count, default=z.reduce_bucket_size,
-                   help="elements per gradient reduce(-scatter)")
-    g.add_argument("--allgather-bucket-size", type=count, default=z.allgather_bucket_size,
-                   help="elements per parameter all-gather after the optimizer step")
+    _with_aliases(g, "--reduce-bucket-size", type=count, default=z.reduce_bucket_size,
+                  help="elements per gradient reduce(-scatter)")
+    _with_aliases(g, "--allgather-bucket-size", type=count, default=z.allgather_bucket_size,
+                  help="elements per parameter all-gather after the optimizer step")
     _with_aliases(g, "--overlap-comm", action=argparse.BooleanOptionalAction, default=z.overlap_comm,
-                   help="reduce gradient buckets while backward is still running")
+                  help="reduce gradient buckets while backward is still running")
     g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=z.overlap_param_gather,
                    help="stages 1-2: start the parameter all-gather after the step and wait for each bucket "
                         "just before the forward that needs it (Megatron's overlap-param-gather)")
-    g.add_argument("--contiguous-gradients", action=argparse.BooleanOptionalAction,
-                   default=z.contiguous_gradients,
-                   help="copy gradients into contiguous buckets (always on; --no- is rejected)")
-    g.add_argument("--reduce-scatter", action=argparse.BooleanOptionalAction, default=z.reduce_scatter,
-                   help="reduce-scatter gradients (--no-: all-reduce, then keep this rank's shard)")
+    _with_aliases(g, "--contiguous-gradients", action=argparse.BooleanOptionalAction,
+                  default=z.contiguous_gradients,
+                  help="copy gradients into contiguous buckets (always on; --no- is rejected)")
+    _with_aliases(g, "--reduce-scatter", action=argparse.BooleanOptionalAction, default=z.reduce_scatter,
+                  help="reduce-scatter gradients (--no-: all-reduce, then keep this rank's shard)")
     g.add_argument("--stage3-prefetch-bucket-size", type=count, default=z.stage3_prefetch_bucket_size,
                    help="stage 3: elements of parameters fetched ahead of their use")
     g.add_argument("--stage3-param-persistence-threshold", type=count,
@@ -274,10 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=t.bf16,
                    help="bf16 mixed precision: bf16 parameters and gradients, fp32 master weights and Adam "
                         "states in the ZeRO optimizer")
-    g.add_argument("--accumulate-allreduce-grads-in-fp32", action=argparse.BooleanOptionalAction,
-                   default=t.accumulate_allreduce_grads_in_fp32,
-                   help="accumulate and reduce gradients in fp32 (Megatron's flag; default: on with --bf16, "
-                        "off with --fp16, whose gradients stay 16-bit as in the ZeRO paper)")
+    _with_aliases(g, "--accumulate-allreduce-grads-in-fp32", action=argparse.BooleanOptionalAction,
+                  default=t.accumulate_allreduce_grads_in_fp32,
+                  help="accumulate and reduce gradients in fp32 (Megatron's flag; default: on with --bf16, "
+                       "off with --fp16, whose gradients stay 16-bit as in the ZeRO paper)")
+    add_spellings(g, "accumulate_allreduce_grads_in_fp32")
     g.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=t.fp16,
                    help="fp16 mixed precision: fp16 parameters and gradients, fp32 master weights and Adam "
                         "states in the ZeRO optimizer, with dynamic loss scaling (or --loss-scale)")
@@ -289,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16: overflow-free steps before the loss scale doubles")
     g.add_argument("--hysteresis", type=int, default=t.hysteresis,
                    help="fp16: overflows tolerated before the loss scale is lowered")
-    g.add_argument("--min-loss-scale", type=float, default=t.min_loss_scale,
-                   help="fp16: dynamic loss scaling never goes below this")
+    _with_aliases(g, "--min-loss-scale", type=float, default=t.min_loss_scale,
+                  help="fp16: dynamic loss scaling never goes below this")
     g.add_argument("--max-consecutive-skipped-iterations", type=int, default=t.max_consecutive_skipped_iterations,
                    help="fp16: stop as diverged after this many overflow-skipped steps in a row (0: no limit)")
 
@@ -299,28 +313,29 @@ def build_parser() -> argparse.ArgumentParser:
                    default=a.checkpoint_activations,
                    help="keep only each group's input in forward and recompute the group in backward")
     _with_aliases(g, "--checkpoint-num-layers", type=int, default=a.checkpoint_num_layers,
-                   help="transformer blocks per checkpointed group")
-    g.add_argument("--partition-activations", action=argparse.BooleanOptionalAction,
-                   default=a.partition_activations,
-                   help="P_a: each tensor-parallel rank keeps 1/TP of every checkpointed input and they are "
-                        "all-gathered before the recompute")
+                  help="transformer blocks per checkpointed group")
+    _with_aliases(g, "--partition-activations", action=argparse.BooleanOptionalAction,
+                  default=a.partition_activations,
+                  help="P_a: each tensor-parallel rank keeps 1/TP of every checkpointed input and they are "
+                       "all-gathered before the recompute")
     _with_aliases(g, "--cpu-checkpointing", action=argparse.BooleanOptionalAction, default=a.cpu_checkpointing,
-                   help="P_a+cpu: keep checkpointed inputs (their 1/TP slices with --partition-activations) in "
-                        "host memory")
+                  help="P_a+cpu: keep checkpointed inputs (their 1/TP slices with --partition-activations) in "
+                       "host memory")
     _with_aliases(g, "--contiguous-checkpointing", action=argparse.BooleanOptionalAction,
-                   default=a.contiguous_checkpointing,
-                   help="M_D: copy a micro-batch's checkpoints into one pre-allocated buffer (DeepSpeed's "
-                        "contiguous_memory_optimization)")
+                  default=a.contiguous_checkpointing,
+                  help="M_D: copy a micro-batch's checkpoints into one pre-allocated buffer (DeepSpeed's "
+                       "contiguous_memory_optimization)")
     g.add_argument("--number-checkpoints", type=int, default=a.number_checkpoints,
                    help="checkpoints the contiguous buffer holds (None: one per group, "
                         "ceil(num layers / checkpoint num layers))")
     _with_aliases(g, "--synchronize-checkpoint-boundary", action=argparse.BooleanOptionalAction,
-                   default=a.synchronize_checkpoint_boundary,
-                   help="CUDA synchronize at each checkpoint boundary (debugging)")
+                  default=a.synchronize_checkpoint_boundary,
+                  help="CUDA synchronize at each checkpoint boundary (debugging)")
     g.add_argument("--profile-checkpointing", action=argparse.BooleanOptionalAction,
                    default=a.profile_checkpointing,
                    help="time each checkpoint's forward and recompute (DeepSpeed's profile)")
     add_meanings(parser)
+    add_harvested(parser)
     return parser
 
 
@@ -376,7 +391,7 @@ def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, sou
     A key is a flag's name (`zero_stage`, `zero-stage`) or its setting's (`stage`)."""
     flags = {}
     for action in parser._actions:
-        if action.option_strings and action.dest not in NOT_SETTINGS + ("help",):
+        if action.option_strings and action.dest not in _NOT_SETTINGS:
             flags[action.dest] = action
             for option in action.option_strings:
                 if not (isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-")):
@@ -411,6 +426,7 @@ class ParsedArguments:
     deepspeed: Optional[DeepSpeedTranslation]  # the JSON's classification, for --print-config
     preset: str                       # the preset in force, as `preset_label` names it
     meanings: dict[str, Any]          # the Megatron-meaning flags given, for --print-config
+    harvested: dict[str, Any] = None  # the other Megatron and DeepSpeed flags given ({option: value})
 
 
 def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
@@ -425,8 +441,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     known, unknown = parser.parse_known_args(argv)
-    if unknown:
-        raise ConfigError(unknown_flags_message(unknown, parser))
+    if unknown:  # with the refusals of the Megatron flags given, so a ported script needs one edit round
+        _, refused = resolve_harvested(_harvested_given(vars(known)), None)
+        raise ConfigError("; ".join([unknown_flags_message(unknown, parser), *refused]))
     preset_path = resolve_preset(known.config)
     preset = read_preset(preset_path)
     if not isinstance(preset, dict):
@@ -451,7 +468,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
     settings = _settings(dict(namespace))
     meanings = {dest: namespace[dest] for dest in MEANING_DESTS}
     typed = options_typed(parser, argv)
-    resolved = resolve_meanings(meanings, settings, sources, typed.get)
+    resolved = resolve_meanings(meanings, settings, sources, typed.get, _harvested_given(namespace))
     for name, (value, source) in resolved.changes.items():
         settings[name], sources[name] = value, source
     check_given_together(sources)
@@ -466,7 +483,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
         notes.append(translation.info_line())
     given = {dest: value for dest, value in meanings.items() if value is not None and value is not False}
     return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
-                           preset_label(preset_path), given)
+                           preset_label(preset_path), given, _harvested_given(namespace))
 
 
 def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_argv: list[str],
@@ -545,6 +562,9 @@ def _typed_value(option: str, value: Any) -> str:
 
 
 def _settings(values: dict[str, Any]) -> dict[str, Any]:
-    for name in NOT_SETTINGS:
-        values.pop(name, None)
-    return values
+    return {name: value for name, value in values.items() if name not in _NOT_SETTINGS}
+
+
+def _harvested_given(values: dict[str, Any]) -> dict[str, Any]:
+    """The harvested flags given: their dests are their option strings, present only when given."""
+    return {name: value for name, value in values.items() if name.startswith("--")}

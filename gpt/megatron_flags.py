@@ -1,6 +1,6 @@
 """Megatron-LM's and DeepSpeed-Megatron's flags, honoured with their meaning.
 
-Three kinds, each a table:
+Four kinds, each a table:
 
 - `ALIASES`: another name for one of our flags (`--batch-size` is `--micro-batch-size`). `build_parser`
   adds the alias to the flag itself, so the value lands in the same setting.
@@ -10,9 +10,13 @@ Three kinds, each a table:
   `--no-masked-softmax-fusion`), said once at the start, or that would change the math in a way not
   implemented (`--pipeline-model-parallel-size 4`, `--sequence-parallel`), refused in one line naming
   what to use instead.
-- `gpt/flag_equivalents.py`: flags not accepted at all, with the equivalent to suggest.
+- `SPELLINGS`: another name for one value of one of our settings (`--use-flash-attn` is
+  `--attention-backend flash`), a store_const entry of its own.
 
-`resolve_meanings` turns the parsed values of `MEANINGS` into setting changes, notes and refusals.
+Every other flag that Megatron-LM, Megatron-DeepSpeed or DeepSpeed defines (harvested into
+gpt/megatron_flags_harvested.json) is classified in gpt/megatron_flag_classes.py and parsed by
+gpt/harvested_flags.py. `resolve_meanings` turns the parsed values of `MEANINGS` and of those flags into
+setting changes, notes (the flags with no effect on the math in one line) and refusals (one error).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any, Callable, Optional
 
 from gpt.config_sources import FLAG, JSON, Source
 from gpt.errors import ConfigError
+from gpt.harvested_flags import resolve_harvested
+from gpt.megatron_flag_classes import NO_PIPELINE, NO_SEQUENCE_PARALLEL
 
 # alias -> (our flag, whose name it is)
 ALIASES: dict[str, tuple[str, str]] = {
@@ -39,6 +45,38 @@ ALIASES: dict[str, tuple[str, str]] = {
     "--recompute-num-layers": ("--checkpoint-num-layers", "Megatron-LM (with --recompute-method uniform)"),
     "--wandb-exp-name": ("--wandb-run-name", "Megatron-LM"),
     "--overlap-grad-reduce": ("--overlap-comm", "Megatron-LM"),
+    "--zero-reduce-bucket-size": ("--reduce-bucket-size", "DeepSpeed-Megatron"),
+    "--zero-allgather-bucket-size": ("--allgather-bucket-size", "DeepSpeed-Megatron"),
+    "--zero-contigious-gradients": ("--contiguous-gradients", "DeepSpeed-Megatron (their spelling)"),
+    "--zero-reduce-scatter": ("--reduce-scatter", "DeepSpeed-Megatron"),
+    "--ddp-bucket-size": ("--reduce-bucket-size", "Megatron-LM"),
+    "--deepscale_config": ("--zero-config", "DeepSpeed (deprecated)"),
+    "--data-cache-path": ("--data-cache-dir", "Megatron-LM"),
+    "--norm-epsilon": ("--layernorm-epsilon", "Megatron-LM"),
+    "--encoder-seq-length": ("--seq-length", "Megatron-LM (a GPT's only sequence)"),
+    "--encoder-num-layers": ("--num-layers", "Megatron-LM (a GPT's only stack)"),
+    "--distribute-saved-activations": ("--partition-activations", "Megatron-LM"),
+    "--distribute-checkpointed-activations": ("--partition-activations", "Megatron-LM 2.x and DeepSpeed-Megatron"),
+    "--activations-checkpoint-num-layers": ("--checkpoint-num-layers", "Megatron-LM 2.x"),
+    "--min-scale": ("--min-loss-scale", "DeepSpeedExamples' Megatron"),
+    "--fp32-allreduce": ("--accumulate-allreduce-grads-in-fp32", "DeepSpeedExamples' Megatron"),
+    "--gas": ("--gradient-accumulation-steps", "DeepSpeedExamples' Megatron 3D"),
+    "--warmup-iters": ("--lr-warmup-iters", "DeepSpeedExamples' Megatron ZeRO-3"),
+    "--persistent-save-interval": ("--save-interval", "Megatron-LM"),
+    "--tokenizer-name-or-path": ("--tokenizer-file", "BigScience's Megatron-DeepSpeed"),
+}
+
+# option -> (dest, value, what it means, whose): a name for one value of one of our settings
+SPELLINGS: dict[str, tuple[str, Any, str, str]] = {
+    "--use-flash-attn": ("attention_backend", "flash", "--attention-backend flash", "Megatron-LM"),
+    "--use-flash-attn-v1": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
+    "--use-flash-attn-v2": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
+    "--use-flash-attn-triton": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
+    "--use-flash-attn-builder": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
+    "--openai-gelu": ("activation", "gelu_tanh", "--activation gelu_tanh (OpenAI's tanh approximation)",
+                      "Megatron-LM"),
+    "--grad-reduce-in-bf16": ("accumulate_allreduce_grads_in_fp32", False,
+                              "--no-accumulate-allreduce-grads-in-fp32 (reduce gradients in bf16)", "Megatron-LM"),
 }
 
 
@@ -51,7 +89,18 @@ def describe_alias(option: str) -> str:
     if option in ALIASES:
         target, whose = ALIASES[option]
         return f"{option} ({whose}'s name for {target})"
+    if option in SPELLINGS:
+        _, _, means, whose = SPELLINGS[option]
+        return f"{option} ({whose}'s name for {means})"
     return option
+
+
+def add_spellings(group, dest: str) -> None:
+    """The SPELLINGS entries of `dest`, as store_const arguments beside our flag."""
+    for option, (target, value, means, whose) in SPELLINGS.items():
+        if target == dest:
+            group.add_argument(option, dest=dest, action="store_const", const=value,
+                               help=f"{whose}'s name for {means}")
 
 
 @dataclass(frozen=True)
@@ -82,12 +131,6 @@ SELECTIVE_RECOMPUTE = ("Megatron's selective recompute keeps the s x s attention
                        "recomputing the core attention; here SDPA's fused kernels never store them (flash and "
                        "memory-efficient on CUDA, flash on a CPU without attention dropout), so nothing is "
                        "checkpointed (--recompute-granularity full checkpoints whole blocks for more memory savings)")
-NO_PIPELINE = ("pipeline parallelism is not implemented; ZeRO replaces it: --zero-stage 3 partitions the parameters, "
-               "gradients and optimizer states over data parallelism, with --tensor-model-parallel-size inside a node "
-               "and --checkpoint-activations --partition-activations for activation memory")
-NO_SEQUENCE_PARALLEL = ("sequence parallelism is not implemented yet; --checkpoint-activations "
-                        "--partition-activations (ZeRO-R's P_a) splits the checkpointed activations over the "
-                        "tensor-parallel ranks instead")
 NO_BLOCK_RECOMPUTE = ("--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not "
                       "implemented; use --recompute-method uniform (every block, in groups of "
                       "--recompute-num-layers)")
@@ -113,7 +156,8 @@ MEANINGS: list[Meaning] = [
             NO_EFFECT_FLAGS["no_bias_dropout_fusion"]),
     Meaning(("--no-gradient-accumulation-fusion",), "no_gradient_accumulation_fusion", "Megatron-LM",
             {"action": "store_true"}, NO_EFFECT_FLAGS["no_gradient_accumulation_fusion"]),
-    Meaning(("--distributed-backend",), "distributed_backend", "Megatron-LM", {"choices": ("nccl", "gloo", "ccl")},
+    Meaning(("--distributed-backend",), "distributed_backend", "Megatron-LM",
+            {"choices": ("nccl", "gloo", "ccl", "hccl")},
             "torch.distributed's backend; here it follows the device: NCCL for CUDA processes, gloo for CPU ones"),
     Meaning(("--use-distributed-optimizer",), "use_distributed_optimizer", "Megatron-LM", {"action": "store_true"},
             "Megatron's distributed optimizer shards the optimizer state over data parallelism: ZeRO stage 1 "
@@ -124,7 +168,8 @@ MEANINGS: list[Meaning] = [
             {"choices": ("full", "selective")},
             f"full: --checkpoint-activations, in groups of --recompute-num-layers blocks; selective: "
             f"{SELECTIVE_RECOMPUTE}"),
-    Meaning(("--recompute-method",), "recompute_method", "Megatron-LM", {"choices": ("uniform", "block")},
+    Meaning(("--recompute-method", "--activations-checkpoint-method"), "recompute_method", "Megatron-LM",
+            {"choices": ("uniform", "block")},
             "uniform: groups of --recompute-num-layers blocks (--checkpoint-num-layers); block is not implemented"),
     Meaning(("--pipeline-model-parallel-size",), "pipeline_model_parallel_size", "Megatron-LM", {"type": int},
             "1 only: pipeline parallelism is not implemented; ZeRO replaces it"),
@@ -148,20 +193,35 @@ class Resolved:
     refused: list[str] = field(default_factory=list)
 
 
+NO_EFFECT_LINE = "Megatron-LM and DeepSpeed flags accepted with no effect on the math"
+
+
+def no_effect_line(accepted: list[tuple[str, str]]) -> str:
+    """One line for every flag accepted with no effect: flags sharing a reason are listed together."""
+    by_reason: dict[str, list[str]] = {}
+    for shown, reason in accepted:
+        by_reason.setdefault(reason, []).append(shown)
+    return f"{NO_EFFECT_LINE}: " + "; ".join(f"{', '.join(flags)} ({reason})" for reason, flags in by_reason.items())
+
+
 def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
-                     option_used: Callable[[str], Optional[str]]) -> Resolved:
+                     option_used: Callable[[str], Optional[str]],
+                     harvested: Optional[dict[str, Any]] = None) -> Resolved:
     """`values`: the parsed MEANINGS dests; `settings`: the parsed settings (read, never written);
-    `option_used(dest)`: the option the user wrote for a dest. Raises one ConfigError for every
-    refused flag at once."""
+    `option_used(dest)`: the option the user wrote for a dest; `harvested`: the other Megatron and
+    DeepSpeed flags given ({option: value}, gpt/harvested_flags.py). The flags with no effect on the
+    math become one note; raises one ConfigError for every refused flag at once."""
     resolved = Resolved()
     given = {dest: value for dest, value in values.items() if value is not None and value is not False}
 
     def change(setting: str, value: Any, dest: str, why: str) -> None:
         resolved.changes[setting] = (value, Source(FLAG, option_used(dest) or dest, note=why))
 
-    for dest in NO_EFFECT_FLAGS:
-        if dest in given:
-            resolved.notes.append(f"{option_used(dest)}: accepted, no effect on the math ({NO_EFFECT_FLAGS[dest]})")
+    accepted = [(option_used(dest), NO_EFFECT_FLAGS[dest]) for dest in NO_EFFECT_FLAGS if dest in given]
+    harvested_accepted, resolved.refused = resolve_harvested(harvested or {}, settings)
+    accepted += harvested_accepted
+    if accepted:
+        resolved.notes.append(no_effect_line(accepted))
     if "distributed_backend" in given:
         resolved.notes.append(f"--distributed-backend {given['distributed_backend']}: accepted; the backend follows "
                               f"the device here (NCCL for CUDA processes, gloo for CPU ones)")
@@ -193,3 +253,32 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     if resolved.refused:
         raise ConfigError("; ".join(resolved.refused))
     return resolved
+
+
+HONOURED, ALIAS, NO_EFFECT = "honoured", "alias", "no-effect"
+
+
+def classify_harvested(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """{harvested option: honoured, alias, no-effect, at-value, or refused}; an option in no
+    class is missing. `parser` is gpt.arguments.build_parser()'s."""
+    from gpt.harvested_flags import harvested_options
+    from gpt.megatron_flag_classes import AT_VALUE_CLASS, CLASS_OF, REFUSED_CLASS
+
+    meaning_class = {}
+    for meaning in MEANINGS:
+        kind = (NO_EFFECT if meaning.dest in NO_EFFECT_FLAGS or meaning.dest == "distributed_backend"
+                else AT_VALUE_CLASS if meaning.dest == "pipeline_model_parallel_size"
+                else REFUSED_CLASS if meaning.dest == "sequence_parallel" else HONOURED)
+        meaning_class[meaning.options[0]] = kind
+        meaning_class.update({option: ALIAS for option in meaning.options[1:]})
+    classes = {}
+    for option in harvested_options():
+        if option in CLASS_OF:
+            classes[option] = CLASS_OF[option][0]
+        elif option in ALIASES or option in SPELLINGS:
+            classes[option] = ALIAS
+        elif option in meaning_class:
+            classes[option] = meaning_class[option]
+        elif option in parser._option_string_actions:
+            classes[option] = HONOURED
+    return classes

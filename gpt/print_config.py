@@ -2,8 +2,8 @@
 
 Four parts: the settings by section (value, then source: default, the preset, the DeepSpeed JSON key,
 or the flag as typed -- a Megatron or DeepSpeed name shows as itself); the Megatron-LM and DeepSpeed
-flags that are not settings and what each does here; every key of the DeepSpeed JSON and what became
-of it; and the numbers derived from several settings (a fractional warmup, a batch ramp).
+flags that are not settings and what each does here (their meaning, or why they have no effect);
+every key of the DeepSpeed JSON and what became of it; and the numbers derived from several settings (a fractional warmup, a batch ramp).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import fields
 from typing import Any
 
 from gpt.config_sources import DEFAULT, Source, show_value
+from gpt.harvested_flags import resolve_harvested
 from gpt.megatron_flags import MEANINGS, NO_EFFECT_FLAGS
 from gpt.batch_schedule import batch_schedule
 from gpt.schedule import build_lr_schedule, train_iterations
@@ -34,10 +35,12 @@ def format_config(parsed) -> str:
         for f in fields(getattr(config, section)):
             value = getattr(getattr(config, section), f.name)
             lines.append(_row(f.name, show_value(value), sources.get(f.name, Source(DEFAULT)).describe()))
-    if parsed.meanings:
+    if parsed.meanings or parsed.harvested:
         lines.append("Megatron-LM and DeepSpeed flags that are not settings here")
         lines += [_row(_typed(dest, value, sources), "", _meaning(dest, value))
                   for dest, value in parsed.meanings.items()]
+        accepted, _ = resolve_harvested(parsed.harvested or {}, None)  # the refused ones stopped the parse
+        lines += [_row(shown, "", f"accepted, no effect on the math: {reason}") for shown, reason in accepted]
     if parsed.deepspeed is not None:
         lines.append(f"DeepSpeed JSON {parsed.deepspeed.source}: every key")
         for verdict in parsed.deepspeed.verdicts:

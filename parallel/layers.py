@@ -107,12 +107,13 @@ class RowParallelLinear(nn.Module):
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int,
                       pad_to: Optional[int] = None) -> int:
     """Round the vocabulary up to a multiple of divisible_by x TP (fast GEMM shapes, equal shards), or
-    to exactly `pad_to` (BigScience's --pad-vocab-size-to, which keeps one size across TP layouts)."""
+    to exactly `pad_to` (BigScience's --pad-vocab-size-to, Megatron-LM's --padded-vocab-size), which
+    must hold the vocabulary and split evenly over TP. (BigScience also asks for a multiple of
+    divisible_by; Megatron-LM does not, and the math is the same, so neither is asked here.)"""
     if pad_to is not None:
-        if pad_to < vocab_size or pad_to % divisible_by or pad_to % tensor_parallel_size:
+        if pad_to < vocab_size or pad_to % tensor_parallel_size:
             raise ValueError(f"--pad-vocab-size-to {pad_to} must be at least the vocabulary ({vocab_size}) and "
-                             f"divisible by --make-vocab-size-divisible-by {divisible_by} and by "
-                             f"--tensor-model-parallel-size {tensor_parallel_size}")
+                             f"divisible by --tensor-model-parallel-size {tensor_parallel_size}")
         return pad_to
     multiple = divisible_by * tensor_parallel_size
     return ((vocab_size + multiple - 1) // multiple) * multiple

@@ -91,7 +91,8 @@ def test_options_need_checkpoint_activations(flag):
      "--number-checkpoints 3 is fewer than the 4 checkpoints of --num-layers 4 / --checkpoint-num-layers 1"),
     (["--checkpoint-activations", "--num-layers", "5", "--checkpoint-num-layers", "2", "--number-checkpoints", "2"],
      "--number-checkpoints 2 is fewer than the 3 checkpoints of --num-layers 5 / --checkpoint-num-layers 2"),
-    (["--checkpoint-num-layers", "x"], "argument --checkpoint-num-layers/--recompute-num-layers: invalid int value"),
+    (["--checkpoint-num-layers", "x"],
+     "argument --checkpoint-num-layers/--recompute-num-layers/--activations-checkpoint-num-layers: invalid int value"),
 ])
 def test_bad_settings_name_the_flags(argv, words):
     with pytest.raises(ConfigError) as error:

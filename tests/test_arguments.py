@@ -49,7 +49,7 @@ def test_the_papers_1_5b_preset():
     (["--hidden-size", "100", "--num-attention-heads", "3"], "--hidden-size 100 is not divisible"),
     (["--seq-length", "256", "--max-position-embeddings", "128"], "--seq-length 256 is larger"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["--num-layers", "two"], "--num-layers: invalid int value"),
+    (["--num-layers", "two"], "--num-layers/--encoder-num-layers: invalid int value"),
     (["--lr-decay-style", "step"], "invalid choice"),
     (["--config", "no-such-preset"], "no such preset"),
     (["--data-path", "x"], "--data-path needs the tokenizer"),
@@ -70,7 +70,7 @@ def test_unknown_yaml_key_is_named_with_its_file(tmp_path):
     with pytest.raises(ConfigError, match="bad.yaml: unknown key 'num_layerz'"):
         parse_config(["--config", str(preset)])
     preset.write_text("num_layers: many\n")
-    with pytest.raises(ConfigError, match="bad.yaml: argument --num-layers: invalid int value"):
+    with pytest.raises(ConfigError, match="bad.yaml: argument --num-layers/--encoder-num-layers: invalid int value"):
         parse_config(["--config", str(preset)])
 
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Refresh gpt/megatron_flags_harvested.json from git mirrors of the source repositories.
+# MIRRORS holds OWNER+NAME/repo git directories (e.g. made with `git clone --mirror`).
+set -euo pipefail
+MIRRORS=${MIRRORS:-/work/.mirror}
+MLM=$MIRRORS/NVIDIA+Megatron-LM/repo
+MDS=$MIRRORS/microsoft+Megatron-DeepSpeed/repo
+BIG=$MIRRORS/bigscience-workshop+Megatron-DeepSpeed/repo
+DSE=$MIRRORS/microsoft+DeepSpeedExamples/repo
+DS=$MIRRORS/microsoft+DeepSpeed/repo
+# DeepSpeedExamples removed its Megatron forks in 127c7a10 (2023-03-30); 89ce0d5a is the last commit
+# that touched them (it moved them under megatron/).
+DSE_FORKS=89ce0d5a40cec1772c8673bf01c532828ce3d31d
+cd "$(dirname "$0")/.."
+python scripts/harvest_megatron_flags.py --out gpt/megatron_flags_harvested.json \
+  --source megatron-lm NVIDIA/Megatron-LM "$MLM" d98e8a64ddf34856e74b24714e3bedb2f5a39553 megatron/training/arguments.py \
+  --source megatron-lm-core_v0.15.0 NVIDIA/Megatron-LM "$MLM" core_v0.15.0 megatron/training/arguments.py \
+  --source megatron-lm-23.04 NVIDIA/Megatron-LM "$MLM" 23.04 megatron/arguments.py \
+  --source megatron-lm-v2.6 NVIDIA/Megatron-LM "$MLM" v2.6 megatron/arguments.py \
+  --source megatron-deepspeed microsoft/Megatron-DeepSpeed "$MDS" f4157bea69f3df8c6cb66f2ebcda66ba03d1288e megatron/arguments.py \
+  --source bigscience-megatron-deepspeed bigscience-workshop/Megatron-DeepSpeed "$BIG" 8387ae17c4704f6579f88a84500b535d19d7fbbf megatron/arguments.py \
+  --source dse-megatron-lm microsoft/DeepSpeedExamples "$DSE" $DSE_FORKS megatron/Megatron-LM/arguments.py \
+  --source dse-megatron-lm-v1.1.5-zero3 microsoft/DeepSpeedExamples "$DSE" $DSE_FORKS megatron/Megatron-LM-v1.1.5-ZeRO3/megatron/arguments.py \
+  --source dse-megatron-lm-v1.1.5-3d microsoft/DeepSpeedExamples "$DSE" $DSE_FORKS megatron/Megatron-LM-v1.1.5-3D_parallelism/megatron/arguments.py \
+  --source deepspeed microsoft/DeepSpeed "$DS" 38327e07f6cd39b63418f60cedd1651b0be3e7c3 deepspeed/__init__.py \
+  --source deepspeed-v0.13.0 microsoft/DeepSpeed "$DS" v0.13.0 deepspeed/__init__.py \
+  "$@"

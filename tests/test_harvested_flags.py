@@ -1,0 +1,255 @@
+"""Every flag that Megatron-LM, Megatron-DeepSpeed, DeepSpeedExamples' Megatron forks and DeepSpeed define
+(harvested into gpt/megatron_flags_harvested.json by scripts/harvest_megatron_flags.py) is honoured,
+an alias of ours, accepted with no effect on the math (said in one line, with the reason), accepted at
+its no-op value, or refused in one line with what to use -- never "unrecognized arguments"."""
+
+import argparse
+import difflib
+
+import pytest
+
+from gpt.arguments import build_parser, parse_arguments, parse_config
+from gpt.config import ConfigError
+from gpt.flag_equivalents import nearest_flag, unknown_flags_message
+from gpt.harvested_flags import harvested, harvested_options
+from gpt.megatron_flag_classes import AT_VALUE, CLASS_OF, NO_EFFECT_CLASS, REFUSED_CLASS
+from gpt.megatron_flags import NO_EFFECT_LINE, classify_harvested
+
+# Issue 22's schedule, exit and vocabulary flags, with Megatron's other spellings of them: all ours.
+LEADS_LIST = ("--train-samples", "--lr-decay-samples", "--lr-warmup-samples", "--train-tokens", "--lr-decay-tokens",
+              "--lr-warmup-tokens", "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler",
+              "--kill-switch-path", "--pad-vocab-size-to", "--override-opt-param-scheduler",
+              "--use-checkpoint-opt-param-scheduler", "--override-lr-scheduler", "--use-checkpoint-lr-scheduler",
+              "--kill-switch-file", "--padded-vocab-size", "--no-pad-vocab-size", "--disable-pad-vocab-size",
+              "--exit-duration-in-mins", "--exit-interval", "--init-method-std", "--lr-warmup-init")
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return build_parser()
+
+
+@pytest.fixture(scope="module")
+def classes(parser):
+    return classify_harvested(parser)
+
+
+def test_the_data_file_names_its_sources():
+    data = harvested()
+    repositories = {source["repository"] for source in data["sources"]}
+    assert {"NVIDIA/Megatron-LM", "microsoft/Megatron-DeepSpeed", "bigscience-workshop/Megatron-DeepSpeed",
+            "microsoft/DeepSpeedExamples", "microsoft/DeepSpeed"} <= repositories
+    assert all(len(source["commit"]) == 40 and source["option_strings"] > 0 for source in data["sources"])
+    assert len(data["flags"]) > 1000
+    labels = {source["label"] for source in data["sources"]}
+    assert all(set(entry["sources"]) <= labels for entry in data["flags"].values())
+
+
+def test_every_harvested_flag_is_classified(classes):
+    """A harvested name in no class fails here: classify it in gpt/megatron_flag_classes.py (or make it
+    an alias in gpt/megatron_flags.py) after re-running scripts/harvest_megatron_flags.sh."""
+    assert [option for option in harvested_options() if option not in classes] == []
+
+
+def test_the_class_tables_name_only_harvested_flags_that_are_not_ours(parser):
+    assert sorted(set(CLASS_OF) - set(harvested_options())) == []  # a typo in the tables
+    from gpt.harvested_flags import add_harvested
+    bare = argparse.ArgumentParser()
+    generated = set(add_harvested(bare))
+    ours = {option for option in parser._option_string_actions
+            if parser._option_string_actions[option].dest != option}
+    assert generated == set(CLASS_OF) and not generated & ours
+
+
+def test_the_schedule_exit_and_vocabulary_flags_are_ours(classes):
+    assert {option: classes[option] for option in LEADS_LIST if classes[option] not in ("honoured", "alias")} == {}
+
+
+def test_class_counts(classes):
+    counts = {kind: sum(1 for value in classes.values() if value == kind) for kind in set(classes.values())}
+    assert counts["honoured"] > 60 and counts["alias"] > 30 and counts[NO_EFFECT_CLASS] > 500
+    assert counts[REFUSED_CLASS] > 50 and counts["at-value"] == len(AT_VALUE) + 1  # and --pipeline-model-parallel-size
+
+
+# ---- (b) every harvested flag with a value of its harvested shape --------------------------------------
+
+def sample_values(option):
+    """A value list that the first source's parser accepts for `option`."""
+    shape = harvested()["flags"][option]["shapes"][0]
+    if shape["action"] in ("store_true", "store_false", "store_const", "BooleanOptionalAction", "count"):
+        return []
+    choices = shape.get("choices")
+    value = (str(choices[0]) if isinstance(choices, list) and choices and choices[0] is not None
+             else {"int": "1", "float": "0.5"}.get(shape.get("type"), "x"))
+    nargs = shape.get("nargs")
+    return [value] * (nargs if isinstance(nargs, int) else 1)
+
+
+def test_no_harvested_flag_is_unrecognized(parser):
+    """Each flag alone, through the parser pretrain_gpt.py uses: argparse may refuse a value it does not
+    take (an invalid choice of one of our flags), never the flag."""
+    for option in harvested_options():
+        argv = [option, *sample_values(option)]
+        try:
+            _, unknown = parser.parse_known_args(argv)
+        except ConfigError as error:
+            assert "unrecognized" not in str(error) and option in str(error), (argv, str(error))
+            continue
+        assert unknown == [], argv
+
+
+def no_effect_argv():
+    argv = []
+    for option, (kind, _) in CLASS_OF.items():
+        if kind == NO_EFFECT_CLASS:
+            argv += [option, *sample_values(option)]
+    return argv
+
+
+def test_every_no_effect_flag_is_accepted_and_said_in_the_one_line():
+    argv = no_effect_argv()
+    parsed = parse_arguments(argv)
+    lines = [note for note in parsed.notes if note.startswith(NO_EFFECT_LINE)]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    for option, (kind, reason) in CLASS_OF.items():
+        if kind == NO_EFFECT_CLASS:
+            assert option in lines[0] and reason in lines[0], option
+    assert parsed.config.to_dict() == parse_config([]).to_dict()  # no setting moved
+
+
+def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere():
+    settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4",
+                     "--init-method-std", "0.02"]
+    no_op = {"--num-experts": "1", "--num-experts-switch": "1", "--expert-model-parallel-size": "1",
+             "--moe-expert-parallel-size": "1", "--ds-sequence-parallel-size": "1", "--context-parallel-size": "1",
+             "--pipe-parallel-size": "0", "--mtp-num-layers": "0", "--optimizer": "adam",
+             "--position-embedding-type": "learned_absolute", "--normalization": "LayerNorm",
+             "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
+             "--main-grads-dtype": "fp32", "--main-params-dtype": "fp32",
+             "--exp-avg-dtype": "fp32", "--exp-avg-sq-dtype": "fp32", "--weight-decay-incr-style": "constant",
+             "--vocab-extra-ids": "0", "--error-injection-rate": "0", "--num-key-value-heads": "4",
+             "--kv-channels": "32", "--num-unique-layers": "4", "--embedding-init-method-std": "0.02"}
+    other = {"--num-experts": "8", "--num-experts-switch": "8", "--expert-model-parallel-size": "2",
+             "--moe-expert-parallel-size": "2", "--ds-sequence-parallel-size": "2", "--context-parallel-size": "2",
+             "--pipe-parallel-size": "4", "--mtp-num-layers": "1", "--optimizer": "sgd",
+             "--position-embedding-type": "rope", "--normalization": "RMSNorm", "--softmax-type": "learnable",
+             "--dataloader-type": "cyclic", "--remote-device": "cpu",
+             "--main-grads-dtype": "bf16", "--main-params-dtype": "fp16", "--exp-avg-dtype": "bf16",
+             "--exp-avg-sq-dtype": "bf16", "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
+             "--error-injection-rate": "5", "--num-key-value-heads": "2", "--kv-channels": "64",
+             "--num-unique-layers": "2", "--embedding-init-method-std": "0.01"}
+    assert set(no_op) == set(other) == set(AT_VALUE)
+    parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
+    line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
+    for option, value in no_op.items():
+        assert f"{option} {value}" in line and AT_VALUE[option].no_effect in line, option
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(settings_argv + [token for option, value in other.items() for token in (option, value)])
+    message = str(error.value)
+    assert "\n" not in message
+    for option, value in other.items():
+        assert f"{option} {value}: {AT_VALUE[option].refused}" in message, option
+
+
+def test_refused_flags_end_in_their_one_line_reason():
+    argv, expected = [], []
+    for option, (kind, reason) in CLASS_OF.items():
+        if kind == REFUSED_CLASS:
+            values = sample_values(option)
+            argv += [option, *values]
+            expected.append(f"{' '.join([option, *values])}: {reason}")
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(argv)
+    message = str(error.value)
+    assert "\n" not in message and "unrecognized" not in message
+    assert [clause for clause in expected if clause not in message] == []
+
+
+# ---- (c) the flags the issue names ----------------------------------------------------------------------
+
+def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
+    parsed = parse_arguments(["--data-impl", "mmap", "--num-experts", "1", "--moe-loss-coeff", "0.01",
+                              "--optimizer", "adam", "--no-query-key-layer-scaling", "--wandb-save-dir", "X",
+                              "--ds-sequence-parallel-size", "1", "--log-timers-to-tensorboard",
+                              "--no-pipeline-parallel", "--tensorboard-queue-size", "1",
+                              "--no-async-tensor-model-parallel-allreduce", "--scattered-embeddings",
+                              "--split-transformers", "--log-batch-size-to-tensorboard",
+                              "--log-validation-ppl-to-tensorboard", "--log-optimizer-states-to-tensorboard"])
+    lines = [note for note in parsed.notes if note.startswith(NO_EFFECT_LINE)]
+    assert len(lines) == 1
+    line = lines[0]
+    assert "--data-impl mmap (every implementation (mmap, cached, lazy, infer) reads the same .bin/.idx" in line
+    assert "--num-experts 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
+    assert "--moe-loss-coeff 0.01 (mixture-of-experts knob" in line
+    assert "--optimizer adam (Megatron's adam is AdamW" in line
+    assert "--wandb-save-dir X (W&B writes its files beside --metrics-file here)" in line
+    assert "--ds-sequence-parallel-size 1 (sequence parallelism over 1 rank is none)" in line
+    assert "--log-timers-to-tensorboard, --tensorboard-queue-size 1, --log-batch-size-to-tensorboard, " \
+           "--log-validation-ppl-to-tensorboard, --log-optimizer-states-to-tensorboard (logging:" in line
+    for flag in ("--no-query-key-layer-scaling", "--no-pipeline-parallel", "--no-async-tensor-model-parallel-allreduce",
+                 "--scattered-embeddings", "--split-transformers"):
+        assert flag in line
+
+
+@pytest.mark.parametrize("theirs, ours", [
+    (["--zero-reduce-bucket-size", "1e7"], ["--reduce-bucket-size", "1e7"]),
+    (["--zero-allgather-bucket-size", "1e7"], ["--allgather-bucket-size", "1e7"]),
+    (["--zero-contigious-gradients"], ["--contiguous-gradients"]),
+    (["--zero-reduce-scatter", "--no-reduce-scatter", "--zero-reduce-scatter"], ["--reduce-scatter"]),
+    (["--deepscale_config", "stage2"], ["--zero-config", "stage2"]),
+    (["--norm-epsilon", "1e-6"], ["--layernorm-epsilon", "1e-6"]),
+    (["--distribute-saved-activations", "--checkpoint-activations"],
+     ["--partition-activations", "--checkpoint-activations"]),
+    (["--min-scale", "2"], ["--min-loss-scale", "2"]),
+    (["--openai-gelu", "--activation", "gelu", "--openai-gelu"], ["--activation", "gelu_tanh"]),
+    (["--use-flash-attn-v2"], ["--attention-backend", "flash"]),
+    (["--bf16", "--grad-reduce-in-bf16"], ["--bf16", "--no-accumulate-allreduce-grads-in-fp32"]),
+    (["--activations-checkpoint-method", "uniform", "--checkpoint-activations"], ["--checkpoint-activations"]),
+])
+def test_aliases_set_what_our_flag_sets(theirs, ours):
+    assert parse_config(theirs).to_dict() == parse_config(ours).to_dict()
+
+
+def test_the_deepspeed_fork_zero_spellings_are_aliases_and_show_as_such():
+    config = parse_config(["--zero-reduce-bucket-size", "1e7"])
+    assert config.zero.reduce_bucket_size == 10**7
+    assert config.sources["reduce_bucket_size"].describe().startswith(
+        "--zero-reduce-bucket-size (DeepSpeed-Megatron's name for --reduce-bucket-size)")
+
+
+# ---- (d) hints only where the match is real -----------------------------------------------------------------
+
+def test_no_wrong_hints_for_megatron_flags(parser):
+    for flag, wrong in (("--data-impl", "--data-path"), ("--override-opt_param-scheduler", "--overlap-param-gather"),
+                        ("--no-async-tensor-model-parallel-allreduce", "--tensor-model-parallel-size")):
+        try:
+            parse_arguments([flag, *sample_values(flag)])
+        except ConfigError as error:
+            assert wrong not in str(error) and "did you mean" not in str(error)
+        own = [option for option in parser._option_string_actions
+               if option.startswith("--") and parser._option_string_actions[option].dest != option]
+        if flag not in own:  # (--override-opt_param-scheduler is ours now, with its hyphenated spelling)
+            assert nearest_flag(flag, own) is None  # even against our own flags alone
+        assert difflib.get_close_matches(flag, [wrong], cutoff=0.6)  # the old cutoff matched it
+
+
+def test_unknown_flags_are_listed_together_with_real_hints_only(parser):
+    message = unknown_flags_message(["--num-layer", "2", "--hidden_size", "--data-imp", "x", "--zzzz"], parser)
+    assert message == ("unrecognized arguments: --num-layer 2 --hidden_size --data-imp x --zzzz (--num-layer: did "
+                       "you mean --num-layers?; --hidden_size: did you mean --hidden-size?; --data-imp: did you mean "
+                       "--data-impl?; --zzzz: no flag of that name or near it (python pretrain_gpt.py --help lists "
+                       "them))")
+
+
+def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatch):
+    import pretrain_gpt
+
+    monkeypatch.setattr(pretrain_gpt, "initialize", lambda *args, **kwargs: pytest.fail("training started"))
+    assert pretrain_gpt.main(["--print-config", "--data-impl", "mmap", "--num-experts", "1",
+                              "--zero-reduce-bucket-size", "1e7"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert any(row.split()[:2] == ["--data-impl", "mmap"] and "# accepted, no effect on the math: every "
+               "implementation" in row for row in rows)
+    assert any(row.split()[:2] == ["--num-experts", "1"] and "one expert is the dense model" in row for row in rows)
+    assert any(row.split()[:2] == ["reduce_bucket_size", "10000000"] and "--zero-reduce-bucket-size (DeepSpeed-"
+               "Megatron's name for --reduce-bucket-size)" in row for row in rows)
