@@ -29,7 +29,8 @@ from gpt.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inheri
                                 show_value, values_set_by)
 from gpt.errors import OneLineArgumentParser
 from gpt.flag_equivalents import unknown_flags_message
-from gpt.harvested_flags import add_harvested, classified_options, resolve_harvested
+from gpt.harvested_flags import add_harvested, classified_options, harvested, resolve_harvested
+from gpt.megatron_defaults import megatron_default_note
 from gpt.megatron_flags import (MEANING_DESTS, add_meanings, add_spellings, aliases_of, describe_alias,
                                 resolve_meanings)
 from zero.config import ZERO_STAGES
@@ -479,6 +480,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
     except ConfigError as error:
         raise name_inherited_values(error, parser, sources, settings.get) from None
     notes = list(resolved.notes)
+    default_note = megatron_default_note(parser, settings, sources, "config" in typed, harvested()["flags"])
+    if default_note:
+        notes.append(default_note)
     if translation is not None and translation.info_line():
         notes.append(translation.info_line())
     given = {dest: value for dest, value in meanings.items() if value is not None and value is not False}

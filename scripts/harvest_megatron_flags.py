@@ -334,16 +334,20 @@ def harvest(sources: list[list[str]], unavailable: list[str]) -> dict:
                                                           "dest": dest, "sources": []})
                 if label not in record["sources"]:
                     record["sources"].append(label)
+                if "default" in shape and shape["default"] is not None:  # Megatron's defaults, by source
+                    entry.setdefault("defaults", {})[label] = shape["default"]
         described.append({"label": label, "repository": repository, "path": path, "ref": rev, "commit": commit,
                           "date": date, "option_strings": len(options_here), "not_read": problems})
     ordered = {}
     for option in sorted(flags):
         entry = flags[option]
         ordered[option] = {"sources": entry["sources"], "shapes": list(entry["shapes"].values())}
+        if entry.get("defaults"):
+            ordered[option]["defaults"] = entry["defaults"]
     return {
         "about": "Option strings of Megatron-LM, Megatron-DeepSpeed, DeepSpeedExamples' Megatron forks and "
                  "DeepSpeed, harvested from their argument files with Python's ast by "
-                 "scripts/harvest_megatron_flags.py (names and argparse shapes only). Each flag lists the "
+                 "scripts/harvest_megatron_flags.py (names, argparse shapes, and literal defaults by source). Each flag lists the "
                  "sources that define it and each distinct shape with the sources that give it. "
                  "gpt/megatron_flag_classes.py and gpt/megatron_flags.py classify every option string.",
         "sources": described,
