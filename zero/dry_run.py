@@ -232,7 +232,14 @@ def _one_iteration(model, zero, plan: RunPlan, state, monitor: ActivationMonitor
     state.comm.stats.snapshot_and_reset()
     shape = (config.training.micro_batch_size, config.model.seq_length + 1)
     steps = plan.batch.final_accumulation_steps  # the steady state, after any batch-size ramp
-    for micro_batch in range(steps):
+    # Micro-batches 1 .. N-1 but the last run the same code on the same shapes under no_sync, so each
+    # sends what the first sends and holds what it holds; the last also synchronizes the gradients.
+    # Those two are simulated, and the first's bytes are counted for the ones between, so the plan
+    # costs the same at 2 and at 512 accumulation steps.
+    simulated = sorted({0, steps - 1})
+    repeated: dict[str, dict[str, int]] = {}
+    for micro_batch in simulated:
+        before = state.comm.stats.snapshot()
         tokens = torch.zeros(shape, dtype=torch.long, device=META)
         last = micro_batch == steps - 1
         with contextlib.nullcontext() if last else reducer.no_sync():
@@ -243,6 +250,13 @@ def _one_iteration(model, zero, plan: RunPlan, state, monitor: ActivationMonitor
             with probe.backward_meter.hooks():
                 zero.scale_loss(loss).backward()
         reducer.finish_grad_sync()
+        if micro_batch == 0 and not last:
+            after = state.comm.stats.snapshot()
+            repeated = {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
+                        for group, kinds in after.items()}
+    for group, kinds in repeated.items():
+        for kind, num_bytes in kinds.items():
+            state.comm.stats.add(group, kind, num_bytes * (steps - len(simulated)))
     # ShardedAdamW.step's collectives (its arithmetic needs values a meta tensor does not have).
     optimizer.grad_norm_squared(optimizer.gradients.partition_gradients())
     optimizer.publish_parameters()
