@@ -1,0 +1,8 @@
+"""The replay corpus of real launches (issue 22, point 7): launch scripts and DeepSpeed JSONs from public
+repositories, kept as written (launch.py says how), made small by shrink.py, replayed by
+tests/test_replay_corpus.py."""
+
+from tests.replay_corpus import bigscience, deepspeed, deepspeed_examples, megatron_deepspeed, megatron_lm
+
+CORPUS = (*megatron_lm.LAUNCHES, *megatron_deepspeed.LAUNCHES, *deepspeed_examples.LAUNCHES, *deepspeed.LAUNCHES,
+          *bigscience.LAUNCHES)

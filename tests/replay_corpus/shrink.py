@@ -1,0 +1,327 @@
+"""The one shrink the replay corpus goes through: tiny sizes and local paths, every other flag and JSON key as written.
+
+What changes, and only this:
+
+- model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 (and what follows from them:
+  --ffn-hidden-size and --kv-channels in the script's proportion to the hidden size, --num-key-value-heads
+  in its proportion to the heads), --seq-length 16 (--max-position-embeddings in the script's proportion to
+  it), --pad-vocab-size-to just above the local tokenizer's vocabulary;
+- parallel sizes the 2 ranks cannot hold: a tensor-parallel size above 2 becomes 2. Pipeline sizes stay as
+  written, so a refusal for pipeline parallelism is the real one;
+- batch sizes, the same way on both sides: every micro-batch number (the flags' --micro-batch-size or
+  --batch-size, the JSON's train_micro_batch_size_per_gpu, or the micro batch DeepSpeed derives from
+  train_batch_size / (gradient_accumulation_steps x data-parallel size)) goes through one map, 1 staying 1
+  and the others becoming 2, 3, ... in order; accumulation numbers (--gradient-accumulation-steps, the
+  accumulation a --global-batch-size implies, the JSON's gradient_accumulation_steps or the one it implies)
+  through another such map; each global batch is then micro x accumulation x the new data-parallel size.
+  Numbers that agreed in the original still agree and numbers that disagreed still disagree: a
+  contradiction between a script and its JSON is kept, for the code under test to resolve as the real
+  pair would. A --rampup-batch-size starts at one micro batch per rank and grows by the same step;
+- lengths: --train-iters 3, and --train-samples / --train-tokens to what 3 iterations consume (the ramp
+  included); lr schedules in iterations, samples or tokens keep their share of the run (at least 1);
+  fractions (--lr-warmup-fraction, --warmup) stay;
+- intervals: --log-interval and the JSON's steps_per_print through one map (1 stays 1, the others become
+  2, 3, ... in order), --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0);
+- paths: data prefixes become the local corpus (blend weights stay), tokenizer files the local GPT-2-format
+  tokenizer, save/load/TensorBoard/cache/codecarbon directories folders under `out_dir`, the JSON a file
+  there, BigScience's weighted-split-path files files there that name the local corpus. A
+  GPT2BPETokenizer that the script let download GPT-2's files gets them as --vocab-file and
+  --merge-file (the only flags added).
+
+Anything else is kept token for token, including flags this repository does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from tests.replay_corpus.launch import Launch
+
+WORLD_SIZE = 2
+ITERATIONS = 3
+TINY = {"--num-layers": 2, "--hidden-size": 32, "--num-attention-heads": 2, "--seq-length": 16}
+
+TENSOR_PARALLEL = ("--tensor-model-parallel-size", "--model-parallel-size")
+PIPELINE_PARALLEL = ("--pipeline-model-parallel-size", "--pipe-parallel-size")
+MICRO_BATCH = ("--micro-batch-size", "--batch-size")
+ACCUMULATION = ("--gradient-accumulation-steps", "--num-microbatches-in-minibatch", "--gas")
+JSON_CONFIG = ("--deepspeed_config", "--deepspeed-config")
+CHECKPOINT_DIRS = ("--save", "--load")
+DIRECTORIES = {"--tensorboard-dir": "tensorboard", "--cache-dir": "cache", "--codecarbon-dir": "codecarbon",
+               "--data-cache-path": "data-cache"}
+SCHEDULE_ITERS = ("--lr-decay-iters", "--lr-warmup-iters")
+SCHEDULE_SAMPLES = ("--lr-decay-samples", "--lr-warmup-samples")
+SCHEDULE_TOKENS = ("--lr-decay-tokens", "--lr-warmup-tokens")
+WEIGHTED_SPLITS = ("--train-weighted-split-paths-path", "--valid-weighted-split-paths-path")
+DATA = ("--data-path", "--train-data")
+TOKENIZER_FILES = ("--vocab-file", "--merge-file", "--tokenizer-name-or-path", "--tokenizer-model")
+
+# Every flag whose values the shrink may change; any other flag keeps its values token for token.
+CHANGED_FLAGS = frozenset({
+    *TINY, "--ffn-hidden-size", "--kv-channels", "--num-key-value-heads", "--max-position-embeddings",
+    "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to", *TENSOR_PARALLEL, *MICRO_BATCH,
+    "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--train-iters", "--train-samples",
+    "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
+    "--eval-interval", "--eval-iters", *DATA, *TOKENIZER_FILES, *CHECKPOINT_DIRS, *DIRECTORIES,
+    "--kill-switch-path", *WEIGHTED_SPLITS, *JSON_CONFIG,
+})
+# The JSON keys it may change (top level); every other key and value stays as written.
+CHANGED_JSON_KEYS = frozenset({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                               "steps_per_print"})
+
+
+@dataclass
+class LocalFiles:
+    """What the test prepared: a Megatron .bin/.idx corpus and a GPT-2-format tokenizer trained on it."""
+    data_prefix: str
+    tokenizer_dir: str  # vocab.json, merges.txt and tokenizer.json
+    vocab_size: int
+    out_dir: str  # this launch's checkpoints, JSON, TensorBoard events
+
+
+@dataclass
+class Shrunk:
+    argv: list[str]
+    files: dict[str, str] = field(default_factory=dict)  # path -> text the test writes before the run
+    added: list[str] = field(default_factory=list)  # flags added (a downloaded tokenizer's files)
+
+
+def split_flags(argv) -> list[tuple[str, list[str], bool]]:
+    """[(flag, values, inline)] in order. A value is any token after a flag up to the next `--` token;
+    `--flag=value` is one token (inline). Negative numbers are values."""
+    pairs: list[tuple[str, list[str], bool]] = []
+    for token in argv:
+        if token.startswith("--"):
+            flag, eq, value = token.partition("=")
+            pairs.append((flag, [value] if eq else [], bool(eq)))
+        elif pairs:
+            pairs[-1][1].append(token)
+        else:
+            raise ValueError(f"a value before any flag: {token!r}")
+    return pairs
+
+
+def join_flags(pairs) -> list[str]:
+    argv: list[str] = []
+    for flag, values, inline in pairs:
+        argv += [f"{flag}={values[0]}"] if inline else [flag, *values]
+    return argv
+
+
+def rank_map(values) -> dict[int, int]:
+    """1 stays 1; the other distinct values become 2, 3, ... in increasing order."""
+    others = sorted({v for v in values if v is not None and v != 1})
+    return {1: 1, **{value: index + 2 for index, value in enumerate(others)}}
+
+
+def number(text: str) -> int:
+    return int(float(text.replace("_", "")))
+
+
+def first(flags: dict, names, default=None):
+    for name in names:
+        if name in flags:
+            return flags[name]
+    return default
+
+
+def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
+    pairs = split_flags(launch.argv)
+    given = {flag: values for flag, values, _ in pairs}  # the last value wins, as in argparse
+    scalar = {flag: number(values[0]) for flag, values in given.items()
+              if len(values) == 1 and re.fullmatch(r"-?[\d_]+(\.\d*)?(e[+-]?\d+)?", values[0])}
+    config = json.loads(launch.json_text) if launch.json_text else {}
+
+    # Parallel sizes: the original grid, and the one on 2 ranks.
+    tp = first(scalar, TENSOR_PARALLEL, 1)
+    pp = first(scalar, PIPELINE_PARALLEL, 1)
+    dp = max(1, launch.world_size // (tp * pp))
+    new_tp = min(tp, WORLD_SIZE)
+    new_dp = max(1, WORLD_SIZE // (new_tp * pp))
+
+    # Batch sizes: one map for micro batches, one for accumulation steps, on both sides.
+    flag_micro = first(scalar, MICRO_BATCH)
+    flag_global = scalar.get("--global-batch-size")
+    flag_accumulation = first(scalar, ACCUMULATION)
+    if flag_accumulation is None and flag_global and flag_micro:
+        flag_accumulation = max(1, flag_global // (flag_micro * dp))
+    json_global = config.get("train_batch_size")
+    json_micro = config.get("train_micro_batch_size_per_gpu")
+    json_accumulation = config.get("gradient_accumulation_steps")
+    if json_global and json_micro is None:  # DeepSpeed: micro = train_batch_size / (accumulation x dp)
+        json_micro = max(1, json_global // ((json_accumulation or 1) * dp))
+    if json_global and json_accumulation is None:
+        json_accumulation = max(1, json_global // (json_micro * dp))
+    micro_map = rank_map([flag_micro, json_micro])
+    accumulation_map = rank_map([flag_accumulation, json_accumulation])
+    new_micro = micro_map[flag_micro] if flag_micro else micro_map[json_micro] if json_micro else 1
+    new_accumulation = accumulation_map.get(flag_accumulation or json_accumulation or 1, 1)
+    new_global = new_micro * new_accumulation * new_dp
+
+    ramp = None
+    if "--rampup-batch-size" in given:
+        step = new_micro * new_dp
+        if new_global <= step:
+            raise ValueError(f"{launch.name}: a batch ramp needs a global batch above one step")
+        ramp = (step, step, step * ((new_global - step) // step))
+    consumed = samples_in(ITERATIONS, new_global, ramp)
+
+    # Lengths: the original run's length in samples (the first limit it meets), and the new one.
+    seq = scalar.get("--seq-length", 1024)
+    original_global = flag_global or \
+        (flag_micro or json_micro or 1) * (flag_accumulation or json_accumulation or 1) * dp
+    limits = []
+    if "--train-iters" in scalar:
+        limits.append(scalar["--train-iters"] * original_global)
+    if "--train-samples" in scalar:
+        limits.append(scalar["--train-samples"])
+    if "--train-tokens" in scalar:
+        limits.append(scalar["--train-tokens"] / seq)
+    length = min(limits) if limits else None
+    new_seq = TINY["--seq-length"]
+
+    def share(value: float, of: float, into: float) -> str:
+        return str(max(1, round(value / of * into)))
+
+    # Intervals.
+    log_map = rank_map([scalar.get("--log-interval"), config.get("steps_per_print")])
+
+    out, added = [], []
+    json_path = None
+    checkpoint_dirs: dict[str, str] = {}
+    shrunk_files: dict[str, str] = {}
+    for flag, values, inline in pairs:
+        new = values
+        value = scalar.get(flag)
+        if flag in TINY:
+            new = [str(TINY[flag])]
+        elif flag in ("--ffn-hidden-size", "--kv-channels") and "--hidden-size" in scalar:
+            new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
+        elif flag == "--num-key-value-heads" and "--num-attention-heads" in scalar:
+            new = [str(max(1, value * TINY["--num-attention-heads"] // scalar["--num-attention-heads"]))]
+        elif flag in ("--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length"):
+            new = [str(max(new_seq, round(value / seq * new_seq)))]
+        elif flag == "--pad-vocab-size-to":
+            new = [str((files.vocab_size // 128 + 1) * 128)]
+        elif flag in TENSOR_PARALLEL:
+            new = [str(new_tp)]
+        elif flag in MICRO_BATCH:
+            new = [str(micro_map[value])]
+        elif flag == "--global-batch-size":
+            new = [str(new_global)]
+        elif flag in ACCUMULATION:
+            new = [str(accumulation_map[value])]
+        elif flag == "--rampup-batch-size":
+            new = [str(n) for n in ramp]
+        elif flag == "--train-iters":
+            new = [str(ITERATIONS)]
+        elif flag == "--train-samples":
+            new = [str(consumed)]
+        elif flag == "--train-tokens":
+            new = [str(consumed * new_seq)]
+        elif flag in SCHEDULE_ITERS and length:
+            new = [share(value, length / original_global, ITERATIONS)]
+        elif flag in SCHEDULE_SAMPLES and length:
+            new = [share(value, length, consumed)]
+        elif flag in SCHEDULE_TOKENS and length:
+            new = [share(value, length * seq, consumed * new_seq)]
+        elif flag == "--log-interval":
+            new = [str(log_map[value])]
+        elif flag in ("--save-interval", "--eval-interval"):
+            new = ["1" if value == 1 else "2"]
+        elif flag == "--eval-iters":
+            new = ["0" if value == 0 else "1"]
+        elif flag in DATA:
+            new = [v if _is_weight(v) else files.data_prefix for v in values]
+        elif flag == "--vocab-file":
+            new = [os.path.join(files.tokenizer_dir, "vocab.json")]
+        elif flag == "--merge-file":
+            new = [os.path.join(files.tokenizer_dir, "merges.txt")]
+        elif flag in ("--tokenizer-name-or-path", "--tokenizer-model"):
+            new = [files.tokenizer_dir]
+        elif flag in CHECKPOINT_DIRS:  # --save and --load naming one folder keep naming one folder
+            new = [checkpoint_dirs.setdefault(values[0],
+                                              os.path.join(files.out_dir, f"checkpoints{len(checkpoint_dirs)}"))]
+        elif flag in DIRECTORIES:
+            new = [os.path.join(files.out_dir, DIRECTORIES[flag])]
+        elif flag == "--kill-switch-path":
+            new = [os.path.join(files.out_dir, "kill-switch")]
+        elif flag in WEIGHTED_SPLITS:
+            split = "TRAIN" if flag.startswith("--train") else "VALID"
+            path = os.path.join(files.out_dir, f"{split.lower()}-splits.txt")
+            shrunk_files[path] = f"{split}: 1 0:1 {files.data_prefix}\n"
+            new = [path]
+        elif flag in JSON_CONFIG:
+            # The JSON's own file name (a generated one: the name the script gave it, without `$`).
+            name = os.path.basename(values[0]) if launch.json_generated or launch.json is None else \
+                os.path.basename(launch.json.path)
+            json_path = os.path.join(files.out_dir, name.replace("$", "") or "ds_config.json")
+            new = [json_path]
+        out.append((flag, new, inline))
+
+    if (given.get("--tokenizer-type") == ["GPT2BPETokenizer"] and "--vocab-file" not in given
+            and "--tokenizer-model" not in given):
+        added = ["--vocab-file", "--merge-file"]
+        out += [("--vocab-file", [os.path.join(files.tokenizer_dir, "vocab.json")], False),
+                ("--merge-file", [os.path.join(files.tokenizer_dir, "merges.txt")], False)]
+
+    if launch.json_text is not None:
+        if json_path is None:
+            raise ValueError(f"{launch.name}: a JSON but no --deepspeed_config naming it")
+        text = launch.json_text
+        if "train_batch_size" in config:
+            text = _set_json_number(text, "train_batch_size",
+                                    micro_map[json_micro] * accumulation_map[json_accumulation] * new_dp)
+        if "train_micro_batch_size_per_gpu" in config:
+            text = _set_json_number(text, "train_micro_batch_size_per_gpu", micro_map[json_micro])
+        if "gradient_accumulation_steps" in config:
+            text = _set_json_number(text, "gradient_accumulation_steps", accumulation_map[json_accumulation])
+        if "steps_per_print" in config:
+            text = _set_json_number(text, "steps_per_print", log_map[config["steps_per_print"]])
+        shrunk_files[json_path] = text
+
+    argv = join_flags(out)
+    assert [f for f, _, _ in out[:len(pairs)]] == [f for f, _, _ in pairs]  # every flag kept, in its place
+    return Shrunk(argv, shrunk_files, added)
+
+
+def samples_in(iterations: int, global_batch: int, ramp: Optional[tuple[int, int, int]]) -> int:
+    """Samples consumed by the first `iterations` iterations, with Megatron's batch ramp
+    (megatron/core/num_microbatches_calculator.py: the batch grows by `increment` every
+    ramp_samples / increments consumed samples, then stays at the global batch)."""
+    consumed = 0
+    for _ in range(iterations):
+        consumed += batch_at(consumed, global_batch, ramp)
+    return consumed
+
+
+def batch_at(consumed: int, global_batch: int, ramp: Optional[tuple[int, int, int]]) -> int:
+    if ramp is None:
+        return global_batch
+    start, increment, ramp_samples = ramp
+    increments = (global_batch - start) // increment
+    if consumed > ramp_samples:
+        return global_batch
+    steps = int(consumed / (ramp_samples / increments))
+    return min(global_batch, start + steps * increment)
+
+
+def _is_weight(token: str) -> bool:
+    try:
+        return math.isfinite(float(token))
+    except ValueError:
+        return False
+
+
+def _set_json_number(text: str, key: str, value: int) -> str:
+    """`text` with the number after "key": replaced, the rest of the text (spacing, key order) untouched."""
+    pattern = re.compile(r'("' + re.escape(key) + r'"\s*:\s*)-?\d+(\.\d+)?([eE][+-]?\d+)?')
+    new, count = pattern.subn(lambda m: m.group(1) + str(value), text, count=1)
+    if count != 1:
+        raise ValueError(f"no number for {key} in the JSON")
+    return new

@@ -1,0 +1,331 @@
+"""Acceptance: the replay corpus (tests/replay_corpus/) of real launch scripts and DeepSpeed JSONs.
+
+Each launch goes through the one shrink (tests/replay_corpus/shrink.py: tiny sizes, local paths, every
+other flag and JSON key as written) and runs `pretrain_gpt.main` on 2 CPU ranks (gloo). Its `outcome`
+is the target:
+
+- "trains": both ranks exit 0, and the metrics file's last training record is iteration 3, every loss
+  finite. Each such launch gets its own pair of processes.
+- "refused: TEXT": both ranks exit 2 and rank 0 prints exactly one line on stderr, containing TEXT and
+  not "unrecognized arguments" (a refusal is for a feature this program knows and does not have; a flag
+  it does not know is a failure to accept the script). These launches share one pair of processes, one
+  after the other: a refusal comes before any collective, so they cannot hang each other, and sharing
+  saves a second of imports per launch.
+
+KNOWN_FAILING_TODAY lists the launches that miss their target on this branch, with the cause. They are
+strict xfails: the fix that makes one pass must delete its entry here, so the list only shrinks. The
+outcomes themselves are the target and do not move to match the code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import traceback
+from pathlib import Path
+
+import pytest
+
+import pretrain_gpt
+from tests.distributed import run_distributed
+from tests.replay_corpus import CORPUS
+from tests.replay_corpus.launch import Launch
+from tests.replay_corpus.shrink import (CHANGED_FLAGS, CHANGED_JSON_KEYS, ITERATIONS, WORLD_SIZE, LocalFiles, shrink,
+                                        split_flags)
+
+# Why each launch misses its target today, first error first ("then": what the next error would be once
+# the first is fixed, found by dropping the offending flags or keys by hand).
+_TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
+KNOWN_FAILING_TODAY: dict[str, str] = {
+    "megatron-lm-2020-pretrain-gpt2": "unknown flag --data-impl",
+    "megatron-lm-2021-pretrain-gpt-distributed": "unknown flags --data-impl, --activations-checkpoint-method",
+    "megatron-deepspeed-rebase-gpt-1.3b":
+        "unknown flags --override-opt_param-scheduler, --no-async-tensor-model-parallel-allreduce, "
+        f"--no-pipeline-parallel, --data-impl, {_TENSORBOARD_LOGGING}, --log-optimizer-states-to-tensorboard; "
+        "sample/token schedules not accepted: --train-samples, --train-tokens, --lr-decay-tokens, --lr-warmup-tokens",
+    "megatron-deepspeed-moe-gpt-350m-dense":
+        "unknown flags --num-experts 1 (dense), --moe-expert-parallel-size, --moe-loss-coeff, "
+        "--moe-{train,eval}-capacity-factor, --moe-min-capacity, --override-opt_param-scheduler, --data-impl, "
+        f"{_TENSORBOARD_LOGGING}; sample/token schedules not accepted: --train-samples, --train-tokens, "
+        "--lr-decay-tokens, --lr-warmup-tokens",
+    "deepspeedexamples-ds-pretrain-gpt2":
+        "contradiction refused: the JSON's train_batch_size vs --batch-size x accumulation x data-parallel size "
+        "(DeepSpeed-Megatron trained with --batch-size per rank and the JSON's accumulation)",
+    "deepspeedexamples-ds-zero2-pretrain-gpt2-model-parallel":
+        "contradiction refused: the JSON's train_batch_size vs --batch-size x accumulation x data-parallel size",
+    "deepspeedexamples-v1.1.5-zero3-ds-pretrain-gpt2-zero3":
+        "unknown flags --data-impl, --scattered-embeddings, --split-transformers, --zero-reduce-bucket-size, "
+        "--zero-allgather-bucket-size, --zero-contigious-gradients, --zero-reduce-scatter; then the JSON key "
+        "zero_optimization.stage3_param_persitence_threshold (misspelt; the DeepSpeed of the fork ignored it) "
+        "refused; then the train_batch_size vs --batch-size contradiction refused",
+    "deepspeedexamples-v1.1.5-zero3-ds-pretrain-gpt2-zero2":
+        "unknown flags --data-impl, --scattered-embeddings, --split-transformers, --zero-reduce-bucket-size, "
+        "--zero-allgather-bucket-size, --zero-contigious-gradients, --zero-reduce-scatter; then the "
+        "train_batch_size vs --batch-size contradiction refused",
+    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2":
+        "unknown flags --data-impl, --zero-reduce-bucket-size, --zero-allgather-bucket-size, "
+        "--zero-contigious-gradients, --zero-reduce-scatter; then contradictions refused: --log-interval vs "
+        "steps_per_print, --zero-stage 0 vs zero_optimization.stage 2 (the fork's engine used the JSON's stage)",
+    "bigscience-megatron-deepspeed-pretrain-gpt-single-node": "unknown flag --data-impl",
+    "deepspeed-megatron-gpt2-perf-bs16-json": "JSON key disable_allgather refused as unknown (DeepSpeed's "
+                                              "legacy ZeRO-1 key)",
+    # Refusals that come out as something else today:
+    "megatron-lm-2024-pretrain-gpt3-175b":
+        "--train-samples, --lr-decay-samples, --lr-warmup-samples refused as unrecognized before the pipeline "
+        "refusal",
+    "megatron-deepspeed-rebase-gpt-1.3b-rope":
+        "unrecognized flags (as the 1.3B script, and --use-rotary-position-embeddings, --rotary-percent) "
+        "before the pipeline refusal",
+    "megatron-deepspeed-moe-gpt-125m-moe64":
+        "--num-experts unrecognized among the MoE and Megatron-DeepSpeed flags, not refused as a feature",
+    "megatron-deepspeed-offload-pp-gpt-350m":
+        "--cpu-optimizer unrecognized among the MoE/token flags, not refused as ZeRO-Offload",
+    "megatron-deepspeed-pretrain-llama2-distributed":
+        "argparse rejects --tokenizer-type GPTSentencePieceTokenizer before the pipeline refusal",
+    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2-pipe":
+        "unknown flags --pipe-parallel-size, --gas, --data-impl, --zero-* (v1.1.5 names); then --log-interval "
+        "vs steps_per_print contradiction refused",
+    "deepspeed-megatron-gpt2-test-mp1-gpu2-zero2-ds-offload": "--cpu-optimizer unrecognized, not refused as "
+                                                              "ZeRO-Offload",
+    "bigscience-tr1-13b":
+        "unknown flags --train-samples, --lr-decay-samples, --lr-warmup-samples, --optimizer, --codecarbon-dir, "
+        f"--data-impl, {_TENSORBOARD_LOGGING}; then --log-interval vs steps_per_print contradiction refused",
+    "bigscience-tr11-176b-ml":
+        "argparse rejects --tokenizer-type PretrainedFromHF; then unknown flags (--pp-partition-method, "
+        "--embed-layernorm, --sync-tp-duplicated-parameters, --abort-on-unmet-fused-kernel-constraints, "
+        "--kill-switch-path, --pad-vocab-size-to, --train/valid-weighted-split-paths-path, --valid-num-workers, "
+        "sample schedules, ...); then --log-interval vs steps_per_print contradiction refused",
+    "bigscience-tr11e-350m-ml":
+        "argparse rejects --tokenizer-type PretrainedFromHF; then unknown flags (as tr11-176B, with "
+        "--position-embedding-type alibi among them); then --log-interval vs steps_per_print contradiction",
+}
+
+
+def _params(launches):
+    for launch in launches:
+        marks = []
+        if launch.name in KNOWN_FAILING_TODAY:
+            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILING_TODAY[launch.name]))
+        yield pytest.param(launch, id=launch.name, marks=marks)
+
+
+TRAINING = [launch for launch in CORPUS if launch.refusal is None]
+REFUSED = [launch for launch in CORPUS if launch.refusal is not None]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """One corpus and tokenizer for the module: Megatron .bin/.idx data and a GPT-2-format tokenizer."""
+    from data.corpus import prepare_default_corpus
+
+    return prepare_default_corpus(str(tmp_path_factory.mktemp("replay-corpus")), 512)
+
+
+@pytest.fixture(autouse=True)
+def no_wandb(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+def shrunk_argv(launch: Launch, prepared, out_dir: Path) -> list[str]:
+    """The launch made small, its files (the JSON, split lists) written under out_dir."""
+    shrunk = shrink(launch, LocalFiles(prepared.data_prefix, prepared.tokenizer_dir, prepared.vocab_size,
+                                       str(out_dir)))
+    for path, text in shrunk.files.items():
+        Path(path).write_text(text)
+    return shrunk.argv + ["--metrics-file", str(out_dir / "metrics.jsonl")]
+
+
+def replay_on_rank(rank: int, world_size: int, argv: list[str], out_dir: str) -> int:
+    """pretrain_gpt.main on one rank, its stdout and stderr in out_dir/rank{N}.out and .err."""
+    with open(os.path.join(out_dir, f"rank{rank}.out"), "w") as out, \
+            open(os.path.join(out_dir, f"rank{rank}.err"), "w") as err, \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            return pretrain_gpt.main(argv)
+        except Exception:  # noqa: BLE001 - a bug's traceback goes to the .err file, the next launch still runs
+            traceback.print_exc()
+            return -1
+
+
+def replay_all_on_rank(rank: int, world_size: int, launches: list[tuple[list[str], str]]) -> list[int]:
+    return [replay_on_rank(rank, world_size, argv, out_dir) for argv, out_dir in launches]
+
+
+def stderr_of_rank0(out_dir: Path) -> str:
+    return (out_dir / "rank0.err").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", list(_params(TRAINING)))
+def test_launch_trains(launch: Launch, prepared, tmp_path):
+    status = run_distributed(replay_on_rank, WORLD_SIZE, shrunk_argv(launch, prepared, tmp_path), str(tmp_path),
+                             timeout=180)
+    assert status == [0, 0], f"{launch.name} did not train: {stderr_of_rank0(tmp_path).strip()[-3000:]}"
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    training = [record for record in records if "split" not in record]
+    assert training and training[-1]["iteration"] == ITERATIONS, training
+    assert all(math.isfinite(record["loss"]) for record in training), training
+
+
+@pytest.fixture(scope="module")
+def refusals(prepared, tmp_path_factory) -> dict[str, tuple[list[int], str]]:
+    """{name: (exit status per rank, rank 0's stderr)} of every launch whose target is a refusal."""
+    base = tmp_path_factory.mktemp("refusals")
+    jobs = []
+    for launch in REFUSED:
+        out_dir = base / launch.name
+        out_dir.mkdir()
+        jobs.append((shrunk_argv(launch, prepared, out_dir), str(out_dir)))
+    per_rank = run_distributed(replay_all_on_rank, WORLD_SIZE, jobs, timeout=300)
+    return {launch.name: ([statuses[i] for statuses in per_rank], stderr_of_rank0(base / launch.name))
+            for i, launch in enumerate(REFUSED)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", list(_params(REFUSED)))
+def test_launch_is_refused_in_one_line(launch: Launch, refusals):
+    status, err = refusals[launch.name]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == [2, 2], f"{launch.name}: exit {status}, expected a refusal: {err.strip()[-3000:]}"
+    assert len(lines) == 1, lines
+    assert launch.refusal in lines[0], lines[0]
+    assert "unrecognized arguments" not in lines[0], lines[0]
+
+
+def test_corpus_spans_the_sources_the_issue_names():
+    """At least 15 scripts and 15 JSONs from at least 4 repositories, each with its source and commit."""
+    scripts = [launch for launch in CORPUS if launch.script]
+    jsons = {launch.json_text for launch in CORPUS if launch.json_text}
+    repos = {launch.script.repo for launch in scripts} | {launch.json.repo for launch in CORPUS if launch.json}
+    assert len(scripts) >= 15 and len(jsons) >= 15 and len(repos) >= 4
+    assert len({launch.name for launch in CORPUS}) == len(CORPUS)
+    assert set(KNOWN_FAILING_TODAY) <= {launch.name for launch in CORPUS}
+    for launch in CORPUS:
+        assert launch.outcome == "trains" or launch.refusal, launch.name
+        for source in (launch.script, launch.json):
+            assert source is None or len(source.commit) == 40, launch.name
+        if launch.json_text:
+            json.loads(launch.json_text)
+
+
+def _shrunk_offline(launch: Launch):
+    files = LocalFiles("/data/corpus_text_document", "/tokenizer", 512, "/out")
+    return files, shrink(launch, files)
+
+
+def _leaves(value, prefix=""):
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _leaves(inner, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), value
+
+
+@pytest.mark.parametrize("launch", CORPUS, ids=[launch.name for launch in CORPUS])
+def test_shrink_changes_only_sizes_and_paths(launch: Launch):
+    """Every flag stays, in its place, with its values unless it is a size, count, interval or path; the
+    JSON keeps every key, and every value but the batch keys and steps_per_print."""
+    files, shrunk = _shrunk_offline(launch)
+    before, after = split_flags(launch.argv), split_flags(shrunk.argv)
+    assert [flag for flag, _, _ in after] == [flag for flag, _, _ in before] + shrunk.added
+    assert set(shrunk.added) <= {"--vocab-file", "--merge-file"}
+    for (flag, values, inline), (_, new_values, new_inline) in zip(before, after):
+        assert inline == new_inline and len(new_values) == len(values), flag
+        if flag not in CHANGED_FLAGS:
+            assert new_values == values, flag
+    if launch.json_text is not None:
+        (json_path,) = [path for path in shrunk.files if path.endswith(".json")]
+        old, new = dict(_leaves(json.loads(launch.json_text))), dict(_leaves(json.loads(shrunk.files[json_path])))
+        assert list(new) == list(old)
+        assert {key for key in old if old[key] != new[key]} <= CHANGED_JSON_KEYS
+
+
+def _agreements(launch: Launch, argv, json_text, data_parallel: int) -> dict[str, bool]:
+    """Which of the script's batch and interval numbers agree with its JSON's, as DeepSpeed reads them."""
+    flags = {flag: values for flag, values, _ in split_flags(argv)}
+    config = json.loads(json_text) if json_text else {}
+    micro = next((int(flags[f][0]) for f in ("--micro-batch-size", "--batch-size") if f in flags), None)
+    found = {}
+    if micro and "train_batch_size" in config:
+        accumulation = config.get("gradient_accumulation_steps")
+        json_micro = config.get("train_micro_batch_size_per_gpu") or \
+            config["train_batch_size"] // ((accumulation or 1) * data_parallel)
+        found["micro batch"] = json_micro == micro
+    if "--global-batch-size" in flags and "train_batch_size" in config:
+        found["global batch"] = int(flags["--global-batch-size"][0]) == config["train_batch_size"]
+    if "--log-interval" in flags and "steps_per_print" in config:
+        found["log interval"] = int(flags["--log-interval"][0]) == config["steps_per_print"]
+    return found
+
+
+@pytest.mark.parametrize("launch", [launch for launch in CORPUS if launch.json_text and launch.script],
+                         ids=lambda launch: launch.name)
+def test_shrink_keeps_agreements_and_contradictions(launch: Launch):
+    """A script and its JSON that agreed still agree after the shrink; those that contradicted each other
+    still do (the code under test must accept the pair as the real one did, not the shrink)."""
+    _, shrunk = _shrunk_offline(launch)
+    flags = {flag: values for flag, values, _ in split_flags(launch.argv)}
+    tp = next((int(flags[f][0]) for f in ("--tensor-model-parallel-size", "--model-parallel-size") if f in flags), 1)
+    pp = next((int(flags[f][0]) for f in ("--pipeline-model-parallel-size", "--pipe-parallel-size") if f in flags), 1)
+    json_path = next(path for path in shrunk.files if path.endswith(".json"))
+    assert _agreements(launch, launch.argv, launch.json_text, max(1, launch.world_size // (tp * pp))) == \
+        _agreements(launch, shrunk.argv, shrunk.files[json_path], max(1, WORLD_SIZE // (min(tp, WORLD_SIZE) * pp)))
+
+
+def test_a_contradiction_survives_the_shrink():
+    """DeepSpeedExamples' ds_pretrain_gpt2.sh: --batch-size 8 on one GPU beside train_batch_size 16 and
+    accumulation 1 (DeepSpeed's micro batch 16): still two different micro batches after the shrink."""
+    (launch,) = [launch for launch in CORPUS if launch.name == "deepspeedexamples-ds-pretrain-gpt2"]
+    _, shrunk = _shrunk_offline(launch)
+    flags = {flag: values for flag, values, _ in split_flags(shrunk.argv)}
+    config = json.loads(next(text for path, text in shrunk.files.items() if path.endswith(".json")))
+    assert flags["--batch-size"] == ["2"] and config["train_batch_size"] == 3 * 1 * WORLD_SIZE
+
+
+def megatron_train_iters(train_samples: int, global_batch: int, ramp) -> int:
+    """Megatron-LM's update_train_iters (megatron/training/training.py at fa0dcc48) with its
+    RampupBatchsizeNumMicroBatchesCalculator: the iterations a --train-samples run takes."""
+    if ramp is None:
+        return train_samples // global_batch
+    start, increment, ramp_samples = ramp
+    per_increment = ramp_samples / ((global_batch - start) // increment)
+    iterations = consumed = 0
+    while consumed <= ramp_samples and consumed <= train_samples:
+        consumed += global_batch if consumed > ramp_samples else start + int(consumed / per_increment) * increment
+        iterations += 1
+    if train_samples > consumed:
+        iterations += (train_samples - consumed) // global_batch
+    return iterations
+
+
+@pytest.mark.parametrize("launch", [launch for launch in CORPUS if "--train-samples" in launch.argv],
+                         ids=lambda launch: launch.name)
+def test_shrunk_sample_length_is_three_iterations_in_megatron(launch: Launch):
+    _, shrunk = _shrunk_offline(launch)
+    flags = {flag: values for flag, values, _ in split_flags(shrunk.argv)}
+    ramp = tuple(int(v) for v in flags["--rampup-batch-size"]) if "--rampup-batch-size" in flags else None
+    assert megatron_train_iters(int(flags["--train-samples"][0]), int(flags["--global-batch-size"][0]), ramp) == \
+        ITERATIONS
+    if "--train-tokens" in flags:
+        assert int(flags["--train-tokens"][0]) == int(flags["--train-samples"][0]) * int(flags["--seq-length"][0])
+
+
+def test_the_readme_lists_the_corpus_and_its_outcomes():
+    """The README's table: one row per launch, its outcome, and "yes" under today exactly when the launch
+    is not in KNOWN_FAILING_TODAY (so a fix updates both)."""
+    from tests.readme import readme_section
+
+    table = readme_section("Coming from Megatron-LM / DeepSpeed").split("### The replay corpus\n", 1)[1]
+    rows = {}
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 5:
+            rows[cells[0].strip("`")] = cells
+    assert set(rows) == {launch.name for launch in CORPUS}
+    for launch in CORPUS:
+        _, script, _, outcome, today = rows[launch.name]
+        assert outcome == launch.outcome, launch.name
+        assert today == ("not yet" if launch.name in KNOWN_FAILING_TODAY else "yes"), launch.name
+        assert (launch.script.path if launch.script else "SIMPLE_LAUNCH") in script, launch.name
