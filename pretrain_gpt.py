@@ -114,10 +114,12 @@ def check_vocabulary_flags(config: PretrainConfig) -> None:
 
 def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # Validate the batch arithmetic, the outputs and the checkpoint before any data or model work.
-    batch_schedule(config, state.data_parallel_size)
+    batch = batch_schedule(config, state.data_parallel_size)
     check_vocabulary_flags(config)
     check_attention_backend(config.model, config.training.precision, state.device)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
+    if batch.notes:  # DeepSpeed JSON batch values the run does not use, now that the DP size is known
+        log("> warning: " + "; ".join(batch.notes), flush=True)
     kill_switch = config.checkpoint.kill_switch_path
     # BigScience: a killed group does not start; every rank takes the same branch.
     if kill_switch is not None and state.comm.any_rank([os.path.exists(kill_switch)], state.device)[0]:

@@ -4,13 +4,16 @@ A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose 
 (`num_layers: 48` or `num-layers: 48`). Its values are turned into flags placed *before* the user's
 flags, so argparse checks their types the same way and a flag given on the command line wins.
 `--zero-config ds.json` (a DeepSpeed JSON, zero/deepspeed_json.py) is turned into flags the same way
-and placed between the two, so the precedence is YAML preset < JSON < command line; a command-line
-flag that contradicts a JSON key is an error naming both rather than a silent override. Megatron-LM's
-and DeepSpeed-Megatron's flags are aliases or meanings (gpt/megatron_flags.py); every other flag those
-programs define is accepted with no effect or refused with the alternative (gpt/harvested_flags.py,
-gpt/megatron_flag_classes.py), so none ends in "unrecognized arguments". Each value keeps its
+and placed between the two, so the precedence is YAML preset < JSON < command line, except where the
+JSON and a flag set one setting differently: there the side wins that wins in the real
+Megatron-DeepSpeed + DeepSpeed pair (zero/deepspeed_precedence.py), said in one warning line at the
+start and in --print-config. Megatron-LM's and DeepSpeed-Megatron's flags are aliases or meanings
+(gpt/megatron_flags.py); every other flag those programs define is accepted with no effect or refused
+with the alternative (gpt/harvested_flags.py, gpt/megatron_flag_classes.py), so none ends in
+"unrecognized arguments". Each value keeps its
 source (gpt/config_sources.py) for --print-config and for errors about values the user did not type.
-Every bad input ends in `ConfigError` with one line naming the key or flag.
+Every bad input ends in `ConfigError` with one line naming the key or flag; the problems of every layer
+(unknown flags, JSON keys, refused combinations) are collected and reported together.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import yaml
@@ -29,12 +32,14 @@ from gpt.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inheri
                                 show_value, values_set_by)
 from gpt.errors import OneLineArgumentParser
 from gpt.flag_equivalents import unknown_flags_message
-from gpt.harvested_flags import add_harvested, classified_options, harvested, resolve_harvested
+from gpt.batch_schedule import deepspeed_batch_fits_no_size, json_batch_settings_not_used
+from gpt.harvested_flags import add_harvested, classified_options, harvested
 from gpt.megatron_defaults import megatron_default_note
-from gpt.megatron_flags import (MEANING_DESTS, add_meanings, add_spellings, aliases_of, describe_alias,
+from gpt.megatron_flags import (MEANING_DESTS, Resolved, add_meanings, add_spellings, aliases_of, describe_alias,
                                 resolve_meanings)
 from zero.config import ZERO_STAGES
 from zero.deepspeed_json import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
+from zero.deepspeed_precedence import INDEPENDENT, JSON_WINS, MUST_AGREE, precedence_of
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 DEFAULT_PRESET = "tiny"
@@ -259,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
                   help="a DeepSpeed config JSON (a path, or a name in configs/zero: "
                        f"{', '.join(zero_config_names())}); every key is honoured as a flag, accepted with no "
                        "effect on the math, or refused with the alternative (zero/deepspeed_keys.py). YAML preset "
-                       "< this file < command-line flags; a flag that contradicts the file is an error")
+                       "< this file < command-line flags, except where the file wins in Megatron-DeepSpeed + "
+                       "DeepSpeed (zero/deepspeed_precedence.py)")
     g.add_argument("--zero-stage", dest="stage", type=int, choices=ZERO_STAGES, default=z.stage,
                    help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
                         "2: and gradients (P_os+g); 3: and parameters (P_os+g+p)")
@@ -422,12 +428,15 @@ def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, sou
 @dataclass(frozen=True)
 class ParsedArguments:
     config: PretrainConfig            # validated; config.sources says where each value came from
-    notes: tuple[str, ...]            # said once at the start: flags and JSON keys with no effect, mappings
+    notes: tuple[str, ...]            # said once at the start: flags and JSON keys with no effect, mappings,
+                                      # and one warning line for the JSON and flags that disagree
     print_config: bool                # --print-config: show the configuration and exit
     deepspeed: Optional[DeepSpeedTranslation]  # the JSON's classification, for --print-config
     preset: str                       # the preset in force, as `preset_label` names it
     meanings: dict[str, Any]          # the Megatron-meaning flags given, for --print-config
     harvested: dict[str, Any] = None  # the other Megatron and DeepSpeed flags given ({option: value})
+    # JSON key -> what became of it beside the command line (which side won, and why), for --print-config
+    json_outcomes: dict[str, str] = field(default_factory=dict)
 
 
 def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
@@ -436,15 +445,19 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
 
 
 def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
-    """The layers -- YAML preset < DeepSpeed JSON < command line -- parsed into one validated config,
-    with the source of every value. Unknown flags, refused Megatron flags, unsupported JSON keys and
-    a JSON value that contradicts a command-line flag are each one ConfigError listing all of them."""
+    """The layers -- YAML preset < DeepSpeed JSON < command line, except where the real Megatron-DeepSpeed
+    + DeepSpeed pair lets the JSON win (zero/deepspeed_precedence.py) -- parsed into one validated
+    config, with the source of every value. Everything that needs the user's attention -- unknown
+    flags, unsupported JSON keys and bad JSON values, refused Megatron flags and combinations, and an
+    invalid result -- is collected from all the layers and raised as one ConfigError listing them all,
+    so one edit round fixes a script."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    problems: list[str] = []
     known, unknown = parser.parse_known_args(argv)
-    if unknown:  # with the refusals of the Megatron flags given, so a ported script needs one edit round
-        _, refused = resolve_harvested(_harvested_given(vars(known)), None)
-        raise ConfigError("; ".join([unknown_flags_message(unknown, parser), *refused]))
+    if unknown:
+        problems.append(unknown_flags_message(unknown, parser))
+        argv = _without(argv, unknown)
     preset_path = resolve_preset(known.config)
     preset = read_preset(preset_path)
     if not isinstance(preset, dict):
@@ -454,72 +467,227 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
         parser.parse_args(preset_argv)
     except ConfigError as error:
         raise ConfigError(f"{preset_path}: {error}") from None
-    translation = load_deepspeed_config(resolve_zero_config(known.zero_config)) if known.zero_config else None
-    json_argv = translation.argv if translation is not None else []
-    if translation is not None:
+    translation = None
+    if known.zero_config:
+        translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
+        problems += translation.problems
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
-            json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(json_argv))))
+            json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
             json_only.zero.validate()
             json_only.activations.validate()
         except ConfigError as error:
-            raise ConfigError(f"{translation.source}: {error}") from None
+            problems.append(f"{translation.source}: {error}")
+            translation.settings = []  # a JSON that cannot be read as settings adds none
+    json_argv = translation.argv if translation is not None else []
 
     namespace = vars(parser.parse_args(preset_argv + json_argv + argv))
-    sources = layer_sources(parser, preset_path, preset_argv, translation, argv)
+    layers = layer_sources(parser, preset_path, preset_argv, translation, argv)
+    namespace.update(layers.values)
+    problems += layers.problems
+    sources = layers.sources
     settings = _settings(dict(namespace))
     meanings = {dest: namespace[dest] for dest in MEANING_DESTS}
     typed = options_typed(parser, argv)
-    resolved = resolve_meanings(meanings, settings, sources, typed.get, _harvested_given(namespace))
+    try:
+        resolved = resolve_meanings(meanings, settings, sources, typed.get, _harvested_given(namespace))
+    except ConfigError as error:  # refused Megatron flags, all in one message
+        problems.append(str(error))
+        resolved = Resolved()
     for name, (value, source) in resolved.changes.items():
         settings[name], sources[name] = value, source
-    check_given_together(sources)
+    problems += check_given_together(sources)
     use_sample_based_lengths(settings, sources)
     config = PretrainConfig.from_flat(settings, sources)
+    if translation is not None and translation.batch:
+        config.deepspeed_batch = {"source": translation.source, **translation.batch}
+        unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
+        if unfit:
+            problems.append(unfit)
     try:
         config.validate()
     except ConfigError as error:
-        raise name_inherited_values(error, parser, sources, settings.get) from None
+        problems.append(str(name_inherited_values(error, parser, sources, settings.get)))
+    if problems:
+        raise ConfigError(one_error(problems))
     notes = list(resolved.notes)
     default_note = megatron_default_note(parser, settings, sources, "config" in typed, harvested()["flags"])
     if default_note:
         notes.append(default_note)
     if translation is not None and translation.info_line():
         notes.append(translation.info_line())
+    notes += layers.said_once(translation.source if translation is not None else "")
     given = {dest: value for dest, value in meanings.items() if value is not None and value is not False}
     return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
-                           preset_label(preset_path), given, _harvested_given(namespace))
+                           preset_label(preset_path), given, harvested=_harvested_given(namespace),
+                           json_outcomes=layers.outcomes)
+
+
+def one_error(problems: list[str]) -> str:
+    """One line for every problem found: the problem itself when there is one, else each numbered."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems: " + "; ".join(f"({number}) {problem}"
+                                                       for number, problem in enumerate(problems, 1))
+
+
+def _without(argv: list[str], unknown: list[str]) -> list[str]:
+    """`argv` without the tokens argparse did not recognise (in order, each token once), so the known
+    flags can still be checked in the same run."""
+    kept, rest = [], list(unknown)
+    for token in argv:
+        if rest and token == rest[0]:
+            rest.pop(0)
+        else:
+            kept.append(token)
+    return kept
+
+
+@dataclass
+class Layers:
+    """What `layer_sources` finds: where each setting came from, and where the JSON and the command line
+    set one setting differently, which side won (zero/deepspeed_precedence.py)."""
+    sources: dict[str, Source]
+    values: dict[str, Any] = field(default_factory=dict)  # settings whose value is not the last layer's: the
+                                                          # JSON's where it wins, the preset's or default where
+                                                          # a JSON value the run does not use was set
+    won: dict[str, list[str]] = field(default_factory=dict)  # JSON key -> "X wins over Y, as in ..." (warning)
+    independent: dict[str, list[str]] = field(default_factory=dict)  # JSON key -> the flags beside it (info)
+    outcomes: dict[str, str] = field(default_factory=dict)  # JSON key -> what became of it, for --print-config
+    problems: list[str] = field(default_factory=list)
+
+    def said_once(self, source: str) -> list[str]:
+        """The lines the start of the run says: one warning for every key where a side won, one info line
+        for the independent settings given on both sides."""
+        lines = []
+        if self.won:
+            lines.append(f"warning: {source} and the command line set {len(self.won)} setting(s) differently; "
+                         f"the side the real Megatron-DeepSpeed + DeepSpeed pair uses wins: "
+                         + "; ".join(text for texts in self.won.values() for text in texts))
+        if self.independent:
+            lines.append(f"{source}: DeepSpeed's own settings, independent of the command line's: "
+                         + "; ".join(text for texts in self.independent.values() for text in texts))
+        return lines
+
+
+# The learning-rate schedule's settings: Megatron-DeepSpeed always hands DeepSpeed its own scheduler,
+# built from these flags, so a JSON scheduler block beside any of them is not used at all.
+SCHEDULE_SETTINGS = ("lr", "min_lr", "lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_samples",
+                     "lr_warmup_tokens", "lr_warmup_init", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
+                     "lr_decay_tokens", "train_samples")
+BATCH_SETTINGS = ("micro_batch_size", "global_batch_size", "accumulation_steps")
 
 
 def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_argv: list[str],
-                  translation: Optional[DeepSpeedTranslation], argv: list[str]) -> dict[str, Source]:
-    """The source of every setting (the last layer that set it), and the check that the JSON and the
-    command line do not contradict each other, nor two JSON keys one another."""
+                  translation: Optional[DeepSpeedTranslation], argv: list[str]) -> Layers:
+    """The source of every setting (the last layer that set it), and, where the JSON and the command
+    line both set one, the side the real pair uses: the command line's value stands where the flag
+    wins, or the setting is independent; `values` holds the JSON's where it wins. A JSON scheduler
+    block beside any schedule flag is not used as a whole; a JSON batch value beside the batch flags
+    is not used where the flags and the rest of the JSON determine it (gpt/batch_schedule.py). Two
+    JSON keys that ask for different values of one setting are a problem."""
+    base_values = _settings(vars(parser.parse_args(preset_argv)))
     sources = {dest: Source(DEFAULT) for dest in _settings(vars(parser.parse_args([])))}
     for dest in values_set_by(parser, preset_argv):
         sources[dest] = Source(PRESET, preset_label(preset_path))
+    base_sources = dict(sources)
+    layers = Layers(sources)
     json_values: dict[str, tuple[Any, str, str]] = {}  # dest -> (value, key, the flags the key became)
-    contradictions = []
     for setting in translation.settings if translation is not None else []:
         where = f"{translation.source}: {setting.key}"
         for dest, value in values_set_by(parser, list(setting.flags)).items():
             if dest in json_values and json_values[dest][0] != value:
-                contradictions.append(f"{json_values[dest][1]} and {setting.key} in {translation.source} ask for "
-                                      f"different values ({json_values[dest][2]}; {' '.join(setting.flags)})")
+                layers.problems.append(f"{json_values[dest][1]} and {setting.key} in {translation.source} ask "
+                                       f"for different values ({json_values[dest][2]}; {' '.join(setting.flags)}): "
+                                       f"remove one")
             json_values[dest] = (value, setting.key, " ".join(setting.flags))
             sources[dest] = Source(JSON, where)
     typed = options_typed(parser, argv)
-    for dest, value in values_set_by(parser, argv).items():
-        agrees = ""
+    flag_values = values_set_by(parser, argv)
+
+    def not_used(dest: str) -> None:  # the JSON's value for `dest` is not used: back to the layer below
+        del json_values[dest]
+        if dest not in flag_values:
+            layers.values[dest], sources[dest] = base_values[dest], base_sources[dest]
+
+    schedule_flags = [typed.get(dest, dest) for dest in SCHEDULE_SETTINGS if dest in flag_values]
+    scheduler = [dest for dest, (_, key, _) in json_values.items() if key == "scheduler.params"]
+    if schedule_flags and scheduler:
+        for dest in scheduler:
+            not_used(dest)
+        rule = precedence_of("scheduler.params")
+        text = (f"Megatron's schedule from the command line ({', '.join(schedule_flags)}) wins over the whole "
+                f"scheduler block in {translation.source}, as in Megatron-DeepSpeed, {rule.why}")
+        layers.won["scheduler.params"] = [text]
+        layers.outcomes["scheduler.params"] = f"not used: {text}"
+    if flag_values.get("checkpoint_activations") is False and "checkpoint_activations" in json_values:
+        # --no-checkpoint-activations wins over the block (below); its options then configure nothing
+        for dest in [d for d, (_, key, _) in json_values.items() if key.startswith("activation_checkpointing.")]:
+            layers.outcomes[json_values[dest][1]] = ("not used: --no-checkpoint-activations on the command line "
+                                                     "turns checkpointing off")
+            not_used(dest)
+    for key in {key for dest, (value, key, _) in json_values.items()
+                if dest in flag_values and flag_values[dest] != value and precedence_of(key).winner == INDEPENDENT}:
+        for dest in [d for d, (_, k, _) in json_values.items() if k == key and d not in flag_values]:
+            not_used(dest)  # DeepSpeed's own monitor: none of it mixes with the command line's (W&B's team)
+    rampup = (flag_values.get("rampup_batch_size") or base_values.get("rampup_batch_size")) is not None
+    for dest in json_batch_settings_not_used({d for d in BATCH_SETTINGS if d in flag_values},
+                                             {d for d in BATCH_SETTINGS if d in json_values}, rampup):
+        key = json_values[dest][1]
+        not_used(dest)
+        layers.outcomes[key] = (f"not used here: the other two batch settings determine it, as in "
+                                f"Megatron-DeepSpeed, {precedence_of(key).why}")
+
+    for dest, value in flag_values.items():
+        option = typed.get(dest, dest)
+        source = Source(FLAG, describe_alias(option))
         if dest in json_values:
             json_value, key, json_flags = json_values[dest]
-            if json_value != value:
-                contradictions.append(f"{_typed_value(typed.get(dest, dest), value)} on the command line "
-                                      f"contradicts {key} in {translation.source} ({json_flags})")
-            agrees = f"{key} in {translation.source}"
-        sources[dest] = Source(FLAG, describe_alias(typed.get(dest, dest)), agrees_with=agrees)
-    if contradictions:
-        raise ConfigError("; ".join(contradictions) + ": remove one of each pair")
-    return sources
+            where = f"{key} in {translation.source}"
+            if json_value == value:
+                source = Source(FLAG, describe_alias(option), agrees_with=where)
+            else:
+                json = f"{_json_value(key, json_value, json_flags)} in {translation.source}"
+                source = _precedence(layers, key, _typed_value(option, value), json, source, dest, json_value,
+                                     translation.source)
+        sources[dest] = source
+    if "scheduler.params" in layers.won:
+        real = f"as in Megatron-DeepSpeed, {precedence_of('scheduler.params').why}"
+        for dest in SCHEDULE_SETTINGS:
+            if dest in flag_values:
+                sources[dest] = Source(FLAG, sources[dest].origin, agrees_with=sources[dest].agrees_with,
+                                       overrides=f"wins over the scheduler block in {translation.source}, {real}")
+    return layers
+
+
+def _precedence(layers: Layers, key: str, flag: str, json: str, flag_source: Source, dest: str, json_value: Any,
+                json_file: str) -> Source:
+    """Where the flag `flag` and the JSON's `json` (its key, value and file) set `dest` differently: the
+    winner's source, with what it won over, and the line said at start."""
+    rule = precedence_of(key)
+    real = f"as in Megatron-DeepSpeed, {rule.why}"
+    if rule.winner == JSON_WINS:
+        layers.values[dest] = json_value
+        layers.won.setdefault(key, []).append(f"{json} wins over {flag}, {real}")
+        layers.outcomes[key] = f"wins over {flag} on the command line, {real}"
+        return Source(JSON, f"{json_file}: {key}", overrides=f"wins over {flag} on the command line, {real}")
+    if rule.winner == INDEPENDENT:
+        layers.independent.setdefault(key, []).append(f"{json} beside {flag}, which is the one here, {real}")
+        layers.outcomes[key] = f"DeepSpeed's own; {flag} on the command line is the one here, {real}"
+        return Source(FLAG, flag_source.origin, overrides=f"{json} is independent of it, {real}")
+    if rule.winner == MUST_AGREE:
+        layers.problems.append(f"{flag} on the command line and {json} must agree: {rule.why}")
+        return flag_source
+    layers.won.setdefault(key, []).append(f"{json}: {flag} wins, {real}")
+    layers.outcomes[key] = f"{flag} on the command line wins, {real}"
+    return Source(FLAG, flag_source.origin, overrides=f"wins over {json}, {real}")
+
+
+def _json_value(key: str, value: Any, flags: str) -> str:
+    """A JSON key as the warning names it: `train_micro_batch_size_per_gpu 4`, or with the flags it
+    became where those say more (`fp16.enabled (--fp16 --no-bf16)`)."""
+    if isinstance(value, bool) or len(flags.split()) != 2:
+        return f"{key} ({flags})"
+    return f"{key} {show_value(value)}"
 
 
 # Settings of which only one may be given explicitly (on the command line or in the JSON): the first
@@ -552,12 +720,15 @@ def use_sample_based_lengths(settings: dict[str, Any], sources: dict[str, Source
                                    note="unset: the run is sample-based, as in Megatron-LM")
 
 
-def check_given_together(sources: dict[str, Source]) -> None:
+def check_given_together(sources: dict[str, Source]) -> list[str]:
+    """A problem for each pair of EXCLUSIVE_SETTINGS given explicitly together."""
+    problems = []
     for first, second, first_flag, second_flag in EXCLUSIVE_SETTINGS:
         explicit = [sources[name] for name in (first, second) if sources[name].kind in (JSON, FLAG)]
         if len(explicit) == 2:
-            raise ConfigError(f"give one of {first_flag} and {second_flag}, not both ({explicit[0].describe()}; "
-                              f"{explicit[1].describe()})")
+            problems.append(f"give one of {first_flag} and {second_flag}, not both ({explicit[0].describe()}; "
+                            f"{explicit[1].describe()})")
+    return problems
 
 
 def _typed_value(option: str, value: Any) -> str:

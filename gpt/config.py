@@ -380,6 +380,10 @@ class PretrainConfig:
     # Where each setting's value came from (gpt/config_sources.py): filled in by gpt.arguments, empty
     # for a config built in code. Not a setting: to_dict and comparisons leave it out.
     sources: dict = field(default_factory=dict, compare=False, repr=False)
+    # The DeepSpeed JSON's own batch keys as written ({"source": file, "train_batch_size": n, ...}):
+    # DeepSpeed checks them against the data-parallel size at initialize, and so does
+    # gpt/batch_schedule.py, whichever values the command line made the run use. Not a setting.
+    deepspeed_batch: dict = field(default_factory=dict, compare=False, repr=False)
 
     SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations", "checkpoint")
 

@@ -5,9 +5,10 @@ set a setting, each layer's flags are parsed alone into a namespace pre-filled w
 argparse fills in defaults only for names a namespace lacks, so whatever no longer holds the marker
 was set by that layer. The JSON layer is parsed key by key, so a setting knows its key.
 
-The sources serve three ends: `--print-config` shows them; a JSON value that contradicts a flag on
-the command line is an error naming both; and an error about a value the user did not type (a
-preset's `min_lr`) names where that value came from.
+The sources serve three ends: `--print-config` shows them, and where the JSON and a flag set one
+setting differently, which side won and why; the precedence between the JSON and the command line
+(gpt/arguments.py) reads them; and an error about a value the user did not type (a preset's
+`min_lr`) names where that value came from.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Source:
     origin: str = ""    # the preset's path; "file.json: key"; the option as typed ("--batch-size")
     note: str = ""      # for a setting a Megatron flag derived (gpt/megatron_flags.py): how
     agrees_with: str = ""  # a JSON key that gave the same value as the flag that won
+    overrides: str = ""    # the other side it won over, and why (zero/deepspeed_precedence.py)
 
     def describe(self) -> str:
         if self.kind == DEFAULT:
@@ -39,6 +41,8 @@ class Source:
             text += f": {self.note}"
         if self.agrees_with:
             text += f"; the same as {self.agrees_with}"
+        if self.overrides:
+            text += f"; {self.overrides}"
         return text
 
 

@@ -48,11 +48,15 @@ def format_config(parsed) -> str:
                 effect = f"honoured: {' '.join(verdict.flags)}" if verdict.flags else f"honoured: {verdict.why}"
             else:
                 effect = f"accepted, no effect on the math: {verdict.why}"
-            lines.append(_row(verdict.key, "", effect))
+            outcome = parsed.json_outcomes.get(verdict.key)  # beside a flag of the command line
+            lines.append(_row(verdict.key, "", f"{effect}; {outcome}" if outcome else effect))
+        implied = {"activation_checkpointing": "--checkpoint-activations"}  # keys no verdict lists
+        lines += [_row(key, "", f"implies {flag}; {parsed.json_outcomes[key]}") for key, flag in implied.items()
+                  if key in parsed.json_outcomes]
     lines.append("derived")
     optimizer, training = config.optimizer, config.training
     if training.accumulation_steps is None:  # else the global batch depends on the data-parallel size
-        batch = batch_schedule(config, 1)
+        batch = batch_schedule(config, 1, deepspeed_check=False)  # 1 stands in for the launch's size
         schedule = build_lr_schedule(config, batch)
         lines.append(_row("training iterations", str(train_iterations(config, batch)),
                           "--train-iters" if training.train_samples is None else

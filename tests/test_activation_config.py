@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gpt.arguments import build_parser, parse_config
+from gpt.arguments import build_parser, parse_arguments, parse_config
 from gpt.config import ConfigError, PretrainConfig, field_sections
 from tests.test_zero_config import assert_bad_json_names, write_json
 from zero.config import ActivationCheckpointConfig
@@ -125,17 +125,23 @@ def test_json_block_with_everything_off_leaves_checkpointing_alone():
     assert not parse_config(["--zero-config", "stage2"]).activations.checkpoint_activations
 
 
-def test_json_block_reaches_the_config_and_contradicting_flags_are_named(tmp_path):
+def test_json_block_reaches_the_config_and_a_flag_beside_it_wins(tmp_path):
+    """Until issue 22 a flag that disagreed with the block was an error; Megatron-DeepSpeed passes its flags
+    to deepspeed.checkpointing.configure, which lets each overwrite the JSON's value, and its
+    --checkpoint-activations decides whether to checkpoint: the flag wins, named in the warning line."""
     path = write_json(tmp_path, {"activation_checkpointing": {"partition_activations": True, "profile": True}})
     activations = parse_config(["--zero-config", str(path)]).activations
     assert (activations.checkpoint_activations, activations.partition_activations,
             activations.profile_checkpointing) == (True, True, True)
-    with pytest.raises(ConfigError, match="--no-profile-checkpointing on the command line contradicts "
-                                          "activation_checkpointing.profile"):
-        parse_config(["--zero-config", str(path), "--no-profile-checkpointing"])
-    with pytest.raises(ConfigError, match="--no-checkpoint-activations on the command line contradicts "
-                                          "activation_checkpointing in"):
-        parse_config(["--zero-config", str(path), "--no-checkpoint-activations"])
+    parsed = parse_arguments(["--zero-config", str(path), "--no-profile-checkpointing"])
+    assert (parsed.config.activations.profile_checkpointing, parsed.config.activations.partition_activations) == \
+        (False, True)
+    assert any(f"activation_checkpointing.profile (--profile-checkpointing) in {path}: --no-profile-checkpointing "
+               f"wins" in note for note in parsed.notes)
+    parsed = parse_arguments(["--zero-config", str(path), "--no-checkpoint-activations"])
+    assert not parsed.config.activations.checkpoint_activations
+    assert any(f"activation_checkpointing (--checkpoint-activations) in {path}: --no-checkpoint-activations wins"
+               in note for note in parsed.notes)
     assert parse_config(["--zero-config", str(path), "--profile-checkpointing"]).activations.profile_checkpointing
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import pretrain_gpt
-from gpt.arguments import parse_config
+from gpt.arguments import parse_arguments, parse_config
 from gpt.batch_schedule import batch_schedule
 from gpt.config import ConfigError, PretrainConfig, field_sections
 from zero.config import ZeroConfig
@@ -96,7 +96,7 @@ def test_loss_scale_zero_is_dynamic_and_bf16_config_turns_fp16_off():
     assert deepspeed_config_to_flags({"fp16": {"enabled": False}}, "x").argv == ["--no-fp16"]
 
 
-def test_json_wins_over_yaml_and_a_flag_that_contradicts_the_json_is_an_error(tmp_path):
+def test_json_wins_over_yaml_and_beside_a_flag_the_real_pairs_side_wins(tmp_path):
     preset = tmp_path / "mine.yaml"
     preset.write_text("zero_stage: 1\nreduce_bucket_size: 1000\noverlap_comm: false\nbf16: true\n"
                       "hysteresis: 5\n")
@@ -112,11 +112,13 @@ def test_json_wins_over_yaml_and_a_flag_that_contradicts_the_json_is_an_error(tm
     assert config.sources["stage"].describe() == f"--zero-stage (command line); the same as zero_optimization.stage in {ds}"
     assert config.sources["reduce_bucket_size"].describe() == f"{ds}: zero_optimization.reduce_bucket_size"
     assert config.sources["overlap_comm"].describe() == f"preset {preset}"
-    with pytest.raises(ConfigError) as error:
-        parse_config(["--zero-stage", "3", "--hysteresis", "4", "--no-fp16", "--zero-config", str(ds)])
-    assert str(error.value) == (f"--zero-stage 3 on the command line contradicts zero_optimization.stage in {ds} "
-                                f"(--zero-stage 2); --no-fp16 on the command line contradicts fp16.enabled in {ds} "
-                                f"(--fp16): remove one of each pair")
+    # Was an error ("contradicts ... remove one of each pair"); issue 22: DeepSpeed's engine takes the stage
+    # and the precision from its JSON, so the JSON wins, said in one warning line.
+    parsed = parse_arguments(["--zero-stage", "3", "--hysteresis", "4", "--no-fp16", "--zero-config", str(ds)])
+    assert (parsed.config.zero.stage, parsed.config.training.precision) == (2, "fp16")
+    warning = [note for note in parsed.notes if note.startswith("warning:")]
+    assert len(warning) == 1 and f"zero_optimization.stage 2 in {ds} wins over --zero-stage 3" in warning[0]
+    assert f"fp16.enabled (--fp16) in {ds} wins over --no-fp16" in warning[0]
 
 
 @pytest.mark.parametrize("config, words", [
@@ -169,7 +171,6 @@ def test_missing_json_is_named(tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (["--fp16", "--bf16"], "--fp16 and --bf16 are exclusive"),
-    (["--zero-config", "stage2", "--fp16"], "--fp16 on the command line contradicts bf16.enabled"),
     (["--no-contiguous-gradients"], "--no-contiguous-gradients is not supported"),
     (["--zero-stage", "4"], "argument --zero-stage: invalid choice"),
     (["--reduce-bucket-size", "1.5"],
@@ -209,17 +210,26 @@ def test_gradient_accumulation_steps_determine_the_global_batch():
 
 
 def test_deepspeeds_two_of_three_batch_settings(tmp_path):
-    """train_batch_size and gradient_accumulation_steps given: the micro batch follows (DeepSpeed's rule);
-    all three given and inconsistent: an error naming each with its source."""
+    """train_batch_size and gradient_accumulation_steps given: the micro batch follows (DeepSpeed's rule).
+    Beside a batch flag the flags win and the JSON fills in what they leave open, micro batch first, then
+    train_batch_size; the accumulation steps follow, as set_train_batch_size recomputes DeepSpeed's (this
+    was "give two of the three" until issue 22). Three flags that disagree are still an error naming each."""
     ds = write_json(tmp_path, {"train_batch_size": 16, "gradient_accumulation_steps": 2})
     batch = batch_schedule(parse_config(["--zero-config", str(ds)]), data_parallel_size=2)
     assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (4, 2, 16)
+    batch = batch_schedule(parse_config(["--zero-config", str(ds), "--batch-size", "4"]), data_parallel_size=1)
+    assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (4, 4, 16)
+    assert batch.notes == (f"gradient_accumulation_steps 2 in {ds}: --gradient-accumulation-steps 4 follows from the "
+                           f"other two batch settings, as in Megatron-DeepSpeed, where set_train_batch_size recomputes "
+                           f"DeepSpeed's accumulation steps from Megatron's global batch every iteration, and "
+                           f"Megatron's loop marks the accumulation boundary itself",)
     with pytest.raises(ConfigError) as error:
-        batch_schedule(parse_config(["--zero-config", str(ds), "--batch-size", "4"]), data_parallel_size=1)
+        batch_schedule(parse_config(["--batch-size", "4", "--global-batch-size", "16", "--gradient-accumulation-steps",
+                                     "2"]), data_parallel_size=1)
     assert str(error.value) == (
-        f"--global-batch-size 16 ({ds}: train_batch_size) is not --micro-batch-size 4 (--batch-size (DeepSpeed-Megatron's "
-        f"name for --micro-batch-size) (command line)) x --gradient-accumulation-steps 2 ({ds}: "
-        f"gradient_accumulation_steps) x data-parallel size 1 = 8; give two of the three")
+        "--global-batch-size 16 (--global-batch-size (command line)) is not --micro-batch-size 4 (--batch-size "
+        "(DeepSpeed-Megatron's name for --micro-batch-size) (command line)) x --gradient-accumulation-steps 2 "
+        "(--gradient-accumulation-steps (command line)) x data-parallel size 1 = 8; give two of the three")
 
 
 def test_yaml_preset_cannot_name_a_zero_config(tmp_path):

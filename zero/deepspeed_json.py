@@ -4,12 +4,17 @@
 classifies every key (`zero/deepspeed_keys.py`):
 
 - honoured keys become flags, each remembered with the key it came from, so `gpt.arguments` can say
-  where a setting came from and report a JSON value that contradicts a command-line flag;
+  where a setting came from and, where a command-line flag sets the same thing, let the side win that
+  wins in the real Megatron-DeepSpeed + DeepSpeed pair (zero/deepspeed_precedence.py);
 - keys with no effect on the math are collected for one info line at the start of the run;
 - unsupported and unknown keys are collected too, and reported together in one error line, each with
-  the reason or the alternative (and "did you mean" for a key DeepSpeed does not have).
+  the reason or the alternative (and "did you mean" for a key DeepSpeed does not have);
+- the three batch keys are kept as written, for DeepSpeed's own check of them against the
+  data-parallel size (gpt/batch_schedule.py).
 
-A value of the wrong type is an error at once, naming the key and the file.
+A value of the wrong type names the key and the file. `deepspeed_config_to_flags` raises at the first
+problem; with `collect=True` the problems are kept in `DeepSpeedTranslation.problems` instead, so
+`gpt.arguments` can report them in one line with the command line's own.
 """
 
 from __future__ import annotations
@@ -32,11 +37,16 @@ class JsonSetting:
     flags: tuple[str, ...]  # what it becomes on the command line
 
 
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
 @dataclass
 class DeepSpeedTranslation:
     source: str                                                # the file, for messages
     settings: list[JsonSetting] = field(default_factory=list)  # in the file's order
     verdicts: list[Verdict] = field(default_factory=list)      # every key's, for --print-config
+    batch: dict[str, int] = field(default_factory=dict)        # the BATCH_KEYS given, as written
+    problems: list[str] = field(default_factory=list)          # with collect=True: bad values, refused keys
 
     @property
     def no_effect(self) -> list[Verdict]:
@@ -54,10 +64,11 @@ class DeepSpeedTranslation:
         return f"> {self.source}: accepted with no effect on the math: {listed}"
 
 
-def deepspeed_config_to_flags(config: Any, source: str) -> DeepSpeedTranslation:
+def deepspeed_config_to_flags(config: Any, source: str, collect: bool = False) -> DeepSpeedTranslation:
     """Classify every key of a parsed DeepSpeed config; raise one ConfigError listing every unsupported
-    or unknown key. A config that enables one of fp16/bf16 also disables the other (they are exclusive,
-    and a preset may have turned the other on); one that enables both is an error.
+    or unknown key (with `collect`, keep it and every bad value in `problems` and go on with the keys
+    that are honoured). A config that enables one of fp16/bf16 also disables the other (they are
+    exclusive, and a preset may have turned the other on); one that enables both is an error.
 
     In DeepSpeed the `activation_checkpointing` block only configures checkpointing; Megatron's
     --checkpoint-activations turns it on. Here a block with any option on (a true flag, or a
@@ -68,32 +79,55 @@ def deepspeed_config_to_flags(config: Any, source: str) -> DeepSpeedTranslation:
         raise ConfigError(f"{source}: a DeepSpeed config must be a JSON object")
     verdicts: list[Verdict] = []
     values: dict[str, Any] = {}  # honoured section keys' values, for the implied flags below
-    try:
-        for key, value in config.items():
-            section = SECTION_ALIASES.get(key, key)
-            if section == "zero_optimization" and isinstance(value, bool):
-                verdicts += classify_legacy_zero(key, value)
-            elif section in SECTIONS:
-                for sub_key, sub_value in block(key, value).items():
-                    path = f"{section}.{sub_key}"
-                    classify = SECTION_KEYS.get(path)
-                    verdicts += classify(path, sub_value) if classify else [_unknown(path)]
+    problems: list[str] = []     # bad values, in the file's order
+    batch: dict[str, int] = {}
+
+    def classified(key: str, classify, value: Any) -> list[Verdict]:
+        try:
+            return classify(key, value)
+        except ConfigError as error:
+            if not collect:
+                raise ConfigError(f"{source}: {error}") from None
+            problems.append(f"{source}: {error}")
+            return []
+
+    for key, value in config.items():
+        section = SECTION_ALIASES.get(key, key)
+        if section == "zero_optimization" and isinstance(value, bool):
+            verdicts += classify_legacy_zero(key, value)
+        elif section in SECTIONS:
+            entries = classified(key, lambda name, value: list(block(name, value).items()), value)
+            for sub_key, sub_value in entries:
+                path = f"{section}.{sub_key}"
+                classify = SECTION_KEYS.get(path)
+                found = classified(path, classify, sub_value) if classify else [_unknown(path)]
+                verdicts += found
+                if found:
                     values[path] = sub_value
-            elif key in TOP_LEVEL_KEYS:
-                verdicts += TOP_LEVEL_KEYS[key](key, value)
-            else:
-                verdicts.append(_unknown(key))
-    except ConfigError as error:
-        raise ConfigError(f"{source}: {error}") from None
+        elif key in TOP_LEVEL_KEYS:
+            found = classified(key, TOP_LEVEL_KEYS[key], value)
+            verdicts += found
+            if key in BATCH_KEYS and found:
+                batch[key] = int(value)
+        else:
+            verdicts.append(_unknown(key))
 
     refused = [verdict for verdict in verdicts if verdict.kind == UNSUPPORTED]
     if refused:
         listed = "; ".join(f"{verdict.key} ({verdict.why})" for verdict in refused)
-        raise ConfigError(f"{source}: {len(refused)} key(s) not supported here, remove or change them: {listed}")
-    translation = DeepSpeedTranslation(str(source), verdicts=_scheduler_sets_the_peak(verdicts))
+        problems.append(f"{source}: {len(refused)} key(s) not supported here, remove or change them: {listed}")
+    if problems and not collect:
+        raise ConfigError(problems[0])
+    verdicts = _clipping_is_gradient_clipping(_scheduler_sets_the_peak(verdicts))
+    translation = DeepSpeedTranslation(str(source), verdicts=verdicts, batch=batch, problems=problems)
     translation.settings = [JsonSetting(verdict.key, verdict.flags) for verdict in translation.verdicts
                             if verdict.kind == HONOURED and verdict.flags]
-    translation.settings += _implied(values, source)
+    try:
+        translation.settings += _implied(values, source)
+    except ConfigError as error:
+        if not collect:
+            raise
+        problems.append(str(error))
     return translation
 
 
@@ -112,6 +146,20 @@ def _scheduler_sets_the_peak(verdicts: list[Verdict]) -> list[Verdict]:
                                                           "learning rate, as in DeepSpeed")
         result.append(verdict)
     return result
+
+
+def _clipping_is_gradient_clipping(verdicts: list[Verdict]) -> list[Verdict]:
+    """DeepSpeed clips with gradient_clipping; the optimizer block's max_grad_norm (the old FusedAdam's) is
+    not read when a client optimizer is passed, as Megatron-DeepSpeed always does, and refused by
+    DeepSpeed when it builds the optimizer itself. With both, gradient_clipping is the clip."""
+    def clip(verdict: Verdict):
+        flags = list(verdict.flags)
+        return flags[flags.index("--clip-grad") + 1] if verdict.kind == HONOURED and "--clip-grad" in flags else None
+
+    clipping = next((clip(v) for v in verdicts if v.key == "gradient_clipping"), None)
+    return [Verdict(v.key, NO_EFFECT, why=f"gradient_clipping {clipping} is the clip DeepSpeed applies")
+            if v.key == "optimizer.params.max_grad_norm" and clipping is not None and clip(v) != clipping else v
+            for v in verdicts]
 
 
 def _unknown(key: str) -> Verdict:
@@ -135,7 +183,7 @@ def _implied(values: dict[str, Any], source: str) -> list[JsonSetting]:
     return implied
 
 
-def load_deepspeed_config(path: Union[str, Path]) -> DeepSpeedTranslation:
+def load_deepspeed_config(path: Union[str, Path], collect: bool = False) -> DeepSpeedTranslation:
     """Read a DeepSpeed JSON config and classify it (see `deepspeed_config_to_flags`)."""
     path = Path(path)
     try:
@@ -152,7 +200,7 @@ def load_deepspeed_config(path: Union[str, Path]) -> DeepSpeedTranslation:
         raise ConfigError(f"{path}: nested too deeply to be a DeepSpeed config") from None
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
-    return deepspeed_config_to_flags(config, str(path))
+    return deepspeed_config_to_flags(config, str(path), collect)
 
 
 def resolve_zero_config(name_or_path: str) -> Path:

@@ -266,6 +266,15 @@ def classify_grad_accum_dtype(key: str, value: Any) -> list[Verdict]:
     return [Verdict(key, HONOURED, (flag,))]
 
 
+def classify_steps_per_print(key: str, value: Any) -> list[Verdict]:
+    """DeepSpeed's own progress-line cadence: independent of Megatron's --log-interval in the real pair
+    (zero/deepspeed_precedence.py), so it never sets the log interval here."""
+    shown = "null" if value is None else str(whole_number(key, value))
+    return [Verdict(key, NO_EFFECT, why=f"{shown}: the cadence of DeepSpeed's own progress line; the log line and "
+                                        f"metrics records here follow --log-interval, as Megatron's do in "
+                                        f"Megatron-DeepSpeed")]
+
+
 def _loss_scale(key: str, value: Any) -> list[Verdict]:
     scale = number(key, value)
     if scale < 0:
@@ -326,7 +335,7 @@ TOP_LEVEL_KEYS: dict[str, Classifier] = {
     "compile": when_disabled("DeepCompile is not implemented"),
     "disable_python_gc": no_effect("garbage collection does not change the numbers"),
     # logging and monitoring
-    "steps_per_print": to_flag("--log-interval", "count"),
+    "steps_per_print": classify_steps_per_print,
     "wall_clock_breakdown": no_effect("iteration time is logged every --log-interval (iter_time_s); "
                                       "--profile-checkpointing times the checkpointed groups"),
     "dump_state": no_effect("--print-config prints the resolved configuration"),

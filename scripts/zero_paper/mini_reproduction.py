@@ -47,7 +47,8 @@ VOCAB = 512
 def scaled_zero_config(configuration: str, bucket_size: int, directory: Path) -> Path:
     """configs/zero/zero_paper_cN.json with its buckets sized for this model, as the paper's 5e8 / 2e8
     elements are for theirs (a few buckets per model), written into `directory`. A copy, not flags
-    beside the JSON: a flag that contradicts its JSON is refused."""
+    beside the JSON: a bucket flag beside the JSON's bucket keys loses to them, as in DeepSpeed
+    (zero/deepspeed_precedence.py)."""
     zero_config = json.loads(resolve_zero_config(f"zero_paper_{configuration.lower()}").read_text(encoding="utf-8"))
     zero_config["zero_optimization"].update(reduce_bucket_size=bucket_size, allgather_bucket_size=bucket_size)
     path = directory / f"zero_paper_{configuration.lower()}_buckets_{bucket_size}.json"
