@@ -39,17 +39,6 @@ from tests.replay_corpus.shrink import (CHANGED_FLAGS, CHANGED_JSON_KEYS, ITERAT
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
 KNOWN_FAILING_TODAY: dict[str, str] = {
-    "megatron-lm-2020-pretrain-gpt2": "unknown flag --data-impl",
-    "megatron-lm-2021-pretrain-gpt-distributed": "unknown flags --data-impl, --activations-checkpoint-method",
-    "megatron-deepspeed-rebase-gpt-1.3b":
-        "unknown flags --override-opt_param-scheduler, --no-async-tensor-model-parallel-allreduce, "
-        f"--no-pipeline-parallel, --data-impl, {_TENSORBOARD_LOGGING}, --log-optimizer-states-to-tensorboard; "
-        "sample/token schedules not accepted: --train-samples, --train-tokens, --lr-decay-tokens, --lr-warmup-tokens",
-    "megatron-deepspeed-moe-gpt-350m-dense":
-        "unknown flags --num-experts 1 (dense), --moe-expert-parallel-size, --moe-loss-coeff, "
-        "--moe-{train,eval}-capacity-factor, --moe-min-capacity, --override-opt_param-scheduler, --data-impl, "
-        f"{_TENSORBOARD_LOGGING}; sample/token schedules not accepted: --train-samples, --train-tokens, "
-        "--lr-decay-tokens, --lr-warmup-tokens",
     "deepspeedexamples-ds-pretrain-gpt2":
         "contradiction refused: the JSON's train_batch_size vs --batch-size x accumulation x data-parallel size "
         "(DeepSpeed-Megatron trained with --batch-size per rank and the JSON's accumulation)",
@@ -68,30 +57,11 @@ KNOWN_FAILING_TODAY: dict[str, str] = {
         "unknown flags --data-impl, --zero-reduce-bucket-size, --zero-allgather-bucket-size, "
         "--zero-contigious-gradients, --zero-reduce-scatter; then contradictions refused: --log-interval vs "
         "steps_per_print, --zero-stage 0 vs zero_optimization.stage 2 (the fork's engine used the JSON's stage)",
-    "bigscience-megatron-deepspeed-pretrain-gpt-single-node": "unknown flag --data-impl",
     "deepspeed-megatron-gpt2-perf-bs16-json": "JSON key disable_allgather refused as unknown (DeepSpeed's "
                                               "legacy ZeRO-1 key)",
     # Refusals that come out as something else today:
-    "megatron-lm-2024-pretrain-gpt3-175b":
-        "--train-samples, --lr-decay-samples, --lr-warmup-samples refused as unrecognized before the pipeline "
-        "refusal",
-    "megatron-deepspeed-rebase-gpt-1.3b-rope":
-        "unrecognized flags (as the 1.3B script, and --use-rotary-position-embeddings, --rotary-percent) "
-        "before the pipeline refusal",
-    "megatron-deepspeed-moe-gpt-125m-moe64":
-        "--num-experts unrecognized among the MoE and Megatron-DeepSpeed flags, not refused as a feature",
-    "megatron-deepspeed-offload-pp-gpt-350m":
-        "--cpu-optimizer unrecognized among the MoE/token flags, not refused as ZeRO-Offload",
     "megatron-deepspeed-pretrain-llama2-distributed":
         "argparse rejects --tokenizer-type GPTSentencePieceTokenizer before the pipeline refusal",
-    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2-pipe":
-        "unknown flags --pipe-parallel-size, --gas, --data-impl, --zero-* (v1.1.5 names); then --log-interval "
-        "vs steps_per_print contradiction refused",
-    "deepspeed-megatron-gpt2-test-mp1-gpu2-zero2-ds-offload": "--cpu-optimizer unrecognized, not refused as "
-                                                              "ZeRO-Offload",
-    "bigscience-tr1-13b":
-        "unknown flags --train-samples, --lr-decay-samples, --lr-warmup-samples, --optimizer, --codecarbon-dir, "
-        f"--data-impl, {_TENSORBOARD_LOGGING}; then --log-interval vs steps_per_print contradiction refused",
     "bigscience-tr11-176b-ml":
         "argparse rejects --tokenizer-type PretrainedFromHF; then unknown flags (--pp-partition-method, "
         "--embed-layernorm, --sync-tp-duplicated-parameters, --abort-on-unmet-fused-kernel-constraints, "
