@@ -7,7 +7,8 @@
 Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data, an unwritable output, a
 save directory another run owns, a damaged checkpoint) is reported as one line on stderr with exit
 code 2, before any work starts; see gpt/run_start.py for what is checked. `--dry-run` prints what this
-rank would hold and send (zero/plan.py) and exits.
+rank would hold and send (zero/plan.py) and exits. A rank that dies or hangs mid-run is named by every
+survivor in one line, exit code 3 (parallel/liveness.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from gpt.batch_schedule import BatchSchedule, batch_schedule
 from gpt.checkpoint_format import LATEST_FILE, CheckpointError, resolve_checkpoint
 from gpt.checkpointing import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gpt.config import ConfigError, PretrainConfig
-from gpt.errors import reporting_process, run_tool
+from gpt.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
 from gpt.exit_conditions import ExitConditions
 from gpt.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, parameter_count,
                          perplexity, start_wandb)
@@ -43,12 +44,15 @@ from gpt.run_start import RunStart, claim_run_start
 from gpt.schedule import train_iterations
 from gpt.tensorboard_sink import open_tensorboard
 from gpt.training import TrainingDiverged, TrainingSummary, train
+from parallel.liveness import Liveness, PeerLoss, start_liveness
 from parallel.random import TensorParallelRNG
-from parallel.state import ParallelState, destroy, initialize
+from parallel.state import ParallelState, destroy, initialize, read_launch_environment
 from zero.activations import ActivationMonitor, apply_activation_checkpointing
 from zero.apply import apply_zero
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
+PROGRAM = "pretrain_gpt.py"
+EXPECTED_ERRORS = ALWAYS_EXPECTED + (DataError, KeyboardInterrupt)
 
 
 @dataclass
@@ -243,7 +247,7 @@ def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int
 
 def dry_run_launch(config: PretrainConfig) -> None:
     """--dry-run: plan this launch's rank without a process group and print it (rank 0 only)."""
-    from parallel.state import read_launch_environment, resolve_device
+    from parallel.state import resolve_device
     from zero.dry_run import Cluster, dry_run
     from zero.plan import format_plan, planning_vocab
 
@@ -294,14 +298,48 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
                            timeout_minutes=config.training.distributed_timeout_minutes)
     except ValueError as error:  # a launch or device the config cannot run on
         raise ConfigError(str(error)) from None
+    liveness: Optional[Liveness] = None
+    lost = own_error = False
     try:
+        liveness = watch_peers(state, config.training.heartbeat_timeout_seconds)
         run(config, state)
+    except EXPECTED_ERRORS:
+        raise  # met by every rank alike (the ranks agree on their checks): not a lost peer
+    except Exception:
+        # Anything else on a multi-rank run may be a collective that failed because a peer is gone
+        # (in the loop, an autograd hook, a work handle's wait): the heartbeats say whether one is.
+        loss = liveness.explain_failure() if liveness is not None else None
+        if loss is None:
+            own_error = True
+            raise  # every peer is alive: this rank's own failure keeps its traceback
+        lost = True
+        raise PeerLostError(loss.describe(state.rank, state.comm.where())) from None
     finally:
+        # Marked as left (and an error of this rank's own in the verdict) before the group goes, so
+        # that the peers blocked on this rank read why; then the store's host waits for them to leave.
+        if liveness is not None:
+            liveness.stop(after_loss=lost, own_error=own_error)
         destroy(state)
+        if liveness is not None:
+            liveness.linger()
+
+
+def watch_peers(state: ParallelState, heartbeat_timeout_seconds: float) -> Optional[Liveness]:
+    """This rank's heartbeat (parallel/liveness.py) on a multi-rank run; a peer found dead or stalled
+    while the main thread may be blocked in a collective ends the process with the one line."""
+    if state.world_size == 1:
+        return None
+    launch = read_launch_environment()
+
+    def on_lost(loss: PeerLoss) -> None:
+        exit_at_once(PROGRAM, PeerLostError(loss.describe(state.rank, state.comm.where())))
+
+    return start_liveness(state.rank, state.world_size, launch.master_addr, launch.master_port,
+                          stall_timeout_s=heartbeat_timeout_seconds, on_lost=on_lost)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_tool("pretrain_gpt.py", lambda: initialize_and_run(argv), (DataError,))
+    return run_tool(PROGRAM, lambda: initialize_and_run(argv), (DataError,))
 
 
 if __name__ == "__main__":

@@ -258,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "keeps the size, header and dtype checks and skips reading whole files)")
     g.add_argument("--distributed-timeout-minutes", type=float, default=t.distributed_timeout_minutes,
                    help="how long a collective waits for a peer before the job fails (a dead rank)")
+    g.add_argument("--heartbeat-timeout-seconds", type=float, default=t.heartbeat_timeout_seconds,
+                   help="stop, naming the rank, when a peer's heartbeat stands still this long (a stopped or "
+                        "hung rank), instead of waiting for --distributed-timeout-minutes; 0: no watch")
 
     g = parser.add_argument_group("ZeRO and mixed precision")
     _with_aliases(g, "--zero-config", metavar="FILE.json",

@@ -29,6 +29,8 @@ ACTIVATIONS = ("gelu", "gelu_tanh")
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer")
 SEED_LIMIT = 2**32
+# Below a few heartbeats (one a second), a rank busy on a loaded machine would be taken for a hung one.
+MIN_HEARTBEAT_TIMEOUT_S = 5.0
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
 
 
@@ -193,6 +195,9 @@ class TrainingConfig:
     tensor_model_parallel_size: int = 1
     # How long a collective may wait for a peer: a dead or hung rank ends the job after this.
     distributed_timeout_minutes: float = 10.0
+    # How long a peer's heartbeat may stand still before this rank names it and stops (a SIGSTOPped or
+    # hung rank, long before the collective timeout); 0 turns the watch off (parallel/liveness.py).
+    heartbeat_timeout_seconds: float = 120.0
     eval_interval: int = 50
     eval_iters: int = 10
     log_interval: int = 10
@@ -231,6 +236,10 @@ class TrainingConfig:
             raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}")
         if not self.distributed_timeout_minutes > 0:
             raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}")
+        if not (self.heartbeat_timeout_seconds == 0 or MIN_HEARTBEAT_TIMEOUT_S <= self.heartbeat_timeout_seconds < float("inf")):
+            raise ConfigError(f"--heartbeat-timeout-seconds must be 0 (no watch) or a finite number of seconds of at "
+                              f"least {MIN_HEARTBEAT_TIMEOUT_S:g} (a few heartbeats, one a second), got "
+                              f"{self.heartbeat_timeout_seconds}")
         if not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
                               "takes a 32-bit seed")

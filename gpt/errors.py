@@ -5,7 +5,8 @@
 each other in a cycle; gpt.config and gpt.checkpoint_format re-export them. `run_tool` is the boundary: the training
 program, `python -m data.preprocess` and every script in scripts/ call their work through it, so a
 bad input anywhere ends the same way -- one line `program: error: ...` on stderr and exit status 2 --
-and Ctrl-C ends in one line and status 130 instead of a traceback. Nothing here imports torch or the
+and Ctrl-C ends in one line and status 130 instead of a traceback. A peer rank that died or hung
+(`PeerLostError`) is one line from every surviving rank and status 3. Nothing here imports torch or the
 rest of the repo: the boundary must work even when those imports are what fails.
 """
 
@@ -19,6 +20,7 @@ from typing import Callable
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
+EXIT_PEER_LOST = 3  # another rank died or hung (parallel/liveness.py); this one stopped too
 
 # Set by scripts/launch.py: each rank writes its exit status here, so the launcher can exit with the
 # job's own status instead of torchrun's generic 1.
@@ -33,6 +35,12 @@ class CheckpointError(Exception):
     """A checkpoint that cannot be used (missing, incomplete, corrupt, or for another model); the
     message names the file or the keys. Defined here so the checkpoint modules can share it without
     importing each other; gpt.checkpoint_format re-exports it."""
+
+
+class PeerLostError(RuntimeError):
+    """Another rank stopped answering (died, or hung). Unlike a bad input, which every rank meets and
+    rank 0 reports, only the survivors know of it, and any of them may be the only one left to tell:
+    each prints its own line."""
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -71,6 +79,9 @@ def run_tool(program: str, action: Callable[[], object],
     except KeyboardInterrupt:
         _report(f"{program}: interrupted (SIGINT); stopped without saving")
         status = EXIT_INTERRUPTED
+    except PeerLostError as error:
+        print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
+        status = EXIT_PEER_LOST
     except ALWAYS_EXPECTED + tuple(expected) as error:
         _report(f"{program}: error: {one_line(error)}")
         status = EXIT_BAD_INPUT
@@ -79,6 +90,18 @@ def run_tool(program: str, action: Callable[[], object],
         status = EXIT_BAD_INPUT
     _record_exit_status(status)
     return status
+
+
+def exit_at_once(program: str, error: PeerLostError) -> None:
+    """run_tool's line and status for a lost peer, from a watchdog thread while the main thread may be
+    blocked in a collective that never returns: print, record the status, and end the process
+    without unwinding (os._exit), since no cleanup could get past that collective anyway."""
+    try:
+        sys.stdout.flush()  # what the run printed so far comes before the line, as it would in run_tool
+        print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
+    finally:
+        _record_exit_status(EXIT_PEER_LOST)
+        os._exit(EXIT_PEER_LOST)
 
 
 def _report(line: str) -> None:

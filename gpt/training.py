@@ -167,6 +167,7 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
             group["lr"] = lr
         reducer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # comm_bytes below cover this iteration only
+        state.comm.iteration = iteration  # named in the line a lost peer ends in
 
         iteration_loss = torch.zeros((), device=device)
         # The first iteration measures what autograd keeps for backward when memory is reported.

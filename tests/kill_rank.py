@@ -3,7 +3,9 @@
     KILL_AT_ITERATION=13 KILL_RANK=1 python tests/kill_rank.py <pretrain_gpt flags>
 
 The kill happens where the loop checks its exit conditions, after the iteration (and any save it
-made) is complete, and it is a real SIGKILL: no handler, no cleanup, no flush.
+made) is complete, and it is a real SIGKILL: no handler, no cleanup, no flush. KILL_SIGNAL=SIGSTOP
+stops the rank instead (a hung node: alive to the kernel, silent to everyone); whoever started it
+must SIGCONT and SIGKILL it. KILL_SIGNAL=bug raises a RuntimeError instead (a rank that fails alone).
 """
 
 import os
@@ -18,12 +20,15 @@ from gpt import exit_conditions  # noqa: E402
 
 KILL_AT = int(os.environ["KILL_AT_ITERATION"])
 KILL_RANK = int(os.environ["KILL_RANK"])
+KILL_SIGNAL = os.environ.get("KILL_SIGNAL", "SIGKILL")
 _check = exit_conditions.ExitConditions.check
 
 
 def check_then_die(self, iteration):
     if iteration == KILL_AT and int(os.environ["RANK"]) == KILL_RANK:
-        os.kill(os.getpid(), signal.SIGKILL)
+        if KILL_SIGNAL == "bug":
+            raise RuntimeError("tests/kill_rank.py: an injected bug")
+        os.kill(os.getpid(), signal.Signals[KILL_SIGNAL])
     return _check(self, iteration)
 
 

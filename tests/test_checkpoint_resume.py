@@ -166,12 +166,13 @@ def test_elastic_resume_matches_the_uninterrupted_run(resume_runs, resumed):
 
 # ---- preemption and faults (separate processes, as a cluster would run them) -------------------
 
-def _launch(argv, rank, world_size, port, log, extra_env=None, script="pretrain_gpt.py"):
+def _launch(argv, rank, world_size, port, log, extra_env=None, script="pretrain_gpt.py", errors=None):
+    """One rank as torchrun would start it; its stderr goes to `errors` when given, else into `log`."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
                OMP_NUM_THREADS="1", WANDB_MODE="disabled", **(extra_env or {}))
     return subprocess.Popen([sys.executable, str(ROOT / script), *argv], env=env, cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=errors or subprocess.STDOUT)
 
 
 def _wait_for_iteration(metrics_file: Path, iteration: int, process, timeout: float = 120) -> None:

@@ -129,6 +129,19 @@ class Communicator:
 
     def __init__(self) -> None:
         self.stats = CommStats()
+        # Where this rank is, for the one line a lost peer ends in (parallel/liveness.py): the last
+        # collective it entered, (kind, group name), and the training iteration in progress, which
+        # the loop sets. Two attribute stores per call and no communication: a rank blocked in a
+        # collective that will never finish can still say which one it is.
+        self.last_collective: Optional[tuple[str, str]] = None
+        self.iteration: Optional[int] = None
+
+    def where(self) -> str:
+        """'during all_reduce on the dp group at iteration 14', or what is known of it."""
+        during = (f"during {self.last_collective[0]} on the {self.last_collective[1]} group"
+                  if self.last_collective is not None else "before its first collective")
+        at = f"at iteration {self.iteration}" if self.iteration is not None else "before the first iteration"
+        return f"{during} {at}"
 
     def _skip(self, group: Optional[dist.ProcessGroup]) -> bool:
         return group_size(group) == 1
@@ -142,6 +155,7 @@ class Communicator:
         if self._skip(group):
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "all_reduce", ring_bytes_sent("all_reduce", _num_bytes(tensor), group_size(group)))
+        self.last_collective = ("all_reduce", group_name)
         return self._transport_all_reduce(tensor, op, group, async_op)
 
     @torch.compiler.disable
@@ -156,6 +170,7 @@ class Communicator:
             _copy_unless_same(output, input)
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "reduce_scatter", ring_bytes_sent("reduce_scatter", _num_bytes(input), size))
+        self.last_collective = ("reduce_scatter", group_name)
         return self._transport_reduce_scatter(output, input, op, group, async_op)
 
     @torch.compiler.disable
@@ -170,6 +185,7 @@ class Communicator:
             _copy_unless_same(output, input)
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "all_gather", ring_bytes_sent("all_gather", _num_bytes(output), size))
+        self.last_collective = ("all_gather", group_name)
         return self._transport_all_gather(output, input, group, async_op)
 
     @torch.compiler.disable
@@ -182,6 +198,7 @@ class Communicator:
             return CompletedWork() if async_op else None
         is_source = self._global_rank() == src
         self.stats.add(group_name, "broadcast", ring_bytes_sent("broadcast", _num_bytes(tensor), size, is_source))
+        self.last_collective = ("broadcast", group_name)
         return self._transport_broadcast(tensor, src, group, async_op)
 
     # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------
@@ -201,7 +218,7 @@ class Communicator:
     def _global_rank(self) -> int:
         return dist.get_rank()
 
-    def barrier(self, group: Optional[dist.ProcessGroup] = None) -> None:
+    def barrier(self, group: Optional[dist.ProcessGroup] = None, group_name: str = "world") -> None:
         """Wait for every rank of `group`. Unlike the data collectives, None here means the whole world
         (checkpoint and shutdown synchronise everyone); without a process group it returns at once."""
         if not dist.is_available() or not dist.is_initialized():
@@ -210,6 +227,7 @@ class Communicator:
             return
         if group is not None and group_size(group) == 1:
             return
+        self.last_collective = ("barrier", group_name)
         dist.barrier(group=group)
 
 
@@ -221,6 +239,7 @@ class Communicator:
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return [obj]
         gathered = [None] * dist.get_world_size()
+        self.last_collective = ("all_gather_object", "world")
         dist.all_gather_object(gathered, obj)
         return gathered
 
@@ -230,6 +249,7 @@ class Communicator:
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return list(flags)
         tensor = torch.tensor([float(flag) for flag in flags], device=device)
+        self.last_collective = ("all_reduce", "world")
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return [bool(value) for value in tensor.tolist()]
 
@@ -267,7 +287,7 @@ class DryRunCommunicator(Communicator):
     def _global_rank(self) -> int:
         return self.rank
 
-    def barrier(self, group=None) -> None:
+    def barrier(self, group=None, group_name: str = "world") -> None:
         return None
 
     def all_gather_object(self, obj) -> list:

@@ -1,0 +1,400 @@
+"""Who stopped answering: a heartbeat per rank in the rendezvous store, so that the survivors of a dead
+or stalled peer name it in one line, promptly, instead of printing a transport's traceback or waiting
+for the collective timeout.
+
+Every rank runs a thread with its own client of the rendezvous store (the TCPStore that torchrun's
+agent serves at MASTER_ADDR:MASTER_PORT, or rank 0 when there is no agent). Once a second it adds 1
+to its own counter and reads two keys: its ring neighbour's counter and the verdict. That is three
+small store round trips a second per rank and nothing per collective; the training's traffic is
+untouched. Identity never comes from the transport's error text (gloo's "Connection reset by peer"
+names an address, NCCL's timeout names nobody): a rank is silent when its counter stops moving.
+
+A loss is found in one of four ways:
+
+1. A collective raises (gloo notices a closed socket at once). The main thread calls
+   `explain_failure()`; the thread reads every rank's counter for up to SILENT_AFTER_S, and the ranks
+   whose counter did not move are the lost ones. The first survivor to conclude writes the verdict
+   (compare-and-set, so all survivors name the same ranks). If every counter moves, no peer is lost:
+   the error is this rank's own and keeps its traceback.
+2. The neighbour's counter stands still for --heartbeat-timeout-seconds while this rank may be
+   blocked in a collective that only the collective timeout would end (a SIGSTOPped or hung peer; or
+   NCCL, which never notices a dead peer). The thread writes the verdict and reports.
+3. A verdict appears: another survivor found the loss, or a rank wrote that it fails alone (an error
+   of its own, whose traceback it prints). The thread reports it.
+4. The store stops answering (its host died or hung). A dead host closes its connections, which an
+   idle socket beside the store client sees before any call is made (`StoreConnection`: a failed
+   call would make torch print a dozen lines of C++ warnings around the one line). A call to a
+   stopped host blocks with no timeout, so a second thread, which never touches the store, watches
+   when the store last answered.
+
+Reporting is the caller's `on_lost(loss)`, called from a thread while the main thread may be blocked
+for good (pretrain_gpt.py prints one line and ends the process). A rank that leaves marks its
+counter: LEFT (its own end: success, its own error) or LEFT_AFTER_LOSS (it reported someone else),
+so that watchers stop watching it and survivors do not blame a rank that only left first. When rank 0
+hosts the store, it waits (briefly) at the end until every rank has left (`linger`), so that no rank
+is left talking to a store that just went away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Optional, Protocol, Sequence
+
+HEARTBEAT_INTERVAL_S = 1.0
+# How long a rank whose collective failed watches the others' counters: a live rank beats about five
+# times in this window even on a loaded machine; a dead one not once.
+SILENT_AFTER_S = 5.0
+# How long the store's host waits at the end for the other ranks to leave.
+FINISH_WAIT_S = 10.0
+# Calls that wait for a key (the client's connect, get) give up after this; add and compare_set to a
+# stopped host block regardless, which is why the watchdog thread exists.
+STORE_TIMEOUT_S = 30.0
+LEFT = -1
+LEFT_AFTER_LOSS = -2
+
+
+class Store(Protocol):
+    """The part of torch.distributed.Store used here (a fake one in the tests)."""
+
+    def add(self, key: str, amount: int) -> int: ...
+    def set(self, key: str, value: str) -> None: ...
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def multi_get(self, keys: list[str]) -> list[bytes]: ...
+
+
+class StoreGone(ConnectionError):
+    """The store's host closed its connections: it died."""
+
+
+class StoreConnection:
+    """An idle TCP connection to the store's port, opened beside the store client. When the host's
+    process dies, its kernel closes the connection, and a zero-timeout select sees that without a
+    byte sent; the server never hears from this socket, so it has nothing to answer or log."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.socket = socket.create_connection((host, port), timeout=STORE_TIMEOUT_S)
+        self.socket.setblocking(False)
+
+    def closed(self) -> bool:
+        readable, _, _ = select.select([self.socket], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return self.socket.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
+        except OSError:  # reset
+            return True
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class GuardedStore:
+    """A store client whose calls first check the host's connection, and raise StoreGone instead of
+    calling a host that died."""
+
+    def __init__(self, store: Store, connection: StoreConnection) -> None:
+        self.store, self.connection = store, connection
+
+    def __getattr__(self, name: str):
+        call = getattr(self.store, name)
+
+        def guarded(*args, **kwargs):
+            if self.connection.closed():
+                raise StoreGone("the store's host closed its connections")
+            return call(*args, **kwargs)
+
+        return guarded
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+@dataclass(frozen=True)
+class PeerLoss:
+    """Who is gone: ranks whose counter stopped (`silent`), ranks that left on an error of their own
+    (`exited`), or the store itself (`store_host`: "rank 0" or the agent's address)."""
+    silent: tuple[int, ...] = ()
+    exited: tuple[int, ...] = ()
+    store_host: Optional[str] = None
+
+    def to_json(self) -> str:
+        return json.dumps({"silent": list(self.silent), "exited": list(self.exited)})
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> "PeerLoss":
+        fields = json.loads(text)
+        return cls(silent=tuple(fields["silent"]), exited=tuple(fields["exited"]))
+
+    def describe(self, rank: int, where: str) -> str:
+        """The line: who, what this rank was doing (`where`, from the Communicator), and that it stops."""
+        if rank in self.silent:
+            return (f"the other ranks found this rank ({rank}) silent for too long (stopped, or starved of the "
+                    f"CPU) and stopped {where}; this rank stops too")
+        parts = []
+        if self.silent:
+            parts.append(f"{_ranks(self.silent)} stopped answering (died or hung)")
+        if self.exited:
+            parts.append(f"{_ranks(self.exited)} exited on an error of {'its' if len(self.exited) == 1 else 'their'} "
+                         f"own (see {'its' if len(self.exited) == 1 else 'their'} output)")
+        if self.store_host is not None:
+            parts.append(f"{self.store_host} stopped answering (died or hung)")
+        return f"{' and '.join(parts)} {where}; this rank ({rank}) stops too"
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(str(r) for r in ranks)}"
+
+
+class Board:
+    """This launch's liveness keys in the store: beat/<rank> (a counter, or LEFT / LEFT_AFTER_LOSS)
+    and verdict (a PeerLoss as JSON; empty while nobody is lost)."""
+
+    def __init__(self, store: Store, prefix: str, rank: int, world_size: int) -> None:
+        self.store, self.prefix, self.rank, self.world_size = store, prefix, rank, world_size
+        self.verdict_key = f"{prefix}verdict"
+
+    def key(self, rank: int) -> str:
+        return f"{self.prefix}beat/{rank}"
+
+    def beat(self) -> None:
+        self.store.add(self.key(self.rank), 1)
+
+    def leave(self, after_loss: bool) -> None:
+        self.store.set(self.key(self.rank), str(LEFT_AFTER_LOSS if after_loss else LEFT))
+
+    def read(self, ranks: Sequence[int]) -> dict[int, int]:
+        """Counters of `ranks`: one round trip when every key exists (the usual case), else one per
+        rank (add 0 creates a missing key instead of waiting for it)."""
+        keys = [self.key(rank) for rank in ranks]
+        if self.store.check(keys):
+            return {rank: int(value) for rank, value in zip(ranks, self.store.multi_get(keys))}
+        return {rank: int(self.store.add(key, 0)) for rank, key in zip(ranks, keys)}
+
+    def verdict(self) -> Optional[PeerLoss]:
+        # compare_set with an empty expected value creates the key empty, or returns the verdict.
+        text = self.store.compare_set(self.verdict_key, "", "")
+        return PeerLoss.from_json(text) if text else None
+
+    def propose(self, loss: PeerLoss) -> PeerLoss:
+        """Write `loss` unless a verdict is there already; the verdict that stands."""
+        return PeerLoss.from_json(self.store.compare_set(self.verdict_key, "", loss.to_json()))
+
+
+@dataclass
+class StallWatch:
+    """The neighbour's counter, and since when it has stood still."""
+    timeout_s: float
+    value: Optional[int] = None
+    since: float = 0.0
+
+    def stalled(self, value: int, now: float) -> bool:
+        if value != self.value:
+            self.value, self.since = value, now
+        return value >= 0 and now - self.since >= self.timeout_s
+
+
+def find_lost_peers(board: Board, clock: Callable[[], float], sleep: Callable[[float], None],
+                    silent_after_s: float = SILENT_AFTER_S, poll_s: float = HEARTBEAT_INTERVAL_S / 2,
+                    ) -> Optional[PeerLoss]:
+    """After a collective failed on this rank: the peers that are gone, agreed through the verdict,
+    or None when every peer is alive (the failure is this rank's own). Beats itself while it watches,
+    so that the other survivors, watching too, see this rank alive."""
+    others = [rank for rank in range(board.world_size) if rank != board.rank]
+    started = clock()
+    first = board.read(others)
+    while True:
+        verdict = board.verdict()
+        if verdict is not None:
+            return verdict
+        latest = board.read(others)
+        exited = tuple(rank for rank in others if latest[rank] == LEFT)
+        pending = [rank for rank in others if latest[rank] >= 0 and latest[rank] == first[rank]]
+        waited = clock() - started
+        if not exited and not pending:
+            return None
+        if not pending or waited >= silent_after_s:
+            return board.propose(PeerLoss(silent=tuple(pending), exited=exited))
+        board.beat()
+        sleep(poll_s)
+
+
+class Liveness:
+    """The heartbeat and watchdog threads of one rank, and the answer to "who is gone?".
+
+    `on_lost(loss)` is called at most once, from one of the threads, when a loss is found while the
+    main thread is not asking (ways 2-4 in the module's docstring); it is expected not to return.
+    """
+
+    def __init__(self, store: Store, rank: int, world_size: int, *, prefix: str, store_host: str,
+                 hosts_store: bool, stall_timeout_s: float, on_lost: Callable[[PeerLoss], None],
+                 silent_after_s: float = SILENT_AFTER_S, interval_s: float = HEARTBEAT_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.board = Board(store, prefix, rank, world_size)
+        self.store_host = store_host  # how to name the store's host in a line
+        self.hosts_store = hosts_store
+        self.stall_timeout_s = stall_timeout_s  # 0: no watching of the neighbour and the store
+        self.on_lost = on_lost
+        self.silent_after_s = silent_after_s
+        self.interval_s = interval_s
+        self.clock = clock
+        self.neighbour = (rank + 1) % world_size
+        self._stop = threading.Event()
+        self._suspect = threading.Event()  # the main thread asks: who is gone?
+        self._answer_ready = threading.Event()
+        self._answer: Optional[PeerLoss] = None
+        self._reported = threading.Event()  # on_lost was called: the threads are done
+        self._report_lock = threading.Lock()
+        self._answered_at = clock()  # when the store last answered this rank
+        self._left_after_loss = False
+        self._own_error = False
+        self._threads: list[threading.Thread] = []
+
+    # ---- the main thread's side -------------------------------------------------------------------
+
+    def start(self) -> "Liveness":
+        self.board.beat()  # before the threads, so that a peer's explain_failure finds the key
+        self._threads = [threading.Thread(target=self._heartbeat, name="liveness-heartbeat", daemon=True)]
+        if self.stall_timeout_s > 0:
+            self._threads.append(threading.Thread(target=self._watch_store, name="liveness-watchdog", daemon=True))
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def explain_failure(self) -> Optional[PeerLoss]:
+        """Called by the main thread after a collective (or anything) failed: the lost peers, or None
+        when every peer is alive. Takes up to SILENT_AFTER_S and a little more."""
+        self._suspect.set()
+        margin = 3 * self.interval_s
+        if self._answer_ready.wait(self.silent_after_s + margin):
+            return self._answer
+        if self.clock() - self._answered_at >= self.silent_after_s:  # blocked on a store that stopped
+            return PeerLoss(store_host=self.store_host)
+        return None
+
+    def stop(self, after_loss: bool = False, own_error: bool = False) -> None:
+        """End the threads and mark this rank as left: after a loss it found (not to be blamed), or
+        after an error of its own, which goes into the verdict so that the peers blocked on this
+        rank stop at once and point at its output."""
+        self._left_after_loss = after_loss or self._answer is not None
+        self._own_error = own_error and not self._left_after_loss
+        self._stop.set()
+        for thread in self._threads:
+            # A heartbeat blocked on a stopped store never returns; the threads are daemons.
+            thread.join(timeout=2 * self.interval_s + 1)
+
+    def linger(self) -> None:
+        """After stop() and after the process group is gone (so that a peer blocked on this rank
+        fails, and reads this rank's mark): the store's host waits, boundedly, until every other rank
+        has left too, so that none finds the store gone while it still reads it. Then the store
+        connection closes."""
+        if any(thread.is_alive() for thread in self._threads):
+            return  # blocked on a store that does not answer: nothing to wait for
+        try:
+            if self.hosts_store and not self._reported.is_set():
+                self._wait_for_everyone_to_leave(self._answer)
+        except Exception:  # noqa: BLE001 - a store that failed at the very end changes nothing
+            pass
+        close = getattr(self.board.store, "close", None)
+        if close is not None:
+            close()
+
+    # ---- the threads ------------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        watch = StallWatch(self.stall_timeout_s)
+        try:
+            while not self._stop.is_set() and not self._reported.is_set():
+                if self._suspect.is_set() and not self._answer_ready.is_set():
+                    self._answer = find_lost_peers(self.board, self.clock, time.sleep, self.silent_after_s,
+                                                   self.interval_s / 2)
+                    self._answer_ready.set()
+                    continue
+                self.board.beat()
+                verdict = self.board.verdict()
+                neighbour = self.board.read([self.neighbour])[self.neighbour]
+                self._answered_at = self.clock()
+                if not self._suspect.is_set():
+                    if verdict is not None:
+                        self._report(verdict)
+                    elif self.stall_timeout_s > 0 and watch.stalled(neighbour, self._answered_at):
+                        self._report(self.board.propose(PeerLoss(silent=(self.neighbour,))))
+                self._stop.wait(self.interval_s)
+            if not self._reported.is_set():  # a report marked the counter already
+                if self._own_error:
+                    self.board.propose(PeerLoss(exited=(self.board.rank,)))
+                self.board.leave(self._left_after_loss)
+        except Exception:  # noqa: BLE001 - any store failure means the store's host is gone
+            if self._stop.is_set() or self._reported.is_set():
+                return
+            if self._suspect.is_set():
+                self._answer = PeerLoss(store_host=self.store_host)
+                self._answer_ready.set()
+            else:
+                self._report(PeerLoss(store_host=self.store_host), mark=False)
+
+    def _wait_for_everyone_to_leave(self, loss: Optional[PeerLoss]) -> None:
+        """The store's host, before it ends: until every rank but the lost ones has marked its counter
+        (bounded), so that none finds the store gone before it has read the verdict or left."""
+        lost = set(loss.silent + loss.exited) if loss is not None else set()
+        others = [rank for rank in range(self.board.world_size) if rank != self.board.rank and rank not in lost]
+        deadline = self.clock() + FINISH_WAIT_S
+        while self.clock() < deadline:
+            beats = self.board.read(others)
+            if all(value < 0 for value in beats.values()):
+                return
+            time.sleep(self.interval_s / 10)
+
+    def _watch_store(self) -> None:
+        while not self._stop.wait(self.interval_s) and not self._reported.is_set():
+            if self._suspect.is_set():
+                continue  # explain_failure judges a silent store itself
+            if self.clock() - self._answered_at >= self.stall_timeout_s:
+                self._report(PeerLoss(store_host=self.store_host), mark=False)
+
+    def _report(self, loss: PeerLoss, mark: bool = True) -> None:
+        with self._report_lock:
+            if self._reported.is_set():
+                return
+            self._reported.set()
+        if mark:  # the store answers: say this rank leaves because of the loss, not as its cause
+            try:
+                self.board.leave(after_loss=True)
+                if self.hosts_store:
+                    self._wait_for_everyone_to_leave(loss)
+            except Exception:  # noqa: BLE001 - the report matters more than the mark
+                pass
+        self.on_lost(loss)
+
+
+def start_liveness(rank: int, world_size: int, master_addr: str, master_port: int,
+                   environ: Optional[dict] = None, *, stall_timeout_s: float,
+                   on_lost: Callable[[PeerLoss], None]) -> Liveness:
+    """Connect a client to the launch's rendezvous store and start this rank's threads."""
+    import torch.distributed as dist
+
+    environ = os.environ if environ is None else environ
+    agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = GuardedStore(dist.TCPStore(master_addr, master_port, is_master=False, wait_for_workers=False,
+                                       timeout=timedelta(seconds=STORE_TIMEOUT_S)),
+                         StoreConnection(master_addr, master_port))
+    store_host = (f"the rendezvous store at {master_addr}:{master_port} (torchrun's agent)" if agent
+                  else "rank 0 (it hosts the rendezvous store)")
+    # The store outlives a run: torchrun's agent keeps it across restarts, and a process that calls
+    # init_process_group again (the tests do) gets the same one back. Each run has its own keys: the
+    # attempt, and the run's number among those on this store, which every rank's arrival counts.
+    attempt = f"zero_gpt/liveness/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    run = (store.add(f"{attempt}arrivals", 1) - 1) // world_size
+    prefix = f"{attempt}{run}/"
+    return Liveness(store, rank, world_size, prefix=prefix, store_host=store_host,
+                    hosts_store=rank == 0 and not agent, stall_timeout_s=stall_timeout_s,
+                    on_lost=on_lost).start()
