@@ -264,5 +264,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def command(argv: Optional[Sequence[str]] = None) -> int:
+    """`main` behind the entry-point boundary: what `python -m zero.plan` runs (exit status 0, or 2
+    with one line on stderr for a bad input)."""
+    return run_tool("python -m zero.plan", lambda: main(argv), (ConfigError,))
+
+
 if __name__ == "__main__":
-    sys.exit(run_tool("python -m zero.plan", main, (ConfigError,)))
+    sys.exit(command())

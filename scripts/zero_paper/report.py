@@ -173,5 +173,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def command(argv: Optional[Sequence[str]] = None) -> int:
+    """`main` behind the entry-point boundary: what running this file does."""
+    return run_tool("scripts/zero_paper/report.py", lambda: main(argv), (ConfigError,))
+
+
 if __name__ == "__main__":
-    sys.exit(run_tool("scripts/zero_paper/report.py", main, (ConfigError,)))
+    sys.exit(command())

@@ -216,5 +216,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return print_or_submit(points, args, extra)
 
 
+def command(argv: Optional[Sequence[str]] = None) -> int:
+    """`main` behind the entry-point boundary: what running this file does."""
+    return run_tool("scripts/zero_paper/run.py", lambda: main(argv), (ConfigError,))
+
+
 if __name__ == "__main__":
-    sys.exit(run_tool("scripts/zero_paper/run.py", main, (ConfigError,)))
+    sys.exit(command())
