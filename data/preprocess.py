@@ -128,12 +128,18 @@ def resolve_inputs(paths: Iterable[str], input_format: str) -> list[InputSource]
         elif input_format == "hf":
             raise DataError(f"--input {path}: --input-format hf expects a directory written by save_to_disk")
         else:
-            sources.append(InputSource(path, _format_of_file(path, input_format)))
+            sources.append(InputSource(_regular_input(path), _format_of_file(path, input_format)))
     for source in sources:
-        if source.format != "hf":  # a FIFO or /dev/zero would be read forever; a corpus may be any size
-            check_input_file(source.path, "--input", max_bytes=None, error=DataError,
-                             fix="inputs are regular files, or directories of them")
+        if source.format != "hf":
+            _regular_input(source.path)
     return sources
+
+
+def _regular_input(path: str) -> str:
+    """A FIFO or /dev/zero would be read forever; a corpus file may be any size."""
+    check_input_file(path, "--input", max_bytes=None, error=DataError,
+                     fix="inputs are regular files, or directories of them")
+    return path
 
 
 # ---------------------------------------------------------------------------------------- readers

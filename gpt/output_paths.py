@@ -84,7 +84,7 @@ def check_output_directory(path: str | os.PathLike, flag: str) -> Path:
     check every input before they make any directory, so a bad input leaves no trace."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {path} is a file; it must be a directory (created if missing)")
+        raise ConfigError(f"{flag} {path} exists and is not a directory; it must be a directory (created if missing)")
     ancestor = path.absolute()
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
