@@ -38,6 +38,7 @@ from data.indexed import IndexedDatasetWriter, best_dtype, data_file_path, index
 from data.progress import ProgressLines
 from data.tokenizer import GPTTokenizer, load_tokenizer, train_tokenizer
 from gpt.errors import OneLineArgumentParser, run_tool
+from gpt.input_files import check_input_file
 
 PROGRAM = "python -m data.preprocess"
 
@@ -127,8 +128,18 @@ def resolve_inputs(paths: Iterable[str], input_format: str) -> list[InputSource]
         elif input_format == "hf":
             raise DataError(f"--input {path}: --input-format hf expects a directory written by save_to_disk")
         else:
-            sources.append(InputSource(path, _format_of_file(path, input_format)))
+            sources.append(InputSource(_regular_input(path), _format_of_file(path, input_format)))
+    for source in sources:
+        if source.format != "hf":
+            _regular_input(source.path)
     return sources
+
+
+def _regular_input(path: str) -> str:
+    """A FIFO or /dev/zero would be read forever; a corpus file may be any size."""
+    check_input_file(path, "--input", max_bytes=None, error=DataError,
+                     fix="inputs are regular files, or directories of them")
+    return path
 
 
 # ---------------------------------------------------------------------------------------- readers
@@ -410,7 +421,9 @@ def output_prefix_for_key(output_prefix: str, key: str) -> str:
     return f"{output_prefix}_{key}_document"
 
 
-def _choose_tokenizer(args: argparse.Namespace, sources: list[InputSource]) -> GPTTokenizer:
+def _given_tokenizer(args: argparse.Namespace) -> GPTTokenizer | None:
+    """The tokenizer the flags name, loaded (so a bad file is an error before any output exists), or
+    None when one is to be trained on the input."""
     train = args.train_tokenizer_vocab_size is not None
     choices = [bool(args.tokenizer_file), bool(args.vocab_file or args.merge_file), train]
     if sum(choices) != 1:
@@ -418,9 +431,10 @@ def _choose_tokenizer(args: argparse.Namespace, sources: list[InputSource]) -> G
             "choose exactly one tokenizer: --tokenizer-file, --vocab-file with --merge-file, "
             "or --train-tokenizer-vocab-size"
         )
-    if not train:
-        return load_tokenizer(args.tokenizer_file, args.vocab_file, args.merge_file)
+    return None if train else load_tokenizer(args.tokenizer_file, args.vocab_file, args.merge_file)
 
+
+def _train_tokenizer(args: argparse.Namespace, sources: list[InputSource]) -> GPTTokenizer:
     documents_seen = 0
 
     def texts() -> Iterator[str]:
@@ -482,8 +496,9 @@ def preprocess(args: argparse.Namespace) -> Totals:
     _check_options(args)
     sources = resolve_inputs(args.input, args.input_format)
     prefixes = {key: output_prefix_for_key(args.output_prefix, key) for key in args.json_keys}
+    tokenizer = _given_tokenizer(args)
     _check_outputs(args, prefixes)
-    tokenizer = _choose_tokenizer(args, sources)
+    tokenizer = tokenizer or _train_tokenizer(args, sources)
     encoder = BatchEncoder(tokenizer, args.append_eod, best_dtype(tokenizer.vocab_size))
 
     totals = Totals()

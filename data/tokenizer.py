@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from data import DataError
 from data.progress import ProgressLines
+from gpt.input_files import check_input_file
 
 EOD_TOKEN = "<|endoftext|>"
 
@@ -120,8 +121,9 @@ class GPTTokenizer:
 
 
 def _require_file(path: str, flag: str) -> None:
-    if not os.path.isfile(path):
-        raise DataError(f"{flag} {path}: file not found")
+    # Regular files only: the tokenizers library would wait on a FIFO or read /dev/zero forever.
+    # Any size: the library reads them, and large vocabularies make large files.
+    check_input_file(path, flag, max_bytes=None, error=DataError, fix="give the tokenizer's file")
 
 
 def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:

@@ -31,6 +31,7 @@ from gpt.config import (ACTIVATIONS, ATTENTION_BACKENDS, LR_DECAY_STYLES, TOKENI
 from gpt.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inherited_values, options_typed,
                                 show_value, values_set_by)
 from gpt.errors import OneLineArgumentParser
+from gpt.input_files import irregularity, read_text_file
 from gpt.flag_equivalents import unknown_flags_message
 from gpt.batch_schedule import deepspeed_batch_fits_no_size, json_batch_settings_not_used
 from gpt.harvested_flags import add_harvested, classified_options, harvested
@@ -370,6 +371,8 @@ def resolve_preset(name_or_path: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
+    if path.exists():  # there, but a directory, a FIFO or a device: say which
+        raise ConfigError(f"--config {name_or_path}: {irregularity(path)}; give a preset's name or a YAML file")
     raise ConfigError(f"--config {name_or_path}: no such preset file ({candidates[-1]}); "
                       f"presets: {', '.join(preset_names())}")
 
@@ -383,12 +386,9 @@ def preset_label(path: Path) -> str:
 
 def read_preset(path: Path) -> Any:
     """A preset file's YAML, every way it can be unreadable reported as a ConfigError naming it."""
+    text = read_text_file(path, "--config")  # regular, UTF-8 and of a config's size, or one line
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as error:
-        raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        return yaml.safe_load(text) or {}
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a preset (a preset is a flat mapping)") from None
     except yaml.YAMLError as error:

@@ -137,3 +137,20 @@ def install_folder(staging: Path, folder: Path, owned_names: frozenset[str]) -> 
         retired.rmdir()
     except OSError:  # something appeared in the old folder meanwhile: keep it, and say where
         print(f"note: {retired} kept: it holds files that appeared while {folder} was replaced", flush=True)
+
+
+def check_output_directory(path: str | os.PathLike, flag: str) -> Path:
+    """What `prepare_output_directory` would find, creating nothing: `path` is a directory, or its
+    nearest existing ancestor is a directory this process can create entries in. For commands that
+    check every input before they make any directory, so a bad input leaves no trace."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} exists and is not a directory; it must be a directory (created if missing)")
+    ancestor = path.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{flag} {path}: {ancestor} is a file, so no directory can be made under it")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: cannot write in {ancestor}; choose a writable directory")
+    return path

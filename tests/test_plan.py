@@ -124,6 +124,77 @@ def test_max_size_finds_the_boundary_exactly():
     assert not over.fits
 
 
+
+# ---- bad inputs are refused before any work, and the work is bounded (issue 27, problem 5) -------
+
+@pytest.mark.parametrize("argv, words", [
+    (["dry-run", "--world-size", "6", "--tensor-model-parallel-size", "4", *SMALL],
+     ["--tensor-model-parallel-size 4", "--world-size 6"]),
+    (["max-size", "--world-size", "6", "--tensor-model-parallel-size", "4", "--gpu-memory", "32GB", *SMALL],
+     ["--tensor-model-parallel-size 4", "--world-size 6"]),
+    (["dry-run", "--world-size", "4", "--rank", "7", *SMALL], ["--rank 7", "--world-size 4"]),
+    (["dry-run", "--world-size", "4", "--rank", "-1", *SMALL], ["--rank -1"]),
+    (["dry-run", "--world-size", "four", *SMALL], ["--world-size"]),
+    (["tables", "--bogus"], ["--bogus"]),
+    (["tables", "--world-size", "4"], ["--world-size"]),
+    (["dry-run", "--num-layers", "1000000", "--hidden-size", "64", "--num-attention-heads", "4"],
+     ["--num-layers 1000000", "1024"]),
+    (["max-size", "--gpu-memory", "1000000GB", *SMALL], ["--gpu-memory 1000000GB", "16 TB"]),
+    (["max-size", "--gpu-memory", "1e999", *SMALL], ["--gpu-memory 1e999"]),
+    (["max-size", "--gpu-memory", "0", *SMALL], ["--gpu-memory 0"]),
+])
+def test_bad_planner_inputs_are_one_line_and_exit_2_before_any_work(argv, words):
+    import time
+
+    from tests.reliability_helpers import run_main
+
+    started = time.perf_counter()
+    outcome = run_main(planner.command, argv)
+    outcome.one_error_line(*words)
+    assert outcome.out == ""
+    assert time.perf_counter() - started < 10, "refused only after planning"
+
+
+class _LinearPlan:
+    """What largest_layers reads of a plan: bytes a line in the layers, and the verdict."""
+
+    def __init__(self, layers: int, budget: int):
+        self.total_bytes, self.budget_bytes = 10**6 + 10**5 * layers, budget
+        self.parameters_total, self.headroom_bytes = 10**4 * layers, budget - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+
+@pytest.mark.parametrize("budget, expected", [(10**6 + 10**5 * 37, 37), (10**15, "cap")])
+def test_max_size_search_is_bounded_by_the_layer_cap_and_a_few_dry_runs(budget, expected):
+    from zero.dry_run import MAX_PLAN_LAYERS
+
+    planned = []
+
+    def plan_run(config, cluster, vocab):
+        planned.append(config.model.num_layers)
+        return _LinearPlan(config.model.num_layers, budget)
+
+    config = parse_config(SMALL)
+    layers, plan = planner.largest_layers(config, Cluster(1, 1, budget), 1000, None, plan_run=plan_run)
+    assert layers == (MAX_PLAN_LAYERS if expected == "cap" else expected) and plan.fits
+    assert max(planned) <= MAX_PLAN_LAYERS and len(planned) <= 20
+    table = planner.format_max_size({"C1": (layers, plan)}, Cluster(1, 1, budget), config)
+    assert ("at least" in table) == (expected == "cap")
+
+
+def test_a_long_dry_run_says_how_far_it_is_on_stderr(monkeypatch):
+    from zero import dry_run as dry_run_module
+
+    monkeypatch.setattr(dry_run_module, "PROGRESS_INTERVAL_S", 0.0)
+    lines = []
+    config = parse_config([*SMALL, "--micro-batch-size", "1", "--global-batch-size", "2"])
+    dry_run(config, Cluster(1, 1), 1000, progress=lines.append)
+    assert any("micro-batch 2/2" in line and "layer 2/2" in line for line in lines), lines
+
+
 # ---- dry runs equal live runs --------------------------------------------------------------------
 
 LIVE = {  # name: (world size, TP, flags); one iteration each, memory reported

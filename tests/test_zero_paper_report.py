@@ -147,3 +147,44 @@ def test_a_launch_that_hangs_is_stopped_with_its_processes():
     with pytest.raises(ConfigError, match="did not finish in 1 s"):
         mini_reproduction._launch([sys.executable, "-c", "import time; time.sleep(60)"], 1)
     assert time.perf_counter() - started < 30
+
+
+# ---- inputs checked before the output directory is made (issue 27, problem 6) ---------------------
+
+@pytest.mark.parametrize("case, words", [
+    ("--runs names no directory", ["--runs", "no-such-runs"]),
+    ("--runs names a file", ["--runs", "a file"]),
+    ("empty --mini-reproduction", ["--mini-reproduction", "empty"]),
+    ("malformed --mini-reproduction", ["--mini-reproduction", "not valid JSON"]),
+    ("--mini-reproduction of another shape", ["--mini-reproduction", "mini_reproduction.py"]),
+    ("--mini-reproduction names no file", ["--mini-reproduction", "file not found"]),
+    ("--mini-reproduction is a FIFO", ["--mini-reproduction", "FIFO"]),
+    ("--definitions names no directory", ["--definitions", "no such directory"]),
+])
+def test_report_inputs_are_checked_before_the_output_directory_is_made(case, words, small_world, tmp_path):
+    import os
+
+    from tests.reliability_helpers import run_main
+
+    output = tmp_path / "report"
+    argv = ["--output-dir", output, "--definitions", small_world, "--profiles", "dgx2", "--figures", "fig2", "--quiet"]
+    mini = tmp_path / "mini.json"
+    if case == "--runs names no directory":
+        argv += ["--runs", tmp_path / "no-such-runs"]
+    elif case == "--runs names a file":
+        (tmp_path / "runs.txt").write_text("")
+        argv += ["--runs", tmp_path / "runs.txt"]
+    elif case == "--mini-reproduction names no file":
+        argv += ["--mini-reproduction", tmp_path / "typo.json"]
+    elif case == "--mini-reproduction is a FIFO":
+        os.mkfifo(mini)
+        argv += ["--mini-reproduction", mini]
+    elif case == "--definitions names no directory":
+        argv += ["--definitions", tmp_path / "no-such-definitions"]
+    else:
+        mini.write_text({"empty --mini-reproduction": "", "malformed --mini-reproduction": '{"runs": [',
+                         "--mini-reproduction of another shape": '{"runs": [{"layers": 4}]}'}[case])
+        argv += ["--mini-reproduction", mini]
+    outcome = run_main(report.command, argv)
+    outcome.one_error_line(*words)
+    assert not output.exists(), case

@@ -175,3 +175,37 @@ def test_dry_run_flags_what_does_not_fit_and_finds_the_largest_batch(capsys, mon
     assert planner.plan(point.with_micro_batch(largest)).total_bytes <= limit
     following = planning.MICRO_BATCH_LADDER[planning.MICRO_BATCH_LADDER.index(largest) + 1]
     assert planner.plan(point.with_micro_batch(following)).total_bytes > limit
+
+
+# ---- flags after -- are pretrain_gpt.py's, checked before any launch (issue 27, problem 6) --------
+
+@pytest.mark.parametrize("extra, words", [
+    (["--num-layres", "3"], ["--num-layres", "--num-layers"]),
+    (["--seed", "seven"], ["--seed", "seven"]),
+    (["--zero-stage", "9"], ["--zero-stage"]),
+    (["--lr", "nan"], ["--lr"]),
+])
+@pytest.mark.parametrize("submit", [False, True])
+def test_flags_after_the_separator_are_checked_before_any_launch(extra, words, submit, monkeypatch, tmp_path):
+    from tests.reliability_helpers import run_main
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text('#!/bin/sh\necho "$@" >> "${0%/*}/submitted"\n')
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    runs = tmp_path / "runs"
+    argv = ["fig2", "--profile", "dgx2", "--runs-dir", runs]
+    if submit:
+        argv += ["--submit", "--data-path", "d", "--vocab-file", "v", "--merge-file", "m"]
+    outcome = run_main(zero_paper_run.command, [*argv, "--", *extra])
+    outcome.one_error_line(*words)
+    assert outcome.out == "" and not runs.exists() and not (bin_dir / "submitted").exists()
+
+
+def test_a_dry_run_refuses_flags_it_would_not_plan(tmp_path):
+    from tests.reliability_helpers import run_main
+
+    outcome = run_main(zero_paper_run.command, ["fig2", "--profile", "dgx2", "--dry-run", "--", "--seed", "7"])
+    outcome.one_error_line("--dry-run", "--seed 7")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from gpt.errors import ConfigError
+from gpt.input_files import read_text_file
 from zero.deepspeed_keys import (HONOURED, NO_EFFECT, SECTION_ALIASES, SECTION_KEYS, SECTIONS, TOP_LEVEL_KEYS,
                                  UNSUPPORTED, Verdict, block, classify_legacy_zero, nearest_key)
 
@@ -186,12 +187,7 @@ def _implied(values: dict[str, Any], source: str) -> list[JsonSetting]:
 def load_deepspeed_config(path: Union[str, Path], collect: bool = False) -> DeepSpeedTranslation:
     """Read a DeepSpeed JSON config and classify it (see `deepspeed_config_to_flags`)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"--zero-config {path}: cannot read it ({error.strerror or error})") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    text = read_text_file(path, "--zero-config")  # a FIFO or /dev/zero is refused, not read forever
     try:
         config = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
     except json.JSONDecodeError as error:

@@ -13,6 +13,13 @@ buckets, the stage-3 gatherer and the loop's collectives all run as they would l
 - saved activations are measured by the live `SavedTensorMeter`;
 
 and what a meta device cannot know is listed, not guessed (`UNKNOWNS`).
+
+Its cost is bounded. Every layer is a real module with its hooks and autograd graph (about 0.1 s and
+0.15 MB of host memory per layer and micro-batch on a laptop core), so a dry run plans at most
+`MAX_PLAN_LAYERS` layers: the deepest Transformers published have about 1,000 (DeepNet), and a
+million-layer typo would otherwise take a day and more memory than the host has. Within the cap a
+dry run can still take minutes (the layers times the micro-batches of one iteration), so one that is
+still running after `PROGRESS_INTERVAL_S` says how far it is, one line at most that often.
 """
 
 from __future__ import annotations
@@ -20,13 +27,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from gpt.config import PretrainConfig
+from data.progress import ProgressLines
+from gpt.config import ConfigError, PretrainConfig
 from gpt.metrics import flops_per_iteration, parameter_count
 from gpt.model import GPTModel
 from gpt.run_plan import RunPlan, resolve_plan
@@ -36,6 +44,8 @@ from zero.apply import apply_zero
 from zero.memory import MODEL_STATE_CATEGORIES, measure_tensor_bytes
 
 META = torch.device("meta")
+MAX_PLAN_LAYERS = 1024
+PROGRESS_INTERVAL_S = 10.0
 UNKNOWNS = (
     "the caching allocator's fragmentation and reserved-but-unused blocks",
     "NCCL's own buffers and communicators (hundreds of MB per process group on large jobs)",
@@ -126,11 +136,12 @@ class _BlockSavedProbe:
     backward (from a meter of its own that is active only there): forward pre- and post-hooks on
     every block read them."""
 
-    def __init__(self, blocks, monitor: ActivationMonitor) -> None:
+    def __init__(self, blocks, monitor: ActivationMonitor, progress: Optional["_Progress"] = None) -> None:
         self.monitor = monitor
         self.backward_meter = SavedTensorMeter(META)
         self.phase = "forward"
         self.peak = {"forward": 0, "backward": 0}
+        self.progress = progress
         self._before: dict[int, int] = {}
         self._handles = []
         for index, block in enumerate(blocks):
@@ -147,25 +158,58 @@ class _BlockSavedProbe:
     def _stop(self, index, module, args, output) -> None:
         added = self._live() - self._before.pop(index, self._live())
         self.peak[self.phase] = max(self.peak[self.phase], added)
+        if self.progress is not None:
+            self.progress.at(self.phase, index)
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                # Fires when backward reaches this block: the half of the work no forward hook sees.
+                output.register_hook(functools.partial(self._backward_reached, index))
+
+    def _backward_reached(self, index, grad):
+        self.progress.at("backward", index)
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
 
 
-def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int = 0) -> RankPlan:
-    """Plan rank `rank` of a run of `config` on `cluster` (see the module docstring)."""
+class _Progress:
+    """Where a dry run is (micro-batch, phase, layer), said at most every PROGRESS_INTERVAL_S."""
+
+    def __init__(self, emit: Callable[[str], None], layers: int, micro_batches: int) -> None:
+        self.lines = ProgressLines(emit, PROGRESS_INTERVAL_S)
+        self.layers, self.micro_batches = layers, micro_batches
+        self.micro_batch = 0
+
+    def at(self, phase: str, index: int) -> None:
+        self.lines.update(lambda: f"dry run: micro-batch {self.micro_batch + 1}/{self.micro_batches}, {phase}, "
+                                  f"layer {index + 1}/{self.layers}")
+
+
+def check_plannable(config: PretrainConfig) -> None:
+    """Refuse a model deeper than a dry run plans (see the module docstring)."""
+    if config.model.num_layers > MAX_PLAN_LAYERS:
+        raise ConfigError(f"--num-layers {config.model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
+                          f"(MAX_PLAN_LAYERS in zero/dry_run.py; each costs about 0.1 s and 0.15 MB per micro-batch, "
+                          f"and the deepest published Transformers have about 1,000); plan a shallower model")
+
+
+def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int = 0,
+            progress: Optional[Callable[[str], None]] = None) -> RankPlan:
+    """Plan rank `rank` of a run of `config` on `cluster` (see the module docstring). `progress`, if
+    given, receives a line now and then while a long dry run works."""
+    check_plannable(config)
     tp = config.training.tensor_model_parallel_size
     state = virtual_state(cluster.world_size, tp, rank, META)
     plan = resolve_plan(config, vocab_size, tp, state.data_parallel_size, cluster.device_type)
     config = plan.config
+    ticker = _Progress(progress, config.model.num_layers, plan.batch.final_accumulation_steps) if progress else None
     model = GPTModel(config.model, state)
     monitor = ActivationMonitor(META)
     checkpointing = None
     if config.activations.checkpoint_activations:
         checkpointing = apply_activation_checkpointing(model, config.activations, state, None, monitor)
     zero = apply_zero(model, config, state, blocks=model.blocks)
-    probe = _BlockSavedProbe(model.blocks, monitor)
+    probe = _BlockSavedProbe(model.blocks, monitor, ticker)
     try:
         with _AttentionKernelOf(cluster.device_type):
             _one_iteration(model, zero, plan, state, monitor, probe)
@@ -242,6 +286,8 @@ def _one_iteration(model, zero, plan: RunPlan, state, monitor: ActivationMonitor
         before = state.comm.stats.snapshot()
         tokens = torch.zeros(shape, dtype=torch.long, device=META)
         last = micro_batch == steps - 1
+        if probe.progress is not None:
+            probe.progress.micro_batch = micro_batch
         with contextlib.nullcontext() if last else reducer.no_sync():
             probe.phase = "forward"
             with monitor.measuring():

@@ -14,20 +14,29 @@ the end-of-document id), else the tokenizer the flags name, else GPT-2's 50257. 
 world size / TP, as in a real launch. A dry run builds the real model and the real ZeRO setup for one
 rank on the meta device and runs one iteration through them (zero/dry_run.py); `max-size` repeats it
 to find the most layers that fit under each of the paper's configurations C1-C5.
+
+Bad flags end in one line on stderr and exit status 2 before anything is planned. The work is bounded:
+a dry run plans at most 1,024 layers (zero/dry_run.py says why) and reports progress on stderr when it
+takes more than ten seconds; `--gpu-memory` is at most 16 TB (more than any GPU, or any CPU host the
+planner's `--target cpu` plans for, holds); `max-size` plans no depth beyond the 1,024-layer cap (a
+model that fits even there is reported as "at least 1024") and after its secant estimate closes in
+on the boundary in doubling steps and bisection, a few dozen dry runs at most.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import re
 import sys
 from typing import Optional, Sequence
 
+from data import DataError
 from gpt.config import ConfigError, PretrainConfig
-from gpt.errors import run_tool
-from zero.dry_run import Cluster, RankPlan, dry_run
+from gpt.errors import OneLineArgumentParser, run_tool
+from zero.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from zero.memory import format_bytes
 from zero.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
 
@@ -42,6 +51,9 @@ CONFIGURATIONS = {
 }
 CONFIGURATION_NAMES = {"C1": "P_os", "C2": "P_os + P_a", "C3": "P_os+g", "C4": "P_os+g + P_a",
                        "C5": "P_os+g + P_a+cpu"}
+# The largest --gpu-memory: no GPU holds more than a few hundred GB (288 GB in 2025), and a CPU host
+# that `--target cpu` plans for a few TB. 16 TB leaves room for both; 10^6 GB is a typo.
+MAX_DEVICE_MEMORY_BYTES = 16 * 10**12
 
 
 def parse_memory(text: str) -> int:
@@ -51,7 +63,11 @@ def parse_memory(text: str) -> int:
         raise ConfigError(f"--gpu-memory {text!r}: give a size like 32GB, 80GiB or 34359738368")
     value, unit = float(match.group(1)), (match.group(2) or "B")
     scale = {"B": 1} if unit == "B" else {unit: (1024 if "i" in unit else 1000) ** ("KMGT".index(unit[0]) + 1)}
-    return int(value * scale[unit])
+    size = value * scale[unit]
+    if not 1 <= size <= MAX_DEVICE_MEMORY_BYTES:  # also catches 1e999, which float() makes infinite
+        raise ConfigError(f"--gpu-memory {text}: give a size from 1 byte to {MAX_DEVICE_MEMORY_BYTES // 10**12} TB "
+                          f"(no GPU, nor a CPU host, holds more; MAX_DEVICE_MEMORY_BYTES in zero/plan.py)")
+    return int(size)
 
 
 def planning_vocab(config: PretrainConfig) -> tuple[int, str]:
@@ -149,7 +165,10 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
 
     A rank's bytes grow almost linearly with the layers; almost, because the constant-size buckets
     stop growing once the model outgrows them. So the search is a secant search on dry runs (each
-    step re-measures the slope where it is), then a step at a time to the exact boundary.
+    step re-measures the slope where it is), then steps from the estimate that double until the
+    boundary is bracketed and a bisection of the bracket: when the estimate is right that is two dry
+    runs, and however wrong it is, a few dozen at most. No depth beyond MAX_PLAN_LAYERS is planned: a
+    budget that holds even that many returns MAX_PLAN_LAYERS (format_max_size says "at least").
     `plan_run(config, cluster, vocab)` plans one depth: `dry_run`, or a caller's cache of it."""
     plans: dict[int, RankPlan] = {}
 
@@ -160,22 +179,36 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
                 progress(f"    {layers} layers: {format_bytes(plans[layers].total_bytes)}")
         return plans[layers]
 
+    def bracket() -> tuple[int, Optional[int]]:
+        """The deepest depth known to fit, and the shallowest deeper one known not to (or None)."""
+        deepest = max(layers for layers, plan in plans.items() if plan.fits)
+        return deepest, min((layers for layers, plan in plans.items() if not plan.fits and layers > deepest),
+                            default=None)
+
     budget = cluster.gpu_memory_bytes
     if not plan_for(1).fits:
         return 0, None
-    low, high = 1, 2
+    low, high = 1, min(2, MAX_PLAN_LAYERS)
     for _ in range(20):  # secant steps: converges in a few, since the curve is nearly a line
         slope = max(1.0, (plan_for(high).total_bytes - plan_for(low).total_bytes) / (high - low))
-        guess = max(1, high + int((budget - plan_for(high).total_bytes) // slope))
+        guess = min(MAX_PLAN_LAYERS, max(1, high + int((budget - plan_for(high).total_bytes) // slope)))
         if guess in (low, high):
             break
         low, high = high, guess
-    layers = high
-    while layers > 1 and not plan_for(layers).fits:
-        layers -= 1
-    while plan_for(layers + 1).fits:
-        layers += 1
-    return layers, plan_for(layers)
+    plan_for(high)
+    step = 1
+    while True:
+        fits, too_deep = bracket()
+        if too_deep is None:
+            if fits >= MAX_PLAN_LAYERS:
+                break
+            plan_for(min(MAX_PLAN_LAYERS, fits + step))  # upward, doubling, until a depth does not fit
+        elif too_deep - fits <= 1:
+            break
+        else:  # downward from the shallowest too deep, doubling, until the steps exceed half the gap
+            plan_for(max(too_deep - step, (fits + too_deep) // 2))
+        step *= 2
+    return fits, plan_for(fits)
 
 
 def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, config: PretrainConfig) -> str:
@@ -193,7 +226,8 @@ def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster:
              f"{config.model.num_attention_heads} heads, sequence {config.model.seq_length}, micro batch "
              f"{config.training.micro_batch_size}, {config.training.precision}", header, rule]
     for name, (layers, plan) in results.items():
-        row = (f"| {name} | {CONFIGURATION_NAMES.get(name, '-')} | {layers} | "
+        shown = f"at least {layers} (the search's cap)" if layers >= MAX_PLAN_LAYERS else str(layers)
+        row = (f"| {name} | {CONFIGURATION_NAMES.get(name, '-')} | {shown} | "
                f"{format_parameters(plan.parameters_total) if plan else '-'} | "
                f"{format_bytes(plan.total_bytes) if plan else '-'} | {format_bytes(plan.headroom_bytes) if plan else '-'} |")
         if figure6:
@@ -208,7 +242,7 @@ def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster:
 # ---- the command line -----------------------------------------------------------------------------
 
 def planner_arguments(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, add_help=False)
+    p = OneLineArgumentParser(prog=prog, add_help=False)
     p.add_argument("--world-size", type=int, default=1, help="GPUs in the job")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--gpu-memory", default=None, help="per-GPU budget: 32GB, 80GiB, ... (no verdict without it)")
@@ -223,12 +257,23 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
     from gpt.arguments import parse_config
 
     planner, rest = planner_arguments(prog).parse_known_args(list(argv))
-    config = parse_config(rest)
     for name in ("world_size", "gpus_per_node"):
         if getattr(planner, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(planner, name)}")
+    if not 0 <= planner.rank < planner.world_size:
+        raise ConfigError(f"--rank {planner.rank} is not a rank of --world-size {planner.world_size}; "
+                          f"give one from 0 to {planner.world_size - 1}")
     budget = parse_memory(planner.gpu_memory) if planner.gpu_memory is not None else None
+    config = parse_config(rest)
+    tp = config.training.tensor_model_parallel_size
+    if planner.world_size % tp:
+        raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --world-size {planner.world_size} "
+                          f"(DP is world size / TP); choose a TP size that divides it")
     return planner, config, Cluster(planner.world_size, planner.gpus_per_node, budget, planner.target)
+
+
+def stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -241,28 +286,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise ConfigError(f"usage: python -m zero.plan {{{','.join(commands)}}} [flags]; see --help")
     command, rest = argv[0], argv[1:]
     if command == "tables":
+        if rest:  # the tables are the paper's, from its formulas: there is nothing to set
+            raise ConfigError(f"tables takes no flags; got {' '.join(rest)}")
         print(format_table1() + "\n\n" + format_table2())
         return 0
     planner, config, cluster = parse_planner(rest, f"python -m zero.plan {command}")
+    if command == "dry-run":
+        check_plannable(config)
+    elif cluster.gpu_memory_bytes is None:
+        raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
     vocab, source = planning_vocab(config)
     if command == "dry-run":
-        plan = dry_run(config, cluster, vocab, planner.rank)
+        plan = dry_run(config, cluster, vocab, planner.rank, progress=stderr_line)
         print(json.dumps(plan.to_json()) if planner.json else format_plan(plan, cluster, config, source))
         return 0
-    if cluster.gpu_memory_bytes is None:
-        raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
     results = {}
     for name, configuration in CONFIGURATIONS.items():
-        print(f"> {name} ({CONFIGURATION_NAMES[name]})", file=sys.stderr, flush=True)
-        results[name] = largest_layers(config, cluster, vocab, configuration,
-                                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+        stderr_line(f"> {name} ({CONFIGURATION_NAMES[name]})")
+        results[name] = largest_layers(config, cluster, vocab, configuration, progress=stderr_line,
+                                       plan_run=functools.partial(dry_run, progress=stderr_line))
     if planner.json:
-        print(json.dumps({name: {"layers": layers, "plan": plan.to_json() if plan else None}
+        print(json.dumps({name: {"layers": layers, "at_search_cap": layers >= MAX_PLAN_LAYERS,
+                                 "plan": plan.to_json() if plan else None}
                           for name, (layers, plan) in results.items()}))
     else:
         print(format_max_size(results, cluster, config))
     return 0
 
 
+def command(argv: Optional[Sequence[str]] = None) -> int:
+    """`main` behind the entry-point boundary: what `python -m zero.plan` runs (exit status 0, or 2
+    with one line on stderr for a bad input)."""
+    return run_tool("python -m zero.plan", lambda: main(argv), (ConfigError, DataError))
+
+
 if __name__ == "__main__":
-    sys.exit(run_tool("python -m zero.plan", main, (ConfigError,)))
+    sys.exit(command())

@@ -32,6 +32,7 @@ import yaml
 
 from gpt.arguments import PRESET_DIR
 from gpt.config import ConfigError
+from gpt.input_files import read_text_file
 from zero.dry_run import Cluster
 from zero.perf_model import Hardware, load_hardware
 
@@ -46,6 +47,10 @@ TEXT_COLUMNS = ("profile", "point", "series")
 PRECISION_FLAGS = {"fp16": ["--no-bf16", "--fp16"], "bf16": ["--bf16", "--no-accumulate-allreduce-grads-in-fp32"],
                    "fp32": ["--no-bf16", "--no-fp16"]}
 GPT2_VOCAB = 50257
+# A definition is a table of tens of rows; a file past this is not one.
+MAX_DEFINITION_BYTES = 2**20
+# The largest number a column holds: bucket sizes in elements (5e8 in the paper) with room to spare.
+MAX_COUNT = 10**15
 # Figures 6 and 7 are about memory: their runs also report what each rank holds.
 MEMORY_FIGURES = ("fig6", "fig7")
 
@@ -147,18 +152,17 @@ def definition_path(figure: str, directory: Path = DEFINITION_DIR) -> Path:
 def load_points(figure: str, profile: Optional[str] = None, directory: Path = DEFINITION_DIR) -> list[Point]:
     """The figure's points (of one profile, when given), checked against the presets and each other."""
     path = definition_path(figure, directory)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such definition file")
-    lines = [line.split("#", 1)[0].split() for line in path.read_text(encoding="utf-8").splitlines()]
+    text = read_text_file(path, "--definitions", max_bytes=MAX_DEFINITION_BYTES)  # never a FIFO or a device
+    lines = [line.split("#", 1)[0].split() for line in text.splitlines()]
     rows = [fields for fields in lines if fields]
-    header, body = rows[0], rows[1:]
-    if tuple(header) != COLUMNS:
-        raise ConfigError(f"{path}: the columns must be {' '.join(COLUMNS)}")
+    if not rows or tuple(rows[0]) != COLUMNS:
+        raise ConfigError(f"{path}: the first line that is not a comment must name the columns "
+                          f"{' '.join(COLUMNS)}")
     points = []
-    for number, fields in enumerate(body, start=2):
+    for number, fields in enumerate(rows[1:], start=2):
         if len(fields) != len(COLUMNS):
             raise ConfigError(f"{path}: row {number} has {len(fields)} fields, expected {len(COLUMNS)}")
-        values = {column: value if column in TEXT_COLUMNS else int(float(value))
+        values = {column: value if column in TEXT_COLUMNS else _count(value, column, path, number)
                   for column, value in zip(COLUMNS, fields)}
         point = Point(figure=figure, **values)
         _check(point, path)
@@ -169,9 +173,26 @@ def load_points(figure: str, profile: Optional[str] = None, directory: Path = DE
     return [p for p in points if profile is None or p.profile == profile]
 
 
+def _count(text: str, column: str, path: Path, row: int) -> int:
+    """A whole, non-negative number of a numeric column ("5e8" is one; "x", "nan", "1e999", "2.5" are not)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value == value and 0 <= value <= MAX_COUNT and value == int(value)):
+        raise ConfigError(f"{path}: row {row}, column {column}: {text!r} is not a whole number from 0 to {MAX_COUNT:.0e}")
+    return int(value)
+
+
 def _check(point: Point, path: Path) -> None:
     where = f"{path}: {point.profile} {point.point}"
     point.hardware  # noqa: B018 - an unknown profile is an error here, not at launch
+    for column in ("nodes", "gpus_per_node", "mp", "layers", "hidden", "heads", "micro_batch", "global_batch",
+                   "reduce_bucket", "allgather_bucket", "iterations"):
+        if getattr(point, column) < 1:
+            raise ConfigError(f"{where}: {column} must be at least 1")
+    if point.zero_stage not in (0, 1, 2, 3) or {point.pa, point.pa_cpu, point.md} - {0, 1}:
+        raise ConfigError(f"{where}: zero_stage is 0-3, and pa, pa_cpu and md are 0 or 1")
     preset, heads = point.preset, _preset_shapes()[(point.layers, point.hidden)][1]
     if point.heads != heads:
         raise ConfigError(f"{where}: {point.heads} heads, but zero_paper/{preset} has {heads}")

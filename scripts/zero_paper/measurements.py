@@ -5,17 +5,30 @@ figure, profile and point; pretrain_gpt.py writes metrics.jsonl beside it. A run
 once it logged a training record after the warm-up; its iteration time and TFLOP/s are the medians
 of those records (tflops_per_gpu counts the recompute, as the predictions' hardware FLOPs do), its
 memory the largest `memory_bytes` (CUDA's max_memory_allocated on a GPU).
+
+A --runs directory is walked, not trusted: a metrics.jsonl that is a FIFO or a device is refused
+(reading it would never end), as is one past MAX_METRICS_BYTES, and a tree of more than
+MAX_RUN_DIRECTORIES directories (`--runs /` by mistake) stops the walk with one line.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from gpt.errors import ConfigError
+from gpt.input_files import check_input_file, irregularity
 from zero.perf_calibration import LAUNCH_FILE, WARMUP_RECORDS
+
+METRICS_FILE = "metrics.jsonl"
+# A run logging every iteration for a million iterations writes about 0.5 GB.
+MAX_METRICS_BYTES = 2**31
+# run.py's layout is RUNS/PROFILE/FIGURE/POINT: a few hundred directories for every figure.
+MAX_RUN_DIRECTORIES = 100_000
 
 
 @dataclass
@@ -37,12 +50,16 @@ class Measured:
 
 def read_run(metrics: Path) -> Optional[Measured]:
     """The run in `metrics`' directory, or None when it has no launch.json of run.py's (not ours)."""
+    launch_path = metrics.parent / LAUNCH_FILE
+    if irregularity(launch_path) is not None or launch_path.stat().st_size > 2**20:
+        return None  # run.py writes a regular file of a few hundred bytes
     try:
-        launch = json.loads((metrics.parent / LAUNCH_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        launch = json.loads(launch_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(launch, dict) or not {"figure", "profile", "point"} <= set(launch):
         return None
+    check_input_file(metrics, "--runs", MAX_METRICS_BYTES, fix="a run's metrics.jsonl must be a regular file")
     records = []
     for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
@@ -63,8 +80,22 @@ def read_runs(directories: Iterable[str]) -> dict[tuple[str, str, str], Measured
     """Every run.py run under `directories`, keyed by (figure, profile, point)."""
     found = {}
     for directory in directories:
-        for metrics in sorted(Path(directory).rglob("metrics.jsonl")):
+        for metrics in metrics_files(Path(directory)):
             run = read_run(metrics)
             if run is not None:
                 found[(run.figure, run.profile, run.point)] = run
     return found
+
+
+def metrics_files(directory: Path) -> list[Path]:
+    """Every metrics.jsonl below `directory`, in path order, the walk bounded by MAX_RUN_DIRECTORIES
+    (symbolic links to directories are not followed, so a link cycle cannot make it endless)."""
+    found, visited = [], 0
+    for root, subdirectories, files in os.walk(directory):
+        visited += 1
+        if visited > MAX_RUN_DIRECTORIES:
+            raise ConfigError(f"--runs {directory}: more than {MAX_RUN_DIRECTORIES:,} directories below it "
+                              f"(MAX_RUN_DIRECTORIES in measurements.py); give run.py's --runs-dir")
+        if METRICS_FILE in files:
+            found.append(Path(root) / METRICS_FILE)
+    return sorted(found)

@@ -69,10 +69,13 @@ class Planner:
             return self._plans[key]
         cached = self.cache_dir / f"{key}.json" if self.cache_dir is not None else None
         if cached is not None and cached.is_file():
-            data = json.loads(cached.read_text(encoding="utf-8"))
-            data.pop("fits", None)
-            self._plans[key] = RankPlan(**data)
-            return self._plans[key]
+            try:
+                data = json.loads(cached.read_text(encoding="utf-8"))
+                data.pop("fits", None)
+                self._plans[key] = RankPlan(**data)
+                return self._plans[key]
+            except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError):
+                pass  # a damaged cache entry is a miss: planned again below, and replaced
         plan = self._plans[key] = dry_run(config, cluster, vocab_size)
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)

@@ -18,11 +18,15 @@ Figures 4 and 6 add the planner's search for the largest model (zero.plan.larges
 and 7 add the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json, mini_reproduction.py)
 when it exists. Dry runs are cached under ~/.cache/zero-gpt/plans (--no-cache to plan afresh): a
 first report plans about 200 large models (tens of minutes on two cores), a later one takes seconds.
+
+Every input is checked before anything is written, the output directory included: each --runs
+directory exists, the definitions parse, and a --mini-reproduction (the committed one by default,
+skipped only when that default is absent) is mini_reproduction.py's JSON. A bad one is one line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +38,8 @@ sys.path[:0] = [str(HERE.parent.parent), str(HERE)]
 from gpt.arguments import parse_config  # noqa: E402
 from gpt.config import ConfigError  # noqa: E402
 from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from gpt.input_files import check_input_directory, read_json_file  # noqa: E402
+from gpt.output_paths import check_output_directory, prepare_output_directory  # noqa: E402
 from zero.dry_run import RankPlan  # noqa: E402
 from zero.perf_model import Prediction  # noqa: E402
 from zero.plan import CONFIGURATIONS, largest_layers  # noqa: E402
@@ -119,31 +125,58 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--figures", nargs="+", choices=FIGURES, default=list(FIGURES))
     p.add_argument("--profiles", nargs="+", choices=tuple(PROFILES), default=list(PROFILES))
     p.add_argument("--definitions", default=str(DEFINITION_DIR), help="a folder of figN.dat files")
-    p.add_argument("--mini-reproduction", default=str(MINI_REPRODUCTION),
-                   help="mini_reproduction.py's JSON (skipped when the file does not exist)")
+    p.add_argument("--mini-reproduction", default=None,
+                   help=f"mini_reproduction.py's JSON (default: {MINI_REPRODUCTION.relative_to(REPO_ROOT)}, "
+                        f"skipped when absent; a path given must exist)")
     p.add_argument("--no-cache", action="store_true", help="plan every point afresh")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier report in --output-dir")
     p.add_argument("--quiet", action="store_true")
     return p
 
 
+def read_mini_reproduction(path: Optional[str]) -> tuple[Optional[dict], Optional[dict]]:
+    """(the summary, its memory by configuration) of --mini-reproduction, or (None, None) when none
+    was given and the committed one is absent. Everything the report reads of it is read here, so a
+    file of another shape is one line now rather than a traceback after the planning."""
+    if path is None:
+        if not MINI_REPRODUCTION.is_file():
+            return None, None
+        path = str(MINI_REPRODUCTION)
+    what = "mini_reproduction.py's JSON"
+    summary = read_json_file(path, "--mini-reproduction", what=what)
+    try:
+        memory = memory_by_configuration(summary)
+        report_tables.mini_section(memory, summary)  # reads every key and figure the report uses
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as error:
+        raise ConfigError(f"--mini-reproduction {path}: not {what} ({type(error).__name__}: {error}); "
+                          f"write it with scripts/zero_paper/mini_reproduction.py") from None
+    return summary, memory
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     output = Path(args.output_dir)
+    # Every input before any output: a typo'd --runs or a broken JSON must not leave an empty
+    # report directory (or a planner-only report) behind.
+    for directory in args.runs:
+        check_input_directory(directory, "--runs")
+    definitions = check_input_directory(args.definitions, "--definitions")
+    for figure in args.figures:
+        for profile in args.profiles:
+            load_points(figure, profile, definitions)
+    mini, memory = read_mini_reproduction(args.mini_reproduction)
+    runs = read_runs(args.runs)
+    check_output_directory(output, "--output-dir")
     existing = [name for name in OUTPUTS if (output / name).exists()]
     if existing and not args.overwrite:
         raise ConfigError(f"{output} already holds {', '.join(existing)}; pass --overwrite to replace them")
-    output.mkdir(parents=True, exist_ok=True)
+    prepare_output_directory(output, "--output-dir")
     progress = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     planner = Planner(None if args.no_cache else default_cache_dir())
-    runs = read_runs(args.runs)
-    mini_path = Path(args.mini_reproduction)
-    mini = json.loads(mini_path.read_text(encoding="utf-8")) if mini_path.is_file() else None
-    memory = memory_by_configuration(mini) if mini is not None else None
     results = {}
     for figure in args.figures:
         progress(f"{figure}:")
-        results[figure] = point_results(figure, args.profiles, planner, runs, Path(args.definitions), progress)
+        results[figure] = point_results(figure, args.profiles, planner, runs, definitions, progress)
     extras = {}
     if "fig2" in results:
         figures.plot_fig2(results["fig2"], output / "fig2.png")
@@ -173,5 +206,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def command(argv: Optional[Sequence[str]] = None) -> int:
+    """`main` behind the entry-point boundary: what running this file does."""
+    return run_tool("scripts/zero_paper/report.py", lambda: main(argv), (ConfigError,))
+
+
 if __name__ == "__main__":
-    sys.exit(run_tool("scripts/zero_paper/report.py", main, (ConfigError,)))
+    sys.exit(command())

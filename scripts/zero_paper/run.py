@@ -13,8 +13,10 @@ FIGURE is fig2, fig3, fig4, fig6, fig7 or fig8; its points are scripts/zero_pape
 RUNS_DIR/PROFILE/FIGURE/POINT/ (metrics.jsonl, and launch.json, written here, which says what ran:
 report.py and `python -m zero.perf_model --calibrate` read it), logs to W&B project --wandb-project
 with the group zero-paper-FIGURE-PROFILE and the tags zero-paper, FIGURE, PROFILE, the series and the
-point. Flags after `--` go to every pretrain_gpt.py command. Without --data-path and the GPT-2 vocab
-files the commands read them from $DATA_PATH, $VOCAB_FILE and $MERGE_FILE.
+point. Flags after `--` go to every pretrain_gpt.py command; each command is parsed by pretrain_gpt.py's
+own parser and checks first, so a flag it would refuse (a typo, a bad value) is one line here and
+nothing is printed, written or submitted. Without --data-path and the GPT-2 vocab files the commands
+read them from $DATA_PATH, $VOCAB_FILE and $MERGE_FILE.
 
 --dry-run launches nothing and writes nothing: it plans rank 0 of every point (zero/dry_run.py, cached
 under ~/.cache/zero-gpt/plans) and prints the per-GPU memory against the GPU's, flagging every point
@@ -36,8 +38,11 @@ from typing import Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE)]  # the repo's packages, and this folder's modules
 
+from gpt.arguments import parse_config  # noqa: E402
 from gpt.config import ConfigError  # noqa: E402
 from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from gpt.input_files import check_input_directory  # noqa: E402
+from gpt.output_paths import check_output_directory  # noqa: E402
 from zero.memory import format_bytes  # noqa: E402
 from zero.paper_tables import format_parameters  # noqa: E402
 
@@ -126,18 +131,29 @@ def launch_record(point: Point, pretrain: Sequence[str]) -> dict:
             "vocab_size": GPT2_VOCAB}
 
 
+def launch_file_is_current(directory: Path, record: dict, overwrite: bool) -> bool:
+    """Whether `directory`'s launch file already says `record` (nothing to write); a launch file of
+    another run there is an error unless --overwrite."""
+    path = directory / LAUNCH_FILE
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path} is not a regular file; remove it, or choose another --runs-dir")
+    if not path.is_file() or overwrite:
+        return False
+    try:
+        existing = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        existing = None
+    if existing != record:
+        raise ConfigError(f"{path} describes another run; pass --overwrite to replace it, or --runs-dir elsewhere")
+    return True
+
+
 def write_launch_file(directory: Path, record: dict, overwrite: bool) -> None:
     """Say what runs in `directory`; a launch file of another run there is kept unless --overwrite."""
-    path = directory / LAUNCH_FILE
-    if path.is_file() and not overwrite:
-        try:
-            existing = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            existing = None
-        if existing != record:
-            raise ConfigError(f"{path} describes another run; pass --overwrite to replace it, or --runs-dir elsewhere")
+    if launch_file_is_current(directory, record, overwrite):
         return
     directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LAUNCH_FILE
     temporary = path.with_name(f".{LAUNCH_FILE}.tmp-{os.getpid()}")
     temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     os.replace(temporary, path)
@@ -147,6 +163,16 @@ def describe(point: Point) -> str:
     return (f"{point.nodes} x {point.gpus_per_node} GPUs, MP {point.mp}, {point.layers} x {point.hidden}, "
             f"micro batch {point.micro_batch} (global {point.global_batch}), stage {point.zero_stage}"
             + (", P_a" if point.pa else "") + (", P_a+cpu" if point.pa_cpu else "") + (", M_D" if point.md else ""))
+
+
+def check_pretrain_flags(point: Point, pretrain: Sequence[str], extra: Sequence[str]) -> None:
+    """The command's flags as pretrain_gpt.py will read them: its parser and its checks (the data and
+    tokenizer paths are names on the cluster, not read here)."""
+    try:
+        parse_config(list(pretrain))
+    except ConfigError as error:
+        after = f" (flags after --: {' '.join(extra)})" if extra else ""
+        raise ConfigError(f"pretrain_gpt.py would refuse {point.name}'s command{after}: {error}") from None
 
 
 def print_or_submit(points: Sequence[Point], args, extra: Sequence[str]) -> int:
@@ -159,8 +185,16 @@ def print_or_submit(points: Sequence[Point], args, extra: Sequence[str]) -> int:
                    if not getattr(args, name) and not os.environ.get(variable)]
         if missing:
             raise ConfigError(f"--submit needs {', '.join(missing)} (or the variables ${', $'.join(DATA_VARIABLES.values())})")
+    check_output_directory(args.runs_dir, "--runs-dir")
+    # Every command is checked, and every launch file it would replace, before the first is printed,
+    # written or submitted: a bad flag or another run's directory stops the whole figure, not half of it.
+    launches = []
     for point in points:
         env, command, pretrain = launch_command(point, args, extra)
+        check_pretrain_flags(point, pretrain, extra)
+        launch_file_is_current(run_directory(args.runs_dir, point), launch_record(point, pretrain), args.overwrite)
+        launches.append((point, env, command, pretrain))
+    for point, env, command, pretrain in launches:
         write_launch_file(run_directory(args.runs_dir, point), launch_record(point, pretrain), args.overwrite)
         print(f"# {point.name}: {describe(point)}")
         if args.submit:
@@ -210,11 +244,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(own)
     if args.largest_batch and not args.dry_run:
         raise ConfigError("--largest-batch goes with --dry-run")
-    points = selected_points(args.figure, args.profile, args.points, Path(args.definitions))
+    if args.dry_run and extra:
+        raise ConfigError(f"--dry-run plans the points as defined, so the flags after -- ({' '.join(extra)}) would "
+                          f"not be planned; drop them, or edit the definition (--definitions)")
+    definitions = check_input_directory(args.definitions, "--definitions")
+    points = selected_points(args.figure, args.profile, args.points, definitions)
     if args.dry_run:
         return dry_run_points(points, args.largest_batch)
     return print_or_submit(points, args, extra)
 
 
+def command(argv: Optional[Sequence[str]] = None) -> int:
+    """`main` behind the entry-point boundary: what running this file does."""
+    return run_tool("scripts/zero_paper/run.py", lambda: main(argv), (ConfigError,))
+
+
 if __name__ == "__main__":
-    sys.exit(run_tool("scripts/zero_paper/run.py", main, (ConfigError,)))
+    sys.exit(command())
