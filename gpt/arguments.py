@@ -26,8 +26,8 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from gpt.config import (ACTIVATIONS, ATTENTION_BACKENDS, LR_DECAY_STYLES, TOKENIZER_TYPES, ConfigError,
-                        PretrainConfig)
+from gpt.config import (ACTIVATIONS, ATTENTION_BACKENDS, LR_DECAY_STYLES, OTHER_TOKENIZER_TYPES,
+                        TOKENIZER_TYPE_ALIASES, TOKENIZER_TYPES, ConfigError, PretrainConfig)
 from gpt.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inherited_values, options_typed,
                                 show_value, values_set_by)
 from gpt.errors import OneLineArgumentParser
@@ -187,9 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     _with_aliases(g, "--data-cache-dir", default=d.data_cache_dir,
                   help="where the embedded corpus and index caches go (default ~/.cache/zero-gpt)")
     g.add_argument("--num-workers", type=int, default=d.num_workers, help="data-loader worker processes")
-    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=d.tokenizer_type,
+    g.add_argument("--tokenizer-type", type=lambda name: TOKENIZER_TYPE_ALIASES.get(name, name),
+                   choices=(*TOKENIZER_TYPES, *OTHER_TOKENIZER_TYPES), default=d.tokenizer_type,
                    help="Megatron-LM's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer "
-                        "(--tokenizer-model), NullTokenizer (--vocab-size; data tokenized elsewhere); default: "
+                        "(--tokenizer-model; BigScience's PretrainedFromHF), NullTokenizer (--vocab-size; data "
+                        "tokenized elsewhere); Megatron's other types are refused with what to use; default: "
                         "from the files given")
     _with_aliases(g, "--tokenizer-file", default=d.tokenizer_file,
                   help="a tokenizers tokenizer.json (or, as --tokenizer-model, a folder holding one); without "

@@ -6,7 +6,10 @@ the settings given explicitly (on the command line or in the DeepSpeed JSON) win
 the defaults, and three explicit ones must agree. Where the command line and the JSON both speak, the
 real Megatron-DeepSpeed + DeepSpeed pair decides (zero/deepspeed_precedence.py): Megatron's flags
 win, and the JSON fills in what they leave open, in the order DeepSpeed's set_train_batch_size
-keeps them -- the micro batch, then the global batch; the accumulation steps follow from those two
+keeps them -- the micro batch, then the global batch; the accumulation steps follow from those two --
+except beside a micro batch from the command line, where the JSON's accumulation steps come first
+(DeepSpeedExamples' Megatron forks had no global batch: their engine stepped every
+gradient_accumulation_steps micro-batches, and train_batch_size was DeepSpeed's own view)
 (`json_batch_settings_not_used`). The JSON's own three keys are also checked against the
 data-parallel size as DeepSpeed checks them at initialize (`check_deepspeed_batch`), whatever the
 command line made the run use.
@@ -154,7 +157,13 @@ def json_batch_settings_not_used(given_by_flags: set[str], given_by_json: set[st
     if not given_by_flags and not rampup:
         return set()
     candidates = [name for name in DETERMINING_ORDER if name in given_by_flags]
-    candidates += [name for name in DETERMINING_ORDER if name in given_by_json and name not in given_by_flags]
+    # A micro batch from the command line is Megatron's per-rank batch, and the global batch follows from
+    # it: Megatron-DeepSpeed's default --global-batch-size is micro x DP, and DeepSpeedExamples' Megatron
+    # forks (which have no global batch) step DeepSpeed's engine every gradient_accumulation_steps
+    # micro-batches. Either way the JSON's train_batch_size is only DeepSpeed's own view of the batch.
+    json_order = (("accumulation_steps", "global_batch_size") if "micro_batch_size" in given_by_flags
+                  else DETERMINING_ORDER)
+    candidates += [name for name in json_order if name in given_by_json and name not in given_by_flags]
     determining = set(candidates[:2])
     dropped = {name for name in given_by_json if name not in given_by_flags and name not in determining}
     if rampup and "accumulation_steps" in given_by_json and "accumulation_steps" not in given_by_flags:

@@ -28,6 +28,19 @@ from zero.config import ActivationCheckpointConfig, ZeroConfig
 ACTIVATIONS = ("gelu", "gelu_tanh")
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer")
+# Other programs' names for one of ours: BigScience's Megatron-DeepSpeed loads a Hugging Face tokenizer.
+TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": "HuggingFaceTokenizer"}
+# Megatron-LM's (and Megatron-DeepSpeed's) other tokenizer types: known, and refused with what to use,
+# since a tokenizer decides the token ids (the data) and these read files the `tokenizers` library does not.
+OTHER_TOKENIZER_TYPES = {
+    name: "a SentencePiece or tiktoken model is not read here: save it as a tokenizer.json (transformers' "
+          "tokenizer.save_pretrained) and give --tokenizer-type HuggingFaceTokenizer --tokenizer-file"
+    for name in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer")}
+OTHER_TOKENIZER_TYPES.update({
+    name: "a BERT, multimodal or fine-tuning tokenizer does not pretrain a GPT: use GPT2BPETokenizer, "
+          "HuggingFaceTokenizer or NullTokenizer"
+    for name in ("BertWordPieceLowerCase", "BertWordPieceCase", "MultimodalTokenizer", "NullMultimodalTokenizer",
+                 "SFTTokenizer")})
 SEED_LIMIT = 2**32
 # Below a few heartbeats (one a second), a rank busy on a loaded machine would be taken for a hung one.
 MIN_HEARTBEAT_TIMEOUT_S = 5.0
@@ -295,6 +308,8 @@ class DataConfig:
                 parse_data_path(self.data_path)
         except DataError as error:
             raise ConfigError(str(error)) from None
+        if self.tokenizer_type in OTHER_TOKENIZER_TYPES:
+            raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}")
         if self.tokenizer_type not in (None, *TOKENIZER_TYPES):
             raise ConfigError(f"--tokenizer-type {self.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
         if self.tokenizer_type == "NullTokenizer":

@@ -346,7 +346,10 @@ def test_3d_parallelism_script_zero_stage_0_beside_the_jsons_stage_2_runs_stage_
     config = parsed.config
     assert config.zero.stage == 2 and config.training.precision == "fp16"
     assert (config.optimizer.adam_beta2, config.optimizer.lr, config.optimizer.clip_grad) == (0.95, 1.5e-4, 1.0)
-    assert (config.training.micro_batch_size, config.training.global_batch_size) == (2, 2)
+    # --batch-size 2 per rank; the JSON's gradient_accumulation_steps 1 makes the global batch 2 x DP, as
+    # the fork's engine stepped every micro-batch (its train_batch_size is DeepSpeed's own view)
+    batch = batch_schedule(config, 1)
+    assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (2, 1, 2)
     assert config.training.log_interval == 100  # steps_per_print 1 is DeepSpeed's own
     warnings = warning_lines(parsed)
     assert len(warnings) == 1 and f"zero_optimization.stage 2 in {ds} wins over --zero-stage 0, as in " \

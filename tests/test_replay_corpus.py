@@ -39,37 +39,6 @@ from tests.replay_corpus.shrink import (CHANGED_FLAGS, CHANGED_JSON_KEYS, ITERAT
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
 KNOWN_FAILING_TODAY: dict[str, str] = {
-    "deepspeedexamples-ds-pretrain-gpt2":
-        "contradiction refused: the JSON's train_batch_size vs --batch-size x accumulation x data-parallel size "
-        "(DeepSpeed-Megatron trained with --batch-size per rank and the JSON's accumulation)",
-    "deepspeedexamples-ds-zero2-pretrain-gpt2-model-parallel":
-        "contradiction refused: the JSON's train_batch_size vs --batch-size x accumulation x data-parallel size",
-    "deepspeedexamples-v1.1.5-zero3-ds-pretrain-gpt2-zero3":
-        "unknown flags --data-impl, --scattered-embeddings, --split-transformers, --zero-reduce-bucket-size, "
-        "--zero-allgather-bucket-size, --zero-contigious-gradients, --zero-reduce-scatter; then the JSON key "
-        "zero_optimization.stage3_param_persitence_threshold (misspelt; the DeepSpeed of the fork ignored it) "
-        "refused; then the train_batch_size vs --batch-size contradiction refused",
-    "deepspeedexamples-v1.1.5-zero3-ds-pretrain-gpt2-zero2":
-        "unknown flags --data-impl, --scattered-embeddings, --split-transformers, --zero-reduce-bucket-size, "
-        "--zero-allgather-bucket-size, --zero-contigious-gradients, --zero-reduce-scatter; then the "
-        "train_batch_size vs --batch-size contradiction refused",
-    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2":
-        "unknown flags --data-impl, --zero-reduce-bucket-size, --zero-allgather-bucket-size, "
-        "--zero-contigious-gradients, --zero-reduce-scatter; then contradictions refused: --log-interval vs "
-        "steps_per_print, --zero-stage 0 vs zero_optimization.stage 2 (the fork's engine used the JSON's stage)",
-    "deepspeed-megatron-gpt2-perf-bs16-json": "JSON key disable_allgather refused as unknown (DeepSpeed's "
-                                              "legacy ZeRO-1 key)",
-    # Refusals that come out as something else today:
-    "megatron-deepspeed-pretrain-llama2-distributed":
-        "argparse rejects --tokenizer-type GPTSentencePieceTokenizer before the pipeline refusal",
-    "bigscience-tr11-176b-ml":
-        "argparse rejects --tokenizer-type PretrainedFromHF; then unknown flags (--pp-partition-method, "
-        "--embed-layernorm, --sync-tp-duplicated-parameters, --abort-on-unmet-fused-kernel-constraints, "
-        "--kill-switch-path, --pad-vocab-size-to, --train/valid-weighted-split-paths-path, --valid-num-workers, "
-        "sample schedules, ...); then --log-interval vs steps_per_print contradiction refused",
-    "bigscience-tr11e-350m-ml":
-        "argparse rejects --tokenizer-type PretrainedFromHF; then unknown flags (as tr11-176B, with "
-        "--position-embedding-type alibi among them); then --log-interval vs steps_per_print contradiction",
 }
 
 

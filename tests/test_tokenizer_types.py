@@ -70,7 +70,8 @@ def test_null_tokenizer_refuses_an_id_past_its_vocabulary(tmp_path, capsys):
      "NullTokenizer reads token ids as they are: drop --tokenizer-file"),
     (["--tokenizer-type", "GPT2BPETokenizer"], "GPT2BPETokenizer needs --vocab-file and --merge-file"),
     (["--tokenizer-type", "HuggingFaceTokenizer"], "HuggingFaceTokenizer needs --tokenizer-model"),
-    (["--tokenizer-type", "SentencePieceTokenizer"], "invalid choice"),
+    (["--tokenizer-type", "SentencePieceTokenizer"], "SentencePiece or tiktoken model is not read here"),
+    (["--tokenizer-type", "WordLevel"], "invalid choice"),
     (["--data-path", "x"], "or --tokenizer-type NullTokenizer with --vocab-size"),
 ])
 def test_tokenizer_flags_that_cannot_work_are_refused(argv, words):

@@ -211,18 +211,18 @@ def test_gradient_accumulation_steps_determine_the_global_batch():
 
 def test_deepspeeds_two_of_three_batch_settings(tmp_path):
     """train_batch_size and gradient_accumulation_steps given: the micro batch follows (DeepSpeed's rule).
-    Beside a batch flag the flags win and the JSON fills in what they leave open, micro batch first, then
-    train_batch_size; the accumulation steps follow, as set_train_batch_size recomputes DeepSpeed's (this
-    was "give two of the three" until issue 22). Three flags that disagree are still an error naming each."""
+    Beside a batch flag the flags win and the JSON fills in what they leave open: beside a micro batch
+    flag, its accumulation steps (this was "give two of the three" until issue 22). Three flags that disagree are still an error naming each."""
     ds = write_json(tmp_path, {"train_batch_size": 16, "gradient_accumulation_steps": 2})
     batch = batch_schedule(parse_config(["--zero-config", str(ds)]), data_parallel_size=2)
     assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (4, 2, 16)
+    # Beside --batch-size (Megatron's per-rank batch) the JSON's accumulation steps come first and its
+    # train_batch_size is DeepSpeed's own view, as in DeepSpeedExamples' Megatron forks.
     batch = batch_schedule(parse_config(["--zero-config", str(ds), "--batch-size", "4"]), data_parallel_size=1)
-    assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (4, 4, 16)
-    assert batch.notes == (f"gradient_accumulation_steps 2 in {ds}: --gradient-accumulation-steps 4 follows from the "
-                           f"other two batch settings, as in Megatron-DeepSpeed, where set_train_batch_size recomputes "
-                           f"DeepSpeed's accumulation steps from Megatron's global batch every iteration, and "
-                           f"Megatron's loop marks the accumulation boundary itself",)
+    assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (4, 2, 8)
+    assert batch.notes == (f"train_batch_size 16 in {ds}: --global-batch-size 8 follows from the other two batch "
+                           f"settings, as in Megatron-DeepSpeed, whose train() overrides DeepSpeed's train_batch_size "
+                           f"with Megatron's global batch every iteration (set_train_batch_size)",)
     with pytest.raises(ConfigError) as error:
         batch_schedule(parse_config(["--batch-size", "4", "--global-batch-size", "16", "--gradient-accumulation-steps",
                                      "2"]), data_parallel_size=1)

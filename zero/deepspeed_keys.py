@@ -321,6 +321,8 @@ TOP_LEVEL_KEYS: dict[str, Classifier] = {
     "gradient_predivide_factor": no_effect("the data-parallel average is the same on whichever side of the "
                                            "reduction the division runs"),
     "sparse_gradients": no_effect("dense gradients are reduced; the sum is the same"),
+    "disable_allgather": no_effect("DeepSpeed's legacy ZeRO-1 switch between all-gather and broadcast for the "
+                                   "updated parameters: the same values arrive either way"),
     # precision blocks that are not the fp16/bf16 sections
     "torch_autocast": when_disabled("torch.autocast over fp32 parameters is not implemented: use --bf16 or --fp16 "
                                     "(16-bit parameters, fp32 master weights)"),
