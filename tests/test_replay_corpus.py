@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import traceback
 from pathlib import Path
 
@@ -268,3 +269,28 @@ def test_the_readme_lists_the_corpus_and_its_outcomes():
         assert outcome == launch.outcome, launch.name
         assert today == ("not yet" if launch.name in KNOWN_FAILING_TODAY else "yes"), launch.name
         assert (launch.script.path if launch.script else "SIMPLE_LAUNCH") in script, launch.name
+
+
+@pytest.mark.parametrize("launch", TRAINING, ids=[launch.name for launch in TRAINING])
+def test_print_config_names_every_flag_and_json_key_of_a_launch(launch: Launch, tmp_path):
+    """Issue 22: --print-config on a corpus launch shows every flag and JSON key it was given, each
+    beside what it does here (a setting's source, a Megatron flag's class and reason, a JSON key's
+    verdict), and, where the JSON and the command line set one thing differently, which side won."""
+    from gpt.arguments import parse_arguments
+    from gpt.print_config import format_config
+
+    files = LocalFiles(str(tmp_path / "data" / "corpus_text_document"), str(tmp_path / "tokenizer"), 512,
+                       str(tmp_path / "out"))
+    shrunk = shrink(launch, files)
+    for path, text in shrunk.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
+    text = format_config(parse_arguments(shrunk.argv))
+    missing = [flag for flag, _, _ in split_flags(shrunk.argv) if not re.search(re.escape(flag) + r"(?![\w-])", text)]
+    assert missing == [], missing
+    if launch.json_text is not None:
+        keys = [key for key, _ in _leaves(json.loads(launch.json_text))]
+        assert [key for key in keys if not re.search(r"(?<![\w.])" + re.escape(key.split(".")[0]) + r"\b", text)] == []
+    for line in text.splitlines():
+        if line.startswith("> warning:") and "set" in line and "differently" in line:
+            assert " wins" in line, line
