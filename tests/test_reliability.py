@@ -707,3 +707,21 @@ def test_a_signal_through_the_launcher_saves_and_exits_zero(cache, tmp_path, sig
     assert process.returncode == 0, err
     assert "Traceback" not in err and f"received {signal.Signals(signum).name}" in out, (out, err)
     assert resolve_checkpoint(tmp_path / "ck").name.startswith("iter_")
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "/dev/zero"])
+def test_a_zero_config_that_is_not_a_regular_file_is_one_line(kind, tmp_path):
+    """Issue 27, problem 7: --zero-config naming a FIFO blocked forever, and /dev/zero was read until
+    memory ran out. Both are now refused by what they are, before anything is read."""
+    if kind == "FIFO":
+        path = tmp_path / "ds.json"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    result = subprocess.run([sys.executable, "pretrain_gpt.py", *TINY, "--zero-config", str(path),
+                             "--metrics-file", str(tmp_path / "m.jsonl")],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "--zero-config" in lines[0] and str(path) in lines[0], lines[0]
+    assert not (tmp_path / "m.jsonl").exists()
