@@ -167,3 +167,30 @@ def test_pad_vocab_size_to_sets_the_embedding_rows_exactly(tmp_path, capsys):
         assert pretrain_gpt.main(common + ["--pad-vocab-size-to", size, "--metrics-file", str(tmp_path / f"{size}.jsonl")]) == 2
         error = capsys.readouterr().err
         assert words in error and error.count("\n") == 1, error
+
+
+@pytest.fixture(scope="module")
+def ramp_sample_runs(tmp_path_factory):
+    """--train-samples 40 under the ramp 2 -> 8 over 12 samples: straight through, and 3 saved + resumed
+    in the middle of the ramp."""
+    tmp = tmp_path_factory.mktemp("ramp-samples")
+    common = TINY + RAMP + ["--train-samples", "40", "--lr-warmup-samples", "4", "--data-cache-dir", str(tmp / "cache")]
+    full, parts, save = tmp / "full.jsonl", tmp / "parts.jsonl", tmp / "ckpt"
+    assert pretrain_gpt.main(common + ["--metrics-file", str(full)]) == 0
+    assert pretrain_gpt.main(common + ["--metrics-file", str(parts), "--save", str(save), "--exit-interval", "3"]) == 0
+    assert pretrain_gpt.main(common + ["--metrics-file", str(parts), "--save", str(save), "--load", str(save)]) == 0
+    return records(full), records(parts)
+
+
+def test_a_sample_based_run_under_a_ramp_stops_where_megatron_stops(ramp_sample_runs):
+    """Batches 2, 2, 4, 6 (the ramp), then 8s: update_train_iters gives 4 + (40 - 14) // 8 = 7 iterations,
+    38 samples (the last partial batch dropped). Each update at the samples before it, warmup over 4
+    samples, cosine decay over the 40: worked by hand."""
+    full, parts = ramp_sample_runs
+    assert [r["iteration"] for r in full] == list(range(1, 8))
+    assert [r["consumed_samples"] for r in full] == [2, 4, 8, 14, 22, 30, 38]
+    before = [0, 2, 4, 8, 14, 22, 30]
+    expected = [1e-3 * s / 4 if s <= 4 else cosine(s, 4, 40) for s in before]
+    assert [r["lr"] for r in full] == pytest.approx(expected, rel=1e-12)
+    for name in ("lr", "loss", "consumed_samples", "global_batch_size"):  # resumed after iteration 3, mid-ramp
+        assert [r[name] for r in parts] == [r[name] for r in full], name
