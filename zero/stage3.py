@@ -147,15 +147,20 @@ class ParameterGatherer:
         self.live_numel -= unit.numel
 
     def _prefetch(self, candidates: Iterable[Unit]) -> None:
-        """Start gathering the next chunks, up to the prefetch budget and the live-parameter cap."""
+        """Keep the next chunks gathered or in flight, up to the prefetch budget and the live-parameter
+        cap. The budget is a window ahead of the chunk in use: chunks in it that are already gathered or
+        in flight count against it too, so each hook tops the window up instead of starting a fresh
+        budget's worth of gathers on top of the last one (which left most of the model gathered)."""
         budget = self.prefetch_numel
         for unit in candidates:
+            if unit.numel > budget:
+                break
+            budget -= unit.numel
             if self._state[unit.index] != _RELEASED:
                 continue
-            if unit.numel > budget or self.live_numel + unit.numel > self.max_live_numel:
+            if self.live_numel + unit.numel > self.max_live_numel:
                 break
             self._start_gather(unit)
-            budget -= unit.numel
 
     # ---- hooks --------------------------------------------------------------------------------
 
