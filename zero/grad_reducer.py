@@ -183,7 +183,8 @@ class GradientReducer(ABC):
 
     @abstractmethod
     def partition_gradients(self) -> torch.Tensor:
-        """This rank's partition of the averaged gradient, as a new fp32 tensor (loss scale not removed)."""
+        """This rank's partition of the averaged gradient in fp32 (loss scale not removed), for the step to
+        unscale and clip in place: a new tensor, or the reducer's own fp32 partition."""
 
     @abstractmethod
     def zero_grad(self) -> None:
@@ -291,7 +292,10 @@ class PartitionedGradients(GradientReducer):
         return unit.index in self._filling
 
     def partition_gradients(self) -> torch.Tensor:
-        return self.partition.to(torch.float32, copy=True)
+        # An fp32 partition is handed over itself, not copied (a copy was +1x the fp32 partition at the
+        # step's peak): the step unscales and clips it in place, and zero_grad clears it before the next
+        # accumulation, so nothing reads the reduced values after the step.
+        return self.partition if self.partition.dtype == torch.float32 else self.partition.to(torch.float32)
 
     def gradient_tensors(self) -> list[torch.Tensor]:
         slots = [slot for unit in self.layout.units for slot in unit.slots]
