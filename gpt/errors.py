@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
 EXIT_BAD_INPUT = 2
+SILENT_RANK_EXIT_DELAY_S = 3.0  # how long a rank that does not print a bad-input error waits before exiting
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 EXIT_PEER_LOST = 3  # another rank died or hung (parallel/liveness.py); this one stopped too
 
@@ -89,6 +91,11 @@ def run_tool(program: str, action: Callable[[], object],
         _report(f"{program}: error: the checkpoint's metadata has no {error} entry; is it from another tool?")
         status = EXIT_BAD_INPUT
     _record_exit_status(status)
+    if status == EXIT_BAD_INPUT and not reporting_process() and os.environ.get("TORCHELASTIC_RUN_ID"):
+        # Every rank met the same bad input and only rank 0 prints it. Under torchrun a silent rank that
+        # exits first makes the agent stop the others, rank 0 included, perhaps before its line is out
+        # (seen on a loaded machine): wait a little.
+        time.sleep(SILENT_RANK_EXIT_DELAY_S)
     return status
 
 
