@@ -73,3 +73,16 @@ def write_dataset(prefix: Path, documents: list[list[int]], dtype=np.uint16) -> 
         for tokens in documents:
             writer.add_document(np.asarray(tokens, dtype=np.int64))
     return str(prefix)
+
+
+def straight_and_resumed(argv: list, workdir: Path, exit_interval: int) -> tuple[list[dict], list[dict], Path]:
+    """pretrain_gpt.main on `argv` straight through, and again saved at --exit-interval and resumed
+    from that checkpoint: (the first run's training records, the split run's, its save directory)."""
+    full, parts, save = workdir / "full.jsonl", workdir / "parts.jsonl", workdir / "ckpt"
+    assert pretrain_gpt.main(argv + ["--metrics-file", str(full)]) == 0
+    assert pretrain_gpt.main(argv + ["--metrics-file", str(parts), "--save", str(save),
+                                     "--exit-interval", str(exit_interval)]) == 0
+    assert pretrain_gpt.main(argv + ["--metrics-file", str(parts), "--save", str(save), "--load", str(save)]) == 0
+    training = [record for record in metrics_records(full) if "split" not in record and "memory" not in record]
+    split = [record for record in metrics_records(parts) if "split" not in record and "memory" not in record]
+    return training, split, save

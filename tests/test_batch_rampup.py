@@ -2,7 +2,6 @@
 consumed before it, the data loader, the learning rate, the consumed samples, tokens/s and FLOPs
 follow it, and a run resumed in the middle of the ramp continues it bitwise."""
 
-import json
 import math
 
 import pytest
@@ -12,6 +11,7 @@ from gpt.arguments import parse_config
 from gpt.batch_schedule import batch_schedule
 from gpt.config import ConfigError
 from gpt.metrics import flops_per_iteration
+from tests.reliability_helpers import straight_and_resumed
 
 SEQ = 16
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", str(SEQ),
@@ -55,21 +55,14 @@ def test_a_ramp_and_accumulation_steps_together_are_refused():
         parse_config(TINY + RAMP + ["--gradient-accumulation-steps", "4"])
 
 
-def records(path):
-    return [json.loads(line) for line in path.read_text().splitlines() if "split" not in json.loads(line)]
-
-
 @pytest.fixture(scope="module")
 def ramp_runs(tmp_path_factory):
     """Six iterations straight through; and three (saved) + three resumed from the checkpoint, which
     lands in the middle of the ramp (8 samples consumed, batch 6 next)."""
     tmp = tmp_path_factory.mktemp("ramp")
     common = TINY + RAMP + ["--train-iters", "6", "--data-cache-dir", str(tmp / "cache")]
-    full, parts, save = tmp / "full.jsonl", tmp / "parts.jsonl", tmp / "ckpt"
-    assert pretrain_gpt.main(common + ["--metrics-file", str(full)]) == 0
-    assert pretrain_gpt.main(common + ["--metrics-file", str(parts), "--save", str(save), "--exit-interval", "3"]) == 0
-    assert pretrain_gpt.main(common + ["--metrics-file", str(parts), "--save", str(save), "--load", str(save)]) == 0
-    return records(full), records(parts)
+    full, parts, _ = straight_and_resumed(common, tmp, exit_interval=3)
+    return full, parts
 
 
 def test_every_iteration_trains_its_batch_and_reports_it(ramp_runs):

@@ -13,6 +13,7 @@ from gpt.arguments import parse_config
 from gpt.batch_schedule import batch_schedule
 from gpt.config import ConfigError
 from gpt.schedule import build_lr_schedule, tokens_seen_by_schedule, train_iterations
+from tests.reliability_helpers import straight_and_resumed
 
 SEQ = 16
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", str(SEQ),
@@ -109,11 +110,7 @@ def token_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tokens")
     common = TINY + BATCH + ["--train-samples", "30", "--train-tokens", "300", "--lr-warmup-tokens", "64",
                              "--lr-decay-tokens", "160", "--data-cache-dir", str(tmp / "cache")]
-    full, parts, save = tmp / "full.jsonl", tmp / "parts.jsonl", tmp / "ckpt"
-    assert pretrain_gpt.main(common + ["--metrics-file", str(full)]) == 0
-    assert pretrain_gpt.main(common + ["--metrics-file", str(parts), "--save", str(save), "--exit-interval", "2"]) == 0
-    assert pretrain_gpt.main(common + ["--metrics-file", str(parts), "--save", str(save), "--load", str(save)]) == 0
-    return records(full), records(parts), save
+    return straight_and_resumed(common, tmp, exit_interval=2)
 
 
 def test_token_schedule_and_stop_point_equal_megatron_deepspeeds(token_runs):
@@ -175,18 +172,14 @@ def ramp_sample_runs(tmp_path_factory):
     in the middle of the ramp."""
     tmp = tmp_path_factory.mktemp("ramp-samples")
     common = TINY + RAMP + ["--train-samples", "40", "--lr-warmup-samples", "4", "--data-cache-dir", str(tmp / "cache")]
-    full, parts, save = tmp / "full.jsonl", tmp / "parts.jsonl", tmp / "ckpt"
-    assert pretrain_gpt.main(common + ["--metrics-file", str(full)]) == 0
-    assert pretrain_gpt.main(common + ["--metrics-file", str(parts), "--save", str(save), "--exit-interval", "3"]) == 0
-    assert pretrain_gpt.main(common + ["--metrics-file", str(parts), "--save", str(save), "--load", str(save)]) == 0
-    return records(full), records(parts)
+    return straight_and_resumed(common, tmp, exit_interval=3)
 
 
 def test_a_sample_based_run_under_a_ramp_stops_where_megatron_stops(ramp_sample_runs):
     """Batches 2, 2, 4, 6 (the ramp), then 8s: update_train_iters gives 4 + (40 - 14) // 8 = 7 iterations,
     38 samples (the last partial batch dropped). Each update at the samples before it, warmup over 4
     samples, cosine decay over the 40: worked by hand."""
-    full, parts = ramp_sample_runs
+    full, parts, _ = ramp_sample_runs
     assert [r["iteration"] for r in full] == list(range(1, 8))
     assert [r["consumed_samples"] for r in full] == [2, 4, 8, 14, 22, 30, 38]
     before = [0, 2, 4, 8, 14, 22, 30]
