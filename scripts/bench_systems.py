@@ -24,9 +24,14 @@ import torch
 
 
 def mark(marks: list | None) -> None:
-    """Record the time a phase of the step ended (forward, backward; the step's end is timed outside)."""
+    """Record the time a phase of the step ended (forward, backward; the step's end is timed outside),
+    then call the list's `on_phase_end` if it has one: the benchmark's first step reads the memory
+    high-water mark there, after the time is taken, so the phase's time does not include the read."""
     if marks is not None:
         marks.append(time.perf_counter())
+        on_phase_end = getattr(marks, "on_phase_end", None)
+        if on_phase_end is not None:
+            on_phase_end()
 
 
 def autocast(bf16: bool):
