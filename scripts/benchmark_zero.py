@@ -18,7 +18,9 @@ same seeded token batches, so peak RSS is per configuration. Per configuration t
 and the ratios ours/theirs: our stage k / DeepSpeed stage k, our stage 3 / FSDP2, our stage 0 / DDP.
 A second table cross-checks the byte counts: the shim, an audit of one extra step at the dispatcher
 (which also sees collectives that bypass torch.distributed's Python functions), and, for our stages,
-our own `state.comm.stats`. Progress goes to stderr, tables to stdout.
+our own `state.comm.stats`. Another follows each rank's RSS high-water mark through model+optimizer
+setup and the first step's forward, backward and optimizer step, where memory promises break first.
+Progress goes to stderr, tables to stdout.
 
 This process only orchestrates: it imports neither torch nor the systems, so the rank processes it
 starts (fresh interpreters) inherit no memory high-water mark from it.
@@ -48,6 +50,10 @@ SYSTEM_ORDER = ("ours", "deepspeed", "fsdp2", "ddp")
 LABELS = {"ours": "ours", "deepspeed": "DeepSpeed", "fsdp2": "FSDP2", "ddp": "DDP"}
 RELEASE = "release"
 OVERLAP = "overlap"  # ours at stages 1-2 with --overlap-param-gather
+STEP_PHASES = ("forward", "backward", "step")
+# Where each rank reads its RSS high-water mark: after model+optimizer setup, then at the end of each
+# phase of the first step, where memory promises break first (buffers and states created lazily).
+FIRST_STEP_POINTS = ("build",) + STEP_PHASES
 
 
 # ----------------------------------------------------------------------------- orchestration
@@ -234,7 +240,7 @@ def summarize(result: dict, args) -> dict:
     mb = 1e6
     # Forward / backward / optimizer step of the slowest rank's median step.
     phases = {}
-    for i, phase in enumerate(("forward", "backward", "step")):
+    for i, phase in enumerate(STEP_PHASES):
         phases[phase] = 1000 * statistics.median(max(r["phases"][k][i] for r in ranks) for k in range(steps))
     shim_mb = max(r["shim"]["total"] for r in ranks) / steps / mb
     audit_mb = (max(r["audit"]["total"] for r in ranks) / mb) if all(r.get("audit") for r in ranks) else None
@@ -254,6 +260,7 @@ def summarize(result: dict, args) -> dict:
         shim_mb=shim_mb,
         audit_mb=audit_mb,
         phases_ms=phases,
+        first_step_growth_mb=first_step_growth_mb(ranks),
         ours_mb=(max(r["our_comm_total"] for r in ranks) / steps / mb
                  if ranks[0].get("our_comm_total") is not None else None),
         losses=losses,  # mean over ranks = the global batch's loss; warmup steps first
@@ -265,6 +272,13 @@ def summarize(result: dict, args) -> dict:
         audit_unknown=ranks[0]["audit"]["unknown_ops"] if ranks[0].get("audit") else None,
     )
     return result
+
+
+def first_step_growth_mb(ranks: list[dict]) -> dict[str, float]:
+    """Per point of FIRST_STEP_POINTS, the RSS high-water mark there minus the RSS after process-group
+    init, max over ranks, in MiB (kB / 1024, as the other RSS figures)."""
+    return {point: max(r["first_step_hwm_kb"][point] - r["rss_after_init_kb"] for r in ranks) / 1024
+            for point in FIRST_STEP_POINTS}
 
 
 # ----------------------------------------------------------------------------- report
@@ -334,6 +348,7 @@ def report(args, results: list[dict]) -> str:
             x, y = by_key[a], by_key[b]
             lines.append(f"| {label(x)} / {label(y)} | {_ratio(x['step_ms'], y['step_ms'])} | "
                          f"{_ratio(x['rss_mb'], y['rss_mb'])} | {_ratio(x['sent_mb'], y['sent_mb'])} |")
+    lines += first_step_growth_table(ok)
 
     lines += ["", "Detail: step time min-max and its median split (forward / backward / optimizer step, "
               "slowest rank), RSS after process-group init, after model+optimizer setup and at peak, and "
@@ -368,6 +383,20 @@ def report(args, results: list[dict]) -> str:
         for r in failed:
             lines.append(f"- {label(r)}: " + r["error"].strip().splitlines()[0])
     return "\n".join(lines) + "\n"
+
+
+def first_step_growth_table(ok: list[dict]) -> list[str]:
+    lines = ["", "Peak RSS growth per phase of the first step (MB over the RSS after process-group init, "
+             "max over ranks; MB = 2^20 bytes, as in the RSS columns above). Each figure is the high-water "
+             "mark at the end of: model+optimizer setup (build), then the first warmup step's forward, "
+             "backward and optimizer step; a running maximum, so it never falls from left to right:", "",
+             "| system | stage | " + " | ".join(FIRST_STEP_POINTS) + " |",
+             "|---|---|" + "---:|" * len(FIRST_STEP_POINTS)]
+    for r in ok:
+        growth = r["first_step_growth_mb"]
+        lines.append(f"| {LABELS[r['system']]} | {stage_column(r)} | "
+                     + " | ".join(f"{growth[point]:.0f}" for point in FIRST_STEP_POINTS) + " |")
+    return lines
 
 
 def _cpu_model() -> str:
@@ -430,6 +459,34 @@ def _status_kb(field: str) -> int:
     return 0
 
 
+class PeakRecorder:
+    """The process's RSS high-water mark (VmHWM, kB) read at named points, in the order they were read.
+
+    VmHWM is a running maximum, so each reading is the peak so far: it includes what a phase held only
+    briefly (a gathered bucket, a temporary copy), which the RSS read at the phase's end would miss.
+    Only nearly: the kernel's RSS counters are synced lazily, so after memory is freed a later read can
+    be a few hundred kB lower (seen on Linux 6.18); the peak so far is the max of the reads."""
+
+    def __init__(self):
+        self.kb: dict[str, int] = {}
+
+    def read(self, point: str) -> int:
+        self.kb[point] = max([_status_kb("VmHWM"), *self.kb.values()])
+        return self.kb[point]
+
+
+class PhaseMarks(list):
+    """The `marks` list a system's step appends its phase-end times to (bench_systems.mark) that also
+    reads the high-water mark at the end of forward and of backward; the caller reads "step"."""
+
+    def __init__(self, start: float, recorder: PeakRecorder):
+        super().__init__([start])
+        self.recorder = recorder
+
+    def on_phase_end(self) -> None:
+        self.recorder.read(STEP_PHASES[len(self) - 2])  # the start, then one time per ended phase
+
+
 def worker(spec_path: str) -> int:
     """One rank of one configuration; writes result_dir/rank{RANK}.json."""
     spec = json.loads(Path(spec_path).read_text())
@@ -463,12 +520,15 @@ def _run_rank(spec: dict, rank: int, shim, audit_cls) -> dict:
 
     state = initialize(device_name="cpu")
     rss_after_init = _status_kb("VmRSS")
+    peaks = PeakRecorder()
+    peaks.read("init")  # above rss_after_init where starting up held more memory than it kept
     steps, warmup = spec["steps"], spec["warmup_steps"]
     batches = make_batches(spec, state.data_parallel_rank, warmup + steps + 1)
     model = build_model(spec, state)
     parameters = sum(p.numel() for p in model.parameters())
     system = SYSTEMS[spec["system"]](model, spec, state)
     rss_after_setup = _status_kb("VmRSS")
+    peaks.read("build")
 
     losses, times, phases = [], [], []
     for step, (inputs, labels) in enumerate(batches[: warmup + steps]):
@@ -476,9 +536,12 @@ def _run_rank(spec: dict, rank: int, shim, audit_cls) -> dict:
             dist.barrier()
             shim.reset()
             state.comm.stats.snapshot_and_reset()
-        marks = [time.perf_counter()]
+        # Only the first step reads the high-water mark (a warmup step unless --warmup-steps 0).
+        marks = PhaseMarks(time.perf_counter(), peaks) if step == 0 else [time.perf_counter()]
         loss = system.step(inputs, labels, marks).item()
         marks.append(time.perf_counter())
+        if step == 0:
+            peaks.read("step")
         losses.append(loss)
         if step >= warmup:
             times.append(marks[-1] - marks[0])
@@ -506,6 +569,7 @@ def _run_rank(spec: dict, rank: int, shim, audit_cls) -> dict:
         "rank": rank, "step_times": times, "phases": phases, "losses": losses, "parameters": parameters,
         "ru_maxrss_kb": usage.ru_maxrss, "vm_hwm_kb": _status_kb("VmHWM"),
         "rss_after_init_kb": rss_after_init, "rss_after_setup_kb": rss_after_setup,
+        "first_step_hwm_kb": peaks.kb,
         "shim": shim_record, "audit": audit_record,
         "our_comm": our_comm, "our_comm_total": (sum(n for kinds in our_comm.values() for n in kinds.values())
                                                   if our_comm is not None else None),
