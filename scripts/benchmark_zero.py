@@ -4,6 +4,7 @@
     DS_ACCELERATOR=cpu python scripts/benchmark_zero.py                      # everything, 2 ranks
     python scripts/benchmark_zero.py --systems deepspeed,fsdp2 --steps 2 --warmup-steps 1
     python scripts/benchmark_zero.py --bf16 --output bench.md --json bench.json
+    python scripts/benchmark_zero.py --systems ours,fsdp2 --stages 3 --world-sizes 2,4   # tables per size
 
 Needs requirements-bench.txt (DeepSpeed; FSDP2 and DDP come with torch). Every configuration runs in
 fresh processes (one per rank, gloo, one intra-op thread each) that train the same small GPT on the
@@ -58,10 +59,26 @@ FIRST_STEP_POINTS = ("build",) + STEP_PHASES
 
 # ----------------------------------------------------------------------------- orchestration
 
+def world_sizes(text: str) -> list[int]:
+    """--world-sizes: a comma list of distinct positive ints, in the order given (a size twice would run
+    its configurations twice into the same files)."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"expected a comma list of distinct positive integers such as 2,4, "
+                                         f"got {text!r}")
+    return sizes
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = OneLineArgumentParser(prog="benchmark_zero.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--world-sizes", type=world_sizes,
+                   help="comma list such as 2,4: run the whole plan at each world size in turn and print each "
+                        "one's tables under a line '## world size N' (default: --world-size alone, no heading)")
     p.add_argument("--systems", default=",".join(SYSTEM_ORDER), help="comma list of " + ", ".join(SYSTEM_ORDER))
     p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages for ours (0-3) and DeepSpeed (1-3)")
     p.add_argument("--num-layers", type=int, default=4)
@@ -99,7 +116,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-audit", action="store_true", help="skip the dispatcher audit step")
     p.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
     p.add_argument("--output", help="also write the Markdown report here")
-    p.add_argument("--json", help="also write every measurement here")
+    p.add_argument("--json", help="also write every measurement here: {args, results}, or with --world-sizes "
+                                  "{args, results_by_world_size: {N: results}}")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -419,35 +437,50 @@ def best_round(results: list[dict]) -> dict:
     return best
 
 
+def run_plan(args, plan: list[tuple[str, int, str]], workdir: Path) -> list[dict]:
+    """Every configuration of the plan at args.world_size, --rounds times interleaved; the best round of each."""
+    rounds: dict[int, list[dict]] = {i: [] for i in range(len(plan))}
+    for round_index in range(args.rounds):
+        for i, (system, stage, variant) in enumerate(plan):
+            name = f"{LABELS[system]} stage {stage}" + (f" ({variant})" if variant else "")
+            where = f"round {round_index + 1}/{args.rounds}, {i + 1}/{len(plan)}"
+            progress(f"({where}) {name}: starting {args.world_size} ranks")
+            result = run_configuration(args, system, stage, variant, workdir)
+            if "error" in result:
+                progress(f"({where}) {name}: FAILED after {result['wall_s']:.0f} s: {result['error']}")
+            else:
+                progress(f"({where}) {name}: {result['step_ms']:.1f} ms/step, {result['rss_mb']:.0f} MB "
+                         f"peak RSS, {result['sent_mb']:.2f} MB sent/step, loss {result['losses'][-1]:.4f} "
+                         f"({result['wall_s']:.0f} s)")
+            rounds[i].append(result)
+    return [best_round(rounds[i]) for i in range(len(plan))]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args.worker)
     plan = configurations(args)
-    rounds: dict[int, list[dict]] = {i: [] for i in range(len(plan))}
+    by_size: dict[int, list[dict]] = {}
+    texts = []
     with tempfile.TemporaryDirectory(prefix="benchmark_zero.") as tmp:
-        workdir = Path(tmp)
-        for round_index in range(args.rounds):
-            for i, (system, stage, variant) in enumerate(plan):
-                name = f"{LABELS[system]} stage {stage}" + (f" ({variant})" if variant else "")
-                where = f"round {round_index + 1}/{args.rounds}, {i + 1}/{len(plan)}"
-                progress(f"({where}) {name}: starting {args.world_size} ranks")
-                result = run_configuration(args, system, stage, variant, workdir)
-                if "error" in result:
-                    progress(f"({where}) {name}: FAILED after {result['wall_s']:.0f} s: {result['error']}")
-                else:
-                    progress(f"({where}) {name}: {result['step_ms']:.1f} ms/step, {result['rss_mb']:.0f} MB "
-                             f"peak RSS, {result['sent_mb']:.2f} MB sent/step, loss {result['losses'][-1]:.4f} "
-                             f"({result['wall_s']:.0f} s)")
-                rounds[i].append(result)
-    results = [best_round(rounds[i]) for i in range(len(plan))]
-    text = report(args, results)
-    print(text, end="")
+        for size in args.world_sizes or [args.world_size]:
+            sized = argparse.Namespace(**{**vars(args), "world_size": size})
+            workdir = Path(tmp) / f"world{size}"  # a configuration's files are named without the size
+            workdir.mkdir(exist_ok=True)
+            by_size[size] = run_plan(sized, plan, workdir)
+            text = report(sized, by_size[size])
+            if args.world_sizes:  # without the option, the output stays what it always was
+                text = ("\n" if texts else "") + f"## world size {size}\n\n" + text
+            print(text, end="", flush=True)  # each size's tables as soon as they are measured
+            texts.append(text)
     if args.output:
-        Path(args.output).write_text(text)
+        Path(args.output).write_text("".join(texts))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-    return 0 if all("error" not in r for r in results) else 1
+        measured = ({"results_by_world_size": {str(size): results for size, results in by_size.items()}}
+                    if args.world_sizes else {"results": by_size[args.world_size]})
+        Path(args.json).write_text(json.dumps({"args": vars(args), **measured}, indent=1))
+    return 0 if all("error" not in r for results in by_size.values() for r in results) else 1
 
 
 # ----------------------------------------------------------------------------- one rank

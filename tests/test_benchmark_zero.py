@@ -1,8 +1,10 @@
 """scripts/benchmark_zero.py without starting any rank: the first step's per-phase peak RSS table that
-report() prints from the ranks' records, and the recorder that reads those peaks inside a rank."""
+report() prints from the ranks' records, the recorder that reads those peaks inside a rank, and the
+output of --world-sizes."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -76,3 +78,26 @@ def test_the_recorder_reads_a_high_water_mark_that_never_falls_through_a_step():
     assert readings == sorted(readings)
     assert recorder.kb["forward"] - recorder.kb["build"] >= 16 * MIB_KB
     assert len(marks) == 4 and list(marks) == sorted(marks)  # the times are still all a step appends
+
+
+def test_world_sizes_print_each_sizes_tables_under_its_heading_and_keep_the_json_by_size(
+        monkeypatch, tmp_path, capsys):
+    def fake_plan(args, plan, workdir):  # what run_plan measures, without starting ranks
+        hwm = dict.fromkeys(("init",) + benchmark_zero.FIRST_STEP_POINTS, 400 * MIB_KB)
+        return [configuration(args, "ours", 3, [rank_record(300 * MIB_KB, hwm)] * args.world_size)]
+
+    monkeypatch.setattr(benchmark_zero, "run_plan", fake_plan)
+    common = ["--systems", "ours", "--stages", "3", "--output", str(tmp_path / "out.md")]
+
+    assert benchmark_zero.main(common + ["--world-sizes", "2,4", "--json", str(tmp_path / "sizes.json")]) == 0
+    text = capsys.readouterr().out
+    assert [line for line in text.splitlines() if line.startswith("## ")] == ["## world size 2", "## world size 4"]
+    assert "world size 4 (gloo" in text.split("## world size 4\n\n", 1)[1]
+    assert (tmp_path / "out.md").read_text() == text
+    by_size = json.loads((tmp_path / "sizes.json").read_text())["results_by_world_size"]
+    assert sorted(by_size) == ["2", "4"] and len(by_size["4"][0]["ranks"]) == 4
+
+    assert benchmark_zero.main(common + ["--world-size", "3", "--json", str(tmp_path / "one.json")]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Machine: ") and "## " not in text  # the output it had before --world-sizes
+    assert len(json.loads((tmp_path / "one.json").read_text())["results"][0]["ranks"]) == 3
