@@ -406,8 +406,9 @@ def report(args, results: list[dict]) -> str:
 def first_step_growth_table(ok: list[dict]) -> list[str]:
     lines = ["", "Peak RSS growth per phase of the first step (MB over the RSS after process-group init, "
              "max over ranks; MB = 2^20 bytes, as in the RSS columns above). Each figure is the high-water "
-             "mark at the end of: model+optimizer setup (build), then the first warmup step's forward, "
-             "backward and optimizer step; a running maximum, so it never falls from left to right:", "",
+             "mark at the end of: model+optimizer setup (build), then the first step's forward, "
+             "backward and optimizer step (a warmup step unless --warmup-steps 0); a running maximum, so it "
+             "never falls from left to right:", "",
              "| system | stage | " + " | ".join(FIRST_STEP_POINTS) + " |",
              "|---|---|" + "---:|" * len(FIRST_STEP_POINTS)]
     for r in ok:
