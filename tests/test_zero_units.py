@@ -93,13 +93,14 @@ def wrap(model: GPTModel, stage: int, dtype=torch.float32, loss_scaler=None, **o
                          loss_scaler=loss_scaler)
 
 
-def train_reference(model: nn.Module, batches, lrs) -> tuple[list[float], list[float]]:
-    """Plain AdamW, weight decay only for matrices, global-norm clipping: (losses, pre-clip norms)."""
+def train_reference(model: nn.Module, batches, lrs, kernel: str = "fused") -> tuple[list[float], list[float]]:
+    """Plain AdamW, weight decay only for matrices, global-norm clipping: (losses, pre-clip norms).
+    `kernel` is torch's AdamW implementation: "fused" (what our sharded AdamW runs) or "foreach"."""
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": OPTIMIZER.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=OPTIMIZER.lr, betas=(OPTIMIZER.adam_beta1, OPTIMIZER.adam_beta2),
-                                  eps=OPTIMIZER.adam_eps, foreach=True)
+                                  eps=OPTIMIZER.adam_eps, **{kernel: True})
     losses, norms = [], []
     for tokens, lr in zip(batches, lrs):
         for group in optimizer.param_groups:
