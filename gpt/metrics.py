@@ -57,10 +57,24 @@ def peak_memory_bytes(device: torch.device) -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
 
 
+def current_rss_bytes() -> int:
+    """This process's resident memory now (Linux /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 class MemoryCheck:
     """After iteration 1, one line: the peak the planner predicted for this rank (zero/dry_run.py)
     beside the peak measured: CUDA's max_memory_allocated, or on a CPU the growth of the process's
-    peak RSS since the model was built (which also holds the data loader and the allocator's slack)."""
+    peak RSS over its peak before the model was built (the process baseline: Python, torch, the
+    tokenizer; named in the line, in neither figure). The growth also holds the data loader and the
+    allocator's slack, which the planner does not model."""
 
     def __init__(self, predicted_bytes: Optional[int], device: torch.device, note: str = "") -> None:
         self.predicted_bytes, self.device, self.note = predicted_bytes, device, note
@@ -69,15 +83,18 @@ class MemoryCheck:
     def measured(self) -> tuple[int, str]:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device), "CUDA max_memory_allocated"
-        return peak_memory_bytes(self.device) - self.baseline, "peak RSS growth since the model was built"
+        return peak_memory_bytes(self.device) - self.baseline, "peak RSS growth over the process baseline"
 
     def line(self, iteration: int) -> str:
         measured, how = self.measured()
         if self.predicted_bytes is None:
             return f" memory after iteration {iteration}: {measured / 2**20:.1f} MiB ({how}); no prediction ({self.note})"
         ratio = measured / self.predicted_bytes if self.predicted_bytes else float("nan")
-        return (f" memory after iteration {iteration}: predicted peak {self.predicted_bytes / 2**20:.1f} MiB "
+        line = (f" memory after iteration {iteration}: predicted peak {self.predicted_bytes / 2**20:.1f} MiB "
                 f"(zero.plan), measured {measured / 2**20:.1f} MiB ({how}), measured/predicted {ratio:.2f}")
+        if self.device.type != "cuda":
+            line += f"; process baseline before the build {self.baseline / 2**20:.1f} MiB (not in either)"
+        return line
 
 
 def format_console_line(record: dict[str, Any], train_iters: int) -> str:

@@ -267,6 +267,16 @@ class DryRunCommunicator(Communicator):
     def __init__(self, rank: int = 0) -> None:
         super().__init__()
         self.rank = rank
+        # gloo (the CPU transport) copies the whole of a reduce-scatter's input and of an
+        # all-gather's output while the collective runs (measured: +1.0x, fp32 and bf16); NCCL works
+        # in place. The planner adds the largest such copy, one at a time (a group runs its
+        # collectives one after another).
+        self.largest_transport_copy = 0
+
+    def take_largest_transport_copy(self) -> int:
+        """Bytes of the largest reduce-scatter input or all-gather output since the last call."""
+        largest, self.largest_transport_copy = self.largest_transport_copy, 0
+        return largest
 
     @staticmethod
     def _done(async_op: bool):
@@ -276,9 +286,11 @@ class DryRunCommunicator(Communicator):
         return self._done(async_op)
 
     def _transport_reduce_scatter(self, output, input, op, group, async_op):
+        self.largest_transport_copy = max(self.largest_transport_copy, _num_bytes(input))
         return self._done(async_op)
 
     def _transport_all_gather(self, output, input, group, async_op):
+        self.largest_transport_copy = max(self.largest_transport_copy, _num_bytes(output))
         return self._done(async_op)
 
     def _transport_broadcast(self, tensor, src, group, async_op):

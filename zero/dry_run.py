@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from data.progress import ProgressLines
 from gpt.config import ConfigError, PretrainConfig
-from gpt.metrics import flops_per_iteration, parameter_count
+from gpt.metrics import current_rss_bytes, flops_per_iteration, parameter_count
 from gpt.model import GPTModel
 from gpt.run_plan import RunPlan, resolve_plan
 from parallel.state import virtual_state
@@ -85,6 +85,9 @@ class RankPlan:
     logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
     loss_softmax_bytes: int              # the fp32 softmax the vocab-parallel loss keeps for backward
     gradient_working_bytes: int          # estimate: the logits gradient and a few activation gradients
+    step_working_bytes: int              # what the optimizer step allocates at its peak (ShardedAdamW)
+    transport_copy_bytes: dict[str, int]  # gloo's copy of the largest collective: {"passes", "step"}
+    process_baseline_bytes: int          # CPU: this process's RSS at the start of the plan (not in total)
     comm_bytes: dict[str, dict[str, int]]  # per group and kind, one iteration (as in metrics.jsonl)
     flops_per_iteration: float
     flops_per_gpu: float
@@ -198,6 +201,9 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     """Plan rank `rank` of a run of `config` on `cluster` (see the module docstring). `progress`, if
     given, receives a line now and then while a long dry run works."""
     check_plannable(config)
+    # On CPU a rank's process holds Python, torch and our modules before it builds anything; the
+    # planner's own process has the same, so its RSS now stands in for that baseline.
+    baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0
     tp = config.training.tensor_model_parallel_size
     state = virtual_state(cluster.world_size, tp, rank, META)
     plan = resolve_plan(config, vocab_size, tp, state.data_parallel_size, cluster.device_type)
@@ -212,9 +218,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     probe = _BlockSavedProbe(model.blocks, monitor, ticker)
     try:
         with _AttentionKernelOf(cluster.device_type):
-            _one_iteration(model, zero, plan, state, monitor, probe)
+            copies = _one_iteration(model, zero, plan, state, monitor, probe)
     finally:
         probe.remove()
+    if cluster.device_type != "cpu":
+        copies = {"passes": 0, "step": 0}  # NCCL reduces and gathers in place
     meter = monitor.finish_measurement()
     optimizer = zero.optimizer
 
@@ -241,17 +249,25 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         block_saved_bytes=dict(probe.peak),
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4,
         gradient_working_bytes=logits + 4 * hidden_bytes,
+        step_working_bytes=optimizer.step_working_bytes(), transport_copy_bytes=copies,
+        process_baseline_bytes=baseline,
         comm_bytes=state.comm.stats.snapshot(),
         flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
                                                 activation_recompute=config.activations.checkpoint_activations,
                                                 padded_vocab_size=plan.padded_vocab_size),
         flops_per_gpu=0.0)
     result.flops_per_gpu = result.flops_per_iteration / cluster.world_size
-    # The peak: model states and buffers always; the most parameters stage 3 gathers at once; the
-    # most activations saved at once (checkpoints, a recomputed group, the loss's softmax); and,
-    # transient at the loss, the logits and the gradients flowing back.
-    result.total_bytes = (held["total"] + result.buffer_bytes + result.stage3_live_chunk_bytes
-                          + meter.peak["device"] + logits + result.gradient_working_bytes)
+    # The peak: model states and buffers always, and on top the larger of two working sets that are
+    # never alive together. In forward and backward: the most parameters stage 3 gathers at once, the
+    # most activations saved at once (checkpoints, a recomputed group, the loss's softmax) and,
+    # transient at the loss, the logits and the gradients flowing back. In the step, after backward
+    # freed all of that: what the step allocates (the gradient partition or publishing's copies;
+    # AdamW's fused kernel nothing). On CPU each adds gloo's copy of its largest collective (counted
+    # on top of the rest: an upper bound where the largest collective runs after activations are freed).
+    passes = (result.stage3_live_chunk_bytes + meter.peak["device"] + logits + result.gradient_working_bytes
+              + copies["passes"])
+    step = result.step_working_bytes + copies["step"]
+    result.total_bytes = held["total"] + result.buffer_bytes + max(passes, step)
     if checkpointing is not None and config.activations.contiguous_checkpointing and \
             config.activations.cpu_checkpointing:
         result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")
@@ -267,9 +283,11 @@ def _buffer_bytes(checkpointing) -> int:
     return checkpointing.buffer.numel() * checkpointing.buffer.element_size()
 
 
-def _one_iteration(model, zero, plan: RunPlan, state, monitor: ActivationMonitor, probe: _BlockSavedProbe) -> None:
+def _one_iteration(model, zero, plan: RunPlan, state, monitor: ActivationMonitor, probe: _BlockSavedProbe
+                   ) -> dict[str, int]:
     """gpt.training.train's first iteration, collective for collective: micro-batches with their
-    backward and gradient sync, the step's norm and publish, the loss averaged over DP."""
+    backward and gradient sync, the step's norm and publish, the loss averaged over DP. Returns the
+    largest collective of the passes and of the step, in bytes (what gloo copies)."""
     config = plan.config
     reducer, optimizer = zero.reducer, zero.optimizer
     reducer.zero_grad()
@@ -303,8 +321,10 @@ def _one_iteration(model, zero, plan: RunPlan, state, monitor: ActivationMonitor
     for group, kinds in repeated.items():
         for kind, num_bytes in kinds.items():
             state.comm.stats.add(group, kind, num_bytes * (steps - len(simulated)))
+    passes_copy = state.comm.take_largest_transport_copy()
     # ShardedAdamW.step's collectives (its arithmetic needs values a meta tensor does not have).
     optimizer.grad_norm_squared(optimizer.gradients.partition_gradients())
     optimizer.publish_parameters()
     loss_sum = torch.zeros((), device=META)
     state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")  # the loop's average_over_data_parallel
+    return {"passes": passes_copy, "step": state.comm.take_largest_transport_copy()}

@@ -187,6 +187,10 @@ class GradientReducer(ABC):
         unscale and clip in place: a new tensor, or the reducer's own fp32 partition."""
 
     @abstractmethod
+    def partition_working_bytes(self) -> int:
+        """Bytes `partition_gradients` allocates (0 when it hands over the reducer's own tensor)."""
+
+    @abstractmethod
     def zero_grad(self) -> None:
         """Start a new accumulation."""
 
@@ -233,6 +237,11 @@ class FullGradients(GradientReducer):
         owned = bucket[lo:hi]
         finish = (lambda: owned.copy_(shard)) if owned.data_ptr() != shard.data_ptr() else None
         return _PendingReduction(work, finish, self._release_all(released))
+
+    def partition_working_bytes(self) -> int:
+        # This rank's shards lie apart in the full buffer (one per unit) and the step needs them
+        # contiguous, in partition coordinates: one fp32 partition.
+        return self.layout.partition_numel * 4
 
     def partition_gradients(self) -> torch.Tensor:
         grads = torch.empty(self.layout.partition_numel, dtype=torch.float32, device=self.device)
@@ -296,6 +305,9 @@ class PartitionedGradients(GradientReducer):
         # step's peak): the step unscales and clips it in place, and zero_grad clears it before the next
         # accumulation, so nothing reads the reduced values after the step.
         return self.partition if self.partition.dtype == torch.float32 else self.partition.to(torch.float32)
+
+    def partition_working_bytes(self) -> int:
+        return 0 if self.partition.dtype == torch.float32 else self.layout.partition_numel * 4
 
     def gradient_tensors(self) -> list[torch.Tensor]:
         slots = [slot for unit in self.layout.units for slot in unit.slots]

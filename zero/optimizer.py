@@ -8,8 +8,9 @@ with one part (stage 0), 1/N of it with N parts (stages 1-3). The step never ask
        TP group (TP-replicated elements counted on TP rank 0 only) and over the group the partition
        is cut across (none with one part);
     3. with fp16 loss scaling, an overflow (the norm every rank agrees on is not finite) skips the step;
-    4. clip by the norm, update the master partition with AdamW (PyTorch's fused kernel on CUDA, or
-       apex's FusedAdam when the real apex is installed; its foreach kernel on CPU);
+    4. clip by the norm, update the master partition with AdamW (PyTorch's fused kernel, on CUDA and
+       CPU alike, or apex's FusedAdam on CUDA when the real apex is installed): in place, so the step
+       allocates nothing the size of the partition;
     5. publish: the parameter storage makes the 16-bit parameters equal the new master weights.
 
 AdamW sees the master partition as a handful of segment views (one run of one kind each), split into a
@@ -50,13 +51,14 @@ def apex_fused_adam():
 
 def build_adamw(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
     """AdamW with the fastest kernel available: apex FusedAdam on CUDA when the real apex is
-    installed, else PyTorch's fused kernel on CUDA and its foreach kernel on CPU."""
+    installed, else PyTorch's fused kernel (CUDA and CPU)."""
     betas = (config.adam_beta1, config.adam_beta2)
     fused_adam = apex_fused_adam() if device.type == "cuda" else None
     if fused_adam is not None:
         return fused_adam(param_groups, lr=config.lr, betas=betas, eps=config.adam_eps, adam_w_mode=True)
-    kernel = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(param_groups, lr=config.lr, betas=betas, eps=config.adam_eps, **kernel)
+    # The fused kernel updates each element in one pass; the foreach kernel would allocate
+    # temporaries the size of the partition during the step (on CPU, +1x the fp32 partition).
+    return torch.optim.AdamW(param_groups, lr=config.lr, betas=betas, eps=config.adam_eps, fused=True)
 
 
 class ShardedAdamW:
@@ -149,6 +151,15 @@ class ShardedAdamW:
         self.publish_parameters()
         self.loss_scaler.update(overflow=False)
         return StepResult(norm, skipped=False, loss_scale=scale)
+
+    def step_working_bytes(self) -> int:
+        """What the step allocates on top of the model states at its peak: the fp32 gradient
+        partition where the reducer cannot hand over its own (stages 0-1), and then publishing's
+        copies (zero.param_storage); nothing for AdamW, whose fused kernel updates in place (the
+        foreach kernel would hold +1x the fp32 partition). Unscaling and clipping scale the gradient
+        partition in place; the norm is a handful of scalars. The gradient partition is dropped before
+        publishing, so the two are never alive together."""
+        return max(self.gradients.partition_working_bytes(), self.parameters.publish_working_bytes())
 
     def publish_parameters(self) -> None:
         """Make the 16-bit parameters reflect the master weights (after a step, or after a checkpoint

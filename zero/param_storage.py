@@ -85,6 +85,11 @@ class ParameterStorage(ABC):
         """A context in which `unit`'s parameters hold their full values."""
         return contextlib.nullcontext()
 
+    def publish_working_bytes(self) -> int:
+        """The most bytes `publish` allocates at once on top of the model states (the planner's
+        "step temporaries"); zero where it writes in place."""
+        return 0
+
     def _fill_master(self, master: torch.Tensor, unit: Unit, slot, begin: int, values: torch.Tensor) -> None:
         """Copy the part of `values` (slot elements [begin, begin + len)) that lies in this rank's shard."""
         lo, hi = unit.shard_bounds(self.layout.part)
@@ -188,6 +193,24 @@ class ReplicatedParameters(ParameterStorage):
                 works, inputs, in_flight = [], [], 0
         for work in works:
             work.wait()
+
+    def publish_working_bytes(self) -> int:
+        """`publish`'s copies of this rank's pieces in the parameter dtype, alive until their gathers
+        finish: a bucket's worth at a time, or every piece with overlap (waited for by the next
+        forward). fp32 parameters send the master's own pieces: nothing is copied."""
+        if self.dtype == torch.float32:
+            return 0
+        element = torch.finfo(self.dtype).bits // 8
+        if self.overlap:
+            return sum(unit.shard_numel for unit in self.layout.units) * element
+        most = held = in_flight = 0
+        for unit in self.layout.units:  # publish's own bucketing, counted instead of sent
+            held += unit.shard_numel
+            in_flight += unit.numel
+            most = max(most, held)
+            if in_flight >= self.allgather_bucket_numel:
+                held = in_flight = 0
+        return most * element
 
     def tensors(self) -> list[torch.Tensor]:
         return [slot.param.data for unit in self.layout.units for slot in unit.slots] + [self.flat]

@@ -119,10 +119,18 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              ("  one block's saved tensors in forward", plan.block_saved_bytes["forward"]),
              ("  one block's saved tensors in backward (recompute)", plan.block_saved_bytes["backward"]),
              ("logits of one micro-batch (transient)", plan.logits_bytes),
-             ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes)]
+             ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes),
+             ("optimizer step's temporaries (fused AdamW: none; publishing's copies)", plan.step_working_bytes)]
+    if any(plan.transport_copy_bytes.values()):
+        rows += [("gloo's copy of the largest collective, in the passes", plan.transport_copy_bytes["passes"]),
+                 ("gloo's copy of the largest collective, in the step", plan.transport_copy_bytes["step"])]
     width = max(len(name) for name, _ in rows) + 2
     lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]
-    lines.append(f"  {'total':<{width}} {format_bytes(plan.total_bytes):>12}")
+    lines.append(f"  {'total (states + buffers + the larger of the passes and the step)':<{width}} "
+                 f"{format_bytes(plan.total_bytes):>12}")
+    if plan.process_baseline_bytes:
+        lines.append(f"  {'process baseline, not in the total (this planner process: Python, torch)':<{width}} "
+                     f"{format_bytes(plan.process_baseline_bytes):>12}")
     if plan.saved_activation_bytes["host"]:
         lines.append(f"  {'host memory: activation checkpoints (P_a+cpu)':<{width}} "
                      f"{format_bytes(plan.saved_activation_bytes['host']):>12}")
