@@ -85,13 +85,23 @@ class MemoryCheck:
             return torch.cuda.max_memory_allocated(self.device), "CUDA max_memory_allocated"
         return peak_memory_bytes(self.device) - self.baseline, "peak RSS growth over the process baseline"
 
-    def line(self, iteration: int) -> str:
+    def figures(self) -> tuple[int, Optional[int]]:
+        """(measured, predicted) bytes of this rank, for the first rank to report every rank's."""
+        return self.measured()[0], self.predicted_bytes
+
+    def line(self, iteration: int, ranks: Optional[list[tuple[int, Optional[int]]]] = None) -> str:
+        """This rank's figures and, given every rank's `figures()`, their range over the ranks."""
         measured, how = self.measured()
         if self.predicted_bytes is None:
             return f" memory after iteration {iteration}: {measured / 2**20:.1f} MiB ({how}); no prediction ({self.note})"
         ratio = measured / self.predicted_bytes if self.predicted_bytes else float("nan")
         line = (f" memory after iteration {iteration}: predicted peak {self.predicted_bytes / 2**20:.1f} MiB "
                 f"(zero.plan), measured {measured / 2**20:.1f} MiB ({how}), measured/predicted {ratio:.2f}")
+        ratios = [m / p for m, p in ranks or [] if p]
+        if len(ratios) > 1:
+            mib = [m / 2**20 for m, _ in ranks]
+            line += (f"; over all {len(ratios)} ranks measured {min(mib):.1f}-{max(mib):.1f} MiB, "
+                     f"measured/predicted {min(ratios):.2f}-{max(ratios):.2f}")
         if self.device.type != "cuda":
             line += f"; process baseline before the build {self.baseline / 2**20:.1f} MiB (not in either)"
         return line

@@ -244,8 +244,12 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
         meter = activations.finish_measurement() if measure else None
         if meter is not None:
             report_memory(optimizer, plan, state, writer, iteration, meter)
-        if memory_check is not None and iteration == start_iteration + 1 and state.is_first_rank:
-            print(memory_check.line(iteration), flush=True)
+        if memory_check is not None and iteration == start_iteration + 1:
+            # Every rank's figures (ranks differ: the last one holds the padding, stage 0 the whole model),
+            # one control message once per run.
+            figures = state.comm.all_gather_object(memory_check.figures())
+            if state.is_first_rank:
+                print(memory_check.line(iteration, figures), flush=True)
 
         last = iteration == training.train_iters
         if make_valid_loader is not None and eval_micro_batches > 0 and (

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from gpt.arguments import parse_config
+from gpt.metrics import MemoryCheck
 from tests.test_zero_units import LRS, make_model, token_batches, train_reference, train_zero, wrap
 from zero import host_memory
 from zero.dry_run import Cluster, dry_run
@@ -96,7 +97,8 @@ def plan(stage: int, *extra: str, device_type: str = "cpu"):
 
 
 def test_stage_1_step_holds_one_fp32_partition_and_stage_2_none():
-    stage1, stage2 = plan(1), plan(2)
+    # planned for GPUs, where NCCL gathers in place: the step's own temporaries only
+    stage1, stage2 = plan(1, device_type="cuda"), plan(2, device_type="cuda")
     partition = -(-stage1.parameters_local // 2)  # fp32 master elements of this rank, before alignment
     assert stage1.step_working_bytes >= 4 * partition
     assert stage1.step_working_bytes == stage1.model_state_bytes["master_weights"]  # one more fp32 partition
@@ -106,11 +108,12 @@ def test_stage_1_step_holds_one_fp32_partition_and_stage_2_none():
 def test_publishing_16_bit_parameters_counts_its_copies():
     # bf16 stage 2 with the gathers overlapped: every piece's bf16 copy waits for the next forward
     # (the fp32 gradient partition is the reducer's own, so these are the step's only temporaries).
-    overlapped = plan(2, "--bf16", "--overlap-param-gather")
+    overlapped = plan(2, "--bf16", "--overlap-param-gather", device_type="cuda")
     assert overlapped.step_working_bytes == overlapped.model_state_bytes["master_weights"] // 2
-    bucketed = plan(2, "--bf16", "--allgather-bucket-size", "50000", "--reduce-bucket-size", "50000")  # ~1 block
+    bucketed = plan(2, "--bf16", "--allgather-bucket-size", "50000", "--reduce-bucket-size", "50000",
+                    device_type="cuda")  # about one block per bucket
     assert 0 < bucketed.step_working_bytes < overlapped.step_working_bytes  # a bucket at a time
-    assert plan(2).step_working_bytes == 0  # fp32 parameters: the master's own pieces are sent
+    assert plan(2, device_type="cuda").step_working_bytes == 0  # fp32: the master's own pieces are sent
 
 
 def test_gloo_copies_the_largest_collective_and_nccl_does_not():
@@ -119,3 +122,18 @@ def test_gloo_copies_the_largest_collective_and_nccl_does_not():
     assert on_cpu.transport_copy_bytes["passes"] > 0 and on_cpu.transport_copy_bytes["step"] > 0
     assert on_gpu.transport_copy_bytes == {"passes": 0, "step": 0}
     assert on_cpu.total_bytes > on_gpu.total_bytes
+    # the step's copy is its largest gather's, on top of publishing's own
+    assert on_cpu.step_working_bytes >= on_cpu.transport_copy_bytes["step"] > on_gpu.step_working_bytes
+
+
+def test_the_tied_embedding_gradient_counts_twice():
+    planned = plan(3, device_type="cuda")
+    assert planned.parameter_gradient_bytes == 2 * 1024 * 64 * 4  # vocab 1000 padded to 1024, hidden 64, fp32
+
+
+def test_the_memory_line_reports_every_rank():
+    check = MemoryCheck(100 * 2**20, torch.device("cpu"))
+    line = check.line(1, [(90 * 2**20, 100 * 2**20), (110 * 2**20, 100 * 2**20)])
+    assert "over all 2 ranks measured 90.0-110.0 MiB, measured/predicted 0.90-1.10" in line
+    assert "process baseline before the build" in line
+    assert "over all" not in check.line(1, [(90 * 2**20, 100 * 2**20)])  # one rank: its own figures only

@@ -85,7 +85,8 @@ class RankPlan:
     logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
     loss_softmax_bytes: int              # the fp32 softmax the vocab-parallel loss keeps for backward
     gradient_working_bytes: int          # estimate: the logits gradient and a few activation gradients
-    step_working_bytes: int              # what the optimizer step allocates at its peak (ShardedAdamW)
+    step_working_bytes: int              # what the optimizer step allocates at its peak, copies included
+    parameter_gradient_bytes: int        # the largest gradient autograd hands the reducer (tied: summed)
     transport_copy_bytes: dict[str, int]  # gloo's copy of the largest collective: {"passes", "step"}
     process_baseline_bytes: int          # CPU: this process's RSS at the start of the plan (not in total)
     comm_bytes: dict[str, dict[str, int]]  # per group and kind, one iteration (as in metrics.jsonl)
@@ -249,7 +250,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         block_saved_bytes=dict(probe.peak),
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4,
         gradient_working_bytes=logits + 4 * hidden_bytes,
-        step_working_bytes=optimizer.step_working_bytes(), transport_copy_bytes=copies,
+        step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
+        parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
         process_baseline_bytes=baseline,
         comm_bytes=state.comm.stats.snapshot(),
         flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
@@ -260,14 +262,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # The peak: model states and buffers always, and on top the larger of two working sets that are
     # never alive together. In forward and backward: the most parameters stage 3 gathers at once, the
     # most activations saved at once (checkpoints, a recomputed group, the loss's softmax) and,
-    # transient at the loss, the logits and the gradients flowing back. In the step, after backward
-    # freed all of that: what the step allocates (the gradient partition or publishing's copies;
-    # AdamW's fused kernel nothing). On CPU each adds gloo's copy of its largest collective (counted
-    # on top of the rest: an upper bound where the largest collective runs after activations are freed).
+    # transient at the loss, the logits and the gradients flowing back, parameter gradients before
+    # the reducer takes them, and on CPU gloo's copy of the largest collective (all counted together:
+    # an upper bound, since the largest ones come at the end of backward when activations are freed).
+    # In the step, after backward freed all of that: what the step allocates (the gradient partition,
+    # or publishing's copies and gloo's copy of its largest gather; AdamW's fused kernel nothing).
     passes = (result.stage3_live_chunk_bytes + meter.peak["device"] + logits + result.gradient_working_bytes
-              + copies["passes"])
-    step = result.step_working_bytes + copies["step"]
-    result.total_bytes = held["total"] + result.buffer_bytes + max(passes, step)
+              + result.parameter_gradient_bytes + copies["passes"])
+    result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)
     if checkpointing is not None and config.activations.contiguous_checkpointing and \
             config.activations.cpu_checkpointing:
         result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")
@@ -275,6 +277,17 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         result.budget_bytes = cluster.gpu_memory_bytes
         result.headroom_bytes = cluster.gpu_memory_bytes - result.total_bytes
     return result
+
+
+def _parameter_gradient_bytes(model, param_bytes: int) -> int:
+    """The largest gradient autograd materializes for one parameter before the reducer's hook takes
+    it, in the parameter's dtype: the token embedding's, which arrives twice (the embedding lookup and
+    the tied output layer) and is summed while both are alive."""
+    largest = max((p.numel() for p in model.parameters()), default=0)
+    tied = getattr(getattr(model, "word_embeddings", None), "weight", None)
+    if tied is not None and tied.numel() == largest:
+        largest *= 2
+    return largest * param_bytes
 
 
 def _buffer_bytes(checkpointing) -> int:

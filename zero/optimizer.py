@@ -152,14 +152,16 @@ class ShardedAdamW:
         self.loss_scaler.update(overflow=False)
         return StepResult(norm, skipped=False, loss_scale=scale)
 
-    def step_working_bytes(self) -> int:
+    def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
         """What the step allocates on top of the model states at its peak: the fp32 gradient
         partition where the reducer cannot hand over its own (stages 0-1), and then publishing's
-        copies (zero.param_storage); nothing for AdamW, whose fused kernel updates in place (the
-        foreach kernel would hold +1x the fp32 partition). Unscaling and clipping scale the gradient
-        partition in place; the norm is a handful of scalars. The gradient partition is dropped before
-        publishing, so the two are never alive together."""
-        return max(self.gradients.partition_working_bytes(), self.parameters.publish_working_bytes())
+        copies (zero.param_storage) plus what the transport copies of its largest gather
+        (`gather_copy_bytes`: gloo's, on CPU); nothing for AdamW, whose fused kernel updates in place
+        (the foreach kernel would hold +1x the fp32 partition). Unscaling and clipping scale the
+        gradient partition in place; the norm is a handful of scalars. The gradient partition is
+        dropped before publishing, so the two are never alive together."""
+        publishing = self.parameters.publish_working_bytes() + gather_copy_bytes
+        return max(self.gradients.partition_working_bytes(), publishing)
 
     def publish_parameters(self) -> None:
         """Make the 16-bit parameters reflect the master weights (after a step, or after a checkpoint

@@ -120,10 +120,11 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              ("  one block's saved tensors in backward (recompute)", plan.block_saved_bytes["backward"]),
              ("logits of one micro-batch (transient)", plan.logits_bytes),
              ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes),
-             ("optimizer step's temporaries (fused AdamW: none; publishing's copies)", plan.step_working_bytes)]
+             ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes)]
     if any(plan.transport_copy_bytes.values()):
-        rows += [("gloo's copy of the largest collective, in the passes", plan.transport_copy_bytes["passes"]),
-                 ("gloo's copy of the largest collective, in the step", plan.transport_copy_bytes["step"])]
+        rows.append(("gloo's copy of the passes' largest collective", plan.transport_copy_bytes["passes"]))
+    rows.append(("optimizer step's temporaries (fused AdamW: none; gradient partition or publishing"
+                 + (", gloo's copy" if plan.transport_copy_bytes["step"] else "") + ")", plan.step_working_bytes))
     width = max(len(name) for name, _ in rows) + 2
     lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]
     lines.append(f"  {'total (states + buffers + the larger of the passes and the step)':<{width}} "
