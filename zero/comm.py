@@ -90,6 +90,55 @@ class CompletedWork:
         return True
 
 
+# gloo (the CPU transport) copies the whole buffer of a reduce-scatter (its input) or an all-gather (its
+# output) while the collective runs (measured: +1.0x, fp32 and bf16); NCCL works in place. On gloo a
+# larger reduce-scatter is sent in pieces of at most this many bytes of the whole, through the list
+# form over views of our buffer (no copy of ours), so gloo's copy is at most one piece: without
+# pieces the stage-2 reduce bucket of the 307M model (the whole model, 1.35 GB in fp32) was copied
+# whole. The sums are the same in fp32; in bf16 gloo's two forms round in different orders (neither
+# is the correctly rounded sum; measured, the list form is off in slightly fewer elements).
+GLOO_PIECE_BYTES = 16 * 2**20
+
+
+def gloo_copy_bytes(full_bytes: int) -> int:
+    """At most what gloo copies for a reduce-scatter of `full_bytes` (the planner's)."""
+    return min(full_bytes, GLOO_PIECE_BYTES)
+
+
+class _PieceWork:
+    """The work handle of a collective sent in pieces: waits for every piece."""
+
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self, timeout=None) -> bool:
+        for work in self.works:
+            work.wait() if timeout is None else work.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+def _in_pieces(group, whole: torch.Tensor, shard: torch.Tensor) -> Optional[list[tuple[int, int]]]:
+    """Bounds [lo, hi) of the shard's pieces when this collective on `group` should go in pieces:
+    gloo, 1-D contiguous buffers (ours), larger than a piece; else None (one call)."""
+    if _num_bytes(whole) <= GLOO_PIECE_BYTES or whole.dim() != 1 or shard.dim() != 1:
+        return None
+    if not (whole.is_contiguous() and shard.is_contiguous()) or dist.get_backend(group) != "gloo":
+        return None
+    step = max(1, GLOO_PIECE_BYTES // (group_size(group) * whole.element_size()))
+    return [(lo, min(lo + step, shard.numel())) for lo in range(0, shard.numel(), step)]
+
+
+def _pieces_done(works: list, async_op: bool):
+    work = _PieceWork(works)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
 class VirtualGroup:
     """A process group that is only its size: one rank's TP or DP group in a planned (dry) run."""
 
@@ -207,9 +256,16 @@ class Communicator:
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
     def _transport_reduce_scatter(self, output, input, op, group, async_op):
-        return _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+        pieces = _in_pieces(group, input, output)
+        if pieces is None:
+            return _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+        chunks = input.view(group_size(group), output.numel())  # rank r's chunk is row r
+        return _pieces_done([dist.reduce_scatter(output[lo:hi], list(chunks[:, lo:hi].unbind(0)), op=op, group=group,
+                                                 async_op=True) for lo, hi in pieces], async_op)
 
     def _transport_all_gather(self, output, input, group, async_op):
+        # Not in pieces: gloo's list form of all_gather held more, not less (one rank +180 MiB on the
+        # 4-rank stage-3 run), so an all-gather's copy stays its whole output.
         return _all_gather_single(output, input, group=group, async_op=async_op)
 
     def _transport_broadcast(self, tensor, src, group, async_op):
@@ -267,10 +323,8 @@ class DryRunCommunicator(Communicator):
     def __init__(self, rank: int = 0) -> None:
         super().__init__()
         self.rank = rank
-        # gloo (the CPU transport) copies the whole of a reduce-scatter's input and of an
-        # all-gather's output while the collective runs (measured: +1.0x, fp32 and bf16); NCCL works
-        # in place. The planner adds the largest such copy, one at a time (a group runs its
-        # collectives one after another).
+        # What gloo copies of the largest reduce-scatter or all-gather (GLOO_PIECE_BYTES at most):
+        # the planner adds it once, since a group runs its collectives one after another.
         self.largest_transport_copy = 0
 
     def take_largest_transport_copy(self) -> int:
@@ -286,7 +340,7 @@ class DryRunCommunicator(Communicator):
         return self._done(async_op)
 
     def _transport_reduce_scatter(self, output, input, op, group, async_op):
-        self.largest_transport_copy = max(self.largest_transport_copy, _num_bytes(input))
+        self.largest_transport_copy = max(self.largest_transport_copy, gloo_copy_bytes(_num_bytes(input)))
         return self._done(async_op)
 
     def _transport_all_gather(self, output, input, group, async_op):
