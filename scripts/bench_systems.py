@@ -48,8 +48,13 @@ def model_config(spec: dict):
 
 
 def build_model(spec: dict, state):
-    from gpt.model import build_gpt_model
+    """The peers take a materialized model (each system's usual entry point); ours takes it on the meta
+    device, as pretrain_gpt.py does, and materializes only what each rank owns (apply_zero). The
+    values are the same: a pure function of (seed, parameter name, element index)."""
+    from gpt.model import GPTModel, build_gpt_model
 
+    if spec["system"] == "ours":
+        return GPTModel(model_config(spec), state)
     return build_gpt_model(model_config(spec), state, seed=spec["seed"])
 
 
