@@ -100,8 +100,8 @@ class MemoryCheck:
         ratios = [m / p for m, p in ranks or [] if p]
         if len(ratios) > 1:
             mib = [m / 2**20 for m, _ in ranks]
-            line += (f"; over all {len(ratios)} ranks measured {min(mib):.1f}-{max(mib):.1f} MiB, "
-                     f"measured/predicted {min(ratios):.2f}-{max(ratios):.2f}")
+            line += (f"; over all {len(ratios)} ranks measured {min(mib):.1f}-{max(mib):.1f} MiB (most on rank "
+                     f"{mib.index(max(mib))}), measured/predicted {min(ratios):.2f}-{max(ratios):.2f}")
         if self.device.type != "cuda":
             line += f"; process baseline before the build {self.baseline / 2**20:.1f} MiB (not in either)"
         return line

@@ -7,7 +7,8 @@
 
 Both models have the same shape (the preset's layers, hidden size and heads at --seq-length, GPT-2's
 50257-token vocabulary, which ours pads to 50304), start from the same seed, train on the same
-random token batches in fp32 with dropout 0, one AdamW step per iteration (torch's foreach kernels):
+random token batches in fp32 with dropout 0, one AdamW step per iteration (ours: torch's fused kernel,
+as training runs it; hf: torch's foreach kernel on CPU, fused on CUDA):
 
     ours  GPTModel under ZeroOptimizer stage 0 on one rank, the path pretrain_gpt.py trains with:
           flat parameter and gradient buffers, fp32 master weights, gradient clipping at 1.0
