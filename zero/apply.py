@@ -32,6 +32,7 @@ from torch import nn
 from parallel.init import ParameterInitializer
 from zero.flat_buffer import DEFAULT_ALIGNMENT, FlatLayout, bucket_params, unique_trainable_parameters
 from zero.grad_reducer import FullGradients, GradientReducer, PartitionedGradients
+from zero.host_memory import return_freed_blocks_to_system
 from zero.loss_scaler import LossScaler, build_loss_scaler
 from zero.optimizer import PRECISION_DTYPES, ShardedAdamW
 from zero.param_storage import (InitializerSource, ParameterStorage, ReplicatedParameters, ShardedParameters,
@@ -98,6 +99,9 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     else:
         storage = ReplicatedParameters(layout, param_dtype, device, state.comm, partition_group,
                                        zero_config.allgather_bucket_size, zero_config.overlap_param_gather)
+    if device.type == "cpu":  # else glibc's heap keeps the large blocks every iteration frees
+        weights = [p.numel() * torch.finfo(param_dtype).bits // 8 for p in params if p.dim() >= 2]
+        return_freed_blocks_to_system(min(weights, default=0))
     master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=device)  # padding stays 0
     if device.type != "meta":  # a planner's rank (zero.plan) has shapes only: nothing to fill
         storage.fill(source, master)

@@ -98,11 +98,12 @@ class CompletedWork:
 # whole. The sums are the same in fp32; in bf16 gloo's two forms round in different orders (neither
 # is the correctly rounded sum; measured, the list form is off in slightly fewer elements).
 GLOO_PIECE_BYTES = 16 * 2**20
+PIECES_IN_FLIGHT = 2
 
 
 def gloo_copy_bytes(full_bytes: int) -> int:
     """At most what gloo copies for a reduce-scatter of `full_bytes` (the planner's)."""
-    return min(full_bytes, GLOO_PIECE_BYTES)
+    return min(full_bytes, PIECES_IN_FLIGHT * GLOO_PIECE_BYTES)
 
 
 class _PieceWork:
@@ -260,8 +261,16 @@ class Communicator:
         if pieces is None:
             return _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
         chunks = input.view(group_size(group), output.numel())  # rank r's chunk is row r
-        return _pieces_done([dist.reduce_scatter(output[lo:hi], list(chunks[:, lo:hi].unbind(0)), op=op, group=group,
-                                                 async_op=True) for lo, hi in pieces], async_op)
+        works = []
+        for lo, hi in pieces:
+            # At most PIECES_IN_FLIGHT queued: gloo makes a piece's copy when it is queued, so a rank
+            # ahead of its peers would otherwise hold every piece's copy at once (measured: one rank
+            # of four +300 MiB on a whole-model stage-1 bucket).
+            if len(works) >= PIECES_IN_FLIGHT:
+                works[-PIECES_IN_FLIGHT].wait()
+            works.append(dist.reduce_scatter(output[lo:hi], list(chunks[:, lo:hi].unbind(0)), op=op, group=group,
+                                             async_op=True))
+        return _pieces_done(works, async_op)
 
     def _transport_all_gather(self, output, input, group, async_op):
         # Not in pieces: gloo's list form of all_gather held more, not less (one rank +180 MiB on the

@@ -40,7 +40,6 @@ import torch
 from torch import nn
 
 from zero.flat_buffer import FlatLayout, Unit, unique_trainable_parameters
-from zero.host_memory import return_freed_blocks_to_system
 
 _RELEASED, _IN_FLIGHT, _READY = "released", "in flight", "ready"
 
@@ -113,10 +112,6 @@ class ParameterGatherer:
             self._state[index] = _READY
             self.live_numel += self.units[index].numel
         self.peak_live_numel = self.live_numel
-        weights = [slot.numel * flat.element_size() for unit, flat in zip(self.units, self.flat)
-                   if unit.index not in self.persistent for slot in unit.slots if len(slot.shape) >= 2]
-        if weights and self.flat[0].device.type == "cpu":
-            return_freed_blocks_to_system(min(weights))  # else the C heap keeps what each block frees
         self._handles = []
         for unit, module in zip(self.units, modules):
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_forward, unit)))
