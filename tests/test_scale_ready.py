@@ -200,14 +200,16 @@ ACCUMULATION_ITERS = 50
 
 @pytest.mark.slow
 def test_bf16_with_fp32_gradients_tracks_fp32_closer_than_bf16_gradients(tmp_path, corpus_cache):  # noqa: F811
-    """DP=4, stage 2, 16 micro-batches per rank, 50 iterations: the bf16 run that accumulates and
-    reduces gradients in fp32 stays closer to the fp32 run than the one with bf16 gradients. Also
-    the traffic: fp32 gradients send 4 bytes per reduce-scattered element, bf16 ones 2.
+    """DP=4, stage 2, 16 micro-batches per rank: the bf16 run that accumulates and reduces gradients in
+    fp32 computes a gradient closer to the fp32 run's than the one with bf16 gradients. Also the
+    traffic: fp32 gradients send 4 bytes per reduce-scattered element, bf16 ones 2.
 
-    Gradient precision shows in the losses once its error adds up: it grows with the micro-batches
-    summed per step and with the step size. At lr 1e-3 and 4 micro-batches both runs stayed 3e-5
-    from fp32 (3.009e-05 and 3.107e-05 measured), below what the bf16 forward itself contributes;
-    at lr 1e-2 and 16 micro-batches the bf16-gradient run drifts measurably further."""
+    Compared on iteration 1's gradient norm: all three runs start from the same weights and data, and
+    the two bf16 runs share their forward, so the gap between them is the gradient precision alone
+    (measured: 4.2e-4 with fp32 gradients, 7.3e-4 with bf16 ones). The loss over 50 iterations at lr
+    1e-2 is printed, not asserted: by then the trajectories' own noise is as large as the effect, and
+    a change of AdamW kernel (foreach to fused, equal to the last bits) swapped the two gaps
+    (3.9e-4 / 4.7e-4 before, 4.7e-4 / 3.9e-4 after)."""
     common = [*COMMON, "--train-iters", str(ACCUMULATION_ITERS), "--data-cache-dir", corpus_cache,
               "--global-batch-size", "64", "--micro-batch-size", "1", "--zero-stage", "2", "--lr", "1e-2", "--min-lr", "1e-3",
               "--reduce-bucket-size", "5e8", "--allgather-bucket-size", "5e8", "--report-memory"]
@@ -222,9 +224,17 @@ def test_bf16_with_fp32_gradients_tracks_fp32_closer_than_bf16_gradients(tmp_pat
     def mean_relative_gap(name):
         return sum(abs(a - b) / b for a, b in zip(losses[name], losses["fp32"])) / ACCUMULATION_ITERS
 
-    fp32_grads, bf16_grads = mean_relative_gap("bf16-fp32-grads"), mean_relative_gap("bf16-bf16-grads")
     print(f"mean relative loss gap to fp32 over {ACCUMULATION_ITERS} iterations: bf16 params + fp32 gradients "
-          f"{fp32_grads:.3e}, bf16 params + bf16 gradients {bf16_grads:.3e}")
+          f"{mean_relative_gap('bf16-fp32-grads'):.3e}, bf16 params + bf16 gradients "
+          f"{mean_relative_gap('bf16-bf16-grads'):.3e}")
+    first_norm = {name: next(r["grad_norm"] for r in rs if "grad_norm" in r) for name, rs in records.items()}
+
+    def first_gradient_gap(name):
+        return abs(first_norm[name] - first_norm["fp32"]) / first_norm["fp32"]
+
+    fp32_grads, bf16_grads = first_gradient_gap("bf16-fp32-grads"), first_gradient_gap("bf16-bf16-grads")
+    print(f"iteration 1 gradient norm, relative gap to fp32: fp32 gradients {fp32_grads:.3e}, bf16 gradients "
+          f"{bf16_grads:.3e}")
     assert fp32_grads < bf16_grads
 
     for name, grad_bytes in (("bf16-fp32-grads", 4), ("bf16-bf16-grads", 2)):
