@@ -100,7 +100,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         storage = ReplicatedParameters(layout, param_dtype, device, state.comm, partition_group,
                                        zero_config.allgather_bucket_size, zero_config.overlap_param_gather)
     if device.type == "cpu":  # else glibc's heap keeps the large blocks every iteration frees
-        weights = [p.numel() * torch.finfo(param_dtype).bits // 8 for p in params if p.dim() >= 2]
+        weights = [p.numel() * param_dtype.itemsize for p in params if p.dim() >= 2]
         return_freed_blocks_to_system(min(weights, default=0))
     master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=device)  # padding stays 0
     if device.type != "meta":  # a planner's rank (zero.plan) has shapes only: nothing to fill

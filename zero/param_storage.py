@@ -181,18 +181,27 @@ class ReplicatedParameters(ParameterStorage):
                 work = self.comm.all_gather(unit.in_buffer(self.flat), owned, self.group, "dp", async_op=True)
                 self._in_flight[unit.index] = (work, owned)
             return
-        works, inputs, in_flight = [], [], 0
+        for bucket in self._gather_buckets():
+            works, inputs = [], []
+            for unit in bucket:
+                owned = unit.in_partition(master).to(self.dtype)  # its own tensor: no collective reads what it writes
+                works.append(self.comm.all_gather(unit.in_buffer(self.flat), owned, self.group, "dp", async_op=True))
+                inputs.append(owned)
+            for work in works:
+                work.wait()
+
+    def _gather_buckets(self) -> Iterator[list[Unit]]:
+        """The units `publish` keeps in flight together: until their gathered elements reach the
+        all-gather bucket size."""
+        bucket, in_flight = [], 0
         for unit in self.layout.units:
-            owned = unit.in_partition(master).to(self.dtype)  # its own tensor: no collective reads what it writes
-            works.append(self.comm.all_gather(unit.in_buffer(self.flat), owned, self.group, "dp", async_op=True))
-            inputs.append(owned)
+            bucket.append(unit)
             in_flight += unit.numel
             if in_flight >= self.allgather_bucket_numel:
-                for work in works:
-                    work.wait()
-                works, inputs, in_flight = [], [], 0
-        for work in works:
-            work.wait()
+                yield bucket
+                bucket, in_flight = [], 0
+        if bucket:
+            yield bucket
 
     def publish_working_bytes(self) -> int:
         """`publish`'s copies of this rank's pieces in the parameter dtype, alive until their gathers
@@ -200,17 +209,8 @@ class ReplicatedParameters(ParameterStorage):
         forward). fp32 parameters send the master's own pieces: nothing is copied."""
         if self.dtype == torch.float32:
             return 0
-        element = torch.finfo(self.dtype).bits // 8
-        if self.overlap:
-            return sum(unit.shard_numel for unit in self.layout.units) * element
-        most = held = in_flight = 0
-        for unit in self.layout.units:  # publish's own bucketing, counted instead of sent
-            held += unit.shard_numel
-            in_flight += unit.numel
-            most = max(most, held)
-            if in_flight >= self.allgather_bucket_numel:
-                held = in_flight = 0
-        return most * element
+        buckets = [self.layout.units] if self.overlap else list(self._gather_buckets())
+        return max(sum(unit.shard_numel for unit in bucket) for bucket in buckets) * self.dtype.itemsize
 
     def tensors(self) -> list[torch.Tensor]:
         return [slot.param.data for unit in self.layout.units for slot in unit.slots] + [self.flat]
