@@ -6,8 +6,8 @@
 
 Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data, an unwritable output, a
 save directory another run owns, a damaged checkpoint) is reported as one line on stderr with exit
-code 2, before any work starts; see gpt/run_start.py for what is checked. `--dry-run` prints what this
-rank would hold and send (zero/plan.py) and exits. A rank that dies or hangs mid-run is named by every
+code 2, before any work starts; see checkpoint/run_start.py for what is checked. `--dry-run` prints what this
+rank would hold and send (planner/plan.py) and exits. A rank that dies or hangs mid-run is named by every
 survivor in one line, exit code 3 (parallel/liveness.py).
 """
 
@@ -27,23 +27,23 @@ from data.corpus import prepare_default_corpus
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.sampler import build_data_loader
 from data.tokenizer import GPTTokenizer, NullTokenizer, load_named_tokenizer, load_tokenizer
-from gpt.arguments import parse_arguments
+from arguments.parser import parse_arguments
 from gpt.attention_backend import check_attention_backend
-from gpt.batch_schedule import BatchSchedule, batch_schedule
-from gpt.checkpoint_format import LATEST_FILE, CheckpointError, resolve_checkpoint
-from gpt.checkpointing import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from gpt.config import ConfigError, PretrainConfig
-from gpt.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
-from gpt.exit_conditions import ExitConditions
-from gpt.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, parameter_count,
+from arguments.batch_schedule import BatchSchedule, batch_schedule
+from checkpoint.format import LATEST_FILE, CheckpointError, resolve_checkpoint
+from checkpoint.sharded import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from arguments.config import ConfigError, PretrainConfig
+from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
+from training.exit_conditions import ExitConditions
+from training.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, parameter_count,
                          perplexity, start_wandb)
 from gpt.model import GPTModel, compile_blocks
-from gpt.print_config import format_config
-from gpt.run_plan import resolve_plan
-from gpt.run_start import RunStart, claim_run_start
-from gpt.schedule import train_iterations
-from gpt.tensorboard_sink import open_tensorboard
-from gpt.training import TrainingDiverged, TrainingSummary, train
+from arguments.print_config import format_config
+from training.run_plan import resolve_plan
+from checkpoint.run_start import RunStart, claim_run_start
+from arguments.schedule import train_iterations
+from training.tensorboard_sink import open_tensorboard
+from training.loop import TrainingDiverged, TrainingSummary, train
 from parallel.liveness import Liveness, PeerLoss, start_liveness
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize, read_launch_environment
@@ -164,7 +164,7 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
     checkpoint = config.checkpoint
     resume_from = claimed.resume_from
     if checkpoint.init_from_hf and resume_from is None:
-        from gpt.hf import initialize_from_hf  # transformers is only imported when it is needed
+        from checkpoint.hf import initialize_from_hf  # transformers is only imported when it is needed
 
         log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}", flush=True)
         initialize_from_hf(zero.optimizer, model, checkpoint.init_from_hf, config.model, state)
@@ -236,7 +236,7 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
 def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int) -> tuple[Optional[int], str]:
     """The planner's peak for this rank (a dry run of the same config, a few seconds at most), or None
     and why: a prediction that fails must not stop a run."""
-    from zero.dry_run import Cluster, dry_run
+    from planner.dry_run import Cluster, dry_run
 
     cluster = Cluster(state.world_size, state.world_size, None, state.device.type)
     try:
@@ -248,8 +248,8 @@ def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int
 def dry_run_launch(config: PretrainConfig) -> None:
     """--dry-run: plan this launch's rank without a process group and print it (rank 0 only)."""
     from parallel.state import resolve_device
-    from zero.dry_run import Cluster, dry_run
-    from zero.plan import format_plan, planning_vocab
+    from planner.dry_run import Cluster, dry_run
+    from planner.plan import format_plan, planning_vocab
 
     launch = read_launch_environment()
     try:

@@ -25,9 +25,9 @@ from typing import Optional
 import pydoc_data.topics
 
 from data.indexed import IndexedDatasetWriter, best_dtype
-from data.progress import ProgressLines, print_line
+from base.progress import ProgressLines, print_line
 from data.tokenizer import TOKENIZER_FILE, GPTTokenizer, load_tokenizer, train_tokenizer
-from gpt.file_modes import apply_umask
+from base.file_modes import apply_umask
 
 # A chunk grows paragraph by paragraph until it holds this many characters. Paragraphs of the topics
 # are mostly one to three lines (median ~110 characters), too short to be useful documents alone.

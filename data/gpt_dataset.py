@@ -30,7 +30,7 @@ from data import DataError
 from data.blending import BlendedDataset, build_blending_indices, samples_per_dataset  # noqa: F401
 from data.index_cache import cache_key, load_cached_arrays, save_cached_arrays
 from data.indexed import IndexedDataset, index_file_path
-from data.progress import ProgressLines
+from base.progress import ProgressLines
 from data.token_range import check_token_ids
 
 logger = logging.getLogger(__name__)

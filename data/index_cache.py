@@ -16,7 +16,7 @@ import tempfile
 
 import numpy as np
 
-from gpt.file_modes import apply_umask
+from base.file_modes import apply_umask
 
 logger = logging.getLogger(__name__)
 

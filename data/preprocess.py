@@ -35,10 +35,10 @@ from tqdm import tqdm
 from data import DataError
 from data.corpus import split_on_blank_lines
 from data.indexed import IndexedDatasetWriter, best_dtype, data_file_path, index_file_path
-from data.progress import ProgressLines
+from base.progress import ProgressLines
 from data.tokenizer import GPTTokenizer, load_tokenizer, train_tokenizer
-from gpt.errors import OneLineArgumentParser, run_tool
-from gpt.input_files import check_input_file
+from base.errors import OneLineArgumentParser, run_tool
+from base.input_files import check_input_file
 
 PROGRAM = "python -m data.preprocess"
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from data import DataError
 from data.indexed import IndexedDataset
-from data.progress import ProgressLines
+from base.progress import ProgressLines
 
 logger = logging.getLogger(__name__)
 

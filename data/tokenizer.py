@@ -20,8 +20,8 @@ from typing import Iterable, Iterator, Optional, Sequence
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from data import DataError
-from data.progress import ProgressLines
-from gpt.input_files import check_input_file
+from base.progress import ProgressLines
+from base.input_files import check_input_file
 
 EOD_TOKEN = "<|endoftext|>"
 

@@ -20,8 +20,8 @@ import contextlib
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gpt.config import ModelConfig
-from gpt.errors import ConfigError
+from gpt.model_config import ModelConfig
+from base.errors import ConfigError
 
 KERNELS = {
     "auto": None,

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt.attention_backend import attention_kernels
-from gpt.config import ModelConfig
+from gpt.model_config import ModelConfig
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding

@@ -11,7 +11,7 @@ per-layer all-reduces can use NVLink; DP groups are strided across nodes:
     world 8, TP 4:   TP groups {0,1,2,3} {4,5,6,7}      DP groups {0,4} {1,5} {2,6} {3,7}
     tensor_parallel_rank = rank % TP,   data_parallel_rank = rank // TP
 
-The state also carries the process's `Communicator` (zero/comm.py), so whoever holds the state holds
+The state also carries the process's `Communicator` (parallel/comm.py), so whoever holds the state holds
 the one door to collectives and its byte counters: `state.comm`.
 """
 
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from zero.comm import Communicator, DryRunCommunicator, VirtualGroup
+from parallel.comm import Communicator, DryRunCommunicator, VirtualGroup
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -222,7 +222,7 @@ def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torc
 
 def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
                   device: torch.device | str = "meta") -> ParallelState:
-    """One rank of a grid that is not launched (the planner, zero/plan.py): the ranks, sizes and
+    """One rank of a grid that is not launched (the planner, planner/plan.py): the ranks, sizes and
     layout `initialize` would give rank `rank` of `world_size` processes, with groups that are only
     their sizes and a communicator that counts and sends nothing."""
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:

@@ -2,15 +2,15 @@
 independent audit at the dispatcher.
 
 DeepSpeed, FSDP2 and DDP call torch.distributed themselves, so their traffic never passes through our
-`zero/comm.py`. To charge every system the same way, `CollectiveShim` replaces the collective
+`parallel/comm.py`. To charge every system the same way, `CollectiveShim` replaces the collective
 functions of `torch.distributed` (and `torch.distributed.distributed_c10d`, where some callers look
-them up) with wrappers that charge the ring volumes of `zero.comm.ring_bytes_sent` and then call the
+them up) with wrappers that charge the ring volumes of `parallel.comm.ring_bytes_sent` and then call the
 original. Only the outermost call is charged: torch's deprecated names call the new ones
 (`all_gather_into_tensor` -> `all_gather_single`), and `*_object` helpers call tensor collectives.
 
 This is monkey-patching, which the repo's own code never does; it is confined to benchmark processes
 and must be installed before DeepSpeed (which caches `torch.distributed.all_gather_into_tensor` when
-it initialises) and before `zero.comm` (which binds `reduce_scatter_single` at import).
+it initialises) and before `parallel.comm` (which binds `reduce_scatter_single` at import).
 
 Some paths bypass the Python functions: DTensor's functional collectives (FSDP2's gradient-norm
 reduction through `clip_grad_norm_`) go straight to the dispatcher. `DispatchAudit` sees those too:
@@ -31,9 +31,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool = True) -> int:
-    """zero.comm's ring volumes. Imported on first use, not at module import: zero.comm binds
+    """parallel.comm's ring volumes. Imported on first use, not at module import: parallel.comm binds
     torch.distributed's reduce_scatter_single when it is imported, so it must load after the shim."""
-    from zero.comm import ring_bytes_sent as ring
+    from parallel.comm import ring_bytes_sent as ring
 
     return ring(kind, full_bytes, group_size, is_source)
 
@@ -119,8 +119,8 @@ class CollectiveShim:
     def install(self) -> "CollectiveShim":
         import sys
 
-        if "zero.comm" in sys.modules or "deepspeed" in sys.modules:
-            raise RuntimeError("install the collective shim before importing zero.comm or deepspeed: both "
+        if "parallel.comm" in sys.modules or "deepspeed" in sys.modules:
+            raise RuntimeError("install the collective shim before importing parallel.comm or deepspeed: both "
                                "keep references to torch.distributed functions taken at import")
         for name, charge in _CHARGES.items():
             original = getattr(dist.distributed_c10d, name, None) or getattr(dist, name, None)

@@ -39,7 +39,7 @@ def autocast(bf16: bool):
 
 
 def model_config(spec: dict):
-    from gpt.config import ModelConfig
+    from arguments.config import ModelConfig
 
     return ModelConfig(num_layers=spec["num_layers"], hidden_size=spec["hidden_size"],
                        num_attention_heads=spec["num_attention_heads"], seq_length=spec["seq_length"],
@@ -204,7 +204,7 @@ class DeepSpeedSystem:
 
 
 def our_config(spec: dict):
-    from gpt.arguments import parse_config
+    from arguments.parser import parse_config
 
     argv = ["--num-layers", spec["num_layers"], "--hidden-size", spec["hidden_size"],
             "--num-attention-heads", spec["num_attention_heads"], "--seq-length", spec["seq_length"],

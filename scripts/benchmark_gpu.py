@@ -22,9 +22,9 @@ token vocabulary, dropout 0) on the same random token batches, one optimizer ste
 rounds alternate the same way. Each variant's figure is its best round (a round is --steps timed steps
 after --warmup-steps; the device is synchronised around each round).
 
-Reported per variant: tokens/s; model TFLOP/s from gpt.metrics.flops_per_iteration (Megatron's formula,
+Reported per variant: tokens/s; model TFLOP/s from training.metrics.flops_per_iteration (Megatron's formula,
 no recompute, the vocabulary each model really has: ours pads 50257 to 50304); MFU over the device's
-dense 16-bit peak (gpt.metrics.device_peak_tflops, or --peak-tflops); and peak memory: the variant's
+dense 16-bit peak (training.metrics.device_peak_tflops, or --peak-tflops); and peak memory: the variant's
 resident states when its rounds start plus the most the device allocator held above that during them
 (both models stay resident, so the raw device peak would count the other model too).
 
@@ -53,11 +53,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from gpt.arguments import resolve_preset  # noqa: E402
-from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
-from gpt.config import ModelConfig, OptimizerConfig  # noqa: E402
-from gpt.hf import hf_config  # noqa: E402
-from gpt.metrics import device_peak_tflops, flops_per_iteration, parameter_count  # noqa: E402
+from arguments.parser import resolve_preset  # noqa: E402
+from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from arguments.config import ModelConfig, OptimizerConfig  # noqa: E402
+from checkpoint.hf import hf_config  # noqa: E402
+from training.metrics import device_peak_tflops, flops_per_iteration, parameter_count  # noqa: E402
 from gpt.model import GPTModel  # noqa: E402
 from parallel.state import ParallelState, resolve_device  # noqa: E402
 from zero.config import ZeroConfig  # noqa: E402

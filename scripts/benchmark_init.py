@@ -67,7 +67,7 @@ def rank_worker(spec: dict) -> dict:
     sys.path.insert(0, str(REPO_ROOT))
     import torch
 
-    from gpt.config import ModelConfig, OptimizerConfig
+    from arguments.config import ModelConfig, OptimizerConfig
     from gpt.model import GPTModel
     from parallel.state import destroy, initialize
     from zero.apply import build_zero

@@ -46,7 +46,7 @@ if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
 import benchmark_gpu  # noqa: E402  (puts the repository root on the path too)
-from gpt.config import ModelConfig  # noqa: E402
+from arguments.config import ModelConfig  # noqa: E402
 
 QUICK_MODEL = ModelConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
                           max_position_embeddings=64, vocab_size=benchmark_gpu.GPT2_VOCAB,

@@ -12,7 +12,7 @@ same seeded token batches, so peak RSS is per configuration. Per configuration t
 
     step time       median over the timed steps of the slowest rank's step (after warmup steps)
     peak RSS/rank   max over ranks of ru_maxrss read at the end of the run
-    sent/rank/step  bytes this rank sends per step, by ring volumes (zero.comm.ring_bytes_sent),
+    sent/rank/step  bytes this rank sends per step, by ring volumes (parallel.comm.ring_bytes_sent),
                     counted by a shim over torch.distributed's collectives (scripts/bench_comm.py);
                     max over ranks
 
@@ -46,7 +46,7 @@ REPO_ROOT = SCRIPT.parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402  (imports nothing but the standard library)
+from base.errors import OneLineArgumentParser, run_tool  # noqa: E402  (imports nothing but the standard library)
 SYSTEM_ORDER = ("ours", "deepspeed", "fsdp2", "ddp")
 LABELS = {"ours": "ours", "deepspeed": "DeepSpeed", "fsdp2": "FSDP2", "ddp": "DDP"}
 RELEASE = "release"

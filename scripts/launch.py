@@ -6,7 +6,7 @@
 Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes three things:
 
 - The exit status is the job's: each rank records the status its error boundary exits with
-  (gpt/errors.py, through ZERO_GPT_EXIT_STATUS_DIR), and the launcher exits with the first non-zero
+  (base/errors.py, through ZERO_GPT_EXIT_STATUS_DIR), and the launcher exits with the first non-zero
   one in rank order (2 for a bad input, 130 for Ctrl-C, 0 after a signal-triggered save). torchrun
   itself exits 1 for any failure, and 1 after forwarding SIGTERM even when every rank saved and
   exited 0. A rank that died without recording a status gives torchrun's view: its exit code, or
@@ -30,7 +30,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are not on the path
 
-from gpt.errors import EXIT_STATUS_DIR_VARIABLE  # noqa: E402
+from base.errors import EXIT_STATUS_DIR_VARIABLE  # noqa: E402
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 300
 

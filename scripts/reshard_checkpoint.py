@@ -18,7 +18,7 @@ notes it and seeds them from --seed. The same TP size is accepted too: a re-layo
 
 OUT is a --save style directory: the checkpoint is written to OUT/iter_NNNNNNN.partial and renamed
 into place, and OUT/latest is replaced atomically, so an interrupted rewrite leaves nothing a run
-would load. OUT is held with the same lock a training run takes (gpt/save_directory.py), is never
+would load. OUT is held with the same lock a training run takes (checkpoint/save_directory.py), is never
 inside a checkpoint, and if it already holds checkpoints they are replaced only with --overwrite.
 Every file of CKPT is verified before it is read (--no-verify-checkpoint skips the content hashes).
 Memory: three whole fp32 copies of the model (master, exp_avg, exp_avg_sq) plus one new TP rank's
@@ -41,14 +41,14 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are n
 
 import torch  # noqa: E402
 
-from gpt.checkpoint_format import (METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX, TOKENIZER_DIR,  # noqa: E402
+from checkpoint.format import (METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX, TOKENIZER_DIR,  # noqa: E402
                                    CheckpointError, commit, consolidate, iteration_dir_name, metadata_text, model_file,
                                    optimizer_file, read_metadata, remove_stale_saves, resolve_checkpoint,
                                    save_tensors, tensor_parallel_slice, write_text_atomic)
-from gpt.checkpoint_integrity import hash_files, verify_or_raise  # noqa: E402
-from gpt.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
-from gpt.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
-from gpt.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
+from checkpoint.integrity import hash_files, verify_or_raise  # noqa: E402
+from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
+from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
+from checkpoint.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pretrain_gpt  # noqa: E402
-from gpt import exit_conditions  # noqa: E402
+from training import exit_conditions  # noqa: E402
 
 KILL_AT = int(os.environ["KILL_AT_ITERATION"])
 KILL_RANK = int(os.environ["KILL_RANK"])

@@ -6,14 +6,14 @@ import math
 import pytest
 import torch
 
-from gpt.config import ModelConfig
+from arguments.config import ModelConfig
 from gpt.model import build_gpt_model
 from parallel.random import TensorParallelRNG
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
 from tests.test_zero_training import Runs, corpus_cache, losses_of, single_process_losses  # noqa: F401
 from zero.activations import ActivationMonitor, apply_activation_checkpointing
-from zero.comm import ring_bytes_sent
+from parallel.comm import ring_bytes_sent
 from zero.config import ActivationCheckpointConfig
 
 SEED, STEPS, BATCH, SEQ = 5, 3, 2, 16

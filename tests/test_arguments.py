@@ -5,11 +5,11 @@ import argparse
 import pytest
 
 import pretrain_gpt
-from gpt.arguments import NOT_SETTINGS, build_parser, parse_config, preset_names
-from gpt.megatron_flags import MEANING_DESTS
-from gpt.batch_schedule import batch_schedule
-from gpt.config import ConfigError, PretrainConfig, field_sections
-from gpt.metrics import parameter_count
+from arguments.parser import NOT_SETTINGS, build_parser, parse_config, preset_names
+from arguments.megatron_flags import MEANING_DESTS
+from arguments.batch_schedule import batch_schedule
+from arguments.config import ConfigError, PretrainConfig, field_sections
+from training.metrics import parameter_count
 
 
 def test_every_setting_is_a_flag_and_every_flag_a_setting_or_a_megatron_meaning():

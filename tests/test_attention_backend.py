@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pretrain_gpt
-from gpt.config import ModelConfig
+from arguments.config import ModelConfig
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 
@@ -51,7 +51,7 @@ def test_a_kernel_the_cpu_cannot_run_is_refused_before_any_work(argv, words, tmp
 def test_flash_on_cuda_needs_16_bit_inputs():
     """Checked without a GPU: the rule is the kernel's (flash attention takes fp16/bf16 only)."""
     from gpt.attention_backend import check_attention_backend
-    from gpt.config import ConfigError
+    from arguments.config import ConfigError
 
     flash = dataclasses.replace(MODEL, attention_backend="flash")
     with pytest.raises(ConfigError, match="--attention-backend flash on CUDA takes 16-bit inputs"):

@@ -22,7 +22,7 @@ import pytest
 
 import pretrain_gpt
 from data import preprocess
-from gpt.checkpoint_format import LATEST_FILE, METADATA_FILE
+from checkpoint.format import LATEST_FILE, METADATA_FILE
 from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.reliability_helpers import TINY, run_main, snapshot
 

@@ -7,10 +7,10 @@ import math
 import pytest
 
 import pretrain_gpt
-from gpt.arguments import parse_config
-from gpt.batch_schedule import batch_schedule
-from gpt.config import ConfigError
-from gpt.metrics import flops_per_iteration
+from arguments.parser import parse_config
+from arguments.batch_schedule import batch_schedule
+from arguments.config import ConfigError
+from training.metrics import flops_per_iteration
 from tests.reliability_helpers import straight_and_resumed
 
 SEQ = 16

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt.config import ConfigError, ModelConfig
-from gpt.metrics import device_peak_tflops
+from arguments.config import ConfigError, ModelConfig
+from training.metrics import device_peak_tflops
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -29,12 +29,12 @@ import numpy as np
 import pytest
 import torch
 
-from gpt import checkpointing
-from gpt.checkpoint_format import (LATEST_FILE, METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX, CheckpointError,
+from checkpoint import sharded as checkpointing
+from checkpoint.format import (LATEST_FILE, METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX, CheckpointError,
                                    consolidate, iteration_dir_name, model_file, optimizer_file, prune,
                                    resolve_checkpoint, rng_file)
-from gpt.checkpointing import load_checkpoint, prune_checkpoints, save_checkpoint
-from gpt.config import PretrainConfig
+from checkpoint.sharded import load_checkpoint, prune_checkpoints, save_checkpoint
+from arguments.config import PretrainConfig
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
@@ -238,7 +238,7 @@ def test_checkpoint_saved_without_a_tensor_parallel_rng_loads_into_a_run_with_on
 CRASHING_SAVE = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {repo!r})
-    import gpt.checkpointing as checkpointing
+    import checkpoint.sharded as checkpointing
     from tests.test_checkpoint_safety import build, cpu_state, make_config
 
     original, calls = checkpointing.save_tensors, []
@@ -442,7 +442,7 @@ def test_metadata_missing_a_field_is_reported_by_name(saved, key):
 def test_optimizer_file_with_a_bad_fragment_table_is_reported_by_name(saved, problem):
     """A well-formed safetensors file of the recorded size whose fragment table is missing or points
     past its tensors must be a CheckpointError naming the file (today: KeyError / RuntimeError)."""
-    from gpt.checkpoint_format import save_tensors
+    from checkpoint.format import save_tensors
 
     path, optimizer = saved["path"] / OPTIM, saved["optimizer"]
     if problem == "no_fragment_table":

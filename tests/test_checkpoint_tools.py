@@ -21,12 +21,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gpt.checkpoint_format import (LATEST_FILE, OPTIMIZER_KEYS, TOKENIZER_DIR,
+from checkpoint.format import (LATEST_FILE, OPTIMIZER_KEYS, TOKENIZER_DIR,
                                    consolidate, optimizer_file, read_metadata, resolve_checkpoint)
-from gpt.checkpointing import load_checkpoint, parameter_names, save_checkpoint
-from gpt.config import PretrainConfig
+from checkpoint.sharded import load_checkpoint, parameter_names, save_checkpoint
+from arguments.config import PretrainConfig
 from gpt.model import GPTModel
-from gpt.training import average_over_data_parallel
+from training.loop import average_over_data_parallel
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
 from scripts import reshard_checkpoint, zero_to_fp32

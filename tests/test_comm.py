@@ -1,4 +1,4 @@
-"""zero/comm.py: collective results, and bytes counted with the ring-algorithm formulas."""
+"""parallel/comm.py: collective results, and bytes counted with the ring-algorithm formulas."""
 
 import warnings
 
@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed import run_distributed
-from zero.comm import CommStats, Communicator, CompletedWork, ring_bytes_sent
+from parallel.comm import CommStats, Communicator, CompletedWork, ring_bytes_sent
 
 FLOAT32 = 4
 INT64 = 8

@@ -9,7 +9,7 @@ typos and bad values among the flags after `--` that reach pretrain_gpt.py. The 
 `python -m zero.plan`, scripts/zero_paper/run.py and report.py, convert_to_hf.py, zero_to_fp32.py,
 reshard_checkpoint.py and `python -m data.preprocess` (scripts/preprocess_data.py).
 
-Each input runs through the command's own entry point (`command`/`main` behind gpt.errors.run_tool,
+Each input runs through the command's own entry point (`command`/`main` behind base.errors.run_tool,
 as `__main__` runs it) in this process, and must end with exit status 2, exactly one line on stderr,
 no traceback, and no file or directory created or changed: in the case's directory (stat'ed, never
 read, so a FIFO there is safe), in the plan cache, or in the repository's default run directory.
@@ -30,10 +30,10 @@ from typing import Callable
 import pytest
 
 from data import preprocess
-from gpt.arguments import build_parser as pretrain_parser
+from arguments.parser import build_parser as pretrain_parser
 from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.reliability_helpers import run_main
-from zero import plan as zero_plan
+from planner import plan as zero_plan
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts" / "zero_paper"))

@@ -1,4 +1,4 @@
-"""gpt/exit_conditions.py on one process: signals, the iteration interval, the time budget, and the
+"""training/exit_conditions.py on one process: signals, the iteration interval, the time budget, and the
 end-to-end exit with a save (`--exit-duration-in-mins`)."""
 
 import json
@@ -8,8 +8,8 @@ import signal
 import torch
 
 import pretrain_gpt
-from gpt.config import CheckpointConfig
-from gpt.exit_conditions import ExitConditions
+from arguments.config import CheckpointConfig
+from training.exit_conditions import ExitConditions
 from parallel.state import ParallelState
 
 STATE = ParallelState(device=torch.device("cpu"))
@@ -53,7 +53,7 @@ def test_time_budget_saves_and_exits_zero(tmp_path):
 def test_the_kill_switch_stops_a_run_after_its_iteration_and_keeps_a_new_one_from_starting(tmp_path):
     """BigScience's --kill-switch-path: `touch` the file and every run of the group saves and exits 0."""
     import pretrain_gpt
-    from gpt import exit_conditions
+    from training import exit_conditions
     from tests.reliability_helpers import TINY, metrics_records
 
     switch = tmp_path / "kill-switch"

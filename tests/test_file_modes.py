@@ -8,7 +8,7 @@ import stat
 import pytest
 
 import pretrain_gpt
-from gpt.file_modes import current_umask
+from base.file_modes import current_umask
 from scripts import convert_to_hf
 
 SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",

@@ -4,7 +4,7 @@ found on the way (each test names the surprise it guards against)."""
 import pytest
 
 import pretrain_gpt
-from data.progress import ProgressLines
+from base.progress import ProgressLines
 from data.tokenizer import train_tokenizer
 
 SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
@@ -61,8 +61,8 @@ def test_a_presets_16_bit_is_fp32_on_a_cpu_and_an_explicit_one_is_warned_about()
     with no word about it."""
     import torch
 
-    from gpt.arguments import parse_config
-    from gpt.run_plan import resolve_plan
+    from arguments.parser import parse_config
+    from training.run_plan import resolve_plan
 
     preset = parse_config(["--config", "gpt2-124m"])
     on_cpu = resolve_plan(preset, 50257, 1, 1, "cpu")

@@ -6,8 +6,8 @@ other harvested Megatron/DeepSpeed flag: tests/test_harvested_flags.py."""
 import pytest
 
 import pretrain_gpt
-from gpt.arguments import parse_arguments, parse_config
-from gpt.config import ConfigError
+from arguments.parser import parse_arguments, parse_config
+from arguments.config import ConfigError
 
 SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
          "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2",
@@ -125,7 +125,7 @@ def test_print_config_shows_each_value_and_its_source_and_exits_without_training
 def test_the_readme_table_names_every_megatron_and_deepspeed_flag():
     import re
 
-    from gpt.megatron_flags import ALIASES, MEANINGS
+    from arguments.megatron_flags import ALIASES, MEANINGS
     from tests.readme import readme_section
 
     section = readme_section("Coming from Megatron-LM / DeepSpeed")
@@ -137,9 +137,9 @@ def test_a_megatron_style_launch_is_told_every_value_that_differs_from_megatrons
     """Issue 22, point 5: a script that sets the model from flags got the tiny preset's and our defaults
     silently (min-lr 1e-4 where Megatron's is 0: a cosine that never reaches zero). Each such value is
     now named in one line at the start, beside Megatron-LM's default read from its arguments file."""
-    from gpt.arguments import parse_arguments
-    from gpt.harvested_flags import harvested
-    from gpt.megatron_defaults import megatron_default
+    from arguments.parser import parse_arguments
+    from arguments.harvested_flags import harvested
+    from arguments.megatron_defaults import megatron_default
 
     flags = harvested()["flags"]
     expected = {"--min-lr": 0.0, "--lr-warmup-iters": 0, "--lr-decay-style": "linear", "--weight-decay": 0.01,

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt.config import ModelConfig
-from gpt.hf import from_hf_state_dict, hf_config, to_hf_state_dict
-from gpt.metrics import flops_per_iteration, parameter_count
+from arguments.config import ModelConfig
+from checkpoint.hf import from_hf_state_dict, hf_config, to_hf_state_dict
+from training.metrics import flops_per_iteration, parameter_count
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 

@@ -3,8 +3,8 @@ changes nothing else: the same losses as one process, the same bytes."""
 
 import pytest
 
-from gpt.arguments import parse_config
-from gpt.config import ConfigError
+from arguments.parser import parse_config
+from arguments.config import ConfigError
 from tests.test_zero_training import BATCH, Runs, assert_close, corpus_cache, losses_of, single_process_losses  # noqa: F401
 
 

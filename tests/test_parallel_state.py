@@ -9,7 +9,7 @@ import torch.distributed as dist
 from parallel.state import (LaunchEnvironment, ParallelState, _warn_if_tensor_parallel_spans_nodes, destroy,
                             expand_nodelist, initialize, read_launch_environment)
 from tests.distributed import run_distributed
-from zero.comm import Communicator
+from parallel.comm import Communicator
 
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST", "SLURM_NODELIST",

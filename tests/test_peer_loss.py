@@ -305,7 +305,7 @@ def test_the_stall_watch_fires_after_the_timeout_and_not_for_a_rank_that_left():
 
 def test_the_line_names_the_ranks_the_store_and_what_this_rank_was_doing():
     from parallel.liveness import PeerLoss
-    from zero.comm import Communicator
+    from parallel.comm import Communicator
 
     comm = Communicator()
     assert comm.where() == "before its first collective before the first iteration"

@@ -1,4 +1,4 @@
-"""zero/perf_model.py and zero/perf_calibration.py: each term of the predicted iteration against an
+"""planner/perf_model.py and planner/perf_calibration.py: each term of the predicted iteration against an
 independent computation, the fit recovering constants it did not see, and the committed H100
 calibration being what --calibrate computes from the committed measurements."""
 
@@ -9,12 +9,12 @@ import math
 import pytest
 import yaml
 
-from gpt.arguments import parse_config
-from gpt.metrics import flops_per_iteration
-from zero import perf_calibration, perf_model
-from zero.comm import ring_bytes_sent
-from zero.dry_run import Cluster, dry_run
-from zero.perf_model import Constants, forward_gemms, load_constants, load_hardware, predict
+from arguments.parser import parse_config
+from training.metrics import flops_per_iteration
+from planner import perf_calibration, perf_model
+from parallel.comm import ring_bytes_sent
+from planner.dry_run import Cluster, dry_run
+from planner.perf_model import Constants, forward_gemms, load_constants, load_hardware, predict
 
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32"]
@@ -155,7 +155,7 @@ def test_metrics_runs_are_read_with_their_launch_file(tmp_path):
     (observation,) = perf_calibration.observations_from(run / "metrics.jsonl")
     assert observation.measured_s == 2.0  # the median after the first two records; evaluations skipped
     (run / "launch.json").unlink()
-    from gpt.config import ConfigError
+    from arguments.config import ConfigError
 
     with pytest.raises(ConfigError, match="launch.json"):
         perf_calibration.observations_from(run / "metrics.jsonl")

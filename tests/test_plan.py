@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from gpt.arguments import parse_config
-from gpt.config import ConfigError
+from arguments.parser import parse_config
+from arguments.config import ConfigError
 from tests.test_zero_training import COMMON, Runs, corpus_cache  # noqa: F401
-from zero import plan as planner
-from zero.dry_run import Cluster, dry_run
-from zero.paper_tables import PAPER_GB, largest_model, table1, table2
+from planner import plan as planner_cli
+from planner.dry_run import Cluster, dry_run
+from planner.paper_tables import PAPER_GB, largest_model, table1, table2
 
 
 # ---- the paper's tables ---------------------------------------------------------------------------
@@ -54,7 +54,7 @@ def test_largest_model_is_the_formula_solved_for_psi():
 
 
 def test_tables_command_prints_both_tables(capsys):
-    assert planner.main(["tables"]) == 0
+    assert planner_cli.main(["tables"]) == 0
     out = capsys.readouterr().out
     assert "| 7.5B | 64 | 120 | 31.4 | 16.6 | 1.88 |" in out
     assert "| 1 | 64 | 2B | 7.6B | 14.4B | 128B | 1.3B | 6.2B |" in out
@@ -63,12 +63,12 @@ def test_tables_command_prints_both_tables(capsys):
 @pytest.mark.parametrize("text, expected", [("32GB", 32 * 10**9), ("80GiB", 80 * 2**30), ("34359738368", 2**35),
                                             ("1.5TB", 1.5 * 10**12)])
 def test_memory_sizes(text, expected):
-    assert planner.parse_memory(text) == expected
+    assert planner_cli.parse_memory(text) == expected
 
 
 def test_a_bad_memory_size_names_the_flag():
     with pytest.raises(ConfigError, match="--gpu-memory '32 gigs'"):
-        planner.parse_memory("32 gigs")
+        planner_cli.parse_memory("32 gigs")
 
 
 # ---- dry runs ------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def test_dry_run_json_has_the_promised_keys(capsys):
     argv = ["dry-run", "--world-size", "8", "--gpus-per-node", "4", "--gpu-memory", "16GB", "--json",
             "--tensor-model-parallel-size", "2", "--zero-stage", "3", "--bf16", "--micro-batch-size", "2",
             "--global-batch-size", "8", *SMALL]
-    assert planner.main(argv) == 0
+    assert planner_cli.main(argv) == 0
     record = json.loads(capsys.readouterr().out)
     assert set(record["model_state_bytes"]) == {"parameters", "gradients", "master_weights", "optimizer_states", "total"}
     assert record["total_bytes"] > record["model_state_bytes"]["total"] and record["fits"] is True
@@ -92,7 +92,7 @@ def test_dry_run_json_has_the_promised_keys(capsys):
 def test_dry_run_of_a_model_that_does_not_fit_says_so(capsys):
     argv = ["dry-run", "--world-size", "1", "--gpu-memory", "1GB", "--num-layers", "24", "--hidden-size", "1024",
             "--num-attention-heads", "16"]
-    assert planner.main(argv) == 0
+    assert planner_cli.main(argv) == 0
     assert "does NOT fit, short by" in capsys.readouterr().out
 
 
@@ -118,9 +118,9 @@ def test_max_size_finds_the_boundary_exactly():
     """The answer fits and one more layer does not (on a budget sized for a handful of layers)."""
     config = parse_config([*SMALL, "--micro-batch-size", "2", "--global-batch-size", "4"])
     cluster = Cluster(2, 2, 20 * 2**20)
-    layers, plan = planner.largest_layers(config, cluster, 1000, planner.CONFIGURATIONS["C4"])
+    layers, plan = planner_cli.largest_layers(config, cluster, 1000, planner_cli.CONFIGURATIONS["C4"])
     assert layers >= 2 and plan.fits
-    over = dry_run(planner._with(config, layers + 1, planner.CONFIGURATIONS["C4"]), cluster, 1000)
+    over = dry_run(planner_cli._with(config, layers + 1, planner_cli.CONFIGURATIONS["C4"]), cluster, 1000)
     assert not over.fits
 
 
@@ -149,7 +149,7 @@ def test_bad_planner_inputs_are_one_line_and_exit_2_before_any_work(argv, words)
     from tests.reliability_helpers import run_main
 
     started = time.perf_counter()
-    outcome = run_main(planner.command, argv)
+    outcome = run_main(planner_cli.command, argv)
     outcome.one_error_line(*words)
     assert outcome.out == ""
     assert time.perf_counter() - started < 10, "refused only after planning"
@@ -169,7 +169,7 @@ class _LinearPlan:
 
 @pytest.mark.parametrize("budget, expected", [(10**6 + 10**5 * 37, 37), (10**15, "cap")])
 def test_max_size_search_is_bounded_by_the_layer_cap_and_a_few_dry_runs(budget, expected):
-    from zero.dry_run import MAX_PLAN_LAYERS
+    from planner.dry_run import MAX_PLAN_LAYERS
 
     planned = []
 
@@ -178,15 +178,15 @@ def test_max_size_search_is_bounded_by_the_layer_cap_and_a_few_dry_runs(budget, 
         return _LinearPlan(config.model.num_layers, budget)
 
     config = parse_config(SMALL)
-    layers, plan = planner.largest_layers(config, Cluster(1, 1, budget), 1000, None, plan_run=plan_run)
+    layers, plan = planner_cli.largest_layers(config, Cluster(1, 1, budget), 1000, None, plan_run=plan_run)
     assert layers == (MAX_PLAN_LAYERS if expected == "cap" else expected) and plan.fits
     assert max(planned) <= MAX_PLAN_LAYERS and len(planned) <= 20
-    table = planner.format_max_size({"C1": (layers, plan)}, Cluster(1, 1, budget), config)
+    table = planner_cli.format_max_size({"C1": (layers, plan)}, Cluster(1, 1, budget), config)
     assert ("at least" in table) == (expected == "cap")
 
 
 def test_a_long_dry_run_says_how_far_it_is_on_stderr(monkeypatch):
-    from zero import dry_run as dry_run_module
+    from planner import dry_run as dry_run_module
 
     monkeypatch.setattr(dry_run_module, "PROGRESS_INTERVAL_S", 0.0)
     lines = []

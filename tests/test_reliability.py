@@ -34,9 +34,9 @@ from data import DataError
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.indexed import IndexedDataset
 from data.tokenizer import GPTTokenizer
-from gpt.checkpoint_format import (LATEST_FILE, METADATA_FILE, CheckpointError, model_file, optimizer_file,
+from checkpoint.format import (LATEST_FILE, METADATA_FILE, CheckpointError, model_file, optimizer_file,
                                    resolve_checkpoint, rng_file)
-from gpt.checkpointing import load_checkpoint, save_checkpoint
+from checkpoint.sharded import load_checkpoint, save_checkpoint
 from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.reliability_helpers import TINY, metrics_records, run_main, snapshot, train, write_dataset
 from tests.test_checkpoint_safety import build, cpu_state, make_config, train_steps
@@ -314,7 +314,7 @@ def test_a_checkpoint_is_never_written_from_non_finite_master_weights(tmp_path):
 
 def poison_master(iteration_dir: Path) -> None:
     """Put NaN into the saved fp32 master weights, keeping the checkpoint otherwise consistent."""
-    from gpt.checkpoint_integrity import file_digest
+    from checkpoint.integrity import file_digest
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -342,7 +342,7 @@ def test_loading_nan_warns_and_the_diverged_run_stops_in_one_line_saving_nothing
 
 
 def test_a_non_finite_gradient_norm_stops_the_run_unless_fp16_skipped_the_step():
-    from gpt.training import TrainingDiverged, check_step_is_finite
+    from training.loop import TrainingDiverged, check_step_is_finite
 
     check_step_is_finite(5, 2.5, StepResult(float("inf"), skipped=True, loss_scale=1024.0))
     with pytest.raises(TrainingDiverged, match="iteration 5: loss 2.5, gradient norm nan"):
@@ -353,7 +353,7 @@ def test_a_non_finite_gradient_norm_stops_the_run_unless_fp16_skipped_the_step()
 
 def test_a_skipped_step_with_a_non_finite_loss_is_divergence():
     """Issue 27: a skip is the loss scaler's business only when the forward was finite."""
-    from gpt.training import TrainingDiverged, check_skip_limit, check_step_is_finite
+    from training.loop import TrainingDiverged, check_skip_limit, check_step_is_finite
 
     with pytest.raises(TrainingDiverged, match="iteration 7: loss nan"):
         check_step_is_finite(7, float("nan"), StepResult(float("nan"), skipped=True, loss_scale=1024.0))
@@ -390,7 +390,7 @@ def test_an_fp16_run_that_only_skips_stops_at_the_limit(cache, tmp_path):
 # ---- 7. two runs on one save directory -------------------------------------------------------------
 
 def write_lock(directory: Path, host: str, pid: int) -> Path:
-    from gpt.save_directory import LOCK_FILE
+    from checkpoint.save_directory import LOCK_FILE
 
     path = directory / LOCK_FILE
     path.write_text(json.dumps({"host": host, "pid": pid, "started": "earlier", "token": "theirs"}))
@@ -452,7 +452,7 @@ def test_a_stale_lock_is_taken_over_with_a_message(ck, cache, tmp_path):
 
 
 def test_a_lock_from_another_host_is_live_until_its_heartbeat_goes_stale(tmp_path):
-    from gpt.save_directory import SaveDirectoryLock
+    from checkpoint.save_directory import SaveDirectoryLock
 
     path = write_lock(tmp_path, "another-host", 1)
     with pytest.raises(CheckpointError, match="in use by another run .pid 1 on host another-host"):
@@ -467,7 +467,7 @@ def test_a_lock_from_another_host_is_live_until_its_heartbeat_goes_stale(tmp_pat
 
 
 def test_the_lock_heartbeat_keeps_it_fresh(tmp_path):
-    from gpt.save_directory import SaveDirectoryLock
+    from checkpoint.save_directory import SaveDirectoryLock
 
     with SaveDirectoryLock(tmp_path, heartbeat_s=0.05) as lock:
         old = time.time() - 1000

@@ -276,8 +276,8 @@ def test_print_config_names_every_flag_and_json_key_of_a_launch(launch: Launch, 
     """Issue 22: --print-config on a corpus launch shows every flag and JSON key it was given, each
     beside what it does here (a setting's source, a Megatron flag's class and reason, a JSON key's
     verdict), and, where the JSON and the command line set one thing differently, which side won."""
-    from gpt.arguments import parse_arguments
-    from gpt.print_config import format_config
+    from arguments.parser import parse_arguments
+    from arguments.print_config import format_config
 
     files = LocalFiles(str(tmp_path / "data" / "corpus_text_document"), str(tmp_path / "tokenizer"), 512,
                        str(tmp_path / "out"))

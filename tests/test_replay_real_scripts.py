@@ -26,7 +26,7 @@ import os
 import pytest
 
 import pretrain_gpt
-from gpt.arguments import build_parser
+from arguments.parser import build_parser
 from tests.distributed import run_distributed
 
 MEGATRON_175B = [

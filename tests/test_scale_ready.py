@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import pretrain_gpt
-from gpt.arguments import parse_config
-from gpt.config import ModelConfig, OptimizerConfig
-from gpt.metrics import parameter_count
+from arguments.parser import parse_config
+from arguments.config import ModelConfig, OptimizerConfig
+from training.metrics import parameter_count
 from gpt.model import GPTModel, build_gpt_model
 from parallel.init import ParameterInitializer
 from parallel.state import ParallelState, destroy, initialize
@@ -260,8 +260,8 @@ def test_a_checkpoint_saved_by_the_previous_construction_loads_exactly(stage):
     --seq-length 32 --max-position-embeddings 32 --tokenizer-vocab-size 300 --global-batch-size 4
     --micro-batch-size 2 --train-iters 2 --zero-stage 1 --seed 3 --save ...`. It loads into a model
     built on the meta device and materialized by ZeRO: master, moments, step and weights as saved."""
-    from gpt.checkpoint_format import open_tensors, read_metadata, resolve_checkpoint
-    from gpt.checkpointing import load_checkpoint
+    from checkpoint.format import open_tensors, read_metadata, resolve_checkpoint
+    from checkpoint.sharded import load_checkpoint
     from parallel.random import TensorParallelRNG
 
     iteration_dir = resolve_checkpoint(LEGACY)

@@ -1,7 +1,7 @@
 """The run's length and learning rate equal Megatron's arithmetic (issue 22): iteration-, sample- and
 token-based, with and without a batch ramp, and across a resume. Expected values are worked by hand
 from Megatron-LM's OptimizerParamScheduler / update_train_iters and Megatron-DeepSpeed's token
-variant; the formulas are written out here, not taken from gpt/schedule.py."""
+variant; the formulas are written out here, not taken from arguments/schedule.py."""
 
 import json
 import math
@@ -9,10 +9,10 @@ import math
 import pytest
 
 import pretrain_gpt
-from gpt.arguments import parse_config
-from gpt.batch_schedule import batch_schedule
-from gpt.config import ConfigError
-from gpt.schedule import build_lr_schedule, tokens_seen_by_schedule, train_iterations
+from arguments.parser import parse_config
+from arguments.batch_schedule import batch_schedule
+from arguments.config import ConfigError
+from arguments.schedule import build_lr_schedule, tokens_seen_by_schedule, train_iterations
 from tests.reliability_helpers import straight_and_resumed
 
 SEQ = 16
@@ -152,7 +152,7 @@ def test_a_resume_with_another_schedule_follows_megatrons_rule(token_runs, tmp_p
 def test_pad_vocab_size_to_sets_the_embedding_rows_exactly(tmp_path, capsys):
     """BigScience's --pad-vocab-size-to: 300 tokens padded to 640 rows (not to the next 128: 384);
     smaller than the vocabulary is one line."""
-    from gpt.checkpoint_format import read_metadata
+    from checkpoint.format import read_metadata
 
     common = TINY + BATCH + ["--train-iters", "1", "--data-cache-dir", str(tmp_path / "cache")]
     assert pretrain_gpt.main(common + ["--pad-vocab-size-to", "640", "--save", str(tmp_path / "ck"),

@@ -7,8 +7,8 @@ live run (zero/stage3.py), so its peak of live gathered elements is the live run
 
 import pytest
 
-from gpt.arguments import parse_config
-from zero.dry_run import Cluster, dry_run
+from arguments.parser import parse_config
+from planner.dry_run import Cluster, dry_run
 
 LAYERS, HIDDEN = 24, 64
 BLOCK = 12 * HIDDEN * HIDDEN + 13 * HIDDEN  # one block's parameters (QKV, proj, two MLP layers, biases, 2 LNs)

@@ -16,11 +16,11 @@ import textwrap
 import pytest
 import torch
 
-from gpt.arguments import parse_config
-from gpt.metrics import MemoryCheck
+from arguments.parser import parse_config
+from training.metrics import MemoryCheck
 from tests.test_zero_units import LRS, make_model, token_batches, train_reference, train_zero, wrap
 from zero import host_memory
-from zero.dry_run import Cluster, dry_run
+from planner.dry_run import Cluster, dry_run
 
 
 # ---- the fused step ----------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_the_memory_line_reports_every_rank():
 def _pieces_worker(rank, world_size):
     import torch.distributed as dist
 
-    from zero import comm as comm_module
+    from parallel import comm as comm_module
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     group = dist.new_group(list(range(world_size)))

@@ -76,7 +76,7 @@ def test_tp2_with_dropout_is_reproducible(tmp_path, corpus_cache):
 
 def tp_bytes_of_one_step(rank, world_size, num_layers, batch, seq, hidden):
     """TP all-reduce bytes this rank sends for one forward + backward of the model."""
-    from gpt.config import ModelConfig
+    from arguments.config import ModelConfig
     from gpt.model import build_gpt_model
     from parallel.state import destroy, initialize
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import pretrain_gpt
-from gpt.metrics import scalar_values
+from training.metrics import scalar_values
 
 SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
          "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",

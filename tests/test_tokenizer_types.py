@@ -12,10 +12,10 @@ import pretrain_gpt
 from data.corpus import default_corpus_documents
 from data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype
 from data.tokenizer import train_tokenizer
-from gpt.arguments import parse_config
-from gpt.checkpoint_format import read_metadata, resolve_checkpoint
-from gpt.config import ConfigError
-from zero.plan import planning_vocab
+from arguments.parser import parse_config
+from checkpoint.format import read_metadata, resolve_checkpoint
+from arguments.config import ConfigError
+from planner.plan import planning_vocab
 
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "4", "--global-batch-size", "4", "--device", "cpu",

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from gpt.config import OptimizerConfig
+from arguments.config import OptimizerConfig
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
 from zero.config import ZeroConfig

@@ -7,10 +7,10 @@ import re
 import pytest
 import yaml
 
-from gpt.arguments import PRESET_DIR, parse_config
-from gpt.metrics import parameter_count
-from zero.paper_tables import PAPER_TABLE4, PAPER_TABLE4_EXCEPTIONS
-from zero.plan import CONFIGURATIONS, GPT2_VOCAB
+from arguments.parser import PRESET_DIR, parse_config
+from training.metrics import parameter_count
+from planner.paper_tables import PAPER_TABLE4, PAPER_TABLE4_EXCEPTIONS
+from planner.plan import CONFIGURATIONS, GPT2_VOCAB
 
 PAPER_DIR = PRESET_DIR / "zero_paper"
 TOLERANCE = 0.05
@@ -93,7 +93,7 @@ def test_c1_to_c5_json_configs_are_the_planners_configurations(name):
 
 
 def test_a_preset_in_a_folder_resolves_by_name_and_a_missing_one_is_named(tmp_path):
-    from gpt.config import ConfigError
+    from arguments.config import ConfigError
 
     assert parse_config(["--config", "zero_paper/100b-125x8192"]).model.num_layers == 125
     with pytest.raises(ConfigError, match="zero_paper/no-such"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt.config import ConfigError
+from arguments.config import ConfigError
 from zero.memory import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt.arguments import parse_config
-from gpt.config import ConfigError
+from arguments.parser import parse_config
+from arguments.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "zero_paper"))

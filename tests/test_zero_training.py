@@ -10,7 +10,7 @@ import json
 import pytest
 
 import pretrain_gpt
-from gpt.arguments import parse_config
+from arguments.parser import parse_config
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
 from zero.memory import within_tolerance

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from gpt.config import ModelConfig, OptimizerConfig
+from arguments.config import ModelConfig, OptimizerConfig
 from gpt.model import GPTModel
 from parallel.init import materialize
 from parallel.random import TensorParallelRNG

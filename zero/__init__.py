@@ -1,2 +1,3 @@
-"""ZeRO-powered data parallelism (stages 1-3) and ZeRO-R, plus `zero.comm`, the one door through which
-every collective in the repo passes (and is counted)."""
+"""The ZeRO runtime: stages 0-3 (flat buffers, parameter storage, gradient reducer, sharded optimizer,
+stage-3 gatherer), the loss scaler, ZeRO-R's activation checkpointing and the memory accounting.
+`zero/plan.py` and `zero/perf_model.py` are only the planner's command lines, kept where users type them."""

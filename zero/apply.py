@@ -103,7 +103,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         weights = [p.numel() * param_dtype.itemsize for p in params if p.dim() >= 2]
         return_freed_blocks_to_system(min(weights, default=0))
     master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=device)  # padding stays 0
-    if device.type != "meta":  # a planner's rank (zero.plan) has shapes only: nothing to fill
+    if device.type != "meta":  # a planner's rank (planner.plan) has shapes only: nothing to fill
         storage.fill(source, master)
     layout = storage.bind(model)
 

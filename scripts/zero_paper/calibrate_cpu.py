@@ -28,8 +28,8 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from gpt.config import ConfigError  # noqa: E402
-from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from arguments.config import ConfigError  # noqa: E402
+from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
 
 VOCAB = 512
 COMMON = ["--num-layers", "2", "--seq-length", "128", "--max-position-embeddings", "128", "--train-iters", "12",

@@ -30,11 +30,11 @@ from typing import Optional
 
 import yaml
 
-from gpt.arguments import PRESET_DIR
-from gpt.config import ConfigError
-from gpt.input_files import read_text_file
-from zero.dry_run import Cluster
-from zero.perf_model import Hardware, load_hardware
+from arguments.parser import PRESET_DIR
+from arguments.config import ConfigError
+from base.input_files import read_text_file
+from planner.dry_run import Cluster
+from planner.perf_model import Hardware, load_hardware
 
 HERE = Path(__file__).resolve().parent
 DEFINITION_DIR = HERE / "experiments"

@@ -1,8 +1,8 @@
 """The paper's Figures 2-8 drawn from our numbers (matplotlib, Agg): one function per figure.
 
 Every mark says where it comes from, in the legend: "predicted" (the planner's memory and the
-performance model's time, zero/dry_run.py and zero/perf_model.py), "measured" (a run's metrics.jsonl,
-or the CPU mini-reproduction), "paper" (a value the paper states, zero/paper_tables.py). Throughput
+performance model's time, planner/dry_run.py and planner/perf_model.py), "measured" (a run's metrics.jsonl,
+or the CPU mini-reproduction), "paper" (a value the paper states, planner/paper_tables.py). Throughput
 is TFLOP/s per GPU counting the activation recompute (the FLOPs the GPU executes); a point the
 planner says does not fit is an x on the axis, labelled so.
 """
@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from zero.paper_tables import PAPER_FIGURE6, PAPER_STATED, format_parameters  # noqa: E402
+from planner.paper_tables import PAPER_FIGURE6, PAPER_STATED, format_parameters  # noqa: E402
 
 PREDICTED = dict(marker="o", markerfacecolor="white", linestyle="--")
 MEASURED = dict(marker="o", linestyle="none", markersize=8)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from gpt.errors import ConfigError
-from gpt.input_files import check_input_file, irregularity
-from zero.perf_calibration import LAUNCH_FILE, WARMUP_RECORDS
+from base.errors import ConfigError
+from base.input_files import check_input_file, irregularity
+from planner.perf_calibration import LAUNCH_FILE, WARMUP_RECORDS
 
 METRICS_FILE = "metrics.jsonl"
 # A run logging every iteration for a million iterations writes about 0.5 GB.

@@ -9,7 +9,7 @@ micro batch 8 (so activations and model states are of the same order, as at 100B
 with 16-bit gradients (the paper's 2 + 2 + 12 bytes per parameter), every layer checkpointed, M_D
 on. Each configuration trains two iterations at two depths, with --report-memory: every rank's
 model-state bytes and the bytes autograd saved for backward, by device and host, are measured; the
-planner (zero/dry_run.py) plans the same rank. The output JSON holds both, and report.py draws them
+planner (planner/dry_run.py) plans the same rank. The output JSON holds both, and report.py draws them
 (Figure 7: memory per configuration; Figure 6: how many layers each configuration fits in the memory
 C1 needs at the deeper size, from the measured bytes per layer).
 
@@ -35,10 +35,10 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(HERE)]
 
-from gpt.config import ConfigError  # noqa: E402
-from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
-from zero.deepspeed_json import resolve_zero_config  # noqa: E402
-from zero.plan import CONFIGURATIONS  # noqa: E402
+from arguments.config import ConfigError  # noqa: E402
+from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from arguments.deepspeed_json import resolve_zero_config  # noqa: E402
+from planner.plan import CONFIGURATIONS  # noqa: E402
 
 WORLD_SIZE, TENSOR_PARALLEL = 4, 2
 VOCAB = 512
@@ -48,7 +48,7 @@ def scaled_zero_config(configuration: str, bucket_size: int, directory: Path) ->
     """configs/zero/zero_paper_cN.json with its buckets sized for this model, as the paper's 5e8 / 2e8
     elements are for theirs (a few buckets per model), written into `directory`. A copy, not flags
     beside the JSON: a bucket flag beside the JSON's bucket keys loses to them, as in DeepSpeed
-    (zero/deepspeed_precedence.py)."""
+    (arguments/deepspeed_precedence.py)."""
     zero_config = json.loads(resolve_zero_config(f"zero_paper_{configuration.lower()}").read_text(encoding="utf-8"))
     zero_config["zero_optimization"].update(reduce_bucket_size=bucket_size, allgather_bucket_size=bucket_size)
     path = directory / f"zero_paper_{configuration.lower()}_buckets_{bucket_size}.json"
@@ -73,7 +73,7 @@ def run_argv(configuration: str, layers: int, args, metrics: Path, cache_dir: st
 def worker(runs_file: str) -> None:
     """On every rank: one process group, the runs one after another (each a full pretrain_gpt.run)."""
     import pretrain_gpt
-    from gpt.arguments import parse_config
+    from arguments.parser import parse_config
     from parallel.state import destroy, initialize
 
     runs = json.loads(Path(runs_file).read_text(encoding="utf-8"))
@@ -95,8 +95,8 @@ def measured_record(metrics: Path) -> list[dict]:
 
 def planned_ranks(argv: Sequence[str]) -> list[dict]:
     """What the planner says every rank holds (the ranks differ only by alignment padding)."""
-    from gpt.arguments import parse_config
-    from zero.dry_run import Cluster, dry_run
+    from arguments.parser import parse_config
+    from planner.dry_run import Cluster, dry_run
 
     config = parse_config(argv)
     cluster = Cluster(WORLD_SIZE, WORLD_SIZE, None, "cpu")
@@ -158,7 +158,7 @@ def reproduce(args, argv: Sequence[str]) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the runs' own files: what matters is now in `results`
     return {"what": "per-rank memory of C1-C5 on CPU (gloo), measured with --report-memory and planned with "
-                    "zero/dry_run.py", "world_size": WORLD_SIZE, "tensor_parallel_size": TENSOR_PARALLEL,
+                    "planner/dry_run.py", "world_size": WORLD_SIZE, "tensor_parallel_size": TENSOR_PARALLEL,
             "data_parallel_size": WORLD_SIZE // TENSOR_PARALLEL, "hidden_size": args.hidden_size,
             "seq_length": args.seq_length, "micro_batch_size": args.micro_batch_size, "precision": "bf16",
             "configurations": {name: CONFIGURATIONS[name] for name in args.configurations},

@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from gpt.arguments import parse_config
-from gpt.config import PretrainConfig
-from zero.dry_run import Cluster, RankPlan, dry_run
-from zero.perf_model import Constants, Prediction, load_constants, predict
+from arguments.parser import parse_config
+from arguments.config import PretrainConfig
+from planner.dry_run import Cluster, RankPlan, dry_run
+from planner.perf_model import Constants, Prediction, load_constants, predict
 
 from experiments import GPT2_VOCAB, REPO_ROOT, Point
 
@@ -57,7 +57,7 @@ class Planner:
         return self.plan_config(parse_config(point.pretrain_argv()), point.cluster())
 
     def plan_config(self, config: PretrainConfig, cluster: Cluster, vocab_size: int = GPT2_VOCAB) -> RankPlan:
-        """zero/dry_run.py's plan of rank 0, from memory, the cache, or a dry run (then cached).
+        """planner/dry_run.py's plan of rank 0, from memory, the cache, or a dry run (then cached).
         Where the metrics go and whether the run reports memory do not change a plan (a dry run reads
         neither), so they are not part of the key: Figure 7's points share Figures 6 and 8's plans."""
         settings = config.to_dict()

@@ -7,14 +7,14 @@ planner and the performance model everywhere.
 Writes DIR/fig2.png, fig3.png, fig4.png, fig6.png, fig7.png, fig8.png and DIR/report.md. For every
 point of every figure (scripts/zero_paper/experiments/*.dat) and profile (dgx2, h100):
 
-- predicted: the planner's dry run of rank 0 (zero/dry_run.py: per-GPU memory, fits or not, bytes per
-  collective) and the performance model's iteration time (zero/perf_model.py with the profile's
+- predicted: the planner's dry run of rank 0 (planner/dry_run.py: per-GPU memory, fits or not, bytes per
+  collective) and the performance model's iteration time (planner/perf_model.py with the profile's
   calibration);
 - measured: the run in RUNS_DIR/PROFILE/FIGURE/POINT (run.py's layout; measurements.py), when one
   exists;
-- paper: the values the paper states (zero/paper_tables.py), beside the points they are about.
+- paper: the values the paper states (planner/paper_tables.py), beside the points they are about.
 
-Figures 4 and 6 add the planner's search for the largest model (zero.plan.largest_layers); Figures 6
+Figures 4 and 6 add the planner's search for the largest model (planner.plan.largest_layers); Figures 6
 and 7 add the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json, mini_reproduction.py)
 when it exists. Dry runs are cached under ~/.cache/zero-gpt/plans (--no-cache to plan afresh): a
 first report plans about 200 large models (tens of minutes on two cores), a later one takes seconds.
@@ -35,14 +35,14 @@ from typing import Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE)]
 
-from gpt.arguments import parse_config  # noqa: E402
-from gpt.config import ConfigError  # noqa: E402
-from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
-from gpt.input_files import check_input_directory, read_json_file  # noqa: E402
-from gpt.output_paths import check_output_directory, prepare_output_directory  # noqa: E402
-from zero.dry_run import RankPlan  # noqa: E402
-from zero.perf_model import Prediction  # noqa: E402
-from zero.plan import CONFIGURATIONS, largest_layers  # noqa: E402
+from arguments.parser import parse_config  # noqa: E402
+from arguments.config import ConfigError  # noqa: E402
+from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from base.input_files import check_input_directory, read_json_file  # noqa: E402
+from checkpoint.output_paths import check_output_directory, prepare_output_directory  # noqa: E402
+from planner.dry_run import RankPlan  # noqa: E402
+from planner.perf_model import Prediction  # noqa: E402
+from planner.plan import CONFIGURATIONS, largest_layers  # noqa: E402
 
 import figures  # noqa: E402
 import report_tables  # noqa: E402
@@ -79,7 +79,7 @@ def point_results(figure: str, profiles: Sequence[str], planner: Planner, runs: 
 
 def largest_model(planner: Planner, point: Point, configuration: Optional[dict]) -> int:
     """Parameters of the largest model of `point`'s shape (hidden, heads, grid, batch) the planner
-    fits, under `configuration` (a C1-C5 of zero.plan.CONFIGURATIONS) or the point's own settings."""
+    fits, under `configuration` (a C1-C5 of planner.plan.CONFIGURATIONS) or the point's own settings."""
     config = parse_config(point.pretrain_argv())
     layers, plan = largest_layers(config, point.cluster(), GPT2_VOCAB, configuration, plan_run=planner.plan_config)
     return plan.parameters_total if plan is not None else 0

@@ -2,7 +2,7 @@
 
 The comparison is on the paper's cluster (the dgx2 profile) and uses the points the paper's
 statements are about; every number in it is computed here from the planner and the performance
-model (or a run), and the paper's values come from zero/paper_tables.py.
+model (or a run), and the paper's values come from planner/paper_tables.py.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import statistics
 from typing import Optional
 
 from zero.memory import format_bytes
-from zero.paper_tables import PAPER_FIGURE6, PAPER_STATED, format_parameters
-from zero.perf_model import load_constants
+from planner.paper_tables import PAPER_FIGURE6, PAPER_STATED, format_parameters
+from planner.perf_model import load_constants
 
 from experiments import PROFILES
 from mini_analysis import layers_in_c1_budget
@@ -211,7 +211,7 @@ def mini_section(memory, mini) -> list[str]:
 def constants_section() -> list[str]:
     lines = ["## Hardware profiles and constants", ""]
     for profile, name in PROFILES.items():
-        from zero.perf_model import load_hardware
+        from planner.perf_model import load_hardware
 
         hardware = load_hardware(name)
         constants = load_constants(hardware.calibration)
@@ -226,7 +226,7 @@ def constants_section() -> list[str]:
 def report(results, extras, memory, mini, runs, argv) -> str:
     lines = ["# The ZeRO paper's Figures 2-8: predicted, measured and stated", "",
              f"Written by `python scripts/zero_paper/report.py {' '.join(argv)}` from {len(runs)} measured runs. "
-             "predicted = the planner's dry run (zero/dry_run.py) and the performance model (zero/perf_model.py); "
+             "predicted = the planner's dry run (planner/dry_run.py) and the performance model (planner/perf_model.py); "
              "measured = a run's metrics.jsonl (or the CPU mini-reproduction); paper = a value the paper states. "
              "TFLOP/s per GPU count the activation recompute (what the GPU executes; model FLOPs in brackets). "
              "Per-GPU planned memory is the planner's peak before what a dry run cannot see (the CUDA context, "

@@ -18,9 +18,9 @@ own parser and checks first, so a flag it would refuse (a typo, a bad value) is 
 nothing is printed, written or submitted. Without --data-path and the GPT-2 vocab files the commands
 read them from $DATA_PATH, $VOCAB_FILE and $MERGE_FILE.
 
---dry-run launches nothing and writes nothing: it plans rank 0 of every point (zero/dry_run.py, cached
+--dry-run launches nothing and writes nothing: it plans rank 0 of every point (planner/dry_run.py, cached
 under ~/.cache/zero-gpt/plans) and prints the per-GPU memory against the GPU's, flagging every point
-that will not fit, with the performance model's throughput (zero/perf_model.py). --largest-batch adds
+that will not fit, with the performance model's throughput (planner/perf_model.py). --largest-batch adds
 the largest micro batch each point fits with 10% of the GPU to spare.
 """
 
@@ -38,13 +38,13 @@ from typing import Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE)]  # the repo's packages, and this folder's modules
 
-from gpt.arguments import parse_config  # noqa: E402
-from gpt.config import ConfigError  # noqa: E402
-from gpt.errors import OneLineArgumentParser, run_tool  # noqa: E402
-from gpt.input_files import check_input_directory  # noqa: E402
-from gpt.output_paths import check_output_directory  # noqa: E402
+from arguments.parser import parse_config  # noqa: E402
+from arguments.config import ConfigError  # noqa: E402
+from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from base.input_files import check_input_directory  # noqa: E402
+from checkpoint.output_paths import check_output_directory  # noqa: E402
 from zero.memory import format_bytes  # noqa: E402
-from zero.paper_tables import format_parameters  # noqa: E402
+from planner.paper_tables import format_parameters  # noqa: E402
 
 from experiments import DEFINITION_DIR, FIGURES, GPT2_VOCAB, PROFILES, REPO_ROOT, Point, load_points  # noqa: E402
 

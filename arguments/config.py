@@ -1,0 +1,404 @@
+"""Configuration dataclasses for a pretraining run, and their validation.
+
+Every field name here is also a CLI flag (`num_layers` <-> `--num-layers`) and a YAML preset key, so
+there is one name for each setting wherever it is written. Two fields keep the name their flag would
+collide with: `zero.stage` is `--zero-stage` and `training.accumulation_steps` is
+`--gradient-accumulation-steps` (`FLAG_NAMES`). The defaults below are the `tiny` preset:
+a GPT that trains on a laptop CPU in a couple of minutes.
+
+Validation happens in `PretrainConfig.validate()`, before any work starts, and raises `ConfigError`
+with a message that names the flag and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from data import DataError
+from data.gpt_dataset import parse_data_path, parse_split
+from base.errors import ConfigError
+from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
+from zero.config import ActivationCheckpointConfig, ZeroConfig
+
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer")
+# Other programs' names for one of ours: BigScience's Megatron-DeepSpeed loads a Hugging Face tokenizer.
+TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": "HuggingFaceTokenizer"}
+# Megatron-LM's (and Megatron-DeepSpeed's) other tokenizer types: known, and refused with what to use,
+# since a tokenizer decides the token ids (the data) and these read files the `tokenizers` library does not.
+OTHER_TOKENIZER_TYPES = {
+    name: "a SentencePiece or tiktoken model is not read here: save it as a tokenizer.json (transformers' "
+          "tokenizer.save_pretrained) and give --tokenizer-type HuggingFaceTokenizer --tokenizer-file"
+    for name in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer")}
+OTHER_TOKENIZER_TYPES.update({
+    name: "a BERT, multimodal or fine-tuning tokenizer does not pretrain a GPT: use GPT2BPETokenizer, "
+          "HuggingFaceTokenizer or NullTokenizer"
+    for name in ("BertWordPieceLowerCase", "BertWordPieceCase", "MultimodalTokenizer", "NullMultimodalTokenizer",
+                 "SFTTokenizer")})
+SEED_LIMIT = 2**32
+# Below a few heartbeats (one a second), a rank busy on a loaded machine would be taken for a hung one.
+MIN_HEARTBEAT_TIMEOUT_S = 5.0
+LR_DECAY_STYLES = ("cosine", "linear", "constant")
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    lr_warmup_iters: int = 20
+    # Megatron's --lr-warmup-fraction: warm up over this fraction of --lr-decay-iters (of --train-iters
+    # when that is unset), instead of --lr-warmup-iters.
+    lr_warmup_fraction: Optional[float] = None
+    lr_decay_iters: Optional[int] = None  # None means decay over all of --train-iters
+    lr_decay_style: str = "cosine"
+    # Megatron's sample-based schedule (with --train-samples): warmup and decay lengths in samples.
+    lr_warmup_samples: int = 0
+    lr_decay_samples: Optional[int] = None  # None means decay over all of --train-samples
+    # Megatron-DeepSpeed's token-based schedule: when set, warmup and decay follow consumed tokens.
+    lr_warmup_tokens: Optional[int] = None
+    lr_decay_tokens: Optional[int] = None
+    lr_warmup_init: float = 0.0  # Megatron-LM: the rate the linear warmup starts from
+    # On resume, Megatron compares the schedule (lr, min lr, warmup, decay, style) with the checkpoint's:
+    # different values are an error unless one of these says which side wins.
+    override_opt_param_scheduler: bool = False  # this run's values win
+    use_checkpoint_opt_param_scheduler: bool = False  # the checkpoint's values win
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0  # 0 disables clipping
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+
+    def validate(self) -> None:
+        if self.lr_decay_style not in LR_DECAY_STYLES:
+            raise ConfigError(f"--lr-decay-style {self.lr_decay_style!r} is not one of "
+                              f"{', '.join(LR_DECAY_STYLES)}")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"need 0 <= --min-lr ({self.min_lr}) <= --lr ({self.lr}) and --lr > 0")
+        if self.lr_warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters < 1):
+            raise ConfigError("--lr-warmup-iters must be >= 0 and --lr-decay-iters >= 1")
+        for name in ("lr_warmup_samples", "lr_decay_samples", "lr_warmup_tokens", "lr_decay_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if "warmup" in name else 1):
+                raise ConfigError(f"{_flag(name)} must be at least {0 if 'warmup' in name else 1}, got {value}")
+        if not 0.0 <= self.lr_warmup_init <= self.lr:
+            raise ConfigError(f"--lr-warmup-init must be in [0, --lr {self.lr}], got {self.lr_warmup_init}")
+        if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
+            raise ConfigError("give one of --override-opt_param-scheduler (this run's schedule) and "
+                              "--use-checkpoint-opt_param-scheduler (the checkpoint's), not both")
+        if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
+            raise ConfigError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}")
+        if self.weight_decay < 0 or self.clip_grad < 0 or self.adam_eps <= 0:
+            raise ConfigError("--weight-decay and --clip-grad must be >= 0, --adam-eps > 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass
+class TrainingConfig:
+    micro_batch_size: int = 16
+    global_batch_size: int = 32
+    # When set (--gradient-accumulation-steps), it determines the global batch instead of
+    # --global-batch-size, unless both are given explicitly; see arguments/batch_schedule.py.
+    accumulation_steps: Optional[int] = None
+    # Megatron's --rampup-batch-size START INCREMENT SAMPLES: the global batch grows from START by
+    # INCREMENT, evenly over the first SAMPLES samples, to --global-batch-size (arguments/batch_schedule.py).
+    rampup_batch_size: Optional[list[int]] = None
+    train_iters: Optional[int] = 250  # None with --train-samples: derived as Megatron does (arguments/schedule.py)
+    train_samples: Optional[int] = None  # Megatron's sample-based length, instead of --train-iters
+    train_tokens: Optional[int] = None  # Megatron-DeepSpeed: also stop once this many tokens are consumed
+    seed: int = 1234
+    # Mixed precision: bf16 or fp16 parameters and gradients, fp32 master weights and Adam states.
+    bf16: bool = False
+    fp16: bool = False
+    loss_scale: Optional[float] = None  # fp16 static loss scale; None means dynamic scaling
+    initial_loss_scale: float = 2.0**16  # where dynamic scaling starts
+    loss_scale_window: int = 1000  # overflow-free steps before the scale doubles
+    hysteresis: int = 2  # overflows tolerated before the scale is lowered
+    min_loss_scale: float = 1.0  # dynamic scaling never goes below this
+    # fp16: a run that skips this many steps in a row only skips (the scale found no value at which
+    # the gradients are finite) and stops as diverged; 0 turns the limit off. From 2**32, halving
+    # on every overflow reaches 1 in 32 + hysteresis steps, so 100 leaves room for any honest start.
+    max_consecutive_skipped_iterations: int = 100
+    # Megatron's --accumulate-allreduce-grads-in-fp32: accumulate and reduce gradients in fp32. None
+    # means the default for the precision: on for bf16 (as Megatron and DeepSpeed do), off for fp16
+    # (the paper's 16-bit gradients).
+    accumulate_allreduce_grads_in_fp32: Optional[bool] = None
+    device: str = "auto"
+    dry_run: bool = False  # print this rank's plan (planner/plan.py) and exit without training
+    compile: bool = False  # torch.compile each transformer block (gpt.model.compile_blocks)
+    tensor_model_parallel_size: int = 1
+    # How long a collective may wait for a peer: a dead or hung rank ends the job after this.
+    distributed_timeout_minutes: float = 10.0
+    # How long a peer's heartbeat may stand still before this rank names it and stops (a SIGSTOPped or
+    # hung rank, long before the collective timeout); 0 turns the watch off (parallel/liveness.py).
+    heartbeat_timeout_seconds: float = 120.0
+    eval_interval: int = 50
+    eval_iters: int = 10
+    log_interval: int = 10
+
+    @property
+    def precision(self) -> str:
+        """The training precision: "fp32", "bf16" or "fp16"."""
+        return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
+
+    @property
+    def gradient_precision(self) -> str:
+        """What gradients are accumulated and reduced in: "fp32", or the training precision."""
+        fp32 = self.accumulate_allreduce_grads_in_fp32
+        if fp32 is None:
+            fp32 = self.precision == "bf16"
+        return "fp32" if fp32 else self.precision
+
+    def validate(self) -> None:
+        for name in ("train_iters", "train_samples", "train_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.train_iters is None and self.train_samples is None:
+            raise ConfigError("give --train-iters or --train-samples (how long to train)")
+        for name in ("micro_batch_size", "global_batch_size", "tensor_model_parallel_size",
+                     "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.accumulation_steps is not None and self.accumulation_steps < 1:
+            raise ConfigError(f"{_flag('accumulation_steps')} must be at least 1, got {self.accumulation_steps}")
+        if self.rampup_batch_size is not None:
+            check_rampup(self.rampup_batch_size, self.global_batch_size)
+            if self.accumulation_steps is not None:
+                raise ConfigError("--rampup-batch-size sets the accumulation steps of each iteration; drop "
+                                  "--gradient-accumulation-steps (the ramp ends at --global-batch-size)")
+        if self.eval_iters < 0:
+            raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}")
+        if not self.distributed_timeout_minutes > 0:
+            raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}")
+        if not (self.heartbeat_timeout_seconds == 0 or MIN_HEARTBEAT_TIMEOUT_S <= self.heartbeat_timeout_seconds < float("inf")):
+            raise ConfigError(f"--heartbeat-timeout-seconds must be 0 (no watch) or a finite number of seconds of at "
+                              f"least {MIN_HEARTBEAT_TIMEOUT_S:g} (a few heartbeats, one a second), got "
+                              f"{self.heartbeat_timeout_seconds}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
+                              "takes a 32-bit seed")
+        check_device_name(self.device)
+        if self.fp16 and self.bf16:
+            raise ConfigError("--fp16 and --bf16 are exclusive: choose one (add --no-fp16 or --no-bf16 to "
+                              "override a preset or --zero-config)")
+        if self.max_consecutive_skipped_iterations < 0:
+            raise ConfigError(f"{_flag('max_consecutive_skipped_iterations')} must be 0 (no limit) or more, got "
+                              f"{self.max_consecutive_skipped_iterations}")
+        for name in ("loss_scale", "initial_loss_scale", "min_loss_scale"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"{_flag(name)} must be a positive number, got {value}")
+        if self.min_loss_scale > self.initial_loss_scale:
+            raise ConfigError(f"--min-loss-scale {self.min_loss_scale} is larger than --initial-loss-scale "
+                              f"{self.initial_loss_scale}; lower the former or raise the latter")
+
+
+def check_rampup(ramp: list[int], global_batch_size: int) -> None:
+    """Megatron's rules for --rampup-batch-size START INCREMENT SAMPLES, which need no grid to check."""
+    if len(ramp) != 3:
+        raise ConfigError(f"--rampup-batch-size takes three numbers, START INCREMENT SAMPLES; got {len(ramp)}")
+    start, increment, samples = ramp
+    if start < 1 or increment < 1 or samples < 0:
+        raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: START and INCREMENT must be at least "
+                          f"1 and SAMPLES at least 0")
+    if start > global_batch_size or (global_batch_size - start) % increment != 0:
+        raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: the ramp must reach --global-batch-size "
+                          f"{global_batch_size} from {start} in steps of {increment}")
+
+
+@dataclass
+class DataConfig:
+    # Megatron's form: one prefix ("path/to/x_text_document"), or "weight prefix weight prefix ...".
+    # Empty means the embedded default corpus (CPython's pydoc topics).
+    data_path: list[str] = field(default_factory=list)
+    split: str = "969,30,1"
+    data_cache_dir: Optional[str] = None  # default: ~/.cache/zero-gpt
+    num_workers: int = 0
+    # Megatron's --tokenizer-type; None infers it from the files given (none: the embedded corpus's).
+    tokenizer_type: Optional[str] = None
+    tokenizer_file: Optional[str] = None
+    vocab_file: Optional[str] = None
+    merge_file: Optional[str] = None
+    # Vocabulary of the BPE trained on the default corpus (used only without --data-path).
+    tokenizer_vocab_size: int = 4096
+
+    def validate(self) -> None:
+        try:  # the data files are opened later; their flags' syntax is checked now, before any work
+            parse_split(self.split)
+            if self.data_path:
+                parse_data_path(self.data_path)
+        except DataError as error:
+            raise ConfigError(str(error)) from None
+        if self.tokenizer_type in OTHER_TOKENIZER_TYPES:
+            raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}")
+        if self.tokenizer_type not in (None, *TOKENIZER_TYPES):
+            raise ConfigError(f"--tokenizer-type {self.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
+        if self.tokenizer_type == "NullTokenizer":
+            if self.tokenizer_file or self.vocab_file or self.merge_file:
+                raise ConfigError("--tokenizer-type NullTokenizer reads token ids as they are: drop --tokenizer-file, "
+                                  "--vocab-file and --merge-file")
+            if not self.data_path:
+                raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere); the "
+                                  "embedded corpus is text and needs a real tokenizer")
+        elif self.data_path and not (self.tokenizer_file or self.vocab_file):
+            raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
+                              "(--tokenizer-model), --vocab-file and --merge-file, or --tokenizer-type NullTokenizer "
+                              "with --vocab-size")
+        if self.tokenizer_type == "GPT2BPETokenizer" and not self.vocab_file:
+            raise ConfigError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
+                              "gpt2-vocab.json and gpt2-merges.txt; nothing is downloaded here)")
+        if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_file:
+            raise ConfigError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model: a tokenizer.json, or a "
+                              "folder holding one (nothing is downloaded here)")
+        if bool(self.vocab_file) != bool(self.merge_file):
+            raise ConfigError("--vocab-file and --merge-file go together (GPT-2 style BPE files)")
+        if self.tokenizer_file and self.vocab_file:
+            raise ConfigError("pass either --tokenizer-file or --vocab-file/--merge-file, not both")
+        if self.num_workers < 0 or self.tokenizer_vocab_size < 300:
+            raise ConfigError("--num-workers must be >= 0 and --tokenizer-vocab-size >= 300")
+
+
+@dataclass
+class LoggingConfig:
+    metrics_file: str = "runs/metrics.jsonl"
+    wandb_project: Optional[str] = None
+    wandb_run_name: Optional[str] = None
+    wandb_entity: Optional[str] = None
+    report_memory: bool = False  # log per-rank model-state bytes held and the zero/memory.py prediction
+    # The device's dense 16-bit peak for MFU; None: looked up by the CUDA device's name (omitted on CPU).
+    peak_tflops: Optional[float] = None
+    tensorboard_dir: Optional[str] = None  # TensorBoard events with the same keys as --metrics-file
+
+    def validate(self) -> None:
+        if not self.metrics_file:
+            raise ConfigError("--metrics-file must name a file")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}")
+
+
+@dataclass
+class CheckpointConfig:
+    save: Optional[str] = None  # directory for checkpoints (one iter_NNNNNNN/ per save, and `latest`)
+    save_interval: Optional[int] = None  # None: save only at the end of training and on an exit
+    keep_last: Optional[int] = None  # keep the newest K checkpoints; None keeps all
+    load: Optional[str] = None  # resume from this --save directory (its `latest`) or iteration directory
+    load_optim: bool = True  # --no-load-optim: weights only, fresh Adam moments
+    load_rng: bool = True  # --no-load-rng: random streams from --seed
+    finetune: bool = False  # weights only, starting at iteration 0 with fresh data order
+    init_from_hf: Optional[str] = None  # a transformers GPT2LMHeadModel folder to start from
+    exit_signal_handler: bool = False  # on SIGTERM/SIGUSR1: finish the iteration, save, exit 0
+    exit_interval: Optional[int] = None  # save and exit after an iteration that is a multiple of this
+    exit_duration_in_mins: Optional[float] = None  # save and exit once the run has lasted this long
+    # BigScience's kill switch: when this file exists, a run does not start, and a running one saves and exits.
+    kill_switch_path: Optional[str] = None
+    overwrite_save: bool = False  # allow a run that did not resume from --save's checkpoints to replace them
+    override_data_on_resume: bool = False  # resume although data, split, seq length or seed changed
+    verify_checkpoint: bool = True  # --no-verify-checkpoint: skip the content hashes on load (not the rest)
+
+    def validate(self) -> None:
+        for name in ("save_interval", "keep_last", "exit_interval"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {value}")
+        if self.exit_duration_in_mins is not None and not self.exit_duration_in_mins > 0:
+            raise ConfigError(f"--exit-duration-in-mins must be positive, got {self.exit_duration_in_mins}")
+        for name in ("save_interval", "keep_last", "exit_signal_handler"):
+            if getattr(self, name) and not self.save:
+                raise ConfigError(f"{_flag(name)} needs --save DIR (where the checkpoints go)")
+        if self.finetune and not self.load:
+            raise ConfigError("--finetune needs --load CHECKPOINT (the weights to start from)")
+        if self.save and Path(self.save).is_file():
+            raise ConfigError(f"--save {self.save} is a file; it must be a directory (created if missing)")
+
+
+@dataclass
+class PretrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    activations: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    # Where each setting's value came from (arguments/config_sources.py): filled in by arguments.parser, empty
+    # for a config built in code. Not a setting: to_dict and comparisons leave it out.
+    sources: dict = field(default_factory=dict, compare=False, repr=False)
+    # The DeepSpeed JSON's own batch keys as written ({"source": file, "train_batch_size": n, ...}):
+    # DeepSpeed checks them against the data-parallel size at initialize, and so does
+    # arguments/batch_schedule.py, whichever values the command line made the run use. Not a setting.
+    deepspeed_batch: dict = field(default_factory=dict, compare=False, repr=False)
+
+    SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations", "checkpoint")
+
+    def validate(self) -> None:
+        check_finite_numbers(self)
+        for section in self.SECTIONS:
+            getattr(self, section).validate()
+        self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
+        self.activations.validate_for_layers(self.model.num_layers)
+        if self.data.tokenizer_type == "NullTokenizer" and self.model.vocab_size < 1:
+            raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
+                              "end-of-document id is N)")
+
+    def to_dict(self) -> dict:
+        return {section: {f.name: getattr(getattr(self, section), f.name)
+                          for f in fields(getattr(self, section))} for section in self.SECTIONS}
+
+    @classmethod
+    def from_flat(cls, values: dict, sources: Optional[dict] = None) -> "PretrainConfig":
+        """Build from a flat {field_name: value} mapping (what argparse and YAML presets give)."""
+        config = cls(sources=dict(sources or {}))
+        sections = field_sections()
+        for name, value in values.items():
+            if name not in sections:
+                raise ConfigError(f"unknown setting {name!r}")
+            setattr(getattr(config, sections[name]), name, value)
+        return config
+
+
+def field_sections() -> dict[str, str]:
+    """Every setting name -> the section it lives in."""
+    config = PretrainConfig()
+    return {f.name: section for section in PretrainConfig.SECTIONS for f in fields(getattr(config, section))}
+
+
+def check_finite_numbers(config: PretrainConfig) -> None:
+    """Every float setting must be a finite number. NaN compares false with everything, so the range
+    checks alone would let `--lr nan` or `--clip-grad nan` through (and a NaN clip disables clipping);
+    inf would train to NaN weights. Run first, so the range checks compare real numbers."""
+    for section in config.SECTIONS:
+        for f in fields(getattr(config, section)):
+            value = getattr(getattr(config, section), f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}")
+
+
+def check_device_name(name: str) -> None:
+    """--device is 'auto', 'cpu', 'cuda' or 'cuda:N'; whether that CUDA device exists is checked when
+    the process grid is built."""
+    if name == "auto":
+        return
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name!r} is not a device this program trains on; use auto, cpu, cuda or cuda:N")
+
+
+# Fields whose flag is not simply the field name with dashes.
+FLAG_NAMES = {"stage": "--zero-stage", "accumulation_steps": "--gradient-accumulation-steps",
+              # Megatron's own spelling, underscore and all
+              "override_opt_param_scheduler": "--override-opt_param-scheduler",
+              "use_checkpoint_opt_param_scheduler": "--use-checkpoint-opt_param-scheduler"}
+
+
+def _flag(name: str) -> str:
+    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))

@@ -1,0 +1,107 @@
+"""Where each setting's value came from: its default, the YAML preset, the DeepSpeed JSON, or a flag.
+
+Settings are parsed in layers, preset < JSON < command line (arguments/parser.py). To know which layer
+set a setting, each layer's flags are parsed alone into a namespace pre-filled with a marker:
+argparse fills in defaults only for names a namespace lacks, so whatever no longer holds the marker
+was set by that layer. The JSON layer is parsed key by key, so a setting knows its key.
+
+The sources serve three ends: `--print-config` shows them, and where the JSON and a flag set one
+setting differently, which side won and why; the precedence between the JSON and the command line
+(arguments/parser.py) reads them; and an error about a value the user did not type (a preset's
+`min_lr`) names where that value came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from base.errors import ConfigError
+
+DEFAULT, PRESET, JSON, FLAG = "default", "preset", "json", "flag"
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str           # DEFAULT, PRESET, JSON or FLAG
+    origin: str = ""    # the preset's path; "file.json: key"; the option as typed ("--batch-size")
+    note: str = ""      # for a setting a Megatron flag derived (arguments/megatron_flags.py): how
+    agrees_with: str = ""  # a JSON key that gave the same value as the flag that won
+    overrides: str = ""    # the other side it won over, and why (arguments/deepspeed_precedence.py)
+
+    def describe(self) -> str:
+        if self.kind == DEFAULT:
+            return "default"
+        if self.kind == PRESET:
+            return f"preset {self.origin}"
+        text = self.origin if self.kind == JSON else f"{self.origin} (command line)"
+        if self.note:
+            text += f": {self.note}"
+        if self.agrees_with:
+            text += f"; the same as {self.agrees_with}"
+        if self.overrides:
+            text += f"; {self.overrides}"
+        return text
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET = _Unset()
+
+
+def values_set_by(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
+    """{dest: value} for every dest that `argv` alone sets."""
+    namespace = argparse.Namespace(**{action.dest: UNSET for action in parser._actions if action.dest != "help"})
+    parser.parse_args(argv, namespace)
+    return {dest: value for dest, value in vars(namespace).items() if value is not UNSET}
+
+
+def options_typed(parser: argparse.ArgumentParser, argv: Iterable[str]) -> dict[str, str]:
+    """{dest: the option string the user typed for it (the last one, which wins)}."""
+    typed = {}
+    for token in argv:
+        option = token.split("=", 1)[0]
+        action = parser._option_string_actions.get(option) if token.startswith("--") else None
+        if action is not None:
+            typed[action.dest] = option
+    return typed
+
+
+def mentioned_flags(message: str) -> list[str]:
+    """The --flags a message names, in order, once each."""
+    seen: list[str] = []
+    for flag in re.findall(r"--[a-z0-9][a-z0-9_-]*[a-z0-9]", message):
+        if flag not in seen:
+            seen.append(flag)
+    return seen
+
+
+def name_inherited_values(error: ConfigError, parser: argparse.ArgumentParser, sources: dict[str, Source],
+                          value_of) -> ConfigError:
+    """`error`, with a clause for each flag it names whose value was not typed on the command line but
+    came from a preset or the DeepSpeed JSON: an error about a value the user never wrote must say
+    where it came from. `value_of(dest)` gives the value in force."""
+    clauses = []
+    for flag in mentioned_flags(str(error)):
+        action = parser._option_string_actions.get(flag)
+        source = sources.get(action.dest) if action is not None else None
+        if source is None or source.kind not in (PRESET, JSON):
+            continue
+        where = f"the preset {source.origin}" if source.kind == PRESET else source.origin
+        clauses.append(f"{flag} {show_value(value_of(action.dest))} comes from {where}; set it on the command line "
+                       f"to change it")
+    if not clauses:
+        return error
+    return ConfigError(f"{error} ({'; '.join(clauses)})")
+
+
+def show_value(value: Any) -> str:
+    """A setting's value as it is typed on a command line: lists space-separated."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value)) if value else "[]"
+    return str(value)

@@ -1,0 +1,550 @@
+"""What each harvested Megatron-LM / Megatron-DeepSpeed / DeepSpeed flag that is not one of ours
+(nor an alias of one, arguments/megatron_flags.py) does here, by group, each group with its reason.
+
+The names come from arguments/megatron_flags_harvested.json (scripts/harvest_megatron_flags.py); a test fails
+when a harvested name is in no class. Three tables:
+
+- `NO_EFFECT`: accepted, no effect on the math; listed once, with the group's reason, in the one info
+  line at the start of a run (and in --print-config).
+- `REFUSED`: a feature that would change the math and does not exist here; one line with what to use.
+- `AT_VALUE`: a feature that is a no-op at one value (`--num-experts 1`, `--optimizer adam`): accepted
+  there with no effect, refused at any other value.
+
+A "knob" group holds the settings of a feature that is off here: without its switch (which is refused
+or at its no-op value) Megatron ignores them too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+# ---- accepted, no effect on the math --------------------------------------------------------------------
+
+NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("logging: what Megatron logs and where; here every --log-interval record (loss, lr, grad_norm, loss_scale, "
+     "batch size, timings, tokens/s, TFLOP/s, memory) goes to --metrics-file, and to TensorBoard and W&B when "
+     "they are on", _names("""
+        --log-timers-to-tensorboard --log-batch-size-to-tensorboard --log-validation-ppl-to-tensorboard
+        --log-optimizer-states-to-tensorboard --log-memory-to-tensorboard --log-world-size-to-tensorboard
+        --no-log-learnig-rate-to-tensorboard --no-log-loss-scale-to-tensorboard --disable-log-loss-scale-to-tensorboard
+        --tensorboard-log-interval --tensorboard-queue-size --log-params-norm --log-num-zeros-in-grad
+        --log-throughput --log-progress --log-energy --log-memory-interval --log-device-memory-used
+        --log-max-attention-logit --timing-log-level --timing-log-option --no-barrier-with-level-1-timing
+        --log-level --log-level-replica --logging-level --log-path --codecarbon-dir --config-logger-dir
+        --one-logger-async --one-logger-project --one-logger-run-name --no-one-logger
+        --app-tag-run-name --app-tag-run-version --otel-enabled --otel-service-name --otel-span-groups""")),
+    ("W&B writes its files beside --metrics-file here", _names("--wandb-save-dir")),
+    ("profiling and diagnostics: they observe a run without changing what it computes (--profile-checkpointing "
+     "times the checkpointed groups here; a non-finite loss or gradient always stops the run)", _names("""
+        --profile --profile-ranks --profile-step-start --profile-step-end --profile_steps --profile-backward
+        --use-pytorch-profiler --pytorch-profiler-collect-callstack --pytorch-profiler-collect-chakra
+        --pytorch-profiler-collect-shapes --record-shapes --nvtx-ranges --record-memory-history --memory-snapshot-path
+        --flight-recorder-dump-path --flight-recorder-include-stack-trace --flight-recorder-trace-buffer-size
+        --no-flight-recorder-dump-on-timeout --disable-flight-recorder-dump-on-timeout
+        --no-flight-recorder-extra-dump-on-exec --disable-flight-recorder-extra-dump-on-exec
+        --no-flight-recorder-include-only-active --disable-flight-recorder-include-only-active
+        --dump-param-to-param-group-map --save-activations-interval --save-dgrads-interval --save-params-interval
+        --save-wgrads-interval --run-workload-inspector-server --log-straggler --straggler-ctrlr-port
+        --straggler-minmax-count --disable-straggler-on-startup --gpu-sniff-test-interval
+        --check-weight-hash-across-dp-replicas-interval --check-for-spiky-loss --check-for-large-grads --test-mode
+        --no-check-for-nan-in-loss-and-grad --rerun-mode --result-rejected-tracker-filename --error-injection-type
+        --fault-injector-delay-start-iteration --fault-injector-fault-delay --fault-injector-fault-probabilities
+        --fault-injector-fault-types --fault-injector-mtti-seconds --fault-injector-num-ranks
+        --fault-injector-offset-seconds --fault-injector-ranks --fault-injector-seed""")),
+    ("a kernel or implementation choice: the same values are computed either way (one implementation here: "
+     "PyTorch layers with SDPA attention)", _names("""
+        --bias-gelu-fusion --bias-dropout-fusion --scaled-masked-softmax-fusion
+        --scaled-upper-triang-masked-softmax-fusion --no-bias-swiglu-fusion --no-persist-layer-norm
+        --disable-mem-efficient-ln --disable-jit-fuser --cross-entropy-loss-fusion --cross-entropy-fusion-impl
+        --no-gradient-reduce-div-fusion --abort-on-unmet-fused-kernel-constraints --enable-cuda-graph
+        --cuda-graph-impl --cuda-graph-modules --cuda-graph-scope --cuda-graph-warmup-steps --external-cuda-graph
+        --optimizer-cuda-graph --disable-bf16-reduced-precision-matmul --deterministic-mode --batch-invariant-mode
+        --batch-invariant-backend --transformer-impl --use-mcore-models --use-legacy-models
+        --use-transformer-engine-op-fuser --use-te-activation-func --te-rng-tracker --inference-rng-tracker
+        --flash-attention-version --ds_fused_adam --no-create-attention-mask-in-dataloader --mlp-chunks-for-training
+        --manual-gc --manual-gc-interval --no-manual-gc-eval --disable-manual-gc-eval --empty-unused-memory-level
+        --train-sync-interval --recompute-modules --enable-experimental""")),
+    ("a communication or overlap choice: data parallelism here is ZeRO's bucketed reducer (--reduce-bucket-size, "
+     "--overlap-comm, --overlap-param-gather) and sums the same gradients", _names("""
+        --DDP-impl --no-contiguous-buffers-in-local-ddp --use-contiguous-buffers-in-ddp
+        --no-async-tensor-model-parallel-allreduce --ddp-average-in-collective --ddp-num-buckets
+        --ddp-pad-buckets-for-high-nccl-busbw --ddp-param-name-patterns-for-fp32-local-accumulation
+        --ddp-reduce-scatter-with-fp32-accumulation --no-align-grad-reduce --disable-align-grad-reduce
+        --no-align-param-gather --overlap-param-gather-with-optimizer-step --suggested-communication-unit-size
+        --use-nccl-ub --symmetric-ar-type --disable-symmetric-registration --create-all-gather-group
+        --high-priority-stream-groups --high-priority-a2a-comm-stream --delay-wgrad-compute
+        --defer-embedding-wgrad-compute --wgrad-deferral-limit --tp-comm-overlap --tp-comm-overlap-cfg
+        --tp-comm-overlap-rs-dgrad --tp-comm-bootstrap-backend --no-tp-comm-bulk-dgrad --disable-tp-comm-bulk-dgrad
+        --no-tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --no-tp-comm-overlap-ag --disable-tp-comm-overlap-ag
+        --no-tp-comm-overlap-rs --disable-tp-comm-overlap-rs --no-tp-comm-split-ag --disable-tp-comm-split-ag
+        --no-tp-comm-split-rs --disable-tp-comm-split-rs --tensor-parallel-num-weight-shards
+        --gtp-remat-nccl-ub --gtp-remat-opt-in-modules --gtp-remat-reduce-scatter-with-fp32-accumulation
+        --nccl-communicator-config-path --use-sharp --sharp-enabled-group --disable-gloo-process-groups
+        --use-tp-pp-dp-mapping --no-clone-scatter-output-in-embedding --disable-clone-scatter-output-in-embedding
+        --sync-tp-duplicated-parameters""")),
+    ("fully sharded data parallelism: ZeRO is that here, its level chosen by --zero-stage (0 no_shard, 1 optim, "
+     "2 optim_grads, 3 optim_grads_params); the math is data parallelism's at every level", _names("""
+        --use-torch-fsdp2 --use-megatron-fsdp --data-parallel-sharding-strategy --outer-dp-sharding-strategy
+        --num-distributed-optimizer-instances --enable-full-sharding-in-hsdp --torch-fsdp2-no-reshard-after-forward
+        --fsdp-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail --fsdp-manual-registration
+        --megatron-fsdp-enable-fine-grained-param-gather --megatron-fsdp-grad-comm-dtype
+        --megatron-fsdp-main-grads-dtype --megatron-fsdp-main-params-dtype --megatron-fsdp-max-pool-double-buffer
+        --megatron-fsdp-version --no-use-layer-wise-param-layout""")),
+    ("with fp32 master weights and Adam moments (--main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype fp32; "
+     "others are refused) the precision-aware optimizer is the fp32-state Adam(W) here",
+     _names("--use-precision-aware-optimizer")),
+    ("a memory-layout switch of DeepSpeed's Megatron forks (how a tensor is split or tiled while the same values "
+     "are computed); ZeRO's partitioning here is --zero-stage, --partition-activations", _names("""
+        --scattered-embeddings --split-transformers --memory-centric-tiled-linear --tile-factor""")),
+    ("where or whether initial weights are materialized: each rank here creates only what it holds, from a "
+     "counter-based function of --seed, the same values on any device (a loaded checkpoint replaces them)", _names("""
+        --use-cpu-initialization --init-model-with-meta-device --no-initialization --lazy-mpu-init""")),
+    ("every implementation (mmap, cached, lazy, infer) reads the same .bin/.idx tokens, memory-mapped here",
+     _names("--data-impl --mmap-warmup --no-mmap-bin-files")),
+    ("how the .bin/.idx data is read or its index built (threads, caches, storage clients, sharding of the "
+     "loader); every data-parallel rank here reads its slice of the same samples", _names("""
+        --num-dataset-builder-threads --dataloader-fast-cache-load --dataloader-defer-npy-index-mmap
+        --object-storage-cache-path --enable-msc --disable-msc --no-data-sharding --mid-level-dataset-surplus
+        --per-dataset-sequences-path --repeated-dataloader --return-data-index --valid-num-workers
+        --input-data-sizes-file --allow-ambiguous-pad-tokens""")),
+    ("raw-text options of DeepSpeedExamples' GPT-2 loader (JSON keys, sentence splitting, shuffling); data here "
+     "is tokenized beforehand into .bin/.idx (python -m data.preprocess) and always shuffled by --seed",
+     _names("--presplit-sentences --loose-json --text-key --delim --shuffle")),
+    ("how checkpoints are written or read (format, parallel and asynchronous I/O, extra local copies, "
+     "integrity checks); checkpoints here are sharded safetensors with a metadata.json, always verified on load "
+     "and holding the optimizer state and random streams (--no-load-optim, --no-load-rng choose what a resume "
+     "takes)", _names("""
+        --ckpt-format --async-save --async-strategy --async-ckpt-cpu-priority --async-ckpt-io-priority
+        --async-ckpt-use-cpu-shm --auto-detect-ckpt-format --ckpt-assume-constant-structure --ckpt-fully-parallel-load
+        --ckpt-fully-parallel-load-per-rank-objects --ckpt-fully-parallel-load-exchange-algo
+        --ckpt-fully-parallel-load-process-group --ckpt-fully-parallel-save --no-ckpt-fully-parallel-save
+        --ckpt-fully-parallel-save-process-group --ckpt-pg-tensors-cache-create --ckpt-pg-tensors-cache-path
+        --ckpt-drop-redundant-extra-state --dist-ckpt-format --dist-ckpt-optim-fully-reshardable
+        --dist-ckpt-save-pre-mcore-014 --dist-ckpt-strictness --dist-ckpt-workers
+        --distrib-optim-fully-reshardable-mem-efficient --use-dist-ckpt --use-persistent-ckpt-worker
+        --non-persistent-ckpt-type --non-persistent-global-ckpt-dir --non-persistent-local-ckpt-algo
+        --non-persistent-local-ckpt-dir --non-persistent-save-interval --replication --replication-factor
+        --replication-jump --save-retain-interval --no-save-optim --no-save-rng --exit-on-missing-checkpoint
+        --no-ckpt-load-validate-sharding-integrity --disable-ckpt-load-validate-sharding-integrity
+        --no-strict-fsdp-dtensor-load --disable-strict-fsdp-dtensor-load --load-main-params-from-ckpt
+        --ckpt-convert-update-legacy-dist-opt-format --verify-integrity --no-save-tokenizer-assets
+        --disable-save-tokenizer-assets --no-use-tokenizer-model-from-checkpoint-args
+        --disable-use-tokenizer-model-from-checkpoint-args --use-mp-args-from-checkpoint-args""")),
+    ("launcher and cluster plumbing (autoresume, in-process restart, fault tolerance, timeouts, signals, MPI "
+     "discovery); ranks and devices come from torchrun or SLURM here, and --exit-signal-handler saves on "
+     "SIGTERM or SIGUSR1", _names("""
+        --adlr-autoresume --adlr-autoresume-interval --inprocess-restart --inprocess-active-world-size
+        --inprocess-barrier-timeout --inprocess-completion-timeout --inprocess-empty-cuda-cache --inprocess-granularity
+        --inprocess-hard-timeout --inprocess-heartbeat-interval --inprocess-heartbeat-timeout --inprocess-last-call-wait
+        --inprocess-max-iterations --inprocess-monitor-process-interval --inprocess-monitor-thread-interval
+        --inprocess-progress-watchdog-interval --inprocess-soft-timeout --inprocess-termination-grace-time
+        --enable-ft-package --calc-ft-timeouts --ft-num-warmup-iters --distributed-timeout-seconds-after-init
+        --aml-data-download-path --exit-signal --exit-signal-handler-for-dataloader --exit-signal-handler-for-training
+        --deepspeed_mpi --trust-remote-code""")),
+    ("Megatron-DeepSpeed defines it and never reads it (a resume here continues the schedule at the consumed "
+     "samples; --override-opt_param-scheduler chooses this run's schedule)", _names("--no-load-lr-state")),
+    ("DeepSpeed's engine switch (deprecated name of --deepspeed): ZeRO is always on here (--zero-stage, "
+     "--zero-config)", _names("--deepscale")),
+    ("an fp16 overflow guard of the attention softmax: SDPA accumulates the softmax in fp32 here, and "
+     "query-key layer scaling leaves the softmax's value the same", _names("""
+        --attention-softmax-in-fp32 --apply-query-key-layer-scaling --no-query-key-layer-scaling""")),
+    ("the cross entropy here is computed in fp32 whatever the logits' dtype",
+     _names("--fp16-lm-cross-entropy --output-logit-dtype")),
+    ("LayerNorm weights are never weight-decayed here, so 1 + gamma is the same parameter shifted",
+     _names("--apply-layernorm-1p")),
+    ("Megatron's ONNX-safe GeLU is the exact erf GeLU, its default; the activation here is --activation",
+     _names("--onnx-safe")),
+    ("every linear layer here has a bias, as in GPT-2, the query-key-value projection's included",
+     _names("--add-qkv-bias")),
+    ("every sample here has --seq-length target tokens and no loss mask, so the per-token and per-micro-batch "
+     "averages of the loss are equal", _names("--calculate-per-token-loss")),
+    ("a global batch not divisible by micro batch x data-parallel size is an error here, so no batch is ever "
+     "decreased", _names("--decrease-batch-size-if-needed")),
+    ("evaluation only (how many batches, when, on which sets): training is the same; validation here runs "
+     "--eval-iters batches of the valid split every --eval-interval", _names("""
+        --full-validation --multiple-validation-sets --validation-set-names --eval-micro-batch-size
+        --eval-global-batch-size --start-eval-at-iter --eval-batch-size --eval-seq-length""")),
+    ("pipeline parallelism's knob: it is off here (--pipeline-model-parallel-size 1), so it has no effect",
+     _names("""
+        --no-pipeline-parallel --num-layers-per-virtual-pipeline-stage --num-virtual-stages-per-pipeline-rank
+        --pipeline-model-parallel-split-rank --decoder-first-pipeline-num-layers --decoder-last-pipeline-num-layers
+        --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
+        --pipeline-model-parallel-layout --microbatch-group-size-per-virtual-pipeline-stage
+        --overlap-p2p-communication --no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush
+        --use-ring-exchange-p2p --no-scatter-gather-tensors-in-pipeline --standalone-embedding-stage
+        --pipeline-model-parallel-comm-backend --pp-partition-method --enable-zbh1-pipeline
+        --enable-zbh1-exact-semantics --delta-offload-bytes-across-pp-ranks
+        --inference-batch-times-seqlen-threshold""")),
+    ("context parallelism's knob: it is off here (--context-parallel-size 1), so it has no effect", _names("""
+        --cp-comm-type --hierarchical-context-parallel-sizes --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
+    ("DeepSpeed sequence parallelism's knob: it is off here (--ds-sequence-parallel-size 1; forced at size 1 it "
+     "computes the same attention), so it has no effect", _names("""
+        --force-ds-sequence-parallel --ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size
+        --ds-sequence-parallel-fpdt-offloading""")),
+    ("mixture-of-experts knob: this GPT's MLP is dense, as with --num-experts 1, so router, capacity, dispatch "
+     "and MoE loss settings have no effect", _names("""
+        --moe-loss-coeff --moe-aux-loss-coeff --moe-z-loss-coeff --moe-train-capacity-factor --moe-eval-capacity-factor
+        --moe-min-capacity --moe-expert-capacity-factor --moe-expert-rank-capacity-factor --moe-apply-probs-on-input
+        --moe-combine-bwd-dtype --moe-dispatch-fwd-dtype --moe-deepep-num-sms --moe-enable-deepep
+        --moe-enable-routing-replay --moe-extended-tp --moe-ffn-hidden-size --moe-flex-dispatcher-backend
+        --moe-flex-dispatcher-num-sms --moe-grouped-gemm --moe-hybridep-num-blocks-permute
+        --moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms --moe-hybridep-num-sms-preprocessing
+        --moe-hybridep-pad-uneven-dispatch-inputs --moe-input-jitter-eps --moe-latent-size --moe-layer-freq
+        --moe-layer-recompute --moe-mlp-glu-interleave-size --moe-ncclep-zero-copy --moe-pad-expert-input-to-capacity
+        --moe-pad-experts-for-cuda-graph-inference --moe-paged-stash --moe-paged-stash-buffer-size-factor-cpu
+        --moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-page-size --moe-per-layer-logging
+        --moe-permute-fusion --moe-permute-fusion-into-hybridep --moe-router-bias-update-rate --moe-router-dtype
+        --moe-router-enable-expert-bias --moe-router-force-biased --moe-router-force-load-balancing
+        --moe-router-fusion --moe-router-group-topk --moe-router-load-balancing-type --moe-router-num-groups
+        --moe-router-padding-for-fp8 --moe-router-padding-for-quantization --moe-router-pre-softmax
+        --moe-router-quantile-balancing-ema --moe-router-score-function --moe-router-topk
+        --moe-router-topk-scaling-factor --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits
+        --moe-routing-trace-dump-weights --moe-routing-trace-max-training-iters --moe-routing-trace-path
+        --moe-shared-expert-gate --moe-shared-expert-glu-interleave-size --moe-shared-expert-intermediate-size
+        --moe-shared-expert-overlap --moe-single-grouped-bias --moe-single-grouped-weight
+        --moe-token-dispatcher-type --moe-token-drop-policy --moe-upcycling-granularity --moe-use-grouped-tensor
+        --moe-use-legacy-grouped-gemm --moe-use-upcycling --disable-moe-token-dropping
+        --disable-moe-top2-2nd-expert-sampling --create-moe-param-group --enable-expert-tensor-parallelism
+        --expert-interval --expert-tensor-parallel-size --expert-tensor-parallel-num-weight-shards --mlp-type --topk
+        --use-tutel --overlap-moe-expert-parallel-comm --overlap-dispatch-backward-with-experts-wgrad
+        --ep-overlap-early-attn-memory-release --gtp-expert-remat-nccl-ub --save-tokens-per-expert-interval
+        --use-grouped-gemm-for-shared-expert --use-grouped-gemm-for-dense-mlp""")),
+    ("rotary or relative position embeddings' knob: positions here are GPT-2's learned embeddings "
+     "(--position-embedding-type learned_absolute), so it has no effect", _names("""
+        --rotary-percent --rotary-base --rotary-interleaved --rotary-scaling-factor
+        --rotary-seq-len-interpolation-factor --rotary-position-embeddings-theta --rope-scaling-factor --rope-type
+        --use-rope-scaling --no-rope-fusion --no-rope-freq --mrope-section --mscale --mscale-all-dim --yarn-beta-fast
+        --yarn-beta-slow --yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int
+        --yarn-original-max-position-embeddings --relative-attention-num-buckets --relative-attention-max-distance""")),
+    ("grouped-query and multi-latent attention's knob: attention here is multi-head (--group-query-attention and "
+     "--multi-latent-attention are refused), so it has no effect", _names("""
+        --num-query-groups --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
+        --cache-mla-latents --mla-down-proj-fusion --apply-wd-to-qk-layernorm --no-weight-decay-cond-type""")),
+    ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, sliding windows, gated "
+     "linear units, hyper-connections, Mamba and hybrid stacks); their switches are refused, so it has no effect",
+     _names("""
+        --dsa-indexer-head-dim --dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 --dsa-indexer-loss-coeff
+        --dsa-indexer-n-heads --dsa-indexer-rope-interleaved --dsa-indexer-skip-topk-offset --dsa-indexer-topk
+        --dsa-indexer-topk-freq --dsa-indexer-use-sparse-loss --dsa-kernel-backend --no-dsa-indexer-rotate-activation
+        --disable-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu --disable-dsa-indexer-scoring-relu
+        --linear-attention-freq --linear-conv-kernel-dim --linear-key-head-dim --linear-num-key-heads
+        --linear-num-value-heads --linear-value-head-dim --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
+        --gdp-num-householder --window-attn-skip-freq --glu-linear-offset --use-fused-weighted-squared-relu
+        --fused-residual-rmsnorm --mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num
+        --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
+        --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
+        --disable-mamba-mem-eff-path --hybrid-attention-ratio --hybrid-mlp-ratio""")),
+    ("multi-token prediction's knob: it is off here (--mtp-num-layers 0), so it has no effect", _names("""
+        --mtp-detach-heads --mtp-hsm --mtp-hybrid-override-pattern --mtp-loss-scaling-factor --mtp-standalone
+        --mtp-use-repeated-layer""")),
+    ("fp8/fp4 training's knob: it is off here (--fp8-format and --fp4-format are refused; --bf16 or --fp16), so "
+     "it has no effect", _names("""
+        --fp8-margin --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo --fp8-recipe --fp8-param-gather
+        --fp8-output-proj --fp8-quantizer-factory --no-fp8-wgrad --disable-fp8-wgrad --first-last-layers-bf16
+        --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16 --keep-fp8-transpose-cache
+        --reuse-grad-buf-for-mxfp8-param-ag --fp4-recipe --fp4-param-gather --fp4-quantizer-factory
+        --kitchen-attention-backend""")),
+    ("CPU offload's knob: offload is off here (ZeRO-Offload is on the roadmap; --cpu-optimizer and "
+     "--optimizer-cpu-offload are refused), so it has no effect", _names("""
+        --cpu_torch_adam --use-pin-memory --optimizer-offload-fraction --use-torch-optimizer-for-cpu-offload
+        --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads --no-pin-cpu-params --activation-offload-fraction
+        --offload-modules --min-offloaded-tensor-size --cpu-offloading-retain-pinned-cpu-buffers
+        --delay-offload-until-cuda-graph --fine-grained-offloading-max-inflight-offloads""")),
+    ("another optimizer's knob (SGD, Muon, Lion, decoupled embedding learning rate, weight-decay ramps): the "
+     "optimizer here is Adam(W) with a constant --weight-decay, so it has no effect", _names("""
+        --sgd-momentum --muon-coefficient-type --muon-extra-scale-factor --muon-fp32-matmul-prec --muon-momentum
+        --muon-nesterov --muon-no-split-qkv --muon-num-ns-steps --muon-scalar-optimizer --muon-scale-mode
+        --muon-tp-mode --muon-use-syrk --lion-beta1 --lion-beta2 --decoupled-min-lr --start-weight-decay
+        --end-weight-decay --qk-clip-alpha --qk-clip-threshold""")),
+    ("a warmup-stable-decay schedule's knob: WSD is not a --lr-decay-style here, so it has no effect",
+     _names("--lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style")),
+    ("a tokenizer option for tokenizer types not here, or for how text was tokenized; training reads token ids "
+     "from the .bin/.idx (--tokenizer-type: GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer)", _names("""
+        --tokenizer-hf-no-use-fast --tokenizer-hf-no-include-special-tokens --tokenizer-metadata
+        --tokenizer-sentencepiece-legacy --no-tokenizer-sentencepiece-ignore-extra-whitespaces
+        --disable-tokenizer-sentencepiece-ignore-extra-whitespaces --legacy-tokenizer --tiktoken-num-special-tokens
+        --tiktoken-pattern --tiktoken-special-tokens --tokenizer-model-type --tokenizer-path --null-tokenizer-pad-id
+        --chat-template --use-gigatoken""")),
+    ("knowledge distillation's, fill-in-the-middle's, supervised fine-tuning's or muP's knob: those are refused "
+     "(--kd, --mos, --logits-load-dir, --fim-data, --sft, --use-mup), so it has no effect", _names("""
+        --kd-alpha-ce --kd-beta-ce --kd-temp --num-layers-teacher --hidden-size-teacher --num-attention-heads-teacher
+        --num-experts-teacher --load-teacher --logits-load-decode-threads --logits-load-ignore-errors
+        --logits-load-kd-loss-alpha --logits-load-msc-prefetch-depth --logits-load-prefetch-factor --logits-save-dir
+        --logits-save-dtype --logits-save-top-k --logits-save-top-p --logits-save-top-p-min-k --fim-eod-token
+        --fim-fragment-rate --fim-middle-token --fim-no-prefix --fim-pad-token --fim-prefix-token --fim-rate
+        --fim-split-sample --fim-spm-rate --fim-suffix-token --sft-tokenizer-prompt-format --mup-attn-scale-power
+        --mup-base-head-dim --mup-base-hidden-size --mup-embedding-mult --mup-output-mult --mup-width-mult""")),
+    ("ALBERT-style parameter sharing's knob: every layer has its own parameters here (--num-unique-layers is the "
+     "number of layers), so it has no effect", _names("--param-sharing-style")),
+    ("read only by Megatron's other programs (BERT, T5, prefix-LM, ICT/REALM retrieval, RETRO, vision, DINO, "
+     "reinforcement learning, inference serving, text generation, evaluation tasks); their pretrain_gpt.py "
+     "ignores it too", _names("""
+        --bert-load --bert-no-binary-head --bert-embedder-type --output-bert-embeddings --biencoder-projection-dim
+        --biencoder-shared-query-context-model --ict-head-size --ict-load --block-data-path --titles-data-path
+        --evidence-data-path --embedding-path --indexer-batch-size --indexer-log-interval --query-in-block-prob
+        --use-one-sent-docs --short-seq-prob --mask-prob --retriever-report-topk-accuracies --retriever-score-scaling
+        --retriever-seq-length --report-topk-accuracies --faiss-use-gpu --sample-rate
+        --decoder-num-layers --decoder-seq-length --mean-noise-span-length --noise-density
+        --loss-on-targets-only --reweight-loss-based-on-position-frequency --retro-add-retriever --retro-attention-gate
+        --retro-cyclic-train-iters --retro-encoder-attention-dropout --retro-encoder-hidden-dropout
+        --retro-encoder-layers --retro-no-verify-neighbor-count --retro-num-neighbors --retro-num-retrieved-chunks
+        --retro-project-dir --retro-return-doc-ids --retro-workdir --vision-pretraining --vision-pretraining-type
+        --vision-backbone-type --swin-backbone-type --img-h --img-w --img-dim --patch-dim --num-channels --num-classes
+        --classes-fraction --data-per-class-fraction --mask-factor --mask-type --iter-per-epoch --head-lr-mult
+        --dino-bottleneck-size --dino-freeze-last-layer --dino-head-hidden-size --dino-local-crops-number
+        --dino-local-img-size --dino-norm-last-layer --dino-teacher-temp --dino-warmup-teacher-temp
+        --dino-warmup-teacher-temp-epochs --perform-rl-step --langrl-env-config --langrl-external-server
+        --no-langrl-external-server --langrl-inference-server-conversation-template --langrl-inference-server-type
+        --grpo-clamp-eps-lower --grpo-clamp-eps-upper --grpo-default-temperature --grpo-default-top-p
+        --grpo-entropy-term-weight --grpo-filter-groups-with-same-reward --grpo-group-size --grpo-iterations
+        --grpo-kl-beta --grpo-prompts-per-step --refit-method --rl-calculate-intra-group-similarity
+        --no-rl-calculate-intra-group-similarity --rl-consumption-granularity --rl-default-temperature
+        --rl-default-top-k --rl-default-top-p --rl-durable-rollout-bank --rl-generation-lag
+        --rl-importance-sampling-truncation-coef --rl-inference-expert-model-parallel-size
+        --rl-inference-expert-tensor-model-parallel-size --rl-inference-logprobs-is-correction
+        --no-rl-inference-logprobs-is-correction --rl-inference-model-unified-memory-level --rl-inference-parsers
+        --rl-inference-pipeline-model-parallel-size --rl-inference-tensor-model-parallel-size
+        --rl-kv-cache-management-mode --rl-max-inflight-requests --rl-offload-inference-model-weights-when-idle
+        --no-rl-offload-inference-model-weights-when-idle --rl-offload-kv-cache-during-training
+        --no-rl-offload-kv-cache-during-training --rl-offload-optimizer-during-inference --rl-partial-rollouts
+        --no-rl-partial-rollouts --rl-persist-cuda-graphs --no-rl-persist-cuda-graphs --rl-profile --rl-profile-dir
+        --rl-prompts-per-eval --rl-remove-kv-cache-during-training --no-rl-remove-kv-cache-during-training
+        --rl-reset-cuda-graphs --no-rl-reset-cuda-graphs --rl-rollout-bank-dir --rl-rollout-bank-max-bytes
+        --rl-sequence-packing-algo --rl-sequence-packing-bin-size --rl-sequence-packing-max-sequences-per-bin
+        --rl-skip-bos-token --no-rl-skip-bos-token --rl-submission-granularity --rl-training-cuda-graphs
+        --no-rl-training-cuda-graphs --rl-use-sequence-packing --no-rl-use-sequence-packing
+        --rl-verify-model-weights-swap --no-rl-verify-model-weights-swap --inference-coordinator-port
+        --inference-cuda-graph-all-prefills --inference-cuda-graph-max-tokens --inference-cuda-graph-scope
+        --inference-disable-ep-consensus --no-inference-disable-ep-consensus --inference-disable-triton-nvls-kernels
+        --inference-dynamic-batching --inference-dynamic-batching-async-sched-mode
+        --inference-dynamic-batching-block-size --inference-dynamic-batching-buffer-guaranteed-fraction
+        --inference-dynamic-batching-buffer-overflow-factor --inference-dynamic-batching-buffer-size-gb
+        --inference-dynamic-batching-cuda-graph-mixed-prefill-count
+        --inference-dynamic-batching-cuda-graph-sizing-distribution --inference-dynamic-batching-logprobs-mode
+        --inference-dynamic-batching-mamba-memory-ratio --inference-dynamic-batching-max-requests
+        --inference-dynamic-batching-max-requests-override --inference-dynamic-batching-max-tokens
+        --inference-dynamic-batching-max-tokens-override --inference-dynamic-batching-num-cuda-graphs
+        --inference-dynamic-batching-paused-buffer-size-gb --inference-dynamic-batching-prefix-caching
+        --no-inference-dynamic-batching-prefix-caching --inference-dynamic-batching-prefix-caching-coordinator-policy
+        --inference-dynamic-batching-prefix-caching-eviction-policy --inference-dynamic-batching-prefix-caching-mamba-gb
+        --inference-dynamic-batching-prefix-caching-routing-alpha --inference-dynamic-batching-sampling-backend
+        --inference-dynamic-batching-track-generated-token-events
+        --inference-dynamic-batching-track-paused-request-events --inference-dynamic-batching-unified-memory-level
+        --inference-fuse-tp-communication --inference-grouped-gemm-backend --inference-logging-step-interval
+        --inference-max-batch-size --inference-max-requests --inference-max-seq-length
+        --inference-moe-disable-fused-quant-kernels --inference-moe-token-dispatcher-type --inference-shards
+        --inference-text-gen-server-logging --no-inference-text-gen-server-logging
+        --inference-use-synchronous-zmq-collectives --no-inference-use-synchronous-zmq-collectives
+        --inference-wandb-logging --no-inference-wandb-logging --flash-decode --decode-only-cuda-graphs
+        --mlp-chunks-for-prefill --num-speculative-tokens --nccl-all-reduce-for-prefill --enable-chunked-prefill
+        --disable-chunked-prefill --use-legacy-static-engine --use-same-sampling-seed-across-dp-ranks
+        --max-tokens-to-oom --ds-inference --cloze-eval
+        --eval-hf --load-openai --temperature --top_k --top_p --out-seq-length --overlapping-eval --eval-text-key
+        --eval-max-preds-per-seq --max-preds-per-seq --pretrained-bert --intermediate-size --deep-init
+        --use-tfrecords""")),
+)
+
+
+# ---- refused: the feature would change the math and does not exist here ----------------------------------
+
+REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("not implemented: the MLP here is GPT-2's GeLU (--activation gelu or gelu_tanh)", _names("""
+        --swiglu --squared-relu --quick-geglu --glu-activation --activation-func-clamp-value""")),
+    ("not implemented: positions are GPT-2's learned embeddings (--position-embedding-type learned_absolute)",
+     _names("--use-rotary-position-embeddings --no-position-embedding")),
+    ("not implemented: LayerNorm before each sublayer and after the last block, as in GPT-2", _names("""
+        --apply-residual-connection-post-layernorm --qk-layernorm --qk-l2-norm --embed-layernorm""")),
+    ("not implemented: multi-head attention over the whole causal context, as in GPT-2", _names("""
+        --group-query-attention --multi-latent-attention --attention-output-gate --window-size
+        --experimental-attention-variant""")),
+    ("not implemented: every block is the same GPT-2 block", _names("""
+        --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
+        --use-mup --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
+    ("not implemented: the output layer is tied to the word embedding, as in GPT-2",
+     _names("--untie-embeddings-and-output-weights")),
+    ("not implemented: linear layers have biases, as in GPT-2", _names("--disable-bias-linear")),
+    ("not implemented: documents are concatenated and every token is predicted across document boundaries, as "
+     "in GPT-2's training (no loss mask, no per-document positions or attention)", _names("""
+        --eod-mask-loss --reset-position-ids --reset-attention-mask --dataloader-inter-document-masking""")),
+    ("not implemented: the data is one --data-path (a prefix or a weighted blend) split into train, valid and "
+     "test documents by --split", _names("""
+        --train-data-path --valid-data-path --test-data-path --data-args-path --per-split-data-args-path
+        --train-weighted-split-paths --valid-weighted-split-paths --test-weighted-split-paths
+        --train-weighted-split-paths-path --valid-weighted-split-paths-path --test-weighted-split-paths-path
+        --valid-data --test-data --val-data-path --use-npy-data-loader --phase-transition-iterations""")),
+    ("not implemented: the training samples are a function of --data-path, --split, --seq-length and --seed, "
+     "read in the order the sampler draws them (no curriculum, skipped ranges, fixed epochs or precomputed "
+     "index files)", _names("""
+        --skip-train-iteration-range --iterations-to-skip --train-data-exact-num-epochs --train-desc-path
+        --train-doc-idx-path --train-idx-path --train-sample-idx-path --train-shuffle-idx-path
+        --data-efficiency-curriculum-learning --random-ltd""")),
+    ("not implemented: pretraining on the .bin/.idx data only; without --data-path the embedded corpus is used",
+     _names("--mock-data --fim-data --sft")),
+    ("not implemented: weights are drawn from normal(0, --init-method-std), output projections scaled by "
+     "1/sqrt(2 x layers), the same on every data-parallel rank", _names("""
+        --init-method-xavier-uniform --data-parallel-random-init""")),
+    ("not implemented: every parameter and activation follows --bf16 or --fp16 (fp32 master weights and Adam "
+     "states in the ZeRO optimizer)", _names("""
+        --fp32-residual-connection --fp32-embedding --fp32-layernorm --fp32-tokentypes --embedding-weights-in-fp32""")),
+    ("fp8/fp4 training is not implemented: use --bf16 or --fp16", _names("""
+        --fp8-format --fp8-e4m3 --fp8-hybrid --fp4-format --te-precision-config-file --kitchen-config-file
+        --kitchen-recipe-number --use-kitchen-attention""")),
+    ("not implemented: the optimizer here is Adam(W) with fp32 states, one learning rate for every parameter "
+     "(--lr, --min-lr), and all parameters trained", _names("""
+        --use-bnb-optimizer --decoupled-lr --qk-clip --freeze-all-layers""")),
+    ("ZeRO-Offload is not implemented (on the roadmap): use --zero-stage 2 or 3 over more GPUs, and "
+     "--checkpoint-activations --cpu-checkpointing for activations", _names("""
+        --cpu-optimizer --optimizer-cpu-offload --cpu-offloading-num-layers --fine-grained-activation-offloading""")),
+    ("knowledge distillation is not implemented: train the model on its data", _names("""
+        --kd --mos --logits-load-dir""")),
+    ("not implemented: a fake process group skips the communication, so the results are not a training run's",
+     _names("--fake-process-group")),
+    ("not implemented: give the model's flags on the command line (--load checks that they match the checkpoint)",
+     _names("--use-checkpoint-args")),
+    ("not implemented: --load DIR/iter_NNNNNNN loads one iteration's checkpoint", _names("""
+        --ckpt-step --load-tag --override-ckpt-iteration""")),
+    ("not implemented: --load DIR --finetune starts from a checkpoint's weights at iteration 0", _names("""
+        --pretrained-checkpoint --reset-iteration""")),
+    ("resuming from a DeepSpeed or Megatron checkpoint is on the roadmap; checkpoints are converted here by "
+     "scripts/reshard_checkpoint.py and scripts/convert_to_hf.py", _names("""
+        --universal-checkpoint --ckpt-convert-format --ckpt-convert-save""")),
+    ("not implemented: pretrain_gpt.py always trains (--train-iters iterations); --eval-iters sets evaluation",
+     _names("--skip-train --eval-only --inference --use-dataset-only")),
+    ("not implemented: the global batch grows only by --rampup-batch-size START INCREMENT SAMPLES",
+     _names("--step-batch-size-schedule")),
+    ("not implemented: the vocabulary is the tokenizer's own (--tokenizer-file, --vocab-file); add tokens to the "
+     "tokenizer file", _names("--tokenizer-special-tokens")),
+    ("not implemented: with --tokenizer-type NullTokenizer the end-of-document id is --vocab-size",
+     _names("--null-tokenizer-eod-id")),
+    ("not implemented: Megatron's YAML config has its own keys; --config FILE.yaml takes flag names as keys",
+     _names("--yaml-cfg")),
+)
+
+
+# ---- a no-op at one value ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AtValue:
+    """Accepted with no effect where `accepts(value, settings)` holds, refused elsewhere."""
+    accepts: Callable[[Any, Mapping[str, Any]], bool]
+    no_effect: str      # the reason, at the no-op value
+    refused: str        # the reason and what to use, at any other value
+
+
+def _equals(*values: Any) -> Callable[[Any, Mapping[str, Any]], bool]:
+    def accepts(value: Any, settings: Mapping[str, Any]) -> bool:
+        given = value if isinstance(value, list) else [value]
+        return bool(given) and all(item in values for item in given)
+    return accepts
+
+
+def _matches(value_of: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any, Mapping[str, Any]], bool]:
+    """Accepts the value the settings already imply (or None, Megatron's "derive it"); without the
+    settings (an error about unknown flags comes before the preset is read) it cannot tell, and accepts."""
+    def accepts(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+        return value is None or settings is None or value == value_of(settings)
+    return accepts
+
+
+NO_PIPELINE = ("pipeline parallelism is not implemented; ZeRO replaces it: --zero-stage 3 partitions the parameters, "
+               "gradients and optimizer states over data parallelism, with --tensor-model-parallel-size inside a node "
+               "and --checkpoint-activations --partition-activations for activation memory")
+NO_MOE = ("mixture-of-experts is not implemented: this GPT's MLP is dense (--num-experts 1 is accepted: one expert "
+          "is the dense model)")
+NO_SEQUENCE_PARALLEL = ("sequence parallelism is not implemented yet; --checkpoint-activations "
+                        "--partition-activations (ZeRO-R's P_a) splits the checkpointed activations over the "
+                        "tensor-parallel ranks instead")
+DENSE = "one expert is the dense model; the MoE loss coefficients then have no effect"
+
+AT_VALUE: dict[str, AtValue] = {
+    "--num-experts": AtValue(_equals(1), DENSE, NO_MOE),
+    "--num-experts-switch": AtValue(_equals(1), DENSE, NO_MOE),
+    "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
+    "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
+    "--ds-sequence-parallel-size": AtValue(_equals(1), "sequence parallelism over 1 rank is none",
+                                           NO_SEQUENCE_PARALLEL),
+    "--context-parallel-size": AtValue(_equals(1), "context parallelism over 1 rank is none",
+                                       "context parallelism is not implemented: use --checkpoint-activations "
+                                       "--partition-activations for long sequences"),
+    "--pipe-parallel-size": AtValue(_equals(0, 1), "no pipeline parallelism, as here", NO_PIPELINE),
+    "--mtp-num-layers": AtValue(_equals(0, None), "no multi-token prediction layers, as here",
+                                "multi-token prediction is not implemented: the loss is next-token prediction"),
+    "--optimizer": AtValue(_equals("adam"), "Megatron's adam is AdamW (decoupled weight decay), the optimizer here",
+                           "only Adam(W) is implemented (--optimizer adam)"),
+    "--position-embedding-type": AtValue(_equals("learned_absolute", "absolute"),
+                                         "GPT-2's learned position embeddings, as here",
+                                         "not implemented: positions are GPT-2's learned embeddings "
+                                         "(--position-embedding-type learned_absolute)"),
+    "--normalization": AtValue(_equals("LayerNorm", "layernorm"), "LayerNorm, as here",
+                               "not implemented: LayerNorm as in GPT-2 (--normalization LayerNorm)"),
+    "--softmax-type": AtValue(_equals("vanilla"), "the ordinary softmax, as here",
+                              "not implemented: attention uses the ordinary softmax (--softmax-type vanilla)"),
+    "--dataloader-type": AtValue(_equals("single"), "one pass over shuffled samples, consumed samples resuming it, "
+                                                    "as here",
+                                 "not implemented: the sampler draws each sample once per pass in a --seed order "
+                                 "(--dataloader-type single)"),
+    "--remote-device": AtValue(_equals("none"), "no offload, as here",
+                               "ZeRO-Offload is not implemented (on the roadmap): use --zero-stage 3 over more GPUs"),
+    "--main-grads-dtype": AtValue(_equals("fp32"), "fp32 gradients for the optimizer, as here",
+                                  "not implemented: use --no-accumulate-allreduce-grads-in-fp32 for 16-bit gradients"),
+    "--main-params-dtype": AtValue(_equals("fp32"), "fp32 master weights, as here",
+                                   "not implemented: master weights are fp32"),
+    "--exp-avg-dtype": AtValue(_equals("fp32"), "fp32 Adam moments, as here", "not implemented: Adam moments are fp32"),
+    "--exp-avg-sq-dtype": AtValue(_equals("fp32"), "fp32 Adam moments, as here",
+                                  "not implemented: Adam moments are fp32"),
+    "--weight-decay-incr-style": AtValue(_equals("constant"), "a constant --weight-decay, as here",
+                                         "not implemented: the weight decay is a constant --weight-decay"),
+    "--vocab-extra-ids": AtValue(_equals(0), "no extra vocabulary ids, as here",
+                                 "not implemented: the vocabulary is the tokenizer's own"),
+    "--error-injection-rate": AtValue(_equals(0), "no injected errors",
+                                      "not implemented: errors are never injected into results"),
+    "--num-key-value-heads": AtValue(_matches(lambda s: s["num_attention_heads"]),
+                                     "as many key-value heads as attention heads: multi-head attention, as here",
+                                     "grouped-query attention is not implemented: multi-head attention as in GPT-2"),
+    "--kv-channels": AtValue(_matches(lambda s: s["hidden_size"] // s["num_attention_heads"]),
+                             "--hidden-size / --num-attention-heads, as here",
+                             "not implemented: each head has --hidden-size / --num-attention-heads channels"),
+    "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
+                                   "not implemented: parameter sharing between layers"),
+    "--embedding-init-method-std": AtValue(_matches(lambda s: s["init_method_std"]),
+                                           "the same std as --init-method-std",
+                                           "not implemented: embeddings are drawn with --init-method-std"),
+}
+
+
+# ---- lookup -------------------------------------------------------------------------------------------------
+
+NO_EFFECT_CLASS, REFUSED_CLASS, AT_VALUE_CLASS = "no-effect", "refused", "at-value"
+
+
+def _table() -> dict[str, tuple[str, str]]:
+    table: dict[str, tuple[str, str]] = {}
+
+    def put(option: str, kind: str, reason: str) -> None:
+        if option in table:
+            raise ValueError(f"{option} is classified twice ({table[option][0]} and {kind})")
+        table[option] = (kind, reason)
+
+    for reason, options in NO_EFFECT:
+        for option in options:
+            put(option, NO_EFFECT_CLASS, reason)
+    for reason, options in REFUSED:
+        for option in options:
+            put(option, REFUSED_CLASS, reason)
+    for option, at_value in AT_VALUE.items():
+        put(option, AT_VALUE_CLASS, at_value.no_effect)
+    return table
+
+
+CLASS_OF: dict[str, tuple[str, str]] = _table()
+
+
+def class_of(option: str) -> Optional[tuple[str, str]]:
+    """(class, reason) of a harvested flag that is not ours, or None."""
+    return CLASS_OF.get(option)

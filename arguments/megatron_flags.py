@@ -1,0 +1,284 @@
+"""Megatron-LM's and DeepSpeed-Megatron's flags, honoured with their meaning.
+
+Four kinds, each a table:
+
+- `ALIASES`: another name for one of our flags (`--batch-size` is `--micro-batch-size`). `build_parser`
+  adds the alias to the flag itself, so the value lands in the same setting.
+- `MEANINGS` (flags with a dest of their own, not a setting): a Megatron flag whose meaning becomes
+  our settings (`--use-distributed-optimizer` is ZeRO stage 1, `--recompute-granularity full` is
+  `--checkpoint-activations`), or that has no effect on the math here (`--deepspeed`,
+  `--no-masked-softmax-fusion`), said once at the start, or that would change the math in a way not
+  implemented (`--pipeline-model-parallel-size 4`, `--sequence-parallel`), refused in one line naming
+  what to use instead.
+- `SPELLINGS`: another name for one value of one of our settings (`--use-flash-attn` is
+  `--attention-backend flash`), a store_const entry of its own.
+
+Every other flag that Megatron-LM, Megatron-DeepSpeed or DeepSpeed defines (harvested into
+arguments/megatron_flags_harvested.json) is classified in arguments/megatron_flag_classes.py and parsed by
+arguments/harvested_flags.py. `resolve_meanings` turns the parsed values of `MEANINGS` and of those flags into
+setting changes, notes (the flags with no effect on the math in one line) and refusals (one error).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from arguments.config_sources import FLAG, JSON, Source
+from base.errors import ConfigError
+from arguments.harvested_flags import resolve_harvested
+from arguments.megatron_flag_classes import NO_PIPELINE, NO_SEQUENCE_PARALLEL
+
+# alias -> (our flag, whose name it is)
+ALIASES: dict[str, tuple[str, str]] = {
+    "--batch-size": ("--micro-batch-size", "DeepSpeed-Megatron"),
+    "--model-parallel-size": ("--tensor-model-parallel-size", "DeepSpeed-Megatron"),
+    "--warmup": ("--lr-warmup-fraction", "DeepSpeed-Megatron"),
+    "--deepspeed_config": ("--zero-config", "DeepSpeed"),
+    "--deepspeed-config": ("--zero-config", "DeepSpeed"),
+    "--checkpoint-in-cpu": ("--cpu-checkpointing", "DeepSpeed-Megatron"),
+    "--contigious-checkpointing": ("--contiguous-checkpointing", "DeepSpeed-Megatron (their spelling)"),
+    "--synchronize-each-layer": ("--synchronize-checkpoint-boundary", "DeepSpeed-Megatron"),
+    "--train-data": ("--data-path", "DeepSpeed-Megatron"),
+    "--tokenizer-model": ("--tokenizer-file", "Megatron-LM"),
+    "--recompute-num-layers": ("--checkpoint-num-layers", "Megatron-LM (with --recompute-method uniform)"),
+    "--wandb-exp-name": ("--wandb-run-name", "Megatron-LM"),
+    "--overlap-grad-reduce": ("--overlap-comm", "Megatron-LM"),
+    "--zero-reduce-bucket-size": ("--reduce-bucket-size", "DeepSpeed-Megatron"),
+    "--zero-allgather-bucket-size": ("--allgather-bucket-size", "DeepSpeed-Megatron"),
+    "--zero-contigious-gradients": ("--contiguous-gradients", "DeepSpeed-Megatron (their spelling)"),
+    "--zero-reduce-scatter": ("--reduce-scatter", "DeepSpeed-Megatron"),
+    "--ddp-bucket-size": ("--reduce-bucket-size", "Megatron-LM"),
+    "--deepscale_config": ("--zero-config", "DeepSpeed (deprecated)"),
+    "--data-cache-path": ("--data-cache-dir", "Megatron-LM"),
+    "--norm-epsilon": ("--layernorm-epsilon", "Megatron-LM"),
+    "--encoder-seq-length": ("--seq-length", "Megatron-LM (a GPT's only sequence)"),
+    "--encoder-num-layers": ("--num-layers", "Megatron-LM (a GPT's only stack)"),
+    "--distribute-saved-activations": ("--partition-activations", "Megatron-LM"),
+    "--distribute-checkpointed-activations": ("--partition-activations", "Megatron-LM 2.x and DeepSpeed-Megatron"),
+    "--activations-checkpoint-num-layers": ("--checkpoint-num-layers", "Megatron-LM 2.x"),
+    "--min-scale": ("--min-loss-scale", "DeepSpeedExamples' Megatron"),
+    "--fp32-allreduce": ("--accumulate-allreduce-grads-in-fp32", "DeepSpeedExamples' Megatron"),
+    "--gas": ("--gradient-accumulation-steps", "DeepSpeedExamples' Megatron 3D"),
+    "--warmup-iters": ("--lr-warmup-iters", "DeepSpeedExamples' Megatron ZeRO-3"),
+    "--persistent-save-interval": ("--save-interval", "Megatron-LM"),
+    "--tokenizer-name-or-path": ("--tokenizer-file", "BigScience's Megatron-DeepSpeed"),
+}
+
+# option -> (dest, value, what it means, whose): a name for one value of one of our settings
+SPELLINGS: dict[str, tuple[str, Any, str, str]] = {
+    "--use-flash-attn": ("attention_backend", "flash", "--attention-backend flash", "Megatron-LM"),
+    "--use-flash-attn-v1": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
+    "--use-flash-attn-v2": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
+    "--use-flash-attn-triton": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
+    "--use-flash-attn-builder": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
+    "--openai-gelu": ("activation", "gelu_tanh", "--activation gelu_tanh (OpenAI's tanh approximation)",
+                      "Megatron-LM"),
+    "--grad-reduce-in-bf16": ("accumulate_allreduce_grads_in_fp32", False,
+                              "--no-accumulate-allreduce-grads-in-fp32 (reduce gradients in bf16)", "Megatron-LM"),
+}
+
+
+def aliases_of(flag: str) -> list[str]:
+    return [alias for alias, (target, _) in ALIASES.items() if target == flag]
+
+
+def describe_alias(option: str) -> str:
+    """'--batch-size (DeepSpeed-Megatron's name for --micro-batch-size)', or the option itself."""
+    if option in ALIASES:
+        target, whose = ALIASES[option]
+        return f"{option} ({whose}'s name for {target})"
+    if option in SPELLINGS:
+        _, _, means, whose = SPELLINGS[option]
+        return f"{option} ({whose}'s name for {means})"
+    return option
+
+
+def add_spellings(group, dest: str) -> None:
+    """The SPELLINGS entries of `dest`, as store_const arguments beside our flag."""
+    for option, (target, value, means, whose) in SPELLINGS.items():
+        if target == dest:
+            group.add_argument(option, dest=dest, action="store_const", const=value,
+                               help=f"{whose}'s name for {means}")
+
+
+@dataclass(frozen=True)
+class Meaning:
+    options: tuple[str, ...]
+    dest: str
+    whose: str
+    add: dict                       # argparse keyword arguments
+    help: str
+
+
+NO_EFFECT_FLAGS: dict[str, str] = {
+    # dest -> why the math is the same
+    "deepspeed": "DeepSpeed's engine switch: ZeRO is always on here (--zero-stage, --zero-config)",
+    "local_rank": "set by DeepSpeed's launcher: each process reads its rank from LOCAL_RANK (torchrun, SLURM)",
+    "resume_dataloader": "a resumed run always continues the data where its checkpoint stopped (consumed samples)",
+    "lazy_loader": "the .bin/.idx data is always memory-mapped and read lazily",
+    "cache_dir": "where DeepSpeed-Megatron cached downloaded tokenizer files; nothing is ever downloaded here",
+    "deepspeed_activation_checkpointing": "--checkpoint-activations already uses ZeRO-R's checkpointing "
+                                          "(partitioned with --partition-activations)",
+    "no_masked_softmax_fusion": "SDPA computes the causal softmax; there is no separate masked-softmax kernel",
+    "no_bias_gelu_fusion": "a kernel fusion switch: the bias and GeLU compute the same values either way",
+    "no_bias_dropout_fusion": "a kernel fusion switch: the bias, dropout and residual add compute the same values",
+    "no_gradient_accumulation_fusion": "a kernel fusion switch: gradients accumulate to the same values",
+}
+
+SELECTIVE_RECOMPUTE = ("Megatron's selective recompute keeps the s x s attention scores out of memory by "
+                       "recomputing the core attention; here SDPA's fused kernels never store them (flash and "
+                       "memory-efficient on CUDA, flash on a CPU without attention dropout), so nothing is "
+                       "checkpointed (--recompute-granularity full checkpoints whole blocks for more memory savings)")
+NO_BLOCK_RECOMPUTE = ("--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not "
+                      "implemented; use --recompute-method uniform (every block, in groups of "
+                      "--recompute-num-layers)")
+
+
+MEANINGS: list[Meaning] = [
+    Meaning(("--deepspeed",), "deepspeed", "DeepSpeed-Megatron", {"action": "store_true"},
+            NO_EFFECT_FLAGS["deepspeed"]),
+    Meaning(("--local_rank", "--local-rank"), "local_rank", "DeepSpeed's launcher", {"type": int},
+            NO_EFFECT_FLAGS["local_rank"]),
+    Meaning(("--resume-dataloader",), "resume_dataloader", "DeepSpeed-Megatron", {"action": "store_true"},
+            NO_EFFECT_FLAGS["resume_dataloader"]),
+    Meaning(("--lazy-loader",), "lazy_loader", "DeepSpeed-Megatron", {"action": "store_true"},
+            NO_EFFECT_FLAGS["lazy_loader"]),
+    Meaning(("--cache-dir",), "cache_dir", "DeepSpeed-Megatron", {"metavar": "DIR"}, NO_EFFECT_FLAGS["cache_dir"]),
+    Meaning(("--deepspeed-activation-checkpointing",), "deepspeed_activation_checkpointing", "DeepSpeed-Megatron",
+            {"action": "store_true"}, NO_EFFECT_FLAGS["deepspeed_activation_checkpointing"]),
+    Meaning(("--no-masked-softmax-fusion",), "no_masked_softmax_fusion", "Megatron-LM", {"action": "store_true"},
+            NO_EFFECT_FLAGS["no_masked_softmax_fusion"]),
+    Meaning(("--no-bias-gelu-fusion",), "no_bias_gelu_fusion", "Megatron-LM", {"action": "store_true"},
+            NO_EFFECT_FLAGS["no_bias_gelu_fusion"]),
+    Meaning(("--no-bias-dropout-fusion",), "no_bias_dropout_fusion", "Megatron-LM", {"action": "store_true"},
+            NO_EFFECT_FLAGS["no_bias_dropout_fusion"]),
+    Meaning(("--no-gradient-accumulation-fusion",), "no_gradient_accumulation_fusion", "Megatron-LM",
+            {"action": "store_true"}, NO_EFFECT_FLAGS["no_gradient_accumulation_fusion"]),
+    Meaning(("--distributed-backend",), "distributed_backend", "Megatron-LM",
+            {"choices": ("nccl", "gloo", "ccl", "hccl")},
+            "torch.distributed's backend; here it follows the device: NCCL for CUDA processes, gloo for CPU ones"),
+    Meaning(("--use-distributed-optimizer",), "use_distributed_optimizer", "Megatron-LM", {"action": "store_true"},
+            "Megatron's distributed optimizer shards the optimizer state over data parallelism: ZeRO stage 1 "
+            "(stages 2 and 3 shard it too)"),
+    Meaning(("--recompute-activations",), "recompute_activations", "Megatron-LM", {"action": "store_true"},
+            f"selective recompute: {SELECTIVE_RECOMPUTE}"),
+    Meaning(("--recompute-granularity",), "recompute_granularity", "Megatron-LM",
+            {"choices": ("full", "selective")},
+            f"full: --checkpoint-activations, in groups of --recompute-num-layers blocks; selective: "
+            f"{SELECTIVE_RECOMPUTE}"),
+    Meaning(("--recompute-method", "--activations-checkpoint-method"), "recompute_method", "Megatron-LM",
+            {"choices": ("uniform", "block")},
+            "uniform: groups of --recompute-num-layers blocks (--checkpoint-num-layers); block is not implemented"),
+    Meaning(("--pipeline-model-parallel-size",), "pipeline_model_parallel_size", "Megatron-LM", {"type": int},
+            "1 only: pipeline parallelism is not implemented; ZeRO replaces it"),
+    Meaning(("--sequence-parallel",), "sequence_parallel", "Megatron-LM", {"action": "store_true"},
+            "not implemented yet"),
+]
+MEANING_DESTS = tuple(meaning.dest for meaning in MEANINGS)
+
+def add_meanings(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Megatron-LM and DeepSpeed flags with their meaning here (see --print-config)")
+    for meaning in MEANINGS:
+        group.add_argument(*meaning.options, dest=meaning.dest, default=None,
+                           help=f"{meaning.whose}: {meaning.help}", **meaning.add)
+
+
+@dataclass
+class Resolved:
+    """What the Megatron-meaning flags do: setting changes (with their source) and lines to say once."""
+    changes: dict[str, tuple[Any, Source]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+NO_EFFECT_LINE = "Megatron-LM and DeepSpeed flags accepted with no effect on the math"
+
+
+def no_effect_line(accepted: list[tuple[str, str]]) -> str:
+    """One line for every flag accepted with no effect: flags sharing a reason are listed together."""
+    by_reason: dict[str, list[str]] = {}
+    for shown, reason in accepted:
+        by_reason.setdefault(reason, []).append(shown)
+    return f"{NO_EFFECT_LINE}: " + "; ".join(f"{', '.join(flags)} ({reason})" for reason, flags in by_reason.items())
+
+
+def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
+                     option_used: Callable[[str], Optional[str]],
+                     harvested: Optional[dict[str, Any]] = None) -> Resolved:
+    """`values`: the parsed MEANINGS dests; `settings`: the parsed settings (read, never written);
+    `option_used(dest)`: the option the user wrote for a dest; `harvested`: the other Megatron and
+    DeepSpeed flags given ({option: value}, arguments/harvested_flags.py). The flags with no effect on the
+    math become one note; raises one ConfigError for every refused flag at once."""
+    resolved = Resolved()
+    given = {dest: value for dest, value in values.items() if value is not None and value is not False}
+
+    def change(setting: str, value: Any, dest: str, why: str) -> None:
+        resolved.changes[setting] = (value, Source(FLAG, option_used(dest) or dest, note=why))
+
+    accepted = [(option_used(dest), NO_EFFECT_FLAGS[dest]) for dest in NO_EFFECT_FLAGS if dest in given]
+    harvested_accepted, resolved.refused = resolve_harvested(harvested or {}, settings)
+    accepted += harvested_accepted
+    if accepted:
+        resolved.notes.append(no_effect_line(accepted))
+    if "distributed_backend" in given:
+        resolved.notes.append(f"--distributed-backend {given['distributed_backend']}: accepted; the backend follows "
+                              f"the device here (NCCL for CUDA processes, gloo for CPU ones)")
+    if given.get("use_distributed_optimizer"):
+        stage = settings["stage"]
+        if stage == 0 and sources["stage"].kind in (FLAG, JSON):
+            resolved.refused.append(f"--use-distributed-optimizer (ZeRO stage 1) contradicts ZeRO stage 0 from "
+                                    f"{sources['stage'].describe()}: drop one of them")
+        elif stage == 0:
+            change("stage", 1, "use_distributed_optimizer", "Megatron's distributed optimizer is ZeRO stage 1")
+    granularity = given.get("recompute_granularity")
+    if given.get("recompute_activations") and granularity is None:
+        granularity = "selective"  # Megatron: --recompute-activations means selective recompute
+    if granularity == "full":
+        change("checkpoint_activations", True, "recompute_granularity",
+               "full recompute is activation checkpointing of every block, in groups of --recompute-num-layers")
+    elif granularity == "selective":
+        resolved.notes.append(f"{option_used('recompute_granularity') or '--recompute-activations'} selective: "
+                              f"{SELECTIVE_RECOMPUTE}")
+    if given.get("recompute_method") == "block":
+        resolved.refused.append(NO_BLOCK_RECOMPUTE)
+    pipeline = given.get("pipeline_model_parallel_size")
+    if pipeline is not None and pipeline != 1:
+        resolved.refused.append(f"--pipeline-model-parallel-size {pipeline}: {NO_PIPELINE}")
+    elif pipeline == 1:
+        resolved.notes.append("--pipeline-model-parallel-size 1: accepted (no pipeline parallelism, as here)")
+    if given.get("sequence_parallel"):
+        resolved.refused.append(f"--sequence-parallel: {NO_SEQUENCE_PARALLEL}")
+    if resolved.refused:
+        raise ConfigError("; ".join(resolved.refused))
+    return resolved
+
+
+HONOURED, ALIAS, NO_EFFECT = "honoured", "alias", "no-effect"
+
+
+def classify_harvested(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """{harvested option: honoured, alias, no-effect, at-value, or refused}; an option in no
+    class is missing. `parser` is arguments.parser.build_parser()'s."""
+    from arguments.harvested_flags import harvested_options
+    from arguments.megatron_flag_classes import AT_VALUE_CLASS, CLASS_OF, REFUSED_CLASS
+
+    meaning_class = {}
+    for meaning in MEANINGS:
+        kind = (NO_EFFECT if meaning.dest in NO_EFFECT_FLAGS or meaning.dest == "distributed_backend"
+                else AT_VALUE_CLASS if meaning.dest == "pipeline_model_parallel_size"
+                else REFUSED_CLASS if meaning.dest == "sequence_parallel" else HONOURED)
+        meaning_class[meaning.options[0]] = kind
+        meaning_class.update({option: ALIAS for option in meaning.options[1:]})
+    classes = {}
+    for option in harvested_options():
+        if option in CLASS_OF:
+            classes[option] = CLASS_OF[option][0]
+        elif option in ALIASES or option in SPELLINGS:
+            classes[option] = ALIAS
+        elif option in meaning_class:
+            classes[option] = meaning_class[option]
+        elif option in parser._option_string_actions:
+            classes[option] = HONOURED
+    return classes

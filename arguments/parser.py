@@ -1,0 +1,750 @@
+"""Megatron-style command-line flags merged over a YAML preset.
+
+A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose keys are flag names
+(`num_layers: 48` or `num-layers: 48`). Its values are turned into flags placed *before* the user's
+flags, so argparse checks their types the same way and a flag given on the command line wins.
+`--zero-config ds.json` (a DeepSpeed JSON, arguments/deepspeed_json.py) is turned into flags the same way
+and placed between the two, so the precedence is YAML preset < JSON < command line, except where the
+JSON and a flag set one setting differently: there the side wins that wins in the real
+Megatron-DeepSpeed + DeepSpeed pair (arguments/deepspeed_precedence.py), said in one warning line at the
+start and in --print-config. Megatron-LM's and DeepSpeed-Megatron's flags are aliases or meanings
+(arguments/megatron_flags.py); every other flag those programs define is accepted with no effect or refused
+with the alternative (arguments/harvested_flags.py, arguments/megatron_flag_classes.py), so none ends in
+"unrecognized arguments". Each value keeps its
+source (arguments/config_sources.py) for --print-config and for errors about values the user did not type.
+Every bad input ends in `ConfigError` with one line naming the key or flag; the problems of every layer
+(unknown flags, JSON keys, refused combinations) are collected and reported together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from arguments.config import (ACTIVATIONS, ATTENTION_BACKENDS, LR_DECAY_STYLES, OTHER_TOKENIZER_TYPES,
+                        TOKENIZER_TYPE_ALIASES, TOKENIZER_TYPES, ConfigError, PretrainConfig)
+from arguments.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inherited_values, options_typed,
+                                show_value, values_set_by)
+from base.errors import OneLineArgumentParser
+from base.input_files import irregularity, read_text_file
+from arguments.flag_equivalents import unknown_flags_message
+from arguments.batch_schedule import deepspeed_batch_fits_no_size, json_batch_settings_not_used
+from arguments.harvested_flags import add_harvested, classified_options, harvested
+from arguments.megatron_defaults import megatron_default_note
+from arguments.megatron_flags import (MEANING_DESTS, Resolved, add_meanings, add_spellings, aliases_of, describe_alias,
+                                resolve_meanings)
+from zero.config import ZERO_STAGES
+from arguments.deepspeed_json import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
+from arguments.deepspeed_precedence import INDEPENDENT, JSON_WINS, MUST_AGREE, precedence_of
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
+DEFAULT_PRESET = "tiny"
+
+
+# Flags that choose where settings come from, or what the program does; they are not settings.
+SOURCE_FLAGS = ("config", "zero_config", "print_config")
+HARVESTED_DESTS = tuple(classified_options())  # each one's dest is its option string (arguments/harvested_flags.py)
+NOT_SETTINGS = SOURCE_FLAGS + MEANING_DESTS + HARVESTED_DESTS
+_NOT_SETTINGS = frozenset(NOT_SETTINGS + ("help",))
+
+
+def count(text: str) -> int:
+    """An element count: a whole number, also written as 5e8."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number such as 500000000 or 5e8)")
+    return int(value)
+
+
+def _with_aliases(group, *options: str, **kwargs) -> argparse.Action:
+    """add_argument, with the Megatron/DeepSpeed names of the flag (arguments/megatron_flags.py) as aliases."""
+    return group.add_argument(*options, *[alias for option in options for alias in aliases_of(option)], **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = PretrainConfig()
+    m, o, t, d, log = defaults.model, defaults.optimizer, defaults.training, defaults.data, defaults.logging
+    z, a, c = defaults.zero, defaults.activations, defaults.checkpoint
+    parser = OneLineArgumentParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    parser.add_argument("--config", default=DEFAULT_PRESET,
+                        help=f"YAML preset: a name in configs/models ({', '.join(preset_names())}; the ZeRO "
+                             "paper's Table 4 models as zero_paper/NAME) or a path")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print every setting with its value and where it came from (default, preset, JSON, "
+                             "flag), then exit without training")
+
+    g = parser.add_argument_group("model")
+    _with_aliases(g, "--num-layers", type=int, default=m.num_layers)
+    g.add_argument("--hidden-size", type=int, default=m.hidden_size)
+    g.add_argument("--num-attention-heads", type=int, default=m.num_attention_heads)
+    g.add_argument("--ffn-hidden-size", type=int, default=m.ffn_hidden_size, help="default: 4 x hidden size")
+    _with_aliases(g, "--seq-length", type=int, default=m.seq_length)
+    g.add_argument("--max-position-embeddings", type=int, default=m.max_position_embeddings)
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=m.make_vocab_size_divisible_by,
+                   help="pad the vocabulary to a multiple of this x tensor-parallel size")
+    g.add_argument("--pad-vocab-size-to", "--padded-vocab-size", dest="pad_vocab_size_to", type=int,
+                   default=m.pad_vocab_size_to,
+                   help="the padded vocabulary, exactly (BigScience's --pad-vocab-size-to, Megatron-LM's "
+                        "--padded-vocab-size): at least the tokenizer's, divisible by the TP size")
+    g.add_argument("--no-pad-vocab-size", "--disable-pad-vocab-size", dest="make_vocab_size_divisible_by",
+                   action="store_const", const=1,
+                   help="Megatron-LM: no padding beyond the TP split (--make-vocab-size-divisible-by 1)")
+    g.add_argument("--hidden-dropout", type=float, default=m.hidden_dropout)
+    g.add_argument("--attention-dropout", type=float, default=m.attention_dropout)
+    _with_aliases(g, "--layernorm-epsilon", type=float, default=m.layernorm_epsilon)
+    g.add_argument("--init-method-std", type=float, default=m.init_method_std)
+    g.add_argument("--activation", choices=ACTIVATIONS, default=m.activation,
+                   help="gelu_tanh is GPT-2's approximation, gelu the exact erf form")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=m.attention_backend,
+                   help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the "
+                        "memory-efficient kernel, unfused/local = the math kernel, auto = PyTorch's choice")
+    add_spellings(g, "attention_backend")
+    add_spellings(g, "activation")
+
+    g = parser.add_argument_group("optimizer and learning-rate schedule")
+    g.add_argument("--lr", type=float, default=o.lr)
+    g.add_argument("--min-lr", type=float, default=o.min_lr)
+    _with_aliases(g, "--lr-warmup-iters", type=int, default=o.lr_warmup_iters)
+    _with_aliases(g, "--lr-warmup-fraction", type=float, default=o.lr_warmup_fraction,
+                  help="warm up over this fraction of --lr-decay-iters (Megatron-LM; instead of --lr-warmup-iters)")
+    g.add_argument("--lr-decay-iters", type=int, default=o.lr_decay_iters, help="default: --train-iters")
+    g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default=o.lr_decay_style)
+    g.add_argument("--lr-warmup-samples", type=count, default=o.lr_warmup_samples,
+                   help="with --train-samples: warm up over this many samples (Megatron-LM)")
+    g.add_argument("--lr-decay-samples", type=count, default=o.lr_decay_samples,
+                   help="with --train-samples: decay over this many samples (default: --train-samples)")
+    g.add_argument("--lr-warmup-tokens", type=count, default=o.lr_warmup_tokens,
+                   help="warm up over this many consumed tokens (Megatron-DeepSpeed)")
+    g.add_argument("--lr-decay-tokens", type=count, default=o.lr_decay_tokens,
+                   help="decay over this many consumed tokens (Megatron-DeepSpeed)")
+    g.add_argument("--lr-warmup-init", type=float, default=o.lr_warmup_init,
+                   help="the rate the linear warmup starts from (Megatron-LM)")
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler", "--override-lr-scheduler",
+                   dest="override_opt_param_scheduler",
+                   action="store_true", default=o.override_opt_param_scheduler,
+                   help="on resume, this run's schedule wins over the checkpoint's (Megatron-LM)")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   "--use-checkpoint-lr-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   default=o.use_checkpoint_opt_param_scheduler,
+                   help="on resume, the checkpoint's schedule wins over this run's (Megatron-LM)")
+    g.add_argument("--weight-decay", type=float, default=o.weight_decay,
+                   help="AdamW decay; biases and LayerNorm parameters are never decayed")
+    g.add_argument("--clip-grad", type=float, default=o.clip_grad, help="global gradient-norm clip; 0 disables")
+    g.add_argument("--adam-beta1", type=float, default=o.adam_beta1)
+    g.add_argument("--adam-beta2", type=float, default=o.adam_beta2)
+    g.add_argument("--adam-eps", type=float, default=o.adam_eps)
+
+    g = parser.add_argument_group("training")
+    _with_aliases(g, "--micro-batch-size", type=int, default=t.micro_batch_size)
+    g.add_argument("--global-batch-size", type=int, default=t.global_batch_size,
+                   help="micro batch x gradient-accumulation steps x data-parallel size "
+                        "(set from --gradient-accumulation-steps when that is given)")
+    _with_aliases(g, "--gradient-accumulation-steps", dest="accumulation_steps", type=int,
+                  default=t.accumulation_steps,
+                  help="micro batches per rank per iteration; when given, it determines the global batch "
+                       "(default: --global-batch-size / (micro batch x data-parallel size))")
+    g.add_argument("--rampup-batch-size", nargs=3, type=count, default=t.rampup_batch_size,
+                   metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="grow the global batch from START by INCREMENT, evenly over the first SAMPLES samples, "
+                        "to --global-batch-size (Megatron-LM)")
+    g.add_argument("--train-iters", type=int, default=t.train_iters)
+    g.add_argument("--train-samples", type=count, default=t.train_samples,
+                   help="train for this many samples instead of --train-iters (Megatron-LM; the iterations are "
+                        "derived as Megatron derives them, a batch ramp included)")
+    g.add_argument("--train-tokens", type=count, default=t.train_tokens,
+                   help="also stop once this many tokens are consumed (Megatron-DeepSpeed)")
+    g.add_argument("--seed", type=int, default=t.seed)
+    g.add_argument("--device", default=t.device, help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=t.compile,
+                   help="torch.compile each transformer block (the first iterations compile; every TP size and "
+                        "ZeRO stage)")
+    g.add_argument("--dry-run", action="store_true", default=t.dry_run,
+                   help="print what this rank would hold and send (python -m zero.plan dry-run) and exit")
+    _with_aliases(g, "--tensor-model-parallel-size", type=int, default=t.tensor_model_parallel_size)
+    g.add_argument("--eval-interval", type=int, default=t.eval_interval)
+    g.add_argument("--eval-iters", type=int, default=t.eval_iters, help="batches per evaluation; 0 disables")
+    g.add_argument("--log-interval", type=int, default=t.log_interval)
+
+    g = parser.add_argument_group("data and tokenizer")
+    _with_aliases(g, "--data-path", nargs="+", default=d.data_path,
+                  help="a dataset prefix, or 'weight prefix weight prefix ...' to blend; "
+                       "omit to train on the embedded corpus")
+    g.add_argument("--split", default=d.split, help="train,valid,test ratio of documents")
+    _with_aliases(g, "--data-cache-dir", default=d.data_cache_dir,
+                  help="where the embedded corpus and index caches go (default ~/.cache/zero-gpt)")
+    g.add_argument("--num-workers", type=int, default=d.num_workers, help="data-loader worker processes")
+    g.add_argument("--tokenizer-type", type=lambda name: TOKENIZER_TYPE_ALIASES.get(name, name),
+                   choices=(*TOKENIZER_TYPES, *OTHER_TOKENIZER_TYPES), default=d.tokenizer_type,
+                   help="Megatron-LM's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer "
+                        "(--tokenizer-model; BigScience's PretrainedFromHF), NullTokenizer (--vocab-size; data "
+                        "tokenized elsewhere); Megatron's other types are refused with what to use; default: "
+                        "from the files given")
+    _with_aliases(g, "--tokenizer-file", default=d.tokenizer_file,
+                  help="a tokenizers tokenizer.json (or, as --tokenizer-model, a folder holding one); without "
+                       "--data-path the embedded corpus is tokenized with it")
+    g.add_argument("--vocab-size", type=int, default=m.vocab_size,
+                   help="with --tokenizer-type NullTokenizer: token ids are 0..N-1 and the end-of-document id is N")
+    g.add_argument("--vocab-file", "--tokenizer-vocab-file", dest="vocab_file", default=d.vocab_file,
+                   help="GPT-2 style vocab.json (with --merge-file)")
+    g.add_argument("--merge-file", "--tokenizer-merge-file", dest="merge_file", default=d.merge_file,
+                   help="GPT-2 style merges.txt (with --vocab-file)")
+    g.add_argument("--tokenizer-vocab-size", type=int, default=d.tokenizer_vocab_size,
+                   help="vocabulary of the BPE trained on the embedded corpus")
+
+    g = parser.add_argument_group("logging")
+    g.add_argument("--metrics-file", default=log.metrics_file, help="JSON lines, one record per log/eval")
+    g.add_argument("--wandb-project", default=log.wandb_project,
+                   help="log to W&B (offline unless W&B is configured on this machine)")
+    _with_aliases(g, "--wandb-run-name", default=log.wandb_run_name)
+    g.add_argument("--wandb-entity", default=log.wandb_entity)
+    g.add_argument("--peak-tflops", type=float, default=log.peak_tflops,
+                   help="the device's dense 16-bit peak for the mfu metric (default: by CUDA device name, "
+                        "H100 SXM 989, A100 312, V100 125; no mfu on CPU without it)")
+    g.add_argument("--report-memory", action=argparse.BooleanOptionalAction, default=log.report_memory,
+                   help="log per-rank model-state bytes held and the zero/memory.py prediction")
+    g.add_argument("--tensorboard-dir", default=log.tensorboard_dir, metavar="DIR",
+                   help="also write TensorBoard events here, with the same keys as --metrics-file")
+
+    g = parser.add_argument_group("checkpoints, resume and preemption")
+    g.add_argument("--save", default=c.save, metavar="DIR",
+                   help="write checkpoints here: one iter_NNNNNNN/ per save and a 'latest' pointer")
+    _with_aliases(g, "--save-interval", type=int, default=c.save_interval,
+                  help="save every N iterations (always also at the end of training and on an exit)")
+    g.add_argument("--keep-last", type=int, default=c.keep_last, help="keep only the newest K checkpoints")
+    g.add_argument("--load", default=c.load, metavar="CKPT",
+                   help="resume from a --save directory (its latest checkpoint) or one iter_NNNNNNN "
+                        "directory, at any data-parallel size and ZeRO stage; when it is also the --save "
+                        "directory and holds no checkpoint yet, the run starts fresh, so restarts can use "
+                        "the same command")
+    g.add_argument("--load-optim", action=argparse.BooleanOptionalAction, default=c.load_optim,
+                   help="--no-load-optim: take the weights only, with fresh Adam moments")
+    g.add_argument("--load-rng", action=argparse.BooleanOptionalAction, default=c.load_rng,
+                   help="--no-load-rng: random streams from --seed instead of the checkpoint's")
+    g.add_argument("--finetune", action=argparse.BooleanOptionalAction, default=c.finetune,
+                   help="load weights only and start at iteration 0")
+    g.add_argument("--init-from-hf", default=c.init_from_hf, metavar="DIR",
+                   help="start from a transformers GPT2LMHeadModel folder (config.json + model.safetensors)")
+    g.add_argument("--exit-signal-handler", action=argparse.BooleanOptionalAction,
+                   default=c.exit_signal_handler,
+                   help="on SIGTERM or SIGUSR1, finish the iteration, save and exit 0")
+    g.add_argument("--exit-interval", type=int, default=c.exit_interval,
+                   help="save and exit 0 after an iteration that is a multiple of N")
+    g.add_argument("--exit-duration-in-mins", type=float, default=c.exit_duration_in_mins,
+                   help="save and exit 0 once the run has lasted this many minutes")
+    g.add_argument("--kill-switch-path", "--kill-switch-file", dest="kill_switch_path", default=c.kill_switch_path,
+                   metavar="FILE",
+                   help="when FILE exists: do not start, or save after the current iteration and exit 0 "
+                        "(BigScience's Megatron-DeepSpeed)")
+    g.add_argument("--overwrite-save", action=argparse.BooleanOptionalAction, default=c.overwrite_save,
+                   help="let this run write into a --save directory holding checkpoints it did not resume "
+                        "from (its saves replace same-numbered iterations and move 'latest')")
+    g.add_argument("--override-data-on-resume", action=argparse.BooleanOptionalAction,
+                   default=c.override_data_on_resume,
+                   help="resume although --data-path, --split, --seq-length or --seed differ from the "
+                        "checkpoint's (the samples then differ from the original run's)")
+    g.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=c.verify_checkpoint,
+                   help="check every checkpoint file's content hash before loading (--no-verify-checkpoint "
+                        "keeps the size, header and dtype checks and skips reading whole files)")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=t.distributed_timeout_minutes,
+                   help="how long a collective waits for a peer before the job fails (a dead rank)")
+    g.add_argument("--heartbeat-timeout-seconds", type=float, default=t.heartbeat_timeout_seconds,
+                   help="stop, naming the rank, when a peer's heartbeat stands still this long (a stopped or "
+                        "hung rank), instead of waiting for --distributed-timeout-minutes; 0: no watch")
+
+    g = parser.add_argument_group("ZeRO and mixed precision")
+    _with_aliases(g, "--zero-config", metavar="FILE.json",
+                  help="a DeepSpeed config JSON (a path, or a name in configs/zero: "
+                       f"{', '.join(zero_config_names())}); every key is honoured as a flag, accepted with no "
+                       "effect on the math, or refused with the alternative (arguments/deepspeed_keys.py). YAML preset "
+                       "< this file < command-line flags, except where the file wins in Megatron-DeepSpeed + "
+                       "DeepSpeed (arguments/deepspeed_precedence.py)")
+    g.add_argument("--zero-stage", dest="stage", type=int, choices=ZERO_STAGES, default=z.stage,
+                   help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
+                        "2: and gradients (P_os+g); 3: and parameters (P_os+g+p)")
+    _with_aliases(g, "--reduce-bucket-size", type=count, default=z.reduce_bucket_size,
+                  help="elements per gradient reduce(-scatter)")
+    _with_aliases(g, "--allgather-bucket-size", type=count, default=z.allgather_bucket_size,
+                  help="elements per parameter all-gather after the optimizer step")
+    _with_aliases(g, "--overlap-comm", action=argparse.BooleanOptionalAction, default=z.overlap_comm,
+                  help="reduce gradient buckets while backward is still running")
+    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=z.overlap_param_gather,
+                   help="stages 1-2: start the parameter all-gather after the step and wait for each bucket "
+                        "just before the forward that needs it (Megatron's overlap-param-gather)")
+    _with_aliases(g, "--contiguous-gradients", action=argparse.BooleanOptionalAction,
+                  default=z.contiguous_gradients,
+                  help="copy gradients into contiguous buckets (always on; --no- is rejected)")
+    _with_aliases(g, "--reduce-scatter", action=argparse.BooleanOptionalAction, default=z.reduce_scatter,
+                  help="reduce-scatter gradients (--no-: all-reduce, then keep this rank's shard)")
+    g.add_argument("--stage3-prefetch-bucket-size", type=count, default=z.stage3_prefetch_bucket_size,
+                   help="stage 3: elements of parameters fetched ahead of their use")
+    g.add_argument("--stage3-param-persistence-threshold", type=count,
+                   default=z.stage3_param_persistence_threshold,
+                   help="stage 3: parameters with fewer elements stay whole on every rank "
+                        "(DeepSpeed's default is 1e5; 0 partitions everything, as in the paper)")
+    g.add_argument("--stage3-max-live-parameters", type=count, default=z.stage3_max_live_parameters,
+                   help="stage 3: most parameter elements gathered at once")
+    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=t.bf16,
+                   help="bf16 mixed precision: bf16 parameters and gradients, fp32 master weights and Adam "
+                        "states in the ZeRO optimizer")
+    _with_aliases(g, "--accumulate-allreduce-grads-in-fp32", action=argparse.BooleanOptionalAction,
+                  default=t.accumulate_allreduce_grads_in_fp32,
+                  help="accumulate and reduce gradients in fp32 (Megatron's flag; default: on with --bf16, "
+                       "off with --fp16, whose gradients stay 16-bit as in the ZeRO paper)")
+    add_spellings(g, "accumulate_allreduce_grads_in_fp32")
+    g.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=t.fp16,
+                   help="fp16 mixed precision: fp16 parameters and gradients, fp32 master weights and Adam "
+                        "states in the ZeRO optimizer, with dynamic loss scaling (or --loss-scale)")
+    g.add_argument("--loss-scale", type=float, default=t.loss_scale,
+                   help="fp16: a static loss scale (None: dynamic scaling)")
+    g.add_argument("--initial-loss-scale", type=float, default=t.initial_loss_scale,
+                   help="fp16: where dynamic loss scaling starts")
+    g.add_argument("--loss-scale-window", type=int, default=t.loss_scale_window,
+                   help="fp16: overflow-free steps before the loss scale doubles")
+    g.add_argument("--hysteresis", type=int, default=t.hysteresis,
+                   help="fp16: overflows tolerated before the loss scale is lowered")
+    _with_aliases(g, "--min-loss-scale", type=float, default=t.min_loss_scale,
+                  help="fp16: dynamic loss scaling never goes below this")
+    g.add_argument("--max-consecutive-skipped-iterations", type=int, default=t.max_consecutive_skipped_iterations,
+                   help="fp16: stop as diverged after this many overflow-skipped steps in a row (0: no limit)")
+
+    g = parser.add_argument_group("activation checkpointing (ZeRO-R)")
+    g.add_argument("--checkpoint-activations", action=argparse.BooleanOptionalAction,
+                   default=a.checkpoint_activations,
+                   help="keep only each group's input in forward and recompute the group in backward")
+    _with_aliases(g, "--checkpoint-num-layers", type=int, default=a.checkpoint_num_layers,
+                  help="transformer blocks per checkpointed group")
+    _with_aliases(g, "--partition-activations", action=argparse.BooleanOptionalAction,
+                  default=a.partition_activations,
+                  help="P_a: each tensor-parallel rank keeps 1/TP of every checkpointed input and they are "
+                       "all-gathered before the recompute")
+    _with_aliases(g, "--cpu-checkpointing", action=argparse.BooleanOptionalAction, default=a.cpu_checkpointing,
+                  help="P_a+cpu: keep checkpointed inputs (their 1/TP slices with --partition-activations) in "
+                       "host memory")
+    _with_aliases(g, "--contiguous-checkpointing", action=argparse.BooleanOptionalAction,
+                  default=a.contiguous_checkpointing,
+                  help="M_D: copy a micro-batch's checkpoints into one pre-allocated buffer (DeepSpeed's "
+                       "contiguous_memory_optimization)")
+    g.add_argument("--number-checkpoints", type=int, default=a.number_checkpoints,
+                   help="checkpoints the contiguous buffer holds (None: one per group, "
+                        "ceil(num layers / checkpoint num layers))")
+    _with_aliases(g, "--synchronize-checkpoint-boundary", action=argparse.BooleanOptionalAction,
+                  default=a.synchronize_checkpoint_boundary,
+                  help="CUDA synchronize at each checkpoint boundary (debugging)")
+    g.add_argument("--profile-checkpointing", action=argparse.BooleanOptionalAction,
+                   default=a.profile_checkpointing,
+                   help="time each checkpoint's forward and recompute (DeepSpeed's profile)")
+    add_meanings(parser)
+    add_harvested(parser)
+    return parser
+
+
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESET_DIR.glob("*.yaml"))
+
+
+def zero_config_names() -> list[str]:
+    return sorted(path.stem for path in (PRESET_DIR.parent / "zero").glob("*.json"))
+
+
+def resolve_preset(name_or_path: str) -> Path:
+    """A path to a YAML file, or a preset's name in configs/models, also in a folder there
+    (`zero_paper/100b-125x8192` is configs/models/zero_paper/100b-125x8192.yaml)."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        candidates = [path]
+    elif path.parent == Path("."):
+        candidates = [PRESET_DIR / f"{name_or_path}.yaml"]
+    else:
+        candidates = [path] + ([] if path.is_absolute() else [PRESET_DIR / f"{name_or_path}.yaml"])
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    if path.exists():  # there, but a directory, a FIFO or a device: say which
+        raise ConfigError(f"--config {name_or_path}: {irregularity(path)}; give a preset's name or a YAML file")
+    raise ConfigError(f"--config {name_or_path}: no such preset file ({candidates[-1]}); "
+                      f"presets: {', '.join(preset_names())}")
+
+
+def preset_label(path: Path) -> str:
+    """A preset as a user would name it: `tiny (configs/models/tiny.yaml)`, or its path."""
+    if path.resolve().parent == PRESET_DIR:
+        return f"{path.stem} (configs/models/{path.name})"
+    return str(path)
+
+
+def read_preset(path: Path) -> Any:
+    """A preset file's YAML, every way it can be unreadable reported as a ConfigError naming it."""
+    text = read_text_file(path, "--config")  # regular, UTF-8 and of a config's size, or one line
+    try:
+        return yaml.safe_load(text) or {}
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a preset (a preset is a flat mapping)") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+
+
+def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, source: Path) -> list[str]:
+    """Turn a flat YAML mapping into the equivalent flags, rejecting keys that are not flags.
+
+    A key is a flag's name (`zero_stage`, `zero-stage`) or its setting's (`stage`)."""
+    flags = {}
+    for action in parser._actions:
+        if action.option_strings and action.dest not in _NOT_SETTINGS:
+            flags[action.dest] = action
+            for option in action.option_strings:
+                if not (isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-")):
+                    flags[option[2:].replace("-", "_")] = action
+    argv: list[str] = []
+    for key, value in preset.items():
+        name = str(key).replace("-", "_")
+        if name in SOURCE_FLAGS:
+            raise ConfigError(f"{source}: {key} cannot be set in a preset; pass --{name.replace('_', '-')} "
+                              f"on the command line")
+        if name not in flags:
+            raise ConfigError(f"{source}: unknown key {key!r} (keys are flag names, e.g. num_layers)")
+        option = flags[name].option_strings[0]
+        if value is None:
+            continue
+        if isinstance(flags[name], argparse.BooleanOptionalAction):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+            argv.append(option if value else "--no-" + option[2:])
+        elif isinstance(value, list):
+            argv += [option, *map(str, value)]
+        else:  # one token, so a value such as -1e-3 or -inf is not taken for a flag
+            argv.append(f"{option}={value}")
+    return argv
+
+
+@dataclass(frozen=True)
+class ParsedArguments:
+    config: PretrainConfig            # validated; config.sources says where each value came from
+    notes: tuple[str, ...]            # said once at the start: flags and JSON keys with no effect, mappings,
+                                      # and one warning line for the JSON and flags that disagree
+    print_config: bool                # --print-config: show the configuration and exit
+    deepspeed: Optional[DeepSpeedTranslation]  # the JSON's classification, for --print-config
+    preset: str                       # the preset in force, as `preset_label` names it
+    meanings: dict[str, Any]          # the Megatron-meaning flags given, for --print-config
+    harvested: dict[str, Any] = None  # the other Megatron and DeepSpeed flags given ({option: value})
+    # JSON key -> what became of it beside the command line (which side won, and why), for --print-config
+    json_outcomes: dict[str, str] = field(default_factory=dict)
+
+
+def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
+    """CLI flags over a YAML preset -> a validated PretrainConfig (see `parse_arguments`)."""
+    return parse_arguments(argv).config
+
+
+def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
+    """The layers -- YAML preset < DeepSpeed JSON < command line, except where the real Megatron-DeepSpeed
+    + DeepSpeed pair lets the JSON win (arguments/deepspeed_precedence.py) -- parsed into one validated
+    config, with the source of every value. Everything that needs the user's attention -- unknown
+    flags, unsupported JSON keys and bad JSON values, refused Megatron flags and combinations, and an
+    invalid result -- is collected from all the layers and raised as one ConfigError listing them all,
+    so one edit round fixes a script."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    problems: list[str] = []
+    known, unknown = parser.parse_known_args(argv)
+    if unknown:
+        problems.append(unknown_flags_message(unknown, parser))
+        argv = _without(argv, unknown)
+    preset_path = resolve_preset(known.config)
+    preset = read_preset(preset_path)
+    if not isinstance(preset, dict):
+        raise ConfigError(f"{preset_path}: a preset must be a mapping of flag names to values")
+    preset_argv = preset_to_flags(preset, parser, preset_path)
+    try:
+        parser.parse_args(preset_argv)
+    except ConfigError as error:
+        raise ConfigError(f"{preset_path}: {error}") from None
+    translation = None
+    if known.zero_config:
+        translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
+        problems += translation.problems
+        try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
+            json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
+            json_only.zero.validate()
+            json_only.activations.validate()
+        except ConfigError as error:
+            problems.append(f"{translation.source}: {error}")
+            translation.settings = []  # a JSON that cannot be read as settings adds none
+    json_argv = translation.argv if translation is not None else []
+
+    namespace = vars(parser.parse_args(preset_argv + json_argv + argv))
+    layers = layer_sources(parser, preset_path, preset_argv, translation, argv)
+    namespace.update(layers.values)
+    problems += layers.problems
+    sources = layers.sources
+    settings = _settings(dict(namespace))
+    meanings = {dest: namespace[dest] for dest in MEANING_DESTS}
+    typed = options_typed(parser, argv)
+    try:
+        resolved = resolve_meanings(meanings, settings, sources, typed.get, _harvested_given(namespace))
+    except ConfigError as error:  # refused Megatron flags, all in one message
+        problems.append(str(error))
+        resolved = Resolved()
+    for name, (value, source) in resolved.changes.items():
+        settings[name], sources[name] = value, source
+    problems += check_given_together(sources)
+    use_sample_based_lengths(settings, sources)
+    config = PretrainConfig.from_flat(settings, sources)
+    if translation is not None and translation.batch:
+        config.deepspeed_batch = {"source": translation.source, **translation.batch}
+        unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
+        if unfit:
+            problems.append(unfit)
+    try:
+        config.validate()
+    except ConfigError as error:
+        problems.append(str(name_inherited_values(error, parser, sources, settings.get)))
+    if problems:
+        raise ConfigError(one_error(problems))
+    notes = list(resolved.notes)
+    default_note = megatron_default_note(parser, settings, sources, "config" in typed, harvested()["flags"])
+    if default_note:
+        notes.append(default_note)
+    if translation is not None and translation.info_line():
+        notes.append(translation.info_line())
+    notes += layers.said_once(translation.source if translation is not None else "")
+    given = {dest: value for dest, value in meanings.items() if value is not None and value is not False}
+    return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
+                           preset_label(preset_path), given, harvested=_harvested_given(namespace),
+                           json_outcomes=layers.outcomes)
+
+
+def one_error(problems: list[str]) -> str:
+    """One line for every problem found: the problem itself when there is one, else each numbered."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems: " + "; ".join(f"({number}) {problem}"
+                                                       for number, problem in enumerate(problems, 1))
+
+
+def _without(argv: list[str], unknown: list[str]) -> list[str]:
+    """`argv` without the tokens argparse did not recognise (in order, each token once), so the known
+    flags can still be checked in the same run."""
+    kept, rest = [], list(unknown)
+    for token in argv:
+        if rest and token == rest[0]:
+            rest.pop(0)
+        else:
+            kept.append(token)
+    return kept
+
+
+@dataclass
+class Layers:
+    """What `layer_sources` finds: where each setting came from, and where the JSON and the command line
+    set one setting differently, which side won (arguments/deepspeed_precedence.py)."""
+    sources: dict[str, Source]
+    values: dict[str, Any] = field(default_factory=dict)  # settings whose value is not the last layer's: the
+                                                          # JSON's where it wins, the preset's or default where
+                                                          # a JSON value the run does not use was set
+    won: dict[str, list[str]] = field(default_factory=dict)  # JSON key -> "X wins over Y, as in ..." (warning)
+    independent: dict[str, list[str]] = field(default_factory=dict)  # JSON key -> the flags beside it (info)
+    outcomes: dict[str, str] = field(default_factory=dict)  # JSON key -> what became of it, for --print-config
+    problems: list[str] = field(default_factory=list)
+
+    def said_once(self, source: str) -> list[str]:
+        """The lines the start of the run says: one warning for every key where a side won, one info line
+        for the independent settings given on both sides."""
+        lines = []
+        if self.won:
+            lines.append(f"warning: {source} and the command line set {len(self.won)} setting(s) differently; "
+                         f"the side the real Megatron-DeepSpeed + DeepSpeed pair uses wins: "
+                         + "; ".join(text for texts in self.won.values() for text in texts))
+        if self.independent:
+            lines.append(f"{source}: DeepSpeed's own settings, independent of the command line's: "
+                         + "; ".join(text for texts in self.independent.values() for text in texts))
+        return lines
+
+
+# The learning-rate schedule's settings: Megatron-DeepSpeed always hands DeepSpeed its own scheduler,
+# built from these flags, so a JSON scheduler block beside any of them is not used at all.
+SCHEDULE_SETTINGS = ("lr", "min_lr", "lr_warmup_iters", "lr_warmup_fraction", "lr_warmup_samples",
+                     "lr_warmup_tokens", "lr_warmup_init", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
+                     "lr_decay_tokens", "train_samples")
+BATCH_SETTINGS = ("micro_batch_size", "global_batch_size", "accumulation_steps")
+
+
+def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_argv: list[str],
+                  translation: Optional[DeepSpeedTranslation], argv: list[str]) -> Layers:
+    """The source of every setting (the last layer that set it), and, where the JSON and the command
+    line both set one, the side the real pair uses: the command line's value stands where the flag
+    wins, or the setting is independent; `values` holds the JSON's where it wins. A JSON scheduler
+    block beside any schedule flag is not used as a whole; a JSON batch value beside the batch flags
+    is not used where the flags and the rest of the JSON determine it (arguments/batch_schedule.py). Two
+    JSON keys that ask for different values of one setting are a problem."""
+    base_values = _settings(vars(parser.parse_args(preset_argv)))
+    sources = {dest: Source(DEFAULT) for dest in _settings(vars(parser.parse_args([])))}
+    for dest in values_set_by(parser, preset_argv):
+        sources[dest] = Source(PRESET, preset_label(preset_path))
+    base_sources = dict(sources)
+    layers = Layers(sources)
+    json_values: dict[str, tuple[Any, str, str]] = {}  # dest -> (value, key, the flags the key became)
+    for setting in translation.settings if translation is not None else []:
+        where = f"{translation.source}: {setting.key}"
+        for dest, value in values_set_by(parser, list(setting.flags)).items():
+            if dest in json_values and json_values[dest][0] != value:
+                layers.problems.append(f"{json_values[dest][1]} and {setting.key} in {translation.source} ask "
+                                       f"for different values ({json_values[dest][2]}; {' '.join(setting.flags)}): "
+                                       f"remove one")
+            json_values[dest] = (value, setting.key, " ".join(setting.flags))
+            sources[dest] = Source(JSON, where)
+    typed = options_typed(parser, argv)
+    flag_values = values_set_by(parser, argv)
+
+    def not_used(dest: str) -> None:  # the JSON's value for `dest` is not used: back to the layer below
+        del json_values[dest]
+        if dest not in flag_values:
+            layers.values[dest], sources[dest] = base_values[dest], base_sources[dest]
+
+    schedule_flags = [typed.get(dest, dest) for dest in SCHEDULE_SETTINGS if dest in flag_values]
+    scheduler = [dest for dest, (_, key, _) in json_values.items() if key == "scheduler.params"]
+    if schedule_flags and scheduler:
+        for dest in scheduler:
+            not_used(dest)
+        rule = precedence_of("scheduler.params")
+        text = (f"Megatron's schedule from the command line ({', '.join(schedule_flags)}) wins over the whole "
+                f"scheduler block in {translation.source}, as in Megatron-DeepSpeed, {rule.why}")
+        layers.won["scheduler.params"] = [text]
+        layers.outcomes["scheduler.params"] = f"not used: {text}"
+    if flag_values.get("checkpoint_activations") is False and "checkpoint_activations" in json_values:
+        # --no-checkpoint-activations wins over the block (below); its options then configure nothing
+        for dest in [d for d, (_, key, _) in json_values.items() if key.startswith("activation_checkpointing.")]:
+            layers.outcomes[json_values[dest][1]] = ("not used: --no-checkpoint-activations on the command line "
+                                                     "turns checkpointing off")
+            not_used(dest)
+    for key in {key for dest, (value, key, _) in json_values.items()
+                if dest in flag_values and flag_values[dest] != value and precedence_of(key).winner == INDEPENDENT}:
+        for dest in [d for d, (_, k, _) in json_values.items() if k == key and d not in flag_values]:
+            not_used(dest)  # DeepSpeed's own monitor: none of it mixes with the command line's (W&B's team)
+    rampup = (flag_values.get("rampup_batch_size") or base_values.get("rampup_batch_size")) is not None
+    for dest in json_batch_settings_not_used({d for d in BATCH_SETTINGS if d in flag_values},
+                                             {d for d in BATCH_SETTINGS if d in json_values}, rampup):
+        key = json_values[dest][1]
+        not_used(dest)
+        layers.outcomes[key] = (f"not used here: the other two batch settings determine it, as in "
+                                f"Megatron-DeepSpeed, {precedence_of(key).why}")
+
+    for dest, value in flag_values.items():
+        option = typed.get(dest, dest)
+        source = Source(FLAG, describe_alias(option))
+        if dest in json_values:
+            json_value, key, json_flags = json_values[dest]
+            where = f"{key} in {translation.source}"
+            if json_value == value:
+                source = Source(FLAG, describe_alias(option), agrees_with=where)
+            else:
+                json = f"{_json_value(key, json_value, json_flags)} in {translation.source}"
+                source = _precedence(layers, key, _typed_value(option, value), json, source, dest, json_value,
+                                     translation.source)
+        sources[dest] = source
+    if "scheduler.params" in layers.won:
+        real = f"as in Megatron-DeepSpeed, {precedence_of('scheduler.params').why}"
+        for dest in SCHEDULE_SETTINGS:
+            if dest in flag_values:
+                sources[dest] = Source(FLAG, sources[dest].origin, agrees_with=sources[dest].agrees_with,
+                                       overrides=f"wins over the scheduler block in {translation.source}, {real}")
+    return layers
+
+
+def _precedence(layers: Layers, key: str, flag: str, json: str, flag_source: Source, dest: str, json_value: Any,
+                json_file: str) -> Source:
+    """Where the flag `flag` and the JSON's `json` (its key, value and file) set `dest` differently: the
+    winner's source, with what it won over, and the line said at start."""
+    rule = precedence_of(key)
+    real = f"as in Megatron-DeepSpeed, {rule.why}"
+    if rule.winner == JSON_WINS:
+        layers.values[dest] = json_value
+        layers.won.setdefault(key, []).append(f"{json} wins over {flag}, {real}")
+        layers.outcomes[key] = f"wins over {flag} on the command line, {real}"
+        return Source(JSON, f"{json_file}: {key}", overrides=f"wins over {flag} on the command line, {real}")
+    if rule.winner == INDEPENDENT:
+        layers.independent.setdefault(key, []).append(f"{json} beside {flag}, which is the one here, {real}")
+        layers.outcomes[key] = f"DeepSpeed's own; {flag} on the command line is the one here, {real}"
+        return Source(FLAG, flag_source.origin, overrides=f"{json} is independent of it, {real}")
+    if rule.winner == MUST_AGREE:
+        layers.problems.append(f"{flag} on the command line and {json} must agree: {rule.why}")
+        return flag_source
+    layers.won.setdefault(key, []).append(f"{json}: {flag} wins, {real}")
+    layers.outcomes[key] = f"{flag} on the command line wins, {real}"
+    return Source(FLAG, flag_source.origin, overrides=f"wins over {json}, {real}")
+
+
+def _json_value(key: str, value: Any, flags: str) -> str:
+    """A JSON key as the warning names it: `train_micro_batch_size_per_gpu 4`, or with the flags it
+    became where those say more (`fp16.enabled (--fp16 --no-bf16)`)."""
+    if isinstance(value, bool) or len(flags.split()) != 2:
+        return f"{key} ({flags})"
+    return f"{key} {show_value(value)}"
+
+
+# Settings of which only one may be given explicitly (on the command line or in the JSON): the first
+# replaces the second, as in Megatron-LM, where giving both is an error. A preset's value for the
+# second is simply replaced.
+EXCLUSIVE_SETTINGS = (
+    ("lr_warmup_fraction", "lr_warmup_iters", "--lr-warmup-fraction", "--lr-warmup-iters"),
+    ("lr_warmup_fraction", "lr_warmup_samples", "--lr-warmup-fraction", "--lr-warmup-samples"),
+    ("train_samples", "train_iters", "--train-samples", "--train-iters"),
+    ("train_samples", "lr_decay_iters", "--train-samples", "--lr-decay-iters"),
+    ("train_samples", "lr_warmup_iters", "--train-samples", "--lr-warmup-iters"),
+    ("train_iters", "lr_decay_samples", "--train-iters", "--lr-decay-samples"),
+    ("train_iters", "lr_warmup_samples", "--train-iters", "--lr-warmup-samples"),
+)
+
+
+# With --train-samples the run is sample-based, as in Megatron-LM: the iteration-based lengths must be
+# unset there, so a preset's or default's value for them is dropped (an explicit one is refused above).
+ITERATION_BASED_UNSET = {"train_iters": None, "lr_warmup_iters": 0, "lr_decay_iters": None}
+
+
+def use_sample_based_lengths(settings: dict[str, Any], sources: dict[str, Source]) -> None:
+    if settings.get("train_samples") is None:
+        return
+    for name, unset in ITERATION_BASED_UNSET.items():
+        if settings[name] != unset:
+            settings[name] = unset
+            given = sources["train_samples"]
+            sources[name] = Source(given.kind, given.origin or "--train-samples",
+                                   note="unset: the run is sample-based, as in Megatron-LM")
+
+
+def check_given_together(sources: dict[str, Source]) -> list[str]:
+    """A problem for each pair of EXCLUSIVE_SETTINGS given explicitly together."""
+    problems = []
+    for first, second, first_flag, second_flag in EXCLUSIVE_SETTINGS:
+        explicit = [sources[name] for name in (first, second) if sources[name].kind in (JSON, FLAG)]
+        if len(explicit) == 2:
+            problems.append(f"give one of {first_flag} and {second_flag}, not both ({explicit[0].describe()}; "
+                            f"{explicit[1].describe()})")
+    return problems
+
+
+def _typed_value(option: str, value: Any) -> str:
+    """How a flag was given: `--fp16`, `--no-bf16`, `--lr 0.0003`."""
+    return option if isinstance(value, bool) else f"{option} {show_value(value)}"
+
+
+def _settings(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if name not in _NOT_SETTINGS}
+
+
+def _harvested_given(values: dict[str, Any]) -> dict[str, Any]:
+    """The harvested flags given: their dests are their option strings, present only when given."""
+    return {name: value for name, value in values.items() if name.startswith("--")}

@@ -1,0 +1,101 @@
+"""`--print-config`: the resolved configuration, every value beside where it came from.
+
+Four parts: the settings by section (value, then source: default, the preset, the DeepSpeed JSON key,
+or the flag as typed -- a Megatron or DeepSpeed name shows as itself); the Megatron-LM and DeepSpeed
+flags that are not settings and what each does here (their meaning, or why they have no effect);
+every key of the DeepSpeed JSON and what became of it; and the numbers derived from several settings (a fractional warmup, a batch ramp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from arguments.config_sources import DEFAULT, Source, show_value
+from arguments.harvested_flags import resolve_harvested
+from arguments.megatron_flags import MEANINGS, NO_EFFECT_FLAGS
+from arguments.batch_schedule import batch_schedule
+from arguments.schedule import build_lr_schedule, train_iterations
+from arguments.deepspeed_keys import HONOURED
+
+NAME_WIDTH = 38
+VALUE_WIDTH = 22
+
+
+def format_config(parsed) -> str:
+    """The text --print-config prints for a `arguments.parser.ParsedArguments`."""
+    config, sources = parsed.config, parsed.config.sources
+    lines = ["pretrain_gpt.py --print-config: every setting, its value, and where the value came from"]
+    preset = sources.get("config", Source(DEFAULT))
+    lines.append(_row("preset", parsed.preset, preset.describe()))
+    if parsed.deepspeed is not None:
+        lines.append(_row("DeepSpeed JSON", parsed.deepspeed.source, sources["zero_config"].describe()))
+    for section in config.SECTIONS:
+        lines.append(section)
+        for f in fields(getattr(config, section)):
+            value = getattr(getattr(config, section), f.name)
+            lines.append(_row(f.name, show_value(value), sources.get(f.name, Source(DEFAULT)).describe()))
+    if parsed.meanings or parsed.harvested:
+        lines.append("Megatron-LM and DeepSpeed flags that are not settings here")
+        lines += [_row(_typed(dest, value, sources), "", _meaning(dest, value))
+                  for dest, value in parsed.meanings.items()]
+        accepted, _ = resolve_harvested(parsed.harvested or {}, None)  # the refused ones stopped the parse
+        lines += [_row(shown, "", f"accepted, no effect on the math: {reason}") for shown, reason in accepted]
+    if parsed.deepspeed is not None:
+        lines.append(f"DeepSpeed JSON {parsed.deepspeed.source}: every key")
+        for verdict in parsed.deepspeed.verdicts:
+            if verdict.kind == HONOURED:
+                effect = f"honoured: {' '.join(verdict.flags)}" if verdict.flags else f"honoured: {verdict.why}"
+            else:
+                effect = f"accepted, no effect on the math: {verdict.why}"
+            outcome = parsed.json_outcomes.get(verdict.key)  # beside a flag of the command line
+            lines.append(_row(verdict.key, "", f"{effect}; {outcome}" if outcome else effect))
+        implied = {"activation_checkpointing": "--checkpoint-activations"}  # keys no verdict lists
+        lines += [_row(key, "", f"implies {flag}; {parsed.json_outcomes[key]}") for key, flag in implied.items()
+                  if key in parsed.json_outcomes]
+    lines.append("derived")
+    optimizer, training = config.optimizer, config.training
+    if training.accumulation_steps is None:  # else the global batch depends on the data-parallel size
+        batch = batch_schedule(config, 1, deepspeed_check=False)  # 1 stands in for the launch's size
+        schedule = build_lr_schedule(config, batch)
+        lines.append(_row("training iterations", str(train_iterations(config, batch)),
+                          "--train-iters" if training.train_samples is None else
+                          f"--train-samples {training.train_samples} // global batch (Megatron's arithmetic)"))
+        lines.append(_row("learning-rate warmup (samples)", f"{schedule.warmup_samples:g}",
+                          f"--lr-warmup-fraction {optimizer.lr_warmup_fraction} x decay"
+                          if optimizer.lr_warmup_fraction is not None else
+                          "--lr-warmup-iters x global batch" if training.train_samples is None else
+                          "--lr-warmup-samples"))
+        lines.append(_row("learning-rate decay (samples)", f"{schedule.decay_samples:g}",
+                          "(--lr-decay-iters or --train-iters) x global batch" if training.train_samples is None
+                          else "--lr-decay-samples or --train-samples"))
+        if schedule.decay_tokens is not None or schedule.warmup_tokens is not None:
+            lines.append(_row("learning-rate by tokens", f"{schedule.warmup_tokens} / {schedule.decay_tokens}",
+                              "--lr-warmup-tokens / --lr-decay-tokens (Megatron-DeepSpeed)"))
+    if training.rampup_batch_size is not None:
+        start, increment, samples = training.rampup_batch_size
+        lines.append(_row("global batch", f"{start} -> {training.global_batch_size}",
+                          f"+{increment} evenly over the first {samples:,} samples (--rampup-batch-size); the "
+                          f"learning-rate schedule follows consumed samples"))
+    if parsed.notes:
+        lines.append("said at the start of a run")
+        lines += [note if note.startswith(">") else f"> {note}" for note in parsed.notes]
+    return "\n".join(lines)
+
+
+def _row(name: str, value: str, where: str) -> str:
+    """`  name   value   # where`: aligned for reading, and split at "  # " by a program."""
+    return f"  {name:<{NAME_WIDTH}} {value:<{VALUE_WIDTH}}  # {where}"
+
+
+def _typed(dest: str, value: Any, sources: dict[str, Source]) -> str:
+    source = sources.get(dest)
+    option = source.origin if source is not None and source.origin else dest
+    return option if isinstance(value, bool) else f"{option} {value}"
+
+
+def _meaning(dest: str, value: Any) -> str:
+    if dest in NO_EFFECT_FLAGS:
+        return f"accepted, no effect on the math: {NO_EFFECT_FLAGS[dest]}"
+    meaning = next(m for m in MEANINGS if m.dest == dest)
+    return f"honoured: {meaning.help}"

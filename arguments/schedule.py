@@ -1,0 +1,173 @@
+"""How long a run trains and its learning rate, computed as Megatron computes them.
+
+The rate is a pure function of what the run has consumed (no scheduler object with hidden state), so a
+resumed run needs only its consumed samples to continue the schedule exactly.
+
+Megatron-LM's OptimizerParamScheduler counts its steps in samples: after each optimizer step it
+advances by that iteration's global batch, so the update of iteration k uses the rate at the samples
+consumed *before* k. Iteration 1 thus runs at --lr-warmup-init (0) when there is a warmup, and at --lr
+without one. Lengths are samples too:
+
+    iteration-based (--train-iters)   decay = (--lr-decay-iters or --train-iters) x --global-batch-size
+                                      warmup = --lr-warmup-iters x --global-batch-size
+    sample-based (--train-samples)    decay = --lr-decay-samples or --train-samples
+                                      warmup = --lr-warmup-samples
+    either                            warmup = --lr-warmup-fraction x decay, when given
+
+With a batch ramp the schedule therefore moves by each iteration's batch, so small early batches move
+it less. A sample-based run trains `train_iterations` iterations: --train-samples // --global-batch-size,
+or, with a ramp, the ramp's iterations plus whole batches of the rest (Megatron's update_train_iters;
+a last partial batch is dropped).
+
+Megatron-DeepSpeed adds tokens: --lr-warmup-tokens and --lr-decay-tokens make the warmup and the decay
+follow consumed tokens instead, and --train-tokens stops the run once that many are consumed. Its
+scheduler reads the token counter before the iteration that has just ended is added to it, so in an
+uninterrupted run the tokens the rate sees lag the samples by one iteration; `tokens_seen_by_schedule`
+says which count that is. A warmup in samples followed by a decay in tokens decays from the tokens the
+scheduler saw when the warmup ended, as there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from arguments.batch_schedule import BatchSchedule
+from arguments.config import PretrainConfig
+from base.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LearningRateSchedule:
+    max_lr: float
+    min_lr: float
+    style: str                             # cosine, linear or constant
+    warmup_samples: float
+    decay_samples: float
+    init_lr: float = 0.0                   # where a warmup starts (--lr-warmup-init)
+    warmup_tokens: Optional[float] = None  # Megatron-DeepSpeed's token-based warmup
+    decay_tokens: Optional[float] = None   # and decay
+    warmup_end_tokens: float = 0.0         # the tokens seen when a warmup in samples ended (token decay)
+
+    def rate(self, samples: float, tokens: float = 0.0) -> float:
+        """The rate for the update after `samples` consumed samples, the schedule seeing `tokens`."""
+        if self.warmup_tokens is None:
+            if self.warmup_samples > 0 and samples <= self.warmup_samples:
+                return self.init_lr + (self.max_lr - self.init_lr) * samples / self.warmup_samples
+        elif self.warmup_tokens > 0 and tokens <= self.warmup_tokens:
+            return self.init_lr + (self.max_lr - self.init_lr) * tokens / self.warmup_tokens
+        if self.style == "constant":
+            return self.max_lr
+        if self.decay_tokens is None:
+            done, start, end = samples, self.warmup_samples, self.decay_samples
+        else:
+            done, end = tokens, self.decay_tokens
+            start = self.warmup_tokens if self.warmup_tokens is not None else self.warmup_end_tokens
+        if done > end:
+            return self.min_lr
+        ratio = (done - start) / (end - start) if end > start else 1.0
+        coefficient = 1.0 - ratio if self.style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1.0)
+        return self.min_lr + coefficient * (self.max_lr - self.min_lr)
+
+    def describe(self) -> str:
+        text = f"warmup {self.warmup_samples:g} samples, decay ({self.style}) to {self.decay_samples:g} samples"
+        if self.warmup_tokens is not None or self.decay_tokens is not None:
+            text += (f"; by tokens: warmup {self.warmup_tokens if self.warmup_tokens is not None else '-'}, "
+                     f"decay to {self.decay_tokens if self.decay_tokens is not None else '-'}")
+        return text
+
+
+def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
+    """--train-iters, or the iterations --train-samples makes (Megatron-LM's update_train_iters)."""
+    training = config.training
+    if training.train_samples is None:
+        return training.train_iters
+    if batch.rampup is None:
+        return training.train_samples // batch.global_batch_size
+    iterations, consumed = 0, 0
+    while consumed <= batch.rampup[2] and consumed <= training.train_samples:  # the ramp
+        consumed += batch.global_batch_at(consumed)
+        iterations += 1
+    if training.train_samples > consumed:  # then whole batches; a last partial one is dropped
+        iterations += (training.train_samples - consumed) // batch.global_batch_size
+    return iterations
+
+
+def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningRateSchedule:
+    """Megatron's get_optimizer_param_scheduler, in samples (and tokens), for this run's batches."""
+    optimizer, training = config.optimizer, config.training
+    if training.train_samples is None:
+        decay = (optimizer.lr_decay_iters or training.train_iters) * batch.global_batch_size
+        warmup = optimizer.lr_warmup_iters * batch.global_batch_size
+    else:
+        decay = optimizer.lr_decay_samples or training.train_samples
+        warmup = optimizer.lr_warmup_samples
+    if optimizer.lr_warmup_fraction is not None:
+        warmup = optimizer.lr_warmup_fraction * decay
+    warmup_end_tokens = 0.0
+    if optimizer.lr_decay_tokens is not None and optimizer.lr_warmup_tokens is None and warmup > 0:
+        ended = 0  # the first iteration boundary at or past the warmup
+        while ended < warmup:
+            ended += batch.global_batch_at(ended)
+        warmup_end_tokens = tokens_seen_by_schedule(batch, ended, config.model.seq_length)
+    return LearningRateSchedule(
+        max_lr=optimizer.lr, min_lr=optimizer.min_lr, style=optimizer.lr_decay_style, warmup_samples=warmup,
+        decay_samples=decay, init_lr=optimizer.lr_warmup_init, warmup_tokens=optimizer.lr_warmup_tokens,
+        decay_tokens=optimizer.lr_decay_tokens, warmup_end_tokens=warmup_end_tokens)
+
+
+def tokens_seen_by_schedule(batch: BatchSchedule, consumed_samples: int, seq_length: int) -> int:
+    """The tokens Megatron-DeepSpeed's scheduler sees after `consumed_samples`: those consumed before
+    the last iteration (its counter is read before that iteration's tokens are added)."""
+    if consumed_samples == 0:
+        return 0
+    previous = 0
+    while True:  # constant batches after a ramp: one step back; during a ramp, walk the ramp
+        if batch.rampup is None or previous > batch.rampup[2]:
+            return (consumed_samples - batch.global_batch_size) * seq_length
+        following = previous + batch.global_batch_at(previous)
+        if following >= consumed_samples:
+            return previous * seq_length
+        previous = following
+
+
+# What Megatron's scheduler compares with its checkpoint on resume (OptimizerParamScheduler.load_state_dict).
+COMPARED_ON_RESUME = (("max_lr", "learning rate"), ("min_lr", "minimum learning rate"),
+                      ("warmup_samples", "warmup (samples)"), ("warmup_tokens", "warmup tokens"),
+                      ("decay_samples", "decay (samples)"), ("decay_tokens", "decay tokens"),
+                      ("style", "decay style"))
+
+
+def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict,
+                       iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
+    """Megatron's resume rule for the schedule. `saved` is the checkpoint's recorded (resolved) config.
+    Equal schedules: (None, None). Different ones: an error naming each difference, unless
+    --override-opt_param-scheduler (this run's wins: (None, note)) or
+    --use-checkpoint-opt_param-scheduler (the checkpoint's wins: (its schedule, note))."""
+    optimizer = dataclasses.replace(config.optimizer, **{name: value for name, value in saved.get("optimizer", {}).items()
+                                                         if hasattr(config.optimizer, name)})
+    saved_training = saved.get("training", {})
+    training = dataclasses.replace(config.training, **{name: saved_training[name] for name in
+                                                       ("train_iters", "train_samples", "global_batch_size")
+                                                       if name in saved_training})
+    then = dataclasses.replace(config, optimizer=optimizer, training=training)
+    ramp = saved_training.get("rampup_batch_size")
+    then_batch = dataclasses.replace(batch, global_batch_size=training.global_batch_size,
+                                     rampup=tuple(ramp) if ramp else None)
+    ours, theirs = build_lr_schedule(config, batch), build_lr_schedule(then, then_batch)
+    differences = [f"{label} {getattr(ours, name)} (the checkpoint's: {getattr(theirs, name)})"
+                   for name, label in COMPARED_ON_RESUME if getattr(ours, name) != getattr(theirs, name)]
+    if not differences:
+        return None, None
+    listed = "; ".join(differences)
+    if config.optimizer.override_opt_param_scheduler:
+        return None, f"> resuming {iteration_dir} with this run's learning-rate schedule ({listed}), as " \
+                     f"--override-opt_param-scheduler asks"
+    if config.optimizer.use_checkpoint_opt_param_scheduler:
+        return theirs, f"> resuming {iteration_dir} with the checkpoint's learning-rate schedule instead of this " \
+                       f"run's ({listed}), as --use-checkpoint-opt_param-scheduler asks"
+    raise ConfigError(f"resuming {iteration_dir}: the learning-rate schedule differs from the checkpoint's ({listed}); "
+                      f"as in Megatron, pass --override-opt_param-scheduler to use this run's, or "
+                      f"--use-checkpoint-opt_param-scheduler to keep the checkpoint's")

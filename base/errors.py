@@ -1,0 +1,127 @@
+"""The error every bad setting ends in, and the one boundary every entry point runs through.
+
+`ConfigError` and `CheckpointError` have their own module so that the modules raising them
+(arguments.config and zero.config; the checkpoint format, schema and integrity checks) need not import
+each other in a cycle; arguments.config and checkpoint.format re-export them. `run_tool` is the boundary: the training
+program, `python -m data.preprocess` and every script in scripts/ call their work through it, so a
+bad input anywhere ends the same way -- one line `program: error: ...` on stderr and exit status 2 --
+and Ctrl-C ends in one line and status 130 instead of a traceback. A peer rank that died or hung
+(`PeerLostError`) is one line from every surviving rank and status 3. Nothing here imports torch or the
+rest of the repo: the boundary must work even when those imports are what fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+EXIT_BAD_INPUT = 2
+SILENT_RANK_EXIT_DELAY_S = 3.0  # how long a rank that does not print a bad-input error waits before exiting
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
+EXIT_PEER_LOST = 3  # another rank died or hung (parallel/liveness.py); this one stopped too
+
+# Set by scripts/launch.py: each rank writes its exit status here, so the launcher can exit with the
+# job's own status instead of torchrun's generic 1.
+EXIT_STATUS_DIR_VARIABLE = "ZERO_GPT_EXIT_STATUS_DIR"
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work. The message names the flag(s) involved."""
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used (missing, incomplete, corrupt, or for another model); the
+    message names the file or the keys. Defined here so the checkpoint modules can share it without
+    importing each other; checkpoint.format re-exports it."""
+
+
+class PeerLostError(RuntimeError):
+    """Another rank stopped answering (died, or hung). Unlike a bad input, which every rank meets and
+    rank 0 reports, only the survivors know of it, and any of them may be the only one left to tell:
+    each prints its own line."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of printing the usage block and exiting, so a bad
+    flag is reported like every other bad input: one line, exit 2."""
+
+    def error(self, message: str) -> None:
+        raise ConfigError(message)
+
+
+# Failures of the input or the environment that every entry point reports as one line; each entry
+# point adds its own domain errors (DataError). OSError covers unreadable and
+# unwritable paths and full disks; FloatingPointError a run that diverged.
+ALWAYS_EXPECTED: tuple[type[BaseException], ...] = (ConfigError, CheckpointError, OSError, FloatingPointError)
+
+
+def reporting_process() -> bool:
+    """Whether this process prints the error line. Under torchrun or SLURM every rank meets the same
+    bad input (the ranks agree on every check before raising), so only rank 0 speaks."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    return rank.strip() in ("", "0")
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def run_tool(program: str, action: Callable[[], object],
+             expected: tuple[type[BaseException], ...] = ()) -> int:
+    """Run an entry point's work: its own exit status (an int it returns) or 0 on success; an
+    expected error is one line `program: error: ...` on stderr and status 2; Ctrl-C (when nothing
+    else handles SIGINT) is one line and status 130. Anything else is a bug and keeps its traceback."""
+    try:
+        result = action()
+        status = result if isinstance(result, int) and not isinstance(result, bool) else 0
+    except KeyboardInterrupt:
+        _report(f"{program}: interrupted (SIGINT); stopped without saving")
+        status = EXIT_INTERRUPTED
+    except PeerLostError as error:
+        print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
+        status = EXIT_PEER_LOST
+    except ALWAYS_EXPECTED + tuple(expected) as error:
+        _report(f"{program}: error: {one_line(error)}")
+        status = EXIT_BAD_INPUT
+    except KeyError as error:  # a metadata.json that parses but lacks an entry every save writes
+        _report(f"{program}: error: the checkpoint's metadata has no {error} entry; is it from another tool?")
+        status = EXIT_BAD_INPUT
+    _record_exit_status(status)
+    if status == EXIT_BAD_INPUT and not reporting_process() and os.environ.get("TORCHELASTIC_RUN_ID"):
+        # Every rank met the same bad input and only rank 0 prints it. Under torchrun a silent rank that
+        # exits first makes the agent stop the others, rank 0 included, perhaps before its line is out
+        # (seen on a loaded machine): wait a little.
+        time.sleep(SILENT_RANK_EXIT_DELAY_S)
+    return status
+
+
+def exit_at_once(program: str, error: PeerLostError) -> None:
+    """run_tool's line and status for a lost peer, from a watchdog thread while the main thread may be
+    blocked in a collective that never returns: print, record the status, and end the process
+    without unwinding (os._exit), since no cleanup could get past that collective anyway."""
+    try:
+        sys.stdout.flush()  # what the run printed so far comes before the line, as it would in run_tool
+        print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
+    finally:
+        _record_exit_status(EXIT_PEER_LOST)
+        os._exit(EXIT_PEER_LOST)
+
+
+def _report(line: str) -> None:
+    if reporting_process():
+        print(line, file=sys.stderr, flush=True)
+
+
+def _record_exit_status(status: int) -> None:
+    directory = os.environ.get(EXIT_STATUS_DIR_VARIABLE)
+    if not directory:
+        return
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    try:
+        (Path(directory) / f"rank{rank}").write_text(f"{status}\n")
+    except OSError:
+        pass  # the launcher then falls back to torchrun's own status

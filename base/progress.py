@@ -1,0 +1,48 @@
+"""Progress lines for work that can take minutes: tokenizer training, index building, the token scan.
+
+Each piece of such work says when it starts, at most one line every `interval_s` seconds while it runs
+(so a short job prints only its start and end, a long one shows it is alive), and when it ends, with
+the time it took. Lines go to stdout, with the run's other progress lines ("> loaded ...", the
+iteration lines): stderr holds only what went wrong, one line for a bad input. Under torchrun or
+SLURM every rank does the same work; only the rank that reports errors (rank 0) prints.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from base.errors import reporting_process
+
+REPORT_EVERY_S = 10.0
+
+
+def print_line(line: str) -> None:
+    """Where progress goes by default: one flushed line on stdout, from rank 0 only."""
+    if reporting_process():
+        print(line, flush=True)
+
+
+class ProgressLines:
+    """`start`, any number of `update`s (printed at most every `interval_s`), then `done`."""
+
+    def __init__(self, emit: Optional[Callable[[str], None]] = print_line, interval_s: float = REPORT_EVERY_S,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.emit = emit or (lambda line: None)
+        self.interval_s = interval_s
+        self.clock = clock
+        self.started = self.last = clock()
+
+    def start(self, line: str) -> None:
+        self.started = self.last = self.clock()
+        self.emit(line)
+
+    def update(self, describe: Callable[[], str]) -> None:
+        """Print `describe()` if `interval_s` has passed since the last line; otherwise build nothing."""
+        now = self.clock()
+        if now - self.last >= self.interval_s:
+            self.last = now
+            self.emit(f"{describe()} ({now - self.started:.0f} s so far)")
+
+    def done(self, line: str) -> None:
+        self.emit(f"{line} in {self.clock() - self.started:.1f} s")

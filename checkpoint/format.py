@@ -1,0 +1,417 @@
+"""The on-disk checkpoint format, readable with no process group, no GPU and none of the model code.
+
+    SAVE_DIR/
+      latest                          "iter_0000010": replaced atomically once a save is complete
+      iter_0000010/
+        metadata.json                 written last: format version, iteration, consumed samples, grid,
+                                      resolved config, loss scaler, parameter table, file manifest
+        model_tp00.safetensors        TP rank 0's parameters in the training dtype, by name
+        optim_tp00_dp000.safetensors  (TP 0, DP 0)'s partition: fp32 master, exp_avg, exp_avg_sq,
+                                      flat, with its fragment table in the file's metadata
+        rng_tp00_dp000.safetensors    that rank's RNG states (Python, NumPy, torch CPU/CUDA, TP stream)
+        tokenizer/                    the tokenizer the run trained with
+
+A partition is a flat tensor; its *fragment table* says which elements of which parameter each
+stretch holds: `[name, param_offset, partition_offset, numel]`, offsets into the parameter flattened
+at its TP-local shape. That table is all it takes to re-cut the optimizer state for another DP size
+or ZeRO stage, or to consolidate it into whole tensors (`consolidate`). Stage 0 has one partition
+(everything), written by DP rank 0 alone.
+
+Only safetensors and JSON are ever read, so loading a checkpoint cannot run code. Every file's size
+and content hash is in the manifest; checkpoint/schema.py checks what metadata.json and `latest`
+hold, and checkpoint/integrity.py verifies each listed file before a load or a tool reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Sequence
+
+import torch
+
+from checkpoint.schema import check_metadata, member, read_latest
+from base.errors import CheckpointError
+from base.file_modes import apply_umask
+
+FORMAT_VERSION = 1
+LATEST_FILE = "latest"
+METADATA_FILE = "metadata.json"
+TOKENIZER_DIR = "tokenizer"
+OPTIMIZER_KEYS = ("master", "exp_avg", "exp_avg_sq")
+STAGING_SUFFIX = ".partial"
+RETIRED_SUFFIX = ".old-"
+
+
+def iteration_dir_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def model_file(tensor_parallel_rank: int) -> str:
+    return f"model_tp{tensor_parallel_rank:02d}.safetensors"
+
+
+def optimizer_file(tensor_parallel_rank: int, data_parallel_rank: int) -> str:
+    return f"optim_tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
+
+
+def rng_file(tensor_parallel_rank: int, data_parallel_rank: int) -> str:
+    return f"rng_tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
+
+
+# ---- durable writes ---------------------------------------------------------------------------
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a directory's entries') data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` for the body to write; once the body is done it is fsynced and
+    renamed over `path`, and the directory fsynced, so a reader sees the old file or the whole new
+    one. If the body fails, the temporary is removed and `path` is untouched."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield temporary
+        fsync_path(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    fsync_path(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (see `atomic_file`)."""
+    with atomic_file(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
+
+
+def metadata_text(metadata: dict) -> str:
+    """metadata.json's content (what `read_metadata` reads back)."""
+    return json.dumps(metadata, indent=1, sort_keys=True) + "\n"
+
+
+def replace_directory(staging: Path, final: Path) -> None:
+    """Rename a fully written `staging` directory to `final`. An existing `final` is moved aside
+    first (no rename swaps two directories atomically) and deleted once the new one is in place; a
+    crash in between leaves the old copy, which `resolve_checkpoint` falls back to."""
+    for path in staging.iterdir():
+        if path.is_file():
+            fsync_path(path)
+    fsync_path(staging)
+    if final.exists():
+        os.replace(final, final.with_name(f"{final.name}{RETIRED_SUFFIX}{os.getpid()}"))
+    os.replace(staging, final)
+    fsync_path(final.parent)
+    for old_copy in final.parent.glob(f"{final.name}{RETIRED_SUFFIX}*"):  # this one, and any a crash left
+        shutil.rmtree(old_copy, ignore_errors=True)
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: Optional[dict] = None) -> int:
+    """Write a safetensors file and fsync it; returns its size in bytes."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in tensors.items()}
+    text_metadata = {"format": "pt"}
+    for key, value in (metadata or {}).items():
+        text_metadata[key] = json.dumps(value)
+    try:
+        save_file(tensors, str(path), metadata=text_metadata)
+    except SafetensorError as error:  # safetensors reports a full disk or a bad path as its own type
+        raise OSError(f"{path}: cannot write ({error})") from None
+    apply_umask(path)  # safetensors creates its files 0600; teammates must be able to read checkpoints
+    fsync_path(path)
+    size, expected = path.stat().st_size, _safetensors_size(path)
+    if size != expected:  # a writer that did not report a full disk
+        raise OSError(f"{path}: short write, {size} of {expected} bytes on disk (is the disk full?)")
+    return size
+
+
+def _safetensors_size(path: Path) -> int:
+    """The size a safetensors file must have, from its header: 8 bytes of header length, the header,
+    then the data up to the end of the last tensor."""
+    with open(path, "rb") as f:
+        header_length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_length))
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    return 8 + header_length + max(ends, default=0)
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A `--save` directory (meaning the iteration its `latest` names) or one iteration directory ->
+    that iteration directory, checked to be complete."""
+    path = Path(path)
+    if (path / LATEST_FILE).is_file():
+        name = read_latest(path / LATEST_FILE)
+        target = path / name
+        if not target.exists():
+            # A crash while an iteration was re-saved, between moving the old copy aside and moving
+            # the new one in (see `commit`): the old copy is complete.
+            retired = sorted(path.glob(f"{name}{RETIRED_SUFFIX}*"))
+            if retired and (retired[0] / METADATA_FILE).is_file():
+                return retired[0]
+        if not (target / METADATA_FILE).is_file():
+            raise CheckpointError(f"{path / LATEST_FILE} names {name!r}, which is not a complete checkpoint")
+        return target
+    if (path / METADATA_FILE).is_file():
+        return path
+    if path.is_dir() and path.name.endswith(STAGING_SUFFIX):
+        raise CheckpointError(f"{path} is a save that never finished; use the checkpoint `latest` names")
+    if path.is_dir() and path.name.startswith("iter_"):
+        raise CheckpointError(f"{path} has no {METADATA_FILE}: the save did not finish")
+    raise CheckpointError(f"{path}: no checkpoint here (neither a '{LATEST_FILE}' file nor {METADATA_FILE})")
+
+
+def has_checkpoint(save_dir: str | os.PathLike) -> bool:
+    return (Path(save_dir) / LATEST_FILE).is_file()
+
+
+def read_metadata(iteration_dir: Path) -> dict:
+    path = iteration_dir / METADATA_FILE
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable or corrupt ({error})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: corrupt, nested too deeply to be checkpoint metadata") from None
+    version = metadata.get("format_version") if isinstance(metadata, dict) else None
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format version {version!r}; this code reads version {FORMAT_VERSION}")
+    check_metadata(metadata, path)
+    return metadata
+
+
+@contextmanager
+def open_tensors(iteration_dir: Path, name: str, metadata: dict) -> Iterator:
+    """A safetensors reader for one file of the checkpoint, after checking it against the manifest.
+    Anything that is not a well-formed safetensors file of the recorded size (a pickle, a truncated
+    copy, garbage) raises `CheckpointError` naming the file; nothing in it is ever executed."""
+    from safetensors import safe_open
+
+    path = member(iteration_dir, name)
+    expected = metadata.get("files", {}).get(name)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing from the checkpoint")
+    size = path.stat().st_size
+    if expected is not None and size != expected:
+        raise CheckpointError(f"{path}: {size} bytes where the save wrote {expected}: truncated or corrupt")
+    try:
+        reader = safe_open(str(path), framework="pt", device="cpu")
+    except Exception as error:  # safetensors raises its own error types for malformed headers
+        raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
+    yield _CheckedReader(reader, path)
+
+
+class _CheckedReader:
+    """safe_open's reader with its failures turned into errors that name the file."""
+
+    def __init__(self, reader, path: Path) -> None:
+        self._reader, self.path = reader, path
+
+    def metadata(self) -> dict:
+        raw = self._reader.metadata() or {}
+        try:
+            return {key: json.loads(value) for key, value in raw.items() if key != "format"}
+        except json.JSONDecodeError as error:
+            raise CheckpointError(f"{self.path}: corrupt metadata ({error})") from None
+
+    def fragments(self, keys: Sequence[str]) -> list[tuple[str, int, int, int]]:
+        """The partition's fragment table, checked against the file's tensors."""
+        table = self.metadata().get("fragments")
+        try:
+            lengths = {key: self._reader.get_slice(key).get_shape() for key in keys}
+        except Exception as error:
+            raise CheckpointError(f"{self.path}: lacks an optimizer tensor ({error})") from None
+        if not isinstance(table, list):
+            raise CheckpointError(f"{self.path}: no fragment table; not an optimizer partition")
+        fragments = []
+        for entry in table:
+            ok = (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
+                  and all(isinstance(v, int) and v >= 0 for v in entry[1:]))
+            if not ok or any(len(shape) != 1 or entry[2] + entry[3] > shape[0] for shape in lengths.values()):
+                raise CheckpointError(f"{self.path}: corrupt fragment table entry {entry!r}")
+            fragments.append(tuple(entry))
+        return fragments
+
+    def keys(self) -> list[str]:
+        return list(self._reader.keys())
+
+    def tensor(self, key: str) -> torch.Tensor:
+        try:
+            return self._reader.get_tensor(key)
+        except Exception as error:
+            raise CheckpointError(f"{self.path}: cannot read {key!r} ({error})") from None
+
+    def range(self, key: str, start: int, end: int) -> torch.Tensor:
+        """Elements [start, end) of a 1-D tensor, reading only those bytes."""
+        try:
+            return self._reader.get_slice(key)[start:end]
+        except Exception as error:
+            raise CheckpointError(f"{self.path}: cannot read {key!r}[{start}:{end}] ({error})") from None
+
+
+def optimizer_shards(metadata: dict, tensor_parallel_rank: Optional[int] = None) -> list[tuple[int, int, str]]:
+    """(tp rank, dp rank, file name) of every optimizer partition, optionally of one TP rank."""
+    shards = [tuple(entry) for entry in metadata["optimizer_shards"]]
+    return [s for s in shards if tensor_parallel_rank is None or s[0] == tensor_parallel_rank]
+
+
+# ---- the parameter table ----------------------------------------------------------------------
+
+def local_shape(entry: dict, tensor_parallel_size: int) -> list[int]:
+    """A parameter's shape on one TP rank, from its table entry (full shape and split dimension)."""
+    shape = list(entry["shape"])
+    dim = entry["tensor_parallel_dim"]
+    if dim is not None:
+        shape[dim] //= tensor_parallel_size
+    return shape
+
+
+def tensor_parallel_slice(full: torch.Tensor, dim: Optional[int], rank: int, size: int) -> torch.Tensor:
+    """TP rank `rank`'s piece of a whole parameter (the whole tensor when it is not split)."""
+    if dim is None:
+        return full
+    return full.chunk(size, dim=dim)[rank]
+
+
+def _copy_into_flat_range(target: torch.Tensor, offset: int, values: torch.Tensor) -> None:
+    """target.flatten()[offset:offset + n] = values, where `target` may be a non-contiguous view (a
+    TP slice of a whole tensor along dim 1): copied a row at a time where the rows are not adjacent."""
+    if target.is_contiguous():
+        target.view(-1)[offset:offset + values.numel()].copy_(values)
+        return
+    if target.dim() != 2:
+        raise ValueError("only 2-D parameters may be split along a dimension other than 0")
+    columns = target.shape[1]
+    position, end = offset, offset + values.numel()
+    while position < end:
+        row, column = divmod(position, columns)
+        if column == 0 and end - position >= columns:  # whole rows in one copy
+            rows = (end - position) // columns
+            target[row:row + rows].copy_(values[position - offset:position - offset + rows * columns]
+                                         .view(rows, columns))
+            position += rows * columns
+        else:
+            take = min(columns - column, end - position)
+            target[row, column:column + take].copy_(values[position - offset:position - offset + take])
+            position += take
+
+
+def consolidate(iteration_dir: Path, keys: Sequence[str] = ("master",), progress: bool = False
+                ) -> dict[str, dict[str, torch.Tensor]]:
+    """{key: {parameter name: whole fp32 tensor}} from the optimizer partitions, for keys among
+    master, exp_avg and exp_avg_sq. The whole tensors are allocated once and every partition file is
+    read in turn, so memory holds the result plus one partition's tensors."""
+    metadata = read_metadata(iteration_dir)
+    tp_size = metadata["tensor_parallel_size"]
+    table = metadata["parameters"]
+    result = {key: {name: torch.zeros(entry["shape"], dtype=torch.float32) for name, entry in table.items()}
+              for key in keys}
+    filled = defaultdict(int)
+    shards = optimizer_shards(metadata)
+    for count, (tp_rank, _, name) in enumerate(shards, 1):
+        with open_tensors(iteration_dir, name, metadata) as reader:
+            fragments = reader.fragments(keys)
+            flats = {key: reader.tensor(key) for key in keys}
+        for param_name, param_offset, partition_offset, numel in fragments:
+            entry = table[param_name]
+            for key in keys:
+                target = tensor_parallel_slice(result[key][param_name], entry["tensor_parallel_dim"],
+                                               tp_rank, tp_size)
+                _copy_into_flat_range(target, param_offset,
+                                      flats[key][partition_offset:partition_offset + numel])
+            filled[param_name] += numel
+        del flats
+        if progress:
+            print(f"  read {name} ({count}/{len(shards)})", flush=True)
+    for param_name, entry in table.items():
+        expected = torch.Size(entry["shape"]).numel()
+        if entry["tensor_parallel_dim"] is None:
+            expected *= tp_size  # every TP rank holds a replicated parameter whole
+        if filled[param_name] != expected:
+            raise CheckpointError(f"{iteration_dir}: the optimizer partitions hold {filled[param_name]} of "
+                                  f"{expected} elements of {param_name}; the checkpoint is incomplete")
+    return result
+
+
+class PartitionRequest:
+    """The fragments one rank needs, by parameter name, and where each goes in its partition."""
+
+    def __init__(self, fragments: Iterable[tuple[str, int, int, int]]) -> None:
+        self.by_name: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        self.numel = 0
+        for name, param_offset, partition_offset, numel in fragments:
+            self.by_name[name].append((param_offset, partition_offset, numel))
+            self.numel += numel
+
+
+def fill_partition(iteration_dir: Path, metadata: dict, tensor_parallel_rank: int, request: PartitionRequest,
+                   targets: dict[str, torch.Tensor]) -> None:
+    """Fill this rank's flat partition tensors (`targets`: key -> tensor in partition coordinates)
+    from the saved partitions of the same TP rank, whatever DP size and stage wrote them. Only the
+    overlapping byte ranges of each file are read."""
+    filled = 0
+    for _, _, name in optimizer_shards(metadata, tensor_parallel_rank):
+        with open_tensors(iteration_dir, name, metadata) as reader:
+            for param_name, saved_offset, saved_at, numel in reader.fragments(list(targets)):
+                for wanted_offset, wanted_at, wanted_numel in request.by_name.get(param_name, ()):
+                    lo = max(saved_offset, wanted_offset)
+                    hi = min(saved_offset + numel, wanted_offset + wanted_numel)
+                    if lo >= hi:
+                        continue
+                    source = saved_at + lo - saved_offset
+                    destination = wanted_at + lo - wanted_offset
+                    for key, target in targets.items():
+                        target[destination:destination + hi - lo].copy_(reader.range(key, source, source + hi - lo))
+                    filled += hi - lo
+    if filled != request.numel:
+        raise CheckpointError(f"{iteration_dir}: found {filled} of the {request.numel} elements this rank "
+                              f"(TP rank {tensor_parallel_rank}) needs; the checkpoint is incomplete")
+
+
+# ---- committing a save ------------------------------------------------------------------------
+
+def commit(staging: Path, final: Path, save_dir: Path) -> None:
+    """Make a fully written staging directory the checkpoint `final` and point `latest` at it. Until
+    the renames nothing a reader looks at has changed; an existing directory of the same iteration
+    is replaced."""
+    replace_directory(staging, final)
+    write_text_atomic(save_dir / LATEST_FILE, final.name + "\n")
+
+
+def remove_stale_saves(save_dir: Path) -> None:
+    """Delete what saves that died left behind: staging directories, temporary `latest` files, and
+    replaced copies of an iteration whose new copy is in place."""
+    for path in save_dir.glob(f"iter_*{STAGING_SUFFIX}"):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in save_dir.glob(f".{LATEST_FILE}.tmp-*"):
+        path.unlink(missing_ok=True)
+    for path in save_dir.glob(f"iter_*{RETIRED_SUFFIX}*"):
+        if (save_dir / path.name.split(RETIRED_SUFFIX)[0] / METADATA_FILE).is_file():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def prune(save_dir: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` checkpoints (never the one `latest` names)."""
+    latest = read_latest(save_dir / LATEST_FILE)
+    complete = sorted((p for p in save_dir.glob("iter_*") if re.fullmatch(r"iter_\d+", p.name) and p.is_dir()
+                       and (p / METADATA_FILE).is_file()), key=lambda p: int(p.name[len("iter_"):]))
+    removed = []
+    for path in complete[:-keep_last] if keep_last > 0 else []:
+        if path.name != latest:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

@@ -1,0 +1,461 @@
+"""Weight mapping between `GPTModel` and transformers' `GPT2LMHeadModel`, and Hugging Face folders.
+
+Two differences in layout, besides the names:
+- transformers' GPT-2 uses `Conv1D`, whose weight is the transpose of a Linear's ([in, out]).
+- its fused QKV orders output features [q | k | v], each head by head; ours orders them head by head,
+  [head][q, k, v], so that a contiguous tensor-parallel slice holds whole heads.
+Our vocabulary may be padded; transformers' is the tokenizer's exact size.
+
+A Hugging Face folder (config.json, model.safetensors, the tokenizer files) is what people share and
+what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read with no code of ours:
+- `write_hf_folder` builds one in a staging directory beside OUT_DIR and renames it into place, so a
+  conversion that fails never leaves a half-written folder that loads as a model.
+- `read_hf_folder` reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only
+  unpickler: a file from the internet may be a pickle whose payload runs code, and it must be refused,
+  never executed.
+- `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after `check_hf_config`
+  has compared its shape with the run's flags; each TP rank copies in its own slice.
+- `checkpoint_to_hf_state` turns a training checkpoint's fp32 master weights into transformers' names
+  (what `scripts/convert_to_hf.py` writes out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from checkpoint.format import (consolidate, read_metadata, save_tensors,
+                                   tensor_parallel_slice)
+from arguments.config import ModelConfig
+from base.errors import ConfigError
+from checkpoint.output_paths import check_replaceable_folder, install_folder
+from parallel.state import ParallelState
+
+ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
+
+
+def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
+    """A transformers GPT2Config describing the same network (dropouts as configured). Its BOS/EOS
+    ids are our tokenizer's end-of-document id, or None: GPT2Config's default is GPT-2's own 50256,
+    which lies outside a smaller vocabulary."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        bos_token_id=eod_token_id, eos_token_id=eod_token_id,
+        vocab_size=config.vocab_size, n_positions=config.max_position_embeddings, n_embd=config.hidden_size,
+        n_layer=config.num_layers, n_head=config.num_attention_heads, n_inner=config.ffn_size,
+        activation_function=ACTIVATION_TO_HF[config.activation], layer_norm_epsilon=config.layernorm_epsilon,
+        resid_pdrop=config.hidden_dropout, embd_pdrop=config.hidden_dropout,
+        attn_pdrop=config.attention_dropout, initializer_range=config.init_method_std, tie_word_embeddings=True)
+
+
+def _qkv_ours_to_hf(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """[heads*3*d, ...] in [head][qkv][d] order -> [3*heads*d, ...] in [qkv][head][d] order."""
+    rest = tensor.shape[1:]
+    return tensor.reshape(heads, 3, -1, *rest).transpose(0, 1).reshape(-1, *rest)
+
+
+def _qkv_hf_to_ours(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    rest = tensor.shape[1:]
+    return tensor.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
+
+
+# How each tensor moves: "same" as is, "linear" transposed (Linear <-> Conv1D), "qkv_weight" and
+# "qkv_bias" re-ordered between our per-head layout and transformers' [q | k | v] layout.
+def _name_table(config: ModelConfig) -> list[tuple[str, str, str]]:
+    """(our name, transformers' name, how it converts) for every tensor except the token embedding."""
+    table = [("position_embeddings.weight", "transformer.wpe.weight", "same"),
+             ("final_layernorm.weight", "transformer.ln_f.weight", "same"),
+             ("final_layernorm.bias", "transformer.ln_f.bias", "same")]
+    for i in range(config.num_layers):
+        ours, hf = f"blocks.{i}.", f"transformer.h.{i}."
+        table += [
+            (ours + "input_layernorm.weight", hf + "ln_1.weight", "same"),
+            (ours + "input_layernorm.bias", hf + "ln_1.bias", "same"),
+            (ours + "attention.query_key_value.weight", hf + "attn.c_attn.weight", "qkv_weight"),
+            (ours + "attention.query_key_value.bias", hf + "attn.c_attn.bias", "qkv_bias"),
+            (ours + "attention.dense.weight", hf + "attn.c_proj.weight", "linear"),
+            (ours + "attention.dense.bias", hf + "attn.c_proj.bias", "same"),
+            (ours + "post_attention_layernorm.weight", hf + "ln_2.weight", "same"),
+            (ours + "post_attention_layernorm.bias", hf + "ln_2.bias", "same"),
+            (ours + "mlp.dense_h_to_4h.weight", hf + "mlp.c_fc.weight", "linear"),
+            (ours + "mlp.dense_h_to_4h.bias", hf + "mlp.c_fc.bias", "same"),
+            (ours + "mlp.dense_4h_to_h.weight", hf + "mlp.c_proj.weight", "linear"),
+            (ours + "mlp.dense_4h_to_h.bias", hf + "mlp.c_proj.bias", "same"),
+        ]
+    return table
+
+
+def _to_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
+    if how == "qkv_weight":
+        return _qkv_ours_to_hf(tensor, heads).t()
+    if how == "qkv_bias":
+        return _qkv_ours_to_hf(tensor, heads)
+    return tensor.t() if how == "linear" else tensor
+
+
+def _from_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
+    if how == "qkv_weight":
+        return _qkv_hf_to_ours(tensor.t(), heads)
+    if how == "qkv_bias":
+        return _qkv_hf_to_ours(tensor, heads)
+    return tensor.t() if how == "linear" else tensor
+
+
+def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    heads = config.num_attention_heads
+    out = {"transformer.wte.weight": state_dict["word_embeddings.weight"][: config.vocab_size]}
+    for ours, hf, how in _name_table(config):
+        out[hf] = _to_hf(state_dict[ours], how, heads)
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
+                       padded_vocab_size: int) -> dict[str, torch.Tensor]:
+    """The inverse of `to_hf_state_dict`; padding rows of the vocabulary are zeros."""
+    heads = config.num_attention_heads
+    wte = hf_state["transformer.wte.weight"]
+    padding = wte.new_zeros(padded_vocab_size - wte.shape[0], wte.shape[1])
+    out = {"word_embeddings.weight": torch.cat([wte, padding])}
+    for ours, hf, how in _name_table(config):
+        out[ours] = _from_hf(hf_state[hf], how, heads)
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+# ---- Hugging Face folders -----------------------------------------------------------------------
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"  # what save_pretrained writes for big models
+PICKLE_FILE = "pytorch_model.bin"
+ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+# The causal-mask buffers older transformers versions saved with the weights; they are not weights.
+HF_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+# Their GPT-2 attention variants we do not implement: key -> the value our attention corresponds to.
+HF_ATTENTION_OPTIONS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                        "add_cross_attention": False, "tie_word_embeddings": True}
+MAX_LISTED = 12  # problems listed in one error before "... and N more"
+
+
+def owned_names(tokenizer_dir: Optional[Path] = None) -> frozenset[str]:
+    """The names an export writes into OUT_DIR, and so the only ones --overwrite may replace: the
+    config, the weights, and the tokenizer files (ours, or whatever the checkpoint's tokenizer/ holds)."""
+    from data.tokenizer import MERGES_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE
+
+    tokenizer_files = {TOKENIZER_FILE, VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG_FILE}
+    if tokenizer_dir is not None and tokenizer_dir.is_dir():
+        tokenizer_files |= {path.name for path in tokenizer_dir.iterdir() if path.is_file()}
+    return frozenset({CONFIG_FILE, SAFETENSORS_FILE, *tokenizer_files})
+
+
+def check_output_folder(out_dir: Path, overwrite: bool, tokenizer_dir: Optional[Path] = None) -> None:
+    """OUT_DIR may be absent or empty; with --overwrite it may also hold an earlier export, and
+    nothing else (checkpoint/output_paths.py)."""
+    check_replaceable_folder(Path(os.path.abspath(out_dir)), owned_names(tokenizer_dir), overwrite, "OUT_DIR")
+
+
+def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor], model_config: ModelConfig,
+                    tokenizer_dir: Optional[str | os.PathLike] = None, dtype: torch.dtype = torch.float32,
+                    overwrite: bool = False) -> Path:
+    """Write a folder `GPT2LMHeadModel.from_pretrained` (and, with `tokenizer_dir`,
+    `AutoTokenizer.from_pretrained`) loads: config.json, model.safetensors in `dtype`, tokenizer files."""
+    out_dir = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to stage beside
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
+    check_output_folder(out_dir, overwrite, tokenizer_dir)
+    tensors = _tensors_to_write(hf_state, dtype)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        _folder_config(model_config, tokenizer_dir, dtype).save_pretrained(str(staging))
+        save_tensors(staging / SAFETENSORS_FILE, tensors)
+        if tokenizer_dir is not None:
+            _copy_tokenizer(tokenizer_dir, staging)
+        # An existing OUT_DIR goes only once the new one is in place, and only its owned files go.
+        install_folder(staging, out_dir, owned_names(tokenizer_dir))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The tensors in `dtype`, without lm_head.weight: it is the token embedding (tied), transformers
+    re-ties it on load, and safetensors refuses two names for one storage."""
+    tensors = {}
+    for name, tensor in hf_state.items():
+        if name == "lm_head.weight" or name.endswith(HF_BUFFER_SUFFIXES):
+            continue
+        tensors[name] = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
+        if tensor.is_floating_point() and not torch.isfinite(tensors[name]).all():
+            raise ConfigError(f"{name} has values outside {dtype}'s range (or already inf/NaN); "
+                              f"choose a wider --dtype (bf16 or fp32)")
+    return tensors
+
+
+def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype):
+    # generate() stops at the EOS id, which must be our tokenizer's.
+    hf = hf_config(model_config, _eod_id(tokenizer_dir) if tokenizer_dir is not None else None)
+    hf.architectures = ["GPT2LMHeadModel"]
+    # from_pretrained(dtype="auto") loads in the dtype the weights were written in.
+    if hasattr(hf, "dtype"):
+        hf.dtype = dtype
+    else:  # transformers before 4.56
+        hf.torch_dtype = dtype
+    return hf
+
+
+def _eod_id(tokenizer_dir: Path) -> Optional[int]:
+    from tokenizers import Tokenizer
+
+    from data.tokenizer import EOD_TOKEN, TOKENIZER_FILE
+
+    path = tokenizer_dir / TOKENIZER_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing; the checkpoint's tokenizer folder is incomplete")
+    try:
+        return Tokenizer.from_file(str(path)).token_to_id(EOD_TOKEN)
+    except Exception as error:  # the tokenizers library raises a bare Exception for malformed files
+        raise ConfigError(f"{path}: not a valid tokenizer.json ({error})") from None
+
+
+def _copy_tokenizer(tokenizer_dir: Path, destination: Path) -> None:
+    """Every file of the saved tokenizer (tokenizer.json, vocab.json, merges.txt, tokenizer_config.json)."""
+    for path in sorted(tokenizer_dir.iterdir()):
+        if path.is_file():
+            shutil.copyfile(path, destination / path.name)
+
+
+def read_hf_folder(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json as a dict, the weights under GPT2LMHeadModel's names). Only safetensors, JSON and
+    weights-only pickles are read; every failure is a ConfigError naming the file."""
+    hf_dir = Path(hf_dir)
+    if not hf_dir.is_dir():
+        raise ConfigError(f"{hf_dir}: no such Hugging Face model folder")
+    return _read_config(hf_dir / CONFIG_FILE), _gpt2_lm_head_names(_read_weights(hf_dir))
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; a Hugging Face model folder needs its config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ConfigError(f"{path}: unreadable or not JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return config
+
+
+def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    if (hf_dir / SAFETENSORS_FILE).is_file():
+        return _read_safetensors(hf_dir / SAFETENSORS_FILE)
+    if (hf_dir / SAFETENSORS_INDEX_FILE).is_file():
+        return _read_safetensors_shards(hf_dir / SAFETENSORS_INDEX_FILE)
+    if (hf_dir / PICKLE_FILE).is_file():
+        return _read_weights_only_pickle(hf_dir / PICKLE_FILE)
+    raise ConfigError(f"{hf_dir}: no weights ({SAFETENSORS_FILE}, {SAFETENSORS_INDEX_FILE} or {PICKLE_FILE})")
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as error:  # safetensors raises its own error types for malformed files
+        raise ConfigError(f"{path}: not a valid safetensors file ({_first_line(error)})") from None
+
+
+def _read_safetensors_shards(index_path: Path) -> dict[str, torch.Tensor]:
+    weight_map = _read_config(index_path).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ConfigError(f"{index_path}: has no weight_map")
+    tensors = {}
+    for name in sorted(set(weight_map.values())):
+        if not isinstance(name, str) or Path(name).name != name:  # only files beside the index
+            raise ConfigError(f"{index_path}: names {name!r}, which is not a file in the folder")
+        tensors.update(_read_safetensors(index_path.parent / name))
+    return tensors
+
+
+def _read_weights_only_pickle(path: Path) -> dict[str, torch.Tensor]:
+    """torch's weights-only unpickler rebuilds tensors and plain containers and refuses every other
+    global, so a pickle carrying code is an error here rather than code that runs."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ConfigError(f"{path}: refused, not a plain file of tensors ({_unpickler_reason(error)}); "
+                          f"convert it to {SAFETENSORS_FILE} with a tool you trust") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise ConfigError(f"{path}: expected a dict of tensor names to tensors")
+    return state
+
+
+def _unpickler_reason(error: Exception) -> str:
+    """What torch's weights-only unpickler objected to (e.g. "Unsupported global: GLOBAL io.open"),
+    without the paragraph that suggests loading the file unsafely."""
+    for line in str(error).splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].split(" was not an allowed global")[0].strip()
+    return _first_line(error)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _gpt2_lm_head_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Names as GPT2LMHeadModel has them: a GPT2Model's file (openai-community/gpt2's own) lacks the
+    `transformer.` prefix. The saved causal-mask buffers are dropped."""
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith(HF_BUFFER_SUFFIXES):
+            continue
+        if not name.startswith(("transformer.", "lm_head.")):
+            name = "transformer." + name
+        out[name] = tensor
+    return out
+
+
+def check_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike = CONFIG_FILE) -> None:
+    """Raise ConfigError listing every way the folder's config.json differs from this run's model,
+    each with the flag and value that would make them agree."""
+    from transformers import GPT2Config
+
+    defaults = GPT2Config().to_dict()  # what transformers assumes for a key the file leaves out
+
+    def value(key):
+        return hf.get(key, defaults.get(key))
+
+    problems = []
+    if value("model_type") != "gpt2":
+        problems.append(f"model_type is {value('model_type')!r}: only GPT-2 ('gpt2') models load here")
+    n_embd = value("n_embd")
+    ffn = value("n_inner") or (4 * n_embd if isinstance(n_embd, int) else None)
+    activation = value("activation_function")
+    ours = [("n_layer", value("n_layer"), model_config.num_layers, "--num-layers"),
+            ("n_embd", n_embd, model_config.hidden_size, "--hidden-size"),
+            ("n_head", value("n_head"), model_config.num_attention_heads, "--num-attention-heads"),
+            ("n_inner", ffn, model_config.ffn_size, "--ffn-hidden-size"),
+            ("n_positions", value("n_positions"), model_config.max_position_embeddings,
+             "--max-position-embeddings"),
+            ("layer_norm_epsilon", value("layer_norm_epsilon"), model_config.layernorm_epsilon,
+             "--layernorm-epsilon")]
+    for key, theirs, mine, flag in ours:
+        if theirs != mine:
+            problems.append(f"pass {flag} {theirs} (config.json {key}; this run has {mine})")
+    n_positions = value("n_positions")
+    if isinstance(n_positions, int) and model_config.seq_length > n_positions:
+        problems.append(f"pass --seq-length at most {n_positions} (config.json n_positions; this run has "
+                        f"{model_config.seq_length})")
+    if activation not in ACTIVATION_FROM_HF:
+        problems.append(f"activation_function {activation!r} has no counterpart here "
+                        f"(supported: {', '.join(ACTIVATION_FROM_HF)})")
+    elif ACTIVATION_FROM_HF[activation] != model_config.activation:
+        problems.append(f"pass --activation {ACTIVATION_FROM_HF[activation]} (config.json activation_function "
+                        f"{activation!r}; this run has {model_config.activation})")
+    if value("vocab_size") != model_config.vocab_size:
+        problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
+                        f"{value('vocab_size')}, this run's tokenizer has {model_config.vocab_size} tokens")
+    for key, supported in HF_ATTENTION_OPTIONS.items():
+        if value(key) is not None and value(key) != supported:
+            problems.append(f"config.json {key} is {value(key)!r}: our model supports only {supported!r}")
+    if problems:
+        raise ConfigError(f"{source} does not match this run's model: {_listing(problems)}")
+
+
+def _listing(problems: list[str]) -> str:
+    shown = "; ".join(problems[:MAX_LISTED])
+    return shown + (f"; ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else "")
+
+
+def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every GPT2LMHeadModel weight for `config` (Conv1D weights are [in, out])."""
+    h, ffn = config.hidden_size, config.ffn_size
+    shapes = {"transformer.wte.weight": (config.vocab_size, h),
+              "transformer.wpe.weight": (config.max_position_embeddings, h),
+              "transformer.ln_f.weight": (h,), "transformer.ln_f.bias": (h,)}
+    for i in range(config.num_layers):
+        layer = f"transformer.h.{i}."
+        shapes.update({layer + "ln_1.weight": (h,), layer + "ln_1.bias": (h,),
+                       layer + "attn.c_attn.weight": (h, 3 * h), layer + "attn.c_attn.bias": (3 * h,),
+                       layer + "attn.c_proj.weight": (h, h), layer + "attn.c_proj.bias": (h,),
+                       layer + "ln_2.weight": (h,), layer + "ln_2.bias": (h,),
+                       layer + "mlp.c_fc.weight": (h, ffn), layer + "mlp.c_fc.bias": (ffn,),
+                       layer + "mlp.c_proj.weight": (ffn, h), layer + "mlp.c_proj.bias": (h,)})
+    return shapes
+
+
+def check_hf_tensors(hf_state: dict[str, torch.Tensor], model_config: ModelConfig, source: str | os.PathLike) -> None:
+    """Every weight present with the shape config.json implies, none left over, and an lm_head (when
+    the file has one) equal to the token embedding, since ours is tied to it."""
+    expected = hf_tensor_shapes(model_config)
+    problems = [f"{name}: missing" for name in expected if name not in hf_state]
+    problems += [f"{name}: shape {list(hf_state[name].shape)}, expected {list(shape)}"
+                 for name, shape in expected.items() if name in hf_state and tuple(hf_state[name].shape) != shape]
+    problems += [f"{name}: not a GPT-2 weight we have a place for" for name in hf_state
+                 if name not in expected and name != "lm_head.weight"]
+    head, embedding = hf_state.get("lm_head.weight"), hf_state.get("transformer.wte.weight")
+    if head is not None and embedding is not None and not torch.equal(head, embedding):
+        problems.append("lm_head.weight differs from transformer.wte.weight: our output layer is tied to the "
+                        "token embedding")
+    if problems:
+        raise ConfigError(f"{source}: the weights do not fit this model ({len(problems)} problems): "
+                          f"{_listing(problems)}")
+
+
+def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState
+                    ) -> dict[str, torch.Tensor]:
+    """A Hugging Face GPT-2 folder's weights under our names and layout (vocabulary padded for this
+    TP size), after checking that its config and tensors fit `model_config`."""
+    hf_dir = Path(hf_dir)
+    hf, hf_state = read_hf_folder(hf_dir)
+    check_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+    check_hf_tensors(hf_state, model_config, hf_dir)
+    return from_hf_state_dict(hf_state, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
+
+
+def initialize_from_hf(optimizer, model: nn.Module, hf_dir: str | os.PathLike, model_config: ModelConfig,
+                       state: ParallelState) -> None:
+    """Start a run from a Hugging Face GPT-2 folder's weights: this rank's fp32 master partition (the
+    ZeRO optimizer's) is filled from its TP slice of them, then published into the 16-bit parameters.
+    The folder is read whole on every rank (a GPT-2 folder is at most a few GB)."""
+    hf_dir = Path(hf_dir)
+    full = load_hf_weights(hf_dir, model_config, state)
+    names = {id(param): name for name, param in model.named_parameters()}
+    slices: dict[str, torch.Tensor] = {}
+    for fragment in optimizer.layout.fragments():
+        name = names[id(fragment.slot.param)]
+        if name not in slices:
+            if name not in full:
+                raise ConfigError(f"{hf_dir}: no weight maps to our parameter {name}")
+            piece = tensor_parallel_slice(full[name], getattr(fragment.slot.param, "tensor_parallel_dim", None),
+                                          state.tensor_parallel_rank, state.tensor_parallel_size)
+            if piece.shape != fragment.slot.shape:
+                raise ConfigError(f"{hf_dir}: {name} maps to shape {list(piece.shape)} on TP rank "
+                                  f"{state.tensor_parallel_rank}, the model has {list(fragment.slot.shape)}")
+            slices[name] = piece.reshape(-1)
+        values = slices[name][fragment.param_offset:fragment.param_offset + fragment.numel]
+        optimizer.master[fragment.partition_offset:fragment.partition_offset + fragment.numel].copy_(values)
+    optimizer.publish_parameters()
+
+
+def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False
+                           ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A checkpoint's model config and its weights under transformers' names, from the fp32 master
+    (the exact weights, whatever precision trained them), consolidated over every TP and DP rank."""
+    iteration_dir = Path(iteration_dir)
+    metadata = read_metadata(iteration_dir)
+    model_config = ModelConfig(**metadata["config"]["model"])
+    master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
+    return model_config, to_hf_state_dict(master, model_config)

@@ -1,0 +1,205 @@
+"""Every file a checkpoint lists, verified before it is loaded: present, its size, its safetensors
+header, its dtypes and shapes, and (unless skipped) a content hash written at save time.
+
+The size check alone let through a model file of the right length with other contents, a header
+whose dtype was swapped for another of the same width (I32 for F32: the bytes then load as integers),
+and any bit flip inside the tensor data. The header checks here know what each kind of file must hold
+(`expected_tensors`), and the content hash catches what is left.
+
+The hash is xxHash's XXH3-128 when the `xxhash` package is importable (it ships with `datasets`, a
+requirement), else SHA-256 from the standard library; each file's entry names its algorithm, so a
+checkpoint verifies wherever either is available. Measured on this repo's CI machine (2 cores): see
+the README, "What is guaranteed".
+
+Verification is spread over the ranks of a job (rank r checks files r, r + world, ...), so each file
+is read once however many ranks load it, and the ranks agree on the verdict before anyone proceeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+from typing import Callable, Optional
+
+from checkpoint.format import local_shape
+from checkpoint.schema import listed_files, member
+from base.errors import CheckpointError
+
+try:
+    import xxhash
+except ImportError:  # the standard library's SHA-256 is the fallback
+    xxhash = None
+
+HASHERS: dict[str, Callable[[], object]] = {"sha256": hashlib.sha256}
+if xxhash is not None:
+    HASHERS["xxh3_128"] = xxhash.xxh3_128
+DEFAULT_HASH = "xxh3_128" if xxhash is not None else "sha256"
+_READ_CHUNK = 8 << 20
+
+# safetensors dtype names and their sizes in bytes.
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+SAFETENSORS_DTYPE_OF_PRECISION = {"fp32": "F32", "bf16": "BF16", "fp16": "F16"}
+# A header this large is not one a checkpoint of ours writes (its length prefix is then corrupt).
+MAX_HEADER_BYTES = 100 << 20
+
+
+def file_digest(path: Path, algorithm: str = DEFAULT_HASH) -> str:
+    """'algorithm:hex digest' of a file's content, read in chunks (memory stays flat)."""
+    hasher = HASHERS[algorithm]()
+    with open(path, "rb") as f:
+        while chunk := f.read(_READ_CHUNK):
+            hasher.update(chunk)
+    return f"{algorithm}:{hasher.hexdigest()}"
+
+
+# ---- the safetensors header -------------------------------------------------------------------
+
+def read_header(path: Path, file_size: int) -> dict[str, dict]:
+    """The tensors a safetensors file declares, {name: {dtype, shape, data_offsets}}, after checking
+    that the header is well formed and that the tensors tile the data region exactly."""
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: not a valid safetensors file ({file_size} bytes)")
+        (header_length,) = struct.unpack("<Q", prefix)
+        if header_length > min(MAX_HEADER_BYTES, file_size - 8):
+            raise CheckpointError(f"{path}: not a valid safetensors file (its header claims {header_length} bytes)")
+        raw = f.read(header_length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise CheckpointError(f"{path}: not a valid safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a valid safetensors file (its header is not a JSON object)")
+    header.pop("__metadata__", None)
+    spans = []
+    for name, entry in header.items():
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        valid = (dtype in DTYPE_SIZES and isinstance(shape, list)
+                 and all(isinstance(n, int) and n >= 0 for n in shape)
+                 and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(n, int) for n in offsets))
+        if not valid:
+            raise CheckpointError(f"{path}: not a valid safetensors file (corrupt header entry {name!r})")
+        numel = 1
+        for n in shape:
+            numel *= n
+        if offsets[1] - offsets[0] != numel * DTYPE_SIZES[dtype] or offsets[0] < 0:
+            raise CheckpointError(f"{path}: not a valid safetensors file (tensor {name!r}, {dtype} "
+                                  f"{shape}, does not fit its byte range {offsets})")
+        spans.append(tuple(offsets))
+    position = 0
+    for start, end in sorted(spans):
+        if start != position:
+            raise CheckpointError(f"{path}: not a valid safetensors file (its tensors' byte ranges overlap or "
+                                  f"leave gaps)")
+        position = end
+    if 8 + header_length + position != file_size:
+        raise CheckpointError(f"{path}: not a valid safetensors file ({file_size} bytes, but its header "
+                              f"describes {8 + header_length + position}: truncated or corrupt)")
+    return header
+
+
+def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Optional[str]]]:
+    """A check of one file's declared tensors against what a checkpoint of ours puts in that kind of
+    file; it returns a problem in words, or None. None for a file of a kind this code does not know."""
+    tp_size = metadata["tensor_parallel_size"]
+    model_files = {file: tp for tp, file in metadata.get("model_files", [])}
+    if name in model_files:
+        dtype = SAFETENSORS_DTYPE_OF_PRECISION.get(metadata.get("precision", "fp32"), "F32")
+        shapes = {param: local_shape(entry, tp_size) for param, entry in metadata["parameters"].items()}
+
+        def model(header: dict) -> Optional[str]:
+            if set(header) != set(shapes):
+                unknown, missing = sorted(set(header) - set(shapes)), sorted(set(shapes) - set(header))
+                return f"its tensors differ from the parameter table (extra {unknown[:3]}, missing {missing[:3]})"
+            for param, entry in header.items():
+                if entry["dtype"] != dtype:
+                    precision = metadata.get("precision", "fp32")
+                    return f"{param} is {entry['dtype']}; a {precision} checkpoint stores {dtype}"
+                if entry["shape"] != shapes[param]:
+                    return f"{param} has shape {entry['shape']}, the parameter table says {shapes[param]}"
+            return None
+        return model
+    if name in {file for _, _, file in metadata["optimizer_shards"]}:
+        def optimizer(header: dict) -> Optional[str]:
+            lengths = set()
+            for key in ("master", "exp_avg", "exp_avg_sq"):
+                entry = header.get(key)
+                if entry is None:
+                    return f"it lacks the optimizer tensor {key!r}"
+                if entry["dtype"] != "F32" or len(entry["shape"]) != 1:
+                    return f"{key} is {entry['dtype']} {entry['shape']}; optimizer partitions are flat F32"
+                lengths.add(entry["shape"][0])
+            return None if len(lengths) == 1 else "its master weights and Adam moments differ in length"
+        return optimizer
+    if name in {file for _, _, file in metadata.get("rng_files", [])}:
+        def rng(header: dict) -> Optional[str]:
+            for key, entry in header.items():
+                wanted = "I64" if key == "numpy_keys" else "U8"
+                if entry["dtype"] != wanted:
+                    return f"random state {key!r} is {entry['dtype']}, not {wanted}"
+            return None
+        return rng
+    return None
+
+
+# ---- whole files and whole checkpoints ---------------------------------------------------------
+
+def verify_file(iteration_dir: Path, name: str, metadata: dict, check_content: bool = True) -> None:
+    """Raise CheckpointError naming the file if it is missing, of another size than the save wrote,
+    malformed, holds tensors of the wrong dtype or shape, or (with `check_content`) differs from its
+    hash."""
+    path = member(iteration_dir, name)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing from the checkpoint")
+    size, expected_size = path.stat().st_size, metadata["files"][name]
+    if size != expected_size:
+        raise CheckpointError(f"{path}: {size} bytes where the save wrote {expected_size}: truncated or corrupt")
+    if name.endswith(".safetensors"):
+        header = read_header(path, size)
+        check = expected_tensors(name, metadata)
+        problem = check(header) if check is not None else None
+        if problem:
+            raise CheckpointError(f"{path}: {problem}")
+    recorded = metadata.get("file_hashes", {}).get(name)
+    if check_content and recorded is not None:
+        algorithm = recorded.split(":", 1)[0]
+        if algorithm not in HASHERS:
+            raise CheckpointError(f"{path}: hashed with {algorithm}, which needs a package this machine lacks "
+                                  f"(pip install xxhash), or pass --no-verify-checkpoint")
+        if file_digest(path, algorithm) != recorded:
+            raise CheckpointError(f"{path}: its content differs from what the save wrote (hash mismatch): "
+                                  f"the file is corrupt")
+
+
+def verify_checkpoint(iteration_dir: Path, metadata: dict, check_content: bool = True, rank: int = 0,
+                      world_size: int = 1) -> Optional[str]:
+    """Verify this rank's share of the checkpoint's files (all of them for one process); returns the
+    first problem as a message, or None. The caller makes the ranks agree."""
+    try:
+        if metadata.get("tokenizer") is not None:
+            member(iteration_dir, metadata["tokenizer"])
+        for name in listed_files(metadata)[rank::world_size]:
+            verify_file(iteration_dir, name, metadata, check_content)
+    except CheckpointError as error:
+        return str(error)
+    except OSError as error:
+        return f"{iteration_dir}: cannot read ({error})"
+    return None
+
+
+def hash_files(directory: Path, names, algorithm: str = DEFAULT_HASH) -> dict[str, str]:
+    """{name: digest} of files just written (read back from the page cache, so cheap)."""
+    return {name: file_digest(directory / name, algorithm) for name in names}
+
+
+def verify_or_raise(iteration_dir: Path, metadata: dict, check_content: bool = True) -> None:
+    """`verify_checkpoint` for one process (the offline tools): raise the first problem."""
+    problem = verify_checkpoint(iteration_dir, metadata, check_content)
+    if problem:
+        raise CheckpointError(problem)

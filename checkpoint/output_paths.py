@@ -1,0 +1,156 @@
+"""Output paths checked before any work: created, tested for writability, never a checkpoint's inside.
+
+A read-only mount, a path under a regular file or a full permission mistake used to surface at the
+first save, after the whole run. Every entry point calls these at start instead, so the same mistake
+costs a second. Failures are `ConfigError`s naming the flag and the path.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from checkpoint.format import LATEST_FILE, METADATA_FILE, fsync_path
+from base.errors import ConfigError
+
+
+def prepare_output_directory(path: str | os.PathLike, flag: str) -> Path:
+    """Create `path` (and its parents) if missing and prove a file can be written in it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} is a file; it must be a directory (created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"{flag} {path}: cannot write there ({error.strerror or error}); "
+                          f"choose a writable directory") from None
+    return path
+
+
+def prepare_output_file(path: str | os.PathLike, flag: str) -> Path:
+    """Create the parent of `path` and open `path` for appending (creating it empty if missing), so
+    an unwritable file fails now; an existing file keeps every byte."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; it must name a file")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {path.parent} is a file, so nothing can be written under it")
+    prepare_output_directory(path.parent, flag)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"{flag} {path}: cannot write it ({error.strerror or error}); "
+                          f"choose a writable path") from None
+    return path
+
+
+def checkpoint_holding(path: str | os.PathLike, include_self: bool = False) -> Path | None:
+    """The nearest directory above `path` (or at it, with `include_self`) that is a checkpoint (it
+    has metadata.json) or a save directory (it has `latest`), or None."""
+    path = Path(path).resolve()
+    for directory in ([path] if include_self else []) + list(path.parents):
+        if (directory / METADATA_FILE).is_file() or (directory / LATEST_FILE).is_file():
+            return directory
+    return None
+
+
+def refuse_inside_checkpoint(path: str | os.PathLike, flag: str, include_self: bool = False) -> None:
+    """Tools write beside checkpoints, never into one: a file there would be taken for part of it,
+    or replace part of it. With `include_self`, `path` must not be a checkpoint either."""
+    holder = checkpoint_holding(path, include_self)
+    if holder is not None:
+        where = "is" if holder == Path(path).resolve() else "is inside"
+        raise ConfigError(f"{flag} {path} {where} the checkpoint directory {holder}; write it somewhere else")
+
+
+def refuse_existing(path: str | os.PathLike, flag: str, overwrite: bool) -> None:
+    """An output that exists is replaced only when the user said --overwrite."""
+    path = Path(path)
+    if overwrite or not path.exists():
+        return
+    if path.is_dir() and not any(path.iterdir()):
+        return  # an empty directory holds nothing to lose
+    raise ConfigError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")
+
+
+# ---- outputs a tool replaces: only what it wrote itself -----------------------------------------
+
+MAX_NAMED = 5  # foreign entries named in one refusal before "... and N more"
+
+
+def foreign_entries(folder: Path, owned_names: frozenset[str]) -> list[str]:
+    """The entries of `folder` that a tool writing `owned_names` did not write: any other name, and
+    any owned name that is not a regular file (a directory called config.json is not ours)."""
+    return sorted(entry.name + ("/" if entry.is_dir() else "") for entry in folder.iterdir()
+                  if entry.name not in owned_names or entry.is_symlink() or not entry.is_file())
+
+
+def check_replaceable_folder(folder: Path, owned_names: frozenset[str], overwrite: bool, flag: str) -> None:
+    """`folder` may be absent or empty; with --overwrite it may also hold the files the tool writes,
+    and nothing else. `--overwrite` never means "delete whatever is there": a user's other files in
+    an export folder (notes, data, a subfolder) are refused by name and never touched."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {folder} exists and is not a directory")
+    entries = list(folder.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise ConfigError(f"{flag} {folder} exists and is not empty; pass --overwrite to replace the files this "
+                          f"tool wrote there, or choose another path")
+    foreign = foreign_entries(folder, owned_names)
+    if foreign:
+        named = ", ".join(foreign[:MAX_NAMED]) + (f" and {len(foreign) - MAX_NAMED} more" if len(foreign) > MAX_NAMED
+                                                  else "")
+        raise ConfigError(f"{flag} {folder} holds files this tool did not write ({named}); --overwrite replaces "
+                          f"only {', '.join(sorted(owned_names))}: move the others away or choose another path")
+
+
+def install_folder(staging: Path, folder: Path, owned_names: frozenset[str]) -> None:
+    """Put the fully written `staging` at `folder`. An existing `folder` (checked again here, just
+    before it goes) is renamed aside under a hidden name of this process and emptied of the owned
+    files only; it is removed when that leaves it empty, so nothing else can be deleted, even a file
+    someone added meanwhile. No glob of sibling names: a user's `hf.old-...` beside it is not ours."""
+    for path in staging.iterdir():
+        if path.is_file():
+            fsync_path(path)
+    fsync_path(staging)
+    if not folder.exists():
+        os.replace(staging, folder)
+        fsync_path(folder.parent)
+        return
+    check_replaceable_folder(folder, owned_names, overwrite=True, flag="OUT_DIR")
+    retired = folder.with_name(f".{folder.name}.replaced-{os.getpid()}")
+    os.replace(folder, retired)
+    os.replace(staging, folder)
+    fsync_path(folder.parent)
+    for entry in retired.iterdir():
+        if entry.name in owned_names and entry.is_file() and not entry.is_symlink():
+            entry.unlink()
+    try:
+        retired.rmdir()
+    except OSError:  # something appeared in the old folder meanwhile: keep it, and say where
+        print(f"note: {retired} kept: it holds files that appeared while {folder} was replaced", flush=True)
+
+
+def check_output_directory(path: str | os.PathLike, flag: str) -> Path:
+    """What `prepare_output_directory` would find, creating nothing: `path` is a directory, or its
+    nearest existing ancestor is a directory this process can create entries in. For commands that
+    check every input before they make any directory, so a bad input leaves no trace."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} exists and is not a directory; it must be a directory (created if missing)")
+    ancestor = path.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{flag} {path}: {ancestor} is a file, so no directory can be made under it")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: cannot write in {ancestor}; choose a writable directory")
+    return path

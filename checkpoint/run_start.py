@@ -1,0 +1,119 @@
+"""Everything a training run claims and checks before any work, agreed by every rank.
+
+`claim_run_start` decides fresh start or resume (checkpoint/start_plan.py), takes the locks of the save
+directory and of the metrics file (checkpoint/save_directory.py), proves every output path writable (checkpoint/output_paths.py), and verifies the
+checkpoint to resume from: every file, its header and its hash (checkpoint/integrity.py). Rank 0
+makes the decisions that touch shared files (the lock exists once); checks every rank must pass for
+itself (its data cache directory) run everywhere. Each step ends in an agreement, so an error is the
+same error on every rank, raised before any data or model work, and only rank 0 prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from data import DataError
+from checkpoint.format import read_metadata
+from checkpoint.sharded import verify_for_job
+from base.errors import ALWAYS_EXPECTED
+from checkpoint.output_paths import prepare_output_directory, prepare_output_file
+from arguments.batch_schedule import batch_schedule
+from checkpoint.save_directory import MetricsFileLock, RunLock, SaveDirectoryLock
+from arguments.schedule import LearningRateSchedule, schedule_on_resume
+from checkpoint.start_plan import StartPlan, check_resume_matches, check_save_directory, plan_start
+from parallel.state import ParallelState
+
+EXPECTED = ALWAYS_EXPECTED + (DataError,)
+
+
+@dataclass
+class RunStart:
+    resume_from: Optional[Path]  # the verified iteration directory to load; None: a fresh start
+    locks: list[RunLock]  # held by rank 0 while the run writes: --save's and --metrics-file's
+    # The checkpoint's learning-rate schedule, when --use-checkpoint-opt_param-scheduler keeps it.
+    lr_schedule: Optional[LearningRateSchedule] = None
+
+    def release(self) -> None:
+        while self.locks:
+            self.locks.pop().release()
+
+
+def agree(state: ParallelState, error: Optional[BaseException]) -> None:
+    """Raise on every rank the first error (in rank order) that any rank met."""
+    errors = state.comm.all_gather_object(error)
+    for rank, failure in enumerate(errors):
+        if failure is not None:
+            raise error if rank == state.rank else failure
+
+
+def _attempt(action: Callable[[], object]) -> tuple[object, Optional[BaseException]]:
+    try:
+        return action(), None
+    except EXPECTED as error:
+        return None, error
+
+
+def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log: Callable[[str], None]) -> RunStart:
+    """The checks and claims above, in order; raises the same expected error on every rank."""
+    checkpoint = config.checkpoint
+    locks: list[RunLock] = []
+
+    def claim(lock: RunLock) -> None:
+        lock.acquire()
+        locks.append(lock)
+
+    def first_rank() -> StartPlan:
+        plan = plan_start(checkpoint.load, checkpoint.save)
+        if checkpoint.save:
+            prepare_output_directory(checkpoint.save, "--save")
+            claim(SaveDirectoryLock(checkpoint.save, log=log))
+            check_save_directory(checkpoint.save, plan.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
+        prepare_output_file(config.logging.metrics_file, "--metrics-file")
+        claim(MetricsFileLock(config.logging.metrics_file, log=log))
+        if config.logging.tensorboard_dir:
+            prepare_output_directory(config.logging.tensorboard_dir, "--tensorboard-dir")
+        return plan
+
+    started = RunStart(None, locks)
+    plan, error = _attempt(first_rank) if state.is_first_rank else (None, None)
+    try:
+        agree(state, error)
+        plan = state.comm.all_gather_object(plan)[0]
+        if cache_dir is not None:  # every rank writes its own copy of the prepared corpus and caches
+            agree(state, _attempt(lambda: prepare_output_directory(cache_dir, "--data-cache-dir"))[1])
+        if plan.note:
+            log(plan.note)
+        if plan.resume_from is not None:
+            started.lr_schedule = check_resume(config, state, plan.resume_from, log)
+    except BaseException:
+        started.release()
+        raise
+    started.resume_from = plan.resume_from
+    return started
+
+
+def check_resume(config, state: ParallelState, iteration_dir: Path,
+                 log: Callable[[str], None]) -> Optional[LearningRateSchedule]:
+    """The checkpoint's metadata fits this run's data settings and learning-rate schedule (Megatron's
+    rule), and every file of it is intact. Returns the checkpoint's schedule when it is to be kept."""
+    checkpoint = config.checkpoint
+    metadata, error = _attempt(lambda: read_metadata(iteration_dir))
+    agree(state, error)
+    schedule = None
+    if not checkpoint.finetune:  # a fine-tuning run starts a new sample sequence anyway
+        note, error = _attempt(lambda: check_resume_matches(metadata, config, iteration_dir,
+                                                            checkpoint.override_data_on_resume))
+        agree(state, error)
+        if note:
+            log(note)
+    if not checkpoint.finetune and checkpoint.load_optim:  # as Megatron: only when it loads the scheduler
+        outcome, error = _attempt(lambda: schedule_on_resume(
+            config, batch_schedule(config, state.data_parallel_size), metadata.get("config") or {}, iteration_dir))
+        agree(state, error)
+        schedule, note = outcome
+        if note:
+            log(note)
+    verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
+    return schedule

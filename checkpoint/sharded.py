@@ -1,0 +1,364 @@
+"""Save and load a training run's sharded state (the format is in `checkpoint/format.py`).
+
+Saving: every rank writes its own files into `iter_NNNNNNN.partial/`; the ranks then agree that all of
+them succeeded, and only then does rank 0 write `metadata.json`, rename the directory into place and
+replace `latest`. A rank that fails (disk full, permissions) makes every rank raise
+`CheckpointError`, and a process killed midway leaves only a `.partial` directory that nothing reads:
+either way the previous checkpoint and `latest` are untouched.
+
+Loading re-cuts the optimizer state for this run's layout: each rank asks the saved partitions of its
+TP rank for exactly the parameter elements its own partition holds (`fill_partition`), so a
+checkpoint written at any DP size and ZeRO stage resumes at any other. A different TP size is an
+offline rewrite (`scripts/reshard_checkpoint.py`).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from checkpoint.format import (FORMAT_VERSION, METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX,
+                                   TOKENIZER_DIR, CheckpointError, PartitionRequest, commit, fill_partition,
+                                   iteration_dir_name, metadata_text, model_file, open_tensors, optimizer_file, prune,
+                                   read_metadata, remove_stale_saves, resolve_checkpoint, rng_file,
+                                   save_tensors, write_text_atomic)
+from checkpoint.integrity import hash_files, verify_checkpoint
+from parallel.random import TensorParallelRNG
+from parallel.state import ParallelState
+from zero.optimizer import ShardedAdamW
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    iteration: int         # the last completed iteration; training continues with the next
+    consumed_samples: int  # where the data sampler continues
+    path: Path             # the iteration directory that was loaded
+
+
+def parameter_names(model: nn.Module) -> dict[int, str]:
+    """id(param) -> its name (a tied parameter under its first name)."""
+    return {id(param): name for name, param in model.named_parameters()}
+
+
+def parameter_table(model: nn.Module, tensor_parallel_size: int) -> dict[str, dict]:
+    """Every parameter's whole (all-TP-ranks) shape and the dimension TP splits it along."""
+    table = {}
+    for name, param in model.named_parameters():
+        dim = getattr(param, "tensor_parallel_dim", None)
+        shape = list(param.shape)
+        if dim is not None:
+            shape[dim] *= tensor_parallel_size
+        table[name] = {"shape": shape, "tensor_parallel_dim": dim}
+    return table
+
+
+# ---- saving -----------------------------------------------------------------------------------
+
+def _rng_tensors(rng: Optional[TensorParallelRNG]) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors: dict[str, torch.Tensor] = {}
+    if rng is not None:
+        for key, value in rng.get_states().items():
+            if value is not None:
+                tensors[f"torch_{key}"] = value
+    else:
+        tensors["torch_default_cpu"] = torch.get_rng_state()
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    tensors["numpy_keys"] = torch.from_numpy(keys.astype(np.int64))
+    version, python_state, gauss = random.getstate()
+    return tensors, {"numpy": [kind, int(position), int(has_gauss), float(cached_gaussian)],
+                     "python": [version, list(python_state), gauss]}
+
+
+def _write_rank_files(staging: Path, model: nn.Module, optimizer: ShardedAdamW,
+                      rng: Optional[TensorParallelRNG], state: ParallelState, tokenizer) -> dict[str, int]:
+    """This rank's files; returns {file name: bytes}. Stage 3 gathers each chunk for the model file,
+    which every DP rank of the TP group must take part in."""
+    tp, dp = state.tensor_parallel_rank, state.data_parallel_rank
+    names = parameter_names(model)
+    written: dict[str, int] = {}
+
+    weights: dict[str, torch.Tensor] = {}
+    for unit in optimizer.layout.units:
+        with optimizer.gathered_parameters(unit):
+            if dp == 0:
+                for slot in unit.slots:
+                    weights[names[id(slot.param)]] = slot.param.detach().to("cpu", copy=True)
+    if dp == 0:
+        written[model_file(tp)] = save_tensors(staging / model_file(tp), weights)
+    del weights
+
+    if optimizer.partitioned or dp == 0:  # stage 0's partition is the same on every DP rank
+        fragments = [[names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel]
+                     for f in optimizer.layout.fragments()]
+        tensors = {"master": optimizer.master, "exp_avg": optimizer.exp_avg, "exp_avg_sq": optimizer.exp_avg_sq}
+        name = optimizer_file(tp, dp)
+        written[name] = save_tensors(staging / name, tensors, {"fragments": fragments})
+
+    rng_tensors, rng_metadata = _rng_tensors(rng)
+    written[rng_file(tp, dp)] = save_tensors(staging / rng_file(tp, dp), rng_tensors, rng_metadata)
+
+    if state.is_first_rank and tokenizer is not None:
+        tokenizer.save(str(staging / TOKENIZER_DIR))
+    return written
+
+
+def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
+                    optimizer: ShardedAdamW, rng: Optional[TensorParallelRNG], config, state: ParallelState,
+                    tokenizer=None, lr: Optional[float] = None) -> Path:
+    """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this.
+    Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
+    save_dir = Path(save_dir)
+    final = save_dir / iteration_dir_name(iteration)
+    staging = final.with_name(final.name + STAGING_SUFFIX)
+    started = time.perf_counter()
+    if state.is_first_rank:  # a large save takes minutes; say when it starts, not only when it ends
+        print(f" saving checkpoint at iteration {iteration} to {final}", flush=True)
+
+    _raise_if_any_failed(state, non_finite_training_state(optimizer), iteration, staging)
+    error = None
+    if state.is_first_rank:
+        try:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_saves(save_dir)
+            staging.mkdir()
+        except OSError as failure:
+            error = f"cannot create {staging}: {failure}"
+    _raise_if_any_failed(state, error, iteration, staging)
+
+    written, hashes, error = {}, {}, None
+    try:
+        written = _write_rank_files(staging, model, optimizer, rng, state, tokenizer)
+        hashes = hash_files(staging, written)  # each rank hashes its own files, still in the page cache
+    except Exception as failure:  # noqa: BLE001 - disk full, permissions, safetensors' own errors: any
+        # failure must reach the other ranks, which would otherwise wait for this one forever
+        error = f"{type(failure).__name__}: {failure}"
+    outcomes = state.comm.all_gather_object((error, written, hashes))
+    _raise_if_any_failed(state, next((f"rank {rank}: {e}" for rank, (e, _, _) in enumerate(outcomes) if e), None),
+                         iteration, staging)
+
+    error = None
+    if state.is_first_rank:
+        files = {name: size for _, rank_files, _ in outcomes for name, size in rank_files.items()}
+        metadata = _metadata(iteration, consumed_samples, model, optimizer, config, state, files, lr,
+                             tokenizer is not None)
+        metadata["file_hashes"] = {name: digest for _, _, rank_hashes in outcomes
+                                   for name, digest in rank_hashes.items()}
+        try:
+            write_text_atomic(staging / METADATA_FILE, metadata_text(metadata))
+            commit(staging, final, save_dir)
+        except Exception as failure:  # noqa: BLE001 - as above: the other ranks wait for the verdict
+            error = f"cannot commit {staging}: {failure}"
+    _raise_if_any_failed(state, error, iteration, staging)
+    if state.is_first_rank:
+        size = sum(size for _, rank_files, _ in outcomes for size in rank_files.values())
+        print(f" saved checkpoint {final} ({size / 2**20:.1f} MiB in {time.perf_counter() - started:.1f} s)",
+              flush=True)
+    return final
+
+
+NON_FINITE_CHECK_CHUNK = 1 << 24  # elements per check: the bool and cast temporaries stay a few MiB
+
+
+def count_non_finite(tensor: torch.Tensor, as_dtype: Optional[torch.dtype] = None) -> int:
+    """NaN/inf elements of `tensor`, or of its cast to `as_dtype`, in bounded chunks."""
+    flat = tensor.detach().reshape(-1)
+    bad = 0
+    for start in range(0, flat.numel(), NON_FINITE_CHECK_CHUNK):
+        chunk = flat[start:start + NON_FINITE_CHECK_CHUNK]
+        bad += int((~torch.isfinite(chunk if as_dtype is None else chunk.to(as_dtype))).sum())
+    return bad
+
+
+def non_finite_training_state(optimizer: ShardedAdamW) -> Optional[str]:
+    """Why this rank's state must not be saved (NaN or inf in it), or None. A checkpoint of a
+    diverged run would become `latest` and every restart would load the divergence. The master is
+    also checked in the 16-bit training dtype: a master of 1e9 is finite in fp32 and inf in fp16,
+    and the 16-bit parameters (the master cast, saved as the model file) are what a restart
+    computes its first forward with. Only this rank's own partition is read."""
+    for key in OPTIMIZER_KEYS:
+        bad = count_non_finite(getattr(optimizer, key))
+        if bad:
+            return (f"the fp32 {key} holds {bad} non-finite values (NaN or inf); the run diverged, so nothing "
+                    f"is saved")
+    dtype = optimizer.parameters.dtype
+    if dtype != torch.float32:
+        bad = count_non_finite(optimizer.master, as_dtype=dtype)
+        if bad:
+            return (f"{bad} master weights are beyond {str(dtype).replace('torch.', '')}'s range, so the parameters "
+                    f"the model file would hold are inf; the run diverged, so nothing is saved")
+    return None
+
+
+def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: int, staging: Path) -> None:
+    errors = [e for e in state.comm.all_gather_object(error) if e]
+    if errors:
+        if state.is_first_rank:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"saving iteration {iteration} failed ({errors[0]}); the previous checkpoint "
+                              f"and 'latest' are untouched")
+
+
+def _metadata(iteration: int, consumed_samples: int, model: nn.Module, optimizer: ShardedAdamW, config,
+              state: ParallelState, files: dict[str, int], lr: Optional[float], has_tokenizer: bool) -> dict:
+    tp_size, dp_size = state.tensor_parallel_size, state.data_parallel_size
+    optimizer_dp_ranks = range(dp_size) if optimizer.partitioned else range(1)
+    return {
+        "format_version": FORMAT_VERSION,
+        "iteration": iteration,
+        "consumed_samples": consumed_samples,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "tensor_parallel_size": tp_size,
+        "data_parallel_size": dp_size,
+        "zero_stage": optimizer.stage,
+        "precision": config.training.precision,
+        "adam_step": optimizer.adam_step,
+        "lr": lr,
+        "loss_scaler": {"type": type(optimizer.loss_scaler).__name__,
+                        "state": optimizer.loss_scaler.state_dict()},
+        "parameters": parameter_table(model, tp_size),
+        "model_files": [[tp, model_file(tp)] for tp in range(tp_size)],
+        "optimizer_shards": [[tp, dp, optimizer_file(tp, dp)] for tp in range(tp_size) for dp in optimizer_dp_ranks],
+        "rng_files": [[tp, dp, rng_file(tp, dp)] for tp in range(tp_size) for dp in range(dp_size)],
+        "tokenizer": TOKENIZER_DIR if has_tokenizer else None,
+        "files": files,
+        "config": config.to_dict(),
+    }
+
+
+def prune_checkpoints(save_dir: str | Path, keep_last: Optional[int], state: ParallelState) -> None:
+    """Keep the newest `keep_last` checkpoints (rank 0 deletes; None keeps all)."""
+    if keep_last and state.is_first_rank:
+        for path in prune(Path(save_dir), keep_last):
+            print(f" removed old checkpoint {path}", flush=True)
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, path: Path) -> None:
+    """The checkpoint must be of this model shape and (for now) this TP size."""
+    saved_tp = metadata["tensor_parallel_size"]
+    if saved_tp != state.tensor_parallel_size:
+        raise CheckpointError(
+            f"{path} was saved with --tensor-model-parallel-size {saved_tp}, this run has "
+            f"{state.tensor_parallel_size}; rewrite it first: python scripts/reshard_checkpoint.py {path} OUT "
+            f"--tensor-model-parallel-size {state.tensor_parallel_size}")
+    saved, ours = metadata["parameters"], parameter_table(model, state.tensor_parallel_size)
+    problems = [f"{name}: missing from the checkpoint" for name in ours if name not in saved]
+    problems += [f"{name}: in the checkpoint but not in this model" for name in saved if name not in ours]
+    problems += [f"{name}: checkpoint shape {saved[name]['shape']}, model shape {ours[name]['shape']}"
+                 for name in ours if name in saved and saved[name]["shape"] != ours[name]["shape"]]
+    if problems:
+        raise CheckpointError(f"{path} does not fit this model ({len(problems)} mismatched keys):\n  "
+                              + "\n  ".join(problems))
+
+
+def load_checkpoint(path: str | Path, model: nn.Module, optimizer: ShardedAdamW, rng: Optional[TensorParallelRNG],
+                    state: ParallelState, *, load_optimizer: bool = True, load_rng: bool = True,
+                    finetune: bool = False, verify: bool = True) -> ResumePoint:
+    """Restore the fp32 master weights (and with `load_optimizer` the Adam moments, step and loss
+    scaler; with `load_rng` the random streams) into this rank's partition, whatever DP size and
+    stage saved them. `finetune` takes the weights only and starts at iteration 0. `verify` checks
+    every file of the checkpoint first (`verify_for_job`); pass False only when that was just done."""
+    iteration_dir = resolve_checkpoint(path)
+    metadata = read_metadata(iteration_dir)
+    if verify:
+        verify_for_job(iteration_dir, metadata, state)
+    check_compatible(metadata, model, state, iteration_dir)
+    if finetune:
+        load_optimizer = load_rng = False
+
+    names = parameter_names(model)
+    request = PartitionRequest((names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel)
+                               for f in optimizer.layout.fragments())
+    targets = {"master": optimizer.master}
+    if load_optimizer:
+        targets.update(exp_avg=optimizer.exp_avg, exp_avg_sq=optimizer.exp_avg_sq)
+    staged = {key: torch.zeros(tensor.shape, dtype=torch.float32) for key, tensor in targets.items()}
+    fill_partition(iteration_dir, metadata, state.tensor_parallel_rank, request, staged)
+    warn_non_finite(iteration_dir, staged, state)
+    for key, tensor in targets.items():
+        tensor.copy_(staged[key])
+    del staged
+    optimizer.publish_parameters()
+
+    if load_optimizer:
+        assert set(targets) == set(OPTIMIZER_KEYS)
+        optimizer.adam_step = metadata["adam_step"]
+        scaler = metadata.get("loss_scaler") or {}
+        if scaler.get("type") == type(optimizer.loss_scaler).__name__:
+            optimizer.loss_scaler.load_state_dict(scaler["state"])
+        elif state.is_first_rank:
+            print(f" note: the checkpoint's loss scaler ({scaler.get('type')}) does not apply to this "
+                  f"run's precision; starting from the configured loss scale", flush=True)
+    if load_rng:
+        _restore_rng(iteration_dir, metadata, rng, state)
+
+    if finetune:
+        return ResumePoint(0, 0, iteration_dir)
+    return ResumePoint(metadata["iteration"], metadata["consumed_samples"], iteration_dir)
+
+
+def verify_for_job(iteration_dir: Path, metadata: dict, state: ParallelState, check_content: bool = True) -> None:
+    """Every file of the checkpoint verified (checkpoint/integrity.py), each by one rank; every
+    rank raises the same CheckpointError if any file fails."""
+    problem = verify_checkpoint(iteration_dir, metadata, check_content, state.rank, state.world_size)
+    problems = [p for p in state.comm.all_gather_object(problem) if p]
+    if problems:
+        raise CheckpointError(problems[0])
+
+
+def warn_non_finite(iteration_dir: Path, staged: dict[str, torch.Tensor], state: ParallelState) -> None:
+    """Rank 0 says so when the loaded optimizer state holds NaN or inf on any rank: training from it
+    diverges at once (and then stops, naming the iteration)."""
+    counts = {key: int(tensor.numel() - torch.isfinite(tensor).sum()) for key, tensor in staged.items()}
+    totals = {key: sum(rank_counts[key] for rank_counts in state.comm.all_gather_object(counts)) for key in counts}
+    bad = {key: count for key, count in totals.items() if count}
+    if bad and state.is_first_rank:
+        listed = ", ".join(f"{count} in {key}" for key, count in bad.items())
+        print(f" warning: {iteration_dir} holds non-finite values (NaN or inf): {listed}; training from it "
+              f"will diverge", flush=True)
+
+
+def _restore_rng(iteration_dir: Path, metadata: dict, rng: Optional[TensorParallelRNG], state: ParallelState) -> None:
+    """This rank's RNG states. A run with another DP size takes DP rank 0's of its TP rank: the
+    streams do not depend on the DP rank (see parallel/random.py)."""
+    files = {(tp, dp): name for tp, dp, name in metadata.get("rng_files", [])}
+    tp, dp = state.tensor_parallel_rank, state.data_parallel_rank
+    name = files.get((tp, dp)) or files.get((tp, 0))
+    if name is None:
+        if state.is_first_rank:
+            print(f" note: {iteration_dir} has no RNG states for TP rank {tp} (a resharded checkpoint?); "
+                  "the random streams start from --seed", flush=True)
+        return
+    with open_tensors(iteration_dir, name, metadata) as reader:
+        tensors = {key: reader.tensor(key) for key in reader.keys()}
+        extra = reader.metadata()
+    try:
+        kind, position, has_gauss, cached_gaussian = extra["numpy"]
+        np.random.set_state((kind, tensors["numpy_keys"].numpy().astype(np.uint32), position, has_gauss,
+                             cached_gaussian))
+        version, python_state, gauss = extra["python"]
+        random.setstate((version, tuple(python_state), gauss))
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{iteration_dir / name}: corrupt random states ({error})") from None
+    if rng is None or "torch_tensor_parallel_cpu" not in tensors:
+        torch.set_rng_state(tensors["torch_default_cpu"])
+        if rng is not None and state.is_first_rank:
+            print(f" note: {iteration_dir} has no tensor-parallel RNG stream (saved without one); "
+                  "it starts from --seed", flush=True)
+        return
+    states = {key: tensors.get(f"torch_{key}") for key in
+              ("default_cpu", "default_cuda", "tensor_parallel_cpu", "tensor_parallel_cuda")}
+    try:
+        rng.set_states(states)
+    except ValueError as error:  # e.g. saved on CPU, resumed on CUDA
+        if state.is_first_rank:
+            print(f" note: RNG states not restored ({error}); the random streams start from --seed", flush=True)

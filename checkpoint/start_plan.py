@@ -1,0 +1,105 @@
+"""How a run starts -- fresh, or resumed from which checkpoint -- and whether its save directory and
+its data settings allow that. Pure decisions from the config and the file system, no process group.
+
+The rules (README, "What is guaranteed"):
+
+- `--load` must name a checkpoint: a save directory with `latest`, or an iteration directory with
+  metadata.json. A file, an `iter_*` directory without metadata, or a directory of checkpoints
+  without `latest` is an error.
+- A `--load` directory that does not exist or holds no checkpoint is a fresh start only when it is
+  also the `--save` directory (Megatron-LM's scripts pass `--save $CK --load $CK` from the first run);
+  any other such `--load` is a typo, and an error.
+- A run writes into a save directory that already holds checkpoints only when it resumed from one
+  of them, or with `--overwrite-save`. `--finetune` starts at iteration 0, so it does not count as
+  resuming.
+- A resume whose data, split, sequence length or seed differ from the checkpoint's would not continue
+  its sample sequence: refused without `--override-data-on-resume`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from checkpoint.format import LATEST_FILE, METADATA_FILE, resolve_checkpoint
+from base.errors import CheckpointError, ConfigError
+from checkpoint.save_directory import holds_checkpoints
+
+# The settings that decide which tokens sample i holds: (config section, field, flag).
+SAMPLE_DEFINING_SETTINGS = (("data", "data_path", "--data-path"), ("data", "split", "--split"),
+                            ("model", "seq_length", "--seq-length"), ("training", "seed", "--seed"))
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    resume_from: Optional[Path]  # the iteration directory to load; None: a fresh start
+    note: Optional[str] = None   # one line to print about the decision
+
+
+def plan_start(load: Optional[str], save: Optional[str]) -> StartPlan:
+    """Which checkpoint `--load` names, if any (see the module docstring)."""
+    if not load:
+        return StartPlan(None)
+    path = Path(load)
+    also_save = save is not None and path.resolve() == Path(save).resolve()
+    if path.is_file():
+        raise ConfigError(f"--load {load} is a file; pass a --save directory or one of its iter_* directories")
+    if path.is_dir():
+        if (path / LATEST_FILE).exists() or (path / METADATA_FILE).exists() or path.name.startswith("iter_"):
+            return StartPlan(resolve_checkpoint(path))  # a broken one is an error naming what is wrong
+        complete = [name for name in holds_checkpoints(path) if name != LATEST_FILE]
+        if complete:
+            raise CheckpointError(f"--load {load} holds checkpoints ({', '.join(complete[-3:])}) but no "
+                                  f"'{LATEST_FILE}'; pass --load {path / complete[-1]} to resume from the newest")
+    if also_save:
+        return StartPlan(None, f"> no checkpoint in {load} yet: starting a fresh run (--load is the --save "
+                               f"directory)")
+    if not path.exists():
+        raise ConfigError(f"--load {load}: no such directory; check the path (a fresh run passes no --load, "
+                          f"or --load equal to --save)")
+    raise ConfigError(f"--load {load} holds no checkpoint; check the path (a fresh run passes no --load, "
+                      f"or --load equal to --save)")
+
+
+def check_save_directory(save: str, resume_from: Optional[Path], finetune: bool, overwrite_save: bool) -> None:
+    """Refuse to write into a save directory holding another run's checkpoints (module docstring)."""
+    existing = holds_checkpoints(Path(save))
+    if not existing or overwrite_save:
+        return
+    save_dir = Path(save).resolve()
+    resumed_here = resume_from is not None and save_dir in resume_from.resolve().parents
+    if resumed_here and not finetune:
+        return
+    how = ("--finetune starts again from iteration 0 and" if resumed_here
+           else "this run does not resume from them and")
+    shown = ", ".join(existing[:3]) + (", ..." if len(existing) > 3 else "")
+    raise ConfigError(f"--save {save} already holds checkpoints ({shown}); {how} would replace them. "
+                      f"Resume with --load {save}, choose another --save directory, or pass --overwrite-save")
+
+
+def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: bool) -> Optional[str]:
+    """None when the run's sample-defining settings equal the checkpoint's; a note when they differ
+    and `override` allows it; else a ConfigError listing each difference."""
+    saved_config = metadata.get("config") or {}
+    differences = []
+    for section, name, flag in SAMPLE_DEFINING_SETTINGS:
+        if name not in saved_config.get(section, {}):
+            continue  # a checkpoint from a tool that did not record it
+        saved, ours = saved_config[section][name], getattr(getattr(config, section), name)
+        if isinstance(ours, (list, tuple)):
+            ours = list(ours)
+        if saved != ours:
+            differences.append(f"{flag} {_show(ours)} (the checkpoint's: {_show(saved)})")
+    if not differences:
+        return None
+    listed = "; ".join(differences)
+    if override:
+        return (f"> note: resuming {iteration_dir} with {listed}, as --override-data-on-resume allows; the "
+                f"samples from here on are not the ones the original run would have seen")
+    raise ConfigError(f"resuming {iteration_dir} with {listed}: the run would not continue its sample "
+                      f"sequence. Pass the checkpoint's settings, or --override-data-on-resume to go on anyway")
+
+
+def _show(value) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)

@@ -1,0 +1,93 @@
+"""The model's shape: GPTModel's configuration, beside the model it builds (nanoGPT's GPTConfig).
+
+It imports only torch-free helpers of the floors below (base/, parallel/), so building or inspecting
+a model never loads the data pipeline or the flag parser. The run's other settings live in
+arguments/config.py, which holds one of these as `PretrainConfig.model`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from base.errors import ConfigError
+from parallel.layers import padded_vocab_size
+
+ACTIVATIONS = ("gelu", "gelu_tanh")
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    ffn_hidden_size: Optional[int] = None  # None means 4 x hidden_size, as in GPT-2
+    seq_length: int = 128
+    max_position_embeddings: int = 128
+    # Megatron's --vocab-size: with --tokenizer-type NullTokenizer, token ids are 0..N-1 and the
+    # end-of-document id is N. Otherwise 0, and the run plan's resolved copy holds the tokenizer's.
+    vocab_size: int = 0
+    make_vocab_size_divisible_by: int = 128
+    pad_vocab_size_to: Optional[int] = None  # BigScience: the padded vocabulary, exactly (else rounded up)
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layernorm_epsilon: float = 1e-5
+    init_method_std: float = 0.02
+    # GPT-2 uses the tanh approximation of GeLU ("gelu_new" in transformers); Megatron the exact one.
+    activation: str = "gelu_tanh"
+    # Which SDPA kernel computes attention (Megatron's --attention-backend): auto lets PyTorch choose.
+    attention_backend: str = "auto"
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
+        try:
+            return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tensor_parallel_size,
+                                     self.pad_vocab_size_to)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+    def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
+        """Each TP rank takes whole attention heads and an equal slice of hidden and 4h."""
+        for name, size in (("num_attention_heads", self.num_attention_heads), ("hidden_size", self.hidden_size),
+                           ("ffn_hidden_size", self.ffn_size)):
+            if size % tensor_parallel_size != 0:
+                raise ConfigError(f"{_flag(name)} {size} is not divisible by --tensor-model-parallel-size "
+                                  f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share")
+
+    def validate(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                     "max_position_embeddings", "make_vocab_size_divisible_by"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.ffn_hidden_size is not None and self.ffn_hidden_size < 1:
+            raise ConfigError(f"--ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}")
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ConfigError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
+                              f"{self.num_attention_heads}; choose sizes with hidden = heads x head_dim")
+        if self.seq_length > self.max_position_embeddings:
+            raise ConfigError(f"--seq-length {self.seq_length} is larger than --max-position-embeddings "
+                              f"{self.max_position_embeddings}; raise the latter or shorten the sequence")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
+            raise ConfigError("--init-method-std and --layernorm-epsilon must be positive")
+        if self.vocab_size < 0:
+            raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
+                              f"{', '.join(ATTENTION_BACKENDS)}")

@@ -1,0 +1,372 @@
+"""The one door to collectives: every all-reduce, reduce-scatter, all-gather and broadcast in the repo
+goes through a `Communicator`, which also counts the bytes this rank sends.
+
+Byte accounting uses the volumes of the ring algorithms (what NCCL runs for large messages and what
+the ZeRO paper's communication analysis assumes). For a full tensor of M bytes over N ranks, one rank
+sends:
+
+    reduce-scatter   M (N-1) / N      (M is the size of the unreduced input)
+    all-gather       M (N-1) / N      (M is the size of the gathered output)
+    all-reduce       2 M (N-1) / N    (a reduce-scatter followed by an all-gather)
+    broadcast        M on the source rank, 0 on the others
+
+Broadcast is charged to the source only: it is the data that has to leave the owner, the same on
+every topology. (NCCL's chain broadcast also forwards M through every rank but the last, so the
+figure is a lower bound on what the links carry.) Fractions of a byte are rounded down per call.
+
+A group of size 1 -- and `None`, which here means "no group", never torch's default world group --
+is skipped entirely: no call, no bytes. That is how TP=1 and DP=1 cost nothing without any caller
+checking sizes.
+
+`DryRunCommunicator` is the planner's (planner/plan.py): the same checks and the same byte accounting,
+but the transport does nothing and the groups are `VirtualGroup`s, which are only a size. One rank of
+a 400-GPU grid can thus run the real model and ZeRO code with no process group at all, and what it
+counts is what a live rank would count.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+GROUP_NAMES = ("dp", "tp")
+
+# torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool = True) -> int:
+    """Bytes one rank sends for a collective over `group_size` ranks on a tensor of `full_bytes`."""
+    if group_size <= 1:
+        return 0
+    if kind == "all_reduce":
+        return 2 * full_bytes * (group_size - 1) // group_size
+    if kind in ("reduce_scatter", "all_gather"):
+        return full_bytes * (group_size - 1) // group_size
+    if kind == "broadcast":
+        return full_bytes if is_source else 0
+    raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(COLLECTIVE_KINDS)}")
+
+
+class CommStats:
+    """Bytes sent by this rank since the last snapshot, per group name and collective kind."""
+
+    def __init__(self) -> None:
+        self._bytes = self._zeros()
+
+    @staticmethod
+    def _zeros() -> dict[str, dict[str, int]]:
+        return {group: {kind: 0 for kind in COLLECTIVE_KINDS} for group in GROUP_NAMES}
+
+    def add(self, group_name: str, kind: str, num_bytes: int) -> None:
+        if group_name not in self._bytes:
+            raise ValueError(f"unknown group name {group_name!r}; expected one of {', '.join(GROUP_NAMES)}")
+        self._bytes[group_name][kind] += int(num_bytes)
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {group: dict(kinds) for group, kinds in self._bytes.items()}
+
+    def snapshot_and_reset(self) -> dict[str, dict[str, int]]:
+        """The bytes of the iteration that just ended; the counters restart from zero."""
+        snapshot, self._bytes = self._bytes, self._zeros()
+        return snapshot
+
+    def total(self) -> int:
+        return sum(n for kinds in self._bytes.values() for n in kinds.values())
+
+
+class CompletedWork:
+    """What an `async_op=True` call returns when the collective was skipped (group of one): a handle
+    whose wait() returns at once, so overlap code need not special-case TP=1 or DP=1."""
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+# gloo (the CPU transport) copies the whole buffer of a reduce-scatter (its input) or an all-gather (its
+# output) while the collective runs (measured: +1.0x, fp32 and bf16); NCCL works in place. On gloo a
+# larger reduce-scatter is sent in pieces of at most this many bytes of the whole, through the list
+# form over views of our buffer (no copy of ours), so gloo's copy is at most one piece: without
+# pieces the stage-2 reduce bucket of the 307M model (the whole model, 1.35 GB in fp32) was copied
+# whole. The sums are the same in fp32; in bf16 gloo's two forms round in different orders (neither
+# is the correctly rounded sum; measured, the list form is off in slightly fewer elements).
+GLOO_PIECE_BYTES = 16 * 2**20
+PIECES_IN_FLIGHT = 2
+
+
+def gloo_copy_bytes(full_bytes: int) -> int:
+    """At most what gloo copies for a reduce-scatter of `full_bytes` (the planner's)."""
+    return min(full_bytes, PIECES_IN_FLIGHT * GLOO_PIECE_BYTES)
+
+
+class _PieceWork:
+    """The work handle of a collective sent in pieces: waits for every piece."""
+
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self, timeout=None) -> bool:
+        for work in self.works:
+            work.wait() if timeout is None else work.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+def _in_pieces(group, whole: torch.Tensor, shard: torch.Tensor) -> Optional[list[tuple[int, int]]]:
+    """Bounds [lo, hi) of the shard's pieces when this collective on `group` should go in pieces:
+    gloo, 1-D contiguous buffers (ours), larger than a piece; else None (one call)."""
+    if _num_bytes(whole) <= GLOO_PIECE_BYTES or whole.dim() != 1 or shard.dim() != 1:
+        return None
+    if not (whole.is_contiguous() and shard.is_contiguous()) or dist.get_backend(group) != "gloo":
+        return None
+    step = max(1, GLOO_PIECE_BYTES // (group_size(group) * whole.element_size()))
+    return [(lo, min(lo + step, shard.numel())) for lo in range(0, shard.numel(), step)]
+
+
+def _pieces_done(works: list, async_op: bool):
+    work = _PieceWork(works)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+class VirtualGroup:
+    """A process group that is only its size: one rank's TP or DP group in a planned (dry) run."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a group has at least one rank, got {size}")
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"VirtualGroup(size={self._size})"
+
+
+def group_size(group) -> int:
+    """Ranks in `group`; 1 for None (no group)."""
+    if group is None:
+        return 1
+    if isinstance(group, VirtualGroup):
+        return group.size()
+    return dist.get_world_size(group)
+
+
+def _num_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class Communicator:
+    """Issues collectives and counts what this rank sends. Create one per process (the parallel state
+    holds it) and pass it explicitly; it keeps no module-level state.
+
+    Every method takes the group and its name ("tp" or "dp"), so the accounting can say which part of
+    the grid the traffic was on. With `async_op=True` a method returns the work handle to wait on;
+    bytes are counted when the collective is issued.
+    """
+
+    def __init__(self) -> None:
+        self.stats = CommStats()
+        # Where this rank is, for the one line a lost peer ends in (parallel/liveness.py): the last
+        # collective it entered, (kind, group name), and the training iteration in progress, which
+        # the loop sets. Two attribute stores per call and no communication: a rank blocked in a
+        # collective that will never finish can still say which one it is.
+        self.last_collective: Optional[tuple[str, str]] = None
+        self.iteration: Optional[int] = None
+
+    def where(self) -> str:
+        """'during all_reduce on the dp group at iteration 14', or what is known of it."""
+        during = (f"during {self.last_collective[0]} on the {self.last_collective[1]} group"
+                  if self.last_collective is not None else "before its first collective")
+        at = f"at iteration {self.iteration}" if self.iteration is not None else "before the first iteration"
+        return f"{during} {at}"
+
+    def _skip(self, group: Optional[dist.ProcessGroup]) -> bool:
+        return group_size(group) == 1
+
+    # The collectives run eagerly even inside a compiled block (--compile): their byte accounting is
+    # Python state, and torch.distributed's calls are not traceable anyway.
+    @torch.compiler.disable
+    def all_reduce(self, tensor: torch.Tensor, group: Optional[dist.ProcessGroup], group_name: str,
+                   op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
+        """In-place all-reduce of `tensor` over `group`."""
+        if self._skip(group):
+            return CompletedWork() if async_op else None
+        self.stats.add(group_name, "all_reduce", ring_bytes_sent("all_reduce", _num_bytes(tensor), group_size(group)))
+        self.last_collective = ("all_reduce", group_name)
+        return self._transport_all_reduce(tensor, op, group, async_op)
+
+    @torch.compiler.disable
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
+                       group_name: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
+        """Sum `input` (N equal chunks along dim 0) over the group; rank i's `output` gets chunk i."""
+        size = group_size(group)
+        if input.numel() != output.numel() * size:
+            raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected "
+                             f"{size} x output ({output.numel()})")
+        if size == 1:
+            _copy_unless_same(output, input)
+            return CompletedWork() if async_op else None
+        self.stats.add(group_name, "reduce_scatter", ring_bytes_sent("reduce_scatter", _num_bytes(input), size))
+        self.last_collective = ("reduce_scatter", group_name)
+        return self._transport_reduce_scatter(output, input, op, group, async_op)
+
+    @torch.compiler.disable
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
+                   group_name: str, async_op: bool = False):
+        """Concatenate every rank's `input` along dim 0 into `output` (rank order)."""
+        size = group_size(group)
+        if output.numel() != input.numel() * size:
+            raise ValueError(f"all_gather: output has {output.numel()} elements, expected "
+                             f"{size} x input ({input.numel()})")
+        if size == 1:
+            _copy_unless_same(output, input)
+            return CompletedWork() if async_op else None
+        self.stats.add(group_name, "all_gather", ring_bytes_sent("all_gather", _num_bytes(output), size))
+        self.last_collective = ("all_gather", group_name)
+        return self._transport_all_gather(output, input, group, async_op)
+
+    @torch.compiler.disable
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup], group_name: str,
+                  async_op: bool = False):
+        """Copy `tensor` from global rank `src` to every rank of the group (torch's convention: `src` is
+        a global rank, not a rank within the group)."""
+        size = group_size(group)
+        if size == 1:
+            return CompletedWork() if async_op else None
+        is_source = self._global_rank() == src
+        self.stats.add(group_name, "broadcast", ring_bytes_sent("broadcast", _num_bytes(tensor), size, is_source))
+        self.last_collective = ("broadcast", group_name)
+        return self._transport_broadcast(tensor, src, group, async_op)
+
+    # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------
+
+    def _transport_all_reduce(self, tensor, op, group, async_op):
+        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+    def _transport_reduce_scatter(self, output, input, op, group, async_op):
+        pieces = _in_pieces(group, input, output)
+        if pieces is None:
+            return _reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+        chunks = input.view(group_size(group), output.numel())  # rank r's chunk is row r
+        works = []
+        for lo, hi in pieces:
+            # At most PIECES_IN_FLIGHT queued: gloo makes a piece's copy when it is queued, so a rank
+            # ahead of its peers would otherwise hold every piece's copy at once (measured: one rank
+            # of four +300 MiB on a whole-model stage-1 bucket).
+            if len(works) >= PIECES_IN_FLIGHT:
+                works[-PIECES_IN_FLIGHT].wait()
+            works.append(dist.reduce_scatter(output[lo:hi], list(chunks[:, lo:hi].unbind(0)), op=op, group=group,
+                                             async_op=True))
+        return _pieces_done(works, async_op)
+
+    def _transport_all_gather(self, output, input, group, async_op):
+        # Not in pieces: gloo's list form of all_gather held more, not less (one rank +180 MiB on the
+        # 4-rank stage-3 run), so an all-gather's copy stays its whole output.
+        return _all_gather_single(output, input, group=group, async_op=async_op)
+
+    def _transport_broadcast(self, tensor, src, group, async_op):
+        return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+
+    def _global_rank(self) -> int:
+        return dist.get_rank()
+
+    def barrier(self, group: Optional[dist.ProcessGroup] = None, group_name: str = "world") -> None:
+        """Wait for every rank of `group`. Unlike the data collectives, None here means the whole world
+        (checkpoint and shutdown synchronise everyone); without a process group it returns at once."""
+        if not dist.is_available() or not dist.is_initialized():
+            return
+        if group is None and dist.get_world_size() == 1:
+            return
+        if group is not None and group_size(group) == 1:
+            return
+        self.last_collective = ("barrier", group_name)
+        dist.barrier(group=group)
+
+
+    # ---- control messages: whole-world agreement, not counted (a few bytes, not model traffic) ----
+
+    def all_gather_object(self, obj) -> list:
+        """Every rank's picklable `obj`, in rank order, from the whole world (a checkpoint's file list,
+        a save's outcome); `[obj]` without a process group."""
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+            return [obj]
+        gathered = [None] * dist.get_world_size()
+        self.last_collective = ("all_gather_object", "world")
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def any_rank(self, flags: list[bool], device: torch.device) -> list[bool]:
+        """Element-wise OR of `flags` over the whole world (did any rank get a signal, run out of
+        time...), so that every rank takes the same branch."""
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+            return list(flags)
+        tensor = torch.tensor([float(flag) for flag in flags], device=device)
+        self.last_collective = ("all_reduce", "world")
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return [bool(value) for value in tensor.tolist()]
+
+
+def _copy_unless_same(output: torch.Tensor, input: torch.Tensor) -> None:
+    """A collective over one rank is the identity; callers may pass the same buffer as both ends."""
+    if output.data_ptr() != input.data_ptr():
+        output.copy_(input.reshape(output.shape))
+
+
+class DryRunCommunicator(Communicator):
+    """Counts what one rank (global rank `rank`) of a planned run would send, and sends nothing.
+    Tensors in a dry run live on the meta device, so nothing is moved or written either."""
+
+    def __init__(self, rank: int = 0) -> None:
+        super().__init__()
+        self.rank = rank
+        # What gloo copies of the largest reduce-scatter or all-gather (GLOO_PIECE_BYTES at most):
+        # the planner adds it once, since a group runs its collectives one after another.
+        self.largest_transport_copy = 0
+
+    def take_largest_transport_copy(self) -> int:
+        """Bytes of the largest reduce-scatter input or all-gather output since the last call."""
+        largest, self.largest_transport_copy = self.largest_transport_copy, 0
+        return largest
+
+    @staticmethod
+    def _done(async_op: bool):
+        return CompletedWork() if async_op else None
+
+    def _transport_all_reduce(self, tensor, op, group, async_op):
+        return self._done(async_op)
+
+    def _transport_reduce_scatter(self, output, input, op, group, async_op):
+        self.largest_transport_copy = max(self.largest_transport_copy, gloo_copy_bytes(_num_bytes(input)))
+        return self._done(async_op)
+
+    def _transport_all_gather(self, output, input, group, async_op):
+        self.largest_transport_copy = max(self.largest_transport_copy, _num_bytes(output))
+        return self._done(async_op)
+
+    def _transport_broadcast(self, tensor, src, group, async_op):
+        return self._done(async_op)
+
+    def _global_rank(self) -> int:
+        return self.rank
+
+    def barrier(self, group=None, group_name: str = "world") -> None:
+        return None
+
+    def all_gather_object(self, obj) -> list:
+        return [obj]
+
+    def any_rank(self, flags: list[bool], device: torch.device) -> list[bool]:
+        return list(flags)

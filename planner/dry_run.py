@@ -1,0 +1,343 @@
+"""One rank of any grid, planned from the real code: build, materialize on the meta device, run one
+iteration, and measure what the rank would hold and send.
+
+`dry_run(config, cluster, rank)` does what `pretrain_gpt.py` does for that rank, with three changes:
+the device is `meta` (shapes, no memory, no arithmetic), the process grid is `virtual_state` (groups
+that are only sizes) and collectives go through `DryRunCommunicator` (the live byte accounting, no
+transport). The model, activation checkpointing, ZeRO's layout and storages, the gradient hooks and
+buckets, the stage-3 gatherer and the loop's collectives all run as they would live. So:
+
+- model-state bytes are measured by the live measurement (`zero.memory.measure_tensor_bytes`) over
+  the same tensors (meta storages count what they would hold): equal to `--report-memory`;
+- bytes per group and kind are the live `comm_bytes` of iteration 1, counted by the same code;
+- saved activations are measured by the live `SavedTensorMeter`;
+
+and what a meta device cannot know is listed, not guessed (`UNKNOWNS`).
+
+Its cost is bounded. Every layer is a real module with its hooks and autograd graph (about 0.1 s and
+0.15 MB of host memory per layer and micro-batch on a laptop core), so a dry run plans at most
+`MAX_PLAN_LAYERS` layers: the deepest Transformers published have about 1,000 (DeepNet), and a
+million-layer typo would otherwise take a day and more memory than the host has. Within the cap a
+dry run can still take minutes (the layers times the micro-batches of one iteration), so one that is
+still running after `PROGRESS_INTERVAL_S` says how far it is, one line at most that often.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from base.progress import ProgressLines
+from arguments.config import ConfigError, PretrainConfig
+from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
+from gpt.model import GPTModel
+from training.run_plan import RunPlan, resolve_plan
+from parallel.state import virtual_state
+from zero.activations import ActivationMonitor, SavedTensorMeter, apply_activation_checkpointing
+from zero.apply import apply_zero
+from zero.memory import MODEL_STATE_CATEGORIES, measure_tensor_bytes
+
+META = torch.device("meta")
+MAX_PLAN_LAYERS = 1024
+PROGRESS_INTERVAL_S = 10.0
+UNKNOWNS = (
+    "the caching allocator's fragmentation and reserved-but-unused blocks",
+    "NCCL's own buffers and communicators (hundreds of MB per process group on large jobs)",
+    "the CUDA context and library workspaces (cuBLAS, cuDNN): about 0.5-1 GB per process",
+)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    world_size: int
+    gpus_per_node: int
+    gpu_memory_bytes: Optional[int] = None  # None: no budget to compare with
+    device_type: str = "cuda"  # the device the run will use: it decides the attention kernel
+
+
+@dataclass
+class RankPlan:
+    """What one rank holds and sends in one iteration. Bytes per GPU unless named otherwise."""
+    rank: int
+    tensor_parallel_rank: int
+    data_parallel_rank: int
+    tensor_parallel_size: int
+    data_parallel_size: int
+    stage: int
+    precision: str
+    gradient_precision: str
+    parameters_total: int                # the whole model's parameters (tied counted once)
+    parameters_local: int                # Psi of this rank's TP shard
+    model_state_bytes: dict[str, int]    # parameters, gradients, master_weights, optimizer_states, total
+    buffer_bytes: int                    # constant-size reduce buckets and scatter outputs (C_B)
+    stage3_live_chunk_bytes: int         # the most gathered parameter bytes at once (stage 3)
+    stage3_prefetch_elements: int
+    checkpoint_bytes: dict[str, int]     # checkpointed inputs kept: {"device", "host"}
+    contiguous_checkpoint_buffer_bytes: int
+    saved_activation_bytes: dict[str, int]  # peak saved for backward over the iteration: {"device", "host"}
+    block_saved_bytes: dict[str, int]    # one block's saved tensors: {"forward", "backward"} (recompute)
+    logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
+    loss_softmax_bytes: int              # the fp32 softmax the vocab-parallel loss keeps for backward
+    gradient_working_bytes: int          # estimate: the logits gradient and a few activation gradients
+    step_working_bytes: int              # what the optimizer step allocates at its peak, copies included
+    parameter_gradient_bytes: int        # the largest gradient autograd hands the reducer (tied: summed)
+    transport_copy_bytes: dict[str, int]  # gloo's copy of the largest collective: {"passes", "step"}
+    process_baseline_bytes: int          # CPU: this process's RSS at the start of the plan (not in total)
+    comm_bytes: dict[str, dict[str, int]]  # per group and kind, one iteration (as in metrics.jsonl)
+    flops_per_iteration: float
+    flops_per_gpu: float
+    total_bytes: int = 0
+    budget_bytes: Optional[int] = None
+    headroom_bytes: Optional[int] = None
+    unknowns: list[str] = field(default_factory=lambda: list(UNKNOWNS))
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> Optional[bool]:
+        return None if self.budget_bytes is None else self.total_bytes <= self.budget_bytes
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["fits"] = self.fits
+        return data
+
+
+class _AttentionKernelOf(TorchFunctionMode):
+    """Make scaled_dot_product_attention on meta tensors save what it saves on `device_type`.
+
+    On meta, SDPA falls back to the math path, which keeps the [b, heads, s, s] attention weights for
+    backward. A GPU runs the flash kernel (it keeps q, k, v, the output and a [b, heads, s] logsumexp,
+    dropout or not), and so does a CPU without dropout; a CPU with dropout runs the math path. The
+    flash kernel's CPU op has a meta implementation with the same saved tensors, so it stands in."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type = device_type
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and len(args) == 3 and set(kwargs) <= {"dropout_p", "is_causal"}:
+            dropout_p = kwargs.get("dropout_p", 0.0)
+            if self.device_type == "cuda" or dropout_p == 0.0:
+                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    *args, dropout_p, kwargs.get("is_causal", False))[0]
+        return func(*args, **kwargs)
+
+
+def _element_bytes(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
+class _BlockSavedProbe:
+    """The saved-for-backward bytes each block adds while it runs, in forward (read from the
+    monitor's meter, the one --report-memory uses) and, for a recompute under checkpointing, in
+    backward (from a meter of its own that is active only there): forward pre- and post-hooks on
+    every block read them."""
+
+    def __init__(self, blocks, monitor: ActivationMonitor, progress: Optional["_Progress"] = None) -> None:
+        self.monitor = monitor
+        self.backward_meter = SavedTensorMeter(META)
+        self.phase = "forward"
+        self.peak = {"forward": 0, "backward": 0}
+        self.progress = progress
+        self._before: dict[int, int] = {}
+        self._handles = []
+        for index, block in enumerate(blocks):
+            self._handles.append(block.register_forward_pre_hook(functools.partial(self._start, index)))
+            self._handles.append(block.register_forward_hook(functools.partial(self._stop, index)))
+
+    def _live(self) -> int:
+        meter = self.monitor.meter if self.phase == "forward" else self.backward_meter
+        return 0 if meter is None else meter.live["device"] + meter.live["host"]
+
+    def _start(self, index, module, args) -> None:
+        self._before[index] = self._live()
+
+    def _stop(self, index, module, args, output) -> None:
+        added = self._live() - self._before.pop(index, self._live())
+        self.peak[self.phase] = max(self.peak[self.phase], added)
+        if self.progress is not None:
+            self.progress.at(self.phase, index)
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                # Fires when backward reaches this block: the half of the work no forward hook sees.
+                output.register_hook(functools.partial(self._backward_reached, index))
+
+    def _backward_reached(self, index, grad):
+        self.progress.at("backward", index)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class _Progress:
+    """Where a dry run is (micro-batch, phase, layer), said at most every PROGRESS_INTERVAL_S."""
+
+    def __init__(self, emit: Callable[[str], None], layers: int, micro_batches: int) -> None:
+        self.lines = ProgressLines(emit, PROGRESS_INTERVAL_S)
+        self.layers, self.micro_batches = layers, micro_batches
+        self.micro_batch = 0
+
+    def at(self, phase: str, index: int) -> None:
+        self.lines.update(lambda: f"dry run: micro-batch {self.micro_batch + 1}/{self.micro_batches}, {phase}, "
+                                  f"layer {index + 1}/{self.layers}")
+
+
+def check_plannable(config: PretrainConfig) -> None:
+    """Refuse a model deeper than a dry run plans (see the module docstring)."""
+    if config.model.num_layers > MAX_PLAN_LAYERS:
+        raise ConfigError(f"--num-layers {config.model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
+                          f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.1 s and 0.15 MB per micro-batch, "
+                          f"and the deepest published Transformers have about 1,000); plan a shallower model")
+
+
+def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int = 0,
+            progress: Optional[Callable[[str], None]] = None) -> RankPlan:
+    """Plan rank `rank` of a run of `config` on `cluster` (see the module docstring). `progress`, if
+    given, receives a line now and then while a long dry run works."""
+    check_plannable(config)
+    # On CPU a rank's process holds Python, torch and our modules before it builds anything; the
+    # planner's own process has the same, so its RSS now stands in for that baseline.
+    baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0
+    tp = config.training.tensor_model_parallel_size
+    state = virtual_state(cluster.world_size, tp, rank, META)
+    plan = resolve_plan(config, vocab_size, tp, state.data_parallel_size, cluster.device_type)
+    config = plan.config
+    ticker = _Progress(progress, config.model.num_layers, plan.batch.final_accumulation_steps) if progress else None
+    model = GPTModel(config.model, state)
+    monitor = ActivationMonitor(META)
+    checkpointing = None
+    if config.activations.checkpoint_activations:
+        checkpointing = apply_activation_checkpointing(model, config.activations, state, None, monitor)
+    zero = apply_zero(model, config, state, blocks=model.blocks)
+    probe = _BlockSavedProbe(model.blocks, monitor, ticker)
+    try:
+        with _AttentionKernelOf(cluster.device_type):
+            copies = _one_iteration(model, zero, plan, state, monitor, probe)
+    finally:
+        probe.remove()
+    if cluster.device_type != "cpu":
+        copies = {"passes": 0, "step": 0}  # NCCL reduces and gathers in place
+    meter = monitor.finish_measurement()
+    optimizer = zero.optimizer
+
+    held = measure_tensor_bytes(optimizer.model_state_tensors(), include_meta=True)
+    param_bytes = _element_bytes(plan.param_dtype)
+    gatherer = getattr(optimizer.parameters, "gatherer", None)
+    micro, seq = config.training.micro_batch_size, config.model.seq_length
+    local_vocab = plan.padded_vocab_size // tp
+    hidden_bytes = micro * seq * config.model.hidden_size * param_bytes
+    logits = micro * seq * local_vocab * param_bytes
+    result = RankPlan(
+        rank=rank, tensor_parallel_rank=state.tensor_parallel_rank, data_parallel_rank=state.data_parallel_rank,
+        tensor_parallel_size=tp, data_parallel_size=state.data_parallel_size, stage=optimizer.stage,
+        precision=config.training.precision, gradient_precision=config.training.gradient_precision,
+        parameters_total=parameter_count(config.model, plan.padded_vocab_size),
+        parameters_local=optimizer.num_parameters,
+        model_state_bytes={key: held[key] for key in (*MODEL_STATE_CATEGORIES, "total")},
+        buffer_bytes=held.get("buffers", 0),
+        stage3_live_chunk_bytes=gatherer.peak_live_numel * param_bytes if gatherer is not None else 0,
+        stage3_prefetch_elements=config.zero.stage3_prefetch_bucket_size if gatherer is not None else 0,
+        checkpoint_bytes=dict(meter.checkpointed_peak),
+        contiguous_checkpoint_buffer_bytes=_buffer_bytes(checkpointing),
+        saved_activation_bytes=dict(meter.peak),
+        block_saved_bytes=dict(probe.peak),
+        logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4,
+        gradient_working_bytes=logits + 4 * hidden_bytes,
+        step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
+        parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
+        process_baseline_bytes=baseline,
+        comm_bytes=state.comm.stats.snapshot(),
+        flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
+                                                activation_recompute=config.activations.checkpoint_activations,
+                                                padded_vocab_size=plan.padded_vocab_size),
+        flops_per_gpu=0.0)
+    result.flops_per_gpu = result.flops_per_iteration / cluster.world_size
+    # The peak: model states and buffers always, and on top the larger of two working sets that are
+    # never alive together. In forward and backward: the most parameters stage 3 gathers at once, the
+    # most activations saved at once (checkpoints, a recomputed group, the loss's softmax) and,
+    # transient at the loss, the logits and the gradients flowing back, parameter gradients before
+    # the reducer takes them, and on CPU gloo's copy of the largest collective (all counted together:
+    # an upper bound, since the largest ones come at the end of backward when activations are freed).
+    # In the step, after backward freed all of that: what the step allocates (the gradient partition,
+    # or publishing's copies and gloo's copy of its largest gather; AdamW's fused kernel nothing).
+    passes = (result.stage3_live_chunk_bytes + meter.peak["device"] + logits + result.gradient_working_bytes
+              + result.parameter_gradient_bytes + copies["passes"])
+    result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)
+    if checkpointing is not None and config.activations.contiguous_checkpointing and \
+            config.activations.cpu_checkpointing:
+        result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")
+    if cluster.gpu_memory_bytes is not None:
+        result.budget_bytes = cluster.gpu_memory_bytes
+        result.headroom_bytes = cluster.gpu_memory_bytes - result.total_bytes
+    return result
+
+
+def _parameter_gradient_bytes(model, param_bytes: int) -> int:
+    """The largest gradient autograd materializes for one parameter before the reducer's hook takes
+    it, in the parameter's dtype: the token embedding's, which arrives twice (the embedding lookup and
+    the tied output layer) and is summed while both are alive."""
+    largest = max((p.numel() for p in model.parameters()), default=0)
+    tied = getattr(getattr(model, "word_embeddings", None), "weight", None)
+    if tied is not None and tied.numel() == largest:
+        largest *= 2
+    return largest * param_bytes
+
+
+def _buffer_bytes(checkpointing) -> int:
+    if checkpointing is None or checkpointing.buffer is None:
+        return 0
+    return checkpointing.buffer.numel() * checkpointing.buffer.element_size()
+
+
+def _one_iteration(model, zero, plan: RunPlan, state, monitor: ActivationMonitor, probe: _BlockSavedProbe
+                   ) -> dict[str, int]:
+    """training.loop.train's first iteration, collective for collective: micro-batches with their
+    backward and gradient sync, the step's norm and publish, the loss averaged over DP. Returns the
+    largest collective of the passes and of the step, in bytes (what gloo copies)."""
+    config = plan.config
+    reducer, optimizer = zero.reducer, zero.optimizer
+    reducer.zero_grad()
+    state.comm.stats.snapshot_and_reset()
+    shape = (config.training.micro_batch_size, config.model.seq_length + 1)
+    steps = plan.batch.final_accumulation_steps  # the steady state, after any batch-size ramp
+    # Micro-batches 1 .. N-1 but the last run the same code on the same shapes under no_sync, so each
+    # sends what the first sends and holds what it holds; the last also synchronizes the gradients.
+    # Those two are simulated, and the first's bytes are counted for the ones between, so the plan
+    # costs the same at 2 and at 512 accumulation steps.
+    simulated = sorted({0, steps - 1})
+    repeated: dict[str, dict[str, int]] = {}
+    for micro_batch in simulated:
+        before = state.comm.stats.snapshot()
+        tokens = torch.zeros(shape, dtype=torch.long, device=META)
+        last = micro_batch == steps - 1
+        if probe.progress is not None:
+            probe.progress.micro_batch = micro_batch
+        with contextlib.nullcontext() if last else reducer.no_sync():
+            probe.phase = "forward"
+            with monitor.measuring():
+                loss = model(tokens[:, :-1], tokens[:, 1:]).float().mean() / steps
+            probe.phase = "backward"
+            with probe.backward_meter.hooks():
+                zero.scale_loss(loss).backward()
+        reducer.finish_grad_sync()
+        if micro_batch == 0 and not last:
+            after = state.comm.stats.snapshot()
+            repeated = {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
+                        for group, kinds in after.items()}
+    for group, kinds in repeated.items():
+        for kind, num_bytes in kinds.items():
+            state.comm.stats.add(group, kind, num_bytes * (steps - len(simulated)))
+    passes_copy = state.comm.take_largest_transport_copy()
+    # ShardedAdamW.step's collectives (its arithmetic needs values a meta tensor does not have).
+    optimizer.grad_norm_squared(optimizer.gradients.partition_gradients())
+    optimizer.publish_parameters()
+    loss_sum = torch.zeros((), device=META)
+    state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")  # the loop's average_over_data_parallel
+    return {"passes": passes_copy, "step": state.comm.take_largest_transport_copy()}

@@ -1,0 +1,287 @@
+"""Iteration time and TFLOP/s per GPU, predicted from a dry run (planner/dry_run.py) on a hardware profile.
+
+    python -m zero.perf_model --hardware dgx2-v100 [zero.plan dry-run flags]     # one prediction
+    python -m zero.perf_model --hardware h100-sxm --calibrate RUN/metrics.jsonl docs/h100-benchmark-gpu-mb1.json
+
+What it adds up, per rank and per iteration (each term from the dry run's counts and a number in the
+hardware profile, configs/hardware/*.yaml):
+
+    compute      every GEMM of forward, backward and recompute, each at GEMM_EFFICIENCY of the dense peak
+                 plus the time to move its operands through HBM: small or thin GEMMs (a TP rank's
+                 slice) fall off the peak by the hardware's own FLOP-per-byte ratio, not by a fitted
+                 curve; plus the memory-bound kernels around them (LayerNorm, GeLU, dropout, residual
+                 adds, casts), ELEMENTWISE_PASSES x b s h elements per layer and pass, through HBM;
+                 the loss's fp32 softmax; and Adam over this rank's partition, through HBM
+    TP traffic   the dry run's TP bytes at the intra-node link, or the inter-node one when a TP group
+                 spans nodes (what collapses Megatron beyond one DGX-2 in Figure 2); never overlapped
+    DP traffic   the dry run's DP bytes at the link their group crosses; gradient reductions hide
+                 behind backward up to DP_OVERLAP of their time (the last bucket of each backward
+                 cannot), parameter all-gathers after the step do not (unless --overlap-param-gather)
+    P_a+cpu      checkpoints to the host and back, 2 x the host bytes per micro-batch at PCIe speed
+
+Three named constants (`Constants`), each from a calibration file (configs/hardware/calibrations/)
+that says what it was fitted to: GEMM_EFFICIENCY, ELEMENTWISE_PASSES and DP_OVERLAP. Everything else
+is a hardware specification or a count the dry run measured. `--calibrate` fits the constants to real
+runs (planner/perf_calibration.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import yaml
+
+from arguments.config import ConfigError, PretrainConfig
+from training.metrics import flops_per_iteration
+from training.run_plan import resolve_plan
+from parallel.comm import ring_bytes_sent
+from planner.dry_run import RankPlan
+
+HARDWARE_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
+CALIBRATION_DIR = HARDWARE_DIR / "calibrations"
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Bytes Adam moves per element of this rank's partition, beside the gradient: fp32 master, exp_avg and
+# exp_avg_sq each read and written (24), the 16-bit parameter written (2). The gradient is read twice
+# (the norm for clipping, then the update).
+ADAM_STATE_BYTES = 24 + 2
+ADAM_GRADIENT_READS = 2
+# The vocab-parallel loss keeps an fp32 softmax of the logits; writing it, reading it back in backward
+# and writing the logits' gradient moves about 3 fp32 copies of the logits (the dry run's
+# loss_softmax_bytes is one).
+LOSS_SOFTMAX_PASSES = 3
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU (or CPU process) and its links. Bandwidths in bytes/s per GPU and per direction."""
+    name: str
+    gpus_per_node: int
+    gpu_memory_bytes: int
+    peak_flops: float                 # dense 16-bit tensor-core peak (fp32 for a CPU profile)
+    hbm_bandwidth: float
+    intra_node_bandwidth: float
+    inter_node_bandwidth: float       # a GPU's share of its node's network
+    host_bandwidth: float             # device <-> host (PCIe), for P_a+cpu
+    intra_node_latency_s: float
+    inter_node_latency_s: float
+    precision: str                    # what runs on it use: fp16 (V100), bf16 (H100), fp32 (CPU)
+    device_type: str                  # cuda or cpu: the planner's attention kernel
+    calibration: str                  # a file in configs/hardware/calibrations/
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The model's calibration constants (see the module docstring), and where they came from."""
+    gemm_efficiency: float      # fraction of the dense peak a large GEMM reaches
+    elementwise_passes: float   # HBM traffic of the non-GEMM kernels: elements moved per b*s*h per layer per pass
+    dp_overlap: float           # fraction of the DP gradient reduction that can hide behind backward
+    source: str = ""
+
+
+def hardware_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    candidate = HARDWARE_DIR / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        names = ", ".join(sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml")))
+        raise ConfigError(f"--hardware {name_or_path}: no such profile in {HARDWARE_DIR} ({names})")
+    return candidate
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"{path}: cannot read it ({error})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    return data
+
+
+def load_hardware(name_or_path: str) -> Hardware:
+    path = hardware_path(name_or_path)
+    data = _read_yaml(path)
+    giga = 1e9
+    try:
+        return Hardware(
+            name=path.stem, gpus_per_node=int(data["gpus_per_node"]), gpu_memory_bytes=int(float(data["gpu_memory_bytes"])),
+            peak_flops=float(data["peak_tflops"]) * 1e12, hbm_bandwidth=float(data["hbm_bandwidth_gbs"]) * giga,
+            intra_node_bandwidth=float(data["intra_node_bandwidth_gbs"]) * giga,
+            inter_node_bandwidth=float(data["inter_node_bandwidth_gbs"]) * giga,
+            host_bandwidth=float(data["host_bandwidth_gbs"]) * giga,
+            intra_node_latency_s=float(data["intra_node_latency_us"]) * 1e-6,
+            inter_node_latency_s=float(data["inter_node_latency_us"]) * 1e-6,
+            precision=str(data["precision"]), device_type=str(data["device_type"]),
+            calibration=str(data["calibration"]))
+    except KeyError as missing:
+        raise ConfigError(f"{path}: missing key {missing}") from None
+
+
+def load_constants(name_or_path: str) -> Constants:
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = CALIBRATION_DIR / f"{name_or_path}.yaml"
+    data = _read_yaml(path)
+    try:
+        return Constants(float(data["gemm_efficiency"]), float(data["elementwise_passes"]),
+                         float(data["dp_overlap"]), source=str(path.relative_to(HARDWARE_DIR.parent.parent))
+                         if path.is_relative_to(HARDWARE_DIR.parent.parent) else str(path))
+    except KeyError as missing:
+        raise ConfigError(f"{path}: missing key {missing}") from None
+
+
+@dataclass
+class Prediction:
+    """One rank's iteration, in seconds per term, and the throughput that follows."""
+    iteration_s: float
+    terms: dict[str, float]              # compute, tp, dp_reduce_exposed, dp_gather_exposed, optimizer, offload
+    model_tflops_per_gpu: float          # Megatron's FLOPs without recompute, per GPU per second
+    hardware_tflops_per_gpu: float       # with recompute when checkpointing: what the GPU executes
+    tp_crosses_nodes: bool
+    dp_crosses_nodes: bool
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    m: int
+    k: int
+    n: int
+    count: int  # how many of this shape, per micro-batch, in one forward
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.k * self.n * self.count
+
+
+def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int) -> tuple[list[Gemm], Gemm]:
+    """One TP rank's matrix products in one micro-batch's forward: the blocks' (per layer x layers)
+    and the logits'. Their FLOPs x 3 (x 4 blocks with recompute) are training.metrics.flops_per_iteration."""
+    model = config.model
+    tokens = config.training.micro_batch_size * model.seq_length
+    h, f, layers, s = model.hidden_size, model.ffn_size, model.num_layers, model.seq_length
+    heads = model.num_attention_heads // tp * config.training.micro_batch_size
+    blocks = [Gemm(tokens, h, 3 * h // tp, layers),            # QKV
+              Gemm(s, model.head_dim, s, 2 * heads * layers),  # scores and context, per head
+              Gemm(tokens, h // tp, h, layers),                # attention output
+              Gemm(tokens, h, f // tp, layers),                # MLP up
+              Gemm(tokens, f // tp, h, layers)]                # MLP down
+    return blocks, Gemm(tokens, h, padded_vocab // tp, 1)
+
+
+def gemm_seconds(gemms: Sequence[Gemm], element_bytes: int, hardware: Hardware, constants: Constants) -> float:
+    """Each product at GEMM_EFFICIENCY of the peak plus its operands' and result's HBM traffic: the
+    achieved fraction of peak is 1 / (1/E + peak x bytes / (flops x HBM)), so it depends on the
+    GEMM's size through its arithmetic intensity and on the hardware through its FLOP-per-byte ratio."""
+    seconds = 0.0
+    for gemm in gemms:
+        traffic = (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n) * element_bytes * gemm.count
+        seconds += gemm.flops / (hardware.peak_flops * constants.gemm_efficiency) + traffic / hardware.hbm_bandwidth
+    return seconds
+
+
+def _bandwidth(crosses_nodes: bool, hardware: Hardware) -> tuple[float, float]:
+    if crosses_nodes:
+        return hardware.inter_node_bandwidth, hardware.inter_node_latency_s
+    return hardware.intra_node_bandwidth, hardware.intra_node_latency_s
+
+
+def _collective_seconds(bytes_sent: int, bytes_per_call: float, crosses_nodes: bool, hardware: Hardware) -> tuple[float, int]:
+    """Ring time for `bytes_sent` (parallel/comm.py's per-rank ring volume) and the calls it took."""
+    if bytes_sent <= 0:
+        return 0.0, 0
+    bandwidth, latency = _bandwidth(crosses_nodes, hardware)
+    calls = max(1, math.ceil(bytes_sent / max(bytes_per_call, 1.0)))
+    return bytes_sent / bandwidth + calls * latency, calls
+
+
+def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size: int, hardware: Hardware,
+            constants: Constants) -> Prediction:
+    """The iteration time of `plan` (a dry run of `config` on `world_size` GPUs), term by term."""
+    tp, dp = plan.tensor_parallel_size, plan.data_parallel_size
+    run = resolve_plan(config, vocab_size, tp, dp)
+    config, micro_batches = run.config, run.batch.final_accumulation_steps
+    model, activations = config.model, config.activations
+    element = ELEMENT_BYTES[config.training.precision]
+    grad_element = ELEMENT_BYTES[config.training.gradient_precision]
+    recompute = activations.checkpoint_activations
+
+    # Compute of one micro-batch: forward, backward (2x forward's products) and the recompute.
+    blocks, logits = forward_gemms(config, run.padded_vocab_size, tp)
+    block_s, logits_s = (gemm_seconds(blocks, element, hardware, constants),
+                         gemm_seconds([logits], element, hardware, constants))
+    tokens_hidden = config.training.micro_batch_size * model.seq_length * model.hidden_size
+    elementwise_pass_s = (constants.elementwise_passes * tokens_hidden * element * model.num_layers
+                          / hardware.hbm_bandwidth)
+    loss_s = LOSS_SOFTMAX_PASSES * plan.loss_softmax_bytes / hardware.hbm_bandwidth
+    forward_s = block_s + logits_s + elementwise_pass_s + loss_s / LOSS_SOFTMAX_PASSES
+    backward_s = 2 * (block_s + logits_s + elementwise_pass_s) + loss_s * (LOSS_SOFTMAX_PASSES - 1) / LOSS_SOFTMAX_PASSES
+    if recompute:
+        backward_s += block_s + elementwise_pass_s
+    compute_s = micro_batches * (forward_s + backward_s)
+
+    # Tensor parallelism: consecutive ranks, so a group spans nodes only when it outgrows one.
+    tp_crosses = tp > hardware.gpus_per_node
+    tp_bytes = sum(plan.comm_bytes["tp"].values())
+    activation_call = ring_bytes_sent("all_reduce", tokens_hidden * element, tp)
+    tp_s, _ = _collective_seconds(tp_bytes, activation_call, tp_crosses, hardware)
+
+    # Data parallelism: ranks strided by TP, so a group spans nodes when the job does.
+    dp_crosses = world_size > hardware.gpus_per_node
+    dp_bytes = plan.comm_bytes["dp"]
+    bucket_bytes = config.zero.reduce_bucket_size * grad_element
+    reduce_kind = "all_reduce" if plan.stage == 0 or not config.zero.reduce_scatter else "reduce_scatter"
+    reduce_s, reduce_calls = _collective_seconds(dp_bytes["reduce_scatter"] + dp_bytes["all_reduce"],
+                                                 ring_bytes_sent(reduce_kind, bucket_bytes, dp), dp_crosses, hardware)
+    reductions = micro_batches if plan.stage >= 2 else 1  # stages 2-3 keep no full gradient to accumulate into
+    last_buckets_s = reduce_s / max(reduce_calls, 1) * min(reductions, reduce_calls)
+    backward_window = backward_s * reductions
+    reduce_exposed = max(reduce_s - min(constants.dp_overlap * reduce_s, backward_window), last_buckets_s) \
+        if reduce_s else 0.0
+    gather_s, _ = _collective_seconds(dp_bytes["all_gather"] + dp_bytes["broadcast"],
+                                      ring_bytes_sent("all_gather", config.zero.allgather_bucket_size * element, dp),
+                                      dp_crosses, hardware)
+    gather_window = micro_batches * (forward_s + backward_s) if plan.stage == 3 else \
+        forward_s if config.zero.overlap_param_gather else 0.0
+    gather_exposed = gather_s - min(constants.dp_overlap * gather_s, gather_window)
+
+    # Adam over this rank's partition (the whole TP shard at stage 0), memory-bound.
+    partition = plan.parameters_local if plan.stage == 0 else math.ceil(plan.parameters_local / dp)
+    optimizer_s = partition * (ADAM_STATE_BYTES + ADAM_GRADIENT_READS * grad_element) / hardware.hbm_bandwidth
+
+    # P_a+cpu: each micro-batch's checkpoints go to the host in forward and come back for the recompute.
+    offload_s = micro_batches * 2 * plan.checkpoint_bytes["host"] / hardware.host_bandwidth
+
+    terms = {"compute": compute_s, "tp": tp_s, "dp_reduce_exposed": reduce_exposed,
+             "dp_gather_exposed": gather_exposed, "optimizer": optimizer_s, "offload": offload_s}
+    iteration_s = sum(terms.values())
+    model_flops = flops_per_iteration(model, run.batch.global_batch_size, activation_recompute=False,
+                                      padded_vocab_size=run.padded_vocab_size)
+    return Prediction(iteration_s=iteration_s, terms=terms,
+                      model_tflops_per_gpu=model_flops / world_size / iteration_s / 1e12,
+                      hardware_tflops_per_gpu=plan.flops_per_gpu / iteration_s / 1e12,
+                      tp_crosses_nodes=tp_crosses, dp_crosses_nodes=dp_crosses)
+
+
+def format_prediction(prediction: Prediction, hardware: Hardware, constants: Constants) -> str:
+    lines = [f"predicted on {hardware.name} (constants from {constants.source}: GEMM efficiency "
+             f"{constants.gemm_efficiency:.3f}, elementwise passes {constants.elementwise_passes:.1f}, "
+             f"DP overlap {constants.dp_overlap:.2f}):",
+             f"  iteration {prediction.iteration_s * 1e3:,.1f} ms"]
+    for name, seconds in prediction.terms.items():
+        share = seconds / prediction.iteration_s if prediction.iteration_s else 0.0
+        lines.append(f"    {name:<18} {seconds * 1e3:>12,.1f} ms  {share:6.1%}")
+    lines.append(f"  {prediction.hardware_tflops_per_gpu:.1f} TFLOP/s per GPU counting the recompute, "
+                 f"{prediction.model_tflops_per_gpu:.1f} without (model FLOPs)")
+    if prediction.tp_crosses_nodes:
+        lines.append("  the TP group spans nodes: its collectives run at the inter-node bandwidth")
+    return "\n".join(lines)

@@ -1,0 +1,333 @@
+"""The planner: will it fit, and what will it send, for any model on any cluster, without GPUs.
+
+    python -m zero.plan tables                       # the ZeRO paper's Tables 1 and 2, from the formulas
+    python -m zero.plan dry-run --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
+        --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \\
+        --zero-stage 2 --checkpoint-activations --partition-activations --micro-batch-size 4 --fp16 [--json]
+    python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
+        --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
+
+`dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`,
+`--gpus-per-node`, `--gpu-memory` (e.g. 32GB = 32e9 bytes, 32GiB = 32 x 2^30) and `--rank` (which rank to
+plan; default 0). The vocabulary is the run's: pretrain_gpt.py's `--vocab-size` (with NullTokenizer, plus
+the end-of-document id), else the tokenizer the flags name, else GPT-2's 50257. DP is
+world size / TP, as in a real launch. A dry run builds the real model and the real ZeRO setup for one
+rank on the meta device and runs one iteration through them (planner/dry_run.py); `max-size` repeats it
+to find the most layers that fit under each of the paper's configurations C1-C5.
+
+Bad flags end in one line on stderr and exit status 2 before anything is planned. The work is bounded:
+a dry run plans at most 1,024 layers (planner/dry_run.py says why) and reports progress on stderr when it
+takes more than ten seconds; `--gpu-memory` is at most 16 TB (more than any GPU, or any CPU host the
+planner's `--target cpu` plans for, holds); `max-size` plans no depth beyond the 1,024-layer cap (a
+model that fits even there is reported as "at least 1024") and after its secant estimate closes in
+on the boundary in doubling steps and bisection, a few dozen dry runs at most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import re
+import sys
+from typing import Optional, Sequence
+
+from data import DataError
+from arguments.config import ConfigError, PretrainConfig
+from base.errors import OneLineArgumentParser, run_tool
+from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
+from zero.memory import format_bytes
+from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
+
+GPT2_VOCAB = 50257
+# The paper's Figures 6-8 configurations (section 10.4): each with activation checkpointing.
+CONFIGURATIONS = {
+    "C1": {"stage": 1, "partition_activations": False, "cpu_checkpointing": False},
+    "C2": {"stage": 1, "partition_activations": True, "cpu_checkpointing": False},
+    "C3": {"stage": 2, "partition_activations": False, "cpu_checkpointing": False},
+    "C4": {"stage": 2, "partition_activations": True, "cpu_checkpointing": False},
+    "C5": {"stage": 2, "partition_activations": True, "cpu_checkpointing": True},
+}
+CONFIGURATION_NAMES = {"C1": "P_os", "C2": "P_os + P_a", "C3": "P_os+g", "C4": "P_os+g + P_a",
+                       "C5": "P_os+g + P_a+cpu"}
+# The largest --gpu-memory: no GPU holds more than a few hundred GB (288 GB in 2025), and a CPU host
+# that `--target cpu` plans for a few TB. 16 TB leaves room for both; 10^6 GB is a typo.
+MAX_DEVICE_MEMORY_BYTES = 16 * 10**12
+
+
+def parse_memory(text: str) -> int:
+    """"32GB" (decimal), "32GiB" (binary), "80e9" or a plain byte count -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([KMGT]i?B)?\s*", text)
+    if not match:
+        raise ConfigError(f"--gpu-memory {text!r}: give a size like 32GB, 80GiB or 34359738368")
+    value, unit = float(match.group(1)), (match.group(2) or "B")
+    scale = {"B": 1} if unit == "B" else {unit: (1024 if "i" in unit else 1000) ** ("KMGT".index(unit[0]) + 1)}
+    size = value * scale[unit]
+    if not 1 <= size <= MAX_DEVICE_MEMORY_BYTES:  # also catches 1e999, which float() makes infinite
+        raise ConfigError(f"--gpu-memory {text}: give a size from 1 byte to {MAX_DEVICE_MEMORY_BYTES // 10**12} TB "
+                          f"(no GPU, nor a CPU host, holds more; MAX_DEVICE_MEMORY_BYTES in planner/plan.py)")
+    return int(size)
+
+
+def planning_vocab(config: PretrainConfig) -> tuple[int, str]:
+    """The vocabulary to plan with, and where it came from: what a run with these flags would have."""
+    data = config.data
+    if data.tokenizer_type == "NullTokenizer":
+        return config.model.vocab_size + 1, f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
+    if data.tokenizer_file or data.vocab_file:
+        from data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_file=data.tokenizer_file, vocab_file=data.vocab_file,
+                                   merges_file=data.merge_file)
+        return tokenizer.vocab_size, "the tokenizer named by the flags"
+    if config.model.vocab_size:
+        return config.model.vocab_size, "--vocab-size"
+    return GPT2_VOCAB, "GPT-2's vocabulary (no tokenizer given; pass --vocab-size to change it)"
+
+
+# ---- dry-run --------------------------------------------------------------------------------------
+
+def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str) -> str:
+    training, activations = config.training, config.activations
+    devices = "GPUs" if cluster.device_type == "cuda" else "processes"
+    lines = [f"dry run of rank {plan.rank} (TP rank {plan.tensor_parallel_rank}, DP rank {plan.data_parallel_rank}) "
+             f"of {cluster.world_size} {devices}, {cluster.gpus_per_node} per node: TP {plan.tensor_parallel_size} "
+             f"x DP {plan.data_parallel_size}",
+             f"model: {_count(plan.parameters_total)} parameters ({config.model.num_layers} layers, hidden "
+             f"{config.model.hidden_size}, {config.model.num_attention_heads} heads, sequence "
+             f"{config.model.seq_length}; vocabulary from {vocab_source}); this rank's TP shard "
+             f"{plan.parameters_local:,}",
+             f"training: ZeRO stage {plan.stage}, {plan.precision} parameters, {plan.gradient_precision} gradients, "
+             f"micro batch {training.micro_batch_size}; checkpointing "
+             + (("on" + (", P_a" if activations.partition_activations else "")
+                 + (", P_a+cpu" if activations.cpu_checkpointing else "")
+                 + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
+                if activations.checkpoint_activations else "off"),
+             "", "per GPU:" if cluster.device_type == "cuda" else "per process:"]
+    states = plan.model_state_bytes
+    rows = [("parameters", states["parameters"]), ("gradients", states["gradients"]),
+            ("fp32 master weights", states["master_weights"]), ("Adam moments", states["optimizer_states"]),
+            ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
+    if plan.stage == 3:
+        rows.append((f"stage-3 gathered chunks, peak (prefetch {plan.stage3_prefetch_elements:,} elements)",
+                     plan.stage3_live_chunk_bytes))
+    rows += [("saved for backward, peak over the iteration", plan.saved_activation_bytes["device"]),
+             ("  of which activation checkpoints" + (" (1/TP each, P_a)" if activations.partition_activations else ""),
+              plan.checkpoint_bytes["device"]),
+             ("  of which the loss's fp32 softmax", plan.loss_softmax_bytes),
+             ("  one block's saved tensors in forward", plan.block_saved_bytes["forward"]),
+             ("  one block's saved tensors in backward (recompute)", plan.block_saved_bytes["backward"]),
+             ("logits of one micro-batch (transient)", plan.logits_bytes),
+             ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes),
+             ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes)]
+    if any(plan.transport_copy_bytes.values()):
+        rows.append(("gloo's copy of the passes' largest collective", plan.transport_copy_bytes["passes"]))
+    rows.append(("optimizer step's temporaries (fused AdamW: none; gradient partition or publishing"
+                 + (", gloo's copy" if plan.transport_copy_bytes["step"] else "") + ")", plan.step_working_bytes))
+    width = max(len(name) for name, _ in rows) + 2
+    lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]
+    lines.append(f"  {'total (states + buffers + the larger of the passes and the step)':<{width}} "
+                 f"{format_bytes(plan.total_bytes):>12}")
+    if plan.process_baseline_bytes:
+        lines.append(f"  {'process baseline, not in the total (this planner process: Python, torch)':<{width}} "
+                     f"{format_bytes(plan.process_baseline_bytes):>12}")
+    if plan.saved_activation_bytes["host"]:
+        lines.append(f"  {'host memory: activation checkpoints (P_a+cpu)':<{width}} "
+                     f"{format_bytes(plan.saved_activation_bytes['host']):>12}")
+    if plan.budget_bytes is not None:
+        verdict = "fits" if plan.fits else "does NOT fit"
+        lines.append(f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, headroom "
+                     f"{format_bytes(plan.headroom_bytes)}" if plan.fits else
+                     f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}")
+    lines += ["", "sent per iteration by this rank:"]
+    for group, kinds in plan.comm_bytes.items():
+        sent = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in kinds.items() if n)
+        lines.append(f"  {group}: {sent or 'nothing'}")
+    lines += [f"FLOPs per iteration: {plan.flops_per_iteration:.3e} (model FLOPs"
+              + (" with recompute" if activations.checkpoint_activations else "") + f"), {plan.flops_per_gpu:.3e} per GPU",
+              "", "not known to a dry run (leave headroom for them):"]
+    lines += [f"  - {unknown}" for unknown in plan.unknowns] + [f"note: {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def _count(parameters: int) -> str:
+    return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters:,}"
+
+
+# ---- max-size -------------------------------------------------------------------------------------
+
+def _with(config: PretrainConfig, num_layers: int, configuration: Optional[dict]) -> PretrainConfig:
+    model = dataclasses.replace(config.model, num_layers=num_layers)
+    zero, activations = config.zero, config.activations
+    if configuration is not None:
+        zero = dataclasses.replace(zero, stage=configuration["stage"])
+        activations = dataclasses.replace(activations, checkpoint_activations=True,
+                                          partition_activations=configuration["partition_activations"],
+                                          cpu_checkpointing=configuration["cpu_checkpointing"])
+    return dataclasses.replace(config, model=model, zero=zero, activations=activations)
+
+
+def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configuration: Optional[dict],
+                   progress=None, plan_run=dry_run) -> tuple[int, Optional[RankPlan]]:
+    """The most layers (the rest of the shape fixed) whose dry run fits the budget, and that plan.
+
+    A rank's bytes grow almost linearly with the layers; almost, because the constant-size buckets
+    stop growing once the model outgrows them. So the search is a secant search on dry runs (each
+    step re-measures the slope where it is), then steps from the estimate that double until the
+    boundary is bracketed and a bisection of the bracket: when the estimate is right that is two dry
+    runs, and however wrong it is, a few dozen at most. No depth beyond MAX_PLAN_LAYERS is planned: a
+    budget that holds even that many returns MAX_PLAN_LAYERS (format_max_size says "at least").
+    `plan_run(config, cluster, vocab)` plans one depth: `dry_run`, or a caller's cache of it."""
+    plans: dict[int, RankPlan] = {}
+
+    def plan_for(layers: int) -> RankPlan:
+        if layers not in plans:
+            plans[layers] = plan_run(_with(config, layers, configuration), cluster, vocab)
+            if progress:
+                progress(f"    {layers} layers: {format_bytes(plans[layers].total_bytes)}")
+        return plans[layers]
+
+    def bracket() -> tuple[int, Optional[int]]:
+        """The deepest depth known to fit, and the shallowest deeper one known not to (or None)."""
+        deepest = max(layers for layers, plan in plans.items() if plan.fits)
+        return deepest, min((layers for layers, plan in plans.items() if not plan.fits and layers > deepest),
+                            default=None)
+
+    budget = cluster.gpu_memory_bytes
+    if not plan_for(1).fits:
+        return 0, None
+    low, high = 1, min(2, MAX_PLAN_LAYERS)
+    for _ in range(20):  # secant steps: converges in a few, since the curve is nearly a line
+        slope = max(1.0, (plan_for(high).total_bytes - plan_for(low).total_bytes) / (high - low))
+        guess = min(MAX_PLAN_LAYERS, max(1, high + int((budget - plan_for(high).total_bytes) // slope)))
+        if guess in (low, high):
+            break
+        low, high = high, guess
+    plan_for(high)
+    step = 1
+    while True:
+        fits, too_deep = bracket()
+        if too_deep is None:
+            if fits >= MAX_PLAN_LAYERS:
+                break
+            plan_for(min(MAX_PLAN_LAYERS, fits + step))  # upward, doubling, until a depth does not fit
+        elif too_deep - fits <= 1:
+            break
+        else:  # downward from the shallowest too deep, doubling, until the steps exceed half the gap
+            plan_for(max(too_deep - step, (fits + too_deep) // 2))
+        step *= 2
+    return fits, plan_for(fits)
+
+
+def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, config: PretrainConfig) -> str:
+    tp = config.training.tensor_model_parallel_size
+    figure6 = tp == 16 and cluster.world_size == 400
+    table2 = cluster.world_size == 64 * tp and tp in PAPER_TABLE2_MEASURED
+    header = "| config | ZeRO | max layers | parameters | per-GPU total | headroom |"
+    rule = "|---|---|---:|---:|---:|---:|"
+    if figure6:
+        header, rule = header + " paper Figure 6 |", rule + "---:|"
+    if table2:
+        header, rule = header + " paper Table 2 measured P_os |", rule + "---:|"
+    lines = [f"largest model per configuration on {cluster.world_size} GPUs (TP {tp}), "
+             f"{format_bytes(cluster.gpu_memory_bytes)} each; hidden {config.model.hidden_size}, "
+             f"{config.model.num_attention_heads} heads, sequence {config.model.seq_length}, micro batch "
+             f"{config.training.micro_batch_size}, {config.training.precision}", header, rule]
+    for name, (layers, plan) in results.items():
+        shown = f"at least {layers} (the search's cap)" if layers >= MAX_PLAN_LAYERS else str(layers)
+        row = (f"| {name} | {CONFIGURATION_NAMES.get(name, '-')} | {shown} | "
+               f"{format_parameters(plan.parameters_total) if plan else '-'} | "
+               f"{format_bytes(plan.total_bytes) if plan else '-'} | {format_bytes(plan.headroom_bytes) if plan else '-'} |")
+        if figure6:
+            paper = PAPER_FIGURE6.get(name)
+            row += f" {format_parameters(paper) if paper else 'not given'} |"
+        if table2:
+            row += f" {format_parameters(PAPER_TABLE2_MEASURED[tp][1]) if name == 'C1' else ''} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+def planner_arguments(prog: str) -> argparse.ArgumentParser:
+    p = OneLineArgumentParser(prog=prog, add_help=False)
+    p.add_argument("--world-size", type=int, default=1, help="GPUs in the job")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpu-memory", default=None, help="per-GPU budget: 32GB, 80GiB, ... (no verdict without it)")
+    p.add_argument("--rank", type=int, default=0, help="which rank to plan")
+    p.add_argument("--target", choices=("cuda", "cpu"), default="cuda",
+                   help="the device the run will use (it decides which attention kernel's tensors are kept)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+    return p
+
+
+def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, PretrainConfig, Cluster]:
+    from arguments.parser import parse_config
+
+    planner, rest = planner_arguments(prog).parse_known_args(list(argv))
+    for name in ("world_size", "gpus_per_node"):
+        if getattr(planner, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(planner, name)}")
+    if not 0 <= planner.rank < planner.world_size:
+        raise ConfigError(f"--rank {planner.rank} is not a rank of --world-size {planner.world_size}; "
+                          f"give one from 0 to {planner.world_size - 1}")
+    budget = parse_memory(planner.gpu_memory) if planner.gpu_memory is not None else None
+    config = parse_config(rest)
+    tp = config.training.tensor_model_parallel_size
+    if planner.world_size % tp:
+        raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --world-size {planner.world_size} "
+                          f"(DP is world size / TP); choose a TP size that divides it")
+    return planner, config, Cluster(planner.world_size, planner.gpus_per_node, budget, planner.target)
+
+
+def stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = ("tables", "dry-run", "max-size")
+    if not argv or argv[0] not in commands:
+        if argv and argv[0] in ("-h", "--help"):
+            print(__doc__)
+            return 0
+        raise ConfigError(f"usage: python -m zero.plan {{{','.join(commands)}}} [flags]; see --help")
+    command, rest = argv[0], argv[1:]
+    if command == "tables":
+        if rest:  # the tables are the paper's, from its formulas: there is nothing to set
+            raise ConfigError(f"tables takes no flags; got {' '.join(rest)}")
+        print(format_table1() + "\n\n" + format_table2())
+        return 0
+    planner, config, cluster = parse_planner(rest, f"python -m zero.plan {command}")
+    if command == "dry-run":
+        check_plannable(config)
+    elif cluster.gpu_memory_bytes is None:
+        raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
+    vocab, source = planning_vocab(config)
+    if command == "dry-run":
+        plan = dry_run(config, cluster, vocab, planner.rank, progress=stderr_line)
+        print(json.dumps(plan.to_json()) if planner.json else format_plan(plan, cluster, config, source))
+        return 0
+    results = {}
+    for name, configuration in CONFIGURATIONS.items():
+        stderr_line(f"> {name} ({CONFIGURATION_NAMES[name]})")
+        results[name] = largest_layers(config, cluster, vocab, configuration, progress=stderr_line,
+                                       plan_run=functools.partial(dry_run, progress=stderr_line))
+    if planner.json:
+        print(json.dumps({name: {"layers": layers, "at_search_cap": layers >= MAX_PLAN_LAYERS,
+                                 "plan": plan.to_json() if plan else None}
+                          for name, (layers, plan) in results.items()}))
+    else:
+        print(format_max_size(results, cluster, config))
+    return 0
+
+
+def command(argv: Optional[Sequence[str]] = None) -> int:
+    """`main` behind the entry-point boundary: what `python -m zero.plan` runs (exit status 0, or 2
+    with one line on stderr for a bad input)."""
+    return run_tool("python -m zero.plan", lambda: main(argv), (ConfigError, DataError))
+
+
+if __name__ == "__main__":
+    sys.exit(command())

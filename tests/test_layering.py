@@ -1,0 +1,128 @@
+"""The floors of the layout (DESIGN.md): a library module imports only from its own floor or below, and
+no two modules import each other, directly or around a loop.
+
+Lazy imports inside functions count: they are dependencies all the same, only deferred. The command
+lines users type where they always have (`python -m zero.plan`, `python -m zero.perf_model`) are thin
+entry points into the planner on the top floor, so they alone may import upward.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lowest first. A package's modules may import any package whose floor is at most their own.
+FLOORS = ("base", "parallel", "data", "zero", "gpt", "arguments", "checkpoint", "training", "planner")
+ENTRY_POINTS = frozenset({"zero.plan", "zero.perf_model"})
+
+
+def library_modules(root: Path) -> dict[str, Path]:
+    modules = {}
+    for package in FLOORS:
+        for path in sorted((root / package).glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            modules[name] = path
+    return modules
+
+
+def imported_modules(path: Path, known: dict[str, Path]) -> set[str]:
+    """Our modules `path` imports, anywhere in the file (`from pkg import module` included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            candidates = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in candidates:
+            # `import zero.apply` names the module; `from zero.apply import apply_zero` names a function
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    modules = library_modules(root)
+    return {name: imported_modules(path, modules) - {name} for name, path in modules.items()}
+
+
+def floor(module: str) -> int:
+    return FLOORS.index(module.split(".")[0])
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{module} (floor {FLOORS[floor(module)]}) imports {target} (floor {FLOORS[floor(target)]})"
+                  for module, targets in graph.items() if module not in ENTRY_POINTS
+                  for target in targets if floor(target) > floor(module))
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle once, as the path that closes it (depth-first search, colouring the nodes)."""
+    cycles, state, path = [], {}, []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return cycles
+
+
+def test_no_library_module_imports_a_higher_floor():
+    assert layering_violations(import_graph(ROOT)) == []
+
+
+def test_no_import_cycles_between_modules():
+    assert import_cycles(import_graph(ROOT)) == []
+
+
+def test_every_package_is_on_a_floor():
+    """A new top-level package must be given a floor, or the checks above would not see it."""
+    packages = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests", "scripts"}
+    assert packages <= set(FLOORS), sorted(packages - set(FLOORS))
+
+
+def test_the_checks_fail_on_a_deliberate_violation(tmp_path):
+    for package in FLOORS:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "base" / "errors.py").write_text("from planner.dry_run import dry_run\n")  # upward
+    (tmp_path / "planner" / "dry_run.py").write_text("def dry_run():\n    from planner import plan\n")
+    (tmp_path / "planner" / "plan.py").write_text("import planner.dry_run\n")  # a loop with dry_run
+    (tmp_path / "zero" / "plan.py").write_text("from planner.plan import command\n")  # an entry point: allowed
+    graph = import_graph(tmp_path)
+    assert layering_violations(graph) == ["base.errors (floor base) imports planner.dry_run (floor planner)"]
+    assert import_cycles(graph) == [["planner.dry_run", "planner.plan", "planner.dry_run"]]
+
+
+def test_importing_the_model_does_not_import_the_data_pipeline():
+    code = ("import sys, gpt.model; loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('data', 'arguments', 'checkpoint', 'training', 'planner')); print(loaded); assert not loaded")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("entry, words", [("zero.plan", "python -m zero.plan tables"),
+                                          ("zero.perf_model", "python -m zero.perf_model --hardware")])
+def test_entry_points_users_type_still_answer(entry, words):
+    result = subprocess.run([sys.executable, "-m", entry, "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and words in result.stdout, result.stdout + result.stderr

@@ -1,0 +1,305 @@
+"""What a run reports: model size, FLOPs, throughput, and where the records go.
+
+Records go to three sinks with the same keys: a Megatron-style console line, one JSON object per line
+in `metrics.jsonl`, and Weights & Biases when a project is given. Only the first rank writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from gpt.model_config import ModelConfig
+
+
+def parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> int:
+    """Exact number of parameters of `GPTModel` (tied output layer counted once).
+
+    Per block: QKV 3h^2+3h, attention output h^2+h, MLP 2*h*f+f+h, two LayerNorms 4h.
+    """
+    h, f, layers = config.hidden_size, config.ffn_size, config.num_layers
+    vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
+    per_block = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    return vocab * h + config.max_position_embeddings * h + layers * per_block + 2 * h
+
+
+def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_recompute: bool = False,
+                        padded_vocab_size: Optional[int] = None) -> float:
+    """Matmul FLOPs of one training iteration, Megatron's accounting (Narayanan et al., 2021).
+
+    Forward of one block: 24*B*s*h^2 (QKV, output, 4h MLP) + 4*B*s^2*h (scores and context), with the
+    attention counted as full (not halved for the causal mask), as Megatron does; logits: 2*B*s*h*V.
+    Backward costs twice the forward; full recompute adds one more forward of the blocks:
+        no recompute: 72 B s l h^2 (1 + s/(6h) + V/(12 l h))
+        recompute:    96 B s l h^2 (1 + s/(6h) + V/(16 l h))
+    The MLP term uses the configured ffn size (4h gives the formula above exactly).
+    """
+    b, s, h, layers = global_batch_size, config.seq_length, config.hidden_size, config.num_layers
+    vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
+    block_forward = 2 * b * s * (4 * h * h + 2 * h * config.ffn_size) + 4 * b * s * s * h
+    logits_forward = 2 * b * s * h * vocab
+    block_passes = 4 if activation_recompute else 3
+    return float(block_passes * layers * block_forward + 3 * logits_forward)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak device memory allocated by tensors on CUDA; the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
+
+
+def current_rss_bytes() -> int:
+    """This process's resident memory now (Linux /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class MemoryCheck:
+    """After iteration 1, one line: the peak the planner predicted for this rank (planner/dry_run.py)
+    beside the peak measured: CUDA's max_memory_allocated, or on a CPU the growth of the process's
+    peak RSS over its peak before the model was built (the process baseline: Python, torch, the
+    tokenizer; named in the line, in neither figure). The growth also holds the data loader and the
+    allocator's slack, which the planner does not model."""
+
+    def __init__(self, predicted_bytes: Optional[int], device: torch.device, note: str = "") -> None:
+        self.predicted_bytes, self.device, self.note = predicted_bytes, device, note
+        self.baseline = 0 if device.type == "cuda" else peak_memory_bytes(device)
+
+    def measured(self) -> tuple[int, str]:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device), "CUDA max_memory_allocated"
+        return peak_memory_bytes(self.device) - self.baseline, "peak RSS growth over the process baseline"
+
+    def figures(self) -> tuple[int, Optional[int]]:
+        """(measured, predicted) bytes of this rank, for the first rank to report every rank's."""
+        return self.measured()[0], self.predicted_bytes
+
+    def line(self, iteration: int, ranks: Optional[list[tuple[int, Optional[int]]]] = None) -> str:
+        """This rank's figures and, given every rank's `figures()`, their range over the ranks."""
+        measured, how = self.measured()
+        if self.predicted_bytes is None:
+            return f" memory after iteration {iteration}: {measured / 2**20:.1f} MiB ({how}); no prediction ({self.note})"
+        ratio = measured / self.predicted_bytes if self.predicted_bytes else float("nan")
+        line = (f" memory after iteration {iteration}: predicted peak {self.predicted_bytes / 2**20:.1f} MiB "
+                f"(zero.plan), measured {measured / 2**20:.1f} MiB ({how}), measured/predicted {ratio:.2f}")
+        ratios = [m / p for m, p in ranks or [] if p]
+        if len(ratios) > 1:
+            mib = [m / 2**20 for m, _ in ranks]
+            line += (f"; over all {len(ratios)} ranks measured {min(mib):.1f}-{max(mib):.1f} MiB (most on rank "
+                     f"{mib.index(max(mib))}), measured/predicted {min(ratios):.2f}-{max(ratios):.2f}")
+        if self.device.type != "cuda":
+            line += f"; process baseline before the build {self.baseline / 2**20:.1f} MiB (not in either)"
+        return line
+
+
+def format_console_line(record: dict[str, Any], train_iters: int) -> str:
+    """One Megatron-style line for a training record."""
+    parts = [
+        f"iteration {record['iteration']:>8d}/{train_iters:>8d}",
+        f"consumed samples: {record['consumed_samples']:>10d}",
+        f"elapsed time per iteration (ms): {record['iter_time_s'] * 1000:.1f}",
+        f"learning rate: {record['lr']:.3E}",
+        f"lm loss: {record['loss']:.6E}",
+        f"grad norm: {record['grad_norm']:.3f}",
+        f"tokens/s: {record['tokens_per_s']:.0f}",
+        f"TFLOP/s/GPU: {record['tflops_per_gpu']:.2f}",
+        f"mem (MB): {record['memory_bytes'] / 2**20:.0f}",
+    ]
+    if "mfu" in record:
+        parts.insert(-1, f"MFU: {record['mfu'] * 100:.1f}%")
+    if record.get("skipped_iterations"):
+        parts.append(f"skipped: {record['skipped_iterations']}")
+    return " | ".join(parts) + " |"
+
+
+def format_eval_line(record: dict[str, Any]) -> str:
+    return (f"{record['split']} loss at iteration {record['iteration']}: lm loss {record['loss']:.6E} | "
+            f"lm loss PPL {record['ppl']:.6E}")
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
+
+
+def drop_redone_records(metrics_file: str, iteration: int) -> int:
+    """Drop the records a resumed run is about to write again: the file's tail after its last record
+    of an iteration <= `iteration` (a run killed after its last checkpoint logged some that no longer
+    count, possibly a line cut short). Everything before that -- earlier runs' records included --
+    is kept. Rewritten atomically only when something is dropped; returns how many records were."""
+    path = Path(metrics_file)
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    keep = len(lines)
+    while keep > 0 and not _record_at_or_before(lines[keep - 1], iteration):
+        keep -= 1
+    if keep == len(lines):
+        return 0
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text("".join(line if line.endswith("\n") else line + "\n" for line in lines[:keep]),
+                         encoding="utf-8")
+    os.replace(temporary, path)
+    return len(lines) - keep
+
+
+def _record_at_or_before(line: str, iteration: int) -> bool:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return False  # a line cut short by the crash
+    value = record.get("iteration") if isinstance(record, dict) else None
+    return isinstance(value, int) and value <= iteration
+
+
+def count_records(metrics_file: str) -> int:
+    path = Path(metrics_file)
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+class MetricsWriter:
+    """Fans one record out to the console, metrics.jsonl and (optionally) W&B and TensorBoard."""
+
+    def __init__(self, metrics_file: str, enabled: bool, wandb_run: Any = None, tensorboard: Any = None):
+        self.enabled = enabled
+        self.wandb_run = wandb_run
+        self.tensorboard = tensorboard
+        self._file = None
+        if enabled:
+            path = Path(metrics_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", buffering=1)  # line-buffered: a crash loses at most one line
+
+    def write(self, record: dict[str, Any], console_line: Optional[str] = None) -> None:
+        if not self.enabled:
+            return
+        if console_line:
+            print(console_line, flush=True)
+        self._file.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            _log_to_wandb(self.wandb_run, record)
+        if self.tensorboard is not None and "iteration" in record:
+            self.tensorboard.write(scalar_values(record), record["iteration"])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.wandb_run is not None:
+            try:
+                self.wandb_run.finish()
+            except Exception as error:  # W&B trouble must never fail a finished run
+                print(f"warning: W&B finish failed: {error}", file=sys.stderr)
+            self.wandb_run = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+
+def scalar_values(record: dict[str, Any]) -> dict[str, float]:
+    """A record's numbers as W&B and TensorBoard get them: `<split>/<key>` (`train/` for training
+    records), nested numbers flattened with slashes, the iteration left out (it is the step)."""
+    prefix = f"{record['split']}/" if "split" in record else "train/"
+    values: dict[str, float] = {}
+
+    def add(name: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                add(f"{name}/{key}", inner)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            values[name] = value
+
+    for key, value in record.items():
+        if key not in ("iteration", "split"):
+            add(prefix + key, value)
+    return values
+
+
+def _log_to_wandb(run: Any, record: dict[str, Any]) -> None:
+    values = scalar_values(record)
+    try:
+        run.log(values, step=record["iteration"])
+    except Exception as error:
+        print(f"warning: W&B log failed, continuing without it: {error}", file=sys.stderr)
+
+
+def wandb_mode() -> str:
+    """Online only when the user configured W&B (WANDB_MODE, an API key, or a netrc login)."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        if "api.wandb.ai" in netrc.read_text():
+            return "online"
+    except OSError:
+        pass
+    return "offline"
+
+
+def start_wandb(project: Optional[str], run_name: Optional[str], entity: Optional[str],
+                config: dict, directory: str) -> Any:
+    """A W&B run, or None when no project is given or W&B cannot start (training goes on)."""
+    if not project:
+        return None
+    try:
+        import wandb
+
+        return wandb.init(project=project, name=run_name, entity=entity, config=config, dir=directory,
+                          mode=wandb_mode())
+    except Exception as error:
+        print(f"warning: W&B did not start ({error}); training continues without it", file=sys.stderr)
+        return None
+
+
+# Dense (no sparsity) 16-bit tensor-core peaks in TFLOP/s, from NVIDIA's datasheets, matched against
+# the CUDA device name in order (the more specific names first): "NVIDIA H100 80GB HBM3" is the SXM
+# part, "NVIDIA H100 PCIe" and "NVIDIA H100 NVL" the slower ones.
+PEAK_TFLOPS_16BIT = (
+    ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
+    ("GH200", 989.0), ("A100", 312.0), ("A800", 312.0), ("A10G", 125.0), ("L40S", 362.0),
+    ("V100S", 130.0), ("V100-PCIE", 112.0), ("V100", 125.0),
+)
+
+
+def run_peak_tflops(device: torch.device, override: Optional[float]) -> Optional[float]:
+    """The peak MFU is measured against: --peak-tflops, else the table's entry for this CUDA device;
+    None on a CPU (no meaningful peak) or an unknown GPU."""
+    if override is not None:
+        return override
+    if device.type == "cuda":
+        return device_peak_tflops(torch.cuda.get_device_name(device))
+    return None
+
+
+def model_flops_utilization(model_flops: float, iteration_seconds: float, world_size: int,
+                            peak_tflops: float) -> float:
+    """MFU: model FLOPs (no recompute) per second per GPU over the device's dense peak."""
+    return model_flops / (iteration_seconds * world_size * 1e12) / peak_tflops
+
+
+def device_peak_tflops(device_name: str) -> Optional[float]:
+    """The dense 16-bit peak of a CUDA device named `device_name` (torch.cuda.get_device_name), or
+    None when the name is not in the table (pass --peak-tflops then)."""
+    for fragment, peak in PEAK_TFLOPS_16BIT:
+        if fragment.lower() in device_name.lower():
+            return peak
+    return None

@@ -1,0 +1,78 @@
+"""The run's configuration resolved once, after the tokenizer and the process grid are known.
+
+A `PretrainConfig` holds what the user asked for; a few numbers depend on things known only later:
+the vocabulary (from the tokenizer), the padded vocabulary (and the TP size), the batch of every
+iteration (and the DP size: arguments/batch_schedule.py), the iterations a --train-samples run makes and the
+learning-rate schedule in samples (arguments/schedule.py), the dtypes (and the device). `resolve_plan`
+computes them once into a frozen `RunPlan`, whose `config` is a resolved copy (vocabulary, batch sizes
+and precision filled in) that checkpoint metadata records and everything downstream reads. Nothing
+changes the user's config object, so the order in which functions are called cannot change a number.
+
+Precision on a CPU: a 16-bit setting that came from a preset (`gpt2-124m` turns bf16 on for GPUs) is
+resolved to fp32 on a CPU, where 16-bit math runs 10-15x slower; one asked for explicitly (a flag or
+the DeepSpeed JSON) is kept, with a warning (`precision_notes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from arguments.batch_schedule import BatchSchedule, batch_schedule
+from arguments.config import PretrainConfig
+from arguments.config_sources import FLAG, JSON
+from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
+from zero.optimizer import PRECISION_DTYPES
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    config: PretrainConfig          # resolved copy: vocabulary, batch sizes and precision set
+    tensor_parallel_size: int
+    data_parallel_size: int
+    batch: BatchSchedule            # the global batch of every iteration, from the samples consumed
+    vocab_size: int                 # the tokenizer's
+    padded_vocab_size: int          # rounded up for fast GEMMs and equal TP shards
+    param_dtype: torch.dtype        # 16-bit (or fp32) parameters and activations
+    grad_dtype: torch.dtype         # what gradients are accumulated and reduced in
+    lr_schedule: LearningRateSchedule  # Megatron's, in samples (and tokens): arguments/schedule.py
+    notes: tuple[str, ...] = ()     # what resolving changed or warns about, said once at the start
+
+    def tokens_in(self, global_batch_size: int) -> int:
+        return global_batch_size * self.config.model.seq_length
+
+
+def resolve_plan(config: PretrainConfig, vocab_size: int, tensor_parallel_size: int, data_parallel_size: int,
+                 device_type: str = "cuda") -> RunPlan:
+    """Everything derived from `config` for a grid of TP x DP on `device_type` and a tokenizer of
+    `vocab_size` tokens. Raises ConfigError (naming the flags) when the batch arithmetic does not work out."""
+    batch = batch_schedule(config, data_parallel_size)
+    training, notes = resolve_precision(config, device_type)
+    model = dataclasses.replace(config.model, vocab_size=vocab_size)
+    training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
+                                   micro_batch_size=batch.micro_batch_size,
+                                   train_iters=train_iterations(config, batch))
+    resolved = dataclasses.replace(config, model=model, training=training)
+    return RunPlan(lr_schedule=build_lr_schedule(resolved, batch),
+        config=resolved, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+        batch=batch, vocab_size=vocab_size, padded_vocab_size=model.padded_vocab_size(tensor_parallel_size),
+        param_dtype=PRECISION_DTYPES[training.precision], grad_dtype=PRECISION_DTYPES[training.gradient_precision],
+        notes=notes)
+
+
+def resolve_precision(config: PretrainConfig, device_type: str):
+    """(training section with the precision this device runs, notes): a preset's 16-bit setting is fp32
+    on a CPU; an explicit one stays, with a warning."""
+    training = config.training
+    if device_type != "cpu" or training.precision == "fp32":
+        return training, ()
+    name = training.precision
+    source = config.sources.get(name)
+    if source is not None and source.kind not in (JSON, FLAG):
+        return (dataclasses.replace(training, bf16=False, fp16=False),
+                (f"> {name} comes from {source.describe()}, a setting for GPUs: on this CPU the run trains in fp32, "
+                 f"10-15x faster here than {name} (pass --{name} to keep it)",))
+    return training, (f"warning: {name} on a CPU runs 10-15x slower than fp32 (CPUs lack fast 16-bit matrix "
+                      f"kernels); use --no-{name} unless you are testing {name} numerics",)
