@@ -152,8 +152,12 @@ class ParameterGatherer:
         in flight count against it too, so each hook tops the window up instead of starting a fresh
         budget's worth of gathers on top of the last one (which left most of the model gathered)."""
         budget = self.prefetch_numel
-        for unit in candidates:
-            if unit.numel > budget:
+        for position, unit in enumerate(candidates):
+            # DeepSpeed starts the next parameter's gather whenever its budget is positive, however
+            # large that parameter is. Our unit is a whole block, so only the first chunk of the
+            # window may exceed what is left; the others fit in it (rounding the window up by a
+            # block instead would add a block to every default run's peak).
+            if budget <= 0 or (position > 0 and unit.numel > budget):
                 break
             budget -= unit.numel
             if self._state[unit.index] != _RELEASED:
