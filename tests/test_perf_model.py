@@ -11,7 +11,7 @@ import yaml
 
 from arguments.parser import parse_config
 from training.metrics import flops_per_iteration
-from planner import perf_calibration, perf_model
+from planner import perf_calibration, perf_cli, perf_model
 from parallel.comm import ring_bytes_sent
 from planner.dry_run import Cluster, dry_run
 from planner.perf_model import Constants, forward_gemms, load_constants, load_hardware, predict
@@ -181,7 +181,7 @@ def test_a_committed_calibration_is_what_calibrate_computes_from_its_runs(calibr
 
 
 def test_the_command_line_predicts_a_run(capsys):
-    assert perf_model.main(["--hardware", "h100-sxm", *SMALL, "--world-size", "2", "--micro-batch-size", "2",
+    assert perf_cli.main(["--hardware", "h100-sxm", *SMALL, "--world-size", "2", "--micro-batch-size", "2",
                             "--global-batch-size", "4", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["iteration_s"] == pytest.approx(sum(record["terms"].values()))
