@@ -1,7 +1,7 @@
 """How a run starts -- fresh, or resumed from which checkpoint -- and whether its save directory and
 its data settings allow that. Pure decisions from the config and the file system, no process group.
 
-The rules (README, "What is guaranteed"):
+The rules (docs/checkpoints.md, "What is guaranteed"):
 
 - `--load` must name a checkpoint: a save directory with `latest`, or an iteration directory with
   metadata.json. A file, an `iter_*` directory without metadata, or a directory of checkpoints

@@ -8,7 +8,7 @@ import pytest
 
 from arguments.parser import parse_arguments, parse_config
 from arguments.config import ConfigError
-from tests.readme import readme_section
+from tests.readme import doc_section
 from arguments.deepspeed_json import deepspeed_config_to_flags
 from arguments.deepspeed_keys import SECTION_KEYS, TOP_LEVEL_KEYS
 
@@ -149,8 +149,8 @@ def test_hf_trainer_auto_values_are_named(tmp_path):
         parse_config(["--zero-config", write(tmp_path, {"train_batch_size": "auto"})])
 
 
-def test_the_readme_table_names_every_classified_key():
-    section = readme_section("Coming from Megatron-LM / DeepSpeed")
+def test_the_docs_table_names_every_classified_key():
+    section = doc_section("docs/coming-from-megatron-deepspeed.md", "Coming from Megatron-LM / DeepSpeed")
     missing = [key for key in TOP_LEVEL_KEYS if f"`{key}" not in section and f" {key}" not in section]
     missing += [key for key in SECTION_KEYS if key.split(".", 1)[1] not in section]
     assert missing == []

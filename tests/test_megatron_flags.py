@@ -122,13 +122,13 @@ def test_print_config_shows_each_value_and_its_source_and_exits_without_training
     assert "bf16.enabled" in lines and "honoured: --bf16" in lines["bf16.enabled"]
 
 
-def test_the_readme_table_names_every_megatron_and_deepspeed_flag():
+def test_the_docs_table_names_every_megatron_and_deepspeed_flag():
     import re
 
     from arguments.megatron_flags import ALIASES, MEANINGS
-    from tests.readme import readme_section
+    from tests.readme import doc_section
 
-    section = readme_section("Coming from Megatron-LM / DeepSpeed")
+    section = doc_section("docs/coming-from-megatron-deepspeed.md", "Coming from Megatron-LM / DeepSpeed")
     flags = list(ALIASES) + [option for meaning in MEANINGS for option in meaning.options[:1]]
     assert [flag for flag in flags if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section)] == []
 

@@ -252,12 +252,12 @@ def test_shrunk_sample_length_is_three_iterations_in_megatron(launch: Launch):
         assert int(flags["--train-tokens"][0]) == int(flags["--train-samples"][0]) * int(flags["--seq-length"][0])
 
 
-def test_the_readme_lists_the_corpus_and_its_outcomes():
-    """The README's table: one row per launch, its outcome, and "yes" under today exactly when the launch
-    is not in KNOWN_FAILING_TODAY (so a fix updates both)."""
-    from tests.readme import readme_section
+def test_the_docs_list_the_corpus_and_its_outcomes():
+    """The table in docs/coming-from-megatron-deepspeed.md: one row per launch, its outcome, and "yes"
+    under today exactly when the launch is not in KNOWN_FAILING_TODAY (so a fix updates both)."""
+    from tests.readme import doc_section
 
-    table = readme_section("Coming from Megatron-LM / DeepSpeed").split("### The replay corpus\n", 1)[1]
+    table = doc_section("docs/coming-from-megatron-deepspeed.md", "The replay corpus")
     rows = {}
     for line in table.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]

@@ -1,0 +1,375 @@
+"""Every command in the shell blocks of README.md and docs/*.md is run or checked, and every relative
+link resolves (issue 24: the README moved into docs/ pages; a renamed flag or script must not leave a
+page that no longer works).
+
+A command is one of:
+- RUN: cheap as written (the planner, the performance model, a printout of launch lines, pretrain_gpt.py's
+  --help / --print-config / --dry-run): run from the repository root, exit status 0.
+- CHECKED: expensive (multi-GPU launches, training, benchmarks, work on the user's own files): not run,
+  but pretrain_gpt.py's flags are parsed by its own parser (arguments.parser.parse_arguments), so a
+  renamed or removed flag fails; another script must exist and name every flag the command gives in
+  its --help.
+- SKIPPED: in SKIPPED_COMMANDS below with the reason (the whole test suite), or an `export`, whose
+  variables the commands after it in its block get.
+Anything else fails `test_every_command_is_classified`, so a new command cannot go untested.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from tests.readme import DOCS, README, ROOT, doc_pages, headings
+
+SHELL_FENCES = ("bash", "sh", "shell", "console")
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    page: str                           # README.md or docs/x.md
+    line: int                           # where its block starts
+    argv: tuple[str, ...]               # the words, environment assignments in front removed
+    env: tuple[tuple[str, str], ...]    # `NAME=value` in front, and the block's earlier `export`s
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}:{' '.join(self.argv)[:60]}"
+
+
+def shell_blocks(text: str) -> list[tuple[int, str, str]]:
+    """(line number of the opening fence, language, body) of every ```bash/sh/shell/console block."""
+    blocks = []
+    for match in re.finditer(r"^[ \t]*```([\w-]*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", text, flags=re.M | re.S):
+        if match.group(1) in SHELL_FENCES:
+            blocks.append((text.count("\n", 0, match.start()) + 1, match.group(1), match.group(2)))
+    return blocks
+
+
+def block_commands(language: str, body: str) -> list[list[str]]:
+    """The commands of one block, as word lists: backslash continuations joined, comments dropped,
+    prompts (`$ `) removed; in a console block only prompted lines are commands (the rest is output).
+    `a && b` is two commands; `[--flag value]` (an optional part) is taken as given."""
+    commands = []
+    for line in re.sub(r"\\\n[ \t]*", " ", body).splitlines():
+        line = line.strip()
+        prompted = line.startswith("$ ")
+        if prompted:
+            line = line[2:]
+        elif language == "console":
+            continue
+        words = [word.strip("[]") for word in shlex.split(line, comments=True)]
+        words = [word for word in words if word]
+        while words:
+            if "&&" in words:
+                at = words.index("&&")
+                commands.append(words[:at])
+                words = words[at + 1:]
+            else:
+                commands.append(words)
+                words = []
+    return [command for command in commands if command]
+
+
+def doc_commands() -> list[DocCommand]:
+    commands = []
+    for page in doc_pages():
+        for line, language, body in shell_blocks(page.read_text()):
+            exported: dict[str, str] = {}
+            for words in block_commands(language, body):
+                own = {}
+                while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+                    name, value = words.pop(0).split("=", 1)
+                    own[name] = value
+                if not words:  # `NAME=value` alone: a shell variable for the lines after it
+                    exported.update(own)
+                    continue
+                if words[0] == "export":
+                    exported.update(word.split("=", 1) for word in words[1:])
+                commands.append(DocCommand(str(page.relative_to(ROOT)), line, tuple(words),
+                                           tuple({**exported, **own}.items())))
+    return commands
+
+
+# ---- classification ------------------------------------------------------------------------------
+
+RUN, CHECKED, SKIPPED = "run", "checked", "skipped"
+
+SKIPPED_COMMANDS = {
+    ("python", "-m", "pytest"): "the whole test suite, which this test is part of; .ci/run runs it",
+}
+
+# Scripts whose commands are checked, not run, with why they are too expensive to run here.
+EXPENSIVE_SCRIPTS = {
+    "scripts/benchmark_zero.py": "trains ten systems x stages in fresh process groups for minutes (~8 min at --rounds 3)",
+    "scripts/benchmark_model.py": "rounds of a 124M model's training steps on the CPU, tens of seconds each",
+    "scripts/benchmark_index.py": "writes a 2 GB synthetic corpus, then builds its indices in rounds",
+    "scripts/zero_paper/mini_reproduction.py": "trains C1-C5 as 4 gloo processes (about 11 minutes)",
+    "scripts/zero_paper/calibrate_cpu.py": "trains six small GPTs (about 1.5 minutes)",
+    "scripts/zero_paper/report.py": "about 200 dry runs on a cold plan cache (about 25 minutes)",
+    "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
+    "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
+    "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
+    "data.preprocess": "reads the user's corpus.jsonl; tests/test_first_hour.py runs this command on a corpus it writes",
+}
+
+# Module commands run as written unless listed here (the planner and the performance model are cheap).
+RUNNABLE_MODULES = ("zero.plan", "zero.perf_model")
+
+LAUNCHERS = ("scripts/launch_single_node.sh", "scripts/launch_multi_node.sh")
+
+# What a page says a run command prints (its trailing comment), checked in the output.
+STATED_OUTPUT = {
+    "python -m zero.perf_model --hardware dgx2-v100 --config zero_paper/100b-125x8192": "37.4 TFLOP/s per GPU",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str                       # RUN, CHECKED or SKIPPED
+    reason: str
+    program: str = ""               # the script or module path checked or run
+    pretrain: tuple[str, ...] = ()  # CHECKED: pretrain_gpt.py's flags, for its parser
+    flags: tuple[str, ...] = ()     # CHECKED: another program's words, each --flag to be in its --help
+
+
+def python_target(argv: tuple[str, ...]) -> Optional[tuple[str, tuple[str, ...]]]:
+    """(script path or module name, its arguments) for `python X.py ...` or `python -m M ...`."""
+    if len(argv) < 2 or argv[0] not in ("python", "python3"):
+        return None
+    if argv[1] == "-m" and len(argv) > 2:
+        return argv[2], argv[3:]
+    return argv[1], argv[2:]
+
+
+def without_placeholders(args: tuple[str, ...]) -> list[str]:
+    """The flags a command gives pretrain_gpt.py, its placeholders dropped: `...` stands for "your
+    other flags", and a flag that takes a value and is given `...` (`--data-path ...`) is the user's
+    to fill in; a switch before `...` (`--bf16 ...`) is kept."""
+    from arguments.parser import build_parser
+
+    switches = {option for action in build_parser()._actions if action.nargs == 0 for option in action.option_strings}
+    kept: list[str] = []
+    for word in args:
+        if word == "...":
+            if kept and kept[-1].startswith("--") and kept[-1] not in switches:
+                kept.pop()
+            continue
+        kept.append(word)
+    return kept
+
+
+def is_pretrain(word: str) -> bool:
+    return word == "pretrain_gpt.py" or word.endswith("/pretrain_gpt.py")
+
+
+def classify(command: DocCommand) -> Optional[Verdict]:
+    argv = command.argv
+    for prefix, reason in SKIPPED_COMMANDS.items():
+        if argv[:len(prefix)] == prefix:
+            return Verdict(SKIPPED, reason)
+    if argv[0] == "export":
+        return Verdict(SKIPPED, "sets variables that the commands after it in its block are run or checked with")
+    if argv[:3] == ("pip", "install", "-r") and len(argv) == 4:
+        return Verdict(CHECKED, "installs packages from the registry (.ci/run does); the requirements file must exist",
+                       program=argv[3])
+    if argv[0] == "torchrun":
+        at = next((i for i, word in enumerate(argv) if is_pretrain(word)), None)
+        if at is None:
+            return None
+        return Verdict(CHECKED, "a multi-process training launch", program="pretrain_gpt.py",
+                       pretrain=argv[at + 1:])
+    if argv[0] in LAUNCHERS:
+        return Verdict(CHECKED, "a multi-GPU launch", program=argv[0], pretrain=argv[1:])
+    if argv[0] == "sbatch":
+        at = next((i for i, word in enumerate(argv) if word.endswith(".sbatch")), None)
+        if at is None:
+            return None
+        return Verdict(CHECKED, "a SLURM job on GPU nodes", program=argv[at], pretrain=argv[at + 1:])
+    target = python_target(argv)
+    if target is None:
+        return None
+    program, args = target
+    if is_pretrain(program):
+        if {"--help", "--print-config", "--dry-run"} & set(args):
+            return Verdict(RUN, "prints and exits without training", program=program)
+        return Verdict(CHECKED, "trains", program=program, pretrain=args)
+    if "--help" in args:
+        return Verdict(RUN, "--help", program=program)
+    if program in RUNNABLE_MODULES:
+        return Verdict(RUN, "the planner or the performance model on the meta device", program=program)
+    if program == "scripts/zero_paper/run.py":
+        if "--submit" in args:
+            return Verdict(CHECKED, "submits SLURM jobs", program=program, flags=args)
+        if "--dry-run" in args:
+            return Verdict(CHECKED, "plans every point of a figure (dry runs of 8B-170B models, minutes on a cold cache)",
+                           program=program, flags=args)
+        return Verdict(RUN, "prints one launch line per point", program=program)
+    if program in EXPENSIVE_SCRIPTS:
+        return Verdict(CHECKED, EXPENSIVE_SCRIPTS[program], program=program, flags=args)
+    return None
+
+
+COMMANDS = doc_commands()
+VERDICTS = {command: classify(command) for command in COMMANDS}
+RUNS = [command for command, verdict in VERDICTS.items() if verdict is not None and verdict.kind == RUN]
+CHECKS = [command for command, verdict in VERDICTS.items() if verdict is not None and verdict.kind == CHECKED]
+
+
+def test_every_command_is_classified():
+    assert len(COMMANDS) > 20  # the extraction found the pages' commands
+    unclassified = [command.id for command, verdict in VERDICTS.items() if verdict is None]
+    assert unclassified == [], ("commands neither run, checked nor skipped with a reason; add a rule in "
+                                f"tests/test_docs_commands.py: {unclassified}")
+    counts = {kind: sum(verdict.kind == kind for verdict in VERDICTS.values()) for kind in (RUN, CHECKED, SKIPPED)}
+    print(f"docs commands: {counts}")
+
+
+def test_commands_are_extracted_as_a_shell_reads_them():
+    body = ("# a comment line\n"
+            "$ python -m zero.plan dry-run --world-size 8 \\\n"
+            "    --zero-stage 1     # a trailing comment\n"
+            "pip install -r requirements.txt && python -m pytest\n"
+            "python scripts/convert_to_hf.py ckpt out [--dtype bf16]\n")
+    assert block_commands("bash", body) == [
+        ["python", "-m", "zero.plan", "dry-run", "--world-size", "8", "--zero-stage", "1"],
+        ["pip", "install", "-r", "requirements.txt"], ["python", "-m", "pytest"],
+        ["python", "scripts/convert_to_hf.py", "ckpt", "out", "--dtype", "bf16"]]
+    assert block_commands("console", "$ python pretrain_gpt.py --help\nusage: pretrain_gpt.py ...\n") == [
+        ["python", "pretrain_gpt.py", "--help"]]
+    unknown = DocCommand("docs/x.md", 1, ("python", "scripts/a_new_tool.py", "--rounds", "3"), ())
+    assert classify(unknown) is None  # a new command fails the test until a rule says what to do with it
+
+
+def test_the_readme_holds_the_commands_ci_runs():
+    """.ci/run runs the README's test command; the README keeps it, and the training command, verbatim."""
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    test_command = ci[ci.index("# The README's test command.") + 1]
+    assert test_command == "pip install -r requirements.txt && python -m pytest"
+    blocks = [body.strip() for _, _, body in shell_blocks(README.read_text())]
+    assert test_command in blocks
+    assert "pip install -r requirements.txt && python pretrain_gpt.py" in blocks
+
+
+@functools.lru_cache(maxsize=None)
+def help_text(program: str) -> str:
+    """A script's or module's --help output."""
+    launch = ["-m", program] if not program.endswith(".py") else [program]
+    result = subprocess.run([sys.executable, *launch, "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert result.returncode == 0, f"{program} --help: exit {result.returncode}: {result.stderr[-2000:]}"
+    return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", CHECKS, ids=[command.id for command in CHECKS])
+def test_an_expensive_command_is_checked_without_running(command: DocCommand):
+    from arguments.parser import parse_arguments
+
+    verdict = VERDICTS[command]
+    path = verdict.program
+    if path.endswith((".py", ".sh", ".sbatch", ".txt")):
+        assert (ROOT / path).is_file(), f"{command.id}: {path} does not exist"
+    else:
+        assert (ROOT / (path.replace(".", "/") + ".py")).is_file(), f"{command.id}: module {path} does not exist"
+    if verdict.pretrain or path.endswith(("pretrain_gpt.py", ".sh", ".sbatch")):
+        parse_arguments(without_placeholders(verdict.pretrain))  # a renamed or removed flag, a bad value: ConfigError
+    flags = [word.split("=", 1)[0] for word in verdict.flags if word.startswith("--") and word != "--"]
+    if flags:
+        text = help_text(path)
+        missing = [flag for flag in flags if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)]
+        assert missing == [], f"{command.id}: {path} --help does not name {missing}"
+
+
+def substituted(command: DocCommand, tmp_path: Path) -> list[str]:
+    """The command as run here: `python` is this interpreter, globs are expanded from the repository
+    root, and outputs that would land in the checkout go to tmp_path instead: `--output` of the
+    performance model's calibration (it would rewrite the committed configs/hardware/calibrations/ file),
+    and run.py's launch files (its default --runs-dir is the repository's runs/)."""
+    argv = list(command.argv)
+    argv[0] = sys.executable
+    expanded = []
+    for word in argv:
+        if "*" in word:
+            matches = sorted(glob.glob(word, root_dir=ROOT))
+            assert matches, f"{command.id}: {word} matches nothing"
+            expanded += matches
+        else:
+            expanded.append(word)
+    argv = expanded
+    if "--output" in argv and "zero.perf_model" in argv:
+        at = argv.index("--output") + 1
+        argv[at] = str(tmp_path / Path(argv[at]).name)
+    if "scripts/zero_paper/run.py" in argv:
+        at = argv.index("--") if "--" in argv else len(argv)
+        argv[at:at] = ["--runs-dir", str(tmp_path / "runs")]
+    return argv
+
+
+def repository_files() -> list[Path]:
+    skipped = {".git", ".venv", "__pycache__", ".pytest_cache"}
+    return sorted(path for path in ROOT.rglob("*") if not skipped & set(path.relative_to(ROOT).parts))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", RUNS, ids=[command.id for command in RUNS])
+def test_a_cheap_command_runs_as_written(command: DocCommand, tmp_path):
+    env = {**os.environ, **dict(command.env), "WANDB_MODE": "disabled",
+           "ZERO_GPT_PLAN_CACHE": str(tmp_path / "plans")}
+    before = repository_files()
+    result = subprocess.run(substituted(command, tmp_path), cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, f"{command.id}: exit {result.returncode}\n{result.stderr[-3000:]}"
+    assert result.stdout.strip(), f"{command.id}: printed nothing"
+    for prefix, stated in STATED_OUTPUT.items():
+        if " ".join(command.argv).startswith(prefix):
+            assert stated in result.stdout, f"{command.id}: the page says it prints {stated!r}"
+    after = repository_files()
+    assert after == before, f"{command.id} wrote into the repository: {sorted(set(after) - set(before))}"
+
+
+# ---- links ---------------------------------------------------------------------------------------
+
+def slug(title: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def prose(text: str) -> str:
+    """The text outside fenced blocks and inline code, where a `[x](y)` is a link."""
+    text = re.sub(r"^[ \t]*```.*?^[ \t]*```[ \t]*$", "", text, flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def relative_links(page: Path) -> list[str]:
+    targets = re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", prose(page.read_text()))
+    return [target for target in targets if not re.match(r"[a-z][a-z0-9+.-]*:", target)]
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in doc_pages():
+        for target in relative_links(page):
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md":
+                anchors = {slug(title) for _, _, title in headings(resolved.read_text())}
+                if anchor not in anchors:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no heading with that anchor)")
+    assert broken == []
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {(README.parent / target.partition("#")[0]).resolve() for target in relative_links(README)}
+    assert [page.name for page in sorted(DOCS.glob("*.md")) if page.resolve() not in linked] == []
