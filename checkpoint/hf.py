@@ -36,6 +36,7 @@ from arguments.config import ModelConfig
 from base.errors import ConfigError
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from parallel.state import ParallelState
+from zero.optimizer_state import CheckpointableOptimizer
 
 ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 
@@ -425,29 +426,31 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     return from_hf_state_dict(hf_state, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
 
 
-def initialize_from_hf(optimizer, model: nn.Module, hf_dir: str | os.PathLike, model_config: ModelConfig,
-                       state: ParallelState) -> None:
+def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
+                       model_config: ModelConfig, state: ParallelState) -> None:
     """Start a run from a Hugging Face GPT-2 folder's weights: this rank's fp32 master partition (the
     ZeRO optimizer's) is filled from its TP slice of them, then published into the 16-bit parameters.
-    The folder is read whole on every rank (a GPT-2 folder is at most a few GB)."""
+    The folder is read whole on every rank (a GPT-2 folder is at most a few GB). The partition is
+    staged on the CPU and handed over whole, so a weight found not to fit changes nothing."""
     hf_dir = Path(hf_dir)
     full = load_hf_weights(hf_dir, model_config, state)
-    names = {id(param): name for name, param in model.named_parameters()}
+    params = dict(model.named_parameters())
+    shard = optimizer.sharded_state_dict(model)
+    master = torch.zeros(shard.tensors["master"].shape, dtype=torch.float32)  # alignment padding stays 0
     slices: dict[str, torch.Tensor] = {}
-    for fragment in optimizer.layout.fragments():
-        name = names[id(fragment.slot.param)]
+    for name, param_offset, partition_offset, numel in shard.fragments:
         if name not in slices:
             if name not in full:
                 raise ConfigError(f"{hf_dir}: no weight maps to our parameter {name}")
-            piece = tensor_parallel_slice(full[name], getattr(fragment.slot.param, "tensor_parallel_dim", None),
+            param = params[name]
+            piece = tensor_parallel_slice(full[name], getattr(param, "tensor_parallel_dim", None),
                                           state.tensor_parallel_rank, state.tensor_parallel_size)
-            if piece.shape != fragment.slot.shape:
+            if piece.shape != param.shape:
                 raise ConfigError(f"{hf_dir}: {name} maps to shape {list(piece.shape)} on TP rank "
-                                  f"{state.tensor_parallel_rank}, the model has {list(fragment.slot.shape)}")
+                                  f"{state.tensor_parallel_rank}, the model has {list(param.shape)}")
             slices[name] = piece.reshape(-1)
-        values = slices[name][fragment.param_offset:fragment.param_offset + fragment.numel]
-        optimizer.master[fragment.partition_offset:fragment.partition_offset + fragment.numel].copy_(values)
-    optimizer.publish_parameters()
+        master[partition_offset:partition_offset + numel].copy_(slices[name][param_offset:param_offset + numel])
+    optimizer.load_sharded_state_dict({"master": master})
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False

@@ -10,6 +10,10 @@ Loading re-cuts the optimizer state for this run's layout: each rank asks the sa
 TP rank for exactly the parameter elements its own partition holds (`fill_partition`), so a
 checkpoint written at any DP size and ZeRO stage resumes at any other. A different TP size is an
 offline rewrite (`scripts/reshard_checkpoint.py`).
+
+The optimizer is read and restored only through the interface of zero/optimizer_state.py (its
+`model_state_dict`, `sharded_state_dict` and `load_sharded_state_dict`): how it lays out its state is
+its own affair, and the files record only what that interface says.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from checkpoint.format import (FORMAT_VERSION, METADATA_FILE, OPTIMIZER_KEYS, ST
 from checkpoint.integrity import hash_files, verify_checkpoint
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
-from zero.optimizer import ShardedAdamW
+from zero.optimizer_state import CheckpointableOptimizer, ShardedOptimizerState
 
 
 @dataclass(frozen=True)
@@ -77,28 +81,23 @@ def _rng_tensors(rng: Optional[TensorParallelRNG]) -> tuple[dict[str, torch.Tens
                      "python": [version, list(python_state), gauss]}
 
 
-def _write_rank_files(staging: Path, model: nn.Module, optimizer: ShardedAdamW,
-                      rng: Optional[TensorParallelRNG], state: ParallelState, tokenizer) -> dict[str, int]:
+def _write_rank_files(staging: Path, model: nn.Module, optimizer: CheckpointableOptimizer,
+                      shard: ShardedOptimizerState, rng: Optional[TensorParallelRNG], state: ParallelState,
+                      tokenizer) -> dict[str, int]:
     """This rank's files; returns {file name: bytes}. Stage 3 gathers each chunk for the model file,
     which every DP rank of the TP group must take part in."""
     tp, dp = state.tensor_parallel_rank, state.data_parallel_rank
-    names = parameter_names(model)
     written: dict[str, int] = {}
 
-    weights: dict[str, torch.Tensor] = {}
-    for unit in optimizer.layout.units:
-        with optimizer.gathered_parameters(unit):
-            if dp == 0:
-                for slot in unit.slots:
-                    weights[names[id(slot.param)]] = slot.param.detach().to("cpu", copy=True)
+    weights = optimizer.model_state_dict(model, keep=dp == 0)
     if dp == 0:
         written[model_file(tp)] = save_tensors(staging / model_file(tp), weights)
     del weights
 
-    if optimizer.partitioned or dp == 0:  # stage 0's partition is the same on every DP rank
-        fragments = [[names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel]
-                     for f in optimizer.layout.fragments()]
-        tensors = {"master": optimizer.master, "exp_avg": optimizer.exp_avg, "exp_avg_sq": optimizer.exp_avg_sq}
+    if not shard.replicated or dp == 0:  # a replicated partition (stage 0) is written once
+        tensors = {key: shard.tensors[key] for key in OPTIMIZER_KEYS}
+        # the format's fragment table: [name, param_offset, partition_offset, numel] per fragment
+        fragments = [list(fragment) for fragment in shard.fragments]
         name = optimizer_file(tp, dp)
         written[name] = save_tensors(staging / name, tensors, {"fragments": fragments})
 
@@ -111,8 +110,8 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: ShardedAdamW,
 
 
 def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
-                    optimizer: ShardedAdamW, rng: Optional[TensorParallelRNG], config, state: ParallelState,
-                    tokenizer=None, lr: Optional[float] = None) -> Path:
+                    optimizer: CheckpointableOptimizer, rng: Optional[TensorParallelRNG], config,
+                    state: ParallelState, tokenizer=None, lr: Optional[float] = None) -> Path:
     """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this.
     Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
     save_dir = Path(save_dir)
@@ -122,7 +121,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     if state.is_first_rank:  # a large save takes minutes; say when it starts, not only when it ends
         print(f" saving checkpoint at iteration {iteration} to {final}", flush=True)
 
-    _raise_if_any_failed(state, non_finite_training_state(optimizer), iteration, staging)
+    shard = optimizer.sharded_state_dict(model)
+    _raise_if_any_failed(state, non_finite_training_state(shard), iteration, staging)
     error = None
     if state.is_first_rank:
         try:
@@ -135,7 +135,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
 
     written, hashes, error = {}, {}, None
     try:
-        written = _write_rank_files(staging, model, optimizer, rng, state, tokenizer)
+        written = _write_rank_files(staging, model, optimizer, shard, rng, state, tokenizer)
         hashes = hash_files(staging, written)  # each rank hashes its own files, still in the page cache
     except Exception as failure:  # noqa: BLE001 - disk full, permissions, safetensors' own errors: any
         # failure must reach the other ranks, which would otherwise wait for this one forever
@@ -147,7 +147,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     error = None
     if state.is_first_rank:
         files = {name: size for _, rank_files, _ in outcomes for name, size in rank_files.items()}
-        metadata = _metadata(iteration, consumed_samples, model, optimizer, config, state, files, lr,
+        metadata = _metadata(iteration, consumed_samples, model, shard, config, state, files, lr,
                              tokenizer is not None)
         metadata["file_hashes"] = {name: digest for _, _, rank_hashes in outcomes
                                    for name, digest in rank_hashes.items()}
@@ -177,20 +177,20 @@ def count_non_finite(tensor: torch.Tensor, as_dtype: Optional[torch.dtype] = Non
     return bad
 
 
-def non_finite_training_state(optimizer: ShardedAdamW) -> Optional[str]:
+def non_finite_training_state(shard: ShardedOptimizerState) -> Optional[str]:
     """Why this rank's state must not be saved (NaN or inf in it), or None. A checkpoint of a
     diverged run would become `latest` and every restart would load the divergence. The master is
     also checked in the 16-bit training dtype: a master of 1e9 is finite in fp32 and inf in fp16,
     and the 16-bit parameters (the master cast, saved as the model file) are what a restart
     computes its first forward with. Only this rank's own partition is read."""
     for key in OPTIMIZER_KEYS:
-        bad = count_non_finite(getattr(optimizer, key))
+        bad = count_non_finite(shard.tensors[key])
         if bad:
             return (f"the fp32 {key} holds {bad} non-finite values (NaN or inf); the run diverged, so nothing "
                     f"is saved")
-    dtype = optimizer.parameters.dtype
+    dtype = shard.param_dtype
     if dtype != torch.float32:
-        bad = count_non_finite(optimizer.master, as_dtype=dtype)
+        bad = count_non_finite(shard.tensors["master"], as_dtype=dtype)
         if bad:
             return (f"{bad} master weights are beyond {str(dtype).replace('torch.', '')}'s range, so the parameters "
                     f"the model file would hold are inf; the run diverged, so nothing is saved")
@@ -206,10 +206,10 @@ def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: 
                               f"and 'latest' are untouched")
 
 
-def _metadata(iteration: int, consumed_samples: int, model: nn.Module, optimizer: ShardedAdamW, config,
+def _metadata(iteration: int, consumed_samples: int, model: nn.Module, shard: ShardedOptimizerState, config,
               state: ParallelState, files: dict[str, int], lr: Optional[float], has_tokenizer: bool) -> dict:
     tp_size, dp_size = state.tensor_parallel_size, state.data_parallel_size
-    optimizer_dp_ranks = range(dp_size) if optimizer.partitioned else range(1)
+    optimizer_dp_ranks = range(1) if shard.replicated else range(dp_size)
     return {
         "format_version": FORMAT_VERSION,
         "iteration": iteration,
@@ -217,12 +217,11 @@ def _metadata(iteration: int, consumed_samples: int, model: nn.Module, optimizer
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "tensor_parallel_size": tp_size,
         "data_parallel_size": dp_size,
-        "zero_stage": optimizer.stage,
+        "zero_stage": shard.zero_stage,
         "precision": config.training.precision,
-        "adam_step": optimizer.adam_step,
+        "adam_step": shard.adam_step,
         "lr": lr,
-        "loss_scaler": {"type": type(optimizer.loss_scaler).__name__,
-                        "state": optimizer.loss_scaler.state_dict()},
+        "loss_scaler": {"type": shard.loss_scaler_type, "state": shard.loss_scaler_state},
         "parameters": parameter_table(model, tp_size),
         "model_files": [[tp, model_file(tp)] for tp in range(tp_size)],
         "optimizer_shards": [[tp, dp, optimizer_file(tp, dp)] for tp in range(tp_size) for dp in optimizer_dp_ranks],
@@ -260,9 +259,9 @@ def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, pat
                               + "\n  ".join(problems))
 
 
-def load_checkpoint(path: str | Path, model: nn.Module, optimizer: ShardedAdamW, rng: Optional[TensorParallelRNG],
-                    state: ParallelState, *, load_optimizer: bool = True, load_rng: bool = True,
-                    finetune: bool = False, verify: bool = True) -> ResumePoint:
+def load_checkpoint(path: str | Path, model: nn.Module, optimizer: CheckpointableOptimizer,
+                    rng: Optional[TensorParallelRNG], state: ParallelState, *, load_optimizer: bool = True,
+                    load_rng: bool = True, finetune: bool = False, verify: bool = True) -> ResumePoint:
     """Restore the fp32 master weights (and with `load_optimizer` the Adam moments, step and loss
     scaler; with `load_rng` the random streams) into this rank's partition, whatever DP size and
     stage saved them. `finetune` takes the weights only and starts at iteration 0. `verify` checks
@@ -275,29 +274,20 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: ShardedAdamW,
     if finetune:
         load_optimizer = load_rng = False
 
-    names = parameter_names(model)
-    request = PartitionRequest((names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel)
-                               for f in optimizer.layout.fragments())
-    targets = {"master": optimizer.master}
-    if load_optimizer:
-        targets.update(exp_avg=optimizer.exp_avg, exp_avg_sq=optimizer.exp_avg_sq)
-    staged = {key: torch.zeros(tensor.shape, dtype=torch.float32) for key, tensor in targets.items()}
-    fill_partition(iteration_dir, metadata, state.tensor_parallel_rank, request, staged)
+    # Staged on the side and handed over only once every element is in: a checkpoint found incomplete
+    # or corrupt midway leaves the optimizer as it was.
+    shard = optimizer.sharded_state_dict(model)
+    keys = OPTIMIZER_KEYS if load_optimizer else ("master",)
+    staged = {key: torch.zeros(shard.tensors[key].shape, dtype=torch.float32) for key in keys}
+    fill_partition(iteration_dir, metadata, state.tensor_parallel_rank, PartitionRequest(shard.fragments), staged)
     warn_non_finite(iteration_dir, staged, state)
-    for key, tensor in targets.items():
-        tensor.copy_(staged[key])
-    del staged
-    optimizer.publish_parameters()
-
-    if load_optimizer:
-        assert set(targets) == set(OPTIMIZER_KEYS)
-        optimizer.adam_step = metadata["adam_step"]
-        scaler = metadata.get("loss_scaler") or {}
-        if scaler.get("type") == type(optimizer.loss_scaler).__name__:
-            optimizer.loss_scaler.load_state_dict(scaler["state"])
-        elif state.is_first_rank:
-            print(f" note: the checkpoint's loss scaler ({scaler.get('type')}) does not apply to this "
-                  f"run's precision; starting from the configured loss scale", flush=True)
+    scaler = metadata.get("loss_scaler") or {}
+    scaler_applies = load_optimizer and scaler.get("type") == shard.loss_scaler_type
+    optimizer.load_sharded_state_dict(staged, adam_step=metadata["adam_step"] if load_optimizer else None,
+                                      loss_scaler_state=scaler["state"] if scaler_applies else None)
+    if load_optimizer and not scaler_applies and state.is_first_rank:
+        print(f" note: the checkpoint's loss scaler ({scaler.get('type')}) does not apply to this "
+              f"run's precision; starting from the configured loss scale", flush=True)
     if load_rng:
         _restore_rng(iteration_dir, metadata, rng, state)
 

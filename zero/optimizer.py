@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
+
 import torch
 from torch import nn
 
 from zero.flat_buffer import FlatLayout, Unit
 from zero.grad_reducer import GradientReducer
 from zero.loss_scaler import LossScaler
+from zero.optimizer_state import NamedFragment, ShardedOptimizerState, check_partition_tensors
 from zero.param_storage import ParameterStorage
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -168,7 +171,7 @@ class ShardedAdamW:
         refilled the master). Every DP rank must call it: the storage may communicate."""
         self.parameters.publish(self.master)
 
-    # ---- checkpoint state ---------------------------------------------------------------------
+    # ---- checkpoint state: what zero/optimizer_state.py's interface is built on ------------------
 
     @property
     def partitioned(self) -> bool:
@@ -196,6 +199,55 @@ class ShardedAdamW:
         a collective over the DP group, and frees it afterwards)."""
         return self.parameters.gathered(unit)
 
+    def _partition_tensors(self) -> dict[str, torch.Tensor]:
+        return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
+    # ---- checkpointing (the interface of zero/optimizer_state.py) -------------------------------
+
+    def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
+        """Every parameter whole (this TP rank's piece), as CPU copies in the training dtype, by its
+        name in `model` (a tied parameter under its first name). Stage 3 gathers each chunk in turn to
+        copy it, a collective over the DP group, so every DP rank must call this; ranks that write no
+        model file pass keep=False, take part in the gathers and hold no copies."""
+        names = _parameter_names(model)
+        weights: dict[str, torch.Tensor] = {}
+        for unit in self.layout.units:
+            with self.gathered_parameters(unit):
+                if keep:
+                    for slot in unit.slots:
+                        weights[names[id(slot.param)]] = slot.param.detach().to("cpu", copy=True)
+        return weights
+
+    def sharded_state_dict(self, model: nn.Module) -> ShardedOptimizerState:
+        """This rank's partition (the live tensors), its fragment table named by `model`'s parameter
+        names, and the scalar state: what a checkpoint writes for this rank, and the layout a loaded
+        partition must be given in."""
+        names = _parameter_names(model)
+        fragments = [NamedFragment(names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel)
+                     for f in self.layout.fragments()]
+        return ShardedOptimizerState(
+            tensors=self._partition_tensors(), fragments=fragments, replicated=not self.partitioned,
+            zero_stage=self.stage, adam_step=self.adam_step, loss_scaler_type=type(self.loss_scaler).__name__,
+            loss_scaler_state=self.loss_scaler.state_dict(), param_dtype=self.parameters.dtype)
+
+    def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
+                                loss_scaler_state: Optional[dict] = None) -> None:
+        """Restore this rank's partition from `tensors`, laid out by `sharded_state_dict`'s fragments:
+        "master" alone (the weights; moments, step and scaler stay as they are) or master and both
+        moments. Then publish the 16-bit parameters from the new master, which every DP rank must do
+        (the storage may communicate), and set the step and the loss scaler's state when given.
+        `tensors` is emptied as it is copied: the caller's staged copies are freed before publishing,
+        whose working memory would otherwise come on top of them."""
+        live = self._partition_tensors()
+        check_partition_tensors(tensors, {key: tensor.shape for key, tensor in live.items()})
+        for key in list(tensors):
+            live[key].copy_(tensors.pop(key))
+        self.publish_parameters()
+        if adam_step is not None:
+            self.adam_step = adam_step
+        if loss_scaler_state is not None:
+            self.loss_scaler.load_state_dict(loss_scaler_state)
+
     # ---- introspection ------------------------------------------------------------------------
 
     def model_state_tensors(self) -> dict[str, list[torch.Tensor]]:
@@ -217,3 +269,8 @@ class ShardedAdamW:
     @property
     def gradient_dtype(self) -> torch.dtype:
         return self.gradients.grad_dtype
+
+
+def _parameter_names(model: nn.Module) -> dict[int, str]:
+    """id(param) -> its name in `model` (a tied parameter under its first name)."""
+    return {id(param): name for name, param in model.named_parameters()}
