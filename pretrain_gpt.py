@@ -34,10 +34,10 @@ from checkpoint.format import LATEST_FILE, CheckpointError, resolve_checkpoint
 from checkpoint.sharded import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from arguments.config import ConfigError, PretrainConfig
 from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
+from training.build import build
 from training.exit_conditions import ExitConditions
 from training.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, parameter_count,
                          perplexity, start_wandb)
-from gpt.model import GPTModel, compile_blocks
 from arguments.print_config import format_config
 from training.run_plan import resolve_plan
 from checkpoint.run_start import RunStart, claim_run_start
@@ -45,10 +45,7 @@ from arguments.schedule import train_iterations
 from training.tensorboard_sink import open_tensorboard
 from training.loop import TrainingDiverged, TrainingSummary, train
 from parallel.liveness import Liveness, PeerLoss, start_liveness
-from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize, read_launch_environment
-from zero.activations import ActivationMonitor, apply_activation_checkpointing
-from zero.apply import apply_zero
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "zero-gpt"
 PROGRAM = "pretrain_gpt.py"
@@ -151,16 +148,12 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
 
     predicted, why_not = predicted_peak(config, state, plan.vocab_size)
     memory_check = MemoryCheck(predicted, state.device, why_not)
-    # Dropout streams (shared across TP ranks, and private per TP rank inside attention); the weights
-    # are a function of the seed and their names, the same whatever the TP size.
-    rng = TensorParallelRNG(config.training.seed, state)
-    model = GPTModel(config.model, state, rng=rng)  # on the meta device: no memory yet
-    activations = ActivationMonitor(state.device)
-    if config.activations.checkpoint_activations:
-        apply_activation_checkpointing(model, config.activations, state, rng, activations)
-    zero = apply_zero(model, config, state, blocks=model.blocks)  # each rank materializes what it owns
-    if config.training.compile:
-        compile_blocks(model)
+    # The model, built as the dry run builds it (training/build.py), with the dropout streams (shared
+    # across TP ranks, and private per TP rank inside attention) and, with --compile, compiled blocks;
+    # each rank materializes what it owns. The weights are a function of the seed and their names, the
+    # same whatever the TP size.
+    built = build(plan, state, dropout_rng=True, torch_compile=config.training.compile)
+    model, zero, activations, rng = built.model, built.zero, built.activations, built.rng
     checkpoint = config.checkpoint
     resume_from = claimed.resume_from
     if checkpoint.init_from_hf and resume_from is None:

@@ -5,7 +5,8 @@ iteration, and measure what the rank would hold and send.
 the device is `meta` (shapes, no memory, no arithmetic), the process grid is `virtual_state` (groups
 that are only sizes) and collectives go through `DryRunCommunicator` (the live byte accounting, no
 transport). The model, activation checkpointing, ZeRO's layout and storages, the gradient hooks and
-buckets, the stage-3 gatherer and the loop's collectives all run as they would live. So:
+buckets (all built by the trainer's own `training.build.build`, without the dropout streams or
+compilation), the stage-3 gatherer and the loop's collectives all run as they would live. So:
 
 - model-state bytes are measured by the live measurement (`zero.memory.measure_tensor_bytes`) over
   the same tensors (meta storages count what they would hold): equal to `--report-memory`;
@@ -35,12 +36,11 @@ from torch.overrides import TorchFunctionMode
 
 from base.progress import ProgressLines
 from arguments.config import ConfigError, PretrainConfig
+from training.build import build
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
-from gpt.model import GPTModel
 from training.run_plan import RunPlan, resolve_plan
 from parallel.state import virtual_state
-from zero.activations import ActivationMonitor, SavedTensorMeter, apply_activation_checkpointing
-from zero.apply import apply_zero
+from zero.activations import ActivationMonitor, SavedTensorMeter
 from zero.memory import MODEL_STATE_CATEGORIES, measure_tensor_bytes
 
 META = torch.device("meta")
@@ -210,12 +210,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     plan = resolve_plan(config, vocab_size, tp, state.data_parallel_size, cluster.device_type)
     config = plan.config
     ticker = _Progress(progress, config.model.num_layers, plan.batch.final_accumulation_steps) if progress else None
-    model = GPTModel(config.model, state)
-    monitor = ActivationMonitor(META)
-    checkpointing = None
-    if config.activations.checkpoint_activations:
-        checkpointing = apply_activation_checkpointing(model, config.activations, state, None, monitor)
-    zero = apply_zero(model, config, state, blocks=model.blocks)
+    # The trainer's build (training/build.py) on the meta device with the virtual state's counting
+    # communicator; no dropout streams (a plan must not reseed the caller's generators) and nothing
+    # to compile.
+    built = build(plan, state, dropout_rng=False, torch_compile=False)
+    model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
     probe = _BlockSavedProbe(model.blocks, monitor, ticker)
     try:
         with _AttentionKernelOf(cluster.device_type):

@@ -1,0 +1,70 @@
+"""One rank's model, built in one ordered sequence that the trainer (`pretrain_gpt.py`) and the dry run
+(`planner/dry_run.py`) share, as torchtitan's `parallelize` is one ordered function of the model, the
+parallel dimensions and the job config.
+
+Everything `build` depends on is an argument: the resolved run plan, the rank's `ParallelState` (its
+device, its groups and its communicator: a launched process group and the live communicator in
+training; `virtual_state` on the meta device with the `DryRunCommunicator` in a dry run), and the
+two things a dry run does differently, named at each call: whether the dropout RNG streams are made
+and whether the blocks are compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from gpt.model import GPTModel, compile_blocks
+from parallel.random import TensorParallelRNG
+from parallel.state import ParallelState
+from training.run_plan import RunPlan
+from zero.activations import ActivationCheckpointing, ActivationMonitor, apply_activation_checkpointing
+from zero.apply import ZeroParts, apply_zero
+
+
+@dataclass
+class Built:
+    """What the build hands the loop (or the dry run's one iteration) and the checkpoint code."""
+    model: GPTModel
+    zero: ZeroParts                                   # the gradient reducer and the sharded optimizer
+    activations: ActivationMonitor                    # the loop's view of saved tensors and recompute timings
+    checkpointing: Optional[ActivationCheckpointing]  # None without --checkpoint-activations
+    rng: Optional[TensorParallelRNG]                  # the dropout streams; None when not asked for (dry run)
+
+
+def build(plan: RunPlan, state: ParallelState, *, dropout_rng: bool, torch_compile: bool) -> Built:
+    """Build this rank's model on `state.device` as `plan.config` (resolved) asks.
+
+    `dropout_rng`: make the dropout streams (`TensorParallelRNG`, which reseeds torch's default
+    generators with the run's seed). A live run asks for them; a dry run does not: planning must not
+    reseed its caller's generators, and meta tensors have no values to draw, so its model runs dropout
+    on the default stream and its recompute replays no RNG state, with the same shapes and saved bytes.
+    `torch_compile`: torch.compile each block (a live run with --compile; never a dry run, which has no
+    kernels to compile).
+    """
+    # The order, and why it is this order:
+    # 1. The RNG streams, first: the model and the checkpointing hold them (attention forks the
+    #    per-TP-rank stream, recompute replays both), and creating them reseeds torch's generators, so
+    #    nothing drawn before this point can shift a dropout mask. Weight values draw nothing from
+    #    them (they are a function of the seed and each parameter's name, filled in step 4).
+    # 2. The model on the meta device: shapes only, no memory, no draws.
+    # 3. The activation monitor, then activation checkpointing, which only installs itself as the
+    #    model's run_blocks and reports to the monitor: it allocates nothing and touches no
+    #    parameter, so it commutes with step 4; it comes first as it always has in both callers.
+    # 4. ZeRO: the flat layout from the meta parameters, then each rank allocates and fills only what
+    #    it owns (a meta device allocates and fills nothing), the parameters become views of that
+    #    storage, and the gradient hooks (and stage 3's gather hooks) go on.
+    # 5. torch.compile of each block, last: compile_blocks wants parallelism applied, so that the
+    #    compiled blocks are the ones ZeRO left (parameters that are views of its storage, its hooks in
+    #    place). Compilation itself happens at the first forward.
+    config = plan.config
+    rng = TensorParallelRNG(config.training.seed, state) if dropout_rng else None
+    model = GPTModel(config.model, state, rng=rng)
+    activations = ActivationMonitor(state.device)
+    checkpointing = None
+    if config.activations.checkpoint_activations:
+        checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations)
+    zero = apply_zero(model, config, state, blocks=model.blocks)
+    if torch_compile:
+        compile_blocks(model)
+    return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng)
