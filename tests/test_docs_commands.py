@@ -130,6 +130,8 @@ LAUNCHERS = ("scripts/launch_single_node.sh", "scripts/launch_multi_node.sh")
 # What a page says a run command prints (its trailing comment), checked in the output.
 STATED_OUTPUT = {
     "python -m zero.perf_model --hardware dgx2-v100 --config zero_paper/100b-125x8192": "37.4 TFLOP/s per GPU",
+    # docs/planning.md: "35.77 GiB of 74.51 GiB ... 38.73 GiB of headroom"
+    "python -m zero.plan dry-run --config gpt2-1.5b --world-size 8 --gpus-per-node 8 --gpu-memory 80GB": "headroom 38.73 GiB",
 }
 
 
