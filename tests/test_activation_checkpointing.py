@@ -11,7 +11,7 @@ from gpt.model import build_gpt_model
 from parallel.random import TensorParallelRNG
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
-from tests.test_zero_training import Runs, corpus_cache, losses_of, single_process_losses  # noqa: F401
+from tests.test_zero_training import Runs, losses_of, single_process_losses
 from zero.activations import ActivationMonitor, apply_activation_checkpointing
 from parallel.comm import ring_bytes_sent
 from zero.config import ActivationCheckpointConfig
@@ -110,7 +110,7 @@ def test_checkpointing_options_are_exact_and_partition_over_tp(tp):
 
 
 @pytest.mark.slow
-def test_stage3_with_checkpointing_gathers_each_block_once_per_pass(tmp_path, corpus_cache):  # noqa: F811
+def test_stage3_with_checkpointing_gathers_each_block_once_per_pass(tmp_path, corpus_cache):
     """Stage 3 + checkpointing (+P_a on TP=2 x DP=2): the single-process losses, and 3 Psi (N-1)/N of DP
     traffic per iteration, not 4 Psi: a block's recompute and its backward share one gather."""
     reference = single_process_losses(tmp_path, corpus_cache)

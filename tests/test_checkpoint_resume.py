@@ -36,11 +36,8 @@ NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from data.corpus import prepare_default_corpus
-
-    cache = str(tmp_path_factory.mktemp("resume-corpus"))
-    return cache, prepare_default_corpus(cache, 512)
+def corpus(embedded_corpus):
+    return embedded_corpus
 
 
 def losses(metrics_file) -> dict[int, float]:

@@ -3,11 +3,11 @@ ZeRO stage, activation checkpointing included."""
 
 import pytest
 
-from tests.test_zero_training import BATCH, ITERS, Runs, assert_close, corpus_cache, losses_of, single_process_losses  # noqa: F401
+from tests.test_zero_training import BATCH, ITERS, Runs, assert_close, losses_of, single_process_losses
 
 
 @pytest.mark.slow
-def test_compiled_blocks_train_to_the_eager_losses_with_tp_and_every_stage(tmp_path, corpus_cache):  # noqa: F811
+def test_compiled_blocks_train_to_the_eager_losses_with_tp_and_every_stage(tmp_path, corpus_cache):
     """Single process (stage 3 with checkpointing) and TP=2 x DP=2 (stages 1 and 3): the fp32 losses of
     compiled blocks equal the eager single-process run within 1e-5 relative (inductor may fuse and
     reorder floating-point work)."""

@@ -5,11 +5,11 @@ import pytest
 
 from arguments.parser import parse_config
 from arguments.config import ConfigError
-from tests.test_zero_training import BATCH, Runs, assert_close, corpus_cache, losses_of, single_process_losses  # noqa: F401
+from tests.test_zero_training import BATCH, Runs, assert_close, losses_of, single_process_losses
 
 
 @pytest.mark.slow
-def test_overlapped_parameter_gather_trains_like_one_process(tmp_path, corpus_cache):  # noqa: F811
+def test_overlapped_parameter_gather_trains_like_one_process(tmp_path, corpus_cache):
     reference = single_process_losses(tmp_path, corpus_cache)
     runs = Runs(tmp_path, corpus_cache)
     for stage in ("1", "2"):

@@ -7,7 +7,7 @@ import pytest
 
 from arguments.parser import parse_config
 from arguments.config import ConfigError
-from tests.test_zero_training import COMMON, Runs, corpus_cache  # noqa: F401
+from tests.test_zero_training import COMMON, Runs
 from planner import plan as planner_cli
 from planner.dry_run import Cluster, dry_run
 from planner.paper_tables import PAPER_GB, largest_model, table1, table2
@@ -220,7 +220,7 @@ EXTRA = ["--train-iters", "1", "--report-memory", "--global-batch-size", "8"]
 
 
 @pytest.fixture(scope="module")
-def live_runs(tmp_path_factory, corpus_cache):  # noqa: F811
+def live_runs(tmp_path_factory, corpus_cache):
     tmp_path = tmp_path_factory.mktemp("plan-live")
     results = {}
     for (world, tp) in sorted({(w, t) for w, t, _ in LIVE.values()}):
@@ -241,7 +241,7 @@ def live_runs(tmp_path_factory, corpus_cache):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_dry_runs_equal_live_runs(live_runs, corpus_cache):  # noqa: F811
+def test_dry_runs_equal_live_runs(live_runs, corpus_cache):
     from data.corpus import prepare_default_corpus
 
     vocab = prepare_default_corpus(corpus_cache, 512).vocab_size

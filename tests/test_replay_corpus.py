@@ -56,11 +56,9 @@ REFUSED = [launch for launch in CORPUS if launch.refusal is not None]
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """One corpus and tokenizer for the module: Megatron .bin/.idx data and a GPT-2-format tokenizer."""
-    from data.corpus import prepare_default_corpus
-
-    return prepare_default_corpus(str(tmp_path_factory.mktemp("replay-corpus")), 512)
+def prepared(embedded_corpus):
+    """One corpus and tokenizer: Megatron .bin/.idx data and a GPT-2-format tokenizer."""
+    return embedded_corpus[1]
 
 
 @pytest.fixture(autouse=True)

@@ -135,12 +135,9 @@ def flags(argv):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(embedded_corpus):
     """Data written by our writer in Megatron's .bin/.idx format, and GPT-2-style vocab/merges files."""
-    from data.corpus import prepare_default_corpus
-
-    cache = tmp_path_factory.mktemp("replay-corpus")
-    return prepare_default_corpus(str(cache), 512)
+    return embedded_corpus[1]
 
 
 def print_config(argv, capsys):

@@ -17,7 +17,7 @@ from gpt.model import GPTModel, build_gpt_model
 from parallel.init import ParameterInitializer
 from parallel.state import ParallelState, destroy, initialize
 from tests.distributed import run_distributed
-from tests.test_zero_training import COMMON, corpus_cache, train_configurations  # noqa: F401
+from tests.test_zero_training import COMMON, train_configurations
 from tests.zero_harness import ZeroHarness
 from zero.config import ZeroConfig
 from zero.memory import measure_tensor_bytes, predict_model_state_bytes
@@ -199,7 +199,7 @@ ACCUMULATION_ITERS = 50
 
 
 @pytest.mark.slow
-def test_bf16_with_fp32_gradients_tracks_fp32_closer_than_bf16_gradients(tmp_path, corpus_cache):  # noqa: F811
+def test_bf16_with_fp32_gradients_tracks_fp32_closer_than_bf16_gradients(tmp_path, corpus_cache):
     """DP=4, stage 2, 16 micro-batches per rank: the bf16 run that accumulates and reduces gradients in
     fp32 computes a gradient closer to the fp32 run's than the one with bf16 gradients. Also the
     traffic: fp32 gradients send 4 bytes per reduce-scattered element, bf16 ones 2.

@@ -19,16 +19,6 @@ COMMON = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "
 NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 
 
-@pytest.fixture(scope="module")
-def corpus_cache(tmp_path_factory):
-    """Prepare the embedded corpus once, before any ranks start."""
-    from data.corpus import prepare_default_corpus
-
-    cache = str(tmp_path_factory.mktemp("tp-corpus"))
-    prepare_default_corpus(cache, 512)
-    return cache
-
-
 def train_rank(rank, world_size, argv):
     assert pretrain_gpt.main(argv) == 0
 

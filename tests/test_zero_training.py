@@ -26,16 +26,6 @@ COMMON = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "
 BATCH = ["--global-batch-size", "8"]
 
 
-@pytest.fixture(scope="module")
-def corpus_cache(tmp_path_factory):
-    """Prepare the embedded corpus once, before any ranks start."""
-    from data.corpus import prepare_default_corpus
-
-    cache = str(tmp_path_factory.mktemp("zero-corpus"))
-    prepare_default_corpus(cache, 512)
-    return cache
-
-
 def train_configurations(rank, world_size, tensor_parallel_size, runs):
     """One process group, several training runs in it (each a full `pretrain_gpt.run`)."""
     state = initialize("cpu", tensor_parallel_size)
