@@ -170,7 +170,9 @@ def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, sou
     flags = {}
     for action in parser._actions:
         if action.option_strings and action.dest not in _NOT_SETTINGS:
-            flags[action.dest] = action
+            # a setting's name is its own flag, added first, not a flag that stores one value in it
+            # (--no-pad-vocab-size, --use-flash-attn)
+            flags.setdefault(action.dest, action)
             for option in action.option_strings:
                 if not (isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-")):
                     flags[option[2:].replace("-", "_")] = action
