@@ -3,8 +3,10 @@
 Every field name here is also a CLI flag (`num_layers` <-> `--num-layers`) and a YAML preset key, so
 there is one name for each setting wherever it is written. Two fields keep the name their flag would
 collide with: `zero.stage` is `--zero-stage` and `training.accumulation_steps` is
-`--gradient-accumulation-steps` (`FLAG_NAMES`). The defaults below are the `tiny` preset:
-a GPT that trains on a laptop CPU in a couple of minutes.
+`--gradient-accumulation-steps` (`FLAG_NAMES`). Each flag's help text, argparse shape and other
+programs' names for it are declared on its field (`option()`, base/options.py); arguments/parser.py
+builds the parser from them. The defaults below are the `tiny` preset: a GPT that trains on a laptop
+CPU in a couple of minutes.
 
 Validation happens in `PretrainConfig.validate()`, before any work starts, and raises `ConfigError`
 with a message that names the flag and the fix.
@@ -22,6 +24,7 @@ import torch
 from data import DataError
 from data.gpt_dataset import parse_data_path, parse_split
 from base.errors import ConfigError
+from base.options import count, flag_of, option
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
@@ -49,25 +52,38 @@ LR_DECAY_STYLES = ("cosine", "linear", "constant")
 class OptimizerConfig:
     lr: float = 1e-3
     min_lr: float = 1e-4
-    lr_warmup_iters: int = 20
-    # Megatron's --lr-warmup-fraction: warm up over this fraction of --lr-decay-iters (of --train-iters
-    # when that is unset), instead of --lr-warmup-iters.
-    lr_warmup_fraction: Optional[float] = None
-    lr_decay_iters: Optional[int] = None  # None means decay over all of --train-iters
-    lr_decay_style: str = "cosine"
+    lr_warmup_iters: int = option(20, aliases={"--warmup-iters": "DeepSpeedExamples' Megatron ZeRO-3"})
+    # When set, the warmup is this fraction of --lr-decay-iters (of --train-iters when that is unset).
+    lr_warmup_fraction: Optional[float] = option(
+        None, help="warm up over this fraction of --lr-decay-iters (Megatron-LM; instead of --lr-warmup-iters)",
+        aliases={"--warmup": "DeepSpeed-Megatron"})
+    lr_decay_iters: Optional[int] = option(None, help="default: --train-iters")
+    lr_decay_style: str = option("cosine", choices=LR_DECAY_STYLES)
     # Megatron's sample-based schedule (with --train-samples): warmup and decay lengths in samples.
-    lr_warmup_samples: int = 0
-    lr_decay_samples: Optional[int] = None  # None means decay over all of --train-samples
+    lr_warmup_samples: int = option(0, type=count, help="with --train-samples: warm up over this many samples "
+                                                        "(Megatron-LM)")
+    lr_decay_samples: Optional[int] = option(None, type=count, help="with --train-samples: decay over this many "
+                                                                    "samples (default: --train-samples)")
     # Megatron-DeepSpeed's token-based schedule: when set, warmup and decay follow consumed tokens.
-    lr_warmup_tokens: Optional[int] = None
-    lr_decay_tokens: Optional[int] = None
-    lr_warmup_init: float = 0.0  # Megatron-LM: the rate the linear warmup starts from
+    lr_warmup_tokens: Optional[int] = option(None, type=count,
+                                             help="warm up over this many consumed tokens (Megatron-DeepSpeed)")
+    lr_decay_tokens: Optional[int] = option(None, type=count,
+                                            help="decay over this many consumed tokens (Megatron-DeepSpeed)")
+    lr_warmup_init: float = option(0.0, help="the rate the linear warmup starts from (Megatron-LM)")
     # On resume, Megatron compares the schedule (lr, min lr, warmup, decay, style) with the checkpoint's:
-    # different values are an error unless one of these says which side wins.
-    override_opt_param_scheduler: bool = False  # this run's values win
-    use_checkpoint_opt_param_scheduler: bool = False  # the checkpoint's values win
-    weight_decay: float = 0.1
-    clip_grad: float = 1.0  # 0 disables clipping
+    # different values are an error unless one of these says which side wins. The flags keep Megatron's
+    # own spelling, underscore and all.
+    override_opt_param_scheduler: bool = option(
+        False, action="store_true",
+        flags=("--override-opt_param-scheduler", "--override-opt-param-scheduler", "--override-lr-scheduler"),
+        help="on resume, this run's schedule wins over the checkpoint's (Megatron-LM)")
+    use_checkpoint_opt_param_scheduler: bool = option(
+        False, action="store_true",
+        flags=("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+               "--use-checkpoint-lr-scheduler"),
+        help="on resume, the checkpoint's schedule wins over this run's (Megatron-LM)")
+    weight_decay: float = option(0.1, help="AdamW decay; biases and LayerNorm parameters are never decayed")
+    clip_grad: float = option(1.0, help="global gradient-norm clip; 0 disables")
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
@@ -100,45 +116,72 @@ class OptimizerConfig:
 
 @dataclass
 class TrainingConfig:
-    micro_batch_size: int = 16
-    global_batch_size: int = 32
-    # When set (--gradient-accumulation-steps), it determines the global batch instead of
-    # --global-batch-size, unless both are given explicitly; see arguments/batch_schedule.py.
-    accumulation_steps: Optional[int] = None
-    # Megatron's --rampup-batch-size START INCREMENT SAMPLES: the global batch grows from START by
-    # INCREMENT, evenly over the first SAMPLES samples, to --global-batch-size (arguments/batch_schedule.py).
-    rampup_batch_size: Optional[list[int]] = None
+    micro_batch_size: int = option(16, aliases={"--batch-size": "DeepSpeed-Megatron"})
+    global_batch_size: int = option(32, help="micro batch x gradient-accumulation steps x data-parallel size "
+                                             "(set from --gradient-accumulation-steps when that is given)")
+    # When set, it determines the global batch instead of --global-batch-size, unless both are given
+    # explicitly; see arguments/batch_schedule.py.
+    accumulation_steps: Optional[int] = option(
+        None, flags=("--gradient-accumulation-steps",),
+        help="micro batches per rank per iteration; when given, it determines the global batch "
+             "(default: --global-batch-size / (micro batch x data-parallel size))",
+        aliases={"--gas": "DeepSpeedExamples' Megatron 3D"})
+    # The ramp itself: arguments/batch_schedule.py.
+    rampup_batch_size: Optional[list[int]] = option(
+        None, nargs=3, type=count, metavar=("START", "INCREMENT", "SAMPLES"),
+        help="grow the global batch from START by INCREMENT, evenly over the first SAMPLES samples, to "
+             "--global-batch-size (Megatron-LM)")
     train_iters: Optional[int] = 250  # None with --train-samples: derived as Megatron does (arguments/schedule.py)
-    train_samples: Optional[int] = None  # Megatron's sample-based length, instead of --train-iters
-    train_tokens: Optional[int] = None  # Megatron-DeepSpeed: also stop once this many tokens are consumed
+    train_samples: Optional[int] = option(
+        None, type=count, help="train for this many samples instead of --train-iters (Megatron-LM; the iterations "
+                               "are derived as Megatron derives them, a batch ramp included)")
+    train_tokens: Optional[int] = option(None, type=count, help="also stop once this many tokens are consumed "
+                                                                "(Megatron-DeepSpeed)")
     seed: int = 1234
     # Mixed precision: bf16 or fp16 parameters and gradients, fp32 master weights and Adam states.
-    bf16: bool = False
-    fp16: bool = False
-    loss_scale: Optional[float] = None  # fp16 static loss scale; None means dynamic scaling
-    initial_loss_scale: float = 2.0**16  # where dynamic scaling starts
-    loss_scale_window: int = 1000  # overflow-free steps before the scale doubles
-    hysteresis: int = 2  # overflows tolerated before the scale is lowered
-    min_loss_scale: float = 1.0  # dynamic scaling never goes below this
-    # fp16: a run that skips this many steps in a row only skips (the scale found no value at which
-    # the gradients are finite) and stops as diverged; 0 turns the limit off. From 2**32, halving
-    # on every overflow reaches 1 in 32 + hysteresis steps, so 100 leaves room for any honest start.
-    max_consecutive_skipped_iterations: int = 100
-    # Megatron's --accumulate-allreduce-grads-in-fp32: accumulate and reduce gradients in fp32. None
-    # means the default for the precision: on for bf16 (as Megatron and DeepSpeed do), off for fp16
-    # (the paper's 16-bit gradients).
-    accumulate_allreduce_grads_in_fp32: Optional[bool] = None
-    device: str = "auto"
-    dry_run: bool = False  # print this rank's plan (planner/plan.py) and exit without training
-    compile: bool = False  # torch.compile each transformer block (gpt.model.compile_blocks)
-    tensor_model_parallel_size: int = 1
-    # How long a collective may wait for a peer: a dead or hung rank ends the job after this.
-    distributed_timeout_minutes: float = 10.0
-    # How long a peer's heartbeat may stand still before this rank names it and stops (a SIGSTOPped or
-    # hung rank, long before the collective timeout); 0 turns the watch off (parallel/liveness.py).
-    heartbeat_timeout_seconds: float = 120.0
+    bf16: bool = option(False, group="zero",
+                        help="bf16 mixed precision: bf16 parameters and gradients, fp32 master weights and Adam "
+                             "states in the ZeRO optimizer")
+    fp16: bool = option(False, group="zero",
+                        help="fp16 mixed precision: fp16 parameters and gradients, fp32 master weights and Adam "
+                             "states in the ZeRO optimizer, with dynamic loss scaling (or --loss-scale)")
+    loss_scale: Optional[float] = option(None, group="zero", help="fp16: a static loss scale (None: dynamic scaling)")
+    initial_loss_scale: float = option(2.0**16, group="zero", help="fp16: where dynamic loss scaling starts")
+    loss_scale_window: int = option(1000, group="zero",
+                                    help="fp16: overflow-free steps before the loss scale doubles")
+    hysteresis: int = option(2, group="zero", help="fp16: overflows tolerated before the loss scale is lowered")
+    min_loss_scale: float = option(1.0, group="zero", help="fp16: dynamic loss scaling never goes below this",
+                                   aliases={"--min-scale": "DeepSpeedExamples' Megatron"})
+    # From 2**32, halving on every overflow reaches 1 in 32 + hysteresis steps, so 100 leaves room for any
+    # honest start: a run that skips that many in a row found no scale at which the gradients are finite.
+    max_consecutive_skipped_iterations: int = option(
+        100, group="zero",
+        help="fp16: stop as diverged after this many overflow-skipped steps in a row (0: no limit)")
+    # None means the default for the precision: on for bf16 (as Megatron and DeepSpeed do), off for fp16
+    # (the paper's 16-bit gradients). --grad-reduce-in-bf16 is a SPELLING (arguments/megatron_flags.py).
+    accumulate_allreduce_grads_in_fp32: Optional[bool] = option(
+        None, group="zero",
+        help="accumulate and reduce gradients in fp32 (Megatron's flag; default: on with --bf16, off with --fp16, "
+             "whose gradients stay 16-bit as in the ZeRO paper)",
+        aliases={"--fp32-allreduce": "DeepSpeedExamples' Megatron"})
+    device: str = option("auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
+    dry_run: bool = option(False, action="store_true",
+                           help="print what this rank would hold and send (python -m zero.plan dry-run) and exit")
+    # gpt.model.compile_blocks
+    compile: bool = option(False, help="torch.compile each transformer block (the first iterations compile; every "
+                                       "TP size and ZeRO stage)")
+    tensor_model_parallel_size: int = option(1, aliases={"--model-parallel-size": "DeepSpeed-Megatron"})
+    # A dead or hung rank ends the job after this.
+    distributed_timeout_minutes: float = option(
+        10.0, group="checkpoint",
+        help="how long a collective waits for a peer before the job fails (a dead rank)")
+    # The watch: parallel/liveness.py.
+    heartbeat_timeout_seconds: float = option(
+        120.0, group="checkpoint",
+        help="stop, naming the rank, when a peer's heartbeat stands still this long (a stopped or hung rank), "
+             "instead of waiting for --distributed-timeout-minutes; 0: no watch")
     eval_interval: int = 50
-    eval_iters: int = 10
+    eval_iters: int = option(10, help="batches per evaluation; 0 disables")
     log_interval: int = 10
 
     @property
@@ -211,21 +254,40 @@ def check_rampup(ramp: list[int], global_batch_size: int) -> None:
                           f"{global_batch_size} from {start} in steps of {increment}")
 
 
+def tokenizer_type_name(name: str) -> str:
+    """--tokenizer-type's value, other programs' names (PretrainedFromHF) read as ours."""
+    return TOKENIZER_TYPE_ALIASES.get(name, name)
+
+
 @dataclass
 class DataConfig:
     # Megatron's form: one prefix ("path/to/x_text_document"), or "weight prefix weight prefix ...".
     # Empty means the embedded default corpus (CPython's pydoc topics).
-    data_path: list[str] = field(default_factory=list)
-    split: str = "969,30,1"
-    data_cache_dir: Optional[str] = None  # default: ~/.cache/zero-gpt
-    num_workers: int = 0
-    # Megatron's --tokenizer-type; None infers it from the files given (none: the embedded corpus's).
-    tokenizer_type: Optional[str] = None
-    tokenizer_file: Optional[str] = None
-    vocab_file: Optional[str] = None
-    merge_file: Optional[str] = None
-    # Vocabulary of the BPE trained on the default corpus (used only without --data-path).
-    tokenizer_vocab_size: int = 4096
+    data_path: list[str] = option(default_factory=list, nargs="+",
+                                  help="a dataset prefix, or 'weight prefix weight prefix ...' to blend; "
+                                       "omit to train on the embedded corpus",
+                                  aliases={"--train-data": "DeepSpeed-Megatron"})
+    split: str = option("969,30,1", help="train,valid,test ratio of documents")
+    data_cache_dir: Optional[str] = option(None, help="where the embedded corpus and index caches go (default "
+                                                      "~/.cache/zero-gpt)",
+                                           aliases={"--data-cache-path": "Megatron-LM"})
+    num_workers: int = option(0, help="data-loader worker processes")
+    # None infers it from the files given (none: the embedded corpus's).
+    tokenizer_type: Optional[str] = option(
+        None, type=tokenizer_type_name, choices=(*TOKENIZER_TYPES, *OTHER_TOKENIZER_TYPES),
+        help="Megatron-LM's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model; "
+             "BigScience's PretrainedFromHF), NullTokenizer (--vocab-size; data tokenized elsewhere); Megatron's "
+             "other types are refused with what to use; default: from the files given")
+    tokenizer_file: Optional[str] = option(
+        None, help="a tokenizers tokenizer.json (or, as --tokenizer-model, a folder holding one); without --data-path "
+                   "the embedded corpus is tokenized with it",
+        aliases={"--tokenizer-model": "Megatron-LM", "--tokenizer-name-or-path": "BigScience's Megatron-DeepSpeed"})
+    vocab_file: Optional[str] = option(None, flags=("--vocab-file", "--tokenizer-vocab-file"),
+                                       help="GPT-2 style vocab.json (with --merge-file)")
+    merge_file: Optional[str] = option(None, flags=("--merge-file", "--tokenizer-merge-file"),
+                                       help="GPT-2 style merges.txt (with --vocab-file)")
+    # Used only without --data-path.
+    tokenizer_vocab_size: int = option(4096, help="vocabulary of the BPE trained on the embedded corpus")
 
     def validate(self) -> None:
         try:  # the data files are opened later; their flags' syntax is checked now, before any work
@@ -265,14 +327,20 @@ class DataConfig:
 
 @dataclass
 class LoggingConfig:
-    metrics_file: str = "runs/metrics.jsonl"
-    wandb_project: Optional[str] = None
-    wandb_run_name: Optional[str] = None
+    metrics_file: str = option("runs/metrics.jsonl", help="JSON lines, one record per log/eval")
+    wandb_project: Optional[str] = option(None, help="log to W&B (offline unless W&B is configured on this "
+                                                     "machine)")
+    wandb_run_name: Optional[str] = option(None, aliases={"--wandb-exp-name": "Megatron-LM"})
     wandb_entity: Optional[str] = None
-    report_memory: bool = False  # log per-rank model-state bytes held and the zero/memory.py prediction
-    # The device's dense 16-bit peak for MFU; None: looked up by the CUDA device's name (omitted on CPU).
-    peak_tflops: Optional[float] = None
-    tensorboard_dir: Optional[str] = None  # TensorBoard events with the same keys as --metrics-file
+    report_memory: bool = option(False, help="log per-rank model-state bytes held and the zero/memory.py "
+                                             "prediction")
+    # None: looked up by the CUDA device's name (omitted on CPU).
+    peak_tflops: Optional[float] = option(
+        None, help="the device's dense 16-bit peak for the mfu metric (default: by CUDA device name, H100 SXM 989, "
+                   "A100 312, V100 125; no mfu on CPU without it)")
+    tensorboard_dir: Optional[str] = option(None, metavar="DIR",
+                                            help="also write TensorBoard events here, with the same keys as "
+                                                 "--metrics-file")
 
     def validate(self) -> None:
         if not self.metrics_file:
@@ -283,22 +351,43 @@ class LoggingConfig:
 
 @dataclass
 class CheckpointConfig:
-    save: Optional[str] = None  # directory for checkpoints (one iter_NNNNNNN/ per save, and `latest`)
-    save_interval: Optional[int] = None  # None: save only at the end of training and on an exit
-    keep_last: Optional[int] = None  # keep the newest K checkpoints; None keeps all
-    load: Optional[str] = None  # resume from this --save directory (its `latest`) or iteration directory
-    load_optim: bool = True  # --no-load-optim: weights only, fresh Adam moments
-    load_rng: bool = True  # --no-load-rng: random streams from --seed
-    finetune: bool = False  # weights only, starting at iteration 0 with fresh data order
-    init_from_hf: Optional[str] = None  # a transformers GPT2LMHeadModel folder to start from
-    exit_signal_handler: bool = False  # on SIGTERM/SIGUSR1: finish the iteration, save, exit 0
-    exit_interval: Optional[int] = None  # save and exit after an iteration that is a multiple of this
-    exit_duration_in_mins: Optional[float] = None  # save and exit once the run has lasted this long
-    # BigScience's kill switch: when this file exists, a run does not start, and a running one saves and exits.
-    kill_switch_path: Optional[str] = None
-    overwrite_save: bool = False  # allow a run that did not resume from --save's checkpoints to replace them
-    override_data_on_resume: bool = False  # resume although data, split, seq length or seed changed
-    verify_checkpoint: bool = True  # --no-verify-checkpoint: skip the content hashes on load (not the rest)
+    save: Optional[str] = option(None, metavar="DIR", help="write checkpoints here: one iter_NNNNNNN/ per save and "
+                                                           "a 'latest' pointer")
+    # None: save only at the end of training and on an exit.
+    save_interval: Optional[int] = option(
+        None, help="save every N iterations (always also at the end of training and on an exit)",
+        aliases={"--persistent-save-interval": "Megatron-LM"})
+    keep_last: Optional[int] = option(None, help="keep only the newest K checkpoints")  # None keeps all
+    load: Optional[str] = option(
+        None, metavar="CKPT",
+        help="resume from a --save directory (its latest checkpoint) or one iter_NNNNNNN directory, at any "
+             "data-parallel size and ZeRO stage; when it is also the --save directory and holds no checkpoint yet, "
+             "the run starts fresh, so restarts can use the same command")
+    load_optim: bool = option(True, help="--no-load-optim: take the weights only, with fresh Adam moments")
+    load_rng: bool = option(True, help="--no-load-rng: random streams from --seed instead of the checkpoint's")
+    # Also with a fresh data order.
+    finetune: bool = option(False, help="load weights only and start at iteration 0")
+    init_from_hf: Optional[str] = option(None, metavar="DIR", help="start from a transformers GPT2LMHeadModel "
+                                                                   "folder (config.json + model.safetensors)")
+    exit_signal_handler: bool = option(False, help="on SIGTERM or SIGUSR1, finish the iteration, save and exit 0")
+    exit_interval: Optional[int] = option(None, help="save and exit 0 after an iteration that is a multiple of N")
+    exit_duration_in_mins: Optional[float] = option(None, help="save and exit 0 once the run has lasted this many "
+                                                               "minutes")
+    # BigScience's kill switch.
+    kill_switch_path: Optional[str] = option(
+        None, flags=("--kill-switch-path", "--kill-switch-file"), metavar="FILE",
+        help="when FILE exists: do not start, or save after the current iteration and exit 0 (BigScience's "
+             "Megatron-DeepSpeed)")
+    # A run that did not resume from --save's checkpoints replaces them only with this.
+    overwrite_save: bool = option(
+        False, help="let this run write into a --save directory holding checkpoints it did not resume from (its "
+                    "saves replace same-numbered iterations and move 'latest')")
+    override_data_on_resume: bool = option(
+        False, help="resume although --data-path, --split, --seq-length or --seed differ from the checkpoint's (the "
+                    "samples then differ from the original run's)")
+    verify_checkpoint: bool = option(
+        True, help="check every checkpoint file's content hash before loading (--no-verify-checkpoint keeps the "
+                   "size, header and dtype checks and skips reading whole files)")
 
     def validate(self) -> None:
         for name in ("save_interval", "keep_last", "exit_interval"):
@@ -393,12 +482,15 @@ def check_device_name(name: str) -> None:
         raise ConfigError(f"--device {name!r} is not a device this program trains on; use auto, cpu, cuda or cuda:N")
 
 
-# Fields whose flag is not simply the field name with dashes.
-FLAG_NAMES = {"stage": "--zero-stage", "accumulation_steps": "--gradient-accumulation-steps",
-              # Megatron's own spelling, underscore and all
-              "override_opt_param_scheduler": "--override-opt_param-scheduler",
-              "use_checkpoint_opt_param_scheduler": "--use-checkpoint-opt_param-scheduler"}
-
-
 def _flag(name: str) -> str:
-    return FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+    """The flag of a setting, in any section (`--zero-stage` for `stage`)."""
+    return FLAG_NAMES[name]
+
+
+def _flag_names() -> dict[str, str]:
+    config = PretrainConfig()
+    return {f.name: flag_of(f) for section in config.SECTIONS for f in fields(getattr(config, section))}
+
+
+# Every setting -> its flag (`option(flags=...)` on the field, else `--field-name`).
+FLAG_NAMES = _flag_names()

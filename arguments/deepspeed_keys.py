@@ -11,6 +11,11 @@ key's value and returns a `Verdict`. Blocks whose keys only mean something toget
 `scheduler`, `tensorboard`, `wandb`) are classified as a whole and may return one verdict per sub-key.
 Sections whose sub-keys each map to a setting (`fp16`, `bf16`, `zero_optimization`,
 `activation_checkpointing`, `checkpoint`, `data_types`) are listed key by key in `SECTION_KEYS`.
+
+The keys stay here, in DeepSpeed's order, rather than beside the settings' fields (where each flag's help
+and other names are, base/options.py): about a quarter of the honoured keys are not one key for one flag
+(`scheduler`, `optimizer.params.betas`, `fp16.initial_scale_power`, `tensorboard`), most keys set no
+setting at all, and a section reads as DeepSpeed documents it only when all its keys are in one place.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Megatron-LM's and DeepSpeed-Megatron's flags, honoured with their meaning.
 
-Four kinds, each a table:
+Four kinds:
 
-- `ALIASES`: another name for one of our flags (`--batch-size` is `--micro-batch-size`). `build_parser`
-  adds the alias to the flag itself, so the value lands in the same setting.
+- `ALIASES`: another name for one of our flags (`--batch-size` is `--micro-batch-size`), declared beside
+  the setting's field (`option(aliases={"--batch-size": "DeepSpeed-Megatron"})`, base/options.py) and
+  gathered here; `build_parser` adds the alias to the flag itself, so the value lands in the same setting.
 - `MEANINGS` (flags with a dest of their own, not a setting): a Megatron flag whose meaning becomes
   our settings (`--use-distributed-optimizer` is ZeRO stage 1, `--recompute-granularity full` is
   `--checkpoint-activations`), or that has no effect on the math here (`--deepspeed`,
@@ -12,6 +13,10 @@ Four kinds, each a table:
   what to use instead.
 - `SPELLINGS`: another name for one value of one of our settings (`--use-flash-attn` is
   `--attention-backend flash`), a store_const entry of its own.
+
+`MEANINGS` and `SPELLINGS` stay tables here rather than going beside the fields: they are the other
+programs' vocabulary, read as a whole (each says whose name it is and what it means here, for
+--print-config, the README and `classify_harvested`), and a meaning may set several settings or none.
 
 Every other flag that Megatron-LM, Megatron-DeepSpeed or DeepSpeed defines (harvested into
 arguments/megatron_flags_harvested.json) is classified in arguments/megatron_flag_classes.py and parsed by
@@ -22,49 +27,32 @@ setting changes, notes (the flags with no effect on the math in one line) and re
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
+from arguments.config import PretrainConfig
 from arguments.config_sources import FLAG, JSON, Source
 from base.errors import ConfigError
+from base.options import aliases as declared_aliases, flag_of
 from arguments.harvested_flags import resolve_harvested
 from arguments.megatron_flag_classes import NO_PIPELINE, NO_SEQUENCE_PARALLEL
 
-# alias -> (our flag, whose name it is)
-ALIASES: dict[str, tuple[str, str]] = {
-    "--batch-size": ("--micro-batch-size", "DeepSpeed-Megatron"),
-    "--model-parallel-size": ("--tensor-model-parallel-size", "DeepSpeed-Megatron"),
-    "--warmup": ("--lr-warmup-fraction", "DeepSpeed-Megatron"),
+# alias -> (our flag, whose name it is): those of the settings' flags are declared on their fields
+# (`option(aliases=...)`); --zero-config is not a setting, so its aliases are here.
+NOT_SETTING_ALIASES: dict[str, tuple[str, str]] = {
     "--deepspeed_config": ("--zero-config", "DeepSpeed"),
     "--deepspeed-config": ("--zero-config", "DeepSpeed"),
-    "--checkpoint-in-cpu": ("--cpu-checkpointing", "DeepSpeed-Megatron"),
-    "--contigious-checkpointing": ("--contiguous-checkpointing", "DeepSpeed-Megatron (their spelling)"),
-    "--synchronize-each-layer": ("--synchronize-checkpoint-boundary", "DeepSpeed-Megatron"),
-    "--train-data": ("--data-path", "DeepSpeed-Megatron"),
-    "--tokenizer-model": ("--tokenizer-file", "Megatron-LM"),
-    "--recompute-num-layers": ("--checkpoint-num-layers", "Megatron-LM (with --recompute-method uniform)"),
-    "--wandb-exp-name": ("--wandb-run-name", "Megatron-LM"),
-    "--overlap-grad-reduce": ("--overlap-comm", "Megatron-LM"),
-    "--zero-reduce-bucket-size": ("--reduce-bucket-size", "DeepSpeed-Megatron"),
-    "--zero-allgather-bucket-size": ("--allgather-bucket-size", "DeepSpeed-Megatron"),
-    "--zero-contigious-gradients": ("--contiguous-gradients", "DeepSpeed-Megatron (their spelling)"),
-    "--zero-reduce-scatter": ("--reduce-scatter", "DeepSpeed-Megatron"),
-    "--ddp-bucket-size": ("--reduce-bucket-size", "Megatron-LM"),
     "--deepscale_config": ("--zero-config", "DeepSpeed (deprecated)"),
-    "--data-cache-path": ("--data-cache-dir", "Megatron-LM"),
-    "--norm-epsilon": ("--layernorm-epsilon", "Megatron-LM"),
-    "--encoder-seq-length": ("--seq-length", "Megatron-LM (a GPT's only sequence)"),
-    "--encoder-num-layers": ("--num-layers", "Megatron-LM (a GPT's only stack)"),
-    "--distribute-saved-activations": ("--partition-activations", "Megatron-LM"),
-    "--distribute-checkpointed-activations": ("--partition-activations", "Megatron-LM 2.x and DeepSpeed-Megatron"),
-    "--activations-checkpoint-num-layers": ("--checkpoint-num-layers", "Megatron-LM 2.x"),
-    "--min-scale": ("--min-loss-scale", "DeepSpeedExamples' Megatron"),
-    "--fp32-allreduce": ("--accumulate-allreduce-grads-in-fp32", "DeepSpeedExamples' Megatron"),
-    "--gas": ("--gradient-accumulation-steps", "DeepSpeedExamples' Megatron 3D"),
-    "--warmup-iters": ("--lr-warmup-iters", "DeepSpeedExamples' Megatron ZeRO-3"),
-    "--persistent-save-interval": ("--save-interval", "Megatron-LM"),
-    "--tokenizer-name-or-path": ("--tokenizer-file", "BigScience's Megatron-DeepSpeed"),
 }
+
+
+def _declared_aliases() -> dict[str, tuple[str, str]]:
+    config = PretrainConfig()
+    return {alias: (flag_of(setting), whose) for section in config.SECTIONS
+            for setting in fields(getattr(config, section)) for alias, whose in declared_aliases(setting).items()}
+
+
+ALIASES: dict[str, tuple[str, str]] = {**_declared_aliases(), **NOT_SETTING_ALIASES}
 
 # option -> (dest, value, what it means, whose): a name for one value of one of our settings
 SPELLINGS: dict[str, tuple[str, Any, str, str]] = {

@@ -1,5 +1,9 @@
 """Megatron-style command-line flags merged over a YAML preset.
 
+Every setting's flag is generated from its field in arguments/config.py's PretrainConfig sections: the
+help text, argparse shape and other programs' names for it are declared there, beside the field
+(`option()`, base/options.py).
+
 A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose keys are flag names
 (`num_layers: 48` or `num-layers: 48`). Its values are turned into flags placed *before* the user's
 flags, so argparse checks their types the same way and a flag given on the command line wins.
@@ -19,6 +23,7 @@ Every bad input ends in `ConfigError` with one line naming the key or flag; the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -26,11 +31,11 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from arguments.config import (ACTIVATIONS, ATTENTION_BACKENDS, LR_DECAY_STYLES, OTHER_TOKENIZER_TYPES,
-                        TOKENIZER_TYPE_ALIASES, TOKENIZER_TYPES, ConfigError, PretrainConfig)
+from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inherited_values, options_typed,
                                 show_value, values_set_by)
 from base.errors import OneLineArgumentParser
+from base.options import argparse_keywords, consts, group_of, option_fields, option_strings
 from base.input_files import irregularity, read_text_file
 from arguments.flag_equivalents import unknown_flags_message
 from arguments.batch_schedule import deepspeed_batch_fits_no_size, json_batch_settings_not_used
@@ -38,7 +43,6 @@ from arguments.harvested_flags import add_harvested, classified_options, harvest
 from arguments.megatron_defaults import megatron_default_note
 from arguments.megatron_flags import (MEANING_DESTS, Resolved, add_meanings, add_spellings, aliases_of, describe_alias,
                                 resolve_meanings)
-from zero.config import ZERO_STAGES
 from arguments.deepspeed_json import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 from arguments.deepspeed_precedence import INDEPENDENT, JSON_WINS, MUST_AGREE, precedence_of
 
@@ -53,303 +57,65 @@ NOT_SETTINGS = SOURCE_FLAGS + MEANING_DESTS + HARVESTED_DESTS
 _NOT_SETTINGS = frozenset(NOT_SETTINGS + ("help",))
 
 
-def count(text: str) -> int:
-    """An element count: a whole number, also written as 5e8."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"invalid count {text!r} (a whole number such as 500000000 or 5e8)")
-    return int(value)
-
-
-def _with_aliases(group, *options: str, **kwargs) -> argparse.Action:
-    """add_argument, with the Megatron/DeepSpeed names of the flag (arguments/megatron_flags.py) as aliases."""
-    return group.add_argument(*options, *[alias for option in options for alias in aliases_of(option)], **kwargs)
+# The --help groups, in order, each named by the section whose flags it lists; a field of another section
+# that names the group (`option(group=...)`, base/options.py) is listed after the group's own.
+GROUPS = (("model", "model"), ("optimizer", "optimizer and learning-rate schedule"), ("training", "training"),
+          ("data", "data and tokenizer"), ("logging", "logging"), ("checkpoint", "checkpoints, resume and preemption"),
+          ("zero", "ZeRO and mixed precision"), ("activations", "activation checkpointing (ZeRO-R)"))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every setting's flag, generated from PretrainConfig's fields (their help, argparse shape and other
+    programs' names are declared on each field with `option()`, base/options.py); then the flags that are
+    not settings: where the settings come from (SOURCE_FLAGS), Megatron's meanings and spellings
+    (arguments/megatron_flags.py) and the harvested flags (arguments/harvested_flags.py)."""
     defaults = PretrainConfig()
-    m, o, t, d, log = defaults.model, defaults.optimizer, defaults.training, defaults.data, defaults.logging
-    z, a, c = defaults.zero, defaults.activations, defaults.checkpoint
     parser = OneLineArgumentParser(prog="pretrain_gpt.py", description="Pretrain a GPT (Megatron-style flags).",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", default=DEFAULT_PRESET,
                         help=f"YAML preset: a name in configs/models ({', '.join(preset_names())}; the ZeRO "
                              "paper's Table 4 models as zero_paper/NAME) or a path")
     parser.add_argument("--print-config", action="store_true",
                         help="print every setting with its value and where it came from (default, preset, JSON, "
                              "flag), then exit without training")
-
-    g = parser.add_argument_group("model")
-    _with_aliases(g, "--num-layers", type=int, default=m.num_layers)
-    g.add_argument("--hidden-size", type=int, default=m.hidden_size)
-    g.add_argument("--num-attention-heads", type=int, default=m.num_attention_heads)
-    g.add_argument("--ffn-hidden-size", type=int, default=m.ffn_hidden_size, help="default: 4 x hidden size")
-    _with_aliases(g, "--seq-length", type=int, default=m.seq_length)
-    g.add_argument("--max-position-embeddings", type=int, default=m.max_position_embeddings)
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=m.make_vocab_size_divisible_by,
-                   help="pad the vocabulary to a multiple of this x tensor-parallel size")
-    g.add_argument("--pad-vocab-size-to", "--padded-vocab-size", dest="pad_vocab_size_to", type=int,
-                   default=m.pad_vocab_size_to,
-                   help="the padded vocabulary, exactly (BigScience's --pad-vocab-size-to, Megatron-LM's "
-                        "--padded-vocab-size): at least the tokenizer's, divisible by the TP size")
-    g.add_argument("--no-pad-vocab-size", "--disable-pad-vocab-size", dest="make_vocab_size_divisible_by",
-                   action="store_const", const=1,
-                   help="Megatron-LM: no padding beyond the TP split (--make-vocab-size-divisible-by 1)")
-    g.add_argument("--hidden-dropout", type=float, default=m.hidden_dropout)
-    g.add_argument("--attention-dropout", type=float, default=m.attention_dropout)
-    _with_aliases(g, "--layernorm-epsilon", type=float, default=m.layernorm_epsilon)
-    g.add_argument("--init-method-std", type=float, default=m.init_method_std)
-    g.add_argument("--activation", choices=ACTIVATIONS, default=m.activation,
-                   help="gelu_tanh is GPT-2's approximation, gelu the exact erf form")
-    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=m.attention_backend,
-                   help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the "
-                        "memory-efficient kernel, unfused/local = the math kernel, auto = PyTorch's choice")
-    add_spellings(g, "attention_backend")
-    add_spellings(g, "activation")
-
-    g = parser.add_argument_group("optimizer and learning-rate schedule")
-    g.add_argument("--lr", type=float, default=o.lr)
-    g.add_argument("--min-lr", type=float, default=o.min_lr)
-    _with_aliases(g, "--lr-warmup-iters", type=int, default=o.lr_warmup_iters)
-    _with_aliases(g, "--lr-warmup-fraction", type=float, default=o.lr_warmup_fraction,
-                  help="warm up over this fraction of --lr-decay-iters (Megatron-LM; instead of --lr-warmup-iters)")
-    g.add_argument("--lr-decay-iters", type=int, default=o.lr_decay_iters, help="default: --train-iters")
-    g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default=o.lr_decay_style)
-    g.add_argument("--lr-warmup-samples", type=count, default=o.lr_warmup_samples,
-                   help="with --train-samples: warm up over this many samples (Megatron-LM)")
-    g.add_argument("--lr-decay-samples", type=count, default=o.lr_decay_samples,
-                   help="with --train-samples: decay over this many samples (default: --train-samples)")
-    g.add_argument("--lr-warmup-tokens", type=count, default=o.lr_warmup_tokens,
-                   help="warm up over this many consumed tokens (Megatron-DeepSpeed)")
-    g.add_argument("--lr-decay-tokens", type=count, default=o.lr_decay_tokens,
-                   help="decay over this many consumed tokens (Megatron-DeepSpeed)")
-    g.add_argument("--lr-warmup-init", type=float, default=o.lr_warmup_init,
-                   help="the rate the linear warmup starts from (Megatron-LM)")
-    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler", "--override-lr-scheduler",
-                   dest="override_opt_param_scheduler",
-                   action="store_true", default=o.override_opt_param_scheduler,
-                   help="on resume, this run's schedule wins over the checkpoint's (Megatron-LM)")
-    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
-                   "--use-checkpoint-lr-scheduler",
-                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
-                   default=o.use_checkpoint_opt_param_scheduler,
-                   help="on resume, the checkpoint's schedule wins over this run's (Megatron-LM)")
-    g.add_argument("--weight-decay", type=float, default=o.weight_decay,
-                   help="AdamW decay; biases and LayerNorm parameters are never decayed")
-    g.add_argument("--clip-grad", type=float, default=o.clip_grad, help="global gradient-norm clip; 0 disables")
-    g.add_argument("--adam-beta1", type=float, default=o.adam_beta1)
-    g.add_argument("--adam-beta2", type=float, default=o.adam_beta2)
-    g.add_argument("--adam-eps", type=float, default=o.adam_eps)
-
-    g = parser.add_argument_group("training")
-    _with_aliases(g, "--micro-batch-size", type=int, default=t.micro_batch_size)
-    g.add_argument("--global-batch-size", type=int, default=t.global_batch_size,
-                   help="micro batch x gradient-accumulation steps x data-parallel size "
-                        "(set from --gradient-accumulation-steps when that is given)")
-    _with_aliases(g, "--gradient-accumulation-steps", dest="accumulation_steps", type=int,
-                  default=t.accumulation_steps,
-                  help="micro batches per rank per iteration; when given, it determines the global batch "
-                       "(default: --global-batch-size / (micro batch x data-parallel size))")
-    g.add_argument("--rampup-batch-size", nargs=3, type=count, default=t.rampup_batch_size,
-                   metavar=("START", "INCREMENT", "SAMPLES"),
-                   help="grow the global batch from START by INCREMENT, evenly over the first SAMPLES samples, "
-                        "to --global-batch-size (Megatron-LM)")
-    g.add_argument("--train-iters", type=int, default=t.train_iters)
-    g.add_argument("--train-samples", type=count, default=t.train_samples,
-                   help="train for this many samples instead of --train-iters (Megatron-LM; the iterations are "
-                        "derived as Megatron derives them, a batch ramp included)")
-    g.add_argument("--train-tokens", type=count, default=t.train_tokens,
-                   help="also stop once this many tokens are consumed (Megatron-DeepSpeed)")
-    g.add_argument("--seed", type=int, default=t.seed)
-    g.add_argument("--device", default=t.device, help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
-    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=t.compile,
-                   help="torch.compile each transformer block (the first iterations compile; every TP size and "
-                        "ZeRO stage)")
-    g.add_argument("--dry-run", action="store_true", default=t.dry_run,
-                   help="print what this rank would hold and send (python -m zero.plan dry-run) and exit")
-    _with_aliases(g, "--tensor-model-parallel-size", type=int, default=t.tensor_model_parallel_size)
-    g.add_argument("--eval-interval", type=int, default=t.eval_interval)
-    g.add_argument("--eval-iters", type=int, default=t.eval_iters, help="batches per evaluation; 0 disables")
-    g.add_argument("--log-interval", type=int, default=t.log_interval)
-
-    g = parser.add_argument_group("data and tokenizer")
-    _with_aliases(g, "--data-path", nargs="+", default=d.data_path,
-                  help="a dataset prefix, or 'weight prefix weight prefix ...' to blend; "
-                       "omit to train on the embedded corpus")
-    g.add_argument("--split", default=d.split, help="train,valid,test ratio of documents")
-    _with_aliases(g, "--data-cache-dir", default=d.data_cache_dir,
-                  help="where the embedded corpus and index caches go (default ~/.cache/zero-gpt)")
-    g.add_argument("--num-workers", type=int, default=d.num_workers, help="data-loader worker processes")
-    g.add_argument("--tokenizer-type", type=lambda name: TOKENIZER_TYPE_ALIASES.get(name, name),
-                   choices=(*TOKENIZER_TYPES, *OTHER_TOKENIZER_TYPES), default=d.tokenizer_type,
-                   help="Megatron-LM's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer "
-                        "(--tokenizer-model; BigScience's PretrainedFromHF), NullTokenizer (--vocab-size; data "
-                        "tokenized elsewhere); Megatron's other types are refused with what to use; default: "
-                        "from the files given")
-    _with_aliases(g, "--tokenizer-file", default=d.tokenizer_file,
-                  help="a tokenizers tokenizer.json (or, as --tokenizer-model, a folder holding one); without "
-                       "--data-path the embedded corpus is tokenized with it")
-    g.add_argument("--vocab-size", type=int, default=m.vocab_size,
-                   help="with --tokenizer-type NullTokenizer: token ids are 0..N-1 and the end-of-document id is N")
-    g.add_argument("--vocab-file", "--tokenizer-vocab-file", dest="vocab_file", default=d.vocab_file,
-                   help="GPT-2 style vocab.json (with --merge-file)")
-    g.add_argument("--merge-file", "--tokenizer-merge-file", dest="merge_file", default=d.merge_file,
-                   help="GPT-2 style merges.txt (with --vocab-file)")
-    g.add_argument("--tokenizer-vocab-size", type=int, default=d.tokenizer_vocab_size,
-                   help="vocabulary of the BPE trained on the embedded corpus")
-
-    g = parser.add_argument_group("logging")
-    g.add_argument("--metrics-file", default=log.metrics_file, help="JSON lines, one record per log/eval")
-    g.add_argument("--wandb-project", default=log.wandb_project,
-                   help="log to W&B (offline unless W&B is configured on this machine)")
-    _with_aliases(g, "--wandb-run-name", default=log.wandb_run_name)
-    g.add_argument("--wandb-entity", default=log.wandb_entity)
-    g.add_argument("--peak-tflops", type=float, default=log.peak_tflops,
-                   help="the device's dense 16-bit peak for the mfu metric (default: by CUDA device name, "
-                        "H100 SXM 989, A100 312, V100 125; no mfu on CPU without it)")
-    g.add_argument("--report-memory", action=argparse.BooleanOptionalAction, default=log.report_memory,
-                   help="log per-rank model-state bytes held and the zero/memory.py prediction")
-    g.add_argument("--tensorboard-dir", default=log.tensorboard_dir, metavar="DIR",
-                   help="also write TensorBoard events here, with the same keys as --metrics-file")
-
-    g = parser.add_argument_group("checkpoints, resume and preemption")
-    g.add_argument("--save", default=c.save, metavar="DIR",
-                   help="write checkpoints here: one iter_NNNNNNN/ per save and a 'latest' pointer")
-    _with_aliases(g, "--save-interval", type=int, default=c.save_interval,
-                  help="save every N iterations (always also at the end of training and on an exit)")
-    g.add_argument("--keep-last", type=int, default=c.keep_last, help="keep only the newest K checkpoints")
-    g.add_argument("--load", default=c.load, metavar="CKPT",
-                   help="resume from a --save directory (its latest checkpoint) or one iter_NNNNNNN "
-                        "directory, at any data-parallel size and ZeRO stage; when it is also the --save "
-                        "directory and holds no checkpoint yet, the run starts fresh, so restarts can use "
-                        "the same command")
-    g.add_argument("--load-optim", action=argparse.BooleanOptionalAction, default=c.load_optim,
-                   help="--no-load-optim: take the weights only, with fresh Adam moments")
-    g.add_argument("--load-rng", action=argparse.BooleanOptionalAction, default=c.load_rng,
-                   help="--no-load-rng: random streams from --seed instead of the checkpoint's")
-    g.add_argument("--finetune", action=argparse.BooleanOptionalAction, default=c.finetune,
-                   help="load weights only and start at iteration 0")
-    g.add_argument("--init-from-hf", default=c.init_from_hf, metavar="DIR",
-                   help="start from a transformers GPT2LMHeadModel folder (config.json + model.safetensors)")
-    g.add_argument("--exit-signal-handler", action=argparse.BooleanOptionalAction,
-                   default=c.exit_signal_handler,
-                   help="on SIGTERM or SIGUSR1, finish the iteration, save and exit 0")
-    g.add_argument("--exit-interval", type=int, default=c.exit_interval,
-                   help="save and exit 0 after an iteration that is a multiple of N")
-    g.add_argument("--exit-duration-in-mins", type=float, default=c.exit_duration_in_mins,
-                   help="save and exit 0 once the run has lasted this many minutes")
-    g.add_argument("--kill-switch-path", "--kill-switch-file", dest="kill_switch_path", default=c.kill_switch_path,
-                   metavar="FILE",
-                   help="when FILE exists: do not start, or save after the current iteration and exit 0 "
-                        "(BigScience's Megatron-DeepSpeed)")
-    g.add_argument("--overwrite-save", action=argparse.BooleanOptionalAction, default=c.overwrite_save,
-                   help="let this run write into a --save directory holding checkpoints it did not resume "
-                        "from (its saves replace same-numbered iterations and move 'latest')")
-    g.add_argument("--override-data-on-resume", action=argparse.BooleanOptionalAction,
-                   default=c.override_data_on_resume,
-                   help="resume although --data-path, --split, --seq-length or --seed differ from the "
-                        "checkpoint's (the samples then differ from the original run's)")
-    g.add_argument("--verify-checkpoint", action=argparse.BooleanOptionalAction, default=c.verify_checkpoint,
-                   help="check every checkpoint file's content hash before loading (--no-verify-checkpoint "
-                        "keeps the size, header and dtype checks and skips reading whole files)")
-    g.add_argument("--distributed-timeout-minutes", type=float, default=t.distributed_timeout_minutes,
-                   help="how long a collective waits for a peer before the job fails (a dead rank)")
-    g.add_argument("--heartbeat-timeout-seconds", type=float, default=t.heartbeat_timeout_seconds,
-                   help="stop, naming the rank, when a peer's heartbeat stands still this long (a stopped or "
-                        "hung rank), instead of waiting for --distributed-timeout-minutes; 0: no watch")
-
-    g = parser.add_argument_group("ZeRO and mixed precision")
-    _with_aliases(g, "--zero-config", metavar="FILE.json",
-                  help="a DeepSpeed config JSON (a path, or a name in configs/zero: "
-                       f"{', '.join(zero_config_names())}); every key is honoured as a flag, accepted with no "
-                       "effect on the math, or refused with the alternative (arguments/deepspeed_keys.py). YAML preset "
-                       "< this file < command-line flags, except where the file wins in Megatron-DeepSpeed + "
-                       "DeepSpeed (arguments/deepspeed_precedence.py)")
-    g.add_argument("--zero-stage", dest="stage", type=int, choices=ZERO_STAGES, default=z.stage,
-                   help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
-                        "2: and gradients (P_os+g); 3: and parameters (P_os+g+p)")
-    _with_aliases(g, "--reduce-bucket-size", type=count, default=z.reduce_bucket_size,
-                  help="elements per gradient reduce(-scatter)")
-    _with_aliases(g, "--allgather-bucket-size", type=count, default=z.allgather_bucket_size,
-                  help="elements per parameter all-gather after the optimizer step")
-    _with_aliases(g, "--overlap-comm", action=argparse.BooleanOptionalAction, default=z.overlap_comm,
-                  help="reduce gradient buckets while backward is still running")
-    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=z.overlap_param_gather,
-                   help="stages 1-2: start the parameter all-gather after the step and wait for each bucket "
-                        "just before the forward that needs it (Megatron's overlap-param-gather)")
-    _with_aliases(g, "--contiguous-gradients", action=argparse.BooleanOptionalAction,
-                  default=z.contiguous_gradients,
-                  help="copy gradients into contiguous buckets (always on; --no- is rejected)")
-    _with_aliases(g, "--reduce-scatter", action=argparse.BooleanOptionalAction, default=z.reduce_scatter,
-                  help="reduce-scatter gradients (--no-: all-reduce, then keep this rank's shard)")
-    g.add_argument("--stage3-prefetch-bucket-size", type=count, default=z.stage3_prefetch_bucket_size,
-                   help="stage 3: elements of parameters fetched ahead of their use")
-    g.add_argument("--stage3-param-persistence-threshold", type=count,
-                   default=z.stage3_param_persistence_threshold,
-                   help="stage 3: parameters with fewer elements stay whole on every rank "
-                        "(DeepSpeed's default is 1e5; 0 partitions everything, as in the paper)")
-    g.add_argument("--stage3-max-live-parameters", type=count, default=z.stage3_max_live_parameters,
-                   help="stage 3: most parameter elements gathered at once")
-    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=t.bf16,
-                   help="bf16 mixed precision: bf16 parameters and gradients, fp32 master weights and Adam "
-                        "states in the ZeRO optimizer")
-    _with_aliases(g, "--accumulate-allreduce-grads-in-fp32", action=argparse.BooleanOptionalAction,
-                  default=t.accumulate_allreduce_grads_in_fp32,
-                  help="accumulate and reduce gradients in fp32 (Megatron's flag; default: on with --bf16, "
-                       "off with --fp16, whose gradients stay 16-bit as in the ZeRO paper)")
-    add_spellings(g, "accumulate_allreduce_grads_in_fp32")
-    g.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=t.fp16,
-                   help="fp16 mixed precision: fp16 parameters and gradients, fp32 master weights and Adam "
-                        "states in the ZeRO optimizer, with dynamic loss scaling (or --loss-scale)")
-    g.add_argument("--loss-scale", type=float, default=t.loss_scale,
-                   help="fp16: a static loss scale (None: dynamic scaling)")
-    g.add_argument("--initial-loss-scale", type=float, default=t.initial_loss_scale,
-                   help="fp16: where dynamic loss scaling starts")
-    g.add_argument("--loss-scale-window", type=int, default=t.loss_scale_window,
-                   help="fp16: overflow-free steps before the loss scale doubles")
-    g.add_argument("--hysteresis", type=int, default=t.hysteresis,
-                   help="fp16: overflows tolerated before the loss scale is lowered")
-    _with_aliases(g, "--min-loss-scale", type=float, default=t.min_loss_scale,
-                  help="fp16: dynamic loss scaling never goes below this")
-    g.add_argument("--max-consecutive-skipped-iterations", type=int, default=t.max_consecutive_skipped_iterations,
-                   help="fp16: stop as diverged after this many overflow-skipped steps in a row (0: no limit)")
-
-    g = parser.add_argument_group("activation checkpointing (ZeRO-R)")
-    g.add_argument("--checkpoint-activations", action=argparse.BooleanOptionalAction,
-                   default=a.checkpoint_activations,
-                   help="keep only each group's input in forward and recompute the group in backward")
-    _with_aliases(g, "--checkpoint-num-layers", type=int, default=a.checkpoint_num_layers,
-                  help="transformer blocks per checkpointed group")
-    _with_aliases(g, "--partition-activations", action=argparse.BooleanOptionalAction,
-                  default=a.partition_activations,
-                  help="P_a: each tensor-parallel rank keeps 1/TP of every checkpointed input and they are "
-                       "all-gathered before the recompute")
-    _with_aliases(g, "--cpu-checkpointing", action=argparse.BooleanOptionalAction, default=a.cpu_checkpointing,
-                  help="P_a+cpu: keep checkpointed inputs (their 1/TP slices with --partition-activations) in "
-                       "host memory")
-    _with_aliases(g, "--contiguous-checkpointing", action=argparse.BooleanOptionalAction,
-                  default=a.contiguous_checkpointing,
-                  help="M_D: copy a micro-batch's checkpoints into one pre-allocated buffer (DeepSpeed's "
-                       "contiguous_memory_optimization)")
-    g.add_argument("--number-checkpoints", type=int, default=a.number_checkpoints,
-                   help="checkpoints the contiguous buffer holds (None: one per group, "
-                        "ceil(num layers / checkpoint num layers))")
-    _with_aliases(g, "--synchronize-checkpoint-boundary", action=argparse.BooleanOptionalAction,
-                  default=a.synchronize_checkpoint_boundary,
-                  help="CUDA synchronize at each checkpoint boundary (debugging)")
-    g.add_argument("--profile-checkpointing", action=argparse.BooleanOptionalAction,
-                   default=a.profile_checkpointing,
-                   help="time each checkpoint's forward and recompute (DeepSpeed's profile)")
+    groups = {section: parser.add_argument_group(title) for section, title in GROUPS}
+    shown_in: dict[str, list] = {section: [] for section in groups}  # group -> (a guest?, field, type, default)
+    for section in defaults.SECTIONS:
+        values = getattr(defaults, section)
+        for setting, annotation in option_fields(type(values)):
+            shown = group_of(setting, section)
+            if shown not in groups:
+                raise ValueError(f"{section}.{setting.name}: option(group={shown!r}) names no section")
+            shown_in[shown].append((shown != section, setting, annotation, getattr(values, setting.name)))
+    for section, group in groups.items():  # the group's own section first, then the other sections' fields
+        if section == "zero":
+            add_zero_config(group)
+        for _, setting, annotation, default in sorted(shown_in[section], key=lambda entry: entry[0]):
+            add_setting(group, setting, annotation, default)
     add_meanings(parser)
     add_harvested(parser)
     return parser
+
+
+def add_zero_config(group) -> None:
+    """--zero-config, which is not a setting but where settings come from, first in the ZeRO group."""
+    group.add_argument(
+        "--zero-config", *aliases_of("--zero-config"), metavar="FILE.json",
+        help="a DeepSpeed config JSON (a path, or a name in configs/zero: "
+             f"{', '.join(zero_config_names())}); every key is honoured as a flag, accepted with no effect on the "
+             "math, or refused with the alternative (arguments/deepspeed_keys.py). YAML preset < this file < "
+             "command-line flags, except where the file wins in Megatron-DeepSpeed + DeepSpeed "
+             "(arguments/deepspeed_precedence.py)")
+
+
+def add_setting(group, setting: dataclasses.Field, annotation: Any, default: Any) -> None:
+    """A setting's flag, its other programs' names (aliases), then the flags that store one value in it:
+    its own (`option(consts=...)`) and Megatron's spellings (arguments/megatron_flags.py)."""
+    group.add_argument(*option_strings(setting), **argparse_keywords(setting, annotation, default))
+    for const in consts(setting):
+        group.add_argument(*const.options, dest=setting.name, action="store_const", const=const.value,
+                           help=const.help)
+    add_spellings(group, setting.name)
 
 
 def preset_names() -> list[str]:
@@ -404,7 +170,9 @@ def preset_to_flags(preset: dict[str, Any], parser: argparse.ArgumentParser, sou
     flags = {}
     for action in parser._actions:
         if action.option_strings and action.dest not in _NOT_SETTINGS:
-            flags[action.dest] = action
+            # a setting's name is its own flag, added first, not a flag that stores one value in it
+            # (--no-pad-vocab-size, --use-flash-attn)
+            flags.setdefault(action.dest, action)
             for option in action.option_strings:
                 if not (isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-")):
                     flags[option[2:].replace("-", "_")] = action

@@ -11,37 +11,48 @@ from dataclasses import dataclass
 from typing import Optional
 
 from base.errors import ConfigError
+from base.options import Const, flag_of_setting, option
 from parallel.layers import padded_vocab_size
 
 ACTIVATIONS = ("gelu", "gelu_tanh")
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 @dataclass
 class ModelConfig:
-    num_layers: int = 4
+    num_layers: int = option(4, aliases={"--encoder-num-layers": "Megatron-LM (a GPT's only stack)"})
     hidden_size: int = 128
     num_attention_heads: int = 4
-    ffn_hidden_size: Optional[int] = None  # None means 4 x hidden_size, as in GPT-2
-    seq_length: int = 128
+    # None means 4 x hidden_size, as in GPT-2
+    ffn_hidden_size: Optional[int] = option(None, help="default: 4 x hidden size")
+    seq_length: int = option(128, aliases={"--encoder-seq-length": "Megatron-LM (a GPT's only sequence)"})
     max_position_embeddings: int = 128
-    # Megatron's --vocab-size: with --tokenizer-type NullTokenizer, token ids are 0..N-1 and the
-    # end-of-document id is N. Otherwise 0, and the run plan's resolved copy holds the tokenizer's.
-    vocab_size: int = 0
-    make_vocab_size_divisible_by: int = 128
-    pad_vocab_size_to: Optional[int] = None  # BigScience: the padded vocabulary, exactly (else rounded up)
+    # Megatron's --vocab-size. Without NullTokenizer it stays 0, and the run plan's resolved copy holds the
+    # tokenizer's.
+    vocab_size: int = option(0, group="data",
+                             help="with --tokenizer-type NullTokenizer: token ids are 0..N-1 and the end-of-document "
+                                  "id is N")
+    make_vocab_size_divisible_by: int = option(
+        128, help="pad the vocabulary to a multiple of this x tensor-parallel size",
+        consts=[Const(("--no-pad-vocab-size", "--disable-pad-vocab-size"), 1,
+                      help="Megatron-LM: no padding beyond the TP split (--make-vocab-size-divisible-by 1)")])
+    pad_vocab_size_to: Optional[int] = option(
+        None, flags=("--pad-vocab-size-to", "--padded-vocab-size"),
+        help="the padded vocabulary, exactly (BigScience's --pad-vocab-size-to, Megatron-LM's --padded-vocab-size): "
+             "at least the tokenizer's, divisible by the TP size")
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
-    layernorm_epsilon: float = 1e-5
+    layernorm_epsilon: float = option(1e-5, aliases={"--norm-epsilon": "Megatron-LM"})
     init_method_std: float = 0.02
-    # GPT-2 uses the tanh approximation of GeLU ("gelu_new" in transformers); Megatron the exact one.
-    activation: str = "gelu_tanh"
-    # Which SDPA kernel computes attention (Megatron's --attention-backend): auto lets PyTorch choose.
-    attention_backend: str = "auto"
+    # "gelu_tanh" is "gelu_new" in transformers.
+    activation: str = option("gelu_tanh", choices=ACTIVATIONS,
+                             help="gelu_tanh is GPT-2's approximation, gelu the exact erf form")
+    # Megatron's --attention-backend; Megatron's other names for its values are SPELLINGS in
+    # arguments/megatron_flags.py (--use-flash-attn).
+    attention_backend: str = option(
+        "auto", choices=ATTENTION_BACKENDS,
+        help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the memory-efficient "
+             "kernel, unfused/local = the math kernel, auto = PyTorch's choice")
 
     @property
     def ffn_size(self) -> int:
@@ -91,3 +102,7 @@ class ModelConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
                               f"{', '.join(ATTENTION_BACKENDS)}")
+
+
+def _flag(name: str) -> str:
+    return flag_of_setting(ModelConfig, name)

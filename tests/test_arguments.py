@@ -31,6 +31,19 @@ def test_default_is_the_tiny_preset_and_flags_win(tmp_path):
     assert config.data.data_path == ["0.5", "a", "0.5", "b"]
 
 
+def test_a_preset_key_sets_the_setting_of_that_name_not_a_flag_storing_one_value_in_it(tmp_path):
+    """`attention_backend: flash` was read as --use-flash-attn-builder=flash (the last flag with that dest)
+    and refused; likewise make_vocab_size_divisible_by (--no-pad-vocab-size), activation (--openai-gelu)
+    and accumulate_allreduce_grads_in_fp32 (--grad-reduce-in-bf16)."""
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("attention_backend: flash\nmake_vocab_size_divisible_by: 64\nactivation: gelu\n"
+                      "accumulate_allreduce_grads_in_fp32: true\n")
+    config = parse_config(["--config", str(preset)])
+    assert (config.model.attention_backend, config.model.make_vocab_size_divisible_by, config.model.activation) == \
+        ("flash", 64, "gelu")
+    assert config.training.accumulate_allreduce_grads_in_fp32 is True
+
+
 @pytest.mark.parametrize("name", preset_names())
 def test_every_preset_parses_and_validates(name):
     config = parse_config(["--config", name])

@@ -15,27 +15,42 @@ from dataclasses import dataclass
 from typing import Optional
 
 from base.errors import ConfigError
+from base.options import count, flag_of_setting, option
 
 ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass
 class ZeroConfig:
-    # 0: plain data parallelism on ZeRO's flat buckets; 1: P_os (optimizer states partitioned);
-    # 2: P_os+g (and gradients); 3: P_os+g+p (and parameters).
-    stage: int = 0
-    reduce_bucket_size: int = 500_000_000  # elements per gradient reduce(-scatter)
-    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather after the step
-    overlap_comm: bool = True  # reduce gradient buckets while backward still runs
-    # Stages 1-2: gather the updated parameters while the next forward runs (Megatron's flag).
-    overlap_param_gather: bool = False
-    contiguous_gradients: bool = True  # only True is implemented; kept so DeepSpeed configs read as they do
-    reduce_scatter: bool = True  # reduce-scatter gradients (False: all-reduce, then keep our shard)
-    stage3_prefetch_bucket_size: int = 50_000_000  # elements of parameters fetched ahead (stage 3)
-    # Parameters with fewer elements stay whole on every rank (stage 3). DeepSpeed's default is 1e5;
-    # ours is 0 so stage 3 partitions everything, as the paper describes.
-    stage3_param_persistence_threshold: int = 0
-    stage3_max_live_parameters: int = 1_000_000_000  # cap on gathered parameter elements (stage 3)
+    stage: int = option(0, flags=("--zero-stage",), choices=ZERO_STAGES,
+                        help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
+                             "2: and gradients (P_os+g); 3: and parameters (P_os+g+p)")
+    reduce_bucket_size: int = option(500_000_000, type=count, help="elements per gradient reduce(-scatter)",
+                                     aliases={"--zero-reduce-bucket-size": "DeepSpeed-Megatron",
+                                              "--ddp-bucket-size": "Megatron-LM"})
+    allgather_bucket_size: int = option(500_000_000, type=count,
+                                        help="elements per parameter all-gather after the optimizer step",
+                                        aliases={"--zero-allgather-bucket-size": "DeepSpeed-Megatron"})
+    overlap_comm: bool = option(True, help="reduce gradient buckets while backward is still running",
+                                aliases={"--overlap-grad-reduce": "Megatron-LM"})
+    overlap_param_gather: bool = option(
+        False, help="stages 1-2: start the parameter all-gather after the step and wait for each bucket just before "
+                    "the forward that needs it (Megatron's overlap-param-gather)")
+    # Only True is implemented; kept so DeepSpeed configs read as they do.
+    contiguous_gradients: bool = option(
+        True, help="copy gradients into contiguous buckets (always on; --no- is rejected)",
+        aliases={"--zero-contigious-gradients": "DeepSpeed-Megatron (their spelling)"})
+    reduce_scatter: bool = option(
+        True, help="reduce-scatter gradients (--no-: all-reduce, then keep this rank's shard)",
+        aliases={"--zero-reduce-scatter": "DeepSpeed-Megatron"})
+    stage3_prefetch_bucket_size: int = option(50_000_000, type=count,
+                                              help="stage 3: elements of parameters fetched ahead of their use")
+    # Ours is 0 where DeepSpeed's is 1e5, so stage 3 partitions everything, as the paper describes.
+    stage3_param_persistence_threshold: int = option(
+        0, type=count, help="stage 3: parameters with fewer elements stay whole on every rank (DeepSpeed's default "
+                            "is 1e5; 0 partitions everything, as in the paper)")
+    stage3_max_live_parameters: int = option(1_000_000_000, type=count,
+                                             help="stage 3: most parameter elements gathered at once")
 
     def validate(self) -> None:
         if self.stage not in ZERO_STAGES:
@@ -64,15 +79,33 @@ class ActivationCheckpointConfig:
     `--num-layers`) are in `validate_for_layers`, which `PretrainConfig.validate` calls.
     """
 
-    checkpoint_activations: bool = False  # keep each group's input, recompute the group in backward
-    checkpoint_num_layers: int = 1  # transformer blocks per checkpointed group
-    partition_activations: bool = False  # P_a: each TP rank keeps 1/TP of every checkpointed input
-    cpu_checkpointing: bool = False  # P_a+cpu: checkpointed inputs (or their slices) live in host memory
-    contiguous_checkpointing: bool = False  # M_D: one pre-allocated buffer for a micro-batch's checkpoints
-    # Checkpoints the contiguous buffer holds; None means one per group, ceil(num_layers / checkpoint_num_layers).
-    number_checkpoints: Optional[int] = None
-    synchronize_checkpoint_boundary: bool = False  # CUDA synchronize at each checkpoint (debugging)
-    profile_checkpointing: bool = False  # time each checkpoint's forward and recompute
+    checkpoint_activations: bool = option(
+        False, help="keep only each group's input in forward and recompute the group in backward")
+    checkpoint_num_layers: int = option(1, help="transformer blocks per checkpointed group",
+                                        aliases={"--recompute-num-layers": "Megatron-LM (with --recompute-method "
+                                                                           "uniform)",
+                                                 "--activations-checkpoint-num-layers": "Megatron-LM 2.x"})
+    partition_activations: bool = option(
+        False, help="P_a: each tensor-parallel rank keeps 1/TP of every checkpointed input and they are all-gathered "
+                    "before the recompute",
+        aliases={"--distribute-saved-activations": "Megatron-LM",
+                 "--distribute-checkpointed-activations": "Megatron-LM 2.x and DeepSpeed-Megatron"})
+    cpu_checkpointing: bool = option(
+        False, help="P_a+cpu: keep checkpointed inputs (their 1/TP slices with --partition-activations) in host "
+                    "memory",
+        aliases={"--checkpoint-in-cpu": "DeepSpeed-Megatron"})
+    contiguous_checkpointing: bool = option(
+        False, help="M_D: copy a micro-batch's checkpoints into one pre-allocated buffer (DeepSpeed's "
+                    "contiguous_memory_optimization)",
+        aliases={"--contigious-checkpointing": "DeepSpeed-Megatron (their spelling)"})
+    number_checkpoints: Optional[int] = option(
+        None, help="checkpoints the contiguous buffer holds (None: one per group, ceil(num layers / checkpoint num "
+                   "layers))")
+    synchronize_checkpoint_boundary: bool = option(False, help="CUDA synchronize at each checkpoint boundary "
+                                                               "(debugging)",
+                                                   aliases={"--synchronize-each-layer": "DeepSpeed-Megatron"})
+    profile_checkpointing: bool = option(False, help="time each checkpoint's forward and recompute (DeepSpeed's "
+                                                     "profile)")
 
     # The options that only mean something with --checkpoint-activations.
     NEEDS_CHECKPOINTING = ("partition_activations", "cpu_checkpointing", "contiguous_checkpointing",
@@ -114,9 +147,9 @@ class ActivationCheckpointConfig:
 
 def activation_flag(name: str) -> str:
     """The flag of an ActivationCheckpointConfig field."""
-    return "--" + name.replace("_", "-")
+    return flag_of_setting(ActivationCheckpointConfig, name)
 
 
 def zero_flag(name: str) -> str:
     """The flag of a ZeroConfig field."""
-    return "--zero-stage" if name == "stage" else "--" + name.replace("_", "-")
+    return flag_of_setting(ZeroConfig, name)
