@@ -19,7 +19,7 @@ weight w was off. So:
    this repeats until every start agrees.
 
 Each decision evaluates the loop's float64 expression with the loop's tie rule, so the result is the
-loop's, sample for sample, whatever the guesses were (`tests/test_blending.py` compares them).
+loop's, sample for sample, whatever the guesses were (`tests/data/test_blending.py` compares them).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ store_false when its default is True; `metadata={"argparse_meta": {...}}` overri
 
 The data file is the committed artefact; arguments/harvested_flags.py reads it, arguments/megatron_flag_classes.py
 classifies every option string that is not ours, nor an alias of ours. Re-run this script
-(scripts/harvest_megatron_flags.sh has the sources) to refresh it; tests/test_harvested_flags.py then
+(scripts/harvest_megatron_flags.sh has the sources) to refresh it; tests/arguments/test_harvested_flags.py then
 names every new option string that needs a class.
 """
 

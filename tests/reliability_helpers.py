@@ -1,4 +1,4 @@
-"""Shared by tests/test_reliability.py and tests/test_bad_inputs_fuzz.py: a tiny end-to-end run of
+"""Shared by tests/training/test_reliability.py and tests/training/test_bad_inputs_fuzz.py: a tiny end-to-end run of
 `pretrain_gpt.main` in this process, its exit status and stderr lines, and byte snapshots of
 directories (so a test can say "every checkpoint present before is byte-identical after")."""
 

@@ -119,7 +119,7 @@ EXPENSIVE_SCRIPTS = {
     "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
-    "data.preprocess": "reads the user's corpus.jsonl; tests/test_first_hour.py runs this command on a corpus it writes",
+    "data.preprocess": "reads the user's corpus.jsonl; tests/training/test_first_hour.py runs this command on a corpus it writes",
 }
 
 # Module commands run as written unless listed here (the planner and the performance model are cheap).

@@ -126,3 +126,12 @@ def test_entry_points_users_type_still_answer(entry, words):
     result = subprocess.run([sys.executable, "-m", entry, "--help"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and words in result.stdout, result.stdout + result.stderr
+
+
+def test_the_test_folders_mirror_the_packages():
+    """tests/<floor>/ holds the tests of that package; tests/scripts/ those of scripts/; beside them only
+    shared helpers, the fixtures and the replay corpus (real inputs, kept as their authors wrote them)."""
+    folders = {path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert folders - set(FLOORS) == {"scripts", "fixtures", "replay_corpus"}, sorted(folders)
+    for folder in folders & set(FLOORS):
+        assert any((ROOT / "tests" / folder).glob("test_*.py")), f"tests/{folder}/ holds no tests"

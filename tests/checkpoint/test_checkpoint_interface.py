@@ -1,0 +1,158 @@
+"""Issue 24, point 4: checkpoint/ reads and restores the optimizer only through the interface of
+zero/optimizer_state.py (`model_state_dict`, `sharded_state_dict`, `load_sharded_state_dict`).
+
+An optimizer that implements that interface and nothing else, over a layout unlike ShardedAdamW's
+(parameters end to end in reverse order, with padding between them), saves and loads through
+`save_checkpoint` / `load_checkpoint`; and no checkpoint module names any other optimizer attribute.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from arguments.config import PretrainConfig
+from checkpoint.format import consolidate, model_file, open_tensors, read_metadata
+from checkpoint.sharded import load_checkpoint, save_checkpoint
+from parallel.state import ParallelState
+from zero.optimizer_state import PARTITION_TENSORS, NamedFragment, ShardedOptimizerState
+
+ROOT = Path(__file__).resolve().parents[2]
+INTERFACE = {"model_state_dict", "sharded_state_dict", "load_sharded_state_dict"}
+PADDING = 3
+
+
+def tiny_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3))
+
+
+class InterfaceOnlyOptimizer:
+    """The checkpoint interface and nothing else: every other attribute is private, so a checkpoint
+    module reaching for ShardedAdamW's internals (layout, master, adam_step, ...) fails here."""
+
+    def __init__(self, model: nn.Module, seed: int, scaler_type: str = "LossScaler") -> None:
+        self._fragments, offset = [], 0
+        for name, param in reversed(list(model.named_parameters())):
+            self._fragments.append(NamedFragment(name, 0, offset, param.numel()))
+            offset += param.numel() + PADDING
+        generator = torch.Generator().manual_seed(seed)
+        self._tensors = {key: torch.zeros(offset) for key in PARTITION_TENSORS}
+        for key, tensor in self._tensors.items():  # random values, zero padding (as a load leaves it)
+            for fragment in self._fragments:
+                at = slice(fragment.partition_offset, fragment.partition_offset + fragment.numel)
+                tensor[at] = torch.randn(fragment.numel, generator=generator).abs()
+        self._step, self._scaler_type, self._scaler_state = seed, scaler_type, {"scale": float(2 ** seed)}
+        self._params = dict(model.named_parameters())
+        self.loads: list[tuple[list[str], object, object]] = []  # what load_sharded_state_dict was given
+        self._publish()
+
+    def _publish(self) -> None:
+        """The model's parameters from the master (what ShardedAdamW's storage does)."""
+        with torch.no_grad():
+            for name, _, at, numel in self._fragments:
+                self._params[name].view(-1).copy_(self._tensors["master"][at:at + numel])
+
+    def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
+        return {name: param.detach().clone() for name, param in model.named_parameters()} if keep else {}
+
+    def sharded_state_dict(self, model: nn.Module) -> ShardedOptimizerState:
+        return ShardedOptimizerState(tensors=dict(self._tensors), fragments=list(self._fragments), replicated=True,
+                                     zero_stage=1, adam_step=self._step, loss_scaler_type=self._scaler_type,
+                                     loss_scaler_state=dict(self._scaler_state), param_dtype=torch.float32)
+
+    def load_sharded_state_dict(self, tensors, adam_step=None, loss_scaler_state=None) -> None:
+        self.loads.append((sorted(tensors), adam_step, loss_scaler_state))
+        for key in list(tensors):
+            self._tensors[key].copy_(tensors.pop(key))
+        self._publish()
+        if adam_step is not None:
+            self._step = adam_step
+        if loss_scaler_state is not None:
+            self._scaler_state = dict(loss_scaler_state)
+
+
+def save(tmp_path: Path, seed: int = 1):
+    model = tiny_model(seed)
+    optimizer = InterfaceOnlyOptimizer(model, seed)
+    path = save_checkpoint(tmp_path / "ckpt", 3, 12, model, optimizer, None, PretrainConfig(),
+                           ParallelState(device=torch.device("cpu")))
+    return model, optimizer, path
+
+
+def test_a_checkpoint_round_trip_needs_only_the_optimizer_interface(tmp_path):
+    model, optimizer, path = save(tmp_path, seed=1)
+    metadata = read_metadata(path)
+    assert (metadata["zero_stage"], metadata["adam_step"]) == (1, 1)
+    assert metadata["loss_scaler"] == {"type": "LossScaler", "state": {"scale": 2.0}}
+    assert [tuple(entry) for entry in metadata["optimizer_shards"]] == [(0, 0, "optim_tp00_dp000.safetensors")]
+    with open_tensors(path, model_file(0), metadata) as reader:
+        assert {key: reader.tensor(key) for key in reader.keys()}.keys() == dict(model.named_parameters()).keys()
+        for name, param in model.named_parameters():
+            assert torch.equal(reader.tensor(name), param.detach()), name
+    # the fragment table the optimizer gave is the format's: consolidation puts each parameter together
+    whole = consolidate(path, ("master",))["master"]
+    for name, param in model.named_parameters():
+        assert torch.equal(whole[name], param.detach()), name
+
+    fresh_model = tiny_model(2)
+    fresh = InterfaceOnlyOptimizer(fresh_model, seed=2)
+    state = ParallelState(device=torch.device("cpu"))
+    assert load_checkpoint(tmp_path / "ckpt", fresh_model, fresh, None, state, load_rng=False).iteration == 3
+    assert fresh.loads == [(sorted(PARTITION_TENSORS), 1, {"scale": 2.0})]
+    for key in PARTITION_TENSORS:
+        assert torch.equal(fresh.sharded_state_dict(fresh_model).tensors[key], optimizer._tensors[key]), key
+    for (name, param), (_, saved) in zip(fresh_model.named_parameters(), model.named_parameters()):
+        assert torch.equal(param, saved), name  # published from the loaded master
+
+
+def test_weights_only_loads_hand_over_the_master_alone(tmp_path):
+    save(tmp_path, seed=1)
+    fresh_model = tiny_model(2)
+    fresh = InterfaceOnlyOptimizer(fresh_model, seed=2)
+    state = ParallelState(device=torch.device("cpu"))
+    assert load_checkpoint(tmp_path / "ckpt", fresh_model, fresh, None, state, finetune=True).iteration == 0
+    assert fresh.loads == [(["master"], None, None)]
+
+
+def test_another_loss_scaler_type_keeps_the_configured_scale(tmp_path, capsys):
+    save(tmp_path, seed=1)
+    fresh_model = tiny_model(2)
+    fresh = InterfaceOnlyOptimizer(fresh_model, seed=2, scaler_type="DynamicLossScaler")
+    state = ParallelState(device=torch.device("cpu"))
+    load_checkpoint(tmp_path / "ckpt", fresh_model, fresh, None, state, load_rng=False)
+    assert fresh.loads == [(sorted(PARTITION_TENSORS), 1, None)]
+    assert "loss scaler (LossScaler) does not apply" in capsys.readouterr().out
+
+
+def test_a_sharded_adamw_loads_master_alone_or_with_both_moments():
+    from tests.checkpoint.test_checkpoint_safety import build, cpu_state, make_config
+
+    model, optimizer, _ = build(make_config(), cpu_state(), seed=1)
+    shapes = optimizer.sharded_state_dict(model).tensors["master"].shape
+    with pytest.raises(ValueError, match="alone or as all of"):
+        optimizer.load_sharded_state_dict({"master": torch.zeros(shapes), "exp_avg": torch.zeros(shapes)})
+    with pytest.raises(ValueError, match="shape"):
+        optimizer.load_sharded_state_dict({"master": torch.zeros(shapes[0] + 1)})
+
+
+# The ZeRO runtime behind the interface: what checkpoint/ must not import.
+IMPLEMENTATION = {"zero.optimizer", "zero.flat_buffer", "zero.param_storage", "zero.grad_reducer", "zero.stage3",
+                  "zero.apply"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "checkpoint").glob("*.py")), ids=lambda p: p.name)
+def test_checkpoint_modules_use_only_the_optimizer_interface(path):
+    """Every `optimizer.X` in checkpoint/ is one of the interface's calls, and nothing there imports
+    the ZeRO runtime rather than its interface (zero.optimizer_state)."""
+    tree = ast.parse(path.read_text(), str(path))
+    used = {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "optimizer"}
+    assert used <= INTERFACE, f"{path.name} reads optimizer.{', optimizer.'.join(sorted(used - INTERFACE))}"
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not imported & IMPLEMENTATION, f"{path.name} imports {sorted(imported & IMPLEMENTATION)}"

@@ -1,0 +1,190 @@
+"""scripts/zero_paper/report.py and what it reads: the figures and report.md from the planner and the
+performance model alone, measured runs beside them, and the CPU mini-reproduction (measured memory of
+C1-C5 against the planner, on gloo)."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from arguments.config import ConfigError
+from zero.memory import format_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "zero_paper"))
+import experiments  # noqa: E402
+import measurements  # noqa: E402
+import mini_analysis  # noqa: E402
+import mini_reproduction  # noqa: E402
+import report  # noqa: E402
+
+HEADER = " ".join(experiments.COLUMNS)
+# Small points on one DGX-2 node, so every dry run and max-size search takes a second or two.
+DEFINITIONS = {
+    "fig2": ["dgx2 zero-1.16b zero 1 16 2 24 1920 16 2 16 2 1 0 1 5e8 2e8 5",
+             "dgx2 megatron-1.16b megatron 1 16 2 24 1920 16 2 16 0 0 0 0 5e8 2e8 5"],
+    "fig3": ["dgx2 zero-8gpus zero 1 8 2 24 1920 16 2 8 2 1 1 1 5e8 2e8 5",
+             "dgx2 zero-16gpus zero 1 16 2 24 1920 16 4 32 2 1 1 1 5e8 2e8 5"],
+    "fig4": ["dgx2 zero-1.16b zero 1 16 1 24 1920 16 2 32 2 0 0 1 5e8 2e8 5",
+             "dgx2 ddp-1.16b ddp 1 16 1 24 1920 16 2 32 0 0 0 0 5e8 2e8 5"],
+}
+for figure in ("fig6", "fig7", "fig8"):
+    DEFINITIONS[figure] = [f"dgx2 {name.lower()}-1.16b {name} 1 16 2 24 1920 16 2 16 {stage} {pa} {cpu} 1 5e8 2e8 5"
+                           for name, (stage, pa, cpu) in {"C1": (1, 0, 0), "C2": (1, 1, 0), "C3": (2, 0, 0),
+                                                          "C4": (2, 1, 0), "C5": (2, 1, 1)}.items()]
+
+
+@pytest.fixture
+def small_world(tmp_path, monkeypatch):
+    """Definitions of small points, and a dgx2 profile whose GPUs hold 2 GB (the V100's in every
+    other number), so the planner's searches for the largest model stop after a few layers."""
+    definitions = tmp_path / "definitions"
+    definitions.mkdir()
+    for figure, rows in DEFINITIONS.items():
+        (definitions / f"{figure}.dat").write_text("\n".join([HEADER, *rows]) + "\n")
+    profile = tmp_path / "small-v100.yaml"
+    text = (ROOT / "configs" / "hardware" / "dgx2-v100.yaml").read_text()
+    profile.write_text(text.replace("gpu_memory_bytes: 32e9", "gpu_memory_bytes: 2e9"))
+    monkeypatch.setitem(experiments.PROFILES, "dgx2", str(profile))
+    experiments._hardware.cache_clear()
+    monkeypatch.setenv("ZERO_GPT_PLAN_CACHE", str(tmp_path / "plans"))
+    yield definitions
+    experiments._hardware.cache_clear()
+
+
+def fake_run(runs_dir: Path, figure: str, point: str, tflops: float) -> None:
+    directory = runs_dir / "dgx2" / figure / point
+    directory.mkdir(parents=True)
+    (directory / "launch.json").write_text(json.dumps({"figure": figure, "profile": "dgx2", "point": point}))
+    records = [{"iteration": i, "iter_time_s": 1.0, "tflops_per_gpu": tflops if i > 2 else 1.0,
+                "memory_bytes": 10**9 + i} for i in range(1, 6)]
+    (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + '\n{"iteration": 6, "iter_t')
+
+
+def test_report_draws_every_figure_from_predictions_and_measured_runs(small_world, tmp_path):
+    runs = tmp_path / "runs"
+    fake_run(runs, "fig2", "zero-1.16b", 12.5)
+    output = tmp_path / "report"
+    argv = ["--output-dir", str(output), "--definitions", str(small_world), "--profiles", "dgx2", "--runs", str(runs),
+            "--mini-reproduction", str(ROOT / "docs" / "zero-paper" / "mini-reproduction.json"), "--quiet"]
+    assert report.main(argv) == 0
+    for name in report.OUTPUTS:
+        assert (output / name).stat().st_size > 1000, name
+    text = (output / "report.md").read_text()
+    zero_row = [line for line in text.splitlines() if line.startswith("| dgx2 | zero-1.16b |")][0]
+    assert zero_row.split("|")[-3].strip() == "12.5"  # the measured TFLOP/s, median after the warm-up
+    assert zero_row.split("|")[-2].strip() == format_bytes(10**9 + 5)  # and its memory, the largest record
+    assert "### Largest model per configuration" in text and "CPU mini-reproduction" in text
+    with pytest.raises(ConfigError, match="--overwrite"):
+        report.main(argv)
+    assert report.main([*argv, "--overwrite"]) == 0
+
+
+def test_a_run_is_measured_once_past_the_warm_up_and_foreign_runs_are_ignored(tmp_path):
+    fake_run(tmp_path, "fig8", "c5-170b", 20.0)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "metrics.jsonl").write_text('{"iteration": 1, "iter_time_s": 1}\n')
+    runs = measurements.read_runs([str(tmp_path)])
+    assert list(runs) == [("fig8", "dgx2", "c5-170b")]
+    run = runs[("fig8", "dgx2", "c5-170b")]
+    assert run.completed and run.iterations == 5 and run.tflops_per_gpu == 20.0 and run.memory_bytes == 10**9 + 5
+
+
+def test_layers_within_a_budget_follow_the_measured_line():
+    def rank(model, activations):
+        return {"rank": 0, "model_state_bytes": model, "buffer_bytes": 100, "saved_activation_device_bytes": activations,
+                "saved_activation_host_bytes": 0}
+    summary = {"runs": [
+        {"configuration": "C1", "layers": 4, "measured": [rank(4000, 1000)], "planned": [rank(4000, 1100)]},
+        {"configuration": "C1", "layers": 8, "measured": [rank(8000, 1800)], "planned": [rank(8000, 1900)]},
+        {"configuration": "C4", "layers": 4, "measured": [rank(2000, 900)], "planned": [rank(2000, 900)]},
+        {"configuration": "C4", "layers": 8, "measured": [rank(4000, 1300)], "planned": [rank(4000, 1300)]}]}
+    memory = mini_analysis.memory_by_configuration(summary)
+    assert memory["C1"].measured == (5100, 9900) and memory["C1"].per_layer("measured") == 1200
+    budget = mini_analysis.layers_in_c1_budget(memory)
+    assert budget["C1"]["measured"] == pytest.approx(8)
+    # C4: 3000 at 4 layers, 600 a layer: (9900 - 3000) / 600 + 4 = 15.5 layers in C1's 9900 bytes.
+    assert budget["C4"]["measured"] == pytest.approx(15.5)
+
+
+def test_the_committed_mini_reproduction_measured_what_the_planner_predicts():
+    summary = json.loads((ROOT / "docs" / "zero-paper" / "mini-reproduction.json").read_text())
+    assert (summary["tensor_parallel_size"], summary["data_parallel_size"]) == (2, 2)
+    for run in summary["runs"]:
+        for measured, planned in zip(run["measured"], run["planned"]):
+            assert measured["model_state_bytes"] == planned["model_state_bytes"]
+            assert measured["saved_activation_device_bytes"] == pytest.approx(planned["saved_activation_device_bytes"],
+                                                                              rel=0.01)
+    memory = mini_analysis.memory_by_configuration(summary)
+    deep = {name: item.measured[1] for name, item in memory.items()}
+    assert deep["C1"] > deep["C2"] and deep["C3"] > deep["C4"] > deep["C5"] and deep["C1"] > deep["C3"]
+    assert memory["C5"].host_measured > 0 == memory["C4"].host_measured
+
+
+@pytest.mark.slow
+def test_the_mini_reproduction_measures_every_configuration_in_one_launch(tmp_path):
+    output = tmp_path / "mini.json"
+    assert mini_reproduction.main(["--output", str(output), "--layers", "1", "2", "--hidden-size", "64",
+                                   "--seq-length", "64", "--micro-batch-size", "4", "--bucket-size", "20000",
+                                   "--data-cache-dir", str(tmp_path / "corpus"), "--timeout", "300"]) == 0
+    summary = json.loads(output.read_text())
+    assert len(summary["runs"]) == 10
+    for run in summary["runs"]:
+        assert [r["rank"] for r in run["measured"]] == [0, 1, 2, 3]
+        for measured, planned in zip(run["measured"], run["planned"]):
+            assert measured["model_state_bytes"] == planned["model_state_bytes"]
+            assert measured["saved_activation_host_bytes"] == planned["saved_activation_host_bytes"]
+            assert measured["saved_activation_device_bytes"] == pytest.approx(planned["saved_activation_device_bytes"],
+                                                                              rel=0.01)
+    with pytest.raises(ConfigError, match="exists"):
+        mini_reproduction.main(["--output", str(output)])
+
+
+def test_a_launch_that_hangs_is_stopped_with_its_processes():
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match="did not finish in 1 s"):
+        mini_reproduction._launch([sys.executable, "-c", "import time; time.sleep(60)"], 1)
+    assert time.perf_counter() - started < 30
+
+
+# ---- inputs checked before the output directory is made (issue 27, problem 6) ---------------------
+
+@pytest.mark.parametrize("case, words", [
+    ("--runs names no directory", ["--runs", "no-such-runs"]),
+    ("--runs names a file", ["--runs", "a file"]),
+    ("empty --mini-reproduction", ["--mini-reproduction", "empty"]),
+    ("malformed --mini-reproduction", ["--mini-reproduction", "not valid JSON"]),
+    ("--mini-reproduction of another shape", ["--mini-reproduction", "mini_reproduction.py"]),
+    ("--mini-reproduction names no file", ["--mini-reproduction", "file not found"]),
+    ("--mini-reproduction is a FIFO", ["--mini-reproduction", "FIFO"]),
+    ("--definitions names no directory", ["--definitions", "no such directory"]),
+])
+def test_report_inputs_are_checked_before_the_output_directory_is_made(case, words, small_world, tmp_path):
+    import os
+
+    from tests.reliability_helpers import run_main
+
+    output = tmp_path / "report"
+    argv = ["--output-dir", output, "--definitions", small_world, "--profiles", "dgx2", "--figures", "fig2", "--quiet"]
+    mini = tmp_path / "mini.json"
+    if case == "--runs names no directory":
+        argv += ["--runs", tmp_path / "no-such-runs"]
+    elif case == "--runs names a file":
+        (tmp_path / "runs.txt").write_text("")
+        argv += ["--runs", tmp_path / "runs.txt"]
+    elif case == "--mini-reproduction names no file":
+        argv += ["--mini-reproduction", tmp_path / "typo.json"]
+    elif case == "--mini-reproduction is a FIFO":
+        os.mkfifo(mini)
+        argv += ["--mini-reproduction", mini]
+    elif case == "--definitions names no directory":
+        argv += ["--definitions", tmp_path / "no-such-definitions"]
+    else:
+        mini.write_text({"empty --mini-reproduction": "", "malformed --mini-reproduction": '{"runs": [',
+                         "--mini-reproduction of another shape": '{"runs": [{"layers": 4}]}'}[case])
+        argv += ["--mini-reproduction", mini]
+    outcome = run_main(report.command, argv)
+    outcome.one_error_line(*words)
+    assert not output.exists(), case
