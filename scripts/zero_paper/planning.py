@@ -21,8 +21,9 @@ from planner.perf_model import Constants, Prediction, load_constants, predict
 
 from experiments import GPT2_VOCAB, REPO_ROOT, Point
 
-PLANNING_SOURCES = ("gpt", "parallel", "zero")
-NOT_PLANNING = ("perf_model.py", "perf_calibration.py", "paper_tables.py", "plan.py")  # they never change a plan
+# Every package a dry run executes (the floors from base/ to planner/ but checkpoint/, which it never calls).
+PLANNING_SOURCES = ("base", "parallel", "zero", "gpt", "arguments", "training", "planner")
+NOT_PLANNING = ("perf_model.py", "perf_calibration.py", "perf_cli.py", "paper_tables.py", "plan.py")  # never change a plan
 MICRO_BATCH_LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)  # 96: the largest of the authors' sweeps
 # The share of a GPU the planned peak may take when a batch size is chosen: the rest is for what a
 # dry run cannot see (the CUDA context, NCCL's buffers, fragmentation).

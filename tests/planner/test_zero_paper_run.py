@@ -209,3 +209,23 @@ def test_a_dry_run_refuses_flags_it_would_not_plan(tmp_path):
 
     outcome = run_main(zero_paper_run.command, ["fig2", "--profile", "dgx2", "--dry-run", "--", "--seed", "7"])
     outcome.one_error_line("--dry-run", "--seed 7")
+
+
+def test_the_plan_cache_key_hashes_every_package_a_dry_run_executes():
+    """A cached plan is keyed by the planning code's hash: every package that planner/dry_run.py
+    reaches (transitively) must be hashed, or an edit there would serve stale plans. data/ only
+    supplies the vocabulary size, which is part of the key itself."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts" / "zero_paper"))
+    from planning import PLANNING_SOURCES
+    from tests.test_layering import import_graph
+
+    graph, seen, todo = import_graph(ROOT), set(), ["planner.dry_run"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    packages = {module.split(".")[0] for module in seen} - {"data"}
+    assert packages <= set(PLANNING_SOURCES), sorted(packages - set(PLANNING_SOURCES))
