@@ -54,6 +54,18 @@ class Condition:
     why: str
     stacks: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        """A condition is a quantity with a source: one without is refused, as is an unknown phase or stack."""
+        for field_name in ("name", "unit", "source", "why"):
+            if not str(getattr(self, field_name)).strip():
+                raise ConfigError(f"condition {self.name or '?'}: no {field_name}; every condition names its "
+                                  f"value's unit, its source and why it matters")
+        if self.phase not in PHASES:
+            raise ConfigError(f"condition {self.name}: phase {self.phase!r} is not one of {', '.join(PHASES)}")
+        unknown = set(self.stacks) - set(STACKS)
+        if unknown:
+            raise ConfigError(f"condition {self.name}: unknown stacks {sorted(unknown)}; stacks are {', '.join(STACKS)}")
+
     def applies(self, stack: str) -> bool:
         return not self.stacks or stack in self.stacks
 
@@ -84,6 +96,11 @@ class ConditionSet:
     description: str
     conditions: tuple[Condition, ...] = ()
     fitted: Optional[Fitted] = None
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.conditions]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"condition set {self.name}: a condition is named twice")
 
     def get(self, name: str) -> Optional[Condition]:
         return next((c for c in self.conditions if c.name == name), None)

@@ -47,6 +47,7 @@ sys.path[:0] = [str(HERE.parent.parent), str(HERE)]
 from arguments.config import ConfigError  # noqa: E402
 from arguments.parser import parse_config  # noqa: E402
 from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from base.input_files import check_input_directory  # noqa: E402
 from planner.conditions import DGX2_2019, NO_CONDITIONS, ConditionSet, Fitted, condition_prediction  # noqa: E402
 from planner.dry_run import RankPlan  # noqa: E402
 from planner.perf_model import load_constants  # noqa: E402
@@ -56,10 +57,11 @@ from training.metrics import parameter_count  # noqa: E402
 from zero.memory import format_bytes  # noqa: E402
 
 import report_tables  # noqa: E402
-from experiments import FIGURES, GPT2_VOCAB, REPO_ROOT, Point, load_points  # noqa: E402
+from experiments import DEFINITION_DIR, FIGURES, GPT2_VOCAB, REPO_ROOT, Point, load_points  # noqa: E402
 from planning import MICRO_BATCH_LADDER, Planner, default_cache_dir  # noqa: E402
 
 PROFILE_CONDITIONS = {"dgx2": NO_CONDITIONS, "dgx2-2019": DGX2_2019}
+SECTIONS = ("stated", "fig6", "table2", "activations", "claims")
 FIT_FILE = REPO_ROOT / "configs" / "hardware" / "calibrations" / "dgx2-2019-figure6-batch.yaml"
 FIT_CANDIDATES = tuple(b for b in MICRO_BATCH_LADDER if b <= 32)
 TOLERANCE = 0.10
@@ -148,9 +150,10 @@ def adapt_point(profile: Profile, point: Point) -> tuple[Point, str]:
     return point, "does not fit even at micro batch 1"
 
 
-def figure_results(profile: Profile, figure: str, progress: Callable[[str], None]) -> list[PointResult]:
+def figure_results(profile: Profile, figure: str, progress: Callable[[str], None],
+                   definitions: Path = DEFINITION_DIR) -> list[PointResult]:
     rows = []
-    for point in load_points(figure, "dgx2"):
+    for point in load_points(figure, "dgx2", definitions):
         progress(f"  {figure} {point.point}")
         point, _ = adapt_point(profile, point)
         plan = profile.planner.plan(point)
@@ -187,7 +190,7 @@ def figure6_sweep(profile: Profile, point: Point, configuration: dict) -> dict:
     fitted, failed = None, None
     for layers in FIGURE6_SWEEP:
         heads = 32 if layers == 75 else 64
-        candidate = dataclasses.replace(point, layers=layers, heads=heads, zero_stage=configuration["stage"],
+        candidate = dataclasses.replace(point, layers=layers, hidden=8192, heads=heads, zero_stage=configuration["stage"],
                                         pa=int(configuration["partition_activations"]),
                                         pa_cpu=int(configuration["cpu_checkpointing"]))
         plan = profile.planner.plan(candidate)
@@ -447,10 +450,12 @@ def table2_gap(profile: Profile, point: Point, plan: RankPlan, paper: float, sta
             f"limit needs that much {'more' if side == 'to spare' else 'less'} memory per GPU than planned here")
 
 
-def activation_rows(profile: Profile) -> list[dict]:
+def activation_rows(profile: Profile, definitions: Path = DEFINITION_DIR) -> list[dict]:
     """Sections 3.2 and 6.1: the checkpoints of the 100B model at batch 32, MP 16 (zero-100b of fig2)."""
-    (base,) = [p for p in load_points("fig2", "dgx2") if p.point == "zero-100b"]
-    rows = []
+    found = [p for p in load_points("fig2", "dgx2", definitions) if p.point == "zero-100b"]
+    if not found:
+        return []
+    base, rows = found[0], []
     for pa in (0, 1):
         point = dataclasses.replace(base, pa=pa)
         plan = profile.planner.dry_run_config(parse_config(point.pretrain_argv()), point.cluster())
@@ -486,32 +491,40 @@ def activation_note(predicted: float, paper: float) -> str:
 
 # ---- the whole comparison -------------------------------------------------------------------------
 
-def compare(profile: Profile, progress: Callable[[str], None] = lambda line: None) -> dict:
+def compare(profile: Profile, progress: Callable[[str], None] = lambda line: None,
+            definitions: Path = DEFINITION_DIR, sections: Sequence[str] = SECTIONS) -> dict:
+    """The rows of `sections` under `profile`, from the figures' points in `definitions`."""
     started = time.monotonic()
-    results = {figure: figure_results(profile, figure, progress) for figure in FIGURES}
-    progress("  largest models: Figure 4")
-    extras = {"fig4": {}, "fig4_plans": {}}
-    for series in ("zero", "ddp"):
-        candidates = [r.point for r in results["fig4"] if r.point.series == series]
-        widest = max(candidates, key=lambda p: (p.hidden, p.layers)).with_micro_batch(1)
-        size, plan, layers = largest_parameters(profile, widest, None)
-        extras["fig4"][("dgx2", series)] = size
-        extras["fig4_plans"][series] = (plan, widest)
-        if series == "ddp" and plan is not None:
-            extras["fig4_ddp_prediction"] = (plan, predict_depth(profile, widest, plan, layers))
-    progress("  largest models: Figure 6")
-    if profile.conditioned:
+    results = {figure: figure_results(profile, figure, progress, definitions) for figure in FIGURES}
+    extras: dict = {"fig4": {}, "fig4_plans": {}}
+    if "stated" in sections:
+        progress("  largest models: Figure 4")
+        for series in ("zero", "ddp"):
+            candidates = [r.point for r in results["fig4"] if r.point.series == series]
+            widest = max(candidates, key=lambda p: (p.hidden, p.layers)).with_micro_batch(1)
+            size, plan, layers = largest_parameters(profile, widest, None)
+            extras["fig4"][("dgx2", series)] = size
+            extras["fig4_plans"][series] = (plan, widest)
+            if series == "ddp" and plan is not None:
+                extras["fig4_ddp_prediction"] = (plan, predict_depth(profile, widest, plan, layers))
+    if "fig6" in sections and profile.conditioned:
+        progress("  largest models: Figure 6 (the authors' sweep)")
         extras["fig6_sweep"] = {}
         for name in FIGURE6_PAPER:
             point = [r.point for r in results["fig6"] if r.point.series == name][0]
             extras["fig6_sweep"][name] = figure6_sweep(profile, point, CONFIGURATIONS[name])
-    else:
+    elif "fig6" in sections:
+        progress("  largest models: Figure 6")
         extras["fig6"] = {}
         for name, configuration in CONFIGURATIONS.items():
             points = [r.point for r in results["fig6"] if r.point.series == name]
             extras["fig6"][("dgx2", name)] = largest_parameters(profile, points[0], configuration)[0]
-    rows = stated_rows(profile, results, extras) + figure6_rows(profile, results, extras)
-    rows += table2_rows(profile, progress) + activation_rows(profile) + claim_rows(profile, results)
+    builders = {"stated": lambda: stated_rows(profile, results, extras),
+                "fig6": lambda: figure6_rows(profile, results, extras),
+                "table2": lambda: table2_rows(profile, progress),
+                "activations": lambda: activation_rows(profile, definitions),
+                "claims": lambda: claim_rows(profile, results)}
+    rows = [row for section in SECTIONS if section in sections for row in builders[section]()]
     numeric_rows = [r for r in rows if "ratio" in r]
     claims = [r for r in rows if "holds" in r]
     summary = {"numeric_rows": len(numeric_rows),
@@ -522,10 +535,10 @@ def compare(profile: Profile, progress: Callable[[str], None] = lambda line: Non
             "the paper's cluster (configs/hardware/dgx2-v100.yaml) planning this repository's code",
             "conditions": [c.to_json() for c in profile.conditions.conditions],
             "fitted": profile.fitted.to_json() if profile.fitted else None,
-            "adapted_points": adapted_notes(profile, results), "rows": rows, "summary": summary}
+            "adapted_points": adapted_notes(profile, results, definitions), "rows": rows, "summary": summary}
 
 
-def adapted_notes(profile: Profile, results: dict) -> list[str]:
+def adapted_notes(profile: Profile, results: dict, definitions: Path = DEFINITION_DIR) -> list[str]:
     notes = []
     if profile.figures68_batch is not None:
         notes.append(f"figures 6-8: every point at micro batch {profile.figures68_batch} (the fitted parameter; "
@@ -533,7 +546,7 @@ def adapted_notes(profile: Profile, results: dict) -> list[str]:
     for figure, items in results.items():
         if profile.figures68_batch is not None and figure in ("fig6", "fig7", "fig8"):
             continue
-        originals = {p.point: p for p in load_points(figure, "dgx2")}
+        originals = {p.point: p for p in load_points(figure, "dgx2", definitions)}
         for r in items:
             original = originals[r.point.point]
             if r.point.micro_batch != original.micro_batch:
@@ -630,6 +643,7 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--json", default=None, metavar="PATH", help="write the rows, conditions and fit as JSON")
     p.add_argument("--fit", action="store_true",
                    help=f"refit the profile's one free parameter on Figure 6 and write {FIT_FILE.relative_to(REPO_ROOT)}")
+    p.add_argument("--definitions", default=str(DEFINITION_DIR), help="a folder of figN.dat files")
     p.add_argument("--no-cache", action="store_true", help="plan every point afresh")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -654,7 +668,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"micro batch {candidate['micro_batch']}: sizes {candidate['sizes']}, error {candidate['error']}")
         print(f"fitted {fitted.name} = {fitted.value:g} on {fitted.fitted_on}; wrote {FIT_FILE.relative_to(REPO_ROOT)}")
         return 0
-    result = compare(make_profile(args.profile, cache_dir), progress)
+    definitions = check_input_directory(args.definitions, "--definitions")
+    for figure in FIGURES:
+        load_points(figure, "dgx2", definitions)  # a broken definition is one line now, not after the planning
+    result = compare(make_profile(args.profile, cache_dir), progress, definitions)
     print(format_table(result))
     if args.json is not None:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
