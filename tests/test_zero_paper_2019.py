@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "zero_paper"))
 import compare  # noqa: E402
 import experiments  # noqa: E402
+import report_tables  # noqa: E402
 from planning import Planner  # noqa: E402
 
 DOCS = ROOT / "docs" / "zero-paper-2019-conditions.md"
@@ -173,5 +174,12 @@ def test_compare_writes_every_row_with_the_promised_schema(tmp_path, monkeypatch
     figures = {r["figure"] for r in result["rows"]}
     assert {"fig2", "fig4", "fig6", "table2", "fig3"} <= figures  # Figures 7-8 speak of 40B-170B models only
     assert result["summary"]["numeric_rows"] == len(numbers)
+    # The report puts the profiles side by side (report.py without --no-compare).
+    other = dict(result, rows=[dict(row, predicted=None, ratio=None) if "ratio" in row else row
+                               for row in result["rows"]])
+    text = "\n".join(report_tables.side_by_side_section({"dgx2": other, "dgx2-2019": result}))
+    assert "| figure | the paper states | paper | dgx2 | ratio | dgx2-2019 | ratio | dgx2-2019 within 10% |" in text
+    assert all(f"`{c.name}`" in text for c in DGX2_2019.conditions) and "figures_6_8_micro_batch = " in text
+    assert text.count("\n| table2 |") == len([r for r in numbers if r["figure"] == "table2"])
     with pytest.raises(ConfigError, match="--definitions"):
         compare.main(["--profile", "dgx2", "--definitions", str(tmp_path / "absent")])

@@ -595,16 +595,6 @@ def write_fit(fitted: Fitted, candidates: list[dict], path: Path = FIT_FILE) -> 
 
 # ---- output ---------------------------------------------------------------------------------------
 
-def format_value(value: Optional[float], unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "parameters":
-        return format_parameters(value)
-    if unit == "bytes":
-        return f"{value / 1e9:.1f} GB"
-    return f"{value:.1f}"
-
-
 def format_table(result: dict) -> str:
     lines = [f"profile {result['profile']}: {result['description']}"]
     fitted = result["fitted"]
@@ -617,11 +607,11 @@ def format_table(result: dict) -> str:
     for row in result["rows"]:
         if "ratio" not in row:
             continue
-        paper = f"{RELATIONS[row['relation']]} {format_value(row['paper'], row['unit'])}"
+        paper = f"{RELATIONS[row['relation']]} {report_tables.format_compared(row['paper'], row['unit'])}"
         unit = "" if row["unit"] in ("parameters", "bytes") else f" {row['unit']}"
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
         verdict = "yes" if row["within_10_percent"] else "**no**: " + (row["note"] or "missed")
-        lines.append(f"| {row['figure']} | {row['claim']} | {paper}{unit} | {format_value(row['predicted'], row['unit'])} | "
+        lines.append(f"| {row['figure']} | {row['claim']} | {paper}{unit} | {report_tables.format_compared(row['predicted'], row['unit'])} | "
                      f"{ratio} | {verdict} | {row['basis']} |")
     lines += ["", "| figure | the paper observes | predicted | holds | basis |", "|---|---|---|---|---|"]
     for row in result["rows"]:
