@@ -45,6 +45,8 @@ def test_every_condition_names_its_source_in_the_code_and_in_the_docs(name):
         assert condition.source.strip() and condition.why.strip() and condition.unit.strip(), condition.name
         assert condition.phase in PHASES and set(condition.stacks) <= set(STACKS)
         assert f"`{condition.name}`" in docs, f"{condition.name} is not in {DOCS.name}"
+        stated = docs.split(f"`{condition.name}`", 1)[1][:2000]  # its paragraph: the value and the source
+        assert report_tables.condition_value(condition.to_json()) in stated and condition.source[:60] in stated
 
 
 def test_a_condition_without_a_source_is_refused():

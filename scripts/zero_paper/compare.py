@@ -429,6 +429,10 @@ def table2_rows(profile: Profile, progress: Callable[[str], None]) -> list[dict]
                           "parameters", predicted, basis)
             if not row["within_10_percent"] and plan is not None:
                 row["note"] = table2_gap(profile, configured, plan, paper, stack)
+                if mp > 1:
+                    first = PAPER_TABLE2_MEASURED[1][0 if stage == 0 else 1]
+                    row["note"] += (f" (the paper's {format_parameters(paper)} is {mp} x its MP 1 value, "
+                                    f"{format_parameters(first)}, within its rounding: {paper / first / mp:.2f})")
             rows.append(row)
     return rows
 
