@@ -194,9 +194,11 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
         return deepest, min((layers for layers, plan in plans.items() if not plan.fits and layers > deepest),
                             default=None)
 
-    budget = cluster.gpu_memory_bytes
     if not plan_for(1).fits:
         return 0, None
+    # The plans' own budget: a plan_run may plan under conditions with a budget of their own
+    # (planner/conditions.py); without them it is the cluster's.
+    budget = plan_for(1).budget_bytes if plan_for(1).budget_bytes is not None else cluster.gpu_memory_bytes
     low, high = 1, min(2, MAX_PLAN_LAYERS)
     for _ in range(20):  # secant steps: converges in a few, since the curve is nearly a line
         slope = max(1.0, (plan_for(high).total_bytes - plan_for(low).total_bytes) / (high - low))

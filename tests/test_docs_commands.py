@@ -116,6 +116,7 @@ EXPENSIVE_SCRIPTS = {
     "scripts/zero_paper/mini_reproduction.py": "trains C1-C5 as 4 gloo processes (about 11 minutes)",
     "scripts/zero_paper/calibrate_cpu.py": "trains six small GPTs (about 1.5 minutes)",
     "scripts/zero_paper/report.py": "about 200 dry runs on a cold plan cache (about 25 minutes)",
+    "scripts/zero_paper/compare.py": "157 dry runs of 1B-200B models on a cold plan cache (about 9 minutes)",
     "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",

@@ -16,8 +16,9 @@ from typing import Optional
 
 from arguments.parser import parse_config
 from arguments.config import PretrainConfig
+from planner.conditions import NO_CONDITIONS, ConditionSet, condition_plan, condition_prediction
 from planner.dry_run import Cluster, RankPlan, dry_run
-from planner.perf_model import Constants, Prediction, load_constants, predict
+from planner.perf_model import Constants, Prediction, load_constants
 
 from experiments import GPT2_VOCAB, REPO_ROOT, Point
 
@@ -46,18 +47,33 @@ def _source_hash() -> str:
 
 
 class Planner:
-    """Dry runs and predictions of points, each planned once (and kept in `cache_dir` if given)."""
+    """Dry runs and predictions of points, each planned once (and kept in `cache_dir` if given).
 
-    def __init__(self, cache_dir: Optional[Path] = None, constants: Optional[dict[str, Constants]] = None) -> None:
+    With `conditions` (planner/conditions.py, e.g. the dgx2-2019 set) every plan and prediction is
+    the dry run's under those conditions; the dry runs themselves are the same and shared with the
+    unconditioned planner (the cache holds only dry runs), and with no conditions nothing changes."""
+
+    def __init__(self, cache_dir: Optional[Path] = None, constants: Optional[dict[str, Constants]] = None,
+                 conditions: ConditionSet = NO_CONDITIONS) -> None:
         self.cache_dir = cache_dir
         self.source = _source_hash()
         self.constants = constants or {}
+        self.conditions = conditions
+        # The share of the budget a chosen batch may take: the rest is for what a dry run cannot see,
+        # which a condition set names itself.
+        self.batch_headroom = 1.0 if conditions else BATCH_HEADROOM
         self._plans: dict[str, RankPlan] = {}
 
-    def plan(self, point: Point) -> RankPlan:
-        return self.plan_config(parse_config(point.pretrain_argv()), point.cluster())
+    def plan(self, point: Point, stack: Optional[str] = None) -> RankPlan:
+        return self.plan_config(parse_config(point.pretrain_argv()), point.cluster(), stack=stack)
 
-    def plan_config(self, config: PretrainConfig, cluster: Cluster, vocab_size: int = GPT2_VOCAB) -> RankPlan:
+    def plan_config(self, config: PretrainConfig, cluster: Cluster, vocab_size: int = GPT2_VOCAB,
+                    stack: Optional[str] = None) -> RankPlan:
+        """The dry run of `config` (`dry_run_config`) under this planner's conditions (for `stack`,
+        by default the paper's stack of its stage and MP degree)."""
+        return condition_plan(self.dry_run_config(config, cluster, vocab_size), config, self.conditions, stack)
+
+    def dry_run_config(self, config: PretrainConfig, cluster: Cluster, vocab_size: int = GPT2_VOCAB) -> RankPlan:
         """planner/dry_run.py's plan of rank 0, from memory, the cache, or a dry run (then cached).
         Where the metrics go and whether the run reports memory do not change a plan (a dry run reads
         neither), so they are not part of the key: Figure 7's points share Figures 6 and 8's plans."""
@@ -85,24 +101,30 @@ class Planner:
             os.replace(temporary, cached)
         return plan
 
-    def predict(self, point: Point, plan: Optional[RankPlan] = None) -> Prediction:
+    def predict(self, point: Point, plan: Optional[RankPlan] = None, stack: Optional[str] = None) -> Prediction:
         hardware = point.hardware
         if hardware.calibration not in self.constants:
             self.constants[hardware.calibration] = load_constants(hardware.calibration)
-        plan = plan if plan is not None else self.plan(point)
-        return predict(plan, parse_config(point.pretrain_argv()), GPT2_VOCAB, point.world_size, hardware,
-                       self.constants[hardware.calibration])
+        plan = plan if plan is not None else self.plan(point, stack)
+        return condition_prediction(plan, parse_config(point.pretrain_argv()), GPT2_VOCAB, point.world_size, hardware,
+                                    self.constants[hardware.calibration], self.conditions, stack)
+
+    def budget(self, plan: RankPlan, point: Point) -> int:
+        return plan.budget_bytes if plan.budget_bytes is not None else point.hardware.gpu_memory_bytes
 
     def fits_with_headroom(self, point: Point) -> bool:
-        return self.plan(point).total_bytes <= BATCH_HEADROOM * point.hardware.gpu_memory_bytes
+        plan = self.plan(point)
+        return plan.total_bytes <= self.batch_headroom * self.budget(plan, point)
 
     def largest_micro_batch(self, point: Point) -> Optional[int]:
-        """The largest micro batch of MICRO_BATCH_LADDER whose planned peak is within BATCH_HEADROOM of
-        the GPU, or None when even 1 is not. The peak is a line in the micro batch (activations and
-        logits grow with it, model states and buffers do not), so dry runs at 1 and 2 give the line;
-        the answer it points to is then confirmed by a dry run of its own, stepping down if needed."""
-        limit = BATCH_HEADROOM * point.hardware.gpu_memory_bytes
-        one, two = (self.plan(point.with_micro_batch(b)).total_bytes for b in (1, 2))
+        """The largest micro batch of MICRO_BATCH_LADDER whose planned peak is within the batch
+        headroom of the GPU (BATCH_HEADROOM, or all of a condition set's budget), or None when even
+        1 is not. The peak is a line in the micro batch (activations and logits grow with it, model
+        states and buffers do not), so dry runs at 1 and 2 give the line; the answer it points to is
+        then confirmed by a dry run of its own, stepping down if needed."""
+        first = self.plan(point.with_micro_batch(1))
+        limit = self.batch_headroom * self.budget(first, point)
+        one, two = first.total_bytes, self.plan(point.with_micro_batch(2)).total_bytes
         if one > limit:
             return None
         slope = max(two - one, 1)

@@ -12,7 +12,9 @@ point of every figure (scripts/zero_paper/experiments/*.dat) and profile (dgx2, 
   calibration);
 - measured: the run in RUNS_DIR/PROFILE/FIGURE/POINT (run.py's layout; measurements.py), when one
   exists;
-- paper: the values the paper states (planner/paper_tables.py), beside the points they are about.
+- paper: the values the paper states (planner/paper_tables.py), beside the points they are about;
+- side by side, every stated value under the dgx2 profile and under dgx2-2019, the paper's own 2019
+  software as sourced conditions (compare.py, planner/conditions.py; --no-compare leaves it out).
 
 Figures 4 and 6 add the planner's search for the largest model (planner.plan.largest_layers); Figures 6
 and 7 add the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json, mini_reproduction.py)
@@ -129,6 +131,9 @@ def build_parser() -> OneLineArgumentParser:
                    help=f"mini_reproduction.py's JSON (default: {MINI_REPRODUCTION.relative_to(REPO_ROOT)}, "
                         f"skipped when absent; a path given must exist)")
     p.add_argument("--no-cache", action="store_true", help="plan every point afresh")
+    p.add_argument("--no-compare", action="store_true",
+                   help="leave out the paper's stated values under dgx2 and dgx2-2019 side by side (compare.py, "
+                        "which adds Table 2's and Figure 6's searches)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier report in --output-dir")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -200,7 +205,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         figures.plot_fig7(results["fig7"], memory, output / "fig7.png")
     if "fig8" in results:
         figures.plot_fig8(results["fig8"], output / "fig8.png")
-    text = report_tables.report(results, extras, memory, mini, runs, argv if argv is not None else sys.argv[1:])
+    compared = {}
+    if not args.no_compare and "dgx2" in args.profiles:
+        import compare  # it imports this module's helpers' neighbours; loaded only when it is used
+
+        for name in compare.PROFILE_CONDITIONS:
+            progress(f"the paper's stated values under {name} (compare.py)")
+            compared[name] = compare.compare(compare.make_profile(name, None if args.no_cache else default_cache_dir()),
+                                             progress, definitions)
+    text = report_tables.report(results, extras, memory, mini, runs, argv if argv is not None else sys.argv[1:],
+                                compared)
     (output / "report.md").write_text(text, encoding="utf-8")
     print(f"wrote {output / 'report.md'} and {len(results)} figures ({len(runs)} measured runs)")
     return 0

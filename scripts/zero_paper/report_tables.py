@@ -223,7 +223,81 @@ def constants_section() -> list[str]:
     return lines + [""]
 
 
-def report(results, extras, memory, mini, runs, argv) -> str:
+def format_compared(value, unit: str) -> str:
+    """A value of compare.py's rows: parameters as the paper writes them, bytes in decimal GB."""
+    if value is None:
+        return "-"
+    if unit == "parameters":
+        return format_parameters(value)
+    if unit == "bytes":
+        return f"{value / 1e9:.1f} GB"
+    return f"{value:.1f}"
+
+
+def condition_value(condition: dict) -> str:
+    """A condition's value with its unit, bytes in MiB."""
+    if condition["unit"] == "bytes":
+        return f"{condition['value'] / 2**20:,.0f} MiB"
+    if condition["unit"] == "procedure":
+        return str(condition["value"])
+    return f"{condition['value']:g} {condition['unit']}"
+
+
+def side_by_side_section(compared: dict) -> list[str]:
+    """compare.py's rows of several profiles (their results by name) in one table: the paper's value,
+    each profile's prediction and ratio, and the last profile's verdict with its reason."""
+    if not compared:
+        return []
+    names = list(compared)
+    last = names[-1]
+    lines = ["## The paper's stated values under each profile", "",
+             "Written by scripts/zero_paper/compare.py for each profile. " + " ".join(
+                 f"{name}: {result['description']}." for name, result in compared.items()), ""]
+    for name, result in compared.items():
+        if result["fitted"]:
+            fitted = result["fitted"]
+            lines.append(f"{name} fits one parameter, on one figure: {fitted['name']} = {fitted['value']:g}, on "
+                         f"{fitted['fitted_on']}; every other figure is a prediction.")
+    conditions = compared[last]["conditions"]
+    if conditions:
+        lines += ["", f"The conditions of {last} (planner/conditions.py; docs/zero-paper-2019-conditions.md):", ""]
+        lines += [f"- `{c['name']}` = {condition_value(c)} ({c['phase']}; {', '.join(c['stacks'])}): {c['why']}. "
+                  f"Source: {c['source']}" for c in conditions]
+    header = " | ".join(f"{name} | ratio" for name in names)
+    lines += ["", f"| figure | the paper states | paper | {header} | {last} within 10% |",
+              "|---|---|---:|" + "---:|---:|" * len(names) + "---|"]
+    keyed = {name: {(r["figure"], r["claim"]): r for r in result["rows"]} for name, result in compared.items()}
+    for row in compared[last]["rows"]:
+        if "ratio" not in row:
+            continue
+        key = (row["figure"], row["claim"])
+        cells = []
+        for name in names:
+            other = keyed[name].get(key)
+            cells.append(f"{format_compared(other['predicted'], other['unit'])} | "
+                         f"{'-' if other['ratio'] is None else format(other['ratio'], '.2f')}" if other else "- | -")
+        unit = "" if row["unit"] in ("parameters", "bytes") else f" {row['unit']}"
+        verdict = "yes" if row["within_10_percent"] else f"**no**: {row['note']}"
+        lines.append(f"| {row['figure']} | {row['claim']} | {RELATIONS[row['relation']]} "
+                     f"{format_compared(row['paper'], row['unit'])}{unit} | {' | '.join(cells)} | {verdict} |")
+    header = " | ".join(names)
+    lines += ["", f"| figure | the paper observes | {header} | {last}: predicted |", "|---|---|" + "---|" * (len(names) + 1)]
+    for row in compared[last]["rows"]:
+        if "holds" not in row:
+            continue
+        key = (row["figure"], row["claim"])
+        cells = ["yes" if keyed[n].get(key, {}).get("holds") else "no" for n in names]
+        note = f" ({row['note']})" if row["note"] and not row["holds"] else ""
+        lines.append(f"| {row['figure']} | {row['claim']} | {' | '.join(cells)} | {row['predicted']}{note} |")
+    lines.append("")
+    for name, result in compared.items():
+        summary = result["summary"]
+        lines.append(f"- {name}: {summary['within_10_percent']} of {summary['numeric_rows']} numbers within 10%, "
+                     f"{summary['holding']} of {summary['qualitative_rows']} observations hold")
+    return lines + [""]
+
+
+def report(results, extras, memory, mini, runs, argv, compared=None) -> str:
     lines = ["# The ZeRO paper's Figures 2-8: predicted, measured and stated", "",
              f"Written by `python scripts/zero_paper/report.py {' '.join(argv)}` from {len(runs)} measured runs. "
              "predicted = the planner's dry run (planner/dry_run.py) and the performance model (planner/perf_model.py); "
@@ -231,7 +305,7 @@ def report(results, extras, memory, mini, runs, argv) -> str:
              "TFLOP/s per GPU count the activation recompute (what the GPU executes; model FLOPs in brackets). "
              "Per-GPU planned memory is the planner's peak before what a dry run cannot see (the CUDA context, "
              "NCCL's buffers, fragmentation).", ""]
-    lines += comparison_section(results, extras) + [""] + constants_section()
+    lines += comparison_section(results, extras) + [""] + side_by_side_section(compared or {}) + constants_section()
     lines += ["## Every point", ""]
     for figure, by_profile in results.items():
         lines += points_section(figure, by_profile)

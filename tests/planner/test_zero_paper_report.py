@@ -68,7 +68,8 @@ def test_report_draws_every_figure_from_predictions_and_measured_runs(small_worl
     fake_run(runs, "fig2", "zero-1.16b", 12.5)
     output = tmp_path / "report"
     argv = ["--output-dir", str(output), "--definitions", str(small_world), "--profiles", "dgx2", "--runs", str(runs),
-            "--mini-reproduction", str(ROOT / "docs" / "zero-paper" / "mini-reproduction.json"), "--quiet"]
+            "--mini-reproduction", str(ROOT / "docs" / "zero-paper" / "mini-reproduction.json"), "--quiet",
+            "--no-compare"]  # compare.py's side-by-side section: tests/planner/test_zero_paper_2019.py
     assert report.main(argv) == 0
     for name in report.OUTPUTS:
         assert (output / name).stat().st_size > 1000, name
