@@ -165,7 +165,7 @@ DGX2_2019_CONDITIONS = (
         "loss_fp32_copies", 6, "bytes per logit (b x s x vocab/MP)", "passes",
         f"{DSE_MEGATRON} pretrain_gpt2.py forward_step: 'mpu.vocab_parallel_cross_entropy(output.contiguous()"
         ".float(), labels)'; mpu/cross_entropy.py _VocabParallelCrossEntropy.forward: 'logits = "
-        "vocab_parallel_logits.clone()', 'exp_logits = logits.exp()' (the same in {MEGATRON_2019})",
+        f"vocab_parallel_logits.clone()', 'exp_logits = logits.exp()' (the same in {MEGATRON_2019})",
         "at the loss the fp16 logits (2 bytes), their fp32 copy (4), its fp32 clone (4) and the fp32 "
         "exponentials (4) are alive together: 14 bytes per logit, where the dry run counts 8 (the "
         "logits, the fp32 softmax and the logits' gradient)"),

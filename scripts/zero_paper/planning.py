@@ -24,7 +24,8 @@ from experiments import GPT2_VOCAB, REPO_ROOT, Point
 
 # Every package a dry run executes (the floors from base/ to planner/ but checkpoint/, which it never calls).
 PLANNING_SOURCES = ("base", "parallel", "zero", "gpt", "arguments", "training", "planner")
-NOT_PLANNING = ("perf_model.py", "perf_calibration.py", "perf_cli.py", "paper_tables.py", "plan.py")  # never change a plan
+# Never change a dry run (conditions.py applies on top of one): the cache holds dry runs only.
+NOT_PLANNING = ("perf_model.py", "perf_calibration.py", "perf_cli.py", "paper_tables.py", "plan.py", "conditions.py")
 MICRO_BATCH_LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)  # 96: the largest of the authors' sweeps
 # The share of a GPU the planned peak may take when a batch size is chosen: the rest is for what a
 # dry run cannot see (the CUDA context, NCCL's buffers, fragmentation).
@@ -108,6 +109,17 @@ class Planner:
         plan = plan if plan is not None else self.plan(point, stack)
         return condition_prediction(plan, parse_config(point.pretrain_argv()), GPT2_VOCAB, point.world_size, hardware,
                                     self.constants[hardware.calibration], self.conditions, stack)
+
+    def predict_depth(self, point: Point, plan: RankPlan, layers: int) -> Prediction:
+        """The prediction of `point`'s shape at `layers` (a depth a planner search found, which no
+        preset need have), planned as `plan`."""
+        config = parse_config(point.pretrain_argv())
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, num_layers=layers))
+        hardware = point.hardware
+        if hardware.calibration not in self.constants:
+            self.constants[hardware.calibration] = load_constants(hardware.calibration)
+        return condition_prediction(plan, config, GPT2_VOCAB, point.world_size, hardware,
+                                    self.constants[hardware.calibration], self.conditions)
 
     def budget(self, plan: RankPlan, point: Point) -> int:
         return plan.budget_bytes if plan.budget_bytes is not None else point.hardware.gpu_memory_bytes

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from arguments.config import ConfigError
+from tests.zero_paper_points import write_small_definitions
 from zero.memory import format_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,30 +21,11 @@ import mini_analysis  # noqa: E402
 import mini_reproduction  # noqa: E402
 import report  # noqa: E402
 
-HEADER = " ".join(experiments.COLUMNS)
-# Small points on one DGX-2 node, so every dry run and max-size search takes a second or two.
-DEFINITIONS = {
-    "fig2": ["dgx2 zero-1.16b zero 1 16 2 24 1920 16 2 16 2 1 0 1 5e8 2e8 5",
-             "dgx2 megatron-1.16b megatron 1 16 2 24 1920 16 2 16 0 0 0 0 5e8 2e8 5"],
-    "fig3": ["dgx2 zero-8gpus zero 1 8 2 24 1920 16 2 8 2 1 1 1 5e8 2e8 5",
-             "dgx2 zero-16gpus zero 1 16 2 24 1920 16 4 32 2 1 1 1 5e8 2e8 5"],
-    "fig4": ["dgx2 zero-1.16b zero 1 16 1 24 1920 16 2 32 2 0 0 1 5e8 2e8 5",
-             "dgx2 ddp-1.16b ddp 1 16 1 24 1920 16 2 32 0 0 0 0 5e8 2e8 5"],
-}
-for figure in ("fig6", "fig7", "fig8"):
-    DEFINITIONS[figure] = [f"dgx2 {name.lower()}-1.16b {name} 1 16 2 24 1920 16 2 16 {stage} {pa} {cpu} 1 5e8 2e8 5"
-                           for name, (stage, pa, cpu) in {"C1": (1, 0, 0), "C2": (1, 1, 0), "C3": (2, 0, 0),
-                                                          "C4": (2, 1, 0), "C5": (2, 1, 1)}.items()]
-
-
 @pytest.fixture
 def small_world(tmp_path, monkeypatch):
     """Definitions of small points, and a dgx2 profile whose GPUs hold 2 GB (the V100's in every
     other number), so the planner's searches for the largest model stop after a few layers."""
-    definitions = tmp_path / "definitions"
-    definitions.mkdir()
-    for figure, rows in DEFINITIONS.items():
-        (definitions / f"{figure}.dat").write_text("\n".join([HEADER, *rows]) + "\n")
+    definitions = write_small_definitions(tmp_path / "definitions", experiments.COLUMNS)
     profile = tmp_path / "small-v100.yaml"
     text = (ROOT / "configs" / "hardware" / "dgx2-v100.yaml").read_text()
     profile.write_text(text.replace("gpu_memory_bytes: 32e9", "gpu_memory_bytes: 2e9"))
