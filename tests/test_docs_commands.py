@@ -116,7 +116,7 @@ EXPENSIVE_SCRIPTS = {
     "scripts/zero_paper/mini_reproduction.py": "trains C1-C5 as 4 gloo processes (about 11 minutes)",
     "scripts/zero_paper/calibrate_cpu.py": "trains six small GPTs (about 1.5 minutes)",
     "scripts/zero_paper/report.py": "about 200 dry runs on a cold plan cache (about 25 minutes)",
-    "scripts/zero_paper/compare.py": "157 dry runs of 1B-200B models on a cold plan cache (about 9 minutes)",
+    "scripts/zero_paper/compare.py": "about 150 dry runs of 1B-200B models on a cold plan cache (about 5 minutes)",
     "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
@@ -133,6 +133,8 @@ STATED_OUTPUT = {
     "python -m zero.perf_model --hardware dgx2-v100 --config zero_paper/100b-125x8192": "37.4 TFLOP/s per GPU",
     # docs/planning.md: "35.77 GiB of 74.51 GiB ... 38.73 GiB of headroom"
     "python -m zero.plan dry-run --config gpt2-1.5b --world-size 8 --gpus-per-node 8 --gpu-memory 80GB": "headroom 38.73 GiB",
+    # docs/planning.md: the Figure 6 table's last row, layers, parameters and per-GPU total
+    "python -m zero.plan max-size --config zero_paper/100b-125x8192": "| C5 | P_os+g + P_a+cpu | 225 | 181.6B | 29.77 GiB |",
 }
 
 

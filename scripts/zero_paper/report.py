@@ -87,16 +87,23 @@ def largest_model(planner: Planner, point: Point, configuration: Optional[dict])
     return plan.parameters_total if plan is not None else 0
 
 
-def fig4_max_sizes(rows_by_profile: dict, planner: Planner) -> dict[tuple[str, str], int]:
-    """Without MP, at micro batch 1: ZeRO's largest at the shape of its largest point, DDP's likewise."""
-    sizes = {}
+def fig4_max_sizes(rows_by_profile: dict, planner: Planner) -> tuple[dict[tuple[str, str], int], dict]:
+    """Without MP, at micro batch 1: ZeRO's largest at the shape of its largest point, DDP's likewise;
+    and, per profile, DDP's largest model with its predicted TFLOP/s per GPU (the paper's "1.4B ... less
+    than 20 TFlops")."""
+    sizes, ddp_searched = {}, {}
     for profile, rows in rows_by_profile.items():
         for series in ("zero", "ddp"):
             candidates = [r.point for r in rows if r.point.series == series]
             if candidates:
-                widest = max(candidates, key=lambda p: (p.hidden, p.layers))
-                sizes[(profile, series)] = largest_model(planner, widest.with_micro_batch(1), None)
-    return sizes
+                widest = max(candidates, key=lambda p: (p.hidden, p.layers)).with_micro_batch(1)
+                config = parse_config(widest.pretrain_argv())
+                layers, plan = largest_layers(config, widest.cluster(), GPT2_VOCAB, None, plan_run=planner.plan_config)
+                sizes[(profile, series)] = plan.parameters_total if plan is not None else 0
+                if series == "ddp" and plan is not None:
+                    prediction = planner.predict_depth(widest, plan, layers)
+                    ddp_searched[profile] = (plan.parameters_total, prediction.hardware_tflops_per_gpu)
+    return sizes, ddp_searched
 
 
 def fig6_max_sizes(rows_by_profile: dict, planner: Planner) -> dict[tuple[str, str], int]:
@@ -189,7 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         figures.plot_fig3(results["fig3"], output / "fig3.png")
     if "fig4" in results:
         progress("fig4: the largest model without MP (planner search)")
-        extras["fig4"] = fig4_max_sizes(results["fig4"], planner)
+        extras["fig4"], extras["fig4_ddp_searched"] = fig4_max_sizes(results["fig4"], planner)
         figures.plot_fig4(results["fig4"], extras["fig4"], output / "fig4.png")
     if "fig6" in results:
         progress("fig6: the largest model per configuration (planner search)")

@@ -5,6 +5,7 @@ and compare.py writes the rows it promises (on small points, so the whole test t
 import dataclasses
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from planner.conditions import (CONDITION_SETS, DGX2_2019, MIB, NO_CONDITIONS, P
                                 condition_constants, condition_plan, condition_prediction, condition_terms, stack_for)
 from planner.dry_run import Cluster, dry_run
 from planner.perf_model import load_constants, load_hardware, predict
+from tests.zero_paper_points import write_small_definitions
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "zero_paper"))
@@ -43,6 +45,8 @@ def test_every_condition_names_its_source_in_the_code_and_in_the_docs(name):
     docs = DOCS.read_text(encoding="utf-8")
     for condition in CONDITION_SETS[name].conditions:
         assert condition.source.strip() and condition.why.strip() and condition.unit.strip(), condition.name
+        text = condition.source + condition.why
+        assert not re.search(r"\{[A-Z_0-9]+\}", text), f"{condition.name}: an unformatted placeholder"
         assert condition.phase in PHASES and set(condition.stacks) <= set(STACKS)
         assert f"`{condition.name}`" in docs, f"{condition.name} is not in {DOCS.name}"
         stated = docs.split(f"`{condition.name}`", 1)[1][:2000]  # its paragraph: the value and the source
@@ -127,27 +131,8 @@ def test_the_fit_is_one_parameter_on_figure_6_and_reproduces_its_own_choice():
         compare.main(["--profile", "dgx2", "--fit"])
 
 
-# Small points on one DGX-2 node, as tests/test_zero_paper_report.py has them.
-HEADER = " ".join(experiments.COLUMNS)
-DEFINITIONS = {
-    "fig2": ["dgx2 zero-1.16b zero 1 16 2 24 1920 16 2 16 2 1 0 1 5e8 2e8 5",
-             "dgx2 megatron-1.16b megatron 1 16 2 24 1920 16 2 16 0 0 0 0 5e8 2e8 5"],
-    "fig3": ["dgx2 zero-8gpus zero 1 8 2 24 1920 16 2 8 2 1 1 1 5e8 2e8 5",
-             "dgx2 zero-16gpus zero 1 16 2 24 1920 16 4 32 2 1 1 1 5e8 2e8 5"],
-    "fig4": ["dgx2 zero-1.16b zero 1 16 1 24 1920 16 2 32 2 0 0 1 5e8 2e8 5",
-             "dgx2 ddp-1.16b ddp 1 16 1 24 1920 16 2 32 0 0 0 0 5e8 2e8 5"],
-}
-for _figure in ("fig6", "fig7", "fig8"):
-    DEFINITIONS[_figure] = [f"dgx2 {name.lower()}-1.16b {name} 1 16 2 24 1920 16 2 16 {stage} {pa} {cpu} 1 5e8 2e8 5"
-                            for name, (stage, pa, cpu) in {"C1": (1, 0, 0), "C2": (1, 1, 0), "C3": (2, 0, 0),
-                                                           "C4": (2, 1, 0), "C5": (2, 1, 1)}.items()]
-
-
 def test_compare_writes_every_row_with_the_promised_schema(tmp_path, monkeypatch, capsys):
-    definitions = tmp_path / "definitions"
-    definitions.mkdir()
-    for figure, rows in DEFINITIONS.items():
-        (definitions / f"{figure}.dat").write_text("\n".join([HEADER, *rows]) + "\n")
+    definitions = write_small_definitions(tmp_path / "definitions", experiments.COLUMNS)
     # GPUs of 6 GiB, so the small points fit and every search for a largest model stops after a few
     # layers; Table 2 at MP 1 and 2 only, on the points' own 1920-wide family.
     small = tuple(dataclasses.replace(c, value=6 * 2**30) if c.name == "device_memory" else c
@@ -185,3 +170,32 @@ def test_compare_writes_every_row_with_the_promised_schema(tmp_path, monkeypatch
     assert text.count("\n| table2 |") == len([r for r in numbers if r["figure"] == "table2"])
     with pytest.raises(ConfigError, match="--definitions"):
         compare.main(["--profile", "dgx2", "--definitions", str(tmp_path / "absent")])
+
+
+def test_the_docs_show_the_committed_comparison():
+    """The side-by-side table in docs/zero-paper-2019-conditions.md, and the summary lines in
+    docs/reproducing-the-paper.md, are what report_tables renders from the committed compare-*.json:
+    a page cannot keep numbers the JSON no longer has."""
+    compared = {name: json.loads((ROOT / "docs" / "zero-paper" / f"compare-{name}.json").read_text(encoding="utf-8"))
+                for name in ("dgx2", "dgx2-2019")}
+    lines = report_tables.side_by_side_section(compared)
+    start = next(i for i, line in enumerate(lines) if line.startswith("| figure | the paper states"))
+    table = "\n".join(lines[start:]).strip()
+    assert table in DOCS.read_text(encoding="utf-8"), f"{DOCS.name}'s table differs from the committed JSON"
+    summary = [line for line in lines if line.startswith("- dgx2")]
+    assert len(summary) == 2
+    reproducing = (ROOT / "docs" / "reproducing-the-paper.md").read_text(encoding="utf-8")
+    for line in summary:
+        assert line in reproducing, f"reproducing-the-paper.md lacks {line!r}"
+
+
+def test_ddp_throughput_is_predicted_at_the_searched_largest_ddp_model():
+    """The paper: "the largest trainable model with DP alone has 1.4B parameters with throughput less
+    than 20 TFlops per GPU". The row takes the prediction at the planner's largest DDP model, and
+    has none without that search (never a Figure 4 point of another size)."""
+    def ddp_row(extras):
+        (row,) = [r for r in report_tables.predicted_for_stated({}, extras) if "DDP throughput" in r[0].quantity]
+        return row
+    _, prediction, basis = ddp_row({"fig4_ddp_searched": {"dgx2": (1.4e9, 11.8)}})
+    assert prediction == 11.8 and "1.4B" in basis and "micro batch 1" in basis
+    assert ddp_row({})[1] is None
