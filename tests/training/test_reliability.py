@@ -642,7 +642,17 @@ def interrupt_at_iteration(metrics: Path, iteration: int, signum: int) -> thread
     return thread
 
 
-def test_ctrl_c_without_the_handler_is_one_line_and_status_130(cache, tmp_path):
+@pytest.fixture
+def terminal_sigint():
+    """SIGINT as a terminal's Python has it (KeyboardInterrupt). A suite started in the background
+    (nohup, `cmd &` in a script) inherits SIGINT ignored, and Python then installs no handler, so
+    the Ctrl-C tests would test the launcher rather than the run."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_without_the_handler_is_one_line_and_status_130(cache, tmp_path, terminal_sigint):
     """Before: a KeyboardInterrupt traceback."""
     watcher = interrupt_at_iteration(tmp_path / "metrics.jsonl", 2, signal.SIGINT)
     outcome = train(cache, tmp_path, "--train-iters", "400", "--save", tmp_path / "ck")
@@ -652,7 +662,7 @@ def test_ctrl_c_without_the_handler_is_one_line_and_status_130(cache, tmp_path):
     assert not (tmp_path / "ck" / LATEST_FILE).exists()
 
 
-def test_ctrl_c_with_the_handler_saves_and_exits_zero(cache, tmp_path):
+def test_ctrl_c_with_the_handler_saves_and_exits_zero(cache, tmp_path, terminal_sigint):
     """Before: a KeyboardInterrupt traceback and no save, even with --exit-signal-handler."""
     watcher = interrupt_at_iteration(tmp_path / "metrics.jsonl", 2, signal.SIGINT)
     outcome = train(cache, tmp_path, "--train-iters", "400", "--save", tmp_path / "ck", "--exit-signal-handler")
