@@ -181,8 +181,10 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
         flush=True)
 
     metrics_path = Path(config.logging.metrics_file)
-    if state.is_first_rank:  # appended to, never truncated: only the records a resume redoes go
-        dropped = drop_redone_records(str(metrics_path), start.iteration) if start.iteration > 0 else 0
+    identity = claimed.identity
+    log(f"> run {identity.run_id}, launch {identity.launch_id}: in every metrics record and save", flush=True)
+    if state.is_first_rank:  # appended to, never truncated: only this lineage's redone records go
+        dropped = drop_redone_records(str(metrics_path), start.iteration, identity.run_id)
         if dropped:
             log(f"> dropped {dropped} records after iteration {start.iteration} from {metrics_path}: this run "
                 f"redoes those iterations", flush=True)
@@ -193,14 +195,15 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
         wandb_run = start_wandb(config.logging.wandb_project, config.logging.wandb_run_name,
                                 config.logging.wandb_entity, config.to_dict(), str(metrics_path.parent))
     tensorboard = open_tensorboard(config.logging.tensorboard_dir) if state.is_first_rank else None
-    writer = MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run, tensorboard=tensorboard)
+    writer = MetricsWriter(str(metrics_path), enabled=state.is_first_rank, wandb_run=wandb_run, tensorboard=tensorboard,
+                           identity=identity.fields())
     # A NullTokenizer has no files: the checkpoint then holds no tokenizer/ copy.
     saved_tokenizer = data.tokenizer if isinstance(data.tokenizer, GPTTokenizer) else None
 
     def save(iteration: int, consumed_samples: int, lr: float) -> None:
         save_checkpoint(checkpoint.save, iteration, consumed_samples, model, zero.optimizer, rng, config, state,
-                        tokenizer=saved_tokenizer, lr=lr)
-        prune_checkpoints(checkpoint.save, checkpoint.keep_last, state)
+                        tokenizer=saved_tokenizer, lr=lr, identity=identity)
+        prune_checkpoints(checkpoint.save, checkpoint.keep_last, state, identity.run_id)
 
     training = config.training
     finished = start.iteration >= training.train_iters or (

@@ -404,13 +404,28 @@ def remove_stale_saves(save_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def prune(save_dir: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` checkpoints (never the one `latest` names)."""
+def saved_run_id(iteration_dir: Path) -> Optional[str]:
+    """The lineage (checkpoint/lineage.py) a checkpoint's metadata names; None for one saved without
+    (or with unreadable metadata: a checkpoint nobody can attribute is nobody's to delete)."""
+    try:
+        with open(iteration_dir / METADATA_FILE, encoding="utf-8") as f:
+            metadata = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return None
+    value = metadata.get("run_id") if isinstance(metadata, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def prune(save_dir: Path, keep_last: int, run_id: str) -> list[Path]:
+    """Delete all but the newest `keep_last` checkpoints of the lineage `run_id` (never the one
+    `latest` names). Checkpoints of other runs -- an old run's, left beside this one by
+    --overwrite-save, or one saved before lineages existed -- are neither counted nor deleted."""
     latest = read_latest(save_dir / LATEST_FILE)
     complete = sorted((p for p in save_dir.glob("iter_*") if re.fullmatch(r"iter_\d+", p.name) and p.is_dir()
                        and (p / METADATA_FILE).is_file()), key=lambda p: int(p.name[len("iter_"):]))
+    ours = [path for path in complete if saved_run_id(path) == run_id]
     removed = []
-    for path in complete[:-keep_last] if keep_last > 0 else []:
+    for path in ours[:-keep_last] if keep_last > 0 else []:
         if path.name != latest:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

@@ -68,6 +68,22 @@ def refuse_inside_checkpoint(path: str | os.PathLike, flag: str, include_self: b
         raise ConfigError(f"{flag} {path} {where} the checkpoint directory {holder}; write it somewhere else")
 
 
+def refuse_training_output_in_checkpoint(path: str | os.PathLike, flag: str, save_directory: bool = False) -> None:
+    """A run's outputs go beside checkpoints, never into one: `latest` or iter_* written inside an
+    iteration directory would make a later --load of it (or zero_to_fp32) silently read another
+    iteration. No output may be or be under a directory with metadata.json; --save
+    (`save_directory`) may itself be a save directory (it holds `latest`) but not lie under one."""
+    resolved = Path(path).resolve()
+    for directory in [resolved] + list(resolved.parents):
+        inside = "is" if directory == resolved else "is inside"
+        if (directory / METADATA_FILE).is_file():
+            raise ConfigError(f"{flag} {path} {inside} the checkpoint {directory}; a run writes beside "
+                              f"checkpoints, never into one: choose another {flag}")
+        if save_directory and directory != resolved and (directory / LATEST_FILE).is_file():
+            raise ConfigError(f"{flag} {path} is inside the save directory {directory}; pass --save {directory} "
+                              f"to save there, or choose a directory outside it")
+
+
 def refuse_existing(path: str | os.PathLike, flag: str, overwrite: bool) -> None:
     """An output that exists is replaced only when the user said --overwrite."""
     path = Path(path)

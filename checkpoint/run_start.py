@@ -16,9 +16,11 @@ from typing import Callable, Optional
 
 from data import DataError
 from checkpoint.format import read_metadata
+from checkpoint.lineage import RunIdentity, identity_on_start, new_id
 from checkpoint.sharded import verify_for_job
 from base.errors import ALWAYS_EXPECTED
-from checkpoint.output_paths import prepare_output_directory, prepare_output_file
+from checkpoint.output_paths import (prepare_output_directory, prepare_output_file,
+                                     refuse_training_output_in_checkpoint)
 from arguments.batch_schedule import batch_schedule
 from checkpoint.save_directory import MetricsFileLock, RunLock, SaveDirectoryLock
 from arguments.schedule import LearningRateSchedule, schedule_on_resume
@@ -34,6 +36,8 @@ class RunStart:
     locks: list[RunLock]  # held by rank 0 while the run writes: --save's and --metrics-file's
     # The checkpoint's learning-rate schedule, when --use-checkpoint-opt_param-scheduler keeps it.
     lr_schedule: Optional[LearningRateSchedule] = None
+    # The run's lineage (the checkpoint's on a resume) and this launch, the same on every rank.
+    identity: Optional[RunIdentity] = None
 
     def release(self) -> None:
         while self.locks:
@@ -65,6 +69,12 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         locks.append(lock)
 
     def first_rank() -> StartPlan:
+        if checkpoint.save:
+            refuse_training_output_in_checkpoint(checkpoint.save, "--save", save_directory=True)
+        refuse_training_output_in_checkpoint(config.logging.metrics_file, "--metrics-file")
+        for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (cache_dir, "--data-cache-dir")):
+            if directory:
+                refuse_training_output_in_checkpoint(directory, flag)
         plan = plan_start(checkpoint.load, checkpoint.save)
         if checkpoint.save:
             prepare_output_directory(checkpoint.save, "--save")
@@ -80,13 +90,16 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
     plan, error = _attempt(first_rank) if state.is_first_rank else (None, None)
     try:
         agree(state, error)
-        plan = state.comm.all_gather_object(plan)[0]
+        # Rank 0's ids: a fresh lineage (kept only if the checkpoint has none) and this launch's.
+        plan, fresh_run_id, launch_id = state.comm.all_gather_object((plan, new_id(), new_id()))[0]
         if cache_dir is not None:  # every rank writes its own copy of the prepared corpus and caches
             agree(state, _attempt(lambda: prepare_output_directory(cache_dir, "--data-cache-dir"))[1])
         if plan.note:
             log(plan.note)
+        metadata = None
         if plan.resume_from is not None:
-            started.lr_schedule = check_resume(config, state, plan.resume_from, log)
+            started.lr_schedule, metadata = check_resume(config, state, plan.resume_from, log)
+        started.identity = identity_on_start(metadata, checkpoint.finetune, fresh_run_id, launch_id)
     except BaseException:
         started.release()
         raise
@@ -95,9 +108,10 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
 
 
 def check_resume(config, state: ParallelState, iteration_dir: Path,
-                 log: Callable[[str], None]) -> Optional[LearningRateSchedule]:
+                 log: Callable[[str], None]) -> tuple[Optional[LearningRateSchedule], dict]:
     """The checkpoint's metadata fits this run's data settings and learning-rate schedule (Megatron's
-    rule), and every file of it is intact. Returns the checkpoint's schedule when it is to be kept."""
+    rule), and every file of it is intact. Returns the checkpoint's schedule when it is to be kept,
+    and its metadata."""
     checkpoint = config.checkpoint
     metadata, error = _attempt(lambda: read_metadata(iteration_dir))
     agree(state, error)
@@ -116,4 +130,4 @@ def check_resume(config, state: ParallelState, iteration_dir: Path,
         if note:
             log(note)
     verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
-    return schedule
+    return schedule, metadata

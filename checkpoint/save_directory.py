@@ -198,11 +198,12 @@ class SaveDirectoryLock(RunLock):
 
 
 class MetricsFileLock(RunLock):
-    """A `--metrics-file`'s lock, `FILE.lock` beside it: one run appends to a metrics file at a time."""
+    """A `--metrics-file`'s lock, `FILE.lock` beside the file it really is (a symbolic link's target,
+    so a run through the link and one naming the target share it): one run appends at a time."""
 
     def __init__(self, metrics_file: str | os.PathLike, **kwargs) -> None:
-        path = Path(metrics_file)
-        super().__init__(path.with_name(path.name + ".lock"), f"--metrics-file {path}",
+        path, target = Path(metrics_file), Path(os.path.realpath(metrics_file))
+        super().__init__(target.with_name(target.name + ".lock"), f"--metrics-file {path}",
                          "pass another --metrics-file", **kwargs)
 
 

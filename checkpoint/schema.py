@@ -20,6 +20,8 @@ ITERATION_NAME = re.compile(r"iter_\d{7,}")
 # Bytes of `latest` worth reading: its content is one short name.
 LATEST_MAX_BYTES = 256
 PRECISIONS = ("fp32", "bf16", "fp16")
+# A run's lineage and launch ids (checkpoint/lineage.py): uuid4().hex.
+IDENTITY = re.compile(r"[0-9a-f]{32}")
 
 
 def _is_int(value: Any, minimum: int = 0) -> bool:
@@ -80,6 +82,8 @@ OPTIONAL = {
     "tokenizer": ("a directory name or null", lambda v: v is None or _is_plain_name(v)),
     "config": ("an object of config sections", lambda v: isinstance(v, dict)
                and all(isinstance(section, dict) for section in v.values())),
+    "run_id": ("a lineage id (32 hex digits)", lambda v: isinstance(v, str) and IDENTITY.fullmatch(v) is not None),
+    "launch_id": ("a launch id (32 hex digits)", lambda v: isinstance(v, str) and IDENTITY.fullmatch(v) is not None),
     "file_hashes": ("an object of file name -> 'algorithm:hex digest'",
                     lambda v: isinstance(v, dict) and all(_is_plain_name(k) and isinstance(d, str) and ":" in d
                                                           for k, d in v.items())),

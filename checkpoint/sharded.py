@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from checkpoint.lineage import RunIdentity
 from checkpoint.format import (FORMAT_VERSION, METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX,
                                    TOKENIZER_DIR, CheckpointError, PartitionRequest, commit, fill_partition,
                                    iteration_dir_name, metadata_text, model_file, open_tensors, optimizer_file, prune,
@@ -111,8 +112,10 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
 
 def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
                     optimizer: CheckpointableOptimizer, rng: Optional[TensorParallelRNG], config,
-                    state: ParallelState, tokenizer=None, lr: Optional[float] = None) -> Path:
+                    state: ParallelState, tokenizer=None, lr: Optional[float] = None,
+                    identity: Optional[RunIdentity] = None) -> Path:
     """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this.
+    `identity` (the run's lineage and launch) goes into its metadata: --keep-last prunes only its lineage.
     Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
     save_dir = Path(save_dir)
     final = save_dir / iteration_dir_name(iteration)
@@ -149,6 +152,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
         files = {name: size for _, rank_files, _ in outcomes for name, size in rank_files.items()}
         metadata = _metadata(iteration, consumed_samples, model, shard, config, state, files, lr,
                              tokenizer is not None)
+        metadata.update(identity.fields() if identity is not None else {})
         metadata["file_hashes"] = {name: digest for _, _, rank_hashes in outcomes
                                    for name, digest in rank_hashes.items()}
         try:
@@ -232,10 +236,10 @@ def _metadata(iteration: int, consumed_samples: int, model: nn.Module, shard: Sh
     }
 
 
-def prune_checkpoints(save_dir: str | Path, keep_last: Optional[int], state: ParallelState) -> None:
-    """Keep the newest `keep_last` checkpoints (rank 0 deletes; None keeps all)."""
+def prune_checkpoints(save_dir: str | Path, keep_last: Optional[int], state: ParallelState, run_id: str) -> None:
+    """Keep the newest `keep_last` checkpoints of the lineage `run_id` (rank 0 deletes; None keeps all)."""
     if keep_last and state.is_first_rank:
-        for path in prune(Path(save_dir), keep_last):
+        for path in prune(Path(save_dir), keep_last, run_id):
             print(f" removed old checkpoint {path}", flush=True)
 
 

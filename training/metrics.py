@@ -10,6 +10,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -136,34 +137,40 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))  # exp overflows a float past ~709
 
 
-def drop_redone_records(metrics_file: str, iteration: int) -> int:
-    """Drop the records a resumed run is about to write again: the file's tail after its last record
-    of an iteration <= `iteration` (a run killed after its last checkpoint logged some that no longer
-    count, possibly a line cut short). Everything before that -- earlier runs' records included --
-    is kept. Rewritten atomically only when something is dropped; returns how many records were."""
-    path = Path(metrics_file)
-    if not path.is_file():
+def drop_redone_records(metrics_file: str, iteration: int, run_id: str) -> int:
+    """Drop the records a resumed run is about to write again: those of its own lineage `run_id`
+    (checkpoint/lineage.py) after `iteration`, and a last line of its own that a kill cut short.
+    Everything else -- other runs' records, interleaved or after ours, and records without a run id
+    -- is kept byte for byte; another run's cut-short last line only gets its newline, so the records
+    appended after it stay one per line. The file is rewritten atomically where it really is (through
+    a symbolic link, which stays a link), and only when something is dropped; returns how many were."""
+    target = Path(os.path.realpath(metrics_file))
+    if not target.is_file():
         return 0
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    keep = len(lines)
-    while keep > 0 and not _record_at_or_before(lines[keep - 1], iteration):
-        keep -= 1
-    if keep == len(lines):
+    lines = target.read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if not _redone(line, iteration, run_id)]
+    if len(kept) == len(lines):
+        if lines and not lines[-1].endswith(b"\n"):
+            with open(target, "ab") as f:
+                f.write(b"\n")
         return 0
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temporary.write_text("".join(line if line.endswith("\n") else line + "\n" for line in lines[:keep]),
-                         encoding="utf-8")
-    os.replace(temporary, path)
-    return len(lines) - keep
+    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    temporary.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept))
+    shutil.copymode(target, temporary)
+    os.replace(temporary, target)
+    return len(lines) - len(kept)
 
 
-def _record_at_or_before(line: str, iteration: int) -> bool:
+def _redone(line: bytes, iteration: int, run_id: str) -> bool:
     try:
         record = json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
-        return False  # a line cut short by the crash
-    value = record.get("iteration") if isinstance(record, dict) else None
-    return isinstance(value, int) and value <= iteration
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        # A line cut short: ours if it begins as our records do (MetricsWriter writes run_id first).
+        return line.startswith(json.dumps({"run_id": run_id})[:-1].encode())
+    if not isinstance(record, dict) or record.get("run_id") != run_id:
+        return False
+    value = record.get("iteration")
+    return isinstance(value, int) and value > iteration
 
 
 def count_records(metrics_file: str) -> int:
@@ -177,8 +184,11 @@ def count_records(metrics_file: str) -> int:
 class MetricsWriter:
     """Fans one record out to the console, metrics.jsonl and (optionally) W&B and TensorBoard."""
 
-    def __init__(self, metrics_file: str, enabled: bool, wandb_run: Any = None, tensorboard: Any = None):
+    def __init__(self, metrics_file: str, enabled: bool, wandb_run: Any = None, tensorboard: Any = None,
+                 identity: Optional[dict[str, str]] = None):
         self.enabled = enabled
+        # The run's lineage and launch ids, first in every JSONL record: a resume drops only its own.
+        self.identity = identity or {}
         self.wandb_run = wandb_run
         self.tensorboard = tensorboard
         self._file = None
@@ -192,7 +202,7 @@ class MetricsWriter:
             return
         if console_line:
             print(console_line, flush=True)
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json.dumps({**self.identity, **record}) + "\n")
         if self.wandb_run is not None:
             _log_to_wandb(self.wandb_run, record)
         if self.tensorboard is not None and "iteration" in record:

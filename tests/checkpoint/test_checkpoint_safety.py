@@ -33,6 +33,7 @@ from checkpoint import sharded as checkpointing
 from checkpoint.format import (LATEST_FILE, METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX, CheckpointError,
                                    consolidate, iteration_dir_name, model_file, optimizer_file, prune,
                                    resolve_checkpoint, rng_file)
+from checkpoint.lineage import RunIdentity
 from checkpoint.sharded import load_checkpoint, prune_checkpoints, save_checkpoint
 from arguments.config import PretrainConfig
 from gpt.model import GPTModel
@@ -497,23 +498,26 @@ def test_checkpoint_of_another_model_shape_lists_the_mismatched_keys(tmp_path):
 
 # ---- 7. --keep-last and re-saving an iteration ------------------------------------------------
 
+RUN = RunIdentity("a" * 32, "b" * 32)  # the lineage --keep-last prunes within
+
+
 def test_keep_last_prunes_old_checkpoints_but_never_latest(saved, tmp_path):
     config, state = saved["config"], saved["state"]
     model, optimizer, rng = saved["model"], saved["optimizer"], saved["rng"]
     save_dir = tmp_path / "pruned"
     for iteration in range(1, 5):
-        save_checkpoint(save_dir, iteration, 8 * iteration, model, optimizer, rng, config, state)
-        prune_checkpoints(save_dir, 2, state)
+        save_checkpoint(save_dir, iteration, 8 * iteration, model, optimizer, rng, config, state, identity=RUN)
+        prune_checkpoints(save_dir, 2, state, RUN.run_id)
     assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000003", "iter_0000004", LATEST_FILE]
     assert resolve_checkpoint(save_dir) == save_dir / "iter_0000004"
 
     kept = tmp_path / "kept"
     for iteration in range(1, 5):
-        save_checkpoint(kept, iteration, 8 * iteration, model, optimizer, rng, config, state)
-        prune_checkpoints(kept, None, state)  # no --keep-last: keep everything
+        save_checkpoint(kept, iteration, 8 * iteration, model, optimizer, rng, config, state, identity=RUN)
+        prune_checkpoints(kept, None, state, RUN.run_id)  # no --keep-last: keep everything
     assert len([p for p in kept.iterdir() if p.is_dir()]) == 4
     (kept / LATEST_FILE).write_text("iter_0000001\n")  # e.g. a run resumed from an older checkpoint
-    prune_checkpoints(kept, 2, state)
+    prune_checkpoints(kept, 2, state, RUN.run_id)
     assert sorted(p.name for p in kept.iterdir()) == ["iter_0000001", "iter_0000003", "iter_0000004", LATEST_FILE]
     assert resolve_checkpoint(kept) == kept / "iter_0000001"
 
@@ -523,9 +527,9 @@ def test_keep_last_orders_checkpoints_by_iteration_number(tmp_path):
     for iteration in (9_999_999, 10_000_000, 10_000_001):
         directory = tmp_path / iteration_dir_name(iteration)
         directory.mkdir()
-        (directory / METADATA_FILE).write_text("{}")
+        (directory / METADATA_FILE).write_text(json.dumps({"run_id": RUN.run_id}))
     (tmp_path / LATEST_FILE).write_text(iteration_dir_name(10_000_001) + "\n")
-    prune(tmp_path, 2)
+    prune(tmp_path, 2, RUN.run_id)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_10000000", "iter_10000001", LATEST_FILE]
 
 

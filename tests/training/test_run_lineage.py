@@ -1,0 +1,143 @@
+"""Records and saves know their run; paths mean what they mean (issue 33, problems 1, 2, 6, 7 and 8).
+
+Runs share folders: one metrics file, one save directory after --overwrite-save. Whatever a run
+removes -- the records its resume redoes, the checkpoints --keep-last retires -- must be its own
+lineage's (checkpoint/lineage.py). Each test reproduces a probe of the issue; each fails on the code
+before it. The runs are `pretrain_gpt.main` in this process on a one-block model (about a second each).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import pretrain_gpt
+from checkpoint.format import LATEST_FILE, METADATA_FILE
+from tests.reliability_helpers import TINY, metrics_records, run_main, snapshot
+
+
+def train(cache: str, metrics: Path, *extra):
+    """The tiny model on the session's prepared corpus (512-token vocabulary), records to `metrics`."""
+    return run_main(pretrain_gpt.main, TINY + ["--tokenizer-vocab-size", "512", "--data-cache-dir", cache,
+                                               "--metrics-file", str(metrics), *map(str, extra)])
+
+
+def saved_metadata(iteration_dir: Path) -> dict:
+    return json.loads((iteration_dir / METADATA_FILE).read_text())
+
+
+def no_work(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("data preparation started although the run should have been refused")
+
+    monkeypatch.setattr(pretrain_gpt, "build_data", forbidden)
+
+
+# ---- 1. a resume removes only its own redone records ------------------------------------------------
+
+def test_a_resume_drops_only_its_own_lineages_redone_records(corpus_cache, tmp_path):
+    """Problem 1: run A saved at iteration 2, an unrelated run C appended to the same metrics file, A
+    resumed and cut the file back after its iteration 2 -- deleting C's records after iteration 2."""
+    metrics = tmp_path / "metrics.jsonl"
+    a, c = tmp_path / "a", tmp_path / "c"
+    assert train(corpus_cache, metrics, "--save", a, "--train-iters", "3", "--save-interval", "2").code == 0
+    (a / LATEST_FILE).write_text("iter_0000002\n")  # A was killed after its iteration-2 save
+    assert train(corpus_cache, metrics, "--save", c, "--train-iters", "3").code == 0
+    before = metrics_records(metrics)
+    run_a, run_c = before[0]["run_id"], before[-1]["run_id"]
+    assert run_a != run_c and saved_metadata(a / "iter_0000002")["run_id"] == run_a
+    c_records = [r for r in before if r["run_id"] == run_c]
+    assert [r["iteration"] for r in c_records] == [1, 2, 3]
+
+    resumed = train(corpus_cache, metrics, "--save", a, "--load", a, "--train-iters", "3")
+    assert resumed.code == 0, resumed.err
+    assert "dropped 1 records after iteration 2" in resumed.out
+    after = metrics_records(metrics)
+    assert [r for r in after if r["run_id"] == run_c] == c_records  # nothing of C's is lost
+    a_records = [r for r in after if r["run_id"] == run_a]
+    assert [r["iteration"] for r in a_records] == [1, 2, 3]
+    # The lineage is kept across the resume; the launch is new, in the records and in the save.
+    assert a_records[0]["launch_id"] != a_records[2]["launch_id"]
+    assert saved_metadata(a / "iter_0000003")["run_id"] == run_a
+    assert saved_metadata(a / "iter_0000003")["launch_id"] == a_records[2]["launch_id"]
+
+
+# ---- 2. --keep-last counts only the live lineage ---------------------------------------------------
+
+def test_overwrite_save_with_keep_last_never_deletes_another_runs_saves(corpus_cache, tmp_path):
+    """Problem 2: with --overwrite-save --keep-last, the old run's iter_3 (not same-numbered) was
+    deleted, and the new run's own saves were counted against the old run's newer ones."""
+    metrics, ck = tmp_path / "metrics.jsonl", tmp_path / "ck"
+    assert train(corpus_cache, metrics, "--save", ck, "--train-iters", "6", "--save-interval", "3").code == 0
+    old = {name: snapshot(ck / name) for name in ("iter_0000003", "iter_0000006")}
+    outcome = train(corpus_cache, metrics, "--save", ck, "--overwrite-save", "--keep-last", "1",
+                    "--train-iters", "4", "--save-interval", "2")
+    assert outcome.code == 0, outcome.err
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("iter_")) == [
+        "iter_0000003", "iter_0000004", "iter_0000006"]
+    assert {name: snapshot(ck / name) for name in old} == old  # the old run's saves, byte for byte
+    assert (ck / LATEST_FILE).read_text().strip() == "iter_0000004"
+    assert saved_metadata(ck / "iter_0000004")["run_id"] != saved_metadata(ck / "iter_0000006")["run_id"]
+
+
+# ---- 6. no output inside a checkpoint -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved_run(embedded_corpus, tmp_path_factory):
+    """A save directory with iter_0000001 and iter_0000002 (read-only for the tests)."""
+    work = tmp_path_factory.mktemp("lineage-saved")
+    outcome = train(embedded_corpus[0], work / "metrics.jsonl", "--save", work / "ck", "--save-interval", "1")
+    assert outcome.code == 0, outcome.err
+    return work / "ck"
+
+
+@pytest.mark.parametrize("flag, where", [
+    ("--save", "iter_0000001"), ("--save", "iter_0000001/deeper"), ("--save", "nested"),
+    ("--metrics-file", "iter_0000001/m.jsonl"), ("--tensorboard-dir", "iter_0000001/tb")])
+def test_an_output_inside_a_checkpoint_is_refused_before_anything_is_written(saved_run, corpus_cache, tmp_path,
+                                                                              monkeypatch, flag, where):
+    """Problem 6: `--save CK/iter_0000001` was accepted, and wrote `latest` and iter_0000002 inside that
+    checkpoint; a later --load of it (or zero_to_fp32) then silently read iteration 2."""
+    before = snapshot(saved_run)
+    no_work(monkeypatch)
+    argv = ["--metrics-file", tmp_path / "m.jsonl"] if flag != "--metrics-file" else []
+    outcome = run_main(pretrain_gpt.main, TINY + ["--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache,
+                                                  *map(str, argv), flag, str(saved_run / where)])
+    line = outcome.one_error_line(f"{flag} {saved_run / where}")
+    assert str(saved_run) in line
+    assert snapshot(saved_run) == before  # nothing created inside, no lock left
+
+
+def test_save_may_still_be_a_save_directory_with_metrics_beside_its_checkpoints(saved_run, corpus_cache, tmp_path):
+    """What must keep working: --save CK --load CK resumes, with --metrics-file CK/metrics.jsonl."""
+    ck = Path(shutil.copytree(saved_run, tmp_path / "ck"))
+    (ck / LATEST_FILE).write_text("iter_0000001\n")
+    outcome = train(corpus_cache, ck / "metrics.jsonl", "--save", ck, "--load", ck)
+    assert outcome.code == 0, outcome.err
+    assert "resuming after iteration 1" in outcome.out
+
+
+# ---- 8. symlinked outputs are written through ------------------------------------------------------
+
+def test_a_symlinked_metrics_file_stays_a_link_and_its_target_gets_the_records(corpus_cache, tmp_path):
+    """Problem 8: the resume's atomic rewrite replaced the link with a regular file; the target kept
+    the stale record and never got the new ones."""
+    target = tmp_path / "store" / "all-metrics.jsonl"
+    target.parent.mkdir()
+    target.write_text('{"iteration": 7, "note": "a record of another tool"}\n')
+    link = tmp_path / "metrics.jsonl"
+    link.symlink_to(target)
+    ck = tmp_path / "ck"
+    assert train(corpus_cache, link, "--save", ck, "--train-iters", "3", "--save-interval", "2").code == 0
+    (ck / LATEST_FILE).write_text("iter_0000002\n")
+    resumed = train(corpus_cache, link, "--save", ck, "--load", ck, "--train-iters", "3")
+    assert resumed.code == 0, resumed.err
+    assert "dropped 1 records after iteration 2" in resumed.out
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    records = metrics_records(target)
+    assert records[0]["note"] == "a record of another tool"
+    assert [r["iteration"] for r in records[1:]] == [1, 2, 3]
+    assert records[3]["launch_id"] != records[1]["launch_id"]  # the resumed launch's record of iteration 3
