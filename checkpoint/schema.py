@@ -84,6 +84,8 @@ OPTIONAL = {
                and all(isinstance(section, dict) for section in v.values())),
     "run_id": ("a lineage id (32 hex digits)", lambda v: isinstance(v, str) and IDENTITY.fullmatch(v) is not None),
     "launch_id": ("a launch id (32 hex digits)", lambda v: isinstance(v, str) and IDENTITY.fullmatch(v) is not None),
+    "data_identity": ("a list of dataset objects or null",
+                      lambda v: v is None or (isinstance(v, list) and all(isinstance(e, dict) for e in v))),
     "file_hashes": ("an object of file name -> 'algorithm:hex digest'",
                     lambda v: isinstance(v, dict) and all(_is_plain_name(k) and isinstance(d, str) and ":" in d
                                                           for k, d in v.items())),

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from checkpoint.lineage import RunIdentity
+from data.identity import data_identity
 from checkpoint.format import (FORMAT_VERSION, METADATA_FILE, OPTIMIZER_KEYS, STAGING_SUFFIX,
                                    TOKENIZER_DIR, CheckpointError, PartitionRequest, commit, fill_partition,
                                    iteration_dir_name, metadata_text, model_file, open_tensors, optimizer_file, prune,
@@ -233,6 +234,8 @@ def _metadata(iteration: int, consumed_samples: int, model: nn.Module, shard: Sh
         "tokenizer": TOKENIZER_DIR if has_tokenizer else None,
         "files": files,
         "config": config.to_dict(),
+        # What --data-path reads, as content: a resume compares this, not the path as typed.
+        "data_identity": data_identity(config.data.data_path),
     }
 
 

@@ -13,7 +13,8 @@ The rules (docs/checkpoints.md, "What is guaranteed"):
   of them, or with `--overwrite-save`. `--finetune` starts at iteration 0, so it does not count as
   resuming.
 - A resume whose data, split, sequence length or seed differ from the checkpoint's would not continue
-  its sample sequence: refused without `--override-data-on-resume`.
+  its sample sequence: refused without `--override-data-on-resume`. The data is compared as the
+  files' content (data/identity.py) where the checkpoint recorded it, else as the paths typed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Optional
 from checkpoint.format import LATEST_FILE, METADATA_FILE, resolve_checkpoint
 from base.errors import CheckpointError, ConfigError
 from checkpoint.save_directory import holds_checkpoints
+from data.identity import data_identity, same_data
 
 # The settings that decide which tokens sample i holds: (config section, field, flag).
 SAMPLE_DEFINING_SETTINGS = (("data", "data_path", "--data-path"), ("data", "split", "--split"),
@@ -83,9 +85,14 @@ def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: 
     and `override` allows it; else a ConfigError listing each difference."""
     saved_config = metadata.get("config") or {}
     differences = []
+    content = _data_content_difference(metadata.get("data_identity"), config.data.data_path)
+    if content:
+        differences.append(f"--data-path {_show(list(config.data.data_path))} ({content})")
     for section, name, flag in SAMPLE_DEFINING_SETTINGS:
         if name not in saved_config.get(section, {}):
             continue  # a checkpoint from a tool that did not record it
+        if name == "data_path" and content is not None:
+            continue  # compared as content above: the words typed may differ for the same files
         saved, ours = saved_config[section][name], getattr(getattr(config, section), name)
         if isinstance(ours, (list, tuple)):
             ours = list(ours)
@@ -99,6 +106,19 @@ def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: 
                 f"samples from here on are not the ones the original run would have seen")
     raise ConfigError(f"resuming {iteration_dir} with {listed}: the run would not continue its sample "
                       f"sequence. Pass the checkpoint's settings, or --override-data-on-resume to go on anyway")
+
+
+def _data_content_difference(saved: Optional[list], data_path) -> Optional[str]:
+    """How the files --data-path reads now differ from those the checkpoint was trained on: "" when
+    they are the same content, None when that cannot be told (a checkpoint saved before data
+    identities, the embedded corpus, a file that cannot be read: the loader names it), then the
+    paths are compared as typed."""
+    if not saved:
+        return None
+    ours = data_identity(data_path)
+    if ours is None:
+        return None
+    return same_data(saved, ours) or ""
 
 
 def _show(value) -> str:

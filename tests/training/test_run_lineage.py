@@ -16,7 +16,7 @@ import pytest
 
 import pretrain_gpt
 from checkpoint.format import LATEST_FILE, METADATA_FILE
-from tests.reliability_helpers import TINY, metrics_records, run_main, snapshot
+from tests.reliability_helpers import TINY, metrics_records, run_main, snapshot, write_dataset
 
 
 def train(cache: str, metrics: Path, *extra):
@@ -141,3 +141,39 @@ def test_a_symlinked_metrics_file_stays_a_link_and_its_target_gets_the_records(c
     assert records[0]["note"] == "a record of another tool"
     assert [r["iteration"] for r in records[1:]] == [1, 2, 3]
     assert records[3]["launch_id"] != records[1]["launch_id"]  # the resumed launch's record of iteration 3
+
+
+# ---- 7. the resume data check compares content, not the words typed ----------------------------------
+
+def corpus_in(workdir: Path, step: int) -> Path:
+    """`workdir/data/corpus_text_document`: 60 documents of 40 tokens below 250, drawn by `step`."""
+    (workdir / "data").mkdir(parents=True)
+    return Path(write_dataset(workdir / "data" / "corpus_text_document",
+                              [[(step * d + 3 * i + 1) % 250 for i in range(40)] for d in range(60)]))
+
+
+def test_a_resume_checks_the_data_files_content_not_the_path_typed(tmp_path, monkeypatch):
+    """Problem 7: the same relative --data-path typed in another working directory (other files)
+    resumed silently; a copy of the same files under another path was refused. The checkpoint now
+    records the files' identity (data/identity.py) and the resume compares that."""
+    here, elsewhere, copy = tmp_path / "here", tmp_path / "elsewhere", tmp_path / "copy"
+    corpus_in(here, 7)
+    corpus_in(elsewhere, 11)
+    shutil.copytree(here / "data", copy)
+    ck, metrics = tmp_path / "ck", tmp_path / "metrics.jsonl"
+    null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--split", "1,0,0",
+            "--metrics-file", str(metrics), "--save", str(ck)]
+
+    def run(*extra):
+        return run_main(pretrain_gpt.main, TINY + null + [*map(str, extra)])
+
+    monkeypatch.chdir(here)
+    assert run("--data-path", "data/corpus_text_document").code == 0
+    monkeypatch.chdir(elsewhere)
+    resume = ["--load", ck, "--train-iters", "3", "--override-opt_param-scheduler"]
+    line = run("--data-path", "data/corpus_text_document", *resume).one_error_line(
+        "--data-path data/corpus_text_document", "--override-data-on-resume")
+    assert "other content" in line and str(elsewhere / "data" / "corpus_text_document") in line
+    outcome = run("--data-path", copy / "corpus_text_document", *resume)
+    assert outcome.code == 0, outcome.err
+    assert "resuming after iteration 2" in outcome.out
