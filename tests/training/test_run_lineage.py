@@ -177,3 +177,37 @@ def test_a_resume_checks_the_data_files_content_not_the_path_typed(tmp_path, mon
     outcome = run("--data-path", copy / "corpus_text_document", *resume)
     assert outcome.code == 0, outcome.err
     assert "resuming after iteration 2" in outcome.out
+
+
+# ---- checkpoints saved before lineages ------------------------------------------------------------------
+
+LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_84ae2c6"
+
+
+def test_a_checkpoint_saved_before_lineages_resumes_under_a_new_one(tmp_path):
+    """tests/fixtures/checkpoint_84ae2c6 has no run_id: it still resumes, the run takes a new lineage,
+    and what came before it (the old save, an old record without run_id) counts as another run's:
+    --keep-last 1 leaves the old save, the resume leaves the old record."""
+    from data.corpus import prepare_default_corpus
+
+    cache = tmp_path / "cache"
+    prepare_default_corpus(str(cache), 300)  # the fixture's embedded corpus, 300-token vocabulary
+    ck = Path(shutil.copytree(LEGACY, tmp_path / "ck"))
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"iteration": 3, "loss": 5.0}\n')  # the old run's, after its last save
+    outcome = run_main(pretrain_gpt.main, [
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--tokenizer-vocab-size", "300", "--global-batch-size", "4",
+        "--micro-batch-size", "2", "--train-iters", "4", "--zero-stage", "1", "--seed", "3", "--device", "cpu",
+        "--eval-iters", "0", "--log-interval", "1", "--save-interval", "1", "--keep-last", "1",
+        "--override-opt_param-scheduler", "--data-cache-dir", str(cache), "--metrics-file", str(metrics),
+        "--save", str(ck), "--load", str(ck)])
+    assert outcome.code == 0, outcome.err
+    assert "resuming after iteration 2" in outcome.out
+    records = metrics_records(metrics)
+    assert records[0] == {"iteration": 3, "loss": 5.0}
+    assert [r["iteration"] for r in records[1:]] == [3, 4]
+    run_id = records[1]["run_id"]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("iter_")) == ["iter_0000002", "iter_0000004"]
+    assert "run_id" not in saved_metadata(ck / "iter_0000002")
+    assert saved_metadata(ck / "iter_0000004")["run_id"] == run_id
