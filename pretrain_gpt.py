@@ -36,8 +36,8 @@ from arguments.config import ConfigError, PretrainConfig
 from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
 from training.build import build
 from training.exit_conditions import ExitConditions
-from training.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, parameter_count,
-                         perplexity, start_wandb)
+from training.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, end_last_line,
+                              parameter_count, perplexity, start_wandb)
 from arguments.print_config import format_config
 from training.run_plan import resolve_plan
 from checkpoint.run_start import RunStart, claim_run_start
@@ -184,7 +184,8 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
     identity = claimed.identity
     log(f"> run {identity.run_id}, launch {identity.launch_id}: in every metrics record and save", flush=True)
     if state.is_first_rank:  # appended to, never truncated: only this lineage's redone records go
-        dropped = drop_redone_records(str(metrics_path), start.iteration, identity.run_id)
+        dropped = drop_redone_records(str(metrics_path), start.iteration, identity.run_id) if start.iteration > 0 else 0
+        end_last_line(str(metrics_path))
         if dropped:
             log(f"> dropped {dropped} records after iteration {start.iteration} from {metrics_path}: this run "
                 f"redoes those iterations", flush=True)

@@ -141,24 +141,34 @@ def drop_redone_records(metrics_file: str, iteration: int, run_id: str) -> int:
     """Drop the records a resumed run is about to write again: those of its own lineage `run_id`
     (checkpoint/lineage.py) after `iteration`, and a last line of its own that a kill cut short.
     Everything else -- other runs' records, interleaved or after ours, and records without a run id
-    -- is kept byte for byte; another run's cut-short last line only gets its newline, so the records
-    appended after it stay one per line. The file is rewritten atomically where it really is (through
-    a symbolic link, which stays a link), and only when something is dropped; returns how many were."""
+    -- is kept byte for byte. The file is rewritten atomically where it really is (through a
+    symbolic link, which stays a link), and only when something is dropped; returns how many were."""
     target = Path(os.path.realpath(metrics_file))
     if not target.is_file():
         return 0
     lines = target.read_bytes().splitlines(keepends=True)
-    kept = [line for line in lines if not _redone(line, iteration, run_id)]
+    ours = run_id.encode()
+    kept = [line for line in lines if ours not in line or not _redone(line, iteration, run_id)]
     if len(kept) == len(lines):
-        if lines and not lines[-1].endswith(b"\n"):
-            with open(target, "ab") as f:
-                f.write(b"\n")
         return 0
     temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     temporary.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept))
     shutil.copymode(target, temporary)
     os.replace(temporary, target)
     return len(lines) - len(kept)
+
+
+def end_last_line(metrics_file: str) -> None:
+    """A kill can leave the last record cut short, without its newline: end it (as another run's or
+    a run's whose resume did not drop it, it is kept), so the records appended after it stay one per
+    line. Written through a symbolic link, like the records."""
+    target = Path(os.path.realpath(metrics_file))
+    if not target.is_file() or target.stat().st_size == 0:
+        return
+    with open(target, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+            f.write(b"\n")
 
 
 def _redone(line: bytes, iteration: int, run_id: str) -> bool:

@@ -211,3 +211,24 @@ def test_a_checkpoint_saved_before_lineages_resumes_under_a_new_one(tmp_path):
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("iter_")) == ["iter_0000002", "iter_0000004"]
     assert "run_id" not in saved_metadata(ck / "iter_0000002")
     assert saved_metadata(ck / "iter_0000004")["run_id"] == run_id
+
+
+def test_the_resume_cut_keeps_every_byte_that_is_not_its_own(tmp_path):
+    """drop_redone_records on one file holding everything a shared metrics file can: records of another
+    run after ours, a record without run_id (an older version's), bytes that are not UTF-8, and our
+    last record cut short by a kill. Only our records after the resumed iteration and our cut line go."""
+    from training.metrics import drop_redone_records, end_last_line
+
+    ours, other = "a" * 32, "b" * 32
+    kept = [json.dumps({"run_id": other, "iteration": 5}) + "\n", json.dumps({"run_id": ours, "iteration": 1}) + "\n",
+            json.dumps({"run_id": other, "iteration": 9}) + "\n", '{"iteration": 7}\n']
+    dropped = [json.dumps({"run_id": ours, "iteration": 2}) + "\n", json.dumps({"run_id": ours, "iteration": 3})[:60]]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_bytes((kept[0] + kept[1] + dropped[0] + kept[2]).encode() + b"\xff\xfe not text\n"
+                        + (kept[3] + dropped[1]).encode())
+    assert drop_redone_records(str(metrics), 1, ours) == 2
+    assert metrics.read_bytes() == "".join(kept[:3]).encode() + b"\xff\xfe not text\n" + kept[3].encode()
+    metrics.write_bytes(kept[0].encode() + b'{"run_id": "' + other.encode()[:10])  # another run's, cut short
+    assert drop_redone_records(str(metrics), 1, ours) == 0
+    end_last_line(str(metrics))
+    assert metrics.read_bytes() == kept[0].encode() + b'{"run_id": "' + other.encode()[:10] + b"\n"
