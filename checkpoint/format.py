@@ -154,6 +154,10 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A `--save` directory (meaning the iteration its `latest` names) or one iteration directory ->
     that iteration directory, checked to be complete."""
     path = Path(path)
+    if (path / METADATA_FILE).is_file():
+        # An iteration directory is itself, even holding a `latest` and iter_* that a run given it as
+        # --save wrote inside before such a --save was refused: never another iteration, silently.
+        return path
     if (path / LATEST_FILE).is_file():
         name = read_latest(path / LATEST_FILE)
         target = path / name
@@ -166,8 +170,6 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         if not (target / METADATA_FILE).is_file():
             raise CheckpointError(f"{path / LATEST_FILE} names {name!r}, which is not a complete checkpoint")
         return target
-    if (path / METADATA_FILE).is_file():
-        return path
     if path.is_dir() and path.name.endswith(STAGING_SUFFIX):
         raise CheckpointError(f"{path} is a save that never finished; use the checkpoint `latest` names")
     if path.is_dir() and path.name.startswith("iter_"):

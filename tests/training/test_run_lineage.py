@@ -232,3 +232,21 @@ def test_the_resume_cut_keeps_every_byte_that_is_not_its_own(tmp_path):
     assert drop_redone_records(str(metrics), 1, ours) == 0
     end_last_line(str(metrics))
     assert metrics.read_bytes() == kept[0].encode() + b'{"run_id": "' + other.encode()[:10] + b"\n"
+
+
+def test_an_iteration_directory_that_an_older_run_saved_into_still_names_itself(saved_run, tmp_path):
+    """Problem 6, for checkpoints the old code already polluted: `CK/iter_0000001` holding `latest` and
+    iter_0000002 (written by a run given it as --save) loaded, and zero_to_fp32 read, iteration 2."""
+    from checkpoint.format import resolve_checkpoint
+    from scripts import zero_to_fp32
+
+    polluted = Path(shutil.copytree(saved_run / "iter_0000001", tmp_path / "iter_0000001"))
+    shutil.copytree(saved_run / "iter_0000002", polluted / "iter_0000002")
+    (polluted / LATEST_FILE).write_text("iter_0000002\n")
+    assert resolve_checkpoint(polluted) == polluted
+    out = tmp_path / "weights.safetensors"
+    assert run_main(zero_to_fp32.main, [str(polluted), str(out)]).code == 0
+    from safetensors import safe_open
+
+    with safe_open(str(out), "pt") as exported:
+        assert exported.metadata()["iteration"] == "1"
