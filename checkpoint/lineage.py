@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
