@@ -56,7 +56,8 @@ def same_data(saved: list[dict], ours: list[dict]) -> Optional[str]:
         return f"{len(ours)} datasets, the checkpoint's {len(saved)}"
     for saved_entry, our_entry in zip(saved, ours):
         if saved_entry.get("weight") != our_entry["weight"]:
-            return f"weight {our_entry['weight']:g} of {our_entry['prefix']}, the checkpoint's {saved_entry.get('weight')}"
+            return (f"weight {our_entry['weight']:g} of {our_entry['prefix']}, the checkpoint's "
+                    f"{saved_entry.get('weight')}")
         if (saved_entry.get("idx"), saved_entry.get("bin")) != (our_entry["idx"], our_entry["bin"]):
             return (f"{our_entry['prefix']}.bin/.idx hold other content than the checkpoint's "
                     f"{saved_entry.get('prefix')}")
