@@ -77,3 +77,66 @@ def test_a_left_iteration_that_does_not_verify_is_set_aside_and_the_run_starts_f
     aside = [path for path in ck.iterdir() if path.name.startswith("iter_0000001.unverified-")]
     assert len(aside) == 1 and (aside[0] / "model_tp00.safetensors").read_bytes() == bytes(data)  # never deleted
     assert (ck / "latest").read_text() == "iter_0000001\n"  # the fresh run saved iteration 1 anew
+
+
+# ---- a lock left by this container's previous life (problem 4) ----------------------------------------
+
+def write_lock(directory: Path, pid: int, **recorded) -> Path:
+    """A lock file as an earlier run on this host wrote it (a fresh heartbeat)."""
+    import json
+    import socket
+
+    from checkpoint.save_directory import LOCK_FILE
+
+    path = directory / LOCK_FILE
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "started": "earlier", "token": "theirs",
+                                **recorded}))
+    return path
+
+
+def test_a_lock_naming_our_own_pid_is_a_previous_life_of_this_container(tmp_path):
+    """Before: 'in use by another run (pid <ours> ...)' naming itself, for 600 s."""
+    from checkpoint.save_directory import SaveDirectoryLock
+
+    write_lock(tmp_path, os.getpid())  # an old lock, without boot id or start time: the pid rule alone
+    messages = []
+    with SaveDirectoryLock(tmp_path, log=messages.append):
+        pass
+    assert "this process's own" in messages[0], messages
+
+
+def test_a_lock_from_before_a_reboot_or_of_a_reused_pid_is_stale(tmp_path):
+    """Before: the pid (our parent, alive) runs, so both were 'in use by another run'."""
+    from checkpoint.save_directory import SaveDirectoryLock, boot_id, process_start_ticks
+
+    alive = os.getppid()
+    assert boot_id() is not None and process_start_ticks(alive) is not None  # Linux's /proc
+    for recorded, reason in (({"boot_id": "another-boot"}, "booted since"),
+                             ({"boot_id": boot_id(), "process_start_ticks": process_start_ticks(alive) + 1},
+                              "now belongs to another process")):
+        write_lock(tmp_path, alive, **recorded)
+        messages = []
+        with SaveDirectoryLock(tmp_path, log=messages.append):
+            pass
+        assert reason in messages[0], messages
+
+
+@pytest.mark.parametrize("recorded", ["none", "matching"])
+def test_a_lock_of_a_live_process_on_this_host_still_holds(tmp_path, recorded):
+    from base.errors import CheckpointError
+    from checkpoint.save_directory import SaveDirectoryLock, boot_id, process_start_ticks
+
+    alive = os.getppid()
+    extra = {} if recorded == "none" else {"boot_id": boot_id(), "process_start_ticks": process_start_ticks(alive)}
+    write_lock(tmp_path, alive, **extra)
+    with pytest.raises(CheckpointError, match=f"in use by another run .pid {alive} "):
+        SaveDirectoryLock(tmp_path).acquire()
+
+
+def test_a_lock_this_process_holds_is_not_taken_over_by_itself(tmp_path):
+    from base.errors import CheckpointError
+    from checkpoint.save_directory import SaveDirectoryLock
+
+    with SaveDirectoryLock(tmp_path):
+        with pytest.raises(CheckpointError, match="in use by another run"):
+            SaveDirectoryLock(tmp_path).acquire()
