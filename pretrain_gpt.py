@@ -116,6 +116,7 @@ def check_vocabulary_flags(config: PretrainConfig) -> None:
 def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # Validate the batch arithmetic, the outputs and the checkpoint before any data or model work.
     batch = batch_schedule(config, state.data_parallel_size)
+    train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     check_vocabulary_flags(config)
     check_attention_backend(config.model, config.training.precision, state.device)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)

@@ -140,3 +140,22 @@ def test_a_lock_this_process_holds_is_not_taken_over_by_itself(tmp_path):
     with SaveDirectoryLock(tmp_path):
         with pytest.raises(CheckpointError, match="in use by another run"):
             SaveDirectoryLock(tmp_path).acquire()
+
+
+# ---- a run too short for one iteration (problem 12) ---------------------------------------------------
+
+def test_train_samples_below_one_global_batch_is_refused_before_any_work(corpus_cache, tmp_path):
+    """Before: exit 0, 'the checkpoint is already at 0 iterations' with no checkpoint, nothing trained.
+    Megatron-LM (NVIDIA/Megatron-LM megatron/training/training.py, update_train_iters): without a batch
+    ramp `args.train_iters = args.train_samples // args.global_batch_size`, so such a run gets 0
+    iterations and trains nothing silently; the issue asks for a refusal instead."""
+    import pretrain_gpt
+    from tests.reliability_helpers import run_main
+
+    at = TINY.index("--train-iters")
+    argv = TINY[:at] + TINY[at + 2:] + VOCAB + ["--data-cache-dir", corpus_cache, "--train-samples", "1",
+                                                "--metrics-file", tmp_path / "out" / "metrics.jsonl",
+                                                "--save", tmp_path / "out" / "ck"]
+    line = run_main(pretrain_gpt.main, argv).one_error_line("--train-samples 1", "global batch", "--global-batch-size")
+    assert "0 iterations" in line
+    assert not (tmp_path / "out").exists()  # refused before any output was created
