@@ -159,3 +159,44 @@ def test_train_samples_below_one_global_batch_is_refused_before_any_work(corpus_
     line = run_main(pretrain_gpt.main, argv).one_error_line("--train-samples 1", "global batch", "--global-batch-size")
     assert "0 iterations" in line
     assert not (tmp_path / "out").exists()  # refused before any output was created
+
+
+# ---- the divergence message names a checkpoint that resumes (problem 5) ------------------------------
+
+def test_the_divergence_message_names_the_last_save_before_the_losses_left_their_trend(corpus_cache, tmp_path):
+    """Before: 'the last good checkpoint is <latest>', a save made after the rate had taken the
+    weights to ~1e7; resuming it with a lower rate, as the message advised, diverged at once."""
+    ck = tmp_path / "ck"
+    assert train(corpus_cache, tmp_path, *VOCAB, "--train-iters", "2", "--save", ck, "--save-interval", "1").code == 0
+    diverging = train(corpus_cache, tmp_path, *VOCAB, "--train-iters", "8", "--save", ck, "--load", ck,
+                      "--save-interval", "1", "--lr", "1e3", "--clip-grad", "0", "--lr-warmup-iters", "0",
+                      "--override-opt_param-scheduler")
+    line = diverging.one_error_line("diverged", "the losses left their trend at iteration 4",
+                                    f"{ck / 'iter_0000002'} (the one this run loaded)")
+    latest = (ck / "latest").read_text().strip()
+    assert latest > "iter_0000002" and latest not in line  # the diverging saves are never named
+
+    def resume_one_step_at_a_low_rate(checkpoint: Path):
+        work = tmp_path / checkpoint.name
+        work.mkdir()
+        outcome = train(corpus_cache, work, *VOCAB, "--train-iters", str(int(checkpoint.name[5:]) + 1),
+                        "--load", checkpoint, "--lr", "1e-4", "--override-opt_param-scheduler")
+        return outcome, [r["loss"] for r in metrics_records(work / "metrics.jsonl") if "loss" in r and "split" not in r]
+
+    outcome, named_losses = resume_one_step_at_a_low_rate(ck / "iter_0000002")
+    assert outcome.code == 0, outcome.err
+    assert named_losses[-1] < 7  # in trend: near the first loss, ln(512) = 6.2 at most
+    outcome, latest_losses = resume_one_step_at_a_low_rate(ck / latest)  # what the old message advised
+    assert outcome.code == 2 and "diverged" in outcome.err or latest_losses[-1] > 2 * named_losses[-1]
+
+
+def test_a_spike_the_run_recovered_from_does_not_count():
+    from training.divergence import DivergenceHistory
+
+    # Iterations 11-17 after a resume at 10: a spike at 13 that recovered, then the weights of the
+    # save at 15 gave 40.0 at 16 and the run stopped at 17.
+    history = DivergenceHistory(10, [3.0, 2.9, 7.0, 2.8, 2.7, 40.0, float("nan")], saved_iterations=[12, 14, 15])
+    assert history.left_trend_at() == 16
+    assert history.resumable_iteration() == 14
+    assert DivergenceHistory(0, [5.0, 90.0, float("nan")], [1, 2]).resumable_iteration() is None
+    assert DivergenceHistory(4, [float("nan")], []).resumable_iteration() is None  # the loaded one gave NaN
