@@ -30,11 +30,12 @@ from data.tokenizer import GPTTokenizer, NullTokenizer, load_named_tokenizer, lo
 from arguments.parser import parse_arguments
 from gpt.attention_backend import check_attention_backend
 from arguments.batch_schedule import BatchSchedule, batch_schedule
-from checkpoint.format import LATEST_FILE, CheckpointError, resolve_checkpoint
+from checkpoint.format import METADATA_FILE, iteration_dir_name
 from checkpoint.sharded import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from arguments.config import ConfigError, PretrainConfig
 from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
 from training.build import build
+from training.divergence import DivergenceHistory
 from training.exit_conditions import ExitConditions
 from training.metrics import (MemoryCheck, MetricsWriter, count_records, drop_redone_records, end_last_line,
                               parameter_count, perplexity, start_wandb)
@@ -116,6 +117,7 @@ def check_vocabulary_flags(config: PretrainConfig) -> None:
 def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # Validate the batch arithmetic, the outputs and the checkpoint before any data or model work.
     batch = batch_schedule(config, state.data_parallel_size)
+    train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     check_vocabulary_flags(config)
     check_attention_backend(config.model, config.training.precision, state.device)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
@@ -220,7 +222,7 @@ def run_claimed(config: PretrainConfig, state: ParallelState, claimed: RunStart)
                         save_checkpoint=save if checkpoint.save else None, exit_conditions=exit_conditions,
                         activations=activations, memory_check=memory_check)
     except TrainingDiverged as error:
-        raise TrainingDiverged(f"{error}; {last_good_checkpoint(checkpoint.save, start.path)}") from None
+        raise TrainingDiverged(f"{error}; {resumable_checkpoint(error.history, checkpoint.save, start.path)}") from None
     finally:
         exit_conditions.close()
         writer.close()
@@ -264,17 +266,19 @@ def dry_run_launch(config: PretrainConfig) -> None:
         print(format_plan(dry_run(config, cluster, vocab, launch.rank), cluster, config, source), flush=True)
 
 
-def last_good_checkpoint(save_dir: Optional[str], loaded: Optional[Path]) -> str:
-    """Where a diverged run can restart from, in words: what --save's `latest` names, else the
-    checkpoint this run loaded."""
-    if save_dir and (Path(save_dir) / LATEST_FILE).is_file():
-        try:
-            return f"the last good checkpoint is {resolve_checkpoint(save_dir)}"
-        except CheckpointError:
-            pass
-    if loaded is not None:
-        return f"the last good checkpoint is {loaded} (the one this run loaded)"
-    return "no checkpoint was saved"
+def resumable_checkpoint(history: Optional[DivergenceHistory], save_dir: Optional[str], loaded: Optional[Path]) -> str:
+    """Where a diverged run can restart from, in words: the last checkpoint saved (or loaded) before
+    the losses left their trend (training/divergence.py), never the diverging one."""
+    if history is None:
+        return "no checkpoint is known to resume"
+    left, iteration = history.left_trend_at(), history.resumable_iteration()
+    why = f"the losses left their trend at iteration {left}"
+    if iteration is not None and iteration == history.start_iteration and loaded is not None:
+        return f"{why}; the last checkpoint before that is {loaded} (the one this run loaded)"
+    candidate = Path(save_dir) / iteration_dir_name(iteration) if iteration is not None and save_dir else None
+    if candidate is not None and (candidate / METADATA_FILE).is_file():
+        return f"{why}; the last checkpoint before that is {candidate}: resume it with --load {candidate}"
+    return f"{why}; no checkpoint saved before that is kept, so start again (with a lower --lr)"
 
 
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:

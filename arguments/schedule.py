@@ -80,11 +80,17 @@ class LearningRateSchedule:
 
 
 def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
-    """--train-iters, or the iterations --train-samples makes (Megatron-LM's update_train_iters)."""
+    """--train-iters, or the iterations --train-samples makes (Megatron-LM's update_train_iters).
+    Megatron's arithmetic makes 0 iterations of a --train-samples below one global batch and then
+    trains nothing, exiting as if done; that is refused here (a ConfigError naming both)."""
     training = config.training
     if training.train_samples is None:
         return training.train_iters
     if batch.rampup is None:
+        if training.train_samples < batch.global_batch_size:
+            raise ConfigError(f"--train-samples {training.train_samples} is below one global batch "
+                              f"({batch.global_batch_size} samples, --global-batch-size): the run would train 0 "
+                              f"iterations; pass --train-samples {batch.global_batch_size} or more")
         return training.train_samples // batch.global_batch_size
     iterations, consumed = 0, 0
     while consumed <= batch.rampup[2] and consumed <= training.train_samples:  # the ramp

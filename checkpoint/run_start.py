@@ -1,6 +1,7 @@
 """Everything a training run claims and checks before any work, agreed by every rank.
 
-`claim_run_start` decides fresh start or resume (checkpoint/start_plan.py), takes the locks of the save
+`claim_run_start` finishes a first save killed before `latest` (checkpoint/unfinished_save.py),
+decides fresh start or resume (checkpoint/start_plan.py), takes the locks of the save
 directory and of the metrics file (checkpoint/save_directory.py), proves every output path writable (checkpoint/output_paths.py), and verifies the
 checkpoint to resume from: every file, its header and its hash (checkpoint/integrity.py). Rank 0
 makes the decisions that touch shared files (the lock exists once); checks every rank must pass for
@@ -25,6 +26,7 @@ from arguments.batch_schedule import batch_schedule
 from checkpoint.save_directory import MetricsFileLock, RunLock, SaveDirectoryLock
 from arguments.schedule import LearningRateSchedule, schedule_on_resume
 from checkpoint.start_plan import StartPlan, check_resume_matches, check_save_directory, plan_start
+from checkpoint.unfinished_save import finish_unfinished_save, needs_finishing
 from parallel.state import ParallelState
 
 EXPECTED = ALWAYS_EXPECTED + (DataError,)
@@ -75,10 +77,14 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         for directory, flag in ((config.logging.tensorboard_dir, "--tensorboard-dir"), (cache_dir, "--data-cache-dir")):
             if directory:
                 refuse_training_output_in_checkpoint(directory, flag)
+        if needs_finishing(checkpoint.load, checkpoint.save):  # a requeued job whose first save was killed
+            claim(SaveDirectoryLock(checkpoint.save, log=log))
+            finish_unfinished_save(Path(checkpoint.save), log)
         plan = plan_start(checkpoint.load, checkpoint.save)
         if checkpoint.save:
             prepare_output_directory(checkpoint.save, "--save")
-            claim(SaveDirectoryLock(checkpoint.save, log=log))
+            if not locks:
+                claim(SaveDirectoryLock(checkpoint.save, log=log))
             check_save_directory(checkpoint.save, plan.resume_from, checkpoint.finetune, checkpoint.overwrite_save)
         prepare_output_file(config.logging.metrics_file, "--metrics-file")
         claim(MetricsFileLock(config.logging.metrics_file, log=log))

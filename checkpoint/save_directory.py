@@ -10,8 +10,12 @@ two writers that start together cannot both get it. While held, a daemon thread 
 every `heartbeat_s` seconds.
 
 A lock is *stale*, and taken over with a message, when its owner is provably gone: on this host, its
-pid no longer runs; on any host, its heartbeat is older than `stale_after_s` (a node that died, where
-the pid cannot be checked). Anything else is a live run, and a second writer fails at start, before
+pid no longer runs, or is our own pid (a restarted container: same hostname, a fresh pid namespace
+where the dead owner's pid, often 1, is now ours), or the machine booted since (the lock's
+/proc/sys/kernel/random/boot_id differs), or the pid now belongs to a process started at another
+time (/proc/<pid>/stat field 22, the start time in clock ticks since boot); on any host, its
+heartbeat is older than `stale_after_s` (a node that died, where the pid cannot be checked). Locks
+written before the boot id and start time were recorded keep the other rules. Anything else is a live run, and a second writer fails at start, before
 any work, naming the owner. The owner's own cleanup (stale `.partial` saves, temporary `latest`
 files) is safe because no other run can be writing into the directory meanwhile.
 """
@@ -51,6 +55,30 @@ def holds_checkpoints(directory: Path) -> list[str]:
     return names
 
 
+def boot_id() -> Optional[str]:
+    """This boot's id (Linux); None where the kernel does not say."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip() or None
+    except OSError:
+        return None
+
+
+def process_start_ticks(pid: int) -> Optional[int]:
+    """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat field 22); None when
+    unknown. The command name (field 2) may hold spaces and parentheses, so the fields are counted
+    from its closing parenthesis."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+        return int(stat[stat.rindex(")") + 2:].split()[22 - 3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# The tokens of the locks this process holds now: a lock naming our pid with another token was
+# written by a previous life of this container, not by us.
+_HELD_TOKENS: set[str] = set()
+
+
 def process_is_running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -76,7 +104,8 @@ class RunLock:
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
-                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": uuid.uuid4().hex}
+                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": uuid.uuid4().hex,
+                      "boot_id": boot_id(), "process_start_ticks": process_start_ticks(os.getpid())}
         self._stop = threading.Event()
         self._heartbeat: Optional[threading.Thread] = None
 
@@ -93,6 +122,7 @@ class RunLock:
         """Take the lock, taking over a stale one; raise CheckpointError if a live run holds it."""
         for _ in range(3):  # a stale lock that another process takes over first costs one more round
             if self._create():
+                _HELD_TOKENS.add(self.owner["token"])
                 self._start_heartbeat()
                 return
             holder = self._read_holder()
@@ -136,10 +166,27 @@ class RunLock:
             except FileNotFoundError:
                 return "it was released"
             return f"unreadable, untouched for {age:.0f} s" if age > self.stale_after_s else None
-        if holder["host"] == self.owner["host"] and not process_is_running(holder["pid"]):
-            return f"process {holder['pid']} is no longer running"
+        if holder["host"] == self.owner["host"]:
+            reason = self._owner_gone_on_this_host(holder)
+            if reason is not None:
+                return reason
         if holder["heartbeat_age_s"] > self.stale_after_s:
             return f"no heartbeat for {holder['heartbeat_age_s']:.0f} s"
+        return None
+
+    def _owner_gone_on_this_host(self, holder: dict) -> Optional[str]:
+        pid = holder["pid"]
+        if pid == os.getpid() and holder.get("token") not in _HELD_TOKENS:
+            return (f"its pid {pid} is this process's own: a previous run in this container (a fresh pid "
+                    f"namespace) left it")
+        if isinstance(holder.get("boot_id"), str) and self.owner["boot_id"] is not None \
+                and holder["boot_id"] != self.owner["boot_id"]:
+            return "the machine has booted since it was taken"
+        if not process_is_running(pid):
+            return f"process {pid} is no longer running"
+        recorded = holder.get("process_start_ticks")
+        if isinstance(recorded, int) and (now := process_start_ticks(pid)) is not None and now != recorded:
+            return f"pid {pid} now belongs to another process (started at another time)"
         return None
 
     def _retire_stale(self) -> bool:
@@ -185,6 +232,7 @@ class RunLock:
             holder = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return
+        _HELD_TOKENS.discard(self.owner["token"])
         if isinstance(holder, dict) and holder.get("token") == self.owner["token"]:
             self.path.unlink(missing_ok=True)
 

@@ -5,7 +5,8 @@ The rules (docs/checkpoints.md, "What is guaranteed"):
 
 - `--load` must name a checkpoint: a save directory with `latest`, or an iteration directory with
   metadata.json. A file, an `iter_*` directory without metadata, or a directory of checkpoints
-  without `latest` is an error.
+  without `latest` is an error (except `--load` equal to `--save`, where checkpoint/unfinished_save.py
+  first finishes the save that was killed before writing `latest`).
 - A `--load` directory that does not exist or holds no checkpoint is a fresh start only when it is
   also the `--save` directory (Megatron-LM's scripts pass `--save $CK --load $CK` from the first run);
   any other such `--load` is a typo, and an error.

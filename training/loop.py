@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from arguments.config import PretrainConfig
+from training.divergence import DivergenceHistory
 from training.exit_conditions import ExitConditions
 from training.run_plan import RunPlan
 from training.metrics import (MemoryCheck, MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
@@ -84,7 +85,9 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
 
 class TrainingDiverged(FloatingPointError):
     """A non-finite loss, a non-finite gradient norm that fp16's loss scaling did not absorb, or an
-    fp16 run that only skips: the run stops before anything from that step is saved."""
+    fp16 run that only skips: the run stops before anything from that step is saved. `history`
+    (set by `train`) tells which save can be resumed (training/divergence.py)."""
+    history: Optional[DivergenceHistory] = None
 
 
 def check_step_is_finite(iteration: int, loss: float, step: StepResult) -> None:
@@ -199,10 +202,15 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
 
         loss_value = average_over_data_parallel(iteration_loss, state).item()  # waits for the device, so the timing below is complete
         interval_times.append(time.perf_counter() - iteration_start)
-        check_step_is_finite(iteration, loss_value, step)
-        if step.skipped:
-            check_skip_limit(iteration, consecutive_skips, training.max_consecutive_skipped_iterations,
-                             optimizer.loss_scaler.scale)
+        try:
+            check_step_is_finite(iteration, loss_value, step)
+            if step.skipped:
+                check_skip_limit(iteration, consecutive_skips, training.max_consecutive_skipped_iterations,
+                                 optimizer.loss_scaler.scale)
+        except TrainingDiverged as diverged:  # the caller names the checkpoint to restart from with it
+            diverged.history = DivergenceHistory(start_iteration, summary.train_losses + [loss_value],
+                                                 list(summary.saved_iterations))
+            raise
         summary.train_losses.append(loss_value)
         interval_losses.append(loss_value)
         summary.iterations = iteration

@@ -1,0 +1,63 @@
+"""pretrain_gpt.py SIGKILLed at one point of its first save: a job killed (preempted, OOM-killed, a
+node lost) while it saves.
+
+    KILL_SAVE_POINT=renamed python tests/kill_in_save.py <pretrain_gpt flags>
+
+The points are the steps of `save_checkpoint` (checkpoint/sharded.py) and `commit`
+(checkpoint/format.py), in order:
+  files        the first of the rank's safetensors files written into iter_N.partial, no more
+  metadata     every file and metadata.json written into iter_N.partial, not yet renamed
+  renamed      iter_N.partial renamed to iter_N, `latest` not yet written
+  latest-temp  `latest`'s temporary file written and fsynced, not yet renamed over `latest`
+  latest       `latest` written: the save is complete, the prune and the log line are not done
+The kill is a real SIGKILL: no handler, no cleanup, no flush.
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pretrain_gpt  # noqa: E402
+from checkpoint import format as checkpoint_format  # noqa: E402
+from checkpoint import sharded  # noqa: E402
+
+POINT = os.environ["KILL_SAVE_POINT"]
+POINTS = ("files", "metadata", "renamed", "latest-temp", "latest")
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def after(function, point):
+    def wrapped(*args, **kwargs):
+        result = function(*args, **kwargs)
+        if POINT == point:
+            die()
+        return result
+    return wrapped
+
+
+def write_latest_then(path, text):
+    if path.name == checkpoint_format.LATEST_FILE and POINT == "latest-temp":
+        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # as atomic_file names it
+        temporary.write_text(text, encoding="utf-8")
+        checkpoint_format.fsync_path(temporary)
+        die()
+    original_write_text_atomic(path, text)
+    if path.name == checkpoint_format.LATEST_FILE and POINT == "latest":
+        die()
+
+
+assert POINT in POINTS, POINT
+sharded.save_tensors = after(sharded.save_tensors, "files")
+sharded.write_text_atomic = after(sharded.write_text_atomic, "metadata")  # sharded writes only metadata.json with it
+checkpoint_format.replace_directory = after(checkpoint_format.replace_directory, "renamed")
+original_write_text_atomic = checkpoint_format.write_text_atomic
+checkpoint_format.write_text_atomic = write_latest_then  # commit() looks it up in the module at call time
+
+if __name__ == "__main__":
+    sys.exit(pretrain_gpt.main())

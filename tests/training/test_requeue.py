@@ -1,0 +1,202 @@
+"""A requeued job always resumes (issue 33, problems 3, 4, 5 and 12): the same `--save CK --load CK`
+command after a kill at any point of the first save, a lock left by this container's previous life,
+a divergence message that names a checkpoint that resumes, and a run too short to train anything.
+
+Megatron-LM, the reference: megatron/training/checkpointing.py (NVIDIA/Megatron-LM) writes the
+tracker file `latest_checkpointed_iteration.txt` at the end of save_checkpoint, after every rank's
+files, and _load_base_checkpoint on a missing tracker file prints "WARNING: could not find the
+metadata file ... will not load any checkpoints and will start from random" and returns no state:
+a `--load` directory without the tracker starts from scratch. Here the complete, verified iteration
+the killed save left is adopted instead (checkpoint/unfinished_save.py), so nothing trained is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.reliability_helpers import TINY, metrics_records, train
+
+REPO = Path(__file__).resolve().parents[2]
+VOCAB = ["--tokenizer-vocab-size", "512"]  # the session corpus's vocabulary (tests/conftest.py)
+SAVE_POINTS = ("files", "metadata", "renamed", "latest-temp", "latest")  # tests/kill_in_save.py
+
+
+def losses(path: Path) -> dict[int, float]:
+    """iteration -> training loss; a record a later run wrote again for the same iteration wins."""
+    return {record["iteration"]: record["loss"] for record in metrics_records(path)
+            if "loss" in record and "split" not in record and "memory" not in record}
+
+
+@pytest.fixture(scope="module")
+def straight(corpus_cache, tmp_path_factory):
+    work = tmp_path_factory.mktemp("straight")
+    outcome = train(corpus_cache, work, *VOCAB, "--train-iters", "4")
+    assert outcome.code == 0, outcome.err
+    return losses(work / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("point", SAVE_POINTS)
+def test_a_kill_at_each_point_of_the_first_save_then_the_same_command_resumes(corpus_cache, straight, tmp_path,
+                                                                              point):
+    ck, metrics = tmp_path / "ck", tmp_path / "metrics.jsonl"
+    command = TINY + VOCAB + ["--data-cache-dir", corpus_cache, "--metrics-file", str(metrics), "--train-iters", "4",
+                              "--save", str(ck), "--load", str(ck), "--save-interval", "2"]
+    killed = subprocess.run([sys.executable, str(REPO / "tests" / "kill_in_save.py"), *command], cwd=REPO,
+                            env={**os.environ, "KILL_SAVE_POINT": point}, capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -9, (killed.returncode, killed.stderr[-2000:])
+    assert not (ck / "iter_0000004").exists()  # it died in the first save, at iteration 2
+
+    again = train(corpus_cache, tmp_path, *VOCAB, "--train-iters", "4", "--save", ck, "--load", ck,
+                  "--save-interval", "2")  # the same command: metrics.jsonl in tmp_path, as above
+    assert again.code == 0, again.err
+    assert losses(metrics) == straight
+    assert (ck / "latest").read_text() == "iter_0000004\n"
+    if point in ("renamed", "latest-temp", "latest"):  # iteration 2 was complete: resumed, not redone
+        assert "resuming after iteration 2" in again.out, again.out
+
+
+def test_a_left_iteration_that_does_not_verify_is_set_aside_and_the_run_starts_fresh(corpus_cache, tmp_path):
+    ck = tmp_path / "ck"
+    same_command = [*VOCAB, "--train-iters", "1", "--save", ck, "--load", ck, "--save-interval", "1"]
+    assert train(corpus_cache, tmp_path, *same_command).code == 0
+    (ck / "latest").unlink()  # as a kill before `latest` leaves it
+    damaged = ck / "iter_0000001" / "model_tp00.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF  # a bit flip of the same size: only the content hash catches it
+    damaged.write_bytes(bytes(data))
+
+    again = train(corpus_cache, tmp_path, *same_command)
+    assert again.code == 0, again.err
+    assert "does not verify" in again.out and "starting a fresh run" in again.out, again.out
+    aside = [path for path in ck.iterdir() if path.name.startswith("iter_0000001.unverified-")]
+    assert len(aside) == 1 and (aside[0] / "model_tp00.safetensors").read_bytes() == bytes(data)  # never deleted
+    assert (ck / "latest").read_text() == "iter_0000001\n"  # the fresh run saved iteration 1 anew
+
+
+# ---- a lock left by this container's previous life (problem 4) ----------------------------------------
+
+def write_lock(directory: Path, pid: int, **recorded) -> Path:
+    """A lock file as an earlier run on this host wrote it (a fresh heartbeat)."""
+    import json
+    import socket
+
+    from checkpoint.save_directory import LOCK_FILE
+
+    path = directory / LOCK_FILE
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "started": "earlier", "token": "theirs",
+                                **recorded}))
+    return path
+
+
+def test_a_lock_naming_our_own_pid_is_a_previous_life_of_this_container(tmp_path):
+    """Before: 'in use by another run (pid <ours> ...)' naming itself, for 600 s."""
+    from checkpoint.save_directory import SaveDirectoryLock
+
+    write_lock(tmp_path, os.getpid())  # an old lock, without boot id or start time: the pid rule alone
+    messages = []
+    with SaveDirectoryLock(tmp_path, log=messages.append):
+        pass
+    assert "this process's own" in messages[0], messages
+
+
+def test_a_lock_from_before_a_reboot_or_of_a_reused_pid_is_stale(tmp_path):
+    """Before: the pid (our parent, alive) runs, so both were 'in use by another run'."""
+    from checkpoint.save_directory import SaveDirectoryLock, boot_id, process_start_ticks
+
+    alive = os.getppid()
+    assert boot_id() is not None and process_start_ticks(alive) is not None  # Linux's /proc
+    for recorded, reason in (({"boot_id": "another-boot"}, "booted since"),
+                             ({"boot_id": boot_id(), "process_start_ticks": process_start_ticks(alive) + 1},
+                              "now belongs to another process")):
+        write_lock(tmp_path, alive, **recorded)
+        messages = []
+        with SaveDirectoryLock(tmp_path, log=messages.append):
+            pass
+        assert reason in messages[0], messages
+
+
+@pytest.mark.parametrize("recorded", ["none", "matching"])
+def test_a_lock_of_a_live_process_on_this_host_still_holds(tmp_path, recorded):
+    from base.errors import CheckpointError
+    from checkpoint.save_directory import SaveDirectoryLock, boot_id, process_start_ticks
+
+    alive = os.getppid()
+    extra = {} if recorded == "none" else {"boot_id": boot_id(), "process_start_ticks": process_start_ticks(alive)}
+    write_lock(tmp_path, alive, **extra)
+    with pytest.raises(CheckpointError, match=f"in use by another run .pid {alive} "):
+        SaveDirectoryLock(tmp_path).acquire()
+
+
+def test_a_lock_this_process_holds_is_not_taken_over_by_itself(tmp_path):
+    from base.errors import CheckpointError
+    from checkpoint.save_directory import SaveDirectoryLock
+
+    with SaveDirectoryLock(tmp_path):
+        with pytest.raises(CheckpointError, match="in use by another run"):
+            SaveDirectoryLock(tmp_path).acquire()
+
+
+# ---- a run too short for one iteration (problem 12) ---------------------------------------------------
+
+def test_train_samples_below_one_global_batch_is_refused_before_any_work(corpus_cache, tmp_path):
+    """Before: exit 0, 'the checkpoint is already at 0 iterations' with no checkpoint, nothing trained.
+    Megatron-LM (NVIDIA/Megatron-LM megatron/training/training.py, update_train_iters): without a batch
+    ramp `args.train_iters = args.train_samples // args.global_batch_size`, so such a run gets 0
+    iterations and trains nothing silently; the issue asks for a refusal instead."""
+    import pretrain_gpt
+    from tests.reliability_helpers import run_main
+
+    at = TINY.index("--train-iters")
+    argv = TINY[:at] + TINY[at + 2:] + VOCAB + ["--data-cache-dir", corpus_cache, "--train-samples", "1",
+                                                "--metrics-file", tmp_path / "out" / "metrics.jsonl",
+                                                "--save", tmp_path / "out" / "ck"]
+    line = run_main(pretrain_gpt.main, argv).one_error_line("--train-samples 1", "global batch", "--global-batch-size")
+    assert "0 iterations" in line
+    assert not (tmp_path / "out").exists()  # refused before any output was created
+
+
+# ---- the divergence message names a checkpoint that resumes (problem 5) ------------------------------
+
+def test_the_divergence_message_names_the_last_save_before_the_losses_left_their_trend(corpus_cache, tmp_path):
+    """Before: 'the last good checkpoint is <latest>', a save made after the rate had taken the
+    weights to ~1e7; resuming it with a lower rate, as the message advised, diverged at once."""
+    ck = tmp_path / "ck"
+    assert train(corpus_cache, tmp_path, *VOCAB, "--train-iters", "2", "--save", ck, "--save-interval", "1").code == 0
+    diverging = train(corpus_cache, tmp_path, *VOCAB, "--train-iters", "8", "--save", ck, "--load", ck,
+                      "--save-interval", "1", "--lr", "1e3", "--clip-grad", "0", "--lr-warmup-iters", "0",
+                      "--override-opt_param-scheduler")
+    line = diverging.one_error_line("diverged", "the losses left their trend at iteration 4",
+                                    f"{ck / 'iter_0000002'} (the one this run loaded)")
+    latest = (ck / "latest").read_text().strip()
+    assert latest > "iter_0000002" and latest not in line  # the diverging saves are never named
+
+    def resume_one_step_at_a_low_rate(checkpoint: Path):
+        work = tmp_path / checkpoint.name
+        work.mkdir()
+        outcome = train(corpus_cache, work, *VOCAB, "--train-iters", str(int(checkpoint.name[5:]) + 1),
+                        "--load", checkpoint, "--lr", "1e-4", "--override-opt_param-scheduler")
+        return outcome, [r["loss"] for r in metrics_records(work / "metrics.jsonl") if "loss" in r and "split" not in r]
+
+    outcome, named_losses = resume_one_step_at_a_low_rate(ck / "iter_0000002")
+    assert outcome.code == 0, outcome.err
+    assert named_losses[-1] < 7  # in trend: near the first loss, ln(512) = 6.2 at most
+    outcome, latest_losses = resume_one_step_at_a_low_rate(ck / latest)  # what the old message advised
+    assert outcome.code == 2 and "diverged" in outcome.err or latest_losses[-1] > 2 * named_losses[-1]
+
+
+def test_a_spike_the_run_recovered_from_does_not_count():
+    from training.divergence import DivergenceHistory
+
+    # Iterations 11-17 after a resume at 10: a spike at 13 that recovered, then the weights of the
+    # save at 15 gave 40.0 at 16 and the run stopped at 17.
+    history = DivergenceHistory(10, [3.0, 2.9, 7.0, 2.8, 2.7, 40.0, float("nan")], saved_iterations=[12, 14, 15])
+    assert history.left_trend_at() == 16
+    assert history.resumable_iteration() == 14
+    assert DivergenceHistory(0, [5.0, 90.0, float("nan")], [1, 2]).resumable_iteration() is None
+    assert DivergenceHistory(4, [float("nan")], []).resumable_iteration() is None  # the loaded one gave NaN
