@@ -24,7 +24,8 @@ from arguments.config import PretrainConfig
 from training.exit_conditions import ExitConditions
 from training.run_plan import RunPlan
 from training.metrics import (MemoryCheck, MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
-                         model_flops_utilization, peak_memory_bytes, perplexity, run_peak_tflops)
+                         model_flops_utilization, peak_memory_bytes, perplexity, remaining_seconds,
+                         run_peak_tflops)
 from arguments.schedule import tokens_seen_by_schedule
 from parallel.state import ParallelState
 from zero.activations import ActivationMonitor, SavedTensorMeter
@@ -237,7 +238,9 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
             if training.fp16:
                 record["loss_scale"] = optimizer.loss_scaler.scale
                 record["skipped_iterations"] = summary.skipped_iterations
-            writer.write(record, format_console_line(record, training.train_iters))
+            eta_s = remaining_seconds(interval_s / sum(interval_samples), summary.consumed_samples,
+                                      training.train_iters - iteration, plan.batch.consumed_after)
+            writer.write(record, format_console_line(record, training.train_iters, eta_s))
             interval_losses.clear()
             interval_times.clear()
             interval_samples.clear()
