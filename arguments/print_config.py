@@ -77,6 +77,9 @@ def format_config(parsed) -> str:
         lines.append(_row("global batch", f"{start} -> {training.global_batch_size}",
                           f"+{increment} evenly over the first {samples:,} samples (--rampup-batch-size); the "
                           f"learning-rate schedule follows consumed samples"))
+    if training.step_batch_size_schedule is not None:
+        lines.append(_row("global batch", batch.describe(), "--step-batch-size-schedule (thresholds in tokens, "
+                          "as samples here); the learning-rate schedule follows consumed samples"))
     if parsed.notes:
         lines.append("said at the start of a run")
         lines += [note if note.startswith(">") else f"> {note}" for note in parsed.notes]
