@@ -157,3 +157,19 @@ def test_the_eta_follows_the_samples_left_through_a_batch_ramp():
     ramp = BatchSchedule(micro_batch_size=2, data_parallel_size=1, global_batch_size=6, rampup=(2, 2, 12))
     assert remaining_seconds(0.5, 4, 3, ramp.consumed_after) == 5.0
     assert [format_duration(s) for s in (0.4, 59.6, 425, 11_520)] == ["0 s", "1 min 00 s", "7 min 05 s", "3 h 12 min"]
+
+
+def test_between_iteration_lines_far_apart_a_short_line_gives_the_eta(tmp_path, capsys, monkeypatch):
+    """After the model line a default CPU run printed nothing until iteration 10 (about a minute on a
+    loaded machine). The loop's heartbeat prints, every 10 s between iteration lines, the iteration and
+    the ETA; here its interval is 0 so that every iteration without a line gets one."""
+    import training.loop
+
+    lines = []
+    monkeypatch.setattr(training.loop, "ProgressLines", lambda: ProgressLines(emit=lines.append, interval_s=0.0))
+    code = pretrain_gpt.main(SMALL + ["--data-cache-dir", str(tmp_path / "cache"), "--log-interval", "5",
+                                      "--metrics-file", str(tmp_path / "m.jsonl")])
+    assert code == 0
+    assert len(lines) == 1 and lines[0].startswith(" iteration        1/       2, ETA: "), lines
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration ")][0].startswith(
+        "iteration        2/")  # the logged iteration has its own line, and no heartbeat
