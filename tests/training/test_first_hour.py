@@ -1,6 +1,8 @@
 """The first hour of a new user: what long work prints while it runs, and the surprises the issue
 found on the way (each test names the surprise it guards against)."""
 
+import re
+
 import pytest
 
 import pretrain_gpt
@@ -148,7 +150,8 @@ def test_iteration_lines_carry_an_eta_and_a_small_models_memory_line_no_leak_lik
     assert len(iteration_lines) == 2 and all(" | ETA: " in line for line in iteration_lines)
     assert iteration_lines[-1].endswith("ETA: 0 s |")  # the last iteration: nothing left
     memory = next(line for line in out if "memory after iteration 1" in line)
-    assert "measured/predicted" not in memory and "measured-predicted +" in memory
+    # the sign depends on what this test process reached before (a peak RSS only grows)
+    assert "measured/predicted" not in memory and re.search(r"measured-predicted [+-]\d+\.\d MiB", memory), memory
 
 
 def test_the_eta_follows_the_samples_left_through_a_batch_ramp():
