@@ -21,6 +21,12 @@ RampupBatchsizeNumMicroBatchesCalculator, the same arithmetic). Because the batc
 consumed samples, a run resumed from a checkpoint (which records them) continues the ramp exactly;
 the sampler needs no state beyond consumed samples either, since every batch of the ramp is a whole
 number of micro batch x data-parallel chunks.
+
+With Megatron-LM main's `--step-batch-size-schedule "THRESHOLD:BATCH ..."` (arguments/step_batch_schedule.py)
+the global batch is the BATCH of the last THRESHOLD at or below the consumed samples, and the run's
+global batch is the last entry's. As in Megatron-LM (megatron/training/arguments.py, validate_args) it
+cannot be combined with --global-batch-size; every entry must split into whole micro batch x
+data-parallel chunks (Megatron asserts that for the current entry as the run reaches it).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from arguments.config import PretrainConfig
 from arguments.config_sources import DEFAULT, FLAG, JSON, Source
 from base.errors import ConfigError
 from arguments.deepspeed_precedence import PRECEDENCE
+from arguments.step_batch_schedule import parse_step_schedule
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class BatchSchedule:
     data_parallel_size: int
     global_batch_size: int                  # after the ramp (the whole run without one)
     rampup: Optional[tuple[int, int, int]]  # START, INCREMENT, SAMPLES
+    # --step-batch-size-schedule: ((from samples consumed, global batch), ...), the first from 0
+    steps: Optional[tuple[tuple[int, int], ...]] = None
     # DeepSpeed JSON batch values the run does not use, each said once at start (a warning line)
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -50,6 +59,8 @@ class BatchSchedule:
 
     def global_batch_at(self, consumed_samples: int) -> int:
         """The global batch of the iteration that starts after `consumed_samples`."""
+        if self.steps is not None:
+            return [batch for threshold, batch in self.steps if threshold <= consumed_samples][-1]
         if self.rampup is None:
             return self.global_batch_size
         start, increment, samples = self.rampup
@@ -63,6 +74,20 @@ class BatchSchedule:
         """Micro-batches each rank runs in the iteration that starts after `consumed_samples`."""
         return self.global_batch_at(consumed_samples) // self.samples_per_micro_step
 
+    def constant_after(self, consumed_samples: int) -> bool:
+        """Whether every iteration from `consumed_samples` on has the final global batch."""
+        if self.steps is not None:
+            return consumed_samples >= self.steps[-1][0]
+        return self.rampup is None or consumed_samples > self.rampup[2]
+
+    @property
+    def lr_schedule_batch(self) -> int:
+        """The batch Megatron multiplies iterations by for the learning-rate schedule (lr_decay_iters x
+        args.global_batch_size, megatron/training/training.py get_optimizer_param_scheduler). Under a step
+        schedule args.global_batch_size was never given (validate_args refuses it) and is set to micro
+        batch x data-parallel size; under a ramp it is the final batch."""
+        return self.samples_per_micro_step if self.steps is not None else self.global_batch_size
+
     @property
     def final_accumulation_steps(self) -> int:
         return self.global_batch_size // self.samples_per_micro_step
@@ -70,12 +95,15 @@ class BatchSchedule:
     def consumed_after(self, iterations: int, consumed_samples: int = 0) -> int:
         """Samples consumed after `iterations` more iterations, starting from `consumed_samples`."""
         for done in range(iterations):
-            if self.rampup is None or consumed_samples > self.rampup[2]:  # the rest is constant
+            if self.constant_after(consumed_samples):  # the rest is constant
                 return consumed_samples + (iterations - done) * self.global_batch_size
             consumed_samples += self.global_batch_at(consumed_samples)
         return consumed_samples
 
     def describe(self) -> str:
+        if self.steps is not None:
+            steps = ", ".join(f"{batch} from {threshold:,} samples" for threshold, batch in self.steps)
+            return f"{self.global_batch_size} in steps ({steps}; --step-batch-size-schedule)"
         if self.rampup is None:
             return str(self.global_batch_size)
         start, increment, samples = self.rampup
@@ -122,9 +150,32 @@ def batch_schedule(config: PretrainConfig, data_parallel_size: int, deepspeed_ch
             raise ConfigError(f"--rampup-batch-size {' '.join(map(str, rampup))}: START and INCREMENT must be "
                               f"multiples of --micro-batch-size {micro} x data-parallel size {data_parallel_size} "
                               f"= {step}, so every batch of the ramp splits into whole micro-batches")
-    schedule = BatchSchedule(micro, data_parallel_size, global_batch, rampup)
-    return BatchSchedule(micro, data_parallel_size, global_batch, rampup,
+    steps = None
+    if training.step_batch_size_schedule is not None:
+        steps = _step_schedule(config, micro, data_parallel_size, explicit)
+        global_batch = steps[-1][1]
+    schedule = BatchSchedule(micro, data_parallel_size, global_batch, rampup, steps)
+    return BatchSchedule(micro, data_parallel_size, global_batch, rampup, steps,
                          notes=_json_values_not_used(config, schedule))
+
+
+def _step_schedule(config: PretrainConfig, micro: int, data_parallel_size: int,
+                   explicit: set[str]) -> tuple[tuple[int, int], ...]:
+    schedule = config.training.step_batch_size_schedule
+    if "global_batch_size" in explicit:
+        # Megatron-LM raises this in validate_args (its own GPT-3 example passes both, and stops there).
+        raise ConfigError(f"--step-batch-size-schedule {schedule!r} and "
+                          f"{_named('global_batch_size', config.training.global_batch_size, config.sources)} "
+                          f"cannot both be given (Megatron-LM refuses it too): the schedule's last batch is the "
+                          f"run's global batch, so drop --global-batch-size")
+    steps = parse_step_schedule(schedule, config.model.seq_length)
+    step = micro * data_parallel_size
+    uneven = [batch for _, batch in steps if batch % step]
+    if uneven:
+        raise ConfigError(f"--step-batch-size-schedule {schedule!r}: batch {uneven[0]} is not a multiple of "
+                          f"--micro-batch-size {micro} x data-parallel size {data_parallel_size} = {step}; every "
+                          f"batch must split into whole micro-batches")
+    return steps
 
 
 FLAGS = {"micro_batch_size": "--micro-batch-size", "global_batch_size": "--global-batch-size",

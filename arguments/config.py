@@ -25,6 +25,7 @@ from data import DataError
 from data.gpt_dataset import parse_data_path, parse_split
 from base.errors import ConfigError
 from base.options import count, flag_of, option
+from arguments.step_batch_schedule import parse_step_schedule
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
@@ -131,6 +132,11 @@ class TrainingConfig:
         None, nargs=3, type=count, metavar=("START", "INCREMENT", "SAMPLES"),
         help="grow the global batch from START by INCREMENT, evenly over the first SAMPLES samples, to "
              "--global-batch-size (Megatron-LM)")
+    step_batch_size_schedule: Optional[str] = option(
+        None, type=str, metavar="'THRESHOLD:BATCH ...'",
+        help="the global batch in steps: from each THRESHOLD tokens consumed (suffixes K, M, B, T), BATCH; the "
+             "first threshold is 0 and the last batch is the run's global batch (Megatron-LM's main branch, "
+             "which deprecates --rampup-batch-size; arguments/step_batch_schedule.py)")
     train_iters: Optional[int] = 250  # None with --train-samples: derived as Megatron does (arguments/schedule.py)
     train_samples: Optional[int] = option(
         None, type=count, help="train for this many samples instead of --train-iters (Megatron-LM; the iterations "
@@ -432,9 +438,23 @@ class PretrainConfig:
             getattr(self, section).validate()
         self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
         self.activations.validate_for_layers(self.model.num_layers)
+        if self.training.step_batch_size_schedule is not None:
+            self._check_step_schedule()
         if self.data.tokenizer_type == "NullTokenizer" and self.model.vocab_size < 1:
             raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
                               "end-of-document id is N)")
+
+    def _check_step_schedule(self) -> None:
+        """What needs no grid: the schedule parses, and no other setting also sets the batch per iteration
+        (--global-batch-size beside it is refused in batch_schedule, which knows where values came from)."""
+        training = self.training
+        parse_step_schedule(training.step_batch_size_schedule, self.model.seq_length)
+        if training.rampup_batch_size is not None:
+            raise ConfigError("--step-batch-size-schedule and --rampup-batch-size both set the global batch of each "
+                              "iteration; keep one (Megatron-LM's main branch ignores --rampup-batch-size)")
+        if training.accumulation_steps is not None:
+            raise ConfigError("--step-batch-size-schedule sets the accumulation steps of each iteration; drop "
+                              "--gradient-accumulation-steps")
 
     def to_dict(self) -> dict:
         return {section: {f.name: getattr(getattr(self, section), f.name)

@@ -416,8 +416,6 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --universal-checkpoint --ckpt-convert-format --ckpt-convert-save""")),
     ("not implemented: pretrain_gpt.py always trains (--train-iters iterations); --eval-iters sets evaluation",
      _names("--skip-train --eval-only --inference --use-dataset-only")),
-    ("not implemented: the global batch grows only by --rampup-batch-size START INCREMENT SAMPLES",
-     _names("--step-batch-size-schedule")),
     ("not implemented: the vocabulary is the tokenizer's own (--tokenizer-file, --vocab-file); add tokens to the "
      "tokenizer file", _names("--tokenizer-special-tokens")),
     ("not implemented: with --tokenizer-type NullTokenizer the end-of-document id is --vocab-size",

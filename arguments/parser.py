@@ -402,7 +402,8 @@ def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_arg
                 if dest in flag_values and flag_values[dest] != value and precedence_of(key).winner == INDEPENDENT}:
         for dest in [d for d, (_, k, _) in json_values.items() if k == key and d not in flag_values]:
             not_used(dest)  # DeepSpeed's own monitor: none of it mixes with the command line's (W&B's team)
-    rampup = (flag_values.get("rampup_batch_size") or base_values.get("rampup_batch_size")) is not None
+    rampup = any((flag_values.get(name) or base_values.get(name)) is not None  # the batch varies by iteration
+                 for name in ("rampup_batch_size", "step_batch_size_schedule"))
     for dest in json_batch_settings_not_used({d for d in BATCH_SETTINGS if d in flag_values},
                                              {d for d in BATCH_SETTINGS if d in json_values}, rampup):
         key = json_values[dest][1]

@@ -58,16 +58,18 @@ def format_config(parsed) -> str:
     if training.accumulation_steps is None:  # else the global batch depends on the data-parallel size
         batch = batch_schedule(config, 1, deepspeed_check=False)  # 1 stands in for the launch's size
         schedule = build_lr_schedule(config, batch)
+        # under a step schedule Megatron's args.global_batch_size is micro batch x DP (BatchSchedule.lr_schedule_batch)
+        per_iteration = "micro batch x data-parallel size" if batch.steps is not None else "global batch"
         lines.append(_row("training iterations", str(train_iterations(config, batch)),
                           "--train-iters" if training.train_samples is None else
                           f"--train-samples {training.train_samples} // global batch (Megatron's arithmetic)"))
         lines.append(_row("learning-rate warmup (samples)", f"{schedule.warmup_samples:g}",
                           f"--lr-warmup-fraction {optimizer.lr_warmup_fraction} x decay"
                           if optimizer.lr_warmup_fraction is not None else
-                          "--lr-warmup-iters x global batch" if training.train_samples is None else
+                          f"--lr-warmup-iters x {per_iteration}" if training.train_samples is None else
                           "--lr-warmup-samples"))
         lines.append(_row("learning-rate decay (samples)", f"{schedule.decay_samples:g}",
-                          "(--lr-decay-iters or --train-iters) x global batch" if training.train_samples is None
+                          f"(--lr-decay-iters or --train-iters) x {per_iteration}" if training.train_samples is None
                           else "--lr-decay-samples or --train-samples"))
         if schedule.decay_tokens is not None or schedule.warmup_tokens is not None:
             lines.append(_row("learning-rate by tokens", f"{schedule.warmup_tokens} / {schedule.decay_tokens}",
@@ -77,6 +79,9 @@ def format_config(parsed) -> str:
         lines.append(_row("global batch", f"{start} -> {training.global_batch_size}",
                           f"+{increment} evenly over the first {samples:,} samples (--rampup-batch-size); the "
                           f"learning-rate schedule follows consumed samples"))
+    if training.step_batch_size_schedule is not None:
+        lines.append(_row("global batch", batch.describe(), "--step-batch-size-schedule (thresholds in tokens, "
+                          "as samples here); the learning-rate schedule follows consumed samples"))
     if parsed.notes:
         lines.append("said at the start of a run")
         lines += [note if note.startswith(">") else f"> {note}" for note in parsed.notes]

@@ -86,6 +86,15 @@ def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
     training = config.training
     if training.train_samples is None:
         return training.train_iters
+    if batch.steps is not None:
+        # update_train_iters under a step schedule (megatron/training/training.py): iterate while
+        # consumed < train_samples, so a last partial batch still counts as an iteration
+        iterations, consumed = 0, 0
+        while consumed < training.train_samples and not batch.constant_after(consumed):
+            consumed += batch.global_batch_at(consumed)
+            iterations += 1
+        left = max(0, training.train_samples - consumed)
+        return iterations + -(-left // batch.global_batch_size)
     if batch.rampup is None:
         if training.train_samples < batch.global_batch_size:
             raise ConfigError(f"--train-samples {training.train_samples} is below one global batch "
@@ -105,8 +114,8 @@ def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningR
     """Megatron's get_optimizer_param_scheduler, in samples (and tokens), for this run's batches."""
     optimizer, training = config.optimizer, config.training
     if training.train_samples is None:
-        decay = (optimizer.lr_decay_iters or training.train_iters) * batch.global_batch_size
-        warmup = optimizer.lr_warmup_iters * batch.global_batch_size
+        decay = (optimizer.lr_decay_iters or training.train_iters) * batch.lr_schedule_batch
+        warmup = optimizer.lr_warmup_iters * batch.lr_schedule_batch
     else:
         decay = optimizer.lr_decay_samples or training.train_samples
         warmup = optimizer.lr_warmup_samples
@@ -131,7 +140,7 @@ def tokens_seen_by_schedule(batch: BatchSchedule, consumed_samples: int, seq_len
         return 0
     previous = 0
     while True:  # constant batches after a ramp: one step back; during a ramp, walk the ramp
-        if batch.rampup is None or previous > batch.rampup[2]:
+        if batch.constant_after(previous):
             return (consumed_samples - batch.global_batch_size) * seq_length
         following = previous + batch.global_batch_at(previous)
         if following >= consumed_samples:

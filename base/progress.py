@@ -44,5 +44,9 @@ class ProgressLines:
             self.last = now
             self.emit(f"{describe()} ({now - self.started:.0f} s so far)")
 
+    def shown_alive(self) -> None:
+        """Another line has just shown the work is alive: the next update waits a whole interval again."""
+        self.last = self.clock()
+
     def done(self, line: str) -> None:
         self.emit(f"{line} in {self.clock() - self.started:.1f} s")

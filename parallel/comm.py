@@ -31,6 +31,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from base.eager_under_compile import eager_under_compile
+
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 GROUP_NAMES = ("dp", "tp")
 
@@ -198,7 +200,7 @@ class Communicator:
 
     # The collectives run eagerly even inside a compiled block (--compile): their byte accounting is
     # Python state, and torch.distributed's calls are not traceable anyway.
-    @torch.compiler.disable
+    @eager_under_compile
     def all_reduce(self, tensor: torch.Tensor, group: Optional[dist.ProcessGroup], group_name: str,
                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
         """In-place all-reduce of `tensor` over `group`."""
@@ -208,7 +210,7 @@ class Communicator:
         self.last_collective = ("all_reduce", group_name)
         return self._transport_all_reduce(tensor, op, group, async_op)
 
-    @torch.compiler.disable
+    @eager_under_compile
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                        group_name: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, async_op: bool = False):
         """Sum `input` (N equal chunks along dim 0) over the group; rank i's `output` gets chunk i."""
@@ -223,7 +225,7 @@ class Communicator:
         self.last_collective = ("reduce_scatter", group_name)
         return self._transport_reduce_scatter(output, input, op, group, async_op)
 
-    @torch.compiler.disable
+    @eager_under_compile
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
                    group_name: str, async_op: bool = False):
         """Concatenate every rank's `input` along dim 0 into `output` (rank order)."""
@@ -238,7 +240,7 @@ class Communicator:
         self.last_collective = ("all_gather", group_name)
         return self._transport_all_gather(output, input, group, async_op)
 
-    @torch.compiler.disable
+    @eager_under_compile
     def broadcast(self, tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup], group_name: str,
                   async_op: bool = False):
         """Copy `tensor` from global rank `src` to every rank of the group (torch's convention: `src` is

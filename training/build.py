@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from base.eager_under_compile import keep_marked_methods_eager
 from gpt.model import GPTModel, compile_blocks
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -58,6 +59,8 @@ def build(plan: RunPlan, state: ParallelState, *, dropout_rng: bool, torch_compi
     #    compiled blocks are the ones ZeRO left (parameters that are views of its storage, its hooks in
     #    place). Compilation itself happens at the first forward.
     config = plan.config
+    if torch_compile:
+        keep_marked_methods_eager()  # before anything registers a hook that binds a marked method
     rng = TensorParallelRNG(config.training.seed, state) if dropout_rng else None
     model = GPTModel(config.model, state, rng=rng)
     activations = ActivationMonitor(state.device)

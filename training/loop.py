@@ -21,11 +21,13 @@ import torch
 from torch import nn
 
 from arguments.config import PretrainConfig
+from base.progress import ProgressLines
 from training.divergence import DivergenceHistory
 from training.exit_conditions import ExitConditions
 from training.run_plan import RunPlan
 from training.metrics import (MemoryCheck, MetricsWriter, flops_per_iteration, format_console_line, format_eval_line,
-                         model_flops_utilization, peak_memory_bytes, perplexity, run_peak_tflops)
+                         model_flops_utilization, peak_memory_bytes, perplexity, remaining_seconds,
+                         run_peak_tflops, format_duration)
 from arguments.schedule import tokens_seen_by_schedule
 from parallel.state import ParallelState
 from zero.activations import ActivationMonitor, SavedTensorMeter
@@ -145,6 +147,9 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
     interval_times: list[float] = []
     interval_samples: list[int] = []
     consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
+    # Between iteration lines far apart (--log-interval 10 of a slow model: a minute or more on a CPU), a
+    # short line every REPORT_EVERY_S with the ETA, so the run is never silent for long; no record.
+    heartbeat = ProgressLines()
     model.train()
     seq_length = config.model.seq_length
     lr = plan.lr_schedule.rate(consumed_samples,
@@ -245,10 +250,17 @@ def train(model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict],
             if training.fp16:
                 record["loss_scale"] = optimizer.loss_scaler.scale
                 record["skipped_iterations"] = summary.skipped_iterations
-            writer.write(record, format_console_line(record, training.train_iters))
+            eta_s = remaining_seconds(interval_s / sum(interval_samples), summary.consumed_samples,
+                                      training.train_iters - iteration, plan.batch.consumed_after)
+            writer.write(record, format_console_line(record, training.train_iters, eta_s))
+            heartbeat.shown_alive()
             interval_losses.clear()
             interval_times.clear()
             interval_samples.clear()
+        else:
+            heartbeat.update(lambda: f" iteration {iteration:>8d}/{training.train_iters:>8d}, ETA: " + format_duration(
+                remaining_seconds(sum(interval_times) / sum(interval_samples), summary.consumed_samples,
+                                  training.train_iters - iteration, plan.batch.consumed_after)))
         meter = activations.finish_measurement() if measure else None
         if meter is not None:
             report_memory(optimizer, plan, state, writer, iteration, meter)

@@ -24,6 +24,8 @@ from typing import Iterator, Optional, Sequence
 import torch
 from torch import nn
 
+from base.eager_under_compile import eager_under_compile
+
 from parallel.init import CHUNK_ELEMENTS, ParameterInitializer, replace_parameters
 from zero.flat_buffer import FlatLayout, Unit
 from zero.stage3 import ParameterGatherer
@@ -151,7 +153,7 @@ class ReplicatedParameters(ParameterStorage):
             if units:
                 self._hooks.append(module.register_forward_pre_hook(functools.partial(self._wait_for, units)))
 
-    @torch.compiler.disable  # waits on Python-held work handles: stays out of compiled blocks
+    @eager_under_compile  # waits on Python-held work handles: stays out of compiled blocks
     def _wait_for(self, units: list[int], module, args) -> None:
         for index in units:
             self._wait(index)

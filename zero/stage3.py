@@ -39,6 +39,8 @@ from typing import Iterable, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
+from base.eager_under_compile import eager_under_compile
+
 from zero.flat_buffer import FlatLayout, Unit, unique_trainable_parameters
 
 _RELEASED, _IN_FLIGHT, _READY = "released", "in flight", "ready"
@@ -168,7 +170,7 @@ class ParameterGatherer:
 
     # ---- hooks --------------------------------------------------------------------------------
 
-    @torch.compiler.disable  # bookkeeping on Python state: runs eagerly around a compiled block
+    @eager_under_compile  # bookkeeping on Python state: runs eagerly around a compiled block
     def _pre_forward(self, unit: Unit, module, args) -> None:
         if unit.index in self._in_backward:
             return  # a non-reentrant recompute: the backward gather serves it
@@ -183,7 +185,7 @@ class ParameterGatherer:
         self.fetch(unit)
         self._prefetch(self.units[unit.index + 1:])
 
-    @torch.compiler.disable  # bookkeeping on Python state: runs eagerly around a compiled block
+    @eager_under_compile  # bookkeeping on Python state: runs eagerly around a compiled block
     def _post_forward(self, unit: Unit, module, args, output) -> None:
         if unit.index in self._in_backward:
             return
@@ -193,7 +195,7 @@ class ParameterGatherer:
                     tensor.register_hook(functools.partial(self._pre_backward, unit))
         self.release(unit)
 
-    @torch.compiler.disable  # bookkeeping on Python state: runs eagerly around a compiled block
+    @eager_under_compile  # bookkeeping on Python state: runs eagerly around a compiled block
     def _pre_backward(self, unit: Unit, grad: torch.Tensor) -> None:
         self._begin_backward(unit)
 

@@ -1,11 +1,15 @@
 """The first hour of a new user: what long work prints while it runs, and the surprises the issue
 found on the way (each test names the surprise it guards against)."""
 
+import re
+
 import pytest
 
 import pretrain_gpt
+from arguments.batch_schedule import BatchSchedule
 from base.progress import ProgressLines
 from data.tokenizer import train_tokenizer
+from training.metrics import format_duration, remaining_seconds
 
 SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
          "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2",
@@ -133,3 +137,42 @@ def test_the_own_data_example_runs_offline_and_writes_outside_the_package(tmp_pa
     assert pretrain_gpt.main(second[2:] + SMALL + ["--metrics-file", "runs/m.jsonl"]) == 0
     assert (tmp_path / "my_data" / "my_text_document.bin").is_file() and (tmp_path / "runs" / "m.jsonl").is_file()
     assert repository_files() == before
+
+
+def test_iteration_lines_carry_an_eta_and_a_small_models_memory_line_no_leak_like_ratio(tmp_path, capsys):
+    """Issue 34, point 5: the progress line had no ETA, and on a 0.8 MiB model the memory line said
+    'measured/predicted 9.67' (the fixed first-iteration cost of torch on a CPU, not a leak)."""
+    code = pretrain_gpt.main(SMALL + ["--data-cache-dir", str(tmp_path / "cache"), "--log-interval", "1",
+                                      "--metrics-file", str(tmp_path / "m.jsonl")])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    iteration_lines = [line for line in out if line.startswith("iteration ")]
+    assert len(iteration_lines) == 2 and all(" | ETA: " in line for line in iteration_lines)
+    assert iteration_lines[-1].endswith("ETA: 0 s |")  # the last iteration: nothing left
+    memory = next(line for line in out if "memory after iteration 1" in line)
+    # the sign depends on what this test process reached before (a peak RSS only grows)
+    assert "measured/predicted" not in memory and re.search(r"measured-predicted [+-]\d+\.\d MiB", memory), memory
+
+
+def test_the_eta_follows_the_samples_left_through_a_batch_ramp():
+    # 0.5 s a sample; the ramp 2 -> 6 by 2 over 12 samples grows every 6 samples: from 4 consumed, the
+    # 3 iterations left read 2 + 4 + 4 = 10 samples, 5 s (at the last iteration's batch of 2 it would be 3 s)
+    ramp = BatchSchedule(micro_batch_size=2, data_parallel_size=1, global_batch_size=6, rampup=(2, 2, 12))
+    assert remaining_seconds(0.5, 4, 3, ramp.consumed_after) == 5.0
+    assert [format_duration(s) for s in (0.4, 59.6, 425, 11_520)] == ["0 s", "1 min 00 s", "7 min 05 s", "3 h 12 min"]
+
+
+def test_between_iteration_lines_far_apart_a_short_line_gives_the_eta(tmp_path, capsys, monkeypatch):
+    """After the model line a default CPU run printed nothing until iteration 10 (about a minute on a
+    loaded machine). The loop's heartbeat prints, every 10 s between iteration lines, the iteration and
+    the ETA; here its interval is 0 so that every iteration without a line gets one."""
+    import training.loop
+
+    lines = []
+    monkeypatch.setattr(training.loop, "ProgressLines", lambda: ProgressLines(emit=lines.append, interval_s=0.0))
+    code = pretrain_gpt.main(SMALL + ["--data-cache-dir", str(tmp_path / "cache"), "--log-interval", "5",
+                                      "--metrics-file", str(tmp_path / "m.jsonl")])
+    assert code == 0
+    assert len(lines) == 1 and lines[0].startswith(" iteration        1/       2, ETA: "), lines
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration ")][0].startswith(
+        "iteration        2/")  # the logged iteration has its own line, and no heartbeat
