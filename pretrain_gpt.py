@@ -274,6 +274,7 @@ def last_good_checkpoint(save_dir: Optional[str], loaded: Optional[Path]) -> str
 
 
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
+    read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     parsed = parse_arguments(argv)
     config = parsed.config
     if parsed.print_config:
