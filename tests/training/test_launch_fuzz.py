@@ -95,3 +95,70 @@ def test_a_bad_launch_variable_is_one_line_naming_it_exit_2_and_nothing_created(
     line = outcome.one_error_line(variable)
     assert line.startswith("pretrain_gpt.py: error: "), line
     assert list(work.iterdir()) == [], (name, sorted(work.rglob("*")))
+
+
+# ---- a rank SIGKILLed under scripts/launch.py ---------------------------------------------------------
+# torchrun's agent reacts to a dead worker by stopping the others (torch/distributed/elastic/agent/
+# server/api.py, SimpleElasticAgent._invoke_run: on WorkerState.FAILED with no restarts left it returns
+# the RunResult, and launch_agent raises ChildFailedError; LocalElasticAgent._stop_workers -> _shutdown ->
+# PContext.close(death_sig=SIGTERM), then SIGKILL after the shutdown timeout). The agent polls every
+# --monitor-interval (0.1 s), so the survivor is gone long before its own heartbeat could speak; the
+# ChildFailedError's failures (multiprocessing/errors/__init__.py, ProcessFailure: local_rank, exitcode
+# < 0 for a signal) are what launch.py turns into its line.
+
+HEARTBEAT_TIMEOUT_S = 10
+LAUNCH_RUN = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+              "--max-position-embeddings", "32", "--train-iters", "100000", "--seed", "1", "--log-interval", "1",
+              "--eval-iters", "0", "--tokenizer-vocab-size", "512", "--device", "cpu", "--global-batch-size", "8",
+              "--micro-batch-size", "4", "--zero-stage", "2", "--heartbeat-timeout-seconds", str(HEARTBEAT_TIMEOUT_S)]
+
+
+def worker_with_rank(launcher_pid: int, rank: int) -> int:
+    """The pid of the launcher's child whose environment says RANK=`rank` (torchrun starts the ranks
+    as the launcher's own children)."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    for pid in map(int, children):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    raise LookupError(f"no child with RANK={rank}")
+
+
+def wait_for_training(metrics_file: Path, launcher, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not (metrics_file.exists() and metrics_file.read_text().count("\n") >= 3):
+        assert launcher.poll() is None, "the launch ended before training"
+        assert time.monotonic() < deadline, "no training after 180 s"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed_rank", [1, 0])
+def test_a_rank_killed_under_launch_py_is_named_in_one_line(tmp_path, corpus_cache, killed_rank):
+    metrics = tmp_path / "metrics.jsonl"
+    env = {key: value for key, value in os.environ.items() if key not in LAUNCH_VARIABLES}
+    env.update(WANDB_MODE="disabled")
+    launcher = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "launch.py"), "--standalone", "--nproc_per_node", "2",
+         str(REPO / "pretrain_gpt.py"), *LAUNCH_RUN, "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_training(metrics, launcher)
+        os.kill(worker_with_rank(launcher.pid, killed_rank), signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        exited_after = time.monotonic() - killed_at
+    finally:
+        if launcher.poll() is None:
+            launcher.send_signal(signal.SIGTERM)  # torchrun forwards it to the ranks
+            launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    lines = err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.fullmatch(rf"launch\.py: error: rank {killed_rank} \(local rank {killed_rank} on host \S+\) died: "
+                        r"killed by SIGKILL; torchrun stopped the other ranks", lines[0]), lines[0]
+    print(f"kill to launch.py's exit: {exited_after:.1f} s")
+    assert exited_after < HEARTBEAT_TIMEOUT_S
