@@ -282,6 +282,7 @@ def resumable_checkpoint(history: Optional[DivergenceHistory], save_dir: Optiona
 
 
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
+    read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     parsed = parse_arguments(argv)
     config = parsed.config
     if parsed.print_config:

@@ -33,6 +33,12 @@ class ConfigError(ValueError):
     """A setting that cannot work. The message names the flag(s) involved."""
 
 
+class LaunchEnvironmentError(ConfigError):
+    """A launcher's environment variable (RANK, WORLD_SIZE, MASTER_PORT, SLURM_PROCID, ...) that is
+    malformed or inconsistent. Unlike other bad inputs it need not be the same on every process, and
+    a process with a bad RANK cannot know whether it is rank 0: every process prints it."""
+
+
 class CheckpointError(Exception):
     """A checkpoint that cannot be used (missing, incomplete, corrupt, or for another model); the
     message names the file or the keys. Defined here so the checkpoint modules can share it without
@@ -84,6 +90,9 @@ def run_tool(program: str, action: Callable[[], object],
     except PeerLostError as error:
         print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
         status = EXIT_PEER_LOST
+    except LaunchEnvironmentError as error:
+        print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
+        status = EXIT_BAD_INPUT
     except ALWAYS_EXPECTED + tuple(expected) as error:
         _report(f"{program}: error: {one_line(error)}")
         status = EXIT_BAD_INPUT

@@ -27,6 +27,12 @@ A loss is found in one of four ways:
    stopped host blocks with no timeout, so a second thread, which never touches the store, watches
    when the store last answered.
 
+A rank that was itself stopped (SIGSTOP, a suspended job, a VM paused) and then continued must not
+blame a healthy peer: on waking, its own watch sees the neighbour's or the store's last answer far in
+the past. The watchdog thread, which never touches the store, wakes once a second; a gap of
+--heartbeat-timeout-seconds between two of its wakes means the whole process did not run, and the
+rank says that about itself (`PeerLoss.paused_for_s`) before any verdict about others.
+
 Reporting is the caller's `on_lost(loss)`, called from a thread while the main thread may be blocked
 for good (pretrain_gpt.py prints one line and ends the process). A rank that leaves marks its
 counter: LEFT (its own end: success, its own error) or LEFT_AFTER_LOSS (it reported someone else),
@@ -122,10 +128,13 @@ class GuardedStore:
 @dataclass(frozen=True)
 class PeerLoss:
     """Who is gone: ranks whose counter stopped (`silent`), ranks that left on an error of their own
-    (`exited`), or the store itself (`store_host`: "rank 0" or the agent's address)."""
+    (`exited`), or the store itself (`store_host`: "rank 0" or the agent's address); or this rank,
+    which did not run for `paused_for_s` seconds (stopped, then continued): its peers have given up on
+    it. Only the first three go into the verdict; the last is this rank's own finding."""
     silent: tuple[int, ...] = ()
     exited: tuple[int, ...] = ()
     store_host: Optional[str] = None
+    paused_for_s: Optional[float] = None
 
     def to_json(self) -> str:
         return json.dumps({"silent": list(self.silent), "exited": list(self.exited)})
@@ -137,6 +146,10 @@ class PeerLoss:
 
     def describe(self, rank: int, where: str) -> str:
         """The line: who, what this rank was doing (`where`, from the Communicator), and that it stops."""
+        if self.paused_for_s is not None:
+            return (f"this rank ({rank}) did not run for {self.paused_for_s:.0f} s (it was stopped, e.g. SIGSTOP or "
+                    f"a suspended job, or starved of the CPU) {where}, longer than --heartbeat-timeout-seconds: its "
+                    f"peers have given up on it, so it stops too")
         if rank in self.silent:
             return (f"the other ranks found this rank ({rank}) silent for too long (stopped, or starved of the "
                     f"CPU) and stopped {where}; this rank stops too")
@@ -255,6 +268,7 @@ class Liveness:
         self._reported = threading.Event()  # on_lost was called: the threads are done
         self._report_lock = threading.Lock()
         self._answered_at = clock()  # when the store last answered this rank
+        self._awake_at = clock()  # when the watchdog last woke: a long gap means this process did not run
         self._left_after_loss = False
         self._own_error = False
         self._threads: list[threading.Thread] = []
@@ -327,7 +341,8 @@ class Liveness:
                     if verdict is not None:
                         self._report(verdict)
                     elif self.stall_timeout_s > 0 and watch.stalled(neighbour, self._answered_at):
-                        self._report(self.board.propose(PeerLoss(silent=(self.neighbour,))))
+                        if not self._report_if_paused():  # the neighbour only looks still to a rank that slept
+                            self._report(self.board.propose(PeerLoss(silent=(self.neighbour,))))
                 self._stop.wait(self.interval_s)
             if not self._reported.is_set():  # a report marked the counter already
                 if self._own_error:
@@ -339,7 +354,7 @@ class Liveness:
             if self._suspect.is_set():
                 self._answer = PeerLoss(store_host=self.store_host)
                 self._answer_ready.set()
-            else:
+            elif not self._report_if_paused():  # a paused rank finds the store gone: its host gave up on it
                 self._report(PeerLoss(store_host=self.store_host), mark=False)
 
     def _wait_for_everyone_to_leave(self, loss: Optional[PeerLoss]) -> None:
@@ -356,10 +371,23 @@ class Liveness:
 
     def _watch_store(self) -> None:
         while not self._stop.wait(self.interval_s) and not self._reported.is_set():
+            if self._report_if_paused():
+                return
+            self._awake_at = self.clock()
             if self._suspect.is_set():
                 continue  # explain_failure judges a silent store itself
             if self.clock() - self._answered_at >= self.stall_timeout_s:
                 self._report(PeerLoss(store_host=self.store_host), mark=False)
+
+    def _report_if_paused(self) -> bool:
+        """Whether this process did not run for the stall timeout (the watchdog, which wakes every
+        interval and waits on nothing else, did not wake): then that is the report, about this rank,
+        and no peer or store is blamed. Not marked in the store: its host may be gone by now."""
+        paused_for = self.clock() - self._awake_at
+        if self.stall_timeout_s <= 0 or paused_for < self.stall_timeout_s:
+            return False
+        self._report(PeerLoss(paused_for_s=paused_for), mark=False)
+        return True
 
     def _report(self, loss: PeerLoss, mark: bool = True) -> None:
         with self._report_lock:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from base.errors import LaunchEnvironmentError
 from parallel.comm import Communicator, DryRunCommunicator, VirtualGroup
 
 DEFAULT_MASTER_PORT = 29500
@@ -70,28 +71,82 @@ class LaunchEnvironment:
 
 def read_launch_environment(environ: Mapping[str, str] = os.environ) -> LaunchEnvironment:
     """torchrun's variables win over SLURM's: `srun torchrun ...` sets both, and torchrun's ranks are
-    the ones the processes actually have."""
-    port = int(environ.get("MASTER_PORT", DEFAULT_MASTER_PORT))
-    if "RANK" in environ and "WORLD_SIZE" in environ:
-        local_world = environ.get("LOCAL_WORLD_SIZE")
+    the ones the processes actually have.
+
+    Every value read is checked first: a bad one is a LaunchEnvironmentError naming the variable (one line, exit
+    2, before any work), never an int() traceback or a silent exit. Half of torchrun's pair (WORLD_SIZE
+    without RANK, or the reverse) is refused rather than taken for a single-process run: a launch
+    that meant N processes would otherwise train as one, silently."""
+    has_rank, has_world = "RANK" in environ, "WORLD_SIZE" in environ
+    if has_rank != has_world:
+        present, missing = ("RANK", "WORLD_SIZE") if has_rank else ("WORLD_SIZE", "RANK")
+        raise LaunchEnvironmentError(f"{present}={environ[present]!r} is set but {missing} is not: launch with torchrun "
+                          f"(scripts/launch.py), which sets both, or unset {present} to run one process")
+    if has_rank:
+        world_size = _count(environ, "WORLD_SIZE")
+        local_world = _count(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else None
         return LaunchEnvironment(
-            launcher="torchrun", rank=int(environ["RANK"]), world_size=int(environ["WORLD_SIZE"]),
-            local_rank=int(environ.get("LOCAL_RANK", 0)),
-            local_world_size=int(local_world) if local_world else None,
-            master_addr=environ.get("MASTER_ADDR", "127.0.0.1"), master_port=port)
+            launcher="torchrun", rank=_index(environ, "RANK", world_size, "WORLD_SIZE"), world_size=world_size,
+            local_rank=_index(environ, "LOCAL_RANK", local_world, "LOCAL_WORLD_SIZE", default=0),
+            local_world_size=local_world,
+            master_addr=environ.get("MASTER_ADDR", "127.0.0.1"), master_port=_port(environ))
     if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
-        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+        nodelist_variable = "SLURM_JOB_NODELIST" if environ.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+        nodelist = environ.get(nodelist_variable)
+        world_size = _count(environ, "SLURM_NTASKS")
+        rank = _index(environ, "SLURM_PROCID", world_size, "SLURM_NTASKS")
+        local_rank = _index(environ, "SLURM_LOCALID", None, "", default=0)
         if "MASTER_ADDR" in environ:
             master_addr = environ["MASTER_ADDR"]
         elif nodelist:
-            master_addr = expand_nodelist(nodelist)[0]
+            try:
+                master_addr = expand_nodelist(nodelist)[0]
+            except (ValueError, IndexError) as error:
+                raise LaunchEnvironmentError(f"{nodelist_variable}={nodelist!r}: {error}; set MASTER_ADDR to the first "
+                                  f"node's address") from None
         else:
-            raise ValueError("SLURM launch without SLURM_JOB_NODELIST: set MASTER_ADDR to the first node")
+            raise LaunchEnvironmentError("SLURM launch without SLURM_JOB_NODELIST: set MASTER_ADDR to the first node")
         return LaunchEnvironment(
-            launcher="slurm", rank=int(environ["SLURM_PROCID"]), world_size=int(environ["SLURM_NTASKS"]),
-            local_rank=int(environ.get("SLURM_LOCALID", 0)), local_world_size=_slurm_tasks_per_node(environ),
-            master_addr=master_addr, master_port=port)
+            launcher="slurm", rank=rank, world_size=world_size, local_rank=local_rank,
+            local_world_size=_slurm_tasks_per_node(environ), master_addr=master_addr, master_port=_port(environ))
     return LaunchEnvironment(launcher="none")
+
+
+def _integer(environ: Mapping[str, str], variable: str) -> int:
+    text = environ[variable]
+    if not (text.strip().isascii() and text.strip().isdigit()):
+        raise LaunchEnvironmentError(f"environment variable {variable}={text!r} is not a whole number >= 0; the launcher "
+                          f"(torchrun, scripts/launch.py or srun) sets it: unset it or launch through one")
+    return int(text)
+
+
+def _count(environ: Mapping[str, str], variable: str) -> int:
+    value = _integer(environ, variable)
+    if value < 1:
+        raise LaunchEnvironmentError(f"environment variable {variable}={environ[variable]!r} must be at least 1 (the number "
+                          f"of processes); unset it or launch through torchrun or srun")
+    return value
+
+
+def _index(environ: Mapping[str, str], variable: str, count: Optional[int], count_variable: str,
+           default: Optional[int] = None) -> int:
+    if variable not in environ and default is not None:
+        return default
+    value = _integer(environ, variable)
+    if count is not None and value >= count:
+        raise LaunchEnvironmentError(f"environment variable {variable}={environ[variable]!r} must be below "
+                          f"{count_variable}={count}; unset both or launch through torchrun or srun")
+    return value
+
+
+def _port(environ: Mapping[str, str]) -> int:
+    if "MASTER_PORT" not in environ:
+        return DEFAULT_MASTER_PORT
+    text = environ["MASTER_PORT"]
+    if not (text.strip().isascii() and text.strip().isdigit() and 1 <= int(text) <= 65535):
+        raise LaunchEnvironmentError(f"environment variable MASTER_PORT={text!r} is not a TCP port (1-65535); set a free "
+                          f"port, or unset it for {DEFAULT_MASTER_PORT}")
+    return int(text)
 
 
 def _slurm_tasks_per_node(environ: Mapping[str, str]) -> Optional[int]:

@@ -12,7 +12,12 @@ Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes 
   exited 0. A rank that died without recording a status gives torchrun's view: its exit code, or
   128 + the signal that killed it.
 - torchrun's own report of a failure (a "ChildFailedError" traceback and log lines on every node)
-  is not printed: the ranks already said what went wrong, in one line from rank 0.
+  is not printed. Where a rank said what went wrong (it recorded a non-zero status: its one line is
+  out), nothing is added. Where none did -- a rank killed (SIGKILL, the OOM killer) or crashed, after
+  which torchrun's agent stops the survivors with SIGTERM before their heartbeat (parallel/
+  liveness.py) can name the dead rank -- the launcher says it, in one line from torchrun's report:
+  "launch.py: error: rank 1 (local rank 1 on host h) died: killed by SIGKILL; torchrun stopped the
+  other ranks".
 - Ranks get --shutdown-timeout 300 unless given: on SIGTERM or SIGINT torchrun forwards the signal
   and, after the timeout, kills; a run with --exit-signal-handler needs that long to save.
 """
@@ -23,6 +28,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -35,16 +41,22 @@ from base.errors import EXIT_STATUS_DIR_VARIABLE  # noqa: E402
 DEFAULT_SHUTDOWN_TIMEOUT_S = 300
 
 
-def job_status(status_dir: Path, ranks_started: int, fallback: int) -> int:
-    """The first non-zero status this node's ranks recorded (in rank order), 0 if all recorded 0,
-    and `fallback` when one recorded nothing (it was killed, or crashed with a traceback). The
-    directory is this launcher's own, so it holds exactly the statuses of the ranks it started."""
+def recorded_statuses(status_dir: Path) -> dict[int, int]:
+    """rank -> the status its error boundary recorded (base/errors.py); a rank killed or crashed
+    before its boundary recorded nothing. The directory is this launcher's own, so it holds exactly
+    the statuses of the ranks it started."""
     statuses = {}
     for path in status_dir.glob("rank*"):
         try:
             statuses[int(path.name[len("rank"):])] = int(path.read_text())
         except ValueError:
-            return fallback
+            continue  # half-written by a rank killed mid-write: as good as nothing
+    return statuses
+
+
+def job_status(statuses: dict[int, int], ranks_started: int, fallback: int) -> int:
+    """The first non-zero status this node's ranks recorded (in rank order), 0 if all recorded 0,
+    and `fallback` when one recorded nothing (it was killed, or crashed with a traceback)."""
     if len(statuses) != ranks_started:
         return fallback
     return next((statuses[rank] for rank in sorted(statuses) if statuses[rank] != 0), 0)
@@ -54,6 +66,20 @@ def failure_status(failure) -> int:
     """torchrun's root-cause rank's exit code as a shell would report it."""
     _, process = failure.get_first_failure()
     return 128 - process.exitcode if process.exitcode < 0 else process.exitcode or 1
+
+
+def failure_line(failure, host: str) -> str:
+    """torchrun's report of its root-cause rank (the first to fail) in one line: who, where, how."""
+    rank, process = failure.get_first_failure()
+    if process.exitcode < 0:
+        try:
+            how = f"killed by {signal.Signals(-process.exitcode).name}"
+        except ValueError:
+            how = f"killed by signal {-process.exitcode}"
+    else:
+        how = f"exited with status {process.exitcode} (see its output above)"
+    return (f"launch.py: error: rank {rank} (local rank {process.local_rank} on host {host}) died: {how}; "
+            f"torchrun stopped the other ranks")
 
 
 def main(argv=None) -> int:
@@ -69,17 +95,21 @@ def main(argv=None) -> int:
     status_dir = Path(tempfile.mkdtemp(prefix="launch-status-"))
     os.environ[EXIT_STATUS_DIR_VARIABLE] = str(status_dir)
     ranks_started = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else -1
+    failure = None
     try:
         run(args)
         status = 0
-    except ChildFailedError as failure:
-        status = failure_status(failure)
+    except ChildFailedError as failed:
+        failure, status = failed, failure_status(failed)
     except SignalException as received:  # torchrun forwarded it to the ranks and waited for them
         status = 128 + int(received.sigval)
     except KeyboardInterrupt:
         status = 128 + int(signal.SIGINT)
     try:
-        return job_status(status_dir, ranks_started, status)
+        statuses = recorded_statuses(status_dir)
+        if failure is not None and not any(statuses.values()):  # no rank said a word: say who died
+            print(failure_line(failure, socket.gethostname()), file=sys.stderr, flush=True)
+        return job_status(statuses, ranks_started, status)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
 

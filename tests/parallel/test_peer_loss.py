@@ -437,3 +437,68 @@ def test_the_main_thread_asking_gets_the_dead_peer_and_the_thread_does_not_repor
         rank0.linger()
     assert found == []  # the answer went to the main thread, which raises it, not to on_lost
     assert int(store.values["p/beat/0"]) == LEFT_AFTER_LOSS
+
+
+class JumpingClock:
+    """time.monotonic, plus a jump: the clock a process reads after it was SIGSTOPped and continued."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self):
+        return time.monotonic() + self.offset
+
+
+@pytest.mark.parametrize("rank, hosts_store", [(1, False), (0, True)])
+def test_a_rank_that_was_itself_stopped_says_so_and_blames_nobody(rank, hosts_store):
+    """Issue 33, problem 10: a continued rank found the store's last answer (and its neighbour's
+    counter) far in the past and said "rank 0 (it hosts the rendezvous store) stopped answering" --
+    about a healthy peer, or, on rank 0, about itself. Its own watchdog did not wake for that long
+    either: that is the report, about this rank."""
+    from parallel.liveness import Liveness
+
+    store, found, peer_found = FakeStore(), [], []
+    clock = JumpingClock()
+    peer = liveness(store, 1 - rank, 2, peer_found, stall_timeout_s=30).start()  # healthy, beating
+    paused = Liveness(store, rank, 2, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
+                      hosts_store=hosts_store, stall_timeout_s=0.5, on_lost=found.append, silent_after_s=0.5,
+                      interval_s=0.1, clock=clock).start()
+    try:
+        time.sleep(0.5)
+        assert found == []  # running normally: nothing to say
+        clock.offset += 5.0  # the process did not run for 5 s, ten stall timeouts
+        wait_until(lambda: found, timeout=10)
+    finally:
+        paused.stop(), peer.stop()
+    assert len(found) == 1, found
+    line = found[0].describe(rank, "during all_reduce on the dp group at iteration 6")
+    assert "rank 0 (it hosts" not in line and f"rank {1 - rank} stopped" not in line, line
+    assert line.startswith(f"this rank ({rank}) did not run for 5 s (it was stopped"), line
+    assert peer_found == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stalled_rank", [1, 0])
+def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(tmp_path, corpus, stalled_rank):
+    """Issue 33, problem 10, end to end: SIGSTOP one rank, let the survivor give up on it, SIGCONT it:
+    its one line is about itself (it said "rank 0 ... stopped answering (died or hung)" before)."""
+    cache, _ = corpus
+    survivor = 1 - stalled_rank
+    processes, files = launch_pair(tmp_path, cache, {"KILL_RANK": str(stalled_rank), "KILL_SIGNAL": "SIGSTOP"},
+                                   "--heartbeat-timeout-seconds", "6")
+    try:
+        deadline = time.monotonic() + 240
+        while not stopped(processes[stalled_rank]):
+            assert processes[stalled_rank].poll() is None, (tmp_path / f"rank{stalled_rank}.err").read_text()
+            assert time.monotonic() < deadline, "the rank never stopped itself"
+            time.sleep(0.05)
+        wait_for_exit(processes[survivor], 120)
+        processes[stalled_rank].send_signal(signal.SIGCONT)
+        code, _ = wait_for_exit(processes[stalled_rank], 60)
+    finally:
+        stop_all(processes, files)
+    line = the_one_line(tmp_path, stalled_rank)
+    assert code == 3, line
+    assert re.fullmatch(rf"pretrain_gpt\.py: error: this rank \({stalled_rank}\) did not run for \d+ s \(it was "
+                        r"stopped, .*\) .*longer than --heartbeat-timeout-seconds: its peers have given up on it, so "
+                        r"it stops too", line), line
