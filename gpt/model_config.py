@@ -53,6 +53,11 @@ class ModelConfig:
         "auto", choices=ATTENTION_BACKENDS,
         help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the memory-efficient "
              "kernel, unfused/local = the math kernel, auto = PyTorch's choice")
+    # Issue 40's lever 1 (gpt/attention_padding.py): acts only on CUDA, so CPU math is unchanged.
+    pad_attention_head_dim: bool = option(
+        True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "
+                   "SDPA's fused kernels take it; the attention is the same (scale 1/sqrt(original head dim)); "
+                   "no effect on a CPU or with --attention-backend unfused/local")
 
     @property
     def ffn_size(self) -> int:
