@@ -61,7 +61,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      "PyTorch layers with SDPA attention)", _names("""
         --bias-gelu-fusion --bias-dropout-fusion --scaled-masked-softmax-fusion
         --scaled-upper-triang-masked-softmax-fusion --no-bias-swiglu-fusion --no-persist-layer-norm
-        --disable-mem-efficient-ln --disable-jit-fuser --cross-entropy-loss-fusion --cross-entropy-fusion-impl
+        --disable-mem-efficient-ln --disable-jit-fuser --cross-entropy-fusion-impl
         --no-gradient-reduce-div-fusion --abort-on-unmet-fused-kernel-constraints --enable-cuda-graph
         --cuda-graph-impl --cuda-graph-modules --cuda-graph-scope --cuda-graph-warmup-steps --external-cuda-graph
         --optimizer-cuda-graph --disable-bf16-reduced-precision-matmul --deterministic-mode --batch-invariant-mode

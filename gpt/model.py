@@ -29,6 +29,7 @@ from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
 from gpt.model_config import ModelConfig
 from parallel.cross_entropy import vocab_parallel_cross_entropy
+from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_tensor_parallel_region
@@ -145,6 +146,10 @@ class GPTModel(nn.Module):
         Padding rows of the vocabulary never take part in the softmax, so padding changes nothing.
         """
         hidden = copy_to_tensor_parallel_region(self.hidden_states(tokens), self.state)
+        if labels is not None and self.config.cross_entropy_loss_fusion:
+            return fused_linear_cross_entropy(hidden, self.word_embeddings.weight, labels,
+                                              self.word_embeddings.vocab_start_index, self.config.vocab_size,
+                                              self.state)
         logits = F.linear(hidden, self.word_embeddings.weight)
         if labels is None:
             return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]

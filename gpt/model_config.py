@@ -58,6 +58,12 @@ class ModelConfig:
         True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "
                    "SDPA's fused kernels take it; the attention is the same (scale 1/sqrt(original head dim)); "
                    "no effect on a CPU or with --attention-backend unfused/local")
+    # Megatron-LM's --cross-entropy-loss-fusion (there: a fused cross-entropy kernel); here the output
+    # layer and the loss fused over token chunks (parallel/fused_linear_cross_entropy.py).
+    cross_entropy_loss_fusion: bool = option(
+        False, action="store_true",
+        help="compute the output layer and the cross entropy together over chunks of tokens, never holding the "
+             "full logits (recomputed in the backward); the same loss and gradients to rounding")
 
     @property
     def ffn_size(self) -> int:
