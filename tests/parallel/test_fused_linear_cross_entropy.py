@@ -114,3 +114,34 @@ def test_megatrons_flag_is_honoured_not_ignored():
     from arguments.parser import parse_config
     assert parse_config(["--cross-entropy-loss-fusion"]).model.cross_entropy_loss_fusion
     assert not parse_config([]).model.cross_entropy_loss_fusion
+
+
+def test_under_zero_stage3_training_is_the_unfused_one():
+    """Stage 3 gathers the tied output weight for the forward and frees it after: the fused backward
+    recomputes logits from that weight, so three steps of training must match the unfused path's."""
+    from arguments.config import OptimizerConfig
+    from gpt.model import GPTModel
+    from tests.zero_harness import ZeroHarness
+    from zero.config import ZeroConfig
+
+    config = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
+                         vocab_size=50, hidden_dropout=0.0, attention_dropout=0.0)
+    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(5)).expand(3, 2, 9)  # one batch, 3 steps
+
+    def train(model_config):
+        model = GPTModel(model_config, SINGLE)
+        zero = ZeroHarness(model, OptimizerConfig(lr=1e-2), ZeroConfig(stage=3), SINGLE, seed=6,
+                           stage3_units=model.blocks)
+        losses = []
+        for batch in tokens:
+            zero.zero_grad()
+            loss = model(batch[:, :-1], batch[:, 1:]).mean()
+            zero.backward(loss, last_micro_batch=True)
+            zero.step()
+            losses.append(loss.item())
+        return torch.tensor(losses)
+
+    reference = train(config)
+    assert reference[-1] < reference[0]  # it trained
+    torch.testing.assert_close(train(dataclasses.replace(config, cross_entropy_loss_fusion=True)), reference,
+                               **TOLERANCE)
