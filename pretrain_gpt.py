@@ -29,6 +29,7 @@ from data.sampler import build_data_loader
 from data.tokenizer import GPTTokenizer, NullTokenizer, load_named_tokenizer, load_tokenizer
 from arguments.parser import parse_arguments
 from gpt.attention_backend import check_attention_backend
+from gpt.fp8 import check_fp8, torchao_installed
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from checkpoint.format import METADATA_FILE, iteration_dir_name
 from checkpoint.sharded import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
@@ -120,6 +121,7 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     check_vocabulary_flags(config)
     check_attention_backend(config.model, config.training.precision, state.device)
+    check_fp8(config.model.fp8, state.device, torchao_installed())
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
     if batch.notes:  # DeepSpeed JSON batch values the run does not use, now that the DP size is known
         log("> warning: " + "; ".join(batch.notes), flush=True)

@@ -61,7 +61,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      "PyTorch layers with SDPA attention)", _names("""
         --bias-gelu-fusion --bias-dropout-fusion --scaled-masked-softmax-fusion
         --scaled-upper-triang-masked-softmax-fusion --no-bias-swiglu-fusion --no-persist-layer-norm
-        --disable-mem-efficient-ln --disable-jit-fuser --cross-entropy-loss-fusion --cross-entropy-fusion-impl
+        --disable-mem-efficient-ln --disable-jit-fuser --cross-entropy-fusion-impl
         --no-gradient-reduce-div-fusion --abort-on-unmet-fused-kernel-constraints --enable-cuda-graph
         --cuda-graph-impl --cuda-graph-modules --cuda-graph-scope --cuda-graph-warmup-steps --external-cuda-graph
         --optimizer-cuda-graph --disable-bf16-reduced-precision-matmul --deterministic-mode --batch-invariant-mode
@@ -243,7 +243,8 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("multi-token prediction's knob: it is off here (--mtp-num-layers 0), so it has no effect", _names("""
         --mtp-detach-heads --mtp-hsm --mtp-hybrid-override-pattern --mtp-loss-scaling-factor --mtp-standalone
         --mtp-use-repeated-layer""")),
-    ("fp8/fp4 training's knob: it is off here (--fp8-format and --fp4-format are refused; --bf16 or --fp16), so "
+    ("fp8/fp4 training's knob: it is off here (--fp8-format is refused until it is wired on a GPU, --fp4-format "
+     "always; --bf16 or --fp16), so "
      "it has no effect", _names("""
         --fp8-margin --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo --fp8-recipe --fp8-param-gather
         --fp8-output-proj --fp8-quantizer-factory --no-fp8-wgrad --disable-fp8-wgrad --first-last-layers-bf16
@@ -393,7 +394,7 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "states in the ZeRO optimizer)", _names("""
         --fp32-residual-connection --fp32-embedding --fp32-layernorm --fp32-tokentypes --embedding-weights-in-fp32""")),
     ("fp8/fp4 training is not implemented: use --bf16 or --fp16", _names("""
-        --fp8-format --fp8-e4m3 --fp8-hybrid --fp4-format --te-precision-config-file --kitchen-config-file
+        --fp4-format --te-precision-config-file --kitchen-config-file
         --kitchen-recipe-number --use-kitchen-attention""")),
     ("not implemented: the optimizer here is Adam(W) with fp32 states, one learning rate for every parameter "
      "(--lr, --min-lr), and all parameters trained", _names("""

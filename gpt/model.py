@@ -26,8 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt.attention_backend import attention_kernels
+from gpt.attention_padding import attention_at_head_dim, padded_head_dim
 from gpt.model_config import ModelConfig
 from parallel.cross_entropy import vocab_parallel_cross_entropy
+from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_tensor_parallel_region
@@ -49,6 +51,7 @@ class SelfAttention(nn.Module):
         self.head_dim = config.head_dim
         self.dropout_p = config.attention_dropout
         self.attention_backend = config.attention_backend
+        self.pad_head_dim = config.pad_attention_head_dim
         h = config.hidden_size
         self.query_key_value = ColumnParallelLinear(h, 3 * h, state=state, init_std=config.init_method_std)
         self.dense = RowParallelLinear(h, h, state=state, init_std=_output_layer_std(config))
@@ -59,9 +62,11 @@ class SelfAttention(nn.Module):
         query, key, value = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
         # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
         dropout_stream = self.rng.fork() if self.rng is not None else contextlib.nullcontext()
+        # The device is known only here (the model is built on meta): whether to pad is decided per call.
+        head_dim = padded_head_dim(self.head_dim, query.device.type, self.attention_backend, self.pad_head_dim)
         with dropout_stream, attention_kernels(self.attention_backend):
-            context = F.scaled_dot_product_attention(
-                query, key, value, dropout_p=self.dropout_p if self.training else 0.0, is_causal=True)
+            context = attention_at_head_dim(query, key, value, head_dim,
+                                            dropout_p=self.dropout_p if self.training else 0.0)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
         return self.dense(context)
 
@@ -141,6 +146,10 @@ class GPTModel(nn.Module):
         Padding rows of the vocabulary never take part in the softmax, so padding changes nothing.
         """
         hidden = copy_to_tensor_parallel_region(self.hidden_states(tokens), self.state)
+        if labels is not None and self.config.cross_entropy_loss_fusion:
+            return fused_linear_cross_entropy(hidden, self.word_embeddings.weight, labels,
+                                              self.word_embeddings.vocab_start_index, self.config.vocab_size,
+                                              self.state)
         logits = F.linear(hidden, self.word_embeddings.weight)
         if labels is None:
             return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]

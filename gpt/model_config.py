@@ -14,6 +14,8 @@ from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from parallel.layers import padded_vocab_size
 
+FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
+
 ACTIVATIONS = ("gelu", "gelu_tanh")
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 
@@ -53,6 +55,25 @@ class ModelConfig:
         "auto", choices=ATTENTION_BACKENDS,
         help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the memory-efficient "
              "kernel, unfused/local = the math kernel, auto = PyTorch's choice")
+    # Issue 40's lever 1 (gpt/attention_padding.py): acts only on CUDA, so CPU math is unchanged.
+    pad_attention_head_dim: bool = option(
+        True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "
+                   "SDPA's fused kernels take it; the attention is the same (scale 1/sqrt(original head dim)); "
+                   "no effect on a CPU or with --attention-backend unfused/local")
+    # Megatron-LM's --cross-entropy-loss-fusion (there: a fused cross-entropy kernel); here the output
+    # layer and the loss fused over token chunks (parallel/fused_linear_cross_entropy.py).
+    cross_entropy_loss_fusion: bool = option(
+        False, action="store_true",
+        help="compute the output layer and the cross entropy together over chunks of tokens, never holding the "
+             "full logits (recomputed in the backward); the same loss and gradients to rounding")
+    # Megatron-LM's --fp8-format (dest fp8); DeepSpeed-Megatron's --fp8-e4m3 / --fp8-hybrid. gpt/fp8.py
+    # checks it before any work.
+    fp8: Optional[str] = option(
+        None, flags=("--fp8-format",), choices=FP8_FORMATS, group="zero",
+        consts=[Const(("--fp8-e4m3",), "e4m3", help="DeepSpeed-Megatron: --fp8-format e4m3"),
+                Const(("--fp8-hybrid",), "hybrid", help="DeepSpeed-Megatron: --fp8-format hybrid")],
+        help="FP8 training through torchao (CUDA only, requirements-gpu.txt); refused on a CPU, without "
+             "torchao, and until it is wired on a GPU (issue 40)")
 
     @property
     def ffn_size(self) -> int:

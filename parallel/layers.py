@@ -27,6 +27,7 @@ from torch import nn
 
 from parallel.mappings import (copy_to_tensor_parallel_region, gather_from_tensor_parallel_region,
                                reduce_from_tensor_parallel_region, scatter_to_tensor_parallel_region)
+from parallel.grad_accumulation_fusion import linear_with_main_grad_accumulation
 from parallel.init import InitMethod, set_init_method
 from parallel.state import ParallelState
 
@@ -55,11 +56,13 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
-                 bias: bool = True, gather_output: bool = False):
+                 bias: bool = True, gather_output: bool = False, gradient_accumulation_fusion: bool = False):
         super().__init__()
         _check_divisible(output_size, state, "column-parallel output size")
         self.input_size, self.output_size = input_size, output_size
         self.state, self.gather_output = state, gather_output
+        # Off by default and not wired into ZeRO (parallel/grad_accumulation_fusion.py says why).
+        self.linear = linear_with_main_grad_accumulation if gradient_accumulation_fusion else F.linear
         local = output_size // state.tensor_parallel_size
         self.weight = meta_parameter((local, input_size), InitMethod.normal(init_std), tensor_parallel_dim=0)
         if bias:
@@ -68,7 +71,7 @@ class ColumnParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        output = F.linear(copy_to_tensor_parallel_region(hidden, self.state), self.weight, self.bias)
+        output = self.linear(copy_to_tensor_parallel_region(hidden, self.state), self.weight, self.bias)
         return gather_from_tensor_parallel_region(output, self.state) if self.gather_output else output
 
 
@@ -82,11 +85,12 @@ class RowParallelLinear(nn.Module):
     """
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
-                 bias: bool = True, input_is_parallel: bool = True):
+                 bias: bool = True, input_is_parallel: bool = True, gradient_accumulation_fusion: bool = False):
         super().__init__()
         _check_divisible(input_size, state, "row-parallel input size")
         self.input_size, self.output_size = input_size, output_size
         self.state, self.input_is_parallel = state, input_is_parallel
+        self.linear = linear_with_main_grad_accumulation if gradient_accumulation_fusion else F.linear
         local = input_size // state.tensor_parallel_size
         self.weight = meta_parameter((output_size, local), InitMethod.normal(init_std), tensor_parallel_dim=1)
         if bias:
@@ -97,10 +101,10 @@ class RowParallelLinear(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.state.tensor_parallel_size == 1:
             # Nothing to reduce: keep the bias inside the GEMM, exactly nn.Linear.
-            return F.linear(hidden, self.weight, self.bias)
+            return self.linear(hidden, self.weight, self.bias)
         if not self.input_is_parallel:
             hidden = scatter_to_tensor_parallel_region(hidden, self.state)
-        output = reduce_from_tensor_parallel_region(F.linear(hidden, self.weight), self.state)
+        output = reduce_from_tensor_parallel_region(self.linear(hidden, self.weight), self.state)
         return output if self.bias is None else output + self.bias
 
 

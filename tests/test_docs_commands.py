@@ -112,6 +112,7 @@ SKIPPED_COMMANDS = {
 EXPENSIVE_SCRIPTS = {
     "scripts/benchmark_zero.py": "trains ten systems x stages in fresh process groups for minutes (~8 min at --rounds 3)",
     "scripts/benchmark_model.py": "rounds of a 124M model's training steps on the CPU, tens of seconds each",
+    "scripts/benchmark_gpu.py": "needs a CUDA GPU: rounds of a 1.5B model's training steps (docs/performance.md)",
     "scripts/benchmark_index.py": "writes a 2 GB synthetic corpus, then builds its indices in rounds",
     "scripts/zero_paper/mini_reproduction.py": "trains C1-C5 as 4 gloo processes (about 11 minutes)",
     "scripts/zero_paper/calibrate_cpu.py": "trains six small GPTs (about 1.5 minutes)",

@@ -1,0 +1,50 @@
+"""Head dims the fused CUDA attention kernels do not take, padded to ones they do (issue 40, lever 1).
+
+The paper's GPT-2 1.5B has 16 heads of 100. On CUDA, PyTorch's SDPA admits a 16-bit head dim to the
+memory-efficient and cuDNN kernels only as a multiple of 8 (sdp_utils.cpp, see the test), so head dim
+100 falls back to slower paths. Zero-padding q, k and v to the next multiple of 8 changes nothing in the
+attention when the softmax scale is passed as 1/sqrt(original head dim): the padded columns add 0 to
+every q.k, and the padded columns of the output (weighted sums of zero columns of v) are sliced off.
+
+Whether to pad is a pure function of (head dim, device, backend, setting), so the selection is
+checked on a CPU; the padded computation is the same code on every device. On a CPU nothing is
+padded: the default math there stays bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+# The head dim the 16-bit fused CUDA kernels require to be a multiple of (memory-efficient: the
+# GEMM alignment, 128 bits / 16; cuDNN: d % 8), and the largest any of them takes.
+HEAD_DIM_MULTIPLE = 8
+MAX_FUSED_HEAD_DIM = 256
+# Backends that may reach a fused CUDA kernel; unfused/local restrict SDPA to the math kernel.
+FUSED_CAPABLE_BACKENDS = ("auto", "flash", "fused")
+
+
+def padded_head_dim(head_dim: int, device_type: str, backend: str, enabled: bool) -> int:
+    """The head dim attention runs at: `head_dim`, or the next multiple of 8 where padding lets a fused
+    CUDA kernel run (CUDA, a backend that may use one, padding enabled, and the result within the
+    kernels' largest head dim)."""
+    if not enabled or device_type != "cuda" or backend not in FUSED_CAPABLE_BACKENDS:
+        return head_dim
+    padded = -(-head_dim // HEAD_DIM_MULTIPLE) * HEAD_DIM_MULTIPLE
+    return padded if padded <= MAX_FUSED_HEAD_DIM else head_dim
+
+
+def attention_at_head_dim(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_dim: int,
+                          dropout_p: float) -> torch.Tensor:
+    """Causal SDPA of [batch, heads, seq, d] tensors computed at head dim `head_dim` >= d, the result at d.
+
+    At head_dim == d this is exactly the unpadded call (the default scale is 1/sqrt(d))."""
+    original = query.shape[-1]
+    if head_dim == original:
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
+    pad = (0, head_dim - original)
+    context = F.scaled_dot_product_attention(F.pad(query, pad), F.pad(key, pad), F.pad(value, pad),
+                                             dropout_p=dropout_p, is_causal=True, scale=1.0 / math.sqrt(original))
+    return context[..., :original]
