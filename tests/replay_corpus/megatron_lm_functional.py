@@ -1,7 +1,14 @@
 """The replay corpus: NVIDIA/Megatron-LM's functional-test configs (tests/functional_tests/test_cases/gpt/*/
-model_config.yaml), 2024-2025. Their MODEL_ARGS become the command line of pretrain_gpt.py the way the CI
-runs them: each key a flag, `true` a bare flag, every other value its one argument, in file order; a
-trailing YAML comment is not part of the value. See launch.py for what an entry holds."""
+model_config.yaml), 2024-2025. See launch.py for what an entry holds.
+
+Their MODEL_ARGS become the command line of pretrain_gpt.py the way the CI turns them into one
+(tests/functional_tests/shell_test_utils/_run_training.sh at 22f973ab: `yq '... comments="" | .MODEL_ARGS |
+to_entries | .[] | with(select(.value == "true"); .value = "") | [.key + " " + .value]'`): each key a flag in
+file order, `true` a bare flag, every other value its one argument, YAML comments dropped. Two things the
+CI adds are left out: `envsubst` fills ${CHECKPOINT_PATH}, ${DATA_PATH}, ... with the CI machine's paths
+(kept as written: shrink.py replaces paths anyway), and `--exit-duration-in-mins` (the Slurm job's minutes
+less 15) goes in front, a property of the job rather than of the config. GPUs: 8, one node (the "1N8G" of
+the names, GPUS_PER_NODE=8 in that script)."""
 
 from tests.replay_corpus.launch import Launch, Source
 
@@ -10,10 +17,11 @@ _DIR = "tests/functional_tests/test_cases/gpt/"
 LAUNCHES = (
     Launch(
         name="megatron-lm-functional-tp1-pp1-overlap-grad-reduce",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp1_pp1_overlap_grad_reduce/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp1_pp1_overlap_grad_reduce/model_config.yaml",
                       "6e1891ddc66e2d30efb742c35926b07118c7abc6"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -36,10 +44,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-tp1-pp1-dist-optimizer-overlap-grad-reduce",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp1_pp1_dist_optimizer_overlap_grad_reduce/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp1_pp1_dist_optimizer_overlap_grad_reduce/model_config.yaml",
                       "24e0126516f875048fa1630dcc5d5154e93f7670"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -63,10 +72,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-tp4-pp1",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp4_pp1/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp4_pp1/model_config.yaml",
                       "653cf809bc4238278bc4f64baae3a698e14a9291"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -89,10 +99,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-mcore-tp4-pp1",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_mcore_tp4_pp1/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_mcore_tp4_pp1/model_config.yaml",
                       "5627566220a2b7b02cabc948e8df5564c4087fbe"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -115,10 +126,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-mcore-tp1-pp1-bf16-baseline",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_weekly_dgx_h100_1N8G_mcore_tp1_pp1_bf16_baseline/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_weekly_dgx_h100_1N8G_mcore_tp1_pp1_bf16_baseline/model_config.yaml",
                       "22e030e9528bc38b2761e8d10942aa99d53cbdef"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -140,10 +152,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-mcore-te-tp1-pp1-uniform-full-recompute",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_mcore_te_tp1_pp1_uniform_full_recompute/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_mcore_te_tp1_pp1_uniform_full_recompute/model_config.yaml",
                       "1296a819217834af783d85618e40c725fb6ec4b7"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -171,10 +184,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-tp1-pp2",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp1_pp2/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp1_pp2/model_config.yaml",
                       "5627566220a2b7b02cabc948e8df5564c4087fbe"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -197,10 +211,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-tp1-pp4",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp1_pp4/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp1_pp4/model_config.yaml",
                       "18f9c2e70782d71950a6154893364cad57040664"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -223,10 +238,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-tp2-pp2-4experts",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp2_pp2_4experts/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_nightly_dgx_a100_1N8G_tp2_pp2_4experts/model_config.yaml",
                       "1eff55827898216393aa5960474c3788b0bc40c5"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
@@ -250,10 +266,11 @@ LAUNCHES = (
 
     Launch(
         name="megatron-lm-functional-mcore-tp1-pp1-fp8-no-model-parallel",
-        script=Source("NVIDIA/Megatron-LM", _DIR + "gpt3_345m_weekly_dgx_h100_1N8G_mcore_tp1_pp1_fp8_no_model_parallel/model_config.yaml",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_345m_weekly_dgx_h100_1N8G_mcore_tp1_pp1_fp8_no_model_parallel/model_config.yaml",
                       "24e0126516f875048fa1630dcc5d5154e93f7670"),
         program="pretrain_gpt.py", world_size=8,
-        expanded=("1N8G: one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order; ${CHECKPOINT_PATH}, ${DATA_PATH}, "
                   "${TENSORBOARD_PATH}, ${DATA_CACHE_PATH}: the CI's paths, as written"),
         argv=(
             "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
