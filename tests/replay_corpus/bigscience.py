@@ -257,4 +257,62 @@ LAUNCHES = (
 """,
         outcome="trains",
     ),
+
+    Launch(
+        name="bigscience-tr8-104b",
+        script=Source("bigscience-workshop/bigscience", "train/tr8-104B-wide/tr8-104B.slurm",
+                      "0eda8744c04f229f2fa2b00c81a7a2369e68fafd"),
+        program="pretrain_gpt.py", world_size=512,
+        expanded=("#SBATCH --nodes=128 x GPUS_PER_NODE=4; TP_SIZE=4, PP_SIZE=32, MICRO_BATCH_SIZE=1, "
+                  "GLOBAL_BATCH_SIZE=2048, NLAYERS=64, NHIDDEN=11600, NHEADS=40, SEQ_LEN=2048, "
+                  "SAVE_INTERVAL=300, ZERO_STAGE=1; $six_ALL_CCFRWORK, $six_ALL_CCFRSCRATCH and $SLURM_JOBID "
+                  "kept as written; $CMD as `bash -c` runs it under srun; the JSON is the script's heredoc"),
+        argv=(
+            "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "32", "--num-layers", "64",
+            "--hidden-size", "11600", "--num-attention-heads", "40", "--seq-length", "2048",
+            "--max-position-embeddings", "2048", "--micro-batch-size", "1",
+            "--rampup-batch-size", "16", "16", "6_000_000", "--global-batch-size", "2048",
+            "--train-samples", "300_000_000",
+            "--vocab-file", "$six_ALL_CCFRWORK/code/tr8-104B/Megatron-DeepSpeed-tr8-104B/data/gpt2-vocab.json",
+            "--merge-file", "$six_ALL_CCFRWORK/code/tr8-104B/Megatron-DeepSpeed-tr8-104B/data/gpt2-merges.txt",
+            "--loss-scale", "12", "--clip-grad", "1.0", "--fp16", "--checkpoint-activations", "--seed", "43",
+            "--optimizer", "adam", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--adam-eps", "1e-8",
+            "--lr", "6e-5", "--min-lr", "6e-6", "--lr-decay-style", "cosine", "--lr-decay-samples", "126_953_125",
+            "--lr-warmup-samples", "216_320", "--clip-grad", "1.0", "--weight-decay", "1e-1",
+            "--exit-duration-in-mins", "1190", "--log-interval", "1", "--save-interval", "300",
+            "--eval-interval", "1000", "--eval-iters", "5",
+            "--tensorboard-dir", "$six_ALL_CCFRSCRATCH/checkpoints/tr8-104B/tr8-104B-logs/tensorboard",
+            "--tensorboard-queue-size", "5", "--log-timers-to-tensorboard", "--log-batch-size-to-tensorboard",
+            "--log-validation-ppl-to-tensorboard", "--save", "$six_ALL_CCFRSCRATCH/checkpoints/tr8-104B/checkpoints",
+            "--load", "$six_ALL_CCFRSCRATCH/checkpoints/tr8-104B/checkpoints",
+            "--data-path", "$six_ALL_CCFRWORK/datasets-custom/oscar-en/meg-gpt2_text_document",
+            "--data-impl", "mmap", "--split", "949,50,1", "--distributed-backend", "nccl", "--deepspeed",
+            "--deepspeed_config", "./ds_config.$SLURM_JOBID.json", "--zero-stage", "1",
+            "--deepspeed-activation-checkpointing",
+        ),
+        json=Source("bigscience-workshop/bigscience", "train/tr8-104B-wide/tr8-104B.slurm",
+                    "0eda8744c04f229f2fa2b00c81a7a2369e68fafd"),
+        json_generated=True,
+        json_text="""\
+{
+  "train_micro_batch_size_per_gpu": 1,
+  "train_batch_size": 2048,
+  "gradient_clipping": 1.0,
+  "zero_optimization": {
+    "stage": 1
+  },
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+    "initial_scale_power": 12
+  },
+  "steps_per_print": 2000,
+  "wall_clock_breakdown": false
+}
+""",
+        outcome="refused: pipeline parallelism is not implemented",
+    ),
 )

@@ -273,4 +273,106 @@ LAUNCHES = (
 """,
         outcome="trains",
     ),
+
+    Launch(
+        name="deepspeed-megatron-gpt2-func-bs8-zero0-gas3-json",
+        script=None, program="pretrain_gpt.py", world_size=1,
+        expanded="a standalone JSON, launched with SIMPLE_LAUNCH",
+        argv=SIMPLE_LAUNCH,
+        json=Source("microsoft/DeepSpeed", "tests/model/Megatron_GPT2/ds_config_func_bs8_zero0_gas3.json",
+                    "ce37c9e53f2bbeff9257bbe62a0e4ad2dd68c50a"),
+        json_text="""\
+{
+  "train_micro_batch_size_per_gpu": 8,
+  "gradient_accumulation_steps": 3,
+  "steps_per_print": 1,
+  "zero_optimization": {
+    "stage": 0,
+    "reduce_bucket_size": 7000000,
+    "allgather_bucket_size": 7000000,
+    "reduce_scatter": true
+  },
+  "gradient_clipping": 1.0,
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1
+  },
+  "activation_checkpointing": {
+    "partition_activations": true,
+    "contiguous_memory_optimization": true
+  }
+}
+""",
+        outcome="trains",
+    ),
+
+    Launch(
+        name="deepspeed-megatron-gpt2-perf-bs32-json",
+        script=None, program="pretrain_gpt.py", world_size=1,
+        expanded="a standalone JSON, launched with SIMPLE_LAUNCH",
+        argv=SIMPLE_LAUNCH,
+        json=Source("microsoft/DeepSpeed", "tests/model/Megatron_GPT2/ds_config_perf_bs32.json",
+                    "0405220e8fa5473892e309cd219dbd33a6ad39de"),
+        json_text="""\
+{
+  "train_batch_size": 32,
+  "gradient_accumulation_steps": 1,
+  "steps_per_print": 1,
+  "zero_optimization": {
+    "stage":1
+  },
+  "disable_allgather": true,
+  "optimizer": {
+    "type": "Adam",
+    "params": {
+      "lr": 0.00015
+    }
+  },
+  "gradient_clipping": 1.0,
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1
+  }
+}
+""",
+        outcome="trains",
+    ),
+
+    Launch(
+        name="deepspeed-megatron-gpt2-func-bs4-zero2-offload-json",
+        script=None, program="pretrain_gpt.py", world_size=1,
+        expanded="a standalone JSON, launched with SIMPLE_LAUNCH",
+        argv=SIMPLE_LAUNCH,
+        json=Source("microsoft/DeepSpeed", "tests/model/Megatron_GPT2/ds_config_func_bs4_zero2_offload.json",
+                    "539ab8aad44957bc310b62d7bef8ea03496d101c"),
+        json_text="""\
+{
+  "train_batch_size": 4,
+  "gradient_accumulation_steps": 1,
+  "steps_per_print": 1,
+  "zero_optimization": {
+    "stage": 2,
+    "reduce_bucket_size": 7000000,
+    "allgather_bucket_size": 7000000,
+    "reduce_scatter": true,
+    "cpu_offload": true
+  },
+  "gradient_clipping": 1.0,
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1
+  }
+}
+""",
+        outcome="refused: ZeRO-Offload",
+    ),
 )

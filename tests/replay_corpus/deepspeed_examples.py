@@ -536,4 +536,26 @@ LAUNCHES = (
 """,
         outcome="trains",
     ),
+
+    Launch(
+        name="deepspeedexamples-zero3-run-gpt-1gpu",
+        script=Source("microsoft/DeepSpeedExamples", "Megatron-LM-v1.1.5-ZeRO3/examples/run_gpt_1gpu.sh",
+                      "44be774aadc3d23ebb0edcce6d8c31748679e93e"),
+        program="pretrain_gpt2.py", world_size=16,
+        expanded=("NUM_WORKERS=1 x NUM_GPUS_PER_WORKER=16 under `deepspeed` (despite the name), MP_SIZE=1, "
+                  "NUM_LAYERS=40, HIDDEN_SIZE=1600, BATCHSIZE=8; `${@:2}` empty, so no --deepspeed: plain "
+                  "Megatron data parallelism"),
+        argv=(
+            "--model-parallel-size", "1", "--num-layers", "40", "--hidden-size", "1600",
+            "--num-attention-heads", "16", "--seq-length", "1024", "--max-position-embeddings", "1024",
+            "--batch-size", "8", "--lr", "0.00015", "--lr-decay-style", "cosine", "--min-lr", "1.0e-5",
+            "--train-iters", "5", "--lr-decay-iters", "800", "--warmup", "0.01", "--weight-decay", "1e-2",
+            "--clip-grad", "1.0", "--data-path", "/data/Megatron-LM/data/indexed_datasets/megatron",
+            "--vocab-file", "/data/Megatron-LM/data/gpt2-vocab.json",
+            "--merge-file", "/data/Megatron-LM/data/gpt2-merges.txt", "--data-impl", "mmap",
+            "--split", "1000,0,0", "--fp16", "--checkpoint-activations", "--log-interval", "1",
+            "--eval-iters", "10", "--distributed-backend", "nccl",
+        ),
+        outcome="trains",
+    ),
 )

@@ -18,7 +18,7 @@ which `shrink.py` replaces anyway.
 `outcome` is what this repository must do with the launch once `shrink.py` has made it small: "trains"
 (3 iterations on 2 CPU ranks), or "refused: TEXT": exit status 2 and one error line containing TEXT, only
 for a feature that would change the math and does not exist here (pipeline parallelism, mixture of experts,
-ALiBi, offload to CPU or NVMe, DeepSpeed's logarithmic warmup).
+ALiBi, offload to CPU or NVMe, DeepSpeed's logarithmic warmup, fp8).
 
 This is data, not code to run: nothing here is imported from those repositories, and the files it names
 are not copied beyond the flag lists and JSON texts below.
