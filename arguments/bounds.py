@@ -1,0 +1,143 @@
+"""Bounds before work: every size, count and timeout against what this machine and the model can hold.
+
+The per-setting rules in arguments/config.py say what a value means (at least 1, 0 disables, ...); the
+rules here say whether the run it describes can exist at all, estimated before anything is allocated:
+the sample index the data pipeline would build on the host, the largest single tensor a rank would
+create, the model's 16-bit parameters spread over every rank, and c10d's timeout. Each estimate is a
+LOWER bound of what the run needs, so a refusal here is a run that could never start, never a
+guess. A flag, a preset key and a DeepSpeed JSON key all end in the same PretrainConfig, so they
+meet the same check (`check_bounds`, called from `PretrainConfig.validate`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from typing import Optional
+
+from base.errors import ConfigError
+
+INT64_MAX = 2**63 - 1
+# Megatron's index arrays per sample (megatron/core/datasets/gpt_dataset.py): sample_index two int32
+# per sample and shuffle_index one int64, so at least 16 bytes of host memory per sample.
+INDEX_BYTES_PER_SAMPLE = 16
+# The smallest a parameter can be held in: one 16-bit value, fully sharded over every rank.
+MIN_PARAMETER_BYTES = 2
+ACTIVATION_BYTES = 2  # a 16-bit activation element
+# c10d takes the timeout as a timedelta and, in C++, as milliseconds; a collective that may wait a year
+# is already no timeout at all. Below a few seconds, the rendezvous itself times out on a loaded machine.
+MAX_TIMEOUT_MINUTES = 365 * 24 * 60
+MIN_TIMEOUT_MINUTES = 5 / 60
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory (os.sysconf), or int64's maximum where the system will not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return INT64_MAX
+
+
+def rank_memory_bytes() -> int:
+    """The most one rank could hold: the host's memory or an accelerator's, whichever is larger."""
+    device = 0
+    try:
+        import torch
+        if torch.cuda.is_available():
+            device = torch.cuda.get_device_properties(0).total_memory
+    except Exception:  # a broken driver is reported when the process grid is built, not here
+        device = 0
+    return max(host_memory_bytes(), device)
+
+
+def world_size_from_environment() -> int:
+    """The ranks the launcher started (WORLD_SIZE; SLURM_NTASKS), 1 without one; malformed values are
+    the launcher checks' to report, so they count as 1 here."""
+    for name in ("WORLD_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+    return 1
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.3g} GiB"
+
+
+def check_int64(config) -> None:
+    """Every whole-number setting fits an int64: numpy and torch hold them as one."""
+    for section in config.SECTIONS:
+        for f in fields(getattr(config, section)):
+            value = getattr(getattr(config, section), f.name)
+            values = value if isinstance(value, list) else [value]
+            for item in values:
+                if isinstance(item, int) and not isinstance(item, bool) and not -INT64_MAX <= item <= INT64_MAX:
+                    raise ConfigError(f"{_flag(f.name)} {item} does not fit a 64-bit integer")
+
+
+def sample_count(training) -> int:
+    """Samples the train, validation and test indexes would hold, as Megatron sizes them
+    (megatron/training/training.py build_train_valid_test_data_iterators: eval_iters x
+    (train_iters // eval_interval + 1) validation batches and eval_iters test batches)."""
+    batch = training.global_batch_size
+    train = training.train_samples if training.train_samples is not None else (training.train_iters or 0) * batch
+    train_iters = training.train_iters if training.train_iters is not None else train // max(batch, 1)
+    evaluations = train_iters // max(training.eval_interval, 1) + 1
+    return train + training.eval_iters * batch * (evaluations + 1)
+
+
+def largest_tensor(config) -> tuple[int, str]:
+    """The element count of the largest single tensor a rank creates, and what it is."""
+    model, training = config.model, config.training
+    tp = max(training.tensor_model_parallel_size, 1)
+    hidden, seq, micro = model.hidden_size, model.seq_length, training.micro_batch_size
+    ffn = model.ffn_hidden_size or 4 * hidden
+    candidates = [
+        (ffn * hidden // tp, "one MLP weight (--ffn-hidden-size x --hidden-size / TP)"),
+        (model.vocab_size * hidden // tp, "the word embedding (--vocab-size x --hidden-size / TP)"),
+        (seq * hidden, "the position embedding (--seq-length x --hidden-size)"),
+        (micro * seq * ffn // tp, "one micro batch's MLP activation (--micro-batch-size x --seq-length x "
+                                  "--ffn-hidden-size / TP)"),
+    ]
+    return max(candidates)
+
+
+def parameter_lower_bound(model) -> int:
+    """Parameters the model has at least: the blocks' four weight matrices (12 h^2 per layer)."""
+    hidden = model.hidden_size
+    ffn = model.ffn_hidden_size or 4 * hidden
+    return model.num_layers * (4 * hidden * hidden + 2 * ffn * hidden)
+
+
+def check_bounds(config, world_size: Optional[int] = None, memory: Optional[int] = None,
+                 host_memory: Optional[int] = None) -> None:
+    """Refuse, in one line naming the flags, a run no machine of this size could hold. The machine's
+    figures are explicit so a test can state them; by default they are read from this machine."""
+    check_int64(config)
+    training, model = config.training, config.model
+    minutes = training.distributed_timeout_minutes
+    if not MIN_TIMEOUT_MINUTES <= minutes <= MAX_TIMEOUT_MINUTES:
+        raise ConfigError(f"--distributed-timeout-minutes must be between {MIN_TIMEOUT_MINUTES:.3g} (5 seconds) and "
+                          f"{MAX_TIMEOUT_MINUTES} (a year), got {minutes:g}")
+    host_memory = host_memory_bytes() if host_memory is None else host_memory
+    memory = rank_memory_bytes() if memory is None else memory
+    world_size = world_size_from_environment() if world_size is None else world_size
+    samples = sample_count(training)
+    if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
+        raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "
+                          f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
+                          f"memory; this machine has {_gib(host_memory)}: lower them")
+    elements, what = largest_tensor(config)
+    if elements * ACTIVATION_BYTES > memory:
+        raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
+                          f"more than one rank here can hold ({_gib(memory)}): lower those sizes")
+    parameters = parameter_lower_bound(model)
+    if parameters * MIN_PARAMETER_BYTES > memory * world_size:
+        raise ConfigError(f"--num-layers {model.num_layers} x --hidden-size {model.hidden_size} is at least "
+                          f"{parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} in 16 bits), more "
+                          f"than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: lower them")
+
+
+def _flag(name: str) -> str:
+    from arguments.config import FLAG_NAMES  # config imports this module
+    return FLAG_NAMES[name]
