@@ -122,11 +122,6 @@ def check_bounds(config, world_size: Optional[int] = None, memory: Optional[int]
     host_memory = host_memory_bytes() if host_memory is None else host_memory
     memory = rank_memory_bytes() if memory is None else memory
     world_size = world_size_from_environment() if world_size is None else world_size
-    samples = sample_count(training)
-    if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
-        raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "
-                          f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
-                          f"memory; this machine has {_gib(host_memory)}: lower them")
     elements, what = largest_tensor(config)
     if elements * ACTIVATION_BYTES > memory:
         raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
@@ -136,6 +131,11 @@ def check_bounds(config, world_size: Optional[int] = None, memory: Optional[int]
         raise ConfigError(f"--num-layers {model.num_layers} x --hidden-size {model.hidden_size} is at least "
                           f"{parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} in 16 bits), more "
                           f"than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: lower them")
+    samples = sample_count(training)
+    if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
+        raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "
+                          f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
+                          f"memory; this machine has {_gib(host_memory)}: lower them")
 
 
 def _flag(name: str) -> str:
