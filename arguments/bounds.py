@@ -16,6 +16,7 @@ from dataclasses import fields
 from typing import Optional
 
 from base.errors import ConfigError
+from base.options import flag_of
 
 INT64_MAX = 2**63 - 1
 # Megatron's index arrays per sample (megatron/core/datasets/gpt_dataset.py): sample_index two int32
@@ -72,7 +73,7 @@ def check_int64(config) -> None:
             values = value if isinstance(value, list) else [value]
             for item in values:
                 if isinstance(item, int) and not isinstance(item, bool) and not -INT64_MAX <= item <= INT64_MAX:
-                    raise ConfigError(f"{_flag(f.name)} {item} does not fit a 64-bit integer")
+                    raise ConfigError(f"{flag_of(f)} {item} does not fit a 64-bit integer")
 
 
 def sample_count(training) -> int:
@@ -136,8 +137,3 @@ def check_bounds(config, world_size: Optional[int] = None, memory: Optional[int]
         raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "
                           f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
                           f"memory; this machine has {_gib(host_memory)}: lower them")
-
-
-def _flag(name: str) -> str:
-    from arguments.config import FLAG_NAMES  # config imports this module
-    return FLAG_NAMES[name]
