@@ -25,6 +25,7 @@ INDEX_BYTES_PER_SAMPLE = 16
 # The smallest a parameter can be held in: one 16-bit value, fully sharded over every rank.
 MIN_PARAMETER_BYTES = 2
 ACTIVATION_BYTES = 2  # a 16-bit activation element
+FP32_BYTES = 4
 # c10d takes the timeout as a timedelta and, in C++, as milliseconds; a collective that may wait a year
 # is already no timeout at all. Below a few seconds, the rendezvous itself times out on a loaded machine.
 MAX_TIMEOUT_MINUTES = 365 * 24 * 60
@@ -99,6 +100,8 @@ def largest_tensor(config) -> tuple[int, str]:
         (seq * hidden, "the position embedding (--seq-length x --hidden-size)"),
         (micro * seq * ffn // tp, "one micro batch's MLP activation (--micro-batch-size x --seq-length x "
                                   "--ffn-hidden-size / TP)"),
+        (micro * seq * model.vocab_size // tp, "one micro batch's logits (--micro-batch-size x --seq-length x "
+                                               "--vocab-size / TP)"),
     ]
     return max(candidates)
 
@@ -110,16 +113,27 @@ def parameter_lower_bound(model) -> int:
     return model.num_layers * (4 * hidden * hidden + 2 * ffn * hidden)
 
 
-def check_bounds(config, world_size: Optional[int] = None, memory: Optional[int] = None,
-                 host_memory: Optional[int] = None) -> None:
-    """Refuse, in one line naming the flags, a run no machine of this size could hold. The machine's
-    figures are explicit so a test can state them; by default they are read from this machine."""
+def check_bounds(config) -> None:
+    """What no machine could run, for a training run and a dry run alike (PretrainConfig.validate): whole
+    numbers within int64, c10d's timeout range, and no tensor whose fp32 bytes overflow torch's storage
+    size (an int64; "Storage size calculation overflowed" even on the meta device)."""
     check_int64(config)
-    training, model = config.training, config.model
-    minutes = training.distributed_timeout_minutes
+    minutes = config.training.distributed_timeout_minutes
     if not MIN_TIMEOUT_MINUTES <= minutes <= MAX_TIMEOUT_MINUTES:
         raise ConfigError(f"--distributed-timeout-minutes must be between {MIN_TIMEOUT_MINUTES:.3g} (5 seconds) and "
                           f"{MAX_TIMEOUT_MINUTES} (a year), got {minutes:g}")
+    elements, what = largest_tensor(config)
+    if elements * FP32_BYTES > INT64_MAX:
+        raise ConfigError(f"{what} would be {elements:.3g} elements, beyond what a tensor can address (2**63 bytes): "
+                          f"lower those sizes")
+
+
+def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optional[int] = None,
+                         host_memory: Optional[int] = None) -> None:
+    """Refuse, in one line naming the flags, a training run this machine could not hold, before the data
+    index or the model is built (pretrain_gpt.py; a dry run plans other machines and skips this). The
+    machine's figures are explicit so a test can state them; by default they are read from this machine."""
+    training, model = config.training, config.model
     host_memory = host_memory_bytes() if host_memory is None else host_memory
     memory = rank_memory_bytes() if memory is None else memory
     world_size = world_size_from_environment() if world_size is None else world_size

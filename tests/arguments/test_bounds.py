@@ -10,7 +10,7 @@ import pytest
 
 import pretrain_gpt
 from arguments.batch_schedule import batch_schedule
-from arguments.bounds import check_bounds
+from arguments.bounds import check_machine_bounds
 from arguments.config import ConfigError
 from arguments.parser import parse_config
 from tests.reliability_helpers import TINY, run_main
@@ -47,10 +47,10 @@ def test_a_run_no_machine_holds_is_one_line_before_any_work(tmp_path, monkeypatc
 def test_the_estimates_use_the_machine_they_are_given():
     """The same config fits a rank of 1 TiB and not one of 1 GiB: the bound is the machine's, not a constant."""
     config = parse_config(TINY + ["--num-layers", "64", "--hidden-size", "1024", "--num-attention-heads", "8"])
-    check_bounds(config, world_size=1, memory=2**40, host_memory=2**40)
+    check_machine_bounds(config, world_size=1, memory=2**40, host_memory=2**40)
     with pytest.raises(ConfigError, match="parameters"):
-        check_bounds(config, world_size=1, memory=2**30, host_memory=2**40)
-    check_bounds(config, world_size=8, memory=2**30, host_memory=2**40)  # sharded over 8 ranks it fits
+        check_machine_bounds(config, world_size=1, memory=2**30, host_memory=2**40)
+    check_machine_bounds(config, world_size=8, memory=2**30, host_memory=2**40)  # sharded over 8 ranks it fits
 
 
 def test_a_ramp_over_zero_samples_is_the_full_batch_from_the_start():
