@@ -88,19 +88,21 @@ def sample_count(training) -> int:
     return train + training.eval_iters * batch * (evaluations + 1)
 
 
-def largest_tensor(config) -> tuple[int, str]:
-    """The element count of the largest single tensor a rank creates, and what it is."""
+def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str]:
+    """The element count of the largest single tensor a rank creates, and what it is; `vocab_size` is
+    the tokenizer's (padded) vocabulary where the config leaves it to the tokenizer (--vocab-size 0)."""
     model, training = config.model, config.training
+    vocab = vocab_size or model.vocab_size
     tp = max(training.tensor_model_parallel_size, 1)
     hidden, seq, micro = model.hidden_size, model.seq_length, training.micro_batch_size
     ffn = model.ffn_hidden_size or 4 * hidden
     candidates = [
         (ffn * hidden // tp, "one MLP weight (--ffn-hidden-size x --hidden-size / TP)"),
-        (model.vocab_size * hidden // tp, "the word embedding (--vocab-size x --hidden-size / TP)"),
+        (vocab * hidden // tp, "the word embedding (--vocab-size x --hidden-size / TP)"),
         (seq * hidden, "the position embedding (--seq-length x --hidden-size)"),
         (micro * seq * ffn // tp, "one micro batch's MLP activation (--micro-batch-size x --seq-length x "
                                   "--ffn-hidden-size / TP)"),
-        (micro * seq * model.vocab_size // tp, "one micro batch's logits (--micro-batch-size x --seq-length x "
+        (micro * seq * vocab // tp, "one micro batch's logits (--micro-batch-size x --seq-length x "
                                                "--vocab-size / TP)"),
     ]
     return max(candidates)
@@ -122,7 +124,13 @@ def check_bounds(config) -> None:
     if not MIN_TIMEOUT_MINUTES <= minutes <= MAX_TIMEOUT_MINUTES:
         raise ConfigError(f"--distributed-timeout-minutes must be between {MIN_TIMEOUT_MINUTES:.3g} (5 seconds) and "
                           f"{MAX_TIMEOUT_MINUTES} (a year), got {minutes:g}")
-    elements, what = largest_tensor(config)
+    check_tensor_sizes(config)
+
+
+def check_tensor_sizes(config, vocab_size: Optional[int] = None) -> None:
+    """No tensor whose fp32 bytes overflow torch's storage size; the planner's dry run calls it again
+    with the vocabulary it plans for."""
+    elements, what = largest_tensor(config, vocab_size)
     if elements * FP32_BYTES > INT64_MAX:
         raise ConfigError(f"{what} would be {elements:.3g} elements, beyond what a tensor can address (2**63 bytes): "
                           f"lower those sizes")
@@ -137,7 +145,7 @@ def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optio
     host_memory = host_memory_bytes() if host_memory is None else host_memory
     memory = rank_memory_bytes() if memory is None else memory
     world_size = world_size_from_environment() if world_size is None else world_size
-    elements, what = largest_tensor(config)
+    elements, what = largest_tensor(config)  # the vocabulary is the tokenizer's, not yet loaded: a lower bound
     if elements * ACTIVATION_BYTES > memory:
         raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
                           f"more than one rank here can hold ({_gib(memory)}): lower those sizes")
