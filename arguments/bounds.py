@@ -41,15 +41,10 @@ def host_memory_bytes() -> int:
 
 
 def rank_memory_bytes() -> int:
-    """The most one rank could hold: the host's memory or an accelerator's, whichever is larger."""
-    device = 0
-    try:
-        import torch
-        if torch.cuda.is_available():
-            device = torch.cuda.get_device_properties(0).total_memory
-    except Exception:  # a broken driver is reported when the process grid is built, not here
-        device = 0
-    return max(host_memory_bytes(), device)
+    """The most one rank could hold, taken as the host's memory: querying an accelerator here would
+    initialise CUDA on device 0 in every rank before each picks its own, and a node's host memory is
+    as large as one of its GPUs' on every machine this trains on (a bound, not a budget)."""
+    return host_memory_bytes()
 
 
 def world_size_from_environment() -> int:
