@@ -5,6 +5,7 @@ anything is built or written."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from arguments.batch_schedule import batch_schedule
 from arguments.bounds import check_machine_bounds
 from arguments.config import ConfigError
 from arguments.parser import parse_config
+from base.errors import run_tool
 from tests.reliability_helpers import TINY, run_main
 
 
@@ -79,3 +81,17 @@ def test_a_preset_giving_a_key_twice_is_refused(tmp_path, monkeypatch, keys):
     preset.write_text(f"{keys[0]}: 2\n{keys[1]}: 3\n")
     line = refused(tmp_path, monkeypatch, "--config", preset)
     assert "given twice" in line and "twice.yaml" in line
+
+
+@pytest.mark.parametrize("argv, words", [(["--layers", "1000000", "1000001"], "parameters"),
+                                         (["--timeout", "nan"], "--timeout"), (["--timeout", "-1"], "--timeout")])
+def test_the_mini_reproduction_refuses_what_cannot_run_before_it_launches(tmp_path, monkeypatch, argv, words):
+    """Issue 33 #14/#15: `--layers 1000000 1000001` launched, was OOM-killed after ~4 min and said
+    "the launch failed (137): "; `--timeout nan` was a traceback. Now one line before any rank starts."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts" / "zero_paper"))
+    import mini_reproduction
+    monkeypatch.chdir(tmp_path)
+    main = lambda args: run_tool("mini_reproduction.py", lambda: mini_reproduction.main(args), (ConfigError,))
+    outcome = run_main(main, ["--output", tmp_path / "out" / "x.json", "--data-cache-dir", tmp_path / "cache", *argv])
+    assert outcome.code == 2 and words in outcome.err and len(outcome.err.strip().splitlines()) == 1, outcome.err
+    assert list(tmp_path.iterdir()) == []
