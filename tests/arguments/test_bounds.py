@@ -95,3 +95,21 @@ def test_the_mini_reproduction_refuses_what_cannot_run_before_it_launches(tmp_pa
     outcome = run_main(main, ["--output", tmp_path / "out" / "x.json", "--data-cache-dir", tmp_path / "cache", *argv])
     assert outcome.code == 2 and words in outcome.err and len(outcome.err.strip().splitlines()) == 1, outcome.err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_data_cache_dir_is_named(tmp_path, monkeypatch):
+    """Issue 33 #16: a full --data-cache-dir said only "[Errno 28] No space left on device". The disk is
+    filled by the write itself failing as a full disk's does (an OSError with errno ENOSPC and no file)."""
+    import errno
+
+    from data import corpus
+
+    def full_disk(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(corpus, "_build", full_disk)
+    cache = tmp_path / "cache"
+    monkeypatch.chdir(tmp_path)
+    outcome = run_main(pretrain_gpt.main, [*TINY, "--data-cache-dir", str(cache)])
+    lines = outcome.err.strip().splitlines()
+    assert outcome.code == 2 and len(lines) == 1 and f"--data-cache-dir {cache}" in lines[0], outcome.err
+    assert "No space left on device" in lines[0] and list(cache.iterdir()) == []  # no partial corpus left
