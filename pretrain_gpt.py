@@ -28,6 +28,7 @@ from data.gpt_dataset import build_train_valid_test_datasets
 from data.sampler import build_data_loader
 from data.tokenizer import GPTTokenizer, NullTokenizer, load_named_tokenizer, load_tokenizer
 from arguments.parser import parse_arguments
+from arguments.bounds import check_machine_bounds
 from gpt.attention_backend import check_attention_backend
 from gpt.fp8 import check_fp8, torchao_installed
 from arguments.batch_schedule import BatchSchedule, batch_schedule
@@ -297,6 +298,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     if config.training.dry_run:
         dry_run_launch(config)
         return
+    check_machine_bounds(config)  # before the process group, the data index or the model
     try:
         state = initialize(config.training.device, config.training.tensor_model_parallel_size,
                            timeout_minutes=config.training.distributed_timeout_minutes)

@@ -65,7 +65,8 @@ class BatchSchedule:
             return self.global_batch_size
         start, increment, samples = self.rampup
         increments = (self.global_batch_size - start) // increment
-        if increments == 0 or consumed_samples > samples:
+        # A ramp over 0 samples is no ramp (Megatron would divide by zero here).
+        if increments == 0 or samples == 0 or consumed_samples > samples:
             return self.global_batch_size
         samples_per_increment = samples / increments
         return start + int(consumed_samples / samples_per_increment) * increment

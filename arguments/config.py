@@ -24,6 +24,7 @@ import torch
 from data import DataError
 from data.gpt_dataset import parse_data_path, parse_split
 from base.errors import ConfigError
+from arguments.bounds import check_bounds
 from base.options import count, flag_of, option
 from arguments.step_batch_schedule import parse_step_schedule
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
@@ -443,6 +444,7 @@ class PretrainConfig:
         if self.data.tokenizer_type == "NullTokenizer" and self.model.vocab_size < 1:
             raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
                               "end-of-document id is N)")
+        check_bounds(self)  # last: the estimates read values the rules above have made sane
 
     def _check_step_schedule(self) -> None:
         """What needs no grid: the schedule parses, and no other setting also sets the batch per iteration

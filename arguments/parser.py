@@ -152,11 +152,28 @@ def preset_label(path: Path) -> str:
     return str(path)
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, refusing a key given twice in one mapping -- `num_layers` beside `num-layers`
+    included, since both set one flag -- where PyYAML would silently keep the last (as a JSON
+    with a duplicate key is refused, arguments/deepspeed_json.py)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[str, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            name = str(key).replace("-", "_")
+            if name in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice (also as {seen[name]!r}); keep one", key_node.start_mark)
+            seen[name] = key
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_preset(path: Path) -> Any:
     """A preset file's YAML, every way it can be unreadable reported as a ConfigError naming it."""
     text = read_text_file(path, "--config")  # regular, UTF-8 and of a config's size, or one line
     try:
-        return yaml.safe_load(text) or {}
+        return yaml.load(text, Loader=UniqueKeyLoader) or {}
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a preset (a preset is a flat mapping)") from None
     except yaml.YAMLError as error:
@@ -248,6 +265,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
             json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
             json_only.zero.validate()
             json_only.activations.validate()
+            # a JSON batch value a flag overrides is still the user's and still refused, as the flag would be
+            json_only.training.validate()
         except ConfigError as error:
             problems.append(f"{translation.source}: {error}")
             translation.settings = []  # a JSON that cannot be read as settings adds none

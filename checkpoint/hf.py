@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -291,7 +292,9 @@ def _read_weights_only_pickle(path: Path) -> dict[str, torch.Tensor]:
     """torch's weights-only unpickler rebuilds tensors and plain containers and refuses every other
     global, so a pickle carrying code is an error here rather than code that runs."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # its pickle-protocol warning would be two more lines before ours
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise ConfigError(f"{path}: refused, not a plain file of tensors ({_unpickler_reason(error)}); "
                           f"convert it to {SAFETENSORS_FILE} with a tool you trust") from None
@@ -304,9 +307,13 @@ def _read_weights_only_pickle(path: Path) -> dict[str, torch.Tensor]:
 def _unpickler_reason(error: Exception) -> str:
     """What torch's weights-only unpickler objected to (e.g. "Unsupported global: GLOBAL io.open"),
     without the paragraph that suggests loading the file unsafely."""
-    for line in str(error).splitlines():
-        if "WeightsUnpickler error:" in line:
-            return line.split("WeightsUnpickler error:", 1)[1].split(" was not an allowed global")[0].strip()
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        # the reason may follow on the next lines ("WeightsUnpickler error: \n\nUnsupported operand 149")
+        reason = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
+        reason = " ".join(reason.split(" was not an allowed global")[0].split())
+        if reason:
+            return reason
     return _first_line(error)
 
 

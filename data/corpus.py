@@ -24,6 +24,7 @@ from typing import Optional
 
 import pydoc_data.topics
 
+from data import DataError
 from data.indexed import IndexedDatasetWriter, best_dtype
 from base.progress import ProgressLines, print_line
 from data.tokenizer import TOKENIZER_FILE, GPTTokenizer, load_tokenizer, train_tokenizer
@@ -161,7 +162,14 @@ def prepare_default_corpus(cache_dir: str, vocab_size: int, tokenizer: Optional[
     work_dir = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir)
     try:
         apply_umask(work_dir)  # mkdtemp makes it 0700; renamed into place it is the shared cache
-        _build(work_dir, documents, vocab_size, tokenizer)
+        try:
+            _build(work_dir, documents, vocab_size, tokenizer)
+        except OSError as error:
+            if error.filename is not None:
+                raise
+            # a full disk names no file ("[Errno 28] No space left on device"): say which directory
+            raise DataError(f"--data-cache-dir {cache_dir}: cannot build the default corpus there "
+                            f"({error.strerror or error}); free space or choose another directory") from None
         try:
             os.rename(work_dir, final_dir)
         except OSError:

@@ -36,6 +36,7 @@ from torch.overrides import TorchFunctionMode
 
 from base.progress import ProgressLines
 from arguments.config import ConfigError, PretrainConfig
+from arguments.bounds import check_tensor_sizes
 from training.build import build
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
 from training.run_plan import RunPlan, resolve_plan
@@ -202,6 +203,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     """Plan rank `rank` of a run of `config` on `cluster` (see the module docstring). `progress`, if
     given, receives a line now and then while a long dry run works."""
     check_plannable(config)
+    check_tensor_sizes(config, vocab_size)
     # On CPU a rank's process holds Python, torch and our modules before it builds anything; the
     # planner's own process has the same, so its RSS now stands in for that baseline.
     baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0

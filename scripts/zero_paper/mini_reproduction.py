@@ -60,14 +60,39 @@ def run_argv(configuration: str, layers: int, args, metrics: Path, cache_dir: st
     """pretrain_gpt.py's flags for one configuration at one depth (configs/zero/zero_paper_cN.json,
     its buckets scaled, written beside `metrics`)."""
     zero_config = scaled_zero_config(configuration, args.bucket_size, metrics.parent)
-    return ["--zero-config", str(zero_config), "--num-layers", str(layers),
-            "--hidden-size", str(args.hidden_size), "--num-attention-heads", "4", "--seq-length", str(args.seq_length),
+    return ["--zero-config", str(zero_config), *depth_flags(layers, args),
+            "--data-cache-dir", cache_dir, "--metrics-file", str(metrics)]
+
+
+def depth_flags(layers: int, args) -> list[str]:
+    """The flags every configuration shares at one depth."""
+    return ["--num-layers", str(layers), "--hidden-size", str(args.hidden_size), "--num-attention-heads", "4",
+            "--seq-length", str(args.seq_length),
             "--max-position-embeddings", str(args.seq_length), "--micro-batch-size", str(args.micro_batch_size),
             "--global-batch-size", str(args.micro_batch_size * WORLD_SIZE // TENSOR_PARALLEL),
             "--tensor-model-parallel-size", str(TENSOR_PARALLEL), "--bf16", "--no-accumulate-allreduce-grads-in-fp32",
             "--train-iters", "2", "--log-interval", "1", "--eval-iters", "0", "--report-memory",
             "--hidden-dropout", "0", "--attention-dropout", "0", "--tokenizer-vocab-size", str(VOCAB),
-            "--device", "cpu", "--data-cache-dir", cache_dir, "--metrics-file", str(metrics)]
+            "--device", "cpu"]
+
+
+def check_runs_fit(args) -> None:
+    """Both depths' settings through pretrain_gpt.py's own checks and this machine's bounds
+    (arguments/bounds.py) for the launch's WORLD_SIZE ranks, before the corpus, the work directory or
+    a rank exists: `--layers 1000000 1000001` was OOM-killed after minutes (issue 33 #14)."""
+    import math
+
+    from arguments.bounds import check_machine_bounds
+    from arguments.parser import parse_config
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    for layers in args.layers:
+        flags = depth_flags(layers, args)
+        try:
+            check_machine_bounds(parse_config(flags), world_size=WORLD_SIZE)
+        except ConfigError as error:
+            raise ConfigError(f"--layers {layers} with --hidden-size {args.hidden_size}, --seq-length "
+                              f"{args.seq_length}, --micro-batch-size {args.micro_batch_size}: {error}") from None
 
 
 def worker(runs_file: str) -> None:
@@ -187,6 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     output = Path(args.output)
     if output.exists():
         raise ConfigError(f"{output} exists; choose another --output")
+    check_runs_fit(args)
     summary = reproduce(args, list(sys.argv[1:] if argv is None else argv))
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from arguments.parser import parse_config
-from arguments.config import PretrainConfig
+from arguments.config import ConfigError, PretrainConfig
 from planner.conditions import NO_CONDITIONS, ConditionSet, condition_plan, condition_prediction
 from planner.dry_run import Cluster, RankPlan, dry_run
 from planner.perf_model import Constants, Prediction, load_constants
@@ -45,6 +45,29 @@ def _source_hash() -> str:
             digest.update(path.relative_to(REPO_ROOT).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def check_plan_types(plan: RankPlan) -> RankPlan:
+    """A cached plan whose values are not the numbers and names a dry run writes (an edited or foreign
+    entry) raises TypeError, which the cache reads as a miss; unchecked, it was a TypeError in run.py's
+    or report.py's arithmetic (issue 33 #15)."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def numbers(value) -> bool:  # a number, or a mapping of names to numbers (nested: comm_bytes)
+        if isinstance(value, dict):
+            return all(isinstance(key, str) and numbers(item) for key, item in value.items())
+        return number(value)
+
+    for item in dataclasses.fields(plan):
+        value = getattr(plan, item.name)
+        expected = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", "")
+        good = (isinstance(value, str) if expected == "str" else
+                isinstance(value, list) and all(isinstance(v, str) for v in value) if expected.startswith("list") else
+                value is None or number(value) if expected.startswith("Optional") else numbers(value))
+        if not good:
+            raise TypeError(f"{item.name} is {value!r}")
+    return plan
 
 
 class Planner:
@@ -90,16 +113,20 @@ class Planner:
             try:
                 data = json.loads(cached.read_text(encoding="utf-8"))
                 data.pop("fits", None)
-                self._plans[key] = RankPlan(**data)
+                self._plans[key] = check_plan_types(RankPlan(**data))
                 return self._plans[key]
             except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError):
                 pass  # a damaged cache entry is a miss: planned again below, and replaced
         plan = self._plans[key] = dry_run(config, cluster, vocab_size)
         if cached is not None:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            temporary = cached.with_suffix(f".tmp-{os.getpid()}")
-            temporary.write_text(json.dumps(plan.to_json()), encoding="utf-8")
-            os.replace(temporary, cached)
+            try:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                temporary = cached.with_suffix(f".tmp-{os.getpid()}")
+                temporary.write_text(json.dumps(plan.to_json()), encoding="utf-8")
+                os.replace(temporary, cached)
+            except OSError as error:  # a read-only cache, a file where it should be, a full disk
+                raise ConfigError(f"the plan cache {self.cache_dir} cannot be written ({error.strerror or error}); "
+                                  f"set ZERO_GPT_PLAN_CACHE to a writable directory") from None
         return plan
 
     def predict(self, point: Point, plan: Optional[RankPlan] = None, stack: Optional[str] = None) -> Prediction:

@@ -279,6 +279,24 @@ def test_pickle_with_a_payload_is_refused_and_never_run(tmp_path, writer):
     assert not marker.exists()
 
 
+def test_a_refused_protocol_4_pickle_is_one_line_with_its_reason(tmp_path, recwarn):
+    """Issue 33 #16: a protocol-4 pickle printed torch's two-line warning, then a reason "()" (the
+    unpickler put its reason on the lines after "WeightsUnpickler error:")."""
+    marker = tmp_path / "payload-ran"
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    hf_config(pretrain_config(HF_VOCAB).model).to_json_file(str(folder / "config.json"))
+    with open(folder / PICKLE_FILE, "wb") as f:
+        pickle.dump({"transformer.wte.weight": WritesAMarkerWhenUnpickled(marker)}, f, protocol=4)
+    with pytest.raises(ConfigError) as error:
+        read_hf_folder(folder)
+    message = str(error.value)
+    assert "()" not in message and "\n" not in message and "refused" in message, message
+    assert message.split("(", 1)[1].split(")")[0].strip(), message  # a reason, not an empty one
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
+    assert not marker.exists()
+
+
 def test_weights_only_pickle_is_read(tmp_path):
     source = random_hf_folder(tmp_path / "source")
     _, tensors = read_hf_folder(source)

@@ -1,0 +1,156 @@
+"""Bounds before work: every size, count and timeout against what this machine and the model can hold.
+
+The per-setting rules in arguments/config.py say what a value means (at least 1, 0 disables, ...); the
+rules here say whether the run it describes can exist at all, estimated before anything is allocated:
+the sample index the data pipeline would build on the host, the largest single tensor a rank would
+create, the model's 16-bit parameters spread over every rank, and c10d's timeout. Each estimate is a
+LOWER bound of what the run needs, so a refusal here is a run that could never start, never a
+guess. A flag, a preset key and a DeepSpeed JSON key all end in the same PretrainConfig, so they
+meet the same check (`check_bounds`, called from `PretrainConfig.validate`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from typing import Optional
+
+from base.errors import ConfigError
+from base.options import flag_of
+
+INT64_MAX = 2**63 - 1
+# Megatron's index arrays per sample (megatron/core/datasets/gpt_dataset.py): sample_index two int32
+# per sample and shuffle_index one int64, so at least 16 bytes of host memory per sample.
+INDEX_BYTES_PER_SAMPLE = 16
+# The smallest a parameter can be held in: one 16-bit value, fully sharded over every rank.
+MIN_PARAMETER_BYTES = 2
+ACTIVATION_BYTES = 2  # a 16-bit activation element
+FP32_BYTES = 4
+# c10d takes the timeout as a timedelta and, in C++, as milliseconds; a collective that may wait a year
+# is already no timeout at all. Below a few seconds, the rendezvous itself times out on a loaded machine.
+MAX_TIMEOUT_MINUTES = 365 * 24 * 60
+MIN_TIMEOUT_MINUTES = 5 / 60
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory (os.sysconf), or int64's maximum where the system will not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return INT64_MAX
+
+
+def rank_memory_bytes() -> int:
+    """The most one rank could hold, taken as the host's memory: querying an accelerator here would
+    initialise CUDA on device 0 in every rank before each picks its own, and a node's host memory is
+    as large as one of its GPUs' on every machine this trains on (a bound, not a budget)."""
+    return host_memory_bytes()
+
+
+def world_size_from_environment() -> int:
+    """The ranks the launcher started (WORLD_SIZE; SLURM_NTASKS), 1 without one; malformed values are
+    the launcher checks' to report, so they count as 1 here."""
+    for name in ("WORLD_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+    return 1
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.3g} GiB"
+
+
+def check_int64(config) -> None:
+    """Every whole-number setting fits an int64: numpy and torch hold them as one."""
+    for section in config.SECTIONS:
+        for f in fields(getattr(config, section)):
+            value = getattr(getattr(config, section), f.name)
+            values = value if isinstance(value, list) else [value]
+            for item in values:
+                if isinstance(item, int) and not isinstance(item, bool) and not -INT64_MAX <= item <= INT64_MAX:
+                    raise ConfigError(f"{flag_of(f)} {item} does not fit a 64-bit integer")
+
+
+def sample_count(training) -> int:
+    """Samples the train, validation and test indexes would hold, as Megatron sizes them
+    (megatron/training/training.py build_train_valid_test_data_iterators: eval_iters x
+    (train_iters // eval_interval + 1) validation batches and eval_iters test batches)."""
+    batch = training.global_batch_size
+    train = training.train_samples if training.train_samples is not None else (training.train_iters or 0) * batch
+    train_iters = training.train_iters if training.train_iters is not None else train // max(batch, 1)
+    evaluations = train_iters // max(training.eval_interval, 1) + 1
+    return train + training.eval_iters * batch * (evaluations + 1)
+
+
+def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str]:
+    """The element count of the largest single tensor a rank creates, and what it is; `vocab_size` is
+    the tokenizer's (padded) vocabulary where the config leaves it to the tokenizer (--vocab-size 0)."""
+    model, training = config.model, config.training
+    vocab = vocab_size or model.vocab_size
+    tp = max(training.tensor_model_parallel_size, 1)
+    hidden, seq, micro = model.hidden_size, model.seq_length, training.micro_batch_size
+    ffn = model.ffn_hidden_size or 4 * hidden
+    candidates = [
+        (ffn * hidden // tp, "one MLP weight (--ffn-hidden-size x --hidden-size / TP)"),
+        (vocab * hidden // tp, "the word embedding (--vocab-size x --hidden-size / TP)"),
+        (seq * hidden, "the position embedding (--seq-length x --hidden-size)"),
+        (micro * seq * ffn // tp, "one micro batch's MLP activation (--micro-batch-size x --seq-length x "
+                                  "--ffn-hidden-size / TP)"),
+        (micro * seq * vocab // tp, "one micro batch's logits (--micro-batch-size x --seq-length x "
+                                               "--vocab-size / TP)"),
+    ]
+    return max(candidates)
+
+
+def parameter_lower_bound(model) -> int:
+    """Parameters the model has at least: the blocks' four weight matrices (12 h^2 per layer)."""
+    hidden = model.hidden_size
+    ffn = model.ffn_hidden_size or 4 * hidden
+    return model.num_layers * (4 * hidden * hidden + 2 * ffn * hidden)
+
+
+def check_bounds(config) -> None:
+    """What no machine could run, for a training run and a dry run alike (PretrainConfig.validate): whole
+    numbers within int64, c10d's timeout range, and no tensor whose fp32 bytes overflow torch's storage
+    size (an int64; "Storage size calculation overflowed" even on the meta device)."""
+    check_int64(config)
+    minutes = config.training.distributed_timeout_minutes
+    if not MIN_TIMEOUT_MINUTES <= minutes <= MAX_TIMEOUT_MINUTES:
+        raise ConfigError(f"--distributed-timeout-minutes must be between {MIN_TIMEOUT_MINUTES:.3g} (5 seconds) and "
+                          f"{MAX_TIMEOUT_MINUTES} (a year), got {minutes:g}")
+    check_tensor_sizes(config)
+
+
+def check_tensor_sizes(config, vocab_size: Optional[int] = None) -> None:
+    """No tensor whose fp32 bytes overflow torch's storage size; the planner's dry run calls it again
+    with the vocabulary it plans for."""
+    elements, what = largest_tensor(config, vocab_size)
+    if elements * FP32_BYTES > INT64_MAX:
+        raise ConfigError(f"{what} would be {elements:.3g} elements, beyond what a tensor can address (2**63 bytes): "
+                          f"lower those sizes")
+
+
+def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optional[int] = None,
+                         host_memory: Optional[int] = None) -> None:
+    """Refuse, in one line naming the flags, a training run this machine could not hold, before the data
+    index or the model is built (pretrain_gpt.py; a dry run plans other machines and skips this). The
+    machine's figures are explicit so a test can state them; by default they are read from this machine."""
+    training, model = config.training, config.model
+    host_memory = host_memory_bytes() if host_memory is None else host_memory
+    memory = rank_memory_bytes() if memory is None else memory
+    world_size = world_size_from_environment() if world_size is None else world_size
+    elements, what = largest_tensor(config)  # the vocabulary is the tokenizer's, not yet loaded: a lower bound
+    if elements * ACTIVATION_BYTES > memory:
+        raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
+                          f"more than one rank here can hold ({_gib(memory)}): lower those sizes")
+    parameters = parameter_lower_bound(model)
+    if parameters * MIN_PARAMETER_BYTES > memory * world_size:
+        raise ConfigError(f"--num-layers {model.num_layers} x --hidden-size {model.hidden_size} is at least "
+                          f"{parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} in 16 bits), more "
+                          f"than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: lower them")
+    samples = sample_count(training)
+    if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
+        raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "
+                          f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
+                          f"memory; this machine has {_gib(host_memory)}: lower them")
