@@ -179,16 +179,34 @@ def test_an_output_under_a_regular_file_is_refused_before_any_work(cache, tmp_pa
 
 # ---- 4. a wrong --load, and metrics that are appended to --------------------------------------------
 
-@pytest.mark.parametrize("what", ["typo", "file", "iteration_without_metadata", "empty_other_directory"])
+@pytest.mark.parametrize("what", ["file", "iteration_without_metadata", "non_empty_directory_without_checkpoint"])
 def test_a_load_that_names_no_checkpoint_is_an_error(ck, cache, tmp_path, monkeypatch, what):
-    """Before: each of these started a fresh run with exit 0."""
-    target = {"typo": tmp_path / "ckk", "file": ck / "iter_0000002" / METADATA_FILE,
-              "iteration_without_metadata": tmp_path / "iter_0000009",
-              "empty_other_directory": tmp_path / "empty"}[what]
-    if what in ("iteration_without_metadata", "empty_other_directory"):
+    """Before: each of these started a fresh run with exit 0. A folder that holds something but no
+    checkpoint stays an error (issue 34: nothing is silently thrown away)."""
+    target = {"file": ck / "iter_0000002" / METADATA_FILE, "iteration_without_metadata": tmp_path / "iter_0000009",
+              "non_empty_directory_without_checkpoint": tmp_path / "weights"}[what]
+    if what != "file":
         target.mkdir()
+    if what == "non_empty_directory_without_checkpoint":
+        (target / "model.pt").write_text("someone's weights")
     no_work(monkeypatch)
     train(cache, tmp_path, "--load", target, "--save", tmp_path / "out").one_error_line(str(target))
+
+
+@pytest.mark.parametrize("what", ["missing", "empty"])
+def test_a_load_of_a_missing_or_empty_folder_starts_from_random_weights_with_one_warning(cache, tmp_path, what):
+    """Issue 34, point 3: every Megatron-LM functional-test config passes `--load` of an empty folder other
+    than `--save`; Megatron-LM (github:NVIDIA/Megatron-LM megatron/training/checkpointing.py, load_checkpoint
+    via _load_base_checkpoint: "WARNING: could not find the metadata file {tracker_filename} ... will not
+    load any checkpoints and will start from random") returns iteration 0 and trains. Was: refused."""
+    target = tmp_path / "checkpoints"
+    if what == "empty":
+        target.mkdir()
+    outcome = train(cache, tmp_path, "--load", target, "--save", tmp_path / "out")
+    assert outcome.code == 0, outcome.err
+    assert [line for line in outcome.out.splitlines() + outcome.err.splitlines()
+            if line.startswith("warning: --load") and str(target) in line and "random weights" in line]
+    assert [r["iteration"] for r in metrics_records(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
 def test_metrics_are_appended_and_a_resume_drops_only_what_it_redoes(cache, tmp_path):
