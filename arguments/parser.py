@@ -301,6 +301,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
     notes += layers.said_once(translation.source if translation is not None else "")
     if scaler_warning:
         notes.append(scaler_warning)
+    if config.checkpoint.save_interval and not config.checkpoint.save:
+        notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
+                     f"Megatron-LM, which saves only where --save names a folder")
     given = {dest: value for dest, value in meanings.items() if value is not None and value is not False}
     return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
                            preset_name, given, harvested=_harvested_given(namespace),

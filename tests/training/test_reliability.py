@@ -209,6 +209,17 @@ def test_a_load_of_a_missing_or_empty_folder_starts_from_random_weights_with_one
     assert [r["iteration"] for r in metrics_records(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
+def test_save_interval_without_save_trains_saves_nothing_and_says_so(cache, tmp_path):
+    """Issue 34, point 3: Megatron-LM (github:NVIDIA/Megatron-LM megatron/training/training.py, train():
+    `if args.save and args.save_interval and iteration % args.save_interval == 0: save_checkpoint_and_time`)
+    saves nothing without --save. Was: refused ("--save-interval needs --save DIR")."""
+    before = sorted(path.name for path in tmp_path.iterdir())
+    outcome = train(cache, tmp_path, "--save-interval", "1")
+    assert outcome.code == 0, outcome.err
+    assert [line for line in outcome.out.splitlines() if "--save-interval 1 without --save: nothing is saved" in line]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(before + ["metrics.jsonl"])
+
+
 def test_metrics_are_appended_and_a_resume_drops_only_what_it_redoes(cache, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"iteration": 1, "loss": 9.0, "note": "an earlier run"}\n')
