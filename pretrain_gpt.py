@@ -28,7 +28,7 @@ from data.gpt_dataset import build_train_valid_test_datasets
 from data.sampler import build_data_loader
 from data.tokenizer import GPTTokenizer, NullTokenizer, load_named_tokenizer, load_tokenizer
 from arguments.parser import parse_arguments
-from gpt.attention_backend import check_attention_backend
+from gpt.attention_backend import backend_for_device
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from checkpoint.format import LATEST_FILE, CheckpointError, resolve_checkpoint
 from checkpoint.sharded import ResumePoint, load_checkpoint, prune_checkpoints, save_checkpoint
@@ -41,6 +41,7 @@ from training.metrics import (MemoryCheck, MetricsWriter, count_records, drop_re
 from arguments.print_config import format_config
 from training.run_plan import resolve_plan
 from checkpoint.run_start import RunStart, claim_run_start
+from checkpoint.start_plan import plan_start
 from arguments.schedule import train_iterations
 from training.tensorboard_sink import open_tensorboard
 from training.loop import TrainingDiverged, TrainingSummary, train
@@ -117,8 +118,13 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     # Validate the batch arithmetic, the outputs and the checkpoint before any data or model work.
     batch = batch_schedule(config, state.data_parallel_size)
     check_vocabulary_flags(config)
-    check_attention_backend(config.model, config.training.precision, state.device)
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
+    typed = config.sources.get("attention_backend")  # the flag as typed names the fallback (`--use-flash-attn`)
+    flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == "flag" else ""
+    backend, fallback = backend_for_device(config.model, config.training.precision, state.device, flag)
+    if fallback:
+        log(fallback, flush=True)
+        config.model = dataclasses.replace(config.model, attention_backend=backend)
     if batch.notes:  # DeepSpeed JSON batch values the run does not use, now that the DP size is known
         log("> warning: " + "; ".join(batch.notes), flush=True)
     kill_switch = config.checkpoint.kill_switch_path
@@ -273,8 +279,14 @@ def last_good_checkpoint(save_dir: Optional[str], loaded: Optional[Path]) -> str
     return "no checkpoint was saved"
 
 
+def check_load(config: PretrainConfig) -> None:
+    """--load names a checkpoint, a missing or empty folder, or the --save folder (checkpoint/start_plan.py)."""
+    plan_start(config.checkpoint.load, config.checkpoint.save)
+
+
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
-    parsed = parse_arguments(argv)
+    # what --load names is checked with the flags, so every problem of a launch comes back in one list
+    parsed = parse_arguments(argv, late_checks=(check_load, check_vocabulary_flags))
     config = parsed.config
     if parsed.print_config:
         if reporting_process():

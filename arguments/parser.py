@@ -27,14 +27,14 @@ import dataclasses
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
 from arguments.config import ConfigError, PretrainConfig
-from arguments.config_sources import (DEFAULT, FLAG, JSON, MEGATRON_DEFAULTS, PRESET, Source, name_inherited_values, options_typed,
-                                show_value, values_set_by)
-from base.errors import OneLineArgumentParser
+from arguments.config_sources import (DEFAULT, FLAG, JSON, MEGATRON_DEFAULTS, PRESET, Source, name_inherited_values,
+                                options_typed, show_value, values_set_by)
+from base.errors import CheckpointError, OneLineArgumentParser
 from base.options import argparse_keywords, consts, group_of, option_fields, option_strings
 from base.input_files import irregularity, read_text_file
 from arguments.flag_equivalents import unknown_flags_message
@@ -218,13 +218,16 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
     return parse_arguments(argv).config
 
 
-def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
+def parse_arguments(argv: Optional[Sequence[str]] = None,
+                    late_checks: Sequence[Callable[[PretrainConfig], None]] = ()) -> ParsedArguments:
     """The layers -- YAML preset < DeepSpeed JSON < command line, except where the real Megatron-DeepSpeed
     + DeepSpeed pair lets the JSON win (arguments/deepspeed_precedence.py) -- parsed into one validated
     config, with the source of every value. Everything that needs the user's attention -- unknown
     flags, unsupported JSON keys and bad JSON values, refused Megatron flags and combinations, and an
     invalid result -- is collected from all the layers and raised as one ConfigError listing them all,
-    so one edit round fixes a script."""
+    so one edit round fixes a script. `late_checks` are the entry point's checks of what the settings
+    name on disk (a --load folder): each raises ConfigError or CheckpointError, and its problem joins the
+    same list (not run for --print-config, which reads no checkpoint)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     problems: list[str] = []
@@ -290,6 +293,12 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
         config.validate()
     except ConfigError as error:
         problems.append(str(name_inherited_values(error, parser, sources, settings.get)))
+    if not namespace["print_config"]:
+        for check in late_checks:
+            try:
+                check(config)
+            except (ConfigError, CheckpointError) as error:
+                problems.append(str(error))
     if problems:
         raise ConfigError(one_error(problems))
     notes = list(resolved.notes)
