@@ -28,6 +28,10 @@ MODEL_SETTINGS = ("num_layers", "hidden_size", "num_attention_heads")
 # Megatron-LM's global batch when none is given (arguments.py: `args.global_batch_size =
 # args.micro_batch_size * args.data_parallel_size`), said as one accumulation step per rank.
 GLOBAL_BATCH_SETTINGS = ("global_batch_size", "accumulation_steps", "rampup_batch_size")
+# Megatron's defaults a Megatron launch does not take, each with why: host-side choices that change no
+# number of the run. Megatron-LM's --num-workers 2 would fork two loader processes per rank, which a rank
+# started as a daemonic process (tests/distributed.py, some launchers) may not do.
+OURS_STAND = {"num_workers": "data-loader worker processes change no number of the run"}
 _OPERATORS = {ast.Pow: operator.pow, ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub,
               ast.Div: operator.truediv, ast.USub: operator.neg}
 
@@ -89,7 +93,7 @@ def megatron_default_argv(parser: argparse.ArgumentParser, settings: Iterable[st
     settings, given = set(settings), set(dests_given)
     argv: list[str] = []
     for action in parser._actions:
-        if action.dest not in settings:
+        if action.dest not in settings or action.dest in OURS_STAND:
             continue
         found, theirs = _megatron_value(action, harvested_flags)
         if not found:
@@ -127,7 +131,8 @@ def megatron_default_note(parser: argparse.ArgumentParser, settings: dict[str, A
         return None
     differences = []
     for action in parser._actions:
-        if action.dest not in settings or sources[action.dest].kind not in (DEFAULT, PRESET):
+        if action.dest not in settings or action.dest in OURS_STAND \
+                or sources[action.dest].kind not in (DEFAULT, PRESET):
             continue
         found, theirs = _megatron_value(action, harvested_flags)
         if found and _differs(settings[action.dest], theirs):

@@ -19,7 +19,7 @@ import pytest
 
 from arguments.batch_schedule import batch_schedule
 from arguments.harvested_flags import harvested
-from arguments.megatron_defaults import megatron_default
+from arguments.megatron_defaults import OURS_STAND, megatron_default
 from arguments.parser import build_parser, parse_arguments
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2"]
@@ -35,7 +35,7 @@ def _left_out_against_megatron(parsed) -> list[str]:
     flags, values, sources = harvested()["flags"], _flat(parsed.config), parsed.config.sources
     wrong = []
     for action in build_parser()._actions:
-        if action.dest not in values or not action.option_strings or isinstance(action, argparse._StoreConstAction) \
+        if action.dest not in values or action.dest in OURS_STAND or not action.option_strings or isinstance(action, argparse._StoreConstAction) \
                 or sources[action.dest].kind not in ("default", "preset"):
             continue
         found, theirs = megatron_default(action.option_strings[0], flags)
