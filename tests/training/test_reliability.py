@@ -395,8 +395,10 @@ def test_a_skipped_step_with_a_non_finite_loss_is_divergence():
 def test_fp16_divergence_stops_the_run_and_commits_nothing(cache, tmp_path):
     """Issue 27: with --fp16 --lr 1e9 --clip-grad 0 the loss was NaN from iteration 2, every step was
     logged as a skipped overflow, the run exited 0 and its diverged weights became `latest`."""
+    # 2**16: the scale this was written at (a flag launch now starts at Megatron's 2**32, whose first steps
+    # overflow and are skipped before the rate can diverge the weights)
     diverging = ["--fp16", "--lr", "1e9", "--clip-grad", "0", "--lr-warmup-iters", "0", "--train-iters", "6",
-                 "--save", tmp_path / "ck"]
+                 "--initial-loss-scale", "65536", "--save", tmp_path / "ck"]
     outcome = train(cache, tmp_path, *diverging, "--save-interval", "3")
     outcome.one_error_line("iteration 2: loss nan", "diverged")
     assert not (tmp_path / "ck" / "latest").exists() and not list((tmp_path / "ck").glob("iter_*"))
