@@ -29,7 +29,7 @@ from data.sampler import build_data_loader
 from data.tokenizer import GPTTokenizer, NullTokenizer, load_named_tokenizer, load_tokenizer
 from arguments.parser import parse_arguments
 from arguments.bounds import check_machine_bounds
-from gpt.attention_backend import check_attention_backend
+from gpt.attention_backend import backend_for_device
 from gpt.fp8 import check_fp8, torchao_installed
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from checkpoint.format import METADATA_FILE, iteration_dir_name
@@ -44,6 +44,8 @@ from training.metrics import (MemoryCheck, MetricsWriter, count_records, drop_re
 from arguments.print_config import format_config
 from training.run_plan import resolve_plan
 from checkpoint.run_start import RunStart, claim_run_start
+from checkpoint.start_plan import plan_start
+from checkpoint.unfinished_save import needs_finishing
 from arguments.schedule import train_iterations
 from training.tensorboard_sink import open_tensorboard
 from training.loop import TrainingDiverged, TrainingSummary, train
@@ -121,9 +123,14 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     batch = batch_schedule(config, state.data_parallel_size)
     train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     check_vocabulary_flags(config)
-    check_attention_backend(config.model, config.training.precision, state.device)
     check_fp8(config.model.fp8, state.device, torchao_installed())
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
+    typed = config.sources.get("attention_backend")  # the flag as typed names the fallback (`--use-flash-attn`)
+    flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == "flag" else ""
+    backend, fallback = backend_for_device(config.model, config.training.precision, state.device, flag)
+    if fallback:
+        log(fallback, flush=True)
+        config.model = dataclasses.replace(config.model, attention_backend=backend)
     if batch.notes:  # DeepSpeed JSON batch values the run does not use, now that the DP size is known
         log("> warning: " + "; ".join(batch.notes), flush=True)
     kill_switch = config.checkpoint.kill_switch_path
@@ -284,9 +291,17 @@ def resumable_checkpoint(history: Optional[DivergenceHistory], save_dir: Optiona
     return f"{why}; no checkpoint saved before that is kept, so start again (with a lower --lr)"
 
 
+def check_load(config: PretrainConfig) -> None:
+    """--load names a checkpoint, a missing or empty folder, or the --save folder (checkpoint/start_plan.py).
+    A killed first save is left for claim_run_start to finish (checkpoint/unfinished_save.py)."""
+    if not needs_finishing(config.checkpoint.load, config.checkpoint.save):
+        plan_start(config.checkpoint.load, config.checkpoint.save)
+
+
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
-    parsed = parse_arguments(argv)
+    # what --load names is checked with the flags, so every problem of a launch comes back in one list
+    parsed = parse_arguments(argv, late_checks=(check_load, check_vocabulary_flags))
     config = parsed.config
     if parsed.print_config:
         if reporting_process():

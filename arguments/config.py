@@ -403,7 +403,9 @@ class CheckpointConfig:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {value}")
         if self.exit_duration_in_mins is not None and not self.exit_duration_in_mins > 0:
             raise ConfigError(f"--exit-duration-in-mins must be positive, got {self.exit_duration_in_mins}")
-        for name in ("save_interval", "keep_last", "exit_signal_handler"):
+        # --save-interval alone is not here: Megatron-LM saves only `if args.save and args.save_interval`,
+        # so without --save it saves nothing (said at start, arguments/parser.py)
+        for name in ("keep_last", "exit_signal_handler"):
             if getattr(self, name) and not self.save:
                 raise ConfigError(f"{_flag(name)} needs --save DIR (where the checkpoints go)")
         if self.finetune and not self.load:

@@ -21,6 +21,9 @@ from typing import Any, Iterable
 from base.errors import ConfigError
 
 DEFAULT, PRESET, JSON, FLAG = "default", "preset", "json", "flag"
+# The layer under a Megatron launch that names no preset (arguments/megatron_defaults.py): a PRESET-kind
+# source, since it sits where a preset would, named as what it is.
+MEGATRON_DEFAULTS = "Megatron-LM's default (arguments/megatron_flags_harvested.json)"
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Source:
         if self.kind == DEFAULT:
             return "default"
         if self.kind == PRESET:
-            return f"preset {self.origin}"
+            return self.origin if self.origin == MEGATRON_DEFAULTS else f"preset {self.origin}"
         text = self.origin if self.kind == JSON else f"{self.origin} (command line)"
         if self.note:
             text += f": {self.note}"

@@ -357,7 +357,13 @@ TOP_LEVEL_KEYS: dict[str, Classifier] = {
     "autotuning": when_disabled("DeepSpeed's autotuner is not implemented: python -m zero.plan max-size plans "
                                 "model sizes here"),
     # features that change what is trained
-    "data_efficiency": when_disabled("curriculum learning and random-LTD change which tokens train; not implemented"),
+    "data_efficiency": only_if(
+        lambda value: isinstance(value, dict) and not any(
+            isinstance(value.get(part), dict) and value[part].get("enabled", False) is True
+            for part in ("data_sampling", "data_routing")),
+        "its data_sampling and data_routing are disabled, the only switches DeepSpeed reads",
+        "data_sampling (curriculum learning) or data_routing (random-LTD) enabled changes which tokens train; "
+        "not implemented"),
     "curriculum_learning": when_disabled("curriculum learning changes which samples train; not implemented"),
     "compression_training": unsupported("quantization and pruning during training are not implemented"),
     "sparse_attention": unsupported("block-sparse attention is not implemented: attention here is dense and causal"),

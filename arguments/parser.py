@@ -27,23 +27,24 @@ import dataclasses
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
 from arguments.config import ConfigError, PretrainConfig
-from arguments.config_sources import (DEFAULT, FLAG, JSON, PRESET, Source, name_inherited_values, options_typed,
-                                show_value, values_set_by)
-from base.errors import OneLineArgumentParser
+from arguments.config_sources import (DEFAULT, FLAG, JSON, MEGATRON_DEFAULTS, PRESET, Source, name_inherited_values,
+                                options_typed, show_value, values_set_by)
+from base.errors import CheckpointError, OneLineArgumentParser
 from base.options import argparse_keywords, consts, group_of, option_fields, option_strings
 from base.input_files import irregularity, read_text_file
 from arguments.flag_equivalents import unknown_flags_message
 from arguments.batch_schedule import deepspeed_batch_fits_no_size, json_batch_settings_not_used
 from arguments.harvested_flags import add_harvested, classified_options, harvested
-from arguments.megatron_defaults import megatron_default_note
+from arguments.megatron_defaults import is_megatron_launch, megatron_default_argv, megatron_default_note
 from arguments.megatron_flags import (MEANING_DESTS, Resolved, add_meanings, add_spellings, aliases_of, describe_alias,
                                 resolve_meanings)
 from arguments.deepspeed_json import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
+from arguments.deepspeed_loss_scale import apply_json_loss_scaling
 from arguments.deepspeed_precedence import INDEPENDENT, JSON_WINS, MUST_AGREE, precedence_of
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
@@ -234,13 +235,16 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> PretrainConfig:
     return parse_arguments(argv).config
 
 
-def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
+def parse_arguments(argv: Optional[Sequence[str]] = None,
+                    late_checks: Sequence[Callable[[PretrainConfig], None]] = ()) -> ParsedArguments:
     """The layers -- YAML preset < DeepSpeed JSON < command line, except where the real Megatron-DeepSpeed
     + DeepSpeed pair lets the JSON win (arguments/deepspeed_precedence.py) -- parsed into one validated
     config, with the source of every value. Everything that needs the user's attention -- unknown
     flags, unsupported JSON keys and bad JSON values, refused Megatron flags and combinations, and an
     invalid result -- is collected from all the layers and raised as one ConfigError listing them all,
-    so one edit round fixes a script."""
+    so one edit round fixes a script. `late_checks` are the entry point's checks of what the settings
+    name on disk (a --load folder): each raises ConfigError or CheckpointError, and its problem joins the
+    same list (not run for --print-config, which reads no checkpoint)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     problems: list[str] = []
@@ -248,15 +252,6 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
     if unknown:
         problems.append(unknown_flags_message(unknown, parser))
         argv = _without(argv, unknown)
-    preset_path = resolve_preset(known.config)
-    preset = read_preset(preset_path)
-    if not isinstance(preset, dict):
-        raise ConfigError(f"{preset_path}: a preset must be a mapping of flag names to values")
-    preset_argv = preset_to_flags(preset, parser, preset_path)
-    try:
-        parser.parse_args(preset_argv)
-    except ConfigError as error:
-        raise ConfigError(f"{preset_path}: {error}") from None
     translation = None
     if known.zero_config:
         translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
@@ -271,9 +266,26 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
             problems.append(f"{translation.source}: {error}")
             translation.settings = []  # a JSON that cannot be read as settings adds none
     json_argv = translation.argv if translation is not None else []
+    preset_path = resolve_preset(known.config)
+    dests_given = set(values_set_by(parser, argv)) | set(values_set_by(parser, json_argv))
+    if is_megatron_launch("config" in options_typed(parser, argv), dests_given):
+        # Megatron's defaults sit where a preset would (arguments/megatron_defaults.py)
+        preset_argv = megatron_default_argv(parser, _settings(vars(parser.parse_args([]))), harvested()["flags"],
+                                            dests_given)
+        preset_name = MEGATRON_DEFAULTS
+    else:
+        preset = read_preset(preset_path)
+        if not isinstance(preset, dict):
+            raise ConfigError(f"{preset_path}: a preset must be a mapping of flag names to values")
+        preset_argv = preset_to_flags(preset, parser, preset_path)
+        preset_name = preset_label(preset_path)
+    try:
+        parser.parse_args(preset_argv)
+    except ConfigError as error:
+        raise ConfigError(f"{preset_name}: {error}") from None
 
     namespace = vars(parser.parse_args(preset_argv + json_argv + argv))
-    layers = layer_sources(parser, preset_path, preset_argv, translation, argv)
+    layers = layer_sources(parser, preset_name, preset_argv, translation, argv)
     namespace.update(layers.values)
     problems += layers.problems
     sources = layers.sources
@@ -287,6 +299,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
         resolved = Resolved()
     for name, (value, source) in resolved.changes.items():
         settings[name], sources[name] = value, source
+    scaler_warning = apply_json_loss_scaling(translation, settings, sources, typed)
     problems += check_given_together(sources)
     use_sample_based_lengths(settings, sources)
     config = PretrainConfig.from_flat(settings, sources)
@@ -299,6 +312,12 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
         config.validate()
     except ConfigError as error:
         problems.append(str(name_inherited_values(error, parser, sources, settings.get)))
+    if not namespace["print_config"]:
+        for check in late_checks:
+            try:
+                check(config)
+            except (ConfigError, CheckpointError) as error:
+                problems.append(str(error))
     if problems:
         raise ConfigError(one_error(problems))
     notes = list(resolved.notes)
@@ -308,9 +327,14 @@ def parse_arguments(argv: Optional[Sequence[str]] = None) -> ParsedArguments:
     if translation is not None and translation.info_line():
         notes.append(translation.info_line())
     notes += layers.said_once(translation.source if translation is not None else "")
+    if scaler_warning:
+        notes.append(scaler_warning)
+    if config.checkpoint.save_interval and not config.checkpoint.save:
+        notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
+                     f"Megatron-LM, which saves only where --save names a folder")
     given = {dest: value for dest, value in meanings.items() if value is not None and value is not False}
     return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
-                           preset_label(preset_path), given, harvested=_harvested_given(namespace),
+                           preset_name, given, harvested=_harvested_given(namespace),
                            json_outcomes=layers.outcomes)
 
 
@@ -369,7 +393,7 @@ SCHEDULE_SETTINGS = ("lr", "min_lr", "lr_warmup_iters", "lr_warmup_fraction", "l
 BATCH_SETTINGS = ("micro_batch_size", "global_batch_size", "accumulation_steps")
 
 
-def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_argv: list[str],
+def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv: list[str],
                   translation: Optional[DeepSpeedTranslation], argv: list[str]) -> Layers:
     """The source of every setting (the last layer that set it), and, where the JSON and the command
     line both set one, the side the real pair uses: the command line's value stands where the flag
@@ -380,7 +404,7 @@ def layer_sources(parser: argparse.ArgumentParser, preset_path: Path, preset_arg
     base_values = _settings(vars(parser.parse_args(preset_argv)))
     sources = {dest: Source(DEFAULT) for dest in _settings(vars(parser.parse_args([])))}
     for dest in values_set_by(parser, preset_argv):
-        sources[dest] = Source(PRESET, preset_label(preset_path))
+        sources[dest] = Source(PRESET, preset_name)
     base_sources = dict(sources)
     layers = Layers(sources)
     json_values: dict[str, tuple[Any, str, str]] = {}  # dest -> (value, key, the flags the key became)

@@ -7,9 +7,11 @@ The rules (docs/checkpoints.md, "What is guaranteed"):
   metadata.json. A file, an `iter_*` directory without metadata, or a directory of checkpoints
   without `latest` is an error (except `--load` equal to `--save`, where checkpoint/unfinished_save.py
   first finishes the save that was killed before writing `latest`).
-- A `--load` directory that does not exist or holds no checkpoint is a fresh start only when it is
-  also the `--save` directory (Megatron-LM's scripts pass `--save $CK --load $CK` from the first run);
-  any other such `--load` is a typo, and an error.
+- A `--load` directory that does not exist or is empty is a fresh start, said in one line: Megatron-LM's
+  scripts pass `--save $CK --load $CK` from the first run, and its functional tests a `--load` of an
+  empty folder other than `--save`; Megatron warns and starts from random weights (load_checkpoint,
+  "could not find the metadata file ... will not load any checkpoints and will start from random").
+  A directory that holds something but no checkpoint stays an error: nothing is silently thrown away.
 - A run writes into a save directory that already holds checkpoints only when it resumed from one
   of them, or with `--overwrite-save`. `--finetune` starts at iteration 0, so it does not count as
   resuming.
@@ -58,11 +60,12 @@ def plan_start(load: Optional[str], save: Optional[str]) -> StartPlan:
     if also_save:
         return StartPlan(None, f"> no checkpoint in {load} yet: starting a fresh run (--load is the --save "
                                f"directory)")
-    if not path.exists():
-        raise ConfigError(f"--load {load}: no such directory; check the path (a fresh run passes no --load, "
-                          f"or --load equal to --save)")
+    if not path.exists() or not any(path.iterdir()):
+        what = "no such directory" if not path.exists() else "an empty directory"
+        return StartPlan(None, f"warning: --load {load}: {what}, no checkpoint to load; starting from random "
+                               f"weights, as Megatron-LM does")
     raise ConfigError(f"--load {load} holds no checkpoint; check the path (a fresh run passes no --load, "
-                      f"or --load equal to --save)")
+                      f"--load equal to --save, or an empty directory)")
 
 
 def check_save_directory(save: str, resume_from: Optional[Path], finetune: bool, overwrite_save: bool) -> None:

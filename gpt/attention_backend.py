@@ -9,19 +9,22 @@ Megatron picks among Transformer Engine's kernels; here every kernel is one of
     unfused, local the math kernel (scores materialized), the reference
     auto           PyTorch's choice (the default)
 
-All compute the same attention; they differ in speed, memory and rounding. A choice the device cannot
-run is refused before any work rather than failing in the first forward.
+All compute the same attention; they differ in speed, memory and rounding. A choice is a kernel only,
+never the math, so one the device cannot run for this model and precision falls back, before any work, to
+PyTorch's choice among the kernels it can run (`auto`: math or SDPA on a CPU), said in one info line naming
+the flag the user typed (`--use-flash-attn`), rather than failing in the first forward or refusing a launch
+the real pair runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt.model_config import ModelConfig
-from base.errors import ConfigError
 
 KERNELS = {
     "auto": None,
@@ -38,16 +41,21 @@ def attention_kernels(backend: str):
     return contextlib.nullcontext() if kernels is None else sdpa_kernel(kernels)
 
 
-def check_attention_backend(config: ModelConfig, precision: str, device: torch.device) -> None:
-    """Refuse, before any work, a kernel the device cannot run for this model and precision."""
+def backend_for_device(config: ModelConfig, precision: str, device: torch.device,
+                       flag: str = "") -> tuple[str, Optional[str]]:
+    """The backend to run on `device`: the one asked for, or `auto` with the info line saying why, naming
+    `flag` (the option as typed; `--attention-backend X` when empty)."""
+    asked = flag if flag not in ("", "--attention-backend") else f"--attention-backend {config.attention_backend}"
+    why = None
     if device.type == "cuda":
         if config.attention_backend == "flash" and precision == "fp32":
-            raise ConfigError("--attention-backend flash on CUDA takes 16-bit inputs: add --bf16 or --fp16, or use "
-                              "fused or auto")
-        return
-    if config.attention_backend == "fused":
-        raise ConfigError("--attention-backend fused needs CUDA (cuDNN or the memory-efficient kernel); on a CPU use "
-                          "flash, unfused (local) or auto")
-    if config.attention_backend == "flash" and config.attention_dropout > 0:
-        raise ConfigError(f"--attention-backend flash on a CPU has no dropout: set --attention-dropout 0 (it is "
-                          f"{config.attention_dropout}) or use auto")
+            why = "the flash kernel on CUDA takes 16-bit inputs (add --bf16 or --fp16 to use it)"
+    elif config.attention_backend == "fused":
+        why = "the fused kernels need CUDA"
+    elif config.attention_backend == "flash" and config.attention_dropout > 0:
+        why = (f"the flash kernel on a CPU has no dropout and --attention-dropout is {config.attention_dropout} "
+               f"(set it to 0 to use it)")
+    if why is None:
+        return config.attention_backend, None
+    return "auto", (f"> {asked}: {why}; attention runs PyTorch's own choice of kernel here (auto), the same "
+                    f"math")

@@ -131,27 +131,3 @@ def test_the_docs_table_names_every_megatron_and_deepspeed_flag():
     section = doc_section("docs/coming-from-megatron-deepspeed.md", "Coming from Megatron-LM / DeepSpeed")
     flags = list(ALIASES) + [option for meaning in MEANINGS for option in meaning.options[:1]]
     assert [flag for flag in flags if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section)] == []
-
-
-def test_a_megatron_style_launch_is_told_every_value_that_differs_from_megatrons_defaults():
-    """Issue 22, point 5: a script that sets the model from flags got the tiny preset's and our defaults
-    silently (min-lr 1e-4 where Megatron's is 0: a cosine that never reaches zero). Each such value is
-    now named in one line at the start, beside Megatron-LM's default read from its arguments file."""
-    from arguments.parser import parse_arguments
-    from arguments.harvested_flags import harvested
-    from arguments.megatron_defaults import megatron_default
-
-    flags = harvested()["flags"]
-    expected = {"--min-lr": 0.0, "--lr-warmup-iters": 0, "--lr-decay-style": "linear", "--weight-decay": 0.01,
-                "--adam-beta2": 0.999, "--log-interval": 100, "--eval-iters": 100}
-    assert {option: megatron_default(option, flags)[1] for option in expected} == expected  # Megatron's file
-    parsed = parse_arguments(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2",
-                              "--lr-decay-style", "linear"])
-    [line] = [note for note in parsed.notes if "leaves these out" in note]
-    assert "--min-lr 0.0001 (preset tiny (configs/models/tiny.yaml); Megatron-LM: 0.0)" in line
-    assert "--adam-beta2 0.95 (ours; Megatron-LM: 0.999)" in line and "--activation gelu_tanh (ours;" in line
-    assert "--lr-decay-style" not in line  # given, so not left out
-    assert "--adam-eps" not in line and "--seed" not in line  # the same as Megatron's
-    # Not a Megatron-style launch: a named preset, or no model flags at all.
-    assert not [n for n in parse_arguments(["--config", "tiny", "--num-layers", "2"]).notes if "leaves these" in n]
-    assert not [n for n in parse_arguments([]).notes if "leaves these" in n]

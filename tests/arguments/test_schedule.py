@@ -18,7 +18,8 @@ from tests.reliability_helpers import straight_and_resumed
 SEQ = 16
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", str(SEQ),
         "--max-position-embeddings", str(SEQ), "--tokenizer-vocab-size", "300", "--device", "cpu",
-        "--log-interval", "1", "--eval-iters", "0", "--seed", "3", "--lr", "1e-3", "--min-lr", "1e-4"]
+        "--log-interval", "1", "--eval-iters", "0", "--seed", "3", "--lr", "1e-3", "--min-lr", "1e-4",
+        "--lr-decay-style", "cosine"]  # the decay these tests work by hand (Megatron's default is linear)
 BATCH = ["--micro-batch-size", "2", "--global-batch-size", "4"]
 RAMP = ["--micro-batch-size", "2", "--global-batch-size", "8", "--rampup-batch-size", "2", "2", "12"]
 

@@ -39,14 +39,7 @@ from tests.replay_corpus.shrink import (CHANGED_FLAGS, CHANGED_JSON_KEYS, ITERAT
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-KNOWN_FAILING_TODAY: dict[str, str] = {
-    # Its --load (${CHECKPOINT_LOAD_PATH}) is not its --save and holds nothing on a first run; Megatron-LM
-    # starts from random weights (megatron/training/checkpointing.py, _load_base_checkpoint: "WARNING: could
-    # not find the metadata file ... will not load any checkpoints and will start from random").
-    "megatron-lm-functional-mcore-te-tp1-pp1-uniform-full-recompute":
-        "issue 34 point 3: --load of a missing folder other than --save is refused (Megatron starts from random "
-        "weights with a warning)",
-}
+KNOWN_FAILING_TODAY: dict[str, str] = {}
 
 
 def _params(launches):

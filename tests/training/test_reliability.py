@@ -179,16 +179,45 @@ def test_an_output_under_a_regular_file_is_refused_before_any_work(cache, tmp_pa
 
 # ---- 4. a wrong --load, and metrics that are appended to --------------------------------------------
 
-@pytest.mark.parametrize("what", ["typo", "file", "iteration_without_metadata", "empty_other_directory"])
+@pytest.mark.parametrize("what", ["file", "iteration_without_metadata", "non_empty_directory_without_checkpoint"])
 def test_a_load_that_names_no_checkpoint_is_an_error(ck, cache, tmp_path, monkeypatch, what):
-    """Before: each of these started a fresh run with exit 0."""
-    target = {"typo": tmp_path / "ckk", "file": ck / "iter_0000002" / METADATA_FILE,
-              "iteration_without_metadata": tmp_path / "iter_0000009",
-              "empty_other_directory": tmp_path / "empty"}[what]
-    if what in ("iteration_without_metadata", "empty_other_directory"):
+    """Before: each of these started a fresh run with exit 0. A folder that holds something but no
+    checkpoint stays an error (issue 34: nothing is silently thrown away)."""
+    target = {"file": ck / "iter_0000002" / METADATA_FILE, "iteration_without_metadata": tmp_path / "iter_0000009",
+              "non_empty_directory_without_checkpoint": tmp_path / "weights"}[what]
+    if what != "file":
         target.mkdir()
+    if what == "non_empty_directory_without_checkpoint":
+        (target / "model.pt").write_text("someone's weights")
     no_work(monkeypatch)
     train(cache, tmp_path, "--load", target, "--save", tmp_path / "out").one_error_line(str(target))
+
+
+@pytest.mark.parametrize("what", ["missing", "empty"])
+def test_a_load_of_a_missing_or_empty_folder_starts_from_random_weights_with_one_warning(cache, tmp_path, what):
+    """Issue 34, point 3: every Megatron-LM functional-test config passes `--load` of an empty folder other
+    than `--save`; Megatron-LM (github:NVIDIA/Megatron-LM megatron/training/checkpointing.py, load_checkpoint
+    via _load_base_checkpoint: "WARNING: could not find the metadata file {tracker_filename} ... will not
+    load any checkpoints and will start from random") returns iteration 0 and trains. Was: refused."""
+    target = tmp_path / "checkpoints"
+    if what == "empty":
+        target.mkdir()
+    outcome = train(cache, tmp_path, "--load", target, "--save", tmp_path / "out")
+    assert outcome.code == 0, outcome.err
+    assert [line for line in outcome.out.splitlines() + outcome.err.splitlines()
+            if line.startswith("warning: --load") and str(target) in line and "random weights" in line]
+    assert [r["iteration"] for r in metrics_records(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_save_interval_without_save_trains_saves_nothing_and_says_so(cache, tmp_path):
+    """Issue 34, point 3: Megatron-LM (github:NVIDIA/Megatron-LM megatron/training/training.py, train():
+    `if args.save and args.save_interval and iteration % args.save_interval == 0: save_checkpoint_and_time`)
+    saves nothing without --save. Was: refused ("--save-interval needs --save DIR")."""
+    before = sorted(path.name for path in tmp_path.iterdir())
+    outcome = train(cache, tmp_path, "--save-interval", "1")
+    assert outcome.code == 0, outcome.err
+    assert [line for line in outcome.out.splitlines() if "--save-interval 1 without --save: nothing is saved" in line]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(before + ["metrics.jsonl"])
 
 
 def test_metrics_are_appended_and_a_resume_drops_only_what_it_redoes(cache, tmp_path):
@@ -368,8 +397,10 @@ def test_a_skipped_step_with_a_non_finite_loss_is_divergence():
 def test_fp16_divergence_stops_the_run_and_commits_nothing(cache, tmp_path):
     """Issue 27: with --fp16 --lr 1e9 --clip-grad 0 the loss was NaN from iteration 2, every step was
     logged as a skipped overflow, the run exited 0 and its diverged weights became `latest`."""
+    # 2**16: the scale this was written at (a flag launch now starts at Megatron's 2**32, whose first steps
+    # overflow and are skipped before the rate can diverge the weights)
     diverging = ["--fp16", "--lr", "1e9", "--clip-grad", "0", "--lr-warmup-iters", "0", "--train-iters", "6",
-                 "--save", tmp_path / "ck"]
+                 "--initial-loss-scale", "65536", "--save", tmp_path / "ck"]
     outcome = train(cache, tmp_path, *diverging, "--save-interval", "3")
     outcome.one_error_line("iteration 2: loss nan", "diverged")
     assert not (tmp_path / "ck" / "latest").exists() and not list((tmp_path / "ck").glob("iter_*"))

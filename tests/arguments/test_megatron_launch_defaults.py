@@ -1,0 +1,97 @@
+"""Issue 34, point 1: a Megatron launch (model set by flags, no --config) gets Megatron-LM's defaults for
+every setting it leaves out, read from the harvested argument files, expression defaults included; the
+global batch is micro batch x data-parallel size when none is given.
+
+Megatron-LM (github:NVIDIA/Megatron-LM, megatron/training/arguments.py, validate_args):
+    if args.global_batch_size is None:
+        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
+and `group.add_argument('--initial-loss-scale', type=float, default=2**32, ...)` (_add_mixed_precision_args),
+which the harvest keeps as {"expr": "2 ** 32"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from arguments.batch_schedule import batch_schedule
+from arguments.harvested_flags import harvested
+from arguments.megatron_defaults import OURS_STAND, megatron_default
+from arguments.parser import build_parser, parse_arguments
+
+MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2"]
+
+
+def _flat(config) -> dict:
+    return {f.name: getattr(getattr(config, section), f.name)
+            for section in config.SECTIONS for f in fields(getattr(config, section))}
+
+
+def _left_out_against_megatron(parsed) -> list[str]:
+    """Each setting the launch left out whose value is not the harvested Megatron-LM default."""
+    flags, values, sources = harvested()["flags"], _flat(parsed.config), parsed.config.sources
+    wrong = []
+    for action in build_parser()._actions:
+        if action.dest not in values or action.dest in OURS_STAND or not action.option_strings or isinstance(action, argparse._StoreConstAction) \
+                or sources[action.dest].kind not in ("default", "preset"):
+            continue
+        found, theirs = megatron_default(action.option_strings[0], flags)
+        if not found or theirs is None or theirs == "":
+            continue
+        ours = values[action.dest]
+        same = (str(ours).replace(" ", "") == str(theirs).replace(" ", "")) if isinstance(theirs, str) \
+            else ours == theirs
+        if not same:
+            wrong.append(f"{action.option_strings[0]} {ours!r} (Megatron-LM: {theirs!r})")
+    return wrong
+
+
+def test_every_setting_a_megatron_launch_leaves_out_is_megatrons_harvested_default():
+    assert megatron_default("--initial-loss-scale", harvested()["flags"]) == (True, 2 ** 32)  # an expression
+    parsed = parse_arguments(MODEL)
+    assert _left_out_against_megatron(parsed) == []
+    config = parsed.config
+    # the values the tiny preset used to put under such a launch (issue 34, "Why" point 3)
+    assert (config.model.activation, config.optimizer.adam_beta2, config.optimizer.min_lr,
+            config.optimizer.lr_warmup_iters, config.training.initial_loss_scale) == ("gelu", 0.999, 0.0, 0, 2.0 ** 32)
+    assert not [note for note in parsed.notes if "leaves these out" in note]
+    # a named preset, or the bare main job, still trains the preset
+    assert parse_arguments([]).config.optimizer.min_lr == 1e-4
+    assert parse_arguments(["--config", "tiny", *MODEL]).config.optimizer.adam_beta2 == 0.95
+
+
+def test_a_launch_giving_only_the_micro_batch_trains_micro_batch_times_data_parallel():
+    """DeepSpeedExamples' Megatron-LM-v1.1.5-ZeRO3 run_gpt_1gpu.sh passes only --batch-size: on 2 ranks
+    Megatron runs a global batch of 2 x 2 = 4 (was 32, from the tiny preset)."""
+    config = parse_arguments([*MODEL, "--batch-size", "2"]).config
+    assert batch_schedule(config, 2, deepspeed_check=False).global_batch_size == 4
+
+
+def test_a_warmup_fraction_launch_is_not_told_of_a_warmup_in_iterations():
+    parsed = parse_arguments([*MODEL, "--lr-warmup-fraction", "0.1"])
+    assert parsed.config.optimizer.lr_warmup_iters == 0
+    assert not [note for note in parsed.notes if "--lr-warmup-iters" in note]
+
+
+def _corpus_launches():
+    from tests.replay_corpus import CORPUS
+    return [launch for launch in CORPUS if launch.refusal is None]
+
+
+@pytest.mark.parametrize("launch", _corpus_launches(), ids=lambda launch: launch.name)
+def test_every_setting_a_corpus_launch_leaves_out_takes_megatrons_default(launch, tmp_path):
+    """Issue 34, point 6 (last sentence), and the acceptance's "the differs-from-Megatron line is empty
+    for every corpus launch"."""
+    from tests.replay_corpus.shrink import LocalFiles, shrink
+
+    shrunk = shrink(launch, LocalFiles(str(tmp_path / "data" / "corpus_text_document"), str(tmp_path / "tokenizer"),
+                                       512, str(tmp_path / "out")))
+    for path, text in shrunk.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
+    parsed = parse_arguments(shrunk.argv)
+    assert _left_out_against_megatron(parsed) == []
+    assert not [note for note in parsed.notes if "leaves these out" in note]

@@ -1,0 +1,40 @@
+"""Issue 34, point 4: every problem a launch has comes back at the first run, in one message.
+
+Each refused launch of the replay corpus is fed with more problems of every layer at once: its own
+refusal (a flag or JSON key), an unknown flag, a --load folder that holds something but no checkpoint
+(checked with the flags now, pretrain_gpt.check_load; was: only once the flags passed) and a --vocab-size
+beside a tokenizer. All of them must arrive in the one error line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pretrain_gpt
+from arguments.config import ConfigError
+from arguments.parser import parse_arguments
+from tests.replay_corpus import CORPUS
+from tests.replay_corpus.shrink import LocalFiles, shrink
+
+REFUSED = [launch for launch in CORPUS if launch.refusal is not None]
+
+
+@pytest.mark.parametrize("launch", REFUSED, ids=lambda launch: launch.name)
+def test_a_refused_launch_gets_all_its_problems_in_one_message(launch, tmp_path):
+    shrunk = shrink(launch, LocalFiles(str(tmp_path / "data" / "corpus_text_document"), str(tmp_path / "tokenizer"),
+                                       512, str(tmp_path / "out")))
+    for path, text in shrunk.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
+    junk = tmp_path / "someones_weights"
+    junk.mkdir()
+    (junk / "model.pt").write_text("not a checkpoint of this program")
+    argv = shrunk.argv + ["--no-such-flag-34", "--load", str(junk), "--vocab-size", "500"]
+    with pytest.raises(ConfigError) as raised:
+        parse_arguments(argv, late_checks=(pretrain_gpt.check_load, pretrain_gpt.check_vocabulary_flags))
+    message = str(raised.value)
+    assert "\n" not in message
+    for problem in (launch.refusal, "--no-such-flag-34", f"--load {junk} holds no checkpoint", "--vocab-size 500"):
+        assert problem in message, (problem, message)
