@@ -123,7 +123,6 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     batch = batch_schedule(config, state.data_parallel_size)
     train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     check_vocabulary_flags(config)
-    check_fp8(config.model.fp8, state.device, torchao_installed())
     log = print if state.is_first_rank else (lambda *args, **kwargs: None)
     typed = config.sources.get("attention_backend")  # the flag as typed names the fallback (`--use-flash-attn`)
     flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == "flag" else ""
@@ -291,6 +290,18 @@ def resumable_checkpoint(history: Optional[DivergenceHistory], save_dir: Optiona
     return f"{why}; no checkpoint saved before that is kept, so start again (with a lower --lr)"
 
 
+def check_fp8_flag(config: PretrainConfig) -> None:
+    """--fp8-format where it cannot run (gpt/fp8.py), checked with the flags so it joins the one round."""
+    if config.model.fp8 is None:
+        return
+    from parallel.state import resolve_device  # here, not at the top: --help stays free of the process-group code
+    try:
+        device = resolve_device(config.training.device)
+    except ValueError as error:  # --device cuda without CUDA: said as the flag's own problem
+        raise ConfigError(str(error)) from None
+    check_fp8(config.model.fp8, device, torchao_installed())
+
+
 def check_load(config: PretrainConfig) -> None:
     """--load names a checkpoint, a missing or empty folder, or the --save folder (checkpoint/start_plan.py).
     A killed first save is left for claim_run_start to finish (checkpoint/unfinished_save.py)."""
@@ -298,10 +309,15 @@ def check_load(config: PretrainConfig) -> None:
         plan_start(config.checkpoint.load, config.checkpoint.save)
 
 
+# Checks that need more than the flags (the disk, the tokenizer, the device), run with the flag checks so
+# every problem of a launch comes back in one list.
+LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag)
+
+
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     # what --load names is checked with the flags, so every problem of a launch comes back in one list
-    parsed = parse_arguments(argv, late_checks=(check_load, check_vocabulary_flags))
+    parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
     config = parsed.config
     if parsed.print_config:
         if reporting_process():

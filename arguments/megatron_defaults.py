@@ -27,7 +27,7 @@ DEFAULT_SOURCES = ("megatron-lm", "megatron-lm-core_v0.15.0", "megatron-lm-23.04
 MODEL_SETTINGS = ("num_layers", "hidden_size", "num_attention_heads")
 # Megatron-LM's global batch when none is given (arguments.py: `args.global_batch_size =
 # args.micro_batch_size * args.data_parallel_size`), said as one accumulation step per rank.
-GLOBAL_BATCH_SETTINGS = ("global_batch_size", "accumulation_steps", "rampup_batch_size")
+GLOBAL_BATCH_SETTINGS = ("global_batch_size", "accumulation_steps", "rampup_batch_size", "step_batch_size_schedule")
 # Megatron's defaults a Megatron launch does not take, each with why: host-side choices that change no
 # number of the run. Megatron-LM's --num-workers 2 would fork two loader processes per rank, which a rank
 # started as a daemonic process (tests/distributed.py, some launchers) may not do.

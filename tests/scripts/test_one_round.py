@@ -33,7 +33,7 @@ def test_a_refused_launch_gets_all_its_problems_in_one_message(launch, tmp_path)
     (junk / "model.pt").write_text("not a checkpoint of this program")
     argv = shrunk.argv + ["--no-such-flag-34", "--load", str(junk), "--vocab-size", "500"]
     with pytest.raises(ConfigError) as raised:
-        parse_arguments(argv, late_checks=(pretrain_gpt.check_load, pretrain_gpt.check_vocabulary_flags))
+        parse_arguments(argv, late_checks=pretrain_gpt.LATE_CHECKS)
     message = str(raised.value)
     assert "\n" not in message
     for problem in (launch.refusal, "--no-such-flag-34", f"--load {junk} holds no checkpoint", "--vocab-size 500"):
