@@ -30,6 +30,8 @@ from checkpoint.format import LATEST_FILE, METADATA_FILE, resolve_checkpoint
 from base.errors import CheckpointError, ConfigError
 from checkpoint.save_directory import holds_checkpoints
 from data.identity import data_identity, same_data
+from data import DataError
+from data.gpt_dataset import parse_split
 
 # The settings that decide which tokens sample i holds: (config section, field, flag).
 SAMPLE_DEFINING_SETTINGS = (("data", "data_path", "--data-path"), ("data", "split", "--split"),
@@ -84,6 +86,17 @@ def check_save_directory(save: str, resume_from: Optional[Path], finetune: bool,
                       f"Resume with --load {save}, choose another --save directory, or pass --overwrite-save")
 
 
+def _same_setting(name: str, saved, ours) -> bool:
+    """Equal as the data pipeline reads them: a --split is its fractions ("969, 30, 1", Megatron's default
+    spelling, is "969,30,1")."""
+    if name == "split" and isinstance(saved, str) and isinstance(ours, str):
+        try:
+            return parse_split(saved) == parse_split(ours)
+        except DataError:
+            pass
+    return saved == ours
+
+
 def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: bool) -> Optional[str]:
     """None when the run's sample-defining settings equal the checkpoint's; a note when they differ
     and `override` allows it; else a ConfigError listing each difference."""
@@ -100,7 +113,7 @@ def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: 
         saved, ours = saved_config[section][name], getattr(getattr(config, section), name)
         if isinstance(ours, (list, tuple)):
             ours = list(ours)
-        if saved != ours:
+        if not _same_setting(name, saved, ours):
             differences.append(f"{flag} {_show(ours)} (the checkpoint's: {_show(saved)})")
     if not differences:
         return None
