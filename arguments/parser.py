@@ -45,6 +45,7 @@ from arguments.config_sources import (
     show_value,
     values_set_by,
 )
+from arguments.deepspeed.client_objects import set_aside_client_blocks
 from arguments.deepspeed.clipping import apply_json_clipping
 from arguments.deepspeed.keys import precedence_of
 from arguments.deepspeed.loss_scale import apply_json_loss_scaling
@@ -287,9 +288,16 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         problems.append(unknown_flags_message(unknown, parser))
         argv = _without(argv, unknown)
     translation = None
+    generation = launch_generation(argv, harvested()["flags"], harvested()["sources"])
+    not_read = set_aside_client_blocks(None, False, generation)
     if known.zero_config:
         translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
         problems += translation.problems
+        # the blocks the real pair does not read under a Megatron launch set nothing, and are set aside
+        # before the JSON's settings are checked (arguments/deepspeed/client_objects.py)
+        megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), set(values_set_by(
+            parser, argv)) | set(values_set_by(parser, translation.argv)))
+        not_read = set_aside_client_blocks(translation, megatron_launch, generation)
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
             json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
             json_only.zero.validate()
@@ -302,7 +310,6 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     json_argv = translation.argv if translation is not None else []
     preset_path = resolve_preset(known.config)
     dests_given = set(values_set_by(parser, argv)) | set(values_set_by(parser, json_argv))
-    generation = launch_generation(argv, harvested()["flags"], harvested()["sources"])
     if is_megatron_launch("config" in options_typed(parser, argv), dests_given):
         # Megatron's defaults, of the generation the flags belong to, sit where a preset would
         # (arguments/megatron/defaults.py)
@@ -337,6 +344,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         settings[name], sources[name] = value, source
     scaler_warning = apply_json_loss_scaling(translation, settings, sources, typed)
     clipping_warning = apply_json_clipping(translation, settings, sources, typed)
+    not_read_warning, said = not_read.warning(lambda flags: _flag_values(parser, flags), settings, sources)
     problems += check_given_together(sources)
     use_sample_based_lengths(settings, sources)
     config = PretrainConfig.from_flat(settings, sources)
@@ -362,10 +370,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
                                          generation)
     if default_note:
         notes.append(default_note)
-    if translation is not None and translation.info_line():
-        notes.append(translation.info_line())
+    if translation is not None and translation.info_line(frozenset(said)):
+        notes.append(translation.info_line(frozenset(said)))
     notes += layers.said_once(translation.source if translation is not None else "")
-    notes += [warning for warning in (scaler_warning, clipping_warning) if warning]
+    notes += [warning for warning in (scaler_warning, clipping_warning, not_read_warning) if warning]
     if config.checkpoint.save_interval and not config.checkpoint.save:
         notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
                      f"Megatron-LM, which saves only where --save names a folder")
@@ -373,6 +381,12 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
                            preset_name, given, harvested=_harvested_given(namespace),
                            json_outcomes=layers.outcomes, megatron_generation=generation)
+
+
+def _flag_values(parser: argparse.ArgumentParser, flags: Sequence[str]) -> dict[str, tuple[str, Any]]:
+    """{setting: (the option, its value)} for the flags a JSON key becomes."""
+    typed = options_typed(parser, flags)
+    return {dest: (typed[dest], value) for dest, value in values_set_by(parser, list(flags)).items()}
 
 
 def one_error(problems: list[str]) -> str:

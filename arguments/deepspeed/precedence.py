@@ -110,7 +110,8 @@ SCHEDULER = Precedence(
                "replaces the JSON's scheduler block as a whole",
     "Megatron-DeepSpeed megatron/training.py setup_model_and_optimizer: deepspeed.initialize("
     "lr_scheduler=opt_param_scheduler); DeepSpeed runtime/engine.py _configure_lr_scheduler uses "
-    "client_lr_scheduler first")
+    "client_lr_scheduler first (since v0.14.5, f994fb2c; before it the JSON's scheduler came first, which "
+    "arguments/deepspeed/client_objects.py keeps for DeepSpeedExamples' forks)")
 GRADIENT_CLIPPING = Precedence(
     JSON_WINS, "where DeepSpeed's optimizer clips with gradient_clipping and --clip-grad is read only by "
                "Megatron's own optimizer wrappers, which --deepspeed skips",

@@ -68,11 +68,13 @@ class DeepSpeedTranslation:
     def argv(self) -> list[str]:
         return [token for setting in self.settings for token in setting.flags]
 
-    def info_line(self) -> str:
-        """The keys accepted with no effect on the math, in one line (empty when there are none)."""
-        if not self.no_effect:
+    def info_line(self, said_elsewhere: frozenset = frozenset()) -> str:
+        """The keys accepted with no effect on the math, in one line (empty when there are none), but for
+        those `said_elsewhere` (a warning line names them: arguments/deepspeed/client_objects.py)."""
+        listed = "; ".join(f"{verdict.key} ({verdict.why})" for verdict in self.no_effect
+                           if verdict.key not in said_elsewhere)
+        if not listed:
             return ""
-        listed = "; ".join(f"{verdict.key} ({verdict.why})" for verdict in self.no_effect)
         return f"> {self.source}: accepted with no effect on the math: {listed}"
 
 

@@ -50,16 +50,25 @@ def _generation_default(action, flags, generation, warmup_given):
     return None
 
 
+def _from_a_block_megatron_does_not_let_deepspeed_read(source) -> bool:
+    """A value taken from the JSON's optimizer block, which no Megatron generation lets DeepSpeed read: each
+    hands deepspeed.initialize an optimizer (or param groups) built from its flags, so the flags' defaults
+    run (tests/arguments/test_deepspeed_client_objects.py cites the code of each generation)."""
+    return source.kind == "json" and ": optimizer." in source.origin
+
+
 def _left_out_against_megatron(parsed) -> list[str]:
     """Each setting the launch left out whose value is not the harvested Megatron default of its generation
-    (the newest Megatron-LM's where that generation's file states none)."""
+    (the newest Megatron-LM's where that generation's file states none). A value from a JSON block the real
+    pair does not read counts as left out."""
     flags, values, sources = harvested()["flags"], _flat(parsed.config), parsed.config.sources
     warmup_given = {dest for dest in WARMUP_SETTINGS if sources[dest].kind in ("flag", "json")}
     wrong = []
     for action in build_parser()._actions:
         if action.dest not in values or action.dest in OURS_STAND or action.dest in SWITCHED_DEFAULTS \
                 or not action.option_strings or isinstance(action, argparse._StoreConstAction) \
-                or sources[action.dest].kind not in ("default", "preset"):
+                or not (sources[action.dest].kind in ("default", "preset")
+                        or _from_a_block_megatron_does_not_let_deepspeed_read(sources[action.dest])):
             continue
         found, theirs = (_generation_default(action, flags, parsed.megatron_generation, warmup_given)
                          or megatron_default(action.option_strings[0], flags))

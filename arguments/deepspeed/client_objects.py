@@ -1,0 +1,101 @@
+"""Under a Megatron launch, the JSON blocks DeepSpeed never reads because Megatron hands it its own objects.
+
+Every Megatron generation builds its optimizer from its flags and hands it to `deepspeed.initialize`
+(arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of
+the JSON's `optimizer` block. The same holds for the learning-rate scheduler since DeepSpeed v0.14.5
+(SCHEDULER): the client scheduler Megatron-DeepSpeed passes replaces the JSON's `scheduler` block. So under
+a launch that sets the model from flags (arguments/megatron/defaults.py, `is_megatron_launch`), these
+blocks set nothing: whatever the flags leave out takes Megatron's default, as in the real pair, and each
+value of theirs that differs from what runs is named in one warning line.
+
+One exception, by generation: DeepSpeedExamples' 2020-21 Megatron-LM forks step the engine without
+arguments (`model.step()`), and the DeepSpeed of their time (before v0.14.5) used the JSON's scheduler
+in place of the client's, so a fork launch keeps the JSON's scheduler where no schedule flag is given
+(arguments/parser.py, `layer_sources`, drops it as a whole beside one).
+
+A launch that names a preset is DeepSpeed's own use: its engine builds the optimizer and scheduler from
+the JSON when no client object is given, so the blocks stay honoured there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from arguments.config_sources import Source, show_value
+from arguments.deepspeed.keys import HONOURED, NO_EFFECT, Verdict
+from arguments.deepspeed.translation import DeepSpeedTranslation, JsonSetting
+
+# Megatron generations (arguments/megatron/flags_harvested.json labels) whose engine step passes no
+# lr_kwargs, paired with a DeepSpeed older than v0.14.5, whose _configure_lr_scheduler took the JSON's
+# scheduler first: the JSON's scheduler runs there.
+JSON_SCHEDULER_GENERATIONS = ("dse-megatron-lm", "dse-megatron-lm-v1.1.5-zero3", "dse-megatron-lm-v1.1.5-3d")
+
+_OPTIMIZER_WHY = ("not read: Megatron hands deepspeed.initialize its own Adam built from --lr, --weight-decay, "
+                  "--adam-beta1/2, --adam-eps, and DeepSpeed then ignores the JSON's optimizer")
+# The 2020 fork passes model_parameters, not an optimizer: DeepSpeed builds the JSON's Adam, but over param
+# groups the fork's own Adam already filled (torch's add_param_group setdefault), so the groups' values run.
+_PARAM_GROUPS_WHY = ("not read: the fork passes deepspeed.initialize param groups its own Adam already filled "
+                     "from --lr, --weight-decay (betas 0.9, 0.999, eps 1e-8), and the group's values win over "
+                     "the JSON's, which are only the defaults of DeepSpeed's optimizer")
+PARAM_GROUP_GENERATIONS = ("dse-megatron-lm",)
+_SCHEDULER_WHY = ("not read: Megatron-DeepSpeed hands deepspeed.initialize its own scheduler built from the "
+                  "schedule flags, which DeepSpeed (since v0.14.5) uses instead of the JSON's")
+
+
+@dataclass
+class NotRead:
+    """The JSON settings a Megatron launch sets aside, each with the flags it would have become."""
+    source: str                                                 # the JSON file, for the warning line
+    settings: list[JsonSetting] = field(default_factory=list)
+    generation: Optional[str] = None                            # the launch's Megatron generation
+
+    def warning(self, flag_values: Callable[[Sequence[str]], dict[str, tuple[str, Any]]], settings: dict[str, Any],
+                sources: dict[str, Source]) -> tuple[Optional[str], set[str]]:
+        """The one line naming each set-aside key whose value differs from what runs (None when none
+        does), and those keys. `flag_values(flags)` is {setting: (option, value)} for a key's flags."""
+        named, clauses = set(), []
+        for setting in self.settings:
+            asked = flag_values(setting.flags)
+            differ = {dest: pair for dest, pair in asked.items() if settings[dest] != pair[1]}
+            if not differ:
+                continue
+            named.add(setting.key)
+            written = ", ".join(f"{option} {show_value(value)}" for option, value in asked.values())
+            runs = ", ".join(f"{option} {show_value(settings[dest])} ({sources[dest].describe()})"
+                             for dest, (option, _) in differ.items())
+            why = _why(setting.key, self.generation)
+            clauses.append(f"{setting.key} ({written}) is {why}; the run uses {runs}")
+        if not clauses:
+            return None, named
+        return (f"warning: {len(clauses)} value(s) in {self.source} not read, as in the real Megatron-DeepSpeed + "
+                f"DeepSpeed pair: " + "; ".join(clauses)), named
+
+
+def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatron_launch: bool,
+                            generation: Optional[str]) -> NotRead:
+    """Under a Megatron launch, take the optimizer block's settings (and the scheduler's, outside the
+    JSON_SCHEDULER_GENERATIONS) out of `translation` and mark their keys as not read; nothing otherwise."""
+    if translation is None or not megatron_launch:
+        return NotRead(translation.source if translation is not None else "")
+    prefixes = ("optimizer.",) if generation in JSON_SCHEDULER_GENERATIONS else ("optimizer.", "scheduler.")
+    not_read = NotRead(translation.source, [s for s in translation.settings if s.key.startswith(prefixes)],
+                       generation)
+    translation.settings = [s for s in translation.settings if not s.key.startswith(prefixes)]
+    translation.verdicts = [_not_read(verdict, prefixes, generation) for verdict in translation.verdicts]
+    return not_read
+
+
+def _why(key: str, generation: Optional[str]) -> str:
+    if key.startswith("scheduler."):
+        return _SCHEDULER_WHY
+    return _PARAM_GROUPS_WHY if generation in PARAM_GROUP_GENERATIONS else _OPTIMIZER_WHY
+
+
+def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[str]) -> Verdict:
+    # a refused value stays refused (an unknown optimizer type, amsgrad): the one round lists it as it is
+    if not verdict.key.startswith(prefixes) or verdict.kind not in (HONOURED, NO_EFFECT):
+        return verdict
+    if verdict.kind == NO_EFFECT and verdict.why.startswith("not read"):
+        return verdict  # max_grad_norm: already said why
+    return Verdict(verdict.key, NO_EFFECT, why=_why(verdict.key, generation))

@@ -1,0 +1,135 @@
+"""Issue 34, point 2 (every precedence row re-checked): under a Megatron launch with a DeepSpeed JSON, the JSON's
+`optimizer` block (and, where the real pair's DeepSpeed prefers Megatron's scheduler, its `scheduler` block)
+sets nothing, since the real pair never reads it; each value of theirs that differs from what runs is named
+in one warning line. Under a preset launch (DeepSpeed's own use) both blocks stay honoured.
+
+The real pair's code, per generation:
+- Megatron-DeepSpeed (github:deepspeedai/Megatron-DeepSpeed 4efb479d): megatron/optimizer/__init__.py
+  get_megatron_optimizer (lines 68-116) builds Adam(param_groups, lr=args.lr, weight_decay=args.weight_decay,
+  betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps) and returns it bare under args.deepspeed;
+  megatron/training.py setup_model_and_optimizer (lines 566-576) builds it and opt_param_scheduler =
+  get_optimizer_param_scheduler(optimizer) (None only under --inference or for a teacher), and lines 606-623
+  pass both: deepspeed.initialize(optimizer=optimizer, lr_scheduler=opt_param_scheduler, ...). Its train_step
+  steps the engine with model[0].step(lr_kwargs={'increment': increment}) (line 746), which a JSON WarmupLR,
+  whose step() takes no increment, could not take.
+- DeepSpeedExamples' v1.1.5 forks (github:microsoft/DeepSpeedExamples 5c6b1c8f,
+  Megatron-LM-v1.1.5-ZeRO3/megatron/training.py get_optimizer lines 161-196: torch.optim.AdamW(param_groups,
+  lr, weight_decay, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps), returned bare under
+  args.deepspeed; setup_model_and_optimizer lines 240-256: deepspeed.initialize(model, optimizer=optimizer,
+  lr_scheduler=lr_scheduler, ...); train_step line 344: model.step() with no lr_kwargs.
+  Megatron-LM-v1.1.5-3D_parallelism/megatron/training.py: the same with apex Adam, lines 157-191 and 232-248).
+- DeepSpeedExamples' 2020 fork (same commit, Megatron-LM/pretrain_gpt2.py): get_optimizer (lines 99-120)
+  builds apex FusedAdam(param_groups, lr=args.lr, weight_decay=args.weight_decay) and returns it with its
+  param_groups; setup_model_and_optimizer (lines 157-174) passes deepspeed.initialize(model=model,
+  model_parameters=param_groups, lr_scheduler=lr_scheduler) and no optimizer. DeepSpeed then builds the
+  JSON's optimizer over those groups, FusedAdam(model_parameters, **the JSON's params), but torch's
+  Optimizer.add_param_group only setdefault()s its defaults into each group, and the fork's Adam already
+  filled every group with lr, weight_decay, betas (0.9, 0.999) and eps 1e-8: the JSON's values run nowhere.
+- DeepSpeed (github:deepspeedai/DeepSpeed). v0.19.5 deepspeed/runtime/engine.py: _configure_optimizer
+  (lines 1982-1994) uses a client optimizer, and builds from the JSON (_configure_basic_optimizer) only when
+  none is given; _do_sanity_check (lines 1650-1653) checks the JSON's optimizer name only without one;
+  _configure_lr_scheduler (lines 1517-1529) uses the client scheduler first and the JSON's only when none is
+  passed. Before v0.14.5 it was the reverse for the scheduler: v0.3.13 engine.py _configure_lr_scheduler
+  (lines 433-445) takes the JSON's scheduler first ("First check for scheduler in json configuration") and
+  the client's only without one; commit f994fb2c (PR #5846, 2024-08-14, first in v0.14.5) swapped them. So
+  the forks, whose engine step passes no lr_kwargs and whose DeepSpeed was of that time, ran the JSON's
+  scheduler, and keep it here (arguments/deepspeed/client_objects.py, JSON_SCHEDULER_GENERATIONS).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from arguments.parser import parse_arguments
+from arguments.print_config import format_config
+from tests.arguments.test_megatron_launch_defaults import _shrunk
+
+MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2"]
+OPTIMIZER = {"type": "Adam", "params": {"lr": 0.00015, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}}
+SCHEDULER = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.0002, "warmup_num_steps": 7,
+                                                 "warmup_type": "linear", "total_num_steps": 100}}
+
+
+def _json(tmp_path, blocks: dict) -> str:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, **blocks}))
+    return str(path)
+
+
+def _not_read_warnings(parsed) -> list[str]:
+    return [note for note in parsed.notes if note.startswith("warning:") and "not read" in note]
+
+
+def _row(parsed, name: str) -> str:
+    return next(line for line in format_config(parsed).splitlines() if line.split()[:1] == [name])
+
+
+def test_a_megatron_deepspeed_launch_reads_neither_block_and_says_so_in_one_line(tmp_path):
+    ds = _json(tmp_path, {"optimizer": OPTIMIZER, "scheduler": SCHEDULER})
+    parsed = parse_arguments([*MODEL, "--no-pipeline-parallel", "--deepspeed", "--deepspeed_config", ds])
+    assert parsed.megatron_generation == "megatron-deepspeed"
+    optimizer = parsed.config.optimizer
+    # Megatron's defaults (megatron/arguments.py: --adam-beta1 0.9, --adam-beta2 0.999, --adam-eps 1e-08,
+    # --weight-decay 0.01, --lr-decay-style linear, --lr-warmup-iters 0), not the JSON's
+    assert (optimizer.adam_beta1, optimizer.adam_beta2, optimizer.adam_eps, optimizer.weight_decay) == \
+        (0.9, 0.999, 1e-8, 0.01)
+    assert (optimizer.lr_decay_style, optimizer.lr_warmup_iters, optimizer.lr_decay_iters) == ("linear", 0, None)
+    assert optimizer.lr != 0.0002  # the scheduler's warmup_max_lr is not the peak either
+    warnings = _not_read_warnings(parsed)
+    assert len(warnings) == 1, parsed.notes
+    for key in ("optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params"):
+        assert key in warnings[0]
+    assert "--adam-beta2 0.999 (Megatron-LM's default" in warnings[0]
+    # the info line does not say the same keys again
+    assert not [note for note in parsed.notes if "accepted with no effect" in note and "optimizer.params.betas" in note]
+    # --print-config: the setting's row names where its value came from, the key's row that it is not read
+    assert "Megatron-LM's default" in _row(parsed, "adam_beta2")
+    assert "not read: Megatron hands deepspeed.initialize its own Adam" in _row(parsed, "optimizer.params.betas")
+    assert "not read" in _row(parsed, "scheduler.params") and "since v0.14.5" in _row(parsed, "scheduler.params")
+
+
+def test_a_value_the_run_uses_anyway_is_not_named(tmp_path):
+    ds = _json(tmp_path, {"optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.999]}}})
+    parsed = parse_arguments([*MODEL, "--lr", "3e-4", "--deepspeed_config", ds])
+    assert parsed.config.optimizer.lr == 3e-4 and not _not_read_warnings(parsed)
+
+
+def test_a_v115_fork_launch_reads_the_jsons_scheduler_but_not_its_optimizer(tmp_path):
+    ds = _json(tmp_path, {"optimizer": OPTIMIZER, "scheduler": SCHEDULER})
+    parsed = parse_arguments([*MODEL, "--gas", "1", "--deepspeed", "--deepspeed_config", ds])
+    assert parsed.megatron_generation == "dse-megatron-lm-v1.1.5-3d"
+    optimizer = parsed.config.optimizer
+    assert (optimizer.adam_beta1, optimizer.adam_beta2, optimizer.adam_eps) == (0.9, 0.999, 1e-8)
+    # the JSON's WarmupDecayLR, which the fork's DeepSpeed took before Megatron's AnnealingLR
+    assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_decay_style, optimizer.lr_decay_iters) == \
+        (0.0002, 7, "linear", 100)
+    warnings = _not_read_warnings(parsed)
+    assert len(warnings) == 1 and "optimizer.params.betas" in warnings[0] and "scheduler" not in warnings[0]
+
+
+def test_the_2020_forks_param_groups_carry_its_flags_values(tmp_path):
+    argv = _shrunk("deepspeedexamples-ds-pretrain-gpt2", tmp_path)
+    ds = Path(argv[argv.index("--deepspeed_config") + 1])
+    ds.write_text(json.dumps({**json.loads(ds.read_text()), "optimizer": {
+        "type": "Adam", "params": {"lr": 0.00015, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}}}))
+    parsed = parse_arguments(argv)
+    assert parsed.megatron_generation == "dse-megatron-lm"
+    optimizer = parsed.config.optimizer
+    # --weight-decay 1e-2 from the script; FusedAdam's betas and eps, which are Megatron's defaults
+    assert (optimizer.adam_beta1, optimizer.adam_beta2, optimizer.adam_eps, optimizer.weight_decay) == \
+        (0.9, 0.999, 1e-8, 0.01)
+    warnings = _not_read_warnings(parsed)
+    assert len(warnings) == 1 and "the fork passes deepspeed.initialize param groups" in warnings[0]
+
+
+def test_a_preset_launch_is_deepspeeds_own_use_and_reads_both_blocks(tmp_path):
+    """Without a client optimizer or scheduler DeepSpeed builds both from the JSON (v0.19.5 engine.py
+    _configure_optimizer line 1983-1986: _configure_basic_optimizer; _configure_lr_scheduler lines 1525-1529)."""
+    ds = _json(tmp_path, {"optimizer": OPTIMIZER, "scheduler": SCHEDULER})
+    parsed = parse_arguments(["--config", "tiny", "--zero-config", ds])
+    optimizer = parsed.config.optimizer
+    assert (optimizer.adam_beta1, optimizer.adam_beta2, optimizer.adam_eps, optimizer.weight_decay) == \
+        (0.8, 0.95, 1e-6, 0.1)
+    assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_decay_iters) == (0.0002, 7, 100)
+    assert not _not_read_warnings(parsed)
