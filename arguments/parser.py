@@ -292,12 +292,12 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     not_read = set_aside_client_blocks(None, False, generation)
     if known.zero_config:
         translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
-        problems += translation.problems
         # the blocks the real pair does not read under a Megatron launch set nothing, and are set aside
-        # before the JSON's settings are checked (arguments/deepspeed/client_objects.py)
-        megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), set(values_set_by(
-            parser, argv)) | set(values_set_by(parser, translation.argv)))
+        # before the JSON's settings are checked (arguments/deepspeed/client_objects.py); no JSON key sets
+        # the model, so the command line alone says whether the launch is one
+        megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), values_set_by(parser, argv))
         not_read = set_aside_client_blocks(translation, megatron_launch, generation)
+        problems += translation.problems
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
             json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
             json_only.zero.validate()

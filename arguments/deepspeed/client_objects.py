@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from arguments.config_sources import Source, show_value
-from arguments.deepspeed.keys import HONOURED, NO_EFFECT, Verdict
-from arguments.deepspeed.translation import DeepSpeedTranslation, JsonSetting
+from arguments.deepspeed.keys import NO_EFFECT, UNSUPPORTED, Verdict
+from arguments.deepspeed.translation import DeepSpeedTranslation, JsonSetting, refused_line
 
 # Megatron generations (arguments/megatron/flags_harvested.json labels) whose engine step passes no
 # lr_kwargs, paired with a DeepSpeed older than v0.14.5, whose _configure_lr_scheduler took the JSON's
@@ -82,7 +82,12 @@ def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatro
     not_read = NotRead(translation.source, [s for s in translation.settings if s.key.startswith(prefixes)],
                        generation)
     translation.settings = [s for s in translation.settings if not s.key.startswith(prefixes)]
+    refused_before = refused_line(translation.source, translation.verdicts)
     translation.verdicts = [_not_read(verdict, prefixes, generation) for verdict in translation.verdicts]
+    refused_now = refused_line(translation.source, translation.verdicts)
+    if refused_now != refused_before:  # a scheduler key refused before is not read at all now
+        translation.problems = [refused_now if problem == refused_before else problem
+                                for problem in translation.problems if problem != refused_before or refused_now]
     return not_read
 
 
@@ -93,8 +98,14 @@ def _why(key: str, generation: Optional[str]) -> str:
 
 
 def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[str]) -> Verdict:
-    # a refused value stays refused (an unknown optimizer type, amsgrad): the one round lists it as it is
-    if not verdict.key.startswith(prefixes) or verdict.kind not in (HONOURED, NO_EFFECT):
+    """The verdict of a key the real pair does not read. A refused scheduler key or optimizer param is not
+    refused any more: DeepSpeed reads the scheduler block only in _scheduler_from_config, which a client
+    scheduler skips, and the optimizer's params only in _configure_basic_optimizer, which a client optimizer
+    skips (v0.19.5 runtime/engine.py lines 1517-1529, 1557-1572, 1982-1994, 2041-2044). A refused optimizer
+    type stays refused: the engine reads it beside a client optimizer too (the Lamb loss-scale check at line
+    1655, 1-bit Adam's fp16 path at line 2245)."""
+    if not verdict.key.startswith(prefixes) or (verdict.kind == UNSUPPORTED
+                                                and not verdict.key.startswith(("optimizer.params.", "scheduler."))):
         return verdict
     if verdict.kind == NO_EFFECT and verdict.why.startswith("not read"):
         return verdict  # max_grad_norm: already said why

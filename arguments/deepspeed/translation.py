@@ -126,10 +126,8 @@ def deepspeed_config_to_flags(config: Any, source: str, collect: bool = False) -
         else:
             verdicts.append(_unknown(key))
 
-    refused = [verdict for verdict in verdicts if verdict.kind == UNSUPPORTED]
-    if refused:
-        listed = "; ".join(f"{verdict.key} ({verdict.why})" for verdict in refused)
-        problems.append(f"{source}: {len(refused)} key(s) not supported here, remove or change them: {listed}")
+    if refused_line(source, verdicts):
+        problems.append(refused_line(source, verdicts))
     if problems and not collect:
         raise ConfigError(problems[0])
     verdicts = _scheduler_sets_the_peak(verdicts)
@@ -143,6 +141,15 @@ def deepspeed_config_to_flags(config: Any, source: str, collect: bool = False) -
             raise
         problems.append(str(error))
     return translation
+
+
+def refused_line(source: str, verdicts: list[Verdict]) -> str:
+    """The one problem naming every key refused (empty when none is)."""
+    refused = [verdict for verdict in verdicts if verdict.kind == UNSUPPORTED]
+    if not refused:
+        return ""
+    listed = "; ".join(f"{verdict.key} ({verdict.why})" for verdict in refused)
+    return f"{source}: {len(refused)} key(s) not supported here, remove or change them: {listed}"
 
 
 def _scheduler_sets_the_peak(verdicts: list[Verdict]) -> list[Verdict]:

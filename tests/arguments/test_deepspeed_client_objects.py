@@ -41,6 +41,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from arguments.config import ConfigError
 from arguments.parser import parse_arguments
 from arguments.print_config import format_config
 from tests.arguments.test_megatron_launch_defaults import _shrunk
@@ -133,3 +136,20 @@ def test_a_preset_launch_is_deepspeeds_own_use_and_reads_both_blocks(tmp_path):
         (0.8, 0.95, 1e-6, 0.1)
     assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_decay_iters) == (0.0002, 7, 100)
     assert not _not_read_warnings(parsed)
+
+
+def test_a_block_the_real_pair_does_not_read_is_not_refused_but_an_optimizer_type_still_is(tmp_path):
+    """DeepSpeed v0.19.5 reads the scheduler block only in _scheduler_from_config (engine.py lines 1557-1572,
+    skipped beside a client scheduler) and the optimizer's params only in _configure_basic_optimizer (lines
+    2041-2044, skipped beside a client optimizer); it still reads the optimizer's type (line 1655: Lamb needs
+    dynamic loss scaling; line 2245: 1-bit Adam's fp16 path)."""
+    ds = _json(tmp_path, {"optimizer": {"type": "Adam", "params": {"amsgrad": True}},
+                          "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0}}})
+    parsed = parse_arguments([*MODEL, "--deepspeed_config", ds])  # was refused: amsgrad, OneCycle
+    assert "not read" in _row(parsed, "optimizer.params.amsgrad") and "not read" in _row(parsed, "scheduler.type")
+    lamb = _json(tmp_path, {"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}},
+                            "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-3}}})
+    with pytest.raises(ConfigError) as refused:
+        parse_arguments([*MODEL, "--deepspeed_config", lamb])
+    assert "1 key(s) not supported" in str(refused.value) and "optimizer.type" in str(refused.value)
+    assert "warmup_type" not in str(refused.value)  # the log warmup of a scheduler that is not read
