@@ -45,7 +45,7 @@ from arguments.config_sources import (
     show_value,
     values_set_by,
 )
-from arguments.deepspeed.client_objects import set_aside_client_blocks
+from arguments.deepspeed.client_objects import NotRead, set_aside_client_blocks
 from arguments.deepspeed.clipping import apply_json_clipping
 from arguments.deepspeed.keys import precedence_of
 from arguments.deepspeed.loss_scale import apply_json_loss_scaling
@@ -289,7 +289,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         argv = _without(argv, unknown)
     translation = None
     generation = launch_generation(argv, harvested()["flags"], harvested()["sources"])
-    not_read = set_aside_client_blocks(None, False, generation)
+    not_read = NotRead("")  # no JSON: nothing set aside
     if known.zero_config:
         translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
         # the blocks the real pair does not read under a Megatron launch set nothing, and are set aside

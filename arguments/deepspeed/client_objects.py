@@ -2,7 +2,8 @@
 
 Every Megatron generation builds its optimizer from its flags and hands it to `deepspeed.initialize`
 (arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of
-the JSON's `optimizer` block. The same holds for the learning-rate scheduler since DeepSpeed v0.14.5
+the JSON's `optimizer` block (the 2020 fork hands it param groups its own Adam already filled, whose values
+win over the JSON's in the optimizer DeepSpeed builds). The same holds for the learning-rate scheduler since DeepSpeed v0.14.5
 (SCHEDULER): the client scheduler Megatron-DeepSpeed passes replaces the JSON's `scheduler` block. So under
 a launch that sets the model from flags (arguments/megatron/defaults.py, `is_megatron_launch`), these
 blocks set nothing: whatever the flags leave out takes Megatron's default, as in the real pair, and each
@@ -10,8 +11,9 @@ value of theirs that differs from what runs is named in one warning line.
 
 One exception, by generation: DeepSpeedExamples' 2020-21 Megatron-LM forks step the engine without
 arguments (`model.step()`), and the DeepSpeed of their time (before v0.14.5) used the JSON's scheduler
-in place of the client's, so a fork launch keeps the JSON's scheduler where no schedule flag is given
-(arguments/parser.py, `layer_sources`, drops it as a whole beside one).
+in place of the client's, so a fork launch keeps the JSON's scheduler where no schedule flag is given.
+(Beside a schedule flag, arguments/parser.py's `layer_sources` still drops the block as a whole, as today's
+DeepSpeed does, where the fork's DeepSpeed ran the JSON's: not yet followed here.)
 
 A launch that names a preset is DeepSpeed's own use: its engine builds the optimizer and scheduler from
 the JSON when no client object is given, so the blocks stay honoured there.
