@@ -85,7 +85,7 @@ class RankPlan:
     model_state_bytes: dict[str, int]    # parameters, gradients, master_weights, optimizer_states, total
     buffer_bytes: int                    # constant-size reduce buckets and scatter outputs (C_B)
     host_model_state_bytes: dict[str, int]  # the same categories in host memory (offload), per rank
-    host_buffer_bytes: int               # host memory: the offloaded step's sub-group gradient buffer
+    host_buffer_bytes: int               # host memory: constant buffers outside the model states (none today)
     offload_copy_bytes: int              # --offload-param: the device copies of shards in flight (upper bound)
     stage3_live_chunk_bytes: int         # the most gathered parameter bytes at once (stage 3)
     stage3_prefetch_elements: int

@@ -3,10 +3,12 @@
 ZeRO-Offload keeps the fp32 master partition and both Adam moments in host memory and steps them there
 (deepspeedai/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py @edaa722: `weights_partition ...
 .to(device='cpu')` at lines 492-497, the offloaded step at 2321-2341); ZeRO-3 Offload also keeps the 16-bit
-parameter shard there (deepspeed/runtime/zero/partition_parameters.py, `remote_device` "cpu"); the host
-step's gradient goes through one buffer (stage_1_and_2.py's `temp_grad_buffer_for_cpu_offload`). So per
-rank the device holds only the 16-bit parameters and gradients, and the host 12 bytes per parameter of the
-rank's shard (+2 with parameter offload) plus that buffer.
+parameter shard there (deepspeed/runtime/zero/partition_parameters.py, `remote_device` "cpu"); the reduced
+gradient partition goes to the host as each bucket's reduction completes (stage_1_and_2.py
+`copy_grads_in_partition`, 1650-1670; stage3.py's pinned `grad_partitions_flat_buffer`, 742-750). So per
+rank the device holds the 16-bit parameters, the reduce buckets and at stage 1 the full gradient buffer
+the micro-batches accumulate in, and the host 16 bytes per parameter of the rank's shard (fp32 master,
+moments and gradient; +2 for a 16-bit accumulation partition at stages 2-3, +2 with parameter offload).
 
 The acceptance: for each placement (none, optimizer, optimizer + parameters) and stage, the dry run's
 device and host bytes of every rank equal what a live 2-rank run holds after one iteration, measured over
@@ -40,12 +42,16 @@ PLACEMENTS = {
     "optimizer": ["--offload-optimizer", *SUB_GROUP],
     "optimizer+param": ["--offload-optimizer", "--offload-param", *SUB_GROUP],
 }
+PRECISIONS = {"fp32": [], "bf16": ["--bf16"],
+              # 16-bit gradients: stages 2-3 accumulate the micro-batches in a bf16 host partition
+              "bf16-grads": ["--bf16", "--no-accumulate-allreduce-grads-in-fp32"]}
 CASES = [(placement, stage, precision) for placement in PLACEMENTS for stage in (1, 2, 3)
-         for precision in ("fp32", "bf16") if not (placement == "optimizer+param" and stage != 3)]
+         for precision in ("fp32", "bf16") if not (placement == "optimizer+param" and stage != 3)] \
+    + [("optimizer", 2, "bf16-grads")]
 
 
 def flags(placement: str, stage: int, precision: str) -> list[str]:
-    return [*COMMON, "--zero-stage", str(stage), *PLACEMENTS[placement]] + (["--bf16"] if precision == "bf16" else [])
+    return [*COMMON, "--zero-stage", str(stage), *PLACEMENTS[placement], *PRECISIONS[precision]]
 
 
 def measured_after_one_iteration(rank, world_size):
@@ -99,9 +105,15 @@ def test_dry_run_device_and_host_bytes_equal_the_live_run(live, case):
         assert host["master_weights"] == (4 * partition if offloaded else 0)
         assert host["optimizer_states"] == (8 * partition if offloaded else 0)
         assert device["master_weights"] + device["optimizer_states"] == (0 if offloaded else 12 * partition)
-        assert host["buffers"] == measured["host_working_bytes"]
-        assert (0 < host["buffers"] <= 4 * SUB_GROUP_ELEMENTS) if offloaded else host["buffers"] == 0
-        shard_bytes = partition * (2 if precision == "bf16" else 4)
+        assert host["buffers"] == measured["host_working_bytes"] == 0
+        # The gradient partition is on the host: fp32 for the step, plus the 16-bit one stages 2-3
+        # accumulate the micro-batches in; the device keeps only stage 1's full accumulation buffer.
+        grad_bytes = 2 if config.training.gradient_precision == "bf16" else 4
+        accumulation = grad_bytes * partition if stage >= 2 and grad_bytes == 2 else 0
+        assert host["gradients"] == ((4 * partition + accumulation) if offloaded else 0)
+        if offloaded:
+            assert (device["gradients"] > 0) if stage == 1 else device["gradients"] == 0
+        shard_bytes = partition * (4 if precision == "fp32" else 2)
         assert host["parameters"] == (shard_bytes if placement == "optimizer+param" else 0)
         assert plan.host_total_bytes == host["total"] + host["buffers"]  # no P_a+cpu here
 
