@@ -110,7 +110,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
             ("fp32 master weights", states["master_weights"]), ("Adam moments", states["optimizer_states"]),
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
     if plan.offload_copy_bytes:
-        rows.append(("offloaded shards' device copies until their gathers complete (bound)", plan.offload_copy_bytes))
+        rows.append(("offloaded shards' device copies in flight at the peak", plan.offload_copy_bytes))
     if plan.stage == 3:
         rows.append((f"stage-3 gathered chunks, peak (prefetch {plan.stage3_prefetch_elements:,} elements)",
                      plan.stage3_live_chunk_bytes))
