@@ -143,7 +143,8 @@ class ShardedAdamW:
         pieces = sharded + replicated
         squares = [norm.square() for norm in torch._foreach_norm(pieces)] if pieces else []
         total = torch.stack(squares).sum() if squares else torch.zeros((), device=grads.device)
-        total = total.reshape(1).to(torch.float32)
+        # On the training device whatever `grads`' (the host, with offload): NCCL reaches only it.
+        total = total.reshape(1).to(device=self.parameters.device, dtype=torch.float32)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
         return total
