@@ -85,8 +85,8 @@ class RankPlan:
     model_state_bytes: dict[str, int]    # parameters, gradients, master_weights, optimizer_states, total
     buffer_bytes: int                    # constant-size reduce buckets and scatter outputs (C_B)
     host_model_state_bytes: dict[str, int]  # the same categories in host memory (offload), per rank
-    host_buffer_bytes: int               # host memory: the offloaded step's sub-group gradient buffer
-    offload_copy_bytes: int              # --offload-param: the device copies of shards in flight (upper bound)
+    host_buffer_bytes: int               # host memory: constant buffers outside the model states (none today)
+    offload_copy_bytes: int              # --offload-param: the device copies of shards in flight at the peak
     stage3_live_chunk_bytes: int         # the most gathered parameter bytes at once (stage 3)
     stage3_prefetch_elements: int
     checkpoint_bytes: dict[str, int]     # checkpointed inputs kept: {"device", "host"}
@@ -289,7 +289,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         buffer_bytes=held.get("buffers", 0),
         host_model_state_bytes={key: host_held[key] for key in (*MODEL_STATE_CATEGORIES, "total")},
         host_buffer_bytes=host_held.get("buffers", 0),
-        offload_copy_bytes=_offload_copy_bytes(config, gatherer, state.data_parallel_size, param_bytes),
+        offload_copy_bytes=_offload_copy_bytes(config, gatherer, param_bytes),
         stage3_live_chunk_bytes=gatherer.peak_live_numel * param_bytes if gatherer is not None else 0,
         stage3_prefetch_elements=config.zero.stage3_prefetch_bucket_size if gatherer is not None else 0,
         checkpoint_bytes=dict(meter.checkpointed_peak),
@@ -334,13 +334,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     return result
 
 
-def _offload_copy_bytes(config: PretrainConfig, gatherer, data_parallel_size: int, param_bytes: int) -> int:
+def _offload_copy_bytes(config: PretrainConfig, gatherer, param_bytes: int) -> int:
     """--offload-param: each gather copies its unit's 1/N piece of the host shard to the device and
-    holds it until the gather completes (zero/stage3.py). At most every gathered unit is in flight at
-    once, so 1/N of the gathered peak (rounded up, as a shard is padded) bounds them from above."""
+    holds it until the gather completes (zero/stage3.py). The replay's gatherer tracks gathered chunks
+    and those copies together: what its joint peak holds beyond the gathered peak, so the two rows sum
+    to the device's peak of both."""
     if gatherer is None or not config.zero.offload_param:
         return 0
-    return -(-gatherer.peak_live_numel // data_parallel_size) * param_bytes
+    return (gatherer.peak_device_numel - gatherer.peak_live_numel) * param_bytes
 
 
 def _parameter_gradient_bytes(model, param_bytes: int) -> int:

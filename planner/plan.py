@@ -110,7 +110,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
             ("fp32 master weights", states["master_weights"]), ("Adam moments", states["optimizer_states"]),
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
     if plan.offload_copy_bytes:
-        rows.append(("offloaded shards' device copies until their gathers complete (bound)", plan.offload_copy_bytes))
+        rows.append(("offloaded shards' device copies in flight at the peak", plan.offload_copy_bytes))
     if plan.stage == 3:
         rows.append((f"stage-3 gathered chunks, peak (prefetch {plan.stage3_prefetch_elements:,} elements)",
                      plan.stage3_live_chunk_bytes))
@@ -152,13 +152,13 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
 
 
 def _host_lines(plan: RankPlan, width: int) -> list[str]:
-    """This rank's host memory (offloaded states, the host step's buffer, P_a+cpu checkpoints), the
+    """This rank's host memory (offloaded states, the gradient partition, P_a+cpu checkpoints), the
     node's (every rank on it holds as much) and its verdict against --host-memory."""
     host = plan.host_model_state_bytes
     rows = [(f"host: {name} (offloaded)", host[key]) for name, key in
-            (("16-bit parameter shard", "parameters"), ("fp32 master weights", "master_weights"),
-             ("Adam moments", "optimizer_states"))]
-    rows += [("host: the offloaded step's sub-group gradient buffer", plan.host_buffer_bytes),
+            (("16-bit parameter shard", "parameters"), ("fp32 gradient partition", "gradients"),
+             ("fp32 master weights", "master_weights"), ("Adam moments", "optimizer_states"))]
+    rows += [("host: constant buffers", plan.host_buffer_bytes),
              ("host: activation checkpoints (P_a+cpu)", plan.saved_activation_bytes["host"])]
     rows = [(name, value) for name, value in rows if value]
     if not rows:

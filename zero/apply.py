@@ -120,13 +120,21 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     layout = storage.bind(model)
 
     scatter = stage >= 1 and zero_config.reduce_scatter
+    # Offloaded, the reduced gradient partition goes to the host as each unit's reduction completes:
+    # fp32 where the step reads it; at stages 2-3 the micro-batches accumulate in the gradient dtype, as
+    # without offload (and as DeepSpeed's host accumulation buffers), so a 16-bit one has its own.
+    host = device if device.type == "meta" else HOST
+    host_fp32 = None if offload is None else host_zeros(layout.partition_numel, offload.pins, host)
     reducer: GradientReducer
     if stage >= 2:
+        accumulated = host_fp32 if host_fp32 is None or grad_dtype == torch.float32 else \
+            host_zeros(layout.partition_numel, offload.pins, host, grad_dtype)
         reducer = PartitionedGradients(layout, grad_dtype, state.comm, state.data_parallel_group,
-                                       state.data_parallel_size, scatter, zero_config.overlap_comm, device)
+                                       state.data_parallel_size, scatter, zero_config.overlap_comm, device,
+                                       accumulated, host_fp32)
     else:
         reducer = FullGradients(layout, param_dtype, grad_dtype, state.comm, state.data_parallel_group,
-                                state.data_parallel_size, scatter, zero_config.overlap_comm, device)
+                                state.data_parallel_size, scatter, zero_config.overlap_comm, device, host_fp32)
     reducer.attach()
     if isinstance(storage, ShardedParameters):
         reducer.subscribe(storage.gatherer)

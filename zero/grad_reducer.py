@@ -14,6 +14,22 @@ has is decided once, by which class `zero.apply.apply_zero` builds:
                           bucket is reduce-scattered (or all-reduced, keeping the rank's shard) and
                           added into the rank's gradient partition. This must happen every micro-batch.
 
+With --offload-optimizer (ZeRO-Offload) both take a `host_partition`: a tensor in host memory, the size
+of this rank's partition, that each unit's reduced shard goes into as its reduction completes (copied
+into an fp32 one at stage 1, where a unit reduces once per step; added at stages 2-3, which reduce
+every micro-batch, so the host partition accumulates the micro-batches, in the gradient dtype as
+without offload, and a 16-bit one is converted into a second, fp32 host partition for the step). The
+optimizer's host step reads the fp32 one in place: the device then holds no gradient partition, only the buckets (stages 2-3) or the full
+buffer stage 1 accumulates in. This is DeepSpeed's ZeRO-Offload (deepspeedai/DeepSpeed
+deepspeed/runtime/zero/stage_1_and_2.py @edaa722: `copy_grads_in_partition`, 1650-1670, called from
+`reduce_ipg_grads` for the parameters of this rank's partition, 1742-1754; at stage 1 only at the
+accumulation boundary, `reduce_ready_partitions_and_remove_grads`, 1767-1769). DeepSpeed keeps the
+running sum on the host between micro-batches and adds the next reduced gradient to it on the device
+(`async_accumulate_grad_in_cpu_via_gpu`, 1516-1560); stage3.py keeps its gradient partitions in one
+pinned host buffer (`grad_partitions_flat_buffer`, 742-750) and copies into it at the first micro-batch,
+adding after (`partition_grads`, 1886-1933). Adding on the host instead gives the same fp32 sums,
+without a device copy of the running sum.
+
 Reductions are issued with `async_op=True` and completed at `finish_grad_sync()` (or earlier, when a
 scratch buffer is needed again), so they overlap with the backward of earlier layers. On CUDA the
 collectives run on NCCL's stream; the small copies around them stay on the compute stream, which
@@ -75,6 +91,11 @@ class GradientReducer(ABC):
         self._backward_syncs: Optional[bool] = None
         self._listeners: list[ReductionListener] = []
         self._hooks = []
+        self.host_partition: Optional[torch.Tensor] = None  # set by the subclasses under offload
+
+    def host_tensors(self) -> list[torch.Tensor]:
+        """The gradient tensors in host memory (the offloaded fp32 partition), for zero/memory.py."""
+        return [] if self.host_partition is None else [self.host_partition]
 
     def attach(self) -> None:
         """Hook every parameter of the layout (after the parameters are in their final place)."""
@@ -142,6 +163,12 @@ class GradientReducer(ABC):
         return self._staging.acquire()
 
     @staticmethod
+    def _to_host(shard: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """`shard` where `target` is: a synchronous copy of one unit's shard off the device (nothing
+        when the device is the host), so the host partition is complete when the reduction is."""
+        return shard if shard.device == target.device else shard.to(target.device)
+
+    @staticmethod
     def _release_all(buffers: list) -> Callable[[], None]:
         def release(buffers=tuple(buffers)) -> None:
             for pool, buffer in buffers:
@@ -207,15 +234,19 @@ class FullGradients(GradientReducer):
     """Stages 0-1: the whole TP-shard gradient in one flat buffer of `grad_dtype`."""
 
     def __init__(self, layout: FlatLayout, param_dtype: torch.dtype, grad_dtype: torch.dtype, comm, group,
-                 data_parallel_size: int, scatter: bool, overlap: bool, device: torch.device) -> None:
+                 data_parallel_size: int, scatter: bool, overlap: bool, device: torch.device,
+                 host_partition: Optional[torch.Tensor] = None) -> None:
         super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device)
         self.buffer = torch.zeros(layout.numel, dtype=grad_dtype, device=device)
+        self.host_partition = host_partition
         # Same dtype: autograd accumulates straight into views of the buffer. Otherwise (fp32
         # accumulation of 16-bit gradients) each gradient is added into its main-gradient slice.
         self.grads_are_views = grad_dtype == param_dtype
 
     def zero_grad(self) -> None:
         self.buffer.zero_()
+        if self.host_partition is not None:
+            self.host_partition.zero_()
         for unit in self.layout.units:
             for slot in unit.slots:
                 slot.param.grad = self._main_grad(unit, slot) if self.grads_are_views else None
@@ -233,17 +264,25 @@ class FullGradients(GradientReducer):
         bucket = unit.in_buffer(self.buffer)
         released: list = []
         work, shard = self._averaged_collective(unit, bucket, released)
+        if self.host_partition is not None:  # the reduced shard goes to the host, where the step reads it
+            target = unit.in_partition(self.host_partition)
+            return _PendingReduction(work, lambda: target.copy_(self._to_host(shard, target)),
+                                     self._release_all(released))
         lo, hi = unit.shard_bounds(self.layout.part)
         owned = bucket[lo:hi]
         finish = (lambda: owned.copy_(shard)) if owned.data_ptr() != shard.data_ptr() else None
         return _PendingReduction(work, finish, self._release_all(released))
 
     def partition_working_bytes(self) -> int:
+        if self.host_partition is not None:
+            return 0  # the step reads the host partition itself
         # This rank's shards lie apart in the full buffer (one per unit) and the step needs them
         # contiguous, in partition coordinates: one fp32 partition.
         return self.layout.partition_numel * 4
 
     def partition_gradients(self) -> torch.Tensor:
+        if self.host_partition is not None:
+            return self.host_partition
         grads = torch.empty(self.layout.partition_numel, dtype=torch.float32, device=self.device)
         for unit in self.layout.units:
             lo, hi = unit.shard_bounds(self.layout.part)
@@ -252,16 +291,24 @@ class FullGradients(GradientReducer):
 
     def gradient_tensors(self) -> list[torch.Tensor]:
         slots = [slot for unit in self.layout.units for slot in unit.slots]
-        return [slot.param.grad for slot in slots if slot.param.grad is not None] + [self.buffer]
+        return [slot.param.grad for slot in slots if slot.param.grad is not None] + [self.buffer] \
+            + self.host_tensors()
 
 
 class PartitionedGradients(GradientReducer):
     """Stages 2-3: only this rank's partition of the gradient, plus constant-size buckets."""
 
     def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
-                 scatter: bool, overlap: bool, device: torch.device) -> None:
+                 scatter: bool, overlap: bool, device: torch.device,
+                 host_partition: Optional[torch.Tensor] = None, host_fp32: Optional[torch.Tensor] = None) -> None:
         super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device)
-        self.partition = torch.zeros(layout.partition_numel, dtype=grad_dtype, device=device)
+        # Offloaded, the partition the shards accumulate in is on the host: none on the device. In
+        # 16-bit, `host_fp32` is the step's fp32 partition (DeepSpeed's fp32 `.grad` partition beside
+        # its 16-bit host accumulation buffers), filled once per step.
+        self.host_partition = host_partition
+        self._host_fp32 = host_fp32 if host_fp32 is not host_partition else None
+        self.partition = host_partition if host_partition is not None else \
+            torch.zeros(layout.partition_numel, dtype=grad_dtype, device=device)
         self._buckets = BufferPool(max(unit.numel for unit in layout.units), grad_dtype, device)
         self._filling: dict[int, torch.Tensor] = {}  # unit index -> its bucket while gradients arrive
 
@@ -292,7 +339,8 @@ class PartitionedGradients(GradientReducer):
         released: list = [(self._buckets, bucket_buffer)]
         work, shard = self._averaged_collective(unit, bucket_buffer[:unit.numel], released)
         target = unit.in_partition(self.partition)
-        return _PendingReduction(work, lambda: target.add_(shard), self._release_all(released))
+        return _PendingReduction(work, lambda: target.add_(self._to_host(shard, target)),
+                                 self._release_all(released))
 
     def _must_reduce_now(self) -> bool:
         return True  # partitioned gradients cannot wait for the last micro-batch
@@ -304,14 +352,23 @@ class PartitionedGradients(GradientReducer):
         # An fp32 partition is handed over itself, not copied (a copy was +1x the fp32 partition at the
         # step's peak): the step unscales and clips it in place, and zero_grad clears it before the next
         # accumulation, so nothing reads the reduced values after the step.
-        return self.partition if self.partition.dtype == torch.float32 else self.partition.to(torch.float32)
+        if self.partition.dtype == torch.float32:
+            return self.partition
+        if self._host_fp32 is not None:
+            return self._host_fp32.copy_(self.partition)
+        return self.partition.to(torch.float32)
 
     def partition_working_bytes(self) -> int:
-        return 0 if self.partition.dtype == torch.float32 else self.layout.partition_numel * 4
+        held = self.partition.dtype == torch.float32 or self._host_fp32 is not None
+        return 0 if held else self.layout.partition_numel * 4
+
+    def host_tensors(self) -> list[torch.Tensor]:
+        return super().host_tensors() + ([] if self._host_fp32 is None else [self._host_fp32])
 
     def gradient_tensors(self) -> list[torch.Tensor]:
         slots = [slot for unit in self.layout.units for slot in unit.slots]
-        return [slot.param.grad for slot in slots if slot.param.grad is not None] + [self.partition]
+        return [slot.param.grad for slot in slots if slot.param.grad is not None] + [self.partition] \
+            + ([] if self._host_fp32 is None else [self._host_fp32])
 
     def buffer_tensors(self) -> list[torch.Tensor]:
         return list(self._buckets.buffers) + super().buffer_tensors()

@@ -143,7 +143,8 @@ class ShardedAdamW:
         pieces = sharded + replicated
         squares = [norm.square() for norm in torch._foreach_norm(pieces)] if pieces else []
         total = torch.stack(squares).sum() if squares else torch.zeros((), device=grads.device)
-        total = total.reshape(1).to(torch.float32)
+        # On the training device whatever `grads`' (the host, with offload): NCCL reaches only it.
+        total = total.reshape(1).to(device=self.parameters.device, dtype=torch.float32)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
         return total
@@ -180,7 +181,7 @@ class ShardedAdamW:
 
     def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
         """What the step allocates on top of the model states at its peak: the fp32 gradient
-        partition where the reducer cannot hand over its own (stages 0-1), and then publishing's
+        partition where the reducer cannot hand over its own (stages 0-1 without offload), and then publishing's
         copies (zero.param_storage) plus what the transport copies of its largest gather
         (`gather_copy_bytes`: gloo's, on CPU); nothing for AdamW, whose fused kernel updates in place
         (the foreach kernel would hold +1x the fp32 partition). Unscaling and clipping scale the
@@ -190,8 +191,8 @@ class ShardedAdamW:
         return max(self.gradients.partition_working_bytes(), publishing)
 
     def host_working_bytes(self) -> int:
-        """Host memory the step holds besides the model states (zero/offload.py: its sub-group gradient
-        buffer, allocated once); nothing here, where the step runs beside the master."""
+        """Host memory the step holds besides the model states: nothing, offloaded or not (the offloaded
+        step reads the reducer's host gradient partition in place, zero/offload.py)."""
         return 0
 
     def publish_parameters(self) -> None:

@@ -107,8 +107,10 @@ class ParameterGatherer:
         # its unit's piece to the device; the copy stays alive until its gather is waited for.
         self.shard_on_host = zero_config.offload_param
         self._fetched: dict[int, torch.Tensor] = {}
+        self._fetched_numel = 0                # elements of those device copies alive now
         self.live_numel = 0
         self.peak_live_numel = 0               # the most parameter elements gathered at once
+        self.peak_device_numel = 0             # the most gathered plus fetched (device copies) at once
         self._trace: list[int] = []            # units in the order this forward ran them
         self._in_backward: set[int] = set()    # units whose backward has started in this backward
         self._backward_started = False         # any unit's backward has begun since the last sync
@@ -116,7 +118,7 @@ class ParameterGatherer:
             self.flat[index].untyped_storage().resize_(self._nbytes[index])
             self._state[index] = _READY
             self.live_numel += self.units[index].numel
-        self.peak_live_numel = self.live_numel
+        self.peak_live_numel = self.peak_device_numel = self.live_numel
         self._handles = []
         for unit, module in zip(self.units, modules):
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_forward, unit)))
@@ -133,9 +135,11 @@ class ParameterGatherer:
         self._work[unit.index] = self.comm.all_gather(flat, shard, self.group, "dp", async_op=True)
         if self.shard_on_host:
             self._fetched[unit.index] = shard
+            self._fetched_numel += shard.numel()
         self._state[unit.index] = _IN_FLIGHT
         self.live_numel += unit.numel
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+        self.peak_device_numel = max(self.peak_device_numel, self.live_numel + self._fetched_numel)
 
     def _device_shard(self, unit: Unit) -> torch.Tensor:
         """This rank's piece of `unit` where the gather reads it: the shard itself, or with the shard on
@@ -145,7 +149,15 @@ class ParameterGatherer:
 
     def _wait(self, unit: Unit) -> None:
         self._work.pop(unit.index).wait()
-        self._fetched.pop(unit.index, None)
+        fetched = self._fetched.pop(unit.index, None)
+        if fetched is not None:
+            self._fetched_numel -= fetched.numel()
+
+    def _window_cost(self, unit: Unit) -> int:
+        """Device elements `unit` takes in the prefetch window: its chunk, and with the shard on the
+        host the device copy of its piece that a gather not yet waited for holds (or will hold)."""
+        fetching = self.shard_on_host and (self._state[unit.index] == _RELEASED or unit.index in self._fetched)
+        return unit.numel + (unit.shard_numel if fetching else 0)
 
     def fetch(self, unit: Unit) -> None:
         """Make `unit`'s parameters usable now."""
@@ -167,16 +179,20 @@ class ParameterGatherer:
         """Keep the next chunks gathered or in flight, up to the prefetch budget and the live-parameter
         cap. The budget is a window ahead of the chunk in use: chunks in it that are already gathered or
         in flight count against it too, so each hook tops the window up instead of starting a fresh
-        budget's worth of gathers on top of the last one (which left most of the model gathered)."""
+        budget's worth of gathers on top of the last one (which left most of the model gathered). With
+        --offload-param each gather also holds a device copy of its 1/N piece until it is waited for:
+        the window counts those too (`_window_cost`), so it bounds device memory, not only gathered
+        parameters (the live-parameter cap stays in parameters, as DeepSpeed's)."""
         budget = self.prefetch_numel
         for position, unit in enumerate(candidates):
             # DeepSpeed starts the next parameter's gather whenever its budget is positive, however
             # large that parameter is. Our unit is a whole block, so only the first chunk of the
             # window may exceed what is left; the others fit in it (rounding the window up by a
             # block instead would add a block to every default run's peak).
-            if budget <= 0 or (position > 0 and unit.numel > budget):
+            cost = self._window_cost(unit)
+            if budget <= 0 or (position > 0 and cost > budget):
                 break
-            budget -= unit.numel
+            budget -= cost
             if self._state[unit.index] != _RELEASED:
                 continue
             if self.live_numel + unit.numel > self.max_live_numel:

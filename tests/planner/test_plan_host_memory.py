@@ -26,7 +26,7 @@ def test_dry_run_prints_host_bytes_and_the_host_verdict(capsys):
     assert planner_cli.main(argv) == 0
     text = capsys.readouterr().out
     for words in ("host: fp32 master weights (offloaded)", "host: Adam moments (offloaded)",
-                  "host: 16-bit parameter shard (offloaded)", "host: the offloaded step's sub-group gradient buffer",
+                  "host: 16-bit parameter shard (offloaded)", "host: fp32 gradient partition (offloaded)",
                   "host total per rank; per node (4 ranks)", "host memory per node 976.56 KiB: does NOT fit; the tighter budget is the host's",
                   "budget 14.90 GiB: fits", "offloaded shards' device copies"):
         assert words in text, words
@@ -35,6 +35,8 @@ def test_dry_run_prints_host_bytes_and_the_host_verdict(capsys):
     host = record["host_model_state_bytes"]
     assert record["model_state_bytes"]["master_weights"] == record["model_state_bytes"]["optimizer_states"] == 0
     assert host["optimizer_states"] == 2 * host["master_weights"] > 0 and host["parameters"] > 0
+    # The reduced gradient partition lives on the host, fp32 like the master (zero/grad_reducer.py).
+    assert host["gradients"] == host["master_weights"] and record["model_state_bytes"]["gradients"] == 0
     assert record["host_total_bytes"] == host["total"] + record["host_buffer_bytes"]
     assert record["host_budget_bytes"] == 10**6 and record["ranks_per_node"] == 4 and record["fits"] is False
 
@@ -100,15 +102,21 @@ OFFLOAD_13B = ["--hidden-size", "5120", "--num-attention-heads", "40", "--seq-le
 
 
 def test_the_offload_headline_as_docs_zero_md_states_it():
-    """11 layers (3.7B) fit one 32 GB GPU with 1.5 TB of host memory and 12 do not, the device binding:
-    the device keeps the 16-bit gradient partition and the step's fp32 copy of it (6 bytes/parameter)."""
+    """43 layers (13.8B) fit one 32 GB GPU with 1.5 TB of host memory and 44 do not, the device binding:
+    the reduced gradient partition goes to the host (fp16 to accumulate in and fp32 for the step, 6 bytes/
+    parameter there, beside 12 of master and moments), so the device keeps
+    the 16-bit parameters (2 bytes/parameter) and the reduce buckets, as ZeRO-Offload's does. Before the
+    gradients went to the host during backward, 11 layers (3.7B) were the most: the device kept the
+    16-bit gradient partition and the step's fp32 copy of it (6 more bytes/parameter)."""
     from planner.dry_run import dry_run
 
     cluster = Cluster(1, 1, 32 * 10**9, "cuda", host_memory_bytes=15 * 10**11)
     fits, too_deep = (dry_run(parse_config([*OFFLOAD_13B, "--num-layers", str(layers)]), cluster,
-                              planner_cli.GPT2_VOCAB) for layers in (11, 12))
-    assert fits.fits and round(fits.parameters_total / 1e9, 1) == 3.7
+                              planner_cli.GPT2_VOCAB) for layers in (43, 44))
+    assert fits.fits and round(fits.parameters_total / 1e9, 1) == 13.8
     assert not too_deep.fits_device and too_deep.fits_host
-    assert 45 * 2**30 < fits.host_node_bytes < 46 * 2**30
-    assert fits.model_state_bytes["gradients"] == fits.model_state_bytes["parameters"]  # 2 B each, on the device
-    assert fits.step_working_bytes == 2 * fits.model_state_bytes["gradients"]  # the step's fp32 partition
+    assert 231 * 2**30 < fits.host_node_bytes < 232 * 2**30
+    device, host = fits.model_state_bytes, fits.host_model_state_bytes
+    assert device["gradients"] == 0 and host["gradients"] == 3 * device["parameters"]  # fp16 + fp32 on the host
+    # The step holds publishing's bucket copies only, no fp32 gradient partition (2x the parameters).
+    assert fits.step_working_bytes < device["parameters"] // 10

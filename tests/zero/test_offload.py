@@ -4,6 +4,14 @@ DeepSpeed's ZeRO-Offload keeps the fp32 partition and the moments on the host an
 (deepspeedai/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py @edaa722, lines 492-497 and 2321-2341);
 the update is the same AdamW, so with the same kernel on both sides (PyTorch's fused CPU AdamW, which
 is elementwise) the losses and gradient norms must not move by one bit.
+
+The reduced gradient partition goes to the host as each unit's reduction completes, and the host step
+reads it there (zero/grad_reducer.py), as DeepSpeed's `copy_grads_in_partition` does (stage_1_and_2.py
+@edaa722, 1650-1670: at stage 1 once, at the accumulation boundary; at stages 2-3 every micro-batch,
+accumulated, 1516-1560; stage3.py `partition_grads`, 1886-1933). Accumulating on the host performs
+the same fp32 additions in the same order as the device partition without offload (stages 2-3), and
+stage 1 copies the same reduced values, so with 4 accumulated micro-batches the norms, the fp16
+overflow skips and clipping must still be those of the run without offload, bit for bit.
 """
 
 import pytest
@@ -16,6 +24,7 @@ from tests.zero.test_zero_distributed import SEQ, VOCAB, tiny_gpt2
 from tests.zero_harness import ZeroHarness
 from zero.config import ZeroConfig
 from zero.loss_scaler import DynamicLossScaler
+from zero.memory import host_resident_tensors, measure_by_placement
 from zero.offload import HostOffloadedAdamW, StepPiece, cut_segment, pack_sub_groups
 
 # clip_grad 0.05 clips every step here, so clipping is exercised on both sides.
@@ -68,7 +77,14 @@ def offloaded_and_plain(rank, world_size):
             plain_losses, plain_norms, _ = train(state, stage, offload=False)
             losses, norms, optimizer = train(state, stage, offload=True)
             partition = optimizer.layout.partition_numel
+            reducer = optimizer.gradients
+            placed = measure_by_placement(optimizer.model_state_tensors(), host_resident_tensors(optimizer))
             results[stage] = {
+                # Where the gradients were: the host partition is what the step reads, in place.
+                "step_reads_host_partition": reducer.partition_gradients().data_ptr() == reducer.host_partition.data_ptr(),
+                "host_gradient_bytes": placed["host"]["gradients"],
+                "device_gradient_bytes": placed["device"]["gradients"],
+                "full_buffer_bytes": reducer.buffer.numel() * 4 if stage == 1 else 0,
                 "plain": (plain_losses, plain_norms), "offloaded": (losses, norms),
                 "type": type(optimizer).__name__, "sub_groups": optimizer.num_sub_groups,
                 "host_buffer_bytes": optimizer.host_working_bytes(), "partition": partition,
@@ -107,9 +123,14 @@ def test_optimizer_and_parameter_offload_equal_the_run_without_bit_for_bit():
             assert all(norm > OPTIMIZER.clip_grad for norm in plain_norms), "every step must clip"
             assert losses == plain_losses, f"rank {rank} stage {stage}: losses {losses} vs {plain_losses}"
             assert norms == plain_norms, f"rank {rank} stage {stage}: norms {norms} vs {plain_norms}"
-            # The sub-grouped path really ran: several windows, one bounded host buffer, one step each.
+            # The gradient partition is a host fp32 tensor; the device keeps none (stage 1: only the full
+            # buffer the micro-batches accumulate in before the one reduction, as DeepSpeed's stage 1).
+            assert result["step_reads_host_partition"]
+            assert result["host_gradient_bytes"] == 4 * result["partition"]
+            assert result["device_gradient_bytes"] == result["full_buffer_bytes"]
+            # The sub-grouped path really ran: several windows, no host temporary, one step each.
             assert result["sub_groups"] > 3
-            assert result["host_buffer_bytes"] <= SUB_GROUP * 4
+            assert result["host_buffer_bytes"] == 0
             assert result["largest_piece"] <= SUB_GROUP
             assert result["adam_step"] == ITERATIONS
 

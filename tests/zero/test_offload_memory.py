@@ -3,10 +3,12 @@
 ZeRO-Offload keeps the fp32 master partition and both Adam moments in host memory and steps them there
 (deepspeedai/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py @edaa722: `weights_partition ...
 .to(device='cpu')` at lines 492-497, the offloaded step at 2321-2341); ZeRO-3 Offload also keeps the 16-bit
-parameter shard there (deepspeed/runtime/zero/partition_parameters.py, `remote_device` "cpu"); the host
-step's gradient goes through one buffer (stage_1_and_2.py's `temp_grad_buffer_for_cpu_offload`). So per
-rank the device holds only the 16-bit parameters and gradients, and the host 12 bytes per parameter of the
-rank's shard (+2 with parameter offload) plus that buffer.
+parameter shard there (deepspeed/runtime/zero/partition_parameters.py, `remote_device` "cpu"); the reduced
+gradient partition goes to the host as each bucket's reduction completes (stage_1_and_2.py
+`copy_grads_in_partition`, 1650-1670; stage3.py's pinned `grad_partitions_flat_buffer`, 742-750). So per
+rank the device holds the 16-bit parameters, the reduce buckets and at stage 1 the full gradient buffer
+the micro-batches accumulate in, and the host 16 bytes per parameter of the rank's shard (fp32 master,
+moments and gradient; +2 for a 16-bit accumulation partition at stages 2-3, +2 with parameter offload).
 
 The acceptance: for each placement (none, optimizer, optimizer + parameters) and stage, the dry run's
 device and host bytes of every rank equal what a live 2-rank run holds after one iteration, measured over
@@ -40,12 +42,37 @@ PLACEMENTS = {
     "optimizer": ["--offload-optimizer", *SUB_GROUP],
     "optimizer+param": ["--offload-optimizer", "--offload-param", *SUB_GROUP],
 }
+PRECISIONS = {"fp32": [], "bf16": ["--bf16"],
+              # 16-bit gradients: stages 2-3 accumulate the micro-batches in a bf16 host partition
+              "bf16-grads": ["--bf16", "--no-accumulate-allreduce-grads-in-fp32"]}
 CASES = [(placement, stage, precision) for placement in PLACEMENTS for stage in (1, 2, 3)
-         for precision in ("fp32", "bf16") if not (placement == "optimizer+param" and stage != 3)]
+         for precision in ("fp32", "bf16") if not (placement == "optimizer+param" and stage != 3)] \
+    + [("optimizer", 2, "bf16-grads")]
 
 
 def flags(placement: str, stage: int, precision: str) -> list[str]:
-    return [*COMMON, "--zero-stage", str(stage), *PLACEMENTS[placement]] + (["--bf16"] if precision == "bf16" else [])
+    return [*COMMON, "--zero-stage", str(stage), *PLACEMENTS[placement], *PRECISIONS[precision]]
+
+
+def spy_on_device_peak(gatherer) -> dict:
+    """The most bytes stage 3's gathered chunks and offload's device copies of shard pieces hold at
+    once, read from the storages themselves (not the gatherer's counters): they grow only when a
+    gather starts, so sampling after each start finds the peak."""
+    peak = {"bytes": 0}
+    start = gatherer._start_gather
+
+    def sample() -> None:
+        held = sum(flat.untyped_storage().nbytes() for flat in gatherer.flat)
+        held += sum(copy.untyped_storage().nbytes() for copy in gatherer._fetched.values())
+        peak["bytes"] = max(peak["bytes"], held)
+
+    def start_and_sample(unit) -> None:
+        start(unit)
+        sample()
+
+    gatherer._start_gather = start_and_sample
+    sample()
+    return peak
 
 
 def measured_after_one_iteration(rank, world_size):
@@ -58,6 +85,8 @@ def measured_after_one_iteration(rank, world_size):
             plan = resolve_run_settings(config, VOCAB, 1, state.data_parallel_size, "cpu")
             built = build(plan, state, dropout_rng=False, torch_compile=False)
             zero, optimizer = built.zero, built.zero.optimizer
+            gatherer = getattr(optimizer.parameters, "gatherer", None)
+            device_peak = spy_on_device_peak(gatherer) if gatherer is not None else None
             zero.reducer.zero_grad()
             tokens = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(rank))
             zero.scale_loss(built.model(tokens[:, :-1], tokens[:, 1:]).float().mean()).backward()
@@ -67,6 +96,7 @@ def measured_after_one_iteration(rank, world_size):
             results[case] = {"placed": placed,
                              "whole": measure_tensor_bytes(optimizer.model_state_tensors()),
                              "host_working_bytes": optimizer.host_working_bytes(),
+                             "stage3_device_peak": device_peak and device_peak["bytes"],
                              "partition": optimizer.layout.partition_numel}
         return results
     finally:
@@ -99,11 +129,20 @@ def test_dry_run_device_and_host_bytes_equal_the_live_run(live, case):
         assert host["master_weights"] == (4 * partition if offloaded else 0)
         assert host["optimizer_states"] == (8 * partition if offloaded else 0)
         assert device["master_weights"] + device["optimizer_states"] == (0 if offloaded else 12 * partition)
-        assert host["buffers"] == measured["host_working_bytes"]
-        assert (0 < host["buffers"] <= 4 * SUB_GROUP_ELEMENTS) if offloaded else host["buffers"] == 0
-        shard_bytes = partition * (2 if precision == "bf16" else 4)
+        assert host["buffers"] == measured["host_working_bytes"] == 0
+        # The gradient partition is on the host: fp32 for the step, plus the 16-bit one stages 2-3
+        # accumulate the micro-batches in; the device keeps only stage 1's full accumulation buffer.
+        grad_bytes = 2 if config.training.gradient_precision == "bf16" else 4
+        accumulation = grad_bytes * partition if stage >= 2 and grad_bytes == 2 else 0
+        assert host["gradients"] == ((4 * partition + accumulation) if offloaded else 0)
+        if offloaded:
+            assert (device["gradients"] > 0) if stage == 1 else device["gradients"] == 0
+        shard_bytes = partition * (4 if precision == "fp32" else 2)
         assert host["parameters"] == (shard_bytes if placement == "optimizer+param" else 0)
         assert plan.host_total_bytes == host["total"] + host["buffers"]  # no P_a+cpu here
+        if stage == 3:  # the gathered chunks' and offload's device copies' peak is the planned one
+            assert plan.stage3_live_chunk_bytes + plan.offload_copy_bytes == measured["stage3_device_peak"]
+            assert (plan.offload_copy_bytes > 0) == (placement == "optimizer+param")
 
 
 def test_offload_param_adds_the_gathers_device_copies_and_host_memory_binds(live):
@@ -115,7 +154,8 @@ def test_offload_param_adds_the_gathers_device_copies_and_host_memory_binds(live
     optimizer_only = dry_run(parse_config(base), cluster, VOCAB)
     both = dry_run(parse_config([*base, "--offload-param"]), cluster, VOCAB)
     assert optimizer_only.offload_copy_bytes == 0
-    assert both.offload_copy_bytes == -(-both.stage3_live_chunk_bytes // 2 // WORLD) * 2 > 0
+    # At most every gathered unit's 1/N piece is in flight at once.
+    assert 0 < both.offload_copy_bytes <= -(-both.stage3_live_chunk_bytes // 2 // WORLD) * 2
     shard = optimizer_only.model_state_bytes["parameters"]
     assert both.model_state_bytes["parameters"] == 0 and both.host_model_state_bytes["parameters"] == shard
     assert both.fits and both.fits_host is None
@@ -135,3 +175,26 @@ def test_a_cpu_memory_line_compares_rss_with_device_and_host_predictions_togethe
     assert check.figures()[1] == 150 * 2**20
     assert "predicted peak 150.0 MiB" in check.line(1)
     assert MemoryCheck(100 * 2**20, torch.device("cpu")).figures()[1] == 100 * 2**20
+
+
+def test_the_prefetch_window_counts_the_device_copies_of_offloaded_shards():
+    """A window of two (padded) block chunks prefetches two blocks ahead; with --offload-param each gather
+    also holds a device copy of its 1/N piece until it is waited for, which the window counts (zero/
+    stage3.py), so two blocks plus their copies no longer fit and one block is prefetched. Without that, the window
+    bounded the gathered parameters only, and the copies came on top of it on the device."""
+    from tests.zero.test_stage3_budget import CHUNK
+
+    def planned(*extra):
+        config = parse_config(["--num-layers", "6", "--hidden-size", "64", "--num-attention-heads", "4",
+                               "--seq-length", "32", "--max-position-embeddings", "32", "--zero-stage", "3",
+                               "--micro-batch-size", "2", "--global-batch-size", "4",
+                               "--stage3-prefetch-bucket-size", str(2 * CHUNK),
+                               "--stage3-param-persistence-threshold", "0", "--offload-optimizer", *extra])
+        return dry_run(config, Cluster(WORLD, WORLD, device_type="cpu"), 1000)
+
+    resident, offloaded = planned(), planned("--offload-param")
+    assert resident.stage3_live_chunk_bytes - offloaded.stage3_live_chunk_bytes == CHUNK * 4  # fp32
+    window = 2 * CHUNK * 4
+    # The peak: the root chunk and the block in use (each with its copy), and the window's worth ahead.
+    root_and_block = resident.stage3_live_chunk_bytes - 2 * CHUNK * 4
+    assert offloaded.stage3_live_chunk_bytes + offloaded.offload_copy_bytes <= root_and_block * 3 // 2 + window
