@@ -58,11 +58,11 @@ def llama_run_config(variant: str, **overrides) -> PretrainConfig:
     return config
 
 
-def random_llama_folder(path: Path, variant: str) -> Path:
+def random_llama_folder(path: Path, variant: str, vocab_size: int = VOCAB) -> Path:
     """A LlamaForCausalLM with every weight random (norm gains and biases too), saved by transformers."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    their_config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    their_config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                num_attention_heads=4, max_position_embeddings=16, rms_norm_eps=1e-6,
                                bos_token_id=None, eos_token_id=None, pad_token_id=None, **VARIANTS[variant][1])
     model = LlamaForCausalLM(their_config)
