@@ -188,3 +188,20 @@ def test_only_models_a_gpt2_or_llama_folder_can_hold_are_converted():
         with pytest.raises(ConfigError, match="LlamaForCausalLM") as error:
             check_convertible(model, "--init-from-hf")
         assert needs in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_folder_of_the_other_family_is_told_what_to_change(tmp_path):
+    from tests.checkpoint.test_hf_checkpoint import random_hf_folder
+
+    gpt2_folder = random_hf_folder(tmp_path / "gpt2")
+    with pytest.raises(ConfigError, match="which a GPT-2 folder lacks: drop them") as error:
+        load_hf_weights(gpt2_folder, llama_run_config("mqa-tied-bias").model, CPU)
+    assert "--normalization RMSNorm" in str(error.value) and "\n" not in str(error.value)
+    llama_folder = random_llama_folder(tmp_path / "llama", "mqa-tied-bias")
+    gpt2_run = llama_run_config("mqa-tied-bias", normalization="LayerNorm", swiglu=False,
+                                position_embedding_type="learned_absolute", num_query_groups=None)
+    with pytest.raises(ConfigError) as error:
+        load_hf_weights(llama_folder, gpt2_run.model, CPU)
+    for flag in ("--normalization RMSNorm", "--swiglu", "--position-embedding-type rope",
+                 "--group-query-attention --num-query-groups 1"):
+        assert flag in str(error.value), flag
