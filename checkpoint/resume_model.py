@@ -10,7 +10,6 @@ would let such a resume through and train a different function from the saved we
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from base.errors import ConfigError
 from base.options import flag_of_setting
@@ -62,10 +61,9 @@ def model_differences(saved_model: dict, model: ModelConfig) -> list[str]:
     return differences
 
 
-def check_resume_model(metadata: dict, model: ModelConfig, iteration_dir: Path) -> Optional[str]:
+def check_resume_model(metadata: dict, model: ModelConfig, iteration_dir: Path) -> None:
     """Raise ConfigError, in one line, naming every block setting that differs from the checkpoint's."""
     differences = model_differences((metadata.get("config") or {}).get("model") or {}, model)
     if differences:
         raise ConfigError(f"resuming {iteration_dir} with {'; '.join(differences)}: the model would not be the one "
                           f"trained. Pass the checkpoint's settings, or --finetune to start a new run from its weights")
-    return None
