@@ -375,7 +375,8 @@ class CheckpointConfig:
     # Also with a fresh data order.
     finetune: bool = option(False, help="load weights only and start at iteration 0")
     init_from_hf: Optional[str] = option(None, metavar="DIR", help="start from a transformers GPT2LMHeadModel "
-                                                                   "folder (config.json + model.safetensors)")
+                                                                   "or LlamaForCausalLM folder (config.json + "
+                                                                   "model.safetensors)")
     exit_signal_handler: bool = option(False, help="on SIGTERM or SIGUSR1, finish the iteration, save and exit 0")
     exit_interval: Optional[int] = option(None, help="save and exit 0 after an iteration that is a multiple of N")
     exit_duration_in_mins: Optional[float] = option(None, help="save and exit 0 once the run has lasted this many "

@@ -1,4 +1,5 @@
-"""Weight mapping between `GPTModel` and transformers' `GPT2LMHeadModel`, and Hugging Face folders.
+"""Weight mapping between `GPTModel` and transformers' `GPT2LMHeadModel`, and Hugging Face folders; a model
+with Llama's blocks maps to `LlamaForCausalLM` instead (checkpoint/hf_llama.py), through the same folders.
 
 Two differences in layout, besides the names:
 - transformers' GPT-2 uses `Conv1D`, whose weight is the transpose of a Linear's ([in, out]).
@@ -33,6 +34,7 @@ from torch import nn
 
 from arguments.config import ModelConfig
 from base.errors import ConfigError
+from checkpoint import hf_llama
 from checkpoint.format import consolidate, read_metadata, save_tensors, tensor_parallel_slice
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from parallel.state import ParallelState
@@ -41,9 +43,8 @@ from zero.optimizer_state import CheckpointableOptimizer
 ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 
 
-def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
-    """Hugging Face conversion here is GPT-2's (GPT2LMHeadModel); a model with Llama-shaped blocks (issue
-    37) is refused in one line naming what differs, not turned into a KeyError halfway."""
+def gpt2_misfits(config: ModelConfig) -> list[str]:
+    """The flags by which `config` differs from GPT-2's blocks (issue 37's Llama-shaped ones)."""
     default = ModelConfig()
     features = {"--normalization RMSNorm": config.normalization != default.normalization,
                 "--swiglu": config.swiglu,
@@ -53,10 +54,27 @@ def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
                 "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
                 "--qk-layernorm": config.qk_layernorm}
-    differing = [flag for flag, differs in features.items() if differs]
+    return [flag for flag, differs in features.items() if differs]
+
+
+def is_llama_shaped(config: ModelConfig) -> bool:
+    """Converted as transformers' LlamaForCausalLM rather than GPT2LMHeadModel."""
+    return bool(gpt2_misfits(config))
+
+
+def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
+    """GPT-2's weight mapping applies: a Llama-shaped model is refused in one line naming what differs,
+    not turned into a KeyError halfway."""
+    differing = gpt2_misfits(config)
     if differing:
-        raise ConfigError(f"{what} converts GPT-2-shaped models only; this one has {', '.join(differing)} "
-                          f"(Llama-shaped Hugging Face import and export are not implemented yet)")
+        raise ConfigError(f"{what} reads GPT-2-shaped models only; this one has {', '.join(differing)}")
+
+
+def check_convertible(config: ModelConfig, what: str) -> None:
+    """A GPT2LMHeadModel or a LlamaForCausalLM can hold this model; anything else (GPT-2's blocks with an
+    untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need."""
+    if is_llama_shaped(config):
+        hf_llama.check_llama_shaped(config, what)
 
 
 def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
@@ -128,7 +146,9 @@ def _from_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    check_gpt2_shaped(config, "the Hugging Face export")
+    """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model."""
+    if is_llama_shaped(config):
+        return hf_llama.to_llama_state_dict(state_dict, config)
     heads = config.num_attention_heads
     out = {"transformer.wte.weight": state_dict["word_embeddings.weight"][: config.vocab_size]}
     for ours, hf, how in _name_table(config):
@@ -190,7 +210,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
     out_dir = Path(os.path.abspath(out_dir))  # "." and "a/.." have no name to stage beside
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
     check_output_folder(out_dir, overwrite, tokenizer_dir)
-    tensors = _tensors_to_write(hf_state, dtype)
+    tensors = _tensors_to_write(hf_state, dtype, tied=not model_config.untie_embeddings_and_output_weights)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -208,12 +228,13 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
     return out_dir
 
 
-def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The tensors in `dtype`, without lm_head.weight: it is the token embedding (tied), transformers
-    re-ties it on load, and safetensors refuses two names for one storage."""
+def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tied: bool = True
+                      ) -> dict[str, torch.Tensor]:
+    """The tensors in `dtype`, without a tied lm_head.weight: it is the token embedding, transformers
+    re-ties it on load, and safetensors refuses two names for one storage. An untied one is written."""
     tensors = {}
     for name, tensor in hf_state.items():
-        if name == "lm_head.weight" or name.endswith(HF_BUFFER_SUFFIXES):
+        if (tied and name == "lm_head.weight") or name.endswith(HF_BUFFER_SUFFIXES):
             continue
         tensors[name] = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
         if tensor.is_floating_point() and not torch.isfinite(tensors[name]).all():
@@ -224,8 +245,13 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype) -> 
 
 def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype):
     # generate() stops at the EOS id, which must be our tokenizer's.
-    hf = hf_config(model_config, _eod_id(tokenizer_dir) if tokenizer_dir is not None else None)
-    hf.architectures = ["GPT2LMHeadModel"]
+    eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else None
+    if is_llama_shaped(model_config):
+        hf = hf_llama.llama_hf_config(model_config, eod)
+        hf.architectures = [hf_llama.ARCHITECTURE]
+    else:
+        hf = hf_config(model_config, eod)
+        hf.architectures = ["GPT2LMHeadModel"]
     # from_pretrained(dtype="auto") loads in the dtype the weights were written in.
     if hasattr(hf, "dtype"):
         hf.dtype = dtype
@@ -256,12 +282,16 @@ def _copy_tokenizer(tokenizer_dir: Path, destination: Path) -> None:
 
 
 def read_hf_folder(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json as a dict, the weights under GPT2LMHeadModel's names). Only safetensors, JSON and
-    weights-only pickles are read; every failure is a ConfigError naming the file."""
+    """(config.json as a dict, the weights under GPT2LMHeadModel's names, or LlamaForCausalLM's when
+    config.json's model_type is llama). Only safetensors, JSON and weights-only pickles are read; every
+    failure is a ConfigError naming the file."""
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise ConfigError(f"{hf_dir}: no such Hugging Face model folder")
-    return _read_config(hf_dir / CONFIG_FILE), _gpt2_lm_head_names(_read_weights(hf_dir))
+    config = _read_config(hf_dir / CONFIG_FILE)
+    if config.get("model_type") == hf_llama.MODEL_TYPE:
+        return config, hf_llama.canonical_names(_read_weights(hf_dir))
+    return config, _gpt2_lm_head_names(_read_weights(hf_dir))
 
 
 def _read_config(path: Path) -> dict:
@@ -366,7 +396,10 @@ def check_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLi
 
     problems = []
     if value("model_type") != "gpt2":
-        problems.append(f"model_type is {value('model_type')!r}: only GPT-2 ('gpt2') models load here")
+        problems.append(f"model_type is {value('model_type')!r}: only GPT-2 ('gpt2') and Llama ('llama') "
+                        f"models load here")
+    if is_llama_shaped(model_config):
+        problems.append(f"this run has {', '.join(gpt2_misfits(model_config))}, which a GPT-2 folder lacks: drop them")
     n_embd = value("n_embd")
     ffn = value("n_inner") or (4 * n_embd if isinstance(n_embd, int) else None)
     activation = value("activation_function")
@@ -426,15 +459,21 @@ def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def check_hf_tensors(hf_state: dict[str, torch.Tensor], model_config: ModelConfig, source: str | os.PathLike) -> None:
     """Every weight present with the shape config.json implies, none left over, and an lm_head (when
     the file has one) equal to the token embedding, since ours is tied to it."""
-    expected = hf_tensor_shapes(model_config)
+    check_tensors_fit(hf_state, hf_tensor_shapes(model_config), source, "transformer.wte.weight", tied=True)
+
+
+def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]],
+                      source: str | os.PathLike, embedding_name: str, tied: bool) -> None:
+    """Every `expected` weight present with its shape, none left over; with `tied`, an lm_head (when the
+    file has one) equal to the token embedding, since our output layer is then the embedding."""
     problems = [f"{name}: missing" for name in expected if name not in hf_state]
     problems += [f"{name}: shape {list(hf_state[name].shape)}, expected {list(shape)}"
                  for name, shape in expected.items() if name in hf_state and tuple(hf_state[name].shape) != shape]
-    problems += [f"{name}: not a GPT-2 weight we have a place for" for name in hf_state
-                 if name not in expected and name != "lm_head.weight"]
-    head, embedding = hf_state.get("lm_head.weight"), hf_state.get("transformer.wte.weight")
-    if head is not None and embedding is not None and not torch.equal(head, embedding):
-        problems.append("lm_head.weight differs from transformer.wte.weight: our output layer is tied to the "
+    problems += [f"{name}: not a weight we have a place for" for name in hf_state
+                 if name not in expected and not (tied and name == "lm_head.weight")]
+    head, embedding = hf_state.get("lm_head.weight"), hf_state.get(embedding_name)
+    if tied and head is not None and embedding is not None and not torch.equal(head, embedding):
+        problems.append(f"lm_head.weight differs from {embedding_name}: our output layer is tied to the "
                         "token embedding")
     if problems:
         raise ConfigError(f"{source}: the weights do not fit this model ({len(problems)} problems): "
@@ -447,6 +486,12 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     TP size), after checking that its config and tensors fit `model_config`."""
     hf_dir = Path(hf_dir)
     hf, hf_state = read_hf_folder(hf_dir)
+    padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
+    if hf.get("model_type") == hf_llama.MODEL_TYPE:
+        hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+        check_tensors_fit(hf_state, hf_llama.llama_tensor_shapes(model_config), hf_dir,
+                          "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
+        return hf_llama.from_llama_state_dict(hf_state, model_config, padded_vocab)
     check_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
     check_hf_tensors(hf_state, model_config, hf_dir)
     return from_hf_state_dict(hf_state, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))

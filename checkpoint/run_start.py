@@ -22,6 +22,7 @@ from base.output_locks import MetricsFileLock, RunLock
 from checkpoint.format import read_metadata
 from checkpoint.lineage import RunIdentity, identity_on_start, new_id
 from checkpoint.output_paths import prepare_output_directory, prepare_output_file, refuse_training_output_in_checkpoint
+from checkpoint.resume_model import check_resume_model
 from checkpoint.save_directory import SaveDirectoryLock
 from checkpoint.sharded import verify_for_job
 from checkpoint.start_decision import StartDecision, check_resume_matches, check_save_directory, decide_start
@@ -131,6 +132,7 @@ def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callabl
         agree(state, error)
         if note:
             log(note)
+        agree(state, _attempt(lambda: check_resume_model(metadata, config.model, iteration_dir))[1])
     if not checkpoint.finetune and checkpoint.load_optim:  # as Megatron: only when it loads the scheduler
         outcome, error = _attempt(lambda: schedule_on_resume(
             config, batch, metadata.get("config") or {}, iteration_dir))

@@ -37,14 +37,17 @@ def padded_head_dim(head_dim: int, device_type: str, backend: str, enabled: bool
 
 
 def attention_at_head_dim(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_dim: int,
-                          dropout_p: float) -> torch.Tensor:
-    """Causal SDPA of [batch, heads, seq, d] tensors computed at head dim `head_dim` >= d, the result at d.
+                          dropout_p: float, enable_gqa: bool = False) -> torch.Tensor:
+    """Causal SDPA of [batch, heads, seq, d] tensors computed at head dim `head_dim` >= d, the result at d;
+    with `enable_gqa`, key and value hold one head per group of query heads (gpt/model.py).
 
     At head_dim == d this is exactly the unpadded call (the default scale is 1/sqrt(d))."""
     original = query.shape[-1]
+    grouped = {"enable_gqa": True} if enable_gqa else {}
     if head_dim == original:
-        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True, **grouped)
     pad = (0, head_dim - original)
     context = F.scaled_dot_product_attention(F.pad(query, pad), F.pad(key, pad), F.pad(value, pad),
-                                             dropout_p=dropout_p, is_causal=True, scale=1.0 / math.sqrt(original))
+                                             dropout_p=dropout_p, is_causal=True, scale=1.0 / math.sqrt(original),
+                                             **grouped)
     return context[..., :original]

@@ -43,6 +43,15 @@ from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 
 
+def sdpa_takes_grouped_kv(attention_backend: str) -> bool:
+    """Whether SDPA reads each group's key/value head for its query heads itself (enable_gqa, torch 2.5+:
+    query head i reads key/value head i // (heads / groups), as repeat_interleave's copies do), so the
+    copies of k and v per query head are never made. The memory-efficient and cuDNN kernels, all that
+    --attention-backend fused allows, do not take enable_gqa in every torch version: that backend keeps
+    the copies."""
+    return attention_backend != "fused" and torch.__version__ >= "2.5"
+
+
 class SelfAttention(nn.Module):
     """Causal attention with one fused QKV projection; multi-head, or grouped-query (a key/value head per
     group of query heads; one group is multi-query).
@@ -63,6 +72,7 @@ class SelfAttention(nn.Module):
         self.dropout_p = config.attention_dropout
         self.attention_backend = config.attention_backend
         self.pad_head_dim = config.pad_attention_head_dim
+        self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention_backend)
         self.rotary = architecture.position_embedding_type == "rope"
         self.rotary_base = architecture.rotary_base
         self.rope_scaling = architecture.rope_scaling
@@ -81,14 +91,16 @@ class SelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = hidden.shape
-        query, key, value = self._query_key_value(hidden)  # each [batch, heads, seq, head_dim]
+        # each [batch, heads, seq, head_dim]; key and value with one head per group under native_gqa
+        query, key, value = self._query_key_value(hidden)
         # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
         dropout_stream = self.rng.fork() if self.rng is not None else contextlib.nullcontext()
         # The device is known only here (the model is built on meta): whether to pad is decided per call.
         head_dim = padded_head_dim(self.head_dim, query.device.type, self.attention_backend, self.pad_head_dim)
         with dropout_stream, attention_kernels(self.attention_backend):
             context = attention_at_head_dim(query, key, value, head_dim,
-                                            dropout_p=self.dropout_p if self.training else 0.0)
+                                            dropout_p=self.dropout_p if self.training else 0.0,
+                                            enable_gqa=self.native_gqa)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
         return self.dense(context)
 
@@ -106,7 +118,7 @@ class SelfAttention(nn.Module):
         if self.rotary:
             cos, sin = rotary_angles(seq, self.rotary_dim, self.rotary_base, hidden.device, self.rope_scaling)
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        if per_group > 1:
+        if per_group > 1 and not self.native_gqa:
             # Query head i reads group i // per_group (transformers' repeat_kv, Megatron-Core's GQA).
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return query, key, value

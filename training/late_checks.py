@@ -41,12 +41,13 @@ def check_load(config: PretrainConfig) -> None:
 
 
 def check_init_from_hf(config: PretrainConfig) -> None:
-    """--init-from-hf converts a GPT-2 folder (checkpoint/hf.py): a Llama-shaped model is refused with the
-    flags, not after the model is built."""
+    """--init-from-hf reads a GPT2LMHeadModel or LlamaForCausalLM folder (checkpoint/hf.py): a model
+    neither can hold (GPT-2's blocks with an untied output, --qk-layernorm, ...) is refused with the flags,
+    not after the model is built."""
     if config.checkpoint.init_from_hf:
-        from checkpoint.hf import check_gpt2_shaped  # here: --help stays free of the conversion code
+        from checkpoint.hf import check_convertible  # here: --help stays free of the conversion code
 
-        check_gpt2_shaped(config.model, "--init-from-hf")
+        check_convertible(config.model, "--init-from-hf")
 
 
 LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag, check_init_from_hf)

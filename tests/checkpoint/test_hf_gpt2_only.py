@@ -1,6 +1,7 @@
-"""Hugging Face conversion is GPT-2's: a Llama-shaped model (issue 37's blocks) is refused in one line
-naming what differs, at export (scripts/convert_to_hf.py's to_hf_state_dict, which raised a KeyError on
-'position_embeddings.weight') and at --init-from-hf, with the launch's other flag checks."""
+"""Hugging Face conversion is GPT-2's or Llama's (tests/checkpoint/test_hf_llama.py): a model neither
+GPT2LMHeadModel nor LlamaForCausalLM can hold (GPT-2's blocks with rotary positions, say) is refused in one
+line naming what a Llama would need, at export (scripts/convert_to_hf.py's to_hf_state_dict, which raised a
+KeyError on 'position_embeddings.weight') and at --init-from-hf, with the launch's other flag checks."""
 
 import dataclasses
 
@@ -34,12 +35,15 @@ def test_a_gpt2_model_passes_and_a_llama_shaped_one_is_named():
 def test_exporting_a_llama_shaped_state_is_one_line_not_a_key_error():
     config = dataclasses.replace(TINY, position_embedding_type="rope")
     state = {name: tensor.detach() for name, tensor in build_gpt_model(config, ParallelState(device=torch.device("cpu")), seed=0).state_dict().items()}
-    with pytest.raises(ConfigError, match="--position-embedding-type rope"):
+    with pytest.raises(ConfigError, match="--normalization RMSNorm, --swiglu"):
         to_hf_state_dict(state, config)
 
 
-def test_init_from_hf_with_llama_blocks_is_refused_with_the_flags(tmp_path):
+def test_init_from_hf_with_half_of_llamas_blocks_is_refused_with_the_flags(tmp_path):
     with pytest.raises(ConfigError) as error:
         parse_arguments(["--init-from-hf", str(tmp_path), "--swiglu", "--lr", "nan"], late_checks=LATE_CHECKS)
     message = str(error.value)
-    assert "--init-from-hf" in message and "--swiglu" in message and "--lr" in message  # one round
+    assert "--init-from-hf" in message and "--normalization RMSNorm" in message and "--lr" in message  # one round
+    # Llama's whole set passes the flag checks: the folder itself is read when the run starts
+    parse_arguments(["--init-from-hf", str(tmp_path), "--swiglu", "--normalization", "RMSNorm",
+                     "--position-embedding-type", "rope"], late_checks=LATE_CHECKS)

@@ -33,3 +33,33 @@ def test_a_llama_shaped_launch_trains_under_either_programs_flags(corpus_cache, 
     megatron_lm = losses(corpus_cache, tmp_path / "megatron-lm", MEGATRON_LM)
     assert losses(corpus_cache, tmp_path / "megatron-deepspeed", MEGATRON_DEEPSPEED) == megatron_lm
     assert losses(corpus_cache, tmp_path / "gpt2", []) != megatron_lm  # the flags changed the model
+
+
+def test_megatron_lms_llama3_example_is_refused_only_for_what_it_lacks_beside_the_blocks():
+    """NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh (the replay corpus's
+    megatron-lm-llama-train-llama3-8b-h100-fp8, shrunk as tests/scripts/test_replay_corpus.py shrinks it):
+    its Llama 3 blocks (--normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 1000000
+    --group-query-attention --num-query-groups 8 --kv-channels 128 --untie-embeddings-and-output-weights
+    --disable-bias-linear) are accepted; what it is refused for is sequence parallelism, fp8 and decoupled
+    learning rates, which this program lacks, and two data flags the script spells as Megatron tolerates:
+    --split "'99,1,0'" (its unquoted array keeps the quotes; Megatron's parse_and_normalize_split reads the
+    numbers with a regex) and --vocab-size beside a HuggingFaceTokenizer."""
+    import pytest
+
+    from arguments.parser import parse_arguments
+    from base.errors import ConfigError
+    from tests.replay_corpus import CORPUS
+    from tests.replay_corpus.shrink import LocalFiles, shrink
+    from training.late_checks import LATE_CHECKS
+
+    launch = next(launch for launch in CORPUS if launch.name == "megatron-lm-llama-train-llama3-8b-h100-fp8")
+    argv = shrink(launch, LocalFiles("/nonexistent/corpus_text_document", "/nonexistent/tokenizer", 512,
+                                     "/nonexistent/out")).argv
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(argv, late_checks=LATE_CHECKS)
+    message = str(error.value)
+    assert launch.refusal in message and "--fp8-format hybrid" in message and "--decoupled-lr" in message
+    for flag in ("--normalization", "--swiglu", "--position-embedding-type", "--rotary", "--group-query-attention",
+                 "--num-query-groups", "--kv-channels", "--untie-embeddings-and-output-weights",
+                 "--disable-bias-linear", "--ffn-hidden-size", "--apply-layernorm-1p"):
+        assert flag not in message, (flag, message)

@@ -135,4 +135,42 @@ LAUNCHES = (
         ),
         outcome="refused: pipeline parallelism is not implemented",
     ),
+
+    Launch(
+        name="megatron-lm-llama-train-llama3-8b-h100-fp8",
+        script=Source("NVIDIA/Megatron-LM", "examples/llama/train_llama3_8b_h100_fp8.sh",
+                      "779c5b748dbcf00ad9e36d539c576b404ab4abe9"),
+        program="pretrain_gpt.py", world_size=8,
+        expanded=("GPUS_PER_NODE=8 x NUM_NODES=1 under torchrun; the four positional arguments $1..$4 given "
+                  "(checkpoint, tensorboard, tokenizer, data) as <CHECKPOINT_PATH> ... <DATA_ARG>, so the real-data "
+                  "branch of DATA_ARGS_LIST; DTYPE=fp8; ${PWD}: the script's folder. The arrays expand unquoted, "
+                  "so \"--split '99,1,0'\" becomes --split and '99,1,0' with its quotes"),
+        argv=(
+            "--use-mcore-models", "--num-layers", "32", "--hidden-size", "4096", "--ffn-hidden-size", "14336",
+            "--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8", "--kv-channels",
+            "128", "--seq-length", "8192", "--max-position-embeddings", "8192", "--position-embedding-type", "rope",
+            "--rotary-base", "1000000", "--rotary-percent", "1.0", "--attention-dropout", "0.0", "--hidden-dropout",
+            "0.0", "--swiglu", "--normalization", "RMSNorm", "--init-method-std", "0.0134", "--attention-backend",
+            "fused", "--apply-layernorm-1p", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+            "--micro-batch-size", "1", "--global-batch-size", "128", "--train-samples", "1953125000",
+            "--lr-decay-samples", "1949218748", "--lr-warmup-samples", "3906252", "--lr", "0.00015", "--min-lr",
+            "0.00001", "--decoupled-lr", "5.0e-4", "--decoupled-min-lr", "4.5e-5", "--lr-decay-style", "cosine",
+            "--clip-grad", "1.0", "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--bf16",
+            "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion", "--calculate-per-token-loss", "--manual-gc",
+            "--empty-unused-memory-level", "1", "--exit-duration-in-mins", "235", "--use-distributed-optimizer",
+            "--overlap-grad-reduce", "--overlap-param-gather", "--fp8-format", "hybrid", "--fp8-amax-history-len",
+            "1024", "--fp8-amax-compute-algo", "max", "--fp8-param-gather", "--tensor-model-parallel-size", "1",
+            "--context-parallel-size", "1", "--sequence-parallel", "--data-path", "<DATA_ARG>", "--tokenizer-type",
+            "HuggingFaceTokenizer", "--tokenizer-model", "<TOKENIZER_ARG>", "--data-cache-path",
+            "examples/llama/benchmark_cache_llama3_8b_fp8", "--split", "'99,1,0'",
+            "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--num-workers", "1", "--vocab-size",
+            "128256", "--log-interval", "1", "--eval-iters", "32", "--eval-interval", "100", "--save-interval", "1000",
+            "--log-throughput", "--profile", "--profile-step-start", "4", "--profile-step-end", "6", "--ckpt-format",
+            "torch_dist", "--distributed-timeout-minutes", "60", "--save", "<CHECKPOINT_PATH>", "--load",
+            "<CHECKPOINT_PATH>", "--tensorboard-dir", "<TENSORBOARD_LOGS_PATH>",
+        ),
+        # Its Llama 3 blocks (RMSNorm, SwiGLU, rope, GQA, untied, no biases) are accepted; the refusal is for
+        # what the script also needs and this program lacks: sequence parallelism (and fp8, decoupled lr).
+        outcome="refused: --sequence-parallel",
+    ),
 )

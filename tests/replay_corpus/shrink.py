@@ -3,8 +3,9 @@
 What changes, and only this:
 
 - model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 (and what follows from them:
-  --ffn-hidden-size and --kv-channels in the script's proportion to the hidden size, --num-key-value-heads
-  in its proportion to the heads), --seq-length 16 (--max-position-embeddings in the script's proportion to
+  --ffn-hidden-size in the script's proportion to the hidden size, --kv-channels in its proportion to the
+  head dim (hidden / heads), --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
+  to the heads), --seq-length 16 (--max-position-embeddings in the script's proportion to
   it), --pad-vocab-size-to just above the local tokenizer's vocabulary;
 - parallel sizes the 2 ranks cannot hold: a tensor-parallel size above 2 becomes 2. Pipeline sizes stay as
   written, so a refusal for pipeline parallelism is the real one;
@@ -63,7 +64,8 @@ TOKENIZER_FILES = ("--vocab-file", "--merge-file", "--tokenizer-name-or-path", "
 
 # Every flag whose values the shrink may change; any other flag keeps its values token for token.
 CHANGED_FLAGS = frozenset({
-    *TINY, "--ffn-hidden-size", "--kv-channels", "--num-key-value-heads", "--max-position-embeddings",
+    *TINY, "--ffn-hidden-size", "--kv-channels", "--num-key-value-heads", "--num-query-groups",
+    "--max-position-embeddings",
     "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to", *TENSOR_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--train-iters", "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
@@ -200,9 +202,13 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         value = scalar.get(flag)
         if flag in TINY:
             new = [str(TINY[flag])]
-        elif flag in ("--ffn-hidden-size", "--kv-channels") and "--hidden-size" in scalar:
+        elif flag == "--ffn-hidden-size" and "--hidden-size" in scalar:
             new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
-        elif flag == "--num-key-value-heads" and "--num-attention-heads" in scalar:
+        elif flag == "--kv-channels" and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
+            head_dim, tiny_head_dim = (scalar["--hidden-size"] / scalar["--num-attention-heads"],
+                                       TINY["--hidden-size"] / TINY["--num-attention-heads"])
+            new = [str(max(1, round(value / head_dim * tiny_head_dim)))]
+        elif flag in ("--num-key-value-heads", "--num-query-groups") and "--num-attention-heads" in scalar:
             new = [str(max(1, value * TINY["--num-attention-heads"] // scalar["--num-attention-heads"]))]
         elif flag in ("--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length"):
             new = [str(max(new_seq, round(value / seq * new_seq)))]

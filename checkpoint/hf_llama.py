@@ -1,0 +1,281 @@
+"""Weight mapping between a Llama-shaped `GPTModel` (issue 37's blocks) and transformers' `LlamaForCausalLM`,
+and the config.json that describes it; checkpoint/hf.py reads and writes the folders and picks GPT-2 or
+Llama by the model config (export) or by config.json's model_type (import).
+
+Layout, besides the names:
+- Our fused QKV rows are [group][its query heads, k, v][head_dim] (Megatron-Core's
+  SelfAttention.get_query_key_value_tensors), so a contiguous tensor-parallel slice holds whole key/value
+  groups; transformers keeps q_proj, k_proj and v_proj apart, each head by head.
+- No rotary permutation: transformers' Llama and ours both rotate halves ([x0..x_{d/2-1}] against
+  [x_{d/2}..]), and a Hugging Face folder is already in that layout. Only Meta's original interleaved
+  checkpoints need one, which is why transformers' models/llama/convert_llama_weights_to_hf.py applies
+  `permute` ("permute for sliced rotary": view(n_heads, dim // n_heads // 2, 2, dim).transpose(1, 2)) when
+  it reads Meta's consolidated.*.pth, and nothing when a folder is saved by transformers itself.
+- SwiGLU's gate and up are two weights here as there (gate_proj, up_proj), so each TP rank's slice of
+  each is a slice of theirs; nothing is interleaved.
+Our vocabulary may be padded; transformers' is the tokenizer's exact size.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from arguments.config import ModelConfig
+from base.errors import ConfigError
+from base.options import flag_of_setting
+
+MODEL_TYPE = "llama"
+ARCHITECTURE = "LlamaForCausalLM"
+# Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor (gpt/rotary.py's llama3_scaled).
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
+BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def llama_misfits(config: ModelConfig) -> list[str]:
+    """What keeps `config` from being a LlamaForCausalLM: the flag each needs, or the setting it lacks."""
+    architecture = config.architecture
+    needs = {"--normalization RMSNorm": architecture.normalization != "RMSNorm",
+             "--swiglu": not architecture.swiglu,
+             "--position-embedding-type rope": architecture.position_embedding_type != "rope",
+             "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
+             "no --qk-layernorm": architecture.qk_layernorm,
+             "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
+                 architecture.add_qkv_bias and not architecture.add_bias_linear}
+    return [need for need, missing in needs.items() if missing]
+
+
+def check_llama_shaped(config: ModelConfig, what: str) -> None:
+    misfits = llama_misfits(config)
+    if misfits:
+        raise ConfigError(f"{what} converts GPT-2- or Llama-shaped models; as a {ARCHITECTURE} this one would "
+                          f"need {', '.join(misfits)}")
+
+
+def rope_parameters(config: ModelConfig) -> dict:
+    if not config.use_rope_scaling:
+        return {"rope_type": "default", "rope_theta": config.rotary_base}
+    return {"rope_type": "llama3", "rope_theta": config.rotary_base, "factor": config.rope_scaling_factor,
+            **LLAMA3_FIXED}
+
+
+def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
+    """A transformers LlamaConfig describing the same network. BOS and EOS are our end-of-document id."""
+    from transformers import LlamaConfig
+
+    architecture = config.architecture
+    return LlamaConfig(
+        bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.ffn_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=architecture.query_groups(config.num_attention_heads), head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
+        rope_parameters=rope_parameters(config), hidden_act="silu",
+        tie_word_embeddings=not config.untie_embeddings_and_output_weights,
+        attention_bias=config.add_bias_linear, mlp_bias=config.add_bias_linear,
+        attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+
+
+# ---- config.json -> this run's settings ---------------------------------------------------------
+
+def parsed_llama_config(hf: dict, source: str | os.PathLike):
+    """config.json read as transformers reads it (defaults for keys left out; an older file's rope_theta and
+    rope_scaling become rope_parameters), its log lines kept out of the run's output."""
+    from transformers import LlamaConfig
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        return LlamaConfig.from_dict(hf)
+    except (TypeError, ValueError, KeyError) as error:
+        raise ConfigError(f"{source}: transformers cannot read it as a LlamaConfig ({error})") from None
+    finally:
+        logging.set_verbosity(verbosity)
+
+
+def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
+    """The ModelConfig settings (by field name) the folder's LlamaForCausalLM has; a config.json that our
+    blocks cannot compute is refused in one line naming each key."""
+    their = parsed_llama_config(hf, source)
+    rope = dict(getattr(their, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    problems = []
+    if their.hidden_act != "silu":
+        problems.append(f"hidden_act {their.hidden_act!r} (SwiGLU here is silu's)")
+    if rope_type not in ("default", "llama3"):
+        problems.append(f"rope_parameters rope_type {rope_type!r} (only 'default' and Llama 3's 'llama3' are built)")
+    if rope_type == "llama3":
+        problems += [f"rope_parameters {key} {rope.get(key)!r} (Megatron-LM's Llama 3 scaling fixes it at {value})"
+                     for key, value in LLAMA3_FIXED.items() if rope.get(key) != value]
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        problems.append(f"rope_parameters partial_rotary_factor {rope['partial_rotary_factor']!r}")
+    head_dim = getattr(their, "head_dim", None)
+    if head_dim is not None and head_dim * their.num_attention_heads != their.hidden_size:
+        problems.append(f"head_dim {head_dim} (here a head is hidden_size / num_attention_heads = "
+                        f"{their.hidden_size // their.num_attention_heads})")
+    if bool(their.attention_bias) != bool(their.mlp_bias):
+        problems.append(f"attention_bias {their.attention_bias} with mlp_bias {their.mlp_bias} (--disable-bias-linear "
+                        f"drops both here)")
+    if hf.get("sliding_window") is not None or hf.get("use_sliding_window"):
+        problems.append(f"sliding_window {hf.get('sliding_window')!r} (attention here sees the whole sequence)")
+    if getattr(their, "pretraining_tp", 1) not in (None, 1):
+        problems.append(f"pretraining_tp {their.pretraining_tp}")
+    if problems:
+        raise ConfigError(f"{source}: this {ARCHITECTURE} cannot be represented here: {'; '.join(problems)}")
+    return {"num_layers": their.num_hidden_layers, "hidden_size": their.hidden_size,
+            "num_attention_heads": their.num_attention_heads, "ffn_hidden_size": their.intermediate_size,
+            "num_query_groups": their.num_key_value_heads or their.num_attention_heads,
+            "layernorm_epsilon": their.rms_norm_eps, "normalization": "RMSNorm", "swiglu": True,
+            "position_embedding_type": "rope", "rotary_base": float(rope.get("rope_theta", 10000.0)),
+            "rotary_percent": 1.0, "use_rope_scaling": rope_type == "llama3",
+            "rope_scaling_factor": float(rope["factor"]) if rope_type == "llama3" else None,
+            "untie_embeddings_and_output_weights": not their.tie_word_embeddings,
+            "add_bias_linear": bool(their.attention_bias), "add_qkv_bias": False, "qk_layernorm": False,
+            "vocab_size": their.vocab_size}
+
+
+def _ours(config: ModelConfig, name: str):
+    """This run's value of a setting, as comparable to config.json's."""
+    if name == "ffn_hidden_size":
+        return config.ffn_size
+    if name == "num_query_groups":
+        return config.architecture.query_groups(config.num_attention_heads)
+    return getattr(config, name)
+
+
+def _flag_for(name: str, value) -> str:
+    """The flag (and value) that sets `name` to `value`."""
+    if name == "add_bias_linear":
+        return "no --disable-bias-linear" if value else "--disable-bias-linear"
+    flag = flag_of_setting(ModelConfig, name)
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    if name == "num_query_groups":
+        return f"--group-query-attention {flag} {value}"
+    return f"{flag} {value}"
+
+
+def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike) -> None:
+    """Raise ConfigError listing every way the folder's LlamaForCausalLM differs from this run's model,
+    each with the flag and value that would make them agree."""
+    settings = llama_settings(hf, source)
+    problems = []
+    for name, theirs in settings.items():
+        if name == "vocab_size" or (name == "rope_scaling_factor" and theirs is None):
+            continue
+        mine = _ours(model_config, name)
+        if theirs != mine:
+            problems.append(f"pass {_flag_for(name, theirs)} (this run has {mine})")
+    if settings["vocab_size"] != model_config.vocab_size:
+        problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
+                        f"{settings['vocab_size']}, this run's tokenizer has {model_config.vocab_size} tokens")
+    if problems:
+        raise ConfigError(f"{source} ({ARCHITECTURE}) does not match this run's model: {'; '.join(problems)}")
+
+
+# ---- weights ------------------------------------------------------------------------------------
+
+def canonical_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Names as LlamaForCausalLM has them: a LlamaModel's file lacks the `model.` prefix; saved rotary
+    buffers are dropped."""
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith(BUFFER_SUFFIXES):
+            continue
+        if not name.startswith(("model.", "lm_head.")):
+            name = "model." + name
+        out[name] = tensor
+    return out
+
+
+# (our name inside a block, transformers' name inside a layer) for the tensors that move as they are.
+_SAME = (("input_layernorm.weight", "input_layernorm.weight"),
+         ("post_attention_layernorm.weight", "post_attention_layernorm.weight"),
+         ("attention.dense.weight", "self_attn.o_proj.weight"), ("attention.dense.bias", "self_attn.o_proj.bias"),
+         ("mlp.dense_h_to_4h_gate.weight", "mlp.gate_proj.weight"), ("mlp.dense_h_to_4h_gate.bias", "mlp.gate_proj.bias"),
+         ("mlp.dense_h_to_4h_up.weight", "mlp.up_proj.weight"), ("mlp.dense_h_to_4h_up.bias", "mlp.up_proj.bias"),
+         ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"), ("mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"))
+
+
+def _kinds(config: ModelConfig) -> tuple[str, ...]:
+    return ("weight", "bias") if config.add_bias_linear else ("weight",)
+
+
+def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our whole (TP 1 layout) state dict under LlamaForCausalLM's names; a tied model has no lm_head."""
+    check_llama_shaped(config, "the Hugging Face export")
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, vocab = heads // groups, config.vocab_size
+    out = {"model.embed_tokens.weight": state_dict["word_embeddings.weight"][:vocab],
+           "model.norm.weight": state_dict["final_layernorm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = state_dict["output_layer.weight"][:vocab]
+    for i in range(config.num_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        for kind in _kinds(config):
+            qkv = state_dict[ours + "attention.query_key_value." + kind]
+            rest = qkv.shape[1:]
+            qkv = qkv.reshape(groups, per_group + 2, d, *rest)
+            out[theirs + "self_attn.q_proj." + kind] = qkv[:, :per_group].reshape(heads * d, *rest)
+            out[theirs + "self_attn.k_proj." + kind] = qkv[:, per_group].reshape(groups * d, *rest)
+            out[theirs + "self_attn.v_proj." + kind] = qkv[:, per_group + 1].reshape(groups * d, *rest)
+        for our_name, their_name in _SAME:
+            if our_name.endswith("weight") or config.add_bias_linear:
+                out[theirs + their_name] = state_dict[ours + our_name]
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
+                          padded_vocab_size: int) -> dict[str, torch.Tensor]:
+    """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
+    values leave them)."""
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group = heads // groups
+
+    def padded(tensor: torch.Tensor) -> torch.Tensor:
+        return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
+
+    out = {"word_embeddings.weight": padded(hf_state["model.embed_tokens.weight"]),
+           "final_layernorm.weight": hf_state["model.norm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
+    for i in range(config.num_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        for kind in _kinds(config):
+            q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
+            rest = q.shape[1:]
+            fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
+                               v.reshape(groups, 1, d, *rest)], dim=1)
+            out[ours + "attention.query_key_value." + kind] = fused.reshape(-1, *rest)
+        for our_name, their_name in _SAME:
+            if our_name.endswith("weight") or config.add_bias_linear:
+                out[ours + our_name] = hf_state[theirs + their_name]
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def llama_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every LlamaForCausalLM weight for `config` (lm_head only when untied)."""
+    h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
+    q_rows, kv_rows = config.num_attention_heads * d, config.architecture.query_groups(config.num_attention_heads) * d
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    if config.untie_embeddings_and_output_weights:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    bias = config.add_bias_linear
+    for i in range(config.num_layers):
+        layer = f"model.layers.{i}."
+        for name, shape, bias_rows in (("self_attn.q_proj", (q_rows, h), q_rows), ("self_attn.k_proj", (kv_rows, h), kv_rows),
+                                       ("self_attn.v_proj", (kv_rows, h), kv_rows), ("self_attn.o_proj", (h, q_rows), h),
+                                       ("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn),
+                                       ("mlp.down_proj", (h, ffn), h)):
+            shapes[layer + name + ".weight"] = shape
+            if bias:
+                shapes[layer + name + ".bias"] = (bias_rows,)
+        shapes[layer + "input_layernorm.weight"] = (h,)
+        shapes[layer + "post_attention_layernorm.weight"] = (h,)
+    return shapes

@@ -1,0 +1,69 @@
+"""A resume continues the model that was trained: its blocks' settings (normalization, SwiGLU, positions
+and every rotary setting, key/value groups, tied output, biases, the norm epsilon) equal the checkpoint's.
+
+Most of them change no parameter shape (--rotary-base, --rotary-percent, --use-rope-scaling, --norm-epsilon;
+--num-query-groups at equal rows), so the load's shape check (checkpoint/sharded.py check_compatible)
+would let such a resume through and train a different function from the saved weights. A fine-tune
+(--finetune) starts a new run from the weights and may change them (a longer context's rotary base).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from base.errors import ConfigError
+from base.options import flag_of_setting
+from gpt.architecture import Architecture
+from gpt.model_config import ModelConfig
+
+ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor")
+COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon")
+
+
+def _compared_values(model: dict) -> dict:
+    """The settings as the built model reads them: a setting a checkpoint lacks is the default (it was saved
+    before the setting existed, by GPT-2's blocks); rotary settings only where positions are rotary, the
+    scaling factor only where scaling is on; one key/value group per head is None's meaning."""
+    defaults = ModelConfig()
+    values = {name: model.get(name, getattr(defaults, name)) for name in COMPARED}
+    if values["position_embedding_type"] != "rope":
+        for name in ROTARY_SETTINGS:
+            values.pop(name)
+    elif not values["use_rope_scaling"]:
+        values.pop("rope_scaling_factor")
+    heads = model.get("num_attention_heads", defaults.num_attention_heads)
+    if values["num_query_groups"] is None:
+        values["num_query_groups"] = heads
+    return values
+
+
+def _show(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _flag_and_value(name: str, value) -> tuple[str, str]:
+    if name == "add_bias_linear":  # typed as Megatron-LM's --disable-bias-linear
+        return "--disable-bias-linear", _show(not value)
+    return flag_of_setting(ModelConfig, name), _show(value)
+
+
+def model_differences(saved_model: dict, model: ModelConfig) -> list[str]:
+    """Each block setting that differs: the flag, this run's value and the checkpoint's."""
+    saved = _compared_values(saved_model)
+    ours = _compared_values({name: getattr(model, name) for name in (*COMPARED, "num_attention_heads")})
+    differences = []
+    for name in ours:
+        if name in saved and ours[name] != saved[name]:
+            flag, mine = _flag_and_value(name, ours[name])
+            differences.append(f"{flag} {mine} (the checkpoint's: {_flag_and_value(name, saved[name])[1]})")
+    return differences
+
+
+def check_resume_model(metadata: dict, model: ModelConfig, iteration_dir: Path) -> None:
+    """Raise ConfigError, in one line, naming every block setting that differs from the checkpoint's."""
+    differences = model_differences((metadata.get("config") or {}).get("model") or {}, model)
+    if differences:
+        raise ConfigError(f"resuming {iteration_dir} with {'; '.join(differences)}: the model would not be the one "
+                          f"trained. Pass the checkpoint's settings, or --finetune to start a new run from its weights")

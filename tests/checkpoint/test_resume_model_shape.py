@@ -1,0 +1,68 @@
+"""A resume with other block settings than the checkpoint's is refused in one line naming both values
+(checkpoint/resume_model.py). Before, a different --rotary-base, --rotary-percent, --use-rope-scaling or
+--norm-epsilon changed no parameter shape, so the load's shape check let the resume through and it trained
+another function from the saved weights; --finetune may still change them (a new run from the weights)."""
+
+import dataclasses
+
+import pytest
+
+from base.errors import ConfigError
+from checkpoint.resume_model import check_resume_model, model_differences
+from gpt.model_config import ModelConfig
+from tests.reliability_helpers import train
+
+LLAMA = ModelConfig(normalization="RMSNorm", swiglu=True, position_embedding_type="rope", num_query_groups=2,
+                    untie_embeddings_and_output_weights=True, add_bias_linear=False)
+
+
+def saved(model: ModelConfig, **drop) -> dict:
+    values = dataclasses.asdict(model)
+    for name in drop:
+        values.pop(name)
+    return values
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"rotary_base": 5e5}, "--rotary-base 500000.0 (the checkpoint's: 10000.0)"),
+    ({"rotary_percent": 0.5}, "--rotary-percent 0.5 (the checkpoint's: 1.0)"),
+    ({"use_rope_scaling": True}, "--use-rope-scaling on (the checkpoint's: off)"),
+    ({"normalization": "LayerNorm"}, "--normalization LayerNorm (the checkpoint's: RMSNorm)"),
+    ({"swiglu": False}, "--swiglu off (the checkpoint's: on)"),
+    ({"num_query_groups": 4}, "--num-query-groups 4 (the checkpoint's: 2)"),
+    ({"add_bias_linear": True}, "--disable-bias-linear off (the checkpoint's: on)"),
+    ({"layernorm_epsilon": 1e-6}, "--layernorm-epsilon 1e-06 (the checkpoint's: 1e-05)"),
+])
+def test_each_block_setting_that_differs_is_named_with_both_values(change, named):
+    with pytest.raises(ConfigError) as error:
+        check_resume_model({"config": {"model": saved(LLAMA)}}, dataclasses.replace(LLAMA, **change), "ckpt/iter_2")
+    assert str(error.value).count(named) == 1 and "\n" not in str(error.value) and "--finetune" in str(error.value)
+
+
+def test_equal_meanings_and_settings_that_do_nothing_are_not_differences():
+    assert model_differences(saved(LLAMA), LLAMA) == []
+    # None is one key/value group per head
+    mha = dataclasses.replace(LLAMA, num_query_groups=None)
+    assert model_differences(saved(dataclasses.replace(mha, num_query_groups=4)), mha) == []
+    # a rotary setting of a model without rotary positions, a scaling factor without scaling
+    gpt2 = ModelConfig()
+    assert model_differences(saved(gpt2), dataclasses.replace(gpt2, rotary_base=5e5)) == []
+    assert model_differences(saved(LLAMA), dataclasses.replace(LLAMA, rope_scaling_factor=4.0)) == []
+    # a checkpoint saved before the block settings existed was GPT-2's
+    assert model_differences(saved(gpt2, swiglu=None, normalization=None), gpt2) == []
+    assert model_differences(saved(gpt2, swiglu=None), dataclasses.replace(gpt2, swiglu=True)) == [
+        "--swiglu on (the checkpoint's: off)"]
+
+
+def test_a_launch_resuming_with_another_rotary_base_is_refused_before_any_work(corpus_cache, tmp_path):
+    llama = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+             "--disable-bias-linear", "--save", tmp_path / "ckpt", "--save-interval", "2"]
+    assert train(corpus_cache, tmp_path, *llama).code == 0
+    resumed = train(corpus_cache, tmp_path, *llama, "--load", tmp_path / "ckpt", "--train-iters", "3",
+                    "--rotary-base", "500000")
+    resumed.one_error_line("--rotary-base 500000.0 (the checkpoint's: 10000.0)")
+    # a fine-tune starts a new run from the weights, and may change it
+    (tmp_path / "ft").mkdir()
+    finetuned = train(corpus_cache, tmp_path / "ft", *llama[:-4], "--load", tmp_path / "ckpt", "--finetune",
+                      "--rotary-base", "500000")
+    assert finetuned.code == 0, finetuned.err[-2000:]
