@@ -296,7 +296,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         # before the JSON's settings are checked (arguments/deepspeed/client_objects.py); no JSON key sets
         # the model, so the command line alone says whether the launch is one
         megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), values_set_by(parser, argv))
-        not_read = set_aside_client_blocks(translation, megatron_launch, generation)
+        not_read = set_aside_client_blocks(translation, megatron_launch, generation,
+                                           bool(known.deepspeed_activation_checkpointing),
+                                           bool(known.checkpoint_activations))
         problems += translation.problems
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
             json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
