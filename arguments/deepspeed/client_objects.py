@@ -2,8 +2,8 @@
 
 Every Megatron generation builds its optimizer from its flags and hands it to `deepspeed.initialize`
 (arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of
-the JSON's `optimizer` block (the 2020 fork hands it param groups its own Adam already filled, whose values
-win over the JSON's in the optimizer DeepSpeed builds). The same holds for the learning-rate scheduler since DeepSpeed v0.14.5
+the JSON's `optimizer` block (the 2020 fork, since October 2020, hands it param groups its own Adam already
+filled, whose values win over the JSON's in the optimizer DeepSpeed builds). The same holds for the learning-rate scheduler since DeepSpeed v0.14.5
 (SCHEDULER): the client scheduler Megatron-DeepSpeed passes replaces the JSON's `scheduler` block. So under
 a launch that sets the model from flags (arguments/megatron/defaults.py, `is_megatron_launch`), these
 blocks set nothing: whatever the flags leave out takes Megatron's default, as in the real pair, and each
@@ -44,11 +44,13 @@ JSON_SCHEDULER_GENERATIONS = ("dse-megatron-lm", "dse-megatron-lm-v1.1.5-zero3",
 
 _OPTIMIZER_WHY = ("not read: Megatron hands deepspeed.initialize its own Adam built from --lr, --weight-decay, "
                   "--adam-beta1/2, --adam-eps, and DeepSpeed then ignores the JSON's optimizer")
-# The 2020 fork passes model_parameters, not an optimizer: DeepSpeed builds the JSON's Adam, but over param
-# groups the fork's own Adam already filled (torch's add_param_group setdefault), so the groups' values run.
-_PARAM_GROUPS_WHY = ("not read: the fork passes deepspeed.initialize param groups its own Adam already filled "
-                     "from --lr, --weight-decay (betas 0.9, 0.999, eps 1e-8), and the group's values win over "
-                     "the JSON's, which are only the defaults of DeepSpeed's optimizer")
+# The 2020 fork passed deepspeed.initialize its own Adam until October 2020 (DeepSpeedExamples a79272cc), and
+# model_parameters since: DeepSpeed then builds the JSON's Adam, but over param groups the fork's own Adam
+# already filled (torch's add_param_group setdefault), so the groups' values run. Either way the flags' do.
+_PARAM_GROUPS_WHY = ("not read: the fork passes deepspeed.initialize its own Adam (until October 2020) or the "
+                     "param groups that Adam already filled (since), from --lr, --weight-decay (betas 0.9, 0.999, "
+                     "eps 1e-8), and the groups' values win over the JSON's, which are only the defaults of "
+                     "DeepSpeed's optimizer")
 PARAM_GROUP_GENERATIONS = ("dse-megatron-lm",)
 # The generations whose --deepspeed-activation-checkpointing hands deepspeed.checkpointing.configure the JSON
 # with no flag that overwrites its keys (DeepSpeedExamples' Megatron-LM/pretrain_gpt2.py
