@@ -311,7 +311,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
             translation.settings = []  # a JSON that cannot be read as settings adds none
     json_argv = translation.argv if translation is not None else []
     preset_path = resolve_preset(known.config)
-    dests_given = set(values_set_by(parser, argv)) | set(values_set_by(parser, json_argv))
+    dests_given = set(values_set_by(parser, argv)) | _json_dests_kept(parser, translation, argv)
     if is_megatron_launch("config" in options_typed(parser, argv), dests_given):
         # Megatron's defaults, of the generation the flags belong to, sit where a preset would
         # (arguments/megatron/defaults.py)
@@ -444,6 +444,17 @@ SCHEDULE_SETTINGS = ("lr", "min_lr", "lr_warmup_iters", "lr_warmup_fraction", "l
                      "lr_warmup_tokens", "lr_warmup_init", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
                      "lr_decay_tokens", "train_samples")
 BATCH_SETTINGS = ("micro_batch_size", "global_batch_size", "accumulation_steps")
+
+
+def _json_dests_kept(parser: argparse.ArgumentParser, translation: Optional[DeepSpeedTranslation],
+                     argv: list[str]) -> set[str]:
+    """The settings the JSON sets that stand beside the command line `argv`: all, but a scheduler block's
+    beside a schedule flag, which layer_sources sets aside as a whole (so Megatron's defaults fill them)."""
+    if translation is None:
+        return set()
+    schedule_flag = any(dest in SCHEDULE_SETTINGS for dest in values_set_by(parser, argv))
+    return {dest for setting in translation.settings if not (schedule_flag and setting.key == "scheduler.params")
+            for dest in values_set_by(parser, list(setting.flags))}
 
 
 def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv: list[str],

@@ -108,21 +108,35 @@ def _stated(source: str, spellings: Sequence[str], harvested_flags: dict) -> Opt
     return None
 
 
+# Flags a generation parses only to refuse them: from Megatron-LM v2.6 on, and in Megatron-DeepSpeed and
+# BigScience's fork of it, validate_args asserts `args.batch_size is None` ("--batch-size argument is no
+# longer valid, use --micro-batch-size instead"), and the same of --warmup and --model-parallel-size. A launch
+# that types one ran where it is read (DeepSpeedExamples' forks), so it counts for none of these generations.
+REFUSING_GENERATIONS = ("megatron-lm", "megatron-lm-core_v0.15.0", "megatron-lm-23.04", "megatron-lm-v2.6",
+                        "megatron-deepspeed", "bigscience-megatron-deepspeed")
+REFUSED_WHERE_PARSED = {flag: REFUSING_GENERATIONS for flag in ("--batch-size", "--warmup", "--model-parallel-size")}
+# DeepSpeedExamples' forks, newest Megatron-LM first (their harvested files share one commit date): the v1.1.5
+# forks before the 2020 fork of an older Megatron-LM, so a tie goes to the newest code, as between Megatron-LM's.
+FORKS_NEWEST_FIRST = ("dse-megatron-lm-v1.1.5-zero3", "dse-megatron-lm-v1.1.5-3d", "dse-megatron-lm")
+
+
 def launch_generation(argv: Iterable[str], harvested_flags: dict, sources: Sequence[dict]) -> Optional[str]:
     """The Megatron argument file (a harvested source's label) that defines the most of the harvested
     Megatron flags the launch types, Megatron-LM's own files first and newest first where several define as
     many; None where the launch types none. Counting, not requiring all, keeps a flag of another generation
     (an alias accepted here, a tokenizer path a replay adds) from hiding the generation. DeepSpeed's own
-    flags (--deepspeed, --deepspeed_config), which scripts of every generation add, say nothing."""
+    flags (--deepspeed, --deepspeed_config), which scripts of every generation add, say nothing, and a flag
+    counts for no generation that parses it only to refuse it (REFUSED_WHERE_PARSED)."""
     forks = [source["label"] for source in sorted(sources, key=lambda source: source["date"], reverse=True)
              if not source["label"].startswith("deepspeed") and source["label"] not in DEFAULT_SOURCES]
+    forks.sort(key=lambda label: FORKS_NEWEST_FIRST.index(label) if label in FORKS_NEWEST_FIRST else -1)
     preference = [label for label in DEFAULT_SOURCES if any(s["label"] == label for s in sources)] + forks
     defined = {label: 0 for label in preference}
     for token in argv:
         option = token.split("=", 1)[0]
         if option.startswith("--") and option in harvested_flags:
             for label in harvested_flags[option].get("sources", ()):
-                if label in defined:
+                if label in defined and label not in REFUSED_WHERE_PARSED.get(option, ()):
                     defined[label] += 1
     most = max(defined.values(), default=0)
     return next((label for label in preference if defined[label] == most), None) if most else None
