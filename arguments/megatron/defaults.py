@@ -9,9 +9,9 @@ command line then trains what Megatron trains. A preset applies only when it is 
 main job that names no model (the README's `python pretrain_gpt.py` trains `tiny`).
 
 Defaults follow the Megatron generation the launch's flags belong to (`launch_generation`): a script that
-passes `--batch-size` (DeepSpeedExamples' Megatron-LM fork, 2020) gets that argument file's defaults, e.g.
-`--split 1000,1,1`, and a v1.1.5 fork's `--warmup 0.01`; a setting that generation lacks takes the newest
-default.
+passes `--batch-size` (which only DeepSpeedExamples' forks read) gets a v1.1.5 fork's `--warmup 0.01`, and
+one that also passes the 2020 fork's `--lazy-loader` gets that fork's `--split 1000,1,1`; a setting that
+generation lacks takes the newest default.
 
 Where one of our own values must still stand, `megatron_default_note` names it in one line at the start;
 under a plain Megatron launch that line is empty.
