@@ -53,8 +53,8 @@ from arguments.deepspeed.precedence import INDEPENDENT, JSON_WINS, MUST_AGREE
 from arguments.deepspeed.translation import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 from arguments.flag_equivalents import unknown_flags_message
 from arguments.megatron.defaults import (
+    equally_fitting_generations,
     is_megatron_launch,
-    launch_generation,
     megatron_default_argv,
     megatron_default_note,
 )
@@ -288,7 +288,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         problems.append(unknown_flags_message(unknown, parser))
         argv = _without(argv, unknown)
     translation = None
-    generation = launch_generation(argv, harvested()["flags"], harvested()["sources"])
+    fitting = equally_fitting_generations(argv, harvested()["flags"], harvested()["sources"])
+    generation = fitting[0] if fitting else None
     not_read = NotRead("")  # no JSON: nothing set aside
     if known.zero_config:
         translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
@@ -298,7 +299,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), values_set_by(parser, argv))
         not_read = set_aside_client_blocks(translation, megatron_launch, generation,
                                            bool(known.deepspeed_activation_checkpointing),
-                                           bool(known.checkpoint_activations))
+                                           bool(known.checkpoint_activations), also_fitting=fitting[1:])
         problems += translation.problems
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
             json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))

@@ -110,15 +110,27 @@ class NotRead:
 
 def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatron_launch: bool,
                             generation: Optional[str], deepspeed_activation_checkpointing: bool = False,
-                            checkpoint_activations: bool = False) -> NotRead:
+                            checkpoint_activations: bool = False, also_fitting: Sequence[str] = ()) -> NotRead:
     """Under a Megatron launch, take the optimizer block's settings (and the scheduler's, outside the
     JSON_SCHEDULER_GENERATIONS, and the activation_checkpointing block's where `checkpointing_block_reasons`
     says, from the two flags as the command line gives them) out of `translation` and mark their keys as not read; nothing otherwise."""
     if translation is None or not megatron_launch:
         return NotRead(translation.source if translation is not None else "")
     prefixes = ("optimizer.",) if generation in JSON_SCHEDULER_GENERATIONS else ("optimizer.", "scheduler.")
-    reasons = checkpointing_block_reasons([s.key for s in translation.settings] + [v.key for v in translation.verdicts],
-                                          generation, deepspeed_activation_checkpointing, checkpoint_activations)
+    keys = [s.key for s in translation.settings] + [v.key for v in translation.verdicts]
+    flags = (deepspeed_activation_checkpointing, checkpoint_activations)
+    reasons = checkpointing_block_reasons(keys, generation, *flags)
+    # where a fork the launch's flags fit as well would have read a key, the tie rule's choice is named with it
+    fork = next((label for label in also_fitting if label in JSON_SCHEDULER_GENERATIONS), None)
+    if fork is not None and generation not in JSON_SCHEDULER_GENERATIONS:
+        reasons.update({key: _SCHEDULER_WHY + _tie(fork, "ran the JSON's scheduler (its DeepSpeed, before v0.14.5, "
+                                                         "took it first)")
+                        for key in keys if key.startswith("scheduler.")})
+    fork = next((label for label in also_fitting if label in JSON_CHECKPOINTING_GENERATIONS), None)
+    if fork is not None and generation not in JSON_CHECKPOINTING_GENERATIONS:
+        read_there = checkpointing_block_reasons(keys, fork, *flags)
+        reasons.update({key: why + _tie(fork, "read it") for key, why in reasons.items()
+                        if key.startswith(CHECKPOINTING_BLOCK) and key not in read_there})
 
     def set_aside(key: str) -> bool:
         return key.startswith(prefixes) or key in reasons
@@ -126,7 +138,7 @@ def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatro
     not_read = NotRead(translation.source, [s for s in translation.settings if set_aside(s.key)], generation, reasons)
     translation.settings = [s for s in translation.settings if not set_aside(s.key)]
     refused_before = refused_line(translation.source, translation.verdicts)
-    translation.verdicts = [_not_read(verdict, prefixes, generation) if verdict.key.startswith(prefixes)
+    translation.verdicts = [_not_read(verdict, prefixes, generation, reasons) if verdict.key.startswith(prefixes)
                             else _checkpointing_not_read(verdict, reasons) for verdict in translation.verdicts]
     refused_now = refused_line(translation.source, translation.verdicts)
     if refused_now != refused_before:  # a scheduler key refused before is not read at all now
@@ -168,7 +180,13 @@ def _why(key: str, generation: Optional[str]) -> str:
     return _PARAM_GROUPS_WHY if generation in PARAM_GROUP_GENERATIONS else _OPTIMIZER_WHY
 
 
-def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[str]) -> Verdict:
+def _tie(fork: str, did: str) -> str:
+    return (f" (the launch's flags fit {fork} as well, which {did}: of equal fits the newest generation is taken, "
+            f"and a flag only {fork} defines chooses it)")
+
+
+def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[str],
+              reasons: Optional[dict[str, str]] = None) -> Verdict:
     """The verdict of a key the real pair does not read. A refused scheduler key or optimizer param is not
     refused any more: DeepSpeed reads the scheduler block only in _scheduler_from_config, which a client
     scheduler skips, and the optimizer's params only in _configure_basic_optimizer, which a client optimizer
@@ -180,4 +198,4 @@ def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[
         return verdict
     if verdict.kind == NO_EFFECT and verdict.why.startswith("not read"):
         return verdict  # max_grad_norm: already said why
-    return Verdict(verdict.key, NO_EFFECT, why=_why(verdict.key, generation))
+    return Verdict(verdict.key, NO_EFFECT, why=(reasons or {}).get(verdict.key) or _why(verdict.key, generation))

@@ -120,13 +120,14 @@ REFUSED_WHERE_PARSED = {flag: REFUSING_GENERATIONS for flag in ("--batch-size", 
 FORKS_NEWEST_FIRST = ("dse-megatron-lm-v1.1.5-zero3", "dse-megatron-lm-v1.1.5-3d", "dse-megatron-lm")
 
 
-def launch_generation(argv: Iterable[str], harvested_flags: dict, sources: Sequence[dict]) -> Optional[str]:
+def equally_fitting_generations(argv: Iterable[str], harvested_flags: dict, sources: Sequence[dict]) -> list[str]:
     """The Megatron argument file (a harvested source's label) that defines the most of the harvested
     Megatron flags the launch types, Megatron-LM's own files first and newest first where several define as
     many; None where the launch types none. Counting, not requiring all, keeps a flag of another generation
     (an alias accepted here, a tokenizer path a replay adds) from hiding the generation. DeepSpeed's own
     flags (--deepspeed, --deepspeed_config), which scripts of every generation add, say nothing, and a flag
-    counts for no generation that parses it only to refuse it (REFUSED_WHERE_PARSED)."""
+    counts for no generation that parses it only to refuse it (REFUSED_WHERE_PARSED). All the files that
+    define as many, in that order (the first is `launch_generation`); none where the launch types none."""
     forks = [source["label"] for source in sorted(sources, key=lambda source: source["date"], reverse=True)
              if not source["label"].startswith("deepspeed") and source["label"] not in DEFAULT_SOURCES]
     forks.sort(key=lambda label: FORKS_NEWEST_FIRST.index(label) if label in FORKS_NEWEST_FIRST else -1)
@@ -139,7 +140,12 @@ def launch_generation(argv: Iterable[str], harvested_flags: dict, sources: Seque
                 if label in defined and label not in REFUSED_WHERE_PARSED.get(option, ()):
                     defined[label] += 1
     most = max(defined.values(), default=0)
-    return next((label for label in preference if defined[label] == most), None) if most else None
+    return [label for label in preference if defined[label] == most] if most else []
+
+
+def launch_generation(argv: Iterable[str], harvested_flags: dict, sources: Sequence[dict]) -> Optional[str]:
+    """The Megatron generation of the launch: the first of `equally_fitting_generations`, or None."""
+    return next(iter(equally_fitting_generations(argv, harvested_flags, sources)), None)
 
 
 def is_megatron_launch(preset_named: bool, dests_given: Iterable[str]) -> bool:

@@ -82,6 +82,8 @@ def test_under_megatron_deepspeeds_flag_its_own_flags_overwrite_the_block(tmp_pa
     warnings = _not_read_warnings(parsed)
     assert len(warnings) == 1 and "which overwrite every key of the block" in warnings[0]
     assert "not read as a switch" not in warnings[0]  # --checkpoint-activations is given: the run checkpoints
+    # these flags fit the 2020 fork as well, which would have read the block: the tie rule's choice is named
+    assert "fit dse-megatron-lm as well, which read it" in warnings[0]
     # the flag of theirs that the block loses to, given, runs
     parsed = parse_arguments([*MODEL, "--checkpoint-activations", "--deepspeed-activation-checkpointing",
                               "--partition-activations", "--deepspeed", "--deepspeed_config", ds])

@@ -204,3 +204,16 @@ def test_a_scheduler_set_aside_beside_a_schedule_flag_leaves_megatrons_defaults_
     assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_warmup_fraction, optimizer.lr_decay_style) == \
         (1e-4, 0, 0.01, "linear")
     assert not [note for note in parsed.notes if "leaves these out" in note]
+
+
+def test_where_a_fork_fits_as_well_the_tie_rules_choice_is_named_with_the_scheduler(tmp_path):
+    """Issue 34 round 2: a launch whose flags fit a fork as well as a later generation keeps the tie rule (the
+    newest), but the scheduler it sets aside is one the fork's DeepSpeed would have run: the line says so."""
+    ds = _json(tmp_path, {"scheduler": SCHEDULER})
+    warnings = _not_read_warnings(parse_arguments([*MODEL, "--deepspeed", "--deepspeed_config", ds]))
+    assert len(warnings) == 1 and "fit dse-megatron-lm-v1.1.5-zero3 as well, which ran the JSON's scheduler" in \
+        warnings[0]
+    # a flag no fork defines: no tie, nothing more to say
+    warnings = _not_read_warnings(parse_arguments([*MODEL, "--micro-batch-size", "2", "--deepspeed",
+                                                   "--deepspeed_config", ds]))
+    assert len(warnings) == 1 and "as well" not in warnings[0]
