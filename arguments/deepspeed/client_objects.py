@@ -3,9 +3,9 @@
 Every Megatron generation builds its optimizer from its flags and hands it to `deepspeed.initialize`
 (arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of
 the JSON's `optimizer` block (the 2020 fork, since October 2020, hands it param groups its own Adam already
-filled, whose values win over the JSON's in the optimizer DeepSpeed builds). The same holds for the learning-rate scheduler since DeepSpeed v0.14.5
-(SCHEDULER): the client scheduler Megatron-DeepSpeed passes replaces the JSON's `scheduler` block. So under
-a launch that sets the model from flags (arguments/megatron/defaults.py, `is_megatron_launch`), these
+filled, whose values win over the JSON's in the optimizer DeepSpeed builds). The same holds for the
+learning-rate scheduler since DeepSpeed v0.14.5 (SCHEDULER): the client scheduler Megatron-DeepSpeed passes
+replaces the JSON's `scheduler` block. So under a launch that sets the model from flags (arguments/megatron/defaults.py, `is_megatron_launch`), these
 blocks set nothing: whatever the flags leave out takes Megatron's default, as in the real pair, and each
 value of theirs that differs from what runs is named in one warning line.
 
@@ -113,24 +113,15 @@ def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatro
                             checkpoint_activations: bool = False, also_fitting: Sequence[str] = ()) -> NotRead:
     """Under a Megatron launch, take the optimizer block's settings (and the scheduler's, outside the
     JSON_SCHEDULER_GENERATIONS, and the activation_checkpointing block's where `checkpointing_block_reasons`
-    says, from the two flags as the command line gives them) out of `translation` and mark their keys as not read; nothing otherwise."""
+    says, from the two flags as the command line gives them) out of `translation` and mark their keys as not
+    read; nothing otherwise. `also_fitting`: the generations the launch's flags fit as well as `generation`."""
     if translation is None or not megatron_launch:
         return NotRead(translation.source if translation is not None else "")
     prefixes = ("optimizer.",) if generation in JSON_SCHEDULER_GENERATIONS else ("optimizer.", "scheduler.")
     keys = [s.key for s in translation.settings] + [v.key for v in translation.verdicts]
     flags = (deepspeed_activation_checkpointing, checkpoint_activations)
     reasons = checkpointing_block_reasons(keys, generation, *flags)
-    # where a fork the launch's flags fit as well would have read a key, the tie rule's choice is named with it
-    fork = next((label for label in also_fitting if label in JSON_SCHEDULER_GENERATIONS), None)
-    if fork is not None and generation not in JSON_SCHEDULER_GENERATIONS:
-        reasons.update({key: _SCHEDULER_WHY + _tie(fork, "ran the JSON's scheduler (its DeepSpeed, before v0.14.5, "
-                                                         "took it first)")
-                        for key in keys if key.startswith("scheduler.")})
-    fork = next((label for label in also_fitting if label in JSON_CHECKPOINTING_GENERATIONS), None)
-    if fork is not None and generation not in JSON_CHECKPOINTING_GENERATIONS:
-        read_there = checkpointing_block_reasons(keys, fork, *flags)
-        reasons.update({key: why + _tie(fork, "read it") for key, why in reasons.items()
-                        if key.startswith(CHECKPOINTING_BLOCK) and key not in read_there})
+    reasons.update(_ties_named(keys, generation, also_fitting, flags, reasons))
 
     def set_aside(key: str) -> bool:
         return key.startswith(prefixes) or key in reasons
@@ -147,7 +138,26 @@ def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatro
     return not_read
 
 
-def checkpointing_block_reasons(keys: Sequence[str], generation: Optional[str], deepspeed_activation_checkpointing: bool,
+def _ties_named(keys: Sequence[str], generation: Optional[str], also_fitting: Sequence[str],
+                flags: tuple[bool, bool], reasons: dict[str, str]) -> dict[str, str]:
+    """{key: why} for the keys set aside that a fork the launch's flags fit as well would have read: the tie
+    rule keeps the newest generation, and its choice is named where it changes what runs."""
+    named = {}
+    fork = next((label for label in also_fitting if label in JSON_SCHEDULER_GENERATIONS), None)
+    if fork is not None and generation not in JSON_SCHEDULER_GENERATIONS:
+        named.update({key: _SCHEDULER_WHY + _tie(fork, "ran the JSON's scheduler (its DeepSpeed, before v0.14.5, "
+                                                       "took it first)")
+                      for key in keys if key.startswith("scheduler.")})
+    fork = next((label for label in also_fitting if label in JSON_CHECKPOINTING_GENERATIONS), None)
+    if fork is not None and generation not in JSON_CHECKPOINTING_GENERATIONS:
+        read_there = checkpointing_block_reasons(keys, fork, *flags)
+        named.update({key: why + _tie(fork, "read it") for key, why in reasons.items()
+                      if key.startswith(CHECKPOINTING_BLOCK) and key not in read_there})
+    return named
+
+
+def checkpointing_block_reasons(keys: Sequence[str], generation: Optional[str],
+                                deepspeed_activation_checkpointing: bool,
                                 checkpoint_activations: bool) -> dict[str, str]:
     """{key: why it is not read} for the activation_checkpointing keys among `keys` that a Megatron launch of
     `generation`, with those two flags on its command line, does not read: all of them, but where the 2020 fork
