@@ -1,13 +1,14 @@
 """Under a Megatron launch, the JSON blocks DeepSpeed never reads because Megatron hands it its own objects.
 
 Every Megatron generation builds its optimizer from its flags and hands it to `deepspeed.initialize`
-(arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of
-the JSON's `optimizer` block (the 2020 fork, since October 2020, hands it param groups its own Adam already
+(arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of the
+JSON's `optimizer` block (the 2020 fork, since October 2020, hands it param groups its own Adam already
 filled, whose values win over the JSON's in the optimizer DeepSpeed builds). The same holds for the
 learning-rate scheduler since DeepSpeed v0.14.5 (SCHEDULER): the client scheduler Megatron-DeepSpeed passes
 replaces the JSON's `scheduler` block. So under a launch that sets the model from flags
-(arguments/megatron/defaults.py, `is_megatron_launch`), these blocks set nothing: whatever the flags leave out takes Megatron's default, as in the real pair, and each
-value of theirs that differs from what runs is named in one warning line.
+(arguments/megatron/defaults.py, `is_megatron_launch`), these blocks set nothing: whatever the flags leave out
+takes Megatron's default, as in the real pair, and each value of theirs that differs from what runs is named
+in one warning line.
 
 One exception, by generation: DeepSpeedExamples' 2020-21 Megatron-LM forks step the engine without
 arguments (`model.step()`), and the DeepSpeed of their time (before v0.14.5) used the JSON's scheduler
