@@ -53,8 +53,8 @@ from arguments.deepspeed.precedence import INDEPENDENT, JSON_WINS, MUST_AGREE
 from arguments.deepspeed.translation import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 from arguments.flag_equivalents import unknown_flags_message
 from arguments.megatron.defaults import (
+    equally_fitting_generations,
     is_megatron_launch,
-    launch_generation,
     megatron_default_argv,
     megatron_default_note,
 )
@@ -288,7 +288,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         problems.append(unknown_flags_message(unknown, parser))
         argv = _without(argv, unknown)
     translation = None
-    generation = launch_generation(argv, harvested()["flags"], harvested()["sources"])
+    fitting = equally_fitting_generations(argv, harvested()["flags"], harvested()["sources"])
+    generation = fitting[0] if fitting else None
     not_read = NotRead("")  # no JSON: nothing set aside
     if known.zero_config:
         translation = load_deepspeed_config(resolve_zero_config(known.zero_config), collect=True)
@@ -296,7 +297,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         # before the JSON's settings are checked (arguments/deepspeed/client_objects.py); no JSON key sets
         # the model, so the command line alone says whether the launch is one
         megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), values_set_by(parser, argv))
-        not_read = set_aside_client_blocks(translation, megatron_launch, generation)
+        not_read = set_aside_client_blocks(translation, megatron_launch, generation,
+                                           bool(known.deepspeed_activation_checkpointing),
+                                           bool(known.checkpoint_activations), also_fitting=fitting[1:])
         problems += translation.problems
         try:  # the JSON's own errors, named with its file before they mix with the preset and the flags
             json_only = PretrainConfig.from_flat(_settings(vars(parser.parse_args(translation.argv))))
@@ -309,7 +312,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
             translation.settings = []  # a JSON that cannot be read as settings adds none
     json_argv = translation.argv if translation is not None else []
     preset_path = resolve_preset(known.config)
-    dests_given = set(values_set_by(parser, argv)) | set(values_set_by(parser, json_argv))
+    dests_given = set(values_set_by(parser, argv)) | _json_dests_kept(parser, translation, argv)
     if is_megatron_launch("config" in options_typed(parser, argv), dests_given):
         # Megatron's defaults, of the generation the flags belong to, sit where a preset would
         # (arguments/megatron/defaults.py)
@@ -442,6 +445,17 @@ SCHEDULE_SETTINGS = ("lr", "min_lr", "lr_warmup_iters", "lr_warmup_fraction", "l
                      "lr_warmup_tokens", "lr_warmup_init", "lr_decay_style", "lr_decay_iters", "lr_decay_samples",
                      "lr_decay_tokens", "train_samples")
 BATCH_SETTINGS = ("micro_batch_size", "global_batch_size", "accumulation_steps")
+
+
+def _json_dests_kept(parser: argparse.ArgumentParser, translation: Optional[DeepSpeedTranslation],
+                     argv: list[str]) -> set[str]:
+    """The settings the JSON sets that stand beside the command line `argv`: all, but a scheduler block's
+    beside a schedule flag, which layer_sources sets aside as a whole (so Megatron's defaults fill them)."""
+    if translation is None:
+        return set()
+    schedule_flag = any(dest in SCHEDULE_SETTINGS for dest in values_set_by(parser, argv))
+    return {dest for setting in translation.settings if not (schedule_flag and setting.key == "scheduler.params")
+            for dest in values_set_by(parser, list(setting.flags))}
 
 
 def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv: list[str],

@@ -1,13 +1,14 @@
 """Under a Megatron launch, the JSON blocks DeepSpeed never reads because Megatron hands it its own objects.
 
 Every Megatron generation builds its optimizer from its flags and hands it to `deepspeed.initialize`
-(arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of
-the JSON's `optimizer` block (the 2020 fork hands it param groups its own Adam already filled, whose values
-win over the JSON's in the optimizer DeepSpeed builds). The same holds for the learning-rate scheduler since DeepSpeed v0.14.5
-(SCHEDULER): the client scheduler Megatron-DeepSpeed passes replaces the JSON's `scheduler` block. So under
-a launch that sets the model from flags (arguments/megatron/defaults.py, `is_megatron_launch`), these
-blocks set nothing: whatever the flags leave out takes Megatron's default, as in the real pair, and each
-value of theirs that differs from what runs is named in one warning line.
+(arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of the
+JSON's `optimizer` block (the 2020 fork, since October 2020, hands it param groups its own Adam already
+filled, whose values win over the JSON's in the optimizer DeepSpeed builds). The same holds for the
+learning-rate scheduler since DeepSpeed v0.14.5 (SCHEDULER): the client scheduler Megatron-DeepSpeed passes
+replaces the JSON's `scheduler` block. So under a launch that sets the model from flags
+(arguments/megatron/defaults.py, `is_megatron_launch`), these blocks set nothing: whatever the flags leave out
+takes Megatron's default, as in the real pair, and each value of theirs that differs from what runs is named
+in one warning line.
 
 One exception, by generation: DeepSpeedExamples' 2020-21 Megatron-LM forks step the engine without
 arguments (`model.step()`), and the DeepSpeed of their time (before v0.14.5) used the JSON's scheduler
@@ -15,8 +16,17 @@ in place of the client's, so a fork launch keeps the JSON's scheduler where no s
 (Beside a schedule flag, arguments/parser.py's `layer_sources` still drops the block as a whole, as today's
 DeepSpeed does, where the fork's DeepSpeed ran the JSON's: not yet followed here.)
 
+The `activation_checkpointing` block is the same class: every Megatron generation configures DeepSpeed's
+checkpointing only under `--deepspeed-activation-checkpointing`, and only DeepSpeedExamples' 2020 fork hands
+that call the JSON; Megatron-DeepSpeed and the v1.1.5 forks hand it their own store_true flags, which
+overwrite each of the block's keys. In no generation does the block turn checkpointing on: that is
+--checkpoint-activations. So under a Megatron launch the block sets nothing, but in the 2020 fork under the
+flag, where it sets what it configures (and still not the number of checkpoints, which the fork passes as
+--num-layers).
+
 A launch that names a preset is DeepSpeed's own use: its engine builds the optimizer and scheduler from
-the JSON when no client object is given, so the blocks stay honoured there.
+the JSON when no client object is given, so the blocks stay honoured there (and the block there also turns
+checkpointing on: arguments/deepspeed/translation.py).
 """
 
 from __future__ import annotations
@@ -35,12 +45,32 @@ JSON_SCHEDULER_GENERATIONS = ("dse-megatron-lm", "dse-megatron-lm-v1.1.5-zero3",
 
 _OPTIMIZER_WHY = ("not read: Megatron hands deepspeed.initialize its own Adam built from --lr, --weight-decay, "
                   "--adam-beta1/2, --adam-eps, and DeepSpeed then ignores the JSON's optimizer")
-# The 2020 fork passes model_parameters, not an optimizer: DeepSpeed builds the JSON's Adam, but over param
-# groups the fork's own Adam already filled (torch's add_param_group setdefault), so the groups' values run.
-_PARAM_GROUPS_WHY = ("not read: the fork passes deepspeed.initialize param groups its own Adam already filled "
-                     "from --lr, --weight-decay (betas 0.9, 0.999, eps 1e-8), and the group's values win over "
-                     "the JSON's, which are only the defaults of DeepSpeed's optimizer")
+# The 2020 fork passed deepspeed.initialize its own Adam until October 2020 (DeepSpeedExamples a79272cc), and
+# model_parameters since: DeepSpeed then builds the JSON's Adam, but over param groups the fork's own Adam
+# already filled (torch's add_param_group setdefault), so the groups' values run. Either way the flags' do.
+_PARAM_GROUPS_WHY = ("not read: the fork passes deepspeed.initialize its own Adam (until October 2020) or the "
+                     "param groups that Adam already filled (since), from --lr, --weight-decay (betas 0.9, 0.999, "
+                     "eps 1e-8), and the groups' values win over the JSON's, which are only the defaults of "
+                     "DeepSpeed's optimizer")
 PARAM_GROUP_GENERATIONS = ("dse-megatron-lm",)
+# The generations whose --deepspeed-activation-checkpointing hands deepspeed.checkpointing.configure the JSON
+# with no flag that overwrites its keys (DeepSpeedExamples' Megatron-LM/pretrain_gpt2.py
+# set_deepspeed_activation_checkpointing: configure(mpu, deepspeed_config=args.deepspeed_config,
+# num_checkpoints=args.num_layers)).
+JSON_CHECKPOINTING_GENERATIONS = ("dse-megatron-lm",)
+CHECKPOINTING_BLOCK = "activation_checkpointing"
+_SWITCH_WHY = ("not read as a switch: the block only configures DeepSpeed's checkpoint function, and Megatron "
+               "checkpoints only under --checkpoint-activations")
+_UNFLAGGED_WHY = ("not read: Megatron configures DeepSpeed's activation checkpointing only under "
+                  "--deepspeed-activation-checkpointing, which this launch does not pass")
+_FLAGS_OVERWRITE_WHY = ("not read: under --deepspeed-activation-checkpointing Megatron-DeepSpeed (and its v1.1.5 "
+                        "forks) hand deepspeed.checkpointing.configure their own --partition-activations, "
+                        "--contigious-checkpointing, --checkpoint-in-cpu, --synchronize-each-layer, "
+                        "--profile-backward (false unless given), which overwrite every key of the block")
+_UNUSED_WHY = ("not read in effect: the fork hands it to deepspeed.checkpointing.configure, but nothing calls "
+               "DeepSpeed's checkpoint function without --checkpoint-activations")
+_NUM_LAYERS_WHY = ("not read: the fork hands deepspeed.checkpointing.configure num_checkpoints=--num-layers, "
+                   "which overwrites the block's")
 _SCHEDULER_WHY = ("not read: Megatron-DeepSpeed hands deepspeed.initialize its own scheduler built from the "
                   "schedule flags, which DeepSpeed (since v0.14.5) uses instead of the JSON's")
 
@@ -51,12 +81,13 @@ class NotRead:
     source: str                                                 # the JSON file, for the warning line
     settings: list[JsonSetting] = field(default_factory=list)
     generation: Optional[str] = None                            # the launch's Megatron generation
+    reasons: dict[str, str] = field(default_factory=dict)       # key -> why, where the generation alone does not say
 
     def warning(self, flag_values: Callable[[Sequence[str]], dict[str, tuple[str, Any]]], settings: dict[str, Any],
                 sources: dict[str, Source]) -> tuple[Optional[str], set[str]]:
         """The one line naming each set-aside key whose value differs from what runs (None when none
         does), and those keys. `flag_values(flags)` is {setting: (option, value)} for a key's flags."""
-        named, clauses = set(), []
+        named, by_why = set(), {}  # why -> ([key (as written)], [what runs]): keys that share a why, said once
         for setting in self.settings:
             asked = flag_values(setting.flags)
             differ = {dest: pair for dest, pair in asked.items() if settings[dest] != pair[1]}
@@ -66,31 +97,92 @@ class NotRead:
             written = ", ".join(f"{option} {show_value(value)}" for option, value in asked.values())
             runs = ", ".join(f"{option} {show_value(settings[dest])} ({sources[dest].describe()})"
                              for dest, (option, _) in differ.items())
-            why = _why(setting.key, self.generation)
-            clauses.append(f"{setting.key} ({written}) is {why}; the run uses {runs}")
+            keys, used = by_why.setdefault(self.reasons.get(setting.key) or _why(setting.key, self.generation),
+                                           ([], []))
+            keys.append(f"{setting.key} ({written})")
+            used.append(runs)
+        clauses = [f"{' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} {why}; the run uses {', '.join(used)}"
+                   for why, (keys, used) in by_why.items()]
         if not clauses:
             return None, named
-        return (f"warning: {len(clauses)} value(s) in {self.source} not read, as in the real Megatron-DeepSpeed + "
+        return (f"warning: {len(named)} value(s) in {self.source} not read, as in the real Megatron-DeepSpeed + "
                 f"DeepSpeed pair: " + "; ".join(clauses)), named
 
 
 def set_aside_client_blocks(translation: Optional[DeepSpeedTranslation], megatron_launch: bool,
-                            generation: Optional[str]) -> NotRead:
+                            generation: Optional[str], deepspeed_activation_checkpointing: bool = False,
+                            checkpoint_activations: bool = False, also_fitting: Sequence[str] = ()) -> NotRead:
     """Under a Megatron launch, take the optimizer block's settings (and the scheduler's, outside the
-    JSON_SCHEDULER_GENERATIONS) out of `translation` and mark their keys as not read; nothing otherwise."""
+    JSON_SCHEDULER_GENERATIONS, and the activation_checkpointing block's where `checkpointing_block_reasons`
+    says, from the two flags as the command line gives them) out of `translation` and mark their keys as not
+    read; nothing otherwise. `also_fitting`: the generations the launch's flags fit as well as `generation`."""
     if translation is None or not megatron_launch:
         return NotRead(translation.source if translation is not None else "")
     prefixes = ("optimizer.",) if generation in JSON_SCHEDULER_GENERATIONS else ("optimizer.", "scheduler.")
-    not_read = NotRead(translation.source, [s for s in translation.settings if s.key.startswith(prefixes)],
-                       generation)
-    translation.settings = [s for s in translation.settings if not s.key.startswith(prefixes)]
+    keys = [s.key for s in translation.settings] + [v.key for v in translation.verdicts]
+    flags = (deepspeed_activation_checkpointing, checkpoint_activations)
+    reasons = checkpointing_block_reasons(keys, generation, *flags)
+    reasons.update(_ties_named(keys, generation, also_fitting, flags, reasons))
+
+    def set_aside(key: str) -> bool:
+        return key.startswith(prefixes) or key in reasons
+
+    not_read = NotRead(translation.source, [s for s in translation.settings if set_aside(s.key)], generation, reasons)
+    translation.settings = [s for s in translation.settings if not set_aside(s.key)]
     refused_before = refused_line(translation.source, translation.verdicts)
-    translation.verdicts = [_not_read(verdict, prefixes, generation) for verdict in translation.verdicts]
+    translation.verdicts = [_not_read(verdict, prefixes, generation, reasons) if verdict.key.startswith(prefixes)
+                            else _checkpointing_not_read(verdict, reasons) for verdict in translation.verdicts]
     refused_now = refused_line(translation.source, translation.verdicts)
     if refused_now != refused_before:  # a scheduler key refused before is not read at all now
         translation.problems = [refused_now if problem == refused_before else problem
                                 for problem in translation.problems if problem != refused_before or refused_now]
     return not_read
+
+
+def _ties_named(keys: Sequence[str], generation: Optional[str], also_fitting: Sequence[str],
+                flags: tuple[bool, bool], reasons: dict[str, str]) -> dict[str, str]:
+    """{key: why} for the keys set aside that a fork the launch's flags fit as well would have read: the tie
+    rule keeps the newest generation, and its choice is named where it changes what runs."""
+    named = {}
+    fork = next((label for label in also_fitting if label in JSON_SCHEDULER_GENERATIONS), None)
+    if fork is not None and generation not in JSON_SCHEDULER_GENERATIONS:
+        named.update({key: _SCHEDULER_WHY + _tie(fork, "ran the JSON's scheduler (its DeepSpeed, before v0.14.5, "
+                                                       "took it first)")
+                      for key in keys if key.startswith("scheduler.")})
+    fork = next((label for label in also_fitting if label in JSON_CHECKPOINTING_GENERATIONS), None)
+    if fork is not None and generation not in JSON_CHECKPOINTING_GENERATIONS:
+        read_there = checkpointing_block_reasons(keys, fork, *flags)
+        named.update({key: why + _tie(fork, "read it") for key, why in reasons.items()
+                      if key.startswith(CHECKPOINTING_BLOCK) and key not in read_there})
+    return named
+
+
+def checkpointing_block_reasons(keys: Sequence[str], generation: Optional[str],
+                                deepspeed_activation_checkpointing: bool,
+                                checkpoint_activations: bool) -> dict[str, str]:
+    """{key: why it is not read} for the activation_checkpointing keys among `keys` that a Megatron launch of
+    `generation`, with those two flags on its command line, does not read: all of them, but where the 2020 fork
+    hands the JSON to deepspeed.checkpointing.configure and --checkpoint-activations calls what it configures
+    (there the switch agrees with the command line, and only number_checkpoints is overwritten)."""
+    json_read = deepspeed_activation_checkpointing and generation in JSON_CHECKPOINTING_GENERATIONS
+    reasons = {}
+    for key in keys:
+        if json_read and checkpoint_activations:
+            if key == CHECKPOINTING_BLOCK + ".number_checkpoints":
+                reasons[key] = _NUM_LAYERS_WHY
+        elif key == CHECKPOINTING_BLOCK:
+            reasons[key] = _SWITCH_WHY
+        elif key.startswith(CHECKPOINTING_BLOCK + "."):
+            reasons[key] = (_UNUSED_WHY if json_read else _FLAGS_OVERWRITE_WHY if deepspeed_activation_checkpointing
+                            else _UNFLAGGED_WHY)
+    return reasons
+
+
+def _checkpointing_not_read(verdict: Verdict, reasons: dict[str, str]) -> Verdict:
+    """A block key the launch does not read has no effect; an unknown key (a typo) stays refused."""
+    if verdict.key not in reasons or verdict.kind == UNSUPPORTED:
+        return verdict
+    return Verdict(verdict.key, NO_EFFECT, why=reasons[verdict.key])
 
 
 def _why(key: str, generation: Optional[str]) -> str:
@@ -99,7 +191,13 @@ def _why(key: str, generation: Optional[str]) -> str:
     return _PARAM_GROUPS_WHY if generation in PARAM_GROUP_GENERATIONS else _OPTIMIZER_WHY
 
 
-def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[str]) -> Verdict:
+def _tie(fork: str, did: str) -> str:
+    return (f" (the launch's flags fit {fork} as well, which {did}: of equal fits the newest generation is taken, "
+            f"and a flag only {fork} defines chooses it)")
+
+
+def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[str],
+              reasons: Optional[dict[str, str]] = None) -> Verdict:
     """The verdict of a key the real pair does not read. A refused scheduler key or optimizer param is not
     refused any more: DeepSpeed reads the scheduler block only in _scheduler_from_config, which a client
     scheduler skips, and the optimizer's params only in _configure_basic_optimizer, which a client optimizer
@@ -111,4 +209,4 @@ def _not_read(verdict: Verdict, prefixes: tuple[str, ...], generation: Optional[
         return verdict
     if verdict.kind == NO_EFFECT and verdict.why.startswith("not read"):
         return verdict  # max_grad_norm: already said why
-    return Verdict(verdict.key, NO_EFFECT, why=_why(verdict.key, generation))
+    return Verdict(verdict.key, NO_EFFECT, why=(reasons or {}).get(verdict.key) or _why(verdict.key, generation))

@@ -274,10 +274,14 @@ def _betas(key: str, value: Any) -> list[Verdict]:
 def _max_grad_norm(key: str, value: Any) -> list[Verdict]:
     """The old apex FusedAdam's clip norm: Megatron-DeepSpeed passes deepspeed.initialize its own optimizer, so
     the JSON's optimizer block is not read, and DeepSpeed clips with gradient_clipping
-    (arguments/deepspeed/clipping.py)."""
+    (arguments/deepspeed/clipping.py). Where DeepSpeed builds the JSON's optimizer it never clipped with it
+    either: v0.1.0 set it to 0 under fp16, and v0.2.0 on refuse it (_configure_basic_optimizer). Accepted, as
+    ignoring it changes nothing that ran (tests/arguments/test_deepspeed_clipping.py)."""
     number(key, value)
-    return [Verdict(key, NO_EFFECT, why="not read: Megatron-DeepSpeed passes DeepSpeed its own optimizer, and "
-                                        "DeepSpeed clips with gradient_clipping")]
+    return [Verdict(key, NO_EFFECT, why="not read: Megatron passes DeepSpeed its own optimizer (or param groups "
+                                        "it filled), and DeepSpeed clips with gradient_clipping, never with the "
+                                        "optimizer's max_grad_norm (since v0.2.0 an error where it builds the "
+                                        "JSON's optimizer)")]
 
 
 def _adam_mode(key: str, value: Any) -> list[Verdict]:

@@ -87,7 +87,9 @@ def deepspeed_config_to_flags(config: Any, source: str, collect: bool = False) -
     In DeepSpeed the `activation_checkpointing` block only configures checkpointing; Megatron's
     --checkpoint-activations turns it on. Here a block with any option on (a true flag, or a
     `number_checkpoints` that is not null) also emits --checkpoint-activations, so the JSON takes
-    effect on its own; a block with every option off or null leaves checkpointing as it was.
+    effect on its own; a block with every option off or null leaves checkpointing as it was. (Under a
+    Megatron launch that implied flag, and the block where the real pair does not read it, are set
+    aside: arguments/deepspeed/client_objects.py.)
     """
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: a DeepSpeed config must be a JSON object")

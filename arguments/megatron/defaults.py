@@ -9,9 +9,9 @@ command line then trains what Megatron trains. A preset applies only when it is 
 main job that names no model (the README's `python pretrain_gpt.py` trains `tiny`).
 
 Defaults follow the Megatron generation the launch's flags belong to (`launch_generation`): a script that
-passes `--batch-size` (DeepSpeedExamples' Megatron-LM fork, 2020) gets that argument file's defaults, e.g.
-`--split 1000,1,1`, and a v1.1.5 fork's `--warmup 0.01`; a setting that generation lacks takes the newest
-default.
+passes `--batch-size` (which only DeepSpeedExamples' forks read) gets a v1.1.5 fork's `--warmup 0.01`, and
+one that also passes the 2020 fork's `--lazy-loader` gets that fork's `--split 1000,1,1`; a setting that
+generation lacks takes the newest default.
 
 Where one of our own values must still stand, `megatron_default_note` names it in one line at the start;
 under a plain Megatron launch that line is empty.
@@ -108,24 +108,44 @@ def _stated(source: str, spellings: Sequence[str], harvested_flags: dict) -> Opt
     return None
 
 
-def launch_generation(argv: Iterable[str], harvested_flags: dict, sources: Sequence[dict]) -> Optional[str]:
+# Flags a generation parses only to refuse them: from Megatron-LM v2.6 on, and in Megatron-DeepSpeed and
+# BigScience's fork of it, validate_args asserts `args.batch_size is None` ("--batch-size argument is no
+# longer valid, use --micro-batch-size instead"), and the same of --warmup and --model-parallel-size. A launch
+# that types one ran where it is read (DeepSpeedExamples' forks), so it counts for none of these generations.
+REFUSING_GENERATIONS = ("megatron-lm", "megatron-lm-core_v0.15.0", "megatron-lm-23.04", "megatron-lm-v2.6",
+                        "megatron-deepspeed", "bigscience-megatron-deepspeed")
+REFUSED_WHERE_PARSED = {flag: REFUSING_GENERATIONS for flag in ("--batch-size", "--warmup", "--model-parallel-size")}
+# DeepSpeedExamples' forks, newest Megatron-LM first (their harvested files share one commit date): the v1.1.5
+# forks before the 2020 fork of an older Megatron-LM, so a tie goes to the newest code, as between Megatron-LM's.
+FORKS_NEWEST_FIRST = ("dse-megatron-lm-v1.1.5-zero3", "dse-megatron-lm-v1.1.5-3d", "dse-megatron-lm")
+
+
+def equally_fitting_generations(argv: Iterable[str], harvested_flags: dict, sources: Sequence[dict]) -> list[str]:
     """The Megatron argument file (a harvested source's label) that defines the most of the harvested
     Megatron flags the launch types, Megatron-LM's own files first and newest first where several define as
     many; None where the launch types none. Counting, not requiring all, keeps a flag of another generation
     (an alias accepted here, a tokenizer path a replay adds) from hiding the generation. DeepSpeed's own
-    flags (--deepspeed, --deepspeed_config), which scripts of every generation add, say nothing."""
+    flags (--deepspeed, --deepspeed_config), which scripts of every generation add, say nothing, and a flag
+    counts for no generation that parses it only to refuse it (REFUSED_WHERE_PARSED). All the files that
+    define as many, in that order (the first is `launch_generation`); none where the launch types none."""
     forks = [source["label"] for source in sorted(sources, key=lambda source: source["date"], reverse=True)
              if not source["label"].startswith("deepspeed") and source["label"] not in DEFAULT_SOURCES]
+    forks.sort(key=lambda label: FORKS_NEWEST_FIRST.index(label) if label in FORKS_NEWEST_FIRST else -1)
     preference = [label for label in DEFAULT_SOURCES if any(s["label"] == label for s in sources)] + forks
     defined = {label: 0 for label in preference}
     for token in argv:
         option = token.split("=", 1)[0]
         if option.startswith("--") and option in harvested_flags:
             for label in harvested_flags[option].get("sources", ()):
-                if label in defined:
+                if label in defined and label not in REFUSED_WHERE_PARSED.get(option, ()):
                     defined[label] += 1
     most = max(defined.values(), default=0)
-    return next((label for label in preference if defined[label] == most), None) if most else None
+    return [label for label in preference if defined[label] == most] if most else []
+
+
+def launch_generation(argv: Iterable[str], harvested_flags: dict, sources: Sequence[dict]) -> Optional[str]:
+    """The Megatron generation of the launch: the first of `equally_fitting_generations`, or None."""
+    return next(iter(equally_fitting_generations(argv, harvested_flags, sources)), None)
 
 
 def is_megatron_launch(preset_named: bool, dests_given: Iterable[str]) -> bool:

@@ -36,7 +36,7 @@ REPO_ROOT = HERE.parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(HERE)]
 
 from arguments.config import ConfigError  # noqa: E402
-from arguments.deepspeed.translation import resolve_zero_config  # noqa: E402
+from arguments.deepspeed.translation import deepspeed_config_to_flags, resolve_zero_config  # noqa: E402
 from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
 from planner.plan import CONFIGURATIONS  # noqa: E402
 
@@ -60,7 +60,12 @@ def run_argv(configuration: str, layers: int, args, metrics: Path, cache_dir: st
     """pretrain_gpt.py's flags for one configuration at one depth (configs/zero/zero_paper_cN.json,
     its buckets scaled, written beside `metrics`)."""
     zero_config = scaled_zero_config(configuration, args.bucket_size, metrics.parent)
-    return ["--zero-config", str(zero_config), *depth_flags(layers, args),
+    # A launch that sets the model from flags reads the JSON's activation_checkpointing block only as Megatron
+    # does (not at all here: arguments/deepspeed/client_objects.py), so the configuration's P_a, P_a+cpu and
+    # M_D, and checkpointing itself, are said as the flags the block stands for.
+    block = json.loads(zero_config.read_text(encoding="utf-8"))["activation_checkpointing"]
+    checkpointing = deepspeed_config_to_flags({"activation_checkpointing": block}, str(zero_config)).argv
+    return ["--zero-config", str(zero_config), *checkpointing, *depth_flags(layers, args),
             "--data-cache-dir", cache_dir, "--metrics-file", str(metrics)]
 
 

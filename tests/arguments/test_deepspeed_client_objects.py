@@ -123,7 +123,7 @@ def test_the_2020_forks_param_groups_carry_its_flags_values(tmp_path):
     assert (optimizer.adam_beta1, optimizer.adam_beta2, optimizer.adam_eps, optimizer.weight_decay) == \
         (0.9, 0.999, 1e-8, 0.01)
     warnings = _not_read_warnings(parsed)
-    assert len(warnings) == 1 and "the fork passes deepspeed.initialize param groups" in warnings[0]
+    assert len(warnings) == 1 and "the param groups that Adam already filled" in warnings[0]
 
 
 def test_a_preset_launch_is_deepspeeds_own_use_and_reads_both_blocks(tmp_path):
@@ -153,3 +153,67 @@ def test_a_block_the_real_pair_does_not_read_is_not_refused_but_an_optimizer_typ
         parse_arguments([*MODEL, "--deepspeed_config", lamb])
     assert "1 key(s) not supported" in str(refused.value) and "optimizer.type" in str(refused.value)
     assert "warmup_type" not in str(refused.value)  # the log warmup of a scheduler that is not read
+
+
+V115_LAUNCHES = {"deepspeedexamples-v1.1.5-zero3-ds-pretrain-gpt2-zero2": "dse-megatron-lm-v1.1.5-zero3",
+                 "deepspeedexamples-zero3-run-gpt-1gpu": "dse-megatron-lm-v1.1.5-zero3",
+                 # fits the ZeRO3 and 3D files equally (no flag only one defines); no default nor JSON
+                 # behaviour differs between the two, and the first listed is taken
+                 "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2": "dse-megatron-lm-v1.1.5-zero3"}
+
+
+@pytest.mark.parametrize("name", sorted(V115_LAUNCHES))
+def test_a_v115_fork_launch_is_its_fork_and_runs_the_jsons_scheduler(name, tmp_path):
+    """Each of these scripts types --batch-size, --warmup and --model-parallel-size, which every later
+    generation parses only to refuse: validate_args asserts `args.batch_size is None` ('--batch-size argument
+    is no longer valid, use --micro-batch-size instead'), and the same of the other two, in Megatron-DeepSpeed
+    (github:deepspeedai/Megatron-DeepSpeed f4157bea and 4efb479d, megatron/arguments.py lines 126-134),
+    BigScience's fork (github:bigscience-workshop/Megatron-DeepSpeed 8387ae17, megatron/arguments.py), and
+    Megatron-LM (github:NVIDIA/Megatron-LM v2.6 megatron/arguments.py lines 85-93, 23.04 lines 94-102,
+    core_v0.15.0 megatron/training/arguments.py lines 443-451). The v1.1.5 forks read them
+    (github:microsoft/DeepSpeedExamples 5c6b1c8f Megatron-LM-v1.1.5-ZeRO3/megatron/arguments.py lines 227,
+    304, 384). They were detected as megatron-deepspeed (the tie went to the newest), so the forks' JSON
+    scheduler (their DeepSpeed before v0.14.5 took it first) never reached them."""
+    # without its schedule flags: beside any of them the JSON's scheduler is dropped as a whole (not yet the
+    # forks' behaviour: arguments/deepspeed/client_objects.py)
+    argv = _shrunk(name, tmp_path, drop=("--lr-decay-style", "--lr-decay-iters", "--warmup", "--lr", "--min-lr"))
+    assert "--batch-size" in argv and "--warmup" in _shrunk(name, tmp_path)
+    ds = tmp_path / "with_scheduler.json"
+    given = argv[argv.index("--deepspeed_config") + 1] if "--deepspeed_config" in argv else None
+    ds.write_text(json.dumps({**(json.loads(Path(given).read_text()) if given else {}), "scheduler": SCHEDULER}))
+    argv = [token if token != given else str(ds) for token in argv]
+    parsed = parse_arguments(argv if given else [*argv, "--deepspeed", "--deepspeed_config", str(ds)])
+    assert parsed.megatron_generation == V115_LAUNCHES[name]
+    optimizer = parsed.config.optimizer
+    assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_decay_style) == (0.0002, 7, "linear")
+
+
+def test_a_launch_in_todays_spelling_is_not_a_fork():
+    parsed = parse_arguments([*MODEL, "--micro-batch-size", "2", "--deepspeed-activation-checkpointing"])
+    assert parsed.megatron_generation == "megatron-deepspeed"
+
+
+def test_a_scheduler_set_aside_beside_a_schedule_flag_leaves_megatrons_defaults_not_ours(tmp_path):
+    """Beside --lr the JSON's scheduler block is not used as a whole; what it would have set takes the
+    generation's Megatron defaults (the v1.1.5 3D fork: --warmup 0.01, linear decay), not this program's
+    (was: --lr-warmup-iters 20, cosine, named in the "leaves these out" line)."""
+    ds = _json(tmp_path, {"scheduler": SCHEDULER})
+    parsed = parse_arguments([*MODEL, "--gas", "1", "--lr", "1e-4", "--deepspeed", "--deepspeed_config", ds])
+    assert parsed.megatron_generation == "dse-megatron-lm-v1.1.5-3d"
+    optimizer = parsed.config.optimizer
+    assert (optimizer.lr, optimizer.lr_warmup_iters, optimizer.lr_warmup_fraction, optimizer.lr_decay_style) == \
+        (1e-4, 0, 0.01, "linear")
+    assert not [note for note in parsed.notes if "leaves these out" in note]
+
+
+def test_where_a_fork_fits_as_well_the_tie_rules_choice_is_named_with_the_scheduler(tmp_path):
+    """Issue 34 round 2: a launch whose flags fit a fork as well as a later generation keeps the tie rule (the
+    newest), but the scheduler it sets aside is one the fork's DeepSpeed would have run: the line says so."""
+    ds = _json(tmp_path, {"scheduler": SCHEDULER})
+    warnings = _not_read_warnings(parse_arguments([*MODEL, "--deepspeed", "--deepspeed_config", ds]))
+    assert len(warnings) == 1 and "fit dse-megatron-lm-v1.1.5-zero3 as well, which ran the JSON's scheduler" in \
+        warnings[0]
+    # a flag no fork defines: no tie, nothing more to say
+    warnings = _not_read_warnings(parse_arguments([*MODEL, "--micro-batch-size", "2", "--deepspeed",
+                                                   "--deepspeed_config", ds]))
+    assert len(warnings) == 1 and "as well" not in warnings[0]

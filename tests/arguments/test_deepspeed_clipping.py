@@ -60,3 +60,27 @@ def test_the_optimizer_blocks_max_grad_norm_has_no_effect(tmp_path):
     """Megatron-DeepSpeed always passes a client optimizer: the JSON's optimizer block is not read."""
     parsed = _launch(tmp_path, {"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "max_grad_norm": 0.2}}})
     assert parsed.config.optimizer.clip_grad == DEEPSPEED_GRADIENT_CLIPPING_DEFAULT
+
+
+def test_the_2020_forks_max_grad_norm_is_accepted_and_named_as_not_read(tmp_path):
+    """Corpus entry deepspeedexamples-ds-pretrain-gpt2: its ds_config.json (microsoft/DeepSpeedExamples
+    69785c7c, deleted by 5426d18a on 2020-05-14) has "max_grad_norm": 1.0 in its optimizer block. DeepSpeed
+    reads it only in _configure_basic_optimizer, where v0.1.0 (github:microsoft/DeepSpeed v0.1.0,
+    deepspeed/pt/deepspeed_light.py lines 466-472) set it to 0.0 under fp16 and v0.2.0 on (deepspeed_light.py
+    lines 504-509; runtime/engine.py in v0.3.x-v0.5.x) raise a ValueError. But the fork of that JSON's lifetime
+    never got there: Megatron-LM/pretrain_gpt2.py (69785c7c lines 161-168, unchanged in 5426d18a) passes
+    deepspeed.initialize(optimizer=optimizer), and DeepSpeed's _configure_optimizer (v0.2.0 lines 474-477)
+    uses a client optimizer without building the JSON's. The fork's param-groups path that would have raised
+    (model_parameters=param_groups) came in a79272cc, October 2020, after the JSON was gone. So the real pair
+    trains this launch: it is accepted, its key named as not read, and nothing that ran is ignored (the fork's
+    --clip-grad is not read under --deepspeed either: 69785c7c pretrain_gpt2.py get_optimizer lines 111-113
+    return the bare Adam, and backward_step clips only `if not args.deepspeed`, lines 331-340)."""
+    from arguments.print_config import format_config
+    from tests.arguments.test_megatron_launch_defaults import _shrunk
+
+    parsed = parse_arguments(_shrunk("deepspeedexamples-ds-pretrain-gpt2", tmp_path))
+    row = next(line for line in format_config(parsed).splitlines()
+               if line.split()[:1] == ["optimizer.params.max_grad_norm"])
+    assert "not read" in row and "never with the optimizer's max_grad_norm" in row
+    assert "since v0.2.0 an error where it builds the JSON's optimizer" in row
+    assert parsed.config.optimizer.clip_grad == DEEPSPEED_GRADIENT_CLIPPING_DEFAULT

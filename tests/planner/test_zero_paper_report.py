@@ -172,3 +172,23 @@ def test_report_inputs_are_checked_before_the_output_directory_is_made(case, wor
     outcome = run_main(report.command, argv)
     outcome.one_error_line(*words)
     assert not output.exists(), case
+
+
+def test_each_run_checkpoints_as_its_configuration_says(tmp_path):
+    """Beside model flags (a Megatron launch) the JSON's activation_checkpointing block is read only as the
+    real pair reads it, here not at all (tests/arguments/test_deepspeed_checkpointing_block.py): the runs say
+    each configuration's checkpointing (Table 3's P_a, P_a+cpu, M_D) as flags."""
+    import argparse
+
+    from arguments.deepspeed.translation import resolve_zero_config
+    from arguments.parser import parse_config
+    args = argparse.Namespace(bucket_size=20000, hidden_size=64, seq_length=64, micro_batch_size=4)
+    for configuration in mini_reproduction.CONFIGURATIONS:
+        block = json.loads(resolve_zero_config(f"zero_paper_{configuration.lower()}").read_text())[
+            "activation_checkpointing"]
+        activations = parse_config(mini_reproduction.run_argv(configuration, 1, args, tmp_path / "metrics.jsonl",
+                                                              str(tmp_path))).activations
+        assert (activations.checkpoint_activations, activations.partition_activations, activations.cpu_checkpointing,
+                activations.contiguous_checkpointing) == (True, block["partition_activations"],
+                                                          block["cpu_checkpointing"],
+                                                          block["contiguous_memory_optimization"]), configuration

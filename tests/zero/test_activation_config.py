@@ -166,7 +166,10 @@ def test_too_few_json_checkpoints_for_the_model_are_caught(tmp_path):
                                                               "number_checkpoints": 2}})
     with pytest.raises(ConfigError, match="--number-checkpoints 2 is fewer than the 4 checkpoints"):
         parse_config(["--zero-config", str(path)])
-    assert parse_config(["--zero-config", str(path), "--num-layers", "2"]).activations.number_checkpoints == 2
+    # the preset named: a launch that sets the model from flags alone is Megatron's, which reads no block
+    # without --deepspeed-activation-checkpointing (tests/arguments/test_deepspeed_checkpointing_block.py)
+    assert parse_config(["--config", "tiny", "--zero-config", str(path), "--num-layers", "2"]
+                        ).activations.number_checkpoints == 2
 
 
 def test_example_stage3_pa():
