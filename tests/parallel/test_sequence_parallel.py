@@ -29,11 +29,13 @@ from arguments.config import ModelConfig
 from arguments.parser import parse_arguments, parse_config
 from base.errors import ConfigError
 from gpt.model import TransformerBlock, build_gpt_model
+from gpt.shape import model_shape
 from parallel.comm import ring_bytes_sent
 from parallel.mesh import ParallelDims
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
 from tests.distributed import run_distributed
+from zero.memory import predict_saved_activation_bytes
 
 SEED, BATCH, SEQ, TP = 3, 2, 16, 2
 GPT2 = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=SEQ,
@@ -136,3 +138,24 @@ def test_with_tp_1_it_is_accepted_and_said_once():
     notes = parse_arguments(["--sequence-parallel"]).notes
     assert sum("--sequence-parallel" in note for note in notes) == 1
     assert parse_arguments(["--sequence-parallel", "--tensor-model-parallel-size", "2"]).config.model.sequence_parallel
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_predicted_activations_per_rank_hold_1_over_tp_of_the_split_regions(name):
+    """Korthikanti et al. 2022, section 4.2.2: the norms' inputs (2 bytes per element at 16 bits, two norms)
+    and the residual dropout masks (1 byte, two branches) are in the split regions: 6h bytes per token of
+    the block, of which each rank now keeps 1/TP. (Megatron also keeps the column-parallel linears' inputs
+    split; here autograd keeps them gathered, whole, as without SP: parallel/layers.py.)"""
+    config = MODELS[name]
+    plain = model_shape(config, TP).activations
+    split = model_shape(dataclasses.replace(config, sequence_parallel=True), TP).activations
+    split_regions = (2 * 2 + 2 * 1) * config.hidden_size
+    assert plain.replicated_bytes_per_token - split.replicated_bytes_per_token == split_regions
+    assert split.partitioned_bytes_per_token - plain.partitioned_bytes_per_token == split_regions
+    per_rank = {terms: predict_saved_activation_bytes(
+        config.num_layers, SEQ, BATCH, config.hidden_size, config.num_attention_heads, 2, TP, None, False,
+        layer=terms)["per_layer_without_recompute"] for terms in (plain, split)}
+    assert per_rank[plain] - per_rank[split] == SEQ * BATCH * split_regions * (TP - 1) // TP
+    # With TP 1 the flag splits nothing.
+    assert model_shape(dataclasses.replace(config, sequence_parallel=True), 1).activations == \
+        model_shape(config, 1).activations
