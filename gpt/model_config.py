@@ -88,9 +88,9 @@ class ModelConfig:
                                 help="--normalization over each query and key head before attention (Qwen3)")
     # Megatron's --sequence-parallel (gpt/model.py): with TP 1 there is nothing to split and it has no effect.
     sequence_parallel: bool = option(
-        False, action="store_true",
+        False, action="store_true", group="training",
         help="with --tensor-model-parallel-size > 1: norms, dropout and the residual stream hold 1/TP of the "
-             "sequence (all-gather before, reduce-scatter after each TP region: the same bytes as the all-reduces); "
+             "sequence (all-gather before, reduce-scatter after each TP region, in place of the all-reduces); "
              "--seq-length must be divisible by the TP size")
     init_method_std: float = 0.02
     # "gelu_tanh" is "gelu_new" in transformers.
