@@ -4,7 +4,7 @@ Gate and up are two column-parallel weights rather than one of 2 x ffn rows: eac
 same slice of both (the halves that multiply each other), and each weight's whole tensor is the same
 at every TP size, so initial values (a function of name and whole-tensor index, parallel/init.py) and
 checkpoints resharded across TP sizes need no knowledge of an interleaved layout. The input enters the
-tensor-parallel region once for both.
+tensor-parallel region once for both (under sequence parallelism: one all-gather of the sequence).
 """
 
 from __future__ import annotations
@@ -14,24 +14,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel.layers import ColumnParallelLinear, RowParallelLinear
-from parallel.mappings import copy_to_tensor_parallel_region
 from parallel.state import ParallelState
 
 
 class SwiGLUMLP(nn.Module):
     def __init__(self, hidden_size: int, ffn_size: int, *, state: ParallelState, init_std: float,
-                 output_init_std: float, bias: bool):
+                 output_init_std: float, bias: bool, sequence_parallel: bool = False):
         super().__init__()
         self.state = state
         self.dense_h_to_4h_gate = ColumnParallelLinear(hidden_size, ffn_size, state=state, init_std=init_std,
-                                                       bias=bias)
+                                                       bias=bias, sequence_parallel=sequence_parallel)
         self.dense_h_to_4h_up = ColumnParallelLinear(hidden_size, ffn_size, state=state, init_std=init_std,
-                                                     bias=bias)
+                                                     bias=bias, sequence_parallel=sequence_parallel)
         self.dense_4h_to_h = RowParallelLinear(ffn_size, hidden_size, state=state, init_std=output_init_std,
-                                               bias=bias)
+                                               bias=bias, sequence_parallel=sequence_parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = copy_to_tensor_parallel_region(hidden, self.state)
         gate, up = self.dense_h_to_4h_gate, self.dense_h_to_4h_up
+        hidden = gate.enter(hidden)  # copy, or the sequence all-gather: once for both
         activated = F.silu(gate.linear(hidden, gate.weight, gate.bias)) * up.linear(hidden, up.weight, up.bias)
         return self.dense_4h_to_h(activated)

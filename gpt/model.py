@@ -5,6 +5,14 @@ positions, grouped-query attention, an untied output layer, linears without bias
 Every linear and the token embedding come from `parallel.layers`, so one model definition serves every
 tensor-parallel size. Tensors are laid out [batch, sequence, hidden].
 
+With `config.sequence_parallel` and TP > 1 (Megatron's --sequence-parallel) everything outside the
+tensor-parallel regions - embedding dropout, norms, residual adds, the blocks' dropout - holds this rank's
+slice of the sequence (dim 1): the embedding's output is split, each column-parallel linear gathers the
+sequence, each row-parallel linear reduce-scatters it, and the output layer gathers it before the
+vocab-parallel loss, as Megatron-Core's GPTModel does (parallel/mappings.py). Dropout in the split
+regions draws from the rank's private stream, as Megatron-Core's TransformerBlock runs its layers under
+`get_cuda_rng_tracker().fork()` when sequence_parallel is set.
+
 Initialisation follows GPT-2/Megatron: normal(0, 0.02) for weights, zeros for biases, ones for
 LayerNorm gains, and the output projection of each residual branch (attention `dense`, MLP
 `dense_4h_to_h`) scaled by 1/sqrt(2 * num_layers) so the residual stream's variance does not grow with
@@ -38,7 +46,12 @@ from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from parallel.mappings import copy_to_tensor_parallel_region, gather_from_tensor_parallel_region
+from parallel.mappings import (
+    copy_to_tensor_parallel_region,
+    gather_from_sequence_parallel_region,
+    gather_from_tensor_parallel_region,
+    scatter_to_sequence_parallel_region,
+)
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 
@@ -83,21 +96,21 @@ class SelfAttention(nn.Module):
             self.q_layernorm = self.k_layernorm = None
         self.rotary_dim = architecture.rotary_dim(config.head_dim)
         h = config.hidden_size
+        sequence_parallel = splits_sequence(config, state)
         qkv_rows = (config.num_attention_heads + 2 * self.groups_per_rank * tp) * config.head_dim
         self.query_key_value = ColumnParallelLinear(h, qkv_rows, state=state, init_std=config.init_method_std,
-                                                    bias=architecture.qkv_bias)
+                                                    bias=architecture.qkv_bias, sequence_parallel=sequence_parallel)
         self.dense = RowParallelLinear(h, h, state=state, init_std=_output_layer_std(config),
-                                       bias=architecture.add_bias_linear)
+                                       bias=architecture.add_bias_linear, sequence_parallel=sequence_parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = hidden.shape
         # each [batch, heads, seq, head_dim]; key and value with one head per group under native_gqa
         query, key, value = self._query_key_value(hidden)
+        batch, _, seq, _ = query.shape  # the whole sequence, also when `hidden` is a slice of it
         # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
-        dropout_stream = self.rng.fork() if self.rng is not None else contextlib.nullcontext()
         # The device is known only here (the model is built on meta): whether to pad is decided per call.
         head_dim = padded_head_dim(self.head_dim, query.device.type, self.attention_backend, self.pad_head_dim)
-        with dropout_stream, attention_kernels(self.attention_backend):
+        with dropout_stream(self.rng), attention_kernels(self.attention_backend):
             context = attention_at_head_dim(query, key, value, head_dim,
                                             dropout_p=self.dropout_p if self.training else 0.0,
                                             enable_gqa=self.native_gqa)
@@ -105,9 +118,10 @@ class SelfAttention(nn.Module):
         return self.dense(context)
 
     def _query_key_value(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        batch, seq, _ = hidden.shape
+        qkv = self.query_key_value(hidden)  # the whole sequence: under sequence parallelism, gathered
+        batch, seq, _ = qkv.shape
         per_group = self.heads_per_rank // self.groups_per_rank
-        qkv = self.query_key_value(hidden).view(batch, seq, self.groups_per_rank, per_group + 2, self.head_dim)
+        qkv = qkv.view(batch, seq, self.groups_per_rank, per_group + 2, self.head_dim)
         if per_group == 1:  # multi-head: GPT-2's exact operations
             query, key, value = qkv.permute(3, 0, 2, 1, 4).unbind(0)
         else:
@@ -130,10 +144,13 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, state: ParallelState, bias: bool = True):
         super().__init__()
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+        sequence_parallel = splits_sequence(config, state)
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, config.ffn_size, state=state,
-                                                  init_std=config.init_method_std, bias=bias)
+                                                  init_std=config.init_method_std, bias=bias,
+                                                  sequence_parallel=sequence_parallel)
         self.dense_4h_to_h = RowParallelLinear(config.ffn_size, config.hidden_size, state=state,
-                                               init_std=_output_layer_std(config), bias=bias)
+                                               init_std=_output_layer_std(config), bias=bias,
+                                               sequence_parallel=sequence_parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(hidden), approximate=self.approximate))
@@ -142,26 +159,35 @@ class MLP(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-LayerNorm residual block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x))).
 
-    The residual stream is identical on every TP rank, so its dropout uses the shared stream."""
+    The residual stream is identical on every TP rank, so its dropout uses the shared stream; under
+    sequence parallelism each rank holds its own slice of it, and the dropout draws from the rank's
+    private stream."""
 
     def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG],
                  architecture: Architecture = GPT2):
         super().__init__()
         h, eps = config.hidden_size, config.layernorm_epsilon
-        self.input_layernorm = normalization(architecture.normalization, h, eps)
+        sequence_parallel = splits_sequence(config, state)
+        norm_state = state if sequence_parallel else None
+        self.input_layernorm = normalization(architecture.normalization, h, eps, norm_state)
         self.attention = SelfAttention(config, state, rng, architecture)
-        self.post_attention_layernorm = normalization(architecture.normalization, h, eps)
+        self.post_attention_layernorm = normalization(architecture.normalization, h, eps, norm_state)
+        self.split_dropout_rng = rng if sequence_parallel else None
         if architecture.swiglu:
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), state=state,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),
-                                 bias=architecture.add_bias_linear)
+                                 bias=architecture.add_bias_linear, sequence_parallel=sequence_parallel)
         else:
             self.mlp = MLP(config, state, bias=architecture.add_bias_linear)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.hidden_dropout(self.attention(self.input_layernorm(hidden)))
-        return hidden + self.hidden_dropout(self.mlp(self.post_attention_layernorm(hidden)))
+        hidden = hidden + self._residual_dropout(self.attention(self.input_layernorm(hidden)))
+        return hidden + self._residual_dropout(self.mlp(self.post_attention_layernorm(hidden)))
+
+    def _residual_dropout(self, branch: torch.Tensor) -> torch.Tensor:
+        with dropout_stream(self.split_dropout_rng):
+            return self.hidden_dropout(branch)
 
 
 class GPTModel(nn.Module):
@@ -181,10 +207,18 @@ class GPTModel(nn.Module):
         self.config = config
         self.architecture = architecture
         self.state = state
+        # Megatron's --sequence-parallel with TP 1 splits nothing: the plain model.
+        self.sequence_parallel = splits_sequence(config, state)
+        self.split_dropout_rng = rng if self.sequence_parallel else None
         padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
+        learned_positions = architecture.position_embedding_type == "learned_absolute"
+        # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
+        # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
+        # are added to the whole sequence first and then split, as there, so their gradient stays whole.
         self.word_embeddings = VocabParallelEmbedding(
-            config.vocab_size, padded_vocab, config.hidden_size, state=state, init_std=config.init_method_std)
-        if architecture.position_embedding_type == "learned_absolute":
+            config.vocab_size, padded_vocab, config.hidden_size, state=state, init_std=config.init_method_std,
+            reduce_scatter_output=self.sequence_parallel and not learned_positions)
+        if learned_positions:
             # `_weight` skips nn.Embedding's own (pointless, on meta) initialisation.
             self.position_embeddings = nn.Embedding(
                 config.max_position_embeddings, config.hidden_size,
@@ -196,7 +230,7 @@ class GPTModel(nn.Module):
         self.blocks = nn.ModuleList(TransformerBlock(config, state, rng, architecture)
                                     for _ in range(config.num_layers))
         self.final_layernorm = normalization(architecture.normalization, config.hidden_size,
-                                             config.layernorm_epsilon)
+                                             config.layernorm_epsilon, state if self.sequence_parallel else None)
         if architecture.untie_embeddings_and_output_weights:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
@@ -210,11 +244,16 @@ class GPTModel(nn.Module):
         self.run_blocks = run_in_order
 
     def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The final LayerNorm's output, [batch, seq, hidden]."""
+        """The final LayerNorm's output, [batch, seq, hidden] (under sequence parallelism, this rank's
+        slice of the sequence: [batch, seq / TP, hidden])."""
         hidden = self.word_embeddings(tokens)
         if self.position_embeddings is not None:
             hidden = hidden + self.position_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
-        hidden = self.run_blocks(self.blocks, self.embedding_dropout(hidden))
+            if self.sequence_parallel:
+                hidden = scatter_to_sequence_parallel_region(hidden, self.state)
+        with dropout_stream(self.split_dropout_rng):
+            hidden = self.embedding_dropout(hidden)
+        hidden = self.run_blocks(self.blocks, hidden)
         return self.final_layernorm(hidden)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -225,7 +264,8 @@ class GPTModel(nn.Module):
         without gathering them. Padding rows of the vocabulary never take part in the softmax, so
         padding changes nothing.
         """
-        hidden = copy_to_tensor_parallel_region(self.hidden_states(tokens), self.state)
+        enter = gather_from_sequence_parallel_region if self.sequence_parallel else copy_to_tensor_parallel_region
+        hidden = enter(self.hidden_states(tokens), self.state)
         output_weight = self.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
         if labels is not None and self.config.cross_entropy_loss_fusion:
             return fused_linear_cross_entropy(hidden, output_weight, labels,
@@ -237,6 +277,16 @@ class GPTModel(nn.Module):
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
         return vocab_parallel_cross_entropy(logits, labels, self.word_embeddings.vocab_start_index,
                                             self.config.vocab_size, self.state)
+
+
+def splits_sequence(config: ModelConfig, state: ParallelState) -> bool:
+    """Whether the regions outside tensor parallelism hold a slice of the sequence (TP 1: nothing to split)."""
+    return config.sequence_parallel and state.tensor_parallel_size > 1
+
+
+def dropout_stream(rng: Optional[TensorParallelRNG]):
+    """The rank's private dropout stream where `rng` is given (a split region), else the shared one."""
+    return rng.fork() if rng is not None else contextlib.nullcontext()
 
 
 def compile_blocks(model: GPTModel) -> None:

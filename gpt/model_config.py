@@ -86,6 +86,12 @@ class ModelConfig:
                                 help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
     qk_layernorm: bool = option(False, action="store_true",
                                 help="--normalization over each query and key head before attention (Qwen3)")
+    # Megatron's --sequence-parallel (gpt/model.py): with TP 1 there is nothing to split and it has no effect.
+    sequence_parallel: bool = option(
+        False, action="store_true", group="training",
+        help="with --tensor-model-parallel-size > 1: norms, dropout and the residual stream hold 1/TP of the "
+             "sequence (all-gather before, reduce-scatter after each TP region, in place of the all-reduces); "
+             "--seq-length must be divisible by the TP size")
     init_method_std: float = 0.02
     # "gelu_tanh" is "gelu_new" in transformers.
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
@@ -146,6 +152,10 @@ class ModelConfig:
                                   f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share")
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    tensor_parallel_size)
+        if self.sequence_parallel and self.seq_length % tensor_parallel_size != 0:
+            raise ConfigError(f"--sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length "
+                              f"{self.seq_length} is not divisible by --tensor-model-parallel-size "
+                              f"{tensor_parallel_size}; choose a multiple of it")
 
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",

@@ -1,7 +1,17 @@
 """The blocks' normalization: LayerNorm (GPT-2, with bias) or RMSNorm (Llama, gain only); and the
-per-head norms of --qk-layernorm."""
+per-head norms of --qk-layernorm.
+
+Under sequence parallelism a block's norms see only this rank's slice of the sequence, so the gradient
+of their (replicated) gain and bias is a partial sum: they enter through `copy`, whose backward
+all-reduces it over the TP group. They carry `sequence_parallel = True`, as Megatron marks them; Megatron
+all-reduces
+their gradients over TP once per step (megatron/core/distributed/finalize_model_grads.py,
+_allreduce_layernorm_grads); here it happens in backward, before ZeRO's hooks see the gradient.
+"""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,24 +33,51 @@ class RMSNorm(nn.Module):
     transformers' LlamaRMSNorm and Megatron-LM's legacy RMSNorm (`self._norm(x.float()).type_as(x) *
     self.weight`) do, so 16-bit runs round where theirs do."""
 
-    def __init__(self, hidden_size: int, eps: float):
+    def __init__(self, hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState] = None):
         super().__init__()
-        self.eps = eps
+        self.eps, self.sequence_parallel_state = eps, sequence_parallel_state
         self.weight = set_init_method(nn.Parameter(torch.empty(hidden_size, device="meta")), InitMethod.ones())
+        self.weight.sequence_parallel = sequence_parallel_state is not None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return rms_norm(hidden, self.weight, self.eps)
+        return rms_norm(hidden, _summed_over_sequence_slices(self.weight, self.sequence_parallel_state), self.eps)
 
 
-def layer_norm(hidden_size: int, eps: float) -> nn.LayerNorm:
-    norm = nn.LayerNorm(hidden_size, eps=eps, device="meta")
+class SequenceParallelLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm over one slice of the sequence: gain and bias gradients summed over the TP group."""
+
+    def __init__(self, hidden_size: int, eps: float, sequence_parallel_state: ParallelState):
+        super().__init__(hidden_size, eps=eps, device="meta")
+        self.sequence_parallel_state = sequence_parallel_state
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        state = self.sequence_parallel_state
+        return F.layer_norm(hidden, self.normalized_shape, _summed_over_sequence_slices(self.weight, state),
+                            _summed_over_sequence_slices(self.bias, state), self.eps)
+
+
+def _summed_over_sequence_slices(parameter: torch.Tensor, state: Optional[ParallelState]) -> torch.Tensor:
+    return parameter if state is None else copy_to_tensor_parallel_region(parameter, state)
+
+
+def layer_norm(hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState] = None) -> nn.LayerNorm:
+    if sequence_parallel_state is None:
+        norm = nn.LayerNorm(hidden_size, eps=eps, device="meta")
+    else:
+        norm = SequenceParallelLayerNorm(hidden_size, eps, sequence_parallel_state)
     set_init_method(norm.weight, InitMethod.ones())
     set_init_method(norm.bias, InitMethod.zeros())
+    norm.weight.sequence_parallel = norm.bias.sequence_parallel = sequence_parallel_state is not None
     return norm
 
 
-def normalization(kind: str, hidden_size: int, eps: float) -> nn.Module:
-    return RMSNorm(hidden_size, eps) if kind == "RMSNorm" else layer_norm(hidden_size, eps)
+def normalization(kind: str, hidden_size: int, eps: float,
+                  sequence_parallel_state: Optional[ParallelState] = None) -> nn.Module:
+    """`sequence_parallel_state`: the state whose TP group sums the gradients, when the norm runs on a
+    slice of the sequence (None otherwise)."""
+    if kind == "RMSNorm":
+        return RMSNorm(hidden_size, eps, sequence_parallel_state)
+    return layer_norm(hidden_size, eps, sequence_parallel_state)
 
 
 class HeadNorm(nn.Module):

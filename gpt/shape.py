@@ -151,13 +151,20 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
     count it in 16-bit: a LayerNorm its input (2 bytes per element); a column-parallel linear its input
     (whole on every TP rank) and, for the op that consumes it (attention, the activation function), its
     output (split); a row-parallel linear its input (split) and the 1-byte dropout mask of the residual
-    branch it ends (whole); attention 5 bytes per score (softmax output, dropout mask, dropout output)."""
+    branch it ends (whole); attention 5 bytes per score (softmax output, dropout mask, dropout output).
+
+    Under sequence parallelism (section 4.2.2) the norms' inputs and the residual dropout masks are in the
+    split regions: 1/TP of them per rank, so they move from the whole to the split terms. The
+    column-parallel linears' inputs stay whole here: autograd keeps the gathered input (parallel/layers.py
+    says why), where Megatron keeps it split and gathers it again in backward."""
     replicated = partitioned = heads = 0
     for module in block.modules():
-        if isinstance(module, nn.LayerNorm):
-            replicated += 2 * module.normalized_shape[-1]
-        elif isinstance(module, RMSNorm):  # keeps its input for backward, as LayerNorm does
-            replicated += 2 * module.weight.shape[-1]
+        if isinstance(module, (nn.LayerNorm, RMSNorm)):  # RMSNorm keeps its input as LayerNorm does
+            input_bytes = 2 * module.weight.shape[-1]
+            if getattr(module.weight, "sequence_parallel", False):
+                partitioned += input_bytes
+            else:
+                replicated += input_bytes
         elif isinstance(module, ColumnParallelLinear):
             out_features, in_features = module.weight.shape
             replicated += 2 * in_features
@@ -165,7 +172,10 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
         elif isinstance(module, RowParallelLinear):
             out_features, in_features = module.weight.shape
             partitioned += 2 * in_features * tensor_parallel_size
-            replicated += out_features
+            if module.sequence_parallel:
+                partitioned += out_features
+            else:
+                replicated += out_features
         elif isinstance(module, SelfAttention):
             heads += module.heads_per_rank * tensor_parallel_size
     return LayerActivationTerms(replicated_bytes_per_token=replicated, partitioned_bytes_per_token=partitioned,

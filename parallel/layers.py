@@ -15,6 +15,15 @@ The collectives that make the slices add up to the unsplit layer are the autogra
 `parallel.mappings`: a column-parallel linear enters its TP region with `copy` (all-reduce of the input
 gradient), a row-parallel linear leaves it with `reduce` (all-reduce of the partial outputs). With TP=1
 they are identities and add nothing to the graph.
+
+With `sequence_parallel=True` (Megatron-Core's ColumnParallelLinear / RowParallelLinear `sequence_parallel`
+argument, megatron/core/tensor_parallel/layers.py) the tensors outside the TP regions hold this rank's
+slice of the sequence: a column-parallel linear enters by all-gathering the sequence (backward:
+reduce-scatter), a row-parallel linear leaves by reduce-scattering its partial sums over the sequence
+(backward: all-gather), and the embedding reduce-scatters its partial lookups the same way (Megatron's
+`reduce_scatter_embeddings`). Megatron's linear keeps its input split and all-gathers it again in
+backward for the weight gradient; here autograd keeps the gathered input, which sends no extra bytes
+but holds the linear's input whole (gpt/shape.py counts it so).
 """
 
 from __future__ import annotations
@@ -29,8 +38,10 @@ from parallel.grad_accumulation_fusion import linear_with_main_grad_accumulation
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import (
     copy_to_tensor_parallel_region,
+    gather_from_sequence_parallel_region,
     gather_from_tensor_parallel_region,
     reduce_from_tensor_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_parallel_region,
 )
 from parallel.state import ParallelState
@@ -60,11 +71,12 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
-                 bias: bool = True, gather_output: bool = False, gradient_accumulation_fusion: bool = False):
+                 bias: bool = True, gather_output: bool = False, gradient_accumulation_fusion: bool = False,
+                 sequence_parallel: bool = False):
         super().__init__()
         _check_divisible(output_size, state, "column-parallel output size")
         self.input_size, self.output_size = input_size, output_size
-        self.state, self.gather_output = state, gather_output
+        self.state, self.gather_output, self.sequence_parallel = state, gather_output, sequence_parallel
         # Off by default and not wired into ZeRO (parallel/grad_accumulation_fusion.py says why).
         self.linear = linear_with_main_grad_accumulation if gradient_accumulation_fusion else F.linear
         local = output_size // state.tensor_parallel_size
@@ -74,8 +86,15 @@ class ColumnParallelLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
 
+    def enter(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The input as every rank of the region needs it: whole (gathered along the sequence under
+        sequence parallelism). Layers that share one input (SwiGLU's gate and up) enter once."""
+        if self.sequence_parallel:
+            return gather_from_sequence_parallel_region(hidden, self.state)
+        return copy_to_tensor_parallel_region(hidden, self.state)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        output = self.linear(copy_to_tensor_parallel_region(hidden, self.state), self.weight, self.bias)
+        output = self.linear(self.enter(hidden), self.weight, self.bias)
         return gather_from_tensor_parallel_region(output, self.state) if self.gather_output else output
 
 
@@ -89,16 +108,21 @@ class RowParallelLinear(nn.Module):
     """
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
-                 bias: bool = True, input_is_parallel: bool = True, gradient_accumulation_fusion: bool = False):
+                 bias: bool = True, input_is_parallel: bool = True, gradient_accumulation_fusion: bool = False,
+                 sequence_parallel: bool = False):
         super().__init__()
         _check_divisible(input_size, state, "row-parallel input size")
+        if sequence_parallel and not input_is_parallel:
+            raise ValueError("a row-parallel linear under sequence parallelism needs its input split "
+                             "(input_is_parallel=True), as Megatron-Core's RowParallelLinear asserts")
         self.input_size, self.output_size = input_size, output_size
-        self.state, self.input_is_parallel = state, input_is_parallel
+        self.state, self.input_is_parallel, self.sequence_parallel = state, input_is_parallel, sequence_parallel
         self.linear = linear_with_main_grad_accumulation if gradient_accumulation_fusion else F.linear
         local = input_size // state.tensor_parallel_size
         self.weight = meta_parameter((output_size, local), InitMethod.normal(init_std), tensor_parallel_dim=1)
         if bias:
             self.bias = meta_parameter((output_size,), InitMethod.zeros())
+            self.bias.sequence_parallel = sequence_parallel
         else:
             self.register_parameter("bias", None)
 
@@ -108,8 +132,14 @@ class RowParallelLinear(nn.Module):
             return self.linear(hidden, self.weight, self.bias)
         if not self.input_is_parallel:
             hidden = scatter_to_tensor_parallel_region(hidden, self.state)
-        output = reduce_from_tensor_parallel_region(self.linear(hidden, self.weight), self.state)
-        return output if self.bias is None else output + self.bias
+        leave = (reduce_scatter_to_sequence_parallel_region if self.sequence_parallel
+                 else reduce_from_tensor_parallel_region)
+        output = leave(self.linear(hidden, self.weight), self.state)
+        if self.bias is None:
+            return output
+        # Under sequence parallelism the bias meets only this rank's slice of the sequence: its gradient
+        # is summed over the TP group (Megatron-Core marks it `sequence_parallel` for finalize_model_grads).
+        return output + (copy_to_tensor_parallel_region(self.bias, self.state) if self.sequence_parallel else self.bias)
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int,
@@ -135,10 +165,13 @@ class VocabParallelEmbedding(nn.Module):
 
     Each rank looks up only the ids in its row range [vocab_start_index, vocab_end_index) and
     contributes zeros for the others; the all-reduce over the TP group adds the one non-zero row.
+    With `reduce_scatter_output` (sequence parallelism with nothing to add before the split, Megatron-Core's
+    `reduce_scatter_embeddings`) a reduce-scatter along the sequence adds them instead, and each rank
+    keeps its slice of the sequence.
     """
 
     def __init__(self, vocab_size: int, padded_size: int, embedding_dim: int, *, state: ParallelState,
-                 init_std: float):
+                 init_std: float, reduce_scatter_output: bool = False):
         super().__init__()
         if padded_size < vocab_size:
             raise ValueError(f"padded vocabulary {padded_size} is smaller than the vocabulary {vocab_size}")
@@ -149,7 +182,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_end_index = self.vocab_start_index + rows_per_rank
         self.weight = meta_parameter((rows_per_rank, embedding_dim), InitMethod.normal(init_std, rows=vocab_size),
                                      tensor_parallel_dim=0)
-        self.state = state
+        self.state, self.reduce_scatter_output = state, reduce_scatter_output
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.state.tensor_parallel_size == 1:
@@ -158,4 +191,6 @@ class VocabParallelEmbedding(nn.Module):
         outside = (token_ids < self.vocab_start_index) | (token_ids >= self.vocab_end_index)
         local_ids = (token_ids - self.vocab_start_index).masked_fill(outside, 0)
         partial = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.reduce_scatter_output:
+            return reduce_scatter_to_sequence_parallel_region(partial, self.state)
         return reduce_from_tensor_parallel_region(partial, self.state)

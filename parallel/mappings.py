@@ -11,6 +11,20 @@ A column-parallel linear enters with `copy` (every rank needs the whole input; t
 is the sum of every rank's partial gradient), a row-parallel linear leaves with `reduce`. With TP=1
 every function returns its input unchanged and adds no autograd node.
 
+Under sequence parallelism (`--sequence-parallel`, Korthikanti et al. 2022) the regions between the
+tensor-parallel ones hold each rank's slice of the sequence, and three more pairs move tensors in and
+out of them (Megatron-Core's megatron/core/tensor_parallel/mappings.py: _ScatterToSequenceParallelRegion,
+_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion). Our tensors are
+[batch, sequence, hidden], so the sequence is dim 1 (Megatron's are [s, b, h]: its dim 0):
+
+    scatter_to_sequence_parallel_region         forward: keep my chunk     backward: all-gather
+    gather_from_sequence_parallel_region        forward: all-gather        backward: reduce-scatter
+    reduce_scatter_to_sequence_parallel_region  forward: reduce-scatter    backward: all-gather
+
+The gather's backward reduce-scatters because what follows it (a column-parallel linear) hands each rank
+a partial gradient of the whole sequence; the all-reduce `copy` did becomes a reduce-scatter, the
+all-reduce `reduce` did becomes a reduce-scatter plus the next gather's all-gather: the same bytes.
+
 All collectives run over the TP group through the state's Communicator, counted under "tp".
 """
 
@@ -44,6 +58,37 @@ def _gather_last_dim(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor
     gathered = leading.new_empty((leading.shape[0] * state.tensor_parallel_size, *leading.shape[1:]))
     state.comm.all_gather(gathered, leading, state.tensor_parallel_group, "tp")
     return gathered.movedim(0, -1).contiguous()
+
+
+SEQUENCE_DIM = 1  # [batch, sequence, hidden]
+
+
+def _keep_sequence_chunk(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    size = tensor.shape[SEQUENCE_DIM]
+    if size % state.tensor_parallel_size != 0:
+        raise ValueError(f"sequence length {size} is not divisible by the tensor-parallel size "
+                         f"{state.tensor_parallel_size}")
+    chunk = size // state.tensor_parallel_size
+    return tensor.narrow(SEQUENCE_DIM, state.tensor_parallel_rank * chunk, chunk).contiguous()
+
+
+def _gather_sequence(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    # The single-tensor all-gather concatenates along dim 0: gather with the sequence in front.
+    leading = tensor.movedim(SEQUENCE_DIM, 0).contiguous()
+    gathered = leading.new_empty((leading.shape[0] * state.tensor_parallel_size, *leading.shape[1:]))
+    state.comm.all_gather(gathered, leading, state.tensor_parallel_group, "tp")
+    return gathered.movedim(0, SEQUENCE_DIM).contiguous()
+
+
+def _reduce_scatter_sequence(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    size = tensor.shape[SEQUENCE_DIM]
+    if size % state.tensor_parallel_size != 0:
+        raise ValueError(f"sequence length {size} is not divisible by the tensor-parallel size "
+                         f"{state.tensor_parallel_size}")
+    leading = tensor.movedim(SEQUENCE_DIM, 0).contiguous()
+    output = leading.new_empty((leading.shape[0] // state.tensor_parallel_size, *leading.shape[1:]))
+    state.comm.reduce_scatter(output, leading, state.tensor_parallel_group, "tp")
+    return output.movedim(0, SEQUENCE_DIM).contiguous()
 
 
 class _CopyToTensorParallelRegion(torch.autograd.Function):
@@ -89,6 +134,39 @@ class _GatherFromTensorParallelRegion(torch.autograd.Function):
         return _keep_last_dim_chunk(grad_output, ctx.state), None
 
 
+class _ScatterToSequenceParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return _keep_sequence_chunk(tensor, state)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return _gather_sequence(grad_output, ctx.state), None
+
+
+class _GatherFromSequenceParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return _gather_sequence(tensor, state)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return _reduce_scatter_sequence(grad_output, ctx.state), None
+
+
+class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return _reduce_scatter_sequence(tensor, state)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return _gather_sequence(grad_output, ctx.state), None
+
+
 def copy_to_tensor_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
     if state.tensor_parallel_size == 1:
         return tensor
@@ -111,3 +189,21 @@ def gather_from_tensor_parallel_region(tensor: torch.Tensor, state: ParallelStat
     if state.tensor_parallel_size == 1:
         return tensor
     return _GatherFromTensorParallelRegion.apply(tensor, state)
+
+
+def scatter_to_sequence_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    if state.tensor_parallel_size == 1:
+        return tensor
+    return _ScatterToSequenceParallelRegion.apply(tensor, state)
+
+
+def gather_from_sequence_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    if state.tensor_parallel_size == 1:
+        return tensor
+    return _GatherFromSequenceParallelRegion.apply(tensor, state)
+
+
+def reduce_scatter_to_sequence_parallel_region(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    if state.tensor_parallel_size == 1:
+        return tensor
+    return _ReduceScatterToSequenceParallelRegion.apply(tensor, state)

@@ -5,6 +5,9 @@ a row-parallel reduce): there the default generator is used, seeded with the run
 Inside a TP region each rank holds a different slice (its own attention heads), and identical masks on
 different slices would correlate them; there code runs under `tracker.fork()`, which swaps in a
 generator seeded with `seed + 2718 + tensor_parallel_rank` (Megatron's offset).
+Under sequence parallelism the residual stream is split along the sequence too, so its dropout (and
+the embedding's) runs under `fork()` as well (gpt/model.py), as Megatron-Core's TransformerBlock and
+LanguageModelEmbedding fork the tracker when sequence_parallel is set.
 
 The data-parallel rank is deliberately not part of either seed: DP ranks see different samples, so
 shared masks do not correlate anything, and keeping DP out means a run's dropout does not change

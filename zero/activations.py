@@ -17,6 +17,10 @@ blocks), so:
               one buffer allocated once (sized by `--number-checkpoints`) and reused every iteration,
               instead of one allocation per block, so long runs do not fragment memory.
 
+Under sequence parallelism (`--sequence-parallel`) the kept input is already this rank's 1/TP slice of
+the sequence, different on every TP rank: P_a has nothing left to split and keeps it as it is (no
+all-gather before the recompute); P_a+cpu and M_D apply to it unchanged.
+
 `apply_activation_checkpointing(model, config, state, rng, monitor)` installs this on a model as a
 transform (the model's `run_blocks` hook); the training loop never touches it. What the loop reads
 (`--report-memory`'s saved-tensor measurement, `--profile-checkpointing`'s timings) goes through an
@@ -170,13 +174,14 @@ class ActivationCheckpointing:
     (an ActivationCheckpointConfig). One instance per model; it owns the contiguous buffer."""
 
     def __init__(self, config, state, rng=None, num_layers: Optional[int] = None,
-                 monitor: Optional[ActivationMonitor] = None) -> None:
+                 monitor: Optional[ActivationMonitor] = None, input_is_split: bool = False) -> None:
         self.config = config
         self.state = state
         self.rng = rng
         self.device = state.device
         self.group_size = config.checkpoint_num_layers
-        self.partition = config.partition_activations and state.tensor_parallel_size > 1
+        # `input_is_split`: the blocks' input is already this rank's slice (sequence parallelism).
+        self.partition = config.partition_activations and state.tensor_parallel_size > 1 and not input_is_split
         self.offload = config.cpu_checkpointing
         self.num_checkpoints = config.number_checkpoints or (
             math.ceil(num_layers / self.group_size) if num_layers else None)
@@ -324,6 +329,7 @@ def apply_activation_checkpointing(model: nn.Module, config, state, rng=None,
     if not hasattr(model, "run_blocks") or not hasattr(model, "blocks"):
         raise TypeError(f"{type(model).__name__} has no run_blocks hook: activation checkpointing applies to "
                         "models that run their blocks through model.run_blocks(blocks, hidden), like GPTModel")
-    checkpointing = ActivationCheckpointing(config, state, rng, len(model.blocks), monitor)
+    checkpointing = ActivationCheckpointing(config, state, rng, len(model.blocks), monitor,
+                                            input_is_split=getattr(model, "sequence_parallel", False))
     model.run_blocks = checkpointing.run
     return checkpointing

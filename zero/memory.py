@@ -113,14 +113,14 @@ def checkpointed_input_bytes(seq_length: int, micro_batch_size: int, hidden_size
 @dataclass(frozen=True)
 class LayerActivationTerms:
     """One transformer block's activations saved for backward, in the accounting of Korthikanti et al.
-    2022, "Reducing Activation Recomputation in Large Transformer Models" (section 4: tensor parallelism
-    without sequence parallelism): bytes per token at 16 bits, for the whole block (every TP rank's part).
+    2022, "Reducing Activation Recomputation in Large Transformer Models" (section 4): bytes per token at 16 bits, for the whole block (every TP rank's part).
 
     The callers read these from the model (gpt/shape.py), so a block with another MLP or norm gets its
     own terms; `korthikanti_gpt` is the paper's own block, for callers without a model shape."""
     replicated_bytes_per_token: int   # kept whole on every TP rank: norm inputs, inputs of column-parallel
                                       # linears, the residual branches' dropout masks (1 byte)
-    partitioned_bytes_per_token: int  # split over TP: column-parallel outputs, row-parallel inputs
+    partitioned_bytes_per_token: int  # split over TP: column-parallel outputs, row-parallel inputs (and under
+                                      # sequence parallelism the norm inputs and dropout masks: gpt/shape.py)
     bytes_per_attention_score: int    # softmax output 2, its dropout mask 1, the dropout's output 2
     attention_heads: int              # every TP rank's
 

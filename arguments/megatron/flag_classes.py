@@ -456,9 +456,10 @@ NO_PIPELINE = ("pipeline parallelism is not implemented; ZeRO replaces it: --zer
                "and --checkpoint-activations --partition-activations for activation memory")
 NO_MOE = ("mixture-of-experts is not implemented: this GPT's MLP is dense (--num-experts 1 is accepted: one expert "
           "is the dense model)")
-NO_SEQUENCE_PARALLEL = ("sequence parallelism is not implemented yet; --checkpoint-activations "
-                        "--partition-activations (ZeRO-R's P_a) splits the checkpointed activations over the "
-                        "tensor-parallel ranks instead")
+NO_SEQUENCE_PARALLEL = ("DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a sequence-parallel "
+                        "group) is not implemented; Megatron's --sequence-parallel splits the sequence over the "
+                        "tensor-parallel ranks, and --checkpoint-activations --partition-activations (ZeRO-R's P_a) "
+                        "splits the checkpointed activations")
 DENSE = "one expert is the dense model; the MoE loss coefficients then have no effect"
 
 AT_VALUE: dict[str, AtValue] = {

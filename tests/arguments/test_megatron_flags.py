@@ -68,13 +68,15 @@ def test_selective_recompute_and_no_effect_flags_are_said_once():
 
 def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alternative():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--pipeline-model-parallel-size", "16", "--sequence-parallel", "--recompute-method", "block"])
+        parse_config(["--pipeline-model-parallel-size", "16", "--ds-sequence-parallel-size", "2",
+                      "--recompute-method", "block"])
     message = str(error.value)
     assert "\n" not in message
     assert "--pipeline-model-parallel-size 16: pipeline parallelism is not implemented; ZeRO replaces it: " \
            "--zero-stage 3" in message
-    assert "--sequence-parallel: sequence parallelism is not implemented yet; --checkpoint-activations " \
-           "--partition-activations" in message
+    # Megatron's --sequence-parallel exists (tests/parallel/test_sequence_parallel.py); DeepSpeed-Ulysses' does not.
+    assert "--ds-sequence-parallel-size 2: DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a " \
+           "sequence-parallel group) is not implemented; Megatron's --sequence-parallel" in message
     assert "--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not " \
            "implemented; use --recompute-method uniform" in message
     with pytest.raises(ConfigError, match="--use-distributed-optimizer .ZeRO stage 1. contradicts ZeRO stage 0"):

@@ -432,4 +432,79 @@ LAUNCHES = (
 """,
         outcome="trains",
     ),
+
+    Launch(
+        name="megatron-deepspeed-deepspeed4science-gpt-1.3b-seq-parallel",
+        script=Source("microsoft/Megatron-DeepSpeed",
+                      "examples_deepspeed/deepspeed4science/megatron_long_seq_support/pretrain_gpt_1.3B_seq_parallel.sh",
+                      "4822c87ee6adfa4e480614cbe3f1d8ae00bd3db7"),
+        program="pretrain_gpt.py", world_size=8,
+        expanded=("the 'GPT-3 XL 1.3B' block (seq_len 2048, global_batch_size=2); mp_size=8, "
+                  "enable_sequence_parallel=1 (Megatron's --sequence-parallel, first), pp_size=1, no_pp=true, "
+                  "zero_stage=0, batch_size=1, log_interval=10; num_gpus=8 (one node of 8, from `ds_ssh "
+                  "nvidia-smi`, as for the rebase scripts); activation_checkpoint=true, log_optimizer_state=true; "
+                  "dir=`pwd`: the script's folder; the JSON is the sed-filled ds_config_gpt_TEMPLATE.json of its "
+                  "folder (GBSIZE=2, MBSIZE=1, LOG_INTERVAL=10, ZERO_STAGE=0, PRESCALE_GRAD=true)"),
+        argv=(
+            "--sequence-parallel", "--override-opt_param-scheduler", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+            "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "1", "--init-method-std", "0.013",
+            "--lr-decay-tokens", "300000000000", "--lr-warmup-tokens", "3000000000", "--micro-batch-size", "1",
+            "--exit-duration-in-mins", "30000000", "--global-batch-size", "2", "--num-layers", "24", "--hidden-size",
+            "2048", "--num-attention-heads", "16", "--seq-length", "2048", "--max-position-embeddings", "2048",
+            "--train-tokens", "300000000000", "--train-samples", "292968750", "--lr", "2.0e-4", "--min-lr", "1.0e-6",
+            "--lr-decay-style", "cosine", "--split", "949,50,1", "--log-interval", "10", "--eval-interval", "100",
+            "--eval-iters", "10", "--save-interval", "100", "--weight-decay", "0.1", "--clip-grad", "1.0",
+            "--hysteresis", "2", "--num-workers", "0", "--fp16", "--seed", "1234", "--load",
+            "output/checkpoint/gpt_1.3B_tok300B_lr2.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_mp8_seed1234_rebase",
+            "--save",
+            "output/checkpoint/gpt_1.3B_tok300B_lr2.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_mp8_seed1234_rebase",
+            "--no-async-tensor-model-parallel-allreduce", "--use-flash-attn-triton", "--tensorboard-queue-size", "1",
+            "--log-timers-to-tensorboard", "--log-batch-size-to-tensorboard", "--log-validation-ppl-to-tensorboard",
+            "--tensorboard-dir",
+            "output/tensorboard/gpt_1.3B_tok300B_lr2.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_mp8_seed1234_rebase_HOSTNAME_DATE",
+            "--checkpoint-activations", "--log-optimizer-states-to-tensorboard", "--vocab-file", "gpt2-vocab.json",
+            "--merge-file", "gpt2-merges.txt", "--data-path", "BookCorpusDataset_text_document", "--data-impl",
+            "mmap", "--deepspeed", "--deepspeed_config", "ds_config_gbs2_mbs1_log10_zero0.json", "--zero-stage", "0",
+            "--pipeline-model-parallel-size", "1", "--no-pipeline-parallel", "--deepspeed-activation-checkpointing",
+        ),
+        json=Source("microsoft/Megatron-DeepSpeed",
+                    "examples_deepspeed/deepspeed4science/megatron_long_seq_support/ds_config_gpt_TEMPLATE.json",
+                    "4822c87ee6adfa4e480614cbe3f1d8ae00bd3db7"),
+        json_generated=True,
+        json_text="""\
+{
+  "train_batch_size": 2,
+  "train_micro_batch_size_per_gpu": 1,
+  "steps_per_print": 10,
+
+  "zero_optimization": {
+    "stage": 0
+  },
+
+  "gradient_clipping": 1.0,
+  "prescale_gradients": true,
+
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+    "initial_scale_power": 11
+  },
+
+  "flops_profiler": {
+    "enabled": true,
+    "profile_step": 1,
+    "module_depth": -1,
+    "top_modules": 3,
+    "detailed": true,
+    "output_file": null
+  },
+
+  "wall_clock_breakdown" : false
+}
+""",
+        outcome="trains",
+    ),
 )

@@ -291,4 +291,38 @@ LAUNCHES = (
         ),
         outcome="refused: --fp8-format hybrid needs a CUDA GPU with float8 GEMMs",
     ),
+
+    Launch(
+        name="megatron-lm-functional-mcore-te-tp1-pp4-sequence-parallel",
+        script=Source("NVIDIA/Megatron-LM",
+                      _DIR + "gpt3_mcore_te_tp1_pp4_sequence_parallel/model_config.yaml",
+                      "7c926adc250794b3dc620de0940b7dd5d1e95c71"),
+        program="pretrain_gpt.py", world_size=8,
+        expanded=("one node of 8 GPUs; MODEL_ARGS in file order (the comment after --dist-ckpt-strictness "
+                  "dropped); ${CHECKPOINT_SAVE_PATH}, ${CHECKPOINT_LOAD_PATH}, ${DATA_PATH}, ${TENSORBOARD_PATH}, "
+                  "${DATA_CACHE_PATH}: the CI's paths, as written"),
+        argv=(
+            "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--log-params-norm",
+            "--log-num-zeros-in-grad", "--log-validation-ppl-to-tensorboard", "--log-timers-to-tensorboard",
+            "--tensorboard-dir", "${TENSORBOARD_PATH}", "--micro-batch-size", "4", "--global-batch-size", "32",
+            "--seq-length", "1024", "--max-position-embeddings", "1024", "--train-iters", "50", "--timing-log-level",
+            "0", "--lr-decay-iters", "320000", "--save", "${CHECKPOINT_SAVE_PATH}", "--load",
+            "${CHECKPOINT_LOAD_PATH}", "--data-path",
+            "${DATA_PATH}/text/common_pile/v01_filtered_data/my-gpt3_00_text_document", "--vocab-file",
+            "${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/vocab.json", "--merge-file",
+            "${DATA_PATH}/text/common_pile/v01_filtered_data/bpe/merges.txt", "--split", "949,50,1",
+            "--distributed-backend", "nccl", "--lr", "0.00015", "--lr-decay-style", "cosine", "--min-lr", "1.0e-5",
+            "--weight-decay", "1e-2", "--clip-grad", "1.0", "--lr-warmup-fraction", ".01", "--log-interval", "1",
+            "--save-interval", "10000", "--eval-interval", "1000", "--eval-iters", "10", "--transformer-impl",
+            "transformer_engine", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "4",
+            "--sequence-parallel", "--ckpt-fully-parallel-load", "--deterministic-mode",
+            "--no-gradient-accumulation-fusion", "--attention-softmax-in-fp32", "--use-mcore-models",
+            "--ckpt-format", "torch_dist", "--dist-ckpt-optim-fully-reshardable", "--dist-ckpt-strictness",
+            "log_all", "--data-cache-path", "${DATA_CACHE_PATH}", "--bf16", "--attention-backend", "unfused",
+            "--log-memory-to-tensorboard", "--async-save", "--use-persistent-ckpt-worker",
+        ),
+        # Its --sequence-parallel is accepted (with TP 1 it splits nothing, as Megatron-LM turns it off at TP 1);
+        # the pipeline of 4 stages is what is refused.
+        outcome="refused: pipeline parallelism is not implemented",
+    ),
 )
