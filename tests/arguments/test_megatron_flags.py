@@ -63,16 +63,18 @@ def test_selective_recompute_and_no_effect_flags_are_said_once():
     assert "--deepspeed (DeepSpeed's engine switch" in no_effect[0]
     assert "--no-masked-softmax-fusion (SDPA computes the causal softmax" in no_effect[0]
     assert "--distributed-backend nccl: accepted; the backend follows the device" in notes
-    assert len(parsed.notes) == 4
+    # --pipeline-model-parallel-size is a setting now (pipeline stages, training/pipeline_step.py): no note
+    assert len(parsed.notes) == 3 and parsed.config.training.pipeline_model_parallel_size == 1
 
 
 def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alternative():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--pipeline-model-parallel-size", "16", "--sequence-parallel", "--recompute-method", "block"])
+        parse_config(["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1",
+                      "--sequence-parallel", "--recompute-method", "block"])
     message = str(error.value)
     assert "\n" not in message
-    assert "--pipeline-model-parallel-size 16: pipeline parallelism is not implemented; ZeRO replaces it: " \
-           "--zero-stage 3" in message
+    assert "--decoder-first-pipeline-num-layers 1: a pipeline split or schedule not implemented: with " \
+           "--pipeline-model-parallel-size > 1 the layers split evenly" in message
     assert "--sequence-parallel: sequence parallelism is not implemented yet; --checkpoint-activations " \
            "--partition-activations" in message
     assert "--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not " \
