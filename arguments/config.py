@@ -463,9 +463,6 @@ class PretrainConfig:
             if getattr(self.checkpoint, name) is not None:
                 raise ConfigError(f"{flag} with --pipeline-model-parallel-size {pp} > 1: checkpoints by stage are "
                                   f"not implemented yet; drop {flag}, or run --pipeline-model-parallel-size 1")
-        if training.eval_iters > 0:
-            raise ConfigError(f"--eval-iters {training.eval_iters} with --pipeline-model-parallel-size {pp} > 1: "
-                              f"evaluation through the stages is not implemented yet; add --eval-iters 0")
 
     def validate(self) -> None:
         check_finite_numbers(self)

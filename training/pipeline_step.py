@@ -113,3 +113,32 @@ class PipelineTrainStep(DataParallelTrainStep):
             torch.autograd.backward(output, grad_tensors=grad)
         if received is not None:
             self.p2p.send(received.grad, self.state.stage_rank(self._virtual_stage(slot) - 1), GRADIENT)
+
+
+class PipelineForward:
+    """Forward only through the stages, one micro-batch at a time (evaluation): each model chunk of this
+    rank in turn receives, runs and sends on; the per-token loss on the last stage, zeros elsewhere (the
+    evaluation broadcasts the mean from the last stage). Every send of a call is posted before any of its
+    receives can wait on a later stage, and waited at the end of the call."""
+
+    def __init__(self, model: GPTModel, state: ParallelState, hidden_size: int) -> None:
+        self.model, self.state, self.hidden_size = model, state, hidden_size
+        self.p2p = PipelineP2P(state.device)
+        self.chunks = len(model.stage.chunks)
+        self.dtype = next(model.parameters()).dtype
+
+    def __call__(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        state, stages = self.state, self.state.pipeline_parallel_size
+        last = self.chunks * stages - 1
+        loss = torch.zeros((), device=state.device)
+        for chunk in range(self.chunks):
+            virtual = chunk * stages + state.pipeline_parallel_rank
+            chunk_input = tokens if virtual == 0 else self.p2p.receive(
+                (*tokens.shape, self.hidden_size), self.dtype, state.stage_rank(virtual - 1), ACTIVATION)
+            output = self.model.chunk_forward(chunk, chunk_input, labels if virtual == last else None)
+            if virtual == last:
+                loss = output
+            else:
+                self.p2p.send(output, state.stage_rank(virtual + 1), ACTIVATION)
+        self.p2p.finish_sends()
+        return loss

@@ -12,7 +12,7 @@ from training.interval_metrics import IntervalMetrics
 from training.loop import TrainingSummary, train
 from training.memory_report import FirstIterationMemory
 from training.metrics import perplexity
-from training.pipeline_step import PipelineTrainStep
+from training.pipeline_step import PipelineForward, PipelineTrainStep
 from training.prepare import Run
 from training.train_step import DataParallelTrainStep, TrainingDiverged
 
@@ -33,8 +33,10 @@ def train_run(run: Run) -> TrainingSummary:
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations)
         metrics = IntervalMetrics(settings, state, writer, built.activations)
         eval_micro_batches = training.eval_iters * settings.batch.final_accumulation_steps
+        forward = PipelineForward(built.model, state, config.model.hidden_size) \
+            if state.pipeline_parallel_size > 1 else None
         evaluator = Evaluator(built.model, run.data.make_valid_loader, run.data.make_test_loader,
-                              eval_micro_batches, config, state, writer)
+                              eval_micro_batches, config, state, writer, forward)
         memory = FirstIterationMemory(built.zero.optimizer, settings, state, writer, built.activations,
                                       run.memory_check, first_iteration=start.iteration + 1)
         summary = train(step, metrics, evaluator, memory, settings, state, start_iteration=start.iteration,

@@ -46,7 +46,16 @@ from tests.replay_corpus.shrink import (
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-KNOWN_FAILING_TODAY: dict[str, str] = {}
+KNOWN_FAILING_TODAY: dict[str, str] = {
+    "megatron-lm-2024-pretrain-gpt-distributed-with-mp": "--save and evaluation with pipeline stages: checkpoints by stage (issue 38's next session) and evaluation through the stages are not implemented yet; and --sequence-parallel",
+    "megatron-lm-2024-pretrain-gpt3-175b": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "megatron-lm-gpt3-train-gpt3-175b-distributed": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2-pipe": "--pipe-parallel-size (DeepSpeed's pipeline engine stages) is not read as --pipeline-model-parallel-size yet",
+    "bigscience-tr1-13b": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "bigscience-tr8-104b": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "megatron-lm-functional-tp1-pp2": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "megatron-lm-functional-tp1-pp4": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+}
 
 
 def _params(launches):
@@ -215,7 +224,8 @@ def test_shrink_keeps_agreements_and_contradictions(launch: Launch):
     pp = next((int(flags[f][0]) for f in ("--pipeline-model-parallel-size", "--pipe-parallel-size") if f in flags), 1)
     json_path = next(path for path in shrunk.files if path.endswith(".json"))
     assert _agreements(launch, launch.argv, launch.json_text, max(1, launch.world_size // (tp * pp))) == \
-        _agreements(launch, shrunk.argv, shrunk.files[json_path], max(1, WORLD_SIZE // (min(tp, WORLD_SIZE) * pp)))
+        _agreements(launch, shrunk.argv, shrunk.files[json_path],
+                    max(1, WORLD_SIZE // (min(tp, WORLD_SIZE // min(pp, WORLD_SIZE)) * min(pp, WORLD_SIZE))))
 
 
 def test_a_contradiction_survives_the_shrink():

@@ -100,7 +100,7 @@ def test_pipeline_stages_train_with_the_one_stage_losses_and_norms():
 
 LAUNCH = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
           "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-          "--train-iters", "4", "--seed", "1", "--log-interval", "1", "--eval-iters", "0",
+          "--train-iters", "4", "--seed", "1", "--log-interval", "1", "--eval-iters", "2", "--eval-interval", "2",
           "--tokenizer-vocab-size", "512", "--device", "cpu", "--hidden-dropout", "0", "--attention-dropout", "0"]
 
 
@@ -110,16 +110,17 @@ def launch_rank(rank, world_size, argv):
     assert pretrain_gpt.main(argv) == 0
 
 
-def _records(path, key):
+def _records(path, key, split=None):
     import json
 
-    return [json.loads(line)[key] for line in open(path)]
+    return [record[key] for record in map(json.loads, open(path)) if record.get("split") == split]
 
 
 @pytest.mark.slow
 def test_a_pipeline_launch_logs_the_one_stage_losses(tmp_path, corpus_cache):
     """pretrain_gpt's own path: the grid from --pipeline-model-parallel-size, the pipeline step chosen, the
-    loss recorded by rank 0 (a first stage, which has it by broadcast from the last)."""
+    loss recorded by rank 0 (a first stage, which has it by broadcast from the last), evaluation through the
+    stages."""
     import pretrain_gpt
 
     single, staged = tmp_path / "single.jsonl", tmp_path / "pp2.jsonl"
@@ -128,5 +129,9 @@ def test_a_pipeline_launch_logs_the_one_stage_losses(tmp_path, corpus_cache):
                                      "--pipeline-model-parallel-size", "2"], timeout=300)
     for key in ("loss", "grad_norm"):
         assert _records(staged, key) == pytest.approx(_records(single, key), rel=1e-6, abs=0), key
+    # evaluation runs forward through the stages: the validation and test losses of the one-stage run
+    for split in ("valid", "test"):
+        assert len(_records(staged, "loss", split)) == len(_records(single, "loss", split)) > 0, split
+        assert _records(staged, "loss", split) == pytest.approx(_records(single, "loss", split), rel=1e-6), split
     # two stages, not two data-parallel ranks (which would log the same losses): no DP traffic at all
     assert all(sum(record["dp"].values()) == 0 for record in _records(staged, "comm_bytes"))
