@@ -1,5 +1,5 @@
 """Pipeline stages train with the losses and gradient norms of the one-stage run (issue 38's acceptance, fp32 on
-gloo): PP 2 (1F1B) x DP 2 at ZeRO 0, 1 and 2, PP 4, PP 2 x TP 2 and PP 2 interleaved (2 chunks a stage) x DP 2,
+gloo): PP 2 (1F1B) x DP 2 at ZeRO 0, 1 and 2, PP 4 (with activation checkpointing per stage), PP 2 x TP 2 and PP 2 interleaved (2 chunks a stage) x DP 2,
 each over 5 iterations of >= 4 micro-batches, in ONE 4-rank launch that runs the configurations in turn.
 
 Not bitwise: splitting a step over stages changes fp32 summation orders the one-stage run has (the tied word
@@ -30,7 +30,7 @@ CONFIGS = {
     "pp2-1f1b-dp2-zero0": (["--pipeline-model-parallel-size", "2", "--zero-stage", "0"], 1),
     "pp2-dp2-zero1": (["--pipeline-model-parallel-size", "2", "--zero-stage", "1"], 1),
     "pp2-dp2-zero2": (["--pipeline-model-parallel-size", "2", "--zero-stage", "2"], 1),
-    "pp4": (["--pipeline-model-parallel-size", "4"], 1),
+    "pp4-checkpointed": (["--pipeline-model-parallel-size", "4", "--checkpoint-activations"], 1),
     "pp2-tp2": (["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"], 2),
     "pp2-interleaved-dp2": (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                              "--zero-stage", "1"], 1),
