@@ -300,17 +300,17 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     if pipeline_parallel_size < 1:
         raise ValueError(f"--pipeline-model-parallel-size must be at least 1, got {pipeline_parallel_size}")
     launch = read_launch_environment()
+    if launch.world_size % tensor_parallel_size != 0:
+        raise ValueError(
+            f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the {launch.world_size} "
+            f"launched processes; launch a multiple of {tensor_parallel_size} processes or pick a TP size "
+            f"that divides {launch.world_size}")
     if launch.world_size % (tensor_parallel_size * pipeline_parallel_size) != 0:
         raise ValueError(
             f"--tensor-model-parallel-size {tensor_parallel_size} x --pipeline-model-parallel-size "
             f"{pipeline_parallel_size} does not divide the {launch.world_size} launched processes; launch a "
             f"multiple of {tensor_parallel_size * pipeline_parallel_size} processes or pick sizes whose product "
             f"divides {launch.world_size}")
-    if launch.world_size % tensor_parallel_size != 0:
-        raise ValueError(
-            f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the {launch.world_size} "
-            f"launched processes; launch a multiple of {tensor_parallel_size} processes or pick a TP size "
-            f"that divides {launch.world_size}")
     device = resolve_device(device_name, launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
