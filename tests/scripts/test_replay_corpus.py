@@ -285,7 +285,16 @@ def test_the_docs_list_the_corpus_and_its_outcomes():
         assert (launch.script.path if launch.script else "SIMPLE_LAUNCH") in script, launch.name
 
 
-@pytest.mark.parametrize("launch", TRAINING, ids=[launch.name for launch in TRAINING])
+# Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too.
+FLAGS_REFUSED_TODAY = {
+    "megatron-lm-2024-pretrain-gpt-distributed-with-mp": "--sequence-parallel is not implemented yet",
+    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2-pipe": "--pipe-parallel-size is not read as pipeline stages yet",
+}
+
+
+@pytest.mark.parametrize("launch", [pytest.param(launch, id=launch.name, marks=[
+    pytest.mark.xfail(strict=True, reason=FLAGS_REFUSED_TODAY[launch.name])] if launch.name in FLAGS_REFUSED_TODAY
+    else []) for launch in TRAINING])
 def test_print_config_names_every_flag_and_json_key_of_a_launch(launch: Launch, tmp_path):
     """Issue 22: --print-config on a corpus launch shows every flag and JSON key it was given, each
     beside what it does here (a setting's source, a Megatron flag's class and reason, a JSON key's

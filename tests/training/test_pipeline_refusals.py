@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from arguments.parser import parse_config
+from arguments.parser import parse_arguments, parse_config
 from base.errors import ConfigError
 from planner.dry_run import check_plannable
+from training.late_checks import LATE_CHECKS
 
 STAGES = ["--num-layers", "4", "--pipeline-model-parallel-size", "2"]
 
@@ -23,7 +24,7 @@ STAGES = ["--num-layers", "4", "--pipeline-model-parallel-size", "2"]
 ])
 def test_refused_with_stages_in_one_line(flags, message):
     with pytest.raises(ConfigError) as error:
-        parse_config([*STAGES, *flags])
+        parse_arguments([*STAGES, *flags], late_checks=LATE_CHECKS)  # as pretrain_gpt.py parses a launch
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
