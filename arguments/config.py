@@ -178,6 +178,12 @@ class TrainingConfig:
     compile: bool = option(False, help="torch.compile each transformer block (the first iterations compile; every "
                                        "TP size and ZeRO stage)")
     tensor_model_parallel_size: int = option(1, aliases={"--model-parallel-size": "DeepSpeed-Megatron"})
+    # training/pipeline_step.py; the layers each stage holds: gpt/stage_layers.py
+    pipeline_model_parallel_size: int = option(
+        1, help="pipeline stages (Megatron's rank order: TP fastest, then DP, then PP); the layers split evenly, "
+                "scheduled 1F1B")
+    num_layers_per_virtual_pipeline_stage: Optional[int] = option(
+        None, help="layers per model chunk: each stage holds several chunks, scheduled as Megatron's interleaved 1F1B")
     # A dead or hung rank ends the job after this.
     distributed_timeout_minutes: float = option(
         10.0, group="checkpoint",
@@ -211,7 +217,7 @@ class TrainingConfig:
         if self.train_iters is None and self.train_samples is None:
             raise ConfigError("give --train-iters or --train-samples (how long to train)")
         for name in ("micro_batch_size", "global_batch_size", "tensor_model_parallel_size",
-                     "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
+                     "pipeline_model_parallel_size", "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.accumulation_steps is not None and self.accumulation_steps < 1:
@@ -436,11 +442,36 @@ class PretrainConfig:
 
     SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations", "checkpoint")
 
+    def _check_pipeline(self) -> None:
+        """What pipeline stages (training/pipeline_step.py) cannot run yet, refused in one line each."""
+        from gpt.stage_layers import stage_layers  # the split's own checks name the flags
+
+        pp, training = self.training.pipeline_model_parallel_size, self.training
+        if training.num_layers_per_virtual_pipeline_stage is not None and pp == 1:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1 "
+                              "(Megatron refuses it without stages too): drop it, or add stages")
+        if pp == 1:
+            return
+        stage_layers(self.model.num_layers, pp, 0, training.num_layers_per_virtual_pipeline_stage)
+        if self.model.sequence_parallel and training.tensor_model_parallel_size > 1:
+            # The stages would send [batch, seq / TP, hidden] slices; the executor sizes its receives for the
+            # whole sequence, and no test covers the pair yet.
+            raise ConfigError(f"--sequence-parallel with --pipeline-model-parallel-size {pp}: sequence parallelism "
+                              f"across pipeline stages is not implemented yet; drop one of them")
+        if self.zero.stage == 3:
+            # DeepSpeed's pipeline engine asserts zero_optimization_stage() < ZeroStageEnum.gradients
+            # (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").
+            # Here stage 2 runs too (its reducer reduces every micro-batch on the stage's DP group, as Megatron-Core's
+            # distributed optimizer with PP reduce-scatters); stage 3's per-block gathers are not wired to stages.
+            raise ConfigError(f"--zero-stage 3 with --pipeline-model-parallel-size {pp}: ZeRO-3 is incompatible "
+                              f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2")
+
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
             getattr(self, section).validate()
         self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
+        self._check_pipeline()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:
             self._check_step_schedule()

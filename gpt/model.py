@@ -42,6 +42,7 @@ from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
 from gpt.norms import HeadNorm, normalization
 from gpt.rotary import apply_rotary, rotary_angles
+from gpt.stage_layers import StageLayers, whole_model
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
@@ -194,10 +195,15 @@ class GPTModel(nn.Module):
     """Built on the meta device (see the module docstring). `rng` supplies the per-TP-rank dropout
     stream for attention; without it (TP=1 tools, tests) attention dropout draws from torch's default
     generator. The config's block settings (`config.architecture`, gpt/architecture.py) pick the blocks;
-    `architecture`, when given, stands in for them."""
+    `architecture`, when given, stands in for them.
+
+    `stage` (gpt/stage_layers.py) builds one pipeline stage: its layers under their global names, the
+    embedding on the first stage, the final norm and output layer on the last (which also holds the tied
+    word embedding, whose gradient the embedding group sums); `chunk_forward` runs one of its model chunks.
+    """
 
     def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG] = None,
-                 architecture: Optional[Architecture] = None):
+                 architecture: Optional[Architecture] = None, stage: Optional[StageLayers] = None):
         super().__init__()
         architecture = architecture or config.architecture
         if config.vocab_size < 1:
@@ -207,18 +213,21 @@ class GPTModel(nn.Module):
         self.config = config
         self.architecture = architecture
         self.state = state
+        self.stage = stage = stage or whole_model(config.num_layers)
         # Megatron's --sequence-parallel with TP 1 splits nothing: the plain model.
         self.sequence_parallel = splits_sequence(config, state)
         self.split_dropout_rng = rng if self.sequence_parallel else None
         padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
+        tied = not architecture.untie_embeddings_and_output_weights
         learned_positions = architecture.position_embedding_type == "learned_absolute"
         # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
         # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
         # are added to the whole sequence first and then split, as there, so their gradient stays whole.
         self.word_embeddings = VocabParallelEmbedding(
             config.vocab_size, padded_vocab, config.hidden_size, state=state, init_std=config.init_method_std,
-            reduce_scatter_output=self.sequence_parallel and not learned_positions)
-        if learned_positions:
+            reduce_scatter_output=self.sequence_parallel and not learned_positions) \
+            if stage.first or (stage.last and tied) else None
+        if learned_positions and stage.first:
             # `_weight` skips nn.Embedding's own (pointless, on meta) initialisation.
             self.position_embeddings = nn.Embedding(
                 config.max_position_embeddings, config.hidden_size,
@@ -227,11 +236,17 @@ class GPTModel(nn.Module):
         else:
             self.position_embeddings = None
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(config, state, rng, architecture)
-                                    for _ in range(config.num_layers))
+        # Named by their global layer number ("blocks.5." on any stage), so their weights are drawn as the
+        # one-stage model's; iteration follows the stage's chunks in order.
+        self.blocks = nn.ModuleList()
+        for layer in stage.layer_ids:
+            self.blocks.add_module(str(layer), TransformerBlock(config, state, rng, architecture))
+        by_layer = dict(zip(stage.layer_ids, self.blocks))
+        self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
         self.final_layernorm = normalization(architecture.normalization, config.hidden_size,
-                                             config.layernorm_epsilon, state if self.sequence_parallel else None)
-        if architecture.untie_embeddings_and_output_weights:
+                                             config.layernorm_epsilon, state if self.sequence_parallel else None) \
+            if stage.last else None
+        if architecture.untie_embeddings_and_output_weights and stage.last:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
             self.output_layer = ColumnParallelLinear(config.hidden_size, padded_vocab, state=state,
@@ -243,18 +258,30 @@ class GPTModel(nn.Module):
         # zero.activations.apply_activation_checkpointing has replaced it.
         self.run_blocks = run_in_order
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The final LayerNorm's output, [batch, seq, hidden] (under sequence parallelism, this rank's
-        slice of the sequence: [batch, seq / TP, hidden])."""
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The first block's input, [batch, seq, hidden] (under sequence parallelism, this rank's slice of the
+        sequence: [batch, seq / TP, hidden])."""
         hidden = self.word_embeddings(tokens)
         if self.position_embeddings is not None:
             hidden = hidden + self.position_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
             if self.sequence_parallel:
                 hidden = scatter_to_sequence_parallel_region(hidden, self.state)
         with dropout_stream(self.split_dropout_rng):
-            hidden = self.embedding_dropout(hidden)
-        hidden = self.run_blocks(self.blocks, hidden)
-        return self.final_layernorm(hidden)
+            return self.embedding_dropout(hidden)
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final norm's output, [batch, seq, hidden] (a slice of the sequence under sequence parallelism)."""
+        return self.final_layernorm(self.run_blocks(self.blocks, self.embed(tokens)))
+
+    def chunk_forward(self, chunk: int, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Model chunk `chunk` of this pipeline stage: from tokens on the model's first chunk, else from
+        the previous chunk's hidden states; to the per-token loss (or logits) on its last chunk, else to
+        hidden states [batch, seq, hidden]."""
+        hidden = self.embed(inputs) if self.stage.first and chunk == 0 else inputs
+        hidden = self.run_blocks(self.chunk_blocks[chunk], hidden)
+        if self.stage.last and chunk == len(self.stage.chunks) - 1:
+            return self.output(self.final_layernorm(hidden), labels)
+        return hidden
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [batch, seq, vocab] without labels; per-token cross-entropy [batch, seq] with them.
@@ -264,8 +291,12 @@ class GPTModel(nn.Module):
         without gathering them. Padding rows of the vocabulary never take part in the softmax, so
         padding changes nothing.
         """
+        return self.output(self.hidden_states(tokens), labels)
+
+    def output(self, final_hidden: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        """The output layer (and the loss, with labels) on the final norm's output."""
         enter = gather_from_sequence_parallel_region if self.sequence_parallel else copy_to_tensor_parallel_region
-        hidden = enter(self.hidden_states(tokens), self.state)
+        hidden = enter(final_hidden, self.state)
         output_weight = self.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
         if labels is not None and self.config.cross_entropy_loss_fusion:
             return fused_linear_cross_entropy(hidden, output_weight, labels,

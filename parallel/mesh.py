@@ -8,9 +8,10 @@ with torchrun/SLURM's node-major ranks a TP group stays inside a node:
     world 8, TP 2 (PP 1):   rank = (pp x DP + dp) x TP + tp
         tp groups {0,1} {2,3} {4,5} {6,7}     dp groups {0,2,4,6} {1,3,5,7}     pp groups {0} ... {7}
 
-The pipeline dimension is present with size 1 until pipeline stages exist: every rank is stage 0 of a
-pipeline of one, so code can already ask for its stage. A group of one is None: collectives over it are
-skipped (parallel/comm.py).
+    world 8, PP 2 x TP 2:   pp groups {0,4} {1,5} {2,6} {3,7}   (stage = rank // (DP x TP))
+
+Without pipeline stages the pipeline dimension has size 1: every rank is stage 0 of a pipeline of one. A
+group of one is None: collectives over it are skipped (parallel/comm.py).
 """
 
 from __future__ import annotations

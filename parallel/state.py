@@ -4,8 +4,8 @@ A `ParallelState` is built once by `initialize()` and passed explicitly to whate
 a rank; nothing in the repo reads parallel layout from module globals. With one process it describes a
 single process with no process group at all, which is what `python pretrain_gpt.py` runs on a laptop.
 
-The grid is the named mesh of parallel/mesh.py, ("pp", "dp", "tp") with the pipeline dimension of
-size 1: each dimension's size, this rank's coordinate and its group, as `state.dims["tp"]`. The flat
+The grid is the named mesh of parallel/mesh.py, ("pp", "dp", "tp") (--pipeline-model-parallel-size
+stages, 1 by default): each dimension's size, this rank's coordinate and its group, as `state.dims["tp"]`. The flat
 fields other modules read (tensor_parallel_size, data_parallel_rank, tensor_parallel_group, ...) are
 read-only views of it. TP groups are runs of consecutive ranks, so with torchrun/SLURM's node-major rank
 order a TP group stays inside a node, where tensor parallelism's per-layer all-reduces can use NVLink; DP
@@ -14,8 +14,9 @@ groups are strided across nodes:
     world 8, TP 4:   TP groups {0,1,2,3} {4,5,6,7}      DP groups {0,4} {1,5} {2,6} {3,7}
     tensor_parallel_rank = rank % TP,   data_parallel_rank = rank // TP
 
-Launched, the groups come from a 2-D torch `DeviceMesh` of shape (DP, TP) (`state.mesh`); the pipeline
-dimension gets its groups when pipeline stages exist.
+Launched, the groups come from a torch `DeviceMesh`: of shape (DP, TP) without pipeline stages, (PP, DP, TP)
+with them (`state.mesh`); with stages, each rank also keeps Megatron's embedding group (first and last stage of
+its pipeline), where a tied word embedding's gradient is summed.
 
 The state also carries the process's `Communicator` (parallel/comm.py), so whoever holds the state holds
 the one door to collectives and its byte counters: `state.comm`.
@@ -50,6 +51,10 @@ class ParallelState:
     mesh: Optional[DeviceMesh] = field(default=None, compare=False, repr=False)
     # Every collective goes through this object, which counts the bytes this rank sends.
     comm: Communicator = field(default_factory=Communicator, compare=False, repr=False)
+    # Megatron's embedding group: {first stage, last stage} of this rank's (dp, tp) pipeline, over which a
+    # tied word embedding's two copies all-reduce their gradient. None unless this rank is on one of
+    # those stages of a pipeline of more than one stage.
+    embedding_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
 
     # Read-only views of `dims`, the names every other module uses. A group is None while its size is 1:
     # collectives over a group of one are skipped.
@@ -96,6 +101,18 @@ class ParallelState:
     @property
     def pipeline_parallel_group(self) -> Optional[dist.ProcessGroup]:
         return self.dims["pp"].group
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pipeline_parallel_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pipeline_parallel_rank == self.pipeline_parallel_size - 1
+
+    def stage_rank(self, stage: int) -> int:
+        """The global rank of pipeline stage `stage` (modulo the stages) at this rank's (dp, tp)."""
+        return self.dims.rank_at({**self.dims.coordinates, "pp": stage % self.pipeline_parallel_size})
 
     @property
     def is_first_rank(self) -> bool:
@@ -272,20 +289,28 @@ def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
 
 
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
-               gpus_per_node: Optional[int] = None) -> ParallelState:
-    """Build the TP x DP grid for this launch (torchrun, SLURM, or a plain single process).
+               gpus_per_node: Optional[int] = None, pipeline_parallel_size: int = 1) -> ParallelState:
+    """Build the PP x DP x TP grid for this launch (torchrun, SLURM, or a plain single process).
 
     Bad sizes raise ValueError naming the flag before any process group exists. The process group's
     timeout turns a dead or hung peer into an error that ends the job instead of a job that hangs.
     """
     if tensor_parallel_size < 1:
         raise ValueError(f"--tensor-model-parallel-size must be at least 1, got {tensor_parallel_size}")
+    if pipeline_parallel_size < 1:
+        raise ValueError(f"--pipeline-model-parallel-size must be at least 1, got {pipeline_parallel_size}")
     launch = read_launch_environment()
     if launch.world_size % tensor_parallel_size != 0:
         raise ValueError(
             f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the {launch.world_size} "
             f"launched processes; launch a multiple of {tensor_parallel_size} processes or pick a TP size "
             f"that divides {launch.world_size}")
+    if launch.world_size % (tensor_parallel_size * pipeline_parallel_size) != 0:
+        raise ValueError(
+            f"--tensor-model-parallel-size {tensor_parallel_size} x --pipeline-model-parallel-size "
+            f"{pipeline_parallel_size} does not divide the {launch.world_size} launched processes; launch a "
+            f"multiple of {tensor_parallel_size * pipeline_parallel_size} processes or pick sizes whose product "
+            f"divides {launch.world_size}")
     device = resolve_device(device_name, launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -298,13 +323,32 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     host = f"[{launch.master_addr}]" if ":" in launch.master_addr else launch.master_addr  # IPv6
     dist.init_process_group(backend, init_method=f"tcp://{host}:{launch.master_port}", rank=launch.rank,
                             world_size=launch.world_size, timeout=timedelta(minutes=timeout_minutes))
-    data_parallel_size = launch.world_size // tensor_parallel_size
-    mesh = init_device_mesh(device.type, (data_parallel_size, tensor_parallel_size), mesh_dim_names=("dp", "tp"))
-    sizes = {"pp": 1, "dp": data_parallel_size, "tp": tensor_parallel_size}
+    data_parallel_size = launch.world_size // (tensor_parallel_size * pipeline_parallel_size)
+    sizes = {"pp": pipeline_parallel_size, "dp": data_parallel_size, "tp": tensor_parallel_size}
+    if pipeline_parallel_size == 1:  # the (dp, tp) mesh DTensor-based code builds on, as before
+        mesh = init_device_mesh(device.type, (data_parallel_size, tensor_parallel_size), mesh_dim_names=("dp", "tp"))
+    else:
+        mesh = init_device_mesh(device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
     # A dimension of size 1 has no group (None): its collectives are skipped.
-    groups = {name: mesh.get_group(name) for name in ("dp", "tp") if sizes[name] > 1}
+    groups = {name: mesh.get_group(name) for name in sizes if sizes[name] > 1}
     dims = ParallelDims.of_rank(launch.rank, sizes, groups=groups)
-    return ParallelState(device=device, dims=dims, mesh=mesh)
+    return ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims))
+
+
+def _embedding_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
+    """Megatron's embedding group (megatron/core/parallel_state.py: `embedding_ranks = [ranks[0], ranks[-1]]`
+    of each pipeline group): every rank creates every such group, as new_group requires, and keeps its own."""
+    stages = dims["pp"].size
+    if stages == 1:
+        return None
+    mine = None
+    for dp in range(dims["dp"].size):
+        for tp in range(dims["tp"].size):
+            ranks = [dims.rank_at({"pp": stage, "dp": dp, "tp": tp}) for stage in (0, stages - 1)]
+            group = dist.new_group(ranks)
+            if dims.rank in ranks:
+                mine = group
+    return mine
 
 
 def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torch.device,
@@ -320,16 +364,20 @@ def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torc
 
 
 def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
-                  device: torch.device | str = "meta") -> ParallelState:
+                  device: torch.device | str = "meta", pipeline_parallel_size: int = 1) -> ParallelState:
     """One rank of a grid that is not launched (the planner, planner/plan.py): the ranks, sizes and
     layout `initialize` would give rank `rank` of `world_size` processes, with groups that are only
     their sizes and a communicator that counts and sends nothing."""
     if tensor_parallel_size < 1 or world_size % tensor_parallel_size != 0:
         raise ValueError(f"--tensor-model-parallel-size {tensor_parallel_size} does not divide --world-size "
                          f"{world_size}")
+    if pipeline_parallel_size < 1 or world_size % (tensor_parallel_size * pipeline_parallel_size) != 0:
+        raise ValueError(f"--pipeline-model-parallel-size {pipeline_parallel_size} x --tensor-model-parallel-size "
+                         f"{tensor_parallel_size} does not divide --world-size {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    sizes = {"pp": 1, "dp": world_size // tensor_parallel_size, "tp": tensor_parallel_size}
+    sizes = {"pp": pipeline_parallel_size, "dp": world_size // (tensor_parallel_size * pipeline_parallel_size),
+             "tp": tensor_parallel_size}
     dims = ParallelDims.of_rank(rank, sizes, groups={name: VirtualGroup(size) for name, size in sizes.items()})
     return ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank))
 

@@ -229,7 +229,12 @@ class _Progress:
 
 
 def check_plannable(config: PretrainConfig) -> None:
-    """Refuse a model deeper than a dry run plans (see the module docstring)."""
+    """Refuse a model deeper than a dry run plans (see the module docstring), and pipeline stages, which it
+    does not plan yet (a plan of the one-stage model would be a wrong answer)."""
+    stages = config.training.pipeline_model_parallel_size
+    if stages > 1:
+        raise ConfigError(f"--pipeline-model-parallel-size {stages}: the planner does not plan pipeline stages yet; "
+                          f"plan the run at --pipeline-model-parallel-size 1")
     if config.model.num_layers > MAX_PLAN_LAYERS:
         raise ConfigError(f"--num-layers {config.model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
                           f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.1 s and 0.15 MB per micro-batch, "

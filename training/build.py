@@ -16,6 +16,7 @@ from typing import Optional
 
 from base.eager_under_compile import keep_marked_methods_eager
 from gpt.model import GPTModel, compile_blocks
+from gpt.stage_layers import StageLayers, stage_layers
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 from training.run_settings import RunSettings
@@ -62,12 +63,25 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
     if torch_compile:
         keep_marked_methods_eager()  # before anything registers a hook that binds a marked method
     rng = TensorParallelRNG(config.training.seed, state) if dropout_rng else None
-    model = GPTModel(config.model, state, rng=rng)
+    model = GPTModel(config.model, state, rng=rng, stage=pipeline_stage(settings, state))
     activations = ActivationMonitor(state.device)
     checkpointing = None
     if config.activations.checkpoint_activations:
         checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations)
-    zero = apply_zero(model, config, state, blocks=model.blocks)
+    # A tied embedding on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
+    # shard by shard (zero/pipeline_grads.py).
+    shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.output_layer is None \
+        and model.word_embeddings is not None else []
+    zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared)
     if torch_compile:
         compile_blocks(model)
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng)
+
+
+def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[StageLayers]:
+    """This rank's layers with pipeline stages; None (the whole model) without."""
+    training = settings.config.training
+    if state.pipeline_parallel_size == 1:
+        return None
+    return stage_layers(settings.config.model.num_layers, state.pipeline_parallel_size, state.pipeline_parallel_rank,
+                        training.num_layers_per_virtual_pipeline_stage)

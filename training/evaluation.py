@@ -31,21 +31,28 @@ def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> to
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, config: PretrainConfig,
-             state: ParallelState) -> float:
-    """Mean token loss over the first `num_micro_batches` micro-batches of `loader` on every DP rank."""
+             state: ParallelState, forward: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+             ) -> float:
+    """Mean token loss over the first `num_micro_batches` micro-batches of `loader` on every DP rank.
+    `forward(inputs, labels)`: the per-token loss (the model's own forward unless given: with pipeline
+    stages, training/pipeline_step.py's PipelineForward, whose loss exists on the last stage only)."""
+    forward = forward or model
     model.eval()
     total = torch.zeros((), device=state.device)
     count = 0
     try:
         for batch, _ in zip(loader, range(num_micro_batches)):
             inputs, labels = split_tokens(batch, state.device)
-            total += model(inputs, labels).mean()
+            total += forward(inputs, labels).mean()
             count += 1
     finally:
         model.train()
     if count == 0:
         raise RuntimeError("evaluation data ran out before the first batch")
-    return average_over_data_parallel(total / count, state).item()
+    mean = total / count
+    if state.pipeline_parallel_size > 1:  # the loss is the last stage's; every stage records it
+        torch.distributed.broadcast(mean, src=state.stage_rank(-1), group=state.pipeline_parallel_group)
+    return average_over_data_parallel(mean, state).item()
 
 
 class Evaluator:
@@ -54,8 +61,10 @@ class Evaluator:
 
     def __init__(self, model: nn.Module, make_valid_loader: Optional[LoaderFactory],
                  make_test_loader: Optional[LoaderFactory], micro_batches: int, config: PretrainConfig,
-                 state: ParallelState, writer: MetricsWriter) -> None:
+                 state: ParallelState, writer: MetricsWriter,
+                 forward: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None) -> None:
         self.model, self.config, self.state, self.writer = model, config, state, writer
+        self.forward = forward  # see evaluate
         self.loaders = {"valid": make_valid_loader, "test": make_test_loader}
         self.micro_batches = micro_batches
 
@@ -65,7 +74,8 @@ class Evaluator:
         return split == "test" or last or iteration % self.config.training.eval_interval == 0
 
     def run(self, split: str, iteration: int, consumed_samples: int) -> float:
-        loss = evaluate(self.model, self.loaders[split](), self.micro_batches, self.config, self.state)
+        loss = evaluate(self.model, self.loaders[split](), self.micro_batches, self.config, self.state,
+                        self.forward)
         record = {"iteration": iteration, "consumed_samples": consumed_samples, "split": split,
                   "loss": loss, "ppl": perplexity(loss)}
         self.writer.write(record, format_eval_line(record))

@@ -126,5 +126,15 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built) ->
             f"{settings.padded_vocab_size}) on {state.device}; global batch {settings.batch.describe()} = micro batch "
             f"{config.training.micro_batch_size} x {settings.batch.final_accumulation_steps} accumulation steps x "
             f"{state.data_parallel_size} data-parallel; tensor-parallel size {state.tensor_parallel_size}; "
-            f"ZeRO stage {built.zero.optimizer.stage}, {config.training.precision} "
+            f"{_pipeline_words(built)}ZeRO stage {built.zero.optimizer.stage}, {config.training.precision} "
             f"({config.training.gradient_precision} gradients)")
+
+
+def _pipeline_words(built: Built) -> str:
+    """The start line's words for pipeline stages (none without)."""
+    stage, stages = built.model.stage, built.model.state.pipeline_parallel_size
+    if stages == 1:
+        return ""
+    chunks = len(stage.chunks)
+    schedule = f"interleaved 1F1B, {chunks} chunks a stage" if chunks > 1 else "1F1B"
+    return f"{stages} pipeline stages ({schedule}); "

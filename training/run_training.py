@@ -12,6 +12,7 @@ from training.interval_metrics import IntervalMetrics
 from training.loop import TrainingSummary, train
 from training.memory_report import FirstIterationMemory
 from training.metrics import perplexity
+from training.pipeline_step import PipelineForward, PipelineTrainStep
 from training.prepare import Run
 from training.train_step import DataParallelTrainStep, TrainingDiverged
 
@@ -28,11 +29,14 @@ def train_run(run: Run) -> TrainingSummary:
     built, state, writer = run.built, run.state, run.writer
     try:
         train_batches = iter(run.data.make_train_loader(start.consumed_samples)) if not finished else iter(())
-        step = DataParallelTrainStep(built.model, built.zero, train_batches, settings, state, built.activations)
+        step_class = PipelineTrainStep if state.pipeline_parallel_size > 1 else DataParallelTrainStep
+        step = step_class(built.model, built.zero, train_batches, settings, state, built.activations)
         metrics = IntervalMetrics(settings, state, writer, built.activations)
         eval_micro_batches = training.eval_iters * settings.batch.final_accumulation_steps
+        forward = PipelineForward(built.model, state, config.model.hidden_size) \
+            if state.pipeline_parallel_size > 1 else None
         evaluator = Evaluator(built.model, run.data.make_valid_loader, run.data.make_test_loader,
-                              eval_micro_batches, config, state, writer)
+                              eval_micro_batches, config, state, writer, forward)
         memory = FirstIterationMemory(built.zero.optimizer, settings, state, writer, built.activations,
                                       run.memory_check, first_iteration=start.iteration + 1)
         summary = train(step, metrics, evaluator, memory, settings, state, start_iteration=start.iteration,

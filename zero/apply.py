@@ -63,23 +63,28 @@ class ZeroParts:
         return loss * scale if scale != 1.0 else loss
 
 
-def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Module]] = None) -> ZeroParts:
+def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Module]] = None,
+               own_units: Sequence[nn.Parameter] = ()) -> ZeroParts:
     """ZeRO as a resolved PretrainConfig asks for: its stage, buckets, precision, gradient precision and
-    loss scaling. `blocks` are the stage-3 chunks' modules (our GPTModel's `model.blocks`)."""
+    loss scaling. `blocks` are the stage-3 chunks' modules (our GPTModel's `model.blocks`); `own_units`,
+    parameters that get a unit of their own (see build_zero)."""
     training = config.training
     scaler = build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
                                training.loss_scale_window, training.hysteresis, training.min_loss_scale)
     return build_zero(model, config.zero, config.optimizer, state, param_dtype=PRECISION_DTYPES[training.precision],
                       grad_dtype=PRECISION_DTYPES[training.gradient_precision], loss_scaler=scaler,
-                      seed=training.seed, blocks=blocks)
+                      seed=training.seed, blocks=blocks, own_units=own_units)
 
 
 def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_dtype: torch.dtype = torch.float32,
                grad_dtype: Optional[torch.dtype] = None, loss_scaler: Optional[LossScaler] = None,
                seed: Optional[int] = None, blocks: Optional[Sequence[nn.Module]] = None,
-               alignment: int = DEFAULT_ALIGNMENT) -> ZeroParts:
+               alignment: int = DEFAULT_ALIGNMENT, own_units: Sequence[nn.Parameter] = ()) -> ZeroParts:
     """The explicit form of `apply_zero`. `seed` is needed when the model is on the meta device;
-    `grad_dtype` defaults to the parameters' dtype."""
+    `grad_dtype` defaults to the parameters' dtype. Each of `own_units` (stages 0-2) is a unit alone, last:
+    its shard then lies at the same place of the unit on every rank of the same DP rank whatever else the
+    model holds, which is what lets the first and last pipeline stages sum a tied embedding's reduced
+    gradient shard by shard (zero/pipeline_grads.py)."""
     stage = zero_config.stage
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage}")
@@ -94,7 +99,9 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     if stage == 3:
         unit_params, modules = stage3_unit_params(model, blocks)
     else:
-        unit_params = bucket_params(params, zero_config.reduce_bucket_size)
+        alone = {id(param) for param in own_units}
+        unit_params = bucket_params([p for p in params if id(p) not in alone], zero_config.reduce_bucket_size)
+        unit_params += [[param] for param in own_units]
     partition_group = state.data_parallel_group if stage >= 1 else None
     parts, part = (state.data_parallel_size, state.data_parallel_rank) if stage >= 1 else (1, 0)
     layout = FlatLayout(unit_params, parts, part, alignment)

@@ -214,6 +214,11 @@ class GradientReducer(ABC):
         unscale and clip in place: a new tensor, or the reducer's own fp32 partition."""
 
     @abstractmethod
+    def reduced_shard(self, unit: Unit) -> torch.Tensor:
+        """This rank's shard of `unit`'s gradient, averaged over DP once `finish_grad_sync` has run, in
+        the reducer's own storage (a view: changing it changes what the step reads)."""
+
+    @abstractmethod
     def partition_working_bytes(self) -> int:
         """Bytes `partition_gradients` allocates (0 when it hands over the reducer's own tensor)."""
 
@@ -272,6 +277,10 @@ class FullGradients(GradientReducer):
         owned = bucket[lo:hi]
         finish = (lambda: owned.copy_(shard)) if owned.data_ptr() != shard.data_ptr() else None
         return _PendingReduction(work, finish, self._release_all(released))
+
+    def reduced_shard(self, unit: Unit) -> torch.Tensor:
+        lo, hi = unit.shard_bounds(self.layout.part)
+        return unit.in_buffer(self.buffer)[lo:hi]
 
     def partition_working_bytes(self) -> int:
         if self.host_partition is not None:
@@ -347,6 +356,9 @@ class PartitionedGradients(GradientReducer):
 
     def _has_gradient(self, unit: Unit) -> bool:
         return unit.index in self._filling
+
+    def reduced_shard(self, unit: Unit) -> torch.Tensor:
+        return unit.in_partition(self.partition)
 
     def partition_gradients(self) -> torch.Tensor:
         # An fp32 partition is handed over itself, not copied (a copy was +1x the fp32 partition at the

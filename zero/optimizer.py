@@ -88,6 +88,10 @@ class ShardedAdamW:
         self.comm = state.comm
         self.partition_group = partition_group  # the DP group the partition is cut across; None if whole
         self.stage = stage  # for reports and checkpoint metadata only
+        # With pipeline stages (zero/pipeline_grads.py): the group over which the norm's square is summed too,
+        # and the partition ranges the norm leaves out (the last stage's copy of a tied embedding).
+        self.pipeline_group = None
+        self.norm_excluded: list[tuple[int, int]] = []
         self.device = master.device
 
         # AdamW over views of the master partition: one group with weight decay, one without. The norm
@@ -136,8 +140,10 @@ class ShardedAdamW:
     def grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
         """The squared global norm as a 1-element fp32 tensor, summed over TP and the partition group
         (its collectives are the step's only ones besides publishing; the planner replays them)."""
-        sharded = [grads[s.start:s.end] for s in self._segments if s.kind.tensor_parallel]
-        replicated = [grads[s.start:s.end] for s in self._segments if not s.kind.tensor_parallel]
+        counted = [s for s in self._segments
+                   if not any(lo <= s.start and s.end <= hi for lo, hi in self.norm_excluded)]
+        sharded = [grads[s.start:s.end] for s in counted if s.kind.tensor_parallel]
+        replicated = [grads[s.start:s.end] for s in counted if not s.kind.tensor_parallel]
         if self.parallel_state.tensor_parallel_rank != 0:
             replicated = []
         pieces = sharded + replicated
@@ -147,6 +153,8 @@ class ShardedAdamW:
         total = total.reshape(1).to(device=self.parameters.device, dtype=torch.float32)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
+        if self.pipeline_group is not None:
+            torch.distributed.all_reduce(total, group=self.pipeline_group)
         return total
 
     def step(self) -> StepResult:

@@ -168,16 +168,12 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      "--eval-iters batches of the valid split every --eval-interval", _names("""
         --full-validation --multiple-validation-sets --validation-set-names --eval-micro-batch-size
         --eval-global-batch-size --start-eval-at-iter --eval-batch-size --eval-seq-length""")),
-    ("pipeline parallelism's knob: it is off here (--pipeline-model-parallel-size 1), so it has no effect",
-     _names("""
-        --no-pipeline-parallel --num-layers-per-virtual-pipeline-stage --num-virtual-stages-per-pipeline-rank
-        --pipeline-model-parallel-split-rank --decoder-first-pipeline-num-layers --decoder-last-pipeline-num-layers
-        --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
-        --pipeline-model-parallel-layout --microbatch-group-size-per-virtual-pipeline-stage
+    ("pipeline parallelism's transport or inference knob: how stages exchange tensors (here batched isend/irecv, "
+     "training/pipeline_step.py), not what they compute", _names("""
+        --no-pipeline-parallel
         --overlap-p2p-communication --no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush
-        --use-ring-exchange-p2p --no-scatter-gather-tensors-in-pipeline --standalone-embedding-stage
-        --pipeline-model-parallel-comm-backend --pp-partition-method --enable-zbh1-pipeline
-        --enable-zbh1-exact-semantics --delta-offload-bytes-across-pp-ranks
+        --use-ring-exchange-p2p --no-scatter-gather-tensors-in-pipeline
+        --pipeline-model-parallel-comm-backend --delta-offload-bytes-across-pp-ranks
         --inference-batch-times-seqlen-threshold""")),
     ("context parallelism's knob: it is off here (--context-parallel-size 1), so it has no effect", _names("""
         --cp-comm-type --hierarchical-context-parallel-sizes --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
@@ -451,9 +447,17 @@ def _matches(value_of: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any, Map
     return accepts
 
 
-NO_PIPELINE = ("pipeline parallelism is not implemented; ZeRO replaces it: --zero-stage 3 partitions the parameters, "
-               "gradients and optimizer states over data parallelism, with --tensor-model-parallel-size inside a node "
-               "and --checkpoint-activations --partition-activations for activation memory")
+NO_PIPELINE = ("DeepSpeed's pipeline engine size: the stages here are --pipeline-model-parallel-size (Megatron's "
+               "flag, 1F1B or interleaved); use that instead")
+NO_PIPELINE_SPLIT = ("a pipeline split or schedule not implemented: with --pipeline-model-parallel-size > 1 the layers "
+                     "split evenly over the stages (--num-layers-per-virtual-pipeline-stage for interleaving); drop "
+                     "the flag, or run --pipeline-model-parallel-size 1")
+
+
+def _without_pipeline(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """A split or schedule knob has no effect without stages and is refused with them: accepted before the
+    settings are known (an error about unknown flags comes first)."""
+    return settings is None or settings.get("pipeline_model_parallel_size", 1) == 1
 NO_MOE = ("mixture-of-experts is not implemented: this GPT's MLP is dense (--num-experts 1 is accepted: one expert "
           "is the dense model)")
 NO_SEQUENCE_PARALLEL = ("DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a sequence-parallel "
@@ -473,6 +477,14 @@ AT_VALUE: dict[str, AtValue] = {
                                        "context parallelism is not implemented: use --checkpoint-activations "
                                        "--partition-activations for long sequences"),
     "--pipe-parallel-size": AtValue(_equals(0, 1), "no pipeline parallelism, as here", NO_PIPELINE),
+    **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
+                                          "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
+       for option in _names("""
+        --num-virtual-stages-per-pipeline-rank --pipeline-model-parallel-split-rank --decoder-first-pipeline-num-layers
+        --decoder-last-pipeline-num-layers --account-for-embedding-in-pipeline-split
+        --account-for-loss-in-pipeline-split --pipeline-model-parallel-layout
+        --microbatch-group-size-per-virtual-pipeline-stage --standalone-embedding-stage --pp-partition-method
+        --enable-zbh1-pipeline --enable-zbh1-exact-semantics""")},
     "--mtp-num-layers": AtValue(_equals(0, None), "no multi-token prediction layers, as here",
                                 "multi-token prediction is not implemented: the loss is next-token prediction"),
     "--optimizer": AtValue(_equals("adam"), "Megatron's adam is AdamW (decoupled weight decay), the optimizer here",

@@ -9,7 +9,7 @@ Four kinds:
   our settings (`--use-distributed-optimizer` is ZeRO stage 1, `--recompute-granularity full` is
   `--checkpoint-activations`), or that has no effect on the math here (`--deepspeed`,
   `--no-masked-softmax-fusion`), said once at the start, or that would change the math in a way not
-  implemented (`--pipeline-model-parallel-size 4`), refused in one line naming
+  implemented (`--recompute-method block`), refused in one line naming
   what to use instead.
 - `SPELLINGS`: another name for one value of one of our settings (`--use-flash-attn` is
   `--attention-backend flash`), a store_const entry of its own.
@@ -32,7 +32,6 @@ from typing import Any, Callable, Optional
 
 from arguments.config import PretrainConfig
 from arguments.config_sources import FLAG, JSON, Source
-from arguments.megatron.flag_classes import NO_PIPELINE
 from arguments.megatron.harvested_flags import resolve_harvested
 from arguments.option_table import OptionTable, option_table
 from base.errors import ConfigError
@@ -160,8 +159,6 @@ MEANINGS: list[Meaning] = [
     Meaning(("--recompute-method", "--activations-checkpoint-method"), "recompute_method", "Megatron-LM",
             {"choices": ("uniform", "block")},
             "uniform: groups of --recompute-num-layers blocks (--checkpoint-num-layers); block is not implemented"),
-    Meaning(("--pipeline-model-parallel-size",), "pipeline_model_parallel_size", "Megatron-LM", {"type": int},
-            "1 only: pipeline parallelism is not implemented; ZeRO replaces it"),
     Meaning(("--group-query-attention",), "group_query_attention", "Megatron-LM", {"action": "store_true"},
             "grouped-query attention with --num-query-groups key/value heads (Megatron-LM's default: 1)"),
     Meaning(("--use-rotary-position-embeddings",), "use_rotary_position_embeddings", "Megatron-DeepSpeed",
@@ -236,11 +233,6 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
                               f"{SELECTIVE_RECOMPUTE}")
     if given.get("recompute_method") == "block":
         resolved.refused.append(NO_BLOCK_RECOMPUTE)
-    pipeline = given.get("pipeline_model_parallel_size")
-    if pipeline is not None and pipeline != 1:
-        resolved.refused.append(f"--pipeline-model-parallel-size {pipeline}: {NO_PIPELINE}")
-    elif pipeline == 1:
-        resolved.notes.append("--pipeline-model-parallel-size 1: accepted (no pipeline parallelism, as here)")
     if settings.get("sequence_parallel") and settings.get("tensor_model_parallel_size") == 1:
         resolved.notes.append("--sequence-parallel with --tensor-model-parallel-size 1: accepted, no effect (one "
                               "tensor-parallel rank holds the whole sequence)")
@@ -291,13 +283,12 @@ HONOURED, ALIAS, NO_EFFECT = "honoured", "alias", "no-effect"
 def classify_harvested(parser: argparse.ArgumentParser) -> dict[str, str]:
     """{harvested option: honoured, alias, no-effect, at-value, or refused}; an option in no
     class is missing. `parser` is arguments.parser.build_parser()'s."""
-    from arguments.megatron.flag_classes import AT_VALUE_CLASS, CLASS_OF
+    from arguments.megatron.flag_classes import CLASS_OF
     from arguments.megatron.harvested_flags import harvested_options
 
     meaning_class = {}
     for meaning in MEANINGS:
         kind = (NO_EFFECT if meaning.dest in NO_EFFECT_FLAGS or meaning.dest == "distributed_backend"
-                else AT_VALUE_CLASS if meaning.dest == "pipeline_model_parallel_size"
                 else HONOURED)
         meaning_class[meaning.options[0]] = kind
         meaning_class.update({option: ALIAS for option in meaning.options[1:]})

@@ -10,7 +10,7 @@ import pytest
 
 from arguments.config import ConfigError
 from arguments.flag_equivalents import nearest_flag, unknown_flags_message
-from arguments.megatron.flag_classes import AT_VALUE, CLASS_OF, NO_EFFECT_CLASS, REFUSED_CLASS
+from arguments.megatron.flag_classes import AT_VALUE, CLASS_OF, NO_EFFECT_CLASS, NO_PIPELINE_SPLIT, REFUSED_CLASS
 from arguments.megatron.flags import NO_EFFECT_LINE, classify_harvested
 from arguments.megatron.harvested_flags import harvested, harvested_options
 from arguments.parser import build_parser, parse_arguments, parse_config
@@ -70,7 +70,7 @@ def test_the_schedule_exit_and_vocabulary_flags_are_ours(classes):
 def test_class_counts(classes):
     counts = {kind: sum(1 for value in classes.values() if value == kind) for kind in set(classes.values())}
     assert counts["honoured"] > 60 and counts["alias"] > 30 and counts[NO_EFFECT_CLASS] > 500
-    assert counts[REFUSED_CLASS] > 50 and counts["at-value"] == len(AT_VALUE) + 1  # and --pipeline-model-parallel-size
+    assert counts[REFUSED_CLASS] > 50 and counts["at-value"] == len(AT_VALUE)
 
 
 # ---- (b) every harvested flag with a value of its harvested shape --------------------------------------
@@ -139,7 +139,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--exp-avg-sq-dtype": "bf16", "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
              "--error-injection-rate": "5", "--kv-channels": "64",
              "--num-unique-layers": "2", "--embedding-init-method-std": "0.01"}
-    assert set(no_op) == set(other) == set(AT_VALUE)
+    assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items() if at.refused != NO_PIPELINE_SPLIT}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
     for option, value in no_op.items():
@@ -150,6 +150,18 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     assert "\n" not in message
     for option, value in other.items():
         assert f"{option} {value}: {AT_VALUE[option].refused}" in message, option
+
+
+def test_pipeline_split_knobs_have_no_effect_without_stages_and_are_refused_with_them():
+    knobs = [option for option, at in AT_VALUE.items() if at.refused == NO_PIPELINE_SPLIT]
+    assert "--decoder-first-pipeline-num-layers" in knobs and "--standalone-embedding-stage" in knobs
+    argv = [token for option in knobs for token in (option, *sample_values(option))]
+    line = next(note for note in parse_arguments(argv).notes if note.startswith(NO_EFFECT_LINE))
+    assert all(option in line for option in knobs)
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(["--pipeline-model-parallel-size", "2", *argv])
+    assert "\n" not in str(error.value)
+    assert all(f"{option}" in str(error.value) for option in knobs) and NO_PIPELINE_SPLIT in str(error.value)
 
 
 def test_refused_flags_end_in_their_one_line_reason():

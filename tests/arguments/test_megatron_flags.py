@@ -63,17 +63,18 @@ def test_selective_recompute_and_no_effect_flags_are_said_once():
     assert "--deepspeed (DeepSpeed's engine switch" in no_effect[0]
     assert "--no-masked-softmax-fusion (SDPA computes the causal softmax" in no_effect[0]
     assert "--distributed-backend nccl: accepted; the backend follows the device" in notes
-    assert len(parsed.notes) == 4
+    # --pipeline-model-parallel-size is a setting now (pipeline stages, training/pipeline_step.py): no note
+    assert len(parsed.notes) == 3 and parsed.config.training.pipeline_model_parallel_size == 1
 
 
 def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alternative():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--pipeline-model-parallel-size", "16", "--ds-sequence-parallel-size", "2",
-                      "--recompute-method", "block"])
+        parse_config(["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1",
+                      "--ds-sequence-parallel-size", "2", "--recompute-method", "block"])
     message = str(error.value)
     assert "\n" not in message
-    assert "--pipeline-model-parallel-size 16: pipeline parallelism is not implemented; ZeRO replaces it: " \
-           "--zero-stage 3" in message
+    assert "--decoder-first-pipeline-num-layers 1: a pipeline split or schedule not implemented: with " \
+           "--pipeline-model-parallel-size > 1 the layers split evenly" in message
     # Megatron's --sequence-parallel exists (tests/parallel/test_sequence_parallel.py); DeepSpeed-Ulysses' does not.
     assert "--ds-sequence-parallel-size 2: DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a " \
            "sequence-parallel group) is not implemented; Megatron's --sequence-parallel" in message

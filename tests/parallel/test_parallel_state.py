@@ -75,16 +75,18 @@ def test_single_process_has_no_process_group(clean_launch_env):
     destroy(state)
 
 
-@pytest.mark.parametrize("world, tp, message", [
-    ("4", 3, "--tensor-model-parallel-size 3 does not divide the 4 launched processes"),
-    ("1", 0, "--tensor-model-parallel-size must be at least 1"),
-    ("2", 4, "--tensor-model-parallel-size 4 does not divide the 2"),
+@pytest.mark.parametrize("world, tp, pp, message", [
+    ("4", 3, 1, "--tensor-model-parallel-size 3 does not divide the 4 launched processes"),
+    ("1", 0, 1, "--tensor-model-parallel-size must be at least 1"),
+    ("2", 4, 1, "--tensor-model-parallel-size 4 does not divide the 2"),
+    ("6", 2, 2, "--tensor-model-parallel-size 2 x --pipeline-model-parallel-size 2 does not divide the 6"),
+    ("2", 1, 0, "--pipeline-model-parallel-size must be at least 1"),
 ])
-def test_bad_grid_is_refused_before_any_work(clean_launch_env, world, tp, message):
+def test_bad_grid_is_refused_before_any_work(clean_launch_env, world, tp, pp, message):
     clean_launch_env.setenv("RANK", "0")
     clean_launch_env.setenv("WORLD_SIZE", world)
     with pytest.raises(ValueError, match=message):
-        initialize("cpu", tensor_parallel_size=tp)
+        initialize("cpu", tensor_parallel_size=tp, pipeline_parallel_size=pp)
     assert not dist.is_initialized()
 
 

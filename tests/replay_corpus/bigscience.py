@@ -61,7 +61,7 @@ LAUNCHES = (
   "wall_clock_breakdown": false
 }
 """,
-        outcome="refused: pipeline parallelism is not implemented",
+        outcome="trains",
     ),
 
     Launch(
@@ -119,7 +119,7 @@ LAUNCHES = (
   "wall_clock_breakdown": false
 }
 """,
-        outcome="refused: pipeline parallelism is not implemented",
+        outcome="refused: --position-embedding-type alibi is not implemented",
     ),
 
     Launch(
@@ -313,6 +313,6 @@ LAUNCHES = (
   "wall_clock_breakdown": false
 }
 """,
-        outcome="refused: pipeline parallelism is not implemented",
+        outcome="trains",
     ),
 )

@@ -392,7 +392,7 @@ LAUNCHES = (
   "zero_allow_untested_optimizer": false
 }
 """,
-        outcome="refused: pipeline parallelism is not implemented",
+        outcome="trains",
     ),
 
     Launch(

@@ -7,8 +7,8 @@ What changes, and only this:
   head dim (hidden / heads), --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
   to the heads), --seq-length 16 (--max-position-embeddings in the script's proportion to
   it), --pad-vocab-size-to just above the local tokenizer's vocabulary;
-- parallel sizes the 2 ranks cannot hold: a tensor-parallel size above 2 becomes 2. Pipeline sizes stay as
-  written, so a refusal for pipeline parallelism is the real one;
+- parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
+  layers), then a tensor-parallel size above what the stages leave of the 2 ranks becomes that;
 - batch sizes, the same way on both sides: every micro-batch number (the flags' --micro-batch-size or
   --batch-size, the JSON's train_micro_batch_size_per_gpu, or the micro batch DeepSpeed derives from
   train_batch_size / (gradient_accumulation_steps x data-parallel size)) goes through one map, 1 staying 1
@@ -65,8 +65,8 @@ TOKENIZER_FILES = ("--vocab-file", "--merge-file", "--tokenizer-name-or-path", "
 # Every flag whose values the shrink may change; any other flag keeps its values token for token.
 CHANGED_FLAGS = frozenset({
     *TINY, "--ffn-hidden-size", "--kv-channels", "--num-key-value-heads", "--num-query-groups",
-    "--max-position-embeddings",
-    "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to", *TENSOR_PARALLEL, *MICRO_BATCH,
+    "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to",
+    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--train-iters", "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
     "--eval-interval", "--eval-iters", *DATA, *TOKENIZER_FILES, *CHECKPOINT_DIRS, *DIRECTORIES,
@@ -143,8 +143,9 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     tp = first(scalar, TENSOR_PARALLEL, 1)
     pp = first(scalar, PIPELINE_PARALLEL, 1)
     dp = max(1, launch.world_size // (tp * pp))
-    new_tp = min(tp, WORLD_SIZE)
-    new_dp = max(1, WORLD_SIZE // (new_tp * pp))
+    new_pp = min(pp, WORLD_SIZE)
+    new_tp = min(tp, WORLD_SIZE // new_pp)
+    new_dp = max(1, WORLD_SIZE // (new_tp * new_pp))
 
     # Batch sizes: one map for micro batches, one for accumulation steps, on both sides.
     flag_micro = first(scalar, MICRO_BATCH)
@@ -216,6 +217,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str((files.vocab_size // 128 + 1) * 128)]
         elif flag in TENSOR_PARALLEL:
             new = [str(new_tp)]
+        elif flag in PIPELINE_PARALLEL:
+            new = [str(new_pp)]
         elif flag in MICRO_BATCH:
             new = [str(micro_map[value])]
         elif flag == "--global-batch-size":

@@ -46,7 +46,17 @@ from tests.replay_corpus.shrink import (
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-KNOWN_FAILING_TODAY: dict[str, str] = {}
+KNOWN_FAILING_TODAY: dict[str, str] = {
+    "megatron-lm-2024-pretrain-gpt-distributed-with-mp": "--save with pipeline stages (checkpoints by stage), and --sequence-parallel across pipeline stages, are not implemented yet",
+    "megatron-lm-2024-pretrain-gpt3-175b": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "megatron-lm-gpt3-train-gpt3-175b-distributed": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2-pipe": "--pipe-parallel-size (DeepSpeed's pipeline engine stages) is not read as --pipeline-model-parallel-size yet",
+    "bigscience-tr1-13b": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "bigscience-tr8-104b": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "megatron-lm-functional-tp1-pp2": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "megatron-lm-functional-mcore-te-tp1-pp4-sequence-parallel": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+    "megatron-lm-functional-tp1-pp4": "--save with pipeline stages: checkpoints by stage are not implemented yet (issue 38's next session)",
+}
 
 
 def _params(launches):
@@ -215,7 +225,8 @@ def test_shrink_keeps_agreements_and_contradictions(launch: Launch):
     pp = next((int(flags[f][0]) for f in ("--pipeline-model-parallel-size", "--pipe-parallel-size") if f in flags), 1)
     json_path = next(path for path in shrunk.files if path.endswith(".json"))
     assert _agreements(launch, launch.argv, launch.json_text, max(1, launch.world_size // (tp * pp))) == \
-        _agreements(launch, shrunk.argv, shrunk.files[json_path], max(1, WORLD_SIZE // (min(tp, WORLD_SIZE) * pp)))
+        _agreements(launch, shrunk.argv, shrunk.files[json_path],
+                    max(1, WORLD_SIZE // (min(tp, WORLD_SIZE // min(pp, WORLD_SIZE)) * min(pp, WORLD_SIZE))))
 
 
 def test_a_contradiction_survives_the_shrink():
@@ -275,7 +286,15 @@ def test_the_docs_list_the_corpus_and_its_outcomes():
         assert (launch.script.path if launch.script else "SIMPLE_LAUNCH") in script, launch.name
 
 
-@pytest.mark.parametrize("launch", TRAINING, ids=[launch.name for launch in TRAINING])
+# Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too.
+FLAGS_REFUSED_TODAY = {
+    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2-pipe": "--pipe-parallel-size is not read as pipeline stages yet",
+}
+
+
+@pytest.mark.parametrize("launch", [pytest.param(launch, id=launch.name, marks=[
+    pytest.mark.xfail(strict=True, reason=FLAGS_REFUSED_TODAY[launch.name])] if launch.name in FLAGS_REFUSED_TODAY
+    else []) for launch in TRAINING])
 def test_print_config_names_every_flag_and_json_key_of_a_launch(launch: Launch, tmp_path):
     """Issue 22: --print-config on a corpus launch shows every flag and JSON key it was given, each
     beside what it does here (a setting's source, a Megatron flag's class and reason, a JSON key's

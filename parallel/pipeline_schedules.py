@@ -1,0 +1,94 @@
+"""Pipeline schedules as data: for one pipeline rank, the ordered slots (forward or backward, micro-batch,
+model chunk) it runs in one iteration. The executor (training/pipeline_step.py) only walks this list, so
+the order a test checks is the order that runs.
+
+Both schedules are Megatron-Core's (megatron/core/pipeline_parallel/schedules.py, github:NVIDIA/Megatron-LM):
+
+- 1F1B (PipeDream-flush), `forward_backward_pipelining_without_interleaving`: rank r runs
+  min(pp - r - 1, M) warm-up forwards, then one forward and one backward in turn, then the remaining
+  backwards (cool-down).
+- interleaved 1F1B, `forward_backward_pipelining_with_interleaving`: each rank holds `vp` model chunks; the
+  M x vp virtual micro-batches run in groups of pp per chunk (`get_model_chunk_id`,
+  `get_microbatch_id_in_model_chunk`), with (pp - r - 1) * 2 + (vp - 1) * pp warm-up forwards (all of them
+  when M == pp), and M must be a multiple of pp (Megatron asserts the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from base.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Slot:
+    kind: Literal["F", "B"]
+    micro_batch: int
+    chunk: int = 0  # the model chunk (virtual stage) on this rank; 0 without interleaving
+
+
+def one_f_one_b(num_micro_batches: int, pp_size: int, pp_rank: int) -> list[Slot]:
+    """Megatron's non-interleaved 1F1B order of rank `pp_rank`."""
+    _check_rank(num_micro_batches, pp_size, pp_rank)
+    warmup = min(pp_size - pp_rank - 1, num_micro_batches)
+    steady = num_micro_batches - warmup
+    slots = [Slot("F", m) for m in range(warmup)]
+    for index in range(steady):
+        slots += [Slot("F", warmup + index), Slot("B", index)]
+    slots += [Slot("B", steady + index) for index in range(warmup)]
+    return slots
+
+
+def interleaved_one_f_one_b(num_micro_batches: int, pp_size: int, pp_rank: int, vp_size: int) -> list[Slot]:
+    """Megatron's interleaved 1F1B order of rank `pp_rank` holding `vp_size` model chunks."""
+    _check_rank(num_micro_batches, pp_size, pp_rank)
+    check_interleaving(num_micro_batches, pp_size, vp_size)
+    total = num_micro_batches * vp_size
+    if num_micro_batches == pp_size:  # Megatron: all_warmup_microbatches
+        warmup = total
+    else:
+        warmup = min((pp_size - pp_rank - 1) * 2 + (vp_size - 1) * pp_size, total)
+    steady = total - warmup
+
+    def slot(kind: Literal["F", "B"], virtual: int) -> Slot:
+        group = pp_size * vp_size
+        chunk = (virtual % group) // pp_size
+        if kind == "B":
+            chunk = vp_size - chunk - 1
+        micro_batch = (virtual // group) * pp_size + virtual % pp_size
+        return Slot(kind, micro_batch, chunk)
+
+    slots = [slot("F", k) for k in range(warmup)]
+    for k in range(steady):
+        slots += [slot("F", k + warmup), slot("B", k)]
+    slots += [slot("B", k) for k in range(steady, total)]
+    return slots
+
+
+def schedule(num_micro_batches: int, pp_size: int, pp_rank: int, vp_size: Optional[int] = None) -> list[Slot]:
+    """The slots of rank `pp_rank`: interleaved when `vp_size` (chunks per rank) is above 1."""
+    if vp_size is not None and vp_size > 1:
+        return interleaved_one_f_one_b(num_micro_batches, pp_size, pp_rank, vp_size)
+    return one_f_one_b(num_micro_batches, pp_size, pp_rank)
+
+
+def check_interleaving(num_micro_batches: int, pp_size: int, vp_size: int) -> None:
+    # Megatron-Core's forward_backward_pipelining_with_interleaving asserts num_microbatches %
+    # pipeline_parallel_size == 0 ("number of microbatches ... is not divisible by pipeline-model-parallel-size
+    # when using interleaved schedule") and refuses pp 1 with virtual stages.
+    if pp_size < 2:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1: "
+                          "drop it, or use pipeline stages")
+    if num_micro_batches % pp_size:
+        raise ConfigError(f"the interleaved pipeline schedule needs the micro-batches per iteration "
+                          f"({num_micro_batches}) to be a multiple of --pipeline-model-parallel-size {pp_size}: "
+                          f"change --global-batch-size or --micro-batch-size, or drop "
+                          f"--num-layers-per-virtual-pipeline-stage")
+
+
+def _check_rank(num_micro_batches: int, pp_size: int, pp_rank: int) -> None:
+    if num_micro_batches < 1:
+        raise ValueError(f"a pipeline schedule needs at least one micro-batch, got {num_micro_batches}")
+    if not 0 <= pp_rank < pp_size:
+        raise ValueError(f"pipeline rank {pp_rank} is not in [0, {pp_size})")

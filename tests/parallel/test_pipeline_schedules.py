@@ -1,0 +1,89 @@
+"""The pipeline schedules as data (parallel/pipeline_schedules.py): the order of forward and backward slots
+on every stage against Megatron-Core's tables (github:NVIDIA/Megatron-LM,
+megatron/core/pipeline_parallel/schedules.py: forward_backward_pipelining_without_interleaving's
+num_warmup_microbatches = pipeline_parallel_size - pipeline_parallel_rank - 1, and
+forward_backward_pipelining_with_interleaving's (pp - rank - 1) * 2 + (num_model_chunks - 1) * pp with
+get_model_chunk_id / get_microbatch_id_in_model_chunk), and a simulation of the executor's rule (sends never
+wait, a receive waits for its message) that every schedule completes without deadlock."""
+
+from __future__ import annotations
+
+import pytest
+
+from base.errors import ConfigError
+from parallel.pipeline_schedules import Slot, interleaved_one_f_one_b, one_f_one_b, schedule
+
+
+def _text(slots):
+    return " ".join(f"{s.kind}{s.micro_batch}" + (f".{s.chunk}" if s.chunk else "") for s in slots)
+
+
+def test_one_f_one_b_order_of_slots_on_every_stage():
+    # Megatron's 1F1B with pp 4 and 6 micro-batches: rank r runs pp - r - 1 warm-up forwards.
+    expected = {
+        0: "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5",
+        1: "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
+        2: "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5",
+        3: "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5",
+    }
+    for rank, table in expected.items():
+        assert _text(one_f_one_b(6, 4, rank)) == table
+
+
+def test_fewer_micro_batches_than_stages_warm_up_all_of_them():
+    assert _text(one_f_one_b(2, 4, 0)) == "F0 F1 B0 B1"
+
+
+def test_interleaved_order_of_slots_and_counts_on_every_stage():
+    # pp 2, 2 chunks, 4 micro-batches: Megatron's groups of pp micro-batches per chunk.
+    assert _text(interleaved_one_f_one_b(4, 2, 0, 2)) == \
+        "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3"
+    assert _text(interleaved_one_f_one_b(4, 2, 1, 2)) == \
+        "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3"
+    for pp, vp, m in ((2, 2, 4), (4, 2, 8), (2, 3, 6), (4, 2, 4)):
+        for rank in range(pp):
+            slots = interleaved_one_f_one_b(m, pp, rank, vp)
+            warmup = vp * m if m == pp else min((pp - rank - 1) * 2 + (vp - 1) * pp, vp * m)
+            forwards_before_first_backward = next(i for i, s in enumerate(slots) if s.kind == "B")
+            # the warm-up forwards, then the steady phase's first forward (when there is a steady phase)
+            assert forwards_before_first_backward == warmup + (warmup < vp * m)
+            for kind in "FB":
+                assert sorted((s.micro_batch, s.chunk) for s in slots if s.kind == kind) == \
+                    [(mb, c) for mb in range(m) for c in range(vp)]
+
+
+def test_interleaving_refuses_micro_batches_not_a_multiple_of_stages():
+    with pytest.raises(ConfigError, match="multiple of --pipeline-model-parallel-size 2"):
+        schedule(5, 2, 0, vp_size=2)
+
+
+def _runs_without_deadlock(pp: int, vp: int, m: int) -> None:
+    """Walk every rank's slots as the executor does: a forward of (chunk c, stage s) waits for the
+    activation of (c, s - 1) (stage pp - 1 of chunk c - 1 for s = 0); a backward waits for the gradient
+    from (c, s + 1) and for its own forward."""
+    stages = pp * vp
+    plans = {rank: schedule(m, pp, rank, vp) for rank in range(pp)}
+    done: set = set()
+    position = {rank: 0 for rank in range(pp)}
+    while any(position[r] < len(plans[r]) for r in range(pp)):
+        moved = False
+        for rank in range(pp):
+            if position[rank] == len(plans[rank]):
+                continue
+            slot: Slot = plans[rank][position[rank]]
+            virtual = slot.chunk * pp + rank
+            if slot.kind == "F":
+                ready = virtual == 0 or ("F", slot.micro_batch, virtual - 1) in done
+            else:
+                ready = ("F", slot.micro_batch, virtual) in done and (
+                    virtual == stages - 1 or ("B", slot.micro_batch, virtual + 1) in done)
+            if ready:
+                done.add((slot.kind, slot.micro_batch, virtual))
+                position[rank] += 1
+                moved = True
+        assert moved, f"deadlock at pp {pp} vp {vp} m {m}: {position}"
+
+
+@pytest.mark.parametrize("pp,vp,m", [(2, 1, 4), (4, 1, 8), (4, 1, 2), (2, 2, 4), (4, 2, 8), (2, 3, 6), (4, 2, 4)])
+def test_every_schedule_completes_as_a_data_flow(pp, vp, m):
+    _runs_without_deadlock(pp, vp, m)

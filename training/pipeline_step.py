@@ -1,0 +1,144 @@
+"""The pipeline train step: a rank's slots of the schedule (parallel/pipeline_schedules.py) run in order,
+then the same optimizer step as the data-parallel one. A second TrainStep beside DataParallelTrainStep; the
+loop (training/loop.py) does not know which it runs.
+
+A forward slot receives its input from the previous stage (unless it starts the model), runs its model chunk
+and sends the output on (unless it ends the model, where it becomes the micro-batch's loss). A backward slot
+receives the gradient of that output (unless it is the loss), runs backward and sends the input's gradient
+back. This follows Megatron-Core's forward_step / backward_step (megatron/core/pipeline_parallel/schedules.py):
+the loss of each micro-batch is divided by the number of micro-batches, and the loss scale is applied on the
+last stage only (its gradient carries the scale to the others).
+
+Every stage takes each micro-batch from the data loader, so the sampler's consumed samples stay the same on all
+ranks; only the first stage reads its tokens and only the last its labels. ZeRO's reducer runs every backward
+but the rank's last under `no_sync`, so gradients are reduced once per step where the storage allows (stage 2
+reduces each micro-batch, as without stages); then the tied embedding's copies are summed
+(zero/pipeline_grads.py) and the loss, known on the last stage, is broadcast over the pipeline group for the
+record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from gpt.model import GPTModel
+from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
+from parallel.pipeline_schedules import Slot, schedule
+from parallel.state import ParallelState
+from training.evaluation import split_tokens
+from training.run_settings import RunSettings
+from training.train_step import DataParallelTrainStep
+from zero.activations import ActivationMonitor
+from zero.apply import ZeroParts
+from zero.pipeline_grads import PipelineGradients
+
+
+class PipelineTrainStep(DataParallelTrainStep):
+    """The optimizer side is DataParallelTrainStep's; the micro-batches run as the pipeline schedule says."""
+
+    def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
+                 state: ParallelState, activations: ActivationMonitor) -> None:
+        super().__init__(model, zero, train_batches, settings, state, activations)
+        self.p2p = PipelineP2P(state.device)
+        self.chunks = len(model.stage.chunks)
+        tied = model.word_embeddings if model.output_layer is None else None
+        self.gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
+                                           state.pipeline_parallel_group, state.is_first_stage)
+        self.dtype = next(model.parameters()).dtype
+
+    def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
+        state, reducer = self.state, self.zero.reducer
+        batches = [split_tokens(next(self.train_batches), state.device) for _ in range(accumulation_steps)]
+        slots = schedule(accumulation_steps, state.pipeline_parallel_size, state.pipeline_parallel_rank,
+                         self.chunks)
+        last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
+        inputs: dict[tuple[int, int], Optional[torch.Tensor]] = {}
+        outputs: dict[tuple[int, int], torch.Tensor] = {}
+        iteration_loss = torch.zeros((), device=state.device)
+        for index, slot in enumerate(slots):
+            tokens, labels = batches[slot.micro_batch]
+            if slot.kind == "F":
+                with self.activations.measuring() if measure_activations else contextlib.nullcontext():
+                    output = self._forward(slot, tokens, labels, inputs, accumulation_steps)
+                outputs[(slot.micro_batch, slot.chunk)] = output
+                if self._ends_model(slot):
+                    iteration_loss += output.detach()
+            else:
+                with contextlib.nullcontext() if index == last_backward else reducer.no_sync():
+                    self._backward(slot, inputs.pop((slot.micro_batch, slot.chunk)),
+                                   outputs.pop((slot.micro_batch, slot.chunk)))
+                reducer.finish_grad_sync()
+        self.p2p.finish_sends()
+        self.gradients.sum_shared_embedding()
+        if state.pipeline_parallel_size > 1:  # the loss lives on the last stage; the others record it too
+            dist.broadcast(iteration_loss, src=state.stage_rank(-1), group=state.pipeline_parallel_group)
+        return iteration_loss
+
+    def _virtual_stage(self, slot: Slot) -> int:
+        return slot.chunk * self.state.pipeline_parallel_size + self.state.pipeline_parallel_rank
+
+    def _starts_model(self, slot: Slot) -> bool:
+        return self._virtual_stage(slot) == 0
+
+    def _ends_model(self, slot: Slot) -> bool:
+        return self._virtual_stage(slot) == self.chunks * self.state.pipeline_parallel_size - 1
+
+    def _forward(self, slot: Slot, tokens: torch.Tensor, labels: torch.Tensor, inputs: dict,
+                 accumulation_steps: int) -> torch.Tensor:
+        if self._starts_model(slot):
+            received, chunk_input = None, tokens
+        else:
+            shape = (*tokens.shape, self.settings.config.model.hidden_size)
+            received = self.p2p.receive(shape, self.dtype, self.state.stage_rank(self._virtual_stage(slot) - 1),
+                                        ACTIVATION).requires_grad_()
+            chunk_input = received
+        inputs[(slot.micro_batch, slot.chunk)] = received
+        if self._ends_model(slot):
+            return self.model.chunk_forward(slot.chunk, chunk_input, labels).float().mean() / accumulation_steps
+        output = self.model.chunk_forward(slot.chunk, chunk_input)
+        self.p2p.send(output, self.state.stage_rank(self._virtual_stage(slot) + 1), ACTIVATION)
+        return output
+
+    def _backward(self, slot: Slot, received: Optional[torch.Tensor],
+                  output: torch.Tensor) -> None:
+        if self._ends_model(slot):
+            self.zero.scale_loss(output).backward()
+        else:
+            grad = self.p2p.receive(output.shape, output.dtype,
+                                    self.state.stage_rank(self._virtual_stage(slot) + 1), GRADIENT)
+            torch.autograd.backward(output, grad_tensors=grad)
+        if received is not None:
+            self.p2p.send(received.grad, self.state.stage_rank(self._virtual_stage(slot) - 1), GRADIENT)
+
+
+class PipelineForward:
+    """Forward only through the stages, one micro-batch at a time (evaluation): each model chunk of this
+    rank in turn receives, runs and sends on; the per-token loss on the last stage, zeros elsewhere (the
+    evaluation broadcasts the mean from the last stage). Every send of a call is posted before any of its
+    receives can wait on a later stage, and waited at the end of the call."""
+
+    def __init__(self, model: GPTModel, state: ParallelState, hidden_size: int) -> None:
+        self.model, self.state, self.hidden_size = model, state, hidden_size
+        self.p2p = PipelineP2P(state.device)
+        self.chunks = len(model.stage.chunks)
+        self.dtype = next(model.parameters()).dtype
+
+    def __call__(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        state, stages = self.state, self.state.pipeline_parallel_size
+        last = self.chunks * stages - 1
+        loss = torch.zeros((), device=state.device)
+        for chunk in range(self.chunks):
+            virtual = chunk * stages + state.pipeline_parallel_rank
+            chunk_input = tokens if virtual == 0 else self.p2p.receive(
+                (*tokens.shape, self.hidden_size), self.dtype, state.stage_rank(virtual - 1), ACTIVATION)
+            output = self.model.chunk_forward(chunk, chunk_input, labels if virtual == last else None)
+            if virtual == last:
+                loss = output
+            else:
+                self.p2p.send(output, state.stage_rank(virtual + 1), ACTIVATION)
+        self.p2p.finish_sends()
+        return loss
