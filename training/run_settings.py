@@ -58,6 +58,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     run's own."""
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
     training, notes = resolve_precision(config, device_type)
+    notes += vocabulary_notes(config, vocab_size)
     model = dataclasses.replace(config.model, vocab_size=vocab_size)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
@@ -69,6 +70,18 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
         batch=batch, vocab_size=vocab_size, padded_vocab_size=model.padded_vocab_size(tensor_parallel_size),
         param_dtype=PRECISION_DTYPES[training.precision], grad_dtype=PRECISION_DTYPES[training.gradient_precision],
         notes=notes)
+
+
+def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:
+    """A --vocab-size beside a real tokenizer is not read, as in Megatron-LM: its build_tokenizer
+    (megatron/core/tokenizers/utils/build_tokenizer.py) hands args.vocab_size only to the NullTokenizer and
+    TikTokenizer, and the padded vocabulary comes from the tokenizer's own size. Said once where it differs."""
+    asked = config.model.vocab_size
+    if not asked or config.data.tokenizer_type == "NullTokenizer" or asked == vocab_size:
+        return ()
+    tokenizer = config.data.tokenizer_type or "the tokenizer given"
+    return (f"> --vocab-size {asked} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
+            f"tokenizer's {vocab_size} tokens",)
 
 
 def resolve_precision(config: PretrainConfig, device_type: str):
