@@ -67,7 +67,16 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
     checkpointing = None
     if config.activations.checkpoint_activations:
         checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations)
-    zero = apply_zero(model, config, state, blocks=model.blocks)
+    zero = apply_zero(model, config, state, blocks=model.blocks, decoupled_lr_params=decoupled_lr_params(model, config))
     if torch_compile:
         compile_blocks(model)
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng)
+
+
+def decoupled_lr_params(model: GPTModel, config) -> list:
+    """The weights --decoupled-lr steps: Megatron-LM's `is_embedding_or_output_parameter` ones
+    (megatron/core/models/common/language_module/language_module.py), the word embedding and an untied
+    output layer; none without the flag."""
+    if config.optimizer.decoupled_lr is None:
+        return []
+    return [model.word_embeddings.weight] + ([model.output_layer.weight] if model.output_layer is not None else [])

@@ -170,7 +170,7 @@ LAUNCHES = (
             "<CHECKPOINT_PATH>", "--tensorboard-dir", "<TENSORBOARD_LOGS_PATH>",
         ),
         # Its Llama 3 blocks (RMSNorm, SwiGLU, rope, GQA, untied, no biases) are accepted; the refusal is for
-        # what the script also needs and this program lacks: sequence parallelism (and fp8, decoupled lr).
+        # what the script also needs and this program lacks: sequence parallelism (and fp8 on a CPU).
         outcome="refused: --sequence-parallel",
     ),
 )
