@@ -15,8 +15,11 @@ with one part (stage 0), 1/N of it with N parts (stages 1-3). The step never ask
 
 AdamW sees the master partition as a handful of segment views (one run of one kind each), split into a
 group with weight decay and one without, and, with a decoupled learning rate (Megatron-LM's --decoupled-lr),
-the same two for the embedding and output weights, whose pieces are cut out of the segments (AdamW is
-elementwise, so where a piece ends changes no bit; the norm still reads whole segments). Its moments are two flat tensors in partition coordinates
+the same two for the embedding and output weights, whose pieces are cut out of the segments (the norm still
+reads whole segments). AdamW is elementwise, but PyTorch's fused CPU kernel steps a tensor's last
+numel % (vector width) elements in a scalar loop (zero/offload.py's PIECE_ALIGNMENT): a cut a multiple
+of 64 elements from its segment's start changes no bit; elsewhere the elements beside it may differ in
+the last bit from a run without --decoupled-lr. Its moments are two flat tensors in partition coordinates
 too, so a checkpoint saves each as one tensor and an elastic resume refills them element by element.
 """
 
