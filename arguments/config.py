@@ -54,6 +54,12 @@ LR_DECAY_STYLES = ("cosine", "linear", "constant")
 class OptimizerConfig:
     lr: float = 1e-3
     min_lr: float = 1e-4
+    # Megatron-LM's separate rate for the input embedding and an untied output layer's weights (their
+    # `is_embedding_or_output_parameter`): the same schedule with its own peak and floor.
+    decoupled_lr: Optional[float] = option(None, help="the learning rate of the word embedding and the output "
+                                                      "layer's weights (Megatron-LM; default: --lr)")
+    decoupled_min_lr: Optional[float] = option(None, help="with --decoupled-lr: their minimum rate (default: "
+                                                          "--min-lr)")
     lr_warmup_iters: int = option(20, aliases={"--warmup-iters": "DeepSpeedExamples' Megatron ZeRO-3"})
     # When set, the warmup is this fraction of --lr-decay-iters (of --train-iters when that is unset).
     lr_warmup_fraction: Optional[float] = option(
@@ -96,6 +102,9 @@ class OptimizerConfig:
                               f"{', '.join(LR_DECAY_STYLES)}")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"need 0 <= --min-lr ({self.min_lr}) <= --lr ({self.lr}) and --lr > 0")
+        if self.decoupled_lr is not None and (self.decoupled_lr < 0 or (self.decoupled_min_lr or 0.0) < 0):
+            raise ConfigError(f"--decoupled-lr ({self.decoupled_lr}) and --decoupled-min-lr "
+                              f"({self.decoupled_min_lr}) must be >= 0")
         if self.lr_warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters < 1):
             raise ConfigError("--lr-warmup-iters must be >= 0 and --lr-decay-iters >= 1")
         for name in ("lr_warmup_samples", "lr_decay_samples", "lr_warmup_tokens", "lr_decay_tokens"):

@@ -60,6 +60,7 @@ from arguments.megatron.defaults import (
 )
 from arguments.megatron.flags import (
     MEANING_DESTS,
+    RefusedFlags,
     Resolved,
     add_meanings,
     add_spellings,
@@ -340,7 +341,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     typed = options_typed(parser, argv)
     try:
         resolved = resolve_meanings(meanings, settings, sources, typed.get, _harvested_given(namespace))
-    except ConfigError as error:  # refused Megatron flags, all in one message
+    except RefusedFlags as error:  # refused Megatron flags, all in one message; the accepted ones still apply
+        problems.append(str(error))
+        resolved = error.resolved
+    except ConfigError as error:
         problems.append(str(error))
         resolved = Resolved()
     for name, (value, source) in resolved.changes.items():

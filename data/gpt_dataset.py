@@ -19,6 +19,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import time
 from typing import Sequence
 
@@ -51,17 +52,31 @@ _INDEX_KINDS = ("document", "sample", "shuffle")
 # --------------------------------------------------------------------------- splits
 
 
+# Megatron-LM's reading of --split (megatron/core/datasets/blended_megatron_dataset_config.py,
+# parse_and_normalize_split): every run of digits and dots is a weight, whatever lies between them, so
+# "99,1,0", "'99,1,0'" (a launch script's unquoted array keeps the quotes), "99 1 0" and "99/1/0" are the same.
+SPLIT_WEIGHT = re.compile(r"[.0-9]+")
+# Where Megatron's regex would misread a weight rather than separate two (a sign, an exponent, nan/inf),
+# the split is refused instead of run with numbers the user did not write.
+SPLIT_MISREAD = re.compile(r"[-+A-Za-z]")
+
+
 def parse_split(split: str) -> tuple[float, float, float]:
-    """``"969,30,1"`` -> train/valid/test fractions summing to 1. Missing trailing parts count as 0."""
-    parts = [part.strip() for part in str(split).replace("/", ",").split(",")]
-    if not 1 <= len(parts) <= 3:
-        raise DataError(f"--split {split!r}: expected up to three comma-separated weights, e.g. 969,30,1")
+    """``"969,30,1"`` -> train/valid/test fractions summing to 1, read as Megatron-LM reads them (SPLIT_WEIGHT).
+    Missing trailing parts count as 0."""
+    text = str(split)
+    if SPLIT_MISREAD.search(text):
+        raise DataError(f"--split {split!r}: give up to three non-negative weights as plain numbers, e.g. 969,30,1 "
+                        f"(signs, exponents and words are not read as Megatron reads --split)")
+    parts = SPLIT_WEIGHT.findall(text)
+    if len(parts) > 3:
+        raise DataError(f"--split {split!r}: expected up to three weights (train, valid, test), e.g. 969,30,1")
     try:
         values = [float(part) for part in parts]
-    except ValueError:
-        raise DataError(f"--split {split!r}: every part must be a number, e.g. 969,30,1") from None
-    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
-        raise DataError(f"--split {split!r}: weights must be finite, non-negative and not all zero")
+    except ValueError:  # "1.2.3" or a lone "."; Megatron's float() refuses them too
+        raise DataError(f"--split {split!r}: every weight must be a number, e.g. 969,30,1") from None
+    if not math.isfinite(sum(values)) or sum(values) <= 0:
+        raise DataError(f"--split {split!r}: weights must be finite and not all zero, e.g. 969,30,1")
     values += [0.0] * (3 - len(values))
     total = sum(values)
     return tuple(v / total for v in values)  # type: ignore[return-value]

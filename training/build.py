@@ -72,7 +72,8 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
     # shard by shard (zero/pipeline_grads.py).
     shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.output_layer is None \
         and model.word_embeddings is not None else []
-    zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared)
+    zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,
+                      decoupled_lr_params=decoupled_lr_params(model, config))
     if torch_compile:
         compile_blocks(model)
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng)
@@ -85,3 +86,12 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
         return None
     return stage_layers(settings.config.model.num_layers, state.pipeline_parallel_size, state.pipeline_parallel_rank,
                         training.num_layers_per_virtual_pipeline_stage)
+
+
+def decoupled_lr_params(model: GPTModel, config) -> list:
+    """The weights --decoupled-lr steps: Megatron-LM's `is_embedding_or_output_parameter` ones
+    (megatron/core/models/common/language_module/language_module.py), the word embedding and an untied
+    output layer, those this pipeline stage holds; none without the flag."""
+    if config.optimizer.decoupled_lr is None:
+        return []
+    return [layer.weight for layer in (model.word_embeddings, model.output_layer) if layer is not None]

@@ -13,12 +13,15 @@ from gpt.fp8 import check_fp8, torchao_installed
 
 
 def check_vocabulary_flags(config: PretrainConfig) -> None:
-    """--vocab-size is Megatron's NullTokenizer vocabulary; with a real tokenizer, the tokenizer's
-    vocabulary is the model's, so a --vocab-size beside it could only contradict it."""
-    if config.model.vocab_size and config.data.tokenizer_type != "NullTokenizer":
+    """--vocab-size is Megatron's NullTokenizer vocabulary. Beside a tokenizer Megatron-LM does not read it
+    (training/run_settings.py's vocabulary_notes says so at the start); with no tokenizer named, the
+    embedded corpus trains its own, whose size is --tokenizer-vocab-size, so a --vocab-size there is a mistake."""
+    data = config.data
+    tokenizer_named = data.tokenizer_type or data.tokenizer_file or data.vocab_file
+    if config.model.vocab_size and not tokenizer_named:
         raise ConfigError(f"--vocab-size {config.model.vocab_size} is for --tokenizer-type NullTokenizer (data "
-                          f"tokenized elsewhere); with a tokenizer the vocabulary is the tokenizer's: drop "
-                          f"--vocab-size")
+                          f"tokenized elsewhere); the embedded corpus's tokenizer is trained here: set its size with "
+                          f"--tokenizer-vocab-size, or drop --vocab-size")
 
 
 def check_fp8_flag(config: PretrainConfig) -> None:

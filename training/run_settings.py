@@ -40,6 +40,8 @@ class RunSettings:
     param_dtype: torch.dtype        # 16-bit (or fp32) parameters and activations
     grad_dtype: torch.dtype         # what gradients are accumulated and reduced in
     lr_schedule: LearningRateSchedule  # Megatron's, in samples (and tokens): arguments/schedule.py
+    # --decoupled-lr's: the same schedule with its own peak and floor (the embedding and output weights)
+    decoupled_lr_schedule: Optional[LearningRateSchedule] = None
     notes: tuple[str, ...] = ()     # what resolving changed or warns about, said once at the start
 
     def tokens_in(self, global_batch_size: int) -> int:
@@ -58,17 +60,42 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     run's own."""
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
     training, notes = resolve_precision(config, device_type)
+    notes += vocabulary_notes(config, vocab_size)
     model = dataclasses.replace(config.model, vocab_size=vocab_size)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
                                    train_iters=train_iterations(config, batch))
     resolved = dataclasses.replace(config, model=model, training=training)
     lr_schedule = resumed_lr_schedule if resumed_lr_schedule is not None else build_lr_schedule(resolved, batch)
-    return RunSettings(lr_schedule=lr_schedule,
+    return RunSettings(lr_schedule=lr_schedule, decoupled_lr_schedule=decoupled_schedule(config, lr_schedule),
         config=resolved, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
         batch=batch, vocab_size=vocab_size, padded_vocab_size=model.padded_vocab_size(tensor_parallel_size),
         param_dtype=PRECISION_DTYPES[training.precision], grad_dtype=PRECISION_DTYPES[training.gradient_precision],
         notes=notes)
+
+
+def decoupled_schedule(config: PretrainConfig, schedule: LearningRateSchedule) -> Optional[LearningRateSchedule]:
+    """Megatron-LM's scheduler gives a parameter group its own max_lr and min_lr (--decoupled-lr,
+    --decoupled-min-lr, else --min-lr) and shares the rest: warmup, decay, style and the warmup's start
+    (megatron/core/optimizer_param_scheduler.py get_lr; megatron/core/optimizer/__init__.py
+    get_standard_config_overrides). --decoupled-min-lr alone does nothing there, nor here."""
+    optimizer = config.optimizer
+    if optimizer.decoupled_lr is None:
+        return None
+    floor = optimizer.decoupled_min_lr if optimizer.decoupled_min_lr is not None else schedule.min_lr
+    return dataclasses.replace(schedule, max_lr=optimizer.decoupled_lr, min_lr=floor)
+
+
+def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:
+    """A --vocab-size beside a real tokenizer is not read, as in Megatron-LM: its build_tokenizer
+    (megatron/core/tokenizers/utils/build_tokenizer.py) hands args.vocab_size only to the NullTokenizer and
+    TikTokenizer, and the padded vocabulary comes from the tokenizer's own size. Said once where it differs."""
+    asked = config.model.vocab_size
+    if not asked or config.data.tokenizer_type == "NullTokenizer" or asked == vocab_size:
+        return ()
+    tokenizer = config.data.tokenizer_type or "the tokenizer given"
+    return (f"> --vocab-size {asked} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
+            f"tokenizer's {vocab_size} tokens",)
 
 
 def resolve_precision(config: PretrainConfig, device_type: str):

@@ -91,10 +91,12 @@ class DataParallelTrainStep:
         self.consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
         model.train()
 
-    def learning_rate(self, consumed_samples: int) -> float:
-        """Megatron's convention: an update uses the rate at the samples consumed before it."""
+    def learning_rate(self, consumed_samples: int, decoupled: bool = False) -> float:
+        """Megatron's convention: an update uses the rate at the samples consumed before it. `decoupled`:
+        the rate of the embedding and output weights under --decoupled-lr."""
         settings = self.settings
-        return settings.lr_schedule.rate(consumed_samples, tokens_seen_by_schedule(
+        schedule = settings.decoupled_lr_schedule if decoupled else settings.lr_schedule
+        return schedule.rate(consumed_samples, tokens_seen_by_schedule(
             settings.batch, consumed_samples, settings.config.model.seq_length))
 
     def __call__(self, iteration: int, consumed_samples: int, measure_activations: bool) -> StepOutcome:
@@ -103,7 +105,7 @@ class DataParallelTrainStep:
         global_batch_size = self.settings.batch.global_batch_at(consumed_samples)
         lr = self.learning_rate(consumed_samples)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.learning_rate(consumed_samples, decoupled=True) if group.get("decoupled_lr") else lr
         self.zero.reducer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
         state.comm.iteration = iteration  # named in the line a lost peer ends in

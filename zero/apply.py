@@ -35,7 +35,7 @@ from zero.grad_reducer import FullGradients, GradientReducer, PartitionedGradien
 from zero.host_memory import return_freed_blocks_to_system
 from zero.loss_scaler import LossScaler, build_loss_scaler
 from zero.offload import HOST, HostOffloadedAdamW, OffloadSettings, host_zeros
-from zero.optimizer import PRECISION_DTYPES, ShardedAdamW
+from zero.optimizer import PRECISION_DTYPES, ShardedAdamW, decoupled_ranges
 from zero.param_storage import (
     InitializerSource,
     ParameterStorage,
@@ -64,22 +64,26 @@ class ZeroParts:
 
 
 def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Module]] = None,
-               own_units: Sequence[nn.Parameter] = ()) -> ZeroParts:
+               own_units: Sequence[nn.Parameter] = (),
+               decoupled_lr_params: Sequence[nn.Parameter] = ()) -> ZeroParts:
     """ZeRO as a resolved PretrainConfig asks for: its stage, buckets, precision, gradient precision and
     loss scaling. `blocks` are the stage-3 chunks' modules (our GPTModel's `model.blocks`); `own_units`,
-    parameters that get a unit of their own (see build_zero)."""
+    parameters that get a unit of their own (see build_zero); `decoupled_lr_params` the parameters stepped
+    at --decoupled-lr (zero/optimizer.py)."""
     training = config.training
     scaler = build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
                                training.loss_scale_window, training.hysteresis, training.min_loss_scale)
     return build_zero(model, config.zero, config.optimizer, state, param_dtype=PRECISION_DTYPES[training.precision],
                       grad_dtype=PRECISION_DTYPES[training.gradient_precision], loss_scaler=scaler,
-                      seed=training.seed, blocks=blocks, own_units=own_units)
+                      seed=training.seed, blocks=blocks, own_units=own_units,
+                      decoupled_lr_params=decoupled_lr_params)
 
 
 def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_dtype: torch.dtype = torch.float32,
                grad_dtype: Optional[torch.dtype] = None, loss_scaler: Optional[LossScaler] = None,
                seed: Optional[int] = None, blocks: Optional[Sequence[nn.Module]] = None,
-               alignment: int = DEFAULT_ALIGNMENT, own_units: Sequence[nn.Parameter] = ()) -> ZeroParts:
+               alignment: int = DEFAULT_ALIGNMENT, own_units: Sequence[nn.Parameter] = (),
+               decoupled_lr_params: Sequence[nn.Parameter] = ()) -> ZeroParts:
     """The explicit form of `apply_zero`. `seed` is needed when the model is on the meta device;
     `grad_dtype` defaults to the parameters' dtype. Each of `own_units` (stages 0-2) is a unit alone, last:
     its shard then lies at the same place of the unit on every rank of the same DP rank whatever else the
@@ -124,6 +128,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=device)  # padding stays 0
     if device.type != "meta":  # a planner's rank (planner.plan) has shapes only: nothing to fill
         storage.fill(source, master)
+    decoupled = decoupled_ranges(layout, decoupled_lr_params)  # before bind replaces the parameters
     layout = storage.bind(model)
 
     scatter = stage >= 1 and zero_config.reduce_scatter
@@ -147,7 +152,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         reducer.subscribe(storage.gatherer)
     reducer.zero_grad()
     optimizer_args = (layout, master, reducer, storage, optimizer_config, loss_scaler or LossScaler(1.0), state,
-                      partition_group, stage)
+                      partition_group, stage, decoupled)
     optimizer = ShardedAdamW(*optimizer_args) if offload is None else \
         HostOffloadedAdamW(*optimizer_args, offload=offload)
     return ZeroParts(reducer, optimizer)

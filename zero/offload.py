@@ -100,7 +100,7 @@ class HostOffloadedAdamW(ShardedAdamW):
         """The segments cut in aligned pieces no larger than a sub-group (see PIECE_ALIGNMENT)."""
         size = self.offload.sub_group_size
         size = max(PIECE_ALIGNMENT, size - size % PIECE_ALIGNMENT)
-        return [StepPiece(start, end, segment.weight_decay) for segment in super().step_pieces()
+        return [StepPiece(start, end, segment.weight_decay, segment.decoupled_lr) for segment in super().step_pieces()
                 for start, end in cut_segment(segment.start, segment.end, size)]
 
     def new_partition_tensor(self) -> torch.Tensor:

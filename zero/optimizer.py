@@ -14,7 +14,12 @@ with one part (stage 0), 1/N of it with N parts (stages 1-3). The step never ask
     5. publish: the parameter storage makes the 16-bit parameters equal the new master weights.
 
 AdamW sees the master partition as a handful of segment views (one run of one kind each), split into a
-group with weight decay and one without. Its moments are two flat tensors in partition coordinates
+group with weight decay and one without, and, with a decoupled learning rate (Megatron-LM's --decoupled-lr),
+the same two for the embedding and output weights, whose pieces are cut out of the segments (the norm still
+reads whole segments). AdamW is elementwise, but PyTorch's fused CPU kernel steps a tensor's last
+numel % (vector width) elements in a scalar loop (zero/offload.py's PIECE_ALIGNMENT): a cut a multiple
+of 64 elements from its segment's start changes no bit; elsewhere the elements beside it may differ in
+the last bit from a run without --decoupled-lr. Its moments are two flat tensors in partition coordinates
 too, so a checkpoint saves each as one tensor and an elastic resume refills them element by element.
 """
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -38,10 +43,12 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch
 
 @dataclass(frozen=True)
 class StepPiece:
-    """A range of the partition [start, end) that AdamW sees as one parameter, of one decay kind."""
+    """A range of the partition [start, end) that AdamW sees as one parameter, of one decay kind and one
+    learning rate (the decoupled one of the embedding and output weights, or the others')."""
     start: int
     end: int
     weight_decay: bool
+    decoupled_lr: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class ShardedAdamW:
 
     def __init__(self, layout: FlatLayout, master: torch.Tensor, gradients: GradientReducer,
                  parameters: ParameterStorage, optimizer_config, loss_scaler: LossScaler, state,
-                 partition_group, stage: int) -> None:
+                 partition_group, stage: int, decoupled_lr_ranges: Sequence[tuple[int, int]] = ()) -> None:
         self.layout = layout
         self.master = master
         self.gradients = gradients
@@ -94,17 +101,22 @@ class ShardedAdamW:
         self.norm_excluded: list[tuple[int, int]] = []
         self.device = master.device
 
-        # AdamW over views of the master partition: one group with weight decay, one without. The norm
-        # reads the layout's segments; AdamW's views are its pieces (the segments themselves here, cut
-        # further by the host step's sub-groups in zero/offload.py).
+        # AdamW over views of the master partition: one group with weight decay, one without (and the same
+        # two at the decoupled learning rate, marked "decoupled_lr" for whoever sets the rates). The norm
+        # reads the layout's segments; AdamW's views are its pieces (the segments cut at the decoupled
+        # parameters' edges here, cut further by the host step's sub-groups in zero/offload.py).
         self._segments = layout.segments()
+        self._decoupled_ranges = list(decoupled_lr_ranges)  # [start, end) in the partition: decoupled_ranges()
         self._pieces = self.step_pieces()
         self._segment_params = [nn.Parameter(master[p.start:p.end]) for p in self._pieces]
         groups = []
-        for decay in (True, False):
-            members = [p for p, s in zip(self._segment_params, self._pieces) if s.weight_decay == decay]
-            if members:
-                groups.append({"params": members, "weight_decay": optimizer_config.weight_decay if decay else 0.0})
+        for decoupled in (False, True):  # the usual groups first, as without a decoupled rate
+            for decay in (True, False):
+                members = [p for p, s in zip(self._segment_params, self._pieces)
+                           if s.weight_decay == decay and s.decoupled_lr == decoupled]
+                if members:
+                    groups.append({"params": members, "weight_decay": optimizer_config.weight_decay if decay else 0.0,
+                                   "decoupled_lr": decoupled})
         self.optimizer = build_adamw(groups, optimizer_config, self.device)
         self.param_groups = self.optimizer.param_groups
         # The moments exist from the start (the zeros AdamW would create at its first step), as views
@@ -120,8 +132,16 @@ class ShardedAdamW:
                     "exp_avg_sq": self.exp_avg_sq[piece.start:piece.end]}
 
     def step_pieces(self) -> list[StepPiece]:
-        """The ranges of the partition AdamW updates as one tensor each: the layout's segments."""
-        return [StepPiece(s.start, s.end, s.kind.weight_decay) for s in self._segments]
+        """The ranges of the partition AdamW updates as one tensor each: the layout's segments, cut where a
+        decoupled-rate parameter starts or ends."""
+        pieces = []
+        for segment in self._segments:
+            edges = sorted({segment.start, segment.end, *(edge for span in self._decoupled_ranges for edge in span
+                                                          if segment.start < edge < segment.end)})
+            for start, end in zip(edges, edges[1:]):
+                decoupled = any(lo <= start < hi for lo, hi in self._decoupled_ranges)
+                pieces.append(StepPiece(start, end, segment.kind.weight_decay, decoupled))
+        return pieces
 
     def new_partition_tensor(self) -> torch.Tensor:
         """A zeroed fp32 tensor the size of the partition, where the master lives."""
@@ -302,6 +322,13 @@ class ShardedAdamW:
     def padding(self) -> int:
         """Alignment padding elements in the flat layout (what memory and bytes may exceed Psi by)."""
         return self.layout.padding
+
+
+def decoupled_ranges(layout: FlatLayout, params: Sequence[nn.Parameter]) -> list[tuple[int, int]]:
+    """Where `params`' elements lie in this rank's partition, as [start, end) ranges (taken before the
+    parameter storage binds new parameters in their place: the partition's geometry stays)."""
+    wanted = {id(param) for param in params}
+    return [(f.partition_offset, f.partition_offset + f.numel) for f in layout.fragments() if id(f.slot.param) in wanted]
 
 
 def _parameter_names(model: nn.Module) -> dict[int, str]:

@@ -251,11 +251,11 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads --no-pin-cpu-params --activation-offload-fraction
         --offload-modules --min-offloaded-tensor-size --cpu-offloading-retain-pinned-cpu-buffers
         --delay-offload-until-cuda-graph --fine-grained-offloading-max-inflight-offloads""")),
-    ("another optimizer's knob (SGD, Muon, Lion, decoupled embedding learning rate, weight-decay ramps): the "
+    ("another optimizer's knob (SGD, Muon, Lion, weight-decay ramps): the "
      "optimizer here is Adam(W) with a constant --weight-decay, so it has no effect", _names("""
         --sgd-momentum --muon-coefficient-type --muon-extra-scale-factor --muon-fp32-matmul-prec --muon-momentum
         --muon-nesterov --muon-no-split-qkv --muon-num-ns-steps --muon-scalar-optimizer --muon-scale-mode
-        --muon-tp-mode --muon-use-syrk --lion-beta1 --lion-beta2 --decoupled-min-lr --start-weight-decay
+        --muon-tp-mode --muon-use-syrk --lion-beta1 --lion-beta2 --start-weight-decay
         --end-weight-decay --qk-clip-alpha --qk-clip-threshold""")),
     ("a warmup-stable-decay schedule's knob: WSD is not a --lr-decay-style here, so it has no effect",
      _names("--lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style")),
@@ -391,9 +391,9 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fp8/fp4 training is not implemented: use --bf16 or --fp16", _names("""
         --fp4-format --te-precision-config-file --kitchen-config-file
         --kitchen-recipe-number --use-kitchen-attention""")),
-    ("not implemented: the optimizer here is Adam(W) with fp32 states, one learning rate for every parameter "
-     "(--lr, --min-lr), and all parameters trained", _names("""
-        --use-bnb-optimizer --decoupled-lr --qk-clip --freeze-all-layers""")),
+    ("not implemented: the optimizer here is Adam(W) with fp32 states, and all parameters trained",
+     _names("""
+        --use-bnb-optimizer --qk-clip --freeze-all-layers""")),
     ("not implemented (Megatron-LM's hybrid CPU/GPU optimizer and layer offloading): use --offload-optimizer "
      "(ZeRO-Offload's optimizer states on the host) with --zero-stage 1-3, and --checkpoint-activations "
      "--cpu-checkpointing for activations", _names("""

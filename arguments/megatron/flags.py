@@ -183,6 +183,16 @@ class Resolved:
     refused: list[str] = field(default_factory=list)
 
 
+class RefusedFlags(ConfigError):
+    """Every refused flag in one message, carrying what the accepted flags change: the rest of the launch
+    is then checked as translated (--use-distributed-optimizer's stage 1 kept), so no problem is reported
+    that the translation would not have."""
+
+    def __init__(self, resolved: Resolved) -> None:
+        super().__init__("; ".join(resolved.refused))
+        self.resolved = resolved
+
+
 NO_EFFECT_LINE = "Megatron-LM and DeepSpeed flags accepted with no effect on the math"
 
 
@@ -239,7 +249,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     _resolve_query_groups(given, settings, option_used, change, resolved)
     _resolve_positions(given, settings, change, resolved)
     if resolved.refused:
-        raise ConfigError("; ".join(resolved.refused))
+        raise RefusedFlags(resolved)
     return resolved
 
 

@@ -40,10 +40,12 @@ def test_megatron_lms_llama3_example_is_refused_only_for_what_it_lacks_beside_th
     megatron-lm-llama-train-llama3-8b-h100-fp8, shrunk as tests/scripts/test_replay_corpus.py shrinks it):
     its Llama 3 blocks (--normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 1000000
     --group-query-attention --num-query-groups 8 --kv-channels 128 --untie-embeddings-and-output-weights
-    --disable-bias-linear) are accepted; what it is refused for is sequence parallelism, fp8 and decoupled
-    learning rates, which this program lacks, and two data flags the script spells as Megatron tolerates:
-    --split "'99,1,0'" (its unquoted array keeps the quotes; Megatron's parse_and_normalize_split reads the
-    numbers with a regex) and --vocab-size beside a HuggingFaceTokenizer."""
+    --disable-bias-linear) are accepted, and so are --decoupled-lr 5.0e-4 --decoupled-min-lr 4.5e-5 (the embedding
+    and output layer's own rate, tests/zero/test_decoupled_lr.py), --split "'99,1,0'" (its unquoted array keeps
+    the quotes; Megatron's parse_and_normalize_split reads the numbers with a regex,
+    tests/data/test_split_as_megatron.py) and --vocab-size 128256 beside its HuggingFaceTokenizer (not read, as
+    in Megatron: tests/training/test_vocab_size_beside_tokenizer.py); what it is refused for is what this
+    program lacks on a CPU: fp8 (its --sequence-parallel exists: tests/parallel/test_sequence_parallel.py)."""
     import pytest
 
     from arguments.parser import parse_arguments
@@ -58,7 +60,9 @@ def test_megatron_lms_llama3_example_is_refused_only_for_what_it_lacks_beside_th
     with pytest.raises(ConfigError) as error:
         parse_arguments(argv, late_checks=LATE_CHECKS)
     message = str(error.value)
-    assert launch.refusal in message and "--fp8-format hybrid" in message and "--decoupled-lr" in message
+    assert launch.refusal in message and "--fp8-format hybrid" in message
+    for accepted in ("--decoupled-lr", "--decoupled-min-lr", "--split", "--vocab-size", "--sequence-parallel"):
+        assert accepted not in message, (accepted, message)
     for flag in ("--normalization", "--swiglu", "--position-embedding-type", "--rotary", "--group-query-attention",
                  "--num-query-groups", "--kv-channels", "--untie-embeddings-and-output-weights",
                  "--disable-bias-linear", "--ffn-hidden-size", "--apply-layernorm-1p"):
