@@ -21,6 +21,8 @@ import re
 import signal
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -151,11 +153,27 @@ def stopped(process) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stalled_rank", [1, 0])
-def test_a_stopped_peer_is_named_within_the_heartbeat_timeout(tmp_path, corpus, stalled_rank):
-    """SIGSTOP: the stopped rank's sockets stay open, so no collective fails; only the heartbeat can
-    tell. Rank 0 also hosts the rendezvous store, so when it is the one stopped, rank 1 names it as such."""
+@dataclass(frozen=True)
+class StoppedRankRun:
+    """What one launch with a SIGSTOPped rank showed: the survivor's exit, then the continued rank's."""
+    tmp_path: Path
+    stalled_rank: int
+    survivor: int
+    survivor_code: int
+    stop_to_survivor_exit_s: float
+    still_stopped_when_the_survivor_exited: bool
+    continued_code: int
+
+
+@pytest.fixture(scope="module", params=[1, 0])
+def stopped_rank_run(request, tmp_path_factory, corpus):
+    """SIGSTOP one rank, let the survivor give up on it, then SIGCONT it and let it speak.
+
+    One launch per stopped rank serves both tests below (the survivor's line, then the continued
+    rank's): each launch waits out the heartbeat timeout, and the two tests once made the same launch
+    twice. The tests assert; this only records."""
+    stalled_rank = request.param
+    tmp_path = tmp_path_factory.mktemp(f"stopped-rank{stalled_rank}")
     cache, _ = corpus
     survivor = 1 - stalled_rank
     processes, files = launch_pair(tmp_path, cache, {"KILL_RANK": str(stalled_rank), "KILL_SIGNAL": "SIGSTOP"},
@@ -167,17 +185,30 @@ def test_a_stopped_peer_is_named_within_the_heartbeat_timeout(tmp_path, corpus, 
             assert time.monotonic() < deadline, "the rank never stopped itself"
             time.sleep(0.05)
         stopped_at = time.monotonic()
-        code, exited_at = wait_for_exit(processes[survivor], 120)
-        assert stopped(processes[stalled_rank])  # still stopped: the survivor did not wait for it to go
+        survivor_code, exited_at = wait_for_exit(processes[survivor], 120)
+        still_stopped = stopped(processes[stalled_rank])  # the survivor must not wait for it to go
+        processes[stalled_rank].send_signal(signal.SIGCONT)
+        continued_code, _ = wait_for_exit(processes[stalled_rank], 60)
     finally:
         stop_all(processes, files)
-    line = the_one_line(tmp_path, survivor)
-    assert code == 3, line
-    who = "rank 0 \\(it hosts the rendezvous store\\)" if stalled_rank == 0 else "rank 1"
+    return StoppedRankRun(tmp_path, stalled_rank, survivor, survivor_code, exited_at - stopped_at, still_stopped,
+                          continued_code)
+
+
+@pytest.mark.slow
+def test_a_stopped_peer_is_named_within_the_heartbeat_timeout(stopped_rank_run):
+    """SIGSTOP: the stopped rank's sockets stay open, so no collective fails; only the heartbeat can
+    tell. Rank 0 also hosts the rendezvous store, so when it is the one stopped, rank 1 names it as such."""
+    run = stopped_rank_run
+    assert run.still_stopped_when_the_survivor_exited
+    line = the_one_line(run.tmp_path, run.survivor)
+    assert run.survivor_code == 3, line
+    who = "rank 0 \\(it hosts the rendezvous store\\)" if run.stalled_rank == 0 else "rank 1"
     assert re.fullmatch(rf"pretrain_gpt\.py: error: {who} stopped answering \(died or hung\) during \w+ on the "
-                        rf"(dp|tp|world) group at iteration {KILL_AT + 1}; this rank \({survivor}\) stops too", line), line
-    print(f"stop to survivor's exit: {exited_at - stopped_at:.1f} s")
-    assert 4.5 <= exited_at - stopped_at < 60  # the watch counts from its last beat, up to a second earlier
+                        rf"(dp|tp|world) group at iteration {KILL_AT + 1}; this rank \({run.survivor}\) stops too",
+                        line), line
+    print(f"stop to survivor's exit: {run.stop_to_survivor_exit_s:.1f} s")
+    assert 4.5 <= run.stop_to_survivor_exit_s < 60  # the watch counts from its last beat, up to a second earlier
 
 
 # ---- the identification itself, against a fake store and a fake clock --------------------------------
@@ -484,27 +515,12 @@ def test_a_rank_that_was_itself_stopped_says_so_and_blames_nobody(rank, hosts_st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stalled_rank", [1, 0])
-def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(tmp_path, corpus, stalled_rank):
+def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(stopped_rank_run):
     """Issue 33, problem 10, end to end: SIGSTOP one rank, let the survivor give up on it, SIGCONT it:
     its one line is about itself (it said "rank 0 ... stopped answering (died or hung)" before)."""
-    cache, _ = corpus
-    survivor = 1 - stalled_rank
-    processes, files = launch_pair(tmp_path, cache, {"KILL_RANK": str(stalled_rank), "KILL_SIGNAL": "SIGSTOP"},
-                                   "--heartbeat-timeout-seconds", "6")
-    try:
-        deadline = time.monotonic() + 240
-        while not stopped(processes[stalled_rank]):
-            assert processes[stalled_rank].poll() is None, (tmp_path / f"rank{stalled_rank}.err").read_text()
-            assert time.monotonic() < deadline, "the rank never stopped itself"
-            time.sleep(0.05)
-        wait_for_exit(processes[survivor], 120)
-        processes[stalled_rank].send_signal(signal.SIGCONT)
-        code, _ = wait_for_exit(processes[stalled_rank], 60)
-    finally:
-        stop_all(processes, files)
-    line = the_one_line(tmp_path, stalled_rank)
-    assert code == 3, line
-    assert re.fullmatch(rf"pretrain_gpt\.py: error: this rank \({stalled_rank}\) did not run for \d+ s \(it was "
+    run = stopped_rank_run
+    line = the_one_line(run.tmp_path, run.stalled_rank)
+    assert run.continued_code == 3, line
+    assert re.fullmatch(rf"pretrain_gpt\.py: error: this rank \({run.stalled_rank}\) did not run for \d+ s \(it was "
                         r"stopped, .*\) .*longer than --heartbeat-timeout-seconds: its peers have given up on it, so "
                         r"it stops too", line), line
