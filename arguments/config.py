@@ -459,10 +459,6 @@ class PretrainConfig:
             # distributed optimizer with PP reduce-scatters); stage 3's per-block gathers are not wired to stages.
             raise ConfigError(f"--zero-stage 3 with --pipeline-model-parallel-size {pp}: ZeRO-3 is incompatible "
                               f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2")
-        for name, flag in (("save", "--save"), ("load", "--load")):
-            if getattr(self.checkpoint, name) is not None:
-                raise ConfigError(f"{flag} with --pipeline-model-parallel-size {pp} > 1: checkpoints by stage are "
-                                  f"not implemented yet; drop {flag}, or run --pipeline-model-parallel-size 1")
 
     def validate(self) -> None:
         check_finite_numbers(self)
