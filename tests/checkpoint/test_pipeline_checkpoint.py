@@ -93,6 +93,7 @@ def test_save_at_pp2_resumes_at_pp1_and_pp4_and_exports_as_the_one_stage_checkpo
     from checkpoint.hf import checkpoint_to_hf_state
     from checkpoint.integrity import verify_or_raise
     from base.errors import CheckpointError
+    from scripts.reshard_checkpoint import reshard
     from scripts.zero_to_fp32 import export_fp32
 
     run_distributed(save_then_resume_at_other_stage_counts, 4, str(tmp_path), corpus_cache,
@@ -133,6 +134,11 @@ def test_save_at_pp2_resumes_at_pp1_and_pp4_and_exports_as_the_one_stage_checkpo
     assert all(torch.equal(exported[0][name], exported[1][name]) for name in exported[0])
     hf = [checkpoint_to_hf_state(path)[1] for path in (pp2, pp1)]
     assert hf[0].keys() == hf[1].keys() and all(torch.equal(hf[0][name], hf[1][name]) for name in hf[0])
+    # Another TP size is the offline rewrite, from a PP checkpoint too: a one-stage TP 2 checkpoint of the same state.
+    tp2 = reshard(pp2, tmp_path / "tp2", 2, log=lambda *a, **k: None)
+    assert read_metadata(tp2)["tensor_parallel_size"] == 2 and "pipeline_stages" not in read_metadata(tp2)
+    resharded = consolidate(tp2, keys)
+    assert all(torch.equal(resharded[key][name], one_stage[key][name]) for key in keys for name in one_stage[key])
 
     # A save is complete only with every stage's files: one missing last-stage file fails the verification.
     (pp2 / "model_pp001_tp00.safetensors").unlink()
