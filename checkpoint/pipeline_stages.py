@@ -3,12 +3,14 @@
 Every stage holds its layers under their global names (gpt/stage_layers.py), so a checkpoint is the union of
 the stages' parameter tables, and loading at another pipeline size is a lookup by name. One name is held by
 two stages: with a tied output layer the last stage keeps a second copy of the word embedding. It is stored
-once, by the first stage that holds it. Megatron-LM saves both copies (each stage writes its whole
-state_dict, megatron/training/checkpointing.py) and on load each stage reads its own; here a name must
-resolve to one set of elements, because a load at one stage (or the tools' consolidation) needs exactly one
-word embedding, and the two copies are equal by construction -- the embedding group sums their gradients
-(zero/pipeline_grads.py), so their master weights and Adam moments take the same steps. On load the last
-stage's copy is read from the first stage's files, by name.
+once, by the first stage that holds it, as Megatron-Core's distributed checkpoints do
+(megatron/core/models/common/language_module/language_module.py, tie_embeddings_and_output_weights_state_dict:
+the last stage's output_layer.weight is keyed as the first stage's embedding.word_embeddings.weight with
+replica_id (1, 0, dp), a replica that is never written, and is read back under that key). Megatron's legacy
+torch format saves both copies (the last stage's whole state_dict). Once is right here: a name must resolve to
+one set of elements, since a load at one stage (or the tools' consolidation) needs exactly one word embedding,
+and the two copies are equal by construction -- the embedding group sums their gradients
+(zero/pipeline_grads.py), so their master weights and Adam moments take the same steps.
 """
 
 from __future__ import annotations

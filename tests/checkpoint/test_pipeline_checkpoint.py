@@ -17,9 +17,10 @@ The real pair: Megatron-LM names a stage's files by (tensor, pipeline) rank only
 (megatron/training/checkpointing.py, get_checkpoint_name: `mp_rank_{tp:02d}` without pipeline parallelism,
 `mp_rank_{tp:02d}_{pp:03d}` with it); each stage saves its own layers, and Megatron-Core's dist-checkpointing
 (megatron/core/dist_checkpointing) resumes at another PP size by keying every tensor by its global name, which is
-what our fragment table's names are. Megatron keeps the tied word embedding on both the first and last stage; we
-store it once (checkpoint/pipeline_stages.py says why), so the last stage's copy is read from the first stage's
-files by name here.
+what our fragment table's names are. The tied word embedding's last-stage copy is stored once, under the first
+stage's name, as Megatron-Core's tie_embeddings_and_output_weights_state_dict does
+(megatron/core/models/common/language_module/language_module.py: the last stage's output_layer.weight keyed as
+embedding.word_embeddings.weight with replica_id (1, 0, dp), never written); it is read back by that name.
 """
 
 from __future__ import annotations
