@@ -151,3 +151,8 @@ def test_save_at_pp2_resumes_at_pp1_and_pp4_and_exports_as_the_one_stage_checkpo
     (pp2 / "model_pp001_tp00.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model_pp001_tp00"):
         verify_or_raise(pp2, metadata)
+    # The stage table is checked like the rest of metadata.json: a file name that leaves the checkpoint is corrupt.
+    metadata["pipeline_stages"][1]["files"].append("../elsewhere.safetensors")
+    (pp2 / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(CheckpointError, match="pipeline_stages"):
+        read_metadata(pp2)
