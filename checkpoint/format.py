@@ -11,6 +11,11 @@
         rng_tp00_dp000.safetensors    that rank's RNG states (Python, NumPy, torch CPU/CUDA, TP stream)
         tokenizer/                    the tokenizer the run trained with
 
+With pipeline stages each file name carries the stage (`model_pp001_tp00`, `optim_pp001_tp00_dp000`, ...),
+and metadata.json's `pipeline_stages` lists, per stage, the parameter names its files hold and the files
+(checkpoint/pipeline_stages.py). Parameters keep their global names, so the optimizer entries below are
+read by name whatever stage wrote them: `optimizer_shards` lists every stage's partitions.
+
 A partition is a flat tensor; its *fragment table* says which elements of which parameter each
 stretch holds: `[name, param_offset, partition_offset, numel]`, offsets into the parameter flattened
 at its TP-local shape. That table is all it takes to re-cut the optimizer state for another DP size
@@ -52,16 +57,22 @@ def iteration_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
 
-def model_file(tensor_parallel_rank: int) -> str:
-    return f"model_tp{tensor_parallel_rank:02d}.safetensors"
+def _stage_prefix(pipeline_rank: Optional[int]) -> str:
+    # Megatron's get_checkpoint_name adds the pipeline rank only when there are stages
+    # (mp_rank_{tp:02d} vs mp_rank_{tp:02d}_{pp:03d}): a one-stage checkpoint keeps its names.
+    return "" if pipeline_rank is None else f"pp{pipeline_rank:03d}_"
 
 
-def optimizer_file(tensor_parallel_rank: int, data_parallel_rank: int) -> str:
-    return f"optim_tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
+def model_file(tensor_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
+    return f"model_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}.safetensors"
 
 
-def rng_file(tensor_parallel_rank: int, data_parallel_rank: int) -> str:
-    return f"rng_tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
+def optimizer_file(tensor_parallel_rank: int, data_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
+    return f"optim_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
+
+
+def rng_file(tensor_parallel_rank: int, data_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
+    return f"rng_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
 
 
 # ---- durable writes ---------------------------------------------------------------------------

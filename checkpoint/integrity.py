@@ -112,6 +112,9 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Opt
     if name in model_files:
         dtype = SAFETENSORS_DTYPE_OF_PRECISION.get(metadata.get("precision", "fp32"), "F32")
         shapes = {param: local_shape(entry, tp_size) for param, entry in metadata["parameters"].items()}
+        for stage in metadata.get("pipeline_stages", []):  # a stage's model file holds that stage's names
+            if name in stage["files"]:
+                shapes = {param: shape for param, shape in shapes.items() if param in set(stage["parameters"])}
 
         def model(header: dict) -> Optional[str]:
             if set(header) != set(shapes):

@@ -57,6 +57,11 @@ def _model_entry(entry: Any) -> bool:  # [tp rank, file name]
     return isinstance(entry, list) and len(entry) == 2 and _is_int(entry[0]) and _is_plain_name(entry[1])
 
 
+def _pipeline_stage(entry: Any) -> bool:  # {parameters: [names], files: [file names]}
+    return (isinstance(entry, dict) and _list_of(lambda name: isinstance(name, str))(entry.get("parameters"))
+            and _list_of(_is_plain_name)(entry.get("files")))
+
+
 # Entry -> (what it must be, in words; the check). Entries every save writes come first.
 REQUIRED = {
     "iteration": ("a non-negative integer", _is_int),
@@ -79,6 +84,9 @@ OPTIONAL = {
                     lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("state", {}), dict))),
     "model_files": ("a list of [tp rank, file name]", _list_of(_model_entry)),
     "rng_files": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),
+    "pipeline_parallel_size": ("a positive integer", lambda v: _is_int(v, 1)),
+    "pipeline_stages": ("a list of {parameters: [names], files: [file names]}, one per stage",
+                        _list_of(_pipeline_stage)),
     "tokenizer": ("a directory name or null", lambda v: v is None or _is_plain_name(v)),
     "config": ("an object of config sections", lambda v: isinstance(v, dict)
                and all(isinstance(section, dict) for section in v.values())),
@@ -115,6 +123,7 @@ def listed_files(metadata: dict) -> list[str]:
     """Every file the checkpoint says it holds: the manifest and the per-rank lists."""
     names = set(metadata["files"])
     names.update(name for _, _, name in metadata["optimizer_shards"])
+    names.update(name for stage in metadata.get("pipeline_stages", []) for name in stage["files"])
     names.update(name for _, name in metadata.get("model_files", []))
     names.update(name for _, _, name in metadata.get("rng_files", []))
     return sorted(names)

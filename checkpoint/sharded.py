@@ -54,6 +54,7 @@ from checkpoint.format import (
 )
 from checkpoint.integrity import hash_files, verify_checkpoint
 from checkpoint.lineage import RunIdentity
+from checkpoint.pipeline_stages import gather_stage_tables, stored_names, whole_table
 from data.identity import data_identity
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -101,28 +102,36 @@ def _rng_tensors(rng: Optional[TensorParallelRNG]) -> tuple[dict[str, torch.Tens
                      "python": [version, list(python_state), gauss]}
 
 
+def _stage_rank(state: ParallelState) -> Optional[int]:
+    """The pipeline rank in this rank's file names; None without stages (the one-stage names)."""
+    return state.pipeline_parallel_rank if state.pipeline_parallel_size > 1 else None
+
+
 def _write_rank_files(staging: Path, model: nn.Module, optimizer: CheckpointableOptimizer,
                       shard: ShardedOptimizerState, rng: Optional[TensorParallelRNG], state: ParallelState,
-                      tokenizer) -> dict[str, int]:
+                      tokenizer, stored: set[str]) -> dict[str, int]:
     """This rank's files; returns {file name: bytes}. Stage 3 gathers each chunk for the model file,
-    which every DP rank of the TP group must take part in."""
-    tp, dp = state.tensor_parallel_rank, state.data_parallel_rank
+    which every DP rank of the TP group must take part in. Only the `stored` names are written (with
+    pipeline stages, the tied embedding's second copy is the first stage's to store)."""
+    tp, dp, pp = state.tensor_parallel_rank, state.data_parallel_rank, _stage_rank(state)
     written: dict[str, int] = {}
 
     weights = optimizer.model_state_dict(model, keep=dp == 0)
     if dp == 0:
-        written[model_file(tp)] = save_tensors(staging / model_file(tp), weights)
+        weights = {name: tensor for name, tensor in weights.items() if name in stored}
+        written[model_file(tp, pp)] = save_tensors(staging / model_file(tp, pp), weights)
     del weights
 
     if not shard.replicated or dp == 0:  # a replicated partition (stage 0) is written once
         tensors = {key: shard.tensors[key] for key in OPTIMIZER_KEYS}
-        # the format's fragment table: [name, param_offset, partition_offset, numel] per fragment
-        fragments = [list(fragment) for fragment in shard.fragments]
-        name = optimizer_file(tp, dp)
+        # the format's fragment table: [name, param_offset, partition_offset, numel] per fragment. A fragment
+        # left out (the tied copy) keeps its elements in the flat tensors, unnamed: no copy of the partition.
+        fragments = [list(fragment) for fragment in shard.fragments if fragment.name in stored]
+        name = optimizer_file(tp, dp, pp)
         written[name] = save_tensors(staging / name, tensors, {"fragments": fragments})
 
     rng_tensors, rng_metadata = _rng_tensors(rng)
-    written[rng_file(tp, dp)] = save_tensors(staging / rng_file(tp, dp), rng_tensors, rng_metadata)
+    written[rng_file(tp, dp, pp)] = save_tensors(staging / rng_file(tp, dp, pp), rng_tensors, rng_metadata)
 
     if state.is_first_rank and tokenizer is not None:
         tokenizer.save(str(staging / TOKENIZER_DIR))
@@ -145,6 +154,8 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
 
     shard = optimizer.sharded_state_dict(model)
     _raise_if_any_failed(state, non_finite_training_state(shard), iteration, staging)
+    stage_tables = gather_stage_tables(parameter_table(model, state.tensor_parallel_size), state)
+    stage_names = stored_names(stage_tables)
     error = None
     if state.is_first_rank:
         try:
@@ -157,11 +168,13 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
 
     written, hashes, error = {}, {}, None
     try:
-        written = _write_rank_files(staging, model, optimizer, shard, rng, state, tokenizer)
+        written = _write_rank_files(staging, model, optimizer, shard, rng, state, tokenizer,
+                                    set(stage_names[state.pipeline_parallel_rank]))
         hashes = hash_files(staging, written)  # each rank hashes its own files, still in the page cache
     except Exception as failure:  # noqa: BLE001 - disk full, permissions, safetensors' own errors: any
         # failure must reach the other ranks, which would otherwise wait for this one forever
         error = f"{type(failure).__name__}: {failure}"
+    # a save is complete only when every rank of every stage has its files in: one verdict over the world
     outcomes = state.comm.all_gather_object((error, written, hashes))
     _raise_if_any_failed(state, next((f"rank {rank}: {e}" for rank, (e, _, _) in enumerate(outcomes) if e), None),
                          iteration, staging)
@@ -169,7 +182,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
     error = None
     if state.is_first_rank:
         files = {name: size for _, rank_files, _ in outcomes for name, size in rank_files.items()}
-        metadata = _metadata(iteration, consumed_samples, model, shard, config, state, files, lr,
+        metadata = _metadata(iteration, consumed_samples, stage_tables, shard, config, state, files, lr,
                              tokenizer is not None)
         metadata.update(identity.fields() if identity is not None else {})
         metadata["file_hashes"] = {name: digest for _, _, rank_hashes in outcomes
@@ -229,11 +242,17 @@ def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: 
                               f"and 'latest' are untouched")
 
 
-def _metadata(iteration: int, consumed_samples: int, model: nn.Module, shard: ShardedOptimizerState, config,
+def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], shard: ShardedOptimizerState, config,
               state: ParallelState, files: dict[str, int], lr: Optional[float], has_tokenizer: bool) -> dict:
-    tp_size, dp_size = state.tensor_parallel_size, state.data_parallel_size
+    tp_size, dp_size, pp_size = state.tensor_parallel_size, state.data_parallel_size, state.pipeline_parallel_size
     optimizer_dp_ranks = range(1) if shard.replicated else range(dp_size)
-    return {
+    stages = [stage if pp_size > 1 else None for stage in range(pp_size)]
+    def stage_files(pp: Optional[int]) -> list[str]:
+        return ([model_file(tp, pp) for tp in range(tp_size)]
+                + [optimizer_file(tp, dp, pp) for tp in range(tp_size) for dp in optimizer_dp_ranks]
+                + [rng_file(tp, dp, pp) for tp in range(tp_size) for dp in range(dp_size)])
+
+    metadata = {
         "format_version": FORMAT_VERSION,
         "iteration": iteration,
         "consumed_samples": consumed_samples,
@@ -245,16 +264,24 @@ def _metadata(iteration: int, consumed_samples: int, model: nn.Module, shard: Sh
         "adam_step": shard.adam_step,
         "lr": lr,
         "loss_scaler": {"type": shard.loss_scaler_type, "state": shard.loss_scaler_state},
-        "parameters": parameter_table(model, tp_size),
-        "model_files": [[tp, model_file(tp)] for tp in range(tp_size)],
-        "optimizer_shards": [[tp, dp, optimizer_file(tp, dp)] for tp in range(tp_size) for dp in optimizer_dp_ranks],
-        "rng_files": [[tp, dp, rng_file(tp, dp)] for tp in range(tp_size) for dp in range(dp_size)],
+        "parameters": whole_table(stage_tables),
+        # every stage's files; pipeline_stages (below) says which stage wrote which
+        "model_files": [[tp, model_file(tp, pp)] for pp in stages for tp in range(tp_size)],
+        "optimizer_shards": [[tp, dp, optimizer_file(tp, dp, pp)] for pp in stages for tp in range(tp_size)
+                             for dp in optimizer_dp_ranks],
+        "rng_files": [[tp, dp, rng_file(tp, dp, pp)] for pp in stages for tp in range(tp_size) for dp in range(dp_size)],
         "tokenizer": TOKENIZER_DIR if has_tokenizer else None,
         "files": files,
         "config": config.to_dict(),
         # What --data-path reads, as content: a resume compares this, not the path as typed.
         "data_identity": data_identity(config.data.data_path),
     }
+    if pp_size > 1:
+        metadata["pipeline_parallel_size"] = pp_size
+        metadata["pipeline_stages"] = [
+            {"parameters": names, "files": stage_files(stage)}
+            for stage, names in enumerate(stored_names(stage_tables))]
+    return metadata
 
 
 def prune_checkpoints(save_dir: str | Path, keep_last: Optional[int], state: ParallelState, run_id: str) -> None:
@@ -266,15 +293,18 @@ def prune_checkpoints(save_dir: str | Path, keep_last: Optional[int], state: Par
 
 # ---- loading ----------------------------------------------------------------------------------
 
-def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, path: Path) -> None:
-    """The checkpoint must be of this model shape and (for now) this TP size."""
+def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, path: Path,
+                     table: Optional[dict] = None) -> None:
+    """The checkpoint must be of this model shape and (for now) this TP size. `table` is the whole
+    model's parameter table (with pipeline stages, the union of every stage's); this rank's model's
+    when not given. Any pipeline size loads: the names are the layers' global ones."""
     saved_tp = metadata["tensor_parallel_size"]
     if saved_tp != state.tensor_parallel_size:
         raise CheckpointError(
             f"{path} was saved with --tensor-model-parallel-size {saved_tp}, this run has "
             f"{state.tensor_parallel_size}; rewrite it first: python scripts/reshard_checkpoint.py {path} OUT "
             f"--tensor-model-parallel-size {state.tensor_parallel_size}")
-    saved, ours = metadata["parameters"], parameter_table(model, state.tensor_parallel_size)
+    saved, ours = metadata["parameters"], table or parameter_table(model, state.tensor_parallel_size)
     problems = [f"{name}: missing from the checkpoint" for name in ours if name not in saved]
     problems += [f"{name}: in the checkpoint but not in this model" for name in saved if name not in ours]
     problems += [f"{name}: checkpoint shape {saved[name]['shape']}, model shape {ours[name]['shape']}"
@@ -295,12 +325,15 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
     metadata = read_metadata(iteration_dir)
     if verify:
         verify_for_job(iteration_dir, metadata, state)
-    check_compatible(metadata, model, state, iteration_dir)
+    # Every rank checks the whole model (the union of the stages' tables), so they all agree on a mismatch.
+    table = whole_table(gather_stage_tables(parameter_table(model, state.tensor_parallel_size), state))
+    check_compatible(metadata, model, state, iteration_dir, table)
     if finetune:
         load_optimizer = load_rng = False
 
     # Staged on the side and handed over only once every element is in: a checkpoint found incomplete
-    # or corrupt midway leaves the optimizer as it was.
+    # or corrupt midway leaves the optimizer as it was. Each fragment is looked up by name in the saved
+    # partitions of this TP rank, whichever pipeline stage wrote them.
     shard = optimizer.sharded_state_dict(model)
     keys = OPTIMIZER_KEYS if load_optimizer else ("master",)
     staged = {key: torch.zeros(shard.tensors[key].shape, dtype=torch.float32) for key in keys}
@@ -344,8 +377,15 @@ def warn_non_finite(iteration_dir: Path, staged: dict[str, torch.Tensor], state:
 
 def _restore_rng(iteration_dir: Path, metadata: dict, rng: Optional[TensorParallelRNG], state: ParallelState) -> None:
     """This rank's RNG states. A run with another DP size takes DP rank 0's of its TP rank: the
-    streams do not depend on the DP rank (see parallel/random.py)."""
-    files = {(tp, dp): name for tp, dp, name in metadata.get("rng_files", [])}
+    streams do not depend on the DP rank (see parallel/random.py). With pipeline stages a rank takes
+    its own stage's, or at another pipeline size the first stage's (each stage drew its own dropout
+    masks; with dropout a resume at another size continues a stream, not the same masks)."""
+    entries = metadata.get("rng_files", [])
+    stages = metadata.get("pipeline_stages")
+    if stages:
+        stage = state.pipeline_parallel_rank if len(stages) == state.pipeline_parallel_size else 0
+        entries = [entry for entry in entries if entry[2] in set(stages[stage]["files"])]
+    files = {(tp, dp): name for tp, dp, name in entries}
     tp, dp = state.tensor_parallel_rank, state.data_parallel_rank
     name = files.get((tp, dp)) or files.get((tp, 0))
     if name is None:

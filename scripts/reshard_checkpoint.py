@@ -161,6 +161,8 @@ def resharded_metadata(metadata: dict, source: Path, table: dict, tensor_paralle
     """The source's metadata for the new grid: training state (iteration, consumed samples, Adam step,
     loss scaler, lr) unchanged, no RNG files."""
     result = copy.deepcopy(metadata)
+    for key in ("pipeline_parallel_size", "pipeline_stages"):  # written as one stage, loadable at any
+        result.pop(key, None)
     result.update(
         tensor_parallel_size=tensor_parallel_size,
         data_parallel_size=1,

@@ -53,15 +53,4 @@ def check_init_from_hf(config: PretrainConfig) -> None:
         check_convertible(config.model, "--init-from-hf")
 
 
-def check_pipeline_checkpoints(config: PretrainConfig) -> None:
-    """Checkpoints by pipeline stage do not exist yet: a save would hold one stage's layers under the
-    one-stage format, a load would fill a stage from it. Refused with the launch (not with --print-config,
-    which shows such a launch's settings)."""
-    stages = config.training.pipeline_model_parallel_size
-    for flag, value in (("--save", config.checkpoint.save), ("--load", config.checkpoint.load)):
-        if stages > 1 and value is not None:
-            raise ConfigError(f"{flag} with --pipeline-model-parallel-size {stages} > 1: checkpoints by stage are "
-                              f"not implemented yet; drop {flag}, or run --pipeline-model-parallel-size 1")
-
-
-LATE_CHECKS = (check_pipeline_checkpoints, check_load, check_vocabulary_flags, check_fp8_flag, check_init_from_hf)
+LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag, check_init_from_hf)

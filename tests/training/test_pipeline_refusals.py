@@ -18,8 +18,6 @@ STAGES = ["--num-layers", "4", "--pipeline-model-parallel-size", "2"]
     # github:deepspeedai/DeepSpeed: assert zero_optimization_stage() < ZeroStageEnum.gradients, "ZeRO-2 and
     # ZeRO-3 are incompatible with pipeline parallelism"); stage 2 runs here, stage 3 does not.
     (["--zero-stage", "3"], "--zero-stage 3 with --pipeline-model-parallel-size 2: ZeRO-3 is incompatible"),
-    (["--save", "ck"], "--save with --pipeline-model-parallel-size 2 > 1: checkpoints by stage are not implemented"),
-    (["--load", "ck"], "--load with --pipeline-model-parallel-size 2 > 1: checkpoints by stage are not implemented"),
     (["--num-layers", "3"], "--num-layers 3 is not divisible by --pipeline-model-parallel-size 2"),
 ])
 def test_refused_with_stages_in_one_line(flags, message):
