@@ -346,7 +346,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     for name, (value, source) in resolved.changes.items():
         settings[name], sources[name] = value, source
     scaler_warning = apply_json_loss_scaling(translation, settings, sources, typed)
-    clipping_warning = apply_json_clipping(translation, settings, sources, typed)
+    clipping_warning, clipping_note = apply_json_clipping(translation, settings, sources, typed, generation)
     not_read_warning, said = not_read.warning(lambda flags: _flag_values(parser, flags), settings, sources)
     problems += check_given_together(sources)
     use_sample_based_lengths(settings, sources)
@@ -376,7 +376,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     if translation is not None and translation.info_line(frozenset(said)):
         notes.append(translation.info_line(frozenset(said)))
     notes += layers.said_once(translation.source if translation is not None else "")
-    notes += [warning for warning in (scaler_warning, clipping_warning, not_read_warning) if warning]
+    notes += [line for line in (clipping_note, scaler_warning, clipping_warning, not_read_warning) if line]
     if config.checkpoint.save_interval and not config.checkpoint.save:
         notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
                      f"Megatron-LM, which saves only where --save names a folder")
