@@ -52,6 +52,7 @@ from arguments.deepspeed.loss_scale import apply_json_loss_scaling
 from arguments.deepspeed.precedence import INDEPENDENT, JSON_WINS, MUST_AGREE
 from arguments.deepspeed.translation import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 from arguments.flag_equivalents import unknown_flags_message
+from arguments.megatron.deepspeed_checkpointing_flags import drop_unswitched_checkpointing_flags
 from arguments.megatron.defaults import (
     equally_fitting_generations,
     is_megatron_launch,
@@ -314,7 +315,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     json_argv = translation.argv if translation is not None else []
     preset_path = resolve_preset(known.config)
     dests_given = set(values_set_by(parser, argv)) | _json_dests_kept(parser, translation, argv)
-    if is_megatron_launch("config" in options_typed(parser, argv), dests_given):
+    megatron_launch = is_megatron_launch("config" in options_typed(parser, argv), dests_given)
+    if megatron_launch:
         # Megatron's defaults, of the generation the flags belong to, sit where a preset would
         # (arguments/megatron/defaults.py)
         preset_argv = megatron_default_argv(parser, _settings(vars(parser.parse_args([]))), harvested()["flags"],
@@ -350,7 +352,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     for name, (value, source) in resolved.changes.items():
         settings[name], sources[name] = value, source
     scaler_warning = apply_json_loss_scaling(translation, settings, sources, typed)
-    clipping_warning = apply_json_clipping(translation, settings, sources, typed)
+    clipping_warning, clipping_note = apply_json_clipping(translation, settings, sources, typed, generation)
+    checkpointing_warning = drop_unswitched_checkpointing_flags(
+        settings, sources, typed.get, megatron_launch, bool(meanings["deepspeed"]),
+        bool(meanings["deepspeed_activation_checkpointing"]))
     not_read_warning, said = not_read.warning(lambda flags: _flag_values(parser, flags), settings, sources)
     problems += check_given_together(sources)
     use_sample_based_lengths(settings, sources)
@@ -380,7 +385,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     if translation is not None and translation.info_line(frozenset(said)):
         notes.append(translation.info_line(frozenset(said)))
     notes += layers.said_once(translation.source if translation is not None else "")
-    notes += [warning for warning in (scaler_warning, clipping_warning, not_read_warning) if warning]
+    notes += [line for line in (clipping_note, scaler_warning, clipping_warning, checkpointing_warning,
+                                not_read_warning) if line]
     if config.checkpoint.save_interval and not config.checkpoint.save:
         notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
                      f"Megatron-LM, which saves only where --save names a folder")

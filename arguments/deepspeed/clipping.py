@@ -6,6 +6,11 @@ with the JSON's gradient_clipping, DeepSpeed's default when the key is left out;
 means the JSON optimizer block's max_grad_norm is never read. So neither --clip-grad nor Megatron's
 default 1.0 fills the gap: DeepSpeed's default does, and a flag that asked for something else is named
 in one warning line (as arguments/deepspeed/loss_scale.py does for the scaler flags).
+
+DeepSpeed's default depends on the launch's generation, as the JSON's scheduler does
+(arguments/deepspeed/client_objects.py): it is 1.0 since DeepSpeed v0.19.3 and 0 (no clipping) before, and
+DeepSpeedExamples' 2020-22 Megatron-LM forks ran with the DeepSpeed of their time, so a fork launch whose JSON
+leaves gradient_clipping out did not clip, which the start-up line says.
 """
 
 from __future__ import annotations
@@ -13,40 +18,62 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from arguments.config_sources import FLAG, JSON, Source, show_value
+from arguments.deepspeed.client_objects import JSON_SCHEDULER_GENERATIONS
 from arguments.deepspeed.keys import precedence_of
 
-# DeepSpeed's GRADIENT_CLIPPING_DEFAULT (deepspeed/runtime/constants.py): 1.0 since v0.19.3 (PR #8068,
-# 2026-06-23), the generation requirements-bench.txt pins; 0.0 (no clipping) in every release before it.
+# DeepSpeed's GRADIENT_CLIPPING_DEFAULT (deepspeed/runtime/constants.py): 1.0 since v0.19.3 (commit 44216655,
+# PR #8068, 2026-06-23), the generation requirements-bench.txt pins; 0.0 (no clipping) in every release before it.
 DEEPSPEED_GRADIENT_CLIPPING_DEFAULT = 1.0
-DEEPSPEED_GRADIENT_CLIPPING_SINCE = "v0.19.3; 0 (no clipping) before"
+DEEPSPEED_GRADIENT_CLIPPING_SINCE = "v0.19.3"
+OLD_DEEPSPEED_GRADIENT_CLIPPING_DEFAULT = 0.0
+# The generations that ran with a DeepSpeed older than v0.19.3: DeepSpeedExamples' forks, whose last commit
+# (2022) predates even v0.14.5, the same pairing that keeps their JSON's scheduler.
+OLD_DEEPSPEED_GENERATIONS = JSON_SCHEDULER_GENERATIONS
+
+
+def deepspeed_gradient_clipping_default(generation: Optional[str]) -> tuple[float, str]:
+    """DeepSpeed's gradient_clipping default for a launch of `generation`, and what it is, for the lines."""
+    if generation in OLD_DEEPSPEED_GENERATIONS:
+        return OLD_DEEPSPEED_GRADIENT_CLIPPING_DEFAULT, (
+            f"the default 0 (no clipping) of the DeepSpeed {generation} ran with (before "
+            f"{DEEPSPEED_GRADIENT_CLIPPING_SINCE}; {show_value(DEEPSPEED_GRADIENT_CLIPPING_DEFAULT)} since)")
+    return DEEPSPEED_GRADIENT_CLIPPING_DEFAULT, (
+        f"DeepSpeed's default {show_value(DEEPSPEED_GRADIENT_CLIPPING_DEFAULT)} (since "
+        f"{DEEPSPEED_GRADIENT_CLIPPING_SINCE}; 0 (no clipping) before)")
 
 
 def apply_json_clipping(translation, settings: dict[str, Any], sources: dict[str, Source],
-                        typed: dict[str, str]) -> Optional[str]:
-    """Under a JSON, clip_grad is its gradient_clipping or DeepSpeed's default, whatever a flag, a preset or
-    Megatron's default said (the optimizer block's max_grad_norm has no effect: arguments/deepspeed/translation.py);
-    the warning line for a flag that loses, or None."""
+                        typed: dict[str, str], generation: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
+    """Under a JSON, clip_grad is its gradient_clipping or DeepSpeed's default for the launch's `generation`,
+    whatever a flag, a preset or Megatron's default said (the optimizer block's max_grad_norm has no effect:
+    arguments/deepspeed/translation.py). Returns (the warning line for a flag that loses, the start-up line
+    naming the older DeepSpeed's default where it is the one that runs), each None when there is none."""
     if translation is None:
-        return None
+        return None, None
     source = sources["clip_grad"]
     if (source.kind == JSON and source.origin.endswith(": gradient_clipping")
             or source.agrees_with.startswith("gradient_clipping ")):  # the JSON set it (a flag may agree)
-        return None
-    default = f"DeepSpeed's default {show_value(DEEPSPEED_GRADIENT_CLIPPING_DEFAULT)}"
-    if source.kind == FLAG and settings["clip_grad"] == DEEPSPEED_GRADIENT_CLIPPING_DEFAULT:
+        return None, None
+    value, default = deepspeed_gradient_clipping_default(generation)
+    note = None
+    if value != DEEPSPEED_GRADIENT_CLIPPING_DEFAULT:
+        note = (f"> {translation.source} sets no gradient_clipping: gradients are not clipped, {default}, as in "
+                f"that fork's real run (set gradient_clipping in the JSON to clip)")
+    if source.kind == FLAG and settings["clip_grad"] == value:
         # the flag asked for what runs: it stays the named source, beside what the JSON leaves to DeepSpeed
         sources["clip_grad"] = Source(FLAG, source.origin, note=source.note,
                                       agrees_with=f"{default} for gradient_clipping, left out of {translation.source}")
-        return None
+        return None, note
     lost = None
     if source.kind == FLAG:
         lost = f"{typed.get('clip_grad', '--clip-grad')} {show_value(settings['clip_grad'])}"
-    settings["clip_grad"] = DEEPSPEED_GRADIENT_CLIPPING_DEFAULT
-    sources["clip_grad"] = Source(JSON, f"{translation.source}: gradient_clipping",
-                                  note=f"left out: {default} (since {DEEPSPEED_GRADIENT_CLIPPING_SINCE})",
+    settings["clip_grad"] = value
+    sources["clip_grad"] = Source(JSON, f"{translation.source}: gradient_clipping", note=f"left out: {default}",
                                   overrides=f"{lost} on the command line not used" if lost else "")
     if lost is None:
-        return None
-    return (f"warning: {lost} not used: {translation.source} sets no gradient_clipping, so DeepSpeed clips at its "
-            f"default {show_value(DEEPSPEED_GRADIENT_CLIPPING_DEFAULT)} (set gradient_clipping in the JSON to "
-            f"change it), as in Megatron-DeepSpeed, {precedence_of('gradient_clipping').why}")
+        return None, note
+    # the warning says what the note would (no second line about the same key)
+    runs = f"clips at {default}" if value else f"does not clip, {default}"
+    return (f"warning: {lost} not used: {translation.source} sets no gradient_clipping, so DeepSpeed {runs} "
+            f"(set gradient_clipping in the JSON to change it), as in Megatron-DeepSpeed, "
+            f"{precedence_of('gradient_clipping').why}"), None

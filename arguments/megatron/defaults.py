@@ -47,16 +47,18 @@ OURS_STAND: dict[str, str] = {}
 SWITCHED_DEFAULTS: dict[str, str] = {
     "num_query_groups": "Megatron-LM reads its default (1) only under --group-query-attention"}
 # Settings whose default an older generation's file states but whose meaning there is not this setting's:
-# the newest default applies. Megatron-DeepSpeed's and its forks' ZeRO and activation-checkpointing flags
-# (--zero-stage 1.0, --partition-activations ...) are parsed and never read: DeepSpeed's JSON governs them
-# (arguments/deepspeed/precedence.py); the 2020 fork's --vocab-size 30522 sized a tokenizer it created,
-# where ours is NullTokenizer's vocabulary.
+# the newest default applies. Megatron-DeepSpeed's and its forks' ZeRO flags (--zero-stage 1.0 ...) are parsed
+# and never read: DeepSpeed's JSON governs them (arguments/deepspeed/precedence.py); their activation-checkpointing
+# flags (--partition-activations ...) are read only under --deepspeed-activation-checkpointing, off by default as
+# ours (arguments/megatron/deepspeed_checkpointing_flags.py); the 2020 fork's --vocab-size 30522 sized a tokenizer
+# it created, where ours is NullTokenizer's vocabulary.
 _ENGINE = "DeepSpeed's engine takes it from the JSON; the fork's flag is parsed and not read"
+_SWITCHED = "the fork's flag is read only under --deepspeed-activation-checkpointing"
 GENERATION_DEFAULT_NOT_TAKEN = {
     **{name: _ENGINE for name in ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
-                                  "reduce_scatter", "contiguous_gradients", "partition_activations",
-                                  "cpu_checkpointing", "contiguous_checkpointing", "checkpoint_num_layers",
-                                  "synchronize_checkpoint_boundary", "profile_checkpointing")},
+                                  "reduce_scatter", "contiguous_gradients", "checkpoint_num_layers")},
+    **{name: _SWITCHED for name in ("partition_activations", "cpu_checkpointing", "contiguous_checkpointing",
+                                    "synchronize_checkpoint_boundary", "profile_checkpointing")},
     "vocab_size": "the 2020 fork's --vocab-size sized the tokenizer it built; here it is NullTokenizer's",
 }
 _OPERATORS = {ast.Pow: operator.pow, ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub,

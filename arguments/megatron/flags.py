@@ -108,7 +108,9 @@ NO_EFFECT_FLAGS: dict[str, str] = {
     "lazy_loader": "the .bin/.idx data is always memory-mapped and read lazily",
     "cache_dir": "where DeepSpeed-Megatron cached downloaded tokenizer files; nothing is ever downloaded here",
     "deepspeed_activation_checkpointing": "--checkpoint-activations already uses ZeRO-R's checkpointing "
-                                          "(partitioned with --partition-activations)",
+                                          "(partitioned with --partition-activations); beside --deepspeed, "
+                                          "Megatron-DeepSpeed's --partition-activations, --checkpoint-in-cpu, "
+                                          "--contigious-checkpointing, --synchronize-each-layer count only with it",
     "no_masked_softmax_fusion": "SDPA computes the causal softmax; there is no separate masked-softmax kernel",
     "no_bias_gelu_fusion": "a kernel fusion switch: the bias and GeLU compute the same values either way",
     "no_bias_dropout_fusion": "a kernel fusion switch: the bias, dropout and residual add compute the same values",

@@ -371,9 +371,13 @@ def test_3d_parallelism_script_zero_stage_0_beside_the_jsons_stage_2_runs_stage_
     assert (batch.micro_batch_size, batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (2, 1, 2)
     assert config.training.log_interval == 100  # steps_per_print 1 is DeepSpeed's own
     warnings = warning_lines(parsed)
-    assert len(warnings) == 2 and f"zero_optimization.stage 2 in {ds} wins over --zero-stage 0, as in " \
+    assert len(warnings) == 3 and f"zero_optimization.stage 2 in {ds} wins over --zero-stage 0, as in " \
                                   f"Megatron-DeepSpeed, where DeepSpeed's engine runs the JSON's stage" in warnings[0]
-    assert f"1 value(s) in {ds} not read" in warnings[1] and "optimizer.params.betas" in warnings[1]
+    # chkp_opt without --deepspeed-activation-checkpointing: the fork never configures DeepSpeed's checkpointing
+    # (tests/arguments/test_deepspeed_checkpointing_flags.py)
+    assert warnings[1].startswith("warning: --partition-activations, --contigious-checkpointing, "
+                                  "--synchronize-each-layer set nothing")
+    assert f"1 value(s) in {ds} not read" in warnings[2] and "optimizer.params.betas" in warnings[2]
     assert f"# {ds}: zero_optimization.stage; wins over --zero-stage 0 on the command line" in \
         config_row(parsed, "stage")
 
