@@ -28,6 +28,7 @@ from arguments.megatron.defaults import (
 )
 from arguments.megatron.harvested_flags import harvested
 from arguments.parser import build_parser, parse_arguments
+from base.errors import ConfigError
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2"]
 
@@ -113,11 +114,17 @@ def test_a_warmup_fraction_launch_is_not_told_of_a_warmup_in_iterations():
 
 
 def _corpus_launches():
+    """The launches meant to train; one whose flags are still refused today (the replay corpus test's
+    FLAGS_REFUSED_TODAY) is a strict xfail, so the fix that lets it parse must drop it from that list."""
     from tests.replay_corpus import CORPUS
-    return [launch for launch in CORPUS if launch.refusal is None]
+    from tests.scripts.test_replay_corpus import FLAGS_REFUSED_TODAY
+    return [pytest.param(launch, id=launch.name, marks=[pytest.mark.xfail(
+                reason=FLAGS_REFUSED_TODAY[launch.name], raises=ConfigError, strict=True)]
+                if launch.name in FLAGS_REFUSED_TODAY else [])
+            for launch in CORPUS if launch.refusal is None]
 
 
-@pytest.mark.parametrize("launch", _corpus_launches(), ids=lambda launch: launch.name)
+@pytest.mark.parametrize("launch", _corpus_launches())
 def test_every_setting_a_corpus_launch_leaves_out_takes_megatrons_default(launch, tmp_path):
     """Issue 34, point 6 (last sentence), and the acceptance's "the differs-from-Megatron line is empty
     for every corpus launch"."""
