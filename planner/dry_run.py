@@ -331,8 +331,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # an upper bound, since the largest ones come at the end of backward when activations are freed).
     # In the step, after backward freed all of that: what the step allocates (the gradient partition,
     # or publishing's copies and gloo's copy of its largest gather; AdamW's fused kernel nothing).
-    passes = (result.stage3_live_chunk_bytes + meter.peak["device"] + result.p2p_held_bytes + logits + result.gradient_working_bytes
-              + result.parameter_gradient_bytes + copies["passes"] + result.offload_copy_bytes)
+    # With pipeline stages, the saved activations, the held sends and gloo's copy peak at different slots of the
+    # schedule: the simulation's peak of the three stands for their sum (planner/pipeline_plan.py).
+    working = meter.peak["device"] + copies["passes"] if pipeline is None else pipeline.pass_peak_bytes
+    passes = (result.stage3_live_chunk_bytes + working + logits + result.gradient_working_bytes
+              + result.parameter_gradient_bytes + result.offload_copy_bytes)
     result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)
     result.host_total_bytes = host_held["total"] + result.host_buffer_bytes + meter.peak["host"]
     result.ranks_per_node = cluster.ranks_per_node

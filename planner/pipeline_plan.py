@@ -41,7 +41,8 @@ class PipelineFigures:
     simulated_micro_batches: int  # M' (see the module docstring)
     peak_chunk_forwards_in_flight: int  # forwards whose backward has not run yet, at most
     p2p_message_bytes: int       # one activation or gradient [micro_batch, seq, hidden]
-    p2p_held_bytes: int          # sends held until the iteration ends, and the received gradient (at the peak)
+    p2p_held_bytes: int          # the sends held at the iteration's end (PipelineP2P.finish_sends)
+    pass_peak_bytes: int         # saved activations, held sends, a received gradient and gloo's copy, at their peak
     p2p_sent_bytes: int          # sent by this rank per iteration (activations forward, gradients back)
     bubble_fraction: float       # of the iteration's time, see bubble_fraction()
 
@@ -81,7 +82,8 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
     tokens = torch.zeros((micro, seq + 1), dtype=torch.long, device=META)
     outputs: dict[tuple[int, int], tuple[Optional[torch.Tensor], torch.Tensor]] = {}
-    sends = held_peak = 0
+    sends = forward_peak = 0
+    backward_points: list[tuple[int, bool]] = []  # (live bytes at a backward's start, whether it communicated)
     in_flight = in_flight_peak = 0
     no_sync_bytes: Optional[dict[str, dict[str, int]]] = None
 
@@ -106,9 +108,10 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
             sends += 0 if ends else 1
             in_flight += 1
             in_flight_peak = max(in_flight_peak, in_flight)
-            received_gradient = 0
+            forward_peak = max(forward_peak, monitor.meter.peak["device"] + sends * message)
         else:
             received, output = outputs.pop((slot.micro_batch, slot.chunk))
+            live = monitor.meter.live["device"] + sends * message + (0 if ends else message)
             before = state.comm.stats.snapshot()
             probe.phase = "backward"
             with contextlib.nullcontext() if index == last_backward else reducer.no_sync():
@@ -118,15 +121,13 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
                     else:
                         output.backward(torch.zeros_like(output))
             reducer.finish_grad_sync()
+            after = state.comm.stats.snapshot()
             if index != last_backward and no_sync_bytes is None:
-                after = state.comm.stats.snapshot()
                 no_sync_bytes = {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
                                  for group, kinds in after.items()}
+            backward_points.append((live, after != before))
             sends += 0 if starts else 1
             in_flight -= 1
-            received_gradient = 0 if ends else message
-        live = monitor.meter.live["device"] if monitor.meter is not None else 0
-        held_peak = max(held_peak, live + sends * message + received_gradient)
     # The micro-batches not simulated: each sends what a simulated one sends, and its backward under no_sync
     # sends what the first one did (stage 2 reduces every micro-batch).
     unsimulated = (micro_batches - simulated) * chunks
@@ -142,14 +143,19 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     optimizer.publish_parameters()
     loss_sum = torch.zeros((), device=META)
     state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")
-    saved_peak = monitor.meter.peak["device"] if monitor.meter is not None else 0
+    # A backward that reduces gradients (the last one at ZeRO 0-1, every one at ZeRO 2) holds gloo's copy of the
+    # collective on top of what was live when it began (an upper bound: its own activations go as it runs); the
+    # saved-activation peak of the steady state has no collective beside it at ZeRO 0-1.
+    pass_peak = max([forward_peak] + [live + (passes_copy if communicated else 0)
+                                      for live, communicated in backward_points])
     figures = PipelineFigures(
         pipeline_parallel_size=stages, pipeline_parallel_rank=stage, chunks=chunks, micro_batches=micro_batches,
         simulated_micro_batches=simulated, peak_chunk_forwards_in_flight=in_flight_peak,
         p2p_message_bytes=message,
-        # the sends of the unsimulated micro-batches are alive at the end too: an upper bound when the
-        # simulated peak came before the end
-        p2p_held_bytes=max(held_peak - saved_peak, 0) + extra_sends * message,
+        p2p_held_bytes=(sends + extra_sends) * message,
+        # the sends of the micro-batches not simulated are held too: an upper bound where the simulated peak
+        # came before the last of them
+        pass_peak_bytes=pass_peak + extra_sends * message,
         p2p_sent_bytes=(sends + extra_sends) * message,
         bubble_fraction=bubble_fraction(stages, micro_batches, chunks))
     return {"passes": passes_copy, "step": state.comm.take_largest_transport_copy()}, figures

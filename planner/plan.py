@@ -125,8 +125,9 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              ("  one block's saved tensors in forward", plan.block_saved_bytes["forward"]),
              ("  one block's saved tensors in backward (recompute)", plan.block_saved_bytes["backward"]),
              ("logits of one micro-batch (transient)", plan.logits_bytes),
-             *([("pipeline sends held until the iteration ends, and a received gradient", plan.p2p_held_bytes)]
-               if stages is not None else []),
+             *([("pipeline sends held until the iteration ends (all of them at its end)", plan.p2p_held_bytes),
+                ("  peak of saved activations, held sends and gloo's copy over the schedule",
+                 stages.pass_peak_bytes)] if stages is not None else []),
              ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes),
              ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes)]
     if any(plan.transport_copy_bytes.values()):
@@ -188,7 +189,11 @@ def format_stage_table(plans: list[RankPlan]) -> str:
                      f"{format_bytes(plan.p2p_held_bytes):>12} {format_bytes(plan.total_bytes):>12}"
                      + ("" if plan.fits_device is None else ("  fits" if plan.fits_device else "  does NOT fit")))
     worst = max(plans, key=lambda plan: plan.total_bytes)
-    lines.append(f"worst stage: {worst.pipeline.pipeline_parallel_rank} ({format_bytes(worst.total_bytes)})")
+    parts = {"model states": worst.model_state_bytes["total"], "saved for backward": worst.saved_activation_bytes["device"],
+             "pipeline sends held": worst.p2p_held_bytes}
+    largest = max(parts, key=parts.get)
+    lines.append(f"worst stage: {worst.pipeline.pipeline_parallel_rank} ({format_bytes(worst.total_bytes)}); its "
+                 f"largest part: {largest} ({format_bytes(parts[largest])})")
     return "\n".join(lines)
 
 
