@@ -369,8 +369,7 @@ def _parameter_gradient_bytes(model, param_bytes: int) -> int:
     largest = max((p.numel() for p in model.parameters()), default=0)
     tied = getattr(getattr(model, "word_embeddings", None), "weight", None)
     # both uses on one stage only: with pipeline stages the first holds the lookup, the last the output layer
-    if tied is not None and tied.numel() == largest and model.output_layer is None and \
-            model.stage.first and model.stage.last:
+    if tied is not None and tied.numel() == largest and model.stage.first and model.stage.last:
         largest *= 2
     return largest * param_bytes
 
