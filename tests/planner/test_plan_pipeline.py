@@ -98,3 +98,17 @@ def test_the_command_line_reports_every_stage_and_the_worst(capsys):
     assert "PP rank 0" in out and "PP 4 x TP 1 x DP 1" in out and "bubble 42.9% of the iteration" in out
     assert all(f"stage   {stage} rank     {stage}:" in out for stage in range(4))
     assert "worst stage: 0 (" in out
+
+
+def test_a_pipeline_launchs_dry_run_plans_its_stage(monkeypatch, capsys):
+    """pretrain_gpt.py --dry-run as rank 0 of a 4-process PP 2 launch: DP is 4 / (TP x PP) = 2, so 16 samples are
+    4 micro-batches of 2 (the launch's batch schedule used to divide the world by TP alone: DP 4, 2 micro-batches)."""
+    import pretrain_gpt
+
+    for name, value in {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    model = [word for word in MODEL if word not in ("--vocab-size", "512")]
+    assert pretrain_gpt.main([*model, "--tokenizer-vocab-size", "512", "--global-batch-size", "16",
+                              "--pipeline-model-parallel-size", "2", "--device", "cpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "PP rank 0" in out and "PP 2 x TP 1 x DP 2" in out and "1F1B, 4 micro-batches" in out
