@@ -13,7 +13,8 @@ compilation), the stage-3 gatherer and the loop's collectives all run as they wo
 - bytes per group and kind are the live `comm_bytes` of iteration 1, counted by the same code;
 - saved activations are measured by the live `SavedTensorMeter`;
 
-and what a meta device cannot know is listed, not guessed (`UNKNOWNS`).
+and what a meta device cannot know is listed, not guessed (`UNKNOWNS`). With pipeline stages the build gives
+the rank its stage's layers and the iteration is the rank's slots of the schedule (planner/pipeline_plan.py).
 
 Its cost is bounded. Every layer is a real module with its hooks and autograd graph (about 0.1 s and
 0.15 MB of host memory per layer and micro-batch on a laptop core), so a dry run plans at most
