@@ -37,8 +37,8 @@ from arguments.config import ConfigError, PretrainConfig
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
-from planner.pipeline_plan import PipelineFigures
 from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
+from planner.pipeline_plan import PipelineFigures
 from zero.memory import format_bytes
 
 GPT2_VOCAB = 50257

@@ -19,8 +19,8 @@ import pytest
 from arguments.parser import parse_config
 from planner import pipeline_plan
 from planner.dry_run import Cluster, dry_run
-from planner.plan import main as plan_main
 from planner.pipeline_plan import bubble_fraction
+from planner.plan import main as plan_main
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--vocab-size", "512",
