@@ -13,7 +13,8 @@ compilation), the stage-3 gatherer and the loop's collectives all run as they wo
 - bytes per group and kind are the live `comm_bytes` of iteration 1, counted by the same code;
 - saved activations are measured by the live `SavedTensorMeter`;
 
-and what a meta device cannot know is listed, not guessed (`UNKNOWNS`).
+and what a meta device cannot know is listed, not guessed (`UNKNOWNS`). With pipeline stages the build gives
+the rank its stage's layers and the iteration is the rank's slots of the schedule (planner/pipeline_plan.py).
 
 Its cost is bounded. Every layer is a real module with its hooks and autograd graph (about 0.1 s and
 0.15 MB of host memory per layer and micro-batch on a laptop core), so a dry run plans at most
@@ -40,6 +41,7 @@ from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
 from gpt.shape import model_shape
 from parallel.state import virtual_state
+from planner.pipeline_plan import PipelineFigures, run_pipeline_iteration
 from training.build import build
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
 from training.run_settings import RunSettings, resolve_run_settings
@@ -111,6 +113,11 @@ class RankPlan:
     host_budget_bytes: Optional[int] = None  # per node, shared by its ranks
     unknowns: list[str] = field(default_factory=lambda: list(UNKNOWNS))
     notes: list[str] = field(default_factory=list)
+    pipeline: Optional[PipelineFigures] = None  # with pipeline stages: the stage's schedule figures
+
+    @property
+    def p2p_held_bytes(self) -> int:
+        return self.pipeline.p2p_held_bytes if self.pipeline is not None else 0
 
     @property
     def host_node_bytes(self) -> int:
@@ -229,12 +236,7 @@ class _Progress:
 
 
 def check_plannable(config: PretrainConfig) -> None:
-    """Refuse a model deeper than a dry run plans (see the module docstring), and pipeline stages, which it
-    does not plan yet (a plan of the one-stage model would be a wrong answer)."""
-    stages = config.training.pipeline_model_parallel_size
-    if stages > 1:
-        raise ConfigError(f"--pipeline-model-parallel-size {stages}: the planner does not plan pipeline stages yet; "
-                          f"plan the run at --pipeline-model-parallel-size 1")
+    """Refuse a model deeper than a dry run plans (see the module docstring)."""
     if config.model.num_layers > MAX_PLAN_LAYERS:
         raise ConfigError(f"--num-layers {config.model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
                           f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.1 s and 0.15 MB per micro-batch, "
@@ -251,8 +253,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # On CPU a rank's process holds Python, torch and our modules before it builds anything; the
     # planner's own process has the same, so its RSS now stands in for that baseline.
     baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0
-    tp = config.training.tensor_model_parallel_size
-    state = virtual_state(cluster.world_size, tp, rank, META)
+    tp, pp = config.training.tensor_model_parallel_size, config.training.pipeline_model_parallel_size
+    try:
+        state = virtual_state(cluster.world_size, tp, rank, META, pipeline_parallel_size=pp)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)
     config = plan.config
     ticker = _Progress(progress, config.model.num_layers, plan.batch.final_accumulation_steps) if progress else None
@@ -262,9 +267,13 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
     probe = _BlockSavedProbe(model.blocks, monitor, ticker)
+    pipeline = None
     try:
         with _AttentionKernelOf(cluster.device_type):
-            copies = _one_iteration(model, zero, plan, state, monitor, probe)
+            if pp > 1:
+                copies, pipeline = run_pipeline_iteration(model, zero, plan, state, monitor, probe)
+            else:
+                copies = _one_iteration(model, zero, plan, state, monitor, probe)
     finally:
         probe.remove()
     if cluster.device_type != "cpu":
@@ -282,6 +291,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     micro, seq = config.training.micro_batch_size, config.model.seq_length
     # The logits' width on this rank, as the model's output layer has it (gpt/shape.py).
     local_vocab = model_shape(config.model, tp).output_matmul(plan.padded_vocab_size).out_features
+    if not model.stage.last:  # the logits and the loss are the last stage's
+        local_vocab = 0
     hidden_bytes = micro * seq * config.model.hidden_size * param_bytes
     logits = micro * seq * local_vocab * param_bytes
     result = RankPlan(
@@ -305,6 +316,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         gradient_working_bytes=logits + 4 * hidden_bytes,
         step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
         parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
+        pipeline=pipeline,
         process_baseline_bytes=baseline,
         comm_bytes=state.comm.stats.snapshot(),
         flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
@@ -320,8 +332,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # an upper bound, since the largest ones come at the end of backward when activations are freed).
     # In the step, after backward freed all of that: what the step allocates (the gradient partition,
     # or publishing's copies and gloo's copy of its largest gather; AdamW's fused kernel nothing).
-    passes = (result.stage3_live_chunk_bytes + meter.peak["device"] + logits + result.gradient_working_bytes
-              + result.parameter_gradient_bytes + copies["passes"] + result.offload_copy_bytes)
+    # With pipeline stages, the saved activations, the held sends and gloo's copy peak at different slots of the
+    # schedule: the simulation's peak of the three stands for their sum (planner/pipeline_plan.py).
+    working = meter.peak["device"] + copies["passes"] if pipeline is None else pipeline.pass_peak_bytes
+    passes = (result.stage3_live_chunk_bytes + working + logits + result.gradient_working_bytes
+              + result.parameter_gradient_bytes + result.offload_copy_bytes)
     result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)
     result.host_total_bytes = host_held["total"] + result.host_buffer_bytes + meter.peak["host"]
     result.ranks_per_node = cluster.ranks_per_node
@@ -355,7 +370,8 @@ def _parameter_gradient_bytes(model, param_bytes: int) -> int:
     the tied output layer) and is summed while both are alive."""
     largest = max((p.numel() for p in model.parameters()), default=0)
     tied = getattr(getattr(model, "word_embeddings", None), "weight", None)
-    if tied is not None and tied.numel() == largest:
+    # both uses on one stage only: with pipeline stages the first holds the lookup, the last the output layer
+    if tied is not None and tied.numel() == largest and model.stage.first and model.stage.last:
         largest *= 2
     return largest * param_bytes
 

@@ -18,6 +18,11 @@ hardware profile, configs/hardware/*.yaml):
                  behind backward up to DP_OVERLAP of their time (the last bucket of each backward
                  cannot), parameter all-gathers after the step do not (unless --overlap-param-gather)
     P_a+cpu      checkpoints to the host and back, 2 x the host bytes per micro-batch at PCIe speed
+    pipeline     with stages, compute is the rank's stage's (L / P layers, the logits on the last stage only);
+                 the bubble adds (P - 1) / vp micro-batches' forward and backward of the stage (Narayanan et
+                 al. 2021, section 2.2: (p - 1) / (v m) of the ideal time, equal stages assumed), and the
+                 point-to-point sends the dry run counted go at the link between neighbouring stages, on the
+                 critical path (the executor waits each receive before its slot runs)
 
 Three named constants (`Constants`), each from a calibration file (configs/hardware/calibrations/)
 that says what it was fitted to: GEMM_EFFICIENCY, ELEMENTWISE_PASSES and DP_OVERLAP. Everything else
@@ -140,7 +145,8 @@ def load_constants(name_or_path: str) -> Constants:
 class Prediction:
     """One rank's iteration, in seconds per term, and the throughput that follows."""
     iteration_s: float
-    terms: dict[str, float]              # compute, tp, dp_reduce_exposed, dp_gather_exposed, optimizer, offload
+    terms: dict[str, float]              # compute, tp, dp_reduce_exposed, dp_gather_exposed, optimizer, offload,
+                                         # and with pipeline stages pipeline_bubble, pipeline_p2p
     model_tflops_per_gpu: float          # Megatron's FLOPs without recompute, per GPU per second
     hardware_tflops_per_gpu: float       # with recompute when checkpointing: what the GPU executes
     tp_crosses_nodes: bool
@@ -215,11 +221,16 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     recompute = activations.checkpoint_activations
 
     # Compute of one micro-batch: forward, backward (2x forward's products) and the recompute.
-    blocks, logits = forward_gemms(config, run.padded_vocab_size, tp)
+    stages = plan.pipeline
+    pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
+    layers = model.num_layers // pp  # this rank's stage (Megatron's split is even)
+    blocks, logits = forward_gemms(dataclasses.replace(config, model=dataclasses.replace(model, num_layers=layers)),
+                                   run.padded_vocab_size, tp)
+    holds_logits = stages is None or stages.pipeline_parallel_rank == pp - 1
     block_s, logits_s = (gemm_seconds(blocks, element, hardware, constants),
-                         gemm_seconds([logits], element, hardware, constants))
+                         gemm_seconds([logits], element, hardware, constants) if holds_logits else 0.0)
     tokens_hidden = config.training.micro_batch_size * model.seq_length * model.hidden_size
-    elementwise_pass_s = (constants.elementwise_passes * tokens_hidden * element * model.num_layers
+    elementwise_pass_s = (constants.elementwise_passes * tokens_hidden * element * layers
                           / hardware.hbm_bandwidth)
     loss_s = LOSS_SOFTMAX_PASSES * plan.loss_softmax_bytes / hardware.hbm_bandwidth
     forward_s = block_s + logits_s + elementwise_pass_s + loss_s / LOSS_SOFTMAX_PASSES
@@ -260,8 +271,17 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     # P_a+cpu: each micro-batch's checkpoints go to the host in forward and come back for the recompute.
     offload_s = micro_batches * 2 * plan.checkpoint_bytes["host"] / hardware.host_bandwidth
 
+    # Pipeline stages: neighbours are TP x DP ranks apart, so they share a node only while that fits in one.
+    bubble_s = (pp - 1) / chunks * (forward_s + backward_s)
+    p2p_s = 0.0
+    if stages is not None and stages.p2p_sent_bytes:
+        p2p_crosses = tp * dp >= hardware.gpus_per_node
+        p2p_s, _ = _collective_seconds(stages.p2p_sent_bytes, stages.p2p_message_bytes, p2p_crosses, hardware)
+
     terms = {"compute": compute_s, "tp": tp_s, "dp_reduce_exposed": reduce_exposed,
              "dp_gather_exposed": gather_exposed, "optimizer": optimizer_s, "offload": offload_s}
+    if stages is not None:
+        terms.update(pipeline_bubble=bubble_s, pipeline_p2p=p2p_s)
     iteration_s = sum(terms.values())
     model_flops = flops_per_iteration(model, run.batch.global_batch_size, activation_recompute=False,
                                       padded_vocab_size=run.padded_vocab_size)

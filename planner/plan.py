@@ -38,6 +38,7 @@ from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
+from planner.pipeline_plan import PipelineFigures
 from zero.memory import format_bytes
 
 GPT2_VOCAB = 50257
@@ -91,9 +92,12 @@ def planning_vocab(config: PretrainConfig) -> tuple[int, str]:
 def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str) -> str:
     training, activations = config.training, config.activations
     devices = "GPUs" if cluster.device_type == "cuda" else "processes"
-    lines = [f"dry run of rank {plan.rank} (TP rank {plan.tensor_parallel_rank}, DP rank {plan.data_parallel_rank}) "
-             f"of {cluster.world_size} {devices}, {cluster.gpus_per_node} per node: TP {plan.tensor_parallel_size} "
-             f"x DP {plan.data_parallel_size}",
+    stages = plan.pipeline
+    where = f"PP rank {stages.pipeline_parallel_rank}, " if stages is not None else ""
+    grid = f"PP {stages.pipeline_parallel_size} x " if stages is not None else ""
+    lines = [f"dry run of rank {plan.rank} ({where}TP rank {plan.tensor_parallel_rank}, DP rank "
+             f"{plan.data_parallel_rank}) of {cluster.world_size} {devices}, {cluster.gpus_per_node} per node: "
+             f"{grid}TP {plan.tensor_parallel_size} x DP {plan.data_parallel_size}",
              f"model: {_count(plan.parameters_total)} parameters ({config.model.num_layers} layers, hidden "
              f"{config.model.hidden_size}, {config.model.num_attention_heads} heads, sequence "
              f"{config.model.seq_length}; vocabulary from {vocab_source}); this rank's TP shard "
@@ -121,6 +125,9 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              ("  one block's saved tensors in forward", plan.block_saved_bytes["forward"]),
              ("  one block's saved tensors in backward (recompute)", plan.block_saved_bytes["backward"]),
              ("logits of one micro-batch (transient)", plan.logits_bytes),
+             *([("pipeline sends held until the iteration ends (all of them at its end)", plan.p2p_held_bytes),
+                ("  peak of saved activations, held sends and gloo's copy over the schedule",
+                 stages.pass_peak_bytes)] if stages is not None else []),
              ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes),
              ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes)]
     if any(plan.transport_copy_bytes.values()):
@@ -144,10 +151,49 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     for group, kinds in plan.comm_bytes.items():
         sent = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in kinds.items() if n)
         lines.append(f"  {group}: {sent or 'nothing'}")
+    if stages is not None:
+        lines += _pipeline_lines(stages)
     lines += [f"FLOPs per iteration: {plan.flops_per_iteration:.3e} (model FLOPs"
               + (" with recompute" if activations.checkpoint_activations else "") + f"), {plan.flops_per_gpu:.3e} per GPU",
               "", "not known to a dry run (leave headroom for them):"]
     lines += [f"  - {unknown}" for unknown in plan.unknowns] + [f"note: {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def _pipeline_lines(stages: PipelineFigures) -> list[str]:
+    schedule = f"interleaved 1F1B, {stages.chunks} model chunks a stage" if stages.chunks > 1 else "1F1B"
+    return [f"  pp (point-to-point): {format_bytes(stages.p2p_sent_bytes)} (messages of "
+            f"{format_bytes(stages.p2p_message_bytes)}: activations forward, gradients back)",
+            f"pipeline: {schedule}, {stages.micro_batches} micro-batches; at most "
+            f"{stages.peak_chunk_forwards_in_flight} chunk forwards await their backward on this stage "
+            f"(planned from {stages.simulated_micro_batches} micro-batches, the rest's sends added); bubble "
+            f"{stages.bubble_fraction:.1%} of the iteration ((P-1)/(vp*M+P-1), Narayanan et al. 2021)"]
+
+
+def stage_plans(config: PretrainConfig, cluster: Cluster, vocab: int, rank: int,
+                progress=None) -> list[RankPlan]:
+    """With pipeline stages, every stage's rank at `rank`'s (DP, TP) coordinates, planned: the stages hold
+    different layers and activations, so the worst stage decides whether the run fits."""
+    per_stage = cluster.world_size // config.training.pipeline_model_parallel_size
+    return [dry_run(config, cluster, vocab, stage * per_stage + rank % per_stage, progress=progress)
+            for stage in range(config.training.pipeline_model_parallel_size)]
+
+
+def format_stage_table(plans: list[RankPlan]) -> str:
+    """One line per stage and the worst."""
+    lines = ["per stage (same DP and TP rank): rank, layers' model states, saved for backward, pipeline sends "
+             "held, total"]
+    for plan in plans:
+        lines.append(f"  stage {plan.pipeline.pipeline_parallel_rank:>3} rank {plan.rank:>5}: "
+                     f"{format_bytes(plan.model_state_bytes['total']):>12} {format_bytes(plan.saved_activation_bytes['device']):>12} "
+                     f"{format_bytes(plan.p2p_held_bytes):>12} {format_bytes(plan.total_bytes):>12}"
+                     + ("" if plan.fits_device is None else ("  fits" if plan.fits_device else "  does NOT fit")))
+    worst = max(plans, key=lambda plan: plan.total_bytes)
+    parts = {"model states": worst.model_state_bytes["total"], "saved for backward": worst.saved_activation_bytes["device"],
+             "pipeline sends held": worst.p2p_held_bytes}
+    largest = max(parts, key=parts.get)
+    lines.append(f"worst stage: {worst.pipeline.pipeline_parallel_rank} ({format_bytes(worst.total_bytes)}); its "
+                 f"largest part: {largest} ({format_bytes(parts[largest])})")
     return "\n".join(lines)
 
 
@@ -351,8 +397,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
     vocab, source = planning_vocab(config)
     if command == "dry-run":
-        plan = dry_run(config, cluster, vocab, planner.rank, progress=stderr_line)
-        print(json.dumps(plan.to_json()) if planner.json else format_plan(plan, cluster, config, source))
+        stages = stage_plans(config, cluster, vocab, planner.rank, stderr_line) \
+            if config.training.pipeline_model_parallel_size > 1 else []
+        plan = next((stage for stage in stages if stage.rank == planner.rank), None) or \
+            dry_run(config, cluster, vocab, planner.rank, progress=stderr_line)
+        if planner.json:
+            print(json.dumps({**plan.to_json(), **({"stages": [stage.to_json() for stage in stages]} if stages else {})}))
+        else:
+            print(format_plan(plan, cluster, config, source) + ("\n\n" + format_stage_table(stages) if stages else ""))
         return 0
     results, binds = {}, {}
     for name, configuration in CONFIGURATIONS.items():

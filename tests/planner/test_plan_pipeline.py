@@ -1,0 +1,114 @@
+"""The planner plans pipeline stages (issue 38, point 5): one rank of a PP x DP x TP grid, its stage's own layers,
+its schedule's saved activations, the sends the executor holds, the bubble and the point-to-point bytes.
+
+Before, `dry_run` refused --pipeline-model-parallel-size > 1 in one line (planner/dry_run.py's check_plannable).
+
+The schedule's in-flight counts are Megatron-Core's (github:NVIDIA/Megatron-LM,
+megatron/core/pipeline_parallel/schedules.py): `forward_backward_pipelining_without_interleaving` runs
+`num_warmup_microbatches = min(pipeline_parallel_size - pipeline_parallel_rank - 1, num_microbatches)` forwards
+before its first backward, so stage s holds min(P - s, M) micro-batches' activations at once;
+`forward_backward_pipelining_with_interleaving` runs `(pipeline_parallel_size - pipeline_parallel_rank - 1) * 2
++ (num_model_chunks - 1) * pipeline_parallel_size` warm-up forwards (all of them when M == P). The bubble is
+Narayanan et al. 2021 (section 2.2): (p - 1) / (v m) of the ideal time, so (p - 1) / (v m + p - 1) of the whole.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from arguments.parser import parse_config
+from planner import pipeline_plan
+from planner.dry_run import Cluster, dry_run
+from planner.pipeline_plan import bubble_fraction
+from planner.plan import main as plan_main
+
+MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--vocab-size", "512",
+         "--hidden-dropout", "0", "--attention-dropout", "0"]
+VOCAB = 512
+MESSAGE = 2 * 32 * 64 * 4  # [micro batch, seq, hidden] fp32
+
+
+def plan(rank: int, *flags: str, world: int = 4):
+    config = parse_config([*MODEL, *flags])
+    return dry_run(config, Cluster(world, world, None, "cuda"), VOCAB, rank)
+
+
+def test_each_stage_plans_its_own_layers_and_its_schedules_activations():
+    # PP 2 x DP 2, 1F1B, M = 16 / (2 x 2) = 4 micro-batches; ranks 0, 1 are stage 0, ranks 2, 3 stage 1
+    flags = ("--pipeline-model-parallel-size", "2", "--global-batch-size", "16", "--zero-stage", "1")
+    first, last, whole = plan(0, *flags), plan(2, *flags), plan(0, "--global-batch-size", "16", "--zero-stage", "1")
+    assert (first.pipeline.pipeline_parallel_rank, last.pipeline.pipeline_parallel_rank) == (0, 1)
+    assert first.pipeline.micro_batches == last.pipeline.micro_batches == 4
+    # min(P - s, M) forwards await their backward: the first stage keeps two micro-batches, the last one
+    assert (first.pipeline.peak_chunk_forwards_in_flight, last.pipeline.peak_chunk_forwards_in_flight) == (2, 1)
+    # the stages split the model: 2 blocks each, the embedding on the first, the final norm and the tied copy of
+    # the word embedding on the last; so together they hold the one-stage model plus that copy
+    word_embedding = 512 * 64
+    assert first.parameters_local + last.parameters_local == whole.parameters_local + word_embedding
+    assert first.parameters_local - word_embedding - 32 * 64 == last.parameters_local - word_embedding - 2 * 64
+    # half the blocks, but twice the micro-batches in flight: the first stage saves what the one-stage model does
+    # per micro-batch, the last half of it (plus its loss)
+    assert first.saved_activation_bytes["device"] > last.saved_activation_bytes["device"]
+    # only the last stage has logits and a loss
+    assert first.logits_bytes == 0 and last.logits_bytes == whole.logits_bytes > 0
+    # each stage sends one message per micro-batch: activations forward from the first, gradients back from the last,
+    # all held until the iteration ends (PipelineP2P.finish_sends)
+    assert first.pipeline.p2p_sent_bytes == last.pipeline.p2p_sent_bytes == 4 * MESSAGE
+    assert first.pipeline.p2p_held_bytes >= 4 * MESSAGE
+    assert first.pipeline.bubble_fraction == pytest.approx(1 / 5)
+
+
+def test_interleaving_holds_megatrons_warmup_forwards():
+    # PP 2 x DP 1 at world 2, 4 layers in chunks of 1 layer: vp = 2; M = 8 micro-batches (a multiple of P)
+    flags = ("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+             "--global-batch-size", "16")
+    first, last = plan(0, *flags, world=2), plan(1, *flags, world=2)
+    stages, chunks = 2, 2
+    for stage, planned in ((0, first), (1, last)):
+        warmup = (stages - stage - 1) * 2 + (chunks - 1) * stages
+        assert planned.pipeline.chunks == chunks
+        assert planned.pipeline.peak_chunk_forwards_in_flight == warmup + 1
+        # every chunk-forward but the model's last sends an activation, every chunk-backward but the first's a gradient
+        assert planned.pipeline.p2p_sent_bytes == (2 * 8 * chunks - 8) * MESSAGE
+        assert planned.pipeline.bubble_fraction == pytest.approx(bubble_fraction(2, 8, 2)) == pytest.approx(1 / 17)
+
+
+@pytest.mark.parametrize("flags", [("--global-batch-size", "32"),
+                                   ("--global-batch-size", "32", "--num-layers-per-virtual-pipeline-stage", "1")])
+def test_planning_fewer_micro_batches_gives_the_full_schedules_plan(monkeypatch, flags):
+    """M' micro-batches reach the steady state: the plan of the first stage equals the one that runs all M."""
+    flags = ("--pipeline-model-parallel-size", "2", "--zero-stage", "2", *flags)
+    truncated = plan(0, *flags, world=2)
+    assert truncated.pipeline.simulated_micro_batches < truncated.pipeline.micro_batches == 16
+    monkeypatch.setattr(pipeline_plan, "simulated_micro_batches", lambda micro_batches, *_: micro_batches)
+    full = plan(0, *flags, world=2)
+    assert full.pipeline.simulated_micro_batches == 16
+    assert truncated.total_bytes == full.total_bytes
+    assert truncated.saved_activation_bytes == full.saved_activation_bytes
+    assert truncated.pipeline == full.pipeline.__class__(**{**full.pipeline.__dict__,
+                                                            "simulated_micro_batches": truncated.pipeline.simulated_micro_batches})
+    assert truncated.comm_bytes == full.comm_bytes  # stage 2 reduces every micro-batch: added for the rest
+
+
+def test_the_command_line_reports_every_stage_and_the_worst(capsys):
+    assert plan_main(["dry-run", *MODEL, "--world-size", "4", "--gpu-memory", "1GB", "--global-batch-size", "8",
+                      "--pipeline-model-parallel-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "PP rank 0" in out and "PP 4 x TP 1 x DP 1" in out and "bubble 42.9% of the iteration" in out
+    assert all(f"stage   {stage} rank     {stage}:" in out for stage in range(4))
+    assert "worst stage: 0 (" in out
+
+
+def test_a_pipeline_launchs_dry_run_plans_its_stage(monkeypatch, capsys):
+    """pretrain_gpt.py --dry-run as rank 0 of a 4-process PP 2 launch: DP is 4 / (TP x PP) = 2, so 16 samples are
+    4 micro-batches of 2 (the launch's batch schedule used to divide the world by TP alone: DP 4, 2 micro-batches)."""
+    import pretrain_gpt
+
+    for name, value in {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    model = [word for word in MODEL if word not in ("--vocab-size", "512")]
+    assert pretrain_gpt.main([*model, "--tokenizer-vocab-size", "512", "--global-batch-size", "16",
+                              "--pipeline-model-parallel-size", "2", "--device", "cpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "PP rank 0" in out and "PP 2 x TP 1 x DP 2" in out and "1F1B, 4 micro-batches" in out

@@ -1,0 +1,54 @@
+"""Issue 38's acceptance: the planner's per-stage peak against the live run's measured peak, 0.9-1.1 on every rank
+of a PP 2 x DP 2 CPU run (4 gloo ranks). The live run prints one line after its first iteration (training/
+memory_report.py's FirstIterationMemory, training/metrics.py's MemoryCheck): this rank's planned peak (a dry run of
+its own rank, planner/launch.py) and, over every rank, the measured peak RSS growth since before the build divided
+by that rank's prediction. Before the planner planned stages, the dry run refused PP > 1 and the line had no
+prediction at all.
+
+The model (8 x 256, sequence 128, micro batch 2: about 100 MiB planned a rank, above MemoryCheck's
+RATIO_FROM_BYTES, where the CPU's fixed few MiB of first-iteration cost would dominate a ratio) keeps the
+activations' blocks ([2, 128, 256] fp32, 256 KiB) at the malloc threshold the run sets (zero/host_memory.py: the
+smallest weight matrix, 256 x 256 fp32), so freed activations go back to the system and the peak RSS follows what
+is live. With smaller blocks glibc's heap keeps them: measured on 8 x 384 at sequence 64, the last stage's RSS
+after its forward and backward stayed 30 MiB above its model states until malloc_trim(0) returned them, and its
+ratio read 1.05-1.11 (the planner lists the allocator's slack as unknown to it). The measurement covers a whole
+iteration of four micro-batches through the 1F1B schedule and the optimizer step, not only the build. Measured
+here: stage 0 1.06, stage 1 0.93 (the planner's gloo copy at the last backward is on top of that backward's
+whole activations: an upper bound).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from tests.distributed import run_distributed
+
+LIVE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
+        "--max-position-embeddings", "128", "--micro-batch-size", "2", "--global-batch-size", "16",
+        "--train-iters", "2", "--seed", "1", "--log-interval", "1", "--eval-iters", "0",
+        "--tokenizer-vocab-size", "512", "--device", "cpu", "--pipeline-model-parallel-size", "2",
+        "--zero-stage", "1"]
+
+
+def launch_rank(rank, world_size, argv):
+    import pretrain_gpt
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert pretrain_gpt.main(argv) == 0
+    return out.getvalue()
+
+
+@pytest.mark.slow
+def test_the_planned_stage_peak_matches_every_ranks_measured_peak(corpus_cache):
+    outputs = run_distributed(launch_rank, 4, [*LIVE, "--data-cache-dir", corpus_cache], timeout=600)
+    line = next(line for line in outputs[0].splitlines() if "memory after iteration 1" in line)
+    ratios = re.search(r"over all 4 ranks measured .*?, measured/predicted (\d+\.\d+)-(\d+\.\d+)", line)
+    assert ratios, line  # a prediction for each of the 4 ranks, and a ratio (not a difference in MiB)
+    low, high = map(float, ratios.groups())
+    print(line)
+    assert 0.9 <= low <= high <= 1.1, line
