@@ -1,11 +1,18 @@
-"""Point-to-point between pipeline stages: sends that never wait, receives that are waited before use.
+"""Point-to-point between pipeline stages: a send completes at a later receive of its rank, a receive is
+waited before use.
 
-Megatron-Core's p2p_communication.py batches its isend/irecv with torch.distributed.batch_isend_irecv; here
-a send is posted at once and only completed at the end of the iteration (`finish_sends`), and a receive is
-waited where its tensor is needed. With sends that never block, any schedule that is valid as a data flow
-(parallel/pipeline_schedules.py's test simulates each) cannot deadlock. The shapes are known on both sides
-([micro-batch, sequence, hidden]), so no shape is exchanged. Activations and gradients travel with
-different tags: with interleaving, one pair of ranks carries both, in orders that differ.
+Megatron-Core's p2p_communication.py batches a slot's sends with the next receive (send_forward_recv_backward,
+send_backward_recv_forward; interleaved, it also posts the next slot's receive early) and waits them together, so
+a rank holds no send for long. Here a send is posted at once, tagged with its slot; a receive posts its irecv
+first, then waits for the sends of every slot before the previous one (`SEND_LAG`), then for itself; the sends
+left complete at the end of the iteration (`finish_sends`). Posting the receive before waiting lets two
+neighbours that send to each other both complete; leaving the previous slot's sends open is what interleaved
+1F1B needs (a neighbour posts their receives one slot later there). tests/parallel/test_pipeline_schedules.py
+simulates this rule (a send completes only once its receive is posted) on every schedule up to 8 stages x 4
+chunks: none deadlocks, and the sends held at once stay at most P + 1 (they grew with the micro-batches when all
+were held to the iteration's end: 144 GiB a GPU at Megatron's GPT-3 175B). The shapes are known on both sides
+([micro-batch, sequence, hidden]), so no shape is exchanged. Activations and gradients travel with different
+tags: with interleaving, one pair of ranks carries both, in orders that differ.
 """
 
 from __future__ import annotations
@@ -18,24 +25,43 @@ import torch.distributed as dist
 ACTIVATION, GRADIENT = 1, 2  # message tags
 
 
+SEND_LAG = 2  # a receive at slot k completes the sends of slots <= k - SEND_LAG
+
+
 class PipelineP2P:
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._sends: list = []  # the works of posted sends, and the tensors they must keep alive
+        self.slot = 0  # the schedule's slot now running (start_slot); sends are tagged with it
+        self._sends: list = []  # (slot, the works of a posted send, the tensor it must keep alive)
+
+    def start_slot(self) -> None:
+        self.slot += 1
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
         tensor = tensor.detach().contiguous()
         works = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer, tag=tag)])
-        self._sends.append((works, tensor))
+        self._sends.append((self.slot, works, tensor))
 
     def receive(self, shape: Sequence[int], dtype: torch.dtype, peer: int, tag: int) -> torch.Tensor:
         tensor = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, peer, tag=tag)]):
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, peer, tag=tag)])
+        self._complete_sends(up_to_slot=self.slot - SEND_LAG)  # with the receive posted (see the docstring)
+        for work in works:
             work.wait()
         return tensor
 
+    @property
+    def held_sends(self) -> int:
+        """Sends posted and not yet completed (each keeps its tensor alive)."""
+        return len(self._sends)
+
     def finish_sends(self) -> None:
-        for works, _ in self._sends:
-            for work in works:
-                work.wait()
-        self._sends.clear()
+        self._complete_sends(up_to_slot=self.slot)
+        self.slot = 0
+
+    def _complete_sends(self, up_to_slot: int) -> None:
+        for slot, works, _ in self._sends:
+            if slot <= up_to_slot:
+                for work in works:
+                    work.wait()
+        self._sends = [send for send in self._sends if send[0] > up_to_slot]

@@ -7,10 +7,11 @@ what autograd saves is measured, not modelled: a forward's saved tensors stay un
 keeps min(P - s, M) micro-batches' activations on stage s (the first stage most) and interleaving keeps
 Megatron's warm-up count (P - s - 1) x 2 + (vp - 1) x P + 1 chunk-forwards of L / (P x vp) layers.
 
-What the executor adds on top, counted here: PipelineP2P posts every send at once and completes them all at the
-end of the iteration (`finish_sends`), so each sent activation [micro_batch, seq, hidden] (every forward that does
-not end the model) and each sent input gradient (every backward that does not start it) stays alive until then;
-and the gradient received for a backward is alive while it runs.
+What the executor adds on top, counted here: PipelineP2P posts every send at once and completes it at a receive
+of its rank SEND_LAG slots later (parallel/p2p.py), so each sent activation [micro_batch, seq, hidden] (every
+forward that does not end the model) and each sent input gradient (every backward that does not start it) stays
+alive until then, replayed here with the same rule; and the gradient received for a backward is alive while it
+runs.
 
 A plan must not cost M forward and backward passes of a stage when M is in the thousands (Megatron's GPT-3 175B
 at DP 1 runs 1536), so it simulates M' = the fewest micro-batches that reach the schedule's steady state (after
@@ -26,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from parallel.p2p import SEND_LAG
 from parallel.pipeline_schedules import schedule
 
 META = torch.device("meta")
@@ -41,7 +43,7 @@ class PipelineFigures:
     simulated_micro_batches: int  # M' (see the module docstring)
     peak_chunk_forwards_in_flight: int  # forwards whose backward has not run yet, at most
     p2p_message_bytes: int       # one activation or gradient [micro_batch, seq, hidden]
-    p2p_held_bytes: int          # the sends held at the iteration's end (PipelineP2P.finish_sends)
+    p2p_held_bytes: int          # the most sends held at once (PipelineP2P: until a receive SEND_LAG slots on)
     pass_peak_bytes: int         # saved activations, held sends, a received gradient and gloo's copy, at their peak
     p2p_sent_bytes: int          # sent by this rank per iteration (activations forward, gradients back)
     bubble_fraction: float       # of the iteration's time, see bubble_fraction()
@@ -82,7 +84,8 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
     tokens = torch.zeros((micro, seq + 1), dtype=torch.long, device=META)
     outputs: dict[tuple[int, int], tuple[Optional[torch.Tensor], torch.Tensor]] = {}
-    sends = forward_peak = 0
+    held: list[int] = []  # the slots of the sends not yet completed
+    sent = most_held = forward_peak = 0
     backward_points: list[tuple[int, bool]] = []  # (live bytes at a backward's start, whether it communicated)
     in_flight = in_flight_peak = 0
     no_sync_bytes: Optional[dict[str, dict[str, int]]] = None
@@ -97,6 +100,7 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
         if slot.kind == "F":
             received = None if starts else torch.zeros((micro, seq, hidden), dtype=dtype, device=META,
                                                        requires_grad=True)
+            held = held if starts else [sender for sender in held if sender > index - SEND_LAG]
             probe.phase = "forward"
             with monitor.measuring():
                 if ends:
@@ -105,13 +109,15 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
                 else:
                     output = model.chunk_forward(slot.chunk, tokens[:, :-1] if starts else received)
             outputs[(slot.micro_batch, slot.chunk)] = (received, output)
-            sends += 0 if ends else 1
+            held, sent = (held, sent) if ends else (held + [index], sent + 1)
+            most_held = max(most_held, len(held))
             in_flight += 1
             in_flight_peak = max(in_flight_peak, in_flight)
-            forward_peak = max(forward_peak, monitor.meter.peak["device"] + sends * message)
+            forward_peak = max(forward_peak, monitor.meter.peak["device"] + len(held) * message)
         else:
             received, output = outputs.pop((slot.micro_batch, slot.chunk))
-            live = monitor.meter.live["device"] + sends * message + (0 if ends else message)
+            held = held if ends else [sender for sender in held if sender > index - SEND_LAG]
+            live = monitor.meter.live["device"] + len(held) * message + (0 if ends else message)
             before = state.comm.stats.snapshot()
             probe.phase = "backward"
             with contextlib.nullcontext() if index == last_backward else reducer.no_sync():
@@ -126,7 +132,8 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
                 no_sync_bytes = {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
                                  for group, kinds in after.items()}
             backward_points.append((live, after != before))
-            sends += 0 if starts else 1
+            held, sent = (held, sent) if starts else (held + [index], sent + 1)
+            most_held = max(most_held, len(held))
             in_flight -= 1
     # The micro-batches not simulated: each sends what a simulated one sends, and its backward under no_sync
     # sends what the first one did (stage 2 reduces every micro-batch).
@@ -152,11 +159,10 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
         pipeline_parallel_size=stages, pipeline_parallel_rank=stage, chunks=chunks, micro_batches=micro_batches,
         simulated_micro_batches=simulated, peak_chunk_forwards_in_flight=in_flight_peak,
         p2p_message_bytes=message,
-        p2p_held_bytes=(sends + extra_sends) * message,
-        # the sends of the micro-batches not simulated are held too: an upper bound where the simulated peak
-        # came before the last of them
-        pass_peak_bytes=pass_peak + extra_sends * message,
-        p2p_sent_bytes=(sends + extra_sends) * message,
+        # the micro-batches not simulated repeat the steady state: they hold no more sends at once
+        p2p_held_bytes=most_held * message,
+        pass_peak_bytes=pass_peak,
+        p2p_sent_bytes=(sent + extra_sends) * message,
         bubble_fraction=bubble_fraction(stages, micro_batches, chunks))
     return {"passes": passes_copy, "step": state.comm.take_largest_transport_copy()}, figures
 

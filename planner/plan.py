@@ -125,7 +125,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              ("  one block's saved tensors in forward", plan.block_saved_bytes["forward"]),
              ("  one block's saved tensors in backward (recompute)", plan.block_saved_bytes["backward"]),
              ("logits of one micro-batch (transient)", plan.logits_bytes),
-             *([("pipeline sends held until the iteration ends (all of them at its end)", plan.p2p_held_bytes),
+             *([("pipeline sends held at once (until a receive two slots on)", plan.p2p_held_bytes),
                 ("  peak of saved activations, held sends and gloo's copy over the schedule",
                  stages.pass_peak_bytes)] if stages is not None else []),
              ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes),

@@ -60,6 +60,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         outputs: dict[tuple[int, int], torch.Tensor] = {}
         iteration_loss = torch.zeros((), device=state.device)
         for index, slot in enumerate(slots):
+            self.p2p.start_slot()
             tokens, labels = batches[slot.micro_batch]
             if slot.kind == "F":
                 with self.activations.measuring() if measure_activations else contextlib.nullcontext():

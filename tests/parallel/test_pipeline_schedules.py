@@ -87,3 +87,59 @@ def _runs_without_deadlock(pp: int, vp: int, m: int) -> None:
 @pytest.mark.parametrize("pp,vp,m", [(2, 1, 4), (4, 1, 8), (4, 1, 2), (2, 2, 4), (4, 2, 8), (2, 3, 6), (4, 2, 4)])
 def test_every_schedule_completes_as_a_data_flow(pp, vp, m):
     _runs_without_deadlock(pp, vp, m)
+
+
+def _most_sends_held(pp: int, vp: int, m: int) -> int:
+    """Walk every rank's slots under parallel/p2p.py's rule: a slot that receives posts its receive, then waits
+    for the sends of its slots before the previous one (SEND_LAG; each send completes once its receiver has
+    posted the matching receive) and for its message; a slot's own sends are posted when it ends. Returns the
+    most sends one rank held at once; fails on a deadlock, or if a send is never received."""
+    from parallel.p2p import SEND_LAG
+
+    stages = pp * vp
+    plans = {rank: schedule(m, pp, rank, vp) for rank in range(pp)}
+    posted, sent = set(), set()
+    held: dict[int, list] = {rank: [] for rank in range(pp)}  # (message, the slot that sent it)
+    position = {rank: 0 for rank in range(pp)}
+    most = 0
+    while any(position[r] < len(plans[r]) for r in range(pp)):
+        moved = False
+        for rank in range(pp):
+            index = position[rank]
+            if index == len(plans[rank]):
+                continue
+            slot: Slot = plans[rank][index]
+            virtual = slot.chunk * pp + rank
+            needs = ("activation", slot.micro_batch, virtual) if slot.kind == "F" and virtual != 0 else \
+                ("gradient", slot.micro_batch, virtual) if slot.kind == "B" and virtual != stages - 1 else None
+            if needs is not None:
+                moved |= needs not in posted  # a receive posted is progress: a neighbour's send can complete
+                posted.add(needs)
+                due = [message for message, sender in held[rank] if sender <= index - SEND_LAG]
+                if needs not in sent or any(message not in posted for message in due):
+                    continue
+                held[rank] = [(message, sender) for message, sender in held[rank] if sender > index - SEND_LAG]
+            if slot.kind == "F" and virtual != stages - 1:
+                held[rank].append((("activation", slot.micro_batch, virtual + 1), index))
+            if slot.kind == "B" and virtual != 0:
+                held[rank].append((("gradient", slot.micro_batch, virtual - 1), index))
+            sent.update(message for message, _ in held[rank])
+            most = max(most, len(held[rank]))
+            position[rank] += 1
+            moved = True
+        assert moved, f"deadlock at pp {pp} vp {vp} m {m}: {position}"
+    assert all(message in posted for messages in held.values() for message, _ in messages)  # finish_sends
+    return most
+
+
+@pytest.mark.parametrize("pp,vp", [(2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (2, 3), (4, 4)])
+def test_sends_complete_at_a_later_receive_without_deadlock_and_without_growing_with_micro_batches(pp, vp):
+    """PipelineP2P holds a send only until a receive of its rank two slots on (Megatron-Core waits a slot's
+    sends with its receives): no schedule deadlocks under that rule, and the sends held at once do not grow
+    with the micro-batches (they did when every send was held to the iteration's end: 144 GiB a GPU at GPT-3
+    175B), staying at most P + 1."""
+    held = [_most_sends_held(pp, vp, m) for m in (pp, 2 * pp, 4 * pp, 8 * pp)]
+    assert len(set(held[1:])) == 1 and held[-1] <= pp + 1, held
+    if vp == 1:  # 1F1B with any count of micro-batches, fewer than the stages included
+        for m in (1, 2, 3, 5):
+            _most_sends_held(pp, vp, m)
