@@ -462,11 +462,6 @@ class PretrainConfig:
         if pp == 1:
             return
         stage_layers(self.model.num_layers, pp, 0, training.num_layers_per_virtual_pipeline_stage)
-        if self.model.sequence_parallel and training.tensor_model_parallel_size > 1:
-            # The stages would send [batch, seq / TP, hidden] slices; the executor sizes its receives for the
-            # whole sequence, and no test covers the pair yet.
-            raise ConfigError(f"--sequence-parallel with --pipeline-model-parallel-size {pp}: sequence parallelism "
-                              f"across pipeline stages is not implemented yet; drop one of them")
         if self.zero.stage == 3:
             # DeepSpeed's pipeline engine asserts zero_optimization_stage() < ZeroStageEnum.gradients
             # (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").

@@ -4,7 +4,8 @@ Megatron-Core's p2p_communication.py batches its isend/irecv with torch.distribu
 a send is posted at once and only completed at the end of the iteration (`finish_sends`), and a receive is
 waited where its tensor is needed. With sends that never block, any schedule that is valid as a data flow
 (parallel/pipeline_schedules.py's test simulates each) cannot deadlock. The shapes are known on both sides
-([micro-batch, sequence, hidden]), so no shape is exchanged. Activations and gradients travel with
+([micro-batch, sequence, hidden], the sequence a TP rank's slice under sequence parallelism: the caller says),
+so no shape is exchanged. Activations and gradients travel with
 different tags: with interleaving, one pair of ranks carries both, in orders that differ.
 """
 
