@@ -447,8 +447,6 @@ def _matches(value_of: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any, Map
     return accepts
 
 
-NO_PIPELINE = ("DeepSpeed's pipeline engine size: the stages here are --pipeline-model-parallel-size (Megatron's "
-               "flag, 1F1B or interleaved); use that instead")
 NO_PIPELINE_SPLIT = ("a pipeline split or schedule not implemented: with --pipeline-model-parallel-size > 1 the layers "
                      "split evenly over the stages (--num-layers-per-virtual-pipeline-stage for interleaving); drop "
                      "the flag, or run --pipeline-model-parallel-size 1")
@@ -476,7 +474,6 @@ AT_VALUE: dict[str, AtValue] = {
     "--context-parallel-size": AtValue(_equals(1), "context parallelism over 1 rank is none",
                                        "context parallelism is not implemented: use --checkpoint-activations "
                                        "--partition-activations for long sequences"),
-    "--pipe-parallel-size": AtValue(_equals(0, 1), "no pipeline parallelism, as here", NO_PIPELINE),
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
