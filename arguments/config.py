@@ -193,6 +193,10 @@ class TrainingConfig:
                 "scheduled 1F1B")
     num_layers_per_virtual_pipeline_stage: Optional[int] = option(
         None, help="layers per model chunk: each stage holds several chunks, scheduled as Megatron's interleaved 1F1B")
+    decoder_first_pipeline_num_layers: Optional[int] = option(
+        None, help="layers of the first pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
+    decoder_last_pipeline_num_layers: Optional[int] = option(
+        None, help="layers of the last pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
     # A dead or hung rank ends the job after this.
     distributed_timeout_minutes: float = option(
         10.0, group="checkpoint",
@@ -459,14 +463,13 @@ class PretrainConfig:
         if training.num_layers_per_virtual_pipeline_stage is not None and pp == 1:
             raise ConfigError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1 "
                               "(Megatron refuses it without stages too): drop it, or add stages")
+        uneven = (training.decoder_first_pipeline_num_layers, training.decoder_last_pipeline_num_layers)
+        if uneven != (None, None) and pp == 1:
+            raise ConfigError("--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1 (the "
+                              "sizes of the first and last of several stages): drop them, or add stages")
         if pp == 1:
             return
-        stage_layers(self.model.num_layers, pp, 0, training.num_layers_per_virtual_pipeline_stage)
-        if self.model.sequence_parallel and training.tensor_model_parallel_size > 1:
-            # The stages would send [batch, seq / TP, hidden] slices; the executor sizes its receives for the
-            # whole sequence, and no test covers the pair yet.
-            raise ConfigError(f"--sequence-parallel with --pipeline-model-parallel-size {pp}: sequence parallelism "
-                              f"across pipeline stages is not implemented yet; drop one of them")
+        stage_layers(self.model.num_layers, pp, 0, training.num_layers_per_virtual_pipeline_stage, *uneven)
         if self.zero.stage == 3:
             # DeepSpeed's pipeline engine asserts zero_optimization_stage() < ZeroStageEnum.gradients
             # (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").

@@ -2,7 +2,9 @@
 
 Without virtual stages, stage s of pp holds the contiguous layers [s * L / pp, (s + 1) * L / pp); Megatron
 refuses a split that is not even unless the first/last stage sizes are given (megatron/training/arguments.py:
-"number of layers should be divisible by the pipeline parallel size"). With
+"number of layers should be divisible by the pipeline parallel size"); with --decoder-first-pipeline-num-layers F
+and/or --decoder-last-pipeline-num-layers E the first (last) stage holds F (E) layers and the rest split evenly
+over the middle stages, still contiguous in order. With
 --num-layers-per-virtual-pipeline-stage L_v, each stage holds vp = L / (pp x L_v) model chunks, and chunk c of
 stage s holds layers (c x pp + s) x L_v ... + L_v (Megatron-Core's get_transformer_layer_offset:
 vp_rank x (L / vp) + pp_rank x L_v), so a micro-batch visits the stages vp times round the ring.
@@ -34,17 +36,48 @@ def whole_model(num_layers: int) -> StageLayers:
     return StageLayers((tuple(range(num_layers)),), first=True, last=True)
 
 
-def stage_layers(num_layers: int, pp_size: int, pp_rank: int,
-                 layers_per_virtual_stage: Optional[int] = None) -> StageLayers:
+def stage_sizes(num_layers: int, pp_size: int, first: Optional[int] = None, last: Optional[int] = None) -> list[int]:
+    """How many layers each stage holds: evenly, or with Megatron's uneven first/last stage
+    (--decoder-first/last-pipeline-num-layers) and the rest evenly over the middle stages, as Megatron-Core's
+    get_num_layers_to_build (megatron/core/transformer/transformer_block.py) counts them."""
+    if first is None and last is None:
+        if num_layers % pp_size:
+            raise ConfigError(f"--num-layers {num_layers} is not divisible by --pipeline-model-parallel-size "
+                              f"{pp_size}: Megatron splits the layers evenly over the stages; pick a stage count "
+                              f"that divides the layers, or set --decoder-first/last-pipeline-num-layers")
+        return [num_layers // pp_size] * pp_size
+    for flag, value in (("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)):
+        if value is not None and not 1 <= value <= num_layers:
+            raise ConfigError(f"{flag} {value}: a stage holds 1 to --num-layers {num_layers} layers")
+    middle_stages = pp_size - (first is not None) - (last is not None)
+    middle_layers = num_layers - (first or 0) - (last or 0)
+    if middle_stages < 0 or middle_layers < middle_stages or (middle_stages and middle_layers % middle_stages) \
+            or (middle_stages == 0 and middle_layers):
+        raise ConfigError(f"--decoder-first/last-pipeline-num-layers ({first}, {last}) leave {middle_layers} of "
+                          f"--num-layers {num_layers} for {max(middle_stages, 0)} other stages of "
+                          f"--pipeline-model-parallel-size {pp_size}: Megatron splits the rest evenly (at least one "
+                          f"layer each); pick sizes that leave a multiple of the other stages")
+    per_middle = middle_layers // middle_stages if middle_stages else 0
+    sizes = [per_middle] * pp_size
+    if first is not None:
+        sizes[0] = first
+    if last is not None:
+        sizes[-1] = last
+    return sizes
+
+
+def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual_stage: Optional[int] = None,
+                 first_stage_layers: Optional[int] = None, last_stage_layers: Optional[int] = None) -> StageLayers:
     """The layers of stage `pp_rank` of `pp_size`; ConfigError naming the flag for a split Megatron refuses."""
-    if num_layers % pp_size:
-        raise ConfigError(f"--num-layers {num_layers} is not divisible by --pipeline-model-parallel-size "
-                          f"{pp_size}: Megatron splits the layers evenly over the stages; pick a stage count that "
-                          f"divides the layers")
-    per_stage = num_layers // pp_size
+    sizes = stage_sizes(num_layers, pp_size, first_stage_layers, last_stage_layers)
     if layers_per_virtual_stage is None:
-        return StageLayers((tuple(range(pp_rank * per_stage, (pp_rank + 1) * per_stage)),),
+        start = sum(sizes[:pp_rank])
+        return StageLayers((tuple(range(start, start + sizes[pp_rank])),),
                            first=pp_rank == 0, last=pp_rank == pp_size - 1)
+    if first_stage_layers is not None or last_stage_layers is not None:
+        raise ConfigError("--decoder-first/last-pipeline-num-layers with --num-layers-per-virtual-pipeline-stage: "
+                          "uneven stages are not implemented with interleaving here; drop one of them")
+    per_stage = sizes[0]
     if layers_per_virtual_stage < 1 or per_stage % layers_per_virtual_stage:
         raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {layers_per_virtual_stage} does not divide the "
                           f"{per_stage} layers of each of the {pp_size} stages: pick a divisor of {per_stage}")

@@ -11,7 +11,8 @@ neighbours that send to each other both complete; leaving the previous slot's se
 simulates this rule (a send completes only once its receive is posted) on every schedule up to 8 stages x 4
 chunks: none deadlocks, and the sends held at once stay at most P + 1 (they grew with the micro-batches when all
 were held to the iteration's end: 144 GiB a GPU at Megatron's GPT-3 175B). The shapes are known on both sides
-([micro-batch, sequence, hidden]), so no shape is exchanged. Activations and gradients travel with different
+([micro-batch, sequence, hidden], the sequence a TP rank's slice under sequence parallelism: the caller says),
+so no shape is exchanged. Activations and gradients travel with different
 tags: with interleaving, one pair of ranks carries both, in orders that differ.
 """
 

@@ -85,7 +85,8 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
     if state.pipeline_parallel_size == 1:
         return None
     return stage_layers(settings.config.model.num_layers, state.pipeline_parallel_size, state.pipeline_parallel_rank,
-                        training.num_layers_per_virtual_pipeline_stage)
+                        training.num_layers_per_virtual_pipeline_stage, training.decoder_first_pipeline_num_layers,
+                        training.decoder_last_pipeline_num_layers)
 
 
 def decoupled_lr_params(model: GPTModel, config) -> list:

@@ -37,6 +37,18 @@ from zero.apply import ZeroParts
 from zero.pipeline_grads import PipelineGradients
 
 
+def activation_shape(tokens: torch.Tensor, hidden_size: int, model: GPTModel, tensor_parallel_size: int) -> tuple:
+    """The shape of the hidden states one stage sends the next for a micro-batch of `tokens` [batch, seq]:
+    [batch, seq, hidden], or under sequence parallelism this TP rank's slice, [batch, seq / TP, hidden] (what
+    the stage's blocks hold between their row- and column-parallel linears; Megatron-Core's
+    get_tensor_shapes divides the sequence by the TP size when config.sequence_parallel is set,
+    megatron/core/pipeline_parallel/schedules.py)."""
+    batch, sequence = tokens.shape
+    if model.sequence_parallel:
+        sequence //= tensor_parallel_size
+    return batch, sequence, hidden_size
+
+
 class PipelineTrainStep(DataParallelTrainStep):
     """The optimizer side is DataParallelTrainStep's; the micro-batches run as the pipeline schedule says."""
 
@@ -93,7 +105,8 @@ class PipelineTrainStep(DataParallelTrainStep):
         if self._starts_model(slot):
             received, chunk_input = None, tokens
         else:
-            shape = (*tokens.shape, self.settings.config.model.hidden_size)
+            shape = activation_shape(tokens, self.settings.config.model.hidden_size, self.model,
+                                     self.state.tensor_parallel_size)
             received = self.p2p.receive(shape, self.dtype, self.state.stage_rank(self._virtual_stage(slot) - 1),
                                         ACTIVATION).requires_grad_()
             chunk_input = received
@@ -134,8 +147,9 @@ class PipelineForward:
         loss = torch.zeros((), device=state.device)
         for chunk in range(self.chunks):
             virtual = chunk * stages + state.pipeline_parallel_rank
-            chunk_input = tokens if virtual == 0 else self.p2p.receive(
-                (*tokens.shape, self.hidden_size), self.dtype, state.stage_rank(virtual - 1), ACTIVATION)
+            shape = activation_shape(tokens, self.hidden_size, self.model, state.tensor_parallel_size)
+            chunk_input = tokens if virtual == 0 else self.p2p.receive(shape, self.dtype,
+                                                                       state.stage_rank(virtual - 1), ACTIVATION)
             output = self.model.chunk_forward(chunk, chunk_input, labels if virtual == last else None)
             if virtual == last:
                 loss = output

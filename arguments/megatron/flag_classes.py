@@ -447,11 +447,10 @@ def _matches(value_of: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any, Map
     return accepts
 
 
-NO_PIPELINE = ("DeepSpeed's pipeline engine size: the stages here are --pipeline-model-parallel-size (Megatron's "
-               "flag, 1F1B or interleaved); use that instead")
 NO_PIPELINE_SPLIT = ("a pipeline split or schedule not implemented: with --pipeline-model-parallel-size > 1 the layers "
-                     "split evenly over the stages (--num-layers-per-virtual-pipeline-stage for interleaving); drop "
-                     "the flag, or run --pipeline-model-parallel-size 1")
+                     "split evenly over the stages (--decoder-first/last-pipeline-num-layers for an uneven first/last "
+                     "stage, --num-layers-per-virtual-pipeline-stage for interleaving); drop the flag, or run "
+                     "--pipeline-model-parallel-size 1")
 
 
 def _without_pipeline(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
@@ -476,12 +475,11 @@ AT_VALUE: dict[str, AtValue] = {
     "--context-parallel-size": AtValue(_equals(1), "context parallelism over 1 rank is none",
                                        "context parallelism is not implemented: use --checkpoint-activations "
                                        "--partition-activations for long sequences"),
-    "--pipe-parallel-size": AtValue(_equals(0, 1), "no pipeline parallelism, as here", NO_PIPELINE),
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
-        --num-virtual-stages-per-pipeline-rank --pipeline-model-parallel-split-rank --decoder-first-pipeline-num-layers
-        --decoder-last-pipeline-num-layers --account-for-embedding-in-pipeline-split
+        --num-virtual-stages-per-pipeline-rank --pipeline-model-parallel-split-rank
+        --account-for-embedding-in-pipeline-split
         --account-for-loss-in-pipeline-split --pipeline-model-parallel-layout
         --microbatch-group-size-per-virtual-pipeline-stage --standalone-embedding-stage --pp-partition-method
         --enable-zbh1-pipeline --enable-zbh1-exact-semantics""")},

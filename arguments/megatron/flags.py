@@ -167,6 +167,9 @@ MEANINGS: list[Meaning] = [
             {"action": "store_true"}, "with --no-position-embedding: --position-embedding-type rope"),
     Meaning(("--no-position-embedding",), "no_position_embedding", "Megatron-DeepSpeed", {"action": "store_true"},
             "no learned positions: --position-embedding-type none, or rope with --use-rotary-position-embeddings"),
+    Meaning(("--pipe-parallel-size",), "pipe_parallel_size", "DeepSpeedExamples' Megatron 3D", {"type": int},
+            "DeepSpeed's pipeline engine stages: N > 0 is --pipeline-model-parallel-size N (the same even split of "
+            "the transformer layers), 0 (no engine) one stage"),
 ]
 MEANING_DESTS = tuple(meaning.dest for meaning in MEANINGS)
 
@@ -249,6 +252,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
         resolved.notes.append("--sequence-parallel with --tensor-model-parallel-size 1: accepted, no effect (one "
                               "tensor-parallel rank holds the whole sequence)")
     _resolve_query_groups(given, settings, option_used, change, resolved)
+    _resolve_pipe_parallel_size(given, settings, sources, change, resolved)
     _resolve_positions(given, settings, change, resolved)
     if resolved.refused:
         raise RefusedFlags(resolved)
@@ -267,6 +271,33 @@ def _resolve_query_groups(given: dict[str, Any], settings: dict[str, Any],
     elif option_used("num_query_groups") == "--num-query-groups" and not given.get("group_query_attention"):
         resolved.refused.append("--num-query-groups without --group-query-attention: Megatron-LM ignores it (multi-head "
                                 "attention); add --group-query-attention, or drop --num-query-groups")
+
+
+def _resolve_pipe_parallel_size(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
+                                change: Callable, resolved: Resolved) -> None:
+    """DeepSpeedExamples' Megatron-LM-v1.1.5-3D_parallelism: --pipe-parallel-size N > 0 builds a
+    PipeModelDataParallelTopology of N stages (megatron/initialize.py) and GPT2ModelPipe, a PipelineModule
+    with partition_method='type:transformer' (megatron/model/gpt2_model.py): DeepSpeed's partition_balanced
+    over the transformer layers alone, the embedding on the first stage and the final norm with the tied
+    output on the last. When N divides the layers that is Megatron's even split, the one here (an uneven
+    count is refused by the split itself); 0, its default, is no pipeline engine."""
+    stages = given.get("pipe_parallel_size")
+    if stages is None:
+        return
+    if stages < 0:
+        resolved.refused.append(f"--pipe-parallel-size {stages}: the stage count is 0 (no pipeline engine) or more")
+        return
+    stages = max(stages, 1)
+    typed = sources["pipeline_model_parallel_size"].kind in (FLAG, JSON)
+    if typed and settings["pipeline_model_parallel_size"] != stages:
+        resolved.refused.append(f"--pipe-parallel-size {given['pipe_parallel_size']} contradicts "
+                                f"--pipeline-model-parallel-size {settings['pipeline_model_parallel_size']}: "
+                                f"both set the pipeline stages; keep one")
+    elif not typed:
+        change("pipeline_model_parallel_size", stages, "pipe_parallel_size",
+               "DeepSpeed's pipeline engine stages (PipelineModule, partition_method 'type:transformer': the "
+               "transformer layers split evenly, as Megatron's stages)" if stages > 1
+               else "no DeepSpeed pipeline engine: one stage")
 
 
 def _resolve_positions(given: dict[str, Any], settings: dict[str, Any], change: Callable, resolved: Resolved) -> None:

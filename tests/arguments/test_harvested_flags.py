@@ -124,7 +124,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
                      "--init-method-std", "0.02"]
     no_op = {"--num-experts": "1", "--num-experts-switch": "1", "--expert-model-parallel-size": "1",
              "--moe-expert-parallel-size": "1", "--ds-sequence-parallel-size": "1", "--context-parallel-size": "1",
-             "--pipe-parallel-size": "0", "--mtp-num-layers": "0", "--optimizer": "adam",
+             "--mtp-num-layers": "0", "--optimizer": "adam",
              "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
              "--main-grads-dtype": "fp32", "--main-params-dtype": "fp32",
              "--exp-avg-dtype": "fp32", "--exp-avg-sq-dtype": "fp32", "--weight-decay-incr-style": "constant",
@@ -132,7 +132,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--kv-channels": "32", "--num-unique-layers": "4", "--embedding-init-method-std": "0.02"}
     other = {"--num-experts": "8", "--num-experts-switch": "8", "--expert-model-parallel-size": "2",
              "--moe-expert-parallel-size": "2", "--ds-sequence-parallel-size": "2", "--context-parallel-size": "2",
-             "--pipe-parallel-size": "4", "--mtp-num-layers": "1", "--optimizer": "sgd",
+             "--mtp-num-layers": "1", "--optimizer": "sgd",
              "--softmax-type": "learnable",
              "--dataloader-type": "cyclic", "--remote-device": "cpu",
              "--main-grads-dtype": "bf16", "--main-params-dtype": "fp16", "--exp-avg-dtype": "bf16",
@@ -154,7 +154,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
 
 def test_pipeline_split_knobs_have_no_effect_without_stages_and_are_refused_with_them():
     knobs = [option for option, at in AT_VALUE.items() if at.refused == NO_PIPELINE_SPLIT]
-    assert "--decoder-first-pipeline-num-layers" in knobs and "--standalone-embedding-stage" in knobs
+    assert "--account-for-embedding-in-pipeline-split" in knobs and "--standalone-embedding-stage" in knobs
     argv = [token for option in knobs for token in (option, *sample_values(option))]
     line = next(note for note in parse_arguments(argv).notes if note.startswith(NO_EFFECT_LINE))
     assert all(option in line for option in knobs)

@@ -69,11 +69,11 @@ def test_selective_recompute_and_no_effect_flags_are_said_once():
 
 def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alternative():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1",
+        parse_config(["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-split-rank", "1",
                       "--ds-sequence-parallel-size", "2", "--recompute-method", "block"])
     message = str(error.value)
     assert "\n" not in message
-    assert "--decoder-first-pipeline-num-layers 1: a pipeline split or schedule not implemented: with " \
+    assert "--pipeline-model-parallel-split-rank 1: a pipeline split or schedule not implemented: with " \
            "--pipeline-model-parallel-size > 1 the layers split evenly" in message
     # Megatron's --sequence-parallel exists (tests/parallel/test_sequence_parallel.py); DeepSpeed-Ulysses' does not.
     assert "--ds-sequence-parallel-size 2: DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a " \

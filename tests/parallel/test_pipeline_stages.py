@@ -37,6 +37,29 @@ def test_the_layers_of_each_stage_and_chunk():
         stage_layers(8, 2, 0, 3)
 
 
+def test_uneven_first_and_last_stages():
+    """Megatron-LM's --decoder-first/last-pipeline-num-layers: the first (last) stage holds that many layers and
+    the rest split evenly over the middle stages (github:NVIDIA/Megatron-LM
+    megatron/core/transformer/transformer_block.py get_num_layers_to_build: layers_to_distribute -=
+    num_layers_in_first_pipeline_stage, pipeline_stages_left -= 1, ..., "With uneven pipelineing the left over
+    layers must be divisible by left over stages"; the offsets follow in stage order)."""
+    def split(num_layers, pp, first, last):
+        return [stage_layers(num_layers, pp, s, None, first, last).layer_ids for s in range(pp)]
+
+    assert split(4, 2, 1, None) == [(0,), (1, 2, 3)]
+    assert split(4, 2, None, 1) == [(0, 1, 2), (3,)]
+    assert split(8, 4, 1, 3) == [(0,), (1, 2), (3, 4), (5, 6, 7)]
+    assert split(7, 4, 1, None) == [(0,), (1, 2), (3, 4), (5, 6)]  # 7 layers: even without the first stage
+    with pytest.raises(ConfigError, match="leave 5 of --num-layers 8 for 2 other stages"):
+        stage_layers(8, 4, 0, None, 1, 2)
+    with pytest.raises(ConfigError, match="leave 1 of --num-layers 4 for 0 other stages"):
+        stage_layers(4, 2, 0, None, 1, 2)  # the layers must all be placed
+    with pytest.raises(ConfigError, match="--decoder-first-pipeline-num-layers 0: a stage holds 1 to"):
+        stage_layers(4, 2, 0, None, 0, None)
+    with pytest.raises(ConfigError, match="uneven stages are not implemented with interleaving"):
+        stage_layers(8, 2, 0, 1, 2, None)
+
+
 @pytest.mark.parametrize("untied", [False, True])
 def test_stage_models_hold_the_one_stage_models_parameters(untied):
     config = ModelConfig(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=8,

@@ -47,8 +47,6 @@ from tests.replay_corpus.shrink import (
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
 KNOWN_FAILING_TODAY: dict[str, str] = {
-    "megatron-lm-2024-pretrain-gpt-distributed-with-mp": "--sequence-parallel across pipeline stages is not implemented yet",
-    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2-pipe": "--pipe-parallel-size (DeepSpeed's pipeline engine stages) is not read as --pipeline-model-parallel-size yet",
 }
 
 
@@ -281,7 +279,6 @@ def test_the_docs_list_the_corpus_and_its_outcomes():
 
 # Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too.
 FLAGS_REFUSED_TODAY = {
-    "deepspeedexamples-v1.1.5-3d-ds-pretrain-gpt2-pipe": "--pipe-parallel-size is not read as pipeline stages yet",
 }
 
 

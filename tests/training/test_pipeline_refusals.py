@@ -31,3 +31,21 @@ def test_virtual_stages_need_stages_and_the_planner_plans_stages():
         parse_config(["--num-layers-per-virtual-pipeline-stage", "1"])
     parse_config([*STAGES, "--zero-stage", "2"])  # ZeRO 2 with stages is accepted
     check_plannable(parse_config(STAGES))  # planned per stage (tests/planner/test_plan_pipeline.py)
+
+
+def test_pipe_parallel_size_is_deepspeeds_stage_count():
+    """DeepSpeedExamples' Megatron-LM-v1.1.5-3D_parallelism (github:microsoft/DeepSpeedExamples @5c6b1c8f):
+    megatron/arguments.py `--pipe-parallel-size, default=0, help='Size of the pipeline parallel. Disable with
+    0.'`; megatron/initialize.py `if args.pipe_parallel_size > 0: ... PipeModelDataParallelTopology(num_pp=pp,
+    num_mp=mp, num_dp=dp)`; megatron/model/gpt2_model.py GPT2ModelPipe: PipelineModule(...,
+    partition_method='type:transformer'), which DeepSpeed splits with partition_balanced over the transformer
+    layers alone (github:deepspeedai/DeepSpeed deepspeed/runtime/pipe/module.py _partition_layers): an even
+    split where the stages divide the layers, as Megatron's."""
+    parsed = parse_arguments(["--num-layers", "4", "--pipe-parallel-size", "2"], late_checks=LATE_CHECKS)
+    assert parsed.config.training.pipeline_model_parallel_size == 2
+    assert "type:transformer" in parsed.config.sources["pipeline_model_parallel_size"].describe()
+    assert parse_config(["--pipe-parallel-size", "0"]).training.pipeline_model_parallel_size == 1  # no engine
+    with pytest.raises(ConfigError, match="--pipe-parallel-size 2 contradicts --pipeline-model-parallel-size 4"):
+        parse_config(["--num-layers", "4", "--pipe-parallel-size", "2", "--pipeline-model-parallel-size", "4"])
+    with pytest.raises(ConfigError, match="--num-layers 3 is not divisible"):  # DeepSpeed would balance unevenly
+        parse_config(["--num-layers", "3", "--pipe-parallel-size", "2"])

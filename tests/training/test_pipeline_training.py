@@ -1,5 +1,7 @@
 """Pipeline stages train with the losses and gradient norms of the one-stage run (issue 38's acceptance, fp32 on
-gloo): PP 2 (1F1B) x DP 2 at ZeRO 0, 1 and 2, PP 4 (with activation checkpointing per stage), PP 2 x TP 2 and PP 2 interleaved (2 chunks a stage) x DP 2,
+gloo): PP 2 (1F1B) x DP 2 at ZeRO 0, 1 and 2, PP 4 (with activation checkpointing per stage), PP 2 x TP 2 (with and
+without --sequence-parallel), PP 2 x DP 2 with an uneven first stage (1 of 4 layers) and PP 2 interleaved (2 chunks a
+stage) x DP 2,
 each over 5 iterations of >= 4 micro-batches, in ONE 4-rank launch that runs the configurations in turn.
 
 Not bitwise: splitting a step over stages changes fp32 summation orders the one-stage run has (the tied word
@@ -32,6 +34,14 @@ CONFIGS = {
     "pp2-dp2-zero2": (["--pipeline-model-parallel-size", "2", "--zero-stage", "2"], 1),
     "pp4-checkpointed": (["--pipeline-model-parallel-size", "4", "--checkpoint-activations"], 1),
     "pp2-tp2": (["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"], 2),
+    # The stages send each TP rank's slice of the sequence, [batch, seq / TP, hidden], as Megatron-Core sizes
+    # them (github:NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py get_tensor_shapes:
+    # "if config.sequence_parallel: seq_length = seq_length // get_tensor_model_parallel_world_size()").
+    "pp2-tp2-sequence-parallel": (["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                                   "--sequence-parallel"], 2),
+    # Megatron-LM's uneven first stage: 1 layer on stage 0, 3 on stage 1 (gpt/stage_layers.py's test checks the split)
+    "pp2-first-stage-1-layer-dp2": (["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1",
+                                     "--zero-stage", "1"], 1),
     "pp2-interleaved-dp2": (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                              "--zero-stage", "1"], 1),
 }
