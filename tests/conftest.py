@@ -24,3 +24,15 @@ def embedded_corpus(tmp_path_factory):
 def corpus_cache(embedded_corpus):
     """The cache directory to pass as --data-cache-dir (holds the prepared corpus and tokenizer)."""
     return embedded_corpus[0]
+
+
+@pytest.fixture(scope="session")
+def corpus_cache_300(tmp_path_factory):
+    """A --data-cache-dir holding the embedded corpus prepared with a 300-token vocabulary, for the tests
+    that launch with --tokenizer-vocab-size 300: one tokenizer trained per session instead of one per
+    test (the corpus is keyed by vocabulary size, so a launch finds it and trains none)."""
+    from data.corpus import prepare_default_corpus
+
+    cache = str(tmp_path_factory.mktemp("embedded-corpus-300"))
+    prepare_default_corpus(cache, 300)
+    return cache

@@ -150,12 +150,12 @@ def test_a_resume_with_another_schedule_follows_megatrons_rule(token_runs, tmp_p
     assert "the checkpoint's learning-rate schedule" in capsys.readouterr().out
 
 
-def test_pad_vocab_size_to_sets_the_embedding_rows_exactly(tmp_path, capsys):
+def test_pad_vocab_size_to_sets_the_embedding_rows_exactly(tmp_path, capsys, corpus_cache_300):
     """BigScience's --pad-vocab-size-to: 300 tokens padded to 640 rows (not to the next 128: 384);
     smaller than the vocabulary is one line."""
     from checkpoint.format import read_metadata
 
-    common = TINY + BATCH + ["--train-iters", "1", "--data-cache-dir", str(tmp_path / "cache")]
+    common = TINY + BATCH + ["--train-iters", "1", "--data-cache-dir", corpus_cache_300]
     assert pretrain_gpt.main(common + ["--pad-vocab-size-to", "640", "--save", str(tmp_path / "ck"),
                                        "--metrics-file", str(tmp_path / "m.jsonl")]) == 0
     metadata = read_metadata(tmp_path / "ck" / "iter_0000001")

@@ -82,10 +82,10 @@ def test_a_schedule_megatron_would_assert_on_is_refused(schedule, data_parallel_
         batch_schedule(config, data_parallel_size)
 
 
-def test_a_run_trains_each_step_and_resumes_in_the_middle_bitwise(tmp_path):
+def test_a_run_trains_each_step_and_resumes_in_the_middle_bitwise(tmp_path, corpus_cache_300):
     # --config tiny: the learning-rate schedule below is the tiny preset's (a flag launch without a preset
     # takes Megatron's defaults: linear decay to 0)
-    common = ["--config", "tiny"] + TINY + STEPS + ["--train-iters", "6", "--data-cache-dir", str(tmp_path / "cache")]
+    common = ["--config", "tiny"] + TINY + STEPS + ["--train-iters", "6", "--data-cache-dir", corpus_cache_300]
     full, parts, _ = straight_and_resumed(common, tmp_path, exit_interval=3)
     assert [r["global_batch_size"] for r in full] == [2, 2, 4, 4, 8, 8]
     assert [r["consumed_samples"] for r in full] == [2, 4, 8, 12, 20, 28]

@@ -37,12 +37,12 @@ def test_interval_and_duration():
     assert conditions.check(1) is None
 
 
-def test_time_budget_saves_and_exits_zero(tmp_path):
+def test_time_budget_saves_and_exits_zero(tmp_path, corpus_cache):
     metrics, save_dir = tmp_path / "metrics.jsonl", tmp_path / "ckpt"
     argv = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
             "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2",
             "--train-iters", "50", "--eval-iters", "0", "--log-interval", "1", "--tokenizer-vocab-size", "512",
-            "--device", "cpu", "--data-cache-dir", str(tmp_path / "cache"), "--metrics-file", str(metrics),
+            "--device", "cpu", "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics),
             "--save", str(save_dir), "--exit-duration-in-mins", "1e-6"]
     assert pretrain_gpt.main(argv) == 0
     iterations = [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()]
@@ -50,7 +50,7 @@ def test_time_budget_saves_and_exits_zero(tmp_path):
     assert (save_dir / "latest").read_text().strip() == "iter_0000001"
 
 
-def test_the_kill_switch_stops_a_run_after_its_iteration_and_keeps_a_new_one_from_starting(tmp_path):
+def test_the_kill_switch_stops_a_run_after_its_iteration_and_keeps_a_new_one_from_starting(tmp_path, corpus_cache_300):
     """BigScience's --kill-switch-path: `touch` the file and every run of the group saves and exits 0."""
     import pretrain_gpt
     from tests.reliability_helpers import TINY, metrics_records
@@ -64,7 +64,7 @@ def test_the_kill_switch_stops_a_run_after_its_iteration_and_keeps_a_new_one_fro
             switch.touch()
         return check(self, iteration)
 
-    common = TINY + ["--train-iters", "8", "--data-cache-dir", str(tmp_path / "cache"), "--save", str(tmp_path / "ck"),
+    common = TINY + ["--train-iters", "8", "--data-cache-dir", corpus_cache_300, "--save", str(tmp_path / "ck"),
                      "--kill-switch-path", str(switch)]
     exit_conditions.ExitConditions.check = touch_after_three
     try:

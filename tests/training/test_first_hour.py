@@ -137,10 +137,10 @@ def test_the_own_data_example_runs_offline_and_writes_outside_the_package(tmp_pa
     assert repository_files() == before
 
 
-def test_iteration_lines_carry_an_eta_and_a_small_models_memory_line_no_leak_like_ratio(tmp_path, capsys):
+def test_iteration_lines_carry_an_eta_and_a_small_models_memory_line_no_leak_like_ratio(tmp_path, capsys, corpus_cache_300):
     """Issue 34, point 5: the progress line had no ETA, and on a 0.8 MiB model the memory line said
     'measured/predicted 9.67' (the fixed first-iteration cost of torch on a CPU, not a leak)."""
-    code = pretrain_gpt.main(SMALL + ["--data-cache-dir", str(tmp_path / "cache"), "--log-interval", "1",
+    code = pretrain_gpt.main(SMALL + ["--data-cache-dir", corpus_cache_300, "--log-interval", "1",
                                       "--metrics-file", str(tmp_path / "m.jsonl")])
     out = capsys.readouterr().out.splitlines()
     assert code == 0
@@ -160,7 +160,7 @@ def test_the_eta_follows_the_samples_left_through_a_batch_ramp():
     assert [format_duration(s) for s in (0.4, 59.6, 425, 11_520)] == ["0 s", "1 min 00 s", "7 min 05 s", "3 h 12 min"]
 
 
-def test_between_iteration_lines_far_apart_a_short_line_gives_the_eta(tmp_path, capsys, monkeypatch):
+def test_between_iteration_lines_far_apart_a_short_line_gives_the_eta(tmp_path, capsys, monkeypatch, corpus_cache_300):
     """After the model line a default CPU run printed nothing until iteration 10 (about a minute on a
     loaded machine). The loop's heartbeat prints, every 10 s between iteration lines, the iteration and
     the ETA; here its interval is 0 so that every iteration without a line gets one."""
@@ -168,7 +168,7 @@ def test_between_iteration_lines_far_apart_a_short_line_gives_the_eta(tmp_path, 
 
     lines = []
     monkeypatch.setattr(training.interval_metrics, "ProgressLines", lambda: ProgressLines(emit=lines.append, interval_s=0.0))
-    code = pretrain_gpt.main(SMALL + ["--data-cache-dir", str(tmp_path / "cache"), "--log-interval", "5",
+    code = pretrain_gpt.main(SMALL + ["--data-cache-dir", corpus_cache_300, "--log-interval", "5",
                                       "--metrics-file", str(tmp_path / "m.jsonl")])
     assert code == 0
     assert len(lines) == 1 and lines[0].startswith(" iteration        1/       2, ETA: "), lines

@@ -56,13 +56,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """The embedded corpus, prepared once for the module (tokenizer training is the slow part)."""
-    from data.corpus import prepare_default_corpus
-
-    directory = str(tmp_path_factory.mktemp("reliability-corpus"))
-    prepare_default_corpus(directory, 300)
-    return directory
+def cache(corpus_cache_300):
+    """The session's embedded corpus with a 300-token vocabulary (tokenizer training is the slow part)."""
+    return corpus_cache_300
 
 
 @pytest.fixture(scope="module")

@@ -184,14 +184,11 @@ def test_a_resume_checks_the_data_files_content_not_the_path_typed(tmp_path, mon
 LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_84ae2c6"
 
 
-def test_a_checkpoint_saved_before_lineages_resumes_under_a_new_one(tmp_path):
+def test_a_checkpoint_saved_before_lineages_resumes_under_a_new_one(tmp_path, corpus_cache_300):
     """tests/fixtures/checkpoint_84ae2c6 has no run_id: it still resumes, the run takes a new lineage,
     and what came before it (the old save, an old record without run_id) counts as another run's:
     --keep-last 1 leaves the old save, the resume leaves the old record."""
-    from data.corpus import prepare_default_corpus
-
-    cache = tmp_path / "cache"
-    prepare_default_corpus(str(cache), 300)  # the fixture's embedded corpus, 300-token vocabulary
+    cache = corpus_cache_300  # the fixture's embedded corpus, 300-token vocabulary
     ck = Path(shutil.copytree(LEGACY, tmp_path / "ck"))
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"iteration": 3, "loss": 5.0}\n')  # the old run's, after its last save

@@ -14,11 +14,11 @@ SMALL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2
          "--tokenizer-vocab-size", "300", "--device", "cpu"]
 
 
-def test_events_hold_the_metrics_records(tmp_path):
+def test_events_hold_the_metrics_records(tmp_path, corpus_cache_300):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     metrics, events = tmp_path / "metrics.jsonl", tmp_path / "tb"
-    assert pretrain_gpt.main(SMALL + ["--data-cache-dir", str(tmp_path / "cache"), "--metrics-file", str(metrics),
+    assert pretrain_gpt.main(SMALL + ["--data-cache-dir", corpus_cache_300, "--metrics-file", str(metrics),
                                       "--tensorboard-dir", str(events)]) == 0
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert {r.get("split", "train") for r in records} == {"train", "valid", "test"}
