@@ -514,6 +514,52 @@ def test_a_rank_that_was_itself_stopped_says_so_and_blames_nobody(rank, hosts_st
     assert peer_found == []
 
 
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_rank_stopped_just_long_enough_for_its_peer_to_give_up_blames_nobody(rank):
+    """The end-to-end test below failed now and then under load ("rank 1 stopped answering", or rank 0
+    naming itself as the store's host): its peer gives up after a silence it measures from this rank's
+    last beat, up to an interval before this rank's watchdog last woke, and the test continues this
+    rank the moment the peer exits; so this rank's watchdog saw a gap just short of the timeout and
+    blamed the still neighbour or the silent store. Here the peer goes at the moment of a pause two
+    intervals short of the timeout, as it did there: rank 1's peer (rank 0, the store's host) wrote the
+    verdict naming it and left; rank 0's peer (rank 1) went silent without a mark (it had found the
+    store, rank 0, stopped)."""
+    from parallel.liveness import Board, Liveness, PeerLoss
+
+    store, found, peer_gone = FakeStore(), [], threading.Event()
+    clock = JumpingClock()
+    peer = Board(store, "p/", 1 - rank, 2)
+
+    def beat_until_gone():
+        while not peer_gone.is_set():
+            peer.beat()
+            time.sleep(0.1)
+
+    beating = threading.Thread(target=beat_until_gone, daemon=True)
+    beating.start()
+    stall_timeout_s, interval_s = 1.0, 0.1
+    paused = Liveness(store, rank, 2, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
+                      hosts_store=rank == 0, stall_timeout_s=stall_timeout_s, on_lost=found.append,
+                      silent_after_s=0.5, interval_s=interval_s, clock=clock).start()
+    try:
+        time.sleep(0.5)
+        assert found == []  # running normally: nothing to say
+        peer_gone.set()
+        beating.join()
+        if rank == 1:
+            peer.propose(PeerLoss(silent=(rank,)))
+            peer.leave(after_loss=True)
+        clock.offset += stall_timeout_s - 2 * interval_s  # the process did not run for that long
+        wait_until(lambda: found, timeout=10)
+    finally:
+        paused.stop()
+    assert len(found) == 1, found
+    line = found[0].describe(rank, "during all_reduce on the dp group at iteration 6")
+    assert line.startswith(f"this rank ({rank}) did not run for 1 s (it was stopped"), line
+    # and it wrote no verdict blaming its peer: rank 1's stands as rank 0 wrote it; rank 0 wrote none
+    assert store.values.get("p/verdict", b"") == (PeerLoss(silent=(1,)).to_json().encode() if rank == 1 else b"")
+
+
 @pytest.mark.slow
 def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(stopped_rank_run):
     """Issue 33, problem 10, end to end: SIGSTOP one rank, let the survivor give up on it, SIGCONT it:
