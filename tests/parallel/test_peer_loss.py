@@ -560,6 +560,29 @@ def test_a_rank_stopped_just_long_enough_for_its_peer_to_give_up_blames_nobody(r
     assert store.values.get("p/verdict", b"") == (PeerLoss(silent=(1,)).to_json().encode() if rank == 1 else b"")
 
 
+def test_a_continued_rank_whose_collective_fails_before_its_watchdog_wakes_says_it_was_stopped():
+    """A continued rank's collective fails at once (its peer is gone), often before its watchdog has
+    woken from the pause: the main thread's question must get the pause, not a verdict about a peer
+    or the store, and only one report is made (a thread's, which ends the process, or the answer)."""
+    from parallel.liveness import Liveness
+
+    store, found, peer_found = FakeStore(), [], []
+    clock = JumpingClock()
+    peer = liveness(store, 1, 2, peer_found, stall_timeout_s=30).start()
+    paused = Liveness(store, 0, 2, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
+                      hosts_store=True, stall_timeout_s=0.5, on_lost=found.append, silent_after_s=0.5,
+                      interval_s=0.1, clock=clock).start()
+    try:
+        time.sleep(0.3)
+        clock.offset += 5.0
+        answer = paused.explain_failure()
+    finally:
+        paused.stop(after_loss=True), peer.stop()
+    assert answer is not None and answer.paused_for_s is not None and answer.paused_for_s >= 5, answer
+    assert found in ([], [answer]), found
+    assert peer_found == []
+
+
 @pytest.mark.slow
 def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(stopped_rank_run):
     """Issue 33, problem 10, end to end: SIGSTOP one rank, let the survivor give up on it, SIGCONT it:
