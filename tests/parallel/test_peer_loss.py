@@ -377,8 +377,10 @@ def test_the_communicator_remembers_the_last_collective_without_sending_anything
 
 # ---- the threads, on the fake store in real (short) time ---------------------------------------------
 
-def liveness(store, rank, world_size, found, stall_timeout_s=0.5, hosts_store=False):
-    """A rank's threads at a tenth of the real pace: a beat every 0.1 s, a 0.5 s silence window."""
+def liveness(store, rank, world_size, found, stall_timeout_s=1.0, hosts_store=False):
+    """A rank's threads at a tenth of the real pace: a beat every 0.1 s, a 0.5 s silence window. The
+    stall timeout is ten beats: a watchdog late by 0.8 s (the timeout less two beats) is taken for a
+    pause of this process, which a loaded machine must not reach by chance."""
     from parallel.liveness import Liveness
 
     return Liveness(store, rank, world_size, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
