@@ -31,7 +31,12 @@ A rank that was itself stopped (SIGSTOP, a suspended job, a VM paused) and then 
 blame a healthy peer: on waking, its own watch sees the neighbour's or the store's last answer far in
 the past. The watchdog thread, which never touches the store, wakes once a second; a gap of
 --heartbeat-timeout-seconds between two of its wakes means the whole process did not run, and the
-rank says that about itself (`PeerLoss.paused_for_s`) before any verdict about others.
+rank says that about itself (`PeerLoss.paused_for_s`) before any verdict about others. Its peers give
+up on it after a silence they measure from its last beat, which can precede its watchdog's last wake
+by an interval, and it may be continued the moment they go: so the gap it sees can be up to two
+intervals short of the timeout. Every blame (a still neighbour, a silent store, a verdict, the main
+thread's failed collective) therefore first asks whether this process had a gap of that size since the
+silence it is about to blame began (`Liveness._paused_since`); if so, the pause is the report.
 
 Reporting is the caller's `on_lost(loss)`, called from a thread while the main thread may be blocked
 for good (pretrain_gpt.py prints one line and ends the process). A rank that leaves marks its
@@ -269,6 +274,14 @@ class Liveness:
         self._report_lock = threading.Lock()
         self._answered_at = clock()  # when the store last answered this rank
         self._awake_at = clock()  # when the watchdog last woke: a long gap means this process did not run
+        # The shortest gap between two watchdog wakes that may be why the peers gave up on this rank
+        # (see the module's docstring); at least three intervals, so that a wake late on a loaded
+        # machine is no pause (--heartbeat-timeout-seconds is at least five intervals).
+        self._pause_s = max(stall_timeout_s - 2 * interval_s, 3 * interval_s)
+        self._last_pause: tuple[float, float] = (0.0, float("-inf"))  # (its length, when it ended)
+        self._reported_loss: Optional[PeerLoss] = None
+        self._report_done = threading.Event()  # on_lost returned (only a test's does)
+        self._explained = False  # the main thread has its answer: the threads report nothing more
         self._left_after_loss = False
         self._own_error = False
         self._threads: list[threading.Thread] = []
@@ -286,14 +299,27 @@ class Liveness:
 
     def explain_failure(self) -> Optional[PeerLoss]:
         """Called by the main thread after a collective (or anything) failed: the lost peers, or None
-        when every peer is alive. Takes up to SILENT_AFTER_S and a little more."""
-        self._suspect.set()
+        when every peer is alive. Takes up to SILENT_AFTER_S and a little more. A continued rank's
+        collective fails the moment it runs again, often before its watchdog has woken: a pause of
+        this process in the last timeout is why the peers went, and that is the answer."""
+        since = self.clock() - self.stall_timeout_s
         margin = 3 * self.interval_s
-        if self._answer_ready.wait(self.silent_after_s + margin):
-            return self._answer
-        if self.clock() - self._answered_at >= self.silent_after_s:  # blocked on a store that stopped
-            return PeerLoss(store_host=self.store_host)
-        return None
+        answer = self._own_pause(since)
+        if answer is None:
+            self._suspect.set()
+            if self._answer_ready.wait(self.silent_after_s + margin):
+                answer = self._own_pause(since) or self._answer
+            elif self.clock() - self._answered_at >= self.silent_after_s:  # blocked on a store that stopped
+                answer = self._own_pause(since) or PeerLoss(store_host=self.store_host)
+        with self._report_lock:
+            if not self._reported.is_set():
+                self._explained = True
+                if answer is not None and answer.paused_for_s is not None:
+                    self._reported.set()  # this rank's own finding: not marked in the store (as _report)
+                return answer
+        # A thread reported first and its on_lost ends the process: the main thread says nothing else.
+        self._report_done.wait(self.silent_after_s + margin)
+        return self._reported_loss
 
     def stop(self, after_loss: bool = False, own_error: bool = False) -> None:
         """End the threads and mark this rank as left: after a loss it found (not to be blamed), or
@@ -336,12 +362,16 @@ class Liveness:
                 self.board.beat()
                 verdict = self.board.verdict()
                 neighbour = self.board.read([self.neighbour])[self.neighbour]
-                self._answered_at = self.clock()
+                previous_answer, self._answered_at = self._answered_at, self.clock()
                 if not self._suspect.is_set():
-                    if verdict is not None:
-                        self._report(verdict)
+                    if verdict is not None:  # written since the last read, maybe while this rank slept
+                        self._blame(verdict, since=previous_answer)
                     elif self.stall_timeout_s > 0 and watch.stalled(neighbour, self._answered_at):
-                        if not self._report_if_paused():  # the neighbour only looks still to a rank that slept
+                        # the neighbour only looks still to a rank that slept: asked before proposing
+                        paused = self._own_pause(watch.since)
+                        if paused is not None:
+                            self._report(paused, mark=False)
+                        else:
                             self._report(self.board.propose(PeerLoss(silent=(self.neighbour,))))
                 self._stop.wait(self.interval_s)
             if not self._reported.is_set():  # a report marked the counter already
@@ -352,10 +382,10 @@ class Liveness:
             if self._stop.is_set() or self._reported.is_set():
                 return
             if self._suspect.is_set():
-                self._answer = PeerLoss(store_host=self.store_host)
+                self._answer = PeerLoss(store_host=self.store_host)  # explain_failure asks about a pause
                 self._answer_ready.set()
-            elif not self._report_if_paused():  # a paused rank finds the store gone: its host gave up on it
-                self._report(PeerLoss(store_host=self.store_host), mark=False)
+            else:  # a paused rank finds the store gone: its host gave up on it
+                self._blame(PeerLoss(store_host=self.store_host), since=self._answered_at, mark=False)
 
     def _wait_for_everyone_to_leave(self, loss: Optional[PeerLoss]) -> None:
         """The store's host, before it ends: until every rank but the lost ones has marked its counter
@@ -371,29 +401,51 @@ class Liveness:
 
     def _watch_store(self) -> None:
         while not self._stop.wait(self.interval_s) and not self._reported.is_set():
-            if self._report_if_paused():
+            woke_at = self.clock()
+            gap = woke_at - self._awake_at
+            if gap >= self._pause_s:  # recorded before _awake_at moves, so no reader misses it
+                self._last_pause = (gap, woke_at)
+            if self.stall_timeout_s <= gap:  # this process did not run for the timeout: say so at once
+                self._report(PeerLoss(paused_for_s=gap), mark=False)
                 return
-            self._awake_at = self.clock()
+            self._awake_at = woke_at
             if self._suspect.is_set():
                 continue  # explain_failure judges a silent store itself
             if self.clock() - self._answered_at >= self.stall_timeout_s:
-                self._report(PeerLoss(store_host=self.store_host), mark=False)
+                self._blame(PeerLoss(store_host=self.store_host), since=self._answered_at, mark=False)
 
-    def _report_if_paused(self) -> bool:
-        """Whether this process did not run for the stall timeout (the watchdog, which wakes every
-        interval and waits on nothing else, did not wake): then that is the report, about this rank,
-        and no peer or store is blamed. Not marked in the store: its host may be gone by now."""
-        paused_for = self.clock() - self._awake_at
-        if self.stall_timeout_s <= 0 or paused_for < self.stall_timeout_s:
-            return False
-        self._report(PeerLoss(paused_for_s=paused_for), mark=False)
-        return True
+    def _paused_since(self, since: float) -> Optional[float]:
+        """How long this process did not run, when that was at or after `since` (the watchdog, which
+        wakes every interval and waits on nothing else, did not wake for `_pause_s`, or has not yet
+        woken from such a gap): None when it ran throughout."""
+        if self.stall_timeout_s <= 0:
+            return None  # no watchdog: nothing measures this process's own gaps
+        length, ended_at = self._last_pause
+        ongoing = self.clock() - self._awake_at
+        if ongoing >= self._pause_s:
+            return max(ongoing, length) if ended_at >= since else ongoing
+        return length if ended_at >= since else None
+
+    def _own_pause(self, since: float) -> Optional[PeerLoss]:
+        paused_for = self._paused_since(since)
+        return None if paused_for is None else PeerLoss(paused_for_s=paused_for)
+
+    def _blame(self, loss: PeerLoss, since: float, mark: bool = True) -> None:
+        """Report `loss`, a silence that began at `since` (or a verdict read since then), unless this
+        process itself did not run in that time: then the report is that, about this rank, and no peer
+        or store is blamed. Not marked in the store: its host may be gone by now."""
+        paused = self._own_pause(since)
+        if paused is not None:
+            self._report(paused, mark=False)
+        else:
+            self._report(loss, mark)
 
     def _report(self, loss: PeerLoss, mark: bool = True) -> None:
         with self._report_lock:
-            if self._reported.is_set():
+            if self._reported.is_set() or self._explained:
                 return
             self._reported.set()
+            self._reported_loss = loss
         if mark:  # the store answers: say this rank leaves because of the loss, not as its cause
             try:
                 self.board.leave(after_loss=True)
@@ -401,7 +453,10 @@ class Liveness:
                     self._wait_for_everyone_to_leave(loss)
             except Exception:  # noqa: BLE001 - the report matters more than the mark
                 pass
-        self.on_lost(loss)
+        try:
+            self.on_lost(loss)
+        finally:
+            self._report_done.set()
 
 
 def start_liveness(rank: int, world_size: int, master_addr: str, master_port: int,

@@ -377,8 +377,10 @@ def test_the_communicator_remembers_the_last_collective_without_sending_anything
 
 # ---- the threads, on the fake store in real (short) time ---------------------------------------------
 
-def liveness(store, rank, world_size, found, stall_timeout_s=0.5, hosts_store=False):
-    """A rank's threads at a tenth of the real pace: a beat every 0.1 s, a 0.5 s silence window."""
+def liveness(store, rank, world_size, found, stall_timeout_s=1.0, hosts_store=False):
+    """A rank's threads at a tenth of the real pace: a beat every 0.1 s, a 0.5 s silence window. The
+    stall timeout is ten beats: a watchdog late by 0.8 s (the timeout less two beats) is taken for a
+    pause of this process, which a loaded machine must not reach by chance."""
     from parallel.liveness import Liveness
 
     return Liveness(store, rank, world_size, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
@@ -511,6 +513,75 @@ def test_a_rank_that_was_itself_stopped_says_so_and_blames_nobody(rank, hosts_st
     line = found[0].describe(rank, "during all_reduce on the dp group at iteration 6")
     assert "rank 0 (it hosts" not in line and f"rank {1 - rank} stopped" not in line, line
     assert line.startswith(f"this rank ({rank}) did not run for 5 s (it was stopped"), line
+    assert peer_found == []
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_rank_stopped_just_long_enough_for_its_peer_to_give_up_blames_nobody(rank):
+    """The end-to-end test below failed now and then under load ("rank 1 stopped answering", or rank 0
+    naming itself as the store's host): its peer gives up after a silence it measures from this rank's
+    last beat, up to an interval before this rank's watchdog last woke, and the test continues this
+    rank the moment the peer exits; so this rank's watchdog saw a gap just short of the timeout and
+    blamed the still neighbour or the silent store. Here the peer goes at the moment of a pause two
+    intervals short of the timeout, as it did there: rank 1's peer (rank 0, the store's host) wrote the
+    verdict naming it and left; rank 0's peer (rank 1) went silent without a mark (it had found the
+    store, rank 0, stopped)."""
+    from parallel.liveness import Board, Liveness, PeerLoss
+
+    store, found, peer_gone = FakeStore(), [], threading.Event()
+    clock = JumpingClock()
+    peer = Board(store, "p/", 1 - rank, 2)
+
+    def beat_until_gone():
+        while not peer_gone.is_set():
+            peer.beat()
+            time.sleep(0.1)
+
+    beating = threading.Thread(target=beat_until_gone, daemon=True)
+    beating.start()
+    stall_timeout_s, interval_s = 1.0, 0.1
+    paused = Liveness(store, rank, 2, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
+                      hosts_store=rank == 0, stall_timeout_s=stall_timeout_s, on_lost=found.append,
+                      silent_after_s=0.5, interval_s=interval_s, clock=clock).start()
+    try:
+        time.sleep(0.5)
+        assert found == []  # running normally: nothing to say
+        peer_gone.set()
+        beating.join()
+        if rank == 1:
+            peer.propose(PeerLoss(silent=(rank,)))
+            peer.leave(after_loss=True)
+        clock.offset += stall_timeout_s - 2 * interval_s  # the process did not run for that long
+        wait_until(lambda: found, timeout=10)
+    finally:
+        paused.stop()
+    assert len(found) == 1, found
+    line = found[0].describe(rank, "during all_reduce on the dp group at iteration 6")
+    assert line.startswith(f"this rank ({rank}) did not run for 1 s (it was stopped"), line
+    # and it wrote no verdict blaming its peer: rank 1's stands as rank 0 wrote it; rank 0 wrote none
+    assert store.values.get("p/verdict", b"") == (PeerLoss(silent=(1,)).to_json().encode() if rank == 1 else b"")
+
+
+def test_a_continued_rank_whose_collective_fails_before_its_watchdog_wakes_says_it_was_stopped():
+    """A continued rank's collective fails at once (its peer is gone), often before its watchdog has
+    woken from the pause: the main thread's question must get the pause, not a verdict about a peer
+    or the store, and only one report is made (a thread's, which ends the process, or the answer)."""
+    from parallel.liveness import Liveness
+
+    store, found, peer_found = FakeStore(), [], []
+    clock = JumpingClock()
+    peer = liveness(store, 1, 2, peer_found, stall_timeout_s=30).start()
+    paused = Liveness(store, 0, 2, prefix="p/", store_host="rank 0 (it hosts the rendezvous store)",
+                      hosts_store=True, stall_timeout_s=0.5, on_lost=found.append, silent_after_s=0.5,
+                      interval_s=0.1, clock=clock).start()
+    try:
+        time.sleep(0.3)
+        clock.offset += 5.0
+        answer = paused.explain_failure()
+    finally:
+        paused.stop(after_loss=True), peer.stop()
+    assert answer is not None and answer.paused_for_s is not None and answer.paused_for_s >= 5, answer
+    assert found in ([], [answer]), found
     assert peer_found == []
 
 
