@@ -9,7 +9,7 @@ in rank order. If a rank raises, dies, or the whole run exceeds `timeout` second
 terminated and `DistributedTestError` carries the failing rank's traceback: a hung collective fails
 the test instead of stalling CI.
 
-Children come from a forkserver that has imported torch (and torch._dynamo) once, not from a fresh interpreter each:
+Children come from a forkserver that has imported torch once, not from a fresh interpreter each:
 importing torch costs ~2 s of CPU per process, which on a 2-core CI machine made a 4-rank test take
 10 s instead of 0.2 s. The server forks before any test code runs in it, so children start with no
 threads, no process group and no CUDA context, as spawned ones would.
