@@ -71,9 +71,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120) -> list:
         raise TypeError(f"run_distributed needs a function defined at the top of an importable module, "
                         f"got {fn.__module__}.{fn.__qualname__}")
     context = mp.get_context("forkserver")
-    # torch._dynamo too: the first torch.optim optimizer a rank builds imports it (torch/_compile.py), ~1.5 s of
-    # CPU a process (sympy, fsdp, ...); once in the server instead of once per rank (it starts no thread)
-    context.set_forkserver_preload(["torch", "torch.distributed", "pytest", "torch._dynamo"])
+    context.set_forkserver_preload(["torch", "torch.distributed", "pytest"])
     results = context.Queue()
     port = free_port()
     processes = [context.Process(target=_child, daemon=True,
