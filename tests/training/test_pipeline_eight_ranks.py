@@ -25,10 +25,9 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from tests.distributed import free_port, run_distributed
-from tests.training.test_pipeline_training import GLOBAL_BATCH, MICRO_BATCH, _train
+from tests.training.test_pipeline_training import GLOBAL_BATCH, MICRO_BATCH, _train, one_stage_reference
 
 # name: (flags, tensor-parallel size); the rest of the 8 ranks is PP x DP
 EIGHT_RANK_CONFIGS = {
@@ -58,14 +57,7 @@ def _max_relative_difference(values: list[float], reference: list[float]) -> flo
 def test_eight_rank_pipeline_grids_train_with_the_one_stage_losses_and_norms():
     # >= 4 micro-batches on every rank of every grid: DP is at most 2
     assert GLOBAL_BATCH // (MICRO_BATCH * 2) >= 4
-    # one process: the reference, on one intra-op thread as the ranks are (tests/distributed.py): on a loaded
-    # 2-core machine the default two threads made it ~2x slower (measured 9 s against 4 s)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        single = _train([], 1)
-    finally:
-        torch.set_num_threads(threads)
+    single = one_stage_reference()
     assert single[-1][0] < single[0][0]  # it trains
     per_rank = run_distributed(train_every_eight_rank_configuration, WORLD_SIZE,
                                [free_port() for _ in EIGHT_RANK_CONFIGS], timeout=600)
