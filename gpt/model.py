@@ -219,6 +219,9 @@ class GPTModel(nn.Module):
         self.split_dropout_rng = rng if self.sequence_parallel else None
         padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
         tied = not architecture.untie_embeddings_and_output_weights
+        # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
+        # a copy whose gradients are summed (an untied first stage's output_layer is None too: not a tie).
+        self.tied_output = tied
         learned_positions = architecture.position_embedding_type == "learned_absolute"
         # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
         # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions

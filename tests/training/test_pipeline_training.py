@@ -27,6 +27,8 @@ MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4
          "--lr", "1e-3", "--clip-grad", "1.0", "--device", "cpu"]
 VOCAB, ITERATIONS, GLOBAL_BATCH, MICRO_BATCH = 128, 5, 16, 2
 
+UNTIED = ["--untie-embeddings-and-output-weights"]  # a model flag: such a grid compares with its own one-stage run
+
 # name: (flags, tensor-parallel size); the rest of the 4 ranks is data parallelism
 CONFIGS = {
     "pp2-1f1b-dp2-zero0": (["--pipeline-model-parallel-size", "2", "--zero-stage", "0"], 1),
@@ -44,6 +46,11 @@ CONFIGS = {
                                      "--zero-stage", "1"], 1),
     "pp2-interleaved-dp2": (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                              "--zero-stage", "1"], 1),
+    # An untied output layer (Megatron-DeepSpeed's pretrain_llama2_distributed.sh, PP 2): the first stage's
+    # embedding is no copy of the last stage's output layer, so no embedding gradients are summed across
+    # stages (github:NVIDIA/Megatron-LM megatron/core/distributed/finalize_model_grads.py
+    # _allreduce_word_embedding_grads runs only `if ... share_embeddings_and_output_weights`).
+    "pp2-untied-dp2": (["--pipeline-model-parallel-size", "2", "--zero-stage", "1", *UNTIED], 1),
 }
 
 
@@ -97,13 +104,14 @@ def train_every_configuration(rank: int, world_size: int, ports: list[int]) -> d
 
 @pytest.mark.slow
 def test_pipeline_stages_train_with_the_one_stage_losses_and_norms():
-    single = _train([], 1)  # one process: the reference
-    assert single[-1][0] < single[0][0]  # it trains
+    references = {False: _train([], 1), True: _train(UNTIED, 1)}  # one process: the references, tied and untied
+    assert all(single[-1][0] < single[0][0] for single in references.values())  # they train
     per_rank = run_distributed(train_every_configuration, 4, [free_port() for _ in CONFIGS], timeout=600)
     for name in CONFIGS:
         # every rank records the same loss and norm (the loss from the last stage, the norm over all stages)
         assert all(rank_results[name] == per_rank[0][name] for rank_results in per_rank), name
         losses, norms = zip(*per_rank[0][name])
+        single = references[UNTIED[0] in CONFIGS[name][0]]
         assert list(losses) == pytest.approx([loss for loss, _ in single], rel=1e-6, abs=0), name
         assert list(norms) == pytest.approx([norm for _, norm in single], rel=1e-6, abs=0), name
 
