@@ -219,6 +219,9 @@ class GPTModel(nn.Module):
         self.split_dropout_rng = rng if self.sequence_parallel else None
         padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
         tied = not architecture.untie_embeddings_and_output_weights
+        # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
+        # a copy whose gradients are summed (an untied first stage's output_layer is None too: not a tie).
+        self.tied_output = tied
         learned_positions = architecture.position_embedding_type == "learned_absolute"
         # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
         # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
@@ -254,6 +257,9 @@ class GPTModel(nn.Module):
             set_init_method(self.output_layer.weight, InitMethod.normal(config.init_method_std, rows=config.vocab_size))
         else:
             self.output_layer = None
+        # The global vocabulary index of this rank's first output column: the embedding's row split, also on
+        # a last pipeline stage whose untied output layer is its only vocabulary shard (no embedding there).
+        self.output_vocab_start = state.tensor_parallel_rank * (padded_vocab // state.tensor_parallel_size)
         # How the blocks run: in a plain loop, or under activation checkpointing once
         # zero.activations.apply_activation_checkpointing has replaced it.
         self.run_blocks = run_in_order
@@ -300,13 +306,13 @@ class GPTModel(nn.Module):
         output_weight = self.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
         if labels is not None and self.config.cross_entropy_loss_fusion:
             return fused_linear_cross_entropy(hidden, output_weight, labels,
-                                              self.word_embeddings.vocab_start_index, self.config.vocab_size,
+                                              self.output_vocab_start, self.config.vocab_size,
                                               self.state)
         logits = F.linear(hidden, output_weight)
         if labels is None:
             return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
-        return vocab_parallel_cross_entropy(logits, labels, self.word_embeddings.vocab_start_index,
+        return vocab_parallel_cross_entropy(logits, labels, self.output_vocab_start,
                                             self.config.vocab_size, self.state)
 
 

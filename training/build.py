@@ -70,7 +70,7 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
         checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations)
     # A tied embedding on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
     # shard by shard (zero/pipeline_grads.py).
-    shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.output_layer is None \
+    shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.tied_output \
         and model.word_embeddings is not None else []
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,
                       decoupled_lr_params=decoupled_lr_params(model, config))

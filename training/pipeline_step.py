@@ -57,7 +57,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         super().__init__(model, zero, train_batches, settings, state, activations)
         self.p2p = PipelineP2P(state.device)
         self.chunks = len(model.stage.chunks)
-        tied = model.word_embeddings if model.output_layer is None else None
+        tied = model.word_embeddings if model.tied_output else None
         self.gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
                                            state.pipeline_parallel_group, state.is_first_stage)
         self.dtype = next(model.parameters()).dtype

@@ -164,7 +164,7 @@ MEANINGS: list[Meaning] = [
     Meaning(("--group-query-attention",), "group_query_attention", "Megatron-LM", {"action": "store_true"},
             "grouped-query attention with --num-query-groups key/value heads (Megatron-LM's default: 1)"),
     Meaning(("--use-rotary-position-embeddings",), "use_rotary_position_embeddings", "Megatron-DeepSpeed",
-            {"action": "store_true"}, "with --no-position-embedding: --position-embedding-type rope"),
+            {"action": "store_true"}, "--position-embedding-type rope (learned positions off)"),
     Meaning(("--no-position-embedding",), "no_position_embedding", "Megatron-DeepSpeed", {"action": "store_true"},
             "no learned positions: --position-embedding-type none, or rope with --use-rotary-position-embeddings"),
     Meaning(("--pipe-parallel-size",), "pipe_parallel_size", "DeepSpeedExamples' Megatron 3D", {"type": int},
@@ -253,7 +253,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
                               "tensor-parallel rank holds the whole sequence)")
     _resolve_query_groups(given, settings, option_used, change, resolved)
     _resolve_pipe_parallel_size(given, settings, sources, change, resolved)
-    _resolve_positions(given, settings, change, resolved)
+    _resolve_positions(given, settings, change)
     if resolved.refused:
         raise RefusedFlags(resolved)
     return resolved
@@ -300,24 +300,20 @@ def _resolve_pipe_parallel_size(given: dict[str, Any], settings: dict[str, Any],
                else "no DeepSpeed pipeline engine: one stage")
 
 
-def _resolve_positions(given: dict[str, Any], settings: dict[str, Any], change: Callable, resolved: Resolved) -> None:
-    """Megatron-DeepSpeed adds learned positions unless --no-position-embedding and rotates q and k under
-    --use-rotary-position-embeddings (megatron/model/language_model.py: `if self.add_position_embedding:
-    self.position_embeddings = ...`); Megatron-LM reads --use-rotary-position-embeddings as
-    --position-embedding-type rope and accepts --no-position-embedding beside rope (validate_args, "Legacy
-    RoPE arguments"). Both programs' Llama launches giving both flags mean rope alone."""
-    rotary, no_learned = given.get("use_rotary_position_embeddings"), given.get("no_position_embedding")
-    if rotary and no_learned:
-        change("position_embedding_type", "rope", "use_rotary_position_embeddings",
-               "--use-rotary-position-embeddings --no-position-embedding: rotary positions alone")
-    elif no_learned and settings["position_embedding_type"] == "learned_absolute":
+def _resolve_positions(given: dict[str, Any], settings: dict[str, Any], change: Callable) -> None:
+    """Both programs read --use-rotary-position-embeddings as rotary positions alone, --no-position-embedding
+    or not: Megatron-DeepSpeed's validate_args turns the learned positions off under it (megatron/arguments.py,
+    "When rotary position embeddings is used, set add_position_embedding to false": `args.add_position_embedding
+    = False`), and Megatron-LM's sets --position-embedding-type rope ("Legacy RoPE arguments"). Without it,
+    Megatron-DeepSpeed's --no-position-embedding leaves no positions; beside Megatron-LM's rope it changes
+    nothing."""
+    if given.get("use_rotary_position_embeddings"):
+        if settings["position_embedding_type"] != "rope":
+            change("position_embedding_type", "rope", "use_rotary_position_embeddings",
+                   "rotary positions alone (Megatron-DeepSpeed turns its learned positions off under it)")
+    elif given.get("no_position_embedding") and settings["position_embedding_type"] == "learned_absolute":
         change("position_embedding_type", "none", "no_position_embedding",
                "Megatron-DeepSpeed's --no-position-embedding without rotary positions")
-    elif rotary and settings["position_embedding_type"] != "rope":
-        resolved.refused.append("--use-rotary-position-embeddings without --no-position-embedding: Megatron-DeepSpeed "
-                                "then adds learned positions and rotates too, which is not implemented; add "
-                                "--no-position-embedding (rotary alone, Megatron-LM's meaning), or use "
-                                "--position-embedding-type rope")
 
 
 HONOURED, ALIAS, NO_EFFECT = "honoured", "alias", "no-effect"

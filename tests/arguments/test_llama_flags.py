@@ -35,6 +35,22 @@ def test_megatron_lm_and_megatron_deepspeed_spellings_are_the_same_settings():
     assert model().num_query_groups is None and model().architecture.query_groups(4) == 4
 
 
+def test_rotary_positions_without_no_position_embedding_are_rotary_positions_alone():
+    # deepspeedai/Megatron-DeepSpeed f4157bea megatron/arguments.py, validate_args lines 314-317: "When rotary
+    # position embeddings is used, set add_position_embedding to false to turn off absolute position
+    # embedding. if args.use_rotary_position_embeddings: args.add_position_embedding = False"; so
+    # megatron/model/language_model.py's Embedding (line 163-164, `if self.add_position_embedding:
+    # self.position_embeddings = ...`) builds no learned positions, and TransformerLanguageModel (lines
+    # 424-437, 539-551) rotates q and k in megatron/model/transformer.py (lines 824-829). NVIDIA/Megatron-LM
+    # megatron/training/arguments.py validate_args, "Legacy RoPE arguments": `if
+    # args.use_rotary_position_embeddings: args.position_embedding_type = 'rope'`.
+    alone = model("--use-rotary-position-embeddings", "--rotary-percent", "0.25")
+    assert (alone.position_embedding_type, alone.rotary_percent) == ("rope", 0.25)
+    assert alone.architecture == model("--position-embedding-type", "rope", "--rotary-percent", "0.25").architecture
+    with_off = model("--use-rotary-position-embeddings", "--no-position-embedding", "--rotary-percent", "0.25")
+    assert with_off.architecture == alone.architecture
+
+
 def test_swiglu_takes_megatrons_default_ffn_size_unless_given():
     # megatron/training/arguments.py, validate_args: int((4 * hidden_size * 2 / 3) / 64) * 64
     assert model("--swiglu").ffn_size == int((4 * 64 * 2 / 3) / 64) * 64 == 128
@@ -44,7 +60,6 @@ def test_swiglu_takes_megatrons_default_ffn_size_unless_given():
 
 @pytest.mark.parametrize("argv, words", [
     (["--num-query-groups", "2"], "--num-query-groups without --group-query-attention"),
-    (["--use-rotary-position-embeddings"], "add --no-position-embedding"),
     (["--group-query-attention", "--num-query-groups", "3"], "--num-query-groups 3 does not divide"),
     (["--num-key-value-heads", "2", "--tensor-model-parallel-size", "4"],
      "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"),

@@ -78,3 +78,18 @@ def test_stage_models_hold_the_one_stage_models_parameters(untied):
     shared = {name for name, ranks in seen.items() if len(ranks) > 1}
     assert shared == (set() if untied else {"word_embeddings.weight"})
     assert seen["blocks.2.input_layernorm.weight"] == [0]  # chunk 1 of stage 0 (interleaved, 1 layer a chunk)
+
+
+def test_an_untied_last_stage_scores_the_vocabulary_as_the_one_stage_model():
+    """The last stage of an untied model holds no word embedding (only the first stage does), so its loss
+    reads its vocabulary shard's start from the output layer's split (the Llama-2 launch of
+    deepspeedai/Megatron-DeepSpeed examples_deepspeed/pretrain_llama2_distributed.sh: PP 2, untied)."""
+    config = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8,
+                         max_position_embeddings=8, vocab_size=100, untie_embeddings_and_output_weights=True)
+    state = virtual_state(1, device="cpu")
+    whole = build_gpt_model(config, state, seed=5)
+    last = materialize(GPTModel(config, state, stage=stage_layers(2, 2, 1)), 5, device="cpu")
+    assert last.word_embeddings is None
+    hidden, labels = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(0)), torch.arange(16).view(2, 8)
+    assert torch.equal(last.output(last.final_layernorm(hidden), labels),
+                       whole.output(whole.final_layernorm(hidden), labels))

@@ -125,7 +125,7 @@ LAUNCHES = (
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: Megatron-DeepSpeed then adds learned positions and rotates too",
+        outcome="trains",
     ),
 
     Launch(
@@ -399,7 +399,7 @@ LAUNCHES = (
   }
 }
 """,
-        outcome="refused: Megatron-DeepSpeed then adds learned positions and rotates too",
+        outcome="trains",
     ),
 
     Launch(

@@ -47,6 +47,10 @@ from tests.replay_corpus.shrink import (
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
 KNOWN_FAILING_TODAY: dict[str, str] = {
+    # Its model flags resolve (rotary alone, SwiGLU, RMSNorm, GQA, untied, no biases; 2 pipeline stages) and,
+    # with GPT2BPETokenizer in its place, it trains; the cause is its SentencePiece tokenizer.model.
+    "megatron-deepspeed-pretrain-llama2-distributed": "--tokenizer-type GPTSentencePieceTokenizer: a "
+                                                      "SentencePiece model is not read here",
 }
 
 
@@ -279,6 +283,7 @@ def test_the_docs_list_the_corpus_and_its_outcomes():
 
 # Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too.
 FLAGS_REFUSED_TODAY = {
+    name: KNOWN_FAILING_TODAY[name] for name in ("megatron-deepspeed-pretrain-llama2-distributed",)
 }
 
 

@@ -28,6 +28,8 @@ MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4
          "--lr", "1e-3", "--clip-grad", "1.0", "--device", "cpu"]
 VOCAB, ITERATIONS, GLOBAL_BATCH, MICRO_BATCH = 128, 5, 16, 2
 
+UNTIED = ["--untie-embeddings-and-output-weights"]  # a model flag: such a grid compares with its own one-stage run
+
 # name: (flags, tensor-parallel size); the rest of the 4 ranks is data parallelism
 CONFIGS = {
     "pp2-1f1b-dp2-zero0": (["--pipeline-model-parallel-size", "2", "--zero-stage", "0"], 1),
@@ -45,6 +47,11 @@ CONFIGS = {
                                      "--zero-stage", "1"], 1),
     "pp2-interleaved-dp2": (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                              "--zero-stage", "1"], 1),
+    # An untied output layer (Megatron-DeepSpeed's pretrain_llama2_distributed.sh, PP 2): the first stage's
+    # embedding is no copy of the last stage's output layer, so no embedding gradients are summed across
+    # stages (github:NVIDIA/Megatron-LM megatron/core/distributed/finalize_model_grads.py
+    # _allreduce_word_embedding_grads runs only `if ... share_embeddings_and_output_weights`).
+    "pp2-untied-dp2": (["--pipeline-model-parallel-size", "2", "--zero-stage", "1", *UNTIED], 1),
 }
 
 
@@ -89,13 +96,13 @@ def _train(flags: list[str], tensor_parallel_size: int) -> list[tuple[float, flo
 
 
 @functools.cache  # the 4-rank and the 8-rank tests (test_pipeline_eight_ranks.py) compare with the same run
-def one_stage_reference() -> tuple[tuple[float, float], ...]:
+def one_stage_reference(flags: tuple[str, ...] = ()) -> tuple[tuple[float, float], ...]:
     """The one-process run the stages must match, on one intra-op thread as the ranks are (tests/distributed.py):
     on the loaded 2-core machine its default two threads made it ~2x slower (measured 9 s against 4 s)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return tuple(_train([], 1))
+        return tuple(_train(list(flags), 1))
     finally:
         torch.set_num_threads(threads)
 
@@ -110,13 +117,15 @@ def train_every_configuration(rank: int, world_size: int, ports: list[int]) -> d
 
 @pytest.mark.slow
 def test_pipeline_stages_train_with_the_one_stage_losses_and_norms():
-    single = one_stage_reference()
-    assert single[-1][0] < single[0][0]  # it trains
+    # one process: the references, tied and untied
+    references = {False: one_stage_reference(), True: one_stage_reference(tuple(UNTIED))}
+    assert all(single[-1][0] < single[0][0] for single in references.values())  # they train
     per_rank = run_distributed(train_every_configuration, 4, [free_port() for _ in CONFIGS], timeout=600)
     for name in CONFIGS:
         # every rank records the same loss and norm (the loss from the last stage, the norm over all stages)
         assert all(rank_results[name] == per_rank[0][name] for rank_results in per_rank), name
         losses, norms = zip(*per_rank[0][name])
+        single = references[UNTIED[0] in CONFIGS[name][0]]
         assert list(losses) == pytest.approx([loss for loss, _ in single], rel=1e-6, abs=0), name
         assert list(norms) == pytest.approx([norm for _, norm in single], rel=1e-6, abs=0), name
 
