@@ -2,8 +2,9 @@
 
 Each refused launch of the replay corpus is fed with more problems of every layer at once: its own
 refusal (a flag or JSON key), an unknown flag, a --load folder that holds something but no checkpoint
-(checked with the flags now, training/late_checks.py check_load; was: only once the flags passed) and a --vocab-size
-beside a tokenizer. All of them must arrive in the one error line.
+(checked with the flags now, training/late_checks.py check_load; was: only once the flags passed) and fp8 on a
+CPU (check_fp8_flag; a --vocab-size beside a tokenizer was the late problem here until it was read as Megatron reads
+it: not at all). All of them must arrive in the one error line.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def test_a_refused_launch_gets_all_its_problems_in_one_message(launch, tmp_path)
     junk = tmp_path / "someones_weights"
     junk.mkdir()
     (junk / "model.pt").write_text("not a checkpoint of this program")
-    argv = shrunk.argv + ["--no-such-flag-34", "--load", str(junk), "--vocab-size", "500"]
+    argv = shrunk.argv + ["--no-such-flag-34", "--load", str(junk), "--fp8-format", "hybrid"]
     with pytest.raises(ConfigError) as raised:
         parse_arguments(argv, late_checks=pretrain_gpt.LATE_CHECKS)
     message = str(raised.value)
     assert "\n" not in message
-    for problem in (launch.refusal, "--no-such-flag-34", f"--load {junk} holds no checkpoint", "--vocab-size 500"):
+    for problem in (launch.refusal, "--no-such-flag-34", f"--load {junk} holds no checkpoint",
+                    "--fp8-format hybrid needs a CUDA GPU"):
         assert problem in message, (problem, message)
