@@ -58,12 +58,12 @@ from parallel.state import ParallelState
 
 
 def sdpa_takes_grouped_kv(attention_backend: str) -> bool:
-    """Whether SDPA reads each group's key/value head for its query heads itself (enable_gqa, torch 2.5+:
-    query head i reads key/value head i // (heads / groups), as repeat_interleave's copies do), so the
-    copies of k and v per query head are never made. The memory-efficient and cuDNN kernels, all that
-    --attention-backend fused allows, do not take enable_gqa in every torch version: that backend keeps
+    """Whether SDPA reads each group's key/value head for its query heads itself (enable_gqa, in every torch
+    this project pins: query head i reads key/value head i // (heads / groups), as repeat_interleave's copies
+    do), so the copies of k and v per query head are never made. The memory-efficient and cuDNN kernels, all
+    that --attention-backend fused allows, do not take enable_gqa in every torch version: that backend keeps
     the copies."""
-    return attention_backend != "fused" and torch.__version__ >= "2.5"
+    return attention_backend != "fused"
 
 
 class SelfAttention(nn.Module):

@@ -34,7 +34,6 @@ def logits_and_gradients(config: ModelConfig, native: bool) -> tuple[torch.Tenso
     return logits.detach(), {name: param.grad for name, param in model.named_parameters()}
 
 
-@pytest.mark.skipif(not sdpa_takes_grouped_kv("auto"), reason="this torch's SDPA has no enable_gqa")
 @pytest.mark.parametrize("groups, dropout", [(2, 0.0), (1, 0.0), (2, 0.1)])
 def test_native_grouped_attention_is_bit_identical_to_the_copies(groups, dropout):
     config = dataclasses.replace(LLAMA, num_query_groups=groups, attention_dropout=dropout, hidden_dropout=0.0)
