@@ -22,12 +22,10 @@ summed in another order); the bound is the issue's 1e-6 relative.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.distributed import free_port, run_distributed
-from tests.training.test_pipeline_training import GLOBAL_BATCH, MICRO_BATCH, _train, one_stage_reference
+from tests.training.test_pipeline_training import GLOBAL_BATCH, MICRO_BATCH, one_stage_reference, train_configurations
 
 # name: (flags, tensor-parallel size); the rest of the 8 ranks is PP x DP
 EIGHT_RANK_CONFIGS = {
@@ -41,14 +39,6 @@ EIGHT_RANK_CONFIGS = {
 WORLD_SIZE = 8
 
 
-def train_every_eight_rank_configuration(rank: int, world_size: int, ports: list[int]) -> dict:
-    results = {}
-    for (name, (flags, tp)), port in zip(EIGHT_RANK_CONFIGS.items(), ports):
-        os.environ["MASTER_PORT"] = str(port)  # a fresh rendezvous for each grid
-        results[name] = _train(flags, tp)
-    return results
-
-
 def _max_relative_difference(values: list[float], reference: list[float]) -> float:
     return max(abs(value - expected) / abs(expected) for value, expected in zip(values, reference))
 
@@ -59,7 +49,7 @@ def test_eight_rank_pipeline_grids_train_with_the_one_stage_losses_and_norms():
     assert GLOBAL_BATCH // (MICRO_BATCH * 2) >= 4
     single = one_stage_reference()
     assert single[-1][0] < single[0][0]  # it trains
-    per_rank = run_distributed(train_every_eight_rank_configuration, WORLD_SIZE,
+    per_rank = run_distributed(train_configurations, WORLD_SIZE, EIGHT_RANK_CONFIGS,
                                [free_port() for _ in EIGHT_RANK_CONFIGS], timeout=600)
     for name in EIGHT_RANK_CONFIGS:
         # every rank records the same loss and norm (the loss from the last stage, the norm over all stages)

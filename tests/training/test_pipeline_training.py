@@ -107,9 +107,10 @@ def one_stage_reference(flags: tuple[str, ...] = ()) -> tuple[tuple[float, float
         torch.set_num_threads(threads)
 
 
-def train_every_configuration(rank: int, world_size: int, ports: list[int]) -> dict:
+def train_configurations(rank: int, world_size: int, configs: dict, ports: list[int]) -> dict:
+    """Each of `configs` ({name: (flags, TP size)}) trained in turn on this rank; the 8-rank test runs its own."""
     results = {}
-    for (name, (flags, tp)), port in zip(CONFIGS.items(), ports):
+    for (name, (flags, tp)), port in zip(configs.items(), ports):
         os.environ["MASTER_PORT"] = str(port)  # a fresh rendezvous for each grid
         results[name] = _train(flags, tp)
     return results
@@ -120,7 +121,7 @@ def test_pipeline_stages_train_with_the_one_stage_losses_and_norms():
     # one process: the references, tied and untied
     references = {False: one_stage_reference(), True: one_stage_reference(tuple(UNTIED))}
     assert all(single[-1][0] < single[0][0] for single in references.values())  # they train
-    per_rank = run_distributed(train_every_configuration, 4, [free_port() for _ in CONFIGS], timeout=600)
+    per_rank = run_distributed(train_configurations, 4, CONFIGS, [free_port() for _ in CONFIGS], timeout=600)
     for name in CONFIGS:
         # every rank records the same loss and norm (the loss from the last stage, the norm over all stages)
         assert all(rank_results[name] == per_rank[0][name] for rank_results in per_rank), name
