@@ -26,7 +26,7 @@ counts is what a live rank would count.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -337,11 +337,19 @@ class DryRunCommunicator(Communicator):
         # What gloo copies of the largest reduce-scatter or all-gather (GLOO_PIECE_BYTES at most):
         # the planner adds it once, since a group runs its collectives one after another.
         self.largest_transport_copy = 0
+        # Called with each copy's bytes as its collective is issued, so a caller can read what else is live
+        # at that moment (planner/pipeline_plan.py: the activations a backward has not yet freed).
+        self.on_transport_copy: Optional[Callable[[int], None]] = None
 
     def take_largest_transport_copy(self) -> int:
         """Bytes of the largest reduce-scatter input or all-gather output since the last call."""
         largest, self.largest_transport_copy = self.largest_transport_copy, 0
         return largest
+
+    def _copied(self, num_bytes: int) -> None:
+        self.largest_transport_copy = max(self.largest_transport_copy, num_bytes)
+        if self.on_transport_copy is not None:
+            self.on_transport_copy(num_bytes)
 
     @staticmethod
     def _done(async_op: bool):
@@ -351,11 +359,11 @@ class DryRunCommunicator(Communicator):
         return self._done(async_op)
 
     def _transport_reduce_scatter(self, output, input, op, group, async_op):
-        self.largest_transport_copy = max(self.largest_transport_copy, gloo_copy_bytes(_num_bytes(input)))
+        self._copied(gloo_copy_bytes(_num_bytes(input)))
         return self._done(async_op)
 
     def _transport_all_gather(self, output, input, group, async_op):
-        self.largest_transport_copy = max(self.largest_transport_copy, _num_bytes(output))
+        self._copied(_num_bytes(output))
         return self._done(async_op)
 
     def _transport_broadcast(self, tensor, src, group, async_op):

@@ -86,7 +86,7 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     outputs: dict[tuple[int, int], tuple[Optional[torch.Tensor], torch.Tensor]] = {}
     held: list[int] = []  # the slots of the sends not yet completed
     sent = most_held = forward_peak = 0
-    backward_points: list[tuple[int, bool]] = []  # (live bytes at a backward's start, whether it communicated)
+    backward_points: list[int] = []  # bytes live at a backward's start and at each collective inside one
     in_flight = in_flight_peak = 0
     no_sync_bytes: Optional[dict[str, dict[str, int]]] = None
 
@@ -117,21 +117,31 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
         else:
             received, output = outputs.pop((slot.micro_batch, slot.chunk))
             held = held if ends else [sender for sender in held if sender > index - SEND_LAG]
-            live = monitor.meter.live["device"] + len(held) * message + (0 if ends else message)
+            beside = len(held) * message + (0 if ends else message)  # held sends, the received gradient
+            backward_points.append(monitor.meter.live["device"] + beside)
             before = state.comm.stats.snapshot()
             probe.phase = "backward"
-            with contextlib.nullcontext() if index == last_backward else reducer.no_sync():
-                with probe.backward_meter.hooks():
-                    if ends:
-                        zero.scale_loss(output).backward()
-                    else:
-                        output.backward(torch.zeros_like(output))
-            reducer.finish_grad_sync()
+
+            def at_collective(copy_bytes: int, beside: int = beside) -> None:
+                # What a backward that reduces gradients holds when each collective starts: the activations
+                # it has not yet freed and gloo's copy of that collective's buffer.
+                backward_points.append(monitor.meter.live["device"] + beside + copy_bytes)
+
+            state.comm.on_transport_copy = at_collective
+            try:
+                with contextlib.nullcontext() if index == last_backward else reducer.no_sync():
+                    with probe.backward_meter.hooks():
+                        if ends:
+                            zero.scale_loss(output).backward()
+                        else:
+                            output.backward(torch.zeros_like(output))
+                reducer.finish_grad_sync()
+            finally:
+                state.comm.on_transport_copy = None
             after = state.comm.stats.snapshot()
             if index != last_backward and no_sync_bytes is None:
                 no_sync_bytes = {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
                                  for group, kinds in after.items()}
-            backward_points.append((live, after != before))
             held, sent = (held, sent) if starts else (held + [index], sent + 1)
             most_held = max(most_held, len(held))
             in_flight -= 1
@@ -150,11 +160,12 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     optimizer.publish_parameters()
     loss_sum = torch.zeros((), device=META)
     state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")
-    # A backward that reduces gradients (the last one at ZeRO 0-1, every one at ZeRO 2) holds gloo's copy of the
-    # collective on top of what was live when it began (an upper bound: its own activations go as it runs); the
-    # saved-activation peak of the steady state has no collective beside it at ZeRO 0-1.
-    pass_peak = max([forward_peak] + [live + (passes_copy if communicated else 0)
-                                      for live, communicated in backward_points])
+    # The peak of the passes: a forward's, a backward's start, or a collective inside a backward that reduces
+    # gradients (the last one at ZeRO 0-1, every one at ZeRO 2) with what was still live as it started. Counting
+    # the copy on top of all a backward held at its start planned tests/planner/test_plan_pipeline_live.py's last
+    # stage at 90.0 MiB, measured 72: its reduce-scatter starts once a bucket of gradients is ready, when those
+    # layers' activations are gone. Read at the collective, the plan is 78.0 MiB.
+    pass_peak = max([forward_peak] + backward_points)
     figures = PipelineFigures(
         pipeline_parallel_size=stages, pipeline_parallel_rank=stage, chunks=chunks, micro_batches=micro_batches,
         simulated_micro_batches=simulated, peak_chunk_forwards_in_flight=in_flight_peak,
