@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from base.input_files import check_input_file
 from base.progress import ProgressLines
 from data import DataError
+from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, load_sentencepiece_tokenizer
 
 EOD_TOKEN = "<|endoftext|>"
 
@@ -204,11 +205,15 @@ class NullTokenizer:
 
 
 def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None, vocab_file: str | None,
-                         merges_file: str | None, vocab_size: int = 0) -> GPTTokenizer | NullTokenizer | None:
+                         merges_file: str | None,
+                         vocab_size: int = 0) -> GPTTokenizer | SentencePieceTokenizer | NullTokenizer | None:
     """The tokenizer the flags name (Megatron's --tokenizer-type, or the files given), or None when
-    they name none (the embedded corpus then brings its own)."""
+    they name none (the embedded corpus then brings its own). A SentencePiece type's --tokenizer-model
+    (held as tokenizer_file) is its .model file."""
     if tokenizer_type == "NullTokenizer":
         return NullTokenizer(vocab_size)
+    if tokenizer_type in SENTENCEPIECE_TYPES:
+        return load_sentencepiece_tokenizer(tokenizer_type, tokenizer_file)
     if tokenizer_file or vocab_file or merges_file:
         return load_tokenizer(tokenizer_file=tokenizer_file, vocab_file=vocab_file, merges_file=merges_file)
     return None
