@@ -204,9 +204,12 @@ class NullTokenizer:
         return self._vocab_size_without_eod
 
 
+# What a run tokenizes with: the vocabulary size and end-of-document id every kind has.
+RunTokenizer = GPTTokenizer | SentencePieceTokenizer | NullTokenizer
+
+
 def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None, vocab_file: str | None,
-                         merges_file: str | None,
-                         vocab_size: int = 0) -> GPTTokenizer | SentencePieceTokenizer | NullTokenizer | None:
+                         merges_file: str | None, vocab_size: int = 0) -> RunTokenizer | None:
     """The tokenizer the flags name (Megatron's --tokenizer-type, or the files given), or None when
     they name none (the embedded corpus then brings its own). A SentencePiece type's --tokenizer-model
     (held as tokenizer_file) is its .model file."""

@@ -45,8 +45,8 @@ def test_gpt_sentencepiece_is_the_models_own_encoding(sentencepiece_model, proce
 
 def test_llama2_puts_bos_first(sentencepiece_model, processor):
     tokenizer = load_sentencepiece_tokenizer("Llama2Tokenizer", sentencepiece_model)
-    assert [tokenizer.encode(text) for text in TEXTS] == [[processor.bos_id(), *processor.encode(text)]
-                                                          for text in TEXTS]
+    expected = [[processor.bos_id(), *processor.encode(text)] for text in TEXTS]
+    assert [tokenizer.encode(text) for text in TEXTS] == expected and tokenizer.encode_batch(TEXTS) == expected
     assert (tokenizer.vocab_size, tokenizer.eod_id) == (PIECES, processor.eos_id())
 
 
@@ -56,8 +56,8 @@ def test_sentencepiece_adds_megatrons_special_pieces(sentencepiece_model, proces
     assert (tokenizer.vocab_size, tokenizer.eod_id) == (PIECES + 5, PIECES + 2)
     assert [tokenizer.encode(text) for text in TEXTS] == [processor.encode(text) for text in TEXTS]
     text = "a<EOD>b </s><MASK><CLS> c"
-    assert tokenizer.encode(text) == [*processor.encode("a"), 514, *processor.encode("b "), 2, 515, 512,
-                                      *processor.encode(" c")]
+    expected = [*processor.encode("a"), 514, *processor.encode("b "), 2, 515, 512, *processor.encode(" c")]
+    assert tokenizer.encode(text) == expected and tokenizer.encode_batch([text, ""]) == [expected, []]
     assert tokenizer.decode([*processor.encode("a"), 514, *processor.encode("b")]) == "a <EOD> b"
 
 
