@@ -143,8 +143,8 @@ def _prepared(directory: str, tokenizer: Optional[NamedTokenizer]) -> PreparedCo
 def prepare_default_corpus(cache_dir: str, vocab_size: int,
                            tokenizer: Optional[NamedTokenizer] = None) -> PreparedCorpus:
     """Tokenizer + indexed dataset of the default corpus under `cache_dir`, built on first use. With
-    `tokenizer` (the user's --tokenizer-file, GPT-2 files or SentencePiece model), the corpus is tokenized with it instead
-    of a trained one, and cached under a name keyed by that tokenizer's content.
+    `tokenizer` (the user's --tokenizer-file, GPT-2 files or SentencePiece model), the corpus is tokenized
+    with it instead of a trained one, and cached under a name keyed by that tokenizer's content.
 
     Safe for concurrent callers (every rank of a torchrun job may call it) and against interruption:
     each builder works in its own temporary directory next to the final one and renames it into place

@@ -24,10 +24,10 @@ What changes, and only this:
 - intervals: --log-interval and the JSON's steps_per_print through one map (1 stays 1, the others become
   2, 3, ... in order), --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0);
 - paths: data prefixes become the local corpus (blend weights stay), tokenizer files the local tokenizer it
-  was made with (GPT-2-format files; a SentencePiece type's --tokenizer-model its tokenizer.model), save/load/TensorBoard/cache/codecarbon directories folders under `out_dir`, the JSON a file
-  there, BigScience's weighted-split-path files files there that name the local corpus. A
-  GPT2BPETokenizer that the script let download GPT-2's files gets them as --vocab-file and
-  --merge-file (the only flags added).
+  was made with (GPT-2-format files; a SentencePiece type's --tokenizer-model its tokenizer.model),
+  save/load/TensorBoard/cache/codecarbon directories folders under `out_dir`, the JSON a file there,
+  BigScience's weighted-split-path files files there that name the local corpus. A GPT2BPETokenizer that
+  the script let download GPT-2's files gets them as --vocab-file and --merge-file (the only flags added).
 
 Anything else is kept token for token, including flags this repository does not know.
 """
@@ -261,7 +261,7 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [os.path.join(files.tokenizer_dir, "vocab.json")]
         elif flag == "--merge-file":
             new = [os.path.join(files.tokenizer_dir, "merges.txt")]
-        elif flag == "--tokenizer-model" and given.get("--tokenizer-type", [None])[0] in SENTENCEPIECE_TYPES:
+        elif flag == "--tokenizer-model" and uses_sentencepiece(launch):
             new = [os.path.join(files.tokenizer_dir, SENTENCEPIECE_MODEL_FILE)]
         elif flag in ("--tokenizer-name-or-path", "--tokenizer-model"):
             new = [files.tokenizer_dir]
