@@ -157,9 +157,16 @@ class SentencePieceTokenizer:
 
     def to_json(self) -> str:
         """The whole tokenizer as one JSON string, its type and the model's bytes: what the embedded
-        corpus's cache is keyed by (two types over one model give different ids)."""
+        corpus's cache is keyed by (two types over one model give different ids), and how preprocessing's
+        worker processes receive it."""
         return json.dumps({"tokenizer_type": self.tokenizer_type,
                            "model": base64.b64encode(self._model_proto).decode("ascii")})
+
+    @classmethod
+    def from_json(cls, text: str) -> "SentencePieceTokenizer":
+        """The tokenizer `to_json` wrote (how worker processes receive it)."""
+        state = json.loads(text)
+        return cls(state["tokenizer_type"], base64.b64decode(state["model"]))
 
     def save(self, directory: str) -> None:
         """The model file as it was read, as `tokenizer.model`."""
