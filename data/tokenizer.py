@@ -134,7 +134,10 @@ def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
     try:
         tokenizer = Tokenizer.from_file(tokenizer_file)
     except Exception as error:  # the library raises a bare Exception for malformed files
-        raise DataError(f"--tokenizer-file {tokenizer_file}: not a valid tokenizer.json ({error})") from error
+        # Megatron reads a .model only under a SentencePiece --tokenizer-type; without one, say which to give.
+        hint = (f"; a SentencePiece model needs --tokenizer-type {' or '.join(SENTENCEPIECE_TYPES)}"
+                if tokenizer_file.endswith(".model") else f" ({error})")
+        raise DataError(f"--tokenizer-file {tokenizer_file}: not a valid tokenizer.json{hint}") from error
     if tokenizer.token_to_id(EOD_TOKEN) is None:
         raise DataError(f"--tokenizer-file {tokenizer_file}: vocabulary has no {EOD_TOKEN!r} token")
     return GPTTokenizer(tokenizer)

@@ -22,6 +22,7 @@ from data import DataError
 from data.corpus import default_corpus_documents
 from data.indexed import IndexedDataset
 from data.sentencepiece_tokenizer import SentencePieceTokenizer, load_sentencepiece_tokenizer
+from data.tokenizer import load_named_tokenizer
 
 TEXTS = ["Hello, world!", "def f(x):\n    return x ** 2  # 1234\n", "naïve café — 日本語 🎉", ""]
 PIECES = 512  # the session model's (tests/conftest.py's sentencepiece_model)
@@ -92,3 +93,10 @@ def test_a_model_without_eos_has_no_end_of_document(tmp_path):
     with pytest.raises(DataError, match="no end-of-sentence piece"):
         load_sentencepiece_tokenizer("GPTSentencePieceTokenizer", str(path))
     assert SentencePieceTokenizer("SentencePieceTokenizer", path.read_bytes()).eod_id == 402  # <EOD> added
+
+
+def test_a_model_without_a_sentencepiece_type_says_which_type_to_give(sentencepiece_model):
+    """Before: "not a valid tokenizer.json" and the JSON parser's complaint, with no word of the types."""
+    with pytest.raises(DataError, match="a SentencePiece model needs --tokenizer-type GPTSentencePieceTokenizer or "
+                                        "Llama2Tokenizer or SentencePieceTokenizer"):
+        load_named_tokenizer(None, sentencepiece_model, None, None)
