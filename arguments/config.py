@@ -27,18 +27,18 @@ from base.errors import ConfigError
 from base.options import count, flag_of, option
 from data import DataError
 from data.gpt_dataset import parse_data_path, parse_split
+from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer")
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer", *SENTENCEPIECE_TYPES)
 # Other programs' names for one of ours: BigScience's Megatron-DeepSpeed loads a Hugging Face tokenizer.
 TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": "HuggingFaceTokenizer"}
 # Megatron-LM's (and Megatron-DeepSpeed's) other tokenizer types: known, and refused with what to use,
-# since a tokenizer decides the token ids (the data) and these read files the `tokenizers` library does not.
+# since a tokenizer decides the token ids (the data) and these read files nothing here reads.
 OTHER_TOKENIZER_TYPES = {
-    name: "a SentencePiece or tiktoken model is not read here: save it as a tokenizer.json (transformers' "
-          "tokenizer.save_pretrained) and give --tokenizer-type HuggingFaceTokenizer --tokenizer-file"
-    for name in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer")}
+    "TikTokenizer": "a tiktoken model is not read here: save it as a tokenizer.json (transformers' "
+                    "tokenizer.save_pretrained) and give --tokenizer-type HuggingFaceTokenizer --tokenizer-file"}
 OTHER_TOKENIZER_TYPES.update({
     name: "a BERT, multimodal or fine-tuning tokenizer does not pretrain a GPT: use GPT2BPETokenizer, "
           "HuggingFaceTokenizer or NullTokenizer"
@@ -302,10 +302,12 @@ class DataConfig:
     tokenizer_type: Optional[str] = option(
         None, type=tokenizer_type_name, choices=(*TOKENIZER_TYPES, *OTHER_TOKENIZER_TYPES),
         help="Megatron-LM's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model; "
-             "BigScience's PretrainedFromHF), NullTokenizer (--vocab-size; data tokenized elsewhere); Megatron's "
-             "other types are refused with what to use; default: from the files given")
+             "BigScience's PretrainedFromHF), NullTokenizer (--vocab-size; data tokenized elsewhere), "
+             "GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer (--tokenizer-model: a SentencePiece "
+             ".model); Megatron's other types are refused with what to use; default: from the files given")
     tokenizer_file: Optional[str] = option(
-        None, help="a tokenizers tokenizer.json (or, as --tokenizer-model, a folder holding one); without --data-path "
+        None, help="a tokenizers tokenizer.json (or, as --tokenizer-model, a folder holding one, or a SentencePiece "
+                   "type's .model file); without --data-path "
                    "the embedded corpus is tokenized with it",
         aliases={"--tokenizer-model": "Megatron-LM", "--tokenizer-name-or-path": "BigScience's Megatron-DeepSpeed"})
     vocab_file: Optional[str] = option(None, flags=("--vocab-file", "--tokenizer-vocab-file"),
@@ -343,6 +345,9 @@ class DataConfig:
         if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_file:
             raise ConfigError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model: a tokenizer.json, or a "
                               "folder holding one (nothing is downloaded here)")
+        if self.tokenizer_type in SENTENCEPIECE_TYPES and not self.tokenizer_file:
+            raise ConfigError(f"--tokenizer-type {self.tokenizer_type} needs --tokenizer-model: a SentencePiece "
+                              f".model file (nothing is downloaded here)")
         if bool(self.vocab_file) != bool(self.merge_file):
             raise ConfigError("--vocab-file and --merge-file go together (GPT-2 style BPE files)")
         if self.tokenizer_file and self.vocab_file:

@@ -27,7 +27,11 @@ from base.file_modes import apply_umask
 from base.progress import ProgressLines, print_line
 from data import DataError
 from data.indexed import IndexedDatasetWriter, best_dtype
+from data.sentencepiece_tokenizer import SentencePieceTokenizer
 from data.tokenizer import TOKENIZER_FILE, GPTTokenizer, load_tokenizer, train_tokenizer
+
+# A tokenizer the user names: byte-level BPE files, or one of Megatron's SentencePiece types.
+NamedTokenizer = GPTTokenizer | SentencePieceTokenizer
 
 # A chunk grows paragraph by paragraph until it holds this many characters. Paragraphs of the topics
 # are mostly one to three lines (median ~110 characters), too short to be useful documents alone.
@@ -107,11 +111,11 @@ class PreparedCorpus:
     """Where the cached default corpus lives; pass these to the data and tokenizer loaders."""
 
     data_prefix: str  # path of the .bin/.idx without extension
-    tokenizer_dir: str  # holds tokenizer.json (and vocab.json + merges.txt)
+    tokenizer_dir: str  # holds tokenizer.json (and vocab.json + merges.txt), or a SentencePiece tokenizer.model
     vocab_size: int  # of the trained tokenizer; can be below the requested size on this small corpus
 
 
-def _build(directory: str, documents: list[str], vocab_size: int, tokenizer: Optional[GPTTokenizer]) -> None:
+def _build(directory: str, documents: list[str], vocab_size: int, tokenizer: Optional[NamedTokenizer]) -> None:
     """Train the tokenizer (unless one is given) and write the dataset (one document per chunk, EOD
     appended) into `directory`."""
     if tokenizer is None:
@@ -123,9 +127,12 @@ def _build(directory: str, documents: list[str], vocab_size: int, tokenizer: Opt
             writer.add_document(tokens + [tokenizer.eod_id])
 
 
-def _prepared(directory: str) -> PreparedCorpus:
+def _prepared(directory: str, tokenizer: Optional[NamedTokenizer]) -> PreparedCorpus:
+    """The prepared corpus in `directory`; its vocabulary is the given tokenizer's (the one the cache
+    is keyed by), else the trained one's, read back."""
     tokenizer_dir = os.path.join(directory, TOKENIZER_DIR_NAME)
-    tokenizer = load_tokenizer(tokenizer_file=os.path.join(tokenizer_dir, TOKENIZER_FILE))
+    if tokenizer is None:
+        tokenizer = load_tokenizer(tokenizer_file=os.path.join(tokenizer_dir, TOKENIZER_FILE))
     return PreparedCorpus(
         data_prefix=os.path.join(directory, DATASET_NAME),
         tokenizer_dir=tokenizer_dir,
@@ -133,10 +140,11 @@ def _prepared(directory: str) -> PreparedCorpus:
     )
 
 
-def prepare_default_corpus(cache_dir: str, vocab_size: int, tokenizer: Optional[GPTTokenizer] = None) -> PreparedCorpus:
+def prepare_default_corpus(cache_dir: str, vocab_size: int,
+                           tokenizer: Optional[NamedTokenizer] = None) -> PreparedCorpus:
     """Tokenizer + indexed dataset of the default corpus under `cache_dir`, built on first use. With
-    `tokenizer` (the user's --tokenizer-file or GPT-2 files), the corpus is tokenized with it instead
-    of a trained one, and cached under a name keyed by that tokenizer's content.
+    `tokenizer` (the user's --tokenizer-file, GPT-2 files or SentencePiece model), the corpus is tokenized
+    with it instead of a trained one, and cached under a name keyed by that tokenizer's content.
 
     Safe for concurrent callers (every rank of a torchrun job may call it) and against interruption:
     each builder works in its own temporary directory next to the final one and renames it into place
@@ -152,7 +160,7 @@ def prepare_default_corpus(cache_dir: str, vocab_size: int, tokenizer: Optional[
                f"{corpus_fingerprint(documents)}"
     final_dir = os.path.join(cache_dir, name)
     if os.path.isdir(final_dir):
-        return _prepared(final_dir)
+        return _prepared(final_dir, tokenizer)
 
     os.makedirs(cache_dir, exist_ok=True)
     which = f"tokenizer vocab {vocab_size}" if tokenizer is None else f"your tokenizer, {tokenizer.vocab_size} tokens"
@@ -178,4 +186,4 @@ def prepare_default_corpus(cache_dir: str, vocab_size: int, tokenizer: Optional[
     finally:
         # After a successful rename work_dir no longer exists; otherwise drop our partial/losing copy.
         shutil.rmtree(work_dir, ignore_errors=True)
-    return _prepared(final_dir)
+    return _prepared(final_dir, tokenizer)

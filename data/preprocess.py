@@ -5,6 +5,10 @@ Megatron-LM's ``tools/preprocess_data.py`` flags, extended to the formats corpor
     python -m data.preprocess --input corpus.jsonl --output-prefix data/my \\
         --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod --workers 8
 
+A SentencePiece model goes as Megatron names it, ``--tokenizer-type GPTSentencePieceTokenizer`` (or
+``Llama2Tokenizer``, ``SentencePieceTokenizer``) ``--tokenizer-model tokenizer.model``: each document is
+that type's ``tokenize`` and, with ``--append-eod``, its eod, as Megatron's tool writes it.
+
 Inputs are files or directories, read in the order given (directories in sorted path order):
 ``.jsonl``/``.json`` (one JSON object per line), ``.txt`` (a file is one document, or several with
 ``--text-document-separator``), ``.parquet``, and folders written by ``datasets``' ``save_to_disk``.
@@ -38,6 +42,7 @@ from base.progress import ProgressLines
 from data import DataError
 from data.corpus import split_on_blank_lines
 from data.indexed import IndexedDatasetWriter, best_dtype, data_file_path, index_file_path
+from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, load_sentencepiece_tokenizer
 from data.tokenizer import GPTTokenizer, load_tokenizer, train_tokenizer
 
 PROGRAM = "python -m data.preprocess"
@@ -309,7 +314,7 @@ def make_batches(documents: Iterator[dict[str, str]], keys: list[str]) -> Iterat
 class BatchEncoder:
     """Turns a batch's texts into token arrays of the dataset dtype (EOD appended if asked)."""
 
-    def __init__(self, tokenizer: GPTTokenizer, append_eod: bool, dtype: np.dtype):
+    def __init__(self, tokenizer: GPTTokenizer | SentencePieceTokenizer, append_eod: bool, dtype: np.dtype):
         self.tokenizer = tokenizer
         self.append_eod = append_eod
         self.dtype = np.dtype(dtype)
@@ -331,11 +336,12 @@ class BatchEncoder:
 _worker_encoder: BatchEncoder | None = None
 
 
-def _init_worker(tokenizer_json: str, append_eod: bool, dtype: str) -> None:
+def _init_worker(sentencepiece: bool, tokenizer_json: str, append_eod: bool, dtype: str) -> None:
     global _worker_encoder
     # N workers each running the library's all-core thread pool would oversubscribe the CPU.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_encoder = BatchEncoder(GPTTokenizer.from_json(tokenizer_json), append_eod, np.dtype(dtype))
+    tokenizer = (SentencePieceTokenizer if sentencepiece else GPTTokenizer).from_json(tokenizer_json)
+    _worker_encoder = BatchEncoder(tokenizer, append_eod, np.dtype(dtype))
 
 
 def _encode_in_worker(texts: dict[str, list[str]]) -> dict[str, list[np.ndarray]]:
@@ -352,7 +358,8 @@ def encode_in_order(
         return
     # spawn, not fork: forking after the tokenizers library started its threads can deadlock the child.
     context = multiprocessing.get_context("spawn")
-    initargs = (encoder.tokenizer.to_json(), encoder.append_eod, encoder.dtype.str)
+    initargs = (isinstance(encoder.tokenizer, SentencePieceTokenizer), encoder.tokenizer.to_json(), encoder.append_eod,
+                encoder.dtype.str)
     with context.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
         # A bounded window keeps every worker busy without reading the whole corpus into memory.
         pending: deque = deque()
@@ -421,16 +428,22 @@ def output_prefix_for_key(output_prefix: str, key: str) -> str:
     return f"{output_prefix}_{key}_document"
 
 
-def _given_tokenizer(args: argparse.Namespace) -> GPTTokenizer | None:
+def _given_tokenizer(args: argparse.Namespace) -> GPTTokenizer | SentencePieceTokenizer | None:
     """The tokenizer the flags name, loaded (so a bad file is an error before any output exists), or
     None when one is to be trained on the input."""
     train = args.train_tokenizer_vocab_size is not None
-    choices = [bool(args.tokenizer_file), bool(args.vocab_file or args.merge_file), train]
+    sentencepiece = bool(args.tokenizer_type or args.tokenizer_model)
+    choices = [bool(args.tokenizer_file), bool(args.vocab_file or args.merge_file), train, sentencepiece]
     if sum(choices) != 1:
         raise DataError(
             "choose exactly one tokenizer: --tokenizer-file, --vocab-file with --merge-file, "
-            "or --train-tokenizer-vocab-size"
+            "--tokenizer-type with --tokenizer-model (a SentencePiece model), or --train-tokenizer-vocab-size"
         )
+    if sentencepiece:
+        if not (args.tokenizer_type and args.tokenizer_model):
+            raise DataError("--tokenizer-type and --tokenizer-model go together: one of "
+                            f"{', '.join(SENTENCEPIECE_TYPES)} and its SentencePiece .model file")
+        return load_sentencepiece_tokenizer(args.tokenizer_type, args.tokenizer_model)
     return None if train else load_tokenizer(args.tokenizer_file, args.vocab_file, args.merge_file)
 
 
@@ -559,10 +572,15 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--tokenizer-file", help="a tokenizers tokenizer.json")
     group.add_argument("--vocab-file", help="GPT-2 style vocab.json (with --merge-file)")
     group.add_argument("--merge-file", help="GPT-2 style merges.txt (with --vocab-file)")
+    group.add_argument("--tokenizer-type", choices=SENTENCEPIECE_TYPES,
+                       help="with --tokenizer-model: which of Megatron's SentencePiece tokenizers reads it")
+    group.add_argument("--tokenizer-model", help="a SentencePiece .model (with --tokenizer-type)")
     group.add_argument("--train-tokenizer-vocab-size", type=int, metavar="N",
                        help="train a byte-level BPE of N tokens on the input; "
                             "saved to <output-prefix>_tokenizer/")
-    group.add_argument("--append-eod", action="store_true", help="end every document with <|endoftext|>")
+    group.add_argument("--append-eod", action="store_true",
+                       help="end every document with the end-of-document id (<|endoftext|>; a SentencePiece "
+                            "type's eod)")
     group = parser.add_argument_group("output and runtime")
     group.add_argument("--output-prefix", required=True, help="path prefix of the output datasets")
     group.add_argument("--overwrite", action="store_true",

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from base.input_files import check_input_file
 from base.progress import ProgressLines
 from data import DataError
+from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, load_sentencepiece_tokenizer
 
 EOD_TOKEN = "<|endoftext|>"
 
@@ -133,7 +134,10 @@ def _load_tokenizer_json(tokenizer_file: str) -> GPTTokenizer:
     try:
         tokenizer = Tokenizer.from_file(tokenizer_file)
     except Exception as error:  # the library raises a bare Exception for malformed files
-        raise DataError(f"--tokenizer-file {tokenizer_file}: not a valid tokenizer.json ({error})") from error
+        # Megatron reads a .model only under a SentencePiece --tokenizer-type; without one, say which to give.
+        hint = (f"; a SentencePiece model needs --tokenizer-type {' or '.join(SENTENCEPIECE_TYPES)}"
+                if tokenizer_file.endswith(".model") else f" ({error})")
+        raise DataError(f"--tokenizer-file {tokenizer_file}: not a valid tokenizer.json{hint}") from error
     if tokenizer.token_to_id(EOD_TOKEN) is None:
         raise DataError(f"--tokenizer-file {tokenizer_file}: vocabulary has no {EOD_TOKEN!r} token")
     return GPTTokenizer(tokenizer)
@@ -203,12 +207,19 @@ class NullTokenizer:
         return self._vocab_size_without_eod
 
 
+# What a run tokenizes with: the vocabulary size and end-of-document id every kind has.
+RunTokenizer = GPTTokenizer | SentencePieceTokenizer | NullTokenizer
+
+
 def load_named_tokenizer(tokenizer_type: str | None, tokenizer_file: str | None, vocab_file: str | None,
-                         merges_file: str | None, vocab_size: int = 0) -> GPTTokenizer | NullTokenizer | None:
+                         merges_file: str | None, vocab_size: int = 0) -> RunTokenizer | None:
     """The tokenizer the flags name (Megatron's --tokenizer-type, or the files given), or None when
-    they name none (the embedded corpus then brings its own)."""
+    they name none (the embedded corpus then brings its own). A SentencePiece type's --tokenizer-model
+    (held as tokenizer_file) is its .model file."""
     if tokenizer_type == "NullTokenizer":
         return NullTokenizer(vocab_size)
+    if tokenizer_type in SENTENCEPIECE_TYPES:
+        return load_sentencepiece_tokenizer(tokenizer_type, tokenizer_file)
     if tokenizer_file or vocab_file or merges_file:
         return load_tokenizer(tokenizer_file=tokenizer_file, vocab_file=vocab_file, merges_file=merges_file)
     return None

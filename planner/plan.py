@@ -77,10 +77,9 @@ def planning_vocab(config: PretrainConfig) -> tuple[int, str]:
     if data.tokenizer_type == "NullTokenizer":
         return config.model.vocab_size + 1, f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
     if data.tokenizer_file or data.vocab_file:
-        from data.tokenizer import load_tokenizer
+        from data.tokenizer import load_named_tokenizer
 
-        tokenizer = load_tokenizer(tokenizer_file=data.tokenizer_file, vocab_file=data.vocab_file,
-                                   merges_file=data.merge_file)
+        tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file)
         return tokenizer.vocab_size, "the tokenizer named by the flags"
     if config.model.vocab_size:
         return config.model.vocab_size, "--vocab-size"

@@ -36,3 +36,41 @@ def corpus_cache_300(tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("embedded-corpus-300"))
     prepare_default_corpus(cache, 300)
     return cache
+
+
+def train_sentencepiece_model(path, documents, vocab_size: int = 512, **options) -> None:
+    """A small SentencePiece model trained as Llama-2's was (BPE with byte fallback, digits split, no
+    normalisation, unk 0 / bos 1 / eos 2 / no pad; `options` change any of these), written to `path`;
+    under a second on the embedded corpus."""
+    import sentencepiece
+
+    settings = dict(model_type="bpe", byte_fallback=True, split_digits=True, normalization_rule_name="identity",
+                    remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, unk_id=0, bos_id=1, eos_id=2,
+                    pad_id=-1)
+    with open(path, "wb") as model:
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(documents), model_writer=model,
+                                                 vocab_size=vocab_size, num_threads=1, minloglevel=2,
+                                                 **{**settings, **options})
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_model(tmp_path_factory) -> str:
+    """A Llama-2-style SentencePiece tokenizer.model of 512 pieces trained on the embedded corpus's text."""
+    from data.corpus import default_corpus_documents
+    from data.sentencepiece_tokenizer import SENTENCEPIECE_MODEL_FILE
+
+    path = str(tmp_path_factory.mktemp("sentencepiece") / SENTENCEPIECE_MODEL_FILE)
+    train_sentencepiece_model(path, default_corpus_documents())
+    return path
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_corpus(tmp_path_factory, sentencepiece_model):
+    """The embedded corpus tokenized with that model as Megatron-DeepSpeed's GPTSentencePieceTokenizer does
+    (a PreparedCorpus whose tokenizer_dir holds the tokenizer.model)."""
+    from data.corpus import prepare_default_corpus
+    from data.sentencepiece_tokenizer import GPT_SENTENCEPIECE, load_sentencepiece_tokenizer
+
+    cache = str(tmp_path_factory.mktemp("embedded-corpus-sentencepiece"))
+    return prepare_default_corpus(cache, 512, tokenizer=load_sentencepiece_tokenizer(GPT_SENTENCEPIECE,
+                                                                                     sentencepiece_model))

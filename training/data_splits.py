@@ -11,7 +11,7 @@ from arguments.config import PretrainConfig
 from data.corpus import prepare_default_corpus
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.sampler import build_data_loader
-from data.tokenizer import GPTTokenizer, NullTokenizer, load_named_tokenizer, load_tokenizer
+from data.tokenizer import RunTokenizer, load_named_tokenizer, load_tokenizer
 from parallel.state import ParallelState
 from training.run_settings import RunSettings
 
@@ -30,7 +30,7 @@ def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
     return None if config.data.data_path else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
 
 
-def load_tokenizer_and_data_path(config: PretrainConfig) -> tuple[GPTTokenizer | NullTokenizer, list[str]]:
+def load_tokenizer_and_data_path(config: PretrainConfig) -> tuple[RunTokenizer, list[str]]:
     """The user's tokenizer and data; without --data-path, the embedded corpus prepared on first use,
     tokenized with the user's tokenizer when one is named, else with one trained on it."""
     data = config.data

@@ -20,7 +20,7 @@ from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.sharded import ResumePoint, load_checkpoint
-from data.tokenizer import GPTTokenizer, NullTokenizer
+from data.tokenizer import RunTokenizer
 from parallel.state import ParallelState
 from training.build import Built, build
 from training.data_splits import DataSplits, build_data, corpus_cache_dir, load_tokenizer_and_data_path
@@ -41,7 +41,7 @@ class Run:
     """Everything the loop needs, made once."""
     settings: RunSettings  # settings.config is the resolved config everything downstream reads
     state: ParallelState
-    tokenizer: GPTTokenizer | NullTokenizer
+    tokenizer: RunTokenizer
     data: DataSplits
     built: Built
     start: ResumePoint  # iteration 0 and no path on a fresh start

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 from arguments.config import PretrainConfig
 from checkpoint.lineage import RunIdentity
 from checkpoint.sharded import prune_checkpoints, save_checkpoint
-from data.tokenizer import GPTTokenizer, NullTokenizer
+from data.tokenizer import GPTTokenizer, RunTokenizer
 from parallel.state import ParallelState
 from training.build import Built
 from training.metrics import MetricsWriter, count_records, drop_redone_records, end_last_line, start_wandb
@@ -42,12 +42,13 @@ def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIden
 
 
 def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
-                     tokenizer: GPTTokenizer | NullTokenizer, identity: RunIdentity) -> Optional[SaveCheckpoint]:
+                     tokenizer: RunTokenizer, identity: RunIdentity) -> Optional[SaveCheckpoint]:
     """Saves to --save and prunes to --keep-last; None without --save."""
     checkpoint = config.checkpoint
     if not checkpoint.save:
         return None
-    # A NullTokenizer has no files: the checkpoint then holds no tokenizer/ copy.
+    # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
+    # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
     saved_tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None
 
     def save(iteration: int, consumed_samples: int, lr: float) -> None:

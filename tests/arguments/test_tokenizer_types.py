@@ -70,7 +70,8 @@ def test_null_tokenizer_refuses_an_id_past_its_vocabulary(tmp_path, capsys):
      "NullTokenizer reads token ids as they are: drop --tokenizer-file"),
     (["--tokenizer-type", "GPT2BPETokenizer"], "GPT2BPETokenizer needs --vocab-file and --merge-file"),
     (["--tokenizer-type", "HuggingFaceTokenizer"], "HuggingFaceTokenizer needs --tokenizer-model"),
-    (["--tokenizer-type", "SentencePieceTokenizer"], "SentencePiece or tiktoken model is not read here"),
+    (["--tokenizer-type", "TikTokenizer"], "--tokenizer-type TikTokenizer: a tiktoken model is not read here"),
+    (["--tokenizer-type", "GPTSentencePieceTokenizer"], "GPTSentencePieceTokenizer needs --tokenizer-model"),
     (["--tokenizer-type", "WordLevel"], "invalid choice"),
     (["--data-path", "x"], "or --tokenizer-type NullTokenizer with --vocab-size"),
 ])
@@ -117,3 +118,40 @@ def test_the_planner_plans_the_runs_vocabulary(own_tokenizer):
     assert planning_vocab(parse_config(["--vocab-size", "1000"])) == (1000, "--vocab-size")
     assert planning_vocab(parse_config(["--tokenizer-file", str(own_tokenizer / "tokenizer.json")]))[0] == 400
     assert planning_vocab(parse_config([]))[0] == 50257
+
+
+def test_the_planner_plans_a_sentencepiece_vocabulary(sentencepiece_model):
+    """Before: the .model was read as a tokenizer.json and refused."""
+    assert planning_vocab(parse_config(["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
+                                        sentencepiece_model]))[0] == 512 + 5  # Megatron's special pieces
+
+
+@pytest.mark.parametrize("tokenizer_type", ["GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer"])
+def test_sentencepiece_types_are_taken_with_their_model(tokenizer_type, sentencepiece_model):
+    """Before: each was refused ("a SentencePiece or tiktoken model is not read here")."""
+    config = parse_config(["--tokenizer-type", tokenizer_type, "--tokenizer-model", sentencepiece_model])
+    assert (config.data.tokenizer_type, config.data.tokenizer_file) == (tokenizer_type, sentencepiece_model)
+
+
+def test_a_sentencepiece_model_tokenizes_the_embedded_corpus_and_trains(sentencepiece_model, tmp_path, capsys):
+    """Megatron-LM's SentencePieceTokenizer: its 517 ids (512 pieces and Megatron's five special pieces)
+    padded to 640 as Megatron pads any tokenizer's (--make-vocab-size-divisible-by 128 x TP 1)."""
+    metrics, save = tmp_path / "m.jsonl", tmp_path / "ck"
+    argv = TINY + ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", sentencepiece_model,
+                   "--train-iters", "1", "--data-cache-dir", str(tmp_path / "cache"), "--metrics-file", str(metrics),
+                   "--save", str(save)]
+    assert pretrain_gpt.main(argv) == 0, capsys.readouterr().err
+    assert [r["iteration"] for r in train_records(metrics)] == [1]
+    assert "vocab 517 padded to 640" in capsys.readouterr().out
+    assert read_metadata(resolve_checkpoint(save))["config"]["model"]["vocab_size"] == 517
+
+
+@pytest.mark.parametrize("content", [None, b"not a SentencePiece model"], ids=["missing", "unreadable"])
+def test_a_missing_or_unreadable_sentencepiece_model_is_refused_in_one_line(content, tmp_path, capsys):
+    model = tmp_path / "tokenizer.model"
+    if content is not None:
+        model.write_bytes(content)
+    code = pretrain_gpt.main(TINY + ["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", str(model),
+                                     "--train-iters", "1", "--metrics-file", str(tmp_path / "m.jsonl")])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and f"--tokenizer-model {model}" in lines[0], lines

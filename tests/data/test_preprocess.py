@@ -242,3 +242,23 @@ def test_unknown_input_format_is_an_argument_error(tmp_path, tokenizer_args, cap
     code = main(["--input", "x", "--input-format", "csv", "--output-prefix", str(tmp_path / "out"), *tokenizer_args])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "invalid choice: 'csv'" in err, err
+
+
+def test_a_sentencepiece_model_writes_what_megatrons_tool_writes(tmp_path, sentencepiece_model, capsys):
+    """Megatron-DeepSpeed's tools/preprocess_data.py (f4157bea, lines 93-98) writes `tokenizer.tokenize(text)`
+    then, with --append-eod, `tokenizer.eod`; Megatron-LM's Llama2Tokenizer's tokenize puts the bos id first
+    and its eod is the eos id (megatron/training/tokenizer/tokenizer.py at 6cf285b2, lines 597-605, 622-624).
+    Two workers: the model reaches them as the tokenizer's JSON."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=sentencepiece_model)
+    source = write_jsonl(tmp_path / "corpus.jsonl", [{"text": text} for text in DOCUMENTS])
+    sentencepiece_args = ["--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", sentencepiece_model]
+    assert main(["--input", str(source), "--output-prefix", str(tmp_path / "out"), "--append-eod", "--workers", "2",
+                 *sentencepiece_args]) == 0
+    dataset = IndexedDataset(str(tmp_path / "out_text_document"))
+    assert [dataset.get_document(d).tolist() for d in range(len(DOCUMENTS))] == \
+        [[processor.bos_id(), *processor.encode(text), processor.eos_id()] for text in DOCUMENTS]
+    capsys.readouterr()
+    assert main(["--input", str(source), "--output-prefix", str(tmp_path / "alone"), *sentencepiece_args[:2]]) == 2
+    assert "--tokenizer-type and --tokenizer-model go together" in capsys.readouterr().err

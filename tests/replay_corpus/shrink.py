@@ -23,11 +23,11 @@ What changes, and only this:
   fractions (--lr-warmup-fraction, --warmup) stay;
 - intervals: --log-interval and the JSON's steps_per_print through one map (1 stays 1, the others become
   2, 3, ... in order), --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0);
-- paths: data prefixes become the local corpus (blend weights stay), tokenizer files the local GPT-2-format
-  tokenizer, save/load/TensorBoard/cache/codecarbon directories folders under `out_dir`, the JSON a file
-  there, BigScience's weighted-split-path files files there that name the local corpus. A
-  GPT2BPETokenizer that the script let download GPT-2's files gets them as --vocab-file and
-  --merge-file (the only flags added).
+- paths: data prefixes become the local corpus (blend weights stay), tokenizer files the local tokenizer it
+  was made with (GPT-2-format files; a SentencePiece type's --tokenizer-model its tokenizer.model),
+  save/load/TensorBoard/cache/codecarbon directories folders under `out_dir`, the JSON a file there,
+  BigScience's weighted-split-path files files there that name the local corpus. A GPT2BPETokenizer that
+  the script let download GPT-2's files gets them as --vocab-file and --merge-file (the only flags added).
 
 Anything else is kept token for token, including flags this repository does not know.
 """
@@ -41,6 +41,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from data.sentencepiece_tokenizer import SENTENCEPIECE_MODEL_FILE, SENTENCEPIECE_TYPES
 from tests.replay_corpus.launch import Launch
 
 WORLD_SIZE = 2
@@ -79,9 +80,11 @@ CHANGED_JSON_KEYS = frozenset({"train_batch_size", "train_micro_batch_size_per_g
 
 @dataclass
 class LocalFiles:
-    """What the test prepared: a Megatron .bin/.idx corpus and a GPT-2-format tokenizer trained on it."""
+    """What the test prepared: a Megatron .bin/.idx corpus and the tokenizer it was made with: a GPT-2-format
+    tokenizer trained on it, or, for a launch naming a SentencePiece type (`uses_sentencepiece`), a
+    SentencePiece model trained on its text."""
     data_prefix: str
-    tokenizer_dir: str  # vocab.json, merges.txt and tokenizer.json
+    tokenizer_dir: str  # vocab.json, merges.txt and tokenizer.json; or tokenizer.model
     vocab_size: int
     out_dir: str  # this launch's checkpoints, JSON, TensorBoard events
 
@@ -91,6 +94,13 @@ class Shrunk:
     argv: list[str]
     files: dict[str, str] = field(default_factory=dict)  # path -> text the test writes before the run
     added: list[str] = field(default_factory=list)  # flags added (a downloaded tokenizer's files)
+
+
+def uses_sentencepiece(launch: Launch) -> bool:
+    """Whether the launch names one of Megatron's SentencePiece tokenizer types: its --tokenizer-model is
+    then a SentencePiece .model, and its corpus must be one tokenized with such a model."""
+    given = {flag: values for flag, values, _ in split_flags(launch.argv)}
+    return given.get("--tokenizer-type", [None])[0] in SENTENCEPIECE_TYPES
 
 
 def split_flags(argv) -> list[tuple[str, list[str], bool]]:
@@ -251,6 +261,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [os.path.join(files.tokenizer_dir, "vocab.json")]
         elif flag == "--merge-file":
             new = [os.path.join(files.tokenizer_dir, "merges.txt")]
+        elif flag == "--tokenizer-model" and uses_sentencepiece(launch):
+            new = [os.path.join(files.tokenizer_dir, SENTENCEPIECE_MODEL_FILE)]
         elif flag in ("--tokenizer-name-or-path", "--tokenizer-model"):
             new = [files.tokenizer_dir]
         elif flag in CHECKPOINT_DIRS:  # --save and --load naming one folder keep naming one folder

@@ -1,8 +1,9 @@
 """Acceptance: the replay corpus (tests/replay_corpus/) of real launch scripts and DeepSpeed JSONs.
 
 Each launch goes through the one shrink (tests/replay_corpus/shrink.py: tiny sizes, local paths, every
-other flag and JSON key as written) and runs `pretrain_gpt.main` on 2 CPU ranks (gloo). Its `outcome`
-is the target:
+other flag and JSON key as written) and runs `pretrain_gpt.main` on 2 CPU ranks (gloo); one that names a
+SentencePiece tokenizer type gets the embedded corpus tokenized with a SentencePiece model trained on it
+(tests/conftest.py). Its `outcome` is the target:
 
 - "trains": both ranks exit 0, and the metrics file's last training record is iteration 3, every loss
   finite. Each such launch gets its own pair of processes.
@@ -41,17 +42,13 @@ from tests.replay_corpus.shrink import (
     LocalFiles,
     shrink,
     split_flags,
+    uses_sentencepiece,
 )
 
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-KNOWN_FAILING_TODAY: dict[str, str] = {
-    # Its model flags resolve (rotary alone, SwiGLU, RMSNorm, GQA, untied, no biases; 2 pipeline stages) and,
-    # with GPT2BPETokenizer in its place, it trains; the cause is its SentencePiece tokenizer.model.
-    "megatron-deepspeed-pretrain-llama2-distributed": "--tokenizer-type GPTSentencePieceTokenizer: a "
-                                                      "SentencePiece model is not read here",
-}
+KNOWN_FAILING_TODAY: dict[str, str] = {}
 
 
 def _params(launches):
@@ -70,6 +67,12 @@ REFUSED = [launch for launch in CORPUS if launch.refusal is not None]
 def prepared(embedded_corpus):
     """One corpus and tokenizer: Megatron .bin/.idx data and a GPT-2-format tokenizer."""
     return embedded_corpus[1]
+
+
+def corpus_for(launch: Launch, prepared, request):
+    """The launch's local corpus: for one naming a SentencePiece type, the embedded corpus tokenized with a
+    SentencePiece model (tests/conftest.py's, prepared once a session and only when such a launch runs)."""
+    return request.getfixturevalue("sentencepiece_corpus") if uses_sentencepiece(launch) else prepared
 
 
 @pytest.fixture(autouse=True)
@@ -108,9 +111,9 @@ def stderr_of_rank0(out_dir: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", list(_params(TRAINING)))
-def test_launch_trains(launch: Launch, prepared, tmp_path):
-    status = run_distributed(replay_on_rank, WORLD_SIZE, shrunk_argv(launch, prepared, tmp_path), str(tmp_path),
-                             timeout=180)
+def test_launch_trains(launch: Launch, prepared, tmp_path, request):
+    status = run_distributed(replay_on_rank, WORLD_SIZE, shrunk_argv(launch, corpus_for(launch, prepared, request),
+                                                                     tmp_path), str(tmp_path), timeout=180)
     assert status == [0, 0], f"{launch.name} did not train: {stderr_of_rank0(tmp_path).strip()[-3000:]}"
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     training = [record for record in records if "split" not in record]
@@ -281,10 +284,9 @@ def test_the_docs_list_the_corpus_and_its_outcomes():
         assert (launch.script.path if launch.script else "SIMPLE_LAUNCH") in script, launch.name
 
 
-# Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too.
-FLAGS_REFUSED_TODAY = {
-    name: KNOWN_FAILING_TODAY[name] for name in ("megatron-deepspeed-pretrain-llama2-distributed",)
-}
+# Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too
+# (none today), with KNOWN_FAILING_TODAY's cause.
+FLAGS_REFUSED_TODAY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("launch", [pytest.param(launch, id=launch.name, marks=[
