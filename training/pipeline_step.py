@@ -55,7 +55,7 @@ class PipelineTrainStep(DataParallelTrainStep):
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor) -> None:
         super().__init__(model, zero, train_batches, settings, state, activations)
-        self.p2p = PipelineP2P(state.device)
+        self.p2p = PipelineP2P(state.device, state.comm)
         self.chunks = len(model.stage.chunks)
         tied = model.word_embeddings if model.tied_output else None
         self.gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
@@ -137,7 +137,7 @@ class PipelineForward:
 
     def __init__(self, model: GPTModel, state: ParallelState, hidden_size: int) -> None:
         self.model, self.state, self.hidden_size = model, state, hidden_size
-        self.p2p = PipelineP2P(state.device)
+        self.p2p = PipelineP2P(state.device, state.comm)
         self.chunks = len(model.stage.chunks)
         self.dtype = next(model.parameters()).dtype
 

@@ -53,8 +53,8 @@ def test_eight_rank_pipeline_grids_train_with_the_one_stage_losses_and_norms():
                                [free_port() for _ in EIGHT_RANK_CONFIGS], timeout=600)
     for name in EIGHT_RANK_CONFIGS:
         # every rank records the same loss and norm (the loss from the last stage, the norm over all stages)
-        assert all(rank_results[name] == per_rank[0][name] for rank_results in per_rank), name
-        losses, norms = zip(*per_rank[0][name])
+        assert all(rank_results[name].outcomes == per_rank[0][name].outcomes for rank_results in per_rank), name
+        losses, norms = zip(*per_rank[0][name].outcomes)
         reference_losses, reference_norms = zip(*single)
         print(f"{name}: max relative difference, loss {_max_relative_difference(losses, reference_losses):.2e}, "
               f"grad norm {_max_relative_difference(norms, reference_norms):.2e}")
