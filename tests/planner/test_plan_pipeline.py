@@ -75,15 +75,20 @@ def test_interleaving_holds_megatrons_warmup_forwards():
         assert planned.pipeline.bubble_fraction == pytest.approx(bubble_fraction(2, 8, 2)) == pytest.approx(1 / 17)
 
 
-@pytest.mark.parametrize("flags", [("--global-batch-size", "32"),
-                                   ("--global-batch-size", "32", "--num-layers-per-virtual-pipeline-stage", "1")])
-def test_planning_fewer_micro_batches_gives_the_full_schedules_plan(monkeypatch, flags):
-    """M' micro-batches reach the steady state: the plan of the first stage equals the one that runs all M."""
+@pytest.mark.parametrize("rank, world, flags", [
+    (0, 2, ("--global-batch-size", "32")),
+    (0, 2, ("--global-batch-size", "32", "--num-layers-per-virtual-pipeline-stage", "1")),
+    # the last stage (rank 2 of PP 2 x TP 2), under TP's collectives with sequence parallelism: before, it planned
+    # one micro-batch, whose backward is the last, so there was no backward under no_sync to repeat (stage 2's
+    # reductions of the others were missing), and the forwards' TP collectives were not repeated at all
+    (2, 4, ("--global-batch-size", "32", "--tensor-model-parallel-size", "2", "--sequence-parallel"))])
+def test_planning_fewer_micro_batches_gives_the_full_schedules_plan(monkeypatch, rank, world, flags):
+    """M' micro-batches reach the steady state: the plan of a stage equals the one that runs all M."""
     flags = ("--pipeline-model-parallel-size", "2", "--zero-stage", "2", *flags)
-    truncated = plan(0, *flags, world=2)
+    truncated = plan(rank, *flags, world=world)
     assert truncated.pipeline.simulated_micro_batches < truncated.pipeline.micro_batches == 16
     monkeypatch.setattr(pipeline_plan, "simulated_micro_batches", lambda micro_batches, *_: micro_batches)
-    full = plan(0, *flags, world=2)
+    full = plan(rank, *flags, world=world)
     assert full.pipeline.simulated_micro_batches == 16
     assert truncated.total_bytes == full.total_bytes
     assert truncated.saved_activation_bytes == full.saved_activation_bytes
