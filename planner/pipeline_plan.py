@@ -155,8 +155,8 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     virtual_stages = _virtual_stages(stages, stage, chunks)
     sends_per_micro_batch = sum(virtual_stage != 0 for virtual_stage in virtual_stages) + \
         sum(virtual_stage != chunks * stages - 1 for virtual_stage in virtual_stages)
-    state.comm.stats.add("pp", "send", (micro_batches - simulated) * sends_per_micro_batch * message)
-    state.comm.stats.add("pp", "recv", (micro_batches - simulated) * sends_per_micro_batch * message)
+    state.comm.stats.add("pp", "send", unsimulated * sends_per_micro_batch * message)
+    state.comm.stats.add("pp", "recv", unsimulated * sends_per_micro_batch * message)
     if unsimulated:
         for slot_bytes in repeated.values():
             for group, kinds in slot_bytes.items():

@@ -14,9 +14,8 @@ from typing import Optional
 
 import torch
 
-from arguments.config import PretrainConfig
-from parallel.state import ParallelState
 from parallel.pipeline_schedules import peak_held_by_forwards, schedule
+from parallel.state import ParallelState
 from training.build import pipeline_stage
 from training.metrics import MemoryCheck, MetricsWriter
 from training.run_settings import RunSettings
