@@ -118,3 +118,27 @@ def test_a_pipeline_launchs_dry_run_plans_its_stage(monkeypatch, capsys):
                               "--pipeline-model-parallel-size", "2", "--device", "cpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "PP rank 0" in out and "PP 2 x TP 1 x DP 2" in out and "1F1B, 4 micro-batches" in out
+
+
+@pytest.mark.parametrize("flags", [("--global-batch-size", "16"),
+                                   ("--global-batch-size", "16", "--num-layers-per-virtual-pipeline-stage", "1")])
+def test_report_memorys_stage_prediction_is_the_planners(flags):
+    """--report-memory's predicted checkpointed inputs on a stage (training/memory_report.py: the stage's chunks over
+    the forwards its schedule keeps awaiting their backward) equal what the planner's dry run of that rank measures,
+    1F1B and interleaved; the 2-rank launch in tests/training/test_pipeline_training.py compares both with the live
+    measurement. Before, every stage predicted one micro-batch of the whole model."""
+    from parallel.state import virtual_state
+    from training.memory_report import saved_activation_record
+    from training.run_settings import resolve_run_settings
+    from zero.activations import SavedTensorMeter
+
+    flags = ("--pipeline-model-parallel-size", "2", "--checkpoint-activations", *flags)
+    config = parse_config([*MODEL, *flags])
+    settings = resolve_run_settings(config, VOCAB, 1, 1, "cpu")
+    for rank in (0, 1):
+        planned = plan(rank, *flags, world=2)
+        state = virtual_state(2, 1, rank, pipeline_parallel_size=2)
+        record = saved_activation_record(SavedTensorMeter(state.device), settings, state,
+                                         settings.batch.final_accumulation_steps)
+        assert record["chunk_forwards_in_flight"] == planned.pipeline.peak_chunk_forwards_in_flight, rank
+        assert record["predicted_checkpointed_input_bytes"] == sum(planned.checkpoint_bytes.values()) > 0, rank
