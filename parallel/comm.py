@@ -39,9 +39,11 @@ from base.eager_under_compile import eager_under_compile
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 P2P_KINDS = ("send", "recv")
-# What each group's counters hold: the TP and DP groups run collectives, the pipeline's neighbours exchange
-# point-to-point messages.
-GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS}
+# What each group's counters hold: the TP and DP groups run collectives; along the pipeline, the neighbours
+# exchange point-to-point messages, the pipeline group sums the gradient norm and broadcasts the loss, and the
+# embedding group (first and last stage) sums a tied word embedding's gradient.
+GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS + ("all_reduce", "broadcast"),
+               "embedding": ("all_reduce",)}
 GROUP_NAMES = tuple(GROUP_KINDS)
 
 # torch 2.13 renamed the single-tensor collectives; the old names still work but warn.

@@ -33,6 +33,7 @@ import torch
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
 from parallel.pipeline_schedules import schedule
 from training.pipeline_step import activation_shape
+from zero.pipeline_grads import PipelineGradients
 
 META = torch.device("meta")
 
@@ -85,6 +86,9 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     shape = activation_shape(tokens[:, :-1], config.model.hidden_size, model, state.tensor_parallel_size)
     message = math.prod(shape) * torch.finfo(dtype).bits // 8
     reducer = zero.reducer
+    tied = model.word_embeddings if model.tied_output else None
+    gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
+                                  state.pipeline_parallel_group, state.is_first_stage)
     reducer.zero_grad()
     state.comm.stats.snapshot_and_reset()
     p2p = PipelineP2P(META, state.comm)
@@ -164,10 +168,14 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
                     state.comm.stats.add(group, kind, num_bytes * unsimulated)
     point_to_point = state.comm.stats.snapshot()["pp"]
     passes_copy = state.comm.take_largest_transport_copy()
+    # PipelineTrainStep's end of the passes and the step: the tied embedding's copies summed, the loss broadcast
+    # from the last stage, the norm summed over the stages
+    gradients.sum_shared_embedding()
+    loss_sum = torch.zeros((), device=META)
+    state.comm.broadcast(loss_sum, state.stage_rank(-1), state.pipeline_parallel_group, "pp")
     optimizer = zero.optimizer
     optimizer.grad_norm_squared(optimizer.gradients.partition_gradients())
     optimizer.publish_parameters()
-    loss_sum = torch.zeros((), device=META)
     state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")
     # A backward that reduces gradients (the last one at ZeRO 0-1, every one at ZeRO 2) holds gloo's copy of the
     # collective on top of what was live when it began (an upper bound: its own activations go as it runs); the

@@ -149,7 +149,9 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     lines += _host_lines(plan, width)
     lines += ["", "sent per iteration by this rank:"]
     for group, kinds in plan.comm_bytes.items():
-        if group == "pp":  # the pipeline's lines say it, beside its messages' size
+        # the point-to-point messages are the pipeline's lines (beside their size); without stages the pipeline's
+        # groups carry nothing
+        if group == "pp" or (group == "embedding" and stages is None):
             continue
         sent = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in kinds.items() if n)
         lines.append(f"  {group}: {sent or 'nothing'}")

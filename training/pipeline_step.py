@@ -23,7 +23,6 @@ import contextlib
 from typing import Iterator, Optional
 
 import torch
-import torch.distributed as dist
 
 from gpt.model import GPTModel
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
@@ -87,8 +86,8 @@ class PipelineTrainStep(DataParallelTrainStep):
                 reducer.finish_grad_sync()
         self.p2p.finish_sends()
         self.gradients.sum_shared_embedding()
-        if state.pipeline_parallel_size > 1:  # the loss lives on the last stage; the others record it too
-            dist.broadcast(iteration_loss, src=state.stage_rank(-1), group=state.pipeline_parallel_group)
+        # the loss lives on the last stage; the others record it too
+        state.comm.broadcast(iteration_loss, state.stage_rank(-1), state.pipeline_parallel_group, "pp")
         return iteration_loss
 
     def _virtual_stage(self, slot: Slot) -> int:

@@ -32,6 +32,7 @@ from tests.training.test_pipeline_training import (
     MICRO_BATCH,
     expected_point_to_point,
     one_stage_reference,
+    point_to_point,
     train_configurations,
 )
 
@@ -72,4 +73,4 @@ def test_eight_rank_pipeline_grids_train_with_the_one_stage_losses_and_norms():
         flags, tp = EIGHT_RANK_CONFIGS[name]
         for rank, rank_results in enumerate(per_rank):
             expected = expected_point_to_point(flags, tp, WORLD_SIZE, rank)
-            assert all(counted["pp"] == expected for counted in rank_results[name].comm_bytes), (name, rank)
+            assert all(point_to_point(counted) == expected for counted in rank_results[name].comm_bytes), (name, rank)

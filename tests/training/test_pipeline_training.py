@@ -151,6 +151,11 @@ def expected_point_to_point(flags: list[str], tensor_parallel_size: int, world_s
     return {"send": micro_batches * crossings * message, "recv": micro_batches * crossings * message}
 
 
+def point_to_point(comm_bytes: dict) -> dict:
+    """The messages' bytes among what a rank counted on the pipeline (beside the norm's sum and the loss)."""
+    return {kind: comm_bytes["pp"][kind] for kind in ("send", "recv")}
+
+
 # The ranks the planner plans beside the live run: every stage of the grids where a message differs (TP's sequence
 # slice, interleaved chunks, the middle stages of PP 4), and the last stage at ZeRO 2 (which reduces every
 # micro-batch, of which the planner runs fewer than M); each dry run costs about a second.
@@ -177,8 +182,14 @@ def test_pipeline_stages_train_with_the_one_stage_losses_and_norms():
         # every rank counts the bytes the schedule's messages carry, in every iteration
         for rank, rank_results in enumerate(per_rank):
             expected = expected_point_to_point(flags, tp, 4, rank)
-            assert all(counted["pp"] == expected for counted in rank_results[name].comm_bytes), (name, rank)
-        # and the planner's dry run of the rank counts what the live rank counted, group for group
+            assert all(point_to_point(counted) == expected for counted in rank_results[name].comm_bytes), (name, rank)
+            # the tied embedding's gradient is summed over the first and last stage's ranks, an untied one never
+            summed = rank_results[name].comm_bytes[-1]["embedding"]["all_reduce"]
+            stage = rank // (4 // _flag(flags, "--pipeline-model-parallel-size", 1))
+            on_end_stage = stage in (0, _flag(flags, "--pipeline-model-parallel-size", 1) - 1)
+            assert (summed > 0) == (on_end_stage and UNTIED[0] not in flags), (name, rank)
+        # and the planner's dry run of the rank counts what the live rank counted, group for group (the messages,
+        # the tied embedding's sum, the norm's and the loss's along the pipeline, TP's and DP's)
         for rank in PLANNED.get(name, ()):
             plan = dry_run(parse_config([*MODEL, *flags]), Cluster(4, 4, None, "cpu"), VOCAB, rank)
             assert plan.comm_bytes == per_rank[rank][name].comm_bytes[-1], (name, rank)
