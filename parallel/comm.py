@@ -20,7 +20,9 @@ checking sizes.
 
 Point-to-point messages between pipeline stages (parallel/p2p.py) go through `send` and `receive` and are
 counted on the "pp" group: "send" the bytes this rank posts to a neighbour stage, "recv" the bytes it receives
-(a message's bytes, as posted: no ring factor). "recv" is not in `total()`, which stays the bytes sent.
+(a message's bytes, as posted: no ring factor). "recv" is not in `total()`, which stays the bytes sent. The
+pipeline group's own collectives (the gradient norm's sum, the loss's broadcast) are its "all_reduce" and
+"broadcast"; the "embedding" group (first and last stage) all-reduces a tied word embedding's gradient.
 
 `DryRunCommunicator` is the planner's (planner/plan.py): the same checks and the same byte accounting,
 but the transport does nothing and the groups are `VirtualGroup`s, which are only a size. One rank of
