@@ -18,6 +18,12 @@ A group of size 1 -- and `None`, which here means "no group", never torch's defa
 is skipped entirely: no call, no bytes. That is how TP=1 and DP=1 cost nothing without any caller
 checking sizes.
 
+Point-to-point messages between pipeline stages (parallel/p2p.py) go through `send` and `receive` and are
+counted on the "pp" group: "send" the bytes this rank posts to a neighbour stage, "recv" the bytes it receives
+(a message's bytes, as posted: no ring factor). "recv" is not in `total()`, which stays the bytes sent. The
+pipeline group's own collectives (the gradient norm's sum, the loss's broadcast) are its "all_reduce" and
+"broadcast"; the "embedding" group (first and last stage) all-reduces a tied word embedding's gradient.
+
 `DryRunCommunicator` is the planner's (planner/plan.py): the same checks and the same byte accounting,
 but the transport does nothing and the groups are `VirtualGroup`s, which are only a size. One rank of
 a 400-GPU grid can thus run the real model and ZeRO code with no process group at all, and what it
@@ -34,7 +40,13 @@ import torch.distributed as dist
 from base.eager_under_compile import eager_under_compile
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
-GROUP_NAMES = ("dp", "tp")
+P2P_KINDS = ("send", "recv")
+# What each group's counters hold: the TP and DP groups run collectives; along the pipeline, the neighbours
+# exchange point-to-point messages, the pipeline group sums the gradient norm and broadcasts the loss, and the
+# embedding group (first and last stage) sums a tied word embedding's gradient.
+GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS + ("all_reduce", "broadcast"),
+               "embedding": ("all_reduce",)}
+GROUP_NAMES = tuple(GROUP_KINDS)
 
 # torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -55,18 +67,22 @@ def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool
 
 
 class CommStats:
-    """Bytes sent by this rank since the last snapshot, per group name and collective kind."""
+    """Bytes sent by this rank since the last snapshot, per group name and collective kind (and, on the "pp"
+    group, the bytes received beside those sent)."""
 
     def __init__(self) -> None:
         self._bytes = self._zeros()
 
     @staticmethod
     def _zeros() -> dict[str, dict[str, int]]:
-        return {group: {kind: 0 for kind in COLLECTIVE_KINDS} for group in GROUP_NAMES}
+        return {group: {kind: 0 for kind in kinds} for group, kinds in GROUP_KINDS.items()}
 
     def add(self, group_name: str, kind: str, num_bytes: int) -> None:
         if group_name not in self._bytes:
             raise ValueError(f"unknown group name {group_name!r}; expected one of {', '.join(GROUP_NAMES)}")
+        if kind not in self._bytes[group_name]:
+            raise ValueError(f"unknown kind {kind!r} on the {group_name} group; expected one of "
+                             f"{', '.join(GROUP_KINDS[group_name])}")
         self._bytes[group_name][kind] += int(num_bytes)
 
     def snapshot(self) -> dict[str, dict[str, int]]:
@@ -78,7 +94,8 @@ class CommStats:
         return snapshot
 
     def total(self) -> int:
-        return sum(n for kinds in self._bytes.values() for n in kinds.values())
+        """Bytes sent (what a rank receives is another rank's send: counting it too would count each twice)."""
+        return sum(n for kinds in self._bytes.values() for kind, n in kinds.items() if kind != "recv")
 
 
 class CompletedWork:
@@ -253,7 +270,25 @@ class Communicator:
         self.last_collective = ("broadcast", group_name)
         return self._transport_broadcast(tensor, src, group, async_op)
 
+    # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ---------
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> list:
+        """Post a send of `tensor` to global rank `peer`; returns the works to wait on. Counted when posted."""
+        self.stats.add("pp", "send", _num_bytes(tensor))
+        self.last_collective = ("send", "pp")
+        return self._transport_p2p(dist.isend, tensor, peer, tag)
+
+    def receive(self, tensor: torch.Tensor, peer: int, tag: int) -> list:
+        """Post a receive into `tensor` from global rank `peer`; returns the works to wait on."""
+        self.stats.add("pp", "recv", _num_bytes(tensor))
+        self.last_collective = ("recv", "pp")
+        return self._transport_p2p(dist.irecv, tensor, peer, tag)
+
     # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------
+
+    def _transport_p2p(self, operation, tensor, peer, tag) -> list:
+        # Batched, as Megatron-Core's p2p_communication.py posts them (batch_isend_irecv); a batch of one.
+        return dist.batch_isend_irecv([dist.P2POp(operation, tensor, peer, tag=tag)])
 
     def _transport_all_reduce(self, tensor, op, group, async_op):
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
@@ -368,6 +403,9 @@ class DryRunCommunicator(Communicator):
 
     def _transport_broadcast(self, tensor, src, group, async_op):
         return self._done(async_op)
+
+    def _transport_p2p(self, operation, tensor, peer, tag) -> list:
+        return [CompletedWork()]
 
     def _global_rank(self) -> int:
         return self.rank

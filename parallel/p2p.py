@@ -14,6 +14,10 @@ were held to the iteration's end: 144 GiB a GPU at Megatron's GPT-3 175B). The s
 ([micro-batch, sequence, hidden], the sequence a TP rank's slice under sequence parallelism: the caller says),
 so no shape is exchanged. Activations and gradients travel with different
 tags: with interleaving, one pair of ranks carries both, in orders that differ.
+
+The messages go through the Communicator (parallel/comm.py's `send` / `receive`), which counts them on the "pp"
+group like every other byte a rank moves; with the planner's DryRunCommunicator the same class runs a planned
+stage on the meta device (planner/pipeline_plan.py), so what it counts and holds is what a live rank would.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
+
+from parallel.comm import Communicator
 
 ACTIVATION, GRADIENT = 1, 2  # message tags
 
@@ -30,8 +35,8 @@ SEND_LAG = 2  # a receive at slot k completes the sends of slots <= k - SEND_LAG
 
 
 class PipelineP2P:
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, comm: Communicator) -> None:
+        self.device, self.comm = device, comm
         self.slot = 0  # the schedule's slot now running (start_slot); sends are tagged with it
         self._sends: list = []  # (slot, the works of a posted send, the tensor it must keep alive)
 
@@ -40,12 +45,12 @@ class PipelineP2P:
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
         tensor = tensor.detach().contiguous()
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, peer, tag=tag)])
+        works = self.comm.send(tensor, peer, tag)
         self._sends.append((self.slot, works, tensor))
 
     def receive(self, shape: Sequence[int], dtype: torch.dtype, peer: int, tag: int) -> torch.Tensor:
         tensor = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, peer, tag=tag)])
+        works = self.comm.receive(tensor, peer, tag)
         self._complete_sends(up_to_slot=self.slot - SEND_LAG)  # with the receive posted (see the docstring)
         for work in works:
             work.wait()

@@ -16,7 +16,7 @@ Both schedules are Megatron-Core's (megatron/core/pipeline_parallel/schedules.py
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Sequence
 
 from base.errors import ConfigError
 
@@ -71,6 +71,17 @@ def schedule(num_micro_batches: int, pp_size: int, pp_rank: int, vp_size: Option
     if vp_size is not None and vp_size > 1:
         return interleaved_one_f_one_b(num_micro_batches, pp_size, pp_rank, vp_size)
     return one_f_one_b(num_micro_batches, pp_size, pp_rank)
+
+
+def peak_held_by_forwards(slots: Sequence[Slot], held_by_chunk: Sequence[int]) -> int:
+    """The most a rank holds at once when each forward of chunk c keeps `held_by_chunk[c]` until its backward
+    (what autograd saves in a chunk's forward lives until that backward): with ones, the most forwards that
+    await their backward."""
+    held = peak = 0
+    for slot in slots:
+        held += held_by_chunk[slot.chunk] if slot.kind == "F" else -held_by_chunk[slot.chunk]
+        peak = max(peak, held)
+    return peak
 
 
 def check_interleaving(num_micro_batches: int, pp_size: int, vp_size: int) -> None:

@@ -379,7 +379,11 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
     sizes = {"pp": pipeline_parallel_size, "dp": world_size // (tensor_parallel_size * pipeline_parallel_size),
              "tp": tensor_parallel_size}
     dims = ParallelDims.of_rank(rank, sizes, groups={name: VirtualGroup(size) for name, size in sizes.items()})
-    return ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank))
+    # the embedding group as `_embedding_group` makes it: first and last stage, with more than one stage
+    on_end_stage = dims["pp"].coordinate in (0, pipeline_parallel_size - 1)
+    embedding_group = VirtualGroup(2) if pipeline_parallel_size > 1 and on_end_stage else None
+    return ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank),
+                         embedding_group=embedding_group)
 
 
 def destroy(state: ParallelState) -> None:

@@ -278,10 +278,18 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
         p2p_crosses = tp * dp >= hardware.gpus_per_node
         p2p_s, _ = _collective_seconds(stages.p2p_sent_bytes, stages.p2p_message_bytes, p2p_crosses, hardware)
 
+    # The tied word embedding's gradient summed over the first and last stage, after the passes and before the
+    # step (Megatron's _allreduce_word_embedding_grads): one all-reduce, between ranks (P - 1) x TP x DP apart.
+    embedding_s = 0.0
+    embedding_bytes = plan.comm_bytes["embedding"]["all_reduce"]
+    if stages is not None and embedding_bytes:
+        embedding_crosses = (pp - 1) * tp * dp >= hardware.gpus_per_node
+        embedding_s, _ = _collective_seconds(embedding_bytes, embedding_bytes, embedding_crosses, hardware)
+
     terms = {"compute": compute_s, "tp": tp_s, "dp_reduce_exposed": reduce_exposed,
              "dp_gather_exposed": gather_exposed, "optimizer": optimizer_s, "offload": offload_s}
     if stages is not None:
-        terms.update(pipeline_bubble=bubble_s, pipeline_p2p=p2p_s)
+        terms.update(pipeline_bubble=bubble_s, pipeline_p2p=p2p_s, pipeline_embedding=embedding_s)
     iteration_s = sum(terms.values())
     model_flops = flops_per_iteration(model, run.batch.global_batch_size, activation_recompute=False,
                                       padded_vocab_size=run.padded_vocab_size)

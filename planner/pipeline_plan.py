@@ -8,27 +8,32 @@ keeps min(P - s, M) micro-batches' activations on stage s (the first stage most)
 Megatron's warm-up count (P - s - 1) x 2 + (vp - 1) x P + 1 chunk-forwards of L / (P x vp) layers.
 
 What the executor adds on top, counted here: PipelineP2P posts every send at once and completes it at a receive
-of its rank SEND_LAG slots later (parallel/p2p.py), so each sent activation [micro_batch, seq, hidden] (every
-forward that does not end the model) and each sent input gradient (every backward that does not start it) stays
-alive until then, replayed here with the same rule; and the gradient received for a backward is alive while it
-runs.
+of its rank SEND_LAG slots later (parallel/p2p.py), so each sent activation [micro_batch, seq, hidden] (the
+sequence a TP rank's slice under sequence parallelism; every forward that does not end the model) and each sent
+input gradient (every backward that does not start it) stays alive until then; and the gradient received for a
+backward is alive while it runs. The slots run through the executor's own PipelineP2P over the dry run's
+communicator, so the sends held are its count and the point-to-point bytes (comm_bytes' "pp" group, sent and
+received) are counted by the code that counts them live.
 
 A plan must not cost M forward and backward passes of a stage when M is in the thousands (Megatron's GPT-3 175B
 at DP 1 runs 1536), so it simulates M' = the fewest micro-batches that reach the schedule's steady state (after
-the warm-up, one forward and one backward), where the saved activations peak, and adds the sends and the DP
-traffic of the M - M' micro-batches it did not run, as the plain dry run does for accumulation steps.
+the warm-up, one forward and one backward), where the saved activations peak, and adds the sends and the TP
+and DP traffic of the M - M' micro-batches it did not run, as the plain dry run does for accumulation steps.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from parallel.p2p import SEND_LAG
+from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
 from parallel.pipeline_schedules import schedule
+from training.pipeline_step import activation_shape
+from zero.pipeline_grads import PipelineGradients
 
 META = torch.device("meta")
 
@@ -59,11 +64,12 @@ def bubble_fraction(stages: int, micro_batches: int, chunks: int = 1) -> float:
 
 def simulated_micro_batches(micro_batches: int, stages: int, stage: int, chunks: int) -> int:
     """M': 1F1B reaches its steady state on stage s after P - s - 1 warm-up forwards, so P - s micro-batches
-    hold its peak; interleaved needs a multiple of P other than P itself (at M = P Megatron runs every forward
-    as warm-up: a different schedule), and 2P covers the longest warm-up, (P - 1) x 2 + (vp - 1) x P."""
+    hold its peak, and at least two, so that a backward under no_sync (what each micro-batch not simulated
+    sends) runs before the last; interleaved needs a multiple of P other than P itself (at M = P Megatron runs
+    every forward as warm-up: a different schedule), and 2P covers the longest warm-up, (P - 1) x 2 + (vp - 1) x P."""
     if chunks > 1:
         return micro_batches if micro_batches <= 2 * stages else 2 * stages
-    return min(micro_batches, stages - stage)
+    return min(micro_batches, max(stages - stage, 2))
 
 
 def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[dict[str, int], PipelineFigures]:
@@ -74,34 +80,41 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     chunks = len(model.stage.chunks)
     micro_batches = plan.batch.final_accumulation_steps
     simulated = simulated_micro_batches(micro_batches, stages, stage, chunks)
-    micro, seq, hidden = config.training.micro_batch_size, config.model.seq_length, config.model.hidden_size
+    micro, seq = config.training.micro_batch_size, config.model.seq_length
     dtype = next(model.parameters()).dtype
-    message = micro * seq * hidden * torch.finfo(dtype).bits // 8
+    tokens = torch.zeros((micro, seq + 1), dtype=torch.long, device=META)
+    shape = activation_shape(tokens[:, :-1], config.model.hidden_size, model, state.tensor_parallel_size)
+    message = math.prod(shape) * torch.finfo(dtype).bits // 8
     reducer = zero.reducer
+    tied = model.word_embeddings if model.tied_output else None
+    gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
+                                  state.pipeline_parallel_group, state.is_first_stage)
     reducer.zero_grad()
     state.comm.stats.snapshot_and_reset()
+    p2p = PipelineP2P(META, state.comm)
     slots = schedule(simulated, stages, stage, chunks)
     last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
-    tokens = torch.zeros((micro, seq + 1), dtype=torch.long, device=META)
     outputs: dict[tuple[int, int], tuple[Optional[torch.Tensor], torch.Tensor]] = {}
-    held: list[int] = []  # the slots of the sends not yet completed
-    sent = most_held = forward_peak = 0
+    most_held = forward_peak = 0
     backward_points: list[int] = []  # bytes live at a backward's start and at each collective inside one
     in_flight = in_flight_peak = 0
-    no_sync_bytes: Optional[dict[str, dict[str, int]]] = None
+    # (F or B, chunk): the TP and DP bytes of that chunk's first forward, and of its first backward under no_sync,
+    # which each micro-batch not simulated sends again
+    repeated: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
 
     def virtual(slot) -> int:
         return slot.chunk * stages + stage
 
     for index, slot in enumerate(slots):
+        p2p.start_slot()
         starts, ends = virtual(slot) == 0, virtual(slot) == chunks * stages - 1
         if probe.progress is not None:
             probe.progress.micro_batch = slot.micro_batch
         if slot.kind == "F":
-            received = None if starts else torch.zeros((micro, seq, hidden), dtype=dtype, device=META,
-                                                       requires_grad=True)
-            held = held if starts else [sender for sender in held if sender > index - SEND_LAG]
+            received = None if starts else p2p.receive(shape, dtype, state.stage_rank(virtual(slot) - 1),
+                                                       ACTIVATION).requires_grad_()
             probe.phase = "forward"
+            before = state.comm.stats.snapshot()
             with monitor.measuring():
                 if ends:
                     output = model.chunk_forward(slot.chunk, tokens[:, :-1] if starts else received,
@@ -109,15 +122,18 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
                 else:
                     output = model.chunk_forward(slot.chunk, tokens[:, :-1] if starts else received)
             outputs[(slot.micro_batch, slot.chunk)] = (received, output)
-            held, sent = (held, sent) if ends else (held + [index], sent + 1)
-            most_held = max(most_held, len(held))
+            repeated.setdefault(("F", slot.chunk), _difference(state.comm.stats.snapshot(), before))
+            if not ends:
+                p2p.send(output, state.stage_rank(virtual(slot) + 1), ACTIVATION)
+            most_held = max(most_held, p2p.held_sends)
             in_flight += 1
             in_flight_peak = max(in_flight_peak, in_flight)
-            forward_peak = max(forward_peak, monitor.meter.peak["device"] + len(held) * message)
+            forward_peak = max(forward_peak, monitor.meter.peak["device"] + p2p.held_sends * message)
         else:
             received, output = outputs.pop((slot.micro_batch, slot.chunk))
-            held = held if ends else [sender for sender in held if sender > index - SEND_LAG]
-            beside = len(held) * message + (0 if ends else message)  # held sends, the received gradient
+            grad = None if ends else p2p.receive(output.shape, output.dtype, state.stage_rank(virtual(slot) + 1),
+                                                 GRADIENT)
+            beside = p2p.held_sends * message + (0 if ends else message)  # held sends, the received gradient
             backward_points.append(monitor.meter.live["device"] + beside)
             before = state.comm.stats.snapshot()
             probe.phase = "backward"
@@ -134,31 +150,42 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
                         if ends:
                             zero.scale_loss(output).backward()
                         else:
-                            output.backward(torch.zeros_like(output))
+                            output.backward(grad)
                 reducer.finish_grad_sync()
             finally:
                 state.comm.on_transport_copy = None
             after = state.comm.stats.snapshot()
-            if index != last_backward and no_sync_bytes is None:
-                no_sync_bytes = {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
-                                 for group, kinds in after.items()}
-            held, sent = (held, sent) if starts else (held + [index], sent + 1)
-            most_held = max(most_held, len(held))
+            if index != last_backward:
+                repeated.setdefault(("B", slot.chunk), _difference(after, before))
+            if not starts:
+                p2p.send(received.grad, state.stage_rank(virtual(slot) - 1), GRADIENT)
+            most_held = max(most_held, p2p.held_sends)
             in_flight -= 1
-    # The micro-batches not simulated: each sends what a simulated one sends, and its backward under no_sync
-    # sends what the first one did (stage 2 reduces every micro-batch).
-    unsimulated = (micro_batches - simulated) * chunks
-    sends_per_micro_batch = sum(virtual_stage != 0 for virtual_stage in _virtual_stages(stages, stage, chunks)) + \
-        sum(virtual_stage != chunks * stages - 1 for virtual_stage in _virtual_stages(stages, stage, chunks))
-    extra_sends = (micro_batches - simulated) * sends_per_micro_batch
-    for group, kinds in (no_sync_bytes or {}).items():
-        for kind, num_bytes in kinds.items():
-            state.comm.stats.add(group, kind, num_bytes * unsimulated)
+    p2p.finish_sends()
+    # The micro-batches not simulated: each sends and receives what a simulated one does (one message per model
+    # chunk boundary it crosses, each way), each chunk's forward sends what its first did (TP's collectives), and
+    # its backward under no_sync what the first one did (TP's, and stage 2 reduces every micro-batch).
+    unsimulated = micro_batches - simulated
+    virtual_stages = _virtual_stages(stages, stage, chunks)
+    sends_per_micro_batch = sum(virtual_stage != 0 for virtual_stage in virtual_stages) + \
+        sum(virtual_stage != chunks * stages - 1 for virtual_stage in virtual_stages)
+    state.comm.stats.add("pp", "send", unsimulated * sends_per_micro_batch * message)
+    state.comm.stats.add("pp", "recv", unsimulated * sends_per_micro_batch * message)
+    if unsimulated:
+        for slot_bytes in repeated.values():
+            for group, kinds in slot_bytes.items():
+                for kind, num_bytes in kinds.items():
+                    state.comm.stats.add(group, kind, num_bytes * unsimulated)
+    point_to_point = state.comm.stats.snapshot()["pp"]
     passes_copy = state.comm.take_largest_transport_copy()
+    # PipelineTrainStep's end of the passes and the step: the tied embedding's copies summed, the loss broadcast
+    # from the last stage, the norm summed over the stages
+    gradients.sum_shared_embedding()
+    loss_sum = torch.zeros((), device=META)
+    state.comm.broadcast(loss_sum, state.stage_rank(-1), state.pipeline_parallel_group, "pp")
     optimizer = zero.optimizer
     optimizer.grad_norm_squared(optimizer.gradients.partition_gradients())
     optimizer.publish_parameters()
-    loss_sum = torch.zeros((), device=META)
     state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")
     # The peak of the passes: a forward's, a backward's start, or a collective inside a backward that reduces
     # gradients (the last one at ZeRO 0-1, every one at ZeRO 2) with what was still live as it started. Counting
@@ -173,9 +200,15 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
         # the micro-batches not simulated repeat the steady state: they hold no more sends at once
         p2p_held_bytes=most_held * message,
         pass_peak_bytes=pass_peak,
-        p2p_sent_bytes=(sent + extra_sends) * message,
+        p2p_sent_bytes=point_to_point["send"],
         bubble_fraction=bubble_fraction(stages, micro_batches, chunks))
     return {"passes": passes_copy, "step": state.comm.take_largest_transport_copy()}, figures
+
+
+def _difference(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The TP and DP bytes counted between two snapshots (the point-to-point bytes are added by message count)."""
+    return {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
+            for group, kinds in after.items() if group != "pp"}
 
 
 def _virtual_stages(stages: int, stage: int, chunks: int) -> list[int]:

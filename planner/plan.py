@@ -148,6 +148,10 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     lines += _host_lines(plan, width)
     lines += ["", "sent per iteration by this rank:"]
     for group, kinds in plan.comm_bytes.items():
+        # the point-to-point messages are the pipeline's lines (beside their size); without stages the pipeline's
+        # groups carry nothing
+        if group == "pp" or (group == "embedding" and stages is None):
+            continue
         sent = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in kinds.items() if n)
         lines.append(f"  {group}: {sent or 'nothing'}")
     if stages is not None:

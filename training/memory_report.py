@@ -1,6 +1,12 @@
 """Memory after a run's first iteration: with --report-memory, the model-state bytes every rank holds and
 the bytes autograd saved for backward, beside zero/memory.py's predictions; always, the planner's
-predicted peak beside the measured one (training/metrics.py's MemoryCheck)."""
+predicted peak beside the measured one (training/metrics.py's MemoryCheck).
+
+With pipeline stages a rank's saved activations are its stage's: its own layers, for every chunk-forward that
+awaits its backward in the schedule (1F1B: min(P - s, M) micro-batches on stage s; interleaved: Megatron's
+warm-up forwards and one more), as planner/pipeline_plan.py plans them. The prediction of the checkpointed
+inputs walks the rank's own slots (parallel/pipeline_schedules.py), not the one-stage model's single
+micro-batch."""
 
 from __future__ import annotations
 
@@ -8,8 +14,9 @@ from typing import Optional
 
 import torch
 
-from arguments.config import PretrainConfig
+from parallel.pipeline_schedules import peak_held_by_forwards, schedule
 from parallel.state import ParallelState
+from training.build import pipeline_stage
 from training.metrics import MemoryCheck, MetricsWriter
 from training.run_settings import RunSettings
 from zero.activations import ActivationMonitor, SavedTensorMeter
@@ -30,9 +37,13 @@ class FirstIterationMemory:
     """Reports once, after the first iteration this process trains (the Adam moments exist by then)."""
 
     def __init__(self, optimizer: ShardedAdamW, settings: RunSettings, state: ParallelState, writer: MetricsWriter,
-                 activations: ActivationMonitor, memory_check: Optional[MemoryCheck], first_iteration: int) -> None:
+                 activations: ActivationMonitor, memory_check: Optional[MemoryCheck], first_iteration: int,
+                 micro_batches: Optional[int] = None) -> None:
         self.optimizer, self.settings, self.state, self.writer = optimizer, settings, state, writer
         self.activations, self.memory_check, self.first_iteration = activations, memory_check, first_iteration
+        # the first iteration's micro-batches (a batch ramp may start below the final count): with stages, how
+        # many forwards await their backward depends on it
+        self.micro_batches = micro_batches if micro_batches is not None else settings.batch.final_accumulation_steps
 
     def measures_activations(self, iteration: int) -> bool:
         """Whether this iteration measures what autograd keeps for backward (--report-memory)."""
@@ -41,7 +52,8 @@ class FirstIterationMemory:
     def after(self, iteration: int) -> None:
         meter = self.activations.finish_measurement() if self.measures_activations(iteration) else None
         if meter is not None:
-            report_memory(self.optimizer, self.settings, self.state, self.writer, iteration, meter)
+            report_memory(self.optimizer, self.settings, self.state, self.writer, iteration, meter,
+                          self.micro_batches)
         if self.memory_check is not None and iteration == self.first_iteration:
             # Every rank's figures (ranks differ: the last one holds the padding, stage 0 the whole model),
             # one control message once per run.
@@ -51,7 +63,7 @@ class FirstIterationMemory:
 
 
 def report_memory(optimizer: ShardedAdamW, settings: RunSettings, state: ParallelState,
-                  writer: MetricsWriter, iteration: int, meter: SavedTensorMeter) -> list[dict]:
+                  writer: MetricsWriter, iteration: int, meter: SavedTensorMeter, micro_batches: int) -> list[dict]:
     """Measure the model-state bytes every rank holds (after a step, when the Adam moments exist)
     and the peak bytes autograd saved for backward in this iteration, beside zero/memory.py's
     predictions; rank 0 prints one line per rank and writes one record."""
@@ -67,7 +79,7 @@ def report_memory(optimizer: ShardedAdamW, settings: RunSettings, state: Paralle
     extra["host_model_state_bytes"] = placed["host"]["total"]
     extra["host_buffers_bytes"] = placed["host"]["buffers"]
     own = memory_record(measured, predicted, state.rank, extra)
-    own.update(saved_activation_record(meter, config, state))
+    own.update(saved_activation_record(meter, settings, state, micro_batches))
     records = [own]
     if torch.distributed.is_initialized() and state.world_size > 1:
         records = [None] * state.world_size
@@ -79,27 +91,51 @@ def report_memory(optimizer: ShardedAdamW, settings: RunSettings, state: Paralle
     return records
 
 
-def saved_activation_record(meter: SavedTensorMeter, config: PretrainConfig, state: ParallelState) -> dict:
-    """Peak saved-for-backward bytes by location, the checkpointed inputs among them, and the
-    analytic prediction for the checkpointed inputs of one micro-batch."""
+def saved_activation_record(meter: SavedTensorMeter, settings: RunSettings, state: ParallelState,
+                            micro_batches: int) -> dict:
+    """Peak saved-for-backward bytes by location, the checkpointed inputs among them, and the analytic
+    prediction for the checkpointed inputs: one micro-batch of the whole model, or with pipeline stages this
+    stage's chunks over the forwards its schedule keeps awaiting their backward."""
+    config = settings.config
     model, activations = config.model, config.activations
     element = torch.finfo(PRECISION_DTYPES[config.training.precision]).bits // 8
-    predicted = predict_saved_activation_bytes(
-        model.num_layers, model.seq_length, config.training.micro_batch_size, model.hidden_size,
-        model.num_attention_heads, element, state.tensor_parallel_size,
-        activations.checkpoint_num_layers if activations.checkpoint_activations else None,
-        activations.partition_activations)
+
+    def checkpointed_inputs(num_layers: int) -> int:
+        return predict_saved_activation_bytes(
+            num_layers, model.seq_length, config.training.micro_batch_size, model.hidden_size,
+            model.num_attention_heads, element, state.tensor_parallel_size,
+            activations.checkpoint_num_layers if activations.checkpoint_activations else None,
+            activations.partition_activations)["checkpointed_inputs"]
+
+    stage = pipeline_stage(settings, state)
+    pipeline: dict = {}
+    if stage is None:
+        predicted = checkpointed_inputs(model.num_layers)
+    else:
+        slots = schedule(micro_batches, state.pipeline_parallel_size, state.pipeline_parallel_rank,
+                         len(stage.chunks))
+        predicted = peak_held_by_forwards(slots, [checkpointed_inputs(len(chunk)) for chunk in stage.chunks])
+        pipeline = {"pipeline_parallel_rank": state.pipeline_parallel_rank,
+                    "pipeline_parallel_size": state.pipeline_parallel_size,
+                    "stage_layers": len(stage.layer_ids), "stage_chunks": len(stage.chunks),
+                    "chunk_forwards_in_flight": peak_held_by_forwards(slots, [1] * len(stage.chunks))}
     cuda = {"cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(state.device)} \
         if state.device.type == "cuda" else {}
-    return {**cuda, "saved_activation_device_bytes": meter.peak["device"],
+    return {**cuda, **pipeline, "saved_activation_device_bytes": meter.peak["device"],
             "saved_activation_host_bytes": meter.peak["host"],
             "checkpointed_input_device_bytes": meter.checkpointed_peak["device"],
             "checkpointed_input_host_bytes": meter.checkpointed_peak["host"],
-            "predicted_checkpointed_input_bytes": predicted["checkpointed_inputs"]}
+            "predicted_checkpointed_input_bytes": predicted}
 
 
 def format_activation_line(record: dict) -> str:
-    return (f"; saved for backward: {format_bytes(record['saved_activation_device_bytes'])} device, "
+    stage = ""
+    if "pipeline_parallel_rank" in record:
+        chunks = f" in {record['stage_chunks']} chunks" if record["stage_chunks"] > 1 else ""
+        stage = (f" on stage {record['pipeline_parallel_rank']} of {record['pipeline_parallel_size']} "
+                 f"({record['stage_layers']} layer{'s' if record['stage_layers'] != 1 else ''}{chunks}, at most {record['chunk_forwards_in_flight']} "
+                 f"chunk forwards awaiting their backward)")
+    return (f"; saved for backward{stage}: {format_bytes(record['saved_activation_device_bytes'])} device, "
             f"{format_bytes(record['saved_activation_host_bytes'])} host (checkpointed inputs "
             f"{format_bytes(record['checkpointed_input_device_bytes'] + record['checkpointed_input_host_bytes'])}, "
             f"predicted {format_bytes(record['predicted_checkpointed_input_bytes'])})")

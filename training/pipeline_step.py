@@ -23,7 +23,6 @@ import contextlib
 from typing import Iterator, Optional
 
 import torch
-import torch.distributed as dist
 
 from gpt.model import GPTModel
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
@@ -55,7 +54,7 @@ class PipelineTrainStep(DataParallelTrainStep):
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor) -> None:
         super().__init__(model, zero, train_batches, settings, state, activations)
-        self.p2p = PipelineP2P(state.device)
+        self.p2p = PipelineP2P(state.device, state.comm)
         self.chunks = len(model.stage.chunks)
         tied = model.word_embeddings if model.tied_output else None
         self.gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
@@ -87,8 +86,8 @@ class PipelineTrainStep(DataParallelTrainStep):
                 reducer.finish_grad_sync()
         self.p2p.finish_sends()
         self.gradients.sum_shared_embedding()
-        if state.pipeline_parallel_size > 1:  # the loss lives on the last stage; the others record it too
-            dist.broadcast(iteration_loss, src=state.stage_rank(-1), group=state.pipeline_parallel_group)
+        # the loss lives on the last stage; the others record it too
+        state.comm.broadcast(iteration_loss, state.stage_rank(-1), state.pipeline_parallel_group, "pp")
         return iteration_loss
 
     def _virtual_stage(self, slot: Slot) -> int:
@@ -137,7 +136,7 @@ class PipelineForward:
 
     def __init__(self, model: GPTModel, state: ParallelState, hidden_size: int) -> None:
         self.model, self.state, self.hidden_size = model, state, hidden_size
-        self.p2p = PipelineP2P(state.device)
+        self.p2p = PipelineP2P(state.device, state.comm)
         self.chunks = len(model.stage.chunks)
         self.dtype = next(model.parameters()).dtype
 

@@ -38,7 +38,8 @@ def train_run(run: Run) -> TrainingSummary:
         evaluator = Evaluator(built.model, run.data.make_valid_loader, run.data.make_test_loader,
                               eval_micro_batches, config, state, writer, forward)
         memory = FirstIterationMemory(built.zero.optimizer, settings, state, writer, built.activations,
-                                      run.memory_check, first_iteration=start.iteration + 1)
+                                      run.memory_check, first_iteration=start.iteration + 1,
+                                      micro_batches=settings.batch.accumulation_steps_at(start.consumed_samples))
         summary = train(step, metrics, evaluator, memory, settings, state, start_iteration=start.iteration,
                         consumed_samples=start.consumed_samples, save_checkpoint=run.save,
                         exit_conditions=run.exit_conditions)

@@ -173,8 +173,7 @@ class ShardedAdamW:
         total = total.reshape(1).to(device=self.parameters.device, dtype=torch.float32)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
-        if self.pipeline_group is not None:
-            torch.distributed.all_reduce(total, group=self.pipeline_group)
+        self.comm.all_reduce(total, self.pipeline_group, "pp")
         return total
 
     def step(self) -> StepResult:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from zero.apply import ZeroParts
@@ -43,5 +42,5 @@ class PipelineGradients:
         if self.unit is not None:
             shard = self.zero.reducer.reduced_shard(self.unit)
             summed = shard.to(torch.float32)  # sums in fp32 whatever the gradient dtype
-            dist.all_reduce(summed, group=self.embedding_group)
+            self.zero.optimizer.comm.all_reduce(summed, self.embedding_group, "embedding")
             shard.copy_(summed)

@@ -33,10 +33,35 @@ def test_stats_snapshot_is_per_iteration_and_shaped_per_group():
     stats.add("tp", "all_reduce", 7)
     first = stats.snapshot_and_reset()
     assert first == {"dp": {"all_reduce": 0, "reduce_scatter": 128, "all_gather": 0, "broadcast": 0},
-                     "tp": {"all_reduce": 7, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0}}
+                     "tp": {"all_reduce": 7, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0},
+                     "pp": {"send": 0, "recv": 0, "all_reduce": 0, "broadcast": 0},
+                     "embedding": {"all_reduce": 0}}
     assert stats.snapshot_and_reset()["dp"]["reduce_scatter"] == 0
     with pytest.raises(ValueError, match="unknown group name"):
-        stats.add("pp", "all_reduce", 1)
+        stats.add("ep", "all_reduce", 1)
+    with pytest.raises(ValueError, match="unknown kind 'send' on the embedding group"):
+        stats.add("embedding", "send", 1)
+
+
+def test_the_dry_run_counts_point_to_point_messages_without_a_process_group():
+    """Pipeline stages' messages (parallel/p2p.py) are counted on the "pp" group, sent and received, each the
+    message's own bytes; the planner's communicator counts them with no process group and moves nothing."""
+    from parallel.comm import DryRunCommunicator
+    from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
+
+    assert not dist.is_initialized()
+    comm = DryRunCommunicator(rank=1)
+    p2p = PipelineP2P(torch.device("meta"), comm)
+    p2p.start_slot()
+    received = p2p.receive((2, 16, 32), torch.float32, peer=0, tag=ACTIVATION)
+    p2p.send(torch.empty((2, 16, 32), dtype=torch.bfloat16, device="meta"), peer=2, tag=ACTIVATION)
+    p2p.start_slot()
+    p2p.send(torch.empty_like(received), peer=0, tag=GRADIENT)
+    p2p.finish_sends()
+    assert comm.stats.snapshot()["pp"] == {"send": 2 * 16 * 32 * (2 + FLOAT32), "recv": 2 * 16 * 32 * FLOAT32,
+                                           "all_reduce": 0, "broadcast": 0}
+    assert comm.stats.total() == 2 * 16 * 32 * (2 + FLOAT32)  # what is received is another rank's send
+    assert comm.last_collective == ("send", "pp")
 
 
 def test_no_group_means_no_call_and_no_bytes():
@@ -116,5 +141,7 @@ def test_collectives_and_their_byte_counts(world_size):
             "dp": {"all_reduce": 0, "reduce_scatter": (n * 3 * FLOAT32) * (n - 1) // n,
                    "all_gather": (n * 3 * FLOAT32) * (n - 1) // n,
                    "broadcast": 5 * 8 if rank == 1 else 0},
+            "pp": {"send": 0, "recv": 0, "all_reduce": 0, "broadcast": 0},
+            "embedding": {"all_reduce": 0},
         }, f"rank {rank}"
         assert all(count == 0 for kinds in after_reset.values() for count in kinds.values())

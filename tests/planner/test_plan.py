@@ -84,7 +84,7 @@ def test_dry_run_json_has_the_promised_keys(capsys):
     record = json.loads(capsys.readouterr().out)
     assert set(record["model_state_bytes"]) == {"parameters", "gradients", "master_weights", "optimizer_states", "total"}
     assert record["total_bytes"] > record["model_state_bytes"]["total"] and record["fits"] is True
-    assert set(record["comm_bytes"]) == {"dp", "tp"} and record["comm_bytes"]["dp"]["all_gather"] > 0
+    assert set(record["comm_bytes"]) == {"dp", "tp", "pp", "embedding"} and record["comm_bytes"]["dp"]["all_gather"] > 0
     assert record["tensor_parallel_size"] == 2 and record["data_parallel_size"] == 4
 
 

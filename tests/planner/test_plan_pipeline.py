@@ -75,15 +75,20 @@ def test_interleaving_holds_megatrons_warmup_forwards():
         assert planned.pipeline.bubble_fraction == pytest.approx(bubble_fraction(2, 8, 2)) == pytest.approx(1 / 17)
 
 
-@pytest.mark.parametrize("flags", [("--global-batch-size", "32"),
-                                   ("--global-batch-size", "32", "--num-layers-per-virtual-pipeline-stage", "1")])
-def test_planning_fewer_micro_batches_gives_the_full_schedules_plan(monkeypatch, flags):
-    """M' micro-batches reach the steady state: the plan of the first stage equals the one that runs all M."""
+@pytest.mark.parametrize("rank, world, flags", [
+    (0, 2, ("--global-batch-size", "32")),
+    (0, 2, ("--global-batch-size", "32", "--num-layers-per-virtual-pipeline-stage", "1")),
+    # the last stage (rank 2 of PP 2 x TP 2), under TP's collectives with sequence parallelism: before, it planned
+    # one micro-batch, whose backward is the last, so there was no backward under no_sync to repeat (stage 2's
+    # reductions of the others were missing), and the forwards' TP collectives were not repeated at all
+    (2, 4, ("--global-batch-size", "32", "--tensor-model-parallel-size", "2", "--sequence-parallel"))])
+def test_planning_fewer_micro_batches_gives_the_full_schedules_plan(monkeypatch, rank, world, flags):
+    """M' micro-batches reach the steady state: the plan of a stage equals the one that runs all M."""
     flags = ("--pipeline-model-parallel-size", "2", "--zero-stage", "2", *flags)
-    truncated = plan(0, *flags, world=2)
+    truncated = plan(rank, *flags, world=world)
     assert truncated.pipeline.simulated_micro_batches < truncated.pipeline.micro_batches == 16
     monkeypatch.setattr(pipeline_plan, "simulated_micro_batches", lambda micro_batches, *_: micro_batches)
-    full = plan(0, *flags, world=2)
+    full = plan(rank, *flags, world=world)
     assert full.pipeline.simulated_micro_batches == 16
     assert truncated.total_bytes == full.total_bytes
     assert truncated.saved_activation_bytes == full.saved_activation_bytes
@@ -113,3 +118,27 @@ def test_a_pipeline_launchs_dry_run_plans_its_stage(monkeypatch, capsys):
                               "--pipeline-model-parallel-size", "2", "--device", "cpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "PP rank 0" in out and "PP 2 x TP 1 x DP 2" in out and "1F1B, 4 micro-batches" in out
+
+
+@pytest.mark.parametrize("flags", [("--global-batch-size", "16"),
+                                   ("--global-batch-size", "16", "--num-layers-per-virtual-pipeline-stage", "1")])
+def test_report_memorys_stage_prediction_is_the_planners(flags):
+    """--report-memory's predicted checkpointed inputs on a stage (training/memory_report.py: the stage's chunks over
+    the forwards its schedule keeps awaiting their backward) equal what the planner's dry run of that rank measures,
+    1F1B and interleaved; the 2-rank launch in tests/training/test_pipeline_training.py compares both with the live
+    measurement. Before, every stage predicted one micro-batch of the whole model."""
+    from parallel.state import virtual_state
+    from training.memory_report import saved_activation_record
+    from training.run_settings import resolve_run_settings
+    from zero.activations import SavedTensorMeter
+
+    flags = ("--pipeline-model-parallel-size", "2", "--checkpoint-activations", *flags)
+    config = parse_config([*MODEL, *flags])
+    settings = resolve_run_settings(config, VOCAB, 1, 1, "cpu")
+    for rank in (0, 1):
+        planned = plan(rank, *flags, world=2)
+        state = virtual_state(2, 1, rank, pipeline_parallel_size=2)
+        record = saved_activation_record(SavedTensorMeter(state.device), settings, state,
+                                         settings.batch.final_accumulation_steps)
+        assert record["chunk_forwards_in_flight"] == planned.pipeline.peak_chunk_forwards_in_flight, rank
+        assert record["predicted_checkpointed_input_bytes"] == sum(planned.checkpoint_bytes.values()) > 0, rank

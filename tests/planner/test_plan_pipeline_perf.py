@@ -36,6 +36,12 @@ def test_a_stage_pays_the_bubble_and_its_sends(flags, chunks):
     sent, message = plan.pipeline.p2p_sent_bytes, plan.pipeline.p2p_message_bytes
     assert stage.terms["pipeline_p2p"] == pytest.approx(sent / h100.intra_node_bandwidth
                                                         + sent // message * h100.intra_node_latency_s)
+    # the tied embedding's gradient, summed with the last stage's copy in one all-reduce (the comm_bytes the dry run
+    # counted on the embedding group, as a live rank counts them), inside the node too
+    summed = plan.comm_bytes["embedding"]["all_reduce"]
+    assert summed > 0
+    assert stage.terms["pipeline_embedding"] == pytest.approx(summed / h100.intra_node_bandwidth
+                                                              + h100.intra_node_latency_s)
     assert stage.iteration_s == pytest.approx(sum(stage.terms.values()))
 
 

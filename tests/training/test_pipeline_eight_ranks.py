@@ -16,6 +16,8 @@ megatron/core/pipeline_parallel/schedules.py lines 1160-1168 now ask microbatch_
 default (megatron/core/model_parallel_config.py line 568), to lie in [PP, number of micro-batches]):
 16 samples / (MB 2 x DP 2) = 4 per rank, a multiple of 2.
 
+Every rank's point-to-point bytes (comm_bytes' "pp" group) are the schedule's messages, as in the 4-rank test.
+
 Not bitwise, as in the 4-rank test (the tied embedding's two gradient halves and the norm's per-stage squares are
 summed in another order); the bound is the issue's 1e-6 relative.
 """
@@ -25,7 +27,14 @@ from __future__ import annotations
 import pytest
 
 from tests.distributed import free_port, run_distributed
-from tests.training.test_pipeline_training import GLOBAL_BATCH, MICRO_BATCH, one_stage_reference, train_configurations
+from tests.training.test_pipeline_training import (
+    GLOBAL_BATCH,
+    MICRO_BATCH,
+    expected_point_to_point,
+    one_stage_reference,
+    point_to_point,
+    train_configurations,
+)
 
 # name: (flags, tensor-parallel size); the rest of the 8 ranks is PP x DP
 EIGHT_RANK_CONFIGS = {
@@ -53,10 +62,15 @@ def test_eight_rank_pipeline_grids_train_with_the_one_stage_losses_and_norms():
                                [free_port() for _ in EIGHT_RANK_CONFIGS], timeout=600)
     for name in EIGHT_RANK_CONFIGS:
         # every rank records the same loss and norm (the loss from the last stage, the norm over all stages)
-        assert all(rank_results[name] == per_rank[0][name] for rank_results in per_rank), name
-        losses, norms = zip(*per_rank[0][name])
+        assert all(rank_results[name].outcomes == per_rank[0][name].outcomes for rank_results in per_rank), name
+        losses, norms = zip(*per_rank[0][name].outcomes)
         reference_losses, reference_norms = zip(*single)
         print(f"{name}: max relative difference, loss {_max_relative_difference(losses, reference_losses):.2e}, "
               f"grad norm {_max_relative_difference(norms, reference_norms):.2e}")
         assert list(losses) == pytest.approx(list(reference_losses), rel=1e-6, abs=0), name
         assert list(norms) == pytest.approx(list(reference_norms), rel=1e-6, abs=0), name
+        # every rank counts the bytes its stage's messages carry (test_pipeline_training.py's formula)
+        flags, tp = EIGHT_RANK_CONFIGS[name]
+        for rank, rank_results in enumerate(per_rank):
+            expected = expected_point_to_point(flags, tp, WORLD_SIZE, rank)
+            assert all(point_to_point(counted) == expected for counted in rank_results[name].comm_bytes), (name, rank)
