@@ -111,11 +111,11 @@ def test_the_committed_mini_reproduction_measured_what_the_planner_predicts():
 
 
 @pytest.mark.slow
-def test_the_mini_reproduction_measures_every_configuration_in_one_launch(tmp_path):
+def test_the_mini_reproduction_measures_every_configuration_in_one_launch(tmp_path, corpus_cache):
     output = tmp_path / "mini.json"
     assert mini_reproduction.main(["--output", str(output), "--layers", "1", "2", "--hidden-size", "64",
                                    "--seq-length", "64", "--micro-batch-size", "4", "--bucket-size", "20000",
-                                   "--data-cache-dir", str(tmp_path / "corpus"), "--timeout", "300"]) == 0
+                                   "--data-cache-dir", corpus_cache, "--timeout", "300"]) == 0
     summary = json.loads(output.read_text())
     assert len(summary["runs"]) == 10
     for run in summary["runs"]:
