@@ -1,14 +1,18 @@
 """Resume from a checkpoint, end to end through pretrain_gpt: the issue's acceptance runs.
 
-- Exact resume: 20 iterations uninterrupted vs 10 (saved, `--exit-interval 10`) + 10 resumed with
-  `--load`: iterations 11-20 log bitwise the same losses, with dropout on (so the RNG streams must be
+- Exact resume: 8 iterations uninterrupted vs 4 (saved, `--exit-interval 4`) + 4 resumed with
+  `--load`: iterations 5-8 log bitwise the same losses, with dropout on (so the RNG streams must be
   restored too), for ZeRO stages 0-3 at DP=2, for TP=2, and with two blended datasets.
 - Elastic resume: saved at DP=4 stage 2, resumed at DP=2 stage 3 and at DP=1 stage 0: the next losses
   equal the DP=4 run's within 1e-5 relative (fp32; dropout off, since the masks depend on how a
   batch is split into micro-batches).
 - Preemption: SIGTERM with --exit-signal-handler finishes the iteration, saves and exits 0; a rank
-  killed with SIGKILL after iteration 13 ends the whole job with a non-zero status, and the restart
-  (the same command) resumes from the iteration-10 checkpoint and reproduces 11-20.
+  killed with SIGKILL after iteration 6 ends the whole job with a non-zero status, and the restart
+  (the same command) resumes from the iteration-4 checkpoint and reproduces 5-8.
+
+Every property here holds at any length with a save between two logged iterations; 8 iterations (4
+before the save, past the 3 warm-up ones, and 4 after it) check each one at 40% of the 20 iterations
+this file once trained.
 """
 
 import json
@@ -27,7 +31,9 @@ from tests.distributed import free_port, run_distributed
 from tests.zero.test_zero_training import train_configurations
 
 ROOT = Path(__file__).resolve().parents[2]
-ITERS = 20
+ITERS = 8
+SAVE_AT = ITERS // 2  # the checkpoint every resume starts from
+KILL_AT = SAVE_AT + 2  # past the checkpoint, so the restart drops and redoes logged iterations
 COMMON = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
           "--max-position-embeddings", "32", "--train-iters", str(ITERS), "--seed", "1", "--log-interval", "1",
           "--eval-iters", "0", "--tokenizer-vocab-size", "512", "--device", "cpu", "--global-batch-size", "8",
@@ -59,18 +65,20 @@ class Scenario:
         self.resumed = tmp_path / f"{name}-resumed.jsonl"
         self.save_dir = tmp_path / f"{name}-ckpt"
         base = COMMON + ["--data-cache-dir", cache, *extra]
+        every = str(SAVE_AT)
         self.argvs = [
             base + ["--metrics-file", str(self.full)],
-            base + ["--metrics-file", str(self.resumed), "--save", str(self.save_dir), "--save-interval", "10",
-                    "--exit-interval", "10"],
-            base + ["--metrics-file", str(self.resumed), "--save", str(self.save_dir), "--save-interval", "10",
+            base + ["--metrics-file", str(self.resumed), "--save", str(self.save_dir), "--save-interval", every,
+                    "--exit-interval", every],
+            base + ["--metrics-file", str(self.resumed), "--save", str(self.save_dir), "--save-interval", every,
                     "--load", str(self.save_dir)],
         ]
 
     def check_bitwise(self):
         full, resumed = losses(self.full), losses(self.resumed)
         assert sorted(full) == sorted(resumed) == list(range(1, ITERS + 1))
-        assert [resumed[i] for i in range(11, 21)] == [full[i] for i in range(11, 21)]
+        after_save = range(SAVE_AT + 1, ITERS + 1)
+        assert [resumed[i] for i in after_save] == [full[i] for i in after_save]
 
 
 def write_reversed_dataset(prefix: str, out_prefix: str) -> None:
@@ -100,21 +108,21 @@ def resume_runs(tmp_path_factory, corpus):
                         prepared.data_prefix, "0.7", other,
                         "--tokenizer-file", os.path.join(prepared.tokenizer_dir, "tokenizer.json"))
 
-    # Elastic: the DP=4 stage-2 run is the uninterrupted reference and writes the checkpoint at 10.
+    # Elastic: the DP=4 stage-2 run is the uninterrupted reference and writes the checkpoint at SAVE_AT.
     elastic_save = tmp_path / "elastic-ckpt"
     elastic_base = COMMON + NO_DROPOUT + ["--data-cache-dir", cache]
     elastic = {"dp4-stage2": tmp_path / "elastic-dp4.jsonl", "dp2-stage3": tmp_path / "elastic-dp2.jsonl",
                "dp1-stage0": tmp_path / "elastic-dp1.jsonl"}
     run_distributed(train_configurations, 4, 1, [
         elastic_base + ["--metrics-file", str(elastic["dp4-stage2"]), "--zero-stage", "2", "--micro-batch-size", "2",
-                        "--save", str(elastic_save), "--save-interval", "10"]], timeout=600)
-    from_ten = ["--load", str(elastic_save / "iter_0000010")]
+                        "--save", str(elastic_save), "--save-interval", str(SAVE_AT)]], timeout=600)
+    from_save = ["--load", str(elastic_save / f"iter_{SAVE_AT:07d}")]
     run_distributed(train_configurations, 2, 1, [argv for s in stages for argv in s.argvs] + [
         elastic_base + ["--metrics-file", str(elastic["dp2-stage3"]), "--zero-stage", "3",
-                        "--micro-batch-size", "2", *from_ten]], timeout=600)
+                        "--micro-batch-size", "2", *from_save]], timeout=600)
     run_distributed(train_configurations, 2, 2, tensor_parallel.argvs, timeout=600)
     for argv in blending.argvs + [elastic_base + ["--metrics-file", str(elastic["dp1-stage0"]),
-                                                   "--micro-batch-size", "4", *from_ten]]:
+                                                   "--micro-batch-size", "4", *from_save]]:
         assert pretrain_gpt.main(argv) == 0
     return {"stages": stages, "tensor_parallel": tensor_parallel, "blending": blending, "elastic": elastic,
             "elastic_save": elastic_save}
@@ -139,14 +147,15 @@ def test_resume_is_bitwise_with_blended_data(resume_runs):
 @pytest.mark.slow
 def test_checkpoints_are_kept_and_latest_points_to_the_last(resume_runs):
     save_dir = resume_runs["stages"][2].save_dir
-    assert (save_dir / "latest").read_text().strip() == "iter_0000020"
-    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000010", "iter_0000020", "latest"]
-    names = sorted(p.name for p in (save_dir / "iter_0000010").iterdir())
+    first, last = f"iter_{SAVE_AT:07d}", f"iter_{ITERS:07d}"
+    assert (save_dir / "latest").read_text().strip() == last
+    assert sorted(p.name for p in save_dir.iterdir()) == [first, last, "latest"]
+    names = sorted(p.name for p in (save_dir / first).iterdir())
     assert names == ["metadata.json", "model_tp00.safetensors", "optim_tp00_dp000.safetensors",
                      "optim_tp00_dp001.safetensors", "rng_tp00_dp000.safetensors", "rng_tp00_dp001.safetensors",
                      "tokenizer"]
     # Stage 0's partition is the same on every DP rank: one copy.
-    stage0 = sorted(p.name for p in (resume_runs["stages"][0].save_dir / "iter_0000010").glob("optim_*"))
+    stage0 = sorted(p.name for p in (resume_runs["stages"][0].save_dir / first).glob("optim_*"))
     assert stage0 == ["optim_tp00_dp000.safetensors"]
 
 
@@ -155,8 +164,8 @@ def test_checkpoints_are_kept_and_latest_points_to_the_last(resume_runs):
 def test_elastic_resume_matches_the_uninterrupted_run(resume_runs, resumed):
     reference = losses(resume_runs["elastic"]["dp4-stage2"])
     after = losses(resume_runs["elastic"][resumed])
-    assert sorted(after) == list(range(11, 21))
-    for iteration in range(11, 21):
+    assert sorted(after) == list(range(SAVE_AT + 1, ITERS + 1))
+    for iteration in range(SAVE_AT + 1, ITERS + 1):
         assert abs(after[iteration] - reference[iteration]) <= 1e-5 * abs(reference[iteration]), (
             f"{resumed}: iteration {iteration} loss {after[iteration]} vs DP=4 {reference[iteration]}")
 
@@ -207,9 +216,9 @@ def test_sigterm_saves_and_exits_zero_then_resume_continues(tmp_path, corpus):
 
 @pytest.mark.slow
 def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corpus, resume_runs):
-    """Two ranks as torchrun would start them; rank 1 is SIGKILLed after iteration 13 (a node dies).
+    """Two ranks as torchrun would start them; rank 1 is SIGKILLed after iteration KILL_AT (a node dies).
     Rank 0 must fail (not hang) within the collective timeout; the same command then resumes from the
-    iteration-10 checkpoint and logs exactly the uninterrupted run's losses for 11-20."""
+    iteration-SAVE_AT checkpoint and logs exactly the uninterrupted run's losses after it."""
     cache, _ = corpus
     save_dir = tmp_path / "ckpt"
     # The uninterrupted reference is resume_runs' DP=2 stage-2 run (dropout on, micro-batch 2, seed 1):
@@ -220,11 +229,11 @@ def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corp
     reference = resume_runs["stages"][2].full
 
     metrics = tmp_path / "run.jsonl"
-    argv = base + ["--metrics-file", str(metrics), "--save", str(save_dir), "--save-interval", "10",
+    argv = base + ["--metrics-file", str(metrics), "--save", str(save_dir), "--save-interval", str(SAVE_AT),
                    "--load", str(save_dir)]
     port, logs = free_port(), [open(tmp_path / f"rank{rank}.log", "w") for rank in range(2)]
     try:
-        processes = [_launch(argv, rank, 2, port, logs[rank], {"KILL_AT_ITERATION": "13", "KILL_RANK": "1"},
+        processes = [_launch(argv, rank, 2, port, logs[rank], {"KILL_AT_ITERATION": str(KILL_AT), "KILL_RANK": "1"},
                              script="tests/kill_rank.py") for rank in range(2)]
         started = time.monotonic()
         codes = [process.wait(timeout=180) for process in processes]
@@ -238,7 +247,7 @@ def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corp
     assert codes[1] == -signal.SIGKILL
     assert codes[0] not in (0, None), (tmp_path / "rank0.log").read_text()
     assert elapsed < 150
-    assert (save_dir / "latest").read_text().strip() == "iter_0000010"
+    assert (save_dir / "latest").read_text().strip() == f"iter_{SAVE_AT:07d}"
 
     # The restart: the same command line, nobody killed.
     port = free_port()
@@ -246,7 +255,8 @@ def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corp
         processes = [_launch(argv, rank, 2, port, log) for rank, log in enumerate((log0, log1))]
         codes = [process.wait(timeout=300) for process in processes]
     assert codes == [0, 0], (tmp_path / "restart0.log").read_text()
-    assert "resuming after iteration 10" in (tmp_path / "restart0.log").read_text()
+    assert f"resuming after iteration {SAVE_AT}" in (tmp_path / "restart0.log").read_text()
     full, resumed = losses(reference), losses(metrics)
-    assert sorted(resumed) == list(range(1, 21))  # the killed run's 11-13 were dropped, then redone
-    assert [resumed[i] for i in range(1, 21)] == [full[i] for i in range(1, 21)]
+    every = list(range(1, ITERS + 1))
+    assert sorted(resumed) == every  # the killed run's SAVE_AT+1..KILL_AT were dropped, then redone
+    assert [resumed[i] for i in every] == [full[i] for i in every]
