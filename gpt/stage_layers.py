@@ -86,3 +86,16 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
                                          (chunk * pp_size + pp_rank + 1) * layers_per_virtual_stage))
                              for chunk in range(chunks)),
                        first=pp_rank == 0, last=pp_rank == pp_size - 1)
+
+
+def activation_shape(tokens, hidden_size: int, model, tensor_parallel_size: int) -> tuple:
+    """The shape of the hidden states one stage sends the next for a micro-batch of `tokens` [batch, seq]:
+    [batch, seq, hidden], or under sequence parallelism this TP rank's slice, [batch, seq / TP, hidden] (what
+    the stage's blocks hold between their row- and column-parallel linears; Megatron-Core's
+    get_tensor_shapes divides the sequence by the TP size when config.sequence_parallel is set,
+    megatron/core/pipeline_parallel/schedules.py). Here, not in training/, so the planner reads it without
+    importing the trainer."""
+    batch, sequence = tokens.shape
+    if model.sequence_parallel:
+        sequence //= tensor_parallel_size
+    return batch, sequence, hidden_size

@@ -30,9 +30,9 @@ from typing import Optional
 
 import torch
 
+from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
 from parallel.pipeline_schedules import schedule
-from training.pipeline_step import activation_shape
 from zero.pipeline_grads import PipelineGradients
 
 META = torch.device("meta")

@@ -25,6 +25,7 @@ from typing import Iterator, Optional
 import torch
 
 from gpt.model import GPTModel
+from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
 from parallel.pipeline_schedules import Slot, schedule
 from parallel.state import ParallelState
@@ -34,18 +35,6 @@ from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor
 from zero.apply import ZeroParts
 from zero.pipeline_grads import PipelineGradients
-
-
-def activation_shape(tokens: torch.Tensor, hidden_size: int, model: GPTModel, tensor_parallel_size: int) -> tuple:
-    """The shape of the hidden states one stage sends the next for a micro-batch of `tokens` [batch, seq]:
-    [batch, seq, hidden], or under sequence parallelism this TP rank's slice, [batch, seq / TP, hidden] (what
-    the stage's blocks hold between their row- and column-parallel linears; Megatron-Core's
-    get_tensor_shapes divides the sequence by the TP size when config.sequence_parallel is set,
-    megatron/core/pipeline_parallel/schedules.py)."""
-    batch, sequence = tokens.shape
-    if model.sequence_parallel:
-        sequence //= tensor_parallel_size
-    return batch, sequence, hidden_size
 
 
 class PipelineTrainStep(DataParallelTrainStep):
