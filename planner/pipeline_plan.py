@@ -32,7 +32,7 @@ import torch
 
 from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
-from parallel.pipeline_schedules import schedule
+from parallel.pipeline_schedules import peak_held_by_forwards, schedule
 from zero.pipeline_grads import PipelineGradients
 
 META = torch.device("meta")
@@ -97,7 +97,6 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     outputs: dict[tuple[int, int], tuple[Optional[torch.Tensor], torch.Tensor]] = {}
     most_held = forward_peak = 0
     backward_points: list[int] = []  # bytes live at a backward's start and at each collective inside one
-    in_flight = in_flight_peak = 0
     # (F or B, chunk): the TP and DP bytes of that chunk's first forward, and of its first backward under no_sync,
     # which each micro-batch not simulated sends again
     repeated: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
@@ -126,8 +125,6 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
             if not ends:
                 p2p.send(output, state.stage_rank(virtual(slot) + 1), ACTIVATION)
             most_held = max(most_held, p2p.held_sends)
-            in_flight += 1
-            in_flight_peak = max(in_flight_peak, in_flight)
             forward_peak = max(forward_peak, monitor.meter.peak["device"] + p2p.held_sends * message)
         else:
             received, output = outputs.pop((slot.micro_batch, slot.chunk))
@@ -160,7 +157,6 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
             if not starts:
                 p2p.send(received.grad, state.stage_rank(virtual(slot) - 1), GRADIENT)
             most_held = max(most_held, p2p.held_sends)
-            in_flight -= 1
     p2p.finish_sends()
     # The micro-batches not simulated: each sends and receives what a simulated one does (one message per model
     # chunk boundary it crosses, each way), each chunk's forward sends what its first did (TP's collectives), and
@@ -195,7 +191,7 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     pass_peak = max([forward_peak] + backward_points)
     figures = PipelineFigures(
         pipeline_parallel_size=stages, pipeline_parallel_rank=stage, chunks=chunks, micro_batches=micro_batches,
-        simulated_micro_batches=simulated, peak_chunk_forwards_in_flight=in_flight_peak,
+        simulated_micro_batches=simulated, peak_chunk_forwards_in_flight=peak_held_by_forwards(slots, [1] * chunks),
         p2p_message_bytes=message,
         # the micro-batches not simulated repeat the steady state: they hold no more sends at once
         p2p_held_bytes=most_held * message,
