@@ -69,7 +69,7 @@ def check_int64(config) -> None:
             values = value if isinstance(value, list) else [value]
             for item in values:
                 if isinstance(item, int) and not isinstance(item, bool) and not -INT64_MAX <= item <= INT64_MAX:
-                    raise ConfigError(f"{flag_of(f)} {item} does not fit a 64-bit integer")
+                    raise ConfigError(f"{flag_of(f)} {item} does not fit a 64-bit integer", flags=(flag_of(f),))
 
 
 def sample_count(training) -> int:
@@ -83,22 +83,27 @@ def sample_count(training) -> int:
     return train + training.eval_iters * batch * (evaluations + 1)
 
 
-def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str]:
-    """The element count of the largest single tensor a rank creates, and what it is; `vocab_size` is
-    the tokenizer's (padded) vocabulary where the config leaves it to the tokenizer (--vocab-size 0)."""
+def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str, tuple[str, ...]]:
+    """The element count of the largest single tensor a rank creates, what it is, and the flags that
+    size it; `vocab_size` is the tokenizer's (padded) vocabulary where the config leaves it to the
+    tokenizer (--vocab-size 0)."""
     model, training = config.model, config.training
     vocab = vocab_size or model.vocab_size
     tp = max(training.tensor_model_parallel_size, 1)
     hidden, seq, micro = model.hidden_size, model.seq_length, training.micro_batch_size
     ffn = model.ffn_hidden_size or 4 * hidden
     candidates = [
-        (ffn * hidden // tp, "one MLP weight (--ffn-hidden-size x --hidden-size / TP)"),
-        (vocab * hidden // tp, "the word embedding (--vocab-size x --hidden-size / TP)"),
-        (seq * hidden, "the position embedding (--seq-length x --hidden-size)"),
+        (ffn * hidden // tp, "one MLP weight (--ffn-hidden-size x --hidden-size / TP)",
+         ("--ffn-hidden-size", "--hidden-size")),
+        (vocab * hidden // tp, "the word embedding (--vocab-size x --hidden-size / TP)",
+         ("--vocab-size", "--hidden-size")),
+        (seq * hidden, "the position embedding (--seq-length x --hidden-size)", ("--seq-length", "--hidden-size")),
         (micro * seq * ffn // tp, "one micro batch's MLP activation (--micro-batch-size x --seq-length x "
-                                  "--ffn-hidden-size / TP)"),
+                                  "--ffn-hidden-size / TP)",
+         ("--micro-batch-size", "--seq-length", "--ffn-hidden-size")),
         (micro * seq * vocab // tp, "one micro batch's logits (--micro-batch-size x --seq-length x "
-                                               "--vocab-size / TP)"),
+                                               "--vocab-size / TP)",
+         ("--micro-batch-size", "--seq-length", "--vocab-size")),
     ]
     return max(candidates)
 
@@ -118,17 +123,17 @@ def check_bounds(config) -> None:
     minutes = config.training.distributed_timeout_minutes
     if not MIN_TIMEOUT_MINUTES <= minutes <= MAX_TIMEOUT_MINUTES:
         raise ConfigError(f"--distributed-timeout-minutes must be between {MIN_TIMEOUT_MINUTES:.3g} (5 seconds) and "
-                          f"{MAX_TIMEOUT_MINUTES} (a year), got {minutes:g}")
+                          f"{MAX_TIMEOUT_MINUTES} (a year), got {minutes:g}", flags=("--distributed-timeout-minutes",))
     check_tensor_sizes(config)
 
 
 def check_tensor_sizes(config, vocab_size: Optional[int] = None) -> None:
     """No tensor whose fp32 bytes overflow torch's storage size; the planner's dry run calls it again
     with the vocabulary it plans for."""
-    elements, what = largest_tensor(config, vocab_size)
+    elements, what, flags = largest_tensor(config, vocab_size)
     if elements * FP32_BYTES > INT64_MAX:
         raise ConfigError(f"{what} would be {elements:.3g} elements, beyond what a tensor can address (2**63 bytes): "
-                          f"lower those sizes")
+                          f"lower those sizes", flags=flags)
 
 
 def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optional[int] = None,
@@ -140,17 +145,19 @@ def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optio
     host_memory = host_memory_bytes() if host_memory is None else host_memory
     memory = rank_memory_bytes() if memory is None else memory
     world_size = world_size_from_environment() if world_size is None else world_size
-    elements, what = largest_tensor(config)  # the vocabulary is the tokenizer's, not yet loaded: a lower bound
+    elements, what, flags = largest_tensor(config)  # the vocabulary is the tokenizer's, not yet loaded: a lower bound
     if elements * ACTIVATION_BYTES > memory:
         raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
-                          f"more than one rank here can hold ({_gib(memory)}): lower those sizes")
+                          f"more than one rank here can hold ({_gib(memory)}): lower those sizes", flags=flags)
     parameters = parameter_lower_bound(model)
     if parameters * MIN_PARAMETER_BYTES > memory * world_size:
         raise ConfigError(f"--num-layers {model.num_layers} x --hidden-size {model.hidden_size} is at least "
                           f"{parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} in 16 bits), more "
-                          f"than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: lower them")
+                          f"than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: lower them",
+                          flags=("--num-layers", "--hidden-size"))
     samples = sample_count(training)
     if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
         raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "
                           f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
-                          f"memory; this machine has {_gib(host_memory)}: lower them")
+                          f"memory; this machine has {_gib(host_memory)}: lower them",
+                          flags=("--train-iters", "--train-samples", "--global-batch-size", "--eval-iters"))

@@ -99,30 +99,37 @@ class OptimizerConfig:
     def validate(self) -> None:
         if self.lr_decay_style not in LR_DECAY_STYLES:
             raise ConfigError(f"--lr-decay-style {self.lr_decay_style!r} is not one of "
-                              f"{', '.join(LR_DECAY_STYLES)}")
+                              f"{', '.join(LR_DECAY_STYLES)}", flags=("--lr-decay-style",))
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ConfigError(f"need 0 <= --min-lr ({self.min_lr}) <= --lr ({self.lr}) and --lr > 0")
+            raise ConfigError(f"need 0 <= --min-lr ({self.min_lr}) <= --lr ({self.lr}) and --lr > 0",
+                              flags=("--min-lr", "--lr"))
         if self.decoupled_lr is not None and (self.decoupled_lr < 0 or (self.decoupled_min_lr or 0.0) < 0):
             raise ConfigError(f"--decoupled-lr ({self.decoupled_lr}) and --decoupled-min-lr "
-                              f"({self.decoupled_min_lr}) must be >= 0")
+                              f"({self.decoupled_min_lr}) must be >= 0", flags=("--decoupled-lr", "--decoupled-min-lr"))
         if self.lr_warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters < 1):
-            raise ConfigError("--lr-warmup-iters must be >= 0 and --lr-decay-iters >= 1")
+            raise ConfigError("--lr-warmup-iters must be >= 0 and --lr-decay-iters >= 1",
+                              flags=("--lr-warmup-iters", "--lr-decay-iters"))
         for name in ("lr_warmup_samples", "lr_decay_samples", "lr_warmup_tokens", "lr_decay_tokens"):
             value = getattr(self, name)
             if value is not None and value < (0 if "warmup" in name else 1):
-                raise ConfigError(f"{_flag(name)} must be at least {0 if 'warmup' in name else 1}, got {value}")
+                raise ConfigError(f"{_flag(name)} must be at least {0 if 'warmup' in name else 1}, got {value}",
+                                  flags=(_flag(name),))
         if not 0.0 <= self.lr_warmup_init <= self.lr:
-            raise ConfigError(f"--lr-warmup-init must be in [0, --lr {self.lr}], got {self.lr_warmup_init}")
+            raise ConfigError(f"--lr-warmup-init must be in [0, --lr {self.lr}], got {self.lr_warmup_init}",
+                              flags=("--lr-warmup-init", "--lr"))
         if self.override_opt_param_scheduler and self.use_checkpoint_opt_param_scheduler:
             raise ConfigError("give one of --override-opt_param-scheduler (this run's schedule) and "
-                              "--use-checkpoint-opt_param-scheduler (the checkpoint's), not both")
+                              "--use-checkpoint-opt_param-scheduler (the checkpoint's), not both",
+                              flags=("--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"))
         if self.lr_warmup_fraction is not None and not 0.0 <= self.lr_warmup_fraction <= 1.0:
-            raise ConfigError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}")
+            raise ConfigError(f"--lr-warmup-fraction must be in [0, 1], got {self.lr_warmup_fraction}",
+                              flags=("--lr-warmup-fraction",))
         if self.weight_decay < 0 or self.clip_grad < 0 or self.adam_eps <= 0:
-            raise ConfigError("--weight-decay and --clip-grad must be >= 0, --adam-eps > 0")
+            raise ConfigError("--weight-decay and --clip-grad must be >= 0, --adam-eps > 0",
+                              flags=("--weight-decay", "--clip-grad", "--adam-eps"))
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+                raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}", flags=(_flag(name),))
 
 
 @dataclass
@@ -226,58 +233,66 @@ class TrainingConfig:
     def validate(self) -> None:
         for name in ("train_iters", "train_samples", "train_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
         if self.train_iters is None and self.train_samples is None:
-            raise ConfigError("give --train-iters or --train-samples (how long to train)")
+            raise ConfigError("give --train-iters or --train-samples (how long to train)",
+                              flags=("--train-iters", "--train-samples"))
         for name in ("micro_batch_size", "global_batch_size", "tensor_model_parallel_size",
                      "pipeline_model_parallel_size", "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
         if self.accumulation_steps is not None and self.accumulation_steps < 1:
-            raise ConfigError(f"{_flag('accumulation_steps')} must be at least 1, got {self.accumulation_steps}")
+            raise ConfigError(f"{_flag('accumulation_steps')} must be at least 1, got {self.accumulation_steps}",
+                              flags=(_flag("accumulation_steps"),))
         if self.rampup_batch_size is not None:
             check_rampup(self.rampup_batch_size, self.global_batch_size)
             if self.accumulation_steps is not None:
                 raise ConfigError("--rampup-batch-size sets the accumulation steps of each iteration; drop "
-                                  "--gradient-accumulation-steps (the ramp ends at --global-batch-size)")
+                                  "--gradient-accumulation-steps (the ramp ends at --global-batch-size)",
+                                  flags=("--rampup-batch-size", "--gradient-accumulation-steps", "--global-batch-size"))
         if self.eval_iters < 0:
-            raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}")
+            raise ConfigError(f"--eval-iters must be >= 0, got {self.eval_iters}", flags=("--eval-iters",))
         if not self.distributed_timeout_minutes > 0:
-            raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}")
+            raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}",
+                              flags=("--distributed-timeout-minutes",))
         if not (self.heartbeat_timeout_seconds == 0 or MIN_HEARTBEAT_TIMEOUT_S <= self.heartbeat_timeout_seconds < float("inf")):
             raise ConfigError(f"--heartbeat-timeout-seconds must be 0 (no watch) or a finite number of seconds of at "
                               f"least {MIN_HEARTBEAT_TIMEOUT_S:g} (a few heartbeats, one a second), got "
-                              f"{self.heartbeat_timeout_seconds}")
+                              f"{self.heartbeat_timeout_seconds}", flags=("--heartbeat-timeout-seconds",))
         if not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
-                              "takes a 32-bit seed")
+                              "takes a 32-bit seed", flags=("--seed",))
         check_device_name(self.device)
         if self.fp16 and self.bf16:
             raise ConfigError("--fp16 and --bf16 are exclusive: choose one (add --no-fp16 or --no-bf16 to "
-                              "override a preset or --zero-config)")
+                              "override a preset or --zero-config)", flags=("--fp16", "--bf16"))
         if self.max_consecutive_skipped_iterations < 0:
             raise ConfigError(f"{_flag('max_consecutive_skipped_iterations')} must be 0 (no limit) or more, got "
-                              f"{self.max_consecutive_skipped_iterations}")
+                              f"{self.max_consecutive_skipped_iterations}",
+                              flags=(_flag("max_consecutive_skipped_iterations"),))
         for name in ("loss_scale", "initial_loss_scale", "min_loss_scale"):
             value = getattr(self, name)
             if value is not None and not 0 < value < float("inf"):
-                raise ConfigError(f"{_flag(name)} must be a positive number, got {value}")
+                raise ConfigError(f"{_flag(name)} must be a positive number, got {value}", flags=(_flag(name),))
         if self.min_loss_scale > self.initial_loss_scale:
             raise ConfigError(f"--min-loss-scale {self.min_loss_scale} is larger than --initial-loss-scale "
-                              f"{self.initial_loss_scale}; lower the former or raise the latter")
+                              f"{self.initial_loss_scale}; lower the former or raise the latter",
+                              flags=("--min-loss-scale", "--initial-loss-scale"))
 
 
 def check_rampup(ramp: list[int], global_batch_size: int) -> None:
     """Megatron's rules for --rampup-batch-size START INCREMENT SAMPLES, which need no grid to check."""
     if len(ramp) != 3:
-        raise ConfigError(f"--rampup-batch-size takes three numbers, START INCREMENT SAMPLES; got {len(ramp)}")
+        raise ConfigError(f"--rampup-batch-size takes three numbers, START INCREMENT SAMPLES; got {len(ramp)}",
+                          flags=("--rampup-batch-size",))
     start, increment, samples = ramp
     if start < 1 or increment < 1 or samples < 0:
         raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: START and INCREMENT must be at least "
-                          f"1 and SAMPLES at least 0")
+                          f"1 and SAMPLES at least 0", flags=("--rampup-batch-size",))
     if start > global_batch_size or (global_batch_size - start) % increment != 0:
         raise ConfigError(f"--rampup-batch-size {start} {increment} {samples}: the ramp must reach --global-batch-size "
-                          f"{global_batch_size} from {start} in steps of {increment}")
+                          f"{global_batch_size} from {start} in steps of {increment}",
+                          flags=("--rampup-batch-size", "--global-batch-size"))
 
 
 def tokenizer_type_name(name: str) -> str:
@@ -318,42 +333,55 @@ class DataConfig:
     tokenizer_vocab_size: int = option(4096, help="vocabulary of the BPE trained on the embedded corpus")
 
     def validate(self) -> None:
-        try:  # the data files are opened later; their flags' syntax is checked now, before any work
-            parse_split(self.split)
-            if self.data_path:
-                parse_data_path(self.data_path)
-        except DataError as error:
-            raise ConfigError(str(error)) from None
+        # The data files are opened later; their flags' syntax is checked now, before any work.
+        for flag, check in (("--split", lambda: parse_split(self.split)),
+                            ("--data-path", lambda: self.data_path and parse_data_path(self.data_path))):
+            try:
+                check()
+            except DataError as error:
+                raise ConfigError(str(error), flags=(flag,)) from None
         if self.tokenizer_type in OTHER_TOKENIZER_TYPES:
-            raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}")
+            raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}",
+                              flags=("--tokenizer-type",))
         if self.tokenizer_type not in (None, *TOKENIZER_TYPES):
-            raise ConfigError(f"--tokenizer-type {self.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
+            raise ConfigError(f"--tokenizer-type {self.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}",
+                              flags=("--tokenizer-type",))
         if self.tokenizer_type == "NullTokenizer":
             if self.tokenizer_file or self.vocab_file or self.merge_file:
                 raise ConfigError("--tokenizer-type NullTokenizer reads token ids as they are: drop --tokenizer-file, "
-                                  "--vocab-file and --merge-file")
+                                  "--vocab-file and --merge-file",
+                                  flags=("--tokenizer-type", "--tokenizer-file", "--vocab-file", "--merge-file"))
             if not self.data_path:
                 raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere); the "
-                                  "embedded corpus is text and needs a real tokenizer")
+                                  "embedded corpus is text and needs a real tokenizer",
+                                  flags=("--tokenizer-type", "--data-path"))
         elif self.data_path and not (self.tokenizer_file or self.vocab_file):
             raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
                               "(--tokenizer-model), --vocab-file and --merge-file, or --tokenizer-type NullTokenizer "
-                              "with --vocab-size")
+                              "with --vocab-size",
+                              flags=("--data-path", "--tokenizer-file", "--vocab-file", "--merge-file", "--tokenizer-type",
+                                     "--vocab-size"))
         if self.tokenizer_type == "GPT2BPETokenizer" and not self.vocab_file:
             raise ConfigError("--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
-                              "gpt2-vocab.json and gpt2-merges.txt; nothing is downloaded here)")
+                              "gpt2-vocab.json and gpt2-merges.txt; nothing is downloaded here)",
+                              flags=("--tokenizer-type", "--vocab-file", "--merge-file"))
         if self.tokenizer_type == "HuggingFaceTokenizer" and not self.tokenizer_file:
             raise ConfigError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model: a tokenizer.json, or a "
-                              "folder holding one (nothing is downloaded here)")
+                              "folder holding one (nothing is downloaded here)",
+                              flags=("--tokenizer-type", "--tokenizer-model"))
         if self.tokenizer_type in SENTENCEPIECE_TYPES and not self.tokenizer_file:
             raise ConfigError(f"--tokenizer-type {self.tokenizer_type} needs --tokenizer-model: a SentencePiece "
-                              f".model file (nothing is downloaded here)")
+                              f".model file (nothing is downloaded here)",
+                              flags=("--tokenizer-type", "--tokenizer-model"))
         if bool(self.vocab_file) != bool(self.merge_file):
-            raise ConfigError("--vocab-file and --merge-file go together (GPT-2 style BPE files)")
+            raise ConfigError("--vocab-file and --merge-file go together (GPT-2 style BPE files)",
+                              flags=("--vocab-file", "--merge-file"))
         if self.tokenizer_file and self.vocab_file:
-            raise ConfigError("pass either --tokenizer-file or --vocab-file/--merge-file, not both")
+            raise ConfigError("pass either --tokenizer-file or --vocab-file/--merge-file, not both",
+                              flags=("--tokenizer-file", "--vocab-file", "--merge-file"))
         if self.num_workers < 0 or self.tokenizer_vocab_size < 300:
-            raise ConfigError("--num-workers must be >= 0 and --tokenizer-vocab-size >= 300")
+            raise ConfigError("--num-workers must be >= 0 and --tokenizer-vocab-size >= 300",
+                              flags=("--num-workers", "--tokenizer-vocab-size"))
 
 
 @dataclass
@@ -375,9 +403,9 @@ class LoggingConfig:
 
     def validate(self) -> None:
         if not self.metrics_file:
-            raise ConfigError("--metrics-file must name a file")
+            raise ConfigError("--metrics-file must name a file", flags=("--metrics-file",))
         if self.peak_tflops is not None and not self.peak_tflops > 0:
-            raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}")
+            raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}", flags=("--peak-tflops",))
 
 
 @dataclass
@@ -425,18 +453,22 @@ class CheckpointConfig:
         for name in ("save_interval", "keep_last", "exit_interval"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"{_flag(name)} must be at least 1, got {value}")
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {value}", flags=(_flag(name),))
         if self.exit_duration_in_mins is not None and not self.exit_duration_in_mins > 0:
-            raise ConfigError(f"--exit-duration-in-mins must be positive, got {self.exit_duration_in_mins}")
+            raise ConfigError(f"--exit-duration-in-mins must be positive, got {self.exit_duration_in_mins}",
+                              flags=("--exit-duration-in-mins",))
         # --save-interval alone is not here: Megatron-LM saves only `if args.save and args.save_interval`,
         # so without --save it saves nothing (said at start, arguments/parser.py)
         for name in ("keep_last", "exit_signal_handler"):
             if getattr(self, name) and not self.save:
-                raise ConfigError(f"{_flag(name)} needs --save DIR (where the checkpoints go)")
+                raise ConfigError(f"{_flag(name)} needs --save DIR (where the checkpoints go)",
+                                  flags=(_flag(name), "--save"))
         if self.finetune and not self.load:
-            raise ConfigError("--finetune needs --load CHECKPOINT (the weights to start from)")
+            raise ConfigError("--finetune needs --load CHECKPOINT (the weights to start from)",
+                              flags=("--finetune", "--load"))
         if self.save and Path(self.save).is_file():
-            raise ConfigError(f"--save {self.save} is a file; it must be a directory (created if missing)")
+            raise ConfigError(f"--save {self.save} is a file; it must be a directory (created if missing)",
+                              flags=("--save",))
 
 
 @dataclass
@@ -467,11 +499,14 @@ class PretrainConfig:
         pp, training = self.training.pipeline_model_parallel_size, self.training
         if training.num_layers_per_virtual_pipeline_stage is not None and pp == 1:
             raise ConfigError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1 "
-                              "(Megatron refuses it without stages too): drop it, or add stages")
+                              "(Megatron refuses it without stages too): drop it, or add stages",
+                              flags=("--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-size"))
         uneven = (training.decoder_first_pipeline_num_layers, training.decoder_last_pipeline_num_layers)
         if uneven != (None, None) and pp == 1:
             raise ConfigError("--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1 (the "
-                              "sizes of the first and last of several stages): drop them, or add stages")
+                              "sizes of the first and last of several stages): drop them, or add stages",
+                              flags=("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                                     "--pipeline-model-parallel-size"))
         if pp == 1:
             return
         stage_layers(self.model.num_layers, pp, 0, training.num_layers_per_virtual_pipeline_stage, *uneven)
@@ -481,7 +516,8 @@ class PretrainConfig:
             # Here stage 2 runs too (its reducer reduces every micro-batch on the stage's DP group, as Megatron-Core's
             # distributed optimizer with PP reduce-scatters); stage 3's per-block gathers are not wired to stages.
             raise ConfigError(f"--zero-stage 3 with --pipeline-model-parallel-size {pp}: ZeRO-3 is incompatible "
-                              f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2")
+                              f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2",
+                              flags=("--zero-stage", "--pipeline-model-parallel-size"))
 
     def validate(self) -> None:
         check_finite_numbers(self)
@@ -494,7 +530,7 @@ class PretrainConfig:
             self._check_step_schedule()
         if self.data.tokenizer_type == "NullTokenizer" and self.model.vocab_size < 1:
             raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
-                              "end-of-document id is N)")
+                              "end-of-document id is N)", flags=("--tokenizer-type", "--vocab-size"))
         check_bounds(self)  # last: the estimates read values the rules above have made sane
 
     def _check_step_schedule(self) -> None:
@@ -504,10 +540,12 @@ class PretrainConfig:
         parse_step_schedule(training.step_batch_size_schedule, self.model.seq_length)
         if training.rampup_batch_size is not None:
             raise ConfigError("--step-batch-size-schedule and --rampup-batch-size both set the global batch of each "
-                              "iteration; keep one (Megatron-LM's main branch ignores --rampup-batch-size)")
+                              "iteration; keep one (Megatron-LM's main branch ignores --rampup-batch-size)",
+                              flags=("--step-batch-size-schedule", "--rampup-batch-size"))
         if training.accumulation_steps is not None:
             raise ConfigError("--step-batch-size-schedule sets the accumulation steps of each iteration; drop "
-                              "--gradient-accumulation-steps")
+                              "--gradient-accumulation-steps",
+                              flags=("--step-batch-size-schedule", "--gradient-accumulation-steps"))
 
     def to_dict(self) -> dict:
         return {section: {f.name: getattr(getattr(self, section), f.name)
@@ -539,7 +577,7 @@ def check_finite_numbers(config: PretrainConfig) -> None:
         for f in fields(getattr(config, section)):
             value = getattr(getattr(config, section), f.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}")
+                raise ConfigError(f"{_flag(f.name)} must be a finite number, got {value}", flags=(_flag(f.name),))
 
 
 def check_device_name(name: str) -> None:
@@ -552,7 +590,8 @@ def check_device_name(name: str) -> None:
     except (RuntimeError, ValueError):
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {name!r} is not a device this program trains on; use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"--device {name!r} is not a device this program trains on; use auto, cpu, cuda or cuda:N",
+                          flags=("--device",))
 
 
 def _flag(name: str) -> str:

@@ -14,7 +14,6 @@ setting differently, which side won and why; the precedence between the JSON and
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -76,22 +75,13 @@ def options_typed(parser: argparse.ArgumentParser, argv: Iterable[str]) -> dict[
     return typed
 
 
-def mentioned_flags(message: str) -> list[str]:
-    """The --flags a message names, in order, once each."""
-    seen: list[str] = []
-    for flag in re.findall(r"--[a-z0-9][a-z0-9_-]*[a-z0-9]", message):
-        if flag not in seen:
-            seen.append(flag)
-    return seen
-
-
 def name_inherited_values(error: ConfigError, parser: argparse.ArgumentParser, sources: dict[str, Source],
                           value_of) -> ConfigError:
-    """`error`, with a clause for each flag it names whose value was not typed on the command line but
-    came from a preset or the DeepSpeed JSON: an error about a value the user never wrote must say
-    where it came from. `value_of(dest)` gives the value in force."""
+    """`error`, with a clause for each flag it is about (`error.flags`) whose value was not typed on the
+    command line but came from a preset or the DeepSpeed JSON: an error about a value the user never
+    wrote must say where it came from. `value_of(dest)` gives the value in force."""
     clauses = []
-    for flag in mentioned_flags(str(error)):
+    for flag in error.flags:
         action = option_table(parser).action_for(flag)
         source = sources.get(action.dest) if action is not None else None
         if source is None or source.kind not in (PRESET, JSON):
@@ -101,7 +91,7 @@ def name_inherited_values(error: ConfigError, parser: argparse.ArgumentParser, s
                        f"to change it")
     if not clauses:
         return error
-    return ConfigError(f"{error} ({'; '.join(clauses)})")
+    return ConfigError(f"{error} ({'; '.join(clauses)})", flags=error.flags)
 
 
 def show_value(value: Any) -> str:

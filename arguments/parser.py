@@ -331,7 +331,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     try:
         parser.parse_args(preset_argv)
     except ConfigError as error:
-        raise ConfigError(f"{preset_name}: {error}") from None
+        raise ConfigError(f"{preset_name}: {error}", flags=error.flags) from None
 
     namespace = vars(parser.parse_args(preset_argv + json_argv + argv))
     layers = layer_sources(parser, preset_name, preset_argv, translation, argv)

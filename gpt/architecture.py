@@ -71,30 +71,36 @@ class Architecture:
         # whose error would end the one round of checks (arguments/parser.py).
         if self.normalization not in NORMALIZATIONS:
             raise ConfigError(f"--normalization {self.normalization} is not implemented: the blocks here use "
-                              f"{' or '.join(NORMALIZATIONS)}")
+                              f"{' or '.join(NORMALIZATIONS)}", flags=("--normalization",))
         if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
             raise ConfigError(f"--position-embedding-type {self.position_embedding_type} is not implemented: "
-                              f"positions here are {', '.join(POSITION_EMBEDDING_TYPES)}")
+                              f"positions here are {', '.join(POSITION_EMBEDDING_TYPES)}",
+                              flags=("--position-embedding-type",))
         if self.position_embedding_type == "rope":
             head_dim = hidden_size // num_attention_heads
             if not self.rotary_base > 0:
-                raise ConfigError(f"--rotary-base must be positive, got {self.rotary_base}")
+                raise ConfigError(f"--rotary-base must be positive, got {self.rotary_base}", flags=("--rotary-base",))
             if self.use_rope_scaling and not self.rope_scaling_factor > 0:
-                raise ConfigError(f"--rope-scaling-factor must be positive, got {self.rope_scaling_factor}")
+                raise ConfigError(f"--rope-scaling-factor must be positive, got {self.rope_scaling_factor}",
+                                  flags=("--rope-scaling-factor",))
             if not 0.0 < self.rotary_percent <= 1.0 or self.rotary_dim(head_dim) < 2 or self.rotary_dim(head_dim) % 2:
                 raise ConfigError(f"--rotary-percent {self.rotary_percent} of head dim {head_dim} must rotate an "
-                                  "even number of dims, at least 2; choose a percent in (0, 1] that does")
+                                  "even number of dims, at least 2; choose a percent in (0, 1] that does",
+                                  flags=("--rotary-percent",))
         groups = self.query_groups(num_attention_heads)
         if groups < 1 or num_attention_heads % groups:  # 0 is refused here, not read as "one per head"
             raise ConfigError(f"--num-query-groups {groups} does not divide --num-attention-heads "
-                              f"{num_attention_heads}; each key/value group serves an equal number of heads")
+                              f"{num_attention_heads}; each key/value group serves an equal number of heads",
+                              flags=("--num-query-groups", "--num-attention-heads"))
         if groups % tensor_parallel_size:
             raise ConfigError(f"--num-query-groups {groups} is not divisible by --tensor-model-parallel-size "
-                              f"{tensor_parallel_size}; each tensor-parallel rank needs whole key/value groups")
+                              f"{tensor_parallel_size}; each tensor-parallel rank needs whole key/value groups",
+                              flags=("--num-query-groups", "--tensor-model-parallel-size"))
         ffn = self.ffn_size(hidden_size, ffn_hidden_size)
         if ffn < 1 or ffn % tensor_parallel_size:
             raise ConfigError(f"--ffn-hidden-size {ffn} is not a positive multiple of --tensor-model-parallel-size "
-                              f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share")
+                              f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
+                              flags=("--ffn-hidden-size", "--tensor-model-parallel-size"))
 
 
 GPT2 = Architecture()

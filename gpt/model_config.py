@@ -141,7 +141,7 @@ class ModelConfig:
             return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tensor_parallel_size,
                                      self.pad_vocab_size_to)
         except ValueError as error:
-            raise ConfigError(str(error)) from None
+            raise ConfigError(str(error), flags=("--pad-vocab-size-to", "--tensor-model-parallel-size")) from None
 
     def validate_tensor_parallel(self, tensor_parallel_size: int) -> None:
         """Each TP rank takes whole attention heads and an equal slice of hidden and 4h."""
@@ -149,39 +149,46 @@ class ModelConfig:
                            ("ffn_hidden_size", self.ffn_size)):
             if size % tensor_parallel_size != 0:
                 raise ConfigError(f"{_flag(name)} {size} is not divisible by --tensor-model-parallel-size "
-                                  f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share")
+                                  f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
+                                  flags=(_flag(name), "--tensor-model-parallel-size"))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    tensor_parallel_size)
         if self.sequence_parallel and self.seq_length % tensor_parallel_size != 0:
             raise ConfigError(f"--sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length "
                               f"{self.seq_length} is not divisible by --tensor-model-parallel-size "
-                              f"{tensor_parallel_size}; choose a multiple of it")
+                              f"{tensor_parallel_size}; choose a multiple of it",
+                              flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
 
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "max_position_embeddings", "make_vocab_size_divisible_by"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
         if self.ffn_hidden_size is not None and self.ffn_hidden_size < 1:
-            raise ConfigError(f"--ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}")
+            raise ConfigError(f"--ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}",
+                              flags=("--ffn-hidden-size",))
         if self.hidden_size % self.num_attention_heads != 0:
             raise ConfigError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
-                              f"{self.num_attention_heads}; choose sizes with hidden = heads x head_dim")
+                              f"{self.num_attention_heads}; choose sizes with hidden = heads x head_dim",
+                              flags=("--hidden-size", "--num-attention-heads"))
         if self.seq_length > self.max_position_embeddings:
             raise ConfigError(f"--seq-length {self.seq_length} is larger than --max-position-embeddings "
-                              f"{self.max_position_embeddings}; raise the latter or shorten the sequence")
+                              f"{self.max_position_embeddings}; raise the latter or shorten the sequence",
+                              flags=("--seq-length", "--max-position-embeddings"))
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+                raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}", flags=(_flag(name),))
         if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+            raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}",
+                              flags=("--activation",))
         if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
-            raise ConfigError("--init-method-std and --layernorm-epsilon must be positive")
+            raise ConfigError("--init-method-std and --layernorm-epsilon must be positive",
+                              flags=("--init-method-std", "--layernorm-epsilon"))
         if self.vocab_size < 0:
-            raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}")
+            raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}", flags=("--vocab-size",))
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
-                              f"{', '.join(ATTENTION_BACKENDS)}")
+                              f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size)
 
 

@@ -20,6 +20,10 @@ from typing import Optional
 
 from base.errors import ConfigError
 
+# Megatron's uneven first and last stages; messages name both as --decoder-first/last-pipeline-num-layers,
+# and their errors carry the two real flags.
+FIRST_STAGE_FLAG = "--decoder-first-pipeline-num-layers"
+LAST_STAGE_FLAG = "--decoder-last-pipeline-num-layers"
 
 @dataclass(frozen=True)
 class StageLayers:
@@ -44,11 +48,13 @@ def stage_sizes(num_layers: int, pp_size: int, first: Optional[int] = None, last
         if num_layers % pp_size:
             raise ConfigError(f"--num-layers {num_layers} is not divisible by --pipeline-model-parallel-size "
                               f"{pp_size}: Megatron splits the layers evenly over the stages; pick a stage count "
-                              f"that divides the layers, or set --decoder-first/last-pipeline-num-layers")
+                              f"that divides the layers, or set --decoder-first/last-pipeline-num-layers",
+                              flags=("--num-layers", "--pipeline-model-parallel-size"))
         return [num_layers // pp_size] * pp_size
-    for flag, value in (("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)):
+    for flag, value in ((FIRST_STAGE_FLAG, first), (LAST_STAGE_FLAG, last)):
         if value is not None and not 1 <= value <= num_layers:
-            raise ConfigError(f"{flag} {value}: a stage holds 1 to --num-layers {num_layers} layers")
+            raise ConfigError(f"{flag} {value}: a stage holds 1 to --num-layers {num_layers} layers",
+                              flags=(flag, "--num-layers"))
     middle_stages = pp_size - (first is not None) - (last is not None)
     middle_layers = num_layers - (first or 0) - (last or 0)
     if middle_stages < 0 or middle_layers < middle_stages or (middle_stages and middle_layers % middle_stages) \
@@ -56,7 +62,8 @@ def stage_sizes(num_layers: int, pp_size: int, first: Optional[int] = None, last
         raise ConfigError(f"--decoder-first/last-pipeline-num-layers ({first}, {last}) leave {middle_layers} of "
                           f"--num-layers {num_layers} for {max(middle_stages, 0)} other stages of "
                           f"--pipeline-model-parallel-size {pp_size}: Megatron splits the rest evenly (at least one "
-                          f"layer each); pick sizes that leave a multiple of the other stages")
+                          f"layer each); pick sizes that leave a multiple of the other stages",
+                          flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, "--num-layers", "--pipeline-model-parallel-size"))
     per_middle = middle_layers // middle_stages if middle_stages else 0
     sizes = [per_middle] * pp_size
     if first is not None:
@@ -76,11 +83,13 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
                            first=pp_rank == 0, last=pp_rank == pp_size - 1)
     if first_stage_layers is not None or last_stage_layers is not None:
         raise ConfigError("--decoder-first/last-pipeline-num-layers with --num-layers-per-virtual-pipeline-stage: "
-                          "uneven stages are not implemented with interleaving here; drop one of them")
+                          "uneven stages are not implemented with interleaving here; drop one of them",
+                          flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, "--num-layers-per-virtual-pipeline-stage"))
     per_stage = sizes[0]
     if layers_per_virtual_stage < 1 or per_stage % layers_per_virtual_stage:
         raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {layers_per_virtual_stage} does not divide the "
-                          f"{per_stage} layers of each of the {pp_size} stages: pick a divisor of {per_stage}")
+                          f"{per_stage} layers of each of the {pp_size} stages: pick a divisor of {per_stage}",
+                          flags=("--num-layers-per-virtual-pipeline-stage",))
     chunks = per_stage // layers_per_virtual_stage
     return StageLayers(tuple(tuple(range((chunk * pp_size + pp_rank) * layers_per_virtual_stage,
                                          (chunk * pp_size + pp_rank + 1) * layers_per_virtual_stage))

@@ -72,28 +72,34 @@ class ZeroConfig:
 
     def validate(self) -> None:
         if self.stage not in ZERO_STAGES:
-            raise ConfigError(f"--zero-stage must be one of 0, 1, 2, 3, got {self.stage}")
+            raise ConfigError(f"--zero-stage must be one of 0, 1, 2, 3, got {self.stage}", flags=("--zero-stage",))
         if self.sub_group_size < 1:
-            raise ConfigError(f"--sub-group-size must be at least 1 (elements), got {self.sub_group_size}")
+            raise ConfigError(f"--sub-group-size must be at least 1 (elements), got {self.sub_group_size}",
+                              flags=("--sub-group-size",))
         if self.offload_param and self.stage != 3:
             raise ConfigError(f"--offload-param needs --zero-stage 3 (only stage 3 partitions the parameters), got "
-                              f"--zero-stage {self.stage}: add --zero-stage 3, or drop --offload-param")
+                              f"--zero-stage {self.stage}: add --zero-stage 3, or drop --offload-param",
+                              flags=("--offload-param", "--zero-stage"))
         if self.offload_optimizer and self.stage == 0:
             raise ConfigError("--offload-optimizer needs --zero-stage 1, 2 or 3 (DeepSpeed offloads only its ZeRO "
-                              "optimizer, which stage 0 does not build): add --zero-stage 1, or drop --offload-optimizer")
+                              "optimizer, which stage 0 does not build): add --zero-stage 1, or drop --offload-optimizer",
+                              flags=("--offload-optimizer", "--zero-stage"))
         for name in ("reduce_bucket_size", "allgather_bucket_size"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{zero_flag(name)} must be at least 1 (elements), got {getattr(self, name)}")
+                raise ConfigError(f"{zero_flag(name)} must be at least 1 (elements), got {getattr(self, name)}",
+                                  flags=(zero_flag(name),))
         for name in ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                      "stage3_max_live_parameters"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"{zero_flag(name)} must be >= 0 (elements), got {getattr(self, name)}")
+                raise ConfigError(f"{zero_flag(name)} must be >= 0 (elements), got {getattr(self, name)}",
+                                  flags=(zero_flag(name),))
         if self.overlap_param_gather and self.stage not in (1, 2):
             raise ConfigError(f"--overlap-param-gather applies to ZeRO stages 1-2, not --zero-stage {self.stage} "
-                              "(stage 3 gathers ahead with --stage3-prefetch-bucket-size; stage 0 gathers nothing)")
+                              "(stage 3 gathers ahead with --stage3-prefetch-bucket-size; stage 0 gathers nothing)",
+                              flags=("--overlap-param-gather", "--zero-stage"))
         if not self.contiguous_gradients:
             raise ConfigError("--no-contiguous-gradients is not supported: gradients are always copied into "
-                              "contiguous buckets")
+                              "contiguous buckets", flags=("--no-contiguous-gradients",))
 
 
 @dataclass
@@ -139,15 +145,18 @@ class ActivationCheckpointConfig:
 
     def validate(self) -> None:
         if self.checkpoint_num_layers < 1:
-            raise ConfigError(f"--checkpoint-num-layers must be at least 1, got {self.checkpoint_num_layers}")
+            raise ConfigError(f"--checkpoint-num-layers must be at least 1, got {self.checkpoint_num_layers}",
+                              flags=("--checkpoint-num-layers",))
         if self.number_checkpoints is not None and self.number_checkpoints < 1:
-            raise ConfigError(f"--number-checkpoints must be at least 1, got {self.number_checkpoints}")
+            raise ConfigError(f"--number-checkpoints must be at least 1, got {self.number_checkpoints}",
+                              flags=("--number-checkpoints",))
         if not self.checkpoint_activations:
             for name in self.NEEDS_CHECKPOINTING:
                 value = getattr(self, name)
                 if value is not None and value is not False:
                     raise ConfigError(f"{activation_flag(name)} needs --checkpoint-activations (add it, or "
-                                      f"drop {activation_flag(name)})")
+                                      f"drop {activation_flag(name)})",
+                                      flags=(activation_flag(name), "--checkpoint-activations"))
 
     def validate_for_layers(self, num_layers: int) -> None:
         """The checks against the model's depth; they apply only with --checkpoint-activations."""
@@ -155,12 +164,14 @@ class ActivationCheckpointConfig:
             return
         if self.checkpoint_num_layers > num_layers:
             raise ConfigError(f"--checkpoint-num-layers {self.checkpoint_num_layers} is larger than --num-layers "
-                              f"{num_layers}; a checkpointed group cannot span more blocks than the model has")
+                              f"{num_layers}; a checkpointed group cannot span more blocks than the model has",
+                              flags=("--checkpoint-num-layers", "--num-layers"))
         needed = self.num_checkpoints(num_layers)
         if self.number_checkpoints is not None and self.number_checkpoints < needed:
             raise ConfigError(f"--number-checkpoints {self.number_checkpoints} is fewer than the {needed} "
                               f"checkpoints of --num-layers {num_layers} / --checkpoint-num-layers "
-                              f"{self.checkpoint_num_layers} (rounded up); raise it or leave it unset")
+                              f"{self.checkpoint_num_layers} (rounded up); raise it or leave it unset",
+                              flags=("--number-checkpoints", "--num-layers", "--checkpoint-num-layers"))
 
     def num_checkpoints(self, num_layers: int) -> int:
         """Checkpointed groups per micro-batch: ceil(num_layers / checkpoint_num_layers)."""

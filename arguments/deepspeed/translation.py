@@ -103,7 +103,7 @@ def deepspeed_config_to_flags(config: Any, source: str, collect: bool = False) -
             return classify(key, value)
         except ConfigError as error:
             if not collect:
-                raise ConfigError(f"{source}: {error}") from None
+                raise ConfigError(f"{source}: {error}", flags=error.flags) from None
             problems.append(f"{source}: {error}")
             return []
 
@@ -203,7 +203,7 @@ def load_deepspeed_config(path: Union[str, Path], collect: bool = False) -> Deep
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a DeepSpeed config") from None
     except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
+        raise ConfigError(f"{path}: {error}", flags=error.flags) from None
     return deepspeed_config_to_flags(config, str(path), collect)
 
 
