@@ -334,10 +334,12 @@ class DataConfig:
 
     def validate(self) -> None:
         # The data files are opened later; their flags' syntax is checked now, before any work.
-        for flag, check in (("--split", lambda: parse_split(self.split)),
-                            ("--data-path", lambda: self.data_path and parse_data_path(self.data_path))):
+        syntax = [("--split", parse_split, self.split)]
+        if self.data_path:
+            syntax.append(("--data-path", parse_data_path, self.data_path))
+        for flag, parse, value in syntax:
             try:
-                check()
+                parse(value)
             except DataError as error:
                 raise ConfigError(str(error), flags=(flag,)) from None
         if self.tokenizer_type in OTHER_TOKENIZER_TYPES:

@@ -31,8 +31,10 @@ EXIT_STATUS_DIR_VARIABLE = "ZERO_GPT_EXIT_STATUS_DIR"
 
 class ConfigError(ValueError):
     """A setting that cannot work. The message names the flag(s) involved, and `flags` carries the
-    option strings it is about ("--zero-stage", in the order the message names them), so that a caller
-    can say where those values came from (arguments/config_sources.py) without reading the text back."""
+    option strings whose values it is about ("--zero-stage", in the order the message names them), so
+    that a caller can say where those values came from (arguments/config_sources.py) without reading
+    the text back. A flag the message names only as a fix to type (`--no-bf16`) or a pointer elsewhere
+    is not one of them: its value is not what went wrong."""
 
     def __init__(self, message: str = "", *, flags: tuple[str, ...] = ()) -> None:
         super().__init__(message)
