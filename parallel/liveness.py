@@ -30,16 +30,18 @@ A loss is found in one of four ways:
    A SIGKILLed host is first silent, then closed: its kernel tears down the process's memory before
    it closes its sockets, one by one in the order of their descriptors (35-120 ms from the kill to
    the idle connection's close for a torch process on a 2-core machine, measured). A call sent in
-   between is neither answered nor refused until the close resets it, and torch prints its warning.
-   Two rules keep this rank's own calls out of that window: after a collective failed (way 1: the
-   host's gloo sockets, opened before the store's connections, are closing), the thread waits
-   SETTLE_S before its first call, and then the idle socket tells; and the idle socket is opened
-   before the store client, so that the host closes it first. What remains is the once-a-second
-   round of calls landing in the window by chance, before any collective fails: odds of about the
-   window over the interval (a few in a hundred) each time a rank 0 hosting the store dies, when
-   the one line comes below torch's warning. No Python code can see that window or silence that
-   warning (TORCH_CPP_LOG_LEVEL would silence all of them); under torchrun the agent hosts the store
-   and a rank's death leaves it answering.
+   between is neither answered nor refused until the close resets it. torch's client would then
+   print a dozen lines of C++ warnings above the one line; the threads' client
+   (parallel/store_wire.py) raises and prints nothing, and the reset reads as the host's loss like
+   any other, so the once-a-second round may fall in that window harmlessly. Where the server does
+   not speak that client's protocol (another torch), torch's client is used, and two rules keep
+   most calls out of the window: after a collective failed (way 1: the host's gloo sockets, opened
+   before the store's connections, are closing), the thread waits SETTLE_S before its first call,
+   and then the idle socket tells; and the idle socket is opened before the store client, so that
+   the host closes it first. A round that falls in the window by chance before any collective
+   fails (odds of about the window over the interval, a few in a hundred, each time a store-hosting
+   rank 0 dies) then still prints the warning. Under torchrun the agent hosts the store, and a
+   rank's death leaves it answering.
 
 A rank that was itself stopped (SIGSTOP, a suspended job, a VM paused) and then continued must not
 blame a healthy peer: on waking, its own watch sees the neighbour's or the store's last answer far in
@@ -69,8 +71,9 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Callable, Optional, Protocol, Sequence
+
+from parallel.store_wire import connect_store_client
 
 HEARTBEAT_INTERVAL_S = 1.0
 # How long a rank whose collective failed watches the others' counters: a live rank beats about five
@@ -147,6 +150,9 @@ class GuardedStore:
 
     def close(self) -> None:
         self.connection.close()
+        close = getattr(self.store, "close", None)  # ours has one; torch's client closes when collected
+        if close is not None:
+            close()
 
 
 @dataclass(frozen=True)
@@ -494,17 +500,13 @@ def start_liveness(rank: int, world_size: int, master_addr: str, master_port: in
                    environ: Optional[dict] = None, *, stall_timeout_s: float,
                    on_lost: Callable[[PeerLoss], None]) -> Liveness:
     """Connect a client to the launch's rendezvous store and start this rank's threads."""
-    import torch.distributed as dist
-
     environ = os.environ if environ is None else environ
     agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     # The idle connection first: when rank 0 hosts the store, it accepts this one first, so its end
     # has the lower descriptor there and a killed rank 0 closes it before the client's (see way 4).
     # Under torchrun the agent hosts the store and the order changes nothing.
     connection = StoreConnection(master_addr, master_port)
-    store = GuardedStore(dist.TCPStore(master_addr, master_port, is_master=False, wait_for_workers=False,
-                                       timeout=timedelta(seconds=STORE_TIMEOUT_S)),
-                         connection)
+    store = GuardedStore(connect_store_client(master_addr, master_port, STORE_TIMEOUT_S), connection)
     store_host = (f"the rendezvous store at {master_addr}:{master_port} (torchrun's agent)" if agent
                   else "rank 0 (it hosts the rendezvous store)")
     # The store outlives a run: torchrun's agent keeps it across restarts, and a process that calls
