@@ -22,10 +22,9 @@ A loss is found in one of four ways:
 3. A verdict appears: another survivor found the loss, or a rank wrote that it fails alone (an error
    of its own, whose traceback it prints). The thread reports it.
 4. The store stops answering (its host died or hung). A dead host closes its connections, which an
-   idle socket beside the store client sees before any call is made (`StoreConnection`: a failed
-   call would make torch print a dozen lines of C++ warnings around the one line). A call to a
-   stopped host blocks with no timeout, so a second thread, which never touches the store, watches
-   when the store last answered.
+   idle socket beside the store client sees before any call is made (`StoreConnection`), so that
+   no call goes to a host known to be gone. A call to a stopped host blocks with no timeout, so a
+   second thread, which never touches the store, watches when the store last answered.
 
    A SIGKILLed host is first silent, then closed: its kernel tears down the process's memory before
    it closes its sockets, one by one in the order of their descriptors (35-120 ms from the kill to

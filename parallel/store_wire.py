@@ -87,7 +87,7 @@ class WireStore:
         return reply[0] == CHECK_READY
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        """The keys must exist (torch's client waits for them first; liveness checks first)."""
+        """A missing key reads as b"" (torch's client waits for it first): the liveness checks first."""
         return self._call(self._keys_command(MULTI_GET, keys), lambda: [self._receive_bytes() for _ in keys])
 
     def close(self) -> None:

@@ -659,14 +659,15 @@ class DyingStore(FakeStore):
 
 
 def test_after_a_failed_collective_no_store_call_reaches_a_host_still_closing_its_sockets():
-    """Seen in CI (about one full suite in five): rank 0 (the store's host) was SIGKILLed; the
-    survivor's collective failed and its heartbeat thread then called the store before rank 0's
-    kernel had closed the store's connections: the idle connection still looked open, the call went
-    out, was reset, and torch printed its C++ warning above the one line. Here the host dies right
-    after one of the heartbeat's rounds, the main thread asks at once (its collective failed), and
-    the sockets close only after the thread's next round would begin: the thread must first wait out
-    the host's teardown (parallel/liveness.py SETTLE_S), then find the idle connection closed, and
-    never call the store in between."""
+    """A SIGKILLed store host (rank 0) is silent before its kernel closes its sockets; a call sent
+    in between is reset, and torch's client then prints its C++ warning above the survivor's one
+    line (seen in CI). The threads' own client prints nothing (tests/parallel/test_store_wire.py),
+    but torch's remains its fallback, so after a failed collective (the host's gloo sockets are
+    closing) the thread must not call before the rest have closed. Here the host dies right after
+    one of the heartbeat's rounds, the main thread asks at once, and the sockets close only after the
+    thread's next round would begin: the thread must first wait out the host's teardown
+    (parallel/liveness.py SETTLE_S), then find the idle connection closed, and never call the store
+    in between."""
     from parallel.liveness import SETTLE_S, GuardedStore, PeerLoss
 
     host = DyingHost(close_after_s=0.2)  # after the heartbeat's next round (0.1 s), within the settle
