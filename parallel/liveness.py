@@ -22,10 +22,25 @@ A loss is found in one of four ways:
 3. A verdict appears: another survivor found the loss, or a rank wrote that it fails alone (an error
    of its own, whose traceback it prints). The thread reports it.
 4. The store stops answering (its host died or hung). A dead host closes its connections, which an
-   idle socket beside the store client sees before any call is made (`StoreConnection`: a failed
-   call would make torch print a dozen lines of C++ warnings around the one line). A call to a
-   stopped host blocks with no timeout, so a second thread, which never touches the store, watches
-   when the store last answered.
+   idle socket beside the store client sees before any call is made (`StoreConnection`), so that
+   no call goes to a host known to be gone. A call to a stopped host blocks with no timeout, so a
+   second thread, which never touches the store, watches when the store last answered.
+
+   A SIGKILLed host is first silent, then closed: its kernel tears down the process's memory before
+   it closes its sockets, one by one in the order of their descriptors (35-120 ms from the kill to
+   the idle connection's close for a torch process on a 2-core machine, measured). A call sent in
+   between is neither answered nor refused until the close resets it. torch's client would then
+   print a dozen lines of C++ warnings above the one line; the threads' client
+   (parallel/store_wire.py) raises and prints nothing, and the reset reads as the host's loss like
+   any other, so the once-a-second round may fall in that window harmlessly. Where the server does
+   not speak that client's protocol (another torch), torch's client is used, and two rules keep
+   most calls out of the window: after a collective failed (way 1: the host's gloo sockets, opened
+   before the store's connections, are closing), the thread waits SETTLE_S before its first call,
+   and then the idle socket tells; and the idle socket is opened before the store client, so that
+   the host closes it first. A round that falls in the window by chance before any collective
+   fails (odds of about the window over the interval, a few in a hundred, each time a store-hosting
+   rank 0 dies) then still prints the warning. Under torchrun the agent hosts the store, and a
+   rank's death leaves it answering.
 
 A rank that was itself stopped (SIGSTOP, a suspended job, a VM paused) and then continued must not
 blame a healthy peer: on waking, its own watch sees the neighbour's or the store's last answer far in
@@ -55,13 +70,19 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Callable, Optional, Protocol, Sequence
+
+from parallel.store_wire import connect_store_client
 
 HEARTBEAT_INTERVAL_S = 1.0
 # How long a rank whose collective failed watches the others' counters: a live rank beats about five
 # times in this window even on a loaded machine; a dead one not once.
 SILENT_AFTER_S = 5.0
+# After a collective failed, how long the thread waits before it calls the store: if the store's host
+# died, the failure means its kernel is already closing its sockets (gloo's came first), and closing
+# the rest takes well under a millisecond each, so after this the idle connection says whether the
+# host is gone (a call sent before that would be reset under it; see way 4 in the docstring).
+SETTLE_S = 0.25
 # How long the store's host waits at the end for the other ranks to leave.
 FINISH_WAIT_S = 10.0
 # Calls that wait for a key (the client's connect, get) give up after this; add and compare_set to a
@@ -128,6 +149,9 @@ class GuardedStore:
 
     def close(self) -> None:
         self.connection.close()
+        close = getattr(self.store, "close", None)  # ours has one; torch's client closes when collected
+        if close is not None:
+            close()
 
 
 @dataclass(frozen=True)
@@ -256,7 +280,7 @@ class Liveness:
     def __init__(self, store: Store, rank: int, world_size: int, *, prefix: str, store_host: str,
                  hosts_store: bool, stall_timeout_s: float, on_lost: Callable[[PeerLoss], None],
                  silent_after_s: float = SILENT_AFTER_S, interval_s: float = HEARTBEAT_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 settle_s: float = SETTLE_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.board = Board(store, prefix, rank, world_size)
         self.store_host = store_host  # how to name the store's host in a line
         self.hosts_store = hosts_store
@@ -264,10 +288,12 @@ class Liveness:
         self.on_lost = on_lost
         self.silent_after_s = silent_after_s
         self.interval_s = interval_s
+        self.settle_s = settle_s
         self.clock = clock
         self.neighbour = (rank + 1) % world_size
         self._stop = threading.Event()
         self._suspect = threading.Event()  # the main thread asks: who is gone?
+        self._suspected_at = 0.0  # when it asked: a dying store host's sockets close soon after
         self._answer_ready = threading.Event()
         self._answer: Optional[PeerLoss] = None
         self._reported = threading.Event()  # on_lost was called: the threads are done
@@ -299,13 +325,15 @@ class Liveness:
 
     def explain_failure(self) -> Optional[PeerLoss]:
         """Called by the main thread after a collective (or anything) failed: the lost peers, or None
-        when every peer is alive. Takes up to SILENT_AFTER_S and a little more. A continued rank's
-        collective fails the moment it runs again, often before its watchdog has woken: a pause of
-        this process in the last timeout is why the peers went, and that is the answer."""
+        when every peer is alive. Takes up to SETTLE_S + SILENT_AFTER_S and a little more. A
+        continued rank's collective fails the moment it runs again, often before its watchdog has
+        woken: a pause of this process in the last timeout is why the peers went, and that is the
+        answer."""
         since = self.clock() - self.stall_timeout_s
-        margin = 3 * self.interval_s
+        margin = self.settle_s + 3 * self.interval_s
         answer = self._own_pause(since)
         if answer is None:
+            self._suspected_at = self.clock()
             self._suspect.set()
             if self._answer_ready.wait(self.silent_after_s + margin):
                 answer = self._own_pause(since) or self._answer
@@ -355,6 +383,7 @@ class Liveness:
         try:
             while not self._stop.is_set() and not self._reported.is_set():
                 if self._suspect.is_set() and not self._answer_ready.is_set():
+                    self._settle()
                     self._answer = find_lost_peers(self.board, self.clock, time.sleep, self.silent_after_s,
                                                    self.interval_s / 2)
                     self._answer_ready.set()
@@ -386,6 +415,13 @@ class Liveness:
                 self._answer_ready.set()
             else:  # a paused rank finds the store gone: its host gave up on it
                 self._blame(PeerLoss(store_host=self.store_host), since=self._answered_at, mark=False)
+
+    def _settle(self) -> None:
+        """Until SETTLE_S after the main thread asked: a store host that died (its gloo socket failed
+        the collective) has closed the idle connection by then, so the guard sees it before a call."""
+        settle_until = self._suspected_at + self.settle_s
+        while not self._stop.is_set() and self.clock() < settle_until:
+            self._stop.wait(settle_until - self.clock())
 
     def _wait_for_everyone_to_leave(self, loss: Optional[PeerLoss]) -> None:
         """The store's host, before it ends: until every rank but the lost ones has marked its counter
@@ -463,13 +499,13 @@ def start_liveness(rank: int, world_size: int, master_addr: str, master_port: in
                    environ: Optional[dict] = None, *, stall_timeout_s: float,
                    on_lost: Callable[[PeerLoss], None]) -> Liveness:
     """Connect a client to the launch's rendezvous store and start this rank's threads."""
-    import torch.distributed as dist
-
     environ = os.environ if environ is None else environ
     agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = GuardedStore(dist.TCPStore(master_addr, master_port, is_master=False, wait_for_workers=False,
-                                       timeout=timedelta(seconds=STORE_TIMEOUT_S)),
-                         StoreConnection(master_addr, master_port))
+    # The idle connection first: when rank 0 hosts the store, it accepts this one first, so its end
+    # has the lower descriptor there and a killed rank 0 closes it before the client's (see way 4).
+    # Under torchrun the agent hosts the store and the order changes nothing.
+    connection = StoreConnection(master_addr, master_port)
+    store = GuardedStore(connect_store_client(master_addr, master_port, STORE_TIMEOUT_S), connection)
     store_host = (f"the rendezvous store at {master_addr}:{master_port} (torchrun's agent)" if agent
                   else "rank 0 (it hosts the rendezvous store)")
     # The store outlives a run: torchrun's agent keeps it across restarts, and a process that calls

@@ -595,3 +595,102 @@ def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(stopped_rank_run
     assert re.fullmatch(rf"pretrain_gpt\.py: error: this rank \({run.stalled_rank}\) did not run for \d+ s \(it was "
                         r"stopped, .*\) .*longer than --heartbeat-timeout-seconds: its peers have given up on it, so "
                         r"it stops too", line), line
+
+
+class DyingHost:
+    """The store's host as a SIGKILL leaves it: at `kill()` its threads are gone (nothing answers), but
+    its kernel closes its sockets only `close_after_s` later, the idle connection's among them. A
+    call reaching the store in between is sent, never answered, then reset: after such a call torch's
+    C++ client prints a dozen warning lines above the one line. Those calls are recorded."""
+
+    def __init__(self, close_after_s: float):
+        self.close_after_s = close_after_s
+        self.killed_at: float | None = None
+        self.calls_after_death: list[str] = []
+
+    def kill(self):
+        self.killed_at = time.monotonic()
+
+    def dead(self) -> bool:
+        return self.killed_at is not None
+
+    def closed(self) -> bool:
+        return self.dead() and time.monotonic() >= self.killed_at + self.close_after_s
+
+
+class DyingHostConnection:
+    """The idle connection beside the store client (parallel/liveness.StoreConnection), to a DyingHost."""
+
+    def __init__(self, host: DyingHost):
+        self.host = host
+
+    def closed(self) -> bool:
+        return self.host.closed()
+
+    def close(self):
+        pass
+
+
+class DyingStore(FakeStore):
+    """A FakeStore served by a DyingHost; `after_answer(name)` runs after each answered call (a kill
+    there lands between two calls, with the caller's call answered)."""
+
+    def __init__(self, host: DyingHost, after_answer):
+        super().__init__()
+        self.host, self.after_answer = host, after_answer
+
+    def __getattribute__(self, name):
+        method = super().__getattribute__(name)
+        if name not in ("add", "set", "compare_set", "check", "multi_get"):
+            return method
+        host = super().__getattribute__("host")
+
+        def call(*args):
+            if host.dead():
+                host.calls_after_death.append(name)
+                while not host.closed():  # no answer until the kernel resets the connection
+                    time.sleep(0.005)
+                raise ConnectionResetError("recvValue failed: Connection reset by peer")
+            result = method(*args)
+            self.after_answer(name)
+            return result
+
+        return call
+
+
+def test_after_a_failed_collective_no_store_call_reaches_a_host_still_closing_its_sockets():
+    """A SIGKILLed store host (rank 0) is silent before its kernel closes its sockets; a call sent
+    in between is reset, and torch's client then prints its C++ warning above the survivor's one
+    line (seen in CI). The threads' own client prints nothing (tests/parallel/test_store_wire.py),
+    but torch's remains its fallback, so after a failed collective (the host's gloo sockets are
+    closing) the thread must not call before the rest have closed. Here the host dies right after
+    one of the heartbeat's rounds, the main thread asks at once, and the sockets close only after the
+    thread's next round would begin: the thread must first wait out the host's teardown
+    (parallel/liveness.py SETTLE_S), then find the idle connection closed, and never call the store
+    in between."""
+    from parallel.liveness import SETTLE_S, GuardedStore, PeerLoss
+
+    host = DyingHost(close_after_s=0.2)  # after the heartbeat's next round (0.1 s), within the settle
+    assert SETTLE_S > host.close_after_s
+    asking, rounds = threading.Event(), []
+
+    def after_answer(name):
+        if name == "multi_get":  # a round of the heartbeat's loop ends with its neighbour read
+            rounds.append(name)
+            if len(rounds) == 3:
+                host.kill()
+                asking.wait(10)  # the main thread's question comes before this thread's next round
+
+    store = DyingStore(host, after_answer)
+    store.add("p/beat/0", 1)  # rank 0 beat before it died
+    found = []
+    rank1 = liveness(GuardedStore(store, DyingHostConnection(host)), 1, 2, found, stall_timeout_s=30).start()
+    try:
+        wait_until(host.dead, timeout=10)
+        asking.set()
+        answer = rank1.explain_failure()
+    finally:
+        rank1.stop(after_loss=True)
+    assert host.calls_after_death == [], host.calls_after_death
+    assert answer == PeerLoss(store_host="rank 0 (it hosts the rendezvous store)")
+    assert found == []
