@@ -16,8 +16,11 @@ compilation), the stage-3 gatherer and the loop's collectives all run as they wo
 and what a meta device cannot know is listed, not guessed (`UNKNOWNS`). With pipeline stages the build gives
 the rank its stage's layers and the iteration is the rank's slots of the schedule (planner/pipeline_plan.py).
 
-Its cost is bounded. Every layer is a real module with its hooks and autograd graph (about 0.1 s and
-0.15 MB of host memory per layer and micro-batch on a laptop core), so a dry run plans at most
+Its cost is bounded. Every layer is a real module with its hooks and autograd graph (about 0.02 s and
+0.1 MB of host memory per layer and micro-batch on one core of a 2-core CI machine, measured at 100 and
+400 layers of the paper's hidden 8192; many ops' meta kernels are torch's Python decompositions, a few
+milliseconds each, so a repeat on the same shapes is answered from `planner/meta_kernels.py`'s cache,
+0.053 s a layer without it), so a dry run plans at most
 `MAX_PLAN_LAYERS` layers: the deepest Transformers published have about 1,000 (DeepNet), and a
 million-layer typo would otherwise take a day and more memory than the host has. Within the cap a
 dry run can still take minutes (the layers times the micro-batches of one iteration), so one that is
@@ -41,6 +44,7 @@ from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
 from gpt.shape import model_shape
 from parallel.state import virtual_state
+from planner.meta_kernels import CachedMetaKernels
 from planner.pipeline_plan import PipelineFigures, run_pipeline_iteration
 from training.build import build
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
@@ -239,7 +243,7 @@ def check_plannable(config: PretrainConfig) -> None:
     """Refuse a model deeper than a dry run plans (see the module docstring)."""
     if config.model.num_layers > MAX_PLAN_LAYERS:
         raise ConfigError(f"--num-layers {config.model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
-                          f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.1 s and 0.15 MB per micro-batch, "
+                          f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.02 s and 0.1 MB per micro-batch, "
                           f"and the deepest published Transformers have about 1,000); plan a shallower model")
 
 
@@ -269,7 +273,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     probe = _BlockSavedProbe(model.blocks, monitor, ticker)
     pipeline = None
     try:
-        with _AttentionKernelOf(cluster.device_type):
+        with _AttentionKernelOf(cluster.device_type), CachedMetaKernels():
             if pp > 1:
                 copies, pipeline = run_pipeline_iteration(model, zero, plan, state, monitor, probe)
             else:

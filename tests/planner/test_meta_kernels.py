@@ -1,0 +1,99 @@
+"""planner/meta_kernels.py: a dry run answered from the meta-kernel cache plans exactly what one that
+runs every kernel plans, and the repeats are what the cache answers."""
+
+import contextlib
+
+import pytest
+import torch
+
+import planner.dry_run as dry_run_module
+from arguments.parser import parse_config
+from planner.dry_run import Cluster, dry_run
+from planner.meta_kernels import CachedMetaKernels
+
+META = torch.device("meta")
+GB = 10**9
+
+# Each exercises other kernels: stage 3 with partitioned checkpoints, CPU checkpointing at stage 1,
+# sequence parallelism, pipeline stages, Llama blocks (RMSNorm, SwiGLU, RoPE, grouped queries), and
+# a CPU target with dropout (the math attention path).
+CASES = {
+    "stage3-partitioned": "--num-layers 3 --tensor-model-parallel-size 2 --zero-stage 3 --checkpoint-activations "
+                          "--partition-activations --fp16 --no-bf16",
+    "stage1-cpu-checkpointing": "--num-layers 3 --zero-stage 1 --checkpoint-activations --partition-activations "
+                                "--cpu-checkpointing",
+    "sequence-parallel": "--num-layers 2 --tensor-model-parallel-size 2 --sequence-parallel --zero-stage 2",
+    "pipeline": "--num-layers 4 --pipeline-model-parallel-size 2 --global-batch-size 16 --micro-batch-size 2 "
+                "--zero-stage 1",
+    "llama": "--num-layers 2 --swiglu --normalization RMSNorm --position-embedding-type rope "
+             "--untie-embeddings-and-output-weights --disable-bias-linear --group-query-attention "
+             "--num-query-groups 2 --zero-stage 3",
+    "cpu-dropout": "--num-layers 2 --zero-stage 3 --attention-dropout 0.1",
+}
+
+
+def _plan(flags: str, cached: bool, monkeypatch):
+    config = parse_config(["--config", "tiny", "--micro-batch-size", "2", "--global-batch-size", "16", *flags.split()])
+    target = "cpu" if "dropout" in flags else "cuda"
+    cluster = Cluster(world_size=4, gpus_per_node=4, gpu_memory_bytes=80 * GB, device_type=target)
+    monkeypatch.setattr(dry_run_module, "CachedMetaKernels", CachedMetaKernels if cached else contextlib.nullcontext)
+    plan = dry_run(config, cluster, vocab_size=512).to_json()
+    plan.pop("process_baseline_bytes")  # this process's RSS when the plan began: a reading, not a prediction
+    return plan
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_cached_dry_run_plans_what_running_every_kernel_plans(case, monkeypatch):
+    every_kernel = _plan(CASES[case], cached=False, monkeypatch=monkeypatch)
+    assert _plan(CASES[case], cached=True, monkeypatch=monkeypatch) == every_kernel  # cold or warm cache alike
+    assert _plan(CASES[case], cached=True, monkeypatch=monkeypatch) == every_kernel
+
+
+def test_a_deeper_model_adds_only_cache_hits():
+    """The same block on the same shapes: the layers a deeper model adds run no meta kernel again. What a
+    warm dry run still runs are the few ops whose shapes follow the whole depth (flat ZeRO buffers)."""
+
+    def counts(layers: int) -> tuple[int, int]:
+        modes = []
+
+        class Counted(CachedMetaKernels):
+            def __init__(self):
+                super().__init__()
+                modes.append(self)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(dry_run_module, "CachedMetaKernels", Counted)
+            config = parse_config(["--config", "tiny", "--micro-batch-size", "2", "--global-batch-size", "16",
+                                   "--num-layers", str(layers), "--zero-stage", "3"])
+            dry_run(config, Cluster(2, 2, 80 * GB, device_type="cuda"), vocab_size=512)
+        return modes[0].misses, modes[0].hits
+
+    counts(2)  # warm the cache with every op the block runs
+    misses_at_4, hits_at_4 = counts(4)
+    misses_at_8, hits_at_8 = counts(8)
+    assert misses_at_8 == misses_at_4 < hits_at_4 < hits_at_8
+
+
+def test_views_in_place_and_out_ops_run_their_kernels():
+    """Their outputs share the inputs' storage: a made-up fresh tensor would break that."""
+    x = torch.empty(4, 6, device=META)
+    outs = [torch.empty(4, 6, device=META) for _ in range(2)]
+    with CachedMetaKernels() as mode:
+        for out in outs:
+            assert x.view(6, 4).untyped_storage()._cdata == x.untyped_storage()._cdata
+            assert x.add_(1) is x
+            assert torch.add(x, x, out=out) is out
+    assert mode.hits == 0
+
+
+def test_a_repeated_op_gets_outputs_of_the_same_metadata_in_fresh_storage():
+    x = torch.empty(2, 3, 8, device=META, dtype=torch.float16)
+    weight, bias = torch.empty(8, device=META, dtype=torch.float16), torch.empty(8, device=META, dtype=torch.float16)
+    with CachedMetaKernels() as mode:
+        first = torch.ops.aten.native_layer_norm(x, [8], weight, bias, 1e-5)
+        second = torch.ops.aten.native_layer_norm(x, [8], weight, bias, 1e-5)
+    assert (mode.misses, mode.hits) == (1, 1)
+    for made, ran in zip(second, first):
+        assert (made.shape, made.stride(), made.dtype, made.device) == (ran.shape, ran.stride(), ran.dtype, ran.device)
+        assert made.untyped_storage().nbytes() == ran.untyped_storage().nbytes()
+        assert made.untyped_storage()._cdata != ran.untyped_storage()._cdata
