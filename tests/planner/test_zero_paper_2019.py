@@ -144,6 +144,7 @@ def test_the_fit_is_one_parameter_on_figure_6_and_reproduces_its_own_choice():
         compare.main(["--profile", "dgx2", "--fit"])
 
 
+@pytest.mark.slow  # end to end: compare.py plans and predicts every stated number
 def test_compare_writes_every_row_with_the_promised_schema(tmp_path, monkeypatch, capsys):
     definitions = write_small_definitions(tmp_path / "definitions", experiments.COLUMNS)
     # GPUs of 6 GiB, so the small points fit and every search for a largest model stops after a few
