@@ -13,15 +13,6 @@ import os
 import pytest
 
 
-def pytest_collection_modifyitems(config, items):
-    """The modules that hold `slow` tests (processes, training runs) run first, the others after, each
-    module's tests together and in their order. pytest.ini runs the suite on two workers, each taking
-    the next module when it is free: a long module taken last would leave the other worker idle for its
-    whole length, while the many quick modules fill the end evenly. Every worker sorts alike."""
-    slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_modules)
-
-
 @pytest.fixture(autouse=True, scope="session")
 def one_intra_op_thread():
     """Every test's models are tiny, so PyTorch's intra-op threads only contend on the 2-core CI

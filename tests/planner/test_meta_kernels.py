@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import planner.dry_run as dry_run_module
+import planner.meta_kernels as meta_kernels
 from arguments.parser import parse_config
 from planner.dry_run import Cluster, dry_run
 from planner.meta_kernels import CachedMetaKernels
@@ -63,11 +64,13 @@ def test_a_deeper_model_adds_only_cache_hits():
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(dry_run_module, "CachedMetaKernels", Counted)
+            patch.setattr(meta_kernels, "_cache", cache)
             config = parse_config(["--config", "tiny", "--micro-batch-size", "2", "--global-batch-size", "16",
                                    "--num-layers", str(layers), "--zero-stage", "3"])
             dry_run(config, Cluster(2, 2, 80 * GB, device_type="cuda"), vocab_size=512)
         return modes[0].misses, modes[0].hits
 
+    cache: dict = {}  # the process's cache holds what earlier tests planned, depths included: start empty
     counts(2)  # warm the cache with every op the block runs
     misses_at_4, hits_at_4 = counts(4)
     misses_at_8, hits_at_8 = counts(8)
