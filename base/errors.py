@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -119,7 +120,13 @@ def run_tool(program: str, action: Callable[[], object],
 def exit_at_once(program: str, error: PeerLostError) -> None:
     """run_tool's line and status for a lost peer, from a watchdog thread while the main thread may be
     blocked in a collective that never returns: print, record the status, and end the process
-    without unwinding (os._exit), since no cleanup could get past that collective anyway."""
+    without unwinding (os._exit), since no cleanup could get past that collective anyway.
+
+    The line is the process's last word: another thread's error from here on is the shutdown's
+    consequence (a DataLoader worker resetting the connection multiprocessing's resource sharer was
+    serving it, seen when a stopped rank was continued), so sys.excepthook and threading.excepthook,
+    through which such threads print, are silenced first."""
+    sys.excepthook = threading.excepthook = _silent
     try:
         sys.stdout.flush()  # what the run printed so far comes before the line, as it would in run_tool
         print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
@@ -131,6 +138,10 @@ def exit_at_once(program: str, error: PeerLostError) -> None:
 def _report(line: str) -> None:
     if reporting_process():
         print(line, file=sys.stderr, flush=True)
+
+
+def _silent(*args) -> None:
+    """An exception hook that prints nothing (exit_at_once)."""
 
 
 def _record_exit_status(status: int) -> None:
