@@ -11,7 +11,9 @@ the test instead of stalling CI.
 
 Children come from a forkserver that has imported torch once, not from a fresh interpreter each:
 importing torch costs ~2 s of CPU per process, which on a 2-core CI machine made a 4-rank test take
-10 s instead of 0.2 s. The server forks before any test code runs in it, so children start with no
+10 s instead of 0.2 s. The server also imports what every training rank imports next (PRELOAD): the
+project's modules, and torch._dynamo, which torch.optim imports on an optimizer's first parameter
+group (1.6 s a process). The server forks before any test code runs in it, so children start with no
 threads, no process group and no CUDA context, as spawned ones would.
 """
 
@@ -28,6 +30,12 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+# Imported once in the forkserver, so each child starts with them. None starts a thread or reads the
+# environment at import (children get the caller's environment after the fork). A module that fails
+# to import is skipped by multiprocessing, and the child imports it itself, as before.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "pytest", "pretrain_gpt", "planner.dry_run"]
 
 
 class DistributedTestError(AssertionError):
@@ -71,7 +79,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120) -> list:
         raise TypeError(f"run_distributed needs a function defined at the top of an importable module, "
                         f"got {fn.__module__}.{fn.__qualname__}")
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "pytest"])
+    context.set_forkserver_preload(PRELOAD)
     results = context.Queue()
     port = free_port()
     processes = [context.Process(target=_child, daemon=True,

@@ -27,7 +27,9 @@ What changes, and only this:
   was made with (GPT-2-format files; a SentencePiece type's --tokenizer-model its tokenizer.model),
   save/load/TensorBoard/cache/codecarbon directories folders under `out_dir`, the JSON a file there,
   BigScience's weighted-split-path files files there that name the local corpus. A GPT2BPETokenizer that
-  the script let download GPT-2's files gets them as --vocab-file and --merge-file (the only flags added).
+  the script let download GPT-2's files gets them as --vocab-file and --merge-file;
+- a launch that leaves --eval-iters to its default (100 batches) gets --eval-iters 1, as one giving it
+  does. These three are the only flags added.
 
 Anything else is kept token for token, including flags this repository does not know.
 """
@@ -93,7 +95,7 @@ class LocalFiles:
 class Shrunk:
     argv: list[str]
     files: dict[str, str] = field(default_factory=dict)  # path -> text the test writes before the run
-    added: list[str] = field(default_factory=list)  # flags added (a downloaded tokenizer's files)
+    added: list[str] = field(default_factory=list)  # flags added (a downloaded tokenizer's files, --eval-iters)
 
 
 def uses_sentencepiece(launch: Launch) -> bool:
@@ -287,9 +289,15 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
 
     if (given.get("--tokenizer-type") == ["GPT2BPETokenizer"] and "--vocab-file" not in given
             and "--tokenizer-model" not in given):
-        added = ["--vocab-file", "--merge-file"]
+        added += ["--vocab-file", "--merge-file"]
         out += [("--vocab-file", [os.path.join(files.tokenizer_dir, "vocab.json")], False),
                 ("--merge-file", [os.path.join(files.tokenizer_dir, "merges.txt")], False)]
+    if "--eval-iters" not in given:
+        # A size the launch left to its default: Megatron-LM's is 100 batches per evaluation
+        # (megatron/training/arguments.py, `--eval-iters`, default=100), which at 3 iterations is most
+        # of the replay's time. It becomes 1, as a launch giving --eval-iters gets.
+        added.append("--eval-iters")
+        out.append(("--eval-iters", ["1"], False))
 
     if launch.json_text is not None:
         if json_path is None:
