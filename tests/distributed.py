@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
 # Imported once in the forkserver, so each child starts with them. None starts a thread or reads the
 # environment at import (children get the caller's environment after the fork). A module that fails
 # to import is skipped by multiprocessing, and the child imports it itself, as before.

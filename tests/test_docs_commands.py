@@ -30,6 +30,7 @@ from typing import Optional
 import pytest
 
 from tests.readme import DOCS, README, ROOT, doc_pages, headings
+from tests.repository_tree import repository_files
 
 SHELL_FENCES = ("bash", "sh", "shell", "console")
 
@@ -319,11 +320,6 @@ def substituted(command: DocCommand, tmp_path: Path) -> list[str]:
         at = argv.index("--") if "--" in argv else len(argv)
         argv[at:at] = ["--runs-dir", str(tmp_path / "runs")]
     return argv
-
-
-def repository_files() -> list[Path]:
-    skipped = {".git", ".venv", "__pycache__", ".pytest_cache"}
-    return sorted(path for path in ROOT.rglob("*") if not skipped & set(path.relative_to(ROOT).parts))
 
 
 @pytest.mark.slow

@@ -6,16 +6,16 @@ own table where each is added (arguments/option_table.py)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.repository_tree import ROOT, repository_files
+
 PRIVATE = re.compile(r"\._(?:actions|option_string_actions|registry|registries|registry_get|action_groups|group_actions|"
                      r"mutually_exclusive_groups|get_optional_actions|get_positional_actions|get_option_tuples|"
                      r"parse_optional|match_argument)\b|\bargparse\._[A-Za-z]")
 
 
 def _library_files():
-    for path in sorted(ROOT.rglob("*.py")):
+    for path in (path for path in repository_files() if path.suffix == ".py"):
         parts = path.relative_to(ROOT).parts
         if parts[0] == "tests" or any(part.startswith(".") or part in ("venv", "site-packages") for part in parts):
             continue

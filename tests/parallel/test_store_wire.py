@@ -42,6 +42,9 @@ def test_the_calls_mean_what_torchs_client_means(torch_store):
         assert torch_store.compare_set("verdict", "", "") == b'{"silent": [1]}'
         assert wire.check(["beat/1", "beat/2"]) and not wire.check(["beat/1", "beat/3"])
         torch_store.set("beat/3", "7")
+        # torch's set has no reply, so the server may read our next call (on another connection) before
+        # it: a get on torch's connection is the round trip that orders the set first.
+        assert torch_store.get("beat/3") == b"7"
         assert wire.multi_get(["beat/1", "beat/3"]) == [b"4", b"7"]
     finally:
         wire.close()

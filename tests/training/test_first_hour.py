@@ -113,16 +113,10 @@ def test_the_own_data_example_runs_offline_and_writes_outside_the_package(tmp_pa
     The README's commands run as written, from a user's directory, with a corpus of their own; only
     the sizes are made small (appended flags win)."""
     import json
-    from pathlib import Path
 
     from data import preprocess
     from data.corpus import default_corpus_documents
-
-    repository = Path(__file__).resolve().parents[2]
-
-    def repository_files():
-        skipped = {".venv", ".git", "__pycache__", ".pytest_cache"}
-        return sorted(path for path in repository.rglob("*") if not skipped & set(path.parts))
+    from tests.repository_tree import repository_files
 
     before = repository_files()
     monkeypatch.chdir(tmp_path)
