@@ -100,3 +100,17 @@ def test_a_repeated_op_gets_outputs_of_the_same_metadata_in_fresh_storage():
         assert (made.shape, made.stride(), made.dtype, made.device) == (ran.shape, ran.stride(), ran.dtype, ran.device)
         assert made.untyped_storage().nbytes() == ran.untyped_storage().nbytes()
         assert made.untyped_storage()._cdata != ran.untyped_storage()._cdata
+
+
+def test_list_arguments_keep_their_boundaries_in_the_key(monkeypatch):
+    """max_pool2d's kernel [2, 2] with stride [1], then kernel [2] with stride [2, 1]: the same numbers in
+    the same order, other outputs (7 x 7, then 4 x 7). A key from the flattened arguments answered the
+    second call with the first's shape."""
+    monkeypatch.setattr(meta_kernels, "_cache", {})
+    pool = torch.ops.aten.max_pool2d_with_indices
+    x = torch.empty(1, 1, 8, 8, device=META)
+    with CachedMetaKernels():
+        square = pool(x, [2, 2], [1])[0]
+        strided = pool(x, [2], [2, 1])[0]
+    assert square.shape == (1, 1, 7, 7)
+    assert strided.shape == pool(x, [2], [2, 1])[0].shape == (1, 1, 4, 7)
