@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.readme import ROOT
+
 # Not the repository's own: git's store, caches, and the virtualenv .ci/run creates inside the clone
 # (about 46,000 files: walking into it and filtering afterwards cost CI about a second a call).
 NOT_OURS = frozenset({".git", ".venv", "__pycache__", ".pytest_cache"})

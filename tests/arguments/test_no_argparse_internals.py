@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-from tests.repository_tree import ROOT, repository_files
+from tests.readme import ROOT
+from tests.repository_tree import repository_files
 
 PRIVATE = re.compile(r"\._(?:actions|option_string_actions|registry|registries|registry_get|action_groups|group_actions|"
                      r"mutually_exclusive_groups|get_optional_actions|get_positional_actions|get_option_tuples|"
