@@ -3,7 +3,7 @@
 
     python scripts/launch.py --standalone --nproc_per_node 8 pretrain_gpt.py --config gpt2-124m ...
 
-Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes three things:
+Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes four things:
 
 - The exit status is the job's: each rank records the status its error boundary exits with
   (base/errors.py, through ZERO_GPT_EXIT_STATUS_DIR), and the launcher exits with the first non-zero
@@ -18,8 +18,23 @@ Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes 
   liveness.py) can name the dead rank -- the launcher says it, in one line from torchrun's report:
   "launch.py: error: rank 1 (local rank 1 on host h) died: killed by SIGKILL; torchrun stopped the
   other ranks".
-- Ranks get --shutdown-timeout 300 unless given: on SIGTERM or SIGINT torchrun forwards the signal
-  and, after the timeout, kills; a run with --exit-signal-handler needs that long to save.
+- SIGTERM, SIGINT and SIGUSR1 (SLURM's `--signal=USR1@120`) are forwarded to every rank, and the
+  launcher, whose process serves the rendezvous store, stays until the ranks have exited: a run with
+  --exit-signal-handler saves and exits 0, and so does the launcher. (torchrun alone handles SIGTERM,
+  SIGINT, SIGHUP and SIGQUIT, its --signals_to_handle, and dies of SIGUSR1, taking the store with it:
+  the ranks stopped without saving.) The first of these signals goes to torchrun's agent as its own
+  handler would hand it over (SignalException: the agent sends it to each rank's process group, waits
+  up to --shutdown-timeout, then kills); one that comes while the agent waits is sent to the ranks too,
+  and the wait goes on (torchrun's handler would raise again, out of the wait, and the launcher would
+  exit with its ranks still saving); one that comes after they exited is ignored. So SIGTERM or
+  SIGUSR1 sent to the launcher's process group, again, or to every process of the job as SLURM
+  signals a job step (each rank then gets it directly and forwarded), makes one save and exit 0. A
+  rank takes a second SIGINT as a second Ctrl-C, which interrupts it at once (status 130, no save):
+  that is what a second Ctrl-C at the launcher's terminal does, and also what SIGINT sent to every
+  process of the job does. Later signals reach the ranks on Linux (the launcher's children are read
+  from /proc); elsewhere only the first does. Other signals in --signals_to_handle stay torchrun's.
+- Ranks get --shutdown-timeout 300 unless given: the time torchrun's agent waits after forwarding a
+  signal before it kills; a run with --exit-signal-handler needs that long to save.
 """
 
 from __future__ import annotations
@@ -39,6 +54,68 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are n
 from base.errors import EXIT_STATUS_DIR_VARIABLE  # noqa: E402
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 300
+# Each means "save and exit" to a rank run with --exit-signal-handler (training/exit_conditions.py).
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def torchrun_signals(listed: str) -> str:
+    """torchrun's --signals_to_handle less the launcher's own FORWARDED_SIGNALS, which torchrun must not
+    take over (it registers its handler for each it lists when it starts the ranks)."""
+    own = {signum.name for signum in FORWARDED_SIGNALS}
+    return ",".join(name.strip() for name in listed.split(",") if name.strip() and name.strip() not in own)
+
+
+def children() -> list[int]:
+    """The pids of this process's children (torchrun's agent starts each rank as one, in a session of its
+    own); none where there is no /proc."""
+    pids = []
+    for listing in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids += [int(pid) for pid in listing.read_text().split()]
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return pids
+
+
+def send_to_ranks(signum: int) -> None:
+    """`signum` to each rank's process group, as torchrun's agent sends its own (SubprocessHandler.close:
+    os.killpg), so that the rank's data-loader workers, which leave that group (data/sampler.py), are spared."""
+    for pid in children():
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signum)
+            else:
+                os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            continue  # it exited meanwhile
+
+
+class SignalForwarder:
+    """The launcher's handler of FORWARDED_SIGNALS. The first raises what torchrun's own handler raises
+    (torch/distributed/elastic/multiprocessing/api.py, `_terminate_process_handler`): the agent catches it
+    (agent/server/api.py, SimpleElasticAgent.run -> `_shutdown(e.sigval, timeout=shutdown_timeout)` ->
+    SubprocessContext._close), sends the signal to every rank, waits for them up to the shutdown timeout,
+    kills the rest, and re-raises; launch_agent then leaves the rendezvous open, so the store lives until
+    this process exits, after its ranks. Every later one is sent to the ranks without raising, so that
+    the agent's wait is not cut short (torchrun's handler would raise again out of it, and torchrun
+    would exit with its ranks still saving). Once torchrun has returned (`agent_done`), a signal is only
+    passed on, to no rank, and main() ends by ignoring them: a signal that comes after the ranks exited
+    (a scheduler repeating itself) does not kill the launcher (SIGUSR1's default action) before it exits
+    with the job's status."""
+
+    def __init__(self) -> None:
+        self.first: signal.Signals | None = None
+        self.agent_done = False
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, self)
+
+    def __call__(self, signum: int, frame) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if self.first is None and not self.agent_done:
+            self.first = signal.Signals(signum)
+            raise SignalException(f"launch.py (pid {os.getpid()}) got {self.first.name}", sigval=self.first)
+        send_to_ranks(signum)
 
 
 def recorded_statuses(status_dir: Path) -> dict[int, int]:
@@ -90,20 +167,30 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.shutdown_timeout is None and "TORCHELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
         args.shutdown_timeout = DEFAULT_SHUTDOWN_TIMEOUT_S
+    args.signals_to_handle = torchrun_signals(args.signals_to_handle)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning banner
     logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        # torchrun's elastic modules give their loggers a level of their own (LOGLEVEL, or WARNING), so the
+        # one above does not reach them: "Received 10 death signal, shutting down workers" after a save
+        if name.startswith("torch.distributed.") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.CRITICAL)
     status_dir = Path(tempfile.mkdtemp(prefix="launch-status-"))
     os.environ[EXIT_STATUS_DIR_VARIABLE] = str(status_dir)
     ranks_started = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else -1
     failure = None
+    forwarder = SignalForwarder()
     try:
-        run(args)
+        try:
+            run(args)
+        finally:
+            forwarder.agent_done = True  # a signal raised before this line is caught below
         status = 0
     except ChildFailedError as failed:
         failure, status = failed, failure_status(failed)
     except SignalException as received:  # torchrun forwarded it to the ranks and waited for them
         status = 128 + int(received.sigval)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the forwarder was in place
         status = 128 + int(signal.SIGINT)
     try:
         statuses = recorded_statuses(status_dir)
@@ -112,6 +199,10 @@ def main(argv=None) -> int:
         return job_status(statuses, ranks_started, status)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
+        # The ranks have exited. Python's exit puts the default action back for each signal that has a
+        # Python handler, and SIGUSR1's kills: one arriving then would turn the job's 0 into 138.
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
