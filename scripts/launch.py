@@ -24,15 +24,15 @@ Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes 
   SIGINT, SIGHUP and SIGQUIT, its --signals_to_handle, and dies of SIGUSR1, taking the store with it:
   the ranks stopped without saving.) The first of these signals goes to torchrun's agent as its own
   handler would hand it over (SignalException: the agent sends it to each rank's process group, waits
-  up to --shutdown-timeout, then kills); one that comes while the agent waits is sent to the ranks too,
-  and the wait goes on (torchrun's handler would raise again, out of the wait, and the launcher would
-  exit with its ranks still saving); one that comes after they exited is ignored. So SIGTERM or
-  SIGUSR1 sent to the launcher's process group, again, or to every process of the job as SLURM
-  signals a job step (each rank then gets it directly and forwarded), makes one save and exit 0. A
-  rank takes a second SIGINT as a second Ctrl-C, which interrupts it at once (status 130, no save):
-  that is what a second Ctrl-C at the launcher's terminal does, and also what SIGINT sent to every
-  process of the job does. Later signals reach the ranks on Linux (the launcher's children are read
-  from /proc); elsewhere only the first does. Other signals in --signals_to_handle stay torchrun's.
+  up to --shutdown-timeout, then kills). One that comes while the agent waits does not end the wait
+  (torchrun's handler would raise again, out of it, and the launcher would exit with its ranks still
+  saving): a second SIGINT, a second Ctrl-C, is sent on, and a rank takes it as one (it stops at once,
+  status 130, no save); a repeated SIGTERM or SIGUSR1 is not, every rank has had one. One that comes
+  after the ranks exited is ignored. So SIGTERM or SIGUSR1 sent to the launcher's process group, again,
+  or to every process of the job as SLURM signals a job step (each rank then gets it directly and
+  forwarded), makes one save and exit 0; SIGINT sent to every process of the job reaches a rank twice,
+  a second Ctrl-C. The second SIGINT reaches the ranks on Linux (the launcher's children are read from
+  /proc); elsewhere it does not. Other signals in --signals_to_handle stay torchrun's.
 - Ranks get --shutdown-timeout 300 unless given: the time torchrun's agent waits after forwarding a
   signal before it kills; a run with --exit-signal-handler needs that long to save.
 """
@@ -96,12 +96,15 @@ class SignalForwarder:
     (agent/server/api.py, SimpleElasticAgent.run -> `_shutdown(e.sigval, timeout=shutdown_timeout)` ->
     SubprocessContext._close), sends the signal to every rank, waits for them up to the shutdown timeout,
     kills the rest, and re-raises; launch_agent then leaves the rendezvous open, so the store lives until
-    this process exits, after its ranks. Every later one is sent to the ranks without raising, so that
-    the agent's wait is not cut short (torchrun's handler would raise again out of it, and torchrun
-    would exit with its ranks still saving). Once torchrun has returned (`agent_done`), a signal is only
-    passed on, to no rank, and main() ends by ignoring them: a signal that comes after the ranks exited
-    (a scheduler repeating itself) does not kill the launcher (SIGUSR1's default action) before it exits
-    with the job's status."""
+    this process exits, after its ranks. A later one never raises, so the agent's wait is not cut short
+    (torchrun's handler would raise again, out of the wait, and torchrun would exit with its ranks still
+    saving). A later SIGINT is a second Ctrl-C and goes to the ranks, which take it as one (stop at once,
+    no save). A later SIGTERM or SIGUSR1 (a scheduler repeating itself) goes nowhere: every rank has
+    had one, and a repeat could only reach a rank that has saved and put back the default action
+    (training/exit_conditions.py, close), which would kill it before it records its status. Once
+    torchrun has returned (`agent_done`) nothing raises, and main() ends by ignoring these signals, so
+    one that comes after the ranks exited does not kill the launcher (SIGUSR1's default action) before
+    it exits with the job's status."""
 
     def __init__(self) -> None:
         self.first: signal.Signals | None = None
@@ -115,7 +118,8 @@ class SignalForwarder:
         if self.first is None and not self.agent_done:
             self.first = signal.Signals(signum)
             raise SignalException(f"launch.py (pid {os.getpid()}) got {self.first.name}", sigval=self.first)
-        send_to_ranks(signum)
+        if signum == signal.SIGINT:
+            send_to_ranks(signum)
 
 
 def recorded_statuses(status_dir: Path) -> dict[int, int]:
