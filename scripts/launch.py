@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         failure, status = failed, failure_status(failed)
     except SignalException as received:  # torchrun forwarded it to the ranks and waited for them
         status = 128 + int(received.sigval)
-    except KeyboardInterrupt:  # before the forwarder was in place
+    except KeyboardInterrupt:  # SIGINT is the forwarder's: only other code could raise this
         status = 128 + int(signal.SIGINT)
     try:
         statuses = recorded_statuses(status_dir)
