@@ -42,7 +42,8 @@ import torch
 
 from base.errors import CheckpointError
 from base.file_modes import apply_umask
-from checkpoint.schema import check_metadata, member, read_latest
+from checkpoint.inside import check_named_paths, inside
+from checkpoint.schema import check_metadata, listed_files, member, read_latest
 
 FORMAT_VERSION = 1
 LATEST_FILE = "latest"
@@ -170,14 +171,16 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         # --save wrote inside before such a --save was refused: never another iteration, silently.
         return path
     if (path / LATEST_FILE).is_file():
-        name = read_latest(path / LATEST_FILE)
-        target = path / name
+        # `latest` and the iteration directory it names are read from the checkpoint: both must lie
+        # inside the save directory (checkpoint/inside.py).
+        name = read_latest(inside(path, LATEST_FILE))
+        target = inside(path, name)
         if not target.exists():
             # A crash while an iteration was re-saved, between moving the old copy aside and moving
             # the new one in (see `commit`): the old copy is complete.
             retired = sorted(path.glob(f"{name}{RETIRED_SUFFIX}*"))
             if retired and (retired[0] / METADATA_FILE).is_file():
-                return retired[0]
+                return inside(path, retired[0].name)
         if not (target / METADATA_FILE).is_file():
             raise CheckpointError(f"{path / LATEST_FILE} names {name!r}, which is not a complete checkpoint")
         return target
@@ -195,7 +198,10 @@ def has_checkpoint(iteration_dir: str | os.PathLike) -> bool:
 
 
 def read_metadata(iteration_dir: Path) -> dict:
-    path = iteration_dir / METADATA_FILE
+    """metadata.json, trusted only once it and every path it names (each listed file, the tokenizer
+    folder and its files) resolve inside `iteration_dir` (checkpoint/inside.py), and its entries are
+    of the right types (checkpoint/schema.py)."""
+    path = inside(iteration_dir, METADATA_FILE)
     try:
         metadata = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -206,6 +212,7 @@ def read_metadata(iteration_dir: Path) -> dict:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path}: format version {version!r}; this code reads version {FORMAT_VERSION}")
     check_metadata(metadata, path)
+    check_named_paths(iteration_dir, listed_files(metadata), metadata.get("tokenizer"))
     return metadata
 
 
@@ -421,11 +428,12 @@ def remove_stale_saves(save_dir: Path) -> None:
 
 def saved_run_id(iteration_dir: Path) -> Optional[str]:
     """The lineage (checkpoint/lineage.py) a checkpoint's metadata names; None for one saved without
-    (or with unreadable metadata: a checkpoint nobody can attribute is nobody's to delete)."""
+    (or with unreadable metadata, or one linked from outside: a checkpoint nobody can attribute is
+    nobody's to delete)."""
     try:
-        with open(iteration_dir / METADATA_FILE, encoding="utf-8") as f:
+        with open(inside(iteration_dir, METADATA_FILE), encoding="utf-8") as f:
             metadata = json.load(f)
-    except (OSError, ValueError, RecursionError):
+    except (CheckpointError, OSError, ValueError, RecursionError):
         return None
     value = metadata.get("run_id") if isinstance(metadata, dict) else None
     return value if isinstance(value, str) else None

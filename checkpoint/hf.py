@@ -36,6 +36,7 @@ from arguments.config import ModelConfig
 from base.errors import ConfigError
 from checkpoint import hf_llama
 from checkpoint.format import consolidate, read_metadata, save_tensors, tensor_parallel_slice
+from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -265,7 +266,7 @@ def _eod_id(tokenizer_dir: Path) -> Optional[int]:
 
     from data.tokenizer import EOD_TOKEN, TOKENIZER_FILE
 
-    path = tokenizer_dir / TOKENIZER_FILE
+    path = inside(tokenizer_dir.parent, tokenizer_dir.name, TOKENIZER_FILE)
     if not path.is_file():
         raise ConfigError(f"{path}: missing; the checkpoint's tokenizer folder is incomplete")
     try:
@@ -275,10 +276,11 @@ def _eod_id(tokenizer_dir: Path) -> Optional[int]:
 
 
 def _copy_tokenizer(tokenizer_dir: Path, destination: Path) -> None:
-    """Every file of the saved tokenizer (tokenizer.json, vocab.json, merges.txt, tokenizer_config.json)."""
-    for path in sorted(tokenizer_dir.iterdir()):
-        if path.is_file():
-            shutil.copyfile(path, destination / path.name)
+    """Every file of the saved tokenizer (tokenizer.json, vocab.json, merges.txt, tokenizer_config.json),
+    each resolved inside the checkpoint that holds the folder (checkpoint/inside.py): a link out is
+    refused, never copied into the export."""
+    for path in folder_files(tokenizer_dir.parent, tokenizer_dir.name):
+        shutil.copyfile(path, destination / path.name)
 
 
 def read_hf_folder(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:

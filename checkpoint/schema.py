@@ -3,8 +3,9 @@
 JSON that parses can still be wrong: a string where an iteration count belongs, a parameter table
 that is a list, or a file name such as `../../elsewhere` or `/etc/passwd`. Every such value is a
 `CheckpointError` naming metadata.json and the entry, raised before any file is opened, and every
-name a checkpoint uses must be a plain file name that resolves inside its iteration directory
-(`member`), so neither `latest` nor the metadata can point a load, or a tool's write, elsewhere.
+name a checkpoint uses must be a plain file name (`member`); that it resolves inside the iteration
+directory, links followed, is checkpoint/inside.py's check, so neither `latest` nor the metadata can
+point a load, or a tool's write, elsewhere.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from base.errors import CheckpointError
+from checkpoint.inside import inside
 
 # `latest` names an iteration directory and nothing else.
 ITERATION_NAME = re.compile(r"iter_\d{7,}")
@@ -131,13 +133,10 @@ def listed_files(metadata: dict) -> list[str]:
 
 def member(iteration_dir: Path, name: str) -> Path:
     """`iteration_dir / name`, refused unless `name` is a plain name that resolves inside the
-    directory (a symbolic link out of it is refused too)."""
+    directory (checkpoint/inside.py: a symbolic link out of it is refused too)."""
     if not _is_plain_name(name):
         raise CheckpointError(f"{iteration_dir}: the checkpoint names {name!r}, which is not a file name inside it")
-    path = iteration_dir / name
-    if not path.resolve().is_relative_to(iteration_dir.resolve()):
-        raise CheckpointError(f"{path} points outside the checkpoint directory {iteration_dir}")
-    return path
+    return inside(iteration_dir, name)
 
 
 def read_latest(path: Path) -> str:

@@ -34,6 +34,7 @@ import torch  # noqa: E402  (the imports below need the path above)
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from checkpoint.format import read_metadata, resolve_checkpoint  # noqa: E402
 from checkpoint.hf import check_output_folder, checkpoint_to_hf_state, is_llama_shaped, write_hf_folder  # noqa: E402
+from checkpoint.inside import inside  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
@@ -61,7 +62,7 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
     refuse_inside_checkpoint(out_dir, "OUT_DIR", include_self=True)
     metadata = read_metadata(iteration_dir)
     tokenizer = metadata.get("tokenizer")
-    tokenizer_dir = iteration_dir / tokenizer if tokenizer is not None else None
+    tokenizer_dir = inside(iteration_dir, tokenizer) if tokenizer is not None else None
     # Checked before any weight is read, so a refused OUT_DIR costs nothing; write_hf_folder checks
     # again just before the old folder goes.
     check_output_folder(Path(out_dir), overwrite, tokenizer_dir)

@@ -61,6 +61,7 @@ from checkpoint.format import (  # noqa: E402
     tensor_parallel_slice,
     write_text_atomic,
 )
+from checkpoint.inside import folder_files  # noqa: E402
 from checkpoint.integrity import hash_files, verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
@@ -180,13 +181,14 @@ def resharded_metadata(metadata: dict, source: Path, table: dict, tensor_paralle
 
 
 def copy_tokenizer(source: Path, metadata: dict, staging: Path) -> Optional[str]:
-    """The run's tokenizer goes with its weights; returns the metadata entry for it."""
+    """The run's tokenizer goes with its weights: each of its files, resolved inside the checkpoint
+    (checkpoint/inside.py; a link out is refused, never copied); returns the metadata entry for it."""
     if not metadata.get("tokenizer"):
         return None
-    tokenizer = source / metadata["tokenizer"]
-    if not tokenizer.is_dir():
-        raise CheckpointError(f"{tokenizer}: missing from the checkpoint")
-    shutil.copytree(tokenizer, staging / TOKENIZER_DIR)
+    files = folder_files(source, metadata["tokenizer"])
+    (staging / TOKENIZER_DIR).mkdir()
+    for path in files:
+        shutil.copyfile(path, staging / TOKENIZER_DIR / path.name)
     return TOKENIZER_DIR
 
 
