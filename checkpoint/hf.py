@@ -11,9 +11,10 @@ A Hugging Face folder (config.json, model.safetensors, the tokenizer files) is w
 what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read with no code of ours:
 - `write_hf_folder` builds one in a staging directory beside OUT_DIR and renames it into place, so a
   conversion that fails never leaves a half-written folder that loads as a model.
-- `read_hf_folder` reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only
-  unpickler: a file from the internet may be a pickle whose payload runs code, and it must be refused,
-  never executed.
+- `read_hf_folder` checks config.json with our own reader first (checkpoint/hf_config.py: each field we
+  read, its type and range; one line naming the field), so transformers only ever sees a checked one. It
+  reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a file
+  from the internet may be a pickle whose payload runs code, and it must be refused, never executed.
 - `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after `check_hf_config`
   has compared its shape with the run's flags; each TP rank copies in its own slice.
 - `checkpoint_to_hf_state` turns a training checkpoint's fp32 master weights into transformers' names
@@ -22,7 +23,6 @@ what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import warnings
@@ -36,6 +36,7 @@ from arguments.config import ModelConfig
 from base.errors import ConfigError
 from checkpoint import hf_llama
 from checkpoint.format import consolidate, read_metadata, save_tensors, tensor_parallel_slice
+from checkpoint.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from parallel.state import ParallelState
@@ -173,7 +174,6 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
 
 # ---- Hugging Face folders -----------------------------------------------------------------------
 
-CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"  # what save_pretrained writes for big models
 PICKLE_FILE = "pytorch_model.bin"
@@ -285,27 +285,20 @@ def _copy_tokenizer(tokenizer_dir: Path, destination: Path) -> None:
 
 def read_hf_folder(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json as a dict, the weights under GPT2LMHeadModel's names, or LlamaForCausalLM's when
-    config.json's model_type is llama). Only safetensors, JSON and weights-only pickles are read; every
-    failure is a ConfigError naming the file."""
+    config.json is a Llama's). Only safetensors, JSON and weights-only pickles are read; every failure is
+    a ConfigError naming the file."""
+    config, tensors = read_hf_model(hf_dir)
+    return config.fields, tensors
+
+
+def read_hf_model(hf_dir: str | os.PathLike) -> tuple[HFConfig, dict[str, torch.Tensor]]:
+    """The folder's config.json, checked by checkpoint/hf_config.py before any of it reaches transformers,
+    and its weights under transformers' names for that family."""
     hf_dir = Path(hf_dir)
-    if not hf_dir.is_dir():
-        raise ConfigError(f"{hf_dir}: no such Hugging Face model folder")
-    config = _read_config(hf_dir / CONFIG_FILE)
-    if config.get("model_type") == hf_llama.MODEL_TYPE:
+    config = read_hf_config(hf_dir)
+    if config.family == hf_llama.MODEL_TYPE:
         return config, hf_llama.canonical_names(_read_weights(hf_dir))
     return config, _gpt2_lm_head_names(_read_weights(hf_dir))
-
-
-def _read_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: missing; a Hugging Face model folder needs its config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ConfigError(f"{path}: unreadable or not JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return config
 
 
 def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
@@ -328,7 +321,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_safetensors_shards(index_path: Path) -> dict[str, torch.Tensor]:
-    weight_map = _read_config(index_path).get("weight_map")
+    weight_map = read_json_object(index_path, "the safetensors index names the weight files").get("weight_map")
     if not isinstance(weight_map, dict):
         raise ConfigError(f"{index_path}: has no weight_map")
     tensors = {}
@@ -487,9 +480,10 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     """A Hugging Face GPT-2 folder's weights under our names and layout (vocabulary padded for this
     TP size), after checking that its config and tensors fit `model_config`."""
     hf_dir = Path(hf_dir)
-    hf, hf_state = read_hf_folder(hf_dir)
+    config, hf_state = read_hf_model(hf_dir)
+    hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
-    if hf.get("model_type") == hf_llama.MODEL_TYPE:
+    if config.family == hf_llama.MODEL_TYPE:
         hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
         check_tensors_fit(hf_state, hf_llama.llama_tensor_shapes(model_config), hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)

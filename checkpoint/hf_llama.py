@@ -83,7 +83,9 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
 
 def parsed_llama_config(hf: dict, source: str | os.PathLike):
     """config.json read as transformers reads it (defaults for keys left out; an older file's rope_theta and
-    rope_scaling become rope_parameters), its log lines kept out of the run's output."""
+    rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
+    checkpoint/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
+    (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
     from transformers import LlamaConfig
     from transformers.utils import logging
 
@@ -91,10 +93,21 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike):
     logging.set_verbosity_error()
     try:
         return LlamaConfig.from_dict(hf)
-    except (TypeError, ValueError, KeyError) as error:
-        raise ConfigError(f"{source}: transformers cannot read it as a LlamaConfig ({error})") from None
+    except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
+        reason = " ".join(str(error).split())
+        raise ConfigError(f"{source}: transformers cannot read it as a LlamaConfig ({reason})") from None
     finally:
         logging.set_verbosity(verbosity)
+
+
+def _strict_dataclass_errors() -> tuple[type[Exception], ...]:
+    """huggingface_hub's error for a field its strict dataclasses refuse (transformers 5's configs);
+    older versions have none."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
 
 
 def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
