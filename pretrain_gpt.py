@@ -6,9 +6,9 @@
 
 Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data, an unwritable output, a
 save directory another run owns, a damaged checkpoint) is reported as one line on stderr with exit
-code 2, before any work starts; see checkpoint/run_start.py for what is checked. `--dry-run` prints what this
-rank would hold and send (planner/plan.py) and exits. A rank that dies or hangs mid-run is named by every
-survivor in one line, exit code 3 (parallel/liveness.py).
+code 2, before any work starts; see checkpoint/run_start.py for what is checked, and training/memory_fit.py
+for each rank's planned peak against the memory free. `--dry-run` prints what this rank would hold and send
+(planner/plan.py) and exits. A rank that dies or hangs is named by every survivor, exit 3 (parallel/liveness.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_
 from data import DataError
 from parallel.liveness import Liveness, PeerLoss, start_liveness
 from parallel.state import ParallelState, destroy, initialize, read_launch_environment
-from planner.launch import dry_run_launch, predicted_peak
+from planner.launch import RankPeak, dry_run_launch
 from training.late_checks import LATE_CHECKS
 from training.loop import TrainingSummary
+from training.memory_fit import check_memory_fits
 from training.prepare import prepare
 from training.run_training import train_run
 from training.start_checks import check_before_claim, first_rank_log, kill_switch_found
@@ -36,13 +37,15 @@ EXPECTED_ERRORS = ALWAYS_EXPECTED + (DataError, KeyboardInterrupt)
 
 
 def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
-    """One training run in an initialized process group: the checks before any work
-    (training/start_checks.py), the run prepared once (training/prepare.py), then trained."""
+    """One training run in an initialized process group: the checks before any work (training/start_checks.py,
+    training/memory_fit.py), the run prepared once (training/prepare.py), then trained."""
     log = first_rank_log(state)
     batch = check_before_claim(config, state, log)
     if (found := kill_switch_found(config, state, log)) is not None:
         return TrainingSummary(exit_reason=found)
-    with prepare(config, state, batch, log, predict_peak=predicted_peak) as prepared:
+    peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
+    check_memory_fits(config, state, batch, peak.before_data, log)
+    with prepare(config, state, batch, log, predict_peak=peak) as prepared:
         return train_run(prepared)
 
 

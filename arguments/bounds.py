@@ -5,7 +5,9 @@ rules here say whether the run it describes can exist at all, estimated before a
 the sample index the data pipeline would build on the host, the largest single tensor a rank would
 create, the model's 16-bit parameters spread over every rank, and c10d's timeout. Each estimate is a
 LOWER bound of what the run needs, so a refusal here is a run that could never start, never a
-guess. A flag, a preset key and a DeepSpeed JSON key all end in the same PretrainConfig, so they
+guess. The planner's own per-rank figure (device bytes, and the host bytes of offload) is held against
+the free memory later, once the process group is up and before any data or model work
+(training/memory_fit.py): it needs the rank's place in the grid and the planner, a floor above. A flag, a preset key and a DeepSpeed JSON key all end in the same PretrainConfig, so they
 meet the same check (`check_bounds`, called from `PretrainConfig.validate`).
 """
 

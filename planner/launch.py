@@ -1,9 +1,11 @@
 """The planner as a training launch uses it: `--dry-run` (plan this launch's rank and print it), and
-the predicted peak a live run compares its first iteration with (training/metrics.py's MemoryCheck).
+the rank's planned peak, which a live run checks against free memory before the build
+(training/memory_fit.py) and compares its first iteration with (training/metrics.py's MemoryCheck).
 pretrain_gpt.py imports this module; the dry run itself is imported only when it is needed."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -28,10 +30,52 @@ def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int
         return None, 0, f"the planner failed: {type(error).__name__}: {error}"
 
 
+def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
+    """The vocabulary a launch of `config` plans with before its tokenizer is loaded, and where it came
+    from: the named tokenizer's, --vocab-size, or for the embedded corpus --tokenizer-vocab-size (the
+    BPE trained on it has at most that many)."""
+    from planner.plan import planning_vocab
+
+    data = config.data
+    if not (data.tokenizer_file or data.vocab_file or data.tokenizer_type or config.model.vocab_size):
+        return data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
+    return planning_vocab(config)
+
+
+class RankPeak:
+    """One training run's figures from the planner, planned once: before the data is built with the
+    launch's vocabulary (`before_data`, for training/memory_fit.py's check), and after the tokenizer
+    is loaded (`__call__`, training/prepare.py's PredictPeak, for the memory line after iteration 1),
+    which reuses the first plan when the padded vocabulary (the only thing the tokenizer changes in
+    the model's shapes) is the same."""
+
+    def __init__(self) -> None:
+        self._planned: dict[int, tuple[Optional[int], int, str]] = {}  # by padded vocabulary
+
+    def __call__(self, config: PretrainConfig, state: ParallelState, vocab_size: int,
+                 batch: BatchSchedule) -> tuple[Optional[int], int, str]:
+        try:
+            key = dataclasses.replace(config.model, vocab_size=vocab_size).padded_vocab_size(
+                config.training.tensor_model_parallel_size)
+        except ConfigError:  # the dry run says why, as a failed prediction
+            key = -vocab_size
+        if key not in self._planned:
+            self._planned[key] = predicted_peak(config, state, vocab_size, batch)
+        return self._planned[key]
+
+    def before_data(self, config: PretrainConfig, state: ParallelState,
+                    batch: BatchSchedule) -> tuple[Optional[int], int, str]:
+        try:
+            vocab_size = launch_vocab(config)[0]
+        except Exception as error:  # noqa: BLE001 - a tokenizer the flags name but that does not load is
+            return None, 0, f"no vocabulary to plan with: {type(error).__name__}: {error}"  # reported later
+        return self(config, state, vocab_size, batch)
+
+
 def dry_run_launch(config: PretrainConfig) -> None:
     """--dry-run: plan this launch's rank without a process group and print it (rank 0 only)."""
     from planner.dry_run import Cluster, dry_run
-    from planner.plan import format_plan, planning_vocab
+    from planner.plan import format_plan
 
     launch = read_launch_environment()
     try:
@@ -43,10 +87,7 @@ def dry_run_launch(config: PretrainConfig) -> None:
                                                          * training.pipeline_model_parallel_size))
     budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     cluster = Cluster(launch.world_size, launch.local_world_size or launch.world_size, budget, device.type)
-    vocab, source = planning_vocab(config)
-    data = config.data
-    if not (data.tokenizer_file or data.vocab_file or data.tokenizer_type or config.model.vocab_size):
-        vocab, source = config.data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
+    vocab, source = launch_vocab(config)
     if launch.rank == 0:
         print(format_plan(dry_run(config, cluster, vocab, launch.rank, batch=batch), cluster, config, source),
               flush=True)

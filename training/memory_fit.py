@@ -1,0 +1,306 @@
+"""Memory before the build: the planner's figures for every rank against what each host and device has free.
+
+arguments/bounds.py refuses what no machine could hold from lower bounds (2 bytes a parameter); this
+check uses the planner's own per-rank peak, the dry run of the rank (planner/dry_run.py, which
+training/prepare.py also hands the memory line after iteration 1): device bytes (model states, buffers,
+the working set) and host bytes (offloaded master, Adam moments, gradient partition and 16-bit shard,
+P_a+cpu checkpoints). It runs after the process group is up and before any output is claimed, data
+built or model materialized, so a run that cannot fit is one line and exit 2 instead of an OOM kill
+half an hour in.
+
+- What a host has: MemAvailable (/proc/meminfo), or a cgroup's limit less what the cgroup uses
+  (memory.max / memory.limit_in_bytes, less memory.current / memory.usage_in_bytes without the
+  reclaimable inactive file cache, as the kubelet counts a working set) where that is lower. Ranks on
+  one host share it: their needs add up (every rank says its host name).
+- What a device has: torch.cuda.mem_get_info's free bytes on CUDA. On a CPU the device is the host,
+  so a rank's device and host bytes both come out of the host's memory.
+- Every rank gathers every rank's figures and reaches the same verdict, so all raise the same line.
+
+The planner's figure leaves out what it lists as unknown (the CUDA context, NCCL's buffers, allocator
+fragmentation) and the process's own baseline, which MemAvailable already excludes; so a refusal is a
+run whose named peak alone does not fit. Neither Megatron-LM nor DeepSpeed checks this before building
+(DeepSpeed's deepspeed/runtime/zero/stage_1_and_2.py `estimate_zero2_model_states_mem_needs` is an
+estimator a user calls by hand), so there is no flag to skip it: the levers are in the line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from arguments.batch_schedule import BatchSchedule
+from arguments.config import ConfigError, PretrainConfig
+from parallel.state import ParallelState
+
+# Where the host's figures are read; module attributes so a test can point them at files it wrote.
+MEMINFO_PATH = "/proc/meminfo"
+PROC_CGROUP_PATH = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+UNLIMITED = 2**60  # cgroup v1 writes "no limit" as 2**63 rounded down to a page; v2 as "max"
+
+# (config, state, batch) -> (this rank's planned device bytes or None, its host bytes, why not): the
+# planner's dry run of this rank before the data is built (planner/launch.py), passed in because the
+# planner is a floor above.
+PlanRank = Callable[[PretrainConfig, ParallelState, BatchSchedule], tuple[Optional[int], int, str]]
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
+
+
+def mem_available_bytes(meminfo_path: Optional[str] = None) -> Optional[int]:
+    """MemAvailable of /proc/meminfo (the kernel's estimate of what can be allocated without swapping),
+    or None where the file or the line is missing (not Linux, or a kernel before 3.14)."""
+    try:
+        with open(meminfo_path or MEMINFO_PATH) as meminfo:
+            for line in meminfo:
+                name, _, value = line.partition(":")
+                if name == "MemAvailable":
+                    number, _, unit = value.strip().partition(" ")
+                    return int(number) * (1024 if unit.strip() == "kB" else 1)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path) as file:
+            text = file.read().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value >= UNLIMITED else value
+
+
+def _inactive_file(stat_path: str, key: str) -> int:
+    try:
+        with open(stat_path) as file:
+            for line in file:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_directories(proc_cgroup: str, cgroup_root: str) -> list[tuple[str, str]]:
+    """(directory, version) of this process's memory cgroup and each of its ancestors, deepest first.
+    The path in /proc/self/cgroup is the one the cgroup namespace shows; inside a container whose
+    mount holds only its own subtree that path is not under the mount, and the mount's root is the
+    process's cgroup itself."""
+    try:
+        with open(proc_cgroup) as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            found.append((cgroup_root, path, "v2"))
+            if os.path.isdir(os.path.join(cgroup_root, "unified")):
+                found.append((os.path.join(cgroup_root, "unified"), path, "v2"))
+        elif "memory" in controllers.split(","):
+            found.append((os.path.join(cgroup_root, "memory"), path, "v1"))
+    directories = []
+    for root, path, version in found:
+        relative = path.strip("/")
+        start = os.path.join(root, relative) if relative and os.path.isdir(os.path.join(root, relative)) else root
+        directory = start
+        while True:
+            directories.append((directory, version))
+            if os.path.normpath(directory) == os.path.normpath(root):
+                break
+            directory = os.path.dirname(directory)
+    return directories
+
+
+def cgroup_available_bytes(proc_cgroup: Optional[str] = None, cgroup_root: Optional[str] = None) -> Optional[int]:
+    """The least any memory cgroup of this process still lets it take: limit less usage (less the
+    inactive file cache, which the kernel reclaims before it kills), over the cgroup and its ancestors;
+    None where no cgroup sets a limit."""
+    least = None
+    for directory, version in _cgroup_directories(proc_cgroup or PROC_CGROUP_PATH, cgroup_root or CGROUP_ROOT):
+        if version == "v2":
+            limit = _read_int(os.path.join(directory, "memory.max"))
+            usage = _read_int(os.path.join(directory, "memory.current"))
+            cache = _inactive_file(os.path.join(directory, "memory.stat"), "inactive_file")
+        else:
+            limit = _read_int(os.path.join(directory, "memory.limit_in_bytes"))
+            usage = _read_int(os.path.join(directory, "memory.usage_in_bytes"))
+            cache = _inactive_file(os.path.join(directory, "memory.stat"), "total_inactive_file")
+        if limit is None:
+            continue
+        left = max(0, limit - max(0, (usage or 0) - cache))
+        least = left if least is None else min(least, left)
+    return least
+
+
+def available_host_memory() -> tuple[Optional[int], str]:
+    """(bytes this host can still give, where that figure comes from), or (None, why) where neither
+    /proc/meminfo nor a cgroup says."""
+    available = mem_available_bytes()
+    limited = cgroup_available_bytes()
+    if limited is not None and (available is None or limited < available):
+        return limited, "the memory cgroup's limit less its usage"
+    if available is None:
+        return None, "no MemAvailable in /proc/meminfo"
+    return available, "MemAvailable"
+
+
+def available_device_memory(device: torch.device) -> Optional[int]:
+    """Free bytes on a CUDA device (torch.cuda.mem_get_info, after this rank picked its device); None
+    on a CPU, whose device memory is the host's."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's planned bytes and what its host and device have free, as gathered from every rank."""
+    rank: int
+    host: str                        # the host's name: ranks with the same one share its memory
+    device_bytes: int                # the planner's device peak (RankPlan.total_bytes)
+    host_bytes: int                  # the planner's host bytes (RankPlan.host_total_bytes: offload, P_a+cpu)
+    device_is_host: bool             # a CPU run: the device bytes come out of the host's memory too
+    host_available: Optional[int]
+    host_source: str
+    device_available: Optional[int]  # CUDA's free bytes; None on a CPU
+    device_name: str = ""
+    unplanned: str = ""              # why the planner had no figure for this rank ("" when it had)
+
+    @property
+    def host_need(self) -> int:
+        return self.host_bytes + (self.device_bytes if self.device_is_host else 0)
+
+
+def _offload_flags(config: PretrainConfig) -> list[str]:
+    return [flag for flag, on in (("--offload-optimizer", config.zero.offload_optimizer),
+                                  ("--offload-param", config.zero.offload_param)) if on]
+
+
+def _stage_lever(stage: int) -> str:
+    sharded = {0: "the optimizer states, gradients and parameters", 1: "the gradients and parameters",
+               2: "the parameters"}[stage]
+    return f"another ZeRO stage (--zero-stage 3 also shards {sharded}; this run has {stage})"
+
+
+def _host_levers(config: PretrainConfig, device_is_host: bool) -> str:
+    """What lowers a host's need. On a CPU every state is host memory: more hosts and a higher stage
+    shard them, and offload would only move bytes within the same memory. On CUDA the host holds the
+    offloaded shards: more hosts shard them, and offloading less moves them to the devices."""
+    levers = ["shard over more ranks on more hosts (ranks on one host share its memory)"]
+    offloaded = _offload_flags(config)
+    if device_is_host and config.zero.stage < 3:
+        levers.append(_stage_lever(config.zero.stage))
+    if offloaded and not device_is_host:
+        levers.append(f"offload only what fits (drop {' or '.join(reversed(offloaded))}: those states then take "
+                      f"device memory)")
+    levers.append("a smaller model (--num-layers, --hidden-size)")
+    return ", ".join(levers[:-1]) + " or " + levers[-1]
+
+
+def _device_levers(config: PretrainConfig) -> str:
+    """What lowers a CUDA device's need: more ranks to shard over, a higher stage, offload, recompute."""
+    stage = config.zero.stage
+    levers = ["shard over more ranks"]
+    if stage < 3:
+        levers.append(_stage_lever(stage))
+    if not config.zero.offload_optimizer:
+        levers.append("--offload-optimizer")
+    elif stage == 3 and not config.zero.offload_param:
+        levers.append("--offload-param")
+    if not config.activations.checkpoint_activations:
+        levers.append("--checkpoint-activations")
+    levers.append("a smaller --micro-batch-size or model")
+    return ", ".join(levers[:-1]) + " or " + levers[-1]
+
+
+def _host_words(config: PretrainConfig) -> str:
+    """What a rank keeps in host memory, by the flags that put it there."""
+    words = _offload_flags(config)
+    if config.activations.cpu_checkpointing:
+        words.append("--cpu-checkpointing")
+    return ", ".join(words) or "host-resident buffers"
+
+
+def _per_rank(ranks: list[RankMemory], config: PretrainConfig) -> str:
+    """What the host's ranks each need, in the planner's terms."""
+    first = ranks[0]
+    parts = []
+    if first.device_is_host:
+        parts.append(f"{_gib(first.device_bytes)} of model states, buffers and working set")
+    if first.host_bytes:
+        parts.append(f"{_gib(first.host_bytes)} in host memory ({_host_words(config)})")
+    figure = " + ".join(parts)
+    if len(ranks) == 1:
+        return f"rank {first.rank}: {figure}"
+    needs = [rank.host_need for rank in ranks]
+    if min(needs) == max(needs):
+        return f"{len(ranks)} ranks x {_gib(needs[0])}, each {figure}"
+    return f"{len(ranks)} ranks of {_gib(min(needs))}-{_gib(max(needs))} each"
+
+
+def memory_verdict(ranks: list[RankMemory], config: PretrainConfig) -> Optional[str]:
+    """The one line refusing the run, or None when every host and device holds what the planner
+    predicts for its ranks. Hosts are checked in rank order of their first rank, then devices."""
+    hosts: dict[str, list[RankMemory]] = {}
+    for rank in ranks:
+        hosts.setdefault(rank.host, []).append(rank)
+    for name, on_host in hosts.items():
+        readable = [rank.host_available for rank in on_host if rank.host_available is not None]
+        if not readable:
+            continue
+        available = min(readable)
+        need = sum(rank.host_need for rank in on_host)
+        if need > available:
+            first = on_host[0]
+            source = next(rank.host_source for rank in on_host if rank.host_available == available)
+            return (f"this run needs {_gib(need)} of host memory on host {name} for its {len(on_host)} rank(s) there "
+                    f"(the planner's peak, {_per_rank(on_host, config)}) and {_gib(available)} is available ({source}): "
+                    f"{_host_levers(config, first.device_is_host)}; `pretrain_gpt.py ... --dry-run` itemizes it")
+    for rank in ranks:
+        if rank.device_available is not None and rank.device_bytes > rank.device_available:
+            return (f"rank {rank.rank} needs {_gib(rank.device_bytes)} on {rank.device_name} of {rank.host} (the "
+                    f"planner's peak: model states, buffers and working set, before the CUDA context and NCCL's "
+                    f"buffers) and {_gib(rank.device_available)} is free (torch.cuda.mem_get_info): "
+                    f"{_device_levers(config)}; `pretrain_gpt.py ... --dry-run` itemizes it")
+    return None
+
+
+def check_memory_fits(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, plan_rank: PlanRank,
+                      log: Callable[[str], None]) -> None:
+    """Refuse on every rank, in one line (ConfigError, exit 2), a run whose planned bytes exceed what a
+    host or a device of the launch has free; see the module docstring. A rank the planner could not
+    plan counts nothing (the first rank says so), so the check errs towards running."""
+    device_bytes, host_bytes, why_not = plan_rank(config, state, batch)
+    on_cpu = state.device.type != "cuda"
+    host_available, source = available_host_memory()
+    mine = RankMemory(rank=state.rank, host=socket.gethostname(), device_bytes=device_bytes or 0,
+                      host_bytes=host_bytes if device_bytes is not None else 0, device_is_host=on_cpu,
+                      host_available=host_available, host_source=source,
+                      device_available=None if device_bytes is None else available_device_memory(state.device),
+                      device_name=str(state.device), unplanned=why_not if device_bytes is None else "")
+    ranks = state.comm.all_gather_object(mine)
+    for rank in ranks:
+        if rank.unplanned:
+            log(f"> memory not checked before the build for rank {rank.rank}: {rank.unplanned}")
+    verdict = memory_verdict(ranks, config)
+    if verdict is not None:
+        raise ConfigError(verdict, flags=("--num-layers", "--hidden-size", "--zero-stage", *_offload_flags(config)))
