@@ -88,11 +88,10 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --nccl-communicator-config-path --use-sharp --sharp-enabled-group --disable-gloo-process-groups
         --use-tp-pp-dp-mapping --no-clone-scatter-output-in-embedding --disable-clone-scatter-output-in-embedding
         --sync-tp-duplicated-parameters""")),
-    ("fully sharded data parallelism: ZeRO is that here, its level chosen by --zero-stage (0 no_shard, 1 optim, "
-     "2 optim_grads, 3 optim_grads_params); the math is data parallelism's at every level", _names("""
-        --use-torch-fsdp2 --use-megatron-fsdp --data-parallel-sharding-strategy --outer-dp-sharding-strategy
-        --num-distributed-optimizer-instances --enable-full-sharding-in-hsdp --torch-fsdp2-no-reshard-after-forward
-        --fsdp-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail --fsdp-manual-registration
+    ("a setting of Megatron's fully sharded data parallelism (--use-torch-fsdp2 and --use-megatron-fsdp are the "
+     "ZeRO stage that shards the same states here); buffers, dtypes of its communication and the hybrid (HSDP) "
+     "outer group, which exists only with --num-distributed-optimizer-instances above 1", _names("""
+        --outer-dp-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail --fsdp-manual-registration
         --megatron-fsdp-enable-fine-grained-param-gather --megatron-fsdp-grad-comm-dtype
         --megatron-fsdp-main-grads-dtype --megatron-fsdp-main-params-dtype --megatron-fsdp-max-pool-double-buffer
         --megatron-fsdp-version --no-use-layer-wise-param-layout""")),
@@ -472,6 +471,11 @@ AT_VALUE: dict[str, AtValue] = {
     "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
     "--ds-sequence-parallel-size": AtValue(_equals(1), "sequence parallelism over 1 rank is none",
                                            NO_SEQUENCE_PARALLEL),
+    "--num-distributed-optimizer-instances": AtValue(
+        _equals(1), "one distributed-optimizer instance is ZeRO's one partition over the data-parallel group",
+        "several distributed-optimizer instances (the optimizer state sharded within each of N groups of the "
+        "data-parallel ranks and replicated across them) are not implemented: use 1, the default, which shards "
+        "it over every data-parallel rank"),
     "--context-parallel-size": AtValue(_equals(1), "context parallelism over 1 rank is none",
                                        "context parallelism is not implemented: use --checkpoint-activations "
                                        "--partition-activations for long sequences"),
