@@ -471,11 +471,6 @@ AT_VALUE: dict[str, AtValue] = {
     "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
     "--ds-sequence-parallel-size": AtValue(_equals(1), "sequence parallelism over 1 rank is none",
                                            NO_SEQUENCE_PARALLEL),
-    "--num-distributed-optimizer-instances": AtValue(
-        _equals(1), "one distributed-optimizer instance is ZeRO's one partition over the data-parallel group",
-        "several distributed-optimizer instances (the optimizer state sharded within each of N groups of the "
-        "data-parallel ranks and replicated across them) are not implemented: use 1, the default, which shards "
-        "it over every data-parallel rank"),
     "--context-parallel-size": AtValue(_equals(1), "context parallelism over 1 rank is none",
                                        "context parallelism is not implemented: use --checkpoint-activations "
                                        "--partition-activations for long sequences"),

@@ -28,7 +28,6 @@ FSDP2 = ["--use-torch-fsdp2", "--untie-embeddings-and-output-weights"]
     # Megatron-FSDP v1 turns the distributed optimizer on itself: beside it, the flag adds nothing
     (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "no_shard", "--use-distributed-optimizer"], 0),
     (["--use-megatron-fsdp", "--zero-stage", "3"], 3),  # the same stage, said twice
-    (["--num-distributed-optimizer-instances", "1"], 0),
 ])
 def test_each_fsdp_flag_is_the_zero_stage_that_shards_the_same_states(argv, stage):
     assert parse_config(argv).zero.stage == stage
@@ -51,8 +50,6 @@ def test_a_strategy_without_megatron_fsdp_has_no_effect_and_says_so():
     (["--use-megatron-fsdp", "--zero-config", "stage2"], r"--use-megatron-fsdp \(ZeRO stage 3\) contradicts ZeRO "
                                                          r"stage 2 from .*stage2.json: zero_optimization.stage"),
     (FSDP2 + ["--use-megatron-fsdp"], "two implementations of one thing"),
-    (["--num-distributed-optimizer-instances", "2"], "--num-distributed-optimizer-instances 2: several "
-                                                     "distributed-optimizer instances"),
     # stage 3 is refused with pipeline stages here; the error says where the stage came from
     (["--use-megatron-fsdp", "--pipeline-model-parallel-size", "2"],
      "--zero-stage 3 comes from --use-megatron-fsdp: Megatron-FSDP with --data-parallel-sharding-strategy "
