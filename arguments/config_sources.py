@@ -78,17 +78,22 @@ def options_typed(parser: argparse.ArgumentParser, argv: Iterable[str]) -> dict[
 def name_inherited_values(error: ConfigError, parser: argparse.ArgumentParser, sources: dict[str, Source],
                           value_of) -> ConfigError:
     """`error`, with a clause for each flag it is about (`error.flags`) whose value was not typed on the
-    command line but came from a preset or the DeepSpeed JSON: an error about a value the user never
-    wrote must say where it came from. `value_of(dest)` gives the value in force."""
+    command line but came from a preset, the DeepSpeed JSON or another program's flag that means it
+    (`--use-megatron-fsdp` is ZeRO stage 3): an error about a value the user never wrote must say where it
+    came from. `value_of(dest)` gives the value in force."""
     clauses = []
     for flag in error.flags:
         action = option_table(parser).action_for(flag)
         source = sources.get(action.dest) if action is not None else None
-        if source is None or source.kind not in (PRESET, JSON):
+        derived = source is not None and source.kind == FLAG and bool(source.note)  # a Megatron flag's meaning
+        if source is None or not (source.kind in (PRESET, JSON) or derived):
+            continue
+        value = f"{flag} {show_value(value_of(action.dest))}"
+        if derived:
+            clauses.append(f"{value} comes from {source.origin}: {source.note}")
             continue
         where = f"the preset {source.origin}" if source.kind == PRESET else source.origin
-        clauses.append(f"{flag} {show_value(value_of(action.dest))} comes from {where}; set it on the command line "
-                       f"to change it")
+        clauses.append(f"{value} comes from {where}; set it on the command line to change it")
     if not clauses:
         return error
     return ConfigError(f"{error} ({'; '.join(clauses)})", flags=error.flags)

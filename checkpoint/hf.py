@@ -55,7 +55,8 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--num-query-groups": config.num_query_groups not in (None, config.num_attention_heads),
                 "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
-                "--qk-layernorm": config.qk_layernorm}
+                "--qk-layernorm": config.qk_layernorm,
+                f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size}
     return [flag for flag, differs in features.items() if differs]
 
 

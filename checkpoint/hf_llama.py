@@ -126,10 +126,10 @@ def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
                      for key, value in LLAMA3_FIXED.items() if rope.get(key) != value]
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         problems.append(f"rope_parameters partial_rotary_factor {rope['partial_rotary_factor']!r}")
+    # transformers' head_dim is Megatron-LM's --kv-channels; the default (None) where it is hidden / heads
     head_dim = getattr(their, "head_dim", None)
-    if head_dim is not None and head_dim * their.num_attention_heads != their.hidden_size:
-        problems.append(f"head_dim {head_dim} (here a head is hidden_size / num_attention_heads = "
-                        f"{their.hidden_size // their.num_attention_heads})")
+    kv_channels = head_dim if head_dim is not None and head_dim * their.num_attention_heads != their.hidden_size \
+        else None
     if bool(their.attention_bias) != bool(their.mlp_bias):
         problems.append(f"attention_bias {their.attention_bias} with mlp_bias {their.mlp_bias} (--disable-bias-linear "
                         f"drops both here)")
@@ -140,8 +140,8 @@ def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
     if problems:
         raise ConfigError(f"{source}: this {ARCHITECTURE} cannot be represented here: {'; '.join(problems)}")
     return {"num_layers": their.num_hidden_layers, "hidden_size": their.hidden_size,
-            "num_attention_heads": their.num_attention_heads, "ffn_hidden_size": their.intermediate_size,
-            "num_query_groups": their.num_key_value_heads or their.num_attention_heads,
+            "num_attention_heads": their.num_attention_heads, "kv_channels": kv_channels,
+            "ffn_hidden_size": their.intermediate_size, "num_query_groups": their.num_key_value_heads or their.num_attention_heads,
             "layernorm_epsilon": their.rms_norm_eps, "normalization": "RMSNorm", "swiglu": True,
             "position_embedding_type": "rope", "rotary_base": float(rope.get("rope_theta", 10000.0)),
             "rotary_percent": 1.0, "use_rope_scaling": rope_type == "llama3",
@@ -157,6 +157,8 @@ def _ours(config: ModelConfig, name: str):
         return config.ffn_size
     if name == "num_query_groups":
         return config.architecture.query_groups(config.num_attention_heads)
+    if name == "kv_channels":  # the default width, given or not, is None as in llama_settings
+        return None if config.head_dim * config.num_attention_heads == config.hidden_size else config.head_dim
     return getattr(config, name)
 
 

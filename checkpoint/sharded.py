@@ -122,12 +122,14 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
         written[model_file(tp, pp)] = save_tensors(staging / model_file(tp, pp), weights)
     del weights
 
-    if not shard.replicated or dp == 0:  # a replicated partition (stage 0) is written once
+    # A replicated partition (stage 0) is written once, by DP rank 0; a partition held by several optimizer
+    # instances (parallel/state.py) by the first instance's copy, under its partition rank.
+    if (dp == 0) if shard.replicated else state.partition_replica_index == 0:
         tensors = {key: shard.tensors[key] for key in OPTIMIZER_KEYS}
         # the format's fragment table: [name, param_offset, partition_offset, numel] per fragment. A fragment
         # left out (the tied copy) keeps its elements in the flat tensors, unnamed: no copy of the partition.
         fragments = [list(fragment) for fragment in shard.fragments if fragment.name in stored]
-        name = optimizer_file(tp, dp, pp)
+        name = optimizer_file(tp, 0 if shard.replicated else state.partition_rank, pp)
         written[name] = save_tensors(staging / name, tensors, {"fragments": fragments})
 
     rng_tensors, rng_metadata = _rng_tensors(rng)
@@ -245,7 +247,7 @@ def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: 
 def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], shard: ShardedOptimizerState, config,
               state: ParallelState, files: dict[str, int], lr: Optional[float], has_tokenizer: bool) -> dict:
     tp_size, dp_size, pp_size = state.tensor_parallel_size, state.data_parallel_size, state.pipeline_parallel_size
-    optimizer_dp_ranks = range(1) if shard.replicated else range(dp_size)
+    optimizer_dp_ranks = range(1) if shard.replicated else range(state.partition_size)
     stages = [stage if pp_size > 1 else None for stage in range(pp_size)]
     def stage_files(pp: Optional[int]) -> list[str]:
         return ([model_file(tp, pp) for tp in range(tp_size)]

@@ -65,7 +65,8 @@ class Architecture:
         return int(head_dim * self.rotary_percent) if self.rotary_percent < 1.0 else head_dim
 
     def validate(self, num_attention_heads: int, hidden_size: int, ffn_hidden_size: Optional[int],
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, head_dim: Optional[int] = None) -> None:
+        """`head_dim`: each head's width (--kv-channels), by default hidden / heads."""
         # A value Megatron accepts but this model lacks (BigScience's alibi, Megatron-LM's relative, yarn,
         # mrope) is refused here, with the launch's other problems, rather than by argparse's choices,
         # whose error would end the one round of checks (arguments/parser.py).
@@ -77,7 +78,7 @@ class Architecture:
                               f"positions here are {', '.join(POSITION_EMBEDDING_TYPES)}",
                               flags=("--position-embedding-type",))
         if self.position_embedding_type == "rope":
-            head_dim = hidden_size // num_attention_heads
+            head_dim = head_dim or hidden_size // num_attention_heads
             if not self.rotary_base > 0:
                 raise ConfigError(f"--rotary-base must be positive, got {self.rotary_base}", flags=("--rotary-base",))
             if self.use_rope_scaling and not self.rope_scaling_factor > 0:

@@ -101,7 +101,9 @@ class SelfAttention(nn.Module):
         qkv_rows = (config.num_attention_heads + 2 * self.groups_per_rank * tp) * config.head_dim
         self.query_key_value = ColumnParallelLinear(h, qkv_rows, state=state, init_std=config.init_method_std,
                                                     bias=architecture.qkv_bias, sequence_parallel=sequence_parallel)
-        self.dense = RowParallelLinear(h, h, state=state, init_std=_output_layer_std(config),
+        # heads x head width in, hidden out (Megatron-Core's linear_proj: query_projection_size -> hidden_size)
+        self.dense = RowParallelLinear(config.num_attention_heads * config.head_dim, h, state=state,
+                                       init_std=_output_layer_std(config),
                                        bias=architecture.add_bias_linear, sequence_parallel=sequence_parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -209,7 +211,7 @@ class GPTModel(nn.Module):
         if config.vocab_size < 1:
             raise ValueError("ModelConfig.vocab_size is unset: fill it in from the tokenizer first")
         architecture.validate(config.num_attention_heads, config.hidden_size, config.ffn_hidden_size,
-                              state.tensor_parallel_size)
+                              state.tensor_parallel_size, head_dim=config.head_dim)
         self.config = config
         self.architecture = architecture
         self.state = state

@@ -37,6 +37,10 @@ class ModelConfig:
     num_layers: int = option(4, aliases={"--encoder-num-layers": "Megatron-LM (a GPT's only stack)"})
     hidden_size: int = 128
     num_attention_heads: int = 4
+    # Megatron-LM's --kv-channels: each head's width (Megatron-Core's kv_channels; transformers' head_dim), so the
+    # attention's heads x width may differ from the hidden size (Qwen3's 128 at hidden 2560 / 32 heads).
+    kv_channels: Optional[int] = option(None, help="each attention head's width (default: --hidden-size / "
+                                                   "--num-attention-heads)")
     # None means 4 x hidden_size, as in GPT-2
     ffn_hidden_size: Optional[int] = option(None, help="default: 4 x hidden size")
     seq_length: int = option(128, aliases={"--encoder-seq-length": "Megatron-LM (a GPT's only sequence)"})
@@ -134,7 +138,9 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """--kv-channels, else Megatron-LM's default hidden / heads (validate_args:
+        `if args.kv_channels is None: ... args.kv_channels = args.hidden_size // args.num_attention_heads`)."""
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
 
     def padded_vocab_size(self, tensor_parallel_size: int = 1) -> int:
         try:
@@ -152,7 +158,7 @@ class ModelConfig:
                                   f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
-                                   tensor_parallel_size)
+                                   tensor_parallel_size, head_dim=self.head_dim)
         if self.sequence_parallel and self.seq_length % tensor_parallel_size != 0:
             raise ConfigError(f"--sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length "
                               f"{self.seq_length} is not divisible by --tensor-model-parallel-size "
@@ -167,9 +173,13 @@ class ModelConfig:
         if self.ffn_hidden_size is not None and self.ffn_hidden_size < 1:
             raise ConfigError(f"--ffn-hidden-size must be at least 1, got {self.ffn_hidden_size}",
                               flags=("--ffn-hidden-size",))
-        if self.hidden_size % self.num_attention_heads != 0:
+        if self.kv_channels is not None and self.kv_channels < 1:
+            raise ConfigError(f"--kv-channels must be at least 1, got {self.kv_channels}", flags=("--kv-channels",))
+        # Megatron-LM asserts the division only where it derives the head width from it (validate_args).
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads != 0:
             raise ConfigError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
-                              f"{self.num_attention_heads}; choose sizes with hidden = heads x head_dim",
+                              f"{self.num_attention_heads}; choose sizes with hidden = heads x head_dim, or give "
+                              f"each head's width with --kv-channels",
                               flags=("--hidden-size", "--num-attention-heads"))
         if self.seq_length > self.max_position_embeddings:
             raise ConfigError(f"--seq-length {self.seq_length} is larger than --max-position-embeddings "
@@ -189,7 +199,8 @@ class ModelConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
-        self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size)
+        self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
+                                   head_dim=self.head_dim)
 
 
 def _flag(name: str) -> str:

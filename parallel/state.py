@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Mapping, Optional
 
@@ -55,6 +55,9 @@ class ParallelState:
     # tied word embedding's two copies all-reduce their gradient. None unless this rank is on one of
     # those stages of a pipeline of more than one stage.
     embedding_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
+    # Megatron's --num-distributed-optimizer-instances: how ZeRO cuts its partitions over the DP group.
+    optimizer_instances: "OptimizerInstances" = field(default_factory=lambda: OptimizerInstances(), compare=False,
+                                                      repr=False)
 
     # Read-only views of `dims`, the names every other module uses. A group is None while its size is 1:
     # collectives over a group of one are skipped.
@@ -90,6 +93,33 @@ class ParallelState:
     def data_parallel_group(self) -> Optional[dist.ProcessGroup]:
         return self.dims["dp"].group
 
+    # ZeRO's partition: over the whole DP group, or with several optimizer instances over this rank's instance
+    # (`optimizer_instances`), the partition then replicated across the instances.
+    @property
+    def partition_size(self) -> int:
+        return self.optimizer_instances.shard_size or self.data_parallel_size
+
+    @property
+    def partition_rank(self) -> int:
+        instances = self.optimizer_instances
+        return self.data_parallel_rank % instances.shard_size if instances.count > 1 else self.data_parallel_rank
+
+    @property
+    def partition_group(self) -> Optional[dist.ProcessGroup]:
+        return self.optimizer_instances.shard_group if self.optimizer_instances.count > 1 \
+            else self.data_parallel_group
+
+    @property
+    def partition_replica_group(self) -> Optional[dist.ProcessGroup]:
+        """The same partition's copies, one per optimizer instance (None with one instance)."""
+        return self.optimizer_instances.replica_group
+
+    @property
+    def partition_replica_index(self) -> int:
+        """Which optimizer instance this rank belongs to (0 with one)."""
+        instances = self.optimizer_instances
+        return self.data_parallel_rank // instances.shard_size if instances.count > 1 else 0
+
     @property
     def pipeline_parallel_size(self) -> int:
         return self.dims["pp"].size
@@ -118,6 +148,62 @@ class ParallelState:
     def is_first_rank(self) -> bool:
         """The rank that prints, writes metrics.jsonl and talks to W&B."""
         return self.rank == 0
+
+
+@dataclass(frozen=True)
+class OptimizerInstances:
+    """Megatron-LM's --num-distributed-optimizer-instances N (megatron/core/parallel_state.py,
+    initialize_model_parallel): the DP ranks in N contiguous blocks of DP / N ("intra-partial" DP groups), the
+    optimizer state sharded within each block and replicated across them; the same partition's copies form an
+    "inter" group. The same idea as ZeRO++'s hpZ and MiCS: the gradient reduce-scatter and the parameter
+    all-gather stay inside a block (a node, say), only the reduced shard crosses blocks (an all-reduce).
+
+        DP 4, N 2:   blocks {dp 0, 1} {dp 2, 3}      copies of a partition {dp 0, 2} {dp 1, 3}
+
+    With N = 1 (the default) there is one block, the DP group itself, and no copies."""
+    count: int = 1
+    shard_size: int = 0  # ranks per block (DP / N); 0 with one instance (the DP size then)
+    shard_group: Optional[object] = None
+    replica_group: Optional[object] = None
+
+
+def check_optimizer_instances(count: int, data_parallel_size: int) -> None:
+    """The one rule (Megatron asserts it too: "Data parallel size should be divisible by partial DistOpt shard
+    factor"), as a ValueError naming the flag."""
+    if count < 1 or data_parallel_size % count:
+        raise ValueError(f"--num-distributed-optimizer-instances {count} must be at least 1 and divide the "
+                         f"data-parallel size {data_parallel_size}; each instance shards the optimizer over an "
+                         f"equal block of the data-parallel ranks")
+
+
+def with_optimizer_instances(state: "ParallelState", count: int) -> "ParallelState":
+    """`state` with its DP group cut into `count` optimizer instances (a collective: every rank calls it, in
+    the same order). initialize() calls it; a test that trains several layouts in one process group too."""
+    if count == state.optimizer_instances.count:
+        return state
+    return replace(state, optimizer_instances=_optimizer_instance_groups(state.dims, count))
+
+
+def _optimizer_instance_groups(dims: ParallelDims, count: int) -> OptimizerInstances:
+    """Every rank creates every block and every copy group of every (pp, tp) DP group, in one order, as
+    new_group requires, and keeps its own."""
+    check_optimizer_instances(count, dims["dp"].size)
+    if count == 1:
+        return OptimizerInstances()
+    shard_size = dims["dp"].size // count
+    shard_group = replica_group = None
+    for pp in range(dims["pp"].size):
+        for tp in range(dims["tp"].size):
+            dp_ranks = [dims.rank_at({"pp": pp, "dp": dp, "tp": tp}) for dp in range(dims["dp"].size)]
+            blocks = [dp_ranks[i * shard_size:(i + 1) * shard_size] for i in range(count)]
+            for ranks in blocks + [list(copies) for copies in zip(*blocks)]:
+                group = dist.new_group(ranks) if len(ranks) > 1 else None
+                if dims.rank in ranks:
+                    if len(ranks) == shard_size and ranks in blocks:
+                        shard_group = group
+                    else:
+                        replica_group = group
+    return OptimizerInstances(count, shard_size, shard_group, replica_group)
 
 
 @dataclass(frozen=True)
@@ -289,7 +375,8 @@ def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
 
 
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
-               gpus_per_node: Optional[int] = None, pipeline_parallel_size: int = 1) -> ParallelState:
+               gpus_per_node: Optional[int] = None, pipeline_parallel_size: int = 1,
+               optimizer_instances: int = 1) -> ParallelState:
     """Build the PP x DP x TP grid for this launch (torchrun, SLURM, or a plain single process).
 
     Bad sizes raise ValueError naming the flag before any process group exists. The process group's
@@ -311,6 +398,8 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
             f"{pipeline_parallel_size} does not divide the {launch.world_size} launched processes; launch a "
             f"multiple of {tensor_parallel_size * pipeline_parallel_size} processes or pick sizes whose product "
             f"divides {launch.world_size}")
+    check_optimizer_instances(optimizer_instances,
+                              launch.world_size // (tensor_parallel_size * pipeline_parallel_size))
     device = resolve_device(device_name, launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -332,7 +421,8 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     # A dimension of size 1 has no group (None): its collectives are skipped.
     groups = {name: mesh.get_group(name) for name in sizes if sizes[name] > 1}
     dims = ParallelDims.of_rank(launch.rank, sizes, groups=groups)
-    return ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims))
+    state = ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims))
+    return with_optimizer_instances(state, optimizer_instances)
 
 
 def _embedding_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
@@ -364,7 +454,8 @@ def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torc
 
 
 def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
-                  device: torch.device | str = "meta", pipeline_parallel_size: int = 1) -> ParallelState:
+                  device: torch.device | str = "meta", pipeline_parallel_size: int = 1,
+                  optimizer_instances: int = 1) -> ParallelState:
     """One rank of a grid that is not launched (the planner, planner/plan.py): the ranks, sizes and
     layout `initialize` would give rank `rank` of `world_size` processes, with groups that are only
     their sizes and a communicator that counts and sends nothing."""
@@ -382,8 +473,12 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
     # the embedding group as `_embedding_group` makes it: first and last stage, with more than one stage
     on_end_stage = dims["pp"].coordinate in (0, pipeline_parallel_size - 1)
     embedding_group = VirtualGroup(2) if pipeline_parallel_size > 1 and on_end_stage else None
+    check_optimizer_instances(optimizer_instances, sizes["dp"])
+    instances = OptimizerInstances() if optimizer_instances == 1 else OptimizerInstances(
+        optimizer_instances, sizes["dp"] // optimizer_instances, VirtualGroup(sizes["dp"] // optimizer_instances),
+        VirtualGroup(optimizer_instances))
     return ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank),
-                         embedding_group=embedding_group)
+                         embedding_group=embedding_group, optimizer_instances=instances)
 
 
 def destroy(state: ParallelState) -> None:

@@ -259,7 +259,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0
     tp, pp = config.training.tensor_model_parallel_size, config.training.pipeline_model_parallel_size
     try:
-        state = virtual_state(cluster.world_size, tp, rank, META, pipeline_parallel_size=pp)
+        state = virtual_state(cluster.world_size, tp, rank, META, pipeline_parallel_size=pp,
+                              optimizer_instances=config.zero.distributed_optimizer_instances)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)

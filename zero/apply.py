@@ -92,6 +92,10 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     stage = zero_config.stage
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage}")
+    instances = getattr(zero_config, "distributed_optimizer_instances", 1)
+    if instances != state.optimizer_instances.count:  # the groups are the grid's: built by initialize()
+        raise ValueError(f"--num-distributed-optimizer-instances {instances}, but the process grid was built "
+                         f"with {state.optimizer_instances.count}: pass it to parallel.state.initialize()")
     grad_dtype = grad_dtype or param_dtype
     params = unique_trainable_parameters(model)
     if not params:
@@ -106,14 +110,16 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         alone = {id(param) for param in own_units}
         unit_params = bucket_params([p for p in params if id(p) not in alone], zero_config.reduce_bucket_size)
         unit_params += [[param] for param in own_units]
-    partition_group = state.data_parallel_group if stage >= 1 else None
-    parts, part = (state.data_parallel_size, state.data_parallel_rank) if stage >= 1 else (1, 0)
+    # The partition is cut over the DP group, or with several optimizer instances over this rank's instance
+    # and replicated across them (parallel/state.py, OptimizerInstances).
+    partition_group = state.partition_group if stage >= 1 else None
+    parts, part = (state.partition_size, state.partition_rank) if stage >= 1 else (1, 0)
+    replica_group = state.partition_replica_group if stage >= 1 else None
     layout = FlatLayout(unit_params, parts, part, alignment)
 
     storage: ParameterStorage
     if stage == 3:
-        storage = ShardedParameters(layout, param_dtype, device, state.comm, state.data_parallel_group, zero_config,
-                                    modules)
+        storage = ShardedParameters(layout, param_dtype, device, state.comm, partition_group, zero_config, modules)
     else:
         storage = ReplicatedParameters(layout, param_dtype, device, state.comm, partition_group,
                                        zero_config.allgather_bucket_size, zero_config.overlap_param_gather)
@@ -141,12 +147,14 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     if stage >= 2:
         accumulated = host_fp32 if host_fp32 is None or grad_dtype == torch.float32 else \
             host_zeros(layout.partition_numel, offload.pins, host, grad_dtype)
-        reducer = PartitionedGradients(layout, grad_dtype, state.comm, state.data_parallel_group,
+        reducer = PartitionedGradients(layout, grad_dtype, state.comm, partition_group,
                                        state.data_parallel_size, scatter, zero_config.overlap_comm, device,
-                                       accumulated, host_fp32)
+                                       accumulated, host_fp32, replica_group=replica_group)
     else:
-        reducer = FullGradients(layout, param_dtype, grad_dtype, state.comm, state.data_parallel_group,
-                                state.data_parallel_size, scatter, zero_config.overlap_comm, device, host_fp32)
+        reducer = FullGradients(layout, param_dtype, grad_dtype, state.comm,
+                                partition_group if stage >= 1 else state.data_parallel_group,
+                                state.data_parallel_size, scatter, zero_config.overlap_comm, device, host_fp32,
+                                replica_group=replica_group)
     reducer.attach()
     if isinstance(storage, ShardedParameters):
         reducer.subscribe(storage.gatherer)

@@ -33,6 +33,13 @@ class ZeroConfig:
                                         aliases={"--zero-allgather-bucket-size": "DeepSpeed-Megatron"})
     overlap_comm: bool = option(True, help="reduce gradient buckets while backward is still running",
                                 aliases={"--overlap-grad-reduce": "Megatron-LM"})
+    # Megatron-LM's --num-distributed-optimizer-instances (parallel/state.py, OptimizerInstances).
+    distributed_optimizer_instances: int = option(
+        1, flags=("--num-distributed-optimizer-instances",), type=count,
+        help="stages 1-3: shard the optimizer state (and gradients, parameters) within N equal blocks of the "
+             "data-parallel ranks and replicate it across them (Megatron's distributed-optimizer instances, "
+             "ZeRO++'s hpZ): the reduce-scatter and all-gather stay inside a block, the reduced shard is "
+             "all-reduced across blocks; 1 shards over every data-parallel rank")
     overlap_param_gather: bool = option(
         False, help="stages 1-2: start the parameter all-gather after the step and wait for each bucket just before "
                     "the forward that needs it (Megatron's overlap-param-gather)")
@@ -84,6 +91,9 @@ class ZeroConfig:
             raise ConfigError("--offload-optimizer needs --zero-stage 1, 2 or 3 (DeepSpeed offloads only its ZeRO "
                               "optimizer, which stage 0 does not build): add --zero-stage 1, or drop --offload-optimizer",
                               flags=("--offload-optimizer", "--zero-stage"))
+        if self.distributed_optimizer_instances < 1:
+            raise ConfigError(f"--num-distributed-optimizer-instances must be at least 1, got "
+                              f"{self.distributed_optimizer_instances}", flags=("--num-distributed-optimizer-instances",))
         for name in ("reduce_bucket_size", "allgather_bucket_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{zero_flag(name)} must be at least 1 (elements), got {getattr(self, name)}",

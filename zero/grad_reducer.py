@@ -70,15 +70,31 @@ class _PendingReduction:
     release: Callable[[], None]           # returns scratch buffers to their pools
 
 
+class _ThenAllReduce:
+    """A reduction's handle that, waited on, also sums its shard over the partition's copies (one per optimizer
+    instance). The second collective runs at the wait, after the first has completed: every rank waits on its
+    reductions in one order (issue order), so the copies issue it in the same order."""
+
+    def __init__(self, first, comm, shard: torch.Tensor, replica_group) -> None:
+        self.first, self.comm, self.shard, self.replica_group = first, comm, shard, replica_group
+
+    def wait(self) -> None:
+        self.first.wait()
+        self.comm.all_reduce(self.shard, self.replica_group, "dp")
+
+
 class GradientReducer(ABC):
     """What both storages share: the post-accumulate-grad hooks, the count of gradients each unit has
     received in this backward, the in-flight reductions and the listeners."""
 
     def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
-                 scatter: bool, overlap: bool, device: torch.device) -> None:
+                 scatter: bool, overlap: bool, device: torch.device, replica_group=None) -> None:
         self.layout = layout
         self.grad_dtype = grad_dtype
+        # `group` cuts the partition; with several optimizer instances (parallel/state.py) `replica_group` joins
+        # the copies of this rank's partition, over which the reduced shard is summed as well.
         self.comm, self.group, self.dp_size = comm, group, data_parallel_size
+        self.replica_group = replica_group
         self.scatter = scatter    # reduce-scatter (each rank receives its shard) or all-reduce
         self.overlap = overlap    # False: wait for each reduction as soon as it is issued
         self.device = device
@@ -153,9 +169,16 @@ class GradientReducer(ABC):
             staging = self._staging_buffer()
             released.append((self._staging, staging))
             shard = staging[:unit.shard_numel]
-            return self.comm.reduce_scatter(shard, bucket, self.group, "dp", async_op=True), shard
-        lo, hi = unit.shard_bounds(self.layout.part)
-        return self.comm.all_reduce(bucket, self.group, "dp", async_op=True), bucket[lo:hi]
+            work = self.comm.reduce_scatter(shard, bucket, self.group, "dp", async_op=True)
+        else:
+            lo, hi = unit.shard_bounds(self.layout.part)
+            shard = bucket[lo:hi]
+            work = self.comm.all_reduce(bucket, self.group, "dp", async_op=True)
+        if self.replica_group is not None:
+            # Megatron's DistributedOptimizer with instances (param_and_grad_buffer.py, start_grad_sync): the
+            # reduce-scatter inside the instance, then an all-reduce of the shard across the instances.
+            work = _ThenAllReduce(work, self.comm, shard, self.replica_group)
+        return work, shard
 
     def _staging_buffer(self) -> torch.Tensor:
         while not self._staging.has_free and self._pending:
@@ -240,8 +263,8 @@ class FullGradients(GradientReducer):
 
     def __init__(self, layout: FlatLayout, param_dtype: torch.dtype, grad_dtype: torch.dtype, comm, group,
                  data_parallel_size: int, scatter: bool, overlap: bool, device: torch.device,
-                 host_partition: Optional[torch.Tensor] = None) -> None:
-        super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device)
+                 host_partition: Optional[torch.Tensor] = None, replica_group=None) -> None:
+        super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device, replica_group)
         self.buffer = torch.zeros(layout.numel, dtype=grad_dtype, device=device)
         self.host_partition = host_partition
         # Same dtype: autograd accumulates straight into views of the buffer. Otherwise (fp32
@@ -309,8 +332,9 @@ class PartitionedGradients(GradientReducer):
 
     def __init__(self, layout: FlatLayout, grad_dtype: torch.dtype, comm, group, data_parallel_size: int,
                  scatter: bool, overlap: bool, device: torch.device,
-                 host_partition: Optional[torch.Tensor] = None, host_fp32: Optional[torch.Tensor] = None) -> None:
-        super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device)
+                 host_partition: Optional[torch.Tensor] = None, host_fp32: Optional[torch.Tensor] = None,
+                 replica_group=None) -> None:
+        super().__init__(layout, grad_dtype, comm, group, data_parallel_size, scatter, overlap, device, replica_group)
         # Offloaded, the partition the shards accumulate in is on the host: none on the device. In
         # 16-bit, `host_fp32` is the step's fp32 partition (DeepSpeed's fp32 `.grad` partition beside
         # its 16-bit host accumulation buffers), filled once per step.

@@ -88,11 +88,10 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --nccl-communicator-config-path --use-sharp --sharp-enabled-group --disable-gloo-process-groups
         --use-tp-pp-dp-mapping --no-clone-scatter-output-in-embedding --disable-clone-scatter-output-in-embedding
         --sync-tp-duplicated-parameters""")),
-    ("fully sharded data parallelism: ZeRO is that here, its level chosen by --zero-stage (0 no_shard, 1 optim, "
-     "2 optim_grads, 3 optim_grads_params); the math is data parallelism's at every level", _names("""
-        --use-torch-fsdp2 --use-megatron-fsdp --data-parallel-sharding-strategy --outer-dp-sharding-strategy
-        --num-distributed-optimizer-instances --enable-full-sharding-in-hsdp --torch-fsdp2-no-reshard-after-forward
-        --fsdp-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail --fsdp-manual-registration
+    ("a setting of Megatron's fully sharded data parallelism (--use-torch-fsdp2 and --use-megatron-fsdp are the "
+     "ZeRO stage that shards the same states here); buffers, dtypes of its communication and the hybrid (HSDP) "
+     "outer group, which exists only with --num-distributed-optimizer-instances above 1", _names("""
+        --outer-dp-sharding-strategy --enable-full-sharding-in-hsdp --fsdp-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail --fsdp-manual-registration
         --megatron-fsdp-enable-fine-grained-param-gather --megatron-fsdp-grad-comm-dtype
         --megatron-fsdp-main-grads-dtype --megatron-fsdp-main-params-dtype --megatron-fsdp-max-pool-double-buffer
         --megatron-fsdp-version --no-use-layer-wise-param-layout""")),
@@ -508,9 +507,6 @@ AT_VALUE: dict[str, AtValue] = {
                                  "not implemented: the vocabulary is the tokenizer's own"),
     "--error-injection-rate": AtValue(_equals(0), "no injected errors",
                                       "not implemented: errors are never injected into results"),
-    "--kv-channels": AtValue(_matches(lambda s: s["hidden_size"] // s["num_attention_heads"]),
-                             "--hidden-size / --num-attention-heads, as here",
-                             "not implemented: each head has --hidden-size / --num-attention-heads channels"),
     "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
                                    "not implemented: parameter sharing between layers"),
     "--embedding-init-method-std": AtValue(_matches(lambda s: s["init_method_std"]),

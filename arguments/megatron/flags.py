@@ -100,6 +100,11 @@ class Meaning:
     help: str
 
 
+# Megatron-FSDP's --data-parallel-sharding-strategy -> the ZeRO stage that shards the same states
+# (megatron/core/distributed/distributed_data_parallel_config.py: no_shard, optim, optim_grads, optim_grads_params).
+FSDP_STAGES: dict[str, int] = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+MEGATRON_FSDP_DEFAULT_STRATEGY = "optim_grads_params"  # megatron/training/arguments.py's default
+
 NO_EFFECT_FLAGS: dict[str, str] = {
     # dest -> why the math is the same
     "deepspeed": "DeepSpeed's engine switch: ZeRO is always on here (--zero-stage, --zero-config)",
@@ -152,6 +157,18 @@ MEANINGS: list[Meaning] = [
     Meaning(("--use-distributed-optimizer",), "use_distributed_optimizer", "Megatron-LM", {"action": "store_true"},
             "Megatron's distributed optimizer shards the optimizer state over data parallelism: ZeRO stage 1 "
             "(stages 2 and 3 shard it too)"),
+    Meaning(("--use-torch-fsdp2",), "use_torch_fsdp2", "Megatron-LM", {"action": "store_true"},
+            "PyTorch FSDP2 shards parameters, gradients and optimizer states over data parallelism: ZeRO stage 3 "
+            "(stage 2 with --torch-fsdp2-no-reshard-after-forward)"),
+    Meaning(("--torch-fsdp2-no-reshard-after-forward",), "torch_fsdp2_no_reshard_after_forward", "Megatron-LM",
+            {"action": "store_true"}, "FSDP2 keeps the gathered parameters from the forward to the backward "
+            "(Megatron's help: 'FSDP ZeRO-2'): ZeRO stage 2 under --use-torch-fsdp2; alone, no effect"),
+    Meaning(("--use-megatron-fsdp",), "use_megatron_fsdp", "Megatron-LM", {"action": "store_true"},
+            "Megatron-FSDP shards what --data-parallel-sharding-strategy names (default optim_grads_params): "
+            f"{', '.join(f'{name} is ZeRO stage {stage}' for name, stage in FSDP_STAGES.items())}"),
+    Meaning(("--data-parallel-sharding-strategy",), "data_parallel_sharding_strategy", "Megatron-LM",
+            {"choices": tuple(FSDP_STAGES)}, "Megatron-FSDP's sharding: the ZeRO stage that shards the same states "
+            "under --use-megatron-fsdp; alone, no effect (Megatron reads it only there)"),
     Meaning(("--recompute-activations",), "recompute_activations", "Megatron-LM", {"action": "store_true"},
             f"selective recompute: {SELECTIVE_RECOMPUTE}"),
     Meaning(("--recompute-granularity",), "recompute_granularity", "Megatron-LM",
@@ -230,7 +247,8 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     if "distributed_backend" in given:
         resolved.notes.append(f"--distributed-backend {given['distributed_backend']}: accepted; the backend follows "
                               f"the device here (NCCL for CUDA processes, gloo for CPU ones)")
-    if given.get("use_distributed_optimizer"):
+    fsdp_stage = _resolve_fsdp(given, settings, sources, option_used, change, resolved)
+    if given.get("use_distributed_optimizer") and fsdp_stage is None:
         stage = settings["stage"]
         if stage == 0 and sources["stage"].kind in (FLAG, JSON):
             resolved.refused.append(f"--use-distributed-optimizer (ZeRO stage 1) contradicts ZeRO stage 0 from "
@@ -257,6 +275,60 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     if resolved.refused:
         raise RefusedFlags(resolved)
     return resolved
+
+
+def _resolve_fsdp(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
+                  option_used: Callable[[str], Optional[str]], change: Callable, resolved: Resolved) -> Optional[int]:
+    """Megatron-LM's two fully sharded data-parallel switches, as the ZeRO stage that shards the same states;
+    the stage, or None when neither is given.
+
+    --use-torch-fsdp2 wraps the model in torch's fully_shard, which shards parameters, gradients and optimizer
+    states (stage 3); with --torch-fsdp2-no-reshard-after-forward the gathered parameters stay from the forward
+    to the backward, which Megatron's help calls "FSDP ZeRO-2" (stage 2). Its validate_args refuses it with
+    pipeline parallelism, the distributed optimizer, a tied output layer and fp16
+    (megatron/training/arguments.py: "--use-torch-fsdp2 is not supported with pipeline parallelism", ...).
+    --use-megatron-fsdp shards what --data-parallel-sharding-strategy names (default optim_grads_params); it
+    turns Megatron's distributed optimizer on itself (Megatron-FSDP v1), so --use-distributed-optimizer beside
+    it adds nothing. An explicit --zero-stage or JSON stage that differs is a contradiction, never a silent
+    downgrade."""
+    strategy = given.get("data_parallel_sharding_strategy")
+    if given.get("use_torch_fsdp2"):
+        if given.get("use_megatron_fsdp"):
+            resolved.refused.append("--use-torch-fsdp2 and --use-megatron-fsdp are two implementations of one "
+                                    "thing: keep one")
+            return None
+        stage = 2 if given.get("torch_fsdp2_no_reshard_after_forward") else 3
+        origin = "use_torch_fsdp2"
+        why = ("PyTorch FSDP2 shards parameters, gradients and optimizer states" if stage == 3 else
+               "FSDP2 without resharding after the forward keeps gathered parameters through the backward "
+               "(Megatron's 'FSDP ZeRO-2')")
+        megatron_refuses = [(settings["pipeline_model_parallel_size"] > 1, "pipeline parallelism"),
+                            (given.get("use_distributed_optimizer"), "MCore's distributed optimizer"),
+                            (not settings["untie_embeddings_and_output_weights"],
+                             "a tied output layer (it requires --untie-embeddings-and-output-weights)"),
+                            (settings["fp16"], "fp16")]
+        for refused, what in megatron_refuses:
+            if refused:
+                resolved.refused.append(f"--use-torch-fsdp2 with {what}: Megatron-LM refuses this combination "
+                                        f"(validate_args), and so does this program")
+    elif given.get("use_megatron_fsdp"):
+        strategy = strategy or MEGATRON_FSDP_DEFAULT_STRATEGY
+        stage = FSDP_STAGES[strategy]
+        origin = "use_megatron_fsdp"
+        why = f"Megatron-FSDP with --data-parallel-sharding-strategy {strategy}"
+    else:
+        for dest, needs in (("data_parallel_sharding_strategy", "--use-megatron-fsdp"),
+                            ("torch_fsdp2_no_reshard_after_forward", "--use-torch-fsdp2")):
+            if dest in given:
+                resolved.notes.append(f"{option_used(dest)}: accepted, no effect without {needs} (Megatron-LM reads "
+                                      f"it only there)")
+        return None
+    if sources["stage"].kind in (FLAG, JSON) and settings["stage"] != stage:
+        resolved.refused.append(f"{option_used(origin)} (ZeRO stage {stage}) contradicts ZeRO stage "
+                                f"{settings['stage']} from {sources['stage'].describe()}: drop one of them")
+    elif settings["stage"] != stage:
+        change("stage", stage, origin, f"{why}: ZeRO stage {stage}")
+    return stage
 
 
 def _resolve_query_groups(given: dict[str, Any], settings: dict[str, Any],

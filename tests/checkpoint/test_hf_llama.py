@@ -42,6 +42,11 @@ VARIANTS = {
         dict(num_key_value_heads=2, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
              rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+    # Megatron-LM's --kv-channels is transformers' head_dim: 4 heads of 24 at hidden 64
+    "gqa2-head-dim-24": (
+        dict(num_query_groups=2, untie_embeddings_and_output_weights=True, add_bias_linear=False, kv_channels=24),
+        dict(num_key_value_heads=2, tie_word_embeddings=False, attention_bias=False, mlp_bias=False, head_dim=24,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
     "mqa-tied-bias": (
         dict(num_query_groups=1, untie_embeddings_and_output_weights=False, add_bias_linear=True),
         dict(num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True, mlp_bias=True,

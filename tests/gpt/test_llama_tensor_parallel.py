@@ -32,3 +32,18 @@ def test_llama_from_hf_at_tp2_x_dp2_logs_the_single_process_losses(tmp_path, cor
     assert parallel == pytest.approx(single, rel=1e-4)
     assert losses(tmp_path / "tp2xdp2.jsonl", "grad_norm") == pytest.approx(
         losses(tmp_path / "single.jsonl", "grad_norm"), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_heads_wider_than_hidden_over_heads_at_tp2_log_the_single_process_losses(tmp_path, corpus_cache):
+    """--kv-channels 24 at hidden 64 / 4 heads (transformers' head_dim): the QKV rows and the output projection's
+    input are heads x 24 (Megatron-Core's SelfAttention: query_projection_size = kv_channels x heads, linear_proj
+    from it to the hidden size), split over 2 TP ranks by whole groups; the folder's weights load at both sizes."""
+    folder = random_llama_folder(tmp_path / "hf", "gqa2-head-dim-24", vocab_size=512)
+    flags = [*NO_DROPOUT, *LLAMA, "--kv-channels", "24", "--init-from-hf", str(folder)]
+    single = train(tmp_path, corpus_cache, "single", 1, *flags)
+    assert len(single) == 6 and all(math.isfinite(loss) for loss in single) and single[-1] < single[0]
+    parallel = train(tmp_path, corpus_cache, "tp2", 2, *flags, "--tensor-model-parallel-size", "2")
+    assert parallel == pytest.approx(single, rel=1e-4)
+    assert losses(tmp_path / "tp2.jsonl", "grad_norm") == pytest.approx(
+        losses(tmp_path / "single.jsonl", "grad_norm"), rel=1e-4)

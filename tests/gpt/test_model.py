@@ -148,3 +148,21 @@ def test_dropout_is_active_in_training_only():
     assert not torch.equal(model(tokens), model(tokens))
     model.eval()
     assert torch.equal(model(tokens), model(tokens))
+
+
+def test_kv_channels_sets_each_heads_width_and_lifts_the_divisibility_rule():
+    """Megatron-LM asserts hidden % heads == 0 only where it derives kv_channels from them (validate_args); the
+    attention is then heads x kv_channels wide (Megatron-Core's SelfAttention: linear_qkv to
+    (heads + 2 groups) x kv_channels, linear_proj from heads x kv_channels to the hidden size)."""
+    from arguments.parser import parse_config
+    from base.errors import ConfigError
+
+    config = parse_config(["--hidden-size", "66", "--num-attention-heads", "4", "--kv-channels", "16"])
+    assert config.model.head_dim == 16
+    config.model.vocab_size = 64
+    model = build_gpt_model(config.model, ParallelState(device=torch.device("cpu")), seed=1)
+    attention = model.blocks[0].attention
+    assert tuple(attention.query_key_value.weight.shape) == (3 * 4 * 16, 66)
+    assert tuple(attention.dense.weight.shape) == (66, 4 * 16)
+    with pytest.raises(ConfigError, match="give each head's width with --kv-channels"):
+        parse_config(["--hidden-size", "66", "--num-attention-heads", "4"])
