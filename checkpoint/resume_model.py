@@ -16,8 +16,8 @@ from base.options import flag_of_setting
 from gpt.architecture import Architecture
 from gpt.model_config import ModelConfig
 
-ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor")
-COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon")
+ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "rotary_interleaved")
+COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation")
 
 
 def _compared_values(model: dict) -> dict:

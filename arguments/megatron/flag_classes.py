@@ -218,7 +218,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("multi-latent attention's knob: attention here is multi-head or grouped-query (--num-query-groups) and "
      "--multi-latent-attention is refused, so it has no effect", _names("""
         --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
-        --cache-mla-latents --mla-down-proj-fusion --no-weight-decay-cond-type""")),
+        --cache-mla-latents --mla-down-proj-fusion""")),
     ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, sliding windows, gated "
      "linear units, hyper-connections, Mamba and hybrid stacks); their switches are refused, so it has no effect",
      _names("""
@@ -349,19 +349,19 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
 # ---- refused: the feature would change the math and does not exist here ----------------------------------
 
 REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh) or SwiGLU (--swiglu)", _names("""
-        --squared-relu --quick-geglu --glu-activation --activation-func-clamp-value""")),
+    ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu) or "
+     "SwiGLU (--swiglu)", _names("""
+        --quick-geglu --glu-activation --activation-func-clamp-value""")),
     ("not implemented: rotary positions here are Megatron-LM's default RoPE, the same at every layer: each head's "
-     "first --rotary-percent of dims in two rotated halves, --rotary-base, and Llama 3.1's --use-rope-scaling",
-     _names("--rotary-interleaved --rotary-seq-len-interpolation-factor --no-rope-freq")),
+     "first --rotary-percent of dims in two rotated halves (or adjacent pairs, --rotary-interleaved), "
+     "--rotary-base, and Llama 3.1's --use-rope-scaling",
+     _names("--rotary-seq-len-interpolation-factor --no-rope-freq")),
     ("not implemented: --normalization before each sublayer and after the last block (--qk-layernorm over query "
      "and key heads), as in GPT-2 and Llama", _names("""
         --apply-residual-connection-post-layernorm --qk-l2-norm --embed-layernorm""")),
-    ("not implemented: the query and key norms' gains are never weight-decayed here, as every norm's",
-     _names("--apply-wd-to-qk-layernorm")),
     ("not implemented: multi-head or grouped-query attention (--num-query-groups) over the whole causal context",
      _names("""
-        --multi-latent-attention --attention-output-gate --window-size --experimental-attention-variant""")),
+        --multi-latent-attention --window-size --experimental-attention-variant""")),
     ("not implemented: every block is the same GPT-2 block", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
         --use-mup --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
