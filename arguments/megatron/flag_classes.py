@@ -156,8 +156,6 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --attention-softmax-in-fp32 --apply-query-key-layer-scaling --no-query-key-layer-scaling""")),
     ("the cross entropy here is computed in fp32 whatever the logits' dtype",
      _names("--fp16-lm-cross-entropy --output-logit-dtype")),
-    ("LayerNorm weights are never weight-decayed here, so 1 + gamma is the same parameter shifted",
-     _names("--apply-layernorm-1p")),
     ("Megatron's ONNX-safe GeLU is the exact erf GeLU, its default; the activation here is --activation",
      _names("--onnx-safe")),
     ("every sample here has --seq-length target tokens and no loss mask, so the per-token and per-micro-batch "
@@ -457,6 +455,12 @@ def _without_pipeline(value: Any, settings: Optional[Mapping[str, Any]]) -> bool
     """A split or schedule knob has no effect without stages and is refused with them: accepted before the
     settings are known (an error about unknown flags comes first)."""
     return settings is None or settings.get("pipeline_model_parallel_size", 1) == 1
+
+
+def _without_decayed_norms(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """--apply-layernorm-1p stores gamma - 1: the same parameter shifted, unless weight decay pulls the gain
+    (--qk-layernorm's, with --apply-wd-to-qk-layernorm): then toward 1 there and toward 0 here."""
+    return settings is None or not (settings.get("qk_layernorm") and settings.get("apply_wd_to_qk_layernorm"))
 NO_MOE = ("mixture-of-experts is not implemented: this GPT's MLP is dense (--num-experts 1 is accepted: one expert "
           "is the dense model)")
 NO_SEQUENCE_PARALLEL = ("DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a sequence-parallel "
@@ -513,6 +517,10 @@ AT_VALUE: dict[str, AtValue] = {
                              "not implemented: each head has --hidden-size / --num-attention-heads channels"),
     "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
                                    "not implemented: parameter sharing between layers"),
+    "--apply-layernorm-1p": AtValue(
+        _without_decayed_norms, "norm gains are not weight-decayed here, so 1 + gamma is the same parameter shifted",
+        "with --qk-layernorm --apply-wd-to-qk-layernorm the query and key norms' gains are decayed toward 0, where "
+        "Megatron's zero-centered gamma decays them toward 1, which is not implemented: drop one of the flags"),
     "--embedding-init-method-std": AtValue(_matches(lambda s: s["init_method_std"]),
                                            "the same std as --init-method-std",
                                            "not implemented: embeddings are drawn with --init-method-std"),

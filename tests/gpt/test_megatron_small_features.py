@@ -269,6 +269,17 @@ def test_one_step_decays_exactly_the_parameters_megatron_decays(flag):
     assert len(qk_norms) == 8 and (qk_norms <= set(decayed)) == apply
 
 
+def test_layernorm_1p_stays_a_shifted_gain_unless_the_qk_norms_are_decayed():
+    """Megatron's --apply-layernorm-1p stores gamma - 1 in every norm, the q/k norms included
+    (megatron/core/models/gpt/gpt_layer_specs.py: q_layernorm=qk_norm, a TENorm built with
+    zero_centered_gamma=config.layernorm_zero_centered_gamma in megatron/core/extensions/transformer_engine.py):
+    decayed, such a gain goes toward 1 there and toward 0 here, so that combination is refused."""
+    assert not parse_config(["--apply-layernorm-1p", "--qk-layernorm"]).optimizer.apply_wd_to_qk_layernorm
+    parse_config(["--apply-layernorm-1p", "--apply-wd-to-qk-layernorm"])  # no q/k norms: nothing decayed
+    with pytest.raises(ConfigError, match="--apply-layernorm-1p: with --qk-layernorm --apply-wd-to-qk-layernorm"):
+        parse_config(["--apply-layernorm-1p", "--qk-layernorm", "--apply-wd-to-qk-layernorm"])
+
+
 # ---- each flag as a launch: parses, and a tiny model trains 2 iterations -----------------------------------
 
 LAUNCHES = {
