@@ -1,5 +1,6 @@
 """A resume continues the model that was trained: its blocks' settings (normalization, SwiGLU, positions
-and every rotary setting, key/value groups, tied output, biases, the norm epsilon) equal the checkpoint's.
+and every rotary setting, key/value groups, tied output, biases, q/k norms, the attention output gate, the
+norm epsilon, the activation) equal the checkpoint's.
 
 Most of them change no parameter shape (--rotary-base, --rotary-percent, --use-rope-scaling, --norm-epsilon;
 --num-query-groups at equal rows), so the load's shape check (checkpoint/sharded.py check_compatible)

@@ -1,6 +1,7 @@
 """GPT-2: token + learned position embeddings, pre-LayerNorm blocks, final LayerNorm, tied logits; and
 the Llama-shaped variants an `Architecture` (gpt/architecture.py) selects: RMSNorm, SwiGLU, rotary or no
-positions, grouped-query attention, an untied output layer, linears without biases.
+positions, grouped-query attention, an untied output layer, linears without biases; and Megatron-LM's
+squared ReLU, interleaved rotary and attention output gate.
 
 Every linear and the token embedding come from `parallel.layers`, so one model definition serves every
 tensor-parallel size. Tensors are laid out [batch, sequence, hidden].
