@@ -90,7 +90,11 @@ class OptimizerConfig:
         flags=("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
                "--use-checkpoint-lr-scheduler"),
         help="on resume, the checkpoint's schedule wins over this run's (Megatron-LM)")
-    weight_decay: float = option(0.1, help="AdamW decay; biases and LayerNorm parameters are never decayed")
+    weight_decay: float = option(0.1, help="AdamW decay; biases and LayerNorm parameters are not decayed")
+    # Megatron-LM's exception to that rule (megatron/core/optimizer/__init__.py, get_standard_config_overrides).
+    apply_wd_to_qk_layernorm: bool = option(
+        False, action="store_true",
+        help="decay --qk-layernorm's query and key norms (gains and biases) too (Megatron-LM, Qwen3-Next)")
     clip_grad: float = option(1.0, help="global gradient-norm clip; 0 disables")
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95

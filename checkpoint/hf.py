@@ -42,7 +42,9 @@ from checkpoint.output_paths import check_replaceable_folder, install_folder
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
 
-ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
+# transformers' "relu2" is ReLUSquaredActivation (transformers/activations.py: square(relu(x))), which GPT2MLP
+# takes as its activation_function: --squared-relu exports as it.
+ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "squared_relu": "relu2"}
 
 
 def gpt2_misfits(config: ModelConfig) -> list[str]:
@@ -56,7 +58,9 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
                 "--qk-layernorm": config.qk_layernorm,
-                f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size}
+                f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
+                # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
+                "--attention-output-gate": config.attention_output_gate}
     return [flag for flag, differs in features.items() if differs]
 
 
@@ -178,7 +182,8 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"  # what save_pretrained writes for big models
 PICKLE_FILE = "pytorch_model.bin"
-ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+                      "relu2": "squared_relu"}
 # The causal-mask buffers older transformers versions saved with the weights; they are not weights.
 HF_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 # Their GPT-2 attention variants we do not implement: key -> the value our attention corresponds to.

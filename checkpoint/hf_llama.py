@@ -43,6 +43,10 @@ def llama_misfits(config: ModelConfig) -> list[str]:
              "--position-embedding-type rope": architecture.position_embedding_type != "rope",
              "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
              "no --qk-layernorm": architecture.qk_layernorm,
+             # transformers' Llama rotates halves (rotate_half); an interleaved model's query and key rows would
+             # need a permutation that is not written here.
+             "no --rotary-interleaved": architecture.rotary_interleaved,
+             "no --attention-output-gate": architecture.attention_output_gate,
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
                  architecture.add_qkv_bias and not architecture.add_bias_linear}
     return [need for need, missing in needs.items() if missing]

@@ -1,5 +1,6 @@
 """A resume continues the model that was trained: its blocks' settings (normalization, SwiGLU, positions
-and every rotary setting, key/value groups, tied output, biases, the norm epsilon) equal the checkpoint's.
+and every rotary setting, key/value groups, tied output, biases, q/k norms, the attention output gate, the
+norm epsilon, the activation) equal the checkpoint's.
 
 Most of them change no parameter shape (--rotary-base, --rotary-percent, --use-rope-scaling, --norm-epsilon;
 --num-query-groups at equal rows), so the load's shape check (checkpoint/sharded.py check_compatible)
@@ -16,8 +17,8 @@ from base.options import flag_of_setting
 from gpt.architecture import Architecture
 from gpt.model_config import ModelConfig
 
-ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor")
-COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon")
+ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "rotary_interleaved")
+COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation")
 
 
 def _compared_values(model: dict) -> dict:

@@ -1,5 +1,6 @@
-"""The blocks' architecture beyond GPT-2: RMSNorm, SwiGLU, rotary positions, grouped-query attention, an
-untied output layer, linears without biases (issue 37). The default is GPT-2, and builds GPT-2's exact
+"""The blocks' architecture beyond GPT-2: RMSNorm, SwiGLU, rotary positions (in halves or interleaved),
+grouped-query attention, per-head query/key norms, a gate on attention's output, an untied output layer,
+linears without biases (issue 37, issue 48). The default is GPT-2, and builds GPT-2's exact
 model: LayerNorm, a 4h GeLU MLP, learned absolute positions, one key/value head per query head, the
 output layer tied to the token embedding, biases everywhere.
 
@@ -30,6 +31,9 @@ class Architecture:
     # Megatron-LM's --use-rope-scaling / --rope-scaling-factor: Llama 3's scaling of the frequencies.
     use_rope_scaling: bool = False
     rope_scaling_factor: float = 8.0
+    # Megatron-LM's --rotary-interleaved: each pair of adjacent dims (2i, 2i + 1) rotates together, instead
+    # of dim i with dim i + rotary_dim / 2 (gpt/rotary.py).
+    rotary_interleaved: bool = False
     # None: one key/value head per query head (multi-head attention); 1 is multi-query attention.
     num_query_groups: Optional[int] = None
     untie_embeddings_and_output_weights: bool = False
@@ -38,6 +42,9 @@ class Architecture:
     add_qkv_bias: bool = False
     # Megatron-LM's --qk-layernorm: the model's normalization over each query and key head (Qwen3).
     qk_layernorm: bool = False
+    # Megatron-LM's --attention-output-gate: the QKV projection also yields a gate per query head, and the
+    # attention's output is multiplied by its sigmoid before the output projection (gpt/model.py).
+    attention_output_gate: bool = False
 
     @property
     def rope_scaling(self) -> Optional[float]:

@@ -1,6 +1,7 @@
 """GPT-2: token + learned position embeddings, pre-LayerNorm blocks, final LayerNorm, tied logits; and
 the Llama-shaped variants an `Architecture` (gpt/architecture.py) selects: RMSNorm, SwiGLU, rotary or no
-positions, grouped-query attention, an untied output layer, linears without biases.
+positions, grouped-query attention, an untied output layer, linears without biases; and Megatron-LM's
+squared ReLU, interleaved rotary and attention output gate.
 
 Every linear and the token embedding come from `parallel.layers`, so one model definition serves every
 tensor-parallel size. Tensors are laid out [batch, sequence, hidden].
@@ -73,6 +74,13 @@ class SelfAttention(nn.Module):
     The QKV weight's output rows are laid out group by group, [group][its query heads, k, v][head_dim]
     (Megatron-Core's linear_qkv layout), so that contiguous column-parallel slices hand each TP rank whole
     groups. With a group per head this is GPT-2's [head][q, k, v][head_dim].
+
+    With --attention-output-gate each group's rows also hold a gate head per query head, after them:
+    [group][its query heads, their gate heads, k, v][head_dim], as Megatron-Core's linear_qkv
+    (SelfAttention.__init__ adds kv_channels x heads rows; get_query_key_value_tensors splits each group
+    into np/ng * hn, np/ng * hn, hn, hn). So the gate is column-parallel with the rest of QKV, and a TP
+    rank holds the gates of its own heads. Attention's output is multiplied by sigmoid(gate), in fp32 and
+    cast back (Attention._apply_output_gate), before the output projection.
     """
 
     def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG],
@@ -90,6 +98,7 @@ class SelfAttention(nn.Module):
         self.rotary = architecture.position_embedding_type == "rope"
         self.rotary_base = architecture.rotary_base
         self.rope_scaling = architecture.rope_scaling
+        self.rotary_interleaved = architecture.rotary_interleaved
         if architecture.qk_layernorm:
             self.q_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
             self.k_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
@@ -98,7 +107,9 @@ class SelfAttention(nn.Module):
         self.rotary_dim = architecture.rotary_dim(config.head_dim)
         h = config.hidden_size
         sequence_parallel = splits_sequence(config, state)
-        qkv_rows = (config.num_attention_heads + 2 * self.groups_per_rank * tp) * config.head_dim
+        self.output_gate = architecture.attention_output_gate
+        query_rows = config.num_attention_heads * (2 if self.output_gate else 1)  # a gate head per query head
+        qkv_rows = (query_rows + 2 * self.groups_per_rank * tp) * config.head_dim
         self.query_key_value = ColumnParallelLinear(h, qkv_rows, state=state, init_std=config.init_method_std,
                                                     bias=architecture.qkv_bias, sequence_parallel=sequence_parallel)
         # heads x head width in, hidden out (Megatron-Core's linear_proj: query_projection_size -> hidden_size)
@@ -107,8 +118,9 @@ class SelfAttention(nn.Module):
                                        bias=architecture.add_bias_linear, sequence_parallel=sequence_parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # each [batch, heads, seq, head_dim]; key and value with one head per group under native_gqa
-        query, key, value = self._query_key_value(hidden)
+        # each [batch, heads, seq, head_dim]; key and value with one head per group under native_gqa; the
+        # gate [batch, seq, heads x head_dim] or None
+        query, key, value, gate = self._query_key_value(hidden)
         batch, _, seq, _ = query.shape  # the whole sequence, also when `hidden` is a slice of it
         # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
         # The device is known only here (the model is built on meta): whether to pad is decided per call.
@@ -118,35 +130,44 @@ class SelfAttention(nn.Module):
                                             dropout_p=self.dropout_p if self.training else 0.0,
                                             enable_gqa=self.native_gqa)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
+        if gate is not None:
+            context = (context * torch.sigmoid(gate.float())).to(context.dtype)
         return self.dense(context)
 
-    def _query_key_value(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _query_key_value(self, hidden: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         qkv = self.query_key_value(hidden)  # the whole sequence: under sequence parallelism, gathered
         batch, seq, _ = qkv.shape
         per_group = self.heads_per_rank // self.groups_per_rank
-        qkv = qkv.view(batch, seq, self.groups_per_rank, per_group + 2, self.head_dim)
-        if per_group == 1:  # multi-head: GPT-2's exact operations
+        query_heads = 2 * per_group if self.output_gate else per_group  # a group's query (and gate) heads
+        qkv = qkv.view(batch, seq, self.groups_per_rank, query_heads + 2, self.head_dim)
+        gate = None
+        if per_group == 1 and not self.output_gate:  # multi-head: GPT-2's exact operations
             query, key, value = qkv.permute(3, 0, 2, 1, 4).unbind(0)
         else:
             query = qkv[:, :, :, :per_group].reshape(batch, seq, self.heads_per_rank, self.head_dim).transpose(1, 2)
-            key, value = (qkv[:, :, :, index].transpose(1, 2) for index in (per_group, per_group + 1))
+            if self.output_gate:  # head g * per_group + j's gate, in the order the context's heads have
+                gate = qkv[:, :, :, per_group:query_heads].reshape(batch, seq, self.heads_per_rank * self.head_dim)
+            key, value = (qkv[:, :, :, index].transpose(1, 2) for index in (query_heads, query_heads + 1))
         if self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
             query, key = self.q_layernorm(query), self.k_layernorm(key)
         if self.rotary:
-            cos, sin = rotary_angles(seq, self.rotary_dim, self.rotary_base, hidden.device, self.rope_scaling)
-            query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+            cos, sin = rotary_angles(seq, self.rotary_dim, self.rotary_base, hidden.device, self.rope_scaling,
+                                     self.rotary_interleaved)
+            query = apply_rotary(query, cos, sin, self.rotary_interleaved)
+            key = apply_rotary(key, cos, sin, self.rotary_interleaved)
         if per_group > 1 and not self.native_gqa:
             # Query head i reads group i // per_group (transformers' repeat_kv, Megatron-Core's GQA).
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
-        return query, key, value
+        return query, key, value, gate
 
 
 class MLP(nn.Module):
-    """h -> 4h -> GeLU -> h; the 4h dimension is what tensor parallelism splits."""
+    """h -> 4h -> GeLU (or squared ReLU) -> h; the 4h dimension is what tensor parallelism splits."""
 
     def __init__(self, config: ModelConfig, state: ParallelState, bias: bool = True):
         super().__init__()
-        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+        self.activation = config.activation
         sequence_parallel = splits_sequence(config, state)
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, config.ffn_size, state=state,
                                                   init_std=config.init_method_std, bias=bias,
@@ -156,7 +177,15 @@ class MLP(nn.Module):
                                                sequence_parallel=sequence_parallel)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(hidden), approximate=self.approximate))
+        return self.dense_4h_to_h(activation_function(self.activation, self.dense_h_to_4h(hidden)))
+
+
+def activation_function(name: str, hidden: torch.Tensor) -> torch.Tensor:
+    """--activation: GeLU exact or in GPT-2's tanh form, or Megatron-LM's --squared-relu, relu(x)^2
+    (megatron/core/activations.py squared_relu: `torch.pow(F.relu(x), 2)`)."""
+    if name == "squared_relu":
+        return torch.pow(F.relu(hidden), 2)
+    return F.gelu(hidden, approximate="tanh" if name == "gelu_tanh" else "none")
 
 
 class TransformerBlock(nn.Module):

@@ -17,7 +17,8 @@ from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
 
-ACTIVATIONS = ("gelu", "gelu_tanh")
+# squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2).
+ACTIVATIONS = ("gelu", "gelu_tanh", "squared_relu")
 
 
 def _normalization_name(text: str) -> str:
@@ -77,6 +78,9 @@ class ModelConfig:
     use_rope_scaling: bool = option(False, action="store_true",
                                     help="Llama 3.1's scaling of the rotary frequencies (--rope-scaling-factor)")
     rope_scaling_factor: float = option(8.0, help="with --use-rope-scaling: Llama 3.1's factor")
+    rotary_interleaved: bool = option(
+        False, action="store_true",
+        help="rotary positions rotate adjacent pairs of dims (2i, 2i+1) instead of the two halves (Megatron-LM)")
     num_query_groups: Optional[int] = option(
         None, aliases={"--num-key-value-heads": "Megatron-DeepSpeed"},
         help="key/value heads (grouped-query attention; 1 is multi-query); default: one per attention head. "
@@ -90,6 +94,10 @@ class ModelConfig:
                                 help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
     qk_layernorm: bool = option(False, action="store_true",
                                 help="--normalization over each query and key head before attention (Qwen3)")
+    attention_output_gate: bool = option(
+        False, action="store_true",
+        help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
+             "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
     # Megatron's --sequence-parallel (gpt/model.py): with TP 1 there is nothing to split and it has no effect.
     sequence_parallel: bool = option(
         False, action="store_true", group="training",
@@ -99,7 +107,8 @@ class ModelConfig:
     init_method_std: float = 0.02
     # "gelu_tanh" is "gelu_new" in transformers.
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
-                             help="gelu_tanh is GPT-2's approximation, gelu the exact erf form")
+                             help="gelu_tanh is GPT-2's approximation, gelu the exact erf form, squared_relu "
+                                  "relu(x)^2 (Megatron-LM's --squared-relu)")
     # Megatron's --attention-backend; Megatron's other names for its values are SPELLINGS in
     # arguments/megatron/flags.py (--use-flash-attn).
     attention_backend: str = option(
@@ -191,6 +200,10 @@ class ModelConfig:
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"--activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}",
                               flags=("--activation",))
+        if self.activation == "squared_relu" and self.swiglu:
+            # Megatron-LM asserts it (core_transformer_config_from_args: `assert not args.swiglu`).
+            raise ConfigError("--squared-relu replaces the MLP's activation and --swiglu gates it with SiLU: "
+                              "give one of them", flags=("--activation", "--swiglu"))
         if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
             raise ConfigError("--init-method-std and --layernorm-epsilon must be positive",
                               flags=("--init-method-std", "--layernorm-epsilon"))

@@ -1,5 +1,7 @@
 """Rotary position embeddings, in the rotate-half layout of Megatron-Core (rope_utils._rotate_half
-without interleaving) and transformers' Llama (rotate_half).
+without interleaving) and transformers' Llama (rotate_half), or with --rotary-interleaved in Megatron-Core's
+interleaved one: dims (2i, 2i + 1) form the pair that frequency i rotates (RotaryEmbedding.get_emb repeats
+each frequency twice in a row, and _rotate_half maps each pair (a, b) to (-b, a)).
 
 Nothing is stored: the model is built on the meta device and materialized parameter by parameter, so
 the angles are computed where they are used, from positions and fp32 inverse frequencies (seq x
@@ -39,23 +41,27 @@ def llama3_scaled(frequencies: torch.Tensor, factor: float, low_freq_factor: flo
 
 
 def rotary_angles(seq_length: int, rotary_dim: int, base: float, device: torch.device,
-                  scaling_factor: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, [seq, rotary_dim], fp32: each frequency's angles repeated for the two halves."""
+                  scaling_factor: Optional[float] = None,
+                  interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, [seq, rotary_dim], fp32: each frequency's angles repeated for the two halves, or
+    (interleaved) twice in a row, [f0, f0, f1, f1, ...]."""
     positions = torch.arange(seq_length, dtype=torch.float32, device=device)
     freqs = torch.outer(positions, inverse_frequencies(rotary_dim, base, device, scaling_factor))
-    angles = torch.cat((freqs, freqs), dim=-1)
+    angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return angles.cos(), angles.sin()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def _rotate_half(x: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    if interleaved:  # each pair (x[2i], x[2i + 1]) -> (-x[2i + 1], x[2i])
+        return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
     first, second = x.chunk(2, dim=-1)
     return torch.cat((-second, first), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """x: [batch, heads, seq, head_dim]; its first cos.shape[-1] dims rotate, the rest pass through
-    (Megatron's --rotary-percent)."""
+    (Megatron's --rotary-percent). `interleaved` as the angles were made (rotary_angles)."""
     rotary_dim = cos.shape[-1]
     rotating, passing = x[..., :rotary_dim], x[..., rotary_dim:]
-    rotated = rotating * cos.to(x.dtype) + _rotate_half(rotating) * sin.to(x.dtype)
+    rotated = rotating * cos.to(x.dtype) + _rotate_half(rotating, interleaved) * sin.to(x.dtype)
     return torch.cat((rotated, passing), dim=-1) if passing.shape[-1] else rotated

@@ -151,7 +151,9 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
     count it in 16-bit: a LayerNorm its input (2 bytes per element); a column-parallel linear its input
     (whole on every TP rank) and, for the op that consumes it (attention, the activation function), its
     output (split); a row-parallel linear its input (split) and the 1-byte dropout mask of the residual
-    branch it ends (whole); attention 5 bytes per score (softmax output, dropout mask, dropout output).
+    branch it ends (whole); attention 5 bytes per score (softmax output, dropout mask, dropout output);
+    with --attention-output-gate, the gate's product its two factors (the context in 16 bits and the
+    sigmoid in fp32, split).
 
     Under sequence parallelism (section 4.2.2) the norms' inputs and the residual dropout masks are in the
     split regions: 1/TP of them per rank, so they move from the whole to the split terms. The
@@ -178,5 +180,7 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
                 replicated += out_features
         elif isinstance(module, SelfAttention):
             heads += module.heads_per_rank * tensor_parallel_size
+            if module.output_gate:  # the product context x sigmoid(gate) keeps both: 16-bit and fp32
+                partitioned += (2 + 4) * module.heads_per_rank * module.head_dim * tensor_parallel_size
     return LayerActivationTerms(replicated_bytes_per_token=replicated, partitioned_bytes_per_token=partitioned,
                                 bytes_per_attention_score=5, attention_heads=heads)

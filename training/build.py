@@ -22,6 +22,7 @@ from parallel.state import ParallelState
 from training.run_settings import RunSettings
 from zero.activations import ActivationCheckpointing, ActivationMonitor, apply_activation_checkpointing
 from zero.apply import ZeroParts, apply_zero
+from zero.flat_buffer import mark_weight_decay
 
 
 @dataclass
@@ -72,6 +73,7 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
     # shard by shard (zero/pipeline_grads.py).
     shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.tied_output \
         and model.word_embeddings is not None else []
+    mark_weight_decay(decayed_norm_params(model, config))
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,
                       decoupled_lr_params=decoupled_lr_params(model, config))
     if torch_compile:
@@ -87,6 +89,17 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
     return stage_layers(settings.config.model.num_layers, state.pipeline_parallel_size, state.pipeline_parallel_rank,
                         training.num_layers_per_virtual_pipeline_stage, training.decoder_first_pipeline_num_layers,
                         training.decoder_last_pipeline_num_layers)
+
+
+def decayed_norm_params(model: GPTModel, config) -> list:
+    """The norms' parameters that --apply-wd-to-qk-layernorm decays: every parameter of --qk-layernorm's
+    query and key norms, gains and biases, as Megatron-Core's get_standard_config_overrides
+    (megatron/core/optimizer/__init__.py) exempts names containing "q_layernorm." or "k_layernorm." from its
+    no-decay rule for 1-dim parameters and biases; none without the flag."""
+    if not config.optimizer.apply_wd_to_qk_layernorm:
+        return []
+    return [param for name, param in model.named_parameters()
+            if "q_layernorm." in name or "k_layernorm." in name]
 
 
 def decoupled_lr_params(model: GPTModel, config) -> list:

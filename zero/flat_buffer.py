@@ -30,12 +30,23 @@ DEFAULT_ALIGNMENT = 64
 
 @dataclass(frozen=True, order=True)
 class ParamKind:
-    weight_decay: bool      # False for biases and LayerNorm parameters (fewer than 2 dims)
+    weight_decay: bool      # False for biases and LayerNorm parameters (fewer than 2 dims), unless marked
     tensor_parallel: bool   # True when TP ranks hold different slices (carries `tensor_parallel_dim`)
 
     @classmethod
     def of(cls, param: nn.Parameter) -> "ParamKind":
-        return cls(weight_decay=param.dim() >= 2, tensor_parallel=hasattr(param, "tensor_parallel_dim"))
+        """Megatron's rule, weight decay for parameters of 2 dims or more, unless the parameter carries
+        `apply_weight_decay` (mark_weight_decay: --apply-wd-to-qk-layernorm's norms)."""
+        return cls(weight_decay=getattr(param, "apply_weight_decay", param.dim() >= 2),
+                   tensor_parallel=hasattr(param, "tensor_parallel_dim"))
+
+
+def mark_weight_decay(params, decayed: bool = True) -> None:
+    """Give `params` weight decay (or none) whatever their dims. Set on the model's parameters before ZeRO
+    lays them out: the attribute travels to the parameters that replace them (parallel.init.replace_parameters
+    keeps attributes), so the layout over those has the same kinds."""
+    for param in params:
+        param.apply_weight_decay = decayed
 
 
 @dataclass(frozen=True)

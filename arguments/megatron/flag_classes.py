@@ -155,8 +155,6 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --attention-softmax-in-fp32 --apply-query-key-layer-scaling --no-query-key-layer-scaling""")),
     ("the cross entropy here is computed in fp32 whatever the logits' dtype",
      _names("--fp16-lm-cross-entropy --output-logit-dtype")),
-    ("LayerNorm weights are never weight-decayed here, so 1 + gamma is the same parameter shifted",
-     _names("--apply-layernorm-1p")),
     ("Megatron's ONNX-safe GeLU is the exact erf GeLU, its default; the activation here is --activation",
      _names("--onnx-safe")),
     ("every sample here has --seq-length target tokens and no loss mask, so the per-token and per-micro-batch "
@@ -217,7 +215,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("multi-latent attention's knob: attention here is multi-head or grouped-query (--num-query-groups) and "
      "--multi-latent-attention is refused, so it has no effect", _names("""
         --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
-        --cache-mla-latents --mla-down-proj-fusion --no-weight-decay-cond-type""")),
+        --cache-mla-latents --mla-down-proj-fusion""")),
     ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, sliding windows, gated "
      "linear units, hyper-connections, Mamba and hybrid stacks); their switches are refused, so it has no effect",
      _names("""
@@ -348,19 +346,19 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
 # ---- refused: the feature would change the math and does not exist here ----------------------------------
 
 REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh) or SwiGLU (--swiglu)", _names("""
-        --squared-relu --quick-geglu --glu-activation --activation-func-clamp-value""")),
+    ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu) or "
+     "SwiGLU (--swiglu)", _names("""
+        --quick-geglu --glu-activation --activation-func-clamp-value""")),
     ("not implemented: rotary positions here are Megatron-LM's default RoPE, the same at every layer: each head's "
-     "first --rotary-percent of dims in two rotated halves, --rotary-base, and Llama 3.1's --use-rope-scaling",
-     _names("--rotary-interleaved --rotary-seq-len-interpolation-factor --no-rope-freq")),
+     "first --rotary-percent of dims in two rotated halves (or adjacent pairs, --rotary-interleaved), "
+     "--rotary-base, and Llama 3.1's --use-rope-scaling",
+     _names("--rotary-seq-len-interpolation-factor --no-rope-freq")),
     ("not implemented: --normalization before each sublayer and after the last block (--qk-layernorm over query "
      "and key heads), as in GPT-2 and Llama", _names("""
         --apply-residual-connection-post-layernorm --qk-l2-norm --embed-layernorm""")),
-    ("not implemented: the query and key norms' gains are never weight-decayed here, as every norm's",
-     _names("--apply-wd-to-qk-layernorm")),
     ("not implemented: multi-head or grouped-query attention (--num-query-groups) over the whole causal context",
      _names("""
-        --multi-latent-attention --attention-output-gate --window-size --experimental-attention-variant""")),
+        --multi-latent-attention --window-size --experimental-attention-variant""")),
     ("not implemented: every block is the same GPT-2 block", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
         --use-mup --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
@@ -456,6 +454,12 @@ def _without_pipeline(value: Any, settings: Optional[Mapping[str, Any]]) -> bool
     """A split or schedule knob has no effect without stages and is refused with them: accepted before the
     settings are known (an error about unknown flags comes first)."""
     return settings is None or settings.get("pipeline_model_parallel_size", 1) == 1
+
+
+def _without_decayed_norms(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """--apply-layernorm-1p stores gamma - 1: the same parameter shifted, unless weight decay pulls the gain
+    (--qk-layernorm's, with --apply-wd-to-qk-layernorm): then toward 1 there and toward 0 here."""
+    return settings is None or not (settings.get("qk_layernorm") and settings.get("apply_wd_to_qk_layernorm"))
 NO_MOE = ("mixture-of-experts is not implemented: this GPT's MLP is dense (--num-experts 1 is accepted: one expert "
           "is the dense model)")
 NO_SEQUENCE_PARALLEL = ("DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a sequence-parallel "
@@ -509,6 +513,10 @@ AT_VALUE: dict[str, AtValue] = {
                                       "not implemented: errors are never injected into results"),
     "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
                                    "not implemented: parameter sharing between layers"),
+    "--apply-layernorm-1p": AtValue(
+        _without_decayed_norms, "norm gains are not weight-decayed here, so 1 + gamma is the same parameter shifted",
+        "with --qk-layernorm --apply-wd-to-qk-layernorm the query and key norms' gains are decayed toward 0, where "
+        "Megatron's zero-centered gamma decays them toward 1, which is not implemented: drop one of the flags"),
     "--embedding-init-method-std": AtValue(_matches(lambda s: s["init_method_std"]),
                                            "the same std as --init-method-std",
                                            "not implemented: embeddings are drawn with --init-method-std"),

@@ -64,6 +64,7 @@ SPELLINGS: dict[str, tuple[str, Any, str, str]] = {
     "--use-flash-attn-builder": ("attention_backend", "flash", "--attention-backend flash", "DeepSpeed-Megatron"),
     "--openai-gelu": ("activation", "gelu_tanh", "--activation gelu_tanh (OpenAI's tanh approximation)",
                       "Megatron-LM"),
+    "--squared-relu": ("activation", "squared_relu", "--activation squared_relu (relu(x)^2)", "Megatron-LM"),
     "--grad-reduce-in-bf16": ("accumulate_allreduce_grads_in_fp32", False,
                               "--no-accumulate-allreduce-grads-in-fp32 (reduce gradients in bf16)", "Megatron-LM"),
 }
@@ -184,6 +185,9 @@ MEANINGS: list[Meaning] = [
             {"action": "store_true"}, "--position-embedding-type rope (learned positions off)"),
     Meaning(("--no-position-embedding",), "no_position_embedding", "Megatron-DeepSpeed", {"action": "store_true"},
             "no learned positions: --position-embedding-type none, or rope with --use-rotary-position-embeddings"),
+    Meaning(("--no-weight-decay-cond-type",), "no_weight_decay_cond_type", "Megatron-LM (deprecated)",
+            {"choices": ("apply_wd_to_qk_layernorm",)},
+            "apply_wd_to_qk_layernorm: --apply-wd-to-qk-layernorm (validate_args turns it into that flag)"),
     Meaning(("--pipe-parallel-size",), "pipe_parallel_size", "DeepSpeedExamples' Megatron 3D", {"type": int},
             "DeepSpeed's pipeline engine stages: N > 0 is --pipeline-model-parallel-size N (the same even split of "
             "the transformer layers), 0 (no engine) one stage"),
@@ -269,6 +273,9 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     if settings.get("sequence_parallel") and settings.get("tensor_model_parallel_size") == 1:
         resolved.notes.append("--sequence-parallel with --tensor-model-parallel-size 1: accepted, no effect (one "
                               "tensor-parallel rank holds the whole sequence)")
+    if given.get("no_weight_decay_cond_type") == "apply_wd_to_qk_layernorm":
+        change("apply_wd_to_qk_layernorm", True, "no_weight_decay_cond_type",
+               "Megatron-LM's deprecated spelling of --apply-wd-to-qk-layernorm")
     _resolve_query_groups(given, settings, option_used, change, resolved)
     _resolve_pipe_parallel_size(given, settings, sources, change, resolved)
     _resolve_positions(given, settings, change)

@@ -86,11 +86,12 @@ def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alt
 
 def test_unknown_flags_get_did_you_mean_with_the_refused_megatron_flags_all_at_once():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--num-layer", "2", "--lr-warmup-samples", "100", "--squared-relu", "--zzzzzz"])
+        parse_config(["--num-layer", "2", "--lr-warmup-samples", "100", "--quick-geglu", "--zzzzzz"])
     assert str(error.value) == (
         "2 problems: (1) unrecognized arguments: --num-layer 2 --zzzzzz (--num-layer: did you mean --num-layers?; "
-        "--zzzzzz: no flag of that name or near it (python pretrain_gpt.py --help lists them)); (2) --squared-relu: "
-        "not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh) or SwiGLU (--swiglu)")
+        "--zzzzzz: no flag of that name or near it (python pretrain_gpt.py --help lists them)); (2) --quick-geglu: "
+        "not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu) or "
+        "SwiGLU (--swiglu)")
 
 
 def test_an_error_about_a_presets_value_names_the_preset():

@@ -32,6 +32,10 @@ def saved(model: ModelConfig, **drop) -> dict:
     ({"num_query_groups": 4}, "--num-query-groups 4 (the checkpoint's: 2)"),
     ({"add_bias_linear": True}, "--disable-bias-linear off (the checkpoint's: on)"),
     ({"layernorm_epsilon": 1e-6}, "--layernorm-epsilon 1e-06 (the checkpoint's: 1e-05)"),
+    # Megatron-LM's --rotary-interleaved and --squared-relu (issue 48) change no shape either
+    ({"rotary_interleaved": True}, "--rotary-interleaved on (the checkpoint's: off)"),
+    ({"activation": "squared_relu"}, "--activation squared_relu (the checkpoint's: gelu_tanh)"),
+    ({"attention_output_gate": True}, "--attention-output-gate on (the checkpoint's: off)"),
 ])
 def test_each_block_setting_that_differs_is_named_with_both_values(change, named):
     with pytest.raises(ConfigError) as error:
@@ -47,6 +51,7 @@ def test_equal_meanings_and_settings_that_do_nothing_are_not_differences():
     # a rotary setting of a model without rotary positions, a scaling factor without scaling
     gpt2 = ModelConfig()
     assert model_differences(saved(gpt2), dataclasses.replace(gpt2, rotary_base=5e5)) == []
+    assert model_differences(saved(gpt2), dataclasses.replace(gpt2, rotary_interleaved=True)) == []
     assert model_differences(saved(LLAMA), dataclasses.replace(LLAMA, rope_scaling_factor=4.0)) == []
     # a checkpoint saved before the block settings existed was GPT-2's
     assert model_differences(saved(gpt2, swiglu=None, normalization=None), gpt2) == []
