@@ -4,11 +4,10 @@
     python pretrain_gpt.py --config gpt2-124m --data-path my_text_document --vocab-file vocab.json \
         --merge-file merges.txt
 
-Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data, an unwritable output, a
-save directory another run owns, a damaged checkpoint) is reported as one line on stderr with exit
-code 2, before any work starts; see checkpoint/run_start.py for what is checked, and training/memory_fit.py
-for each rank's planned peak against the memory free. `--dry-run` prints what this rank would hold and send
-(planner/plan.py) and exits. A rank that dies or hangs is named by every survivor, exit 3 (parallel/liveness.py).
+Bad input (an unknown flag or YAML key, inconsistent sizes, unreadable data, an unwritable output, a save directory
+another run owns, a damaged checkpoint) is one line on stderr, exit 2, before any work (checkpoint/run_start.py;
+training/memory_fit.py: each rank's planned peak against the memory free). `--dry-run` prints what this rank would
+hold and send (planner/plan.py). A rank that dies or hangs is named by every survivor, exit 3 (parallel/liveness.py).
 """
 
 from __future__ import annotations
