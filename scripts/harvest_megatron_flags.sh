@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Refresh arguments/megatron/flags_harvested.json from git mirrors of the source repositories.
+# megatron/post_training/arguments.py is ModelOpt's add_modelopt_args, which Megatron-LM's pretrain_gpt.py passes as
+# extra_args_provider when nvidia-modelopt is installed: its flags reach the same parser.
 # MIRRORS holds OWNER+NAME/repo git directories (e.g. made with `git clone --mirror`).
 set -euo pipefail
 MIRRORS=${MIRRORS:?set MIRRORS to the folder of OWNER+NAME/repo git mirrors}
@@ -14,6 +16,7 @@ DSE_FORKS=89ce0d5a40cec1772c8673bf01c532828ce3d31d
 cd "$(dirname "$0")/.."
 python scripts/harvest_megatron_flags.py --out arguments/megatron/flags_harvested.json \
   --source megatron-lm NVIDIA/Megatron-LM "$MLM" d98e8a64ddf34856e74b24714e3bedb2f5a39553 megatron/training/arguments.py \
+  --source megatron-lm-modelopt NVIDIA/Megatron-LM "$MLM" d98e8a64ddf34856e74b24714e3bedb2f5a39553 megatron/post_training/arguments.py \
   --source megatron-lm-core_v0.15.0 NVIDIA/Megatron-LM "$MLM" core_v0.15.0 megatron/training/arguments.py \
   --source megatron-lm-23.04 NVIDIA/Megatron-LM "$MLM" 23.04 megatron/arguments.py \
   --source megatron-lm-v2.6 NVIDIA/Megatron-LM "$MLM" v2.6 megatron/arguments.py \

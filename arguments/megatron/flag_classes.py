@@ -69,7 +69,9 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --use-transformer-engine-op-fuser --use-te-activation-func --te-rng-tracker --inference-rng-tracker
         --flash-attention-version --ds_fused_adam --no-create-attention-mask-in-dataloader --mlp-chunks-for-training
         --manual-gc --manual-gc-interval --no-manual-gc-eval --disable-manual-gc-eval --empty-unused-memory-level
-        --train-sync-interval --recompute-modules --enable-experimental""")),
+        --train-sync-interval --recompute-modules --enable-experimental
+        --export-te-mcore-model --export-default-te-spec --export-force-local-attention
+        --export-legacy-megatron""")),
     ("a communication or overlap choice: data parallelism here is ZeRO's bucketed reducer (--reduce-bucket-size, "
      "--overlap-comm, --overlap-param-gather) and sums the same gradients", _names("""
         --DDP-impl --no-contiguous-buffers-in-local-ddp --use-contiguous-buffers-in-ddp
@@ -346,6 +348,14 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
 # ---- refused: the feature would change the math and does not exist here ----------------------------------
 
 REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("NVIDIA ModelOpt's post-training (Megatron-LM's megatron/post_training/arguments.py, add_modelopt_args, which "
+     "its pretrain_gpt.py adds when nvidia-modelopt is installed: quantization, knowledge distillation from a "
+     "teacher checkpoint, ModelOpt checkpoints, SFT data, speculative-decoding heads, GPT-OSS's YaRN) is not "
+     "implemented: pretrain without it, or run it with Megatron-LM and nvidia-modelopt", _names("""
+        --export-quant-cfg --export-kd-teacher-load --export-kd-teacher-model-config --export-kd-teacher-ckpt-format
+        --export-kd-cfg --finetune-hf-dataset --finetune-data-split --finetune-data-files --qad-train-target
+        --freeze-base-for-mtp --export-qk-l2-norm --export-moe-apply-probs-on-input --export-offline-model
+        --modelopt-enabled --enable-gpt-oss""")),
     ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu) or "
      "SwiGLU (--swiglu)", _names("""
         --quick-geglu --glu-activation --activation-func-clamp-value""")),
@@ -468,7 +478,13 @@ NO_SEQUENCE_PARALLEL = ("DeepSpeed-Ulysses sequence parallelism (attention's all
                         "splits the checkpointed activations")
 DENSE = "one expert is the dense model; the MoE loss coefficients then have no effect"
 
+MODELOPT = ("ModelOpt's quantized export is not implemented (Megatron-LM's megatron/post_training): use the default, "
+            "or run it with Megatron-LM and nvidia-modelopt")
+
 AT_VALUE: dict[str, AtValue] = {
+    "--export-model-type": AtValue(_equals("GPTModel"), "ModelOpt's default model type, a GPT, as here", MODELOPT),
+    "--export-kv-cache-quant": AtValue(_equals("none"), "no KV-cache quantization, ModelOpt's default", MODELOPT),
+    "--export-real-quant-cfg": AtValue(_equals("None"), "no real quantization, ModelOpt's default", MODELOPT),
     "--num-experts": AtValue(_equals(1), DENSE, NO_MOE),
     "--num-experts-switch": AtValue(_equals(1), DENSE, NO_MOE),
     "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),

@@ -135,3 +135,17 @@ def test_the_docs_table_names_every_megatron_and_deepspeed_flag():
     section = doc_section("docs/coming-from-megatron-deepspeed.md", "Coming from Megatron-LM / DeepSpeed")
     flags = list(ALIASES) + [option for meaning in MEANINGS for option in meaning.options[:1]]
     assert [flag for flag in flags if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section)] == []
+
+
+def test_modelopt_distillation_flags_are_named_and_refused_not_unrecognized():
+    """Megatron-LM's pretrain_gpt.py adds ModelOpt's flags (megatron/post_training/arguments.py, add_modelopt_args)
+    when nvidia-modelopt is installed, as its gpt3_mcore_te_tp2_pp1_modelopt_distill_resume test does: distillation
+    from a teacher changes the loss and is refused in one line that says what it is; the layer-spec switch beside it
+    computes the same model and is accepted."""
+    with pytest.raises(ConfigError) as error:
+        parse_config(["--export-te-mcore-model", "--export-kd-teacher-load", "teacher/", "--export-kd-cfg", "kd.yaml"])
+    message = str(error.value)
+    assert "unrecognized" not in message and "\n" not in message
+    assert "--export-kd-teacher-load teacher/: NVIDIA ModelOpt's post-training" in message
+    assert "--export-kd-cfg kd.yaml" in message and "--export-te-mcore-model" not in message
+    assert parse_config(["--export-te-mcore-model"]).model.num_layers == 4
