@@ -53,7 +53,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --save-wgrads-interval --run-workload-inspector-server --log-straggler --straggler-ctrlr-port
         --straggler-minmax-count --disable-straggler-on-startup --gpu-sniff-test-interval
         --check-weight-hash-across-dp-replicas-interval --check-for-spiky-loss --check-for-large-grads --test-mode
-        --no-check-for-nan-in-loss-and-grad --rerun-mode --result-rejected-tracker-filename --error-injection-type
+        --no-check-for-nan-in-loss-and-grad --result-rejected-tracker-filename --error-injection-type
         --fault-injector-delay-start-iteration --fault-injector-fault-delay --fault-injector-fault-probabilities
         --fault-injector-fault-types --fault-injector-mtti-seconds --fault-injector-num-ranks
         --fault-injector-offset-seconds --fault-injector-ranks --fault-injector-seed""")),
@@ -449,8 +449,9 @@ def _matches(value_of: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any, Map
 
 NO_PIPELINE_SPLIT = ("a pipeline split or schedule not implemented: with --pipeline-model-parallel-size > 1 the layers "
                      "split evenly over the stages (--decoder-first/last-pipeline-num-layers for an uneven first/last "
-                     "stage, --num-layers-per-virtual-pipeline-stage for interleaving); drop the flag, or run "
-                     "--pipeline-model-parallel-size 1")
+                     "stage, --account-for-embedding/loss-in-pipeline-split to count those as layers, "
+                     "--num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank for "
+                     "interleaving); drop the flag, or run --pipeline-model-parallel-size 1")
 
 
 def _without_pipeline(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
@@ -478,10 +479,8 @@ AT_VALUE: dict[str, AtValue] = {
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
-        --num-virtual-stages-per-pipeline-rank --pipeline-model-parallel-split-rank
-        --account-for-embedding-in-pipeline-split
-        --account-for-loss-in-pipeline-split --pipeline-model-parallel-layout
-        --microbatch-group-size-per-virtual-pipeline-stage --standalone-embedding-stage --pp-partition-method
+        --pipeline-model-parallel-split-rank --pipeline-model-parallel-layout
+        --standalone-embedding-stage --pp-partition-method
         --enable-zbh1-pipeline --enable-zbh1-exact-semantics""")},
     "--mtp-num-layers": AtValue(_equals(0, None), "no multi-token prediction layers, as here",
                                 "multi-token prediction is not implemented: the loss is next-token prediction"),
@@ -506,8 +505,20 @@ AT_VALUE: dict[str, AtValue] = {
                                          "not implemented: the weight decay is a constant --weight-decay"),
     "--vocab-extra-ids": AtValue(_equals(0), "no extra vocabulary ids, as here",
                                  "not implemented: the vocabulary is the tokenizer's own"),
-    "--error-injection-rate": AtValue(_equals(0), "no injected errors",
-                                      "not implemented: errors are never injected into results"),
+    # Megatron-Core's rerun_state_machine.py: RerunStateMachine injects a wrong result into 1 of every
+    # --error-injection-rate validate_result calls (--error-injection-type), so that validate_results mode's
+    # re-run of the iteration (and the attribution it reports) can be tested.
+    "--error-injection-rate": AtValue(_equals(0), "no injected errors (Megatron's default)",
+                                      "not implemented: error injection exists to test Megatron's rerun state "
+                                      "machine (--rerun-mode validate_results re-running an iteration whose loss "
+                                      "is NaN or spiky to tell a transient fault from a persistent one), which is "
+                                      "not implemented here: a NaN or inf loss or gradient norm stops the run; "
+                                      "drop the flag (0 injects nothing)"),
+    "--rerun-mode": AtValue(_equals("disabled", "validate_results"),
+                            "no rerun state machine here: nothing is injected, and a NaN or inf loss or gradient "
+                            "norm stops the run instead of being re-run and attributed",
+                            "not implemented: Megatron's report_stats re-runs every iteration to measure its "
+                            "determinism; use --rerun-mode disabled or validate_results"),
     "--kv-channels": AtValue(_matches(lambda s: s["hidden_size"] // s["num_attention_heads"]),
                              "--hidden-size / --num-attention-heads, as here",
                              "not implemented: each head has --hidden-size / --num-attention-heads channels"),

@@ -128,7 +128,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
              "--main-grads-dtype": "fp32", "--main-params-dtype": "fp32",
              "--exp-avg-dtype": "fp32", "--exp-avg-sq-dtype": "fp32", "--weight-decay-incr-style": "constant",
-             "--vocab-extra-ids": "0", "--error-injection-rate": "0",
+             "--vocab-extra-ids": "0", "--error-injection-rate": "0", "--rerun-mode": "validate_results",
              "--kv-channels": "32", "--num-unique-layers": "4", "--embedding-init-method-std": "0.02"}
     other = {"--num-experts": "8", "--num-experts-switch": "8", "--expert-model-parallel-size": "2",
              "--moe-expert-parallel-size": "2", "--ds-sequence-parallel-size": "2", "--context-parallel-size": "2",
@@ -137,7 +137,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--dataloader-type": "cyclic", "--remote-device": "cpu",
              "--main-grads-dtype": "bf16", "--main-params-dtype": "fp16", "--exp-avg-dtype": "bf16",
              "--exp-avg-sq-dtype": "bf16", "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
-             "--error-injection-rate": "5", "--kv-channels": "64",
+             "--error-injection-rate": "5", "--rerun-mode": "report_stats", "--kv-channels": "64",
              "--num-unique-layers": "2", "--embedding-init-method-std": "0.01"}
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items() if at.refused != NO_PIPELINE_SPLIT}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
@@ -154,7 +154,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
 
 def test_pipeline_split_knobs_have_no_effect_without_stages_and_are_refused_with_them():
     knobs = [option for option, at in AT_VALUE.items() if at.refused == NO_PIPELINE_SPLIT]
-    assert "--account-for-embedding-in-pipeline-split" in knobs and "--standalone-embedding-stage" in knobs
+    assert "--pipeline-model-parallel-layout" in knobs and "--standalone-embedding-stage" in knobs
     argv = [token for option in knobs for token in (option, *sample_values(option))]
     line = next(note for note in parse_arguments(argv).notes if note.startswith(NO_EFFECT_LINE))
     assert all(option in line for option in knobs)
