@@ -324,6 +324,9 @@ class DataConfig:
                                                       "~/.cache/zero-gpt)",
                                            aliases={"--data-cache-path": "Megatron-LM"})
     num_workers: int = option(0, help="data-loader worker processes")
+    # data/mock.py
+    mock_data: bool = option(False, help="train on Megatron's MockGPTDataset documents (token ids 1, 2, ... of "
+                                         "random lengths, each ending in the end-of-document id) instead of data")
     # None infers it from the files given (none: the embedded corpus's).
     tokenizer_type: Optional[str] = option(
         None, type=tokenizer_type_name, choices=(*TOKENIZER_TYPES, *OTHER_TOKENIZER_TYPES),
@@ -353,6 +356,9 @@ class DataConfig:
                 parse(value)
             except DataError as error:
                 raise ConfigError(str(error), flags=(flag,)) from None
+        if self.mock_data and self.data_path:
+            raise ConfigError("--mock-data with --data-path: the mock documents replace the data; drop one of them",
+                              flags=("--mock-data", "--data-path"))
         if self.tokenizer_type in OTHER_TOKENIZER_TYPES:
             raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}",
                               flags=("--tokenizer-type",))
@@ -364,8 +370,9 @@ class DataConfig:
                 raise ConfigError("--tokenizer-type NullTokenizer reads token ids as they are: drop --tokenizer-file, "
                                   "--vocab-file and --merge-file",
                                   flags=("--tokenizer-type", "--tokenizer-file", "--vocab-file", "--merge-file"))
-            if not self.data_path:
-                raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere); the "
+            if not self.data_path and not self.mock_data:
+                raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere) or "
+                                  "--mock-data; the "
                                   "embedded corpus is text and needs a real tokenizer",
                                   flags=("--tokenizer-type", "--data-path"))
         elif self.data_path and not (self.tokenizer_file or self.vocab_file):

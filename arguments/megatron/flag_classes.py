@@ -381,7 +381,7 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --train-doc-idx-path --train-idx-path --train-sample-idx-path --train-shuffle-idx-path
         --data-efficiency-curriculum-learning --random-ltd""")),
     ("not implemented: pretraining on the .bin/.idx data only; without --data-path the embedded corpus is used",
-     _names("--mock-data --fim-data --sft")),
+     _names("--fim-data --sft")),
     ("not implemented: weights are drawn from normal(0, --init-method-std), output projections scaled by "
      "1/sqrt(2 x layers), the same on every data-parallel rank", _names("""
         --init-method-xavier-uniform --data-parallel-random-init""")),
