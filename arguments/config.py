@@ -374,7 +374,7 @@ class DataConfig:
                 raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere) or "
                                   "--mock-data; the "
                                   "embedded corpus is text and needs a real tokenizer",
-                                  flags=("--tokenizer-type", "--data-path"))
+                                  flags=("--tokenizer-type", "--data-path", "--mock-data"))
         elif self.data_path and not (self.tokenizer_file or self.vocab_file):
             raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
                               "(--tokenizer-model), --vocab-file and --merge-file, or --tokenizer-type NullTokenizer "

@@ -78,3 +78,28 @@ def test_a_mock_data_run_trains_without_data_path(tmp_path):
     losses = [record["loss"] for record in map(json.loads, open(metrics)) if "loss" in record
               and record.get("split") is None]
     assert len(losses) == 30 and losses[-1] < 0.75 * losses[0]
+
+
+@pytest.mark.slow
+def test_mock_data_without_a_named_tokenizer_uses_the_embedded_corpus_tokenizers_ids(corpus_cache):
+    """No tokenizer named: the mock documents take the vocabulary and end-of-document id of the tokenizer trained
+    on the embedded corpus (512 ids here), and the corpus itself is not read."""
+    from arguments.parser import parse_config
+    from parallel.state import virtual_state
+    from training.data_splits import build_data, load_tokenizer_and_data_path
+    from training.run_settings import resolve_run_settings
+
+    config = parse_config(["--mock-data", "--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache,
+                           "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
+                           "--global-batch-size", "2", "--train-iters", "2", "--eval-iters", "0"])
+    tokenizer, data_path = load_tokenizer_and_data_path(config)
+    assert data_path == [] and tokenizer.vocab_size == 512
+    state = virtual_state(1)
+    settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")
+    batch = next(iter(build_data(settings, state, data_path, tokenizer).make_train_loader(0)))
+    assert batch["tokens"].shape == (2, 33)
+    tokens, eod = batch["tokens"], tokenizer.eod_id
+    # Megatron's documents in this vocabulary: the next id, a document's eod, or a new document's 1 after an eod
+    follows = (tokens[:, 1:] == (tokens[:, :-1] + 1) % 512) | (tokens[:, 1:] == eod) | \
+        (tokens[:, :-1] == eod) & (tokens[:, 1:] == 1)
+    assert bool(follows.all())
