@@ -8,9 +8,11 @@ Both schedules are Megatron-Core's (megatron/core/pipeline_parallel/schedules.py
   min(pp - r - 1, M) warm-up forwards, then one forward and one backward in turn, then the remaining
   backwards (cool-down).
 - interleaved 1F1B, `forward_backward_pipelining_with_interleaving`: each rank holds `vp` model chunks; the
-  M x vp virtual micro-batches run in groups of pp per chunk (`get_model_chunk_id`,
-  `get_microbatch_id_in_model_chunk`), with (pp - r - 1) * 2 + (vp - 1) * pp warm-up forwards (all of them
-  when M == pp), and M must be a multiple of pp (Megatron asserts the same).
+  M x vp virtual micro-batches run in groups of G (--microbatch-group-size-per-virtual-pipeline-stage, default
+  pp) per chunk (`get_schedule_table`, `get_model_chunk_id`, `get_microbatch_id_in_model_chunk`), with
+  (pp - r - 1) * 2 + (vp - 1) * G warm-up forwards (`get_pp_rank_microbatches`; all of them where that reaches
+  M x vp: at d98e8a64 there is no special case for M == pp any more). With the default group M must be a
+  multiple of pp; otherwise G lies in [pp, M] and M mod G is 0 or at least pp (Megatron raises the same).
 """
 
 from __future__ import annotations

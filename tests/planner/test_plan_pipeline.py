@@ -8,7 +8,7 @@ megatron/core/pipeline_parallel/schedules.py): `forward_backward_pipelining_with
 `num_warmup_microbatches = min(pipeline_parallel_size - pipeline_parallel_rank - 1, num_microbatches)` forwards
 before its first backward, so stage s holds min(P - s, M) micro-batches' activations at once;
 `forward_backward_pipelining_with_interleaving` runs `(pipeline_parallel_size - pipeline_parallel_rank - 1) * 2
-+ (num_model_chunks - 1) * pipeline_parallel_size` warm-up forwards (all of them when M == P). The bubble is
++ (num_model_chunks - 1) * pipeline_parallel_size` warm-up forwards (capped at all of them: get_pp_rank_microbatches). The bubble is
 Narayanan et al. 2021 (section 2.2): (p - 1) / (v m) of the ideal time, so (p - 1) / (v m + p - 1) of the whole.
 """
 
