@@ -204,6 +204,17 @@ class TrainingConfig:
                 "scheduled 1F1B")
     num_layers_per_virtual_pipeline_stage: Optional[int] = option(
         None, help="layers per model chunk: each stage holds several chunks, scheduled as Megatron's interleaved 1F1B")
+    num_virtual_stages_per_pipeline_rank: Optional[int] = option(
+        None, help="model chunks per stage (Megatron's other spelling of --num-layers-per-virtual-pipeline-stage)")
+    microbatch_group_size_per_virtual_pipeline_stage: Optional[int] = option(
+        None, help="interleaved schedule: micro-batches that run through one model chunk before the next chunk "
+                   "(Megatron's schedule table; default --pipeline-model-parallel-size); the order, not the math")
+    account_for_embedding_in_pipeline_split: bool = option(
+        False, help="count the embedding as one layer when the layers split over the stages (the first stage "
+                    "builds one transformer layer fewer)")
+    account_for_loss_in_pipeline_split: bool = option(
+        False, help="count the loss as one layer when the layers split over the stages (the last stage builds "
+                    "one transformer layer fewer)")
     decoder_first_pipeline_num_layers: Optional[int] = option(
         None, help="layers of the first pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
     decoder_last_pipeline_num_layers: Optional[int] = option(
@@ -317,6 +328,9 @@ class DataConfig:
                                                       "~/.cache/zero-gpt)",
                                            aliases={"--data-cache-path": "Megatron-LM"})
     num_workers: int = option(0, help="data-loader worker processes")
+    # data/mock.py
+    mock_data: bool = option(False, help="train on Megatron's MockGPTDataset documents (token ids 1, 2, ... of "
+                                         "random lengths, each ending in the end-of-document id) instead of data")
     # None infers it from the files given (none: the embedded corpus's).
     tokenizer_type: Optional[str] = option(
         None, type=tokenizer_type_name, choices=(*TOKENIZER_TYPES, *OTHER_TOKENIZER_TYPES),
@@ -346,6 +360,9 @@ class DataConfig:
                 parse(value)
             except DataError as error:
                 raise ConfigError(str(error), flags=(flag,)) from None
+        if self.mock_data and self.data_path:
+            raise ConfigError("--mock-data with --data-path: the mock documents replace the data; drop one of them",
+                              flags=("--mock-data", "--data-path"))
         if self.tokenizer_type in OTHER_TOKENIZER_TYPES:
             raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}",
                               flags=("--tokenizer-type",))
@@ -357,10 +374,11 @@ class DataConfig:
                 raise ConfigError("--tokenizer-type NullTokenizer reads token ids as they are: drop --tokenizer-file, "
                                   "--vocab-file and --merge-file",
                                   flags=("--tokenizer-type", "--tokenizer-file", "--vocab-file", "--merge-file"))
-            if not self.data_path:
-                raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere); the "
+            if not self.data_path and not self.mock_data:
+                raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere) or "
+                                  "--mock-data; the "
                                   "embedded corpus is text and needs a real tokenizer",
-                                  flags=("--tokenizer-type", "--data-path"))
+                                  flags=("--tokenizer-type", "--data-path", "--mock-data"))
         elif self.data_path and not (self.tokenizer_file or self.vocab_file):
             raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
                               "(--tokenizer-model), --vocab-file and --merge-file, or --tokenizer-type NullTokenizer "
@@ -503,10 +521,12 @@ class PretrainConfig:
         from gpt.stage_layers import stage_layers  # the split's own checks name the flags
 
         pp, training = self.training.pipeline_model_parallel_size, self.training
-        if training.num_layers_per_virtual_pipeline_stage is not None and pp == 1:
-            raise ConfigError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1 "
-                              "(Megatron refuses it without stages too): drop it, or add stages",
-                              flags=("--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-size"))
+        for flag, value in (("--num-layers-per-virtual-pipeline-stage", training.num_layers_per_virtual_pipeline_stage),
+                            ("--num-virtual-stages-per-pipeline-rank", training.num_virtual_stages_per_pipeline_rank)):
+            if value is not None and pp == 1:
+                raise ConfigError(f"{flag} needs --pipeline-model-parallel-size > 1 (Megatron refuses it without "
+                                  f"stages too): drop it, or add stages",
+                                  flags=(flag, "--pipeline-model-parallel-size"))
         uneven = (training.decoder_first_pipeline_num_layers, training.decoder_last_pipeline_num_layers)
         if uneven != (None, None) and pp == 1:
             raise ConfigError("--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1 (the "
@@ -515,7 +535,12 @@ class PretrainConfig:
                                      "--pipeline-model-parallel-size"))
         if pp == 1:
             return
-        stage_layers(self.model.num_layers, pp, 0, training.num_layers_per_virtual_pipeline_stage, *uneven)
+        split = dict(virtual_stages=training.num_virtual_stages_per_pipeline_rank,
+                     account_for_embedding=training.account_for_embedding_in_pipeline_split,
+                     account_for_loss=training.account_for_loss_in_pipeline_split)
+        for rank in range(pp):  # a stage left without a layer is refused by its own rank's split
+            stage_layers(self.model.num_layers, pp, rank, training.num_layers_per_virtual_pipeline_stage, *uneven,
+                         **split)
         if self.zero.stage == 3:
             # DeepSpeed's pipeline engine asserts zero_optimization_stage() < ZeroStageEnum.gradients
             # (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").

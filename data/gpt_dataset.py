@@ -296,12 +296,14 @@ class GPTDataset(torch.utils.data.Dataset):
         return document_index, sample_index, shuffle_index
 
     def _cache_key(self) -> str:
-        stat = os.stat(index_file_path(self.indexed.prefix))
+        identity = getattr(self.indexed, "cache_identity", None)  # data without an index file (data/mock.py)
+        if identity is None:
+            stat = os.stat(index_file_path(self.indexed.prefix))
+            identity = {"prefix": os.path.abspath(self.indexed.prefix), "index_size": stat.st_size,
+                        "index_mtime_ns": stat.st_mtime_ns}
         return cache_key({
             "format": _CACHE_FORMAT,
-            "prefix": os.path.abspath(self.indexed.prefix),
-            "index_size": stat.st_size,
-            "index_mtime_ns": stat.st_mtime_ns,
+            **identity,
             "documents": _describe_ids(self.document_ids),
             "num_samples": self.num_samples,
             "seq_length": self.seq_length,

@@ -73,28 +73,84 @@ def stage_sizes(num_layers: int, pp_size: int, first: Optional[int] = None, last
     return sizes
 
 
+EMBEDDING_FLAG, LOSS_FLAG = "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"
+VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG = ("--num-layers-per-virtual-pipeline-stage",
+                                            "--num-virtual-stages-per-pipeline-rank")
+
+
 def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual_stage: Optional[int] = None,
-                 first_stage_layers: Optional[int] = None, last_stage_layers: Optional[int] = None) -> StageLayers:
-    """The layers of stage `pp_rank` of `pp_size`; ConfigError naming the flag for a split Megatron refuses."""
-    sizes = stage_sizes(num_layers, pp_size, first_stage_layers, last_stage_layers)
-    if layers_per_virtual_stage is None:
+                 first_stage_layers: Optional[int] = None, last_stage_layers: Optional[int] = None, *,
+                 virtual_stages: Optional[int] = None, account_for_embedding: bool = False,
+                 account_for_loss: bool = False) -> StageLayers:
+    """The layers of stage `pp_rank` of `pp_size`; ConfigError naming the flag for a split Megatron refuses.
+
+    Interleaving is given as layers per model chunk (`layers_per_virtual_stage`) or, Megatron's other spelling,
+    as chunks per stage (`virtual_stages`, --num-virtual-stages-per-pipeline-rank). With
+    --account-for-embedding-in-pipeline-split (--account-for-loss-in-pipeline-split) the embedding (the loss)
+    counts as one layer before the first (after the last) transformer layer when the L + 1 (+ 1) slots split
+    evenly, and the stage's chunk that holds that slot builds one layer fewer: Megatron-Core's
+    get_num_layers_to_build (transformer_block.py) and get_transformer_layer_offset (transformer_layer.py,
+    offset - 1 on every chunk but the first stage's first)."""
+    if layers_per_virtual_stage is not None and virtual_stages is not None:
+        raise ConfigError(f"{VIRTUAL_LAYERS_FLAG} with {VIRTUAL_STAGES_FLAG}: Megatron takes one of them; drop one",
+                          flags=(VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG))
+    interleaved = layers_per_virtual_stage is not None or virtual_stages is not None
+    uneven = first_stage_layers is not None or last_stage_layers is not None
+    if uneven and (account_for_embedding or account_for_loss):
+        # get_num_layers_to_build: "Does not support standalone embedding stage and standalone loss stage with
+        # uneven pp"
+        raise ConfigError("--decoder-first/last-pipeline-num-layers with --account-for-embedding/loss-in-pipeline-"
+                          "split: Megatron does not take both; drop one of them",
+                          flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, EMBEDDING_FLAG, LOSS_FLAG))
+    if uneven:
+        sizes = stage_sizes(num_layers, pp_size, first_stage_layers, last_stage_layers)
+        if interleaved:
+            raise ConfigError("--decoder-first/last-pipeline-num-layers with interleaving (--num-layers-per-"
+                              "virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank): uneven stages are "
+                              "not implemented with interleaving here; drop one of them",
+                              flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG))
         start = sum(sizes[:pp_rank])
         return StageLayers((tuple(range(start, start + sizes[pp_rank])),),
                            first=pp_rank == 0, last=pp_rank == pp_size - 1)
-    if first_stage_layers is not None or last_stage_layers is not None:
-        raise ConfigError("--decoder-first/last-pipeline-num-layers with --num-layers-per-virtual-pipeline-stage: "
-                          "uneven stages are not implemented with interleaving here; drop one of them",
-                          flags=(FIRST_STAGE_FLAG, LAST_STAGE_FLAG, "--num-layers-per-virtual-pipeline-stage"))
-    per_stage = sizes[0]
-    if layers_per_virtual_stage < 1 or per_stage % layers_per_virtual_stage:
-        raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {layers_per_virtual_stage} does not divide the "
-                          f"{per_stage} layers of each of the {pp_size} stages: pick a divisor of {per_stage}",
-                          flags=("--num-layers-per-virtual-pipeline-stage",))
+    before = int(account_for_embedding)
+    slots = num_layers + before + int(account_for_loss)
+    if slots % pp_size:
+        counted = " (with the embedding and/or loss counted as layers)" if slots != num_layers else ""
+        raise ConfigError(f"--num-layers {num_layers}{counted} is not divisible by --pipeline-model-parallel-size "
+                          f"{pp_size}: Megatron splits the layers evenly over the stages; pick a stage count "
+                          f"that divides the layers, or set --decoder-first/last-pipeline-num-layers",
+                          flags=("--num-layers", "--pipeline-model-parallel-size")
+                          + ((EMBEDDING_FLAG,) if account_for_embedding else ())
+                          + ((LOSS_FLAG,) if account_for_loss else ()))
+    per_stage = slots // pp_size
+    if virtual_stages is not None:
+        if virtual_stages < 1 or per_stage % virtual_stages:
+            raise ConfigError(f"{VIRTUAL_STAGES_FLAG} {virtual_stages} does not divide the {per_stage} layers of "
+                              f"each of the {pp_size} stages: pick a divisor of {per_stage}",
+                              flags=(VIRTUAL_STAGES_FLAG,))
+        layers_per_virtual_stage = per_stage // virtual_stages
+    elif layers_per_virtual_stage is not None:
+        if layers_per_virtual_stage < 1 or per_stage % layers_per_virtual_stage:
+            raise ConfigError(f"{VIRTUAL_LAYERS_FLAG} {layers_per_virtual_stage} does not divide the "
+                              f"{per_stage} layers of each of the {pp_size} stages: pick a divisor of {per_stage}",
+                              flags=(VIRTUAL_LAYERS_FLAG,))
+    else:
+        layers_per_virtual_stage = per_stage
     chunks = per_stage // layers_per_virtual_stage
-    return StageLayers(tuple(tuple(range((chunk * pp_size + pp_rank) * layers_per_virtual_stage,
-                                         (chunk * pp_size + pp_rank + 1) * layers_per_virtual_stage))
-                             for chunk in range(chunks)),
-                       first=pp_rank == 0, last=pp_rank == pp_size - 1)
+
+    def chunk_layers(chunk: int) -> tuple[int, ...]:
+        first_slot = (chunk * pp_size + pp_rank) * layers_per_virtual_stage
+        return tuple(slot - before for slot in range(first_slot, first_slot + layers_per_virtual_stage)
+                     if 0 <= slot - before < num_layers)
+
+    stage = StageLayers(tuple(chunk_layers(chunk) for chunk in range(chunks)),
+                        first=pp_rank == 0, last=pp_rank == pp_size - 1)
+    if not stage.layer_ids:
+        raise ConfigError(f"--pipeline-model-parallel-size {pp_size} over --num-layers {num_layers} with the "
+                          f"embedding and/or loss counted as layers leaves stage {pp_rank} no transformer layer: "
+                          f"not implemented here; use fewer stages or more layers",
+                          flags=("--pipeline-model-parallel-size", "--num-layers", EMBEDDING_FLAG, LOSS_FLAG))
+    return stage
 
 
 def activation_shape(tokens, hidden_size: int, model, tensor_parallel_size: int) -> tuple:

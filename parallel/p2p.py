@@ -22,7 +22,7 @@ stage on the meta device (planner/pipeline_plan.py), so what it counts and holds
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -34,9 +34,17 @@ ACTIVATION, GRADIENT = 1, 2  # message tags
 SEND_LAG = 2  # a receive at slot k completes the sends of slots <= k - SEND_LAG
 
 
+def send_lag(pp_size: int, group_size: Optional[int] = None) -> int:
+    """SEND_LAG, or with --microbatch-group-size-per-virtual-pipeline-stage G above the stages P, 2 + 2 (G - P):
+    the neighbour then reads a larger group's messages later than the two slots on (its warm-up has
+    (vp - 1) x G forwards), and SEND_LAG alone deadlocks (tests/parallel/test_pipeline_schedules.py simulates it:
+    the lag needed stays at or under this bound)."""
+    return SEND_LAG if group_size is None or group_size <= pp_size else SEND_LAG + 2 * (group_size - pp_size)
+
+
 class PipelineP2P:
-    def __init__(self, device: torch.device, comm: Communicator) -> None:
-        self.device, self.comm = device, comm
+    def __init__(self, device: torch.device, comm: Communicator, lag: int = SEND_LAG) -> None:
+        self.device, self.comm, self.lag = device, comm, lag
         self.slot = 0  # the schedule's slot now running (start_slot); sends are tagged with it
         self._sends: list = []  # (slot, the works of a posted send, the tensor it must keep alive)
 
@@ -51,7 +59,7 @@ class PipelineP2P:
     def receive(self, shape: Sequence[int], dtype: torch.dtype, peer: int, tag: int) -> torch.Tensor:
         tensor = torch.empty(tuple(shape), dtype=dtype, device=self.device)
         works = self.comm.receive(tensor, peer, tag)
-        self._complete_sends(up_to_slot=self.slot - SEND_LAG)  # with the receive posted (see the docstring)
+        self._complete_sends(up_to_slot=self.slot - self.lag)  # with the receive posted (see the docstring)
         for work in works:
             work.wait()
         return tensor

@@ -8,9 +8,11 @@ Both schedules are Megatron-Core's (megatron/core/pipeline_parallel/schedules.py
   min(pp - r - 1, M) warm-up forwards, then one forward and one backward in turn, then the remaining
   backwards (cool-down).
 - interleaved 1F1B, `forward_backward_pipelining_with_interleaving`: each rank holds `vp` model chunks; the
-  M x vp virtual micro-batches run in groups of pp per chunk (`get_model_chunk_id`,
-  `get_microbatch_id_in_model_chunk`), with (pp - r - 1) * 2 + (vp - 1) * pp warm-up forwards (all of them
-  when M == pp), and M must be a multiple of pp (Megatron asserts the same).
+  M x vp virtual micro-batches run in groups of G (--microbatch-group-size-per-virtual-pipeline-stage, default
+  pp) per chunk (`get_schedule_table`, `get_model_chunk_id`, `get_microbatch_id_in_model_chunk`), with
+  (pp - r - 1) * 2 + (vp - 1) * G warm-up forwards (`get_pp_rank_microbatches`; all of them where that reaches
+  M x vp: at d98e8a64 there is no special case for M == pp any more). With the default group M must be a
+  multiple of pp; otherwise G lies in [pp, M] and M mod G is 0 or at least pp (Megatron raises the same).
 """
 
 from __future__ import annotations
@@ -40,24 +42,37 @@ def one_f_one_b(num_micro_batches: int, pp_size: int, pp_rank: int) -> list[Slot
     return slots
 
 
-def interleaved_one_f_one_b(num_micro_batches: int, pp_size: int, pp_rank: int, vp_size: int) -> list[Slot]:
-    """Megatron's interleaved 1F1B order of rank `pp_rank` holding `vp_size` model chunks."""
+def schedule_table(num_micro_batches: int, vp_size: int, group_size: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of each virtual micro-batch in forward order, Megatron-Core's get_schedule_table
+    (megatron/core/pipeline_parallel/schedules.py): the micro-batches go in groups of `group_size`
+    (--microbatch-group-size-per-virtual-pipeline-stage, default --pipeline-model-parallel-size), each group
+    through chunk 0, then chunk 1, ...; the last group takes every micro-batch left."""
+    table: list[tuple[int, int]] = []
+    for first in range(0, num_micro_batches, group_size):
+        end = num_micro_batches if first + group_size >= num_micro_batches else first + group_size
+        table += [(micro_batch, chunk) for chunk in range(vp_size) for micro_batch in range(first, end)]
+    return table
+
+
+def interleaved_one_f_one_b(num_micro_batches: int, pp_size: int, pp_rank: int, vp_size: int,
+                            group_size: Optional[int] = None) -> list[Slot]:
+    """Megatron's interleaved 1F1B order of rank `pp_rank` holding `vp_size` model chunks, the micro-batches
+    in groups of `group_size` per chunk (default `pp_size`)."""
     _check_rank(num_micro_batches, pp_size, pp_rank)
-    check_interleaving(num_micro_batches, pp_size, vp_size)
+    group_size = pp_size if group_size is None else group_size
+    check_interleaving(num_micro_batches, pp_size, vp_size, group_size)
     total = num_micro_batches * vp_size
-    if num_micro_batches == pp_size:  # Megatron: all_warmup_microbatches
-        warmup = total
-    else:
-        warmup = min((pp_size - pp_rank - 1) * 2 + (vp_size - 1) * pp_size, total)
+    # Megatron-Core's get_pp_rank_microbatches: (pp - r - 1) x 2 + (vp - 1) x group warm-up forwards, all of
+    # them when that reaches the total.
+    warmup = min((pp_size - pp_rank - 1) * 2 + (vp_size - 1) * group_size, total)
     steady = total - warmup
+    table = schedule_table(num_micro_batches, vp_size, group_size)
 
     def slot(kind: Literal["F", "B"], virtual: int) -> Slot:
-        group = pp_size * vp_size
-        chunk = (virtual % group) // pp_size
-        if kind == "B":
-            chunk = vp_size - chunk - 1
-        micro_batch = (virtual // group) * pp_size + virtual % pp_size
-        return Slot(kind, micro_batch, chunk)
+        # get_model_chunk_id: the table's chunk, reversed for a backward; a chunk's backwards pop its forwards'
+        # inputs first in, first out, so the k-th backward is the k-th table entry's micro-batch
+        micro_batch, chunk = table[virtual]
+        return Slot(kind, micro_batch, vp_size - chunk - 1 if kind == "B" else chunk)
 
     slots = [slot("F", k) for k in range(warmup)]
     for k in range(steady):
@@ -66,10 +81,12 @@ def interleaved_one_f_one_b(num_micro_batches: int, pp_size: int, pp_rank: int, 
     return slots
 
 
-def schedule(num_micro_batches: int, pp_size: int, pp_rank: int, vp_size: Optional[int] = None) -> list[Slot]:
-    """The slots of rank `pp_rank`: interleaved when `vp_size` (chunks per rank) is above 1."""
+def schedule(num_micro_batches: int, pp_size: int, pp_rank: int, vp_size: Optional[int] = None,
+             group_size: Optional[int] = None) -> list[Slot]:
+    """The slots of rank `pp_rank`: interleaved when `vp_size` (chunks per rank) is above 1, its micro-batches
+    in groups of `group_size` (None: `pp_size`)."""
     if vp_size is not None and vp_size > 1:
-        return interleaved_one_f_one_b(num_micro_batches, pp_size, pp_rank, vp_size)
+        return interleaved_one_f_one_b(num_micro_batches, pp_size, pp_rank, vp_size, group_size)
     return one_f_one_b(num_micro_batches, pp_size, pp_rank)
 
 
@@ -84,18 +101,34 @@ def peak_held_by_forwards(slots: Sequence[Slot], held_by_chunk: Sequence[int]) -
     return peak
 
 
-def check_interleaving(num_micro_batches: int, pp_size: int, vp_size: int) -> None:
-    # Megatron-Core's forward_backward_pipelining_with_interleaving asserts num_microbatches %
-    # pipeline_parallel_size == 0 ("number of microbatches ... is not divisible by pipeline-model-parallel-size
-    # when using interleaved schedule") and refuses pp 1 with virtual stages.
+GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
+
+
+def check_interleaving(num_micro_batches: int, pp_size: int, vp_size: int, group_size: Optional[int] = None) -> None:
+    # Megatron-Core's forward_backward_pipelining_with_interleaving raises when the group size
+    # (config.microbatch_group_size_per_vp_stage, default the pipeline size) is outside [PP, M], and when the
+    # last group, M mod group, is not 0 and smaller than PP ("dependency bubbles"); with the default group that
+    # is M a multiple of PP. It refuses pp 1 with virtual stages.
     if pp_size < 2:
         raise ConfigError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1: "
                           "drop it, or use pipeline stages")
-    if num_micro_batches % pp_size:
-        raise ConfigError(f"the interleaved pipeline schedule needs the micro-batches per iteration "
-                          f"({num_micro_batches}) to be a multiple of --pipeline-model-parallel-size {pp_size}: "
-                          f"change --global-batch-size or --micro-batch-size, or drop "
-                          f"--num-layers-per-virtual-pipeline-stage")
+    if group_size is None or group_size == pp_size:
+        if num_micro_batches % pp_size:
+            raise ConfigError(f"the interleaved pipeline schedule needs the micro-batches per iteration "
+                              f"({num_micro_batches}) to be a multiple of --pipeline-model-parallel-size {pp_size}: "
+                              f"change --global-batch-size or --micro-batch-size, or drop "
+                              f"--num-layers-per-virtual-pipeline-stage")
+        return
+    if not pp_size <= group_size <= num_micro_batches:
+        raise ConfigError(f"{GROUP_FLAG} {group_size}: the micro-batches of a group run through each model chunk "
+                          f"in turn, and Megatron needs between --pipeline-model-parallel-size {pp_size} and the "
+                          f"micro-batches per iteration ({num_micro_batches}) in a group", flags=(GROUP_FLAG,))
+    last = num_micro_batches % group_size
+    if 0 < last < pp_size:
+        raise ConfigError(f"{GROUP_FLAG} {group_size}: the last group of the {num_micro_batches} micro-batches per "
+                          f"iteration would hold {last}, fewer than --pipeline-model-parallel-size {pp_size} "
+                          f"(Megatron refuses the dependency bubble); pick a group size that divides the "
+                          f"micro-batches or leaves at least {pp_size}", flags=(GROUP_FLAG,))
 
 
 def _check_rank(num_micro_batches: int, pp_size: int, pp_rank: int) -> None:

@@ -31,8 +31,8 @@ from typing import Optional
 import torch
 
 from gpt.stage_layers import activation_shape
-from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
-from parallel.pipeline_schedules import peak_held_by_forwards, schedule
+from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
+from parallel.pipeline_schedules import check_interleaving, peak_held_by_forwards, schedule
 from zero.pipeline_grads import PipelineGradients
 
 META = torch.device("meta")
@@ -62,12 +62,16 @@ def bubble_fraction(stages: int, micro_batches: int, chunks: int = 1) -> float:
     return (stages - 1) / (chunks * micro_batches + stages - 1)
 
 
-def simulated_micro_batches(micro_batches: int, stages: int, stage: int, chunks: int) -> int:
+def simulated_micro_batches(micro_batches: int, stages: int, stage: int, chunks: int,
+                            group_size: Optional[int] = None) -> int:
     """M': 1F1B reaches its steady state on stage s after P - s - 1 warm-up forwards, so P - s micro-batches
     hold its peak, and at least two, so that a backward under no_sync (what each micro-batch not simulated
-    sends) runs before the last; interleaved needs a multiple of P other than P itself (at M = P Megatron runs
-    every forward as warm-up: a different schedule), and 2P covers the longest warm-up, (P - 1) x 2 + (vp - 1) x P."""
+    sends) runs before the last; interleaved needs a multiple of P, and 2P covers the longest warm-up,
+    (P - 1) x 2 + (vp - 1) x P. With a --microbatch-group-size-per-virtual-pipeline-stage other than P the groups
+    (and the last, which takes the remainder) depend on M: all M run."""
     if chunks > 1:
+        if group_size is not None and group_size != stages:
+            return micro_batches
         return micro_batches if micro_batches <= 2 * stages else 2 * stages
     return min(micro_batches, max(stages - stage, 2))
 
@@ -79,7 +83,10 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     stages, stage = state.pipeline_parallel_size, state.pipeline_parallel_rank
     chunks = len(model.stage.chunks)
     micro_batches = plan.batch.final_accumulation_steps
-    simulated = simulated_micro_batches(micro_batches, stages, stage, chunks)
+    group = config.training.microbatch_group_size_per_virtual_pipeline_stage
+    if chunks > 1:
+        check_interleaving(micro_batches, stages, chunks, group)  # the run's M, not the simulated M'
+    simulated = simulated_micro_batches(micro_batches, stages, stage, chunks, group)
     micro, seq = config.training.micro_batch_size, config.model.seq_length
     dtype = next(model.parameters()).dtype
     tokens = torch.zeros((micro, seq + 1), dtype=torch.long, device=META)
@@ -91,8 +98,8 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
                                   state.pipeline_parallel_group, state.is_first_stage)
     reducer.zero_grad()
     state.comm.stats.snapshot_and_reset()
-    p2p = PipelineP2P(META, state.comm)
-    slots = schedule(simulated, stages, stage, chunks)
+    p2p = PipelineP2P(META, state.comm, send_lag(stages, group if chunks > 1 else None))
+    slots = schedule(simulated, stages, stage, chunks, group)
     last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
     outputs: dict[tuple[int, int], tuple[Optional[torch.Tensor], torch.Tensor]] = {}
     most_held = forward_peak = 0

@@ -88,7 +88,10 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
         return None
     return stage_layers(settings.config.model.num_layers, state.pipeline_parallel_size, state.pipeline_parallel_rank,
                         training.num_layers_per_virtual_pipeline_stage, training.decoder_first_pipeline_num_layers,
-                        training.decoder_last_pipeline_num_layers)
+                        training.decoder_last_pipeline_num_layers,
+                        virtual_stages=training.num_virtual_stages_per_pipeline_rank,
+                        account_for_embedding=training.account_for_embedding_in_pipeline_split,
+                        account_for_loss=training.account_for_loss_in_pipeline_split)
 
 
 def decayed_norm_params(model: GPTModel, config) -> list:

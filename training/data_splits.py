@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Optional
 from arguments.config import PretrainConfig
 from data.corpus import prepare_default_corpus
 from data.gpt_dataset import build_train_valid_test_datasets
+from data.mock import build_mock_datasets
 from data.sampler import build_data_loader
 from data.tokenizer import RunTokenizer, load_named_tokenizer, load_tokenizer
 from parallel.state import ParallelState
@@ -26,7 +27,8 @@ class DataSplits:
 
 
 def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
-    """Where the embedded corpus is prepared; None when the user's --data-path is used instead."""
+    """Where the embedded corpus is prepared (and --mock-data's index caches go); None when the user's --data-path
+    is used instead."""
     return None if config.data.data_path else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
 
 
@@ -38,23 +40,34 @@ def load_tokenizer_and_data_path(config: PretrainConfig) -> tuple[RunTokenizer, 
                                      config.model.vocab_size)
     if data.data_path:
         return tokenizer, list(data.data_path)
+    if data.mock_data and tokenizer is not None:
+        return tokenizer, []  # build_data makes Megatron's mock documents with this tokenizer's ids
     corpus = prepare_default_corpus(corpus_cache_dir(config), data.tokenizer_vocab_size, tokenizer=tokenizer)
     if tokenizer is None:
         tokenizer = load_tokenizer(tokenizer_file=os.path.join(corpus.tokenizer_dir, "tokenizer.json"))
-    return tokenizer, [corpus.data_prefix]
+    return tokenizer, [] if data.mock_data else [corpus.data_prefix]  # mock data: the corpus's tokenizer only
 
 
-def build_data(settings: RunSettings, state: ParallelState, data_path: list[str]) -> DataSplits:
+def build_data(settings: RunSettings, state: ParallelState, data_path: list[str],
+               tokenizer: Optional[RunTokenizer] = None) -> DataSplits:
     """Datasets sized for the run (every iteration's batch of settings.batch, a ramp's included) and
-    loaders that start at a number of consumed samples."""
+    loaders that start at a number of consumed samples; with --mock-data, over Megatron's mock documents in
+    `tokenizer`'s vocabulary and end-of-document id (data/mock.py)."""
     config, batch = settings.config, settings.batch
     training = config.training
     eval_samples = training.eval_iters * batch.global_batch_size
     # the resolved train_iters is arguments/schedule.py's train_iterations (--train-samples included)
     num_samples = (batch.consumed_after(training.train_iters), eval_samples, eval_samples)
-    train_set, valid_set, test_set = build_train_valid_test_datasets(
-        data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
-        vocab_size=settings.vocab_size)
+    if config.data.mock_data:
+        if tokenizer is None:
+            raise ValueError("--mock-data's documents need the run's tokenizer (its vocabulary and end-of-document id)")
+        train_set, valid_set, test_set = build_mock_datasets(
+            config.data.split, config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
+            tokenizer.eod_id, corpus_cache_dir(config))
+    else:
+        train_set, valid_set, test_set = build_train_valid_test_datasets(
+            data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
+            vocab_size=settings.vocab_size)
 
     def loader(dataset, consumed_samples=0):
         return build_data_loader(dataset, consumed_samples=consumed_samples,

@@ -26,7 +26,7 @@ import torch
 
 from gpt.model import GPTModel
 from gpt.stage_layers import activation_shape
-from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P
+from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, schedule
 from parallel.state import ParallelState
 from training.evaluation import split_tokens
@@ -43,8 +43,10 @@ class PipelineTrainStep(DataParallelTrainStep):
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor) -> None:
         super().__init__(model, zero, train_batches, settings, state, activations)
-        self.p2p = PipelineP2P(state.device, state.comm)
         self.chunks = len(model.stage.chunks)
+        group = settings.config.training.microbatch_group_size_per_virtual_pipeline_stage
+        self.p2p = PipelineP2P(state.device, state.comm,
+                               send_lag(state.pipeline_parallel_size, group if self.chunks > 1 else None))
         tied = model.word_embeddings if model.tied_output else None
         self.gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
                                            state.pipeline_parallel_group, state.is_first_stage)
@@ -54,7 +56,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         state, reducer = self.state, self.zero.reducer
         batches = [split_tokens(next(self.train_batches), state.device) for _ in range(accumulation_steps)]
         slots = schedule(accumulation_steps, state.pipeline_parallel_size, state.pipeline_parallel_rank,
-                         self.chunks)
+                         self.chunks, self.settings.config.training.microbatch_group_size_per_virtual_pipeline_stage)
         last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
         inputs: dict[tuple[int, int], Optional[torch.Tensor]] = {}
         outputs: dict[tuple[int, int], torch.Tensor] = {}

@@ -76,7 +76,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         settings = resolve_run_settings(config, tokenizer.vocab_size, state.tensor_parallel_size,
                                         state.data_parallel_size, state.device.type, batch=batch,
                                         resumed_lr_schedule=claimed.lr_schedule)
-        data = build_data(settings, state, data_path)
+        data = build_data(settings, state, data_path, tokenizer)
         config = settings.config  # from here on, the resolved copy
         for note in settings.notes:
             log(note)

@@ -388,7 +388,7 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --train-doc-idx-path --train-idx-path --train-sample-idx-path --train-shuffle-idx-path
         --data-efficiency-curriculum-learning --random-ltd""")),
     ("not implemented: pretraining on the .bin/.idx data only; without --data-path the embedded corpus is used",
-     _names("--mock-data --fim-data --sft")),
+     _names("--fim-data --sft")),
     ("not implemented: weights are drawn from normal(0, --init-method-std), output projections scaled by "
      "1/sqrt(2 x layers), the same on every data-parallel rank", _names("""
         --init-method-xavier-uniform --data-parallel-random-init""")),
@@ -456,8 +456,9 @@ def _matches(value_of: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any, Map
 
 NO_PIPELINE_SPLIT = ("a pipeline split or schedule not implemented: with --pipeline-model-parallel-size > 1 the layers "
                      "split evenly over the stages (--decoder-first/last-pipeline-num-layers for an uneven first/last "
-                     "stage, --num-layers-per-virtual-pipeline-stage for interleaving); drop the flag, or run "
-                     "--pipeline-model-parallel-size 1")
+                     "stage, --account-for-embedding/loss-in-pipeline-split to count those as layers, "
+                     "--num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank for "
+                     "interleaving); drop the flag, or run --pipeline-model-parallel-size 1")
 
 
 def _without_pipeline(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
@@ -497,10 +498,8 @@ AT_VALUE: dict[str, AtValue] = {
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
-        --num-virtual-stages-per-pipeline-rank --pipeline-model-parallel-split-rank
-        --account-for-embedding-in-pipeline-split
-        --account-for-loss-in-pipeline-split --pipeline-model-parallel-layout
-        --microbatch-group-size-per-virtual-pipeline-stage --standalone-embedding-stage --pp-partition-method
+        --pipeline-model-parallel-split-rank --pipeline-model-parallel-layout
+        --standalone-embedding-stage --pp-partition-method
         --enable-zbh1-pipeline --enable-zbh1-exact-semantics""")},
     "--mtp-num-layers": AtValue(_equals(0, None), "no multi-token prediction layers, as here",
                                 "multi-token prediction is not implemented: the loss is next-token prediction"),
@@ -525,8 +524,15 @@ AT_VALUE: dict[str, AtValue] = {
                                          "not implemented: the weight decay is a constant --weight-decay"),
     "--vocab-extra-ids": AtValue(_equals(0), "no extra vocabulary ids, as here",
                                  "not implemented: the vocabulary is the tokenizer's own"),
-    "--error-injection-rate": AtValue(_equals(0), "no injected errors",
-                                      "not implemented: errors are never injected into results"),
+    # Megatron-Core's rerun_state_machine.py: RerunStateMachine injects a wrong result into 1 of every
+    # --error-injection-rate validate_result calls (--error-injection-type), so that validate_results mode's
+    # re-run of the iteration (and the attribution it reports) can be tested.
+    "--error-injection-rate": AtValue(_equals(0), "no injected errors (Megatron's default)",
+                                      "not implemented: error injection exists to test Megatron's rerun state "
+                                      "machine (--rerun-mode validate_results re-running an iteration whose loss "
+                                      "is NaN or spiky to tell a transient fault from a persistent one), which is "
+                                      "not implemented here: a NaN or inf loss or gradient norm stops the run; "
+                                      "drop the flag (0 injects nothing)"),
     "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
                                    "not implemented: parameter sharing between layers"),
     "--apply-layernorm-1p": AtValue(

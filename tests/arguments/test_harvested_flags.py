@@ -158,7 +158,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
 
 def test_pipeline_split_knobs_have_no_effect_without_stages_and_are_refused_with_them():
     knobs = [option for option, at in AT_VALUE.items() if at.refused == NO_PIPELINE_SPLIT]
-    assert "--account-for-embedding-in-pipeline-split" in knobs and "--standalone-embedding-stage" in knobs
+    assert "--pipeline-model-parallel-layout" in knobs and "--standalone-embedding-stage" in knobs
     argv = [token for option in knobs for token in (option, *sample_values(option))]
     line = next(note for note in parse_arguments(argv).notes if note.startswith(NO_EFFECT_LINE))
     assert all(option in line for option in knobs)

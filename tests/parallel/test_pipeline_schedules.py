@@ -43,7 +43,9 @@ def test_interleaved_order_of_slots_and_counts_on_every_stage():
     for pp, vp, m in ((2, 2, 4), (4, 2, 8), (2, 3, 6), (4, 2, 4)):
         for rank in range(pp):
             slots = interleaved_one_f_one_b(m, pp, rank, vp)
-            warmup = vp * m if m == pp else min((pp - rank - 1) * 2 + (vp - 1) * pp, vp * m)
+            # get_pp_rank_microbatches at d98e8a64: no special case for m == pp any more (older Megatron ran
+            # every forward as warm-up there); all of them only where the count reaches vp x m
+            warmup = min((pp - rank - 1) * 2 + (vp - 1) * pp, vp * m)
             forwards_before_first_backward = next(i for i, s in enumerate(slots) if s.kind == "B")
             # the warm-up forwards, then the steady phase's first forward (when there is a steady phase)
             assert forwards_before_first_backward == warmup + (warmup < vp * m)
@@ -89,15 +91,16 @@ def test_every_schedule_completes_as_a_data_flow(pp, vp, m):
     _runs_without_deadlock(pp, vp, m)
 
 
-def _most_sends_held(pp: int, vp: int, m: int) -> int:
+def _most_sends_held(pp: int, vp: int, m: int, group: int | None = None, lag: int | None = None) -> int:
     """Walk every rank's slots under parallel/p2p.py's rule: a slot that receives posts its receive, then waits
     for the sends of its slots before the previous one (SEND_LAG; each send completes once its receiver has
     posted the matching receive) and for its message; a slot's own sends are posted when it ends. Returns the
     most sends one rank held at once; fails on a deadlock, or if a send is never received."""
     from parallel.p2p import SEND_LAG
 
+    SEND_LAG = SEND_LAG if lag is None else lag  # noqa: N806 (the rule's name in parallel/p2p.py)
     stages = pp * vp
-    plans = {rank: schedule(m, pp, rank, vp) for rank in range(pp)}
+    plans = {rank: schedule(m, pp, rank, vp, group_size=group) for rank in range(pp)}
     posted, sent = set(), set()
     held: dict[int, list] = {rank: [] for rank in range(pp)}  # (message, the slot that sent it)
     position = {rank: 0 for rank in range(pp)}
@@ -143,3 +146,96 @@ def test_sends_complete_at_a_later_receive_without_deadlock_and_without_growing_
     if vp == 1:  # 1F1B with any count of micro-batches, fewer than the stages included
         for m in (1, 2, 3, 5):
             _most_sends_held(pp, vp, m)
+
+
+def _megatron_interleaved(m: int, pp: int, rank: int, vp: int, group: int) -> list[tuple[str, int, int]]:
+    """Megatron-Core's interleaved order reproduced from megatron/core/pipeline_parallel/schedules.py
+    (d98e8a64): get_schedule_table's (microbatch_id, model_chunk_id) table, get_pp_rank_microbatches'
+    num_warmup_microbatches = (pp - rank - 1) * 2 + (num_model_chunks - 1) * microbatch_group_size_per_vp_stage
+    (capped at the total), forward_backward_pipelining_with_interleaving's warm-up forwards, then forward k +
+    warmup with backward k, then the cool-down backwards; get_model_chunk_id(k, forward=False) is
+    num_model_chunks - table chunk - 1, and a chunk's backwards pop its input tensors first in, first out."""
+    table = []
+    for lo in range(0, m, group):
+        hi = m if lo + group >= m else lo + group
+        table += [(mb, c) for c in range(vp) for mb in range(lo, hi)]
+    total = m * vp
+    warmup = min((pp - rank - 1) * 2 + (vp - 1) * group, total)
+    popped = {c: 0 for c in range(vp)}  # a chunk's backward takes its oldest forward's micro-batch
+    order = [("F", *table[k]) for k in range(warmup)]
+
+    def backward(k):
+        chunk = vp - table[k][1] - 1
+        popped[chunk] += 1
+        return ("B", popped[chunk] - 1, chunk)
+
+    for k in range(total - warmup):
+        order += [("F", *table[k + warmup]), backward(k)]
+    order += [backward(k) for k in range(total - warmup, total)]
+    return order
+
+
+@pytest.mark.parametrize("pp,vp,m,group", [(2, 2, 5, 3), (2, 2, 6, 3), (2, 3, 8, 4), (4, 2, 8, 8), (4, 2, 10, 5),
+                                           (2, 2, 4, 2), (3, 2, 7, 4)])
+def test_microbatch_group_size_orders_slots_as_megatrons_schedule_table(pp, vp, m, group):
+    """--microbatch-group-size-per-virtual-pipeline-stage: each rank's slots equal Megatron's function above,
+    every (micro-batch, chunk) runs once forward and once backward, and the whole schedule still flows."""
+    for rank in range(pp):
+        slots = schedule(m, pp, rank, vp, group_size=group)
+        assert [(s.kind, s.micro_batch, s.chunk) for s in slots] == _megatron_interleaved(m, pp, rank, vp, group)
+        for kind in "FB":
+            assert sorted((s.micro_batch, s.chunk) for s in slots if s.kind == kind) == \
+                [(mb, c) for mb in range(m) for c in range(vp)]
+    # the docstring's example in Megatron: PP 2, N 3, M 5, VP 2 -> micro-batches 0 1 2 0 1 2 3 4 3 4
+    if (pp, vp, m, group) == (2, 2, 5, 3):
+        assert [s.micro_batch for s in schedule(m, pp, 1, vp, group_size=group) if s.kind == "F"] == \
+            [0, 1, 2, 0, 1, 2, 3, 4, 3, 4]
+    plans = {rank: schedule(m, pp, rank, vp, group_size=group) for rank in range(pp)}
+    _flows(plans, pp, vp)
+
+
+def _flows(plans, pp, vp):
+    stages, done, position = pp * vp, set(), {rank: 0 for rank in plans}
+    while any(position[r] < len(plans[r]) for r in plans):
+        moved = False
+        for rank, plan in plans.items():
+            if position[rank] == len(plan):
+                continue
+            slot = plan[position[rank]]
+            virtual = slot.chunk * pp + rank
+            ready = (virtual == 0 or ("F", slot.micro_batch, virtual - 1) in done) if slot.kind == "F" else \
+                ("F", slot.micro_batch, virtual) in done and (virtual == stages - 1
+                                                               or ("B", slot.micro_batch, virtual + 1) in done)
+            if ready:
+                done.add((slot.kind, slot.micro_batch, virtual))
+                position[rank] += 1
+                moved = True
+        assert moved, "deadlock"
+
+
+def test_microbatch_group_size_is_refused_where_megatron_raises():
+    """forward_backward_pipelining_with_interleaving: the group size must lie in [PP, M], and M mod group must
+    be 0 or at least PP."""
+    with pytest.raises(ConfigError, match="--microbatch-group-size-per-virtual-pipeline-stage 1: .*between"):
+        schedule(4, 2, 0, 2, group_size=1)
+    with pytest.raises(ConfigError, match="--microbatch-group-size-per-virtual-pipeline-stage 5: .*between"):
+        schedule(4, 2, 0, 2, group_size=5)
+    with pytest.raises(ConfigError, match="the last group of the 7 micro-batches per iteration would hold 1"):
+        schedule(7, 2, 0, 2, group_size=3)
+
+
+def test_grouped_schedules_need_the_longer_send_lag_and_complete_with_it():
+    """With a group above the stages, SEND_LAG's two slots deadlock (the neighbour reads a group's messages later);
+    parallel/p2p.py's send_lag, 2 + 2 (G - P), completes every grouped schedule Megatron accepts here."""
+    from parallel.p2p import send_lag
+
+    with pytest.raises(AssertionError, match="deadlock"):
+        _most_sends_held(2, 2, 8, group=3)
+    for pp in (2, 3, 4):
+        for vp in (2, 3):
+            for m in range(pp, 3 * pp + 1):
+                for group in range(pp, m + 1):
+                    if 0 < m % group < pp:
+                        continue
+                    _most_sends_held(pp, vp, m, group=group, lag=send_lag(pp, group))
+    assert send_lag(4, None) == send_lag(4, 4) == 2

@@ -93,3 +93,63 @@ def test_an_untied_last_stage_scores_the_vocabulary_as_the_one_stage_model():
     hidden, labels = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(0)), torch.arange(16).view(2, 8)
     assert torch.equal(last.output(last.final_layernorm(hidden), labels),
                        whole.output(whole.final_layernorm(hidden), labels))
+
+
+def _megatron_chunks(num_layers, pp, rank, vp, embedding, loss):
+    """Megatron-Core at d98e8a64 reproduced by hand: get_num_layers_to_build
+    (megatron/core/transformer/transformer_block.py: (L + embedding + loss) / pp per stage, / vp per chunk, one
+    fewer on the first stage's first chunk with account_for_embedding_in_pipeline_split and on the last stage's
+    last chunk with account_for_loss_in_pipeline_split) and get_transformer_layer_offset
+    (megatron/core/transformer/transformer_layer.py: vp_stage x (num_layers / vp) + pp_rank x
+    num_layers_per_virtual_rank, minus 1 on every chunk but the first stage's first when the embedding counts)."""
+    counted = num_layers + embedding + loss
+    per_rank = counted // pp
+    chunks = []
+    for vp_stage in range(vp or 1):
+        first_chunk, last_chunk = vp_stage == 0, vp_stage == (vp or 1) - 1
+        build = per_rank // vp if vp else per_rank
+        if embedding and first_chunk and rank == 0:
+            build -= 1
+        if loss and last_chunk and rank == pp - 1:
+            build -= 1
+        offset = vp_stage * (counted // vp) + rank * (per_rank // vp) if vp else rank * per_rank
+        if embedding and not (first_chunk and rank == 0):
+            offset -= 1
+        chunks.append(tuple(range(offset, offset + build)))
+    return tuple(chunks)
+
+
+@pytest.mark.parametrize("num_layers,pp,vp,embedding,loss", [
+    (7, 2, None, True, False), (7, 2, None, False, True), (6, 4, None, True, True), (7, 4, None, True, False),
+    (6, 2, 2, True, True), (10, 2, 3, True, True), (14, 4, 2, True, True), (7, 2, 2, True, False),
+    (8, 2, 2, False, False)])
+def test_account_for_embedding_and_loss_split_as_megatrons_get_num_layers_to_build(num_layers, pp, vp, embedding,
+                                                                                   loss):
+    """--account-for-embedding/loss-in-pipeline-split, alone and with --num-virtual-stages-per-pipeline-rank
+    (and its spelling in layers, --num-layers-per-virtual-pipeline-stage): every stage's chunks are Megatron's,
+    and together they are the model's layers once each."""
+    per_chunk = (num_layers + embedding + loss) // pp // vp if vp else None
+    held = []
+    for rank in range(pp):
+        expected = _megatron_chunks(num_layers, pp, rank, vp, embedding, loss)
+        got = stage_layers(num_layers, pp, rank, virtual_stages=vp, account_for_embedding=embedding,
+                           account_for_loss=loss)
+        assert got.chunks == expected
+        assert stage_layers(num_layers, pp, rank, per_chunk, account_for_embedding=embedding,
+                            account_for_loss=loss).chunks == expected
+        held += got.layer_ids
+    assert sorted(held) == list(range(num_layers))
+
+
+def test_the_split_flags_refuse_what_megatron_refuses():
+    with pytest.raises(ConfigError, match=r"--num-layers 6 \(with the embedding and/or loss counted as layers\) is "
+                                          r"not divisible by --pipeline-model-parallel-size 4"):
+        stage_layers(6, 4, 0, account_for_embedding=True)
+    with pytest.raises(ConfigError, match="--num-virtual-stages-per-pipeline-rank 2 does not divide the 3 layers"):
+        stage_layers(6, 2, 0, virtual_stages=2)
+    with pytest.raises(ConfigError, match="Megatron does not take both"):
+        stage_layers(6, 2, 0, first_stage_layers=2, account_for_loss=True)
+    with pytest.raises(ConfigError, match="Megatron takes one of them"):
+        stage_layers(8, 2, 0, 2, virtual_stages=2)
+    with pytest.raises(ConfigError, match="leaves stage 0 no transformer layer"):
+        stage_layers(2, 4, 0, account_for_embedding=True, account_for_loss=True)

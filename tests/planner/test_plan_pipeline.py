@@ -8,7 +8,7 @@ megatron/core/pipeline_parallel/schedules.py): `forward_backward_pipelining_with
 `num_warmup_microbatches = min(pipeline_parallel_size - pipeline_parallel_rank - 1, num_microbatches)` forwards
 before its first backward, so stage s holds min(P - s, M) micro-batches' activations at once;
 `forward_backward_pipelining_with_interleaving` runs `(pipeline_parallel_size - pipeline_parallel_rank - 1) * 2
-+ (num_model_chunks - 1) * pipeline_parallel_size` warm-up forwards (all of them when M == P). The bubble is
++ (num_model_chunks - 1) * pipeline_parallel_size` warm-up forwards (capped at all of them: get_pp_rank_microbatches). The bubble is
 Narayanan et al. 2021 (section 2.2): (p - 1) / (v m) of the ideal time, so (p - 1) / (v m + p - 1) of the whole.
 """
 
@@ -142,3 +142,26 @@ def test_report_memorys_stage_prediction_is_the_planners(flags):
                                          settings.batch.final_accumulation_steps)
         assert record["chunk_forwards_in_flight"] == planned.pipeline.peak_chunk_forwards_in_flight, rank
         assert record["predicted_checkpointed_input_bytes"] == sum(planned.checkpoint_bytes.values()) > 0, rank
+
+
+@pytest.mark.parametrize("counted, uneven", [("--account-for-embedding-in-pipeline-split", "3"),
+                                             ("--account-for-loss-in-pipeline-split", "4")])
+def test_the_planner_plans_the_split_with_the_embedding_or_loss_counted(counted, uneven):
+    """7 layers + the embedding (the loss) over 2 stages: 4 slots each, so stage 0 builds 3 (4) layers and stage 1
+    the other 4 (3), as Megatron-Core's get_num_layers_to_build; each rank plans the parameters of the same split
+    given as --decoder-first-pipeline-num-layers."""
+    flags = ("--num-layers", "7", "--pipeline-model-parallel-size", "2", "--global-batch-size", "8")
+    for rank in (0, 1):
+        assert plan(rank, *flags, counted, world=2).parameters_local == \
+            plan(rank, *flags, "--decoder-first-pipeline-num-layers", uneven, world=2).parameters_local
+
+
+def test_the_planner_runs_megatrons_grouped_interleaved_schedule():
+    """--microbatch-group-size-per-virtual-pipeline-stage 4 with 2 chunks, P 2, M 8: get_pp_rank_microbatches'
+    (P - s - 1) x 2 + (vp - 1) x G warm-up forwards await their backward, then one more; all M are simulated."""
+    flags = ("--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2",
+             "--microbatch-group-size-per-virtual-pipeline-stage", "4", "--global-batch-size", "16")
+    for stage in (0, 1):
+        planned = plan(stage, *flags, world=2)
+        assert planned.pipeline.simulated_micro_batches == planned.pipeline.micro_batches == 8
+        assert planned.pipeline.peak_chunk_forwards_in_flight == (2 - stage - 1) * 2 + (2 - 1) * 4 + 1

@@ -1,0 +1,56 @@
+"""--mock-data: Megatron-Core's MockGPTDataset documents in place of a --data-path.
+
+megatron/core/datasets/gpt_dataset.py (github:NVIDIA/Megatron-LM), MockGPTLowLevelDataset: 100000 documents whose
+lengths are numpy.random.default_rng(seed=0).integers(low=1, high=4096, size=100000, dtype=int32), document i
+holding the tokens (arange(length - 1) + 1) % vocab_size followed by the tokenizer's end-of-document id; the
+MockGPTDataset around it is an ordinary GPTDataset over those documents (split by --split, shuffled by --seed, cut
+into samples of --seq-length + 1 tokens). Here the same documents feed data/gpt_dataset.py's GPTDataset, so a mock
+run is the real data path over synthetic documents; nothing is written but the index caches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from data.gpt_dataset import SPLIT_NAMES, GPTDataset, parse_split, split_document_ranges
+
+# MockGPTLowLevelDataset's class attributes
+MOCK_SEED, MOCK_DOCUMENTS, MOCK_MAX_SEQUENCE_LENGTH = 0, 100000, 4096
+
+
+class MockDocuments:
+    """What GPTDataset reads of an IndexedDataset (prefix, num_documents, document_lengths, get_document), for
+    Megatron's mock documents."""
+
+    def __init__(self, vocab_size: int, eod_id: int) -> None:
+        self.vocab_size, self.eod_id = int(vocab_size), int(eod_id)
+        self.prefix = f"mock-data-vocab{self.vocab_size}-eod{self.eod_id}"  # messages and cache file names
+        rng = np.random.default_rng(seed=MOCK_SEED)
+        self.document_lengths = rng.integers(low=1, high=MOCK_MAX_SEQUENCE_LENGTH, size=MOCK_DOCUMENTS,
+                                             dtype=np.int32).astype(np.int64)
+        self.num_documents = MOCK_DOCUMENTS
+        # GPTDataset's cache key for data that has no index file
+        self.cache_identity = {"mock": [MOCK_SEED, MOCK_DOCUMENTS, MOCK_MAX_SEQUENCE_LENGTH, self.vocab_size,
+                                        self.eod_id]}
+
+    def document(self, d: int) -> np.ndarray:
+        length = int(self.document_lengths[d])
+        return np.concatenate([(np.arange(length - 1, dtype=np.int64) + 1) % self.vocab_size,
+                               np.array([self.eod_id], dtype=np.int64)])
+
+    def get_document(self, d: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        tokens = self.document(d)
+        return tokens[offset:] if length is None else tokens[offset:offset + length]
+
+
+def build_mock_datasets(split: str, seq_length: int, seed: int, num_samples: tuple[int, int, int], vocab_size: int,
+                        eod_id: int, cache_dir: str) -> tuple[torch.utils.data.Dataset | None, ...]:
+    """Train, valid and test GPTDatasets over the mock documents split by --split (None where a split gets no
+    samples or no documents), as build_train_valid_test_datasets does for one prefix."""
+    documents = MockDocuments(vocab_size, eod_id)
+    ranges = split_document_ranges(documents.num_documents, parse_split(split))
+    return tuple(
+        GPTDataset(documents, np.arange(*document_range, dtype=np.int64), count, seq_length, seed, name, cache_dir)
+        if count and document_range[1] > document_range[0] else None
+        for name, document_range, count in zip(SPLIT_NAMES, ranges, num_samples))
