@@ -5,8 +5,12 @@ What changes, and only this:
 - model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 (and what follows from them:
   --ffn-hidden-size in the script's proportion to the hidden size, --kv-channels in its proportion to the
   head dim (hidden / heads), --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
-  to the heads), --seq-length 16 (--max-position-embeddings in the script's proportion to
-  it), --pad-vocab-size-to just above the local tokenizer's vocabulary;
+  to the heads, rounded up to whole groups per tensor-parallel rank where the original had that), --seq-length
+  16 (--max-position-embeddings in the script's proportion to it), --pad-vocab-size-to just above the local
+  tokenizer's vocabulary; with interleaved pipeline stages, one layer per model chunk, each stage keeping its
+  number of chunks (--num-layers then the stages x chunks, less the embedding and loss where Megatron's
+  --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
+  first or last stage (--decoder-first/last-pipeline-num-layers) one layer;
 - parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
   layers), then a tensor-parallel size above what the stages leave of the 2 ranks becomes that;
 - batch sizes, the same way on both sides: every micro-batch number (the flags' --micro-batch-size or
@@ -19,7 +23,7 @@ What changes, and only this:
   contradiction between a script and its JSON is kept, for the code under test to resolve as the real
   pair would. A --rampup-batch-size starts at one micro batch per rank and grows by the same step;
 - lengths: --train-iters 3, and --train-samples / --train-tokens to what 3 iterations consume (the ramp
-  included); lr schedules in iterations, samples or tokens keep their share of the run (at least 1);
+  included); lr schedules in iterations, samples or tokens keep their share of the run (at least 1; 0 stays 0);
   fractions (--lr-warmup-fraction, --warmup) stay;
 - intervals: --log-interval and the JSON's steps_per_print through one map (1 stays 1, the others become
   2, 3, ... in order), --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0);
@@ -68,6 +72,8 @@ TOKENIZER_FILES = ("--vocab-file", "--merge-file", "--tokenizer-name-or-path", "
 # Every flag whose values the shrink may change; any other flag keeps its values token for token.
 CHANGED_FLAGS = frozenset({
     *TINY, "--ffn-hidden-size", "--kv-channels", "--num-key-value-heads", "--num-query-groups",
+    "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
     "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to",
     *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--train-iters", "--train-samples",
@@ -158,6 +164,21 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     new_pp = min(pp, WORLD_SIZE)
     new_tp = min(tp, WORLD_SIZE // new_pp)
     new_dp = max(1, WORLD_SIZE // (new_tp * new_pp))
+    # Interleaved stages keep their number of model chunks per stage, one layer each; an uneven first or last
+    # stage keeps one layer.
+    chunks = 1
+    if "--num-layers-per-virtual-pipeline-stage" in scalar and "--num-layers" in scalar:
+        chunks = max(1, scalar["--num-layers"] // (pp * scalar["--num-layers-per-virtual-pipeline-stage"]))
+    elif "--num-virtual-stages-per-pipeline-rank" in scalar:
+        chunks = scalar["--num-virtual-stages-per-pipeline-rank"]
+    # Megatron's --account-for-embedding/loss-in-pipeline-split count each as a layer in that split.
+    counted = sum(flag in given for flag in ("--account-for-embedding-in-pipeline-split",
+                                             "--account-for-loss-in-pipeline-split")) if new_pp > 1 else 0
+    new_layers = TINY["--num-layers"]
+    if new_pp > 1:
+        per_split = new_pp * chunks
+        new_layers = max(new_layers, per_split - counted)
+        new_layers += -(new_layers + counted) % per_split
 
     # Batch sizes: one map for micro batches, one for accumulation steps, on both sides.
     flag_micro = first(scalar, MICRO_BATCH)
@@ -201,7 +222,7 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     new_seq = TINY["--seq-length"]
 
     def share(value: float, of: float, into: float) -> str:
-        return str(max(1, round(value / of * into)))
+        return "0" if value == 0 else str(max(1, round(value / of * into)))  # 0 (none) stays 0
 
     # Intervals.
     log_map = rank_map([scalar.get("--log-interval"), config.get("steps_per_print")])
@@ -213,8 +234,14 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     for flag, values, inline in pairs:
         new = values
         value = scalar.get(flag)
-        if flag in TINY:
+        if flag == "--num-layers":
+            new = [str(new_layers)]
+        elif flag in TINY:
             new = [str(TINY[flag])]
+        elif flag == "--num-layers-per-virtual-pipeline-stage":
+            new = [str(max(1, (new_layers + counted) // (new_pp * chunks)))]
+        elif flag in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"):
+            new = ["1"]
         elif flag == "--ffn-hidden-size" and "--hidden-size" in scalar:
             new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
         elif flag == "--kv-channels" and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
@@ -222,7 +249,9 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
                                        TINY["--hidden-size"] / TINY["--num-attention-heads"])
             new = [str(max(1, round(value / head_dim * tiny_head_dim)))]
         elif flag in ("--num-key-value-heads", "--num-query-groups") and "--num-attention-heads" in scalar:
-            new = [str(max(1, value * TINY["--num-attention-heads"] // scalar["--num-attention-heads"]))]
+            groups = max(1, value * TINY["--num-attention-heads"] // scalar["--num-attention-heads"])
+            # each tensor-parallel rank holds whole groups, as it did at the original sizes
+            new = [str(-(-groups // new_tp) * new_tp if value % tp == 0 else groups)]
         elif flag in ("--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length"):
             new = [str(max(new_seq, round(value / seq * new_seq)))]
         elif flag == "--pad-vocab-size-to":
