@@ -19,7 +19,8 @@ What changes, and only this:
   contradiction between a script and its JSON is kept, for the code under test to resolve as the real
   pair would. A --rampup-batch-size starts at one micro batch per rank and grows by the same step;
 - lengths: --train-iters 3, and --train-samples / --train-tokens to what 3 iterations consume (the ramp
-  included); lr schedules in iterations, samples or tokens keep their share of the run (at least 1);
+  included); lr schedules in iterations, samples or tokens keep their share of the run (at least 1; 0
+  stays 0);
   fractions (--lr-warmup-fraction, --warmup) stay;
 - intervals: --log-interval and the JSON's steps_per_print through one map (1 stays 1, the others become
   2, 3, ... in order), --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0);
@@ -201,7 +202,7 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     new_seq = TINY["--seq-length"]
 
     def share(value: float, of: float, into: float) -> str:
-        return str(max(1, round(value / of * into)))
+        return "0" if value == 0 else str(max(1, round(value / of * into)))  # no warmup stays none
 
     # Intervals.
     log_map = rank_map([scalar.get("--log-interval"), config.get("steps_per_print")])
