@@ -70,7 +70,8 @@ def decide_start(load: Optional[str], save: Optional[str]) -> StartDecision:
         complete = [name for name in holds_checkpoints(path) if name not in (LATEST_FILE, TRACKER_FILE)]
         if complete:
             raise CheckpointError(f"--load {load} holds checkpoints ({', '.join(complete[-3:])}) but no "
-                                  f"'{LATEST_FILE}'; pass --load {path / complete[-1]} to resume from the newest")
+                                  f"'{LATEST_FILE}' or '{TRACKER_FILE}'; pass --load {path / complete[-1]} to resume "
+                                  f"from the newest")
     if also_save:
         return StartDecision(None, f"> no checkpoint in {load} yet: starting a fresh run (--load is the --save "
                                f"directory)")
