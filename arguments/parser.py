@@ -71,6 +71,7 @@ from arguments.megatron.flags import (
 )
 from arguments.megatron.harvested_flags import add_harvested, classified_options, harvested
 from arguments.option_table import OptionTable, option_table, stores_a_constant
+from arguments.run_lengths import check_run_lengths, use_sample_based_lengths
 from base.errors import CheckpointError, OneLineArgumentParser
 from base.input_files import irregularity, read_text_file
 from base.options import argparse_keywords, consts, group_of, option_fields, option_strings
@@ -357,7 +358,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         settings, sources, typed.get, megatron_launch, bool(meanings["deepspeed"]),
         bool(meanings["deepspeed_activation_checkpointing"]))
     not_read_warning, said = not_read.warning(lambda flags: _flag_values(parser, flags), settings, sources)
-    problems += check_given_together(sources)
+    problems += check_run_lengths(settings, sources)
     use_sample_based_lengths(settings, sources)
     config = PretrainConfig.from_flat(settings, sources)
     if translation is not None and translation.batch:
@@ -580,47 +581,6 @@ def _json_value(key: str, value: Any, flags: str) -> str:
     if isinstance(value, bool) or len(flags.split()) != 2:
         return f"{key} ({flags})"
     return f"{key} {show_value(value)}"
-
-
-# Settings of which only one may be given explicitly (on the command line or in the JSON): the first
-# replaces the second, as in Megatron-LM, where giving both is an error. A preset's value for the
-# second is simply replaced.
-EXCLUSIVE_SETTINGS = (
-    ("lr_warmup_fraction", "lr_warmup_iters", "--lr-warmup-fraction", "--lr-warmup-iters"),
-    ("lr_warmup_fraction", "lr_warmup_samples", "--lr-warmup-fraction", "--lr-warmup-samples"),
-    ("train_samples", "train_iters", "--train-samples", "--train-iters"),
-    ("train_samples", "lr_decay_iters", "--train-samples", "--lr-decay-iters"),
-    ("train_samples", "lr_warmup_iters", "--train-samples", "--lr-warmup-iters"),
-    ("train_iters", "lr_decay_samples", "--train-iters", "--lr-decay-samples"),
-    ("train_iters", "lr_warmup_samples", "--train-iters", "--lr-warmup-samples"),
-)
-
-
-# With --train-samples the run is sample-based, as in Megatron-LM: the iteration-based lengths must be
-# unset there, so a preset's or default's value for them is dropped (an explicit one is refused above).
-ITERATION_BASED_UNSET = {"train_iters": None, "lr_warmup_iters": 0, "lr_decay_iters": None}
-
-
-def use_sample_based_lengths(settings: dict[str, Any], sources: dict[str, Source]) -> None:
-    if settings.get("train_samples") is None:
-        return
-    for name, unset in ITERATION_BASED_UNSET.items():
-        if settings[name] != unset:
-            settings[name] = unset
-            given = sources["train_samples"]
-            sources[name] = Source(given.kind, given.origin or "--train-samples",
-                                   note="unset: the run is sample-based, as in Megatron-LM")
-
-
-def check_given_together(sources: dict[str, Source]) -> list[str]:
-    """A problem for each pair of EXCLUSIVE_SETTINGS given explicitly together."""
-    problems = []
-    for first, second, first_flag, second_flag in EXCLUSIVE_SETTINGS:
-        explicit = [sources[name] for name in (first, second) if sources[name].kind in (JSON, FLAG)]
-        if len(explicit) == 2:
-            problems.append(f"give one of {first_flag} and {second_flag}, not both ({explicit[0].describe()}; "
-                            f"{explicit[1].describe()})")
-    return problems
 
 
 def _typed_value(option: str, value: Any) -> str:

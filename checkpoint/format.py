@@ -2,6 +2,8 @@
 
     SAVE_DIR/
       latest                          "iter_0000010": replaced atomically once a save is complete
+      latest_checkpointed_iteration.txt
+                                      "10": Megatron-LM's tracker file, written just before `latest`
       iter_0000010/
         metadata.json                 written last: format version, iteration, consumed samples, grid,
                                       resolved config, loss scaler, parameter table, file manifest
@@ -21,6 +23,16 @@ stretch holds: `[name, param_offset, partition_offset, numel]`, offsets into the
 at its TP-local shape. That table is all it takes to re-cut the optimizer state for another DP size
 or ZeRO stage, or to consolidate it into whole tensors (`consolidate`). Stage 0 has one partition
 (everything), written by DP rank 0 alone.
+
+A `--save` directory names its checkpoint twice: `latest` (ours) and Megatron-LM's tracker file, which
+its scripts and functional tests read and write (checkpointing.py's get_checkpoint_tracker_filename /
+read_metadata). Both are written at each save, the tracker first, so they name the same iteration.
+Where they differ, the one written last wins: someone wrote it after the save (Megatron's ckpt-resume
+tests delete the last checkpoint and write an earlier iteration into the tracker; a user of ours may
+edit `latest`), or a save stopped between the two writes, and the tracker names the newer complete
+checkpoint. Written at the same time (a coarse file-system clock), the tracker wins, the one Megatron
+reads. The load says which in one line (`pointed_checkpoint`), and the winner naming no complete
+checkpoint is an error, never a fallback to the other.
 
 Only safetensors and JSON are ever read, so loading a checkpoint cannot run code. Every file's size
 and content hash is in the manifest; checkpoint/schema.py checks what metadata.json and `latest`
@@ -43,10 +55,11 @@ import torch
 from base.errors import CheckpointError
 from base.file_modes import apply_umask
 from checkpoint.inside import check_named_paths, inside
-from checkpoint.schema import check_metadata, listed_files, member, read_latest
+from checkpoint.schema import check_metadata, listed_files, member, read_latest, read_tracker
 
 FORMAT_VERSION = 1
 LATEST_FILE = "latest"
+TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's get_checkpoint_tracker_filename
 METADATA_FILE = "metadata.json"
 TOKENIZER_DIR = "tokenizer"
 OPTIMIZER_KEYS = ("master", "exp_avg", "exp_avg_sq")
@@ -162,18 +175,43 @@ def _safetensors_size(path: Path) -> int:
 
 # ---- reading ----------------------------------------------------------------------------------
 
+def is_save_directory(path: Path) -> bool:
+    """Whether `path` names its checkpoint: it holds `latest` or Megatron's tracker file."""
+    return (path / LATEST_FILE).is_file() or (path / TRACKER_FILE).is_file()
+
+
+def pointed_checkpoint(save_dir: Path) -> tuple[str, str, Optional[str]]:
+    """(the iteration directory name a save directory points at, the file that names it, a one-line
+    note when `latest` and the tracker disagree): the one written last, the tracker on a tie (module
+    docstring)."""
+    latest = read_latest(inside(save_dir, LATEST_FILE)) if (save_dir / LATEST_FILE).is_file() else None
+    tracked = read_tracker(inside(save_dir, TRACKER_FILE)) if (save_dir / TRACKER_FILE).is_file() else None
+    if tracked is None or latest == tracked:
+        return latest, LATEST_FILE, None
+    if latest is None:
+        return tracked, TRACKER_FILE, None
+    latest_written = (save_dir / LATEST_FILE).stat().st_mtime_ns
+    tracker_written = (save_dir / TRACKER_FILE).stat().st_mtime_ns
+    name, named_by = (latest, LATEST_FILE) if latest_written > tracker_written else (tracked, TRACKER_FILE)
+    why = ("'latest' was written after the tracker" if latest_written > tracker_written else
+           "the tracker was written after 'latest'" if tracker_written > latest_written else
+           "both were written at once and Megatron-LM reads the tracker")
+    return name, named_by, (f"> {save_dir}: {TRACKER_FILE} names iteration {int(tracked[len('iter_'):])} and "
+                            f"'{LATEST_FILE}' names {latest}: loading {name}, as {why}")
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A `--save` directory (meaning the iteration its `latest` names) or one iteration directory ->
-    that iteration directory, checked to be complete."""
+    """A `--save` directory (meaning the iteration its tracker file or `latest` names, see
+    `pointed_checkpoint`) or one iteration directory -> that iteration directory, checked to be complete."""
     path = Path(path)
     if (path / METADATA_FILE).is_file():
         # An iteration directory is itself, even holding a `latest` and iter_* that a run given it as
         # --save wrote inside before such a --save was refused: never another iteration, silently.
         return path
-    if (path / LATEST_FILE).is_file():
-        # `latest` and the iteration directory it names are read from the checkpoint: both must lie
-        # inside the save directory (checkpoint/inside.py).
-        name = read_latest(inside(path, LATEST_FILE))
+    if is_save_directory(path):
+        # the pointer files and the iteration directory they name are read from the checkpoint: each must lie
+        # inside the save directory (checkpoint/inside.py)
+        name, named_by, _ = pointed_checkpoint(path)
         target = inside(path, name)
         if not target.exists():
             # A crash while an iteration was re-saved, between moving the old copy aside and moving
@@ -182,13 +220,14 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             if retired and (retired[0] / METADATA_FILE).is_file():
                 return inside(path, retired[0].name)
         if not (target / METADATA_FILE).is_file():
-            raise CheckpointError(f"{path / LATEST_FILE} names {name!r}, which is not a complete checkpoint")
+            raise CheckpointError(f"{path / named_by} names {name!r}, which is not a complete checkpoint")
         return target
     if path.is_dir() and path.name.endswith(STAGING_SUFFIX):
         raise CheckpointError(f"{path} is a save that never finished; use the checkpoint `latest` names")
     if path.is_dir() and path.name.startswith("iter_"):
         raise CheckpointError(f"{path} has no {METADATA_FILE}: the save did not finish")
-    raise CheckpointError(f"{path}: no checkpoint here (neither a '{LATEST_FILE}' file nor {METADATA_FILE})")
+    raise CheckpointError(f"{path}: no checkpoint here (no '{LATEST_FILE}' or '{TRACKER_FILE}' file, no "
+                          f"{METADATA_FILE})")
 
 
 def has_checkpoint(iteration_dir: str | os.PathLike) -> bool:
@@ -407,11 +446,20 @@ def fill_partition(iteration_dir: Path, metadata: dict, tensor_parallel_rank: in
 # ---- committing a save ------------------------------------------------------------------------
 
 def commit(staging: Path, final: Path, save_dir: Path) -> None:
-    """Make a fully written staging directory the checkpoint `final` and point `latest` at it. Until
-    the renames nothing a reader looks at has changed; an existing directory of the same iteration
-    is replaced."""
+    """Make a fully written staging directory the checkpoint `final` and point Megatron's tracker file,
+    then `latest`, at it. Until the renames nothing a reader looks at has changed; an existing
+    directory of the same iteration is replaced. Stopped between the two pointers, the tracker names
+    the newer complete checkpoint, which is the one a load takes (module docstring)."""
     replace_directory(staging, final)
-    write_text_atomic(save_dir / LATEST_FILE, final.name + "\n")
+    point_at(save_dir, final.name)
+
+
+def point_at(save_dir: Path, name: str, tracker: bool = True) -> None:
+    """Write Megatron's tracker file (unless `tracker` is False), then `latest`, naming the iteration
+    directory `name`, each replaced atomically."""
+    if tracker:
+        write_text_atomic(save_dir / TRACKER_FILE, f"{int(name[len('iter_'):])}\n")
+    write_text_atomic(save_dir / LATEST_FILE, name + "\n")
 
 
 def remove_stale_saves(save_dir: Path) -> None:
@@ -419,8 +467,9 @@ def remove_stale_saves(save_dir: Path) -> None:
     replaced copies of an iteration whose new copy is in place."""
     for path in save_dir.glob(f"iter_*{STAGING_SUFFIX}"):
         shutil.rmtree(path, ignore_errors=True)
-    for path in save_dir.glob(f".{LATEST_FILE}.tmp-*"):
-        path.unlink(missing_ok=True)
+    for pointer in (LATEST_FILE, TRACKER_FILE):
+        for path in save_dir.glob(f".{pointer}.tmp-*"):
+            path.unlink(missing_ok=True)
     for path in save_dir.glob(f"iter_*{RETIRED_SUFFIX}*"):
         if (save_dir / path.name.split(RETIRED_SUFFIX)[0] / METADATA_FILE).is_file():
             shutil.rmtree(path, ignore_errors=True)
@@ -441,15 +490,17 @@ def saved_run_id(iteration_dir: Path) -> Optional[str]:
 
 def prune(save_dir: Path, keep_last: int, run_id: str) -> list[Path]:
     """Delete all but the newest `keep_last` checkpoints of the lineage `run_id` (never the one
-    `latest` names). Checkpoints of other runs -- an old run's, left beside this one by
+    `latest` or the tracker file names). Checkpoints of other runs -- an old run's, left beside this one by
     --overwrite-save, or one saved before lineages existed -- are neither counted nor deleted."""
-    latest = read_latest(save_dir / LATEST_FILE)
+    kept = {read_latest(save_dir / LATEST_FILE)}
+    if (save_dir / TRACKER_FILE).is_file():
+        kept.add(read_tracker(save_dir / TRACKER_FILE))
     complete = sorted((p for p in save_dir.glob("iter_*") if re.fullmatch(r"iter_\d+", p.name) and p.is_dir()
                        and (p / METADATA_FILE).is_file()), key=lambda p: int(p.name[len("iter_"):]))
     ours = [path for path in complete if saved_run_id(path) == run_id]
     removed = []
     for path in ours[:-keep_last] if keep_last > 0 else []:
-        if path.name != latest:
+        if path.name not in kept:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

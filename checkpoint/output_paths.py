@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from base.errors import ConfigError
-from checkpoint.format import LATEST_FILE, METADATA_FILE, fsync_path
+from checkpoint.format import METADATA_FILE, fsync_path, is_save_directory
 
 
 def prepare_output_directory(path: str | os.PathLike, flag: str) -> Path:
@@ -51,10 +51,10 @@ def prepare_output_file(path: str | os.PathLike, flag: str) -> Path:
 
 def checkpoint_holding(path: str | os.PathLike, include_self: bool = False) -> Path | None:
     """The nearest directory above `path` (or at it, with `include_self`) that is a checkpoint (it
-    has metadata.json) or a save directory (it has `latest`), or None."""
+    has metadata.json) or a save directory (it has `latest` or Megatron's tracker file), or None."""
     path = Path(path).resolve()
     for directory in ([path] if include_self else []) + list(path.parents):
-        if (directory / METADATA_FILE).is_file() or (directory / LATEST_FILE).is_file():
+        if (directory / METADATA_FILE).is_file() or is_save_directory(directory):
             return directory
     return None
 
@@ -79,7 +79,7 @@ def refuse_training_output_in_checkpoint(path: str | os.PathLike, flag: str, sav
         if (directory / METADATA_FILE).is_file():
             raise ConfigError(f"{flag} {path} {inside} the checkpoint {directory}; a run writes beside "
                               f"checkpoints, never into one: choose another {flag}")
-        if save_directory and directory != resolved and (directory / LATEST_FILE).is_file():
+        if save_directory and directory != resolved and is_save_directory(directory):
             raise ConfigError(f"{flag} {path} is inside the save directory {directory}; pass --save {directory} "
                               f"to save there, or choose a directory outside it")
 

@@ -13,20 +13,20 @@ import re
 from pathlib import Path
 
 from base.output_locks import RunLock
-from checkpoint.format import LATEST_FILE, METADATA_FILE, RETIRED_SUFFIX
+from checkpoint.format import LATEST_FILE, METADATA_FILE, RETIRED_SUFFIX, TRACKER_FILE
 
 LOCK_FILE = ".lock"
 
 
 def holds_checkpoints(directory: Path) -> list[str]:
-    """The names in `directory` that are another run's finished work: `latest` and complete
-    iteration directories (a retired copy too). Staging `.partial` directories are not: nothing
-    ever reads them."""
+    """The names in `directory` that are another run's finished work: `latest`, Megatron's tracker
+    file and complete iteration directories (a retired copy too). Staging `.partial` directories are
+    not: nothing ever reads them."""
     if not directory.is_dir():
         return []
     names = []
     for path in sorted(directory.iterdir()):
-        if path.name == LATEST_FILE:
+        if path.name in (LATEST_FILE, TRACKER_FILE):
             names.append(path.name)
         elif re.fullmatch(rf"iter_\d+({re.escape(RETIRED_SUFFIX)}\d+)?", path.name) \
                 and (path / METADATA_FILE).is_file():

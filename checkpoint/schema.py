@@ -1,4 +1,5 @@
-"""What a checkpoint's `metadata.json` and `latest` may contain, checked before anything trusts them.
+"""What a checkpoint's `metadata.json`, `latest` and Megatron's tracker file may contain, checked
+before anything trusts them.
 
 JSON that parses can still be wrong: a string where an iteration count belongs, a parameter table
 that is a list, or a file name such as `../../elsewhere` or `/etc/passwd`. Every such value is a
@@ -153,3 +154,26 @@ def read_latest(path: Path) -> str:
         shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
         raise CheckpointError(f"{path} holds {shown}, not an iteration directory name like iter_0001000")
     return text
+
+
+def read_tracker(path: Path) -> str:
+    """The iteration directory Megatron-LM's tracker file (`latest_checkpointed_iteration.txt`) names.
+    Its read_metadata (megatron/training/checkpointing.py) takes the stripped text as an integer
+    iteration, or "release" for a release checkpoint's `release/` directory, which this format has
+    not: that, and anything else, is an error naming the file."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(LATEST_MAX_BYTES + 1)
+        text = raw.decode("utf-8").strip()
+    except OSError as error:
+        raise CheckpointError(f"{path}: unreadable ({error.strerror or error})") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not UTF-8 text; it should hold an iteration number") from None
+    if text == "release":
+        raise CheckpointError(f"{path} names Megatron-LM's release checkpoint (a 'release' directory), which "
+                              f"this checkpoint format has not; pass --load an iter_* directory instead")
+    if len(raw) > LATEST_MAX_BYTES or not re.fullmatch(r"\d+", text):
+        shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
+        raise CheckpointError(f"{path} holds {shown}, not an iteration number like 1000 (Megatron-LM's tracker "
+                              f"file holds the iteration of the checkpoint to load)")
+    return f"iter_{int(text):07d}"

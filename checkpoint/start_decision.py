@@ -3,8 +3,9 @@ its data settings allow that. Pure decisions from the config and the file system
 
 The rules (docs/checkpoints.md, "What is guaranteed"):
 
-- `--load` must name a checkpoint: a save directory with `latest`, or an iteration directory with
-  metadata.json. A file, an `iter_*` directory without metadata, or a directory of checkpoints
+- `--load` must name a checkpoint: a save directory with `latest` or Megatron-LM's tracker file
+  `latest_checkpointed_iteration.txt` (where they differ, the one written last wins, said in one
+  line: checkpoint/format.py), or an iteration directory with metadata.json. A file, an `iter_*` directory without metadata, or a directory of checkpoints
   without `latest` is an error (except `--load` equal to `--save`, where checkpoint/unfinished_save.py
   first finishes the save that was killed before writing `latest`).
 - A `--load` directory that does not exist or is empty is a fresh start, said in one line: Megatron-LM's
@@ -27,7 +28,14 @@ from pathlib import Path
 from typing import Optional
 
 from base.errors import CheckpointError, ConfigError
-from checkpoint.format import LATEST_FILE, METADATA_FILE, resolve_checkpoint
+from checkpoint.format import (
+    LATEST_FILE,
+    METADATA_FILE,
+    TRACKER_FILE,
+    is_save_directory,
+    pointed_checkpoint,
+    resolve_checkpoint,
+)
 from checkpoint.save_directory import holds_checkpoints
 from data import DataError
 from data.gpt_dataset import parse_split
@@ -53,12 +61,17 @@ def decide_start(load: Optional[str], save: Optional[str]) -> StartDecision:
     if path.is_file():
         raise ConfigError(f"--load {load} is a file; pass a --save directory or one of its iter_* directories")
     if path.is_dir():
-        if (path / LATEST_FILE).exists() or (path / METADATA_FILE).exists() or path.name.startswith("iter_"):
-            return StartDecision(resolve_checkpoint(path))  # a broken one is an error naming what is wrong
-        complete = [name for name in holds_checkpoints(path) if name != LATEST_FILE]
+        if (path / LATEST_FILE).exists() or (path / TRACKER_FILE).exists() or (path / METADATA_FILE).exists() \
+                or path.name.startswith("iter_"):
+            resume_from = resolve_checkpoint(path)  # a broken one is an error naming what is wrong
+            note = None if (path / METADATA_FILE).exists() or not is_save_directory(path) \
+                else pointed_checkpoint(path)[2]  # `latest` and Megatron's tracker disagreeing: which won
+            return StartDecision(resume_from, note)
+        complete = [name for name in holds_checkpoints(path) if name not in (LATEST_FILE, TRACKER_FILE)]
         if complete:
             raise CheckpointError(f"--load {load} holds checkpoints ({', '.join(complete[-3:])}) but no "
-                                  f"'{LATEST_FILE}'; pass --load {path / complete[-1]} to resume from the newest")
+                                  f"'{LATEST_FILE}' or '{TRACKER_FILE}'; pass --load {path / complete[-1]} to resume "
+                                  f"from the newest")
     if also_save:
         return StartDecision(None, f"> no checkpoint in {load} yet: starting a fresh run (--load is the --save "
                                f"directory)")

@@ -6,7 +6,8 @@ files are saved, and a `--load` directory without it starts from random with a w
 left is then overwritten by the next save of the same number. Here the directory is complete when
 metadata.json exists (it is written last, inside the staging directory), so such a directory that
 also verifies (every file's size, header and hash, checkpoint/integrity.py) is what the killed
-save finished writing: `latest` is pointed at it, as the save would have done next. One that does not
+save finished writing: `latest` (and Megatron's tracker file, where the save had not written it yet)
+is pointed at it, as the save would have done next. One that does not
 verify is renamed `iter_N.unverified-<time>` (never deleted: the user may want to look at it) and
 the run starts fresh, as Megatron's would.
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from base.errors import CheckpointError
-from checkpoint.format import LATEST_FILE, METADATA_FILE, read_metadata, write_text_atomic
+from checkpoint.format import LATEST_FILE, METADATA_FILE, TRACKER_FILE, point_at, read_metadata
 from checkpoint.integrity import verify_or_raise
 
 UNVERIFIED_SUFFIX = ".unverified-"
@@ -61,9 +62,16 @@ def finish_unfinished_save(save_dir: Path, log: Callable[[str], None]) -> Option
         except (CheckpointError, OSError) as error:
             aside = candidate.with_name(f"{candidate.name}{UNVERIFIED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S')}")
             candidate.rename(aside)
-            log(f"> {candidate} has no '{LATEST_FILE}' and does not verify ({error}); set aside as {aside}")
+            tracker = save_dir / TRACKER_FILE
+            named = tracker.is_file() and tracker.read_text(encoding="utf-8", errors="replace").strip() \
+                == str(int(candidate.name[len("iter_"):]))
+            if named:  # the pointer to what was set aside goes, so the run starts fresh as said
+                tracker.unlink()
+            log(f"> {candidate} has no '{LATEST_FILE}' and does not verify ({error}); set aside as {aside}"
+                + (f"; {TRACKER_FILE} named it and is removed" if named else ""))
             continue
-        write_text_atomic(save_dir / LATEST_FILE, candidate.name + "\n")
+        # Megatron's tracker too, unless it is there: then the save wrote it, or a user did (their word)
+        point_at(save_dir, candidate.name, tracker=not (save_dir / TRACKER_FILE).exists())
         log(f"> {save_dir} had no '{LATEST_FILE}': a save was killed before writing it; {candidate} is complete "
             f"and verified, so '{LATEST_FILE}' now names it")
         return candidate

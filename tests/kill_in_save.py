@@ -7,7 +7,8 @@ The points are the steps of `save_checkpoint` (checkpoint/sharded.py) and `commi
 (checkpoint/format.py), in order:
   files        the first of the rank's safetensors files written into iter_N.partial, no more
   metadata     every file and metadata.json written into iter_N.partial, not yet renamed
-  renamed      iter_N.partial renamed to iter_N, `latest` not yet written
+  renamed      iter_N.partial renamed to iter_N, neither pointer written yet
+  tracker      Megatron's tracker file `latest_checkpointed_iteration.txt` written, `latest` not yet
   latest-temp  `latest`'s temporary file written and fsynced, not yet renamed over `latest`
   latest       `latest` written: the save is complete, the prune and the log line are not done
 The kill is a real SIGKILL: no handler, no cleanup, no flush.
@@ -25,7 +26,7 @@ from checkpoint import format as checkpoint_format  # noqa: E402
 from checkpoint import sharded  # noqa: E402
 
 POINT = os.environ["KILL_SAVE_POINT"]
-POINTS = ("files", "metadata", "renamed", "latest-temp", "latest")
+POINTS = ("files", "metadata", "renamed", "tracker", "latest-temp", "latest")
 
 
 def die() -> None:
@@ -48,7 +49,7 @@ def write_latest_then(path, text):
         checkpoint_format.fsync_path(temporary)
         die()
     original_write_text_atomic(path, text)
-    if path.name == checkpoint_format.LATEST_FILE and POINT == "latest":
+    if (path.name, POINT) in ((checkpoint_format.LATEST_FILE, "latest"), (checkpoint_format.TRACKER_FILE, "tracker")):
         die()
 
 

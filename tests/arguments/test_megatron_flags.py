@@ -88,10 +88,13 @@ def test_unknown_flags_get_did_you_mean_with_the_refused_megatron_flags_all_at_o
     with pytest.raises(ConfigError) as error:
         parse_config(["--num-layer", "2", "--lr-warmup-samples", "100", "--quick-geglu", "--zzzzzz"])
     assert str(error.value) == (
-        "2 problems: (1) unrecognized arguments: --num-layer 2 --zzzzzz (--num-layer: did you mean --num-layers?; "
+        "3 problems: (1) unrecognized arguments: --num-layer 2 --zzzzzz (--num-layer: did you mean --num-layers?; "
         "--zzzzzz: no flag of that name or near it (python pretrain_gpt.py --help lists them)); (2) --quick-geglu: "
         "not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu) or "
-        "SwiGLU (--swiglu)")
+        "SwiGLU (--swiglu); (3) "
+        "--lr-warmup-samples 100 on the command line is a length in samples, and this run counts iterations "
+        "(--train-iters 250, preset tiny (configs/models/tiny.yaml)): give --train-samples to count samples, or drop "
+        "--lr-warmup-samples (Megatron-LM refuses the two kinds together)")
 
 
 def test_an_error_about_a_presets_value_names_the_preset():

@@ -149,7 +149,8 @@ def test_checkpoints_are_kept_and_latest_points_to_the_last(resume_runs):
     save_dir = resume_runs["stages"][2].save_dir
     first, last = f"iter_{SAVE_AT:07d}", f"iter_{ITERS:07d}"
     assert (save_dir / "latest").read_text().strip() == last
-    assert sorted(p.name for p in save_dir.iterdir()) == [first, last, "latest"]
+    assert (save_dir / "latest_checkpointed_iteration.txt").read_text() == f"{ITERS}\n"  # Megatron's tracker
+    assert sorted(p.name for p in save_dir.iterdir()) == [first, last, "latest", "latest_checkpointed_iteration.txt"]
     names = sorted(p.name for p in (save_dir / first).iterdir())
     assert names == ["metadata.json", "model_tp00.safetensors", "optim_tp00_dp000.safetensors",
                      "optim_tp00_dp001.safetensors", "rng_tp00_dp000.safetensors", "rng_tp00_dp001.safetensors",

@@ -35,6 +35,7 @@ from checkpoint.format import (
     METADATA_FILE,
     OPTIMIZER_KEYS,
     STAGING_SUFFIX,
+    TRACKER_FILE,
     CheckpointError,
     consolidate,
     iteration_dir_name,
@@ -276,7 +277,7 @@ def test_save_killed_midway_leaves_the_previous_checkpoint(saved, tmp_path):
     config, state, save_dir = saved["config"], saved["state"], tmp_path / "crash"
     # The fixture's state as iteration 5: the checkpoint the crash must not disturb.
     save_checkpoint(save_dir, 5, 40, saved["model"], saved["optimizer"], saved["rng"], config, state)
-    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000005", LATEST_FILE]
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000005", LATEST_FILE, TRACKER_FILE]
     hashes = file_hashes(save_dir / "iter_0000005")
 
     child = subprocess.run([sys.executable, "-c", CRASHING_SAVE.format(repo=str(REPO), save_dir=str(save_dir))],
@@ -303,7 +304,7 @@ def test_save_killed_midway_leaves_the_previous_checkpoint(saved, tmp_path):
 
     # The next save that succeeds clears the stale staging directory.
     save_checkpoint(save_dir, 10, 80, model, optimizer, rng, config, state)
-    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000005", "iter_0000010", LATEST_FILE]
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000005", "iter_0000010", LATEST_FILE, TRACKER_FILE]
     assert resolve_checkpoint(save_dir) == save_dir / "iter_0000010"
 
 
@@ -337,7 +338,7 @@ def test_failed_save_raises_and_leaves_the_previous_checkpoint(saved, monkeypatc
     assert "iteration 8" in str(failure.value)
     monkeypatch.undo()
 
-    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000007", LATEST_FILE]  # no .partial
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000007", LATEST_FILE, TRACKER_FILE]  # no .partial
     assert (save_dir / LATEST_FILE).read_bytes() == latest_bytes
     assert file_hashes(saved["path"]) == hashes
     model, optimizer, rng = fresh(saved)
@@ -518,7 +519,7 @@ def test_keep_last_prunes_old_checkpoints_but_never_latest(saved, tmp_path):
     for iteration in range(1, 5):
         save_checkpoint(save_dir, iteration, 8 * iteration, model, optimizer, rng, config, state, identity=RUN)
         prune_checkpoints(save_dir, 2, state, RUN.run_id)
-    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000003", "iter_0000004", LATEST_FILE]
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000003", "iter_0000004", LATEST_FILE, TRACKER_FILE]
     assert resolve_checkpoint(save_dir) == save_dir / "iter_0000004"
 
     kept = tmp_path / "kept"
@@ -528,7 +529,7 @@ def test_keep_last_prunes_old_checkpoints_but_never_latest(saved, tmp_path):
     assert len([p for p in kept.iterdir() if p.is_dir()]) == 4
     (kept / LATEST_FILE).write_text("iter_0000001\n")  # e.g. a run resumed from an older checkpoint
     prune_checkpoints(kept, 2, state, RUN.run_id)
-    assert sorted(p.name for p in kept.iterdir()) == ["iter_0000001", "iter_0000003", "iter_0000004", LATEST_FILE]
+    assert sorted(p.name for p in kept.iterdir()) == ["iter_0000001", "iter_0000003", "iter_0000004", LATEST_FILE, TRACKER_FILE]
     assert resolve_checkpoint(kept) == kept / "iter_0000001"
 
 
@@ -550,7 +551,7 @@ def test_saving_the_same_iteration_twice_replaces_it(saved):
     second = optimizer_snapshot(optimizer)
     assert not torch.equal(second["master"], saved["snapshot"]["master"])
     save_checkpoint(save_dir, 7, 60, model, optimizer, rng, config, state)
-    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000007", LATEST_FILE]
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000007", LATEST_FILE, TRACKER_FILE]
 
     model2, optimizer2, rng2 = fresh(saved)
     resume = load_checkpoint(save_dir, model2, optimizer2, rng2, state)
@@ -572,7 +573,7 @@ def test_crash_while_re_saving_an_iteration_falls_back_to_its_old_copy(saved):
     # The next save of that iteration puts a new copy in place and clears the old one away.
     save_checkpoint(save_dir, 7, 56, saved["model"], saved["optimizer"], saved["rng"], saved["config"],
                     saved["state"])
-    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000007", LATEST_FILE]
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000007", LATEST_FILE, TRACKER_FILE]
 
 
 # ---- 8. elastic re-partitioning (gloo) --------------------------------------------------------

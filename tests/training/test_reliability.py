@@ -90,8 +90,9 @@ def no_work(monkeypatch):
 @pytest.mark.parametrize("how", ["no_load", "latest_deleted", "finetune", "init_elsewhere"])
 def test_fresh_start_into_a_save_directory_with_checkpoints_is_refused(ck, cache, tmp_path, monkeypatch, how):
     """Before: each of these replaced iter_* and moved `latest` back."""
-    if how == "latest_deleted":
+    if how == "latest_deleted":  # both pointers: with Megatron's tracker file left, --load reads it
         (ck / LATEST_FILE).unlink()
+        (ck / "latest_checkpointed_iteration.txt").unlink()
     before = snapshot(ck)
     extra = {"no_load": [], "latest_deleted": ["--load", ck], "finetune": ["--load", ck, "--finetune"],
              "init_elsewhere": ["--load", ck / "iter_0000001", "--finetune"]}[how]

@@ -23,7 +23,7 @@ from tests.reliability_helpers import TINY, metrics_records, train
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = ["--tokenizer-vocab-size", "512"]  # the session corpus's vocabulary (tests/conftest.py)
-SAVE_POINTS = ("files", "metadata", "renamed", "latest-temp", "latest")  # tests/kill_in_save.py
+SAVE_POINTS = ("files", "metadata", "renamed", "tracker", "latest-temp", "latest")  # tests/kill_in_save.py
 
 
 def losses(path: Path) -> dict[int, float]:
@@ -57,7 +57,8 @@ def test_a_kill_at_each_point_of_the_first_save_then_the_same_command_resumes(co
     assert again.code == 0, again.err
     assert losses(metrics) == straight
     assert (ck / "latest").read_text() == "iter_0000004\n"
-    if point in ("renamed", "latest-temp", "latest"):  # iteration 2 was complete: resumed, not redone
+    assert (ck / "latest_checkpointed_iteration.txt").read_text() == "4\n"
+    if point in ("renamed", "tracker", "latest-temp", "latest"):  # iteration 2 was complete: resumed, not redone
         assert "resuming after iteration 2" in again.out, again.out
 
 
@@ -65,7 +66,7 @@ def test_a_left_iteration_that_does_not_verify_is_set_aside_and_the_run_starts_f
     ck = tmp_path / "ck"
     same_command = [*VOCAB, "--train-iters", "1", "--save", ck, "--load", ck, "--save-interval", "1"]
     assert train(corpus_cache, tmp_path, *same_command).code == 0
-    (ck / "latest").unlink()  # as a kill before `latest` leaves it
+    (ck / "latest").unlink()  # as a kill before `latest` (after Megatron's tracker file) leaves it
     damaged = ck / "iter_0000001" / "model_tp00.safetensors"
     data = bytearray(damaged.read_bytes())
     data[-1] ^= 0xFF  # a bit flip of the same size: only the content hash catches it
@@ -77,6 +78,7 @@ def test_a_left_iteration_that_does_not_verify_is_set_aside_and_the_run_starts_f
     aside = [path for path in ck.iterdir() if path.name.startswith("iter_0000001.unverified-")]
     assert len(aside) == 1 and (aside[0] / "model_tp00.safetensors").read_bytes() == bytes(data)  # never deleted
     assert (ck / "latest").read_text() == "iter_0000001\n"  # the fresh run saved iteration 1 anew
+    assert "latest_checkpointed_iteration.txt named it and is removed" in again.out, again.out
 
 
 # ---- a lock left by this container's previous life (problem 4) ----------------------------------------
