@@ -140,16 +140,22 @@ def member(iteration_dir: Path, name: str) -> Path:
     return inside(iteration_dir, name)
 
 
-def read_latest(path: Path) -> str:
-    """The iteration directory name a `latest` file holds, checked to be one."""
+def _read_pointer(path: Path, holds: str) -> tuple[bytes, str]:
+    """A pointer file's first bytes (one more than a pointer may have, so an oversized one shows) and their
+    stripped text; an unreadable or non-UTF-8 file is an error naming what it should hold."""
     try:
         with open(path, "rb") as f:
             raw = f.read(LATEST_MAX_BYTES + 1)
-        text = raw.decode("utf-8").strip()
+        return raw, raw.decode("utf-8").strip()
     except OSError as error:
         raise CheckpointError(f"{path}: unreadable ({error.strerror or error})") from None
     except UnicodeDecodeError:
-        raise CheckpointError(f"{path}: not UTF-8 text; it should hold an iteration directory name") from None
+        raise CheckpointError(f"{path}: not UTF-8 text; it should hold {holds}") from None
+
+
+def read_latest(path: Path) -> str:
+    """The iteration directory name a `latest` file holds, checked to be one."""
+    raw, text = _read_pointer(path, "an iteration directory name")
     if len(raw) > LATEST_MAX_BYTES or not ITERATION_NAME.fullmatch(text):
         shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
         raise CheckpointError(f"{path} holds {shown}, not an iteration directory name like iter_0001000")
@@ -161,14 +167,7 @@ def read_tracker(path: Path) -> str:
     Its read_metadata (megatron/training/checkpointing.py) takes the stripped text as an integer
     iteration, or "release" for a release checkpoint's `release/` directory, which this format has
     not: that, and anything else, is an error naming the file."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(LATEST_MAX_BYTES + 1)
-        text = raw.decode("utf-8").strip()
-    except OSError as error:
-        raise CheckpointError(f"{path}: unreadable ({error.strerror or error})") from None
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{path}: not UTF-8 text; it should hold an iteration number") from None
+    raw, text = _read_pointer(path, "an iteration number")
     if text == "release":
         raise CheckpointError(f"{path} names Megatron-LM's release checkpoint (a 'release' directory), which "
                               f"this checkpoint format has not; pass --load an iter_* directory instead")

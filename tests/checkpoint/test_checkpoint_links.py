@@ -105,10 +105,12 @@ def test_every_file_linked_out_in_turn_is_refused_by_every_reader(pp2_offload_ch
     """The acceptance walk: each file of the PP 2 offload checkpoint, linked out in turn."""
     files = _files(pp2_offload_checkpoint)
     names = {str(path) for path in files}
-    # What the walk covers: `latest`, metadata.json, both stages' tensor files, and the tokenizer's files.
-    assert {"latest", "iter_0000002/metadata.json", "iter_0000002/tokenizer/vocab.json",
-            "iter_0000002/model_pp001_tp00.safetensors", "iter_0000002/optim_pp001_tp00_dp000.safetensors"} <= names
-    assert len(files) == 12, names
+    # What the walk covers: `latest`, Megatron's tracker file, metadata.json, both stages' tensor files, and the
+    # tokenizer's files.
+    assert {"latest", "latest_checkpointed_iteration.txt", "iter_0000002/metadata.json",
+            "iter_0000002/tokenizer/vocab.json", "iter_0000002/model_pp001_tp00.safetensors",
+            "iter_0000002/optim_pp001_tp00_dp000.safetensors"} <= names
+    assert len(files) == 13, names
     for number, relative in enumerate(files):
         work = tmp_path / str(number)
         work.mkdir()
