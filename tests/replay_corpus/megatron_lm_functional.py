@@ -433,7 +433,7 @@ LAUNCHES = (
             "--log-memory-to-tensorboard", "--rerun-mode", "validate_results", "--error-injection-rate", "100",
             "--error-injection-type", "persistent_error", "--async-save", "--use-persistent-ckpt-worker",
         ),
-        outcome="refused: not implemented: errors are never injected into results",
+        outcome="refused: --error-injection-rate 100: not implemented: error injection exists to test Megatron's rerun state machine",
     ),
 
     Launch(
@@ -466,7 +466,7 @@ LAUNCHES = (
             "--log-memory-to-tensorboard", "--rerun-mode", "validate_results", "--error-injection-rate", "100",
             "--error-injection-type", "persistent_error", "--async-save", "--use-persistent-ckpt-worker",
         ),
-        outcome="refused: not implemented: errors are never injected into results",
+        outcome="refused: --error-injection-rate 100: not implemented: error injection exists to test Megatron's rerun state machine",
     ),
 
     Launch(
@@ -599,6 +599,6 @@ LAUNCHES = (
             "--log-memory-to-tensorboard", "--rerun-mode", "validate_results", "--error-injection-rate", "100",
             "--error-injection-type", "transient_error", "--async-save", "--use-persistent-ckpt-worker",
         ),
-        outcome="refused: not implemented: errors are never injected into results",
+        outcome="refused: --error-injection-rate 100: not implemented: error injection exists to test Megatron's rerun state machine",
     ),
 )

@@ -4,7 +4,7 @@ What changes, and only this:
 
 - model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 (and what follows from them:
   --ffn-hidden-size in the script's proportion to the hidden size, --kv-channels in its proportion to the
-  head dim (hidden / heads), --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
+  head dim (hidden / heads), rounded to an even number, --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
   to the heads, rounded up to whole groups per tensor-parallel rank where the original had that), --seq-length
   16 (--max-position-embeddings in the script's proportion to it), --pad-vocab-size-to just above the local
   tokenizer's vocabulary; with interleaved pipeline stages, one layer per model chunk, each stage keeping its
@@ -12,16 +12,20 @@ What changes, and only this:
   --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
   first or last stage (--decoder-first/last-pipeline-num-layers) one layer;
 - parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
-  layers), then a tensor-parallel size above what the stages leave of the 2 ranks becomes that;
+  layers), then a tensor-parallel size above what the stages leave of the 2 ranks becomes that (1 where
+  --num-distributed-optimizer-instances needs data-parallel ranks to cut into instances; the instances then at
+  most the data-parallel size); an interleaved schedule's micro-batch group as far above the stages as it was;
 - batch sizes, the same way on both sides: every micro-batch number (the flags' --micro-batch-size or
   --batch-size, the JSON's train_micro_batch_size_per_gpu, or the micro batch DeepSpeed derives from
   train_batch_size / (gradient_accumulation_steps x data-parallel size)) goes through one map, 1 staying 1
   and the others becoming 2, 3, ... in order; accumulation numbers (--gradient-accumulation-steps, the
   accumulation a --global-batch-size implies, the JSON's gradient_accumulation_steps or the one it implies)
-  through another such map; each global batch is then micro x accumulation x the new data-parallel size.
+  through another such map (rounded up to a multiple of the stages under Megatron's interleaved schedule,
+  which asserts it); each global batch is then micro x accumulation x the new data-parallel size.
   Numbers that agreed in the original still agree and numbers that disagreed still disagree: a
   contradiction between a script and its JSON is kept, for the code under test to resolve as the real
-  pair would. A --rampup-batch-size starts at one micro batch per rank and grows by the same step;
+  pair would. A --rampup-batch-size starts at one micro batch per rank and grows by the same step; a
+  --step-batch-size-schedule keeps its thresholds, its batches becoming 1, 2, 3, ... times the new global batch;
 - lengths: --train-iters 3, and --train-samples / --train-tokens to what 3 iterations consume (the ramp
   included); lr schedules in iterations, samples or tokens keep their share of the run (at least 1; 0 stays 0);
   fractions (--lr-warmup-fraction, --warmup) stay;
@@ -73,10 +77,12 @@ TOKENIZER_FILES = ("--vocab-file", "--merge-file", "--tokenizer-name-or-path", "
 CHANGED_FLAGS = frozenset({
     *TINY, "--ffn-hidden-size", "--kv-channels", "--num-key-value-heads", "--num-query-groups",
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
-    "--decoder-last-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
+    "--num-distributed-optimizer-instances",
     "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to",
     *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *MICRO_BATCH,
-    "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--train-iters", "--train-samples",
+    "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--step-batch-size-schedule", "--train-iters",
+    "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
     "--eval-interval", "--eval-iters", *DATA, *TOKENIZER_FILES, *CHECKPOINT_DIRS, *DIRECTORIES,
     "--kill-switch-path", *WEIGHTED_SPLITS, *JSON_CONFIG,
@@ -133,6 +139,16 @@ def join_flags(pairs) -> list[str]:
     return argv
 
 
+def step_schedule(values: list[str], new_global: int) -> list[str]:
+    """Megatron-LM's --step-batch-size-schedule "THRESHOLD:BATCH ...": the thresholds (token counts, far beyond
+    a 3-iteration run) as written; the distinct batches, in increasing order, become 1, 2, 3, ... times the new
+    global batch (the first, at threshold 0, is then the batch the 3 iterations run at)."""
+    entries = [entry.split(":", 1) for value in values for entry in value.replace(",", " ").split()]
+    order = sorted({number(batch) for _, batch in entries})
+    shrunk = [f"{threshold}:{(order.index(number(batch)) + 1) * new_global}" for threshold, batch in entries]
+    return shrunk if len(values) == len(shrunk) else [" ".join(shrunk)]
+
+
 def rank_map(values) -> dict[int, int]:
     """1 stays 1; the other distinct values become 2, 3, ... in increasing order."""
     others = sorted({v for v in values if v is not None and v != 1})
@@ -163,7 +179,11 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     dp = max(1, launch.world_size // (tp * pp))
     new_pp = min(pp, WORLD_SIZE)
     new_tp = min(tp, WORLD_SIZE // new_pp)
+    instances = scalar.get("--num-distributed-optimizer-instances", 1)
+    if instances > 1 and WORLD_SIZE // (new_tp * new_pp) < 2:
+        new_tp = 1  # the data-parallel ranks must hold several optimizer instances, as they did
     new_dp = max(1, WORLD_SIZE // (new_tp * new_pp))
+    new_instances = max(1, min(instances, new_dp))
     # Interleaved stages keep their number of model chunks per stage, one layer each; an uneven first or last
     # stage keeps one layer.
     chunks = 1
@@ -197,6 +217,13 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     accumulation_map = rank_map([flag_accumulation, json_accumulation])
     new_micro = micro_map[flag_micro] if flag_micro else micro_map[json_micro] if json_micro else 1
     new_accumulation = accumulation_map.get(flag_accumulation or json_accumulation or 1, 1)
+    group = scalar.get("--microbatch-group-size-per-virtual-pipeline-stage")
+    new_group = None if group is None else max(new_pp, new_pp + group - pp)  # as far above the stages as it was
+    if chunks > 1 or "--num-layers-per-virtual-pipeline-stage" in scalar:
+        # Megatron's interleaved schedule asserts the micro-batches per iteration are a multiple of the stages
+        # (and of the micro-batch group, so that no group holds fewer than the stages)
+        step = math.lcm(new_pp, new_group or 1)
+        new_accumulation = -(-new_accumulation // step) * step
     new_global = new_micro * new_accumulation * new_dp
 
     ramp = None
@@ -247,7 +274,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         elif flag == "--kv-channels" and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
             head_dim, tiny_head_dim = (scalar["--hidden-size"] / scalar["--num-attention-heads"],
                                        TINY["--hidden-size"] / TINY["--num-attention-heads"])
-            new = [str(max(1, round(value / head_dim * tiny_head_dim)))]
+            # even, as the original's: rotary positions rotate pairs of a head's dims
+            new = [str(max(2, 2 * round(value / head_dim * tiny_head_dim / 2)))]
         elif flag in ("--num-key-value-heads", "--num-query-groups") and "--num-attention-heads" in scalar:
             groups = max(1, value * TINY["--num-attention-heads"] // scalar["--num-attention-heads"])
             # each tensor-parallel rank holds whole groups, as it did at the original sizes
@@ -268,6 +296,12 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str(accumulation_map[value])]
         elif flag == "--rampup-batch-size":
             new = [str(n) for n in ramp]
+        elif flag == "--microbatch-group-size-per-virtual-pipeline-stage":
+            new = [str(new_group)]
+        elif flag == "--num-distributed-optimizer-instances":
+            new = [str(new_instances)]
+        elif flag == "--step-batch-size-schedule":
+            new = step_schedule(values, new_global)
         elif flag == "--train-iters":
             new = [str(ITERATIONS)]
         elif flag == "--train-samples":

@@ -1,0 +1,33 @@
+"""The replay corpus: every GPT pretraining functional-test configuration of NVIDIA/Megatron-LM at one commit
+(tests/functional_tests/test_cases/gpt/gpt3_*/model_config.yaml, 161 at d98e8a64), harvested whole by
+scripts/harvest_megatron_functional_tests.py into megatron_lm_functional_tests.json beside this file.
+
+Each configuration's MODEL_ARGS are its command line as Megatron-LM's CI builds it (the script's docstring says
+how), paths as written (shrink.py replaces them). `outcome` is the target, as for every corpus entry: "trains",
+or "refused: TEXT" for a feature that does not exist here. The harvest took the outcome this repository's
+parser gave at harvest time, and each refusal was read (docs/coming-from-megatron-deepspeed.md counts them by
+reason); a feature built since moves its configurations to "trains" by a new harvest, never by editing a flag.
+
+`HARVESTED` is all of them, for the counts; `LAUNCHES` leaves out the configurations that
+megatron_lm_functional.py already replays (hand-taken at older commits, with their own resume tests), so no
+configuration is replayed twice.
+"""
+
+import json
+from pathlib import Path
+
+from tests.replay_corpus import megatron_lm_functional
+from tests.replay_corpus.launch import Launch, Source
+
+DATA = json.loads(Path(__file__).with_name("megatron_lm_functional_tests.json").read_text(encoding="utf-8"))
+
+HARVESTED = tuple(
+    Launch(name=entry["name"], script=Source(DATA["repo"], entry["path"], DATA["commit"]), program="pretrain_gpt.py",
+           world_size=DATA["gpus"],
+           expanded=(f"one node of {DATA['gpus']} GPUs; MODEL_ARGS in file order ({entry['test_type']} test); "
+                     "${...} paths: the CI's, as written; ${REPEAT}: 1"),
+           argv=tuple(entry["argv"]), outcome=entry["outcome"])
+    for entry in DATA["launches"])
+
+_CURATED = {launch.script.path for launch in megatron_lm_functional.LAUNCHES}
+LAUNCHES = tuple(launch for launch in HARVESTED if launch.script.path not in _CURATED)
