@@ -105,9 +105,9 @@ def outcome_today(argv: list[str]) -> str:
     """What this repository's parser (and the entry point's late checks) says to the shrunk launch."""
     from arguments.config import ConfigError
     from arguments.parser import parse_arguments
-    from training.late_checks import LATE_CHECKS
     from tests.replay_corpus.launch import Launch
     from tests.replay_corpus.shrink import LocalFiles, shrink
+    from training.late_checks import LATE_CHECKS
 
     launch = Launch(name="x", script=None, program="pretrain_gpt.py", world_size=GPUS, expanded="", argv=tuple(argv),
                     outcome="trains")
