@@ -202,8 +202,10 @@ def read_metadata(iteration_dir: Path) -> dict:
         raise CheckpointError(f"{path}: unreadable or corrupt ({error})") from None
     except RecursionError:
         raise CheckpointError(f"{path}: corrupt, nested too deeply to be checkpoint metadata") from None
+    except ValueError as error:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise CheckpointError(f"{path}: corrupt, a number in it is too long ({str(error).split(';')[0]})") from None
     version = metadata.get("format_version") if isinstance(metadata, dict) else None
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:  # not 1.0, not true
         raise CheckpointError(f"{path}: format version {version!r}; this code reads version {FORMAT_VERSION}")
     check_metadata(metadata, path)
     return metadata
