@@ -42,7 +42,7 @@ import torch
 
 from base.errors import CheckpointError
 from base.file_modes import apply_umask
-from checkpoint.schema import check_metadata, member, read_latest
+from checkpoint.schema import INT64_MAX, check_metadata, member, read_latest
 
 FORMAT_VERSION = 1
 LATEST_FILE = "latest"
@@ -207,7 +207,10 @@ def read_metadata(iteration_dir: Path) -> dict:
     version = metadata.get("format_version") if isinstance(metadata, dict) else None
     if type(version) is not int or version != FORMAT_VERSION:  # not 1.0, not true
         raise CheckpointError(f"{path}: format version {version!r}; this code reads version {FORMAT_VERSION}")
-    check_metadata(metadata, path)
+    try:
+        check_metadata(metadata, path)
+    except RecursionError:  # JSON nested just shallowly enough to parse, too deep to walk
+        raise CheckpointError(f"{path}: corrupt, nested too deeply to be checkpoint metadata") from None
     return metadata
 
 
@@ -257,7 +260,8 @@ class _CheckedReader:
         fragments = []
         for entry in table:
             ok = (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
-                  and all(isinstance(v, int) and v >= 0 for v in entry[1:]))
+                  and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT64_MAX
+                          for v in entry[1:]))
             if not ok or any(len(shape) != 1 or entry[2] + entry[3] > shape[0] for shape in lengths.values()):
                 raise CheckpointError(f"{self.path}: corrupt fragment table entry {entry!r}")
             fragments.append(tuple(entry))

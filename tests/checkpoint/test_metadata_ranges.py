@@ -251,3 +251,42 @@ def test_consumed_samples_past_the_runs_schedule_is_one_line_naming_the_flag(sav
     outcome = resume(root, cache, ck, "done", "--train-iters", "2", "--override-opt_param-scheduler")
     assert outcome.code == 0, outcome.err
     assert "nothing to train" in outcome.out
+
+
+def test_random_states_out_of_range_are_one_line_naming_the_file(saved):
+    """The numbers the checkpoint files' own metadata hold are read too: an RNG file's NumPy and Python
+    Mersenne Twister states (NumPy took a position of 2**70 with an OverflowError traceback, and -1
+    silently) and an optimizer file's fragment table. The edit is made as a user would have to: the
+    file rewritten, its size and hash in metadata.json recomputed (checkpoint/integrity.py covers the
+    listed files, not metadata.json)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from checkpoint.integrity import file_digest
+
+    root, cache, _ = saved
+
+    def rewrite(name: str, entry: str, change) -> Path:
+        ck = edited_checkpoint(root, "files")
+        path = ck / SAVED / name
+        with safe_open(str(path), framework="pt") as reader:
+            tensors = {key: reader.get_tensor(key) for key in reader.keys()}
+            extra = reader.metadata()
+        state = json.loads(extra[entry])
+        change(state)
+        extra[entry] = json.dumps(state)
+        path.unlink()  # a hard link to the fixture's file: write a new one
+        save_file(tensors, str(path), metadata=extra)
+        metadata = json.loads((ck / SAVED / METADATA_FILE).read_text())
+        metadata["files"][name] = path.stat().st_size
+        metadata["file_hashes"][name] = file_digest(path, metadata["file_hashes"][name].split(":")[0])
+        (ck / SAVED / METADATA_FILE).write_text(json.dumps(metadata))
+        return ck
+
+    rng, optimizer = "rng_tp00_dp000.safetensors", "optim_tp00_dp000.safetensors"
+    for name, entry, change, words in [
+            (rng, "numpy", lambda state: state.__setitem__(1, 2**70), "corrupt random states"),
+            (rng, "numpy", lambda state: state.__setitem__(1, -1), "corrupt random states"),
+            (rng, "python", lambda state: state[1].__setitem__(0, 2**70), "corrupt random states"),
+            (optimizer, "fragments", lambda table: table[0].__setitem__(1, 2**64), "corrupt fragment table")]:
+        one_line(resume(root, cache, rewrite(name, entry, change), "files"), name, words)
