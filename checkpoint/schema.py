@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from arguments.config import PretrainConfig
-from base.errors import CheckpointError
+from base.errors import CheckpointError, ConfigError
+from gpt.model_config import ModelConfig
 
 # `latest` names an iteration directory and nothing else.
 ITERATION_NAME = re.compile(r"iter_\d{7,}")
@@ -174,7 +175,7 @@ _SETTING_CHECKS = {
 def _config_problem(config: dict) -> Optional[tuple[str, Any, str]]:
     """The first recorded setting whose value is not of its setting's type and range (an integer
     setting holding 1e19, a real one NaN, either a string); a setting this code does not know is
-    checked as any other number."""
+    checked as any other number. A real setting recorded as an integer is made a float in place."""
     kinds = _setting_kinds()
     for section, values in config.items():
         for name, value in values.items():
@@ -183,10 +184,52 @@ def _config_problem(config: dict) -> Optional[tuple[str, Any, str]]:
                 meaning, check = _SETTING_CHECKS[kind]
                 if not check(value):
                     return f"config.{section}.{name}", value, meaning
+                if kind in ("float", "Optional[float]") and isinstance(value, int):
+                    values[name] = float(value)  # a real setting written as 1: read as 1.0, as a flag's would be
             else:
                 problem = _number_problem(value, f"config.{section}.{name}")
                 if problem:
                     return problem
+    return None
+
+
+_UNSHOWN = object()  # a problem whose words already name the value
+
+
+def _model_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
+    """The recorded model settings must be ones a run could have trained with (ModelConfig's own rules:
+    sizes at least 1, heads dividing the hidden size, ...) and describe the parameter table: as many
+    blocks as `num_layers`, the embeddings `hidden_size` wide. The tools build the model from them
+    (convert_to_hf's name table loops over num_layers), so they are what they must trust."""
+    recorded = (metadata.get("config") or {}).get("model")
+    if not recorded:
+        return None
+    known = {f.name for f in fields(ModelConfig)}
+    model = ModelConfig(**{name: value for name, value in recorded.items() if name in known})
+    try:
+        model.validate()
+    except (ConfigError, TypeError, ValueError) as error:
+        return "config.model", _UNSHOWN, f"a model a run could train: {error}"
+    table = metadata["parameters"]
+    blocks = {name.split(".")[1] for name in table if name.startswith("blocks.") and name.count(".") >= 2}
+    if blocks and len(blocks) != model.num_layers:
+        return ("config.model.num_layers", model.num_layers,
+                f"the number of blocks its 'parameters' hold ({len(blocks)})")
+    embedding = table.get("word_embeddings.weight", {}).get("shape")
+    if not embedding or len(embedding) != 2:
+        return None
+    if embedding[1] != model.hidden_size:
+        return ("config.model.hidden_size", model.hidden_size,
+                f"the width of its word embeddings in 'parameters' ({embedding[1]})")
+    if model.vocab_size >= 1:  # 0: the tokenizer's, not recorded (a config built in code)
+        try:
+            rows = model.padded_vocab_size(metadata["tensor_parallel_size"])
+        except ConfigError as error:
+            return "config.model", _UNSHOWN, f"a model a run could train: {error}"
+        if rows != embedding[0]:
+            return ("config.model.vocab_size", model.vocab_size,
+                    f"a vocabulary that pads to the {embedding[0]} rows of its word embeddings in 'parameters' "
+                    f"(it pads to {rows})")
     return None
 
 
@@ -248,10 +291,11 @@ def check_metadata(metadata: Any, path: Path) -> None:
                 raise CheckpointError(f"{path}: corrupt, its {key!r} must be {meaning}, got {_shown(metadata[key])}")
     problem = (_config_problem(metadata.get("config") or {})
                or _number_problem({key: value for key, value in metadata.items() if key != "config"}, "")
-               or _meaning_problem(metadata))
+               or _meaning_problem(metadata) or _model_problem(metadata))
     if problem:
         where, value, meaning = problem
-        raise CheckpointError(f"{path}: corrupt, its {where.lstrip('.')!r} must be {meaning}, got {_shown(value)}")
+        got = "" if value is _UNSHOWN else f", got {_shown(value)}"
+        raise CheckpointError(f"{path}: corrupt, its {where.lstrip('.')!r} must be {meaning}{got}")
     listed = set(metadata["files"])
     for name in listed_files(metadata):
         if name not in listed:

@@ -290,3 +290,45 @@ def test_random_states_out_of_range_are_one_line_naming_the_file(saved):
             (rng, "python", lambda state: state[1].__setitem__(0, 2**70), "corrupt random states"),
             (optimizer, "fragments", lambda table: table[0].__setitem__(1, 2**64), "corrupt fragment table")]:
         one_line(resume(root, cache, rewrite(name, entry, change), "files"), name, words)
+
+
+def test_the_tools_read_every_numeric_entry_at_the_extremes_in_one_line_or_cleanly(saved, tmp_path):
+    """The offline tools trust the same metadata: zero_to_fp32.py, reshard_checkpoint.py and convert_to_hf.py
+    on every variant of the fuzz above end in one stderr line and exit 2, or exit 0. Before, the recorded
+    model settings went unchecked: convert_to_hf.py looped over a num_layers of 2**63 - 1 until memory ran
+    out (the address space is capped here, so that ends in a MemoryError, not in the machine's OOM killer),
+    reshard_checkpoint.py allocated a vocabulary of 2**63 - 1 rows, and transformers refused a layernorm
+    epsilon written as an integer, each with a traceback."""
+    import resource
+
+    from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
+
+    root, _, _ = saved
+    original = root / "ck"
+    metadata = json.loads((original / SAVED / METADATA_FILE).read_text())
+    tools = [("zero_to_fp32", zero_to_fp32.main, lambda ck: [ck, tmp_path / "fp32.safetensors", "--overwrite"]),
+             ("reshard", reshard_checkpoint.main,
+              lambda ck: [ck, tmp_path / "tp2", "--tensor-model-parallel-size", "2", "--overwrite"]),
+             ("convert_to_hf", convert_to_hf.main, lambda ck: [ck, tmp_path / "hf", "--overwrite"])]
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30 if hard == resource.RLIM_INFINITY else min(8 << 30, hard), hard))
+    try:
+        for where in numeric_entries(metadata):
+            current = metadata
+            for key in where:
+                current = current[key]
+            for value in EXTREMES:
+                if same(value, current):
+                    continue
+                ck = variant(root, original, "tool-probe", edited(metadata, [(where, value)]))
+                for name, main, argv in tools:
+                    outcome = run_main(main, argv(ck))
+                    label = f"{name}: {'.'.join(map(str, where))} = {value!r}"
+                    assert outcome.code in (0, 2), (label, outcome.code, outcome.err[-2000:])
+                    assert "Traceback" not in outcome.err, (label, outcome.err[-2000:])
+                    if outcome.code == 2:
+                        assert len(outcome.err.splitlines()) == 1, (label, outcome.err)
+                    for output in ("tp2", "hf"):
+                        shutil.rmtree(tmp_path / output, ignore_errors=True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
