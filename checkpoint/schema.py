@@ -199,16 +199,17 @@ _UNSHOWN = object()  # a problem whose words already name the value
 def _model_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
     """The recorded model settings must be ones a run could have trained with (ModelConfig's own rules:
     sizes at least 1, heads dividing the hidden size, ...) and describe the parameter table: as many
-    blocks as `num_layers`, the embeddings `hidden_size` wide. The tools build the model from them
+    blocks as `num_layers`, the embeddings `hidden_size` wide, a vocabulary that pads to their rows
+    (at the checkpoint's tensor-parallel size). The tools build the model from them
     (convert_to_hf's name table loops over num_layers), so they are what they must trust."""
     recorded = (metadata.get("config") or {}).get("model")
     if not recorded:
         return None
     known = {f.name for f in fields(ModelConfig)}
-    model = ModelConfig(**{name: value for name, value in recorded.items() if name in known})
-    try:
+    try:  # a name or choice setting holding a number is the rules' to name (an unknown --activation 5)
+        model = ModelConfig(**{name: value for name, value in recorded.items() if name in known})
         model.validate()
-    except (ConfigError, TypeError, ValueError) as error:
+    except (ConfigError, TypeError, ValueError, AttributeError) as error:
         return "config.model", _UNSHOWN, f"a model a run could train: {error}"
     table = metadata["parameters"]
     blocks = {name.split(".")[1] for name in table if name.startswith("blocks.") and name.count(".") >= 2}
