@@ -55,7 +55,7 @@ import torch
 from base.errors import CheckpointError
 from base.file_modes import apply_umask
 from checkpoint.inside import check_named_paths, inside
-from checkpoint.schema import check_metadata, listed_files, member, read_latest, read_tracker
+from checkpoint.schema import INT64_MAX, check_metadata, listed_files, member, read_latest, read_tracker
 
 FORMAT_VERSION = 1
 LATEST_FILE = "latest"
@@ -247,10 +247,15 @@ def read_metadata(iteration_dir: Path) -> dict:
         raise CheckpointError(f"{path}: unreadable or corrupt ({error})") from None
     except RecursionError:
         raise CheckpointError(f"{path}: corrupt, nested too deeply to be checkpoint metadata") from None
+    except ValueError as error:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise CheckpointError(f"{path}: corrupt, a number in it is too long ({str(error).split(';')[0]})") from None
     version = metadata.get("format_version") if isinstance(metadata, dict) else None
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:  # not 1.0, not true
         raise CheckpointError(f"{path}: format version {version!r}; this code reads version {FORMAT_VERSION}")
-    check_metadata(metadata, path)
+    try:
+        check_metadata(metadata, path)
+    except RecursionError:  # JSON nested just shallowly enough to parse, too deep to walk
+        raise CheckpointError(f"{path}: corrupt, nested too deeply to be checkpoint metadata") from None
     check_named_paths(iteration_dir, listed_files(metadata), metadata.get("tokenizer"))
     return metadata
 
@@ -301,7 +306,8 @@ class _CheckedReader:
         fragments = []
         for entry in table:
             ok = (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
-                  and all(isinstance(v, int) and v >= 0 for v in entry[1:]))
+                  and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= INT64_MAX
+                          for v in entry[1:]))
             if not ok or any(len(shape) != 1 or entry[2] + entry[3] > shape[0] for shape in lengths.values()):
                 raise CheckpointError(f"{self.path}: corrupt fragment table entry {entry!r}")
             fragments.append(tuple(entry))

@@ -25,7 +25,13 @@ from checkpoint.output_paths import prepare_output_directory, prepare_output_fil
 from checkpoint.resume_model import check_resume_model
 from checkpoint.save_directory import SaveDirectoryLock
 from checkpoint.sharded import verify_for_job
-from checkpoint.start_decision import StartDecision, check_resume_matches, check_save_directory, decide_start
+from checkpoint.start_decision import (
+    StartDecision,
+    check_resume_matches,
+    check_samples_fit,
+    check_save_directory,
+    decide_start,
+)
 from checkpoint.unfinished_save import finish_unfinished_save, needs_finishing
 from data import DataError
 from parallel.state import ParallelState
@@ -119,9 +125,9 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
 
 def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callable[[str], None],
                  batch: BatchSchedule) -> tuple[Optional[LearningRateSchedule], dict]:
-    """The checkpoint's metadata fits this run's data settings and learning-rate schedule (Megatron's
-    rule), and every file of it is intact. Returns the checkpoint's schedule when it is to be kept,
-    and its metadata."""
+    """The checkpoint's metadata fits this run's data settings, the samples its schedule covers and its
+    learning-rate schedule (Megatron's rule), and every file of it is intact. Returns the checkpoint's
+    schedule when it is to be kept, and its metadata."""
     checkpoint = config.checkpoint
     metadata, error = _attempt(lambda: read_metadata(iteration_dir))
     agree(state, error)
@@ -132,6 +138,7 @@ def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callabl
         agree(state, error)
         if note:
             log(note)
+        agree(state, _attempt(lambda: check_samples_fit(metadata, config, batch, iteration_dir))[1])
         agree(state, _attempt(lambda: check_resume_model(metadata, config.model, iteration_dir))[1])
     if not checkpoint.finetune and checkpoint.load_optim:  # as Megatron: only when it loads the scheduler
         outcome, error = _attempt(lambda: schedule_on_resume(

@@ -7,16 +7,31 @@ that is a list, or a file name such as `../../elsewhere` or `/etc/passwd`. Every
 name a checkpoint uses must be a plain file name (`member`); that it resolves inside the iteration
 directory, links followed, is checkpoint/inside.py's check, so neither `latest` nor the metadata can
 point a load, or a tool's write, elsewhere.
+
+Every number is checked against its type's range and, where it has one, its meaning. Python's json
+reads `1e19` as a float and `10000000000000000000` as an int beyond int64, and `NaN` and `Infinity`
+as floats; none of them is a count. So an integer entry is an int within int64 (what torch, NumPy
+and the safetensors headers hold), a real one a finite number -- anywhere in the metadata: the
+recorded config is checked against the types of the settings it records (`_config_problem`), and
+any other number against int64 and finiteness. Then what the numbers mean together
+(`_meaning_problem`): an iteration takes at most one optimizer step and consumes at least one
+sample, ranks lie below their sizes, a tensor-parallel split divides its dimension, a loss scale is
+positive (and 1 where the precision does not scale).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import re
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-from base.errors import CheckpointError
+from arguments.config import PretrainConfig
+from base.errors import CheckpointError, ConfigError
 from checkpoint.inside import inside
+from gpt.model_config import ModelConfig
 
 # `latest` names an iteration directory and nothing else.
 ITERATION_NAME = re.compile(r"iter_\d{7,}")
@@ -27,12 +42,23 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 IDENTITY = re.compile(r"[0-9a-f]{32}")
 
 
+# What torch, NumPy and safetensors hold a count in: json's ints are unbounded, its 1e19 a float.
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+NON_NEGATIVE = "a non-negative integer (at most 2**63 - 1, int64)"
+POSITIVE = "a positive integer (at most 2**63 - 1, int64)"
+ANY_INT = "an integer within int64 (-2**63 to 2**63 - 1)"
+FINITE = "a finite number"
+
+
 def _is_int(value: Any, minimum: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= INT64_MAX
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite real: a float that is not NaN or infinite, or an int within int64."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return _is_int(value, INT64_MIN)
 
 
 def _is_plain_name(value: Any) -> bool:
@@ -67,27 +93,27 @@ def _pipeline_stage(entry: Any) -> bool:  # {parameters: [names], files: [file n
 
 # Entry -> (what it must be, in words; the check). Entries every save writes come first.
 REQUIRED = {
-    "iteration": ("a non-negative integer", _is_int),
-    "consumed_samples": ("a non-negative integer", _is_int),
-    "tensor_parallel_size": ("a positive integer", lambda v: _is_int(v, 1)),
-    "data_parallel_size": ("a positive integer", lambda v: _is_int(v, 1)),
+    "iteration": (NON_NEGATIVE, _is_int),
+    "consumed_samples": (NON_NEGATIVE, _is_int),
+    "tensor_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
+    "data_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
     "zero_stage": ("0, 1, 2 or 3", lambda v: _is_int(v) and v <= 3),
-    "adam_step": ("a non-negative integer", _is_int),
+    "adam_step": (NON_NEGATIVE, _is_int),
     "parameters": ("an object of {shape, tensor_parallel_dim} entries",
                    lambda v: isinstance(v, dict) and all(isinstance(k, str) and _parameter_entry(e)
                                                          for k, e in v.items())),
     "optimizer_shards": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),
-    "files": ("an object of file name -> size in bytes",
+    "files": ("an object of file name -> size in bytes (int64)",
               lambda v: isinstance(v, dict) and all(_is_plain_name(k) and _is_int(n) for k, n in v.items())),
 }
 OPTIONAL = {
     "precision": (f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
-    "lr": ("a number or null", lambda v: v is None or _is_number(v)),
+    "lr": ("a non-negative finite number or null", lambda v: v is None or (_is_number(v) and v >= 0)),
     "loss_scaler": ("an object or null",
                     lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("state", {}), dict))),
     "model_files": ("a list of [tp rank, file name]", _list_of(_model_entry)),
     "rng_files": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),
-    "pipeline_parallel_size": ("a positive integer", lambda v: _is_int(v, 1)),
+    "pipeline_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
     "pipeline_stages": ("a list of {parameters: [names], files: [file names]}, one per stage",
                         _list_of(_pipeline_stage)),
     "tokenizer": ("a directory name or null", lambda v: v is None or _is_plain_name(v)),
@@ -103,8 +129,161 @@ OPTIONAL = {
 }
 
 
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown[:80] + "..." if len(shown) > 80 else shown
+
+
+def _number_problem(value: Any, where: str) -> Optional[tuple[str, Any, str]]:
+    """(entry, value, what it must be) for the first number under `value` beyond its type's range:
+    an int beyond int64, a float that is NaN or infinite."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return None
+    if isinstance(value, (int, float)):
+        return None if _is_number(value) else (where, value, ANY_INT if isinstance(value, int) else FINITE)
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = ((f"[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        key = str(key)
+        problem = _number_problem(item, where + key if key.startswith("[") else f"{where}.{key}")
+        if problem:
+            return problem
+    return None
+
+
+@functools.cache
+def _setting_kinds() -> dict[str, dict[str, str]]:
+    """{section: {setting: its annotation}} of every setting the recorded config holds."""
+    config = PretrainConfig()
+    return {section: {f.name: str(f.type) for f in fields(getattr(config, section))}
+            for section in PretrainConfig.SECTIONS}
+
+
+# A setting's annotation -> (what its recorded value must be, the check). Settings of other types (flags,
+# names, paths) are no numbers.
+_SETTING_CHECKS = {
+    "int": (ANY_INT, lambda v: _is_int(v, INT64_MIN)),
+    "Optional[int]": (f"{ANY_INT} or null", lambda v: v is None or _is_int(v, INT64_MIN)),
+    "float": (FINITE, _is_number),
+    "Optional[float]": (f"{FINITE} or null", lambda v: v is None or _is_number(v)),
+    "Optional[list[int]]": ("a list of integers within int64, or null",
+                            lambda v: v is None or _list_of(lambda i: _is_int(i, INT64_MIN))(v)),
+}
+
+
+def _config_problem(config: dict) -> Optional[tuple[str, Any, str]]:
+    """The first recorded setting whose value is not of its setting's type and range (an integer
+    setting holding 1e19, a real one NaN, either a string); a setting this code does not know is
+    checked as any other number. A real setting recorded as an integer is made a float in place."""
+    kinds = _setting_kinds()
+    for section, values in config.items():
+        for name, value in values.items():
+            kind = kinds.get(section, {}).get(name)
+            if kind in _SETTING_CHECKS:
+                meaning, check = _SETTING_CHECKS[kind]
+                if not check(value):
+                    return f"config.{section}.{name}", value, meaning
+                if kind in ("float", "Optional[float]") and isinstance(value, int):
+                    values[name] = float(value)  # a real setting written as 1: read as 1.0, as a flag's would be
+            else:
+                problem = _number_problem(value, f"config.{section}.{name}")
+                if problem:
+                    return problem
+    return None
+
+
+_UNSHOWN = object()  # a problem whose words already name the value
+
+
+def _model_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
+    """The recorded model settings must be ones a run could have trained with (ModelConfig's own rules:
+    sizes at least 1, heads dividing the hidden size, ...) and describe the parameter table: as many
+    blocks as `num_layers`, the embeddings `hidden_size` wide, a vocabulary that pads to their rows
+    (at the checkpoint's tensor-parallel size). The tools build the model from them
+    (convert_to_hf's name table loops over num_layers), so they are what they must trust."""
+    recorded = (metadata.get("config") or {}).get("model")
+    if not recorded:
+        return None
+    known = {f.name for f in fields(ModelConfig)}
+    try:  # a name or choice setting holding a number is the rules' to name (an unknown --activation 5)
+        model = ModelConfig(**{name: value for name, value in recorded.items() if name in known})
+        model.validate()
+    except (ConfigError, TypeError, ValueError, AttributeError) as error:
+        return "config.model", _UNSHOWN, f"a model a run could train: {error}"
+    table = metadata["parameters"]
+    blocks = {name.split(".")[1] for name in table if name.startswith("blocks.") and name.count(".") >= 2}
+    if blocks and len(blocks) != model.num_layers:
+        return ("config.model.num_layers", model.num_layers,
+                f"the number of blocks its 'parameters' hold ({len(blocks)})")
+    embedding = table.get("word_embeddings.weight", {}).get("shape")
+    if not embedding or len(embedding) != 2:
+        return None
+    if embedding[1] != model.hidden_size:
+        return ("config.model.hidden_size", model.hidden_size,
+                f"the width of its word embeddings in 'parameters' ({embedding[1]})")
+    if model.vocab_size >= 1:  # 0: the tokenizer's, not recorded (a config built in code)
+        try:
+            rows = model.padded_vocab_size(metadata["tensor_parallel_size"])
+        except ConfigError as error:
+            return "config.model", _UNSHOWN, f"a model a run could train: {error}"
+        if rows != embedding[0]:
+            return ("config.model.vocab_size", model.vocab_size,
+                    f"a vocabulary that pads to the {embedding[0]} rows of its word embeddings in 'parameters' "
+                    f"(it pads to {rows})")
+    return None
+
+
+def _meaning_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
+    """(entry, value, what it must be) for the first number that its type allows but the checkpoint's
+    other entries contradict."""
+    iteration, consumed, step = metadata["iteration"], metadata["consumed_samples"], metadata["adam_step"]
+    if step > iteration:  # skipped fp16 steps and --no-load-optim resumes make it less, never more
+        return "adam_step", step, f"at most its 'iteration' ({iteration}): an iteration takes one optimizer step at most"
+    if iteration == 0 and consumed != 0:
+        return "consumed_samples", consumed, "0 at iteration 0: nothing has been trained"
+    if consumed < iteration:
+        return ("consumed_samples", consumed,
+                f"at least its 'iteration' ({iteration}): every iteration consumes a global batch of samples")
+    tp_size, dp_size = metadata["tensor_parallel_size"], metadata["data_parallel_size"]
+    ranked = [("optimizer_shards", entry) for entry in metadata["optimizer_shards"]]
+    ranked += [("rng_files", entry) for entry in metadata.get("rng_files", [])]
+    ranked += [("model_files", [tp, None, name]) for tp, name in metadata.get("model_files", [])]
+    for key, (tp, dp, name) in ranked:
+        if tp >= tp_size:
+            return f"{key} ({name})", tp, f"a tensor-parallel rank below its 'tensor_parallel_size' ({tp_size})"
+        if dp is not None and dp >= dp_size:
+            return f"{key} ({name})", dp, f"a data-parallel rank below its 'data_parallel_size' ({dp_size})"
+    for name, entry in metadata["parameters"].items():
+        dim = entry["tensor_parallel_dim"]
+        if dim is not None and entry["shape"][dim] % tp_size:
+            return (f"parameters.{name}.shape", entry["shape"],
+                    f"divisible by its 'tensor_parallel_size' ({tp_size}) along its tensor_parallel_dim {dim}")
+    stages = metadata.get("pipeline_stages")
+    pp_size = metadata.get("pipeline_parallel_size", 1 if stages is None else len(stages))
+    if stages is not None and pp_size != len(stages) or stages is None and pp_size != 1:
+        return "pipeline_parallel_size", pp_size, f"the number of its 'pipeline_stages' ({len(stages or [])})"
+    scaler = metadata.get("loss_scaler") or {}
+    state = scaler.get("state") or {}
+    if "scale" in state:
+        scale = state["scale"]
+        if not _is_number(scale) or scale <= 0:
+            return "loss_scaler.state.scale", scale, "a positive finite number"
+        if metadata.get("precision", "fp32") != "fp16" and scale != 1:
+            return ("loss_scaler.state.scale", scale,
+                    f"1: a {metadata.get('precision', 'fp32')} run does not scale its loss")
+    for key in ("good_steps", "hysteresis_left"):  # DynamicLossScaler's counters
+        if key in state and not _is_int(state[key], 0 if key == "good_steps" else INT64_MIN):
+            return f"loss_scaler.state.{key}", state[key], NON_NEGATIVE if key == "good_steps" else ANY_INT
+    return None
+
+
 def check_metadata(metadata: Any, path: Path) -> None:
-    """Raise CheckpointError naming `path` and the first entry that is missing or of the wrong type."""
+    """Raise CheckpointError naming `path` and the first entry that is missing, of the wrong type,
+    beyond its type's range, or contradicted by the others: the entry, its value and what it must be."""
     if not isinstance(metadata, dict):
         raise CheckpointError(f"{path}: corrupt, it is not a JSON object")
     missing = [key for key in REQUIRED if key not in metadata]
@@ -113,9 +292,14 @@ def check_metadata(metadata: Any, path: Path) -> None:
     for table, required in ((REQUIRED, True), (OPTIONAL, False)):
         for key, (meaning, check) in table.items():
             if (required or key in metadata) and not check(metadata[key]):
-                shown = repr(metadata[key])
-                raise CheckpointError(f"{path}: corrupt, its {key!r} must be {meaning}, got "
-                                      f"{shown[:80] + '...' if len(shown) > 80 else shown}")
+                raise CheckpointError(f"{path}: corrupt, its {key!r} must be {meaning}, got {_shown(metadata[key])}")
+    problem = (_config_problem(metadata.get("config") or {})
+               or _number_problem({key: value for key, value in metadata.items() if key != "config"}, "")
+               or _meaning_problem(metadata) or _model_problem(metadata))
+    if problem:
+        where, value, meaning = problem
+        got = "" if value is _UNSHOWN else f", got {_shown(value)}"
+        raise CheckpointError(f"{path}: corrupt, its {where.lstrip('.')!r} must be {meaning}{got}")
     listed = set(metadata["files"])
     for name in listed_files(metadata):
         if name not in listed:

@@ -18,6 +18,7 @@ its own affair, and the files record only what that interface says.
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import time
@@ -377,6 +378,45 @@ def warn_non_finite(iteration_dir: Path, staged: dict[str, torch.Tensor], state:
               f"will diverge", flush=True)
 
 
+MT_WORDS = 624  # a Mersenne Twister's state: 624 32-bit words and a position in [0, 624]
+
+
+def _is_count(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def random_states_problem(extra: dict, tensors: dict[str, torch.Tensor]) -> Optional[str]:
+    """What is out of range in an RNG file's NumPy and Python states (the numbers `_rng_tensors` wrote),
+    in words; None when each is what a Mersenne Twister holds. NumPy takes a position of -1 silently and
+    a word beyond 32 bits with an OverflowError, so the ranges are checked here, by entry."""
+    numpy_state, python_state = extra.get("numpy"), extra.get("python")
+    if not isinstance(numpy_state, list) or len(numpy_state) != 4:
+        return f"'numpy' must be [kind, position, has_gauss, cached_gaussian], got {numpy_state!r:.80}"
+    kind, position, has_gauss, cached = numpy_state
+    if kind != "MT19937":
+        return f"NumPy's generator kind must be 'MT19937', got {kind!r:.40}"
+    if not _is_count(position, 0, MT_WORDS):
+        return f"NumPy's position must be an integer in [0, {MT_WORDS}], got {position!r:.40}"
+    if not _is_count(has_gauss, 0, 1):
+        return f"NumPy's has_gauss must be 0 or 1, got {has_gauss!r:.40}"
+    if not isinstance(cached, (int, float)) or isinstance(cached, bool) or not math.isfinite(cached):
+        return f"NumPy's cached Gaussian must be a finite number, got {cached!r:.40}"
+    keys = tensors.get("numpy_keys")
+    if keys is None or keys.shape != (MT_WORDS,) or bool(((keys < 0) | (keys >= 2**32)).any()):
+        return f"numpy_keys must be {MT_WORDS} words of 32 bits"
+    if not isinstance(python_state, list) or len(python_state) != 3:
+        return f"'python' must be [version, state, gauss], got {python_state!r:.80}"
+    version, words, gauss = python_state
+    if version != 3 or not isinstance(words, list) or len(words) != MT_WORDS + 1:
+        return f"Python's state must be version 3 with {MT_WORDS + 1} numbers"
+    if not all(_is_count(word, 0, 2**32 - 1) for word in words[:-1]) or not _is_count(words[-1], 0, MT_WORDS):
+        return f"Python's state must be {MT_WORDS} words of 32 bits and a position in [0, {MT_WORDS}]"
+    if gauss is not None and (not isinstance(gauss, (int, float)) or isinstance(gauss, bool)
+                              or not math.isfinite(gauss)):
+        return f"Python's cached Gaussian must be a finite number or null, got {gauss!r:.40}"
+    return None
+
+
 def _restore_rng(iteration_dir: Path, metadata: dict, rng: Optional[TensorParallelRNG], state: ParallelState) -> None:
     """This rank's RNG states. A run with another DP size takes DP rank 0's of its TP rank: the
     streams do not depend on the DP rank (see parallel/random.py). With pipeline stages a rank takes
@@ -398,13 +438,16 @@ def _restore_rng(iteration_dir: Path, metadata: dict, rng: Optional[TensorParall
     with open_tensors(iteration_dir, name, metadata) as reader:
         tensors = {key: reader.tensor(key) for key in reader.keys()}
         extra = reader.metadata()
+    problem = random_states_problem(extra, tensors)
+    if problem:
+        raise CheckpointError(f"{iteration_dir / name}: corrupt random states ({problem})")
     try:
         kind, position, has_gauss, cached_gaussian = extra["numpy"]
         np.random.set_state((kind, tensors["numpy_keys"].numpy().astype(np.uint32), position, has_gauss,
                              cached_gaussian))
         version, python_state, gauss = extra["python"]
         random.setstate((version, tuple(python_state), gauss))
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise CheckpointError(f"{iteration_dir / name}: corrupt random states ({error})") from None
     if rng is None or "torch_tensor_parallel_cpu" not in tensors:
         torch.set_rng_state(tensors["torch_default_cpu"])

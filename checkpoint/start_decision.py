@@ -19,6 +19,14 @@ The rules (docs/checkpoints.md, "What is guaranteed"):
 - A resume whose data, split, sequence length or seed differ from the checkpoint's would not continue
   its sample sequence: refused without `--override-data-on-resume`. The data is compared as the
   files' content (data/identity.py) where the checkpoint recorded it, else as the paths typed.
+- A resume reads the samples after the checkpoint's consumed samples, from a train set sized for this
+  run's schedule (--train-iters x --global-batch-size, or --train-samples). A checkpoint at or past
+  --train-iters trains nothing and ends at once, as Megatron-LM's loop does (`while iteration <
+  args.train_iters`, megatron/training/training.py). One with iterations left whose samples would
+  run past that train set -- saved at a larger global batch, or with its consumed samples edited --
+  is refused in one line naming the flag that makes it consistent, before any data or model work;
+  Megatron asserts instead (MegatronPretrainingSampler.__init__, megatron/training/datasets/
+  data_samplers.py: "no samples left to consume").
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from arguments.batch_schedule import BatchSchedule
+from arguments.schedule import train_iterations
 from base.errors import CheckpointError, ConfigError
 from checkpoint.format import (
     LATEST_FILE,
@@ -153,3 +163,31 @@ def _data_content_difference(saved: Optional[list], data_path) -> Optional[str]:
 
 def _show(value) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def check_samples_fit(metadata: dict, config, batch: BatchSchedule, iteration_dir: Path) -> None:
+    """Raise ConfigError, in one line naming the flag that would make it consistent, when the iterations
+    this run has left would read past the samples its schedule covers (module docstring)."""
+    iteration, consumed = metadata["iteration"], metadata["consumed_samples"]
+    train_iters = train_iterations(config, batch)
+    tokens = config.training.train_tokens
+    if iteration >= train_iters or (tokens is not None and consumed * config.model.seq_length >= tokens):
+        return  # nothing to train: the run says so and ends (training/run_training.py)
+    covered = batch.consumed_after(train_iters)
+    needed = batch.consumed_after(train_iters - iteration, consumed)
+    if needed <= covered:
+        return
+    length = (f"--train-samples {config.training.train_samples}" if config.training.train_samples is not None
+              else f"--train-iters {train_iters}")
+    saved_batch = ((metadata.get("config") or {}).get("training") or {}).get("global_batch_size")
+    if (isinstance(saved_batch, int) and saved_batch != batch.global_batch_size and batch.rampup is None
+            and batch.steps is None and iteration * saved_batch >= consumed):
+        fix = f"resume with the checkpoint's --global-batch-size {saved_batch}"
+    else:
+        fix = (f"its {consumed} samples are more than {iteration} iterations of this run's batches consume "
+               f"({batch.consumed_after(iteration)}), so no --train-iters fits them (was the metadata edited?); "
+               f"pass --finetune to train its weights on a new sample sequence from iteration 0")
+    raise ConfigError(f"resuming {iteration_dir}: it has consumed {consumed} samples in {iteration} iterations, and "
+                      f"the {train_iters - iteration} iterations left would read samples {consumed} to {needed}, past "
+                      f"the {covered} that {length} at global batch {batch.describe()} covers; {fix}",
+                      flags=("--global-batch-size", "--train-iters"))

@@ -46,7 +46,8 @@ class InterfaceOnlyOptimizer:
             for fragment in self._fragments:
                 at = slice(fragment.partition_offset, fragment.partition_offset + fragment.numel)
                 tensor[at] = torch.randn(fragment.numel, generator=generator).abs()
-        self._step, self._scaler_type, self._scaler_state = seed, scaler_type, {"scale": float(2 ** seed)}
+        # The scaler's state passes through opaquely; its scale stays 1, as an fp32 checkpoint's must (schema.py).
+        self._step, self._scaler_type, self._scaler_state = seed, scaler_type, {"scale": 1.0, "seed": seed}
         self._params = dict(model.named_parameters())
         self.loads: list[tuple[list[str], object, object]] = []  # what load_sharded_state_dict was given
         self._publish()
@@ -88,7 +89,7 @@ def test_a_checkpoint_round_trip_needs_only_the_optimizer_interface(tmp_path):
     model, optimizer, path = save(tmp_path, seed=1)
     metadata = read_metadata(path)
     assert (metadata["zero_stage"], metadata["adam_step"]) == (1, 1)
-    assert metadata["loss_scaler"] == {"type": "LossScaler", "state": {"scale": 2.0}}
+    assert metadata["loss_scaler"] == {"type": "LossScaler", "state": {"scale": 1.0, "seed": 1}}
     assert [tuple(entry) for entry in metadata["optimizer_shards"]] == [(0, 0, "optim_tp00_dp000.safetensors")]
     with open_tensors(path, model_file(0), metadata) as reader:
         assert {key: reader.tensor(key) for key in reader.keys()}.keys() == dict(model.named_parameters()).keys()
@@ -103,7 +104,7 @@ def test_a_checkpoint_round_trip_needs_only_the_optimizer_interface(tmp_path):
     fresh = InterfaceOnlyOptimizer(fresh_model, seed=2)
     state = ParallelState(device=torch.device("cpu"))
     assert load_checkpoint(tmp_path / "ckpt", fresh_model, fresh, None, state, load_rng=False).iteration == 3
-    assert fresh.loads == [(sorted(PARTITION_TENSORS), 1, {"scale": 2.0})]
+    assert fresh.loads == [(sorted(PARTITION_TENSORS), 1, {"scale": 1.0, "seed": 1})]
     for key in PARTITION_TENSORS:
         assert torch.equal(fresh.sharded_state_dict(fresh_model).tensors[key], optimizer._tensors[key]), key
     for (name, param), (_, saved) in zip(fresh_model.named_parameters(), model.named_parameters()):
