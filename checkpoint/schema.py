@@ -109,6 +109,8 @@ REQUIRED = {
 OPTIONAL = {
     "precision": (f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
     "lr": ("a non-negative finite number or null", lambda v: v is None or (_is_number(v) and v >= 0)),
+    # the samples of the updates taken, where the learning-rate schedule continues (fp16 skips excluded)
+    "lr_schedule_samples": (NON_NEGATIVE, _is_int),
     "loss_scaler": ("an object or null",
                     lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("state", {}), dict))),
     "model_files": ("a list of [tp rank, file name]", _list_of(_model_entry)),
@@ -248,6 +250,10 @@ def _meaning_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
     if consumed < iteration:
         return ("consumed_samples", consumed,
                 f"at least its 'iteration' ({iteration}): every iteration consumes a global batch of samples")
+    schedule = metadata.get("lr_schedule_samples", consumed)
+    if schedule > consumed:
+        return ("lr_schedule_samples", schedule,
+                f"at most its 'consumed_samples' ({consumed}): the schedule counts the samples of the updates taken")
     tp_size, dp_size = metadata["tensor_parallel_size"], metadata["data_parallel_size"]
     ranked = [("optimizer_shards", entry) for entry in metadata["optimizer_shards"]]
     ranked += [("rng_files", entry) for entry in metadata.get("rng_files", [])]

@@ -67,6 +67,9 @@ class ResumePoint:
     iteration: int         # the last completed iteration; training continues with the next
     consumed_samples: int  # where the data sampler continues
     path: Path             # the iteration directory that was loaded
+    # where the learning-rate schedule continues: the samples of the updates taken (fp16 skips excluded),
+    # Megatron's OptimizerParamScheduler num_steps; a checkpoint from before it was saved: consumed_samples
+    schedule_samples: Optional[int] = None
 
 
 def parameter_names(model: nn.Module) -> dict[int, str]:
@@ -144,7 +147,7 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
 def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
                     optimizer: CheckpointableOptimizer, rng: Optional[TensorParallelRNG], config,
                     state: ParallelState, tokenizer=None, lr: Optional[float] = None,
-                    identity: Optional[RunIdentity] = None) -> Path:
+                    identity: Optional[RunIdentity] = None, schedule_samples: Optional[int] = None) -> Path:
     """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this.
     `identity` (the run's lineage and launch) goes into its metadata: --keep-last prunes only its lineage.
     Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
@@ -187,6 +190,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
         files = {name: size for _, rank_files, _ in outcomes for name, size in rank_files.items()}
         metadata = _metadata(iteration, consumed_samples, stage_tables, shard, config, state, files, lr,
                              tokenizer is not None)
+        metadata["lr_schedule_samples"] = consumed_samples if schedule_samples is None else schedule_samples
         metadata.update(identity.fields() if identity is not None else {})
         metadata["file_hashes"] = {name: digest for _, _, rank_hashes in outcomes
                                    for name, digest in rank_hashes.items()}
@@ -353,8 +357,9 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
         _restore_rng(iteration_dir, metadata, rng, state)
 
     if finetune:
-        return ResumePoint(0, 0, iteration_dir)
-    return ResumePoint(metadata["iteration"], metadata["consumed_samples"], iteration_dir)
+        return ResumePoint(0, 0, iteration_dir, 0)
+    return ResumePoint(metadata["iteration"], metadata["consumed_samples"], iteration_dir,
+                       metadata.get("lr_schedule_samples", metadata["consumed_samples"]))
 
 
 def verify_for_job(iteration_dir: Path, metadata: dict, state: ParallelState, check_content: bool = True) -> None:

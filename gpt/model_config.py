@@ -189,7 +189,7 @@ class ModelConfig:
             raise ConfigError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
                               f"{self.num_attention_heads}; choose sizes with hidden = heads x head_dim, or give "
                               f"each head's width with --kv-channels",
-                              flags=("--hidden-size", "--num-attention-heads"))
+                              flags=("--hidden-size", "--num-attention-heads", "--kv-channels"))
         if self.seq_length > self.max_position_embeddings:
             raise ConfigError(f"--seq-length {self.seq_length} is larger than --max-position-embeddings "
                               f"{self.max_position_embeddings}; raise the latter or shorten the sequence",

@@ -30,6 +30,11 @@ class TrainingSummary:
     final_valid_loss: Optional[float] = None
     final_test_loss: Optional[float] = None
     skipped_iterations: int = 0  # fp16 steps skipped for a gradient overflow
+    # The samples of the updates taken: where the learning-rate schedule stands. Megatron-LM steps its
+    # scheduler only after a successful update (training.py, train_step: `if update_successful:
+    # opt_param_scheduler.step(increment=...)`), DeepSpeed's engine likewise skips lr_scheduler.step() on an
+    # fp16 overflow (runtime/engine.py, _take_model_step), so a skipped step leaves the rate where it was.
+    schedule_samples: int = 0
     exit_reason: Optional[str] = None  # why the run stopped before --train-iters (signal, interval, time)
     saved_iterations: list[int] = field(default_factory=list)
 
@@ -38,6 +43,8 @@ class TrainingSummary:
         self.iterations = iteration
         self.consumed_samples += outcome.global_batch_size
         self.skipped_iterations += outcome.skipped
+        if not outcome.skipped:
+            self.schedule_samples += outcome.global_batch_size
 
 
 def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int, state: ParallelState) -> bool:
@@ -52,24 +59,26 @@ def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int,
 
 def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memory: FirstIterationMemory,
           settings: RunSettings, state: ParallelState, *, start_iteration: int = 0, consumed_samples: int = 0,
-          save_checkpoint: Optional[SaveCheckpoint] = None,
+          schedule_samples: Optional[int] = None, save_checkpoint: Optional[SaveCheckpoint] = None,
           exit_conditions: Optional[ExitConditions] = None) -> TrainingSummary:
-    """Train from `start_iteration` + 1 to --train-iters (a resume passes the checkpoint's iteration and
-    consumed samples: each iteration's batch and learning rate follow from the samples consumed before
-    it). With `save_checkpoint`: every --save-interval, at the end, and before an early exit."""
+    """Train from `start_iteration` + 1 to --train-iters (a resume passes the checkpoint's iteration,
+    consumed samples and schedule position: each iteration's batch follows from the samples consumed before
+    it, its learning rate from the samples of the updates taken before it). With `save_checkpoint`: every --save-interval, at the end, and before an early exit."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
-    summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples)
+    summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples,
+                              schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
     lr = 0.0  # the rate of the last update, saved with the checkpoint
 
     def save(iteration: int) -> None:
-        save_checkpoint(iteration, summary.consumed_samples, lr)
+        save_checkpoint(iteration, summary.consumed_samples, lr, summary.schedule_samples)
         summary.saved_iterations.append(iteration)
 
     for iteration in range(start_iteration + 1, training.train_iters + 1):
         if tokens_used_up(settings, summary.consumed_samples, iteration, state):
             break
         try:
-            outcome = step(iteration, summary.consumed_samples, memory.measures_activations(iteration))
+            outcome = step(iteration, summary.consumed_samples, memory.measures_activations(iteration),
+                           schedule_samples=summary.schedule_samples)
         except TrainingDiverged as diverged:  # the caller names the checkpoint to restart from with it
             diverged.history = DivergenceHistory(start_iteration, summary.train_losses + [diverged.loss],
                                                  list(summary.saved_iterations))

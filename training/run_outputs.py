@@ -14,8 +14,8 @@ from training.build import Built
 from training.metrics import MetricsWriter, count_records, drop_redone_records, end_last_line, start_wandb
 from training.tensorboard_sink import open_tensorboard
 
-# Writes a checkpoint: (iteration, consumed samples, learning rate) -> None.
-SaveCheckpoint = Callable[[int, int, float], None]
+# Writes a checkpoint: (iteration, consumed samples, learning rate, the schedule's samples) -> None.
+SaveCheckpoint = Callable[[int, int, float, int], None]
 
 
 def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIdentity, start_iteration: int,
@@ -51,9 +51,10 @@ def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
     # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
     saved_tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None
 
-    def save(iteration: int, consumed_samples: int, lr: float) -> None:
+    def save(iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
         save_checkpoint(checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer, built.rng,
-                        config, state, tokenizer=saved_tokenizer, lr=lr, identity=identity)
+                        config, state, tokenizer=saved_tokenizer, lr=lr, identity=identity,
+                        schedule_samples=schedule_samples)
         prune_checkpoints(checkpoint.save, checkpoint.keep_last, state, identity.run_id)
 
     return save

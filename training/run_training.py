@@ -41,7 +41,8 @@ def train_run(run: Run) -> TrainingSummary:
                                       run.memory_check, first_iteration=start.iteration + 1,
                                       micro_batches=settings.batch.accumulation_steps_at(start.consumed_samples))
         summary = train(step, metrics, evaluator, memory, settings, state, start_iteration=start.iteration,
-                        consumed_samples=start.consumed_samples, save_checkpoint=run.save,
+                        consumed_samples=start.consumed_samples, schedule_samples=start.schedule_samples,
+                        save_checkpoint=run.save,
                         exit_conditions=run.exit_conditions)
     except TrainingDiverged as error:
         raise TrainingDiverged(f"{error}; {resumable_checkpoint(error.history, checkpoint.save, start.path)}") from None

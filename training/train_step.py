@@ -44,8 +44,10 @@ class StepOutcome:
 
 
 class TrainStep(Protocol):
-    def __call__(self, iteration: int, consumed_samples: int, measure_activations: bool) -> StepOutcome:
-        """Train iteration `iteration` on the batch that starts after `consumed_samples`; raise
+    def __call__(self, iteration: int, consumed_samples: int, measure_activations: bool,
+                 schedule_samples: Optional[int] = None) -> StepOutcome:
+        """Train iteration `iteration` on the batch that starts after `consumed_samples`, at the learning rate
+        of `schedule_samples` (the samples of the updates taken so far; by default `consumed_samples`); raise
         TrainingDiverged when it diverged."""
 
 
@@ -99,13 +101,16 @@ class DataParallelTrainStep:
         return schedule.rate(consumed_samples, tokens_seen_by_schedule(
             settings.batch, consumed_samples, settings.config.model.seq_length))
 
-    def __call__(self, iteration: int, consumed_samples: int, measure_activations: bool) -> StepOutcome:
+    def __call__(self, iteration: int, consumed_samples: int, measure_activations: bool,
+                 schedule_samples: Optional[int] = None) -> StepOutcome:
         started = time.perf_counter()
         state, optimizer = self.state, self.zero.optimizer
         global_batch_size = self.settings.batch.global_batch_at(consumed_samples)
-        lr = self.learning_rate(consumed_samples)
+        # The schedule moves only with updates taken (training/loop.py): a skipped fp16 step does not advance it
+        position = consumed_samples if schedule_samples is None else schedule_samples
+        lr = self.learning_rate(position)
         for group in optimizer.param_groups:
-            group["lr"] = self.learning_rate(consumed_samples, decoupled=True) if group.get("decoupled_lr") else lr
+            group["lr"] = self.learning_rate(position, decoupled=True) if group.get("decoupled_lr") else lr
         self.zero.reducer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
         state.comm.iteration = iteration  # named in the line a lost peer ends in

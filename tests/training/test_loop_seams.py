@@ -44,7 +44,7 @@ class PlainSGDStep:
         self.targets = self.inputs @ torch.tensor([[1.0], [2.0], [3.0], [4.0]])
         self.settings, self.diverge_at, self.calls = settings, diverge_at, []
 
-    def __call__(self, iteration, consumed_samples, measure_activations):
+    def __call__(self, iteration, consumed_samples, measure_activations, schedule_samples=None):
         self.calls.append((iteration, consumed_samples))
         self.optimizer.zero_grad()
         loss = F.mse_loss(self.model(self.inputs), self.targets)
@@ -97,7 +97,7 @@ def test_a_second_train_step_drives_the_same_cadence(tmp_path, single_process):
     assert [r["loss"] for r in records] == [(losses[i] + losses[i + 1]) / 2 for i in (0, 2, 4)]
     assert all(r["lr"] == 0.05 and r["global_batch_size"] == 4 for r in records)
     # ... and saves every --save-interval, the end included, with the samples and the rate.
-    assert saves == [(3, 12, 0.05), (6, 24, 0.05)]
+    assert saves == [(3, 12, 0.05, 12), (6, 24, 0.05, 24)]  # no skipped step: the schedule counts every sample
 
 
 def test_the_cadence_gives_a_diverged_step_its_history(tmp_path, single_process):
