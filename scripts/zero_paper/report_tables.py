@@ -338,7 +338,7 @@ def report(results, extras, memory, mini, runs, argv, compared=None) -> str:
               "predicted = the planner's dry run (planner/dry_run.py) and the performance model (planner/perf_model.py); "
               "measured = a run's metrics.jsonl (or the CPU mini-reproduction); paper = a value the paper states. "
               "TFLOP/s per GPU count the activation recompute (what the GPU executes; model FLOPs in brackets). "
-              "Per-GPU planned memory is the planner's peak before what a dry run cannot see (the CUDA context, "
+              "Predicted per-GPU memory is the planner's peak before what a dry run cannot see (the CUDA context, "
               "NCCL's buffers, fragmentation).", ""]
     lines += figures_section(results, extras, memory)
     lines += comparison_section(results, extras) + [""] + side_by_side_section(compared or {}) + constants_section()
