@@ -123,6 +123,8 @@ EXPENSIVE_SCRIPTS = {
     "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "data.preprocess": "reads the user's corpus.jsonl; tests/training/test_first_hour.py runs this command on a corpus it writes",
+    "training.plot": "reads the user's metrics.jsonl; tests/training/test_plot.py runs the command a training run "
+                     "prints on the metrics it wrote",
 }
 
 # Module commands run as written unless listed here (the planner and the performance model are cheap).

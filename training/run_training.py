@@ -4,6 +4,7 @@ put together for the cadence loop, and what a diverged run can restart from."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from training.divergence import resumable_checkpoint
@@ -51,5 +52,13 @@ def train_run(run: Run) -> TrainingSummary:
         run.writer.close()
     if summary.final_valid_loss is not None:
         log(f"> final validation perplexity: {perplexity(summary.final_valid_loss):.3f}")
-    log(f"> metrics written to {Path(config.logging.metrics_file)}")
+    metrics_file = Path(config.logging.metrics_file)
+    log(f"> metrics written to {metrics_file}")
+    log(f"> draw the curves: {plot_command(metrics_file)}")
     return summary
+
+
+def plot_command(metrics_file: Path) -> str:
+    """The command that draws a run's curves (training/plot.py) into curves.png beside its metrics."""
+    return (f"python -m training.plot {shlex.quote(str(metrics_file))} "
+            f"-o {shlex.quote(str(metrics_file.with_name('curves.png')))}")

@@ -2,7 +2,8 @@
 
 Every mark says where it comes from, in the legend: "predicted" (the planner's memory and the
 performance model's time, planner/dry_run.py and planner/perf_model.py), "measured" (a run's metrics.jsonl,
-or the CPU mini-reproduction), "paper" (a value the paper states, planner/paper_tables.py and paper_values.py). Throughput
+or the CPU mini-reproduction), "paper" (a value the paper states, planner/paper_tables.py and paper_values.py), and
+the line under every title says it once more for the whole figure (`provenance`). Throughput
 is TFLOP/s per GPU counting the activation recompute (the FLOPs the GPU executes); a point the
 planner says does not fit is an x on the axis, labelled so.
 """
@@ -18,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from measurements import measured_points, provenance  # noqa: E402
 from paper_values import PAPER_STATED  # noqa: E402
 from planner.paper_tables import PAPER_FIGURE6, format_parameters  # noqa: E402
 
@@ -118,7 +120,8 @@ def plot_fig2(rows_by_profile: dict, path: Path) -> None:
         ax.set_title(f"{PROFILE_TITLES[profile]}, {_gpus(rows)} GPUs", fontsize=10)
         _headroom(ax)
         ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle("Figure 2: throughput per GPU by model size, ZeRO (P_os+g, MP in a node) against Megatron alone")
+    _title(fig, "Figure 2: throughput per GPU by model size, ZeRO (P_os+g, MP in a node) against Megatron alone",
+           measured_points("fig2", rows_by_profile))
     _save(fig, path)
 
 
@@ -150,7 +153,8 @@ def plot_fig3(rows_by_profile: dict, path: Path) -> None:
         ax.set_title(f"{PROFILE_TITLES[profile]}: 60B, MP in a node", fontsize=10)
         _headroom(ax)
         ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle("Figure 3: the 60B model from 64 to 400 GPUs (micro batch per GPU rising with the GPUs, as the authors' sweeps)")
+    _title(fig, "Figure 3: the 60B model from 64 to 400 GPUs (micro batch per GPU rising with the GPUs, as the "
+                "authors' sweeps)", measured_points("fig3", rows_by_profile))
     _save(fig, path)
 
 
@@ -186,7 +190,8 @@ def plot_fig4(rows_by_profile: dict, max_sizes: dict, path: Path) -> None:
     ax.set_ylabel("largest model without MP (billions)")
     ax.set_title("largest model without MP, same GPUs (micro batch 1)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Figure 4: ZeRO data parallelism without model parallelism, against plain data parallelism")
+    _title(fig, "Figure 4: ZeRO data parallelism without model parallelism, against plain data parallelism",
+           measured_points("fig4", rows_by_profile))
     _save(fig, path)
 
 
@@ -223,7 +228,8 @@ def plot_fig6(max_sizes: dict, measured_max: dict, in_c1_budget: Optional[dict],
         ax.set_ylabel("layers that fit in C1's memory at the deeper depth")
         ax.set_title("mini-reproduction: measured bytes per layer on this machine's CPU", fontsize=10)
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Figure 6: the largest model each ZeRO configuration trains")
+    _title(fig, "Figure 6: the largest model each ZeRO configuration trains", len(measured_max),
+           cpu_panel=in_c1_budget is not None)
     _save(fig, path)
 
 
@@ -266,7 +272,8 @@ def plot_fig7(rows_by_profile: dict, memory: Optional[dict], path: Path) -> None
         ax.set_title(f"mini-reproduction on this CPU, TP 2 x DP 2, {depth} layers:\nmodel states + buffers + "
                      "saved for backward", fontsize=10)
         ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle("Figure 7: per-GPU memory of C1-C5 for a 40B and a 100B model")
+    _title(fig, "Figure 7: per-GPU memory of C1-C5 for a 40B and a 100B model", measured_points("fig7", rows_by_profile),
+           cpu_panel=memory is not None)
     _save(fig, path)
 
 
@@ -294,8 +301,12 @@ def plot_fig8(rows_by_profile: dict, path: Path) -> None:
         ax.legend(fontsize=7, loc="upper left")
         ax.text(0.98, 0.97, "paper (no numbers): C5 slower than C4 at 60B;\n170B runs only with C5",
                 transform=ax.transAxes, fontsize=7, va="top", ha="right", bbox=dict(facecolor="white", alpha=0.8))
-    fig.suptitle("Figure 8: throughput per GPU of C1-C5 (fixed micro batch)")
+    _title(fig, "Figure 8: throughput per GPU of C1-C5 (fixed micro batch)", measured_points("fig8", rows_by_profile))
     _save(fig, path)
+
+
+def _title(fig, title: str, measured: int, cpu_panel: bool = False) -> None:
+    fig.suptitle(f"{title}\n{provenance(measured, cpu_panel)}")
 
 
 def _save(fig, path: Path) -> None:

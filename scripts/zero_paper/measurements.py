@@ -99,3 +99,24 @@ def metrics_files(directory: Path) -> list[Path]:
         if METRICS_FILE in files:
             found.append(Path(root) / METRICS_FILE)
     return sorted(found)
+
+
+def measured_points(figure: str, rows_by_profile: dict, fig6_measured: Optional[dict] = None) -> int:
+    """How many marks of `figure` are measured on a GPU (the rest are predictions): its points whose run
+    completed, Figure 6's largest completed run per configuration, Figure 7's runs that logged memory."""
+    if figure == "fig6":
+        return len(fig6_measured or {})
+    rows = [row for rows in rows_by_profile.values() for row in rows if row.measured is not None]
+    if figure == "fig7":
+        return sum(1 for row in rows if row.measured.memory_bytes)
+    return sum(1 for row in rows if row.measured.completed)
+
+
+def provenance(measured: int, cpu_panel: bool = False) -> str:
+    """Where a figure's marks come from, in one line (under its title, and its caption in report.md), so
+    that a figure of predictions is never read as a result."""
+    source = ("PREDICTED by the planner (memory) and the performance model (time), not measured: no measured "
+              "run" if measured == 0 else
+              f"predicted by the planner and the performance model, with {measured} measured "
+              f"point{'s' if measured != 1 else ''} (black)")
+    return source + ("; the right panel is measured on this machine's CPU (the mini-reproduction)" if cpu_panel else "")

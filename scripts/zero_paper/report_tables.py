@@ -11,6 +11,7 @@ import statistics
 from typing import Optional
 
 from experiments import PROFILES
+from measurements import measured_points, provenance
 from mini_analysis import layers_in_c1_budget
 from paper_values import PAPER_STATED
 from planner.paper_tables import PAPER_FIGURE6, format_parameters
@@ -153,9 +154,11 @@ def claims_section(results) -> list[str]:
 
 
 def points_section(figure: str, by_profile) -> list[str]:
-    lines = [f"### {figure}", "", "| profile | point | parameters | grid | micro / global batch | stage, ZeRO-R | "
-             "per-GPU planned | fits | predicted s/iteration | predicted TFLOP/s (model FLOPs) | measured TFLOP/s | "
-             "measured memory |", "|---|---|---:|---|---:|---|---:|---|---:|---:|---:|---:|"]
+    measured = measured_points(figure, by_profile)
+    lines = [f"### {figure}: {'predicted (no measured run)' if not measured else f'predicted, {measured} measured'}", "",
+             "| profile | point | parameters | grid | micro / global batch | stage, ZeRO-R | "
+             "predicted per-GPU memory | predicted to fit | predicted s/iteration | predicted TFLOP/s (model FLOPs) | "
+             "measured TFLOP/s | measured memory |", "|---|---|---:|---|---:|---|---:|---|---:|---:|---:|---:|"]
     for profile, rows in by_profile.items():
         for row in rows:
             p, plan, prediction, measured = row.point, row.plan, row.prediction, row.measured
@@ -174,14 +177,14 @@ def points_section(figure: str, by_profile) -> list[str]:
 def max_size_section(extras) -> list[str]:
     lines = []
     if "fig4" in extras:
-        lines += ["### Largest model without MP (Figure 4), planner search at micro batch 1", "",
-                  "| profile | system | largest | paper |", "|---|---|---:|---:|"]
+        lines += ["### Largest model without MP (Figure 4): predicted, planner search at micro batch 1", "",
+                  "| profile | system | predicted largest | paper |", "|---|---|---:|---:|"]
         for (profile, series), size in sorted(extras["fig4"].items()):
             paper = {"zero": "13B", "ddp": "1.4B"}[series] if profile == "dgx2" else "-"
             lines.append(f"| {profile} | {'ZeRO stage 2' if series == 'zero' else 'plain DP'} | {format_parameters(size)} | {paper} |")
         lines.append("")
     if "fig6" in extras:
-        lines += ["### Largest model per configuration (Figure 6), planner search at micro batch 8", "",
+        lines += ["### Largest model per configuration (Figure 6): predicted, planner search at micro batch 8", "",
                   "| profile | configuration | predicted largest | measured largest (runs) | paper |", "|---|---|---:|---:|---:|"]
         for (profile, name), size in sorted(extras["fig6"].items()):
             measured = extras.get("fig6_measured", {}).get((profile, name))
@@ -267,7 +270,7 @@ def side_by_side_section(compared: dict) -> list[str]:
         lines += ["", f"The conditions of {last} (scripts/zero_paper/paper_conditions.py; docs/zero-paper-2019-conditions.md):", ""]
         lines += [f"- `{c['name']}` = {condition_value(c)} ({c['phase']}; {', '.join(c['stacks'])}): {c['why']}. "
                   f"Source: {c['source']}" for c in conditions]
-    header = " | ".join(f"{name} | ratio" for name in names)
+    header = " | ".join(f"{name}, predicted | ratio" for name in names)
     lines += ["", f"| figure | the paper states | paper | {header} | {last} within 10% |",
               "|---|---|---:|" + "---:|---:|" * len(names) + "---|"]
     keyed = {name: {(r["figure"], r["claim"]): r for r in result["rows"]} for name, result in compared.items()}
@@ -284,7 +287,7 @@ def side_by_side_section(compared: dict) -> list[str]:
         verdict = "yes" if row["within_10_percent"] else f"**no**: {row['note']}"
         lines.append(f"| {row['figure']} | {row['claim']} | {RELATIONS[row['relation']]} "
                      f"{format_compared(row['paper'], row['unit'])}{unit} | {' | '.join(cells)} | {verdict} |")
-    header = " | ".join(names)
+    header = " | ".join(f"{name}, predicted: holds" for name in names)
     lines += ["", f"| figure | the paper observes | {header} | {last}: predicted |", "|---|---|" + "---|" * (len(names) + 1)]
     for row in compared[last]["rows"]:
         if "holds" not in row:
@@ -301,14 +304,43 @@ def side_by_side_section(compared: dict) -> list[str]:
     return lines + [""]
 
 
+FIGURE_TITLES = {"fig2": "Figure 2: throughput per GPU by model size, ZeRO against Megatron alone",
+                 "fig3": "Figure 3: the 60B model from 64 to 400 GPUs",
+                 "fig4": "Figure 4: ZeRO without model parallelism, against plain data parallelism",
+                 "fig6": "Figure 6: the largest model each ZeRO configuration trains",
+                 "fig7": "Figure 7: per-GPU memory of C1-C5 for a 40B and a 100B model",
+                 "fig8": "Figure 8: throughput per GPU of C1-C5"}
+
+
+def figures_section(results, extras, memory) -> list[str]:
+    """Each figure drawn (report.py writes FIGURE.png beside report.md) under a caption that says what
+    in it is predicted and what measured (measurements.provenance, the line under its title too)."""
+    lines = ["## The figures", ""]
+    for figure in results:
+        measured = measured_points(figure, results[figure], extras.get("fig6_measured"))
+        caption = f"{FIGURE_TITLES.get(figure, figure)}. {provenance(measured, figure in ('fig6', 'fig7') and memory is not None)}."
+        lines += [f"![{figure}, {'predicted' if not measured else 'predicted and measured'}]({figure}.png)", "",
+                  f"*{caption}*", ""]
+    return lines
+
+
 def report(results, extras, memory, mini, runs, argv, compared=None) -> str:
-    lines = ["# The ZeRO paper's Figures 2-8: predicted, measured and stated", "",
-             f"Written by `python scripts/zero_paper/report.py {' '.join(argv)}` from {len(runs)} measured runs. "
-             "predicted = the planner's dry run (planner/dry_run.py) and the performance model (planner/perf_model.py); "
-             "measured = a run's metrics.jsonl (or the CPU mini-reproduction); paper = a value the paper states. "
-             "TFLOP/s per GPU count the activation recompute (what the GPU executes; model FLOPs in brackets). "
-             "Per-GPU planned memory is the planner's peak before what a dry run cannot see (the CUDA context, "
-             "NCCL's buffers, fragmentation).", ""]
+    nothing_measured = not runs
+    title = "predicted and stated (no measured run)" if nothing_measured else "predicted, measured and stated"
+    lines = [f"# The ZeRO paper's Figures 2-8: {title}", ""]
+    if nothing_measured:
+        lines += ["**Every figure and every number below is a prediction, not a measurement**, except the paper's "
+                  "stated values and the CPU mini-reproduction's section: no GPU run went into this report. The "
+                  "figures and tables show what the planner and the performance model expect the paper's runs to "
+                  "give; `scripts/zero_paper/run.py` launches those runs and `--runs` puts their measurements "
+                  "beside the predictions.", ""]
+    lines += [f"Written by `python scripts/zero_paper/report.py {' '.join(argv)}` from {len(runs)} measured runs. "
+              "predicted = the planner's dry run (planner/dry_run.py) and the performance model (planner/perf_model.py); "
+              "measured = a run's metrics.jsonl (or the CPU mini-reproduction); paper = a value the paper states. "
+              "TFLOP/s per GPU count the activation recompute (what the GPU executes; model FLOPs in brackets). "
+              "Predicted per-GPU memory is the planner's peak before what a dry run cannot see (the CUDA context, "
+              "NCCL's buffers, fragmentation).", ""]
+    lines += figures_section(results, extras, memory)
     lines += comparison_section(results, extras) + [""] + side_by_side_section(compared or {}) + constants_section()
     lines += ["## Every point", ""]
     for figure, by_profile in results.items():

@@ -195,3 +195,42 @@ def test_each_run_checkpoints_as_its_configuration_says(tmp_path):
                 activations.contiguous_checkpointing) == (True, block["partition_activations"],
                                                           block["cpu_checkpointing"],
                                                           block["contiguous_memory_optimization"]), configuration
+
+
+def test_a_report_without_measured_runs_labels_every_figure_and_table_as_predicted(small_world, tmp_path, monkeypatch):
+    """Issue 49: the committed report, written from 0 measured runs, had figures and tables that read as
+    results. Every figure's title (its second line) and caption, the report's title and every table of
+    points now say the numbers are predicted; with a measured run, the figure it is in says how many
+    of its marks are measured."""
+    import figures
+
+    titles = {}
+    save = figures._save
+
+    def keep_title(fig, path):
+        titles[Path(path).stem] = fig._suptitle.get_text()
+        save(fig, path)
+
+    monkeypatch.setattr(figures, "_save", keep_title)
+    output = tmp_path / "report"
+    argv = ["--output-dir", str(output), "--definitions", str(small_world), "--profiles", "dgx2", "--quiet",
+            "--no-compare", "--figures", "fig2", "fig8"]
+    assert report.main(argv) == 0
+    text = (output / "report.md").read_text()
+    assert text.startswith("# The ZeRO paper's Figures 2-8: predicted and stated (no measured run)\n")
+    assert "**Every figure and every number below is a prediction, not a measurement**" in text
+    for figure in ("fig2", "fig8"):
+        line = "PREDICTED by the planner (memory) and the performance model (time), not measured: no measured run"
+        assert titles[figure].splitlines()[1] == line, titles[figure]
+        assert f"![{figure}, predicted]({figure}.png)" in text and f". {line}.*" in text
+        assert f"### {figure}: predicted (no measured run)\n" in text
+    assert "| predicted per-GPU memory | predicted to fit |" in text
+
+    runs = tmp_path / "runs"
+    fake_run(runs, "fig2", "zero-1.16b", 12.5)
+    assert report.main([*argv, "--overwrite", "--runs", str(runs)]) == 0
+    text = (output / "report.md").read_text()
+    assert text.startswith("# The ZeRO paper's Figures 2-8: predicted, measured and stated\n")
+    assert titles["fig2"].splitlines()[1] == ("predicted by the planner and the performance model, with 1 measured "
+                                              "point (black)")
+    assert "### fig2: predicted, 1 measured\n" in text and "### fig8: predicted (no measured run)\n" in text
