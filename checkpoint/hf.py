@@ -33,10 +33,10 @@ import torch
 from torch import nn
 
 from arguments.config import ModelConfig
+from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object
 from base.errors import ConfigError
 from checkpoint import hf_llama
 from checkpoint.format import consolidate, read_metadata, save_tensors, tensor_parallel_slice
-from checkpoint.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from parallel.state import ParallelState

@@ -88,7 +88,7 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
 def parsed_llama_config(hf: dict, source: str | os.PathLike):
     """config.json read as transformers reads it (defaults for keys left out; an older file's rope_theta and
     rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
-    checkpoint/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
+    arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
     from transformers import LlamaConfig
     from transformers.utils import logging
