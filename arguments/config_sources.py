@@ -1,6 +1,7 @@
-"""Where each setting's value came from: its default, the YAML preset, the DeepSpeed JSON, or a flag.
+"""Where each setting's value came from: its default, the YAML preset, a Hugging Face folder, the DeepSpeed
+JSON, or a flag.
 
-Settings are parsed in layers, preset < JSON < command line (arguments/parser.py). To know which layer
+Settings are parsed in layers, preset < folder (--init-from-hf) < JSON < command line (arguments/parser.py). To know which layer
 set a setting, each layer's flags are parsed alone into a namespace pre-filled with a marker:
 argparse fills in defaults only for names a namespace lacks, so whatever no longer holds the marker
 was set by that layer. The JSON layer is parsed key by key, so a setting knows its key.
@@ -21,6 +22,9 @@ from arguments.option_table import option_table
 from base.errors import ConfigError
 
 DEFAULT, PRESET, JSON, FLAG = "default", "preset", "json", "flag"
+# A Hugging Face folder's config.json or tokenizer (--init-from-hf DIR, arguments/hf_folder.py): a layer
+# between the preset and the DeepSpeed JSON and command line; its origin is "DIR/config.json: key".
+FOLDER = "folder"
 # The layer under a Megatron launch that names no preset (arguments/megatron/defaults.py): a PRESET-kind
 # source, since it sits where a preset would, named as what it is.
 MEGATRON_DEFAULTS = "Megatron-LM's default (arguments/megatron/flags_harvested.json)"
@@ -28,8 +32,8 @@ MEGATRON_DEFAULTS = "Megatron-LM's default (arguments/megatron/flags_harvested.j
 
 @dataclass(frozen=True)
 class Source:
-    kind: str           # DEFAULT, PRESET, JSON or FLAG
-    origin: str = ""    # the preset's path; "file.json: key"; the option as typed ("--batch-size")
+    kind: str           # DEFAULT, PRESET, FOLDER, JSON or FLAG
+    origin: str = ""    # the preset's path; "DIR/config.json: key"; "file.json: key"; the option as typed
     note: str = ""      # for a setting a Megatron flag derived (arguments/megatron/flags.py): how
     agrees_with: str = ""  # a JSON key that gave the same value as the flag that won
     overrides: str = ""    # the other side it won over, and why (arguments/deepspeed/precedence.py)
@@ -39,7 +43,7 @@ class Source:
             return "default"
         if self.kind == PRESET:
             return self.origin if self.origin == MEGATRON_DEFAULTS else f"preset {self.origin}"
-        text = self.origin if self.kind == JSON else f"{self.origin} (command line)"
+        text = self.origin if self.kind in (JSON, FOLDER) else f"{self.origin} (command line)"
         if self.note:
             text += f": {self.note}"
         if self.agrees_with:
@@ -78,7 +82,7 @@ def options_typed(parser: argparse.ArgumentParser, argv: Iterable[str]) -> dict[
 def name_inherited_values(error: ConfigError, parser: argparse.ArgumentParser, sources: dict[str, Source],
                           value_of) -> ConfigError:
     """`error`, with a clause for each flag it is about (`error.flags`) whose value was not typed on the
-    command line but came from a preset, the DeepSpeed JSON or another program's flag that means it
+    command line but came from a preset, a Hugging Face folder, the DeepSpeed JSON or another program's flag that means it
     (`--use-megatron-fsdp` is ZeRO stage 3): an error about a value the user never wrote must say where it
     came from. `value_of(dest)` gives the value in force."""
     clauses = []
@@ -86,11 +90,14 @@ def name_inherited_values(error: ConfigError, parser: argparse.ArgumentParser, s
         action = option_table(parser).action_for(flag)
         source = sources.get(action.dest) if action is not None else None
         derived = source is not None and source.kind == FLAG and bool(source.note)  # a Megatron flag's meaning
-        if source is None or not (source.kind in (PRESET, JSON) or derived):
+        if source is None or not (source.kind in (PRESET, JSON, FOLDER) or derived):
             continue
         value = f"{flag} {show_value(value_of(action.dest))}"
         if derived:
             clauses.append(f"{value} comes from {source.origin}: {source.note}")
+            continue
+        if source.kind == FOLDER:  # the folder is the model: a flag cannot change it
+            clauses.append(f"{value} comes from {source.origin}" + (f" ({source.note})" if source.note else ""))
             continue
         where = f"the preset {source.origin}" if source.kind == PRESET else source.origin
         clauses.append(f"{value} comes from {where}; set it on the command line to change it")

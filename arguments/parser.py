@@ -11,9 +11,11 @@ flags, so argparse checks their types the same way and a flag given on the comma
 and placed between the two, so the precedence is YAML preset < JSON < command line, except where the
 JSON and a flag set one setting differently: there the side wins that wins in the real
 Megatron-DeepSpeed + DeepSpeed pair (arguments/deepspeed/precedence.py), said in one warning line at the
-start and in --print-config. Megatron-LM's and DeepSpeed-Megatron's flags are aliases or meanings
-(arguments/megatron/flags.py); every other flag those programs define is accepted with no effect or refused
-with the alternative (arguments/megatron/harvested_flags.py, arguments/megatron/flag_classes.py), so none ends in
+start and in --print-config. `--init-from-hf DIR` adds the folder's architecture and tokenizer as a layer
+over the preset (arguments/hf_folder.py): a flag or JSON value may only repeat what the folder says.
+Megatron-LM's and DeepSpeed-Megatron's flags are aliases or meanings (arguments/megatron/flags.py); every
+other flag those programs define is accepted with no effect or refused with the alternative
+(arguments/megatron/harvested_flags.py, arguments/megatron/flag_classes.py), so none ends in
 "unrecognized arguments". Each value keeps its
 source (arguments/config_sources.py) for --print-config and for errors about values the user did not type.
 Every bad input ends in `ConfigError` with one line naming the key or flag; the problems of every layer
@@ -36,6 +38,7 @@ from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import (
     DEFAULT,
     FLAG,
+    FOLDER,
     JSON,
     MEGATRON_DEFAULTS,
     PRESET,
@@ -52,6 +55,7 @@ from arguments.deepspeed.loss_scale import apply_json_loss_scaling
 from arguments.deepspeed.precedence import INDEPENDENT, JSON_WINS, MUST_AGREE
 from arguments.deepspeed.translation import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 from arguments.flag_equivalents import unknown_flags_message
+from arguments.hf_folder import folder_layer
 from arguments.megatron.deepspeed_checkpointing_flags import drop_unswitched_checkpointing_flags
 from arguments.megatron.defaults import (
     equally_fitting_generations,
@@ -358,6 +362,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         settings, sources, typed.get, megatron_launch, bool(meanings["deepspeed"]),
         bool(meanings["deepspeed_activation_checkpointing"]))
     not_read_warning, said = not_read.warning(lambda flags: _flag_values(parser, flags), settings, sources)
+    folder_problems, folder_notes = apply_folder_layer(parser, settings, sources)
+    problems += folder_problems
     problems += check_run_lengths(settings, sources)
     use_sample_based_lengths(settings, sources)
     config = PretrainConfig.from_flat(settings, sources)
@@ -378,7 +384,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
                 problems.append(str(error))
     if problems:
         raise ConfigError(one_error(problems))
-    notes = list(resolved.notes)
+    notes = list(resolved.notes) + folder_notes
     default_note = megatron_default_note(parser, settings, sources, "config" in typed, harvested()["flags"],
                                          generation)
     if default_note:
@@ -395,6 +401,50 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     return ParsedArguments(config, tuple(notes), bool(namespace["print_config"]), translation,
                            preset_name, given, harvested=_harvested_given(namespace),
                            json_outcomes=layers.outcomes, megatron_generation=generation)
+
+
+def apply_folder_layer(parser: argparse.ArgumentParser, settings: dict[str, Any], sources: dict[str, Source]
+                       ) -> tuple[list[str], list[str]]:
+    """--init-from-hf DIR: the folder's architecture and tokenizer (arguments/hf_folder.py) replace what the
+    preset or the defaults set; a setting typed on the command line or in the JSON must equal the
+    folder's (a problem naming both where it differs). Read here, with the flags, so a folder that does not
+    fit is refused before any data or model work. Returns (problems, the lines said at the start)."""
+    folder = settings.get("init_from_hf")
+    if not folder:
+        return [], []
+    explicit = {name: _as_given(parser, name, settings[name], source) for name, source in sources.items()
+                if source.kind in (FLAG, JSON) and name in settings}
+    try:
+        layer = folder_layer(folder, settings, explicit, lambda name, value: _as_flag(parser, name, value))
+    except ConfigError as error:
+        return [str(error)], []
+    for name, (value, origin, note) in layer.values.items():
+        settings[name], sources[name] = value, Source(FOLDER, origin, note=note)
+    for name, origin in layer.agreeing.items():
+        if not sources[name].agrees_with:
+            sources[name] = dataclasses.replace(sources[name], agrees_with=origin)
+    return layer.problems, layer.notes
+
+
+def _as_flag(parser: argparse.ArgumentParser, name: str, value: Any) -> str:
+    """`value` of the setting `name` as its flag would set it: `--num-layers 2`, `--swiglu`, `no --swiglu`."""
+    # a setting's own flag is added first (build_parser), before the flags that store one value in it
+    action = next((action for action in option_table(parser) if action.dest == name and action.option_strings), None)
+    if action is None:
+        return f"{name} {show_value(value)}"
+    option = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return option if value else f"--no-{option[2:]}"
+    if isinstance(value, bool) or value is None:
+        return option if value else f"no {option}"
+    return f"{option} {show_value(value)}"
+
+
+def _as_given(parser: argparse.ArgumentParser, name: str, value: Any, source: Source) -> str:
+    """An explicit setting as the user gave it: `--num-layers 4 on the command line`, or its JSON key."""
+    if source.kind == FLAG and not source.note:
+        return f"{_typed_value(source.origin.split(' ')[0], value)} on the command line"
+    return f"{_as_flag(parser, name, value)} ({source.describe()})"
 
 
 def _flag_values(parser: argparse.ArgumentParser, flags: Sequence[str]) -> dict[str, tuple[str, Any]]:

@@ -11,7 +11,7 @@ A Hugging Face folder (config.json, model.safetensors, the tokenizer files) is w
 what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read with no code of ours:
 - `write_hf_folder` builds one in a staging directory beside OUT_DIR and renames it into place, so a
   conversion that fails never leaves a half-written folder that loads as a model.
-- `read_hf_folder` checks config.json with our own reader first (checkpoint/hf_config.py: each field we
+- `read_hf_folder` checks config.json with our own reader first (arguments/hf_config.py: each field we
   read, its type and range; one line naming the field), so transformers only ever sees a checked one. It
   reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a file
   from the internet may be a pickle whose payload runs code, and it must be refused, never executed.
@@ -33,10 +33,11 @@ import torch
 from torch import nn
 
 from arguments.config import ModelConfig
+from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object
+from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
 from checkpoint import hf_llama
 from checkpoint.format import consolidate, read_metadata, save_tensors, tensor_parallel_slice
-from checkpoint.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from parallel.state import ParallelState
@@ -182,13 +183,8 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"  # what save_pretrained writes for big models
 PICKLE_FILE = "pytorch_model.bin"
-ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
-                      "relu2": "squared_relu"}
 # The causal-mask buffers older transformers versions saved with the weights; they are not weights.
 HF_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
-# Their GPT-2 attention variants we do not implement: key -> the value our attention corresponds to.
-HF_ATTENTION_OPTIONS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                        "add_cross_attention": False, "tie_word_embeddings": True}
 MAX_LISTED = 12  # problems listed in one error before "... and N more"
 
 
@@ -298,7 +294,7 @@ def read_hf_folder(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Ten
 
 
 def read_hf_model(hf_dir: str | os.PathLike) -> tuple[HFConfig, dict[str, torch.Tensor]]:
-    """The folder's config.json, checked by checkpoint/hf_config.py before any of it reaches transformers,
+    """The folder's config.json, checked by arguments/hf_config.py before any of it reaches transformers,
     and its weights under transformers' names for that family."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)

@@ -24,13 +24,13 @@ from typing import Optional
 import torch
 
 from arguments.config import ModelConfig
+from arguments.hf_config import check_hf_config_json
+from arguments.hf_folder import LLAMA3_FIXED, architecture_settings
 from base.errors import ConfigError
 from base.options import flag_of_setting
 
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
-# Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor (gpt/rotary.py's llama3_scaled).
-LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -88,7 +88,7 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
 def parsed_llama_config(hf: dict, source: str | os.PathLike):
     """config.json read as transformers reads it (defaults for keys left out; an older file's rope_theta and
     rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
-    checkpoint/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
+    arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
     from transformers import LlamaConfig
     from transformers.utils import logging
@@ -115,44 +115,14 @@ def _strict_dataclass_errors() -> tuple[type[Exception], ...]:
 
 
 def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
-    """The ModelConfig settings (by field name) the folder's LlamaForCausalLM has; a config.json that our
-    blocks cannot compute is refused in one line naming each key."""
-    their = parsed_llama_config(hf, source)
-    rope = dict(getattr(their, "rope_parameters", None) or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    problems = []
-    if their.hidden_act != "silu":
-        problems.append(f"hidden_act {their.hidden_act!r} (SwiGLU here is silu's)")
-    if rope_type not in ("default", "llama3"):
-        problems.append(f"rope_parameters rope_type {rope_type!r} (only 'default' and Llama 3's 'llama3' are built)")
-    if rope_type == "llama3":
-        problems += [f"rope_parameters {key} {rope.get(key)!r} (Megatron-LM's Llama 3 scaling fixes it at {value})"
-                     for key, value in LLAMA3_FIXED.items() if rope.get(key) != value]
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        problems.append(f"rope_parameters partial_rotary_factor {rope['partial_rotary_factor']!r}")
-    # transformers' head_dim is Megatron-LM's --kv-channels; the default (None) where it is hidden / heads
-    head_dim = getattr(their, "head_dim", None)
-    kv_channels = head_dim if head_dim is not None and head_dim * their.num_attention_heads != their.hidden_size \
-        else None
-    if bool(their.attention_bias) != bool(their.mlp_bias):
-        problems.append(f"attention_bias {their.attention_bias} with mlp_bias {their.mlp_bias} (--disable-bias-linear "
-                        f"drops both here)")
-    if hf.get("sliding_window") is not None or hf.get("use_sliding_window"):
-        problems.append(f"sliding_window {hf.get('sliding_window')!r} (attention here sees the whole sequence)")
-    if getattr(their, "pretraining_tp", 1) not in (None, 1):
-        problems.append(f"pretraining_tp {their.pretraining_tp}")
-    if problems:
-        raise ConfigError(f"{source}: this {ARCHITECTURE} cannot be represented here: {'; '.join(problems)}")
-    return {"num_layers": their.num_hidden_layers, "hidden_size": their.hidden_size,
-            "num_attention_heads": their.num_attention_heads, "kv_channels": kv_channels,
-            "ffn_hidden_size": their.intermediate_size, "num_query_groups": their.num_key_value_heads or their.num_attention_heads,
-            "layernorm_epsilon": their.rms_norm_eps, "normalization": "RMSNorm", "swiglu": True,
-            "position_embedding_type": "rope", "rotary_base": float(rope.get("rope_theta", 10000.0)),
-            "rotary_percent": 1.0, "use_rope_scaling": rope_type == "llama3",
-            "rope_scaling_factor": float(rope["factor"]) if rope_type == "llama3" else None,
-            "untie_embeddings_and_output_weights": not their.tie_word_embeddings,
-            "add_bias_linear": bool(their.attention_bias), "add_qkv_bias": False, "qk_layernorm": False,
-            "vocab_size": their.vocab_size}
+    """The ModelConfig settings (by field name) the folder's LlamaForCausalLM has, as --init-from-hf's layer
+    of settings takes them (arguments/hf_folder.py), with its vocab_size; a config.json that our blocks
+    cannot compute is refused in one line naming each key. transformers reads it too, so a field its
+    strict dataclass refuses is one line here rather than later."""
+    parsed_llama_config(hf, source)
+    config = check_hf_config_json(hf, source)
+    settings = {name: given.value for name, given in architecture_settings(config).items()}
+    return {**settings, "vocab_size": config.vocab_size}
 
 
 def _ours(config: ModelConfig, name: str):
@@ -161,8 +131,8 @@ def _ours(config: ModelConfig, name: str):
         return config.ffn_size
     if name == "num_query_groups":
         return config.architecture.query_groups(config.num_attention_heads)
-    if name == "kv_channels":  # the default width, given or not, is None as in llama_settings
-        return None if config.head_dim * config.num_attention_heads == config.hidden_size else config.head_dim
+    if name == "kv_channels":  # the width, given or not (Megatron's default is hidden / heads)
+        return config.head_dim
     return getattr(config, name)
 
 
@@ -184,7 +154,7 @@ def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.
     settings = llama_settings(hf, source)
     problems = []
     for name, theirs in settings.items():
-        if name == "vocab_size" or (name == "rope_scaling_factor" and theirs is None):
+        if name in ("vocab_size", "max_position_embeddings"):  # rotary positions need no table of them
             continue
         mine = _ours(model_config, name)
         if theirs != mine:

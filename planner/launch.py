@@ -37,7 +37,8 @@ def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
     from planner.plan import planning_vocab
 
     data = config.data
-    if not (data.tokenizer_file or data.vocab_file or data.tokenizer_type or config.model.vocab_size):
+    if not (data.tokenizer_file or data.vocab_file or data.tokenizer_type or config.model.vocab_size
+            or config.checkpoint.init_from_hf):
         return data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
     return planning_vocab(config)
 

@@ -74,6 +74,10 @@ def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
 def planning_vocab(config: PretrainConfig) -> tuple[int, str]:
     """The vocabulary to plan with, and where it came from: what a run with these flags would have."""
     data = config.data
+    if config.checkpoint.init_from_hf:  # the folder's embedding rows (training/run_settings.py's model_vocabulary)
+        from arguments.hf_config import read_hf_config
+
+        return read_hf_config(config.checkpoint.init_from_hf).vocab_size, "the --init-from-hf folder's vocab_size"
     if data.tokenizer_type == "NullTokenizer":
         return config.model.vocab_size + 1, f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
     if data.tokenizer_file or data.vocab_file:

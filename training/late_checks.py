@@ -43,14 +43,6 @@ def check_load(config: PretrainConfig) -> None:
         decide_start(config.checkpoint.load, config.checkpoint.save)
 
 
-def check_init_from_hf(config: PretrainConfig) -> None:
-    """--init-from-hf reads a GPT2LMHeadModel or LlamaForCausalLM folder (checkpoint/hf.py): a model
-    neither can hold (GPT-2's blocks with an untied output, --qk-layernorm, ...) is refused with the flags,
-    not after the model is built."""
-    if config.checkpoint.init_from_hf:
-        from checkpoint.hf import check_convertible  # here: --help stays free of the conversion code
-
-        check_convertible(config.model, "--init-from-hf")
-
-
-LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag, check_init_from_hf)
+# --init-from-hf's folder is read with the flags themselves (arguments/hf_folder.py): its architecture is the
+# model's, and a flag that disagrees is refused there.
+LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag)

@@ -23,8 +23,9 @@ from typing import Optional
 import torch
 
 from arguments.batch_schedule import BatchSchedule, batch_schedule
-from arguments.config import PretrainConfig
+from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import FLAG, JSON
+from arguments.hf_config import read_hf_config
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
 from zero.optimizer import PRECISION_DTYPES
 
@@ -96,6 +97,21 @@ def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]
     tokenizer = config.data.tokenizer_type or "the tokenizer given"
     return (f"> --vocab-size {asked} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
             f"tokenizer's {vocab_size} tokens",)
+
+
+def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
+    """The model's vocabulary (before padding): the tokenizer's, or with --init-from-hf the folder's
+    config.json vocab_size, as transformers' embedding has that many rows whatever the tokenizer (Qwen's
+    folders hold more rows than tokens); the tokenizer's ids must fall inside it."""
+    folder = config.checkpoint.init_from_hf
+    if not folder:
+        return tokenizer_vocab_size
+    hf_vocab = read_hf_config(folder).vocab_size
+    if tokenizer_vocab_size > hf_vocab:
+        raise ConfigError(f"the run's tokenizer has {tokenizer_vocab_size} tokens, more than {folder}/config.json's "
+                          f"vocab_size {hf_vocab}: its ids past {hf_vocab - 1} have no row in the model; give the "
+                          f"tokenizer the folder was trained with")
+    return hf_vocab
 
 
 def resolve_precision(config: PretrainConfig, device_type: str):

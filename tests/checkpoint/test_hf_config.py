@@ -1,4 +1,4 @@
-"""A Hugging Face folder's config.json is checked by our own reader (checkpoint/hf_config.py) before
+"""A Hugging Face folder's config.json is checked by our own reader (arguments/hf_config.py) before
 transformers sees it (issue 47, item 6): a wrongly typed or out-of-range field is one line naming the
 file, the field, its value and what it must be, with exit status 2 at `--init-from-hf`.
 
@@ -162,7 +162,7 @@ def test_the_typed_result_is_what_transformers_reads(saved, family):
     """Every typed field against transformers' own parse of the same folder."""
     from transformers import AutoConfig
 
-    from checkpoint.hf_config import read_hf_config
+    from arguments.hf_config import read_hf_config
 
     ours, theirs = read_hf_config(saved[family]), AutoConfig.from_pretrained(str(saved[family]))
     assert_same_as_transformers(ours, theirs)
@@ -173,7 +173,7 @@ def test_keys_left_out_take_transformers_defaults(tmp_path, family):
     """A config.json with only model_type: each default in the reader's table is transformers' own."""
     from transformers import AutoConfig
 
-    from checkpoint.hf_config import read_hf_config
+    from arguments.hf_config import read_hf_config
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": family}))
     assert_same_as_transformers(read_hf_config(tmp_path), AutoConfig.from_pretrained(str(tmp_path)))
@@ -184,7 +184,7 @@ def test_an_older_files_rope_theta_and_rope_scaling_are_read_as_transformers_mov
     moves both into rope_parameters (modeling_rope_utils.py, convert_rope_params_to_dict)."""
     from transformers import AutoConfig
 
-    from checkpoint.hf_config import read_hf_config
+    from arguments.hf_config import read_hf_config
 
     scaling = {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8}

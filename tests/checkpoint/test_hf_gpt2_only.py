@@ -1,7 +1,8 @@
 """Hugging Face conversion is GPT-2's or Llama's (tests/checkpoint/test_hf_llama.py): a model neither
 GPT2LMHeadModel nor LlamaForCausalLM can hold (GPT-2's blocks with rotary positions, say) is refused in one
 line naming what a Llama would need, at export (scripts/convert_to_hf.py's to_hf_state_dict, which raised a
-KeyError on 'position_embeddings.weight') and at --init-from-hf, with the launch's other flag checks."""
+KeyError on 'position_embeddings.weight'); at --init-from-hf, the folder's own architecture is the model's, and a
+flag that asks for another is refused with the launch's other flag checks."""
 
 import dataclasses
 
@@ -40,10 +41,16 @@ def test_exporting_a_llama_shaped_state_is_one_line_not_a_key_error():
 
 
 def test_init_from_hf_with_half_of_llamas_blocks_is_refused_with_the_flags(tmp_path):
+    """The folder is read with the flags (arguments/hf_folder.py): a GPT-2 folder with --swiglu is refused
+    in the same round as the other flags' problems, naming the flag and the folder's key."""
+    from tests.checkpoint.test_hf_checkpoint import random_hf_folder
+
+    folder = random_hf_folder(tmp_path / "gpt2")
     with pytest.raises(ConfigError) as error:
-        parse_arguments(["--init-from-hf", str(tmp_path), "--swiglu", "--lr", "nan"], late_checks=LATE_CHECKS)
+        parse_arguments(["--init-from-hf", str(folder), "--swiglu", "--lr", "nan"], late_checks=LATE_CHECKS)
     message = str(error.value)
-    assert "--init-from-hf" in message and "--normalization RMSNorm" in message and "--lr" in message  # one round
-    # Llama's whole set passes the flag checks: the folder itself is read when the run starts
-    parse_arguments(["--init-from-hf", str(tmp_path), "--swiglu", "--normalization", "RMSNorm",
-                     "--position-embedding-type", "rope"], late_checks=LATE_CHECKS)
+    assert "\n" not in message and "--lr" in message  # one round
+    assert f"--swiglu on the command line disagrees with the folder's no --swiglu ({folder / 'config.json'}" in message
+    with pytest.raises(ConfigError, match="config.json: missing"):  # an empty folder is no model
+        parse_arguments(["--init-from-hf", str(tmp_path), "--swiglu", "--normalization", "RMSNorm",
+                         "--position-embedding-type", "rope"], late_checks=LATE_CHECKS)

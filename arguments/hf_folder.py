@@ -1,0 +1,305 @@
+"""`--init-from-hf DIR`: the Hugging Face folder is the model, as `from_pretrained` and Megatron-Bridge's
+AutoBridge take it.
+
+The folder is a layer of settings of its own, between the preset (or Megatron's defaults) and the
+DeepSpeed JSON and command line (arguments/parser.py): its architecture comes from config.json, read by
+arguments/hf_config.py (the one reader of that file), and its tokenizer from the files beside it. Each
+value's source is "DIR/config.json: key" (or "DIR/tokenizer.json"), so --print-config and errors say
+where it came from. A setting typed on the command line (or in the JSON) that equals the folder's is
+taken; one that differs is a problem naming both, since it would describe another model than the
+weights. Megatron-Bridge reads a folder the same way (src/megatron/bridge/models/llama/llama_bridge.py,
+LlamaBridge.provider_bridge: num_hidden_layers -> num_layers, intermediate_size -> ffn_hidden_size,
+num_key_value_heads -> num_query_groups, rms_norm_eps -> layernorm_epsilon, rope_theta -> rotary_base,
+tie_word_embeddings -> share_embeddings_and_output_weights, and vocab_size as the model's). Where it takes
+seq_length = max_position_embeddings, the sequence here stays the preset's unless that is longer than
+the folder's positions (a laptop's 128, not Llama 3's 131072): it is then cut to them.
+
+The vocabulary: the folder's `vocab_size` is the model's (training/run_settings.py's model_vocabulary);
+the tokenizer's ids must fall inside it. Which tokenizer:
+- the folder's tokenizer.json (else its vocab.json + merges.txt), unless one is given explicitly, which
+  must then be the folder's (a file in DIR, or one with the same content);
+- none in the folder, and no --data-path: the embedded corpus's byte-level BPE is trained with at most
+  the folder's vocab_size tokens (--tokenizer-vocab-size, at most that);
+- none in the folder, with --data-path: the data's own tokenizer must be named, as without a folder; with
+  --tokenizer-type NullTokenizer, --vocab-size defaults to vocab_size - 1, so that its ids and its
+  end-of-document id (Megatron's NullTokenizer adds one) fill the folder's vocabulary.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config
+from base.errors import ConfigError
+from data import DataError
+from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
+from data.tokenizer import MERGES_FILE, MIN_VOCAB_SIZE, TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
+
+GPT2_ARCHITECTURE = "GPT2LMHeadModel"
+LLAMA_ARCHITECTURE = "LlamaForCausalLM"
+# transformers' GPT-2 activation names -> ours ("relu2" is transformers' ReLUSquaredActivation).
+ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+                      "relu2": "squared_relu"}
+# Their GPT-2 attention variants we do not implement: key -> the value our attention corresponds to.
+HF_ATTENTION_OPTIONS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                        "add_cross_attention": False, "tie_word_embeddings": True}
+# Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor (gpt/rotary.py's llama3_scaled).
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# Settings a flag may change without describing another model: rotary positions have no table, so a Llama's
+# max_position_embeddings is only how long a sequence it is meant for (a longer context is trained this way);
+# GPT-2's n_positions is the shape of its position embedding.
+FLAG_MAY_CHANGE = {"llama": ("max_position_embeddings",)}
+# The tokenizer settings an explicit tokenizer is given by.
+TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file")
+
+
+@dataclass(frozen=True)
+class FolderValue:
+    """A setting's value in the folder, and what in the folder gives it (a config.json key, a file)."""
+    value: Any
+    key: str
+
+
+def architecture_settings(config: HFConfig) -> dict[str, FolderValue]:
+    """The ModelConfig settings (by field name) of the folder's model; a config.json our blocks cannot
+    compute is refused in one line naming each key."""
+    if config.family == "llama":
+        return _llama(config)
+    return _gpt2(config)
+
+
+def _gpt2(config: HFConfig) -> dict[str, FolderValue]:
+    problems = []
+    if config.activation not in ACTIVATION_FROM_HF:
+        problems.append(f"activation_function {config.activation!r} (supported: {', '.join(ACTIVATION_FROM_HF)})")
+    for key, supported in HF_ATTENTION_OPTIONS.items():
+        value = config.fields.get(key, supported)
+        if value is not None and value != supported:
+            problems.append(f"{key} {value!r} (our model supports only {supported!r})")
+    if problems:
+        raise ConfigError(f"{config.path}: this {GPT2_ARCHITECTURE} cannot be represented here: {'; '.join(problems)}")
+    v = FolderValue
+    return {"num_layers": v(config.num_layers, "n_layer"), "hidden_size": v(config.hidden_size, "n_embd"),
+            "num_attention_heads": v(config.num_attention_heads, "n_head"),
+            "kv_channels": v(config.head_dim, "n_embd / n_head"),
+            "ffn_hidden_size": v(config.ffn_hidden_size, "n_inner" if config.fields.get("n_inner") else "4 x n_embd"),
+            "num_query_groups": v(config.num_key_value_heads, "n_head (one key/value head per query head)"),
+            "max_position_embeddings": v(config.max_position_embeddings, "n_positions"),
+            "layernorm_epsilon": v(config.norm_epsilon, "layer_norm_epsilon"),
+            "activation": v(ACTIVATION_FROM_HF[config.activation], "activation_function"),
+            "normalization": v("LayerNorm", "model_type gpt2"), "swiglu": v(False, "model_type gpt2"),
+            "position_embedding_type": v("learned_absolute", "model_type gpt2"),
+            "untie_embeddings_and_output_weights": v(False, "tie_word_embeddings"),
+            "add_bias_linear": v(True, "model_type gpt2"), "add_qkv_bias": v(False, "model_type gpt2"),
+            "qk_layernorm": v(False, "model_type gpt2"), "attention_output_gate": v(False, "model_type gpt2")}
+
+
+def _llama(config: HFConfig) -> dict[str, FolderValue]:
+    rope, fields = config.rope, config.fields
+    problems = []
+    if config.activation != "silu":
+        problems.append(f"hidden_act {config.activation!r} (SwiGLU here is silu's)")
+    if rope.rope_type not in ("default", "llama3"):
+        problems.append(f"rope_parameters rope_type {rope.rope_type!r} (only 'default' and Llama 3's 'llama3' are "
+                        f"built)")
+    if rope.rope_type == "llama3":
+        problems += [f"rope_parameters {key} {getattr(rope, key)!r} (Megatron-LM's Llama 3 scaling fixes it at "
+                     f"{value})" for key, value in LLAMA3_FIXED.items() if getattr(rope, key) != value]
+    if rope.partial_rotary_factor != 1.0:
+        problems.append(f"rope_parameters partial_rotary_factor {rope.partial_rotary_factor!r}")
+    if config.attention_bias != config.mlp_bias:
+        problems.append(f"attention_bias {config.attention_bias} with mlp_bias {config.mlp_bias} "
+                        f"(--disable-bias-linear drops both here)")
+    if fields.get("sliding_window") is not None or fields.get("use_sliding_window"):
+        problems.append(f"sliding_window {fields.get('sliding_window')!r} (attention here sees the whole sequence)")
+    if fields.get("pretraining_tp") not in (None, 1):
+        problems.append(f"pretraining_tp {fields['pretraining_tp']}")
+    if problems:
+        raise ConfigError(f"{config.path}: this {LLAMA_ARCHITECTURE} cannot be represented here: "
+                          f"{'; '.join(problems)}")
+    v = FolderValue
+    rope_key = "rope_scaling" if fields.get("rope_scaling") else "rope_parameters"
+    settings = {
+        "num_layers": v(config.num_layers, "num_hidden_layers"), "hidden_size": v(config.hidden_size, "hidden_size"),
+        "num_attention_heads": v(config.num_attention_heads, "num_attention_heads"),
+        "kv_channels": v(config.head_dim, "head_dim" if fields.get("head_dim") else
+                         "hidden_size / num_attention_heads"),
+        "ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size"),
+        "num_query_groups": v(config.num_key_value_heads, "num_key_value_heads" if fields.get("num_key_value_heads")
+                              else "num_attention_heads (no num_key_value_heads)"),
+        "max_position_embeddings": v(config.max_position_embeddings, "max_position_embeddings"),
+        "layernorm_epsilon": v(config.norm_epsilon, "rms_norm_eps"),
+        "normalization": v("RMSNorm", "model_type llama"), "swiglu": v(True, "hidden_act"),
+        "position_embedding_type": v("rope", "model_type llama"),
+        "rotary_base": v(rope.theta, f"{rope_key}.rope_theta" if "rope_theta" in (fields.get(rope_key) or {})
+                         else "rope_theta"),
+        "rotary_percent": v(1.0, "model_type llama"), "rotary_interleaved": v(False, "model_type llama"),
+        "use_rope_scaling": v(rope.rope_type == "llama3", f"{rope_key}.rope_type"),
+        "untie_embeddings_and_output_weights": v(not config.tie_word_embeddings, "tie_word_embeddings"),
+        "add_bias_linear": v(config.attention_bias, "attention_bias"),
+        "add_qkv_bias": v(False, "attention_bias"),
+        "qk_layernorm": v(False, "model_type llama"), "attention_output_gate": v(False, "model_type llama")}
+    if rope.rope_type == "llama3":
+        settings["rope_scaling_factor"] = v(rope.factor, f"{rope_key}.factor")
+    return settings
+
+
+# ---- the layer ----------------------------------------------------------------------------------
+
+@dataclass
+class FolderLayer:
+    """What the folder sets: {setting: (value, its source's origin)}; `problems` are the launch's
+    settings that disagree with it, each one line."""
+    folder: Path
+    config: HFConfig
+    values: dict[str, tuple[Any, str, str]]  # setting -> (value, origin, note)
+    problems: list[str]
+    agreeing: dict[str, str] = field(default_factory=dict)  # an explicit setting equal to the folder's -> origin
+    notes: list[str] = field(default_factory=list)  # said once at the start: the model and tokenizer taken
+
+
+def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: dict[str, str],
+                 as_flag: Callable[[str, Any], str]) -> FolderLayer:
+    """The settings the folder gives over `settings` (the launch's, all layers merged). `explicit` names
+    the settings typed on the command line or in the JSON, each as given (`--num-layers 4 on the command
+    line`): those must equal the folder's value. `as_flag(setting, value)` writes a value as its flag."""
+    folder = Path(folder)
+    config = read_hf_config(folder)
+    where = f"{folder / CONFIG_FILE}"
+    layer = FolderLayer(folder, config, {}, [])
+
+    def offer(name: str, value: Any, origin: str, note: str = "") -> None:
+        if name in explicit and name in FLAG_MAY_CHANGE.get(config.family, ()):
+            return  # the flag's value stands
+        if name in explicit:
+            if settings[name] != value:
+                layer.problems.append(f"{explicit[name]} disagrees with the folder's {as_flag(name, value)} "
+                                      f"({origin}): the folder is the model; drop the flag")
+            else:
+                layer.agreeing[name] = origin
+            return
+        layer.values[name] = (value, origin, note)
+
+    for name, given in architecture_settings(config).items():
+        offer(name, given.value, f"{where}: {given.key}")
+    seq_length, positions = settings["seq_length"], config.max_position_embeddings
+    if "max_position_embeddings" in explicit and "max_position_embeddings" in FLAG_MAY_CHANGE.get(config.family, ()):
+        positions = settings["max_position_embeddings"]
+    elif "seq_length" not in explicit and seq_length > positions:
+        key = "n_positions" if config.family == "gpt2" else "max_position_embeddings"
+        layer.values["seq_length"] = (positions, f"{where}: {key}",
+                                      f"capped: {seq_length}, of the preset or the default, is longer than the "
+                                      f"folder's positions")
+    _tokenizer(layer, settings, explicit)
+    family = LLAMA_ARCHITECTURE if config.family == "llama" else GPT2_ARCHITECTURE
+    layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
+                          f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")
+    return layer
+
+
+def folder_tokenizer(folder: Path) -> dict[str, Path]:
+    """The folder's tokenizer files as the settings that name them: tokenizer.json, else GPT-2's
+    vocab.json and merges.txt; none when it has neither."""
+    if (folder / TOKENIZER_FILE).is_file():
+        return {"tokenizer_file": folder / TOKENIZER_FILE}
+    if (folder / VOCAB_FILE).is_file() and (folder / MERGES_FILE).is_file():
+        return {"vocab_file": folder / VOCAB_FILE, "merge_file": folder / MERGES_FILE}
+    return {}
+
+
+def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str, str]) -> None:
+    folder, vocab = layer.folder, layer.config.vocab_size
+    where = f"{folder / CONFIG_FILE}: vocab_size"
+    files = folder_tokenizer(folder)
+    named = [name for name in TOKENIZER_SETTINGS if name in explicit and settings[name]]
+    if settings["tokenizer_type"] == "NullTokenizer" and ("tokenizer_type" in explicit or not files):
+        # data tokenized elsewhere: its ids and Megatron's NullTokenizer's end-of-document id fill the vocabulary
+        if "vocab_size" in explicit and settings["vocab_size"] + 1 > vocab:
+            layer.problems.append(f"{explicit['vocab_size']} with --tokenizer-type NullTokenizer makes "
+                                  f"{settings['vocab_size'] + 1} token ids (the end-of-document id is "
+                                  f"{settings['vocab_size']}), more than {where} {vocab}")
+        elif "vocab_size" not in explicit:
+            layer.values["vocab_size"] = (vocab - 1, where, f"less NullTokenizer's end-of-document id, {vocab - 1}")
+        return
+    if files:
+        if named:
+            disagreeing = [name for name in ("tokenizer_file", "vocab_file", "merge_file")
+                           if name in explicit and settings[name] and not _same_tokenizer(settings[name], folder,
+                                                                                        files.get(name))]
+            for name in disagreeing:
+                layer.problems.append(f"{explicit[name]} is not the folder's tokenizer "
+                                      f"({', '.join(map(str, files.values()))}): drop it to use the folder's")
+            if disagreeing:
+                return
+            if any(name in explicit and settings[name] for name in ("tokenizer_file", "vocab_file", "merge_file")):
+                _check_fits(layer, settings)  # the tokenizer given, which is the folder's
+                return
+        for name in ("tokenizer_file", "vocab_file", "merge_file"):
+            if name in files:
+                layer.values[name] = (str(files[name]), str(files[name]), "the folder's tokenizer")
+            elif settings[name] and name not in explicit:
+                layer.values[name] = (None, str(folder), "the folder's tokenizer is another file")
+        _check_fits(layer, {name: str(path) for name, path in files.items()})
+        layer.notes.append(f"> the tokenizer is the folder's: {', '.join(map(str, files.values()))}")
+        return
+    if named:
+        if settings["tokenizer_type"] not in SENTENCEPIECE_TYPES:
+            _check_fits(layer, settings)
+        return
+    if settings["data_path"]:
+        return  # --data-path's own tokenizer is to be named (DataConfig.validate says so)
+    # no tokenizer anywhere and the embedded corpus: its BPE is trained to fit the model's vocabulary
+    if vocab < MIN_TOKENIZER_VOCAB:
+        layer.problems.append(f"{folder} has no tokenizer (tokenizer.json, or vocab.json and merges.txt) and "
+                              f"{where} {vocab} is too small for the embedded corpus's byte-level BPE (at least "
+                              f"{MIN_TOKENIZER_VOCAB}): give --tokenizer-file, or --data-path with --tokenizer-type "
+                              f"NullTokenizer")
+    elif "tokenizer_vocab_size" in explicit:
+        if settings["tokenizer_vocab_size"] > vocab:
+            layer.problems.append(f"{explicit['tokenizer_vocab_size']} is more than {where} {vocab}: the embedded "
+                                  f"corpus's tokenizer must fit the model's vocabulary")
+    else:
+        layer.values["tokenizer_vocab_size"] = (vocab, where, f"{folder} has no tokenizer: the embedded corpus's "
+                                                              f"byte-level BPE is trained to fit the model")
+        layer.notes.append(f"> {folder} has no tokenizer: the embedded corpus's byte-level BPE is trained with at "
+                           f"most its vocab_size, {vocab} tokens (give --tokenizer-file to use another)")
+
+
+def _check_fits(layer: FolderLayer, named: dict[str, Any]) -> None:
+    """The run's tokenizer (the tokenizer_file, or vocab_file and merge_file, of `named`) has no id past
+    the folder's vocabulary (a tokenizer of more tokens than vocab_size is another model's), checked now
+    rather than after the data is prepared. A file that is not there is left to the input checks."""
+    paths = [named.get(name) for name in ("tokenizer_file", "vocab_file", "merge_file") if named.get(name)]
+    if not paths or not all(os.path.exists(path) for path in paths):
+        return
+    try:
+        size = load_tokenizer(tokenizer_file=named.get("tokenizer_file"), vocab_file=named.get("vocab_file"),
+                              merges_file=named.get("merge_file")).vocab_size
+    except DataError as error:
+        layer.problems.append(f"{', '.join(paths)}: the tokenizer cannot be read ({error})")
+        return
+    if size > layer.config.vocab_size:
+        layer.problems.append(f"the tokenizer {', '.join(paths)} has {size} tokens, more than "
+                              f"{layer.folder / CONFIG_FILE}: vocab_size {layer.config.vocab_size}; the ids past it "
+                              f"have no row in the model")
+
+
+# --tokenizer-vocab-size's own floor (DataConfig.validate); the BPE itself needs MIN_VOCAB_SIZE.
+MIN_TOKENIZER_VOCAB = max(300, MIN_VOCAB_SIZE)
+
+
+def _same_tokenizer(given: str, folder: Path, theirs: Optional[Path]) -> bool:
+    """`given` is the folder's tokenizer: the folder itself (--tokenizer-model DIR), a file in it, or a
+    file with the same content as the folder's."""
+    path = Path(given)
+    try:
+        if path.resolve() == folder.resolve() or path.resolve().parent == folder.resolve():
+            return True
+        return theirs is not None and path.is_file() and filecmp.cmp(path, theirs, shallow=False)
+    except OSError:
+        return False
+
