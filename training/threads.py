@@ -1,0 +1,89 @@
+"""How many intra-op threads a training process gives torch: the one rule, applied once at start-up.
+
+torch's default is one thread per physical core, whatever else runs. Each process of a multi-process run
+on one node would then start that many, and the default single-process run on a shared 2-core machine
+spent 3.5x longer per iteration with torch's 2 threads than with one (issue 49: 12,990 against 3,706 ms,
+the same losses). The figures behind the rule are docs/cpu-benchmark-threads-*.json
+(scripts/benchmark_threads.py, with the load average beside every figure) and
+docs/cpu-benchmark-model-124m-*.json; docs/performance-notes.md reads them.
+
+The rule, on a CPU device:
+- OMP_NUM_THREADS set: torch already took it at start; it is kept (what a user or a launcher asked for:
+  torchrun sets 1 per process when it starts several, torch/distributed/run.py; scripts/launch.py too).
+- otherwise one thread per process: several processes on the node (LOCAL_WORLD_SIZE, SLURM's tasks per
+  node) would oversubscribe the cores with torch's default, and alone, one thread measured as fast as
+  all of them on the quiet machine and far faster on the loaded one (CPU_THREADS_ALONE).
+On CUDA the thread count only feeds the host side (offload's AdamW among it): torch's default is kept,
+divided over the node's processes when they would oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+
+# torch's own choice, taken when this module is first imported (before any run sets its own).
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+
+# A lone CPU process's threads when nothing says otherwise: the figures (module docstring) chose one.
+CPU_THREADS_ALONE = 1
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    threads: int
+    torch_default: int
+    reason: str
+
+    @property
+    def differs(self) -> bool:
+        return self.threads != self.torch_default
+
+    def words(self) -> str:
+        plural = "s" if self.threads != 1 else ""
+        return f"{self.threads} torch thread{plural} (torch's default {self.torch_default}: {self.reason})"
+
+
+def choose_intra_op_threads(device_type: str, torch_default: int, cores: int, processes_on_node: Optional[int],
+                            omp_num_threads: Optional[str]) -> ThreadChoice:
+    """The thread count for one training process (the rule in the module docstring). `cores`: the cores
+    this process may run on; `processes_on_node`: the launcher's local world size (None: not launched,
+    one process); `omp_num_threads`: the environment's OMP_NUM_THREADS, if set."""
+    if omp_num_threads is not None and omp_num_threads.strip():
+        return ThreadChoice(torch_default, torch_default, f"OMP_NUM_THREADS={omp_num_threads.strip()} kept")
+    processes = max(1, processes_on_node or 1)
+    fair_share = max(1, cores // processes)
+    if device_type == "cpu":
+        if processes > 1:
+            return ThreadChoice(1, torch_default, f"{processes} processes on {cores} cores: one thread each, as "
+                                                  f"torchrun sets; OMP_NUM_THREADS overrides")
+        threads = min(CPU_THREADS_ALONE, torch_default)
+        return ThreadChoice(threads, torch_default, "one CPU process measured fastest with one thread, "
+                                                    "docs/performance-notes.md; OMP_NUM_THREADS overrides")
+    if torch_default * processes > cores:
+        return ThreadChoice(min(torch_default, fair_share), torch_default,
+                            f"{processes} processes share {cores} cores; OMP_NUM_THREADS overrides")
+    return ThreadChoice(torch_default, torch_default, "torch's default")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity where the platform says, else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def set_intra_op_threads(device_type: str, processes_on_node: Optional[int],
+                         environ: Mapping[str, str] = os.environ) -> ThreadChoice:
+    """Choose (choose_intra_op_threads) and apply with torch.set_num_threads; the choice, for the start line."""
+    omp = environ.get("OMP_NUM_THREADS")
+    # with OMP_NUM_THREADS torch's choice is what it read from it at start, and stays
+    torch_default = torch.get_num_threads() if omp is not None and omp.strip() else TORCH_DEFAULT_THREADS
+    choice = choose_intra_op_threads(device_type, torch_default, available_cores(), processes_on_node, omp)
+    if choice.threads != torch.get_num_threads():
+        torch.set_num_threads(choice.threads)
+    return choice
