@@ -71,7 +71,7 @@ class Run:
 def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, log: Log,
             predict_peak: PredictPeak) -> Run:
     # torch's intra-op threads, by the one rule (training/threads.py), before any of the run's work
-    threads = set_intra_op_threads(state.device.type, read_launch_environment().local_world_size)
+    threads = set_intra_op_threads(read_launch_environment().local_world_size)
     claimed = claim_run_start(config, state, corpus_cache_dir(config), log, batch)
     with contextlib.ExitStack() as on_failure:  # popped on success: the Run owns what was made
         on_failure.callback(claimed.release)

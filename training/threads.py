@@ -7,14 +7,14 @@ the same losses). The figures behind the rule are docs/cpu-benchmark-threads-*.j
 (scripts/benchmark_threads.py, with the load average beside every figure) and
 docs/cpu-benchmark-model-124m-*.json; docs/performance-notes.md reads them.
 
-The rule, on a CPU device:
+The rule (choose_intra_op_threads), the same on every device:
 - OMP_NUM_THREADS set: torch already took it at start; it is kept (what a user or a launcher asked for:
   torchrun sets 1 per process when it starts several, torch/distributed/run.py; scripts/launch.py too).
-- otherwise one thread per process: several processes on the node (LOCAL_WORLD_SIZE, SLURM's tasks per
-  node) would oversubscribe the cores with torch's default, and alone, one thread measured as fast as
-  all of them on the quiet machine and far faster on the loaded one (CPU_THREADS_ALONE).
-On CUDA the thread count only feeds the host side (offload's AdamW among it): torch's default is kept,
-divided over the node's processes when they would oversubscribe the cores.
+- otherwise the cores not already busy, shared by this node's processes, and never more than torch's
+  default: min(torch's default, max(1, cores - round(1-minute load average)) // processes on the node),
+  at least 1. Alone on a quiet machine that is torch's default; alone on the loaded 2-core machine
+  (load 4-7) it is one thread, which measured 2-5x faster than torch's two there; two processes on two
+  cores get one each, as torchrun gives them.
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ import torch
 
 # torch's own choice, taken when this module is first imported (before any run sets its own).
 TORCH_DEFAULT_THREADS = torch.get_num_threads()
-
-# A lone CPU process's threads when nothing says otherwise: the figures (module docstring) chose one.
-CPU_THREADS_ALONE = 1
 
 
 @dataclass(frozen=True)
@@ -47,26 +44,22 @@ class ThreadChoice:
         return f"{self.threads} torch thread{plural} (torch's default {self.torch_default}: {self.reason})"
 
 
-def choose_intra_op_threads(device_type: str, torch_default: int, cores: int, processes_on_node: Optional[int],
-                            omp_num_threads: Optional[str]) -> ThreadChoice:
+def choose_intra_op_threads(torch_default: int, cores: int, processes_on_node: Optional[int],
+                            omp_num_threads: Optional[str], load_average: float) -> ThreadChoice:
     """The thread count for one training process (the rule in the module docstring). `cores`: the cores
     this process may run on; `processes_on_node`: the launcher's local world size (None: not launched,
-    one process); `omp_num_threads`: the environment's OMP_NUM_THREADS, if set."""
+    one process); `omp_num_threads`: the environment's OMP_NUM_THREADS, if set; `load_average`: the
+    machine's 1-minute load average (the runnable processes, os.getloadavg) before this run's work."""
     if omp_num_threads is not None and omp_num_threads.strip():
         return ThreadChoice(torch_default, torch_default, f"OMP_NUM_THREADS={omp_num_threads.strip()} kept")
     processes = max(1, processes_on_node or 1)
-    fair_share = max(1, cores // processes)
-    if device_type == "cpu":
-        if processes > 1:
-            return ThreadChoice(1, torch_default, f"{processes} processes on {cores} cores: one thread each, as "
-                                                  f"torchrun sets; OMP_NUM_THREADS overrides")
-        threads = min(CPU_THREADS_ALONE, torch_default)
-        return ThreadChoice(threads, torch_default, "one CPU process measured fastest with one thread, "
-                                                    "docs/performance-notes.md; OMP_NUM_THREADS overrides")
-    if torch_default * processes > cores:
-        return ThreadChoice(min(torch_default, fair_share), torch_default,
-                            f"{processes} processes share {cores} cores; OMP_NUM_THREADS overrides")
-    return ThreadChoice(torch_default, torch_default, "torch's default")
+    free = max(1, cores - round(load_average))
+    threads = max(1, min(torch_default, free // processes))
+    if threads == torch_default:
+        return ThreadChoice(threads, torch_default, "torch's default")
+    sharing = f", shared by {processes} processes" if processes > 1 else ""
+    return ThreadChoice(threads, torch_default, f"load average {load_average:.2f} on {cores} cores leaves {free} "
+                                                f"free{sharing}; OMP_NUM_THREADS overrides")
 
 
 def available_cores() -> int:
@@ -77,13 +70,21 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def set_intra_op_threads(device_type: str, processes_on_node: Optional[int],
+def load_average() -> float:
+    """The 1-minute load average (0 where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def set_intra_op_threads(processes_on_node: Optional[int],
                          environ: Mapping[str, str] = os.environ) -> ThreadChoice:
     """Choose (choose_intra_op_threads) and apply with torch.set_num_threads; the choice, for the start line."""
     omp = environ.get("OMP_NUM_THREADS")
     # with OMP_NUM_THREADS torch's choice is what it read from it at start, and stays
     torch_default = torch.get_num_threads() if omp is not None and omp.strip() else TORCH_DEFAULT_THREADS
-    choice = choose_intra_op_threads(device_type, torch_default, available_cores(), processes_on_node, omp)
+    choice = choose_intra_op_threads(torch_default, available_cores(), processes_on_node, omp, load_average())
     if choice.threads != torch.get_num_threads():
         torch.set_num_threads(choice.threads)
     return choice
