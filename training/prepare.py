@@ -1,11 +1,12 @@
 """A training run resolved once, in order, into a `Run` the loop is handed.
 
-`prepare` claims the outputs and verifies the checkpoint (checkpoint/run_start.py, which also hands
-back the checkpoint's learning-rate schedule when --use-checkpoint-opt_param-scheduler keeps it), loads
-the tokenizer, resolves the run settings once (training/run_settings.py, the resumed schedule
-included), builds the data from the settings' batch schedule, builds the model (training/build.py),
-loads the checkpoint and opens the metrics writers. The batch schedule comes in from the caller
-(training/start_checks.py), computed once for the whole run. Everything it made is released by
+`prepare` sets torch's thread count (training/threads.py), claims the outputs and verifies the
+checkpoint (checkpoint/run_start.py, which also hands back the checkpoint's learning-rate schedule when
+--use-checkpoint-opt_param-scheduler keeps it), loads the tokenizer, resolves the run settings once
+(training/run_settings.py, the resumed schedule included), builds the data from the settings' batch
+schedule, builds the model (training/build.py), loads the checkpoint, says what the run does in one
+line (training/run_description.py) and opens the metrics writers. The batch schedule comes in from the
+caller (training/start_checks.py), computed once for the whole run. Everything it made is released by
 `Run.close` (a `with` block), and by `prepare` itself when a step fails half way.
 """
 
