@@ -53,13 +53,14 @@ def choose_intra_op_threads(torch_default: int, cores: int, processes_on_node: O
     if omp_num_threads is not None and omp_num_threads.strip():
         return ThreadChoice(torch_default, torch_default, f"OMP_NUM_THREADS={omp_num_threads.strip()} kept")
     processes = max(1, processes_on_node or 1)
-    free = max(1, cores - round(load_average))
-    threads = max(1, min(torch_default, free // processes))
+    free = cores - round(load_average)
+    threads = max(1, min(torch_default, max(1, free) // processes))
     if threads == torch_default:
         return ThreadChoice(threads, torch_default, "torch's default")
+    load = f"load average {load_average:.2f} on {cores} cores " + (f"leaves {free} free" if free >= 1 else
+                                                                    "keeps every core busy")
     sharing = f", shared by {processes} processes" if processes > 1 else ""
-    return ThreadChoice(threads, torch_default, f"load average {load_average:.2f} on {cores} cores leaves {free} "
-                                                f"free{sharing}; OMP_NUM_THREADS overrides")
+    return ThreadChoice(threads, torch_default, f"{load}{sharing}; OMP_NUM_THREADS overrides")
 
 
 def available_cores() -> int:

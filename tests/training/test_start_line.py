@@ -113,8 +113,8 @@ def test_the_thread_rule():
     loaded = choose_intra_op_threads(torch_default=2, cores=2, processes_on_node=None, omp_num_threads=None,
                                      load_average=5.73)
     assert (loaded.threads, loaded.differs) == (1, True)
-    assert loaded.words() == ("1 torch thread (torch's default 2: load average 5.73 on 2 cores leaves 1 free; "
-                              "OMP_NUM_THREADS overrides)")
+    assert loaded.words() == ("1 torch thread (torch's default 2: load average 5.73 on 2 cores keeps every core "
+                              "busy; OMP_NUM_THREADS overrides)")
     quiet = choose_intra_op_threads(2, 2, None, None, load_average=0.2)
     assert (quiet.threads, quiet.differs) == (2, False)
     two_ranks = choose_intra_op_threads(2, 2, processes_on_node=2, omp_num_threads=None, load_average=0.0)
