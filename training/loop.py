@@ -54,9 +54,9 @@ class TrainingSummary:
             return []
         first = self.iterations - trained + 1
         span = f"iteration {first}" if trained == 1 else f"iterations {first}-{self.iterations}"
+        skips = f"{skipped} skipped for fp16 gradient overflow" if skipped else "none skipped"
         lines = [f"> trained {trained} iteration{'s' if trained != 1 else ''} ({span}): {trained - skipped} "
-                 f"optimizer step{'s' if trained - skipped != 1 else ''} taken, {skipped} skipped for fp16 gradient "
-                 f"overflow"]
+                 f"optimizer step{'s' if trained - skipped != 1 else ''} taken, {skips}"]
         if skipped == trained:
             lines.append(f"> warning: every step of this run ({skipped} of {trained}) was skipped for gradient overflow "
                          f"(loss scale now {self.loss_scale:g}): the weights are still those it started from; lower "

@@ -103,6 +103,10 @@ def test_the_step_count_of_a_run_that_took_its_steps_has_no_warning():
     assert summary.step_lines() == ["> trained 3 iterations (iterations 5-7): 2 optimizer steps taken, 1 skipped "
                                     "for fp16 gradient overflow"]
     assert TrainingSummary().step_lines() == []
+    clean = TrainingSummary()
+    clean.add(1, StepOutcome(loss=1.0, grad_norm=1.0, skipped=False, loss_scale=1.0, global_batch_size=2, lr=1e-3,
+                             seconds=0.1))
+    assert clean.step_lines() == ["> trained 1 iteration (iteration 1): 1 optimizer step taken, none skipped"]
 
 
 def test_the_thread_rule():
