@@ -60,7 +60,7 @@ def host_placement(config: PretrainConfig) -> str:
         on_host.append("optimizer states: fp32 master partition, Adam moments, gradient partition, AdamW step "
                        "(--offload-optimizer)")
     if zero.offload_param:
-        on_host.append("16-bit parameter shards (--offload-param)")
+        on_host.append(f"{config.training.precision} parameter shards (--offload-param)")  # the model's dtype
     if activations.checkpoint_activations and activations.cpu_checkpointing:
         on_host.append("activation checkpoints (--cpu-checkpointing)")
     if not on_host:

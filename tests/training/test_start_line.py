@@ -41,7 +41,7 @@ def test_the_zero3_offload_json_run_says_at_start_what_is_on_the_host(tmp_path, 
     assert "ZeRO stage 3, fp32 (fp32 gradients)" in line
     assert "parallel sizes TP 1, SP off, PP 1, DP 1" in line
     assert ("offloaded to host memory: optimizer states: fp32 master partition, Adam moments, gradient partition, "
-            "AdamW step (--offload-optimizer); 16-bit parameter shards (--offload-param)") in line
+            "AdamW step (--offload-optimizer); fp32 parameter shards (--offload-param)") in line
 
 
 def test_a_run_without_offload_says_everything_is_on_the_device(tmp_path, corpus_cache_300):
@@ -68,6 +68,8 @@ def test_host_placement_names_each_offload():
     assert host_placement(parse_config([])) == "offload: none (everything on the device)"
     optimizer_only = host_placement(parse_config(["--zero-stage", "2", "--offload-optimizer"]))
     assert optimizer_only.startswith("offloaded to host memory: optimizer states") and "--offload-param" not in optimizer_only
+    both = host_placement(parse_config(["--zero-stage", "3", "--offload-optimizer", "--offload-param", "--bf16"]))
+    assert both.endswith("(--offload-optimizer); bf16 parameter shards (--offload-param)")
     checkpoints = host_placement(parse_config(["--checkpoint-activations", "--cpu-checkpointing"]))
     assert checkpoints == "offloaded to host memory: activation checkpoints (--cpu-checkpointing)"
 
