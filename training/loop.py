@@ -29,7 +29,9 @@ class TrainingSummary:
     train_losses: list[float] = field(default_factory=list)  # one per iteration
     final_valid_loss: Optional[float] = None
     final_test_loss: Optional[float] = None
-    skipped_iterations: int = 0  # fp16 steps skipped for a gradient overflow
+    skipped_iterations: int = 0  # fp16 steps skipped for a gradient overflow, by this process's run
+    trained_iterations: int = 0  # iterations this process's run trained (a resume's start not counted)
+    loss_scale: Optional[float] = None  # the last iteration's loss scale
     # The samples of the updates taken: where the learning-rate schedule stands. Megatron-LM steps its
     # scheduler only after a successful update (training.py, train_step: `if update_successful:
     # opt_param_scheduler.step(increment=...)`), DeepSpeed's engine likewise skips lr_scheduler.step() on an
@@ -45,6 +47,28 @@ class TrainingSummary:
         self.skipped_iterations += outcome.skipped
         if not outcome.skipped:
             self.schedule_samples += outcome.global_batch_size
+        self.trained_iterations += 1
+        self.loss_scale = outcome.loss_scale
+
+    def step_lines(self) -> list[str]:
+        """The run's last words on its optimizer steps: how many were taken and skipped and, when every
+        one was skipped, a warning (the weights never moved). Megatron-LM only counts skips in each
+        interval's line ("number of skipped iterations", megatron/training/training.py training_log) and
+        DeepSpeed each skip as it happens ("OVERFLOW! Rank 0 Skipping step", engine.skipped_steps); both
+        end such a run as a success (exit 0), and so does this one: the line says it instead."""
+        trained, skipped = self.trained_iterations, self.skipped_iterations
+        if trained == 0:
+            return []
+        first = self.iterations - trained + 1
+        span = f"iteration {first}" if trained == 1 else f"iterations {first}-{self.iterations}"
+        skips = f"{skipped} skipped for fp16 gradient overflow" if skipped else "none skipped"
+        lines = [f"> trained {trained} iteration{'s' if trained != 1 else ''} ({span}): {trained - skipped} "
+                 f"optimizer step{'s' if trained - skipped != 1 else ''} taken, {skips}"]
+        if skipped == trained:
+            lines.append(f"> warning: every step of this run ({skipped} of {trained}) was skipped for gradient overflow "
+                         f"(loss scale now {self.loss_scale:g}): the weights are still those it started from; lower "
+                         f"--lr or --initial-loss-scale (--loss-scale), or train in bf16")
+        return lines
 
 
 def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int, state: ParallelState) -> bool:

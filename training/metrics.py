@@ -138,7 +138,7 @@ class MemoryCheck:
         if self.predicted_bytes is None:
             return f" memory after iteration {iteration}: {measured / 2**20:.1f} MiB ({how}); no prediction ({self.note})"
         line = (f" memory after iteration {iteration}: predicted peak {self.predicted_bytes / 2**20:.1f} MiB "
-                f"(zero.plan), measured {measured / 2**20:.1f} MiB ({how}), "
+                f"({self._predicted_split()}), measured {measured / 2**20:.1f} MiB ({how}), "
                 f"{self._comparison([(measured, self.predicted_bytes)])}")
         predicted_ranks = [(m, p) for m, p in ranks or [] if p]
         if len(predicted_ranks) > 1:
@@ -146,10 +146,20 @@ class MemoryCheck:
             line += (f"; over all {len(predicted_ranks)} ranks measured {min(mib):.1f}-{max(mib):.1f} MiB (most on "
                      f"rank {mib.index(max(mib))}), {self._comparison(predicted_ranks)}")
         if self.device.type == "cuda" and self.predicted_host_bytes:
-            line += f"; host memory predicted {self.predicted_host_bytes / 2**20:.1f} MiB (offload, not in either)"
+            line += (f"; host memory predicted {self.predicted_host_bytes / 2**20:.1f} MiB (offload, not in either), "
+                     f"this process's resident memory now {current_rss_bytes() / 2**20:.1f} MiB")
         if self.device.type != "cuda":
             line += f"; process baseline before the build {self.baseline / 2**20:.1f} MiB (not in either)"
         return line
+
+    def _predicted_split(self) -> str:
+        """Where the prediction lies: on a CPU with offload, the device's and the host's bytes, which one
+        process holds together (so the sum is what its RSS is compared with)."""
+        if self.device.type == "cuda" or not self.predicted_host_bytes:
+            return "zero.plan"
+        device = self.predicted_bytes - self.predicted_host_bytes
+        return (f"zero.plan: device {device / 2**20:.1f} MiB + host {self.predicted_host_bytes / 2**20:.1f} MiB, "
+                f"one process's memory on a CPU")
 
     def _comparison(self, figures: list[tuple[int, int]]) -> str:
         """'measured/predicted 1.01-1.02', or on a CPU below RATIO_FROM_BYTES the excess in MiB."""

@@ -1,11 +1,12 @@
 """A training run resolved once, in order, into a `Run` the loop is handed.
 
-`prepare` claims the outputs and verifies the checkpoint (checkpoint/run_start.py, which also hands
-back the checkpoint's learning-rate schedule when --use-checkpoint-opt_param-scheduler keeps it), loads
-the tokenizer, resolves the run settings once (training/run_settings.py, the resumed schedule
-included), builds the data from the settings' batch schedule, builds the model (training/build.py),
-loads the checkpoint and opens the metrics writers. The batch schedule comes in from the caller
-(training/start_checks.py), computed once for the whole run. Everything it made is released by
+`prepare` sets torch's thread count (training/threads.py), claims the outputs and verifies the
+checkpoint (checkpoint/run_start.py, which also hands back the checkpoint's learning-rate schedule when
+--use-checkpoint-opt_param-scheduler keeps it), loads the tokenizer, resolves the run settings once
+(training/run_settings.py, the resumed schedule included), builds the data from the settings' batch
+schedule, builds the model (training/build.py), loads the checkpoint, says what the run does in one
+line (training/run_description.py) and opens the metrics writers. The batch schedule comes in from the
+caller (training/start_checks.py), computed once for the whole run. Everything it made is released by
 `Run.close` (a `with` block), and by `prepare` itself when a step fails half way.
 """
 
@@ -21,14 +22,16 @@ from arguments.config import PretrainConfig
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.sharded import ResumePoint, load_checkpoint
 from data.tokenizer import RunTokenizer
-from parallel.state import ParallelState
+from parallel.state import ParallelState, read_launch_environment
 from training.build import Built, build
 from training.data_splits import DataSplits, build_data, corpus_cache_dir, load_tokenizer_and_data_path
 from training.exit_conditions import ExitConditions
-from training.metrics import MemoryCheck, MetricsWriter, parameter_count
+from training.metrics import MemoryCheck, MetricsWriter
+from training.run_description import describe_model
 from training.run_outputs import SaveCheckpoint, checkpoint_saver, open_metrics
 from training.run_settings import RunSettings, model_vocabulary, resolve_run_settings
 from training.start_checks import Log
+from training.threads import set_intra_op_threads
 
 # (resolved config, state, vocabulary, batch schedule) -> (this rank's predicted peak device bytes or None,
 # its host bytes, why not): the planner's dry run (planner/launch.py), passed in because the planner is a
@@ -68,6 +71,8 @@ class Run:
 
 def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, log: Log,
             predict_peak: PredictPeak) -> Run:
+    # torch's intra-op threads, by the one rule (training/threads.py), before any of the run's work
+    threads = set_intra_op_threads(read_launch_environment().local_world_size)
     claimed = claim_run_start(config, state, corpus_cache_dir(config), log, batch)
     with contextlib.ExitStack() as on_failure:  # popped on success: the Run owns what was made
         on_failure.callback(claimed.release)
@@ -88,7 +93,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         # whatever the TP size.
         built = build(settings, state, dropout_rng=True, torch_compile=config.training.compile)
         start = load_weights(config, state, built, claimed.resume_from, log)
-        log(describe_model(settings, state, built))
+        log(describe_model(settings, state, built, threads))
         writer = open_metrics(config, state, claimed.identity, start.iteration, log)
         on_failure.callback(writer.close)
         run = Run(settings=settings, state=state, tokenizer=tokenizer, data=data, built=built, start=start,
@@ -116,25 +121,3 @@ def load_weights(config: PretrainConfig, state: ParallelState, built: Built, res
                                       f"({start.consumed_samples} samples consumed)"
                                       if not checkpoint.finetune else "weights only, from iteration 0"))
     return start
-
-
-def describe_model(settings: RunSettings, state: ParallelState, built: Built) -> str:
-    config = settings.config
-    return (f"> model: {parameter_count(config.model, settings.padded_vocab_size):,} parameters "
-            f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
-            f"{config.model.num_attention_heads} heads, vocab {settings.vocab_size} padded to "
-            f"{settings.padded_vocab_size}) on {state.device}; global batch {settings.batch.describe()} = micro batch "
-            f"{config.training.micro_batch_size} x {settings.batch.final_accumulation_steps} accumulation steps x "
-            f"{state.data_parallel_size} data-parallel; tensor-parallel size {state.tensor_parallel_size}; "
-            f"{_pipeline_words(built)}ZeRO stage {built.zero.optimizer.stage}, {config.training.precision} "
-            f"({config.training.gradient_precision} gradients)")
-
-
-def _pipeline_words(built: Built) -> str:
-    """The start line's words for pipeline stages (none without)."""
-    stage, stages = built.model.stage, built.model.state.pipeline_parallel_size
-    if stages == 1:
-        return ""
-    chunks = len(stage.chunks)
-    schedule = f"interleaved 1F1B, {chunks} chunks a stage" if chunks > 1 else "1F1B"
-    return f"{stages} pipeline stages ({schedule}); "

@@ -50,6 +50,8 @@ def train_run(run: Run) -> TrainingSummary:
     finally:  # closed before the last lines are said (W&B's own end comes first); Run.close repeats it harmlessly
         run.exit_conditions.close()
         run.writer.close()
+    for line in summary.step_lines():
+        log(line)
     if summary.final_valid_loss is not None:
         log(f"> final validation perplexity: {perplexity(summary.final_valid_loss):.3f}")
     metrics_file = Path(config.logging.metrics_file)

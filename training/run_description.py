@@ -1,0 +1,78 @@
+"""The start-up line of a training run: the model, the batch, and every placement and dimension in force.
+
+One line, printed once by the first rank after the build (training/prepare.py): the parallel sizes
+(TP, SP, PP, DP and the distributed optimizer's instances), the ZeRO stage, what lives in host memory
+(ZeRO-Offload's optimizer states, ZeRO-3 Offload's parameter shards, P_a+cpu's checkpoints), the
+precision, and the torch thread count where it is not torch's own (training/threads.py). A run whose
+JSON asks for offload says so here, not only in the memory line after iteration 1.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from arguments.config import PretrainConfig
+from gpt.model import splits_sequence
+from parallel.state import ParallelState
+from training.build import Built
+from training.metrics import parameter_count
+from training.run_settings import RunSettings
+from training.threads import ThreadChoice
+
+
+def describe_model(settings: RunSettings, state: ParallelState, built: Built,
+                   threads: Optional[ThreadChoice] = None) -> str:
+    config = settings.config
+    line = (f"> model: {parameter_count(config.model, settings.padded_vocab_size):,} parameters "
+            f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
+            f"{config.model.num_attention_heads} heads, vocab {settings.vocab_size} padded to "
+            f"{settings.padded_vocab_size}) on {state.device}; global batch {settings.batch.describe()} = micro batch "
+            f"{config.training.micro_batch_size} x {settings.batch.final_accumulation_steps} accumulation steps x "
+            f"{state.data_parallel_size} data-parallel; {parallel_sizes(config, state)}; "
+            f"{_pipeline_words(built)}ZeRO stage {built.zero.optimizer.stage}, {config.training.precision} "
+            f"({config.training.gradient_precision} gradients); {host_placement(config)}")
+    if threads is not None and threads.differs:
+        line += f"; {threads.words()}"
+    return line
+
+
+def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
+    """'parallel sizes TP 2, SP on, PP 1, DP 4' and, with several distributed optimizer instances, how the DP ranks
+    share the optimizer state (Megatron-LM's --num-distributed-optimizer-instances)."""
+    sequence = "on" if splits_sequence(config.model, state) else "off"
+    words = (f"parallel sizes TP {state.tensor_parallel_size}, SP {sequence}, PP {state.pipeline_parallel_size}, "
+             f"DP {state.data_parallel_size}")
+    if config.model.sequence_parallel and state.tensor_parallel_size == 1:
+        words += " (--sequence-parallel has nothing to split at TP 1, as in Megatron-LM)"
+    instances = state.optimizer_instances.count
+    if instances > 1:
+        words += (f"; {instances} distributed optimizer instances, each sharding the optimizer state over "
+                  f"{state.partition_size} DP ranks and replicated across the instances")
+    return words
+
+
+def host_placement(config: PretrainConfig) -> str:
+    """What ZeRO-Offload and ZeRO-R put in host memory (zero/offload.py, zero/activations.py), or that
+    nothing is: the device holds everything else."""
+    zero, activations = config.zero, config.activations
+    on_host = []
+    if zero.offload_optimizer:
+        on_host.append("optimizer states: fp32 master partition, Adam moments, gradient partition, AdamW step "
+                       "(--offload-optimizer)")
+    if zero.offload_param:
+        on_host.append(f"{config.training.precision} parameter shards (--offload-param)")  # the model's dtype
+    if activations.checkpoint_activations and activations.cpu_checkpointing:
+        on_host.append("activation checkpoints (--cpu-checkpointing)")
+    if not on_host:
+        return "offload: none (everything on the device)"
+    return "offloaded to host memory: " + "; ".join(on_host)
+
+
+def _pipeline_words(built: Built) -> str:
+    """The start line's words for pipeline stages (none without)."""
+    stage, stages = built.model.stage, built.model.state.pipeline_parallel_size
+    if stages == 1:
+        return ""
+    chunks = len(stage.chunks)
+    schedule = f"interleaved 1F1B, {chunks} chunks a stage" if chunks > 1 else "1F1B"
+    return f"{stages} pipeline stages ({schedule}); "
