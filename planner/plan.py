@@ -10,8 +10,9 @@
 `dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`,
 `--gpus-per-node`, `--gpu-memory` (e.g. 32GB = 32e9 bytes, 32GiB = 32 x 2^30), `--host-memory` (per node,
 shared by its ranks: offloaded states and P_a+cpu checkpoints live there) and `--rank` (which rank to
-plan; default 0). The vocabulary is the run's: pretrain_gpt.py's `--vocab-size` (with NullTokenizer, plus
-the end-of-document id), else the tokenizer the flags name, else GPT-2's 50257. DP is
+plan; default 0). The vocabulary is the one `pretrain_gpt.py` with the same flags builds (planner/launch.py's
+launch_vocab): the tokenizer the flags name (NullTokenizer's `--vocab-size` plus the end-of-document id), else
+the preset's or `--vocab-size`, else the embedded corpus's BPE (`--tokenizer-vocab-size`, 4096). DP is
 world size / TP, as in a real launch. A dry run builds the real model and the real ZeRO setup for one
 rank on the meta device and runs one iteration through them (planner/dry_run.py); `max-size` repeats it
 to find the most layers that fit under each of the paper's configurations C1-C5.
@@ -39,6 +40,7 @@ from data import DataError
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
 from planner.pipeline_plan import PipelineFigures
+from planner.vocabulary import launch_vocab
 from zero.memory import format_bytes
 
 GPT2_VOCAB = 50257
@@ -69,21 +71,6 @@ def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
         raise ConfigError(f"{flag} {text}: give a size from 1 byte to {MAX_DEVICE_MEMORY_BYTES // 10**12} TB "
                           f"(no GPU, nor a CPU host, holds more; MAX_DEVICE_MEMORY_BYTES in planner/plan.py)")
     return int(size)
-
-
-def planning_vocab(config: PretrainConfig) -> tuple[int, str]:
-    """The vocabulary to plan with, and where it came from: what a run with these flags would have."""
-    data = config.data
-    if data.tokenizer_type == "NullTokenizer":
-        return config.model.vocab_size + 1, f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
-    if data.tokenizer_file or data.vocab_file:
-        from data.tokenizer import load_named_tokenizer
-
-        tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file)
-        return tokenizer.vocab_size, "the tokenizer named by the flags"
-    if config.model.vocab_size:
-        return config.model.vocab_size, "--vocab-size"
-    return GPT2_VOCAB, "GPT-2's vocabulary (no tokenizer given; pass --vocab-size to change it)"
 
 
 # ---- dry-run --------------------------------------------------------------------------------------
@@ -398,7 +385,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_plannable(config)
     elif cluster.gpu_memory_bytes is None:
         raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
-    vocab, source = planning_vocab(config)
+    vocab, source = launch_vocab(config)
     if command == "dry-run":
         stages = stage_plans(config, cluster, vocab, planner.rank, stderr_line) \
             if config.training.pipeline_model_parallel_size > 1 else []

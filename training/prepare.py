@@ -27,7 +27,7 @@ from training.data_splits import DataSplits, build_data, corpus_cache_dir, load_
 from training.exit_conditions import ExitConditions
 from training.metrics import MemoryCheck, MetricsWriter, parameter_count
 from training.run_outputs import SaveCheckpoint, checkpoint_saver, open_metrics
-from training.run_settings import RunSettings, resolve_run_settings
+from training.run_settings import RunSettings, model_vocabulary, resolve_run_settings
 from training.start_checks import Log
 
 # (resolved config, state, vocabulary, batch schedule) -> (this rank's predicted peak device bytes or None,
@@ -73,7 +73,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         on_failure.callback(claimed.release)
         log("> preparing tokenizer and data")
         tokenizer, data_path = load_tokenizer_and_data_path(config)
-        settings = resolve_run_settings(config, tokenizer.vocab_size, state.tensor_parallel_size,
+        settings = resolve_run_settings(config, model_vocabulary(config, tokenizer.vocab_size), state.tensor_parallel_size,
                                         state.data_parallel_size, state.device.type, batch=batch,
                                         resumed_lr_schedule=claimed.lr_schedule)
         data = build_data(settings, state, data_path)
