@@ -15,7 +15,9 @@ launch_vocab): the tokenizer the flags name (NullTokenizer's `--vocab-size` plus
 the preset's or `--vocab-size`, else the embedded corpus's BPE (`--tokenizer-vocab-size`, 4096). DP is
 world size / TP, as in a real launch. A dry run builds the real model and the real ZeRO setup for one
 rank on the meta device and runs one iteration through them (planner/dry_run.py); `max-size` repeats it
-to find the most layers that fit under each of the paper's configurations C1-C5.
+to find the most layers that fit under each of the paper's configurations C1-C5. A dry run that does not fit
+its `--gpu-memory` plans its levers (planner/levers.py) and names the one that fits, with the headroom after it;
+without `--host-memory` the host total is checked against this machine's available memory.
 
 Bad flags end in one line on stderr and exit status 2 before anything is planned. The work is bounded:
 a dry run plans at most 1,024 layers (planner/dry_run.py says why) and reports progress on stderr when it
@@ -38,9 +40,11 @@ from arguments.config import ConfigError, PretrainConfig
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
+from planner.levers import Lever, find_levers, format_levers
 from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
 from planner.pipeline_plan import PipelineFigures
 from planner.vocabulary import launch_vocab
+from training.memory_fit import available_host_memory
 from zero.memory import format_bytes
 
 GPT2_VOCAB = 50257
@@ -75,7 +79,9 @@ def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
 
 # ---- dry-run --------------------------------------------------------------------------------------
 
-def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str) -> str:
+def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str,
+                levers: Optional[list[Lever]] = None) -> str:
+    """The plan as a table; `levers`: a run that does not fit, each lever planned (planner/levers.py)."""
     training, activations = config.training, config.activations
     devices = "GPUs" if cluster.device_type == "cuda" else "processes"
     stages = plan.pipeline
@@ -89,7 +95,14 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              f"{config.model.seq_length}; vocabulary from {vocab_source}); this rank's TP shard "
              f"{plan.parameters_local:,}",
              f"training: ZeRO stage {plan.stage}, {plan.precision} parameters, {plan.gradient_precision} gradients, "
-             f"micro batch {training.micro_batch_size}; checkpointing "
+             f"micro batch {training.micro_batch_size}, {plan.micro_batches} micro-batch"
+             f"{'es' if plan.micro_batches > 1 else ''} a step on each DP rank"
+             + ("" if plan.simulated_micro_batches == plan.micro_batches else
+                f" ({plan.simulated_micro_batches} planned: the schedule's warm-up and steady state, which the rest "
+                f"repeat)" if stages is not None else
+                f" ({plan.simulated_micro_batches} planned: the first and the last, which reduces; they run one at a "
+                f"time and the others repeat the first)")
+             + "; checkpointing "
              + (("on" + (", P_a" if activations.partition_activations else "")
                  + (", P_a+cpu" if activations.cpu_checkpointing else "")
                  + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
@@ -131,7 +144,8 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
         verdict = "fits" if plan.fits_device else "does NOT fit"
         lines.append(f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, headroom "
                      f"{format_bytes(plan.headroom_bytes)}" if plan.fits_device else
-                     f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}")
+                     f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}"
+                     + (f"; {best_lever(levers).describe()}" if levers else ""))
     lines += _host_lines(plan, width)
     lines += ["", "sent per iteration by this rank:"]
     for group, kinds in plan.comm_bytes.items():
@@ -169,8 +183,8 @@ def stage_plans(config: PretrainConfig, cluster: Cluster, vocab: int, rank: int,
             for stage in range(config.training.pipeline_model_parallel_size)]
 
 
-def format_stage_table(plans: list[RankPlan]) -> str:
-    """One line per stage and the worst."""
+def format_stage_table(plans: list[RankPlan], levers: Optional[list[Lever]] = None) -> str:
+    """One line per stage and the worst; with `levers` (a stage does not fit), what makes it fit."""
     lines = ["per stage (same DP and TP rank): rank, layers' model states, saved for backward, pipeline sends "
              "held, total"]
     for plan in plans:
@@ -183,8 +197,14 @@ def format_stage_table(plans: list[RankPlan]) -> str:
              "pipeline sends held": worst.p2p_held_bytes}
     largest = max(parts, key=parts.get)
     lines.append(f"worst stage: {worst.pipeline.pipeline_parallel_rank} ({format_bytes(worst.total_bytes)}); its "
-                 f"largest part: {largest} ({format_bytes(parts[largest])})")
+                 f"largest part: {largest} ({format_bytes(parts[largest])})"
+                 + (f"; {best_lever(levers).describe()}" if levers else ""))
     return "\n".join(lines)
+
+
+def best_lever(levers: list[Lever]) -> Lever:
+    """The first lever that fits (the cheapest), else the one that comes closest."""
+    return next((lever for lever in levers if lever.fits), None) or max(levers, key=lambda lever: lever.headroom_bytes)
 
 
 def _host_lines(plan: RankPlan, width: int) -> list[str]:
@@ -204,7 +224,8 @@ def _host_lines(plan: RankPlan, width: int) -> list[str]:
                  f"{format_bytes(plan.host_total_bytes):>12}; {format_bytes(plan.host_node_bytes)}")
     if plan.host_budget_bytes is not None:
         verdict = "fits" if plan.fits_host else "does NOT fit"
-        lines.append(f"  host memory per node {format_bytes(plan.host_budget_bytes)}: {verdict}"
+        whose = f" ({plan.host_budget_source})" if plan.host_budget_source else ""
+        lines.append(f"  host memory per node {format_bytes(plan.host_budget_bytes)}{whose}: {verdict}"
                      + (f"; the tighter budget is the {plan.binding}'s" if plan.binding else ""))
     return lines
 
@@ -362,6 +383,16 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
     return planner, config, Cluster(planner.world_size, planner.gpus_per_node, budget, planner.target, host_budget)
 
 
+def this_machines_host_memory(cluster: Cluster) -> Cluster:
+    """`cluster` with this machine's available memory as the host budget per node (training/memory_fit.py's reader:
+    MemAvailable, or a memory cgroup's limit less its usage where lower), said as this machine's."""
+    available, source = available_host_memory()
+    if available is None:
+        return cluster
+    return dataclasses.replace(cluster, host_memory_bytes=available,
+                               host_memory_source=f"this machine's: {source}; --host-memory for the cluster's")
+
+
 def stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -383,6 +414,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     planner, config, cluster = parse_planner(rest, f"python -m zero.plan {command}")
     if command == "dry-run":
         check_plannable(config)
+        if cluster.host_memory_bytes is None:  # the host total checked against something: this machine
+            cluster = this_machines_host_memory(cluster)
     elif cluster.gpu_memory_bytes is None:
         raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
     vocab, source = launch_vocab(config)
@@ -391,10 +424,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if config.training.pipeline_model_parallel_size > 1 else []
         plan = next((stage for stage in stages if stage.rank == planner.rank), None) or \
             dry_run(config, cluster, vocab, planner.rank, progress=stderr_line)
+        levers = None
+        if any(each.fits_device is False for each in stages or [plan]):
+            def plan_stages(changed: PretrainConfig, on: Cluster) -> list[RankPlan]:
+                return stage_plans(changed, on, vocab, 0) if changed.training.pipeline_model_parallel_size > 1 \
+                    else [dry_run(changed, on, vocab, 0)]
+
+            levers = find_levers(config, cluster, plan.data_parallel_size, plan_stages, progress=stderr_line)
         if planner.json:
-            print(json.dumps({**plan.to_json(), **({"stages": [stage.to_json() for stage in stages]} if stages else {})}))
+            print(json.dumps({**plan.to_json(), **({"stages": [stage.to_json() for stage in stages]} if stages else {}),
+                              **({"levers": [lever.to_json() for lever in levers]} if levers is not None else {})}))
         else:
-            print(format_plan(plan, cluster, config, source) + ("\n\n" + format_stage_table(stages) if stages else ""))
+            print(format_plan(plan, cluster, config, source, levers)
+                  + ("\n\n" + format_stage_table(stages, levers) if stages else "")
+                  + ("\n\n" + "\n".join(format_levers(levers)) if levers is not None else ""))
         return 0
     results, binds = {}, {}
     for name, configuration in CONFIGURATIONS.items():
