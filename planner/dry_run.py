@@ -69,6 +69,7 @@ class Cluster:
     gpu_memory_bytes: Optional[int] = None  # None: no budget to compare with
     device_type: str = "cuda"  # the device the run will use: it decides the attention kernel
     host_memory_bytes: Optional[int] = None  # per node; None: no host budget to compare with
+    host_memory_source: str = ""  # where host_memory_bytes comes from when it is not --host-memory's
 
     @property
     def ranks_per_node(self) -> int:
@@ -115,9 +116,12 @@ class RankPlan:
     host_total_bytes: int = 0            # this rank's host memory: offloaded states, buffer, P_a+cpu checkpoints
     ranks_per_node: int = 1
     host_budget_bytes: Optional[int] = None  # per node, shared by its ranks
+    host_budget_source: str = ""         # "" for --host-memory; else whose memory it is (this machine's)
     unknowns: list[str] = field(default_factory=lambda: list(UNKNOWNS))
     notes: list[str] = field(default_factory=list)
     pipeline: Optional[PipelineFigures] = None  # with pipeline stages: the stage's schedule figures
+    micro_batches: int = 1               # a step's micro-batches per DP rank (gradient accumulation, or the schedule's M)
+    simulated_micro_batches: int = 1     # those the plan ran: one step's peak needs no more (see _one_iteration)
 
     @property
     def p2p_held_bytes(self) -> int:
@@ -233,9 +237,11 @@ class _Progress:
         self.lines = ProgressLines(emit, PROGRESS_INTERVAL_S)
         self.layers, self.micro_batches = layers, micro_batches
         self.micro_batch = 0
+        self.planned = micro_batches  # the micro-batches a plan runs: the step's M (or M') and the rest repeat them
 
     def at(self, phase: str, index: int) -> None:
-        self.lines.update(lambda: f"dry run: micro-batch {self.micro_batch + 1}/{self.micro_batches}, {phase}, "
+        self.lines.update(lambda: f"dry run: micro-batch {self.micro_batch + 1} of the step's {self.micro_batches} "
+                                  f"({self.planned} planned, the others repeat them), {phase}, "
                                   f"layer {index + 1}/{self.layers}")
 
 
@@ -329,6 +335,9 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
                                                 padded_vocab_size=plan.padded_vocab_size),
         flops_per_gpu=0.0)
     result.flops_per_gpu = result.flops_per_iteration / cluster.world_size
+    result.micro_batches = plan.batch.final_accumulation_steps
+    result.simulated_micro_batches = pipeline.simulated_micro_batches if pipeline is not None else \
+        len(planned_micro_batches(result.micro_batches))
     # The peak: model states and buffers always, and on top the larger of two working sets that are
     # never alive together. In forward and backward: the most parameters stage 3 gathers at once, the
     # most activations saved at once (checkpoints, a recomputed group, the loss's softmax) and,
@@ -346,6 +355,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     result.host_total_bytes = host_held["total"] + result.host_buffer_bytes + meter.peak["host"]
     result.ranks_per_node = cluster.ranks_per_node
     result.host_budget_bytes = cluster.host_memory_bytes
+    result.host_budget_source = cluster.host_memory_source
     if config.zero.offload_optimizer and cluster.device_type == "cuda" and \
             (optimizer.stage == 3 and not config.zero.offload_param or plan.param_dtype == torch.float32):
         result.notes.append("not counted: the device temporary of copying the host master into the parameters "
@@ -387,6 +397,13 @@ def _buffer_bytes(checkpointing) -> int:
     return checkpointing.buffer.numel() * checkpointing.buffer.element_size()
 
 
+def planned_micro_batches(steps: int) -> list[int]:
+    """The micro-batches of a step without pipeline stages that a plan runs: the first (under no_sync) and the last
+    (which synchronizes the gradients); the ones between run the first's code on its shapes, one at a time, so they
+    hold no more than it and send what it sends (_one_iteration adds their bytes)."""
+    return sorted({0, steps - 1})
+
+
 def _one_iteration(model, zero, plan: RunSettings, state, monitor: ActivationMonitor, probe: _BlockSavedProbe
                    ) -> dict[str, int]:
     """training/train_step.py's DataParallelTrainStep, collective for collective: micro-batches with their
@@ -402,8 +419,10 @@ def _one_iteration(model, zero, plan: RunSettings, state, monitor: ActivationMon
     # sends what the first sends and holds what it holds; the last also synchronizes the gradients.
     # Those two are simulated, and the first's bytes are counted for the ones between, so the plan
     # costs the same at 2 and at 512 accumulation steps.
-    simulated = sorted({0, steps - 1})
+    simulated = planned_micro_batches(steps)
     repeated: dict[str, dict[str, int]] = {}
+    if probe.progress is not None:
+        probe.progress.planned = len(simulated)
     for micro_batch in simulated:
         before = state.comm.stats.snapshot()
         tokens = torch.zeros(shape, dtype=torch.long, device=META)

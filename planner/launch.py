@@ -13,6 +13,7 @@ import torch
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from arguments.config import ConfigError, PretrainConfig
 from parallel.state import ParallelState, read_launch_environment, resolve_device
+from planner.vocabulary import launch_vocab
 
 
 def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int,
@@ -28,19 +29,6 @@ def predicted_peak(config: PretrainConfig, state: ParallelState, vocab_size: int
         return plan.total_bytes, plan.host_total_bytes, ""
     except Exception as error:  # noqa: BLE001 - any planner failure is reported, training goes on
         return None, 0, f"the planner failed: {type(error).__name__}: {error}"
-
-
-def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
-    """The vocabulary a launch of `config` plans with before its tokenizer is loaded, and where it came
-    from: the named tokenizer's, --vocab-size, or for the embedded corpus --tokenizer-vocab-size (the
-    BPE trained on it has at most that many)."""
-    from planner.plan import planning_vocab
-
-    data = config.data
-    if not (data.tokenizer_file or data.vocab_file or data.tokenizer_type or config.model.vocab_size
-            or config.checkpoint.init_from_hf):
-        return data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
-    return planning_vocab(config)
 
 
 class RankPeak:

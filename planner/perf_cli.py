@@ -13,7 +13,8 @@ from planner import perf_model
 from planner.dry_run import dry_run
 from planner.perf_calibration import calibrate_command
 from planner.perf_model import format_prediction, load_constants, load_hardware, predict
-from planner.plan import parse_planner, planning_vocab
+from planner.plan import parse_planner
+from planner.vocabulary import launch_vocab
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -37,7 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     planner, config, cluster = parse_planner(
         [*rest, "--gpus-per-node", str(hardware.gpus_per_node), "--target", hardware.device_type],
         "python -m zero.perf_model")
-    vocab, _ = planning_vocab(config)
+    vocab, _ = launch_vocab(config)
     plan = dry_run(config, cluster, vocab, planner.rank)
     prediction = predict(plan, config, vocab, cluster.world_size, hardware, constants)
     print(json.dumps(prediction.to_json()) if planner.json else format_prediction(prediction, hardware, constants))

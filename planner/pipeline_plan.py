@@ -111,6 +111,8 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     def virtual(slot) -> int:
         return slot.chunk * stages + stage
 
+    if probe.progress is not None:
+        probe.progress.planned = simulated
     for index, slot in enumerate(slots):
         p2p.start_slot()
         starts, ends = virtual(slot) == 0, virtual(slot) == chunks * stages - 1

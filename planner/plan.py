@@ -10,11 +10,14 @@
 `dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`,
 `--gpus-per-node`, `--gpu-memory` (e.g. 32GB = 32e9 bytes, 32GiB = 32 x 2^30), `--host-memory` (per node,
 shared by its ranks: offloaded states and P_a+cpu checkpoints live there) and `--rank` (which rank to
-plan; default 0). The vocabulary is the run's: pretrain_gpt.py's `--vocab-size` (with NullTokenizer, plus
-the end-of-document id), else the tokenizer the flags name, else GPT-2's 50257. DP is
+plan; default 0). The vocabulary is the one `pretrain_gpt.py` with the same flags builds (planner/launch.py's
+launch_vocab): the tokenizer the flags name (NullTokenizer's `--vocab-size` plus the end-of-document id), else
+the preset's or `--vocab-size`, else the embedded corpus's BPE (`--tokenizer-vocab-size`, 4096). DP is
 world size / TP, as in a real launch. A dry run builds the real model and the real ZeRO setup for one
 rank on the meta device and runs one iteration through them (planner/dry_run.py); `max-size` repeats it
-to find the most layers that fit under each of the paper's configurations C1-C5.
+to find the most layers that fit under each of the paper's configurations C1-C5. A dry run that does not fit
+its `--gpu-memory` plans its levers (planner/levers.py) and names the one that fits, with the headroom after it;
+without `--host-memory` the host total is checked against this machine's available memory.
 
 Bad flags end in one line on stderr and exit status 2 before anything is planned. The work is bounded:
 a dry run plans at most 1,024 layers (planner/dry_run.py says why) and reports progress on stderr when it
@@ -37,8 +40,11 @@ from arguments.config import ConfigError, PretrainConfig
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
+from planner.levers import Lever, find_levers, format_levers
 from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
 from planner.pipeline_plan import PipelineFigures
+from planner.vocabulary import launch_vocab
+from training.memory_fit import available_host_memory
 from zero.memory import format_bytes
 
 GPT2_VOCAB = 50257
@@ -71,28 +77,11 @@ def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
     return int(size)
 
 
-def planning_vocab(config: PretrainConfig) -> tuple[int, str]:
-    """The vocabulary to plan with, and where it came from: what a run with these flags would have."""
-    data = config.data
-    if config.checkpoint.init_from_hf:  # the folder's embedding rows (training/run_settings.py's model_vocabulary)
-        from arguments.hf_config import read_hf_config
-
-        return read_hf_config(config.checkpoint.init_from_hf).vocab_size, "the --init-from-hf folder's vocab_size"
-    if data.tokenizer_type == "NullTokenizer":
-        return config.model.vocab_size + 1, f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
-    if data.tokenizer_file or data.vocab_file:
-        from data.tokenizer import load_named_tokenizer
-
-        tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file)
-        return tokenizer.vocab_size, "the tokenizer named by the flags"
-    if config.model.vocab_size:
-        return config.model.vocab_size, "--vocab-size"
-    return GPT2_VOCAB, "GPT-2's vocabulary (no tokenizer given; pass --vocab-size to change it)"
-
-
 # ---- dry-run --------------------------------------------------------------------------------------
 
-def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str) -> str:
+def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_source: str,
+                levers: Optional[list[Lever]] = None) -> str:
+    """The plan as a table; `levers`: a run that does not fit, each lever planned (planner/levers.py)."""
     training, activations = config.training, config.activations
     devices = "GPUs" if cluster.device_type == "cuda" else "processes"
     stages = plan.pipeline
@@ -106,7 +95,14 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              f"{config.model.seq_length}; vocabulary from {vocab_source}); this rank's TP shard "
              f"{plan.parameters_local:,}",
              f"training: ZeRO stage {plan.stage}, {plan.precision} parameters, {plan.gradient_precision} gradients, "
-             f"micro batch {training.micro_batch_size}; checkpointing "
+             f"micro batch {training.micro_batch_size}, {plan.micro_batches} micro-batch"
+             f"{'es' if plan.micro_batches > 1 else ''} a step on each DP rank"
+             + ("" if plan.simulated_micro_batches == plan.micro_batches else
+                f" ({plan.simulated_micro_batches} planned: the schedule's warm-up and steady state, which the rest "
+                f"repeat)" if stages is not None else
+                f" ({plan.simulated_micro_batches} planned: the first and the last, which reduces; they run one at a "
+                f"time and the others repeat the first)")
+             + "; checkpointing "
              + (("on" + (", P_a" if activations.partition_activations else "")
                  + (", P_a+cpu" if activations.cpu_checkpointing else "")
                  + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
@@ -148,7 +144,8 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
         verdict = "fits" if plan.fits_device else "does NOT fit"
         lines.append(f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, headroom "
                      f"{format_bytes(plan.headroom_bytes)}" if plan.fits_device else
-                     f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}")
+                     f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}"
+                     + (f"; {best_lever(levers).describe()}" if levers else ""))
     lines += _host_lines(plan, width)
     lines += ["", "sent per iteration by this rank:"]
     for group, kinds in plan.comm_bytes.items():
@@ -186,8 +183,8 @@ def stage_plans(config: PretrainConfig, cluster: Cluster, vocab: int, rank: int,
             for stage in range(config.training.pipeline_model_parallel_size)]
 
 
-def format_stage_table(plans: list[RankPlan]) -> str:
-    """One line per stage and the worst."""
+def format_stage_table(plans: list[RankPlan], levers: Optional[list[Lever]] = None) -> str:
+    """One line per stage and the worst; with `levers` (a stage does not fit), what makes it fit."""
     lines = ["per stage (same DP and TP rank): rank, layers' model states, saved for backward, pipeline sends "
              "held, total"]
     for plan in plans:
@@ -200,8 +197,14 @@ def format_stage_table(plans: list[RankPlan]) -> str:
              "pipeline sends held": worst.p2p_held_bytes}
     largest = max(parts, key=parts.get)
     lines.append(f"worst stage: {worst.pipeline.pipeline_parallel_rank} ({format_bytes(worst.total_bytes)}); its "
-                 f"largest part: {largest} ({format_bytes(parts[largest])})")
+                 f"largest part: {largest} ({format_bytes(parts[largest])})"
+                 + (f"; {best_lever(levers).describe()}" if levers else ""))
     return "\n".join(lines)
+
+
+def best_lever(levers: list[Lever]) -> Lever:
+    """The first lever that fits (the cheapest), else the one that comes closest."""
+    return next((lever for lever in levers if lever.fits), None) or max(levers, key=lambda lever: lever.headroom_bytes)
 
 
 def _host_lines(plan: RankPlan, width: int) -> list[str]:
@@ -221,7 +224,8 @@ def _host_lines(plan: RankPlan, width: int) -> list[str]:
                  f"{format_bytes(plan.host_total_bytes):>12}; {format_bytes(plan.host_node_bytes)}")
     if plan.host_budget_bytes is not None:
         verdict = "fits" if plan.fits_host else "does NOT fit"
-        lines.append(f"  host memory per node {format_bytes(plan.host_budget_bytes)}: {verdict}"
+        whose = f" ({plan.host_budget_source})" if plan.host_budget_source else ""
+        lines.append(f"  host memory per node {format_bytes(plan.host_budget_bytes)}{whose}: {verdict}"
                      + (f"; the tighter budget is the {plan.binding}'s" if plan.binding else ""))
     return lines
 
@@ -379,6 +383,16 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
     return planner, config, Cluster(planner.world_size, planner.gpus_per_node, budget, planner.target, host_budget)
 
 
+def this_machines_host_memory(cluster: Cluster) -> Cluster:
+    """`cluster` with this machine's available memory as the host budget per node (training/memory_fit.py's reader:
+    MemAvailable, or a memory cgroup's limit less its usage where lower), said as this machine's."""
+    available, source = available_host_memory()
+    if available is None:
+        return cluster
+    return dataclasses.replace(cluster, host_memory_bytes=available,
+                               host_memory_source=f"this machine's: {source}; --host-memory for the cluster's")
+
+
 def stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -400,18 +414,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     planner, config, cluster = parse_planner(rest, f"python -m zero.plan {command}")
     if command == "dry-run":
         check_plannable(config)
+        if cluster.host_memory_bytes is None:  # the host total checked against something: this machine
+            cluster = this_machines_host_memory(cluster)
     elif cluster.gpu_memory_bytes is None:
         raise ConfigError("max-size needs --gpu-memory (the budget each GPU has)")
-    vocab, source = planning_vocab(config)
+    vocab, source = launch_vocab(config)
     if command == "dry-run":
         stages = stage_plans(config, cluster, vocab, planner.rank, stderr_line) \
             if config.training.pipeline_model_parallel_size > 1 else []
         plan = next((stage for stage in stages if stage.rank == planner.rank), None) or \
             dry_run(config, cluster, vocab, planner.rank, progress=stderr_line)
+        levers = None
+        if any(each.fits_device is False for each in stages or [plan]):
+            def plan_stages(changed: PretrainConfig, on: Cluster) -> list[RankPlan]:
+                return stage_plans(changed, on, vocab, 0) if changed.training.pipeline_model_parallel_size > 1 \
+                    else [dry_run(changed, on, vocab, 0)]
+
+            levers = find_levers(config, cluster, plan.data_parallel_size, plan_stages, progress=stderr_line)
         if planner.json:
-            print(json.dumps({**plan.to_json(), **({"stages": [stage.to_json() for stage in stages]} if stages else {})}))
+            print(json.dumps({**plan.to_json(), **({"stages": [stage.to_json() for stage in stages]} if stages else {}),
+                              **({"levers": [lever.to_json() for lever in levers]} if levers is not None else {})}))
         else:
-            print(format_plan(plan, cluster, config, source) + ("\n\n" + format_stage_table(stages) if stages else ""))
+            print(format_plan(plan, cluster, config, source, levers)
+                  + ("\n\n" + format_stage_table(stages, levers) if stages else "")
+                  + ("\n\n" + "\n".join(format_levers(levers)) if levers is not None else ""))
         return 0
     results, binds = {}, {}
     for name, configuration in CONFIGURATIONS.items():

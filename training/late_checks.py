@@ -10,18 +10,16 @@ from arguments.config import ConfigError, PretrainConfig
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
 from gpt.fp8 import check_fp8, torchao_installed
+from training.run_settings import model_vocabulary
 
 
 def check_vocabulary_flags(config: PretrainConfig) -> None:
-    """--vocab-size is Megatron's NullTokenizer vocabulary. Beside a tokenizer Megatron-LM does not read it
-    (training/run_settings.py's vocabulary_notes says so at the start); with no tokenizer named, the
-    embedded corpus trains its own, whose size is --tokenizer-vocab-size, so a --vocab-size there is a mistake."""
-    data = config.data
-    tokenizer_named = data.tokenizer_type or data.tokenizer_file or data.vocab_file
-    if config.model.vocab_size and not tokenizer_named:
-        raise ConfigError(f"--vocab-size {config.model.vocab_size} is for --tokenizer-type NullTokenizer (data "
-                          f"tokenized elsewhere); the embedded corpus's tokenizer is trained here: set its size with "
-                          f"--tokenizer-vocab-size, or drop --vocab-size")
+    """--vocab-size is Megatron's NullTokenizer vocabulary, not read beside a real tokenizer (training/run_settings.py's
+    vocabulary_notes says so at the start); with no tokenizer named it is the model's vocabulary (a preset's), and
+    the embedded corpus's tokenizer, trained here with at most --tokenizer-vocab-size tokens, must fit in it."""
+    if not config.model.vocab_size:
+        return
+    model_vocabulary(config, config.data.tokenizer_vocab_size)
 
 
 def check_fp8_flag(config: PretrainConfig) -> None:

@@ -24,7 +24,7 @@ import torch
 
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from arguments.config import ConfigError, PretrainConfig
-from arguments.config_sources import FLAG, JSON
+from arguments.config_sources import FLAG, JSON, PRESET
 from arguments.hf_config import read_hf_config
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
 from zero.optimizer import PRECISION_DTYPES
@@ -36,7 +36,7 @@ class RunSettings:
     tensor_parallel_size: int
     data_parallel_size: int
     batch: BatchSchedule            # the global batch of every iteration, from the samples consumed
-    vocab_size: int                 # the tokenizer's
+    vocab_size: int                 # the model's (model_vocabulary: the tokenizer's, or a preset's)
     padded_vocab_size: int          # rounded up for fast GEMMs and equal TP shards
     param_dtype: torch.dtype        # 16-bit (or fp32) parameters and activations
     grad_dtype: torch.dtype         # what gradients are accumulated and reduced in
@@ -87,31 +87,68 @@ def decoupled_schedule(config: PretrainConfig, schedule: LearningRateSchedule) -
     return dataclasses.replace(schedule, max_lr=optimizer.decoupled_lr, min_lr=floor)
 
 
-def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:
-    """A --vocab-size beside a real tokenizer is not read, as in Megatron-LM: its build_tokenizer
-    (megatron/core/tokenizers/utils/build_tokenizer.py) hands args.vocab_size only to the NullTokenizer and
-    TikTokenizer, and the padded vocabulary comes from the tokenizer's own size. Said once where it differs."""
-    asked = config.model.vocab_size
-    if not asked or config.data.tokenizer_type == "NullTokenizer" or asked == vocab_size:
-        return ()
-    tokenizer = config.data.tokenizer_type or "the tokenizer given"
-    return (f"> --vocab-size {asked} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
-            f"tokenizer's {vocab_size} tokens",)
+def tokenizer_named(config: PretrainConfig) -> bool:
+    """Whether the flags name a tokenizer; without one the embedded corpus trains its own BPE here."""
+    data = config.data
+    return bool(data.tokenizer_type or data.tokenizer_file or data.vocab_file)
 
 
 def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
-    """The model's vocabulary (before padding): the tokenizer's, or with --init-from-hf the folder's
-    config.json vocab_size, as transformers' embedding has that many rows whatever the tokenizer (Qwen's
-    folders hold more rows than tokens); the tokenizer's ids must fall inside it."""
+    """The model's vocabulary for a run of `config` whose tokenizer has `tokenizer_vocab_size` tokens: the
+    one place the trainer (training/prepare.py, with the loaded tokenizer's) and the planner (planner/launch.py's
+    launch_vocab, before any tokenizer is loaded) decide it.
+
+    A named tokenizer's own size, as in Megatron-LM, whose build_tokenizer hands --vocab-size only to the
+    NullTokenizer (whose size counts the end-of-document id). Without one the embedded corpus's BPE is trained
+    here with at most --tokenizer-vocab-size tokens, and a --vocab-size (a preset's: llama3-8b's 128256 tokens,
+    gpt2-124m's 50257) is the model's vocabulary, the corpus's ids its first ones: `--config llama3-8b` trains and
+    plans Llama 3 8B's 8.03B parameters. A corpus tokenizer larger than that vocabulary is refused.
+
+    With --init-from-hf, the folder's config.json vocab_size, as transformers' embedding has that many rows
+    whatever the tokenizer (Qwen's folders hold more rows than tokens); the tokenizer's ids must fall inside it."""
     folder = config.checkpoint.init_from_hf
-    if not folder:
+    if folder:
+        hf_vocab = read_hf_config(folder).vocab_size
+        if tokenizer_vocab_size > hf_vocab:
+            raise ConfigError(f"the run's tokenizer has {tokenizer_vocab_size} tokens, more than {folder}/config.json's "
+                              f"vocab_size {hf_vocab}: its ids past {hf_vocab - 1} have no row in the model; give the "
+                              f"tokenizer the folder was trained with")
+        return hf_vocab
+    asked = config.model.vocab_size
+    if tokenizer_named(config) or not asked:
         return tokenizer_vocab_size
-    hf_vocab = read_hf_config(folder).vocab_size
-    if tokenizer_vocab_size > hf_vocab:
-        raise ConfigError(f"the run's tokenizer has {tokenizer_vocab_size} tokens, more than {folder}/config.json's "
-                          f"vocab_size {hf_vocab}: its ids past {hf_vocab - 1} have no row in the model; give the "
-                          f"tokenizer the folder was trained with")
-    return hf_vocab
+    if tokenizer_vocab_size > asked:
+        raise ConfigError(f"{_vocab_words(config)} is smaller than the embedded corpus's tokenizer "
+                          f"(--tokenizer-vocab-size {config.data.tokenizer_vocab_size}): the model's vocabulary must "
+                          f"hold every token id; raise --vocab-size or lower --tokenizer-vocab-size",
+                          flags=("--vocab-size", "--tokenizer-vocab-size"))
+    return asked
+
+
+def _vocab_words(config: PretrainConfig) -> str:
+    """--vocab-size N, and the preset it came from where it was not typed."""
+    source = config.sources.get("vocab_size")
+    where = f" (vocab_size of the preset {source.origin})" if source is not None and source.kind == PRESET else ""
+    return f"--vocab-size {config.model.vocab_size}{where}"
+
+
+def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:
+    """Where the model's vocabulary (`vocab_size`, model_vocabulary's) is not the tokenizer's, or a --vocab-size
+    is not read, said once. A --vocab-size beside a real tokenizer is not read, as in Megatron-LM: its
+    build_tokenizer (megatron/core/tokenizers/utils/build_tokenizer.py) hands args.vocab_size only to the
+    NullTokenizer and TikTokenizer, and the padded vocabulary comes from the tokenizer's own size."""
+    asked = config.model.vocab_size
+    if not asked or config.data.tokenizer_type == "NullTokenizer":
+        return ()
+    if not tokenizer_named(config):
+        return (f"> the model's vocabulary is {_vocab_words(config)}: the embedded corpus's tokenizer, trained here "
+                f"with at most --tokenizer-vocab-size {config.data.tokenizer_vocab_size} tokens, uses its first ids "
+                f"(name your tokenizer, --tokenizer-file, to train on all of them)",)
+    if asked == vocab_size:
+        return ()
+    tokenizer = config.data.tokenizer_type or "the tokenizer given"
+    return (f"> {_vocab_words(config)} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
+            f"tokenizer's {vocab_size} tokens",)
 
 
 def resolve_precision(config: PretrainConfig, device_type: str):

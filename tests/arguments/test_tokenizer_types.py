@@ -15,7 +15,7 @@ from checkpoint.format import read_metadata, resolve_checkpoint
 from data.corpus import default_corpus_documents
 from data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype
 from data.tokenizer import train_tokenizer
-from planner.plan import planning_vocab
+from planner.launch import launch_vocab
 
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "4", "--global-batch-size", "4", "--device", "cpu",
@@ -80,10 +80,13 @@ def test_tokenizer_flags_that_cannot_work_are_refused(argv, words):
         parse_config(argv)
 
 
-def test_vocab_size_beside_a_real_tokenizer_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+def test_vocab_size_below_the_embedded_corpus_tokenizer_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """Without a tokenizer named, --vocab-size is the model's vocabulary (a preset's: llama3-8b's) and the corpus's
+    BPE (--tokenizer-vocab-size 4096 here) must fit in it."""
     monkeypatch.setattr("training.prepare.build_data", lambda *args: pytest.fail("data work started"))
     assert pretrain_gpt.main(TINY + ["--vocab-size", "300", "--metrics-file", str(tmp_path / "m.jsonl")]) == 2
-    assert "--vocab-size 300 is for --tokenizer-type NullTokenizer" in capsys.readouterr().err
+    assert "--vocab-size 300 is smaller than the embedded corpus's tokenizer (--tokenizer-vocab-size 4096)" in \
+        capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -113,16 +116,18 @@ def test_a_named_tokenizer_tokenizes_the_embedded_corpus(own_tokenizer, flags, t
 
 
 def test_the_planner_plans_the_runs_vocabulary(own_tokenizer):
-    assert planning_vocab(parse_config(["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
-                                        "--data-path", "x"]))[0] == 1001
-    assert planning_vocab(parse_config(["--vocab-size", "1000"])) == (1000, "--vocab-size")
-    assert planning_vocab(parse_config(["--tokenizer-file", str(own_tokenizer / "tokenizer.json")]))[0] == 400
-    assert planning_vocab(parse_config([]))[0] == 50257
+    assert launch_vocab(parse_config(["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+                                      "--data-path", "x"]))[0] == 1001
+    assert launch_vocab(parse_config(["--vocab-size", "5000"]))[0] == 5000  # the model's; the corpus's BPE in it
+    assert launch_vocab(parse_config(["--tokenizer-file", str(own_tokenizer / "tokenizer.json")]))[0] == 400
+    assert launch_vocab(parse_config(["--config", "llama3-8b", "--tokenizer-file",
+                                      str(own_tokenizer / "tokenizer.json")]))[0] == 400  # a named tokenizer wins
+    assert launch_vocab(parse_config([]))[0] == 4096  # the embedded corpus's BPE, as pretrain_gpt.py trains
 
 
 def test_the_planner_plans_a_sentencepiece_vocabulary(sentencepiece_model):
     """Before: the .model was read as a tokenizer.json and refused."""
-    assert planning_vocab(parse_config(["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
+    assert launch_vocab(parse_config(["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
                                         sentencepiece_model]))[0] == 512 + 5  # Megatron's special pieces
 
 

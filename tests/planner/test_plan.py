@@ -191,7 +191,7 @@ def test_a_long_dry_run_says_how_far_it_is_on_stderr(monkeypatch):
     lines = []
     config = parse_config([*SMALL, "--micro-batch-size", "1", "--global-batch-size", "2"])
     dry_run(config, Cluster(1, 1), 1000, progress=lines.append)
-    assert any("micro-batch 2/2" in line and "layer 2/2" in line for line in lines), lines
+    assert any("micro-batch 2 of the step's 2" in line and "layer 2/2" in line for line in lines), lines
 
 
 # ---- dry runs equal live runs --------------------------------------------------------------------

@@ -23,7 +23,7 @@ from planner.pipeline_plan import bubble_fraction
 from planner.plan import main as plan_main
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--vocab-size", "512",
+         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--tokenizer-vocab-size", "512",
          "--hidden-dropout", "0", "--attention-dropout", "0"]
 VOCAB = 512
 MESSAGE = 2 * 32 * 64 * 4  # [micro batch, seq, hidden] fp32
@@ -113,8 +113,7 @@ def test_a_pipeline_launchs_dry_run_plans_its_stage(monkeypatch, capsys):
 
     for name, value in {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}.items():
         monkeypatch.setenv(name, value)
-    model = [word for word in MODEL if word not in ("--vocab-size", "512")]
-    assert pretrain_gpt.main([*model, "--tokenizer-vocab-size", "512", "--global-batch-size", "16",
+    assert pretrain_gpt.main([*MODEL, "--global-batch-size", "16",
                               "--pipeline-model-parallel-size", "2", "--device", "cpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "PP rank 0" in out and "PP 2 x TP 1 x DP 2" in out and "1F1B, 4 micro-batches" in out

@@ -1,0 +1,173 @@
+"""What makes a plan that does not fit, fit: each lever re-planned, with the figure after it.
+
+A dry run that is short of the budget names the levers a user would reach for, in the order that costs the run the
+least, and plans each (the same dry run, every pipeline stage's worst): recompute (`--recompute-granularity full`,
+Megatron-LM's name for `--checkpoint-activations`: a block keeps only its input and recomputes the rest in backward,
+about a third more compute), the next ZeRO stage (shards one more kind of model state over DP; nothing to shard at
+DP 1), `--offload-optimizer` (the fp32 master and the Adam moments to host memory; it needs a ZeRO stage). When no
+lever alone fits, all of them together; when that still does not fit, more pipeline stages, then a wider TP (no
+wider than a node), each doubled up to three times on top of recompute and the next stage, until one fits (on more
+GPUs where the world cannot hold the wider grid). Each re-plan is a whole pipeline's, every stage.
+
+DeepSpeed's estimators (`estimate_zero2_model_states_mem_needs` and friends in deepspeed/runtime/zero/
+stage_1_and_2.py and stage3.py) print the model-state bytes for each offload choice but neither activations nor a
+verdict; Megatron-LM has no such report. Here each lever's figure is a full dry run, activations included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from arguments.config import ConfigError, PretrainConfig
+from planner.dry_run import Cluster, RankPlan
+from zero.memory import format_bytes
+
+# (config, cluster) -> the plans of every pipeline stage at rank 0's DP and TP coordinates (one without stages)
+PlanStages = Callable[[PretrainConfig, Cluster], list[RankPlan]]
+
+
+@dataclass(frozen=True)
+class Lever:
+    flags: str             # what to add to the command line ("--recompute-granularity full")
+    total_bytes: int       # the worst stage's device peak after it
+    budget_bytes: int
+    fits: bool             # the device budget, and the host's where there is one
+    host_node_bytes: int = 0
+    host_budget_bytes: Optional[int] = None
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.budget_bytes - self.total_bytes
+
+    def describe(self) -> str:
+        if self.fits:
+            return f"with {self.flags} it fits with {format_bytes(self.headroom_bytes)} to spare"
+        if self.headroom_bytes >= 0:  # the device holds it, the host does not
+            return (f"with {self.flags} the device holds it ({format_bytes(self.headroom_bytes)} to spare) but the host "
+                    f"memory per node does not ({format_bytes(self.host_node_bytes)} of "
+                    f"{format_bytes(self.host_budget_bytes or 0)})")
+        return f"with {self.flags} still short by {format_bytes(-self.headroom_bytes)}"
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "headroom_bytes": self.headroom_bytes}
+
+
+def _changed(config: PretrainConfig, *, activations: Optional[dict] = None, zero: Optional[dict] = None,
+             training: Optional[dict] = None) -> Optional[PretrainConfig]:
+    """`config` with the changes, or None where the result is not a valid run (ZeRO-3 with pipeline stages, a TP
+    size the heads do not divide, ...)."""
+    changed = dataclasses.replace(
+        config, activations=dataclasses.replace(config.activations, **(activations or {})),
+        zero=dataclasses.replace(config.zero, **(zero or {})),
+        training=dataclasses.replace(config.training, **(training or {})))
+    try:
+        changed.validate()
+    except ConfigError:
+        return None
+    return changed
+
+
+def single_levers(config: PretrainConfig, data_parallel_size: int) -> list[tuple[tuple[str, ...], dict]]:
+    """(the flags, the changes) of each lever this run has not pulled yet, cheapest first."""
+    levers = []
+    if not config.activations.checkpoint_activations:
+        levers.append((("--recompute-granularity full",), {"activations": {"checkpoint_activations": True}}))
+    stage = config.zero.stage
+    if stage < 3 and data_parallel_size > 1:
+        levers.append(((f"--zero-stage {stage + 1}",), {"zero": {"stage": stage + 1}}))
+    if not config.zero.offload_optimizer:
+        levers.append((("--zero-stage 1", "--offload-optimizer") if stage == 0 else ("--offload-optimizer",),
+                       {"zero": {"offload_optimizer": True, **({"stage": 1} if stage == 0 else {})}}))
+    return levers
+
+
+def _combined(levers: list[tuple[tuple[str, ...], dict]]) -> tuple[str, dict]:
+    """All the levers at once: every change, and the highest ZeRO stage any asks for."""
+    changes: dict = {"activations": {}, "zero": {}}
+    for _, lever_changes in levers:
+        for section, values in lever_changes.items():
+            stage = max(values.get("stage", 0), changes[section].get("stage", 0))
+            changes[section].update(values)
+            if stage:
+                changes[section]["stage"] = stage
+    stage = changes["zero"].get("stage")
+    flags = [flag for lever_flags, _ in levers for flag in lever_flags if not flag.startswith("--zero-stage")]
+    return " ".join(([f"--zero-stage {stage}"] if stage else []) + flags), changes
+
+
+def _wider(config: PretrainConfig, cluster: Cluster, changes: dict, flags: str, name: str, flag: str,
+           doublings: int) -> Optional[tuple[str, PretrainConfig, Cluster]]:
+    """`name` (a parallel size) `doublings` times doubled on top of `changes`: on the same GPUs where the DP size
+    leaves room, else on as many more as it needs; None where the run cannot have it."""
+    training = config.training
+    factor = 2 ** doublings
+    size = getattr(training, name) * factor
+    grid = training.tensor_model_parallel_size * training.pipeline_model_parallel_size * factor
+    world = cluster.world_size if cluster.world_size % grid == 0 else max(grid, cluster.world_size * factor)
+    changed = _changed(config, activations=changes["activations"], zero=changes["zero"], training={name: size})
+    if changed is None:
+        return None
+    where = "" if world == cluster.world_size else f" on {world} GPUs"
+    return f"{flags} {flag} {size}{where}".strip(), changed, dataclasses.replace(cluster, world_size=world)
+
+
+# A wider grid is tried up to 8x (3 doublings) a dimension, stopping at the first that fits; TP no wider than a node.
+MAX_DOUBLINGS = 3
+
+
+def find_levers(config: PretrainConfig, cluster: Cluster, data_parallel_size: int, plan_stages: PlanStages,
+                progress: Optional[Callable[[str], None]] = None) -> list[Lever]:
+    """The levers of a run that does not fit, each planned (see the module docstring)."""
+    def planned(flags: str, changed: Optional[PretrainConfig], on: Cluster) -> Optional[Lever]:
+        if changed is None:
+            return None
+        if progress is not None:
+            progress(f"> planning the lever {flags}")
+        try:
+            plans = plan_stages(changed, on)
+        except ConfigError:  # a grid or batch the changed run cannot have
+            return None
+        worst = max(plans, key=lambda plan: plan.total_bytes)
+        host = max(plans, key=lambda plan: plan.host_node_bytes)
+        return Lever(flags, worst.total_bytes, worst.budget_bytes, all(plan.fits for plan in plans),
+                     host.host_node_bytes, host.host_budget_bytes)
+
+    singles = single_levers(config, data_parallel_size)
+    levers = [lever for flags, changes in singles
+              if (lever := planned(" ".join(flags), _changed(config, **changes), cluster)) is not None]
+    if any(lever.fits for lever in levers):
+        return levers
+    # Together: first those that keep the states on the device (offload is bounded by the host's memory, which more
+    # devices do not add to), then all of them.
+    on_device = [lever for lever in singles if "--offload-optimizer" not in lever[0]]
+    combinations = [group for group in (on_device, singles) if len(group) > 1]
+    for together in combinations[:1] + [group for group in combinations[1:] if group != combinations[0]]:
+        flags, changes = _combined(together)
+        lever = planned(flags, _changed(config, **changes), cluster)
+        if lever is not None:
+            levers.append(lever)
+            if lever.fits:
+                return levers
+    # More GPUs per model copy, on top of the levers that keep the states on the device.
+    flags, changes = _combined(on_device)
+    for name, flag, widest in (("pipeline_model_parallel_size", "--pipeline-model-parallel-size", config.model.num_layers),
+                               ("tensor_model_parallel_size", "--tensor-model-parallel-size", cluster.gpus_per_node)):
+        for doublings in range(1, MAX_DOUBLINGS + 1):
+            if getattr(config.training, name) * 2 ** doublings > widest:
+                break
+            wider = _wider(config, cluster, changes, flags, name, flag, doublings)
+            lever = planned(*wider) if wider is not None else None
+            if lever is not None:
+                levers.append(lever)
+                if lever.fits:
+                    break
+    return levers
+
+
+def format_levers(levers: list[Lever]) -> list[str]:
+    """The levers section of a plan that does not fit."""
+    if not levers:
+        return ["levers: none of recompute, a higher ZeRO stage, offload or a wider grid applies to this run"]
+    return ["levers (each re-planned; the worst stage's peak):"] + [f"  {lever.describe()}" for lever in levers]

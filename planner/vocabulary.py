@@ -1,0 +1,35 @@
+"""The vocabulary a launch's model will have, known before its tokenizer is loaded: what `python -m zero.plan`,
+`pretrain_gpt.py --dry-run` and the memory check before the build (planner/launch.py) plan with."""
+
+from __future__ import annotations
+
+from arguments.config import PretrainConfig
+from arguments.config_sources import PRESET
+from training.run_settings import model_vocabulary, tokenizer_named
+
+
+def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
+    """The model's vocabulary for a launch of `config`, before its tokenizer is loaded, and where it came from:
+    what `pretrain_gpt.py` with the same flags builds (training/run_settings.py's model_vocabulary, given the
+    tokenizer the flags name, or for the embedded corpus the BPE trained on it: at most --tokenizer-vocab-size
+    tokens). `python -m zero.plan`, `--dry-run` and the check before the build all plan with it."""
+    data = config.data
+    if data.tokenizer_type == "NullTokenizer":
+        tokens, source = config.model.vocab_size + 1, f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
+    elif tokenizer_named(config):
+        from data.tokenizer import load_named_tokenizer
+
+        tokens = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file,
+                                      data.merge_file).vocab_size
+        source = "the tokenizer named by the flags"
+    else:
+        tokens, source = data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
+    vocab = model_vocabulary(config, tokens)
+    if config.checkpoint.init_from_hf:
+        source = "the --init-from-hf folder's vocab_size"
+    elif vocab != tokens:
+        where = config.sources.get("vocab_size")
+        source = (f"vocab_size of the preset {where.origin}" if where is not None and where.kind == PRESET
+                  else "--vocab-size") + \
+            f"; the embedded corpus's tokenizer uses at most its first {tokens:,} ids"
+    return vocab, source
