@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from benchmark_model import cpu_name  # noqa: E402  (the one reader of the CPU's name)
 
 
 def one_run(threads: int, train_iters: int, extra: list[str], workdir: Path) -> dict:
@@ -50,17 +52,6 @@ def one_run(threads: int, train_iters: int, extra: list[str], workdir: Path) -> 
             "median_ms_after_first": statistics.median(times[1:]) * 1e3 if len(times) > 1 else times[0] * 1e3,
             "losses": [r["loss"] for r in records], "run_wall_s": wall,
             "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux, else what platform says)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:
