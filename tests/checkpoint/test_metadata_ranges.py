@@ -14,9 +14,10 @@ reaching it -- which is what shows refusals are decided before any data or model
 variants the checks accept are trained for real, combined (one value per entry, many entries in one
 checkpoint): a combination whose losses equal the untouched resume's clears all its variants, one that
 does not is split until the variant that changes training is alone, and the test names it. The one
-accepted value that does change training is a state a real run reaches: an `adam_step` of 0, what a
-resume with --no-load-optim saves (Adam's bias correction then starts again); its resume must train,
-with other losses.
+accepted values that do change training are states a real run reaches: an `adam_step` of 0, what a
+resume with --no-load-optim saves (Adam's bias correction then starts again), and an `lr_schedule_samples`
+of 0, what an fp16 run whose every step was skipped saves (the schedule has not moved); their resumes must
+train, with other losses.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ SAVED = "iter_0000002"
 EXTREMES = [0, -1, 2**63 - 1, 2**63, 10**19, 1e19, 1e30, float("nan"), float("inf"), "x"]
 NUMERIC_SETTINGS = ("int", "float", "Optional[int]", "Optional[float]", "Optional[list[int]]")
 # (entry, value) that a real run saves and that changes what the resume trains (module docstring).
-LEGITIMATE = {(("adam_step",), 0)}
+LEGITIMATE = {(("adam_step",), 0), (("lr_schedule_samples",), 0)}
 
 
 class ReachedData(BaseException):

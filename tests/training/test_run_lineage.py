@@ -198,7 +198,9 @@ def test_a_checkpoint_saved_before_lineages_resumes_under_a_new_one(tmp_path, co
         "--micro-batch-size", "2", "--train-iters", "4", "--zero-stage", "1", "--seed", "3", "--device", "cpu",
         "--eval-iters", "0", "--log-interval", "1", "--save-interval", "1", "--keep-last", "1",
         "--override-opt_param-scheduler", "--data-cache-dir", str(cache), "--metrics-file", str(metrics),
-        "--save", str(ck), "--load", str(ck)])
+        "--save", str(ck), "--load", str(ck),
+        # the fixture's activation (GPT-2's tanh GeLU): the resume check compares it with the run's
+        "--activation", "gelu_tanh"])
     assert outcome.code == 0, outcome.err
     assert "resuming after iteration 2" in outcome.out
     records = metrics_records(metrics)

@@ -205,12 +205,13 @@ def test_bf16_with_fp32_gradients_tracks_fp32_closer_than_bf16_gradients(tmp_pat
     fp32 computes a gradient closer to the fp32 run's than the one with bf16 gradients. Also the
     traffic: fp32 gradients send 4 bytes per reduce-scattered element, bf16 ones 2.
 
-    Compared on iteration 1's gradient norm: all three runs start from the same weights and data, and
-    the two bf16 runs share their forward, so the gap between them is the gradient precision alone
-    (measured: 4.2e-4 with fp32 gradients, 7.3e-4 with bf16 ones). The loss gap is printed, not
-    asserted, and over ACCUMULATION_ITERS only: over 50 iterations at lr 1e-2 the trajectories' own
-    noise was as large as the effect, and a change of AdamW kernel (foreach to fused, equal to the
-    last bits) swapped the two gaps (3.9e-4 / 4.7e-4 before, 4.7e-4 / 3.9e-4 after)."""
+    Compared on iteration 2's loss: all three runs start from the same weights and data, and the two bf16
+    runs share iteration 1's forward, so what differs at iteration 2 is the one update, computed from
+    gradients accumulated and reduced in fp32 or in bf16 (measured on a fresh CI virtualenv: 1.1e-5 with fp32
+    gradients, 6.8e-5 with bf16 ones). Iteration 1's gradient norm gap is printed, not asserted: a norm is one
+    scalar of the gradient, and its gap can fall either way (4.2e-4 / 7.3e-4 once; 3.4e-4 / 2.7e-4 on the same
+    code with the corpus a newer environment builds). Over 50 iterations at lr 1e-2 the trajectories' own
+    noise was as large as the effect, so only the first update is compared."""
     common = [*COMMON, "--train-iters", str(ACCUMULATION_ITERS), "--data-cache-dir", corpus_cache,
               "--global-batch-size", "64", "--micro-batch-size", "1", "--zero-stage", "2", "--lr", "1e-2", "--min-lr", "1e-3",
               "--reduce-bucket-size", "5e8", "--allgather-bucket-size", "5e8", "--report-memory"]
@@ -236,7 +237,12 @@ def test_bf16_with_fp32_gradients_tracks_fp32_closer_than_bf16_gradients(tmp_pat
     fp32_grads, bf16_grads = first_gradient_gap("bf16-fp32-grads"), first_gradient_gap("bf16-bf16-grads")
     print(f"iteration 1 gradient norm, relative gap to fp32: fp32 gradients {fp32_grads:.3e}, bf16 gradients "
           f"{bf16_grads:.3e}")
-    assert fp32_grads < bf16_grads
+
+    def after_one_update_gap(name):
+        return abs(losses[name][1] - losses["fp32"][1]) / losses["fp32"][1]
+
+    assert losses["bf16-fp32-grads"][0] == losses["bf16-bf16-grads"][0]  # the same forward at iteration 1
+    assert after_one_update_gap("bf16-fp32-grads") < after_one_update_gap("bf16-bf16-grads")
 
     for name, grad_bytes in (("bf16-fp32-grads", 4), ("bf16-bf16-grads", 2)):
         (memory,) = [r["memory"] for r in records[name] if "memory" in r]
