@@ -362,7 +362,7 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: rotary positions here are Megatron-LM's default RoPE, the same at every layer: each head's "
      "first --rotary-percent of dims in two rotated halves (or adjacent pairs, --rotary-interleaved), "
      "--rotary-base, and Llama 3.1's --use-rope-scaling",
-     _names("--rotary-seq-len-interpolation-factor --no-rope-freq")),
+     _names("--no-rope-freq")),
     ("not implemented: --normalization before each sublayer and after the last block (--qk-layernorm over query "
      "and key heads), as in GPT-2 and Llama", _names("""
         --apply-residual-connection-post-layernorm --qk-l2-norm --embed-layernorm""")),
@@ -492,6 +492,11 @@ AT_VALUE: dict[str, AtValue] = {
     "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
     "--ds-sequence-parallel-size": AtValue(_equals(1), "sequence parallelism over 1 rank is none",
                                            NO_SEQUENCE_PARALLEL),
+    # megatron/core/models/common/embeddings/rotary_pos_embedding.py: `seq *= 1 / seq_len_interpolation_factor`
+    "--rotary-seq-len-interpolation-factor": AtValue(
+        _equals(1), "a factor of 1 leaves the rotary positions as they are",
+        "not implemented: rotary positions here are not interpolated (Megatron-Core divides each position by the "
+        "factor); use 1 or drop the flag"),
     "--context-parallel-size": AtValue(_equals(1), "context parallelism over 1 rank is none",
                                        "context parallelism is not implemented: use --checkpoint-activations "
                                        "--partition-activations for long sequences"),

@@ -348,8 +348,12 @@ def _resolve_query_groups(given: dict[str, Any], settings: dict[str, Any],
         change("num_query_groups", 1, "group_query_attention",
                "Megatron-LM's --num-query-groups default under --group-query-attention is 1 (multi-query)")
     elif option_used("num_query_groups") == "--num-query-groups" and not given.get("group_query_attention"):
-        resolved.refused.append("--num-query-groups without --group-query-attention: Megatron-LM ignores it (multi-head "
-                                "attention); add --group-query-attention, or drop --num-query-groups")
+        # ignored as Megatron-LM ignores it, and said: the model is multi-head, not the groups typed
+        change("num_query_groups", None, "num_query_groups",
+               "without --group-query-attention Megatron-LM does not read it: multi-head attention")
+        resolved.notes.append(f"--num-query-groups {settings['num_query_groups']} without --group-query-attention: "
+                              f"not read, as in Megatron-LM (multi-head attention, one key/value head per query "
+                              f"head); add --group-query-attention for grouped-query attention")
 
 
 def _resolve_pipe_parallel_size(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],

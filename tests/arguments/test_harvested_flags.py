@@ -130,7 +130,8 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--exp-avg-dtype": "fp32", "--exp-avg-sq-dtype": "fp32", "--weight-decay-incr-style": "constant",
              "--vocab-extra-ids": "0", "--error-injection-rate": "0",
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
-             "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02"}
+             "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02",
+             "--rotary-seq-len-interpolation-factor": "1"}
     other = {"--num-experts": "8", "--num-experts-switch": "8", "--expert-model-parallel-size": "2",
              "--moe-expert-parallel-size": "2", "--ds-sequence-parallel-size": "2", "--context-parallel-size": "2",
              "--mtp-num-layers": "1", "--optimizer": "sgd",
@@ -140,7 +141,8 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--exp-avg-sq-dtype": "bf16", "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
              "--error-injection-rate": "5",
              "--num-unique-layers": "2", "--export-model-type": "MambaModel", "--export-kv-cache-quant": "fp8",
-             "--export-real-quant-cfg": "fp8_real_quant", "--embedding-init-method-std": "0.01"}
+             "--export-real-quant-cfg": "fp8_real_quant", "--embedding-init-method-std": "0.01",
+             "--rotary-seq-len-interpolation-factor": "4"}
     # --apply-layernorm-1p is a switch refused beside decayed q/k norms (tests/gpt/test_megatron_small_features.py)
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
                                         if at.refused != NO_PIPELINE_SPLIT and option != "--apply-layernorm-1p"}

@@ -59,7 +59,6 @@ def test_swiglu_takes_megatrons_default_ffn_size_unless_given():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--num-query-groups", "2"], "--num-query-groups without --group-query-attention"),
     (["--group-query-attention", "--num-query-groups", "3"], "--num-query-groups 3 does not divide"),
     (["--num-key-value-heads", "2", "--tensor-model-parallel-size", "4"],
      "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"),
@@ -71,3 +70,16 @@ def test_a_combination_megatron_reads_otherwise_is_refused_in_one_line(argv, wor
     with pytest.raises(ConfigError) as error:
         parse_config([*TINY, *argv])
     assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_num_query_groups_without_group_query_attention_is_not_read_as_in_megatron():
+    """Megatron-LM (megatron/training/arguments.py, core_transformer_config_from_args) passes num_query_groups only
+    under --group-query-attention: without it the model is multi-head. Before, this was refused; now it is not
+    read, and said."""
+    from arguments.parser import parse_arguments
+
+    parsed = parse_arguments(["--num-query-groups", "2"])
+    assert parsed.config.model.num_query_groups is None
+    assert any(note.startswith("--num-query-groups 2 without --group-query-attention: not read, as in Megatron-LM")
+               for note in parsed.notes)
+    assert parse_arguments(["--group-query-attention", "--num-query-groups", "2"]).config.model.num_query_groups == 2
