@@ -65,9 +65,12 @@ def build_data(settings: RunSettings, state: ParallelState, data_path: list[str]
             config.data.split, config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
             tokenizer.eod_id, corpus_cache_dir(config))
     else:
+        # Megatron-LM's --data-cache-path (here also --data-cache-dir) is where its GPTDataset writes the index
+        # caches (megatron/core/datasets/gpt_dataset.py, _build_document_sample_shuffle_indices: path_to_cache);
+        # without it they go beside the data, as before
         train_set, valid_set, test_set = build_train_valid_test_datasets(
             data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
-            vocab_size=settings.vocab_size)
+            cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
 
     def loader(dataset, consumed_samples=0):
         return build_data_loader(dataset, consumed_samples=consumed_samples,

@@ -127,3 +127,25 @@ def test_own_data_with_blending_trains(tmp_path, corpus_cache):
                   "--data-path", "0.3", corpus.data_prefix, "0.7", corpus.data_prefix,
                   "--tokenizer-file", corpus.tokenizer_dir + "/tokenizer.json")
     assert [r.get("split") for r in records] == [None, None, None, "valid", "test"]
+
+
+def test_data_cache_path_holds_the_index_caches_as_in_megatron(tmp_path, corpus_cache):
+    """Megatron-LM's --data-cache-path is where its GPTDataset writes the sample, document and shuffle indices
+    (megatron/core/datasets/gpt_dataset.py: path_to_cache); before, they went beside the data whatever it said,
+    so a read-only data folder rebuilt them every run."""
+    import shutil
+
+    from data.corpus import prepare_default_corpus
+
+    corpus = prepare_default_corpus(corpus_cache, 512)
+    data = tmp_path / "data"
+    data.mkdir()
+    for ext in (".bin", ".idx"):
+        shutil.copy(corpus.data_prefix + ext, str(data / "copy_text_document") + ext)
+    cache = tmp_path / "index-cache"
+    code = pretrain_gpt.main(SMALL + ["--data-path", str(data / "copy_text_document"), "--data-cache-path", str(cache),
+                                      "--tokenizer-file", corpus.tokenizer_dir + "/tokenizer.json",
+                                      "--metrics-file", str(tmp_path / "m.jsonl")])
+    assert code == 0
+    assert list(data.glob("*.npy")) == []
+    assert len(list(cache.glob("*.npy"))) >= 3  # the train split's document, sample and shuffle indices
