@@ -47,7 +47,9 @@ OTHER_TOKENIZER_TYPES.update({
 SEED_LIMIT = 2**32
 # Below a few heartbeats (one a second), a rank busy on a loaded machine would be taken for a hung one.
 MIN_HEARTBEAT_TIMEOUT_S = 5.0
-LR_DECAY_STYLES = ("cosine", "linear", "constant")
+# Megatron-LM's --lr-decay-style choices (megatron/core/optimizer_param_scheduler.py, get_lr)
+LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
+LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
 
 
 @dataclass
@@ -66,7 +68,16 @@ class OptimizerConfig:
         None, help="warm up over this fraction of --lr-decay-iters (Megatron-LM; instead of --lr-warmup-iters)",
         aliases={"--warmup": "DeepSpeed-Megatron"})
     lr_decay_iters: Optional[int] = option(None, help="default: --train-iters")
-    lr_decay_style: str = option("cosine", choices=LR_DECAY_STYLES)
+    # No argparse choices: a value not here is refused with the launch's other problems (validate), not alone.
+    lr_decay_style: str = option("cosine", help=f"one of {', '.join(LR_DECAY_STYLES)} (Megatron-LM's)")
+    # Megatron-LM's warmup-stable-decay: the rate stays at --lr after the warmup until the last
+    # --lr-wsd-decay-iters (or -samples) of the decay, then anneals to --min-lr in this style.
+    lr_wsd_decay_style: str = option("exponential", help=f"with --lr-decay-style WSD: the anneal, one of "
+                                                         f"{', '.join(LR_WSD_DECAY_STYLES)}")
+    lr_wsd_decay_iters: Optional[int] = option(None, type=count, help="with --lr-decay-style WSD and --train-iters: "
+                                                                      "the iterations of the anneal")
+    lr_wsd_decay_samples: Optional[int] = option(None, type=count, help="with --lr-decay-style WSD and "
+                                                                        "--train-samples: the samples of the anneal")
     # Megatron's sample-based schedule (with --train-samples): warmup and decay lengths in samples.
     lr_warmup_samples: int = option(0, type=count, help="with --train-samples: warm up over this many samples "
                                                         "(Megatron-LM)")
@@ -104,6 +115,13 @@ class OptimizerConfig:
         if self.lr_decay_style not in LR_DECAY_STYLES:
             raise ConfigError(f"--lr-decay-style {self.lr_decay_style!r} is not one of "
                               f"{', '.join(LR_DECAY_STYLES)}", flags=("--lr-decay-style",))
+        if self.lr_decay_style == "WSD" and self.lr_wsd_decay_iters is None and self.lr_wsd_decay_samples is None:
+            raise ConfigError("--lr-decay-style WSD needs the anneal's length: --lr-wsd-decay-iters (with "
+                              "--train-iters) or --lr-wsd-decay-samples (with --train-samples)",
+                              flags=("--lr-decay-style", "--lr-wsd-decay-iters", "--lr-wsd-decay-samples"))
+        if self.lr_wsd_decay_style not in LR_WSD_DECAY_STYLES:
+            raise ConfigError(f"--lr-wsd-decay-style {self.lr_wsd_decay_style!r} is not one of "
+                              f"{', '.join(LR_WSD_DECAY_STYLES)}", flags=("--lr-wsd-decay-style",))
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"need 0 <= --min-lr ({self.min_lr}) <= --lr ({self.lr}) and --lr > 0",
                               flags=("--min-lr", "--lr"))

@@ -50,6 +50,8 @@ class LearningRateSchedule:
     warmup_tokens: Optional[float] = None  # Megatron-DeepSpeed's token-based warmup
     decay_tokens: Optional[float] = None   # and decay
     warmup_end_tokens: float = 0.0         # the tokens seen when a warmup in samples ended (token decay)
+    wsd_decay_samples: Optional[float] = None  # WSD: the anneal's length at the end of the decay
+    wsd_style: str = "exponential"             # WSD: the anneal's shape
 
     def rate(self, samples: float, tokens: float = 0.0) -> float:
         """The rate for the update after `samples` consumed samples, the schedule seeing `tokens`."""
@@ -67,6 +69,14 @@ class LearningRateSchedule:
             start = self.warmup_tokens if self.warmup_tokens is not None else self.warmup_end_tokens
         if done > end:
             return self.min_lr
+        if self.style == "inverse-square-root":  # Megatron's get_lr, in samples
+            return max(self.min_lr, self.max_lr * max(self.warmup_samples, 1) ** 0.5 / max(samples, 1) ** 0.5)
+        if self.style == "WSD":  # stable at max_lr until the anneal's start, then the anneal to min_lr
+            anneal_start = end - self.wsd_decay_samples
+            if done <= anneal_start:
+                return self.max_lr
+            return self.min_lr + wsd_coefficient(self.wsd_style, (done - anneal_start) / self.wsd_decay_samples) * (
+                self.max_lr - self.min_lr)
         ratio = (done - start) / (end - start) if end > start else 1.0
         coefficient = 1.0 - ratio if self.style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1.0)
         return self.min_lr + coefficient * (self.max_lr - self.min_lr)
@@ -77,6 +87,18 @@ class LearningRateSchedule:
             text += (f"; by tokens: warmup {self.warmup_tokens if self.warmup_tokens is not None else '-'}, "
                      f"decay to {self.decay_tokens if self.decay_tokens is not None else '-'}")
         return text
+
+
+def wsd_coefficient(style: str, ratio: float) -> float:
+    """Megatron's WSD anneal (megatron/core/optimizer_param_scheduler.py, get_lr): the share of max_lr - min_lr
+    left at `ratio` (0 at the anneal's start, 1 at its end)."""
+    if style == "linear":
+        return 1.0 - ratio
+    if style == "cosine":
+        return 0.5 * (math.cos(math.pi * ratio) + 1.0)
+    if style == "exponential":
+        return 2.0 * math.pow(0.5, ratio) - 1.0
+    return 1.0 - math.sqrt(ratio)  # minus_sqrt
 
 
 def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
@@ -113,12 +135,24 @@ def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:
 def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningRateSchedule:
     """Megatron's get_optimizer_param_scheduler, in samples (and tokens), for this run's batches."""
     optimizer, training = config.optimizer, config.training
+    # Megatron's get_optimizer_param_scheduler (megatron/training/training.py): the WSD anneal is
+    # --lr-wsd-decay-iters x the global batch when counting iterations, --lr-wsd-decay-samples when counting samples
     if training.train_samples is None:
         decay = (optimizer.lr_decay_iters or training.train_iters) * batch.lr_schedule_batch
         warmup = optimizer.lr_warmup_iters * batch.lr_schedule_batch
+        wsd, wsd_flag = optimizer.lr_wsd_decay_iters, "--lr-wsd-decay-iters"
+        wsd = None if wsd is None else wsd * batch.lr_schedule_batch
     else:
         decay = optimizer.lr_decay_samples or training.train_samples
         warmup = optimizer.lr_warmup_samples
+        wsd, wsd_flag = optimizer.lr_wsd_decay_samples, "--lr-wsd-decay-samples"
+    if optimizer.lr_decay_style == "WSD":
+        if wsd is None:  # Megatron's OptimizerParamScheduler asserts wsd_decay_steps is not None
+            raise ConfigError(f"--lr-decay-style WSD needs {wsd_flag}: the length of the anneal at the end of the "
+                              f"decay", flags=("--lr-decay-style", wsd_flag))
+        if optimizer.lr_decay_tokens is not None:
+            raise ConfigError("--lr-decay-style WSD counts samples (Megatron-LM); --lr-decay-tokens (Megatron-"
+                              "DeepSpeed's) is not read with it: drop one", flags=("--lr-decay-style", "--lr-decay-tokens"))
     if optimizer.lr_warmup_fraction is not None:
         warmup = optimizer.lr_warmup_fraction * decay
     warmup_end_tokens = 0.0
@@ -130,7 +164,8 @@ def build_lr_schedule(config: PretrainConfig, batch: BatchSchedule) -> LearningR
     return LearningRateSchedule(
         max_lr=optimizer.lr, min_lr=optimizer.min_lr, style=optimizer.lr_decay_style, warmup_samples=warmup,
         decay_samples=decay, init_lr=optimizer.lr_warmup_init, warmup_tokens=optimizer.lr_warmup_tokens,
-        decay_tokens=optimizer.lr_decay_tokens, warmup_end_tokens=warmup_end_tokens)
+        decay_tokens=optimizer.lr_decay_tokens, warmup_end_tokens=warmup_end_tokens,
+        wsd_decay_samples=wsd if optimizer.lr_decay_style == "WSD" else None, wsd_style=optimizer.lr_wsd_decay_style)
 
 
 def tokens_seen_by_schedule(batch: BatchSchedule, consumed_samples: int, seq_length: int) -> int:

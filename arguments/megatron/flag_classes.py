@@ -256,8 +256,6 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --muon-nesterov --muon-no-split-qkv --muon-num-ns-steps --muon-scalar-optimizer --muon-scale-mode
         --muon-tp-mode --muon-use-syrk --lion-beta1 --lion-beta2 --start-weight-decay
         --end-weight-decay --qk-clip-alpha --qk-clip-threshold""")),
-    ("a warmup-stable-decay schedule's knob: WSD is not a --lr-decay-style here, so it has no effect",
-     _names("--lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style")),
     ("a tokenizer option for tokenizer types not here, or for how text was tokenized; training reads token ids "
      "from the .bin/.idx (--tokenizer-type: GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer)", _names("""
         --tokenizer-hf-no-use-fast --tokenizer-hf-no-include-special-tokens --tokenizer-metadata
