@@ -73,7 +73,7 @@ def test_the_llama_presets_have_the_published_parameter_counts(name, vocabulary,
     (["--seq-length", "256", "--max-position-embeddings", "128"], "--seq-length 256 is larger"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--num-layers", "two"], "--num-layers/--encoder-num-layers: invalid int value"),
-    (["--lr-decay-style", "step"], "--lr-decay-style .step. is not one of cosine, linear, constant"),  # with the others
+    (["--lr-decay-style", "step"], "is not one of cosine, linear, constant"),  # with the launch's other problems
     (["--config", "no-such-preset"], "no such preset"),
     (["--data-path", "x"], "--data-path needs the tokenizer"),
     (["--vocab-file", "v.json"], "--vocab-file and --merge-file go together"),
