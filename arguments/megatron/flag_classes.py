@@ -516,8 +516,6 @@ AT_VALUE: dict[str, AtValue] = {
                                  "(--dataloader-type single)"),
     "--remote-device": AtValue(_equals("none"), "no offload, as here",
                                "ZeRO-Offload is not implemented (on the roadmap): use --zero-stage 3 over more GPUs"),
-    "--main-grads-dtype": AtValue(_equals("fp32"), "fp32 gradients for the optimizer, as here",
-                                  "not implemented: use --no-accumulate-allreduce-grads-in-fp32 for 16-bit gradients"),
     "--main-params-dtype": AtValue(_equals("fp32"), "fp32 master weights, as here",
                                    "not implemented: master weights are fp32"),
     "--exp-avg-dtype": AtValue(_equals("fp32"), "fp32 Adam moments, as here", "not implemented: Adam moments are fp32"),

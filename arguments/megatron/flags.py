@@ -170,6 +170,9 @@ MEANINGS: list[Meaning] = [
     Meaning(("--data-parallel-sharding-strategy",), "data_parallel_sharding_strategy", "Megatron-LM",
             {"choices": tuple(FSDP_STAGES)}, "Megatron-FSDP's sharding: the ZeRO stage that shards the same states "
             "under --use-megatron-fsdp; alone, no effect (Megatron reads it only there)"),
+    Meaning(("--main-grads-dtype",), "main_grads_dtype", "Megatron-LM", {"choices": ("fp32", "bf16")},
+            "the precision-aware optimizer's main gradients: bf16 with --bf16 is --no-accumulate-allreduce-grads-in-"
+            "fp32 (gradients accumulated and reduced in bf16); fp32 is the default for bf16 here as there"),
     Meaning(("--recompute-activations",), "recompute_activations", "Megatron-LM", {"action": "store_true"},
             f"selective recompute: {SELECTIVE_RECOMPUTE}"),
     Meaning(("--recompute-granularity",), "recompute_granularity", "Megatron-LM",
@@ -276,6 +279,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     if given.get("no_weight_decay_cond_type") == "apply_wd_to_qk_layernorm":
         change("apply_wd_to_qk_layernorm", True, "no_weight_decay_cond_type",
                "Megatron-LM's deprecated spelling of --apply-wd-to-qk-layernorm")
+    _resolve_main_grads_dtype(given, settings, sources, change, resolved)
     _resolve_query_groups(given, settings, option_used, change, resolved)
     _resolve_pipe_parallel_size(given, settings, sources, change, resolved)
     _resolve_positions(given, settings, change)
@@ -336,6 +340,27 @@ def _resolve_fsdp(given: dict[str, Any], settings: dict[str, Any], sources: dict
     elif settings["stage"] != stage:
         change("stage", stage, origin, f"{why}: ZeRO stage {stage}")
     return stage
+
+
+def _resolve_main_grads_dtype(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
+                              change: Callable, resolved: Resolved) -> None:
+    """Megatron-LM's validate_args under --bf16 (megatron/training/arguments.py): `--main-grads-dtype can only be
+    fp32 when --accumulate-allreduce-grads-in-fp32 is set`, and with main_grads_dtype bf16 it leaves
+    accumulate_allreduce_grads_in_fp32 off, so gradients accumulate and reduce in bf16; fp32 main gradients turn
+    it on, which is this program's bf16 default too."""
+    if given.get("main_grads_dtype") != "bf16":
+        return
+    if not settings["bf16"]:
+        resolved.refused.append("--main-grads-dtype bf16 without --bf16: bf16 main gradients of fp32 or fp16 "
+                                "parameters are not implemented; train with --bf16, or drop the flag")
+    elif settings["accumulate_allreduce_grads_in_fp32"] and sources["accumulate_allreduce_grads_in_fp32"].kind in (
+            FLAG, JSON):
+        resolved.refused.append("--main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32: Megatron-LM "
+                                "asserts the main gradients are fp32 when they accumulate in fp32; drop one")
+    else:
+        change("accumulate_allreduce_grads_in_fp32", False, "main_grads_dtype",
+               "bf16 main gradients: accumulated and reduced in bf16, as Megatron-LM leaves "
+               "--accumulate-allreduce-grads-in-fp32 off for them")
 
 
 def _resolve_query_groups(given: dict[str, Any], settings: dict[str, Any],

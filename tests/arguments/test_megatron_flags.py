@@ -152,3 +152,15 @@ def test_modelopt_distillation_flags_are_named_and_refused_not_unrecognized():
     assert "--export-kd-teacher-load teacher/: NVIDIA ModelOpt's post-training" in message
     assert "--export-kd-cfg kd.yaml" in message and "--export-te-mcore-model" not in message
     assert parse_config(["--export-te-mcore-model"]).model.num_layers == 4
+
+
+def test_main_grads_dtype_bf16_is_bf16_gradients_as_megatron_validates_it():
+    """Megatron-LM's validate_args under --bf16 (megatron/training/arguments.py): main_grads_dtype bf16 leaves
+    accumulate_allreduce_grads_in_fp32 off (gradients accumulate and reduce in bf16), and it asserts
+    "--main-grads-dtype can only be fp32 when --accumulate-allreduce-grads-in-fp32 is set". Before, bf16 was refused."""
+    assert parse_config(["--bf16", "--main-grads-dtype", "bf16"]).training.gradient_precision == "bf16"
+    assert parse_config(["--bf16", "--main-grads-dtype", "fp32"]).training.gradient_precision == "fp32"
+    with pytest.raises(ConfigError, match="can only be fp32|Megatron-LM asserts the main gradients are fp32"):
+        parse_config(["--bf16", "--main-grads-dtype", "bf16", "--accumulate-allreduce-grads-in-fp32"])
+    with pytest.raises(ConfigError, match="--main-grads-dtype bf16 without --bf16"):
+        parse_config(["--main-grads-dtype", "bf16"])
