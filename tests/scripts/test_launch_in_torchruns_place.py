@@ -1,6 +1,6 @@
 """Issue 49, point 6: under plain torchrun a run's one-line error is not the last thing printed. The
-README tells a Megatron-LM script to put scripts/launch.py in torchrun's place; this checks the reason it
-gives still holds in the installed torch, and that the launcher keeps the one line last.
+README and docs/launching.md tell a Megatron-LM script to put scripts/launch.py in torchrun's place; this checks
+the reason docs/launching.md gives still holds in the installed torch, and that the launcher keeps the one line last.
 
 torch 2.13: `torch/distributed/launcher/api.py` `launch_agent` raises `ChildFailedError` whenever the
 agent's result `is_failed()` (any rank exiting non-zero, with or without an error file), and
@@ -24,10 +24,11 @@ def launch(launcher: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
-def test_the_readme_puts_launch_py_in_torchruns_place_and_its_reason_holds(tmp_path):
-    readme = " ".join((REPO / "README.md").read_text().split())
-    assert "From a Megatron-LM script, put `python scripts/launch.py` in the place of `torchrun`" in readme
-    assert "about 30 lines of torchrun's `ChildFailedError` traceback and exit 1" in readme
+def test_the_docs_put_launch_py_in_torchruns_place_and_its_reason_holds(tmp_path):
+    advice = "From a Megatron-LM script, put `python scripts/launch.py` in the place of `torchrun`"
+    readme, page = (" ".join((REPO / name).read_text().split()) for name in ("README.md", "docs/launching.md"))
+    assert advice in readme and advice in page
+    assert "about 30 lines of torchrun's `ChildFailedError` traceback and exit 1" in page
 
     plain = launch(["-m", "torch.distributed.run"], tmp_path)
     lines = plain.stderr.strip().splitlines()
