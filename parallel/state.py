@@ -222,10 +222,11 @@ def _virtual_experts(state: "ParallelState", expert_model_parallel_size: int,
     sizes = expert_mesh_sizes(state.dims.sizes, expert_model_parallel_size, etp)
     mine = expert_coordinates(state.rank, sizes)
 
-    def group(size: int) -> Optional[VirtualGroup]:
-        return VirtualGroup(size) if size > 1 else None
-    return ExpertParallel(sizes["ep"], mine["ep"], group(sizes["ep"]), sizes["etp"], mine["etp"], group(sizes["etp"]),
-                          sizes["edp"], mine["edp"], group(sizes["edp"]), group(sizes["ep"] * sizes["etp"]))
+    def group(size: int, rank: int) -> Optional[VirtualGroup]:
+        return VirtualGroup(size, rank) if size > 1 else None
+    return ExpertParallel(sizes["ep"], mine["ep"], group(sizes["ep"], mine["ep"]), sizes["etp"], mine["etp"],
+                          group(sizes["etp"], mine["etp"]), sizes["edp"], mine["edp"], group(sizes["edp"], mine["edp"]),
+                          group(sizes["ep"] * sizes["etp"], mine["ep"] * sizes["etp"] + mine["etp"]))
 
 
 @dataclass(frozen=True)

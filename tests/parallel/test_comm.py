@@ -38,7 +38,7 @@ def test_stats_snapshot_is_per_iteration_and_shaped_per_group():
                      "embedding": {"all_reduce": 0}}
     assert stats.snapshot_and_reset()["dp"]["reduce_scatter"] == 0
     with pytest.raises(ValueError, match="unknown group name"):
-        stats.add("ep", "all_reduce", 1)
+        stats.add("xp", "all_reduce", 1)
     with pytest.raises(ValueError, match="unknown kind 'send' on the embedding group"):
         stats.add("embedding", "send", 1)
 
