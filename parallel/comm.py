@@ -27,7 +27,8 @@ pipeline group's own collectives (the gradient norm's sum, the loss's broadcast)
 Expert parallelism (parallel/state.py's ExpertParallel) adds its own groups: "ep" (the expert-parallel group,
 whose token dispatch is an `all_to_all` with variable split sizes: one rank sends every row of its input but
 the rows it keeps, so the bytes counted are exactly those that leave it; and the all-gather dispatcher's
-collectives), "etp" (one expert's tensor-parallel split), "edp" (the ranks holding the same experts) and
+collectives), "etp" (one expert's tensor-parallel split; the alltoall dispatcher's uneven gather of the rows
+its peers received is an all-to-all there too), "edp" (the ranks holding the same experts) and
 "etp_ep" (ETP x EP, the all-gather dispatcher's group when experts are tensor-parallel). A dense model never
 touches them, so their counters appear in a snapshot from their first collective on and stay from then on.
 
@@ -54,8 +55,8 @@ P2P_KINDS = ("send", "recv")
 GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS + ("all_reduce", "broadcast"),
                "embedding": ("all_reduce",)}
 GROUP_NAMES = tuple(GROUP_KINDS)
-EXPERT_GROUP_KINDS = {"ep": ("all_to_all",) + COLLECTIVE_KINDS, "etp": COLLECTIVE_KINDS, "edp": COLLECTIVE_KINDS,
-                      "etp_ep": COLLECTIVE_KINDS}
+EXPERT_GROUP_KINDS = {"ep": ("all_to_all",) + COLLECTIVE_KINDS, "etp": ("all_to_all",) + COLLECTIVE_KINDS,
+                      "edp": COLLECTIVE_KINDS, "etp_ep": COLLECTIVE_KINDS}
 
 # torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

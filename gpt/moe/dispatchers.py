@@ -20,9 +20,13 @@ AllToAllDispatcher (Megatron-Core's MoEAlltoAllTokenDispatcher, megatron/core/tr
      expert: Megatron's permute with a routing map, moe_utils.py);
   2. the counts: every EP rank's tokens per expert, all-gathered over the EP group (int64, counted on "ep");
   3. all-to-all of the rows over the EP group, split by destination rank (a split may be 0);
-  4. the received rows are grouped by source rank, then local expert; regroup them by local expert, then
-     source rank (Megatron's sort_chunks_by_idxs).
-  combine runs the reverse: ungroup, all-to-all back (splits swapped), unpermute, weight, sum over K.
+  4. with expert tensor parallelism (ETP > 1), the rows each ETP peer received gathered over the ETP group
+     (Megatron's all-gather with output split sizes; here an all-to-all, as the peers' counts differ), so every
+     peer runs its slice of the same experts on the same rows;
+  5. the rows are grouped by (ETP peer,) source rank, then local expert; regroup them by local expert, then
+     (peer,) source (Megatron's sort_chunks_by_idxs).
+  combine runs the reverse: ungroup, sum the ETP peers' partial outputs of this rank's rows, all-to-all back
+  (splits swapped), unpermute, weight, sum over K.
 
 AllGatherDispatcher (Megatron-Core's MoEAllGatherTokenDispatcher): every rank of the expert tensor-and-model group
 (ETP x EP) all-gathers the tokens, probs and choices, keeps the rows routed to its local experts; combine puts
@@ -91,14 +95,32 @@ def _weighted_sum_over_choices(rows: torch.Tensor, order: torch.Tensor, probs: t
     return placed.view(tokens, k, rows.shape[-1]).sum(dim=1)
 
 
+def _gather_rows_of_peers(rows: torch.Tensor, comm: Communicator, experts: ExpertParallel,
+                          peer_rows: list[int]) -> torch.Tensor:
+    """Every ETP peer's `rows` (peer p has peer_rows[p]), concatenated in peer order: Megatron's all-gather with
+    output split sizes, here an all-to-all that sends this rank's rows to every peer. Its backward (the autograd
+    of the copies) sums each peer's gradient of our rows: the reduce-scatter with split sizes."""
+    if experts.tensor_size == 1:
+        return rows
+    copies = torch.cat([rows] * experts.tensor_size)
+    return all_to_all(copies, comm, experts.tensor_group, "etp", peer_rows, [rows.shape[0]] * experts.tensor_size)
+
+
+def _sum_rows_of_peers(rows: torch.Tensor, comm: Communicator, experts: ExpertParallel,
+                       peer_rows: list[int]) -> torch.Tensor:
+    """The reverse of _gather_rows_of_peers: each peer's partial outputs of our rows summed (in peer order), our
+    rows only: Megatron's reduce-scatter with input split sizes, here an all-to-all and a sum."""
+    if experts.tensor_size == 1:
+        return rows
+    mine = peer_rows[experts.tensor_rank]
+    partials = all_to_all(rows, comm, experts.tensor_group, "etp", [mine] * experts.tensor_size, peer_rows)
+    return partials.view(experts.tensor_size, mine, *rows.shape[1:]).sum(dim=0)
+
+
 class AllToAllDispatcher:
     """Tokens to their experts' EP ranks by all-to-all over the expert-parallel group (module docstring)."""
 
     def __init__(self, experts: ExpertParallel, num_experts: int, comm: Communicator) -> None:
-        if experts.tensor_size > 1:
-            raise ValueError(f"--moe-token-dispatcher-type alltoall with --expert-tensor-parallel-size "
-                             f"{experts.tensor_size} is not implemented here; use --expert-tensor-parallel-size 1 "
-                             f"or --moe-token-dispatcher-type allgather")
         self.experts, self.num_experts, self.comm = experts, num_experts, comm
         self.num_local, self.first_local = _local_experts(experts, num_experts)
         self._routing: Optional[dict] = None
@@ -106,21 +128,29 @@ class AllToAllDispatcher:
     def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor):
         _check_routing(hidden, probs, indices, self.num_experts)
         experts, group = self.experts, self.experts.model_group
+        ep, etp = experts.model_size, experts.tensor_size
         k = indices.shape[1]
         flat = indices.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, choice) rows, expert-major, token order within
         permuted = hidden.index_select(0, order // k)
         sent_per_expert = torch.bincount(flat, minlength=self.num_experts)  # [E], this rank's rows per expert
-        # Every EP rank's rows per expert: what this rank will receive for each local expert from each rank.
-        every_rank = sent_per_expert.new_empty((experts.model_size * self.num_experts,))
-        self.comm.all_gather(every_rank, sent_per_expert, group, "ep")
-        received = every_rank.view(experts.model_size, self.num_experts)[
-            :, self.first_local:self.first_local + self.num_local]  # [EP source, num_local]
-        input_splits = sent_per_expert.view(experts.model_size, self.num_local).sum(dim=1).tolist()
-        output_splits = received.sum(dim=1).tolist()
+        # Every rank's rows per expert over the ETP x EP group (ETP fastest), as [ETP, EP source, E]: what this rank
+        # and its ETP peers receive for each local expert from each EP rank.
+        every_rank = sent_per_expert.new_empty((etp * ep * self.num_experts,))
+        group_name = "etp_ep" if etp > 1 else "ep"
+        self.comm.all_gather(every_rank, sent_per_expert, experts.tensor_and_model_group, group_name)
+        received = every_rank.view(ep, etp, self.num_experts).transpose(0, 1)[
+            :, :, self.first_local:self.first_local + self.num_local]  # [ETP peer, EP source, num_local]
+        input_splits = sent_per_expert.view(ep, self.num_local).sum(dim=1).tolist()
+        output_splits = received[experts.tensor_rank].sum(dim=1).tolist()
         arrived = all_to_all(permuted, self.comm, group, "ep", output_splits, input_splits)
-        expert_inputs = _regroup(arrived, received)  # source-major -> local-expert-major
-        self._routing = dict(order=order, probs=probs, rows=flat.numel(), received=received,
+        # Expert tensor parallelism: the ETP peers' arrivals gathered (their counts differ), every peer then runs
+        # its slice of the same experts on the same rows.
+        peer_rows = received.sum(dim=(1, 2)).tolist()
+        arrived = _gather_rows_of_peers(arrived, self.comm, experts, peer_rows)
+        received = received.reshape(etp * ep, self.num_local)
+        expert_inputs = _regroup(arrived, received)  # (peer, source)-major -> local-expert-major
+        self._routing = dict(order=order, probs=probs, rows=flat.numel(), received=received, peer_rows=peer_rows,
                              input_splits=input_splits, output_splits=output_splits, dtype=hidden.dtype)
         return expert_inputs, received.sum(dim=0)
 
@@ -129,6 +159,7 @@ class AllToAllDispatcher:
             raise RuntimeError("combine() without a dispatch() before it")
         routing, self._routing = self._routing, None
         by_source = _regroup(expert_outputs, routing["received"].t())  # local-expert-major -> source-major
+        by_source = _sum_rows_of_peers(by_source, self.comm, self.experts, routing["peer_rows"])
         back = all_to_all(by_source, self.comm, self.experts.model_group, "ep", routing["input_splits"],
                           routing["output_splits"])
         return _weighted_sum_over_choices(back, routing["order"], routing["probs"], routing["rows"]).to(routing["dtype"])

@@ -41,13 +41,15 @@ def _tokens(rank: int, routing: str):
     return hidden, probs, indices, torch.randn(count, HIDDEN, generator=generator)
 
 
-def _run_layer(dispatcher, weights: dict, hidden, probs, indices, loss_weights):
-    """dispatch -> each local expert (a Linear, run even on no rows) -> combine; loss = sum(output x weights)."""
+def _run_layer(dispatcher, weights: dict, hidden, probs, indices, loss_weights, columns=slice(None)):
+    """dispatch -> each local expert (a Linear, run even on no rows) -> combine; loss = sum(output x weights).
+    With expert tensor parallelism each ETP rank holds the input `columns` of every local expert's weight (a
+    row-parallel Linear: its partial output, which the dispatcher's combine sums over the ETP peers)."""
     hidden, probs = hidden.clone().requires_grad_(), probs.clone().requires_grad_()
     expert_inputs, tokens_per_expert = dispatcher.dispatch(hidden, probs, indices)
     assert tokens_per_expert.dtype == torch.int64 and tokens_per_expert.shape == (len(weights),)
     rows = expert_inputs.split(tokens_per_expert.tolist())
-    outputs = torch.cat([chunk @ weights[expert].t() for chunk, expert in zip(rows, sorted(weights))])
+    outputs = torch.cat([chunk[:, columns] @ weights[expert].t() for chunk, expert in zip(rows, sorted(weights))])
     output = dispatcher.combine(outputs)
     (output * loss_weights).sum().backward()
     return dict(output=output.detach(), hidden_grad=hidden.grad, probs_grad=probs.grad,
@@ -59,13 +61,17 @@ def _ep_worker(rank, world_size, kind, tp, ep, etp, routing):
     state = initialize("cpu", tensor_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     experts = state.experts
     num_local = NUM_EXPERTS // ep
-    weights = {e: _expert_weight(e).requires_grad_() for e in range(experts.model_rank * num_local,
-                                                                       (experts.model_rank + 1) * num_local)}
+    width = HIDDEN // experts.tensor_size
+    columns = slice(experts.tensor_rank * width, (experts.tensor_rank + 1) * width)
+    weights = {e: _expert_weight(e)[:, columns].clone().requires_grad_()
+               for e in range(experts.model_rank * num_local, (experts.model_rank + 1) * num_local)}
     dispatcher = DISPATCHERS[kind](experts, NUM_EXPERTS, state.comm)
     state.comm.stats.snapshot_and_reset()
-    result = _run_layer(dispatcher, weights, *_tokens(rank, routing))
+    result = _run_layer(dispatcher, weights, *_tokens(rank, routing), columns=columns)
     result["comm"] = state.comm.stats.snapshot_and_reset()
-    result["ep_rank"], result["ep_group_ranks"] = experts.model_rank, _group_ranks(experts.model_group)
+    result["columns"] = (columns.start, columns.stop)
+    # the ranks whose tokens an expert here sees: the ETP x EP group's (the EP group's with ETP 1)
+    result["ep_rank"], result["ep_group_ranks"] = experts.model_rank, _group_ranks(experts.tensor_and_model_group)
     destroy(state)
     # numpy arrays travel back by value (a tensor through torch's queue would share memory with a dead process)
     return {name: ({e: g.numpy() for e, g in value.items()} if name == "weight_grads" else
@@ -95,15 +101,23 @@ def _as_tensors(result):
                    torch.from_numpy(value) if hasattr(value, "dtype") else value) for name, value in result.items()}
 
 
-def _check_against_ep1(results, routing, ep):
+def _check_against_ep1(results, routing, ep, bitwise=True):
+    def same(ours, theirs, what):
+        if bitwise:
+            assert torch.equal(ours, theirs), what
+        else:
+            torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6, msg=str(what))
+
     for rank, result in enumerate(map(_as_tensors, results)):
         reference, rows = _ep1_reference(result["ep_group_ranks"], routing)
         mine = rows[rank]
-        assert torch.equal(result["output"], reference["output"][mine]), rank
-        assert torch.equal(result["hidden_grad"], reference["hidden_grad"][mine]), rank
-        assert torch.equal(result["probs_grad"], reference["probs_grad"][mine]), rank
+        same(result["output"], reference["output"][mine], rank)
+        same(result["hidden_grad"], reference["hidden_grad"][mine], rank)
+        same(result["probs_grad"], reference["probs_grad"][mine], rank)
+        columns = slice(*result["columns"])
         for expert, grad in result["weight_grads"].items():
-            assert grad is not None and torch.equal(grad, reference["weight_grads"][expert]), (rank, expert)
+            assert grad is not None
+            same(grad, reference["weight_grads"][expert][:, columns], (rank, expert))
         local = list(result["weight_grads"])
         assert result["tokens_per_expert"] == [reference["tokens_per_expert"][e] for e in local]
         assert result["ep_rank"] == local[0] // (NUM_EXPERTS // ep)
@@ -124,6 +138,20 @@ def test_four_ranks_equal_ep1(kind, tp, ep, etp):
     with expert data parallelism 2 (two EP groups, each its own tokens)."""
     results = run_distributed(_ep_worker, 4, kind, tp, ep, etp, "router", timeout=120)
     _check_against_ep1(results, "router", ep=ep)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["alltoall", "allgather"])
+def test_tp2_ep2_with_expert_tensor_parallelism_2_equals_ep1(kind):
+    """World 4, TP 2 x EP 2 x ETP 2 (ETP groups {0,1} {2,3}, EP groups {0,2} {1,3}): each ETP rank runs half of
+    every local expert (row-parallel); <= 1e-6, not bitwise, since the two halves' partial products are summed
+    after the fact where EP 1 runs one dot product (and the experts see the rows in another order)."""
+    results = run_distributed(_ep_worker, 4, kind, 2, 2, 2, "router", timeout=120)
+    _check_against_ep1(results, "router", ep=2, bitwise=False)
+    comm = [result["comm"] for result in results]
+    assert all(c["etp_ep"]["all_gather"] > 0 for c in comm)
+    if kind == "alltoall":
+        assert all(c["etp"]["all_to_all"] > 0 and c["ep"]["all_to_all"] > 0 for c in comm)
 
 
 @pytest.mark.slow
