@@ -18,7 +18,9 @@ of each part's sum of squares, combined): the dense squares summed over TP, DP (
 the expert DP group and the expert-parallel group (different ranks hold different experts: each is counted
 once). One loss scaler serves both; an overflow anywhere skips both updates.
 
-Stages 0-2 (stage 3's per-block chunks over two groups are not built here: refused by name). The expert part's
+At stage 3 each part gathers its own chunks (the experts' over the expert DP group) as the modules run; an
+expert with no rows still runs on its empty slice, so its chunk is gathered and reduced on every rank. The
+expert part's
 reductions are counted on the communicator's "dp" and "tp" counters (its data-parallel and tensor-parallel
 traffic; the groups are the experts'), the norm's sum over the expert-parallel group on "ep".
 """
@@ -138,9 +140,6 @@ def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, sta
                             loss_scaler: Optional[LossScaler] = None, **kwargs) -> ExpertZeroParts:
     """build_zero for a model some of whose parameters are tagged `expert_parallel` (module docstring); the
     keyword arguments are build_zero's."""
-    if zero_config.stage not in (0, 1, 2):
-        raise ValueError(f"ZeRO stage {zero_config.stage} with expert-parallel parameters is not implemented "
-                         f"here; use --zero-stage 0, 1 or 2")
     if not any(is_expert_parameter(param) for param in model.parameters() if param.requires_grad):
         raise ValueError("build_zero_with_experts: the model has no parameter tagged expert_parallel")
     scaler = loss_scaler or LossScaler(1.0)
