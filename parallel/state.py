@@ -18,6 +18,11 @@ Launched, the groups come from a torch `DeviceMesh`: of shape (DP, TP) without p
 with them (`state.mesh`); with stages, each rank also keeps Megatron's embedding group (first and last stage of
 its pipeline), where a tied word embedding's gradient is summed.
 
+A mixture-of-experts model's experts lay the same ranks out on a grid of their own (Megatron-Core's parallel
+folding, parallel/mesh.py): `with_expert_parallel` (which initialize() and virtual_state() call with
+--expert-model-parallel-size and --expert-tensor-parallel-size) gives `state.experts` its expert-parallel,
+expert tensor-parallel and expert data-parallel groups; without it they are the dense grid's (EP 1).
+
 The state also carries the process's `Communicator` (parallel/comm.py), so whoever holds the state holds
 the one door to collectives and its byte counters: `state.comm`.
 """
