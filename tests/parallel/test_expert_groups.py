@@ -125,3 +125,33 @@ def test_live_expert_groups_on_four_ranks_are_megatrons():
     # TP 2, EP 2, ETP 1: EP groups {0,1} {2,3}, EDP {0,2} {1,3}; ETP 2: ETP {0,1} {2,3}, EP {0,2} {1,3}, EDP of one.
     assert [r[(1, "coordinates")] for r in results] == [(0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1)]
     assert [r[(2, "coordinates")] for r in results] == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+
+
+def _deepspeed_expert_parallel_ranks(world, tp, ep, pp):
+    """deepspeed/utils/groups.py (microsoft/DeepSpeed 38327e07), _get_expert_parallel_ranks with its default
+    E + M + D topology (use_data_before_expert_parallel_ False): each DP group cut into runs of EP ranks (the
+    expert-parallel groups), the runs zipped (the expert data-parallel groups); experts tensor-parallel over the
+    TP group (its expert_tensor_parallel_world_size = tensor_parallel_size_)."""
+    dp_world_size = world // (tp * pp)
+    pp_stride = world // pp
+    data_parallel_groups = [list(range(start + i, start + pp_stride, tp))
+                            for start in range(0, world, pp_stride) for i in range(tp)]
+    expert_parallel_groups, expert_data_parallel_groups = [], []
+    for dp_ranks in data_parallel_groups:
+        runs = [dp_ranks[i:i + ep] for i in range(0, dp_world_size, ep)]
+        expert_parallel_groups.extend(runs)
+        expert_data_parallel_groups.extend(list(ranks) for ranks in zip(*runs))
+    return expert_parallel_groups, expert_data_parallel_groups
+
+
+@pytest.mark.parametrize("world, tp, pp, ep", [(16, 2, 1, 4), (8, 1, 1, 2), (16, 2, 2, 2), (8, 2, 1, 2), (32, 4, 2, 2)])
+def test_with_expert_tensor_parallelism_equal_to_tp_the_groups_are_deepspeeds(world, tp, pp, ep):
+    """Megatron-DeepSpeed's --moe-expert-parallel-size builds DeepSpeed's groups; they are Megatron-Core's with the
+    expert tensor-parallel size left at its default, the TP size (so the two peers agree on who holds what)."""
+    sizes = expert_mesh_sizes({"pp": pp, "dp": world // (tp * pp), "tp": tp}, ep, tp)
+    deepspeed_ep, deepspeed_edp = _deepspeed_expert_parallel_ranks(world, tp, ep, pp)
+    assert sorted(expert_groups(sizes, ("ep",))) == sorted(deepspeed_ep)
+    assert sorted(expert_groups(sizes, ("edp",))) == sorted(deepspeed_edp)
+    if (world, tp, pp, ep) == (16, 2, 1, 4):  # the example in DeepSpeed's docstring
+        assert [0, 2, 4, 6] in expert_groups(sizes, ("ep",)) and [9, 11, 13, 15] in expert_groups(sizes, ("ep",))
+        assert [0, 8] in expert_groups(sizes, ("edp",)) and [7, 15] in expert_groups(sizes, ("edp",))
