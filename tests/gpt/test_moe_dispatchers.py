@@ -219,3 +219,17 @@ def test_one_expert_parallel_rank_moves_nothing_and_counts_nothing():
 def test_experts_that_do_not_split_evenly_are_refused(ep, experts, words):
     with pytest.raises(ValueError, match=words):
         AllToAllDispatcher(ExpertParallel(model_size=ep), experts, Communicator())
+
+
+@pytest.mark.slow
+def test_the_allgather_dispatchers_bytes_are_its_ring_volumes():
+    """One allgather layer at EP 2, forward and backward, each collective's ring volume (parallel/comm.py) over 2
+    ranks, half of the gathered (or reduce-scattered) 2T rows: forward the tokens, probs (fp32) and choices
+    (int64) all-gathered and the output reduce-scattered; backward the reverse of each (no gradient for the
+    choices)."""
+    results = run_distributed(_ep_worker, 2, "allgather", 1, 2, 1, "router", timeout=90)
+    hidden, probs, choices = TOKENS * HIDDEN * FLOAT32, TOKENS * TOPK * FLOAT32, TOKENS * TOPK * INT64
+    for result in results:
+        assert result["comm"]["ep"] == {"all_to_all": 0, "all_reduce": 0, "broadcast": 0,
+                                        "all_gather": hidden + probs + choices + hidden,
+                                        "reduce_scatter": hidden + hidden + probs}
