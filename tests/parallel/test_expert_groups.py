@@ -155,3 +155,19 @@ def test_with_expert_tensor_parallelism_equal_to_tp_the_groups_are_deepspeeds(wo
     if (world, tp, pp, ep) == (16, 2, 1, 4):  # the example in DeepSpeed's docstring
         assert [0, 2, 4, 6] in expert_groups(sizes, ("ep",)) and [9, 11, 13, 15] in expert_groups(sizes, ("ep",))
         assert [0, 8] in expert_groups(sizes, ("edp",)) and [7, 15] in expert_groups(sizes, ("edp",))
+
+
+@pytest.mark.parametrize("world, tp, ep, etp, message", [
+    ("4", 2, 4, None, r"--expert-model-parallel-size 4 x --expert-tensor-parallel-size 2 does not divide the 4"),
+    ("4", 1, 3, 1, r"--expert-model-parallel-size 3 x --expert-tensor-parallel-size 1 does not divide the 4"),
+    ("1", 1, 2, 1, r"--expert-model-parallel-size 2 x --expert-tensor-parallel-size 1 does not divide the 1"),
+])
+def test_an_expert_grid_that_does_not_fold_is_refused_before_any_process_group(monkeypatch, world, tp, ep, etp,
+                                                                               message):
+    for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", world)
+    with pytest.raises(ValueError, match=message):
+        initialize("cpu", tensor_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+    assert not dist.is_initialized()
