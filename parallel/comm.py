@@ -24,6 +24,14 @@ counted on the "pp" group: "send" the bytes this rank posts to a neighbour stage
 pipeline group's own collectives (the gradient norm's sum, the loss's broadcast) are its "all_reduce" and
 "broadcast"; the "embedding" group (first and last stage) all-reduces a tied word embedding's gradient.
 
+Expert parallelism (parallel/state.py's ExpertParallel) adds its own groups: "ep" (the expert-parallel group,
+whose token dispatch is an `all_to_all` with variable split sizes: one rank sends every row of its input but
+the rows it keeps, so the bytes counted are exactly those that leave it; and the all-gather dispatcher's
+collectives), "etp" (one expert's tensor-parallel split; the alltoall dispatcher's uneven gather of the rows
+its peers received is an all-to-all there too), "edp" (the ranks holding the same experts) and
+"etp_ep" (ETP x EP, the all-gather dispatcher's group when experts are tensor-parallel). A dense model never
+touches them, so their counters appear in a snapshot from their first collective on and stay from then on.
+
 `DryRunCommunicator` is the planner's (planner/plan.py): the same checks and the same byte accounting,
 but the transport does nothing and the groups are `VirtualGroup`s, which are only a size. One rank of
 a 400-GPU grid can thus run the real model and ZeRO code with no process group at all, and what it
@@ -47,6 +55,8 @@ P2P_KINDS = ("send", "recv")
 GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS + ("all_reduce", "broadcast"),
                "embedding": ("all_reduce",)}
 GROUP_NAMES = tuple(GROUP_KINDS)
+EXPERT_GROUP_KINDS = {"ep": ("all_to_all",) + COLLECTIVE_KINDS, "etp": ("all_to_all",) + COLLECTIVE_KINDS,
+                      "edp": COLLECTIVE_KINDS, "etp_ep": COLLECTIVE_KINDS}
 
 # torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -66,6 +76,11 @@ def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool
     raise ValueError(f"unknown collective kind {kind!r}; expected one of {', '.join(COLLECTIVE_KINDS)}")
 
 
+def all_to_all_bytes_sent(input_split_sizes: list[int], group_rank: int, row_bytes: int) -> int:
+    """Bytes one rank sends in an all-to-all: every row of its input except the split it sends itself."""
+    return (sum(input_split_sizes) - input_split_sizes[group_rank]) * row_bytes
+
+
 class CommStats:
     """Bytes sent by this rank since the last snapshot, per group name and collective kind (and, on the "pp"
     group, the bytes received beside those sent)."""
@@ -78,11 +93,14 @@ class CommStats:
         return {group: {kind: 0 for kind in kinds} for group, kinds in GROUP_KINDS.items()}
 
     def add(self, group_name: str, kind: str, num_bytes: int) -> None:
+        if group_name not in self._bytes and group_name in EXPERT_GROUP_KINDS:
+            self._bytes[group_name] = {kind: 0 for kind in EXPERT_GROUP_KINDS[group_name]}
         if group_name not in self._bytes:
-            raise ValueError(f"unknown group name {group_name!r}; expected one of {', '.join(GROUP_NAMES)}")
+            raise ValueError(f"unknown group name {group_name!r}; expected one of "
+                             f"{', '.join(GROUP_NAMES + tuple(EXPERT_GROUP_KINDS))}")
         if kind not in self._bytes[group_name]:
-            raise ValueError(f"unknown kind {kind!r} on the {group_name} group; expected one of "
-                             f"{', '.join(GROUP_KINDS[group_name])}")
+            kinds = {**GROUP_KINDS, **EXPERT_GROUP_KINDS}[group_name]
+            raise ValueError(f"unknown kind {kind!r} on the {group_name} group; expected one of {', '.join(kinds)}")
         self._bytes[group_name][kind] += int(num_bytes)
 
     def snapshot(self) -> dict[str, dict[str, int]]:
@@ -91,6 +109,8 @@ class CommStats:
     def snapshot_and_reset(self) -> dict[str, dict[str, int]]:
         """The bytes of the iteration that just ended; the counters restart from zero."""
         snapshot, self._bytes = self._bytes, self._zeros()
+        for group in snapshot.keys() - self._bytes.keys():  # an expert group, once seen, stays
+            self._bytes[group] = {kind: 0 for kind in snapshot[group]}
         return snapshot
 
     def total(self) -> int:
@@ -160,15 +180,22 @@ def _pieces_done(works: list, async_op: bool):
 
 
 class VirtualGroup:
-    """A process group that is only its size: one rank's TP or DP group in a planned (dry) run."""
+    """A process group that is only its size (and the planned rank's place in it, which an all-to-all's byte
+    count needs): one rank's TP or DP group in a planned (dry) run."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, rank: int = 0) -> None:
         if size < 1:
             raise ValueError(f"a group has at least one rank, got {size}")
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is not in a group of {size}")
         self._size = size
+        self._rank = rank
 
     def size(self) -> int:
         return self._size
+
+    def rank(self) -> int:
+        return self._rank
 
     def __repr__(self) -> str:
         return f"VirtualGroup(size={self._size})"
@@ -181,6 +208,15 @@ def group_size(group) -> int:
     if isinstance(group, VirtualGroup):
         return group.size()
     return dist.get_world_size(group)
+
+
+def group_rank(group) -> int:
+    """This rank's index in `group`; 0 for None (no group)."""
+    if group is None:
+        return 0
+    if isinstance(group, VirtualGroup):
+        return group.rank()
+    return dist.get_rank(group)
 
 
 def _num_bytes(tensor: torch.Tensor) -> int:
@@ -270,6 +306,28 @@ class Communicator:
         self.last_collective = ("broadcast", group_name)
         return self._transport_broadcast(tensor, src, group, async_op)
 
+    @eager_under_compile
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                   input_split_sizes: list[int], group: Optional[dist.ProcessGroup], group_name: str,
+                   async_op: bool = False):
+        """Rank i sends rows [sum(input_split_sizes[:j]), +input_split_sizes[j]) of `input` (dim 0) to group
+        rank j, and receives group rank j's rows for it into `output`'s split j (torch's all_to_all_single with
+        split sizes; a split may be 0). Counted: the rows that leave this rank."""
+        size = group_size(group)
+        if len(input_split_sizes) != size or len(output_split_sizes) != size:
+            raise ValueError(f"all_to_all: {len(input_split_sizes)} input and {len(output_split_sizes)} output "
+                             f"splits for a group of {size}")
+        if sum(input_split_sizes) != input.shape[0] or sum(output_split_sizes) != output.shape[0]:
+            raise ValueError(f"all_to_all: splits {input_split_sizes} -> {output_split_sizes} do not add up to "
+                             f"the {input.shape[0]} input and {output.shape[0]} output rows")
+        if size == 1:
+            _copy_unless_same(output, input)
+            return CompletedWork() if async_op else None
+        row_bytes = _num_bytes(input) // input.shape[0] if input.shape[0] else 0
+        self.stats.add(group_name, "all_to_all", all_to_all_bytes_sent(input_split_sizes, group_rank(group), row_bytes))
+        self.last_collective = ("all_to_all", group_name)
+        return self._transport_all_to_all(output, input, output_split_sizes, input_split_sizes, group, async_op)
+
     # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ---------
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> list:
@@ -316,6 +374,12 @@ class Communicator:
 
     def _transport_broadcast(self, tensor, src, group, async_op):
         return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+
+    def _transport_all_to_all(self, output, input, output_split_sizes, input_split_sizes, group, async_op):
+        # gloo (torch 2.13) runs all_to_all_single with uneven and zero splits (tests/parallel/test_all_to_all.py
+        # runs them), so no padding or send/recv pairs are needed.
+        return dist.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes),
+                                      group=group, async_op=async_op)
 
     def _global_rank(self) -> int:
         return dist.get_rank()
@@ -402,6 +466,9 @@ class DryRunCommunicator(Communicator):
         return self._done(async_op)
 
     def _transport_broadcast(self, tensor, src, group, async_op):
+        return self._done(async_op)
+
+    def _transport_all_to_all(self, output, input, output_split_sizes, input_split_sizes, group, async_op):
         return self._done(async_op)
 
     def _transport_p2p(self, operation, tensor, peer, tag) -> list:

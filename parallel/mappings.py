@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from parallel.comm import group_size
 from parallel.state import ParallelState
 
 
@@ -207,3 +208,97 @@ def reduce_scatter_to_sequence_parallel_region(tensor: torch.Tensor, state: Para
     if state.tensor_parallel_size == 1:
         return tensor
     return _ReduceScatterToSequenceParallelRegion.apply(tensor, state)
+
+
+# ---- expert parallelism: collectives over a group given by the caller (gpt/moe/dispatchers.py) ----------------
+#
+# The token dispatchers move rows (tokens) along dim 0 over the expert groups of ParallelState.experts. Each
+# function takes the communicator, the group and its name (for the byte counters), and is the identity over a
+# group of one. The pairs, as Megatron-Core's megatron/core/tensor_parallel/mappings.py defines them (_AllToAll,
+# _GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion, there along dim 0 too):
+#
+#     all_to_all                        forward: all-to-all (splits)   backward: all-to-all (splits swapped)
+#     gather_along_first_dim            forward: all-gather            backward: reduce-scatter
+#     reduce_scatter_along_first_dim    forward: reduce-scatter        backward: all-gather
+
+
+def _all_to_all_rows(tensor: torch.Tensor, comm, group, group_name: str, output_splits: list[int],
+                     input_splits: list[int]) -> torch.Tensor:
+    output = tensor.new_empty((sum(output_splits), *tensor.shape[1:]))
+    comm.all_to_all(output, tensor.contiguous(), output_splits, input_splits, group, group_name)
+    return output
+
+
+def _gather_rows(tensor: torch.Tensor, comm, group, group_name: str, size: int) -> torch.Tensor:
+    tensor = tensor.contiguous()
+    gathered = tensor.new_empty((tensor.shape[0] * size, *tensor.shape[1:]))
+    comm.all_gather(gathered, tensor, group, group_name)
+    return gathered
+
+
+def _reduce_scatter_rows(tensor: torch.Tensor, comm, group, group_name: str, size: int) -> torch.Tensor:
+    if tensor.shape[0] % size:
+        raise ValueError(f"reduce-scatter over {size} ranks of a tensor with {tensor.shape[0]} rows")
+    output = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
+    comm.reduce_scatter(output, tensor.contiguous(), group, group_name)
+    return output
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, comm, group, group_name, output_splits, input_splits):
+        ctx.args = (comm, group, group_name, output_splits, input_splits)
+        return _all_to_all_rows(tensor, comm, group, group_name, output_splits, input_splits)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        comm, group, group_name, output_splits, input_splits = ctx.args
+        # The gradient of a row goes back to the rank that sent it: the same exchange, splits swapped.
+        return _all_to_all_rows(grad_output, comm, group, group_name, input_splits, output_splits), \
+            None, None, None, None, None
+
+
+class _GatherAlongFirstDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, comm, group, group_name, size):
+        ctx.args = (comm, group, group_name, size)
+        return _gather_rows(tensor, comm, group, group_name, size)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _reduce_scatter_rows(grad_output, *ctx.args), None, None, None, None
+
+
+class _ReduceScatterAlongFirstDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, comm, group, group_name, size):
+        ctx.args = (comm, group, group_name, size)
+        return _reduce_scatter_rows(tensor, comm, group, group_name, size)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _gather_rows(grad_output, *ctx.args), None, None, None, None
+
+
+def all_to_all(tensor: torch.Tensor, comm, group, group_name: str, output_splits: list[int],
+               input_splits: list[int]) -> torch.Tensor:
+    """Rows of `tensor` (dim 0) in `input_splits` to each group rank; what each sent this rank, in `output_splits`."""
+    if group_size(group) == 1:
+        return tensor
+    return _AllToAll.apply(tensor, comm, group, group_name, list(output_splits), list(input_splits))
+
+
+def gather_along_first_dim(tensor: torch.Tensor, comm, group, group_name: str) -> torch.Tensor:
+    """Every group rank's `tensor` (equal shapes) concatenated along dim 0, in group-rank order."""
+    size = group_size(group)
+    if size == 1:
+        return tensor
+    return _GatherAlongFirstDim.apply(tensor, comm, group, group_name, size)
+
+
+def reduce_scatter_along_first_dim(tensor: torch.Tensor, comm, group, group_name: str) -> torch.Tensor:
+    """The sum over the group of `tensor`, this rank's 1/size of the rows (in group-rank order)."""
+    size = group_size(group)
+    if size == 1:
+        return tensor
+    return _ReduceScatterAlongFirstDim.apply(tensor, comm, group, group_name, size)

@@ -94,3 +94,74 @@ class ParallelDims:
     def group_ranks(self, name: str) -> list[int]:
         """The global ranks of this rank's group along `name`: its coordinates, `name`'s varied."""
         return [self.rank_at({**self.coordinates, name: index}) for index in range(self[name].size)]
+
+
+# ---- the experts' own grid (Megatron-Core's "parallel folding") ------------------------------------------
+#
+# An MoE layer's experts lay the same ranks out on a grid of their own (megatron/core/parallel_state.py,
+# initialize_model_parallel: the expert RankGenerator with order "tp-ep-dp-pp", tp = the expert tensor-parallel
+# size, dp = the expert data-parallel size, pp the same stages). Within a pipeline stage the TP x DP ranks are
+# refolded as ETP x EP x EDP, ETP fastest:
+#
+#     rank = (pp x EDP + edp) x (EP x ETP) + ep x ETP + etp,     EDP = DP x TP / (EP x ETP)
+#
+#     world 4, TP 2, EP 2, ETP 1:   ep groups {0,1} {2,3}   edp groups {0,2} {1,3}   (the dense TP and DP groups)
+#     world 4, TP 2, EP 2, ETP 2:   etp groups {0,1} {2,3}  ep groups {0,2} {1,3}    edp groups {0} ... {3}
+#
+# The expert data-parallel group holds the ranks with the same experts: expert gradients are reduced and
+# ZeRO partitions expert states over it, not over the dense DP group.
+
+EXPERT_MESH_DIM_NAMES = ("pp", "edp", "ep", "etp")  # outermost first
+
+
+def expert_mesh_sizes(sizes: Mapping[str, int], expert_model_parallel_size: int,
+                      expert_tensor_parallel_size: int) -> dict[str, int]:
+    """The expert grid's sizes over the dense mesh `sizes` ({"pp", "dp", "tp"}); ValueError naming the flags
+    when EP x ETP does not divide the ranks of a stage (DP x TP), as Megatron requires."""
+    ep, etp = expert_model_parallel_size, expert_tensor_parallel_size
+    if ep < 1:
+        raise ValueError(f"--expert-model-parallel-size must be at least 1, got {ep}")
+    if etp < 1:
+        raise ValueError(f"--expert-tensor-parallel-size must be at least 1, got {etp}")
+    stage_ranks = sizes.get("dp", 1) * sizes.get("tp", 1)
+    if stage_ranks % (ep * etp):
+        raise ValueError(f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} does not divide "
+                         f"the {stage_ranks} ranks of a pipeline stage (data-parallel x tensor-parallel size): the "
+                         f"experts' grid folds the same ranks; pick sizes whose product divides {stage_ranks}")
+    return {"pp": sizes.get("pp", 1), "edp": stage_ranks // (ep * etp), "ep": ep, "etp": etp}
+
+
+def expert_coordinates(rank: int, expert_sizes: Mapping[str, int]) -> dict[str, int]:
+    """Rank `rank`'s coordinates on the expert grid (EXPERT_MESH_DIM_NAMES' sizes)."""
+    coordinates, rest = {}, rank
+    for name in reversed(EXPERT_MESH_DIM_NAMES):  # the innermost dimension varies fastest
+        rest, coordinates[name] = divmod(rest, expert_sizes[name])
+    return coordinates
+
+
+def expert_rank_at(coordinates: Mapping[str, int], expert_sizes: Mapping[str, int]) -> int:
+    rank = 0
+    for name in EXPERT_MESH_DIM_NAMES:
+        rank = rank * expert_sizes[name] + coordinates[name]
+    return rank
+
+
+def expert_groups(expert_sizes: Mapping[str, int], names: tuple[str, ...]) -> list[list[int]]:
+    """Every group spanning the expert dimensions `names` (e.g. ("ep",), or ("ep", "etp") for Megatron's
+    expert tensor-and-model group), in one order every rank agrees on; within a group the ranks ascend with
+    the first of `names` outermost (for ("ep", "etp"): etp fastest, as in Megatron's "tp-ep")."""
+    others = [name for name in EXPERT_MESH_DIM_NAMES if name not in names]
+    spanned = [name for name in EXPERT_MESH_DIM_NAMES if name in names]
+    groups = []
+    for fixed in _product({name: expert_sizes[name] for name in others}):
+        groups.append([expert_rank_at({**fixed, **varied}, expert_sizes)
+                       for varied in _product({name: expert_sizes[name] for name in spanned})])
+    return groups
+
+
+def _product(sizes: Mapping[str, int]) -> list[dict[str, int]]:
+    """Every coordinate over `sizes`, the last name fastest."""
+    points: list[dict[str, int]] = [{}]
+    for name, size in sizes.items():
+        points = [{**point, name: index} for point in points for index in range(size)]
+    return points

@@ -18,6 +18,11 @@ Launched, the groups come from a torch `DeviceMesh`: of shape (DP, TP) without p
 with them (`state.mesh`); with stages, each rank also keeps Megatron's embedding group (first and last stage of
 its pipeline), where a tied word embedding's gradient is summed.
 
+A mixture-of-experts model's experts lay the same ranks out on a grid of their own (Megatron-Core's parallel
+folding, parallel/mesh.py): `with_expert_parallel` (which initialize() and virtual_state() call with
+--expert-model-parallel-size and --expert-tensor-parallel-size) gives `state.experts` its expert-parallel,
+expert tensor-parallel and expert data-parallel groups; without it they are the dense grid's (EP 1).
+
 The state also carries the process's `Communicator` (parallel/comm.py), so whoever holds the state holds
 the one door to collectives and its byte counters: `state.comm`.
 """
@@ -37,7 +42,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from base.errors import LaunchEnvironmentError
 from parallel.comm import Communicator, DryRunCommunicator, VirtualGroup
-from parallel.mesh import ParallelDims
+from parallel.mesh import ParallelDims, expert_coordinates, expert_groups, expert_mesh_sizes
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -58,6 +63,9 @@ class ParallelState:
     # Megatron's --num-distributed-optimizer-instances: how ZeRO cuts its partitions over the DP group.
     optimizer_instances: "OptimizerInstances" = field(default_factory=lambda: OptimizerInstances(), compare=False,
                                                       repr=False)
+    # The experts' own grid (--expert-model-parallel-size, --expert-tensor-parallel-size), set by
+    # with_expert_parallel; None is no expert parallelism (read it through `experts`).
+    expert_grid: Optional["ExpertParallel"] = field(default=None, compare=False, repr=False)
 
     # Read-only views of `dims`, the names every other module uses. A group is None while its size is 1:
     # collectives over a group of one are skipped.
@@ -145,9 +153,85 @@ class ParallelState:
         return self.dims.rank_at({**self.dims.coordinates, "pp": stage % self.pipeline_parallel_size})
 
     @property
+    def experts(self) -> "ExpertParallel":
+        """The experts' groups; without expert parallelism the dense grid's (EP 1, ETP = TP, EDP = DP)."""
+        return self.expert_grid if self.expert_grid is not None else _dense_experts(self)
+
+    @property
     def is_first_rank(self) -> bool:
         """The rank that prints, writes metrics.jsonl and talks to W&B."""
         return self.rank == 0
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """This rank's place on the experts' grid (parallel/mesh.py, Megatron-Core's parallel folding): the
+    expert-parallel group (ranks holding different experts; tokens travel between them), the expert
+    tensor-parallel group (one expert's matrices split), the expert data-parallel group (ranks holding the
+    same experts: expert gradients are reduced and ZeRO partitions expert states over it), and the expert
+    tensor-and-model group (ETP x EP: the all-gather dispatcher's). A group of one is None. The default is
+    no expert parallelism on one process."""
+    model_size: int = 1
+    model_rank: int = 0
+    model_group: Optional[object] = None
+    tensor_size: int = 1
+    tensor_rank: int = 0
+    tensor_group: Optional[object] = None
+    data_size: int = 1
+    data_rank: int = 0
+    data_group: Optional[object] = None
+    tensor_and_model_group: Optional[object] = None
+
+    @property
+    def tensor_and_model_size(self) -> int:
+        return self.tensor_size * self.model_size
+
+    @property
+    def tensor_and_model_rank(self) -> int:
+        """This rank's place in the ETP x EP group (ETP fastest, as Megatron's "tp-ep")."""
+        return self.model_rank * self.tensor_size + self.tensor_rank
+
+
+def with_expert_parallel(state: "ParallelState", expert_model_parallel_size: int,
+                         expert_tensor_parallel_size: Optional[int] = None) -> "ParallelState":
+    """`state` with the experts' groups (a collective: every rank calls it, in the same order). The expert
+    tensor-parallel size defaults to the tensor-parallel size, as Megatron-LM's validate_args sets it; then with
+    EP 1 the experts' grid is the dense one and its groups are the dense groups (no new group)."""
+    etp = state.tensor_parallel_size if expert_tensor_parallel_size is None else expert_tensor_parallel_size
+    sizes = expert_mesh_sizes(state.dims.sizes, expert_model_parallel_size, etp)
+    mine = expert_coordinates(state.rank, sizes)
+    if sizes["ep"] == 1 and sizes["etp"] == state.tensor_parallel_size:
+        return replace(state, expert_grid=None)
+    groups = {}
+    for key, names in (("ep", ("ep",)), ("etp", ("etp",)), ("edp", ("edp",)), ("etp_ep", ("ep", "etp"))):
+        for ranks in expert_groups(sizes, names):
+            if len(ranks) == 1:
+                continue
+            group = dist.new_group(ranks)  # every rank creates every group, as new_group requires
+            if state.rank in ranks:
+                groups[key] = group
+    experts = ExpertParallel(sizes["ep"], mine["ep"], groups.get("ep"), sizes["etp"], mine["etp"], groups.get("etp"),
+                             sizes["edp"], mine["edp"], groups.get("edp"), groups.get("etp_ep"))
+    return replace(state, expert_grid=experts)
+
+
+def _dense_experts(state: "ParallelState") -> ExpertParallel:
+    return ExpertParallel(1, 0, None, state.tensor_parallel_size, state.tensor_parallel_rank,
+                          state.tensor_parallel_group, state.data_parallel_size, state.data_parallel_rank,
+                          state.data_parallel_group, state.tensor_parallel_group)
+
+
+def _virtual_experts(state: "ParallelState", expert_model_parallel_size: int,
+                     expert_tensor_parallel_size: Optional[int]) -> "ExpertParallel":
+    etp = state.tensor_parallel_size if expert_tensor_parallel_size is None else expert_tensor_parallel_size
+    sizes = expert_mesh_sizes(state.dims.sizes, expert_model_parallel_size, etp)
+    mine = expert_coordinates(state.rank, sizes)
+
+    def group(size: int, rank: int) -> Optional[VirtualGroup]:
+        return VirtualGroup(size, rank) if size > 1 else None
+    return ExpertParallel(sizes["ep"], mine["ep"], group(sizes["ep"], mine["ep"]), sizes["etp"], mine["etp"],
+                          group(sizes["etp"], mine["etp"]), sizes["edp"], mine["edp"], group(sizes["edp"], mine["edp"]),
+                          group(sizes["ep"] * sizes["etp"], mine["ep"] * sizes["etp"] + mine["etp"]))
 
 
 @dataclass(frozen=True)
@@ -376,7 +460,8 @@ def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
 
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
                gpus_per_node: Optional[int] = None, pipeline_parallel_size: int = 1,
-               optimizer_instances: int = 1) -> ParallelState:
+               optimizer_instances: int = 1, expert_model_parallel_size: int = 1,
+               expert_tensor_parallel_size: Optional[int] = None) -> ParallelState:
     """Build the PP x DP x TP grid for this launch (torchrun, SLURM, or a plain single process).
 
     Bad sizes raise ValueError naming the flag before any process group exists. The process group's
@@ -400,11 +485,15 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
             f"divides {launch.world_size}")
     check_optimizer_instances(optimizer_instances,
                               launch.world_size // (tensor_parallel_size * pipeline_parallel_size))
+    expert_mesh_sizes({"pp": pipeline_parallel_size, "tp": tensor_parallel_size,
+                       "dp": launch.world_size // (tensor_parallel_size * pipeline_parallel_size)},
+                      expert_model_parallel_size, expert_tensor_parallel_size or tensor_parallel_size)
     device = resolve_device(device_name, launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if launch.world_size == 1:
-        return ParallelState(device=device)
+        return with_expert_parallel(ParallelState(device=device), expert_model_parallel_size,
+                                    expert_tensor_parallel_size)
 
     if launch.rank == 0:
         _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size, device, launch, gpus_per_node)
@@ -422,6 +511,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     groups = {name: mesh.get_group(name) for name in sizes if sizes[name] > 1}
     dims = ParallelDims.of_rank(launch.rank, sizes, groups=groups)
     state = ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims))
+    state = with_expert_parallel(state, expert_model_parallel_size, expert_tensor_parallel_size)
     return with_optimizer_instances(state, optimizer_instances)
 
 
@@ -455,7 +545,8 @@ def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torc
 
 def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
                   device: torch.device | str = "meta", pipeline_parallel_size: int = 1,
-                  optimizer_instances: int = 1) -> ParallelState:
+                  optimizer_instances: int = 1, expert_model_parallel_size: int = 1,
+                  expert_tensor_parallel_size: Optional[int] = None) -> ParallelState:
     """One rank of a grid that is not launched (the planner, planner/plan.py): the ranks, sizes and
     layout `initialize` would give rank `rank` of `world_size` processes, with groups that are only
     their sizes and a communicator that counts and sends nothing."""
@@ -477,8 +568,9 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
     instances = OptimizerInstances() if optimizer_instances == 1 else OptimizerInstances(
         optimizer_instances, sizes["dp"] // optimizer_instances, VirtualGroup(sizes["dp"] // optimizer_instances),
         VirtualGroup(optimizer_instances))
-    return ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank),
-                         embedding_group=embedding_group, optimizer_instances=instances)
+    state = ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank),
+                          embedding_group=embedding_group, optimizer_instances=instances)
+    return replace(state, expert_grid=_virtual_experts(state, expert_model_parallel_size, expert_tensor_parallel_size))
 
 
 def destroy(state: ParallelState) -> None:

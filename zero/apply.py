@@ -83,12 +83,15 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
                grad_dtype: Optional[torch.dtype] = None, loss_scaler: Optional[LossScaler] = None,
                seed: Optional[int] = None, blocks: Optional[Sequence[nn.Module]] = None,
                alignment: int = DEFAULT_ALIGNMENT, own_units: Sequence[nn.Parameter] = (),
-               decoupled_lr_params: Sequence[nn.Parameter] = ()) -> ZeroParts:
+               decoupled_lr_params: Sequence[nn.Parameter] = (),
+               gradient_divisor: Optional[int] = None) -> ZeroParts:
     """The explicit form of `apply_zero`. `seed` is needed when the model is on the meta device;
     `grad_dtype` defaults to the parameters' dtype. Each of `own_units` (stages 0-2) is a unit alone, last:
     its shard then lies at the same place of the unit on every rank of the same DP rank whatever else the
     model holds, which is what lets the first and last pipeline stages sum a tied embedding's reduced
-    gradient shard by shard (zero/pipeline_grads.py)."""
+    gradient shard by shard (zero/pipeline_grads.py). `gradient_divisor` is what each gradient is divided by
+    before it is summed over the group (the DP size by default; zero/experts.py passes the dense DP size for
+    expert parameters reduced over their own, smaller group)."""
     stage = zero_config.stage
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage}")
@@ -148,12 +151,12 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         accumulated = host_fp32 if host_fp32 is None or grad_dtype == torch.float32 else \
             host_zeros(layout.partition_numel, offload.pins, host, grad_dtype)
         reducer = PartitionedGradients(layout, grad_dtype, state.comm, partition_group,
-                                       state.data_parallel_size, scatter, zero_config.overlap_comm, device,
+                                       gradient_divisor or state.data_parallel_size, scatter, zero_config.overlap_comm, device,
                                        accumulated, host_fp32, replica_group=replica_group)
     else:
         reducer = FullGradients(layout, param_dtype, grad_dtype, state.comm,
                                 partition_group if stage >= 1 else state.data_parallel_group,
-                                state.data_parallel_size, scatter, zero_config.overlap_comm, device, host_fp32,
+                                gradient_divisor or state.data_parallel_size, scatter, zero_config.overlap_comm, device, host_fp32,
                                 replica_group=replica_group)
     reducer.attach()
     if isinstance(storage, ShardedParameters):

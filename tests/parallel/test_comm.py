@@ -38,7 +38,7 @@ def test_stats_snapshot_is_per_iteration_and_shaped_per_group():
                      "embedding": {"all_reduce": 0}}
     assert stats.snapshot_and_reset()["dp"]["reduce_scatter"] == 0
     with pytest.raises(ValueError, match="unknown group name"):
-        stats.add("ep", "all_reduce", 1)
+        stats.add("xp", "all_reduce", 1)
     with pytest.raises(ValueError, match="unknown kind 'send' on the embedding group"):
         stats.add("embedding", "send", 1)
 
@@ -145,3 +145,59 @@ def test_collectives_and_their_byte_counts(world_size):
             "embedding": {"all_reduce": 0},
         }, f"rank {rank}"
         assert all(count == 0 for kinds in after_reset.values() for count in kinds.values())
+
+
+def test_all_to_all_counts_the_rows_that_leave_the_rank_on_the_expert_group():
+    """An all-to-all's bytes are the input rows bound for other ranks (the split a rank sends itself stays); the
+    expert groups' counters appear from their first collective and stay after a reset. The planner's
+    communicator counts the same with a VirtualGroup (size and the planned rank's place) and moves nothing."""
+    from parallel.comm import DryRunCommunicator, VirtualGroup, all_to_all_bytes_sent
+
+    assert all_to_all_bytes_sent([3, 0, 5], group_rank=2, row_bytes=16) == 3 * 16
+    comm = DryRunCommunicator(rank=5)
+    assert "ep" not in comm.stats.snapshot()
+    rows = torch.empty(9, 4, device="meta")
+    comm.all_to_all(torch.empty(7, 4, device="meta"), rows, [2, 5], [4, 5], VirtualGroup(2, rank=1), "ep")
+    assert comm.stats.snapshot()["ep"] == {"all_to_all": 4 * 4 * FLOAT32, "all_reduce": 0, "reduce_scatter": 0,
+                                           "all_gather": 0, "broadcast": 0}
+    assert comm.last_collective == ("all_to_all", "ep")
+    comm.stats.snapshot_and_reset()
+    assert comm.stats.snapshot()["ep"]["all_to_all"] == 0
+    with pytest.raises(ValueError, match="do not add up"):
+        comm.all_to_all(torch.empty(7, 4, device="meta"), rows, [2, 5], [4, 4], VirtualGroup(2), "ep")
+    with pytest.raises(ValueError, match="3 input and 2 output splits for a group of 2"):
+        comm.all_to_all(torch.empty(7, 4, device="meta"), rows, [2, 5], [4, 5, 0], VirtualGroup(2), "ep")
+    with pytest.raises(ValueError, match="unknown kind 'all_to_all' on the dp group"):
+        comm.all_to_all(torch.empty(7, 4, device="meta"), rows, [2, 5], [4, 5], VirtualGroup(2), "dp")
+
+
+# What rank r sends rank j: SPLITS[r][j] rows. Rank 1 sends nothing at all; rank 2 receives nothing.
+SPLITS = [[1, 2, 0], [0, 0, 0], [3, 1, 0]]
+
+
+def _all_to_all_worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    comm = Communicator()
+    input_splits = SPLITS[rank]
+    output_splits = [SPLITS[source][rank] for source in range(world_size)]
+    # Row i of rank r's input carries (r, i): who sent it, and which row it was.
+    input = torch.tensor([[rank, i] for i in range(sum(input_splits))], dtype=torch.float32).reshape(-1, 2)
+    output = torch.full((sum(output_splits), 2), -1.0)
+    comm.all_to_all(output, input, output_splits, input_splits, dist.group.WORLD, "ep")
+    nothing = torch.empty(0, 2)  # every split 0: the collective still runs, on no rows
+    comm.all_to_all(nothing, torch.empty(0, 2), [0] * world_size, [0] * world_size, dist.group.WORLD, "ep")
+    return output.tolist(), comm.stats.snapshot()["ep"]["all_to_all"]
+
+
+@pytest.mark.slow
+def test_gloo_all_to_all_with_uneven_and_zero_splits():
+    """gloo on this torch runs all_to_all_single with uneven splits, zero splits and no rows at all (so the
+    Communicator needs no padding or send/recv pairs)."""
+    results = run_distributed(_all_to_all_worker, 3, timeout=90)
+    for rank, (output, sent) in enumerate(results):
+        expected = []
+        for source in range(3):
+            first = sum(SPLITS[source][:rank])
+            expected += [[float(source), float(first + i)] for i in range(SPLITS[source][rank])]
+        assert output == expected
+        assert sent == (sum(SPLITS[rank]) - SPLITS[rank][rank]) * 2 * FLOAT32

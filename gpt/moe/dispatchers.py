@@ -1,0 +1,201 @@
+"""Token dispatchers across expert-parallel ranks: alltoall and allgather (--moe-token-dispatcher-type).
+
+With expert parallelism EP, the layer's `num_experts` experts are split over the EP group: rank r holds the
+`num_local = num_experts / EP` experts r x num_local ... (r + 1) x num_local - 1 (expert e lives on EP rank
+e // num_local). A dispatcher takes this rank's tokens and the router's choice for each, brings every token to
+the ranks holding its chosen experts, and after the experts ran, brings the outputs back:
+
+    dispatch(hidden [T, H], probs [T, K], indices [T, K] int64)
+        -> expert_inputs [N, H]: the rows of this rank's local experts, grouped by local expert in expert order
+           tokens_per_expert: LongTensor [num_local] (rows of each local expert; a 0 is an expert with no rows)
+    combine(expert_outputs [N, H]) -> [T, H]: each output row weighted by its prob (in the probs' dtype, as
+           Megatron-Core's unpermute promotes) and summed over the token's K choices, in k order
+
+The same interface as the EP-1 dispatcher the layer uses without expert parallelism (a structural match: the
+Protocol lives beside that one, in gpt/moe/dispatcher.py, and is not imported here). One dispatch, then one
+combine: a dispatcher keeps the routing of its last dispatch until its combine.
+
+AllToAllDispatcher (Megatron-Core's MoEAlltoAllTokenDispatcher, megatron/core/transformer/moe/token_dispatcher.py):
+  1. permute: this rank's T x K (token, choice) rows sorted by expert, stably (so tokens stay in order within an
+     expert: Megatron's permute with a routing map, moe_utils.py);
+  2. the counts: every EP rank's tokens per expert, all-gathered over the EP group (int64, counted on "ep");
+  3. all-to-all of the rows over the EP group, split by destination rank (a split may be 0);
+  4. with expert tensor parallelism (ETP > 1), the rows each ETP peer received gathered over the ETP group
+     (Megatron's all-gather with output split sizes; here an all-to-all, as the peers' counts differ), so every
+     peer runs its slice of the same experts on the same rows;
+  5. the rows are grouped by (ETP peer,) source rank, then local expert; regroup them by local expert, then
+     (peer,) source (Megatron's sort_chunks_by_idxs).
+  combine runs the reverse: ungroup, sum the ETP peers' partial outputs of this rank's rows, all-to-all back
+  (splits swapped), unpermute, weight, sum over K.
+
+AllGatherDispatcher (Megatron-Core's MoEAllGatherTokenDispatcher): every rank of the expert tensor-and-model group
+(ETP x EP) all-gathers the tokens, probs and choices, keeps the rows routed to its local experts; combine puts
+each weighted output row back at its (token, choice), sums over K, and reduce-scatters over the group so each
+rank gets its own tokens' sums. Every rank of the group must hold the same number of tokens T (Megatron's
+assumption too: the sequence-parallel slices of one micro-batch). With expert tensor parallelism (ETP > 1) the
+ETP ranks compute partial outputs of the same rows and the reduce-scatter sums them.
+
+Zero tokens (Megatron-LM #1877; DeepSpeed #4808, a ZeRO-3 hang): every rank joins every collective of a
+dispatch and a combine whatever its counts, with zero-row splits and zero-row tensors where it has nothing,
+so an expert or a whole rank with no tokens neither crashes nor leaves a peer waiting. For the backward
+exchanges to run on every rank, the layer passes to combine outputs computed from `expert_inputs` (an expert
+with no rows runs on its empty slice, which keeps its weights in the graph with a zero gradient).
+
+fp32 equality with EP 1 (tests/gpt/test_moe_dispatchers.py): the rows an expert sees are the same rows in the
+same order as at EP 1, and the weighted sum over K runs in k order on the token's own rank, so the alltoall
+output differs from EP 1 only where the expert's matmul rounds differently for a different row count.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from parallel.comm import Communicator
+from parallel.mappings import all_to_all, gather_along_first_dim, reduce_scatter_along_first_dim
+from parallel.state import ExpertParallel
+
+
+def _local_experts(experts: ExpertParallel, num_experts: int) -> tuple[int, int]:
+    """(num_local, first local expert) for this rank; ValueError naming the flags when EP does not divide them."""
+    if num_experts < 1 or num_experts % experts.model_size:
+        raise ValueError(f"--num-experts {num_experts} is not a multiple of --expert-model-parallel-size "
+                         f"{experts.model_size}: each expert-parallel rank holds the same number of experts")
+    num_local = num_experts // experts.model_size
+    return num_local, experts.model_rank * num_local
+
+
+def _check_routing(hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor, num_experts: int) -> None:
+    if hidden.dim() != 2 or probs.shape != indices.shape or probs.dim() != 2 or probs.shape[0] != hidden.shape[0]:
+        raise ValueError(f"dispatch takes hidden [T, H], probs [T, K] and indices [T, K]; got {tuple(hidden.shape)}, "
+                         f"{tuple(probs.shape)} and {tuple(indices.shape)}")
+    if indices.dtype != torch.int64:
+        raise ValueError(f"dispatch: indices must be int64, got {indices.dtype}")
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= num_experts):
+        raise ValueError(f"dispatch: an expert index is outside [0, {num_experts})")
+
+
+def _regroup(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """`rows` in chunks of counts [A, B] (A-major) -> the same chunks B-major (sort_chunks_by_idxs)."""
+    a, b = counts.shape
+    if a == 1 or b == 1:
+        return rows
+    chunks = rows.split(counts.reshape(-1).tolist())
+    return torch.cat([chunks[i * b + j] for j in range(b) for i in range(a)])
+
+
+def _weighted_sum_over_choices(rows: torch.Tensor, order: torch.Tensor, probs: torch.Tensor,
+                               num_rows: int) -> torch.Tensor:
+    """rows[i] is (token, choice) `order[i]` of the flattened [tokens, K]: place each row, weighted by its prob,
+    at its (token, choice) (zeros where no row is), and sum over the K choices, in k order."""
+    tokens, k = probs.shape
+    weighted = rows * probs.reshape(-1)[order].unsqueeze(-1)  # promotes to the probs' dtype, as Megatron's unpermute
+    placed = weighted.new_zeros((num_rows, rows.shape[-1])).index_copy(0, order, weighted)
+    return placed.view(tokens, k, rows.shape[-1]).sum(dim=1)
+
+
+def _gather_rows_of_peers(rows: torch.Tensor, comm: Communicator, experts: ExpertParallel,
+                          peer_rows: list[int]) -> torch.Tensor:
+    """Every ETP peer's `rows` (peer p has peer_rows[p]), concatenated in peer order: Megatron's all-gather with
+    output split sizes, here an all-to-all that sends this rank's rows to every peer. Its backward (the autograd
+    of the copies) sums each peer's gradient of our rows: the reduce-scatter with split sizes."""
+    if experts.tensor_size == 1:
+        return rows
+    copies = torch.cat([rows] * experts.tensor_size)
+    return all_to_all(copies, comm, experts.tensor_group, "etp", peer_rows, [rows.shape[0]] * experts.tensor_size)
+
+
+def _sum_rows_of_peers(rows: torch.Tensor, comm: Communicator, experts: ExpertParallel,
+                       peer_rows: list[int]) -> torch.Tensor:
+    """The reverse of _gather_rows_of_peers: each peer's partial outputs of our rows summed (in peer order), our
+    rows only: Megatron's reduce-scatter with input split sizes, here an all-to-all and a sum."""
+    if experts.tensor_size == 1:
+        return rows
+    mine = peer_rows[experts.tensor_rank]
+    partials = all_to_all(rows, comm, experts.tensor_group, "etp", [mine] * experts.tensor_size, peer_rows)
+    return partials.view(experts.tensor_size, mine, *rows.shape[1:]).sum(dim=0)
+
+
+class AllToAllDispatcher:
+    """Tokens to their experts' EP ranks by all-to-all over the expert-parallel group (module docstring)."""
+
+    def __init__(self, experts: ExpertParallel, num_experts: int, comm: Communicator) -> None:
+        self.experts, self.num_experts, self.comm = experts, num_experts, comm
+        self.num_local, self.first_local = _local_experts(experts, num_experts)
+        self._routing: Optional[dict] = None
+
+    def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor):
+        _check_routing(hidden, probs, indices, self.num_experts)
+        experts, group = self.experts, self.experts.model_group
+        ep, etp = experts.model_size, experts.tensor_size
+        k = indices.shape[1]
+        flat = indices.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (token, choice) rows, expert-major, token order within
+        permuted = hidden.index_select(0, order // k)
+        sent_per_expert = torch.bincount(flat, minlength=self.num_experts)  # [E], this rank's rows per expert
+        # Every rank's rows per expert over the ETP x EP group (ETP fastest), as [ETP, EP source, E]: what this rank
+        # and its ETP peers receive for each local expert from each EP rank.
+        every_rank = sent_per_expert.new_empty((etp * ep * self.num_experts,))
+        group_name = "etp_ep" if etp > 1 else "ep"
+        self.comm.all_gather(every_rank, sent_per_expert, experts.tensor_and_model_group, group_name)
+        received = every_rank.view(ep, etp, self.num_experts).transpose(0, 1)[
+            :, :, self.first_local:self.first_local + self.num_local]  # [ETP peer, EP source, num_local]
+        input_splits = sent_per_expert.view(ep, self.num_local).sum(dim=1).tolist()
+        output_splits = received[experts.tensor_rank].sum(dim=1).tolist()
+        arrived = all_to_all(permuted, self.comm, group, "ep", output_splits, input_splits)
+        # Expert tensor parallelism: the ETP peers' arrivals gathered (their counts differ), every peer then runs
+        # its slice of the same experts on the same rows.
+        peer_rows = received.sum(dim=(1, 2)).tolist()
+        arrived = _gather_rows_of_peers(arrived, self.comm, experts, peer_rows)
+        received = received.reshape(etp * ep, self.num_local)
+        expert_inputs = _regroup(arrived, received)  # (peer, source)-major -> local-expert-major
+        self._routing = dict(order=order, probs=probs, rows=flat.numel(), received=received, peer_rows=peer_rows,
+                             input_splits=input_splits, output_splits=output_splits, dtype=hidden.dtype)
+        return expert_inputs, received.sum(dim=0)
+
+    def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
+        if self._routing is None:
+            raise RuntimeError("combine() without a dispatch() before it")
+        routing, self._routing = self._routing, None
+        by_source = _regroup(expert_outputs, routing["received"].t())  # local-expert-major -> source-major
+        by_source = _sum_rows_of_peers(by_source, self.comm, self.experts, routing["peer_rows"])
+        back = all_to_all(by_source, self.comm, self.experts.model_group, "ep", routing["input_splits"],
+                          routing["output_splits"])
+        return _weighted_sum_over_choices(back, routing["order"], routing["probs"], routing["rows"]).to(routing["dtype"])
+
+
+class AllGatherDispatcher:
+    """Every token to every rank of the ETP x EP group by all-gather; each keeps its local experts' rows
+    (module docstring)."""
+
+    def __init__(self, experts: ExpertParallel, num_experts: int, comm: Communicator) -> None:
+        self.experts, self.num_experts, self.comm = experts, num_experts, comm
+        self.num_local, self.first_local = _local_experts(experts, num_experts)
+        self.group = experts.tensor_and_model_group
+        # Counted as the group it is: the EP group itself while experts are not tensor-parallel.
+        self.group_name = "etp_ep" if experts.tensor_size > 1 else "ep"
+        self._routing: Optional[dict] = None
+
+    def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor):
+        _check_routing(hidden, probs, indices, self.num_experts)
+        k = indices.shape[1]
+        every_hidden = gather_along_first_dim(hidden, self.comm, self.group, self.group_name)
+        every_probs = gather_along_first_dim(probs, self.comm, self.group, self.group_name)
+        with torch.no_grad():
+            every_indices = gather_along_first_dim(indices, self.comm, self.group, self.group_name)
+        flat = every_indices.reshape(-1)
+        local = flat - self.first_local
+        mine = torch.nonzero((local >= 0) & (local < self.num_local)).reshape(-1)
+        order = mine[torch.argsort(local[mine], stable=True)]  # local-expert-major, token order within
+        expert_inputs = every_hidden.index_select(0, order // k)
+        tokens_per_expert = torch.bincount(local[mine], minlength=self.num_local)
+        self._routing = dict(order=order, probs=every_probs, rows=flat.numel(), dtype=hidden.dtype)
+        return expert_inputs, tokens_per_expert
+
+    def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
+        if self._routing is None:
+            raise RuntimeError("combine() without a dispatch() before it")
+        routing, self._routing = self._routing, None
+        summed = _weighted_sum_over_choices(expert_outputs, routing["order"], routing["probs"], routing["rows"])
+        return reduce_scatter_along_first_dim(summed, self.comm, self.group, self.group_name).to(routing["dtype"])

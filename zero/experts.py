@@ -1,0 +1,153 @@
+"""ZeRO for a model with expert-parallel parameters: the experts' states over the expert data-parallel group.
+
+An expert parameter (tagged `param.expert_parallel = True`, Megatron-Core tags its experts `allreduce = False`)
+is held by the ranks of one expert data-parallel group only (parallel/state.py's ExpertParallel: the ranks with
+the same experts); the other parameters by the whole data-parallel group. So ZeRO is built twice, as
+Megatron-Core builds two DistributedOptimizers chained (megatron/core/optimizer/__init__.py, the expert
+parameters' own optimizer over the expert data-parallel group; ChainedOptimizer in optimizer.py):
+
+    dense     buckets, reduction and optimizer partition over the DP group, as build_zero alone does
+    experts   over the expert DP group, the experts' tensor-parallel group standing for TP; the gradient
+              is still divided by the DENSE DP size before it is summed, as Megatron's
+              distributed_data_parallel.py scales expert gradients (expert_gradient_scaling_factor =
+              1 / data_parallel_world_size): every DP rank's loss is a mean over its own tokens, and an
+              expert sums the tokens of every DP rank that routed to it
+
+The step clips both by ONE gradient norm over all parameters (ChainedOptimizer.get_grad_norm: the square roots
+of each part's sum of squares, combined): the dense squares summed over TP, DP (and PP), the experts' over ETP,
+the expert DP group and the expert-parallel group (different ranks hold different experts: each is counted
+once). One loss scaler serves both; an overflow anywhere skips both updates.
+
+At stage 3 each part gathers its own chunks (the experts' over the expert DP group) as the modules run; an
+expert with no rows still runs on its empty slice, so its chunk is gathered and reduced on every rank. The
+expert part's
+reductions are counted on the communicator's "dp" and "tp" counters (its data-parallel and tensor-parallel
+traffic; the groups are the experts'), the norm's sum over the expert-parallel group on "ep".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+
+from parallel.mesh import MeshDim, ParallelDims
+from parallel.state import ParallelState
+from zero.apply import ZeroParts, build_zero
+from zero.loss_scaler import LossScaler
+from zero.optimizer import StepResult
+
+
+def is_expert_parameter(param: nn.Parameter) -> bool:
+    return bool(getattr(param, "expert_parallel", False))
+
+
+def expert_data_parallel_state(state: ParallelState) -> ParallelState:
+    """`state` as the experts' ZeRO sees it: the expert DP group where the DP group was, the expert
+    tensor-parallel group where the TP group was (the same ranks, communicator and device)."""
+    experts = state.experts
+    dims = ParallelDims((state.dims["pp"],
+                         MeshDim("dp", experts.data_size, experts.data_rank, experts.data_group),
+                         MeshDim("tp", experts.tensor_size, experts.tensor_rank, experts.tensor_group)))
+    return ParallelState(device=state.device, dims=dims, comm=state.comm)
+
+
+def _build_part(model: nn.Module, chosen, zero_config, optimizer_config, state, **kwargs) -> ZeroParts:
+    frozen = [param for param in model.parameters() if param.requires_grad and not chosen(param)]
+    for param in frozen:
+        param.requires_grad_(False)
+    try:
+        return build_zero(model, zero_config, optimizer_config, state, **kwargs)
+    finally:
+        for param in frozen:
+            param.requires_grad_(True)
+
+
+class BothReducers:
+    """The dense and the expert gradient reducers, driven as one (what the training loop calls)."""
+
+    def __init__(self, dense, experts) -> None:
+        self.parts = (dense, experts)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        with self.parts[0].no_sync(), self.parts[1].no_sync():
+            yield
+
+    def finish_grad_sync(self) -> None:
+        for part in self.parts:
+            part.finish_grad_sync()
+
+    def zero_grad(self) -> None:
+        for part in self.parts:
+            part.zero_grad()
+
+
+class ChainedStep:
+    """One step over the dense and the expert optimizers: one norm over all parameters, one clip, one scaler."""
+
+    def __init__(self, dense, experts, expert_parallel_group, loss_scaler: LossScaler) -> None:
+        self.dense, self.experts = dense, experts
+        self.expert_parallel_group = expert_parallel_group
+        self.loss_scaler = loss_scaler
+        self.comm = dense.comm
+
+    def step(self) -> StepResult:
+        scale = self.loss_scaler.scale
+        grads = [part.gradients.partition_gradients() for part in (self.dense, self.experts)]
+        if scale != 1.0:
+            for grad in grads:
+                grad.mul_(1.0 / scale)
+        dense_squared = self.dense.grad_norm_squared(grads[0])
+        expert_squared = self.experts.grad_norm_squared(grads[1])
+        self.comm.all_reduce(expert_squared, self.expert_parallel_group, "ep")
+        norm = (dense_squared + expert_squared).sqrt().item()
+        if not math.isfinite(norm) and self.loss_scaler.skips_on_overflow:
+            self.loss_scaler.update(overflow=True)
+            return StepResult(norm, skipped=True, loss_scale=scale)
+        max_norm = self.dense.optimizer_config.clip_grad
+        for part, grad in zip((self.dense, self.experts), grads):
+            if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
+                grad.mul_(max_norm / (norm + 1e-6))
+            part.update(grad)
+            part.publish_parameters()
+        self.loss_scaler.update(overflow=False)
+        return StepResult(norm, skipped=False, loss_scale=scale)
+
+
+class ExpertZeroParts:
+    """What the training loop needs from ZeRO (as ZeroParts: reducer, optimizer.step, loss scaling), over a model
+    with expert parameters; `dense` and `experts` are the two ZeroParts it drives."""
+
+    def __init__(self, dense: ZeroParts, experts: ZeroParts, state: ParallelState) -> None:
+        self.dense, self.experts = dense, experts
+        self.reducer = BothReducers(dense.reducer, experts.reducer)
+        self.optimizer = ChainedStep(dense.optimizer, experts.optimizer, state.experts.model_group,
+                                     dense.optimizer.loss_scaler)
+
+    @property
+    def loss_scaler(self) -> LossScaler:
+        return self.optimizer.loss_scaler
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.dense.scale_loss(loss)
+
+
+def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, state: ParallelState, *,
+                            loss_scaler: Optional[LossScaler] = None, **kwargs) -> ExpertZeroParts:
+    """build_zero for a model some of whose parameters are tagged `expert_parallel` (module docstring); the
+    keyword arguments are build_zero's."""
+    if not any(is_expert_parameter(param) for param in model.parameters() if param.requires_grad):
+        raise ValueError("build_zero_with_experts: the model has no parameter tagged expert_parallel")
+    scaler = loss_scaler or LossScaler(1.0)
+    expert_ids = {id(param) for param in model.parameters() if is_expert_parameter(param)}
+    dense = _build_part(model, lambda param: id(param) not in expert_ids, zero_config, optimizer_config, state,
+                        loss_scaler=scaler, **kwargs)
+    bound_dense = {id(param) for param in model.parameters() if param.requires_grad} - expert_ids
+    experts = _build_part(model, lambda param: id(param) not in bound_dense, zero_config, optimizer_config,
+                          expert_data_parallel_state(state), loss_scaler=scaler,
+                          gradient_divisor=state.data_parallel_size, **kwargs)
+    return ExpertZeroParts(dense, experts, state)
