@@ -147,3 +147,19 @@ def test_activation_checkpointing_recomputes_with_the_same_masks(tmp_path):
     plain, recomputed = records(tmp_path, "plain"), records(tmp_path, "recomputed")
     assert [r["loss"] for r in recomputed] == pytest.approx([r["loss"] for r in plain], rel=1e-6)
     assert [r["grad_norm"] for r in recomputed] == pytest.approx([r["grad_norm"] for r in plain], rel=1e-6)
+
+
+def test_reset_position_ids_under_rotary_positions_is_said_to_change_nothing():
+    """Megatron-Core's GPTModel._preprocess computes rope's angles for positions 0..seq-1 whatever position_ids say
+    (they reach only the learned embedding): the flag has no effect there, said once at the start."""
+    from arguments.parser import parse_config
+    from training.run_settings import resolve_run_settings
+
+    def notes(*flags):
+        return [note for note in resolve_run_settings(parse_config(list(flags)), 128, 1, 1, "cpu").notes
+                if "--reset-position-ids" in note]
+
+    assert notes("--reset-position-ids") == []
+    assert notes("--position-embedding-type", "rope") == []
+    (line,) = notes("--reset-position-ids", "--position-embedding-type", "rope")
+    assert "has no effect with --position-embedding-type rope" in line and "Megatron-LM" in line
