@@ -115,16 +115,27 @@ def train_rank(rank, world_size, args):
     assert pretrain_gpt.main(args) == 0
 
 
+def validation_losses(tmp_path, name) -> list[float]:
+    return [json.loads(line)["loss"] for line in open(tmp_path / f"{name}.jsonl") if '"split": "valid"' in line]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", [["--tensor-model-parallel-size", "2"],
                                       ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-                                      ["--pipeline-model-parallel-size", "2"]], ids=["tp2", "tp2-sp", "pp2"])
+                                      ["--pipeline-model-parallel-size", "2"],
+                                      ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
+                                       "1"]], ids=["tp2", "tp2-sp", "pp2", "pp2-interleaved"])
 def test_two_ranks_give_the_single_process_losses(tmp_path, parallel):
-    assert pretrain_gpt.main(argv(tmp_path, "single", *FLAGS)) == 0
-    run_distributed(train_rank, 2, argv(tmp_path, "two", *FLAGS, *parallel), timeout=300)
+    """Training and validation losses (evaluation through the pipeline's forward too), with 4 layers so that
+    interleaving gives each stage two model chunks, each of which reads the micro-batch's mask."""
+    both = [*FLAGS, "--num-layers", "4", "--split", "90,10,0", "--eval-iters", "1", "--eval-interval", "2"]
+    assert pretrain_gpt.main(argv(tmp_path, "single", *both)) == 0
+    run_distributed(train_rank, 2, argv(tmp_path, "two", *both, *parallel), timeout=300)
     single, two = records(tmp_path, "single"), records(tmp_path, "two")
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in single], rel=1e-5)
     assert [r["grad_norm"] for r in two] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+    assert len(validation_losses(tmp_path, "single")) == 2
+    assert validation_losses(tmp_path, "two") == pytest.approx(validation_losses(tmp_path, "single"), rel=1e-5)
 
 
 @pytest.mark.slow
