@@ -331,8 +331,8 @@ class GPTModel(nn.Module):
                       documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         """Model chunk `chunk` of this pipeline stage: from tokens on the model's first chunk, else from
         the previous chunk's hidden states; to the per-token loss (or logits) on its last chunk, else to
-        hidden states [batch, seq, hidden]. `documents`: the micro-batch's positions (read by the embedding and
-        rotary) and attention mask (every chunk's attention), where the document-masking flags are set."""
+        hidden states [batch, seq, hidden]. `documents`: the micro-batch's positions (read by the learned position
+        embedding) and attention mask (every chunk's attention), where the document-masking flags are set."""
         hidden = self.embed(inputs, documents) if self.stage.first and chunk == 0 else inputs
         hidden = self.run_blocks(self.chunk_blocks[chunk], hidden) if documents is None else \
             self.run_blocks(self.chunk_blocks[chunk], hidden, documents)
@@ -347,7 +347,8 @@ class GPTModel(nn.Module):
         The output layer (tied to the token embedding, or untied and split the same way) gives
         vocab-parallel logits: each TP rank scores its slice of the vocabulary and the loss is computed
         without gathering them. Padding rows of the vocabulary never take part in the softmax, so
-        padding changes nothing.
+        padding changes nothing. `documents` (data/documents.py): per-document positions and attention
+        (--reset-position-ids, --reset-attention-mask); the loss mask is the caller's (masked_token_mean).
         """
         return self.output(self.hidden_states(tokens, documents), labels)
 
