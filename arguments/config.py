@@ -346,6 +346,13 @@ class DataConfig:
                                                       "~/.cache/zero-gpt)",
                                            aliases={"--data-cache-path": "Megatron-LM"})
     num_workers: int = option(0, help="data-loader worker processes")
+    # data/documents.py: Megatron-LM's get_ltor_masks_and_position_ids, from the tokenizer's end-of-document id
+    reset_position_ids: bool = option(False, help="learned positions restart at 0 after each end-of-document token "
+                                                  "(rotary positions do not, as in Megatron-LM)")
+    reset_attention_mask: bool = option(False, help="a token attends only to its own document (block-diagonal "
+                                                    "causal attention, split after each end-of-document token)")
+    eod_mask_loss: bool = option(False, help="no loss where the input token is the end-of-document token (its "
+                                             "prediction of the next document's first token)")
     # data/mock.py
     mock_data: bool = option(False, help="train on Megatron's MockGPTDataset documents (token ids 1, 2, ... of "
                                          "random lengths, each ending in the end-of-document id) instead of data")

@@ -42,14 +42,18 @@ def attention_kernels(backend: str):
 
 
 def backend_for_device(config: ModelConfig, precision: str, device: torch.device,
-                       flag: str = "") -> tuple[str, Optional[str]]:
+                       flag: str = "", attention_mask: bool = False) -> tuple[str, Optional[str]]:
     """The backend to run on `device`: the one asked for, or `auto` with the info line saying why, naming
-    `flag` (the option as typed; `--attention-backend X` when empty)."""
+    `flag` (the option as typed; `--attention-backend X` when empty). `attention_mask`: attention takes an
+    explicit mask (--reset-attention-mask), which SDPA's flash kernel on CUDA does not take (its CPU one does)."""
     asked = flag if flag not in ("", "--attention-backend") else f"--attention-backend {config.attention_backend}"
     why = None
     if device.type == "cuda":
         if config.attention_backend == "flash" and precision == "fp32":
             why = "the flash kernel on CUDA takes 16-bit inputs (add --bf16 or --fp16 to use it)"
+        elif config.attention_backend == "flash" and attention_mask:
+            why = ("the flash kernel on CUDA takes no attention mask and --reset-attention-mask needs one "
+                   "(each document's block of causal attention)")
     elif config.attention_backend == "fused":
         why = "the fused kernels need CUDA"
     elif config.attention_backend == "flash" and config.attention_dropout > 0:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,9 @@ from parallel.mappings import (
 )
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
+
+if TYPE_CHECKING:  # the model reads the masks' tensors; importing it loads no data pipeline (tests/test_layering.py)
+    from data.documents import DocumentMasks
 
 
 def sdpa_takes_grouped_kv(attention_backend: str) -> bool:
@@ -117,9 +120,16 @@ class SelfAttention(nn.Module):
                                        init_std=_output_layer_std(config),
                                        bias=architecture.add_bias_linear, sequence_parallel=sequence_parallel)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+        """`documents` (data/documents.py): a block-diagonal causal mask where --reset-attention-mask set one,
+        else the causal mask. Rotary positions stay 0..seq-1 under --reset-position-ids, as in Megatron-Core's
+        GPTModel._preprocess (`self.rotary_pos_emb(rotary_seq_len, ...)` for 'rope': position_ids reach only the
+        learned embedding and mrope) and Megatron-DeepSpeed's TransformerLanguageModel.forward
+        (`self.rotary_pos_emb(self.seq_length)`); within a document the rotation of q.k depends only on the
+        positions' difference, which a reset does not change."""
         # each [batch, heads, seq, head_dim]; key and value with one head per group under native_gqa; the
         # gate [batch, seq, heads x head_dim] or None
+        attention_mask = documents.attention_mask if documents is not None else None
         query, key, value, gate = self._query_key_value(hidden)
         batch, _, seq, _ = query.shape  # the whole sequence, also when `hidden` is a slice of it
         # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
@@ -128,7 +138,7 @@ class SelfAttention(nn.Module):
         with dropout_stream(self.rng), attention_kernels(self.attention_backend):
             context = attention_at_head_dim(query, key, value, head_dim,
                                             dropout_p=self.dropout_p if self.training else 0.0,
-                                            enable_gqa=self.native_gqa)
+                                            enable_gqa=self.native_gqa, attention_mask=attention_mask)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
         if gate is not None:
             context = (context * torch.sigmoid(gate.float())).to(context.dtype)
@@ -213,8 +223,8 @@ class TransformerBlock(nn.Module):
             self.mlp = MLP(config, state, bias=architecture.add_bias_linear)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self._residual_dropout(self.attention(self.input_layernorm(hidden)))
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+        hidden = hidden + self._residual_dropout(self.attention(self.input_layernorm(hidden), documents))
         return hidden + self._residual_dropout(self.mlp(self.post_attention_layernorm(hidden)))
 
     def _residual_dropout(self, branch: torch.Tensor) -> torch.Tensor:
@@ -295,40 +305,52 @@ class GPTModel(nn.Module):
         # zero.activations.apply_activation_checkpointing has replaced it.
         self.run_blocks = run_in_order
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         """The first block's input, [batch, seq, hidden] (under sequence parallelism, this rank's slice of the
-        sequence: [batch, seq / TP, hidden])."""
+        sequence: [batch, seq / TP, hidden]). Learned positions are 0..seq-1, or `documents.position_ids`
+        [batch, seq] where given (--reset-position-ids)."""
         hidden = self.word_embeddings(tokens)
         if self.position_embeddings is not None:
-            hidden = hidden + self.position_embeddings(torch.arange(tokens.shape[1], device=tokens.device))
+            positions = documents.position_ids if documents is not None else None
+            if positions is None:
+                positions = torch.arange(tokens.shape[1], device=tokens.device)
+            hidden = hidden + self.position_embeddings(positions)
             if self.sequence_parallel:
                 hidden = scatter_to_sequence_parallel_region(hidden, self.state)
         with dropout_stream(self.split_dropout_rng):
             return self.embedding_dropout(hidden)
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         """The final norm's output, [batch, seq, hidden] (a slice of the sequence under sequence parallelism)."""
-        return self.final_layernorm(self.run_blocks(self.blocks, self.embed(tokens)))
+        hidden = self.embed(tokens, documents)
+        hidden = self.run_blocks(self.blocks, hidden) if documents is None else \
+            self.run_blocks(self.blocks, hidden, documents)
+        return self.final_layernorm(hidden)
 
-    def chunk_forward(self, chunk: int, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def chunk_forward(self, chunk: int, inputs: torch.Tensor, labels: torch.Tensor | None = None,
+                      documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         """Model chunk `chunk` of this pipeline stage: from tokens on the model's first chunk, else from
         the previous chunk's hidden states; to the per-token loss (or logits) on its last chunk, else to
-        hidden states [batch, seq, hidden]."""
-        hidden = self.embed(inputs) if self.stage.first and chunk == 0 else inputs
-        hidden = self.run_blocks(self.chunk_blocks[chunk], hidden)
+        hidden states [batch, seq, hidden]. `documents`: the micro-batch's positions (read by the learned position
+        embedding) and attention mask (every chunk's attention), where the document-masking flags are set."""
+        hidden = self.embed(inputs, documents) if self.stage.first and chunk == 0 else inputs
+        hidden = self.run_blocks(self.chunk_blocks[chunk], hidden) if documents is None else \
+            self.run_blocks(self.chunk_blocks[chunk], hidden, documents)
         if self.stage.last and chunk == len(self.stage.chunks) - 1:
             return self.output(self.final_layernorm(hidden), labels)
         return hidden
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
+                documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         """Logits [batch, seq, vocab] without labels; per-token cross-entropy [batch, seq] with them.
 
         The output layer (tied to the token embedding, or untied and split the same way) gives
         vocab-parallel logits: each TP rank scores its slice of the vocabulary and the loss is computed
         without gathering them. Padding rows of the vocabulary never take part in the softmax, so
-        padding changes nothing.
+        padding changes nothing. `documents` (data/documents.py): per-document positions and attention
+        (--reset-position-ids, --reset-attention-mask); the loss mask is the caller's (masked_token_mean).
         """
-        return self.output(self.hidden_states(tokens), labels)
+        return self.output(self.hidden_states(tokens, documents), labels)
 
     def output(self, final_hidden: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
         """The output layer (and the loss, with labels) on the final norm's output."""
@@ -366,9 +388,10 @@ def compile_blocks(model: GPTModel) -> None:
         block.compile()
 
 
-def run_in_order(blocks: nn.ModuleList, hidden: torch.Tensor) -> torch.Tensor:
+def run_in_order(blocks: nn.ModuleList, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None
+                 ) -> torch.Tensor:
     for block in blocks:
-        hidden = block(hidden)
+        hidden = block(hidden) if documents is None else block(hidden, documents)
     return hidden
 
 

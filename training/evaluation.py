@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from arguments.config import PretrainConfig
+from data.documents import DocumentMasking, DocumentMasks, masked_token_mean
 from parallel.state import ParallelState
 from training.metrics import MetricsWriter, format_eval_line, perplexity
 
@@ -21,6 +22,14 @@ def split_tokens(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch
     return tokens[:, :-1], tokens[:, 1:]
 
 
+def split_micro_batch(batch: dict, device: torch.device, documents: Optional[DocumentMasking]
+                ) -> tuple[torch.Tensor, torch.Tensor, Optional[DocumentMasks]]:
+    """split_tokens, and the inputs' document masks where --reset-position-ids, --reset-attention-mask or
+    --eod-mask-loss asks for them (data/documents.py; None otherwise: nothing is built)."""
+    inputs, labels = split_tokens(batch, device)
+    return inputs, labels, documents.masks(inputs) if documents is not None else None
+
+
 def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
     """Mean of `tensor` over the DP group, in place (a no-op without data parallelism)."""
     if state.data_parallel_size > 1:
@@ -31,19 +40,22 @@ def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> to
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, config: PretrainConfig,
-             state: ParallelState, forward: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
-             ) -> float:
+             state: ParallelState, forward: Optional[Callable[..., torch.Tensor]] = None,
+             documents: Optional[DocumentMasking] = None) -> float:
     """Mean token loss over the first `num_micro_batches` micro-batches of `loader` on every DP rank.
-    `forward(inputs, labels)`: the per-token loss (the model's own forward unless given: with pipeline
-    stages, training/pipeline_step.py's PipelineForward, whose loss exists on the last stage only)."""
+    `forward(inputs, labels, documents)`: the per-token loss (the model's own forward unless given: with
+    pipeline stages, training/pipeline_step.py's PipelineForward, whose loss exists on the last stage only).
+    `documents`: the training's document masking, which evaluation uses too (Megatron's evaluate runs the same
+    forward_step, masks and loss_func): each micro-batch's loss is then the masked mean, as in training."""
     forward = forward or model
     model.eval()
     total = torch.zeros((), device=state.device)
     count = 0
     try:
         for batch, _ in zip(loader, range(num_micro_batches)):
-            inputs, labels = split_tokens(batch, state.device)
-            total += forward(inputs, labels).mean()
+            inputs, labels, masks = split_micro_batch(batch, state.device, documents)
+            per_token = forward(inputs, labels) if masks is None else forward(inputs, labels, masks)
+            total += per_token.mean() if masks is None else masked_token_mean(per_token, masks)
             count += 1
     finally:
         model.train()
@@ -62,9 +74,10 @@ class Evaluator:
     def __init__(self, model: nn.Module, make_valid_loader: Optional[LoaderFactory],
                  make_test_loader: Optional[LoaderFactory], micro_batches: int, config: PretrainConfig,
                  state: ParallelState, writer: MetricsWriter,
-                 forward: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None) -> None:
+                 forward: Optional[Callable[..., torch.Tensor]] = None,
+                 documents: Optional[DocumentMasking] = None) -> None:
         self.model, self.config, self.state, self.writer = model, config, state, writer
-        self.forward = forward  # see evaluate
+        self.forward, self.documents = forward, documents  # see evaluate
         self.loaders = {"valid": make_valid_loader, "test": make_test_loader}
         self.micro_batches = micro_batches
 
@@ -75,7 +88,7 @@ class Evaluator:
 
     def run(self, split: str, iteration: int, consumed_samples: int) -> float:
         loss = evaluate(self.model, self.loaders[split](), self.micro_batches, self.config, self.state,
-                        self.forward)
+                        self.forward, self.documents)
         record = {"iteration": iteration, "consumed_samples": consumed_samples, "split": split,
                   "loss": loss, "ppl": perplexity(loss)}
         self.writer.write(record, format_eval_line(record))

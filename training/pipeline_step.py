@@ -10,7 +10,9 @@ the loss of each micro-batch is divided by the number of micro-batches, and the 
 last stage only (its gradient carries the scale to the others).
 
 Every stage takes each micro-batch from the data loader, so the sampler's consumed samples stay the same on all
-ranks; only the first stage reads its tokens and only the last its labels. ZeRO's reducer runs every backward
+ranks; only the first stage reads its tokens and only the last its labels. With document masking (data/documents.py) every stage
+builds the micro-batch's masks from its tokens: the first stage's embedding reads the positions, every stage's
+attention the mask, and the last stage's loss the loss mask. ZeRO's reducer runs every backward
 but the rank's last under `no_sync`, so gradients are reduced once per step where the storage allows (stage 2
 reduces each micro-batch, as without stages); then the tied embedding's copies are summed
 (zero/pipeline_grads.py) and the loss, known on the last stage, is broadcast over the pipeline group for the
@@ -24,12 +26,13 @@ from typing import Iterator, Optional
 
 import torch
 
+from data.documents import DocumentMasking, DocumentMasks, masked_token_mean
 from gpt.model import GPTModel
 from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, schedule
 from parallel.state import ParallelState
-from training.evaluation import split_tokens
+from training.evaluation import split_micro_batch
 from training.run_settings import RunSettings
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor
@@ -41,8 +44,9 @@ class PipelineTrainStep(DataParallelTrainStep):
     """The optimizer side is DataParallelTrainStep's; the micro-batches run as the pipeline schedule says."""
 
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
-                 state: ParallelState, activations: ActivationMonitor) -> None:
-        super().__init__(model, zero, train_batches, settings, state, activations)
+                 state: ParallelState, activations: ActivationMonitor,
+                 documents: Optional[DocumentMasking] = None) -> None:
+        super().__init__(model, zero, train_batches, settings, state, activations, documents)
         self.chunks = len(model.stage.chunks)
         group = settings.config.training.microbatch_group_size_per_virtual_pipeline_stage
         self.p2p = PipelineP2P(state.device, state.comm,
@@ -54,7 +58,8 @@ class PipelineTrainStep(DataParallelTrainStep):
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         state, reducer = self.state, self.zero.reducer
-        batches = [split_tokens(next(self.train_batches), state.device) for _ in range(accumulation_steps)]
+        batches = [split_micro_batch(next(self.train_batches), state.device, self.documents)
+                   for _ in range(accumulation_steps)]
         slots = schedule(accumulation_steps, state.pipeline_parallel_size, state.pipeline_parallel_rank,
                          self.chunks, self.settings.config.training.microbatch_group_size_per_virtual_pipeline_stage)
         last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
@@ -63,10 +68,10 @@ class PipelineTrainStep(DataParallelTrainStep):
         iteration_loss = torch.zeros((), device=state.device)
         for index, slot in enumerate(slots):
             self.p2p.start_slot()
-            tokens, labels = batches[slot.micro_batch]
+            tokens, labels, masks = batches[slot.micro_batch]
             if slot.kind == "F":
                 with self.activations.measuring() if measure_activations else contextlib.nullcontext():
-                    output = self._forward(slot, tokens, labels, inputs, accumulation_steps)
+                    output = self._forward(slot, tokens, labels, inputs, accumulation_steps, masks)
                 outputs[(slot.micro_batch, slot.chunk)] = output
                 if self._ends_model(slot):
                     iteration_loss += output.detach()
@@ -91,7 +96,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         return self._virtual_stage(slot) == self.chunks * self.state.pipeline_parallel_size - 1
 
     def _forward(self, slot: Slot, tokens: torch.Tensor, labels: torch.Tensor, inputs: dict,
-                 accumulation_steps: int) -> torch.Tensor:
+                 accumulation_steps: int, masks: Optional[DocumentMasks] = None) -> torch.Tensor:
         if self._starts_model(slot):
             received, chunk_input = None, tokens
         else:
@@ -101,9 +106,15 @@ class PipelineTrainStep(DataParallelTrainStep):
                                         ACTIVATION).requires_grad_()
             chunk_input = received
         inputs[(slot.micro_batch, slot.chunk)] = received
-        if self._ends_model(slot):
+        if masks is not None:
+            if self._ends_model(slot):
+                return masked_token_mean(self.model.chunk_forward(slot.chunk, chunk_input, labels, masks),
+                                         masks) / accumulation_steps
+            output = self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
+        elif self._ends_model(slot):
             return self.model.chunk_forward(slot.chunk, chunk_input, labels).float().mean() / accumulation_steps
-        output = self.model.chunk_forward(slot.chunk, chunk_input)
+        else:
+            output = self.model.chunk_forward(slot.chunk, chunk_input)
         self.p2p.send(output, self.state.stage_rank(self._virtual_stage(slot) + 1), ACTIVATION)
         return output
 
@@ -131,7 +142,8 @@ class PipelineForward:
         self.chunks = len(model.stage.chunks)
         self.dtype = next(model.parameters()).dtype
 
-    def __call__(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, labels: torch.Tensor,
+                 documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         state, stages = self.state, self.state.pipeline_parallel_size
         last = self.chunks * stages - 1
         loss = torch.zeros((), device=state.device)
@@ -140,7 +152,7 @@ class PipelineForward:
             shape = activation_shape(tokens, self.hidden_size, self.model, state.tensor_parallel_size)
             chunk_input = tokens if virtual == 0 else self.p2p.receive(shape, self.dtype,
                                                                        state.stage_rank(virtual - 1), ACTIVATION)
-            output = self.model.chunk_forward(chunk, chunk_input, labels if virtual == last else None)
+            output = self.model.chunk_forward(chunk, chunk_input, labels if virtual == last else None, documents)
             if virtual == last:
                 loss = output
             else:

@@ -61,7 +61,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     run's own."""
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
     training, notes = resolve_precision(config, device_type)
-    notes += vocabulary_notes(config, vocab_size)
+    notes += vocabulary_notes(config, vocab_size) + document_masking_notes(config)
     model = dataclasses.replace(config.model, vocab_size=vocab_size)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
@@ -130,6 +130,20 @@ def _vocab_words(config: PretrainConfig) -> str:
     source = config.sources.get("vocab_size")
     where = f" (vocab_size of the preset {source.origin})" if source is not None and source.kind == PRESET else ""
     return f"--vocab-size {config.model.vocab_size}{where}"
+
+
+def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
+    """--reset-position-ids restarts the learned position embedding's positions only: Megatron-Core's GPTModel hands
+    position_ids to its embedding, and for rope computes the rotary angles of positions 0..seq-1
+    (GPTModel._preprocess: `self.rotary_pos_emb(rotary_seq_len, ...)`), as Megatron-DeepSpeed does
+    (`self.rotary_pos_emb(self.seq_length)`). Under rope or no positions the flag changes nothing, said once."""
+    kind = config.model.position_embedding_type
+    if not config.data.reset_position_ids or kind == "learned_absolute":
+        return ()
+    return (f"> --reset-position-ids has no effect with --position-embedding-type {kind}: Megatron-LM restarts only "
+            f"learned positions after each end-of-document token; rotary angles stay those of positions 0..seq-1 "
+            f"(within a document, which --reset-attention-mask keeps attention to, rotary q.k depends only on the "
+            f"positions' difference)",)
 
 
 def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from data.documents import DocumentMasking
 from training.divergence import resumable_checkpoint
 from training.evaluation import Evaluator
 from training.interval_metrics import IntervalMetrics
@@ -31,13 +32,16 @@ def train_run(run: Run) -> TrainingSummary:
     try:
         train_batches = iter(run.data.make_train_loader(start.consumed_samples)) if not finished else iter(())
         step_class = PipelineTrainStep if state.pipeline_parallel_size > 1 else DataParallelTrainStep
-        step = step_class(built.model, built.zero, train_batches, settings, state, built.activations)
+        data = config.data
+        documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
+                                       data.eod_mask_loss)
+        step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents)
         metrics = IntervalMetrics(settings, state, writer, built.activations)
         eval_micro_batches = training.eval_iters * settings.batch.final_accumulation_steps
         forward = PipelineForward(built.model, state, config.model.hidden_size) \
             if state.pipeline_parallel_size > 1 else None
         evaluator = Evaluator(built.model, run.data.make_valid_loader, run.data.make_test_loader,
-                              eval_micro_batches, config, state, writer, forward)
+                              eval_micro_batches, config, state, writer, forward, documents)
         memory = FirstIterationMemory(built.zero.optimizer, settings, state, writer, built.activations,
                                       run.memory_check, first_iteration=start.iteration + 1,
                                       micro_batches=settings.batch.accumulation_steps_at(start.consumed_samples))

@@ -31,7 +31,8 @@ def check_before_claim(config: PretrainConfig, state: ParallelState, log: Log) -
     check_vocabulary_flags(config)
     typed = config.sources.get("attention_backend")  # the flag as typed names the fallback (`--use-flash-attn`)
     flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == "flag" else ""
-    backend, fallback = backend_for_device(config.model, config.training.precision, state.device, flag)
+    backend, fallback = backend_for_device(config.model, config.training.precision, state.device, flag,
+                                           attention_mask=config.data.reset_attention_mask)
     if fallback:
         log(fallback)
         config.model = dataclasses.replace(config.model, attention_backend=backend)

@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from arguments.schedule import tokens_seen_by_schedule
+from data.documents import DocumentMasking, masked_token_mean
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
-from training.evaluation import average_over_data_parallel, split_tokens
+from training.evaluation import average_over_data_parallel, split_micro_batch
 from training.run_settings import RunSettings
 from zero.activations import ActivationMonitor
 from zero.apply import ZeroParts
@@ -84,12 +85,15 @@ def check_skip_limit(iteration: int, consecutive_skips: int, limit: int, loss_sc
 
 class DataParallelTrainStep:
     """Micro-batches on this rank's model under ZeRO's reducer (tensor and data parallelism), then
-    ZeRO's sharded optimizer step."""
+    ZeRO's sharded optimizer step. `documents`: --reset-position-ids, --reset-attention-mask and --eod-mask-loss
+    (data/documents.py), None without them."""
 
     def __init__(self, model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
-                 state: ParallelState, activations: ActivationMonitor) -> None:
+                 state: ParallelState, activations: ActivationMonitor,
+                 documents: Optional[DocumentMasking] = None) -> None:
         self.model, self.zero, self.train_batches = model, zero, train_batches
         self.settings, self.state, self.activations = settings, state, activations
+        self.documents = documents
         self.consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
         model.train()
 
@@ -137,11 +141,16 @@ class DataParallelTrainStep:
                            seconds=seconds)
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        """The micro-batches of one iteration; their mean loss, still on the device."""
+        """The micro-batches of one iteration; their mean loss, still on the device. Each micro-batch's loss is
+        its token mean, or with --eod-mask-loss its masked mean (data/documents.py masked_token_mean: Megatron-
+        Core's sum(loss x mask) / num_tokens per micro-batch), divided by the accumulation steps; the data-parallel
+        reducer averages the gradients over the ranks, as Megatron's does. The recorded loss is the same
+        mean over micro-batches and ranks (Megatron-DeepSpeed's average_losses_across_data_parallel_group;
+        Megatron-LM's log weighs the ranks' micro-batches by their unmasked tokens instead)."""
         reducer, activations, device = self.zero.reducer, self.activations, self.state.device
         iteration_loss = torch.zeros((), device=device)
         for micro_batch in range(accumulation_steps):
-            inputs, labels = split_tokens(next(self.train_batches), device)
+            inputs, labels, masks = split_micro_batch(next(self.train_batches), device, self.documents)
             last = micro_batch == accumulation_steps - 1
             with contextlib.nullcontext() if last else reducer.no_sync():
                 # No autocast in 16-bit training: the parameters are bf16/fp16 themselves, so every matmul
@@ -151,7 +160,10 @@ class DataParallelTrainStep:
                 # to 16 bits before the next matmul: without them an eager 1.5B iteration on an H100 is
                 # 8% faster with 1.3 GiB less memory (benchmark_gpu.py --impls ours,ours-autocast).
                 with activations.measuring() if measure_activations else contextlib.nullcontext():
-                    loss = self.model(inputs, labels).float().mean() / accumulation_steps
+                    if masks is None:
+                        loss = self.model(inputs, labels).float().mean() / accumulation_steps
+                    else:
+                        loss = masked_token_mean(self.model(inputs, labels, masks), masks) / accumulation_steps
                 self.zero.scale_loss(loss).backward()
             reducer.finish_grad_sync()
             iteration_loss += loss.detach()

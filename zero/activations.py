@@ -196,17 +196,18 @@ class ActivationCheckpointing:
         holds nothing but still reports the checkpoints as host memory)."""
         return torch.device("meta") if self.device.type == "meta" else torch.device("cpu")
 
-    def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+    def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, documents=None) -> torch.Tensor:
         """`hidden` through every block, checkpointing groups of `checkpoint_num_layers` blocks
-        (a plain loop when no gradient is being recorded, e.g. in evaluation)."""
+        (a plain loop when no gradient is being recorded, e.g. in evaluation). `documents`: the micro-batch's
+        masks (data/documents.py) each block's attention reads, in the forward and in the recompute alike."""
         if not torch.is_grad_enabled():
             for block in blocks:
-                hidden = block(hidden)
+                hidden = block(hidden) if documents is None else block(hidden, documents)
             return hidden
         self._next_slot = 0
         for start in range(0, len(blocks), self.group_size):
             group = list(blocks[start:start + self.group_size])
-            hidden = _CheckpointFunction.apply(_BlockGroup(group), self, hidden)
+            hidden = _CheckpointFunction.apply(_BlockGroup(group, documents), self, hidden)
         return hidden
 
     # ---- what is kept for backward ------------------------------------------------------------
@@ -273,12 +274,12 @@ class ActivationCheckpointing:
 class _BlockGroup:
     """Calls a group of blocks in order (a picklable stand-in for a closure)."""
 
-    def __init__(self, blocks: list[nn.Module]) -> None:
-        self.blocks = blocks
+    def __init__(self, blocks: list[nn.Module], documents=None) -> None:
+        self.blocks, self.documents = blocks, documents
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
-            hidden = block(hidden)
+            hidden = block(hidden) if self.documents is None else block(hidden, self.documents)
         return hidden
 
 
@@ -325,7 +326,7 @@ class _CheckpointFunction(torch.autograd.Function):
 def apply_activation_checkpointing(model: nn.Module, config, state, rng=None,
                                    monitor: Optional[ActivationMonitor] = None) -> ActivationCheckpointing:
     """Make `model` run its blocks under activation checkpointing (`config`: ActivationCheckpointConfig).
-    The model must run its blocks through a `run_blocks(blocks, hidden)` hook, as GPTModel does."""
+    The model must run its blocks through a `run_blocks(blocks, hidden[, documents])` hook, as GPTModel does."""
     if not hasattr(model, "run_blocks") or not hasattr(model, "blocks"):
         raise TypeError(f"{type(model).__name__} has no run_blocks hook: activation checkpointing applies to "
                         "models that run their blocks through model.run_blocks(blocks, hidden), like GPTModel")

@@ -370,9 +370,9 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: every block is the same GPT-2 block", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
         --use-mup --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
-    ("not implemented: documents are concatenated and every token is predicted across document boundaries, as "
-     "in GPT-2's training (no loss mask, no per-document positions or attention)", _names("""
-        --eod-mask-loss --reset-position-ids --reset-attention-mask --dataloader-inter-document-masking""")),
+    ("not implemented: Megatron-LM's packed-sequence attention over the documents the dataset's index records in "
+     "each sample (cu_seqlens); --reset-attention-mask splits attention at end-of-document tokens instead",
+     _names("--dataloader-inter-document-masking")),
     ("not implemented: the data is one --data-path (a prefix or a weighted blend) split into train, valid and "
      "test documents by --split", _names("""
         --train-data-path --valid-data-path --test-data-path --data-args-path --per-split-data-args-path

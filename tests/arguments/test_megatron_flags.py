@@ -164,3 +164,16 @@ def test_main_grads_dtype_bf16_is_bf16_gradients_as_megatron_validates_it():
         parse_config(["--bf16", "--main-grads-dtype", "bf16", "--accumulate-allreduce-grads-in-fp32"])
     with pytest.raises(ConfigError, match="--main-grads-dtype bf16 without --bf16"):
         parse_config(["--main-grads-dtype", "bf16"])
+
+
+def test_document_masking_flags_are_read_and_inter_document_masking_refused():
+    """Megatron-LM's --reset-position-ids, --reset-attention-mask and --eod-mask-loss (megatron/training/arguments.py
+    _add_data_args; built by megatron/core/datasets/gpt_dataset.py _get_ltor_masks_and_position_ids) are the run's
+    document masking (data/documents.py); before, all three were refused. --dataloader-inter-document-masking, whose
+    documents come from the dataset's index as cu_seqlens, stays refused."""
+    data = parse_config(["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"]).data
+    assert (data.reset_position_ids, data.reset_attention_mask, data.eod_mask_loss) == (True, True, True)
+    data = parse_config([]).data
+    assert (data.reset_position_ids, data.reset_attention_mask, data.eod_mask_loss) == (False, False, False)
+    with pytest.raises(ConfigError, match="--dataloader-inter-document-masking: not implemented"):
+        parse_config(["--dataloader-inter-document-masking"])

@@ -9,6 +9,7 @@ import torch
 
 import pretrain_gpt
 from arguments.config import ModelConfig
+from gpt.attention_backend import backend_for_device
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 
@@ -66,3 +67,15 @@ def test_flash_on_cuda_in_fp32_falls_back_and_16_bit_keeps_it():
     assert backend_for_device(flash, "bf16", torch.device("cuda")) == ("flash", None)
     fused = dataclasses.replace(MODEL, attention_backend="fused")
     assert backend_for_device(fused, "fp32", torch.device("cuda")) == ("fused", None)
+
+
+def test_flash_on_cuda_with_reset_attention_mask_falls_back_in_one_line():
+    """SDPA's flash kernel on CUDA takes no attn_mask (PyTorch's sdp_utils check_for_attn_mask); --reset-attention-
+    mask's block-diagonal mask needs one, so the choice falls back to auto before any work, said in one line. The
+    CPU's flash kernel takes a mask: kept there."""
+    config = dataclasses.replace(MODEL, attention_backend="flash")
+    cuda = torch.device("cuda")
+    assert backend_for_device(config, "bf16", cuda) == ("flash", None)
+    backend, line = backend_for_device(config, "bf16", cuda, attention_mask=True)
+    assert backend == "auto" and "--reset-attention-mask" in line and "\n" not in line
+    assert backend_for_device(config, "fp32", torch.device("cpu"), attention_mask=True) == ("flash", None)

@@ -1,0 +1,89 @@
+"""Document masking: Megatron's --reset-position-ids, --reset-attention-mask and --eod-mask-loss.
+
+A training sample is seq_length + 1 tokens cut from documents laid end to end, each ending in the tokenizer's
+end-of-document (EOD) id. By default every token attends to every earlier one and is predicted, across the
+documents' boundaries (GPT-2's training). Megatron-LM's `_get_ltor_masks_and_position_ids`
+(megatron/core/datasets/gpt_dataset.py; the older `get_ltor_masks_and_position_ids` in Megatron-DeepSpeed's
+megatron/utils.py is the same arithmetic) builds, from a sample's input tokens (the sample without its last
+token) and the EOD id:
+
+- position ids that restart after each EOD (--reset-position-ids): `position_ids[(i + 1):] -= i + 1 - prev`
+  for each EOD index i;
+- an attention mask that stops a token attending to anything at or before an earlier EOD
+  (--reset-attention-mask): `attention_mask[0, (i + 1):, :(i + 1)] = 0`, on top of the causal mask, so attention
+  is block-diagonal and causal, one block per document (an EOD belongs to the document it ends);
+- a loss mask that is 0 where the input token is the EOD (--eod-mask-loss): `loss_mask[data == eod_token] = 0`,
+  so the EOD's prediction of the next document's first token is not trained.
+
+Megatron computes them per sample in the dataset with a Python loop over the EODs; here they are computed per
+micro-batch, vectorized, on the device where the tokens are, by every pipeline stage that reads the micro-batch
+(training/pipeline_step.py), and only when a flag asks: the default path builds nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class DocumentMasks:
+    """One micro-batch's masks; each None where its flag is off. position_ids [batch, seq] (long);
+    attention_mask [batch, 1, seq, seq] (bool, True where the query row may attend to the key column, causal
+    included: SDPA's convention, the inverse of Megatron's); loss_mask [batch, seq] (float, 1 where trained)."""
+    position_ids: Optional[torch.Tensor] = None
+    attention_mask: Optional[torch.Tensor] = None
+    loss_mask: Optional[torch.Tensor] = None
+
+
+@dataclass(frozen=True)
+class DocumentMasking:
+    """The three flags and the tokenizer's EOD id; `masks(inputs)` builds a micro-batch's DocumentMasks."""
+    eod_id: int
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+
+    @classmethod
+    def of(cls, eod_id: int, reset_position_ids: bool, reset_attention_mask: bool,
+           eod_mask_loss: bool) -> Optional["DocumentMasking"]:
+        """The masking the flags ask for, or None when none is set (the default path: nothing is built)."""
+        if not (reset_position_ids or reset_attention_mask or eod_mask_loss):
+            return None
+        return cls(int(eod_id), reset_position_ids, reset_attention_mask, eod_mask_loss)
+
+    def masks(self, inputs: torch.Tensor) -> DocumentMasks:
+        """The masks of `inputs` [batch, seq], the input tokens (Megatron builds them from `tokens`, text[:-1])."""
+        is_eod = inputs == self.eod_id
+        seq = inputs.shape[1]
+        index = torch.arange(seq, device=inputs.device)
+        position_ids = attention_mask = loss_mask = None
+        if self.reset_position_ids:
+            # A document starts after the last EOD before it: start[i] = max over j < i of (j + 1 if EOD at j),
+            # 0 for the first; the position is i - start[i].
+            after_eod = torch.where(is_eod, index + 1, torch.zeros_like(index))
+            start = torch.cummax(after_eod, dim=1).values
+            start = torch.cat((torch.zeros_like(start[:, :1]), start[:, :-1]), dim=1)
+            position_ids = index - start
+        if self.reset_attention_mask:
+            # The document of token i counts the EODs before it (an EOD belongs to the document it ends).
+            document = torch.cumsum(is_eod, dim=1) - is_eod.long()
+            causal = torch.ones(seq, seq, dtype=torch.bool, device=inputs.device).tril()
+            attention_mask = ((document[:, :, None] == document[:, None, :]) & causal).unsqueeze(1)
+        if self.eod_mask_loss:
+            loss_mask = (~is_eod).float()
+        return DocumentMasks(position_ids, attention_mask, loss_mask)
+
+
+def masked_token_mean(per_token_loss: torch.Tensor, documents: Optional[DocumentMasks]) -> torch.Tensor:
+    """A micro-batch's loss from its per-token losses [batch, seq], in fp32: the mean, or with a loss mask
+    Megatron-Core's reduction, sum(loss x mask) / max(sum(mask), 1) over the whole micro-batch (pretrain_gpt.py
+    loss_func: `torch.sum(losses * loss_mask)` and `num_tokens = loss_mask.sum()`; schedules.py forward_step_calc_loss:
+    `output_tensor /= torch.clamp(num_tokens, min=1)`, then `/= num_microbatches` as the callers here divide by the
+    accumulation steps). Without a mask it is the exact expression the default path always computed."""
+    if documents is None or documents.loss_mask is None:
+        return per_token_loss.float().mean()
+    loss_mask = documents.loss_mask
+    return (per_token_loss.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)

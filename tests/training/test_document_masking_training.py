@@ -1,0 +1,176 @@
+"""Document masking in training runs (--reset-position-ids, --reset-attention-mask, --eod-mask-loss): the logged loss
+of a run's first iteration equals the plain model run on each document of each sample separately, with the
+end-of-document token's prediction left out; evaluation masks the same way; tensor, pipeline and data parallelism
+give the single process's losses.
+
+Megatron-LM builds the masks per sample (megatron/core/datasets/gpt_dataset.py _get_ltor_masks_and_position_ids)
+and reduces the loss per micro-batch: pretrain_gpt.py loss_func sums loss x mask and counts the mask's tokens,
+megatron/core/pipeline_parallel/schedules.py forward_step_calc_loss divides by that count and by the number of
+micro-batches, and the data-parallel gradient reduction averages over the ranks. The data here are documents of
+2 to 12 tokens, so every 32-token sample holds several.
+"""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import pretrain_gpt
+from arguments.config import ModelConfig, PretrainConfig
+from data.documents import DocumentMasking
+from data.indexed import IndexedDatasetWriter
+from parallel.state import ParallelState
+from tests.distributed import run_distributed
+from training.evaluation import evaluate
+from training.train_step import DataParallelTrainStep
+
+EOD = 255  # NullTokenizer --vocab-size 255: ids 0..254, end-of-document 255
+FLAGS = ["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"]
+COMMON = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+          "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+          "--train-iters", "4", "--seed", "1", "--log-interval", "1", "--eval-iters", "0", "--device", "cpu",
+          "--hidden-dropout", "0", "--attention-dropout", "0", "--tokenizer-type", "NullTokenizer",
+          "--vocab-size", "255", "--split", "100,0,0"]
+
+
+def short_documents(directory) -> str:
+    prefix = str(directory / "short_documents")
+    rng = np.random.default_rng(0)
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for _ in range(400):
+            writer.add_document(np.append(rng.integers(0, EOD, rng.integers(1, 12)), EOD))
+        writer.finalize()
+    return prefix
+
+
+def argv(tmp_path, name, *extra) -> list[str]:
+    return COMMON + ["--data-path", short_documents(tmp_path), "--data-cache-dir", str(tmp_path / "cache"),
+                     "--metrics-file", str(tmp_path / f"{name}.jsonl"), *extra]
+
+
+def records(tmp_path, name) -> list[dict]:
+    return [json.loads(line) for line in open(tmp_path / f"{name}.jsonl") if '"grad_norm"' in line]
+
+
+def per_document_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    """One micro-batch's loss by hand: each sample cut after each EOD of its inputs, each piece through the plain
+    model alone (positions from 0, attending only to itself), the losses of the EOD inputs left out, the rest
+    averaged over the micro-batch."""
+    total, count = torch.zeros(()), 0
+    for row in tokens:
+        inputs, labels = row[:-1], row[1:]
+        ends = [int(i) + 1 for i in torch.nonzero(inputs == EOD).flatten()]
+        for start, end in zip([0, *ends], [*ends, len(inputs)]):
+            if end > start:
+                losses = model(inputs[None, start:end], labels[None, start:end])[0]
+                keep = inputs[start:end] != EOD
+                total, count = total + losses[keep].sum(), count + int(keep.sum())
+    return total / count
+
+
+def test_first_iteration_loss_is_each_document_alone_without_the_eods_prediction(tmp_path, monkeypatch):
+    """The first iteration's loss is computed at the initial weights: the reference takes the same four
+    micro-batches from the run's own loader and model before the run uses them."""
+    reference = {}
+    original = DataParallelTrainStep.forward_backward
+
+    def reference_first(self, accumulation_steps, measure_activations):
+        if not reference:
+            batches = [next(self.train_batches) for _ in range(accumulation_steps)]
+            self.train_batches = itertools.chain(batches, self.train_batches)
+            with torch.no_grad():
+                reference["loss"] = sum(per_document_loss(self.model, batch["tokens"]) for batch in batches) \
+                    / accumulation_steps
+        return original(self, accumulation_steps, measure_activations)
+
+    monkeypatch.setattr(DataParallelTrainStep, "forward_backward", reference_first)
+    assert pretrain_gpt.main(argv(tmp_path, "masked", *FLAGS)) == 0
+    first = records(tmp_path, "masked")[0]["loss"]
+    assert first == pytest.approx(reference["loss"].item(), rel=1e-5)
+    reference.clear()
+    monkeypatch.setattr(DataParallelTrainStep, "forward_backward", original)
+    assert pretrain_gpt.main(argv(tmp_path, "plain")) == 0
+    assert records(tmp_path, "plain")[0]["loss"] != pytest.approx(first, rel=1e-3)  # the flags changed it
+
+
+def test_evaluation_uses_the_same_masks():
+    config = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=32,
+                         max_position_embeddings=32, vocab_size=256, hidden_dropout=0.0, attention_dropout=0.0)
+    from gpt.model import build_gpt_model
+    state = ParallelState(device=torch.device("cpu"))
+    model = build_gpt_model(config, state, seed=2)
+    generator = torch.Generator().manual_seed(4)
+    batches = [{"tokens": torch.where(torch.rand(2, 33, generator=generator) < 0.15, EOD,
+                                      torch.randint(0, EOD, (2, 33), generator=generator))} for _ in range(3)]
+    documents = DocumentMasking.of(EOD, True, True, True)
+    loss = evaluate(model, batches, 3, PretrainConfig(model=config), state, documents=documents)
+    with torch.no_grad():
+        expected = sum(per_document_loss(model, batch["tokens"]) for batch in batches) / 3
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+
+
+def train_rank(rank, world_size, args):
+    assert pretrain_gpt.main(args) == 0
+
+
+def validation_losses(tmp_path, name) -> list[float]:
+    return [json.loads(line)["loss"] for line in open(tmp_path / f"{name}.jsonl") if '"split": "valid"' in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", [["--tensor-model-parallel-size", "2"],
+                                      ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+                                      ["--pipeline-model-parallel-size", "2"],
+                                      ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
+                                       "1"]], ids=["tp2", "tp2-sp", "pp2", "pp2-interleaved"])
+def test_two_ranks_give_the_single_process_losses(tmp_path, parallel):
+    """Training and validation losses (evaluation through the pipeline's forward too), with 4 layers so that
+    interleaving gives each stage two model chunks, each of which reads the micro-batch's mask."""
+    both = [*FLAGS, "--num-layers", "4", "--split", "90,10,0", "--eval-iters", "1", "--eval-interval", "2"]
+    assert pretrain_gpt.main(argv(tmp_path, "single", *both)) == 0
+    run_distributed(train_rank, 2, argv(tmp_path, "two", *both, *parallel), timeout=300)
+    single, two = records(tmp_path, "single"), records(tmp_path, "two")
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in single], rel=1e-5)
+    assert [r["grad_norm"] for r in two] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+    assert len(validation_losses(tmp_path, "single")) == 2
+    assert validation_losses(tmp_path, "two") == pytest.approx(validation_losses(tmp_path, "single"), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_data_parallel_is_gradient_accumulation_over_the_same_micro_batches(tmp_path):
+    """Megatron's reduction is per micro-batch (sum over its unmasked tokens / their count), then the mean over
+    micro-batches and data-parallel ranks: DP 2 x 2 accumulation steps are the single process's 4 micro-batches."""
+    assert pretrain_gpt.main(argv(tmp_path, "single", "--eod-mask-loss")) == 0
+    run_distributed(train_rank, 2, argv(tmp_path, "dp2", "--eod-mask-loss"), timeout=300)
+    single, dp2 = records(tmp_path, "single"), records(tmp_path, "dp2")
+    assert [r["loss"] for r in dp2] == pytest.approx([r["loss"] for r in single], rel=1e-5)
+    assert [r["grad_norm"] for r in dp2] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+
+
+def test_activation_checkpointing_recomputes_with_the_same_masks(tmp_path):
+    """The recompute in backward runs each block group with the micro-batch's masks again
+    (zero/activations.py _BlockGroup holds them): the gradients, hence the losses after the first update, are
+    the run's without checkpointing."""
+    assert pretrain_gpt.main(argv(tmp_path, "plain", *FLAGS)) == 0
+    assert pretrain_gpt.main(argv(tmp_path, "recomputed", *FLAGS, "--checkpoint-activations")) == 0
+    plain, recomputed = records(tmp_path, "plain"), records(tmp_path, "recomputed")
+    assert [r["loss"] for r in recomputed] == pytest.approx([r["loss"] for r in plain], rel=1e-6)
+    assert [r["grad_norm"] for r in recomputed] == pytest.approx([r["grad_norm"] for r in plain], rel=1e-6)
+
+
+def test_reset_position_ids_under_rotary_positions_is_said_to_change_nothing():
+    """Megatron-Core's GPTModel._preprocess computes rope's angles for positions 0..seq-1 whatever position_ids say
+    (they reach only the learned embedding): the flag has no effect there, said once at the start."""
+    from arguments.parser import parse_config
+    from training.run_settings import resolve_run_settings
+
+    def notes(*flags):
+        return [note for note in resolve_run_settings(parse_config(list(flags)), 128, 1, 1, "cpu").notes
+                if "--reset-position-ids" in note]
+
+    assert notes("--reset-position-ids") == []
+    assert notes("--position-embedding-type", "rope") == []
+    (line,) = notes("--reset-position-ids", "--position-embedding-type", "rope")
+    assert "has no effect with --position-embedding-type rope" in line and "Megatron-LM" in line
