@@ -366,9 +366,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     problems += folder_problems
     problems += check_run_lengths(settings, sources)
     use_sample_based_lengths(settings, sources)
-    config = PretrainConfig.from_flat(settings, sources)
-    if translation is not None and translation.batch:
-        config.deepspeed_batch = {"source": translation.source, **translation.batch}
+    deepspeed_batch = ({"source": translation.source, **translation.batch}
+                       if translation is not None and translation.batch else {})
+    config = PretrainConfig.from_flat(settings, sources, deepspeed_batch)
+    if deepspeed_batch:
         unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
         if unfit:
             problems.append(unfit)
