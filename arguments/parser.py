@@ -20,6 +20,10 @@ other flag those programs define is accepted with no effect or refused with the 
 source (arguments/config_sources.py) for --print-config and for errors about values the user did not type.
 Every bad input ends in `ConfigError` with one line naming the key or flag; the problems of every layer
 (unknown flags, JSON keys, refused combinations) are collected and reported together.
+
+The layers, the Megatron meanings and the JSON's overrides all write into one flat draft, {setting: value};
+`PretrainConfig.from_flat` freezes it once at the end (why a draft: arguments/config.py's docstring), and
+nothing assigns into the config after.
 """
 
 from __future__ import annotations
