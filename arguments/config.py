@@ -10,6 +10,17 @@ CPU in a couple of minutes.
 
 Validation happens in `PretrainConfig.validate()`, before any work starts, and raises `ConfigError`
 with a message that names the flag and the fix.
+
+Every class here (and `ModelConfig`, `ZeroConfig`, `ActivationCheckpointConfig` below it) is a frozen
+dataclass: a config is what the user asked for, and nothing changes it after parsing. The parser
+(arguments/parser.py) and the Megatron and DeepSpeed translations work on a flat draft, {setting:
+value}, which layers presets, JSON and flags by plain dict updates; `PretrainConfig.from_flat` freezes
+it once at the end, each section built by its constructor. A draft rather than a chain of
+`dataclasses.replace` calls because the layers and the translations write settings by name, from many
+sections at once, and a dict says that directly. What depends on the tokenizer, the grid or the device
+(the vocabulary, the batch of every iteration, the precision, the attention kernel) is not written back
+here: training/run_settings.py resolves it once into a new, also frozen, copy. Code and tests that want
+a variant build one with `dataclasses.replace`.
 """
 
 from __future__ import annotations
@@ -52,7 +63,7 @@ LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
 LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimizerConfig:
     lr: float = 1e-3
     min_lr: float = 1e-4
@@ -154,7 +165,7 @@ class OptimizerConfig:
                 raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}", flags=(_flag(name),))
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingConfig:
     micro_batch_size: int = option(16, aliases={"--batch-size": "DeepSpeed-Megatron"})
     global_batch_size: int = option(32, help="micro batch x gradient-accumulation steps x data-parallel size "
@@ -333,7 +344,7 @@ def tokenizer_type_name(name: str) -> str:
     return TOKENIZER_TYPE_ALIASES.get(name, name)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     # Megatron's form: one prefix ("path/to/x_text_document"), or "weight prefix weight prefix ...".
     # Empty means the embedded default corpus (CPython's pydoc topics).
@@ -433,7 +444,7 @@ class DataConfig:
                               flags=("--num-workers", "--tokenizer-vocab-size"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoggingConfig:
     metrics_file: str = option("runs/metrics.jsonl", help="JSON lines, one record per log/eval")
     wandb_project: Optional[str] = option(None, help="log to W&B (offline unless W&B is configured on this "
@@ -457,7 +468,7 @@ class LoggingConfig:
             raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}", flags=("--peak-tflops",))
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     save: Optional[str] = option(None, metavar="DIR", help="write checkpoints here: one iter_NNNNNNN/ per save and "
                                                            "a 'latest' pointer")
@@ -520,7 +531,7 @@ class CheckpointConfig:
                               flags=("--save",))
 
 
-@dataclass
+@dataclass(frozen=True)
 class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -608,15 +619,19 @@ class PretrainConfig:
                           for f in fields(getattr(self, section))} for section in self.SECTIONS}
 
     @classmethod
-    def from_flat(cls, values: dict, sources: Optional[dict] = None) -> "PretrainConfig":
-        """Build from a flat {field_name: value} mapping (what argparse and YAML presets give)."""
-        config = cls(sources=dict(sources or {}))
+    def from_flat(cls, values: dict, sources: Optional[dict] = None,
+                  deepspeed_batch: Optional[dict] = None) -> "PretrainConfig":
+        """Build from a flat {field_name: value} mapping (what argparse and YAML presets give): each section
+        constructed once from its values, the defaults for the rest."""
         sections = field_sections()
+        by_section: dict[str, dict] = {section: {} for section in cls.SECTIONS}
         for name, value in values.items():
             if name not in sections:
                 raise ConfigError(f"unknown setting {name!r}")
-            setattr(getattr(config, sections[name]), name, value)
-        return config
+            by_section[sections[name]][name] = value
+        kinds = {f.name: f.default_factory for f in fields(cls) if f.name in cls.SECTIONS}
+        return cls(sources=dict(sources or {}), deepspeed_batch=dict(deepspeed_batch or {}),
+                   **{section: kinds[section](**given) for section, given in by_section.items()})
 
 
 def field_sections() -> dict[str, str]:

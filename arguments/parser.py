@@ -20,6 +20,10 @@ other flag those programs define is accepted with no effect or refused with the 
 source (arguments/config_sources.py) for --print-config and for errors about values the user did not type.
 Every bad input ends in `ConfigError` with one line naming the key or flag; the problems of every layer
 (unknown flags, JSON keys, refused combinations) are collected and reported together.
+
+The layers, the Megatron meanings and the JSON's overrides all write into one flat draft, {setting: value};
+`PretrainConfig.from_flat` freezes it once at the end (why a draft: arguments/config.py's docstring), and
+nothing assigns into the config after.
 """
 
 from __future__ import annotations
@@ -366,9 +370,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     problems += folder_problems
     problems += check_run_lengths(settings, sources)
     use_sample_based_lengths(settings, sources)
-    config = PretrainConfig.from_flat(settings, sources)
-    if translation is not None and translation.batch:
-        config.deepspeed_batch = {"source": translation.source, **translation.batch}
+    deepspeed_batch = ({"source": translation.source, **translation.batch}
+                       if translation is not None and translation.batch else {})
+    config = PretrainConfig.from_flat(settings, sources, deepspeed_batch)
+    if deepspeed_batch:
         unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
         if unfit:
             problems.append(unfit)

@@ -33,7 +33,7 @@ def _position_embedding_name(text: str) -> str:
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     num_layers: int = option(4, aliases={"--encoder-num-layers": "Megatron-LM (a GPT's only stack)"})
     hidden_size: int = 128

@@ -13,6 +13,7 @@ saved it); a cold read from a network file system adds its read time to the cont
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import time
@@ -37,12 +38,11 @@ def bench(gigabytes: float, directory: Path) -> None:
     from parallel.state import ParallelState
     from zero.apply import apply_zero
 
-    config = PretrainConfig()
-    model_config = config.model
-    model_config.hidden_size, model_config.num_attention_heads, model_config.vocab_size = 1024, 16, 50304
     per_layer = 12 * 1024 * 1024
     target = gigabytes * 1e9 / BYTES_PER_PARAMETER
-    model_config.num_layers = max(1, round((target - 50304 * 1024) / per_layer))
+    model_config = dataclasses.replace(PretrainConfig().model, hidden_size=1024, num_attention_heads=16,
+                                       vocab_size=50304, num_layers=max(1, round((target - 50304 * 1024) / per_layer)))
+    config = dataclasses.replace(PretrainConfig(), model=model_config)
     state = ParallelState(device=torch.device("cpu"))
     model = GPTModel(model_config, state)
     optimizer = apply_zero(model, config, state, blocks=model.blocks).optimizer

@@ -18,6 +18,7 @@ parameters, so under bf16 it is autocast over fp32 weights and fp32 gradient all
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import torch
@@ -225,8 +226,7 @@ def our_config(spec: dict):
             "--no-accumulate-allreduce-grads-in-fp32",
             "--overlap-param-gather" if spec.get("overlap_param_gather") else "--no-overlap-param-gather"]
     config = parse_config([str(a) for a in argv])
-    config.model = model_config(spec)  # exactly the peers' model (vocab size filled in)
-    return config
+    return dataclasses.replace(config, model=model_config(spec))  # exactly the peers' model (vocab size filled in)
 
 
 class OurSystem:

@@ -81,10 +81,10 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         vocab_size = model_vocabulary(config, tokenizer.vocab_size)  # the tokenizer's, or an --init-from-hf folder's
         settings = resolve_run_settings(config, vocab_size, state.tensor_parallel_size, state.data_parallel_size,
                                         state.device.type, batch=batch, resumed_lr_schedule=claimed.lr_schedule)
-        data = build_data(settings, state, data_path, tokenizer)
         config = settings.config  # from here on, the resolved copy
-        for note in settings.notes:
+        for note in settings.notes:  # what resolving changed (an attention kernel this device lacks, ...)
             log(note)
+        data = build_data(settings, state, data_path, tokenizer)
         predicted, predicted_host, why_not = predict_peak(config, state, settings.vocab_size, batch)
         memory_check = MemoryCheck(predicted, state.device, why_not, predicted_host_bytes=predicted_host)  # its baseline: before the model
         # The model, built as the dry run builds it, with the dropout streams (shared across TP ranks, and

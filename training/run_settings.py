@@ -3,11 +3,13 @@
 A `PretrainConfig` holds what the user asked for; a few numbers depend on things known only later:
 the vocabulary (from the tokenizer), the padded vocabulary (and the TP size), the batch of every
 iteration (and the DP size: arguments/batch_schedule.py), the iterations a --train-samples run makes and the
-learning-rate schedule in samples (arguments/schedule.py), the dtypes (and the device). `resolve_run_settings`
-computes them once into a frozen `RunSettings` (settings, not a plan: "plan" is only the planner's,
-planner/plan.py), whose `config` is a resolved copy (vocabulary, batch sizes
-and precision filled in) that checkpoint metadata records and everything downstream reads. Nothing
-changes the user's config object, so the order in which functions are called cannot change a number.
+learning-rate schedule in samples (arguments/schedule.py), the dtypes and the attention kernel (and the
+device). `resolve_run_settings` computes them once into a frozen `RunSettings` (settings, not a plan: "plan"
+is only the planner's, planner/plan.py), whose `config` is a resolved copy (vocabulary, batch sizes,
+precision and attention backend filled in) that checkpoint metadata records and everything downstream
+reads: the trainer (training/prepare.py) and the dry run (planner/dry_run.py) alike. The user's config
+object is a frozen dataclass that nothing changes, so the order in which functions are called cannot
+change a number.
 
 Precision on a CPU: a 16-bit setting that came from a preset (`gpt2-124m` turns bf16 on for GPUs) is
 resolved to fp32 on a CPU, where 16-bit math runs 10-15x slower; one asked for explicitly (a flag or
@@ -27,6 +29,7 @@ from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import FLAG, JSON, PRESET
 from arguments.hf_config import read_hf_config
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
+from gpt.attention_backend import backend_for_device
 from zero.optimizer import PRECISION_DTYPES
 
 
@@ -61,8 +64,9 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     run's own."""
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
     training, notes = resolve_precision(config, device_type)
-    notes += vocabulary_notes(config, vocab_size) + document_masking_notes(config)
-    model = dataclasses.replace(config.model, vocab_size=vocab_size)
+    attention_backend, fallback = resolve_attention_backend(config, training.precision, device_type)
+    notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config)
+    model = dataclasses.replace(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
                                    train_iters=train_iterations(config, batch))
@@ -163,6 +167,17 @@ def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]
     tokenizer = config.data.tokenizer_type or "the tokenizer given"
     return (f"> {_vocab_words(config)} is not read beside {tokenizer} (as in Megatron-LM): the vocabulary is the "
             f"tokenizer's {vocab_size} tokens",)
+
+
+def resolve_attention_backend(config: PretrainConfig, precision: str, device_type: str) -> tuple[str, tuple[str, ...]]:
+    """(the attention backend this device runs, the line saying why when it is not the one asked): a kernel
+    the device lacks falls back to PyTorch's own choice (gpt/attention_backend.py), the same math. The line
+    names the flag as typed (`--use-flash-attn`)."""
+    typed = config.sources.get("attention_backend")
+    flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == FLAG else ""
+    backend, fallback = backend_for_device(config.model, precision, torch.device(device_type), flag,
+                                           attention_mask=config.data.reset_attention_mask)
+    return backend, (fallback,) if fallback else ()
 
 
 def resolve_precision(config: PretrainConfig, device_type: str):

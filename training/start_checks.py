@@ -1,16 +1,14 @@
-"""What a training run checks before it claims any output: the batch arithmetic, the attention backend
-this device runs, and BigScience's kill switch. Every rank takes the same branch."""
+"""What a training run checks before it claims any output: the batch arithmetic, the vocabulary flags and
+BigScience's kill switch. Every rank takes the same branch."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from arguments.config import PretrainConfig
 from arguments.schedule import train_iterations
-from gpt.attention_backend import backend_for_device
 from parallel.state import ParallelState
 from training.late_checks import check_vocabulary_flags
 
@@ -25,17 +23,11 @@ def first_rank_log(state: ParallelState) -> Log:
 def check_before_claim(config: PretrainConfig, state: ParallelState, log: Log) -> BatchSchedule:
     """The run's batch schedule, computed here once for the whole run (the resume check, the settings,
     the data and the predicted peak take it from the caller), after the checks that need no data or
-    model work. A device that lacks the asked attention backend falls back, said in one line."""
+    model work. `config` is read, never changed: what the device makes of it (the attention kernel, the
+    precision) is resolved with the rest in training/run_settings.py."""
     batch = batch_schedule(config, state.data_parallel_size)
     train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     check_vocabulary_flags(config)
-    typed = config.sources.get("attention_backend")  # the flag as typed names the fallback (`--use-flash-attn`)
-    flag = typed.origin.split(" ")[0] if typed is not None and typed.kind == "flag" else ""
-    backend, fallback = backend_for_device(config.model, config.training.precision, state.device, flag,
-                                           attention_mask=config.data.reset_attention_mask)
-    if fallback:
-        log(fallback)
-        config.model = dataclasses.replace(config.model, attention_backend=backend)
     if batch.notes:  # DeepSpeed JSON batch values the run does not use, now that the DP size is known
         log("> warning: " + "; ".join(batch.notes))
     return batch

@@ -20,7 +20,7 @@ from base.options import count, flag_of_setting, option
 ZERO_STAGES = (0, 1, 2, 3)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ZeroConfig:
     stage: int = option(0, flags=("--zero-stage",), choices=ZERO_STAGES,
                         help="0: data parallelism on flat buckets; 1: partition optimizer states (P_os); "
@@ -112,7 +112,7 @@ class ZeroConfig:
                               "contiguous buckets", flags=("--no-contiguous-gradients",))
 
 
-@dataclass
+@dataclass(frozen=True)
 class ActivationCheckpointConfig:
     """ZeRO-R's activation memory: checkpointing, partitioned (P_a) and offloaded (P_a+cpu) checkpoints,
     and one contiguous buffer for them (M_D).

@@ -1,6 +1,7 @@
 """Flags over YAML presets, and the one-line errors that stop a bad run before any work."""
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -52,9 +53,8 @@ def test_every_preset_parses_and_validates(name):
 
 def test_the_papers_1_5b_preset():
     config = parse_config(["--config", "gpt2-1.5b"])
-    model = config.model
+    model = dataclasses.replace(config.model, vocab_size=50257)
     assert (model.num_layers, model.hidden_size, model.num_attention_heads) == (48, 1600, 16)
-    model.vocab_size = 50257
     assert 1.5e9 < parameter_count(model) < 1.6e9
 
 
@@ -63,8 +63,7 @@ def test_the_papers_1_5b_preset():
     # LlamaForCausalLM's parameters, as its model cards state: 6.74B and 8.03B).
     ("llama2-7b", 32000, 6_738_415_616), ("llama3-8b", 128256, 8_030_261_248)])
 def test_the_llama_presets_have_the_published_parameter_counts(name, vocabulary, parameters):
-    model = parse_config(["--config", name]).model
-    model.vocab_size = vocabulary  # their tokenizers' (not padded further: both divide by 128)
+    model = dataclasses.replace(parse_config(["--config", name]).model, vocab_size=vocabulary)  # their tokenizers' (not padded further: both divide by 128)
     assert model.padded_vocab_size() == vocabulary and parameter_count(model) == parameters
 
 
@@ -98,11 +97,11 @@ def test_unknown_yaml_key_is_named_with_its_file(tmp_path):
 
 
 def test_global_batch_must_split_into_micro_batches():
-    config = PretrainConfig()
-    config.training.micro_batch_size, config.training.global_batch_size = 3, 32
+    training = dataclasses.replace(PretrainConfig().training, micro_batch_size=3, global_batch_size=32)
+    config = dataclasses.replace(PretrainConfig(), training=training)
     with pytest.raises(ConfigError, match="--global-batch-size 32 is not divisible by --micro-batch-size 3"):
         batch_schedule(config, data_parallel_size=1)
-    config.training.micro_batch_size = 4
+    config = dataclasses.replace(config, training=dataclasses.replace(training, micro_batch_size=4))
     batch = batch_schedule(config, data_parallel_size=2)
     assert (batch.accumulation_steps_at(0), batch.global_batch_at(0)) == (4, 32)
 

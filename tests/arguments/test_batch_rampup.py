@@ -2,6 +2,7 @@
 consumed before it, the data loader, the learning rate, the consumed samples, tokens/s and FLOPs
 follow it, and a run resumed in the middle of the ramp continues it bitwise."""
 
+import dataclasses
 
 import pytest
 
@@ -71,8 +72,8 @@ def test_every_iteration_trains_its_batch_and_reports_it(ramp_runs):
     for record in full:  # one iteration per record: its own batch's tokens and FLOPs over its own time
         tokens = record["global_batch_size"] * SEQ
         assert record["tokens_per_s"] == pytest.approx(tokens / record["iter_time_s"], rel=1e-9)
-        config.model.vocab_size = 300
-        flops = flops_per_iteration(config.model, record["global_batch_size"], padded_vocab_size=384)
+        model = dataclasses.replace(config.model, vocab_size=300)
+        flops = flops_per_iteration(model, record["global_batch_size"], padded_vocab_size=384)
         assert record["tflops_per_gpu"] == pytest.approx(flops / (record["iter_time_s"] * 1e12), rel=1e-9)
 
 

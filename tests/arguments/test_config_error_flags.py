@@ -12,7 +12,7 @@ from would name the wrong thing.
 from __future__ import annotations
 
 import ast
-import copy
+import dataclasses
 import json
 import math
 import re
@@ -131,10 +131,11 @@ def named_flags(message: str, options) -> list[str]:
 
 @pytest.mark.parametrize("changes, prose", INVALID, ids=[",".join(changes) for changes, _ in INVALID])
 def test_every_check_validate_reaches_carries_the_flags_its_message_names(valid, options, changes, prose):
-    config = copy.deepcopy(valid)
     sections = field_sections()
+    config = valid
     for name, value in changes.items():
-        setattr(getattr(config, sections[name]), name, value)
+        section = sections[name]
+        config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{name: value})})
     with pytest.raises(ConfigError) as raised:
         config.validate()
     error = raised.value

@@ -63,13 +63,10 @@ RNG = rng_file(0, 0)
 
 def make_config(stage: int = 0, num_layers: int = 2, hidden_size: int = 64, reduce_bucket_size=None):
     config = PretrainConfig()
-    model = config.model
-    model.vocab_size, model.num_layers, model.hidden_size = VOCAB, num_layers, hidden_size
-    model.num_attention_heads, model.seq_length, model.max_position_embeddings = 4, 32, 32
-    config.zero.stage = stage
-    if reduce_bucket_size is not None:
-        config.zero.reduce_bucket_size = reduce_bucket_size
-    return config
+    model = dataclasses.replace(config.model, vocab_size=VOCAB, num_layers=num_layers, hidden_size=hidden_size,
+                                num_attention_heads=4, seq_length=32, max_position_embeddings=32)
+    bucket = {} if reduce_bucket_size is None else {"reduce_bucket_size": reduce_bucket_size}
+    return dataclasses.replace(config, model=model, zero=dataclasses.replace(config.zero, stage=stage, **bucket))
 
 
 def cpu_state() -> ParallelState:

@@ -10,6 +10,7 @@ TP=1 checkpoint resharded to TP=2.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -59,15 +60,13 @@ def quiet(*args, **kwargs) -> None:
 
 def tiny_config(tp: int = 1, stage: int = 1, bf16: bool = False) -> PretrainConfig:
     c = PretrainConfig()
-    m = c.model
-    m.vocab_size, m.make_vocab_size_divisible_by = VOCAB, 128
-    m.num_layers, m.hidden_size, m.num_attention_heads = 2, 64, 4
-    m.seq_length = m.max_position_embeddings = 32
-    m.hidden_dropout = m.attention_dropout = 0.0
-    c.training.tensor_model_parallel_size, c.training.bf16, c.training.seed = tp, bf16, 7
-    c.zero.stage = stage
-    c.zero.reduce_bucket_size = 20000  # several buckets/units, so parameters straddle partitions
-    return c
+    m = dataclasses.replace(c.model, vocab_size=VOCAB, make_vocab_size_divisible_by=128, num_layers=2, hidden_size=64,
+                            num_attention_heads=4, seq_length=32, max_position_embeddings=32, hidden_dropout=0.0,
+                            attention_dropout=0.0)
+    training = dataclasses.replace(c.training, tensor_model_parallel_size=tp, bf16=bf16, seed=7)
+    # several buckets/units, so parameters straddle partitions
+    zero = dataclasses.replace(c.zero, stage=stage, reduce_bucket_size=20000)
+    return dataclasses.replace(c, model=m, training=training, zero=zero)
 
 
 def tokens_for(step: int) -> torch.Tensor:

@@ -4,6 +4,7 @@ trip HF -> ours -> checkpoint -> HF changes no bit, and bad folders are refused 
 running anything in them.
 """
 
+import dataclasses
 import pickle
 import random
 import shutil
@@ -49,11 +50,8 @@ WORDS = ("the model reads every token of the corpus and learns which one comes n
 
 def pretrain_config(vocab_size: int, zero_stage: int = 0) -> PretrainConfig:
     config = PretrainConfig()
-    for name, value in TINY.items():
-        setattr(config.model, name, value)
-    config.model.vocab_size = vocab_size
-    config.zero.stage = zero_stage
-    return config
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, **TINY, vocab_size=vocab_size),
+                               zero=dataclasses.replace(config.zero, stage=zero_stage))
 
 
 def random_tokens(vocab_size: int, rows: int = 2, seed: int = 0) -> torch.Tensor:
@@ -237,10 +235,9 @@ def test_initialize_from_hf_at_tensor_parallel_2(tmp_path):
 
 def test_mismatched_config_lists_every_flag_to_pass(tmp_path):
     source = random_hf_folder(tmp_path / "source")
-    other = pretrain_config(HF_VOCAB).model
-    other.num_layers, other.hidden_size, other.num_attention_heads, other.vocab_size = 3, 128, 8, 500
-    other.max_position_embeddings, other.seq_length = 64, 64
-    other.activation, other.layernorm_epsilon = "gelu", 1e-6
+    other = dataclasses.replace(pretrain_config(HF_VOCAB).model, num_layers=3, hidden_size=128, num_attention_heads=8,
+                                vocab_size=500, max_position_embeddings=64, seq_length=64, activation="gelu",
+                                layernorm_epsilon=1e-6)
     with pytest.raises(ConfigError) as caught:
         load_hf_weights(source, other, CPU)
     message = str(caught.value)
@@ -255,8 +252,7 @@ def test_mismatched_config_lists_every_flag_to_pass(tmp_path):
     # A shorter --seq-length than the folder's n_positions is fine; a longer one is not.
     ours = pretrain_config(HF_VOCAB).model
     hf = hf_config(ours).to_dict()
-    ours.seq_length = 16
-    check_hf_config(hf, ours)
+    check_hf_config(hf, dataclasses.replace(ours, seq_length=16))
 
 
 class WritesAMarkerWhenUnpickled:

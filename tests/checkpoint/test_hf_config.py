@@ -17,6 +17,7 @@ save_pretrained (tests/checkpoint/test_hf_checkpoint.py, test_hf_llama.py) and t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -57,10 +58,7 @@ def run_model(family: str, **overrides):
     """The run's model settings that match the family's saved folder."""
     if family == "llama":
         return llama_run_config(LLAMA_VARIANT, **overrides).model
-    model = pretrain_config(HF_VOCAB).model
-    for name, value in overrides.items():
-        setattr(model, name, value)
-    return model
+    return dataclasses.replace(pretrain_config(HF_VOCAB).model, **overrides)
 
 
 def refusal(folder: Path, family: str) -> str:

@@ -12,6 +12,7 @@ right after the import would differ from the folder's and the first assertion wo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -56,11 +57,10 @@ VARIANTS = {
 
 def llama_run_config(variant: str, **overrides) -> PretrainConfig:
     config = PretrainConfig()
-    for name, value in {**SHAPE, **VARIANTS[variant][0], "vocab_size": VOCAB, **overrides}.items():
-        setattr(config.model, name, value)
-    config.zero.stage = 1
-    config.optimizer.lr = 1e-2  # large enough that 3 steps move every weight visibly
-    return config
+    model = dataclasses.replace(config.model, **{**SHAPE, **VARIANTS[variant][0], "vocab_size": VOCAB, **overrides})
+    return dataclasses.replace(config, model=model, zero=dataclasses.replace(config.zero, stage=1),
+                               # large enough that 3 steps move every weight visibly
+                               optimizer=dataclasses.replace(config.optimizer, lr=1e-2))
 
 
 def random_llama_folder(path: Path, variant: str, vocab_size: int = VOCAB) -> Path:
@@ -185,8 +185,7 @@ def test_a_llama_config_we_cannot_compute_is_refused_in_one_line(tmp_path, chang
 def test_only_models_a_gpt2_or_llama_folder_can_hold_are_converted():
     llama = llama_run_config("gqa2-untied-nobias-llama3").model
     check_convertible(llama, "--init-from-hf")
-    gpt2_untied = PretrainConfig().model
-    gpt2_untied.untie_embeddings_and_output_weights = True
+    gpt2_untied = dataclasses.replace(PretrainConfig().model, untie_embeddings_and_output_weights=True)
     qk_norm = llama_run_config("gqa2-untied-nobias-llama3", qk_layernorm=True).model
     for model, needs in ((gpt2_untied, "--normalization RMSNorm, --swiglu, --position-embedding-type rope"),
                          (qk_norm, "no --qk-layernorm")):

@@ -1,5 +1,6 @@
 """The GPT model against transformers' GPT-2, and the analytic size and FLOP counts against the model."""
 
+import dataclasses
 import math
 
 import pytest
@@ -159,8 +160,7 @@ def test_kv_channels_sets_each_heads_width_and_lifts_the_divisibility_rule():
 
     config = parse_config(["--hidden-size", "66", "--num-attention-heads", "4", "--kv-channels", "16"])
     assert config.model.head_dim == 16
-    config.model.vocab_size = 64
-    model = build_gpt_model(config.model, ParallelState(device=torch.device("cpu")), seed=1)
+    model = build_gpt_model(dataclasses.replace(config.model, vocab_size=64), ParallelState(device=torch.device("cpu")), seed=1)
     attention = model.blocks[0].attention
     assert tuple(attention.query_key_value.weight.shape) == (3 * 4 * 16, 66)
     assert tuple(attention.dense.weight.shape) == (66, 4 * 16)

@@ -37,9 +37,8 @@ def preset_model(path: Path) -> ModelConfig:
     values = yaml.safe_load(path.read_text())
     fields = {field.name for field in dataclasses.fields(ModelConfig)}
     config = ModelConfig(**{key: value for key, value in values.items() if key in fields})
-    config.vocab_size = config.vocab_size or LLAMA_VOCAB.get(path.stem, GPT2_VOCAB)
-    config.hidden_dropout = config.attention_dropout = 0.0
-    return config
+    return dataclasses.replace(config, vocab_size=config.vocab_size or LLAMA_VOCAB.get(path.stem, GPT2_VOCAB),
+                               hidden_dropout=0.0, attention_dropout=0.0)
 
 
 def counted_forward_flops(config: ModelConfig) -> int:

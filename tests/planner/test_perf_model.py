@@ -35,7 +35,7 @@ def hardware(**changes):
 @pytest.mark.parametrize("tp, recompute", [(1, False), (2, True), (4, False)])
 def test_the_gemms_are_megatrons_flops_split_over_tp(tp, recompute):
     config = parse_config([*SMALL, "--tensor-model-parallel-size", str(tp), "--micro-batch-size", "3"])
-    config.model.vocab_size = VOCAB
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=VOCAB))
     padded = config.model.padded_vocab_size(tp)
     blocks, logits = forward_gemms(config, padded, tp)
     passes = 4 if recompute else 3
@@ -104,8 +104,8 @@ def test_throughput_is_the_flops_over_the_iteration():
     prediction = predict(plan, config, VOCAB, 2, hardware(gpus_per_node=2), CONSTANTS)
     assert prediction.iteration_s == pytest.approx(sum(prediction.terms.values()))
     assert prediction.hardware_tflops_per_gpu == pytest.approx(plan.flops_per_gpu / prediction.iteration_s / 1e12)
-    config.model.vocab_size = VOCAB
-    model = flops_per_iteration(config.model, 4, padded_vocab_size=config.model.padded_vocab_size(1))
+    vocab_model = dataclasses.replace(config.model, vocab_size=VOCAB)
+    model = flops_per_iteration(vocab_model, 4, padded_vocab_size=vocab_model.padded_vocab_size(1))
     assert prediction.model_tflops_per_gpu == pytest.approx(model / 2 / prediction.iteration_s / 1e12)
     assert prediction.model_tflops_per_gpu < prediction.hardware_tflops_per_gpu  # the recompute
 

@@ -2,6 +2,7 @@
 (configs/zero/zero_paper_c*.json): every row has its configs, every config parses, and each model's
 real parameter count agrees with the paper's label, or with the documented exception."""
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -26,8 +27,7 @@ def presets() -> dict[str, dict]:
 
 def real_parameters(name: str) -> int:
     config = parse_config(["--config", f"zero_paper/{name}"])
-    config.model.vocab_size = GPT2_VOCAB
-    return parameter_count(config.model)
+    return parameter_count(dataclasses.replace(config.model, vocab_size=GPT2_VOCAB))
 
 
 def preset_for(layers: int, hidden: int) -> str:

@@ -1,5 +1,6 @@
 """Activation checkpointing (ZeRO-R) settings: flags, validation, and DeepSpeed's activation_checkpointing block."""
 
+import dataclasses
 import json
 
 import pytest
@@ -66,7 +67,7 @@ def test_number_of_checkpoints_and_the_buffer_size():
     activations = ActivationCheckpointConfig(checkpoint_activations=True, checkpoint_num_layers=3)
     assert [activations.num_checkpoints(n) for n in (3, 4, 6, 7, 48)] == [1, 2, 2, 3, 16]
     assert activations.buffer_checkpoints(7) == 3
-    activations.number_checkpoints = 5
+    activations = dataclasses.replace(activations, number_checkpoints=5)
     assert activations.buffer_checkpoints(7) == 5 and activations.num_checkpoints(7) == 3
 
 
