@@ -198,6 +198,13 @@ class ShardedAdamW:
         self.loss_scaler.update(overflow=False)
         return StepResult(norm, skipped=False, loss_scale=scale)
 
+    def step_collectives_only(self) -> None:
+        """The collectives `step` makes when it updates, without its arithmetic (which needs values): the
+        gradient partition's norm over TP, the partition group and the stages, and publishing. The dry run
+        (planner/dry_run.py) runs a train step on the meta device with this in place of `step`."""
+        self.grad_norm_squared(self.gradients.partition_gradients())
+        self.publish_parameters()
+
     def update(self, grads: torch.Tensor) -> None:
         """AdamW on the master partition from the unscaled, clipped gradient partition `grads`."""
         for param, piece in zip(self._segment_params, self._pieces):
