@@ -159,7 +159,7 @@ class ShardedAdamW:
 
     def grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
         """The squared global norm as a 1-element fp32 tensor, summed over TP and the partition group
-        (its collectives are the step's only ones besides publishing; the planner replays them)."""
+        (its collectives are the step's only ones besides publishing: see step_collectives_only)."""
         counted = [s for s in self._segments
                    if not any(lo <= s.start and s.end <= hi for lo, hi in self.norm_excluded)]
         sharded = [grads[s.start:s.end] for s in counted if s.kind.tensor_parallel]
