@@ -6,7 +6,9 @@ the device is `meta` (shapes, no memory, no arithmetic), the process grid is `vi
 that are only sizes) and collectives go through `DryRunCommunicator` (the live byte accounting, no
 transport). The model, activation checkpointing, ZeRO's layout and storages, the gradient hooks and
 buckets (all built by the trainer's own `training.build.build`, without the dropout streams or
-compilation), the stage-3 gatherer and the loop's collectives all run as they would live. So:
+compilation), the stage-3 gatherer and the train step itself (training/train_step.py's DataParallelTrainStep, or
+training/pipeline_step.py's PipelineTrainStep, with an observer: planner/plan_observer.py) all run as they would
+live. So:
 
 - model-state bytes are measured by the live measurement (`zero.memory.measure_tensor_bytes`) over
   the same tensors (meta storages count what they would hold): equal to `--report-memory`;
@@ -14,7 +16,7 @@ compilation), the stage-3 gatherer and the loop's collectives all run as they wo
 - saved activations are measured by the live `SavedTensorMeter`;
 
 and what a meta device cannot know is listed, not guessed (`UNKNOWNS`). With pipeline stages the build gives
-the rank its stage's layers and the iteration is the rank's slots of the schedule (planner/pipeline_plan.py).
+the rank its stage's layers and the step runs the rank's slots of the schedule (planner/pipeline_plan.py).
 
 Its cost is bounded. Every layer is a real module with its hooks and autograd graph (about 0.02 s and
 0.1 MB of host memory per layer and micro-batch on one core of a 2-core CI machine, measured at 100 and
@@ -29,8 +31,8 @@ still running after `PROGRESS_INTERVAL_S` says how far it is, one line at most t
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
@@ -45,10 +47,13 @@ from base.progress import ProgressLines
 from gpt.shape import model_shape
 from parallel.state import virtual_state
 from planner.meta_kernels import CachedMetaKernels
-from planner.pipeline_plan import PipelineFigures, run_pipeline_iteration
+from planner.pipeline_plan import PipelineFigures, PipelinePlanObserver, message_bytes
+from planner.plan_observer import PlanObserver
 from training.build import build
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
-from training.run_settings import RunSettings, resolve_run_settings
+from training.pipeline_step import PipelineTrainStep
+from training.run_settings import resolve_run_settings
+from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor, SavedTensorMeter
 from zero.memory import MODEL_STATE_CATEGORIES, host_resident_tensors, measure_by_placement
 
@@ -121,7 +126,7 @@ class RankPlan:
     notes: list[str] = field(default_factory=list)
     pipeline: Optional[PipelineFigures] = None  # with pipeline stages: the stage's schedule figures
     micro_batches: int = 1               # a step's micro-batches per DP rank (gradient accumulation, or the schedule's M)
-    simulated_micro_batches: int = 1     # those the plan ran: one step's peak needs no more (see _one_iteration)
+    simulated_micro_batches: int = 1     # those the plan ran: one step's peak needs no more (planner/plan_observer.py)
 
     @property
     def p2p_held_bytes(self) -> int:
@@ -278,15 +283,26 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
     probe = _BlockSavedProbe(model.blocks, monitor, ticker)
-    pipeline = None
+    # The trainer's own step (training/train_step.py, training/pipeline_step.py) runs one iteration, watched by the
+    # plan's observer: every collective it makes is counted as it is made. Every micro-batch reads one meta batch.
+    tokens = torch.zeros((config.training.micro_batch_size, config.model.seq_length + 1), dtype=torch.long, device=META)
+    batches = itertools.repeat({"tokens": tokens})
+    if pp > 1:
+        observer = PipelinePlanObserver(state.comm, monitor, probe,
+                                        message_bytes(model, config, tokens[:, :-1], state.tensor_parallel_size))
+        step = PipelineTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
+        observer.p2p = step.p2p
+    else:
+        observer = PlanObserver(state.comm, monitor, probe)
+        step = DataParallelTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
     try:
         with _AttentionKernelOf(cluster.device_type), CachedMetaKernels():
-            if pp > 1:
-                copies, pipeline = run_pipeline_iteration(model, zero, plan, state, monitor, probe)
-            else:
-                copies = _one_iteration(model, zero, plan, state, monitor, probe)
+            step.run_iteration(1, plan.batch.final_accumulation_steps, measure_activations=True)
     finally:
         probe.remove()
+        state.comm.on_transport_copy = None
+    copies = {"passes": observer.passes_copy, "step": state.comm.take_largest_transport_copy()}
+    pipeline = observer.figures() if pp > 1 else None
     if cluster.device_type != "cpu":
         copies = {"passes": 0, "step": 0}  # NCCL reduces and gathers in place
     meter = monitor.finish_measurement()
@@ -337,7 +353,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     result.flops_per_gpu = result.flops_per_iteration / cluster.world_size
     result.micro_batches = plan.batch.final_accumulation_steps
     result.simulated_micro_batches = pipeline.simulated_micro_batches if pipeline is not None else \
-        len(planned_micro_batches(result.micro_batches))
+        len(observer.simulated)
     # The peak: model states and buffers always, and on top the larger of two working sets that are
     # never alive together. In forward and backward: the most parameters stage 3 gathers at once, the
     # most activations saved at once (checkpoints, a recomputed group, the loss's softmax) and,
@@ -395,59 +411,3 @@ def _buffer_bytes(checkpointing) -> int:
     if checkpointing is None or checkpointing.buffer is None:
         return 0
     return checkpointing.buffer.numel() * checkpointing.buffer.element_size()
-
-
-def planned_micro_batches(steps: int) -> list[int]:
-    """The micro-batches of a step without pipeline stages that a plan runs: the first (under no_sync) and the last
-    (which synchronizes the gradients); the ones between run the first's code on its shapes, one at a time, so they
-    hold no more than it and send what it sends (_one_iteration adds their bytes)."""
-    return sorted({0, steps - 1})
-
-
-def _one_iteration(model, zero, plan: RunSettings, state, monitor: ActivationMonitor, probe: _BlockSavedProbe
-                   ) -> dict[str, int]:
-    """training/train_step.py's DataParallelTrainStep, collective for collective: micro-batches with their
-    backward and gradient sync, the step's norm and publish, the loss averaged over DP. Returns the
-    largest collective of the passes and of the step, in bytes (what gloo copies)."""
-    config = plan.config
-    reducer, optimizer = zero.reducer, zero.optimizer
-    reducer.zero_grad()
-    state.comm.stats.snapshot_and_reset()
-    shape = (config.training.micro_batch_size, config.model.seq_length + 1)
-    steps = plan.batch.final_accumulation_steps  # the steady state, after any batch-size ramp
-    # Micro-batches 1 .. N-1 but the last run the same code on the same shapes under no_sync, so each
-    # sends what the first sends and holds what it holds; the last also synchronizes the gradients.
-    # Those two are simulated, and the first's bytes are counted for the ones between, so the plan
-    # costs the same at 2 and at 512 accumulation steps.
-    simulated = planned_micro_batches(steps)
-    repeated: dict[str, dict[str, int]] = {}
-    if probe.progress is not None:
-        probe.progress.planned = len(simulated)
-    for micro_batch in simulated:
-        before = state.comm.stats.snapshot()
-        tokens = torch.zeros(shape, dtype=torch.long, device=META)
-        last = micro_batch == steps - 1
-        if probe.progress is not None:
-            probe.progress.micro_batch = micro_batch
-        with contextlib.nullcontext() if last else reducer.no_sync():
-            probe.phase = "forward"
-            with monitor.measuring():
-                loss = model(tokens[:, :-1], tokens[:, 1:]).float().mean() / steps
-            probe.phase = "backward"
-            with probe.backward_meter.hooks():
-                zero.scale_loss(loss).backward()
-        reducer.finish_grad_sync()
-        if micro_batch == 0 and not last:
-            after = state.comm.stats.snapshot()
-            repeated = {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
-                        for group, kinds in after.items()}
-    for group, kinds in repeated.items():
-        for kind, num_bytes in kinds.items():
-            state.comm.stats.add(group, kind, num_bytes * (steps - len(simulated)))
-    passes_copy = state.comm.take_largest_transport_copy()
-    # ShardedAdamW.step's collectives (its arithmetic needs values a meta tensor does not have).
-    optimizer.grad_norm_squared(optimizer.gradients.partition_gradients())
-    optimizer.publish_parameters()
-    loss_sum = torch.zeros((), device=META)
-    state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")  # the loop's average_over_data_parallel
-    return {"passes": passes_copy, "step": state.comm.take_largest_transport_copy()}

@@ -1,5 +1,6 @@
-"""A pipeline stage's iteration, planned: the rank's slots of the schedule run on the meta device, holding what
-training/pipeline_step.py's PipelineTrainStep holds, and the figures only stages have (p2p bytes, the bubble).
+"""A pipeline stage's iteration, planned: the dry run runs training/pipeline_step.py's PipelineTrainStep itself on
+the meta device, and PipelinePlanObserver (the step's observer, training/step_observer.py) measures what the rank
+holds at each slot and the figures only stages have (p2p bytes, the bubble).
 
 The slots are the executor's own (parallel/pipeline_schedules.py, Megatron-Core's 1F1B and interleaved 1F1B), and
 each forward slot runs the stage's model chunk (`GPTModel.chunk_forward`) under the live activation meter, so
@@ -11,7 +12,7 @@ What the executor adds on top, counted here: PipelineP2P posts every send at onc
 of its rank SEND_LAG slots later (parallel/p2p.py), so each sent activation [micro_batch, seq, hidden] (the
 sequence a TP rank's slice under sequence parallelism; every forward that does not end the model) and each sent
 input gradient (every backward that does not start it) stays alive until then; and the gradient received for a
-backward is alive while it runs. The slots run through the executor's own PipelineP2P over the dry run's
+backward is alive while it runs. The slots run through the step's own PipelineP2P over the dry run's
 communicator, so the sends held are its count and the point-to-point bytes (comm_bytes' "pp" group, sent and
 received) are counted by the code that counts them live.
 
@@ -31,11 +32,9 @@ from typing import Optional
 import torch
 
 from gpt.stage_layers import activation_shape
-from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
-from parallel.pipeline_schedules import check_interleaving, peak_held_by_forwards, schedule
-from zero.pipeline_grads import PipelineGradients
-
-META = torch.device("meta")
+from parallel.p2p import PipelineP2P
+from parallel.pipeline_schedules import check_interleaving, peak_held_by_forwards
+from planner.plan_observer import PlanObserver, comm_difference
 
 
 @dataclass(frozen=True)
@@ -76,144 +75,125 @@ def simulated_micro_batches(micro_batches: int, stages: int, stage: int, chunks:
     return min(micro_batches, max(stages - stage, 2))
 
 
-def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[dict[str, int], PipelineFigures]:
-    """The rank's slots, as PipelineTrainStep.forward_backward runs them, then the step's collectives (as the
-    plain dry run's `_one_iteration`). Returns gloo's largest copies {"passes", "step"} and the figures."""
-    config = plan.config
-    stages, stage = state.pipeline_parallel_size, state.pipeline_parallel_rank
-    chunks = len(model.stage.chunks)
-    micro_batches = plan.batch.final_accumulation_steps
-    group = config.training.microbatch_group_size_per_virtual_pipeline_stage
-    if chunks > 1:
-        check_interleaving(micro_batches, stages, chunks, group)  # the run's M, not the simulated M'
-    simulated = simulated_micro_batches(micro_batches, stages, stage, chunks, group)
-    micro, seq = config.training.micro_batch_size, config.model.seq_length
-    dtype = next(model.parameters()).dtype
-    tokens = torch.zeros((micro, seq + 1), dtype=torch.long, device=META)
-    shape = activation_shape(tokens[:, :-1], config.model.hidden_size, model, state.tensor_parallel_size)
-    message = math.prod(shape) * torch.finfo(dtype).bits // 8
-    reducer = zero.reducer
-    tied = model.word_embeddings if model.tied_output else None
-    gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
-                                  state.pipeline_parallel_group, state.is_first_stage)
-    reducer.zero_grad()
-    state.comm.stats.snapshot_and_reset()
-    p2p = PipelineP2P(META, state.comm, send_lag(stages, group if chunks > 1 else None))
-    slots = schedule(simulated, stages, stage, chunks, group)
-    last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
-    outputs: dict[tuple[int, int], tuple[Optional[torch.Tensor], torch.Tensor]] = {}
-    most_held = forward_peak = 0
-    backward_points: list[int] = []  # bytes live at a backward's start and at each collective inside one
-    # (F or B, chunk): the TP and DP bytes of that chunk's first forward, and of its first backward under no_sync,
-    # which each micro-batch not simulated sends again
-    repeated: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
+class PipelinePlanObserver(PlanObserver):
+    """Watches a PipelineTrainStep's iteration for the plan: it runs M' of the M micro-batches, measures at each
+    slot what the stage holds (saved activations, held sends, a received gradient, gloo's copy at each collective
+    of a backward) and adds what the micro-batches not run send. `p2p` is the step's PipelineP2P (set once the
+    step is built); `message` the bytes of one activation or gradient."""
 
-    def virtual(slot) -> int:
-        return slot.chunk * stages + stage
+    def __init__(self, comm, monitor, probe, message: int) -> None:
+        super().__init__(comm, monitor, probe)
+        self.message = message
+        self.p2p: Optional[PipelineP2P] = None
+        self.stages = self.stage = self.chunks = self.micro_batches_total = 0
+        self.slots: list = []
+        self.last_backward = -1
+        self.most_held = self.forward_peak = 0
+        self.backward_points: list[int] = []  # bytes live at a backward's start and at each collective inside one
+        # (F or B, chunk): the TP and DP bytes of that chunk's first forward, and of its first backward under no_sync,
+        # which each micro-batch not simulated sends again
+        self.slot_repeated: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
+        self.point_to_point: dict[str, int] = {}
+        self._slot = None
 
-    if probe.progress is not None:
-        probe.progress.planned = simulated
-    for index, slot in enumerate(slots):
-        p2p.start_slot()
-        starts, ends = virtual(slot) == 0, virtual(slot) == chunks * stages - 1
-        if probe.progress is not None:
-            probe.progress.micro_batch = slot.micro_batch
+    def pipeline_micro_batches(self, accumulation_steps: int, stages: int, stage: int, chunks: int,
+                               group_size: Optional[int]) -> int:
+        if chunks > 1:
+            check_interleaving(accumulation_steps, stages, chunks, group_size)  # the run's M, not the simulated M'
+        self.micro_batches_total, self.stages, self.stage, self.chunks = accumulation_steps, stages, stage, chunks
+        self.steps = simulated_micro_batches(accumulation_steps, stages, stage, chunks, group_size)
+        if self.progress is not None:
+            self.progress.planned = self.steps
+        return self.steps
+
+    def schedule(self, slots) -> None:
+        self.slots = list(slots)
+        self.last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
+
+    def _virtual(self, slot) -> int:
+        return slot.chunk * self.stages + self.stage
+
+    def slot_start(self, index: int, slot) -> None:
+        self._slot = (index, slot)
+        if self.progress is not None:
+            self.progress.micro_batch = slot.micro_batch
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        index, slot = self._slot
+        if name == "forward":
+            before = self.comm.stats.snapshot()
+            with super().phase(name):
+                yield
+            self.slot_repeated.setdefault(("F", slot.chunk), comm_difference(self.comm.stats.snapshot(), before, ("pp",)))
+            return
+        ends = self._virtual(slot) == self.chunks * self.stages - 1
+        beside = self.p2p.held_sends * self.message + (0 if ends else self.message)  # held sends, received gradient
+        self.backward_points.append(self.monitor.meter.live["device"] + beside)
+        self._before = self.comm.stats.snapshot()
+
+        def at_collective(copy_bytes: int) -> None:
+            # What a backward that reduces gradients holds when each collective starts: the activations it has
+            # not yet freed and gloo's copy of that collective's buffer.
+            self.backward_points.append(self.monitor.meter.live["device"] + beside + copy_bytes)
+
+        self.comm.on_transport_copy = at_collective  # until the slot's gradient synchronization is done
+        with super().phase(name):
+            yield
+
+    def slot_end(self, index: int, slot) -> None:
         if slot.kind == "F":
-            received = None if starts else p2p.receive(shape, dtype, state.stage_rank(virtual(slot) - 1),
-                                                       ACTIVATION).requires_grad_()
-            probe.phase = "forward"
-            before = state.comm.stats.snapshot()
-            with monitor.measuring():
-                if ends:
-                    output = model.chunk_forward(slot.chunk, tokens[:, :-1] if starts else received,
-                                                 tokens[:, 1:]).float().mean() / micro_batches
-                else:
-                    output = model.chunk_forward(slot.chunk, tokens[:, :-1] if starts else received)
-            outputs[(slot.micro_batch, slot.chunk)] = (received, output)
-            repeated.setdefault(("F", slot.chunk), _difference(state.comm.stats.snapshot(), before))
-            if not ends:
-                p2p.send(output, state.stage_rank(virtual(slot) + 1), ACTIVATION)
-            most_held = max(most_held, p2p.held_sends)
-            forward_peak = max(forward_peak, monitor.meter.peak["device"] + p2p.held_sends * message)
+            self.forward_peak = max(self.forward_peak,
+                                    self.monitor.meter.peak["device"] + self.p2p.held_sends * self.message)
         else:
-            received, output = outputs.pop((slot.micro_batch, slot.chunk))
-            grad = None if ends else p2p.receive(output.shape, output.dtype, state.stage_rank(virtual(slot) + 1),
-                                                 GRADIENT)
-            beside = p2p.held_sends * message + (0 if ends else message)  # held sends, the received gradient
-            backward_points.append(monitor.meter.live["device"] + beside)
-            before = state.comm.stats.snapshot()
-            probe.phase = "backward"
+            self.comm.on_transport_copy = None
+            if index != self.last_backward:
+                self.slot_repeated.setdefault(("B", slot.chunk),
+                                              comm_difference(self.comm.stats.snapshot(), self._before, ("pp",)))
+        self.most_held = max(self.most_held, self.p2p.held_sends)
 
-            def at_collective(copy_bytes: int, beside: int = beside) -> None:
-                # What a backward that reduces gradients holds when each collective starts: the activations
-                # it has not yet freed and gloo's copy of that collective's buffer.
-                backward_points.append(monitor.meter.live["device"] + beside + copy_bytes)
+    def passes_end(self) -> None:
+        # The micro-batches not simulated: each sends and receives what a simulated one does (one message per model
+        # chunk boundary it crosses, each way), each chunk's forward sends what its first did (TP's collectives), and
+        # its backward under no_sync what the first one did (TP's, and stage 2 reduces every micro-batch).
+        unsimulated = self.micro_batches_total - self.steps
+        virtual_stages = _virtual_stages(self.stages, self.stage, self.chunks)
+        sends_per_micro_batch = sum(virtual_stage != 0 for virtual_stage in virtual_stages) + \
+            sum(virtual_stage != self.chunks * self.stages - 1 for virtual_stage in virtual_stages)
+        self.comm.stats.add("pp", "send", unsimulated * sends_per_micro_batch * self.message)
+        self.comm.stats.add("pp", "recv", unsimulated * sends_per_micro_batch * self.message)
+        if unsimulated:
+            for slot_bytes in self.slot_repeated.values():
+                for group, kinds in slot_bytes.items():
+                    for kind, num_bytes in kinds.items():
+                        self.comm.stats.add(group, kind, num_bytes * unsimulated)
+        self.point_to_point = self.comm.stats.snapshot()["pp"]
+        self.passes_copy = self.comm.take_largest_transport_copy()
 
-            state.comm.on_transport_copy = at_collective
-            try:
-                with contextlib.nullcontext() if index == last_backward else reducer.no_sync():
-                    with probe.backward_meter.hooks():
-                        if ends:
-                            zero.scale_loss(output).backward()
-                        else:
-                            output.backward(grad)
-                reducer.finish_grad_sync()
-            finally:
-                state.comm.on_transport_copy = None
-            after = state.comm.stats.snapshot()
-            if index != last_backward:
-                repeated.setdefault(("B", slot.chunk), _difference(after, before))
-            if not starts:
-                p2p.send(received.grad, state.stage_rank(virtual(slot) - 1), GRADIENT)
-            most_held = max(most_held, p2p.held_sends)
-    p2p.finish_sends()
-    # The micro-batches not simulated: each sends and receives what a simulated one does (one message per model
-    # chunk boundary it crosses, each way), each chunk's forward sends what its first did (TP's collectives), and
-    # its backward under no_sync what the first one did (TP's, and stage 2 reduces every micro-batch).
-    unsimulated = micro_batches - simulated
-    virtual_stages = _virtual_stages(stages, stage, chunks)
-    sends_per_micro_batch = sum(virtual_stage != 0 for virtual_stage in virtual_stages) + \
-        sum(virtual_stage != chunks * stages - 1 for virtual_stage in virtual_stages)
-    state.comm.stats.add("pp", "send", unsimulated * sends_per_micro_batch * message)
-    state.comm.stats.add("pp", "recv", unsimulated * sends_per_micro_batch * message)
-    if unsimulated:
-        for slot_bytes in repeated.values():
-            for group, kinds in slot_bytes.items():
-                for kind, num_bytes in kinds.items():
-                    state.comm.stats.add(group, kind, num_bytes * unsimulated)
-    point_to_point = state.comm.stats.snapshot()["pp"]
-    passes_copy = state.comm.take_largest_transport_copy()
-    # PipelineTrainStep's end of the passes and the step: the tied embedding's copies summed, the loss broadcast
-    # from the last stage, the norm summed over the stages
-    gradients.sum_shared_embedding()
-    loss_sum = torch.zeros((), device=META)
-    state.comm.broadcast(loss_sum, state.stage_rank(-1), state.pipeline_parallel_group, "pp")
-    optimizer = zero.optimizer
-    optimizer.grad_norm_squared(optimizer.gradients.partition_gradients())
-    optimizer.publish_parameters()
-    state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")
-    # The peak of the passes: a forward's, a backward's start, or a collective inside a backward that reduces
-    # gradients (the last one at ZeRO 0-1, every one at ZeRO 2) with what was still live as it started. Counting
-    # the copy on top of all a backward held at its start planned tests/planner/test_plan_pipeline_live.py's last
-    # stage at 90.0 MiB, measured 72: its reduce-scatter starts once a bucket of gradients is ready, when those
-    # layers' activations are gone. Read at the collective, the plan is 78.0 MiB.
-    pass_peak = max([forward_peak] + backward_points)
-    figures = PipelineFigures(
-        pipeline_parallel_size=stages, pipeline_parallel_rank=stage, chunks=chunks, micro_batches=micro_batches,
-        simulated_micro_batches=simulated, peak_chunk_forwards_in_flight=peak_held_by_forwards(slots, [1] * chunks),
-        p2p_message_bytes=message,
-        # the micro-batches not simulated repeat the steady state: they hold no more sends at once
-        p2p_held_bytes=most_held * message,
-        pass_peak_bytes=pass_peak,
-        p2p_sent_bytes=point_to_point["send"],
-        bubble_fraction=bubble_fraction(stages, micro_batches, chunks))
-    return {"passes": passes_copy, "step": state.comm.take_largest_transport_copy()}, figures
+    def figures(self) -> PipelineFigures:
+        """The stage's figures, once the step ran. The peak of the passes: a forward's, a backward's start, or a
+        collective inside a backward that reduces gradients (the last one at ZeRO 0-1, every one at ZeRO 2) with
+        what was still live as it started. Counting the copy on top of all a backward held at its start planned
+        tests/planner/test_plan_pipeline_live.py's last stage at 90.0 MiB, measured 72: its reduce-scatter starts
+        once a bucket of gradients is ready, when those layers' activations are gone. Read at the collective, the
+        plan is 78.0 MiB."""
+        return PipelineFigures(
+            pipeline_parallel_size=self.stages, pipeline_parallel_rank=self.stage, chunks=self.chunks,
+            micro_batches=self.micro_batches_total, simulated_micro_batches=self.steps,
+            peak_chunk_forwards_in_flight=peak_held_by_forwards(self.slots, [1] * self.chunks),
+            p2p_message_bytes=self.message,
+            # the micro-batches not simulated repeat the steady state: they hold no more sends at once
+            p2p_held_bytes=self.most_held * self.message,
+            pass_peak_bytes=max([self.forward_peak] + self.backward_points),
+            p2p_sent_bytes=self.point_to_point["send"],
+            bubble_fraction=bubble_fraction(self.stages, self.micro_batches_total, self.chunks))
 
 
-def _difference(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    """The TP and DP bytes counted between two snapshots (the point-to-point bytes are added by message count)."""
-    return {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
-            for group, kinds in after.items() if group != "pp"}
+def message_bytes(model, config, tokens, tensor_parallel_size: int) -> int:
+    """One activation or gradient a stage sends, in bytes: [micro_batch, seq, hidden] (a TP rank's slice of the
+    sequence under sequence parallelism), in the model's dtype."""
+    shape = activation_shape(tokens, config.model.hidden_size, model, tensor_parallel_size)
+    return math.prod(shape) * torch.finfo(next(model.parameters()).dtype).bits // 8
 
 
 def _virtual_stages(stages: int, stage: int, chunks: int) -> list[int]:

@@ -34,6 +34,7 @@ from parallel.pipeline_schedules import Slot, schedule
 from parallel.state import ParallelState
 from training.evaluation import split_micro_batch
 from training.run_settings import RunSettings
+from training.step_observer import NO_OBSERVER, StepObserver
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor
 from zero.apply import ZeroParts
@@ -45,8 +46,8 @@ class PipelineTrainStep(DataParallelTrainStep):
 
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
-                 documents: Optional[DocumentMasking] = None) -> None:
-        super().__init__(model, zero, train_batches, settings, state, activations, documents)
+                 documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER) -> None:
+        super().__init__(model, zero, train_batches, settings, state, activations, documents, observer)
         self.chunks = len(model.stage.chunks)
         group = settings.config.training.microbatch_group_size_per_virtual_pipeline_stage
         self.p2p = PipelineP2P(state.device, state.comm,
@@ -57,16 +58,22 @@ class PipelineTrainStep(DataParallelTrainStep):
         self.dtype = next(model.parameters()).dtype
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        state, reducer = self.state, self.zero.reducer
+        """The rank's slots of the schedule over the iteration's micro-batches (the first that many the observer
+        runs: all in a live run), each loss divided by `accumulation_steps`; the loss, still on the device."""
+        state, reducer, observer = self.state, self.zero.reducer, self.observer
+        group = self.settings.config.training.microbatch_group_size_per_virtual_pipeline_stage
+        micro_batches = observer.pipeline_micro_batches(accumulation_steps, state.pipeline_parallel_size,
+                                                        state.pipeline_parallel_rank, self.chunks, group)
         batches = [split_micro_batch(next(self.train_batches), state.device, self.documents)
-                   for _ in range(accumulation_steps)]
-        slots = schedule(accumulation_steps, state.pipeline_parallel_size, state.pipeline_parallel_rank,
-                         self.chunks, self.settings.config.training.microbatch_group_size_per_virtual_pipeline_stage)
+                   for _ in range(micro_batches)]
+        slots = schedule(micro_batches, state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks, group)
+        observer.schedule(slots)
         last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
         inputs: dict[tuple[int, int], Optional[torch.Tensor]] = {}
         outputs: dict[tuple[int, int], torch.Tensor] = {}
         iteration_loss = torch.zeros((), device=state.device)
         for index, slot in enumerate(slots):
+            observer.slot_start(index, slot)
             self.p2p.start_slot()
             tokens, labels, masks = batches[slot.micro_batch]
             if slot.kind == "F":
@@ -80,7 +87,9 @@ class PipelineTrainStep(DataParallelTrainStep):
                     self._backward(slot, inputs.pop((slot.micro_batch, slot.chunk)),
                                    outputs.pop((slot.micro_batch, slot.chunk)))
                 reducer.finish_grad_sync()
+            observer.slot_end(index, slot)
         self.p2p.finish_sends()
+        observer.passes_end()
         self.gradients.sum_shared_embedding()
         # the loss lives on the last stage; the others record it too
         state.comm.broadcast(iteration_loss, state.stage_rank(-1), state.pipeline_parallel_group, "pp")
@@ -106,26 +115,29 @@ class PipelineTrainStep(DataParallelTrainStep):
                                         ACTIVATION).requires_grad_()
             chunk_input = received
         inputs[(slot.micro_batch, slot.chunk)] = received
-        if masks is not None:
-            if self._ends_model(slot):
-                return masked_token_mean(self.model.chunk_forward(slot.chunk, chunk_input, labels, masks),
-                                         masks) / accumulation_steps
-            output = self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
-        elif self._ends_model(slot):
-            return self.model.chunk_forward(slot.chunk, chunk_input, labels).float().mean() / accumulation_steps
-        else:
-            output = self.model.chunk_forward(slot.chunk, chunk_input)
+        with self.observer.phase("forward"):
+            if masks is not None:
+                if self._ends_model(slot):
+                    return masked_token_mean(self.model.chunk_forward(slot.chunk, chunk_input, labels, masks),
+                                             masks) / accumulation_steps
+                output = self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
+            elif self._ends_model(slot):
+                return self.model.chunk_forward(slot.chunk, chunk_input, labels).float().mean() / accumulation_steps
+            else:
+                output = self.model.chunk_forward(slot.chunk, chunk_input)
         self.p2p.send(output, self.state.stage_rank(self._virtual_stage(slot) + 1), ACTIVATION)
         return output
 
     def _backward(self, slot: Slot, received: Optional[torch.Tensor],
                   output: torch.Tensor) -> None:
         if self._ends_model(slot):
-            self.zero.scale_loss(output).backward()
+            with self.observer.phase("backward"):
+                self.zero.scale_loss(output).backward()
         else:
             grad = self.p2p.receive(output.shape, output.dtype,
                                     self.state.stage_rank(self._virtual_stage(slot) + 1), GRADIENT)
-            torch.autograd.backward(output, grad_tensors=grad)
+            with self.observer.phase("backward"):
+                torch.autograd.backward(output, grad_tensors=grad)
         if received is not None:
             self.p2p.send(received.grad, self.state.stage_rank(self._virtual_stage(slot) - 1), GRADIENT)
 

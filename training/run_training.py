@@ -35,7 +35,7 @@ def train_run(run: Run) -> TrainingSummary:
         data = config.data
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
                                        data.eod_mask_loss)
-        step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents)
+        step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents)
         metrics = IntervalMetrics(settings, state, writer, built.activations)
         eval_micro_batches = training.eval_iters * settings.batch.final_accumulation_steps
         forward = PipelineForward(built.model, state, config.model.hidden_size) \

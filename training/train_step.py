@@ -28,6 +28,7 @@ from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, split_micro_batch
 from training.run_settings import RunSettings
+from training.step_observer import NO_OBSERVER, StepObserver
 from zero.activations import ActivationMonitor
 from zero.apply import ZeroParts
 from zero.optimizer import StepResult
@@ -86,14 +87,15 @@ def check_skip_limit(iteration: int, consecutive_skips: int, limit: int, loss_sc
 class DataParallelTrainStep:
     """Micro-batches on this rank's model under ZeRO's reducer (tensor and data parallelism), then
     ZeRO's sharded optimizer step. `documents`: --reset-position-ids, --reset-attention-mask and --eod-mask-loss
-    (data/documents.py), None without them."""
+    (data/documents.py), None without them. `observer` (training/step_observer.py) is told the phases and
+    micro-batches as they run; a live run's tells no one and changes nothing."""
 
     def __init__(self, model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
-                 documents: Optional[DocumentMasking] = None) -> None:
+                 documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER) -> None:
         self.model, self.zero, self.train_batches = model, zero, train_batches
         self.settings, self.state, self.activations = settings, state, activations
-        self.documents = documents
+        self.documents, self.observer = documents, observer
         self.consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
         model.train()
 
@@ -115,17 +117,13 @@ class DataParallelTrainStep:
         lr = self.learning_rate(position)
         for group in optimizer.param_groups:
             group["lr"] = self.learning_rate(position, decoupled=True) if group.get("decoupled_lr") else lr
-        self.zero.reducer.zero_grad()
-        state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
-        state.comm.iteration = iteration  # named in the line a lost peer ends in
-        iteration_loss = self.forward_backward(self.settings.batch.accumulation_steps_at(consumed_samples),
-                                               measure_activations)
-        step = optimizer.step()
+        mean_loss, step = self.run_iteration(iteration, self.settings.batch.accumulation_steps_at(consumed_samples),
+                                             measure_activations)
         self.consecutive_skips = self.consecutive_skips + 1 if step.skipped else 0
         if step.skipped and state.is_first_rank:
             print(f" iteration {iteration}: gradient overflow at loss scale {step.loss_scale:g}; step "
                   f"skipped, loss scale now {optimizer.loss_scaler.scale:g}", flush=True)
-        loss = average_over_data_parallel(iteration_loss, state).item()  # waits for the device: the time is complete
+        loss = mean_loss.item()  # waits for the device: the time is complete
         seconds = time.perf_counter() - started
         try:
             check_step_is_finite(iteration, loss, step)
@@ -140,16 +138,31 @@ class DataParallelTrainStep:
                            loss_scale=optimizer.loss_scaler.scale, global_batch_size=global_batch_size, lr=lr,
                            seconds=seconds)
 
+    def run_iteration(self, iteration: int, accumulation_steps: int, measure_activations: bool
+                      ) -> tuple[torch.Tensor, Optional[StepResult]]:
+        """Every collective of an iteration, and all its work that needs no value read back: the micro-batches,
+        the optimizer's step (as the observer takes it) and the loss averaged over DP. Returns that loss, still
+        on the device, and the step's result. The dry run (planner/dry_run.py) calls this on the meta device."""
+        state = self.state
+        self.zero.reducer.zero_grad()
+        state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
+        state.comm.iteration = iteration  # named in the line a lost peer ends in
+        iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
+        step = self.observer.optimizer_step(self.zero.optimizer)
+        return average_over_data_parallel(iteration_loss, state), step
+
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
-        """The micro-batches of one iteration; their mean loss, still on the device. Each micro-batch's loss is
-        its token mean, or with --eod-mask-loss its masked mean (data/documents.py masked_token_mean: Megatron-
-        Core's sum(loss x mask) / num_tokens per micro-batch), divided by the accumulation steps; the data-parallel
-        reducer averages the gradients over the ranks, as Megatron's does. The recorded loss is the same
-        mean over micro-batches and ranks (Megatron-DeepSpeed's average_losses_across_data_parallel_group;
-        Megatron-LM's log weighs the ranks' micro-batches by their unmasked tokens instead)."""
-        reducer, activations, device = self.zero.reducer, self.activations, self.state.device
+        """The micro-batches of one iteration (those the observer runs: all in a live run); their mean loss, still
+        on the device. Each micro-batch's loss is its token mean, or with --eod-mask-loss its masked mean
+        (data/documents.py masked_token_mean: Megatron-Core's sum(loss x mask) / num_tokens per micro-batch),
+        divided by the accumulation steps; the data-parallel reducer averages the gradients over the ranks, as
+        Megatron's does. The recorded loss is the same mean over micro-batches and ranks (Megatron-DeepSpeed's
+        average_losses_across_data_parallel_group; Megatron-LM's log weighs the ranks' micro-batches by their
+        unmasked tokens instead)."""
+        reducer, activations, device, observer = self.zero.reducer, self.activations, self.state.device, self.observer
         iteration_loss = torch.zeros((), device=device)
-        for micro_batch in range(accumulation_steps):
+        for micro_batch in observer.micro_batches(accumulation_steps):
+            observer.micro_batch_start(micro_batch)
             inputs, labels, masks = split_micro_batch(next(self.train_batches), device, self.documents)
             last = micro_batch == accumulation_steps - 1
             with contextlib.nullcontext() if last else reducer.no_sync():
@@ -159,12 +172,16 @@ class DataParallelTrainStep:
                 # Autocast would only add fp32 copies of each LayerNorm's input and output, rounded back
                 # to 16 bits before the next matmul: without them an eager 1.5B iteration on an H100 is
                 # 8% faster with 1.3 GiB less memory (benchmark_gpu.py --impls ours,ours-autocast).
-                with activations.measuring() if measure_activations else contextlib.nullcontext():
+                with observer.phase("forward"), \
+                        activations.measuring() if measure_activations else contextlib.nullcontext():
                     if masks is None:
                         loss = self.model(inputs, labels).float().mean() / accumulation_steps
                     else:
                         loss = masked_token_mean(self.model(inputs, labels, masks), masks) / accumulation_steps
-                self.zero.scale_loss(loss).backward()
+                with observer.phase("backward"):
+                    self.zero.scale_loss(loss).backward()
             reducer.finish_grad_sync()
             iteration_loss += loss.detach()
+            observer.micro_batch_end(micro_batch)
+        observer.passes_end()
         return iteration_loss

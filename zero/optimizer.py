@@ -159,7 +159,7 @@ class ShardedAdamW:
 
     def grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
         """The squared global norm as a 1-element fp32 tensor, summed over TP and the partition group
-        (its collectives are the step's only ones besides publishing; the planner replays them)."""
+        (its collectives are the step's only ones besides publishing: see step_collectives_only)."""
         counted = [s for s in self._segments
                    if not any(lo <= s.start and s.end <= hi for lo, hi in self.norm_excluded)]
         sharded = [grads[s.start:s.end] for s in counted if s.kind.tensor_parallel]
@@ -197,6 +197,13 @@ class ShardedAdamW:
         self.publish_parameters()
         self.loss_scaler.update(overflow=False)
         return StepResult(norm, skipped=False, loss_scale=scale)
+
+    def step_collectives_only(self) -> None:
+        """The collectives `step` makes when it updates, without its arithmetic (which needs values): the
+        gradient partition's norm over TP, the partition group and the stages, and publishing. The dry run
+        (planner/dry_run.py) runs a train step on the meta device with this in place of `step`."""
+        self.grad_norm_squared(self.gradients.partition_gradients())
+        self.publish_parameters()
 
     def update(self, grads: torch.Tensor) -> None:
         """AdamW on the master partition from the unscaled, clipped gradient partition `grads`."""

@@ -21,8 +21,9 @@ from paper_conditions import NO_CONDITIONS, ConditionSet, condition_plan, condit
 from planner.dry_run import Cluster, RankPlan, dry_run
 from planner.perf_model import Constants, Prediction, load_constants
 
-# Every package a dry run executes (the floors from base/ to planner/ but checkpoint/, which it never calls).
-PLANNING_SOURCES = ("base", "parallel", "zero", "gpt", "arguments", "training", "planner")
+# Every package a dry run executes: the floors from base/ to planner/ (checkpoint/ too: the train step the dry
+# run drives imports it to name a resumable save when a run diverges).
+PLANNING_SOURCES = ("base", "parallel", "zero", "gpt", "arguments", "checkpoint", "training", "planner")
 # Never change a dry run (paper_conditions.py, beside this file, applies on top of one): the cache holds
 # dry runs only.
 NOT_PLANNING = ("perf_model.py", "perf_calibration.py", "perf_cli.py", "paper_tables.py", "plan.py")

@@ -1,0 +1,83 @@
+"""The dry run's observer of the real train step (training/step_observer.py): planner/dry_run.py runs
+training/train_step.py's DataParallelTrainStep on the meta device with this watching, so every collective the
+step makes is counted by the code that counts it live, and a collective added to the step is in the plan with
+no edit here. What the observer adds is only what a meta run cannot do or should not repeat:
+
+- it runs the first micro-batch and the last of a long accumulation (`planned_micro_batches`) and counts, for
+  each one between, the bytes the first sent: they run the first's code on its shapes under no_sync, one at a
+  time, so they hold no more than it and send what it sends; the plan costs the same at 2 and 512 steps;
+- it takes the optimizer's collectives without its arithmetic (`ShardedAdamW.step_collectives_only`);
+- it tells the block probe which phase runs (forward, or backward with its recompute meter) and where it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional, Sequence
+
+from parallel.comm import DryRunCommunicator
+from training.step_observer import NoObserver
+from zero.activations import ActivationMonitor
+from zero.optimizer import ShardedAdamW, StepResult
+
+
+def planned_micro_batches(steps: int) -> list[int]:
+    """The micro-batches of a step without pipeline stages that a plan runs: the first (under no_sync) and the last
+    (which synchronizes the gradients); the ones between send what the first sends (PlanObserver adds it)."""
+    return sorted({0, steps - 1})
+
+
+def comm_difference(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]],
+                    skip: Sequence[str] = ()) -> dict[str, dict[str, int]]:
+    """The bytes counted per group and kind between two snapshots, but for the groups in `skip`."""
+    return {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
+            for group, kinds in after.items() if group not in skip}
+
+
+class PlanObserver(NoObserver):
+    """Watches a DataParallelTrainStep's iteration for the plan (see the module docstring). After it ran:
+    `simulated` the micro-batches run, `passes_copy` gloo's largest copy in forward and backward."""
+
+    def __init__(self, comm: DryRunCommunicator, monitor: ActivationMonitor, probe) -> None:
+        self.comm, self.monitor, self.probe = comm, monitor, probe
+        self.steps = 0
+        self.simulated: list[int] = []
+        self.passes_copy = 0
+        self._before: dict[str, dict[str, int]] = {}
+        self._repeated: dict[str, dict[str, int]] = {}
+
+    @property
+    def progress(self):
+        return self.probe.progress
+
+    def micro_batches(self, accumulation_steps: int) -> Sequence[int]:
+        self.steps = accumulation_steps
+        self.simulated = planned_micro_batches(accumulation_steps)
+        if self.progress is not None:
+            self.progress.planned = len(self.simulated)
+        return self.simulated
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.probe.phase = name
+        with self.probe.backward_meter.hooks() if name == "backward" else contextlib.nullcontext():
+            yield
+
+    def micro_batch_start(self, micro_batch: int) -> None:
+        if self.progress is not None:
+            self.progress.micro_batch = micro_batch
+        self._before = self.comm.stats.snapshot()
+
+    def micro_batch_end(self, micro_batch: int) -> None:
+        if micro_batch == 0 and micro_batch != self.steps - 1:
+            self._repeated = comm_difference(self.comm.stats.snapshot(), self._before)
+
+    def passes_end(self) -> None:
+        for group, kinds in self._repeated.items():
+            for kind, num_bytes in kinds.items():
+                self.comm.stats.add(group, kind, num_bytes * (self.steps - len(self.simulated)))
+        self.passes_copy = self.comm.take_largest_transport_copy()
+
+    def optimizer_step(self, optimizer: ShardedAdamW) -> Optional[StepResult]:
+        optimizer.step_collectives_only()
+        return None
