@@ -458,6 +458,22 @@ def resolve_device(name: str, local_rank: Optional[int] = None) -> torch.device:
     return device
 
 
+def check_grid_divides(world_size: int, tensor_parallel_size: int, pipeline_parallel_size: int) -> None:
+    """TP x PP must divide the launched processes (DP is what they leave); ValueError naming the flags. The
+    live launch (`initialize`) and the dry run of the same launch (planner/launch.py) ask the same."""
+    if world_size % tensor_parallel_size != 0:
+        raise ValueError(
+            f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the {world_size} "
+            f"launched processes; launch a multiple of {tensor_parallel_size} processes or pick a TP size "
+            f"that divides {world_size}")
+    if world_size % (tensor_parallel_size * pipeline_parallel_size) != 0:
+        raise ValueError(
+            f"--tensor-model-parallel-size {tensor_parallel_size} x --pipeline-model-parallel-size "
+            f"{pipeline_parallel_size} does not divide the {world_size} launched processes; launch a "
+            f"multiple of {tensor_parallel_size * pipeline_parallel_size} processes or pick sizes whose product "
+            f"divides {world_size}")
+
+
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
                gpus_per_node: Optional[int] = None, pipeline_parallel_size: int = 1,
                optimizer_instances: int = 1, expert_model_parallel_size: int = 1,
@@ -472,17 +488,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     if pipeline_parallel_size < 1:
         raise ValueError(f"--pipeline-model-parallel-size must be at least 1, got {pipeline_parallel_size}")
     launch = read_launch_environment()
-    if launch.world_size % tensor_parallel_size != 0:
-        raise ValueError(
-            f"--tensor-model-parallel-size {tensor_parallel_size} does not divide the {launch.world_size} "
-            f"launched processes; launch a multiple of {tensor_parallel_size} processes or pick a TP size "
-            f"that divides {launch.world_size}")
-    if launch.world_size % (tensor_parallel_size * pipeline_parallel_size) != 0:
-        raise ValueError(
-            f"--tensor-model-parallel-size {tensor_parallel_size} x --pipeline-model-parallel-size "
-            f"{pipeline_parallel_size} does not divide the {launch.world_size} launched processes; launch a "
-            f"multiple of {tensor_parallel_size * pipeline_parallel_size} processes or pick sizes whose product "
-            f"divides {launch.world_size}")
+    check_grid_divides(launch.world_size, tensor_parallel_size, pipeline_parallel_size)
     check_optimizer_instances(optimizer_instances,
                               launch.world_size // (tensor_parallel_size * pipeline_parallel_size))
     expert_mesh_sizes({"pp": pipeline_parallel_size, "tp": tensor_parallel_size,

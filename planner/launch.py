@@ -12,7 +12,7 @@ import torch
 
 from arguments.batch_schedule import BatchSchedule, batch_schedule
 from arguments.config import ConfigError, PretrainConfig
-from parallel.state import ParallelState, read_launch_environment, resolve_device
+from parallel.state import ParallelState, check_grid_divides, read_launch_environment, resolve_device
 from planner.vocabulary import launch_vocab
 
 
@@ -72,6 +72,11 @@ def dry_run_launch(config: PretrainConfig) -> None:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     training = config.training  # DP: what TP and the pipeline stages leave of the world
+    try:  # the live launch's own check (parallel/state.py initialize), before any arithmetic on the DP size
+        check_grid_divides(launch.world_size, training.tensor_model_parallel_size,
+                           training.pipeline_model_parallel_size)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     batch = batch_schedule(config, launch.world_size // (training.tensor_model_parallel_size
                                                          * training.pipeline_model_parallel_size))
     budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None

@@ -119,6 +119,24 @@ def test_a_pipeline_launchs_dry_run_plans_its_stage(monkeypatch, capsys):
     assert "PP rank 0" in out and "PP 2 x TP 1 x DP 2" in out and "1F1B, 4 micro-batches" in out
 
 
+@pytest.mark.parametrize("world, flags", [("1", ("--pipeline-model-parallel-size", "2")),
+                                          ("2", ("--tensor-model-parallel-size", "2",
+                                                 "--pipeline-model-parallel-size", "2")),
+                                          ("3", ("--tensor-model-parallel-size", "2"))])
+def test_a_dry_run_whose_grid_does_not_fit_the_launch_is_the_live_launchs_one_line(monkeypatch, capsys, world, flags):
+    """--dry-run of a launch whose TP x PP does not divide its processes: the live launch's refusal
+    (parallel/state.py check_grid_divides), exit 2, not a ZeroDivisionError traceback from the batch arithmetic
+    (DP = 1 // 2 = 0)."""
+    import pretrain_gpt
+
+    for name, value in {"WORLD_SIZE": world, "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": world}.items():
+        monkeypatch.setenv(name, value)
+    assert pretrain_gpt.main([*MODEL, *flags, "--device", "cpu", "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert "does not divide the " + world + " launched processes" in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
 @pytest.mark.parametrize("flags", [("--global-batch-size", "16"),
                                    ("--global-batch-size", "16", "--num-layers-per-virtual-pipeline-stage", "1")])
 def test_report_memorys_stage_prediction_is_the_planners(flags):
