@@ -45,7 +45,7 @@ class RankPeak:
                  batch: BatchSchedule) -> tuple[Optional[int], int, str]:
         try:
             key = dataclasses.replace(config.model, vocab_size=vocab_size).padded_vocab_size(
-                config.training.tensor_model_parallel_size)
+                config.parallel.tensor_model_parallel_size)
         except ConfigError:  # the dry run says why, as a failed prediction
             key = -vocab_size
         if key not in self._planned:

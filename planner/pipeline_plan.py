@@ -83,7 +83,7 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     stages, stage = state.pipeline_parallel_size, state.pipeline_parallel_rank
     chunks = len(model.stage.chunks)
     micro_batches = plan.batch.final_accumulation_steps
-    group = config.training.microbatch_group_size_per_virtual_pipeline_stage
+    group = config.parallel.microbatch_group_size_per_virtual_pipeline_stage
     if chunks > 1:
         check_interleaving(micro_batches, stages, chunks, group)  # the run's M, not the simulated M'
     simulated = simulated_micro_batches(micro_batches, stages, stage, chunks, group)

@@ -44,7 +44,7 @@ class PipelineTrainStep(DataParallelTrainStep):
                  state: ParallelState, activations: ActivationMonitor) -> None:
         super().__init__(model, zero, train_batches, settings, state, activations)
         self.chunks = len(model.stage.chunks)
-        group = settings.config.training.microbatch_group_size_per_virtual_pipeline_stage
+        group = settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
         self.p2p = PipelineP2P(state.device, state.comm,
                                send_lag(state.pipeline_parallel_size, group if self.chunks > 1 else None))
         tied = model.word_embeddings if model.tied_output else None
@@ -56,7 +56,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         state, reducer = self.state, self.zero.reducer
         batches = [split_tokens(next(self.train_batches), state.device) for _ in range(accumulation_steps)]
         slots = schedule(accumulation_steps, state.pipeline_parallel_size, state.pipeline_parallel_rank,
-                         self.chunks, self.settings.config.training.microbatch_group_size_per_virtual_pipeline_stage)
+                         self.chunks, self.settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage)
         last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
         inputs: dict[tuple[int, int], Optional[torch.Tensor]] = {}
         outputs: dict[tuple[int, int], torch.Tensor] = {}

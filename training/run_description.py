@@ -42,7 +42,7 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
     sequence = "on" if splits_sequence(config.model, state) else "off"
     words = (f"parallel sizes TP {state.tensor_parallel_size}, SP {sequence}, PP {state.pipeline_parallel_size}, "
              f"DP {state.data_parallel_size}")
-    if config.model.sequence_parallel and state.tensor_parallel_size == 1:
+    if config.parallel.sequence_parallel and state.tensor_parallel_size == 1:
         words += " (--sequence-parallel has nothing to split at TP 1, as in Megatron-LM)"
     instances = state.optimizer_instances.count
     if instances > 1:

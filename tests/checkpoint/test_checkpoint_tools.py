@@ -64,7 +64,7 @@ def tiny_config(tp: int = 1, stage: int = 1, bf16: bool = False) -> PretrainConf
     m.num_layers, m.hidden_size, m.num_attention_heads = 2, 64, 4
     m.seq_length = m.max_position_embeddings = 32
     m.hidden_dropout = m.attention_dropout = 0.0
-    c.training.tensor_model_parallel_size, c.training.bf16, c.training.seed = tp, bf16, 7
+    c.parallel.tensor_model_parallel_size, c.training.bf16, c.training.seed = tp, bf16, 7
     c.zero.stage = stage
     c.zero.reduce_bucket_size = 20000  # several buckets/units, so parameters straddle partitions
     return c

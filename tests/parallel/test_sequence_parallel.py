@@ -137,7 +137,7 @@ def test_a_sequence_not_divisible_by_tp_is_refused_in_one_line():
 def test_with_tp_1_it_is_accepted_and_said_once():
     notes = parse_arguments(["--sequence-parallel"]).notes
     assert sum("--sequence-parallel" in note for note in notes) == 1
-    assert parse_arguments(["--sequence-parallel", "--tensor-model-parallel-size", "2"]).config.model.sequence_parallel
+    assert parse_arguments(["--sequence-parallel", "--tensor-model-parallel-size", "2"]).config.parallel.sequence_parallel
 
 
 @pytest.mark.parametrize("name", MODELS)
