@@ -71,9 +71,9 @@ def dry_run_launch(config: PretrainConfig) -> None:
         device = resolve_device(config.training.device, launch.local_rank)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    training = config.training  # DP: what TP and the pipeline stages leave of the world
-    batch = batch_schedule(config, launch.world_size // (training.tensor_model_parallel_size
-                                                         * training.pipeline_model_parallel_size))
+    parallel = config.parallel  # DP: what TP and the pipeline stages leave of the world
+    batch = batch_schedule(config, launch.world_size // (parallel.tensor_model_parallel_size
+                                                         * parallel.pipeline_model_parallel_size))
     budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     cluster = Cluster(launch.world_size, launch.local_world_size or launch.world_size, budget, device.type)
     vocab, source = launch_vocab(config)

@@ -83,15 +83,15 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
 
 def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[StageLayers]:
     """This rank's layers with pipeline stages; None (the whole model) without."""
-    training = settings.config.training
+    parallel = settings.config.parallel
     if state.pipeline_parallel_size == 1:
         return None
     return stage_layers(settings.config.model.num_layers, state.pipeline_parallel_size, state.pipeline_parallel_rank,
-                        training.num_layers_per_virtual_pipeline_stage, training.decoder_first_pipeline_num_layers,
-                        training.decoder_last_pipeline_num_layers,
-                        virtual_stages=training.num_virtual_stages_per_pipeline_rank,
-                        account_for_embedding=training.account_for_embedding_in_pipeline_split,
-                        account_for_loss=training.account_for_loss_in_pipeline_split)
+                        parallel.num_layers_per_virtual_pipeline_stage, parallel.decoder_first_pipeline_num_layers,
+                        parallel.decoder_last_pipeline_num_layers,
+                        virtual_stages=parallel.num_virtual_stages_per_pipeline_rank,
+                        account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
+                        account_for_loss=parallel.account_for_loss_in_pipeline_split)
 
 
 def decayed_norm_params(model: GPTModel, config) -> list:
