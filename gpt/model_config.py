@@ -13,6 +13,7 @@ from typing import Optional
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
+from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
@@ -162,6 +163,13 @@ class ModelConfig:
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    tensor_parallel_size, head_dim=self.head_dim)
+
+    @classmethod
+    def from_record(cls, recorded: dict) -> "ModelConfig":
+        """The model of a recorded config's `model` section (checkpoint metadata), without the parallel
+        settings the record keeps there (`sequence_parallel`: parallel/config.py RECORDED_SECTION)."""
+        beside = {name for name, section in RECORDED_SECTION.items() if section == "model"}
+        return cls(**{name: value for name, value in recorded.items() if name not in beside})
 
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
