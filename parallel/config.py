@@ -63,10 +63,6 @@ class ParallelismConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)}", flags=(flag,))
 
-    def splits_sequence(self) -> bool:
-        """Whether the regions outside tensor parallelism hold a slice of the sequence (TP 1: nothing to split)."""
-        return self.sequence_parallel and self.tensor_model_parallel_size > 1
-
 
 # Where checkpoint metadata and `PretrainConfig.to_dict` record each setting of this section: the section it
 # lived in before there was one (the rest of the section: "training").
