@@ -32,7 +32,7 @@ import torch
 
 from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
-from parallel.pipeline_schedules import check_interleaving, peak_held_by_forwards, schedule
+from parallel.pipeline_schedules import VirtualStages, check_interleaving, peak_held_by_forwards, schedule
 from zero.pipeline_grads import PipelineGradients
 
 META = torch.device("meta")
@@ -108,14 +108,16 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     # which each micro-batch not simulated sends again
     repeated: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
 
+    ring = VirtualStages(stages, stage, chunks)
+
     def virtual(slot) -> int:
-        return slot.chunk * stages + stage
+        return ring.of(slot.chunk)
 
     if probe.progress is not None:
         probe.progress.planned = simulated
     for index, slot in enumerate(slots):
         p2p.start_slot()
-        starts, ends = virtual(slot) == 0, virtual(slot) == chunks * stages - 1
+        starts, ends = virtual(slot) == 0, virtual(slot) == ring.last
         if probe.progress is not None:
             probe.progress.micro_batch = slot.micro_batch
         if slot.kind == "F":
@@ -171,9 +173,8 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     # chunk boundary it crosses, each way), each chunk's forward sends what its first did (TP's collectives), and
     # its backward under no_sync what the first one did (TP's, and stage 2 reduces every micro-batch).
     unsimulated = micro_batches - simulated
-    virtual_stages = _virtual_stages(stages, stage, chunks)
-    sends_per_micro_batch = sum(virtual_stage != 0 for virtual_stage in virtual_stages) + \
-        sum(virtual_stage != chunks * stages - 1 for virtual_stage in virtual_stages)
+    sends_per_micro_batch = sum(virtual_stage != 0 for virtual_stage in ring.all()) + \
+        sum(virtual_stage != ring.last for virtual_stage in ring.all())
     state.comm.stats.add("pp", "send", unsimulated * sends_per_micro_batch * message)
     state.comm.stats.add("pp", "recv", unsimulated * sends_per_micro_batch * message)
     if unsimulated:
@@ -215,6 +216,3 @@ def _difference(after: dict[str, dict[str, int]], before: dict[str, dict[str, in
     return {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
             for group, kinds in after.items() if group != "pp"}
 
-
-def _virtual_stages(stages: int, stage: int, chunks: int) -> list[int]:
-    return [chunk * stages + stage for chunk in range(chunks)]

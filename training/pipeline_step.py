@@ -27,7 +27,7 @@ import torch
 from gpt.model import GPTModel
 from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
-from parallel.pipeline_schedules import Slot, schedule
+from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
 from training.evaluation import split_tokens
 from training.run_settings import RunSettings
@@ -44,6 +44,7 @@ class PipelineTrainStep(DataParallelTrainStep):
                  state: ParallelState, activations: ActivationMonitor) -> None:
         super().__init__(model, zero, train_batches, settings, state, activations)
         self.chunks = len(model.stage.chunks)
+        self.virtual = VirtualStages(state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks)
         group = settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
         self.p2p = PipelineP2P(state.device, state.comm,
                                send_lag(state.pipeline_parallel_size, group if self.chunks > 1 else None))
@@ -82,13 +83,13 @@ class PipelineTrainStep(DataParallelTrainStep):
         return iteration_loss
 
     def _virtual_stage(self, slot: Slot) -> int:
-        return slot.chunk * self.state.pipeline_parallel_size + self.state.pipeline_parallel_rank
+        return self.virtual.of(slot.chunk)
 
     def _starts_model(self, slot: Slot) -> bool:
-        return self._virtual_stage(slot) == 0
+        return self.virtual.starts_model(slot.chunk)
 
     def _ends_model(self, slot: Slot) -> bool:
-        return self._virtual_stage(slot) == self.chunks * self.state.pipeline_parallel_size - 1
+        return self.virtual.ends_model(slot.chunk)
 
     def _forward(self, slot: Slot, tokens: torch.Tensor, labels: torch.Tensor, inputs: dict,
                  accumulation_steps: int) -> torch.Tensor:
@@ -132,11 +133,12 @@ class PipelineForward:
         self.dtype = next(model.parameters()).dtype
 
     def __call__(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        state, stages = self.state, self.state.pipeline_parallel_size
-        last = self.chunks * stages - 1
+        state = self.state
+        stages = VirtualStages(state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks)
+        last = stages.last
         loss = torch.zeros((), device=state.device)
         for chunk in range(self.chunks):
-            virtual = chunk * stages + state.pipeline_parallel_rank
+            virtual = stages.of(chunk)
             shape = activation_shape(tokens, self.hidden_size, self.model, state.tensor_parallel_size)
             chunk_input = tokens if virtual == 0 else self.p2p.receive(shape, self.dtype,
                                                                        state.stage_rank(virtual - 1), ACTIVATION)
