@@ -65,9 +65,9 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
         return
     check_machine_bounds(config)  # before the process group, the data index or the model
     try:
-        state = initialize(config.training.device, config.training.tensor_model_parallel_size,
+        state = initialize(config.training.device, config.parallel.tensor_model_parallel_size,
                            timeout_minutes=config.training.distributed_timeout_minutes,
-                           pipeline_parallel_size=config.training.pipeline_model_parallel_size,
+                           pipeline_parallel_size=config.parallel.pipeline_model_parallel_size,
                            optimizer_instances=config.zero.distributed_optimizer_instances)
     except ValueError as error:  # a launch or device the config cannot run on
         raise ConfigError(str(error)) from None

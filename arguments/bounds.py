@@ -91,7 +91,7 @@ def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str, 
     tokenizer (--vocab-size 0)."""
     model, training = config.model, config.training
     vocab = vocab_size or model.vocab_size
-    tp = max(training.tensor_model_parallel_size, 1)
+    tp = max(config.parallel.tensor_model_parallel_size, 1)
     hidden, seq, micro = model.hidden_size, model.seq_length, training.micro_batch_size
     ffn = model.ffn_hidden_size or 4 * hidden
     candidates = [

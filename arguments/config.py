@@ -40,6 +40,7 @@ from data import DataError
 from data.gpt_dataset import parse_data_path, parse_split
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
+from parallel.config import ParallelismConfig, recorded_section
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer", *SENTENCEPIECE_TYPES)
@@ -226,28 +227,6 @@ class TrainingConfig:
     # gpt.model.compile_blocks
     compile: bool = option(False, help="torch.compile each transformer block (the first iterations compile; every "
                                        "TP size and ZeRO stage)")
-    tensor_model_parallel_size: int = option(1, aliases={"--model-parallel-size": "DeepSpeed-Megatron"})
-    # training/pipeline_step.py; the layers each stage holds: gpt/stage_layers.py
-    pipeline_model_parallel_size: int = option(
-        1, help="pipeline stages (Megatron's rank order: TP fastest, then DP, then PP); the layers split evenly, "
-                "scheduled 1F1B")
-    num_layers_per_virtual_pipeline_stage: Optional[int] = option(
-        None, help="layers per model chunk: each stage holds several chunks, scheduled as Megatron's interleaved 1F1B")
-    num_virtual_stages_per_pipeline_rank: Optional[int] = option(
-        None, help="model chunks per stage (Megatron's other spelling of --num-layers-per-virtual-pipeline-stage)")
-    microbatch_group_size_per_virtual_pipeline_stage: Optional[int] = option(
-        None, help="interleaved schedule: micro-batches that run through one model chunk before the next chunk "
-                   "(Megatron's schedule table; default --pipeline-model-parallel-size); the order, not the math")
-    account_for_embedding_in_pipeline_split: bool = option(
-        False, help="count the embedding as one layer when the layers split over the stages (the first stage "
-                    "builds one transformer layer fewer)")
-    account_for_loss_in_pipeline_split: bool = option(
-        False, help="count the loss as one layer when the layers split over the stages (the last stage builds "
-                    "one transformer layer fewer)")
-    decoder_first_pipeline_num_layers: Optional[int] = option(
-        None, help="layers of the first pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
-    decoder_last_pipeline_num_layers: Optional[int] = option(
-        None, help="layers of the last pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
     # A dead or hung rank ends the job after this.
     distributed_timeout_minutes: float = option(
         10.0, group="checkpoint",
@@ -281,8 +260,8 @@ class TrainingConfig:
         if self.train_iters is None and self.train_samples is None:
             raise ConfigError("give --train-iters or --train-samples (how long to train)",
                               flags=("--train-iters", "--train-samples"))
-        for name in ("micro_batch_size", "global_batch_size", "tensor_model_parallel_size",
-                     "pipeline_model_parallel_size", "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
+        for name in ("micro_batch_size", "global_batch_size", "eval_interval", "log_interval", "loss_scale_window",
+                     "hysteresis"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
         if self.accumulation_steps is not None and self.accumulation_steps < 1:
@@ -536,6 +515,7 @@ class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    parallel: ParallelismConfig = field(default_factory=ParallelismConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
@@ -550,20 +530,20 @@ class PretrainConfig:
     # arguments/batch_schedule.py, whichever values the command line made the run use. Not a setting.
     deepspeed_batch: dict = field(default_factory=dict, compare=False, repr=False)
 
-    SECTIONS = ("model", "optimizer", "training", "data", "logging", "zero", "activations", "checkpoint")
+    SECTIONS = ("model", "optimizer", "training", "parallel", "data", "logging", "zero", "activations", "checkpoint")
 
     def _check_pipeline(self) -> None:
         """What pipeline stages (training/pipeline_step.py) cannot run yet, refused in one line each."""
         from gpt.stage_layers import stage_layers  # the split's own checks name the flags
 
-        pp, training = self.training.pipeline_model_parallel_size, self.training
-        for flag, value in (("--num-layers-per-virtual-pipeline-stage", training.num_layers_per_virtual_pipeline_stage),
-                            ("--num-virtual-stages-per-pipeline-rank", training.num_virtual_stages_per_pipeline_rank)):
+        pp, parallel = self.parallel.pipeline_model_parallel_size, self.parallel
+        for flag, value in (("--num-layers-per-virtual-pipeline-stage", parallel.num_layers_per_virtual_pipeline_stage),
+                            ("--num-virtual-stages-per-pipeline-rank", parallel.num_virtual_stages_per_pipeline_rank)):
             if value is not None and pp == 1:
                 raise ConfigError(f"{flag} needs --pipeline-model-parallel-size > 1 (Megatron refuses it without "
                                   f"stages too): drop it, or add stages",
                                   flags=(flag, "--pipeline-model-parallel-size"))
-        uneven = (training.decoder_first_pipeline_num_layers, training.decoder_last_pipeline_num_layers)
+        uneven = (parallel.decoder_first_pipeline_num_layers, parallel.decoder_last_pipeline_num_layers)
         if uneven != (None, None) and pp == 1:
             raise ConfigError("--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1 (the "
                               "sizes of the first and last of several stages): drop them, or add stages",
@@ -571,11 +551,11 @@ class PretrainConfig:
                                      "--pipeline-model-parallel-size"))
         if pp == 1:
             return
-        split = dict(virtual_stages=training.num_virtual_stages_per_pipeline_rank,
-                     account_for_embedding=training.account_for_embedding_in_pipeline_split,
-                     account_for_loss=training.account_for_loss_in_pipeline_split)
+        split = dict(virtual_stages=parallel.num_virtual_stages_per_pipeline_rank,
+                     account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
+                     account_for_loss=parallel.account_for_loss_in_pipeline_split)
         for rank in range(pp):  # a stage left without a layer is refused by its own rank's split
-            stage_layers(self.model.num_layers, pp, rank, training.num_layers_per_virtual_pipeline_stage, *uneven,
+            stage_layers(self.model.num_layers, pp, rank, parallel.num_layers_per_virtual_pipeline_stage, *uneven,
                          **split)
         if self.zero.stage == 3:
             # DeepSpeed's pipeline engine asserts zero_optimization_stage() < ZeroStageEnum.gradients
@@ -590,7 +570,13 @@ class PretrainConfig:
         check_finite_numbers(self)
         for section in self.SECTIONS:
             getattr(self, section).validate()
-        self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
+        tp = self.parallel.tensor_model_parallel_size
+        self.model.validate_tensor_parallel(tp)
+        if self.parallel.sequence_parallel and self.model.seq_length % tp != 0:
+            raise ConfigError(f"--sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length "
+                              f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
+                              f"choose a multiple of it",
+                              flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
         self._check_pipeline()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:
@@ -615,8 +601,15 @@ class PretrainConfig:
                               flags=("--step-batch-size-schedule", "--gradient-accumulation-steps"))
 
     def to_dict(self) -> dict:
-        return {section: {f.name: getattr(getattr(self, section), f.name)
-                          for f in fields(getattr(self, section))} for section in self.SECTIONS}
+        """{section: {setting: value}} as checkpoint metadata and the run's logs record it: the `parallel`
+        section's settings under the sections that held them before it (parallel/config.py
+        `RECORDED_SECTION`), so a checkpoint's recorded config reads the same either side of the move."""
+        record: dict = {section: {} for section in self.SECTIONS if section != "parallel"}
+        for section in self.SECTIONS:
+            for f in fields(getattr(self, section)):
+                shown = recorded_section(f.name) if section == "parallel" else section
+                record[shown][f.name] = getattr(getattr(self, section), f.name)
+        return record
 
     @classmethod
     def from_flat(cls, values: dict, sources: Optional[dict] = None,

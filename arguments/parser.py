@@ -98,7 +98,8 @@ _NOT_SETTINGS = frozenset(NOT_SETTINGS + ("help",))
 # The --help groups, in order, each named by the section whose flags it lists; a field of another section
 # that names the group (`option(group=...)`, base/options.py) is listed after the group's own.
 GROUPS = (("model", "model"), ("optimizer", "optimizer and learning-rate schedule"), ("training", "training"),
-          ("data", "data and tokenizer"), ("logging", "logging"), ("checkpoint", "checkpoints, resume and preemption"),
+          ("parallel", "parallelism (tensor, sequence, pipeline)"), ("data", "data and tokenizer"),
+          ("logging", "logging"), ("checkpoint", "checkpoints, resume and preemption"),
           ("zero", "ZeRO and mixed precision"), ("activations", "activation checkpointing (ZeRO-R)"))
 
 

@@ -528,6 +528,6 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     (the exact weights, whatever precision trained them), consolidated over every TP and DP rank."""
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
-    model_config = ModelConfig(**metadata["config"]["model"])
+    model_config = ModelConfig.from_record(metadata["config"]["model"])
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
     return model_config, to_hf_state_dict(master, model_config)

@@ -32,6 +32,7 @@ from arguments.config import PretrainConfig
 from base.errors import CheckpointError, ConfigError
 from checkpoint.inside import inside
 from gpt.model_config import ModelConfig
+from parallel.config import recorded_section
 
 # `latest` names an iteration directory and nothing else.
 ITERATION_NAME = re.compile(r"iter_\d{7,}")
@@ -159,10 +160,14 @@ def _number_problem(value: Any, where: str) -> Optional[tuple[str, Any, str]]:
 
 @functools.cache
 def _setting_kinds() -> dict[str, dict[str, str]]:
-    """{section: {setting: its annotation}} of every setting the recorded config holds."""
+    """{section: {setting: its annotation}} of every setting the recorded config holds, by the section it is
+    recorded in (`PretrainConfig.to_dict`: the parallel section's settings under `training` and `model`)."""
     config = PretrainConfig()
-    return {section: {f.name: str(f.type) for f in fields(getattr(config, section))}
-            for section in PretrainConfig.SECTIONS}
+    kinds: dict[str, dict[str, str]] = {}
+    for section in PretrainConfig.SECTIONS:
+        for f in fields(getattr(config, section)):
+            kinds.setdefault(recorded_section(f.name) if section == "parallel" else section, {})[f.name] = str(f.type)
+    return kinds
 
 
 # A setting's annotation -> (what its recorded value must be, the check). Settings of other types (flags,

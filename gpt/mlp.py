@@ -13,21 +13,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parallel.layers import ColumnParallelLinear, RowParallelLinear
-from parallel.state import ParallelState
+from gpt.parallel_plan import TensorParallelPlan
 
 
 class SwiGLUMLP(nn.Module):
-    def __init__(self, hidden_size: int, ffn_size: int, *, state: ParallelState, init_std: float,
-                 output_init_std: float, bias: bool, sequence_parallel: bool = False):
+    def __init__(self, hidden_size: int, ffn_size: int, *, plan: TensorParallelPlan, init_std: float,
+                 output_init_std: float, bias: bool):
         super().__init__()
-        self.state = state
-        self.dense_h_to_4h_gate = ColumnParallelLinear(hidden_size, ffn_size, state=state, init_std=init_std,
-                                                       bias=bias, sequence_parallel=sequence_parallel)
-        self.dense_h_to_4h_up = ColumnParallelLinear(hidden_size, ffn_size, state=state, init_std=init_std,
-                                                     bias=bias, sequence_parallel=sequence_parallel)
-        self.dense_4h_to_h = RowParallelLinear(ffn_size, hidden_size, state=state, init_std=output_init_std,
-                                               bias=bias, sequence_parallel=sequence_parallel)
+        self.state = plan.state
+        self.dense_h_to_4h_gate = plan.linear("mlp.dense_h_to_4h_gate", hidden_size, ffn_size, init_std=init_std,
+                                              bias=bias)
+        self.dense_h_to_4h_up = plan.linear("mlp.dense_h_to_4h_up", hidden_size, ffn_size, init_std=init_std,
+                                            bias=bias)
+        self.dense_4h_to_h = plan.linear("mlp.dense_4h_to_h", ffn_size, hidden_size, init_std=output_init_std,
+                                         bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate, up = self.dense_h_to_4h_gate, self.dense_h_to_4h_up

@@ -3,10 +3,12 @@ the Llama-shaped variants an `Architecture` (gpt/architecture.py) selects: RMSNo
 positions, grouped-query attention, an untied output layer, linears without biases; and Megatron-LM's
 squared ReLU, interleaved rotary and attention output gate.
 
-Every linear and the token embedding come from `parallel.layers`, so one model definition serves every
-tensor-parallel size. Tensors are laid out [batch, sequence, hidden].
+Every linear and the token embedding come from `parallel.layers`, built through the declared
+tensor-parallel plan (gpt/parallel_plan.py: which is column-, row- or vocab-parallel, which regions split
+the sequence), so one model definition serves every tensor-parallel size. Tensors are laid out
+[batch, sequence, hidden].
 
-With `config.sequence_parallel` and TP > 1 (Megatron's --sequence-parallel) everything outside the
+With a plan that splits the sequence (Megatron's --sequence-parallel with TP > 1) everything outside the
 tensor-parallel regions - embedding dropout, norms, residual adds, the blocks' dropout - holds this rank's
 slice of the sequence (dim 1): the embedding's output is split, each column-parallel linear gathers the
 sequence, each row-parallel linear reduce-scatters it, and the output layer gathers it before the
@@ -42,12 +44,12 @@ from gpt.attention_padding import attention_at_head_dim, padded_head_dim
 from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
 from gpt.norms import HeadNorm, normalization
+from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, rotary_angles
 from gpt.stage_layers import StageLayers, whole_model
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
-from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
@@ -86,10 +88,11 @@ class SelfAttention(nn.Module):
     cast back (Attention._apply_output_gate), before the output projection.
     """
 
-    def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG],
+    def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
                  architecture: Architecture = GPT2):
         super().__init__()
         self.rng = rng
+        state = plan.state
         tp = state.tensor_parallel_size
         self.heads_per_rank = config.num_attention_heads // tp
         self.groups_per_rank = architecture.query_groups(config.num_attention_heads) // tp
@@ -109,16 +112,14 @@ class SelfAttention(nn.Module):
             self.q_layernorm = self.k_layernorm = None
         self.rotary_dim = architecture.rotary_dim(config.head_dim)
         h = config.hidden_size
-        sequence_parallel = splits_sequence(config, state)
         self.output_gate = architecture.attention_output_gate
         query_rows = config.num_attention_heads * (2 if self.output_gate else 1)  # a gate head per query head
         qkv_rows = (query_rows + 2 * self.groups_per_rank * tp) * config.head_dim
-        self.query_key_value = ColumnParallelLinear(h, qkv_rows, state=state, init_std=config.init_method_std,
-                                                    bias=architecture.qkv_bias, sequence_parallel=sequence_parallel)
+        self.query_key_value = plan.linear("attention.query_key_value", h, qkv_rows,
+                                           init_std=config.init_method_std, bias=architecture.qkv_bias)
         # heads x head width in, hidden out (Megatron-Core's linear_proj: query_projection_size -> hidden_size)
-        self.dense = RowParallelLinear(config.num_attention_heads * config.head_dim, h, state=state,
-                                       init_std=_output_layer_std(config),
-                                       bias=architecture.add_bias_linear, sequence_parallel=sequence_parallel)
+        self.dense = plan.linear("attention.dense", config.num_attention_heads * config.head_dim, h,
+                                 init_std=_output_layer_std(config), bias=architecture.add_bias_linear)
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         """`documents` (data/documents.py): a block-diagonal causal mask where --reset-attention-mask set one,
@@ -175,16 +176,13 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     """h -> 4h -> GeLU (or squared ReLU) -> h; the 4h dimension is what tensor parallelism splits."""
 
-    def __init__(self, config: ModelConfig, state: ParallelState, bias: bool = True):
+    def __init__(self, config: ModelConfig, plan: TensorParallelPlan, bias: bool = True):
         super().__init__()
         self.activation = config.activation
-        sequence_parallel = splits_sequence(config, state)
-        self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, config.ffn_size, state=state,
-                                                  init_std=config.init_method_std, bias=bias,
-                                                  sequence_parallel=sequence_parallel)
-        self.dense_4h_to_h = RowParallelLinear(config.ffn_size, config.hidden_size, state=state,
-                                               init_std=_output_layer_std(config), bias=bias,
-                                               sequence_parallel=sequence_parallel)
+        self.dense_h_to_4h = plan.linear("mlp.dense_h_to_4h", config.hidden_size, config.ffn_size,
+                                         init_std=config.init_method_std, bias=bias)
+        self.dense_4h_to_h = plan.linear("mlp.dense_4h_to_h", config.ffn_size, config.hidden_size,
+                                         init_std=_output_layer_std(config), bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.dense_4h_to_h(activation_function(self.activation, self.dense_h_to_4h(hidden)))
@@ -205,22 +203,21 @@ class TransformerBlock(nn.Module):
     sequence parallelism each rank holds its own slice of it, and the dropout draws from the rank's
     private stream."""
 
-    def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG],
+    def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
                  architecture: Architecture = GPT2):
         super().__init__()
         h, eps = config.hidden_size, config.layernorm_epsilon
-        sequence_parallel = splits_sequence(config, state)
-        norm_state = state if sequence_parallel else None
-        self.input_layernorm = normalization(architecture.normalization, h, eps, norm_state)
-        self.attention = SelfAttention(config, state, rng, architecture)
-        self.post_attention_layernorm = normalization(architecture.normalization, h, eps, norm_state)
-        self.split_dropout_rng = rng if sequence_parallel else None
+        self.input_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("input_layernorm"))
+        self.attention = SelfAttention(config, plan, rng, architecture)
+        self.post_attention_layernorm = normalization(architecture.normalization, h, eps,
+                                                      plan.norm_state("post_attention_layernorm"))
+        self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         if architecture.swiglu:
-            self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), state=state,
+            self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),
-                                 bias=architecture.add_bias_linear, sequence_parallel=sequence_parallel)
+                                 bias=architecture.add_bias_linear)
         else:
-            self.mlp = MLP(config, state, bias=architecture.add_bias_linear)
+            self.mlp = MLP(config, plan, bias=architecture.add_bias_linear)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
@@ -238,13 +235,17 @@ class GPTModel(nn.Module):
     generator. The config's block settings (`config.architecture`, gpt/architecture.py) pick the blocks;
     `architecture`, when given, stands in for them.
 
+    `plan` (gpt/parallel_plan.py) is how the layers split over `state`'s tensor-parallel group and whether the
+    sequence is split; by default, no sequence parallelism (training/build.py's `parallelize` passes the run's).
+
     `stage` (gpt/stage_layers.py) builds one pipeline stage: its layers under their global names, the
     embedding on the first stage, the final norm and output layer on the last (which also holds the tied
     word embedding, whose gradient the embedding group sums); `chunk_forward` runs one of its model chunks.
     """
 
     def __init__(self, config: ModelConfig, state: ParallelState, rng: Optional[TensorParallelRNG] = None,
-                 architecture: Optional[Architecture] = None, stage: Optional[StageLayers] = None):
+                 architecture: Optional[Architecture] = None, stage: Optional[StageLayers] = None,
+                 plan: Optional[TensorParallelPlan] = None):
         super().__init__()
         architecture = architecture or config.architecture
         if config.vocab_size < 1:
@@ -255,9 +256,11 @@ class GPTModel(nn.Module):
         self.architecture = architecture
         self.state = state
         self.stage = stage = stage or whole_model(config.num_layers)
-        # Megatron's --sequence-parallel with TP 1 splits nothing: the plain model.
-        self.sequence_parallel = splits_sequence(config, state)
-        self.split_dropout_rng = rng if self.sequence_parallel else None
+        self.plan = plan = plan or TensorParallelPlan(state)
+        if plan.state is not state:
+            raise ValueError("the tensor-parallel plan is for another ParallelState than the model's")
+        self.sequence_parallel = plan.sequence_parallel
+        self.split_dropout_rng = plan.dropout_rng("embedding_dropout", rng)
         padded_vocab = config.padded_vocab_size(state.tensor_parallel_size)
         tied = not architecture.untie_embeddings_and_output_weights
         # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
@@ -267,9 +270,9 @@ class GPTModel(nn.Module):
         # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
         # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
         # are added to the whole sequence first and then split, as there, so their gradient stays whole.
-        self.word_embeddings = VocabParallelEmbedding(
-            config.vocab_size, padded_vocab, config.hidden_size, state=state, init_std=config.init_method_std,
-            reduce_scatter_output=self.sequence_parallel and not learned_positions) \
+        self.word_embeddings = plan.embedding(
+            "word_embeddings", config.vocab_size, padded_vocab, config.hidden_size, init_std=config.init_method_std,
+            scatter_in_lookup=not learned_positions) \
             if stage.first or (stage.last and tied) else None
         if learned_positions and stage.first:
             # `_weight` skips nn.Embedding's own (pointless, on meta) initialisation.
@@ -284,17 +287,17 @@ class GPTModel(nn.Module):
         # one-stage model's; iteration follows the stage's chunks in order.
         self.blocks = nn.ModuleList()
         for layer in stage.layer_ids:
-            self.blocks.add_module(str(layer), TransformerBlock(config, state, rng, architecture))
+            self.blocks.add_module(str(layer), TransformerBlock(config, plan, rng, architecture))
         by_layer = dict(zip(stage.layer_ids, self.blocks))
         self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
         self.final_layernorm = normalization(architecture.normalization, config.hidden_size,
-                                             config.layernorm_epsilon, state if self.sequence_parallel else None) \
+                                             config.layernorm_epsilon, plan.norm_state("final_layernorm")) \
             if stage.last else None
         if architecture.untie_embeddings_and_output_weights and stage.last:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
-            self.output_layer = ColumnParallelLinear(config.hidden_size, padded_vocab, state=state,
-                                                     init_std=config.init_method_std, bias=False)
+            self.output_layer = plan.output_linear("output_layer", config.hidden_size, padded_vocab,
+                                                   init_std=config.init_method_std)
             set_init_method(self.output_layer.weight, InitMethod.normal(config.init_method_std, rows=config.vocab_size))
         else:
             self.output_layer = None
@@ -369,11 +372,6 @@ class GPTModel(nn.Module):
                                             self.config.vocab_size, self.state)
 
 
-def splits_sequence(config: ModelConfig, state: ParallelState) -> bool:
-    """Whether the regions outside tensor parallelism hold a slice of the sequence (TP 1: nothing to split)."""
-    return config.sequence_parallel and state.tensor_parallel_size > 1
-
-
 def dropout_stream(rng: Optional[TensorParallelRNG]):
     """The rank's private dropout stream where `rng` is given (a split region), else the shared one."""
     return rng.fork() if rng is not None else contextlib.nullcontext()
@@ -396,10 +394,11 @@ def run_in_order(blocks: nn.ModuleList, hidden: torch.Tensor, documents: Optiona
 
 
 def build_gpt_model(config: ModelConfig, state: ParallelState, seed: int, rng: Optional[TensorParallelRNG] = None,
-                    dtype: torch.dtype = torch.float32, architecture: Optional[Architecture] = None) -> GPTModel:
+                    dtype: torch.dtype = torch.float32, architecture: Optional[Architecture] = None,
+                    plan: Optional[TensorParallelPlan] = None) -> GPTModel:
     """A GPTModel with this TP rank's whole slice materialized on `state.device` (tests, tools and
     single-process use; training materializes through ZeRO, which holds only what each rank owns)."""
-    return materialize(GPTModel(config, state, rng, architecture), seed, state.tensor_parallel_size,
+    return materialize(GPTModel(config, state, rng, architecture, plan=plan), seed, state.tensor_parallel_size,
                        state.tensor_parallel_rank, device=state.device, dtype=dtype)
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
+from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
@@ -98,12 +99,6 @@ class ModelConfig:
         False, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
              "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
-    # Megatron's --sequence-parallel (gpt/model.py): with TP 1 there is nothing to split and it has no effect.
-    sequence_parallel: bool = option(
-        False, action="store_true", group="training",
-        help="with --tensor-model-parallel-size > 1: norms, dropout and the residual stream hold 1/TP of the "
-             "sequence (all-gather before, reduce-scatter after each TP region, in place of the all-reduces); "
-             "--seq-length must be divisible by the TP size")
     init_method_std: float = 0.02
     # "gelu_tanh" is "gelu_new" in transformers.
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
@@ -168,11 +163,13 @@ class ModelConfig:
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    tensor_parallel_size, head_dim=self.head_dim)
-        if self.sequence_parallel and self.seq_length % tensor_parallel_size != 0:
-            raise ConfigError(f"--sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length "
-                              f"{self.seq_length} is not divisible by --tensor-model-parallel-size "
-                              f"{tensor_parallel_size}; choose a multiple of it",
-                              flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
+
+    @classmethod
+    def from_record(cls, recorded: dict) -> "ModelConfig":
+        """The model of a recorded config's `model` section (checkpoint metadata), without the parallel
+        settings the record keeps there (`sequence_parallel`: parallel/config.py RECORDED_SECTION)."""
+        beside = {name for name, section in RECORDED_SECTION.items() if section == "model"}
+        return cls(**{name: value for name, value in recorded.items() if name not in beside})
 
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",

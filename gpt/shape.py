@@ -23,6 +23,8 @@ from torch import nn
 from gpt.model import GPTModel, SelfAttention
 from gpt.model_config import ModelConfig
 from gpt.norms import RMSNorm
+from gpt.parallel_plan import tensor_parallel_plan
+from parallel.config import ParallelismConfig
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from parallel.state import virtual_state
 from zero.memory import LayerActivationTerms
@@ -93,14 +95,17 @@ _SCALING_FIELDS = ("num_layers", "seq_length", "vocab_size", "pad_vocab_size_to"
 _SHAPING_FIELDS = tuple(field.name for field in dataclasses.fields(ModelConfig) if field.name not in _SCALING_FIELDS)
 
 
-def model_shape(config: ModelConfig, tensor_parallel_size: int = 1) -> ModelShape:
-    """The shape of `GPTModel(config)` at `tensor_parallel_size`, read from a one-block meta model."""
-    key = (tuple(getattr(config, name) for name in _SHAPING_FIELDS), tensor_parallel_size)
+def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_parallel: bool = False) -> ModelShape:
+    """The shape of `GPTModel(config)` at `tensor_parallel_size` (with --sequence-parallel: its plan's split
+    regions), read from a one-block meta model."""
+    key = (tuple(getattr(config, name) for name in _SHAPING_FIELDS), tensor_parallel_size, sequence_parallel)
     if key not in _BUILT:
         probe = dataclasses.replace(config, num_layers=1, vocab_size=tensor_parallel_size,
                                     pad_vocab_size_to=tensor_parallel_size)
-        _BUILT[key] = _read_shape(GPTModel(probe, virtual_state(tensor_parallel_size, tensor_parallel_size)),
-                                  tensor_parallel_size)
+        state = virtual_state(tensor_parallel_size, tensor_parallel_size)
+        plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=tensor_parallel_size,
+                                                             sequence_parallel=sequence_parallel))
+        _BUILT[key] = _read_shape(GPTModel(probe, state, plan=plan), tensor_parallel_size)
     return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from base.errors import ConfigError
+from parallel.pipeline_schedules import VirtualStages
 
 # Megatron's uneven first and last stages; messages name both as --decoder-first/last-pipeline-num-layers,
 # and their errors carry the two real flags.
@@ -139,7 +140,7 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
     chunks = per_stage // layers_per_virtual_stage
 
     def chunk_layers(chunk: int) -> tuple[int, ...]:
-        first_slot = (chunk * pp_size + pp_rank) * layers_per_virtual_stage
+        first_slot = VirtualStages(pp_size, pp_rank).of(chunk) * layers_per_virtual_stage
         return tuple(slot - before for slot in range(first_slot, first_slot + layers_per_virtual_stage)
                      if 0 <= slot - before < num_layers)
 

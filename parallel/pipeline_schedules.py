@@ -24,6 +24,37 @@ from base.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class VirtualStages:
+    """The virtual-stage arithmetic, written once: with `chunks` model chunks per stage, chunk c of pipeline
+    rank r is virtual stage c x PP + r of the model's chunks x PP, in the order a micro-batch runs through them
+    (Megatron-Core: a chunk's layer offset is (vp_rank x PP + pp_rank) x layers per chunk,
+    get_transformer_layer_offset; its p2p neighbours are the previous and next virtual stages, the ring of
+    forward_backward_pipelining_with_interleaving). Without interleaving, chunks = 1 and it is the stage."""
+    pp_size: int
+    pp_rank: int
+    chunks: int = 1
+
+    def of(self, chunk: int) -> int:
+        """The virtual stage of this rank's model chunk `chunk`."""
+        return chunk * self.pp_size + self.pp_rank
+
+    @property
+    def last(self) -> int:
+        """The model's last virtual stage (the one that computes the loss)."""
+        return self.chunks * self.pp_size - 1
+
+    def starts_model(self, chunk: int) -> bool:
+        return self.of(chunk) == 0
+
+    def ends_model(self, chunk: int) -> bool:
+        return self.of(chunk) == self.last
+
+    def all(self) -> list[int]:
+        """This rank's virtual stages, chunk by chunk."""
+        return [self.of(chunk) for chunk in range(self.chunks)]
+
+
+@dataclass(frozen=True)
 class Slot:
     kind: Literal["F", "B"]
     micro_batch: int

@@ -268,7 +268,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # On CPU a rank's process holds Python, torch and our modules before it builds anything; the
     # planner's own process has the same, so its RSS now stands in for that baseline.
     baseline = current_rss_bytes() if cluster.device_type == "cpu" else 0
-    tp, pp = config.training.tensor_model_parallel_size, config.training.pipeline_model_parallel_size
+    tp, pp = config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size
     try:
         state = virtual_state(cluster.world_size, tp, rank, META, pipeline_parallel_size=pp,
                               optimizer_instances=config.zero.distributed_optimizer_instances)

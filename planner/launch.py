@@ -45,7 +45,7 @@ class RankPeak:
                  batch: BatchSchedule) -> tuple[Optional[int], int, str]:
         try:
             key = dataclasses.replace(config.model, vocab_size=vocab_size).padded_vocab_size(
-                config.training.tensor_model_parallel_size)
+                config.parallel.tensor_model_parallel_size)
         except ConfigError:  # the dry run says why, as a failed prediction
             key = -vocab_size
         if key not in self._planned:
@@ -71,14 +71,14 @@ def dry_run_launch(config: PretrainConfig) -> None:
         device = resolve_device(config.training.device, launch.local_rank)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    training = config.training  # DP: what TP and the pipeline stages leave of the world
+    parallel = config.parallel  # DP: what TP and the pipeline stages leave of the world
     try:  # the live launch's own check (parallel/state.py initialize), before any arithmetic on the DP size
-        check_grid_divides(launch.world_size, training.tensor_model_parallel_size,
-                           training.pipeline_model_parallel_size)
+        check_grid_divides(launch.world_size, parallel.tensor_model_parallel_size,
+                           parallel.pipeline_model_parallel_size)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    batch = batch_schedule(config, launch.world_size // (training.tensor_model_parallel_size
-                                                         * training.pipeline_model_parallel_size))
+    batch = batch_schedule(config, launch.world_size // (parallel.tensor_model_parallel_size
+                                                         * parallel.pipeline_model_parallel_size))
     budget = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     cluster = Cluster(launch.world_size, launch.local_world_size or launch.world_size, budget, device.type)
     vocab, source = launch_vocab(config)

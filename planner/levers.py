@@ -55,13 +55,13 @@ class Lever:
 
 
 def _changed(config: PretrainConfig, *, activations: Optional[dict] = None, zero: Optional[dict] = None,
-             training: Optional[dict] = None) -> Optional[PretrainConfig]:
+             parallel: Optional[dict] = None) -> Optional[PretrainConfig]:
     """`config` with the changes, or None where the result is not a valid run (ZeRO-3 with pipeline stages, a TP
     size the heads do not divide, ...)."""
     changed = dataclasses.replace(
         config, activations=dataclasses.replace(config.activations, **(activations or {})),
         zero=dataclasses.replace(config.zero, **(zero or {})),
-        training=dataclasses.replace(config.training, **(training or {})))
+        parallel=dataclasses.replace(config.parallel, **(parallel or {})))
     try:
         changed.validate()
     except ConfigError:
@@ -101,12 +101,12 @@ def _wider(config: PretrainConfig, cluster: Cluster, changes: dict, flags: str, 
            doublings: int) -> Optional[tuple[str, PretrainConfig, Cluster]]:
     """`name` (a parallel size) `doublings` times doubled on top of `changes`: on the same GPUs where the DP size
     leaves room, else on as many more as it needs; None where the run cannot have it."""
-    training = config.training
+    parallel = config.parallel
     factor = 2 ** doublings
-    size = getattr(training, name) * factor
-    grid = training.tensor_model_parallel_size * training.pipeline_model_parallel_size * factor
+    size = getattr(parallel, name) * factor
+    grid = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size * factor
     world = cluster.world_size if cluster.world_size % grid == 0 else max(grid, cluster.world_size * factor)
-    changed = _changed(config, activations=changes["activations"], zero=changes["zero"], training={name: size})
+    changed = _changed(config, activations=changes["activations"], zero=changes["zero"], parallel={name: size})
     if changed is None:
         return None
     where = "" if world == cluster.world_size else f" on {world} GPUs"
@@ -155,7 +155,7 @@ def find_levers(config: PretrainConfig, cluster: Cluster, data_parallel_size: in
     for name, flag, widest in (("pipeline_model_parallel_size", "--pipeline-model-parallel-size", config.model.num_layers),
                                ("tensor_model_parallel_size", "--tensor-model-parallel-size", cluster.gpus_per_node)):
         for doublings in range(1, MAX_DOUBLINGS + 1):
-            if getattr(config.training, name) * 2 ** doublings > widest:
+            if getattr(config.parallel, name) * 2 ** doublings > widest:
                 break
             wider = _wider(config, cluster, changes, flags, name, flag, doublings)
             lever = planned(*wider) if wider is not None else None

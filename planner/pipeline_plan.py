@@ -33,7 +33,7 @@ import torch
 
 from gpt.stage_layers import activation_shape
 from parallel.p2p import PipelineP2P
-from parallel.pipeline_schedules import check_interleaving, peak_held_by_forwards
+from parallel.pipeline_schedules import VirtualStages, check_interleaving, peak_held_by_forwards
 from planner.plan_observer import PlanObserver, comm_difference
 
 
@@ -110,8 +110,8 @@ class PipelinePlanObserver(PlanObserver):
         self.slots = list(slots)
         self.last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")
 
-    def _virtual(self, slot) -> int:
-        return slot.chunk * self.stages + self.stage
+    def _virtual_stages(self) -> VirtualStages:
+        return VirtualStages(self.stages, self.stage, self.chunks)
 
     def slot_start(self, index: int, slot) -> None:
         self._slot = (index, slot)
@@ -127,7 +127,7 @@ class PipelinePlanObserver(PlanObserver):
                 yield
             self.slot_repeated.setdefault(("F", slot.chunk), comm_difference(self.comm.stats.snapshot(), before, ("pp",)))
             return
-        ends = self._virtual(slot) == self.chunks * self.stages - 1
+        ends = self._virtual_stages().ends_model(slot.chunk)
         beside = self.p2p.held_sends * self.message + (0 if ends else self.message)  # held sends, received gradient
         self.backward_points.append(self.monitor.meter.live["device"] + beside)
         self._before = self.comm.stats.snapshot()
@@ -157,9 +157,9 @@ class PipelinePlanObserver(PlanObserver):
         # chunk boundary it crosses, each way), each chunk's forward sends what its first did (TP's collectives), and
         # its backward under no_sync what the first one did (TP's, and stage 2 reduces every micro-batch).
         unsimulated = self.micro_batches_total - self.steps
-        virtual_stages = _virtual_stages(self.stages, self.stage, self.chunks)
-        sends_per_micro_batch = sum(virtual_stage != 0 for virtual_stage in virtual_stages) + \
-            sum(virtual_stage != self.chunks * self.stages - 1 for virtual_stage in virtual_stages)
+        virtual = self._virtual_stages()
+        sends_per_micro_batch = sum(not virtual.starts_model(chunk) for chunk in range(self.chunks)) + \
+            sum(not virtual.ends_model(chunk) for chunk in range(self.chunks))
         self.comm.stats.add("pp", "send", unsimulated * sends_per_micro_batch * self.message)
         self.comm.stats.add("pp", "recv", unsimulated * sends_per_micro_batch * self.message)
         if unsimulated:
@@ -195,6 +195,3 @@ def message_bytes(model, config, tokens, tensor_parallel_size: int) -> int:
     shape = activation_shape(tokens, config.model.hidden_size, model, tensor_parallel_size)
     return math.prod(shape) * torch.finfo(next(model.parameters()).dtype).bits // 8
 
-
-def _virtual_stages(stages: int, stage: int, chunks: int) -> list[int]:
-    return [chunk * stages + stage for chunk in range(chunks)]

@@ -178,9 +178,9 @@ def stage_plans(config: PretrainConfig, cluster: Cluster, vocab: int, rank: int,
                 progress=None) -> list[RankPlan]:
     """With pipeline stages, every stage's rank at `rank`'s (DP, TP) coordinates, planned: the stages hold
     different layers and activations, so the worst stage decides whether the run fits."""
-    per_stage = cluster.world_size // config.training.pipeline_model_parallel_size
+    per_stage = cluster.world_size // config.parallel.pipeline_model_parallel_size
     return [dry_run(config, cluster, vocab, stage * per_stage + rank % per_stage, progress=progress)
-            for stage in range(config.training.pipeline_model_parallel_size)]
+            for stage in range(config.parallel.pipeline_model_parallel_size)]
 
 
 def format_stage_table(plans: list[RankPlan], levers: Optional[list[Lever]] = None) -> str:
@@ -303,7 +303,7 @@ def largest_layers(config: PretrainConfig, cluster: Cluster, vocab: int, configu
 
 def format_max_size(results: dict[str, tuple[int, Optional[RankPlan]]], cluster: Cluster, config: PretrainConfig,
                     binds: Optional[dict[str, str]] = None) -> str:
-    tp = config.training.tensor_model_parallel_size
+    tp = config.parallel.tensor_model_parallel_size
     figure6 = tp == 16 and cluster.world_size == 400
     table2 = cluster.world_size == 64 * tp and tp in PAPER_TABLE2_MEASURED
     header = "| config | ZeRO | max layers | parameters | per-GPU total | headroom |"
@@ -376,7 +376,7 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
     budget = parse_memory(planner.gpu_memory) if planner.gpu_memory is not None else None
     host_budget = parse_memory(planner.host_memory, "--host-memory") if planner.host_memory is not None else None
     config = parse_config(rest)
-    tp = config.training.tensor_model_parallel_size
+    tp = config.parallel.tensor_model_parallel_size
     if planner.world_size % tp:
         raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --world-size {planner.world_size} "
                           f"(DP is world size / TP); choose a TP size that divides it")
@@ -421,13 +421,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     vocab, source = launch_vocab(config)
     if command == "dry-run":
         stages = stage_plans(config, cluster, vocab, planner.rank, stderr_line) \
-            if config.training.pipeline_model_parallel_size > 1 else []
+            if config.parallel.pipeline_model_parallel_size > 1 else []
         plan = next((stage for stage in stages if stage.rank == planner.rank), None) or \
             dry_run(config, cluster, vocab, planner.rank, progress=stderr_line)
         levers = None
         if any(each.fits_device is False for each in stages or [plan]):
             def plan_stages(changed: PretrainConfig, on: Cluster) -> list[RankPlan]:
-                return stage_plans(changed, on, vocab, 0) if changed.training.pipeline_model_parallel_size > 1 \
+                return stage_plans(changed, on, vocab, 0) if changed.parallel.pipeline_model_parallel_size > 1 \
                     else [dry_run(changed, on, vocab, 0)]
 
             levers = find_levers(config, cluster, plan.data_parallel_size, plan_stages, progress=stderr_line)

@@ -16,6 +16,7 @@ from typing import Optional
 
 from base.eager_under_compile import keep_marked_methods_eager
 from gpt.model import GPTModel, compile_blocks
+from gpt.parallel_plan import tensor_parallel_plan
 from gpt.stage_layers import StageLayers, stage_layers
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -45,53 +46,66 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
     `torch_compile`: torch.compile each block (a live run with --compile; never a dry run, which has no
     kernels to compile).
     """
-    # The order, and why it is this order:
-    # 1. The RNG streams, first: the model and the checkpointing hold them (attention forks the
-    #    per-TP-rank stream, recompute replays both), and creating them reseeds torch's generators, so
-    #    nothing drawn before this point can shift a dropout mask. Weight values draw nothing from
-    #    them (they are a function of the seed and each parameter's name, filled in step 4).
-    # 2. The model on the meta device: shapes only, no memory, no draws.
-    # 3. The activation monitor, then activation checkpointing, which only installs itself as the
-    #    model's run_blocks and reports to the monitor: it allocates nothing and touches no
-    #    parameter, so it commutes with step 4; it comes first as it always has in both callers.
-    # 4. ZeRO: the flat layout from the meta parameters, then each rank allocates and fills only what
-    #    it owns (a meta device allocates and fills nothing), the parameters become views of that
-    #    storage, and the gradient hooks (and stage 3's gather hooks) go on.
-    # 5. torch.compile of each block, last: compile_blocks wants parallelism applied, so that the
-    #    compiled blocks are the ones ZeRO left (parameters that are views of its storage, its hooks in
-    #    place). Compilation itself happens at the first forward.
-    config = settings.config
+    # The RNG streams, first: the model and the checkpointing hold them (attention forks the per-TP-rank
+    # stream, recompute replays both), and creating them reseeds torch's generators, so nothing drawn before
+    # this point can shift a dropout mask. Weight values draw nothing from them (they are a function of the
+    # seed and each parameter's name, filled in by ZeRO).
     if torch_compile:
         keep_marked_methods_eager()  # before anything registers a hook that binds a marked method
-    rng = TensorParallelRNG(config.training.seed, state) if dropout_rng else None
-    model = GPTModel(config.model, state, rng=rng, stage=pipeline_stage(settings, state))
+    rng = TensorParallelRNG(settings.config.training.seed, state) if dropout_rng else None
+    return parallelize(settings, state, rng, torch_compile=torch_compile)
+
+
+def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[TensorParallelRNG], *,
+                torch_compile: bool) -> Built:
+    """Every dimension of this rank's model, applied in this order, as torchtitan's
+    models/llama3/parallelize.py applies TP, activation checkpointing, compile and FSDP in one function:
+
+    1. Tensor and sequence parallelism: the declared plan (gpt/parallel_plan.py), decided here once from
+       the `parallel` section and the TP group; the constructors build each layer as the plan names it.
+    2. Pipeline parallelism: this rank's stage (its model chunks' layers, gpt/stage_layers.py). The model
+       is built with both on the meta device: shapes only, no memory, no draws.
+    3. Activation checkpointing, which only installs itself as the model's run_blocks and reports to the
+       monitor: it allocates nothing and touches no parameter, so it commutes with step 4; it comes first
+       as it always has.
+    4. ZeRO over the data-parallel group (zero/apply.py, which also decides once where the parameter
+       shards, the master weights and the optimizer states live: --offload-param/-optimizer): the flat
+       layout from the meta parameters, then each rank allocates and fills only what it owns, the
+       parameters become views of that storage, and the gradient hooks (and stage 3's gather hooks) go on.
+    5. torch.compile of each block, last: compile_blocks wants parallelism applied, so that the compiled
+       blocks are the ones ZeRO left (parameters that are views of its storage, its hooks in place).
+       Compilation itself happens at the first forward.
+    """
+    config = settings.config
+    plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP
+    model = GPTModel(config.model, state, rng=rng, stage=pipeline_stage(settings, state), plan=plan)  # 2. PP
     activations = ActivationMonitor(state.device)
     checkpointing = None
-    if config.activations.checkpoint_activations:
+    if config.activations.checkpoint_activations:                                          # 3. recompute
         checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations)
     # A tied embedding on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
     # shard by shard (zero/pipeline_grads.py).
     shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.tied_output \
         and model.word_embeddings is not None else []
     mark_weight_decay(decayed_norm_params(model, config))
-    zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,
+    zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
                       decoupled_lr_params=decoupled_lr_params(model, config))
-    if torch_compile:
+    if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng)
 
 
 def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[StageLayers]:
     """This rank's layers with pipeline stages; None (the whole model) without."""
-    training = settings.config.training
+    parallel = settings.config.parallel
     if state.pipeline_parallel_size == 1:
         return None
     return stage_layers(settings.config.model.num_layers, state.pipeline_parallel_size, state.pipeline_parallel_rank,
-                        training.num_layers_per_virtual_pipeline_stage, training.decoder_first_pipeline_num_layers,
-                        training.decoder_last_pipeline_num_layers,
-                        virtual_stages=training.num_virtual_stages_per_pipeline_rank,
-                        account_for_embedding=training.account_for_embedding_in_pipeline_split,
-                        account_for_loss=training.account_for_loss_in_pipeline_split)
+                        parallel.num_layers_per_virtual_pipeline_stage, parallel.decoder_first_pipeline_num_layers,
+                        parallel.decoder_last_pipeline_num_layers,
+                        virtual_stages=parallel.num_virtual_stages_per_pipeline_rank,
+                        account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
+                        account_for_loss=parallel.account_for_loss_in_pipeline_split)
 
 
 def decayed_norm_params(model: GPTModel, config) -> list:

@@ -115,7 +115,7 @@ def saved_activation_record(meter: SavedTensorMeter, settings: RunSettings, stat
         predicted = checkpointed_inputs(model.num_layers)
     else:
         slots = schedule(micro_batches, state.pipeline_parallel_size, state.pipeline_parallel_rank,
-                         len(stage.chunks), config.training.microbatch_group_size_per_virtual_pipeline_stage)
+                         len(stage.chunks), config.parallel.microbatch_group_size_per_virtual_pipeline_stage)
         predicted = peak_held_by_forwards(slots, [checkpointed_inputs(len(chunk)) for chunk in stage.chunks])
         pipeline = {"pipeline_parallel_rank": state.pipeline_parallel_rank,
                     "pipeline_parallel_size": state.pipeline_parallel_size,

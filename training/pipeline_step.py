@@ -30,7 +30,7 @@ from data.documents import DocumentMasking, DocumentMasks, masked_token_mean
 from gpt.model import GPTModel
 from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
-from parallel.pipeline_schedules import Slot, schedule
+from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
 from training.evaluation import split_micro_batch
 from training.run_settings import RunSettings
@@ -49,7 +49,8 @@ class PipelineTrainStep(DataParallelTrainStep):
                  documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER) -> None:
         super().__init__(model, zero, train_batches, settings, state, activations, documents, observer)
         self.chunks = len(model.stage.chunks)
-        group = settings.config.training.microbatch_group_size_per_virtual_pipeline_stage
+        self.virtual = VirtualStages(state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks)
+        group = settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
         self.p2p = PipelineP2P(state.device, state.comm,
                                send_lag(state.pipeline_parallel_size, group if self.chunks > 1 else None))
         tied = model.word_embeddings if model.tied_output else None
@@ -61,7 +62,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         """The rank's slots of the schedule over the iteration's micro-batches (the first that many the observer
         runs: all in a live run), each loss divided by `accumulation_steps`; the loss, still on the device."""
         state, reducer, observer = self.state, self.zero.reducer, self.observer
-        group = self.settings.config.training.microbatch_group_size_per_virtual_pipeline_stage
+        group = self.settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
         micro_batches = observer.pipeline_micro_batches(accumulation_steps, state.pipeline_parallel_size,
                                                         state.pipeline_parallel_rank, self.chunks, group)
         batches = [split_micro_batch(next(self.train_batches), state.device, self.documents)
@@ -96,13 +97,13 @@ class PipelineTrainStep(DataParallelTrainStep):
         return iteration_loss
 
     def _virtual_stage(self, slot: Slot) -> int:
-        return slot.chunk * self.state.pipeline_parallel_size + self.state.pipeline_parallel_rank
+        return self.virtual.of(slot.chunk)
 
     def _starts_model(self, slot: Slot) -> bool:
-        return self._virtual_stage(slot) == 0
+        return self.virtual.starts_model(slot.chunk)
 
     def _ends_model(self, slot: Slot) -> bool:
-        return self._virtual_stage(slot) == self.chunks * self.state.pipeline_parallel_size - 1
+        return self.virtual.ends_model(slot.chunk)
 
     def _forward(self, slot: Slot, tokens: torch.Tensor, labels: torch.Tensor, inputs: dict,
                  accumulation_steps: int, masks: Optional[DocumentMasks] = None) -> torch.Tensor:
@@ -156,11 +157,12 @@ class PipelineForward:
 
     def __call__(self, tokens: torch.Tensor, labels: torch.Tensor,
                  documents: Optional[DocumentMasks] = None) -> torch.Tensor:
-        state, stages = self.state, self.state.pipeline_parallel_size
-        last = self.chunks * stages - 1
+        state = self.state
+        stages = VirtualStages(state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks)
+        last = stages.last
         loss = torch.zeros((), device=state.device)
         for chunk in range(self.chunks):
-            virtual = chunk * stages + state.pipeline_parallel_rank
+            virtual = stages.of(chunk)
             shape = activation_shape(tokens, self.hidden_size, self.model, state.tensor_parallel_size)
             chunk_input = tokens if virtual == 0 else self.p2p.receive(shape, self.dtype,
                                                                        state.stage_rank(virtual - 1), ACTIVATION)

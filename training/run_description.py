@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from arguments.config import PretrainConfig
-from gpt.model import splits_sequence
+from gpt.parallel_plan import tensor_parallel_plan
 from parallel.state import ParallelState
 from training.build import Built
 from training.metrics import parameter_count
@@ -39,10 +39,10 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built,
 def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
     """'parallel sizes TP 2, SP on, PP 1, DP 4' and, with several distributed optimizer instances, how the DP ranks
     share the optimizer state (Megatron-LM's --num-distributed-optimizer-instances)."""
-    sequence = "on" if splits_sequence(config.model, state) else "off"
+    sequence = "on" if tensor_parallel_plan(state, config.parallel).sequence_parallel else "off"
     words = (f"parallel sizes TP {state.tensor_parallel_size}, SP {sequence}, PP {state.pipeline_parallel_size}, "
              f"DP {state.data_parallel_size}")
-    if config.model.sequence_parallel and state.tensor_parallel_size == 1:
+    if config.parallel.sequence_parallel and state.tensor_parallel_size == 1:
         words += " (--sequence-parallel has nothing to split at TP 1, as in Megatron-LM)"
     instances = state.optimizer_instances.count
     if instances > 1:

@@ -44,6 +44,7 @@ from zero.param_storage import (
     TensorSource,
     ValueSource,
 )
+from zero.placement import Placement, placement_of
 from zero.stage3 import stage3_unit_params
 
 
@@ -52,6 +53,7 @@ class ZeroParts:
     """What the training loop and the checkpoint code need from ZeRO."""
     reducer: GradientReducer
     optimizer: ShardedAdamW
+    placement: Placement = Placement()  # where the parameter shard, the master and the optimizer states live
 
     @property
     def loss_scaler(self) -> LossScaler:
@@ -119,18 +121,21 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     parts, part = (state.partition_size, state.partition_rank) if stage >= 1 else (1, 0)
     replica_group = state.partition_replica_group if stage >= 1 else None
     layout = FlatLayout(unit_params, parts, part, alignment)
+    # Offload, decided here once: where the parameter shard, the master and the optimizer states live.
+    placement = placement_of(zero_config)
 
     storage: ParameterStorage
     if stage == 3:
-        storage = ShardedParameters(layout, param_dtype, device, state.comm, partition_group, zero_config, modules)
+        storage = ShardedParameters(layout, param_dtype, device, state.comm, partition_group, zero_config, modules,
+                                    placement)
     else:
         storage = ReplicatedParameters(layout, param_dtype, device, state.comm, partition_group,
                                        zero_config.allgather_bucket_size, zero_config.overlap_param_gather)
     if device.type == "cpu":  # else glibc's heap keeps the large blocks every iteration frees
         weights = [p.numel() * param_dtype.itemsize for p in params if p.dim() >= 2]
         return_freed_blocks_to_system(min(weights, default=0))
-    offload = OffloadSettings(zero_config.offload_pin_memory, zero_config.sub_group_size) \
-        if zero_config.offload_optimizer else None
+    offload = OffloadSettings(placement.pin_memory, zero_config.sub_group_size) if placement.optimizer_on_host \
+        else None
     if offload is not None:  # the master lives in host memory (a planner's meta rank keeps shapes only)
         master = host_zeros(layout.partition_numel, offload.pins, device if device.type == "meta" else HOST)
     else:
@@ -166,7 +171,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
                       partition_group, stage, decoupled)
     optimizer = ShardedAdamW(*optimizer_args) if offload is None else \
         HostOffloadedAdamW(*optimizer_args, offload=offload)
-    return ZeroParts(reducer, optimizer)
+    return ZeroParts(reducer, optimizer, placement)
 
 
 def _value_source(model: nn.Module, params: list[nn.Parameter], state, seed: Optional[int]) -> ValueSource:

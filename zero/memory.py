@@ -223,14 +223,15 @@ PLACEMENTS = ("device", "host")
 def host_resident_tensors(optimizer) -> list[torch.Tensor]:
     """The tensors offload keeps in host memory: with --offload-optimizer the fp32 master, both Adam
     moments (zero/offload.py) and the fp32 gradient partition the reducer moves each reduced shard into
-    (zero/grad_reducer.py); with --offload-param the 16-bit parameter shard (zero/param_storage.py). Named by which buffer a tensor is, not by
+    (zero/grad_reducer.py); with --offload-param the 16-bit parameter shard (zero/param_storage.py's
+    placement). Named by which buffer a tensor is, not by
     `tensor.device`: on a CPU run the host is the device too, and a planner's rank keeps every tensor
     on the meta device, yet both must say where a CUDA run would put each byte."""
     tensors = []
     if getattr(optimizer, "offload", None) is not None:
         tensors += [optimizer.master, optimizer.exp_avg, optimizer.exp_avg_sq, *optimizer.gradients.host_tensors()]
     parameters = optimizer.parameters
-    if getattr(getattr(parameters, "zero_config", None), "offload_param", False):
+    if getattr(getattr(parameters, "placement", None), "parameter_shard_on_host", False):
         tensors.append(parameters.shard)
     return tensors
 

@@ -27,6 +27,7 @@ from torch import nn
 from base.eager_under_compile import eager_under_compile
 from parallel.init import CHUNK_ELEMENTS, ParameterInitializer, replace_parameters
 from zero.flat_buffer import FlatLayout, Unit
+from zero.placement import Placement
 from zero.stage3 import ParameterGatherer
 
 
@@ -221,14 +222,15 @@ class ShardedParameters(ParameterStorage):
     """Stage 3: this rank's 16-bit shard of every unit; chunks are gathered only while in use."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group, zero_config,
-                 modules: Sequence[nn.Module]) -> None:
+                 modules: Sequence[nn.Module], placement: Placement) -> None:
         super().__init__(layout, dtype, device)
-        self.comm, self.group, self.zero_config = comm, group, zero_config
+        self.comm, self.group, self.zero_config, self.placement = comm, group, zero_config, placement
         self.modules = list(modules)  # modules[i] runs layout.units[i]
-        # ZeRO-3 Offload (--offload-param): the shard in host memory, pinned where CUDA is (zero/stage3.py
-        # copies each unit's piece to the device for its gather); a planner's meta rank keeps shapes only.
-        on_host = zero_config.offload_param and device.type != "meta"
-        pinned = on_host and zero_config.offload_pin_memory and torch.cuda.is_available()
+        # ZeRO-3 Offload (zero/apply.py's placement): the shard in host memory, pinned where CUDA is
+        # (zero/stage3.py copies each unit's piece to the device for its gather); a planner's meta rank keeps
+        # shapes only.
+        on_host = placement.parameter_shard_on_host and device.type != "meta"
+        pinned = on_host and placement.pins
         self.shard = torch.zeros(layout.partition_numel, dtype=dtype, device="cpu" if on_host else device,
                                  pin_memory=pinned)
         self.gatherer: Optional[ParameterGatherer] = None
@@ -254,7 +256,8 @@ class ShardedParameters(ParameterStorage):
             flats.append(flat)
         self.layout = _rebuilt_layout(self.layout, replace_parameters(model, views))
         self.gatherer = ParameterGatherer(self.layout, self.modules, model, flats, self.shard, self.comm,
-                                          self.group, self.zero_config)
+                                          self.group, self.zero_config,
+                                          shard_on_host=self.placement.parameter_shard_on_host)
         self.gatherer.refresh_persistent()  # persistent chunks stay whole: gather them once now
         return self.layout
 

@@ -92,7 +92,8 @@ class ParameterGatherer:
     the persistence threshold) get their storage back here and stay whole."""
 
     def __init__(self, layout: FlatLayout, modules: Sequence[nn.Module], model: nn.Module,
-                 flats: Sequence[torch.Tensor], param_shard: torch.Tensor, comm, group, zero_config) -> None:
+                 flats: Sequence[torch.Tensor], param_shard: torch.Tensor, comm, group, zero_config, *,
+                 shard_on_host: bool = False) -> None:
         self.layout, self.param_shard, self.comm, self.group = layout, param_shard, comm, group
         self.prefetch_numel = zero_config.stage3_prefetch_bucket_size
         self.max_live_numel = zero_config.stage3_max_live_parameters
@@ -103,9 +104,10 @@ class ParameterGatherer:
         self._nbytes = [unit.numel * flat.element_size() for unit, flat in zip(self.units, self.flat)]
         self._state = [_RELEASED] * len(self.units)
         self._work: dict[int, object] = {}
-        # ZeRO-3 Offload (--offload-param): the shard lives in host memory and each gather first copies
-        # its unit's piece to the device; the copy stays alive until its gather is waited for.
-        self.shard_on_host = zero_config.offload_param
+        # ZeRO-3 Offload (zero/apply.py's placement, through the parameter storage): the shard lives in host
+        # memory and each gather first copies its unit's piece to the device; the copy stays alive until its
+        # gather is waited for.
+        self.shard_on_host = shard_on_host
         self._fetched: dict[int, torch.Tensor] = {}
         self._fetched_numel = 0                # elements of those device copies alive now
         self.live_numel = 0

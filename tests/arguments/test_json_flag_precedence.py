@@ -99,7 +99,7 @@ FLAG_WINS_CASES = {
     "activation_checkpointing": ({"activation_checkpointing": {"profile": True}}, ["--no-checkpoint-activations"],
                                  ("activations", "checkpoint_activations"), False),
     "tensor_parallel.autotp_size": ({"tensor_parallel": {"autotp_size": 2}}, ["--tensor-model-parallel-size", "1"],
-                                    ("training", "tensor_model_parallel_size"), 1),
+                                    ("parallel", "tensor_model_parallel_size"), 1),
 }
 JSON_WINS_CASES = {
     "gradient_clipping": ({"gradient_clipping": 1.0}, ["--clip-grad", "0.5"], ("optimizer", "clip_grad"), 1.0),

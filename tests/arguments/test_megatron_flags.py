@@ -64,7 +64,7 @@ def test_selective_recompute_and_no_effect_flags_are_said_once():
     assert "--no-masked-softmax-fusion (SDPA computes the causal softmax" in no_effect[0]
     assert "--distributed-backend nccl: accepted; the backend follows the device" in notes
     # --pipeline-model-parallel-size is a setting now (pipeline stages, training/pipeline_step.py): no note
-    assert len(parsed.notes) == 3 and parsed.config.training.pipeline_model_parallel_size == 1
+    assert len(parsed.notes) == 3 and parsed.config.parallel.pipeline_model_parallel_size == 1
 
 
 def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alternative():

@@ -63,10 +63,11 @@ def tiny_config(tp: int = 1, stage: int = 1, bf16: bool = False) -> PretrainConf
     m = dataclasses.replace(c.model, vocab_size=VOCAB, make_vocab_size_divisible_by=128, num_layers=2, hidden_size=64,
                             num_attention_heads=4, seq_length=32, max_position_embeddings=32, hidden_dropout=0.0,
                             attention_dropout=0.0)
-    training = dataclasses.replace(c.training, tensor_model_parallel_size=tp, bf16=bf16, seed=7)
+    training = dataclasses.replace(c.training, bf16=bf16, seed=7)
+    parallel = dataclasses.replace(c.parallel, tensor_model_parallel_size=tp)
     # several buckets/units, so parameters straddle partitions
     zero = dataclasses.replace(c.zero, stage=stage, reduce_bucket_size=20000)
-    return dataclasses.replace(c, model=m, training=training, zero=zero)
+    return dataclasses.replace(c, model=m, training=training, parallel=parallel, zero=zero)
 
 
 def tokens_for(step: int) -> torch.Tensor:

@@ -29,6 +29,7 @@ from arguments.config import ModelConfig
 from arguments.parser import parse_arguments, parse_config
 from base.errors import ConfigError
 from gpt.model import TransformerBlock, build_gpt_model
+from gpt.parallel_plan import TensorParallelPlan
 from gpt.shape import model_shape
 from parallel.comm import ring_bytes_sent
 from parallel.mesh import ParallelDims
@@ -45,8 +46,9 @@ LLAMA = dataclasses.replace(GPT2, normalization="RMSNorm", swiglu=True, position
 MODELS = {"gpt2": GPT2, "llama": LLAMA}
 
 
-def _train_once(config, state, tokens):
-    model = build_gpt_model(config, state, seed=SEED, rng=TensorParallelRNG(SEED, state))
+def _train_once(config, state, tokens, sequence_parallel):
+    model = build_gpt_model(config, state, seed=SEED, rng=TensorParallelRNG(SEED, state),
+                            plan=TensorParallelPlan(state, sequence_parallel))
     state.comm.stats.snapshot_and_reset()
     loss = model(tokens[:, :-1], tokens[:, 1:]).mean()
     loss.backward()
@@ -60,7 +62,7 @@ def compare_with_and_without(rank, world_size):
     state = initialize("cpu", TP)
     try:
         tokens = torch.randint(0, GPT2.vocab_size, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(SEED))
-        return {name: {sp: _train_once(dataclasses.replace(config, sequence_parallel=sp), state, tokens)
+        return {name: {sp: _train_once(config, state, tokens, sp)
                        for sp in (False, True)}
                 for name, config in MODELS.items()}
     finally:
@@ -113,9 +115,9 @@ def _tp_rank_state(tp_rank: int) -> ParallelState:
 
 
 def _residual_dropout_mask(tp_rank: int, sequence_parallel: bool) -> torch.Tensor:
-    config = dataclasses.replace(GPT2, hidden_dropout=0.5, sequence_parallel=sequence_parallel)
+    config = dataclasses.replace(GPT2, hidden_dropout=0.5)
     state = _tp_rank_state(tp_rank)
-    block = TransformerBlock(config, state, TensorParallelRNG(SEED, state))
+    block = TransformerBlock(config, TensorParallelPlan(state, sequence_parallel), TensorParallelRNG(SEED, state))
     return block._residual_dropout(torch.ones(BATCH, SEQ // TP, GPT2.hidden_size))
 
 
@@ -137,7 +139,7 @@ def test_a_sequence_not_divisible_by_tp_is_refused_in_one_line():
 def test_with_tp_1_it_is_accepted_and_said_once():
     notes = parse_arguments(["--sequence-parallel"]).notes
     assert sum("--sequence-parallel" in note for note in notes) == 1
-    assert parse_arguments(["--sequence-parallel", "--tensor-model-parallel-size", "2"]).config.model.sequence_parallel
+    assert parse_arguments(["--sequence-parallel", "--tensor-model-parallel-size", "2"]).config.parallel.sequence_parallel
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -148,7 +150,7 @@ def test_the_predicted_activations_per_rank_hold_1_over_tp_of_the_split_regions(
     split; here autograd keeps them gathered, whole, as without SP: parallel/layers.py.)"""
     config = MODELS[name]
     plain = model_shape(config, TP).activations
-    split = model_shape(dataclasses.replace(config, sequence_parallel=True), TP).activations
+    split = model_shape(config, TP, sequence_parallel=True).activations
     split_regions = (2 * 2 + 2 * 1) * config.hidden_size
     assert plain.replicated_bytes_per_token - split.replicated_bytes_per_token == split_regions
     assert split.partitioned_bytes_per_token - plain.partitioned_bytes_per_token == split_regions
@@ -157,5 +159,5 @@ def test_the_predicted_activations_per_rank_hold_1_over_tp_of_the_split_regions(
         layer=terms)["per_layer_without_recompute"] for terms in (plain, split)}
     assert per_rank[plain] - per_rank[split] == SEQ * BATCH * split_regions * (TP - 1) // TP
     # With TP 1 the flag splits nothing.
-    assert model_shape(dataclasses.replace(config, sequence_parallel=True), 1).activations == \
+    assert model_shape(config, 1, sequence_parallel=True).activations == \
         model_shape(config, 1).activations

@@ -45,7 +45,7 @@ def test_every_generated_command_parses_as_its_point(figure, profile, capsys, tm
         config = parse_config(argv)
         model, training = config.model, config.training
         assert (model.num_layers, model.hidden_size, model.num_attention_heads) == (point.layers, point.hidden, point.heads)
-        assert training.tensor_model_parallel_size == point.mp
+        assert config.parallel.tensor_model_parallel_size == point.mp
         config.model.validate_tensor_parallel(point.mp)
         assert (training.micro_batch_size, training.global_batch_size, training.train_iters) == \
                (point.micro_batch, point.global_batch, point.iterations)

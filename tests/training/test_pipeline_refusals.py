@@ -42,9 +42,9 @@ def test_pipe_parallel_size_is_deepspeeds_stage_count():
     layers alone (github:deepspeedai/DeepSpeed deepspeed/runtime/pipe/module.py _partition_layers): an even
     split where the stages divide the layers, as Megatron's."""
     parsed = parse_arguments(["--num-layers", "4", "--pipe-parallel-size", "2"], late_checks=LATE_CHECKS)
-    assert parsed.config.training.pipeline_model_parallel_size == 2
+    assert parsed.config.parallel.pipeline_model_parallel_size == 2
     assert "type:transformer" in parsed.config.sources["pipeline_model_parallel_size"].describe()
-    assert parse_config(["--pipe-parallel-size", "0"]).training.pipeline_model_parallel_size == 1  # no engine
+    assert parse_config(["--pipe-parallel-size", "0"]).parallel.pipeline_model_parallel_size == 1  # no engine
     with pytest.raises(ConfigError, match="--pipe-parallel-size 2 contradicts --pipeline-model-parallel-size 4"):
         parse_config(["--num-layers", "4", "--pipe-parallel-size", "2", "--pipeline-model-parallel-size", "4"])
     with pytest.raises(ConfigError, match="--num-layers 3 is not divisible"):  # DeepSpeed would balance unevenly

@@ -85,7 +85,7 @@ def _train(flags: list[str], tensor_parallel_size: int) -> Trained:
     from training.train_step import DataParallelTrainStep
 
     config = parse_config([*MODEL, *flags])
-    state = initialize("cpu", tensor_parallel_size, pipeline_parallel_size=config.training.pipeline_model_parallel_size)
+    state = initialize("cpu", tensor_parallel_size, pipeline_parallel_size=config.parallel.pipeline_model_parallel_size)
     try:
         settings = resolve_run_settings(config, VOCAB, state.tensor_parallel_size, state.data_parallel_size, "cpu")
         built = build(settings, state, dropout_rng=True, torch_compile=False)

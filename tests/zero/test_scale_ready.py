@@ -273,7 +273,7 @@ def test_a_checkpoint_saved_by_the_previous_construction_loads_exactly(stage):
 
     iteration_dir = resolve_checkpoint(LEGACY)
     metadata = read_metadata(iteration_dir)
-    config = ModelConfig(**metadata["config"]["model"])
+    config = ModelConfig.from_record(metadata["config"]["model"])
     state = ParallelState(device=CPU)
     rng = TensorParallelRNG(3, state)
     model = GPTModel(config, state, rng)

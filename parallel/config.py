@@ -1,0 +1,75 @@
+"""The `parallel` section of the configuration: how the model is split over the ranks.
+
+`ParallelismConfig` is `PretrainConfig.parallel`: tensor parallelism (and its sequence parallelism), the
+pipeline (its stages, virtual stages and uneven splits), in one place as Megatron-Core's
+`ModelParallelConfig` and torchtitan's `ParallelismConfig` hold them. Every field is a flag under
+Megatron's own name (`tensor_model_parallel_size` <-> `--tensor-model-parallel-size`), declared with
+`option()` as in every section. Expert and context parallelism belong here too when they are built; until
+then Megatron's `--expert-model-parallel-size` and `--context-parallel-size` are accepted at 1 and refused
+above it (arguments/megatron/flag_classes.py).
+
+Data parallelism is what the world leaves: world / (TP x PP). How each size is applied, in order, is
+training/build.py's `parallelize`; which module is column-, row- or vocab-parallel and which regions split
+the sequence is gpt/parallel_plan.py.
+
+Checkpoint metadata records these settings where they were recorded before this section existed
+(`RECORDED_SECTION`): the sizes with `training`, `sequence_parallel` with `model`, so checkpoints written
+before and after read alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from base.errors import ConfigError
+from base.options import option
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    tensor_model_parallel_size: int = option(1, aliases={"--model-parallel-size": "DeepSpeed-Megatron"})
+    # Megatron's --sequence-parallel (gpt/parallel_plan.py): with TP 1 there is nothing to split and it has no effect.
+    sequence_parallel: bool = option(
+        False, action="store_true",
+        help="with --tensor-model-parallel-size > 1: norms, dropout and the residual stream hold 1/TP of the "
+             "sequence (all-gather before, reduce-scatter after each TP region, in place of the all-reduces); "
+             "--seq-length must be divisible by the TP size")
+    # training/pipeline_step.py; the layers each stage holds: gpt/stage_layers.py
+    pipeline_model_parallel_size: int = option(
+        1, help="pipeline stages (Megatron's rank order: TP fastest, then DP, then PP); the layers split evenly, "
+                "scheduled 1F1B")
+    num_layers_per_virtual_pipeline_stage: Optional[int] = option(
+        None, help="layers per model chunk: each stage holds several chunks, scheduled as Megatron's interleaved 1F1B")
+    num_virtual_stages_per_pipeline_rank: Optional[int] = option(
+        None, help="model chunks per stage (Megatron's other spelling of --num-layers-per-virtual-pipeline-stage)")
+    microbatch_group_size_per_virtual_pipeline_stage: Optional[int] = option(
+        None, help="interleaved schedule: micro-batches that run through one model chunk before the next chunk "
+                   "(Megatron's schedule table; default --pipeline-model-parallel-size); the order, not the math")
+    account_for_embedding_in_pipeline_split: bool = option(
+        False, help="count the embedding as one layer when the layers split over the stages (the first stage "
+                    "builds one transformer layer fewer)")
+    account_for_loss_in_pipeline_split: bool = option(
+        False, help="count the loss as one layer when the layers split over the stages (the last stage builds "
+                    "one transformer layer fewer)")
+    decoder_first_pipeline_num_layers: Optional[int] = option(
+        None, help="layers of the first pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
+    decoder_last_pipeline_num_layers: Optional[int] = option(
+        None, help="layers of the last pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
+
+    def validate(self) -> None:
+        for name, flag in (("tensor_model_parallel_size", "--tensor-model-parallel-size"),
+                           ("pipeline_model_parallel_size", "--pipeline-model-parallel-size")):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)}", flags=(flag,))
+
+
+# Where checkpoint metadata and `PretrainConfig.to_dict` record each setting of this section: the section it
+# lived in before there was one (the rest of the section: "training").
+RECORDED_SECTION = {"sequence_parallel": "model"}
+RECORDED_DEFAULT = "training"
+
+
+def recorded_section(name: str) -> str:
+    """The section of the recorded config (checkpoint metadata) that holds the parallel setting `name`."""
+    return RECORDED_SECTION.get(name, RECORDED_DEFAULT)
