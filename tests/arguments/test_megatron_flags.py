@@ -167,7 +167,7 @@ def test_main_grads_dtype_bf16_is_bf16_gradients_as_megatron_validates_it():
         parse_config(aware + ["--main-grads-dtype", "bf16"])
 
 
-def test_precision_aware_optimizer_flags_follow_megatrons_rules():
+def test_precision_aware_optimizer_flags_follow_megatrons_rules(tmp_path, capsys):
     """Megatron-Core's OptimizerConfig.__post_init__ (megatron/core/optimizer/optimizer_config.py) asserts, without
     use_precision_aware_optimizer, "main_grads_dtype can only be fp32 when not using precision-aware optimizer" (and
     so for main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype); get_megatron_optimizer
@@ -203,6 +203,9 @@ def test_precision_aware_optimizer_flags_follow_megatrons_rules():
         assert clause in message
     with pytest.raises(ConfigError, match="--exp-avg-dtype fp16: .* only with --use-precision-aware-optimizer"):
         parse_config(["--use-distributed-optimizer", "--exp-avg-dtype", "fp16"])
+    code = pretrain_gpt.main(aware + ["--bf16", "--exp-avg-dtype", "bf16", "--data-cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--exp-avg-dtype bf16: Adam first moments" in err
 
 
 def test_document_masking_flags_are_read_and_inter_document_masking_refused():
