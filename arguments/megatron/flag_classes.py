@@ -97,9 +97,6 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --megatron-fsdp-enable-fine-grained-param-gather --megatron-fsdp-grad-comm-dtype
         --megatron-fsdp-main-grads-dtype --megatron-fsdp-main-params-dtype --megatron-fsdp-max-pool-double-buffer
         --megatron-fsdp-version --no-use-layer-wise-param-layout""")),
-    ("with fp32 master weights and Adam moments (--main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype fp32; "
-     "others are refused) the precision-aware optimizer is the fp32-state Adam(W) here",
-     _names("--use-precision-aware-optimizer")),
     ("a memory-layout switch of DeepSpeed's Megatron forks (how a tensor is split or tiled while the same values "
      "are computed); ZeRO's partitioning here is --zero-stage, --partition-activations", _names("""
         --scattered-embeddings --split-transformers --memory-centric-tiled-linear --tile-factor""")),
@@ -516,11 +513,6 @@ AT_VALUE: dict[str, AtValue] = {
                                  "(--dataloader-type single)"),
     "--remote-device": AtValue(_equals("none"), "no offload, as here",
                                "ZeRO-Offload is not implemented (on the roadmap): use --zero-stage 3 over more GPUs"),
-    "--main-params-dtype": AtValue(_equals("fp32"), "fp32 master weights, as here",
-                                   "not implemented: master weights are fp32"),
-    "--exp-avg-dtype": AtValue(_equals("fp32"), "fp32 Adam moments, as here", "not implemented: Adam moments are fp32"),
-    "--exp-avg-sq-dtype": AtValue(_equals("fp32"), "fp32 Adam moments, as here",
-                                  "not implemented: Adam moments are fp32"),
     "--weight-decay-incr-style": AtValue(_equals("constant"), "a constant --weight-decay, as here",
                                          "not implemented: the weight decay is a constant --weight-decay"),
     "--vocab-extra-ids": AtValue(_equals(0), "no extra vocabulary ids, as here",

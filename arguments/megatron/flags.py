@@ -106,6 +106,16 @@ class Meaning:
 FSDP_STAGES: dict[str, int] = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 MEGATRON_FSDP_DEFAULT_STRATEGY = "optim_grads_params"  # megatron/training/arguments.py's default
 
+# Megatron-LM's precision-aware optimizer (megatron/training/arguments.py: --main-grads-dtype, --main-params-dtype,
+# --exp-avg-dtype, --exp-avg-sq-dtype, each fp32 by default): the dest and what a lower precision of it would be
+PRECISION_AWARE_STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+PRECISION_AWARE_DTYPES: dict[str, str] = {
+    "main_grads_dtype": "main gradients",
+    "main_params_dtype": "master weights",
+    "exp_avg_dtype": "Adam first moments",
+    "exp_avg_sq_dtype": "Adam second moments",
+}
+
 NO_EFFECT_FLAGS: dict[str, str] = {
     # dest -> why the math is the same
     "deepspeed": "DeepSpeed's engine switch: ZeRO is always on here (--zero-stage, --zero-config)",
@@ -170,9 +180,20 @@ MEANINGS: list[Meaning] = [
     Meaning(("--data-parallel-sharding-strategy",), "data_parallel_sharding_strategy", "Megatron-LM",
             {"choices": tuple(FSDP_STAGES)}, "Megatron-FSDP's sharding: the ZeRO stage that shards the same states "
             "under --use-megatron-fsdp; alone, no effect (Megatron reads it only there)"),
+    Meaning(("--use-precision-aware-optimizer",), "use_precision_aware_optimizer", "Megatron-LM",
+            {"action": "store_true"},
+            "TransformerEngine's FusedAdam with main params, moments and main grads in the dtypes below; with fp32 "
+            "ones (the defaults) it is the fp32 AdamW here; as in Megatron-LM, only with the distributed optimizer "
+            "(ZeRO stage 1 or above)"),
     Meaning(("--main-grads-dtype",), "main_grads_dtype", "Megatron-LM", {"choices": ("fp32", "bf16")},
             "the precision-aware optimizer's main gradients: bf16 with --bf16 is --no-accumulate-allreduce-grads-in-"
             "fp32 (gradients accumulated and reduced in bf16); fp32 is the default for bf16 here as there"),
+    Meaning(("--main-params-dtype",), "main_params_dtype", "Megatron-LM", {"choices": ("fp32", "fp16")},
+            "the precision-aware optimizer's master weights: fp32, as here; fp16 is not implemented"),
+    Meaning(("--exp-avg-dtype",), "exp_avg_dtype", "Megatron-LM", {"choices": PRECISION_AWARE_STATE_DTYPES},
+            "the precision-aware optimizer's stored Adam first moment: fp32, as here; others are not implemented"),
+    Meaning(("--exp-avg-sq-dtype",), "exp_avg_sq_dtype", "Megatron-LM", {"choices": PRECISION_AWARE_STATE_DTYPES},
+            "the precision-aware optimizer's stored Adam second moment: fp32, as here; others are not implemented"),
     Meaning(("--recompute-activations",), "recompute_activations", "Megatron-LM", {"action": "store_true"},
             f"selective recompute: {SELECTIVE_RECOMPUTE}"),
     Meaning(("--recompute-granularity",), "recompute_granularity", "Megatron-LM",
@@ -279,6 +300,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     if given.get("no_weight_decay_cond_type") == "apply_wd_to_qk_layernorm":
         change("apply_wd_to_qk_layernorm", True, "no_weight_decay_cond_type",
                "Megatron-LM's deprecated spelling of --apply-wd-to-qk-layernorm")
+    _resolve_precision_aware_optimizer(given, settings, option_used, resolved)
     _resolve_main_grads_dtype(given, settings, sources, change, resolved)
     _resolve_query_groups(given, settings, option_used, change, resolved)
     _resolve_pipe_parallel_size(given, settings, sources, change, resolved)
@@ -340,6 +362,52 @@ def _resolve_fsdp(given: dict[str, Any], settings: dict[str, Any], sources: dict
     elif settings["stage"] != stage:
         change("stage", stage, origin, f"{why}: ZeRO stage {stage}")
     return stage
+
+
+def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str, Any],
+                                       option_used: Callable[[str], Optional[str]], resolved: Resolved) -> None:
+    """Megatron-LM's rules for the precision-aware optimizer, and what of it exists here.
+
+    Megatron-Core's OptimizerConfig.__post_init__ (megatron/core/optimizer/optimizer_config.py) asserts, without
+    use_precision_aware_optimizer, "main_grads_dtype can only be fp32 when not using precision-aware optimizer"
+    (and the same for main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype); get_megatron_optimizer
+    (megatron/core/optimizer/__init__.py) raises "--use-precision-aware-optimizer only supported with distributed
+    optimizer", which Megatron-FSDP turns on itself and --use-torch-fsdp2 excludes. With it, TransformerEngine's
+    FusedAdam keeps master weights and moments in those dtypes (computing in fp32); here they are fp32, so fp32
+    (the defaults) is the optimizer of this program and a lower precision, which rounds the state every step,
+    is refused."""
+    aware = bool(given.get("use_precision_aware_optimizer"))
+    for dest, what in PRECISION_AWARE_DTYPES.items():
+        value = given.get(dest, "fp32")
+        if value == "fp32":
+            continue
+        requires = ("" if aware else f"; Megatron-LM takes {option_used(dest)} other than fp32 only with "
+                                     f"--use-precision-aware-optimizer (OptimizerConfig)")
+        if dest == "main_grads_dtype":
+            if not aware:
+                resolved.refused.append(f"{option_used(dest)} {value} without --use-precision-aware-optimizer: "
+                                        f"Megatron-LM asserts main_grads_dtype can only be fp32 when not using the "
+                                        f"precision-aware optimizer (OptimizerConfig); add the flag, or drop this one")
+            continue
+        resolved.refused.append(f"{option_used(dest)} {value}: {what} stored in {value} are not implemented (they are "
+                                f"fp32 here; TransformerEngine's FusedAdam keeps them in {value} between its fp32 "
+                                f"updates, which changes the math){requires}; use fp32, or drop the flag")
+    accepted = [f"{option_used(dest)} fp32" for dest in PRECISION_AWARE_DTYPES
+                if dest != "main_grads_dtype" and given.get(dest) == "fp32"]
+    if aware:
+        stage = resolved.changes["stage"][0] if "stage" in resolved.changes else settings["stage"]
+        if given.get("use_torch_fsdp2"):
+            resolved.refused.append("--use-precision-aware-optimizer with --use-torch-fsdp2: Megatron-LM supports it "
+                                    "only with distributed optimizer (get_megatron_optimizer), which FSDP2 excludes; "
+                                    "drop one of them")
+        elif stage == 0 and not given.get("use_megatron_fsdp"):
+            resolved.refused.append("--use-precision-aware-optimizer without the distributed optimizer: Megatron-LM "
+                                    "supports it only with distributed optimizer (get_megatron_optimizer); add "
+                                    "--use-distributed-optimizer (ZeRO stage 1 here), or drop the flag")
+        accepted.insert(0, "--use-precision-aware-optimizer")
+    if accepted:
+        resolved.notes.append(f"{', '.join(accepted)}: accepted; the master weights and Adam moments are fp32 here "
+                              f"(Megatron-LM's defaults), the AdamW of this program")
 
 
 def _resolve_main_grads_dtype(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],

@@ -158,12 +158,54 @@ def test_main_grads_dtype_bf16_is_bf16_gradients_as_megatron_validates_it():
     """Megatron-LM's validate_args under --bf16 (megatron/training/arguments.py): main_grads_dtype bf16 leaves
     accumulate_allreduce_grads_in_fp32 off (gradients accumulate and reduce in bf16), and it asserts
     "--main-grads-dtype can only be fp32 when --accumulate-allreduce-grads-in-fp32 is set". Before, bf16 was refused."""
-    assert parse_config(["--bf16", "--main-grads-dtype", "bf16"]).training.gradient_precision == "bf16"
+    aware = ["--use-precision-aware-optimizer", "--use-distributed-optimizer"]
+    assert parse_config(aware + ["--bf16", "--main-grads-dtype", "bf16"]).training.gradient_precision == "bf16"
     assert parse_config(["--bf16", "--main-grads-dtype", "fp32"]).training.gradient_precision == "fp32"
     with pytest.raises(ConfigError, match="can only be fp32|Megatron-LM asserts the main gradients are fp32"):
-        parse_config(["--bf16", "--main-grads-dtype", "bf16", "--accumulate-allreduce-grads-in-fp32"])
+        parse_config(aware + ["--bf16", "--main-grads-dtype", "bf16", "--accumulate-allreduce-grads-in-fp32"])
     with pytest.raises(ConfigError, match="--main-grads-dtype bf16 without --bf16"):
-        parse_config(["--main-grads-dtype", "bf16"])
+        parse_config(aware + ["--main-grads-dtype", "bf16"])
+
+
+def test_precision_aware_optimizer_flags_follow_megatrons_rules(tmp_path, capsys):
+    """Megatron-Core's OptimizerConfig.__post_init__ (megatron/core/optimizer/optimizer_config.py) asserts, without
+    use_precision_aware_optimizer, "main_grads_dtype can only be fp32 when not using precision-aware optimizer" (and
+    so for main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype); get_megatron_optimizer
+    (megatron/core/optimizer/__init__.py) raises "--use-precision-aware-optimizer only supported with distributed
+    optimizer". swiss-ai's submit-llama3-8b.sh gives --use-precision-aware-optimizer --main-grads-dtype bf16 beside
+    --use-distributed-optimizer. fp32 states (the defaults) are the AdamW here; lower ones (TransformerEngine's
+    FusedAdam storage, megatron/core/optimizer/__init__.py: exp_avg_dtype, exp_avg_sq_dtype, master_weight_dtype)
+    are refused in one line. Before, --main-grads-dtype bf16 needed no flag and the flag needed no distributed
+    optimizer."""
+    aware = ["--use-precision-aware-optimizer", "--use-distributed-optimizer"]
+    parsed = parse_arguments(aware + ["--bf16", "--main-grads-dtype", "bf16", "--main-params-dtype", "fp32",
+                                      "--exp-avg-dtype", "fp32", "--exp-avg-sq-dtype", "fp32"])
+    assert parsed.config.zero.stage == 1 and parsed.config.training.gradient_precision == "bf16"
+    assert ("--use-precision-aware-optimizer, --main-params-dtype fp32, --exp-avg-dtype fp32, --exp-avg-sq-dtype fp32: "
+            "accepted; the master weights and Adam moments are fp32 here") in "\n".join(parsed.notes)
+    assert parse_config(["--use-precision-aware-optimizer", "--zero-stage", "3"]).zero.stage == 3
+    assert parse_config(["--use-precision-aware-optimizer", "--use-megatron-fsdp"]).zero.stage == 3
+    assert parse_config(["--exp-avg-dtype", "fp32", "--main-params-dtype", "fp32"]).zero.stage == 0
+    with pytest.raises(ConfigError, match="--main-grads-dtype bf16 without --use-precision-aware-optimizer"):
+        parse_config(["--bf16", "--main-grads-dtype", "bf16"])
+    with pytest.raises(ConfigError, match="^--use-precision-aware-optimizer without the distributed optimizer: "
+                                          "Megatron-LM supports it only with distributed optimizer"):
+        parse_config(["--use-precision-aware-optimizer"])
+    with pytest.raises(ConfigError, match="--use-precision-aware-optimizer with --use-torch-fsdp2"):
+        parse_config(["--use-precision-aware-optimizer", "--use-torch-fsdp2", "--untie-embeddings-and-output-weights"])
+    with pytest.raises(ConfigError) as error:
+        parse_config(aware + ["--main-params-dtype", "fp16", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "fp8"])
+    message = str(error.value)
+    assert "\n" not in message and "only with --use-precision-aware-optimizer" not in message
+    for clause in ("--main-params-dtype fp16: master weights stored in fp16 are not implemented",
+                   "--exp-avg-dtype bf16: Adam first moments stored in bf16 are not implemented",
+                   "--exp-avg-sq-dtype fp8: Adam second moments stored in fp8 are not implemented"):
+        assert clause in message
+    with pytest.raises(ConfigError, match="--exp-avg-dtype fp16: .* only with --use-precision-aware-optimizer"):
+        parse_config(["--use-distributed-optimizer", "--exp-avg-dtype", "fp16"])
+    code = pretrain_gpt.main(aware + ["--bf16", "--exp-avg-dtype", "bf16", "--data-cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--exp-avg-dtype bf16: Adam first moments" in err
 
 
 def test_document_masking_flags_are_read_and_inter_document_masking_refused():
