@@ -72,7 +72,8 @@ class ModelConfig:
         "learned_absolute", type=_position_embedding_name,
         help="learned_absolute (GPT-2), rope (rotary, Llama) or none; Megatron-DeepSpeed's "
              "--use-rotary-position-embeddings --no-position-embedding is rope")
-    rotary_base: float = option(10000.0, aliases={"--rotary-position-embeddings-theta": "Megatron-DeepSpeed"},
+    rotary_base: float = option(10000.0, aliases={"--rotary-position-embeddings-theta": "Megatron-DeepSpeed",
+                                                  "--rope-theta": "llm-jp's Megatron-LM fork"},
                                 help="rotary positions' base (theta): 10000 Llama 2, 500000 Llama 3")
     rotary_percent: float = option(1.0, help="the fraction of each head's dims that rotate, in (0, 1]")
     use_rope_scaling: bool = option(False, action="store_true",

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from arguments.megatron.fork_flag_classes import FORK_AT_VALUE, FORK_NO_EFFECT, FORK_REFUSED
+
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(text.split())
@@ -546,6 +548,10 @@ AT_VALUE: dict[str, AtValue] = {
 }
 
 
+AT_VALUE.update({option: AtValue(_equals(*values), no_effect, refused)
+                 for option, (values, no_effect, refused) in FORK_AT_VALUE.items()})
+
+
 # ---- lookup -------------------------------------------------------------------------------------------------
 
 NO_EFFECT_CLASS, REFUSED_CLASS, AT_VALUE_CLASS = "no-effect", "refused", "at-value"
@@ -559,10 +565,10 @@ def _table() -> dict[str, tuple[str, str]]:
             raise ValueError(f"{option} is classified twice ({table[option][0]} and {kind})")
         table[option] = (kind, reason)
 
-    for reason, options in NO_EFFECT:
+    for reason, options in NO_EFFECT + FORK_NO_EFFECT:
         for option in options:
             put(option, NO_EFFECT_CLASS, reason)
-    for reason, options in REFUSED:
+    for reason, options in REFUSED + FORK_REFUSED:
         for option in options:
             put(option, REFUSED_CLASS, reason)
     for option, at_value in AT_VALUE.items():

@@ -64,3 +64,60 @@ def test_z_loss_flags():
 def test_trigger_path_is_a_setting():
     """swiss-ai main, megatron/training/arguments.py: --trigger-path ('Path to check for exit & save triggers')."""
     assert parse_arguments(["--trigger-path", "triggers"]).config.checkpoint.trigger_path == "triggers"
+
+
+def test_the_forks_are_harvested_sources():
+    """scripts/harvest_megatron_flags.sh reads each fork's arguments.py at a named commit, as Megatron-LM's."""
+    from arguments.megatron.harvested_flags import harvested
+
+    sources = {source["label"]: source for source in harvested()["sources"]}
+    assert sources["llm-jp-megatron-lm-v4"]["repository"] == "llm-jp/Megatron-LM"
+    assert sources["llm-jp-megatron-lm-nii-geniac"]["commit"].startswith("6439bf6f")
+    assert sources["swiss-ai-megatron-lm"]["repository"] == "swiss-ai/Megatron-LM"
+    assert sources["pai-megatron-patch"]["path"] == "megatron_patch/arguments.py"
+    flags = harvested()["flags"]
+    assert flags["--use-mpi"]["sources"] == ["llm-jp-megatron-lm-v4", "llm-jp-megatron-lm-nii-geniac"]
+    assert flags["--trigger-path"]["sources"] == ["swiss-ai-megatron-lm"]
+    assert "pai-megatron-patch" in flags["--patch-tokenizer-type"]["sources"]
+
+
+def test_rope_theta_is_the_rotary_base():
+    """llm-jp nii-geniac pretrain_gpt.py model_provider: `rotary_base=args.rope_theta`."""
+    assert parse_arguments(["--rope-theta", "500000"]).config.model.rotary_base == 500000
+
+
+def test_fork_flags_that_change_the_math_are_refused_in_one_line_naming_the_fork():
+    """swiss-ai main megatron/training/arguments.py: --xielu ('Use xielu activation instead of default gelu'),
+    --goldfish-loss ('Enable goldfish loss during pretraining'), --post-layer-norm; llm-jp nii-geniac
+    megatron/core/models/gpt/gpt_model.py: `if self.use_embedding_scaling:` scales the embeddings."""
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(["--xielu", "--goldfish-loss", "--goldfish-k", "50", "--post-layer-norm",
+                         "--use-embedding-scaling", "--input-embeddings-multiplier", "2"])
+    message = str(error.value)
+    assert "\n" not in message
+    for flag in ("--xielu", "--goldfish-loss", "--post-layer-norm", "--input-embeddings-multiplier 2.0"):
+        assert f"{flag}: not implemented (swiss-ai's Megatron-LM fork" in message, flag
+    assert "--use-embedding-scaling: not implemented (llm-jp's Megatron-LM fork" in message
+    assert "--goldfish-k 50" not in message  # a knob of the refused switch: accepted, no effect
+
+
+def test_fork_flags_with_no_effect_are_said_once():
+    parsed = parse_arguments(["--qknorm-impl", "torch", "--log-params-norm-per-param", "--layernorm-init", "1.0",
+                              "--encoder-tensor-model-parallel-size", "0", "--s3-cache-path", "cache"])
+    line = next(note for note in parsed.notes if "--qknorm-impl torch" in note)
+    for flag in ("--log-params-norm-per-param", "--layernorm-init 1.0", "--encoder-tensor-model-parallel-size 0",
+                 "--s3-cache-path cache"):
+        assert flag in line
+
+
+def test_pai_megatron_patch_flags_are_refused_naming_the_project_and_what_it_would_take():
+    """alibaba/Pai-Megatron-Patch megatron_patch/arguments.py get_patch_args adds --patch-tokenizer-type,
+    --dataset, --extra-vocab-size ... through patch_if_not_exist (its examples' run_mcore_*.sh pass them)."""
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(["--patch-tokenizer-type", "Qwen2Tokenizer", "--dataset", "MMAP", "--extra-vocab-size", "293"])
+    message = str(error.value)
+    assert "\n" not in message and "unrecognized" not in message
+    assert ("--patch-tokenizer-type Qwen2Tokenizer: Pai-Megatron-Patch's own flag (alibaba/Pai-Megatron-Patch "
+            "megatron_patch/arguments.py)") in message
+    assert "running it would take porting megatron_patch's tokenizers, datasets and models" in message
+    assert "--dataset MMAP" in message and "--extra-vocab-size 293" in message
