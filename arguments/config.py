@@ -49,7 +49,9 @@ SEED_LIMIT = 2**32
 MIN_HEARTBEAT_TIMEOUT_S = 5.0
 # Megatron-LM's --lr-decay-style choices (megatron/core/optimizer_param_scheduler.py, get_lr)
 LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
-LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
+# "1-sqrt": swiss-ai's Megatron-LM fork's name (its default) for minus_sqrt, 1 - sqrt(ratio) in both
+# (megatron/core/optimizer_param_scheduler.py, get_lr: `elif self.lr_wsd_decay_style == "1-sqrt"`).
+LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt", "1-sqrt")
 
 
 @dataclass

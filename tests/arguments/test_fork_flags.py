@@ -121,3 +121,16 @@ def test_pai_megatron_patch_flags_are_refused_naming_the_project_and_what_it_wou
             "megatron_patch/arguments.py)") in message
     assert "running it would take porting megatron_patch's tokenizers, datasets and models" in message
     assert "--dataset MMAP" in message and "--extra-vocab-size 293" in message
+
+
+def test_swiss_ais_1_sqrt_anneal_is_minus_sqrt():
+    """swiss-ai main megatron/core/optimizer_param_scheduler.py get_lr: `elif self.lr_wsd_decay_style == "1-sqrt":
+    coeff = 1.0 - math.sqrt(wsd_decay_ratio)`, Megatron-LM main's minus_sqrt; it is the fork's default, which a
+    launch of that fork takes."""
+    from arguments.schedule import wsd_coefficient
+
+    config = parse_arguments(["--lr-decay-style", "WSD", "--lr-wsd-decay-style", "1-sqrt",
+                              "--lr-wsd-decay-iters", "10"]).config
+    assert config.optimizer.lr_wsd_decay_style == "1-sqrt"
+    for ratio in (0.0, 0.25, 0.5, 1.0):
+        assert wsd_coefficient("1-sqrt", ratio) == wsd_coefficient("minus_sqrt", ratio) == 1.0 - ratio ** 0.5
