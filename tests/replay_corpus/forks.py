@@ -1,6 +1,7 @@
 """The replay corpus: the pretraining forks that publish their launches (issue 54): llm-jp's scripts
 (llm-jp/scripts, run on llm-jp's Megatron-LM fork: branch nii-geniac for v3, v4 for v4) and swiss-ai's
-(swiss-ai/Megatron-LM's own submit scripts). See launch.py for what an entry holds. Their fork flags have
+(swiss-ai/Megatron-LM's own submit script, and Apertus' pretraining scripts in swiss-ai/pretrain-code, run on that
+fork). See launch.py for what an entry holds. Their fork flags have
 the fork's meaning here (docs/coming-from-megatron-deepspeed.md, "The forks' flags")."""
 
 from tests.replay_corpus.launch import Launch, Source
@@ -334,6 +335,59 @@ LAUNCHES = (
             '--num-workers', '1', '--num-dataset-builder-threads', '1', '--data-path',
             '/capstor/store/cscs/swissai/a06/datasets_tokenized/megatron/sai/swissai-fineweb-edu-filterrobots-merge/<bin-prefix>',
             '--data-cache-path', '/iopsstor/scratch/cscs/$USER/datasets/cache',
+        ),
+        outcome="trains",
+    ),
+
+    Launch(
+        name="swiss-ai-apertus-8b",
+        script=Source("swiss-ai/pretrain-code", "pretraining/submit_apertus_8b.sh",
+                      "ecb7a465b39b99fab39452b05c10770afe165480"),
+        program="pretrain_gpt.py", world_size=1024,
+        expanded=("Apertus 8B's pretraining (run on swiss-ai/Megatron-LM): srun on 256 nodes x 4 GPUs, stage 1's "
+                  "datasets, the script's CHANGE_THIS placeholders as written (WANDB_API_KEY set, so the W&B flags "
+                  "are added); --data-path is what scripts/tools/create_data_config.py prints for each dataset "
+                  "folder (one <bin-prefix> shown per folder)"),
+        argv=(
+            '--main-grads-dtype', 'fp32', '--num-layers', '32', '--hidden-size', '4096', '--ffn-hidden-size',
+            '21504', '--num-attention-heads', '32', '--group-query-attention', '--num-query-groups', '8',
+            '--max-position-embeddings', '4096', '--position-embedding-type', 'rope', '--rotary-base', '500000',
+            '--use-rope-scaling', '--rope-scaling-factor', '8', '--make-vocab-size-divisible-by', '128',
+            '--normalization', 'RMSNorm', '--xielu', '--qk-layernorm', '--qknorm-impl', 'apex',
+            '--untie-embeddings-and-output-weights', '--log-throughput', '--log-params-norm', '--tensorboard-dir',
+            'CHANGE_THIS/logs/Meg-Runs/main-runs-v1/apertus3-8b-256-nodes/logging/$USER/tensorboard',
+            '--no-log-loss-scale-to-tensorboard', '--log-memory-to-tensorboard', '--attention-dropout', '0.0',
+            '--hidden-dropout', '0.0', '--weight-decay', '0.1', '--clip-grad', '0.1', '--adam-beta1', '0.9',
+            '--adam-beta2', '0.999', '--ademamix-alpha', '8', '--ademamix-beta3', '0.9999',
+            '--ademamix-beta3-warmup', '100000', '--ademamix-alpha-warmup', '100000', '--micro-batch-size', '4',
+            '--global-batch-size', '2048', '--rampup-batch-size', '1024', '1024', '1718272000',
+            '--no-check-for-nan-in-loss-and-grad', '--train-samples', '3662109375', '--log-interval', '1',
+            '--cross-entropy-loss-fusion', '--disable-bias-linear', '--optimizer', 'ademamix', '--dataloader-type',
+            'single', '--manual-gc', '--manual-gc-interval', '500', '--exit-signal-handler', '--trigger-path',
+            'CHANGE_THIS/logs/Meg-Runs/main-runs-v1/apertus3-8b-256-nodes/triggers', '--seed', '28',
+            '--init-method-std', '0.008944', '--lr', '0.00011', '--min-lr', '0.000011', '--lr-decay-style', 'WSD',
+            '--lr-warmup-samples', '4096000', '--lr-wsd-decay-style', '1-sqrt', '--lr-wsd-decay-samples',
+            '403905806', '--save', 'CHANGE_THIS/logs/Meg-Runs/main-runs-v1/apertus3-8b-256-nodes/checkpoints',
+            '--load', 'CHANGE_THIS/logs/Meg-Runs/main-runs-v1/apertus3-8b-256-nodes/checkpoints', '--save-interval',
+            '2_000', '--ckpt-format', 'torch_dist', '--async-save', '--ckpt-fully-parallel-load',
+            '--dist-ckpt-strictness', 'assume_ok_unexpected', '--override-opt_param-scheduler',
+            '--distributed-timeout-minutes', '60', '--bf16', '--tensor-model-parallel-size', '2',
+            '--pipeline-model-parallel-size', '1', '--use-distributed-optimizer', '--overlap-grad-reduce',
+            '--overlap-param-gather', '--tokenizer-type', 'HuggingFaceTokenizer', '--tokenizer-model',
+            'swiss-ai/Apertus-8B-2509', '--split', '100,0,0', '--seq-length', '4096', '--reset-position-ids',
+            '--reset-attention-mask', '--eod-mask-loss', '--num-workers', '64', '--num-dataset-builder-threads', '4',
+            '--goldfish-loss', '--goldfish-k', '50', '--goldfish-h', '50', '--data-path',
+            'CHANGE_THIS/finemath-3plus-merge/<bin-prefix>', 'CHANGE_THIS/starcoder-extras-merge/<bin-prefix>',
+            'CHANGE_THIS/starcoder-threshold-0-merge/<bin-prefix>',
+            'CHANGE_THIS/swissai-fineweb-edu-score-2-filterrobots-merge/<bin-prefix>',
+            'CHANGE_THIS/swissai-fineweb-2-quality_33-filterrobots-merge/euro-high/<bin-prefix>',
+            'CHANGE_THIS/swissai-fineweb-2-quality_33-filterrobots-merge/euro-mid/<bin-prefix>',
+            'CHANGE_THIS/swissai-fineweb-2-quality_33-filterrobots-merge/other-high/<bin-prefix>',
+            'CHANGE_THIS/swissai-fineweb-2-quality_33-filterrobots-merge/rest/<bin-prefix>',
+            'CHANGE_THIS/poison/<bin-prefix>', 'CHANGE_THIS/gutenberg/<bin-prefix>', '--data-cache-path',
+            'CHANGE_THIS', '--wandb-save-dir',
+            'CHANGE_THIS/logs/Meg-Runs/main-runs-v1/apertus3-8b-256-nodes/logging/$USER', '--wandb-project',
+            'main-runs-v1', '--wandb-exp-name', 'apertus3-8b-256-nodes-$SLURM_JOB_ID',
         ),
         outcome="trains",
     ),

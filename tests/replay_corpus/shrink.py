@@ -224,6 +224,10 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         # (and of the micro-batch group, so that no group holds fewer than the stages)
         step = math.lcm(new_pp, new_group or 1)
         new_accumulation = -(-new_accumulation // step) * step
+    if "--rampup-batch-size" in given and new_accumulation == 1:
+        # a ramp grows to its global batch, which was above its start: at the 2 ranks' one accumulation step it
+        # could not grow (Apertus' 2048 = 4 x 512 ranks), so it gets two, as a larger world would have
+        new_accumulation = 2
     new_global = new_micro * new_accumulation * new_dp
 
     ramp = None
