@@ -94,13 +94,19 @@ class ExitConditions:
     def save_done(self) -> None:
         """After the requested save (every rank has seen DIR/save in save_requested's all-reduce): remove it."""
         if self.state.is_first_rank:
-            Path(self._trigger("save")).unlink(missing_ok=True)
+            try:
+                Path(self._trigger("save")).unlink(missing_ok=True)
+            except OSError as error:  # the save is made; a trigger left behind saves again, never loses
+                print(f" warning: could not remove the save trigger {self._trigger('save')}: {error}", flush=True)
 
     def training_finished(self) -> None:
         """--train-iters reached: DIR/exit tells the job script to cancel the runs it queued after this one."""
         if self.trigger_path is not None and self.state.is_first_rank:
-            Path(self.trigger_path).mkdir(parents=True, exist_ok=True)
-            Path(self._trigger("exit")).touch()
+            try:
+                Path(self.trigger_path).mkdir(parents=True, exist_ok=True)
+                Path(self._trigger("exit")).touch()
+            except OSError as error:  # the run is trained and saved: say it, do not fail it
+                print(f" warning: could not create the exit trigger {self._trigger('exit')}: {error}", flush=True)
 
     def close(self) -> None:
         """Put back the handlers that were there before."""

@@ -134,3 +134,17 @@ def test_swiss_ais_1_sqrt_anneal_is_minus_sqrt():
     assert config.optimizer.lr_wsd_decay_style == "1-sqrt"
     for ratio in (0.0, 0.25, 0.5, 1.0):
         assert wsd_coefficient("1-sqrt", ratio) == wsd_coefficient("minus_sqrt", ratio) == 1.0 - ratio ** 0.5
+
+
+def test_a_launch_typing_a_forks_flag_takes_that_forks_defaults():
+    """A fork's own flag makes the launch that fork's (arguments/megatron/defaults.py, launch_generation): its
+    argument file's defaults apply, as they do when the script runs there (swiss-ai main megatron/training/
+    arguments.py: `--lr-wsd-decay-style` default '1-sqrt'); a launch no fork fits better stays Megatron-LM's."""
+    model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2"]
+    swiss = parse_arguments(model + ["--trigger-path", "triggers"])
+    assert swiss.megatron_generation == "swiss-ai-megatron-lm"
+    assert swiss.config.optimizer.lr_wsd_decay_style == "1-sqrt"
+    assert parse_arguments(model + ["--use-z-loss"]).megatron_generation == "llm-jp-megatron-lm-nii-geniac"
+    plain = parse_arguments(model + ["--micro-batch-size", "2"])
+    assert plain.megatron_generation == "megatron-lm"
+    assert plain.config.optimizer.lr_wsd_decay_style == "exponential"
