@@ -282,6 +282,16 @@ def adopt_openmpi_ranks(environ: MutableMapping[str, str] = os.environ) -> Optio
     return None
 
 
+def use_openmpi_ranks(use_mpi: bool) -> list[str]:
+    """pretrain_gpt.py's --use-mpi, before anything reads the launch: OpenMPI's ranks adopted and checked as
+    torchrun's are (a bad value is one line, exit 2); the line to say when mpirun did not start this process."""
+    if not use_mpi:
+        return []
+    not_mpirun = adopt_openmpi_ranks()
+    read_launch_environment()
+    return [not_mpirun] if not_mpirun else []
+
+
 def _integer(environ: Mapping[str, str], variable: str) -> int:
     text = environ[variable]
     if not (text.strip().isascii() and text.strip().isdigit()):
