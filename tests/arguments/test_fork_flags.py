@@ -148,3 +148,13 @@ def test_a_launch_typing_a_forks_flag_takes_that_forks_defaults():
     plain = parse_arguments(model + ["--micro-batch-size", "2"])
     assert plain.megatron_generation == "megatron-lm"
     assert plain.config.optimizer.lr_wsd_decay_style == "exponential"
+
+
+def test_ademamix_is_refused_naming_swiss_ais_fork():
+    """swiss-ai main megatron/training/arguments.py adds 'ademamix' to --optimizer's choices (its
+    megatron/core/optimizer AdEMAMix); Apertus' pretraining script (swiss-ai/pretrain-code) uses it."""
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(["--optimizer", "ademamix", "--ademamix-alpha", "8"])
+    message = str(error.value)
+    assert "--optimizer ademamix: only Adam(W) is implemented" in message
+    assert "ademamix is swiss-ai's Megatron-LM fork's AdEMAMix" in message and "--ademamix-alpha" not in message

@@ -72,3 +72,36 @@ def test_the_model_adds_the_z_loss_from_its_config():
         model.config = replace(config, z_loss_strength=1e-4)
         with_z = model(tokens[:, :-1], tokens[:, 1:]).double()
     torch.testing.assert_close(with_z - plain, 1e-4 * log_z * log_z, rtol=1e-3, atol=1e-8)
+
+
+def _tp_worker(rank, world_size):
+    """Each TP rank holds half of a padded vocabulary; log(Z) must be the whole vocabulary's (the all-reduced max
+    and sum of exp), so the loss and each rank's slice of the gradient equal the unsplit formula's."""
+    from parallel.state import destroy, initialize
+
+    state = initialize("cpu", tensor_parallel_size=2)
+    try:
+        torch.manual_seed(3)
+        vocab, padded, strength = 13, 16, 0.02
+        logits = torch.randn(2, 4, padded, dtype=torch.float64) * 3 + 2
+        target = torch.randint(0, vocab, (2, 4))
+        reference_logits = logits[..., :vocab].clone().requires_grad_()
+        expected = reference(reference_logits, target, strength)
+        weights = torch.rand(2, 4, dtype=torch.float64)
+        (expected * weights).sum().backward()
+        half = padded // 2
+        shard = logits[..., rank * half:(rank + 1) * half].clone().requires_grad_()
+        ours = vocab_parallel_cross_entropy(shard, target, rank * half, vocab, state, z_loss_strength=strength)
+        (ours * weights).sum().backward()
+        torch.testing.assert_close(ours, expected.detach())
+        full_grad = torch.cat([reference_logits.grad, torch.zeros(2, 4, padded - vocab, dtype=torch.float64)], -1)
+        torch.testing.assert_close(shard.grad, full_grad[..., rank * half:(rank + 1) * half])
+    finally:
+        destroy(state)
+
+
+@pytest.mark.slow
+def test_z_loss_across_two_tensor_parallel_ranks():
+    from tests.distributed import run_distributed
+
+    run_distributed(_tp_worker, 2, timeout=120)
