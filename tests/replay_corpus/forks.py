@@ -1,7 +1,7 @@
 """The replay corpus: the pretraining forks that publish their launches (issue 54): llm-jp's scripts
 (llm-jp/scripts, run on llm-jp's Megatron-LM fork: branch nii-geniac for v3, v4 for v4) and swiss-ai's
 (swiss-ai/Megatron-LM's own submit script, and Apertus' pretraining scripts in swiss-ai/pretrain-code, run on that
-fork). See launch.py for what an entry holds. Their fork flags have
+fork), and one of Pai-Megatron-Patch's (alibaba), whose own flags are refused. See launch.py for what an entry holds. Their fork flags have
 the fork's meaning here (docs/coming-from-megatron-deepspeed.md, "The forks' flags")."""
 
 from tests.replay_corpus.launch import Launch, Source
@@ -390,5 +390,40 @@ LAUNCHES = (
             'main-runs-v1', '--wandb-exp-name', 'apertus3-8b-256-nodes-$SLURM_JOB_ID',
         ),
         outcome="trains",
+    ),
+
+    Launch(
+        name="pai-megatron-patch-llama3.1-8b",
+        script=Source("alibaba/Pai-Megatron-Patch", "examples/llama3_1/run_mcore_llama3_1.sh",
+                      "a098ca5acbdeaf7172ce0393fa309b39a77506db"),
+        program="pretrain_llama.py", world_size=8,
+        expanded=("the README's pretraining example (dsw 8B 1 8 1e-5 1e-6 128 128 bf16 4 2 1 true true true false "
+                  "false false 100000 <dataset> <dataset> <checkpoint> 10000 100 /workspace/output_mcore_llama3_1) "
+                  "under torchrun on one node of 8 GPUs; the TensorBoard folder's start time as <date>"),
+        argv=(
+            '--save',
+            '/workspace/output_mcore_llama3_1/checkpoint/pretrain-mcore-llama3-1-8B-lr-1e-5-minlr-1e-6-bs-1-gbs-8-seqlen-128-pr-bf16-tp-4-pp-2-cp-1-ac-false-do-true-sp-true-ti-9-wi-0',
+            '--lr', '1e-5', '--min-lr', '1e-6', '--lr-decay-style', 'cosine', '--weight-decay', '0.1',
+            '--adam-beta1', '0.9', '--adam-beta2', '0.95', '--clip-grad', '1.0', '--init-method-std', '0.008',
+            '--attention-dropout', '0.0', '--hidden-dropout', '0.0', '--lr-decay-iters', '9', '--lr-warmup-iters',
+            '0', '--train-iters', '9', '--micro-batch-size', '1', '--global-batch-size', '8', '--num-layers', '32',
+            '--hidden-size', '4096', '--num-attention-heads', '32', '--ffn-hidden-size', '14336', '--seq-length',
+            '128', '--max-position-embeddings', '131072', '--max-padding-length', '128', '--log-interval', '1',
+            '--log-throughput', '--eval-interval', '10000', '--eval-iters', '10', '--save-interval', '100000',
+            '--tensorboard-queue-size', '1', '--tensorboard-dir',
+            '/workspace/output_mcore_llama3_1/tensorboard/pretrain-mcore-llama3-1-8B-lr-1e-5-minlr-1e-6-bs-1-gbs-8-seqlen-128-pr-bf16-tp-4-pp-2-cp-1-ac-false-do-true-sp-true-ti-9-wi-0_<date>',
+            '--log-timers-to-tensorboard', '--log-batch-size-to-tensorboard', '--log-validation-ppl-to-tensorboard',
+            '--tensor-model-parallel-size', '4', '--pipeline-model-parallel-size', '2', '--context-parallel-size',
+            '1', '--no-load-optim', '--no-load-rng', '--num-workers', '8', '--extra-vocab-size', '256',
+            '--patch-tokenizer-type', 'LLama3Tokenizer', '--swiglu', '--normalization', 'RMSNorm', '--norm-epsilon',
+            '1e-05', '--use-rotary-position-embeddings', '--position-embedding-type', 'rope',
+            '--untie-embeddings-and-output-weights', '--disable-bias-linear', '--rotary-base', '500000',
+            '--no-save-optim', '--data-path', '/mnt/llama3-datasets/wudao_llama3bpe_content_document', '--split',
+            '99,1,0', '--dataset', 'MMAP', '--bf16', '--load', '/mnt/llama3-ckpts/Meta-Llama-3.1-8B/mcore-tp4-pp2',
+            '--transformer-impl', 'transformer_engine', '--use-distributed-optimizer', '--sequence-parallel',
+            '--group-query-attention', '--num-query-groups', '8', '--tp-comm-overlap', '--overlap-grad-reduce',
+            '--overlap-param-gather', '--train-mode', 'pretrain',
+        ),
+        outcome="refused: Pai-Megatron-Patch's own flag (alibaba/Pai-Megatron-Patch megatron_patch/arguments.py)",
     ),
 )
