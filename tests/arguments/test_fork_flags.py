@@ -158,3 +158,28 @@ def test_ademamix_is_refused_naming_swiss_ais_fork():
     message = str(error.value)
     assert "--optimizer ademamix: only Adam(W) is implemented" in message
     assert "ademamix is swiss-ai's Megatron-LM fork's AdEMAMix" in message and "--ademamix-alpha" not in message
+
+
+def test_every_fork_only_flag_names_its_fork_or_is_a_setting_here():
+    """Each option string only the forks' argument files define (llm-jp v4 and nii-geniac
+    megatron/training/arguments.py, swiss-ai main megatron/training/arguments.py, Pai-Megatron-Patch
+    megatron_patch/arguments.py get_patch_args) is either a setting here with the fork's meaning or classified
+    with a reason that names the fork it comes from."""
+    from arguments.megatron.flag_classes import AT_VALUE, CLASS_OF
+    from arguments.megatron.harvested_flags import harvested
+    from arguments.option_table import option_table
+    from arguments.parser import build_parser
+
+    names = {"llm-jp-megatron-lm-v4": "llm-jp", "llm-jp-megatron-lm-nii-geniac": "llm-jp",
+             "swiss-ai-megatron-lm": "swiss-ai", "pai-megatron-patch": "Pai-Megatron-Patch"}
+    table = option_table(build_parser())
+    fork_only = {option: entry["sources"] for option, entry in harvested()["flags"].items()
+                 if set(entry["sources"]) <= set(names)}
+    assert len(fork_only) > 100
+    for option, sources in fork_only.items():
+        if option not in CLASS_OF:
+            assert option in table, option  # ours: --use-mpi, --use-z-loss, --z-loss-strength, --trigger-path ...
+            continue
+        kind, reason = CLASS_OF[option]
+        text = reason + (AT_VALUE[option].refused if option in AT_VALUE else "")
+        assert any(names[source] in text for source in sources), (option, text)
