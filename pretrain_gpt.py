@@ -22,7 +22,7 @@ from arguments.print_config import format_config
 from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
 from data import DataError
 from parallel.liveness import Liveness, PeerLoss, start_liveness
-from parallel.state import ParallelState, destroy, initialize, read_launch_environment
+from parallel.state import ParallelState, destroy, initialize, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
 from training.late_checks import LATE_CHECKS
 from training.loop import TrainingSummary
@@ -52,13 +52,13 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     # what --load names is checked with the flags, so every problem of a launch comes back in one list
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
-    config = parsed.config
+    config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.use_mpi)]
     if parsed.print_config:
         if reporting_process():
             print(format_config(parsed), flush=True)
         return
     if reporting_process():
-        for note in parsed.notes:  # flags and JSON keys taken with no effect, and how Megatron's map here
+        for note in notes:  # flags and JSON keys taken with no effect, and how Megatron's map here
             print(note if note.startswith(">") else f"> {note}", flush=True)
     if config.training.dry_run:
         dry_run_launch(config)

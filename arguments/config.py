@@ -61,7 +61,9 @@ SEED_LIMIT = 2**32
 MIN_HEARTBEAT_TIMEOUT_S = 5.0
 # Megatron-LM's --lr-decay-style choices (megatron/core/optimizer_param_scheduler.py, get_lr)
 LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
-LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
+# "1-sqrt": swiss-ai's Megatron-LM fork's name (its default) for minus_sqrt, 1 - sqrt(ratio) in both
+# (megatron/core/optimizer_param_scheduler.py, get_lr: `elif self.lr_wsd_decay_style == "1-sqrt"`).
+LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt", "1-sqrt")
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,13 @@ class TrainingConfig:
     distributed_timeout_minutes: float = option(
         10.0, group="checkpoint",
         help="how long a collective waits for a peer before the job fails (a dead rank)")
+    # llm-jp's Megatron-LM fork: parse_args (megatron/training/arguments.py) copies OpenMPI's
+    # OMPI_COMM_WORLD_RANK, _LOCAL_RANK and _SIZE into RANK, LOCAL_RANK and WORLD_SIZE (parallel/state.py).
+    use_mpi: bool = option(
+        False, action="store_true", group="checkpoint",
+        help="take this process's rank, local rank and world size from OpenMPI's mpirun (OMPI_COMM_WORLD_RANK, "
+             "_LOCAL_RANK, _SIZE; MASTER_ADDR and MASTER_PORT as the launch script exports them), as llm-jp's "
+             "Megatron-LM fork does")
     # The watch: parallel/liveness.py.
     heartbeat_timeout_seconds: float = option(
         120.0, group="checkpoint",
@@ -428,7 +437,10 @@ class LoggingConfig:
     metrics_file: str = option("runs/metrics.jsonl", help="JSON lines, one record per log/eval")
     wandb_project: Optional[str] = option(None, help="log to W&B (offline unless W&B is configured on this "
                                                      "machine)")
-    wandb_run_name: Optional[str] = option(None, aliases={"--wandb-exp-name": "Megatron-LM"})
+    # llm-jp's Megatron-LM fork (nii-geniac: megatron/training/global_vars.py, _set_wandb_writer) names the run
+    # --wandb-name plus its start time; W&B tells runs apart by id, so the name is taken as given.
+    wandb_run_name: Optional[str] = option(None, aliases={"--wandb-exp-name": "Megatron-LM",
+                                                          "--wandb-name": "llm-jp's Megatron-LM fork"})
     wandb_entity: Optional[str] = None
     report_memory: bool = option(False, help="log per-rank model-state bytes held and the zero/memory.py "
                                              "prediction")
@@ -477,6 +489,12 @@ class CheckpointConfig:
         None, flags=("--kill-switch-path", "--kill-switch-file"), metavar="FILE",
         help="when FILE exists: do not start, or save after the current iteration and exit 0 (BigScience's "
              "Megatron-DeepSpeed)")
+    # swiss-ai's Megatron-LM fork (megatron/training/training.py, checkpoint_and_decide_exit and train): its
+    # job scripts requeue themselves until DIR/exit appears (training/exit_conditions.py).
+    trigger_path: Optional[str] = option(
+        None, metavar="DIR",
+        help="every --log-interval iterations: when DIR/save exists, save and remove it; when DIR/exit exists, save "
+             "and exit 0; a run that reaches --train-iters creates DIR/exit (swiss-ai's Megatron-LM fork)")
     # A run that did not resume from --save's checkpoints replaces them only with this.
     overwrite_save: bool = option(
         False, help="let this run write into a --save directory holding checkpoints it did not resume from (its "

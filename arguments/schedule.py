@@ -98,7 +98,7 @@ def wsd_coefficient(style: str, ratio: float) -> float:
         return 0.5 * (math.cos(math.pi * ratio) + 1.0)
     if style == "exponential":
         return 2.0 * math.pow(0.5, ratio) - 1.0
-    return 1.0 - math.sqrt(ratio)  # minus_sqrt
+    return 1.0 - math.sqrt(ratio)  # minus_sqrt, and swiss-ai's fork's 1-sqrt
 
 
 def train_iterations(config: PretrainConfig, batch: BatchSchedule) -> int:

@@ -369,7 +369,7 @@ class GPTModel(nn.Module):
             return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.
         return vocab_parallel_cross_entropy(logits, labels, self.output_vocab_start,
-                                            self.config.vocab_size, self.state)
+                                            self.config.vocab_size, self.state, self.config.z_loss_strength)
 
 
 def dropout_stream(rng: Optional[TensorParallelRNG]):

@@ -73,7 +73,8 @@ class ModelConfig:
         "learned_absolute", type=_position_embedding_name,
         help="learned_absolute (GPT-2), rope (rotary, Llama) or none; Megatron-DeepSpeed's "
              "--use-rotary-position-embeddings --no-position-embedding is rope")
-    rotary_base: float = option(10000.0, aliases={"--rotary-position-embeddings-theta": "Megatron-DeepSpeed"},
+    rotary_base: float = option(10000.0, aliases={"--rotary-position-embeddings-theta": "Megatron-DeepSpeed",
+                                                  "--rope-theta": "llm-jp's Megatron-LM fork"},
                                 help="rotary positions' base (theta): 10000 Llama 2, 500000 Llama 3")
     rotary_percent: float = option(1.0, help="the fraction of each head's dims that rotate, in (0, 1]")
     use_rope_scaling: bool = option(False, action="store_true",
@@ -121,6 +122,14 @@ class ModelConfig:
         False, action="store_true",
         help="compute the output layer and the cross entropy together over chunks of tokens, never holding the "
              "full logits (recomputed in the backward); the same loss and gradients to rounding")
+    # llm-jp's Megatron-LM fork (branch v4: --z-loss-strength; branch nii-geniac: --use-z-loss, a fixed 1e-4):
+    # megatron/core/tensor_parallel/cross_entropy.py, _VocabParallelCrossEntropy.forward adds
+    # z_loss_strength * log(Z)^2 per token, log(Z) the log-sum-exp of the logits (PaLM's z-loss).
+    z_loss_strength: float = option(
+        0.0, consts=[Const(("--use-z-loss",), 1e-4, help="llm-jp's Megatron-LM fork (nii-geniac): --z-loss-strength "
+                                                         "1e-4")],
+        help="add S x log(Z)^2 to every token's loss, log(Z) the log-sum-exp of its logits (PaLM's z-loss, as "
+             "llm-jp's Megatron-LM fork adds it); 0 adds nothing")
     # Megatron-LM's --fp8-format (dest fp8); DeepSpeed-Megatron's --fp8-e4m3 / --fp8-hybrid. gpt/fp8.py
     # checks it before any work.
     fp8: Optional[str] = option(
@@ -206,6 +215,13 @@ class ModelConfig:
                               flags=("--init-method-std", "--layernorm-epsilon"))
         if self.vocab_size < 0:
             raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}", flags=("--vocab-size",))
+        if self.z_loss_strength < 0:
+            raise ConfigError(f"--z-loss-strength must be 0 or more, got {self.z_loss_strength}",
+                              flags=("--z-loss-strength",))
+        if self.z_loss_strength > 0 and self.cross_entropy_loss_fusion:
+            raise ConfigError("--z-loss-strength with --cross-entropy-loss-fusion: the z-loss is not implemented in "
+                              "the fused output layer; drop --cross-entropy-loss-fusion",
+                              flags=("--z-loss-strength", "--cross-entropy-loss-fusion"))
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend {self.attention_backend!r} is not one of "
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))

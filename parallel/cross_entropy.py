@@ -11,6 +11,11 @@ traffic; instead only three [batch, seq] statistics cross the group (Megatron-Co
 
 The backward needs no communication: each rank's gradient is its shard of softmax - one_hot.
 
+With a z-loss strength s > 0 (llm-jp's Megatron-LM fork, --z-loss-strength / --use-z-loss: its
+megatron/core/tensor_parallel/cross_entropy.py, _VocabParallelCrossEntropy.forward) each token's loss
+gains s * log(Z)^2, log(Z) = log(sum_exp) + max the log-sum-exp of the logits, and the gradient becomes
+softmax * (1 + 2 s log(Z)) - one_hot, still without communication.
+
 Vocabulary padding (global column >= `vocab_size`) is excluded from the softmax, so the loss does not
 depend on how far the vocabulary was padded for the TP size. Everything is computed in fp32 (or
 fp64 for fp64 logits), whatever the logits' dtype; the gradient comes back in that dtype.
@@ -27,7 +32,7 @@ from parallel.state import ParallelState
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, vocab_start_index: int, vocab_size: int,
-                state: ParallelState) -> torch.Tensor:
+                state: ParallelState, z_loss_strength: float = 0.0) -> torch.Tensor:
         local_vocab = logits.shape[-1]
         # Columns [real_columns, local_vocab) of this shard are padding (possibly the whole shard).
         real_columns = max(0, min(local_vocab, vocab_size - vocab_start_index))
@@ -51,9 +56,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit, sum_exp = statistics.unbind(0)
 
         softmax = exp_logits.div_(sum_exp.unsqueeze(-1))
+        loss = torch.log(sum_exp) - target_logit
+        if z_loss_strength > 0:
+            log_z = torch.log(sum_exp) + logits_max
+            loss = loss + z_loss_strength * log_z * log_z
+            softmax.mul_((1.0 + 2.0 * z_loss_strength * log_z).unsqueeze(-1))  # d(s log(Z)^2)/d logits
         ctx.save_for_backward(softmax, local_target, not_here)
         ctx.input_dtype = logits.dtype
-        return torch.log(sum_exp) - target_logit
+        return loss
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
@@ -64,15 +74,18 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad = softmax
         grad.scatter_add_(-1, local_target.unsqueeze(-1), -(~not_here).to(grad.dtype).unsqueeze(-1))
         grad.mul_(grad_loss.unsqueeze(-1))
-        return grad.to(ctx.input_dtype), None, None, None, None
+        return grad.to(ctx.input_dtype), None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(vocab_parallel_logits: torch.Tensor, target: torch.Tensor,
-                                 vocab_start_index: int, vocab_size: int, state: ParallelState) -> torch.Tensor:
+                                 vocab_start_index: int, vocab_size: int, state: ParallelState,
+                                 z_loss_strength: float = 0.0) -> torch.Tensor:
     """Per-token cross entropy [batch, seq] (fp32) from this rank's logit shard [batch, seq, V/TP].
 
     `vocab_start_index` is the global vocabulary index of the shard's first column (the token
     embedding's `vocab_start_index` when the output layer is tied); `vocab_size` is the real,
     unpadded vocabulary. `target` holds global token ids and must be the same on every TP rank.
+    `z_loss_strength` > 0 adds that times log(Z)^2 to each token's loss (llm-jp's z-loss).
     """
-    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, vocab_start_index, vocab_size, state)
+    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, vocab_start_index, vocab_size, state,
+                                            z_loss_strength)

@@ -34,7 +34,7 @@ import re
 import warnings
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Mapping, Optional
+from typing import Mapping, MutableMapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -343,6 +343,37 @@ def read_launch_environment(environ: Mapping[str, str] = os.environ) -> LaunchEn
             launcher="slurm", rank=rank, world_size=world_size, local_rank=local_rank,
             local_world_size=_slurm_tasks_per_node(environ), master_addr=master_addr, master_port=_port(environ))
     return LaunchEnvironment(launcher="none")
+
+
+OPENMPI_RANKS = (("OMPI_COMM_WORLD_RANK", "RANK"), ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"),
+                 ("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"))
+
+
+def adopt_openmpi_ranks(environ: MutableMapping[str, str] = os.environ) -> Optional[str]:
+    """--use-mpi: OpenMPI's ranks become torchrun's variables, which every reader here takes first, as llm-jp's
+    Megatron-LM fork does in parse_args (megatron/training/arguments.py, `if args.use_mpi:` copies
+    OMPI_COMM_WORLD_RANK, _LOCAL_RANK and _SIZE into RANK, LOCAL_RANK and WORLD_SIZE); the local size
+    comes along so that the thread rule sees the processes per node. MASTER_ADDR and MASTER_PORT are the
+    launch script's (llm-jp's exports them before mpirun). Where mpirun did not start this process the fork
+    would write rank 0 of 1 over any launcher's ranks; here they are left as they are and the line returned
+    says so (None when OpenMPI's were taken)."""
+    if "OMPI_COMM_WORLD_RANK" not in environ or "OMPI_COMM_WORLD_SIZE" not in environ:
+        return ("--use-mpi: OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE are not set (this process was not started by "
+                "OpenMPI's mpirun); ranks come from torchrun or SLURM as without it")
+    for openmpi, torchrun in OPENMPI_RANKS:
+        if openmpi in environ:
+            environ[torchrun] = environ[openmpi]
+    return None
+
+
+def use_openmpi_ranks(use_mpi: bool) -> list[str]:
+    """pretrain_gpt.py's --use-mpi, before anything reads the launch: OpenMPI's ranks adopted and checked as
+    torchrun's are (a bad value is one line, exit 2); the line to say when mpirun did not start this process."""
+    if not use_mpi:
+        return []
+    not_mpirun = adopt_openmpi_ranks()
+    read_launch_environment()
+    return [not_mpirun] if not_mpirun else []
 
 
 def _integer(environ: Mapping[str, str], variable: str) -> int:

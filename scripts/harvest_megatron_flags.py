@@ -1,5 +1,7 @@
-"""Harvest the command-line flags of Megatron-LM, Megatron-DeepSpeed, DeepSpeedExamples' Megatron forks
-and DeepSpeed from their own argument files, into arguments/megatron/flags_harvested.json.
+"""Harvest the command-line flags of Megatron-LM, Megatron-DeepSpeed, DeepSpeedExamples' Megatron forks,
+DeepSpeed and the pretraining forks (llm-jp's and swiss-ai's Megatron-LM, Pai-Megatron-Patch, whose
+`patch_if_not_exist(group, "--name", ...)` is read as an add_argument) from their own argument files, into
+arguments/megatron/flags_harvested.json.
 
 Each source is a file at one commit of a git repository on this machine (a mirror: no work tree is
 needed; files are read with `git show`). The file is parsed with `ast`, never imported: every
@@ -294,6 +296,16 @@ def harvest_file(tree: Tree, path: str) -> tuple[list[tuple[list[str], dict]], l
                     options += ["--no-" + option[2:] for option in options if option.startswith("--")]
                 if options:
                     found.append((options, shape))
+            elif name_of(node.func) == "patch_if_not_exist" and len(node.args) >= 2:
+                # Pai-Megatron-Patch's megatron_patch/arguments.py: patch_if_not_exist(group, "--name", type=...,
+                # default=..., choices=..., help=...) is add_argument("--name", ...) unless Megatron defines it
+                seen_calls.add(id(node))
+                call = ast.Call(func=node.func, args=node.args[1:2], keywords=node.keywords)
+                call.lineno = node.lineno
+                options, shape, trouble = shape_from_call(call)
+                problems += trouble
+                if options:
+                    found.append((options, shape))
             elif name_of(node.func) == "ArgumentGroupFactory" and scope is not module:
                 seen_calls.add(id(node))
                 class_name = name_of(node.args[0]) if node.args else None
@@ -345,8 +357,9 @@ def harvest(sources: list[list[str]], unavailable: list[str]) -> dict:
         if entry.get("defaults"):
             ordered[option]["defaults"] = entry["defaults"]
     return {
-        "about": "Option strings of Megatron-LM, Megatron-DeepSpeed, DeepSpeedExamples' Megatron forks and "
-                 "DeepSpeed, harvested from their argument files with Python's ast by "
+        "about": "Option strings of Megatron-LM, Megatron-DeepSpeed, DeepSpeedExamples' Megatron forks, "
+                 "DeepSpeed and the pretraining forks (llm-jp's and swiss-ai's Megatron-LM, Pai-Megatron-Patch), "
+                 "harvested from their argument files with Python's ast by "
                  "scripts/harvest_megatron_flags.py (names, argparse shapes, and literal defaults by source). Each flag lists the "
                  "sources that define it and each distinct shape with the sources that give it. "
                  "arguments/megatron/flag_classes.py and arguments/megatron/flags.py classify every option string.",

@@ -10,6 +10,13 @@ MDS=$MIRRORS/microsoft+Megatron-DeepSpeed/repo
 BIG=$MIRRORS/bigscience-workshop+Megatron-DeepSpeed/repo
 DSE=$MIRRORS/microsoft+DeepSpeedExamples/repo
 DS=$MIRRORS/microsoft+DeepSpeed/repo
+# The pretraining forks that publish their launches (issue 54): llm-jp/scripts installs llm-jp's branch v4 for its
+# v4 scripts and nii-geniac for v3 (pretrain/installers/*/scripts/environment.sh, PRETRAIN_MEGATRON_TAG);
+# swiss-ai's scripts run its fork's main. Pai-Megatron-Patch adds its flags to Megatron's parser
+# (megatron_patch/arguments.py, get_patch_args).
+LLMJP=$MIRRORS/llm-jp+Megatron-LM/repo
+SWISSAI=$MIRRORS/swiss-ai+Megatron-LM/repo
+PAI=$MIRRORS/alibaba+Pai-Megatron-Patch/repo
 # DeepSpeedExamples removed its Megatron forks in 127c7a10 (2023-03-30); 89ce0d5a is the last commit
 # that touched them (it moved them under megatron/).
 DSE_FORKS=89ce0d5a40cec1772c8673bf01c532828ce3d31d
@@ -25,6 +32,10 @@ python scripts/harvest_megatron_flags.py --out arguments/megatron/flags_harveste
   --source dse-megatron-lm microsoft/DeepSpeedExamples "$DSE" $DSE_FORKS megatron/Megatron-LM/arguments.py \
   --source dse-megatron-lm-v1.1.5-zero3 microsoft/DeepSpeedExamples "$DSE" $DSE_FORKS megatron/Megatron-LM-v1.1.5-ZeRO3/megatron/arguments.py \
   --source dse-megatron-lm-v1.1.5-3d microsoft/DeepSpeedExamples "$DSE" $DSE_FORKS megatron/Megatron-LM-v1.1.5-3D_parallelism/megatron/arguments.py \
+  --source llm-jp-megatron-lm-v4 llm-jp/Megatron-LM "$LLMJP" 2cbb045ffe5ec9e5ad1e27770ca0c99414ed24df megatron/training/arguments.py \
+  --source llm-jp-megatron-lm-nii-geniac llm-jp/Megatron-LM "$LLMJP" 6439bf6f852a476b443a4f6595e062fe3c7f2bd6 megatron/training/arguments.py \
+  --source swiss-ai-megatron-lm swiss-ai/Megatron-LM "$SWISSAI" 81d44dbe25c22190989fa8a12284bdb8d1303b40 megatron/training/arguments.py \
+  --source pai-megatron-patch alibaba/Pai-Megatron-Patch "$PAI" a098ca5acbdeaf7172ce0393fa309b39a77506db megatron_patch/arguments.py \
   --source deepspeed microsoft/DeepSpeed "$DS" 38327e07f6cd39b63418f60cedd1651b0be3e7c3 deepspeed/__init__.py \
   --source deepspeed-v0.13.0 microsoft/DeepSpeed "$DS" v0.13.0 deepspeed/__init__.py \
   "$@"

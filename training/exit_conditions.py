@@ -10,6 +10,12 @@ time separately, so the verdict is agreed across the world once per iteration (a
 all-reduce) and every rank stops after the same iteration. BigScience's kill switch is a file an
 operator creates (`touch $KILL_SWITCH_PATH`) to stop every job of a group at once: a run that finds
 it saves after the iteration and exits 0, and a run started while it exists does not start.
+
+swiss-ai's Megatron-LM fork adds a trigger folder (--trigger-path DIR; megatron/training/training.py,
+checkpoint_and_decide_exit): every --log-interval iterations DIR/save makes the run save a checkpoint and
+remove the file, DIR/exit makes it stop; a run that reaches --train-iters creates DIR/exit (train), and its
+job script cancels its self-requeued successors when it finds one. The fork stops at DIR/exit without a
+save of its own; here, as for every early exit, the iteration is saved first.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Optional
 
 from parallel.state import ParallelState
@@ -29,8 +36,11 @@ EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 class ExitConditions:
     """Checked after every iteration; `check` returns why to stop, or None."""
 
-    def __init__(self, checkpoint_config, state: ParallelState, start_time: Optional[float] = None) -> None:
+    def __init__(self, checkpoint_config, state: ParallelState, start_time: Optional[float] = None,
+                 log_interval: int = 1) -> None:
         self.state = state
+        self.trigger_path = checkpoint_config.trigger_path
+        self.log_interval = log_interval
         self.exit_interval = checkpoint_config.exit_interval
         self.duration_s = (checkpoint_config.exit_duration_in_mins * 60.0
                            if checkpoint_config.exit_duration_in_mins is not None else None)
@@ -51,19 +61,52 @@ class ExitConditions:
         signalled = self.received is not None
         out_of_time = self.duration_s is not None and time.monotonic() - self.start_time >= self.duration_s
         killed = self.kill_switch_path is not None and os.path.exists(self.kill_switch_path)
-        if self._previous_handlers or self.duration_s is not None or self.kill_switch_path is not None:
-            signalled, out_of_time, killed = self.state.comm.any_rank([signalled, out_of_time, killed],
-                                                                      self.state.device)
+        triggered = self._trigger_due(iteration) and os.path.exists(self._trigger("exit"))
+        if self._previous_handlers or self.duration_s is not None or self.kill_switch_path is not None \
+                or self._trigger_due(iteration):
+            signalled, out_of_time, killed, triggered = self.state.comm.any_rank(
+                [signalled, out_of_time, killed, triggered], self.state.device)
         if signalled:
             name = signal.Signals(self.received).name if self.received is not None else "a signal"
             return f"received {name} (on this or another rank)"
         if killed:
             return f"found the kill switch {self.kill_switch_path} (--kill-switch-path)"
+        if triggered:
+            return f"found the exit trigger {self._trigger('exit')} (--trigger-path)"
         if out_of_time:
             return f"--exit-duration-in-mins {self.duration_s / 60:g} reached"
         if self.exit_interval is not None and iteration % self.exit_interval == 0:
             return f"--exit-interval {self.exit_interval} reached"
         return None
+
+    def _trigger_due(self, iteration: int) -> bool:
+        return self.trigger_path is not None and iteration % self.log_interval == 0
+
+    def _trigger(self, name: str) -> str:
+        return os.path.join(self.trigger_path, name)
+
+    def save_requested(self, iteration: int) -> bool:
+        """Whether DIR/save exists on any rank at this --log-interval iteration (every rank calls it)."""
+        if not self._trigger_due(iteration):
+            return False
+        return self.state.comm.any_rank([os.path.exists(self._trigger("save"))], self.state.device)[0]
+
+    def save_done(self) -> None:
+        """After the requested save (every rank has seen DIR/save in save_requested's all-reduce): remove it."""
+        if self.state.is_first_rank:
+            try:
+                Path(self._trigger("save")).unlink(missing_ok=True)
+            except OSError as error:  # the save is made; a trigger left behind saves again, never loses
+                print(f" warning: could not remove the save trigger {self._trigger('save')}: {error}", flush=True)
+
+    def training_finished(self) -> None:
+        """--train-iters reached: DIR/exit tells the job script to cancel the runs it queued after this one."""
+        if self.trigger_path is not None and self.state.is_first_rank:
+            try:
+                Path(self.trigger_path).mkdir(parents=True, exist_ok=True)
+                Path(self._trigger("exit")).touch()
+            except OSError as error:  # the run is trained and saved: say it, do not fail it
+                print(f" warning: could not create the exit trigger {self._trigger('exit')}: {error}", flush=True)
 
     def close(self) -> None:
         """Put back the handlers that were there before."""

@@ -115,6 +115,10 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
             summary.final_valid_loss = evaluator.run("valid", iteration, summary.consumed_samples)
         if save_checkpoint is not None and save_interval is not None and iteration % save_interval == 0:
             save(iteration)
+        if exit_conditions is not None and exit_conditions.save_requested(iteration):  # --trigger-path DIR/save
+            if save_checkpoint is not None and summary.saved_iterations[-1:] != [iteration]:
+                save(iteration)
+            exit_conditions.save_done()
         reason = exit_conditions.check(iteration) if exit_conditions is not None else None
         if reason is not None:
             if state.is_first_rank:
@@ -126,6 +130,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
     if save_checkpoint is not None and summary.iterations > start_iteration \
             and summary.saved_iterations[-1:] != [summary.iterations]:
         save(summary.iterations)  # the end of training is always kept
+    if exit_conditions is not None and summary.iterations >= training.train_iters:
+        exit_conditions.training_finished()
     if evaluator.due("test", summary.iterations, last=True):
         summary.final_test_loss = evaluator.run("test", summary.iterations, summary.consumed_samples)
     return summary

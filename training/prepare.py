@@ -97,7 +97,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         writer = open_metrics(config, state, claimed.identity, start.iteration, log)
         on_failure.callback(writer.close)
         run = Run(settings=settings, state=state, tokenizer=tokenizer, data=data, built=built, start=start,
-                  writer=writer, exit_conditions=ExitConditions(config.checkpoint, state), memory_check=memory_check,
+                  writer=writer, memory_check=memory_check,
+                  exit_conditions=ExitConditions(config.checkpoint, state, log_interval=config.training.log_interval),
                   save=checkpoint_saver(config, state, built, tokenizer, claimed.identity), log=log, claimed=claimed)
         on_failure.pop_all()
     return run

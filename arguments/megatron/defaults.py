@@ -110,16 +110,24 @@ def _stated(source: str, spellings: Sequence[str], harvested_flags: dict) -> Opt
     return None
 
 
+# llm-jp's and swiss-ai's Megatron-LM forks (scripts/harvest_megatron_flags.sh): Megatron-LM's validate_args, with
+# its refusals of --batch-size, --warmup and --model-parallel-size.
+PRETRAINING_FORKS = ("llm-jp-megatron-lm-v4", "llm-jp-megatron-lm-nii-geniac", "swiss-ai-megatron-lm")
+PAI_MEGATRON_PATCH = "pai-megatron-patch"  # its own flags only (megatron_patch/arguments.py), all refused
+
 # Flags a generation parses only to refuse them: from Megatron-LM v2.6 on, and in Megatron-DeepSpeed and
 # BigScience's fork of it, validate_args asserts `args.batch_size is None` ("--batch-size argument is no
 # longer valid, use --micro-batch-size instead"), and the same of --warmup and --model-parallel-size. A launch
 # that types one ran where it is read (DeepSpeedExamples' forks), so it counts for none of these generations.
 REFUSING_GENERATIONS = ("megatron-lm", "megatron-lm-core_v0.15.0", "megatron-lm-23.04", "megatron-lm-v2.6",
-                        "megatron-deepspeed", "bigscience-megatron-deepspeed")
+                        "megatron-deepspeed", "bigscience-megatron-deepspeed", *PRETRAINING_FORKS)
 REFUSED_WHERE_PARSED = {flag: REFUSING_GENERATIONS for flag in ("--batch-size", "--warmup", "--model-parallel-size")}
 # DeepSpeedExamples' forks, newest Megatron-LM first (their harvested files share one commit date): the v1.1.5
 # forks before the 2020 fork of an older Megatron-LM, so a tie goes to the newest code, as between Megatron-LM's.
 FORKS_NEWEST_FIRST = ("dse-megatron-lm-v1.1.5-zero3", "dse-megatron-lm-v1.1.5-3d", "dse-megatron-lm")
+# The pretraining forks of Megatron-LM (arguments/megatron/fork_flag_classes.py) come last: a launch they fit no
+# better than Megatron-LM's own files or DeepSpeedExamples' is one of those; one typing a fork's own flag
+# (--trigger-path, --use-mpi) fits its fork best and takes its defaults (swiss-ai's --lr-wsd-decay-style 1-sqrt).
 
 
 def equally_fitting_generations(argv: Iterable[str], harvested_flags: dict, sources: Sequence[dict]) -> list[str]:
@@ -132,7 +140,9 @@ def equally_fitting_generations(argv: Iterable[str], harvested_flags: dict, sour
     define as many, in that order (the first is `launch_generation`); none where the launch types none."""
     forks = [source["label"] for source in sorted(sources, key=lambda source: source["date"], reverse=True)
              if not source["label"].startswith("deepspeed") and source["label"] not in DEFAULT_SOURCES]
-    forks.sort(key=lambda label: FORKS_NEWEST_FIRST.index(label) if label in FORKS_NEWEST_FIRST else -1)
+    forks.sort(key=lambda label: (FORKS_NEWEST_FIRST.index(label) if label in FORKS_NEWEST_FIRST
+                                  else len(FORKS_NEWEST_FIRST) if label in (*PRETRAINING_FORKS, PAI_MEGATRON_PATCH)
+                                  else -1))
     preference = [label for label in DEFAULT_SOURCES if any(s["label"] == label for s in sources)] + forks
     defined = {label: 0 for label in preference}
     for token in argv:

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from arguments.megatron.fork_flag_classes import FORK_AT_VALUE, FORK_NO_EFFECT, FORK_REFUSED
+
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(text.split())
@@ -504,7 +506,8 @@ AT_VALUE: dict[str, AtValue] = {
     "--mtp-num-layers": AtValue(_equals(0, None), "no multi-token prediction layers, as here",
                                 "multi-token prediction is not implemented: the loss is next-token prediction"),
     "--optimizer": AtValue(_equals("adam"), "Megatron's adam is AdamW (decoupled weight decay), the optimizer here",
-                           "only Adam(W) is implemented (--optimizer adam)"),
+                           "only Adam(W) is implemented (--optimizer adam; ademamix is swiss-ai's Megatron-LM fork's "
+                           "AdEMAMix, Adam with a second, slow momentum, not implemented here)"),
     "--softmax-type": AtValue(_equals("vanilla"), "the ordinary softmax, as here",
                               "not implemented: attention uses the ordinary softmax (--softmax-type vanilla)"),
     "--dataloader-type": AtValue(_equals("single"), "one pass over shuffled samples, consumed samples resuming it, "
@@ -538,6 +541,10 @@ AT_VALUE: dict[str, AtValue] = {
 }
 
 
+AT_VALUE.update({option: AtValue(_equals(*values), no_effect, refused)
+                 for option, (values, no_effect, refused) in FORK_AT_VALUE.items()})
+
+
 # ---- lookup -------------------------------------------------------------------------------------------------
 
 NO_EFFECT_CLASS, REFUSED_CLASS, AT_VALUE_CLASS = "no-effect", "refused", "at-value"
@@ -551,10 +558,10 @@ def _table() -> dict[str, tuple[str, str]]:
             raise ValueError(f"{option} is classified twice ({table[option][0]} and {kind})")
         table[option] = (kind, reason)
 
-    for reason, options in NO_EFFECT:
+    for reason, options in NO_EFFECT + FORK_NO_EFFECT:
         for option in options:
             put(option, NO_EFFECT_CLASS, reason)
-    for reason, options in REFUSED:
+    for reason, options in REFUSED + FORK_REFUSED:
         for option in options:
             put(option, REFUSED_CLASS, reason)
     for option, at_value in AT_VALUE.items():

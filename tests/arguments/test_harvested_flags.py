@@ -12,6 +12,7 @@ from arguments.config import ConfigError
 from arguments.flag_equivalents import nearest_flag, unknown_flags_message
 from arguments.megatron.flag_classes import AT_VALUE, CLASS_OF, NO_EFFECT_CLASS, NO_PIPELINE_SPLIT, REFUSED_CLASS
 from arguments.megatron.flags import NO_EFFECT_LINE, classify_harvested
+from arguments.megatron.fork_flag_classes import FORK_AT_VALUE
 from arguments.megatron.harvested_flags import harvested, harvested_options
 from arguments.parser import build_parser, parse_arguments, parse_config
 
@@ -142,8 +143,10 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--export-real-quant-cfg": "fp8_real_quant", "--embedding-init-method-std": "0.01",
              "--rotary-seq-len-interpolation-factor": "4"}
     # --apply-layernorm-1p is a switch refused beside decayed q/k norms (tests/gpt/test_megatron_small_features.py)
+    # the forks' (arguments/megatron/fork_flag_classes.py) are tested in tests/arguments/test_fork_flags.py
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
-                                        if at.refused != NO_PIPELINE_SPLIT and option != "--apply-layernorm-1p"}
+                                        if at.refused != NO_PIPELINE_SPLIT and option != "--apply-layernorm-1p"
+                                        and option not in FORK_AT_VALUE}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
     for option, value in no_op.items():

@@ -33,7 +33,7 @@ What changes, and only this:
   2, 3, ... in order), --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0);
 - paths: data prefixes become the local corpus (blend weights stay), tokenizer files the local tokenizer it
   was made with (GPT-2-format files; a SentencePiece type's --tokenizer-model its tokenizer.model),
-  save/load/TensorBoard/cache/codecarbon directories folders under `out_dir`, the JSON a file there,
+  save/load/TensorBoard/cache/codecarbon/trigger directories folders under `out_dir`, the JSON a file there,
   BigScience's weighted-split-path files files there that name the local corpus. A GPT2BPETokenizer that
   the script let download GPT-2's files gets them as --vocab-file and --merge-file;
 - a launch that leaves --eval-iters to its default (100 batches) gets --eval-iters 1, as one giving it
@@ -65,7 +65,7 @@ ACCUMULATION = ("--gradient-accumulation-steps", "--num-microbatches-in-minibatc
 JSON_CONFIG = ("--deepspeed_config", "--deepspeed-config")
 CHECKPOINT_DIRS = ("--save", "--load")
 DIRECTORIES = {"--tensorboard-dir": "tensorboard", "--cache-dir": "cache", "--codecarbon-dir": "codecarbon",
-               "--data-cache-path": "data-cache"}
+               "--data-cache-path": "data-cache", "--trigger-path": "triggers"}
 SCHEDULE_ITERS = ("--lr-decay-iters", "--lr-warmup-iters")
 SCHEDULE_SAMPLES = ("--lr-decay-samples", "--lr-warmup-samples")
 SCHEDULE_TOKENS = ("--lr-decay-tokens", "--lr-warmup-tokens")
@@ -224,6 +224,10 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         # (and of the micro-batch group, so that no group holds fewer than the stages)
         step = math.lcm(new_pp, new_group or 1)
         new_accumulation = -(-new_accumulation // step) * step
+    if "--rampup-batch-size" in given and new_accumulation == 1:
+        # a ramp grows to its global batch, which was above its start: at the 2 ranks' one accumulation step it
+        # could not grow (Apertus' 2048 = 4 x 512 ranks), so it gets two, as a larger world would have
+        new_accumulation = 2
     new_global = new_micro * new_accumulation * new_dp
 
     ramp = None
