@@ -50,13 +50,11 @@ from tests.replay_corpus.shrink import (
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-_DOCUMENT_MASKING = ("--reset-position-ids, --reset-attention-mask, --eod-mask-loss: document masking (Megatron's "
-                     "get_ltor_masks_and_position_ids) is refused on this branch; issue 54 item 3 implements it")
 _APERTUS = ("--xielu (swiss-ai's xIELU activation), --optimizer ademamix (its AdEMAMix optimizer), --goldfish-loss "
-            "(its goldfish loss) are not implemented, and " + _DOCUMENT_MASKING + "; then: its --data-path lists "
+            "(its goldfish loss) are not implemented; then: its --data-path lists "
             "prefixes without weights, which Megatron blends by their sizes (get_blend_from_list, "
             "BlendedMegatronDatasetBuilder) and data/gpt_dataset.py's parse_data_path refuses")
-KNOWN_FAILING_TODAY: dict[str, str] = {"swiss-ai-submit-llama3-8b": _DOCUMENT_MASKING, "swiss-ai-apertus-8b": _APERTUS}
+KNOWN_FAILING_TODAY: dict[str, str] = {"swiss-ai-apertus-8b": _APERTUS}
 
 
 def _params(launches):
@@ -347,7 +345,7 @@ def test_the_docs_list_the_corpus_and_its_outcomes():
 
 # Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too,
 # with KNOWN_FAILING_TODAY's cause.
-FLAGS_REFUSED_TODAY: dict[str, str] = {"swiss-ai-submit-llama3-8b": _DOCUMENT_MASKING, "swiss-ai-apertus-8b": _APERTUS}
+FLAGS_REFUSED_TODAY: dict[str, str] = {"swiss-ai-apertus-8b": _APERTUS}
 
 
 @pytest.mark.parametrize("launch", [pytest.param(launch, id=launch.name, marks=[
