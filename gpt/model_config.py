@@ -13,6 +13,7 @@ from typing import Optional
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
+from gpt.moe.settings import MoESettings, moe_layer_pattern
 from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
@@ -31,6 +32,12 @@ def _position_embedding_name(text: str) -> str:
     """Megatron-DeepSpeed's `absolute` is Megatron-LM's learned_absolute."""
     return "learned_absolute" if text == "absolute" else text
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+# ModelConfig fields moe_<name> that are MoESettings fields <name>
+MOE_FIELDS = ("router_topk", "router_score_function", "router_pre_softmax", "router_topk_scaling_factor", "router_dtype",
+              "router_num_groups", "router_group_topk", "router_enable_expert_bias", "router_bias_update_rate",
+              "router_load_balancing_type", "aux_loss_coeff", "z_loss_coeff", "expert_capacity_factor",
+              "pad_expert_input_to_capacity", "token_drop_policy", "shared_expert_intermediate_size",
+              "shared_expert_gate")
 
 
 @dataclass
@@ -135,10 +142,74 @@ class ModelConfig:
         help="FP8 training through torchao (CUDA only, requirements-gpu.txt); refused on a CPU, without "
              "torchao, and until it is wired on a GPU (issue 40)")
 
+    # Mixture of experts (issue 51; gpt/moe/), Megatron-LM's flags and dests. Without --num-experts (or with 1:
+    # one expert is the dense model) every MLP is dense and the rest has no effect.
+    num_experts: Optional[int] = option(
+        None, help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, "
+                                "balancing losses); default: a dense MLP")
+    moe_ffn_hidden_size: Optional[int] = option(None, help="each expert's hidden size (default: "
+                                                                        "--ffn-hidden-size)")
+    moe_layer_freq: str = option(
+        "1", help="N: an MoE layer at every layer i with i mod N == 0, dense between; or a list "
+                               "expression with one 0 (dense) or 1 (MoE) per layer, e.g. '([1]*3+[0]*1)*2'")
+    moe_router_topk: int = option(2, help="experts per token")
+    moe_router_score_function: str = option("softmax",
+                                            help="softmax or sigmoid scores (sigmoid: normalised over the top k)")
+    moe_router_pre_softmax: bool = option(False, action="store_true",
+                                          help="softmax over all experts before the top-k (else over the top k)")
+    moe_router_topk_scaling_factor: Optional[float] = option(None,
+                                                             help="multiply the top-k weights by this")
+    moe_router_dtype: Optional[str] = option(None, choices=("fp32", "fp64"),
+                                             help="the router's logits and scores in this precision")
+    moe_router_num_groups: Optional[int] = option(None,
+                                                  help="group-limited routing: the experts in this many groups")
+    moe_router_group_topk: Optional[int] = option(None,
+                                                  help="group-limited routing: each token chooses in this many groups")
+    moe_router_enable_expert_bias: bool = option(
+        False, action="store_true",
+        help="aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid scores chooses the experts, "
+             "moved by --moe-router-bias-update-rate toward the mean load after each iteration")
+    moe_router_bias_update_rate: float = option(1e-3, help="the expert bias's step per iteration")
+    moe_router_load_balancing_type: str = option(
+        "aux_loss",
+        help="aux_loss (GShard/Switch), seq_aux_loss (per sequence), global_aux_loss (token counts over the "
+             "data-parallel group and the iteration), sinkhorn, or none")
+    moe_aux_loss_coeff: float = option(0.0,
+                                       help="the balancing loss's coefficient (its gradient only: it is logged "
+                                            "beside the LM loss, not added to it)")
+    moe_z_loss_coeff: Optional[float] = option(None, help="the router z-loss's coefficient (ST-MoE)")
+    moe_expert_capacity_factor: Optional[float] = option(
+        None, help="drop the tokens beyond ceil(tokens x k / experts x factor) per expert "
+                                "(default: dropless)")
+    moe_pad_expert_input_to_capacity: bool = option(False, action="store_true",
+                                                    help="with a capacity: every expert takes exactly its capacity")
+    moe_token_drop_policy: str = option("probs", choices=("probs", "position"),
+                                        help="with a capacity: keep each expert's most probable tokens, or its first")
+    moe_shared_expert_intermediate_size: Optional[int] = option(
+        None, help="a shared expert of this hidden size that every token passes through")
+    moe_shared_expert_gate: bool = option(False, action="store_true",
+                                          help="gate the shared expert's output per token by sigmoid(x . w) "
+                                               "(Qwen2-MoE)")
+
     @property
     def architecture(self) -> Architecture:
         """The blocks these settings choose, as GPTModel builds them."""
         return Architecture(**{name: getattr(self, name) for name in Architecture.__dataclass_fields__})
+
+    @property
+    def moe(self) -> Optional["MoESettings"]:
+        """The MoE layers' settings (gpt/moe/settings.py), or None for a dense model (no --num-experts, or 1)."""
+        if not self.num_experts or self.num_experts == 1:
+            return None
+        return MoESettings(
+            num_experts=self.num_experts, ffn_hidden_size=self.moe_ffn_hidden_size or self.ffn_size,
+            **{name: getattr(self, "moe_" + name) for name in MOE_FIELDS})
+
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
+        if self.moe is None:
+            return (False,) * self.num_layers
+        return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
 
     @property
     def ffn_size(self) -> int:
@@ -168,6 +239,11 @@ class ModelConfig:
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    tensor_parallel_size, head_dim=self.head_dim)
+        if self.moe is not None and tensor_parallel_size > 1:
+            raise ConfigError(f"--num-experts {self.num_experts} with --tensor-model-parallel-size "
+                              f"{tensor_parallel_size}: experts are not tensor-parallel here (expert TP 1 only); "
+                              f"run the MoE model at --tensor-model-parallel-size 1",
+                              flags=("--num-experts", "--tensor-model-parallel-size"))
         if self.sequence_parallel and self.seq_length % tensor_parallel_size != 0:
             raise ConfigError(f"--sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length "
                               f"{self.seq_length} is not divisible by --tensor-model-parallel-size "
@@ -214,6 +290,11 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
+        if self.num_experts is not None and self.num_experts < 0:
+            raise ConfigError(f"--num-experts must be at least 1, got {self.num_experts}", flags=("--num-experts",))
+        if self.moe is not None:
+            self.moe.validate()
+            self.moe_layers()
 
 
 def _flag(name: str) -> str:

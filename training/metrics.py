@@ -176,6 +176,10 @@ def _span(values: list[float], spec: str) -> str:
     return format(low, spec) if len(values) == 1 else f"{format(low, spec)}-{format(high, spec)}"
 
 
+# Megatron-Core's names for the MoE losses it logs beside the LM loss (router.py, moe_logging.py)
+MOE_LOSS_NAMES = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss")
+
+
 def format_console_line(record: dict[str, Any], train_iters: int, eta_s: Optional[float] = None) -> str:
     """One Megatron-style line for a training record; `eta_s`, the time the run still needs, at its end."""
     parts = [
@@ -184,6 +188,7 @@ def format_console_line(record: dict[str, Any], train_iters: int, eta_s: Optiona
         f"elapsed time per iteration (ms): {record['iter_time_s'] * 1000:.1f}",
         f"learning rate: {record['lr']:.3E}",
         f"lm loss: {record['loss']:.6E}",
+        *(f"{name}: {record[name]:.6E}" for name in MOE_LOSS_NAMES if name in record),
         f"grad norm: {record['grad_norm']:.3f}",
         f"tokens/s: {record['tokens_per_s']:.0f}",
         f"TFLOP/s/GPU: {record['tflops_per_gpu']:.2f}",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional, Protocol
 
 import torch
@@ -26,6 +26,7 @@ from arguments.schedule import tokens_seen_by_schedule
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, split_tokens
+from training.moe_metrics import begin_moe_iteration, finish_moe_iteration
 from training.run_settings import RunSettings
 from zero.activations import ActivationMonitor
 from zero.apply import ZeroParts
@@ -41,6 +42,8 @@ class StepOutcome:
     global_batch_size: int  # the samples this iteration consumed (a ramp changes it)
     lr: float               # the rate the update used
     seconds: float          # wall time of the iteration, the device waited for
+    # the MoE balancing losses (each over its coefficient), logged beside the loss (training/moe_metrics.py)
+    moe_losses: dict = field(default_factory=dict)
 
 
 class TrainStep(Protocol):
@@ -114,8 +117,10 @@ class DataParallelTrainStep:
         self.zero.reducer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
         state.comm.iteration = iteration  # named in the line a lost peer ends in
-        iteration_loss = self.forward_backward(self.settings.batch.accumulation_steps_at(consumed_samples),
-                                               measure_activations)
+        accumulation_steps = self.settings.batch.accumulation_steps_at(consumed_samples)
+        begin_moe_iteration(self.model, optimizer.loss_scaler.scale, accumulation_steps)
+        iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
+        moe_losses = finish_moe_iteration(self.model, state, accumulation_steps)
         step = optimizer.step()
         self.consecutive_skips = self.consecutive_skips + 1 if step.skipped else 0
         if step.skipped and state.is_first_rank:
@@ -134,7 +139,7 @@ class DataParallelTrainStep:
             raise
         return StepOutcome(loss=loss, grad_norm=step.grad_norm, skipped=step.skipped,
                            loss_scale=optimizer.loss_scaler.scale, global_batch_size=global_batch_size, lr=lr,
-                           seconds=seconds)
+                           seconds=seconds, moe_losses=moe_losses)
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         """The micro-batches of one iteration; their mean loss, still on the device."""

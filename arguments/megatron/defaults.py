@@ -207,6 +207,8 @@ def _differs(ours: Any, theirs: Any) -> bool:
         return False
     if isinstance(ours, str) and isinstance(theirs, str):
         return ours.replace(" ", "") != theirs.replace(" ", "")  # "969,30,1" is "969, 30, 1"
+    if isinstance(ours, str) and isinstance(theirs, int) and not isinstance(theirs, bool):
+        return ours.strip() != str(theirs)  # --moe-layer-freq: our text "1" is their int 1 (moe_freq_type)
     if isinstance(ours, bool) or isinstance(theirs, bool) or not isinstance(ours, (int, float)) \
             or not isinstance(theirs, (int, float)):
         return ours != theirs

@@ -10,7 +10,14 @@ import pytest
 
 from arguments.config import ConfigError
 from arguments.flag_equivalents import nearest_flag, unknown_flags_message
-from arguments.megatron.flag_classes import AT_VALUE, CLASS_OF, NO_EFFECT_CLASS, NO_PIPELINE_SPLIT, REFUSED_CLASS
+from arguments.megatron.flag_classes import (
+    AT_VALUE,
+    CLASS_OF,
+    NO_EFFECT_CLASS,
+    NO_PIPELINE_SPLIT,
+    NOT_IN_MOE,
+    REFUSED_CLASS,
+)
 from arguments.megatron.flags import NO_EFFECT_LINE, classify_harvested
 from arguments.megatron.harvested_flags import harvested, harvested_options
 from arguments.parser import build_parser, parse_arguments, parse_config
@@ -122,7 +129,7 @@ def test_every_no_effect_flag_is_accepted_and_said_in_the_one_line():
 def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere():
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4",
                      "--init-method-std", "0.02"]
-    no_op = {"--num-experts": "1", "--num-experts-switch": "1", "--expert-model-parallel-size": "1",
+    no_op = {"--num-experts-switch": "1", "--expert-tensor-parallel-size": "1", "--expert-model-parallel-size": "1",
              "--moe-expert-parallel-size": "1", "--ds-sequence-parallel-size": "1", "--context-parallel-size": "1",
              "--mtp-num-layers": "0", "--optimizer": "adam",
              "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
@@ -132,7 +139,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02",
              "--rotary-seq-len-interpolation-factor": "1"}
-    other = {"--num-experts": "8", "--num-experts-switch": "8", "--expert-model-parallel-size": "2",
+    other = {"--num-experts-switch": "8", "--expert-tensor-parallel-size": "2", "--expert-model-parallel-size": "2",
              "--moe-expert-parallel-size": "2", "--ds-sequence-parallel-size": "2", "--context-parallel-size": "2",
              "--mtp-num-layers": "1", "--optimizer": "sgd",
              "--softmax-type": "learnable",
@@ -145,7 +152,8 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--rotary-seq-len-interpolation-factor": "4"}
     # --apply-layernorm-1p is a switch refused beside decayed q/k norms (tests/gpt/test_megatron_small_features.py)
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
-                                        if at.refused != NO_PIPELINE_SPLIT and option != "--apply-layernorm-1p"}
+                                        if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE)
+                                        and option != "--apply-layernorm-1p"}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
     for option, value in no_op.items():
@@ -187,7 +195,7 @@ def test_refused_flags_end_in_their_one_line_reason():
 # ---- (c) the flags the issue names ----------------------------------------------------------------------
 
 def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
-    parsed = parse_arguments(["--data-impl", "mmap", "--num-experts", "1", "--moe-loss-coeff", "0.01",
+    parsed = parse_arguments(["--data-impl", "mmap", "--num-experts-switch", "1", "--moe-loss-coeff", "0.01",
                               "--optimizer", "adam", "--no-query-key-layer-scaling", "--wandb-save-dir", "X",
                               "--ds-sequence-parallel-size", "1", "--log-timers-to-tensorboard",
                               "--no-pipeline-parallel", "--tensorboard-queue-size", "1",
@@ -198,7 +206,7 @@ def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     assert len(lines) == 1
     line = lines[0]
     assert "--data-impl mmap (every implementation (mmap, cached, lazy, infer) reads the same .bin/.idx" in line
-    assert "--num-experts 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
+    assert "--num-experts-switch 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
     assert "--moe-loss-coeff 0.01 (mixture-of-experts knob" in line
     assert "--optimizer adam (Megatron's adam is AdamW" in line
     assert "--wandb-save-dir X (W&B writes its files beside --metrics-file here)" in line
@@ -264,11 +272,11 @@ def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatc
     import pretrain_gpt
 
     monkeypatch.setattr(pretrain_gpt, "initialize", lambda *args, **kwargs: pytest.fail("training started"))
-    assert pretrain_gpt.main(["--print-config", "--data-impl", "mmap", "--num-experts", "1",
+    assert pretrain_gpt.main(["--print-config", "--data-impl", "mmap", "--num-experts-switch", "1",
                               "--zero-reduce-bucket-size", "1e7"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert any(row.split()[:2] == ["--data-impl", "mmap"] and "# accepted, no effect on the math: every "
                "implementation" in row for row in rows)
-    assert any(row.split()[:2] == ["--num-experts", "1"] and "one expert is the dense model" in row for row in rows)
+    assert any(row.split()[:2] == ["--num-experts-switch", "1"] and "one expert is the dense model" in row for row in rows)
     assert any(row.split()[:2] == ["reduce_bucket_size", "10000000"] and "--zero-reduce-bucket-size (DeepSpeed-"
                "Megatron's name for --reduce-bucket-size)" in row for row in rows)
