@@ -58,7 +58,7 @@ def top(row, k):
 
 def router_with(settings: MoESettings, logits: list[list[float]], tracker=None) -> tuple[TopKRouter, torch.Tensor]:
     """A router whose gating returns `logits`: identity hidden states times an identity weight."""
-    tokens, experts = len(logits), len(logits[0])
+    experts = len(logits[0])
     router = TopKRouter(experts, settings, init_std=0.02, bias=False, state=SINGLE, tracker=tracker)
     router.weight = torch.nn.Parameter(torch.eye(experts))
     return router, torch.tensor(logits, requires_grad=True)
