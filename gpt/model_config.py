@@ -8,12 +8,12 @@ arguments/config.py, which holds one of these as `PretrainConfig.model`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
-from gpt.moe.settings import MoESettings, moe_layer_pattern
+from gpt.moe.settings import MoESettings, moe_freq_value, moe_layer_pattern, num_experts_value
 from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
@@ -145,12 +145,13 @@ class ModelConfig:
     # Mixture of experts (issue 51; gpt/moe/), Megatron-LM's flags and dests. Without --num-experts (or with 1:
     # one expert is the dense model) every MLP is dense and the rest has no effect.
     num_experts: Optional[int] = option(
-        None, help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, "
-                                "balancing losses); default: a dense MLP")
+        None, type=num_experts_value,
+        help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, balancing losses); "
+             "default (or 1): a dense MLP; Megatron-DeepSpeed's list form [N] is N")
     moe_ffn_hidden_size: Optional[int] = option(None, help="each expert's hidden size (default: "
                                                                         "--ffn-hidden-size)")
-    moe_layer_freq: str = option(
-        "1", help="N: an MoE layer at every layer i with i mod N == 0, dense between; or a list "
+    moe_layer_freq: Union[int, str] = option(
+        1, type=moe_freq_value, help="N: an MoE layer at every layer i with i mod N == 0, dense between; or a list "
                                "expression with one 0 (dense) or 1 (MoE) per layer, e.g. '([1]*3+[0]*1)*2'")
     moe_router_topk: int = option(2, help="experts per token")
     moe_router_score_function: str = option("softmax",

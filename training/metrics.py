@@ -28,12 +28,18 @@ def parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None
     return model_shape(config).parameter_count(vocab)
 
 
+def active_parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> int:
+    """The parameters one token's forward uses: the whole model but, in each MoE layer, k of its experts."""
+    vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
+    return model_shape(config).active_parameter_count(vocab)
+
+
 def forward_flops_per_token(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> tuple[int, int]:
     """(every block's, the logits') matmul FLOPs of one token's forward, from the model's shape
     (gpt/shape.py): 2 FLOPs per multiply-add, attention's scores and context over the whole s x s square."""
     vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
     shape = model_shape(config)
-    return config.num_layers * shape.block_forward_flops_per_token(), shape.logits_forward_flops_per_token(vocab)
+    return shape.blocks_forward_flops_per_token(), shape.logits_forward_flops_per_token(vocab)
 
 
 def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_recompute: bool = False,

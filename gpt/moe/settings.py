@@ -6,6 +6,7 @@ megatron/training/arguments.py, validate_args and moe_freq_type)."""
 from __future__ import annotations
 
 import ast
+from argparse import ArgumentTypeError
 from dataclasses import dataclass
 from typing import Optional
 
@@ -15,6 +16,34 @@ LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 DROP_POLICIES = ("probs", "position")
 ROUTER_DTYPES = ("fp32", "fp64")
+
+
+def num_experts_value(text: str) -> Optional[int]:
+    """--num-experts: Megatron-LM's int, or Megatron-DeepSpeed's list (its default `[1]`) of one value, or of
+    equal values per layer; 1 (one expert: the dense MLP) and 0 (Megatron-LM's "no MoE") are None, the dense
+    model."""
+    values = str(text).strip().strip("[]").replace(",", " ").split()
+    try:
+        numbers = {int(value) for value in values}
+    except ValueError:
+        raise ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if len(numbers) != 1:
+        raise ArgumentTypeError(f"{text!r}: a different number of experts per layer is not implemented; give one "
+                                f"number for every MoE layer (--moe-layer-freq chooses the MoE layers)")
+    (number,) = numbers
+    return None if number in (0, 1) else number
+
+
+def moe_freq_value(text: str):
+    """--moe-layer-freq's value as Megatron-LM's moe_freq_type keeps it: an int, or the list expression's text
+    (read by moe_layer_pattern)."""
+    text = str(text).strip()
+    if "[" in text:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        return text  # refused with the launch's other problems (moe_layer_pattern)
 
 
 def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:

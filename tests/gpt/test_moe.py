@@ -317,3 +317,27 @@ def test_megatrons_moe_assertions_are_one_line_refusals(moe, message):
 def test_experts_are_not_tensor_parallel_here():
     with pytest.raises(ConfigError, match="experts are not tensor-parallel here"):
         tiny_moe().validate_tensor_parallel(2)
+
+
+def test_parameter_counts_total_and_active_and_flops_from_the_active_experts():
+    """Total: every parameter of the built model. Active: k of each MoE layer's experts. FLOPs as Megatron-LM's
+    num_floating_point_operations (megatron/training/training.py) counts an MoE layer: 2 x 2 x h x ffn per routed
+    expert per token (4 t h ffn k in its moe_layer_flops, SwiGLU x 3/2), the shared expert's likewise, the router
+    not counted; a dense layer 2 x 2 x h x 4h; attention 2 x 4h^2 + 4 s h; forward x 3 for training."""
+    from training.metrics import active_parameter_count, flops_per_iteration, parameter_count
+
+    h, s, ffn, shared, k, vocab = 16, 8, 32, 24, 2, 128
+    config = tiny_moe(moe_layer_freq="([0]+[1]*1)", moe_ffn_hidden_size=ffn,
+                      moe_shared_expert_intermediate_size=shared, moe_router_topk=k)
+    model = build_gpt_model(config, SINGLE, seed=5)
+    total = sum(p.numel() for p in model.parameters())
+    assert parameter_count(config, vocab) == total
+    expert = sum(p.numel() for p in model.blocks[1].mlp.experts._modules["0"].parameters())
+    assert expert == 2 * h * ffn + ffn + h
+    assert active_parameter_count(config, vocab) == total - (4 - k) * expert
+    attention = 2 * (h * 3 * h + h * h) + 4 * s * h
+    dense_block = attention + 2 * 2 * h * 4 * h
+    moe_block = attention + k * 2 * 2 * h * ffn + 2 * 2 * h * shared
+    logits = 2 * h * vocab
+    tokens = 3 * s
+    assert flops_per_iteration(config, 3, padded_vocab_size=vocab) == 3 * tokens * (dense_block + moe_block + logits)
