@@ -13,7 +13,7 @@ from typing import Optional, Union
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
-from gpt.moe.settings import MoESettings, moe_freq_value, moe_layer_pattern, num_experts_value
+from gpt.moe.settings import MoESettings, OneExpertCount, moe_freq_value, moe_layer_pattern, num_experts_value
 from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
@@ -145,9 +145,9 @@ class ModelConfig:
     # Mixture of experts (issue 51; gpt/moe/), Megatron-LM's flags and dests. Without --num-experts (or with 1:
     # one expert is the dense model) every MLP is dense and the rest has no effect.
     num_experts: Optional[int] = option(
-        None, type=num_experts_value,
+        None, type=num_experts_value, nargs="+", action=OneExpertCount, metavar="N",
         help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, balancing losses); "
-             "default (or 1): a dense MLP; Megatron-DeepSpeed's list form [N] is N")
+             "default (or 1): a dense MLP; Megatron-DeepSpeed's list of one per layer is one number")
     moe_ffn_hidden_size: Optional[int] = option(None, help="each expert's hidden size (default: "
                                                                         "--ffn-hidden-size)")
     moe_layer_freq: Union[int, str] = option(

@@ -449,10 +449,15 @@ def _without_decayed_norms(value: Any, settings: Optional[Mapping[str, Any]]) ->
     """--apply-layernorm-1p stores gamma - 1: the same parameter shifted, unless weight decay pulls the gain
     (--qk-layernorm's, with --apply-wd-to-qk-layernorm): then toward 1 there and toward 0 here."""
     return settings is None or not (settings.get("qk_layernorm") and settings.get("apply_wd_to_qk_layernorm"))
-NO_MOE = ("not implemented: Megatron-LM's mixture of experts is --num-experts (Megatron-Core's MoE layer, "
-          "gpt/moe/); --num-experts-switch 1 is accepted: one expert is the dense model)")
+NO_MOE = ("not implemented: the mixture of experts here is Megatron-LM's --num-experts (Megatron-Core's MoE layer, "
+          "gpt/moe/); --num-experts-switch 1 is accepted: one expert is the dense model")
+NO_EXPERT_PARALLEL = ("expert parallelism is not implemented yet: every rank holds all the experts "
+                      "(--expert-model-parallel-size 1)")
 NOT_IN_MOE = ("not implemented in the MoE layer here (Megatron-Core's router, balancing losses, capacity and shared "
-              "experts are, gpt/moe/; Megatron-DeepSpeed's DeepSpeed-MoE gating is not): drop the flag")
+              "experts are, gpt/moe/): drop the flag")
+NO_DEEPSPEED_MOE = ("DeepSpeed-MoE's gating (Megatron-DeepSpeed: top-1/top-2 with random token selection, its capacity "
+                    "arithmetic and loss) is not implemented: give Megatron-Core's flags (--moe-router-topk, "
+                    "--moe-expert-capacity-factor, --moe-aux-loss-coeff)")
 
 
 def _without_moe(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
@@ -474,7 +479,6 @@ AT_VALUE: dict[str, AtValue] = {
     "--num-experts-switch": AtValue(_equals(1), DENSE, NO_MOE),
     **{option: AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense model (no --num-experts, or 1)",
                        NOT_IN_MOE) for option in _names("""
-        --moe-loss-coeff --moe-train-capacity-factor --moe-eval-capacity-factor --moe-min-capacity
         --moe-expert-rank-capacity-factor --moe-apply-probs-on-input --moe-combine-bwd-dtype
         --moe-dispatch-fwd-dtype --moe-deepep-num-sms --moe-enable-deepep --moe-enable-routing-replay
         --moe-extended-tp --moe-flex-dispatcher-backend --moe-flex-dispatcher-num-sms
@@ -488,12 +492,15 @@ AT_VALUE: dict[str, AtValue] = {
         --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits
         --moe-routing-trace-dump-weights --moe-routing-trace-max-training-iters --moe-routing-trace-path
         --moe-shared-expert-glu-interleave-size --moe-single-grouped-bias --moe-single-grouped-weight
-        --moe-upcycling-granularity --moe-use-grouped-tensor --moe-use-upcycling --disable-moe-token-dropping
-        --disable-moe-top2-2nd-expert-sampling --create-moe-param-group --enable-expert-tensor-parallelism
-        --expert-interval --expert-tensor-parallel-num-weight-shards --mlp-type --topk
-        --use-tutel --gtp-expert-remat-nccl-ub""")},
-    "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
-    "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
+        --moe-upcycling-granularity --moe-use-grouped-tensor --moe-use-upcycling
+        --expert-tensor-parallel-num-weight-shards --gtp-expert-remat-nccl-ub""")},
+    **{option: AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense model (no --num-experts, or 1)",
+                       NO_DEEPSPEED_MOE) for option in _names("""
+        --moe-loss-coeff --moe-train-capacity-factor --moe-eval-capacity-factor --moe-min-capacity
+        --disable-moe-token-dropping --disable-moe-top2-2nd-expert-sampling --create-moe-param-group
+        --enable-expert-tensor-parallelism --expert-interval --mlp-type --topk --use-tutel""")},
+    "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
+    "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
     "--expert-tensor-parallel-size": AtValue(_equals(1, None), "expert tensor parallelism over 1 rank is none",
                                              "not implemented: experts are not tensor-parallel here; use 1"),
     "--ds-sequence-parallel-size": AtValue(_equals(1), "sequence parallelism over 1 rank is none",

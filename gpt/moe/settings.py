@@ -5,6 +5,7 @@ megatron/training/arguments.py, validate_args and moe_freq_type)."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 from argparse import ArgumentTypeError
 from dataclasses import dataclass
@@ -32,6 +33,18 @@ def num_experts_value(text: str) -> Optional[int]:
                                 f"number for every MoE layer (--moe-layer-freq chooses the MoE layers)")
     (number,) = numbers
     return None if number in (0, 1) else number
+
+
+class OneExpertCount(argparse.Action):
+    """--num-experts N (Megatron-LM), or N N ... one per layer (Megatron-DeepSpeed's nargs='+'): one count, as
+    num_experts_value reads each; different counts per layer are refused."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        counts = set(values if isinstance(values, list) else [values])
+        if len(counts) != 1:
+            raise argparse.ArgumentError(self, f"{' '.join(map(str, values))}: a different number of experts per "
+                                               f"layer is not implemented; give one number")
+        setattr(namespace, self.dest, counts.pop())
 
 
 def moe_freq_value(text: str):

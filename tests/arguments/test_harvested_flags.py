@@ -13,6 +13,7 @@ from arguments.flag_equivalents import nearest_flag, unknown_flags_message
 from arguments.megatron.flag_classes import (
     AT_VALUE,
     CLASS_OF,
+    NO_DEEPSPEED_MOE,
     NO_EFFECT_CLASS,
     NO_PIPELINE_SPLIT,
     NOT_IN_MOE,
@@ -152,7 +153,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--rotary-seq-len-interpolation-factor": "4"}
     # --apply-layernorm-1p is a switch refused beside decayed q/k norms (tests/gpt/test_megatron_small_features.py)
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
-                                        if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE)
+                                        if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE, NO_DEEPSPEED_MOE)
                                         and option != "--apply-layernorm-1p"}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
@@ -176,6 +177,22 @@ def test_pipeline_split_knobs_have_no_effect_without_stages_and_are_refused_with
         parse_arguments(["--pipeline-model-parallel-size", "2", *argv])
     assert "\n" not in str(error.value)
     assert all(f"{option}" in str(error.value) for option in knobs) and NO_PIPELINE_SPLIT in str(error.value)
+
+
+def test_moe_knobs_not_implemented_have_no_effect_on_a_dense_model_and_are_refused_with_experts():
+    """Issue 51: Megatron-Core's MoE knobs this layer lacks, and Megatron-DeepSpeed's DeepSpeed-MoE flags (whose
+    gating differs: deepspeed/moe/sharded_moe.py top1gating/top2gating), change nothing without experts and
+    are refused with them, each in the one line."""
+    knobs = [option for option, at in AT_VALUE.items() if at.refused in (NOT_IN_MOE, NO_DEEPSPEED_MOE)]
+    assert {"--moe-input-jitter-eps", "--moe-loss-coeff", "--topk", "--mlp-type"} <= set(knobs)
+    argv = [token for option in knobs for token in (option, *sample_values(option))]
+    line = next(note for note in parse_arguments(argv).notes if note.startswith(NO_EFFECT_LINE))
+    assert all(option in line for option in knobs)
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(["--num-experts", "4", *argv])
+    message = str(error.value)
+    assert "\n" not in message and NOT_IN_MOE in message and NO_DEEPSPEED_MOE in message
+    assert all(option in message for option in knobs)
 
 
 def test_refused_flags_end_in_their_one_line_reason():
