@@ -573,6 +573,13 @@ class PretrainConfig:
         for section in self.SECTIONS:
             getattr(self, section).validate()
         self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
+        if self.model.moe is not None and self.model.moe_router_enable_expert_bias and (
+                self.checkpoint.save or self.checkpoint.load):
+            # gpt/moe/router.py keeps the bias beside the parameters; the checkpoint format does not hold it yet
+            raise ConfigError("--moe-router-enable-expert-bias with --save or --load: the expert bias is not saved in "
+                              "checkpoints yet, so a resume would restart it at 0; train without checkpoints, or "
+                              "balance with --moe-aux-loss-coeff",
+                              flags=("--moe-router-enable-expert-bias", "--save", "--load"))
         self._check_pipeline()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:

@@ -78,6 +78,13 @@ def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
         raise ConfigError(f"{what} reads GPT-2-shaped models only; this one has {', '.join(differing)}")
 
 
+def check_dense(config: ModelConfig, what: str) -> None:
+    """Mixtral and Qwen2-MoE folders are not mapped yet (issue 51 item 4): an MoE model is refused in one line."""
+    if config.moe is not None:
+        raise ConfigError(f"{what} of a mixture-of-experts model (--num-experts {config.num_experts}) is not "
+                          f"implemented yet: GPT2LMHeadModel and LlamaForCausalLM hold dense models only")
+
+
 def check_convertible(config: ModelConfig, what: str) -> None:
     """A GPT2LMHeadModel or a LlamaForCausalLM can hold this model; anything else (GPT-2's blocks with an
     untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need."""
@@ -168,6 +175,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
 def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
                        padded_vocab_size: int) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf_state_dict`; padding rows of the vocabulary are zeros."""
+    check_dense(config, "the Hugging Face import (--init-from-hf)")
     check_gpt2_shaped(config, "the Hugging Face import (--init-from-hf)")
     heads = config.num_attention_heads
     wte = hf_state["transformer.wte.weight"]
@@ -529,5 +537,6 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
     model_config = ModelConfig(**metadata["config"]["model"])
+    check_dense(model_config, "the Hugging Face export")
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
     return model_config, to_hf_state_dict(master, model_config)
