@@ -341,3 +341,53 @@ def test_parameter_counts_total_and_active_and_flops_from_the_active_experts():
     logits = 2 * h * vocab
     tokens = 3 * s
     assert flops_per_iteration(config, 3, padded_vocab_size=vocab) == 3 * tokens * (dense_block + moe_block + logits)
+
+
+def test_global_aux_loss_averages_the_token_counts_over_the_iterations_micro_batches():
+    """TopKRouter._apply_global_aux_loss: tokens_per_expert summed into a running total, divided by the
+    micro-batches so far (ga_steps), with this micro-batch's scores; reset at the next iteration
+    (reset_global_aux_loss_tracker)."""
+    coeff, k, E = 0.1, 2, 4
+    settings = MoESettings(num_experts=E, ffn_hidden_size=8, router_topk=k, aux_loss_coeff=coeff,
+                           router_load_balancing_type="global_aux_loss")
+    tracker = MoELossTracker()
+    tracker.begin_iteration(1.0)
+    router, _ = router_with(settings, LOGITS, tracker)
+    router.train()
+    first, second = LOGITS[:3], LOGITS[3:]
+    for logits in (first, second):
+        router(torch.tensor(logits, requires_grad=True), seq_length=3, batch=1)
+
+    def counts(rows):
+        return [sum(e in top(row, k) for row in softmax_rows(rows)) for e in range(E)]
+
+    def loss(rows, tokens_per_expert):
+        P = [sum(row[e] for row in softmax_rows(rows)) for e in range(E)]
+        return sum(P[e] * tokens_per_expert[e] for e in range(E)) * E / (k * 3 * 3)
+
+    averaged = [(a + b) / 2 for a, b in zip(counts(first), counts(second))]
+    assert tracker.sums()["global_load_balancing_loss"][0] == pytest.approx(
+        loss(first, counts(first)) + loss(second, averaged), rel=1e-6)
+    tracker.begin_iteration(1.0)  # a new iteration starts the running counts afresh
+    router(torch.tensor(second, requires_grad=True), seq_length=3, batch=1)
+    assert tracker.sums()["global_load_balancing_loss"][0] == pytest.approx(loss(second, counts(second)), rel=1e-6)
+
+
+def test_sinkhorn_routing_chooses_on_the_balanced_costs_and_weighs_by_the_softmax():
+    """TopKRouter.sinkhorn_load_balancing (k > 1): experts from top-k of moe_utils.sinkhorn(logits) - exp(logits)
+    rescaled until every row sums to 1/T and every column to 1/E - weights from the softmax of the raw logits."""
+    settings = MoESettings(num_experts=4, ffn_hidden_size=8, router_topk=2, router_load_balancing_type="sinkhorn")
+    router, hidden = router_with(settings, LOGITS)
+    router.train()
+    probs, routing_map = router(hidden, seq_length=6, batch=1)
+    cost = [[math.exp(v) for v in row] for row in LOGITS]
+    d0, d1 = [1.0] * 6, [1.0] * 4
+    for _ in range(200):   # the fixed point Megatron's loop reaches to 1e-4
+        d0 = [1 / 6 / (sum(d1[e] * cost[t][e] for e in range(4)) + 1e-8) for t in range(6)]
+        d1 = [1 / 4 / (sum(d0[t] * cost[t][e] for t in range(6)) + 1e-8) for e in range(4)]
+    balanced = [[d1[e] * cost[t][e] * d0[t] for e in range(4)] for t in range(6)]
+    assert [sorted(row.nonzero().flatten().tolist()) for row in routing_map] == [sorted(top(row, 2)) for row in balanced]
+    softmax = softmax_rows(LOGITS)
+    for t in range(6):
+        for e in range(4):
+            assert probs[t, e].item() == pytest.approx(softmax[t][e] if routing_map[t, e] else 0.0, rel=1e-6)
