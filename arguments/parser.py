@@ -63,6 +63,7 @@ from arguments.megatron.defaults import (
     megatron_default_argv,
     megatron_default_note,
 )
+from arguments.megatron.flag_classes import deepspeed_moe_refusal
 from arguments.megatron.flags import (
     MEANING_DESTS,
     RefusedFlags,
@@ -372,6 +373,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
         if unfit:
             problems.append(unfit)
+    deepspeed_moe = deepspeed_moe_refusal(config.model.num_experts, generation)
+    if deepspeed_moe:
+        problems.append(deepspeed_moe)
     try:
         config.validate()
     except ConfigError as error:
