@@ -11,7 +11,7 @@ with the same expert weights; tests/gpt/test_moe.py checks that outputs and grad
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,13 +49,16 @@ class ExpertMLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """`num_experts` ExpertMLPs; forward(rows [N, H] grouped by expert, tokens_per_expert [E]) -> [N, H]."""
+    """This rank's ExpertMLPs, named by their global expert index (`expert_ids`: all of `num_experts` at
+    expert-parallel size 1, an expert-parallel rank's share otherwise); forward(rows [N, H] grouped by local
+    expert in `expert_ids` order, tokens_per_expert [local experts]) -> [N, H]."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
-                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, grouped: bool = True):
+                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, grouped: bool = True,
+                 expert_ids: Optional[Sequence[int]] = None):
         super().__init__()
         self.activation, self.swiglu, self.grouped = activation, swiglu, grouped
-        for expert in range(num_experts):
+        for expert in (range(num_experts) if expert_ids is None else expert_ids):
             self.add_module(str(expert), ExpertMLP(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std,
                                                    output_init_std=output_init_std, bias=bias))
 

@@ -10,7 +10,7 @@ batch] token order (gpt/moe/router.py). At expert-parallel size 1 the dispatcher
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,14 +52,18 @@ class MoELayer(nn.Module):
     def __init__(self, hidden_size: int, settings: MoESettings, *, state: ParallelState,
                  activation: Callable[[torch.Tensor], torch.Tensor], swiglu: bool, init_std: float,
                  output_init_std: float, bias: bool, layer_number: int = 0,
-                 tracker: Optional[MoELossTracker] = None, dispatcher: Optional[TokenDispatcher] = None):
+                 tracker: Optional[MoELossTracker] = None, dispatcher: Optional[TokenDispatcher] = None,
+                 local_experts: Optional[Sequence[int]] = None):
+        """`dispatcher` and `local_experts` (the global indices of this rank's experts, in the order the
+        dispatcher groups their rows): an expert-parallel dispatcher and its rank's share; by default
+        LocalDispatcher and every expert."""
         super().__init__()
         self.settings = settings
         self.router = TopKRouter(hidden_size, settings, init_std=init_std, bias=bias, state=state,
                                  layer_number=layer_number, tracker=tracker)
         self.experts = Experts(settings.num_experts, hidden_size, settings.ffn_hidden_size, activation=activation,
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
-                               grouped=settings.grouped_gemm)
+                               grouped=settings.grouped_gemm, expert_ids=local_experts)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
         if settings.shared_expert_intermediate_size is not None:
             self.shared_experts = SharedExperts(hidden_size, settings.shared_expert_intermediate_size,
@@ -94,7 +98,7 @@ class MoELayer(nn.Module):
         have the sizes of a balanced step."""
         k = self.settings.router_topk
         rows = tokens.repeat_interleave(k, dim=0)
-        experts = self.settings.num_experts
+        experts = len(self.experts._modules)  # this rank's
         sizes = [rows.shape[0] // experts + (expert < rows.shape[0] % experts) for expert in range(experts)]
         outputs = self.experts.forward_loop(rows, sizes)
         weights = probs.sum(dim=-1, keepdim=True).repeat_interleave(k, dim=0).to(outputs.dtype) / k
