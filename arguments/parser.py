@@ -373,7 +373,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
         if unfit:
             problems.append(unfit)
-    deepspeed_moe = deepspeed_moe_refusal(config.model.num_experts, generation)
+    deepspeed_moe = deepspeed_moe_refusal(config.model.num_experts, generation, bool(meanings["deepspeed"]))
     if deepspeed_moe:
         problems.append(deepspeed_moe)
     try:

@@ -460,12 +460,13 @@ NO_DEEPSPEED_MOE = ("DeepSpeed-MoE's gating (Megatron-DeepSpeed: top-1/top-2 wit
                     "--moe-expert-capacity-factor, --moe-aux-loss-coeff)")
 
 
-def deepspeed_moe_refusal(num_experts: Optional[int], generation: Optional[str]) -> Optional[str]:
-    """A launch whose flags fit Megatron-DeepSpeed best means DeepSpeed-MoE by --num-experts: its gating (top-1 by
-    default, a capacity factor of 1, --moe-loss-coeff 0.1 added to the loss) on every --expert-interval-th layer
-    (default 2; megatron/model/transformer.py there). Megatron-Core's layer here differs in each, so training it
-    silently would be another model: refused in one line."""
-    if num_experts and num_experts > 1 and generation is not None and "deepspeed" in generation:
+def deepspeed_moe_refusal(num_experts: Optional[int], generation: Optional[str], deepspeed: bool) -> Optional[str]:
+    """A Megatron-DeepSpeed launch (its --deepspeed switch, and flags that fit that fork best) means DeepSpeed-MoE
+    by --num-experts: its gating (top-1 by default, a capacity factor of 1, --moe-loss-coeff 0.1 added to the
+    loss) on every --expert-interval-th layer (default 2; megatron/model/transformer.py there). Megatron-Core's
+    layer here differs in each, so training it silently would be another model: refused in one line. (Our own
+    flags that the fork shares, such as --zero-stage, alone do not make a launch the fork's.)"""
+    if num_experts and num_experts > 1 and deepspeed and generation is not None and "deepspeed" in generation:
         return (f"--num-experts {num_experts} in a Megatron-DeepSpeed launch is DeepSpeed-MoE (top-1 gating with a "
                 f"capacity factor, --moe-loss-coeff added to the loss, every --expert-interval-th layer), which is not "
                 f"implemented: the MoE here is Megatron-LM's (--num-experts with --moe-router-topk, "

@@ -196,15 +196,18 @@ def test_moe_knobs_not_implemented_have_no_effect_on_a_dense_model_and_are_refus
 
 
 def test_num_experts_in_a_megatron_deepspeed_launch_is_refused_not_trained_as_another_model():
-    """Megatron-DeepSpeed's --num-experts builds DeepSpeed-MoE (megatron/model/transformer.py there: MoE(k=args.topk
+    """A Megatron-DeepSpeed launch's --num-experts builds DeepSpeed-MoE (megatron/model/transformer.py there: MoE(k=args.topk
     default 1, capacity_factor=args.moe_train_capacity_factor default 1.0, ...) on layers by --expert-interval,
     default 2; pretrain_gpt.py adds `moe_loss * args.moe_loss_coeff`, default 0.1, to the loss): a launch whose
     flags fit that fork is refused in one line; the same --num-experts in a Megatron-LM launch trains."""
     with pytest.raises(ConfigError) as error:
-        parse_arguments(["--num-experts", "4", "--moe-expert-parallel-size", "1", "--no-pipeline-parallel"])
+        parse_arguments(["--num-experts", "4", "--moe-expert-parallel-size", "1", "--no-pipeline-parallel",
+                         "--deepspeed"])
     assert "in a Megatron-DeepSpeed launch is DeepSpeed-MoE" in str(error.value) and "\n" not in str(error.value)
     parsed = parse_arguments(["--num-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "1"])
     assert parsed.megatron_generation.startswith("megatron-lm") and parsed.config.model.moe.router_topk == 2
+    # our own flags the fork shares (--zero-stage) do not make a launch the fork's
+    assert parse_arguments(["--num-experts", "4", "--zero-stage", "2"]).config.model.num_experts == 4
 
 
 def test_refused_flags_end_in_their_one_line_reason():
