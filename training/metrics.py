@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from gpt.model_config import ModelConfig
+from gpt.moe.balancing import MOE_LOSS_NAMES
 from gpt.shape import model_shape
 
 
@@ -180,10 +181,6 @@ class MemoryCheck:
 def _span(values: list[float], spec: str) -> str:
     low, high = min(values), max(values)
     return format(low, spec) if len(values) == 1 else f"{format(low, spec)}-{format(high, spec)}"
-
-
-# Megatron-Core's names for the MoE losses it logs beside the LM loss (router.py, moe_logging.py)
-MOE_LOSS_NAMES = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss")
 
 
 def format_console_line(record: dict[str, Any], train_iters: int, eta_s: Optional[float] = None) -> str:

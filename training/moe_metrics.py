@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gpt.moe.balancing import MOE_LOSS_NAMES
 from gpt.moe.router import TopKRouter
 from parallel.state import ParallelState
 
@@ -33,12 +34,10 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
         if isinstance(module, TopKRouter):
             module.update_expert_bias()
     sums = tracker.sums()
-    names = sorted(sums)
-    if not names:
-        return {}
-    # per name: the sum over this stage's layers, and their count; summed over the pipeline stages
-    totals = torch.tensor([[sum(sums[name].values()), len(sums[name])] for name in names], dtype=torch.float64,
-                          device=state.device)
+    # Every name, recorded or not, in one fixed order: a pipeline stage without MoE layers (--moe-layer-freq) joins
+    # the same collectives as the others, with zero counts.
+    totals = torch.tensor([[sum(sums.get(name, {}).values()), len(sums.get(name, {}))] for name in MOE_LOSS_NAMES],
+                          dtype=torch.float64, device=state.device)
     if state.pipeline_parallel_size > 1:
         state.comm.all_reduce(totals, state.pipeline_parallel_group, "pp")
     if state.data_parallel_size > 1:
@@ -46,4 +45,5 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
         state.comm.all_reduce(totals, state.data_parallel_group, "dp")
         totals[:, 1] = counts
         totals[:, 0] /= state.data_parallel_size
-    return {name: float(total / count / accumulation_steps) for name, (total, count) in zip(names, totals.tolist())}
+    return {name: float(total / count / accumulation_steps)
+            for name, (total, count) in zip(MOE_LOSS_NAMES, totals.tolist()) if count > 0}

@@ -25,6 +25,9 @@ from typing import Optional
 
 import torch
 
+# Megatron-Core's names for the losses it logs (router.py: attach_and_log_load_balancing_loss, apply_z_loss)
+MOE_LOSS_NAMES = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss")
+
 
 def switch_load_balancing_loss(scores: torch.Tensor, tokens_per_expert: torch.Tensor, total_tokens: float,
                                topk: int, coeff: float) -> torch.Tensor:

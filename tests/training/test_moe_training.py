@@ -129,3 +129,23 @@ def test_the_planner_plans_a_moe_model_counting_every_expert():
     # each MoE layer holds 4 experts of the dense MLP's size and a 4 x 32 router (with bias)
     mlp = 2 * 32 * 128 + 128 + 32
     assert plan.parameters_total - parameter_count(dense.model, padded) == 2 * (3 * mlp + 4 * 32 + 4)
+
+
+def test_two_pipeline_stages_one_without_moe_layers_log_the_one_stage_losses(corpus_cache_300, tmp_path):
+    """--moe-layer-freq ([0]+[1]) on 2 layers over 2 stages: the first stage holds no MoE layer, yet joins the
+    logging's reduction over the stages (a missing collective would hang), and the losses, gradient norms and
+    load-balancing loss are the one-stage run's."""
+    import pretrain_gpt
+
+    flags = TINY + MOE + ["--moe-layer-freq", "([0]+[1])", "--train-iters", "3", "--data-cache-dir", corpus_cache_300]
+    single, staged = tmp_path / "single.jsonl", tmp_path / "pp2.jsonl"
+    assert pretrain_gpt.main(flags + ["--metrics-file", str(single)]) == 0
+    run_distributed(launch_rank, 2, [flags + ["--pipeline-model-parallel-size", "2", "--metrics-file", str(staged)]],
+                    [free_port()], timeout=300)
+
+    def logged(path):
+        return [value for r in map(json.loads, path.read_text().splitlines()) if "loss" in r and "split" not in r
+                for value in (r["loss"], r["grad_norm"], r["load_balancing_loss"], r["z_loss"])]
+
+    assert len(logged(single)) == 3 * 4
+    assert logged(staged) == pytest.approx(logged(single), rel=1e-6, abs=0)
