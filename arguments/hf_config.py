@@ -17,6 +17,7 @@ not an integer (transformers refuses it too); NaN and Infinity parse, and are no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -133,6 +134,21 @@ LLAMA_FIELDS = (
     Field("label2id", OBJECT, None, nullable=True),
 )
 
+# MixtralConfig's (transformers/models/mixtral/configuration_mixtral.py): a Llama's blocks with a mixture of
+# experts in place of the MLP (issue 51); it has no attention_bias, mlp_bias or pretraining_tp.
+MIXTRAL_FIELDS = (
+    *(spec for spec in LLAMA_FIELDS if spec.key not in ("attention_bias", "mlp_bias", "pretraining_tp",
+                                                        "intermediate_size", "rope_theta")),
+    Field("intermediate_size", POSITIVE_INT, 14336),
+    Field("rope_theta", POSITIVE_NUMBER, 1e6),
+    Field("num_local_experts", POSITIVE_INT, 8),
+    Field("num_experts_per_tok", POSITIVE_INT, 2),
+    Field("output_router_logits", BOOLEAN, False),
+    Field("router_aux_loss_coef", NON_NEGATIVE_NUMBER, 0.001),
+    Field("router_jitter_noise", NON_NEGATIVE_NUMBER, 0.0),
+    Field("sliding_window", POSITIVE_INT, None, nullable=True),
+)
+
 # The keys of a rope_parameters (or rope_scaling) object that a Llama's rotary embedding reads.
 ROPE_FIELDS = (
     Field("rope_type", NAME, "default"),
@@ -182,6 +198,8 @@ class HFConfig:
     initializer_range: float
     rope: Optional[RopeConfig]  # None for GPT-2 (learned positions)
     fields: dict = field(repr=False, compare=False)
+    num_experts: Optional[int] = None  # Mixtral's num_local_experts; None for a dense family
+    experts_per_token: Optional[int] = None  # Mixtral's num_experts_per_tok
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -213,18 +231,24 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
     """`raw` (a config.json's object) checked; `path` names it in every error."""
     path = Path(path)
     family = _family(raw, path)
-    table = GPT2_FIELDS if family == "gpt2" else LLAMA_FIELDS
+    table = {"gpt2": GPT2_FIELDS, "mixtral": MIXTRAL_FIELDS}.get(family, LLAMA_FIELDS)
     fields = dict(raw)
     values = {}
     for spec in table:
         values[spec.key] = _checked(raw, spec, path, fields)
     if family == "gpt2":
         return _gpt2(values, path, fields)
+    if family == "mixtral":
+        values = {**values, "attention_bias": False, "mlp_bias": False}
+        return dataclasses.replace(_llama(values, raw, path, fields), family="mixtral",
+                                   num_experts=values["num_local_experts"],
+                                   experts_per_token=values["num_experts_per_tok"])
     return _llama(values, raw, path, fields)
 
 
 # model_type -> the architectures (config.json's `architectures`) of that family we read.
-FAMILIES = {"gpt2": ("GPT2LMHeadModel", "GPT2Model"), "llama": ("LlamaForCausalLM", "LlamaModel")}
+FAMILIES = {"gpt2": ("GPT2LMHeadModel", "GPT2Model"), "llama": ("LlamaForCausalLM", "LlamaModel"),
+            "mixtral": ("MixtralForCausalLM", "MixtralModel")}
 
 
 def _supported() -> str:

@@ -52,7 +52,7 @@ LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_p
 # Settings a flag may change without describing another model: rotary positions have no table, so a Llama's
 # max_position_embeddings is only how long a sequence it is meant for (a longer context is trained this way);
 # GPT-2's n_positions is the shape of its position embedding.
-FLAG_MAY_CHANGE = {"llama": ("max_position_embeddings",)}
+FLAG_MAY_CHANGE = {"llama": ("max_position_embeddings",), "mixtral": ("max_position_embeddings",)}
 # The tokenizer settings an explicit tokenizer is given by.
 TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file")
 
@@ -69,6 +69,8 @@ def architecture_settings(config: HFConfig) -> dict[str, FolderValue]:
     compute is refused in one line naming each key."""
     if config.family == "llama":
         return _llama(config)
+    if config.family == "mixtral":
+        return _mixtral(config)
     return _gpt2(config)
 
 
@@ -148,6 +150,21 @@ def _llama(config: HFConfig) -> dict[str, FolderValue]:
     return settings
 
 
+def _mixtral(config: HFConfig) -> dict[str, FolderValue]:
+    """MixtralForCausalLM: a Llama's blocks with Megatron-Core's MoE layer in every MLP's place
+    (transformers' MixtralSparseMoeBlock: a softmax over all experts' logits, its top k renormalized - the
+    same weights as a softmax over the top k logits, Megatron's default - and SwiGLU experts of
+    intermediate_size). Its router jitter is not built here; its aux loss coefficient is a training choice
+    (--moe-aux-loss-coeff)."""
+    if config.fields.get("router_jitter_noise"):
+        raise ConfigError(f"{config.path}: this MixtralForCausalLM cannot be represented here: router_jitter_noise "
+                          f"{config.fields['router_jitter_noise']!r} (the router here adds no noise)")
+    v = FolderValue
+    return {**_llama(config), "num_experts": v(config.num_experts, "num_local_experts"),
+            "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
+            "moe_ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size")}
+
+
 # ---- the layer ----------------------------------------------------------------------------------
 
 @dataclass
@@ -195,7 +212,7 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
                                       f"capped: {seq_length}, of the preset or the default, is longer than the "
                                       f"folder's positions")
     _tokenizer(layer, settings, explicit)
-    family = LLAMA_ARCHITECTURE if config.family == "llama" else GPT2_ARCHITECTURE
+    family = {"llama": LLAMA_ARCHITECTURE, "mixtral": "MixtralForCausalLM"}.get(config.family, GPT2_ARCHITECTURE)
     layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
                           f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")
     return layer

@@ -31,6 +31,8 @@ from base.options import flag_of_setting
 
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
+# Mixtral: the Llama family's blocks with a mixture of experts (issue 51); read by --init-from-hf
+MIXTRAL_TYPE = "mixtral"
 # Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -90,16 +92,17 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike):
     rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, MixtralConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
+    config_class = MixtralConfig if hf.get("model_type") == MIXTRAL_TYPE else LlamaConfig
     try:
-        return LlamaConfig.from_dict(hf)
+        return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
         reason = " ".join(str(error).split())
-        raise ConfigError(f"{source}: transformers cannot read it as a LlamaConfig ({reason})") from None
+        raise ConfigError(f"{source}: transformers cannot read it as a {config_class.__name__} ({reason})") from None
     finally:
         logging.set_verbosity(verbosity)
 
@@ -133,6 +136,8 @@ def _ours(config: ModelConfig, name: str):
         return config.architecture.query_groups(config.num_attention_heads)
     if name == "kv_channels":  # the width, given or not (Megatron's default is hidden / heads)
         return config.head_dim
+    if name == "moe_ffn_hidden_size":  # the experts' width, given or not (default: the MLP's)
+        return config.moe.ffn_hidden_size if config.moe is not None else None
     return getattr(config, name)
 
 
@@ -177,8 +182,25 @@ def canonical_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
             continue
         if not name.startswith(("model.", "lm_head.")):
             name = "model." + name
-        out[name] = tensor
+        out.update(_per_expert(name, tensor))
     return out
+
+
+def _per_expert(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """transformers 5 keeps a Mixtral's experts fused in memory (mlp.experts.gate_up_proj [E, 2 x ffn, h], gate
+    rows first; mlp.experts.down_proj [E, h, ffn]) and saves them per expert under the older names
+    (block_sparse_moe.experts.<e>.w1 gate, w3 up, w2 down; block_sparse_moe.gate the router): a fused file is read
+    as those."""
+    layer, _, rest = name.partition(".mlp.")
+    if rest == "gate.weight":
+        return {f"{layer}.block_sparse_moe.gate.weight": tensor}
+    if rest == "experts.gate_up_proj":
+        gate, up = tensor.chunk(2, dim=1)
+        return {f"{layer}.block_sparse_moe.experts.{e}.{w}.weight": part[e]
+                for e in range(tensor.shape[0]) for w, part in (("w1", gate), ("w3", up))}
+    if rest == "experts.down_proj":
+        return {f"{layer}.block_sparse_moe.experts.{e}.w2.weight": tensor[e] for e in range(tensor.shape[0])}
+    return {name: tensor}
 
 
 # (our name inside a block, transformers' name inside a layer) for the tensors that move as they are.
@@ -243,9 +265,24 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
                                v.reshape(groups, 1, d, *rest)], dim=1)
             out[ours + "attention.query_key_value." + kind] = fused.reshape(-1, *rest)
         for our_name, their_name in _SAME:
+            if config.moe_layers()[i] and our_name.startswith("mlp."):
+                continue
             if our_name.endswith("weight") or config.add_bias_linear:
                 out[ours + our_name] = hf_state[theirs + their_name]
+        if config.moe_layers()[i]:
+            out.update({ours + our_name: hf_state[theirs + their_name]
+                        for our_name, their_name in _mixtral_names(config.moe.num_experts)})
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def _mixtral_names(num_experts: int) -> list[tuple[str, str]]:
+    """(our name inside a block, a Mixtral layer's) for the router and each expert's SwiGLU weights."""
+    names = [("mlp.router.weight", "block_sparse_moe.gate.weight")]
+    for e in range(num_experts):
+        names += [(f"mlp.experts.{e}.dense_h_to_4h_gate.weight", f"block_sparse_moe.experts.{e}.w1.weight"),
+                  (f"mlp.experts.{e}.dense_h_to_4h_up.weight", f"block_sparse_moe.experts.{e}.w3.weight"),
+                  (f"mlp.experts.{e}.dense_4h_to_h.weight", f"block_sparse_moe.experts.{e}.w2.weight")]
+    return names
 
 
 def llama_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -258,10 +295,17 @@ def llama_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     bias = config.add_bias_linear
     for i in range(config.num_layers):
         layer = f"model.layers.{i}."
+        mlp = (("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn), ("mlp.down_proj", (h, ffn), h))
+        if config.moe_layers()[i]:
+            experts, expert_ffn = config.moe.num_experts, config.moe.ffn_hidden_size
+            mlp = ()
+            shapes[layer + "block_sparse_moe.gate.weight"] = (experts, h)
+            for e in range(experts):
+                for w, shape in (("w1", (expert_ffn, h)), ("w3", (expert_ffn, h)), ("w2", (h, expert_ffn))):
+                    shapes[f"{layer}block_sparse_moe.experts.{e}.{w}.weight"] = shape
         for name, shape, bias_rows in (("self_attn.q_proj", (q_rows, h), q_rows), ("self_attn.k_proj", (kv_rows, h), kv_rows),
                                        ("self_attn.v_proj", (kv_rows, h), kv_rows), ("self_attn.o_proj", (h, q_rows), h),
-                                       ("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn),
-                                       ("mlp.down_proj", (h, ffn), h)):
+                                       *mlp):
             shapes[layer + name + ".weight"] = shape
             if bias:
                 shapes[layer + name + ".bias"] = (bias_rows,)

@@ -1,0 +1,121 @@
+"""A Mixtral folder in through --init-from-hf (issue 51 item 4, the import): transformers' MixtralForCausalLM
+(transformers/models/mixtral/modeling_mixtral.py: MixtralSparseMoeBlock routes each token to
+num_experts_per_tok experts by a softmax over all router logits whose top k are renormalized, which is
+Megatron-Core's softmax over the top k logits (router.py topk_routing_with_score_function, pre-softmax off),
+and each expert is SwiGLU: w2(silu(w1 x) * w3 x)) built with random weights and saved by transformers; our
+model initialized from it gives transformers' logits and, on one batch, its loss, to 1e-5 relative."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from arguments.config import PretrainConfig
+from arguments.hf_config import read_hf_config
+from arguments.hf_folder import architecture_settings
+from base.errors import ConfigError
+from checkpoint.hf import initialize_from_hf
+from gpt.model import GPTModel
+from parallel.state import ParallelState
+from tests.zero_harness import ZeroHarness
+
+CPU = ParallelState(device=torch.device("cpu"))
+VOCAB = 300
+EXPERTS, TOPK, FFN = 4, 2, 48
+
+
+def mixtral_folder(path: Path, **overrides) -> Path:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=FFN, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                           rms_norm_eps=1e-6, num_local_experts=EXPERTS, num_experts_per_tok=TOPK,
+                           bos_token_id=None, eos_token_id=None, pad_token_id=None, **overrides)
+    model = MixtralForCausalLM(config)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.1 + (1.0 if param.ndim == 1 else 0.0))
+    model.save_pretrained(str(path))
+    return path
+
+
+def run_config(folder: Path) -> PretrainConfig:
+    config = PretrainConfig()
+    settings = {name: given.value for name, given in architecture_settings(read_hf_config(folder)).items()}
+    for name, value in {**settings, "seq_length": 16, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+                        "vocab_size": VOCAB}.items():
+        setattr(config.model, name, value)
+    config.zero.stage = 1
+    return config
+
+
+def test_a_mixtral_folder_gives_transformers_logits_and_iteration_one_loss(tmp_path):
+    from transformers import MixtralForCausalLM
+
+    folder = mixtral_folder(tmp_path / "mixtral")
+    config = run_config(folder)
+    assert (config.model.num_experts, config.model.moe_router_topk, config.model.moe_ffn_hidden_size) == \
+           (EXPERTS, TOPK, FFN)
+    model = GPTModel(config.model, CPU)
+    optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)
+    initialize_from_hf(optimizer, model, folder, config.model, CPU)
+    tokens = torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(1))
+    theirs = MixtralForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        their_logits = theirs(tokens[:, :-1]).logits
+        their_loss = F.cross_entropy(their_logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)).item()
+    model.eval()
+    with torch.no_grad():
+        ours = model(tokens[:, :-1])
+    assert (ours - their_logits).abs().max() <= 1e-5
+    model.train()
+    our_loss = model(tokens[:, :-1], tokens[:, 1:]).mean().item()   # iteration 1's loss, before any update
+    assert our_loss == pytest.approx(their_loss, rel=1e-5)
+
+
+def test_a_mixtral_with_router_jitter_is_refused_in_one_line(tmp_path):
+    folder = mixtral_folder(tmp_path / "jitter", router_jitter_noise=0.1)
+    with pytest.raises(ConfigError, match="router_jitter_noise 0.1") as error:
+        architecture_settings(read_hf_config(folder))
+    assert "\n" not in str(error.value)
+
+
+def test_a_mixtral_launch_with_init_from_hf_trains_and_its_first_loss_is_transformers(tmp_path, monkeypatch):
+    """pretrain_gpt.py --init-from-hf on a Mixtral folder with no tokenizer and no shape flag (the folder is the
+    model, tests/checkpoint/test_hf_folder_is_the_model.py): iteration 1's logged loss is transformers' loss on
+    that iteration's batch."""
+    import json
+    import math
+
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    import pretrain_gpt
+    import training.prepare
+    from tests.checkpoint.test_hf_folder_is_the_model import POSITIONS, RUN, transformers_loss
+    from tests.checkpoint.test_hf_folder_is_the_model import VOCAB as FOLDER_VOCAB
+
+    config = MixtralConfig(vocab_size=FOLDER_VOCAB, hidden_size=64, intermediate_size=FFN, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=POSITIONS,
+                           rms_norm_eps=1e-6, num_local_experts=EXPERTS, num_experts_per_tok=TOPK,
+                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = MixtralForCausalLM(config)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.2 + (1.0 if param.ndim == 1 else 0.0))
+    folder = tmp_path / "hf"
+    model.save_pretrained(str(folder))
+    built = []
+    build_data = training.prepare.build_data
+    monkeypatch.setattr("training.prepare.build_data", lambda *args: built.append(build_data(*args)) or built[-1])
+    metrics = tmp_path / "m.jsonl"
+    assert pretrain_gpt.main(["--init-from-hf", str(folder), *RUN, "--data-cache-dir", str(tmp_path / "cache"),
+                              "--metrics-file", str(metrics)]) == 0
+    record = json.loads(metrics.read_text().splitlines()[0])
+    tokens = next(iter(built[0].make_train_loader(0)))["tokens"]
+    theirs = transformers_loss(folder, tokens)
+    assert math.isclose(record["loss"], theirs, rel_tol=1e-5), (record["loss"], theirs)
