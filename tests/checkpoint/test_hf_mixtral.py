@@ -119,3 +119,20 @@ def test_a_mixtral_launch_with_init_from_hf_trains_and_its_first_loss_is_transfo
     tokens = next(iter(built[0].make_train_loader(0)))["tokens"]
     theirs = transformers_loss(folder, tokens)
     assert math.isclose(record["loss"], theirs, rel_tol=1e-5), (record["loss"], theirs)
+
+
+def test_transformers_fused_experts_read_as_the_per_expert_names_it_saves(tmp_path):
+    """transformers 5 holds a Mixtral's experts fused (mlp.experts.gate_up_proj, mlp.experts.down_proj) and writes
+    them per expert (block_sparse_moe.experts.<e>.w1/w3/w2): a file in either form reads as the same tensors."""
+    from safetensors.torch import load_file
+    from transformers import MixtralForCausalLM
+
+    from checkpoint.hf_llama import canonical_names
+
+    folder = mixtral_folder(tmp_path / "mixtral")
+    saved = canonical_names(load_file(str(folder / "model.safetensors")))
+    fused = MixtralForCausalLM.from_pretrained(str(folder), dtype=torch.float32).state_dict()
+    assert any(name.endswith("mlp.experts.gate_up_proj") for name in fused)
+    from_fused = canonical_names(fused)
+    assert sorted(from_fused) == sorted(saved)
+    assert all(torch.equal(from_fused[name], saved[name]) for name in saved)
