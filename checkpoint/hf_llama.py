@@ -33,6 +33,8 @@ MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
 # Mixtral: the Llama family's blocks with a mixture of experts (issue 51); read by --init-from-hf
 MIXTRAL_TYPE = "mixtral"
+QWEN2_MOE_TYPE = "qwen2_moe"  # Qwen2-MoE: a gated shared expert beside the routed ones, q/k/v biases
+MOE_TYPES = (MIXTRAL_TYPE, QWEN2_MOE_TYPE)
 # Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -92,12 +94,12 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike):
     rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
-    from transformers import LlamaConfig, MixtralConfig
+    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
-    config_class = MixtralConfig if hf.get("model_type") == MIXTRAL_TYPE else LlamaConfig
+    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig}.get(hf.get("model_type"), LlamaConfig)
     try:
         return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
@@ -173,7 +175,7 @@ def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.
 
 # ---- weights ------------------------------------------------------------------------------------
 
-def canonical_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def canonical_names(tensors: dict[str, torch.Tensor], family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
     """Names as LlamaForCausalLM has them: a LlamaModel's file lacks the `model.` prefix; saved rotary
     buffers are dropped."""
     out = {}
@@ -182,24 +184,27 @@ def canonical_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
             continue
         if not name.startswith(("model.", "lm_head.")):
             name = "model." + name
-        out.update(_per_expert(name, tensor))
+        out.update(_per_expert(name, tensor, family) if family in MOE_TYPES else {name: tensor})
     return out
 
 
-def _per_expert(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
-    """transformers 5 keeps a Mixtral's experts fused in memory (mlp.experts.gate_up_proj [E, 2 x ffn, h], gate
-    rows first; mlp.experts.down_proj [E, h, ffn]) and saves them per expert under the older names
-    (block_sparse_moe.experts.<e>.w1 gate, w3 up, w2 down; block_sparse_moe.gate the router): a fused file is read
-    as those."""
+def _per_expert(name: str, tensor: torch.Tensor, family: str) -> dict[str, torch.Tensor]:
+    """transformers 5 keeps the experts fused in memory (mlp.experts.gate_up_proj [E, 2 x ffn, h], gate rows
+    first; mlp.experts.down_proj [E, h, ffn]) and saves them per expert under the older names - a Mixtral's
+    block_sparse_moe.experts.<e>.w1 (gate), w3 (up), w2 (down) and block_sparse_moe.gate (the router), a
+    Qwen2-MoE's mlp.experts.<e>.gate_proj, up_proj, down_proj: a fused file is read as those."""
     layer, _, rest = name.partition(".mlp.")
-    if rest == "gate.weight":
+    mixtral = family == MIXTRAL_TYPE
+    experts = f"{layer}.block_sparse_moe.experts" if mixtral else f"{layer}.mlp.experts"
+    gate_name, up_name, down_name = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    if mixtral and rest == "gate.weight":
         return {f"{layer}.block_sparse_moe.gate.weight": tensor}
     if rest == "experts.gate_up_proj":
         gate, up = tensor.chunk(2, dim=1)
-        return {f"{layer}.block_sparse_moe.experts.{e}.{w}.weight": part[e]
-                for e in range(tensor.shape[0]) for w, part in (("w1", gate), ("w3", up))}
+        return {f"{experts}.{e}.{w}.weight": part[e]
+                for e in range(tensor.shape[0]) for w, part in ((gate_name, gate), (up_name, up))}
     if rest == "experts.down_proj":
-        return {f"{layer}.block_sparse_moe.experts.{e}.w2.weight": tensor[e] for e in range(tensor.shape[0])}
+        return {f"{experts}.{e}.{down_name}.weight": tensor[e] for e in range(tensor.shape[0])}
     return {name: tensor}
 
 
@@ -242,7 +247,7 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
 
 
 def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
-                          padded_vocab_size: int) -> dict[str, torch.Tensor]:
+                          padded_vocab_size: int, family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
     """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
     values leave them)."""
     heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
@@ -258,7 +263,7 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
         out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
-        for kind in _kinds(config):
+        for kind in _qkv_kinds(config):
             q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
             rest = q.shape[1:]
             fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
@@ -271,8 +276,30 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
                 out[ours + our_name] = hf_state[theirs + their_name]
         if config.moe_layers()[i]:
             out.update({ours + our_name: hf_state[theirs + their_name]
-                        for our_name, their_name in _mixtral_names(config.moe.num_experts)})
+                        for our_name, their_name in _moe_names(config, family)})
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def _qkv_kinds(config: ModelConfig) -> tuple[str, ...]:
+    """q, k and v have biases with --add-bias-linear, or alone with --add-qkv-bias (Qwen2)."""
+    return ("weight", "bias") if config.architecture.qkv_bias else ("weight",)
+
+
+def _moe_names(config: ModelConfig, family: str) -> list[tuple[str, str]]:
+    if family == QWEN2_MOE_TYPE:
+        return _qwen2_moe_names(config.moe.num_experts)
+    return _mixtral_names(config.moe.num_experts)
+
+
+def _qwen2_moe_names(num_experts: int) -> list[tuple[str, str]]:
+    """(our name inside a block, a Qwen2-MoE layer's): the router, each expert's and the shared expert's SwiGLU
+    weights, and the shared expert's gate."""
+    projections = (("dense_h_to_4h_gate", "gate_proj"), ("dense_h_to_4h_up", "up_proj"), ("dense_4h_to_h", "down_proj"))
+    names = [("mlp.router.weight", "mlp.gate.weight"), ("mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight")]
+    names += [(f"mlp.shared_experts.{ours}.weight", f"mlp.shared_expert.{theirs}.weight") for ours, theirs in projections]
+    for e in range(num_experts):
+        names += [(f"mlp.experts.{e}.{ours}.weight", f"mlp.experts.{e}.{theirs}.weight") for ours, theirs in projections]
+    return names
 
 
 def _mixtral_names(num_experts: int) -> list[tuple[str, str]]:
@@ -285,7 +312,7 @@ def _mixtral_names(num_experts: int) -> list[tuple[str, str]]:
     return names
 
 
-def llama_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[str, tuple[int, ...]]:
     """The shape of every LlamaForCausalLM weight for `config` (lm_head only when untied)."""
     h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
     q_rows, kv_rows = config.num_attention_heads * d, config.architecture.query_groups(config.num_attention_heads) * d
@@ -297,18 +324,34 @@ def llama_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer = f"model.layers.{i}."
         mlp = (("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn), ("mlp.down_proj", (h, ffn), h))
         if config.moe_layers()[i]:
-            experts, expert_ffn = config.moe.num_experts, config.moe.ffn_hidden_size
             mlp = ()
-            shapes[layer + "block_sparse_moe.gate.weight"] = (experts, h)
-            for e in range(experts):
-                for w, shape in (("w1", (expert_ffn, h)), ("w3", (expert_ffn, h)), ("w2", (h, expert_ffn))):
-                    shapes[f"{layer}block_sparse_moe.experts.{e}.{w}.weight"] = shape
+            shapes.update(_moe_shapes(config, family, layer))
         for name, shape, bias_rows in (("self_attn.q_proj", (q_rows, h), q_rows), ("self_attn.k_proj", (kv_rows, h), kv_rows),
                                        ("self_attn.v_proj", (kv_rows, h), kv_rows), ("self_attn.o_proj", (h, q_rows), h),
                                        *mlp):
             shapes[layer + name + ".weight"] = shape
-            if bias:
+            if bias or (config.architecture.qkv_bias and name in ("self_attn.q_proj", "self_attn.k_proj",
+                                                                  "self_attn.v_proj")):
                 shapes[layer + name + ".bias"] = (bias_rows,)
         shapes[layer + "input_layernorm.weight"] = (h,)
         shapes[layer + "post_attention_layernorm.weight"] = (h,)
+    return shapes
+
+
+def _moe_shapes(config: ModelConfig, family: str, layer: str) -> dict[str, tuple[int, ...]]:
+    """One MoE layer's weights as a Mixtral or Qwen2-MoE folder holds them."""
+    h, experts, ffn = config.hidden_size, config.moe.num_experts, config.moe.ffn_hidden_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    if family == QWEN2_MOE_TYPE:
+        shared = config.moe.shared_expert_intermediate_size
+        shapes[layer + "mlp.gate.weight"] = (experts, h)
+        shapes[layer + "mlp.shared_expert_gate.weight"] = (1, h)
+        for prefix, width in ([("mlp.shared_expert.", shared)] + [(f"mlp.experts.{e}.", ffn) for e in range(experts)]):
+            shapes.update({layer + prefix + "gate_proj.weight": (width, h), layer + prefix + "up_proj.weight": (width, h),
+                           layer + prefix + "down_proj.weight": (h, width)})
+        return shapes
+    shapes[layer + "block_sparse_moe.gate.weight"] = (experts, h)
+    for e in range(experts):
+        for w, shape in (("w1", (ffn, h)), ("w3", (ffn, h)), ("w2", (h, ffn))):
+            shapes[f"{layer}block_sparse_moe.experts.{e}.{w}.weight"] = shape
     return shapes

@@ -1,4 +1,4 @@
-"""A Mixtral folder in through --init-from-hf (issue 51 item 4, the import): transformers' MixtralForCausalLM
+"""Mixtral and Qwen2-MoE folders in through --init-from-hf (issue 51 item 4, the import); first Mixtral: transformers' MixtralForCausalLM
 (transformers/models/mixtral/modeling_mixtral.py: MixtralSparseMoeBlock routes each token to
 num_experts_per_tok experts by a softmax over all router logits whose top k are renormalized, which is
 Megatron-Core's softmax over the top k logits (router.py topk_routing_with_score_function, pre-softmax off),
@@ -130,9 +130,59 @@ def test_transformers_fused_experts_read_as_the_per_expert_names_it_saves(tmp_pa
     from checkpoint.hf_llama import canonical_names
 
     folder = mixtral_folder(tmp_path / "mixtral")
-    saved = canonical_names(load_file(str(folder / "model.safetensors")))
+    saved = canonical_names(load_file(str(folder / "model.safetensors")), "mixtral")
     fused = MixtralForCausalLM.from_pretrained(str(folder), dtype=torch.float32).state_dict()
     assert any(name.endswith("mlp.experts.gate_up_proj") for name in fused)
-    from_fused = canonical_names(fused)
+    from_fused = canonical_names(fused, "mixtral")
     assert sorted(from_fused) == sorted(saved)
     assert all(torch.equal(from_fused[name], saved[name]) for name in saved)
+
+
+# ---- Qwen2-MoE ------------------------------------------------------------------------------------------------
+
+def qwen2_moe_folder(path: Path, **overrides) -> Path:
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    settings = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=80, moe_intermediate_size=FFN,
+                    shared_expert_intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=16, rms_norm_eps=1e-6, num_experts=EXPERTS,
+                    num_experts_per_tok=TOPK, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**{**settings, **overrides}))
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.1 + (1.0 if param.ndim == 1 else 0.0))
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.parametrize("overrides, layers", [
+    ({}, (True, True, True)),
+    # norm_topk_prob: the top k renormalized (--moe-router-pre-softmax off); layer 1 dense (mlp_only_layers)
+    ({"norm_topk_prob": True, "mlp_only_layers": [1]}, (True, False, True)),
+])
+def test_a_qwen2_moe_folder_gives_transformers_logits_and_iteration_one_loss(tmp_path, overrides, layers):
+    """transformers' Qwen2MoeSparseMoeBlock: the top k of a softmax over all experts (renormalized only with
+    norm_topk_prob, as Megatron's --moe-router-pre-softmax leaves it un-normalized), plus a shared expert times
+    sigmoid(shared_expert_gate(x)) (Megatron-Core's SharedExpertMLP with --moe-shared-expert-gate); q, k, v
+    biases alone (--add-qkv-bias); mlp_only_layers dense (--moe-layer-freq as a list)."""
+    from transformers import Qwen2MoeForCausalLM
+
+    folder = qwen2_moe_folder(tmp_path / "qwen", **overrides)
+    config = run_config(folder)
+    assert config.model.moe_layers() == layers and config.model.add_qkv_bias and not config.model.add_bias_linear
+    assert config.model.moe_router_pre_softmax == (not overrides.get("norm_topk_prob", False))
+    model = GPTModel(config.model, CPU)
+    optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)
+    initialize_from_hf(optimizer, model, folder, config.model, CPU)
+    tokens = torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(1))
+    theirs = Qwen2MoeForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        their_logits = theirs(tokens[:, :-1]).logits
+        their_loss = F.cross_entropy(their_logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)).item()
+    model.eval()
+    with torch.no_grad():
+        ours = model(tokens[:, :-1])
+    assert (ours - their_logits).abs().max() <= 1e-5
+    model.train()
+    assert model(tokens[:, :-1], tokens[:, 1:]).mean().item() == pytest.approx(their_loss, rel=1e-5)
