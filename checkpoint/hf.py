@@ -61,7 +61,9 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--qk-layernorm": config.qk_layernorm,
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
-                "--attention-output-gate": config.attention_output_gate}
+                "--attention-output-gate": config.attention_output_gate,
+                # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf_llama.py), never a GPT2LMHeadModel
+                f"--num-experts {config.num_experts}": config.moe is not None}
     return [flag for flag, differs in features.items() if differs]
 
 
@@ -259,7 +261,7 @@ def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dty
     eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else None
     if is_llama_shaped(model_config):
         hf = hf_llama.llama_hf_config(model_config, eod)
-        hf.architectures = [hf_llama.ARCHITECTURE]
+        hf.architectures = [hf_llama.architecture_of(model_config)]
     else:
         hf = hf_config(model_config, eod)
         hf.architectures = ["GPT2LMHeadModel"]
@@ -537,6 +539,7 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
     model_config = ModelConfig(**metadata["config"]["model"])
-    check_dense(model_config, "the Hugging Face export")
+    if model_config.moe is not None:  # as a Mixtral or a Qwen2-MoE, or refused naming what it lacks
+        hf_llama.check_llama_shaped(model_config, "the Hugging Face export")
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
     return model_config, to_hf_state_dict(master, model_config)

@@ -52,15 +52,50 @@ def llama_misfits(config: ModelConfig) -> list[str]:
              "no --rotary-interleaved": architecture.rotary_interleaved,
              "no --attention-output-gate": architecture.attention_output_gate,
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
-                 architecture.add_qkv_bias and not architecture.add_bias_linear}
+                 architecture.add_qkv_bias and not architecture.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
+    if config.moe is not None:
+        needs = {need: missing for need, missing in needs.items() if missing}
+        needs.update({need: True for need in moe_misfits(config)})
+    return [need for need, missing in needs.items() if missing]
+
+
+def moe_family(config: ModelConfig) -> Optional[str]:
+    """The transformers class family an MoE model exports as: Qwen2-MoE with a gated shared expert, else Mixtral."""
+    if config.moe is None:
+        return None
+    return QWEN2_MOE_TYPE if config.moe.shared_expert_intermediate_size is not None else MIXTRAL_TYPE
+
+
+def moe_misfits(config: ModelConfig) -> list[str]:
+    """What keeps an MoE model from being a MixtralForCausalLM (no shared expert) or a Qwen2MoeForCausalLM (a gated
+    shared expert): both route by a softmax over all experts' logits, take the top k, drop no token and add no
+    bias to the experts."""
+    moe, family = config.moe, moe_family(config)
+    needs = {"--moe-router-score-function softmax": moe.router_score_function != "softmax",
+             "no --moe-router-topk-scaling-factor": bool(moe.router_topk_scaling_factor),
+             "no group-limited routing": moe.router_group_topk is not None,
+             "no --moe-router-enable-expert-bias": moe.router_enable_expert_bias,
+             "no --moe-expert-capacity-factor (transformers drops no token)": moe.expert_capacity_factor is not None,
+             "no --add-bias-linear (no bias in their experts)": config.add_bias_linear}
+    if family == MIXTRAL_TYPE:
+        needs.update({"no --moe-router-pre-softmax (Mixtral renormalizes the top k)": moe.router_pre_softmax,
+                      "an MoE layer in every layer (Mixtral has no dense layers)": not all(config.moe_layers()),
+                      "no --add-qkv-bias (Mixtral's attention has no bias)": config.add_qkv_bias})
+    else:
+        needs["--moe-shared-expert-gate (Qwen2-MoE's shared expert is gated)"] = not moe.shared_expert_gate
     return [need for need, missing in needs.items() if missing]
 
 
 def check_llama_shaped(config: ModelConfig, what: str) -> None:
     misfits = llama_misfits(config)
     if misfits:
-        raise ConfigError(f"{what} converts GPT-2- or Llama-shaped models; as a {ARCHITECTURE} this one would "
-                          f"need {', '.join(misfits)}")
+        raise ConfigError(f"{what} converts GPT-2- or Llama-shaped models; as a {architecture_of(config)} this one "
+                          f"would need {', '.join(misfits)}")
+
+
+def architecture_of(config: ModelConfig) -> str:
+    return {MIXTRAL_TYPE: "MixtralForCausalLM", QWEN2_MOE_TYPE: "Qwen2MoeForCausalLM"}.get(moe_family(config),
+                                                                                          ARCHITECTURE)
 
 
 def rope_parameters(config: ModelConfig) -> dict:
@@ -71,10 +106,31 @@ def rope_parameters(config: ModelConfig) -> dict:
 
 
 def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
-    """A transformers LlamaConfig describing the same network. BOS and EOS are our end-of-document id."""
-    from transformers import LlamaConfig
+    """A transformers LlamaConfig (MixtralConfig, Qwen2MoeConfig for an MoE model) describing the same network.
+    BOS and EOS are our end-of-document id."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
 
     architecture = config.architecture
+    common = dict(bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
+                  vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+                  num_attention_heads=config.num_attention_heads,
+                  num_key_value_heads=architecture.query_groups(config.num_attention_heads), head_dim=config.head_dim,
+                  max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
+                  rope_parameters=rope_parameters(config), hidden_act="silu",
+                  tie_word_embeddings=not config.untie_embeddings_and_output_weights,
+                  attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+    moe = config.moe
+    if moe_family(config) == MIXTRAL_TYPE:
+        return MixtralConfig(**common, intermediate_size=moe.ffn_hidden_size, num_local_experts=moe.num_experts,
+                             num_experts_per_tok=moe.router_topk, router_jitter_noise=0.0, sliding_window=None,
+                             router_aux_loss_coef=moe.aux_loss_coeff)
+    if moe_family(config) == QWEN2_MOE_TYPE:
+        return Qwen2MoeConfig(**common, intermediate_size=config.ffn_size, moe_intermediate_size=moe.ffn_hidden_size,
+                              shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
+                              num_experts=moe.num_experts, num_experts_per_tok=moe.router_topk,
+                              norm_topk_prob=not moe.router_pre_softmax, qkv_bias=architecture.qkv_bias,
+                              decoder_sparse_step=1, use_sliding_window=False, router_aux_loss_coef=moe.aux_loss_coeff,
+                              mlp_only_layers=[i for i, is_moe in enumerate(config.moe_layers()) if not is_moe])
     return LlamaConfig(
         bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.ffn_size,
@@ -233,7 +289,7 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
         out["lm_head.weight"] = state_dict["output_layer.weight"][:vocab]
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
-        for kind in _kinds(config):
+        for kind in _qkv_kinds(config):
             qkv = state_dict[ours + "attention.query_key_value." + kind]
             rest = qkv.shape[1:]
             qkv = qkv.reshape(groups, per_group + 2, d, *rest)
@@ -241,8 +297,13 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
             out[theirs + "self_attn.k_proj." + kind] = qkv[:, per_group].reshape(groups * d, *rest)
             out[theirs + "self_attn.v_proj." + kind] = qkv[:, per_group + 1].reshape(groups * d, *rest)
         for our_name, their_name in _SAME:
+            if config.moe_layers()[i] and our_name.startswith("mlp."):
+                continue
             if our_name.endswith("weight") or config.add_bias_linear:
                 out[theirs + their_name] = state_dict[ours + our_name]
+        if config.moe_layers()[i]:
+            out.update({theirs + their_name: state_dict[ours + our_name]
+                        for our_name, their_name in _moe_names(config, moe_family(config))})
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 

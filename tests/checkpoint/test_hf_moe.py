@@ -186,3 +186,56 @@ def test_a_qwen2_moe_folder_gives_transformers_logits_and_iteration_one_loss(tmp
     assert (ours - their_logits).abs().max() <= 1e-5
     model.train()
     assert model(tokens[:, :-1], tokens[:, 1:]).mean().item() == pytest.approx(their_loss, rel=1e-5)
+
+
+# ---- the export -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_an_moe_checkpoint_exports_as_its_family_and_transformers_computes_our_logits(tmp_path, family):
+    """Imported, trained 2 steps (every weight moves), saved, and written by scripts/convert_to_hf.py: the folder
+    loads as MixtralForCausalLM / Qwen2MoeForCausalLM and gives our logits within 1e-5."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from checkpoint.sharded import save_checkpoint
+    from scripts import convert_to_hf
+
+    folder = (mixtral_folder if family == "mixtral" else qwen2_moe_folder)(tmp_path / "source")
+    config = run_config(folder)
+    config.optimizer.lr = 1e-2
+    model = GPTModel(config.model, CPU)
+    optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)
+    initialize_from_hf(optimizer, model, folder, config.model, CPU)
+    tokens = torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(2))
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = model(tokens[:, :-1], tokens[:, 1:]).mean()
+        optimizer.backward(loss)
+        optimizer.step()
+    save_checkpoint(tmp_path / "ckpt", 2, 8, model, optimizer, None, config, CPU)
+    assert convert_to_hf.main([str(tmp_path / "ckpt"), str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["model_type"] == family
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), attn_implementation="eager",
+                                                  dtype=torch.float32).eval()
+    model.eval()
+    with torch.no_grad():
+        ours = model(tokens[:, :-1])
+        assert (ours - theirs(tokens[:, :-1]).logits).abs().max() <= 1e-5
+
+
+def test_an_moe_model_no_transformers_class_holds_is_refused_at_export_in_one_line():
+    from checkpoint.hf_llama import check_llama_shaped
+    from gpt.model_config import ModelConfig
+
+    llama_moe = ModelConfig(normalization="RMSNorm", swiglu=True, position_embedding_type="rope",
+                            add_bias_linear=False, num_experts=4, moe_router_score_function="sigmoid",
+                            moe_expert_capacity_factor=1.0)
+    with pytest.raises(ConfigError) as error:
+        check_llama_shaped(llama_moe, "the Hugging Face export")
+    message = str(error.value)
+    assert "as a MixtralForCausalLM" in message and "--moe-router-score-function softmax" in message
+    assert "no --moe-expert-capacity-factor" in message and "\n" not in message
+    with pytest.raises(ConfigError, match="--normalization RMSNorm"):  # GPT-2's blocks with experts
+        check_llama_shaped(ModelConfig(num_experts=4), "the Hugging Face export")
