@@ -81,10 +81,10 @@ def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
 
 
 def check_dense(config: ModelConfig, what: str) -> None:
-    """Mixtral and Qwen2-MoE folders are not mapped yet (issue 51 item 4): an MoE model is refused in one line."""
+    """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through checkpoint/hf_llama.py)."""
     if config.moe is not None:
-        raise ConfigError(f"{what} of a mixture-of-experts model (--num-experts {config.num_experts}) is not "
-                          f"implemented yet: GPT2LMHeadModel and LlamaForCausalLM hold dense models only")
+        raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {config.num_experts}: "
+                          f"experts come from a MixtralForCausalLM or Qwen2MoeForCausalLM folder")
 
 
 def check_convertible(config: ModelConfig, what: str) -> None:
