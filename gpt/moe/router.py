@@ -104,7 +104,7 @@ def sinkhorn_routing(logits: torch.Tensor, topk: int, training: bool) -> tuple[t
     logits; the weights are sigmoid (top-1) or softmax of the raw logits, kept at the chosen experts."""
     def activation(values: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(values) if topk == 1 else torch.softmax(values, dim=-1, dtype=torch.float32).type_as(values)
-    if training:
+    if training and not logits.is_meta:  # on the meta device (the planner) no balancing can be computed
         with torch.no_grad():
             _, top = torch.topk(sinkhorn(logits.to(dtype=torch.float32)), k=topk, dim=1)
         logits = activation(logits)
