@@ -99,9 +99,16 @@ class Experts(nn.Module):
 
 
 def can_group(rows: torch.Tensor, experts: list[nn.Module]) -> bool:
-    """Whether F.grouped_mm takes these operands: it exists, and every row's byte width (hidden and ffn) is a
-    multiple of 16, as its CPU and CUDA kernels require."""
+    """Whether F.grouped_mm takes these operands: it exists; on a CPU for fp32, bf16 or fp16, on CUDA for bf16 on a
+    Hopper or later (its CUDA kernel's condition: fp32 there takes the loop); and every row's byte width (hidden
+    and ffn) is a multiple of 16, as its kernels require."""
     if not hasattr(F, "grouped_mm") or not experts or rows.shape[0] == 0:
+        return False
+    if rows.device.type == "cpu":
+        if rows.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return False
+    elif not (rows.device.type == "cuda" and rows.dtype == torch.bfloat16
+              and torch.cuda.get_device_capability(rows.device) >= (9, 0)):
         return False
     ffn, hidden = experts[0].dense_4h_to_h.weight.shape[1], rows.shape[1]
     size = rows.element_size()
