@@ -391,3 +391,15 @@ def test_sinkhorn_routing_chooses_on_the_balanced_costs_and_weighs_by_the_softma
     for t in range(6):
         for e in range(4):
             assert probs[t, e].item() == pytest.approx(softmax[t][e] if routing_map[t, e] else 0.0, rel=1e-6)
+
+
+def test_operands_the_grouped_kernel_does_not_take_run_as_the_loop():
+    """fp64 rows (F.grouped_mm takes fp32, bf16, fp16) and a row width not a multiple of 16 bytes: the loop."""
+    experts, rows = experts_and_rows(False, True)
+    tokens_per_expert = torch.tensor([3, 0, 5, 2])
+    double = experts.double()
+    assert not can_group(rows.double(), list(double.children()))
+    torch.testing.assert_close(double(rows.double(), tokens_per_expert),
+                               double.forward_loop(rows.double(), tokens_per_expert), rtol=0, atol=0)
+    narrow = Experts(4, 6, 16, activation=F.gelu, swiglu=False, init_std=0.5, output_init_std=0.5, bias=False)
+    assert not can_group(torch.zeros(3, 6), list(narrow.children()))  # 6 x 4 bytes
