@@ -442,6 +442,11 @@ class LoggingConfig:
     tensorboard_dir: Optional[str] = option(None, metavar="DIR",
                                             help="also write TensorBoard events here, with the same keys as "
                                                  "--metrics-file")
+    # Megatron-LM's --moe-per-layer-logging (MoEMetricsTracker.report's per_layer_logging)
+    moe_per_layer_logging: bool = option(
+        False, action="store_true",
+        help="with experts: each record also holds, per layer, the balancing losses and the tokens each expert "
+             "received in the iteration (summed over the data-parallel ranks), as moe_per_layer")
 
     def validate(self) -> None:
         if not self.metrics_file:

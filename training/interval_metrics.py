@@ -98,6 +98,8 @@ class IntervalMetrics:
             for phase in ("forward", "recompute+backward"):
                 record[f"checkpoint_{phase.replace('+', '_')}_s"] = sum(
                     seconds for name, seconds in timings if name == phase)
+        if last.moe_per_layer:  # --moe-per-layer-logging: the interval's last iteration
+            record["moe_per_layer"] = last.moe_per_layer
         if training.fp16:
             record["loss_scale"] = last.loss_scale
             record["skipped_iterations"] = skipped_iterations

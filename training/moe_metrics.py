@@ -26,7 +26,8 @@ def begin_moe_iteration(model: nn.Module, loss_scale: float, accumulation_steps:
 
 
 def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_steps: int) -> dict[str, float]:
-    """Update the expert biases; the iteration's MoE losses to log (every rank gets the same values)."""
+    """Update the expert biases; the iteration's MoE losses to log (every rank gets the same values). With
+    --moe-per-layer-logging, `moe_per_layer_values` gives the same per layer."""
     tracker = getattr(model, "moe_tracker", None)
     if tracker is None:
         return {}
@@ -47,3 +48,35 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
         totals[:, 0] /= state.data_parallel_size
     return {name: float(total / count / accumulation_steps)
             for name, (total, count) in zip(MOE_LOSS_NAMES, totals.tolist()) if count > 0}
+
+
+def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_steps: int, num_layers: int,
+                         num_experts: int) -> dict[str, list]:
+    """Per layer (None where a layer has no experts): each balancing loss as finish_moe_iteration logs it, and
+    the tokens each expert received in the iteration summed over the micro-batches and the data-parallel ranks
+    (Megatron-LM's --moe-per-layer-logging). Call it after finish_moe_iteration, on every rank."""
+    tracker = model.moe_tracker
+    sums = tracker.sums()
+    losses = torch.zeros(len(MOE_LOSS_NAMES), num_layers, dtype=torch.float64, device=state.device)
+    present = torch.zeros_like(losses)
+    for row, name in enumerate(MOE_LOSS_NAMES):
+        for layer, value in sums.get(name, {}).items():
+            losses[row, layer], present[row, layer] = value / accumulation_steps, 1.0
+    tokens = torch.zeros(num_layers, num_experts, dtype=torch.float64, device=state.device)
+    for layer, counts in tracker.tokens_per_expert.items():
+        tokens[layer] = counts.to(tokens)
+    for group, name in ((state.pipeline_parallel_group, "pp"), (state.data_parallel_group, "dp")):
+        if (state.pipeline_parallel_size if name == "pp" else state.data_parallel_size) > 1:
+            for tensor in (losses, present, tokens):
+                state.comm.all_reduce(tensor, group, name)
+    present = present.clamp(max=1.0) if state.data_parallel_size == 1 else present / state.data_parallel_size
+    losses = losses / state.data_parallel_size
+    values = {name: [value if seen else None for value, seen in zip(losses[row].tolist(), present[row].tolist())]
+              for row, name in enumerate(MOE_LOSS_NAMES) if present[row].any()}
+    holds = [layer in tracker.tokens_per_expert for layer in range(num_layers)]
+    held = torch.tensor(holds, dtype=torch.float64, device=state.device)
+    if state.pipeline_parallel_size > 1:
+        state.comm.all_reduce(held, state.pipeline_parallel_group, "pp")
+    values["tokens_per_expert"] = [[int(count) for count in row] if flag else None
+                                   for row, flag in zip(tokens.tolist(), held.tolist())]
+    return values

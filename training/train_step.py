@@ -26,7 +26,7 @@ from arguments.schedule import tokens_seen_by_schedule
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, split_tokens
-from training.moe_metrics import begin_moe_iteration, finish_moe_iteration
+from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
 from training.run_settings import RunSettings
 from zero.activations import ActivationMonitor
 from zero.apply import ZeroParts
@@ -44,6 +44,7 @@ class StepOutcome:
     seconds: float          # wall time of the iteration, the device waited for
     # the MoE balancing losses (each over its coefficient), logged beside the loss (training/moe_metrics.py)
     moe_losses: dict = field(default_factory=dict)
+    moe_per_layer: dict = field(default_factory=dict)  # --moe-per-layer-logging: per layer losses and tokens
 
 
 class TrainStep(Protocol):
@@ -121,6 +122,7 @@ class DataParallelTrainStep:
         begin_moe_iteration(self.model, optimizer.loss_scaler.scale, accumulation_steps)
         iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
         moe_losses = finish_moe_iteration(self.model, state, accumulation_steps)
+        moe_per_layer = self.moe_per_layer(accumulation_steps)
         step = optimizer.step()
         self.consecutive_skips = self.consecutive_skips + 1 if step.skipped else 0
         if step.skipped and state.is_first_rank:
@@ -139,7 +141,14 @@ class DataParallelTrainStep:
             raise
         return StepOutcome(loss=loss, grad_norm=step.grad_norm, skipped=step.skipped,
                            loss_scale=optimizer.loss_scaler.scale, global_batch_size=global_batch_size, lr=lr,
-                           seconds=seconds, moe_losses=moe_losses)
+                           seconds=seconds, moe_losses=moe_losses, moe_per_layer=moe_per_layer)
+
+    def moe_per_layer(self, accumulation_steps: int) -> dict:
+        model_config = self.settings.config.model
+        if not self.settings.config.logging.moe_per_layer_logging or model_config.moe is None:
+            return {}
+        return moe_per_layer_values(self.model, self.state, accumulation_steps, model_config.num_layers,
+                                    model_config.num_experts)
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         """The micro-batches of one iteration; their mean loss, still on the device."""

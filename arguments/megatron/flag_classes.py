@@ -183,7 +183,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("a mixture-of-experts implementation or logging choice: the experts run as one grouped matmul where torch has "
      "one for the device, else a loop, with the same values (gpt/moe/experts.py); at expert-parallel size 1 every "
      "dispatcher computes the same combination; the load-balancing loss is logged beside the LM loss", _names("""
-        --ep-overlap-early-attn-memory-release --moe-grouped-gemm --moe-layer-recompute --moe-per-layer-logging
+        --ep-overlap-early-attn-memory-release --moe-grouped-gemm --moe-layer-recompute
         --moe-permute-fusion --moe-router-fusion --moe-shared-expert-overlap --moe-token-dispatcher-type
         --moe-use-legacy-grouped-gemm --overlap-dispatch-backward-with-experts-wgrad
         --overlap-moe-expert-parallel-comm --save-tokens-per-expert-interval --use-grouped-gemm-for-dense-mlp

@@ -79,12 +79,21 @@ class MoELossTracker:
         self.iteration = 0
         self.values: dict[str, dict[int, float]] = defaultdict(dict)
         self._pending: list[tuple[str, int, torch.Tensor]] = []
+        self.tokens_per_expert: dict[int, torch.Tensor] = {}  # layer -> the iteration's tokens per expert
 
     def begin_iteration(self, backward_scale: float) -> None:
         self.backward_scale = backward_scale
         self.iteration += 1
         self.values = defaultdict(dict)
         self._pending = []
+        self.tokens_per_expert = {}
+
+    def count_tokens(self, layer: int, tokens_per_expert: torch.Tensor) -> None:
+        """A micro-batch's tokens per expert of `layer` (its forward that builds the graph: not a recompute's
+        no-grad first pass, nor evaluation)."""
+        counts = tokens_per_expert.detach()
+        self.tokens_per_expert[layer] = counts if layer not in self.tokens_per_expert else \
+            self.tokens_per_expert[layer] + counts
 
     def record(self, name: str, layer: int, value: torch.Tensor) -> None:
         self._pending.append((name, layer, value.detach()))

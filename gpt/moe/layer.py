@@ -90,6 +90,9 @@ class MoELayer(nn.Module):
         choice_probs, indices = choices_of(probs, routing_map, self.settings.router_topk)
         rows, tokens_per_expert = self.dispatcher.dispatch(tokens, choice_probs, indices)
         self.last_tokens_per_expert = tokens_per_expert.detach()
+        tracker = self.router.tracker
+        if tracker is not None and self.training and torch.is_grad_enabled():
+            tracker.count_tokens(self.router.layer_number, tokens_per_expert)
         return self.dispatcher.combine(self.experts(rows, tokens_per_expert))
 
     def _balanced_on_meta(self, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,8 @@ def launch_rank(rank, world_size, argv_by_stage, ports):
 
 @pytest.mark.slow
 def test_zero_1_2_3_on_two_data_parallel_ranks_train_the_moe_model_as_zero_0(corpus_cache_300, tmp_path):
-    common = TINY + MOE + ["--global-batch-size", "4", "--train-iters", "3", "--data-cache-dir", corpus_cache_300]
+    common = TINY + MOE + ["--global-batch-size", "4", "--train-iters", "3", "--data-cache-dir", corpus_cache_300,
+                           "--moe-per-layer-logging"]
     stages = ("0", "1", "2", "3")
     argv = [common + ["--zero-stage", stage, "--metrics-file", str(tmp_path / f"zero{stage}.jsonl")] for stage in stages]
     run_distributed(launch_rank, 2, argv, [free_port() for _ in stages], timeout=600)
@@ -73,6 +74,11 @@ def test_zero_1_2_3_on_two_data_parallel_ranks_train_the_moe_model_as_zero_0(cor
 
     reference = logged("0")
     assert len(reference) == 3 * 3
+    # --moe-per-layer-logging: every expert's tokens summed over both ranks, 4 sequences of 16 tokens x top-2
+    for stage in stages:
+        for record in map(json.loads, (tmp_path / f"zero{stage}.jsonl").read_text().splitlines()):
+            if "moe_per_layer" in record:
+                assert [sum(layer) for layer in record["moe_per_layer"]["tokens_per_expert"]] == [4 * 16 * 2] * 2
     for stage in stages[1:]:
         assert logged(stage) == pytest.approx(reference, rel=1e-6, abs=0), stage
 
@@ -138,7 +144,8 @@ def test_two_pipeline_stages_one_without_moe_layers_log_the_one_stage_losses(cor
     load-balancing loss are the one-stage run's."""
     import pretrain_gpt
 
-    flags = TINY + MOE + ["--moe-layer-freq", "([0]+[1])", "--train-iters", "3", "--data-cache-dir", corpus_cache_300]
+    flags = TINY + MOE + ["--moe-layer-freq", "([0]+[1])", "--train-iters", "3", "--data-cache-dir", corpus_cache_300,
+                          "--moe-per-layer-logging"]
     single, staged = tmp_path / "single.jsonl", tmp_path / "pp2.jsonl"
     assert pretrain_gpt.main(flags + ["--metrics-file", str(single)]) == 0
     run_distributed(launch_rank, 2, [flags + ["--pipeline-model-parallel-size", "2", "--metrics-file", str(staged)]],
@@ -150,3 +157,23 @@ def test_two_pipeline_stages_one_without_moe_layers_log_the_one_stage_losses(cor
 
     assert len(logged(single)) == 3 * 4
     assert logged(staged) == pytest.approx(logged(single), rel=1e-6, abs=0)
+
+    def tokens(path):  # --moe-per-layer-logging: the second stage's layer reaches rank 0's record
+        return [r["moe_per_layer"]["tokens_per_expert"] for r in map(json.loads, path.read_text().splitlines())
+                if "moe_per_layer" in r]
+
+    assert tokens(staged) == tokens(single) and tokens(single)[0][0] is None and sum(tokens(single)[0][1]) == 64
+
+
+def test_per_layer_logging_gives_each_moe_layers_losses_and_tokens_per_expert(corpus_cache_300, tmp_path):
+    """Megatron-LM's --moe-per-layer-logging: per layer (None for a dense one), the balancing losses (their mean
+    over the MoE layers is the logged load_balancing_loss) and the tokens each expert received: 2 sequences of
+    16 tokens, top-2, 2 micro-batches (--global-batch-size 4), so 128 per MoE layer."""
+    moe = records(corpus_cache_300, tmp_path / "moe", *MOE, "--moe-layer-freq", "([0]+[1])", "--train-iters", "2",
+                  "--global-batch-size", "4", "--moe-per-layer-logging")
+    for record in moe:
+        per_layer = record["moe_per_layer"]
+        assert per_layer["load_balancing_loss"][0] is None and per_layer["tokens_per_expert"][0] is None
+        assert per_layer["load_balancing_loss"][1] == pytest.approx(record["load_balancing_loss"], rel=1e-12)
+        assert sum(per_layer["tokens_per_expert"][1]) == 2 * 2 * 16 * 2 and len(per_layer["tokens_per_expert"][1]) == 4
+    assert "moe_per_layer" not in records(corpus_cache_300, tmp_path / "plain", *MOE, "--train-iters", "1")[0]
