@@ -192,6 +192,28 @@ class ModelConfig:
                                           help="gate the shared expert's output per token by sigmoid(x . w) "
                                                "(Qwen2-MoE)")
 
+    # DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py) and Megatron-DeepSpeed's flags for it; a
+    # Megatron-DeepSpeed launch (--deepspeed, its flags) with --num-experts takes it (arguments/parser.py).
+    moe_gating: str = option("megatron", choices=("megatron", "deepspeed"),
+                             help="megatron: Megatron-Core's router (--moe-router-*); deepspeed: DeepSpeed-MoE's "
+                                  "gating (--topk, --moe-train-capacity-factor, ...), which a Megatron-DeepSpeed "
+                                  "launch with --num-experts takes")
+    topk: int = option(1, help="DeepSpeed-MoE: experts per token (1, 2, or more)")
+    moe_train_capacity_factor: float = option(1.0, help="DeepSpeed-MoE: the capacity factor in training")
+    moe_eval_capacity_factor: float = option(1.0, help="DeepSpeed-MoE: the capacity factor in evaluation")
+    moe_min_capacity: int = option(4, help="DeepSpeed-MoE: each expert's capacity at least this")
+    moe_token_dropping: bool = option(
+        True, consts=[Const(("--disable-moe-token-dropping",), False,
+                            help="Megatron-DeepSpeed: DeepSpeed-MoE keeps every token")],
+        help="DeepSpeed-MoE: drop the tokens beyond each expert's capacity")
+    moe_loss_coeff: float = option(0.1, help="DeepSpeed-MoE: l_aux's coefficient (its gradient; logged as moe_loss)")
+    moe_top2_2nd_expert_sampling: bool = option(
+        True, consts=[Const(("--disable-moe-top2-2nd-expert-sampling",), False,
+                            help="Megatron-DeepSpeed: top-2's second expert by argmax, not sampled")],
+        help="DeepSpeed-MoE top-2: sample the second expert (Gumbel noise on the logits)")
+    expert_interval: int = option(2, help="DeepSpeed-MoE: an MoE layer at every expert-interval-th layer (1-based)")
+    mlp_type: str = option("standard", help="DeepSpeed-MoE: standard (residual, PR-MoE, is not implemented)")
+
     @property
     def architecture(self) -> Architecture:
         """The blocks these settings choose, as GPTModel builds them."""
@@ -202,14 +224,23 @@ class ModelConfig:
         """The MoE layers' settings (gpt/moe/settings.py), or None for a dense model (no --num-experts, or 1)."""
         if not self.num_experts or self.num_experts == 1:
             return None
+        settings = {name: getattr(self, "moe_" + name) for name in MOE_FIELDS}
+        if self.moe_gating == "deepspeed":
+            settings.update(router_topk=self.topk, router_load_balancing_type="none", aux_loss_coeff=0.0,
+                            z_loss_coeff=None)
         return MoESettings(
             num_experts=self.num_experts, ffn_hidden_size=self.moe_ffn_hidden_size or self.ffn_size,
-            **{name: getattr(self, "moe_" + name) for name in MOE_FIELDS})
+            gating=self.moe_gating, train_capacity_factor=self.moe_train_capacity_factor,
+            eval_capacity_factor=self.moe_eval_capacity_factor, min_capacity=self.moe_min_capacity,
+            drop_tokens=self.moe_token_dropping, loss_coeff=self.moe_loss_coeff,
+            second_expert_sampling=self.moe_top2_2nd_expert_sampling, **settings)
 
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
         if self.moe is None:
             return (False,) * self.num_layers
+        if self.moe_gating == "deepspeed":  # Megatron-DeepSpeed's get_num_experts_per_layer: layer_num % interval
+            return tuple((layer + 1) % self.expert_interval == 0 for layer in range(self.num_layers))
         return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
 
     @property
@@ -250,6 +281,30 @@ class ModelConfig:
                               f"{self.seq_length} is not divisible by --tensor-model-parallel-size "
                               f"{tensor_parallel_size}; choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
+
+    def _check_gating_flags(self) -> None:
+        """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
+        router reads --moe-router-topk, --moe-aux-loss-coeff, ...: the other side's flags would do nothing, so a
+        launch giving them is told in one line. PR-MoE (--mlp-type residual) is not implemented."""
+        if self.mlp_type != "standard":
+            raise ConfigError(f"--mlp-type {self.mlp_type} (PR-MoE, a residual expert beside a dense MLP) is not "
+                              f"implemented: use --mlp-type standard", flags=("--mlp-type",))
+        if self.expert_interval < 1:
+            raise ConfigError(f"--expert-interval must be at least 1, got {self.expert_interval}",
+                              flags=("--expert-interval",))
+        deepspeed = self.moe_gating == "deepspeed"
+        other = _differs_from_default(self, MEGATRON_MOE_FIELDS + ("moe_shared_expert_intermediate_size",)
+                                      if deepspeed else DEEPSPEED_MOE_FIELDS)
+        if other:
+            flags = tuple(_flag(name) for name in other)
+            raise ConfigError(
+                f"{', '.join(flags)} " + (
+                    "set Megatron-Core's router, but this Megatron-DeepSpeed launch gates by DeepSpeed-MoE "
+                    "(--topk, --moe-train-capacity-factor, --moe-loss-coeff, ...): drop them, or pass --moe-gating "
+                    "megatron" if deepspeed else
+                    "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
+                    "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
+                flags=flags)
 
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
@@ -296,6 +351,20 @@ class ModelConfig:
         if self.moe is not None:
             self.moe.validate()
             self.moe_layers()
+            self._check_gating_flags()
+
+
+# Megatron-DeepSpeed's DeepSpeed-MoE flags and Megatron-Core's router flags: each side's only under its gating
+DEEPSPEED_MOE_FIELDS = ("topk", "moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity",
+                        "moe_token_dropping", "moe_loss_coeff", "moe_top2_2nd_expert_sampling", "expert_interval",
+                        "mlp_type")
+MEGATRON_MOE_FIELDS = tuple("moe_" + name for name in MOE_FIELDS if name not in ("shared_expert_intermediate_size",
+                                                                                 "shared_expert_gate"))
+
+
+def _differs_from_default(config: "ModelConfig", names: tuple[str, ...]) -> list[str]:
+    defaults = ModelConfig()
+    return [name for name in names if getattr(config, name) != getattr(defaults, name)]
 
 
 def _flag(name: str) -> str:

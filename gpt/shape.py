@@ -128,7 +128,8 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1) -> ModelShap
         state = virtual_state(tensor_parallel_size, tensor_parallel_size)
         shape = _read_shape(GPTModel(probe, state), tensor_parallel_size)
         if config.moe is not None:
-            moe_probe = GPTModel(dataclasses.replace(probe, num_experts=config.num_experts, moe_layer_freq=1), state)
+            moe_probe = GPTModel(dataclasses.replace(probe, num_experts=config.num_experts, moe_layer_freq=1,
+                                                     expert_interval=1), state)
             shape = dataclasses.replace(shape, **_moe_block(moe_probe.blocks[0], config.moe.router_topk,
                                                             tensor_parallel_size))
         _BUILT[key] = shape

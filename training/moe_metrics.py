@@ -5,8 +5,9 @@ finalize_model_grads -> _update_router_expert_bias) and the values to log.
 
 Logged as Megatron-Core's MoEMetricsTracker.report does: per loss (load_balancing_loss, seq_load_balancing_loss,
 global_load_balancing_loss, z_loss; each the loss over its coefficient), summed over the micro-batches times
-1 / micro-batches, summed over the MoE layers and divided by their number, averaged over the data-parallel group.
-They are logged beside the LM loss, never added to it.
+1 / micro-batches, summed over the MoE layers and divided by their number, averaged over the data-parallel group;
+DeepSpeed-MoE's moe_loss (l_aux x --moe-loss-coeff) summed over the layers, as Megatron-DeepSpeed logs it.
+They are logged beside the LM loss, never added to its value (only their gradients are).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpt.moe.balancing import MOE_LOSS_NAMES
+from gpt.moe.balancing import MOE_LOSS_NAMES, SUMMED_OVER_LAYERS
 from gpt.moe.router import TopKRouter
 from parallel.state import ParallelState
 
@@ -46,7 +47,7 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
         state.comm.all_reduce(totals, state.data_parallel_group, "dp")
         totals[:, 1] = counts
         totals[:, 0] /= state.data_parallel_size
-    return {name: float(total / count / accumulation_steps)
+    return {name: float(total / (1 if name in SUMMED_OVER_LAYERS else count) / accumulation_steps)
             for name, (total, count) in zip(MOE_LOSS_NAMES, totals.tolist()) if count > 0}
 
 

@@ -182,12 +182,13 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --ds-sequence-parallel-fpdt-offloading""")),
     ("a mixture-of-experts implementation or logging choice: the experts run as one grouped matmul where torch has "
      "one for the device, else a loop, with the same values (gpt/moe/experts.py); at expert-parallel size 1 every "
-     "dispatcher computes the same combination; the load-balancing loss is logged beside the LM loss", _names("""
+     "dispatcher computes the same combination; the load-balancing loss is logged beside the LM loss; DeepSpeed-MoE's Tutel "
+     "kernels and separate MoE parameter groups compute the same update", _names("""
         --ep-overlap-early-attn-memory-release --moe-grouped-gemm --moe-layer-recompute
         --moe-permute-fusion --moe-router-fusion --moe-shared-expert-overlap --moe-token-dispatcher-type
         --moe-use-legacy-grouped-gemm --overlap-dispatch-backward-with-experts-wgrad
         --overlap-moe-expert-parallel-comm --save-tokens-per-expert-interval --use-grouped-gemm-for-dense-mlp
-        --use-grouped-gemm-for-shared-expert""")),
+        --use-grouped-gemm-for-shared-expert --use-tutel --create-moe-param-group""")),
     ("multimodal, YaRN or relative position embeddings' knob: positions here are learned, rotary (rope) or none "
      "(--position-embedding-type), and multi-latent attention (whose --rope-type it is) is refused, so it has no "
      "effect", _names("""
@@ -455,23 +456,14 @@ NO_EXPERT_PARALLEL = ("expert parallelism is not implemented yet: every rank hol
                       "(--expert-model-parallel-size 1)")
 NOT_IN_MOE = ("not implemented in the MoE layer here (Megatron-Core's router, balancing losses, capacity and shared "
               "experts are, gpt/moe/): drop the flag")
-NO_DEEPSPEED_MOE = ("DeepSpeed-MoE's gating (Megatron-DeepSpeed: top-1/top-2 with random token selection, its capacity "
-                    "arithmetic and loss) is not implemented: give Megatron-Core's flags (--moe-router-topk, "
-                    "--moe-expert-capacity-factor, --moe-aux-loss-coeff)")
 
 
-def deepspeed_moe_refusal(num_experts: Optional[int], generation: Optional[str], deepspeed: bool) -> Optional[str]:
+def is_deepspeed_moe_launch(num_experts: Optional[int], generation: Optional[str], deepspeed: bool) -> bool:
     """A Megatron-DeepSpeed launch (its --deepspeed switch, and flags that fit that fork best) means DeepSpeed-MoE
-    by --num-experts: its gating (top-1 by default, a capacity factor of 1, --moe-loss-coeff 0.1 added to the
-    loss) on every --expert-interval-th layer (default 2; megatron/model/transformer.py there). Megatron-Core's
-    layer here differs in each, so training it silently would be another model: refused in one line. (Our own
-    flags that the fork shares, such as --zero-stage, alone do not make a launch the fork's.)"""
-    if num_experts and num_experts > 1 and deepspeed and generation is not None and "deepspeed" in generation:
-        return (f"--num-experts {num_experts} in a Megatron-DeepSpeed launch is DeepSpeed-MoE (top-1 gating with a "
-                f"capacity factor, --moe-loss-coeff added to the loss, every --expert-interval-th layer), which is not "
-                f"implemented: the MoE here is Megatron-LM's (--num-experts with --moe-router-topk, "
-                f"--moe-aux-loss-coeff, --moe-expert-capacity-factor, --moe-layer-freq)")
-    return None
+    by --num-experts: its gating (top-1 by default, a capacity factor of 1, --moe-loss-coeff 0.1) on every
+    --expert-interval-th layer (default 2; megatron/model/transformer.py there), not Megatron-Core's router. (Our
+    own flags that the fork shares, such as --zero-stage, alone do not make a launch the fork's.)"""
+    return bool(num_experts and num_experts > 1 and deepspeed and generation is not None and "deepspeed" in generation)
 
 
 def _without_moe(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
@@ -508,11 +500,9 @@ AT_VALUE: dict[str, AtValue] = {
         --moe-shared-expert-glu-interleave-size --moe-single-grouped-bias --moe-single-grouped-weight
         --moe-upcycling-granularity --moe-use-grouped-tensor --moe-use-upcycling
         --expert-tensor-parallel-num-weight-shards --gtp-expert-remat-nccl-ub""")},
-    **{option: AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense model (no --num-experts, or 1)",
-                       NO_DEEPSPEED_MOE) for option in _names("""
-        --moe-loss-coeff --moe-train-capacity-factor --moe-eval-capacity-factor --moe-min-capacity
-        --disable-moe-token-dropping --disable-moe-top2-2nd-expert-sampling --create-moe-param-group
-        --enable-expert-tensor-parallelism --expert-interval --mlp-type --topk --use-tutel""")},
+    "--enable-expert-tensor-parallelism": AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense "
+                                                                "model (no --num-experts, or 1)",
+                                                  "not implemented: experts are not tensor-parallel here"),
     "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
     "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
     "--expert-tensor-parallel-size": AtValue(_equals(1, None), "expert tensor parallelism over 1 rank is none",

@@ -26,7 +26,11 @@ from typing import Optional
 import torch
 
 # Megatron-Core's names for the losses it logs (router.py: attach_and_log_load_balancing_loss, apply_z_loss)
-MOE_LOSS_NAMES = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss")
+MOE_LOSS_NAMES = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss",
+                  "moe_loss")  # the last: DeepSpeed-MoE's l_aux x --moe-loss-coeff, summed over the layers
+# logged as their sum over the MoE layers (Megatron-DeepSpeed's `moe_loss = sum(moe_losses) * args.moe_loss_coeff`);
+# the others as their mean (Megatron-Core's MoEMetricsTracker)
+SUMMED_OVER_LAYERS = ("moe_loss",)
 
 
 def switch_load_balancing_loss(scores: torch.Tensor, tokens_per_expert: torch.Tensor, total_tokens: float,

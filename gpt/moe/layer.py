@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt.moe.balancing import MoELossTracker
+from gpt.moe.balancing import MoELossTracker, attach
+from gpt.moe.deepspeed_gating import top1gating, top2gating, topkgating
 from gpt.moe.dispatcher import LocalDispatcher, TokenDispatcher, choices_of
 from gpt.moe.experts import ExpertMLP, Experts
 from gpt.moe.router import TopKRouter
@@ -59,7 +60,9 @@ class MoELayer(nn.Module):
         LocalDispatcher and every expert."""
         super().__init__()
         self.settings = settings
-        self.router = TopKRouter(hidden_size, settings, init_std=init_std, bias=bias, state=state,
+        # DeepSpeed-MoE's gate has no bias (sharded_moe.TopKGate: Linear(model_dim, num_experts, bias=False))
+        self.router = TopKRouter(hidden_size, settings, init_std=init_std,
+                                 bias=bias and settings.gating != "deepspeed", state=state,
                                  layer_number=layer_number, tracker=tracker)
         self.experts = Experts(settings.num_experts, hidden_size, settings.ffn_hidden_size, activation=activation,
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
@@ -77,17 +80,48 @@ class MoELayer(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         batch, seq, width = hidden.shape
         tokens = hidden.transpose(0, 1).reshape(seq * batch, width)  # Megatron's [s, b] order
-        probs, routing_map = self.router(tokens, seq, batch)
-        if tokens.is_meta:
-            output = self._balanced_on_meta(tokens, probs)
+        if self.settings.gating == "deepspeed":
+            if tokens.is_meta:  # no gating decision exists there (see _balanced_on_meta)
+                k = self.settings.router_topk
+                output = self._balanced_on_meta(tokens, tokens.new_ones(tokens.shape[0], k) / k)
+            else:
+                output = self._experts_of(tokens, *self._deepspeed_gated(tokens))
         else:
-            output = self._routed(tokens, probs, routing_map)
+            probs, routing_map = self.router(tokens, seq, batch)
+            if tokens.is_meta:
+                output = self._balanced_on_meta(tokens, probs)
+            else:
+                output = self._routed(tokens, probs, routing_map)
         if self.shared_experts is not None:
             output = output + self.shared_experts(tokens)
         return output.view(seq, batch, width).transpose(0, 1)
 
     def _routed(self, tokens: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
         choice_probs, indices = choices_of(probs, routing_map, self.settings.router_topk)
+        return self._experts_of(tokens, choice_probs, indices)
+
+    def _deepspeed_gated(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSpeed-MoE's TopKGate (gpt/moe/deepspeed_gating.py): fp32 logits, its gating for k, l_aux x
+        --moe-loss-coeff attached to the weights' gradient and logged as moe_loss."""
+        settings, router = self.settings, self.router
+        logits = F.linear(tokens.float(), router.weight.float())
+        factor = settings.train_capacity_factor if self.training else settings.eval_capacity_factor
+        k = settings.router_topk
+        if k == 1:
+            probs, indices, l_aux = top1gating(logits, factor, settings.min_capacity, settings.drop_tokens)
+        elif k == 2:
+            probs, indices, l_aux = top2gating(logits, factor, settings.min_capacity, settings.drop_tokens,
+                                               settings.second_expert_sampling)
+        else:
+            probs, indices, l_aux = topkgating(logits, k, factor, settings.min_capacity, settings.drop_tokens)
+        if self.training and torch.is_grad_enabled():
+            moe_loss = l_aux * settings.loss_coeff
+            probs = attach(probs, moe_loss, router.tracker)
+            if router.tracker is not None:
+                router.tracker.record("moe_loss", router.layer_number, moe_loss)
+        return probs, indices
+
+    def _experts_of(self, tokens: torch.Tensor, choice_probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         rows, tokens_per_expert = self.dispatcher.dispatch(tokens, choice_probs, indices)
         self.last_tokens_per_expert = tokens_per_expert.detach()
         tracker = self.router.tracker

@@ -125,10 +125,28 @@ class MoESettings:
     shared_expert_intermediate_size: Optional[int] = None
     shared_expert_gate: bool = False
     grouped_gemm: bool = True
+    # DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py), for a Megatron-DeepSpeed launch
+    gating: str = "megatron"
+    train_capacity_factor: float = 1.0
+    eval_capacity_factor: float = 1.0
+    min_capacity: int = 4
+    drop_tokens: bool = True
+    loss_coeff: float = 0.1
+    second_expert_sampling: bool = True
 
     def validate(self) -> None:
         """TransformerConfig.__post_init__'s MoE checks, each as one line naming the flags."""
         experts = self.num_experts
+        if self.gating == "deepspeed":
+            if not 1 <= self.router_topk <= experts:
+                raise ConfigError(f"--topk {self.router_topk} must be between 1 and --num-experts {experts}",
+                                  flags=("--topk", "--num-experts"))
+            if self.min_capacity < 0 or self.train_capacity_factor <= 0 or self.eval_capacity_factor <= 0 \
+                    or self.loss_coeff < 0:
+                raise ConfigError("--moe-train-capacity-factor and --moe-eval-capacity-factor must be positive, "
+                                  "--moe-min-capacity and --moe-loss-coeff not negative",
+                                  flags=("--moe-train-capacity-factor", "--moe-min-capacity"))
+            return
         if not 1 <= self.router_topk <= experts:
             raise ConfigError(f"--moe-router-topk {self.router_topk} must be between 1 and --num-experts {experts}",
                               flags=("--moe-router-topk", "--num-experts"))

@@ -13,7 +13,6 @@ from arguments.flag_equivalents import nearest_flag, unknown_flags_message
 from arguments.megatron.flag_classes import (
     AT_VALUE,
     CLASS_OF,
-    NO_DEEPSPEED_MOE,
     NO_EFFECT_CLASS,
     NO_PIPELINE_SPLIT,
     NOT_IN_MOE,
@@ -153,7 +152,8 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--rotary-seq-len-interpolation-factor": "4"}
     # --apply-layernorm-1p is a switch refused beside decayed q/k norms (tests/gpt/test_megatron_small_features.py)
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
-                                        if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE, NO_DEEPSPEED_MOE)
+                                        if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE)
+                                        and option != "--enable-expert-tensor-parallelism"
                                         and option != "--apply-layernorm-1p"}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
@@ -180,34 +180,45 @@ def test_pipeline_split_knobs_have_no_effect_without_stages_and_are_refused_with
 
 
 def test_moe_knobs_not_implemented_have_no_effect_on_a_dense_model_and_are_refused_with_experts():
-    """Issue 51: Megatron-Core's MoE knobs this layer lacks, and Megatron-DeepSpeed's DeepSpeed-MoE flags (whose
-    gating differs: deepspeed/moe/sharded_moe.py top1gating/top2gating), change nothing without experts and
-    are refused with them, each in the one line."""
-    knobs = [option for option, at in AT_VALUE.items() if at.refused in (NOT_IN_MOE, NO_DEEPSPEED_MOE)]
-    assert {"--moe-input-jitter-eps", "--moe-loss-coeff", "--topk", "--mlp-type"} <= set(knobs)
+    """Issue 51: Megatron-Core's MoE knobs this layer lacks change nothing without experts and are refused with
+    them, each in the one line."""
+    knobs = [option for option, at in AT_VALUE.items() if at.refused == NOT_IN_MOE]
+    assert {"--moe-input-jitter-eps", "--moe-use-upcycling"} <= set(knobs)
     argv = [token for option in knobs for token in (option, *sample_values(option))]
     line = next(note for note in parse_arguments(argv).notes if note.startswith(NO_EFFECT_LINE))
     assert all(option in line for option in knobs)
     with pytest.raises(ConfigError) as error:
         parse_arguments(["--num-experts", "4", *argv])
     message = str(error.value)
-    assert "\n" not in message and NOT_IN_MOE in message and NO_DEEPSPEED_MOE in message
+    assert "\n" not in message and NOT_IN_MOE in message
     assert all(option in message for option in knobs)
 
 
-def test_num_experts_in_a_megatron_deepspeed_launch_is_refused_not_trained_as_another_model():
-    """A Megatron-DeepSpeed launch's --num-experts builds DeepSpeed-MoE (megatron/model/transformer.py there: MoE(k=args.topk
-    default 1, capacity_factor=args.moe_train_capacity_factor default 1.0, ...) on layers by --expert-interval,
-    default 2; pretrain_gpt.py adds `moe_loss * args.moe_loss_coeff`, default 0.1, to the loss): a launch whose
-    flags fit that fork is refused in one line; the same --num-experts in a Megatron-LM launch trains."""
-    with pytest.raises(ConfigError) as error:
-        parse_arguments(["--num-experts", "4", "--moe-expert-parallel-size", "1", "--no-pipeline-parallel",
-                         "--deepspeed"])
-    assert "in a Megatron-DeepSpeed launch is DeepSpeed-MoE" in str(error.value) and "\n" not in str(error.value)
-    parsed = parse_arguments(["--num-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "1"])
-    assert parsed.megatron_generation.startswith("megatron-lm") and parsed.config.model.moe.router_topk == 2
-    # our own flags the fork shares (--zero-stage) do not make a launch the fork's
-    assert parse_arguments(["--num-experts", "4", "--zero-stage", "2"]).config.model.num_experts == 4
+def test_num_experts_in_a_megatron_deepspeed_launch_gates_as_deepspeed_moe():
+    """A Megatron-DeepSpeed launch's --num-experts builds DeepSpeed-MoE (megatron/model/transformer.py there:
+    MoE(k=args.topk, capacity_factor=args.moe_train_capacity_factor, eval_capacity_factor=...,
+    min_capacity=args.moe_min_capacity, drop_tokens=args.moe_token_dropping, top2_2nd_expert_sampling=...) on
+    every --expert-interval-th layer, get_num_experts_per_layer: `layer_num % expert_interval == 0`): its flags
+    set that gating here; each side's flags beside the other gating are refused in one line, and so is PR-MoE."""
+    parsed = parse_arguments(["--num-experts", "4", "--moe-expert-parallel-size", "1", "--no-pipeline-parallel",
+                              "--deepspeed", "--topk", "2", "--moe-loss-coeff", "0.01", "--num-layers", "4",
+                              "--moe-min-capacity", "2", "--disable-moe-top2-2nd-expert-sampling"])
+    model = parsed.config.model
+    assert model.moe_gating == "deepspeed" and model.moe_layers() == (False, True, False, True)
+    moe = model.moe
+    assert (moe.router_topk, moe.loss_coeff, moe.min_capacity, moe.second_expert_sampling, moe.drop_tokens) == \
+           (2, 0.01, 2, False, True)
+    assert "a Megatron-DeepSpeed launch (--deepspeed)" in parsed.config.sources["moe_gating"].describe()
+    # our own flags the fork shares (--zero-stage) do not make a launch the fork's: Megatron-Core's router
+    assert parse_arguments(["--num-experts", "4", "--zero-stage", "2"]).config.model.moe_gating == "megatron"
+    for argv, named in ((["--num-experts", "4", "--topk", "2"], "--topk set DeepSpeed-MoE's gating"),
+                        (["--num-experts", "4", "--moe-gating", "deepspeed", "--moe-router-topk", "1"],
+                         "--moe-router-topk set Megatron-Core's router"),
+                        (["--num-experts", "4", "--moe-gating", "deepspeed", "--mlp-type", "residual"],
+                         "--mlp-type residual (PR-MoE")):
+        with pytest.raises(ConfigError) as error:
+            parse_arguments(argv)
+        assert named in str(error.value) and "\n" not in str(error.value)
 
 
 def test_refused_flags_end_in_their_one_line_reason():
@@ -227,7 +238,7 @@ def test_refused_flags_end_in_their_one_line_reason():
 # ---- (c) the flags the issue names ----------------------------------------------------------------------
 
 def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
-    parsed = parse_arguments(["--data-impl", "mmap", "--num-experts-switch", "1", "--moe-loss-coeff", "0.01",
+    parsed = parse_arguments(["--data-impl", "mmap", "--num-experts-switch", "1", "--moe-input-jitter-eps", "0.01",
                               "--optimizer", "adam", "--no-query-key-layer-scaling", "--wandb-save-dir", "X",
                               "--ds-sequence-parallel-size", "1", "--log-timers-to-tensorboard",
                               "--no-pipeline-parallel", "--tensorboard-queue-size", "1",
@@ -239,7 +250,7 @@ def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     line = lines[0]
     assert "--data-impl mmap (every implementation (mmap, cached, lazy, infer) reads the same .bin/.idx" in line
     assert "--num-experts-switch 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
-    assert "--moe-loss-coeff 0.01 (mixture-of-experts knob" in line
+    assert "--moe-input-jitter-eps 0.01 (mixture-of-experts knob" in line
     assert "--optimizer adam (Megatron's adam is AdamW" in line
     assert "--wandb-save-dir X (W&B writes its files beside --metrics-file here)" in line
     assert "--ds-sequence-parallel-size 1 (sequence parallelism over 1 rank is none)" in line

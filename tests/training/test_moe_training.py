@@ -177,3 +177,18 @@ def test_per_layer_logging_gives_each_moe_layers_losses_and_tokens_per_expert(co
         assert per_layer["load_balancing_loss"][1] == pytest.approx(record["load_balancing_loss"], rel=1e-12)
         assert sum(per_layer["tokens_per_expert"][1]) == 2 * 2 * 16 * 2 and len(per_layer["tokens_per_expert"][1]) == 4
     assert "moe_per_layer" not in records(corpus_cache_300, tmp_path / "plain", *MOE, "--train-iters", "1")[0]
+
+
+def test_a_megatron_deepspeed_moe_launch_trains_with_deepspeed_moe_gating(corpus_cache_300, tmp_path):
+    """Megatron-DeepSpeed's MoE flags as its examples_deepspeed/MoE/ds_pretrain_gpt_*_MoE*.sh pass them (at
+    expert-parallel size 1): DeepSpeed-MoE's top-2 gating on every 2nd layer (--expert-interval's default), the
+    moe_loss (l_aux x --moe-loss-coeff, summed over the MoE layers) logged beside the LM loss, and training that
+    reaches its last iteration with finite losses."""
+    flags = ["--num-layers", "4", "--num-experts", "4", "--deepspeed", "--no-pipeline-parallel",
+             "--moe-expert-parallel-size", "1", "--topk", "2", "--moe-loss-coeff", "0.01",
+             "--moe-train-capacity-factor", "1.0", "--moe-eval-capacity-factor", "1.0", "--moe-min-capacity", "4",
+             "--create-moe-param-group", "--seed", "5", "--train-iters", "3"]
+    logged = records(corpus_cache_300, tmp_path / "ds", *flags)
+    assert [r["iteration"] for r in logged] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in logged)
+    # l_aux is about 1 per layer when balanced (E^2 x mean of E products of about 1/E): 2 layers x 0.01
+    assert all(0.015 < r["moe_loss"] < 0.03 for r in logged) and "load_balancing_loss" not in logged[0]
