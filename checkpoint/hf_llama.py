@@ -71,7 +71,8 @@ def moe_misfits(config: ModelConfig) -> list[str]:
     shared expert): both route by a softmax over all experts' logits, take the top k, drop no token and add no
     bias to the experts."""
     moe, family = config.moe, moe_family(config)
-    needs = {"--moe-router-score-function softmax": moe.router_score_function != "softmax",
+    needs = {"--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)": moe.gating != "megatron",
+             "--moe-router-score-function softmax": moe.router_score_function != "softmax",
              "no --moe-router-topk-scaling-factor": bool(moe.router_topk_scaling_factor),
              "no group-limited routing": moe.router_group_topk is not None,
              "no --moe-router-enable-expert-bias": moe.router_enable_expert_bias,

@@ -22,7 +22,8 @@ ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_sc
 # and weighs them. (The balancing losses' coefficients and the capacity are training settings a resume may change.)
 MOE_COMPARED = ("num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_router_topk", "moe_router_score_function",
                 "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_num_groups",
-                "moe_router_group_topk", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate")
+                "moe_router_group_topk", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+                "moe_gating", "topk", "expert_interval")  # the last three: DeepSpeed-MoE's (a Megatron-DeepSpeed launch)
 COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED)
 
 

@@ -82,7 +82,8 @@ def test_the_moe_layers_structure_and_routing_are_compared_and_their_coefficient
                           ({"moe_router_score_function": "sigmoid"},
                            "--moe-router-score-function sigmoid (the checkpoint's: softmax)"),
                           ({"num_experts": 8}, "--num-experts 8 (the checkpoint's: 4)"),
-                          ({"moe_layer_freq": 2}, "--moe-layer-freq 2 (the checkpoint's: 1)")):
+                          ({"moe_layer_freq": 2}, "--moe-layer-freq 2 (the checkpoint's: 1)"),
+                          ({"moe_gating": "deepspeed"}, "--moe-gating deepspeed (the checkpoint's: megatron)")):
         assert model_differences(saved(moe), dataclasses.replace(moe, **change)) == [named]
     assert model_differences(saved(moe), dataclasses.replace(moe, moe_aux_loss_coeff=0.1,
                                                              moe_expert_capacity_factor=1.5)) == []
