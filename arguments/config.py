@@ -451,6 +451,11 @@ class LoggingConfig:
     tensorboard_dir: Optional[str] = option(None, metavar="DIR",
                                             help="also write TensorBoard events here, with the same keys as "
                                                  "--metrics-file")
+    # Megatron-LM's --moe-per-layer-logging (MoEMetricsTracker.report's per_layer_logging)
+    moe_per_layer_logging: bool = option(
+        False, action="store_true",
+        help="with experts: each record also holds, per layer, the balancing losses and the tokens each expert "
+             "received in the iteration (summed over the data-parallel ranks), as moe_per_layer")
 
     def validate(self) -> None:
         if not self.metrics_file:
@@ -595,6 +600,13 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
+        if self.model.moe is not None and self.model.moe_router_enable_expert_bias and (
+                self.checkpoint.save or self.checkpoint.load):
+            # gpt/moe/router.py keeps the bias beside the parameters; the checkpoint format does not hold it yet
+            raise ConfigError("--moe-router-enable-expert-bias with --save or --load: the expert bias is not saved in "
+                              "checkpoints yet, so a resume would restart it at 0; train without checkpoints, or "
+                              "balance with --moe-aux-loss-coeff",
+                              flags=("--moe-router-enable-expert-bias", "--save", "--load"))
         self._check_pipeline()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:

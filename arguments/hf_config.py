@@ -17,6 +17,7 @@ not an integer (transformers refuses it too); NaN and Infinity parse, and are no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -133,6 +134,44 @@ LLAMA_FIELDS = (
     Field("label2id", OBJECT, None, nullable=True),
 )
 
+# MixtralConfig's (transformers/models/mixtral/configuration_mixtral.py): a Llama's blocks with a mixture of
+# experts in place of the MLP (issue 51); it has no attention_bias, mlp_bias or pretraining_tp.
+MIXTRAL_FIELDS = (
+    *(spec for spec in LLAMA_FIELDS if spec.key not in ("attention_bias", "mlp_bias", "pretraining_tp",
+                                                        "intermediate_size", "rope_theta")),
+    Field("intermediate_size", POSITIVE_INT, 14336),
+    Field("rope_theta", POSITIVE_NUMBER, 1e6),
+    Field("num_local_experts", POSITIVE_INT, 8),
+    Field("num_experts_per_tok", POSITIVE_INT, 2),
+    Field("output_router_logits", BOOLEAN, False),
+    Field("router_aux_loss_coef", NON_NEGATIVE_NUMBER, 0.001),
+    Field("router_jitter_noise", NON_NEGATIVE_NUMBER, 0.0),
+    Field("sliding_window", POSITIVE_INT, None, nullable=True),
+)
+
+LAYER_INDICES = Kind("a list of integers", lambda v: isinstance(v, list) and all(_is_int(i) for i in v))
+
+# Qwen2MoeConfig's (transformers/models/qwen2_moe/configuration_qwen2_moe.py): Llama's blocks with a bias on q, k, v
+# only (qkv_bias), and an MoE layer with a gated shared expert at every decoder_sparse_step-th layer not in
+# mlp_only_layers.
+QWEN2_MOE_FIELDS = (
+    *(spec for spec in LLAMA_FIELDS if spec.key not in ("attention_bias", "mlp_bias", "pretraining_tp",
+                                                        "intermediate_size", "rms_norm_eps")),
+    Field("intermediate_size", POSITIVE_INT, 22016),
+    Field("rms_norm_eps", POSITIVE_NUMBER, 1e-6),
+    Field("qkv_bias", BOOLEAN, True),
+    Field("num_experts", POSITIVE_INT, 60),
+    Field("num_experts_per_tok", POSITIVE_INT, 4),
+    Field("moe_intermediate_size", POSITIVE_INT, 1408),
+    Field("shared_expert_intermediate_size", POSITIVE_INT, 5632),
+    Field("norm_topk_prob", BOOLEAN, False),
+    Field("decoder_sparse_step", POSITIVE_INT, 1),
+    Field("mlp_only_layers", LAYER_INDICES, None, nullable=True),
+    Field("output_router_logits", BOOLEAN, False),
+    Field("router_aux_loss_coef", NON_NEGATIVE_NUMBER, 0.001),
+    Field("use_sliding_window", BOOLEAN, False),
+)
+
 # The keys of a rope_parameters (or rope_scaling) object that a Llama's rotary embedding reads.
 ROPE_FIELDS = (
     Field("rope_type", NAME, "default"),
@@ -182,6 +221,13 @@ class HFConfig:
     initializer_range: float
     rope: Optional[RopeConfig]  # None for GPT-2 (learned positions)
     fields: dict = field(repr=False, compare=False)
+    num_experts: Optional[int] = None  # Mixtral's num_local_experts; None for a dense family
+    experts_per_token: Optional[int] = None  # Mixtral's num_experts_per_tok
+    moe_ffn_hidden_size: Optional[int] = None  # Qwen2-MoE's moe_intermediate_size (Mixtral's is intermediate_size)
+    shared_expert_size: Optional[int] = None  # Qwen2-MoE's gated shared expert
+    norm_topk_prob: bool = True  # Mixtral renormalizes the top k; Qwen2-MoE by norm_topk_prob
+    qkv_bias: bool = False  # Qwen2's bias on q, k and v alone
+    moe_layers: Optional[tuple] = None  # per layer, whether it is an MoE layer (None: every layer)
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -213,18 +259,37 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
     """`raw` (a config.json's object) checked; `path` names it in every error."""
     path = Path(path)
     family = _family(raw, path)
-    table = GPT2_FIELDS if family == "gpt2" else LLAMA_FIELDS
+    table = {"gpt2": GPT2_FIELDS, "mixtral": MIXTRAL_FIELDS, "qwen2_moe": QWEN2_MOE_FIELDS}.get(family, LLAMA_FIELDS)
     fields = dict(raw)
     values = {}
     for spec in table:
         values[spec.key] = _checked(raw, spec, path, fields)
     if family == "gpt2":
         return _gpt2(values, path, fields)
+    if family == "mixtral":
+        values = {**values, "attention_bias": False, "mlp_bias": False}
+        return dataclasses.replace(_llama(values, raw, path, fields), family="mixtral",
+                                   num_experts=values["num_local_experts"],
+                                   experts_per_token=values["num_experts_per_tok"])
+    if family == "qwen2_moe":
+        values = {**values, "attention_bias": False, "mlp_bias": False}
+        layers = values["num_hidden_layers"]
+        dense = set(values["mlp_only_layers"] or ())
+        # Qwen2MoeDecoderLayer: an MoE block `if (layer_idx not in config.mlp_only_layers) and
+        # (config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0)`
+        moe_layers = tuple(i not in dense and (i + 1) % values["decoder_sparse_step"] == 0 for i in range(layers))
+        return dataclasses.replace(_llama(values, raw, path, fields), family="qwen2_moe",
+                                   num_experts=values["num_experts"], experts_per_token=values["num_experts_per_tok"],
+                                   moe_ffn_hidden_size=values["moe_intermediate_size"],
+                                   shared_expert_size=values["shared_expert_intermediate_size"],
+                                   norm_topk_prob=values["norm_topk_prob"], qkv_bias=values["qkv_bias"],
+                                   moe_layers=moe_layers)
     return _llama(values, raw, path, fields)
 
 
 # model_type -> the architectures (config.json's `architectures`) of that family we read.
-FAMILIES = {"gpt2": ("GPT2LMHeadModel", "GPT2Model"), "llama": ("LlamaForCausalLM", "LlamaModel")}
+FAMILIES = {"gpt2": ("GPT2LMHeadModel", "GPT2Model"), "llama": ("LlamaForCausalLM", "LlamaModel"),
+            "mixtral": ("MixtralForCausalLM", "MixtralModel"), "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeModel")}
 
 
 def _supported() -> str:

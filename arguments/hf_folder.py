@@ -27,6 +27,7 @@ the tokenizer's ids must fall inside it. Which tokenizer:
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import os
 from dataclasses import dataclass, field
@@ -52,7 +53,8 @@ LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_p
 # Settings a flag may change without describing another model: rotary positions have no table, so a Llama's
 # max_position_embeddings is only how long a sequence it is meant for (a longer context is trained this way);
 # GPT-2's n_positions is the shape of its position embedding.
-FLAG_MAY_CHANGE = {"llama": ("max_position_embeddings",)}
+FLAG_MAY_CHANGE = {"llama": ("max_position_embeddings",), "mixtral": ("max_position_embeddings",),
+                   "qwen2_moe": ("max_position_embeddings",)}
 # The tokenizer settings an explicit tokenizer is given by.
 TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file")
 
@@ -69,6 +71,10 @@ def architecture_settings(config: HFConfig) -> dict[str, FolderValue]:
     compute is refused in one line naming each key."""
     if config.family == "llama":
         return _llama(config)
+    if config.family == "mixtral":
+        return _mixtral(config)
+    if config.family == "qwen2_moe":
+        return _qwen2_moe(config)
     return _gpt2(config)
 
 
@@ -148,6 +154,46 @@ def _llama(config: HFConfig) -> dict[str, FolderValue]:
     return settings
 
 
+def _mixtral(config: HFConfig) -> dict[str, FolderValue]:
+    """MixtralForCausalLM: a Llama's blocks with Megatron-Core's MoE layer in every MLP's place
+    (transformers' MixtralSparseMoeBlock: a softmax over all experts' logits, its top k renormalized - the
+    same weights as a softmax over the top k logits, Megatron's default - and SwiGLU experts of
+    intermediate_size). Its router jitter is not built here; its aux loss coefficient is a training choice
+    (--moe-aux-loss-coeff)."""
+    if config.fields.get("router_jitter_noise"):
+        raise ConfigError(f"{config.path}: this MixtralForCausalLM cannot be represented here: router_jitter_noise "
+                          f"{config.fields['router_jitter_noise']!r} (the router here adds no noise)")
+    v = FolderValue
+    return {**_llama(config), "num_experts": v(config.num_experts, "num_local_experts"),
+            "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
+            "moe_ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size")}
+
+
+def _qwen2_moe(config: HFConfig) -> dict[str, FolderValue]:
+    """Qwen2MoeForCausalLM (transformers/models/qwen2_moe/modeling_qwen2_moe.py): Llama's blocks with a bias on q,
+    k and v alone (--add-qkv-bias), and in the MoE layers Megatron-Core's MoE layer with a shared expert gated by
+    sigmoid(x . shared_expert_gate) (--moe-shared-expert-gate); its router takes the top k of a softmax over all
+    experts, renormalized only with norm_topk_prob (else --moe-router-pre-softmax). Dense layers (mlp_only_layers,
+    decoder_sparse_step) become --moe-layer-freq's list."""
+    fields = config.fields
+    if fields.get("use_sliding_window"):
+        raise ConfigError(f"{config.path}: this Qwen2MoeForCausalLM cannot be represented here: use_sliding_window "
+                          f"true (attention here sees the whole sequence)")
+    # its sliding_window is read only under use_sliding_window
+    llama = _llama(dataclasses.replace(config, fields={k: v for k, v in fields.items() if k != "sliding_window"}))
+    v = FolderValue
+    pattern = config.moe_layers
+    freq = 1 if all(pattern) else "[" + ",".join(str(int(moe)) for moe in pattern) + "]"
+    return {**llama, "add_bias_linear": v(False, "model_type qwen2_moe"), "add_qkv_bias": v(config.qkv_bias, "qkv_bias"),
+            "num_experts": v(config.num_experts, "num_experts"),
+            "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
+            "moe_ffn_hidden_size": v(config.moe_ffn_hidden_size, "moe_intermediate_size"),
+            "moe_router_pre_softmax": v(not config.norm_topk_prob, "norm_topk_prob"),
+            "moe_shared_expert_intermediate_size": v(config.shared_expert_size, "shared_expert_intermediate_size"),
+            "moe_shared_expert_gate": v(True, "model_type qwen2_moe"),
+            "moe_layer_freq": v(freq, "decoder_sparse_step, mlp_only_layers")}
+
+
 # ---- the layer ----------------------------------------------------------------------------------
 
 @dataclass
@@ -195,7 +241,8 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
                                       f"capped: {seq_length}, of the preset or the default, is longer than the "
                                       f"folder's positions")
     _tokenizer(layer, settings, explicit)
-    family = LLAMA_ARCHITECTURE if config.family == "llama" else GPT2_ARCHITECTURE
+    family = {"llama": LLAMA_ARCHITECTURE, "mixtral": "MixtralForCausalLM",
+              "qwen2_moe": "Qwen2MoeForCausalLM"}.get(config.family, GPT2_ARCHITECTURE)
     layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
                           f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")
     return layer

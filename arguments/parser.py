@@ -67,6 +67,7 @@ from arguments.megatron.defaults import (
     megatron_default_argv,
     megatron_default_note,
 )
+from arguments.megatron.flag_classes import is_deepspeed_moe_launch
 from arguments.megatron.flags import (
     MEANING_DESTS,
     RefusedFlags,
@@ -378,6 +379,12 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
         if unfit:
             problems.append(unfit)
+    if is_deepspeed_moe_launch(config.model.num_experts, generation, bool(meanings["deepspeed"])) \
+            and sources["moe_gating"].kind == DEFAULT:
+        # Megatron-DeepSpeed's --num-experts: DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py)
+        config.model.moe_gating = "deepspeed"
+        config.sources["moe_gating"] = Source(FLAG, "--num-experts", note="a Megatron-DeepSpeed launch "
+                                              "(--deepspeed): DeepSpeed-MoE's gating")
     try:
         config.validate()
     except ConfigError as error:

@@ -61,7 +61,9 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--qk-layernorm": config.qk_layernorm,
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
-                "--attention-output-gate": config.attention_output_gate}
+                "--attention-output-gate": config.attention_output_gate,
+                # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf_llama.py), never a GPT2LMHeadModel
+                f"--num-experts {config.num_experts}": config.moe is not None}
     return [flag for flag, differs in features.items() if differs]
 
 
@@ -76,6 +78,13 @@ def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
     differing = gpt2_misfits(config)
     if differing:
         raise ConfigError(f"{what} reads GPT-2-shaped models only; this one has {', '.join(differing)}")
+
+
+def check_dense(config: ModelConfig, what: str) -> None:
+    """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through checkpoint/hf_llama.py)."""
+    if config.moe is not None:
+        raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {config.num_experts}: "
+                          f"experts come from a MixtralForCausalLM or Qwen2MoeForCausalLM folder")
 
 
 def check_convertible(config: ModelConfig, what: str) -> None:
@@ -168,6 +177,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
 def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
                        padded_vocab_size: int) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf_state_dict`; padding rows of the vocabulary are zeros."""
+    check_dense(config, "the Hugging Face import (--init-from-hf)")
     check_gpt2_shaped(config, "the Hugging Face import (--init-from-hf)")
     heads = config.num_attention_heads
     wte = hf_state["transformer.wte.weight"]
@@ -251,7 +261,7 @@ def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dty
     eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else None
     if is_llama_shaped(model_config):
         hf = hf_llama.llama_hf_config(model_config, eod)
-        hf.architectures = [hf_llama.ARCHITECTURE]
+        hf.architectures = [hf_llama.architecture_of(model_config)]
     else:
         hf = hf_config(model_config, eod)
         hf.architectures = ["GPT2LMHeadModel"]
@@ -298,8 +308,8 @@ def read_hf_model(hf_dir: str | os.PathLike) -> tuple[HFConfig, dict[str, torch.
     and its weights under transformers' names for that family."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
-    if config.family == hf_llama.MODEL_TYPE:
-        return config, hf_llama.canonical_names(_read_weights(hf_dir))
+    if config.family in (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES):
+        return config, hf_llama.canonical_names(_read_weights(hf_dir), config.family)
     return config, _gpt2_lm_head_names(_read_weights(hf_dir))
 
 
@@ -485,11 +495,11 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     config, hf_state = read_hf_model(hf_dir)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
-    if config.family == hf_llama.MODEL_TYPE:
+    if config.family in (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES):
         hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
-        check_tensors_fit(hf_state, hf_llama.llama_tensor_shapes(model_config), hf_dir,
+        check_tensors_fit(hf_state, hf_llama.llama_tensor_shapes(model_config, config.family), hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
-        return hf_llama.from_llama_state_dict(hf_state, model_config, padded_vocab)
+        return hf_llama.from_llama_state_dict(hf_state, model_config, padded_vocab, config.family)
     check_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
     check_hf_tensors(hf_state, model_config, hf_dir)
     return from_hf_state_dict(hf_state, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
@@ -529,5 +539,7 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
     model_config = ModelConfig.from_record(metadata["config"]["model"])
+    if model_config.moe is not None:  # as a Mixtral or a Qwen2-MoE, or refused naming what it lacks
+        hf_llama.check_llama_shaped(model_config, "the Hugging Face export")
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
     return model_config, to_hf_state_dict(master, model_config)

@@ -31,6 +31,10 @@ from base.options import flag_of_setting
 
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
+# Mixtral: the Llama family's blocks with a mixture of experts (issue 51); read by --init-from-hf
+MIXTRAL_TYPE = "mixtral"
+QWEN2_MOE_TYPE = "qwen2_moe"  # Qwen2-MoE: a gated shared expert beside the routed ones, q/k/v biases
+MOE_TYPES = (MIXTRAL_TYPE, QWEN2_MOE_TYPE)
 # Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -48,15 +52,51 @@ def llama_misfits(config: ModelConfig) -> list[str]:
              "no --rotary-interleaved": architecture.rotary_interleaved,
              "no --attention-output-gate": architecture.attention_output_gate,
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
-                 architecture.add_qkv_bias and not architecture.add_bias_linear}
+                 architecture.add_qkv_bias and not architecture.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
+    if config.moe is not None:
+        needs = {need: missing for need, missing in needs.items() if missing}
+        needs.update({need: True for need in moe_misfits(config)})
+    return [need for need, missing in needs.items() if missing]
+
+
+def moe_family(config: ModelConfig) -> Optional[str]:
+    """The transformers class family an MoE model exports as: Qwen2-MoE with a gated shared expert, else Mixtral."""
+    if config.moe is None:
+        return None
+    return QWEN2_MOE_TYPE if config.moe.shared_expert_intermediate_size is not None else MIXTRAL_TYPE
+
+
+def moe_misfits(config: ModelConfig) -> list[str]:
+    """What keeps an MoE model from being a MixtralForCausalLM (no shared expert) or a Qwen2MoeForCausalLM (a gated
+    shared expert): both route by a softmax over all experts' logits, take the top k, drop no token and add no
+    bias to the experts."""
+    moe, family = config.moe, moe_family(config)
+    needs = {"--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)": moe.gating != "megatron",
+             "--moe-router-score-function softmax": moe.router_score_function != "softmax",
+             "no --moe-router-topk-scaling-factor": bool(moe.router_topk_scaling_factor),
+             "no group-limited routing": moe.router_group_topk is not None,
+             "no --moe-router-enable-expert-bias": moe.router_enable_expert_bias,
+             "no --moe-expert-capacity-factor (transformers drops no token)": moe.expert_capacity_factor is not None,
+             "no --add-bias-linear (no bias in their experts)": config.add_bias_linear}
+    if family == MIXTRAL_TYPE:
+        needs.update({"no --moe-router-pre-softmax (Mixtral renormalizes the top k)": moe.router_pre_softmax,
+                      "an MoE layer in every layer (Mixtral has no dense layers)": not all(config.moe_layers()),
+                      "no --add-qkv-bias (Mixtral's attention has no bias)": config.add_qkv_bias})
+    else:
+        needs["--moe-shared-expert-gate (Qwen2-MoE's shared expert is gated)"] = not moe.shared_expert_gate
     return [need for need, missing in needs.items() if missing]
 
 
 def check_llama_shaped(config: ModelConfig, what: str) -> None:
     misfits = llama_misfits(config)
     if misfits:
-        raise ConfigError(f"{what} converts GPT-2- or Llama-shaped models; as a {ARCHITECTURE} this one would "
-                          f"need {', '.join(misfits)}")
+        raise ConfigError(f"{what} converts GPT-2- or Llama-shaped models; as a {architecture_of(config)} this one "
+                          f"would need {', '.join(misfits)}")
+
+
+def architecture_of(config: ModelConfig) -> str:
+    return {MIXTRAL_TYPE: "MixtralForCausalLM", QWEN2_MOE_TYPE: "Qwen2MoeForCausalLM"}.get(moe_family(config),
+                                                                                          ARCHITECTURE)
 
 
 def rope_parameters(config: ModelConfig) -> dict:
@@ -67,10 +107,31 @@ def rope_parameters(config: ModelConfig) -> dict:
 
 
 def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
-    """A transformers LlamaConfig describing the same network. BOS and EOS are our end-of-document id."""
-    from transformers import LlamaConfig
+    """A transformers LlamaConfig (MixtralConfig, Qwen2MoeConfig for an MoE model) describing the same network.
+    BOS and EOS are our end-of-document id."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
 
     architecture = config.architecture
+    common = dict(bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
+                  vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+                  num_attention_heads=config.num_attention_heads,
+                  num_key_value_heads=architecture.query_groups(config.num_attention_heads), head_dim=config.head_dim,
+                  max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
+                  rope_parameters=rope_parameters(config), hidden_act="silu",
+                  tie_word_embeddings=not config.untie_embeddings_and_output_weights,
+                  attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+    moe = config.moe
+    if moe_family(config) == MIXTRAL_TYPE:
+        return MixtralConfig(**common, intermediate_size=moe.ffn_hidden_size, num_local_experts=moe.num_experts,
+                             num_experts_per_tok=moe.router_topk, router_jitter_noise=0.0, sliding_window=None,
+                             router_aux_loss_coef=moe.aux_loss_coeff)
+    if moe_family(config) == QWEN2_MOE_TYPE:
+        return Qwen2MoeConfig(**common, intermediate_size=config.ffn_size, moe_intermediate_size=moe.ffn_hidden_size,
+                              shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
+                              num_experts=moe.num_experts, num_experts_per_tok=moe.router_topk,
+                              norm_topk_prob=not moe.router_pre_softmax, qkv_bias=architecture.qkv_bias,
+                              decoder_sparse_step=1, use_sliding_window=False, router_aux_loss_coef=moe.aux_loss_coeff,
+                              mlp_only_layers=[i for i, is_moe in enumerate(config.moe_layers()) if not is_moe])
     return LlamaConfig(
         bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.ffn_size,
@@ -90,16 +151,17 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike):
     rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
+    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig}.get(hf.get("model_type"), LlamaConfig)
     try:
-        return LlamaConfig.from_dict(hf)
+        return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
         reason = " ".join(str(error).split())
-        raise ConfigError(f"{source}: transformers cannot read it as a LlamaConfig ({reason})") from None
+        raise ConfigError(f"{source}: transformers cannot read it as a {config_class.__name__} ({reason})") from None
     finally:
         logging.set_verbosity(verbosity)
 
@@ -133,6 +195,8 @@ def _ours(config: ModelConfig, name: str):
         return config.architecture.query_groups(config.num_attention_heads)
     if name == "kv_channels":  # the width, given or not (Megatron's default is hidden / heads)
         return config.head_dim
+    if name == "moe_ffn_hidden_size":  # the experts' width, given or not (default: the MLP's)
+        return config.moe.ffn_hidden_size if config.moe is not None else None
     return getattr(config, name)
 
 
@@ -168,7 +232,7 @@ def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.
 
 # ---- weights ------------------------------------------------------------------------------------
 
-def canonical_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def canonical_names(tensors: dict[str, torch.Tensor], family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
     """Names as LlamaForCausalLM has them: a LlamaModel's file lacks the `model.` prefix; saved rotary
     buffers are dropped."""
     out = {}
@@ -177,8 +241,28 @@ def canonical_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
             continue
         if not name.startswith(("model.", "lm_head.")):
             name = "model." + name
-        out[name] = tensor
+        out.update(_per_expert(name, tensor, family) if family in MOE_TYPES else {name: tensor})
     return out
+
+
+def _per_expert(name: str, tensor: torch.Tensor, family: str) -> dict[str, torch.Tensor]:
+    """transformers 5 keeps the experts fused in memory (mlp.experts.gate_up_proj [E, 2 x ffn, h], gate rows
+    first; mlp.experts.down_proj [E, h, ffn]) and saves them per expert under the older names - a Mixtral's
+    block_sparse_moe.experts.<e>.w1 (gate), w3 (up), w2 (down) and block_sparse_moe.gate (the router), a
+    Qwen2-MoE's mlp.experts.<e>.gate_proj, up_proj, down_proj: a fused file is read as those."""
+    layer, _, rest = name.partition(".mlp.")
+    mixtral = family == MIXTRAL_TYPE
+    experts = f"{layer}.block_sparse_moe.experts" if mixtral else f"{layer}.mlp.experts"
+    gate_name, up_name, down_name = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    if mixtral and rest == "gate.weight":
+        return {f"{layer}.block_sparse_moe.gate.weight": tensor}
+    if rest == "experts.gate_up_proj":
+        gate, up = tensor.chunk(2, dim=1)
+        return {f"{experts}.{e}.{w}.weight": part[e]
+                for e in range(tensor.shape[0]) for w, part in ((gate_name, gate), (up_name, up))}
+    if rest == "experts.down_proj":
+        return {f"{experts}.{e}.{down_name}.weight": tensor[e] for e in range(tensor.shape[0])}
+    return {name: tensor}
 
 
 # (our name inside a block, transformers' name inside a layer) for the tensors that move as they are.
@@ -206,7 +290,7 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
         out["lm_head.weight"] = state_dict["output_layer.weight"][:vocab]
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
-        for kind in _kinds(config):
+        for kind in _qkv_kinds(config):
             qkv = state_dict[ours + "attention.query_key_value." + kind]
             rest = qkv.shape[1:]
             qkv = qkv.reshape(groups, per_group + 2, d, *rest)
@@ -214,13 +298,18 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
             out[theirs + "self_attn.k_proj." + kind] = qkv[:, per_group].reshape(groups * d, *rest)
             out[theirs + "self_attn.v_proj." + kind] = qkv[:, per_group + 1].reshape(groups * d, *rest)
         for our_name, their_name in _SAME:
+            if config.moe_layers()[i] and our_name.startswith("mlp."):
+                continue
             if our_name.endswith("weight") or config.add_bias_linear:
                 out[theirs + their_name] = state_dict[ours + our_name]
+        if config.moe_layers()[i]:
+            out.update({theirs + their_name: state_dict[ours + our_name]
+                        for our_name, their_name in _moe_names(config, moe_family(config))})
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 
 def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
-                          padded_vocab_size: int) -> dict[str, torch.Tensor]:
+                          padded_vocab_size: int, family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
     """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
     values leave them)."""
     heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
@@ -236,19 +325,56 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
         out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
-        for kind in _kinds(config):
+        for kind in _qkv_kinds(config):
             q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
             rest = q.shape[1:]
             fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
                                v.reshape(groups, 1, d, *rest)], dim=1)
             out[ours + "attention.query_key_value." + kind] = fused.reshape(-1, *rest)
         for our_name, their_name in _SAME:
+            if config.moe_layers()[i] and our_name.startswith("mlp."):
+                continue
             if our_name.endswith("weight") or config.add_bias_linear:
                 out[ours + our_name] = hf_state[theirs + their_name]
+        if config.moe_layers()[i]:
+            out.update({ours + our_name: hf_state[theirs + their_name]
+                        for our_name, their_name in _moe_names(config, family)})
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 
-def llama_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+def _qkv_kinds(config: ModelConfig) -> tuple[str, ...]:
+    """q, k and v have biases with --add-bias-linear, or alone with --add-qkv-bias (Qwen2)."""
+    return ("weight", "bias") if config.architecture.qkv_bias else ("weight",)
+
+
+def _moe_names(config: ModelConfig, family: str) -> list[tuple[str, str]]:
+    if family == QWEN2_MOE_TYPE:
+        return _qwen2_moe_names(config.moe.num_experts)
+    return _mixtral_names(config.moe.num_experts)
+
+
+def _qwen2_moe_names(num_experts: int) -> list[tuple[str, str]]:
+    """(our name inside a block, a Qwen2-MoE layer's): the router, each expert's and the shared expert's SwiGLU
+    weights, and the shared expert's gate."""
+    projections = (("dense_h_to_4h_gate", "gate_proj"), ("dense_h_to_4h_up", "up_proj"), ("dense_4h_to_h", "down_proj"))
+    names = [("mlp.router.weight", "mlp.gate.weight"), ("mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight")]
+    names += [(f"mlp.shared_experts.{ours}.weight", f"mlp.shared_expert.{theirs}.weight") for ours, theirs in projections]
+    for e in range(num_experts):
+        names += [(f"mlp.experts.{e}.{ours}.weight", f"mlp.experts.{e}.{theirs}.weight") for ours, theirs in projections]
+    return names
+
+
+def _mixtral_names(num_experts: int) -> list[tuple[str, str]]:
+    """(our name inside a block, a Mixtral layer's) for the router and each expert's SwiGLU weights."""
+    names = [("mlp.router.weight", "block_sparse_moe.gate.weight")]
+    for e in range(num_experts):
+        names += [(f"mlp.experts.{e}.dense_h_to_4h_gate.weight", f"block_sparse_moe.experts.{e}.w1.weight"),
+                  (f"mlp.experts.{e}.dense_h_to_4h_up.weight", f"block_sparse_moe.experts.{e}.w3.weight"),
+                  (f"mlp.experts.{e}.dense_4h_to_h.weight", f"block_sparse_moe.experts.{e}.w2.weight")]
+    return names
+
+
+def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[str, tuple[int, ...]]:
     """The shape of every LlamaForCausalLM weight for `config` (lm_head only when untied)."""
     h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
     q_rows, kv_rows = config.num_attention_heads * d, config.architecture.query_groups(config.num_attention_heads) * d
@@ -258,13 +384,36 @@ def llama_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     bias = config.add_bias_linear
     for i in range(config.num_layers):
         layer = f"model.layers.{i}."
+        mlp = (("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn), ("mlp.down_proj", (h, ffn), h))
+        if config.moe_layers()[i]:
+            mlp = ()
+            shapes.update(_moe_shapes(config, family, layer))
         for name, shape, bias_rows in (("self_attn.q_proj", (q_rows, h), q_rows), ("self_attn.k_proj", (kv_rows, h), kv_rows),
                                        ("self_attn.v_proj", (kv_rows, h), kv_rows), ("self_attn.o_proj", (h, q_rows), h),
-                                       ("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn),
-                                       ("mlp.down_proj", (h, ffn), h)):
+                                       *mlp):
             shapes[layer + name + ".weight"] = shape
-            if bias:
+            if bias or (config.architecture.qkv_bias and name in ("self_attn.q_proj", "self_attn.k_proj",
+                                                                  "self_attn.v_proj")):
                 shapes[layer + name + ".bias"] = (bias_rows,)
         shapes[layer + "input_layernorm.weight"] = (h,)
         shapes[layer + "post_attention_layernorm.weight"] = (h,)
+    return shapes
+
+
+def _moe_shapes(config: ModelConfig, family: str, layer: str) -> dict[str, tuple[int, ...]]:
+    """One MoE layer's weights as a Mixtral or Qwen2-MoE folder holds them."""
+    h, experts, ffn = config.hidden_size, config.moe.num_experts, config.moe.ffn_hidden_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    if family == QWEN2_MOE_TYPE:
+        shared = config.moe.shared_expert_intermediate_size
+        shapes[layer + "mlp.gate.weight"] = (experts, h)
+        shapes[layer + "mlp.shared_expert_gate.weight"] = (1, h)
+        for prefix, width in ([("mlp.shared_expert.", shared)] + [(f"mlp.experts.{e}.", ffn) for e in range(experts)]):
+            shapes.update({layer + prefix + "gate_proj.weight": (width, h), layer + prefix + "up_proj.weight": (width, h),
+                           layer + prefix + "down_proj.weight": (h, width)})
+        return shapes
+    shapes[layer + "block_sparse_moe.gate.weight"] = (experts, h)
+    for e in range(experts):
+        for w, shape in (("w1", (ffn, h)), ("w3", (ffn, h)), ("w2", (h, ffn))):
+            shapes[f"{layer}block_sparse_moe.experts.{e}.{w}.weight"] = shape
     return shapes

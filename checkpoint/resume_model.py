@@ -1,6 +1,6 @@
 """A resume continues the model that was trained: its blocks' settings (normalization, SwiGLU, positions
 and every rotary setting, key/value groups, tied output, biases, q/k norms, the attention output gate, the
-norm epsilon, the activation) equal the checkpoint's.
+norm epsilon, the activation, the MoE layers' structure and routing) equal the checkpoint's.
 
 Most of them change no parameter shape (--rotary-base, --rotary-percent, --use-rope-scaling, --norm-epsilon;
 --num-query-groups at equal rows), so the load's shape check (checkpoint/sharded.py check_compatible)
@@ -18,7 +18,13 @@ from gpt.architecture import Architecture
 from gpt.model_config import ModelConfig
 
 ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "rotary_interleaved")
-COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation")
+# The MoE layer's structure and routing (gpt/moe/): which layers hold experts, how many, and how a token chooses
+# and weighs them. (The balancing losses' coefficients and the capacity are training settings a resume may change.)
+MOE_COMPARED = ("num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_router_topk", "moe_router_score_function",
+                "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_num_groups",
+                "moe_router_group_topk", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+                "moe_gating", "topk", "expert_interval")  # the last three: DeepSpeed-MoE's (a Megatron-DeepSpeed launch)
+COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED)
 
 
 def _compared_values(model: dict) -> dict:
@@ -32,6 +38,9 @@ def _compared_values(model: dict) -> dict:
             values.pop(name)
     elif not values["use_rope_scaling"]:
         values.pop("rope_scaling_factor")
+    if not values["num_experts"] or values["num_experts"] == 1:  # a dense model: the MoE settings are not read
+        for name in MOE_COMPARED:
+            values.pop(name)
     heads = model.get("num_attention_heads", defaults.num_attention_heads)
     if values["num_query_groups"] is None:
         values["num_query_groups"] = heads

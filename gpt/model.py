@@ -31,6 +31,7 @@ this rank owns: `zero.apply.apply_zero` fills ZeRO's flat buffers directly, and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import TYPE_CHECKING, Optional
 
@@ -43,6 +44,8 @@ from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
 from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
+from gpt.moe.balancing import MoELossTracker
+from gpt.moe.layer import MoELayer
 from gpt.norms import HeadNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, rotary_angles
@@ -204,7 +207,8 @@ class TransformerBlock(nn.Module):
     private stream."""
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 architecture: Architecture = GPT2):
+                 architecture: Architecture = GPT2, layer_number: int = 0,
+                 moe_tracker: Optional[MoELossTracker] = None):
         super().__init__()
         h, eps = config.hidden_size, config.layernorm_epsilon
         self.input_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("input_layernorm"))
@@ -212,7 +216,14 @@ class TransformerBlock(nn.Module):
         self.post_attention_layernorm = normalization(architecture.normalization, h, eps,
                                                       plan.norm_state("post_attention_layernorm"))
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
-        if architecture.swiglu:
+        if config.moe_layers()[layer_number]:
+            # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
+            self.mlp = MoELayer(h, config.moe, state=plan.state,
+                                activation=functools.partial(activation_function, config.activation),
+                                swiglu=architecture.swiglu, init_std=config.init_method_std,
+                                output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
+                                layer_number=layer_number, tracker=moe_tracker)
+        elif architecture.swiglu:
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),
                                  bias=architecture.add_bias_linear)
@@ -286,8 +297,11 @@ class GPTModel(nn.Module):
         # Named by their global layer number ("blocks.5." on any stage), so their weights are drawn as the
         # one-stage model's; iteration follows the stage's chunks in order.
         self.blocks = nn.ModuleList()
+        # The MoE layers' balancing-loss scale and logged values (gpt/moe/balancing.py); None for a dense model
+        self.moe_tracker = MoELossTracker() if config.moe is not None else None
         for layer in stage.layer_ids:
-            self.blocks.add_module(str(layer), TransformerBlock(config, plan, rng, architecture))
+            self.blocks.add_module(str(layer), TransformerBlock(config, plan, rng, architecture, layer,
+                                                                self.moe_tracker))
         by_layer = dict(zip(stage.layer_ids, self.blocks))
         self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
         self.final_layernorm = normalization(architecture.normalization, config.hidden_size,

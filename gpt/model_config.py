@@ -8,11 +8,12 @@ arguments/config.py, which holds one of these as `PretrainConfig.model`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
+from gpt.moe.settings import MoESettings, OneExpertCount, moe_freq_value, moe_layer_pattern, num_experts_value
 from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
@@ -32,6 +33,12 @@ def _position_embedding_name(text: str) -> str:
     """Megatron-DeepSpeed's `absolute` is Megatron-LM's learned_absolute."""
     return "learned_absolute" if text == "absolute" else text
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+# ModelConfig fields moe_<name> that are MoESettings fields <name>
+MOE_FIELDS = ("router_topk", "router_score_function", "router_pre_softmax", "router_topk_scaling_factor", "router_dtype",
+              "router_num_groups", "router_group_topk", "router_enable_expert_bias", "router_bias_update_rate",
+              "router_load_balancing_type", "aux_loss_coeff", "z_loss_coeff", "expert_capacity_factor",
+              "pad_expert_input_to_capacity", "token_drop_policy", "shared_expert_intermediate_size",
+              "shared_expert_gate")
 
 
 @dataclass(frozen=True)
@@ -139,10 +146,106 @@ class ModelConfig:
         help="FP8 training through torchao (CUDA only, requirements-gpu.txt); refused on a CPU, without "
              "torchao, and until it is wired on a GPU (issue 40)")
 
+    # Mixture of experts (issue 51; gpt/moe/), Megatron-LM's flags and dests. Without --num-experts (or with 1:
+    # one expert is the dense model) every MLP is dense and the rest has no effect.
+    num_experts: Optional[int] = option(
+        None, type=num_experts_value, nargs="+", action=OneExpertCount, metavar="N",
+        help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, balancing losses); "
+             "default (or 1): a dense MLP; Megatron-DeepSpeed's list of one per layer is one number")
+    moe_ffn_hidden_size: Optional[int] = option(None, help="each expert's hidden size (default: "
+                                                                        "--ffn-hidden-size)")
+    moe_layer_freq: Union[int, str] = option(
+        1, type=moe_freq_value, help="N: an MoE layer at every layer i with i mod N == 0, dense between; or a list "
+                               "expression with one 0 (dense) or 1 (MoE) per layer, e.g. '([1]*3+[0]*1)*2'")
+    moe_router_topk: int = option(2, help="experts per token")
+    moe_router_score_function: str = option("softmax",
+                                            help="softmax or sigmoid scores (sigmoid: normalised over the top k)")
+    moe_router_pre_softmax: bool = option(False, action="store_true",
+                                          help="softmax over all experts before the top-k (else over the top k)")
+    moe_router_topk_scaling_factor: Optional[float] = option(None,
+                                                             help="multiply the top-k weights by this")
+    moe_router_dtype: Optional[str] = option(None, choices=("fp32", "fp64"),
+                                             help="the router's logits and scores in this precision")
+    moe_router_num_groups: Optional[int] = option(None,
+                                                  help="group-limited routing: the experts in this many groups")
+    moe_router_group_topk: Optional[int] = option(None,
+                                                  help="group-limited routing: each token chooses in this many groups")
+    moe_router_enable_expert_bias: bool = option(
+        False, action="store_true",
+        help="aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid scores chooses the experts, "
+             "moved by --moe-router-bias-update-rate toward the mean load after each iteration")
+    moe_router_bias_update_rate: float = option(1e-3, help="the expert bias's step per iteration")
+    moe_router_load_balancing_type: str = option(
+        "aux_loss",
+        help="aux_loss (GShard/Switch), seq_aux_loss (per sequence), global_aux_loss (token counts over the "
+             "data-parallel group and the iteration), sinkhorn, or none")
+    moe_aux_loss_coeff: float = option(0.0,
+                                       help="the balancing loss's coefficient (its gradient only: it is logged "
+                                            "beside the LM loss, not added to it)")
+    moe_z_loss_coeff: Optional[float] = option(None, help="the router z-loss's coefficient (ST-MoE)")
+    moe_expert_capacity_factor: Optional[float] = option(
+        None, help="drop the tokens beyond ceil(tokens x k / experts x factor) per expert "
+                                "(default: dropless)")
+    moe_pad_expert_input_to_capacity: bool = option(False, action="store_true",
+                                                    help="with a capacity: every expert takes exactly its capacity")
+    moe_token_drop_policy: str = option("probs", choices=("probs", "position"),
+                                        help="with a capacity: keep each expert's most probable tokens, or its first")
+    moe_shared_expert_intermediate_size: Optional[int] = option(
+        None, help="a shared expert of this hidden size that every token passes through")
+    moe_shared_expert_gate: bool = option(False, action="store_true",
+                                          help="gate the shared expert's output per token by sigmoid(x . w) "
+                                               "(Qwen2-MoE)")
+
+    # DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py) and Megatron-DeepSpeed's flags for it; a
+    # Megatron-DeepSpeed launch (--deepspeed, its flags) with --num-experts takes it (arguments/parser.py).
+    moe_gating: str = option("megatron", choices=("megatron", "deepspeed"),
+                             help="megatron: Megatron-Core's router (--moe-router-*); deepspeed: DeepSpeed-MoE's "
+                                  "gating (--topk, --moe-train-capacity-factor, ...), which a Megatron-DeepSpeed "
+                                  "launch with --num-experts takes")
+    topk: int = option(1, help="DeepSpeed-MoE: experts per token (1, 2, or more)")
+    moe_train_capacity_factor: float = option(1.0, help="DeepSpeed-MoE: the capacity factor in training")
+    moe_eval_capacity_factor: float = option(1.0, help="DeepSpeed-MoE: the capacity factor in evaluation")
+    moe_min_capacity: int = option(4, help="DeepSpeed-MoE: each expert's capacity at least this")
+    moe_token_dropping: bool = option(
+        True, consts=[Const(("--disable-moe-token-dropping",), False,
+                            help="Megatron-DeepSpeed: DeepSpeed-MoE keeps every token")],
+        help="DeepSpeed-MoE: drop the tokens beyond each expert's capacity")
+    moe_loss_coeff: float = option(0.1, help="DeepSpeed-MoE: l_aux's coefficient (its gradient; logged as moe_loss)")
+    moe_top2_2nd_expert_sampling: bool = option(
+        True, consts=[Const(("--disable-moe-top2-2nd-expert-sampling",), False,
+                            help="Megatron-DeepSpeed: top-2's second expert by argmax, not sampled")],
+        help="DeepSpeed-MoE top-2: sample the second expert (Gumbel noise on the logits)")
+    expert_interval: int = option(2, help="DeepSpeed-MoE: an MoE layer at every expert-interval-th layer (1-based)")
+    mlp_type: str = option("standard", help="DeepSpeed-MoE: standard (residual, PR-MoE, is not implemented)")
+
     @property
     def architecture(self) -> Architecture:
         """The blocks these settings choose, as GPTModel builds them."""
         return Architecture(**{name: getattr(self, name) for name in Architecture.__dataclass_fields__})
+
+    @property
+    def moe(self) -> Optional["MoESettings"]:
+        """The MoE layers' settings (gpt/moe/settings.py), or None for a dense model (no --num-experts, or 1)."""
+        if not self.num_experts or self.num_experts == 1:
+            return None
+        settings = {name: getattr(self, "moe_" + name) for name in MOE_FIELDS}
+        if self.moe_gating == "deepspeed":
+            settings.update(router_topk=self.topk, router_load_balancing_type="none", aux_loss_coeff=0.0,
+                            z_loss_coeff=None)
+        return MoESettings(
+            num_experts=self.num_experts, ffn_hidden_size=self.moe_ffn_hidden_size or self.ffn_size,
+            gating=self.moe_gating, train_capacity_factor=self.moe_train_capacity_factor,
+            eval_capacity_factor=self.moe_eval_capacity_factor, min_capacity=self.moe_min_capacity,
+            drop_tokens=self.moe_token_dropping, loss_coeff=self.moe_loss_coeff,
+            second_expert_sampling=self.moe_top2_2nd_expert_sampling, **settings)
+
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
+        if self.moe is None:
+            return (False,) * self.num_layers
+        if self.moe_gating == "deepspeed":  # Megatron-DeepSpeed's get_num_experts_per_layer: layer_num % interval
+            return tuple((layer + 1) % self.expert_interval == 0 for layer in range(self.num_layers))
+        return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
 
     @property
     def ffn_size(self) -> int:
@@ -172,6 +275,11 @@ class ModelConfig:
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    tensor_parallel_size, head_dim=self.head_dim)
+        if self.moe is not None and tensor_parallel_size > 1:
+            raise ConfigError(f"--num-experts {self.num_experts} with --tensor-model-parallel-size "
+                              f"{tensor_parallel_size}: experts are not tensor-parallel here (expert TP 1 only); "
+                              f"run the MoE model at --tensor-model-parallel-size 1",
+                              flags=("--num-experts", "--tensor-model-parallel-size"))
 
     @classmethod
     def from_record(cls, recorded: dict) -> "ModelConfig":
@@ -179,6 +287,30 @@ class ModelConfig:
         settings the record keeps there (`sequence_parallel`: parallel/config.py RECORDED_SECTION)."""
         beside = {name for name, section in RECORDED_SECTION.items() if section == "model"}
         return cls(**{name: value for name, value in recorded.items() if name not in beside})
+
+    def _check_gating_flags(self) -> None:
+        """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
+        router reads --moe-router-topk, --moe-aux-loss-coeff, ...: the other side's flags would do nothing, so a
+        launch giving them is told in one line. PR-MoE (--mlp-type residual) is not implemented."""
+        if self.mlp_type != "standard":
+            raise ConfigError(f"--mlp-type {self.mlp_type} (PR-MoE, a residual expert beside a dense MLP) is not "
+                              f"implemented: use --mlp-type standard", flags=("--mlp-type",))
+        if self.expert_interval < 1:
+            raise ConfigError(f"--expert-interval must be at least 1, got {self.expert_interval}",
+                              flags=("--expert-interval",))
+        deepspeed = self.moe_gating == "deepspeed"
+        other = _differs_from_default(self, MEGATRON_MOE_FIELDS + ("moe_shared_expert_intermediate_size",)
+                                      if deepspeed else DEEPSPEED_MOE_FIELDS)
+        if other:
+            flags = tuple(_flag(name) for name in other)
+            raise ConfigError(
+                f"{', '.join(flags)} " + (
+                    "set Megatron-Core's router, but this Megatron-DeepSpeed launch gates by DeepSpeed-MoE "
+                    "(--topk, --moe-train-capacity-factor, --moe-loss-coeff, ...): drop them, or pass --moe-gating "
+                    "megatron" if deepspeed else
+                    "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
+                    "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
+                flags=flags)
 
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
@@ -227,6 +359,25 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
+        if self.num_experts is not None and self.num_experts < 0:
+            raise ConfigError(f"--num-experts must be at least 1, got {self.num_experts}", flags=("--num-experts",))
+        if self.moe is not None:
+            self.moe.validate()
+            self.moe_layers()
+            self._check_gating_flags()
+
+
+# Megatron-DeepSpeed's DeepSpeed-MoE flags and Megatron-Core's router flags: each side's only under its gating
+DEEPSPEED_MOE_FIELDS = ("topk", "moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity",
+                        "moe_token_dropping", "moe_loss_coeff", "moe_top2_2nd_expert_sampling", "expert_interval",
+                        "mlp_type")
+MEGATRON_MOE_FIELDS = tuple("moe_" + name for name in MOE_FIELDS if name not in ("shared_expert_intermediate_size",
+                                                                                 "shared_expert_gate"))
+
+
+def _differs_from_default(config: "ModelConfig", names: tuple[str, ...]) -> list[str]:
+    defaults = ModelConfig()
+    return [name for name in names if getattr(config, name) != getattr(defaults, name)]
 
 
 def _flag(name: str) -> str:

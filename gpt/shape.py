@@ -62,10 +62,36 @@ class ModelShape:
     block_matmuls: tuple[BlockMatmul, ...]  # one TP rank's, in forward order
     output_in_features: int  # the logits: [tokens, in] x [in, padded vocabulary / TP]
     activations: LayerActivationTerms  # one block's, every TP rank's
+    # Mixture of experts (gpt/moe/): the MoE layers among num_layers, one MoE block's parameters (all experts)
+    # and those one token uses (router, its k experts, the shared expert), and one MoE block's forward matmul
+    # FLOPs per token as Megatron counts them (training.py num_floating_point_operations: attention, k experts
+    # and the shared expert; the router and the shared expert's gate not counted). The fields above describe
+    # the dense block, which the planner's activations and performance model still use for every layer.
+    moe_layers: int = 0
+    parameters_per_moe_block: int = 0
+    active_parameters_per_moe_block: int = 0
+    moe_block_linear_flops: int = 0  # without attention's scores and context, which are the dense block's
+
+    @property
+    def dense_layers(self) -> int:
+        return self.num_layers - self.moe_layers
 
     def parameter_count(self, padded_vocab_size: int) -> int:
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
-                + self.num_layers * self.parameters_per_block)
+                + self.dense_layers * self.parameters_per_block + self.moe_layers * self.parameters_per_moe_block)
+
+    def active_parameter_count(self, padded_vocab_size: int) -> int:
+        """The parameters one token's forward uses: with MoE layers, k experts of each instead of all."""
+        return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
+                + self.dense_layers * self.parameters_per_block
+                + self.moe_layers * self.active_parameters_per_moe_block)
+
+    def blocks_forward_flops_per_token(self) -> int:
+        """Every block's forward matmul FLOPs per token: dense blocks and MoE blocks (their active part)."""
+        attention = sum(2 * 2 * matmul.heads * matmul.head_dim * self.seq_length for matmul in self.block_matmuls
+                        if isinstance(matmul, AttentionShape)) * self.tensor_parallel_size
+        return (self.dense_layers * self.block_forward_flops_per_token()
+                + self.moe_layers * (self.moe_block_linear_flops + attention))
 
     def output_matmul(self, padded_vocab_size: int) -> LinearShape:
         """The logits' matmul on one TP rank (each scores its slice of the padded vocabulary)."""
@@ -101,12 +127,41 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
     key = (tuple(getattr(config, name) for name in _SHAPING_FIELDS), tensor_parallel_size, sequence_parallel)
     if key not in _BUILT:
         probe = dataclasses.replace(config, num_layers=1, vocab_size=tensor_parallel_size,
-                                    pad_vocab_size_to=tensor_parallel_size)
+                                    pad_vocab_size_to=tensor_parallel_size, num_experts=None)
         state = virtual_state(tensor_parallel_size, tensor_parallel_size)
         plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=tensor_parallel_size,
                                                              sequence_parallel=sequence_parallel))
-        _BUILT[key] = _read_shape(GPTModel(probe, state, plan=plan), tensor_parallel_size)
-    return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length)
+        shape = _read_shape(GPTModel(probe, state, plan=plan), tensor_parallel_size)
+        if config.moe is not None:
+            moe_probe = GPTModel(dataclasses.replace(probe, num_experts=config.num_experts, moe_layer_freq=1,
+                                                     expert_interval=1), state, plan=plan)
+            shape = dataclasses.replace(shape, **_moe_block(moe_probe.blocks[0], config.moe.router_topk,
+                                                            tensor_parallel_size))
+        _BUILT[key] = shape
+    moe_layers = sum(config.moe_layers())
+    return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length,
+                               moe_layers=moe_layers)
+
+
+def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
+    """One MoE block's parameters, active parameters and active linear FLOPs per token (see ModelShape)."""
+    moe = block.mlp
+    experts = list(moe.experts.children())
+    per_expert = _parameters(experts[0], tensor_parallel_size)
+    total = _parameters(block, tensor_parallel_size)
+
+    def weight_flops(module: nn.Module) -> int:
+        return sum(2 * parameter.numel() for name, parameter in module.named_parameters()
+                   if name.endswith("weight") and name != "gate_weight")
+
+    # attention's projections (its scores and context are added per sequence length: AttentionShape)
+    flops = sum(2 * matmul.in_features * matmul.out_features for matmul in _block_matmuls(block)
+                if isinstance(matmul, LinearShape)) * tensor_parallel_size
+    flops += topk * weight_flops(experts[0])
+    if moe.shared_experts is not None:
+        flops += weight_flops(moe.shared_experts)
+    return dict(parameters_per_moe_block=total, active_parameters_per_moe_block=total - (len(experts) - topk) * per_expert,
+                moe_block_linear_flops=flops)
 
 
 def _read_shape(model: GPTModel, tensor_parallel_size: int) -> ModelShape:

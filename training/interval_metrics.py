@@ -28,6 +28,7 @@ class IntervalMetrics:
         self.training = settings.config.training
         self.peak_tflops = run_peak_tflops(state.device, settings.config.logging.peak_tflops)
         self.losses: list[float] = []
+        self.moe_losses: list[dict] = []
         self.times: list[float] = []
         self.samples: list[int] = []
         # Between iteration lines far apart (--log-interval 10 of a slow model: a minute or more on a CPU), a
@@ -48,6 +49,7 @@ class IntervalMetrics:
         the end of an interval, write its record."""
         self.times.append(outcome.seconds)
         self.losses.append(outcome.loss)
+        self.moe_losses.append(outcome.moe_losses)
         self.samples.append(outcome.global_batch_size)
         if iteration % self.training.log_interval == 0 or iteration == self.training.train_iters:
             self.write(iteration, consumed_samples, skipped_iterations, outcome)
@@ -59,6 +61,7 @@ class IntervalMetrics:
         self.writer.write(*self.record(iteration, consumed_samples, skipped_iterations, last))
         self.heartbeat.shown_alive()
         self.losses.clear()
+        self.moe_losses.clear()
         self.times.clear()
         self.samples.clear()
 
@@ -73,6 +76,9 @@ class IntervalMetrics:
             "consumed_samples": consumed_samples,
             "global_batch_size": last.global_batch_size,
             "loss": sum(self.losses) / len(self.losses),
+            # the MoE balancing losses over the interval, beside the LM loss (training/moe_metrics.py)
+            **{name: sum(losses[name] for losses in self.moe_losses) / len(self.moe_losses)
+               for name in self.moe_losses[-1]},
             "lr": last.lr,
             "grad_norm": last.grad_norm,
             "iter_time_s": interval_s / len(self.times),
@@ -92,6 +98,8 @@ class IntervalMetrics:
             for phase in ("forward", "recompute+backward"):
                 record[f"checkpoint_{phase.replace('+', '_')}_s"] = sum(
                     seconds for name, seconds in timings if name == phase)
+        if last.moe_per_layer:  # --moe-per-layer-logging: the interval's last iteration
+            record["moe_per_layer"] = last.moe_per_layer
         if training.fp16:
             record["loss_scale"] = last.loss_scale
             record["skipped_iterations"] = skipped_iterations

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from gpt.model_config import ModelConfig
+from gpt.moe.balancing import MOE_LOSS_NAMES
 from gpt.shape import model_shape
 
 
@@ -28,12 +29,18 @@ def parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None
     return model_shape(config).parameter_count(vocab)
 
 
+def active_parameter_count(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> int:
+    """The parameters one token's forward uses: the whole model but, in each MoE layer, k of its experts."""
+    vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
+    return model_shape(config).active_parameter_count(vocab)
+
+
 def forward_flops_per_token(config: ModelConfig, padded_vocab_size: Optional[int] = None) -> tuple[int, int]:
     """(every block's, the logits') matmul FLOPs of one token's forward, from the model's shape
     (gpt/shape.py): 2 FLOPs per multiply-add, attention's scores and context over the whole s x s square."""
     vocab = padded_vocab_size if padded_vocab_size is not None else config.padded_vocab_size()
     shape = model_shape(config)
-    return config.num_layers * shape.block_forward_flops_per_token(), shape.logits_forward_flops_per_token(vocab)
+    return shape.blocks_forward_flops_per_token(), shape.logits_forward_flops_per_token(vocab)
 
 
 def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_recompute: bool = False,
@@ -184,6 +191,7 @@ def format_console_line(record: dict[str, Any], train_iters: int, eta_s: Optiona
         f"elapsed time per iteration (ms): {record['iter_time_s'] * 1000:.1f}",
         f"learning rate: {record['lr']:.3E}",
         f"lm loss: {record['loss']:.6E}",
+        *(f"{name}: {record[name]:.6E}" for name in MOE_LOSS_NAMES if name in record),
         f"grad norm: {record['grad_norm']:.3f}",
         f"tokens/s: {record['tokens_per_s']:.0f}",
         f"TFLOP/s/GPU: {record['tflops_per_gpu']:.2f}",

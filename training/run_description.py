@@ -15,7 +15,7 @@ from arguments.config import PretrainConfig
 from gpt.parallel_plan import tensor_parallel_plan
 from parallel.state import ParallelState
 from training.build import Built
-from training.metrics import parameter_count
+from training.metrics import active_parameter_count, parameter_count
 from training.run_settings import RunSettings
 from training.threads import ThreadChoice
 
@@ -23,7 +23,12 @@ from training.threads import ThreadChoice
 def describe_model(settings: RunSettings, state: ParallelState, built: Built,
                    threads: Optional[ThreadChoice] = None) -> str:
     config = settings.config
-    line = (f"> model: {parameter_count(config.model, settings.padded_vocab_size):,} parameters "
+    total = parameter_count(config.model, settings.padded_vocab_size)
+    moe = config.model.moe
+    count = f"{total:,} parameters" if moe is None else (
+        f"{total:,} parameters, {active_parameter_count(config.model, settings.padded_vocab_size):,} active "
+        f"({_moe_layers(sum(config.model.moe_layers()))} of {moe.num_experts} experts, top-{moe.router_topk})")
+    line = (f"> model: {count} "
             f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
             f"{config.model.num_attention_heads} heads, vocab {settings.vocab_size} padded to "
             f"{settings.padded_vocab_size}) on {state.device}; global batch {settings.batch.describe()} = micro batch "
@@ -34,6 +39,10 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built,
     if threads is not None and threads.differs:
         line += f"; {threads.words()}"
     return line
+
+
+def _moe_layers(count: int) -> str:
+    return f"{count} MoE layer{'s' if count != 1 else ''}"
 
 
 def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:

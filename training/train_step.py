@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional, Protocol
 
 import torch
@@ -27,6 +27,7 @@ from data.documents import DocumentMasking, masked_token_mean
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, split_micro_batch
+from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from zero.activations import ActivationMonitor
@@ -43,6 +44,9 @@ class StepOutcome:
     global_batch_size: int  # the samples this iteration consumed (a ramp changes it)
     lr: float               # the rate the update used
     seconds: float          # wall time of the iteration, the device waited for
+    # the MoE balancing losses (each over its coefficient), logged beside the loss (training/moe_metrics.py)
+    moe_losses: dict = field(default_factory=dict)
+    moe_per_layer: dict = field(default_factory=dict)  # --moe-per-layer-logging: per layer losses and tokens
 
 
 class TrainStep(Protocol):
@@ -117,8 +121,13 @@ class DataParallelTrainStep:
         lr = self.learning_rate(position)
         for group in optimizer.param_groups:
             group["lr"] = self.learning_rate(position, decoupled=True) if group.get("decoupled_lr") else lr
-        mean_loss, step = self.run_iteration(iteration, self.settings.batch.accumulation_steps_at(consumed_samples),
-                                             measure_activations)
+        accumulation_steps = self.settings.batch.accumulation_steps_at(consumed_samples)
+        mean_loss, step = self.run_iteration(iteration, accumulation_steps, measure_activations)
+        # The MoE layers' expert-bias update and logged losses read the routing counts back, so they run here rather
+        # than in run_iteration (the dry run's path): their reductions are a few float64 values per MoE loss and
+        # layer, not in the plan's bytes. The bias is no parameter, so updating it after the step changes no number.
+        moe_losses = finish_moe_iteration(self.model, state, accumulation_steps)
+        moe_per_layer = self.moe_per_layer(accumulation_steps)
         self.consecutive_skips = self.consecutive_skips + 1 if step.skipped else 0
         if step.skipped and state.is_first_rank:
             print(f" iteration {iteration}: gradient overflow at loss scale {step.loss_scale:g}; step "
@@ -136,7 +145,14 @@ class DataParallelTrainStep:
             raise
         return StepOutcome(loss=loss, grad_norm=step.grad_norm, skipped=step.skipped,
                            loss_scale=optimizer.loss_scaler.scale, global_batch_size=global_batch_size, lr=lr,
-                           seconds=seconds)
+                           seconds=seconds, moe_losses=moe_losses, moe_per_layer=moe_per_layer)
+
+    def moe_per_layer(self, accumulation_steps: int) -> dict:
+        model_config = self.settings.config.model
+        if not self.settings.config.logging.moe_per_layer_logging or model_config.moe is None:
+            return {}
+        return moe_per_layer_values(self.model, self.state, accumulation_steps, model_config.num_layers,
+                                    model_config.num_experts)
 
     def run_iteration(self, iteration: int, accumulation_steps: int, measure_activations: bool
                       ) -> tuple[torch.Tensor, Optional[StepResult]]:
@@ -147,6 +163,8 @@ class DataParallelTrainStep:
         self.zero.reducer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
         state.comm.iteration = iteration  # named in the line a lost peer ends in
+        # the MoE balancing losses' backward scale: the main loss's (training/moe_metrics.py); nothing for a dense model
+        begin_moe_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps)
         iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
         step = self.observer.optimizer_step(self.zero.optimizer)
         return average_over_data_parallel(iteration_loss, state), step

@@ -60,6 +60,7 @@ GENERATION_DEFAULT_NOT_TAKEN = {
     **{name: _SWITCHED for name in ("partition_activations", "cpu_checkpointing", "contiguous_checkpointing",
                                     "synchronize_checkpoint_boundary", "profile_checkpointing")},
     "vocab_size": "the 2020 fork's --vocab-size sized the tokenizer it built; here it is NullTokenizer's",
+    "num_experts": "Megatron-DeepSpeed's --num-experts [1] is one expert, the dense MLP: Megatron-LM's None here",
 }
 _OPERATORS = {ast.Pow: operator.pow, ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub,
               ast.Div: operator.truediv, ast.USub: operator.neg}
@@ -217,6 +218,8 @@ def _differs(ours: Any, theirs: Any) -> bool:
         return False
     if isinstance(ours, str) and isinstance(theirs, str):
         return ours.replace(" ", "") != theirs.replace(" ", "")  # "969,30,1" is "969, 30, 1"
+    if isinstance(ours, str) and isinstance(theirs, int) and not isinstance(theirs, bool):
+        return ours.strip() != str(theirs)  # --moe-layer-freq: our text "1" is their int 1 (moe_freq_type)
     if isinstance(ours, bool) or isinstance(theirs, bool) or not isinstance(ours, (int, float)) \
             or not isinstance(theirs, (int, float)):
         return ours != theirs

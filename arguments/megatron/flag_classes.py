@@ -179,34 +179,15 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      "computes the same attention), so it has no effect", _names("""
         --force-ds-sequence-parallel --ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size
         --ds-sequence-parallel-fpdt-offloading""")),
-    ("mixture-of-experts knob: this GPT's MLP is dense, as with --num-experts 1, so router, capacity, dispatch "
-     "and MoE loss settings have no effect", _names("""
-        --moe-loss-coeff --moe-aux-loss-coeff --moe-z-loss-coeff --moe-train-capacity-factor --moe-eval-capacity-factor
-        --moe-min-capacity --moe-expert-capacity-factor --moe-expert-rank-capacity-factor --moe-apply-probs-on-input
-        --moe-combine-bwd-dtype --moe-dispatch-fwd-dtype --moe-deepep-num-sms --moe-enable-deepep
-        --moe-enable-routing-replay --moe-extended-tp --moe-ffn-hidden-size --moe-flex-dispatcher-backend
-        --moe-flex-dispatcher-num-sms --moe-grouped-gemm --moe-hybridep-num-blocks-permute
-        --moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms --moe-hybridep-num-sms-preprocessing
-        --moe-hybridep-pad-uneven-dispatch-inputs --moe-input-jitter-eps --moe-latent-size --moe-layer-freq
-        --moe-layer-recompute --moe-mlp-glu-interleave-size --moe-ncclep-zero-copy --moe-pad-expert-input-to-capacity
-        --moe-pad-experts-for-cuda-graph-inference --moe-paged-stash --moe-paged-stash-buffer-size-factor-cpu
-        --moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-page-size --moe-per-layer-logging
-        --moe-permute-fusion --moe-permute-fusion-into-hybridep --moe-router-bias-update-rate --moe-router-dtype
-        --moe-router-enable-expert-bias --moe-router-force-biased --moe-router-force-load-balancing
-        --moe-router-fusion --moe-router-group-topk --moe-router-load-balancing-type --moe-router-num-groups
-        --moe-router-padding-for-fp8 --moe-router-padding-for-quantization --moe-router-pre-softmax
-        --moe-router-quantile-balancing-ema --moe-router-score-function --moe-router-topk
-        --moe-router-topk-scaling-factor --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits
-        --moe-routing-trace-dump-weights --moe-routing-trace-max-training-iters --moe-routing-trace-path
-        --moe-shared-expert-gate --moe-shared-expert-glu-interleave-size --moe-shared-expert-intermediate-size
-        --moe-shared-expert-overlap --moe-single-grouped-bias --moe-single-grouped-weight
-        --moe-token-dispatcher-type --moe-token-drop-policy --moe-upcycling-granularity --moe-use-grouped-tensor
-        --moe-use-legacy-grouped-gemm --moe-use-upcycling --disable-moe-token-dropping
-        --disable-moe-top2-2nd-expert-sampling --create-moe-param-group --enable-expert-tensor-parallelism
-        --expert-interval --expert-tensor-parallel-size --expert-tensor-parallel-num-weight-shards --mlp-type --topk
-        --use-tutel --overlap-moe-expert-parallel-comm --overlap-dispatch-backward-with-experts-wgrad
-        --ep-overlap-early-attn-memory-release --gtp-expert-remat-nccl-ub --save-tokens-per-expert-interval
-        --use-grouped-gemm-for-shared-expert --use-grouped-gemm-for-dense-mlp""")),
+    ("a mixture-of-experts implementation or logging choice: the experts run as one grouped matmul where torch has "
+     "one for the device, else a loop, with the same values (gpt/moe/experts.py); at expert-parallel size 1 every "
+     "dispatcher computes the same combination; the load-balancing loss is logged beside the LM loss; DeepSpeed-MoE's Tutel "
+     "kernels and separate MoE parameter groups compute the same update", _names("""
+        --ep-overlap-early-attn-memory-release --moe-grouped-gemm --moe-layer-recompute
+        --moe-permute-fusion --moe-router-fusion --moe-shared-expert-overlap --moe-token-dispatcher-type
+        --moe-use-legacy-grouped-gemm --overlap-dispatch-backward-with-experts-wgrad
+        --overlap-moe-expert-parallel-comm --save-tokens-per-expert-interval --use-grouped-gemm-for-dense-mlp
+        --use-grouped-gemm-for-shared-expert --use-tutel --create-moe-param-group""")),
     ("multimodal, YaRN or relative position embeddings' knob: positions here are learned, rotary (rope) or none "
      "(--position-embedding-type), and multi-latent attention (whose --rope-type it is) is refused, so it has no "
      "effect", _names("""
@@ -468,8 +449,25 @@ def _without_decayed_norms(value: Any, settings: Optional[Mapping[str, Any]]) ->
     """--apply-layernorm-1p stores gamma - 1: the same parameter shifted, unless weight decay pulls the gain
     (--qk-layernorm's, with --apply-wd-to-qk-layernorm): then toward 1 there and toward 0 here."""
     return settings is None or not (settings.get("qk_layernorm") and settings.get("apply_wd_to_qk_layernorm"))
-NO_MOE = ("mixture-of-experts is not implemented: this GPT's MLP is dense (--num-experts 1 is accepted: one expert "
-          "is the dense model)")
+NO_MOE = ("not implemented: the mixture of experts here is Megatron-LM's --num-experts (Megatron-Core's MoE layer, "
+          "gpt/moe/); --num-experts-switch 1 is accepted: one expert is the dense model")
+NO_EXPERT_PARALLEL = ("expert parallelism is not implemented yet: every rank holds all the experts "
+                      "(--expert-model-parallel-size 1)")
+NOT_IN_MOE = ("not implemented in the MoE layer here (Megatron-Core's router, balancing losses, capacity and shared "
+              "experts are, gpt/moe/): drop the flag")
+
+
+def is_deepspeed_moe_launch(num_experts: Optional[int], generation: Optional[str], deepspeed: bool) -> bool:
+    """A Megatron-DeepSpeed launch (its --deepspeed switch, and flags that fit that fork best) means DeepSpeed-MoE
+    by --num-experts: its gating (top-1 by default, a capacity factor of 1, --moe-loss-coeff 0.1) on every
+    --expert-interval-th layer (default 2; megatron/model/transformer.py there), not Megatron-Core's router. (Our
+    own flags that the fork shares, such as --zero-stage, alone do not make a launch the fork's.)"""
+    return bool(num_experts and num_experts > 1 and deepspeed and generation is not None and "deepspeed" in generation)
+
+
+def _without_moe(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """A MoE knob that is not implemented changes nothing on a dense model and is refused with experts."""
+    return settings is None or (settings.get("num_experts") or 1) <= 1
 NO_SEQUENCE_PARALLEL = ("DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a sequence-parallel "
                         "group) is not implemented; Megatron's --sequence-parallel splits the sequence over the "
                         "tensor-parallel ranks, and --checkpoint-activations --partition-activations (ZeRO-R's P_a) "
@@ -483,10 +481,31 @@ AT_VALUE: dict[str, AtValue] = {
     "--export-model-type": AtValue(_equals("GPTModel"), "ModelOpt's default model type, a GPT, as here", MODELOPT),
     "--export-kv-cache-quant": AtValue(_equals("none"), "no KV-cache quantization, ModelOpt's default", MODELOPT),
     "--export-real-quant-cfg": AtValue(_equals("None"), "no real quantization, ModelOpt's default", MODELOPT),
-    "--num-experts": AtValue(_equals(1), DENSE, NO_MOE),
     "--num-experts-switch": AtValue(_equals(1), DENSE, NO_MOE),
-    "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
-    "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
+    **{option: AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense model (no --num-experts, or 1)",
+                       NOT_IN_MOE) for option in _names("""
+        --moe-expert-rank-capacity-factor --moe-apply-probs-on-input --moe-combine-bwd-dtype
+        --moe-dispatch-fwd-dtype --moe-deepep-num-sms --moe-enable-deepep --moe-enable-routing-replay
+        --moe-extended-tp --moe-flex-dispatcher-backend --moe-flex-dispatcher-num-sms
+        --moe-hybridep-num-blocks-permute --moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms
+        --moe-hybridep-num-sms-preprocessing --moe-hybridep-pad-uneven-dispatch-inputs --moe-input-jitter-eps
+        --moe-latent-size --moe-mlp-glu-interleave-size --moe-ncclep-zero-copy
+        --moe-pad-experts-for-cuda-graph-inference --moe-paged-stash --moe-paged-stash-buffer-size-factor-cpu
+        --moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-page-size --moe-permute-fusion-into-hybridep
+        --moe-router-force-biased --moe-router-force-load-balancing --moe-router-padding-for-fp8
+        --moe-router-padding-for-quantization --moe-router-quantile-balancing-ema
+        --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits
+        --moe-routing-trace-dump-weights --moe-routing-trace-max-training-iters --moe-routing-trace-path
+        --moe-shared-expert-glu-interleave-size --moe-single-grouped-bias --moe-single-grouped-weight
+        --moe-upcycling-granularity --moe-use-grouped-tensor --moe-use-upcycling
+        --expert-tensor-parallel-num-weight-shards --gtp-expert-remat-nccl-ub""")},
+    "--enable-expert-tensor-parallelism": AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense "
+                                                                "model (no --num-experts, or 1)",
+                                                  "not implemented: experts are not tensor-parallel here"),
+    "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
+    "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
+    "--expert-tensor-parallel-size": AtValue(_equals(1, None), "expert tensor parallelism over 1 rank is none",
+                                             "not implemented: experts are not tensor-parallel here; use 1"),
     "--ds-sequence-parallel-size": AtValue(_equals(1), "sequence parallelism over 1 rank is none",
                                            NO_SEQUENCE_PARALLEL),
     # megatron/core/models/common/embeddings/rotary_pos_embedding.py: `seq *= 1 / seq_len_interpolation_factor`

@@ -10,7 +10,14 @@ import pytest
 
 from arguments.config import ConfigError
 from arguments.flag_equivalents import nearest_flag, unknown_flags_message
-from arguments.megatron.flag_classes import AT_VALUE, CLASS_OF, NO_EFFECT_CLASS, NO_PIPELINE_SPLIT, REFUSED_CLASS
+from arguments.megatron.flag_classes import (
+    AT_VALUE,
+    CLASS_OF,
+    NO_EFFECT_CLASS,
+    NO_PIPELINE_SPLIT,
+    NOT_IN_MOE,
+    REFUSED_CLASS,
+)
 from arguments.megatron.flags import NO_EFFECT_LINE, classify_harvested
 from arguments.megatron.fork_flag_classes import FORK_AT_VALUE
 from arguments.megatron.harvested_flags import harvested, harvested_options
@@ -123,7 +130,7 @@ def test_every_no_effect_flag_is_accepted_and_said_in_the_one_line():
 def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere():
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4",
                      "--init-method-std", "0.02"]
-    no_op = {"--num-experts": "1", "--num-experts-switch": "1", "--expert-model-parallel-size": "1",
+    no_op = {"--num-experts-switch": "1", "--expert-tensor-parallel-size": "1", "--expert-model-parallel-size": "1",
              "--moe-expert-parallel-size": "1", "--ds-sequence-parallel-size": "1", "--context-parallel-size": "1",
              "--mtp-num-layers": "0", "--optimizer": "adam",
              "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
@@ -132,7 +139,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02",
              "--rotary-seq-len-interpolation-factor": "1"}
-    other = {"--num-experts": "8", "--num-experts-switch": "8", "--expert-model-parallel-size": "2",
+    other = {"--num-experts-switch": "8", "--expert-tensor-parallel-size": "2", "--expert-model-parallel-size": "2",
              "--moe-expert-parallel-size": "2", "--ds-sequence-parallel-size": "2", "--context-parallel-size": "2",
              "--mtp-num-layers": "1", "--optimizer": "sgd",
              "--softmax-type": "learnable",
@@ -145,8 +152,9 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     # --apply-layernorm-1p is a switch refused beside decayed q/k norms (tests/gpt/test_megatron_small_features.py)
     # the forks' (arguments/megatron/fork_flag_classes.py) are tested in tests/arguments/test_fork_flags.py
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
-                                        if at.refused != NO_PIPELINE_SPLIT and option != "--apply-layernorm-1p"
-                                        and option not in FORK_AT_VALUE}
+                                        if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE)
+                                        and option != "--enable-expert-tensor-parallelism"
+                                        and option != "--apply-layernorm-1p" and option not in FORK_AT_VALUE}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
     for option, value in no_op.items():
@@ -171,6 +179,48 @@ def test_pipeline_split_knobs_have_no_effect_without_stages_and_are_refused_with
     assert all(f"{option}" in str(error.value) for option in knobs) and NO_PIPELINE_SPLIT in str(error.value)
 
 
+def test_moe_knobs_not_implemented_have_no_effect_on_a_dense_model_and_are_refused_with_experts():
+    """Issue 51: Megatron-Core's MoE knobs this layer lacks change nothing without experts and are refused with
+    them, each in the one line."""
+    knobs = [option for option, at in AT_VALUE.items() if at.refused == NOT_IN_MOE]
+    assert {"--moe-input-jitter-eps", "--moe-use-upcycling"} <= set(knobs)
+    argv = [token for option in knobs for token in (option, *sample_values(option))]
+    line = next(note for note in parse_arguments(argv).notes if note.startswith(NO_EFFECT_LINE))
+    assert all(option in line for option in knobs)
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(["--num-experts", "4", *argv])
+    message = str(error.value)
+    assert "\n" not in message and NOT_IN_MOE in message
+    assert all(option in message for option in knobs)
+
+
+def test_num_experts_in_a_megatron_deepspeed_launch_gates_as_deepspeed_moe():
+    """A Megatron-DeepSpeed launch's --num-experts builds DeepSpeed-MoE (megatron/model/transformer.py there:
+    MoE(k=args.topk, capacity_factor=args.moe_train_capacity_factor, eval_capacity_factor=...,
+    min_capacity=args.moe_min_capacity, drop_tokens=args.moe_token_dropping, top2_2nd_expert_sampling=...) on
+    every --expert-interval-th layer, get_num_experts_per_layer: `layer_num % expert_interval == 0`): its flags
+    set that gating here; each side's flags beside the other gating are refused in one line, and so is PR-MoE."""
+    parsed = parse_arguments(["--num-experts", "4", "--moe-expert-parallel-size", "1", "--no-pipeline-parallel",
+                              "--deepspeed", "--topk", "2", "--moe-loss-coeff", "0.01", "--num-layers", "4",
+                              "--moe-min-capacity", "2", "--disable-moe-top2-2nd-expert-sampling"])
+    model = parsed.config.model
+    assert model.moe_gating == "deepspeed" and model.moe_layers() == (False, True, False, True)
+    moe = model.moe
+    assert (moe.router_topk, moe.loss_coeff, moe.min_capacity, moe.second_expert_sampling, moe.drop_tokens) == \
+           (2, 0.01, 2, False, True)
+    assert "a Megatron-DeepSpeed launch (--deepspeed)" in parsed.config.sources["moe_gating"].describe()
+    # our own flags the fork shares (--zero-stage) do not make a launch the fork's: Megatron-Core's router
+    assert parse_arguments(["--num-experts", "4", "--zero-stage", "2"]).config.model.moe_gating == "megatron"
+    for argv, named in ((["--num-experts", "4", "--topk", "2"], "--topk set DeepSpeed-MoE's gating"),
+                        (["--num-experts", "4", "--moe-gating", "deepspeed", "--moe-router-topk", "1"],
+                         "--moe-router-topk set Megatron-Core's router"),
+                        (["--num-experts", "4", "--moe-gating", "deepspeed", "--mlp-type", "residual"],
+                         "--mlp-type residual (PR-MoE")):
+        with pytest.raises(ConfigError) as error:
+            parse_arguments(argv)
+        assert named in str(error.value) and "\n" not in str(error.value)
+
+
 def test_refused_flags_end_in_their_one_line_reason():
     argv, expected = [], []
     for option, (kind, reason) in CLASS_OF.items():
@@ -188,7 +238,7 @@ def test_refused_flags_end_in_their_one_line_reason():
 # ---- (c) the flags the issue names ----------------------------------------------------------------------
 
 def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
-    parsed = parse_arguments(["--data-impl", "mmap", "--num-experts", "1", "--moe-loss-coeff", "0.01",
+    parsed = parse_arguments(["--data-impl", "mmap", "--num-experts-switch", "1", "--moe-input-jitter-eps", "0.01",
                               "--optimizer", "adam", "--no-query-key-layer-scaling", "--wandb-save-dir", "X",
                               "--ds-sequence-parallel-size", "1", "--log-timers-to-tensorboard",
                               "--no-pipeline-parallel", "--tensorboard-queue-size", "1",
@@ -199,8 +249,8 @@ def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     assert len(lines) == 1
     line = lines[0]
     assert "--data-impl mmap (every implementation (mmap, cached, lazy, infer) reads the same .bin/.idx" in line
-    assert "--num-experts 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
-    assert "--moe-loss-coeff 0.01 (mixture-of-experts knob" in line
+    assert "--num-experts-switch 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
+    assert "--moe-input-jitter-eps 0.01 (mixture-of-experts knob" in line
     assert "--optimizer adam (Megatron's adam is AdamW" in line
     assert "--wandb-save-dir X (W&B writes its files beside --metrics-file here)" in line
     assert "--ds-sequence-parallel-size 1 (sequence parallelism over 1 rank is none)" in line
@@ -265,11 +315,11 @@ def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatc
     import pretrain_gpt
 
     monkeypatch.setattr(pretrain_gpt, "initialize", lambda *args, **kwargs: pytest.fail("training started"))
-    assert pretrain_gpt.main(["--print-config", "--data-impl", "mmap", "--num-experts", "1",
+    assert pretrain_gpt.main(["--print-config", "--data-impl", "mmap", "--num-experts-switch", "1",
                               "--zero-reduce-bucket-size", "1e7"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert any(row.split()[:2] == ["--data-impl", "mmap"] and "# accepted, no effect on the math: every "
                "implementation" in row for row in rows)
-    assert any(row.split()[:2] == ["--num-experts", "1"] and "one expert is the dense model" in row for row in rows)
+    assert any(row.split()[:2] == ["--num-experts-switch", "1"] and "one expert is the dense model" in row for row in rows)
     assert any(row.split()[:2] == ["reduce_bucket_size", "10000000"] and "--zero-reduce-bucket-size (DeepSpeed-"
                "Megatron's name for --reduce-bucket-size)" in row for row in rows)

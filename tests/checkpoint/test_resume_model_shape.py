@@ -71,3 +71,20 @@ def test_a_launch_resuming_with_another_rotary_base_is_refused_before_any_work(c
     finetuned = train(corpus_cache, tmp_path / "ft", *llama[:-4], "--load", tmp_path / "ckpt", "--finetune",
                       "--rotary-base", "500000")
     assert finetuned.code == 0, finetuned.err[-2000:]
+
+
+def test_the_moe_layers_structure_and_routing_are_compared_and_their_coefficients_are_not():
+    """Issue 51: a different --moe-router-topk or score function changes no parameter shape but another function
+    from the same experts; --num-experts and --moe-layer-freq other parameters. The balancing coefficients and
+    the capacity are training settings, as Megatron lets a resume change them; a dense model reads none."""
+    moe = dataclasses.replace(LLAMA, num_experts=4, moe_router_topk=2)
+    for change, named in (({"moe_router_topk": 1}, "--moe-router-topk 1 (the checkpoint's: 2)"),
+                          ({"moe_router_score_function": "sigmoid"},
+                           "--moe-router-score-function sigmoid (the checkpoint's: softmax)"),
+                          ({"num_experts": 8}, "--num-experts 8 (the checkpoint's: 4)"),
+                          ({"moe_layer_freq": 2}, "--moe-layer-freq 2 (the checkpoint's: 1)"),
+                          ({"moe_gating": "deepspeed"}, "--moe-gating deepspeed (the checkpoint's: megatron)")):
+        assert model_differences(saved(moe), dataclasses.replace(moe, **change)) == [named]
+    assert model_differences(saved(moe), dataclasses.replace(moe, moe_aux_loss_coeff=0.1,
+                                                             moe_expert_capacity_factor=1.5)) == []
+    assert model_differences(saved(LLAMA), dataclasses.replace(LLAMA, moe_router_topk=1)) == []

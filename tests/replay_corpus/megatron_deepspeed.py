@@ -283,7 +283,7 @@ LAUNCHES = (
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: --num-experts 64",
+        outcome="refused: --moe-expert-parallel-size 8",
     ),
 
     Launch(

@@ -271,7 +271,7 @@ LAUNCHES = (
             "--ckpt-format", "torch", "--use-legacy-models", "--data-cache-path", "${DATA_CACHE_PATH}", "--fp16",
             "--apply-query-key-layer-scaling",
         ),
-        outcome="refused: mixture-of-experts is not implemented",
+        outcome="trains",
     ),
 
     Launch(

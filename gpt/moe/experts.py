@@ -1,0 +1,115 @@
+"""The experts: one MLP per expert, each under its own name (`experts.<e>.dense_h_to_4h.weight`, or
+`dense_h_to_4h_gate` / `dense_h_to_4h_up` with SwiGLU, and `dense_4h_to_h`), as the dense MLP names its
+weights, so a checkpoint reshards across expert-parallel sizes by name (Megatron-Core's SequentialMLP names
+them `local_experts.<e>.linear_fc1` the same way).
+
+They run as one grouped matmul per projection where torch has one for the tensors at hand
+(torch.nn.functional.grouped_mm: on CPU it takes rows whose byte widths are multiples of 16; Megatron-Core's
+TEGroupedMLP / --moe-grouped-gemm), else as a loop over the experts (SequentialMLP). Both compute each row
+with the same expert weights; tests/gpt/test_moe.py checks that outputs and gradients agree.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parallel.init import InitMethod, set_init_method
+
+
+def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, std: float, bias: bool) -> None:
+    linear = nn.Module()
+    linear.weight = nn.Parameter(torch.empty(outputs, inputs, device="meta"))
+    set_init_method(linear.weight, InitMethod.normal(std))
+    if bias:
+        linear.bias = nn.Parameter(torch.empty(outputs, device="meta"))
+        set_init_method(linear.bias, InitMethod.zeros())
+    else:
+        linear.bias = None
+    module.add_module(name, linear)
+
+
+class ExpertMLP(nn.Module):
+    """One expert: h -> ffn -> activation (or SwiGLU's silu(gate) * up) -> h."""
+
+    def __init__(self, hidden_size: int, ffn_size: int, *, swiglu: bool, init_std: float, output_init_std: float,
+                 bias: bool):
+        super().__init__()
+        self.swiglu = swiglu
+        inputs = ("dense_h_to_4h_gate", "dense_h_to_4h_up") if swiglu else ("dense_h_to_4h",)
+        for name in inputs:
+            _linear_parameters(self, name, hidden_size, ffn_size, init_std, bias)
+        _linear_parameters(self, "dense_4h_to_h", ffn_size, hidden_size, output_init_std, bias)
+
+    def input_linears(self) -> list[nn.Module]:
+        return [self.dense_h_to_4h_gate, self.dense_h_to_4h_up] if self.swiglu else [self.dense_h_to_4h]
+
+
+class Experts(nn.Module):
+    """This rank's ExpertMLPs, named by their global expert index (`expert_ids`: all of `num_experts` at
+    expert-parallel size 1, an expert-parallel rank's share otherwise); forward(rows [N, H] grouped by local
+    expert in `expert_ids` order, tokens_per_expert [local experts]) -> [N, H]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
+                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, grouped: bool = True,
+                 expert_ids: Optional[Sequence[int]] = None):
+        super().__init__()
+        self.activation, self.swiglu, self.grouped = activation, swiglu, grouped
+        for expert in (range(num_experts) if expert_ids is None else expert_ids):
+            self.add_module(str(expert), ExpertMLP(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std,
+                                                   output_init_std=output_init_std, bias=bias))
+
+    def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        if self.grouped and can_group(rows, list(self.children())):
+            return self.forward_grouped(rows, tokens_per_expert)
+        return self.forward_loop(rows, tokens_per_expert)
+
+    def _activate(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        return F.silu(inputs[0]) * inputs[1] if self.swiglu else self.activation(inputs[0])
+
+    def forward_loop(self, rows: torch.Tensor, tokens_per_expert) -> torch.Tensor:
+        """`tokens_per_expert`: a tensor, or a list of ints."""
+        sizes = tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert) else list(tokens_per_expert)
+        outputs = []
+        for expert, chunk in zip(self.children(), torch.split(rows, sizes)):
+            hidden = self._activate([F.linear(chunk, linear.weight, linear.bias) for linear in expert.input_linears()])
+            outputs.append(F.linear(hidden, expert.dense_4h_to_h.weight, expert.dense_4h_to_h.bias))
+        return torch.cat(outputs) if outputs else rows
+
+    def forward_grouped(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        experts = list(self.children())
+        offsets = torch.cumsum(tokens_per_expert, 0).to(torch.int32)
+
+        def grouped_linear(inputs: torch.Tensor, linears: list[nn.Module]) -> torch.Tensor:
+            weight = torch.stack([linear.weight for linear in linears]).transpose(-2, -1)  # [E, in, out]
+            output = F.grouped_mm(inputs, weight, offs=offsets)
+            if output.requires_grad:  # its CPU backward takes a dense gradient only
+                output.register_hook(lambda grad: grad.contiguous())
+            if linears[0].bias is not None:
+                bias = torch.stack([linear.bias for linear in linears])
+                output = output + bias.repeat_interleave(tokens_per_expert, dim=0, output_size=inputs.shape[0])
+            return output
+
+        inputs = [grouped_linear(rows, [expert.input_linears()[i] for expert in experts])
+                  for i in range(len(experts[0].input_linears()))]
+        return grouped_linear(self._activate(inputs), [expert.dense_4h_to_h for expert in experts])
+
+
+def can_group(rows: torch.Tensor, experts: list[nn.Module]) -> bool:
+    """Whether F.grouped_mm takes these operands: it exists; on a CPU for fp32, bf16 or fp16, on CUDA for bf16 on a
+    Hopper or later (its CUDA kernel's condition: fp32 there takes the loop); and every row's byte width (hidden
+    and ffn) is a multiple of 16, as its kernels require."""
+    if not hasattr(F, "grouped_mm") or not experts or rows.shape[0] == 0:
+        return False
+    if rows.device.type == "cpu":
+        if rows.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return False
+    elif not (rows.device.type == "cuda" and rows.dtype == torch.bfloat16
+              and torch.cuda.get_device_capability(rows.device) >= (9, 0)):
+        return False
+    ffn, hidden = experts[0].dense_4h_to_h.weight.shape[1], rows.shape[1]
+    size = rows.element_size()
+    return (hidden * size) % 16 == 0 and (ffn * size) % 16 == 0

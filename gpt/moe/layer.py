@@ -1,0 +1,142 @@
+"""Megatron-Core's MoELayer (megatron/core/transformer/moe/moe_layer.py): route, dispatch, run the experts,
+combine, and add the shared experts' output (shared_experts.py SharedExpertMLP: an MLP of
+--moe-shared-expert-intermediate-size that sees every token, its output multiplied by sigmoid(x . gate) with
+--moe-shared-expert-gate, as Qwen2-MoE's shared_expert_gate).
+
+Hidden states arrive [batch, sequence, hidden]; the router and dispatcher see them in Megatron's [sequence,
+batch] token order (gpt/moe/router.py). At expert-parallel size 1 the dispatcher is `LocalDispatcher`
+(gpt/moe/dispatcher.py); an expert-parallel dispatcher takes its place through `dispatcher`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt.moe.balancing import MoELossTracker, attach
+from gpt.moe.deepspeed_gating import top1gating, top2gating, topkgating
+from gpt.moe.dispatcher import LocalDispatcher, TokenDispatcher, choices_of
+from gpt.moe.experts import ExpertMLP, Experts
+from gpt.moe.router import TopKRouter
+from gpt.moe.settings import MoESettings
+from parallel.init import InitMethod, set_init_method
+from parallel.state import ParallelState
+
+
+class SharedExperts(ExpertMLP):
+    """SharedExpertMLP: one MLP every token passes through, optionally gated per token."""
+
+    def __init__(self, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
+                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool):
+        super().__init__(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std, output_init_std=output_init_std,
+                         bias=bias)
+        self.activation = activation
+        if gate:
+            self.gate_weight = nn.Parameter(torch.empty(1, hidden_size, device="meta"))
+            set_init_method(self.gate_weight, InitMethod.normal(init_std))
+        else:
+            self.gate_weight = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        inputs = [F.linear(hidden, linear.weight, linear.bias) for linear in self.input_linears()]
+        activated = F.silu(inputs[0]) * inputs[1] if self.swiglu else self.activation(inputs[0])
+        output = F.linear(activated, self.dense_4h_to_h.weight, self.dense_4h_to_h.bias)
+        if self.gate_weight is not None:
+            output = output * torch.sigmoid(F.linear(hidden, self.gate_weight))
+        return output
+
+
+class MoELayer(nn.Module):
+    def __init__(self, hidden_size: int, settings: MoESettings, *, state: ParallelState,
+                 activation: Callable[[torch.Tensor], torch.Tensor], swiglu: bool, init_std: float,
+                 output_init_std: float, bias: bool, layer_number: int = 0,
+                 tracker: Optional[MoELossTracker] = None, dispatcher: Optional[TokenDispatcher] = None,
+                 local_experts: Optional[Sequence[int]] = None):
+        """`dispatcher` and `local_experts` (the global indices of this rank's experts, in the order the
+        dispatcher groups their rows): an expert-parallel dispatcher and its rank's share; by default
+        LocalDispatcher and every expert."""
+        super().__init__()
+        self.settings = settings
+        # DeepSpeed-MoE's gate has no bias (sharded_moe.TopKGate: Linear(model_dim, num_experts, bias=False))
+        self.router = TopKRouter(hidden_size, settings, init_std=init_std,
+                                 bias=bias and settings.gating != "deepspeed", state=state,
+                                 layer_number=layer_number, tracker=tracker)
+        self.experts = Experts(settings.num_experts, hidden_size, settings.ffn_hidden_size, activation=activation,
+                               swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
+                               grouped=settings.grouped_gemm, expert_ids=local_experts)
+        self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
+        if settings.shared_expert_intermediate_size is not None:
+            self.shared_experts = SharedExperts(hidden_size, settings.shared_expert_intermediate_size,
+                                                activation=activation, swiglu=swiglu, init_std=init_std,
+                                                output_init_std=output_init_std, bias=bias,
+                                                gate=settings.shared_expert_gate)
+        else:
+            self.shared_experts = None
+        self.last_tokens_per_expert: Optional[torch.Tensor] = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = hidden.shape
+        tokens = hidden.transpose(0, 1).reshape(seq * batch, width)  # Megatron's [s, b] order
+        if self.settings.gating == "deepspeed":
+            if tokens.is_meta:  # no gating decision exists there (see _balanced_on_meta)
+                k = self.settings.router_topk
+                output = self._balanced_on_meta(tokens, tokens.new_ones(tokens.shape[0], k) / k)
+            else:
+                output = self._experts_of(tokens, *self._deepspeed_gated(tokens))
+        else:
+            probs, routing_map = self.router(tokens, seq, batch)
+            if tokens.is_meta:
+                output = self._balanced_on_meta(tokens, probs)
+            else:
+                output = self._routed(tokens, probs, routing_map)
+        if self.shared_experts is not None:
+            output = output + self.shared_experts(tokens)
+        return output.view(seq, batch, width).transpose(0, 1)
+
+    def _routed(self, tokens: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
+        choice_probs, indices = choices_of(probs, routing_map, self.settings.router_topk)
+        return self._experts_of(tokens, choice_probs, indices)
+
+    def _deepspeed_gated(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSpeed-MoE's TopKGate (gpt/moe/deepspeed_gating.py): fp32 logits, its gating for k, l_aux x
+        --moe-loss-coeff attached to the weights' gradient and logged as moe_loss."""
+        settings, router = self.settings, self.router
+        logits = F.linear(tokens.float(), router.weight.float())
+        factor = settings.train_capacity_factor if self.training else settings.eval_capacity_factor
+        k = settings.router_topk
+        if k == 1:
+            probs, indices, l_aux = top1gating(logits, factor, settings.min_capacity, settings.drop_tokens)
+        elif k == 2:
+            probs, indices, l_aux = top2gating(logits, factor, settings.min_capacity, settings.drop_tokens,
+                                               settings.second_expert_sampling)
+        else:
+            probs, indices, l_aux = topkgating(logits, k, factor, settings.min_capacity, settings.drop_tokens)
+        if self.training and torch.is_grad_enabled():
+            moe_loss = l_aux * settings.loss_coeff
+            probs = attach(probs, moe_loss, router.tracker)
+            if router.tracker is not None:
+                router.tracker.record("moe_loss", router.layer_number, moe_loss)
+        return probs, indices
+
+    def _experts_of(self, tokens: torch.Tensor, choice_probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        rows, tokens_per_expert = self.dispatcher.dispatch(tokens, choice_probs, indices)
+        self.last_tokens_per_expert = tokens_per_expert.detach()
+        tracker = self.router.tracker
+        if tracker is not None and self.training and torch.is_grad_enabled():
+            tracker.count_tokens(self.router.layer_number, tokens_per_expert)
+        return self.dispatcher.combine(self.experts(rows, tokens_per_expert))
+
+    def _balanced_on_meta(self, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """On the meta device (the planner's dry run, planner/dry_run.py) no routing decision exists: every
+        token's k rows go to the experts in equal shares, so shapes, parameters and the experts' activations
+        have the sizes of a balanced step."""
+        k = self.settings.router_topk
+        rows = tokens.repeat_interleave(k, dim=0)
+        experts = len(self.experts._modules)  # this rank's
+        sizes = [rows.shape[0] // experts + (expert < rows.shape[0] % experts) for expert in range(experts)]
+        outputs = self.experts.forward_loop(rows, sizes)
+        weights = probs.sum(dim=-1, keepdim=True).repeat_interleave(k, dim=0).to(outputs.dtype) / k
+        return (outputs * weights).view(tokens.shape[0], k, -1).sum(dim=1)

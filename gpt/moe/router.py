@@ -1,0 +1,247 @@
+"""Megatron-Core's TopKRouter (megatron/core/transformer/moe/router.py) and its routing arithmetic
+(moe_utils.py: topk_routing_with_score_function, group_limited_topk, sinkhorn, apply_router_token_dropping,
+get_capacity, get_updated_expert_bias), in plain PyTorch.
+
+The router sees the tokens in Megatron's order, [sequence, batch] flattened (the layer transposes our
+[batch, sequence] hidden states first), so that what depends on the order - the sequence aux loss, which tokens
+a position drop policy keeps, the order of rows within an expert - is Megatron's.
+
+Expert bias (aux-loss-free balancing, DeepSeek-V3): each forward that builds a graph counts the tokens each
+expert received; `update_expert_bias` (after the iteration's backward, as Megatron's finalize_model_grads)
+sums the counts over the data-parallel group and moves each expert's bias by `rate` toward the mean load:
+bias + sign(mean - tokens) * rate. The bias only chooses experts; the weights are the unbiased scores.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt.moe.balancing import (
+    MoELossTracker,
+    attach,
+    scores_for_aux_loss,
+    sequence_load_balancing_loss,
+    switch_load_balancing_loss,
+    z_loss,
+)
+from gpt.moe.settings import MoESettings
+from parallel.init import InitMethod, set_init_method
+from parallel.state import ParallelState
+
+
+def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float, min_capacity: Optional[int] = None) -> int:
+    """moe_utils.get_capacity: ceil(tokens / experts * factor), at least `min_capacity`."""
+    capacity = math.ceil((num_tokens / num_experts) * capacity_factor)
+    return max(capacity, min_capacity) if min_capacity is not None else capacity
+
+
+def group_limited_topk(scores: torch.Tensor, topk: int, num_groups: int, group_topk: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_utils.group_limited_topk: choose `group_topk` groups per token by the sum of each group's top
+    topk/group_topk scores, then the top-k experts inside them."""
+    num_tokens, num_experts = scores.shape
+    group_scores = scores.view(num_tokens, num_groups, -1).topk(topk // group_topk, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=group_topk, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(num_tokens, num_groups, num_experts // num_groups).reshape(num_tokens, -1)
+    return torch.topk(scores.masked_fill(~score_mask.bool(), float("-inf")), k=topk, dim=-1)
+
+
+def topk_routing(logits: torch.Tensor, settings: MoESettings, expert_bias: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_utils.topk_routing_with_score_function: (probs [tokens, experts], zero off the chosen ones;
+    routing map [tokens, experts] bool)."""
+    topk, groups, group_topk = settings.router_topk, settings.router_num_groups, settings.router_group_topk
+
+    def choose(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if group_topk:
+            return group_limited_topk(scores, topk, groups, group_topk)
+        return torch.topk(scores, k=topk, dim=1)
+
+    if settings.router_score_function == "softmax":
+        if settings.router_pre_softmax:
+            probs, top = choose(torch.softmax(logits, dim=-1, dtype=torch.float32))
+        else:
+            scores, top = choose(logits)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    else:
+        scores = torch.sigmoid(logits.float())
+        if expert_bias is not None:
+            _, top = choose(scores + expert_bias.float())
+            scores = torch.gather(scores, dim=1, index=top)
+        else:
+            scores, top = choose(scores)
+        probs = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20) if topk > 1 else scores
+    if settings.router_topk_scaling_factor:
+        probs = probs * settings.router_topk_scaling_factor
+    probs = probs.type_as(logits)
+    routing_probs = torch.zeros_like(logits).scatter(1, top, probs)
+    routing_map = torch.zeros_like(logits, dtype=torch.int32).scatter(1, top, 1).bool()
+    return routing_probs, routing_map
+
+
+def sinkhorn(cost: torch.Tensor, tol: float = 0.0001) -> torch.Tensor:
+    """moe_utils.sinkhorn: rescale exp(cost) until its columns (experts) are balanced."""
+    cost = torch.exp(cost)
+    d0 = torch.ones(cost.size(0), device=cost.device, dtype=cost.dtype)
+    d1 = torch.ones(cost.size(1), device=cost.device, dtype=cost.dtype)
+    eps, error, d1_old = 0.00000001, 1e9, d1
+    while error > tol:
+        d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + eps)
+        d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + eps)
+        error = torch.mean(torch.abs(d1_old - d1))
+        d1_old = d1
+    return d1 * cost * d0.unsqueeze(1)
+
+
+def sinkhorn_routing(logits: torch.Tensor, topk: int, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """TopKRouter.sinkhorn_load_balancing: in training the experts are chosen on the Sinkhorn-balanced
+    logits; the weights are sigmoid (top-1) or softmax of the raw logits, kept at the chosen experts."""
+    def activation(values: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(values) if topk == 1 else torch.softmax(values, dim=-1, dtype=torch.float32).type_as(values)
+    if training and not logits.is_meta:  # on the meta device (the planner) no balancing can be computed
+        with torch.no_grad():
+            _, top = torch.topk(sinkhorn(logits.to(dtype=torch.float32)), k=topk, dim=1)
+        logits = activation(logits)
+    else:
+        logits = activation(logits)
+        _, top = torch.topk(logits, k=topk, dim=1)
+    routing_map = torch.zeros_like(logits, dtype=torch.int32).scatter(1, top, 1).bool()
+    return logits * routing_map, routing_map
+
+
+def drop_tokens(probs: torch.Tensor, routing_map: torch.Tensor, topk: int, capacity_factor: float,
+                drop_policy: str, pad_to_capacity: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_utils.apply_router_token_dropping: each expert keeps at most capacity = ceil(tokens * k / experts *
+    factor) of its tokens, those of the highest probability ("probs") or the first in token order
+    ("position"); with `pad_to_capacity` every expert takes exactly `capacity` rows (the map becomes the
+    capacity mask; padding rows carry probability 0)."""
+    num_tokens, num_experts = probs.shape
+    capacity = get_capacity(num_tokens * topk, num_experts, capacity_factor)
+    if capacity > num_tokens:
+        capacity_mask = torch.ones_like(routing_map)
+    else:
+        if drop_policy == "probs":
+            _, keep = torch.topk(probs, k=capacity, dim=0, sorted=False)
+        else:
+            # Megatron takes topk of the 0/1 map, whose ties torch breaks in no promised order; the first
+            # `capacity` routed tokens by position is what the policy names, and is what is taken here.
+            rank = torch.cumsum(routing_map.int(), dim=0) - 1
+            order = torch.where(routing_map, rank, num_tokens + torch.arange(num_tokens, device=probs.device).unsqueeze(1))
+            keep = torch.topk(order, k=capacity, dim=0, largest=False, sorted=False)[1]
+        capacity_mask = torch.zeros_like(routing_map).scatter(0, keep, True)
+    final_map = capacity_mask if pad_to_capacity else routing_map & capacity_mask
+    return probs * final_map, final_map
+
+
+class TopKRouter(nn.Module):
+    """Gating weights [experts, hidden] (and a bias with --add-bias-linear, drawn as Megatron's Router draws
+    both from init_method); forward gives (probs, routing_map) for tokens in [sequence, batch] order and
+    attaches the balancing losses' gradients to the probabilities and the z-loss's to the logits."""
+
+    def __init__(self, hidden_size: int, settings: MoESettings, *, init_std: float, bias: bool,
+                 state: ParallelState, layer_number: int = 0, tracker: Optional[MoELossTracker] = None):
+        super().__init__()
+        self.settings, self.state, self.layer_number = settings, state, layer_number
+        self.tracker = tracker
+        experts = settings.num_experts
+        self.weight = nn.Parameter(torch.empty(experts, hidden_size, device="meta"))
+        set_init_method(self.weight, InitMethod.normal(init_std))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(experts, device="meta"))
+            set_init_method(self.bias, InitMethod.normal(init_std))
+        else:
+            self.bias = None
+        # Not parameters (the optimizer never sees them) and not registered buffers: made on the first forward's
+        # device. Megatron keeps the expert bias in fp32 whatever the model's dtype (_maintain_float32_expert_bias).
+        self.expert_bias: Optional[torch.Tensor] = None
+        self.local_tokens_per_expert: Optional[torch.Tensor] = None
+        self._global_tokens: Optional[torch.Tensor] = None
+        self._global_steps = 0
+        self._global_iteration: Optional[int] = None
+
+    def gating(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Router.gating: the logits, in --moe-router-dtype (fp32/fp64) where given, else the input's dtype."""
+        dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.settings.router_dtype, hidden.dtype)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return F.linear(hidden.to(dtype), self.weight.to(dtype), bias)
+
+    def forward(self, hidden: torch.Tensor, seq_length: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        settings = self.settings
+        logits = self.gating(hidden)
+        grad = self.training and torch.is_grad_enabled()
+        if settings.z_loss_coeff is not None and grad:
+            loss = z_loss(logits, settings.z_loss_coeff)
+            logits = attach(logits, loss, self.tracker)
+            self._record("z_loss", loss / settings.z_loss_coeff)
+        if settings.router_load_balancing_type == "sinkhorn":
+            probs, routing_map = sinkhorn_routing(logits, settings.router_topk, self.training)
+        else:
+            if settings.router_enable_expert_bias and self.expert_bias is None:
+                self.expert_bias = torch.zeros(settings.num_experts, dtype=torch.float32, device=hidden.device)
+                self.local_tokens_per_expert = torch.zeros_like(self.expert_bias)
+            probs, routing_map = topk_routing(logits, settings, self.expert_bias)
+        if settings.expert_capacity_factor is not None:
+            probs, routing_map = drop_tokens(probs, routing_map, settings.router_topk, settings.expert_capacity_factor,
+                                             settings.token_drop_policy, settings.pad_expert_input_to_capacity)
+        if grad and settings.aux_loss_coeff > 0 and settings.router_load_balancing_type in (
+                "aux_loss", "seq_aux_loss", "global_aux_loss"):
+            probs = self._attach_aux_loss(probs, logits, seq_length, batch)
+        if settings.router_enable_expert_bias and torch.is_grad_enabled():
+            with torch.no_grad():
+                self.local_tokens_per_expert += routing_map.sum(dim=0)
+        return probs, routing_map
+
+    def _attach_aux_loss(self, probs: torch.Tensor, logits: torch.Tensor, seq_length: int, batch: int) -> torch.Tensor:
+        settings, kind = self.settings, self.settings.router_load_balancing_type
+        coeff, topk = settings.aux_loss_coeff, settings.router_topk
+        aux_map, scores = scores_for_aux_loss(logits, topk, settings.router_score_function)
+        num_tokens = aux_map.shape[0]
+        if kind == "aux_loss":
+            loss = switch_load_balancing_loss(scores, aux_map.sum(dim=0), num_tokens, topk, coeff)
+            name = "load_balancing_loss"
+        elif kind == "seq_aux_loss":
+            loss = sequence_load_balancing_loss(scores, aux_map, seq_length, batch, topk, coeff)
+            name = "seq_load_balancing_loss"
+        else:
+            loss = switch_load_balancing_loss(scores, self._global_tokens_per_expert(aux_map),
+                                              num_tokens * self.state.data_parallel_size, topk, coeff)
+            name = "global_load_balancing_loss"
+        self._record(name, loss / coeff)
+        return attach(probs, loss, self.tracker)
+
+    def _global_tokens_per_expert(self, aux_map: torch.Tensor) -> torch.Tensor:
+        """TopKRouter._apply_global_aux_loss: this micro-batch's counts summed over the data-parallel group, added
+        to the iteration's running sum, averaged over its micro-batches so far (reset each iteration)."""
+        tokens = aux_map.sum(dim=0).float()
+        state = self.state
+        if state.data_parallel_size > 1:
+            state.comm.all_reduce(tokens, state.data_parallel_group, "dp")
+        iteration = None if self.tracker is None else self.tracker.iteration
+        if self._global_tokens is None or iteration != self._global_iteration:
+            self._global_tokens, self._global_steps, self._global_iteration = torch.zeros_like(tokens), 0, iteration
+        self._global_tokens += tokens
+        self._global_steps += 1
+        return self._global_tokens / self._global_steps
+
+    def _record(self, name: str, value: torch.Tensor) -> None:
+        if self.tracker is not None:
+            self.tracker.record(name, self.layer_number, value)
+
+    @torch.no_grad()
+    def update_expert_bias(self) -> None:
+        """moe_utils.get_updated_expert_bias, after the iteration's backward (finalize_model_grads)."""
+        if self.expert_bias is None:
+            return
+        tokens = self.local_tokens_per_expert
+        state = self.state
+        if state.data_parallel_size > 1:
+            state.comm.all_reduce(tokens, state.data_parallel_group, "dp")
+        offset = tokens.sum(dim=-1, keepdim=True) / tokens.shape[-1] - tokens
+        self.expert_bias += torch.sign(offset) * self.settings.router_bias_update_rate
+        tokens.zero_()
