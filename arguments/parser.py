@@ -374,17 +374,17 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     use_sample_based_lengths(settings, sources)
     deepspeed_batch = ({"source": translation.source, **translation.batch}
                        if translation is not None and translation.batch else {})
+    if is_deepspeed_moe_launch(settings.get("num_experts"), generation, bool(meanings["deepspeed"])) \
+            and sources["moe_gating"].kind == DEFAULT:
+        # Megatron-DeepSpeed's --num-experts: DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py)
+        settings["moe_gating"] = "deepspeed"
+        sources["moe_gating"] = Source(FLAG, "--num-experts", note="a Megatron-DeepSpeed launch "
+                                       "(--deepspeed): DeepSpeed-MoE's gating")
     config = PretrainConfig.from_flat(settings, sources, deepspeed_batch)
     if deepspeed_batch:
         unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)
         if unfit:
             problems.append(unfit)
-    if is_deepspeed_moe_launch(config.model.num_experts, generation, bool(meanings["deepspeed"])) \
-            and sources["moe_gating"].kind == DEFAULT:
-        # Megatron-DeepSpeed's --num-experts: DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py)
-        config.model.moe_gating = "deepspeed"
-        config.sources["moe_gating"] = Source(FLAG, "--num-experts", note="a Megatron-DeepSpeed launch "
-                                              "(--deepspeed): DeepSpeed-MoE's gating")
     try:
         config.validate()
     except ConfigError as error:

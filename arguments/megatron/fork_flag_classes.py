@@ -31,8 +31,9 @@ FORK_NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{SWISS_AI}: knob of its AdEMAMix optimizer, which is refused (--optimizer adam is the optimizer here), so "
      "it has no effect", _names("--ademamix-alpha --ademamix-alpha-warmup --ademamix-beta3 --ademamix-beta3-warmup")),
     (f"{SWISS_AI}: knob of its goldfish loss, which is refused, so it has no effect", _names("--goldfish-k --goldfish-h")),
+    # (--moe-token-dropping is ours: DeepSpeed-MoE's switch, gpt/model_config.py moe_token_dropping)
     (f"{LLM_JP} and {SWISS_AI}: mixture-of-experts knob: this GPT's MLP is dense, as with --num-experts 1, so it "
-     "has no effect", _names("--moe-token-dropping --moe-router-topk-limited-devices")),
+     "has no effect", _names("--moe-router-topk-limited-devices")),
 )
 
 FORK_REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -7,6 +7,7 @@ model initialized from it gives transformers' logits and, on one batch, its loss
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,9 @@ def mixtral_folder(path: Path, **overrides) -> Path:
 def run_config(folder: Path) -> PretrainConfig:
     config = PretrainConfig()
     settings = {name: given.value for name, given in architecture_settings(read_hf_config(folder)).items()}
-    for name, value in {**settings, "seq_length": 16, "hidden_dropout": 0.0, "attention_dropout": 0.0,
-                        "vocab_size": VOCAB}.items():
-        setattr(config.model, name, value)
-    config.zero.stage = 1
-    return config
+    model = dataclasses.replace(config.model, **{**settings, "seq_length": 16, "hidden_dropout": 0.0,
+                                                 "attention_dropout": 0.0, "vocab_size": VOCAB})
+    return dataclasses.replace(config, model=model, zero=dataclasses.replace(config.zero, stage=1))
 
 
 def test_a_mixtral_folder_gives_transformers_logits_and_iteration_one_loss(tmp_path):
@@ -203,7 +202,7 @@ def test_an_moe_checkpoint_exports_as_its_family_and_transformers_computes_our_l
 
     folder = (mixtral_folder if family == "mixtral" else qwen2_moe_folder)(tmp_path / "source")
     config = run_config(folder)
-    config.optimizer.lr = 1e-2
+    config = dataclasses.replace(config, optimizer=dataclasses.replace(config.optimizer, lr=1e-2))
     model = GPTModel(config.model, CPU)
     optimizer = ZeroHarness.from_config(model, config, CPU, blocks=model.blocks)
     initialize_from_hf(optimizer, model, folder, config.model, CPU)
