@@ -45,7 +45,10 @@ P2P_KINDS = ("send", "recv")
 # exchange point-to-point messages, the pipeline group sums the gradient norm and broadcasts the loss, and the
 # embedding group (first and last stage) sums a tied word embedding's gradient.
 GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS + ("all_reduce", "broadcast"),
-               "embedding": ("all_reduce",)}
+               "embedding": ("all_reduce",),
+               # context parallelism (parallel/context_parallel.py): K/V all-gathered or passed round the ring,
+               # the loss's token count summed
+               "cp": COLLECTIVE_KINDS + P2P_KINDS}
 GROUP_NAMES = tuple(GROUP_KINDS)
 
 # torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
@@ -272,16 +275,16 @@ class Communicator:
 
     # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ---------
 
-    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> list:
+    def send(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
         """Post a send of `tensor` to global rank `peer`; returns the works to wait on. Counted when posted."""
-        self.stats.add("pp", "send", _num_bytes(tensor))
-        self.last_collective = ("send", "pp")
+        self.stats.add(group_name, "send", _num_bytes(tensor))
+        self.last_collective = ("send", group_name)
         return self._transport_p2p(dist.isend, tensor, peer, tag)
 
-    def receive(self, tensor: torch.Tensor, peer: int, tag: int) -> list:
+    def receive(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
         """Post a receive into `tensor` from global rank `peer`; returns the works to wait on."""
-        self.stats.add("pp", "recv", _num_bytes(tensor))
-        self.last_collective = ("recv", "pp")
+        self.stats.add(group_name, "recv", _num_bytes(tensor))
+        self.last_collective = ("recv", group_name)
         return self._transport_p2p(dist.irecv, tensor, peer, tag)
 
     # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------

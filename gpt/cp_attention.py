@@ -1,0 +1,113 @@
+"""Causal attention over the whole sequence when each CP rank holds two chunks of it (parallel/context_parallel.py):
+Megatron-LM's --context-parallel-size with --cp-comm-type all_gather or p2p.
+
+Each rank's queries are its own tokens; the keys and values of every token are needed, and a query at global
+position i attends to the keys at global positions <= i. Two ways to bring the keys and values, as
+Megatron-Core's TransformerEngine attention offers (transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py: AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P):
+
+- `all_gather`: every rank's K and V gathered once; the local queries attend to them under the mask
+  "key position <= query position" (one SDPA call). Backward: the K/V gradients reduce-scattered back.
+- `p2p`: the ring. K and V (one message) travel round the CP group in CP - 1 steps; at each step the local
+  queries attend to the block at hand, and the partial results merge by the log-sum-exp rule:
+      lse = logaddexp(lse_a, lse_b),  out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)
+  so that no rank holds more than its own and one other block's K/V in the forward's exchange. The
+  backward here is autograd through the ring (each shift's backward sends the gradient back the other
+  way), which keeps every block's K/V alive until backward: exact, but the memory of all_gather.
+  TransformerEngine's custom backward re-runs the ring in reverse to hold one block at a time; that is the
+  memory-right one and is not built here.
+
+The masked blocks are computed whole (a block's keys all later than the queries leave rows with no visible
+key: their log-sum-exp is ~ -1e30 and they weigh exactly 0 in the merge). TransformerEngine skips those
+halves; the math is the same, this costs up to twice the attention FLOPs of the load-balanced ring.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from parallel.context_parallel import all_gather_sequence, local_positions, ring_shift
+from parallel.state import ParallelState
+
+# Megatron-Core's --cp-comm-type choices (megatron/training/arguments.py); a2a is DeepSpeed-Ulysses' head split
+# inside Megatron, a2a+p2p its hierarchical mix.
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+MASKED = -1.0e30  # a finite "minus infinity": a row with no visible key keeps finite gradients (zero weight)
+
+
+def group_positions(local_length: int, state: ParallelState, device: torch.device) -> torch.Tensor:
+    """The global positions of the CP group's tokens in CP-rank order (as all_gather_sequence concatenates)."""
+    size = state.context_parallel_size
+    return torch.cat([local_positions(local_length, size, rank, device) for rank in range(size)])
+
+
+def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                         dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+    """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position."""
+    local = query.shape[2]
+    keys = all_gather_sequence(key, state, dim=2)
+    values = all_gather_sequence(value, state, dim=2)
+    query_positions = local_positions(local, state.context_parallel_size, state.context_parallel_rank, query.device)
+    visible = group_positions(local, state, query.device)[None, :] <= query_positions[:, None]
+    grouped = {"enable_gqa": True} if enable_gqa else {}
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout_p, **grouped)
+
+
+def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                    dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of the queries over one block of keys, in fp32: (output [b, h, s, d], its log-sum-exp
+    [b, h, s]); a row that sees no key of the block gets a log-sum-exp of about -1e30."""
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * scale
+    scores = scores.masked_fill(~visible, MASKED)
+    lse = torch.logsumexp(scores, dim=-1)
+    probabilities = torch.exp(scores - lse.unsqueeze(-1))
+    if dropout_p > 0.0:
+        # dropout on the final probabilities: each block's are its share exp(lse_b - lse) of them, scaled after
+        probabilities = F.dropout(probabilities, dropout_p)
+    return torch.matmul(probabilities, value.float()), lse
+
+
+def merge_partial(output: torch.Tensor, lse: torch.Tensor, block_output: torch.Tensor,
+                  block_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two partial softmax results over disjoint keys, as one (the log-sum-exp rule)."""
+    merged = torch.logaddexp(lse, block_lse)
+    return (output * torch.exp(lse - merged).unsqueeze(-1)
+            + block_output * torch.exp(block_lse - merged).unsqueeze(-1)), merged
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                   dropout_p: float = 0.0) -> torch.Tensor:
+    """[batch, heads, local seq, d] queries against every CP rank's K/V, passed round the ring (see the module)."""
+    size, rank = state.context_parallel_size, state.context_parallel_rank
+    local = query.shape[2]
+    if key.shape[1] != query.shape[1]:  # grouped-query: query head i reads key/value head i // (heads / groups)
+        per_group = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
+    query_positions = local_positions(local, size, rank, query.device)
+    key_value = torch.stack((key, value))  # one message a step
+    output = lse = None
+    for step in range(size):
+        if step > 0:
+            key_value = ring_shift(key_value, state)
+        source = (rank - step) % size  # whose chunks arrived at this step
+        visible = local_positions(local, size, source, query.device)[None, :] <= query_positions[:, None]
+        block_output, block_lse = block_attention(query, key_value[0], key_value[1], visible, dropout_p)
+        if output is None:
+            output, lse = block_output, block_lse
+        else:
+            output, lse = merge_partial(output, lse, block_output, block_lse)
+    return output.to(query.dtype)
+
+
+def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                               comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+    """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`."""
+    if comm_type == "all_gather":
+        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa)
+    if comm_type == "p2p":
+        return ring_attention(query, key, value, state, dropout_p)
+    raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p or all_gather")
