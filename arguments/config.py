@@ -216,6 +216,11 @@ class TrainingConfig:
     compile: bool = option(False, help="torch.compile each transformer block (the first iterations compile; every "
                                        "TP size and ZeRO stage)")
     tensor_model_parallel_size: int = option(1, aliases={"--model-parallel-size": "DeepSpeed-Megatron"})
+    # parallel/context_parallel.py, gpt/cp_attention.py
+    context_parallel_size: int = option(
+        1, help="context parallelism (Megatron's rank order: TP, then CP, then DP, then PP): each rank holds 2 of "
+                "the sequence's 2 x CP chunks (r and 2CP-1-r), attention exchanges keys and values (--cp-comm-type), "
+                "gradients average over DP x CP")
     # training/pipeline_step.py; the layers each stage holds: gpt/stage_layers.py
     pipeline_model_parallel_size: int = option(
         1, help="pipeline stages (Megatron's rank order: TP fastest, then DP, then PP); the layers split evenly, "
@@ -271,7 +276,7 @@ class TrainingConfig:
             raise ConfigError("give --train-iters or --train-samples (how long to train)",
                               flags=("--train-iters", "--train-samples"))
         for name in ("micro_batch_size", "global_batch_size", "tensor_model_parallel_size",
-                     "pipeline_model_parallel_size", "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
+                     "pipeline_model_parallel_size", "context_parallel_size", "eval_interval", "log_interval", "loss_scale_window", "hysteresis"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}", flags=(_flag(name),))
         if self.accumulation_steps is not None and self.accumulation_steps < 1:
@@ -568,12 +573,40 @@ class PretrainConfig:
                               f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2",
                               flags=("--zero-stage", "--pipeline-model-parallel-size"))
 
+    def _check_context_parallel(self) -> None:
+        """What context parallelism (parallel/context_parallel.py) needs and what it does not run, one line each."""
+        cp, model = self.training.context_parallel_size, self.model
+        if cp == 1:
+            return
+        if model.cp_comm_type not in ("p2p", "all_gather"):
+            raise ConfigError(f"--cp-comm-type {model.cp_comm_type} is not implemented here: use p2p (the ring) or "
+                              f"all_gather", flags=("--cp-comm-type", "--context-parallel-size"))
+        local = model.seq_length // cp
+        if model.seq_length % (2 * cp):
+            raise ConfigError(f"--seq-length {model.seq_length} must be divisible by 2 x --context-parallel-size "
+                              f"({2 * cp}): each rank holds two equal chunks of the sequence",
+                              flags=("--seq-length", "--context-parallel-size"))
+        tp = self.training.tensor_model_parallel_size
+        if model.sequence_parallel and tp > 1 and local % tp:
+            raise ConfigError(f"--sequence-parallel splits each context-parallel rank's {local} tokens over "
+                              f"--tensor-model-parallel-size {tp}: choose --seq-length divisible by CP x TP",
+                              flags=("--sequence-parallel", "--seq-length", "--context-parallel-size"))
+        if self.training.pipeline_model_parallel_size > 1:
+            raise ConfigError("--context-parallel-size with --pipeline-model-parallel-size > 1 is not implemented "
+                              "here: use one of them", flags=("--context-parallel-size",
+                                                              "--pipeline-model-parallel-size"))
+        if self.zero.distributed_optimizer_instances > 1:
+            raise ConfigError("--num-distributed-optimizer-instances > 1 with --context-parallel-size is not "
+                              "implemented here: use one optimizer instance",
+                              flags=("--context-parallel-size", "--num-distributed-optimizer-instances"))
+
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
             getattr(self, section).validate()
         self.model.validate_tensor_parallel(self.training.tensor_model_parallel_size)
         self._check_pipeline()
+        self._check_context_parallel()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:
             self._check_step_schedule()

@@ -32,9 +32,6 @@ import torch.nn.functional as F
 from parallel.context_parallel import all_gather_sequence, local_positions, ring_shift
 from parallel.state import ParallelState
 
-# Megatron-Core's --cp-comm-type choices (megatron/training/arguments.py); a2a is DeepSpeed-Ulysses' head split
-# inside Megatron, a2a+p2p its hierarchical mix.
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 MASKED = -1.0e30  # a finite "minus infinity": a row with no visible key keeps finite gradients (zero weight)
 
 

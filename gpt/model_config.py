@@ -31,6 +31,8 @@ def _position_embedding_name(text: str) -> str:
     """Megatron-DeepSpeed's `absolute` is Megatron-LM's learned_absolute."""
     return "learned_absolute" if text == "absolute" else text
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+# Megatron-LM's --cp-comm-type choices (megatron/training/arguments.py)
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 @dataclass
@@ -115,6 +117,13 @@ class ModelConfig:
         "auto", choices=ATTENTION_BACKENDS,
         help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the memory-efficient "
              "kernel, unfused/local = the math kernel, auto = PyTorch's choice")
+    # Megatron-Core's TransformerConfig.cp_comm_type (gpt/cp_attention.py); only read with --context-parallel-size > 1.
+    # Megatron takes one value, or one per layer (nargs "+"); here one, for every layer.
+    cp_comm_type: str = option(
+        "p2p", choices=CP_COMM_TYPES, group="training",
+        help="with --context-parallel-size > 1, how attention reaches the other ranks' keys and values: p2p (the "
+             "ring, partial softmaxes merged) or all_gather (gathered once), for every layer; a2a and a2a+p2p "
+             "are refused")
     # Issue 40's lever 1 (gpt/attention_padding.py): acts only on CUDA, so CPU math is unchanged.
     pad_attention_head_dim: bool = option(
         True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "

@@ -50,6 +50,8 @@ GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS +
                # the loss's token count summed
                "cp": COLLECTIVE_KINDS + P2P_KINDS}
 GROUP_NAMES = tuple(GROUP_KINDS)
+# Counted from its first byte on: a run without context parallelism records the groups it always had.
+ON_FIRST_USE = ("cp",)
 
 # torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -78,9 +80,11 @@ class CommStats:
 
     @staticmethod
     def _zeros() -> dict[str, dict[str, int]]:
-        return {group: {kind: 0 for kind in kinds} for group, kinds in GROUP_KINDS.items()}
+        return {group: {kind: 0 for kind in kinds} for group, kinds in GROUP_KINDS.items() if group not in ON_FIRST_USE}
 
     def add(self, group_name: str, kind: str, num_bytes: int) -> None:
+        if group_name in ON_FIRST_USE and group_name not in self._bytes:
+            self._bytes[group_name] = {kind: 0 for kind in GROUP_KINDS[group_name]}
         if group_name not in self._bytes:
             raise ValueError(f"unknown group name {group_name!r}; expected one of {', '.join(GROUP_NAMES)}")
         if kind not in self._bytes[group_name]:

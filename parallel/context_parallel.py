@@ -42,7 +42,7 @@ def take_local_chunks(tensor: torch.Tensor, cp_size: int, cp_rank: int, dim: int
     if cp_size == 1:
         return tensor
     shape = tensor.shape
-    chunked = tensor.view(*shape[:dim], 2 * cp_size, shape[dim] // (2 * cp_size), *shape[dim + 1:])
+    chunked = tensor.reshape(*shape[:dim], 2 * cp_size, shape[dim] // (2 * cp_size), *shape[dim + 1:])
     index = torch.tensor(chunk_ids(cp_size, cp_rank), device=tensor.device)
     return chunked.index_select(dim, index).reshape(*shape[:dim], -1, *shape[dim + 1:])
 

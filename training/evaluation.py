@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from arguments.config import PretrainConfig
+from parallel.context_parallel import batch_on_this_rank
 from parallel.state import ParallelState
 from training.metrics import MetricsWriter, format_eval_line, perplexity
 
@@ -15,17 +16,26 @@ from training.metrics import MetricsWriter, format_eval_line, perplexity
 LoaderFactory = Callable[[], Iterable[dict]]
 
 
-def split_tokens(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples hold seq_length+1 tokens: inputs are all but the last, labels all but the first."""
+def split_tokens(batch: dict, device: torch.device,
+                 state: Optional[ParallelState] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples hold seq_length+1 tokens: inputs are all but the last, labels all but the first. With context
+    parallelism (a `state` of CP > 1) this rank keeps its chunks r and 2CP-1-r of both, as Megatron's
+    get_batch_on_this_cp_rank: every CP rank read the same samples."""
     tokens = batch["tokens"].to(device, non_blocking=True)
-    return tokens[:, :-1], tokens[:, 1:]
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    if state is not None and state.context_parallel_size > 1:
+        inputs, labels = batch_on_this_rank(inputs, state), batch_on_this_rank(labels, state)
+    return inputs, labels
 
 
 def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Mean of `tensor` over the DP group, in place (a no-op without data parallelism)."""
-    if state.data_parallel_size > 1:
-        state.comm.all_reduce(tensor, state.data_parallel_group, "dp")
-        tensor /= state.data_parallel_size
+    """Mean of `tensor` over the DP group, in place (a no-op without data parallelism). With context parallelism
+    over DP x CP: each CP rank's value is the mean over its chunks, and every CP rank holds as many tokens (no
+    loss mask here), so their mean is the whole sequence's."""
+    size = state.data_context_parallel_size
+    if size > 1:
+        state.comm.all_reduce(tensor, state.data_context_parallel_group, "dp")
+        tensor /= size
     return tensor
 
 
@@ -42,7 +52,7 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
     count = 0
     try:
         for batch, _ in zip(loader, range(num_micro_batches)):
-            inputs, labels = split_tokens(batch, state.device)
+            inputs, labels = split_tokens(batch, state.device, state)
             total += forward(inputs, labels).mean()
             count += 1
     finally:

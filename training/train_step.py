@@ -141,7 +141,7 @@ class DataParallelTrainStep:
         reducer, activations, device = self.zero.reducer, self.activations, self.state.device
         iteration_loss = torch.zeros((), device=device)
         for micro_batch in range(accumulation_steps):
-            inputs, labels = split_tokens(next(self.train_batches), device)
+            inputs, labels = split_tokens(next(self.train_batches), device, self.state)
             last = micro_batch == accumulation_steps - 1
             with contextlib.nullcontext() if last else reducer.no_sync():
                 # No autocast in 16-bit training: the parameters are bf16/fp16 themselves, so every matmul
@@ -150,6 +150,8 @@ class DataParallelTrainStep:
                 # Autocast would only add fp32 copies of each LayerNorm's input and output, rounded back
                 # to 16 bits before the next matmul: without them an eager 1.5B iteration on an H100 is
                 # 8% faster with 1.3 GiB less memory (benchmark_gpu.py --impls ours,ours-autocast).
+                # With context parallelism the mean is over this rank's chunks; the reducer averages the gradients
+                # over DP x CP, which makes them the whole sequence's (every CP rank holds as many tokens).
                 with activations.measuring() if measure_activations else contextlib.nullcontext():
                     loss = self.model(inputs, labels).float().mean() / accumulation_steps
                 self.zero.scale_loss(loss).backward()

@@ -193,6 +193,8 @@ def megatron_default_argv(parser: argparse.ArgumentParser, settings: Iterable[st
             argv.append(option if theirs else "--no-" + option[2:])
         elif isinstance(theirs, bool):
             continue  # a store_true flag of ours whose default is already Megatron's (False)
+        elif isinstance(theirs, list):  # an nargs "+" default (--cp-comm-type's ["p2p"]): one word each
+            argv.extend([option, *map(str, theirs)])
         else:
             argv.append(f"{option}={theirs}")
     # Megatron has no --activation: its GeLU is the exact (erf) one unless --openai-gelu asks for tanh's.

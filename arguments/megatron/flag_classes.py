@@ -174,8 +174,9 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --use-ring-exchange-p2p --no-scatter-gather-tensors-in-pipeline
         --pipeline-model-parallel-comm-backend --delta-offload-bytes-across-pp-ranks
         --inference-batch-times-seqlen-threshold""")),
-    ("context parallelism's knob: it is off here (--context-parallel-size 1), so it has no effect", _names("""
-        --cp-comm-type --hierarchical-context-parallel-sizes --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
+    ("context parallelism's knob for what is not built here (hierarchical a2a+p2p groups, hybrid or packed-sequence "
+     "CP): without it the ring or all-gather over --context-parallel-size runs as Megatron's default", _names("""
+        --hierarchical-context-parallel-sizes --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
     ("DeepSpeed sequence parallelism's knob: it is off here (--ds-sequence-parallel-size 1; forced at size 1 it "
      "computes the same attention), so it has no effect", _names("""
         --force-ds-sequence-parallel --ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size
@@ -495,9 +496,6 @@ AT_VALUE: dict[str, AtValue] = {
         _equals(1), "a factor of 1 leaves the rotary positions as they are",
         "not implemented: rotary positions here are not interpolated (Megatron-Core divides each position by the "
         "factor); use 1 or drop the flag"),
-    "--context-parallel-size": AtValue(_equals(1), "context parallelism over 1 rank is none",
-                                       "context parallelism is not implemented: use --checkpoint-activations "
-                                       "--partition-activations for long sequences"),
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
