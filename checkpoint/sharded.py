@@ -287,6 +287,8 @@ def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], s
         # What --data-path reads, as content: a resume compares this, not the path as typed.
         "data_identity": data_identity(config.data.data_path),
     }
+    if state.context_parallel_size > 1:  # the optimizer partitions are then DP x CP (parallel/state.py)
+        metadata["context_parallel_size"] = state.context_parallel_size
     if pp_size > 1:
         metadata["pipeline_parallel_size"] = pp_size
         metadata["pipeline_stages"] = [

@@ -164,7 +164,15 @@ def _megatron_value(action: argparse.Action, harvested_flags: dict, generation: 
     if generation and action.dest not in GENERATION_DEFAULT_NOT_TAKEN:
         stated = _stated(generation, action.option_strings, harvested_flags)
     found, theirs = stated if stated is not None else megatron_default(action.option_strings[0], harvested_flags)
-    return found and theirs is not None and theirs != "", theirs
+    return found and theirs is not None and theirs != "", one_value(action, theirs)
+
+
+def one_value(action: argparse.Action, theirs: Any) -> Any:
+    """Megatron's nargs "+" default of one value (--cp-comm-type's ['p2p'], one per layer there) is that value for
+    a setting of ours that holds one."""
+    if isinstance(theirs, list) and len(theirs) == 1 and action.nargs is None:
+        return theirs[0]
+    return theirs
 
 
 def _warmup_aware(generation: Optional[str], dest: str, given: Iterable[str]) -> Optional[str]:
@@ -193,8 +201,6 @@ def megatron_default_argv(parser: argparse.ArgumentParser, settings: Iterable[st
             argv.append(option if theirs else "--no-" + option[2:])
         elif isinstance(theirs, bool):
             continue  # a store_true flag of ours whose default is already Megatron's (False)
-        elif isinstance(theirs, list):  # an nargs "+" default (--cp-comm-type's ["p2p"]): one word each
-            argv.extend([option, *map(str, theirs)])
         else:
             argv.append(f"{option}={theirs}")
     # Megatron has no --activation: its GeLU is the exact (erf) one unless --openai-gelu asks for tanh's.
