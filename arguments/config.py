@@ -578,15 +578,23 @@ class PretrainConfig:
         cp, model = self.training.context_parallel_size, self.model
         if cp == 1:
             return
-        if model.cp_comm_type not in ("p2p", "all_gather"):
-            raise ConfigError(f"--cp-comm-type {model.cp_comm_type} is not implemented here: use p2p (the ring) or "
-                              f"all_gather", flags=("--cp-comm-type", "--context-parallel-size"))
+        if model.cp_comm_type not in ("p2p", "all_gather", "a2a"):
+            raise ConfigError(f"--cp-comm-type {model.cp_comm_type} is not implemented here: use p2p (the ring), "
+                              f"all_gather or a2a (DeepSpeed-Ulysses)", flags=("--cp-comm-type", "--context-parallel-size"))
+        tp = self.training.tensor_model_parallel_size
+        heads = model.num_attention_heads // tp
+        if model.cp_comm_type == "a2a" and heads % cp:
+            # DeepSpeed's single_all_to_all asserts it: "Number of heads must be divisible by the sequence parallel
+            # size"; Megatron-DeepSpeed's ParallelAttention too (num_attention_heads % sequence parallel size).
+            raise ConfigError(f"--cp-comm-type a2a (DeepSpeed-Ulysses) splits each tensor-parallel rank's {heads} "
+                              f"attention heads over {cp} ranks: choose --num-attention-heads divisible by TP x "
+                              f"{cp}", flags=("--num-attention-heads", "--context-parallel-size",
+                                              "--ds-sequence-parallel-size"))
         local = model.seq_length // cp
         if model.seq_length % (2 * cp):
             raise ConfigError(f"--seq-length {model.seq_length} must be divisible by 2 x --context-parallel-size "
                               f"({2 * cp}): each rank holds two equal chunks of the sequence",
                               flags=("--seq-length", "--context-parallel-size"))
-        tp = self.training.tensor_model_parallel_size
         if model.sequence_parallel and tp > 1 and local % tp:
             raise ConfigError(f"--sequence-parallel splits each context-parallel rank's {local} tokens over "
                               f"--tensor-model-parallel-size {tp}: choose --seq-length divisible by CP x TP",

@@ -2,7 +2,8 @@
 Megatron-LM's --context-parallel-size with --cp-comm-type all_gather or p2p.
 
 Each rank's queries are its own tokens; the keys and values of every token are needed, and a query at global
-position i attends to the keys at global positions <= i. Two ways to bring the keys and values, as
+position i attends to the keys at global positions <= i. Two ways to bring the keys and values (and a third,
+`a2a`, DeepSpeed-Ulysses, that moves heads instead: `all_to_all_attention`), as
 Megatron-Core's TransformerEngine attention offers (transformer_engine/pytorch/attention/dot_product_attention/
 context_parallel.py: AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P):
 
@@ -29,7 +30,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from parallel.context_parallel import all_gather_sequence, local_positions, ring_shift
+from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift
 from parallel.state import ParallelState
 
 MASKED = -1.0e30  # a finite "minus infinity": a row with no visible key keeps finite gradients (zero weight)
@@ -100,6 +101,47 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return output.to(query.dtype)
 
 
+def sequence_to_heads(tensor: torch.Tensor, state: ParallelState, order: torch.Tensor) -> torch.Tensor:
+    """[b, H, local seq, d] on each CP rank -> [b, H / CP, whole seq, d] in global order: CP rank j gets head
+    group j of every rank's tokens (an all-to-all), put in sequence order (`order`: CP-rank order -> global)."""
+    size = state.context_parallel_size
+    batch, heads, local, dim = tensor.shape
+    rows = tensor.reshape(batch, size, heads // size, local, dim).movedim(1, 0)  # [CP (head group), b, H/CP, s, d]
+    arrived = all_to_all(rows, state)  # [CP (source rank), b, H/CP, s, d]
+    whole = arrived.movedim(0, 2).reshape(batch, heads // size, size * local, dim)  # CP-rank order
+    return whole.index_select(2, order)
+
+
+def heads_to_sequence(tensor: torch.Tensor, state: ParallelState, positions: torch.Tensor) -> torch.Tensor:
+    """The inverse of `sequence_to_heads` (`positions`: each CP-rank-order token's global position)."""
+    size = state.context_parallel_size
+    batch, group_heads, whole, dim = tensor.shape
+    local = whole // size
+    rows = tensor.index_select(2, positions).reshape(batch, group_heads, size, local, dim).movedim(2, 0)
+    arrived = all_to_all(rows, state)  # [CP (head group), b, H/CP, s, d]
+    return arrived.movedim(0, 1).reshape(batch, size * group_heads, local, dim)
+
+
+def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                         dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+    """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
+    one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
+    split, each rank attends over the whole sequence with H / CP heads (plain causal attention), and the
+    all-to-all back turns it into the sequence split again. The heads must divide by CP (DeepSpeed asserts it
+    too); key/value heads that do not are copied per query head first."""
+    size = state.context_parallel_size
+    if key.shape[1] % size:  # grouped-query with fewer key/value heads than ranks: one copy per query head
+        per_group = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
+        enable_gqa = False
+    positions = group_positions(query.shape[2], state, query.device)
+    order = torch.argsort(positions)
+    query, key, value = (sequence_to_heads(t, state, order) for t in (query, key, value))
+    grouped = {"enable_gqa": True} if enable_gqa and key.shape[1] != query.shape[1] else {}
+    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True, **grouped)
+    return heads_to_sequence(context, state, positions)
+
+
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                                comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
     """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`."""
@@ -107,4 +149,6 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
         return all_gather_attention(query, key, value, state, dropout_p, enable_gqa)
     if comm_type == "p2p":
         return ring_attention(query, key, value, state, dropout_p)
-    raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p or all_gather")
+    if comm_type == "a2a":
+        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa)
+    raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather or a2a")

@@ -9,6 +9,7 @@ sends:
     all-gather       M (N-1) / N      (M is the size of the gathered output)
     all-reduce       2 M (N-1) / N    (a reduce-scatter followed by an all-gather)
     broadcast        M on the source rank, 0 on the others
+    all-to-all       M (N-1) / N      (M is the size of the input; its own 1/N stays: context parallelism's a2a)
 
 Broadcast is charged to the source only: it is the data that has to leave the owner, the same on
 every topology. (NCCL's chain broadcast also forwards M through every rank but the last, so the
@@ -48,7 +49,8 @@ GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS +
                "embedding": ("all_reduce",),
                # context parallelism (parallel/context_parallel.py): K/V all-gathered or passed round the ring,
                # the loss's token count summed
-               "cp": COLLECTIVE_KINDS + P2P_KINDS}
+               # (and DeepSpeed-Ulysses' all-to-all, sequence split <-> head split)
+               "cp": COLLECTIVE_KINDS + P2P_KINDS + ("all_to_all",)}
 GROUP_NAMES = tuple(GROUP_KINDS)
 # Counted from its first byte on: a run without context parallelism records the groups it always had.
 ON_FIRST_USE = ("cp",)
@@ -64,7 +66,7 @@ def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool
         return 0
     if kind == "all_reduce":
         return 2 * full_bytes * (group_size - 1) // group_size
-    if kind in ("reduce_scatter", "all_gather"):
+    if kind in ("reduce_scatter", "all_gather", "all_to_all"):  # all-to-all: all but its own 1/N leaves
         return full_bytes * (group_size - 1) // group_size
     if kind == "broadcast":
         return full_bytes if is_source else 0
@@ -277,6 +279,21 @@ class Communicator:
         self.last_collective = ("broadcast", group_name)
         return self._transport_broadcast(tensor, src, group, async_op)
 
+    @eager_under_compile
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
+                   group_name: str) -> None:
+        """`input` in N equal chunks along dim 0: chunk j goes to rank j; `output`'s chunk j is what rank j sent
+        this rank (torch's all_to_all_single with equal splits)."""
+        size = group_size(group)
+        if output.numel() != input.numel():
+            raise ValueError(f"all_to_all: output has {output.numel()} elements, input {input.numel()}")
+        if size == 1:
+            _copy_unless_same(output, input)
+            return
+        self.stats.add(group_name, "all_to_all", ring_bytes_sent("all_to_all", _num_bytes(input), size))
+        self.last_collective = ("all_to_all", group_name)
+        self._transport_all_to_all(output, input, group)
+
     # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ---------
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
@@ -299,6 +316,9 @@ class Communicator:
 
     def _transport_all_reduce(self, tensor, op, group, async_op):
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+    def _transport_all_to_all(self, output, input, group):
+        dist.all_to_all_single(output, input, group=group)
 
     def _transport_reduce_scatter(self, output, input, op, group, async_op):
         pieces = _in_pieces(group, input, output)
@@ -399,6 +419,9 @@ class DryRunCommunicator(Communicator):
 
     def _transport_all_reduce(self, tensor, op, group, async_op):
         return self._done(async_op)
+
+    def _transport_all_to_all(self, output, input, group):
+        pass  # shapes only
 
     def _transport_reduce_scatter(self, output, input, op, group, async_op):
         self._copied(gloo_copy_bytes(_num_bytes(input)))

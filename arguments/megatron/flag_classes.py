@@ -177,8 +177,8 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("context parallelism's knob for what is not built here (hierarchical a2a+p2p groups, hybrid or packed-sequence "
      "CP): without it the ring or all-gather over --context-parallel-size runs as Megatron's default", _names("""
         --hierarchical-context-parallel-sizes --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
-    ("DeepSpeed sequence parallelism's knob: it is off here (--ds-sequence-parallel-size 1; forced at size 1 it "
-     "computes the same attention), so it has no effect", _names("""
+    ("DeepSpeed sequence parallelism's knob: forced at size 1 it computes the same attention, and FPDT (Ulysses "
+     "in chunks, offloaded) the same attention as the all-to-all of --ds-sequence-parallel-size here", _names("""
         --force-ds-sequence-parallel --ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size
         --ds-sequence-parallel-fpdt-offloading""")),
     ("mixture-of-experts knob: this GPT's MLP is dense, as with --num-experts 1, so router, capacity, dispatch "
@@ -472,10 +472,6 @@ def _without_decayed_norms(value: Any, settings: Optional[Mapping[str, Any]]) ->
     return settings is None or not (settings.get("qk_layernorm") and settings.get("apply_wd_to_qk_layernorm"))
 NO_MOE = ("mixture-of-experts is not implemented: this GPT's MLP is dense (--num-experts 1 is accepted: one expert "
           "is the dense model)")
-NO_SEQUENCE_PARALLEL = ("DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a sequence-parallel "
-                        "group) is not implemented; Megatron's --sequence-parallel splits the sequence over the "
-                        "tensor-parallel ranks, and --checkpoint-activations --partition-activations (ZeRO-R's P_a) "
-                        "splits the checkpointed activations")
 DENSE = "one expert is the dense model; the MoE loss coefficients then have no effect"
 
 MODELOPT = ("ModelOpt's quantized export is not implemented (Megatron-LM's megatron/post_training): use the default, "
@@ -489,8 +485,6 @@ AT_VALUE: dict[str, AtValue] = {
     "--num-experts-switch": AtValue(_equals(1), DENSE, NO_MOE),
     "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
     "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_MOE),
-    "--ds-sequence-parallel-size": AtValue(_equals(1), "sequence parallelism over 1 rank is none",
-                                           NO_SEQUENCE_PARALLEL),
     # megatron/core/models/common/embeddings/rotary_pos_embedding.py: `seq *= 1 / seq_len_interpolation_factor`
     "--rotary-seq-len-interpolation-factor": AtValue(
         _equals(1), "a factor of 1 leaves the rotary positions as they are",

@@ -11,6 +11,14 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--max-position-embeddings", "32"]
 
 
+def test_ds_sequence_parallel_size_is_ulysses_over_the_context_parallel_ranks():
+    """Megatron-DeepSpeed's --ds-sequence-parallel-size N: DP = world / (PP x TP x N) (megatron/arguments.py) and
+    DeepSpeed's DistributedAttention around attention: Megatron-Core's --context-parallel-size N --cp-comm-type a2a."""
+    config = parse_config([*TINY, "--ds-sequence-parallel-size", "2"])
+    assert (config.training.context_parallel_size, config.model.cp_comm_type) == (2, "a2a")
+    assert parse_config([*TINY, "--ds-sequence-parallel-size", "1"]).training.context_parallel_size == 1
+
+
 def test_context_parallel_size_and_comm_type_are_settings():
     config = parse_config([*TINY, "--context-parallel-size", "2", "--cp-comm-type", "all_gather"])
     assert config.training.context_parallel_size == 2 and config.model.cp_comm_type == "all_gather"
@@ -26,6 +34,13 @@ def test_context_parallel_size_and_comm_type_are_settings():
     (["--context-parallel-size", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length",
       "40", "--max-position-embeddings", "40"], "--sequence-parallel splits each context-parallel rank's 10 tokens"),
     (["--context-parallel-size", "0"], "--context-parallel-size must be at least 1"),
+    # DeepSpeed's single_all_to_all: "Number of heads must be divisible by the sequence parallel size"
+    (["--ds-sequence-parallel-size", "8", "--seq-length", "64", "--max-position-embeddings", "64"],
+     "--cp-comm-type a2a (DeepSpeed-Ulysses) splits each tensor-parallel rank's 4 attention heads over 8 ranks"),
+    (["--ds-sequence-parallel-size", "2", "--context-parallel-size", "4"],
+     "--ds-sequence-parallel-size 2 contradicts --context-parallel-size 4"),
+    (["--ds-sequence-parallel-size", "2", "--cp-comm-type", "p2p"],
+     "--ds-sequence-parallel-size 2 is DeepSpeed-Ulysses' all-to-all; it contradicts --cp-comm-type p2p"),
 ])
 def test_what_cannot_run_is_refused_in_one_line(argv, words):
     with pytest.raises(ConfigError) as error:

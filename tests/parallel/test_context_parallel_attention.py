@@ -4,7 +4,9 @@ The check TransformerEngine runs for its CP attention (tests/pytorch/attention/r
 the same q/k/v and output gradient through the full-sequence attention and through the CP ranks' chunks,
 `get_batch_on_this_cp_rank`'s layout, then outputs and gradients compared chunk by chunk), for CP 2 and 4 and
 both --cp-comm-type all_gather and p2p, on gloo in fp32: each rank's output and its chunks' gradients equal
-the full computation's at this rank's chunks r and 2CP-1-r.
+the full computation's at this rank's chunks r and 2CP-1-r. And the same for `a2a`, DeepSpeed-Ulysses' head
+split (DeepSpeed's tests/unit/sequence_parallelism checks its loss against the run without it), with key/value
+heads that divide by CP and ones that do not (grouped-query 2 and 1 at CP 4).
 """
 
 import pytest
@@ -51,8 +53,8 @@ def _cp_rank(rank, world_size, comm_type, kv_heads):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-@pytest.mark.parametrize("comm_type", ["all_gather", "p2p"])
-@pytest.mark.parametrize("kv_heads", [HEADS, 2])
+@pytest.mark.parametrize("comm_type", ["all_gather", "p2p", "a2a"])
+@pytest.mark.parametrize("kv_heads", [HEADS, 2, 1])
 def test_output_and_gradients_equal_the_full_sequence(cp, comm_type, kv_heads):
     full = _full(kv_heads)
     results = run_distributed(_cp_rank, cp, comm_type, kv_heads, timeout=120)

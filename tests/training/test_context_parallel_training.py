@@ -68,6 +68,11 @@ def runs(tmp_path_factory, corpus_cache):
                  "--cp-comm-type", comm, "--zero-stage", "1",
                  *(SAVE + [str(tmp_path / "cp2-save")] if (model, comm) == ("gpt2", "p2p") else []))
            for model, flags in MODELS.items() for comm in ("p2p", "all_gather")]
+    # DeepSpeed-Ulysses as Megatron-DeepSpeed launches it (its flag), and as Megatron-LM does (--cp-comm-type a2a)
+    cp2 += [_argv(tmp_path, corpus_cache, f"{model}-ulysses2", *flags, "--ds-sequence-parallel-size", "2",
+                  "--zero-stage", "1") for model, flags in MODELS.items()]
+    cp2 += [_argv(tmp_path, corpus_cache, "gpt2-cp2-a2a", "--context-parallel-size", "2", "--cp-comm-type", "a2a",
+                  "--zero-stage", "1")]
     run_distributed(train_grid, 2, 1, 2, cp2, timeout=600)
     # the CP 2 save resumed by one process (CP 1), as it was saved: ZeRO 1, the same batch
     assert pretrain_gpt.main(_argv(tmp_path, corpus_cache, "gpt2-cp1-resumed", "--zero-stage", "1", "--load",
@@ -87,6 +92,15 @@ def runs(tmp_path_factory, corpus_cache):
 @pytest.mark.parametrize("comm", ["p2p", "all_gather"])
 def test_cp2_equals_cp1(runs, model, comm):
     _assert_equal(_steps(runs, f"{model}-cp2-{comm}"), _steps(runs, f"{model}-cp1-stage1"), f"{model} {comm}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2-ulysses2", "llama-ulysses2", "gpt2-cp2-a2a"])
+def test_ulysses2_equals_ulysses1(runs, name):
+    """DeepSpeed's Ulysses test (tests/unit/sequence_parallelism/test_ulysses.py) asks the same: the loss with
+    sequence parallelism equal to the loss without it."""
+    model = name.split("-")[0]
+    _assert_equal(_steps(runs, name), _steps(runs, f"{model}-cp1-stage1"), name)
 
 
 @pytest.mark.slow
