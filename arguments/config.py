@@ -599,10 +599,6 @@ class PretrainConfig:
             raise ConfigError(f"--sequence-parallel splits each context-parallel rank's {local} tokens over "
                               f"--tensor-model-parallel-size {tp}: choose --seq-length divisible by CP x TP",
                               flags=("--sequence-parallel", "--seq-length", "--context-parallel-size"))
-        if self.training.pipeline_model_parallel_size > 1:
-            raise ConfigError("--context-parallel-size with --pipeline-model-parallel-size > 1 is not implemented "
-                              "here: use one of them", flags=("--context-parallel-size",
-                                                              "--pipeline-model-parallel-size"))
         if self.zero.distributed_optimizer_instances > 1:
             raise ConfigError("--num-distributed-optimizer-instances > 1 with --context-parallel-size is not "
                               "implemented here: use one optimizer instance",

@@ -54,7 +54,8 @@ class PipelineTrainStep(DataParallelTrainStep):
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         state, reducer = self.state, self.zero.reducer
-        batches = [split_tokens(next(self.train_batches), state.device) for _ in range(accumulation_steps)]
+        # with context parallelism each stage's micro-batch is its CP rank's chunks, and so are its sends
+        batches = [split_tokens(next(self.train_batches), state.device, state) for _ in range(accumulation_steps)]
         slots = schedule(accumulation_steps, state.pipeline_parallel_size, state.pipeline_parallel_rank,
                          self.chunks, self.settings.config.training.microbatch_group_size_per_virtual_pipeline_stage)
         last_backward = max(index for index, slot in enumerate(slots) if slot.kind == "B")

@@ -1,6 +1,6 @@
 """Megatron-LM's --context-parallel-size and --cp-comm-type as settings (issue 52): accepted (they were refused
 or taken with no effect before), the sizes and layouts Megatron also asserts refused in one line naming the
-flags, and what is not built here (a2a+p2p, CP with pipeline stages) refused the same way."""
+flags, and what is not built here (a2a+p2p) refused the same way."""
 
 import pytest
 
@@ -29,8 +29,6 @@ def test_context_parallel_size_and_comm_type_are_settings():
     # megatron/training/utils.py get_batch_on_this_cp_rank views the sequence as 2 x CP equal chunks
     (["--context-parallel-size", "3"], "--seq-length 32 must be divisible by 2 x --context-parallel-size (6)"),
     (["--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"], "--cp-comm-type a2a+p2p is not implemented"),
-    (["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
-     "--context-parallel-size with --pipeline-model-parallel-size > 1 is not implemented"),
     (["--context-parallel-size", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length",
       "40", "--max-position-embeddings", "40"], "--sequence-parallel splits each context-parallel rank's 10 tokens"),
     (["--context-parallel-size", "0"], "--context-parallel-size must be at least 1"),

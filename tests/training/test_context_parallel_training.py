@@ -30,9 +30,10 @@ SAVED_AT = 2
 SAVE = ["--save-interval", str(SAVED_AT), "--save"]
 
 
-def train_grid(rank, world_size, tensor_parallel_size, context_parallel_size, runs):
-    """One process group of TP x CP x DP, several training runs in it."""
-    state = initialize("cpu", tensor_parallel_size, context_parallel_size=context_parallel_size)
+def train_grid(rank, world_size, tensor_parallel_size, context_parallel_size, runs, pipeline_parallel_size=1):
+    """One process group of PP x DP x CP x TP, several training runs in it."""
+    state = initialize("cpu", tensor_parallel_size, context_parallel_size=context_parallel_size,
+                       pipeline_parallel_size=pipeline_parallel_size)
     try:
         for argv in runs:
             pretrain_gpt.run(parse_config(argv), state)
@@ -84,6 +85,11 @@ def runs(tmp_path_factory, corpus_cache):
                      "--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "1")
                for model, flags in MODELS.items()]
     run_distributed(train_grid, 4, 2, 2, cp2_tp2, timeout=600)
+    # a stage's sends are its CP rank's chunks; Megatron-LM's functional tests run CP 2 with PP 2-4 this way
+    cp2_pp2 = [_argv(tmp_path, corpus_cache, f"{model}-cp2-pp2-{comm}", *flags, "--context-parallel-size", "2",
+                     "--cp-comm-type", comm, "--pipeline-model-parallel-size", "2", "--zero-stage", "1")
+               for model, flags in MODELS.items() for comm in ("p2p", "a2a")]
+    run_distributed(train_grid, 4, 1, 2, cp2_pp2, 2, timeout=600)
     return tmp_path
 
 
@@ -92,6 +98,14 @@ def runs(tmp_path_factory, corpus_cache):
 @pytest.mark.parametrize("comm", ["p2p", "all_gather"])
 def test_cp2_equals_cp1(runs, model, comm):
     _assert_equal(_steps(runs, f"{model}-cp2-{comm}"), _steps(runs, f"{model}-cp1-stage1"), f"{model} {comm}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("comm", ["p2p", "a2a"])
+def test_cp2_by_pp2_equals_cp1(runs, model, comm):
+    _assert_equal(_steps(runs, f"{model}-cp2-pp2-{comm}"), _steps(runs, f"{model}-cp1-stage1"),
+                  f"{model} CP 2 x PP 2 {comm}")
 
 
 @pytest.mark.slow
