@@ -27,6 +27,7 @@ LLAMA = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", 
          "--num-query-groups", "2", "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
 MODELS = {"gpt2": [], "llama": LLAMA}
 SAVED_AT = 2
+EVALUATE = ["--eval-iters", "2", "--eval-interval", "5"]  # the validation split after the last iteration
 SAVE = ["--save-interval", str(SAVED_AT), "--save"]
 
 
@@ -64,9 +65,9 @@ def runs(tmp_path_factory, corpus_cache):
     for model, flags in MODELS.items():  # the references: one process, no context parallelism
         for stage in (1, 3):
             assert pretrain_gpt.main(_argv(tmp_path, corpus_cache, f"{model}-cp1-stage{stage}", *flags,
-                                           "--zero-stage", str(stage))) == 0
+                                           "--zero-stage", str(stage), *EVALUATE)) == 0
     cp2 = [_argv(tmp_path, corpus_cache, f"{model}-cp2-{comm}", *flags, "--context-parallel-size", "2",
-                 "--cp-comm-type", comm, "--zero-stage", "1",
+                 "--cp-comm-type", comm, "--zero-stage", "1", *EVALUATE,
                  *(SAVE + [str(tmp_path / "cp2-save")] if (model, comm) == ("gpt2", "p2p") else []))
            for model, flags in MODELS.items() for comm in ("p2p", "all_gather")]
     # DeepSpeed-Ulysses as Megatron-DeepSpeed launches it (its flag), and as Megatron-LM does (--cp-comm-type a2a)
@@ -74,6 +75,10 @@ def runs(tmp_path_factory, corpus_cache):
                   "--zero-stage", "1") for model, flags in MODELS.items()]
     cp2 += [_argv(tmp_path, corpus_cache, "gpt2-cp2-a2a", "--context-parallel-size", "2", "--cp-comm-type", "a2a",
                   "--zero-stage", "1")]
+    # activation checkpointing: the recompute runs the exchanges again
+    cp2 += [_argv(tmp_path, corpus_cache, f"{model}-cp2-{comm}-checkpointed", *flags, "--context-parallel-size",
+                  "2", "--cp-comm-type", comm, "--zero-stage", "1", "--checkpoint-activations")
+            for model, flags in MODELS.items() for comm in ("p2p", "a2a")]
     run_distributed(train_grid, 2, 1, 2, cp2, timeout=600)
     # the CP 2 save resumed by one process (CP 1), as it was saved: ZeRO 1, the same batch
     assert pretrain_gpt.main(_argv(tmp_path, corpus_cache, "gpt2-cp1-resumed", "--zero-stage", "1", "--load",
@@ -115,6 +120,27 @@ def test_ulysses2_equals_ulysses1(runs, name):
     sequence parallelism equal to the loss without it."""
     model = name.split("-")[0]
     _assert_equal(_steps(runs, name), _steps(runs, f"{model}-cp1-stage1"), name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("comm", ["p2p", "a2a"])
+def test_cp2_with_activation_checkpointing_equals_cp1(runs, model, comm):
+    _assert_equal(_steps(runs, f"{model}-cp2-{comm}-checkpointed"), _steps(runs, f"{model}-cp1-stage1"),
+                  f"{model} {comm} checkpointed")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
+def test_evaluation_at_cp2_equals_cp1(runs, model, comm):
+    """The validation loss: each CP rank's mean over its chunks, averaged over DP x CP, is the sequence's mean."""
+    def valid(name):
+        return [(r["iteration"], r["loss"]) for r in records(runs / f"{name}.jsonl") if r.get("split") == "valid"]
+    got, want = valid(f"{model}-cp2-{comm}"), valid(f"{model}-cp1-stage1")
+    assert len(got) == len(want) >= 1
+    for (iteration, loss), (want_iteration, want_loss) in zip(got, want):
+        assert iteration == want_iteration and abs(loss - want_loss) <= 1e-6 * abs(want_loss), (got, want)
 
 
 @pytest.mark.slow
