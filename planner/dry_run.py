@@ -43,6 +43,7 @@ from arguments.bounds import check_tensor_sizes
 from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
 from gpt.shape import model_shape
+from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
 from planner.meta_kernels import CachedMetaKernels
 from planner.pipeline_plan import PipelineFigures, run_pipeline_iteration
@@ -266,7 +267,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     tp, pp = config.training.tensor_model_parallel_size, config.training.pipeline_model_parallel_size
     try:
         state = virtual_state(cluster.world_size, tp, rank, META, pipeline_parallel_size=pp,
-                              optimizer_instances=config.zero.distributed_optimizer_instances)
+                              optimizer_instances=config.zero.distributed_optimizer_instances,
+                              context_parallel_size=config.training.context_parallel_size)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)
@@ -299,7 +301,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     held, host_held = placed["device"], placed["host"]
     param_bytes = _element_bytes(plan.param_dtype)
     gatherer = getattr(optimizer.parameters, "gatherer", None)
-    micro, seq = config.training.micro_batch_size, config.model.seq_length
+    # with context parallelism a rank holds its CP chunks of each sequence
+    micro, seq = config.training.micro_batch_size, config.model.seq_length // state.context_parallel_size
     # The logits' width on this rank, as the model's output layer has it (gpt/shape.py).
     local_vocab = model_shape(config.model, tp).output_matmul(plan.padded_vocab_size).out_features
     if not model.stage.last:  # the logits and the loss are the last stage's
@@ -431,15 +434,17 @@ def _one_iteration(model, zero, plan: RunSettings, state, monitor: ActivationMon
             probe.progress.micro_batch = micro_batch
         with contextlib.nullcontext() if last else reducer.no_sync():
             probe.phase = "forward"
-            with monitor.measuring():
-                loss = model(tokens[:, :-1], tokens[:, 1:]).float().mean() / steps
+            with monitor.measuring():  # this rank's CP chunks, as the train step's split_tokens keeps them
+                inputs, labels = (batch_on_this_rank(part, state) for part in (tokens[:, :-1], tokens[:, 1:]))
+                loss = model(inputs, labels).float().mean() / steps
             probe.phase = "backward"
             with probe.backward_meter.hooks():
                 zero.scale_loss(loss).backward()
         reducer.finish_grad_sync()
         if micro_batch == 0 and not last:
             after = state.comm.stats.snapshot()
-            repeated = {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
+            # (a group counted from its first use, "cp", is missing before it)
+            repeated = {group: {kind: after[group][kind] - before.get(group, {}).get(kind, 0) for kind in kinds}
                         for group, kinds in after.items()}
     for group, kinds in repeated.items():
         for kind, num_bytes in kinds.items():
@@ -449,5 +454,6 @@ def _one_iteration(model, zero, plan: RunSettings, state, monitor: ActivationMon
     optimizer.grad_norm_squared(optimizer.gradients.partition_gradients())
     optimizer.publish_parameters()
     loss_sum = torch.zeros((), device=META)
-    state.comm.all_reduce(loss_sum, state.data_parallel_group, "dp")  # the loop's average_over_data_parallel
+    # the loop's average_over_data_parallel
+    state.comm.all_reduce(loss_sum, state.data_context_parallel_group, "dp")
     return {"passes": passes_copy, "step": state.comm.take_largest_transport_copy()}

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from gpt.stage_layers import activation_shape
+from parallel.context_parallel import batch_on_this_rank
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import check_interleaving, peak_held_by_forwards, schedule
 from zero.pipeline_grads import PipelineGradients
@@ -90,7 +91,9 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
     micro, seq = config.training.micro_batch_size, config.model.seq_length
     dtype = next(model.parameters()).dtype
     tokens = torch.zeros((micro, seq + 1), dtype=torch.long, device=META)
-    shape = activation_shape(tokens[:, :-1], config.model.hidden_size, model, state.tensor_parallel_size)
+    # with context parallelism a stage runs and sends its CP rank's chunks (training/pipeline_step.py)
+    inputs, labels = (batch_on_this_rank(part, state) for part in (tokens[:, :-1], tokens[:, 1:]))
+    shape = activation_shape(inputs, config.model.hidden_size, model, state.tensor_parallel_size)
     message = math.prod(shape) * torch.finfo(dtype).bits // 8
     reducer = zero.reducer
     tied = model.word_embeddings if model.tied_output else None
@@ -125,10 +128,10 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
             before = state.comm.stats.snapshot()
             with monitor.measuring():
                 if ends:
-                    output = model.chunk_forward(slot.chunk, tokens[:, :-1] if starts else received,
-                                                 tokens[:, 1:]).float().mean() / micro_batches
+                    output = model.chunk_forward(slot.chunk, inputs if starts else received,
+                                                 labels).float().mean() / micro_batches
                 else:
-                    output = model.chunk_forward(slot.chunk, tokens[:, :-1] if starts else received)
+                    output = model.chunk_forward(slot.chunk, inputs if starts else received)
             outputs[(slot.micro_batch, slot.chunk)] = (received, output)
             repeated.setdefault(("F", slot.chunk), _difference(state.comm.stats.snapshot(), before))
             if not ends:
