@@ -12,11 +12,12 @@ context_parallel.py: AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P):
 - `p2p`: the ring. K and V (one message) travel round the CP group in CP - 1 steps; at each step the local
   queries attend to the block at hand, and the partial results merge by the log-sum-exp rule:
       lse = logaddexp(lse_a, lse_b),  out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)
-  so that no rank holds more than its own and one other block's K/V in the forward's exchange. The
-  backward here is autograd through the ring (each shift's backward sends the gradient back the other
-  way), which keeps every block's K/V alive until backward: exact, but the memory of all_gather.
-  TransformerEngine's custom backward re-runs the ring in reverse to hold one block at a time; that is the
-  memory-right one and is not built here.
+  Its backward is its own (`_RingAttention`, as TransformerEngine's AttnFuncWithCPAndKVP2P.backward): it keeps
+  only q, this rank's k and v, the output and the log-sum-exp, passes K/V round the ring again, recomputes
+  each block's probabilities exp(s - lse), adds the block's dq here and sends the block's dk/dv accumulator
+  on with it, and after the last step one more shift hands each accumulator to its owner. So a rank holds one
+  block's K/V and scores at a time in both passes (with attention dropout, whose masks this backward cannot
+  replay, autograd runs through the ring instead and keeps every block until backward).
 
 The masked blocks are computed whole (a block's keys all later than the queries leave rows with no visible
 key: their log-sum-exp is ~ -1e30 and they weigh exactly 0 in the merge). TransformerEngine skips those
@@ -30,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift
+from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift, shift
 from parallel.state import ParallelState
 
 MASKED = -1.0e30  # a finite "minus infinity": a row with no visible key keeps finite gradients (zero weight)
@@ -77,14 +78,77 @@ def merge_partial(output: torch.Tensor, lse: torch.Tensor, block_output: torch.T
             + block_output * torch.exp(block_lse - merged).unsqueeze(-1)), merged
 
 
+def _visible(local: int, state: ParallelState, source: int, device: torch.device) -> torch.Tensor:
+    """[local, local]: which of CP rank `source`'s keys each of this rank's queries sees (key position <= its own)."""
+    size, rank = state.context_parallel_size, state.context_parallel_rank
+    return local_positions(local, size, source, device)[None, :] <= local_positions(local, size, rank, device)[:, None]
+
+
+class _RingAttention(torch.autograd.Function):
+    """The ring's forward and its own backward (see the module): no dropout."""
+
+    @staticmethod
+    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState):
+        size, rank, local = state.context_parallel_size, state.context_parallel_rank, query.shape[2]
+        key_value = torch.stack((key, value))
+        output = lse = None
+        for step in range(size):
+            if step > 0:
+                key_value = shift(key_value, state, 1, tag=81)
+            visible = _visible(local, state, (rank - step) % size, query.device)
+            block_output, block_lse = block_attention(query, key_value[0], key_value[1], visible)
+            output, lse = (block_output, block_lse) if output is None else \
+                merge_partial(output, lse, block_output, block_lse)
+        ctx.state = state
+        ctx.save_for_backward(query, key, value, output, lse)
+        return output.to(query.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        query, key, value, output, lse = ctx.saved_tensors
+        state = ctx.state
+        size, rank, local = state.context_parallel_size, state.context_parallel_rank, query.shape[2]
+        scale = 1.0 / math.sqrt(query.shape[-1])
+        grad_output, query32 = grad_output.float(), query.float()
+        delta = (grad_output * output).sum(-1, keepdim=True)  # FlashAttention's D = rowsum(dO * O)
+        grad_query = torch.zeros_like(query32)
+        key_value = torch.stack((key, value))
+        grad_key_value = torch.zeros(key_value.shape, dtype=torch.float32, device=key_value.device)
+        for step in range(size):
+            if step > 0:
+                key_value = shift(key_value, state, 1, tag=82)
+                grad_key_value = shift(grad_key_value, state, 1, tag=83)
+            block_key, block_value = key_value[0].float(), key_value[1].float()
+            scores = torch.matmul(query32, block_key.transpose(-2, -1)) * scale
+            scores = scores.masked_fill(~_visible(local, state, (rank - step) % size, query.device), MASKED)
+            probabilities = torch.exp(scores - lse.unsqueeze(-1))  # this block's share of the final softmax
+            grad_scores = probabilities * (torch.matmul(grad_output, block_value.transpose(-2, -1)) - delta)
+            grad_query += torch.matmul(grad_scores, block_key) * scale
+            grad_key_value[0] += torch.matmul(grad_scores.transpose(-2, -1), query32) * scale
+            grad_key_value[1] += torch.matmul(probabilities.transpose(-2, -1), grad_output)
+        if size > 1:  # the block held now is rank + 1's: its accumulated gradient goes home
+            grad_key_value = shift(grad_key_value, state, 1, tag=84)
+        return (grad_query.to(query.dtype), grad_key_value[0].to(key.dtype), grad_key_value[1].to(value.dtype),
+                None)
+
+
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                    dropout_p: float = 0.0) -> torch.Tensor:
     """[batch, heads, local seq, d] queries against every CP rank's K/V, passed round the ring (see the module)."""
-    size, rank = state.context_parallel_size, state.context_parallel_rank
-    local = query.shape[2]
     if key.shape[1] != query.shape[1]:  # grouped-query: query head i reads key/value head i // (heads / groups)
         per_group = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
+    if dropout_p == 0.0:
+        return _RingAttention.apply(query, key, value, state)
+    return ring_attention_through_autograd(query, key, value, state, dropout_p)
+
+
+def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                    state: ParallelState, dropout_p: float = 0.0) -> torch.Tensor:
+    """The ring with autograd through its shifts (each shift's backward sends the gradient back): what runs with
+    attention dropout, whose masks autograd keeps; every block's K/V stays alive until backward."""
+    size, rank = state.context_parallel_size, state.context_parallel_rank
+    local = query.shape[2]
     query_positions = local_positions(local, size, rank, query.device)
     key_value = torch.stack((key, value))  # one message a step
     output = lse = None

@@ -107,7 +107,7 @@ def all_gather_sequence(tensor: torch.Tensor, state: ParallelState, dim: int) ->
     return _AllGatherSequence.apply(tensor, dim, state)
 
 
-def _shift(tensor: torch.Tensor, state: ParallelState, steps: int, tag: int) -> torch.Tensor:
+def shift(tensor: torch.Tensor, state: ParallelState, steps: int, tag: int) -> torch.Tensor:
     """`tensor` sent `steps` places on round the CP ring (to cp rank r + steps); what rank r - steps sent."""
     size, rank = state.context_parallel_size, state.context_parallel_rank
     group_ranks = state.dims.group_ranks("cp")
@@ -129,11 +129,11 @@ class _RingShift(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
         ctx.state = state
-        return _shift(tensor, state, 1, tag=71)
+        return shift(tensor, state, 1, tag=71)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _shift(grad, ctx.state, -1, tag=72), None
+        return shift(grad, ctx.state, -1, tag=72), None
 
 
 def ring_shift(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:

@@ -6,14 +6,16 @@ the same q/k/v and output gradient through the full-sequence attention and throu
 both --cp-comm-type all_gather and p2p, on gloo in fp32: each rank's output and its chunks' gradients equal
 the full computation's at this rank's chunks r and 2CP-1-r. And the same for `a2a`, DeepSpeed-Ulysses' head
 split (DeepSpeed's tests/unit/sequence_parallelism checks its loss against the run without it), with key/value
-heads that divide by CP and ones that do not (grouped-query 2 and 1 at CP 4).
+heads that divide by CP and ones that do not (grouped-query 2 and 1 at CP 4). `p2p` runs the ring's own backward
+(K/V and their gradient accumulators round the ring again); `p2p-autograd` the ring autograd differentiates,
+which runs under attention dropout.
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt.cp_attention import context_parallel_attention
+from gpt.cp_attention import context_parallel_attention, ring_attention_through_autograd
 from parallel.context_parallel import chunk_ids, local_positions, take_local_chunks
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
@@ -44,7 +46,10 @@ def _cp_rank(rank, world_size, comm_type, kv_heads):
         q, k, v, grad = _inputs(kv_heads)
         local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
                  for t in (q, k, v)]
-        out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS)
+        if comm_type == "p2p-autograd":  # the ring as it runs with attention dropout, here at dropout 0
+            out = ring_attention_through_autograd(*local, state)
+        else:
+            out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS)
         out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
         # numpy arrays: tensors would travel back as shared memory the exiting child takes with it
         return [t.numpy() for t in (out.detach(), *(t.grad for t in local))]
@@ -53,9 +58,11 @@ def _cp_rank(rank, world_size, comm_type, kv_heads):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-@pytest.mark.parametrize("comm_type", ["all_gather", "p2p", "a2a"])
+@pytest.mark.parametrize("comm_type", ["all_gather", "p2p", "a2a", "p2p-autograd"])
 @pytest.mark.parametrize("kv_heads", [HEADS, 2, 1])
 def test_output_and_gradients_equal_the_full_sequence(cp, comm_type, kv_heads):
+    if comm_type == "p2p-autograd" and kv_heads != HEADS:
+        pytest.skip("ring_attention_through_autograd takes key/value heads already repeated per query head")
     full = _full(kv_heads)
     results = run_distributed(_cp_rank, cp, comm_type, kv_heads, timeout=120)
     for rank, pieces in enumerate(results):
