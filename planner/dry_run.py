@@ -48,6 +48,7 @@ from parallel.state import virtual_state
 from planner.meta_kernels import CachedMetaKernels
 from planner.pipeline_plan import PipelineFigures, run_pipeline_iteration
 from training.build import build
+from training.evaluation import mean_token_loss
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
 from training.run_settings import RunSettings, resolve_run_settings
 from zero.activations import ActivationMonitor, SavedTensorMeter
@@ -436,7 +437,7 @@ def _one_iteration(model, zero, plan: RunSettings, state, monitor: ActivationMon
             probe.phase = "forward"
             with monitor.measuring():  # this rank's CP chunks, as the train step's split_tokens keeps them
                 inputs, labels = (batch_on_this_rank(part, state) for part in (tokens[:, :-1], tokens[:, 1:]))
-                loss = model(inputs, labels).float().mean() / steps
+                loss = mean_token_loss(model(inputs, labels), state) / steps
             probe.phase = "backward"
             with probe.backward_meter.hooks():
                 zero.scale_loss(loss).backward()

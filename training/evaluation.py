@@ -28,6 +28,20 @@ def split_tokens(batch: dict, device: torch.device,
     return inputs, labels
 
 
+def mean_token_loss(losses: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """The micro-batch's mean token loss, fp32. With context parallelism, Megatron-LM's loss_func
+    (pretrain_gpt.py since "Fix Cross Entropy Loss Averaging", adfa873d): this rank's loss sum and the token
+    count summed over the CP group, the sum x CP / the count, so that the mean over DP x CP the gradients and the
+    reported loss then take is the whole sequence's mean (the count is summed without autograd, as there). Every
+    CP rank holds as many tokens here (no loss mask), and a mask's count would be summed the same way."""
+    losses = losses.float()
+    if state.context_parallel_size == 1:
+        return losses.mean()
+    count = torch.tensor(float(losses.numel()), device=losses.device)
+    state.comm.all_reduce(count, state.context_parallel_group, "cp")
+    return losses.sum() * state.context_parallel_size / count
+
+
 def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
     """Mean of `tensor` over the DP group, in place (a no-op without data parallelism). With context parallelism
     over DP x CP: each CP rank's value is the mean over its chunks, and every CP rank holds as many tokens (no
@@ -53,7 +67,7 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
     try:
         for batch, _ in zip(loader, range(num_micro_batches)):
             inputs, labels = split_tokens(batch, state.device, state)
-            total += forward(inputs, labels).mean()
+            total += mean_token_loss(forward(inputs, labels), state)
             count += 1
     finally:
         model.train()

@@ -29,7 +29,7 @@ from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, schedule
 from parallel.state import ParallelState
-from training.evaluation import split_tokens
+from training.evaluation import mean_token_loss, split_tokens
 from training.run_settings import RunSettings
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor
@@ -103,7 +103,8 @@ class PipelineTrainStep(DataParallelTrainStep):
             chunk_input = received
         inputs[(slot.micro_batch, slot.chunk)] = received
         if self._ends_model(slot):
-            return self.model.chunk_forward(slot.chunk, chunk_input, labels).float().mean() / accumulation_steps
+            return mean_token_loss(self.model.chunk_forward(slot.chunk, chunk_input, labels), self.state) \
+                / accumulation_steps
         output = self.model.chunk_forward(slot.chunk, chunk_input)
         self.p2p.send(output, self.state.stage_rank(self._virtual_stage(slot) + 1), ACTIVATION)
         return output

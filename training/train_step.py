@@ -25,7 +25,7 @@ from torch import nn
 from arguments.schedule import tokens_seen_by_schedule
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
-from training.evaluation import average_over_data_parallel, split_tokens
+from training.evaluation import average_over_data_parallel, mean_token_loss, split_tokens
 from training.run_settings import RunSettings
 from zero.activations import ActivationMonitor
 from zero.apply import ZeroParts
@@ -150,10 +150,10 @@ class DataParallelTrainStep:
                 # Autocast would only add fp32 copies of each LayerNorm's input and output, rounded back
                 # to 16 bits before the next matmul: without them an eager 1.5B iteration on an H100 is
                 # 8% faster with 1.3 GiB less memory (benchmark_gpu.py --impls ours,ours-autocast).
-                # With context parallelism the mean is over this rank's chunks; the reducer averages the gradients
-                # over DP x CP, which makes them the whole sequence's (every CP rank holds as many tokens).
+                # With context parallelism this rank's share of the sequence's mean (mean_token_loss); the reducer
+                # averages the gradients over DP x CP, which makes them the whole sequence's.
                 with activations.measuring() if measure_activations else contextlib.nullcontext():
-                    loss = self.model(inputs, labels).float().mean() / accumulation_steps
+                    loss = mean_token_loss(self.model(inputs, labels), self.state) / accumulation_steps
                 self.zero.scale_loss(loss).backward()
             reducer.finish_grad_sync()
             iteration_loss += loss.detach()
