@@ -215,7 +215,8 @@ def run_pipeline_iteration(model, zero, plan, state, monitor, probe) -> tuple[di
 
 def _difference(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     """The TP and DP bytes counted between two snapshots (the point-to-point bytes are added by message count)."""
-    return {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
+    # (a group counted from its first use, "cp", is missing before it)
+    return {group: {kind: after[group][kind] - before.get(group, {}).get(kind, 0) for kind in kinds}
             for group, kinds in after.items() if group != "pp"}
 
 

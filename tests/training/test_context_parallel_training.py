@@ -173,3 +173,27 @@ def test_a_cp2_save_resumes_at_cp1_and_continues_the_run(runs):
     saved = sorted(path.name for path in (runs / "cp2-save" / f"iter_{SAVED_AT:07d}").glob("*.safetensors"))
     assert saved == ["model_tp00.safetensors", "optim_tp00_dp000.safetensors", "optim_tp00_dp001.safetensors",
                      "rng_tp00_dp000.safetensors"], saved
+
+
+@pytest.mark.slow
+def test_the_rings_bytes_are_the_plans_and_the_formulas(runs, corpus_cache):
+    """The p2p ring's traffic per iteration, three ways: the live CP 2 run's metrics, the planner's dry run of
+    the same configuration (planner/dry_run.py, the same code on the meta device), and counted by hand. Per
+    layer and micro-batch a rank sends its K/V message [2, batch, heads, local seq, head dim] CP - 1 times in
+    forward and again in backward, and the fp32 gradient accumulator of a message CP times in backward (the
+    last shift takes each home); the token count's all-reduce is 4 bytes a micro-batch."""
+    from arguments.parser import parse_config
+    from planner.dry_run import Cluster, dry_run
+
+    live = [r["comm_bytes"]["cp"] for r in records(runs / "gpt2-cp2-p2p.jsonl") if "comm_bytes" in r]
+    assert len(live) == ITERS and all(record == live[0] for record in live)
+    config = parse_config(_argv(runs, corpus_cache, "unused", "--context-parallel-size", "2", "--zero-stage", "1"))
+    planned = dry_run(config, Cluster(2, 2, device_type="cpu"), 512).comm_bytes["cp"]
+    cp, micro, layers = 2, 2, config.model.num_layers
+    steps = 4 // micro  # accumulation at DP 1
+    message = 2 * micro * config.model.num_attention_heads * (config.model.seq_length // cp) \
+        * (config.model.hidden_size // config.model.num_attention_heads) * 4  # fp32
+    per_layer = (cp - 1) * message * 2 + cp * message  # forward and backward K/V, backward gradients (fp32)
+    assert live[0]["send"] == planned["send"] == layers * steps * per_layer
+    assert live[0]["recv"] == planned["recv"] == live[0]["send"]
+    assert live[0]["all_reduce"] == planned["all_reduce"] == steps * 4  # 2 x 4 B x (2 - 1) / 2 a micro-batch
