@@ -84,19 +84,34 @@ def _visible(local: int, state: ParallelState, source: int, device: torch.device
     return local_positions(local, size, source, device)[None, :] <= local_positions(local, size, rank, device)[:, None]
 
 
+def _per_query_head(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value heads [b, groups, s, d] as one per query head (query head i reads group i // (heads / groups))."""
+    return tensor if tensor.shape[1] == heads else tensor.repeat_interleave(heads // tensor.shape[1], dim=1)
+
+
+def _per_group(grad: torch.Tensor, groups: int) -> torch.Tensor:
+    """The gradient of `_per_query_head`: each group's copies summed."""
+    batch, heads, seq, dim = grad.shape
+    return grad if heads == groups else grad.view(batch, groups, heads // groups, seq, dim).sum(2)
+
+
 class _RingAttention(torch.autograd.Function):
-    """The ring's forward and its own backward (see the module): no dropout."""
+    """The ring's forward and its own backward (see the module): no dropout. K/V travel at their own head count
+    (grouped-query: heads / groups times fewer bytes than copies per query head) and are copied per query head
+    only for each block's arithmetic, as TransformerEngine passes them."""
 
     @staticmethod
     def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState):
-        size, rank, local = state.context_parallel_size, state.context_parallel_rank, query.shape[2]
+        size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
+                                    query.shape[1])
         key_value = torch.stack((key, value))
         output = lse = None
         for step in range(size):
             if step > 0:
                 key_value = shift(key_value, state, 1, tag=81)
             visible = _visible(local, state, (rank - step) % size, query.device)
-            block_output, block_lse = block_attention(query, key_value[0], key_value[1], visible)
+            block_output, block_lse = block_attention(query, _per_query_head(key_value[0], heads),
+                                                      _per_query_head(key_value[1], heads), visible)
             output, lse = (block_output, block_lse) if output is None else \
                 merge_partial(output, lse, block_output, block_lse)
         ctx.state = state
@@ -107,7 +122,9 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         query, key, value, output, lse = ctx.saved_tensors
         state = ctx.state
-        size, rank, local = state.context_parallel_size, state.context_parallel_rank, query.shape[2]
+        size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
+                                    query.shape[1])
+        groups = key.shape[1]
         scale = 1.0 / math.sqrt(query.shape[-1])
         grad_output, query32 = grad_output.float(), query.float()
         delta = (grad_output * output).sum(-1, keepdim=True)  # FlashAttention's D = rowsum(dO * O)
@@ -118,14 +135,14 @@ class _RingAttention(torch.autograd.Function):
             if step > 0:
                 key_value = shift(key_value, state, 1, tag=82)
                 grad_key_value = shift(grad_key_value, state, 1, tag=83)
-            block_key, block_value = key_value[0].float(), key_value[1].float()
+            block_key, block_value = (_per_query_head(part, heads).float() for part in key_value)
             scores = torch.matmul(query32, block_key.transpose(-2, -1)) * scale
             scores = scores.masked_fill(~_visible(local, state, (rank - step) % size, query.device), MASKED)
             probabilities = torch.exp(scores - lse.unsqueeze(-1))  # this block's share of the final softmax
             grad_scores = probabilities * (torch.matmul(grad_output, block_value.transpose(-2, -1)) - delta)
             grad_query += torch.matmul(grad_scores, block_key) * scale
-            grad_key_value[0] += torch.matmul(grad_scores.transpose(-2, -1), query32) * scale
-            grad_key_value[1] += torch.matmul(probabilities.transpose(-2, -1), grad_output)
+            grad_key_value[0] += _per_group(torch.matmul(grad_scores.transpose(-2, -1), query32) * scale, groups)
+            grad_key_value[1] += _per_group(torch.matmul(probabilities.transpose(-2, -1), grad_output), groups)
         if size > 1:  # the block held now is rank + 1's: its accumulated gradient goes home
             grad_key_value = shift(grad_key_value, state, 1, tag=84)
         return (grad_query.to(query.dtype), grad_key_value[0].to(key.dtype), grad_key_value[1].to(value.dtype),
@@ -134,13 +151,13 @@ class _RingAttention(torch.autograd.Function):
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                    dropout_p: float = 0.0) -> torch.Tensor:
-    """[batch, heads, local seq, d] queries against every CP rank's K/V, passed round the ring (see the module)."""
-    if key.shape[1] != query.shape[1]:  # grouped-query: query head i reads key/value head i // (heads / groups)
-        per_group = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
+    """[batch, heads, local seq, d] queries against every CP rank's K/V, passed round the ring (see the module);
+    key and value may hold one head per group of query heads (grouped-query)."""
     if dropout_p == 0.0:
         return _RingAttention.apply(query, key, value, state)
-    return ring_attention_through_autograd(query, key, value, state, dropout_p)
+    heads = query.shape[1]
+    return ring_attention_through_autograd(query, _per_query_head(key, heads), _per_query_head(value, heads), state,
+                                           dropout_p)
 
 
 def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -197,3 +197,16 @@ def test_the_rings_bytes_are_the_plans_and_the_formulas(runs, corpus_cache):
     assert live[0]["send"] == planned["send"] == layers * steps * per_layer
     assert live[0]["recv"] == planned["recv"] == live[0]["send"]
     assert live[0]["all_reduce"] == planned["all_reduce"] == steps * 4  # 2 x 4 B x (2 - 1) / 2 a micro-batch
+
+
+def test_the_ring_passes_grouped_key_values_at_their_own_head_count(corpus_cache, tmp_path):
+    """Grouped-query K/V travel round the ring at the key/value head count (as TransformerEngine passes them),
+    not as copies per query head: the Llama shape here has 4 heads in 2 groups, half the bytes of GPT-2's ring."""
+    from arguments.parser import parse_config
+    from planner.dry_run import Cluster, dry_run
+
+    config = parse_config(_argv(tmp_path, corpus_cache, "unused", *LLAMA, "--context-parallel-size", "2"))
+    sent = dry_run(config, Cluster(2, 2, device_type="cpu"), 512).comm_bytes["cp"]["send"]
+    cp, micro, steps, groups = 2, 2, 2, 2
+    message = 2 * micro * groups * (config.model.seq_length // cp) * config.model.head_dim * 4
+    assert sent == config.model.num_layers * steps * ((cp - 1) * message * 2 + cp * message)
