@@ -52,7 +52,7 @@ from training.evaluation import mean_token_loss
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
 from training.run_settings import RunSettings, resolve_run_settings
 from zero.activations import ActivationMonitor, SavedTensorMeter
-from zero.memory import MODEL_STATE_CATEGORIES, host_resident_tensors, measure_by_placement
+from zero.memory import MODEL_STATE_CATEGORIES, format_bytes, host_resident_tensors, measure_by_placement
 
 META = torch.device("meta")
 MAX_PLAN_LAYERS = 1024
@@ -364,6 +364,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             (optimizer.stage == 3 and not config.zero.offload_param or plan.param_dtype == torch.float32):
         result.notes.append("not counted: the device temporary of copying the host master into the parameters "
                             "(stage 3's copy_ across devices and dtypes; stages 1-2 in fp32)")
+    if state.context_parallel_size > 1 and config.model.cp_comm_type == "p2p":
+        # gpt/cp_attention.py computes each ring block's scores explicitly (no fused kernel per block): a transient
+        # the saved-tensor meter does not see
+        heads = config.model.num_attention_heads // tp
+        scores = micro * heads * seq * seq * 4
+        result.notes.append(f"not counted: the ring's per-block attention scores, fp32 [micro-batch, heads, "
+                            f"{seq}, {seq}] = {format_bytes(scores)} a few at a time in each layer's forward and "
+                            f"backward (computed explicitly, not by a fused kernel)")
     if checkpointing is not None and config.activations.contiguous_checkpointing and \
             config.activations.cpu_checkpointing:
         result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")
