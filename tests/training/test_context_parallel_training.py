@@ -86,9 +86,10 @@ def runs(tmp_path_factory, corpus_cache):
     cp2_dp2 = [_argv(tmp_path, corpus_cache, f"gpt2-cp2-dp2-stage{stage}", "--context-parallel-size", "2",
                      "--zero-stage", str(stage)) for stage in (1, 3)]
     run_distributed(train_grid, 4, 1, 2, cp2_dp2, timeout=600)
-    cp2_tp2 = [_argv(tmp_path, corpus_cache, f"{model}-cp2-tp2-sp", *flags, "--context-parallel-size", "2",
-                     "--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "1")
-               for model, flags in MODELS.items()]
+    cp2_tp2 = [_argv(tmp_path, corpus_cache, f"{model}-cp2-tp2-sp-{comm}", *flags, "--context-parallel-size", "2",
+                     "--cp-comm-type", comm, "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                     "--zero-stage", "1")
+               for model, flags in MODELS.items() for comm in ("p2p", "all_gather", "a2a")]
     run_distributed(train_grid, 4, 2, 2, cp2_tp2, timeout=600)
     # a stage's sends are its CP rank's chunks; Megatron-LM's functional tests run CP 2 with PP 2-4 this way
     cp2_pp2 = [_argv(tmp_path, corpus_cache, f"{model}-cp2-pp2-{comm}", *flags, "--context-parallel-size", "2",
@@ -152,8 +153,12 @@ def test_cp2_by_dp2_equals_cp1_at_zero_stage(runs, stage):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
-def test_cp2_by_tp2_with_sequence_parallelism_equals_cp1(runs, model):
-    _assert_equal(_steps(runs, f"{model}-cp2-tp2-sp"), _steps(runs, f"{model}-cp1-stage1"), f"{model} CP 2 x TP 2")
+@pytest.mark.parametrize("comm", ["p2p", "all_gather", "a2a"])
+def test_cp2_by_tp2_with_sequence_parallelism_equals_cp1(runs, model, comm):
+    """With TP the CP exchanges carry this TP rank's heads; a2a splits them again over CP (the Llama shape's one
+    key/value group a TP rank is copied per query head first)."""
+    _assert_equal(_steps(runs, f"{model}-cp2-tp2-sp-{comm}"), _steps(runs, f"{model}-cp1-stage1"),
+                  f"{model} CP 2 x TP 2 {comm}")
 
 
 @pytest.mark.slow
