@@ -14,6 +14,7 @@ Each grid is one launch running its configurations in sequence in-process; dropo
 """
 
 import pytest
+import torch
 
 import pretrain_gpt
 from arguments.parser import parse_config
@@ -178,6 +179,21 @@ def test_a_cp2_save_resumes_at_cp1_and_continues_the_run(runs):
     saved = sorted(path.name for path in (runs / "cp2-save" / f"iter_{SAVED_AT:07d}").glob("*.safetensors"))
     assert saved == ["model_tp00.safetensors", "optim_tp00_dp000.safetensors", "optim_tp00_dp001.safetensors",
                      "rng_tp00_dp000.safetensors"], saved
+
+
+@pytest.mark.slow
+def test_zero_to_fp32_consolidates_a_cp2_save(runs, tmp_path):
+    """The offline tool reads the two DP x CP partitions of a CP 2 save back into the whole fp32 model: in fp32
+    training, the model file's weights exactly."""
+    from safetensors.torch import load_file
+
+    from scripts import zero_to_fp32
+
+    saved = runs / "cp2-save" / f"iter_{SAVED_AT:07d}"
+    assert zero_to_fp32.main([str(saved), str(tmp_path / "out.safetensors")]) == 0
+    consolidated, model = load_file(tmp_path / "out.safetensors"), load_file(saved / "model_tp00.safetensors")
+    assert sorted(consolidated) == sorted(model)
+    assert all(torch.equal(consolidated[name], model[name]) for name in model)
 
 
 @pytest.mark.slow
