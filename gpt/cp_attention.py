@@ -19,14 +19,17 @@ context_parallel.py: AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P):
   block's K/V and scores at a time in both passes (with attention dropout, whose masks this backward cannot
   replay, autograd runs through the ring instead and keeps every block until backward).
 
-The masked blocks are computed whole (a block's keys all later than the queries leave rows with no visible
-key: their log-sum-exp is ~ -1e30 and they weigh exactly 0 in the merge). TransformerEngine skips those
-halves; the math is the same, this costs up to twice the attention FLOPs of the load-balanced ring.
+With the load-balanced chunks the ring's blocks other than a rank's own are half visible and unmasked
+(`_block_plan`), so its own backward computes only those halves, as TransformerEngine does. The blocks' scores
+are computed explicitly in fp32 (no fused kernel per block), a transient of [batch, heads, s/CP, s/CP] at most.
+The dropout ring computes every block whole under a mask (rows with no visible key get a log-sum-exp of about
+-1e30 and weigh exactly 0 in the merge): the same math at up to twice the FLOPs.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -55,13 +58,14 @@ def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout_p, **grouped)
 
 
-def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: Optional[torch.Tensor],
                     dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of the queries over one block of keys, in fp32: (output [b, h, s, d], its log-sum-exp
-    [b, h, s]); a row that sees no key of the block gets a log-sum-exp of about -1e30."""
+    [b, h, s]); a row that sees no key of the block gets a log-sum-exp of about -1e30. `visible` None: every key."""
     scale = 1.0 / math.sqrt(query.shape[-1])
     scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * scale
-    scores = scores.masked_fill(~visible, MASKED)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, MASKED)
     lse = torch.logsumexp(scores, dim=-1)
     probabilities = torch.exp(scores - lse.unsqueeze(-1))
     if dropout_p > 0.0:
@@ -84,6 +88,22 @@ def _visible(local: int, state: ParallelState, source: int, device: torch.device
     return local_positions(local, size, source, device)[None, :] <= local_positions(local, size, rank, device)[:, None]
 
 
+def _block_plan(local: int, state: ParallelState, source: int,
+                device: torch.device) -> tuple[slice, slice, Optional[torch.Tensor]]:
+    """Which of this rank's queries (rows) attend to which of CP rank `source`'s keys, and the mask among them:
+    with the load-balanced chunks every block but the rank's own is half of it, unmasked (TransformerEngine's
+    AttnFuncWithCPAndKVP2P splits the same way). Rank r holds chunks (r, 2CP-1-r), source c holds (c, 2CP-1-c):
+      c == r: all queries, all keys, causal in local order (the positions increase along it);
+      c <  r: all queries see chunk c whole and nothing of chunk 2CP-1-c (later than 2CP-1-r);
+      c >  r: chunk r sees nothing of c's (both later), chunk 2CP-1-r sees both whole."""
+    half, every = local // 2, slice(None)
+    if source == state.context_parallel_rank:
+        return every, every, _visible(local, state, source, device)
+    if source < state.context_parallel_rank:
+        return every, slice(0, half), None
+    return slice(half, None), every, None
+
+
 def _per_query_head(tensor: torch.Tensor, heads: int) -> torch.Tensor:
     """Key/value heads [b, groups, s, d] as one per query head (query head i reads group i // (heads / groups))."""
     return tensor if tensor.shape[1] == heads else tensor.repeat_interleave(heads // tensor.shape[1], dim=1)
@@ -98,7 +118,8 @@ def _per_group(grad: torch.Tensor, groups: int) -> torch.Tensor:
 class _RingAttention(torch.autograd.Function):
     """The ring's forward and its own backward (see the module): no dropout. K/V travel at their own head count
     (grouped-query: heads / groups times fewer bytes than copies per query head) and are copied per query head
-    only for each block's arithmetic, as TransformerEngine passes them."""
+    only for each block's arithmetic, as TransformerEngine passes them; each block but the rank's own computes
+    only its visible half (`_block_plan`), so the ring costs the FLOPs of causal attention."""
 
     @staticmethod
     def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState):
@@ -109,11 +130,14 @@ class _RingAttention(torch.autograd.Function):
         for step in range(size):
             if step > 0:
                 key_value = shift(key_value, state, 1, tag=81)
-            visible = _visible(local, state, (rank - step) % size, query.device)
-            block_output, block_lse = block_attention(query, _per_query_head(key_value[0], heads),
-                                                      _per_query_head(key_value[1], heads), visible)
-            output, lse = (block_output, block_lse) if output is None else \
-                merge_partial(output, lse, block_output, block_lse)
+            rows, keys, visible = _block_plan(local, state, (rank - step) % size, query.device)
+            block_output, block_lse = block_attention(query[:, :, rows], _per_query_head(key_value[0][:, :, keys], heads),
+                                                      _per_query_head(key_value[1][:, :, keys], heads), visible)
+            if output is None:  # step 0: the rank's own block, every row
+                output, lse = block_output, block_lse
+            else:
+                output[:, :, rows], lse[:, :, rows] = merge_partial(output[:, :, rows], lse[:, :, rows],
+                                                                    block_output, block_lse)
         ctx.state = state
         ctx.save_for_backward(query, key, value, output, lse)
         return output.to(query.dtype)
@@ -135,14 +159,21 @@ class _RingAttention(torch.autograd.Function):
             if step > 0:
                 key_value = shift(key_value, state, 1, tag=82)
                 grad_key_value = shift(grad_key_value, state, 1, tag=83)
-            block_key, block_value = (_per_query_head(part, heads).float() for part in key_value)
-            scores = torch.matmul(query32, block_key.transpose(-2, -1)) * scale
-            scores = scores.masked_fill(~_visible(local, state, (rank - step) % size, query.device), MASKED)
-            probabilities = torch.exp(scores - lse.unsqueeze(-1))  # this block's share of the final softmax
-            grad_scores = probabilities * (torch.matmul(grad_output, block_value.transpose(-2, -1)) - delta)
-            grad_query += torch.matmul(grad_scores, block_key) * scale
-            grad_key_value[0] += _per_group(torch.matmul(grad_scores.transpose(-2, -1), query32) * scale, groups)
-            grad_key_value[1] += _per_group(torch.matmul(probabilities.transpose(-2, -1), grad_output), groups)
+            rows, keys, visible = _block_plan(local, state, (rank - step) % size, query.device)
+            block_key, block_value = (_per_query_head(part[:, :, keys], heads).float() for part in key_value)
+            block_query, block_grad = query32[:, :, rows], grad_output[:, :, rows]
+            scores = torch.matmul(block_query, block_key.transpose(-2, -1)) * scale
+            if visible is not None:
+                scores = scores.masked_fill(~visible, MASKED)
+            # this block's share of the final softmax
+            probabilities = torch.exp(scores - lse[:, :, rows].unsqueeze(-1))
+            grad_scores = probabilities * (torch.matmul(block_grad, block_value.transpose(-2, -1))
+                                           - delta[:, :, rows])
+            grad_query[:, :, rows] += torch.matmul(grad_scores, block_key) * scale
+            grad_key_value[0][:, :, keys] += _per_group(
+                torch.matmul(grad_scores.transpose(-2, -1), block_query) * scale, groups)
+            grad_key_value[1][:, :, keys] += _per_group(torch.matmul(probabilities.transpose(-2, -1), block_grad),
+                                                        groups)
         if size > 1:  # the block held now is rank + 1's: its accumulated gradient goes home
             grad_key_value = shift(grad_key_value, state, 1, tag=84)
         return (grad_query.to(query.dtype), grad_key_value[0].to(key.dtype), grad_key_value[1].to(value.dtype),
