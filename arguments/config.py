@@ -589,6 +589,46 @@ class PretrainConfig:
                               f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2",
                               flags=("--zero-stage", "--pipeline-model-parallel-size"))
 
+    def _check_context_parallel(self) -> None:
+        """What context parallelism (parallel/context_parallel.py) needs and what it does not run, one line each."""
+        cp, model = self.parallel.context_parallel_size, self.model
+        if cp == 1:
+            return
+        if model.cp_comm_type not in ("p2p", "all_gather", "a2a"):
+            raise ConfigError(f"--cp-comm-type {model.cp_comm_type} is not implemented here: use p2p (the ring), "
+                              f"all_gather or a2a (DeepSpeed-Ulysses)", flags=("--cp-comm-type", "--context-parallel-size"))
+        tp = self.parallel.tensor_model_parallel_size
+        heads = model.num_attention_heads // tp
+        if model.cp_comm_type == "a2a" and heads % cp:
+            # DeepSpeed's single_all_to_all asserts it: "Number of heads must be divisible by the sequence parallel
+            # size"; Megatron-DeepSpeed's ParallelAttention too (num_attention_heads % sequence parallel size).
+            raise ConfigError(f"--cp-comm-type a2a (DeepSpeed-Ulysses) splits each tensor-parallel rank's {heads} "
+                              f"attention heads over {cp} ranks: choose --num-attention-heads divisible by TP x "
+                              f"{cp}", flags=("--num-attention-heads", "--context-parallel-size",
+                                              "--ds-sequence-parallel-size"))
+        local = model.seq_length // cp
+        if model.seq_length % (2 * cp):
+            raise ConfigError(f"--seq-length {model.seq_length} must be divisible by 2 x --context-parallel-size "
+                              f"({2 * cp}): each rank holds two equal chunks of the sequence",
+                              flags=("--seq-length", "--context-parallel-size"))
+        if self.parallel.sequence_parallel and tp > 1 and local % tp:
+            raise ConfigError(f"--sequence-parallel splits each context-parallel rank's {local} tokens over "
+                              f"--tensor-model-parallel-size {tp}: choose --seq-length divisible by CP x TP",
+                              flags=("--sequence-parallel", "--seq-length", "--context-parallel-size"))
+        masking = [flag for flag, on in (("--reset-position-ids", self.data.reset_position_ids),
+                                         ("--reset-attention-mask", self.data.reset_attention_mask),
+                                         ("--eod-mask-loss", self.data.eod_mask_loss)) if on]
+        if masking:
+            # data/documents.py builds the masks of the whole sequence; per-chunk positions, block-diagonal masks over
+            # the ring and a loss mask's count summed over CP are not built
+            raise ConfigError(f"{', '.join(masking)} with --context-parallel-size {cp} is not implemented here: "
+                              f"document masking runs without context parallelism",
+                              flags=(*masking, "--context-parallel-size"))
+        if self.zero.distributed_optimizer_instances > 1:
+            raise ConfigError("--num-distributed-optimizer-instances > 1 with --context-parallel-size is not "
+                              "implemented here: use one optimizer instance",
+                              flags=("--context-parallel-size", "--num-distributed-optimizer-instances"))
+
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
@@ -608,6 +648,7 @@ class PretrainConfig:
                               "balance with --moe-aux-loss-coeff",
                               flags=("--moe-router-enable-expert-bias", "--save", "--load"))
         self._check_pipeline()
+        self._check_context_parallel()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:
             self._check_step_schedule()

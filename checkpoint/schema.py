@@ -117,6 +117,8 @@ OPTIONAL = {
     "model_files": ("a list of [tp rank, file name]", _list_of(_model_entry)),
     "rng_files": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),
     "pipeline_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
+    # written with context parallelism: ZeRO's partitions are cut over DP x CP, one optimizer file each
+    "context_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
     "pipeline_stages": ("a list of {parameters: [names], files: [file names]}, one per stage",
                         _list_of(_pipeline_stage)),
     "tokenizer": ("a directory name or null", lambda v: v is None or _is_plain_name(v)),
@@ -263,10 +265,15 @@ def _meaning_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
     ranked = [("optimizer_shards", entry) for entry in metadata["optimizer_shards"]]
     ranked += [("rng_files", entry) for entry in metadata.get("rng_files", [])]
     ranked += [("model_files", [tp, None, name]) for tp, name in metadata.get("model_files", [])]
+    cp_size = metadata.get("context_parallel_size", 1)
     for key, (tp, dp, name) in ranked:
         if tp >= tp_size:
             return f"{key} ({name})", tp, f"a tensor-parallel rank below its 'tensor_parallel_size' ({tp_size})"
-        if dp is not None and dp >= dp_size:
+        if key == "optimizer_shards" and cp_size > 1:
+            if dp >= dp_size * cp_size:
+                return (f"{key} ({name})", dp, f"a partition rank below its 'data_parallel_size' x "
+                                               f"'context_parallel_size' ({dp_size * cp_size})")
+        elif dp is not None and dp >= dp_size:
             return f"{key} ({name})", dp, f"a data-parallel rank below its 'data_parallel_size' ({dp_size})"
     for name, entry in metadata["parameters"].items():
         dim = entry["tensor_parallel_dim"]

@@ -119,16 +119,19 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
     pipeline stages, the tied embedding's second copy is the first stage's to store)."""
     tp, dp, pp = state.tensor_parallel_rank, state.data_parallel_rank, _stage_rank(state)
     written: dict[str, int] = {}
+    # With context parallelism the CP ranks of a DP rank hold the same weights and streams: CP rank 0 writes them
+    # (the optimizer partition is cut over DP x CP: every partition rank writes its own).
+    writer = dp == 0 and state.context_parallel_rank == 0
 
-    weights = optimizer.model_state_dict(model, keep=dp == 0)
-    if dp == 0:
+    weights = optimizer.model_state_dict(model, keep=writer)
+    if writer:
         weights = {name: tensor for name, tensor in weights.items() if name in stored}
         written[model_file(tp, pp)] = save_tensors(staging / model_file(tp, pp), weights)
     del weights
 
     # A replicated partition (stage 0) is written once, by DP rank 0; a partition held by several optimizer
     # instances (parallel/state.py) by the first instance's copy, under its partition rank.
-    if (dp == 0) if shard.replicated else state.partition_replica_index == 0:
+    if writer if shard.replicated else state.partition_replica_index == 0:
         tensors = {key: shard.tensors[key] for key in OPTIMIZER_KEYS}
         # the format's fragment table: [name, param_offset, partition_offset, numel] per fragment. A fragment
         # left out (the tied copy) keeps its elements in the flat tensors, unnamed: no copy of the partition.
@@ -136,8 +139,9 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
         name = optimizer_file(tp, 0 if shard.replicated else state.partition_rank, pp)
         written[name] = save_tensors(staging / name, tensors, {"fragments": fragments})
 
-    rng_tensors, rng_metadata = _rng_tensors(rng)
-    written[rng_file(tp, dp, pp)] = save_tensors(staging / rng_file(tp, dp, pp), rng_tensors, rng_metadata)
+    if state.context_parallel_rank == 0:
+        rng_tensors, rng_metadata = _rng_tensors(rng)
+        written[rng_file(tp, dp, pp)] = save_tensors(staging / rng_file(tp, dp, pp), rng_tensors, rng_metadata)
 
     if state.is_first_rank and tokenizer is not None:
         tokenizer.save(str(staging / TOKENIZER_DIR))
@@ -283,6 +287,8 @@ def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], s
         # What --data-path reads, as content: a resume compares this, not the path as typed.
         "data_identity": data_identity(config.data.data_path),
     }
+    if state.context_parallel_size > 1:  # the optimizer partitions are then DP x CP (parallel/state.py)
+        metadata["context_parallel_size"] = state.context_parallel_size
     if pp_size > 1:
         metadata["pipeline_parallel_size"] = pp_size
         metadata["pipeline_stages"] = [

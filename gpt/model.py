@@ -42,6 +42,7 @@ from torch import nn
 from gpt.architecture import GPT2, Architecture
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
+from gpt.cp_attention import context_parallel_attention
 from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
 from gpt.moe.balancing import MoELossTracker
@@ -50,6 +51,7 @@ from gpt.norms import HeadNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, rotary_angles
 from gpt.stage_layers import StageLayers, whole_model
+from parallel.context_parallel import positions_on_this_rank
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
@@ -108,6 +110,10 @@ class SelfAttention(nn.Module):
         self.rotary_base = architecture.rotary_base
         self.rope_scaling = architecture.rope_scaling
         self.rotary_interleaved = architecture.rotary_interleaved
+        # With context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py):
+        # rotary angles at their global positions, attention over the whole sequence (gpt/cp_attention.py).
+        self.context_parallel = state if state.context_parallel_size > 1 else None
+        self.cp_comm_type = config.cp_comm_type
         if architecture.qk_layernorm:
             self.q_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
             self.k_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
@@ -139,10 +145,14 @@ class SelfAttention(nn.Module):
         # Each TP rank holds different heads: their dropout masks come from the rank's own stream.
         # The device is known only here (the model is built on meta): whether to pad is decided per call.
         head_dim = padded_head_dim(self.head_dim, query.device.type, self.attention_backend, self.pad_head_dim)
+        dropout_p = self.dropout_p if self.training else 0.0
         with dropout_stream(self.rng), attention_kernels(self.attention_backend):
-            context = attention_at_head_dim(query, key, value, head_dim,
-                                            dropout_p=self.dropout_p if self.training else 0.0,
-                                            enable_gqa=self.native_gqa, attention_mask=attention_mask)
+            if self.context_parallel is not None:  # document masks are refused with CP (arguments/config.py)
+                context = context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type,
+                                                     dropout_p, enable_gqa=self.native_gqa)
+            else:
+                context = attention_at_head_dim(query, key, value, head_dim, dropout_p=dropout_p,
+                                                enable_gqa=self.native_gqa, attention_mask=attention_mask)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
         if gate is not None:
             context = (context * torch.sigmoid(gate.float())).to(context.dtype)
@@ -166,8 +176,13 @@ class SelfAttention(nn.Module):
         if self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
             query, key = self.q_layernorm(query), self.k_layernorm(key)
         if self.rotary:
-            cos, sin = rotary_angles(seq, self.rotary_dim, self.rotary_base, hidden.device, self.rope_scaling,
+            positions = positions_on_this_rank(seq, self.context_parallel, hidden.device) \
+                if self.context_parallel is not None else None
+            whole = seq if positions is None else seq * self.context_parallel.context_parallel_size
+            cos, sin = rotary_angles(whole, self.rotary_dim, self.rotary_base, hidden.device, self.rope_scaling,
                                      self.rotary_interleaved)
+            if positions is not None:  # each token's angles at its global position
+                cos, sin = cos[positions], sin[positions]
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
             key = apply_rotary(key, cos, sin, self.rotary_interleaved)
         if per_group > 1 and not self.native_gqa:
@@ -328,7 +343,10 @@ class GPTModel(nn.Module):
         [batch, seq] where given (--reset-position-ids)."""
         hidden = self.word_embeddings(tokens)
         if self.position_embeddings is not None:
-            positions = documents.position_ids if documents is not None else None
+            # --reset-position-ids' per-document positions; with context parallelism, this rank's chunks at their
+            # global positions (the two are not combined: arguments/config.py refuses it)
+            positions = documents.position_ids if documents is not None else \
+                positions_on_this_rank(tokens.shape[1], self.state, tokens.device)
             if positions is None:
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
             hidden = hidden + self.position_embeddings(positions)

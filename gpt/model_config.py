@@ -39,6 +39,8 @@ MOE_FIELDS = ("router_topk", "router_score_function", "router_pre_softmax", "rou
               "router_load_balancing_type", "aux_loss_coeff", "z_loss_coeff", "expert_capacity_factor",
               "pad_expert_input_to_capacity", "token_drop_policy", "shared_expert_intermediate_size",
               "shared_expert_gate")
+# Megatron-LM's --cp-comm-type choices (megatron/training/arguments.py)
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,13 @@ class ModelConfig:
         "auto", choices=ATTENTION_BACKENDS,
         help="the SDPA kernel (Megatron's names): flash = flash attention, fused = cuDNN or the memory-efficient "
              "kernel, unfused/local = the math kernel, auto = PyTorch's choice")
+    # Megatron-Core's TransformerConfig.cp_comm_type (gpt/cp_attention.py); only read with --context-parallel-size > 1.
+    # Megatron takes one value, or one per layer (nargs "+"); here one, for every layer.
+    cp_comm_type: str = option(
+        "p2p", choices=CP_COMM_TYPES, group="training",
+        help="with --context-parallel-size > 1, how attention reaches the other ranks' keys and values: p2p (the "
+             "ring, partial softmaxes merged) or all_gather (gathered once), for every layer; a2a and a2a+p2p "
+             "are refused")
     # Issue 40's lever 1 (gpt/attention_padding.py): acts only on CUDA, so CPU math is unchanged.
     pad_attention_head_dim: bool = option(
         True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "

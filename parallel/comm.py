@@ -9,6 +9,7 @@ sends:
     all-gather       M (N-1) / N      (M is the size of the gathered output)
     all-reduce       2 M (N-1) / N    (a reduce-scatter followed by an all-gather)
     broadcast        M on the source rank, 0 on the others
+    all-to-all       M (N-1) / N      (M is the size of the input; its own 1/N stays: context parallelism's a2a)
 
 Broadcast is charged to the source only: it is the data that has to leave the owner, the same on
 every topology. (NCCL's chain broadcast also forwards M through every rank but the last, so the
@@ -53,10 +54,16 @@ P2P_KINDS = ("send", "recv")
 # exchange point-to-point messages, the pipeline group sums the gradient norm and broadcasts the loss, and the
 # embedding group (first and last stage) sums a tied word embedding's gradient.
 GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS + ("all_reduce", "broadcast"),
-               "embedding": ("all_reduce",)}
+               "embedding": ("all_reduce",),
+               # context parallelism (parallel/context_parallel.py): K/V all-gathered or passed round the ring,
+               # the loss's token count summed
+               # (and DeepSpeed-Ulysses' all-to-all, sequence split <-> head split)
+               "cp": COLLECTIVE_KINDS + P2P_KINDS + ("all_to_all",)}
 GROUP_NAMES = tuple(GROUP_KINDS)
 EXPERT_GROUP_KINDS = {"ep": ("all_to_all",) + COLLECTIVE_KINDS, "etp": ("all_to_all",) + COLLECTIVE_KINDS,
                       "edp": COLLECTIVE_KINDS, "etp_ep": COLLECTIVE_KINDS}
+# Counted from its first byte on: a run without context parallelism records the groups it always had.
+ON_FIRST_USE = ("cp",)
 
 # torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -69,7 +76,7 @@ def ring_bytes_sent(kind: str, full_bytes: int, group_size: int, is_source: bool
         return 0
     if kind == "all_reduce":
         return 2 * full_bytes * (group_size - 1) // group_size
-    if kind in ("reduce_scatter", "all_gather"):
+    if kind in ("reduce_scatter", "all_gather", "all_to_all"):  # all-to-all: all but its own 1/N leaves
         return full_bytes * (group_size - 1) // group_size
     if kind == "broadcast":
         return full_bytes if is_source else 0
@@ -90,11 +97,13 @@ class CommStats:
 
     @staticmethod
     def _zeros() -> dict[str, dict[str, int]]:
-        return {group: {kind: 0 for kind in kinds} for group, kinds in GROUP_KINDS.items()}
+        return {group: {kind: 0 for kind in kinds} for group, kinds in GROUP_KINDS.items() if group not in ON_FIRST_USE}
 
     def add(self, group_name: str, kind: str, num_bytes: int) -> None:
         if group_name not in self._bytes and group_name in EXPERT_GROUP_KINDS:
             self._bytes[group_name] = {kind: 0 for kind in EXPERT_GROUP_KINDS[group_name]}
+        if group_name in ON_FIRST_USE and group_name not in self._bytes:
+            self._bytes[group_name] = {kind: 0 for kind in GROUP_KINDS[group_name]}
         if group_name not in self._bytes:
             raise ValueError(f"unknown group name {group_name!r}; expected one of "
                              f"{', '.join(GROUP_NAMES + tuple(EXPERT_GROUP_KINDS))}")
@@ -330,16 +339,16 @@ class Communicator:
 
     # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ---------
 
-    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> list:
+    def send(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
         """Post a send of `tensor` to global rank `peer`; returns the works to wait on. Counted when posted."""
-        self.stats.add("pp", "send", _num_bytes(tensor))
-        self.last_collective = ("send", "pp")
+        self.stats.add(group_name, "send", _num_bytes(tensor))
+        self.last_collective = ("send", group_name)
         return self._transport_p2p(dist.isend, tensor, peer, tag)
 
-    def receive(self, tensor: torch.Tensor, peer: int, tag: int) -> list:
+    def receive(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
         """Post a receive into `tensor` from global rank `peer`; returns the works to wait on."""
-        self.stats.add("pp", "recv", _num_bytes(tensor))
-        self.last_collective = ("recv", "pp")
+        self.stats.add(group_name, "recv", _num_bytes(tensor))
+        self.last_collective = ("recv", group_name)
         return self._transport_p2p(dist.irecv, tensor, peer, tag)
 
     # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------

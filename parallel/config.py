@@ -2,13 +2,13 @@
 
 `ParallelismConfig` is `PretrainConfig.parallel`: tensor parallelism (and its sequence parallelism), the
 pipeline (its stages, virtual stages and uneven splits), in one place as Megatron-Core's
-`ModelParallelConfig` and torchtitan's `ParallelismConfig` hold them. Every field is a flag under
-Megatron's own name (`tensor_model_parallel_size` <-> `--tensor-model-parallel-size`), declared with
-`option()` as in every section. Expert and context parallelism belong here too when they are built; until
-then Megatron's `--expert-model-parallel-size` and `--context-parallel-size` are accepted at 1 and refused
-above it (arguments/megatron/flag_classes.py).
+`ModelParallelConfig` and torchtitan's `ParallelismConfig` hold them, and context parallelism (the sequence
+split over CP ranks, parallel/context_parallel.py). Every field is a flag under Megatron's own name
+(`tensor_model_parallel_size` <-> `--tensor-model-parallel-size`), declared with `option()` as in every
+section. Expert parallelism belongs here too when it is wired; until then Megatron's
+`--expert-model-parallel-size` is accepted at 1 and refused above it (arguments/megatron/flag_classes.py).
 
-Data parallelism is what the world leaves: world / (TP x PP). How each size is applied, in order, is
+Data parallelism is what the world leaves: world / (TP x CP x PP). How each size is applied, in order, is
 training/build.py's `parallelize`; which module is column-, row- or vocab-parallel and which regions split
 the sequence is gpt/parallel_plan.py.
 
@@ -35,6 +35,11 @@ class ParallelismConfig:
         help="with --tensor-model-parallel-size > 1: norms, dropout and the residual stream hold 1/TP of the "
              "sequence (all-gather before, reduce-scatter after each TP region, in place of the all-reduces); "
              "--seq-length must be divisible by the TP size")
+    # parallel/context_parallel.py, gpt/cp_attention.py
+    context_parallel_size: int = option(
+        1, help="context parallelism (Megatron's rank order: TP, then CP, then DP, then PP): each rank holds 2 of "
+                "the sequence's 2 x CP chunks (r and 2CP-1-r), attention exchanges keys and values (--cp-comm-type), "
+                "gradients average over DP x CP")
     # training/pipeline_step.py; the layers each stage holds: gpt/stage_layers.py
     pipeline_model_parallel_size: int = option(
         1, help="pipeline stages (Megatron's rank order: TP fastest, then DP, then PP); the layers split evenly, "
@@ -59,7 +64,8 @@ class ParallelismConfig:
 
     def validate(self) -> None:
         for name, flag in (("tensor_model_parallel_size", "--tensor-model-parallel-size"),
-                           ("pipeline_model_parallel_size", "--pipeline-model-parallel-size")):
+                           ("pipeline_model_parallel_size", "--pipeline-model-parallel-size"),
+                           ("context_parallel_size", "--context-parallel-size")):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)}", flags=(flag,))
 

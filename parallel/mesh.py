@@ -1,16 +1,20 @@
 """The named mesh of parallel dimensions: each dimension's name, size, this rank's coordinate on it and
 its group (torchtitan's `ParallelDims`, torchtitan/distributed/parallel_dims.py, is the model).
 
-The dimensions are ordered outermost first, ("pp", "dp", "tp"), which is Megatron's rank order: TP
-fastest, then DP, then PP (Megatron-Core's `RankGenerator` with its default order "tp-cp-ep-dp-pp"), so
-with torchrun/SLURM's node-major ranks a TP group stays inside a node:
+The dimensions are ordered outermost first, ("pp", "dp", "cp", "tp"), which is Megatron's rank order: TP
+fastest, then CP (context parallelism, parallel/context_parallel.py), then DP, then PP (Megatron-Core's
+`RankGenerator` with its default order "tp-cp-ep-dp-pp"), so with torchrun/SLURM's node-major ranks a TP
+group stays inside a node:
 
     world 8, TP 2 (PP 1):   rank = (pp x DP + dp) x TP + tp
         tp groups {0,1} {2,3} {4,5} {6,7}     dp groups {0,2,4,6} {1,3,5,7}     pp groups {0} ... {7}
 
     world 8, PP 2 x TP 2:   pp groups {0,4} {1,5} {2,6} {3,7}   (stage = rank // (DP x TP))
 
-Without pipeline stages the pipeline dimension has size 1: every rank is stage 0 of a pipeline of one. A
+    world 8, CP 2 x TP 2:   rank = (dp x CP + cp) x TP + tp
+        tp groups {0,1} {2,3} {4,5} {6,7}     cp groups {0,2} {1,3} {4,6} {5,7}     dp groups {0,4} {1,5} {2,6} {3,7}
+
+Without pipeline stages (or context parallelism) that dimension has size 1: every rank is stage 0 of a pipeline of one. A
 group of one is None: collectives over it are skipped (parallel/comm.py).
 """
 
@@ -20,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-MESH_DIM_NAMES = ("pp", "dp", "tp")  # outermost first
+MESH_DIM_NAMES = ("pp", "dp", "cp", "tp")  # outermost first
 
 
 @dataclass(frozen=True)
@@ -116,14 +120,15 @@ EXPERT_MESH_DIM_NAMES = ("pp", "edp", "ep", "etp")  # outermost first
 
 def expert_mesh_sizes(sizes: Mapping[str, int], expert_model_parallel_size: int,
                       expert_tensor_parallel_size: int) -> dict[str, int]:
-    """The expert grid's sizes over the dense mesh `sizes` ({"pp", "dp", "tp"}); ValueError naming the flags
-    when EP x ETP does not divide the ranks of a stage (DP x TP), as Megatron requires."""
+    """The expert grid's sizes over the dense mesh `sizes` ({"pp", "dp", "cp", "tp"}); ValueError naming the flags
+    when EP x ETP does not divide the ranks of a stage (DP x CP x TP), as Megatron requires (its expert
+    data-parallel size is world / (PP x EP x ETP): context parallelism folds into the experts' DP)."""
     ep, etp = expert_model_parallel_size, expert_tensor_parallel_size
     if ep < 1:
         raise ValueError(f"--expert-model-parallel-size must be at least 1, got {ep}")
     if etp < 1:
         raise ValueError(f"--expert-tensor-parallel-size must be at least 1, got {etp}")
-    stage_ranks = sizes.get("dp", 1) * sizes.get("tp", 1)
+    stage_ranks = sizes.get("dp", 1) * sizes.get("cp", 1) * sizes.get("tp", 1)
     if stage_ranks % (ep * etp):
         raise ValueError(f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} does not divide "
                          f"the {stage_ranks} ranks of a pipeline stage (data-parallel x tensor-parallel size): the "

@@ -4,8 +4,8 @@ A `ParallelState` is built once by `initialize()` and passed explicitly to whate
 a rank; nothing in the repo reads parallel layout from module globals. With one process it describes a
 single process with no process group at all, which is what `python pretrain_gpt.py` runs on a laptop.
 
-The grid is the named mesh of parallel/mesh.py, ("pp", "dp", "tp") (--pipeline-model-parallel-size
-stages, 1 by default): each dimension's size, this rank's coordinate and its group, as `state.dims["tp"]`. The flat
+The grid is the named mesh of parallel/mesh.py, ("pp", "dp", "cp", "tp") (--pipeline-model-parallel-size
+stages and --context-parallel-size, 1 by default): each dimension's size, this rank's coordinate and its group, as `state.dims["tp"]`. The flat
 fields other modules read (tensor_parallel_size, data_parallel_rank, tensor_parallel_group, ...) are
 read-only views of it. TP groups are runs of consecutive ranks, so with torchrun/SLURM's node-major rank
 order a TP group stays inside a node, where tensor parallelism's per-layer all-reduces can use NVLink; DP
@@ -66,6 +66,10 @@ class ParallelState:
     # The experts' own grid (--expert-model-parallel-size, --expert-tensor-parallel-size), set by
     # with_expert_parallel; None is no expert parallelism (read it through `experts`).
     expert_grid: Optional["ExpertParallel"] = field(default=None, compare=False, repr=False)
+    # With context parallelism, Megatron's "dp-cp" group: the DP x CP ranks of this rank's (pp, tp), over which
+    # gradients are averaged and ZeRO's partition is cut (each CP rank's gradient is its chunks' share of the
+    # sequence's). None while CP is 1 (the DP group is that group then) or DP x CP is 1.
+    data_context_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
 
     # Read-only views of `dims`, the names every other module uses. A group is None while its size is 1:
     # collectives over a group of one are skipped.
@@ -101,21 +105,50 @@ class ParallelState:
     def data_parallel_group(self) -> Optional[dist.ProcessGroup]:
         return self.dims["dp"].group
 
-    # ZeRO's partition: over the whole DP group, or with several optimizer instances over this rank's instance
-    # (`optimizer_instances`), the partition then replicated across the instances.
+    @property
+    def context_parallel_size(self) -> int:
+        return self.dims["cp"].size
+
+    @property
+    def context_parallel_rank(self) -> int:
+        return self.dims["cp"].coordinate
+
+    @property
+    def context_parallel_group(self) -> Optional[dist.ProcessGroup]:
+        return self.dims["cp"].group
+
+    # Megatron's data-parallel group "with context parallel" (parallel_state.get_data_parallel_group(
+    # with_context_parallel=True)): the ranks holding the same weights, whose gradients are averaged. Without CP
+    # it is the DP group; its rank order is the global one, dp major, cp minor.
+    @property
+    def data_context_parallel_size(self) -> int:
+        return self.data_parallel_size * self.context_parallel_size
+
+    @property
+    def data_context_parallel_rank(self) -> int:
+        return self.data_parallel_rank * self.context_parallel_size + self.context_parallel_rank
+
+    @property
+    def data_context_parallel_group(self) -> Optional[dist.ProcessGroup]:
+        return self.data_context_group if self.context_parallel_size > 1 else self.data_parallel_group
+
+    # ZeRO's partition: over the whole DP x CP group (Megatron's distributed optimizer shards over "dp-cp"), or
+    # with several optimizer instances over this rank's instance (`optimizer_instances`), the partition then
+    # replicated across the instances.
     @property
     def partition_size(self) -> int:
-        return self.optimizer_instances.shard_size or self.data_parallel_size
+        return self.optimizer_instances.shard_size or self.data_context_parallel_size
 
     @property
     def partition_rank(self) -> int:
         instances = self.optimizer_instances
-        return self.data_parallel_rank % instances.shard_size if instances.count > 1 else self.data_parallel_rank
+        return self.data_parallel_rank % instances.shard_size if instances.count > 1 \
+            else self.data_context_parallel_rank
 
     @property
     def partition_group(self) -> Optional[dist.ProcessGroup]:
         return self.optimizer_instances.shard_group if self.optimizer_instances.count > 1 \
-            else self.data_parallel_group
+            else self.data_context_parallel_group
 
     @property
     def partition_replica_group(self) -> Optional[dist.ProcessGroup]:
@@ -251,9 +284,13 @@ class OptimizerInstances:
     replica_group: Optional[object] = None
 
 
-def check_optimizer_instances(count: int, data_parallel_size: int) -> None:
+def check_optimizer_instances(count: int, data_parallel_size: int, context_parallel_size: int = 1) -> None:
     """The one rule (Megatron asserts it too: "Data parallel size should be divisible by partial DistOpt shard
-    factor"), as a ValueError naming the flag."""
+    factor"), as a ValueError naming the flag; and not beside context parallelism (not built here)."""
+    if count > 1 and context_parallel_size > 1:
+        raise ValueError(f"--num-distributed-optimizer-instances {count} with --context-parallel-size "
+                         f"{context_parallel_size} is not implemented: use one optimizer instance with context "
+                         f"parallelism")
     if count < 1 or data_parallel_size % count:
         raise ValueError(f"--num-distributed-optimizer-instances {count} must be at least 1 and divide the "
                          f"data-parallel size {data_parallel_size}; each instance shards the optimizer over an "
@@ -278,7 +315,7 @@ def _optimizer_instance_groups(dims: ParallelDims, count: int) -> OptimizerInsta
     shard_group = replica_group = None
     for pp in range(dims["pp"].size):
         for tp in range(dims["tp"].size):
-            dp_ranks = [dims.rank_at({"pp": pp, "dp": dp, "tp": tp}) for dp in range(dims["dp"].size)]
+            dp_ranks = [dims.rank_at({"pp": pp, "dp": dp, "cp": 0, "tp": tp}) for dp in range(dims["dp"].size)]
             blocks = [dp_ranks[i * shard_size:(i + 1) * shard_size] for i in range(count)]
             for ranks in blocks + [list(copies) for copies in zip(*blocks)]:
                 group = dist.new_group(ranks) if len(ranks) > 1 else None
@@ -507,9 +544,10 @@ def check_grid_divides(world_size: int, tensor_parallel_size: int, pipeline_para
 
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
                gpus_per_node: Optional[int] = None, pipeline_parallel_size: int = 1,
-               optimizer_instances: int = 1, expert_model_parallel_size: int = 1,
+               optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
                expert_tensor_parallel_size: Optional[int] = None) -> ParallelState:
-    """Build the PP x DP x TP grid for this launch (torchrun, SLURM, or a plain single process).
+    """Build the PP x DP x CP x TP grid for this launch (torchrun, SLURM, or a plain single process), and the
+    experts' grid over the same ranks.
 
     Bad sizes raise ValueError naming the flag before any process group exists. The process group's
     timeout turns a dead or hung peer into an error that ends the job instead of a job that hangs.
@@ -520,10 +558,18 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
         raise ValueError(f"--pipeline-model-parallel-size must be at least 1, got {pipeline_parallel_size}")
     launch = read_launch_environment()
     check_grid_divides(launch.world_size, tensor_parallel_size, pipeline_parallel_size)
-    check_optimizer_instances(optimizer_instances,
-                              launch.world_size // (tensor_parallel_size * pipeline_parallel_size))
-    expert_mesh_sizes({"pp": pipeline_parallel_size, "tp": tensor_parallel_size,
-                       "dp": launch.world_size // (tensor_parallel_size * pipeline_parallel_size)},
+    if context_parallel_size < 1:
+        raise ValueError(f"--context-parallel-size must be at least 1, got {context_parallel_size}")
+    model_grid = tensor_parallel_size * pipeline_parallel_size * context_parallel_size
+    if launch.world_size % model_grid != 0:
+        raise ValueError(
+            f"--tensor-model-parallel-size {tensor_parallel_size} x --pipeline-model-parallel-size "
+            f"{pipeline_parallel_size} x --context-parallel-size {context_parallel_size} does not divide the "
+            f"{launch.world_size} launched processes; launch a multiple of {model_grid} processes or pick sizes "
+            f"whose product divides {launch.world_size}")
+    check_optimizer_instances(optimizer_instances, launch.world_size // model_grid, context_parallel_size)
+    expert_mesh_sizes({"pp": pipeline_parallel_size, "tp": tensor_parallel_size, "cp": context_parallel_size,
+                       "dp": launch.world_size // model_grid},
                       expert_model_parallel_size, expert_tensor_parallel_size or tensor_parallel_size)
     device = resolve_device(device_name, launch.local_rank)
     if device.type == "cuda":
@@ -538,16 +584,19 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     host = f"[{launch.master_addr}]" if ":" in launch.master_addr else launch.master_addr  # IPv6
     dist.init_process_group(backend, init_method=f"tcp://{host}:{launch.master_port}", rank=launch.rank,
                             world_size=launch.world_size, timeout=timedelta(minutes=timeout_minutes))
-    data_parallel_size = launch.world_size // (tensor_parallel_size * pipeline_parallel_size)
-    sizes = {"pp": pipeline_parallel_size, "dp": data_parallel_size, "tp": tensor_parallel_size}
-    if pipeline_parallel_size == 1:  # the (dp, tp) mesh DTensor-based code builds on, as before
+    data_parallel_size = launch.world_size // model_grid
+    sizes = {"pp": pipeline_parallel_size, "dp": data_parallel_size, "cp": context_parallel_size,
+             "tp": tensor_parallel_size}
+    if pipeline_parallel_size == 1 and context_parallel_size == 1:  # the (dp, tp) mesh DTensor-based code builds on
         mesh = init_device_mesh(device.type, (data_parallel_size, tensor_parallel_size), mesh_dim_names=("dp", "tp"))
-    else:
-        mesh = init_device_mesh(device.type, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
+    else:  # pp and cp only where they are more than one rank (as before CP existed with stages)
+        names = tuple(name for name in sizes if name in ("dp", "tp") or sizes[name] > 1)
+        mesh = init_device_mesh(device.type, tuple(sizes[name] for name in names), mesh_dim_names=names)
     # A dimension of size 1 has no group (None): its collectives are skipped.
     groups = {name: mesh.get_group(name) for name in sizes if sizes[name] > 1}
     dims = ParallelDims.of_rank(launch.rank, sizes, groups=groups)
-    state = ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims))
+    state = ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims),
+                          data_context_group=_data_context_group(dims))
     state = with_expert_parallel(state, expert_model_parallel_size, expert_tensor_parallel_size)
     return with_optimizer_instances(state, optimizer_instances)
 
@@ -560,8 +609,28 @@ def _embedding_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
         return None
     mine = None
     for dp in range(dims["dp"].size):
+        for cp in range(dims["cp"].size):
+            for tp in range(dims["tp"].size):
+                ranks = [dims.rank_at({"pp": stage, "dp": dp, "cp": cp, "tp": tp}) for stage in (0, stages - 1)]
+                group = dist.new_group(ranks)
+                if dims.rank in ranks:
+                    mine = group
+    return mine
+
+
+def _data_context_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
+    """Megatron's "dp-cp" group of this rank (parallel_state.py builds it from the RankGenerator's "dp-cp"
+    token): the DP x CP ranks at this rank's (pp, tp), in global rank order. Every rank creates every such
+    group, as new_group requires, and keeps its own; None while CP is 1 (the DP group serves)."""
+    if dims["cp"].size == 1:
+        return None
+    if dims["dp"].size == 1:
+        return dims["cp"].group
+    mine = None
+    for pp in range(dims["pp"].size):
         for tp in range(dims["tp"].size):
-            ranks = [dims.rank_at({"pp": stage, "dp": dp, "tp": tp}) for stage in (0, stages - 1)]
+            ranks = [dims.rank_at({"pp": pp, "dp": dp, "cp": cp, "tp": tp})
+                     for dp in range(dims["dp"].size) for cp in range(dims["cp"].size)]
             group = dist.new_group(ranks)
             if dims.rank in ranks:
                 mine = group
@@ -582,7 +651,7 @@ def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torc
 
 def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
                   device: torch.device | str = "meta", pipeline_parallel_size: int = 1,
-                  optimizer_instances: int = 1, expert_model_parallel_size: int = 1,
+                  optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
                   expert_tensor_parallel_size: Optional[int] = None) -> ParallelState:
     """One rank of a grid that is not launched (the planner, planner/plan.py): the ranks, sizes and
     layout `initialize` would give rank `rank` of `world_size` processes, with groups that are only
@@ -593,20 +662,27 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
     if pipeline_parallel_size < 1 or world_size % (tensor_parallel_size * pipeline_parallel_size) != 0:
         raise ValueError(f"--pipeline-model-parallel-size {pipeline_parallel_size} x --tensor-model-parallel-size "
                          f"{tensor_parallel_size} does not divide --world-size {world_size}")
+    model_grid = tensor_parallel_size * pipeline_parallel_size * context_parallel_size
+    if context_parallel_size < 1 or world_size % model_grid != 0:
+        raise ValueError(f"--context-parallel-size {context_parallel_size} x --pipeline-model-parallel-size "
+                         f"{pipeline_parallel_size} x --tensor-model-parallel-size {tensor_parallel_size} does not "
+                         f"divide --world-size {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    sizes = {"pp": pipeline_parallel_size, "dp": world_size // (tensor_parallel_size * pipeline_parallel_size),
+    sizes = {"pp": pipeline_parallel_size, "dp": world_size // model_grid, "cp": context_parallel_size,
              "tp": tensor_parallel_size}
     dims = ParallelDims.of_rank(rank, sizes, groups={name: VirtualGroup(size) for name, size in sizes.items()})
     # the embedding group as `_embedding_group` makes it: first and last stage, with more than one stage
     on_end_stage = dims["pp"].coordinate in (0, pipeline_parallel_size - 1)
     embedding_group = VirtualGroup(2) if pipeline_parallel_size > 1 and on_end_stage else None
-    check_optimizer_instances(optimizer_instances, sizes["dp"])
+    check_optimizer_instances(optimizer_instances, sizes["dp"], context_parallel_size)
+    data_context = VirtualGroup(sizes["dp"] * context_parallel_size) if context_parallel_size > 1 else None
     instances = OptimizerInstances() if optimizer_instances == 1 else OptimizerInstances(
         optimizer_instances, sizes["dp"] // optimizer_instances, VirtualGroup(sizes["dp"] // optimizer_instances),
         VirtualGroup(optimizer_instances))
     state = ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank),
-                          embedding_group=embedding_group, optimizer_instances=instances)
+                          embedding_group=embedding_group, optimizer_instances=instances,
+                          data_context_group=data_context)
     return replace(state, expert_grid=_virtual_experts(state, expert_model_parallel_size, expert_tensor_parallel_size))
 
 

@@ -45,6 +45,7 @@ from arguments.bounds import check_tensor_sizes
 from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
 from gpt.shape import model_shape
+from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
 from planner.meta_kernels import CachedMetaKernels
 from planner.pipeline_plan import PipelineFigures, PipelinePlanObserver, message_bytes
@@ -55,7 +56,7 @@ from training.pipeline_step import PipelineTrainStep
 from training.run_settings import resolve_run_settings
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor, SavedTensorMeter
-from zero.memory import MODEL_STATE_CATEGORIES, host_resident_tensors, measure_by_placement
+from zero.memory import MODEL_STATE_CATEGORIES, format_bytes, host_resident_tensors, measure_by_placement
 
 META = torch.device("meta")
 MAX_PLAN_LAYERS = 1024
@@ -271,7 +272,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     tp, pp = config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size
     try:
         state = virtual_state(cluster.world_size, tp, rank, META, pipeline_parallel_size=pp,
-                              optimizer_instances=config.zero.distributed_optimizer_instances)
+                              optimizer_instances=config.zero.distributed_optimizer_instances,
+                              context_parallel_size=config.parallel.context_parallel_size)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)
@@ -288,8 +290,10 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     tokens = torch.zeros((config.training.micro_batch_size, config.model.seq_length + 1), dtype=torch.long, device=META)
     batches = itertools.repeat({"tokens": tokens})
     if pp > 1:
+        # with context parallelism a stage runs and sends its CP rank's chunks (training/pipeline_step.py)
         observer = PipelinePlanObserver(state.comm, monitor, probe,
-                                        message_bytes(model, config, tokens[:, :-1], state.tensor_parallel_size))
+                                        message_bytes(model, config, batch_on_this_rank(tokens[:, :-1], state),
+                                                      state.tensor_parallel_size))
         step = PipelineTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
         observer.p2p = step.p2p
     else:
@@ -315,7 +319,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     held, host_held = placed["device"], placed["host"]
     param_bytes = _element_bytes(plan.param_dtype)
     gatherer = getattr(optimizer.parameters, "gatherer", None)
-    micro, seq = config.training.micro_batch_size, config.model.seq_length
+    # with context parallelism a rank holds its CP chunks of each sequence
+    micro, seq = config.training.micro_batch_size, config.model.seq_length // state.context_parallel_size
     # The logits' width on this rank, as the model's output layer has it (gpt/shape.py).
     local_vocab = model_shape(config.model, tp).output_matmul(plan.padded_vocab_size).out_features
     if not model.stage.last:  # the logits and the loss are the last stage's
@@ -376,6 +381,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             (optimizer.stage == 3 and not config.zero.offload_param or plan.param_dtype == torch.float32):
         result.notes.append("not counted: the device temporary of copying the host master into the parameters "
                             "(stage 3's copy_ across devices and dtypes; stages 1-2 in fp32)")
+    if state.context_parallel_size > 1 and config.model.cp_comm_type == "p2p":
+        # gpt/cp_attention.py computes each ring block's scores explicitly (no fused kernel per block): a transient
+        # the saved-tensor meter does not see
+        heads = config.model.num_attention_heads // tp
+        scores = micro * heads * seq * seq * 4
+        result.notes.append(f"not counted: the ring's per-block attention scores, fp32 [micro-batch, heads, "
+                            f"{seq}, {seq}] = {format_bytes(scores)} a few at a time in each layer's forward and "
+                            f"backward (computed explicitly, not by a fused kernel)")
     if checkpointing is not None and config.activations.contiguous_checkpointing and \
             config.activations.cpu_checkpointing:
         result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")

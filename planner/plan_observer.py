@@ -29,8 +29,9 @@ def planned_micro_batches(steps: int) -> list[int]:
 
 def comm_difference(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]],
                     skip: Sequence[str] = ()) -> dict[str, dict[str, int]]:
-    """The bytes counted per group and kind between two snapshots, but for the groups in `skip`."""
-    return {group: {kind: after[group][kind] - before[group][kind] for kind in kinds}
+    """The bytes counted per group and kind between two snapshots, but for the groups in `skip`. A group counted
+    from its first use (context parallelism's, the experts') may be missing from `before`: it counted nothing then."""
+    return {group: {kind: after[group][kind] - before.get(group, {}).get(kind, 0) for kind in kinds}
             for group, kinds in after.items() if group not in skip}
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from arguments.config import PretrainConfig
 from data.documents import DocumentMasking, DocumentMasks, masked_token_mean
+from parallel.context_parallel import batch_on_this_rank
 from parallel.state import ParallelState
 from training.metrics import MetricsWriter, format_eval_line, perplexity
 
@@ -16,25 +17,50 @@ from training.metrics import MetricsWriter, format_eval_line, perplexity
 LoaderFactory = Callable[[], Iterable[dict]]
 
 
-def split_tokens(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples hold seq_length+1 tokens: inputs are all but the last, labels all but the first."""
+def split_tokens(batch: dict, device: torch.device,
+                 state: Optional[ParallelState] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples hold seq_length+1 tokens: inputs are all but the last, labels all but the first. With context
+    parallelism (a `state` of CP > 1) this rank keeps its chunks r and 2CP-1-r of both, as Megatron's
+    get_batch_on_this_cp_rank: every CP rank read the same samples."""
     tokens = batch["tokens"].to(device, non_blocking=True)
-    return tokens[:, :-1], tokens[:, 1:]
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    if state is not None and state.context_parallel_size > 1:
+        inputs, labels = batch_on_this_rank(inputs, state), batch_on_this_rank(labels, state)
+    return inputs, labels
 
 
-def split_micro_batch(batch: dict, device: torch.device, documents: Optional[DocumentMasking]
-                ) -> tuple[torch.Tensor, torch.Tensor, Optional[DocumentMasks]]:
-    """split_tokens, and the inputs' document masks where --reset-position-ids, --reset-attention-mask or
-    --eod-mask-loss asks for them (data/documents.py; None otherwise: nothing is built)."""
-    inputs, labels = split_tokens(batch, device)
+def mean_token_loss(losses: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """The micro-batch's mean token loss, fp32. With context parallelism, Megatron-LM's loss_func
+    (pretrain_gpt.py since "Fix Cross Entropy Loss Averaging", adfa873d): this rank's loss sum and the token
+    count summed over the CP group, the sum x CP / the count, so that the mean over DP x CP the gradients and the
+    reported loss then take is the whole sequence's mean (the count is summed without autograd, as there). Every
+    CP rank holds as many tokens here (no loss mask), and a mask's count would be summed the same way."""
+    losses = losses.float()
+    if state.context_parallel_size == 1:
+        return losses.mean()
+    count = torch.tensor(float(losses.numel()), device=losses.device)
+    state.comm.all_reduce(count, state.context_parallel_group, "cp")
+    return losses.sum() * state.context_parallel_size / count
+
+
+def split_micro_batch(batch: dict, device: torch.device, documents: Optional[DocumentMasking],
+                      state: Optional[ParallelState] = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, Optional[DocumentMasks]]:
+    """split_tokens (this rank's chunks with context parallelism), and the inputs' document masks where
+    --reset-position-ids, --reset-attention-mask or --eod-mask-loss asks for them (data/documents.py; None
+    otherwise: nothing is built; refused with context parallelism)."""
+    inputs, labels = split_tokens(batch, device, state)
     return inputs, labels, documents.masks(inputs) if documents is not None else None
 
 
 def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Mean of `tensor` over the DP group, in place (a no-op without data parallelism)."""
-    if state.data_parallel_size > 1:
-        state.comm.all_reduce(tensor, state.data_parallel_group, "dp")
-        tensor /= state.data_parallel_size
+    """Mean of `tensor` over the DP group, in place (a no-op without data parallelism). With context parallelism
+    over DP x CP: each CP rank's value is the mean over its chunks, and every CP rank holds as many tokens (no
+    loss mask here), so their mean is the whole sequence's."""
+    size = state.data_context_parallel_size
+    if size > 1:
+        state.comm.all_reduce(tensor, state.data_context_parallel_group, "dp")
+        tensor /= size
     return tensor
 
 
@@ -53,9 +79,9 @@ def evaluate(model: nn.Module, loader: Iterable[dict], num_micro_batches: int, c
     count = 0
     try:
         for batch, _ in zip(loader, range(num_micro_batches)):
-            inputs, labels, masks = split_micro_batch(batch, state.device, documents)
+            inputs, labels, masks = split_micro_batch(batch, state.device, documents, state)
             per_token = forward(inputs, labels) if masks is None else forward(inputs, labels, masks)
-            total += per_token.mean() if masks is None else masked_token_mean(per_token, masks)
+            total += mean_token_loss(per_token, state) if masks is None else masked_token_mean(per_token, masks)
             count += 1
     finally:
         model.train()

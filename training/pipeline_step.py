@@ -32,7 +32,7 @@ from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
-from training.evaluation import split_micro_batch
+from training.evaluation import mean_token_loss, split_micro_batch
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from training.train_step import DataParallelTrainStep
@@ -62,10 +62,11 @@ class PipelineTrainStep(DataParallelTrainStep):
         """The rank's slots of the schedule over the iteration's micro-batches (the first that many the observer
         runs: all in a live run), each loss divided by `accumulation_steps`; the loss, still on the device."""
         state, reducer, observer = self.state, self.zero.reducer, self.observer
+        # with context parallelism each stage's micro-batch is its CP rank's chunks, and so are its sends
         group = self.settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
         micro_batches = observer.pipeline_micro_batches(accumulation_steps, state.pipeline_parallel_size,
                                                         state.pipeline_parallel_rank, self.chunks, group)
-        batches = [split_micro_batch(next(self.train_batches), state.device, self.documents)
+        batches = [split_micro_batch(next(self.train_batches), state.device, self.documents, state)
                    for _ in range(micro_batches)]
         slots = schedule(micro_batches, state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks, group)
         observer.schedule(slots)
@@ -123,7 +124,8 @@ class PipelineTrainStep(DataParallelTrainStep):
                                              masks) / accumulation_steps
                 output = self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
             elif self._ends_model(slot):
-                return self.model.chunk_forward(slot.chunk, chunk_input, labels).float().mean() / accumulation_steps
+                return mean_token_loss(self.model.chunk_forward(slot.chunk, chunk_input, labels), self.state) \
+                    / accumulation_steps
             else:
                 output = self.model.chunk_forward(slot.chunk, chunk_input)
         self.p2p.send(output, self.state.stage_rank(self._virtual_stage(slot) + 1), ACTIVATION)

@@ -53,6 +53,9 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
              f"DP {state.data_parallel_size}")
     if config.parallel.sequence_parallel and state.tensor_parallel_size == 1:
         words += " (--sequence-parallel has nothing to split at TP 1, as in Megatron-LM)"
+    if state.context_parallel_size > 1:  # only then: the line of every other run stays as it was
+        words += (f", CP {state.context_parallel_size} ({config.model.cp_comm_type}; gradients averaged and ZeRO's "
+                  f"partition cut over DP x CP = {state.data_context_parallel_size})")
     instances = state.optimizer_instances.count
     if instances > 1:
         words += (f"; {instances} distributed optimizer instances, each sharding the optimizer state over "

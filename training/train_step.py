@@ -26,7 +26,7 @@ from arguments.schedule import tokens_seen_by_schedule
 from data.documents import DocumentMasking, masked_token_mean
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
-from training.evaluation import average_over_data_parallel, split_micro_batch
+from training.evaluation import average_over_data_parallel, mean_token_loss, split_micro_batch
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
@@ -181,7 +181,7 @@ class DataParallelTrainStep:
         iteration_loss = torch.zeros((), device=device)
         for micro_batch in observer.micro_batches(accumulation_steps):
             observer.micro_batch_start(micro_batch)
-            inputs, labels, masks = split_micro_batch(next(self.train_batches), device, self.documents)
+            inputs, labels, masks = split_micro_batch(next(self.train_batches), device, self.documents, self.state)
             last = micro_batch == accumulation_steps - 1
             with contextlib.nullcontext() if last else reducer.no_sync():
                 # No autocast in 16-bit training: the parameters are bf16/fp16 themselves, so every matmul
@@ -190,10 +190,12 @@ class DataParallelTrainStep:
                 # Autocast would only add fp32 copies of each LayerNorm's input and output, rounded back
                 # to 16 bits before the next matmul: without them an eager 1.5B iteration on an H100 is
                 # 8% faster with 1.3 GiB less memory (benchmark_gpu.py --impls ours,ours-autocast).
+                # With context parallelism this rank's share of the sequence's mean (mean_token_loss); the reducer
+                # averages the gradients over DP x CP, which makes them the whole sequence's.
                 with observer.phase("forward"), \
                         activations.measuring() if measure_activations else contextlib.nullcontext():
                     if masks is None:
-                        loss = self.model(inputs, labels).float().mean() / accumulation_steps
+                        loss = mean_token_loss(self.model(inputs, labels), self.state) / accumulation_steps
                     else:
                         loss = masked_token_mean(self.model(inputs, labels, masks), masks) / accumulation_steps
                 with observer.phase("backward"):

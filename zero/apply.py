@@ -115,8 +115,9 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         alone = {id(param) for param in own_units}
         unit_params = bucket_params([p for p in params if id(p) not in alone], zero_config.reduce_bucket_size)
         unit_params += [[param] for param in own_units]
-    # The partition is cut over the DP group, or with several optimizer instances over this rank's instance
-    # and replicated across them (parallel/state.py, OptimizerInstances).
+    # The partition is cut over the DP group (DP x CP with context parallelism, as Megatron's distributed
+    # optimizer over "dp-cp"; gradients are averaged over the same ranks), or with several optimizer instances
+    # over this rank's instance and replicated across them (parallel/state.py, OptimizerInstances).
     partition_group = state.partition_group if stage >= 1 else None
     parts, part = (state.partition_size, state.partition_rank) if stage >= 1 else (1, 0)
     replica_group = state.partition_replica_group if stage >= 1 else None
@@ -156,12 +157,14 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         accumulated = host_fp32 if host_fp32 is None or grad_dtype == torch.float32 else \
             host_zeros(layout.partition_numel, offload.pins, host, grad_dtype)
         reducer = PartitionedGradients(layout, grad_dtype, state.comm, partition_group,
-                                       gradient_divisor or state.data_parallel_size, scatter, zero_config.overlap_comm, device,
-                                       accumulated, host_fp32, replica_group=replica_group)
+                                       gradient_divisor or state.data_context_parallel_size, scatter,
+                                       zero_config.overlap_comm, device, accumulated, host_fp32,
+                                       replica_group=replica_group)
     else:
         reducer = FullGradients(layout, param_dtype, grad_dtype, state.comm,
-                                partition_group if stage >= 1 else state.data_parallel_group,
-                                gradient_divisor or state.data_parallel_size, scatter, zero_config.overlap_comm, device, host_fp32,
+                                partition_group if stage >= 1 else state.data_context_parallel_group,
+                                gradient_divisor or state.data_context_parallel_size, scatter, zero_config.overlap_comm,
+                                device, host_fp32,
                                 replica_group=replica_group)
     reducer.attach()
     if isinstance(storage, ShardedParameters):

@@ -149,5 +149,5 @@ def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, sta
     bound_dense = {id(param) for param in model.parameters() if param.requires_grad} - expert_ids
     experts = _build_part(model, lambda param: id(param) not in bound_dense, zero_config, optimizer_config,
                           expert_data_parallel_state(state), loss_scaler=scaler,
-                          gradient_divisor=state.data_parallel_size, **kwargs)
+                          gradient_divisor=state.data_context_parallel_size, **kwargs)
     return ExpertZeroParts(dense, experts, state)

@@ -175,7 +175,15 @@ def _megatron_value(action: argparse.Action, harvested_flags: dict, generation: 
     if generation and action.dest not in GENERATION_DEFAULT_NOT_TAKEN:
         stated = _stated(generation, action.option_strings, harvested_flags)
     found, theirs = stated if stated is not None else megatron_default(action.option_strings[0], harvested_flags)
-    return found and theirs is not None and theirs != "", theirs
+    return found and theirs is not None and theirs != "", one_value(action, theirs)
+
+
+def one_value(action: argparse.Action, theirs: Any) -> Any:
+    """Megatron's nargs "+" default of one value (--cp-comm-type's ['p2p'], one per layer there) is that value for
+    a setting of ours that holds one."""
+    if isinstance(theirs, list) and len(theirs) == 1 and action.nargs is None:
+        return theirs[0]
+    return theirs
 
 
 def _warmup_aware(generation: Optional[str], dest: str, given: Iterable[str]) -> Optional[str]:

@@ -173,10 +173,11 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --use-ring-exchange-p2p --no-scatter-gather-tensors-in-pipeline
         --pipeline-model-parallel-comm-backend --delta-offload-bytes-across-pp-ranks
         --inference-batch-times-seqlen-threshold""")),
-    ("context parallelism's knob: it is off here (--context-parallel-size 1), so it has no effect", _names("""
-        --cp-comm-type --hierarchical-context-parallel-sizes --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
-    ("DeepSpeed sequence parallelism's knob: it is off here (--ds-sequence-parallel-size 1; forced at size 1 it "
-     "computes the same attention), so it has no effect", _names("""
+    ("context parallelism's knob for what is not built here (hierarchical a2a+p2p groups, hybrid or packed-sequence "
+     "CP): without it the ring or all-gather over --context-parallel-size runs as Megatron's default", _names("""
+        --hierarchical-context-parallel-sizes --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
+    ("DeepSpeed sequence parallelism's knob: forced at size 1 it computes the same attention, and FPDT (Ulysses "
+     "in chunks, offloaded) the same attention as the all-to-all of --ds-sequence-parallel-size here", _names("""
         --force-ds-sequence-parallel --ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size
         --ds-sequence-parallel-fpdt-offloading""")),
     ("a mixture-of-experts implementation or logging choice: the experts run as one grouped matmul where torch has "
@@ -468,10 +469,6 @@ def is_deepspeed_moe_launch(num_experts: Optional[int], generation: Optional[str
 def _without_moe(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
     """A MoE knob that is not implemented changes nothing on a dense model and is refused with experts."""
     return settings is None or (settings.get("num_experts") or 1) <= 1
-NO_SEQUENCE_PARALLEL = ("DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a sequence-parallel "
-                        "group) is not implemented; Megatron's --sequence-parallel splits the sequence over the "
-                        "tensor-parallel ranks, and --checkpoint-activations --partition-activations (ZeRO-R's P_a) "
-                        "splits the checkpointed activations")
 DENSE = "one expert is the dense model; the MoE loss coefficients then have no effect"
 
 MODELOPT = ("ModelOpt's quantized export is not implemented (Megatron-LM's megatron/post_training): use the default, "
@@ -506,16 +503,11 @@ AT_VALUE: dict[str, AtValue] = {
     "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
     "--expert-tensor-parallel-size": AtValue(_equals(1, None), "expert tensor parallelism over 1 rank is none",
                                              "not implemented: experts are not tensor-parallel here; use 1"),
-    "--ds-sequence-parallel-size": AtValue(_equals(1), "sequence parallelism over 1 rank is none",
-                                           NO_SEQUENCE_PARALLEL),
     # megatron/core/models/common/embeddings/rotary_pos_embedding.py: `seq *= 1 / seq_len_interpolation_factor`
     "--rotary-seq-len-interpolation-factor": AtValue(
         _equals(1), "a factor of 1 leaves the rotary positions as they are",
         "not implemented: rotary positions here are not interpolated (Megatron-Core divides each position by the "
         "factor); use 1 or drop the flag"),
-    "--context-parallel-size": AtValue(_equals(1), "context parallelism over 1 rank is none",
-                                       "context parallelism is not implemented: use --checkpoint-activations "
-                                       "--partition-activations for long sequences"),
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""

@@ -212,6 +212,9 @@ MEANINGS: list[Meaning] = [
     Meaning(("--no-weight-decay-cond-type",), "no_weight_decay_cond_type", "Megatron-LM (deprecated)",
             {"choices": ("apply_wd_to_qk_layernorm",)},
             "apply_wd_to_qk_layernorm: --apply-wd-to-qk-layernorm (validate_args turns it into that flag)"),
+    Meaning(("--ds-sequence-parallel-size",), "ds_sequence_parallel_size", "Megatron-DeepSpeed", {"type": int},
+            "DeepSpeed-Ulysses over N ranks: --context-parallel-size N --cp-comm-type a2a (the all-to-all that "
+            "turns the sequence split into a head split around attention; gradients average over DP x N)"),
     Meaning(("--pipe-parallel-size",), "pipe_parallel_size", "DeepSpeedExamples' Megatron 3D", {"type": int},
             "DeepSpeed's pipeline engine stages: N > 0 is --pipeline-model-parallel-size N (the same even split of "
             "the transformer layers), 0 (no engine) one stage"),
@@ -268,6 +271,8 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
         resolved.changes[setting] = (value, Source(FLAG, option_used(dest) or dest, note=why))
 
     accepted = [(option_used(dest), NO_EFFECT_FLAGS[dest]) for dest in NO_EFFECT_FLAGS if dest in given]
+    if given.get("ds_sequence_parallel_size") == 1:
+        accepted.append(("--ds-sequence-parallel-size 1", "sequence parallelism over 1 rank is none"))
     harvested_accepted, resolved.refused = resolve_harvested(harvested or {}, settings)
     accepted += harvested_accepted
     if accepted:
@@ -304,6 +309,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     _resolve_main_grads_dtype(given, settings, sources, change, resolved)
     _resolve_query_groups(given, settings, option_used, change, resolved)
     _resolve_pipe_parallel_size(given, settings, sources, change, resolved)
+    _resolve_ulysses(given, settings, sources, change, resolved)
     _resolve_positions(given, settings, change)
     if resolved.refused:
         raise RefusedFlags(resolved)
@@ -474,6 +480,31 @@ def _resolve_pipe_parallel_size(given: dict[str, Any], settings: dict[str, Any],
                "DeepSpeed's pipeline engine stages (PipelineModule, partition_method 'type:transformer': the "
                "transformer layers split evenly, as Megatron's stages)" if stages > 1
                else "no DeepSpeed pipeline engine: one stage")
+
+
+def _resolve_ulysses(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
+                     change: Callable, resolved: Resolved) -> None:
+    """Megatron-DeepSpeed's --ds-sequence-parallel-size N (megatron/arguments.py: data-parallel size = world /
+    (PP x TP x N); megatron/model/transformer.py wraps attention in DeepSpeed's DistributedAttention) is
+    Megatron-Core's --context-parallel-size N --cp-comm-type a2a here: the same all-to-all over the same DP-sized
+    grid of sequence ranks. A contradicting --context-parallel-size or --cp-comm-type is refused."""
+    size = given.get("ds_sequence_parallel_size")
+    if size is None or size == 1:
+        return
+    if size < 1:
+        resolved.refused.append(f"--ds-sequence-parallel-size {size}: the sequence-parallel size is at least 1")
+        return
+    if sources["context_parallel_size"].kind in (FLAG, JSON) and settings["context_parallel_size"] not in (1, size):
+        resolved.refused.append(f"--ds-sequence-parallel-size {size} contradicts --context-parallel-size "
+                                f"{settings['context_parallel_size']}: both split the sequence; keep one")
+        return
+    if sources["cp_comm_type"].kind in (FLAG, JSON) and settings["cp_comm_type"] != "a2a":
+        resolved.refused.append(f"--ds-sequence-parallel-size {size} is DeepSpeed-Ulysses' all-to-all; it "
+                                f"contradicts --cp-comm-type {settings['cp_comm_type']}: drop one")
+        return
+    change("context_parallel_size", size, "ds_sequence_parallel_size",
+           "DeepSpeed-Ulysses' sequence-parallel ranks are context-parallel ranks here")
+    change("cp_comm_type", "a2a", "ds_sequence_parallel_size", "DeepSpeed-Ulysses' all-to-all around attention")
 
 
 def _resolve_positions(given: dict[str, Any], settings: dict[str, Any], change: Callable) -> None:

@@ -70,14 +70,13 @@ def test_selective_recompute_and_no_effect_flags_are_said_once():
 def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alternative():
     with pytest.raises(ConfigError) as error:
         parse_config(["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-split-rank", "1",
-                      "--ds-sequence-parallel-size", "2", "--recompute-method", "block"])
+                      "--mtp-num-layers", "1", "--recompute-method", "block"])
     message = str(error.value)
     assert "\n" not in message
     assert "--pipeline-model-parallel-split-rank 1: a pipeline split or schedule not implemented: with " \
            "--pipeline-model-parallel-size > 1 the layers split evenly" in message
-    # Megatron's --sequence-parallel exists (tests/parallel/test_sequence_parallel.py); DeepSpeed-Ulysses' does not.
-    assert "--ds-sequence-parallel-size 2: DeepSpeed-Ulysses sequence parallelism (attention's all-to-all over a " \
-           "sequence-parallel group) is not implemented; Megatron's --sequence-parallel" in message
+    assert "--mtp-num-layers 1: multi-token prediction is not implemented: the loss is next-token prediction" \
+           in message
     assert "--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not " \
            "implemented; use --recompute-method uniform" in message
     with pytest.raises(ConfigError, match="--use-distributed-optimizer .ZeRO stage 1. contradicts ZeRO stage 0"):

@@ -25,6 +25,7 @@ from arguments.megatron.defaults import (
     WARMUP_SETTINGS,
     as_typed,
     megatron_default,
+    one_value,
 )
 from arguments.megatron.harvested_flags import harvested
 from arguments.parser import build_parser, parse_arguments
@@ -76,6 +77,7 @@ def _left_out_against_megatron(parsed) -> list[str]:
         if not found or theirs is None or theirs == "":
             continue
         ours = values[action.dest]
+        theirs = one_value(action, theirs)  # --cp-comm-type's ['p2p'] (a type per layer there) is p2p
         if isinstance(theirs, str) and action.type is not None:
             theirs = as_typed(action, theirs)  # their spelling of our value (Megatron-DeepSpeed's layernorm)
         same = (str(ours).replace(" ", "") == str(theirs).replace(" ", "")) if isinstance(theirs, str) \

@@ -22,8 +22,10 @@ def test_ring_volumes():
     assert ring_bytes_sent("broadcast", 1200, 8, is_source=False) == 0
     assert all(ring_bytes_sent(kind, 1200, 1) == 0
                for kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))
+    # DeepSpeed-Ulysses' all-to-all (context parallelism's a2a): all but the rank's own 1/N leaves it
+    assert ring_bytes_sent("all_to_all", 1200, 4) == 900
     with pytest.raises(ValueError, match="unknown collective"):
-        ring_bytes_sent("all_to_all", 1200, 4)
+        ring_bytes_sent("all_to_all_v", 1200, 4)
 
 
 def test_stats_snapshot_is_per_iteration_and_shaped_per_group():

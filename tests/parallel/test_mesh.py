@@ -17,10 +17,10 @@ def test_world_8_tp_2_keeps_todays_layout_with_a_pipeline_of_one():
     for rank in range(8):
         state = virtual_state(8, tensor_parallel_size=2, rank=rank)
         dims = state.dims
-        assert [dim.name for dim in dims.dims] == ["pp", "dp", "tp"] == list(MESH_DIM_NAMES)
-        assert dims.sizes == {"pp": 1, "dp": 4, "tp": 2}
+        assert [dim.name for dim in dims.dims] == ["pp", "dp", "cp", "tp"] == list(MESH_DIM_NAMES)
+        assert dims.sizes == {"pp": 1, "dp": 4, "cp": 1, "tp": 2}
         # Today's layout: TP ranks adjacent (rank % TP), DP strided (rank // TP); every rank is stage 0.
-        assert dims.coordinates == {"pp": 0, "dp": rank // 2, "tp": rank % 2}
+        assert dims.coordinates == {"pp": 0, "dp": rank // 2, "cp": 0, "tp": rank % 2}
         assert dims.group_ranks("tp") == [rank - rank % 2, rank - rank % 2 + 1]
         assert dims.group_ranks("dp") == [rank % 2 + 2 * i for i in range(4)]
         assert dims.group_ranks("pp") == [rank]
@@ -38,14 +38,14 @@ def test_rank_order_with_a_pipeline_dimension():
     # PP outermost: world 8 = PP 2 x DP 2 x TP 2, rank = (pp x DP + dp) x TP + tp.
     for rank in range(8):
         dims = ParallelDims.of_rank(rank, {"pp": 2, "dp": 2, "tp": 2})
-        assert dims.coordinates == {"pp": rank // 4, "dp": rank // 2 % 2, "tp": rank % 2}
+        assert dims.coordinates == {"pp": rank // 4, "dp": rank // 2 % 2, "cp": 0, "tp": rank % 2}
         assert dims.rank == rank and dims.world_size == 8
     assert ParallelDims.of_rank(5, {"pp": 2, "dp": 2, "tp": 2}).group_ranks("pp") == [1, 5]
 
 
 def test_the_state_is_read_only_and_one_process_by_default():
     state = ParallelState(device=torch.device("cpu"))
-    assert state.dims.sizes == {"pp": 1, "dp": 1, "tp": 1} and state.rank == 0 and state.world_size == 1
+    assert state.dims.sizes == {"pp": 1, "dp": 1, "cp": 1, "tp": 1} and state.rank == 0 and state.world_size == 1
     with pytest.raises(AttributeError):
         state.tensor_parallel_size = 2
 
@@ -58,3 +58,18 @@ def test_the_state_is_read_only_and_one_process_by_default():
 def test_a_bad_mesh_is_refused(rank, sizes, words):
     with pytest.raises(ValueError, match=words):
         ParallelDims.of_rank(rank, sizes)
+
+
+def test_context_parallel_sits_between_tp_and_dp_as_megatrons_order():
+    """Megatron-Core's RankGenerator order "tp-cp-ep-dp-pp" (megatron/core/parallel_state.py): at world 8,
+    TP 2 x CP 2, the CP groups stride by TP, the DP groups by TP x CP; gradients and ZeRO's partition span
+    Megatron's "dp-cp" group, the DP x CP ranks at this (pp, tp), in rank order."""
+    for rank in range(8):
+        state = virtual_state(8, tensor_parallel_size=2, rank=rank, context_parallel_size=2)
+        dims = state.dims
+        assert dims.coordinates == {"pp": 0, "dp": rank // 4, "cp": rank // 2 % 2, "tp": rank % 2}
+        assert dims.group_ranks("cp") == [rank % 2 + 4 * (rank // 4), rank % 2 + 4 * (rank // 4) + 2]
+        assert dims.group_ranks("dp") == [rank % 4, rank % 4 + 4]
+        assert (state.context_parallel_size, state.data_parallel_size) == (2, 2)
+        assert (state.partition_size, state.partition_rank) == (4, (rank // 4) * 2 + rank // 2 % 2)
+        assert state.partition_group.size() == 4

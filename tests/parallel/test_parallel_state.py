@@ -116,7 +116,7 @@ def _grid_worker(rank, world_size):
     assert state.mesh.mesh.tolist() == [[0, 1], [2, 3]]
     assert state.mesh.mesh_dim_names == ("dp", "tp")
     # The named mesh over the same groups, with a pipeline of one (parallel/mesh.py).
-    assert state.dims.sizes == {"pp": 1, "dp": 2, "tp": 2} and state.pipeline_parallel_group is None
+    assert state.dims.sizes == {"pp": 1, "dp": 2, "cp": 1, "tp": 2} and state.pipeline_parallel_group is None
     assert state.dims["tp"].group is state.mesh.get_group("tp") and state.dims["dp"].group is state.mesh.get_group("dp")
     # Which ranks share a group is read from the groups themselves: the sum of ranks over each.
     tp_sum = torch.tensor([rank])

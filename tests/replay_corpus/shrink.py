@@ -12,7 +12,8 @@ What changes, and only this:
   --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
   first or last stage (--decoder-first/last-pipeline-num-layers) one layer;
 - parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
-  layers), then a tensor-parallel size above what the stages leave of the 2 ranks becomes that (1 where
+  layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size) above what the
+  stages leave of the 2 ranks becomes that, then a tensor-parallel size above what is left becomes that (1 where
   --num-distributed-optimizer-instances needs data-parallel ranks to cut into instances; the instances then at
   most the data-parallel size); an interleaved schedule's micro-batch group as far above the stages as it was;
 - batch sizes, the same way on both sides: every micro-batch number (the flags' --micro-batch-size or
@@ -60,6 +61,7 @@ TINY = {"--num-layers": 2, "--hidden-size": 32, "--num-attention-heads": 2, "--s
 
 TENSOR_PARALLEL = ("--tensor-model-parallel-size", "--model-parallel-size")
 PIPELINE_PARALLEL = ("--pipeline-model-parallel-size", "--pipe-parallel-size")
+CONTEXT_PARALLEL = ("--context-parallel-size", "--ds-sequence-parallel-size")
 MICRO_BATCH = ("--micro-batch-size", "--batch-size")
 ACCUMULATION = ("--gradient-accumulation-steps", "--num-microbatches-in-minibatch", "--gas")
 JSON_CONFIG = ("--deepspeed_config", "--deepspeed-config")
@@ -80,7 +82,7 @@ CHANGED_FLAGS = frozenset({
     "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--num-distributed-optimizer-instances",
     "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to",
-    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *MICRO_BATCH,
+    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--step-batch-size-schedule", "--train-iters",
     "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
@@ -176,13 +178,15 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     # Parallel sizes: the original grid, and the one on 2 ranks.
     tp = first(scalar, TENSOR_PARALLEL, 1)
     pp = first(scalar, PIPELINE_PARALLEL, 1)
-    dp = max(1, launch.world_size // (tp * pp))
+    cp = first(scalar, CONTEXT_PARALLEL, 1)
+    dp = max(1, launch.world_size // (tp * pp * cp))
     new_pp = min(pp, WORLD_SIZE)
-    new_tp = min(tp, WORLD_SIZE // new_pp)
+    new_cp = min(cp, WORLD_SIZE // new_pp)
+    new_tp = min(tp, WORLD_SIZE // (new_pp * new_cp))
     instances = scalar.get("--num-distributed-optimizer-instances", 1)
-    if instances > 1 and WORLD_SIZE // (new_tp * new_pp) < 2:
-        new_tp = 1  # the data-parallel ranks must hold several optimizer instances, as they did
-    new_dp = max(1, WORLD_SIZE // (new_tp * new_pp))
+    if instances > 1 and WORLD_SIZE // (new_tp * new_pp * new_cp) < 2:
+        new_tp = new_cp = 1  # the data-parallel ranks must hold several optimizer instances, as they did
+    new_dp = max(1, WORLD_SIZE // (new_tp * new_pp * new_cp))
     new_instances = max(1, min(instances, new_dp))
     # Interleaved stages keep their number of model chunks per stage, one layer each; an uneven first or last
     # stage keeps one layer.
@@ -292,6 +296,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str(new_tp)]
         elif flag in PIPELINE_PARALLEL:
             new = [str(new_pp)]
+        elif flag in CONTEXT_PARALLEL:
+            new = [str(new_cp)]
         elif flag in MICRO_BATCH:
             new = [str(micro_map[value])]
         elif flag == "--global-batch-size":

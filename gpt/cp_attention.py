@@ -1,0 +1,266 @@
+"""Causal attention over the whole sequence when each CP rank holds two chunks of it (parallel/context_parallel.py):
+Megatron-LM's --context-parallel-size with --cp-comm-type all_gather or p2p.
+
+Each rank's queries are its own tokens; the keys and values of every token are needed, and a query at global
+position i attends to the keys at global positions <= i. Two ways to bring the keys and values (and a third,
+`a2a`, DeepSpeed-Ulysses, that moves heads instead: `all_to_all_attention`), as
+Megatron-Core's TransformerEngine attention offers (transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py: AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P):
+
+- `all_gather`: every rank's K and V gathered once; the local queries attend to them under the mask
+  "key position <= query position" (one SDPA call). Backward: the K/V gradients reduce-scattered back.
+- `p2p`: the ring. K and V (one message) travel round the CP group in CP - 1 steps; at each step the local
+  queries attend to the block at hand, and the partial results merge by the log-sum-exp rule:
+      lse = logaddexp(lse_a, lse_b),  out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)
+  Its backward is its own (`_RingAttention`, as TransformerEngine's AttnFuncWithCPAndKVP2P.backward): it keeps
+  only q, this rank's k and v, the output and the log-sum-exp, passes K/V round the ring again, recomputes
+  each block's probabilities exp(s - lse), adds the block's dq here and sends the block's dk/dv accumulator
+  on with it, and after the last step one more shift hands each accumulator to its owner. So a rank holds one
+  block's K/V and scores at a time in both passes (with attention dropout, whose masks this backward cannot
+  replay, autograd runs through the ring instead and keeps every block until backward).
+
+With the load-balanced chunks the ring's blocks other than a rank's own are half visible and unmasked
+(`_block_plan`), so its own backward computes only those halves, as TransformerEngine does. The blocks' scores
+are computed explicitly in fp32 (no fused kernel per block), a transient of [batch, heads, s/CP, s/CP] at most.
+The dropout ring computes every block whole under a mask (rows with no visible key get a log-sum-exp of about
+-1e30 and weigh exactly 0 in the merge): the same math at up to twice the FLOPs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift, shift
+from parallel.state import ParallelState
+
+MASKED = -1.0e30  # a finite "minus infinity": a row with no visible key keeps finite gradients (zero weight)
+
+
+def group_positions(local_length: int, state: ParallelState, device: torch.device) -> torch.Tensor:
+    """The global positions of the CP group's tokens in CP-rank order (as all_gather_sequence concatenates)."""
+    size = state.context_parallel_size
+    return torch.cat([local_positions(local_length, size, rank, device) for rank in range(size)])
+
+
+def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                         dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+    """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position."""
+    local = query.shape[2]
+    keys = all_gather_sequence(key, state, dim=2)
+    values = all_gather_sequence(value, state, dim=2)
+    query_positions = local_positions(local, state.context_parallel_size, state.context_parallel_rank, query.device)
+    visible = group_positions(local, state, query.device)[None, :] <= query_positions[:, None]
+    grouped = {"enable_gqa": True} if enable_gqa else {}
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout_p, **grouped)
+
+
+def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: Optional[torch.Tensor],
+                    dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of the queries over one block of keys, in fp32: (output [b, h, s, d], its log-sum-exp
+    [b, h, s]); a row that sees no key of the block gets a log-sum-exp of about -1e30. `visible` None: every key."""
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * scale
+    if visible is not None:
+        scores = scores.masked_fill(~visible, MASKED)
+    lse = torch.logsumexp(scores, dim=-1)
+    probabilities = torch.exp(scores - lse.unsqueeze(-1))
+    if dropout_p > 0.0:
+        # dropout on the final probabilities: each block's are its share exp(lse_b - lse) of them, scaled after
+        probabilities = F.dropout(probabilities, dropout_p)
+    return torch.matmul(probabilities, value.float()), lse
+
+
+def merge_partial(output: torch.Tensor, lse: torch.Tensor, block_output: torch.Tensor,
+                  block_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two partial softmax results over disjoint keys, as one (the log-sum-exp rule)."""
+    merged = torch.logaddexp(lse, block_lse)
+    return (output * torch.exp(lse - merged).unsqueeze(-1)
+            + block_output * torch.exp(block_lse - merged).unsqueeze(-1)), merged
+
+
+def _visible(local: int, state: ParallelState, source: int, device: torch.device) -> torch.Tensor:
+    """[local, local]: which of CP rank `source`'s keys each of this rank's queries sees (key position <= its own)."""
+    size, rank = state.context_parallel_size, state.context_parallel_rank
+    return local_positions(local, size, source, device)[None, :] <= local_positions(local, size, rank, device)[:, None]
+
+
+def _block_plan(local: int, state: ParallelState, source: int,
+                device: torch.device) -> tuple[slice, slice, Optional[torch.Tensor]]:
+    """Which of this rank's queries (rows) attend to which of CP rank `source`'s keys, and the mask among them:
+    with the load-balanced chunks every block but the rank's own is half of it, unmasked (TransformerEngine's
+    AttnFuncWithCPAndKVP2P splits the same way). Rank r holds chunks (r, 2CP-1-r), source c holds (c, 2CP-1-c):
+      c == r: all queries, all keys, causal in local order (the positions increase along it);
+      c <  r: all queries see chunk c whole and nothing of chunk 2CP-1-c (later than 2CP-1-r);
+      c >  r: chunk r sees nothing of c's (both later), chunk 2CP-1-r sees both whole."""
+    half, every = local // 2, slice(None)
+    if source == state.context_parallel_rank:
+        return every, every, _visible(local, state, source, device)
+    if source < state.context_parallel_rank:
+        return every, slice(0, half), None
+    return slice(half, None), every, None
+
+
+def _per_query_head(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value heads [b, groups, s, d] as one per query head (query head i reads group i // (heads / groups))."""
+    return tensor if tensor.shape[1] == heads else tensor.repeat_interleave(heads // tensor.shape[1], dim=1)
+
+
+def _per_group(grad: torch.Tensor, groups: int) -> torch.Tensor:
+    """The gradient of `_per_query_head`: each group's copies summed."""
+    batch, heads, seq, dim = grad.shape
+    return grad if heads == groups else grad.view(batch, groups, heads // groups, seq, dim).sum(2)
+
+
+class _RingAttention(torch.autograd.Function):
+    """The ring's forward and its own backward (see the module): no dropout. K/V travel at their own head count
+    (grouped-query: heads / groups times fewer bytes than copies per query head) and are copied per query head
+    only for each block's arithmetic, as TransformerEngine passes them; each block but the rank's own computes
+    only its visible half (`_block_plan`), so the ring costs the FLOPs of causal attention."""
+
+    @staticmethod
+    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState):
+        size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
+                                    query.shape[1])
+        key_value = torch.stack((key, value))
+        output = lse = None
+        for step in range(size):
+            if step > 0:
+                key_value = shift(key_value, state, 1, tag=81)
+            rows, keys, visible = _block_plan(local, state, (rank - step) % size, query.device)
+            block_output, block_lse = block_attention(query[:, :, rows], _per_query_head(key_value[0][:, :, keys], heads),
+                                                      _per_query_head(key_value[1][:, :, keys], heads), visible)
+            if output is None:  # step 0: the rank's own block, every row
+                output, lse = block_output, block_lse
+            else:
+                output[:, :, rows], lse[:, :, rows] = merge_partial(output[:, :, rows], lse[:, :, rows],
+                                                                    block_output, block_lse)
+        ctx.state = state
+        ctx.save_for_backward(query, key, value, output, lse)
+        return output.to(query.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        query, key, value, output, lse = ctx.saved_tensors
+        state = ctx.state
+        size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
+                                    query.shape[1])
+        groups = key.shape[1]
+        scale = 1.0 / math.sqrt(query.shape[-1])
+        grad_output, query32 = grad_output.float(), query.float()
+        delta = (grad_output * output).sum(-1, keepdim=True)  # FlashAttention's D = rowsum(dO * O)
+        grad_query = torch.zeros_like(query32)
+        key_value = torch.stack((key, value))
+        grad_key_value = torch.zeros(key_value.shape, dtype=torch.float32, device=key_value.device)
+        for step in range(size):
+            if step > 0:
+                key_value = shift(key_value, state, 1, tag=82)
+                grad_key_value = shift(grad_key_value, state, 1, tag=83)
+            rows, keys, visible = _block_plan(local, state, (rank - step) % size, query.device)
+            block_key, block_value = (_per_query_head(part[:, :, keys], heads).float() for part in key_value)
+            block_query, block_grad = query32[:, :, rows], grad_output[:, :, rows]
+            scores = torch.matmul(block_query, block_key.transpose(-2, -1)) * scale
+            if visible is not None:
+                scores = scores.masked_fill(~visible, MASKED)
+            # this block's share of the final softmax
+            probabilities = torch.exp(scores - lse[:, :, rows].unsqueeze(-1))
+            grad_scores = probabilities * (torch.matmul(block_grad, block_value.transpose(-2, -1))
+                                           - delta[:, :, rows])
+            grad_query[:, :, rows] += torch.matmul(grad_scores, block_key) * scale
+            grad_key_value[0][:, :, keys] += _per_group(
+                torch.matmul(grad_scores.transpose(-2, -1), block_query) * scale, groups)
+            grad_key_value[1][:, :, keys] += _per_group(torch.matmul(probabilities.transpose(-2, -1), block_grad),
+                                                        groups)
+        if size > 1:  # the block held now is rank + 1's: its accumulated gradient goes home
+            grad_key_value = shift(grad_key_value, state, 1, tag=84)
+        return (grad_query.to(query.dtype), grad_key_value[0].to(key.dtype), grad_key_value[1].to(value.dtype),
+                None)
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                   dropout_p: float = 0.0) -> torch.Tensor:
+    """[batch, heads, local seq, d] queries against every CP rank's K/V, passed round the ring (see the module);
+    key and value may hold one head per group of query heads (grouped-query)."""
+    if dropout_p == 0.0:
+        return _RingAttention.apply(query, key, value, state)
+    heads = query.shape[1]
+    return ring_attention_through_autograd(query, _per_query_head(key, heads), _per_query_head(value, heads), state,
+                                           dropout_p)
+
+
+def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                    state: ParallelState, dropout_p: float = 0.0) -> torch.Tensor:
+    """The ring with autograd through its shifts (each shift's backward sends the gradient back): what runs with
+    attention dropout, whose masks autograd keeps; every block's K/V stays alive until backward."""
+    size, rank = state.context_parallel_size, state.context_parallel_rank
+    local = query.shape[2]
+    query_positions = local_positions(local, size, rank, query.device)
+    key_value = torch.stack((key, value))  # one message a step
+    output = lse = None
+    for step in range(size):
+        if step > 0:
+            key_value = ring_shift(key_value, state)
+        source = (rank - step) % size  # whose chunks arrived at this step
+        visible = local_positions(local, size, source, query.device)[None, :] <= query_positions[:, None]
+        block_output, block_lse = block_attention(query, key_value[0], key_value[1], visible, dropout_p)
+        if output is None:
+            output, lse = block_output, block_lse
+        else:
+            output, lse = merge_partial(output, lse, block_output, block_lse)
+    return output.to(query.dtype)
+
+
+def sequence_to_heads(tensor: torch.Tensor, state: ParallelState, order: torch.Tensor) -> torch.Tensor:
+    """[b, H, local seq, d] on each CP rank -> [b, H / CP, whole seq, d] in global order: CP rank j gets head
+    group j of every rank's tokens (an all-to-all), put in sequence order (`order`: CP-rank order -> global)."""
+    size = state.context_parallel_size
+    batch, heads, local, dim = tensor.shape
+    rows = tensor.reshape(batch, size, heads // size, local, dim).movedim(1, 0)  # [CP (head group), b, H/CP, s, d]
+    arrived = all_to_all(rows, state)  # [CP (source rank), b, H/CP, s, d]
+    whole = arrived.movedim(0, 2).reshape(batch, heads // size, size * local, dim)  # CP-rank order
+    return whole.index_select(2, order)
+
+
+def heads_to_sequence(tensor: torch.Tensor, state: ParallelState, positions: torch.Tensor) -> torch.Tensor:
+    """The inverse of `sequence_to_heads` (`positions`: each CP-rank-order token's global position)."""
+    size = state.context_parallel_size
+    batch, group_heads, whole, dim = tensor.shape
+    local = whole // size
+    rows = tensor.index_select(2, positions).reshape(batch, group_heads, size, local, dim).movedim(2, 0)
+    arrived = all_to_all(rows, state)  # [CP (head group), b, H/CP, s, d]
+    return arrived.movedim(0, 1).reshape(batch, size * group_heads, local, dim)
+
+
+def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                         dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+    """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
+    one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
+    split, each rank attends over the whole sequence with H / CP heads (plain causal attention), and the
+    all-to-all back turns it into the sequence split again. The heads must divide by CP (DeepSpeed asserts it
+    too); key/value heads that do not are copied per query head first."""
+    size = state.context_parallel_size
+    if key.shape[1] % size:  # grouped-query with fewer key/value heads than ranks: one copy per query head
+        per_group = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
+        enable_gqa = False
+    positions = group_positions(query.shape[2], state, query.device)
+    order = torch.argsort(positions)
+    query, key, value = (sequence_to_heads(t, state, order) for t in (query, key, value))
+    grouped = {"enable_gqa": True} if enable_gqa and key.shape[1] != query.shape[1] else {}
+    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True, **grouped)
+    return heads_to_sequence(context, state, positions)
+
+
+def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                               comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+    """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`."""
+    if comm_type == "all_gather":
+        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa)
+    if comm_type == "p2p":
+        return ring_attention(query, key, value, state, dropout_p)
+    if comm_type == "a2a":
+        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa)
+    raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather or a2a")

@@ -1,0 +1,175 @@
+"""Context parallelism's data layout and its communication: which tokens a CP rank holds, and the
+differentiable exchanges its attention (gpt/cp_attention.py) runs over the CP group.
+
+Megatron-LM's --context-parallel-size N splits every sample's sequence over the N ranks of a CP group. For
+causal attention an even split in N pieces would give the last rank N times the first one's work, so the
+sequence is cut in 2N chunks and CP rank r keeps chunks r and 2N-1-r (megatron/training/utils.py,
+`get_batch_on_this_cp_rank`; TransformerEngine's attention assumes the same layout):
+
+    CP 2, sequence of 8 chunks' worth (4 chunks):   rank 0: chunks 0, 3    rank 1: chunks 1, 2
+
+Every CP rank reads the same micro-batch (the sampler hands samples to DP ranks only) and keeps its chunks of
+the inputs and labels; each token keeps its GLOBAL position (learned position embeddings and rotary angles
+are looked up at it). Everything outside attention is per token, so it runs on the local chunks unchanged;
+attention needs the whole sequence's keys and values, which the exchanges below bring.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from parallel.state import ParallelState
+
+
+def chunk_ids(cp_size: int, cp_rank: int) -> tuple[int, int]:
+    """The two of the 2 x CP chunks CP rank `cp_rank` holds: r and 2CP-1-r."""
+    return cp_rank, 2 * cp_size - 1 - cp_rank
+
+
+def check_sequence_splits(seq_length: int, cp_size: int) -> None:
+    """The sequence must cut into 2 x CP equal chunks (Megatron asserts the same in get_batch_on_this_cp_rank's
+    view: `val.shape[seq_dim] // (2 * cp_size)`); a ValueError naming the flags."""
+    if cp_size > 1 and seq_length % (2 * cp_size):
+        raise ValueError(f"--seq-length {seq_length} must be divisible by 2 x --context-parallel-size "
+                         f"({2 * cp_size}): each rank holds two equal chunks of the sequence")
+
+
+def take_local_chunks(tensor: torch.Tensor, cp_size: int, cp_rank: int, dim: int = 1) -> torch.Tensor:
+    """This CP rank's chunks r and 2CP-1-r of `tensor` along `dim` (the whole tensor at CP 1), as
+    Megatron's get_batch_on_this_cp_rank: view the dimension as [2CP, S / 2CP], take the two, flatten."""
+    if cp_size == 1:
+        return tensor
+    shape = tensor.shape
+    chunked = tensor.reshape(*shape[:dim], 2 * cp_size, shape[dim] // (2 * cp_size), *shape[dim + 1:])
+    index = torch.tensor(chunk_ids(cp_size, cp_rank), device=tensor.device)
+    return chunked.index_select(dim, index).reshape(*shape[:dim], -1, *shape[dim + 1:])
+
+
+def local_positions(local_length: int, cp_size: int, cp_rank: int, device: torch.device) -> torch.Tensor:
+    """The global positions of this CP rank's `local_length` tokens (its two chunks), [local_length]."""
+    chunk = local_length // 2
+    first, second = chunk_ids(cp_size, cp_rank)
+    return torch.cat([torch.arange(first * chunk, (first + 1) * chunk, device=device),
+                      torch.arange(second * chunk, (second + 1) * chunk, device=device)])
+
+
+def batch_on_this_rank(tensor: torch.Tensor, state: ParallelState, dim: int = 1) -> torch.Tensor:
+    """`take_local_chunks` at this rank's place in its CP group."""
+    return take_local_chunks(tensor, state.context_parallel_size, state.context_parallel_rank, dim)
+
+
+def positions_on_this_rank(local_length: int, state: ParallelState, device: torch.device) -> Optional[torch.Tensor]:
+    """The global positions of this rank's tokens; None without context parallelism (positions 0..S-1)."""
+    if state.context_parallel_size == 1:
+        return None
+    return local_positions(local_length, state.context_parallel_size, state.context_parallel_rank, device)
+
+
+# ---- the exchanges (autograd functions: each backward is the forward's transpose) ----------------------------
+
+def _gather_along(tensor: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor:
+    size = state.context_parallel_size
+    moved = tensor.movedim(dim, 0).contiguous()
+    output = torch.empty((size * moved.shape[0], *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    state.comm.all_gather(output, moved, state.context_parallel_group, "cp")
+    return output.movedim(0, dim)
+
+
+def _reduce_scatter_along(tensor: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor:
+    size = state.context_parallel_size
+    moved = tensor.movedim(dim, 0).contiguous()
+    output = torch.empty((moved.shape[0] // size, *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    state.comm.reduce_scatter(output, moved, state.context_parallel_group, "cp")
+    return output.movedim(0, dim)
+
+
+class _AllGatherSequence(torch.autograd.Function):
+    """Every CP rank's local tensor concatenated along `dim` in CP-rank order; backward: each rank gets the sum
+    over the group of its piece's gradient (a reduce-scatter), as Megatron-Core's all-gather-based CP
+    attention (TransformerEngine's AttnFuncWithCPAndKVAllGather) does for K and V."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor:
+        ctx.dim, ctx.state = dim, state
+        return _gather_along(tensor, dim, state)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _reduce_scatter_along(grad, ctx.dim, ctx.state), None, None
+
+
+def all_gather_sequence(tensor: torch.Tensor, state: ParallelState, dim: int) -> torch.Tensor:
+    """The CP group's local tensors along `dim`, in CP-rank order (rank c's chunks c and 2CP-1-c at block c)."""
+    if state.context_parallel_size == 1:
+        return tensor
+    return _AllGatherSequence.apply(tensor, dim, state)
+
+
+def shift(tensor: torch.Tensor, state: ParallelState, steps: int, tag: int) -> torch.Tensor:
+    """`tensor` sent `steps` places on round the CP ring (to cp rank r + steps); what rank r - steps sent."""
+    size, rank = state.context_parallel_size, state.context_parallel_rank
+    group_ranks = state.dims.group_ranks("cp")
+    to, source = group_ranks[(rank + steps) % size], group_ranks[(rank - steps) % size]
+    tensor = tensor.contiguous()
+    received = torch.empty_like(tensor)
+    # Both posted before either is waited: every rank sends and receives at once round the ring.
+    works = state.comm.send(tensor, to, tag, group_name="cp") + state.comm.receive(received, source, tag,
+                                                                                    group_name="cp")
+    for work in works:
+        work.wait()
+    return received
+
+
+class _RingShift(torch.autograd.Function):
+    """One step of the ring: this rank's tensor goes to the next CP rank, the previous one's arrives; backward
+    sends the gradient the other way (the gradient of what arrived belongs to the rank it came from)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return shift(tensor, state, 1, tag=71)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return shift(grad, ctx.state, -1, tag=72), None
+
+
+def ring_shift(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """What the previous CP rank holds (it receives this rank's in turn), differentiable."""
+    return _RingShift.apply(tensor, state)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Chunk j of dim 0 to CP rank j, chunk j of the result from CP rank j; its backward is the same exchange of
+    the gradients (the exchange is a permutation that is its own transpose): DeepSpeed's _SeqAllToAll
+    (deepspeed/sequence/layer.py), whose backward is another single_all_to_all."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+        ctx.state = state
+        return _all_to_all(tensor, state)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _all_to_all(grad, ctx.state), None
+
+
+def _all_to_all(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    tensor = tensor.contiguous()
+    output = torch.empty_like(tensor)
+    splits = [tensor.shape[0] // state.context_parallel_size] * state.context_parallel_size  # equal: row j to rank j
+    state.comm.all_to_all(output, tensor, splits, splits, state.context_parallel_group, "cp")
+    return output
+
+
+def all_to_all(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """`tensor` [CP, ...]: row j sent to CP rank j; row j of the result is what CP rank j sent (differentiable)."""
+    return _AllToAll.apply(tensor, state)
+
+
+def all_reduce_over_context_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """Sum `tensor` over the CP group, in place (no autograd: counts and reported values)."""
+    state.comm.all_reduce(tensor, state.context_parallel_group, "cp")
+    return tensor

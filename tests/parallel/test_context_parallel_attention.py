@@ -1,0 +1,82 @@
+"""Context parallelism's attention (gpt/cp_attention.py) against the whole sequence's: output and dq/dk/dv.
+
+The check TransformerEngine runs for its CP attention (tests/pytorch/attention/run_attention_with_cp.py:
+the same q/k/v and output gradient through the full-sequence attention and through the CP ranks' chunks,
+`get_batch_on_this_cp_rank`'s layout, then outputs and gradients compared chunk by chunk), for CP 2 and 4 and
+both --cp-comm-type all_gather and p2p, on gloo in fp32: each rank's output and its chunks' gradients equal
+the full computation's at this rank's chunks r and 2CP-1-r. And the same for `a2a`, DeepSpeed-Ulysses' head
+split (DeepSpeed's tests/unit/sequence_parallelism checks its loss against the run without it), with key/value
+heads that divide by CP and ones that do not (grouped-query 2 and 1 at CP 4). `p2p` runs the ring's own backward
+(K/V and their gradient accumulators round the ring again); `p2p-autograd` the ring autograd differentiates,
+which runs under attention dropout.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt.cp_attention import context_parallel_attention, ring_attention_through_autograd
+from parallel.context_parallel import chunk_ids, local_positions, take_local_chunks
+from parallel.state import destroy, initialize
+from tests.distributed import run_distributed
+
+BATCH, HEADS, SEQ, DIM = 2, 4, 32, 8
+
+
+def _inputs(kv_heads=HEADS):
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(BATCH, HEADS, SEQ, DIM, generator=generator)
+    k = torch.randn(BATCH, kv_heads, SEQ, DIM, generator=generator)
+    v = torch.randn(BATCH, kv_heads, SEQ, DIM, generator=generator)
+    grad = torch.randn(BATCH, HEADS, SEQ, DIM, generator=generator)
+    return q, k, v, grad
+
+
+def _full(kv_heads):
+    q, k, v, grad = _inputs(kv_heads)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != HEADS)
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _cp_rank(rank, world_size, comm_type, kv_heads):
+    state = initialize("cpu", context_parallel_size=world_size)
+    try:
+        q, k, v, grad = _inputs(kv_heads)
+        local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
+                 for t in (q, k, v)]
+        if comm_type == "p2p-autograd":  # the ring as it runs with attention dropout, here at dropout 0
+            out = ring_attention_through_autograd(*local, state)
+        else:
+            out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS)
+        out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
+        # numpy arrays: tensors would travel back as shared memory the exiting child takes with it
+        return [t.numpy() for t in (out.detach(), *(t.grad for t in local))]
+    finally:
+        destroy(state)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("comm_type", ["all_gather", "p2p", "a2a", "p2p-autograd"])
+@pytest.mark.parametrize("kv_heads", [HEADS, 2, 1])
+def test_output_and_gradients_equal_the_full_sequence(cp, comm_type, kv_heads):
+    if comm_type == "p2p-autograd" and kv_heads != HEADS:
+        pytest.skip("ring_attention_through_autograd takes key/value heads already repeated per query head")
+    full = _full(kv_heads)
+    results = run_distributed(_cp_rank, cp, comm_type, kv_heads, timeout=120)
+    for rank, pieces in enumerate(results):
+        for name, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
+            want = take_local_chunks(whole, cp, rank, dim=2)
+            torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6, msg=f"CP {cp} rank {rank} {name}")
+
+
+def test_each_rank_keeps_chunks_r_and_2cp_minus_1_minus_r():
+    """megatron/training/utils.py get_batch_on_this_cp_rank: index [cp_rank, 2 * cp_size - cp_rank - 1]."""
+    tokens = torch.arange(16).view(1, 16)
+    assert chunk_ids(4, 1) == (1, 6)
+    assert take_local_chunks(tokens, 2, 0).tolist() == [[0, 1, 2, 3, 12, 13, 14, 15]]
+    assert take_local_chunks(tokens, 2, 1).tolist() == [[4, 5, 6, 7, 8, 9, 10, 11]]
+    assert local_positions(8, 2, 1, torch.device("cpu")).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    every = torch.cat([take_local_chunks(tokens, 4, r) for r in range(4)], dim=1)
+    assert sorted(every.flatten().tolist()) == list(range(16))
