@@ -51,6 +51,7 @@ def expert_data_parallel_state(state: ParallelState) -> ParallelState:
     experts = state.experts
     dims = ParallelDims((state.dims["pp"],
                          MeshDim("dp", experts.data_size, experts.data_rank, experts.data_group),
+                         MeshDim("cp", 1, 0, None),  # context parallelism folds into the experts' DP
                          MeshDim("tp", experts.tensor_size, experts.tensor_rank, experts.tensor_group)))
     return ParallelState(device=state.device, dims=dims, comm=state.comm)
 
