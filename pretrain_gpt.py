@@ -22,7 +22,7 @@ from arguments.print_config import format_config
 from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
 from data import DataError
 from parallel.liveness import Liveness, PeerLoss, start_liveness
-from parallel.state import ParallelState, destroy, initialize, read_launch_environment, use_openmpi_ranks
+from parallel.state import ParallelState, destroy, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
 from training.late_checks import LATE_CHECKS
 from training.loop import TrainingSummary
@@ -65,11 +65,8 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
         return
     check_machine_bounds(config)  # before the process group, the data index or the model
     try:
-        state = initialize(config.training.device, config.parallel.tensor_model_parallel_size,
-                           timeout_minutes=config.training.distributed_timeout_minutes,
-                           pipeline_parallel_size=config.parallel.pipeline_model_parallel_size,
-                           optimizer_instances=config.zero.distributed_optimizer_instances,
-                           context_parallel_size=config.parallel.context_parallel_size)
+        state = initialize_grid(config.training.device, config.parallel, config.training.distributed_timeout_minutes,
+                                config.zero.distributed_optimizer_instances)
     except ValueError as error:  # a launch or device the config cannot run on
         raise ConfigError(str(error)) from None
     liveness: Optional[Liveness] = None

@@ -34,7 +34,7 @@ import re
 import warnings
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Mapping, MutableMapping, Optional
+from typing import TYPE_CHECKING, Mapping, MutableMapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from base.errors import LaunchEnvironmentError
 from parallel.comm import Communicator, DryRunCommunicator, VirtualGroup
 from parallel.mesh import ParallelDims, expert_coordinates, expert_groups, expert_mesh_sizes
+
+if TYPE_CHECKING:
+    from parallel.config import ParallelismConfig
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -540,6 +543,14 @@ def check_grid_divides(world_size: int, tensor_parallel_size: int, pipeline_para
             f"{pipeline_parallel_size} does not divide the {world_size} launched processes; launch a "
             f"multiple of {tensor_parallel_size * pipeline_parallel_size} processes or pick sizes whose product "
             f"divides {world_size}")
+
+
+def initialize_grid(device_name: str, parallel: "ParallelismConfig", timeout_minutes: float,
+                    optimizer_instances: int = 1) -> ParallelState:
+    """`initialize` with every size of the run's parallel section (parallel/config.py), in one place."""
+    return initialize(device_name, parallel.tensor_model_parallel_size, timeout_minutes,
+                      pipeline_parallel_size=parallel.pipeline_model_parallel_size,
+                      optimizer_instances=optimizer_instances, context_parallel_size=parallel.context_parallel_size)
 
 
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,

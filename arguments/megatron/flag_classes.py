@@ -501,8 +501,11 @@ AT_VALUE: dict[str, AtValue] = {
                                                   "not implemented: experts are not tensor-parallel here"),
     "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
     "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
-    "--expert-tensor-parallel-size": AtValue(_equals(1, None), "expert tensor parallelism over 1 rank is none",
-                                             "not implemented: experts are not tensor-parallel here; use 1"),
+    # Megatron reads it for the experts only: on a dense model it changes nothing (its functional tests give it so)
+    "--expert-tensor-parallel-size": AtValue(
+        lambda value, settings: _equals(1, None)(value, settings) or _without_moe(value, settings),
+        "expert tensor parallelism over 1 rank, or on a dense model (no --num-experts), is none",
+        "not implemented: experts are not tensor-parallel here; use 1"),
     # megatron/core/models/common/embeddings/rotary_pos_embedding.py: `seq *= 1 / seq_len_interpolation_factor`
     "--rotary-seq-len-interpolation-factor": AtValue(
         _equals(1), "a factor of 1 leaves the rotary positions as they are",

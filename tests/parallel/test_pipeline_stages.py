@@ -20,7 +20,7 @@ def test_world_8_pp_2_tp_2_rank_order_and_pipelines():
     # Megatron's order tp-dp-pp: rank = (pp x DP + dp) x TP + tp; a pipeline is the ranks DP x TP apart.
     for rank in range(8):
         state = virtual_state(8, tensor_parallel_size=2, rank=rank, pipeline_parallel_size=2)
-        assert state.dims.coordinates == {"pp": rank // 4, "dp": rank // 2 % 2, "tp": rank % 2}
+        assert state.dims.coordinates == {"pp": rank // 4, "dp": rank // 2 % 2, "cp": 0, "tp": rank % 2}
         assert state.dims.group_ranks("pp") == [rank % 4, rank % 4 + 4]
         assert (state.is_first_stage, state.is_last_stage) == (rank < 4, rank >= 4)
         assert state.stage_rank(-1) == rank % 4 + 4 and state.stage_rank(2) == rank % 4  # modulo the stages
