@@ -130,7 +130,7 @@ def test_every_no_effect_flag_is_accepted_and_said_in_the_one_line():
 def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere():
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4",
                      "--init-method-std", "0.02"]
-    no_op = {"--num-experts-switch": "1", "--expert-tensor-parallel-size": "1", "--expert-model-parallel-size": "1",
+    no_op = {"--num-experts-switch": "1", "--expert-model-parallel-size": "1",
              "--moe-expert-parallel-size": "1",
              "--mtp-num-layers": "0", "--optimizer": "adam",
              "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
@@ -139,7 +139,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02",
              "--rotary-seq-len-interpolation-factor": "1"}
-    other = {"--num-experts-switch": "8", "--expert-tensor-parallel-size": "2", "--expert-model-parallel-size": "2",
+    other = {"--num-experts-switch": "8", "--expert-model-parallel-size": "2",
              "--moe-expert-parallel-size": "2",
              "--mtp-num-layers": "1", "--optimizer": "sgd",
              "--softmax-type": "learnable",
@@ -154,6 +154,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
                                         if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE)
                                         and option != "--enable-expert-tensor-parallelism"
+                                        and option != "--expert-tensor-parallel-size"
                                         and option != "--apply-layernorm-1p" and option not in FORK_AT_VALUE}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
@@ -314,7 +315,7 @@ def test_unknown_flags_are_listed_together_with_real_hints_only(parser):
 def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatch):
     import pretrain_gpt
 
-    monkeypatch.setattr(pretrain_gpt, "initialize", lambda *args, **kwargs: pytest.fail("training started"))
+    monkeypatch.setattr(pretrain_gpt, "initialize_grid", lambda *args, **kwargs: pytest.fail("training started"))
     assert pretrain_gpt.main(["--print-config", "--data-impl", "mmap", "--num-experts-switch", "1",
                               "--zero-reduce-bucket-size", "1e7"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
@@ -323,3 +324,14 @@ def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatc
     assert any(row.split()[:2] == ["--num-experts-switch", "1"] and "one expert is the dense model" in row for row in rows)
     assert any(row.split()[:2] == ["reduce_bucket_size", "10000000"] and "--zero-reduce-bucket-size (DeepSpeed-"
                "Megatron's name for --reduce-bucket-size)" in row for row in rows)
+
+
+def test_expert_tensor_parallel_size_is_no_effect_on_a_dense_model_and_refused_above_1_with_experts():
+    """Megatron-LM reads --expert-tensor-parallel-size for the experts' grid only (megatron/core/parallel_state.py
+    initialize_model_parallel builds the expert groups from it; a dense model has none), so its dense
+    functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*): accepted there; with experts, above 1, refused."""
+    settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4"]
+    parse_arguments(settings_argv + ["--expert-tensor-parallel-size", "4"])
+    parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "1"])
+    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 2: not implemented"):
+        parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "2"])

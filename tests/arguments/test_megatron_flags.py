@@ -112,7 +112,7 @@ def test_warmup_fraction_and_iters_given_together_are_refused():
 
 
 def test_print_config_shows_each_value_and_its_source_and_exits_without_training(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(pretrain_gpt, "initialize", lambda *args, **kwargs: pytest.fail("training started"))
+    monkeypatch.setattr(pretrain_gpt, "initialize_grid", lambda *args, **kwargs: pytest.fail("training started"))
     code = pretrain_gpt.main(["--print-config", "--batch-size", "4", "--lr", "2e-4", "--deepspeed",
                               "--use-distributed-optimizer", "--zero-config", "stage2"])
     out = capsys.readouterr().out
