@@ -15,6 +15,6 @@ from tests.replay_corpus import (
 
 CORPUS = (*megatron_lm.LAUNCHES, *megatron_deepspeed.LAUNCHES, *deepspeed_examples.LAUNCHES, *deepspeed.LAUNCHES,
           *bigscience.LAUNCHES, *megatron_lm_functional.LAUNCHES, *forks.LAUNCHES)
-# Every GPT functional test of Megatron-LM at one commit, harvested whole: counted by outcome in the docs, not
-# listed there one by one (megatron_lm_functional_tests.py).
-HARVESTED = megatron_lm_functional_tests.LAUNCHES
+# Every GPT and MoE pretraining functional test of Megatron-LM at one commit, harvested whole: counted by outcome
+# in the docs, not listed there one by one (megatron_lm_functional_tests.py).
+HARVESTED = (*megatron_lm_functional_tests.LAUNCHES, *megatron_lm_functional_tests.MOE_HARVESTED)
