@@ -407,3 +407,22 @@ def test_the_docs_count_megatrons_functional_tests_by_outcome(title, launches):
     assert _outcome_rows(section) == expected
     prose = " ".join(section.split())
     assert f"{len(launches)} configurations" in prose and "0 broken" in prose
+
+
+def test_a_list_moe_layer_freq_keeps_its_layers_through_the_shrink():
+    """Megatron-LM's MoE functional tests give --moe-layer-freq as a list expression, one 0 (dense) or 1 (MoE)
+    per layer ("([0]*3+[1]*5)" beside --num-layers 8; Megatron-LM's moe_freq_type, and its validate_args asserts
+    the list's length is num_layers): the shrink keeps those layers, so the list still names each one and the
+    launch is not refused for a length the shrink made."""
+    from gpt.moe.settings import moe_layer_pattern
+
+    launches = [launch for launch in REPLAYED if "[" in dict(
+        (flag, values) for flag, values, _ in split_flags(launch.argv)).get("--moe-layer-freq", [""])[-1]]
+    assert len(launches) >= 10
+    for launch in launches:
+        _, shrunk = _shrunk_offline(launch)
+        before = {flag: values for flag, values, _ in split_flags(launch.argv)}
+        after = {flag: values for flag, values, _ in split_flags(shrunk.argv)}
+        assert after["--num-layers"] == before["--num-layers"], launch.name
+        pattern = moe_layer_pattern(after["--moe-layer-freq"][-1], int(after["--num-layers"][-1]))
+        assert len(pattern) == int(after["--num-layers"][-1]), launch.name
