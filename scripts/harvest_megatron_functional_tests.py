@@ -1,6 +1,7 @@
-"""Harvest Megatron-LM's GPT pretraining functional-test configurations into the replay corpus.
+"""Harvest Megatron-LM's GPT and MoE pretraining functional-test configurations into the replay corpus.
 
-Each `tests/functional_tests/test_cases/gpt/gpt3_*/model_config.yaml` of a Megatron-LM commit (a git
+Each `tests/functional_tests/test_cases/gpt/gpt3_*/model_config.yaml` of a Megatron-LM commit (`--suite gpt`),
+or each of `test_cases/moe/*/` and `test_cases/mixtral/*/` (`--suite moe`), of a Megatron-LM commit (a git
 repository on this machine, read with `git show`: no work tree needed) becomes one launch: its MODEL_ARGS as
 the command line Megatron-LM's CI builds from them (tests/functional_tests/shell_test_utils/_run_training.sh:
 `yq '... comments="" | .MODEL_ARGS | to_entries | .[] | ...'`, then one case per value: `true` a bare flag, a
@@ -11,6 +12,14 @@ the CI's first repeat, 1 (tests/functional_tests/shell_test_utils/run_ci_test.sh
 $N_REPEAT); ... export REPEAT=$i`). The CI's --exit-duration-in-mins (a property of the Slurm job)
 is left out. GPUs: the recipes' one node of 8 (tests/test_utils/recipes/h100/gpt.yaml: nodes 1, gpus 8).
 
+Only pretraining is harvested. A configuration's `MODE` key says which program its CI runs
+(tests/functional_tests/shell_test_utils/_run_training.sh; absent means pretraining, pretrain_gpt.py). In
+`--suite moe` at d98e8a64, 14 configurations are skipped for it: the 13 `MODE: inference` ones
+(moe/gpt_static_inference_* and moe/gpt_dynamic_inference_*: they load a trained 16B DeepSeek or gpt-oss
+checkpoint and generate text, Megatron's inference engines, which this repository does not have and which train
+nothing) and the one `MODE: rl` (moe/gpt_grpo_*: GRPO reinforcement learning from a loaded checkpoint, not
+pretraining). None of the folders fine-tunes or exports.
+
 The outcome of each launch is the one this repository gives it at harvest time (`--outcomes`): "trains" when
 the shrunk launch is accepted by the parser, else "refused: " and what its one-line error refuses first (the
 flag as given, without the reason, so that rewording a reason does not move a target).
@@ -18,6 +27,8 @@ Review the refusals the script prints grouped by reason: each must be a feature 
 
     python scripts/harvest_megatron_functional_tests.py --git-dir MEGATRON_LM_GIT_DIR --commit REV \\
         --out tests/replay_corpus/megatron_lm_functional_tests.json
+    python scripts/harvest_megatron_functional_tests.py --git-dir MEGATRON_LM_GIT_DIR --commit REV --suite moe \\
+        --out tests/replay_corpus/megatron_lm_moe_functional_tests.json
 """
 
 from __future__ import annotations
@@ -35,7 +46,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-CASES = "tests/functional_tests/test_cases/gpt/"
+CASES = "tests/functional_tests/test_cases/"
+# suite: (folder under CASES, the configurations' name prefix there, the launch name's prefix)
+SUITES = {"gpt": (("gpt", "gpt3_", "megatron-lm-ft-"),),
+          "moe": (("moe", "", "megatron-lm-ft-moe-"), ("mixtral", "", "megatron-lm-ft-mixtral-"))}
 GPUS = 8
 FIRST_REPEAT = "1"
 
@@ -86,19 +100,30 @@ def ci_test_type(text: str) -> str:
     return str(yaml.safe_load(text).get("TEST_TYPE", "regular"))
 
 
-def harvest(git_dir: str, commit: str) -> list[dict]:
-    names = [line.rsplit("/", 1)[-1] for line in git(git_dir, "ls-tree", "--name-only", commit, CASES).split()]
-    launches = []
-    for name in sorted(name for name in names if name.startswith("gpt3_")):
-        path = f"{CASES}{name}/model_config.yaml"
-        try:
-            text = git(git_dir, "show", f"{commit}:{path}")
-        except subprocess.CalledProcessError:
-            continue  # a folder without a model config (golden values only)
-        argv = [token.replace("${REPEAT}", FIRST_REPEAT) for token in model_args_argv(text)]
-        launches.append({"name": f"megatron-lm-ft-{name}", "path": path, "test_type": ci_test_type(text),
-                         "argv": argv})
-    return launches
+def ci_mode(text: str) -> str:
+    """Which program the CI runs: `MODE` (inference, rl, ...), pretraining when absent."""
+    return str(yaml.safe_load(text).get("MODE", "pretraining"))
+
+
+def harvest(git_dir: str, commit: str, suite: str = "gpt") -> tuple[list[dict], list[str]]:
+    """The suite's pretraining launches, and the paths of the configurations skipped as not pretraining."""
+    launches, skipped = [], []
+    for folder, prefix, name_prefix in SUITES[suite]:
+        cases = f"{CASES}{folder}/"
+        names = [line.rsplit("/", 1)[-1] for line in git(git_dir, "ls-tree", "--name-only", commit, cases).split()]
+        for name in sorted(name for name in names if name.startswith(prefix)):
+            path = f"{cases}{name}/model_config.yaml"
+            try:
+                text = git(git_dir, "show", f"{commit}:{path}")
+            except subprocess.CalledProcessError:
+                continue  # a folder without a model config (golden values only)
+            if ci_mode(text) != "pretraining":
+                skipped.append(f"{path} (MODE: {ci_mode(text)})")
+                continue
+            argv = [token.replace("${REPEAT}", FIRST_REPEAT) for token in model_args_argv(text)]
+            launches.append({"name": f"{name_prefix}{name}", "path": path, "test_type": ci_test_type(text),
+                             "argv": argv})
+    return launches, skipped
 
 
 def outcome_today(argv: list[str]) -> str:
@@ -125,9 +150,13 @@ def main(argv=None) -> int:
     parser.add_argument("--git-dir", required=True, help="a Megatron-LM git repository (a bare mirror is enough)")
     parser.add_argument("--commit", required=True)
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="gpt",
+                        help="gpt: test_cases/gpt/gpt3_*; moe: test_cases/moe/* and test_cases/mixtral/*")
     args = parser.parse_args(argv)
     commit = git(args.git_dir, "rev-parse", args.commit).strip()
-    launches = harvest(args.git_dir, commit)
+    launches, skipped = harvest(args.git_dir, commit, args.suite)
+    for path in skipped:
+        print(f"skipped, not pretraining: {path}")
     for launch in launches:
         launch["outcome"] = outcome_today(launch["argv"])
     # one launch a line: a new harvest's diff shows which configurations changed

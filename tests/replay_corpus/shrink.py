@@ -10,7 +10,8 @@ What changes, and only this:
   tokenizer's vocabulary; with interleaved pipeline stages, one layer per model chunk, each stage keeping its
   number of chunks (--num-layers then the stages x chunks, less the embedding and loss where Megatron's
   --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
-  first or last stage (--decoder-first/last-pipeline-num-layers) one layer;
+  first or last stage (--decoder-first/last-pipeline-num-layers) one layer; a list --moe-layer-freq (one 0 or 1
+  per layer) keeps --num-layers as written, its length;
 - parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
   layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size) above what the
   stages leave of the 2 ranks becomes that, then a tensor-parallel size above what is left becomes that (1 where
@@ -203,6 +204,9 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         per_split = new_pp * chunks
         new_layers = max(new_layers, per_split - counted)
         new_layers += -(new_layers + counted) % per_split
+    if "[" in given.get("--moe-layer-freq", [""])[-1] and "--num-layers" in scalar:
+        # a list --moe-layer-freq (Megatron-LM's "([0]*3+[1]*5)") names each layer dense or MoE: its layers stay
+        new_layers = scalar["--num-layers"]
 
     # Batch sizes: one map for micro batches, one for accumulation steps, on both sides.
     flag_micro = first(scalar, MICRO_BATCH)

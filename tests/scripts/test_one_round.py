@@ -21,8 +21,20 @@ from tests.replay_corpus.shrink import LocalFiles, shrink
 
 REFUSED = [launch for launch in CORPUS if launch.refusal is not None]
 
+# Refused launches whose refusal still stops the parse before the other problems are collected (strict xfails:
+# the fix deletes the entry). Megatron-DeepSpeed's PR-MoE scripts give a pyramid `--num-experts 32 ... 64 64`:
+# gpt/moe/settings.py's OneExpertCount refuses it with argparse.ArgumentError inside the parse, which ends it,
+# so the unknown flag, the --load folder and the fp8 problem beside it go unsaid.
+_PER_LAYER_EXPERTS = ("--num-experts with a different count per layer is refused inside argparse (OneExpertCount), "
+                      "which ends the parse before the other problems are collected")
+STOPS_THE_PARSE_TODAY = {name: _PER_LAYER_EXPERTS for name in (
+    "megatron-deepspeed-moe-gpt-350m-pr-moe32or64", "megatron-deepspeed-moe-gpt-1-3b-pr-moe64or128",
+    "megatron-deepspeed-moe-gpt-1-3b-pr-moe64or128-mos")}
 
-@pytest.mark.parametrize("launch", REFUSED, ids=lambda launch: launch.name)
+
+@pytest.mark.parametrize("launch", [pytest.param(launch, id=launch.name, marks=[pytest.mark.xfail(
+    strict=True, reason=STOPS_THE_PARSE_TODAY[launch.name])] if launch.name in STOPS_THE_PARSE_TODAY else [])
+    for launch in REFUSED])
 def test_a_refused_launch_gets_all_its_problems_in_one_message(launch, tmp_path):
     shrunk = shrink(launch, LocalFiles(str(tmp_path / "data" / "corpus_text_document"), str(tmp_path / "tokenizer"),
                                        512, str(tmp_path / "out")))

@@ -36,6 +36,7 @@ from tests.distributed import run_distributed
 from tests.replay_corpus import CORPUS, HARVESTED
 from tests.replay_corpus.launch import Launch
 from tests.replay_corpus.megatron_lm_functional_tests import HARVESTED as EVERY_FUNCTIONAL_TEST
+from tests.replay_corpus.megatron_lm_functional_tests import MOE_HARVESTED as EVERY_MOE_FUNCTIONAL_TEST
 from tests.replay_corpus.shrink import (
     CHANGED_FLAGS,
     CHANGED_JSON_KEYS,
@@ -375,24 +376,53 @@ def test_print_config_names_every_flag_and_json_key_of_a_launch(launch: Launch, 
             assert " wins" in line, line
 
 
-def test_the_docs_count_megatrons_functional_tests_by_outcome():
-    """docs/coming-from-megatron-deepspeed.md's table of Megatron-LM's GPT functional tests, harvested whole: how
-    many train, and how many are refused for each feature (the first refused flag), exactly as the corpus
-    targets say; the ones replayed in the listed corpus count by their harvested outcome too."""
+def _outcome_rows(section: str) -> dict[str, int]:
+    """The `| outcome | configurations |` rows of a docs section; a `\\|` inside a cell is a `|` of the cell
+    (GFM tables escape it so; the --pipeline-model-parallel-layout values hold pipes)."""
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        if line.startswith("| ") and len(cells) == 2 and cells[1].isdigit():
+            rows[cells[0]] = int(cells[1])
+    return rows
+
+
+@pytest.mark.parametrize(("title", "launches"), [
+    ("Megatron-LM's functional tests, harvested whole", EVERY_FUNCTIONAL_TEST),
+    ("Megatron-LM's MoE functional tests, harvested whole", EVERY_MOE_FUNCTIONAL_TEST)], ids=["gpt", "moe"])
+def test_the_docs_count_megatrons_functional_tests_by_outcome(title, launches):
+    """docs/coming-from-megatron-deepspeed.md's tables of Megatron-LM's GPT functional tests and of its MoE
+    (test_cases/moe/*, test_cases/mixtral/*) pretraining functional tests, harvested whole: how many train, and
+    how many are refused for each feature (the first refused flag), exactly as the corpus targets say; the ones
+    replayed in the listed corpus count by their harvested outcome too."""
     import collections
 
     from tests.readme import doc_section
 
-    section = doc_section("docs/coming-from-megatron-deepspeed.md", "Megatron-LM's functional tests, harvested whole")
-    rows = {}
-    for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 2 and cells[1].isdigit():
-            rows[cells[0]] = int(cells[1])
+    section = doc_section("docs/coming-from-megatron-deepspeed.md", title)
     counts = collections.Counter("trains" if launch.refusal is None else launch.refusal.split(":")[0]
-                                 for launch in EVERY_FUNCTIONAL_TEST)
+                                 for launch in launches)
     expected = {("trains" if outcome == "trains" else f"refused: `{outcome}`"): count
                 for outcome, count in counts.items()}
-    assert rows == expected
+    assert _outcome_rows(section) == expected
     prose = " ".join(section.split())
-    assert f"{len(EVERY_FUNCTIONAL_TEST)} configurations" in prose and "0 broken" in prose
+    assert f"{len(launches)} configurations" in prose and "0 broken" in prose
+
+
+def test_a_list_moe_layer_freq_keeps_its_layers_through_the_shrink():
+    """Megatron-LM's MoE functional tests give --moe-layer-freq as a list expression, one 0 (dense) or 1 (MoE)
+    per layer ("([0]*3+[1]*5)" beside --num-layers 8; Megatron-LM's moe_freq_type, and its validate_args asserts
+    the list's length is num_layers): the shrink keeps those layers, so the list still names each one and the
+    launch is not refused for a length the shrink made."""
+    from gpt.moe.settings import moe_layer_pattern
+
+    launches = [launch for launch in REPLAYED if "[" in dict(
+        (flag, values) for flag, values, _ in split_flags(launch.argv)).get("--moe-layer-freq", [""])[-1]]
+    assert len(launches) >= 10
+    for launch in launches:
+        _, shrunk = _shrunk_offline(launch)
+        before = {flag: values for flag, values, _ in split_flags(launch.argv)}
+        after = {flag: values for flag, values, _ in split_flags(shrunk.argv)}
+        assert after["--num-layers"] == before["--num-layers"], launch.name
+        pattern = moe_layer_pattern(after["--moe-layer-freq"][-1], int(after["--num-layers"][-1]))
+        assert len(pattern) == int(after["--num-layers"][-1]), launch.name
