@@ -68,7 +68,9 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
         state = initialize(config.training.device, config.parallel.tensor_model_parallel_size,
                            timeout_minutes=config.training.distributed_timeout_minutes,
                            pipeline_parallel_size=config.parallel.pipeline_model_parallel_size,
-                           optimizer_instances=config.zero.distributed_optimizer_instances)
+                           optimizer_instances=config.zero.distributed_optimizer_instances,
+                           expert_model_parallel_size=config.parallel.expert_model_parallel_size,
+                           expert_tensor_parallel_size=config.parallel.expert_tensor_parallel_size)
     except ValueError as error:  # a launch or device the config cannot run on
         raise ConfigError(str(error)) from None
     liveness: Optional[Liveness] = None

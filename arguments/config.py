@@ -589,6 +589,26 @@ class PretrainConfig:
                               f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2",
                               flags=("--zero-stage", "--pipeline-model-parallel-size"))
 
+    def _check_expert_parallel(self) -> None:
+        """--expert-model-parallel-size splits each MoE layer's experts evenly over its ranks (Megatron-LM's
+        validate_args: `args.num_experts % args.expert_model_parallel_size == 0`); the data-parallel size it
+        must divide is known at launch (parallel/mesh.py expert_mesh_sizes)."""
+        ep = self.parallel.expert_model_parallel_size
+        if ep == 1:
+            return
+        flag = "--expert-model-parallel-size"
+        if self.model.moe is None:
+            raise ConfigError(f"{flag} {ep} needs experts to split: add --num-experts (a multiple of {ep})",
+                              flags=(flag, "--num-experts"))
+        if self.model.num_experts % ep != 0:
+            raise ConfigError(f"--num-experts {self.model.num_experts} is not divisible by {flag} {ep}; each "
+                              f"expert-parallel rank holds an equal share of the experts", flags=(flag, "--num-experts"))
+        checkpoint = self.checkpoint
+        if checkpoint.save or checkpoint.load or getattr(checkpoint, "init_from_hf", None):
+            raise ConfigError(f"{flag} {ep} with --save, --load or --init-from-hf: checkpoints of expert-parallel "
+                              f"runs are not implemented yet; train at {flag} 1 to save or load",
+                              flags=(flag, "--save", "--load", "--init-from-hf"))
+
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
@@ -607,6 +627,7 @@ class PretrainConfig:
                               "checkpoints yet, so a resume would restart it at 0; train without checkpoints, or "
                               "balance with --moe-aux-loss-coeff",
                               flags=("--moe-router-enable-expert-bias", "--save", "--load"))
+        self._check_expert_parallel()
         self._check_pipeline()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:

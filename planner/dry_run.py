@@ -271,7 +271,9 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     tp, pp = config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size
     try:
         state = virtual_state(cluster.world_size, tp, rank, META, pipeline_parallel_size=pp,
-                              optimizer_instances=config.zero.distributed_optimizer_instances)
+                              optimizer_instances=config.zero.distributed_optimizer_instances,
+                              expert_model_parallel_size=config.parallel.expert_model_parallel_size,
+                              expert_tensor_parallel_size=config.parallel.expert_tensor_parallel_size)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)

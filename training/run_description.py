@@ -53,6 +53,10 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
              f"DP {state.data_parallel_size}")
     if config.parallel.sequence_parallel and state.tensor_parallel_size == 1:
         words += " (--sequence-parallel has nothing to split at TP 1, as in Megatron-LM)"
+    experts = state.experts
+    if experts.model_size > 1:
+        words += (f"; experts EP {experts.model_size} x expert DP {experts.data_size} "
+                  f"({config.parallel.moe_token_dispatcher_type} dispatcher)")
     instances = state.optimizer_instances.count
     if instances > 1:
         words += (f"; {instances} distributed optimizer instances, each sharding the optimizer state over "

@@ -95,6 +95,52 @@ class ChainedStep:
         self.loss_scaler = loss_scaler
         self.comm = dense.comm
 
+    @property
+    def param_groups(self) -> list[dict]:
+        """Both optimizers' groups (the loop sets each group's learning rate)."""
+        return [*self.dense.param_groups, *self.experts.param_groups]
+
+    @property
+    def stage(self) -> int:
+        return self.dense.stage
+
+    @property
+    def parts(self) -> tuple:
+        return (self.dense, self.experts)
+
+    # What memory reports and the planner read (training/memory_report.py, planner/dry_run.py): both parts'.
+    def model_state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        merged: dict[str, list[torch.Tensor]] = {}
+        for part in self.parts:
+            for key, tensors in part.model_state_tensors().items():
+                merged.setdefault(key, []).extend(tensors)
+        return merged
+
+    @property
+    def num_parameters(self) -> int:
+        return self.dense.num_parameters + self.experts.num_parameters
+
+    @property
+    def padding(self) -> int:
+        return self.dense.padding + self.experts.padding
+
+    @property
+    def parameters(self):
+        """The dense part's parameter storage (its stage-3 gatherer is the one the planner reads)."""
+        return self.dense.parameters
+
+    def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
+        return max(part.step_working_bytes(gather_copy_bytes) for part in self.parts)
+
+    def step_collectives_only(self) -> None:
+        """`step`'s collectives without its arithmetic (the dry run's step, planner/dry_run.py): both parts'
+        norms, the experts' summed over the expert-parallel group, and both publishes."""
+        self.dense.grad_norm_squared(self.dense.gradients.partition_gradients())
+        expert_squared = self.experts.grad_norm_squared(self.experts.gradients.partition_gradients())
+        self.comm.all_reduce(expert_squared, self.expert_parallel_group, "ep")
+        for part in self.parts:
+            part.publish_parameters()
+
     def step(self) -> StepResult:
         scale = self.loss_scaler.scale
         grads = [part.gradients.partition_gradients() for part in (self.dense, self.experts)]
@@ -137,15 +183,17 @@ class ExpertZeroParts:
 
 
 def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, state: ParallelState, *,
-                            loss_scaler: Optional[LossScaler] = None, **kwargs) -> ExpertZeroParts:
+                            loss_scaler: Optional[LossScaler] = None, own_units=(), decoupled_lr_params=(),
+                            **kwargs) -> ExpertZeroParts:
     """build_zero for a model some of whose parameters are tagged `expert_parallel` (module docstring); the
-    keyword arguments are build_zero's."""
+    keyword arguments are build_zero's (`own_units` and `decoupled_lr_params`, never experts, go to the dense
+    part only)."""
     if not any(is_expert_parameter(param) for param in model.parameters() if param.requires_grad):
         raise ValueError("build_zero_with_experts: the model has no parameter tagged expert_parallel")
     scaler = loss_scaler or LossScaler(1.0)
     expert_ids = {id(param) for param in model.parameters() if is_expert_parameter(param)}
     dense = _build_part(model, lambda param: id(param) not in expert_ids, zero_config, optimizer_config, state,
-                        loss_scaler=scaler, **kwargs)
+                        loss_scaler=scaler, own_units=own_units, decoupled_lr_params=decoupled_lr_params, **kwargs)
     bound_dense = {id(param) for param in model.parameters() if param.requires_grad} - expert_ids
     experts = _build_part(model, lambda param: id(param) not in bound_dense, zero_config, optimizer_config,
                           expert_data_parallel_state(state), loss_scaler=scaler,

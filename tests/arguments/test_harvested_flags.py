@@ -130,8 +130,9 @@ def test_every_no_effect_flag_is_accepted_and_said_in_the_one_line():
 def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere():
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4",
                      "--init-method-std", "0.02"]
-    no_op = {"--num-experts-switch": "1", "--expert-tensor-parallel-size": "1", "--expert-model-parallel-size": "1",
-             "--moe-expert-parallel-size": "1", "--ds-sequence-parallel-size": "1", "--context-parallel-size": "1",
+    # (--expert-model-parallel-size, --moe-expert-parallel-size and --expert-tensor-parallel-size are settings now:
+    # parallel/config.py, tests/training/test_expert_parallel_training.py)
+    no_op = {"--num-experts-switch": "1", "--ds-sequence-parallel-size": "1", "--context-parallel-size": "1",
              "--mtp-num-layers": "0", "--optimizer": "adam",
              "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
              "--weight-decay-incr-style": "constant",
@@ -139,8 +140,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02",
              "--rotary-seq-len-interpolation-factor": "1"}
-    other = {"--num-experts-switch": "8", "--expert-tensor-parallel-size": "2", "--expert-model-parallel-size": "2",
-             "--moe-expert-parallel-size": "2", "--ds-sequence-parallel-size": "2", "--context-parallel-size": "2",
+    other = {"--num-experts-switch": "8", "--ds-sequence-parallel-size": "2", "--context-parallel-size": "2",
              "--mtp-num-layers": "1", "--optimizer": "sgd",
              "--softmax-type": "learnable",
              "--dataloader-type": "cyclic", "--remote-device": "cpu",
