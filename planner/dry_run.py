@@ -381,6 +381,13 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     if checkpointing is not None and config.activations.contiguous_checkpointing and \
             config.activations.cpu_checkpointing:
         result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")
+    if config.model.moe is not None:
+        # gpt/moe/layer.py _balanced_on_meta: no routing decision exists on the meta device
+        ep = state.experts.model_size
+        result.notes.append(
+            "MoE routing assumed uniform: every expert receives an equal share of the tokens' top-k rows"
+            + (f"; the {config.parallel.moe_token_dispatcher_type} dispatcher's exchanges over the {ep} "
+               "expert-parallel ranks are not counted" if ep > 1 else ""))
     if cluster.gpu_memory_bytes is not None:
         result.budget_bytes = cluster.gpu_memory_bytes
         result.headroom_bytes = cluster.gpu_memory_bytes - result.total_bytes

@@ -121,3 +121,22 @@ def test_expert_parallelism_refuses_what_it_cannot_run_in_one_line(corpus_cache_
         refused = run_main(pretrain_gpt.main, base + argv)
         assert refused.code == 2 and says in refused.err, (argv, refused.err[-1500:])
         assert len(refused.err.strip().splitlines()) == 1, refused.err
+
+
+def test_the_dry_run_plans_expert_parallelism_with_each_rank_holding_its_share_of_the_experts():
+    """The planner builds the rank as the trainer does (training/build.py): at EP 2 each rank holds half of each
+    MoE layer's experts, in the experts' own ZeRO part; on the meta device no routing exists, so it assumes
+    uniform routing and says so in the plan's notes."""
+    from arguments.parser import parse_config
+    from planner.dry_run import Cluster, dry_run
+
+    argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--num-experts", "4", "--zero-stage", "0"]
+    plans = {ep: dry_run(parse_config(argv + ["--expert-model-parallel-size", str(ep)]), Cluster(2, 2, None, "cpu"),
+                         300, 0) for ep in (1, 2)}
+    mlp = 2 * 32 * 128 + 128 + 32  # one expert: GPT-2's MLP at hidden 32
+    assert plans[1].parameters_total == plans[2].parameters_total
+    assert plans[1].parameters_local - plans[2].parameters_local == 2 * 2 * mlp  # 2 layers x 2 experts elsewhere
+    assert any("MoE routing assumed uniform" in note and "expert-parallel ranks are not counted" in note
+               for note in plans[2].notes)
