@@ -140,3 +140,19 @@ def test_the_dry_run_plans_expert_parallelism_with_each_rank_holding_its_share_o
     assert plans[1].parameters_local - plans[2].parameters_local == 2 * 2 * mlp  # 2 layers x 2 experts elsewhere
     assert any("MoE routing assumed uniform" in note and "expert-parallel ranks are not counted" in note
                for note in plans[2].notes)
+
+
+@pytest.mark.slow
+def test_expert_parallel_2_with_accumulation_recompute_and_evaluation_trains_as_expert_parallel_1(
+        corpus_cache_300, tmp_path):
+    """The loop's other paths at EP 2: two micro-batches per iteration (the reducers' no_sync on both ZeRO parts),
+    --checkpoint-activations (each MoE layer's dispatch and combine run again in the recompute) and evaluation
+    (the dispatchers' exchanges without gradients): losses, gradient norms and validation losses as at EP 1."""
+    common = ["--global-batch-size", "8", "--zero-stage", "2", "--checkpoint-activations", "--eval-interval", "5",
+              "--eval-iters", "2"]
+    runs = run_variants(corpus_cache_300, tmp_path, 2, common, {
+        "ep1": [], "ep2": ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]})
+    assert_equal_runs(runs)
+    validation = {name: [r["loss"] for r in map(json.loads, (tmp_path / f"{name}.jsonl").read_text().splitlines())
+                         if r.get("split") == "valid"] for name in runs}
+    assert len(validation["ep1"]) == 1 and validation["ep2"] == pytest.approx(validation["ep1"], rel=1e-6, abs=0)
