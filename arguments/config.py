@@ -603,11 +603,10 @@ class PretrainConfig:
         if self.model.num_experts % ep != 0:
             raise ConfigError(f"--num-experts {self.model.num_experts} is not divisible by {flag} {ep}; each "
                               f"expert-parallel rank holds an equal share of the experts", flags=(flag, "--num-experts"))
-        checkpoint = self.checkpoint
-        if checkpoint.save or checkpoint.load or getattr(checkpoint, "init_from_hf", None):
-            raise ConfigError(f"{flag} {ep} with --save, --load or --init-from-hf: checkpoints of expert-parallel "
-                              f"runs are not implemented yet; train at {flag} 1 to save or load",
-                              flags=(flag, "--save", "--load", "--init-from-hf"))
+        if self.checkpoint.init_from_hf:
+            raise ConfigError(f"{flag} {ep} with --init-from-hf: a Hugging Face folder is not loaded into an "
+                              f"expert-parallel run yet; start at {flag} 1, save, and resume at {ep}",
+                              flags=(flag, "--init-from-hf"))
 
     def validate(self) -> None:
         check_finite_numbers(self)

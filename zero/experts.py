@@ -39,6 +39,7 @@ from parallel.state import ParallelState
 from zero.apply import ZeroParts, build_zero
 from zero.loss_scaler import LossScaler
 from zero.optimizer import StepResult
+from zero.optimizer_state import NamedFragment, ShardedOptimizerState
 
 
 def is_expert_parameter(param: nn.Parameter) -> bool:
@@ -86,12 +87,61 @@ class BothReducers:
             part.zero_grad()
 
 
-class ChainedStep:
+class CheckpointableChain:
+    """What checkpoint/ asks of an optimizer (zero/optimizer_state.py's CheckpointableOptimizer), over both parts.
+
+    The model file holds every expert: each rank's experts (the expert part's whole weights) are gathered over
+    the expert-parallel group, so the rank writing the model file has them all, named by global index.
+    The partition a rank saves is its dense partition followed by its expert partition; its fragment table names
+    each element once over the checkpoint: a part replicated over its data-parallel group (stage 0) is named by
+    that group's first rank only. Fragments are found by name when loading, so the checkpoint loads at any
+    expert-parallel size (and at EP 1 into a plain ShardedAdamW)."""
+
+    def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
+        weights = self.dense.model_state_dict(model, keep)
+        mine = self.experts.model_state_dict(model, keep=True)  # every expert DP rank takes part at stage 3
+        group = self.expert_parallel_group
+        if group is not None and torch.distributed.is_initialized():
+            every = [None] * torch.distributed.get_world_size(group)
+            torch.distributed.all_gather_object(every, mine, group=group)
+        else:
+            every = [mine]
+        if keep:
+            for part in every:
+                weights.update(part)
+        return weights
+
+    def sharded_state_dict(self, model: nn.Module) -> ShardedOptimizerState:
+        dense, experts = self.dense.sharded_state_dict(model), self.experts.sharded_state_dict(model)
+        offset = next(iter(dense.tensors.values())).numel()
+        shifted = [NamedFragment(f.name, f.param_offset, f.partition_offset + offset, f.numel)
+                   for f in experts.fragments]
+        owned = (dense.fragments if not dense.replicated or self.data_parallel_rank == 0 else []) + \
+                (shifted if not experts.replicated or self.expert_data_parallel_rank == 0 else [])
+        return ShardedOptimizerState(
+            tensors={key: torch.cat([dense.tensors[key], experts.tensors[key]]) for key in dense.tensors},
+            fragments=dense.fragments + shifted, replicated=False, zero_stage=dense.zero_stage,
+            adam_step=dense.adam_step, loss_scaler_type=dense.loss_scaler_type,
+            loss_scaler_state=dense.loss_scaler_state, param_dtype=dense.param_dtype, owned=owned)
+
+    def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
+                                loss_scaler_state: Optional[dict] = None) -> None:
+        split = self.dense.master.numel()
+        dense = {key: tensor[:split] for key, tensor in tensors.items()}
+        experts = {key: tensor[split:] for key, tensor in tensors.items()}
+        tensors.clear()
+        self.dense.load_sharded_state_dict(dense, adam_step, loss_scaler_state)
+        self.experts.load_sharded_state_dict(experts, adam_step)
+
+
+class ChainedStep(CheckpointableChain):
     """One step over the dense and the expert optimizers: one norm over all parameters, one clip, one scaler."""
 
-    def __init__(self, dense, experts, expert_parallel_group, loss_scaler: LossScaler) -> None:
+    def __init__(self, dense, experts, expert_parallel_group, loss_scaler: LossScaler,
+                 data_parallel_rank: int = 0, expert_data_parallel_rank: int = 0) -> None:
         self.dense, self.experts = dense, experts
         self.expert_parallel_group = expert_parallel_group
+        self.data_parallel_rank, self.expert_data_parallel_rank = data_parallel_rank, expert_data_parallel_rank
         self.loss_scaler = loss_scaler
         self.comm = dense.comm
 
@@ -172,7 +222,7 @@ class ExpertZeroParts:
         self.dense, self.experts = dense, experts
         self.reducer = BothReducers(dense.reducer, experts.reducer)
         self.optimizer = ChainedStep(dense.optimizer, experts.optimizer, state.experts.model_group,
-                                     dense.optimizer.loss_scaler)
+                                     dense.optimizer.loss_scaler, state.data_parallel_rank, state.experts.data_rank)
 
     @property
     def loss_scaler(self) -> LossScaler:
