@@ -200,3 +200,30 @@ def test_saved_at_expert_parallel_2_resumes_at_2_exactly_and_at_1_and_exports_ev
     # mathematically 0 (the key's bias: softmax ignores it) and Adam normalizes rounding noise: ~3e-7 there.
     for key, tensor in exported["c"].items():
         assert torch.allclose(exported["a"][key], tensor, rtol=1e-5, atol=1e-6), key
+
+
+@pytest.mark.slow
+def test_a_mixtral_shaped_checkpoint_saved_at_expert_parallel_2_exports_as_the_one_saved_at_1(
+        corpus_cache_300, tmp_path):
+    """scripts/convert_to_hf.py from an EP-2 checkpoint: a MixtralForCausalLM with every expert, whose logits are
+    those of the same run's EP-1 checkpoint's export (the weights agree to ~1e-7, see above)."""
+    from transformers import AutoModelForCausalLM
+
+    from scripts import convert_to_hf
+
+    mixtral = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+               "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
+    common = TINY + MOE + mixtral + ["--train-iters", "2", "--data-cache-dir", corpus_cache_300,
+                                     "--global-batch-size", "4", "--zero-stage", "1"]
+    argv = [common + extra + ["--save", str(tmp_path / name), "--metrics-file", str(tmp_path / f"{name}.jsonl")]
+            for name, extra in (("ep1", []), ("ep2", ["--expert-model-parallel-size", "2"]))]
+    run_distributed(launch_rank, 2, argv, [free_port() for _ in argv], timeout=600)
+    tokens = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for name in ("ep1", "ep2"):
+        assert convert_to_hf.main([str(tmp_path / name), str(tmp_path / f"{name}_hf")]) == 0
+        model = AutoModelForCausalLM.from_pretrained(str(tmp_path / f"{name}_hf"), dtype=torch.float32).eval()
+        assert type(model).__name__ == "MixtralForCausalLM" and model.config.num_local_experts == 4
+        with torch.no_grad():
+            logits[name] = model(tokens).logits
+    assert (logits["ep2"] - logits["ep1"]).abs().max() <= 1e-5
