@@ -283,7 +283,7 @@ LAUNCHES = (
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: checkpoints of expert-parallel runs are not implemented yet",
+        outcome="trains",
     ),
 
     Launch(

@@ -227,3 +227,25 @@ def test_a_mixtral_shaped_checkpoint_saved_at_expert_parallel_2_exports_as_the_o
         with torch.no_grad():
             logits[name] = model(tokens).logits
     assert (logits["ep2"] - logits["ep1"]).abs().max() <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gating", [["--moe-expert-capacity-factor", "0.5"],
+                                    ["--moe-gating", "deepspeed", "--topk", "2", "--moe-min-capacity", "1",
+                                     "--moe-train-capacity-factor", "0.5"]], ids=["megatron", "deepspeed"])
+def test_dropped_choices_are_not_dispatched_at_expert_parallel_2(corpus_cache_300, tmp_path, gating):
+    """Token dropping (Megatron-Core's --moe-expert-capacity-factor, DeepSpeed-MoE's capacity) leaves empty choices
+    (expert index -1, probability 0): neither dispatcher sends them, and EP 2 trains as EP 1 with each rank's
+    capacity from its own tokens, as at EP 1. (Megatron-DeepSpeed's MoE64 example, replayed at EP 2, drops.)"""
+    moe = ["--num-layers", "2", "--num-experts", "4", "--moe-grouped-gemm", "--seed", "5"]
+    variants = {"ep1": [], "ep2_alltoall": ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type",
+                                            "alltoall"],
+                "ep2_allgather": ["--expert-model-parallel-size", "2"]}
+    argv = [TINY + moe + gating + ["--train-iters", "5", "--data-cache-dir", corpus_cache_300, "--global-batch-size",
+                                   "4", "--zero-stage", "1"] + extra
+            + ["--metrics-file", str(tmp_path / f"{name}.jsonl")] for name, extra in variants.items()]
+    run_distributed(launch_rank, 2, argv, [free_port() for _ in variants], timeout=600)
+    runs = {name: [(r["loss"], r["grad_norm"]) for r in map(json.loads, (tmp_path / f"{name}.jsonl").read_text()
+                                                                         .splitlines()) if "loss" in r]
+            for name in variants}
+    assert_equal_runs(runs)
