@@ -249,3 +249,23 @@ def test_dropped_choices_are_not_dispatched_at_expert_parallel_2(corpus_cache_30
                                                                          .splitlines()) if "loss" in r]
             for name in variants}
     assert_equal_runs(runs)
+
+
+@pytest.mark.slow
+def test_the_expert_bias_and_the_global_aux_loss_reduce_over_the_same_ranks_at_expert_parallel_2(
+        corpus_cache_300, tmp_path):
+    """Megatron-Core reduces the expert bias's token counts and global_aux_loss's over the tensor-and-data-parallel
+    group (router.py, `get_tensor_and_data_parallel_group`), which holds the expert-parallel ranks (they are carved
+    out of it). Here the counts are each rank's own tokens per expert, every expert (not the dispatcher's local
+    rows), summed over the data-parallel group: at EP 2 the bias moves and the loss is as at EP 1."""
+    moe = ["--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2", "--moe-router-score-function",
+           "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "1e-2",
+           "--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2", "--seed", "5"]
+    variants = {"ep1": [], "ep2": ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]}
+    argv = [TINY + moe + ["--train-iters", "5", "--data-cache-dir", corpus_cache_300, "--global-batch-size", "4"]
+            + extra + ["--metrics-file", str(tmp_path / f"{name}.jsonl")] for name, extra in variants.items()]
+    run_distributed(launch_rank, 2, argv, [free_port() for _ in variants], timeout=600)
+    runs = {name: [(r["loss"], r["grad_norm"], r["global_load_balancing_loss"])
+                   for r in map(json.loads, (tmp_path / f"{name}.jsonl").read_text().splitlines()) if "loss" in r]
+            for name in variants}
+    assert_equal_runs(runs)
