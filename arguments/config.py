@@ -629,6 +629,25 @@ class PretrainConfig:
                               "implemented here: use one optimizer instance",
                               flags=("--context-parallel-size", "--num-distributed-optimizer-instances"))
 
+    def _check_expert_parallel(self) -> None:
+        """--expert-model-parallel-size splits each MoE layer's experts evenly over its ranks (Megatron-LM's
+        validate_args: `args.num_experts % args.expert_model_parallel_size == 0`); the data-parallel size it
+        must divide is known at launch (parallel/mesh.py expert_mesh_sizes)."""
+        ep = self.parallel.expert_model_parallel_size
+        if ep == 1:
+            return
+        flag = "--expert-model-parallel-size"
+        if self.model.moe is None:
+            raise ConfigError(f"{flag} {ep} needs experts to split: add --num-experts (a multiple of {ep})",
+                              flags=(flag, "--num-experts"))
+        if self.model.num_experts % ep != 0:
+            raise ConfigError(f"--num-experts {self.model.num_experts} is not divisible by {flag} {ep}; each "
+                              f"expert-parallel rank holds an equal share of the experts", flags=(flag, "--num-experts"))
+        if self.checkpoint.init_from_hf:
+            raise ConfigError(f"{flag} {ep} with --init-from-hf: a Hugging Face folder is not loaded into an "
+                              f"expert-parallel run yet; start at {flag} 1, save, and resume at {ep}",
+                              flags=(flag, "--init-from-hf"))
+
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
@@ -647,6 +666,7 @@ class PretrainConfig:
                               "checkpoints yet, so a resume would restart it at 0; train without checkpoints, or "
                               "balance with --moe-aux-loss-coeff",
                               flags=("--moe-router-enable-expert-bias", "--save", "--load"))
+        self._check_expert_parallel()
         self._check_pipeline()
         self._check_context_parallel()
         self.activations.validate_for_layers(self.model.num_layers)

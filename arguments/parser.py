@@ -374,6 +374,13 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     use_sample_based_lengths(settings, sources)
     deepspeed_batch = ({"source": translation.source, **translation.batch}
                        if translation is not None and translation.batch else {})
+    dense_notes = []
+    if (settings.get("num_experts") or 1) <= 1 and settings.get("expert_tensor_parallel_size") not in (None, 1):
+        # Megatron-LM builds the experts' grid from it (megatron/core/parallel_state.py): a dense model has none, and
+        # its dense functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*)
+        dense_notes.append(f"--expert-tensor-parallel-size {settings['expert_tensor_parallel_size']}: no effect "
+                           f"on a dense model (no --num-experts), as in Megatron-LM")
+        settings["expert_tensor_parallel_size"] = None
     if is_deepspeed_moe_launch(settings.get("num_experts"), generation, bool(meanings["deepspeed"])) \
             and sources["moe_gating"].kind == DEFAULT:
         # Megatron-DeepSpeed's --num-experts: DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py)
@@ -397,7 +404,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
                 problems.append(str(error))
     if problems:
         raise ConfigError(one_error(problems))
-    notes = list(resolved.notes) + folder_notes
+    notes = list(resolved.notes) + folder_notes + dense_notes
     default_note = megatron_default_note(parser, settings, sources, "config" in typed, harvested()["flags"],
                                          generation)
     if default_note:

@@ -20,9 +20,14 @@ from parallel.state import ParallelState
 
 def gather_stage_tables(table: dict[str, dict], state: ParallelState) -> list[dict[str, dict]]:
     """Every stage's parameter table (whole shapes by name), in stage order; every rank calls this.
-    All the ranks of a stage hold the same names, so any one of them speaks for it."""
+    A stage's table is the union of its ranks' (in rank order): with expert parallelism each rank holds
+    its own experts (named by global index); otherwise the ranks of a stage hold the same names."""
     gathered = state.comm.all_gather_object((state.pipeline_parallel_rank, table))
-    by_stage = {stage: stage_table for stage, stage_table in gathered}
+    by_stage: dict[int, dict[str, dict]] = {}
+    for stage, stage_table in gathered:
+        merged = by_stage.setdefault(stage, {})
+        for name, entry in stage_table.items():
+            merged.setdefault(name, entry)
     return [by_stage[stage] for stage in range(state.pipeline_parallel_size)]
 
 

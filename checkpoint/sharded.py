@@ -135,7 +135,8 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
         tensors = {key: shard.tensors[key] for key in OPTIMIZER_KEYS}
         # the format's fragment table: [name, param_offset, partition_offset, numel] per fragment. A fragment
         # left out (the tied copy) keeps its elements in the flat tensors, unnamed: no copy of the partition.
-        fragments = [list(fragment) for fragment in shard.fragments if fragment.name in stored]
+        fragments = [list(fragment) for fragment in (shard.fragments if shard.owned is None else shard.owned)
+                     if fragment.name in stored]
         name = optimizer_file(tp, 0 if shard.replicated else state.partition_rank, pp)
         written[name] = save_tensors(staging / name, tensors, {"fragments": fragments})
 

@@ -233,11 +233,14 @@ class TransformerBlock(nn.Module):
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         if config.moe_layers()[layer_number]:
             # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
+            # under expert parallelism its share of the experts and the plan's dispatcher (gpt/parallel_plan.py)
+            dispatcher, local_experts = plan.experts(config.moe.num_experts)
             self.mlp = MoELayer(h, config.moe, state=plan.state,
                                 activation=functools.partial(activation_function, config.activation),
                                 swiglu=architecture.swiglu, init_std=config.init_method_std,
                                 output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
-                                layer_number=layer_number, tracker=moe_tracker)
+                                layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
+                                local_experts=local_experts)
         elif architecture.swiglu:
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),

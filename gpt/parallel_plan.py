@@ -23,6 +23,7 @@ from typing import Optional
 
 from torch import nn
 
+from gpt.moe.dispatchers import AllGatherDispatcher, AllToAllDispatcher
 from parallel.config import ParallelismConfig
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from parallel.random import TensorParallelRNG
@@ -64,6 +65,22 @@ class TensorParallelPlan:
     `SEQUENCE_REGIONS` split the sequence (Megatron's --sequence-parallel with TP > 1)."""
     state: ParallelState
     sequence_parallel: bool = False
+    # Expert parallelism (state.experts, the experts' own grid): how tokens reach the experts' ranks
+    # (--moe-token-dispatcher-type, gpt/moe/dispatchers.py); unused at expert-parallel size 1.
+    token_dispatcher: str = "allgather"
+
+    def experts(self, num_experts: int):
+        """An MoE layer's dispatcher and the global indices of this rank's experts: at expert-parallel size 1
+        None (the layer's LocalDispatcher) and every expert; above it the --moe-token-dispatcher-type dispatcher
+        over the expert-parallel group and this rank's contiguous share (expert e on EP rank e // (E / EP), as
+        Megatron-Core's local_expert_indices), named by global index so checkpoints name experts alike at any
+        EP size."""
+        experts = self.state.experts
+        if experts.model_size == 1:
+            return None, None
+        kind = AllToAllDispatcher if self.token_dispatcher == "alltoall" else AllGatherDispatcher
+        dispatcher = kind(experts, num_experts, self.state.comm)
+        return dispatcher, list(range(dispatcher.first_local, dispatcher.first_local + dispatcher.num_local))
 
     def style(self, name: str) -> str:
         """The declared style of module `name`; a module the plan does not name is refused, so that no
@@ -123,4 +140,5 @@ def tensor_parallel_plan(state: ParallelState, parallel: Optional[ParallelismCon
     """The plan for `state`'s tensor-parallel group under the `parallel` section (None: no sequence
     parallelism). Megatron's --sequence-parallel with TP 1 splits nothing: the plain model."""
     sequence_parallel = parallel is not None and parallel.sequence_parallel and state.tensor_parallel_size > 1
-    return TensorParallelPlan(state, sequence_parallel)
+    dispatcher = parallel.moe_token_dispatcher_type if parallel is not None else "allgather"
+    return TensorParallelPlan(state, sequence_parallel, dispatcher)

@@ -2,11 +2,12 @@
 
 `ParallelismConfig` is `PretrainConfig.parallel`: tensor parallelism (and its sequence parallelism), the
 pipeline (its stages, virtual stages and uneven splits), in one place as Megatron-Core's
-`ModelParallelConfig` and torchtitan's `ParallelismConfig` hold them, and context parallelism (the sequence
-split over CP ranks, parallel/context_parallel.py). Every field is a flag under Megatron's own name
-(`tensor_model_parallel_size` <-> `--tensor-model-parallel-size`), declared with `option()` as in every
-section. Expert parallelism belongs here too when it is wired; until then Megatron's
-`--expert-model-parallel-size` is accepted at 1 and refused above it (arguments/megatron/flag_classes.py).
+`ModelParallelConfig` and torchtitan's `ParallelismConfig` hold them, context parallelism (the sequence
+split over CP ranks, parallel/context_parallel.py) and expert parallelism (Megatron-Core's parallel folding:
+the experts' own EP x ETP x EDP grid over the same ranks, parallel/mesh.py; `--expert-model-parallel-size`,
+Megatron-DeepSpeed's `--moe-expert-parallel-size`, and `--expert-tensor-parallel-size`). Every field is a
+flag under Megatron's own name (`tensor_model_parallel_size` <-> `--tensor-model-parallel-size`), declared
+with `option()` as in every section.
 
 Data parallelism is what the world leaves: world / (TP x CP x PP). How each size is applied, in order, is
 training/build.py's `parallelize`; which module is column-, row- or vocab-parallel and which regions split
@@ -62,12 +63,35 @@ class ParallelismConfig:
     decoder_last_pipeline_num_layers: Optional[int] = option(
         None, help="layers of the last pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
 
+    # Expert parallelism (gpt/moe/dispatchers.py, zero/experts.py): the experts split over EP ranks carved out of
+    # the data-parallel ranks, as Megatron-Core's --expert-model-parallel-size.
+    expert_model_parallel_size: int = option(
+        1, aliases={"--moe-expert-parallel-size": "Megatron-DeepSpeed"},
+        help="ranks the experts of each MoE layer are split over (each holds --num-experts / EP of them; tokens "
+             "travel by --moe-token-dispatcher-type); must divide the data-parallel size and --num-experts")
+    expert_tensor_parallel_size: Optional[int] = option(
+        None, help="tensor parallelism inside each expert (Megatron's default: --tensor-model-parallel-size); "
+                   "experts are not tensor-parallel here: only 1")
+    # Megatron-Core's --moe-token-dispatcher-type (megatron/core/transformer/moe/token_dispatcher.py); its default.
+    moe_token_dispatcher_type: str = option(
+        "allgather", choices=("allgather", "alltoall", "flex"),
+        help="how tokens reach their experts' ranks under expert parallelism: allgather (every token to every "
+             "expert-parallel rank) or alltoall (each token to its experts' ranks); the same numbers; flex "
+             "(DeepEP/HybridEP) is not implemented")
+
     def validate(self) -> None:
         for name, flag in (("tensor_model_parallel_size", "--tensor-model-parallel-size"),
                            ("pipeline_model_parallel_size", "--pipeline-model-parallel-size"),
-                           ("context_parallel_size", "--context-parallel-size")):
+                           ("context_parallel_size", "--context-parallel-size"),
+                           ("expert_model_parallel_size", "--expert-model-parallel-size")):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)}", flags=(flag,))
+        if self.expert_tensor_parallel_size not in (None, 1):
+            raise ConfigError(f"--expert-tensor-parallel-size {self.expert_tensor_parallel_size}: experts are not "
+                              "tensor-parallel here; use 1", flags=("--expert-tensor-parallel-size",))
+        if self.moe_token_dispatcher_type == "flex":
+            raise ConfigError("--moe-token-dispatcher-type flex (DeepEP/HybridEP kernels) is not implemented: use "
+                              "alltoall or allgather (the same numbers)", flags=("--moe-token-dispatcher-type",))
 
 
 # Where checkpoint metadata and `PretrainConfig.to_dict` record each setting of this section: the section it

@@ -550,7 +550,9 @@ def initialize_grid(device_name: str, parallel: "ParallelismConfig", timeout_min
     """`initialize` with every size of the run's parallel section (parallel/config.py), in one place."""
     return initialize(device_name, parallel.tensor_model_parallel_size, timeout_minutes,
                       pipeline_parallel_size=parallel.pipeline_model_parallel_size,
-                      optimizer_instances=optimizer_instances, context_parallel_size=parallel.context_parallel_size)
+                      optimizer_instances=optimizer_instances, context_parallel_size=parallel.context_parallel_size,
+                      expert_model_parallel_size=parallel.expert_model_parallel_size,
+                      expert_tensor_parallel_size=parallel.expert_tensor_parallel_size)
 
 
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,

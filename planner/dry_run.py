@@ -273,7 +273,9 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     try:
         state = virtual_state(cluster.world_size, tp, rank, META, pipeline_parallel_size=pp,
                               optimizer_instances=config.zero.distributed_optimizer_instances,
-                              context_parallel_size=config.parallel.context_parallel_size)
+                              context_parallel_size=config.parallel.context_parallel_size,
+                              expert_model_parallel_size=config.parallel.expert_model_parallel_size,
+                              expert_tensor_parallel_size=config.parallel.expert_tensor_parallel_size)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)
@@ -392,6 +394,13 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     if checkpointing is not None and config.activations.contiguous_checkpointing and \
             config.activations.cpu_checkpointing:
         result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")
+    if config.model.moe is not None:
+        # gpt/moe/layer.py _balanced_on_meta: no routing decision exists on the meta device
+        ep = state.experts.model_size
+        result.notes.append(
+            "MoE routing assumed uniform: every expert receives an equal share of the tokens' top-k rows"
+            + (f"; the {config.parallel.moe_token_dispatcher_type} dispatcher's exchanges over the {ep} "
+               "expert-parallel ranks are not counted" if ep > 1 else ""))
     if cluster.gpu_memory_bytes is not None:
         result.budget_bytes = cluster.gpu_memory_bytes
         result.headroom_bytes = cluster.gpu_memory_bytes - result.total_bytes

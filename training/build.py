@@ -23,6 +23,7 @@ from parallel.state import ParallelState
 from training.run_settings import RunSettings
 from zero.activations import ActivationCheckpointing, ActivationMonitor, apply_activation_checkpointing
 from zero.apply import ZeroParts, apply_zero
+from zero.experts import build_zero_with_experts
 from zero.flat_buffer import mark_weight_decay
 
 
@@ -88,8 +89,10 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.tied_output \
         and model.word_embeddings is not None else []
     mark_weight_decay(decayed_norm_params(model, config))
+    # Under expert parallelism the experts' states get a ZeRO of their own over the expert data-parallel group.
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
-                      decoupled_lr_params=decoupled_lr_params(model, config))
+                      decoupled_lr_params=decoupled_lr_params(model, config),
+                      build=build_zero_with_experts if state.experts.model_size > 1 else None)
     if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng)

@@ -56,6 +56,10 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
     if state.context_parallel_size > 1:  # only then: the line of every other run stays as it was
         words += (f", CP {state.context_parallel_size} ({config.model.cp_comm_type}; gradients averaged and ZeRO's "
                   f"partition cut over DP x CP = {state.data_context_parallel_size})")
+    experts = state.experts
+    if experts.model_size > 1:
+        words += (f"; experts EP {experts.model_size} x expert DP {experts.data_size} "
+                  f"({config.parallel.moe_token_dispatcher_type} dispatcher)")
     instances = state.optimizer_instances.count
     if instances > 1:
         words += (f"; {instances} distributed optimizer instances, each sharding the optimizer state over "

@@ -67,18 +67,20 @@ class ZeroParts:
 
 def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Module]] = None,
                own_units: Sequence[nn.Parameter] = (),
-               decoupled_lr_params: Sequence[nn.Parameter] = ()) -> ZeroParts:
+               decoupled_lr_params: Sequence[nn.Parameter] = (), build=None) -> ZeroParts:
     """ZeRO as a resolved PretrainConfig asks for: its stage, buckets, precision, gradient precision and
     loss scaling. `blocks` are the stage-3 chunks' modules (our GPTModel's `model.blocks`); `own_units`,
     parameters that get a unit of their own (see build_zero); `decoupled_lr_params` the parameters stepped
-    at --decoupled-lr (zero/optimizer.py)."""
+    at --decoupled-lr (zero/optimizer.py). `build`: build_zero (the default), or with expert parallelism
+    zero/experts.py's build_zero_with_experts (training/build.py chooses)."""
+    build = build or build_zero
     training = config.training
     scaler = build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
                                training.loss_scale_window, training.hysteresis, training.min_loss_scale)
-    return build_zero(model, config.zero, config.optimizer, state, param_dtype=PRECISION_DTYPES[training.precision],
-                      grad_dtype=PRECISION_DTYPES[training.gradient_precision], loss_scaler=scaler,
-                      seed=training.seed, blocks=blocks, own_units=own_units,
-                      decoupled_lr_params=decoupled_lr_params)
+    settings = dict(param_dtype=PRECISION_DTYPES[training.precision],
+                    grad_dtype=PRECISION_DTYPES[training.gradient_precision], loss_scaler=scaler,
+                    seed=training.seed, blocks=blocks, own_units=own_units, decoupled_lr_params=decoupled_lr_params)
+    return build(model, config.zero, config.optimizer, state, **settings)
 
 
 def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_dtype: torch.dtype = torch.float32,

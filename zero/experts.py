@@ -39,6 +39,7 @@ from parallel.state import ParallelState
 from zero.apply import ZeroParts, build_zero
 from zero.loss_scaler import LossScaler
 from zero.optimizer import StepResult
+from zero.optimizer_state import NamedFragment, ShardedOptimizerState
 
 
 def is_expert_parameter(param: nn.Parameter) -> bool:
@@ -87,14 +88,109 @@ class BothReducers:
             part.zero_grad()
 
 
-class ChainedStep:
+class CheckpointableChain:
+    """What checkpoint/ asks of an optimizer (zero/optimizer_state.py's CheckpointableOptimizer), over both parts.
+
+    The model file holds every expert: each rank's experts (the expert part's whole weights) are gathered over
+    the expert-parallel group, so the rank writing the model file has them all, named by global index.
+    The partition a rank saves is its dense partition followed by its expert partition; its fragment table names
+    each element once over the checkpoint: a part replicated over its data-parallel group (stage 0) is named by
+    that group's first rank only. Fragments are found by name when loading, so the checkpoint loads at any
+    expert-parallel size (and at EP 1 into a plain ShardedAdamW)."""
+
+    def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
+        weights = self.dense.model_state_dict(model, keep)
+        mine = self.experts.model_state_dict(model, keep=True)  # every expert DP rank takes part at stage 3
+        group = self.expert_parallel_group
+        if group is not None and torch.distributed.is_initialized():
+            every = [None] * torch.distributed.get_world_size(group)
+            torch.distributed.all_gather_object(every, mine, group=group)
+        else:
+            every = [mine]
+        if keep:
+            for part in every:
+                weights.update(part)
+        return weights
+
+    def sharded_state_dict(self, model: nn.Module) -> ShardedOptimizerState:
+        dense, experts = self.dense.sharded_state_dict(model), self.experts.sharded_state_dict(model)
+        offset = next(iter(dense.tensors.values())).numel()
+        shifted = [NamedFragment(f.name, f.param_offset, f.partition_offset + offset, f.numel)
+                   for f in experts.fragments]
+        owned = (dense.fragments if not dense.replicated or self.data_parallel_rank == 0 else []) + \
+                (shifted if not experts.replicated or self.expert_data_parallel_rank == 0 else [])
+        return ShardedOptimizerState(
+            tensors={key: torch.cat([dense.tensors[key], experts.tensors[key]]) for key in dense.tensors},
+            fragments=dense.fragments + shifted, replicated=False, zero_stage=dense.zero_stage,
+            adam_step=dense.adam_step, loss_scaler_type=dense.loss_scaler_type,
+            loss_scaler_state=dense.loss_scaler_state, param_dtype=dense.param_dtype, owned=owned)
+
+    def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
+                                loss_scaler_state: Optional[dict] = None) -> None:
+        split = self.dense.master.numel()
+        dense = {key: tensor[:split] for key, tensor in tensors.items()}
+        experts = {key: tensor[split:] for key, tensor in tensors.items()}
+        tensors.clear()
+        self.dense.load_sharded_state_dict(dense, adam_step, loss_scaler_state)
+        self.experts.load_sharded_state_dict(experts, adam_step)
+
+
+class ChainedStep(CheckpointableChain):
     """One step over the dense and the expert optimizers: one norm over all parameters, one clip, one scaler."""
 
-    def __init__(self, dense, experts, expert_parallel_group, loss_scaler: LossScaler) -> None:
+    def __init__(self, dense, experts, expert_parallel_group, loss_scaler: LossScaler,
+                 data_parallel_rank: int = 0, expert_data_parallel_rank: int = 0) -> None:
         self.dense, self.experts = dense, experts
         self.expert_parallel_group = expert_parallel_group
+        self.data_parallel_rank, self.expert_data_parallel_rank = data_parallel_rank, expert_data_parallel_rank
         self.loss_scaler = loss_scaler
         self.comm = dense.comm
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """Both optimizers' groups (the loop sets each group's learning rate)."""
+        return [*self.dense.param_groups, *self.experts.param_groups]
+
+    @property
+    def stage(self) -> int:
+        return self.dense.stage
+
+    @property
+    def parts(self) -> tuple:
+        return (self.dense, self.experts)
+
+    # What memory reports and the planner read (training/memory_report.py, planner/dry_run.py): both parts'.
+    def model_state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        merged: dict[str, list[torch.Tensor]] = {}
+        for part in self.parts:
+            for key, tensors in part.model_state_tensors().items():
+                merged.setdefault(key, []).extend(tensors)
+        return merged
+
+    @property
+    def num_parameters(self) -> int:
+        return self.dense.num_parameters + self.experts.num_parameters
+
+    @property
+    def padding(self) -> int:
+        return self.dense.padding + self.experts.padding
+
+    @property
+    def parameters(self):
+        """The dense part's parameter storage (its stage-3 gatherer is the one the planner reads)."""
+        return self.dense.parameters
+
+    def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
+        return max(part.step_working_bytes(gather_copy_bytes) for part in self.parts)
+
+    def step_collectives_only(self) -> None:
+        """`step`'s collectives without its arithmetic (the dry run's step, planner/dry_run.py): both parts'
+        norms, the experts' summed over the expert-parallel group, and both publishes."""
+        self.dense.grad_norm_squared(self.dense.gradients.partition_gradients())
+        expert_squared = self.experts.grad_norm_squared(self.experts.gradients.partition_gradients())
+        self.comm.all_reduce(expert_squared, self.expert_parallel_group, "ep")
+        for part in self.parts:
+            part.publish_parameters()
 
     def step(self) -> StepResult:
         scale = self.loss_scaler.scale
@@ -127,7 +223,7 @@ class ExpertZeroParts:
         self.dense, self.experts = dense, experts
         self.reducer = BothReducers(dense.reducer, experts.reducer)
         self.optimizer = ChainedStep(dense.optimizer, experts.optimizer, state.experts.model_group,
-                                     dense.optimizer.loss_scaler)
+                                     dense.optimizer.loss_scaler, state.data_parallel_rank, state.experts.data_rank)
 
     @property
     def loss_scaler(self) -> LossScaler:
@@ -138,15 +234,17 @@ class ExpertZeroParts:
 
 
 def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, state: ParallelState, *,
-                            loss_scaler: Optional[LossScaler] = None, **kwargs) -> ExpertZeroParts:
+                            loss_scaler: Optional[LossScaler] = None, own_units=(), decoupled_lr_params=(),
+                            **kwargs) -> ExpertZeroParts:
     """build_zero for a model some of whose parameters are tagged `expert_parallel` (module docstring); the
-    keyword arguments are build_zero's."""
+    keyword arguments are build_zero's (`own_units` and `decoupled_lr_params`, never experts, go to the dense
+    part only)."""
     if not any(is_expert_parameter(param) for param in model.parameters() if param.requires_grad):
         raise ValueError("build_zero_with_experts: the model has no parameter tagged expert_parallel")
     scaler = loss_scaler or LossScaler(1.0)
     expert_ids = {id(param) for param in model.parameters() if is_expert_parameter(param)}
     dense = _build_part(model, lambda param: id(param) not in expert_ids, zero_config, optimizer_config, state,
-                        loss_scaler=scaler, **kwargs)
+                        loss_scaler=scaler, own_units=own_units, decoupled_lr_params=decoupled_lr_params, **kwargs)
     bound_dense = {id(param) for param in model.parameters() if param.requires_grad} - expert_ids
     experts = _build_part(model, lambda param: id(param) not in bound_dense, zero_config, optimizer_config,
                           expert_data_parallel_state(state), loss_scaler=scaler,

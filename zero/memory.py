@@ -227,6 +227,8 @@ def host_resident_tensors(optimizer) -> list[torch.Tensor]:
     placement). Named by which buffer a tensor is, not by
     `tensor.device`: on a CPU run the host is the device too, and a planner's rank keeps every tensor
     on the meta device, yet both must say where a CUDA run would put each byte."""
+    if hasattr(optimizer, "parts"):  # the dense and the expert optimizers of expert parallelism (zero/experts.py)
+        return [tensor for part in optimizer.parts for tensor in host_resident_tensors(part)]
     tensors = []
     if getattr(optimizer, "offload", None) is not None:
         tensors += [optimizer.master, optimizer.exp_avg, optimizer.exp_avg_sq, *optimizer.gradients.host_tensors()]

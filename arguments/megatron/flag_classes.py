@@ -185,7 +185,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      "dispatcher computes the same combination; the load-balancing loss is logged beside the LM loss; DeepSpeed-MoE's Tutel "
      "kernels and separate MoE parameter groups compute the same update", _names("""
         --ep-overlap-early-attn-memory-release --moe-grouped-gemm --moe-layer-recompute
-        --moe-permute-fusion --moe-router-fusion --moe-shared-expert-overlap --moe-token-dispatcher-type
+        --moe-permute-fusion --moe-router-fusion --moe-shared-expert-overlap
         --moe-use-legacy-grouped-gemm --overlap-dispatch-backward-with-experts-wgrad
         --overlap-moe-expert-parallel-comm --save-tokens-per-expert-interval --use-grouped-gemm-for-dense-mlp
         --use-grouped-gemm-for-shared-expert --use-tutel --create-moe-param-group""")),
@@ -452,8 +452,6 @@ def _without_decayed_norms(value: Any, settings: Optional[Mapping[str, Any]]) ->
     return settings is None or not (settings.get("qk_layernorm") and settings.get("apply_wd_to_qk_layernorm"))
 NO_MOE = ("not implemented: the mixture of experts here is Megatron-LM's --num-experts (Megatron-Core's MoE layer, "
           "gpt/moe/); --num-experts-switch 1 is accepted: one expert is the dense model")
-NO_EXPERT_PARALLEL = ("expert parallelism is not implemented yet: every rank holds all the experts "
-                      "(--expert-model-parallel-size 1)")
 NOT_IN_MOE = ("not implemented in the MoE layer here (Megatron-Core's router, balancing losses, capacity and shared "
               "experts are, gpt/moe/): drop the flag")
 
@@ -499,13 +497,6 @@ AT_VALUE: dict[str, AtValue] = {
     "--enable-expert-tensor-parallelism": AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense "
                                                                 "model (no --num-experts, or 1)",
                                                   "not implemented: experts are not tensor-parallel here"),
-    "--expert-model-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
-    "--moe-expert-parallel-size": AtValue(_equals(1), "expert parallelism over 1 rank is none", NO_EXPERT_PARALLEL),
-    # Megatron reads it for the experts only: on a dense model it changes nothing (its functional tests give it so)
-    "--expert-tensor-parallel-size": AtValue(
-        lambda value, settings: _equals(1, None)(value, settings) or _without_moe(value, settings),
-        "expert tensor parallelism over 1 rank, or on a dense model (no --num-experts), is none",
-        "not implemented: experts are not tensor-parallel here; use 1"),
     # megatron/core/models/common/embeddings/rotary_pos_embedding.py: `seq *= 1 / seq_len_interpolation_factor`
     "--rotary-seq-len-interpolation-factor": AtValue(
         _equals(1), "a factor of 1 leaves the rotary positions as they are",

@@ -72,8 +72,9 @@ def _check_routing(hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Ten
                          f"{tuple(probs.shape)} and {tuple(indices.shape)}")
     if indices.dtype != torch.int64:
         raise ValueError(f"dispatch: indices must be int64, got {indices.dtype}")
-    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= num_experts):
-        raise ValueError(f"dispatch: an expert index is outside [0, {num_experts})")
+    # -1 is an empty choice (a token dropped by the capacity, or padding; its prob is 0): not dispatched
+    if indices.numel() and (int(indices.min()) < -1 or int(indices.max()) >= num_experts):
+        raise ValueError(f"dispatch: an expert index is outside [0, {num_experts}) (or -1, an empty choice)")
 
 
 def _regroup(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -131,9 +132,11 @@ class AllToAllDispatcher:
         ep, etp = experts.model_size, experts.tensor_size
         k = indices.shape[1]
         flat = indices.reshape(-1)
-        order = torch.argsort(flat, stable=True)  # (token, choice) rows, expert-major, token order within
+        chosen = torch.nonzero(flat >= 0).reshape(-1)  # an empty choice (-1) sends no row
+        # (token, choice) rows, expert-major, token order within
+        order = chosen[torch.argsort(flat[chosen], stable=True)]
         permuted = hidden.index_select(0, order // k)
-        sent_per_expert = torch.bincount(flat, minlength=self.num_experts)  # [E], this rank's rows per expert
+        sent_per_expert = torch.bincount(flat[chosen], minlength=self.num_experts)  # [E], this rank's rows per expert
         # Every rank's rows per expert over the ETP x EP group (ETP fastest), as [ETP, EP source, E]: what this rank
         # and its ETP peers receive for each local expert from each EP rank.
         every_rank = sent_per_expert.new_empty((etp * ep * self.num_experts,))

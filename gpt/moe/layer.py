@@ -68,6 +68,11 @@ class MoELayer(nn.Module):
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
                                grouped=settings.grouped_gemm, expert_ids=local_experts)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
+        if local_experts is not None and len(local_experts) < settings.num_experts:
+            # held by the expert-parallel ranks' share only: ZeRO reduces them over the expert data-parallel
+            # group (zero/experts.py), as Megatron-Core's experts (allreduce = False)
+            for param in self.experts.parameters():
+                param.expert_parallel = True
         if settings.shared_expert_intermediate_size is not None:
             self.shared_experts = SharedExperts(hidden_size, settings.shared_expert_intermediate_size,
                                                 activation=activation, swiglu=swiglu, init_std=init_std,
@@ -123,10 +128,14 @@ class MoELayer(nn.Module):
 
     def _experts_of(self, tokens: torch.Tensor, choice_probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         rows, tokens_per_expert = self.dispatcher.dispatch(tokens, choice_probs, indices)
-        self.last_tokens_per_expert = tokens_per_expert.detach()
+        # This rank's tokens per expert, every expert (under expert parallelism the dispatcher's count is of
+        # the local experts' received rows): what the expert bias and the logs reduce over the data-parallel
+        # ranks, as Megatron-Core's router counts its own tokens (router.py, local_tokens_per_expert).
+        routed = torch.bincount(indices[indices >= 0], minlength=self.settings.num_experts).detach()
+        self.last_tokens_per_expert = routed
         tracker = self.router.tracker
         if tracker is not None and self.training and torch.is_grad_enabled():
-            tracker.count_tokens(self.router.layer_number, tokens_per_expert)
+            tracker.count_tokens(self.router.layer_number, routed)
         return self.dispatcher.combine(self.experts(rows, tokens_per_expert))
 
     def _balanced_on_meta(self, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

@@ -130,8 +130,9 @@ def test_every_no_effect_flag_is_accepted_and_said_in_the_one_line():
 def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere():
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4",
                      "--init-method-std", "0.02"]
-    no_op = {"--num-experts-switch": "1", "--expert-model-parallel-size": "1",
-             "--moe-expert-parallel-size": "1",
+    # (--expert-model-parallel-size, --moe-expert-parallel-size and --expert-tensor-parallel-size are settings now:
+    # parallel/config.py, tests/training/test_expert_parallel_training.py)
+    no_op = {"--num-experts-switch": "1",
              "--mtp-num-layers": "0", "--optimizer": "adam",
              "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
              "--weight-decay-incr-style": "constant",
@@ -139,8 +140,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02",
              "--rotary-seq-len-interpolation-factor": "1"}
-    other = {"--num-experts-switch": "8", "--expert-model-parallel-size": "2",
-             "--moe-expert-parallel-size": "2",
+    other = {"--num-experts-switch": "8",
              "--mtp-num-layers": "1", "--optimizer": "sgd",
              "--softmax-type": "learnable",
              "--dataloader-type": "cyclic", "--remote-device": "cpu",
@@ -331,7 +331,9 @@ def test_expert_tensor_parallel_size_is_no_effect_on_a_dense_model_and_refused_a
     initialize_model_parallel builds the expert groups from it; a dense model has none), so its dense
     functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*): accepted there; with experts, above 1, refused."""
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4"]
-    parse_arguments(settings_argv + ["--expert-tensor-parallel-size", "4"])
+    dense = parse_arguments(settings_argv + ["--expert-tensor-parallel-size", "4"])
+    assert dense.config.parallel.expert_tensor_parallel_size is None
+    assert any("--expert-tensor-parallel-size 4: no effect on a dense model" in note for note in dense.notes)
     parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "1"])
-    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 2: not implemented"):
+    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 2: experts are not tensor-parallel here"):
         parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "2"])

@@ -283,7 +283,7 @@ LAUNCHES = (
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: --moe-expert-parallel-size 8",
+        outcome="trains",
     ),
 
     Launch(

@@ -63,6 +63,7 @@ TINY = {"--num-layers": 2, "--hidden-size": 32, "--num-attention-heads": 2, "--s
 TENSOR_PARALLEL = ("--tensor-model-parallel-size", "--model-parallel-size")
 PIPELINE_PARALLEL = ("--pipeline-model-parallel-size", "--pipe-parallel-size")
 CONTEXT_PARALLEL = ("--context-parallel-size", "--ds-sequence-parallel-size")
+EXPERT_PARALLEL = ("--expert-model-parallel-size", "--moe-expert-parallel-size")
 MICRO_BATCH = ("--micro-batch-size", "--batch-size")
 ACCUMULATION = ("--gradient-accumulation-steps", "--num-microbatches-in-minibatch", "--gas")
 JSON_CONFIG = ("--deepspeed_config", "--deepspeed-config")
@@ -83,7 +84,7 @@ CHANGED_FLAGS = frozenset({
     "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--num-distributed-optimizer-instances",
     "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to",
-    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *MICRO_BATCH,
+    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--step-batch-size-schedule", "--train-iters",
     "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
@@ -189,6 +190,9 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         new_tp = new_cp = 1  # the data-parallel ranks must hold several optimizer instances, as they did
     new_dp = max(1, WORLD_SIZE // (new_tp * new_pp * new_cp))
     new_instances = max(1, min(instances, new_dp))
+    # Expert parallelism folds into the data-, context- and tensor-parallel ranks of a stage (parallel/mesh.py): at
+    # most those (a power of two, as every original here, so it still divides the experts).
+    new_ep = min(first(scalar, EXPERT_PARALLEL, 1), new_dp * new_cp * new_tp)
     # Interleaved stages keep their number of model chunks per stage, one layer each; an uneven first or last
     # stage keeps one layer.
     chunks = 1
@@ -302,6 +306,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str(new_pp)]
         elif flag in CONTEXT_PARALLEL:
             new = [str(new_cp)]
+        elif flag in EXPERT_PARALLEL:
+            new = [str(new_ep)]
         elif flag in MICRO_BATCH:
             new = [str(micro_map[value])]
         elif flag == "--global-batch-size":
