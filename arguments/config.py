@@ -643,6 +643,11 @@ class PretrainConfig:
         if self.model.num_experts % ep != 0:
             raise ConfigError(f"--num-experts {self.model.num_experts} is not divisible by {flag} {ep}; each "
                               f"expert-parallel rank holds an equal share of the experts", flags=(flag, "--num-experts"))
+        if self.zero.distributed_optimizer_instances > 1:
+            # zero/experts.py builds the experts' ZeRO over the expert data-parallel group with one instance
+            raise ConfigError(f"--num-distributed-optimizer-instances {self.zero.distributed_optimizer_instances} "
+                              f"with {flag} {ep} is not implemented here: use one optimizer instance",
+                              flags=(flag, "--num-distributed-optimizer-instances"))
         if self.checkpoint.init_from_hf:
             raise ConfigError(f"{flag} {ep} with --init-from-hf: a Hugging Face folder is not loaded into an "
                               f"expert-parallel run yet; start at {flag} 1, save, and resume at {ep}",

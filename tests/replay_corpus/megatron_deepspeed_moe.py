@@ -163,7 +163,7 @@ LAUNCHES = (    Launch(
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: --moe-expert-parallel-size 64",
+        outcome="trains",
     ),
     Launch(
         name="megatron-deepspeed-moe-gpt-350m-pr-moe32or64",
@@ -463,7 +463,7 @@ LAUNCHES = (    Launch(
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: --moe-expert-parallel-size 64",
+        outcome="trains",
     ),
     Launch(
         name="megatron-deepspeed-moe-gpt-1-3b-pr-moe64or128",
