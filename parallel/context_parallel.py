@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from parallel.mappings import all_to_all as rows_all_to_all
 from parallel.state import ParallelState
 
 
@@ -141,32 +142,12 @@ def ring_shift(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
     return _RingShift.apply(tensor, state)
 
 
-class _AllToAll(torch.autograd.Function):
-    """Chunk j of dim 0 to CP rank j, chunk j of the result from CP rank j; its backward is the same exchange of
-    the gradients (the exchange is a permutation that is its own transpose): DeepSpeed's _SeqAllToAll
-    (deepspeed/sequence/layer.py), whose backward is another single_all_to_all."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-        ctx.state = state
-        return _all_to_all(tensor, state)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _all_to_all(grad, ctx.state), None
-
-
-def _all_to_all(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    tensor = tensor.contiguous()
-    output = torch.empty_like(tensor)
-    splits = [tensor.shape[0] // state.context_parallel_size] * state.context_parallel_size  # equal: row j to rank j
-    state.comm.all_to_all(output, tensor, splits, splits, state.context_parallel_group, "cp")
-    return output
-
-
 def all_to_all(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """`tensor` [CP, ...]: row j sent to CP rank j; row j of the result is what CP rank j sent (differentiable)."""
-    return _AllToAll.apply(tensor, state)
+    """`tensor` [CP, ...]: row j sent to CP rank j; row j of the result is what CP rank j sent (differentiable:
+    the expert dispatchers' all-to-all of parallel/mappings.py with equal splits, whose backward is the same
+    exchange of the gradients, as DeepSpeed's _SeqAllToAll in deepspeed/sequence/layer.py)."""
+    splits = [tensor.shape[0] // state.context_parallel_size] * state.context_parallel_size
+    return rows_all_to_all(tensor, state.comm, state.context_parallel_group, "cp", splits, splits)
 
 
 def all_reduce_over_context_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
