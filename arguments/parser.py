@@ -387,6 +387,12 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         settings["moe_gating"] = "deepspeed"
         sources["moe_gating"] = Source(FLAG, "--num-experts", note="a Megatron-DeepSpeed launch "
                                        "(--deepspeed): DeepSpeed-MoE's gating")
+    if typed.get("moe_token_dropping") == "--moe-token-dropping" and (settings.get("num_experts") or 1) > 1 \
+            and settings.get("moe_gating") != "deepspeed":
+        # llm-jp's Megatron-LM fork (nii-geniac) defines it and asserts it is off in its router (router.py: `assert
+        # config.moe_token_dropping is False`); Megatron-Core's router here drops by --moe-expert-capacity-factor
+        problems.append("--moe-token-dropping with Megatron-Core's router: llm-jp's Megatron-LM fork asserts it off "
+                        "(unsupported there); drop tokens with --moe-expert-capacity-factor, or drop the flag")
     config = PretrainConfig.from_flat(settings, sources, deepspeed_batch)
     if deepspeed_batch:
         unfit = deepspeed_batch_fits_no_size(config.deepspeed_batch)

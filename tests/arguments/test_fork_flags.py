@@ -183,3 +183,18 @@ def test_every_fork_only_flag_names_its_fork_or_is_a_setting_here():
         kind, reason = CLASS_OF[option]
         text = reason + (AT_VALUE[option].refused if option in AT_VALUE else "")
         assert any(names[source] in text for source in sources), (option, text)
+
+
+def test_moe_token_dropping_is_refused_with_megatron_cores_router_as_llm_jps_fork_asserts():
+    """llm-jp's Megatron-LM fork (branch nii-geniac) defines --moe-token-dropping (megatron/training/arguments.py)
+    and asserts it off (megatron/core/transformer/moe/router.py: `assert config.moe_token_dropping is False`): with
+    experts and Megatron-Core's router it is refused in one line here, not taken silently; a dense model keeps it as
+    the fork's no-op, and DeepSpeed-MoE's gating reads it as its own switch."""
+    from arguments.parser import parse_arguments
+    from base.errors import ConfigError
+
+    base = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4"]
+    parse_arguments(base + ["--moe-token-dropping"])
+    with pytest.raises(ConfigError, match="--moe-token-dropping with Megatron-Core's router"):
+        parse_arguments(base + ["--num-experts", "4", "--moe-token-dropping"])
+    parse_arguments(base + ["--num-experts", "4", "--moe-gating", "deepspeed", "--moe-token-dropping"])
