@@ -14,8 +14,15 @@ from typing import Optional, Union
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
-from gpt.moe.settings import (MoESettings, OneExpertCount, experts_per_layer, largest_expert_count, moe_freq_value,
-                              moe_layer_pattern, num_experts_value)
+from gpt.moe.settings import (
+    MoESettings,
+    OneExpertCount,
+    experts_per_layer,
+    largest_expert_count,
+    moe_freq_value,
+    moe_layer_pattern,
+    num_experts_value,
+)
 from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
