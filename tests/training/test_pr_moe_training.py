@@ -52,14 +52,22 @@ def test_a_pr_moe_model_trains_at_expert_parallel_2_as_at_1_and_resumes_at_1_fro
 def test_a_pr_moe_checkpoint_is_refused_by_the_hf_export_in_one_line(corpus_cache_300, tmp_path):
     """transformers' MoE configs (Mixtral, Qwen2-MoE) hold one number of experts for every layer and no residual
     MLP: the export names both, with the rest it lacks, in one line (exit 2). The run itself trains, logging the
-    moe_loss of its two MoE layers (l_aux x --moe-loss-coeff summed over them)."""
+    moe_loss of its two MoE layers (l_aux x --moe-loss-coeff summed over them), each layer's tokens per expert
+    (--moe-per-layer-logging: 2 and 4 counts, 2 sequences of 16 tokens x top-2 each) and the layers' counts in the
+    start-up line."""
     from scripts import convert_to_hf
 
     save = tmp_path / "ckpt"
-    trained = train(corpus_cache_300, tmp_path, *PR_MOE, "--train-iters", "2", "--save", str(save))
+    trained = train(corpus_cache_300, tmp_path, *PR_MOE, "--train-iters", "2", "--save", str(save),
+                    "--moe-per-layer-logging")
     assert trained.code == 0, trained.err[-2000:]
+    assert "(2 MoE layers of 2/4 experts, top-2, residual (PR-MoE))" in trained.out
     records = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert all(math.isfinite(r["loss"]) and 0.01 < r["moe_loss"] < 0.05 for r in records)
+    for record in records:
+        tokens = record["moe_per_layer"]["tokens_per_expert"]
+        assert tokens[0] is None and tokens[2] is None and [len(tokens[1]), len(tokens[3])] == [2, 4]
+        assert sum(tokens[1]) <= 2 * 16 * 2 and sum(tokens[3]) <= 2 * 16 * 2  # the capacity may drop some
     exported = run_main(convert_to_hf.main, [str(save), str(tmp_path / "hf")])
     assert exported.code == 2, exported.err[-2000:]
     assert "one --num-experts for every MoE layer" in exported.err and "--mlp-type standard" in exported.err
