@@ -28,14 +28,15 @@ def logged(path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stage", ["1", "3"])
 def test_a_pr_moe_model_trains_at_expert_parallel_2_as_at_1_and_resumes_at_1_from_a_save_at_2(
-        corpus_cache_300, tmp_path):
+        corpus_cache_300, tmp_path, stage):
     """Each MoE layer's experts (2 in one, 4 in the other) split over the same 2 expert-parallel ranks: the losses,
     gradient norms and moe_loss equal EP 1's (1e-6 relative: the experts' gradients reduce over other ranks). Saved
     at EP 2 after iteration 2, resumed at EP 1, the run continues as EP 1's straight run (the experts are named by
     global index, each layer's own, so the reshard is by name)."""
     common = TINY + PR_MOE + ["--train-iters", "5", "--data-cache-dir", corpus_cache_300, "--global-batch-size", "4",
-                              "--zero-stage", "1"]
+                              "--zero-stage", stage]
     ep2 = ["--moe-expert-parallel-size", "2"]
     launches = [([], "ep1"), (ep2, "ep2"),
                 (ep2 + ["--save", str(tmp_path / "ckpt"), "--exit-interval", "2"], "ep2_ep1"),
