@@ -99,3 +99,19 @@ def test_the_dry_run_plans_a_pr_moe_launch_with_each_layers_experts():
     assert plans[1].parameters_total == outside + 2 * (attention_and_norms + mlp) + moe_block(2) + moe_block(4)
     assert plans[2].parameters_total == plans[1].parameters_total
     assert plans[1].parameters_local - plans[2].parameters_local == (1 + 2) * mlp  # half of 2, half of 4
+
+
+def test_pretrain_gpt_dry_run_of_a_pr_moe_launch_plans_it(monkeypatch, capsys):
+    """pretrain_gpt.py --dry-run as rank 0 of a 2-process launch at EP 2 (the planner's meta model: each layer's
+    count, the residual MLP) plans the rank and exits 0, no traceback."""
+    import pretrain_gpt
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    argv = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--num-experts", "2", "4", "--mlp-type", "residual", "--deepspeed", "--no-pipeline-parallel", "--topk",
+            "2", "--moe-expert-parallel-size", "2", "--device", "cpu", "--train-iters", "2", "--dry-run"]
+    assert pretrain_gpt.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "MoE routing assumed uniform" in captured.out and "Traceback" not in captured.out + captured.err
