@@ -642,7 +642,8 @@ class PretrainConfig:
                               flags=(flag, "--num-experts"))
         # each MoE layer's count (a Megatron-DeepSpeed list gives each its own) over the same group: DeepSpeed-MoE's
         # MoE asserts `num_experts % ep_size == 0` per layer (deepspeed/moe/layer.py)
-        indivisible = [count for count in self.model.expert_counts() if count % ep != 0]
+        counts = sorted(set(self.model.expert_counts()) | {self.model.moe.num_experts})
+        indivisible = [count for count in counts if count % ep != 0]
         if indivisible:
             raise ConfigError(f"--num-experts {' '.join(map(str, indivisible))} is not divisible by {flag} {ep}; each "
                               f"expert-parallel rank holds an equal share of every MoE layer's experts",
