@@ -640,9 +640,14 @@ class PretrainConfig:
         if self.model.moe is None:
             raise ConfigError(f"{flag} {ep} needs experts to split: add --num-experts (a multiple of {ep})",
                               flags=(flag, "--num-experts"))
-        if self.model.num_experts % ep != 0:
-            raise ConfigError(f"--num-experts {self.model.num_experts} is not divisible by {flag} {ep}; each "
-                              f"expert-parallel rank holds an equal share of the experts", flags=(flag, "--num-experts"))
+        # each MoE layer's count (a Megatron-DeepSpeed list gives each its own) over the same group: DeepSpeed-MoE's
+        # MoE asserts `num_experts % ep_size == 0` per layer (deepspeed/moe/layer.py)
+        counts = sorted(set(self.model.expert_counts()) | {self.model.moe.num_experts})
+        indivisible = [count for count in counts if count % ep != 0]
+        if indivisible:
+            raise ConfigError(f"--num-experts {' '.join(map(str, indivisible))} is not divisible by {flag} {ep}; each "
+                              f"expert-parallel rank holds an equal share of every MoE layer's experts",
+                              flags=(flag, "--num-experts"))
         if self.zero.distributed_optimizer_instances > 1:
             # zero/experts.py builds the experts' ZeRO over the expert data-parallel group with one instance
             raise ConfigError(f"--num-distributed-optimizer-instances {self.zero.distributed_optimizer_instances} "

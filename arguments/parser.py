@@ -84,6 +84,7 @@ from arguments.run_lengths import check_run_lengths, use_sample_based_lengths
 from base.errors import CheckpointError, OneLineArgumentParser
 from base.input_files import irregularity, read_text_file
 from base.options import argparse_keywords, consts, group_of, option_fields, option_strings
+from gpt.moe.settings import largest_expert_count
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 DEFAULT_PRESET = "tiny"
@@ -375,7 +376,8 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     deepspeed_batch = ({"source": translation.source, **translation.batch}
                        if translation is not None and translation.batch else {})
     dense_notes = []
-    if (settings.get("num_experts") or 1) <= 1 and settings.get("expert_tensor_parallel_size") not in (None, 1):
+    if largest_expert_count(settings.get("num_experts")) is None \
+            and settings.get("expert_tensor_parallel_size") not in (None, 1):
         # Megatron-LM builds the experts' grid from it (megatron/core/parallel_state.py): a dense model has none, and
         # its dense functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*)
         dense_notes.append(f"--expert-tensor-parallel-size {settings['expert_tensor_parallel_size']}: no effect "
@@ -387,7 +389,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         settings["moe_gating"] = "deepspeed"
         sources["moe_gating"] = Source(FLAG, "--num-experts", note="a Megatron-DeepSpeed launch "
                                        "(--deepspeed): DeepSpeed-MoE's gating")
-    if typed.get("moe_token_dropping") == "--moe-token-dropping" and (settings.get("num_experts") or 1) > 1 \
+    if typed.get("moe_token_dropping") == "--moe-token-dropping" and largest_expert_count(settings.get("num_experts")) \
             and settings.get("moe_gating") != "deepspeed":
         # llm-jp's Megatron-LM fork (nii-geniac) defines it and asserts it is off in its router (router.py: `assert
         # config.moe_token_dropping is False`); Megatron-Core's router here drops by --moe-expert-capacity-factor

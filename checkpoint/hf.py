@@ -63,8 +63,13 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
                 "--attention-output-gate": config.attention_output_gate,
                 # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf_llama.py), never a GPT2LMHeadModel
-                f"--num-experts {config.num_experts}": config.moe is not None}
+                f"--num-experts {_counts(config.num_experts)}": config.moe is not None}
     return [flag for flag, differs in features.items() if differs]
+
+
+def _counts(num_experts) -> str:
+    """--num-experts as typed: one count, or a Megatron-DeepSpeed list of one per MoE layer."""
+    return " ".join(map(str, num_experts)) if isinstance(num_experts, tuple) else str(num_experts)
 
 
 def is_llama_shaped(config: ModelConfig) -> bool:
@@ -83,7 +88,7 @@ def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
 def check_dense(config: ModelConfig, what: str) -> None:
     """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through checkpoint/hf_llama.py)."""
     if config.moe is not None:
-        raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {config.num_experts}: "
+        raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {_counts(config.num_experts)}: "
                           f"experts come from a MixtralForCausalLM or Qwen2MoeForCausalLM folder")
 
 

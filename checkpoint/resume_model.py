@@ -23,7 +23,8 @@ ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_sc
 MOE_COMPARED = ("num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_router_topk", "moe_router_score_function",
                 "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_num_groups",
                 "moe_router_group_topk", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
-                "moe_gating", "topk", "expert_interval")  # the last three: DeepSpeed-MoE's (a Megatron-DeepSpeed launch)
+                "moe_gating", "topk", "expert_interval", "mlp_type")  # the last four: DeepSpeed-MoE's (a Megatron-DeepSpeed
+# launch)
 COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED)
 
 
@@ -38,6 +39,8 @@ def _compared_values(model: dict) -> dict:
             values.pop(name)
     elif not values["use_rope_scaling"]:
         values.pop("rope_scaling_factor")
+    if isinstance(values["num_experts"], list):  # a per-layer list as the recorded JSON keeps it
+        values["num_experts"] = tuple(values["num_experts"])
     if not values["num_experts"] or values["num_experts"] == 1:  # a dense model: the MoE settings are not read
         for name in MOE_COMPARED:
             values.pop(name)
@@ -50,6 +53,8 @@ def _compared_values(model: dict) -> dict:
 def _show(value) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
+    if isinstance(value, tuple):  # a per-layer --num-experts, as typed
+        return " ".join(map(str, value))
     return str(value)
 
 

@@ -234,8 +234,10 @@ class TransformerBlock(nn.Module):
         if config.moe_layers()[layer_number]:
             # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
             # under expert parallelism its share of the experts and the plan's dispatcher (gpt/parallel_plan.py)
-            dispatcher, local_experts = plan.experts(config.moe.num_experts)
-            self.mlp = MoELayer(h, config.moe, state=plan.state,
+            # (a Megatron-DeepSpeed --num-experts list gives each MoE layer its own count, split over the same group)
+            moe = config.moe_of(layer_number)
+            dispatcher, local_experts = plan.experts(moe.num_experts)
+            self.mlp = MoELayer(h, moe, state=plan.state,
                                 activation=functools.partial(activation_function, config.activation),
                                 swiglu=architecture.swiglu, init_std=config.init_method_std,
                                 output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,

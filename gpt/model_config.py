@@ -7,13 +7,22 @@ arguments/config.py, which holds one of these as `PretrainConfig.model`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
-from gpt.moe.settings import MoESettings, OneExpertCount, moe_freq_value, moe_layer_pattern, num_experts_value
+from gpt.moe.settings import (
+    MoESettings,
+    OneExpertCount,
+    experts_per_layer,
+    largest_expert_count,
+    moe_freq_value,
+    moe_layer_pattern,
+    num_experts_value,
+)
 from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
@@ -157,10 +166,11 @@ class ModelConfig:
 
     # Mixture of experts (issue 51; gpt/moe/), Megatron-LM's flags and dests. Without --num-experts (or with 1:
     # one expert is the dense model) every MLP is dense and the rest has no effect.
-    num_experts: Optional[int] = option(
+    num_experts: Union[None, int, tuple] = option(
         None, type=num_experts_value, nargs="+", action=OneExpertCount, metavar="N",
         help="experts per MoE layer (Megatron-Core's MoE layer: a top-k router, the experts, balancing losses); "
-             "default (or 1): a dense MLP; Megatron-DeepSpeed's list of one per layer is one number")
+             "default (or 1): a dense MLP; a Megatron-DeepSpeed launch (DeepSpeed-MoE's gating) may give one count "
+             "per MoE layer (PR-MoE's pyramid: 32 ... 32 64 64)")
     moe_ffn_hidden_size: Optional[int] = option(None, help="each expert's hidden size (default: "
                                                                         "--ffn-hidden-size)")
     moe_layer_freq: Union[int, str] = option(
@@ -225,7 +235,13 @@ class ModelConfig:
                             help="Megatron-DeepSpeed: top-2's second expert by argmax, not sampled")],
         help="DeepSpeed-MoE top-2: sample the second expert (Gumbel noise on the logits)")
     expert_interval: int = option(2, help="DeepSpeed-MoE: an MoE layer at every expert-interval-th layer (1-based)")
-    mlp_type: str = option("standard", help="DeepSpeed-MoE: standard (residual, PR-MoE, is not implemented)")
+    mlp_type: str = option("standard", help="DeepSpeed-MoE: standard, or residual (PR-MoE: a dense MLP beside the "
+                                            "experts, mixed per token by a learned coefficient)")
+
+    def __post_init__(self) -> None:
+        # a per-layer --num-experts read back from a recorded config (JSON) is a list: the same tuple as parsed
+        if isinstance(self.num_experts, list):
+            object.__setattr__(self, "num_experts", tuple(self.num_experts))
 
     @property
     def architecture(self) -> Architecture:
@@ -235,26 +251,52 @@ class ModelConfig:
     @property
     def moe(self) -> Optional["MoESettings"]:
         """The MoE layers' settings (gpt/moe/settings.py), or None for a dense model (no --num-experts, or 1)."""
-        if not self.num_experts or self.num_experts == 1:
+        largest = largest_expert_count(self.num_experts)
+        if largest is None:
             return None
         settings = {name: getattr(self, "moe_" + name) for name in MOE_FIELDS}
         if self.moe_gating == "deepspeed":
             settings.update(router_topk=self.topk, router_load_balancing_type="none", aux_loss_coeff=0.0,
                             z_loss_coeff=None)
         return MoESettings(
-            num_experts=self.num_experts, ffn_hidden_size=self.moe_ffn_hidden_size or self.ffn_size,
+            num_experts=largest, ffn_hidden_size=self.moe_ffn_hidden_size or self.ffn_size,
             gating=self.moe_gating, train_capacity_factor=self.moe_train_capacity_factor,
             eval_capacity_factor=self.moe_eval_capacity_factor, min_capacity=self.moe_min_capacity,
             drop_tokens=self.moe_token_dropping, loss_coeff=self.moe_loss_coeff,
-            second_expert_sampling=self.moe_top2_2nd_expert_sampling, **settings)
+            second_expert_sampling=self.moe_top2_2nd_expert_sampling, use_residual=self.mlp_type == "residual",
+            **settings)
+
+    @property
+    def per_layer_experts(self) -> bool:
+        """--num-experts gives different counts per MoE layer (Megatron-DeepSpeed's list; PR-MoE's pyramid)."""
+        return isinstance(self.num_experts, tuple)
 
     def moe_layers(self) -> tuple[bool, ...]:
         """Per layer, whether it is an MoE layer (--moe-layer-freq); all False for a dense model."""
         if self.moe is None:
             return (False,) * self.num_layers
         if self.moe_gating == "deepspeed":  # Megatron-DeepSpeed's get_num_experts_per_layer: layer_num % interval
-            return tuple((layer + 1) % self.expert_interval == 0 for layer in range(self.num_layers))
+            return tuple(count > 1 for count in self.experts_per_layer())
         return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
+
+    def experts_per_layer(self) -> tuple[int, ...]:
+        """Each layer's number of experts, 1 for a dense layer. A Megatron-DeepSpeed launch maps --num-experts (one
+        count, or one per MoE layer) onto every --expert-interval-th layer (gpt/moe/settings.py experts_per_layer);
+        Megatron-Core's router gives every MoE layer of --moe-layer-freq the one count."""
+        if self.moe is None:
+            return (1,) * self.num_layers
+        if self.moe_gating == "deepspeed":
+            return experts_per_layer(self.num_experts, self.num_layers, self.expert_interval)
+        return tuple(self.num_experts if is_moe else 1
+                     for is_moe in moe_layer_pattern(self.moe_layer_freq, self.num_layers))
+
+    def moe_of(self, layer: int) -> "MoESettings":
+        """Layer `layer`'s (0-based) MoE settings: `moe` with that layer's number of experts."""
+        return dataclasses.replace(self.moe, num_experts=self.experts_per_layer()[layer])
+
+    def expert_counts(self) -> tuple[int, ...]:
+        """The distinct numbers of experts of the MoE layers, smallest first."""
+        return tuple(sorted({count for count in self.experts_per_layer() if count > 1}))
 
     @property
     def ffn_size(self) -> int:
@@ -284,6 +326,11 @@ class ModelConfig:
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    tensor_parallel_size, head_dim=self.head_dim)
+        if self.moe is not None and self.moe.use_residual and tensor_parallel_size > 1:
+            # Megatron-DeepSpeed's residual MLP is the experts' template (ParallelMLP(moe=True)), not split over TP
+            raise ConfigError(f"--mlp-type residual with --tensor-model-parallel-size {tensor_parallel_size} is not "
+                              f"implemented: PR-MoE's dense MLP is not tensor-parallel here; run it at "
+                              f"--tensor-model-parallel-size 1", flags=("--mlp-type", "--tensor-model-parallel-size"))
         if self.moe is not None and tensor_parallel_size > 1:
             raise ConfigError(f"--num-experts {self.num_experts} with --tensor-model-parallel-size "
                               f"{tensor_parallel_size}: experts are not tensor-parallel here (expert TP 1 only); "
@@ -300,10 +347,11 @@ class ModelConfig:
     def _check_gating_flags(self) -> None:
         """DeepSpeed-MoE (a Megatron-DeepSpeed launch) reads --topk, --moe-train-capacity-factor, ...; Megatron-Core's
         router reads --moe-router-topk, --moe-aux-loss-coeff, ...: the other side's flags would do nothing, so a
-        launch giving them is told in one line. PR-MoE (--mlp-type residual) is not implemented."""
-        if self.mlp_type != "standard":
-            raise ConfigError(f"--mlp-type {self.mlp_type} (PR-MoE, a residual expert beside a dense MLP) is not "
-                              f"implemented: use --mlp-type standard", flags=("--mlp-type",))
+        launch giving them is told in one line. A count per MoE layer, and PR-MoE (--mlp-type residual), are
+        Megatron-DeepSpeed's (DeepSpeed-MoE's MoE(use_residual=True))."""
+        if self.mlp_type not in MLP_TYPES:
+            raise ConfigError(f"--mlp-type {self.mlp_type} is not one of {', '.join(MLP_TYPES)} (Megatron-DeepSpeed's "
+                              f"choices)", flags=("--mlp-type",))
         if self.expert_interval < 1:
             raise ConfigError(f"--expert-interval must be at least 1, got {self.expert_interval}",
                               flags=("--expert-interval",))
@@ -368,14 +416,21 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
-        if self.num_experts is not None and self.num_experts < 0:
-            raise ConfigError(f"--num-experts must be at least 1, got {self.num_experts}", flags=("--num-experts",))
+        counts = self.num_experts if isinstance(self.num_experts, tuple) else (self.num_experts or 0,)
+        if min(counts) < 0:
+            raise ConfigError(f"--num-experts must be at least 1, got {min(counts)}", flags=("--num-experts",))
         if self.moe is not None:
-            self.moe.validate()
-            self.moe_layers()
+            if self.per_layer_experts and self.moe_gating != "deepspeed":
+                raise ConfigError(f"--num-experts {' '.join(map(str, self.num_experts))}: a count per MoE layer is "
+                                  f"Megatron-DeepSpeed's (DeepSpeed-MoE's gating, a --deepspeed launch or --moe-gating "
+                                  f"deepspeed); Megatron-Core's router takes one count, and --moe-layer-freq chooses "
+                                  f"the MoE layers", flags=("--num-experts", "--moe-gating"))
             self._check_gating_flags()
+            for count in self.expert_counts():
+                dataclasses.replace(self.moe, num_experts=count).validate()
 
 
+MLP_TYPES = ("standard", "residual")
 # Megatron-DeepSpeed's DeepSpeed-MoE flags and Megatron-Core's router flags: each side's only under its gating
 DEEPSPEED_MOE_FIELDS = ("topk", "moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity",
                         "moe_token_dropping", "moe_loss_coeff", "moe_top2_2nd_expert_sampling", "expert_interval",

@@ -71,6 +71,10 @@ class ModelShape:
     parameters_per_moe_block: int = 0
     active_parameters_per_moe_block: int = 0
     moe_block_linear_flops: int = 0  # without attention's scores and context, which are the dense block's
+    # A Megatron-DeepSpeed --num-experts list (PR-MoE's pyramid): the MoE blocks' parameters and active parameters
+    # fewer than moe_layers blocks of the largest count (parameters_per_moe_block) would hold
+    moe_parameters_below_largest: int = 0
+    moe_active_parameters_below_largest: int = 0
 
     @property
     def dense_layers(self) -> int:
@@ -78,13 +82,14 @@ class ModelShape:
 
     def parameter_count(self, padded_vocab_size: int) -> int:
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
-                + self.dense_layers * self.parameters_per_block + self.moe_layers * self.parameters_per_moe_block)
+                + self.dense_layers * self.parameters_per_block + self.moe_layers * self.parameters_per_moe_block
+                - self.moe_parameters_below_largest)
 
     def active_parameter_count(self, padded_vocab_size: int) -> int:
         """The parameters one token's forward uses: with MoE layers, k experts of each instead of all."""
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block
-                + self.moe_layers * self.active_parameters_per_moe_block)
+                + self.moe_layers * self.active_parameters_per_moe_block - self.moe_active_parameters_below_largest)
 
     def blocks_forward_flops_per_token(self) -> int:
         """Every block's forward matmul FLOPs per token: dense blocks and MoE blocks (their active part)."""
@@ -117,6 +122,7 @@ class ModelShape:
 # One shape per (model options, TP size): num_layers, seq_length and the vocabulary only scale it. (The
 # planner's max-size and scripts/zero_paper/compare.py ask for a thousand depths of one model.)
 _BUILT: dict[tuple, ModelShape] = {}
+_MOE_BLOCKS: dict[tuple, dict] = {}  # per key, {experts: (parameters, active parameters)} of one MoE block
 _SCALING_FIELDS = ("num_layers", "seq_length", "vocab_size", "pad_vocab_size_to", "make_vocab_size_divisible_by")
 _SHAPING_FIELDS = tuple(field.name for field in dataclasses.fields(ModelConfig) if field.name not in _SCALING_FIELDS)
 
@@ -132,15 +138,25 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
         plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=tensor_parallel_size,
                                                              sequence_parallel=sequence_parallel))
         shape = _read_shape(GPTModel(probe, state, plan=plan), tensor_parallel_size)
-        if config.moe is not None:
-            moe_probe = GPTModel(dataclasses.replace(probe, num_experts=config.num_experts, moe_layer_freq=1,
+        blocks = {}
+        for count in (config.expert_counts() if config.moe is not None else ()):
+            moe_probe = GPTModel(dataclasses.replace(probe, num_experts=count, moe_layer_freq=1,
                                                      expert_interval=1), state, plan=plan)
-            shape = dataclasses.replace(shape, **_moe_block(moe_probe.blocks[0], config.moe.router_topk,
-                                                            tensor_parallel_size))
-        _BUILT[key] = shape
+            block = _moe_block(moe_probe.blocks[0], config.moe.router_topk, tensor_parallel_size)
+            blocks[count] = (block["parameters_per_moe_block"], block["active_parameters_per_moe_block"])
+            if count == config.moe.num_experts:  # the largest
+                shape = dataclasses.replace(shape, **block)
+        _BUILT[key], _MOE_BLOCKS[key] = shape, blocks
     moe_layers = sum(config.moe_layers())
+    below = [0, 0]
+    if config.per_layer_experts:
+        largest = _MOE_BLOCKS[key][config.moe.num_experts]
+        for count, is_moe in zip(config.experts_per_layer(), config.moe_layers()):
+            if is_moe:
+                below = [below[i] + largest[i] - _MOE_BLOCKS[key][count][i] for i in (0, 1)]
     return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length,
-                               moe_layers=moe_layers)
+                               moe_layers=moe_layers, moe_parameters_below_largest=below[0],
+                               moe_active_parameters_below_largest=below[1])
 
 
 def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
@@ -160,6 +176,8 @@ def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
     flops += topk * weight_flops(experts[0])
     if moe.shared_experts is not None:
         flops += weight_flops(moe.shared_experts)
+    if moe.residual_mlp is not None:  # PR-MoE's dense MLP sees every token (its coefficient, as the router, not counted)
+        flops += weight_flops(moe.residual_mlp)
     return dict(parameters_per_moe_block=total, active_parameters_per_moe_block=total - (len(experts) - topk) * per_expert,
                 moe_block_linear_flops=flops)
 

@@ -12,6 +12,8 @@ They are logged beside the LM loss, never added to its value (only their gradien
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 import torch
 from torch import nn
 
@@ -52,10 +54,11 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
 
 
 def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_steps: int, num_layers: int,
-                         num_experts: int) -> dict[str, list]:
+                         num_experts: int, experts_per_layer: Optional[Sequence[int]] = None) -> dict[str, list]:
     """Per layer (None where a layer has no experts): each balancing loss as finish_moe_iteration logs it, and
     the tokens each expert received in the iteration summed over the micro-batches and the data-parallel ranks
-    (Megatron-LM's --moe-per-layer-logging). Call it after finish_moe_iteration, on every rank."""
+    (Megatron-LM's --moe-per-layer-logging). Call it after finish_moe_iteration, on every rank. `num_experts`: the
+    most any layer has; `experts_per_layer`: each layer's, where they differ (a Megatron-DeepSpeed list)."""
     tracker = model.moe_tracker
     sums = tracker.sums()
     losses = torch.zeros(len(MOE_LOSS_NAMES), num_layers, dtype=torch.float64, device=state.device)
@@ -65,7 +68,7 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
             losses[row, layer], present[row, layer] = value / accumulation_steps, 1.0
     tokens = torch.zeros(num_layers, num_experts, dtype=torch.float64, device=state.device)
     for layer, counts in tracker.tokens_per_expert.items():
-        tokens[layer] = counts.to(tokens)
+        tokens[layer, :counts.numel()] = counts.to(tokens)
     for group, name in ((state.pipeline_parallel_group, "pp"), (state.data_parallel_group, "dp")):
         if (state.pipeline_parallel_size if name == "pp" else state.data_parallel_size) > 1:
             for tensor in (losses, present, tokens):
@@ -78,6 +81,7 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
     held = torch.tensor(holds, dtype=torch.float64, device=state.device)
     if state.pipeline_parallel_size > 1:
         state.comm.all_reduce(held, state.pipeline_parallel_group, "pp")
-    values["tokens_per_expert"] = [[int(count) for count in row] if flag else None
-                                   for row, flag in zip(tokens.tolist(), held.tolist())]
+    widths = list(experts_per_layer) if experts_per_layer is not None else [num_experts] * num_layers
+    values["tokens_per_expert"] = [[int(count) for count in row[:width]] if flag else None
+                                   for row, flag, width in zip(tokens.tolist(), held.tolist(), widths)]
     return values

@@ -27,7 +27,8 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built,
     moe = config.model.moe
     count = f"{total:,} parameters" if moe is None else (
         f"{total:,} parameters, {active_parameter_count(config.model, settings.padded_vocab_size):,} active "
-        f"({_moe_layers(sum(config.model.moe_layers()))} of {moe.num_experts} experts, top-{moe.router_topk})")
+        f"({_moe_layers(sum(config.model.moe_layers()))} of {_experts(config.model)} experts, "
+        f"top-{moe.router_topk}{', residual (PR-MoE)' if moe.use_residual else ''})")
     line = (f"> model: {count} "
             f"({config.model.num_layers} layers, hidden {config.model.hidden_size}, "
             f"{config.model.num_attention_heads} heads, vocab {settings.vocab_size} padded to "
@@ -39,6 +40,12 @@ def describe_model(settings: RunSettings, state: ParallelState, built: Built,
     if threads is not None and threads.differs:
         line += f"; {threads.words()}"
     return line
+
+
+def _experts(model) -> str:
+    """'8', or each MoE layer's count where they differ ('4/4/8')."""
+    return "/".join(str(count) for count, is_moe in zip(model.experts_per_layer(), model.moe_layers()) if is_moe) \
+        if model.per_layer_experts else str(model.moe.num_experts)
 
 
 def _moe_layers(count: int) -> str:

@@ -152,7 +152,7 @@ class DataParallelTrainStep:
         if not self.settings.config.logging.moe_per_layer_logging or model_config.moe is None:
             return {}
         return moe_per_layer_values(self.model, self.state, accumulation_steps, model_config.num_layers,
-                                    model_config.num_experts)
+                                    model_config.moe.num_experts, model_config.experts_per_layer())
 
     def run_iteration(self, iteration: int, accumulation_steps: int, measure_activations: bool
                       ) -> tuple[torch.Tensor, Optional[StepResult]]:

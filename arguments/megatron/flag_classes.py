@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from arguments.megatron.fork_flag_classes import FORK_AT_VALUE, FORK_NO_EFFECT, FORK_REFUSED
+from gpt.moe.settings import largest_expert_count
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -456,17 +457,18 @@ NOT_IN_MOE = ("not implemented in the MoE layer here (Megatron-Core's router, ba
               "experts are, gpt/moe/): drop the flag")
 
 
-def is_deepspeed_moe_launch(num_experts: Optional[int], generation: Optional[str], deepspeed: bool) -> bool:
+def is_deepspeed_moe_launch(num_experts, generation: Optional[str], deepspeed: bool) -> bool:
     """A Megatron-DeepSpeed launch (its --deepspeed switch, and flags that fit that fork best) means DeepSpeed-MoE
     by --num-experts: its gating (top-1 by default, a capacity factor of 1, --moe-loss-coeff 0.1) on every
     --expert-interval-th layer (default 2; megatron/model/transformer.py there), not Megatron-Core's router. (Our
     own flags that the fork shares, such as --zero-stage, alone do not make a launch the fork's.)"""
-    return bool(num_experts and num_experts > 1 and deepspeed and generation is not None and "deepspeed" in generation)
+    return bool(largest_expert_count(num_experts) and deepspeed and generation is not None
+                and "deepspeed" in generation)
 
 
 def _without_moe(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
     """A MoE knob that is not implemented changes nothing on a dense model and is refused with experts."""
-    return settings is None or (settings.get("num_experts") or 1) <= 1
+    return settings is None or largest_expert_count(settings.get("num_experts")) is None
 DENSE = "one expert is the dense model; the MoE loss coefficients then have no effect"
 
 MODELOPT = ("ModelOpt's quantized export is not implemented (Megatron-LM's megatron/post_training): use the default, "

@@ -3,6 +3,11 @@ combine, and add the shared experts' output (shared_experts.py SharedExpertMLP: 
 --moe-shared-expert-intermediate-size that sees every token, its output multiplied by sigmoid(x . gate) with
 --moe-shared-expert-gate, as Qwen2-MoE's shared_expert_gate).
 
+With --mlp-type residual (PR-MoE, a Megatron-DeepSpeed launch), DeepSpeed-MoE's residual MoE
+(deepspeed/moe/layer.py, MoE.forward with use_residual): a dense MLP of the experts' shape sees every token
+beside the experts, and a Linear(hidden, 2) `coefficient` mixes the two per token:
+`coef = softmax(coefficient(x), -1); output = moe(x) * coef[..., 0:1] + mlp(x) * coef[..., 1:]`.
+
 Hidden states arrive [batch, sequence, hidden]; the router and dispatcher see them in Megatron's [sequence,
 batch] token order (gpt/moe/router.py). At expert-parallel size 1 the dispatcher is `LocalDispatcher`
 (gpt/moe/dispatcher.py); an expert-parallel dispatcher takes its place through `dispatcher`.
@@ -80,6 +85,21 @@ class MoELayer(nn.Module):
                                                 gate=settings.shared_expert_gate)
         else:
             self.shared_experts = None
+        if settings.use_residual:
+            # DeepSpeed's MoE keeps the expert module it was given as `mlp` (the experts are its copies): an MLP
+            # like each expert, dense (every rank holds it, reduced over data parallelism as any dense weight).
+            self.residual_mlp = SharedExperts(hidden_size, settings.ffn_hidden_size, activation=activation,
+                                              swiglu=swiglu, init_std=init_std, output_init_std=output_init_std,
+                                              bias=bias, gate=False)
+            # nn.Linear(hidden_size, 2) there, with its bias; drawn here as every weight (normal(init_std), the
+            # bias zero: the two outputs start mixed half and half), not by torch's default uniform draw
+            self.coefficient = nn.Module()
+            self.coefficient.weight = nn.Parameter(torch.empty(2, hidden_size, device="meta"))
+            set_init_method(self.coefficient.weight, InitMethod.normal(init_std))
+            self.coefficient.bias = nn.Parameter(torch.empty(2, device="meta"))
+            set_init_method(self.coefficient.bias, InitMethod.zeros())
+        else:
+            self.residual_mlp = self.coefficient = None
         self.last_tokens_per_expert: Optional[torch.Tensor] = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -99,7 +119,15 @@ class MoELayer(nn.Module):
                 output = self._routed(tokens, probs, routing_map)
         if self.shared_experts is not None:
             output = output + self.shared_experts(tokens)
+        if self.residual_mlp is not None:
+            output = self.residual_mixed(tokens, output)
         return output.view(seq, batch, width).transpose(0, 1)
+
+    def residual_mixed(self, tokens: torch.Tensor, moe_output: torch.Tensor) -> torch.Tensor:
+        """DeepSpeed's residual MoE: the experts' output and the dense MLP's, weighted per token by the softmax
+        of the coefficient's two logits (deepspeed/moe/layer.py MoE.forward)."""
+        coef = F.softmax(F.linear(tokens, self.coefficient.weight, self.coefficient.bias), dim=-1)
+        return moe_output * coef[..., 0:1] + self.residual_mlp(tokens) * coef[..., 1:]
 
     def _routed(self, tokens: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
         choice_probs, indices = choices_of(probs, routing_map, self.settings.router_topk)

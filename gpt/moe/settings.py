@@ -9,7 +9,7 @@ import argparse
 import ast
 from argparse import ArgumentTypeError
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from base.errors import ConfigError
 
@@ -19,32 +19,62 @@ DROP_POLICIES = ("probs", "position")
 ROUTER_DTYPES = ("fp32", "fp64")
 
 
-def num_experts_value(text: str) -> Optional[int]:
-    """--num-experts: Megatron-LM's int, or Megatron-DeepSpeed's list (its default `[1]`) of one value, or of
-    equal values per layer; 1 (one expert: the dense MLP) and 0 (Megatron-LM's "no MoE") are None, the dense
-    model."""
-    values = str(text).strip().strip("[]").replace(",", " ").split()
+def num_experts_value(text: str):
+    """--num-experts: Megatron-LM's int, or Megatron-DeepSpeed's list (its default `[1]`, `type=int, nargs='+'`)
+    given as one text: one count (1, one expert: the dense MLP, and 0, Megatron-LM's "no MoE", are None, the dense
+    model), or a count per MoE layer (a tuple where they differ: PR-MoE's pyramid, "32 32 ... 64 64")."""
+    values = str(text).strip().strip("[]()").replace(",", " ").split()
     try:
-        numbers = {int(value) for value in values}
+        numbers = [int(value) for value in values]
     except ValueError:
         raise ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if len(numbers) != 1:
-        raise ArgumentTypeError(f"{text!r}: a different number of experts per layer is not implemented; give one "
-                                f"number for every MoE layer (--moe-layer-freq chooses the MoE layers)")
-    (number,) = numbers
-    return None if number in (0, 1) else number
+    if not numbers:
+        raise ArgumentTypeError(f"invalid int value: {text!r}")
+    return expert_counts(numbers)
+
+
+def expert_counts(numbers) -> Optional[Union[int, tuple[int, ...]]]:
+    """One count for every MoE layer (None: the dense model), or a tuple of counts per MoE layer where they differ
+    (Megatron-DeepSpeed's get_num_experts_per_layer: a count <= 1 there is a dense layer)."""
+    numbers = [1 if number is None else int(number) for number in numbers]
+    if len(set(numbers)) == 1:
+        return None if numbers[0] in (0, 1) else numbers[0]
+    return tuple(numbers)
+
+
+def largest_expert_count(value) -> Optional[int]:
+    """The most experts any MoE layer has (None: a dense model), for --num-experts' int or per-layer tuple."""
+    if isinstance(value, (tuple, list)):
+        value = max(value)
+    return None if not value or value == 1 else int(value)
 
 
 class OneExpertCount(argparse.Action):
-    """--num-experts N (Megatron-LM), or N N ... one per layer (Megatron-DeepSpeed's nargs='+'): one count, as
-    num_experts_value reads each; different counts per layer are refused."""
+    """--num-experts N (Megatron-LM), or N N ... one per MoE layer (Megatron-DeepSpeed's nargs='+'): one count,
+    or a tuple of counts where they differ (expert_counts)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        counts = set(values if isinstance(values, list) else [values])
-        if len(counts) != 1:
-            raise argparse.ArgumentError(self, f"{' '.join(map(str, values))}: a different number of experts per "
-                                               f"layer is not implemented; give one number")
-        setattr(namespace, self.dest, counts.pop())
+        numbers = []
+        for value in (values if isinstance(values, list) else [values]):
+            numbers.extend(value if isinstance(value, tuple) else [value])
+        setattr(namespace, self.dest, expert_counts(numbers))
+
+
+def experts_per_layer(counts, num_layers: int, expert_interval: int) -> tuple[int, ...]:
+    """Each layer's experts (1: a dense layer) under Megatron-DeepSpeed's rule (megatron/model/transformer.py,
+    get_num_experts_per_layer): layer l (1-based) is an MoE layer when l % expert_interval == 0 and takes the
+    ((l - 1) // expert_interval)-th count; one count serves every MoE layer, else the list has one per MoE layer
+    (num_layers // expert_interval of them; Megatron-DeepSpeed asserts it)."""
+    counts = list(counts) if isinstance(counts, (tuple, list)) else [counts or 1]
+    moe_layers = num_layers // expert_interval
+    if len(counts) not in (1, moe_layers):
+        raise ConfigError(f"--num-experts gives {len(counts)} counts: it takes one, or one per MoE layer "
+                          f"(--num-layers {num_layers} // --expert-interval {expert_interval} = {moe_layers}), as "
+                          f"Megatron-DeepSpeed asserts", flags=("--num-experts", "--num-layers", "--expert-interval"))
+    if len(counts) == 1:
+        counts = counts * moe_layers
+    return tuple(counts[(layer - 1) // expert_interval] if layer % expert_interval == 0 else 1
+                 for layer in range(1, num_layers + 1))
 
 
 def moe_freq_value(text: str):
@@ -133,6 +163,9 @@ class MoESettings:
     drop_tokens: bool = True
     loss_coeff: float = 0.1
     second_expert_sampling: bool = True
+    # --mlp-type residual (PR-MoE, DeepSpeed-MoE's MoE(use_residual=True)): a dense MLP beside the experts, the two
+    # outputs mixed per token by softmax(coefficient(x)), a Linear(hidden, 2)
+    use_residual: bool = False
 
     def validate(self) -> None:
         """TransformerConfig.__post_init__'s MoE checks, each as one line naming the flags."""

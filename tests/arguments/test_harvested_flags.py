@@ -200,7 +200,8 @@ def test_num_experts_in_a_megatron_deepspeed_launch_gates_as_deepspeed_moe():
     MoE(k=args.topk, capacity_factor=args.moe_train_capacity_factor, eval_capacity_factor=...,
     min_capacity=args.moe_min_capacity, drop_tokens=args.moe_token_dropping, top2_2nd_expert_sampling=...) on
     every --expert-interval-th layer, get_num_experts_per_layer: `layer_num % expert_interval == 0`): its flags
-    set that gating here; each side's flags beside the other gating are refused in one line, and so is PR-MoE."""
+    set that gating here; each side's flags beside the other gating are refused in one line, and so is an --mlp-type
+    that is neither standard nor residual (PR-MoE, tests/gpt/test_pr_moe.py)."""
     parsed = parse_arguments(["--num-experts", "4", "--moe-expert-parallel-size", "1", "--no-pipeline-parallel",
                               "--deepspeed", "--topk", "2", "--moe-loss-coeff", "0.01", "--num-layers", "4",
                               "--moe-min-capacity", "2", "--disable-moe-top2-2nd-expert-sampling"])
@@ -215,8 +216,8 @@ def test_num_experts_in_a_megatron_deepspeed_launch_gates_as_deepspeed_moe():
     for argv, named in ((["--num-experts", "4", "--topk", "2"], "--topk set DeepSpeed-MoE's gating"),
                         (["--num-experts", "4", "--moe-gating", "deepspeed", "--moe-router-topk", "1"],
                          "--moe-router-topk set Megatron-Core's router"),
-                        (["--num-experts", "4", "--moe-gating", "deepspeed", "--mlp-type", "residual"],
-                         "--mlp-type residual (PR-MoE")):
+                        (["--num-experts", "4", "--moe-gating", "deepspeed", "--mlp-type", "pyramid"],
+                         "--mlp-type pyramid is not one of standard, residual")):
         with pytest.raises(ConfigError) as error:
             parse_arguments(argv)
         assert named in str(error.value) and "\n" not in str(error.value)

@@ -239,7 +239,7 @@ LAUNCHES = (    Launch(
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: argument --num-experts",
+        outcome="trains",
     ),
     Launch(
         name="megatron-deepspeed-moe-gpt-1-3b-dense",
@@ -539,7 +539,7 @@ LAUNCHES = (    Launch(
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: argument --num-experts",
+        outcome="trains",
     ),
     Launch(
         name="megatron-deepspeed-moe-gpt-1-3b-pr-moe64or128-mos",
@@ -631,7 +631,7 @@ LAUNCHES = (    Launch(
   "wall_clock_breakdown" : false
 }
 """,
-        outcome="refused: argument --num-experts",
+        outcome="refused: --mos: knowledge distillation is not implemented",
     ),
     Launch(
         name="megatron-deepspeed-moe-gpt-6-7b-dense",

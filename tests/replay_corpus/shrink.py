@@ -11,7 +11,9 @@ What changes, and only this:
   number of chunks (--num-layers then the stages x chunks, less the embedding and loss where Megatron's
   --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
   first or last stage (--decoder-first/last-pipeline-num-layers) one layer; a list --moe-layer-freq (one 0 or 1
-  per layer) keeps --num-layers as written, its length;
+  per layer) keeps --num-layers as written, its length; a Megatron-DeepSpeed --num-experts list with different
+  counts per MoE layer (PR-MoE's pyramid, "32 ... 32 64 64") becomes its first and last counts, on two MoE layers
+  (--num-layers twice --expert-interval), as that fork asserts one count per MoE layer;
 - parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
   layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size) above what the
   stages leave of the 2 ranks becomes that, then a tensor-parallel size above what is left becomes that (1 where
@@ -89,8 +91,10 @@ CHANGED_FLAGS = frozenset({
     "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
     "--eval-interval", "--eval-iters", *DATA, *TOKENIZER_FILES, *CHECKPOINT_DIRS, *DIRECTORIES,
-    "--kill-switch-path", *WEIGHTED_SPLITS, *JSON_CONFIG,
+    "--kill-switch-path", *WEIGHTED_SPLITS, *JSON_CONFIG, "--num-experts",
 })
+# flags whose value list the shrink may shorten (a pyramid --num-experts: its first and last counts)
+SHORTENED_LISTS = frozenset({"--num-experts"})
 # The JSON keys it may change (top level); every other key and value stays as written.
 CHANGED_JSON_KEYS = frozenset({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                                "steps_per_print"})
@@ -208,6 +212,11 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         per_split = new_pp * chunks
         new_layers = max(new_layers, per_split - counted)
         new_layers += -(new_layers + counted) % per_split
+    pyramid = len(set(given.get("--num-experts", []))) > 1
+    if pyramid:
+        # Megatron-DeepSpeed's per-layer --num-experts (PR-MoE's "32 ... 32 64 64"): its first and last counts, on
+        # two MoE layers (a list has one count per --expert-interval-th layer, as Megatron-DeepSpeed asserts)
+        new_layers = max(new_layers, 2 * scalar.get("--expert-interval", 2))
     if "[" in given.get("--moe-layer-freq", [""])[-1] and "--num-layers" in scalar:
         # a list --moe-layer-freq (Megatron-LM's "([0]*3+[1]*5)") names each layer dense or MoE: its layers stay
         new_layers = scalar["--num-layers"]
@@ -279,6 +288,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         value = scalar.get(flag)
         if flag == "--num-layers":
             new = [str(new_layers)]
+        elif flag == "--num-experts" and pyramid:
+            new = [values[0], values[-1]]
         elif flag in TINY:
             new = [str(TINY[flag])]
         elif flag == "--num-layers-per-virtual-pipeline-stage":
