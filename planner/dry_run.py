@@ -366,12 +366,17 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # most activations saved at once (checkpoints, a recomputed group, the loss's softmax) and,
     # transient at the loss, the logits and the gradients flowing back, parameter gradients before
     # the reducer takes them, and on CPU gloo's copy of the largest collective (all counted together:
-    # an upper bound, since the largest ones come at the end of backward when activations are freed).
+    # an upper bound, but for the copy, which is read at its collective below).
     # In the step, after backward freed all of that: what the step allocates (the gradient partition,
     # or publishing's copies and gloo's copy of its largest gather; AdamW's fused kernel nothing).
     # With pipeline stages, the saved activations, the held sends and gloo's copy peak at different slots of the
     # schedule: the simulation's peak of the three stands for their sum (planner/pipeline_plan.py).
-    working = meter.peak["device"] + copies["passes"] if pipeline is None else pipeline.pass_peak_bytes
+    # Without stages, gloo's copy counts with the activations still saved when its collective starts
+    # (planner/plan_observer.py): the gradients' reduction comes at the end of backward, when most are freed.
+    if pipeline is not None:
+        working = pipeline.pass_peak_bytes
+    else:
+        working = max(meter.peak["device"], observer.copy_peak_bytes if copies["passes"] else 0)
     passes = (result.stage3_live_chunk_bytes + working + logits + result.gradient_working_bytes
               + result.parameter_gradient_bytes + result.offload_copy_bytes)
     result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)
