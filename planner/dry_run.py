@@ -174,7 +174,13 @@ class _AttentionKernelOf(TorchFunctionMode):
     On meta, SDPA falls back to the math path, which keeps the [b, heads, s, s] attention weights for
     backward. A GPU runs the flash kernel (it keeps q, k, v, the output and a [b, heads, s] logsumexp,
     dropout or not), and so does a CPU without dropout; a CPU with dropout runs the math path. The
-    flash kernel's CPU op has a meta implementation with the same saved tensors, so it stands in."""
+    flash kernel's CPU op has a meta implementation with the same saved tensors, so it stands in.
+
+    With an explicit mask (context parallelism's all_gather, --reset-attention-mask's documents) a CPU without
+    dropout runs the same kernel with the mask, which SDPA first turns from bool into the query's dtype (0 where
+    visible, -inf elsewhere) and the kernel keeps too; on the math path the meta run planned the all_gather CP 2
+    rank of tests/training/test_context_parallel_activation_memory.py 18% above its measured saved tensors. A GPU
+    runs the memory-efficient kernel there, which keeps the same tensors (its log-sum-exp padded)."""
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
@@ -182,11 +188,16 @@ class _AttentionKernelOf(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and len(args) == 3 and set(kwargs) <= {"dropout_p", "is_causal"}:
+        if func is F.scaled_dot_product_attention and len(args) == 3 and \
+                set(kwargs) <= {"dropout_p", "is_causal", "attn_mask"}:
             dropout_p = kwargs.get("dropout_p", 0.0)
             if self.device_type == "cuda" or dropout_p == 0.0:
+                mask = kwargs.get("attn_mask")
+                if mask is not None and mask.dtype == torch.bool:
+                    mask = torch.zeros(mask.shape, dtype=args[0].dtype, device=mask.device).masked_fill(
+                        ~mask, float("-inf"))
                 return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    *args, dropout_p, kwargs.get("is_causal", False))[0]
+                    *args, dropout_p, kwargs.get("is_causal", False), attn_mask=mask)[0]
         return func(*args, **kwargs)
 
 
