@@ -11,11 +11,13 @@ above MemoryCheck's RATIO_FROM_BYTES.
 
 Before this test the plan of a run without pipeline stages added gloo's copy of the largest collective (at CP 2,
 the whole gradient buffer reduced over DP x CP: 24.9 MiB here) on top of the activations' peak; the reduction starts
-at the end of the last micro-batch's backward, when autograd has freed them. Measured: 170.5 of 206.9 MiB planned,
-0.82, on both ranks of CP 2 p2p with dropout; CP 2 x DP 2 0.77. planner/plan_observer.py now reads the copy at its
-collective, beside the activations still saved then (as planner/pipeline_plan.py does for a stage's backward).
-Measured after (this machine): CP 2 p2p without dropout (the ring's own backward) 0.92-0.93, CP 2 all_gather 0.90-0.91,
-CP 2 x DP 2 p2p with attention dropout (autograd through the ring) 0.96-0.97. What the planner does not count:
+at the end of the last micro-batch's backward, when autograd has freed them. Measured before (3f5f491): CP 2 p2p
+0.79-0.80, CP 2 all_gather 0.77, CP 2 x DP 2 0.83 (170.5 of 206.9 MiB planned with dropout at CP 2 alone: 0.82).
+planner/plan_observer.py now reads the copy at its collective, beside the activations still saved then (as
+planner/pipeline_plan.py does for a stage's backward). Measured after, on this machine: CP 2 p2p without dropout
+(the ring's own backward) 0.94-0.98, CP 2 all_gather 0.94 (its plan also keeps what the CPU's flash kernel keeps
+under a mask: planner/dry_run.py _AttentionKernelOf), CP 2 x DP 2 p2p with attention dropout (autograd through
+the ring) 0.96. What the planner does not count:
 the ring's per-block scores ([2, 4, 128, 128] fp32, 512 KiB, a note in the plan), the data loader and the
 allocator's slack.
 """
