@@ -12,11 +12,11 @@ above MemoryCheck's RATIO_FROM_BYTES.
 Before this test the plan of a run without pipeline stages added gloo's copy of the largest collective (at CP 2,
 the whole gradient buffer reduced over DP x CP: 24.9 MiB here) on top of the activations' peak; the reduction starts
 at the end of the last micro-batch's backward, when autograd has freed them. Measured before (3f5f491): CP 2 p2p
-0.79-0.80, CP 2 all_gather 0.77, CP 2 x DP 2 0.83 (170.5 of 206.9 MiB planned with dropout at CP 2 alone: 0.82).
+0.79-0.80, CP 2 all_gather 0.77, Ulysses 2 0.78-0.79, CP 2 x DP 2 0.83 (170.5 of 206.9 MiB planned with dropout at CP 2 alone: 0.82).
 planner/plan_observer.py now reads the copy at its collective, beside the activations still saved then (as
 planner/pipeline_plan.py does for a stage's backward). Measured after, on this machine: CP 2 p2p without dropout
 (the ring's own backward) 0.94-0.98, CP 2 all_gather 0.94 (its plan also keeps what the CPU's flash kernel keeps
-under a mask: planner/dry_run.py _AttentionKernelOf), CP 2 x DP 2 p2p with attention dropout (autograd through
+under a mask: planner/dry_run.py _AttentionKernelOf), Ulysses 2 (--ds-sequence-parallel-size) 0.93, CP 2 x DP 2 p2p with attention dropout (autograd through
 the ring) 0.96. What the planner does not count:
 the ring's per-block scores ([2, 4, 128, 128] fp32, 512 KiB, a note in the plan), the data loader and the
 allocator's slack.
@@ -35,15 +35,18 @@ from tests.distributed import run_distributed
 LIVE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
         "--max-position-embeddings", "256", "--micro-batch-size", "2", "--global-batch-size", "4",
         "--train-iters", "1", "--seed", "1", "--log-interval", "1", "--eval-iters", "0",
-        "--tokenizer-vocab-size", "512", "--device", "cpu", "--context-parallel-size", "2", "--zero-stage", "1"]
+        "--tokenizer-vocab-size", "512", "--device", "cpu", "--zero-stage", "1"]
+CP2 = ["--context-parallel-size", "2"]
 NO_DROPOUT = ["--attention-dropout", "0", "--hidden-dropout", "0"]
 
 CASES = {
     # the ring with its own backward (no attention dropout): q, k, v, output and log-sum-exp saved per layer
-    "cp2-p2p": (2, ["--cp-comm-type", "p2p", *NO_DROPOUT]),
-    "cp2-all_gather": (2, ["--cp-comm-type", "all_gather", *NO_DROPOUT]),
+    "cp2-p2p": (2, [*CP2, "--cp-comm-type", "p2p", *NO_DROPOUT]),
+    "cp2-all_gather": (2, [*CP2, "--cp-comm-type", "all_gather", *NO_DROPOUT]),
+    # DeepSpeed-Ulysses as Megatron-DeepSpeed launches it
+    "ulysses2": (2, ["--ds-sequence-parallel-size", "2", *NO_DROPOUT]),
     # GPT-2's dropout: autograd runs through the ring and keeps every block; CP 2 x DP 2
-    "cp2xdp2-p2p-dropout": (4, ["--cp-comm-type", "p2p"]),
+    "cp2xdp2-p2p-dropout": (4, [*CP2, "--cp-comm-type", "p2p"]),
 }
 
 
