@@ -138,6 +138,11 @@ class _RingAttention(torch.autograd.Function):
             else:
                 output[:, :, rows], lse[:, :, rows] = merge_partial(output[:, :, rows], lse[:, :, rows],
                                                                     block_output, block_lse)
+        # Sequence-major in memory ([b, s, h, d] strides), as the fused SDPA kernels return theirs: the caller's
+        # transpose to [b, s, heads x d] is then a view, and the output projection saves that view instead of a
+        # copy of its own beside the output kept here (one [b, s/CP, h] tensor a layer more than CP 1 saved:
+        # tests/training/test_context_parallel_activation_memory.py).
+        output = output.transpose(1, 2).contiguous().transpose(1, 2)
         ctx.state = state
         ctx.save_for_backward(query, key, value, output, lse)
         return output.to(query.dtype)

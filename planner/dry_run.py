@@ -174,7 +174,13 @@ class _AttentionKernelOf(TorchFunctionMode):
     On meta, SDPA falls back to the math path, which keeps the [b, heads, s, s] attention weights for
     backward. A GPU runs the flash kernel (it keeps q, k, v, the output and a [b, heads, s] logsumexp,
     dropout or not), and so does a CPU without dropout; a CPU with dropout runs the math path. The
-    flash kernel's CPU op has a meta implementation with the same saved tensors, so it stands in."""
+    flash kernel's CPU op has a meta implementation with the same saved tensors, so it stands in.
+
+    With an explicit mask (context parallelism's all_gather, --reset-attention-mask's documents) a CPU without
+    dropout runs the same kernel with the mask, which SDPA first turns from bool into the query's dtype (0 where
+    visible, -inf elsewhere) and the kernel keeps too; on the math path the meta run planned the all_gather CP 2
+    rank of tests/training/test_context_parallel_activation_memory.py 18% above its measured saved tensors. A GPU
+    runs the memory-efficient kernel there, which keeps the same tensors (its log-sum-exp padded)."""
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
@@ -182,11 +188,16 @@ class _AttentionKernelOf(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and len(args) == 3 and set(kwargs) <= {"dropout_p", "is_causal"}:
+        if func is F.scaled_dot_product_attention and len(args) == 3 and \
+                set(kwargs) <= {"dropout_p", "is_causal", "attn_mask"}:
             dropout_p = kwargs.get("dropout_p", 0.0)
             if self.device_type == "cuda" or dropout_p == 0.0:
+                mask = kwargs.get("attn_mask")
+                if mask is not None and mask.dtype == torch.bool:
+                    mask = torch.zeros(mask.shape, dtype=args[0].dtype, device=mask.device).masked_fill(
+                        ~mask, float("-inf"))
                 return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    *args, dropout_p, kwargs.get("is_causal", False))[0]
+                    *args, dropout_p, kwargs.get("is_causal", False), attn_mask=mask)[0]
         return func(*args, **kwargs)
 
 
@@ -366,12 +377,17 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # most activations saved at once (checkpoints, a recomputed group, the loss's softmax) and,
     # transient at the loss, the logits and the gradients flowing back, parameter gradients before
     # the reducer takes them, and on CPU gloo's copy of the largest collective (all counted together:
-    # an upper bound, since the largest ones come at the end of backward when activations are freed).
+    # an upper bound, but for the copy, which is read at its collective below).
     # In the step, after backward freed all of that: what the step allocates (the gradient partition,
     # or publishing's copies and gloo's copy of its largest gather; AdamW's fused kernel nothing).
     # With pipeline stages, the saved activations, the held sends and gloo's copy peak at different slots of the
     # schedule: the simulation's peak of the three stands for their sum (planner/pipeline_plan.py).
-    working = meter.peak["device"] + copies["passes"] if pipeline is None else pipeline.pass_peak_bytes
+    # Without stages, gloo's copy counts with the activations still saved when its collective starts
+    # (planner/plan_observer.py): the gradients' reduction comes at the end of backward, when most are freed.
+    if pipeline is not None:
+        working = pipeline.pass_peak_bytes
+    else:
+        working = max(meter.peak["device"], observer.copy_peak_bytes if copies["passes"] else 0)
     passes = (result.stage3_live_chunk_bytes + working + logits + result.gradient_working_bytes
               + result.parameter_gradient_bytes + result.offload_copy_bytes)
     result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)

@@ -133,7 +133,9 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes),
              ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes)]
     if any(plan.transport_copy_bytes.values()):
-        rows.append(("gloo's copy of the passes' largest collective", plan.transport_copy_bytes["passes"]))
+        # counted with the activations still saved as its collective starts, not on top of their peak (dry_run.py)
+        rows.append(("gloo's copy of the passes' largest collective (beside what is saved then)",
+                     plan.transport_copy_bytes["passes"]))
     rows.append(("optimizer step's temporaries (fused AdamW: none; gradient partition or publishing"
                  + (", gloo's copy" if plan.transport_copy_bytes["step"] else "") + ")", plan.step_working_bytes))
     width = max(len(name) for name, _ in rows) + 2

@@ -507,4 +507,208 @@ LAUNCHES = (
 """,
         outcome="trains",
     ),
+
+    Launch(
+        name="megatron-deepspeed-ulysses-gpt-1.3b-32k",
+        script=Source("microsoft/Megatron-DeepSpeed",
+                      "examples_deepspeed/sequence_parallel/ds_pretrain_gpt_1.3B_seq_parallel_32k.sh",
+                      "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"),
+        program="pretrain_gpt.py", world_size=8,
+        expanded=("DeepSpeed-Ulysses (--ds-sequence-parallel-size): the 'GPT-3 XL 1.3B' block (seq_len=32768, "
+                  "global_batch_size=2); mp_size=1, sp_size=4, pp_size=1, no_pp=true, zero_stage=1, batch_size=1, "
+                  "log_interval=10; num_gpus=8 (one node of 8, from `ds_ssh nvidia-smi`, as for the rebase scripts): "
+                  "data-parallel 2; train_samples=$(( 300 * 1000000000 * 2 / 32768 )) = 18310546; "
+                  "activation_checkpoint=true, log_optimizer_state=true; prescale_grad=false (zero_stage > 0); "
+                  "output_home=output; the JSON is the sed-filled ds_config_gpt_TEMPLATE.json of its folder "
+                  "(GBSIZE=2, MBSIZE=1, LOG_INTERVAL=10, ZERO_STAGE=1, PRESCALE_GRAD=false)"),
+        argv=(
+            "--override-opt_param-scheduler", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+            "--tensor-model-parallel-size", "1", "--ds-sequence-parallel-size", "4", "--init-method-std", "0.013",
+            "--lr-decay-tokens", "300000000000", "--lr-warmup-tokens", "3000000000", "--micro-batch-size", "1",
+            "--exit-duration-in-mins", "30000000", "--global-batch-size", "2", "--num-layers", "24",
+            "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "32768",
+            "--max-position-embeddings", "32768", "--train-tokens", "300000000000", "--train-samples", "18310546",
+            "--lr", "2.0e-4", "--min-lr", "1.0e-6", "--lr-decay-style", "cosine", "--split", "949,50,1",
+            "--log-interval", "10", "--eval-interval", "100", "--eval-iters", "10", "--save-interval", "100",
+            "--weight-decay", "0.1", "--clip-grad", "1.0", "--hysteresis", "2", "--num-workers", "0", "--fp16",
+            "--seed", "1234",
+            "--load", "output/checkpoint/gpt_1.3B_tok300B_lr2.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_z1_sp4_seed1234_rebase",
+            "--save", "output/checkpoint/gpt_1.3B_tok300B_lr2.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_z1_sp4_seed1234_rebase",
+            "--no-async-tensor-model-parallel-allreduce", "--use-flash-attn-triton", "--tensorboard-queue-size", "1",
+            "--log-timers-to-tensorboard", "--log-batch-size-to-tensorboard", "--log-validation-ppl-to-tensorboard",
+            "--tensorboard-dir",
+            "output/tensorboard/gpt_1.3B_tok300B_lr2.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_z1_sp4_seed1234_rebase_HOSTNAME_DATE",
+            "--checkpoint-activations", "--log-optimizer-states-to-tensorboard", "--vocab-file", "gpt2-vocab.json",
+            "--merge-file", "gpt2-merges.txt", "--data-path", "BookCorpusDataset_text_document", "--data-impl",
+            "mmap", "--deepspeed", "--deepspeed_config", "ds_config_gbs2_mbs1_log10_zero1.json", "--zero-stage",
+            "1", "--pipeline-model-parallel-size", "1", "--no-pipeline-parallel",
+            "--deepspeed-activation-checkpointing",
+        ),
+        json=Source("microsoft/Megatron-DeepSpeed", "examples_deepspeed/sequence_parallel/ds_config_gpt_TEMPLATE.json",
+                    "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"),
+        json_generated=True,
+        json_text="""\
+{
+  "train_batch_size": 2,
+  "train_micro_batch_size_per_gpu": 1,
+  "steps_per_print": 10,
+
+  "zero_optimization": {
+    "stage": 1
+  },
+
+  "gradient_clipping": 1.0,
+  "prescale_gradients": false,
+
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+    "initial_scale_power": 11
+  },
+
+  "wall_clock_breakdown" : false
+}
+""",
+        outcome="trains",
+    ),
+
+    Launch(
+        name="megatron-deepspeed-ulysses-gpt-30b-32k",
+        script=Source("microsoft/Megatron-DeepSpeed",
+                      "examples_deepspeed/sequence_parallel/ds_pretrain_gpt_30B_seq_parallel_32k.sh",
+                      "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"),
+        program="pretrain_gpt.py", world_size=8,
+        expanded=("DeepSpeed-Ulysses (--ds-sequence-parallel-size): the 'GPT-3 30B' block (seq_len=32768, "
+                  "global_batch_size=2); mp_size=1, sp_size=4, pp_size=1, no_pp=true, zero_stage=3, batch_size=1, "
+                  "log_interval=10; num_gpus=8 (one node of 8, from `ds_ssh nvidia-smi`, as for the rebase scripts): "
+                  "data-parallel 2; train_samples=$(( 300 * 1000000000 * 2 / 32768 )) = 18310546; "
+                  "activation_checkpoint=true, log_optimizer_state=true; prescale_grad=false (zero_stage > 0); "
+                  "output_home=output; the JSON is the sed-filled ds_config_gpt_TEMPLATE.json of its folder "
+                  "(GBSIZE=2, MBSIZE=1, LOG_INTERVAL=10, ZERO_STAGE=3, PRESCALE_GRAD=false)"),
+        argv=(
+            "--override-opt_param-scheduler", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+            "--tensor-model-parallel-size", "1", "--ds-sequence-parallel-size", "4", "--init-method-std", "0.008",
+            "--lr-decay-tokens", "300000000000", "--lr-warmup-tokens", "3000000000", "--micro-batch-size", "1",
+            "--exit-duration-in-mins", "30000000", "--global-batch-size", "2", "--num-layers", "64",
+            "--hidden-size", "6144", "--num-attention-heads", "64", "--seq-length", "32768",
+            "--max-position-embeddings", "32768", "--train-tokens", "300000000000", "--train-samples", "18310546",
+            "--lr", "1.0e-4", "--min-lr", "1.0e-6", "--lr-decay-style", "cosine", "--split", "949,50,1",
+            "--log-interval", "10", "--eval-interval", "100", "--eval-iters", "10", "--save-interval", "100",
+            "--weight-decay", "0.1", "--clip-grad", "1.0", "--hysteresis", "2", "--num-workers", "0", "--fp16",
+            "--seed", "1234",
+            "--load", "output/checkpoint/gpt_30B_tok300B_lr1.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_z3_sp4_seed1234_rebase",
+            "--save", "output/checkpoint/gpt_30B_tok300B_lr1.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_z3_sp4_seed1234_rebase",
+            "--no-async-tensor-model-parallel-allreduce", "--use-flash-attn-triton", "--tensorboard-queue-size", "1",
+            "--log-timers-to-tensorboard", "--log-batch-size-to-tensorboard", "--log-validation-ppl-to-tensorboard",
+            "--tensorboard-dir",
+            "output/tensorboard/gpt_30B_tok300B_lr1.0e-4_min1.0e-6_w3000M_d300B_cosine_gbs2_mbs1_g8_z3_sp4_seed1234_rebase_HOSTNAME_DATE",
+            "--checkpoint-activations", "--log-optimizer-states-to-tensorboard", "--vocab-file", "gpt2-vocab.json",
+            "--merge-file", "gpt2-merges.txt", "--data-path", "BookCorpusDataset_text_document", "--data-impl",
+            "mmap", "--deepspeed", "--deepspeed_config", "ds_config_gbs2_mbs1_log10_zero3.json", "--zero-stage",
+            "3", "--pipeline-model-parallel-size", "1", "--no-pipeline-parallel",
+            "--deepspeed-activation-checkpointing",
+        ),
+        json=Source("microsoft/Megatron-DeepSpeed", "examples_deepspeed/sequence_parallel/ds_config_gpt_TEMPLATE.json",
+                    "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"),
+        json_generated=True,
+        json_text="""\
+{
+  "train_batch_size": 2,
+  "train_micro_batch_size_per_gpu": 1,
+  "steps_per_print": 10,
+
+  "zero_optimization": {
+    "stage": 3
+  },
+
+  "gradient_clipping": 1.0,
+  "prescale_gradients": false,
+
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+    "initial_scale_power": 11
+  },
+
+  "wall_clock_breakdown" : false
+}
+""",
+        outcome="trains",
+    ),
+
+    Launch(
+        name="megatron-deepspeed-ulysses-fpdt-gpt-6.7b",
+        script=Source("microsoft/Megatron-DeepSpeed",
+                      "examples_deepspeed/sequence_parallel/ds_pretrain_gpt_6.7B_fpdt_32k.sh",
+                      "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"),
+        program="pretrain_gpt.py", world_size=8,
+        expanded=("DeepSpeed-Ulysses with FPDT (--ds-sequence-parallel-fpdt: Ulysses in chunks, offloaded): the "
+                  "'GPT-3 6.7B' block (seq_len=262144 despite the name, global_batch_size=1024); mp_size=1, "
+                  "sp_size=4, pp_size=1, no_pp=true, zero_stage=3, batch_size=2, log_interval=10; num_gpus=8 (one "
+                  "node of 8, from `ds_ssh nvidia-smi`, as for the rebase scripts): data-parallel 2; "
+                  "train_samples=$(( 300 * 1000000000 * 2 / 262144 )) = 2288818; activation_checkpoint=true "
+                  "(with --checkpoint-in-cpu), log_optimizer_state=false; prescale_grad=false (zero_stage > 0); "
+                  "output_home=output; the JSON is the sed-filled ds_config_gpt_TEMPLATE.json of its folder "
+                  "(GBSIZE=1024, MBSIZE=2, LOG_INTERVAL=10, ZERO_STAGE=3, PRESCALE_GRAD=false)"),
+        argv=(
+            "--override-opt_param-scheduler", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+            "--tensor-model-parallel-size", "1", "--ds-sequence-parallel-fpdt", "--ds-sequence-parallel-fpdt-chunk-size",
+            "65536", "--ds-sequence-parallel-fpdt-offloading", "--ds-sequence-parallel-size", "4",
+            "--init-method-std", "0.009", "--lr-decay-tokens", "300000000000", "--lr-warmup-tokens", "3000000000",
+            "--micro-batch-size", "2", "--exit-duration-in-mins", "30000000", "--global-batch-size", "1024",
+            "--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "262144",
+            "--max-position-embeddings", "262144", "--train-tokens", "300000000000", "--train-samples", "2288818",
+            "--lr", "1.2e-4", "--min-lr", "1.0e-6", "--lr-decay-style", "cosine", "--split", "949,50,1",
+            "--log-interval", "10", "--eval-interval", "100", "--eval-iters", "10", "--save-interval", "100",
+            "--weight-decay", "0.1", "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--clip-grad", "1.0",
+            "--hysteresis", "2", "--num-workers", "0", "--fp16", "--seed", "1234",
+            "--load", "output/checkpoint/gpt_6.7B_tok300B_lr1.2e-4_min1.0e-6_w3000M_d300B_cosine_gbs1024_mbs2_g8_z3_sp4_seed1234_rebase",
+            "--save", "output/checkpoint/gpt_6.7B_tok300B_lr1.2e-4_min1.0e-6_w3000M_d300B_cosine_gbs1024_mbs2_g8_z3_sp4_seed1234_rebase",
+            "--no-async-tensor-model-parallel-allreduce", "--use-flash-attn-v2", "--tensorboard-queue-size", "1",
+            "--use-rotary-position-embeddings", "--rotary-percent", "0.25", "--rotary-position-embeddings-theta",
+            "100000000", "--log-timers-to-tensorboard", "--log-batch-size-to-tensorboard",
+            "--log-validation-ppl-to-tensorboard", "--tensorboard-dir",
+            "output/tensorboard/gpt_6.7B_tok300B_lr1.2e-4_min1.0e-6_w3000M_d300B_cosine_gbs1024_mbs2_g8_z3_sp4_seed1234_rebase_HOSTNAME_DATE",
+            "--checkpoint-activations", "--vocab-file", "gpt2-vocab.json", "--merge-file", "gpt2-merges.txt",
+            "--data-path", "BookCorpusDataset_text_document", "--data-impl", "mmap", "--deepspeed",
+            "--deepspeed_config", "ds_config_gbs1024_mbs2_log10_zero3.json", "--zero-stage", "3",
+            "--pipeline-model-parallel-size", "1", "--no-pipeline-parallel", "--deepspeed-activation-checkpointing",
+            "--checkpoint-in-cpu",
+        ),
+        json=Source("microsoft/Megatron-DeepSpeed", "examples_deepspeed/sequence_parallel/ds_config_gpt_TEMPLATE.json",
+                    "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"),
+        json_generated=True,
+        json_text="""\
+{
+  "train_batch_size": 1024,
+  "train_micro_batch_size_per_gpu": 2,
+  "steps_per_print": 10,
+
+  "zero_optimization": {
+    "stage": 3
+  },
+
+  "gradient_clipping": 1.0,
+  "prescale_gradients": false,
+
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+    "initial_scale_power": 11
+  },
+
+  "wall_clock_breakdown" : false
+}
+""",
+        outcome="trains",
+    ),
 )
