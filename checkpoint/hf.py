@@ -59,6 +59,8 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
                 "--qk-layernorm": config.qk_layernorm,
+                # swiss-ai's xIELU: an Apertus MLP (checkpoint/hf_llama.py refuses it), never GPT-2's
+                "--xielu": config.activation == "xielu",
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
                 "--attention-output-gate": config.attention_output_gate,

@@ -51,6 +51,9 @@ def llama_misfits(config: ModelConfig) -> list[str]:
              # need a permutation that is not written here.
              "no --rotary-interleaved": architecture.rotary_interleaved,
              "no --attention-output-gate": architecture.attention_output_gate,
+             # transformers' ApertusForCausalLM holds xIELU's scalars (mlp.act_fn.alpha_p/alpha_n); its folder is
+             # not written or read here
+             "no --xielu (an ApertusForCausalLM, which is not converted here)": config.activation == "xielu",
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
                  architecture.add_qkv_bias and not architecture.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
     if config.moe is not None:

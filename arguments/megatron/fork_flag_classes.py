@@ -37,8 +37,8 @@ FORK_NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 FORK_REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (f"not implemented ({SWISS_AI}'s activations xIELU, xIPReLU and xIPReLUP, with learned parameters): use "
-     "--swiglu, --activation gelu/gelu_tanh/squared_relu", _names("--xielu --xiprelu --xiprelup")),
+    (f"not implemented ({SWISS_AI}'s activations xIPReLU and xIPReLUP, with learned parameters): use "
+     "--xielu (its xIELU), --swiglu, --activation gelu/gelu_tanh/squared_relu", _names("--xiprelu --xiprelup")),
     (f"not implemented ({SWISS_AI}'s block variants: norms removed, post-norm blocks, norm gains initialized "
      "to another value, scaled input embeddings): every block here is a pre-norm block with a final norm",
      _names("--no-attn-layernorm --no-mlp-layernorm --no-final-layernorm --post-layer-norm")),

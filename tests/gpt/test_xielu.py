@@ -1,0 +1,137 @@
+"""swiss-ai's xIELU activation (--xielu, issue 54), against its Megatron-LM fork (github:swiss-ai/Megatron-LM main):
+
+- megatron/training/activations.py, compiled_xielu: `torch.where(x > 0, alpha_p * x * x + beta * x,
+  alpha_n * torch.expm1(torch.min(x, eps)) - alpha_n * x + beta * x)`; class XIELU.__init__(alpha_p_init=0.8,
+  alpha_n_init=0.8, beta=0.5, eps=-1e-6): `alpha_p = nn.Parameter(torch.log(torch.exp(torch.tensor(alpha_p_init,
+  dtype=torch.bfloat16)) - 1.0).unsqueeze(0))`, alpha_n likewise from `alpha_n_init - beta`, `eps =
+  torch.tensor(eps, dtype=torch.bfloat16)`; XIELU.forward: `alpha_p = F.softplus(self.alpha_p)`, `alpha_n =
+  self.beta + F.softplus(self.alpha_n)`.
+- megatron/core/transformer/mlp.py, MLP.__init__: `if self.config.activation_func == XIELU: self.activation_func =
+  XIELU(config=self.config)` (one per MLP, its parameters `mlp.activation_func.alpha_p` / `.alpha_n`:
+  tools/checkpoint/schema_core.py), applied between linear_fc1 and linear_fc2 without a gate.
+- megatron/training/arguments.py core_transformer_config_from_args: `activation_flags = [args.swiglu, ...,
+  args.xielu, ...]; if sum(activation_flags) > 1: raise ValueError("Only one activation function can be selected
+  at a time")`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from arguments.parser import parse_config
+from base.errors import ConfigError
+from gpt.model import build_gpt_model
+from gpt.xielu import xielu
+from parallel.state import ParallelState, destroy, initialize
+from tests.distributed import run_distributed
+from tests.gpt.test_llama_blocks import check_gradients_are_tp1_slices, tiny_config, tokens_for
+from tests.reliability_helpers import TINY, straight_and_resumed
+
+SINGLE = ParallelState(device=torch.device("cpu"))
+# The fork's initial raw scalars: log(exp(0.8) - 1) and log(exp(0.3) - 1), each step in bf16.
+FORK_ALPHA_P_RAW, FORK_ALPHA_N_RAW = 0.2109375, -1.046875
+
+
+def _softplus(value: float) -> float:
+    return math.log1p(math.exp(value))
+
+
+def test_xielu_equals_the_forks_formula_on_hand_values():
+    """compiled_xielu at the fork's initial scalars, worked out in float64 by hand for x = 3, 0.5, 0, -1e-7 (inside
+    eps: min(x, eps) is eps, the bf16 -1e-6) and -2."""
+    alpha_p = _softplus(FORK_ALPHA_P_RAW)
+    alpha_n = 0.5 + _softplus(FORK_ALPHA_N_RAW)
+    eps = -9.98377799987793e-07  # torch.tensor(-1e-6, dtype=torch.bfloat16)
+    xs = [3.0, 0.5, 0.0, -1e-7, -2.0]
+    expected = [alpha_p * 9 + 1.5, alpha_p * 0.25 + 0.25,
+                alpha_n * math.expm1(eps) - 0.0 + 0.0,
+                alpha_n * math.expm1(eps) - alpha_n * -1e-7 + 0.5 * -1e-7,
+                alpha_n * math.expm1(-2.0) + alpha_n * 2.0 - 1.0]
+    ours = xielu(torch.tensor(xs, dtype=torch.float64), torch.tensor([FORK_ALPHA_P_RAW], dtype=torch.float64),
+                 torch.tensor([FORK_ALPHA_N_RAW], dtype=torch.float64))
+    torch.testing.assert_close(ours, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-15)
+    assert alpha_p == pytest.approx(0.8, abs=0.01) and alpha_n == pytest.approx(0.8, abs=0.01)
+
+
+def test_the_mlp_holds_two_learned_scalars_at_the_forks_initial_values_and_applies_xielu_between_its_linears():
+    config = tiny_config(activation="xielu")
+    model = build_gpt_model(config, SINGLE, seed=3)
+    names = {name for name, _ in model.named_parameters() if "activation_func" in name}
+    assert names == {f"blocks.{i}.mlp.activation_func.{p}" for i in range(2) for p in ("alpha_p", "alpha_n")}
+    mlp = model.blocks[0].mlp
+    assert mlp.activation_func.alpha_p.shape == (1,) and mlp.activation_func.alpha_p.requires_grad
+    assert mlp.activation_func.alpha_p.item() == FORK_ALPHA_P_RAW
+    assert mlp.activation_func.alpha_n.item() == FORK_ALPHA_N_RAW
+    with torch.no_grad():
+        mlp.activation_func.alpha_p.fill_(0.3)  # any learned values: the MLP reads its own
+        mlp.activation_func.alpha_n.fill_(-0.7)
+        x = torch.randn(2, 5, config.hidden_size, generator=torch.Generator().manual_seed(1))
+        up, down = mlp.dense_h_to_4h, mlp.dense_4h_to_h
+        expected = F.linear(xielu(F.linear(x, up.weight, up.bias), torch.tensor([0.3]), torch.tensor([-0.7])),
+                            down.weight, down.bias)
+        torch.testing.assert_close(mlp(x), expected, rtol=0, atol=0)
+    tokens = tokens_for(config)
+    model(tokens[:, :-1], tokens[:, 1:]).mean().backward()
+    assert mlp.activation_func.alpha_p.grad.abs().item() > 0 and mlp.activation_func.alpha_n.grad.abs().item() > 0
+
+
+def _tp2_gradients(rank, world_size, sequence_parallel):
+    from gpt.parallel_plan import tensor_parallel_plan
+    from parallel.config import ParallelismConfig
+
+    state = initialize("cpu", tensor_parallel_size=2)
+    try:
+        config = tiny_config(activation="xielu", add_bias_linear=False)
+        reference = build_gpt_model(config, SINGLE, seed=11)
+        plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=2,
+                                                             sequence_parallel=sequence_parallel))
+        ours = build_gpt_model(config, state, seed=11, plan=plan)
+        check_gradients_are_tp1_slices(ours, reference, tokens_for(config), state)
+        return True
+    finally:
+        destroy(state)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_the_scalars_gradients_at_tp2_are_the_tp1_models(sequence_parallel):
+    """Each TP rank holds half the ffn columns and the same two scalars; their gradients are summed over the TP
+    group, so every rank's equals the TP-1 model's whole gradient (and the ranks' copies stay equal)."""
+    assert run_distributed(_tp2_gradients, 2, sequence_parallel, timeout=300) == [True, True]
+
+
+def test_xielu_flag_and_its_refusals():
+    assert parse_config(["--xielu"]).model.activation == "xielu"
+    with pytest.raises(ConfigError, match="--xielu .* --swiglu") as error:
+        parse_config(["--xielu", "--swiglu"])
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="--xielu with --num-experts is not implemented") as error:
+        parse_config(["--xielu", "--num-experts", "4"])
+    assert "\n" not in str(error.value)
+
+
+def test_a_xielu_run_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_path):
+    """The scalars are parameters in the checkpoint (and in the optimizer's state): a run saved at iteration 2
+    and resumed logs the straight run's losses (at --lr 0.01 the scalars move, so a resume that lost them, or
+    their Adam moments, would log others)."""
+    argv = TINY + ["--xielu", "--train-iters", "4", "--lr", "0.01", "--data-cache-dir", corpus_cache_300]
+    straight, split, save = straight_and_resumed(argv, tmp_path, exit_interval=2)
+    assert [(r["iteration"], r["loss"]) for r in straight] == [(r["iteration"], r["loss"]) for r in split]
+    assert len(straight) == 4
+
+
+def test_the_hugging_face_export_of_a_xielu_model_is_refused_in_one_line():
+    """transformers 5.24 has ApertusForCausalLM (its MLP's act_fn is XIELUActivation with alpha_p/alpha_n), which
+    is not converted here yet: the export and --init-from-hf refuse the model in one line rather than writing a
+    GPT2LMHeadModel or LlamaForCausalLM folder that would drop the scalars."""
+    from checkpoint.hf import check_convertible
+
+    apertus_like = tiny_config(activation="xielu", normalization="RMSNorm", position_embedding_type="rope",
+                               add_bias_linear=False, untie_embeddings_and_output_weights=True, qk_layernorm=True)
+    for config in (tiny_config(activation="xielu"), apertus_like):
+        with pytest.raises(ConfigError, match=r"no --xielu \(an ApertusForCausalLM") as error:
+            check_convertible(config, "the Hugging Face export")
+        assert "\n" not in str(error.value)
