@@ -28,6 +28,7 @@ from arguments.hf_config import check_hf_config_json
 from arguments.hf_folder import LLAMA3_FIXED, architecture_settings
 from base.errors import ConfigError
 from base.options import flag_of_setting
+from gpt.xielu import XIELU_BETA, XIELU_EPS
 
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
@@ -35,6 +36,7 @@ ARCHITECTURE = "LlamaForCausalLM"
 MIXTRAL_TYPE = "mixtral"
 QWEN2_MOE_TYPE = "qwen2_moe"  # Qwen2-MoE: a gated shared expert beside the routed ones, q/k/v biases
 MOE_TYPES = (MIXTRAL_TYPE, QWEN2_MOE_TYPE)
+APERTUS_ARCHITECTURE = "ApertusForCausalLM"  # --xielu (exported; not read by --init-from-hf)
 # Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -51,15 +53,37 @@ def llama_misfits(config: ModelConfig) -> list[str]:
              # need a permutation that is not written here.
              "no --rotary-interleaved": architecture.rotary_interleaved,
              "no --attention-output-gate": architecture.attention_output_gate,
-             # transformers' ApertusForCausalLM holds xIELU's scalars (mlp.act_fn.alpha_p/alpha_n); its folder is
-             # not written or read here
-             "no --xielu (an ApertusForCausalLM, which is not converted here)": config.activation == "xielu",
              "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
                  architecture.add_qkv_bias and not architecture.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
     if config.moe is not None:
         needs = {need: missing for need, missing in needs.items() if missing}
         needs.update({need: True for need in moe_misfits(config)})
+    if is_apertus(config):
+        needs = apertus_needs(config)
     return [need for need, missing in needs.items() if missing]
+
+
+def is_apertus(config: ModelConfig) -> bool:
+    """--xielu: exported as transformers' ApertusForCausalLM (swiss-ai's Apertus: a Llama whose MLP is
+    up_proj -> xIELU -> down_proj, with per-head query and key RMSNorms)."""
+    return config.activation == "xielu"
+
+
+def apertus_needs(config: ModelConfig) -> dict[str, bool]:
+    """What keeps a --xielu model from being an ApertusForCausalLM (transformers' modeling_apertus.py: RMSNorms,
+    rotary positions, q_norm and k_norm over each head, no MLP bias, attention_bias over q, k, v and o alike, head
+    width hidden / heads: ApertusConfig has no head_dim)."""
+    architecture = config.architecture
+    return {"--normalization RMSNorm": architecture.normalization != "RMSNorm",
+            "--position-embedding-type rope": architecture.position_embedding_type != "rope",
+            "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
+            "no --rotary-interleaved": architecture.rotary_interleaved,
+            "no --attention-output-gate": architecture.attention_output_gate,
+            "--qk-layernorm (Apertus normalizes each query and key head)": not architecture.qk_layernorm,
+            "--disable-bias-linear (Apertus's linears have no biases)": config.add_bias_linear,
+            "no --add-qkv-bias": architecture.add_qkv_bias,
+            "no --kv-channels other than hidden / heads (ApertusConfig has no head_dim)":
+                config.head_dim * config.num_attention_heads != config.hidden_size}
 
 
 def moe_family(config: ModelConfig) -> Optional[str]:
@@ -98,6 +122,8 @@ def check_llama_shaped(config: ModelConfig, what: str) -> None:
 
 
 def architecture_of(config: ModelConfig) -> str:
+    if is_apertus(config):
+        return APERTUS_ARCHITECTURE
     return {MIXTRAL_TYPE: "MixtralForCausalLM", QWEN2_MOE_TYPE: "Qwen2MoeForCausalLM"}.get(moe_family(config),
                                                                                           ARCHITECTURE)
 
@@ -123,6 +149,11 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
                   rope_parameters=rope_parameters(config), hidden_act="silu",
                   tie_word_embeddings=not config.untie_embeddings_and_output_weights,
                   attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+    if is_apertus(config):
+        from transformers import ApertusConfig
+
+        return ApertusConfig(**{key: value for key, value in common.items() if key not in ("head_dim", "hidden_act")},
+                             intermediate_size=config.ffn_size, hidden_act="xielu", attention_bias=False)
     moe = config.moe
     if moe_family(config) == MIXTRAL_TYPE:
         return MixtralConfig(**common, intermediate_size=moe.ffn_hidden_size, num_local_experts=moe.num_experts,
@@ -277,6 +308,18 @@ _SAME = (("input_layernorm.weight", "input_layernorm.weight"),
          ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"), ("mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"))
 
 
+# An ApertusForCausalLM layer's names (transformers' modeling_apertus.py ApertusDecoderLayer, ApertusMLP,
+# ApertusAttention) for ours; no biases (apertus_needs).
+_APERTUS_SAME = (("input_layernorm.weight", "attention_layernorm.weight"),
+                 ("post_attention_layernorm.weight", "feedforward_layernorm.weight"),
+                 ("attention.q_layernorm.weight", "self_attn.q_norm.weight"),
+                 ("attention.k_layernorm.weight", "self_attn.k_norm.weight"),
+                 ("attention.dense.weight", "self_attn.o_proj.weight"),
+                 ("mlp.dense_h_to_4h.weight", "mlp.up_proj.weight"), ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"),
+                 ("mlp.activation_func.alpha_p", "mlp.act_fn.alpha_p"),
+                 ("mlp.activation_func.alpha_n", "mlp.act_fn.alpha_n"))
+
+
 def _kinds(config: ModelConfig) -> tuple[str, ...]:
     return ("weight", "bias") if config.add_bias_linear else ("weight",)
 
@@ -293,6 +336,11 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
         out["lm_head.weight"] = state_dict["output_layer.weight"][:vocab]
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        if is_apertus(config):
+            out.update({theirs + their_name: state_dict[ours + our_name] for our_name, their_name in _APERTUS_SAME})
+            # XIELUActivation's buffers: beta and eps, in our values (gpt/xielu.py: eps is the fork's bf16 -1e-6)
+            out[theirs + "mlp.act_fn.beta"] = torch.tensor(XIELU_BETA)
+            out[theirs + "mlp.act_fn.eps"] = torch.tensor(XIELU_EPS)
         for kind in _qkv_kinds(config):
             qkv = state_dict[ours + "attention.query_key_value." + kind]
             rest = qkv.shape[1:]
@@ -300,7 +348,7 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
             out[theirs + "self_attn.q_proj." + kind] = qkv[:, :per_group].reshape(heads * d, *rest)
             out[theirs + "self_attn.k_proj." + kind] = qkv[:, per_group].reshape(groups * d, *rest)
             out[theirs + "self_attn.v_proj." + kind] = qkv[:, per_group + 1].reshape(groups * d, *rest)
-        for our_name, their_name in _SAME:
+        for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
             if our_name.endswith("weight") or config.add_bias_linear:
