@@ -310,7 +310,7 @@ def read_hf_model(hf_dir: str | os.PathLike) -> tuple[HFConfig, dict[str, torch.
     and its weights under transformers' names for that family."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
-    if config.family in (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES):
+    if config.family in hf_llama.LLAMA_FAMILIES:
         return config, hf_llama.canonical_names(_read_weights(hf_dir), config.family)
     return config, _gpt2_lm_head_names(_read_weights(hf_dir))
 
@@ -497,7 +497,7 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     config, hf_state = read_hf_model(hf_dir)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
-    if config.family in (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES):
+    if config.family in hf_llama.LLAMA_FAMILIES:
         hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
         check_tensors_fit(hf_state, hf_llama.llama_tensor_shapes(model_config, config.family), hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)

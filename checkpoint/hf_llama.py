@@ -36,7 +36,9 @@ ARCHITECTURE = "LlamaForCausalLM"
 MIXTRAL_TYPE = "mixtral"
 QWEN2_MOE_TYPE = "qwen2_moe"  # Qwen2-MoE: a gated shared expert beside the routed ones, q/k/v biases
 MOE_TYPES = (MIXTRAL_TYPE, QWEN2_MOE_TYPE)
-APERTUS_ARCHITECTURE = "ApertusForCausalLM"  # --xielu (exported; not read by --init-from-hf)
+APERTUS_TYPE, APERTUS_ARCHITECTURE = "apertus", "ApertusForCausalLM"  # --xielu (swiss-ai's Apertus)
+# config.json model_types whose folders go through this module
+LLAMA_FAMILIES = (MODEL_TYPE, *MOE_TYPES, APERTUS_TYPE)
 # Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -185,12 +187,13 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike):
     rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
-    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
+    from transformers import ApertusConfig, LlamaConfig, MixtralConfig, Qwen2MoeConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
-    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig}.get(hf.get("model_type"), LlamaConfig)
+    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig,
+                    APERTUS_TYPE: ApertusConfig}.get(hf.get("model_type"), LlamaConfig)
     try:
         return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
@@ -376,13 +379,16 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
         out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        if is_apertus(config):
+            _check_xielu_constants(hf_state, theirs)
+            out.update({ours + our_name: hf_state[theirs + their_name] for our_name, their_name in _APERTUS_SAME})
         for kind in _qkv_kinds(config):
             q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
             rest = q.shape[1:]
             fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
                                v.reshape(groups, 1, d, *rest)], dim=1)
             out[ours + "attention.query_key_value." + kind] = fused.reshape(-1, *rest)
-        for our_name, their_name in _SAME:
+        for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
             if our_name.endswith("weight") or config.add_bias_linear:
@@ -391,6 +397,17 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
             out.update({ours + our_name: hf_state[theirs + their_name]
                         for our_name, their_name in _moe_names(config, family)})
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def _check_xielu_constants(hf_state: dict[str, torch.Tensor], layer: str) -> None:
+    """XIELUActivation's beta and eps buffers: ours are fixed (gpt/xielu.py: 0.5 and the fork's bf16 -1e-6), so a
+    folder with others describes another function (eps compared at bf16's precision: transformers keeps it in the
+    model's dtype)."""
+    for name, ours in (("beta", XIELU_BETA), ("eps", XIELU_EPS)):
+        tensor = hf_state.get(f"{layer}mlp.act_fn.{name}")
+        if tensor is not None and abs(float(tensor) - ours) > abs(ours) * 2 ** -8:
+            raise ConfigError(f"{layer}mlp.act_fn.{name} is {float(tensor)!r}: xIELU's {name} is {ours!r} here "
+                              f"(swiss-ai's Megatron-LM fork fixes it)")
 
 
 def _qkv_kinds(config: ModelConfig) -> tuple[str, ...]:
@@ -433,6 +450,8 @@ def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[s
     if config.untie_embeddings_and_output_weights:
         shapes["lm_head.weight"] = (config.vocab_size, h)
     bias = config.add_bias_linear
+    if is_apertus(config):
+        return {**shapes, **_apertus_shapes(config, q_rows, kv_rows)}
     for i in range(config.num_layers):
         layer = f"model.layers.{i}."
         mlp = (("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn), ("mlp.down_proj", (h, ffn), h))
@@ -448,6 +467,23 @@ def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[s
                 shapes[layer + name + ".bias"] = (bias_rows,)
         shapes[layer + "input_layernorm.weight"] = (h,)
         shapes[layer + "post_attention_layernorm.weight"] = (h,)
+    return shapes
+
+
+def _apertus_shapes(config: ModelConfig, q_rows: int, kv_rows: int) -> dict[str, tuple[int, ...]]:
+    """An ApertusForCausalLM's layers (no biases), with XIELUActivation's two scalars and two buffers."""
+    h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(config.num_layers):
+        layer = f"model.layers.{i}."
+        shapes.update({layer + name: shape for name, shape in (
+            ("self_attn.q_proj.weight", (q_rows, h)), ("self_attn.k_proj.weight", (kv_rows, h)),
+            ("self_attn.v_proj.weight", (kv_rows, h)), ("self_attn.o_proj.weight", (h, q_rows)),
+            ("self_attn.q_norm.weight", (d,)), ("self_attn.k_norm.weight", (d,)),
+            ("attention_layernorm.weight", (h,)), ("feedforward_layernorm.weight", (h,)),
+            ("mlp.up_proj.weight", (ffn, h)), ("mlp.down_proj.weight", (h, ffn)),
+            ("mlp.act_fn.alpha_p", (1,)), ("mlp.act_fn.alpha_n", (1,)), ("mlp.act_fn.beta", ()),
+            ("mlp.act_fn.eps", ()))})
     return shapes
 
 
