@@ -84,6 +84,7 @@ def apertus_needs(config: ModelConfig) -> dict[str, bool]:
             "--qk-layernorm (Apertus normalizes each query and key head)": not architecture.qk_layernorm,
             "--disable-bias-linear (Apertus's linears have no biases)": config.add_bias_linear,
             "no --add-qkv-bias": architecture.add_qkv_bias,
+            "no --num-experts (Apertus has no experts)": config.moe is not None,
             "no --kv-channels other than hidden / heads (ApertusConfig has no head_dim)":
                 config.head_dim * config.num_attention_heads != config.hidden_size}
 

@@ -359,10 +359,6 @@ class ModelConfig:
             raise ConfigError("--xielu replaces the MLP's activation and --swiglu gates it with SiLU: give one of "
                               "them (swiss-ai's Megatron-LM fork allows one activation at a time)",
                               flags=("--activation", "--swiglu"))
-        if self.activation == "xielu" and self.moe is not None:
-            raise ConfigError("--xielu with --num-experts is not implemented: the experts' MLPs take a plain "
-                              "activation here, without xIELU's learned scalars (the dense MLP has them)",
-                              flags=("--activation", "--num-experts"))
         if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
             raise ConfigError("--init-method-std and --layernorm-epsilon must be positive",
                               flags=("--init-method-std", "--layernorm-epsilon"))

@@ -9,7 +9,9 @@ with beta = 0.5, eps = -1e-6 held in bf16 (the fork's `torch.tensor(eps, dtype=t
 and two learned scalars per MLP (each a parameter of shape [1]) whose raw values start at the inverse softplus
 of 0.8 and of 0.8 - beta, computed in bf16 as the fork does (`torch.log(torch.exp(torch.tensor(init,
 dtype=torch.bfloat16)) - 1.0)`): 0.2109375 and -1.046875, so alpha_p and alpha_n start at about 0.8.
-Megatron's MLP (megatron/core/transformer/mlp.py) applies it between linear_fc1 and linear_fc2, without a gate;
+Megatron's MLP (megatron/core/transformer/mlp.py) applies it between linear_fc1 and linear_fc2, without a gate, and
+so does each expert (Megatron-Core's experts are MLPs: each has its own two scalars, `local_experts.<e>.
+activation_func.alpha_p` in the fork's tools/checkpoint/schema_core.py) and the shared expert (an MLP too);
 transformers' ApertusMLP (`XIELUActivation`, act_fn.alpha_p / act_fn.alpha_n) is the same function.
 
 Under tensor parallelism each rank holds a slice of the MLP's ffn columns and the same two scalars, so each
@@ -20,6 +22,8 @@ unreduced: finalize_model_grads all-reduces only the sequence-parallel norms', s
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +58,9 @@ class XIELU(nn.Module):
     """One MLP's activation with its two learned scalars (named alpha_p, alpha_n as the fork's and
     transformers' parameters), replicated on every TP rank."""
 
-    def __init__(self, state: ParallelState):
+    def __init__(self, state: Optional[ParallelState] = None):
+        """`state`: the TP state whose group sums the scalars' gradients (a dense MLP's); None for an expert's
+        MLP, which no TP rank splits here (under expert parallelism the scalars are its rank's, as its weights)."""
         super().__init__()
         self.state = state
         self.alpha_p = set_init_method(nn.Parameter(torch.empty(1, device="meta")),
@@ -63,6 +69,8 @@ class XIELU(nn.Module):
                                        InitMethod(constant=inverse_softplus_in_bf16(XIELU_ALPHA_N_INIT - XIELU_BETA)))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.state is None:
+            return xielu(hidden, self.alpha_p, self.alpha_n)
         alpha_p = copy_to_tensor_parallel_region(self.alpha_p, self.state)
         alpha_n = copy_to_tensor_parallel_region(self.alpha_n, self.state)
         return xielu(hidden, alpha_p, alpha_n)

@@ -66,7 +66,8 @@ def test_a_trained_xielu_checkpoint_exports_as_apertus_with_equal_logits(tmp_pat
     (dict(qk_layernorm=False), "--qk-layernorm (Apertus normalizes each query and key head)"),
     (dict(add_bias_linear=True), "--disable-bias-linear (Apertus's linears have no biases)"),
     (dict(normalization="LayerNorm"), "--normalization RMSNorm"),
-    (dict(kv_channels=24), "no --kv-channels other than hidden / heads")])
+    (dict(kv_channels=24), "no --kv-channels other than hidden / heads"),
+    (dict(num_experts=4), "no --num-experts (Apertus has no experts)")])
 def test_a_xielu_model_apertus_cannot_hold_is_refused_in_one_line(change, named):
     with pytest.raises(ConfigError) as error:
         check_convertible(apertus_run_config(**change).model, "the Hugging Face export")

@@ -9,6 +9,9 @@
 - megatron/core/transformer/mlp.py, MLP.__init__: `if self.config.activation_func == XIELU: self.activation_func =
   XIELU(config=self.config)` (one per MLP, its parameters `mlp.activation_func.alpha_p` / `.alpha_n`:
   tools/checkpoint/schema_core.py), applied between linear_fc1 and linear_fc2 without a gate.
+- the experts are Megatron-Core MLPs (megatron/core/transformer/moe/experts.py SequentialMLP builds `MLP(...,
+  is_expert=True)` per local expert; shared_experts.py SharedExpertMLP(MLP)), so each expert and the shared expert
+  hold their own XIELU: tools/checkpoint/schema_core.py names `mlp.experts.local_experts.{e}.activation_func.alpha_p`.
 - megatron/training/arguments.py core_transformer_config_from_args: `activation_flags = [args.swiglu, ...,
   args.xielu, ...]; if sum(activation_flags) > 1: raise ValueError("Only one activation function can be selected
   at a time")`.
@@ -105,12 +108,62 @@ def test_the_scalars_gradients_at_tp2_are_the_tp1_models(sequence_parallel):
 
 def test_xielu_flag_and_its_refusals():
     assert parse_config(["--xielu"]).model.activation == "xielu"
+    assert parse_config(["--xielu", "--num-experts", "4"]).model.activation == "xielu"
     with pytest.raises(ConfigError, match="--xielu .* --swiglu") as error:
         parse_config(["--xielu", "--swiglu"])
     assert "\n" not in str(error.value)
-    with pytest.raises(ConfigError, match="--xielu with --num-experts is not implemented") as error:
-        parse_config(["--xielu", "--num-experts", "4"])
-    assert "\n" not in str(error.value)
+
+
+def _xielu_experts():
+    from gpt.moe.experts import Experts
+    from parallel.init import materialize
+
+    experts = materialize(Experts(4, 8, 16, activation=F.gelu, swiglu=False, init_std=0.5, output_init_std=0.5,
+                                  bias=True, xielu=True), 11)
+    with torch.no_grad():  # each expert its own scalars
+        for e, expert in enumerate(experts.children()):
+            expert.activation_func.alpha_p.fill_(0.1 * e - 0.2)
+            expert.activation_func.alpha_n.fill_(-0.3 * e)
+    return experts, torch.randn(10, 8, generator=torch.Generator().manual_seed(3))
+
+
+def test_each_expert_applies_xielu_with_its_own_scalars_grouped_or_in_a_loop():
+    experts, rows = _xielu_experts()
+    names = {name for name, _ in experts.named_parameters() if "activation_func" in name}
+    assert names == {f"{e}.activation_func.{p}" for e in range(4) for p in ("alpha_p", "alpha_n")}
+    tokens_per_expert = torch.tensor([3, 0, 5, 2])
+    expected, start = [], 0
+    for e, count in enumerate(tokens_per_expert.tolist()):
+        expert, chunk = experts.get_submodule(str(e)), rows[start:start + count]
+        start += count
+        expected.append(F.linear(xielu(F.linear(chunk, expert.dense_h_to_4h.weight, expert.dense_h_to_4h.bias),
+                                       torch.tensor([0.1 * e - 0.2]), torch.tensor([-0.3 * e])),
+                                 expert.dense_4h_to_h.weight, expert.dense_4h_to_h.bias))
+    grad = torch.randn(10, 8, generator=torch.Generator().manual_seed(4))
+    results = []
+    for forward in (experts.forward_grouped, experts.forward_loop):
+        experts.zero_grad()
+        output = forward(rows, tokens_per_expert)
+        output.backward(grad)
+        results.append((output.detach(), [p.grad.clone() for p in experts.parameters()]))
+        torch.testing.assert_close(output.detach(), torch.cat(expected).detach(), rtol=1e-6, atol=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert experts.get_submodule("1.activation_func").alpha_p.grad.item() == 0  # no tokens, no gradient
+    assert experts.get_submodule("2.activation_func").alpha_p.grad.abs().item() > 0
+
+
+def test_a_moe_xielu_model_holds_scalars_per_expert_and_shared_expert_and_trains_resumably(corpus_cache_300,
+                                                                                         tmp_path):
+    config = tiny_config(activation="xielu", num_experts=4, moe_shared_expert_intermediate_size=32)
+    model = build_gpt_model(config, SINGLE, seed=3)
+    names = {name for name, _ in model.named_parameters() if "activation_func" in name}
+    assert {f"blocks.0.mlp.experts.{e}.activation_func.alpha_p" for e in range(4)} <= names
+    assert "blocks.0.mlp.shared_experts.activation_func.alpha_n" in names and len(names) == 2 * 2 * 5
+    argv = TINY + ["--xielu", "--num-experts", "4", "--moe-router-topk", "2", "--moe-grouped-gemm", "--train-iters",
+                   "4", "--lr", "0.01", "--data-cache-dir", corpus_cache_300]
+    straight, split, _ = straight_and_resumed(argv, tmp_path, exit_interval=2)
+    assert [(r["iteration"], r["loss"]) for r in straight] == [(r["iteration"], r["loss"]) for r in split]
 
 
 def test_a_xielu_run_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_path):
