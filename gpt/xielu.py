@@ -33,6 +33,10 @@ from parallel.init import InitMethod, set_init_method
 from parallel.mappings import copy_to_tensor_parallel_region
 from parallel.state import ParallelState
 
+# What autograd keeps for xielu's backward beyond its input, per element, in bf16 (the comparison masks, 1 byte
+# each, and expm1's 16-bit output: tests/gpt/test_xielu.py measures it); the planner's activation terms add it
+# (gpt/shape.py). The fork's compiled (fused) kernel would keep less.
+XIELU_SAVED_BYTES = 5
 XIELU_BETA = 0.5
 XIELU_ALPHA_P_INIT = 0.8
 XIELU_ALPHA_N_INIT = 0.8

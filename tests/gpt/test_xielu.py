@@ -175,3 +175,28 @@ def test_a_xielu_run_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_p
     assert [(r["iteration"], r["loss"]) for r in straight] == [(r["iteration"], r["loss"]) for r in split]
     assert len(straight) == 4
 
+
+
+def test_the_planners_activation_terms_add_what_xielu_keeps_for_backward():
+    """In bf16 autograd keeps XIELU_SAVED_BYTES per element beyond xielu's input (measured here with
+    saved_tensors_hooks); gpt/shape.py's block terms add that many bytes per ffn element, split over TP."""
+    from gpt.shape import model_shape
+    from gpt.xielu import XIELU_SAVED_BYTES
+
+    x = torch.randn(100, 96, dtype=torch.bfloat16, requires_grad=True)
+    alphas = [torch.tensor([v], dtype=torch.bfloat16, requires_grad=True) for v in (0.2, -1.0)]
+    saved = {}
+
+    def pack(tensor):
+        if tensor.data_ptr() != x.data_ptr():
+            saved[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        xielu(x, *alphas)
+    assert round(sum(saved.values()) / x.numel()) == XIELU_SAVED_BYTES
+    plain, with_xielu = (model_shape(tiny_config(ffn_hidden_size=96, **extra), tensor_parallel_size=tp)
+                         for extra, tp in (({}, 2), ({"activation": "xielu"}, 2)))
+    assert with_xielu.activations.partitioned_bytes_per_token - plain.activations.partitioned_bytes_per_token == \
+        XIELU_SAVED_BYTES * 96
+    assert with_xielu.activations.replicated_bytes_per_token == plain.activations.replicated_bytes_per_token
