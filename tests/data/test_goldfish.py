@@ -154,3 +154,22 @@ def test_flags_defaults_and_refusals():
         with pytest.raises(ConfigError, match=match) as error:
             parse_config(["--goldfish-loss", "--goldfish-h", "4", *argv_])
         assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+                                      ["--pipeline-model-parallel-size", "2"]], ids=["tp2-sp", "pp2"])
+def test_two_ranks_give_the_single_process_goldfish_losses(tmp_path, parallel):
+    """Every pipeline stage builds the micro-batch's mask from its labels (training/evaluation.py
+    split_micro_batch): training and validation losses at TP 2 and PP 2 are the single process's."""
+    from tests.distributed import run_distributed
+    from tests.training.test_document_masking_training import train_rank, validation_losses
+
+    both = ["--eod-mask-loss", "--goldfish-loss", "--goldfish-k", "3", "--goldfish-h", "2", "--num-layers", "4",
+            "--split", "90,10,0", "--eval-iters", "1", "--eval-interval", "2"]
+    assert pretrain_gpt.main(argv(tmp_path, "single", *both)) == 0
+    run_distributed(train_rank, 2, argv(tmp_path, "two", *both, *parallel), timeout=300)
+    single, two = records(tmp_path, "single"), records(tmp_path, "two")
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in single], rel=1e-5)
+    assert len(validation_losses(tmp_path, "single")) == 2
+    assert validation_losses(tmp_path, "two") == pytest.approx(validation_losses(tmp_path, "single"), rel=1e-5)
