@@ -352,6 +352,12 @@ class DataConfig:
                                                     "causal attention, split after each end-of-document token)")
     eod_mask_loss: bool = option(False, help="no loss where the input token is the end-of-document token (its "
                                              "prediction of the next document's first token)")
+    # data/documents.py goldfish_kept: swiss-ai's Megatron-LM fork's goldfish loss (gpt_dataset.py apply_goldfish)
+    goldfish_loss: bool = option(False, help="swiss-ai's goldfish loss: no loss on a token when the hash of the "
+                                             "--goldfish-h labels ending at it falls below 1 / --goldfish-k")
+    goldfish_k: int = option(50, help="with --goldfish-loss: about 1 in this many tokens gets no loss")
+    goldfish_h: int = option(50, help="with --goldfish-loss: how many labels (the token's own and those before it) "
+                                      "the hash reads")
     # data/mock.py
     mock_data: bool = option(False, help="train on Megatron's MockGPTDataset documents (token ids 1, 2, ... of "
                                          "random lengths, each ending in the end-of-document id) instead of data")
@@ -617,7 +623,8 @@ class PretrainConfig:
                               flags=("--sequence-parallel", "--seq-length", "--context-parallel-size"))
         masking = [flag for flag, on in (("--reset-position-ids", self.data.reset_position_ids),
                                          ("--reset-attention-mask", self.data.reset_attention_mask),
-                                         ("--eod-mask-loss", self.data.eod_mask_loss)) if on]
+                                         ("--eod-mask-loss", self.data.eod_mask_loss),
+                                         ("--goldfish-loss", self.data.goldfish_loss)) if on]
         if masking:
             # data/documents.py builds the masks of the whole sequence; per-chunk positions, block-diagonal masks over
             # the ring and a loss mask's count summed over CP are not built
@@ -676,6 +683,7 @@ class PretrainConfig:
                               "checkpoints yet, so a resume would restart it at 0; train without checkpoints, or "
                               "balance with --moe-aux-loss-coeff",
                               flags=("--moe-router-enable-expert-bias", "--save", "--load"))
+        self._check_goldfish()
         self._check_expert_parallel()
         self._check_pipeline()
         self._check_context_parallel()
@@ -686,6 +694,22 @@ class PretrainConfig:
             raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
                               "end-of-document id is N)", flags=("--tokenizer-type", "--vocab-size"))
         check_bounds(self)  # last: the estimates read values the rules above have made sane
+
+    def _check_goldfish(self) -> None:
+        """swiss-ai's fork asserts K and H positive (arguments.py: "goldfish_k (frequency) must be a positive
+        integer", "goldfish_h (context width) must be a positive integer"), and its apply_goldfish hashes windows of
+        H labels of a sample (`labels.unfold(0, goldfish_context_width, 1)`, which fails on a shorter sample)."""
+        data = self.data
+        if not data.goldfish_loss:
+            return
+        for flag, value in (("--goldfish-k", data.goldfish_k), ("--goldfish-h", data.goldfish_h)):
+            if value < 1:
+                raise ConfigError(f"{flag} must be a positive integer, got {value}", flags=(flag, "--goldfish-loss"))
+        if data.goldfish_h > self.model.seq_length:
+            raise ConfigError(f"--goldfish-h {data.goldfish_h} is longer than a sample's {self.model.seq_length} "
+                              f"labels (--seq-length): the goldfish loss hashes windows of --goldfish-h labels "
+                              f"within a sample; choose at most --seq-length",
+                              flags=("--goldfish-h", "--seq-length"))
 
     def _check_step_schedule(self) -> None:
         """What needs no grid: the schedule parses, and no other setting also sets the batch per iteration

@@ -172,6 +172,23 @@ QWEN2_MOE_FIELDS = (
     Field("use_sliding_window", BOOLEAN, False),
 )
 
+# ApertusConfig's (transformers/models/apertus/configuration_apertus.py): swiss-ai's Apertus, a Llama with xIELU
+# (hidden_act "xielu") in an ungated MLP, per-head q/k RMSNorms, no mlp_bias or head_dim; its default rope is
+# Llama 3's scaling at theta 12e6 (APERTUS_DEFAULT_ROPE).
+APERTUS_FIELDS = (
+    *(spec for spec in LLAMA_FIELDS if spec.key not in ("vocab_size", "intermediate_size", "head_dim", "hidden_act",
+                                                        "max_position_embeddings", "rms_norm_eps", "mlp_bias",
+                                                        "pretraining_tp", "rope_theta")),
+    Field("vocab_size", POSITIVE_INT, 131072),
+    Field("intermediate_size", POSITIVE_INT, 14336),
+    Field("hidden_act", NAME, "xielu"),
+    Field("max_position_embeddings", POSITIVE_INT, 65536),
+    Field("rms_norm_eps", POSITIVE_NUMBER, 1e-5),
+    Field("rope_theta", POSITIVE_NUMBER, 12000000.0),
+)
+APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
 # The keys of a rope_parameters (or rope_scaling) object that a Llama's rotary embedding reads.
 ROPE_FIELDS = (
     Field("rope_type", NAME, "default"),
@@ -259,7 +276,8 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
     """`raw` (a config.json's object) checked; `path` names it in every error."""
     path = Path(path)
     family = _family(raw, path)
-    table = {"gpt2": GPT2_FIELDS, "mixtral": MIXTRAL_FIELDS, "qwen2_moe": QWEN2_MOE_FIELDS}.get(family, LLAMA_FIELDS)
+    table = {"gpt2": GPT2_FIELDS, "mixtral": MIXTRAL_FIELDS, "qwen2_moe": QWEN2_MOE_FIELDS,
+             "apertus": APERTUS_FIELDS}.get(family, LLAMA_FIELDS)
     fields = dict(raw)
     values = {}
     for spec in table:
@@ -271,6 +289,11 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
         return dataclasses.replace(_llama(values, raw, path, fields), family="mixtral",
                                    num_experts=values["num_local_experts"],
                                    experts_per_token=values["num_experts_per_tok"])
+    if family == "apertus":
+        values = {**values, "head_dim": None, "mlp_bias": False}
+        if not any(isinstance(raw.get(key), dict) for key in ("rope_parameters", "rope_scaling")):
+            raw = {**raw, "rope_parameters": APERTUS_DEFAULT_ROPE}  # ApertusConfig's default
+        return dataclasses.replace(_llama(values, raw, path, fields), family="apertus")
     if family == "qwen2_moe":
         values = {**values, "attention_bias": False, "mlp_bias": False}
         layers = values["num_hidden_layers"]
@@ -289,7 +312,8 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
 
 # model_type -> the architectures (config.json's `architectures`) of that family we read.
 FAMILIES = {"gpt2": ("GPT2LMHeadModel", "GPT2Model"), "llama": ("LlamaForCausalLM", "LlamaModel"),
-            "mixtral": ("MixtralForCausalLM", "MixtralModel"), "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeModel")}
+            "mixtral": ("MixtralForCausalLM", "MixtralModel"), "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeModel"),
+            "apertus": ("ApertusForCausalLM", "ApertusModel")}
 
 
 def _supported() -> str:

@@ -54,6 +54,7 @@ LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_p
 # max_position_embeddings is only how long a sequence it is meant for (a longer context is trained this way);
 # GPT-2's n_positions is the shape of its position embedding.
 FLAG_MAY_CHANGE = {"llama": ("max_position_embeddings",), "mixtral": ("max_position_embeddings",),
+                   "apertus": ("max_position_embeddings",),
                    "qwen2_moe": ("max_position_embeddings",)}
 # The tokenizer settings an explicit tokenizer is given by.
 TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file")
@@ -75,6 +76,8 @@ def architecture_settings(config: HFConfig) -> dict[str, FolderValue]:
         return _mixtral(config)
     if config.family == "qwen2_moe":
         return _qwen2_moe(config)
+    if config.family == "apertus":
+        return _apertus(config)
     return _gpt2(config)
 
 
@@ -152,6 +155,24 @@ def _llama(config: HFConfig) -> dict[str, FolderValue]:
     if rope.rope_type == "llama3":
         settings["rope_scaling_factor"] = v(rope.factor, f"{rope_key}.factor")
     return settings
+
+
+def _apertus(config: HFConfig) -> dict[str, FolderValue]:
+    """ApertusForCausalLM (transformers/models/apertus/modeling_apertus.py): Llama's attention with q_norm and k_norm
+    (--qk-layernorm), an MLP down_proj(xielu(up_proj(x))) without biases (--xielu, --disable-bias-linear)."""
+    problems = []
+    if config.activation != "xielu":
+        problems.append(f"hidden_act {config.activation!r} (Apertus's MLP here is xIELU's)")
+    if config.attention_bias:
+        problems.append("attention_bias true (its MLP has no bias, and --disable-bias-linear drops both here)")
+    if problems:
+        raise ConfigError(f"{config.path}: this ApertusForCausalLM cannot be represented here: {'; '.join(problems)}")
+    # Llama's rules for everything else; its hidden_act check is Apertus's above
+    settings = _llama(dataclasses.replace(config, activation="silu"))
+    v = FolderValue
+    return {**settings, "activation": v("xielu", "hidden_act"), "swiglu": v(False, "hidden_act"),
+            "qk_layernorm": v(True, "model_type apertus"), "normalization": v("RMSNorm", "model_type apertus"),
+            "position_embedding_type": v("rope", "model_type apertus")}
 
 
 def _mixtral(config: HFConfig) -> dict[str, FolderValue]:
@@ -242,7 +263,7 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
                                       f"folder's positions")
     _tokenizer(layer, settings, explicit)
     family = {"llama": LLAMA_ARCHITECTURE, "mixtral": "MixtralForCausalLM",
-              "qwen2_moe": "Qwen2MoeForCausalLM"}.get(config.family, GPT2_ARCHITECTURE)
+              "qwen2_moe": "Qwen2MoeForCausalLM", "apertus": "ApertusForCausalLM"}.get(config.family, GPT2_ARCHITECTURE)
     layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
                           f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")
     return layer

@@ -59,6 +59,8 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
                 "--qk-layernorm": config.qk_layernorm,
+                # swiss-ai's xIELU: an Apertus MLP (checkpoint/hf_llama.py refuses it), never GPT-2's
+                "--xielu": config.activation == "xielu",
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
                 "--attention-output-gate": config.attention_output_gate,
@@ -313,7 +315,7 @@ def read_hf_model(hf_dir: str | os.PathLike) -> tuple[HFConfig, dict[str, torch.
     and its weights under transformers' names for that family."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
-    if config.family in (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES):
+    if config.family in hf_llama.LLAMA_FAMILIES:
         return config, hf_llama.canonical_names(_read_weights(hf_dir), config.family)
     return config, _gpt2_lm_head_names(_read_weights(hf_dir))
 
@@ -500,7 +502,7 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     config, hf_state = read_hf_model(hf_dir)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
-    if config.family in (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES):
+    if config.family in hf_llama.LLAMA_FAMILIES:
         hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
         check_tensors_fit(hf_state, hf_llama.llama_tensor_shapes(model_config, config.family), hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)

@@ -28,6 +28,7 @@ from arguments.hf_config import check_hf_config_json
 from arguments.hf_folder import LLAMA3_FIXED, architecture_settings
 from base.errors import ConfigError
 from base.options import flag_of_setting
+from gpt.xielu import XIELU_BETA, XIELU_EPS
 
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
@@ -35,6 +36,9 @@ ARCHITECTURE = "LlamaForCausalLM"
 MIXTRAL_TYPE = "mixtral"
 QWEN2_MOE_TYPE = "qwen2_moe"  # Qwen2-MoE: a gated shared expert beside the routed ones, q/k/v biases
 MOE_TYPES = (MIXTRAL_TYPE, QWEN2_MOE_TYPE)
+APERTUS_TYPE, APERTUS_ARCHITECTURE = "apertus", "ApertusForCausalLM"  # --xielu (swiss-ai's Apertus)
+# config.json model_types whose folders go through this module
+LLAMA_FAMILIES = (MODEL_TYPE, *MOE_TYPES, APERTUS_TYPE)
 # Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -56,7 +60,33 @@ def llama_misfits(config: ModelConfig) -> list[str]:
     if config.moe is not None:
         needs = {need: missing for need, missing in needs.items() if missing}
         needs.update({need: True for need in moe_misfits(config)})
+    if is_apertus(config):
+        needs = apertus_needs(config)
     return [need for need, missing in needs.items() if missing]
+
+
+def is_apertus(config: ModelConfig) -> bool:
+    """--xielu: exported as transformers' ApertusForCausalLM (swiss-ai's Apertus: a Llama whose MLP is
+    up_proj -> xIELU -> down_proj, with per-head query and key RMSNorms)."""
+    return config.activation == "xielu"
+
+
+def apertus_needs(config: ModelConfig) -> dict[str, bool]:
+    """What keeps a --xielu model from being an ApertusForCausalLM (transformers' modeling_apertus.py: RMSNorms,
+    rotary positions, q_norm and k_norm over each head, no MLP bias, attention_bias over q, k, v and o alike, head
+    width hidden / heads: ApertusConfig has no head_dim)."""
+    architecture = config.architecture
+    return {"--normalization RMSNorm": architecture.normalization != "RMSNorm",
+            "--position-embedding-type rope": architecture.position_embedding_type != "rope",
+            "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
+            "no --rotary-interleaved": architecture.rotary_interleaved,
+            "no --attention-output-gate": architecture.attention_output_gate,
+            "--qk-layernorm (Apertus normalizes each query and key head)": not architecture.qk_layernorm,
+            "--disable-bias-linear (Apertus's linears have no biases)": config.add_bias_linear,
+            "no --add-qkv-bias": architecture.add_qkv_bias,
+            "no --num-experts (Apertus has no experts)": config.moe is not None,
+            "no --kv-channels other than hidden / heads (ApertusConfig has no head_dim)":
+                config.head_dim * config.num_attention_heads != config.hidden_size}
 
 
 def moe_family(config: ModelConfig) -> Optional[str]:
@@ -97,6 +127,8 @@ def check_llama_shaped(config: ModelConfig, what: str) -> None:
 
 
 def architecture_of(config: ModelConfig) -> str:
+    if is_apertus(config):
+        return APERTUS_ARCHITECTURE
     return {MIXTRAL_TYPE: "MixtralForCausalLM", QWEN2_MOE_TYPE: "Qwen2MoeForCausalLM"}.get(moe_family(config),
                                                                                           ARCHITECTURE)
 
@@ -122,6 +154,11 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
                   rope_parameters=rope_parameters(config), hidden_act="silu",
                   tie_word_embeddings=not config.untie_embeddings_and_output_weights,
                   attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+    if is_apertus(config):
+        from transformers import ApertusConfig
+
+        return ApertusConfig(**{key: value for key, value in common.items() if key not in ("head_dim", "hidden_act")},
+                             intermediate_size=config.ffn_size, hidden_act="xielu", attention_bias=False)
     moe = config.moe
     if moe_family(config) == MIXTRAL_TYPE:
         return MixtralConfig(**common, intermediate_size=moe.ffn_hidden_size, num_local_experts=moe.num_experts,
@@ -153,12 +190,13 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike):
     rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
-    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
+    from transformers import ApertusConfig, LlamaConfig, MixtralConfig, Qwen2MoeConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
-    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig}.get(hf.get("model_type"), LlamaConfig)
+    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig,
+                    APERTUS_TYPE: ApertusConfig}.get(hf.get("model_type"), LlamaConfig)
     try:
         return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
@@ -276,6 +314,18 @@ _SAME = (("input_layernorm.weight", "input_layernorm.weight"),
          ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"), ("mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"))
 
 
+# An ApertusForCausalLM layer's names (transformers' modeling_apertus.py ApertusDecoderLayer, ApertusMLP,
+# ApertusAttention) for ours; no biases (apertus_needs).
+_APERTUS_SAME = (("input_layernorm.weight", "attention_layernorm.weight"),
+                 ("post_attention_layernorm.weight", "feedforward_layernorm.weight"),
+                 ("attention.q_layernorm.weight", "self_attn.q_norm.weight"),
+                 ("attention.k_layernorm.weight", "self_attn.k_norm.weight"),
+                 ("attention.dense.weight", "self_attn.o_proj.weight"),
+                 ("mlp.dense_h_to_4h.weight", "mlp.up_proj.weight"), ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"),
+                 ("mlp.activation_func.alpha_p", "mlp.act_fn.alpha_p"),
+                 ("mlp.activation_func.alpha_n", "mlp.act_fn.alpha_n"))
+
+
 def _kinds(config: ModelConfig) -> tuple[str, ...]:
     return ("weight", "bias") if config.add_bias_linear else ("weight",)
 
@@ -292,6 +342,11 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
         out["lm_head.weight"] = state_dict["output_layer.weight"][:vocab]
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        if is_apertus(config):
+            out.update({theirs + their_name: state_dict[ours + our_name] for our_name, their_name in _APERTUS_SAME})
+            # XIELUActivation's buffers: beta and eps, in our values (gpt/xielu.py: eps is the fork's bf16 -1e-6)
+            out[theirs + "mlp.act_fn.beta"] = torch.tensor(XIELU_BETA)
+            out[theirs + "mlp.act_fn.eps"] = torch.tensor(XIELU_EPS)
         for kind in _qkv_kinds(config):
             qkv = state_dict[ours + "attention.query_key_value." + kind]
             rest = qkv.shape[1:]
@@ -299,7 +354,7 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
             out[theirs + "self_attn.q_proj." + kind] = qkv[:, :per_group].reshape(heads * d, *rest)
             out[theirs + "self_attn.k_proj." + kind] = qkv[:, per_group].reshape(groups * d, *rest)
             out[theirs + "self_attn.v_proj." + kind] = qkv[:, per_group + 1].reshape(groups * d, *rest)
-        for our_name, their_name in _SAME:
+        for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
             if our_name.endswith("weight") or config.add_bias_linear:
@@ -327,13 +382,16 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
         out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        if is_apertus(config):
+            _check_xielu_constants(hf_state, theirs)
+            out.update({ours + our_name: hf_state[theirs + their_name] for our_name, their_name in _APERTUS_SAME})
         for kind in _qkv_kinds(config):
             q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
             rest = q.shape[1:]
             fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
                                v.reshape(groups, 1, d, *rest)], dim=1)
             out[ours + "attention.query_key_value." + kind] = fused.reshape(-1, *rest)
-        for our_name, their_name in _SAME:
+        for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
             if our_name.endswith("weight") or config.add_bias_linear:
@@ -342,6 +400,17 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
             out.update({ours + our_name: hf_state[theirs + their_name]
                         for our_name, their_name in _moe_names(config, family)})
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def _check_xielu_constants(hf_state: dict[str, torch.Tensor], layer: str) -> None:
+    """XIELUActivation's beta and eps buffers: ours are fixed (gpt/xielu.py: 0.5 and the fork's bf16 -1e-6), so a
+    folder with others describes another function (eps compared at bf16's precision: transformers keeps it in the
+    model's dtype)."""
+    for name, ours in (("beta", XIELU_BETA), ("eps", XIELU_EPS)):
+        tensor = hf_state.get(f"{layer}mlp.act_fn.{name}")
+        if tensor is not None and abs(float(tensor) - ours) > abs(ours) * 2 ** -8:
+            raise ConfigError(f"{layer}mlp.act_fn.{name} is {float(tensor)!r}: xIELU's {name} is {ours!r} here "
+                              f"(swiss-ai's Megatron-LM fork fixes it)")
 
 
 def _qkv_kinds(config: ModelConfig) -> tuple[str, ...]:
@@ -384,6 +453,8 @@ def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[s
     if config.untie_embeddings_and_output_weights:
         shapes["lm_head.weight"] = (config.vocab_size, h)
     bias = config.add_bias_linear
+    if is_apertus(config):
+        return {**shapes, **_apertus_shapes(config, q_rows, kv_rows)}
     for i in range(config.num_layers):
         layer = f"model.layers.{i}."
         mlp = (("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn), ("mlp.down_proj", (h, ffn), h))
@@ -399,6 +470,23 @@ def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[s
                 shapes[layer + name + ".bias"] = (bias_rows,)
         shapes[layer + "input_layernorm.weight"] = (h,)
         shapes[layer + "post_attention_layernorm.weight"] = (h,)
+    return shapes
+
+
+def _apertus_shapes(config: ModelConfig, q_rows: int, kv_rows: int) -> dict[str, tuple[int, ...]]:
+    """An ApertusForCausalLM's layers (no biases), with XIELUActivation's two scalars and two buffers."""
+    h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(config.num_layers):
+        layer = f"model.layers.{i}."
+        shapes.update({layer + name: shape for name, shape in (
+            ("self_attn.q_proj.weight", (q_rows, h)), ("self_attn.k_proj.weight", (kv_rows, h)),
+            ("self_attn.v_proj.weight", (kv_rows, h)), ("self_attn.o_proj.weight", (h, q_rows)),
+            ("self_attn.q_norm.weight", (d,)), ("self_attn.k_norm.weight", (d,)),
+            ("attention_layernorm.weight", (h,)), ("feedforward_layernorm.weight", (h,)),
+            ("mlp.up_proj.weight", (ffn, h)), ("mlp.down_proj.weight", (h, ffn)),
+            ("mlp.act_fn.alpha_p", (1,)), ("mlp.act_fn.alpha_n", (1,)), ("mlp.act_fn.beta", ()),
+            ("mlp.act_fn.eps", ()))})
     return shapes
 
 

@@ -18,6 +18,16 @@ token) and the EOD id:
 Megatron computes them per sample in the dataset with a Python loop over the EODs; here they are computed per
 micro-batch, vectorized, on the device where the tokens are, by every pipeline stage that reads the micro-batch
 (training/pipeline_step.py), and only when a flag asks: the default path builds nothing.
+
+swiss-ai's Megatron-LM fork adds the goldfish loss to the same loss mask (--goldfish-loss --goldfish-k K
+--goldfish-h H; https://github.com/ahans30/goldfish-loss's hash-table strategy, megatron/core/datasets/gpt_dataset.py
+`apply_goldfish`, called in GPTDataset.__getitem__ after the EOD and padding masks): the product of each window of
+H consecutive labels (int64, wrapping as the fork's does), modulo 1,000,003, indexes a table of 1,000,003 uniform
+floats drawn once from a CPU generator seeded 2971215073 (`_create_hash_table`); where the value is below 1/K,
+the window's last label gets no loss (`masked_labels[h-1:][hashed_keys < 1 / k]`). The same H tokens always drop
+the token that ends them, wherever they occur, so about 1 in K tokens is never trained on; the first H-1 labels
+of a sample are never dropped. A dropped token leaves the loss's sum and its token count alike
+(masked_token_mean), as Megatron's loss_func sums `losses * loss_mask` over `loss_mask.sum()` tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +36,31 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+# swiss-ai's fork (megatron/core/datasets/gpt_dataset.py): _HASH_TABLE_SIZE and _create_hash_table's seed
+GOLDFISH_HASH_TABLE_SIZE = 1_000_003
+GOLDFISH_HASH_SEED = 2971215073
+_GOLDFISH_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def goldfish_hash_table(device: torch.device) -> torch.Tensor:
+    """The fork's table, drawn as it draws it on the dataset's device (the CPU: its __getitem__ runs in the data
+    loader), then kept on `device` once per device."""
+    device = torch.device(device)
+    if device not in _GOLDFISH_TABLES:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(GOLDFISH_HASH_SEED)
+        _GOLDFISH_TABLES[device] = torch.rand(GOLDFISH_HASH_TABLE_SIZE, generator=generator).to(device)
+    return _GOLDFISH_TABLES[device]
+
+
+def goldfish_kept(labels: torch.Tensor, k: int, h: int) -> torch.Tensor:
+    """[batch, seq] float, 0 where the goldfish loss drops the label (apply_goldfish on each sample's labels)."""
+    labels = labels.long()
+    hashed = goldfish_hash_table(labels.device)[labels.unfold(1, h, 1).prod(dim=-1) % GOLDFISH_HASH_TABLE_SIZE]
+    kept = torch.ones(labels.shape, dtype=torch.float32, device=labels.device)
+    kept[:, h - 1:][hashed < 1 / k] = 0.0
+    return kept
 
 
 @dataclass(frozen=True)
@@ -40,22 +75,25 @@ class DocumentMasks:
 
 @dataclass(frozen=True)
 class DocumentMasking:
-    """The three flags and the tokenizer's EOD id; `masks(inputs)` builds a micro-batch's DocumentMasks."""
+    """The three flags, the goldfish loss's K and H (None: off) and the tokenizer's EOD id; `masks(inputs, labels)`
+    builds a micro-batch's DocumentMasks."""
     eod_id: int
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
+    goldfish: Optional[tuple[int, int]] = None  # (k, h) with --goldfish-loss
 
     @classmethod
     def of(cls, eod_id: int, reset_position_ids: bool, reset_attention_mask: bool,
-           eod_mask_loss: bool) -> Optional["DocumentMasking"]:
+           eod_mask_loss: bool, goldfish: Optional[tuple[int, int]] = None) -> Optional["DocumentMasking"]:
         """The masking the flags ask for, or None when none is set (the default path: nothing is built)."""
-        if not (reset_position_ids or reset_attention_mask or eod_mask_loss):
+        if not (reset_position_ids or reset_attention_mask or eod_mask_loss or goldfish):
             return None
-        return cls(int(eod_id), reset_position_ids, reset_attention_mask, eod_mask_loss)
+        return cls(int(eod_id), reset_position_ids, reset_attention_mask, eod_mask_loss, goldfish)
 
-    def masks(self, inputs: torch.Tensor) -> DocumentMasks:
-        """The masks of `inputs` [batch, seq], the input tokens (Megatron builds them from `tokens`, text[:-1])."""
+    def masks(self, inputs: torch.Tensor, labels: Optional[torch.Tensor] = None) -> DocumentMasks:
+        """The masks of `inputs` [batch, seq], the input tokens (Megatron builds them from `tokens`, text[:-1]);
+        the goldfish loss reads `labels` [batch, seq] (text[1:])."""
         is_eod = inputs == self.eod_id
         seq = inputs.shape[1]
         index = torch.arange(seq, device=inputs.device)
@@ -74,6 +112,11 @@ class DocumentMasking:
             attention_mask = ((document[:, :, None] == document[:, None, :]) & causal).unsqueeze(1)
         if self.eod_mask_loss:
             loss_mask = (~is_eod).float()
+        if self.goldfish is not None:
+            if labels is None:
+                raise ValueError("the goldfish loss's mask needs the micro-batch's labels")
+            kept = goldfish_kept(labels, *self.goldfish)
+            loss_mask = kept if loss_mask is None else loss_mask * kept
         return DocumentMasks(position_ids, attention_mask, loss_mask)
 
 

@@ -51,6 +51,7 @@ from gpt.norms import HeadNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, rotary_angles
 from gpt.stage_layers import StageLayers, whole_model
+from gpt.xielu import XIELU
 from parallel.context_parallel import positions_on_this_rank
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
@@ -192,17 +193,22 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """h -> 4h -> GeLU (or squared ReLU) -> h; the 4h dimension is what tensor parallelism splits."""
+    """h -> 4h -> GeLU (or squared ReLU, or xIELU with its learned scalars) -> h; the 4h dimension is what
+    tensor parallelism splits."""
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, bias: bool = True):
         super().__init__()
         self.activation = config.activation
         self.dense_h_to_4h = plan.linear("mlp.dense_h_to_4h", config.hidden_size, config.ffn_size,
                                          init_std=config.init_method_std, bias=bias)
+        if config.activation == "xielu":  # Megatron's MLP.activation_func, a module of its own (gpt/xielu.py)
+            self.activation_func = XIELU(plan.state)
         self.dense_4h_to_h = plan.linear("mlp.dense_4h_to_h", config.ffn_size, config.hidden_size,
                                          init_std=_output_layer_std(config), bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.activation == "xielu":
+            return self.dense_4h_to_h(self.activation_func(self.dense_h_to_4h(hidden)))
         return self.dense_4h_to_h(activation_function(self.activation, self.dense_h_to_4h(hidden)))
 
 
@@ -242,7 +248,7 @@ class TransformerBlock(nn.Module):
                                 swiglu=architecture.swiglu, init_std=config.init_method_std,
                                 output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
                                 layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
-                                local_experts=local_experts)
+                                local_experts=local_experts, xielu=config.activation == "xielu")
         elif architecture.swiglu:
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),

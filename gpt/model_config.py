@@ -28,8 +28,9 @@ from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
 
-# squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2).
-ACTIVATIONS = ("gelu", "gelu_tanh", "squared_relu")
+# squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2); xielu swiss-ai's
+# Megatron-LM fork's --xielu (gpt/xielu.py).
+ACTIVATIONS = ("gelu", "gelu_tanh", "squared_relu", "xielu")
 
 
 def _normalization_name(text: str) -> str:
@@ -122,7 +123,8 @@ class ModelConfig:
     # "gelu_tanh" is "gelu_new" in transformers.
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
                              help="gelu_tanh is GPT-2's approximation, gelu the exact erf form, squared_relu "
-                                  "relu(x)^2 (Megatron-LM's --squared-relu)")
+                                  "relu(x)^2 (Megatron-LM's --squared-relu), xielu swiss-ai's xIELU with two "
+                                  "learned scalars per MLP (its fork's --xielu)")
     # Megatron's --attention-backend; Megatron's other names for its values are SPELLINGS in
     # arguments/megatron/flags.py (--use-flash-attn).
     attention_backend: str = option(
@@ -399,6 +401,12 @@ class ModelConfig:
             # Megatron-LM asserts it (core_transformer_config_from_args: `assert not args.swiglu`).
             raise ConfigError("--squared-relu replaces the MLP's activation and --swiglu gates it with SiLU: "
                               "give one of them", flags=("--activation", "--swiglu"))
+        if self.activation == "xielu" and self.swiglu:
+            # swiss-ai's fork: core_transformer_config_from_args raises "Only one activation function can be
+            # selected at a time" for --swiglu with --xielu.
+            raise ConfigError("--xielu replaces the MLP's activation and --swiglu gates it with SiLU: give one of "
+                              "them (swiss-ai's Megatron-LM fork allows one activation at a time)",
+                              flags=("--activation", "--swiglu"))
         if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
             raise ConfigError("--init-method-std and --layernorm-epsilon must be positive",
                               flags=("--init-method-std", "--layernorm-epsilon"))

@@ -24,6 +24,7 @@ from gpt.model import GPTModel, SelfAttention
 from gpt.model_config import ModelConfig
 from gpt.norms import RMSNorm
 from gpt.parallel_plan import tensor_parallel_plan
+from gpt.xielu import XIELU, XIELU_SAVED_BYTES
 from parallel.config import ParallelismConfig
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from parallel.state import virtual_state
@@ -231,7 +232,8 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
     output (split); a row-parallel linear its input (split) and the 1-byte dropout mask of the residual
     branch it ends (whole); attention 5 bytes per score (softmax output, dropout mask, dropout output);
     with --attention-output-gate, the gate's product its two factors (the context in 16 bits and the
-    sigmoid in fp32, split).
+    sigmoid in fp32, split); with --xielu, what its eager torch.where formula keeps beyond its input, in 16
+    bits: XIELU_SAVED_BYTES per ffn element (split; gpt/xielu.py).
 
     Under sequence parallelism (section 4.2.2) the norms' inputs and the residual dropout masks are in the
     split regions: 1/TP of them per rank, so they move from the whole to the split terms. The
@@ -256,6 +258,9 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
                 partitioned += out_features
             else:
                 replicated += out_features
+        elif isinstance(module, XIELU) and module is getattr(block.mlp, "activation_func", None):
+            # the dense MLP's: its input is dense_h_to_4h's output (MoE layers' terms are the dense block's)
+            partitioned += XIELU_SAVED_BYTES * block.mlp.dense_h_to_4h.weight.shape[0] * tensor_parallel_size
         elif isinstance(module, SelfAttention):
             heads += module.heads_per_rank * tensor_parallel_size
             if module.output_gate:  # the product context x sigmoid(gate) keeps both: 16-bit and fp32

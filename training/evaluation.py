@@ -47,10 +47,10 @@ def split_micro_batch(batch: dict, device: torch.device, documents: Optional[Doc
                       state: Optional[ParallelState] = None
                       ) -> tuple[torch.Tensor, torch.Tensor, Optional[DocumentMasks]]:
     """split_tokens (this rank's chunks with context parallelism), and the inputs' document masks where
-    --reset-position-ids, --reset-attention-mask or --eod-mask-loss asks for them (data/documents.py; None
+    --reset-position-ids, --reset-attention-mask, --eod-mask-loss or --goldfish-loss asks for them (data/documents.py; None
     otherwise: nothing is built; refused with context parallelism)."""
     inputs, labels = split_tokens(batch, device, state)
-    return inputs, labels, documents.masks(inputs) if documents is not None else None
+    return inputs, labels, documents.masks(inputs, labels) if documents is not None else None
 
 
 def average_over_data_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:

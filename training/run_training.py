@@ -34,7 +34,8 @@ def train_run(run: Run) -> TrainingSummary:
         step_class = PipelineTrainStep if state.pipeline_parallel_size > 1 else DataParallelTrainStep
         data = config.data
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
-                                       data.eod_mask_loss)
+                                       data.eod_mask_loss,
+                                       (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None)
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents)
         metrics = IntervalMetrics(settings, state, writer, built.activations)
         eval_micro_batches = training.eval_iters * settings.batch.final_accumulation_steps

@@ -65,6 +65,8 @@ SPELLINGS: dict[str, tuple[str, Any, str, str]] = {
     "--openai-gelu": ("activation", "gelu_tanh", "--activation gelu_tanh (OpenAI's tanh approximation)",
                       "Megatron-LM"),
     "--squared-relu": ("activation", "squared_relu", "--activation squared_relu (relu(x)^2)", "Megatron-LM"),
+    "--xielu": ("activation", "xielu", "--activation xielu (xIELU, two learned scalars per MLP)",
+                "swiss-ai's Megatron-LM fork"),
     "--grad-reduce-in-bf16": ("accumulate_allreduce_grads_in_fp32", False,
                               "--no-accumulate-allreduce-grads-in-fp32 (reduce gradients in bf16)", "Megatron-LM"),
 }

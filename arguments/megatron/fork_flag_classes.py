@@ -3,9 +3,9 @@ ones llm-jp/scripts installs), swiss-ai's Megatron-LM fork (main) and Pai-Megatr
 into arguments/megatron/flags_harvested.json beside Megatron-LM's (scripts/harvest_megatron_flags.sh).
 
 The flags their current pretraining scripts pass are settings here with the fork's meaning (--use-mpi,
---use-z-loss, --z-loss-strength, --wandb-name, --trigger-path, --rope-theta: arguments/config.py,
-gpt/model_config.py); the rest are classified below the way arguments/megatron/flag_classes.py classifies
-Megatron-LM's, each group naming its fork. Pai-Megatron-Patch's own flags select its own tokenizers,
+--use-z-loss, --z-loss-strength, --wandb-name, --trigger-path, --rope-theta, --xielu, --goldfish-loss,
+--goldfish-k, --goldfish-h: arguments/config.py, gpt/model_config.py); the rest are classified below the way
+arguments/megatron/flag_classes.py classifies Megatron-LM's, each group naming its fork. Pai-Megatron-Patch's own flags select its own tokenizers,
 dataset formats and model code (megatron_patch/), which is not here: each is refused, in one line naming
 the project and what it would take.
 """
@@ -30,20 +30,17 @@ FORK_NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      _names("--qknorm-impl")),
     (f"{SWISS_AI}: knob of its AdEMAMix optimizer, which is refused (--optimizer adam is the optimizer here), so "
      "it has no effect", _names("--ademamix-alpha --ademamix-alpha-warmup --ademamix-beta3 --ademamix-beta3-warmup")),
-    (f"{SWISS_AI}: knob of its goldfish loss, which is refused, so it has no effect", _names("--goldfish-k --goldfish-h")),
     # (--moe-token-dropping is ours: DeepSpeed-MoE's switch, gpt/model_config.py moe_token_dropping)
     (f"{LLM_JP} and {SWISS_AI}: mixture-of-experts knob: this GPT's MLP is dense, as with --num-experts 1, so it "
      "has no effect", _names("--moe-router-topk-limited-devices")),
 )
 
 FORK_REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (f"not implemented ({SWISS_AI}'s activations xIELU, xIPReLU and xIPReLUP, with learned parameters): use "
-     "--swiglu, --activation gelu/gelu_tanh/squared_relu", _names("--xielu --xiprelu --xiprelup")),
+    (f"not implemented ({SWISS_AI}'s activations xIPReLU and xIPReLUP, with learned parameters): use "
+     "--xielu (its xIELU), --swiglu, --activation gelu/gelu_tanh/squared_relu", _names("--xiprelu --xiprelup")),
     (f"not implemented ({SWISS_AI}'s block variants: norms removed, post-norm blocks, norm gains initialized "
      "to another value, scaled input embeddings): every block here is a pre-norm block with a final norm",
      _names("--no-attn-layernorm --no-mlp-layernorm --no-final-layernorm --post-layer-norm")),
-    (f"not implemented ({SWISS_AI}'s goldfish loss drops a hashed 1 in --goldfish-k of the tokens from the loss): "
-     "every token is predicted here", _names("--goldfish-loss")),
     (f"not implemented ({LLM_JP}, nii-geniac: the token embeddings scaled by sqrt(hidden size)): the embeddings "
      "enter the blocks unscaled", _names("--use-embedding-scaling")),
     (f"not implemented ({LLM_JP}, v4: blend weights renormalized for Megatron's mid-level oversampling): the "

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt.xielu import XIELU, xielu
 from parallel.init import InitMethod, set_init_method
 
 
@@ -33,15 +34,18 @@ def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, 
 
 
 class ExpertMLP(nn.Module):
-    """One expert: h -> ffn -> activation (or SwiGLU's silu(gate) * up) -> h."""
+    """One expert: h -> ffn -> activation (or SwiGLU's silu(gate) * up) -> h; with `xielu`, the expert's own xIELU
+    and its two scalars (`activation_func`, gpt/xielu.py)."""
 
     def __init__(self, hidden_size: int, ffn_size: int, *, swiglu: bool, init_std: float, output_init_std: float,
-                 bias: bool):
+                 bias: bool, xielu: bool = False):
         super().__init__()
         self.swiglu = swiglu
         inputs = ("dense_h_to_4h_gate", "dense_h_to_4h_up") if swiglu else ("dense_h_to_4h",)
         for name in inputs:
             _linear_parameters(self, name, hidden_size, ffn_size, init_std, bias)
+        if xielu:
+            self.activation_func = XIELU()
         _linear_parameters(self, "dense_4h_to_h", ffn_size, hidden_size, output_init_std, bias)
 
     def input_linears(self) -> list[nn.Module]:
@@ -55,12 +59,12 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
                  swiglu: bool, init_std: float, output_init_std: float, bias: bool, grouped: bool = True,
-                 expert_ids: Optional[Sequence[int]] = None):
+                 expert_ids: Optional[Sequence[int]] = None, xielu: bool = False):
         super().__init__()
-        self.activation, self.swiglu, self.grouped = activation, swiglu, grouped
+        self.activation, self.swiglu, self.grouped, self.xielu = activation, swiglu, grouped, xielu
         for expert in (range(num_experts) if expert_ids is None else expert_ids):
             self.add_module(str(expert), ExpertMLP(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std,
-                                                   output_init_std=output_init_std, bias=bias))
+                                                   output_init_std=output_init_std, bias=bias, xielu=xielu))
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         if self.grouped and can_group(rows, list(self.children())):
@@ -75,7 +79,8 @@ class Experts(nn.Module):
         sizes = tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert) else list(tokens_per_expert)
         outputs = []
         for expert, chunk in zip(self.children(), torch.split(rows, sizes)):
-            hidden = self._activate([F.linear(chunk, linear.weight, linear.bias) for linear in expert.input_linears()])
+            inputs = [F.linear(chunk, linear.weight, linear.bias) for linear in expert.input_linears()]
+            hidden = expert.activation_func(inputs[0]) if self.xielu else self._activate(inputs)
             outputs.append(F.linear(hidden, expert.dense_4h_to_h.weight, expert.dense_4h_to_h.bias))
         return torch.cat(outputs) if outputs else rows
 
@@ -95,7 +100,14 @@ class Experts(nn.Module):
 
         inputs = [grouped_linear(rows, [expert.input_linears()[i] for expert in experts])
                   for i in range(len(experts[0].input_linears()))]
-        return grouped_linear(self._activate(inputs), [expert.dense_4h_to_h for expert in experts])
+        if self.xielu:  # each row with its expert's scalars
+            alpha_p, alpha_n = (torch.cat([getattr(expert.activation_func, name) for expert in experts])
+                                .repeat_interleave(tokens_per_expert, output_size=rows.shape[0])[:, None]
+                                for name in ("alpha_p", "alpha_n"))
+            activated = xielu(inputs[0], alpha_p, alpha_n)
+        else:
+            activated = self._activate(inputs)
+        return grouped_linear(activated, [expert.dense_4h_to_h for expert in experts])
 
 
 def can_group(rows: torch.Tensor, experts: list[nn.Module]) -> bool:

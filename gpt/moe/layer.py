@@ -35,10 +35,10 @@ class SharedExperts(ExpertMLP):
     """SharedExpertMLP: one MLP every token passes through, optionally gated per token."""
 
     def __init__(self, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
-                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool):
+                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool, xielu: bool = False):
         super().__init__(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std, output_init_std=output_init_std,
-                         bias=bias)
-        self.activation = activation
+                         bias=bias, xielu=xielu)
+        self.activation, self.xielu = activation, xielu
         if gate:
             self.gate_weight = nn.Parameter(torch.empty(1, hidden_size, device="meta"))
             set_init_method(self.gate_weight, InitMethod.normal(init_std))
@@ -47,7 +47,10 @@ class SharedExperts(ExpertMLP):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         inputs = [F.linear(hidden, linear.weight, linear.bias) for linear in self.input_linears()]
-        activated = F.silu(inputs[0]) * inputs[1] if self.swiglu else self.activation(inputs[0])
+        if self.xielu:
+            activated = self.activation_func(inputs[0])
+        else:
+            activated = F.silu(inputs[0]) * inputs[1] if self.swiglu else self.activation(inputs[0])
         output = F.linear(activated, self.dense_4h_to_h.weight, self.dense_4h_to_h.bias)
         if self.gate_weight is not None:
             output = output * torch.sigmoid(F.linear(hidden, self.gate_weight))
@@ -59,7 +62,7 @@ class MoELayer(nn.Module):
                  activation: Callable[[torch.Tensor], torch.Tensor], swiglu: bool, init_std: float,
                  output_init_std: float, bias: bool, layer_number: int = 0,
                  tracker: Optional[MoELossTracker] = None, dispatcher: Optional[TokenDispatcher] = None,
-                 local_experts: Optional[Sequence[int]] = None):
+                 local_experts: Optional[Sequence[int]] = None, xielu: bool = False):
         """`dispatcher` and `local_experts` (the global indices of this rank's experts, in the order the
         dispatcher groups their rows): an expert-parallel dispatcher and its rank's share; by default
         LocalDispatcher and every expert."""
@@ -71,7 +74,7 @@ class MoELayer(nn.Module):
                                  layer_number=layer_number, tracker=tracker)
         self.experts = Experts(settings.num_experts, hidden_size, settings.ffn_hidden_size, activation=activation,
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
-                               grouped=settings.grouped_gemm, expert_ids=local_experts)
+                               grouped=settings.grouped_gemm, expert_ids=local_experts, xielu=xielu)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
         if local_experts is not None and len(local_experts) < settings.num_experts:
             # held by the expert-parallel ranks' share only: ZeRO reduces them over the expert data-parallel
@@ -82,7 +85,7 @@ class MoELayer(nn.Module):
             self.shared_experts = SharedExperts(hidden_size, settings.shared_expert_intermediate_size,
                                                 activation=activation, swiglu=swiglu, init_std=init_std,
                                                 output_init_std=output_init_std, bias=bias,
-                                                gate=settings.shared_expert_gate)
+                                                gate=settings.shared_expert_gate, xielu=xielu)
         else:
             self.shared_experts = None
         if settings.use_residual:

@@ -87,18 +87,17 @@ def test_rope_theta_is_the_rotary_base():
 
 
 def test_fork_flags_that_change_the_math_are_refused_in_one_line_naming_the_fork():
-    """swiss-ai main megatron/training/arguments.py: --xielu ('Use xielu activation instead of default gelu'),
-    --goldfish-loss ('Enable goldfish loss during pretraining'), --post-layer-norm; llm-jp nii-geniac
+    """swiss-ai main megatron/training/arguments.py: --xiprelu, --post-layer-norm (its --xielu and --goldfish-loss
+    are implemented: tests/gpt/test_xielu.py, tests/data/test_goldfish.py); llm-jp nii-geniac
     megatron/core/models/gpt/gpt_model.py: `if self.use_embedding_scaling:` scales the embeddings."""
     with pytest.raises(ConfigError) as error:
-        parse_arguments(["--xielu", "--goldfish-loss", "--goldfish-k", "50", "--post-layer-norm",
+        parse_arguments(["--xiprelu", "--post-layer-norm",
                          "--use-embedding-scaling", "--input-embeddings-multiplier", "2"])
     message = str(error.value)
     assert "\n" not in message
-    for flag in ("--xielu", "--goldfish-loss", "--post-layer-norm", "--input-embeddings-multiplier 2.0"):
+    for flag in ("--xiprelu", "--post-layer-norm", "--input-embeddings-multiplier 2.0"):
         assert f"{flag}: not implemented (swiss-ai's Megatron-LM fork" in message, flag
     assert "--use-embedding-scaling: not implemented (llm-jp's Megatron-LM fork" in message
-    assert "--goldfish-k 50" not in message  # a knob of the refused switch: accepted, no effect
 
 
 def test_fork_flags_with_no_effect_are_said_once():

@@ -6,7 +6,8 @@ What changes, and only this:
   --ffn-hidden-size in the script's proportion to the hidden size, --kv-channels in its proportion to the
   head dim (hidden / heads), rounded to an even number, --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
   to the heads, rounded up to whole groups per tensor-parallel rank where the original had that), --seq-length
-  16 (--max-position-embeddings in the script's proportion to it), --pad-vocab-size-to just above the local
+  16 (--max-position-embeddings in the script's proportion to it; swiss-ai's --goldfish-h at most 16, the
+  window its goldfish loss hashes within a sample), --pad-vocab-size-to just above the local
   tokenizer's vocabulary; with interleaved pipeline stages, one layer per model chunk, each stage keeping its
   number of chunks (--num-layers then the stages x chunks, less the embedding and loss where Megatron's
   --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
@@ -85,7 +86,7 @@ CHANGED_FLAGS = frozenset({
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--num-distributed-optimizer-instances",
-    "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to",
+    "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to", "--goldfish-h",
     *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--step-batch-size-schedule", "--train-iters",
     "--train-samples",
@@ -309,6 +310,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str(-(-groups // new_tp) * new_tp if value % tp == 0 else groups)]
         elif flag in ("--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length"):
             new = [str(max(new_seq, round(value / seq * new_seq)))]
+        elif flag == "--goldfish-h":
+            new = [str(min(value, new_seq))]  # swiss-ai's hash window lies within a sample
         elif flag == "--pad-vocab-size-to":
             new = [str((files.vocab_size // 128 + 1) * 128)]
         elif flag in TENSOR_PARALLEL:
