@@ -8,7 +8,8 @@ not balanced. What the imbalance can cost is bounded, and stated here:
 
 - rows: `ExpertRowProbe` watches each MoE layer's experts in the first micro-batch's forward and reads the rows
   they receive on this rank and the bytes they save for backward (the monitor's saved-tensor meter, the one
-  --report-memory uses): bytes per row, measured on the real experts;
+  --report-memory uses), less the grouped matmul's stacked weights (a copy whose size does not follow the rows):
+  bytes per row, measured on the real experts;
 - the worst case, dropless: every token the dispatcher brings to this rank (its own at EP 1; every EP rank's under
   expert parallelism) routes its k choices to this rank's experts, as far as its k distinct choices reach:
   tokens x min(k, local experts) rows a layer; one expert takes at most every token (a token picks an expert once);
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gpt.moe.deepspeed_gating import deepspeed_capacity
-from gpt.moe.experts import Experts
+from gpt.moe.experts import Experts, can_group
 from gpt.moe.router import get_capacity
 from zero.memory import MODEL_STATE_CATEGORIES, host_resident_tensors, measure_by_placement
 
@@ -38,13 +39,16 @@ class ExpertRowProbe:
     """Forward hooks on every MoE layer's experts: the rows each receives and the bytes it saves for backward, in
     the first forward that reaches it (the first micro-batch's)."""
 
-    def __init__(self, model, monitor) -> None:
+    def __init__(self, model, monitor, device_type: str) -> None:
+        """Also tells each experts module the planned run's device (`device_type`): on the meta device it runs
+        the path that device would (grouped matmul or loop, gpt/moe/experts.py)."""
         self.monitor = monitor
         self.layers: dict[int, tuple[int, int]] = {}  # id(experts) -> (rows, saved bytes)
         self._before: dict[int, int] = {}
         self._handles = []
         for module in model.modules():
             if isinstance(module, Experts):
+                module.planned_device = device_type
                 self._handles.append(module.register_forward_pre_hook(functools.partial(self._start, id(module))))
                 self._handles.append(module.register_forward_hook(functools.partial(self._stop, id(module))))
 
@@ -58,7 +62,11 @@ class ExpertRowProbe:
     def _stop(self, key, module, args, output) -> None:
         before = self._before.pop(key, None)
         if key not in self.layers and before is not None:
-            self.layers[key] = (args[0].shape[0], self._live() - before)
+            rows = args[0]
+            # the grouped matmul also saves the experts' weights stacked: a copy whose size is not the rows'
+            stacked = sum(param.numel() * param.element_size() for param in module.parameters() if param.dim() >= 2) \
+                if module.grouped and can_group(rows, list(module.children()), module.planned_device) else 0
+            self.layers[key] = (rows.shape[0], self._live() - before - stacked)
 
     def remove(self) -> None:
         for handle in self._handles:
