@@ -6,7 +6,8 @@ A meta device has no routing decision, so the dry run routes every token's k row
 (gpt/moe/dispatchers.py dispatch_balanced): the plan's peak and bytes are those of a balanced step. A live step is
 not balanced. What the imbalance can cost is bounded, and stated here:
 
-- rows: `ExpertRowProbe` watches each MoE layer's experts in the first micro-batch's forward and reads the rows
+- rows: `ExpertRowProbe` watches each MoE layer's experts in the first micro-batch's forward (or, under activation
+  checkpointing, its recompute in backward) and reads the rows
   they receive on this rank and the bytes they save for backward (the monitor's saved-tensor meter, the one
   --report-memory uses), less the grouped matmul's stacked weights (a copy whose size does not follow the rows):
   bytes per row, measured on the real experts;
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from gpt.moe.deepspeed_gating import deepspeed_capacity
 from gpt.moe.experts import Experts, can_group
@@ -37,13 +38,14 @@ from zero.memory import MODEL_STATE_CATEGORIES, host_resident_tensors, measure_b
 
 class ExpertRowProbe:
     """Forward hooks on every MoE layer's experts: the rows each receives and the bytes it saves for backward, in
-    the first forward that reaches it (the first micro-batch's)."""
+    the first forward that saves any (the first micro-batch's; under activation checkpointing its recompute)."""
 
-    def __init__(self, model, monitor, device_type: str) -> None:
-        """Also tells each experts module the planned run's device (`device_type`): on the meta device it runs
-        the path that device would (grouped matmul or loop, gpt/moe/experts.py)."""
-        self.monitor = monitor
-        self.layers: dict[int, tuple[int, int]] = {}  # id(experts) -> (rows, saved bytes)
+    def __init__(self, model, live: Callable[[], int], device_type: str) -> None:
+        """`live`: the saved-for-backward bytes now (the block probe's: the forward meter, or the recompute's in
+        backward). Also tells each experts module the planned run's device (`device_type`): on the meta device it
+        runs the path that device would (grouped matmul or loop, gpt/moe/experts.py)."""
+        self.live = live
+        self.layers: dict[int, tuple[int, int]] = {}  # id(experts) -> (rows, saved bytes a row's worth)
         self._before: dict[int, int] = {}
         self._handles = []
         for module in model.modules():
@@ -52,21 +54,22 @@ class ExpertRowProbe:
                 self._handles.append(module.register_forward_pre_hook(functools.partial(self._start, id(module))))
                 self._handles.append(module.register_forward_hook(functools.partial(self._stop, id(module))))
 
-    def _live(self) -> int:
-        meter = self.monitor.meter
-        return 0 if meter is None else meter.live["device"] + meter.live["host"]
-
     def _start(self, key, module, args) -> None:
-        self._before[key] = self._live()
+        self._before[key] = self.live()
 
     def _stop(self, key, module, args, output) -> None:
         before = self._before.pop(key, None)
-        if key not in self.layers and before is not None:
-            rows = args[0]
-            # the grouped matmul also saves the experts' weights stacked: a copy whose size is not the rows'
-            stacked = sum(param.numel() * param.element_size() for param in module.parameters() if param.dim() >= 2) \
-                if module.grouped and can_group(rows, list(module.children()), module.planned_device) else 0
-            self.layers[key] = (rows.shape[0], self._live() - before - stacked)
+        if before is None:
+            return
+        rows = args[0]
+        saved = self.live() - before
+        if saved <= 0:  # a forward under activation checkpointing saves nothing: its recompute in backward does
+            return
+        # the grouped matmul also saves the experts' weights stacked: a copy whose size is not the rows'
+        stacked = sum(param.numel() * param.element_size() for param in module.parameters() if param.dim() >= 2) \
+            if module.grouped and can_group(rows, list(module.children()), module.planned_device) else 0
+        if key not in self.layers:
+            self.layers[key] = (rows.shape[0], max(0, saved - stacked))
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -126,7 +129,8 @@ def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_
         if moe.pad_expert_input_to_capacity:  # every expert takes exactly its capacity from every source
             worst_rank = local * sources * capacity
     layers = sum(1 for _ in rows_and_bytes)
-    held = (1 if config.activations.checkpoint_activations else layers) * max(1, micro_forwards_in_flight)
+    # under checkpointing the micro-batches in flight hold their checkpoints only: one layer's experts are recomputed
+    held = 1 if config.activations.checkpoint_activations else layers * max(1, micro_forwards_in_flight)
     figures = MoEFigures(
         num_experts=moe.num_experts, local_experts=local, expert_parallel_size=experts.model_size,
         expert_data_parallel_size=experts.data_size,

@@ -98,3 +98,5 @@ def test_a_capacity_factor_bounds_the_worst_case_by_megatrons_capacity():
 def test_with_activation_checkpointing_one_layers_experts_are_recomputed_at_a_time():
     plan, _ = plan_of("--checkpoint-activations")
     assert plan.moe.layers_held == 1
+    # the forward saves nothing there; the recompute in backward saves what a plain forward does
+    assert plan.moe.saved_bytes_per_row == (HIDDEN + 2 * FFN) * 4 + 2 * 8
