@@ -169,7 +169,10 @@ def moe_state_rows(moe: MoEFigures) -> list[tuple[str, int]]:
 
 
 def moe_lines(moe: MoEFigures, total_bytes: int, width: int) -> list[str]:
-    """The worst-case routing's rows and total, below the plan's total (module docstring)."""
+    """The worst-case routing's rows and total, below the plan's total (module docstring); none for a rank without
+    MoE layers (a pipeline stage of dense layers)."""
+    if moe.moe_layers == 0:
+        return []
     where = f"the {moe.dispatched_tokens:,} tokens the {moe.dispatcher} dispatcher brings" \
         if moe.expert_parallel_size > 1 else f"the {moe.dispatched_tokens:,} tokens of the micro-batch"
     bound = f"{moe.capacity_rule}, {moe.capacity:,} rows an expert from each source rank" \
