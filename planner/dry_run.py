@@ -48,6 +48,7 @@ from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
 from planner.meta_kernels import CachedMetaKernels
+from planner.moe_plan import ExpertRowProbe, MoEFigures, moe_figures
 from planner.pipeline_plan import PipelineFigures, PipelinePlanObserver, message_bytes
 from planner.plan_observer import PlanObserver
 from training.build import build
@@ -126,6 +127,7 @@ class RankPlan:
     unknowns: list[str] = field(default_factory=lambda: list(UNKNOWNS))
     notes: list[str] = field(default_factory=list)
     pipeline: Optional[PipelineFigures] = None  # with pipeline stages: the stage's schedule figures
+    moe: Optional[MoEFigures] = None     # a mixture of experts: the experts' states and worst-case rows
     micro_batches: int = 1               # a step's micro-batches per DP rank (gradient accumulation, or the schedule's M)
     simulated_micro_batches: int = 1     # those the plan ran: one step's peak needs no more (planner/plan_observer.py)
 
@@ -298,6 +300,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
     probe = _BlockSavedProbe(model.blocks, monitor, ticker)
+    expert_rows = ExpertRowProbe(model, probe._live, cluster.device_type) if config.model.moe is not None else None
     # The trainer's own step (training/train_step.py, training/pipeline_step.py) runs one iteration, watched by the
     # plan's observer: every collective it makes is counted as it is made. Every micro-batch reads one meta batch.
     tokens = torch.zeros((config.training.micro_batch_size, config.model.seq_length + 1), dtype=torch.long, device=META)
@@ -317,6 +320,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             step.run_iteration(1, plan.batch.final_accumulation_steps, measure_activations=True)
     finally:
         probe.remove()
+        if expert_rows is not None:
+            expert_rows.remove()
         state.comm.on_transport_copy = None
     copies = {"passes": observer.passes_copy, "step": state.comm.take_largest_transport_copy()}
     pipeline = observer.figures() if pp > 1 else None
@@ -411,12 +416,16 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             config.activations.cpu_checkpointing:
         result.notes.append("the contiguous checkpoint buffer is in host memory (P_a+cpu)")
     if config.model.moe is not None:
-        # gpt/moe/layer.py _balanced_on_meta: no routing decision exists on the meta device
+        # gpt/moe/layer.py _balanced_on_meta: no routing decision exists on the meta device; planner/moe_plan.py
+        # bounds what an unbalanced step adds
         ep = state.experts.model_size
+        result.moe = moe_figures(config, state, optimizer, expert_rows,
+                                 pipeline.peak_chunk_forwards_in_flight if pipeline is not None else 1)
+        result.moe.worst_total_bytes = result.total_bytes + result.moe.worst_extra_bytes
         result.notes.append(
             "MoE routing assumed uniform: every expert receives an equal share of the tokens' top-k rows"
             + (f"; the {config.parallel.moe_token_dispatcher_type} dispatcher's exchanges over the {ep} "
-               "expert-parallel ranks are not counted" if ep > 1 else ""))
+               "expert-parallel ranks are counted for that routing (under \"ep\")" if ep > 1 else ""))
     if cluster.gpu_memory_bytes is not None:
         result.budget_bytes = cluster.gpu_memory_bytes
         result.headroom_bytes = cluster.gpu_memory_bytes - result.total_bytes

@@ -41,6 +41,7 @@ from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.levers import Lever, find_levers, format_levers
+from planner.moe_plan import moe_lines, moe_state_rows
 from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
 from planner.pipeline_plan import PipelineFigures
 from planner.vocabulary import launch_vocab
@@ -114,6 +115,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     states = plan.model_state_bytes
     rows = [("parameters", states["parameters"]), ("gradients", states["gradients"]),
             ("fp32 master weights", states["master_weights"]), ("Adam moments", states["optimizer_states"]),
+            *(moe_state_rows(plan.moe) if plan.moe is not None else []),
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
     if plan.offload_copy_bytes:
         rows.append(("offloaded shards' device copies in flight at the peak", plan.offload_copy_bytes))
@@ -142,6 +144,8 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]
     lines.append(f"  {'total (states + buffers + the larger of the passes and the step)':<{width}} "
                  f"{format_bytes(plan.total_bytes):>12}")
+    if plan.moe is not None:
+        lines += moe_lines(plan.moe, plan.total_bytes, width)
     if plan.process_baseline_bytes:
         lines.append(f"  {'process baseline, not in the total (this planner process: Python, torch)':<{width}} "
                      f"{format_bytes(plan.process_baseline_bytes):>12}")

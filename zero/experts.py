@@ -37,6 +37,7 @@ from torch import nn
 from parallel.mesh import MeshDim, ParallelDims
 from parallel.state import ParallelState
 from zero.apply import ZeroParts, build_zero
+from zero.host_memory import return_freed_blocks_to_system
 from zero.loss_scaler import LossScaler
 from zero.optimizer import StepResult
 from zero.optimizer_state import NamedFragment, ShardedOptimizerState
@@ -249,4 +250,12 @@ def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, sta
     experts = _build_part(model, lambda param: id(param) not in bound_dense, zero_config, optimizer_config,
                           expert_data_parallel_state(state), loss_scaler=scaler,
                           gradient_divisor=state.data_context_parallel_size, **kwargs)
+    if state.device.type == "cpu":
+        # Each part set the malloc threshold to its own smallest weight (zero/apply.py), the experts' last: an
+        # expert's matrix, larger than the dense part's smallest (the router's), so freed activations below it
+        # stayed in glibc's heap (an EP 2 run peaked 1.17x its plan). The model's smallest, as zero/host_memory.py
+        # means it.
+        itemsize = dense.optimizer.parameters.dtype.itemsize
+        return_freed_blocks_to_system(min((param.numel() * itemsize for param in model.parameters()
+                                           if param.requires_grad and param.dim() >= 2), default=0))
     return ExpertZeroParts(dense, experts, state)

@@ -41,6 +41,11 @@ so an expert or a whole rank with no tokens neither crashes nor leaves a peer wa
 exchanges to run on every rank, the layer passes to combine outputs computed from `expert_inputs` (an expert
 with no rows runs on its empty slice, which keeps its weights in the graph with a zero gradient).
 
+On the meta device (the planner's dry run, planner/dry_run.py) no routing decision exists: `dispatch_balanced`
+runs the same collectives, with the same autograd functions, for a stated routing in which every expert receives
+an equal share of every rank's T x K rows (the layer's _balanced_on_meta assumption), so the plan counts each
+exchange's bytes with the live communicator's accounting; `combine` is the same call.
+
 fp32 equality with EP 1 (tests/gpt/test_moe_dispatchers.py): the rows an expert sees are the same rows in the
 same order as at EP 1, and the weighted sum over K runs in k order on the token's own rank, so the alltoall
 output differs from EP 1 only where the expert's matmul rounds differently for a different row count.
@@ -75,6 +80,16 @@ def _check_routing(hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Ten
     # -1 is an empty choice (a token dropped by the capacity, or padding; its prob is 0): not dispatched
     if indices.numel() and (int(indices.min()) < -1 or int(indices.max()) >= num_experts):
         raise ValueError(f"dispatch: an expert index is outside [0, {num_experts}) (or -1, an empty choice)")
+
+
+def equal_shares(rows: int, parts: int) -> list[int]:
+    """`rows` split into `parts` shares differing by at most one, the larger first: the balanced routing's."""
+    return [rows // parts + (part < rows % parts) for part in range(parts)]
+
+
+def _any_rows(count: int, device: torch.device) -> torch.Tensor:
+    """An int64 index of `count` rows (its values unknown: on the meta device it is only a shape)."""
+    return torch.zeros(count, dtype=torch.int64, device=device)
 
 
 def _regroup(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -157,11 +172,33 @@ class AllToAllDispatcher:
                              input_splits=input_splits, output_splits=output_splits, dtype=hidden.dtype)
         return expert_inputs, received.sum(dim=0)
 
+    def dispatch_balanced(self, hidden: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """`dispatch` for the stated balanced routing (module docstring): probs [T, K] are each row's weights. This
+        rank's T x K rows go to the EP ranks in equal shares, and each EP rank sends this one its share of its
+        own; the ETP peers receive as many. Returns the local experts' rows and their equal shares (a list)."""
+        experts = self.experts
+        ep, etp = experts.model_size, experts.tensor_size
+        tokens, k = probs.shape
+        permuted = hidden.index_select(0, _any_rows(tokens * k, hidden.device))
+        every_rank = torch.empty(etp * ep * self.num_experts, dtype=torch.int64, device=hidden.device)
+        self.comm.all_gather(every_rank, every_rank.new_empty(self.num_experts), experts.tensor_and_model_group,
+                             "etp_ep" if etp > 1 else "ep")
+        input_splits = equal_shares(tokens * k, ep)
+        output_splits = [input_splits[experts.model_rank]] * ep
+        arrived = all_to_all(permuted, self.comm, experts.model_group, "ep", output_splits, input_splits)
+        peer_rows = [sum(output_splits)] * etp
+        arrived = _gather_rows_of_peers(arrived, self.comm, experts, peer_rows)
+        self._routing = dict(order=_any_rows(tokens * k, hidden.device), probs=probs, rows=tokens * k, received=None,
+                             peer_rows=peer_rows, input_splits=input_splits, output_splits=output_splits,
+                             dtype=hidden.dtype)
+        return arrived, equal_shares(arrived.shape[0], self.num_local)
+
     def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
         if self._routing is None:
             raise RuntimeError("combine() without a dispatch() before it")
         routing, self._routing = self._routing, None
-        by_source = _regroup(expert_outputs, routing["received"].t())  # local-expert-major -> source-major
+        by_source = expert_outputs if routing["received"] is None else \
+            _regroup(expert_outputs, routing["received"].t())  # local-expert-major -> source-major
         by_source = _sum_rows_of_peers(by_source, self.comm, self.experts, routing["peer_rows"])
         back = all_to_all(by_source, self.comm, self.experts.model_group, "ep", routing["input_splits"],
                           routing["output_splits"])
@@ -195,6 +232,21 @@ class AllGatherDispatcher:
         tokens_per_expert = torch.bincount(local[mine], minlength=self.num_local)
         self._routing = dict(order=order, probs=every_probs, rows=flat.numel(), dtype=hidden.dtype)
         return expert_inputs, tokens_per_expert
+
+    def dispatch_balanced(self, hidden: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """`dispatch` for the stated balanced routing (module docstring): the same gathers; of the group's rows,
+        the local experts' equal share. Returns those rows and each local expert's share (a list)."""
+        tokens, k = probs.shape
+        indices = torch.empty((tokens, k), dtype=torch.int64, device=hidden.device)
+        every_hidden = gather_along_first_dim(hidden, self.comm, self.group, self.group_name)
+        every_probs = gather_along_first_dim(probs, self.comm, self.group, self.group_name)
+        with torch.no_grad():
+            every_indices = gather_along_first_dim(indices, self.comm, self.group, self.group_name)
+        rows = every_indices.numel() * self.num_local // self.num_experts
+        order = _any_rows(rows, hidden.device)
+        expert_inputs = every_hidden.index_select(0, order)
+        self._routing = dict(order=order, probs=every_probs, rows=every_indices.numel(), dtype=hidden.dtype)
+        return expert_inputs, equal_shares(rows, self.num_local)
 
     def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
         if self._routing is None:

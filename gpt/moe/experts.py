@@ -7,6 +7,12 @@ They run as one grouped matmul per projection where torch has one for the tensor
 (torch.nn.functional.grouped_mm: on CPU it takes rows whose byte widths are multiples of 16; Megatron-Core's
 TEGroupedMLP / --moe-grouped-gemm), else as a loop over the experts (SequentialMLP). Both compute each row
 with the same expert weights; tests/gpt/test_moe.py checks that outputs and gradients agree.
+
+On the meta device (the planner's dry run) the choice is the one the planned run's device would make
+(`planned_device`, set by planner/moe_plan.py), so the plan keeps what that path keeps for backward: the grouped
+matmul saves its operands, the experts' weights stacked into one tensor per projection among them (a copy the
+loop does not make). Torch's meta kernel of grouped_mm takes bf16 only, so on meta `_GroupedMatmulShapes`
+stands in for it: the same output shape and the same saved tensors.
 """
 
 from __future__ import annotations
@@ -62,12 +68,16 @@ class Experts(nn.Module):
                  expert_ids: Optional[Sequence[int]] = None, xielu: bool = False):
         super().__init__()
         self.activation, self.swiglu, self.grouped, self.xielu = activation, swiglu, grouped, xielu
+        # the device type a planned run computes on (planner/moe_plan.py), for the choice on the meta device
+        self.planned_device: Optional[str] = None
         for expert in (range(num_experts) if expert_ids is None else expert_ids):
             self.add_module(str(expert), ExpertMLP(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std,
                                                    output_init_std=output_init_std, bias=bias, xielu=xielu))
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        if self.grouped and can_group(rows, list(self.children())):
+        if self.grouped and can_group(rows, list(self.children()), self.planned_device):
+            if not torch.is_tensor(tokens_per_expert):  # the planner's balanced shares (a list)
+                tokens_per_expert = torch.tensor(tokens_per_expert, dtype=torch.int64, device=rows.device)
             return self.forward_grouped(rows, tokens_per_expert)
         return self.forward_loop(rows, tokens_per_expert)
 
@@ -90,7 +100,8 @@ class Experts(nn.Module):
 
         def grouped_linear(inputs: torch.Tensor, linears: list[nn.Module]) -> torch.Tensor:
             weight = torch.stack([linear.weight for linear in linears]).transpose(-2, -1)  # [E, in, out]
-            output = F.grouped_mm(inputs, weight, offs=offsets)
+            output = _GroupedMatmulShapes.apply(inputs, weight) if inputs.is_meta and inputs.dtype != torch.bfloat16 \
+                else F.grouped_mm(inputs, weight, offs=offsets)
             if output.requires_grad:  # its CPU backward takes a dense gradient only
                 output.register_hook(lambda grad: grad.contiguous())
             if linears[0].bias is not None:
@@ -110,17 +121,34 @@ class Experts(nn.Module):
         return grouped_linear(activated, [expert.dense_4h_to_h for expert in experts])
 
 
-def can_group(rows: torch.Tensor, experts: list[nn.Module]) -> bool:
+class _GroupedMatmulShapes(torch.autograd.Function):
+    """F.grouped_mm on the meta device for a dtype its meta kernel refuses: the output's shape, and the operands
+    saved for backward as grouped_mm's autograd saves them (the row gradient [N, in], the weights' [E, in, out])."""
+
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inputs, weight)
+        return inputs.new_empty((inputs.shape[0], weight.shape[-1]))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        inputs, weight = ctx.saved_tensors
+        return inputs.new_empty(inputs.shape), weight.new_empty(weight.shape)
+
+
+def can_group(rows: torch.Tensor, experts: list[nn.Module], planned_device: Optional[str] = None) -> bool:
     """Whether F.grouped_mm takes these operands: it exists; on a CPU for fp32, bf16 or fp16, on CUDA for bf16 on a
     Hopper or later (its CUDA kernel's condition: fp32 there takes the loop); and every row's byte width (hidden
-    and ffn) is a multiple of 16, as its kernels require."""
+    and ffn) is a multiple of 16, as its kernels require. On the meta device, for `planned_device` (None: the
+    loop); a planned CUDA device is taken to be a Hopper or later (the planner plans H100-class GPUs)."""
     if not hasattr(F, "grouped_mm") or not experts or rows.shape[0] == 0:
         return False
-    if rows.device.type == "cpu":
+    device = planned_device if rows.is_meta else rows.device.type
+    if device == "cpu":
         if rows.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             return False
-    elif not (rows.device.type == "cuda" and rows.dtype == torch.bfloat16
-              and torch.cuda.get_device_capability(rows.device) >= (9, 0)):
+    elif not (device == "cuda" and rows.dtype == torch.bfloat16
+              and (rows.is_meta or torch.cuda.get_device_capability(rows.device) >= (9, 0))):
         return False
     ffn, hidden = experts[0].dense_4h_to_h.weight.shape[1], rows.shape[1]
     size = rows.element_size()

@@ -172,11 +172,19 @@ class MoELayer(nn.Module):
     def _balanced_on_meta(self, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """On the meta device (the planner's dry run, planner/dry_run.py) no routing decision exists: every
         token's k rows go to the experts in equal shares, so shapes, parameters and the experts' activations
-        have the sizes of a balanced step."""
+        have the sizes of a balanced step; under expert parallelism the dispatcher's exchanges run for that
+        routing (its dispatch_balanced)."""
         k = self.settings.router_topk
+        balanced = getattr(self.dispatcher, "dispatch_balanced", None)
+        if balanced is not None:
+            # an expert-parallel dispatcher (gpt/moe/dispatchers.py) runs its exchanges for the same routing, so
+            # the plan counts their bytes; each row's weight as below
+            choice_probs = (probs.sum(dim=-1, keepdim=True) / k).expand(tokens.shape[0], k)
+            rows, sizes = balanced(tokens, choice_probs)
+            return self.dispatcher.combine(self.experts(rows, sizes))
         rows = tokens.repeat_interleave(k, dim=0)
         experts = len(self.experts._modules)  # this rank's
         sizes = [rows.shape[0] // experts + (expert < rows.shape[0] % experts) for expert in range(experts)]
-        outputs = self.experts.forward_loop(rows, sizes)
+        outputs = self.experts(rows, sizes)  # a list of sizes: the loop (through the module: hooks see it)
         weights = probs.sum(dim=-1, keepdim=True).repeat_interleave(k, dim=0).to(outputs.dtype) / k
         return (outputs * weights).view(tokens.shape[0], k, -1).sum(dim=1)

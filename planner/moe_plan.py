@@ -1,0 +1,199 @@
+"""What a dry run (planner/dry_run.py) adds for a mixture of experts: the experts' own model states, and the
+experts' working set if the routing is the worst it can be.
+
+A meta device has no routing decision, so the dry run routes every token's k rows to the experts in equal shares
+(gpt/moe/layer.py _balanced_on_meta) and, under expert parallelism, runs the dispatcher's exchanges for that routing
+(gpt/moe/dispatchers.py dispatch_balanced): the plan's peak and bytes are those of a balanced step. A live step is
+not balanced. What the imbalance can cost is bounded, and stated here:
+
+- rows: `ExpertRowProbe` watches each MoE layer's experts in the first micro-batch's forward (or, under activation
+  checkpointing, its recompute in backward) and reads the rows
+  they receive on this rank and the bytes they save for backward (the monitor's saved-tensor meter, the one
+  --report-memory uses), less the grouped matmul's stacked weights (a copy whose size does not follow the rows):
+  bytes per row, measured on the real experts;
+- the worst case, dropless: every token the dispatcher brings to this rank (its own at EP 1; every EP rank's under
+  expert parallelism) routes its k choices to this rank's experts, as far as its k distinct choices reach:
+  tokens x min(k, local experts) rows a layer; one expert takes at most every token (a token picks an expert once);
+- with a capacity (Megatron-Core's --moe-expert-capacity-factor: moe_utils.get_capacity(num_tokens x k, experts,
+  factor) = ceil(T x k / E x factor), computed by each rank over its own T tokens; DeepSpeed-MoE's
+  sharded_moe._capacity, ceil(T / E x factor x k) and at least --moe-min-capacity), each source rank keeps at most
+  `capacity` rows an expert: an expert takes at most sources x capacity, the rank its local experts' sum of those
+  (and never more than the dropless bound);
+- the working set: the rows beyond the balanced step's, times the measured bytes a row, in every MoE layer whose
+  saved tensors are alive together at the peak (every one of the rank's without activation checkpointing, the one
+  being recomputed with it; under pipeline stages times the micro-batches whose forward awaits its backward).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from gpt.moe.deepspeed_gating import deepspeed_capacity
+from gpt.moe.experts import Experts, can_group
+from gpt.moe.router import get_capacity
+from zero.memory import MODEL_STATE_CATEGORIES, host_resident_tensors, measure_by_placement
+
+
+class ExpertRowProbe:
+    """Forward hooks on every MoE layer's experts: the rows each receives and the bytes it saves for backward, in
+    the first forward that saves any (the first micro-batch's; under activation checkpointing its recompute)."""
+
+    def __init__(self, model, live: Callable[[], int], device_type: str) -> None:
+        """`live`: the saved-for-backward bytes now (the block probe's: the forward meter, or the recompute's in
+        backward). Also tells each experts module the planned run's device (`device_type`): on the meta device it
+        runs the path that device would (grouped matmul or loop, gpt/moe/experts.py)."""
+        self.live = live
+        self.layers: dict[int, tuple[int, int]] = {}  # id(experts) -> (rows, saved bytes a row's worth)
+        self._before: dict[int, int] = {}
+        self._handles = []
+        for module in model.modules():
+            if isinstance(module, Experts):
+                module.planned_device = device_type
+                self._handles.append(module.register_forward_pre_hook(functools.partial(self._start, id(module))))
+                self._handles.append(module.register_forward_hook(functools.partial(self._stop, id(module))))
+
+    def _start(self, key, module, args) -> None:
+        self._before[key] = self.live()
+
+    def _stop(self, key, module, args, output) -> None:
+        before = self._before.pop(key, None)
+        if before is None:
+            return
+        rows = args[0]
+        saved = self.live() - before
+        if saved <= 0:  # a forward under activation checkpointing saves nothing: its recompute in backward does
+            return
+        # the grouped matmul also saves the experts' weights stacked: a copy whose size is not the rows'
+        stacked = sum(param.numel() * param.element_size() for param in module.parameters() if param.dim() >= 2) \
+            if module.grouped and can_group(rows, list(module.children()), module.planned_device) else 0
+        if key not in self.layers:
+            self.layers[key] = (rows.shape[0], max(0, saved - stacked))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@dataclass
+class MoEFigures:
+    """A rank's experts in a plan. Bytes per GPU; rows per MoE layer and micro-batch on this rank."""
+    num_experts: int
+    local_experts: int
+    expert_parallel_size: int
+    expert_data_parallel_size: int
+    dispatcher: str                        # "local" at EP 1, else --moe-token-dispatcher-type
+    moe_layers: int                        # on this rank
+    expert_state_bytes: Optional[dict[str, int]]  # the experts' own ZeRO (EP > 1); None: inside the dense states
+    expert_parameters_local: int           # this rank's experts' parameters (its ETP shard)
+    balanced_rows: int                     # rows this rank's experts receive a layer under balanced routing
+    dispatched_tokens: int                 # tokens the dispatcher brings to this rank's experts a layer
+    worst_rows: int                        # rows this rank's experts can receive a layer
+    worst_expert_rows: int                 # rows one expert can receive a layer
+    capacity: Optional[int]                # per expert per source rank; None: dropless
+    capacity_rule: str                     # how capacity was computed, or "dropless"
+    saved_bytes_per_row: float             # the experts' saved-for-backward bytes a row (measured)
+    layers_held: int                       # MoE layers' saved tensors alive together at the peak
+    worst_extra_bytes: int = 0             # the worst case's saved bytes beyond the balanced step's
+    worst_total_bytes: int = 0             # the plan's total with them
+
+
+def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_in_flight: int) -> MoEFigures:
+    """This rank's MoEFigures from the dry run's build and its probe (module docstring)."""
+    moe = config.model.moe
+    experts = state.experts
+    expert_states = None
+    expert_parameters = 0
+    if hasattr(optimizer, "parts"):  # zero/experts.py: the experts' own ZeRO over the expert data-parallel group
+        part = optimizer.experts
+        placed = measure_by_placement(part.model_state_tensors(), host_resident_tensors(part), include_meta=True)
+        expert_states = {key: placed["device"][key] for key in (*MODEL_STATE_CATEGORIES, "total")}
+        expert_parameters = part.num_parameters
+    rows_and_bytes = list(probe.layers.values())
+    local = moe.num_experts // experts.model_size
+    balanced = max((rows for rows, _ in rows_and_bytes), default=0)
+    per_row = max((saved / rows for rows, saved in rows_and_bytes if rows), default=0.0)
+    # balanced: every expert of the group gets tokens x k / E rows, so this rank's `local` get tokens x k x local / E
+    tokens = balanced * moe.num_experts // (moe.router_topk * local) if local else 0
+    sources = experts.model_size if experts.model_size > 1 else 1
+    own_tokens = tokens // sources
+    dropless_rank = tokens * min(moe.router_topk, local)
+    capacity, rule = _capacity(moe, own_tokens)
+    if capacity is None:
+        worst_expert = tokens
+        worst_rank = dropless_rank
+    else:
+        worst_expert = min(tokens, sources * capacity)
+        worst_rank = min(dropless_rank, local * worst_expert)
+        if moe.pad_expert_input_to_capacity:  # every expert takes exactly its capacity from every source
+            worst_rank = local * sources * capacity
+    layers = sum(1 for _ in rows_and_bytes)
+    # under checkpointing the micro-batches in flight hold their checkpoints only: one layer's experts are recomputed
+    held = 1 if config.activations.checkpoint_activations else layers * max(1, micro_forwards_in_flight)
+    figures = MoEFigures(
+        num_experts=moe.num_experts, local_experts=local, expert_parallel_size=experts.model_size,
+        expert_data_parallel_size=experts.data_size,
+        dispatcher=config.parallel.moe_token_dispatcher_type if experts.model_size > 1 else "local",
+        moe_layers=layers, expert_state_bytes=expert_states, expert_parameters_local=expert_parameters,
+        balanced_rows=balanced, dispatched_tokens=tokens, worst_rows=worst_rank, worst_expert_rows=worst_expert,
+        capacity=capacity, capacity_rule=rule, saved_bytes_per_row=per_row, layers_held=held)
+    figures.worst_extra_bytes = int(max(0, worst_rank - balanced) * per_row) * figures.layers_held
+    return figures
+
+
+def _capacity(moe, tokens: int) -> tuple[Optional[int], str]:
+    """Rows an expert keeps from one source rank's `tokens`, and the rule; (None, "dropless") without dropping."""
+    k = moe.router_topk
+    if moe.gating == "deepspeed":
+        if not moe.drop_tokens:
+            return None, "dropless (--disable-moe-token-dropping)"
+        capacity = deepspeed_capacity(tokens, moe.num_experts, moe.train_capacity_factor * k, moe.min_capacity)
+        return capacity, (f"DeepSpeed-MoE's capacity ceil({tokens} / {moe.num_experts} x {moe.train_capacity_factor:g} "
+                          f"x {k}), at least {moe.min_capacity} (sharded_moe._capacity)")
+    if moe.expert_capacity_factor is None:
+        return None, "dropless"
+    capacity = get_capacity(tokens * k, moe.num_experts, moe.expert_capacity_factor)
+    return capacity, (f"capacity ceil({tokens} x {k} / {moe.num_experts} x {moe.expert_capacity_factor:g}) "
+                      f"(Megatron-Core moe_utils.get_capacity)")
+
+
+def moe_state_rows(moe: MoEFigures) -> list[tuple[str, int]]:
+    """The plan table's rows splitting the model states into dense and experts' (under expert parallelism)."""
+    if moe.expert_state_bytes is None:
+        return []
+    experts = moe.expert_state_bytes
+    return [(f"  of these four, the experts' ({moe.local_experts} of {moe.num_experts} a layer at EP "
+             f"{moe.expert_parallel_size}, {moe.expert_parameters_local:,} parameters; ZeRO over expert DP "
+             f"{moe.expert_data_parallel_size})", experts["total"])]
+
+
+def moe_lines(moe: MoEFigures, total_bytes: int, width: int) -> list[str]:
+    """The worst-case routing's rows and total, below the plan's total (module docstring); none for a rank without
+    MoE layers (a pipeline stage of dense layers)."""
+    if moe.moe_layers == 0:
+        return []
+    where = f"the {moe.dispatched_tokens:,} tokens the {moe.dispatcher} dispatcher brings" \
+        if moe.expert_parallel_size > 1 else f"the {moe.dispatched_tokens:,} tokens of the micro-batch"
+    bound = f"{moe.capacity_rule}, {moe.capacity:,} rows an expert from each source rank" \
+        if moe.capacity is not None else "dropless: all tokens to this rank's experts, stated as such"
+    extra = max(0, moe.worst_rows - moe.balanced_rows)
+    return [f"  experts' rows a layer and micro-batch: {moe.balanced_rows:,} planned (routing uniform); worst case "
+            f"{moe.worst_rows:,} ({bound}: {where}, each choosing min(k, {moe.local_experts} local experts) of "
+            f"them; one expert at most {moe.worst_expert_rows:,})",
+            f"  {'experts saved for backward, worst case (' + format(extra, ',') + ' rows more a layer x ' + _bytes(moe.saved_bytes_per_row) + ' a row x ' + _layers(moe.layers_held) + ')':<{width}} "
+            f"{_format(moe.worst_extra_bytes):>12}",
+            f"  {'total with the worst-case routing':<{width}} {_format(total_bytes + moe.worst_extra_bytes):>12}"]
+
+
+def _format(num_bytes: int) -> str:
+    from zero.memory import format_bytes
+    return format_bytes(num_bytes)
+
+
+def _layers(count: int) -> str:
+    return f"{count} layer" + ("s" if count != 1 else "")
+
+
+def _bytes(per_row: float) -> str:
+    return f"{per_row:,.0f} B"
