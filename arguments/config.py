@@ -664,13 +664,6 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
-        if self.model.moe is not None and self.model.moe_router_enable_expert_bias and (
-                self.checkpoint.save or self.checkpoint.load):
-            # gpt/moe/router.py keeps the bias beside the parameters; the checkpoint format does not hold it yet
-            raise ConfigError("--moe-router-enable-expert-bias with --save or --load: the expert bias is not saved in "
-                              "checkpoints yet, so a resume would restart it at 0; train without checkpoints, or "
-                              "balance with --moe-aux-loss-coeff",
-                              flags=("--moe-router-enable-expert-bias", "--save", "--load"))
         self._check_expert_parallel()
         self._check_pipeline()
         self._check_context_parallel()

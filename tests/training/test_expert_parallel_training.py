@@ -165,7 +165,8 @@ def test_saved_at_expert_parallel_2_resumes_at_2_exactly_and_at_1_and_exports_ev
         corpus_cache_300, tmp_path, stage):
     """Issue 51 item 6. The experts are named by global index (each EP rank's model holds its share), so the
     optimizer partitions (each rank's file: its dense then its expert partition, every element named once) load
-    by name at any EP size, and the model file holds every expert. Resumed at EP 2 the losses continue bitwise;
+    by name at any EP size, and each EP rank's experts are in a model file of their own
+    (tests/checkpoint/test_expert_parallel_checkpoint.py counts what each rank writes). Resumed at EP 2 the losses continue bitwise;
     at EP 1 they are EP 1's straight run's to 1e-6 (the EP-2 iterations before the save are, module docstring).
     zero_to_fp32 consolidates the EP-2 checkpoint into the EP-1 one's weights."""
     from safetensors.torch import load_file

@@ -1,0 +1,92 @@
+"""Expert-parallel checkpoints (issue 51 item 6): each rank saves only its own experts, and what a rank writes
+is counted by recording every tensor it hands to the writer (checkpoint/format.py save_tensors).
+
+Megatron-Core saves experts by global index from the ranks that hold them (megatron/core/transformer/moe/experts.py,
+SequentialMLP / TEGroupedMLP sharded_state_dict: each local expert's tensors re-keyed to its global index, with a
+replica id over the expert data-parallel group so one replica writes), and Megatron-LM's per-rank file names carry
+the expert rank (megatron/training/checkpointing.py get_checkpoint_name, `expert_rank`). Here each expert-parallel
+rank's experts go to a model file of their own, written by the first rank of its expert data-parallel group, and
+the optimizer files name and hold each element once."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from tests.distributed import free_port, run_distributed
+from tests.reliability_helpers import TINY
+from tests.training.test_expert_parallel_training import MOE
+from tests.training.test_moe_training import launch_rank
+
+EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
+
+
+def record_writes(rank, world_size, argv_by_launch, ports):
+    """launch_rank, with every tensor this rank passes to the checkpoint writer recorded: {file: {tensor: numel}}."""
+    import checkpoint.sharded
+
+    writes: dict[str, dict[str, int]] = {}
+    real = checkpoint.sharded.save_tensors
+
+    def recording(path, tensors, metadata=None):
+        writes[path.name] = {name: tensor.numel() for name, tensor in tensors.items()}
+        if metadata and "fragments" in metadata:
+            writes[path.name]["fragments"] = sum(numel for *_, numel in metadata["fragments"])
+        return real(path, tensors, metadata)
+
+    checkpoint.sharded.save_tensors = recording
+    try:
+        launch_rank(rank, world_size, argv_by_launch, ports)
+    finally:
+        checkpoint.sharded.save_tensors = real
+    return writes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["0", "3"])
+def test_each_expert_parallel_rank_writes_only_its_own_experts_and_each_element_once(
+        corpus_cache_300, tmp_path, stage):
+    """At EP 2 on 2 ranks (each rank holds experts 2r and 2r+1 of each MoE layer), the tensors a rank hands to the
+    writer hold no other rank's expert: the dense model file has no expert, rank r's expert file only its own.
+    Over the checkpoint every parameter is in exactly one model file, and the optimizer files hold and name each
+    parameter element once (at stage 0 the dense partition, replicated on both ranks, is written by rank 0 only).
+    The checkpoint verifies, resumes at EP 1 (training on) and zero_to_fp32 consolidates every expert from it."""
+    from safetensors.torch import load_file
+
+    from checkpoint.format import read_metadata, resolve_checkpoint
+    from scripts import zero_to_fp32
+
+    common = TINY + MOE + ["--train-iters", "2", "--data-cache-dir", corpus_cache_300, "--global-batch-size", "4",
+                           "--zero-stage", stage, "--moe-token-dispatcher-type", "alltoall"]
+    argv = [common + ["--expert-model-parallel-size", "2", "--save", str(tmp_path / "ckpt"), "--exit-interval", "1"],
+            common + ["--load", str(tmp_path / "ckpt"), "--metrics-file", str(tmp_path / "ep1.jsonl")]]
+    writes = run_distributed(record_writes, 2, argv, [free_port() for _ in argv], timeout=600)
+
+    metadata = read_metadata(resolve_checkpoint(tmp_path / "ckpt"))
+    table = metadata["parameters"]
+    experts = {name for name in table if EXPERT.search(name)}
+    assert len(experts) == 2 * 4 * 4  # 2 layers x 4 experts x (2 weights + 2 biases)
+    in_model_files = []
+    for rank, files in enumerate(writes):
+        for file, tensors in files.items():
+            if file.startswith("model_"):
+                held = {int(EXPERT.search(name).group(1)) for name in tensors if EXPERT.search(name)}
+                assert held <= {2 * rank, 2 * rank + 1}, (rank, file, sorted(held))
+                in_model_files += list(tensors)
+    assert sorted(in_model_files) == sorted(table)  # every parameter once over the model files
+    dense = [tensors for files in writes for file, tensors in files.items() if file == "model_tp00.safetensors"]
+    assert len(dense) == 1 and not experts & set(dense[0])
+
+    elements = sum(torch.Size(entry["shape"]).numel() for entry in table.values())
+    optimizer = [tensors for files in writes for file, tensors in files.items() if file.startswith("optim_")]
+    assert sum(tensors["master"] for tensors in optimizer) == elements  # written once ...
+    assert sum(tensors["fragments"] for tensors in optimizer) == elements  # ... and named once
+    assert {entry[1] for entry in metadata["expert_model_files"]} == {0, 1}
+
+    # the EP-1 resume from it trained on (2 more iterations)
+    assert len([r for r in map(json.loads, (tmp_path / "ep1.jsonl").read_text().splitlines()) if "loss" in r]) == 1
+    assert zero_to_fp32.main([str(tmp_path / "ckpt"), str(tmp_path / "fp32.safetensors")]) == 0
+    assert set(load_file(str(tmp_path / "fp32.safetensors"))) >= experts
