@@ -648,10 +648,6 @@ class PretrainConfig:
             raise ConfigError(f"--num-distributed-optimizer-instances {self.zero.distributed_optimizer_instances} "
                               f"with {flag} {ep} is not implemented here: use one optimizer instance",
                               flags=(flag, "--num-distributed-optimizer-instances"))
-        if self.checkpoint.init_from_hf:
-            raise ConfigError(f"{flag} {ep} with --init-from-hf: a Hugging Face folder is not loaded into an "
-                              f"expert-parallel run yet; start at {flag} 1, save, and resume at {ep}",
-                              flags=(flag, "--init-from-hf"))
 
     def validate(self) -> None:
         check_finite_numbers(self)

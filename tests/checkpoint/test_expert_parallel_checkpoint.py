@@ -22,6 +22,7 @@ from tests.training.test_expert_parallel_training import MOE
 from tests.training.test_moe_training import launch_rank
 
 EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
+HF_EXPERT = re.compile(r"\.experts\.(\d+)\.")  # a Mixtral's block_sparse_moe.experts.<e>., a Qwen2-MoE's mlp.experts.<e>.
 
 
 def record_writes(rank, world_size, argv_by_launch, ports):
@@ -90,3 +91,75 @@ def test_each_expert_parallel_rank_writes_only_its_own_experts_and_each_element_
     assert len([r for r in map(json.loads, (tmp_path / "ep1.jsonl").read_text().splitlines()) if "loss" in r]) == 1
     assert zero_to_fp32.main([str(tmp_path / "ckpt"), str(tmp_path / "fp32.safetensors")]) == 0
     assert set(load_file(str(tmp_path / "fp32.safetensors"))) >= experts
+
+
+# ---- --init-from-hf into expert parallelism --------------------------------------------------------------------
+
+def record_reads(rank, world_size, argv_by_launch, ports):
+    """launch_rank, with the expert tensors this rank reads from the Hugging Face folder recorded, per launch."""
+    import checkpoint.hf
+
+    reads: list[set[str]] = []
+    real = checkpoint.hf._read_safetensors
+
+    def recording(path, keep=None):
+        tensors = real(path, keep)
+        reads[-1].update(name for name in tensors if ".experts." in name)
+        return tensors
+
+    checkpoint.hf._read_safetensors = recording
+    try:
+        for argv, port in zip(argv_by_launch, ports):
+            reads.append(set())
+            launch_rank(rank, world_size, [argv], [port])
+    finally:
+        checkpoint.hf._read_safetensors = real
+    return reads
+
+
+def moe_folder(path, family: str):
+    """A tiny Mixtral or Qwen2-MoE (shared expert with its gate) saved by transformers, random weights; its
+    vocabulary and positions as tests/checkpoint/test_hf_folder_is_the_model.py's folders (no tokenizer)."""
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from tests.checkpoint.test_hf_folder_is_the_model import POSITIONS, VOCAB
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=POSITIONS, rms_norm_eps=1e-6,
+                  num_experts_per_tok=2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if family == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(**common, intermediate_size=48, num_local_experts=4))
+    else:
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**common, intermediate_size=80, moe_intermediate_size=48,
+                                                   shared_expert_intermediate_size=40, num_experts=4))
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.2 + (1.0 if param.ndim == 1 else 0.0))
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_init_from_hf_at_expert_parallel_2_reads_each_ranks_own_experts_and_trains_as_at_1(tmp_path, family):
+    """--init-from-hf of a Mixtral / Qwen2-MoE folder at --expert-model-parallel-size 2: each rank reads only the
+    experts it holds from the folder (expert 2r and 2r+1 of each layer on rank r; at EP 1 both ranks read all
+    four), and the losses are the EP-1 load's: iteration 1's (the folder's weights, before any update) and the
+    next two, to 1e-6 relative as EP 2 trains like EP 1 (tests/training/test_expert_parallel_training.py)."""
+    from tests.checkpoint.test_hf_folder_is_the_model import RUN
+
+    folder = moe_folder(tmp_path / "hf", family)
+    common = ["--init-from-hf", str(folder), *RUN, "--train-iters", "3", "--global-batch-size", "4",
+              "--zero-stage", "1", "--data-cache-dir", str(tmp_path / "cache")]
+    launches = {"ep1": [], "ep2": ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]}
+    argv = [common + extra + ["--metrics-file", str(tmp_path / f"{name}.jsonl")] for name, extra in launches.items()]
+    reads = run_distributed(record_reads, 2, argv, [free_port() for _ in argv], timeout=600)
+
+    for rank, (ep1, ep2) in enumerate(reads):
+        assert {int(HF_EXPERT.search(name).group(1)) for name in ep1} == {0, 1, 2, 3}
+        assert {int(HF_EXPERT.search(name).group(1)) for name in ep2} == {2 * rank, 2 * rank + 1}, rank
+    losses = {name: [r["loss"] for r in map(json.loads, (tmp_path / f"{name}.jsonl").read_text().splitlines())
+                     if "loss" in r and "split" not in r] for name in launches}
+    assert len(losses["ep1"]) == 3
+    assert losses["ep2"] == pytest.approx(losses["ep1"], rel=1e-6, abs=0)
