@@ -155,15 +155,16 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
     del weights
     # Expert parallelism (zero/experts.py): each expert-parallel rank's experts, from their owner only; no rank
     # holds another rank's experts.
+    # (the interface's optional call, zero/optimizer_state.py)
     own_experts = getattr(optimizer, "expert_model_state_dict", None)
-    if own_experts is not None:
-        weights = own_experts(model, keep=optimizer.writes_experts)
-        if optimizer.writes_experts:
-            weights = {name: tensor for name, tensor in weights.items() if name in stored}
-            name = expert_model_file(tp, optimizer.expert_parallel_rank, pp)
-            written[name] = save_tensors(staging / name, weights)
-            experts_written.append([tp, optimizer.expert_parallel_rank, name, sorted(weights)])
-        del weights
+    mine = own_experts(model) if own_experts is not None else None
+    if mine is not None:
+        ep, weights = mine
+        weights = {name: tensor for name, tensor in weights.items() if name in stored}
+        name = expert_model_file(tp, ep, pp)
+        written[name] = save_tensors(staging / name, weights)
+        experts_written.append([tp, ep, name, sorted(weights)])
+    del mine
 
     # A replicated partition (stage 0) is written once, by DP rank 0; a partition held by several optimizer
     # instances (parallel/state.py) by the first instance's copy, under its partition rank.

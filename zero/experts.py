@@ -106,15 +106,13 @@ class CheckpointableChain:
         """The dense parameters whole (every data-parallel rank takes part at stage 3); no expert."""
         return self.dense.model_state_dict(model, keep)
 
-    def expert_model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-        """This rank's experts whole, by global name; every expert data-parallel rank takes part at stage 3
-        (the chunks are gathered over that group only), and only `writes_experts` ranks keep copies."""
-        return self.experts.model_state_dict(model, keep)
-
-    @property
-    def writes_experts(self) -> bool:
-        """The expert data-parallel group's first rank writes its experts' model file (the others hold them too)."""
-        return self.expert_data_parallel_rank == 0
+    def expert_model_state_dict(self, model: nn.Module) -> Optional[tuple[int, dict[str, torch.Tensor]]]:
+        """(this rank's expert-parallel rank, its experts whole by global name) on the expert data-parallel
+        group's first rank, which writes them; None on the others, which only take part (stage 3 gathers the
+        chunks over that group) and hold no copies."""
+        writes = self.expert_data_parallel_rank == 0
+        weights = self.experts.model_state_dict(model, keep=writes)
+        return (self.expert_parallel_rank, weights) if writes else None
 
     def sharded_state_dict(self, model: nn.Module) -> ShardedOptimizerState:
         dense, experts = self.dense.sharded_state_dict(model), self.experts.sharded_state_dict(model)
