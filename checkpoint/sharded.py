@@ -118,20 +118,27 @@ def _owned_partition(shard: ShardedOptimizerState, stored: set[str]
     """The partition tensors this rank's optimizer file holds and their fragment table
     ([name, param_offset, partition_offset, numel] each). Where the optimizer names only some of its
     fragments (`owned`: with expert parallelism a part replicated over its data-parallel group is named by
-    that group's first rank), only those elements are written, so every element is written once over the
-    checkpoint; otherwise the whole partition (a fragment left out, the tied copy, keeps its elements
-    there, unnamed)."""
+    that group's first rank), only the span of those is written (a view, no copy; alignment padding inside
+    it comes along), so every element is written once over the checkpoint; otherwise the whole partition
+    (a fragment left out, the tied copy, keeps its elements there, unnamed)."""
     if shard.owned is None:
         return ({key: shard.tensors[key] for key in OPTIMIZER_KEYS},
                 [list(fragment) for fragment in shard.fragments if fragment.name in stored])
-    kept = sorted((f for f in shard.owned if f.name in stored), key=lambda f: f.partition_offset)
-    fragments, position = [], 0
-    for fragment in kept:
-        fragments.append([fragment.name, fragment.param_offset, position, fragment.numel])
-        position += fragment.numel
-    tensors = {key: torch.cat([shard.tensors[key][f.partition_offset:f.partition_offset + f.numel] for f in kept])
-               if kept else shard.tensors[key][:0] for key in OPTIMIZER_KEYS}
-    return tensors, fragments
+    kept = [f for f in shard.owned if f.name in stored]
+    start = min((f.partition_offset for f in kept), default=0)
+    end = max((f.partition_offset + f.numel for f in kept), default=0)
+    owned = set(shard.owned)
+    if any(f not in owned and f.partition_offset < end and f.partition_offset + f.numel > start
+           for f in shard.fragments):  # an element of another's inside the span: copy the owned pieces out
+        pieces, fragments, position = [], [], 0
+        for f in sorted(kept, key=lambda f: f.partition_offset):
+            pieces.append((f.partition_offset, f.numel))
+            fragments.append([f.name, f.param_offset, position, f.numel])
+            position += f.numel
+        return ({key: torch.cat([shard.tensors[key][o:o + n] for o, n in pieces]) for key in OPTIMIZER_KEYS},
+                fragments)
+    return ({key: shard.tensors[key][start:end] for key in OPTIMIZER_KEYS},
+            [[f.name, f.param_offset, f.partition_offset - start, f.numel] for f in kept])
 
 
 def _write_rank_files(staging: Path, model: nn.Module, optimizer: CheckpointableOptimizer,
@@ -153,9 +160,8 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
         weights = {name: tensor for name, tensor in weights.items() if name in stored}
         written[model_file(tp, pp)] = save_tensors(staging / model_file(tp, pp), weights)
     del weights
-    # Expert parallelism (zero/experts.py): each expert-parallel rank's experts, from their owner only; no rank
-    # holds another rank's experts.
-    # (the interface's optional call, zero/optimizer_state.py)
+    # Expert parallelism (zero/experts.py, the interface's optional call): each expert-parallel rank's experts,
+    # from their owner only; no rank holds another rank's experts.
     own_experts = getattr(optimizer, "expert_model_state_dict", None)
     mine = own_experts(model) if own_experts is not None else None
     if mine is not None:
