@@ -47,24 +47,26 @@ def record_writes(rank, world_size, argv_by_launch, ports):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["0", "3"])
+@pytest.mark.parametrize("world_size, stage", [(2, "0"), (2, "3"), (4, "0"), (4, "3")])
 def test_each_expert_parallel_rank_writes_only_its_own_experts_and_each_element_once(
-        corpus_cache_300, tmp_path, stage):
-    """At EP 2 on 2 ranks (each rank holds experts 2r and 2r+1 of each MoE layer), the tensors a rank hands to the
-    writer hold no other rank's expert: the dense model file has no expert, rank r's expert file only its own.
-    Over the checkpoint every parameter is in exactly one model file, and the optimizer files hold and name each
-    parameter element once (at stage 0 the dense partition, replicated on both ranks, is written by rank 0 only).
-    The checkpoint verifies, resumes at EP 1 (training on) and zero_to_fp32 consolidates every expert from it."""
+        corpus_cache_300, tmp_path, world_size, stage):
+    """At EP 2 (EP rank e holds experts 2e and 2e+1 of each MoE layer; on 4 ranks each EP rank's experts are held
+    by an expert data-parallel group of 2), the tensors a rank hands to the writer hold no other EP rank's expert:
+    the dense model file has no expert, EP rank e's expert file only its own, and each file is written by one
+    rank. Over the checkpoint every parameter is in exactly one model file, and the optimizer files name each
+    parameter element once and write it once (at stage 0 the dense part, replicated on every rank, and each EP
+    rank's experts, replicated over its expert data-parallel group, by the group's first rank only). The
+    checkpoint verifies, resumes at EP 1 (training on) and zero_to_fp32 consolidates every expert from it."""
     from safetensors.torch import load_file
 
     from checkpoint.format import read_metadata, resolve_checkpoint
     from scripts import zero_to_fp32
 
-    common = TINY + MOE + ["--train-iters", "2", "--data-cache-dir", corpus_cache_300, "--global-batch-size", "4",
+    common = TINY + MOE + ["--train-iters", "2", "--data-cache-dir", corpus_cache_300, "--global-batch-size", "8",
                            "--zero-stage", stage, "--moe-token-dispatcher-type", "alltoall"]
     argv = [common + ["--expert-model-parallel-size", "2", "--save", str(tmp_path / "ckpt"), "--exit-interval", "1"],
             common + ["--load", str(tmp_path / "ckpt"), "--metrics-file", str(tmp_path / "ep1.jsonl")]]
-    writes = run_distributed(record_writes, 2, argv, [free_port() for _ in argv], timeout=600)
+    writes = run_distributed(record_writes, world_size, argv, [free_port() for _ in argv], timeout=600)
 
     metadata = read_metadata(resolve_checkpoint(tmp_path / "ckpt"))
     table = metadata["parameters"]
@@ -72,10 +74,12 @@ def test_each_expert_parallel_rank_writes_only_its_own_experts_and_each_element_
     assert len(experts) == 2 * 4 * 4  # 2 layers x 4 experts x (2 weights + 2 biases)
     in_model_files = []
     for rank, files in enumerate(writes):
+        assert len([file for file in files if "_ep" in file]) <= 1, rank
         for file, tensors in files.items():
             if file.startswith("model_"):
                 held = {int(EXPERT.search(name).group(1)) for name in tensors if EXPERT.search(name)}
-                assert held <= {2 * rank, 2 * rank + 1}, (rank, file, sorted(held))
+                ep = int(file.split("_ep")[1][:3]) if "_ep" in file else None
+                assert held == (set() if ep is None else {2 * ep, 2 * ep + 1}), (rank, file, sorted(held))
                 in_model_files += list(tensors)
     assert sorted(in_model_files) == sorted(table)  # every parameter once over the model files
     dense = [tensors for files in writes for file, tensors in files.items() if file == "model_tp00.safetensors"]
