@@ -660,10 +660,6 @@ class PretrainConfig:
             raise ConfigError(f"--num-distributed-optimizer-instances {self.zero.distributed_optimizer_instances} "
                               f"with {flag} {ep} is not implemented here: use one optimizer instance",
                               flags=(flag, "--num-distributed-optimizer-instances"))
-        if self.checkpoint.init_from_hf:
-            raise ConfigError(f"{flag} {ep} with --init-from-hf: a Hugging Face folder is not loaded into an "
-                              f"expert-parallel run yet; start at {flag} 1, save, and resume at {ep}",
-                              flags=(flag, "--init-from-hf"))
 
     def validate(self) -> None:
         check_finite_numbers(self)
@@ -676,13 +672,6 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
-        if self.model.moe is not None and self.model.moe_router_enable_expert_bias and (
-                self.checkpoint.save or self.checkpoint.load):
-            # gpt/moe/router.py keeps the bias beside the parameters; the checkpoint format does not hold it yet
-            raise ConfigError("--moe-router-enable-expert-bias with --save or --load: the expert bias is not saved in "
-                              "checkpoints yet, so a resume would restart it at 0; train without checkpoints, or "
-                              "balance with --moe-aux-loss-coeff",
-                              flags=("--moe-router-enable-expert-bias", "--save", "--load"))
         self._check_goldfish()
         self._check_expert_parallel()
         self._check_pipeline()

@@ -81,6 +81,11 @@ def model_file(tensor_parallel_rank: int, pipeline_rank: Optional[int] = None) -
     return f"model_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}.safetensors"
 
 
+def expert_model_file(tensor_parallel_rank: int, expert_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
+    """One expert-parallel rank's experts (Megatron's get_checkpoint_name appends the expert rank, `_{ep:03d}`)."""
+    return f"model_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_ep{expert_parallel_rank:03d}.safetensors"
+
+
 def optimizer_file(tensor_parallel_rank: int, data_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
     return f"optim_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
 

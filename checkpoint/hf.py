@@ -24,10 +24,11 @@ what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -310,36 +311,60 @@ def read_hf_folder(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Ten
     return config.fields, tensors
 
 
-def read_hf_model(hf_dir: str | os.PathLike) -> tuple[HFConfig, dict[str, torch.Tensor]]:
+# An expert's weights in a Mixtral or Qwen2-MoE file: (layer, expert) from the name (a LlamaModel file lacks "model.")
+_EXPERT_KEY = re.compile(r"^(?:model\.)?layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.")
+
+
+def expert_filter(held: Optional[set[tuple[int, int]]]) -> Optional[Callable[[str], bool]]:
+    """With expert parallelism, which of a folder's tensors a rank reads: every one but the experts it does not
+    hold ((layer, expert) pairs); None (read all) without it."""
+    if held is None:
+        return None
+
+    def keep(name: str) -> bool:
+        match = _EXPERT_KEY.match(name)
+        return match is None or (int(match.group(1)), int(match.group(2))) in held
+    return keep
+
+
+def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool]] = None
+                  ) -> tuple[HFConfig, dict[str, torch.Tensor]]:
     """The folder's config.json, checked by arguments/hf_config.py before any of it reaches transformers,
-    and its weights under transformers' names for that family."""
+    and its weights under transformers' names for that family (with `keep`, only the tensors it keeps: a
+    safetensors file is read tensor by tensor, so the others are never loaded)."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
     if config.family in hf_llama.LLAMA_FAMILIES:
-        return config, hf_llama.canonical_names(_read_weights(hf_dir), config.family)
+        state = hf_llama.canonical_names(_read_weights(hf_dir, keep), config.family)
+        return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
     return config, _gpt2_lm_head_names(_read_weights(hf_dir))
 
 
-def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+def _read_weights(hf_dir: Path, keep: Optional[Callable[[str], bool]] = None) -> dict[str, torch.Tensor]:
     if (hf_dir / SAFETENSORS_FILE).is_file():
-        return _read_safetensors(hf_dir / SAFETENSORS_FILE)
+        return _read_safetensors(hf_dir / SAFETENSORS_FILE, keep)
     if (hf_dir / SAFETENSORS_INDEX_FILE).is_file():
-        return _read_safetensors_shards(hf_dir / SAFETENSORS_INDEX_FILE)
+        return _read_safetensors_shards(hf_dir / SAFETENSORS_INDEX_FILE, keep)
     if (hf_dir / PICKLE_FILE).is_file():
         return _read_weights_only_pickle(hf_dir / PICKLE_FILE)
     raise ConfigError(f"{hf_dir}: no weights ({SAFETENSORS_FILE}, {SAFETENSORS_INDEX_FILE} or {PICKLE_FILE})")
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(path: Path, keep: Optional[Callable[[str], bool]] = None) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     try:
-        return load_file(str(path), device="cpu")
+        if keep is None:
+            return load_file(str(path), device="cpu")
+        with safe_open(str(path), framework="pt", device="cpu") as reader:
+            return {name: reader.get_tensor(name) for name in reader.keys() if keep(name)}
     except Exception as error:  # safetensors raises its own error types for malformed files
         raise ConfigError(f"{path}: not a valid safetensors file ({_first_line(error)})") from None
 
 
-def _read_safetensors_shards(index_path: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors_shards(index_path: Path, keep: Optional[Callable[[str], bool]] = None
+                             ) -> dict[str, torch.Tensor]:
     weight_map = read_json_object(index_path, "the safetensors index names the weight files").get("weight_map")
     if not isinstance(weight_map, dict):
         raise ConfigError(f"{index_path}: has no weight_map")
@@ -347,7 +372,7 @@ def _read_safetensors_shards(index_path: Path) -> dict[str, torch.Tensor]:
     for name in sorted(set(weight_map.values())):
         if not isinstance(name, str) or Path(name).name != name:  # only files beside the index
             raise ConfigError(f"{index_path}: names {name!r}, which is not a file in the folder")
-        tensors.update(_read_safetensors(index_path.parent / name))
+        tensors.update(_read_safetensors(index_path.parent / name, keep))
     return tensors
 
 
@@ -494,22 +519,28 @@ def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tup
                           f"{_listing(problems)}")
 
 
-def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState
-                    ) -> dict[str, torch.Tensor]:
+def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
+                    held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
     """A Hugging Face GPT-2 folder's weights under our names and layout (vocabulary padded for this
-    TP size), after checking that its config and tensors fit `model_config`."""
+    TP size), after checking that its config and tensors fit `model_config`. With `held_experts`
+    ((layer, expert) pairs: expert parallelism), a Mixtral's or Qwen2-MoE's other experts are not read."""
     hf_dir = Path(hf_dir)
-    config, hf_state = read_hf_model(hf_dir)
+    keep = expert_filter(held_experts)
+    config, hf_state = read_hf_model(hf_dir, keep)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
     if config.family in hf_llama.LLAMA_FAMILIES:
         hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
-        check_tensors_fit(hf_state, hf_llama.llama_tensor_shapes(model_config, config.family), hf_dir,
+        shapes = hf_llama.llama_tensor_shapes(model_config, config.family)
+        check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
         return hf_llama.from_llama_state_dict(hf_state, model_config, padded_vocab, config.family)
     check_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
     check_hf_tensors(hf_state, model_config, hf_dir)
     return from_hf_state_dict(hf_state, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
+
+
+_OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
 def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
@@ -519,8 +550,11 @@ def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_
     The folder is read whole on every rank (a GPT-2 folder is at most a few GB). The partition is
     staged on the CPU and handed over whole, so a weight found not to fit changes nothing."""
     hf_dir = Path(hf_dir)
-    full = load_hf_weights(hf_dir, model_config, state)
     params = dict(model.named_parameters())
+    # expert parallelism: each rank reads only its own experts (named by global index) from the folder
+    held = {(int(match.group(1)), int(match.group(2))) for match in map(_OUR_EXPERT.match, params) if match}
+    expert_parallel = any(getattr(param, "expert_parallel", False) for param in params.values())
+    full = load_hf_weights(hf_dir, model_config, state, held if expert_parallel else None)
     shard = optimizer.sharded_state_dict(model)
     master = torch.zeros(shard.tensors["master"].shape, dtype=torch.float32)  # alignment padding stays 0
     slices: dict[str, torch.Tensor] = {}

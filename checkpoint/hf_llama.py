@@ -396,9 +396,9 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
                 continue
             if our_name.endswith("weight") or config.add_bias_linear:
                 out[ours + our_name] = hf_state[theirs + their_name]
-        if config.moe_layers()[i]:
+        if config.moe_layers()[i]:  # with expert parallelism a rank read only its own experts (hf.expert_filter)
             out.update({ours + our_name: hf_state[theirs + their_name]
-                        for our_name, their_name in _moe_names(config, family)})
+                        for our_name, their_name in _moe_names(config, family) if theirs + their_name in hf_state})
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 

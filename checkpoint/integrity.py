@@ -109,9 +109,16 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Opt
     file; it returns a problem in words, or None. None for a file of a kind this code does not know."""
     tp_size = metadata["tensor_parallel_size"]
     model_files = {file: tp for tp, file in metadata.get("model_files", [])}
-    if name in model_files:
+    # expert parallelism: each expert-parallel rank's experts in a file of their own, named in the metadata
+    expert_files = {file: set(held) for _, _, file, held in metadata.get("expert_model_files", [])}
+    if name in model_files or name in expert_files:
         dtype = SAFETENSORS_DTYPE_OF_PRECISION.get(metadata.get("precision", "fp32"), "F32")
         shapes = {param: local_shape(entry, tp_size) for param, entry in metadata["parameters"].items()}
+        if name in expert_files:
+            shapes = {param: shape for param, shape in shapes.items() if param in expert_files[name]}
+        else:
+            experts = set().union(*expert_files.values())
+            shapes = {param: shape for param, shape in shapes.items() if param not in experts}
         for stage in metadata.get("pipeline_stages", []):  # a stage's model file holds that stage's names
             if name in stage["files"]:
                 shapes = {param: shape for param, shape in shapes.items() if param in set(stage["parameters"])}

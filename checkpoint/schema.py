@@ -87,6 +87,11 @@ def _model_entry(entry: Any) -> bool:  # [tp rank, file name]
     return isinstance(entry, list) and len(entry) == 2 and _is_int(entry[0]) and _is_plain_name(entry[1])
 
 
+def _expert_model_entry(entry: Any) -> bool:  # [tp rank, ep rank, file name, [parameter names]]
+    return (isinstance(entry, list) and len(entry) == 4 and _is_int(entry[0]) and _is_int(entry[1])
+            and _is_plain_name(entry[2]) and _list_of(lambda name: isinstance(name, str))(entry[3]))
+
+
 def _pipeline_stage(entry: Any) -> bool:  # {parameters: [names], files: [file names]}
     return (isinstance(entry, dict) and _list_of(lambda name: isinstance(name, str))(entry.get("parameters"))
             and _list_of(_is_plain_name)(entry.get("files")))
@@ -116,6 +121,14 @@ OPTIONAL = {
                     lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("state", {}), dict))),
     "model_files": ("a list of [tp rank, file name]", _list_of(_model_entry)),
     "rng_files": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),
+    # written with expert parallelism: each expert-parallel rank's experts in their own model file
+    "expert_model_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
+    "expert_model_files": ("a list of [tp rank, ep rank, file name, [parameter names]]",
+                           _list_of(_expert_model_entry)),
+    # the routers' aux-loss-free balancing bias (checkpoint/router_state.py), fp32 values by name
+    "expert_bias": ("an object of router name -> list of numbers",
+                    lambda v: isinstance(v, dict) and all(isinstance(k, str) and _list_of(_is_number)(e)
+                                                          for k, e in v.items())),
     "pipeline_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
     # written with context parallelism: ZeRO's partitions are cut over DP x CP, one optimizer file each
     "context_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
@@ -330,6 +343,7 @@ def listed_files(metadata: dict) -> list[str]:
     names.update(name for _, _, name in metadata["optimizer_shards"])
     names.update(name for stage in metadata.get("pipeline_stages", []) for name in stage["files"])
     names.update(name for _, name in metadata.get("model_files", []))
+    names.update(name for _, _, name, _ in metadata.get("expert_model_files", []))
     names.update(name for _, _, name in metadata.get("rng_files", []))
     return sorted(names)
 

@@ -39,6 +39,7 @@ from checkpoint.format import (
     CheckpointError,
     PartitionRequest,
     commit,
+    expert_model_file,
     fill_partition,
     iteration_dir_name,
     metadata_text,
@@ -56,6 +57,7 @@ from checkpoint.format import (
 from checkpoint.integrity import hash_files, verify_checkpoint
 from checkpoint.lineage import RunIdentity
 from checkpoint.pipeline_stages import gather_stage_tables, stored_names, whole_table
+from checkpoint.router_state import expert_biases, restore_expert_biases
 from data.identity import data_identity
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -111,14 +113,44 @@ def _stage_rank(state: ParallelState) -> Optional[int]:
     return state.pipeline_parallel_rank if state.pipeline_parallel_size > 1 else None
 
 
+def _owned_partition(shard: ShardedOptimizerState, stored: set[str]
+                     ) -> tuple[dict[str, torch.Tensor], list[list]]:
+    """The partition tensors this rank's optimizer file holds and their fragment table
+    ([name, param_offset, partition_offset, numel] each). Where the optimizer names only some of its
+    fragments (`owned`: with expert parallelism a part replicated over its data-parallel group is named by
+    that group's first rank), only the span of those is written (a view, no copy; alignment padding inside
+    it comes along), so every element is written once over the checkpoint; otherwise the whole partition
+    (a fragment left out, the tied copy, keeps its elements there, unnamed)."""
+    if shard.owned is None:
+        return ({key: shard.tensors[key] for key in OPTIMIZER_KEYS},
+                [list(fragment) for fragment in shard.fragments if fragment.name in stored])
+    kept = [f for f in shard.owned if f.name in stored]
+    start = min((f.partition_offset for f in kept), default=0)
+    end = max((f.partition_offset + f.numel for f in kept), default=0)
+    owned = set(shard.owned)
+    if any(f not in owned and f.partition_offset < end and f.partition_offset + f.numel > start
+           for f in shard.fragments):  # an element of another's inside the span: copy the owned pieces out
+        pieces, fragments, position = [], [], 0
+        for f in sorted(kept, key=lambda f: f.partition_offset):
+            pieces.append((f.partition_offset, f.numel))
+            fragments.append([f.name, f.param_offset, position, f.numel])
+            position += f.numel
+        return ({key: torch.cat([shard.tensors[key][o:o + n] for o, n in pieces]) for key in OPTIMIZER_KEYS},
+                fragments)
+    return ({key: shard.tensors[key][start:end] for key in OPTIMIZER_KEYS},
+            [[f.name, f.param_offset, f.partition_offset - start, f.numel] for f in kept])
+
+
 def _write_rank_files(staging: Path, model: nn.Module, optimizer: CheckpointableOptimizer,
                       shard: ShardedOptimizerState, rng: Optional[TensorParallelRNG], state: ParallelState,
-                      tokenizer, stored: set[str]) -> dict[str, int]:
-    """This rank's files; returns {file name: bytes}. Stage 3 gathers each chunk for the model file,
-    which every DP rank of the TP group must take part in. Only the `stored` names are written (with
-    pipeline stages, the tied embedding's second copy is the first stage's to store)."""
+                      tokenizer, stored: set[str]) -> tuple[dict[str, int], list[list]]:
+    """This rank's files; returns {file name: bytes} and the expert model files it wrote ([tp, ep, file,
+    [names]] each). Stage 3 gathers each chunk for the model file, which every DP rank of the TP group must
+    take part in. Only the `stored` names are written (with pipeline stages, the tied embedding's second copy
+    is the first stage's to store)."""
     tp, dp, pp = state.tensor_parallel_rank, state.data_parallel_rank, _stage_rank(state)
     written: dict[str, int] = {}
+    experts_written: list[list] = []
     # With context parallelism the CP ranks of a DP rank hold the same weights and streams: CP rank 0 writes them
     # (the optimizer partition is cut over DP x CP: every partition rank writes its own).
     writer = dp == 0 and state.context_parallel_rank == 0
@@ -128,17 +160,25 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
         weights = {name: tensor for name, tensor in weights.items() if name in stored}
         written[model_file(tp, pp)] = save_tensors(staging / model_file(tp, pp), weights)
     del weights
+    # Expert parallelism (zero/experts.py, the interface's optional call): each expert-parallel rank's experts,
+    # from their owner only; no rank holds another rank's experts.
+    own_experts = getattr(optimizer, "expert_model_state_dict", None)
+    mine = own_experts(model) if own_experts is not None else None
+    if mine is not None:
+        ep, weights = mine
+        weights = {name: tensor for name, tensor in weights.items() if name in stored}
+        name = expert_model_file(tp, ep, pp)
+        written[name] = save_tensors(staging / name, weights)
+        experts_written.append([tp, ep, name, sorted(weights)])
+    del mine
 
     # A replicated partition (stage 0) is written once, by DP rank 0; a partition held by several optimizer
     # instances (parallel/state.py) by the first instance's copy, under its partition rank.
     if writer if shard.replicated else state.partition_replica_index == 0:
-        tensors = {key: shard.tensors[key] for key in OPTIMIZER_KEYS}
-        # the format's fragment table: [name, param_offset, partition_offset, numel] per fragment. A fragment
-        # left out (the tied copy) keeps its elements in the flat tensors, unnamed: no copy of the partition.
-        fragments = [list(fragment) for fragment in (shard.fragments if shard.owned is None else shard.owned)
-                     if fragment.name in stored]
+        tensors, fragments = _owned_partition(shard, stored)
         name = optimizer_file(tp, 0 if shard.replicated else state.partition_rank, pp)
         written[name] = save_tensors(staging / name, tensors, {"fragments": fragments})
+        del tensors
 
     if state.context_parallel_rank == 0:
         rng_tensors, rng_metadata = _rng_tensors(rng)
@@ -146,7 +186,7 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
 
     if state.is_first_rank and tokenizer is not None:
         tokenizer.save(str(staging / TOKENIZER_DIR))
-    return written
+    return written, experts_written
 
 
 def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
@@ -177,27 +217,33 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
             error = f"cannot create {staging}: {failure}"
     _raise_if_any_failed(state, error, iteration, staging)
 
-    written, hashes, error = {}, {}, None
+    written, experts_written, hashes, error = {}, [], {}, None
     try:
-        written = _write_rank_files(staging, model, optimizer, shard, rng, state, tokenizer,
+        written, experts_written = _write_rank_files(staging, model, optimizer, shard, rng, state, tokenizer,
                                     set(stage_names[state.pipeline_parallel_rank]))
         hashes = hash_files(staging, written)  # each rank hashes its own files, still in the page cache
     except Exception as failure:  # noqa: BLE001 - disk full, permissions, safetensors' own errors: any
         # failure must reach the other ranks, which would otherwise wait for this one forever
         error = f"{type(failure).__name__}: {failure}"
     # a save is complete only when every rank of every stage has its files in: one verdict over the world
-    outcomes = state.comm.all_gather_object((error, written, hashes))
-    _raise_if_any_failed(state, next((f"rank {rank}: {e}" for rank, (e, _, _) in enumerate(outcomes) if e), None),
+    # the routers' expert bias (checkpoint/router_state.py): the same on every rank of a stage, sent by its first
+    biases = expert_biases(model) if state.data_parallel_rank == 0 and state.tensor_parallel_rank == 0 \
+        and state.context_parallel_rank == 0 else {}
+    outcomes = state.comm.all_gather_object((error, written, hashes, experts_written, biases))
+    _raise_if_any_failed(state, next((f"rank {rank}: {e}" for rank, (e, *_) in enumerate(outcomes) if e), None),
                          iteration, staging)
 
     error = None
     if state.is_first_rank:
-        files = {name: size for _, rank_files, _ in outcomes for name, size in rank_files.items()}
+        files = {name: size for _, rank_files, *_ in outcomes for name, size in rank_files.items()}
         metadata = _metadata(iteration, consumed_samples, stage_tables, shard, config, state, files, lr,
-                             tokenizer is not None)
+                             tokenizer is not None, [entry for *_, entries, _ in outcomes for entry in entries])
         metadata["lr_schedule_samples"] = consumed_samples if schedule_samples is None else schedule_samples
         metadata.update(identity.fields() if identity is not None else {})
-        metadata["file_hashes"] = {name: digest for _, _, rank_hashes in outcomes
+        saved_biases = {name: values for *_, rank_biases in outcomes for name, values in rank_biases.items()}
+        if saved_biases:
+            metadata["expert_bias"] = saved_biases
+        metadata["file_hashes"] = {name: digest for _, _, rank_hashes, *_ in outcomes
                                    for name, digest in rank_hashes.items()}
         try:
             write_text_atomic(staging / METADATA_FILE, metadata_text(metadata))
@@ -206,7 +252,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
             error = f"cannot commit {staging}: {failure}"
     _raise_if_any_failed(state, error, iteration, staging)
     if state.is_first_rank:
-        size = sum(size for _, rank_files, _ in outcomes for size in rank_files.values())
+        size = sum(size for _, rank_files, *_ in outcomes for size in rank_files.values())
         print(f" saved checkpoint {final} ({size / 2**20:.1f} MiB in {time.perf_counter() - started:.1f} s)",
               flush=True)
     return final
@@ -255,7 +301,8 @@ def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: 
 
 
 def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], shard: ShardedOptimizerState, config,
-              state: ParallelState, files: dict[str, int], lr: Optional[float], has_tokenizer: bool) -> dict:
+              state: ParallelState, files: dict[str, int], lr: Optional[float], has_tokenizer: bool,
+              expert_files: Optional[list[list]] = None) -> dict:
     tp_size, dp_size, pp_size = state.tensor_parallel_size, state.data_parallel_size, state.pipeline_parallel_size
     optimizer_dp_ranks = range(1) if shard.replicated else range(state.partition_size)
     stages = [stage if pp_size > 1 else None for stage in range(pp_size)]
@@ -290,10 +337,15 @@ def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], s
     }
     if state.context_parallel_size > 1:  # the optimizer partitions are then DP x CP (parallel/state.py)
         metadata["context_parallel_size"] = state.context_parallel_size
+    if expert_files:  # each expert-parallel rank's experts in their own file; the dense model files hold none
+        metadata["expert_model_parallel_size"] = 1 + max(ep for _, ep, _, _ in expert_files)
+        metadata["expert_model_files"] = sorted(expert_files, key=lambda entry: entry[2])
     if pp_size > 1:
         metadata["pipeline_parallel_size"] = pp_size
+        stage_of = {name: stage for stage, names in enumerate(stored_names(stage_tables)) for name in names}
         metadata["pipeline_stages"] = [
-            {"parameters": names, "files": stage_files(stage)}
+            {"parameters": names, "files": stage_files(stage) + [file for _, _, file, held in expert_files or []
+                                                                 if held and stage_of[held[0]] == stage]}
             for stage, names in enumerate(stored_names(stage_tables))]
     return metadata
 
@@ -360,6 +412,10 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
     if load_optimizer and not scaler_applies and state.is_first_rank:
         print(f" note: the checkpoint's loss scaler ({scaler.get('type')}) does not apply to this "
               f"run's precision; starting from the configured loss scale", flush=True)
+    missing = restore_expert_biases(model, metadata.get("expert_bias"), state.device)
+    if missing and state.is_first_rank:
+        print(f" note: {iteration_dir} holds no expert bias for {missing[0]} (saved without "
+              f"--moe-router-enable-expert-bias?); it starts at 0", flush=True)
     if load_rng:
         _restore_rng(iteration_dir, metadata, rng, state)
 

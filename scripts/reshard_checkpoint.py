@@ -162,7 +162,8 @@ def resharded_metadata(metadata: dict, source: Path, table: dict, tensor_paralle
     """The source's metadata for the new grid: training state (iteration, consumed samples, Adam step,
     loss scaler, lr) unchanged, no RNG files."""
     result = copy.deepcopy(metadata)
-    for key in ("pipeline_parallel_size", "pipeline_stages"):  # written as one stage, loadable at any
+    # written as one stage, loadable at any; the experts go into the model files with every other weight
+    for key in ("pipeline_parallel_size", "pipeline_stages", "expert_model_parallel_size", "expert_model_files"):
         result.pop(key, None)
     result.update(
         tensor_parallel_size=tensor_parallel_size,

@@ -92,26 +92,28 @@ class BothReducers:
 class CheckpointableChain:
     """What checkpoint/ asks of an optimizer (zero/optimizer_state.py's CheckpointableOptimizer), over both parts.
 
-    The model file holds every expert: each rank's experts (the expert part's whole weights) are gathered over
-    the expert-parallel group, so the rank writing the model file has them all, named by global index.
+    Each rank's experts are saved by their owner, never gathered: `model_state_dict` is the dense part (the
+    names every data-parallel rank shares, written once per TP rank), `expert_model_state_dict` this rank's
+    experts (named by global index), written by the expert data-parallel group's first rank into a file of its
+    expert-parallel rank, as Megatron-LM names a checkpoint file by its expert rank too
+    (megatron/training/checkpointing.py get_checkpoint_name, `expert_rank`) and Megatron-Core's experts save by
+    global index from their own ranks (megatron/core/transformer/moe/experts.py sharded_state_dict).
     The partition a rank saves is its dense partition followed by its expert partition; its fragment table names
     each element once over the checkpoint: a part replicated over its data-parallel group (stage 0) is named by
     that group's first rank only. Fragments are found by name when loading, so the checkpoint loads at any
-    expert-parallel size (and at EP 1 into a plain ShardedAdamW)."""
+    expert-parallel size (and at EP 1 into a plain ShardedAdamW), each rank reading only its own experts."""
 
     def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-        weights = self.dense.model_state_dict(model, keep)
-        mine = self.experts.model_state_dict(model, keep=True)  # every expert DP rank takes part at stage 3
-        group = self.expert_parallel_group
-        if group is not None and torch.distributed.is_initialized():
-            every = [None] * torch.distributed.get_world_size(group)
-            torch.distributed.all_gather_object(every, mine, group=group)
-        else:
-            every = [mine]
-        if keep:
-            for part in every:
-                weights.update(part)
-        return weights
+        """The dense parameters whole (every data-parallel rank takes part at stage 3); no expert."""
+        return self.dense.model_state_dict(model, keep)
+
+    def expert_model_state_dict(self, model: nn.Module) -> Optional[tuple[int, dict[str, torch.Tensor]]]:
+        """(this rank's expert-parallel rank, its experts whole by global name) on the expert data-parallel
+        group's first rank, which writes them; None on the others, which only take part (stage 3 gathers the
+        chunks over that group) and hold no copies."""
+        writes = self.expert_data_parallel_rank == 0
+        weights = self.experts.model_state_dict(model, keep=writes)
+        return (self.expert_parallel_rank, weights) if writes else None
 
     def sharded_state_dict(self, model: nn.Module) -> ShardedOptimizerState:
         dense, experts = self.dense.sharded_state_dict(model), self.experts.sharded_state_dict(model)
@@ -140,9 +142,9 @@ class ChainedStep(CheckpointableChain):
     """One step over the dense and the expert optimizers: one norm over all parameters, one clip, one scaler."""
 
     def __init__(self, dense, experts, expert_parallel_group, loss_scaler: LossScaler,
-                 data_parallel_rank: int = 0, expert_data_parallel_rank: int = 0) -> None:
+                 data_parallel_rank: int = 0, expert_data_parallel_rank: int = 0, expert_parallel_rank: int = 0) -> None:
         self.dense, self.experts = dense, experts
-        self.expert_parallel_group = expert_parallel_group
+        self.expert_parallel_group, self.expert_parallel_rank = expert_parallel_group, expert_parallel_rank
         self.data_parallel_rank, self.expert_data_parallel_rank = data_parallel_rank, expert_data_parallel_rank
         self.loss_scaler = loss_scaler
         self.comm = dense.comm
@@ -224,7 +226,8 @@ class ExpertZeroParts:
         self.dense, self.experts = dense, experts
         self.reducer = BothReducers(dense.reducer, experts.reducer)
         self.optimizer = ChainedStep(dense.optimizer, experts.optimizer, state.experts.model_group,
-                                     dense.optimizer.loss_scaler, state.data_parallel_rank, state.experts.data_rank)
+                                     dense.optimizer.loss_scaler, state.data_parallel_rank, state.experts.data_rank,
+                                     state.experts.model_rank)
 
     @property
     def loss_scaler(self) -> LossScaler:

@@ -11,6 +11,12 @@ the object that owns the shards says what they are. Three calls make up the inte
     load_sharded_state_dict(tensors)   tensors laid out by that same fragment table back in, then the
                                        16-bit parameters published from them
 
+and one optional call, of an optimizer whose ranks hold different parameters (expert parallelism,
+zero/experts.py; `model_state_dict` then gives the parameters every data-parallel rank shares):
+
+    expert_model_state_dict(model)     (expert-parallel rank, this rank's experts whole by name) on the
+                                       rank that writes them, None on the ranks that only take part
+
 How these are written (file names, tensor names, metadata keys) is checkpoint/format.py's business;
 this module says only what they are. Fragments are named by the model's parameter names, which is
 why the calls take the model: the optimizer itself knows its parameters only as tensors.

@@ -22,7 +22,8 @@ from parallel.state import ParallelState
 from zero.optimizer_state import PARTITION_TENSORS, NamedFragment, ShardedOptimizerState
 
 ROOT = Path(__file__).resolve().parents[2]
-INTERFACE = {"model_state_dict", "sharded_state_dict", "load_sharded_state_dict"}
+# zero/optimizer_state.py: three calls, and expert_model_state_dict where the ranks hold different experts
+INTERFACE = {"model_state_dict", "sharded_state_dict", "load_sharded_state_dict", "expert_model_state_dict"}
 PADDING = 3
 
 

@@ -107,15 +107,14 @@ def test_a_rank_whose_experts_receive_no_tokens_trains_under_zero_3(corpus_cache
 
 def test_expert_parallelism_refuses_what_it_cannot_run_in_one_line(corpus_cache_300, tmp_path):
     """Megatron-LM's validate_args: `args.num_experts % args.expert_model_parallel_size == 0`, and EP needs
-    experts; --init-from-hf into an EP run is not implemented yet; flex (DeepEP) is not implemented."""
+    experts; flex (DeepEP) is not implemented. (--init-from-hf into an EP run loads: tests/checkpoint/
+    test_expert_parallel_checkpoint.py.)"""
     import pretrain_gpt
 
     base = TINY + ["--data-cache-dir", corpus_cache_300]
     for argv, says in ((["--expert-model-parallel-size", "2"], "--expert-model-parallel-size 2 needs experts"),
                        (MOE + ["--expert-model-parallel-size", "3"], "--num-experts 4 is not divisible by "
                                                                      "--expert-model-parallel-size 3"),
-                       (MOE + ["--expert-model-parallel-size", "2", "--init-from-hf", str(tmp_path / "hf")],
-                        "a Hugging Face folder is not loaded into an expert-parallel run yet"),
                        (MOE + ["--moe-token-dispatcher-type", "flex"], "flex (DeepEP/HybridEP kernels) is not"),
                        (MOE + ["--expert-tensor-parallel-size", "2"], "experts are not tensor-parallel here"),
                        (MOE + ["--expert-model-parallel-size", "2"], "does not divide")):
@@ -165,7 +164,8 @@ def test_saved_at_expert_parallel_2_resumes_at_2_exactly_and_at_1_and_exports_ev
         corpus_cache_300, tmp_path, stage):
     """Issue 51 item 6. The experts are named by global index (each EP rank's model holds its share), so the
     optimizer partitions (each rank's file: its dense then its expert partition, every element named once) load
-    by name at any EP size, and the model file holds every expert. Resumed at EP 2 the losses continue bitwise;
+    by name at any EP size, and each EP rank's experts are in a model file of their own
+    (tests/checkpoint/test_expert_parallel_checkpoint.py counts what each rank writes). Resumed at EP 2 the losses continue bitwise;
     at EP 1 they are EP 1's straight run's to 1e-6 (the EP-2 iterations before the save are, module docstring).
     zero_to_fp32 consolidates the EP-2 checkpoint into the EP-1 one's weights."""
     from safetensors.torch import load_file

@@ -94,17 +94,29 @@ def test_a_moe_run_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_pat
            [(r["iteration"], r["loss"], r["load_balancing_loss"]) for r in split]
 
 
-def test_what_moe_lacks_around_checkpoints_is_refused_in_one_line(corpus_cache_300, tmp_path):
-    """The expert bias is not in checkpoints yet, and GPT-2's blocks with experts are neither a Mixtral nor a
-    Qwen2-MoE (tests/checkpoint/test_hf_moe.py exports those): both refused in one line, exit 2."""
-    import pretrain_gpt
-    from tests.reliability_helpers import run_main
+def test_a_run_with_the_expert_bias_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_path):
+    """Aux-loss-free balancing (--moe-router-enable-expert-bias): Megatron-Core's TopKRouter saves `expert_bias`
+    as a persistent buffer and not `local_tokens_per_expert` (megatron/core/transformer/moe/router.py,
+    Router.__init__'s register_buffer calls; the counts are zero between iterations). A save at iteration 2 holds
+    each router's bias, moved off zero by the updates, and the resume's losses are the straight run's, bitwise."""
+    from checkpoint.format import read_metadata, resolve_checkpoint
+    from tests.reliability_helpers import straight_and_resumed
 
-    refused = run_main(pretrain_gpt.main, TINY + MOE + [
-        "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias", "--save", str(tmp_path / "s"),
-        "--data-cache-dir", corpus_cache_300])
-    assert refused.code == 2 and "the expert bias is not saved in checkpoints yet" in refused.err
-    assert len(refused.err.strip().splitlines()) == 1
+    argv = TINY + MOE + ["--train-iters", "5", "--data-cache-dir", corpus_cache_300, "--moe-router-score-function",
+                         "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.05"]
+    straight, split, save = straight_and_resumed(argv, tmp_path, exit_interval=2)
+    assert [(r["iteration"], r["loss"], r["grad_norm"]) for r in straight] == \
+           [(r["iteration"], r["loss"], r["grad_norm"]) for r in split]
+    assert len(straight) == 5
+    saved = read_metadata(resolve_checkpoint(save))["expert_bias"]
+    assert sorted(saved) == ["blocks.0.mlp.router.expert_bias", "blocks.1.mlp.router.expert_bias"]
+    assert all(len(values) == 4 and any(value != 0 for value in values) for values in saved.values())
+
+
+def test_gpt2_blocks_with_experts_are_refused_at_export_in_one_line(corpus_cache_300, tmp_path):
+    """GPT-2's blocks with experts are neither a Mixtral nor a Qwen2-MoE (tests/checkpoint/test_hf_moe.py exports
+    those): refused in one line, exit 2."""
+    from tests.reliability_helpers import run_main
 
     save = tmp_path / "ckpt"
     trained = train(corpus_cache_300, tmp_path, *MOE, "--save", str(save))
