@@ -138,7 +138,7 @@ def test_the_dry_run_plans_expert_parallelism_with_each_rank_holding_its_share_o
     mlp = 2 * 32 * 128 + 128 + 32  # one expert: GPT-2's MLP at hidden 32
     assert plans[1].parameters_total == plans[2].parameters_total
     assert plans[1].parameters_local - plans[2].parameters_local == 2 * 2 * mlp  # 2 layers x 2 experts elsewhere
-    assert any("MoE routing assumed uniform" in note and "expert-parallel ranks are not counted" in note
+    assert any("MoE routing assumed uniform" in note and "expert-parallel ranks are counted for that routing" in note
                for note in plans[2].notes)
 
 
