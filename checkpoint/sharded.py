@@ -33,7 +33,6 @@ from torch import nn
 from checkpoint.format import (
     FORMAT_VERSION,
     METADATA_FILE,
-    OPTIMIZER_KEYS,
     STAGING_SUFFIX,
     TOKENIZER_DIR,
     CheckpointError,
@@ -132,7 +131,7 @@ def _write_rank_files(staging: Path, model: nn.Module, optimizer: Checkpointable
     # A replicated partition (stage 0) is written once, by DP rank 0; a partition held by several optimizer
     # instances (parallel/state.py) by the first instance's copy, under its partition rank.
     if writer if shard.replicated else state.partition_replica_index == 0:
-        tensors = {key: shard.tensors[key] for key in OPTIMIZER_KEYS}
+        tensors = dict(shard.tensors)  # master, exp_avg, exp_avg_sq, and AdEMAMix's slow momentum with --optimizer ademamix
         # the format's fragment table: [name, param_offset, partition_offset, numel] per fragment. A fragment
         # left out (the tied copy) keeps its elements in the flat tensors, unnamed: no copy of the partition.
         fragments = [list(fragment) for fragment in (shard.fragments if shard.owned is None else shard.owned)
@@ -231,7 +230,7 @@ def non_finite_training_state(shard: ShardedOptimizerState) -> Optional[str]:
     also checked in the 16-bit training dtype: a master of 1e9 is finite in fp32 and inf in fp16,
     and the 16-bit parameters (the master cast, saved as the model file) are what a restart
     computes its first forward with. Only this rank's own partition is read."""
-    for key in OPTIMIZER_KEYS:
+    for key in shard.tensors:
         bad = count_non_finite(shard.tensors[key])
         if bad:
             return (f"the fp32 {key} holds {bad} non-finite values (NaN or inf); the run diverged, so nothing "
@@ -328,6 +327,20 @@ def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, pat
                               + "\n  ".join(problems))
 
 
+def saved_optimizer(metadata: dict) -> str:
+    """The --optimizer a checkpoint's moments are of (checkpoints from before the setting: adam)."""
+    return ((metadata.get("config") or {}).get("optimizer") or {}).get("optimizer", "adam")
+
+
+def check_same_optimizer(metadata: dict, optimizer: str, path: Path) -> None:
+    """Moments resume only into the optimizer that made them (Adam's two, AdEMAMix's three)."""
+    saved = saved_optimizer(metadata)
+    if saved != optimizer:
+        raise CheckpointError(f"{path} holds --optimizer {saved}'s states, this run has --optimizer {optimizer}: "
+                              f"resume with --optimizer {saved}, or pass --no-load-optim to start {optimizer}'s "
+                              f"states fresh from its weights")
+
+
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: CheckpointableOptimizer,
                     rng: Optional[TensorParallelRNG], state: ParallelState, *, load_optimizer: bool = True,
                     load_rng: bool = True, finetune: bool = False, verify: bool = True) -> ResumePoint:
@@ -349,7 +362,9 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
     # or corrupt midway leaves the optimizer as it was. Each fragment is looked up by name in the saved
     # partitions of this TP rank, whichever pipeline stage wrote them.
     shard = optimizer.sharded_state_dict(model)
-    keys = OPTIMIZER_KEYS if load_optimizer else ("master",)
+    if load_optimizer:
+        check_same_optimizer(metadata, shard.optimizer, iteration_dir)
+    keys = tuple(shard.tensors) if load_optimizer else ("master",)
     staged = {key: torch.zeros(shard.tensors[key].shape, dtype=torch.float32) for key in keys}
     fill_partition(iteration_dir, metadata, state.tensor_parallel_rank, PartitionRequest(shard.fragments), staged)
     warn_non_finite(iteration_dir, staged, state)
