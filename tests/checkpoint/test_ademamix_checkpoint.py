@@ -1,0 +1,45 @@
+"""--optimizer ademamix's three states in checkpoints (issue 54): saved beside the master like Adam's two and
+resumed exactly; moments resume only into the optimizer that made them.
+
+swiss-ai/Megatron-LM (main) megatron/core/optimizer/distrib_optimizer.py: the distributed optimizer's
+checkpoint keys for AdEMAMix are ("param", "exp_avg_slow", "exp_avg_fast", "exp_avg_sq"), Adam's
+("param", "exp_avg", "exp_avg_sq"): the slow momentum is saved and loaded with the others."""
+
+import pytest
+from safetensors import safe_open
+
+from tests.reliability_helpers import TINY, straight_and_resumed, train
+
+ADEMAMIX = ["--optimizer", "ademamix", "--ademamix-alpha", "8", "--ademamix-beta3", "0.9999",
+            "--ademamix-alpha-warmup", "3", "--ademamix-beta3-warmup", "4"]
+
+
+@pytest.mark.parametrize("stage", ["0", "2"])
+def test_an_ademamix_run_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_path, stage):
+    """Saved at iteration 2 of 5 (both warmups still running), resumed: every loss and gradient norm equals the
+    straight run's; the optimizer file holds the slow momentum."""
+    argv = TINY + ADEMAMIX + ["--train-iters", "5", "--data-cache-dir", corpus_cache_300, "--zero-stage", stage]
+    straight, split, save = straight_and_resumed(argv, tmp_path, exit_interval=2)
+    assert len(straight) == 5
+    assert [(r["iteration"], r["loss"], r["grad_norm"]) for r in straight] == \
+           [(r["iteration"], r["loss"], r["grad_norm"]) for r in split]
+    [optimizer_file] = (save / "iter_0000002").glob("optim_*.safetensors")
+    with safe_open(str(optimizer_file), "pt") as reader:
+        keys = set(reader.keys())
+        assert keys == {"master", "exp_avg", "exp_avg_sq", "exp_avg_slow"}
+        assert reader.get_tensor("exp_avg_slow").abs().sum() > 0
+
+
+def test_moments_resume_only_into_the_optimizer_that_made_them(corpus_cache_300, tmp_path):
+    """An AdEMAMix checkpoint resumed with --optimizer adam (its third state would be dropped, the two others read
+    as Adam's) is refused in one line naming both and --no-load-optim; with --no-load-optim the weights load."""
+    save = tmp_path / "ckpt"
+    assert train(corpus_cache_300, tmp_path, *ADEMAMIX, "--save", save).code == 0
+    refused = train(corpus_cache_300, tmp_path, "--train-iters", "3", "--override-opt_param-scheduler", "--load", save,
+                    "--save", tmp_path / "other")
+    line = refused.one_error_line("--optimizer ademamix's states", "--optimizer adam", "--no-load-optim")
+    assert "\n" not in line
+    fresh = train(corpus_cache_300, tmp_path, "--train-iters", "3", "--override-opt_param-scheduler", "--load", save,
+                  "--no-load-optim",
+                  "--save", tmp_path / "other")
+    assert fresh.code == 0, fresh.err[-2000:]
