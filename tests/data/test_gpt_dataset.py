@@ -336,7 +336,8 @@ def test_parse_data_path():
     prefixes, weights = parse_data_path(["0.3", "A", "0.7", "B"])
     assert prefixes == ["A", "B"] and weights == pytest.approx([0.3, 0.7])
     assert parse_data_path(["3", "A", "1", "B"])[1] == pytest.approx([0.75, 0.25])
-    for bad in [[], ["0.3", "A", "B"], ["A", "B"], ["-1", "A", "2", "B"], ["0", "A", "1", "B"], ["inf", "A", "1", "B"]]:
+    # prefixes without weights are a blend by size (tests/data/test_blend_by_size.py)
+    for bad in [[], ["0.3", "A", "B", "C"], ["-1", "A", "2", "B"], ["0", "A", "1", "B"], ["inf", "A", "1", "B"]]:
         with pytest.raises(DataError, match="--data-path"):
             parse_data_path(bad)
 
