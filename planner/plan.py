@@ -134,7 +134,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes)]
     if any(plan.transport_copy_bytes.values()):
         rows.append(("gloo's copy of the passes' largest collective", plan.transport_copy_bytes["passes"]))
-    rows.append(("optimizer step's temporaries (fused AdamW: none; gradient partition or publishing"
+    rows.append(("optimizer step's temporaries (fused AdamW: none, AdEMAMix: 3 windows; gradient partition or publishing"
                  + (", gloo's copy" if plan.transport_copy_bytes["step"] else "") + ")", plan.step_working_bytes))
     width = max(len(name) for name, _ in rows) + 2
     lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]

@@ -75,3 +75,22 @@ def test_the_performance_model_streams_the_third_state():
     # the gradient partition (fp32: the reduction accumulates in fp32 by default) is read twice: 2 x 4 bytes
     assert config.training.gradient_precision == "fp32"
     assert terms["ademamix"] / terms["adam"] == pytest.approx((34 + 8) / (26 + 8))
+
+
+def test_the_dry_run_counts_the_steps_three_windows():
+    """At stage 2 on GPUs AdamW's step allocates nothing (the fused kernel in place, the reducer's own fp32
+    partition); AdEMAMix's holds three fp32 temporaries of one window (zero/ademamix.py), at most the largest
+    piece it steps."""
+    from arguments.parser import parse_config
+    from planner.dry_run import Cluster, dry_run
+    from zero.ademamix import TEMPORARIES, WINDOW
+
+    def plan(*extra):
+        config = parse_config([*SMALL, "--zero-stage", "2", *extra])
+        return dry_run(config, Cluster(2, 2, device_type="cuda"), 1000)
+
+    assert plan().step_working_bytes == 0
+    ademamix = plan("--optimizer", "ademamix")
+    assert ademamix.step_working_bytes > 0 and ademamix.step_working_bytes % (4 * TEMPORARIES) == 0
+    largest = ademamix.step_working_bytes // (4 * TEMPORARIES)
+    assert largest <= min(WINDOW, -(-ademamix.parameters_local // 2))
