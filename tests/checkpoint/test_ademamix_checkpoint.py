@@ -43,3 +43,41 @@ def test_moments_resume_only_into_the_optimizer_that_made_them(corpus_cache_300,
                   "--no-load-optim",
                   "--save", tmp_path / "other")
     assert fresh.code == 0, fresh.err[-2000:]
+
+
+def launch_rank(rank, world_size, argvs, ports):
+    import os
+
+    import pretrain_gpt
+
+    for argv, port in zip(argvs, ports):
+        os.environ["MASTER_PORT"] = str(port)
+        assert pretrain_gpt.main(argv) == 0
+
+
+@pytest.mark.slow
+def test_saved_at_zero_3_on_two_ranks_resumes_on_one_rank_at_zero_0(corpus_cache_300, tmp_path):
+    """The three states are cut over two ranks at ZeRO 3 and saved by fragment: one rank at ZeRO 0 refills its
+    whole partition from both files, and its iterations 3-4 are the two-rank straight run's (fp32, the same
+    global batch: 2 ranks x 2, or 1 rank x 2 micro-batches of 2)."""
+    from tests.distributed import free_port, run_distributed
+    from tests.reliability_helpers import metrics_records
+
+    common = TINY + ADEMAMIX + ["--global-batch-size", "4", "--train-iters", "4", "--lr", "0.01", "--min-lr", "0.01",
+                                "--lr-warmup-iters", "0", "--data-cache-dir", corpus_cache_300]
+    save = tmp_path / "ckpt"
+    straight = common + ["--zero-stage", "3", "--metrics-file", str(tmp_path / "straight.jsonl")]
+    first = common + ["--zero-stage", "3", "--metrics-file", str(tmp_path / "first.jsonl"), "--save", str(save),
+                      "--exit-interval", "2"]
+    run_distributed(launch_rank, 2, [straight, first], [free_port(), free_port()], timeout=600)
+    import pretrain_gpt
+
+    assert pretrain_gpt.main(common + ["--zero-stage", "0", "--metrics-file", str(tmp_path / "resumed.jsonl"),
+                                       "--load", str(save), "--save", str(save)]) == 0
+
+    def losses(name):
+        return {r["iteration"]: r["loss"] for r in metrics_records(tmp_path / name) if "loss" in r and "split" not in r}
+
+    reference, resumed = losses("straight.jsonl"), losses("resumed.jsonl")
+    assert sorted(resumed) == [3, 4]
+    assert [resumed[i] for i in (3, 4)] == pytest.approx([reference[i] for i in (3, 4)], rel=1e-5, abs=0)
