@@ -58,8 +58,8 @@ def test_prefixes_alone_are_megatrons_unweighted_blend():
 
 def test_an_epoch_of_the_blend_draws_from_each_prefix_as_many_samples_as_megatron_gives_it(tmp_path):
     """Three prefixes of 70, 23 and 150 documents of varied lengths: each weighs its one-epoch sample count,
-    (tokens - 1) // seq_length; over that many samples in all, the blend draws exactly those counts, as
-    Megatron's blending loop does, and equals the blend with those counts given as weights."""
+    (tokens - 1) // seq_length; over that many samples in all, the blend draws exactly those counts, in
+    Megatron's blending loop's order, and equals the blend with those counts given as weights."""
     rng = np.random.default_rng(1)
     lengths = [rng.integers(3, 40, 70).tolist(), rng.integers(3, 40, 23).tolist(), rng.integers(3, 40, 150).tolist()]
     paths = prefixes(tmp_path, lengths)
@@ -68,10 +68,10 @@ def test_an_epoch_of_the_blend_draws_from_each_prefix_as_many_samples_as_megatro
     train, _, _ = build_train_valid_test_datasets(paths, "100,0,0", SEQ, 5, (epoch, 0, 0),
                                                   cache_dir=str(tmp_path / "cache"))
     drawn = [train.locate(i)[0] for i in range(epoch)]
-    # Megatron's loop draws exactly each prefix's size over the epoch, and so does ours. (The order within the
-    # epoch is data/blending.py's greedy, which steps weight * (i + 1) where helpers.cpp steps weight * max(i, 1).)
+    # Megatron's loop draws exactly each prefix's size over the epoch, and ours draws them in its order.
     assert np.bincount(megatron_blending_indices(sizes, epoch), minlength=3).tolist() == sizes
     assert np.bincount(drawn, minlength=3).tolist() == sizes
+    assert drawn == megatron_blending_indices(sizes, epoch)
     weighted, _, _ = build_train_valid_test_datasets(
         [token for size, path in zip(sizes, paths) for token in (str(size), path)], "100,0,0", SEQ, 5, (epoch, 0, 0),
         cache_dir=str(tmp_path / "cache"))

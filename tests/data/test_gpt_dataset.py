@@ -49,7 +49,8 @@ def naive_blending(weights, num_samples):
     counts = np.zeros(len(weights))
     chosen = []
     for i in range(num_samples):
-        d = int(np.argmax(np.asarray(weights) * (i + 1) - counts))  # argmax picks the lowest d on ties
+        # Megatron's helpers.cpp build_blending_indices: weight * max(i, 1) - count; argmax picks the lowest d on ties
+        d = int(np.argmax(np.asarray(weights) * max(i, 1) - counts))
         chosen.append(d)
         counts[d] += 1
     return chosen
