@@ -81,3 +81,18 @@ def test_saved_at_zero_3_on_two_ranks_resumes_on_one_rank_at_zero_0(corpus_cache
     reference, resumed = losses("straight.jsonl"), losses("resumed.jsonl")
     assert sorted(resumed) == [3, 4]
     assert [resumed[i] for i in (3, 4)] == pytest.approx([reference[i] for i in (3, 4)], rel=1e-5, abs=0)
+
+
+def test_the_live_memory_record_predicts_the_three_states(corpus_cache_300, tmp_path):
+    """training/memory_report.py's record of a live AdEMAMix run: the predicted optimizer-state bytes are 12 per
+    element (zero/memory.py with the run's --optimizer), the measured ones the same up to alignment padding."""
+    from tests.reliability_helpers import metrics_records
+
+    assert train(corpus_cache_300, tmp_path, *ADEMAMIX, "--zero-stage", "1", "--report-memory").code == 0
+    (memory,) = [r["memory"] for r in metrics_records(tmp_path / "metrics.jsonl") if "memory" in r]
+    for record in memory:
+        elements = record["num_parameters"]
+        assert record["predicted_optimizer_states_bytes"] == 12 * elements
+        padding = record["padding_elements"]
+        assert record["measured_optimizer_states_bytes"] == 12 * (elements + padding)
+        assert record["measured_master_weights_bytes"] * 3 == record["measured_optimizer_states_bytes"]
