@@ -38,6 +38,9 @@ def test_offloaded_ademamix_states_are_counted_on_the_host(capsys):
     host = record["host_model_state_bytes"]
     assert record["model_state_bytes"]["optimizer_states"] == 0
     assert host["optimizer_states"] == 3 * host["master_weights"] > 0
+    assert planner_cli.main(["dry-run", "--world-size", "2", *SMALL, "--zero-stage", "2", "--offload-optimizer",
+                             "--optimizer", "ademamix"]) == 0
+    assert "host: AdEMAMix moments (m1, m2, nu) (offloaded)" in capsys.readouterr().out
 
 
 def test_the_prediction_is_what_the_live_optimizer_holds():
