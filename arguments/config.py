@@ -64,6 +64,8 @@ LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
 # "1-sqrt": swiss-ai's Megatron-LM fork's name (its default) for minus_sqrt, 1 - sqrt(ratio) in both
 # (megatron/core/optimizer_param_scheduler.py, get_lr: `elif self.lr_wsd_decay_style == "1-sqrt"`).
 LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt", "1-sqrt")
+# --optimizer: Megatron-LM's adam (AdamW) and swiss-ai's Megatron-LM fork's ademamix (its arguments.py choices)
+OPTIMIZERS = ("adam", "ademamix")
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,21 @@ class OptimizerConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
+    # Megatron-LM's --optimizer; ademamix is swiss-ai's Megatron-LM fork's AdEMAMix (megatron/core/optimizer/
+    # ademamix.py), Adam with a second, slow momentum: zero/ademamix.py. Its knobs keep the fork's defaults
+    # (megatron/training/arguments.py, _add_regularization_args: --ademamix-alpha 5, --ademamix-beta3 0.999, warmups
+    # -1: none). No argparse choices: another value is refused with the launch's other problems (validate).
+    optimizer: str = option("adam", help=f"one of {', '.join(OPTIMIZERS)}: adam is AdamW (decoupled weight decay); "
+                                         "ademamix is swiss-ai's Megatron-LM fork's AdEMAMix (a third fp32 state: "
+                                         "the slow momentum)")
+    ademamix_alpha: float = option(5.0, help="with --optimizer ademamix: the slow momentum's weight in the update "
+                                             "(swiss-ai's fork)")
+    ademamix_beta3: float = option(0.999, help="with --optimizer ademamix: the slow momentum's decay (swiss-ai's fork)")
+    ademamix_beta3_warmup: int = option(-1, help="with --optimizer ademamix: steps over which beta3 rises from "
+                                                 "--adam-beta1 to --ademamix-beta3 by half-life (swiss-ai's fork; "
+                                                 "-1: none)")
+    ademamix_alpha_warmup: int = option(-1, help="with --optimizer ademamix: steps over which alpha rises linearly "
+                                                 "from 0 to --ademamix-alpha (swiss-ai's fork; -1: none)")
 
     def validate(self) -> None:
         if self.lr_decay_style not in LR_DECAY_STYLES:
@@ -166,6 +183,15 @@ class OptimizerConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}", flags=(_flag(name),))
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"--optimizer {self.optimizer} is not implemented: use one of {', '.join(OPTIMIZERS)} "
+                              f"(adam is AdamW; ademamix is swiss-ai's Megatron-LM fork's AdEMAMix)",
+                              flags=("--optimizer",))
+        # the fork's AdEMAMix.__init__ checks: beta3 in [0, 1), alpha >= 0
+        if not 0.0 <= self.ademamix_beta3 < 1.0 or self.ademamix_alpha < 0:
+            raise ConfigError(f"--ademamix-beta3 must be in [0, 1) and --ademamix-alpha >= 0, got "
+                              f"{self.ademamix_beta3} and {self.ademamix_alpha}",
+                              flags=("--ademamix-beta3", "--ademamix-alpha"))
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@
         metadata.json                 written last: format version, iteration, consumed samples, grid,
                                       resolved config, loss scaler, parameter table, file manifest
         model_tp00.safetensors        TP rank 0's parameters in the training dtype, by name
-        optim_tp00_dp000.safetensors  (TP 0, DP 0)'s partition: fp32 master, exp_avg, exp_avg_sq,
-                                      flat, with its fragment table in the file's metadata
+        optim_tp00_dp000.safetensors  (TP 0, DP 0)'s partition: fp32 master, exp_avg, exp_avg_sq
+                                      (and exp_avg_slow with --optimizer ademamix), flat, with its
+                                      fragment table in the file's metadata
         rng_tp00_dp000.safetensors    that rank's RNG states (Python, NumPy, torch CPU/CUDA, TP stream)
         tokenizer/                    the tokenizer the run trained with
 

@@ -138,7 +138,7 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Opt
     if name in {file for _, _, file in metadata["optimizer_shards"]}:
         def optimizer(header: dict) -> Optional[str]:
             lengths = set()
-            for key in ("master", "exp_avg", "exp_avg_sq"):
+            for key in ("master", "exp_avg", "exp_avg_sq", *(("exp_avg_slow",) if "exp_avg_slow" in header else ())):
                 entry = header.get(key)
                 if entry is None:
                     return f"it lacks the optimizer tensor {key!r}"

@@ -33,7 +33,6 @@ from torch import nn
 from checkpoint.format import (
     FORMAT_VERSION,
     METADATA_FILE,
-    OPTIMIZER_KEYS,
     STAGING_SUFFIX,
     TOKENIZER_DIR,
     CheckpointError,
@@ -122,7 +121,7 @@ def _owned_partition(shard: ShardedOptimizerState, stored: set[str]
     it comes along), so every element is written once over the checkpoint; otherwise the whole partition
     (a fragment left out, the tied copy, keeps its elements there, unnamed)."""
     if shard.owned is None:
-        return ({key: shard.tensors[key] for key in OPTIMIZER_KEYS},
+        return (dict(shard.tensors),  # master, exp_avg, exp_avg_sq (and AdEMAMix's exp_avg_slow)
                 [list(fragment) for fragment in shard.fragments if fragment.name in stored])
     kept = [f for f in shard.owned if f.name in stored]
     start = min((f.partition_offset for f in kept), default=0)
@@ -135,9 +134,9 @@ def _owned_partition(shard: ShardedOptimizerState, stored: set[str]
             pieces.append((f.partition_offset, f.numel))
             fragments.append([f.name, f.param_offset, position, f.numel])
             position += f.numel
-        return ({key: torch.cat([shard.tensors[key][o:o + n] for o, n in pieces]) for key in OPTIMIZER_KEYS},
+        return ({key: torch.cat([shard.tensors[key][o:o + n] for o, n in pieces]) for key in shard.tensors},
                 fragments)
-    return ({key: shard.tensors[key][start:end] for key in OPTIMIZER_KEYS},
+    return ({key: tensor[start:end] for key, tensor in shard.tensors.items()},
             [[f.name, f.param_offset, f.partition_offset - start, f.numel] for f in kept])
 
 
@@ -277,7 +276,7 @@ def non_finite_training_state(shard: ShardedOptimizerState) -> Optional[str]:
     also checked in the 16-bit training dtype: a master of 1e9 is finite in fp32 and inf in fp16,
     and the 16-bit parameters (the master cast, saved as the model file) are what a restart
     computes its first forward with. Only this rank's own partition is read."""
-    for key in OPTIMIZER_KEYS:
+    for key in shard.tensors:
         bad = count_non_finite(shard.tensors[key])
         if bad:
             return (f"the fp32 {key} holds {bad} non-finite values (NaN or inf); the run diverged, so nothing "
@@ -380,6 +379,20 @@ def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, pat
                               + "\n  ".join(problems))
 
 
+def saved_optimizer(metadata: dict) -> str:
+    """The --optimizer a checkpoint's moments are of (checkpoints from before the setting: adam)."""
+    return ((metadata.get("config") or {}).get("optimizer") or {}).get("optimizer", "adam")
+
+
+def check_same_optimizer(metadata: dict, optimizer: str, path: Path) -> None:
+    """Moments resume only into the optimizer that made them (Adam's two, AdEMAMix's three)."""
+    saved = saved_optimizer(metadata)
+    if saved != optimizer:
+        raise CheckpointError(f"{path} holds --optimizer {saved}'s states, this run has --optimizer {optimizer}: "
+                              f"resume with --optimizer {saved}, or pass --no-load-optim to start {optimizer}'s "
+                              f"states fresh from its weights")
+
+
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: CheckpointableOptimizer,
                     rng: Optional[TensorParallelRNG], state: ParallelState, *, load_optimizer: bool = True,
                     load_rng: bool = True, finetune: bool = False, verify: bool = True) -> ResumePoint:
@@ -401,7 +414,9 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
     # or corrupt midway leaves the optimizer as it was. Each fragment is looked up by name in the saved
     # partitions of this TP rank, whichever pipeline stage wrote them.
     shard = optimizer.sharded_state_dict(model)
-    keys = OPTIMIZER_KEYS if load_optimizer else ("master",)
+    if load_optimizer:
+        check_same_optimizer(metadata, shard.optimizer, iteration_dir)
+    keys = tuple(shard.tensors) if load_optimizer else ("master",)
     staged = {key: torch.zeros(shard.tensors[key].shape, dtype=torch.float32) for key in keys}
     fill_partition(iteration_dir, metadata, state.tensor_parallel_rank, PartitionRequest(shard.fragments), staged)
     warn_non_finite(iteration_dir, staged, state)

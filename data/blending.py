@@ -1,8 +1,10 @@
 """Blending datasets in fixed proportions: Megatron's greedy assignment, computed with numpy, cached.
 
-Global sample i (step t = i + 1) goes to the dataset d with the largest deficit
+Global sample i (step t = max(i, 1)) goes to the dataset d with the largest deficit
 ``weights[d] * t - count[d]`` (the one furthest behind its share; ties go to the lowest d) and takes
-that dataset's next sample. Each choice depends on every earlier one, so the obvious program is a
+that dataset's next sample: Megatron's rule (megatron/core/datasets/helpers.cpp, build_blending_indices:
+`sample_idx_double = std::max(static_cast<double>(sample_idx), 1.0)`; Megatron-DeepSpeed's helpers.cpp the
+same), so a blend draws Megatron's samples in Megatron's order. Each choice depends on every earlier one, so the obvious program is a
 Python loop: about 0.4 s per million samples, a minute for a 300B-token run.
 
 What lets numpy do it is that the greedy corrects itself: two runs that start at the same step from
@@ -38,7 +40,7 @@ from data.index_cache import cache_key, load_cached_arrays, save_cached_arrays
 logger = logging.getLogger(__name__)
 
 # Bump when the meaning of the cached blending arrays changes, so stale caches are never loaded.
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: the step is max(i, 1), Megatron's (1 stepped i + 1)
 
 # Steps per chunk. Most runs from a wrong guess meet the true run within a few steps; the few that
 # take longer are finished by the loop, and their total length is at most the number of samples.
@@ -82,7 +84,7 @@ def _run_sequentially(weights: list[float], counts: list[int], first: int,
     within = array.array("q", bytes(8 * total))
     candidates = range(1, len(weights))
     for i in range(total):
-        steps = first + i + 1
+        steps = max(first + i, 1)
         best, best_error = 0, weights[0] * steps - counts[0]
         for d in candidates:
             error = weights[d] * steps - counts[d]
@@ -123,7 +125,7 @@ class _Stepper:
         self.chosen_counts = np.empty(width)
 
     def step(self, steps: np.ndarray, counts: np.ndarray, choice: np.ndarray, within: np.ndarray) -> None:
-        """steps[k]: run k's 1-based step (float64); counts[:, k]: its counts so far (C-contiguous
+        """steps[k]: run k's step max(i, 1) (float64); counts[:, k]: its counts so far (C-contiguous
         float64, updated). Writes run k's chosen dataset to choice[k] and that dataset's count
         before it to within[k]."""
         if not counts.flags.c_contiguous:
@@ -152,7 +154,7 @@ def _run_in_chunks(w: np.ndarray, num_samples: int) -> tuple[np.ndarray, np.ndar
     length = _CHUNK_LENGTH
     num_chunks = -(-num_samples // length)
     first_samples = np.arange(num_chunks, dtype=np.int64) * length
-    first_steps = first_samples.astype(np.float64) + 1.0
+    first_steps = first_samples.astype(np.float64)  # sample i's step is max(i, 1) (the module docstring)
     # [step in chunk, chunk]: each vectorised step writes one contiguous row. The last chunk's steps
     # past num_samples are computed and dropped.
     choices = np.empty((length, num_chunks), dtype=np.int16)
@@ -169,6 +171,7 @@ def _run_in_chunks(w: np.ndarray, num_samples: int) -> tuple[np.ndarray, np.ndar
         counts = starts[:, lo:hi].copy()
         for j in range(length):
             np.add(first_steps[lo:hi], j, out=steps[:hi - lo])
+            np.maximum(steps[:hi - lo], 1.0, out=steps[:hi - lo])
             stepper.step(steps[:hi - lo], counts, choices[j, lo:hi], within[j, lo:hi])
         ends[:, lo:hi] = counts
 
@@ -207,7 +210,7 @@ def _repair_in_place(w: np.ndarray, chunks: np.ndarray, true_starts: np.ndarray,
         live_counts, live_stored = np.ascontiguousarray(counts[:, live]), stored[:, live]
         choice = np.empty(live.size, dtype=np.int16)
         position = np.empty(live.size, dtype=np.int64)
-        stepper.step(first_steps[rows] + j, live_counts, choice, position)
+        stepper.step(np.maximum(first_steps[rows] + j, 1.0), live_counts, choice, position)
         live_stored[choices[j, rows], np.arange(live.size)] += 1
         counts[:, live], stored[:, live] = live_counts, live_stored
         choices[j, rows], within[j, rows] = choice, position
@@ -233,7 +236,7 @@ def _repair_sequentially(weights: list[float], starts: np.ndarray, ends: np.ndar
         chunk, j = k, 0
         stored = [int(c) for c in starts[:, chunk]]
         while counts != stored:
-            steps = chunk * length + j + 1
+            steps = max(chunk * length + j, 1)
             best, best_error = 0, weights[0] * steps - counts[0]
             for d in range(1, len(weights)):
                 error = weights[d] * steps - counts[d]

@@ -358,29 +358,50 @@ def _describe_ids(ids: np.ndarray) -> str:
 # --------------------------------------------------------------------------- entry point
 
 
-def parse_data_path(data_path: Sequence[str]) -> tuple[list[str], list[float]]:
-    """``["A"]`` -> (["A"], [1.0]); ``["0.3", "A", "0.7", "B"]`` -> (["A", "B"], [0.3, 0.7])."""
+def parse_data_path(data_path: Sequence[str]) -> tuple[list[str], list[float] | None]:
+    """``["A"]`` -> (["A"], [1.0]); ``["0.3", "A", "0.7", "B"]`` -> (["A", "B"], [0.3, 0.7]); prefixes without
+    weights, ``["A", "B", "C"]`` -> (["A", "B", "C"], None): blended by their sizes (`size_weights`).
+
+    Megatron-Core's rule (megatron/core/datasets/utils.py, get_blend_from_list): an odd number of entries is
+    prefixes alone; an even number is weight/prefix pairs, unless the weights' places hold no numbers, when
+    it is prefixes alone too. A list mixing the two is refused here (Megatron would take a weight for a path).
+    """
     data_path = list(data_path)
     if not data_path:
         raise DataError("--data-path: no dataset given")
     if len(data_path) == 1:
         return data_path, [1.0]
-    if len(data_path) % 2:
-        raise DataError(
-            f"--data-path: {len(data_path)} entries; a blend needs weight/prefix pairs, e.g. 0.3 A 0.7 B"
-        )
+    pairs = list(zip(data_path[0::2], data_path[1::2])) if len(data_path) % 2 == 0 else []
+    numbers = [_number(weight_text) for weight_text, _ in pairs]
+    if not pairs or all(number is None for number in numbers):
+        return data_path, None
     prefixes, weights = [], []
-    for weight_text, prefix in zip(data_path[0::2], data_path[1::2]):
-        try:
-            weight = float(weight_text)
-        except ValueError:
-            raise DataError(f"--data-path: weight {weight_text!r} (before {prefix!r}) is not a number") from None
+    for (weight_text, prefix), weight in zip(pairs, numbers):
+        if weight is None:
+            raise DataError(f"--data-path: weight {weight_text!r} (before {prefix!r}) is not a number; give a "
+                            f"weight before every prefix, or prefixes alone (blended by their sizes)")
         if not math.isfinite(weight) or weight <= 0:
             raise DataError(f"--data-path: weight {weight_text!r} of {prefix!r} must be a positive number")
         prefixes.append(prefix)
         weights.append(weight)
     total = sum(weights)
     return prefixes, [w / total for w in weights]
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def epoch_samples(indexed: IndexedDataset, document_range: tuple[int, int], seq_length: int) -> int:
+    """Samples in one epoch of documents [start, end) of `indexed`, by Megatron-Core's arithmetic (megatron/core/
+    datasets/gpt_dataset.py, GPTDataset.__len__ with one epoch: (tokens - add_extra_token_to_sequence) //
+    sequence_length, the extra token 1): what a prefix without a weight weighs in a blend."""
+    start, end = document_range
+    tokens = int(indexed.document_lengths[start:end].sum())
+    return max(0, (tokens - 1) // seq_length)
 
 
 def build_train_valid_test_datasets(
@@ -395,7 +416,11 @@ def build_train_valid_test_datasets(
     """Train, valid and test datasets, each None when it gets no samples or no documents.
 
     Every prefix is split by documents with the same ratios; several prefixes are blended. A valid
-    or test split that is empty in some blended prefixes blends the others, reweighted. With
+    or test split that is empty in some blended prefixes blends the others, reweighted. Prefixes given
+    without weights weigh, in each split, what one epoch of that split holds (`epoch_samples`), as
+    Megatron-Core's BlendedMegatronDatasetBuilder weighs them (megatron/core/datasets/
+    blended_megatron_dataset_builder.py, `_build_blended_dataset_splits`: weights None -> `len(megatron_dataset)`
+    of each one-epoch dataset); a prefix whose split holds no whole sample is left out of that split. With
     `vocab_size`, every token id of every prefix is checked to be below it (data/token_range.py).
     """
     if len(num_samples) != 3 or any(n < 0 for n in num_samples):
@@ -419,9 +444,13 @@ def build_train_valid_test_datasets(
     for s, split_name in enumerate(SPLIT_NAMES):
         members = [
             (ds, document_ranges[s], weight)
-            for ds, document_ranges, weight in zip(indexed, ranges, weights)
+            for ds, document_ranges, weight in zip(indexed, ranges, weights or [None] * len(indexed))
             if document_ranges[s][1] > document_ranges[s][0]
         ]
+        if weights is None:  # blended by size: one epoch's samples each, a member holding none left out
+            sized = [(ds, document_range, epoch_samples(ds, document_range, seq_length))
+                     for ds, document_range, _ in members]
+            members = [member for member in sized if member[2] > 0] or [(ds, r, 1) for ds, r, _ in sized[:1]]
         if num_samples[s] == 0 or not members:
             results.append(None)
             continue

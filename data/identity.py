@@ -35,8 +35,8 @@ def file_identity(path: str) -> str:
 
 
 def data_identity(data_path: Sequence[str]) -> Optional[list[dict]]:
-    """One entry per dataset of `--data-path` (a blend's in order): its weight, the prefix as it
-    resolves now, and the identity of its .idx and .bin. None for the embedded corpus (no
+    """One entry per dataset of `--data-path` (a blend's in order): its weight (None: blended by size), the
+    prefix as it resolves now, and the identity of its .idx and .bin. None for the embedded corpus (no
     --data-path) or when a file cannot be read (the data loader then names it)."""
     if not data_path:
         return None
@@ -44,7 +44,7 @@ def data_identity(data_path: Sequence[str]) -> Optional[list[dict]]:
     try:
         return [{"weight": weight, "prefix": os.path.realpath(prefix),
                  "idx": file_identity(index_file_path(prefix)), "bin": file_identity(data_file_path(prefix))}
-                for prefix, weight in zip(prefixes, weights)]
+                for prefix, weight in zip(prefixes, weights or [None] * len(prefixes))]
     except OSError:
         return None
 
@@ -56,9 +56,13 @@ def same_data(saved: list[dict], ours: list[dict]) -> Optional[str]:
         return f"{len(ours)} datasets, the checkpoint's {len(saved)}"
     for saved_entry, our_entry in zip(saved, ours):
         if saved_entry.get("weight") != our_entry["weight"]:
-            return (f"weight {our_entry['weight']:g} of {our_entry['prefix']}, the checkpoint's "
-                    f"{saved_entry.get('weight')}")
+            return (f"weight {_weight(our_entry['weight'])} of {our_entry['prefix']}, the checkpoint's "
+                    f"{_weight(saved_entry.get('weight'))}")
         if (saved_entry.get("idx"), saved_entry.get("bin")) != (our_entry["idx"], our_entry["bin"]):
             return (f"{our_entry['prefix']}.bin/.idx hold other content than the checkpoint's "
                     f"{saved_entry.get('prefix')}")
     return None
+
+
+def _weight(weight: Optional[float]) -> str:
+    return "by size (no weight given)" if weight is None else f"{weight:g}"

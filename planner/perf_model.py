@@ -55,6 +55,8 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # (the norm for clipping, then the update).
 ADAM_STATE_BYTES = 24 + 2
 ADAM_GRADIENT_READS = 2
+# --optimizer ademamix reads and writes a third fp32 state, the slow momentum (zero/ademamix.py): 8 more.
+STATE_BYTES = {"adam": ADAM_STATE_BYTES, "ademamix": ADAM_STATE_BYTES + 8}
 # The vocab-parallel loss keeps an fp32 softmax of the logits; writing it, reading it back in backward
 # and writing the logits' gradient moves about 3 fp32 copies of the logits (the dry run's
 # loss_softmax_bytes is one).
@@ -266,7 +268,8 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
 
     # Adam over this rank's partition (the whole TP shard at stage 0), memory-bound.
     partition = plan.parameters_local if plan.stage == 0 else math.ceil(plan.parameters_local / dp)
-    optimizer_s = partition * (ADAM_STATE_BYTES + ADAM_GRADIENT_READS * grad_element) / hardware.hbm_bandwidth
+    state_bytes = STATE_BYTES[config.optimizer.optimizer]
+    optimizer_s = partition * (state_bytes + ADAM_GRADIENT_READS * grad_element) / hardware.hbm_bandwidth
 
     # P_a+cpu: each micro-batch's checkpoints go to the host in forward and come back for the recompute.
     offload_s = micro_batches * 2 * plan.checkpoint_bytes["host"] / hardware.host_bandwidth

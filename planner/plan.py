@@ -114,7 +114,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              "", "per GPU:" if cluster.device_type == "cuda" else "per process:"]
     states = plan.model_state_bytes
     rows = [("parameters", states["parameters"]), ("gradients", states["gradients"]),
-            ("fp32 master weights", states["master_weights"]), ("Adam moments", states["optimizer_states"]),
+            ("fp32 master weights", states["master_weights"]), (_moments(config), states["optimizer_states"]),
             *(moe_state_rows(plan.moe) if plan.moe is not None else []),
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
     if plan.offload_copy_bytes:
@@ -138,7 +138,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
         # counted with the activations still saved as its collective starts, not on top of their peak (dry_run.py)
         rows.append(("gloo's copy of the passes' largest collective (beside what is saved then)",
                      plan.transport_copy_bytes["passes"]))
-    rows.append(("optimizer step's temporaries (fused AdamW: none; gradient partition or publishing"
+    rows.append(("optimizer step's temporaries (fused AdamW: none, AdEMAMix: 3 windows; gradient partition or publishing"
                  + (", gloo's copy" if plan.transport_copy_bytes["step"] else "") + ")", plan.step_working_bytes))
     width = max(len(name) for name, _ in rows) + 2
     lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]
@@ -155,7 +155,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                      f"{format_bytes(plan.headroom_bytes)}" if plan.fits_device else
                      f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}"
                      + (f"; {best_lever(levers).describe()}" if levers else ""))
-    lines += _host_lines(plan, width)
+    lines += _host_lines(plan, width, _moments(config))
     lines += ["", "sent per iteration by this rank:"]
     for group, kinds in plan.comm_bytes.items():
         # the point-to-point messages are the pipeline's lines (beside their size); without stages the pipeline's
@@ -216,13 +216,18 @@ def best_lever(levers: list[Lever]) -> Lever:
     return next((lever for lever in levers if lever.fits), None) or max(levers, key=lambda lever: lever.headroom_bytes)
 
 
-def _host_lines(plan: RankPlan, width: int) -> list[str]:
+def _moments(config: PretrainConfig) -> str:
+    """What the optimizer states are: Adam's two moments, or AdEMAMix's three (--optimizer ademamix)."""
+    return "AdEMAMix moments (m1, m2, nu)" if config.optimizer.optimizer == "ademamix" else "Adam moments"
+
+
+def _host_lines(plan: RankPlan, width: int, moments: str = "Adam moments") -> list[str]:
     """This rank's host memory (offloaded states, the gradient partition, P_a+cpu checkpoints), the
     node's (every rank on it holds as much) and its verdict against --host-memory."""
     host = plan.host_model_state_bytes
     rows = [(f"host: {name} (offloaded)", host[key]) for name, key in
             (("16-bit parameter shard", "parameters"), ("fp32 gradient partition", "gradients"),
-             ("fp32 master weights", "master_weights"), ("Adam moments", "optimizer_states"))]
+             ("fp32 master weights", "master_weights"), (moments, "optimizer_states"))]
     rows += [("host: constant buffers", plan.host_buffer_bytes),
              ("host: activation checkpoints (P_a+cpu)", plan.saved_activation_bytes["host"])]
     rows = [(name, value) for name, value in rows if value]

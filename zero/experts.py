@@ -126,7 +126,8 @@ class CheckpointableChain:
             tensors={key: torch.cat([dense.tensors[key], experts.tensors[key]]) for key in dense.tensors},
             fragments=dense.fragments + shifted, replicated=False, zero_stage=dense.zero_stage,
             adam_step=dense.adam_step, loss_scaler_type=dense.loss_scaler_type,
-            loss_scaler_state=dense.loss_scaler_state, param_dtype=dense.param_dtype, owned=owned)
+            loss_scaler_state=dense.loss_scaler_state, param_dtype=dense.param_dtype, owned=owned,
+            optimizer=dense.optimizer)
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
                                 loss_scaler_state: Optional[dict] = None) -> None:

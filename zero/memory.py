@@ -43,6 +43,9 @@ _BYTES_PER_ELEMENT = {
     "bf16": (2, 2, 4, 8),
     "fp16": (2, 2, 4, 8),
 }
+# fp32 optimizer states per element beside the master: Adam's exp_avg and exp_avg_sq; swiss-ai's AdEMAMix
+# adds the slow momentum (zero/ademamix.py), 12 bytes where Adam keeps 8.
+OPTIMIZER_STATES = {"adam": 2, "ademamix": 3}
 # The first stage at which each model state is partitioned over the data-parallel ranks.
 _PARTITIONED_FROM_STAGE = {"parameters": 3, "gradients": 2, "master_weights": 1, "optimizer_states": 1}
 ZERO_STAGES = (0, 1, 2, 3)
@@ -60,9 +63,13 @@ def _check_data_parallel_size(data_parallel_size: int) -> None:
 
 
 def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_size: int,
-                              precision: str, gradient_precision: Optional[str] = None) -> dict[str, int]:
+                              precision: str, gradient_precision: Optional[str] = None,
+                              optimizer: str = "adam") -> dict[str, int]:
     """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's tensor-parallel shard).
-    `gradient_precision` ("fp32" with --accumulate-allreduce-grads-in-fp32) defaults to `precision`."""
+    `gradient_precision` ("fp32" with --accumulate-allreduce-grads-in-fp32) defaults to `precision`.
+    `optimizer` (--optimizer) says how many fp32 states sit beside the master: Adam's two, AdEMAMix's three."""
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
     for value in (precision, gradient_precision or precision):
         if value not in _BYTES_PER_ELEMENT:
             raise ValueError(f"precision must be one of {sorted(_BYTES_PER_ELEMENT)}, got {value!r}")
@@ -73,6 +80,7 @@ def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_siz
     shard_elements = -(-num_parameters // data_parallel_size)  # each rank's shard is padded up
     per_element = list(_BYTES_PER_ELEMENT[precision])
     per_element[1] = _BYTES_PER_ELEMENT[gradient_precision or precision][1]
+    per_element[3] = 4 * OPTIMIZER_STATES[optimizer]
     predicted = {}
     for category, bytes_per_element in zip(MODEL_STATE_CATEGORIES, per_element):
         partitioned = stage >= _PARTITIONED_FROM_STAGE[category]
@@ -221,8 +229,8 @@ PLACEMENTS = ("device", "host")
 
 
 def host_resident_tensors(optimizer) -> list[torch.Tensor]:
-    """The tensors offload keeps in host memory: with --offload-optimizer the fp32 master, both Adam
-    moments (zero/offload.py) and the fp32 gradient partition the reducer moves each reduced shard into
+    """The tensors offload keeps in host memory: with --offload-optimizer the fp32 master, the Adam
+    moments (AdEMAMix's three) (zero/offload.py) and the fp32 gradient partition the reducer moves each reduced shard into
     (zero/grad_reducer.py); with --offload-param the 16-bit parameter shard (zero/param_storage.py's
     placement). Named by which buffer a tensor is, not by
     `tensor.device`: on a CPU run the host is the device too, and a planner's rank keeps every tensor
@@ -231,7 +239,7 @@ def host_resident_tensors(optimizer) -> list[torch.Tensor]:
         return [tensor for part in optimizer.parts for tensor in host_resident_tensors(part)]
     tensors = []
     if getattr(optimizer, "offload", None) is not None:
-        tensors += [optimizer.master, optimizer.exp_avg, optimizer.exp_avg_sq, *optimizer.gradients.host_tensors()]
+        tensors += [optimizer.master, *optimizer.moments().values(), *optimizer.gradients.host_tensors()]
     parameters = optimizer.parameters
     if getattr(getattr(parameters, "placement", None), "parameter_shard_on_host", False):
         tensors.append(parameters.shard)

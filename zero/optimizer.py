@@ -21,6 +21,10 @@ numel % (vector width) elements in a scalar loop (zero/offload.py's PIECE_ALIGNM
 of 64 elements from its segment's start changes no bit; elsewhere the elements beside it may differ in
 the last bit from a run without --decoupled-lr. Its moments are two flat tensors in partition coordinates
 too, so a checkpoint saves each as one tensor and an elastic resume refills them element by element.
+
+With --optimizer ademamix the update is swiss-ai's AdEMAMix (zero/ademamix.py) over the same views, with a
+third flat state beside the two (exp_avg_slow, the slow momentum): partitioned, offloaded, checkpointed and
+measured like the others.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from zero.ademamix import TEMPORARIES as ADEMAMIX_TEMPORARIES
+from zero.ademamix import WINDOW as ADEMAMIX_WINDOW
+from zero.ademamix import AdEMAMix
 from zero.flat_buffer import FlatLayout, Unit
 from zero.grad_reducer import GradientReducer
 from zero.loss_scaler import LossScaler
@@ -79,6 +86,20 @@ def build_adamw(param_groups: list[dict], config, device: torch.device) -> torch
     return torch.optim.AdamW(param_groups, lr=config.lr, betas=betas, eps=config.adam_eps, fused=True)
 
 
+def uses_ademamix(config) -> bool:
+    """Whether `config` (an OptimizerConfig) asks for swiss-ai's AdEMAMix (--optimizer ademamix)."""
+    return getattr(config, "optimizer", "adam") == "ademamix"
+
+
+def build_step_optimizer(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer --optimizer names over the partition's views: AdamW, or AdEMAMix (zero/ademamix.py)."""
+    if uses_ademamix(config):
+        return AdEMAMix(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2, config.ademamix_beta3),
+                        alpha=config.ademamix_alpha, beta3_warmup=config.ademamix_beta3_warmup,
+                        alpha_warmup=config.ademamix_alpha_warmup, eps=config.adam_eps)
+    return build_adamw(param_groups, config, device)
+
+
 class ShardedAdamW:
     """AdamW over this rank's fp32 master partition; see the module docstring for the step."""
 
@@ -117,19 +138,32 @@ class ShardedAdamW:
                 if members:
                     groups.append({"params": members, "weight_decay": optimizer_config.weight_decay if decay else 0.0,
                                    "decoupled_lr": decoupled})
-        self.optimizer = build_adamw(groups, optimizer_config, self.device)
+        self.optimizer = build_step_optimizer(groups, optimizer_config, self.device)
         self.param_groups = self.optimizer.param_groups
         # The moments exist from the start (the zeros AdamW would create at its first step), as views
-        # of two flat tensors beside the master (in host memory when it is offloaded).
+        # of two flat tensors beside the master (in host memory when it is offloaded); AdEMAMix's slow
+        # momentum is a third.
         self.exp_avg = self.new_partition_tensor()
         self.exp_avg_sq = self.new_partition_tensor()
+        self.exp_avg_slow = self.new_partition_tensor() if uses_ademamix(optimizer_config) else None
         for group in self.param_groups:
             step_on_device = group.get("fused") or group.get("capturable")
             for param, piece in zip(group["params"], self._group_pieces(group)):
                 self.optimizer.state[param] = {
                     "step": torch.zeros((), dtype=torch.float32, device=self.device if step_on_device else "cpu"),
-                    "exp_avg": self.exp_avg[piece.start:piece.end],
-                    "exp_avg_sq": self.exp_avg_sq[piece.start:piece.end]}
+                    **{key: moment[piece.start:piece.end] for key, moment in self.moments().items()}}
+
+    def moments(self) -> dict[str, torch.Tensor]:
+        """The optimizer's flat state tensors beside the master, by name: Adam's two, AdEMAMix's three."""
+        moments = {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        if self.exp_avg_slow is not None:
+            moments["exp_avg_slow"] = self.exp_avg_slow
+        return moments
+
+    @property
+    def optimizer_name(self) -> str:
+        """--optimizer's value this optimizer steps (checkpoint metadata: moments load only into the same)."""
+        return "ademamix" if self.exp_avg_slow is not None else "adam"
 
     def step_pieces(self) -> list[StepPiece]:
         """The ranges of the partition AdamW updates as one tensor each: the layout's segments, cut where a
@@ -222,7 +256,15 @@ class ShardedAdamW:
         gradient partition in place; the norm is a handful of scalars. The gradient partition is
         dropped before publishing, so the two are never alive together."""
         publishing = self.parameters.publish_working_bytes() + gather_copy_bytes
-        return max(self.gradients.partition_working_bytes(), publishing)
+        return max(self.gradients.partition_working_bytes() + self.update_working_bytes(), publishing)
+
+    def update_working_bytes(self) -> int:
+        """What the update itself allocates: nothing for fused AdamW; AdEMAMix's three fp32 temporaries of one
+        window (zero/ademamix.py), no larger than the largest piece it steps."""
+        if self.exp_avg_slow is None:
+            return 0
+        largest = max((piece.end - piece.start for piece in self._pieces), default=0)
+        return ADEMAMIX_TEMPORARIES * min(ADEMAMIX_WINDOW, largest) * self.master.element_size()
 
     def host_working_bytes(self) -> int:
         """Host memory the step holds besides the model states: nothing, offloaded or not (the offloaded
@@ -263,7 +305,7 @@ class ShardedAdamW:
         return self.parameters.gathered(unit)
 
     def _partition_tensors(self) -> dict[str, torch.Tensor]:
-        return {"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        return {"master": self.master, **self.moments()}
 
     # ---- checkpointing (the interface of zero/optimizer_state.py) -------------------------------
 
@@ -291,13 +333,14 @@ class ShardedAdamW:
         return ShardedOptimizerState(
             tensors=self._partition_tensors(), fragments=fragments, replicated=not self.partitioned,
             zero_stage=self.stage, adam_step=self.adam_step, loss_scaler_type=type(self.loss_scaler).__name__,
-            loss_scaler_state=self.loss_scaler.state_dict(), param_dtype=self.parameters.dtype)
+            loss_scaler_state=self.loss_scaler.state_dict(), param_dtype=self.parameters.dtype,
+            optimizer=self.optimizer_name)
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
                                 loss_scaler_state: Optional[dict] = None) -> None:
         """Restore this rank's partition from `tensors`, laid out by `sharded_state_dict`'s fragments:
-        "master" alone (the weights; moments, step and scaler stay as they are) or master and both
-        moments. Then publish the 16-bit parameters from the new master, which every DP rank must do
+        "master" alone (the weights; moments, step and scaler stay as they are) or master and every
+        moment (Adam's two, AdEMAMix's three). Then publish the 16-bit parameters from the new master, which every DP rank must do
         (the storage may communicate), and set the step and the loss scaler's state when given.
         `tensors` is emptied as it is copied: the caller's staged copies are freed before publishing,
         whose working memory would otherwise come on top of them."""
@@ -317,7 +360,7 @@ class ShardedAdamW:
         """The live tensors of the model states this rank holds, for zero/memory.py to measure (views
         of one flat buffer are de-duplicated there by storage)."""
         return {"parameters": self.parameters.tensors(), "gradients": self.gradients.gradient_tensors(),
-                "master_weights": [self.master], "optimizer_states": [self.exp_avg, self.exp_avg_sq],
+                "master_weights": [self.master], "optimizer_states": list(self.moments().values()),
                 "buffers": self.gradients.buffer_tensors()}
 
     @property

@@ -31,8 +31,10 @@ import torch
 from torch import nn
 
 # The flat fp32 tensors of a partition, in partition coordinates. "master" alone restores the weights;
-# the moments belong with it when an optimizer state is resumed.
+# the moments belong with it when an optimizer state is resumed. AdEMAMix (--optimizer ademamix) adds its
+# slow momentum.
 PARTITION_TENSORS = ("master", "exp_avg", "exp_avg_sq")
+PARTITION_TENSORS_OF = {"adam": PARTITION_TENSORS, "ademamix": PARTITION_TENSORS + ("exp_avg_slow",)}
 
 
 class NamedFragment(NamedTuple):
@@ -49,7 +51,7 @@ class NamedFragment(NamedTuple):
 class ShardedOptimizerState:
     """One rank's optimizer state as a checkpoint needs it. `tensors` are the live partition tensors,
     not copies (a copy would double the largest state a rank holds): read them before the next step."""
-    tensors: dict[str, torch.Tensor]  # PARTITION_TENSORS -> flat fp32 tensor
+    tensors: dict[str, torch.Tensor]  # PARTITION_TENSORS_OF[optimizer] -> flat fp32 tensor
     fragments: list[NamedFragment]    # which parameter elements the partition holds; padding is in none
     replicated: bool                  # every DP rank holds this same, whole partition (stage 0): one copy will do
     zero_stage: int                   # for the record; a checkpoint loads at any stage
@@ -60,6 +62,7 @@ class ShardedOptimizerState:
     # The fragments this rank's file names, when not all of `fragments` (expert parallelism, zero/experts.py: a
     # part replicated over its data-parallel group is named by one rank of it only); None: all of them.
     owned: Optional[list[NamedFragment]] = None
+    optimizer: str = "adam"           # --optimizer: which moments `tensors` holds (PARTITION_TENSORS_OF)
 
 
 class CheckpointableOptimizer(Protocol):
@@ -78,11 +81,12 @@ class CheckpointableOptimizer(Protocol):
 
 
 def check_partition_tensors(tensors: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> None:
-    """`tensors` must be "master" alone or all of PARTITION_TENSORS, each of its partition's shape: a
-    master loaded without its moments is a fine-tune, moments without their master a mistake."""
+    """`tensors` must be "master" alone or all of the partition's tensors (`shapes`' keys), each of its
+    partition's shape: a master loaded without its moments is a fine-tune, moments without their master a
+    mistake."""
     keys = set(tensors)
-    if keys not in ({"master"}, set(PARTITION_TENSORS)):
-        raise ValueError(f"a partition loads as 'master' alone or as all of {', '.join(PARTITION_TENSORS)}; "
+    if keys not in ({"master"}, set(shapes)):
+        raise ValueError(f"a partition loads as 'master' alone or as all of {', '.join(shapes)}; "
                          f"got {', '.join(sorted(keys)) or 'nothing'}")
     for key, tensor in tensors.items():
         if tensor.shape != shapes[key]:

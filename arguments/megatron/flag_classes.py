@@ -512,9 +512,6 @@ AT_VALUE: dict[str, AtValue] = {
         --enable-zbh1-pipeline --enable-zbh1-exact-semantics""")},
     "--mtp-num-layers": AtValue(_equals(0, None), "no multi-token prediction layers, as here",
                                 "multi-token prediction is not implemented: the loss is next-token prediction"),
-    "--optimizer": AtValue(_equals("adam"), "Megatron's adam is AdamW (decoupled weight decay), the optimizer here",
-                           "only Adam(W) is implemented (--optimizer adam; ademamix is swiss-ai's Megatron-LM fork's "
-                           "AdEMAMix, Adam with a second, slow momentum, not implemented here)"),
     "--softmax-type": AtValue(_equals("vanilla"), "the ordinary softmax, as here",
                               "not implemented: attention uses the ordinary softmax (--softmax-type vanilla)"),
     "--dataloader-type": AtValue(_equals("single"), "one pass over shuffled samples, consumed samples resuming it, "

@@ -4,8 +4,9 @@ into arguments/megatron/flags_harvested.json beside Megatron-LM's (scripts/harve
 
 The flags their current pretraining scripts pass are settings here with the fork's meaning (--use-mpi,
 --use-z-loss, --z-loss-strength, --wandb-name, --trigger-path, --rope-theta, --xielu, --goldfish-loss,
---goldfish-k, --goldfish-h: arguments/config.py, gpt/model_config.py); the rest are classified below the way
-arguments/megatron/flag_classes.py classifies Megatron-LM's, each group naming its fork. Pai-Megatron-Patch's own flags select its own tokenizers,
+--goldfish-k, --goldfish-h, --optimizer ademamix and its --ademamix-* knobs: arguments/config.py,
+gpt/model_config.py); the rest are classified below the way arguments/megatron/flag_classes.py classifies
+Megatron-LM's, each group naming its fork. Pai-Megatron-Patch's own flags select its own tokenizers,
 dataset formats and model code (megatron_patch/), which is not here: each is refused, in one line naming
 the project and what it would take.
 """
@@ -28,8 +29,6 @@ FORK_NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      "sum and gather the same values)", _names("--delay-param-gather --no-delay-grad-reduce")),
     (f"{SWISS_AI}: the query/key norm's implementation (te, torch or apex compute the same norm)",
      _names("--qknorm-impl")),
-    (f"{SWISS_AI}: knob of its AdEMAMix optimizer, which is refused (--optimizer adam is the optimizer here), so "
-     "it has no effect", _names("--ademamix-alpha --ademamix-alpha-warmup --ademamix-beta3 --ademamix-beta3-warmup")),
     # (--moe-token-dropping is ours: DeepSpeed-MoE's switch, gpt/model_config.py moe_token_dropping)
     (f"{LLM_JP} and {SWISS_AI}: mixture-of-experts knob: this GPT's MLP is dense, as with --num-experts 1, so it "
      "has no effect", _names("--moe-router-topk-limited-devices")),

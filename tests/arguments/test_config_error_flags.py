@@ -67,7 +67,7 @@ INVALID = [
     ({"max_consecutive_skipped_iterations": -1}, ()), ({"loss_scale": 0.0}, ()),
     ({"min_loss_scale": 2.0, "initial_loss_scale": 1.0}, ()),
     # data
-    ({"split": "a,b"}, ()), ({"data_path": ["0.5", "a", "b"]}, ()),
+    ({"split": "a,b"}, ()), ({"data_path": ["0.5", "a", "b", "c"]}, ()),
     ({"tokenizer_type": "TikTokenizer"}, ("--tokenizer-file",)), ({"tokenizer_type": "Nope"}, ()),
     ({"tokenizer_type": "NullTokenizer", "tokenizer_file": "t.json"}, ()),
     ({"tokenizer_type": "NullTokenizer"}, ()), ({"data_path": ["corpus"]}, ("--tokenizer-model",)),

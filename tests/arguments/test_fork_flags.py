@@ -149,14 +149,39 @@ def test_a_launch_typing_a_forks_flag_takes_that_forks_defaults():
     assert plain.config.optimizer.lr_wsd_decay_style == "exponential"
 
 
-def test_ademamix_is_refused_naming_swiss_ais_fork():
-    """swiss-ai main megatron/training/arguments.py adds 'ademamix' to --optimizer's choices (its
-    megatron/core/optimizer AdEMAMix); Apertus' pretraining script (swiss-ai/pretrain-code) uses it."""
+def test_ademamix_and_its_knobs_are_settings_with_the_forks_meaning_and_defaults():
+    """swiss-ai main megatron/training/arguments.py: --optimizer choices ['adam', 'sgd', 'ademamix'];
+    _add_regularization_args: --ademamix-beta3 (float, default 0.999), --ademamix-alpha (float, 5),
+    --ademamix-beta3-warmup (int, -1), --ademamix-alpha-warmup (int, -1), read into OptimizerConfig by
+    training.py setup_model_and_optimizer and handed to AdEMAMix by megatron/core/optimizer/__init__.py
+    (betas (adam_beta1, adam_beta2, ademamix_beta3), alpha, beta3_warmup, alpha_warmup). Apertus' pretraining
+    script passes all four (tests/replay_corpus/forks.py). The step itself: tests/zero/test_ademamix.py."""
+    optimizer = parse_arguments(["--optimizer", "ademamix", "--ademamix-alpha", "8", "--ademamix-beta3", "0.9999",
+                                 "--ademamix-beta3-warmup", "100000", "--ademamix-alpha-warmup", "50000"]
+                                ).config.optimizer
+    assert (optimizer.optimizer, optimizer.ademamix_alpha, optimizer.ademamix_beta3, optimizer.ademamix_beta3_warmup,
+            optimizer.ademamix_alpha_warmup) == ("ademamix", 8.0, 0.9999, 100000, 50000)
+    defaults = parse_arguments(["--optimizer", "ademamix"]).config.optimizer
+    assert (defaults.ademamix_alpha, defaults.ademamix_beta3, defaults.ademamix_beta3_warmup,
+            defaults.ademamix_alpha_warmup) == (5.0, 0.999, -1, -1)
+    assert parse_arguments([]).config.optimizer.optimizer == "adam"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--optimizer", "sgd"], ("--optimizer sgd is not implemented", "adam", "ademamix")),
+    (["--optimizer", "muon"], ("--optimizer muon is not implemented",)),
+    (["--optimizer", "ademamix", "--ademamix-beta3", "1.0"], ("--ademamix-beta3 must be in [0, 1)",)),
+    (["--optimizer", "ademamix", "--ademamix-alpha", "-1"], ("--ademamix-alpha >= 0",)),
+])
+def test_other_optimizers_and_out_of_range_ademamix_knobs_are_refused_in_one_line(argv, words):
+    """The fork's AdEMAMix.__init__ refuses beta3 outside [0, 1) and a negative alpha; SGD and Megatron-LM main's
+    other optimizers are not implemented here."""
     with pytest.raises(ConfigError) as error:
-        parse_arguments(["--optimizer", "ademamix", "--ademamix-alpha", "8"])
+        parse_arguments(argv)
     message = str(error.value)
-    assert "--optimizer ademamix: only Adam(W) is implemented" in message
-    assert "ademamix is swiss-ai's Megatron-LM fork's AdEMAMix" in message and "--ademamix-alpha" not in message
+    assert "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
 
 
 def test_every_fork_only_flag_names_its_fork_or_is_a_setting_here():

@@ -133,7 +133,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     # (--expert-model-parallel-size, --moe-expert-parallel-size and --expert-tensor-parallel-size are settings now:
     # parallel/config.py, tests/training/test_expert_parallel_training.py)
     no_op = {"--num-experts-switch": "1",
-             "--mtp-num-layers": "0", "--optimizer": "adam",
+             "--mtp-num-layers": "0",
              "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
              "--weight-decay-incr-style": "constant",
              "--vocab-extra-ids": "0", "--error-injection-rate": "0",
@@ -141,7 +141,7 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02",
              "--rotary-seq-len-interpolation-factor": "1"}
     other = {"--num-experts-switch": "8",
-             "--mtp-num-layers": "1", "--optimizer": "sgd",
+             "--mtp-num-layers": "1",
              "--softmax-type": "learnable",
              "--dataloader-type": "cyclic", "--remote-device": "cpu",
              "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
@@ -241,7 +241,7 @@ def test_refused_flags_end_in_their_one_line_reason():
 
 def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     parsed = parse_arguments(["--data-impl", "mmap", "--num-experts-switch", "1", "--moe-input-jitter-eps", "0.01",
-                              "--optimizer", "adam", "--no-query-key-layer-scaling", "--wandb-save-dir", "X",
+                              "--no-query-key-layer-scaling", "--wandb-save-dir", "X",
                               "--ds-sequence-parallel-size", "1", "--log-timers-to-tensorboard",
                               "--no-pipeline-parallel", "--tensorboard-queue-size", "1",
                               "--no-async-tensor-model-parallel-allreduce", "--scattered-embeddings",
@@ -253,7 +253,6 @@ def test_the_issues_flags_are_accepted_in_the_one_no_effect_line():
     assert "--data-impl mmap (every implementation (mmap, cached, lazy, infer) reads the same .bin/.idx" in line
     assert "--num-experts-switch 1 (one expert is the dense model; the MoE loss coefficients then have no effect)" in line
     assert "--moe-input-jitter-eps 0.01 (mixture-of-experts knob" in line
-    assert "--optimizer adam (Megatron's adam is AdamW" in line
     assert "--wandb-save-dir X (W&B writes its files beside --metrics-file here)" in line
     assert "--ds-sequence-parallel-size 1 (sequence parallelism over 1 rank is none)" in line
     assert "--log-timers-to-tensorboard, --tensorboard-queue-size 1, --log-batch-size-to-tensorboard, " \

@@ -13,13 +13,15 @@ from data.indexed import IndexedDataset, IndexedDatasetWriter
 
 def greedy_reference(weights, num_samples):
     """The assignment rule, one step at a time, written independently of data/blending.py: the
-    dataset with the largest weight * (i + 1) - count (float64, the lowest on a tie) takes sample i."""
+    dataset with the largest weight * max(i, 1) - count (float64, the lowest on a tie) takes sample i
+    (NVIDIA/Megatron-LM megatron/core/datasets/helpers.cpp build_blending_indices: `sample_idx_double =
+    std::max(static_cast<double>(sample_idx), 1.0)`, `if (error > max_error)`)."""
     weights = np.asarray(weights, dtype=np.float64)
     counts = np.zeros(weights.size)
     dataset_index = np.zeros(num_samples, dtype=np.int16)
     dataset_sample_index = np.zeros(num_samples, dtype=np.int64)
     for i in range(num_samples):
-        d = int(np.argmax(weights * (i + 1) - counts))  # argmax returns the first of equal maxima
+        d = int(np.argmax(weights * max(i, 1) - counts))  # argmax returns the first of equal maxima
         dataset_index[i], dataset_sample_index[i] = d, counts[d]
         counts[d] += 1
     return dataset_index, dataset_sample_index

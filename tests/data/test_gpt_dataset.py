@@ -49,7 +49,8 @@ def naive_blending(weights, num_samples):
     counts = np.zeros(len(weights))
     chosen = []
     for i in range(num_samples):
-        d = int(np.argmax(np.asarray(weights) * (i + 1) - counts))  # argmax picks the lowest d on ties
+        # Megatron's helpers.cpp build_blending_indices: weight * max(i, 1) - count; argmax picks the lowest d on ties
+        d = int(np.argmax(np.asarray(weights) * max(i, 1) - counts))
         chosen.append(d)
         counts[d] += 1
     return chosen
@@ -336,7 +337,8 @@ def test_parse_data_path():
     prefixes, weights = parse_data_path(["0.3", "A", "0.7", "B"])
     assert prefixes == ["A", "B"] and weights == pytest.approx([0.3, 0.7])
     assert parse_data_path(["3", "A", "1", "B"])[1] == pytest.approx([0.75, 0.25])
-    for bad in [[], ["0.3", "A", "B"], ["A", "B"], ["-1", "A", "2", "B"], ["0", "A", "1", "B"], ["inf", "A", "1", "B"]]:
+    # prefixes without weights are a blend by size (tests/data/test_blend_by_size.py)
+    for bad in [[], ["0.3", "A", "B", "C"], ["-1", "A", "2", "B"], ["0", "A", "1", "B"], ["inf", "A", "1", "B"]]:
         with pytest.raises(DataError, match="--data-path"):
             parse_data_path(bad)
 

@@ -52,10 +52,7 @@ from tests.replay_corpus.shrink import (
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-_APERTUS = ("--optimizer ademamix (swiss-ai's AdEMAMix optimizer) is not implemented, and its --data-path lists "
-            "prefixes without weights, which Megatron blends by their sizes (get_blend_from_list, "
-            "BlendedMegatronDatasetBuilder) and data/gpt_dataset.py's parse_data_path refuses")
-KNOWN_FAILING_TODAY: dict[str, str] = {"swiss-ai-apertus-8b": _APERTUS}
+KNOWN_FAILING_TODAY: dict[str, str] = {}
 
 
 def _params(launches):
@@ -346,7 +343,7 @@ def test_the_docs_list_the_corpus_and_its_outcomes():
 
 # Launches of KNOWN_FAILING_TODAY whose flags themselves are still refused, so --print-config refuses them too,
 # with KNOWN_FAILING_TODAY's cause.
-FLAGS_REFUSED_TODAY: dict[str, str] = {"swiss-ai-apertus-8b": _APERTUS}
+FLAGS_REFUSED_TODAY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("launch", [pytest.param(launch, id=launch.name, marks=[
