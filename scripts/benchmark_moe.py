@@ -261,6 +261,7 @@ def summarize(result: dict) -> dict:
         calls={k: v / steps for k, v in ranks[0]["shim"]["calls"].items()},
         losses=[statistics.fmean(r["losses"][i] for r in ranks) for i in range(len(ranks[0]["losses"]))],
         moe_losses=[statistics.fmean(r["moe_losses"][i] for r in ranks) for i in range(len(ranks[0]["moe_losses"]))],
+        grad_norms=ranks[0]["grad_norms"],  # of every parameter, before clipping: the same on every rank
         parameters_per_rank=[r["parameters"] for r in ranks], expert_parameters_per_rank=[r["expert_parameters"]
                                                                                            for r in ranks],
         parameters_total=dense + sum(experts_by_ep_rank.values()),
@@ -309,6 +310,18 @@ def gating_text(args) -> str:
     return f"top-{args.topk}, {drop}{second}, moe loss coeff {args.moe_loss_coeff:g}"
 
 
+def differences(ours: dict, theirs: dict) -> str:
+    """How far apart the two trajectories are: at the first step (the same weights and tokens) and at most."""
+    def rel(a, b):
+        return abs(a - b) / max(abs(b), 1e-30)
+
+    loss = [abs(a - b) for a, b in zip(ours["losses"], theirs["losses"])]
+    moe = [abs(a - b) for a, b in zip(ours["moe_losses"], theirs["moe_losses"])]
+    norm = [rel(a, b) for a, b in zip(ours["grad_norms"], theirs["grad_norms"])]
+    return (f"|LM loss diff| {loss[0]:.1e} at step 1, {max(loss):.1e} at most; |MoE loss diff| {moe[0]:.1e} at step 1, "
+            f"{max(moe):.1e} at most; grad norm relative diff {norm[0]:.1e} at step 1, {max(norm):.1e} at most")
+
+
 def report(args, results: list[dict]) -> str:
     ok = [r for r in results if "error" not in r]
     versions = {key: value for r in ok for key, value in r["versions"].items()}
@@ -352,16 +365,14 @@ def report(args, results: list[dict]) -> str:
         calls = ", ".join(f"{k} {v:g}" for k, v in sorted(r["calls"].items()))
         lines.append(f"| {LABELS[r['system']]} | {r['stage']} | {r['step_ms_min']:.0f}-{r['step_ms_max']:.0f} | "
                      f"{calls} | {r['loadavg_1min'][0]:.1f}/{r['loadavg_1min'][1]:.1f} |")
-    lines += ["", f"LM loss per step (mean over ranks; {args.warmup_steps} warmup steps, then the timed ones; the "
-              f"MoE loss l_aux x coeff, summed over layers, is in the gradient and not in these):", ""]
+    lines += ["", f"LM loss and gradient norm (before clipping) per step ({args.warmup_steps} warmup steps, then the "
+              f"timed ones; the loss is the mean over ranks; the MoE loss l_aux x coeff, summed over layers, is in the "
+              f"gradient and not in the loss):", ""]
     for r in ok:
-        peer = by_key.get(("deepspeed", r["stage"])) if r["system"] == "ours" else None
-        diff = ""
-        if peer is not None:
-            d = max(abs(a - b) for a, b in zip(r["losses"], peer["losses"]))
-            m = max(abs(a - b) for a, b in zip(r["moe_losses"], peer["moe_losses"]))
-            diff = f"  (max |diff| vs DeepSpeed-MoE: LM loss {d:.2e}, MoE loss {m:.2e})"
-        lines.append(f"- {LABELS[r['system']]} ZeRO {r['stage']}: " + " ".join(f"{x:.4f}" for x in r["losses"]) + diff)
+        lines.append(f"- {LABELS[r['system']]} ZeRO {r['stage']}: loss " + " ".join(f"{x:.4f}" for x in r["losses"])
+                     + "; grad norm " + " ".join(f"{x:.4f}" for x in r["grad_norms"]))
+    for x, y in ratios:
+        lines.append(f"- ours - DeepSpeed-MoE, ZeRO {x['stage']}: " + differences(x, y))
     failed = [r for r in results if "error" in r]
     if failed:
         lines += ["", "Failures:"]
@@ -436,7 +447,7 @@ class OurMoESystem:
         self.expert_rank = state.experts.model_rank
         self.info = {"optimizer": type(self.optimizer).__name__, "expert_data_parallel_size": state.experts.data_size}
 
-    def step(self, inputs, labels) -> tuple[float, float]:
+    def step(self, inputs, labels) -> tuple[float, float, float]:
         for group in self.optimizer.param_groups:
             group["lr"] = self.spec["lr"]
         tracker = self.model.moe_tracker
@@ -449,7 +460,7 @@ class OurMoESystem:
         if getattr(result, "skipped", False):
             raise RuntimeError("our optimizer skipped a step (overflow) in an fp32 benchmark")
         moe_loss = sum(tracker.sums().get("moe_loss", {}).values())
-        return loss.item(), float(moe_loss)
+        return loss.item(), float(moe_loss), result.grad_norm
 
 
 def deepspeed_expert(ours_expert, activation):
@@ -554,13 +565,13 @@ class DeepSpeedMoESystem:
         self.info = {"deepspeed": deepspeed.__version__, "optimizer": type(self.optimizer).__name__,
                      "ep_group_size": dist.get_world_size(group=layer.ep_group), "local_experts": local}
 
-    def step(self, inputs, labels) -> tuple[float, float]:
+    def step(self, inputs, labels) -> tuple[float, float, float]:
         self.l_aux.clear()
         loss = self.engine(inputs, labels).mean()
         moe_loss = sum(self.l_aux) * self.spec["moe_loss_coeff"]  # Megatron-DeepSpeed's loss_func
         self.engine.backward(loss + moe_loss)
         self.engine.step()  # clips, steps and zeroes the gradients
-        return loss.item(), float(moe_loss)
+        return loss.item(), float(moe_loss), float(self.engine.get_global_grad_norm())
 
 
 SYSTEMS = {"ours": OurMoESystem, "deepspeed": DeepSpeedMoESystem}
@@ -601,17 +612,18 @@ def _run_rank(spec: dict, rank: int, shim) -> dict:
     steps, warmup = spec["steps"], spec["warmup_steps"]
     batches = make_batches(spec, state.data_parallel_rank, warmup + steps)
     system = SYSTEMS[spec["system"]](spec, config, state)
-    losses, moe_losses, times = [], [], []
+    losses, moe_losses, grad_norms, times = [], [], [], []
     for step, (inputs, labels) in enumerate(batches):
         if step == warmup:
             dist.barrier()
             shim.reset()
         start = time.perf_counter()
-        loss, moe_loss = system.step(inputs, labels)
+        loss, moe_loss, grad_norm = system.step(inputs, labels)
         if step >= warmup:
             times.append(time.perf_counter() - start)
         losses.append(loss)
         moe_losses.append(moe_loss)
+        grad_norms.append(grad_norm)
     shim_record = shim.snapshot()
     versions = {"torch": torch.__version__}
     try:
@@ -620,7 +632,7 @@ def _run_rank(spec: dict, rank: int, shim) -> dict:
         versions["deepspeed"] = version("deepspeed")
     except Exception:  # noqa: BLE001 - not installed
         pass
-    record = {"rank": rank, "step_times": times, "losses": losses, "moe_losses": moe_losses,
+    record = {"rank": rank, "step_times": times, "losses": losses, "moe_losses": moe_losses, "grad_norms": grad_norms,
               "parameters": system.parameters, "expert_parameters": system.expert_parameters,
               "expert_rank": system.expert_rank, "ru_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
               "vm_hwm_kb": _status_kb("VmHWM"), "shim": shim_record, "info": system.info, "versions": versions}
