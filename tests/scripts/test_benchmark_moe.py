@@ -19,7 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import benchmark_moe  # noqa: E402
-
 from base.errors import run_tool  # noqa: E402
 
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
@@ -48,7 +47,8 @@ def test_a_plan_it_cannot_run_is_refused_in_one_line_with_status_2_before_any_ra
 
 def rank_record(rank: int, expert_rank: int, step_ms: list[float], losses: list[float], calls: dict) -> dict:
     """What one rank writes (benchmark_moe._run_rank)."""
-    return {"rank": rank, "step_times": [ms / 1000 for ms in step_ms], "losses": losses,
+    return {"rank": rank, "step_times": [ms / 1000 for ms in step_ms], "cpu_times": [ms / 2000 for ms in step_ms],
+            "losses": losses,
             "moe_losses": [0.2] * len(losses), "grad_norms": [2.0 + losses[0] - 8.0] + [1.5] * (len(losses) - 1),
             "parameters": 1000 + 2 * EXPERT, "expert_parameters": 2 * EXPERT,
             "expert_rank": expert_rank, "ru_maxrss_kb": 300 * 1024 * (1 + rank), "vm_hwm_kb": 1,
@@ -71,8 +71,10 @@ def test_the_report_puts_ours_beside_deepspeed_with_ratios_parameter_counts_and_
     assert ours["step_ms"] == 103.0  # the median of the slowest rank's steps: 103, 150, 90
     # the dense part once, and each expert-parallel rank's experts once (ranks 0 and 2 hold the same ones)
     assert ours["parameters_total"] == 1000 + 2 * 2 * EXPERT
-    assert "| ours | 1 | 103.0 | 103 | 1200 | 4.00 | 17,704 / 17,704 / 17,704 / 17,704 | 34,408 | 7.0000 |" in text
-    assert "| 1 | 0.41 | 1.00 | 1.00 | yes |" in text  # 103 / 253 ms, the same RSS and bytes, the same counts
+    assert ours["cpu_ms"] == 51.5  # each rank's CPU time is half its wall time here
+    assert "| ours | 1 | 103.0 | 103 | 51.5 | 1200 | 4.00 | 17,704 / 17,704 / 17,704 / 17,704 | 34,408 | 7.0000 |" in text
+    # 103 / 253 ms (wall and CPU alike), the same RSS and bytes, the same counts
+    assert "| 1 | 0.41 | 0.41 | 1.00 | 1.00 | yes |" in text
     assert ("ours - DeepSpeed-MoE, ZeRO 1: |LM loss diff| 3.0e-06 at step 1, 3.0e-06 at most; |MoE loss diff| 0.0e+00 "
             "at step 1, 0.0e+00 at most; grad norm relative diff 1.5e-06 at step 1, 1.5e-06 at most") in text
     assert "| DeepSpeed-MoE | 2 | failed |" in text and "- DeepSpeed-MoE ZeRO 2: a rank failed" in text
