@@ -112,6 +112,8 @@ SKIPPED_COMMANDS = {
 # Scripts whose commands are checked, not run, with why they are too expensive to run here.
 EXPENSIVE_SCRIPTS = {
     "scripts/benchmark_zero.py": "trains ten systems x stages in fresh process groups for minutes (~8 min at --rounds 3)",
+    "scripts/benchmark_moe.py": "trains ours and DeepSpeed-MoE at EP 2 in fresh process groups for minutes (~17 min at "
+                                "--rounds 3 --stages 1,2 on the shared 2-core machine)",
     "scripts/benchmark_model.py": "rounds of a 124M model's training steps on the CPU, tens of seconds each",
     "scripts/benchmark_gpu.py": "needs a CUDA GPU: rounds of a 1.5B model's training steps (docs/performance.md)",
     "scripts/benchmark_index.py": "writes a 2 GB synthetic corpus, then builds its indices in rounds",
