@@ -653,6 +653,35 @@ class PretrainConfig:
                               f"expert-parallel run yet; start at {flag} 1, save, and resume at {ep}",
                               flags=(flag, "--init-from-hf"))
 
+    def _check_moe_tensor_parallel(self) -> None:
+        """MoE under tensor parallelism (gpt/moe/layer.py): Megatron-Core's MoELayer.forward raises in training
+        with TP > 1 and no sequence parallelism; each expert's ffn splits evenly over the expert TP ranks
+        (--expert-tensor-parallel-size, default TP as Megatron-LM's validate_args)."""
+        tp = self.parallel.tensor_model_parallel_size
+        moe = self.model.moe
+        if moe is None or tp == 1:
+            return
+        flags = ("--num-experts", "--tensor-model-parallel-size")
+        if not self.parallel.sequence_parallel:
+            raise ConfigError(f"--num-experts with --tensor-model-parallel-size {tp} needs --sequence-parallel "
+                              f"(Megatron-Core's MoE layer refuses tensor parallelism without it in training): add "
+                              f"--sequence-parallel", flags=(*flags, "--sequence-parallel"))
+        if moe.gating == "deepspeed":
+            raise ConfigError(f"DeepSpeed-MoE's gating (Megatron-DeepSpeed's MoE flags) with "
+                              f"--tensor-model-parallel-size {tp} is not implemented here: use Megatron-Core's "
+                              f"--moe-* flags, or --tensor-model-parallel-size 1", flags=flags)
+        if moe.shared_expert_intermediate_size is not None:
+            raise ConfigError(f"--moe-shared-expert-intermediate-size with --tensor-model-parallel-size {tp}: "
+                              f"shared experts are not tensor-parallel here yet; use --tensor-model-parallel-size 1",
+                              flags=("--moe-shared-expert-intermediate-size", "--tensor-model-parallel-size"))
+        etp = self.parallel.expert_tensor_parallel_size
+        etp = tp if etp is None else etp
+        if moe.ffn_hidden_size % etp:
+            raise ConfigError(f"--moe-ffn-hidden-size {moe.ffn_hidden_size} is not divisible by "
+                              f"--expert-tensor-parallel-size {etp} (the default: --tensor-model-parallel-size); "
+                              f"each expert's ffn splits evenly over the expert tensor-parallel ranks",
+                              flags=("--moe-ffn-hidden-size", "--expert-tensor-parallel-size"))
+
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
@@ -672,6 +701,7 @@ class PretrainConfig:
                               "balance with --moe-aux-loss-coeff",
                               flags=("--moe-router-enable-expert-bias", "--save", "--load"))
         self._check_expert_parallel()
+        self._check_moe_tensor_parallel()
         self._check_pipeline()
         self._check_context_parallel()
         self.activations.validate_for_layers(self.model.num_layers)

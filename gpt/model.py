@@ -234,6 +234,9 @@ class TransformerBlock(nn.Module):
         if config.moe_layers()[layer_number]:
             # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
             # under expert parallelism its share of the experts and the plan's dispatcher (gpt/parallel_plan.py)
+            if plan.state.tensor_parallel_size > 1 and not plan.sequence_parallel:
+                raise ValueError("an MoE layer under tensor parallelism runs on the sequence-parallel slices "
+                                 "(Megatron-Core's MoELayer requires --sequence-parallel with TP)")
             dispatcher, local_experts = plan.experts(config.moe.num_experts)
             self.mlp = MoELayer(h, config.moe, state=plan.state,
                                 activation=functools.partial(activation_function, config.activation),

@@ -284,11 +284,6 @@ class ModelConfig:
                                   flags=(_flag(name), "--tensor-model-parallel-size"))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    tensor_parallel_size, head_dim=self.head_dim)
-        if self.moe is not None and tensor_parallel_size > 1:
-            raise ConfigError(f"--num-experts {self.num_experts} with --tensor-model-parallel-size "
-                              f"{tensor_parallel_size}: experts are not tensor-parallel here (expert TP 1 only); "
-                              f"run the MoE model at --tensor-model-parallel-size 1",
-                              flags=("--num-experts", "--tensor-model-parallel-size"))
 
     @classmethod
     def from_record(cls, recorded: dict) -> "ModelConfig":

@@ -6,6 +6,12 @@ combine, and add the shared experts' output (shared_experts.py SharedExpertMLP: 
 Hidden states arrive [batch, sequence, hidden]; the router and dispatcher see them in Megatron's [sequence,
 batch] token order (gpt/moe/router.py). At expert-parallel size 1 the dispatcher is `LocalDispatcher`
 (gpt/moe/dispatcher.py); an expert-parallel dispatcher takes its place through `dispatcher`.
+
+Under tensor parallelism the layer runs on this TP rank's slice of the sequence (sequence parallelism, which
+Megatron-Core's MoELayer.forward requires with TP in training): the router routes the slice's tokens
+(gpt/moe/router.py), and the experts either are whole on every TP rank (--expert-tensor-parallel-size 1: the
+expert-parallel group is then made of TP ranks, Megatron-Core's parallel folding) or split over the expert
+tensor-parallel group (ETP = TP, Megatron's default; gpt/moe/experts.py), the dispatcher gathering the peers' rows.
 """
 
 from __future__ import annotations
@@ -64,13 +70,18 @@ class MoELayer(nn.Module):
         self.router = TopKRouter(hidden_size, settings, init_std=init_std,
                                  bias=bias and settings.gating != "deepspeed", state=state,
                                  layer_number=layer_number, tracker=tracker)
+        if dispatcher is None and state.experts.tensor_size > 1:
+            raise ValueError("experts split over the expert tensor-parallel group need a dispatcher that gathers "
+                             "their peers' rows (gpt/parallel_plan.py TensorParallelPlan.experts)")
         self.experts = Experts(settings.num_experts, hidden_size, settings.ffn_hidden_size, activation=activation,
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
-                               grouped=settings.grouped_gemm, expert_ids=local_experts)
+                               grouped=settings.grouped_gemm, expert_ids=local_experts,
+                               tensor_parallel=state.experts if dispatcher is not None else None, comm=state.comm)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
-        if local_experts is not None and len(local_experts) < settings.num_experts:
-            # held by the expert-parallel ranks' share only: ZeRO reduces them over the expert data-parallel
-            # group (zero/experts.py), as Megatron-Core's experts (allreduce = False)
+        if (local_experts is not None and len(local_experts) < settings.num_experts) or state.expert_grid is not None:
+            # held by the expert-parallel ranks' share only, or (tensor parallelism with expert TP 1) each TP rank's
+            # experts see its own sequence slice: ZeRO reduces them over the expert data-parallel group
+            # (zero/experts.py), as Megatron-Core's experts (allreduce = False)
             for param in self.experts.parameters():
                 param.expert_parallel = True
         if settings.shared_expert_intermediate_size is not None:
