@@ -74,3 +74,95 @@ def test_tensor_parallel_2_by_expert_parallel_2_trains_as_tp_1_ep_1_with_both_di
         "alltoall": TP2 + etp + ["--moe-token-dispatcher-type", "alltoall"],
         "allgather": TP2 + etp + ["--moe-token-dispatcher-type", "allgather"]})
     assert_equal_runs(runs, tmp_path)
+
+
+def launch_rank_keeping_codes(rank, world_size, argv_by_run, ports):
+    """pretrain_gpt.main for each run in turn: (its exit code, what it wrote to stderr) per run."""
+    import contextlib
+    import io
+    import os
+
+    import pretrain_gpt
+
+    outcomes = []
+    for argv, port in zip(argv_by_run, ports):
+        os.environ["MASTER_PORT"] = str(port)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = pretrain_gpt.main(argv)
+        outcomes.append((code, err.getvalue()))
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("expert_tp", ["1", "2"])
+def test_tp_2_by_ep_2_saved_and_resumed_continues_exactly_and_another_expert_tp_is_refused(corpus_cache_300,
+                                                                                           tmp_path, expert_tp):
+    """The experts are saved under their global names (at expert TP 2 each TP rank's half, tagged with its split
+    dimension as the dense TP layers' are): a save at iteration 2 resumes to the straight run's losses and gradient
+    norms at the same expert TP size; loading it at the other expert TP size is refused in one line (the same whole
+    shapes split another way: checkpoint/sharded.py check_compatible), not read as an incomplete checkpoint."""
+    other = "2" if expert_tp == "1" else "1"
+    common = TINY + MOE + ["--train-iters", "4", "--global-batch-size", "8", "--data-cache-dir", corpus_cache_300] + TP2
+    save = str(tmp_path / "ckpt")
+    argv = [common + ["--expert-tensor-parallel-size", expert_tp, "--metrics-file", str(tmp_path / "full.jsonl")],
+            common + ["--expert-tensor-parallel-size", expert_tp, "--metrics-file", str(tmp_path / "parts.jsonl"),
+                      "--save", save, "--exit-interval", "2"],
+            common + ["--expert-tensor-parallel-size", expert_tp, "--metrics-file", str(tmp_path / "parts.jsonl"),
+                      "--save", save, "--load", save],
+            common + ["--expert-tensor-parallel-size", other, "--metrics-file", str(tmp_path / "other.jsonl"),
+                      "--save", str(tmp_path / "other"), "--load", save, "--no-load-optim"]]
+    outcomes = run_distributed(launch_rank_keeping_codes, 4, argv, [free_port() for _ in argv], timeout=900)
+    assert [[code for code, _ in rank] for rank in outcomes] == [[0, 0, 0, 2]] * 4
+    refusal = outcomes[0][3][1].strip()
+    assert len(refusal.splitlines()) == 1 and "saved at another --expert-tensor-parallel-size" in refusal, refusal
+    full, parts = logged(tmp_path / "full.jsonl"), logged(tmp_path / "parts.jsonl")
+    assert len(full) == 4 and parts == full
+
+
+def test_moe_under_tensor_parallelism_refuses_what_it_cannot_run_in_one_line(corpus_cache_300, tmp_path):
+    """Megatron-Core's MoELayer.forward raises in training with TP > 1 and no sequence parallelism (moe_layer.py:
+    "performance may degrade if MoE and tensor parallelism are enabled without also enabling sequence
+    parallelism"); expert TP is 1 or the TP size here (Megatron's default is the TP size; it allows others);
+    DeepSpeed-MoE's gating and shared experts are not tensor-parallel here. Each refused in one line, exit 2,
+    before any process group exists."""
+    import pretrain_gpt
+
+    base = TINY + MOE + ["--data-cache-dir", corpus_cache_300]
+    tp2 = ["--tensor-model-parallel-size", "2"]
+    for argv, says in ((tp2, "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel"),
+                       (["--expert-tensor-parallel-size", "2"],
+                        "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1"),
+                       (tp2 + ["--sequence-parallel", "--expert-tensor-parallel-size", "4"],
+                        "--expert-tensor-parallel-size 4 with --tensor-model-parallel-size 2"),
+                       (tp2 + ["--sequence-parallel", "--moe-shared-expert-intermediate-size", "64"],
+                        "shared experts are not tensor-parallel here yet"),
+                       (tp2 + ["--sequence-parallel", "--moe-ffn-hidden-size", "33"],
+                        "--moe-ffn-hidden-size 33 is not divisible by --expert-tensor-parallel-size 2")):
+        refused = run_main(pretrain_gpt.main, base + argv)
+        assert refused.code == 2 and says in refused.err, (argv, refused.err[-1500:])
+        assert len(refused.err.strip().splitlines()) == 1, refused.err
+    deepspeed = TINY + ["--data-cache-dir", corpus_cache_300, "--num-layers", "2", "--num-experts", "4",
+                        "--deepspeed", "--no-pipeline-parallel", "--topk", "2"] + tp2 + ["--sequence-parallel"]
+    refused = run_main(pretrain_gpt.main, deepspeed)
+    assert refused.code == 2 and "DeepSpeed-MoE's gating" in refused.err, refused.err[-1500:]
+    assert len(refused.err.strip().splitlines()) == 1, refused.err
+
+
+def test_the_dry_run_plans_tp_2_by_ep_2_at_expert_tp_1_and_2():
+    """zero.plan's dry run (planner/dry_run.py, the trainer's build on the meta device) at TP 2 x EP 2 on 4 ranks:
+    every expert counted once in the total, and each rank's share: at expert TP 1 two whole experts per MoE layer,
+    at expert TP 2 half of each of its EP rank's two (the output projection's bias whole on both halves)."""
+    from arguments.parser import parse_config
+    from planner.dry_run import Cluster, dry_run
+
+    argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--num-experts", "4", "--zero-stage", "0", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--expert-model-parallel-size", "2"]
+    plans = {etp: dry_run(parse_config(argv + ["--expert-tensor-parallel-size", etp]), Cluster(4, 4, None, "cpu"),
+                          300, 0) for etp in ("1", "2")}
+    whole = 2 * 32 * 128 + 128 + 32  # one expert: GPT-2's MLP at hidden 32 (fc1 and fc2 with biases)
+    half = 32 * 64 + 64 + 64 * 32 + 32  # its half at expert TP 2: fc1's rows and bias, fc2's columns, fc2's bias
+    assert plans["1"].parameters_total == plans["2"].parameters_total
+    assert plans["1"].parameters_local - plans["2"].parameters_local == 2 * 2 * (whole - half)
