@@ -670,9 +670,10 @@ class PretrainConfig:
             raise ConfigError(f"DeepSpeed-MoE's gating (Megatron-DeepSpeed's MoE flags) with "
                               f"--tensor-model-parallel-size {tp} is not implemented here: use Megatron-Core's "
                               f"--moe-* flags, or --tensor-model-parallel-size 1", flags=flags)
-        if moe.shared_expert_intermediate_size is not None:
-            raise ConfigError(f"--moe-shared-expert-intermediate-size with --tensor-model-parallel-size {tp}: "
-                              f"shared experts are not tensor-parallel here yet; use --tensor-model-parallel-size 1",
+        shared = moe.shared_expert_intermediate_size
+        if shared is not None and shared % tp:
+            raise ConfigError(f"--moe-shared-expert-intermediate-size {shared} is not divisible by "
+                              f"--tensor-model-parallel-size {tp}: the shared experts split over the TP ranks",
                               flags=("--moe-shared-expert-intermediate-size", "--tensor-model-parallel-size"))
         etp = self.parallel.expert_tensor_parallel_size
         etp = tp if etp is None else etp

@@ -243,7 +243,7 @@ class TransformerBlock(nn.Module):
                                 swiglu=architecture.swiglu, init_std=config.init_method_std,
                                 output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
                                 layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
-                                local_experts=local_experts)
+                                local_experts=local_experts, plan=plan)
         elif architecture.swiglu:
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),

@@ -44,6 +44,12 @@ LAYER_STYLES = {
     "mlp.dense_h_to_4h_up": COLUMN,
     "mlp.dense_4h_to_h": ROW,
     "output_layer": COLUMN,                # untied: the vocabulary's rows, as the embedding's
+    # an MoE layer's shared experts under TP (gpt/moe/layer.py TensorParallelSharedExperts, Megatron-Core's
+    # SharedExpertMLP): the MLP's styles; the routed experts split over the expert TP group instead (experts.py)
+    "mlp.shared_experts.dense_h_to_4h": COLUMN,
+    "mlp.shared_experts.dense_h_to_4h_gate": COLUMN,
+    "mlp.shared_experts.dense_h_to_4h_up": COLUMN,
+    "mlp.shared_experts.dense_4h_to_h": ROW,
 }
 
 # The regions outside the TP layers, which hold 1/TP of the sequence under sequence parallelism (Megatron-Core's

@@ -29,6 +29,7 @@ from gpt.moe.experts import ExpertMLP, Experts
 from gpt.moe.router import TopKRouter
 from gpt.moe.settings import MoESettings
 from parallel.init import InitMethod, set_init_method
+from parallel.mappings import copy_to_tensor_parallel_region
 from parallel.state import ParallelState
 
 
@@ -55,15 +56,54 @@ class SharedExperts(ExpertMLP):
         return output
 
 
+class TensorParallelSharedExperts(nn.Module):
+    """SharedExpertMLP under tensor parallelism (Megatron-Core's shared_experts.py: its linear_fc1 column- and
+    linear_fc2 row-parallel, with sequence parallelism's gather before fc1 and reduce-scatter after fc2, as the
+    dense MLP): built through the plan (gpt/parallel_plan.py, `mlp.shared_experts.*`), so its weights are split
+    over the TP ranks under the same names as SharedExperts'. It takes the layer's [batch, sequence slice, hidden]
+    and gives the slice's output; the gate (per token, on the slice) has its gradient summed over TP, as Megatron
+    marks gate_weight sequence_parallel."""
+
+    def __init__(self, hidden_size: int, ffn_size: int, *, plan, activation: Callable[[torch.Tensor], torch.Tensor],
+                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool):
+        super().__init__()
+        self.state, self.activation, self.swiglu = plan.state, activation, swiglu
+        for name in (("dense_h_to_4h_gate", "dense_h_to_4h_up") if swiglu else ("dense_h_to_4h",)):
+            self.add_module(name, plan.linear(f"mlp.shared_experts.{name}", hidden_size, ffn_size, init_std=init_std,
+                                              bias=bias))
+        self.dense_4h_to_h = plan.linear("mlp.shared_experts.dense_4h_to_h", ffn_size, hidden_size,
+                                         init_std=output_init_std, bias=bias)
+        if gate:
+            self.gate_weight = nn.Parameter(torch.empty(1, hidden_size, device="meta"))
+            set_init_method(self.gate_weight, InitMethod.normal(init_std))
+        else:
+            self.gate_weight = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        first = self.dense_h_to_4h_gate if self.swiglu else self.dense_h_to_4h
+        whole = first.enter(hidden)  # the sequence all-gathered once for the input projections
+        if self.swiglu:
+            up = self.dense_h_to_4h_up
+            activated = F.silu(first.linear(whole, first.weight, first.bias)) * up.linear(whole, up.weight, up.bias)
+        else:
+            activated = self.activation(first.linear(whole, first.weight, first.bias))
+        output = self.dense_4h_to_h(activated)
+        if self.gate_weight is not None:
+            gate = copy_to_tensor_parallel_region(self.gate_weight, self.state)
+            output = output * torch.sigmoid(F.linear(hidden, gate))
+        return output
+
+
 class MoELayer(nn.Module):
     def __init__(self, hidden_size: int, settings: MoESettings, *, state: ParallelState,
                  activation: Callable[[torch.Tensor], torch.Tensor], swiglu: bool, init_std: float,
                  output_init_std: float, bias: bool, layer_number: int = 0,
                  tracker: Optional[MoELossTracker] = None, dispatcher: Optional[TokenDispatcher] = None,
-                 local_experts: Optional[Sequence[int]] = None):
+                 local_experts: Optional[Sequence[int]] = None, plan=None):
         """`dispatcher` and `local_experts` (the global indices of this rank's experts, in the order the
         dispatcher groups their rows): an expert-parallel dispatcher and its rank's share; by default
-        LocalDispatcher and every expert."""
+        LocalDispatcher and every expert. `plan` (gpt/parallel_plan.py's TensorParallelPlan): under tensor
+        parallelism, how the shared experts split over the TP ranks."""
         super().__init__()
         self.settings = settings
         # DeepSpeed-MoE's gate has no bias (sharded_moe.TopKGate: Linear(model_dim, num_experts, bias=False))
@@ -84,7 +124,13 @@ class MoELayer(nn.Module):
             # (zero/experts.py), as Megatron-Core's experts (allreduce = False)
             for param in self.experts.parameters():
                 param.expert_parallel = True
-        if settings.shared_expert_intermediate_size is not None:
+        if settings.shared_expert_intermediate_size is not None and state.tensor_parallel_size > 1:
+            if plan is None or not plan.sequence_parallel:
+                raise ValueError("shared experts under tensor parallelism are built through a sequence-parallel plan")
+            self.shared_experts = TensorParallelSharedExperts(
+                hidden_size, settings.shared_expert_intermediate_size, plan=plan, activation=activation, swiglu=swiglu,
+                init_std=init_std, output_init_std=output_init_std, bias=bias, gate=settings.shared_expert_gate)
+        elif settings.shared_expert_intermediate_size is not None:
             self.shared_experts = SharedExperts(hidden_size, settings.shared_expert_intermediate_size,
                                                 activation=activation, swiglu=swiglu, init_std=init_std,
                                                 output_init_std=output_init_std, bias=bias,
@@ -108,9 +154,12 @@ class MoELayer(nn.Module):
                 output = self._balanced_on_meta(tokens, probs)
             else:
                 output = self._routed(tokens, probs, routing_map)
+        output = output.view(seq, batch, width).transpose(0, 1)
+        if isinstance(self.shared_experts, TensorParallelSharedExperts):
+            return output + self.shared_experts(hidden)
         if self.shared_experts is not None:
-            output = output + self.shared_experts(tokens)
-        return output.view(seq, batch, width).transpose(0, 1)
+            output = output + self.shared_experts(tokens).view(seq, batch, width).transpose(0, 1)
+        return output
 
     def _routed(self, tokens: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
         choice_probs, indices = choices_of(probs, routing_map, self.settings.router_topk)

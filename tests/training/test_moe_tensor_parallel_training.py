@@ -77,6 +77,18 @@ def test_tensor_parallel_2_by_expert_parallel_2_trains_as_tp_1_ep_1_with_both_di
     assert_equal_runs(runs, tmp_path)
 
 
+@pytest.mark.slow
+def test_shared_experts_with_gate_under_tp_2_by_ep_2_train_as_tp_1(corpus_cache_300, tmp_path):
+    """Megatron-Core's SharedExpertMLP under TP (shared_experts.py): linear_fc1 column- and linear_fc2 row-parallel
+    with sequence parallelism's gather and reduce-scatter, the gate on each rank's slice with its weight's gradient
+    summed over TP (gate_weight marked sequence_parallel). Beside routed experts at expert TP 2, SwiGLU (the
+    shared MLP's two input projections under one gather), the alltoall dispatcher."""
+    shared = ["--moe-shared-expert-intermediate-size", "64", "--moe-shared-expert-gate", "--swiglu"]
+    runs = run_variants(corpus_cache_300, tmp_path, {
+        "tp1": [], "tp2": TP2 + ["--moe-token-dispatcher-type", "alltoall"]}, common=shared)
+    assert_equal_runs(runs, tmp_path)
+
+
 def launch_rank_keeping_codes(rank, world_size, argv_by_run, ports):
     """pretrain_gpt.main for each run in turn: (its exit code, what it wrote to stderr) per run."""
     import contextlib
@@ -143,8 +155,8 @@ def test_moe_under_tensor_parallelism_refuses_what_it_cannot_run_in_one_line(cor
     """Megatron-Core's MoELayer.forward raises in training with TP > 1 and no sequence parallelism (moe_layer.py:
     "performance may degrade if MoE and tensor parallelism are enabled without also enabling sequence
     parallelism"); expert TP is 1 or the TP size here (Megatron's default is the TP size; it allows others);
-    DeepSpeed-MoE's gating and shared experts are not tensor-parallel here. Each refused in one line, exit 2,
-    before any process group exists."""
+    DeepSpeed-MoE's gating is not tensor-parallel here, and the experts' and shared experts' ffn must split evenly.
+    Each refused in one line, exit 2, before any process group exists."""
     import pretrain_gpt
 
     base = TINY + MOE + ["--data-cache-dir", corpus_cache_300]
@@ -154,8 +166,8 @@ def test_moe_under_tensor_parallelism_refuses_what_it_cannot_run_in_one_line(cor
                         "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1"),
                        (tp2 + ["--sequence-parallel", "--expert-tensor-parallel-size", "4"],
                         "--expert-tensor-parallel-size 4 with --tensor-model-parallel-size 2"),
-                       (tp2 + ["--sequence-parallel", "--moe-shared-expert-intermediate-size", "64"],
-                        "shared experts are not tensor-parallel here yet"),
+                       (tp2 + ["--sequence-parallel", "--moe-shared-expert-intermediate-size", "33"],
+                        "--moe-shared-expert-intermediate-size 33 is not divisible by --tensor-model-parallel-size 2"),
                        (tp2 + ["--sequence-parallel", "--moe-ffn-hidden-size", "33"],
                         "--moe-ffn-hidden-size 33 is not divisible by --expert-tensor-parallel-size 2")):
         refused = run_main(pretrain_gpt.main, base + argv)
