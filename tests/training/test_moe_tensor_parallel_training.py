@@ -197,3 +197,31 @@ def test_the_dry_run_plans_tp_2_by_ep_2_at_expert_tp_1_and_2():
     half = 32 * 64 + 64 + 64 * 32 + 32  # its half at expert TP 2: fc1's rows and bias, fc2's columns, fc2's bias
     assert plans["1"].parameters_total == plans["2"].parameters_total
     assert plans["1"].parameters_local - plans["2"].parameters_local == 2 * 2 * (whole - half)
+
+
+@pytest.mark.slow
+def test_a_mixtral_shaped_tp_2_by_ep_2_checkpoint_exports_to_hugging_face_as_the_tp_1_one(corpus_cache_300, tmp_path):
+    """scripts/convert_to_hf.py from a TP 2 x EP 2 (expert TP 2) save: the MixtralForCausalLM folder holds the
+    weights the TP 1 x EP 1 run's folder holds after the same 3 iterations (the experts gathered from their EP
+    ranks' TP halves by name), to fp32 rounding; tests/checkpoint/test_hf_moe.py checks such a folder's logits
+    against transformers."""
+    from safetensors.torch import load_file
+
+    from scripts import convert_to_hf
+
+    mixtral = ["--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
+               "--untie-embeddings-and-output-weights"]
+    common = TINY + MOE + mixtral + ["--train-iters", "3", "--global-batch-size", "8", "--data-cache-dir",
+                                     corpus_cache_300]
+    argv = [common + ["--save", str(tmp_path / "tp1"), "--metrics-file", str(tmp_path / "tp1.jsonl")],
+            common + TP2 + ["--save", str(tmp_path / "tp2"), "--metrics-file", str(tmp_path / "tp2.jsonl")]]
+    run_distributed(launch_rank, 4, argv, [free_port() for _ in argv], timeout=900)
+    exported = {}
+    for name in ("tp1", "tp2"):
+        assert run_main(convert_to_hf.main, [str(tmp_path / name), str(tmp_path / f"{name}_hf")]).code == 0
+        (weights,) = (tmp_path / f"{name}_hf").glob("*.safetensors")
+        exported[name] = load_file(weights)
+    assert sorted(exported["tp1"]) == sorted(exported["tp2"])
+    assert any("block_sparse_moe.experts.3.w2" in key for key in exported["tp1"])
+    for key, tensor in exported["tp1"].items():
+        torch.testing.assert_close(exported["tp2"][key], tensor, rtol=1e-5, atol=1e-5, msg=key)
