@@ -78,6 +78,20 @@ def test_tensor_parallel_2_by_expert_parallel_2_trains_as_tp_1_ep_1_with_both_di
 
 
 @pytest.mark.slow
+def test_tensor_parallel_2_without_expert_parallelism_trains_as_tp_1(corpus_cache_300, tmp_path):
+    """TP 2 at EP 1: with expert TP 1 every TP rank holds every expert whole and runs its own sequence slice through
+    them, so the experts' gradients are reduced over the expert data-parallel group of all 4 ranks (TP x DP, not the
+    dense DP group); with expert TP 2 (the default) each expert is split over the TP pair and the dispatcher
+    gathers the pair's rows (Megatron-Core's expert tensor-and-model group is then the TP group)."""
+    runs = run_variants(corpus_cache_300, tmp_path, {
+        "tp1": [],
+        "etp1": ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1"],
+        "etp2": ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--moe-token-dispatcher-type",
+                 "alltoall"]})
+    assert_equal_runs(runs, tmp_path)
+
+
+@pytest.mark.slow
 def test_shared_experts_with_gate_under_tp_2_by_ep_2_train_as_tp_1(corpus_cache_300, tmp_path):
     """Megatron-Core's SharedExpertMLP under TP (shared_experts.py): linear_fc1 column- and linear_fc2 row-parallel
     with sequence parallelism's gather and reduce-scatter, the gate on each rank's slice with its weight's gradient
