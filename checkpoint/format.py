@@ -406,17 +406,25 @@ def consolidate(iteration_dir: Path, keys: Sequence[str] = ("master",), progress
                                                tp_rank, tp_size)
                 _copy_into_flat_range(target, param_offset,
                                       flats[key][partition_offset:partition_offset + numel])
-            filled[param_name] += numel
+            filled[param_name, tp_rank] += numel
         del flats
         if progress:
             print(f"  read {name} ({count}/{len(shards)})", flush=True)
     for param_name, entry in table.items():
-        expected = torch.Size(entry["shape"]).numel()
-        if entry["tensor_parallel_dim"] is None:
-            expected *= tp_size  # every TP rank holds a replicated parameter whole
-        if filled[param_name] != expected:
-            raise CheckpointError(f"{iteration_dir}: the optimizer partitions hold {filled[param_name]} of "
-                                  f"{expected} elements of {param_name}; the checkpoint is incomplete")
+        whole = torch.Size(entry["shape"]).numel()
+        per_rank = [filled[param_name, tp_rank] for tp_rank in range(tp_size)]
+        if entry["tensor_parallel_dim"] is not None:  # each TP rank holds its slice
+            complete = all(count == whole // tp_size for count in per_rank)
+        else:
+            # every TP rank holding a replicated parameter holds it whole; an expert under expert parallelism over
+            # the TP ranks (--expert-tensor-parallel-size 1 beside TP: gpt/moe/layer.py) is held by its EP rank's
+            # TP ranks only
+            complete = all(count in (0, whole) for count in per_rank) and any(count == whole for count in per_rank)
+            complete = complete and (all(count == whole for count in per_rank) or ".mlp.experts." in param_name)
+        if not complete:
+            raise CheckpointError(f"{iteration_dir}: the optimizer partitions hold {sum(per_rank)} elements of "
+                                  f"{param_name} over the TP ranks ({per_rank}), not the whole parameter on each "
+                                  f"TP rank that holds it; the checkpoint is incomplete")
     return result
 
 

@@ -377,6 +377,15 @@ def check_compatible(metadata: dict, model: nn.Module, state: ParallelState, pat
     if problems:
         raise CheckpointError(f"{path} does not fit this model ({len(problems)} mismatched keys):\n  "
                               + "\n  ".join(problems))
+    # The same whole shapes split another way over the TP ranks: the experts of an MoE model saved at another
+    # --expert-tensor-parallel-size (gpt/moe/experts.py: split at ETP = TP, whole at 1); at TP 1 nothing is split
+    split = [name for name in ours if saved[name].get("tensor_parallel_dim") != ours[name]["tensor_parallel_dim"]] \
+        if saved_tp > 1 else []
+    if split:
+        raise CheckpointError(f"{path} splits {split[0]} (and {len(split) - 1} more parameters) over the tensor-parallel "
+                              f"ranks differently from this run: its experts were saved at another "
+                              f"--expert-tensor-parallel-size; resume at the expert tensor-parallel size it was "
+                              f"saved with")
 
 
 def saved_optimizer(metadata: dict) -> str:

@@ -241,6 +241,9 @@ class TransformerBlock(nn.Module):
             # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
             # under expert parallelism its share of the experts and the plan's dispatcher (gpt/parallel_plan.py)
             # (a Megatron-DeepSpeed --num-experts list gives each MoE layer its own count, split over the same group)
+            if plan.state.tensor_parallel_size > 1 and not plan.sequence_parallel:
+                raise ValueError("an MoE layer under tensor parallelism runs on the sequence-parallel slices "
+                                 "(Megatron-Core's MoELayer requires --sequence-parallel with TP)")
             moe = config.moe_of(layer_number)
             dispatcher, local_experts = plan.experts(moe.num_experts)
             self.mlp = MoELayer(h, moe, state=plan.state,
@@ -248,7 +251,7 @@ class TransformerBlock(nn.Module):
                                 swiglu=architecture.swiglu, init_std=config.init_method_std,
                                 output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
                                 layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
-                                local_experts=local_experts, xielu=config.activation == "xielu")
+                                local_experts=local_experts, xielu=config.activation == "xielu", plan=plan)
         elif architecture.swiglu:
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),

@@ -333,11 +333,6 @@ class ModelConfig:
             raise ConfigError(f"--mlp-type residual with --tensor-model-parallel-size {tensor_parallel_size} is not "
                               f"implemented: PR-MoE's dense MLP is not tensor-parallel here; run it at "
                               f"--tensor-model-parallel-size 1", flags=("--mlp-type", "--tensor-model-parallel-size"))
-        if self.moe is not None and tensor_parallel_size > 1:
-            raise ConfigError(f"--num-experts {self.num_experts} with --tensor-model-parallel-size "
-                              f"{tensor_parallel_size}: experts are not tensor-parallel here (expert TP 1 only); "
-                              f"run the MoE model at --tensor-model-parallel-size 1",
-                              flags=("--num-experts", "--tensor-model-parallel-size"))
 
     @classmethod
     def from_record(cls, recorded: dict) -> "ModelConfig":

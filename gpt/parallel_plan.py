@@ -44,6 +44,12 @@ LAYER_STYLES = {
     "mlp.dense_h_to_4h_up": COLUMN,
     "mlp.dense_4h_to_h": ROW,
     "output_layer": COLUMN,                # untied: the vocabulary's rows, as the embedding's
+    # an MoE layer's shared experts under TP (gpt/moe/layer.py TensorParallelSharedExperts, Megatron-Core's
+    # SharedExpertMLP): the MLP's styles; the routed experts split over the expert TP group instead (experts.py)
+    "mlp.shared_experts.dense_h_to_4h": COLUMN,
+    "mlp.shared_experts.dense_h_to_4h_gate": COLUMN,
+    "mlp.shared_experts.dense_h_to_4h_up": COLUMN,
+    "mlp.shared_experts.dense_4h_to_h": ROW,
 }
 
 # The regions outside the TP layers, which hold 1/TP of the sequence under sequence parallelism (Megatron-Core's
@@ -70,13 +76,14 @@ class TensorParallelPlan:
     token_dispatcher: str = "allgather"
 
     def experts(self, num_experts: int):
-        """An MoE layer's dispatcher and the global indices of this rank's experts: at expert-parallel size 1
-        None (the layer's LocalDispatcher) and every expert; above it the --moe-token-dispatcher-type dispatcher
-        over the expert-parallel group and this rank's contiguous share (expert e on EP rank e // (E / EP), as
-        Megatron-Core's local_expert_indices), named by global index so checkpoints name experts alike at any
-        EP size."""
+        """An MoE layer's dispatcher and the global indices of this rank's experts: at expert-parallel and expert
+        tensor-parallel size 1 None (the layer's LocalDispatcher) and every expert; above it the
+        --moe-token-dispatcher-type dispatcher over the expert tensor-and-model group (ETP x EP; with ETP > 1 it
+        gathers the ETP peers' rows, each peer running its slice of the experts) and this rank's contiguous share
+        (expert e on EP rank e // (E / EP), as Megatron-Core's local_expert_indices), named by global index so
+        checkpoints name experts alike at any EP size."""
         experts = self.state.experts
-        if experts.model_size == 1:
+        if experts.model_size == 1 and experts.tensor_size == 1:
             return None, None
         kind = AllToAllDispatcher if self.token_dispatcher == "alltoall" else AllGatherDispatcher
         dispatcher = kind(experts, num_experts, self.state.comm)

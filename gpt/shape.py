@@ -140,9 +140,13 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
                                                              sequence_parallel=sequence_parallel))
         shape = _read_shape(GPTModel(probe, state, plan=plan), tensor_parallel_size)
         blocks = {}
+        # an MoE layer under TP runs on the sequence-parallel slices (gpt/moe/layer.py): its probe's plan says so
+        # (the parameters are the same either way); each expert split over the TP ranks (expert TP = TP)
+        moe_plan = plan if tensor_parallel_size == 1 else tensor_parallel_plan(state, ParallelismConfig(
+            tensor_model_parallel_size=tensor_parallel_size, sequence_parallel=True))
         for count in (config.expert_counts() if config.moe is not None else ()):
             moe_probe = GPTModel(dataclasses.replace(probe, num_experts=count, moe_layer_freq=1,
-                                                     expert_interval=1), state, plan=plan)
+                                                     expert_interval=1), state, plan=moe_plan)
             block = _moe_block(moe_probe.blocks[0], config.moe.router_topk, tensor_parallel_size)
             blocks[count] = (block["parameters_per_moe_block"], block["active_parameters_per_moe_block"])
             if count == config.moe.num_experts:  # the largest
@@ -167,9 +171,9 @@ def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
     per_expert = _parameters(experts[0], tensor_parallel_size)
     total = _parameters(block, tensor_parallel_size)
 
-    def weight_flops(module: nn.Module) -> int:
-        return sum(2 * parameter.numel() for name, parameter in module.named_parameters()
-                   if name.endswith("weight") and name != "gate_weight")
+    def weight_flops(module: nn.Module) -> int:  # every TP rank's slices of a split weight
+        return sum(2 * parameter.numel() * (tensor_parallel_size if hasattr(parameter, "tensor_parallel_dim") else 1)
+                   for name, parameter in module.named_parameters() if name.endswith("weight") and name != "gate_weight")
 
     # attention's projections (its scores and context are added per sequence length: AttentionShape)
     flops = sum(2 * matmul.in_features * matmul.out_features for matmul in _block_matmuls(block)

@@ -70,8 +70,8 @@ class ParallelismConfig:
         help="ranks the experts of each MoE layer are split over (each holds --num-experts / EP of them; tokens "
              "travel by --moe-token-dispatcher-type); must divide the data-parallel size and --num-experts")
     expert_tensor_parallel_size: Optional[int] = option(
-        None, help="tensor parallelism inside each expert (Megatron's default: --tensor-model-parallel-size); "
-                   "experts are not tensor-parallel here: only 1")
+        None, help="tensor parallelism inside each expert (Megatron's default: --tensor-model-parallel-size): 1 "
+                   "(whole experts) or --tensor-model-parallel-size (each expert's ffn split over the TP ranks)")
     # Megatron-Core's --moe-token-dispatcher-type (megatron/core/transformer/moe/token_dispatcher.py); its default.
     moe_token_dispatcher_type: str = option(
         "allgather", choices=("allgather", "alltoall", "flex"),
@@ -86,9 +86,13 @@ class ParallelismConfig:
                            ("expert_model_parallel_size", "--expert-model-parallel-size")):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)}", flags=(flag,))
-        if self.expert_tensor_parallel_size not in (None, 1):
-            raise ConfigError(f"--expert-tensor-parallel-size {self.expert_tensor_parallel_size}: experts are not "
-                              "tensor-parallel here; use 1", flags=("--expert-tensor-parallel-size",))
+        tp = self.tensor_model_parallel_size
+        if self.expert_tensor_parallel_size not in (None, 1, tp):
+            # Megatron allows any ETP whose grid divides the ranks; here an expert's slices lie on the TP ranks
+            raise ConfigError(f"--expert-tensor-parallel-size {self.expert_tensor_parallel_size} with "
+                              f"--tensor-model-parallel-size {tp}: expert tensor parallelism is 1 or the "
+                              f"tensor-parallel size here; use 1 or {tp}",
+                              flags=("--expert-tensor-parallel-size", "--tensor-model-parallel-size"))
         if self.moe_token_dispatcher_type == "flex":
             raise ConfigError("--moe-token-dispatcher-type flex (DeepEP/HybridEP kernels) is not implemented: use "
                               "alltoall or allgather (the same numbers)", flags=("--moe-token-dispatcher-type",))

@@ -220,6 +220,7 @@ def reduce_scatter_to_sequence_parallel_region(tensor: torch.Tensor, state: Para
 #     all_to_all                        forward: all-to-all (splits)   backward: all-to-all (splits swapped)
 #     gather_along_first_dim            forward: all-gather            backward: reduce-scatter
 #     reduce_scatter_along_first_dim    forward: reduce-scatter        backward: all-gather
+#     sum_gradient_over                 forward: identity              backward: all-reduce
 
 
 def _all_to_all_rows(tensor: torch.Tensor, comm, group, group_name: str, output_splits: list[int],
@@ -302,3 +303,25 @@ def reduce_scatter_along_first_dim(tensor: torch.Tensor, comm, group, group_name
     if size == 1:
         return tensor
     return _ReduceScatterAlongFirstDim.apply(tensor, comm, group, group_name, size)
+
+
+class _SumGradientOver(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, comm, group, group_name):
+        ctx.args = (comm, group, group_name)
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        comm, group, group_name = ctx.args
+        reduced = grad_output.clone(memory_format=torch.contiguous_format)
+        comm.all_reduce(reduced, group, group_name)
+        return reduced, None, None, None
+
+
+def sum_gradient_over(tensor: torch.Tensor, comm, group, group_name: str) -> torch.Tensor:
+    """`tensor` unchanged; in backward its gradient summed over the group (copy_to_tensor_parallel_region over any
+    group): a parameter replicated over the group whose ranks each see part of what it acts on."""
+    if group_size(group) == 1:
+        return tensor
+    return _SumGradientOver.apply(tensor, comm, group, group_name)

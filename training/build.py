@@ -89,10 +89,13 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.tied_output \
         and model.word_embeddings is not None else []
     mark_weight_decay(decayed_norm_params(model, config))
-    # Under expert parallelism the experts' states get a ZeRO of their own over the expert data-parallel group.
+    # Where the experts' grid is not the dense one (expert parallelism, or expert TP 1 beside TP: each TP rank's
+    # experts see its own sequence slice) the experts' states get a ZeRO of their own over the expert data-parallel
+    # group (gpt/moe/layer.py tags them).
+    own_experts = state.expert_grid is not None and config.model.moe is not None
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
                       decoupled_lr_params=decoupled_lr_params(model, config),
-                      build=build_zero_with_experts if state.experts.model_size > 1 else None)
+                      build=build_zero_with_experts if own_experts else None)
     if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng)

@@ -7,6 +7,9 @@ Logged as Megatron-Core's MoEMetricsTracker.report does: per loss (load_balancin
 global_load_balancing_loss, z_loss; each the loss over its coefficient), summed over the micro-batches times
 1 / micro-batches, summed over the MoE layers and divided by their number, averaged over the data-parallel group;
 DeepSpeed-MoE's moe_loss (l_aux x --moe-loss-coeff) summed over the layers, as Megatron-DeepSpeed logs it.
+Under tensor parallelism each TP rank's router records its sequence slice's share (gpt/moe/router.py), and the
+shares and token counts are summed over the TP group first (Megatron-Core records the balancing losses with
+reduce_group = tp_cp_group, and averages the z-loss, whose shares here carry 1/TP, over it).
 They are logged beside the LM loss, never added to its value (only their gradients are).
 """
 
@@ -42,6 +45,10 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
     # the same collectives as the others, with zero counts.
     totals = torch.tensor([[sum(sums.get(name, {}).values()), len(sums.get(name, {}))] for name in MOE_LOSS_NAMES],
                           dtype=torch.float64, device=state.device)
+    if state.tensor_parallel_size > 1:
+        shares = totals[:, 0].clone()
+        state.comm.all_reduce(shares, state.tensor_parallel_group, "tp")
+        totals[:, 0] = shares
     if state.pipeline_parallel_size > 1:
         state.comm.all_reduce(totals, state.pipeline_parallel_group, "pp")
     if state.data_parallel_size > 1:
@@ -56,9 +63,10 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
 def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_steps: int, num_layers: int,
                          num_experts: int, experts_per_layer: Optional[Sequence[int]] = None) -> dict[str, list]:
     """Per layer (None where a layer has no experts): each balancing loss as finish_moe_iteration logs it, and
-    the tokens each expert received in the iteration summed over the micro-batches and the data-parallel ranks
-    (Megatron-LM's --moe-per-layer-logging). Call it after finish_moe_iteration, on every rank. `num_experts`: the
-    most any layer has; `experts_per_layer`: each layer's, where they differ (a Megatron-DeepSpeed list)."""
+    the tokens each expert received in the iteration summed over the micro-batches, the TP slices and the
+    data-parallel ranks (Megatron-LM's --moe-per-layer-logging). Call it after finish_moe_iteration, on every rank.
+    `num_experts`: the most any layer has; `experts_per_layer`: each layer's, where they differ (a
+    Megatron-DeepSpeed list)."""
     tracker = model.moe_tracker
     sums = tracker.sums()
     losses = torch.zeros(len(MOE_LOSS_NAMES), num_layers, dtype=torch.float64, device=state.device)
@@ -69,6 +77,9 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
     tokens = torch.zeros(num_layers, num_experts, dtype=torch.float64, device=state.device)
     for layer, counts in tracker.tokens_per_expert.items():
         tokens[layer, :counts.numel()] = counts.to(tokens)
+    if state.tensor_parallel_size > 1:  # each TP rank's sequence slice
+        for tensor in (losses, tokens):
+            state.comm.all_reduce(tensor, state.tensor_parallel_group, "tp")
     for group, name in ((state.pipeline_parallel_group, "pp"), (state.data_parallel_group, "dp")):
         if (state.pipeline_parallel_size if name == "pp" else state.data_parallel_size) > 1:
             for tensor in (losses, present, tokens):

@@ -65,7 +65,12 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
                   f"partition cut over DP x CP = {state.data_context_parallel_size})")
     experts = state.experts
     if experts.model_size > 1:
-        words += (f"; experts EP {experts.model_size} x expert DP {experts.data_size} "
+        # expert TP named only where the experts are split (a line without it is the one before expert TP existed)
+        split = f" x expert TP {experts.tensor_size}" if experts.tensor_size > 1 else ""
+        words += (f"; experts EP {experts.model_size}{split} x expert DP {experts.data_size} "
+                  f"({config.parallel.moe_token_dispatcher_type} dispatcher)")
+    elif config.model.moe is not None and experts.tensor_size > 1:
+        words += (f"; experts split over expert TP {experts.tensor_size} "
                   f"({config.parallel.moe_token_dispatcher_type} dispatcher)")
     instances = state.optimizer_instances.count
     if instances > 1:

@@ -42,15 +42,18 @@ def switch_load_balancing_loss(scores: torch.Tensor, tokens_per_expert: torch.Te
 
 
 def sequence_load_balancing_loss(scores: torch.Tensor, routing_map: torch.Tensor, seq_length: int, batch: int,
-                                 topk: int, coeff: float) -> torch.Tensor:
+                                 topk: int, coeff: float, sum_counts=None, slices: int = 1) -> torch.Tensor:
     """TopKRouter._apply_seq_aux_loss: tokens in Megatron's [sequence, batch] order; the batch is folded into the
     expert dimension, so the switch loss of the reshaped tensors is the sum of each sequence's loss, then
-    divided by the batch size."""
+    divided by the batch size. Under sequence parallelism `seq_length` is this rank's slice of `slices`, and
+    `sum_counts` sums the per-sequence counts over the slices (the loss is then this slice's share)."""
     scores = scores.reshape(seq_length, -1)
     tokens_per_expert = routing_map.reshape(seq_length, -1).sum(dim=0)
+    if sum_counts is not None:
+        tokens_per_expert = sum_counts(tokens_per_expert)
     num_experts = routing_map.shape[-1]
-    per_sequence = torch.sum(scores.sum(dim=0) * tokens_per_expert) * (
-        num_experts * coeff / (topk * seq_length * seq_length))
+    total = seq_length * slices
+    per_sequence = torch.sum(scores.sum(dim=0) * tokens_per_expert) * (num_experts * coeff / (topk * total * total))
     return per_sequence / batch
 
 

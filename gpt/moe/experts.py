@@ -13,6 +13,14 @@ On the meta device (the planner's dry run) the choice is the one the planned run
 matmul saves its operands, the experts' weights stacked into one tensor per projection among them (a copy the
 loop does not make). Torch's meta kernel of grouped_mm takes bf16 only, so on meta `_GroupedMatmulShapes`
 stands in for it: the same output shape and the same saved tensors.
+
+Expert tensor parallelism (--expert-tensor-parallel-size ETP > 1, Megatron-Core's experts.py: linear_fc1
+column-parallel and linear_fc2 row-parallel over the expert tensor-parallel group, with no communication of their
+own): each ETP rank holds 1/ETP of every expert's ffn features - the input projections' rows (and biases) and the
+output projection's columns, tagged `tensor_parallel_dim` as the dense TP layers' - and computes a partial output
+of the rows the dispatcher gave every peer alike; the dispatcher's combine sums the peers' partials
+(gpt/moe/dispatchers.py). The output projection's bias is whole on every peer and added by the first peer only,
+its gradient summed over the ETP group (so every peer holds the same bias and update).
 """
 
 from __future__ import annotations
@@ -25,15 +33,30 @@ from torch import nn
 
 from gpt.xielu import XIELU, xielu
 from parallel.init import InitMethod, set_init_method
+from parallel.mappings import sum_gradient_over
+from parallel.state import ExpertParallel
 
 
-def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, std: float, bias: bool) -> None:
+def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, std: float, bias: bool,
+                       split_dim: Optional[int] = None, parts: int = 1) -> None:
+    """`split_dim` 0: the output features split in `parts` (column-parallel, the bias too); 1: the input features
+    (row-parallel, the bias whole)."""
     linear = nn.Module()
-    linear.weight = nn.Parameter(torch.empty(outputs, inputs, device="meta"))
+    shape = [outputs, inputs]
+    if split_dim is not None:
+        if shape[split_dim] % parts:
+            raise ValueError(f"{name}: {shape[split_dim]} features are not divisible by the expert tensor-parallel "
+                             f"size {parts}")
+        shape[split_dim] //= parts
+    linear.weight = nn.Parameter(torch.empty(*shape, device="meta"))
     set_init_method(linear.weight, InitMethod.normal(std))
+    if split_dim is not None:
+        linear.weight.tensor_parallel_dim = split_dim
     if bias:
-        linear.bias = nn.Parameter(torch.empty(outputs, device="meta"))
+        linear.bias = nn.Parameter(torch.empty(shape[0], device="meta"))
         set_init_method(linear.bias, InitMethod.zeros())
+        if split_dim == 0:
+            linear.bias.tensor_parallel_dim = 0
     else:
         linear.bias = None
     module.add_module(name, linear)
@@ -41,18 +64,22 @@ def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, 
 
 class ExpertMLP(nn.Module):
     """One expert: h -> ffn -> activation (or SwiGLU's silu(gate) * up) -> h; with `xielu`, the expert's own xIELU
-    and its two scalars (`activation_func`, gpt/xielu.py)."""
+    and its two scalars (`activation_func`, gpt/xielu.py); with `tensor_parallel_size` > 1 this rank's 1/size of
+    the ffn features (module docstring)."""
 
     def __init__(self, hidden_size: int, ffn_size: int, *, swiglu: bool, init_std: float, output_init_std: float,
-                 bias: bool, xielu: bool = False):
+                 bias: bool, xielu: bool = False, tensor_parallel_size: int = 1):
         super().__init__()
         self.swiglu = swiglu
+        split = tensor_parallel_size > 1
         inputs = ("dense_h_to_4h_gate", "dense_h_to_4h_up") if swiglu else ("dense_h_to_4h",)
         for name in inputs:
-            _linear_parameters(self, name, hidden_size, ffn_size, init_std, bias)
+            _linear_parameters(self, name, hidden_size, ffn_size, init_std, bias, 0 if split else None,
+                               tensor_parallel_size)
         if xielu:
             self.activation_func = XIELU()
-        _linear_parameters(self, "dense_4h_to_h", ffn_size, hidden_size, output_init_std, bias)
+        _linear_parameters(self, "dense_4h_to_h", ffn_size, hidden_size, output_init_std, bias, 1 if split else None,
+                           tensor_parallel_size)
 
     def input_linears(self) -> list[nn.Module]:
         return [self.dense_h_to_4h_gate, self.dense_h_to_4h_up] if self.swiglu else [self.dense_h_to_4h]
@@ -61,18 +88,35 @@ class ExpertMLP(nn.Module):
 class Experts(nn.Module):
     """This rank's ExpertMLPs, named by their global expert index (`expert_ids`: all of `num_experts` at
     expert-parallel size 1, an expert-parallel rank's share otherwise); forward(rows [N, H] grouped by local
-    expert in `expert_ids` order, tokens_per_expert [local experts]) -> [N, H]."""
+    expert in `expert_ids` order, tokens_per_expert [local experts]) -> [N, H]. `tensor_parallel` (the experts'
+    grid, with its communicator `comm`): split each expert over its ETP group (module docstring); the output is
+    then this rank's partial sum."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
                  swiglu: bool, init_std: float, output_init_std: float, bias: bool, grouped: bool = True,
-                 expert_ids: Optional[Sequence[int]] = None, xielu: bool = False):
+                 expert_ids: Optional[Sequence[int]] = None, xielu: bool = False,
+                 tensor_parallel: Optional[ExpertParallel] = None, comm=None):
         super().__init__()
         self.activation, self.swiglu, self.grouped, self.xielu = activation, swiglu, grouped, xielu
         # the device type a planned run computes on (planner/moe_plan.py), for the choice on the meta device
         self.planned_device: Optional[str] = None
+        self.tensor_parallel = tensor_parallel if tensor_parallel is not None and tensor_parallel.tensor_size > 1 \
+            else None
+        self.comm = comm
+        parts = 1 if self.tensor_parallel is None else self.tensor_parallel.tensor_size
         for expert in (range(num_experts) if expert_ids is None else expert_ids):
             self.add_module(str(expert), ExpertMLP(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std,
-                                                   output_init_std=output_init_std, bias=bias, xielu=xielu))
+                                                   output_init_std=output_init_std, bias=bias, xielu=xielu,
+                                                   tensor_parallel_size=parts))
+
+    def _output_bias(self, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The output projection's bias as this rank adds it: whole, or under expert tensor parallelism the first
+        ETP peer's only (the peers' partial outputs are summed), its gradient summed over the peers."""
+        parallel = self.tensor_parallel
+        if bias is None or parallel is None:
+            return bias
+        bias = sum_gradient_over(bias, self.comm, parallel.tensor_group, "etp")
+        return bias if parallel.tensor_rank == 0 else bias * 0.0
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         if self.grouped and can_group(rows, list(self.children()), self.planned_device):
@@ -91,21 +135,21 @@ class Experts(nn.Module):
         for expert, chunk in zip(self.children(), torch.split(rows, sizes)):
             inputs = [F.linear(chunk, linear.weight, linear.bias) for linear in expert.input_linears()]
             hidden = expert.activation_func(inputs[0]) if self.xielu else self._activate(inputs)
-            outputs.append(F.linear(hidden, expert.dense_4h_to_h.weight, expert.dense_4h_to_h.bias))
+            outputs.append(F.linear(hidden, expert.dense_4h_to_h.weight, self._output_bias(expert.dense_4h_to_h.bias)))
         return torch.cat(outputs) if outputs else rows
 
     def forward_grouped(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         experts = list(self.children())
         offsets = torch.cumsum(tokens_per_expert, 0).to(torch.int32)
 
-        def grouped_linear(inputs: torch.Tensor, linears: list[nn.Module]) -> torch.Tensor:
+        def grouped_linear(inputs: torch.Tensor, linears: list[nn.Module], last: bool = False) -> torch.Tensor:
             weight = torch.stack([linear.weight for linear in linears]).transpose(-2, -1)  # [E, in, out]
             output = _GroupedMatmulShapes.apply(inputs, weight) if inputs.is_meta and inputs.dtype != torch.bfloat16 \
                 else F.grouped_mm(inputs, weight, offs=offsets)
             if output.requires_grad:  # its CPU backward takes a dense gradient only
                 output.register_hook(lambda grad: grad.contiguous())
             if linears[0].bias is not None:
-                bias = torch.stack([linear.bias for linear in linears])
+                bias = torch.stack([self._output_bias(linear.bias) if last else linear.bias for linear in linears])
                 output = output + bias.repeat_interleave(tokens_per_expert, dim=0, output_size=inputs.shape[0])
             return output
 
@@ -118,7 +162,7 @@ class Experts(nn.Module):
             activated = xielu(inputs[0], alpha_p, alpha_n)
         else:
             activated = self._activate(inputs)
-        return grouped_linear(activated, [expert.dense_4h_to_h for expert in experts])
+        return grouped_linear(activated, [expert.dense_4h_to_h for expert in experts], last=True)
 
 
 class _GroupedMatmulShapes(torch.autograd.Function):

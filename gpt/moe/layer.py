@@ -11,6 +11,12 @@ beside the experts, and a Linear(hidden, 2) `coefficient` mixes the two per toke
 Hidden states arrive [batch, sequence, hidden]; the router and dispatcher see them in Megatron's [sequence,
 batch] token order (gpt/moe/router.py). At expert-parallel size 1 the dispatcher is `LocalDispatcher`
 (gpt/moe/dispatcher.py); an expert-parallel dispatcher takes its place through `dispatcher`.
+
+Under tensor parallelism the layer runs on this TP rank's slice of the sequence (sequence parallelism, which
+Megatron-Core's MoELayer.forward requires with TP in training): the router routes the slice's tokens
+(gpt/moe/router.py), and the experts either are whole on every TP rank (--expert-tensor-parallel-size 1: the
+expert-parallel group is then made of TP ranks, Megatron-Core's parallel folding) or split over the expert
+tensor-parallel group (ETP = TP, Megatron's default; gpt/moe/experts.py), the dispatcher gathering the peers' rows.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from gpt.moe.experts import ExpertMLP, Experts
 from gpt.moe.router import TopKRouter
 from gpt.moe.settings import MoESettings
 from parallel.init import InitMethod, set_init_method
+from parallel.mappings import copy_to_tensor_parallel_region
 from parallel.state import ParallelState
 
 
@@ -57,31 +64,81 @@ class SharedExperts(ExpertMLP):
         return output
 
 
+class TensorParallelSharedExperts(nn.Module):
+    """SharedExpertMLP under tensor parallelism (Megatron-Core's shared_experts.py: its linear_fc1 column- and
+    linear_fc2 row-parallel, with sequence parallelism's gather before fc1 and reduce-scatter after fc2, as the
+    dense MLP): built through the plan (gpt/parallel_plan.py, `mlp.shared_experts.*`), so its weights are split
+    over the TP ranks under the same names as SharedExperts'. It takes the layer's [batch, sequence slice, hidden]
+    and gives the slice's output; the gate (per token, on the slice) has its gradient summed over TP, as Megatron
+    marks gate_weight sequence_parallel."""
+
+    def __init__(self, hidden_size: int, ffn_size: int, *, plan, activation: Callable[[torch.Tensor], torch.Tensor],
+                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool):
+        super().__init__()
+        self.state, self.activation, self.swiglu = plan.state, activation, swiglu
+        for name in (("dense_h_to_4h_gate", "dense_h_to_4h_up") if swiglu else ("dense_h_to_4h",)):
+            self.add_module(name, plan.linear(f"mlp.shared_experts.{name}", hidden_size, ffn_size, init_std=init_std,
+                                              bias=bias))
+        self.dense_4h_to_h = plan.linear("mlp.shared_experts.dense_4h_to_h", ffn_size, hidden_size,
+                                         init_std=output_init_std, bias=bias)
+        if gate:
+            self.gate_weight = nn.Parameter(torch.empty(1, hidden_size, device="meta"))
+            set_init_method(self.gate_weight, InitMethod.normal(init_std))
+        else:
+            self.gate_weight = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        first = self.dense_h_to_4h_gate if self.swiglu else self.dense_h_to_4h
+        whole = first.enter(hidden)  # the sequence all-gathered once for the input projections
+        if self.swiglu:
+            up = self.dense_h_to_4h_up
+            activated = F.silu(first.linear(whole, first.weight, first.bias)) * up.linear(whole, up.weight, up.bias)
+        else:
+            activated = self.activation(first.linear(whole, first.weight, first.bias))
+        output = self.dense_4h_to_h(activated)
+        if self.gate_weight is not None:
+            gate = copy_to_tensor_parallel_region(self.gate_weight, self.state)
+            output = output * torch.sigmoid(F.linear(hidden, gate))
+        return output
+
+
 class MoELayer(nn.Module):
     def __init__(self, hidden_size: int, settings: MoESettings, *, state: ParallelState,
                  activation: Callable[[torch.Tensor], torch.Tensor], swiglu: bool, init_std: float,
                  output_init_std: float, bias: bool, layer_number: int = 0,
                  tracker: Optional[MoELossTracker] = None, dispatcher: Optional[TokenDispatcher] = None,
-                 local_experts: Optional[Sequence[int]] = None, xielu: bool = False):
+                 local_experts: Optional[Sequence[int]] = None, xielu: bool = False, plan=None):
         """`dispatcher` and `local_experts` (the global indices of this rank's experts, in the order the
         dispatcher groups their rows): an expert-parallel dispatcher and its rank's share; by default
-        LocalDispatcher and every expert."""
+        LocalDispatcher and every expert. `plan` (gpt/parallel_plan.py's TensorParallelPlan): under tensor
+        parallelism, how the shared experts split over the TP ranks."""
         super().__init__()
         self.settings = settings
         # DeepSpeed-MoE's gate has no bias (sharded_moe.TopKGate: Linear(model_dim, num_experts, bias=False))
         self.router = TopKRouter(hidden_size, settings, init_std=init_std,
                                  bias=bias and settings.gating != "deepspeed", state=state,
                                  layer_number=layer_number, tracker=tracker)
+        if dispatcher is None and state.experts.tensor_size > 1:
+            raise ValueError("experts split over the expert tensor-parallel group need a dispatcher that gathers "
+                             "their peers' rows (gpt/parallel_plan.py TensorParallelPlan.experts)")
         self.experts = Experts(settings.num_experts, hidden_size, settings.ffn_hidden_size, activation=activation,
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
-                               grouped=settings.grouped_gemm, expert_ids=local_experts, xielu=xielu)
+                               grouped=settings.grouped_gemm, expert_ids=local_experts, xielu=xielu,
+                               tensor_parallel=state.experts if dispatcher is not None else None, comm=state.comm)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
-        if local_experts is not None and len(local_experts) < settings.num_experts:
-            # held by the expert-parallel ranks' share only: ZeRO reduces them over the expert data-parallel
-            # group (zero/experts.py), as Megatron-Core's experts (allreduce = False)
+        if (local_experts is not None and len(local_experts) < settings.num_experts) or state.expert_grid is not None:
+            # held by the expert-parallel ranks' share only, or (tensor parallelism with expert TP 1) each TP rank's
+            # experts see its own sequence slice: ZeRO reduces them over the expert data-parallel group
+            # (zero/experts.py), as Megatron-Core's experts (allreduce = False)
             for param in self.experts.parameters():
                 param.expert_parallel = True
-        if settings.shared_expert_intermediate_size is not None:
+        if settings.shared_expert_intermediate_size is not None and state.tensor_parallel_size > 1:
+            if plan is None or not plan.sequence_parallel:
+                raise ValueError("shared experts under tensor parallelism are built through a sequence-parallel plan")
+            self.shared_experts = TensorParallelSharedExperts(
+                hidden_size, settings.shared_expert_intermediate_size, plan=plan, activation=activation, swiglu=swiglu,
+                init_std=init_std, output_init_std=output_init_std, bias=bias, gate=settings.shared_expert_gate)
+        elif settings.shared_expert_intermediate_size is not None:
             self.shared_experts = SharedExperts(hidden_size, settings.shared_expert_intermediate_size,
                                                 activation=activation, swiglu=swiglu, init_std=init_std,
                                                 output_init_std=output_init_std, bias=bias,
@@ -120,6 +177,8 @@ class MoELayer(nn.Module):
                 output = self._balanced_on_meta(tokens, probs)
             else:
                 output = self._routed(tokens, probs, routing_map)
+        if isinstance(self.shared_experts, TensorParallelSharedExperts):  # on the sequence-parallel slice
+            return output.view(seq, batch, width).transpose(0, 1) + self.shared_experts(hidden)
         if self.shared_experts is not None:
             output = output + self.shared_experts(tokens)
         if self.residual_mlp is not None:

@@ -10,6 +10,15 @@ Expert bias (aux-loss-free balancing, DeepSeek-V3): each forward that builds a g
 expert received; `update_expert_bias` (after the iteration's backward, as Megatron's finalize_model_grads)
 sums the counts over the data-parallel group and moves each expert's bias by `rate` toward the mean load:
 bias + sign(mean - tokens) * rate. The bias only chooses experts; the weights are the unbiased scores.
+
+Under tensor parallelism the MoE layer runs with sequence parallelism (Megatron-Core's MoELayer refuses it without),
+so each TP rank routes its own slice of the sequence, as Megatron-Core's TopKRouter does: the router's weight is
+replicated over TP and its gradient summed over the TP group (Router marks it `sequence_parallel`, and
+finalize_model_grads sums such gradients over TP; here in backward, as the sequence-parallel norms'); the balancing
+losses' token counts are summed over TP and the token total is the local count x TP (moe_utils
+get_tokens_per_expert_and_token_count over the tp_cp group), so each rank's loss is its slice's share and the
+shares sum to the TP-1 loss; the z-loss coefficient is divided by TP (apply_z_loss: `moe_z_loss_coeff /
+tp_cp_group.size()`); the global aux loss and the expert bias count over TP x DP (tp_dp_cp group).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from gpt.moe.balancing import (
 )
 from gpt.moe.settings import MoESettings
 from parallel.init import InitMethod, set_init_method
+from parallel.mappings import copy_to_tensor_parallel_region
 from parallel.state import ParallelState
 
 
@@ -168,15 +178,31 @@ class TopKRouter(nn.Module):
     def gating(self, hidden: torch.Tensor) -> torch.Tensor:
         """Router.gating: the logits, in --moe-router-dtype (fp32/fp64) where given, else the input's dtype."""
         dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.settings.router_dtype, hidden.dtype)
-        bias = None if self.bias is None else self.bias.to(dtype)
-        return F.linear(hidden.to(dtype), self.weight.to(dtype), bias)
+        bias = None if self.bias is None else self._summed_over_slices(self.bias).to(dtype)
+        return F.linear(hidden.to(dtype), self._summed_over_slices(self.weight).to(dtype), bias)
+
+    def _summed_over_slices(self, parameter: torch.Tensor) -> torch.Tensor:
+        """The parameter, its gradient summed over the TP ranks' sequence slices (module docstring)."""
+        state = self.state
+        return parameter if state.tensor_parallel_size == 1 else copy_to_tensor_parallel_region(parameter, state)
+
+    def _summed_counts(self, counts: torch.Tensor, over_data_parallel: bool = False) -> torch.Tensor:
+        """Token counts summed over the TP ranks' slices (and the data-parallel ranks): a new tensor."""
+        counts = counts.detach().clone()
+        state = self.state
+        if state.tensor_parallel_size > 1:
+            state.comm.all_reduce(counts, state.tensor_parallel_group, "tp")
+        if over_data_parallel and state.data_parallel_size > 1:
+            state.comm.all_reduce(counts, state.data_parallel_group, "dp")
+        return counts
 
     def forward(self, hidden: torch.Tensor, seq_length: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         settings = self.settings
         logits = self.gating(hidden)
         grad = self.training and torch.is_grad_enabled()
         if settings.z_loss_coeff is not None and grad:
-            loss = z_loss(logits, settings.z_loss_coeff)
+            # each TP rank's mean over its slice, weighted 1/TP: the shares sum to the mean over the sequence
+            loss = z_loss(logits, settings.z_loss_coeff / self.state.tensor_parallel_size)
             logits = attach(logits, loss, self.tracker)
             self._record("z_loss", loss / settings.z_loss_coeff)
         if settings.router_load_balancing_type == "sinkhorn":
@@ -202,15 +228,18 @@ class TopKRouter(nn.Module):
         coeff, topk = settings.aux_loss_coeff, settings.router_topk
         aux_map, scores = scores_for_aux_loss(logits, topk, settings.router_score_function)
         num_tokens = aux_map.shape[0]
+        tp = self.state.tensor_parallel_size
         if kind == "aux_loss":
-            loss = switch_load_balancing_loss(scores, aux_map.sum(dim=0), num_tokens, topk, coeff)
+            loss = switch_load_balancing_loss(scores, self._summed_counts(aux_map.sum(dim=0)), num_tokens * tp, topk,
+                                              coeff)
             name = "load_balancing_loss"
         elif kind == "seq_aux_loss":
-            loss = sequence_load_balancing_loss(scores, aux_map, seq_length, batch, topk, coeff)
+            loss = sequence_load_balancing_loss(scores, aux_map, seq_length, batch, topk, coeff,
+                                                sum_counts=self._summed_counts, slices=tp)
             name = "seq_load_balancing_loss"
         else:
             loss = switch_load_balancing_loss(scores, self._global_tokens_per_expert(aux_map),
-                                              num_tokens * self.state.data_parallel_size, topk, coeff)
+                                              num_tokens * self.state.data_parallel_size * tp, topk, coeff)
             name = "global_load_balancing_loss"
         self._record(name, loss / coeff)
         return attach(probs, loss, self.tracker)
@@ -218,10 +247,7 @@ class TopKRouter(nn.Module):
     def _global_tokens_per_expert(self, aux_map: torch.Tensor) -> torch.Tensor:
         """TopKRouter._apply_global_aux_loss: this micro-batch's counts summed over the data-parallel group, added
         to the iteration's running sum, averaged over its micro-batches so far (reset each iteration)."""
-        tokens = aux_map.sum(dim=0).float()
-        state = self.state
-        if state.data_parallel_size > 1:
-            state.comm.all_reduce(tokens, state.data_parallel_group, "dp")
+        tokens = self._summed_counts(aux_map.sum(dim=0).float(), over_data_parallel=True)
         iteration = None if self.tracker is None else self.tracker.iteration
         if self._global_tokens is None or iteration != self._global_iteration:
             self._global_tokens, self._global_steps, self._global_iteration = torch.zeros_like(tokens), 0, iteration
@@ -238,10 +264,7 @@ class TopKRouter(nn.Module):
         """moe_utils.get_updated_expert_bias, after the iteration's backward (finalize_model_grads)."""
         if self.expert_bias is None:
             return
-        tokens = self.local_tokens_per_expert
-        state = self.state
-        if state.data_parallel_size > 1:
-            state.comm.all_reduce(tokens, state.data_parallel_group, "dp")
+        tokens = self._summed_counts(self.local_tokens_per_expert, over_data_parallel=True)
         offset = tokens.sum(dim=-1, keepdim=True) / tokens.shape[-1] - tokens
         self.expert_bias += torch.sign(offset) * self.settings.router_bias_update_rate
-        tokens.zero_()
+        self.local_tokens_per_expert.zero_()

@@ -326,14 +326,18 @@ def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatc
                "Megatron's name for --reduce-bucket-size)" in row for row in rows)
 
 
-def test_expert_tensor_parallel_size_is_no_effect_on_a_dense_model_and_refused_above_1_with_experts():
+def test_expert_tensor_parallel_size_is_no_effect_on_a_dense_model_and_1_or_the_tp_size_with_experts():
     """Megatron-LM reads --expert-tensor-parallel-size for the experts' grid only (megatron/core/parallel_state.py
     initialize_model_parallel builds the expert groups from it; a dense model has none), so its dense
-    functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*): accepted there; with experts, above 1, refused."""
+    functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*): accepted there; with experts 1 or the
+    tensor-parallel size (each expert split over the TP ranks), another size refused."""
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4"]
     dense = parse_arguments(settings_argv + ["--expert-tensor-parallel-size", "4"])
     assert dense.config.parallel.expert_tensor_parallel_size is None
     assert any("--expert-tensor-parallel-size 4: no effect on a dense model" in note for note in dense.notes)
     parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "1"])
-    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 2: experts are not tensor-parallel here"):
+    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: "
+                                          "expert tensor parallelism is 1 or the tensor-parallel size here"):
         parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "2"])
+    parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "2",
+                                     "--tensor-model-parallel-size", "2", "--sequence-parallel"])

@@ -314,9 +314,54 @@ def test_megatrons_moe_assertions_are_one_line_refusals(moe, message):
     assert "\n" not in str(error.value)
 
 
-def test_experts_are_not_tensor_parallel_here():
-    with pytest.raises(ConfigError, match="experts are not tensor-parallel here"):
-        tiny_moe().validate_tensor_parallel(2)
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_experts_split_over_two_expert_tensor_parallel_ranks_sum_to_the_whole_experts(swiglu):
+    """Megatron-Core's experts under expert tensor parallelism (experts.py: linear_fc1 column-parallel, linear_fc2
+    row-parallel over the expert TP group, no reduction of their own: the dispatcher sums the partial outputs):
+    each rank's slices are the whole experts' (initialized by global index, as the dense TP layers'), the two
+    partial outputs sum to the whole output (the output bias added by the first rank only), and each rank's
+    weight gradients are the slices of the whole experts' (the output bias's in full on the first rank: summed
+    over the ETP group in a run, here a group of one)."""
+    from parallel.state import ExpertParallel
+
+    def build(parallel=None):
+        return Experts(4, 16, 32, activation=F.gelu, swiglu=swiglu, init_std=0.5, output_init_std=0.5, bias=True,
+                       grouped=False, tensor_parallel=parallel)
+
+    whole = materialize(build(), 3)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in whole.named_parameters():
+            if name.endswith("bias"):
+                param.normal_()
+    rows = torch.randn(10, 16)
+    tokens_per_expert = torch.tensor([3, 0, 5, 2])
+    whole_out = whole.forward_loop(rows, tokens_per_expert)
+    whole_out.square().sum().backward()
+    grads = {name: param.grad for name, param in whole.named_parameters()}
+    partial = []
+    for rank in (0, 1):
+        half = materialize(build(ExpertParallel(tensor_size=2, tensor_rank=rank)), 3, tensor_parallel_size=2,
+                           tensor_parallel_rank=rank)
+        params = dict(half.named_parameters())
+        with torch.no_grad():
+            for name, param in whole.named_parameters():
+                dim = getattr(params[name], "tensor_parallel_dim", None)
+                expected = param if dim is None else param.chunk(2, dim=dim)[rank]
+                assert torch.equal(params[name], expected) or name.endswith("bias"), name
+                params[name].copy_(expected)
+        out = half.forward_loop(rows, tokens_per_expert)
+        partial.append(out)
+        # the gradient of the summed output reaches every rank's partial output whole (the combine's backward)
+        out.backward(2 * whole_out.detach())
+        for name, param in params.items():
+            dim = getattr(param, "tensor_parallel_dim", None)
+            if dim is not None:
+                torch.testing.assert_close(param.grad, grads[name].chunk(2, dim=dim)[rank], rtol=1e-5, atol=1e-5)
+            elif name.endswith("dense_4h_to_h.bias"):
+                torch.testing.assert_close(param.grad, grads[name] if rank == 0 else torch.zeros_like(param), rtol=1e-5,
+                                           atol=1e-5)
+    torch.testing.assert_close(partial[0] + partial[1], whole_out, rtol=1e-5, atol=1e-5)
 
 
 def test_parameter_counts_total_and_active_and_flops_from_the_active_experts():

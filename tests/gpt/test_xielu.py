@@ -112,6 +112,10 @@ def test_xielu_flag_and_its_refusals():
     with pytest.raises(ConfigError, match="--xielu .* --swiglu") as error:
         parse_config(["--xielu", "--swiglu"])
     assert "\n" not in str(error.value)
+    # MoE under tensor parallelism splits each expert over the TP ranks; the experts' scalars are not summed there
+    with pytest.raises(ConfigError, match="--xielu with --num-experts and --tensor-model-parallel-size 2") as error:
+        parse_config(["--xielu", "--num-experts", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel"])
+    assert "\n" not in str(error.value)
 
 
 def _xielu_experts():

@@ -19,7 +19,10 @@ What changes, and only this:
   layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size) above what the
   stages leave of the 2 ranks becomes that, then a tensor-parallel size above what is left becomes that (1 where
   --num-distributed-optimizer-instances needs data-parallel ranks to cut into instances; the instances then at
-  most the data-parallel size); an interleaved schedule's micro-batch group as far above the stages as it was;
+  most the data-parallel size), an expert tensor-parallel size above the new TP size becomes it, and an
+  expert-parallel size above what the stage's ranks leave beside the expert TP size (the TP size where none is
+  given, Megatron's default) becomes that; an interleaved schedule's micro-batch group as far above the stages as
+  it was;
 - batch sizes, the same way on both sides: every micro-batch number (the flags' --micro-batch-size or
   --batch-size, the JSON's train_micro_batch_size_per_gpu, or the micro batch DeepSpeed derives from
   train_batch_size / (gradient_accumulation_steps x data-parallel size)) goes through one map, 1 staying 1
@@ -67,6 +70,7 @@ TENSOR_PARALLEL = ("--tensor-model-parallel-size", "--model-parallel-size")
 PIPELINE_PARALLEL = ("--pipeline-model-parallel-size", "--pipe-parallel-size")
 CONTEXT_PARALLEL = ("--context-parallel-size", "--ds-sequence-parallel-size")
 EXPERT_PARALLEL = ("--expert-model-parallel-size", "--moe-expert-parallel-size")
+EXPERT_TENSOR_PARALLEL = ("--expert-tensor-parallel-size",)
 MICRO_BATCH = ("--micro-batch-size", "--batch-size")
 ACCUMULATION = ("--gradient-accumulation-steps", "--num-microbatches-in-minibatch", "--gas")
 JSON_CONFIG = ("--deepspeed_config", "--deepspeed-config")
@@ -87,7 +91,7 @@ CHANGED_FLAGS = frozenset({
     "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--num-distributed-optimizer-instances",
     "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to", "--goldfish-h",
-    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *MICRO_BATCH,
+    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *EXPERT_TENSOR_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--step-batch-size-schedule", "--train-iters",
     "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
@@ -196,8 +200,11 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     new_dp = max(1, WORLD_SIZE // (new_tp * new_pp * new_cp))
     new_instances = max(1, min(instances, new_dp))
     # Expert parallelism folds into the data-, context- and tensor-parallel ranks of a stage (parallel/mesh.py): at
-    # most those (a power of two, as every original here, so it still divides the experts).
-    new_ep = min(first(scalar, EXPERT_PARALLEL, 1), new_dp * new_cp * new_tp)
+    # most those (a power of two, as every original here, so it still divides the experts), beside the expert
+    # tensor-parallel size (at most the new TP size; Megatron's default is the TP size).
+    given_etp = first(scalar, EXPERT_TENSOR_PARALLEL, None)
+    new_etp = None if given_etp is None else min(given_etp, new_tp)
+    new_ep = min(first(scalar, EXPERT_PARALLEL, 1), max(1, new_dp * new_cp * new_tp // (new_etp or new_tp)))
     # Interleaved stages keep their number of model chunks per stage, one layer each; an uneven first or last
     # stage keeps one layer.
     chunks = 1
@@ -322,6 +329,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str(new_cp)]
         elif flag in EXPERT_PARALLEL:
             new = [str(new_ep)]
+        elif flag in EXPERT_TENSOR_PARALLEL:
+            new = [str(new_etp)]
         elif flag in MICRO_BATCH:
             new = [str(micro_map[value])]
         elif flag == "--global-batch-size":

@@ -116,7 +116,8 @@ def test_expert_parallelism_refuses_what_it_cannot_run_in_one_line(corpus_cache_
                        (MOE + ["--expert-model-parallel-size", "3"], "--num-experts 4 is not divisible by "
                                                                      "--expert-model-parallel-size 3"),
                        (MOE + ["--moe-token-dispatcher-type", "flex"], "flex (DeepEP/HybridEP kernels) is not"),
-                       (MOE + ["--expert-tensor-parallel-size", "2"], "experts are not tensor-parallel here"),
+                       (MOE + ["--expert-tensor-parallel-size", "2"],
+                        "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1"),
                        (MOE + ["--expert-model-parallel-size", "2"], "does not divide")):
         refused = run_main(pretrain_gpt.main, base + argv)
         assert refused.code == 2 and says in refused.err, (argv, refused.err[-1500:])
