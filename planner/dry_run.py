@@ -458,7 +458,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     in_backward = transients - 2 * logits
     copied = bool(copies["passes"])
     if pipeline is not None:
-        passes = transients + pipeline.pass_peak_bytes
+        # a recompute in a backward slot: beside the checkpoints of every chunk-forward in flight then (the meter's),
+        # and at most the sends held (an upper bound: the schedule's peak of the three is read at its slots)
+        passes = max(transients + pipeline.pass_peak_bytes,
+                     in_backward + probe.samples["saved"]["any"] + pipeline.p2p_held_bytes
+                     if probe.samples["saved"]["any"] else 0)
     else:
         passes = max(transients + max(meter.peak["device"], observer.copy_peak_bytes if copied else 0),
                      in_backward + probe.samples["saved"]["any"])
