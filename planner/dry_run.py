@@ -228,12 +228,13 @@ class _BlockSavedProbe:
         self.phase = "forward"
         self.peak = {"forward": 0, "backward": 0}
         self.progress = progress
-        # What is saved at once beyond the forward's meter (a recompute beside the checkpoints still kept, gloo's
-        # copy beside what is saved as its collective starts), sampled where it peaks: the end of each block's
-        # recompute, and each copy. Split by whether the constant buffers exist yet (zero/flat_buffer.py BufferPool:
-        # created at the first reduction, late in iteration 1's backward), with them added ("with").
+        # What is saved at once beyond the forward's meter's peak, sampled where it peaks: "recompute" at the end of
+        # each block's recompute in backward (beside the checkpoints still kept), "copy" at each gloo copy (beside
+        # what is saved as its collective starts), "saved" as each constant buffer is created. Split by whether the
+        # constant buffers exist yet (zero/flat_buffer.py BufferPool: created at the first reduction, late in
+        # iteration 1's backward), with them added ("with").
         self.buffer_bytes = 0
-        self.samples = {kind: {"before": 0, "with": 0, "any": 0} for kind in ("saved", "copy")}
+        self.samples = {kind: {"before": 0, "with": 0, "any": 0} for kind in ("recompute", "saved", "copy")}
         self.forward_peak_at_buffers: Optional[int] = None
         self._before: dict[int, int] = {}
         self._handles = []
@@ -291,7 +292,7 @@ class _BlockSavedProbe:
         added = self._live() - self._before.pop(index, self._live())
         self.peak[self.phase] = max(self.peak[self.phase], added)
         if self.phase == "backward":  # a recompute's saved tensors, all of them, beside the checkpoints not yet freed
-            self.sample("saved")
+            self.sample("recompute")
         if self.progress is not None:
             self.progress.at(self.phase, index)
             if isinstance(output, torch.Tensor) and output.requires_grad:
@@ -461,11 +462,11 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         # a recompute in a backward slot: beside the checkpoints of every chunk-forward in flight then (the meter's),
         # and at most the sends held (an upper bound: the schedule's peak of the three is read at its slots)
         passes = max(transients + pipeline.pass_peak_bytes,
-                     in_backward + probe.samples["saved"]["any"] + pipeline.p2p_held_bytes
-                     if probe.samples["saved"]["any"] else 0)
+                     in_backward + probe.samples["recompute"]["any"] + pipeline.p2p_held_bytes
+                     if probe.samples["recompute"]["any"] else 0)
     else:
         passes = max(transients + max(meter.peak["device"], observer.copy_peak_bytes if copied else 0),
-                     in_backward + probe.samples["saved"]["any"])
+                     in_backward + probe.samples["recompute"]["any"])
     result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)
     # Iteration 1 holds less than the later ones: the constant buffers appear at its first reduction (late in the
     # last micro-batch's backward, after the forward's peak), and are held from then on. Its peak, what a live run's
@@ -474,7 +475,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     if pipeline is None:
         first_passes = max(transients + max(probe.first_iteration_forward(meter.peak["device"]),
                                             probe.first_iteration("copy") if copied else 0),
-                           in_backward + probe.first_iteration("saved"))
+                           in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
         result.first_iteration_bytes = held["total"] + max(first_passes,
                                                            result.buffer_bytes + result.step_working_bytes)
     result.host_total_bytes = host_held["total"] + result.host_buffer_bytes + meter.peak["host"]
