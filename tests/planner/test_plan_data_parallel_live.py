@@ -37,9 +37,12 @@ LIVE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4
         "--tokenizer-vocab-size", "512", "--device", "cpu", "--zero-stage", "1",
         "--attention-dropout", "0", "--hidden-dropout", "0"]
 
-CASES = {  # the flags beside LIVE, and the band the ratio must read
-    "dp2": ([], (0.95, 1.05)),
-    "dp2-recompute": (["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers",
+CASES = {  # the processes, the flags beside LIVE, and the band the ratio must read
+    "dp2": (2, [], (0.95, 1.05)),
+    # one process, two micro-batches a step (CP 1 of the context-parallel test's model): 0.89 before (220.3 MiB
+    # planned, 195.9 measured: the buffers and gloo's copy of the reduction on top of the forward's peak), 1.00 now
+    "dp1": (1, [], (0.95, 1.05)),
+    "dp2-recompute": (2, ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers",
                        "1", "--micro-batch-size", "8", "--global-batch-size", "16", "--seq-length", "512",
                        "--max-position-embeddings", "512"], (0.9, 1.1)),
 }
@@ -57,12 +60,14 @@ def launch_rank(rank, world_size, argv):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_planned_peak_matches_every_data_parallel_ranks_measured_peak(case, corpus_cache, tmp_path):
-    extra, (lowest, highest) = CASES[case]
-    outputs = run_distributed(launch_rank, 2, [*LIVE, *extra, "--data-cache-dir", corpus_cache,
+    world, extra, (lowest, highest) = CASES[case]
+    outputs = run_distributed(launch_rank, world, [*LIVE, *extra, "--data-cache-dir", corpus_cache,
                                                "--metrics-file", str(tmp_path / "metrics.jsonl")], timeout=600)
     line = next(line for line in outputs[0].splitlines() if "memory after iteration 1" in line)
-    ratios = re.search(r"over all 2 ranks measured .*?, measured/predicted (\d+\.\d+)-(\d+\.\d+)", line)
+    ratios = re.search(r"over all 2 ranks measured .*?, measured/predicted (\d+\.\d+)-(\d+\.\d+)" if world > 1
+                       else r"measured/predicted (\d+\.\d+)()", line)
     assert ratios, line  # a prediction for each rank, and a ratio (not a difference in MiB)
-    low, high = map(float, ratios.groups())
+    low = float(ratios.group(1))
+    high = float(ratios.group(2) or low)
     print(case, line)
     assert lowest <= low <= high <= highest, line
