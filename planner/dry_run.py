@@ -57,6 +57,7 @@ from training.pipeline_step import PipelineTrainStep
 from training.run_settings import resolve_run_settings
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor, SavedTensorMeter
+from zero.flat_buffer import BufferPool
 from zero.memory import MODEL_STATE_CATEGORIES, format_bytes, host_resident_tensors, measure_by_placement
 
 META = torch.device("meta")
@@ -117,7 +118,8 @@ class RankPlan:
     comm_bytes: dict[str, dict[str, int]]  # per group and kind, one iteration (as in metrics.jsonl)
     flops_per_iteration: float
     flops_per_gpu: float
-    total_bytes: int = 0
+    total_bytes: int = 0                 # the run's peak: from iteration 2 on (the constant buffers held throughout)
+    first_iteration_bytes: int = 0       # iteration 1's peak (its constant buffers appear at its first reduction)
     budget_bytes: Optional[int] = None
     headroom_bytes: Optional[int] = None
     host_total_bytes: int = 0            # this rank's host memory: offloaded states, buffer, P_a+cpu checkpoints
@@ -213,12 +215,27 @@ class _BlockSavedProbe:
     backward (from a meter of its own that is active only there): forward pre- and post-hooks on
     every block read them."""
 
-    def __init__(self, blocks, monitor: ActivationMonitor, progress: Optional["_Progress"] = None) -> None:
+    def __init__(self, blocks, monitor: ActivationMonitor, progress: Optional["_Progress"] = None,
+                 device_type: str = "cuda") -> None:
         self.monitor = monitor
+        self.device_type = device_type
+        # torch runs a custom Function's backward with no torch-function mode on the stack (the checkpoint's
+        # recompute, zero/activations.py, included), so the dry run's _AttentionKernelOf, entered around the
+        # iteration, does not reach a recompute: each block re-enters it there, or the meta SDPA takes the math path
+        # and plans the [b, heads, s, s] weights the planned device's kernel never keeps.
+        self._recompute_kernel: Optional[_AttentionKernelOf] = None
         self.backward_meter = SavedTensorMeter(META)
         self.phase = "forward"
         self.peak = {"forward": 0, "backward": 0}
         self.progress = progress
+        # What is saved at once beyond the forward's meter's peak, sampled where it peaks: "recompute" at the end of
+        # each block's recompute in backward (beside the checkpoints still kept), "copy" at each gloo copy (beside
+        # what is saved as its collective starts), "saved" as each constant buffer is created. Split by whether the
+        # constant buffers exist yet (zero/flat_buffer.py BufferPool: created at the first reduction, late in
+        # iteration 1's backward), with them added ("with").
+        self.buffer_bytes = 0
+        self.samples = {kind: {"before": 0, "with": 0, "any": 0} for kind in ("recompute", "saved", "copy")}
+        self.forward_peak_at_buffers: Optional[int] = None
         self._before: dict[int, int] = {}
         self._handles = []
         for index, block in enumerate(blocks):
@@ -229,12 +246,53 @@ class _BlockSavedProbe:
         meter = self.monitor.meter if self.phase == "forward" else self.backward_meter
         return 0 if meter is None else meter.live["device"] + meter.live["host"]
 
+    def saved_now(self) -> int:
+        """The device bytes saved for backward now: the iteration's meter and, in backward, the recompute's."""
+        forward = self.monitor.meter.live["device"] if self.monitor.meter is not None else 0
+        return forward + (self.backward_meter.live["device"] if self.phase == "backward" else 0)
+
+    def sample(self, kind: str, extra: int = 0) -> None:
+        value = self.saved_now() + extra
+        figures = self.samples[kind]
+        figures["any"] = max(figures["any"], value)
+        if self.buffer_bytes:
+            figures["with"] = max(figures["with"], value + self.buffer_bytes)
+        else:
+            figures["before"] = max(figures["before"], value)
+
+    def buffer_created(self, num_bytes: int) -> None:
+        if not self.buffer_bytes and self.monitor.meter is not None:
+            self.forward_peak_at_buffers = self.monitor.meter.peak["device"]
+        self.buffer_bytes += num_bytes
+        self.sample("saved")
+
+    def first_iteration(self, kind: str) -> int:
+        """The most a kind of sample held in iteration 1, with the constant buffers that existed then."""
+        return max(self.samples[kind]["before"], self.samples[kind]["with"])
+
+    def first_iteration_forward(self, forward_peak: int) -> int:
+        """The forward meter's peak in iteration 1, with the constant buffers if it was reached after they appeared."""
+        if self.forward_peak_at_buffers is None or forward_peak <= self.forward_peak_at_buffers:
+            return forward_peak
+        return max(self.forward_peak_at_buffers, forward_peak + self.buffer_bytes)
+
     def _start(self, index, module, args) -> None:
+        if self.phase == "backward" and self._recompute_kernel is None:
+            self._recompute_kernel = _AttentionKernelOf(self.device_type)
+            self._recompute_kernel.__enter__()
         self._before[index] = self._live()
 
+    def _leave_recompute_kernel(self) -> None:
+        if self._recompute_kernel is not None:
+            kernel, self._recompute_kernel = self._recompute_kernel, None
+            kernel.__exit__(None, None, None)
+
     def _stop(self, index, module, args, output) -> None:
+        self._leave_recompute_kernel()
         added = self._live() - self._before.pop(index, self._live())
         self.peak[self.phase] = max(self.peak[self.phase], added)
+        if self.phase == "backward":  # a recompute's saved tensors, all of them, beside the checkpoints not yet freed
+            self.sample("recompute")
         if self.progress is not None:
             self.progress.at(self.phase, index)
             if isinstance(output, torch.Tensor) and output.requires_grad:
@@ -245,6 +303,7 @@ class _BlockSavedProbe:
         self.progress.at("backward", index)
 
     def remove(self) -> None:
+        self._leave_recompute_kernel()  # a recompute that raised
         for handle in self._handles:
             handle.remove()
 
@@ -299,7 +358,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # to compile.
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
-    probe = _BlockSavedProbe(model.blocks, monitor, ticker)
+    probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type)
     expert_rows = ExpertRowProbe(model, probe._live, cluster.device_type) if config.model.moe is not None else None
     # The trainer's own step (training/train_step.py, training/pipeline_step.py) runs one iteration, watched by the
     # plan's observer: every collective it makes is counted as it is made. Every micro-batch reads one meta batch.
@@ -315,10 +374,12 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     else:
         observer = PlanObserver(state.comm, monitor, probe)
         step = DataParallelTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
+    BufferPool.on_create = probe.buffer_created
     try:
         with _AttentionKernelOf(cluster.device_type), CachedMetaKernels():
             step.run_iteration(1, plan.batch.final_accumulation_steps, measure_activations=True)
     finally:
+        BufferPool.on_create = None
         probe.remove()
         if expert_rows is not None:
             expert_rows.remove()
@@ -390,13 +451,33 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # schedule: the simulation's peak of the three stands for their sum (planner/pipeline_plan.py).
     # Without stages, gloo's copy counts with the activations still saved when its collective starts
     # (planner/plan_observer.py): the gradients' reduction comes at the end of backward, when most are freed.
+    # Under activation checkpointing a block's recompute in backward saves its tensors beside the checkpoints not
+    # yet freed: the probe reads both meters at the end of each recompute, where that block's are all saved. By then
+    # the output layer's backward has run, so the logits and their gradient are freed (`in_backward`).
+    transients = (result.stage3_live_chunk_bytes + logits + result.gradient_working_bytes
+                  + result.parameter_gradient_bytes + result.offload_copy_bytes)
+    in_backward = transients - 2 * logits
+    copied = bool(copies["passes"])
     if pipeline is not None:
-        working = pipeline.pass_peak_bytes
+        # a recompute in a backward slot: beside the checkpoints of every chunk-forward in flight then (the meter's),
+        # and at most the sends held (an upper bound: the schedule's peak of the three is read at its slots)
+        passes = max(transients + pipeline.pass_peak_bytes,
+                     in_backward + probe.samples["recompute"]["any"] + pipeline.p2p_held_bytes
+                     if probe.samples["recompute"]["any"] else 0)
     else:
-        working = max(meter.peak["device"], observer.copy_peak_bytes if copies["passes"] else 0)
-    passes = (result.stage3_live_chunk_bytes + working + logits + result.gradient_working_bytes
-              + result.parameter_gradient_bytes + result.offload_copy_bytes)
+        passes = max(transients + max(meter.peak["device"], observer.copy_peak_bytes if copied else 0),
+                     in_backward + probe.samples["recompute"]["any"])
     result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)
+    # Iteration 1 holds less than the later ones: the constant buffers appear at its first reduction (late in the
+    # last micro-batch's backward, after the forward's peak), and are held from then on. Its peak, what a live run's
+    # line after iteration 1 measures, takes each figure with the buffers that exist when it is reached.
+    result.first_iteration_bytes = result.total_bytes
+    if pipeline is None:
+        first_passes = max(transients + max(probe.first_iteration_forward(meter.peak["device"]),
+                                            probe.first_iteration("copy") if copied else 0),
+                           in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
+        result.first_iteration_bytes = held["total"] + max(first_passes,
+                                                           result.buffer_bytes + result.step_working_bytes)
     result.host_total_bytes = host_held["total"] + result.host_buffer_bytes + meter.peak["host"]
     result.ranks_per_node = cluster.ranks_per_node
     result.host_budget_bytes = cluster.host_memory_bytes

@@ -127,7 +127,8 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
               plan.checkpoint_bytes["device"]),
              ("  of which the loss's fp32 softmax", plan.loss_softmax_bytes),
              ("  one block's saved tensors in forward", plan.block_saved_bytes["forward"]),
-             ("  one block's saved tensors in backward (recompute)", plan.block_saved_bytes["backward"]),
+             ("  one block's saved tensors in backward (recompute: in the total beside the checkpoints kept then)",
+              plan.block_saved_bytes["backward"]),
              ("logits of one micro-batch (transient)", plan.logits_bytes),
              *([("pipeline sends held at once (until a receive two slots on)", plan.p2p_held_bytes),
                 ("  peak of saved activations, held sends and gloo's copy over the schedule",
@@ -144,6 +145,9 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]
     lines.append(f"  {'total (states + buffers + the larger of the passes and the step)':<{width}} "
                  f"{format_bytes(plan.total_bytes):>12}")
+    if plan.first_iteration_bytes and plan.first_iteration_bytes != plan.total_bytes:
+        lines.append(f"  {'  of which iteration 1 reaches (its constant buffers appear at its first reduction)':<{width}} "
+                     f"{format_bytes(plan.first_iteration_bytes):>12}")
     if plan.moe is not None:
         lines += moe_lines(plan.moe, plan.total_bytes, width)
     if plan.process_baseline_bytes:

@@ -79,9 +79,9 @@ class PlanObserver(NoObserver):
         self.comm.on_transport_copy = self._at_copy  # until the passes end (not the optimizer step's copies)
 
     def _at_copy(self, copy_bytes: int) -> None:
-        meter = self.monitor.meter
-        live = meter.live["device"] if meter is not None else 0
-        self.copy_peak_bytes = max(self.copy_peak_bytes, live + copy_bytes)
+        # what is saved now: the forward's meter and, in backward, a recompute's (planner/dry_run.py's probe)
+        self.copy_peak_bytes = max(self.copy_peak_bytes, self.probe.saved_now() + copy_bytes)
+        self.probe.sample("copy", copy_bytes)
 
     def micro_batch_end(self, micro_batch: int) -> None:
         if micro_batch == 0 and micro_batch != self.steps - 1:

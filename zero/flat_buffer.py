@@ -18,7 +18,7 @@ TP-replicated element once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -216,7 +216,13 @@ def unique_trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
 class BufferPool:
     """Flat scratch buffers of one size, allocated once and reused (ZeRO-R's constant-size buffers,
     C_B): reduce buckets and reduce-scatter outputs. A buffer is only ever created when every existing
-    one is in use, which the bounded number of in-flight collectives keeps to a handful."""
+    one is in use, which the bounded number of in-flight collectives keeps to a handful.
+
+    They are created when first needed (the first reduction, late in the first iteration's backward), not at the
+    build: `on_create`, where set, hears each new buffer's bytes (a dry run, planner/dry_run.py, reads there what
+    the first iteration holds before and after they exist)."""
+
+    on_create: Optional[Callable[[int], None]] = None
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
         self.numel, self.dtype, self.device = numel, dtype, device
@@ -231,6 +237,8 @@ class BufferPool:
         if not self._free:
             buffer = torch.empty(self.numel, dtype=self.dtype, device=self.device)
             self.buffers.append(buffer)
+            if BufferPool.on_create is not None:
+                BufferPool.on_create(buffer.numel() * buffer.element_size())
             return buffer
         return self._free.pop()
 

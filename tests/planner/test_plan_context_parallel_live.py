@@ -17,7 +17,9 @@ planner/plan_observer.py now reads the copy at its collective, beside the activa
 planner/pipeline_plan.py does for a stage's backward). Measured after, on this machine: CP 2 p2p without dropout
 (the ring's own backward) 0.94-0.98, CP 2 all_gather 0.94 (its plan also keeps what the CPU's flash kernel keeps
 under a mask: planner/dry_run.py _AttentionKernelOf), Ulysses 2 (--ds-sequence-parallel-size) 0.93, CP 2 x DP 2 p2p with attention dropout (autograd through
-the ring) 0.96. What the planner does not count:
+the ring) 0.96. Since the line compares with iteration 1's peak (RankPlan.first_iteration_bytes: the constant
+buffers appear at its first reduction; tests/planner/test_plan_data_parallel_live.py): p2p 1.00-1.03, all_gather
+1.03-1.04, Ulysses 1.00, CP 2 x DP 2 1.00 (two runs). What the planner does not count:
 the ring's per-block scores ([2, 4, 128, 128] fp32, 512 KiB, a note in the plan), the data loader and the
 allocator's slack.
 """

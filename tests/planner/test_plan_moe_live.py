@@ -19,7 +19,8 @@ the malloc threshold must be the model's smallest weight (zero/host_memory.py), 
 Before the planner ran the experts as the run does and the run set that threshold, this read 1.20-1.21: the
 experts' ZeRO, built second, raised the threshold to its own smallest weight, so freed activations below 1 MiB
 stayed in glibc's heap, and the dry run took the experts' loop on the meta device where the run took the grouped
-matmul, which also saves the experts' weights stacked (gpt/moe/experts.py). Measured here now: 0.92-0.93. The
+matmul, which also saves the experts' weights stacked (gpt/moe/experts.py). Measured then: 0.92-0.93; against
+iteration 1's peak (RankPlan.first_iteration_bytes, the buffers from the first reduction on) 1.00-1.01. The
 plan routes uniformly (gpt/moe/layer.py _balanced_on_meta); the live router's imbalance moves only the experts'
 activations, a few MiB of them.
 """

@@ -1,0 +1,73 @@
+"""The planner's per-rank peak against a plain data-parallel run's measured peak (DP 2, no dropout), as
+tests/planner/test_plan_context_parallel_live.py reads it for CP 2 (its docstring: the malloc threshold, why a
+ratio). Same model: 8 x 256, sequence 256, micro batch 2, ZeRO 1, 2 gloo ranks, about 160 MiB planned a rank.
+
+The line after iteration 1 measures iteration 1, which holds less than the run: the constant buffers (C_B, 12.4 MiB
+here; zero/flat_buffer.py BufferPool) are created at the first reduction, late in the last micro-batch's backward,
+after the forward's peak, and held from then on. The plan's total held them under that peak, which iteration 1 never
+reaches: measured/predicted 0.92 before (0c0fe8a; 170.6 MiB planned, 156.9 measured), while iteration 3 measured 1.00
+of it (171.4 MiB). The plan now says both (planner/dry_run.py: RankPlan.total_bytes, the run's, and
+first_iteration_bytes, iteration 1's, which the line compares with): 0.99 here (158.1 planned). Hence 0.95-1.05.
+
+With full recompute (Megatron's --recompute-granularity full --recompute-method uniform --recompute-num-layers 1,
+megatron/core/recompute.py checkpointed_forward, tensor_parallel.checkpoint: a block's forward is run again in backward,
+inside the checkpoint's backward, and its saved tensors live there beside every checkpoint not yet used) at
+sequence 512 and micro batch 8 the recomputed block (about 64 MiB: [8, 512, 256] fp32 blocks of 4 MiB) is the
+peak's largest part. The plan displayed it and left it out of the total: 1.16 before (181.5 MiB planned, 211.2
+measured). It is in the total now, with the attention kernel the planned device runs (flash on a CPU without
+dropout; the recompute had taken the math path, since torch runs a custom Function's backward without the dry run's
+torch-function mode): 1.05 (201.0 planned). What is left is the gradients inside a block's backward beyond the
+estimate's four hidden-wide tensors (a CPU profile of one block's recompute and backward held five beside its
+saved tensors) and the first iteration's fixed costs (training/metrics.py MemoryCheck).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from tests.distributed import run_distributed
+
+LIVE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
+        "--max-position-embeddings", "256", "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--train-iters", "1", "--seed", "1", "--log-interval", "1", "--eval-iters", "0",
+        "--tokenizer-vocab-size", "512", "--device", "cpu", "--zero-stage", "1",
+        "--attention-dropout", "0", "--hidden-dropout", "0"]
+
+CASES = {  # the processes, the flags beside LIVE, and the band the ratio must read
+    "dp2": (2, [], (0.95, 1.05)),
+    # one process, two micro-batches a step (CP 1 of the context-parallel test's model): 0.89 before (220.3 MiB
+    # planned, 195.9 measured: the buffers and gloo's copy of the reduction on top of the forward's peak), 1.00 now
+    "dp1": (1, [], (0.95, 1.05)),
+    "dp2-recompute": (2, ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers",
+                       "1", "--micro-batch-size", "8", "--global-batch-size", "16", "--seq-length", "512",
+                       "--max-position-embeddings", "512"], (0.9, 1.1)),
+}
+
+
+def launch_rank(rank, world_size, argv):
+    import pretrain_gpt
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert pretrain_gpt.main(argv) == 0
+    return out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_planned_peak_matches_every_data_parallel_ranks_measured_peak(case, corpus_cache, tmp_path):
+    world, extra, (lowest, highest) = CASES[case]
+    outputs = run_distributed(launch_rank, world, [*LIVE, *extra, "--data-cache-dir", corpus_cache,
+                                               "--metrics-file", str(tmp_path / "metrics.jsonl")], timeout=600)
+    line = next(line for line in outputs[0].splitlines() if "memory after iteration 1" in line)
+    ratios = re.search(r"over all 2 ranks measured .*?, measured/predicted (\d+\.\d+)-(\d+\.\d+)" if world > 1
+                       else r"measured/predicted (\d+\.\d+)()", line)
+    assert ratios, line  # a prediction for each rank, and a ratio (not a difference in MiB)
+    low = float(ratios.group(1))
+    high = float(ratios.group(2) or low)
+    print(case, line)
+    assert lowest <= low <= high <= highest, line
