@@ -18,7 +18,6 @@ The master p and the gradient stay fp32. The step runs over windows of WINDOW el
 
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import torch
