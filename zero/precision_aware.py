@@ -3,16 +3,19 @@
 
 Megatron-Core hands the dtypes to TransformerEngine's FusedAdam (megatron/core/optimizer/__init__.py,
 `_get_megatron_optimizer_based_on_param_groups`: exp_avg_dtype, exp_avg_sq_dtype, master_weight_dtype;
-transformer_engine/pytorch/optimizers/fused_adam.py). Its kernel reads each moment, computes the AdamW update in
-fp32 and writes the moment back in its stored dtype; a bf16 moment has no scale (fp16 and fp8 ones carry a
-per-tensor scale, not implemented here). Per element, at step t (the apex/TE AdamW order, ADAM_MODE_1):
+transformer_engine/pytorch/optimizers/fused_adam.py). Its kernel (transformer_engine/common/multi_tensor/adam.cu,
+AdamFunctor / AdamFunctorMaster with adam_w_mode) loads each moment with static_cast<float>, computes the AdamW update
+in fp32 (MATH_T = float) and stores the moment back with static_cast<MOMENT_T>, which for __nv_bfloat16 is
+__float2bfloat16: round to nearest, ties to even, as a tensor's .to(torch.bfloat16) rounds. A bf16 moment has no scale
+(fp16 and fp8 ones carry a per-tensor scale, not implemented here). Per element, at step t (ADAM_MODE_1):
 
     m = beta1 m + (1 - beta1) g                 in fp32, m read from its stored dtype
     v = beta2 v + (1 - beta2) g^2
     p -= lr ((m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + wd p)
-    m, v written back in their stored dtype      a bf16 store rounds to nearest, ties to even (.to(torch.bfloat16))
+    m, v written back in their stored dtype      a bf16 store rounds to nearest, ties to even
 
-The master p and the gradient stay fp32. The step runs over windows of WINDOW elements, so the fp32 temporaries
+The same operations in the same order, each rounded to fp32 (a GPU kernel may fuse a multiply-add, so the last bit of
+a CUDA run can differ). The master p and the gradient stay fp32. The step runs over windows of WINDOW elements, so the fp32 temporaries
 (the upcast moments, reused for the denominator and the update) are two windows, not copies of the partition.
 """
 

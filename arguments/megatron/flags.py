@@ -185,9 +185,10 @@ MEANINGS: list[Meaning] = [
             "under --use-megatron-fsdp; alone, no effect (Megatron reads it only there)"),
     Meaning(("--use-precision-aware-optimizer",), "use_precision_aware_optimizer", "Megatron-LM",
             {"action": "store_true"},
-            "TransformerEngine's FusedAdam with main params, moments and main grads in the dtypes below; with fp32 "
-            "ones (the defaults) it is the fp32 AdamW here; as in Megatron-LM, only with the distributed optimizer "
-            "(ZeRO stage 1 or above)"),
+            "TransformerEngine's FusedAdam with main params, moments and main grads in the dtypes given (--exp-avg-dtype, "
+            "--exp-avg-sq-dtype, --main-grads-dtype, --main-params-dtype); with fp32 ones (the defaults) it is the fp32 "
+            "AdamW here, bf16 moments are stored as bf16 between fp32 updates; as in Megatron-LM, only with the "
+            "distributed optimizer (ZeRO stage 1 or above)"),
     Meaning(("--main-grads-dtype",), "main_grads_dtype", "Megatron-LM", {"choices": ("fp32", "bf16")},
             "the precision-aware optimizer's main gradients: bf16 with --bf16 is --no-accumulate-allreduce-grads-in-"
             "fp32 (gradients accumulated and reduced in bf16); fp32 is the default for bf16 here as there"),

@@ -82,3 +82,19 @@ def test_the_live_memory_record_and_the_dry_run_agree(tmp_path, corpus_cache):
     for category in ("parameters", "gradients", "master_weights", "optimizer_states", "total"):
         assert plan.model_state_bytes[category] == live[f"measured_{category}_bytes"], category
     assert plan.buffer_bytes == live["measured_buffers_bytes"]
+
+
+def test_the_dry_run_counts_the_steps_two_windows():
+    """At stage 2 on GPUs (fp32) fused AdamW's step allocates nothing; with bf16 moments the step holds two fp32 windows
+    (zero/precision_aware.py: the upcast moments, reused for the denominator and the update), at most the largest
+    piece it steps."""
+    from zero.precision_aware import TEMPORARIES, WINDOW
+
+    def plan(*extra):
+        return dry_run(parse_config([*SMALL, "--zero-stage", "2", *extra]), Cluster(2, 2, device_type="cuda"), 1000)
+
+    moments = ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    assert plan("--use-precision-aware-optimizer").step_working_bytes == 0
+    bf16 = plan("--use-precision-aware-optimizer", *moments)
+    assert TEMPORARIES == 2 and bf16.step_working_bytes > 0 and bf16.step_working_bytes % (4 * TEMPORARIES) == 0
+    assert bf16.step_working_bytes // (4 * TEMPORARIES) <= min(WINDOW, -(-bf16.parameters_local // 2))
