@@ -396,8 +396,8 @@ def check_same_optimizer(metadata: dict, optimizer: str, path: Path) -> None:
 def saved_moment_dtypes(metadata: dict) -> dict[str, str]:
     """The stored dtype of each Adam moment in a checkpoint (its --exp-avg-dtype / --exp-avg-sq-dtype; fp32 for
     checkpoints from before the settings)."""
-    optimizer = (metadata.get("config") or {}).get("optimizer") or {}
-    return {key: optimizer.get(f"{key}_dtype", "fp32") for key in ("exp_avg", "exp_avg_sq")}
+    section = (metadata.get("config") or {}).get("optimizer") or {}
+    return {key: section.get(f"{key}_dtype", "fp32") for key in ("exp_avg", "exp_avg_sq")}
 
 
 def note_moment_conversion(metadata: dict, shard: ShardedOptimizerState, path: Path) -> None:
