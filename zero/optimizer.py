@@ -107,6 +107,8 @@ def uses_precision_aware_moments(config) -> bool:
 def build_step_optimizer(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer --optimizer names over the partition's views: AdamW, or AdEMAMix (zero/ademamix.py); AdamW
     with bf16 moments is zero/precision_aware.py's."""
+    if uses_ademamix(config) and uses_precision_aware_moments(config):
+        raise ValueError("AdEMAMix keeps fp32 states (swiss-ai's fork); bf16 moments are Adam's only")
     if uses_ademamix(config):
         return AdEMAMix(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2, config.ademamix_beta3),
                         alpha=config.ademamix_alpha, beta3_warmup=config.ademamix_beta3_warmup,
