@@ -411,8 +411,9 @@ def note_moment_conversion(metadata: dict, shard: ShardedOptimizerState, path: P
     saved = saved_moment_dtypes(metadata)
     changed = [f"{key} {saved[key]} -> {ours[key]}" for key in ours if saved[key] != ours[key]]
     if changed:
+        rounding = "; to bf16 rounds to nearest even" if any(ours[key] == "bf16" != saved[key] for key in ours) else ""
         print(f" note: {path} stores the Adam moments in other dtypes than this run's --exp-avg-dtype / "
-              f"--exp-avg-sq-dtype: converted ({', '.join(changed)}; to bf16 rounds to nearest even)", flush=True)
+              f"--exp-avg-sq-dtype: converted ({', '.join(changed)}{rounding})", flush=True)
 
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: CheckpointableOptimizer,
