@@ -66,6 +66,9 @@ LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
 LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt", "1-sqrt")
 # --optimizer: Megatron-LM's adam (AdamW) and swiss-ai's Megatron-LM fork's ademamix (its arguments.py choices)
 OPTIMIZERS = ("adam", "ademamix")
+# Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype choices (megatron/training/arguments.py); of these fp32 and bf16
+# are implemented (zero/precision_aware.py), the others refused (arguments/megatron/flags.py)
+MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,15 @@ class OptimizerConfig:
                                                  "-1: none)")
     ademamix_alpha_warmup: int = option(-1, help="with --optimizer ademamix: steps over which alpha rises linearly "
                                                  "from 0 to --ademamix-alpha (swiss-ai's fork; -1: none)")
+    # Megatron-LM's precision-aware optimizer (TransformerEngine's FusedAdam): the dtype the Adam moments are stored
+    # in between steps, each update computed in fp32 (zero/precision_aware.py). Only with
+    # --use-precision-aware-optimizer, as in Megatron-LM; fp16 and fp8 (scaled storage) are refused.
+    exp_avg_dtype: str = option("fp32", choices=MOMENT_DTYPES,
+                                help="with --use-precision-aware-optimizer: the stored Adam first moment, fp32 or "
+                                     "bf16 (each update computed in fp32, rounded back; Megatron-LM)")
+    exp_avg_sq_dtype: str = option("fp32", choices=MOMENT_DTYPES,
+                                   help="with --use-precision-aware-optimizer: the stored Adam second moment, fp32 or "
+                                        "bf16 (each update computed in fp32, rounded back; Megatron-LM)")
 
     def validate(self) -> None:
         if self.lr_decay_style not in LR_DECAY_STYLES:

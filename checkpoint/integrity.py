@@ -142,8 +142,11 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Opt
                 entry = header.get(key)
                 if entry is None:
                     return f"it lacks the optimizer tensor {key!r}"
-                if entry["dtype"] != "F32" or len(entry["shape"]) != 1:
-                    return f"{key} is {entry['dtype']} {entry['shape']}; optimizer partitions are flat F32"
+                # Adam's moments may be bf16 (--exp-avg-dtype / --exp-avg-sq-dtype bf16, zero/precision_aware.py)
+                dtypes = ("F32", "BF16") if key in ("exp_avg", "exp_avg_sq") else ("F32",)
+                if entry["dtype"] not in dtypes or len(entry["shape"]) != 1:
+                    return (f"{key} is {entry['dtype']} {entry['shape']}; optimizer partitions are flat "
+                            f"{' or '.join(dtypes)}")
                 lengths.add(entry["shape"][0])
             return None if len(lengths) == 1 else "its master weights and Adam moments differ in length"
         return optimizer

@@ -402,6 +402,29 @@ def check_same_optimizer(metadata: dict, optimizer: str, path: Path) -> None:
                               f"states fresh from its weights")
 
 
+def saved_moment_dtypes(metadata: dict) -> dict[str, str]:
+    """The stored dtype of each Adam moment in a checkpoint (its --exp-avg-dtype / --exp-avg-sq-dtype; fp32 for
+    checkpoints from before the settings)."""
+    section = (metadata.get("config") or {}).get("optimizer") or {}
+    return {key: section.get(f"{key}_dtype", "fp32") for key in ("exp_avg", "exp_avg_sq")}
+
+
+def note_moment_conversion(metadata: dict, shard: ShardedOptimizerState, path: Path) -> None:
+    """Say so when a checkpoint's Adam moments are of another dtype than this run's: they are converted as read
+    (fp32 to bf16 rounds to nearest even; bf16 to fp32 is exact). Megatron-LM converts too: its distributed
+    optimizer saves the precision-aware optimizer's moments unscaled in fp32 (distrib_optimizer.py,
+    _get_main_param_and_optimizer_states: get_unscaled_state) and stores a loaded one in the run's dtype
+    (_set_main_param_and_optimizer_states: set_scaled_state)."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+    ours = {key: names.get(shard.tensors[key].dtype, str(shard.tensors[key].dtype)) for key in ("exp_avg", "exp_avg_sq")}
+    saved = saved_moment_dtypes(metadata)
+    changed = [f"{key} {saved[key]} -> {ours[key]}" for key in ours if saved[key] != ours[key]]
+    if changed:
+        rounding = "; to bf16 rounds to nearest even" if any(ours[key] == "bf16" != saved[key] for key in ours) else ""
+        print(f" note: {path} stores the Adam moments in other dtypes than this run's --exp-avg-dtype / "
+              f"--exp-avg-sq-dtype: converted ({', '.join(changed)}{rounding})", flush=True)
+
+
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: CheckpointableOptimizer,
                     rng: Optional[TensorParallelRNG], state: ParallelState, *, load_optimizer: bool = True,
                     load_rng: bool = True, finetune: bool = False, verify: bool = True) -> ResumePoint:
@@ -426,7 +449,10 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
     if load_optimizer:
         check_same_optimizer(metadata, shard.optimizer, iteration_dir)
     keys = tuple(shard.tensors) if load_optimizer else ("master",)
-    staged = {key: torch.zeros(shard.tensors[key].shape, dtype=torch.float32) for key in keys}
+    # staged in the live dtypes: a moment saved in another dtype than this run's is converted as it is read
+    staged = {key: torch.zeros(shard.tensors[key].shape, dtype=shard.tensors[key].dtype) for key in keys}
+    if load_optimizer and state.is_first_rank:
+        note_moment_conversion(metadata, shard, iteration_dir)
     fill_partition(iteration_dir, metadata, state.tensor_parallel_rank, PartitionRequest(shard.fragments), staged)
     warn_non_finite(iteration_dir, staged, state)
     scaler = metadata.get("loss_scaler") or {}

@@ -221,8 +221,12 @@ def best_lever(levers: list[Lever]) -> Lever:
 
 
 def _moments(config: PretrainConfig) -> str:
-    """What the optimizer states are: Adam's two moments, or AdEMAMix's three (--optimizer ademamix)."""
-    return "AdEMAMix moments (m1, m2, nu)" if config.optimizer.optimizer == "ademamix" else "Adam moments"
+    """What the optimizer states are: Adam's two moments (with their stored dtypes when not fp32: --exp-avg-dtype,
+    --exp-avg-sq-dtype), or AdEMAMix's three (--optimizer ademamix)."""
+    if config.optimizer.optimizer == "ademamix":
+        return "AdEMAMix moments (m1, m2, nu)"
+    dtypes = (config.optimizer.exp_avg_dtype, config.optimizer.exp_avg_sq_dtype)
+    return "Adam moments" if dtypes == ("fp32", "fp32") else f"Adam moments ({dtypes[0]}, {dtypes[1]})"
 
 
 def _host_lines(plan: RankPlan, width: int, moments: str = "Adam moments") -> list[str]:

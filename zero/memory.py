@@ -46,6 +46,9 @@ _BYTES_PER_ELEMENT = {
 # fp32 optimizer states per element beside the master: Adam's exp_avg and exp_avg_sq; swiss-ai's AdEMAMix
 # adds the slow momentum (zero/ademamix.py), 12 bytes where Adam keeps 8.
 OPTIMIZER_STATES = {"adam": 2, "ademamix": 3}
+# Bytes per element of a stored Adam moment: fp32, or bf16 with --exp-avg-dtype / --exp-avg-sq-dtype bf16
+# (zero/precision_aware.py: Megatron-LM's precision-aware optimizer).
+MOMENT_BYTES = {"fp32": 4, "bf16": 2}
 # The first stage at which each model state is partitioned over the data-parallel ranks.
 _PARTITIONED_FROM_STAGE = {"parameters": 3, "gradients": 2, "master_weights": 1, "optimizer_states": 1}
 ZERO_STAGES = (0, 1, 2, 3)
@@ -64,12 +67,17 @@ def _check_data_parallel_size(data_parallel_size: int) -> None:
 
 def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_size: int,
                               precision: str, gradient_precision: Optional[str] = None,
-                              optimizer: str = "adam") -> dict[str, int]:
+                              optimizer: str = "adam", moment_dtypes: tuple[str, str] = ("fp32", "fp32")
+                              ) -> dict[str, int]:
     """Per-rank bytes of each model state for Ψ = `num_parameters` (this rank's tensor-parallel shard).
     `gradient_precision` ("fp32" with --accumulate-allreduce-grads-in-fp32) defaults to `precision`.
-    `optimizer` (--optimizer) says how many fp32 states sit beside the master: Adam's two, AdEMAMix's three."""
+    `optimizer` (--optimizer) says how many states sit beside the master: Adam's two, AdEMAMix's three;
+    `moment_dtypes` the stored dtypes of Adam's two (--exp-avg-dtype, --exp-avg-sq-dtype: 2 bytes each in bf16),
+    the slow momentum being fp32."""
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
+    if any(dtype not in MOMENT_BYTES for dtype in moment_dtypes):
+        raise ValueError(f"moment dtypes must be among {sorted(MOMENT_BYTES)}, got {moment_dtypes!r}")
     for value in (precision, gradient_precision or precision):
         if value not in _BYTES_PER_ELEMENT:
             raise ValueError(f"precision must be one of {sorted(_BYTES_PER_ELEMENT)}, got {value!r}")
@@ -80,7 +88,7 @@ def predict_model_state_bytes(num_parameters: int, stage: int, data_parallel_siz
     shard_elements = -(-num_parameters // data_parallel_size)  # each rank's shard is padded up
     per_element = list(_BYTES_PER_ELEMENT[precision])
     per_element[1] = _BYTES_PER_ELEMENT[gradient_precision or precision][1]
-    per_element[3] = 4 * OPTIMIZER_STATES[optimizer]
+    per_element[3] = sum(MOMENT_BYTES[dtype] for dtype in moment_dtypes) + 4 * (OPTIMIZER_STATES[optimizer] - 2)
     predicted = {}
     for category, bytes_per_element in zip(MODEL_STATE_CATEGORIES, per_element):
         partitioned = stage >= _PARTITIONED_FROM_STAGE[category]

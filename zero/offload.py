@@ -103,8 +103,8 @@ class HostOffloadedAdamW(ShardedAdamW):
         return [StepPiece(start, end, segment.weight_decay, segment.decoupled_lr) for segment in super().step_pieces()
                 for start, end in cut_segment(segment.start, segment.end, size)]
 
-    def new_partition_tensor(self) -> torch.Tensor:
-        return host_zeros(self.master.numel(), self.offload.pins, self.master.device)
+    def new_partition_tensor(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return host_zeros(self.master.numel(), self.offload.pins, self.master.device, dtype)
 
     def update(self, grads: torch.Tensor) -> None:
         """Per sub-group: AdamW on that sub-group's pieces only, their gradients views of the host

@@ -44,6 +44,9 @@ from zero.grad_reducer import GradientReducer
 from zero.loss_scaler import LossScaler
 from zero.optimizer_state import NamedFragment, ShardedOptimizerState, check_partition_tensors
 from zero.param_storage import ParameterStorage
+from zero.precision_aware import TEMPORARIES as PRECISION_AWARE_TEMPORARIES
+from zero.precision_aware import WINDOW as PRECISION_AWARE_WINDOW
+from zero.precision_aware import PrecisionAwareAdamW
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -91,12 +94,28 @@ def uses_ademamix(config) -> bool:
     return getattr(config, "optimizer", "adam") == "ademamix"
 
 
+def moment_dtypes(config) -> dict[str, torch.dtype]:
+    """The stored dtype of each Adam moment (--exp-avg-dtype, --exp-avg-sq-dtype: fp32 or bf16)."""
+    return {key: PRECISION_DTYPES[getattr(config, f"{key}_dtype", "fp32")] for key in ("exp_avg", "exp_avg_sq")}
+
+
+def uses_precision_aware_moments(config) -> bool:
+    """Whether a moment is stored in a lower precision than fp32 (zero/precision_aware.py steps it)."""
+    return any(dtype != torch.float32 for dtype in moment_dtypes(config).values())
+
+
 def build_step_optimizer(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
-    """The optimizer --optimizer names over the partition's views: AdamW, or AdEMAMix (zero/ademamix.py)."""
+    """The optimizer --optimizer names over the partition's views: AdamW, or AdEMAMix (zero/ademamix.py); AdamW
+    with bf16 moments is zero/precision_aware.py's."""
+    if uses_ademamix(config) and uses_precision_aware_moments(config):
+        raise ValueError("AdEMAMix keeps fp32 states (swiss-ai's fork); bf16 moments are Adam's only")
     if uses_ademamix(config):
         return AdEMAMix(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2, config.ademamix_beta3),
                         alpha=config.ademamix_alpha, beta3_warmup=config.ademamix_beta3_warmup,
                         alpha_warmup=config.ademamix_alpha_warmup, eps=config.adam_eps)
+    if uses_precision_aware_moments(config):
+        return PrecisionAwareAdamW(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+                                   eps=config.adam_eps)
     return build_adamw(param_groups, config, device)
 
 
@@ -143,8 +162,10 @@ class ShardedAdamW:
         # The moments exist from the start (the zeros AdamW would create at its first step), as views
         # of two flat tensors beside the master (in host memory when it is offloaded); AdEMAMix's slow
         # momentum is a third.
-        self.exp_avg = self.new_partition_tensor()
-        self.exp_avg_sq = self.new_partition_tensor()
+        # (bf16 ones with --exp-avg-dtype / --exp-avg-sq-dtype bf16: zero/precision_aware.py)
+        dtypes = moment_dtypes(optimizer_config)
+        self.exp_avg = self.new_partition_tensor(dtypes["exp_avg"])
+        self.exp_avg_sq = self.new_partition_tensor(dtypes["exp_avg_sq"])
         self.exp_avg_slow = self.new_partition_tensor() if uses_ademamix(optimizer_config) else None
         for group in self.param_groups:
             step_on_device = group.get("fused") or group.get("capturable")
@@ -177,9 +198,9 @@ class ShardedAdamW:
                 pieces.append(StepPiece(start, end, segment.kind.weight_decay, decoupled))
         return pieces
 
-    def new_partition_tensor(self) -> torch.Tensor:
-        """A zeroed fp32 tensor the size of the partition, where the master lives."""
-        return torch.zeros_like(self.master)
+    def new_partition_tensor(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A zeroed tensor (fp32 unless asked) the size of the partition, where the master lives."""
+        return torch.zeros_like(self.master, dtype=dtype)
 
     def _group_pieces(self, group: dict):
         index = {id(p): s for p, s in zip(self._segment_params, self._pieces)}
@@ -260,11 +281,16 @@ class ShardedAdamW:
 
     def update_working_bytes(self) -> int:
         """What the update itself allocates: nothing for fused AdamW; AdEMAMix's three fp32 temporaries of one
-        window (zero/ademamix.py), no larger than the largest piece it steps."""
-        if self.exp_avg_slow is None:
+        window (zero/ademamix.py), no larger than the largest piece it steps; with bf16 moments, two fp32 windows
+        (zero/precision_aware.py)."""
+        if self.exp_avg_slow is not None:
+            temporaries, window = ADEMAMIX_TEMPORARIES, ADEMAMIX_WINDOW
+        elif isinstance(self.optimizer, PrecisionAwareAdamW):
+            temporaries, window = PRECISION_AWARE_TEMPORARIES, PRECISION_AWARE_WINDOW
+        else:
             return 0
         largest = max((piece.end - piece.start for piece in self._pieces), default=0)
-        return ADEMAMIX_TEMPORARIES * min(ADEMAMIX_WINDOW, largest) * self.master.element_size()
+        return temporaries * min(window, largest) * self.master.element_size()
 
     def host_working_bytes(self) -> int:
         """Host memory the step holds besides the model states: nothing, offloaded or not (the offloaded

@@ -109,8 +109,9 @@ FSDP_STAGES: dict[str, int] = {"no_shard": 0, "optim": 1, "optim_grads": 2, "opt
 MEGATRON_FSDP_DEFAULT_STRATEGY = "optim_grads_params"  # megatron/training/arguments.py's default
 
 # Megatron-LM's precision-aware optimizer (megatron/training/arguments.py: --main-grads-dtype, --main-params-dtype,
-# --exp-avg-dtype, --exp-avg-sq-dtype, each fp32 by default): the dest and what a lower precision of it would be
-PRECISION_AWARE_STATE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+# --exp-avg-dtype, --exp-avg-sq-dtype, each fp32 by default): the dest and what a lower precision of it would be.
+# The two moments' dtypes are settings (arguments/config.py, OptimizerConfig), the other two Megatron meanings.
+STORED_MOMENT_DTYPES = ("exp_avg_dtype", "exp_avg_sq_dtype")
 PRECISION_AWARE_DTYPES: dict[str, str] = {
     "main_grads_dtype": "main gradients",
     "main_params_dtype": "master weights",
@@ -184,18 +185,15 @@ MEANINGS: list[Meaning] = [
             "under --use-megatron-fsdp; alone, no effect (Megatron reads it only there)"),
     Meaning(("--use-precision-aware-optimizer",), "use_precision_aware_optimizer", "Megatron-LM",
             {"action": "store_true"},
-            "TransformerEngine's FusedAdam with main params, moments and main grads in the dtypes below; with fp32 "
-            "ones (the defaults) it is the fp32 AdamW here; as in Megatron-LM, only with the distributed optimizer "
-            "(ZeRO stage 1 or above)"),
+            "TransformerEngine's FusedAdam with main params, moments and main grads in the dtypes given (--exp-avg-dtype, "
+            "--exp-avg-sq-dtype, --main-grads-dtype, --main-params-dtype); with fp32 ones (the defaults) it is the fp32 "
+            "AdamW here, bf16 moments are stored as bf16 between fp32 updates; as in Megatron-LM, only with the "
+            "distributed optimizer (ZeRO stage 1 or above)"),
     Meaning(("--main-grads-dtype",), "main_grads_dtype", "Megatron-LM", {"choices": ("fp32", "bf16")},
             "the precision-aware optimizer's main gradients: bf16 with --bf16 is --no-accumulate-allreduce-grads-in-"
             "fp32 (gradients accumulated and reduced in bf16); fp32 is the default for bf16 here as there"),
     Meaning(("--main-params-dtype",), "main_params_dtype", "Megatron-LM", {"choices": ("fp32", "fp16")},
             "the precision-aware optimizer's master weights: fp32, as here; fp16 is not implemented"),
-    Meaning(("--exp-avg-dtype",), "exp_avg_dtype", "Megatron-LM", {"choices": PRECISION_AWARE_STATE_DTYPES},
-            "the precision-aware optimizer's stored Adam first moment: fp32, as here; others are not implemented"),
-    Meaning(("--exp-avg-sq-dtype",), "exp_avg_sq_dtype", "Megatron-LM", {"choices": PRECISION_AWARE_STATE_DTYPES},
-            "the precision-aware optimizer's stored Adam second moment: fp32, as here; others are not implemented"),
     Meaning(("--recompute-activations",), "recompute_activations", "Megatron-LM", {"action": "store_true"},
             f"selective recompute: {SELECTIVE_RECOMPUTE}"),
     Meaning(("--recompute-granularity",), "recompute_granularity", "Megatron-LM",
@@ -381,12 +379,15 @@ def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str
     (and the same for main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype); get_megatron_optimizer
     (megatron/core/optimizer/__init__.py) raises "--use-precision-aware-optimizer only supported with distributed
     optimizer", which Megatron-FSDP turns on itself and --use-torch-fsdp2 excludes. With it, TransformerEngine's
-    FusedAdam keeps master weights and moments in those dtypes (computing in fp32); here they are fp32, so fp32
-    (the defaults) is the optimizer of this program and a lower precision, which rounds the state every step,
-    is refused."""
+    FusedAdam keeps master weights and moments in those dtypes (computing in fp32). Here bf16 moments are stored as
+    bf16 and updated in fp32 (zero/precision_aware.py) with --optimizer adam; fp16 and fp8 moments (TE keeps them with
+    a per-tensor scale) and fp16 master weights are refused, as are bf16 moments of swiss-ai's AdEMAMix, which its
+    fork steps as a plain torch optimizer (fp32 states), never through TE's FusedAdam."""
     aware = bool(given.get("use_precision_aware_optimizer"))
+    values = {dest: (settings.get(dest, "fp32") if dest in STORED_MOMENT_DTYPES else given.get(dest, "fp32"))
+              for dest in PRECISION_AWARE_DTYPES}
     for dest, what in PRECISION_AWARE_DTYPES.items():
-        value = given.get(dest, "fp32")
+        value = values[dest]
         if value == "fp32":
             continue
         requires = ("" if aware else f"; Megatron-LM takes {option_used(dest)} other than fp32 only with "
@@ -397,11 +398,23 @@ def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str
                                         f"Megatron-LM asserts main_grads_dtype can only be fp32 when not using the "
                                         f"precision-aware optimizer (OptimizerConfig); add the flag, or drop this one")
             continue
+        if dest in STORED_MOMENT_DTYPES and value == "bf16":
+            if not aware:
+                resolved.refused.append(f"{option_used(dest)} {value} without --use-precision-aware-optimizer: "
+                                        f"Megatron-LM takes {option_used(dest)} other than fp32 only with "
+                                        f"--use-precision-aware-optimizer (OptimizerConfig); add the flag, or drop "
+                                        f"this one")
+            elif settings.get("optimizer", "adam") != "adam":
+                resolved.refused.append(f"{option_used(dest)} {value} with --optimizer {settings['optimizer']}: "
+                                        f"bf16 moments are TransformerEngine's FusedAdam's (Adam only); swiss-ai's "
+                                        f"fork steps AdEMAMix as a plain torch optimizer with fp32 states; use fp32, "
+                                        f"or --optimizer adam")
+            continue
         resolved.refused.append(f"{option_used(dest)} {value}: {what} stored in {value} are not implemented (they are "
-                                f"fp32 here; TransformerEngine's FusedAdam keeps them in {value} between its fp32 "
-                                f"updates, which changes the math){requires}; use fp32, or drop the flag")
-    accepted = [f"{option_used(dest)} fp32" for dest in PRECISION_AWARE_DTYPES
-                if dest != "main_grads_dtype" and given.get(dest) == "fp32"]
+                                f"fp32 or bf16 here; TransformerEngine's FusedAdam keeps {value} ones with a "
+                                f"per-tensor scale){requires}; use fp32 (or bf16 for the moments), or drop the flag")
+    accepted = [f"{option_used(dest)} {values[dest]}" for dest in PRECISION_AWARE_DTYPES
+                if dest != "main_grads_dtype" and option_used(dest) and values[dest] in ("fp32", "bf16")]
     if aware:
         stage = resolved.changes["stage"][0] if "stage" in resolved.changes else settings["stage"]
         if given.get("use_torch_fsdp2"):
@@ -414,8 +427,17 @@ def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str
                                     "--use-distributed-optimizer (ZeRO stage 1 here), or drop the flag")
         accepted.insert(0, "--use-precision-aware-optimizer")
     if accepted:
-        resolved.notes.append(f"{', '.join(accepted)}: accepted; the master weights and Adam moments are fp32 here "
-                              f"(Megatron-LM's defaults), the AdamW of this program")
+        stored = {dest: values[dest] for dest in STORED_MOMENT_DTYPES}
+        moments = ("fp32" if set(stored.values()) == {"fp32"} else
+                   ", ".join(f"{'first' if dest == 'exp_avg_dtype' else 'second'} {value}"
+                             for dest, value in stored.items()))
+        if moments == "fp32":
+            resolved.notes.append(f"{', '.join(accepted)}: accepted; the master weights and Adam moments are fp32 here "
+                                  f"(Megatron-LM's defaults), the AdamW of this program")
+        else:
+            resolved.notes.append(f"{', '.join(accepted)}: accepted; the master weights are fp32 and the Adam moments "
+                                  f"{moments}: bf16 ones are stored as bf16 between updates computed in fp32, as "
+                                  f"TransformerEngine's FusedAdam does")
 
 
 def _resolve_main_grads_dtype(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],

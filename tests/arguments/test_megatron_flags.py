@@ -193,18 +193,41 @@ def test_precision_aware_optimizer_flags_follow_megatrons_rules(tmp_path, capsys
     with pytest.raises(ConfigError, match="--use-precision-aware-optimizer with --use-torch-fsdp2"):
         parse_config(["--use-precision-aware-optimizer", "--use-torch-fsdp2", "--untie-embeddings-and-output-weights"])
     with pytest.raises(ConfigError) as error:
-        parse_config(aware + ["--main-params-dtype", "fp16", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "fp8"])
+        parse_config(aware + ["--main-params-dtype", "fp16", "--exp-avg-dtype", "fp16", "--exp-avg-sq-dtype", "fp8"])
     message = str(error.value)
     assert "\n" not in message and "only with --use-precision-aware-optimizer" not in message
     for clause in ("--main-params-dtype fp16: master weights stored in fp16 are not implemented",
-                   "--exp-avg-dtype bf16: Adam first moments stored in bf16 are not implemented",
+                   "--exp-avg-dtype fp16: Adam first moments stored in fp16 are not implemented",
                    "--exp-avg-sq-dtype fp8: Adam second moments stored in fp8 are not implemented"):
         assert clause in message
     with pytest.raises(ConfigError, match="--exp-avg-dtype fp16: .* only with --use-precision-aware-optimizer"):
         parse_config(["--use-distributed-optimizer", "--exp-avg-dtype", "fp16"])
-    code = pretrain_gpt.main(aware + ["--bf16", "--exp-avg-dtype", "bf16", "--data-cache-dir", str(tmp_path)])
+    code = pretrain_gpt.main(aware + ["--bf16", "--exp-avg-dtype", "fp16", "--data-cache-dir", str(tmp_path)])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "--exp-avg-dtype bf16: Adam first moments" in err
+    assert code == 2 and len(err.splitlines()) == 1 and "--exp-avg-dtype fp16: Adam first moments" in err
+
+
+def test_bf16_moments_are_taken_with_the_precision_aware_optimizer_and_adam_only(tmp_path, capsys):
+    """--exp-avg-dtype bf16 / --exp-avg-sq-dtype bf16 with --use-precision-aware-optimizer (Megatron-Core's
+    OptimizerConfig asserts the flag for any dtype other than fp32) store the moments as bf16
+    (zero/precision_aware.py); before, they were refused. Without the flag they stay refused, as are bf16 moments of
+    --optimizer ademamix (swiss-ai's fork steps AdEMAMix as a torch optimizer with fp32 states, not through
+    TransformerEngine's FusedAdam), each in one line."""
+    aware = ["--use-precision-aware-optimizer", "--use-distributed-optimizer"]
+    parsed = parse_arguments(aware + ["--bf16", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"])
+    optimizer = parsed.config.optimizer
+    assert (optimizer.exp_avg_dtype, optimizer.exp_avg_sq_dtype, parsed.config.zero.stage) == ("bf16", "bf16", 1)
+    assert ("--exp-avg-dtype bf16, --exp-avg-sq-dtype bf16: accepted; the master weights are fp32 and the Adam "
+            "moments first bf16, second bf16") in "\n".join(parsed.notes)
+    assert parse_config(aware + ["--exp-avg-sq-dtype", "bf16"]).optimizer.exp_avg_dtype == "fp32"
+    with pytest.raises(ConfigError, match="^--exp-avg-dtype bf16 without --use-precision-aware-optimizer"):
+        parse_config(["--use-distributed-optimizer", "--exp-avg-dtype", "bf16"])
+    with pytest.raises(ConfigError, match="^--exp-avg-sq-dtype bf16 with --optimizer ademamix"):
+        parse_config(aware + ["--optimizer", "ademamix", "--exp-avg-sq-dtype", "bf16"])
+    code = pretrain_gpt.main(["--use-distributed-optimizer", "--exp-avg-dtype", "bf16", "--data-cache-dir",
+                              str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "without --use-precision-aware-optimizer" in err
 
 
 def test_document_masking_flags_are_read_and_inter_document_masking_refused():
