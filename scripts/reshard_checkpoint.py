@@ -44,7 +44,6 @@ import torch  # noqa: E402
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from checkpoint.format import (  # noqa: E402
     METADATA_FILE,
-    OPTIMIZER_KEYS,
     STAGING_SUFFIX,
     TOKENIZER_DIR,
     CheckpointError,
@@ -65,8 +64,10 @@ from checkpoint.inside import folder_files  # noqa: E402
 from checkpoint.integrity import hash_files, verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
+from checkpoint.sharded import saved_moment_dtypes, saved_optimizer  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
+from zero.optimizer_state import PARTITION_TENSORS_OF  # noqa: E402
 
 # The one parameter whose shape depends on the TP size beyond the split itself (vocabulary padding).
 WORD_EMBEDDING = "word_embeddings.weight"
@@ -134,9 +135,12 @@ def resharded_table(table: dict, vocabulary_rows: int) -> dict:
 
 
 def write_rank_files(staging: Path, whole: dict[str, dict[str, torch.Tensor]], table: dict, tensor_parallel_rank: int,
-                     tensor_parallel_size: int, dtype: torch.dtype) -> dict[str, int]:
+                     tensor_parallel_size: int, dtype: torch.dtype,
+                     stored: Optional[dict[str, torch.dtype]] = None) -> dict[str, int]:
     """One new TP rank's optimizer partition (DP rank 0 holds everything: one fragment per parameter,
-    the local tensors flattened end to end) and its model file; returns {file name: bytes}."""
+    the local tensors flattened end to end; each of `whole`'s keys, stored in its `stored` dtype, fp32 by
+    default) and its model file; returns {file name: bytes}."""
+    stored = stored or {}
     def local(key: str, name: str) -> torch.Tensor:
         return tensor_parallel_slice(whole[key][name], table[name]["tensor_parallel_dim"], tensor_parallel_rank,
                                      tensor_parallel_size)
@@ -146,7 +150,8 @@ def write_rank_files(staging: Path, whole: dict[str, dict[str, torch.Tensor]], t
         numel = local("master", name).numel()
         fragments.append([name, 0, offset, numel])
         offset += numel
-    partition = {key: torch.cat([local(key, name).reshape(-1) for name in table]) for key in OPTIMIZER_KEYS}
+    partition = {key: torch.cat([local(key, name).reshape(-1) for name in table]).to(stored.get(key, torch.float32))
+                 for key in whole}
     written = {}
     name = optimizer_file(tensor_parallel_rank, 0)
     written[name] = save_tensors(staging / name, partition, {"fragments": fragments})
@@ -193,12 +198,21 @@ def copy_tokenizer(source: Path, metadata: dict, staging: Path) -> Optional[str]
     return TOKENIZER_DIR
 
 
+def stored_dtypes(metadata: dict) -> dict[str, torch.dtype]:
+    """The dtype each optimizer state is written back in: as the checkpoint stored it (bf16 Adam moments under
+    --exp-avg-dtype / --exp-avg-sq-dtype bf16; the rest fp32), so the rewrite is the size of the original and a
+    resume reads the dtypes its config names. bf16 -> fp32 -> bf16 is exact."""
+    return {key: torch.bfloat16 if dtype == "bf16" else torch.float32
+            for key, dtype in saved_moment_dtypes(metadata).items()}
+
+
 def write_resharded(staging: Path, source: Path, metadata: dict, whole: dict[str, dict[str, torch.Tensor]],
                     table: dict, tensor_parallel_size: int, log) -> None:
     """Every file of the new checkpoint into `staging`, metadata.json last (as a save does)."""
     files = {}
     for tp in range(tensor_parallel_size):
-        written = write_rank_files(staging, whole, table, tp, tensor_parallel_size, PRECISION_DTYPES[metadata["precision"]])
+        written = write_rank_files(staging, whole, table, tp, tensor_parallel_size, PRECISION_DTYPES[metadata["precision"]],
+                                   stored_dtypes(metadata))
         files.update(written)
         log(f"  wrote TP rank {tp}: " + ", ".join(f"{name} ({size / 2**20:.1f} MiB)"
                                                     for name, size in written.items()), flush=True)
@@ -253,7 +267,8 @@ def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_par
         log(f"> resharding {source} (iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
             f"DP {metadata['data_parallel_size']}, {metadata['precision']}) to TP {tensor_parallel_size} x DP 1",
             flush=True)
-        whole = consolidate(source, OPTIMIZER_KEYS, progress=True)
+        # every state the checkpoint's optimizer keeps (AdEMAMix's slow momentum too), in fp32 as read
+        whole = consolidate(source, PARTITION_TENSORS_OF[saved_optimizer(metadata)], progress=True)
         repad_vocabulary(whole, rows)
 
         remove_stale_saves(output)  # safe: the lock says no other writer is saving into OUT
