@@ -38,10 +38,11 @@ CONFIGS = {
     "aux_z": ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-2",
               "--moe-z-loss-coeff", "1e-3"],
     "seq_aux": ["--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-2"],
-    # the global aux loss and the expert bias (sigmoid scores), their counts over TP x DP x CP
+    # the global aux loss and the expert bias (sigmoid scores), their counts over TP x DP x CP; one micro-batch of
+    # the 4 sequences, so that DP 2 (a micro-batch of 2 on each rank) counts the same tokens at once
     "global_bias": ["--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
                     "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
-                    "--moe-router-bias-update-rate", "1e-2"],
+                    "--moe-router-bias-update-rate", "1e-2", "--micro-batch-size", "4"],
 }
 LOSS = {"aux_z": ("load_balancing_loss", "z_loss"), "seq_aux": ("seq_load_balancing_loss",),
         "global_bias": ("global_load_balancing_loss",)}
@@ -68,7 +69,8 @@ def runs(tmp_path_factory, corpus_cache_300):
         outcome = run_main(pretrain_gpt.main, _argv(corpus_cache_300, tmp_path, f"{config}-cp1", config))
         assert outcome.code == 0, outcome.err[-3000:]
     argv = [_argv(corpus_cache_300, tmp_path, f"{config}-cp2", config, *CP2) for config in CONFIGS]
-    argv += [_argv(corpus_cache_300, tmp_path, "aux_z-cp2-ep2", "aux_z", *EP2)]
+    argv += [_argv(corpus_cache_300, tmp_path, "aux_z-cp2-ep2", "aux_z", *EP2),
+             _argv(corpus_cache_300, tmp_path, "global_bias-dp2", "global_bias", "--micro-batch-size", "2")]
     run_distributed(launch_rank, 2, argv, [free_port() for _ in argv], timeout=900)
     return tmp_path
 
@@ -98,3 +100,20 @@ def test_moe_at_context_parallel_2_trains_as_at_context_parallel_1(runs, config)
 def test_moe_at_expert_parallel_2_beside_context_parallel_2_trains_as_one_rank(runs):
     """EP 2 over the CP 2 ranks (aux_loss + z-loss): CP 2 x EP 2 = CP 1 x EP 1."""
     _assert_equal(runs, "aux_z", "aux_z-cp2-ep2")
+
+
+@pytest.mark.slow
+def test_the_global_aux_loss_is_logged_as_the_sum_of_the_data_parallel_ranks_shares(runs):
+    """DP 2 (no CP) against one rank, at iteration 1 (same weights, the same 4 sequences in one step): each DP
+    rank's global aux loss is its tokens' share of the loss over the TP x DP x CP tokens, and Megatron-Core logs
+    their sum (router.py _apply_global_aux_loss records it with `reduce_group=self.tp_dp_cp_group,
+    needs_dp_avg=False`), not their mean over DP (half the loss here). Only iteration 1: from the step on the runs
+    part, in Megatron-Core as here, since the shares' gradients are averaged over DP (the DP 2 step carries half
+    the DP 1 step's global-aux-loss gradient)."""
+    reference, records = _records(runs, "global_bias-cp1")[0], _records(runs, "global_bias-dp2")[0]
+    for key in ("loss", "global_load_balancing_loss"):
+        assert records[key] == pytest.approx(reference[key], rel=1e-6, abs=0), key
+    layers = records["moe_per_layer"]
+    assert layers["global_load_balancing_loss"] == pytest.approx(
+        reference["moe_per_layer"]["global_load_balancing_loss"], rel=1e-6, abs=0)
+    assert layers["tokens_per_expert"] == reference["moe_per_layer"]["tokens_per_expert"]
