@@ -51,6 +51,10 @@ CP2 = ["--context-parallel-size", "2"]
 # expert_mesh_sizes), so each CP rank holds 2 experts and the alltoall dispatcher exchanges the chunks' tokens
 EP2 = CP2 + ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
 
+# TP 2 x CP 2 on 4 ranks (Megatron's order: TP, then CP): each rank routes a TP slice of its CP chunks, and the
+# tp_cp group is all 4
+TP2_CP2 = CP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+
 
 def _argv(corpus, tmp_path, name, config, *extra):
     return TINY + MOE + CONFIGS[config] + ["--data-cache-dir", corpus, "--metrics-file",
@@ -72,6 +76,8 @@ def runs(tmp_path_factory, corpus_cache_300):
     argv += [_argv(corpus_cache_300, tmp_path, "aux_z-cp2-ep2", "aux_z", *EP2),
              _argv(corpus_cache_300, tmp_path, "global_bias-dp2", "global_bias", "--micro-batch-size", "2")]
     run_distributed(launch_rank, 2, argv, [free_port() for _ in argv], timeout=900)
+    argv = [_argv(corpus_cache_300, tmp_path, f"{config}-tp2-cp2", config, *TP2_CP2) for config in ("aux_z", "seq_aux")]
+    run_distributed(launch_rank, 4, argv, [free_port() for _ in argv], timeout=900)
     return tmp_path
 
 
@@ -100,6 +106,13 @@ def test_moe_at_context_parallel_2_trains_as_at_context_parallel_1(runs, config)
 def test_moe_at_expert_parallel_2_beside_context_parallel_2_trains_as_one_rank(runs):
     """EP 2 over the CP 2 ranks (aux_loss + z-loss): CP 2 x EP 2 = CP 1 x EP 1."""
     _assert_equal(runs, "aux_z", "aux_z-cp2-ep2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["aux_z", "seq_aux"])
+def test_moe_at_tensor_parallel_2_by_context_parallel_2_trains_as_one_rank(runs, config):
+    """TP 2 x CP 2 (4 ranks): the counts over both groups, the z-loss coefficient / 4."""
+    _assert_equal(runs, config, f"{config}-tp2-cp2")
 
 
 @pytest.mark.slow
