@@ -10,10 +10,13 @@ DeepSpeed-MoE's moe_loss (l_aux x --moe-loss-coeff) summed over the layers, as M
 Under tensor and context parallelism each TP x CP rank's router records its slice's share (gpt/moe/router.py), and
 the shares and token counts are summed over the TP and CP groups first (Megatron-Core records the balancing losses
 with reduce_group = tp_cp_group, the global one with tp_dp_cp_group and no DP average, and averages the z-loss,
-whose shares here carry 1/(TP x CP), over tp_dp_cp_group). DeepSpeed-MoE's moe_loss is each rank's own, averaged
-over CP. The balancing losses' backward scale carries the CP size, as Megatron-Core's schedules.forward_step_calc_loss
-sets it (`loss_scale * cp_size_for_scaling / num_microbatches`): each CP rank's LM loss is its chunks' share x CP and
-the gradients are averaged over DP x CP (training/train_step.py), so the shares' gradients must carry CP too.
+whose shares here carry 1/(TP x CP), over tp_dp_cp_group). The balancing losses' backward scale carries the CP
+size, as Megatron-Core's schedules.forward_step_calc_loss sets it (`loss_scale * cp_size_for_scaling /
+num_microbatches`): each CP rank's LM loss is its chunks' share x CP and the gradients are averaged over DP x CP
+(training/train_step.py), so the shares' gradients must carry CP too. DeepSpeed-MoE's moe_loss is each rank's own,
+logged as its mean over CP; its gradient, under the same backward scale, is the sum over the CP ranks of theirs, as
+in Megatron-DeepSpeed under Ulysses (each sequence-parallel rank adds its own l_aux to its loss, and DeepSpeed's
+engine._reduce_non_expert_gradients divides the gradients by DP only: `dp_world_size = ... / sequence_parallel_size`).
 They are logged beside the LM loss, never added to its value (only their gradients are).
 """
 

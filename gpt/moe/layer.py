@@ -211,11 +211,7 @@ class MoELayer(nn.Module):
             probs, indices, l_aux = topkgating(logits, k, factor, settings.min_capacity, settings.drop_tokens)
         if self.training and torch.is_grad_enabled():
             moe_loss = l_aux * settings.loss_coeff
-            # Each CP rank's l_aux is its own tokens' (not a share of the sequence's, as Megatron-Core's losses
-            # are), and Megatron-DeepSpeed adds it to each sequence-parallel rank's loss, whose gradients average
-            # over DP x SP: the backward scale carries the CP size for the shares (training/moe_metrics.py), so it
-            # is divided out here.
-            probs = attach(probs, moe_loss / router.state.context_parallel_size, router.tracker)
+            probs = attach(probs, moe_loss, router.tracker)
             if router.tracker is not None:
                 router.tracker.record("moe_loss", router.layer_number, moe_loss)
         return probs, indices
