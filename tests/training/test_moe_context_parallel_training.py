@@ -77,6 +77,7 @@ def runs(tmp_path_factory, corpus_cache_300):
              _argv(corpus_cache_300, tmp_path, "global_bias-dp2", "global_bias", "--micro-batch-size", "2")]
     run_distributed(launch_rank, 2, argv, [free_port() for _ in argv], timeout=900)
     argv = [_argv(corpus_cache_300, tmp_path, f"{config}-tp2-cp2", config, *TP2_CP2) for config in ("aux_z", "seq_aux")]
+    argv += [_argv(corpus_cache_300, tmp_path, "aux_z-cp2-pp2", "aux_z", *CP2, "--pipeline-model-parallel-size", "2")]
     run_distributed(launch_rank, 4, argv, [free_port() for _ in argv], timeout=900)
     return tmp_path
 
@@ -113,6 +114,13 @@ def test_moe_at_expert_parallel_2_beside_context_parallel_2_trains_as_one_rank(r
 def test_moe_at_tensor_parallel_2_by_context_parallel_2_trains_as_one_rank(runs, config):
     """TP 2 x CP 2 (4 ranks): the counts over both groups, the z-loss coefficient / 4."""
     _assert_equal(runs, config, f"{config}-tp2-cp2")
+
+
+@pytest.mark.slow
+def test_moe_at_context_parallel_2_by_pipeline_parallel_2_trains_as_one_rank(runs):
+    """CP 2 x PP 2 (4 ranks, one MoE layer per stage): each stage's router counts over its CP group; the logged
+    losses gather the stages' layers."""
+    _assert_equal(runs, "aux_z", "aux_z-cp2-pp2")
 
 
 @pytest.mark.slow
