@@ -53,7 +53,7 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
     # the same collectives as the others, with zero counts.
     totals = torch.tensor([[sum(sums.get(name, {}).values()), len(sums.get(name, {}))] for name in MOE_LOSS_NAMES],
                           dtype=torch.float64, device=state.device)
-    totals[:, 0] = _summed_over_slices(totals[:, 0].clone(), state)
+    totals[:, 0] = _summed_over_slices(totals[:, 0].clone(), state, losses=True)
     if state.pipeline_parallel_size > 1:
         state.comm.all_reduce(totals, state.pipeline_parallel_group, "pp")
     if state.data_parallel_size > 1:
@@ -82,7 +82,7 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
     tokens = torch.zeros(num_layers, num_experts, dtype=torch.float64, device=state.device)
     for layer, counts in tracker.tokens_per_expert.items():
         tokens[layer, :counts.numel()] = counts.to(tokens)
-    losses, tokens = _summed_over_slices(losses, state), _summed_over_slices(tokens, state)
+    losses, tokens = _summed_over_slices(losses, state, losses=True), _summed_over_slices(tokens, state)
     for group, name in ((state.pipeline_parallel_group, "pp"), (state.data_parallel_group, "dp")):
         if (state.pipeline_parallel_size if name == "pp" else state.data_parallel_size) > 1:
             for tensor in (losses, present, tokens):
@@ -101,15 +101,15 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
     return values
 
 
-def _summed_over_slices(values: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """`values` (rows in MOE_LOSS_NAMES' order, or token counts) summed over the TP and CP ranks' slices of the
-    sequence (Megatron-Core's tp_cp reduce_group); DeepSpeed-MoE's moe_loss, each rank's own value, averaged over
-    CP instead. In place."""
+def _summed_over_slices(values: torch.Tensor, state: ParallelState, losses: bool = False) -> torch.Tensor:
+    """`values` (with `losses`, rows in MOE_LOSS_NAMES' order; else token counts) summed over the TP and CP ranks'
+    slices of the sequence (Megatron-Core's tp_cp reduce_group); DeepSpeed-MoE's moe_loss, each rank's own value,
+    averaged over CP instead. In place."""
     for size, group, name in ((state.tensor_parallel_size, state.tensor_parallel_group, "tp"),
                               (state.context_parallel_size, state.context_parallel_group, "cp")):
         if size > 1:
             state.comm.all_reduce(values, group, name)
-    if state.context_parallel_size > 1 and values.shape[0] == len(MOE_LOSS_NAMES):
+    if losses and state.context_parallel_size > 1:
         for name in SUMMED_OVER_LAYERS:  # moe_loss: not a share
             values[MOE_LOSS_NAMES.index(name)] /= state.context_parallel_size
     return values

@@ -8,8 +8,8 @@ a position drop policy keeps, the order of rows within an expert - is Megatron's
 
 Expert bias (aux-loss-free balancing, DeepSeek-V3): each forward that builds a graph counts the tokens each
 expert received; `update_expert_bias` (after the iteration's backward, as Megatron's finalize_model_grads)
-sums the counts over TP x DP x CP (every rank's own tokens) and moves each expert's bias by `rate` toward the mean load:
-bias + sign(mean - tokens) * rate. The bias only chooses experts; the weights are the unbiased scores.
+sums the counts over TP x DP x CP (every rank's own tokens) and moves each expert's bias by `rate` toward the
+mean load: bias + sign(mean - tokens) * rate. The bias only chooses experts; the weights are the unbiased scores.
 
 Under tensor parallelism the MoE layer runs with sequence parallelism (Megatron-Core's MoELayer refuses it without),
 so each TP rank routes its own slice of the sequence, as Megatron-Core's TopKRouter does: the router's weight is

@@ -17,7 +17,8 @@ the tokens, and Megatron-Core counts over the tp_cp group (megatron/core/transfo
 Counting over TP only (the code before) makes each CP rank's losses a whole sequence's computed on half its tokens:
 the logged losses and the router's gradients differ from CP 1's.
 
-Each grid runs its configurations in sequence in one 2-rank launch; the references run in this process (CP 1).
+Each grid runs its configurations in sequence in one launch (2 ranks, then 4); the references run in this process
+(CP 1).
 Not bitwise: the chunks' attention merges partial softmaxes and the gradients are summed over the CP ranks.
 """
 
