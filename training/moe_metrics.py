@@ -7,9 +7,16 @@ Logged as Megatron-Core's MoEMetricsTracker.report does: per loss (load_balancin
 global_load_balancing_loss, z_loss; each the loss over its coefficient), summed over the micro-batches times
 1 / micro-batches, summed over the MoE layers and divided by their number, averaged over the data-parallel group;
 DeepSpeed-MoE's moe_loss (l_aux x --moe-loss-coeff) summed over the layers, as Megatron-DeepSpeed logs it.
-Under tensor parallelism each TP rank's router records its sequence slice's share (gpt/moe/router.py), and the
-shares and token counts are summed over the TP group first (Megatron-Core records the balancing losses with
-reduce_group = tp_cp_group, and averages the z-loss, whose shares here carry 1/TP, over it).
+Under tensor and context parallelism each TP x CP rank's router records its slice's share (gpt/moe/router.py), and
+the shares and token counts are summed over the TP and CP groups first (Megatron-Core records the balancing losses
+with reduce_group = tp_cp_group, the global one with tp_dp_cp_group and no DP average, and averages the z-loss,
+whose shares here carry 1/(TP x CP), over tp_dp_cp_group). The balancing losses' backward scale carries the CP
+size, as Megatron-Core's schedules.forward_step_calc_loss sets it (`loss_scale * cp_size_for_scaling /
+num_microbatches`): each CP rank's LM loss is its chunks' share x CP and the gradients are averaged over DP x CP
+(training/train_step.py), so the shares' gradients must carry CP too. DeepSpeed-MoE's moe_loss is each rank's own,
+logged as its mean over CP; its gradient, under the same backward scale, is the sum over the CP ranks of theirs, as
+in Megatron-DeepSpeed under Ulysses (each sequence-parallel rank adds its own l_aux to its loss, and DeepSpeed's
+engine._reduce_non_expert_gradients divides the gradients by DP only: `dp_world_size = ... / sequence_parallel_size`).
 They are logged beside the LM loss, never added to its value (only their gradients are).
 """
 
@@ -25,10 +32,11 @@ from gpt.moe.router import TopKRouter
 from parallel.state import ParallelState
 
 
-def begin_moe_iteration(model: nn.Module, loss_scale: float, accumulation_steps: int) -> None:
+def begin_moe_iteration(model: nn.Module, loss_scale: float, accumulation_steps: int,
+                        context_parallel_size: int = 1) -> None:
     tracker = getattr(model, "moe_tracker", None)
     if tracker is not None:
-        tracker.begin_iteration(loss_scale / accumulation_steps)
+        tracker.begin_iteration(loss_scale * context_parallel_size / accumulation_steps)
 
 
 def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_steps: int) -> dict[str, float]:
@@ -45,17 +53,14 @@ def finish_moe_iteration(model: nn.Module, state: ParallelState, accumulation_st
     # the same collectives as the others, with zero counts.
     totals = torch.tensor([[sum(sums.get(name, {}).values()), len(sums.get(name, {}))] for name in MOE_LOSS_NAMES],
                           dtype=torch.float64, device=state.device)
-    if state.tensor_parallel_size > 1:
-        shares = totals[:, 0].clone()
-        state.comm.all_reduce(shares, state.tensor_parallel_group, "tp")
-        totals[:, 0] = shares
+    totals[:, 0] = _summed_over_slices(totals[:, 0].clone(), state, losses=True)
     if state.pipeline_parallel_size > 1:
         state.comm.all_reduce(totals, state.pipeline_parallel_group, "pp")
     if state.data_parallel_size > 1:
         counts = totals[:, 1].clone()
         state.comm.all_reduce(totals, state.data_parallel_group, "dp")
         totals[:, 1] = counts
-        totals[:, 0] /= state.data_parallel_size
+        totals[:, 0] /= _data_parallel_divisors(state, totals)
     return {name: float(total / (1 if name in SUMMED_OVER_LAYERS else count) / accumulation_steps)
             for name, (total, count) in zip(MOE_LOSS_NAMES, totals.tolist()) if count > 0}
 
@@ -77,15 +82,13 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
     tokens = torch.zeros(num_layers, num_experts, dtype=torch.float64, device=state.device)
     for layer, counts in tracker.tokens_per_expert.items():
         tokens[layer, :counts.numel()] = counts.to(tokens)
-    if state.tensor_parallel_size > 1:  # each TP rank's sequence slice
-        for tensor in (losses, tokens):
-            state.comm.all_reduce(tensor, state.tensor_parallel_group, "tp")
+    losses, tokens = _summed_over_slices(losses, state, losses=True), _summed_over_slices(tokens, state)
     for group, name in ((state.pipeline_parallel_group, "pp"), (state.data_parallel_group, "dp")):
         if (state.pipeline_parallel_size if name == "pp" else state.data_parallel_size) > 1:
             for tensor in (losses, present, tokens):
                 state.comm.all_reduce(tensor, group, name)
     present = present.clamp(max=1.0) if state.data_parallel_size == 1 else present / state.data_parallel_size
-    losses = losses / state.data_parallel_size
+    losses = losses / _data_parallel_divisors(state, losses)[:, None]
     values = {name: [value if seen else None for value, seen in zip(losses[row].tolist(), present[row].tolist())]
               for row, name in enumerate(MOE_LOSS_NAMES) if present[row].any()}
     holds = [layer in tracker.tokens_per_expert for layer in range(num_layers)]
@@ -96,3 +99,27 @@ def moe_per_layer_values(model: nn.Module, state: ParallelState, accumulation_st
     values["tokens_per_expert"] = [[int(count) for count in row[:width]] if flag else None
                                    for row, flag, width in zip(tokens.tolist(), held.tolist(), widths)]
     return values
+
+
+def _summed_over_slices(values: torch.Tensor, state: ParallelState, losses: bool = False) -> torch.Tensor:
+    """`values` (with `losses`, rows in MOE_LOSS_NAMES' order; else token counts) summed over the TP and CP ranks'
+    slices of the sequence (Megatron-Core's tp_cp reduce_group); DeepSpeed-MoE's moe_loss, each rank's own value,
+    averaged over CP instead. In place."""
+    for size, group, name in ((state.tensor_parallel_size, state.tensor_parallel_group, "tp"),
+                              (state.context_parallel_size, state.context_parallel_group, "cp")):
+        if size > 1:
+            state.comm.all_reduce(values, group, name)
+    if losses and state.context_parallel_size > 1:
+        for name in SUMMED_OVER_LAYERS:  # moe_loss: not a share
+            values[MOE_LOSS_NAMES.index(name)] /= state.context_parallel_size
+    return values
+
+
+def _data_parallel_divisors(state: ParallelState, like: torch.Tensor) -> torch.Tensor:
+    """Per row of MOE_LOSS_NAMES, what the sum over the data-parallel ranks is divided by: DP (Megatron's
+    needs_dp_avg), except the global aux loss, whose ranks' shares sum to the loss (_apply_global_aux_loss
+    records it with `needs_dp_avg=False`)."""
+    divisors = torch.full((len(MOE_LOSS_NAMES),), float(state.data_parallel_size), dtype=like.dtype,
+                          device=like.device)
+    divisors[MOE_LOSS_NAMES.index("global_load_balancing_loss")] = 1.0
+    return divisors

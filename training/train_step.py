@@ -164,7 +164,8 @@ class DataParallelTrainStep:
         state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
         state.comm.iteration = iteration  # named in the line a lost peer ends in
         # the MoE balancing losses' backward scale: the main loss's (training/moe_metrics.py); nothing for a dense model
-        begin_moe_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps)
+        begin_moe_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps,
+                            self.state.context_parallel_size)
         iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
         step = self.observer.optimizer_step(self.zero.optimizer)
         return average_over_data_parallel(iteration_loss, state), step

@@ -45,8 +45,9 @@ def sequence_load_balancing_loss(scores: torch.Tensor, routing_map: torch.Tensor
                                  topk: int, coeff: float, sum_counts=None, slices: int = 1) -> torch.Tensor:
     """TopKRouter._apply_seq_aux_loss: tokens in Megatron's [sequence, batch] order; the batch is folded into the
     expert dimension, so the switch loss of the reshaped tensors is the sum of each sequence's loss, then
-    divided by the batch size. Under sequence parallelism `seq_length` is this rank's slice of `slices`, and
-    `sum_counts` sums the per-sequence counts over the slices (the loss is then this slice's share)."""
+    divided by the batch size. Under sequence or context parallelism `seq_length` is this rank's part of the
+    sequence, one of `slices` (TP x CP), and `sum_counts` sums the per-sequence counts over them (the loss is then
+    this part's share)."""
     scores = scores.reshape(seq_length, -1)
     tokens_per_expert = routing_map.reshape(seq_length, -1).sum(dim=0)
     if sum_counts is not None:

@@ -8,17 +8,26 @@ a position drop policy keeps, the order of rows within an expert - is Megatron's
 
 Expert bias (aux-loss-free balancing, DeepSeek-V3): each forward that builds a graph counts the tokens each
 expert received; `update_expert_bias` (after the iteration's backward, as Megatron's finalize_model_grads)
-sums the counts over the data-parallel group and moves each expert's bias by `rate` toward the mean load:
-bias + sign(mean - tokens) * rate. The bias only chooses experts; the weights are the unbiased scores.
+sums the counts over TP x DP x CP (every rank's own tokens) and moves each expert's bias by `rate` toward the
+mean load: bias + sign(mean - tokens) * rate. The bias only chooses experts; the weights are the unbiased scores.
 
 Under tensor parallelism the MoE layer runs with sequence parallelism (Megatron-Core's MoELayer refuses it without),
 so each TP rank routes its own slice of the sequence, as Megatron-Core's TopKRouter does: the router's weight is
 replicated over TP and its gradient summed over the TP group (Router marks it `sequence_parallel`, and
-finalize_model_grads sums such gradients over TP; here in backward, as the sequence-parallel norms'); the balancing
-losses' token counts are summed over TP and the token total is the local count x TP (moe_utils
-get_tokens_per_expert_and_token_count over the tp_cp group), so each rank's loss is its slice's share and the
-shares sum to the TP-1 loss; the z-loss coefficient is divided by TP (apply_z_loss: `moe_z_loss_coeff /
-tp_cp_group.size()`); the global aux loss and the expert bias count over TP x DP (tp_dp_cp group).
+finalize_model_grads sums such gradients over TP; here in backward, as the sequence-parallel norms'). Under context
+parallelism each CP rank routes its two chunks of every sequence (parallel/context_parallel.py). Either way a rank
+holds a slice of the tokens, and the router counts as Megatron-Core's does over its tp_cp group (router.py
+TopKRouter.__init__: `self.tp_cp_group = pg_collection.tp_cp`; here two all-reduces, over TP then CP): the
+balancing losses' token counts are summed over TP x CP and the token total is the local count x TP x CP
+(moe_utils.get_tokens_per_expert_and_token_count: `total_num_tokens = local_num_tokens * reduce_group.size()`),
+so each rank's loss is its slice's share and the shares sum to the TP 1 CP 1 loss; seq_aux_loss's per-sequence
+counts are summed over the same ranks (_apply_seq_aux_loss: reduce_group=self.tp_cp_group: a sequence's chunks
+are spread over the CP ranks); the z-loss coefficient is divided by TP x CP (apply_z_loss: `moe_z_loss_coeff /
+self.tp_cp_group.size()`); the global aux loss and the expert bias count over TP x DP x CP (_apply_global_aux_loss's
+tp_dp_cp_group; finalize_model_grads._update_router_expert_bias -> moe_utils.get_updated_expert_bias over
+`get_tensor_and_data_parallel_group(with_context_parallel=True)`). The shares' gradients reach CP 1's because the
+backward scale carries the CP size (training/moe_metrics.py begin_moe_iteration) and the gradients are averaged
+over DP x CP, as the LM loss's.
 """
 
 from __future__ import annotations
@@ -187,11 +196,14 @@ class TopKRouter(nn.Module):
         return parameter if state.tensor_parallel_size == 1 else copy_to_tensor_parallel_region(parameter, state)
 
     def _summed_counts(self, counts: torch.Tensor, over_data_parallel: bool = False) -> torch.Tensor:
-        """Token counts summed over the TP ranks' slices (and the data-parallel ranks): a new tensor."""
+        """Token counts summed over the TP and CP ranks' slices, Megatron's tp_cp group (and the data-parallel
+        ranks: its tp_dp_cp group): a new tensor."""
         counts = counts.detach().clone()
         state = self.state
         if state.tensor_parallel_size > 1:
             state.comm.all_reduce(counts, state.tensor_parallel_group, "tp")
+        if state.context_parallel_size > 1:
+            state.comm.all_reduce(counts, state.context_parallel_group, "cp")
         if over_data_parallel and state.data_parallel_size > 1:
             state.comm.all_reduce(counts, state.data_parallel_group, "dp")
         return counts
@@ -201,8 +213,9 @@ class TopKRouter(nn.Module):
         logits = self.gating(hidden)
         grad = self.training and torch.is_grad_enabled()
         if settings.z_loss_coeff is not None and grad:
-            # each TP rank's mean over its slice, weighted 1/TP: the shares sum to the mean over the sequence
-            loss = z_loss(logits, settings.z_loss_coeff / self.state.tensor_parallel_size)
+            # each TP x CP rank's mean over its slice, weighted 1/(TP x CP): the shares sum to the mean over the
+            # sequence (apply_z_loss: `moe_z_loss_coeff / self.tp_cp_group.size()`)
+            loss = z_loss(logits, settings.z_loss_coeff / self._slices())
             logits = attach(logits, loss, self.tracker)
             self._record("z_loss", loss / settings.z_loss_coeff)
         if settings.router_load_balancing_type == "sinkhorn":
@@ -228,24 +241,28 @@ class TopKRouter(nn.Module):
         coeff, topk = settings.aux_loss_coeff, settings.router_topk
         aux_map, scores = scores_for_aux_loss(logits, topk, settings.router_score_function)
         num_tokens = aux_map.shape[0]
-        tp = self.state.tensor_parallel_size
+        slices = self._slices()  # Megatron's tp_cp_group.size()
         if kind == "aux_loss":
-            loss = switch_load_balancing_loss(scores, self._summed_counts(aux_map.sum(dim=0)), num_tokens * tp, topk,
-                                              coeff)
+            loss = switch_load_balancing_loss(scores, self._summed_counts(aux_map.sum(dim=0)), num_tokens * slices,
+                                              topk, coeff)
             name = "load_balancing_loss"
         elif kind == "seq_aux_loss":
             loss = sequence_load_balancing_loss(scores, aux_map, seq_length, batch, topk, coeff,
-                                                sum_counts=self._summed_counts, slices=tp)
+                                                sum_counts=self._summed_counts, slices=slices)
             name = "seq_load_balancing_loss"
         else:
             loss = switch_load_balancing_loss(scores, self._global_tokens_per_expert(aux_map),
-                                              num_tokens * self.state.data_parallel_size * tp, topk, coeff)
+                                              num_tokens * self.state.data_parallel_size * slices, topk, coeff)
             name = "global_load_balancing_loss"
         self._record(name, loss / coeff)
         return attach(probs, loss, self.tracker)
 
+    def _slices(self) -> int:
+        """How many ranks share each sequence's tokens: TP x CP (Megatron's tp_cp group)."""
+        return self.state.tensor_parallel_size * self.state.context_parallel_size
+
     def _global_tokens_per_expert(self, aux_map: torch.Tensor) -> torch.Tensor:
-        """TopKRouter._apply_global_aux_loss: this micro-batch's counts summed over the data-parallel group, added
+        """TopKRouter._apply_global_aux_loss: this micro-batch's counts summed over TP x DP x CP, added
         to the iteration's running sum, averaged over its micro-batches so far (reset each iteration)."""
         tokens = self._summed_counts(aux_map.sum(dim=0).float(), over_data_parallel=True)
         iteration = None if self.tracker is None else self.tracker.iteration
