@@ -184,7 +184,16 @@ class _AttentionKernelOf(TorchFunctionMode):
     dropout runs the same kernel with the mask, which SDPA first turns from bool into the query's dtype (0 where
     visible, -inf elsewhere) and the kernel keeps too; on the math path the meta run planned the all_gather CP 2
     rank of tests/training/test_context_parallel_activation_memory.py 18% above its measured saved tensors. A GPU
-    runs the memory-efficient kernel there, which keeps the same tensors (its log-sum-exp padded)."""
+    runs the memory-efficient kernel there, which keeps the same tensors (its log-sum-exp padded).
+
+    With grouped-query attention (enable_gqa, gpt/model.py's native_gqa: key and value with one head per group)
+    the fused kernels read each group's key/value head themselves and keep k and v as given, a head per group:
+    torch's CPU flash kernel (ScaledDotProductFlashAttentionForCpuBackward0 saves the grouped key and value), and
+    the CUDA flash and memory-efficient kernels, whose dense constraints in torch's
+    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (can_use_flash_attention,
+    can_use_mem_efficient_attention) instantiate check_batch_size_and_num_heads_dense with GQA supported; only the
+    math path repeats k and v per query head (attention.cpp's pre_process_group_query_attention_input) and keeps
+    the fp32 [b, heads, s, s] weights. On meta the call took that path: the stand-in takes grouped k and v too."""
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
@@ -193,7 +202,8 @@ class _AttentionKernelOf(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and len(args) == 3 and \
-                set(kwargs) <= {"dropout_p", "is_causal", "attn_mask"}:
+                set(kwargs) <= {"dropout_p", "is_causal", "attn_mask", "enable_gqa"} and \
+                (kwargs.get("enable_gqa", False) or args[0].shape[-3] == args[1].shape[-3]):
             dropout_p = kwargs.get("dropout_p", 0.0)
             if self.device_type == "cuda" or dropout_p == 0.0:
                 mask = kwargs.get("attn_mask")

@@ -1,0 +1,79 @@
+"""The dry run keeps, for grouped-query attention, what the planned device's attention kernel keeps.
+
+gpt/model.py calls SDPA with key and value a head per group and enable_gqa (native_gqa). A CPU without dropout runs
+torch's flash kernel there, which reads each group's key/value head itself: its backward node
+(ScaledDotProductFlashAttentionForCpuBackward0) keeps q, the grouped k and v, the output and a [b, heads, s]
+log-sum-exp. On CUDA the flash kernel (no mask) and the memory-efficient one (a mask) take grouped k/v too (torch's
+aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: can_use_flash_attention and can_use_mem_efficient_attention
+instantiate check_batch_size_and_num_heads_dense with GQA supported). Only the math path repeats k and v per query
+head (attention.cpp pre_process_group_query_attention_input) and keeps the fp32 [b, heads, s, s] weights, which is
+the path SDPA takes on the meta device: planner/dry_run.py _AttentionKernelOf stood in the flash kernel only for
+calls without enable_gqa, so a GQA plan (Llama-3, Mixtral) counted those weights.
+
+The measure is --report-memory's saved-for-backward peak of a real CPU run (zero/activations.py SavedTensorMeter), as
+tests/training/test_context_parallel_activation_memory.py reads it. A Llama-style model (RMSNorm, SwiGLU, rotary,
+8 heads in 2 groups, head dim 16) at sequence 256, micro batch 2: the math path's weights, 4 MiB a layer, nearly as
+much as all a block keeps with the flash kernel. One block's saved bytes are the difference between 2 and 1 layers, measured; the plan's block
+figure is held to it in forward and, under full recompute, in the recompute (block_saved_bytes "backward": the
+recompute re-enters the kernel stand-in, planner/dry_run.py _BlockSavedProbe). Before (84529ef): the plan read
+1.78x the measured saved bytes (19.8 MiB planned, 11.1 measured) and 1.93x the recomputed block's (9.0 MiB, 4.7).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import pretrain_gpt
+from arguments.parser import parse_config
+from planner.dry_run import Cluster, dry_run
+from tests.zero.test_zero_training import records
+
+MODEL = ["--hidden-size", "128", "--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "2",
+         "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--disable-bias-linear",
+         "--seq-length", "256", "--max-position-embeddings", "256", "--micro-batch-size", "2",
+         "--global-batch-size", "2", "--train-iters", "1", "--seed", "1", "--log-interval", "1", "--eval-iters", "0",
+         "--tokenizer-vocab-size", "512", "--device", "cpu", "--zero-stage", "1", "--attention-dropout", "0",
+         "--hidden-dropout", "0", "--report-memory"]
+RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+
+
+def _measured(argv) -> int:
+    (memory,) = [r["memory"] for r in records(argv[argv.index("--metrics-file") + 1]) if "memory" in r]
+    (record,) = memory
+    return record["saved_activation_device_bytes"] + record["saved_activation_host_bytes"]
+
+
+def _plan(argv):
+    from data.corpus import prepare_default_corpus
+
+    config = parse_config(argv)
+    vocab = prepare_default_corpus(config.data.data_cache_dir, 512).vocab_size
+    return dry_run(config, Cluster(1, 1, device_type="cpu"), vocab, rank=0)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory, corpus_cache):
+    """The saved-for-backward peak at 1 and 2 layers, and the argv of each."""
+    runs = {}
+    for layers in (1, 2):
+        metrics = tmp_path_factory.mktemp(f"gqa{layers}") / "metrics.jsonl"
+        argv = [*MODEL, "--num-layers", str(layers), "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)]
+        assert pretrain_gpt.main(argv) == 0
+        runs[layers] = (argv, _measured(argv))
+    return runs
+
+
+def test_a_gqa_plan_saves_what_the_cpu_flash_kernel_saves(measured):
+    argv, saved = measured[2]
+    plan = _plan(argv)
+    planned = plan.saved_activation_bytes["device"] + plan.saved_activation_bytes["host"]
+    assert abs(planned / saved - 1) < 0.01, (planned, saved)
+    block = measured[2][1] - measured[1][1]
+    assert abs(plan.block_saved_bytes["forward"] / block - 1) < 0.01, (plan.block_saved_bytes, block)
+
+
+def test_a_gqa_recompute_saves_what_the_cpu_flash_kernel_saves(measured):
+    argv, _ = measured[2]
+    plan = _plan([*argv, *RECOMPUTE])
+    block = measured[2][1] - measured[1][1]
+    assert abs(plan.block_saved_bytes["backward"] / block - 1) < 0.01, (plan.block_saved_bytes, block)
