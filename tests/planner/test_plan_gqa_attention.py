@@ -3,20 +3,21 @@
 gpt/model.py calls SDPA with key and value a head per group and enable_gqa (native_gqa). A CPU without dropout runs
 torch's flash kernel there, which reads each group's key/value head itself: its backward node
 (ScaledDotProductFlashAttentionForCpuBackward0) keeps q, the grouped k and v, the output and a [b, heads, s]
-log-sum-exp. On CUDA the flash kernel (no mask) and the memory-efficient one (a mask) take grouped k/v too (torch's
-aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: can_use_flash_attention and can_use_mem_efficient_attention
-instantiate check_batch_size_and_num_heads_dense with GQA supported). Only the math path repeats k and v per query
-head (attention.cpp pre_process_group_query_attention_input) and keeps the fp32 [b, heads, s, s] weights, which is
-the path SDPA takes on the meta device: planner/dry_run.py _AttentionKernelOf stood in the flash kernel only for
-calls without enable_gqa, so a GQA plan (Llama-3, Mixtral) counted those weights.
+log-sum-exp. On CUDA the flash kernel takes grouped k/v too (16 bits, no mask; torch's
+aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, can_use_flash_attention), and where it cannot run torch 2.13
+takes the math path (the last test here; the kernels and torch's source: _AttentionKernelOf's docstring). Only the
+math path repeats k and v per query head (attention.cpp pre_process_group_query_attention_input) and keeps the fp32
+[b, heads, s, s] weights, which is the path SDPA takes on the meta device: planner/dry_run.py _AttentionKernelOf
+stood in the flash kernel only for calls without enable_gqa, so a GQA plan (Llama-3, Mixtral) counted those weights.
 
 The measure is --report-memory's saved-for-backward peak of a real CPU run (zero/activations.py SavedTensorMeter), as
-tests/training/test_context_parallel_activation_memory.py reads it. A Llama-style model (RMSNorm, SwiGLU, rotary,
-8 heads in 2 groups, head dim 16) at sequence 256, micro batch 2: the math path's weights, 4 MiB a layer, nearly as
-much as all a block keeps with the flash kernel. One block's saved bytes are the difference between 2 and 1 layers, measured; the plan's block
-figure is held to it in forward and, under full recompute, in the recompute (block_saved_bytes "backward": the
-recompute re-enters the kernel stand-in, planner/dry_run.py _BlockSavedProbe). Before (84529ef): the plan read
-1.78x the measured saved bytes (19.8 MiB planned, 11.1 measured) and 1.93x the recomputed block's (9.0 MiB, 4.7).
+tests/training/test_context_parallel_activation_memory.py reads it. A Llama-style model (RMSNorm, SwiGLU, rotary, 8
+heads in 2 groups, head dim 16) at sequence 256, micro batch 2: the math path's weights, 4 MiB a layer, nearly as
+much as all a block keeps with the flash kernel. One block's saved bytes are the difference between 2 and 1 layers,
+measured; the plan's block figure is held to it in forward and, under full recompute, in the recompute
+(block_saved_bytes "backward": the recompute re-enters the kernel stand-in, planner/dry_run.py _BlockSavedProbe).
+Before (84529ef): the plan read 1.78x the measured saved bytes (19.8 MiB planned, 11.1 measured) and 1.93x the
+recomputed block's (9.0 MiB, 4.7).
 """
 
 from __future__ import annotations
@@ -77,3 +78,46 @@ def test_a_gqa_recompute_saves_what_the_cpu_flash_kernel_saves(measured):
     plan = _plan([*argv, *RECOMPUTE])
     block = measured[2][1] - measured[1][1]
     assert abs(plan.block_saved_bytes["backward"] / block - 1) < 0.01, (plan.block_saved_bytes, block)
+
+
+def _saved_by_attention(device_type, dtype, masked) -> int:
+    """The bytes one GQA SDPA call on meta keeps for backward under the dry run's stand-in for `device_type`."""
+    import torch
+    import torch.nn.functional as F
+
+    from planner.dry_run import META, _AttentionKernelOf
+    from zero.activations import SavedTensorMeter
+
+    batch, heads, groups, seq, dim = 2, 8, 2, 256, 16
+    query = torch.empty(batch, heads, seq, dim, device=META, dtype=dtype, requires_grad=True)
+    key, value = (torch.empty(batch, groups, seq, dim, device=META, dtype=dtype, requires_grad=True) for _ in "kv")
+    visible = {"attn_mask": torch.ones(seq, seq, dtype=torch.bool, device=META).tril()} if masked else {"is_causal": True}
+    meter = SavedTensorMeter(META)
+    with meter.hooks(), _AttentionKernelOf(device_type):
+        F.scaled_dot_product_attention(query, key, value, dropout_p=0.0, enable_gqa=True, **visible)
+    return meter.live["device"]
+
+
+@pytest.mark.parametrize("device_type, dtype, masked, grouped", [
+    ("cpu", "float32", False, True), ("cpu", "float32", True, True),  # CPU flash: grouped k/v, a mask or not
+    ("cuda", "bfloat16", False, True),  # CUDA flash
+    ("cuda", "bfloat16", True, False), ("cuda", "float32", False, False),  # flash cannot run: torch 2.13's math path
+])
+def test_the_attention_stand_in_keeps_grouped_kv_where_the_planned_kernel_takes_them(device_type, dtype, masked,
+                                                                                    grouped):
+    """What a GQA call keeps (planner/dry_run.py _AttentionKernelOf's docstring has the kernels and torch's source):
+    q, k and v a head per group, the output and the [b, heads, s] log-sum-exp (with a mask, the mask in the query's
+    dtype too) where the planned device runs a kernel that takes GQA; the math path's [b, heads, s, s] weights
+    where it does not."""
+    import torch
+
+    dtype = getattr(torch, dtype)
+    size = torch.finfo(dtype).bits // 8
+    batch, heads, groups, seq, dim = 2, 8, 2, 256, 16
+    kernel = (2 * batch * heads * seq * dim + 2 * batch * groups * seq * dim) * size + batch * heads * seq * 4
+    kernel += seq * seq * size if masked else 0
+    saved = _saved_by_attention(device_type, dtype, masked)
+    if grouped:
+        assert saved == kernel
+    else:
+        assert saved > batch * heads * seq * seq * size > kernel  # the weights, more than the kernel keeps in all
