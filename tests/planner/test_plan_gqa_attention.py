@@ -138,3 +138,33 @@ def test_a_cuda_gqa_plan_differs_from_the_repeated_kv_one_by_the_copies_alone(co
         plan = dry_run(config, Cluster(1, 1, device_type="cuda"), 512, rank=0)
         saved[backend] = plan.saved_activation_bytes["device"]
     assert saved["fused"] - saved["auto"] == layers * 2 * batch * (heads - groups) * seq * dim * 2
+
+
+def _launch_rank(rank, world_size, argv):
+    assert pretrain_gpt.main(argv) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("comm", ["all_gather", "a2a"])
+def test_a_gqa_context_parallel_rank_plans_what_it_saves(comm, corpus_cache, tmp_path):
+    """CP 2 with grouped K/V: all_gather calls SDPA with the gathered grouped K/V, enable_gqa and a visibility mask
+    (gpt/cp_attention.py all_gather_attention), which a CPU runs through the flash kernel with the mask; Ulysses (a2a)
+    calls it causal on its share of the heads and groups. Each rank's planned saved bytes are held to its measured
+    ones, as tests/training/test_context_parallel_activation_memory.py holds them without GQA. Before (84529ef) rank
+    0 planned 1.76x its measured bytes with all_gather (10.4 MiB, 5.9) and 1.71x with a2a (9.9 MiB, 5.8)."""
+    from tests.distributed import run_distributed
+
+    metrics = tmp_path / "metrics.jsonl"
+    argv = [*MODEL, "--num-layers", "2", "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics),
+            "--context-parallel-size", "2", "--cp-comm-type", comm]
+    run_distributed(_launch_rank, 2, argv, timeout=600)
+    (memory,) = [r["memory"] for r in records(metrics) if "memory" in r]
+    from data.corpus import prepare_default_corpus
+
+    config = parse_config(argv)
+    vocab = prepare_default_corpus(config.data.data_cache_dir, 512).vocab_size
+    for rank, record in enumerate(memory):
+        saved = record["saved_activation_device_bytes"] + record["saved_activation_host_bytes"]
+        plan = dry_run(config, Cluster(2, 2, device_type="cpu"), vocab, rank=rank)
+        planned = plan.saved_activation_bytes["device"] + plan.saved_activation_bytes["host"]
+        assert abs(planned / saved - 1) < 0.01, (comm, rank, planned, saved)
