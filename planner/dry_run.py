@@ -184,7 +184,20 @@ class _AttentionKernelOf(TorchFunctionMode):
     dropout runs the same kernel with the mask, which SDPA first turns from bool into the query's dtype (0 where
     visible, -inf elsewhere) and the kernel keeps too; on the math path the meta run planned the all_gather CP 2
     rank of tests/training/test_context_parallel_activation_memory.py 18% above its measured saved tensors. A GPU
-    runs the memory-efficient kernel there, which keeps the same tensors (its log-sum-exp padded)."""
+    runs the memory-efficient kernel there, which keeps the same tensors (its log-sum-exp padded).
+
+    With grouped-query attention (enable_gqa, gpt/model.py's native_gqa: key and value with one head per group)
+    a kernel that takes it reads each group's key/value head itself and keeps k and v as given, a head per group;
+    the math path repeats them per query head (torch's attention.cpp pre_process_group_query_attention_input) and
+    keeps the [b, heads, s, s] weights, which is what the meta call did. torch's CPU flash kernel takes it, with a
+    mask or without (its backward node, ScaledDotProductFlashAttentionForCpuBackward0, saves the grouped k and v).
+    On CUDA, in the torch this project pins (2.13), only the flash kernel does among flash and memory-efficient
+    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: can_use_flash_attention checks the heads with
+    check_batch_size_and_num_heads_dense<true>; the memory-efficient kernel took GQA only with pytorch/pytorch#191085,
+    which added the supports_mqa argument 2.13's sdp_utils_cpp.h does not have), and flash takes neither a mask nor
+    fp32: there a GQA call runs the math path (cuDNN's kernel, which takes GQA and a mask in 16 bits, runs first only
+    where torch prefers it: sm90/sm100 with cuDNN above 9.15, check_prefer_cudnn_attention), and the plan keeps the
+    math path's tensors, the larger."""
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
@@ -193,10 +206,14 @@ class _AttentionKernelOf(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and len(args) == 3 and \
-                set(kwargs) <= {"dropout_p", "is_causal", "attn_mask"}:
+                set(kwargs) <= {"dropout_p", "is_causal", "attn_mask", "enable_gqa"} and \
+                (kwargs.get("enable_gqa", False) or args[0].shape[-3] == args[1].shape[-3]):
             dropout_p = kwargs.get("dropout_p", 0.0)
-            if self.device_type == "cuda" or dropout_p == 0.0:
-                mask = kwargs.get("attn_mask")
+            mask = kwargs.get("attn_mask")
+            grouped = args[0].shape[-3] != args[1].shape[-3]
+            cuda_flash = mask is None and args[0].dtype in (torch.float16, torch.bfloat16)
+            if (self.device_type == "cuda" and (cuda_flash or not grouped)) or \
+                    (self.device_type != "cuda" and dropout_p == 0.0):
                 if mask is not None and mask.dtype == torch.bool:
                     mask = torch.zeros(mask.shape, dtype=args[0].dtype, device=mask.device).masked_fill(
                         ~mask, float("-inf"))
