@@ -217,3 +217,44 @@ def test_mla_at_tp2_equals_tp1(sequence_parallel):
     replicated down projections' and latent norms' whole)."""
     for per_rank in run_distributed(_tp2_against_tp1, 2, sequence_parallel, timeout=300):
         assert all(difference <= 1e-6 for difference in per_rank.values()), per_rank
+
+
+MLA_FLAGS = ["--num-layers", "2", "--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "16",
+             "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16", "--qk-layernorm",
+             "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
+             "--rotary-scaling-factor", "40", "--mscale", "1.0", "--mscale-all-dim", "1.0", "--seed", "5",
+             "--hidden-dropout", "0", "--attention-dropout", "0"]
+
+
+def test_an_mla_run_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_path):
+    """The MLA projections and latent norms are parameters under their own names: a save at iteration 2 resumes to
+    the straight run's losses, bitwise."""
+    from tests.reliability_helpers import TINY, straight_and_resumed
+
+    argv = TINY + MLA_FLAGS + ["--train-iters", "4", "--data-cache-dir", corpus_cache_300]
+    straight, split, _ = straight_and_resumed(argv, tmp_path, exit_interval=2)
+    assert len(straight) == 4
+    assert [(r["iteration"], r["loss"]) for r in straight] == [(r["iteration"], r["loss"]) for r in split]
+
+
+@pytest.mark.slow
+def test_mla_at_tp2_with_sp_and_zero3_trains_as_tp1(corpus_cache_300, tmp_path):
+    """pretrain_gpt.py end to end: TP 2 with --sequence-parallel under ZeRO-3 (the replicated down projections are
+    ordinary parameters to ZeRO) logs the TP 1 run's losses, to fp32 rounding."""
+    from tests.distributed import free_port
+    from tests.reliability_helpers import TINY
+    from tests.training.test_moe_training import launch_rank
+
+    common = TINY + MLA_FLAGS + ["--train-iters", "3", "--data-cache-dir", corpus_cache_300]
+    tp1 = tmp_path / "tp1.jsonl"
+    assert train(corpus_cache_300, tmp_path, *MLA_FLAGS, "--train-iters", "3", "--metrics-file", str(tp1)).code == 0
+    tp2 = tmp_path / "tp2.jsonl"
+    argv = common + ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "3",
+                     "--metrics-file", str(tp2)]
+    run_distributed(launch_rank, 2, [argv], [free_port()], timeout=600)
+
+    def losses(path):
+        return [r["loss"] for r in metrics_records(path) if "loss" in r and "split" not in r]
+
+    assert len(losses(tp1)) == 3
+    assert losses(tp2) == pytest.approx(losses(tp1), rel=1e-5, abs=0)
