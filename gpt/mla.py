@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt.attention_backend import attention_kernels
+from gpt.attention_padding import FUSED_CAPABLE_BACKENDS
 from gpt.model_config import ModelConfig
 from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
@@ -163,13 +164,32 @@ class MLASelfAttention(nn.Module):
         k_pos = apply_rotary(_deinterleaved(k_pos.unsqueeze(1)), cos, sin)
         query = torch.cat((q_nope, q_pos), dim=-1)
         key = torch.cat((k_nope, k_pos.expand(-1, self.heads_per_rank, -1, -1)), dim=-1)
-        masking = {"is_causal": True} if documents is None else {"attn_mask": documents.attention_mask}
+        attention_mask = documents.attention_mask if documents is not None else None
         dropout_p = self.dropout_p if self.training else 0.0
+        pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.v_head_dim)
         with _dropout_stream(self.rng), attention_kernels(self.attention_backend):
-            context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p,
-                                                     scale=self.softmax_scale, **masking)
+            context = mla_core_attention(query, key, value, self.softmax_scale, dropout_p, attention_mask, pad_value)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.v_head_dim)
         return self.linear_proj(context)
+
+
+def value_needs_padding(backend: str, device_type: str, q_head_dim: int, v_head_dim: int) -> bool:
+    """Whether the value heads are zero-padded to the query/key width: on CUDA, where a fused kernel may run
+    (SDPA's flash kernel takes one head width for q, k and v), as Megatron-Core pads V for its THD kernels
+    (_prepare_mla_core_attention_value); a CPU, or the math kernel, takes them as they are."""
+    return device_type == "cuda" and backend in FUSED_CAPABLE_BACKENDS and v_head_dim != q_head_dim
+
+
+def mla_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, dropout_p: float,
+                       attention_mask: Optional[torch.Tensor], pad_value: bool) -> torch.Tensor:
+    """Causal (or `attention_mask`ed) SDPA at `scale`, [batch, heads, seq, d]; with `pad_value` the values padded
+    with zero columns to the query's width and the context cut back: the same weights times the same values."""
+    masking = {"is_causal": True} if attention_mask is None else {"attn_mask": attention_mask}
+    v_head_dim = value.shape[-1]
+    if pad_value:
+        value = F.pad(value, (0, query.shape[-1] - v_head_dim))
+    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, scale=scale, **masking)
+    return context[..., :v_head_dim] if pad_value else context
 
 
 def _dropout_stream(rng: Optional[TensorParallelRNG]):

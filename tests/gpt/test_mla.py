@@ -258,3 +258,22 @@ def test_mla_at_tp2_with_sp_and_zero3_trains_as_tp1(corpus_cache_300, tmp_path):
 
     assert len(losses(tp1)) == 3
     assert losses(tp2) == pytest.approx(losses(tp1), rel=1e-5, abs=0)
+
+
+def test_mla_pads_the_values_only_where_a_fused_cuda_kernel_may_run_and_padding_changes_nothing():
+    """SDPA's flash kernel takes one head width for q, k and v; MLA's values are narrower (v_head_dim 128 beside
+    qk 128 + 64): on CUDA they are zero-padded and the context cut back (Megatron-Core pads V for its THD kernels,
+    multi_latent_attention.py _prepare_mla_core_attention_value). The padded computation is exact (checked here on
+    the CPU, where the default path pads nothing)."""
+    from gpt.mla import mla_core_attention, value_needs_padding
+
+    assert value_needs_padding("auto", "cuda", 192, 128) and value_needs_padding("flash", "cuda", 192, 128)
+    assert not value_needs_padding("unfused", "cuda", 192, 128) and not value_needs_padding("auto", "cpu", 192, 128)
+    assert not value_needs_padding("flash", "cuda", 128, 128)
+    generator = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, 3, 7, 12, generator=generator, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, 3, 7, 5, generator=generator, dtype=torch.float64)
+    plain = mla_core_attention(q, k, v, 0.3, 0.0, None, pad_value=False)
+    padded = mla_core_attention(q, k, v, 0.3, 0.0, None, pad_value=True)
+    assert padded.shape == plain.shape == (2, 3, 7, 5)
+    torch.testing.assert_close(padded, plain, rtol=0, atol=1e-12)
