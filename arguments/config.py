@@ -638,6 +638,10 @@ class PretrainConfig:
         cp, model = self.parallel.context_parallel_size, self.model
         if cp == 1:
             return
+        if model.multi_latent_attention:
+            raise ConfigError(f"--multi-latent-attention with --context-parallel-size {cp} is not implemented: "
+                              f"multi-latent attention here runs over the whole sequence on each rank; use "
+                              f"--context-parallel-size 1", flags=("--multi-latent-attention", "--context-parallel-size"))
         if model.cp_comm_type not in ("p2p", "all_gather", "a2a"):
             raise ConfigError(f"--cp-comm-type {model.cp_comm_type} is not implemented here: use p2p (the ring), "
                               f"all_gather or a2a (DeepSpeed-Ulysses)", flags=("--cp-comm-type", "--context-parallel-size"))

@@ -65,6 +65,8 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
                 "--attention-output-gate": config.attention_output_gate,
+                # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
+                "--multi-latent-attention": config.multi_latent_attention,
                 # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf_llama.py), never a GPT2LMHeadModel
                 f"--num-experts {_counts(config.num_experts)}": config.moe is not None}
     return [flag for flag, differs in features.items() if differs]

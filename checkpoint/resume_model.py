@@ -1,6 +1,7 @@
 """A resume continues the model that was trained: its blocks' settings (normalization, SwiGLU, positions
 and every rotary setting, key/value groups, tied output, biases, q/k norms, the attention output gate, the
-norm epsilon, the activation, the MoE layers' structure and routing) equal the checkpoint's.
+norm epsilon, the activation, the MoE layers' structure and routing, multi-latent attention's sizes and YaRN)
+equal the checkpoint's.
 
 Most of them change no parameter shape (--rotary-base, --rotary-percent, --use-rope-scaling, --norm-epsilon;
 --num-query-groups at equal rows), so the load's shape check (checkpoint/sharded.py check_compatible)
@@ -25,7 +26,11 @@ MOE_COMPARED = ("num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_rou
                 "moe_router_group_topk", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
                 "moe_gating", "topk", "expert_interval", "mlp_type")  # the last four: DeepSpeed-MoE's (a Megatron-DeepSpeed
 # launch)
-COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED)
+# Multi-latent attention (gpt/mla.py): whether it replaces the attention, its sizes and its rotary positions (MLA
+# applies rope with --rotary-base whatever --position-embedding-type says, as Megatron-Core's MLASelfAttention)
+MLA_COMPARED = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")
+COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED, *MLA_COMPARED)
 
 
 def _compared_values(model: dict) -> dict:
@@ -34,9 +39,15 @@ def _compared_values(model: dict) -> dict:
     scaling factor only where scaling is on; one key/value group per head is None's meaning."""
     defaults = ModelConfig()
     values = {name: model.get(name, getattr(defaults, name)) for name in COMPARED}
+    if values["multi_latent_attention"]:
+        values["rope_type"] = values["rope_type"] or "yarn"  # None is MLA's default, YaRN
+    else:
+        for name in MLA_COMPARED[1:]:
+            values.pop(name)
     if values["position_embedding_type"] != "rope":
         for name in ROTARY_SETTINGS:
-            values.pop(name)
+            if not (values["multi_latent_attention"] and name == "rotary_base"):
+                values.pop(name)
     elif not values["use_rope_scaling"]:
         values.pop("rope_scaling_factor")
     if isinstance(values["num_experts"], list):  # a per-layer list as the recorded JSON keeps it

@@ -43,6 +43,7 @@ from gpt.architecture import GPT2, Architecture
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
 from gpt.cp_attention import context_parallel_attention
+from gpt.mla import MLASelfAttention
 from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
 from gpt.moe.balancing import MoELossTracker
@@ -233,7 +234,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         h, eps = config.hidden_size, config.layernorm_epsilon
         self.input_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("input_layernorm"))
-        self.attention = SelfAttention(config, plan, rng, architecture)
+        # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
+        self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config)) \
+            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture)
         self.post_attention_layernorm = normalization(architecture.normalization, h, eps,
                                                       plan.norm_state("post_attention_layernorm"))
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)

@@ -119,6 +119,23 @@ class ModelConfig:
         False, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
              "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
+    # Megatron-LM's multi-latent attention (DeepSeek-V2/V3; gpt/mla.py), its flags and dests: MLATransformerConfig's
+    # fields, with megatron/training/arguments.py's defaults (kv_lora_rank 32 there, rotary_scaling_factor 1.0).
+    multi_latent_attention: bool = option(
+        False, action="store_true",
+        help="DeepSeek's multi-latent attention: low-rank query and key/value projections, rotary positions on "
+             "--qk-pos-emb-head-dim dims of each query head and one key shared by the heads")
+    q_lora_rank: Optional[int] = option(None, help="with --multi-latent-attention: the query's low rank (default: "
+                                                   "no low-rank query, one projection)")
+    kv_lora_rank: int = option(32, help="with --multi-latent-attention: the key/value latent's rank")
+    qk_head_dim: int = option(128, help="with --multi-latent-attention: each query/key head's dims without position")
+    qk_pos_emb_head_dim: int = option(64, help="with --multi-latent-attention: each query/key head's rotary dims")
+    v_head_dim: int = option(128, help="with --multi-latent-attention: each value head's dims")
+    rope_type: Optional[str] = option(None, choices=("rope", "yarn"),
+                                      help="with --multi-latent-attention: rope, or yarn (its default)")
+    rotary_scaling_factor: float = option(1.0, help="with --multi-latent-attention: YaRN's scaling factor")
+    mscale: float = option(1.0, help="with --multi-latent-attention: YaRN's mscale (the rotary concentration)")
+    mscale_all_dim: float = option(0.0, help="with --multi-latent-attention: YaRN's mscale of the softmax scale")
     init_method_std: float = 0.02
     # "gelu_tanh" is "gelu_new" in transformers.
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
@@ -366,6 +383,39 @@ class ModelConfig:
                     "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
                 flags=flags)
 
+    def _check_multi_latent_attention(self) -> None:
+        """--multi-latent-attention's sizes, and what it is not built with (gpt/mla.py)."""
+        if not self.multi_latent_attention:
+            if self.rope_type == "yarn":  # megatron/training/argument_utils.py asserts it
+                raise ConfigError("--rope-type yarn is multi-latent attention's: other attention takes rope "
+                                  "(--position-embedding-type rope); add --multi-latent-attention or drop --rope-type",
+                                  flags=("--rope-type", "--multi-latent-attention"))
+            return
+        for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "q_lora_rank"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {value}", flags=(_flag(name),))
+        if self.qk_pos_emb_head_dim % 2:
+            raise ConfigError(f"--qk-pos-emb-head-dim {self.qk_pos_emb_head_dim} must be even: rotary positions turn "
+                              f"pairs of dims", flags=("--qk-pos-emb-head-dim",))
+        if not self.rotary_scaling_factor > 0 or self.rotary_base <= 0:
+            raise ConfigError("--rotary-scaling-factor and --rotary-base must be positive",
+                              flags=("--rotary-scaling-factor", "--rotary-base"))
+        # what Megatron-Core's MLA refuses (MLATransformerConfig.__post_init__: the output gate; YarnRotaryEmbedding:
+        # interleaved rotary) or does not read for MLA, and Llama 3's scaling, which its rotary embeddings lack
+        others = {"--attention-output-gate": self.attention_output_gate,
+                  "--rotary-interleaved": self.rotary_interleaved,
+                  "--use-rope-scaling": self.use_rope_scaling,
+                  f"--rotary-percent {self.rotary_percent}": self.rotary_percent != 1.0}
+        given = [flag for flag, on in others.items() if on]
+        if given:
+            raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
+                              f"attention here rotates all --qk-pos-emb-head-dim dims of each head, in halves after "
+                              f"de-interleaving, with no output gate, as Megatron-Core's MLASelfAttention",
+                              flags=("--multi-latent-attention", *(flag.split()[0] for flag in given)))
+        if self.rope_type is not None and self.rope_type not in ("rope", "yarn"):
+            raise ConfigError(f"--rope-type {self.rope_type} is not one of rope, yarn", flags=("--rope-type",))
+
     def validate(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "max_position_embeddings", "make_vocab_size_divisible_by"):
@@ -419,6 +469,7 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
+        self._check_multi_latent_attention()
         counts = self.num_experts if isinstance(self.num_experts, tuple) else (self.num_experts or 0,)
         if min(counts) < 0:
             raise ConfigError(f"--num-experts must be at least 1, got {min(counts)}", flags=("--num-experts",))

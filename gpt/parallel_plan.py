@@ -39,6 +39,12 @@ LAYER_STYLES = {
     "word_embeddings": VOCAB,
     "attention.query_key_value": COLUMN,
     "attention.dense": ROW,
+    # multi-latent attention (gpt/mla.py, Megatron-Core's MLASelfAttention): the heads' projections split; the down
+    # projections are replicated, outside the table
+    "attention.linear_q_proj": COLUMN,
+    "attention.linear_q_up_proj": COLUMN,
+    "attention.linear_kv_up_proj": COLUMN,
+    "attention.linear_proj": ROW,
     "mlp.dense_h_to_4h": COLUMN,           # GPT-2's MLP
     "mlp.dense_h_to_4h_gate": COLUMN,      # SwiGLU's gate and up (gpt/mlp.py)
     "mlp.dense_h_to_4h_up": COLUMN,

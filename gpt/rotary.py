@@ -65,3 +65,33 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
     rotating, passing = x[..., :rotary_dim], x[..., rotary_dim:]
     rotated = rotating * cos.to(x.dtype) + _rotate_half(rotating, interleaved) * sin.to(x.dtype)
     return torch.cat((rotated, passing), dim=-1) if passing.shape[-1] else rotated
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    """YaRN's attention scale, Megatron-Core's _yarn_get_mscale (yarn_rotary_pos_embedding.py): 1 for a scaling
+    factor of at most 1, else 0.1 x mscale x ln(scale) + 1."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_inverse_frequencies(rotary_dim: int, base: float, scaling_factor: float, original_max_positions: int,
+                             beta_fast: float, beta_slow: float, device: torch.device) -> torch.Tensor:
+    """YaRN's inverse frequencies, as Megatron-Core's YarnRotaryEmbedding.get_emb: the plain ones (extrapolated)
+    for the dims that turn more than beta_fast times over the original context, those divided by the scaling
+    factor (interpolated) for the dims that turn less than beta_slow times, a linear ramp between; the
+    correction range rounded to whole dims (correction_range_round_to_int, its default) and clamped."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
+    extrapolated = 1.0 / (base ** exponents)
+    interpolated = 1.0 / (scaling_factor * base ** exponents)
+
+    def correction_dim(rotations: float) -> float:  # _yarn_find_correction_dim
+        return rotary_dim * math.log(original_max_positions / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), rotary_dim - 1)
+    if low == high:
+        high += 0.001  # _yarn_linear_ramp_mask: no division by zero
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1.0 - ramp
+    return interpolated * (1 - extrapolation) + extrapolated * extrapolation

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 from torch import nn
 
+from gpt.mla import MLASelfAttention, ReplicatedLinear
 from gpt.model import GPTModel, SelfAttention
 from gpt.model_config import ModelConfig
 from gpt.norms import RMSNorm
@@ -42,9 +43,16 @@ class LinearShape:
 @dataclass(frozen=True)
 class AttentionShape:
     """Attention's two matmuls on one TP rank, per head and sequence: scores q k^T, [s, d] x [d, s], and
-    context p v, [s, s] x [s, d]."""
+    context p v, [s, s] x [s, d_v]; d_v is d except under multi-latent attention (its --v-head-dim, and d is
+    --qk-head-dim + --qk-pos-emb-head-dim)."""
     heads: int
     head_dim: int
+    value_head_dim: Optional[int] = None
+
+    @property
+    def flops_per_key(self) -> int:
+        """Both matmuls' FLOPs per query token and key position, over this rank's heads."""
+        return 2 * self.heads * (self.head_dim + (self.value_head_dim or self.head_dim))
 
 
 BlockMatmul = Union[LinearShape, AttentionShape]
@@ -94,7 +102,7 @@ class ModelShape:
 
     def blocks_forward_flops_per_token(self) -> int:
         """Every block's forward matmul FLOPs per token: dense blocks and MoE blocks (their active part)."""
-        attention = sum(2 * 2 * matmul.heads * matmul.head_dim * self.seq_length for matmul in self.block_matmuls
+        attention = sum(matmul.flops_per_key * self.seq_length for matmul in self.block_matmuls
                         if isinstance(matmul, AttentionShape)) * self.tensor_parallel_size
         return (self.dense_layers * self.block_forward_flops_per_token()
                 + self.moe_layers * (self.moe_block_linear_flops + attention))
@@ -112,7 +120,7 @@ class ModelShape:
             if isinstance(matmul, LinearShape):
                 flops += 2 * matmul.in_features * matmul.out_features
             else:  # scores and context: each a head_dim x seq_length product per token and head
-                flops += 2 * 2 * matmul.heads * matmul.head_dim * self.seq_length
+                flops += matmul.flops_per_key * self.seq_length
         return flops * self.tensor_parallel_size
 
     def logits_forward_flops_per_token(self, padded_vocab_size: int) -> int:
@@ -215,17 +223,20 @@ def _parameters(module: nn.Module, tensor_parallel_size: int) -> int:
 
 def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:
     matmuls: list[BlockMatmul] = []
-    attention_after_projection = None
+    attention_before_output = None
     for name, module in block.named_modules():
         if isinstance(module, SelfAttention):
-            # Its scores and context run between its QKV projection (its first linear) and its output.
-            attention_after_projection = AttentionShape(module.heads_per_rank, module.head_dim)
-        elif isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+            # Its scores and context run between its projections and its output (the first row-parallel linear).
+            attention_before_output = AttentionShape(module.heads_per_rank, module.head_dim)
+        elif isinstance(module, MLASelfAttention):  # multi-latent: scores over q_head_dim, context over v_head_dim
+            attention_before_output = AttentionShape(module.heads_per_rank, module.q_head_dim,
+                                                     module.config.v_head_dim)
+        elif isinstance(module, (ColumnParallelLinear, RowParallelLinear, ReplicatedLinear)):
+            if isinstance(module, RowParallelLinear) and attention_before_output is not None:
+                matmuls.append(attention_before_output)
+                attention_before_output = None
             out_features, in_features = module.weight.shape
             matmuls.append(LinearShape(name, in_features, out_features))
-            if attention_after_projection is not None:
-                matmuls.append(attention_after_projection)
-                attention_after_projection = None
     return tuple(matmuls)
 
 
@@ -265,6 +276,14 @@ def _activation_terms(block: nn.Module, tensor_parallel_size: int) -> LayerActiv
         elif isinstance(module, XIELU) and module is getattr(block.mlp, "activation_func", None):
             # the dense MLP's: its input is dense_h_to_4h's output (MoE layers' terms are the dense block's)
             partitioned += XIELU_SAVED_BYTES * block.mlp.dense_h_to_4h.weight.shape[0] * tensor_parallel_size
+        elif isinstance(module, ReplicatedLinear):  # MLA's down projections keep their input, whole per rank
+            input_bytes = 2 * module.weight.shape[1]
+            if module.sequence_parallel_state is not None:
+                partitioned += input_bytes
+            else:
+                replicated += input_bytes
+        elif isinstance(module, MLASelfAttention):
+            heads += module.heads_per_rank * tensor_parallel_size
         elif isinstance(module, SelfAttention):
             heads += module.heads_per_rank * tensor_parallel_size
             if module.output_gate:  # the product context x sigmoid(gate) keeps both: 16-bit and fp32

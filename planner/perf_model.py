@@ -177,10 +177,15 @@ def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int) -> tuple[l
     model, micro = config.model, config.training.micro_batch_size
     shape = model_shape(model, tp)
     tokens, layers, s = micro * model.seq_length, model.num_layers, model.seq_length
-    blocks = [Gemm(tokens, matmul.in_features, matmul.out_features, layers) if isinstance(matmul, LinearShape)
-              # scores and context, per head and sequence: [s, d] x [d, s] and [s, s] x [s, d]
-              else Gemm(s, matmul.head_dim, s, 2 * matmul.heads * micro * layers)
-              for matmul in shape.block_matmuls]
+    blocks = []
+    for matmul in shape.block_matmuls:
+        if isinstance(matmul, LinearShape):
+            blocks.append(Gemm(tokens, matmul.in_features, matmul.out_features, layers))
+        elif matmul.value_head_dim is None:  # scores and context, per head and sequence: [s, d] x [d, s], [s, s] x [s, d]
+            blocks.append(Gemm(s, matmul.head_dim, s, 2 * matmul.heads * micro * layers))
+        else:  # multi-latent attention: the context's value heads have their own width
+            blocks += [Gemm(s, matmul.head_dim, s, matmul.heads * micro * layers),
+                       Gemm(s, s, matmul.value_head_dim, matmul.heads * micro * layers)]
     logits = shape.output_matmul(padded_vocab)
     return blocks, Gemm(tokens, logits.in_features, logits.out_features, 1)
 

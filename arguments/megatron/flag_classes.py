@@ -191,14 +191,14 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --overlap-moe-expert-parallel-comm --save-tokens-per-expert-interval --use-grouped-gemm-for-dense-mlp
         --use-grouped-gemm-for-shared-expert --use-tutel --create-moe-param-group""")),
     ("multimodal, YaRN or relative position embeddings' knob: positions here are learned, rotary (rope) or none "
-     "(--position-embedding-type), and multi-latent attention (whose --rope-type it is) is refused, so it has no "
-     "effect", _names("""
-        --rotary-scaling-factor --rope-type --mrope-section --mscale --mscale-all-dim --yarn-beta-fast
+     "(--position-embedding-type), and the --yarn-* flags set Megatron's YaRN position type, not multi-latent "
+     "attention's YaRN (MLATransformerConfig's beta_fast 32, beta_slow 1, original max positions 4096, as here), "
+     "so it has no effect", _names("""
+        --mrope-section --yarn-beta-fast
         --yarn-beta-slow --yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int
         --yarn-original-max-position-embeddings --relative-attention-num-buckets --relative-attention-max-distance""")),
-    ("multi-latent attention's knob: attention here is multi-head or grouped-query (--num-query-groups) and "
-     "--multi-latent-attention is refused, so it has no effect", _names("""
-        --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
+    ("multi-latent attention's inference or fusion knob: latents cached for decoding (inference only), and the "
+     "down projections fused into one matmul, compute the same training step", _names("""
         --cache-mla-latents --mla-down-proj-fusion""")),
     ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, sliding windows, gated "
      "linear units, hyper-connections, Mamba and hybrid stacks); their switches are refused, so it has no effect",
@@ -346,9 +346,10 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: --normalization before each sublayer and after the last block (--qk-layernorm over query "
      "and key heads), as in GPT-2 and Llama", _names("""
         --apply-residual-connection-post-layernorm --qk-l2-norm --embed-layernorm""")),
-    ("not implemented: multi-head or grouped-query attention (--num-query-groups) over the whole causal context",
+    ("not implemented: multi-head, grouped-query (--num-query-groups) or multi-latent (--multi-latent-attention) "
+     "attention over the whole causal context",
      _names("""
-        --multi-latent-attention --window-size --experimental-attention-variant""")),
+        --window-size --experimental-attention-variant""")),
     ("not implemented: every block is the same GPT-2 block", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
         --use-mup --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),

@@ -43,6 +43,23 @@ def test_each_block_setting_that_differs_is_named_with_both_values(change, named
     assert str(error.value).count(named) == 1 and "\n" not in str(error.value) and "--finetune" in str(error.value)
 
 
+def test_multi_latent_attentions_settings_are_compared_where_it_is_on():
+    """--multi-latent-attention (gpt/mla.py): its YaRN settings change no shape; rope_type None is its yarn; a dense
+    attention's model ignores them, and an MLA model reads --rotary-base with learned positions too."""
+    mla = dataclasses.replace(LLAMA, multi_latent_attention=True, q_lora_rank=32, rotary_scaling_factor=40.0,
+                              mscale_all_dim=1.0)
+    for change, named in (({"rotary_scaling_factor": 1.0}, "--rotary-scaling-factor 1.0 (the checkpoint's: 40.0)"),
+                          ({"mscale_all_dim": 0.0}, "--mscale-all-dim 0.0 (the checkpoint's: 1.0)"),
+                          ({"rope_type": "rope"}, "--rope-type rope (the checkpoint's: yarn)"),
+                          ({"multi_latent_attention": False}, "--multi-latent-attention off (the checkpoint's: on)")):
+        assert model_differences(saved(mla), dataclasses.replace(mla, **change)) == [named]
+    assert model_differences(saved(mla), dataclasses.replace(mla, rope_type="yarn")) == []
+    assert model_differences(saved(LLAMA), dataclasses.replace(LLAMA, rotary_scaling_factor=40.0)) == []
+    learned = dataclasses.replace(mla, position_embedding_type="learned_absolute")
+    assert model_differences(saved(learned), dataclasses.replace(learned, rotary_base=5e5)) == [
+        "--rotary-base 500000.0 (the checkpoint's: 10000.0)"]
+
+
 def test_equal_meanings_and_settings_that_do_nothing_are_not_differences():
     assert model_differences(saved(LLAMA), LLAMA) == []
     # None is one key/value group per head

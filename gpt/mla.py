@@ -1,0 +1,203 @@
+"""Multi-latent attention (DeepSeek-V2/V3), as Megatron-Core's MLASelfAttention computes it
+(megatron/core/transformer/multi_latent_attention.py; Megatron-LM's --multi-latent-attention).
+
+The query comes from the hidden state through `linear_q_proj` (no --q-lora-rank) or through a low-rank
+`linear_q_down_proj` (hidden -> q_lora_rank), a norm, and `linear_q_up_proj` (-> heads x (qk_head_dim +
+qk_pos_emb_head_dim)). The key and value come from one latent: `linear_kv_down_proj` (hidden -> kv_lora_rank +
+qk_pos_emb_head_dim) splits into the compressed kv (normed, then `linear_kv_up_proj` -> heads x (qk_head_dim +
+v_head_dim)) and one positional key shared by every head. Rotary positions turn only the positional parts of
+query and key (de-interleaved first: rope_utils._apply_rotary_pos_emb_bshd with mla_rotary_interleaved); the
+query and key heads are [nope, pos], the value heads v_head_dim wide, and the softmax scale is
+mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim).
+
+The latent norms are the model's --normalization and exist only under --qk-layernorm (QKNormConfigResolver:
+without it q_layernorm and kv_layernorm are IdentityOp); with --qk-layernorm and no --q-lora-rank the query's
+norm is over the hidden state before linear_q_proj (the resolver fuses a norm into linear_q_proj then).
+
+Rotary: --rope-type yarn (MLATransformerConfig's default) is YarnRotaryEmbedding with --rotary-scaling-factor,
+--mscale, --mscale-all-dim and MLATransformerConfig's beta_fast 32, beta_slow 1, original_max_position_embeddings
+4096 (Megatron's --yarn-* flags set the yarn_* fields of a non-MLA model, not these); at factor 1 it is plain
+rope. --rope-type rope is RotaryEmbedding with --rotary-base.
+
+Tensor parallelism splits the heads: the up projections (and linear_q_proj) are column-parallel, linear_proj
+row-parallel; the down projections and the latent norms are replicated, run on this rank's slice of the sequence
+under sequence parallelism with their gradients summed over the TP group, as Megatron's duplicated
+linear_q_down_proj / linear_kv_down_proj (their gradients all-reduced as sequence-parallel parameters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt.attention_backend import attention_kernels
+from gpt.attention_padding import FUSED_CAPABLE_BACKENDS
+from gpt.model_config import ModelConfig
+from gpt.norms import _summed_over_sequence_slices, normalization
+from gpt.parallel_plan import TensorParallelPlan
+from gpt.rotary import apply_rotary, inverse_frequencies, yarn_get_mscale, yarn_inverse_frequencies
+from parallel.init import InitMethod, set_init_method
+from parallel.mappings import copy_to_tensor_parallel_region, gather_from_sequence_parallel_region
+from parallel.random import TensorParallelRNG
+
+if TYPE_CHECKING:
+    from data.documents import DocumentMasks
+
+# MLATransformerConfig's YaRN defaults, which no Megatron-LM flag reaches for MLA (megatron/core/transformer/
+# transformer_config.py): beta_fast, beta_slow, original_max_position_embeddings
+MLA_YARN_BETA_FAST = 32.0
+MLA_YARN_BETA_SLOW = 1.0
+MLA_YARN_ORIGINAL_MAX_POSITIONS = 4096
+
+
+def mla_rotary_angles(config: ModelConfig, seq_length: int, device: torch.device
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [seq, qk_pos_emb_head_dim] in fp32, YaRN's concentration factor included (Megatron-Core's
+    apply_rotary_pos_emb multiplies cos and sin by the mscale YarnRotaryEmbedding returns)."""
+    dim = config.qk_pos_emb_head_dim
+    if config.rope_type in (None, "yarn"):
+        frequencies = yarn_inverse_frequencies(dim, config.rotary_base, config.rotary_scaling_factor,
+                                               MLA_YARN_ORIGINAL_MAX_POSITIONS, MLA_YARN_BETA_FAST,
+                                               MLA_YARN_BETA_SLOW, device)
+        # _yarn_get_concentration_factor
+        concentration = (yarn_get_mscale(config.rotary_scaling_factor, config.mscale)
+                         / yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim))
+    else:
+        frequencies, concentration = inverse_frequencies(dim, config.rotary_base, device), 1.0
+    angles = torch.outer(torch.arange(seq_length, dtype=torch.float32, device=device), frequencies)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos() * concentration, angles.sin() * concentration
+
+
+def mla_softmax_scale(config: ModelConfig) -> float:
+    """MultiLatentAttention.__init__: `mscale * mscale / math.sqrt(self.q_head_dim)`, mscale =
+    _yarn_get_mscale(rotary_scaling_factor, mscale_all_dim) whatever the rope type."""
+    mscale = yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim)
+    return mscale * mscale / math.sqrt(config.qk_head_dim + config.qk_pos_emb_head_dim)
+
+
+class ReplicatedLinear(nn.Module):
+    """A down projection, whole on every TP rank, no bias (Megatron's duplicated linear_*_down_proj): under
+    sequence parallelism it sees this rank's slice of the sequence and its gradient is summed over the TP group."""
+
+    def __init__(self, in_features: int, out_features: int, init_std: float, sequence_parallel_state):
+        super().__init__()
+        self.weight = set_init_method(nn.Parameter(torch.empty(out_features, in_features, device="meta")),
+                                      InitMethod.normal(init_std))
+        self.weight.sequence_parallel = sequence_parallel_state is not None
+        self.sequence_parallel_state = sequence_parallel_state
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, _summed_over_sequence_slices(self.weight, self.sequence_parallel_state))
+
+
+class MLASelfAttention(nn.Module):
+    """Megatron-Core's MLASelfAttention (see the module's docstring); tensors [batch, seq, hidden]."""
+
+    def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
+                 output_init_std: float):
+        super().__init__()
+        self.rng, self.state, self.config = rng, plan.state, config
+        tp = plan.state.tensor_parallel_size
+        self.heads_per_rank = config.num_attention_heads // tp
+        self.q_head_dim = config.qk_head_dim + config.qk_pos_emb_head_dim
+        self.softmax_scale = mla_softmax_scale(config)
+        self.dropout_p = config.attention_dropout
+        self.attention_backend = config.attention_backend
+        h, std, heads = config.hidden_size, config.init_method_std, config.num_attention_heads
+        # the down projections and the latent norms run where the input layernorm's output is: the sequence slice
+        latent_state = plan.norm_state("input_layernorm")
+        self.sequence_parallel = latent_state is not None
+        norm = (lambda size: normalization(config.normalization, size, config.layernorm_epsilon, latent_state)) \
+            if config.qk_layernorm else None
+        if config.q_lora_rank is None:
+            # with --qk-layernorm Megatron fuses a norm over the hidden state into linear_q_proj
+            self.q_layernorm = norm(h) if norm else None
+            self.linear_q_down_proj = None
+            self.linear_q_proj = plan.linear("attention.linear_q_proj", h, heads * self.q_head_dim, init_std=std,
+                                             bias=False)
+        else:
+            self.linear_q_down_proj = ReplicatedLinear(h, config.q_lora_rank, std, latent_state)
+            self.q_layernorm = norm(config.q_lora_rank) if norm else None
+            self.linear_q_up_proj = plan.linear("attention.linear_q_up_proj", config.q_lora_rank,
+                                                heads * self.q_head_dim, init_std=std, bias=False)
+        self.linear_kv_down_proj = ReplicatedLinear(h, config.kv_lora_rank + config.qk_pos_emb_head_dim, std,
+                                                     latent_state)
+        self.kv_layernorm = norm(config.kv_lora_rank) if norm else None
+        self.linear_kv_up_proj = plan.linear("attention.linear_kv_up_proj", config.kv_lora_rank,
+                                             heads * (config.qk_head_dim + config.v_head_dim), init_std=std,
+                                             bias=False)
+        self.linear_proj = plan.linear("attention.linear_proj", heads * config.v_head_dim, h,
+                                       init_std=output_init_std, bias=config.add_bias_linear)
+
+    def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+        config, state = self.config, self.state
+        if self.linear_q_down_proj is None:
+            q_compressed = hidden
+            q_compressed = self.q_layernorm(q_compressed) if self.q_layernorm is not None else q_compressed
+            query = self.linear_q_proj(q_compressed)
+        else:
+            q_compressed = self.linear_q_down_proj(hidden)
+            q_compressed = self.q_layernorm(q_compressed) if self.q_layernorm is not None else q_compressed
+            query = self.linear_q_up_proj(q_compressed)  # under sequence parallelism: gathers the sequence
+        kv_compressed, k_pos = self.linear_kv_down_proj(hidden).split(
+            [config.kv_lora_rank, config.qk_pos_emb_head_dim], dim=-1)
+        if self.kv_layernorm is not None:
+            kv_compressed = self.kv_layernorm(kv_compressed)
+        kv = self.linear_kv_up_proj(kv_compressed)
+        # the positional key serves every head of every rank: its gradient is summed over the TP group (gathered
+        # along the sequence under sequence parallelism, whose backward reduce-scatters)
+        k_pos = gather_from_sequence_parallel_region(k_pos, state) if self.sequence_parallel \
+            else copy_to_tensor_parallel_region(k_pos, state)
+        batch, seq, _ = query.shape
+        query = query.view(batch, seq, self.heads_per_rank, self.q_head_dim).transpose(1, 2)
+        kv = kv.view(batch, seq, self.heads_per_rank, config.qk_head_dim + config.v_head_dim).transpose(1, 2)
+        q_nope, q_pos = query.split([config.qk_head_dim, config.qk_pos_emb_head_dim], dim=-1)
+        k_nope, value = kv.split([config.qk_head_dim, config.v_head_dim], dim=-1)
+        cos, sin = mla_rotary_angles(config, seq, hidden.device)
+        q_pos = apply_rotary(_deinterleaved(q_pos), cos, sin)
+        k_pos = apply_rotary(_deinterleaved(k_pos.unsqueeze(1)), cos, sin)
+        query = torch.cat((q_nope, q_pos), dim=-1)
+        key = torch.cat((k_nope, k_pos.expand(-1, self.heads_per_rank, -1, -1)), dim=-1)
+        attention_mask = documents.attention_mask if documents is not None else None
+        dropout_p = self.dropout_p if self.training else 0.0
+        pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.v_head_dim)
+        with _dropout_stream(self.rng), attention_kernels(self.attention_backend):
+            context = mla_core_attention(query, key, value, self.softmax_scale, dropout_p, attention_mask, pad_value)
+        context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.v_head_dim)
+        return self.linear_proj(context)
+
+
+def value_needs_padding(backend: str, device_type: str, q_head_dim: int, v_head_dim: int) -> bool:
+    """Whether the value heads are zero-padded to the query/key width: on CUDA, where a fused kernel may run
+    (SDPA's flash kernel takes one head width for q, k and v), as Megatron-Core pads V for its THD kernels
+    (_prepare_mla_core_attention_value); a CPU, or the math kernel, takes them as they are."""
+    return device_type == "cuda" and backend in FUSED_CAPABLE_BACKENDS and v_head_dim != q_head_dim
+
+
+def mla_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, dropout_p: float,
+                       attention_mask: Optional[torch.Tensor], pad_value: bool) -> torch.Tensor:
+    """Causal (or `attention_mask`ed) SDPA at `scale`, [batch, heads, seq, d]; with `pad_value` the values padded
+    with zero columns to the query's width and the context cut back: the same weights times the same values."""
+    masking = {"is_causal": True} if attention_mask is None else {"attn_mask": attention_mask}
+    v_head_dim = value.shape[-1]
+    if pad_value:
+        value = F.pad(value, (0, query.shape[-1] - v_head_dim))
+    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, scale=scale, **masking)
+    return context[..., :v_head_dim] if pad_value else context
+
+
+def _dropout_stream(rng: Optional[TensorParallelRNG]):
+    """As gpt/model.py's dropout_stream (which imports this module): each TP rank's heads draw their attention
+    dropout from the rank's own stream."""
+    return rng.fork() if rng is not None else contextlib.nullcontext()
+
+
+def _deinterleaved(x: torch.Tensor) -> torch.Tensor:
+    """rope_utils._apply_rotary_pos_emb_bshd with mla_rotary_interleaved: (x[0::2], x[1::2]) then halves rotate."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
