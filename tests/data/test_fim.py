@@ -222,3 +222,57 @@ def test_fim_dataset_sample_depends_only_on_index():
     for a, b in zip(forward, backward):
         assert torch.equal(a, b)
     assert any(not torch.equal(a, b["tokens"]) for a, b in zip(forward, base))
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--fim-data", "--mock-data"], "--fim-data with --mock-data"),
+    (["--fim-data", "--fim-spm-rate", "0"], "--fim-data needs --fim-rate and --fim-spm-rate above 0"),
+    (["--fim-data", "--fim-rate", "0"], "--fim-data needs --fim-rate and --fim-spm-rate above 0"),
+    (["--fim-data", "--fim-split-sample", "<file>"], "--fim-split-sample needs --fim-fragment-rate"),
+])
+def test_what_megatron_asserts_is_refused_in_one_line(argv, words):
+    """Megatron-LM megatron/training/arguments.py validate_args: `if args.fim_data: assert not args.mock_data;
+    assert args.fim_rate; assert args.fim_spm_rate` (a --fim-split-sample without --fim-fragment-rate fails in
+    GPTFIMDataset._permute's binomial(1, None))."""
+    from arguments.config import ConfigError
+    from arguments.parser import parse_config
+
+    with pytest.raises(ConfigError, match=words) as error:
+        parse_config(argv + ["--tokenizer-type", "NullTokenizer", "--vocab-size", "512"]
+                     if "--mock-data" in argv else argv)
+    assert "\n" not in str(error.value)
+
+
+def test_a_tokenizer_that_cannot_detokenize_is_refused_in_one_line():
+    from data import DataError
+    from data.tokenizer import NullTokenizer
+
+    with pytest.raises(DataError, match="--fim-data needs a byte-level BPE tokenizer"):
+        FIMTokenizer(NullTokenizer(100))
+
+
+@pytest.mark.slow
+def test_fim_training_batches_are_permuted_and_a_resume_reads_the_same_samples(corpus_cache):
+    """Through the run's loaders (training/data_splits.py build_data): --fim-data changes the train batches (same
+    shape), and the loader a resume builds at 4 consumed samples gives what the first run's loader gave after
+    its first 4 samples: each sample's FIM draws come from (--seed, sample index), not from how far a stream ran."""
+    from arguments.parser import parse_config
+    from parallel.state import virtual_state
+    from training.data_splits import build_data, load_tokenizer_and_data_path
+    from training.run_settings import resolve_run_settings
+
+    def batches(extra, consumed):
+        config = parse_config(["--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache, "--seq-length", "64",
+                               "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size",
+                               "2", "--train-iters", "6", "--eval-iters", "0"] + extra)
+        tokenizer, data_path = load_tokenizer_and_data_path(config)
+        settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")
+        loader = build_data(settings, virtual_state(1), data_path, tokenizer).make_train_loader(consumed)
+        return [batch["tokens"] for batch in loader]
+
+    plain = batches([], 0)
+    fim = batches(["--fim-data", "--fim-rate", "1.0"], 0)
+    resumed = batches(["--fim-data", "--fim-rate", "1.0"], 4)
+    assert len(fim) == len(plain) == 6 and all(a.shape == b.shape for a, b in zip(fim, plain))
+    assert all(not torch.equal(a, b) for a, b in zip(fim, plain))
+    assert len(resumed) == 4 and all(torch.equal(a, b) for a, b in zip(resumed, fim[2:]))
