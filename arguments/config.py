@@ -399,6 +399,23 @@ class DataConfig:
     # data/mock.py
     mock_data: bool = option(False, help="train on Megatron's MockGPTDataset documents (token ids 1, 2, ... of "
                                          "random lengths, each ending in the end-of-document id) instead of data")
+    # data/fim.py: Megatron-LM's GPTFIMDataset (megatron/training/datasets/fim_dataset.py)
+    fim_data: bool = option(False, help="fill-in-the-middle samples, as Megatron-LM's GPTFIMDataset: each piece "
+                                        "between end-of-document tokens is, with probability --fim-rate, cut into "
+                                        "prefix, middle and suffix and put in SPM or PSM order")
+    fim_rate: float = option(0.5, help="with --fim-data: probability that a piece becomes a FIM example")
+    fim_spm_rate: float = option(0.5, help="with --fim-data: probability that a FIM example is SPM, not PSM")
+    fim_split_sample: Optional[str] = option(None, help="with --fim-data: a token that splits pieces into "
+                                                       "fragments, each permuted with --fim-fragment-rate")
+    fim_fragment_rate: Optional[float] = option(None, help="with --fim-split-sample: each fragment's FIM rate")
+    fim_no_prefix: Optional[str] = option(None, help="with --fim-data: a piece whose text starts with this is "
+                                                    "left as it is")
+    fim_prefix_token: str = option("<fim_prefix>", help="FIM prefix token (a token the vocabulary lacks is its "
+                                                        "unknown token: <|endoftext|> for GPT-2's files)")
+    fim_middle_token: str = option("<fim_middle>", help="FIM middle token")
+    fim_suffix_token: str = option("<fim_suffix>", help="FIM suffix token")
+    fim_pad_token: str = option("<fim_pad>", help="FIM pad token (fills a sample a permutation shortened)")
+    fim_eod_token: str = option("<|endoftext|>", help="FIM end-of-document token: pieces are cut at it")
     # None infers it from the files given (none: the embedded corpus's).
     tokenizer_type: Optional[str] = option(
         None, type=tokenizer_type_name, choices=(*TOKENIZER_TYPES, *OTHER_TOKENIZER_TYPES),
@@ -471,6 +488,17 @@ class DataConfig:
         if self.tokenizer_file and self.vocab_file:
             raise ConfigError("pass either --tokenizer-file or --vocab-file/--merge-file, not both",
                               flags=("--tokenizer-file", "--vocab-file", "--merge-file"))
+        if self.fim_data:
+            # Megatron-LM's validate_args: no mock data, --fim-rate and --fim-spm-rate set (a 0 is refused too)
+            if self.mock_data:
+                raise ConfigError("--fim-data with --mock-data: Megatron's FIM dataset does not support mock data",
+                                  flags=("--fim-data", "--mock-data"))
+            if not self.fim_rate or not self.fim_spm_rate:
+                raise ConfigError("--fim-data needs --fim-rate and --fim-spm-rate above 0 (Megatron-LM asserts both)",
+                                  flags=("--fim-rate", "--fim-spm-rate"))
+            if self.fim_split_sample and self.fim_fragment_rate is None:
+                raise ConfigError("--fim-split-sample needs --fim-fragment-rate (each fragment's FIM rate)",
+                                  flags=("--fim-split-sample", "--fim-fragment-rate"))
         if self.num_workers < 0 or self.tokenizer_vocab_size < 300:
             raise ConfigError("--num-workers must be >= 0 and --tokenizer-vocab-size >= 300",
                               flags=("--num-workers", "--tokenizer-vocab-size"))

@@ -9,6 +9,7 @@ from typing import Callable, Iterable, Optional
 
 from arguments.config import PretrainConfig
 from data.corpus import prepare_default_corpus
+from data.fim import FIMConfig, FIMDataset, FIMTokenizer, FIMTransform
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.mock import build_mock_datasets
 from data.sampler import build_data_loader
@@ -71,6 +72,19 @@ def build_data(settings: RunSettings, state: ParallelState, data_path: list[str]
         train_set, valid_set, test_set = build_train_valid_test_datasets(
             data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
             cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
+
+    if config.data.fim_data:
+        # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data (data/fim.py)
+        if tokenizer is None:
+            raise ValueError("--fim-data needs the run's tokenizer (it detokenizes and retokenizes samples)")
+        d = config.data
+        transform = FIMTransform(FIMConfig(
+            rate=d.fim_rate, spm_rate=d.fim_spm_rate, split_sample=d.fim_split_sample,
+            fragment_rate=d.fim_fragment_rate, no_prefix=d.fim_no_prefix, prefix_token=d.fim_prefix_token,
+            middle_token=d.fim_middle_token, suffix_token=d.fim_suffix_token, pad_token=d.fim_pad_token,
+            eod_token=d.fim_eod_token), FIMTokenizer(tokenizer))
+        train_set, valid_set, test_set = (None if ds is None else FIMDataset(ds, transform, training.seed)
+                                          for ds in (train_set, valid_set, test_set))
 
     def loader(dataset, consumed_samples=0):
         return build_data_loader(dataset, consumed_samples=consumed_samples,

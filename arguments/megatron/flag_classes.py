@@ -245,14 +245,13 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --disable-tokenizer-sentencepiece-ignore-extra-whitespaces --legacy-tokenizer --tiktoken-num-special-tokens
         --tiktoken-pattern --tiktoken-special-tokens --tokenizer-model-type --tokenizer-path --null-tokenizer-pad-id
         --chat-template --use-gigatoken""")),
-    ("knowledge distillation's, fill-in-the-middle's, supervised fine-tuning's or muP's knob: those are refused "
-     "(--kd, --mos, --logits-load-dir, --fim-data, --sft, --use-mup), so it has no effect", _names("""
+    ("knowledge distillation's, supervised fine-tuning's or muP's knob: those are refused "
+     "(--kd, --mos, --logits-load-dir, --sft, --use-mup), so it has no effect", _names("""
         --kd-alpha-ce --kd-beta-ce --kd-temp --num-layers-teacher --hidden-size-teacher --num-attention-heads-teacher
         --num-experts-teacher --load-teacher --logits-load-decode-threads --logits-load-ignore-errors
         --logits-load-kd-loss-alpha --logits-load-msc-prefetch-depth --logits-load-prefetch-factor --logits-save-dir
-        --logits-save-dtype --logits-save-top-k --logits-save-top-p --logits-save-top-p-min-k --fim-eod-token
-        --fim-fragment-rate --fim-middle-token --fim-no-prefix --fim-pad-token --fim-prefix-token --fim-rate
-        --fim-split-sample --fim-spm-rate --fim-suffix-token --sft-tokenizer-prompt-format --mup-attn-scale-power
+        --logits-save-dtype --logits-save-top-k --logits-save-top-p --logits-save-top-p-min-k
+        --sft-tokenizer-prompt-format --mup-attn-scale-power
         --mup-base-head-dim --mup-base-hidden-size --mup-embedding-mult --mup-output-mult --mup-width-mult""")),
     ("ALBERT-style parameter sharing's knob: every layer has its own parameters here (--num-unique-layers is the "
      "number of layers), so it has no effect", _names("--param-sharing-style")),
@@ -369,7 +368,7 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --train-doc-idx-path --train-idx-path --train-sample-idx-path --train-shuffle-idx-path
         --data-efficiency-curriculum-learning --random-ltd""")),
     ("not implemented: pretraining on the .bin/.idx data only; without --data-path the embedded corpus is used",
-     _names("--fim-data --sft")),
+     _names("--sft")),
     ("not implemented: weights are drawn from normal(0, --init-method-std), output projections scaled by "
      "1/sqrt(2 x layers), the same on every data-parallel rank", _names("""
         --init-method-xavier-uniform --data-parallel-random-init""")),

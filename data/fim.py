@@ -1,0 +1,165 @@
+"""Megatron-LM's fill-in-the-middle (FIM) samples: --fim-data and its flags.
+
+Megatron-LM's megatron/training/datasets/fim_dataset.py, GPTFIMDataset: each sample is cut at its
+end-of-document tokens; each piece (and, with --fim-split-sample, each fragment between split tokens) is
+detokenized, and with probability --fim-rate split at two character positions drawn uniformly into
+prefix, middle and suffix, which are tokenized again and put in SPM order (prefix-token suffix-token
+suffix middle-token prefix middle, probability --fim-spm-rate) or PSM order (prefix-token prefix
+suffix-token suffix middle-token middle). The sample keeps its length: cut, or padded with the pad token.
+
+The draws are Megatron's, in its order, from a numpy RandomState (`_permute`: binomial(1, rate),
+randint(0, len(text) + 1, size=2), binomial(1, spm_rate); `_fim_split_and_permute_sequence`: one
+binomial(1, fim_rate) per sample that holds the split token). Megatron seeds one RandomState per dataset
+with --seed and draws from it in the order samples are fetched (so a resumed run, or one with data-loader
+workers, draws differently there); here each sample's RandomState is seeded with (--seed, sample index),
+so a sample is the same whichever order, worker or resume reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from data import DataError
+
+FIM_TOKEN_NAMES = ("prefix", "middle", "suffix", "pad", "eod")
+
+
+@dataclass(frozen=True)
+class FIMConfig:
+    rate: float = 0.5
+    spm_rate: float = 0.5
+    split_sample: Optional[str] = None
+    fragment_rate: Optional[float] = None
+    no_prefix: Optional[str] = None
+    prefix_token: str = "<fim_prefix>"
+    middle_token: str = "<fim_middle>"
+    suffix_token: str = "<fim_suffix>"
+    pad_token: str = "<fim_pad>"
+    eod_token: str = "<|endoftext|>"
+
+
+class FIMTokenizer:
+    """What the FIM transform needs of a byte-level BPE tokenizer (data/tokenizer.py's GPTTokenizer), as
+    Megatron's HuggingFace tokenizer wrapper gives it (megatron/core/tokenizers/text/libraries/
+    huggingface_tokenizer.py): tokens_to_ids, text_to_ids, and ids_to_text(remove_special_tokens=True)."""
+
+    def __init__(self, tokenizer):
+        backend = getattr(tokenizer, "backend", None)
+        if backend is None:
+            raise DataError(f"--fim-data needs a byte-level BPE tokenizer (--vocab-file/--merge-file or "
+                            f"--tokenizer-model tokenizer.json) to detokenize samples; "
+                            f"{type(tokenizer).__name__} is not one")
+        self._backend = backend
+
+    def token_to_id(self, token: str) -> int:
+        """The token's id; a token the vocabulary lacks maps to its unknown token, as transformers'
+        convert_tokens_to_ids does (GPT-2's unknown token is <|endoftext|>, so with GPT-2's files a missing
+        <fim_prefix> etc. is the end-of-document id, as in Megatron's GPT2BPETokenizer runs)."""
+        found = self._backend.token_to_id(token)
+        if found is not None:
+            return int(found)
+        unk = getattr(self._backend.model, "unk_token", None)
+        for name in (unk, "<|endoftext|>"):
+            if name is not None and self._backend.token_to_id(name) is not None:
+                return int(self._backend.token_to_id(name))
+        raise DataError(f"--fim-data: the tokenizer has no {token!r} token and no unknown token to stand for it")
+
+    def text_to_ids(self, text: str) -> list[int]:
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def ids_to_text(self, ids) -> str:
+        return self._backend.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+class FIMTransform:
+    """Megatron's GPTFIMDataset permutation of one sample's token ids, with a given RandomState."""
+
+    def __init__(self, config: FIMConfig, tokenizer: FIMTokenizer):
+        self.config = config
+        self.tokenizer = tokenizer
+        ids = [tokenizer.token_to_id(getattr(config, f"{name}_token")) for name in FIM_TOKEN_NAMES]
+        self.prefix_id, self.middle_id, self.suffix_id, self.pad_id, self.eod_id = ids
+        # Megatron looks the split string up as one token (tokens_to_ids), the unknown token when it is none
+        self.split_id = tokenizer.token_to_id(config.split_sample) if config.split_sample else None
+
+    def __call__(self, sample: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
+        """GPTFIMDataset._query_document_sample_shuffle_indices after the read: permute each piece between
+        end-of-document tokens, then cut or pad to the original length."""
+        sample_len = sample.shape[0]
+        breaks = np.flatnonzero(sample == self.eod_id)
+        if breaks.size:
+            start, pieces = 0, []
+            for loc in breaks:
+                if loc - start > 0:
+                    pieces += [self._split_and_permute(sample[start:loc], rng), [self.eod_id]]
+                start = loc + 1
+            pieces.append(self._split_and_permute(sample[start:], rng))
+            sample = np.concatenate(pieces)
+        else:
+            sample = self._split_and_permute(sample, rng)
+        if sample.shape[0] > sample_len:
+            sample = sample[:sample_len]
+        elif sample.shape[0] < sample_len:
+            sample = np.concatenate([sample, np.full(sample_len - sample.shape[0], self.pad_id)])
+        return np.asarray(sample, dtype=np.int64)
+
+    def _split_and_permute(self, sequence: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
+        """GPTFIMDataset._fim_split_and_permute_sequence."""
+        rate = self.config.rate
+        if self.split_id is None:
+            return self._permute(sequence, rate, rng)
+        breaks = np.flatnonzero(sequence == self.split_id)
+        if not breaks.size:
+            return self._permute(sequence, rate, rng)
+        if not rng.binomial(1, rate):
+            return sequence
+        start, pieces = 0, []
+        for loc in breaks:
+            if loc - start > 0:
+                pieces += [self._permute(sequence[start:loc], self.config.fragment_rate, rng), [self.split_id]]
+            start = loc + 1
+        pieces.append(self._permute(sequence[start:], self.config.fragment_rate, rng))
+        return np.concatenate(pieces)
+
+    def _permute(self, sequence: np.ndarray, rate, rng: np.random.RandomState) -> np.ndarray:
+        """GPTFIMDataset._permute with truncate_or_pad=False (how GPTFIMDataset calls it)."""
+        if not rng.binomial(1, rate):
+            return sequence
+        text = self.tokenizer.ids_to_text(sequence)
+        if self.config.no_prefix is not None and text.startswith(self.config.no_prefix):
+            return sequence
+        boundaries = sorted(rng.randint(low=0, high=len(text) + 1, size=2))
+        encode = self.tokenizer.text_to_ids
+        prefix = np.array(encode(text[: boundaries[0]]), dtype=np.int64)
+        middle = np.array(encode(text[boundaries[0]: boundaries[1]]), dtype=np.int64)
+        suffix = np.array(encode(text[boundaries[1]:]), dtype=np.int64)
+        if rng.binomial(1, self.config.spm_rate):
+            return np.concatenate([[self.prefix_id, self.suffix_id], suffix, [self.middle_id], prefix, middle])
+        return np.concatenate([[self.prefix_id], prefix, [self.suffix_id], suffix, [self.middle_id], middle])
+
+
+def sample_rng(seed: int, index: int) -> np.random.RandomState:
+    """The RandomState for sample `index`: a function of the seed and the index only."""
+    return np.random.RandomState([seed, index])
+
+
+class FIMDataset(torch.utils.data.Dataset):
+    """`dataset`'s samples (dicts with "tokens"), each through the FIM transform with its own RandomState."""
+
+    def __init__(self, dataset, transform: FIMTransform, seed: int):
+        self.dataset = dataset
+        self.transform = transform
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = dict(self.dataset[i])
+        tokens = item["tokens"].numpy()
+        item["tokens"] = torch.from_numpy(self.transform(tokens, sample_rng(self.seed, i)))
+        return item
