@@ -725,11 +725,8 @@ class PretrainConfig:
             raise ConfigError(f"--num-experts {' '.join(map(str, indivisible))} is not divisible by {flag} {ep}; each "
                               f"expert-parallel rank holds an equal share of every MoE layer's experts",
                               flags=(flag, "--num-experts"))
-        if self.zero.distributed_optimizer_instances > 1:
-            # zero/experts.py builds the experts' ZeRO over the expert data-parallel group with one instance
-            raise ConfigError(f"--num-distributed-optimizer-instances {self.zero.distributed_optimizer_instances} "
-                              f"with {flag} {ep} is not implemented here: use one optimizer instance",
-                              flags=(flag, "--num-distributed-optimizer-instances"))
+        # --num-distributed-optimizer-instances also cuts the experts' optimizer over the expert data-parallel group
+        # (parallel/state.py); that it divides the expert DP size is checked at launch, where the size is known
 
     def _check_moe_tensor_parallel(self) -> None:
         """MoE under tensor parallelism (gpt/moe/layer.py): Megatron-Core's MoELayer.forward raises in training

@@ -217,6 +217,10 @@ class ExpertParallel:
     data_rank: int = 0
     data_group: Optional[object] = None
     tensor_and_model_group: Optional[object] = None
+    # Megatron-LM's --num-distributed-optimizer-instances over the expert data-parallel group
+    # (megatron/core/parallel_state.py: _INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP, blocks of EDP / N ranks, and
+    # _INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP, the same partition's copies): the experts' ZeRO partition.
+    optimizer_instances: "OptimizerInstances" = field(default_factory=lambda: OptimizerInstances(), compare=False)
 
     @property
     def tensor_and_model_size(self) -> int:
@@ -254,7 +258,7 @@ def with_expert_parallel(state: "ParallelState", expert_model_parallel_size: int
 def _dense_experts(state: "ParallelState") -> ExpertParallel:
     return ExpertParallel(1, 0, None, state.tensor_parallel_size, state.tensor_parallel_rank,
                           state.tensor_parallel_group, state.data_parallel_size, state.data_parallel_rank,
-                          state.data_parallel_group, state.tensor_parallel_group)
+                          state.data_parallel_group, state.tensor_parallel_group, state.optimizer_instances)
 
 
 def _virtual_experts(state: "ParallelState", expert_model_parallel_size: int,
@@ -300,12 +304,52 @@ def check_optimizer_instances(count: int, data_parallel_size: int, context_paral
                          f"equal block of the data-parallel ranks")
 
 
+def check_expert_optimizer_instances(count: int, expert_data_parallel_size: int) -> None:
+    """Megatron-LM's initialize_model_parallel asserts "Expert data parallel size should be divisible by partial
+    DistOpt shard factor" (megatron/core/parallel_state.py): the experts' optimizer is cut into the same number
+    of instances over the expert data-parallel group."""
+    if count > 1 and expert_data_parallel_size % count:
+        raise ValueError(f"--num-distributed-optimizer-instances {count} must divide the expert data-parallel size "
+                         f"{expert_data_parallel_size} too (the experts' optimizer is cut into as many instances, as "
+                         f"Megatron-LM asserts); use fewer instances, a smaller --expert-model-parallel-size, or more "
+                         f"ranks")
+
+
 def with_optimizer_instances(state: "ParallelState", count: int) -> "ParallelState":
-    """`state` with its DP group cut into `count` optimizer instances (a collective: every rank calls it, in
-    the same order). initialize() calls it; a test that trains several layouts in one process group too."""
+    """`state` with its DP group cut into `count` optimizer instances, and its expert DP group too where the
+    experts have their own grid (a collective: every rank calls it, in the same order). initialize() calls it;
+    a test that trains several layouts in one process group too."""
     if count == state.optimizer_instances.count:
         return state
-    return replace(state, optimizer_instances=_optimizer_instance_groups(state.dims, count))
+    if state.expert_grid is not None:
+        check_expert_optimizer_instances(count, state.expert_grid.data_size)
+    state = replace(state, optimizer_instances=_optimizer_instance_groups(state.dims, count))
+    if state.expert_grid is not None:
+        state = replace(state, expert_grid=replace(state.expert_grid,
+                                                   optimizer_instances=_expert_optimizer_instance_groups(state, count)))
+    return state
+
+
+def _expert_optimizer_instance_groups(state: "ParallelState", count: int) -> OptimizerInstances:
+    """Megatron's intra- and inter-partial expert DP groups (create_hierarchical_groups over each expert DP
+    group with [EDP / N, N]): contiguous blocks of each expert DP group's ranks, and the same partition's copies
+    across them. Every rank creates every group, in one order, and keeps its own."""
+    experts = state.expert_grid
+    if count == 1:
+        return OptimizerInstances()
+    shard_size = experts.data_size // count
+    sizes = expert_mesh_sizes(state.dims.sizes, experts.model_size, experts.tensor_size)
+    shard_group = replica_group = None
+    for data_ranks in expert_groups(sizes, ("edp",)):
+        blocks = [data_ranks[i * shard_size:(i + 1) * shard_size] for i in range(count)]
+        for ranks in blocks + [list(copies) for copies in zip(*blocks)]:
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if state.rank in ranks:
+                if ranks in blocks:
+                    shard_group = group
+                else:
+                    replica_group = group
+    return OptimizerInstances(count, shard_size, shard_group, replica_group)
 
 
 def _optimizer_instance_groups(dims: ParallelDims, count: int) -> OptimizerInstances:
@@ -581,9 +625,11 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
             f"{launch.world_size} launched processes; launch a multiple of {model_grid} processes or pick sizes "
             f"whose product divides {launch.world_size}")
     check_optimizer_instances(optimizer_instances, launch.world_size // model_grid, context_parallel_size)
-    expert_mesh_sizes({"pp": pipeline_parallel_size, "tp": tensor_parallel_size, "cp": context_parallel_size,
-                       "dp": launch.world_size // model_grid},
-                      expert_model_parallel_size, expert_tensor_parallel_size or tensor_parallel_size)
+    expert_sizes = expert_mesh_sizes({"pp": pipeline_parallel_size, "tp": tensor_parallel_size,
+                                      "cp": context_parallel_size, "dp": launch.world_size // model_grid},
+                                     expert_model_parallel_size, expert_tensor_parallel_size or tensor_parallel_size)
+    if expert_sizes["ep"] > 1 or expert_sizes["etp"] != tensor_parallel_size:  # the experts' own grid
+        check_expert_optimizer_instances(optimizer_instances, expert_sizes["edp"])
     device = resolve_device(device_name, launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -696,7 +742,14 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
     state = ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank),
                           embedding_group=embedding_group, optimizer_instances=instances,
                           data_context_group=data_context)
-    return replace(state, expert_grid=_virtual_experts(state, expert_model_parallel_size, expert_tensor_parallel_size))
+    experts = _virtual_experts(state, expert_model_parallel_size, expert_tensor_parallel_size)
+    if optimizer_instances > 1:
+        check_expert_optimizer_instances(optimizer_instances, experts.data_size)
+        edp_shard = experts.data_size // optimizer_instances
+        experts = replace(experts, optimizer_instances=OptimizerInstances(
+            optimizer_instances, edp_shard, VirtualGroup(edp_shard) if edp_shard > 1 else None,
+            VirtualGroup(optimizer_instances)))
+    return replace(state, expert_grid=experts)
 
 
 def destroy(state: ParallelState) -> None:

@@ -76,6 +76,8 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
     if instances > 1:
         words += (f"; {instances} distributed optimizer instances, each sharding the optimizer state over "
                   f"{state.partition_size} DP ranks and replicated across the instances")
+        if experts.model_size > 1:  # the experts' optimizer is cut into the same instances (parallel/state.py)
+            words += f", the experts' over {experts.optimizer_instances.shard_size} expert DP ranks"
     return words
 
 

@@ -42,7 +42,9 @@ class ZeroConfig:
              "all-reduced across blocks; 1 shards over every data-parallel rank")
     overlap_param_gather: bool = option(
         False, help="stages 1-2: start the parameter all-gather after the step and wait for each bucket just before "
-                    "the forward that needs it (Megatron's overlap-param-gather)")
+                    "the forward that needs it (Megatron's overlap-param-gather); stage 3 always gathers ahead "
+                    "(--stage3-prefetch-bucket-size), so there it changes nothing, as Megatron-FSDP turns it on "
+                    "itself for optim_grads_params")
     # Only True is implemented; kept so DeepSpeed configs read as they do.
     contiguous_gradients: bool = option(
         True, help="copy gradients into contiguous buckets (always on; --no- is rejected)",
@@ -103,10 +105,14 @@ class ZeroConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{zero_flag(name)} must be >= 0 (elements), got {getattr(self, name)}",
                                   flags=(zero_flag(name),))
-        if self.overlap_param_gather and self.stage not in (1, 2):
-            raise ConfigError(f"--overlap-param-gather applies to ZeRO stages 1-2, not --zero-stage {self.stage} "
-                              "(stage 3 gathers ahead with --stage3-prefetch-bucket-size; stage 0 gathers nothing)",
-                              flags=("--overlap-param-gather", "--zero-stage"))
+        # Megatron-LM's validate_args: "--overlap-param-gather only supported with distributed optimizer, megatron
+        # fsdp, or dist_muon"; with Megatron-FSDP's optim_grads_params (stage 3) MegatronFSDP.__init__ sets
+        # ddp_config.overlap_param_gather = True itself (megatron_fsdp.py), so stage 3 takes it and, gathering ahead
+        # by --stage3-prefetch-bucket-size already, changes nothing. Stage 0 (plain DDP) gathers nothing.
+        if self.overlap_param_gather and self.stage == 0:
+            raise ConfigError("--overlap-param-gather applies to ZeRO stages 1-3, not --zero-stage 0 (stage 0 "
+                              "gathers no parameters; Megatron-LM takes it only with the distributed optimizer or "
+                              "Megatron-FSDP)", flags=("--overlap-param-gather", "--zero-stage"))
         if not self.contiguous_gradients:
             raise ConfigError("--no-contiguous-gradients is not supported: gradients are always copied into "
                               "contiguous buckets", flags=("--no-contiguous-gradients",))

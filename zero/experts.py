@@ -55,7 +55,8 @@ def expert_data_parallel_state(state: ParallelState) -> ParallelState:
                          MeshDim("dp", experts.data_size, experts.data_rank, experts.data_group),
                          MeshDim("cp", 1, 0, None),  # context parallelism folds into the experts' DP
                          MeshDim("tp", experts.tensor_size, experts.tensor_rank, experts.tensor_group)))
-    return ParallelState(device=state.device, dims=dims, comm=state.comm)
+    # the experts' optimizer instances (Megatron's intra/inter-partial expert DP groups, parallel/state.py)
+    return ParallelState(device=state.device, dims=dims, comm=state.comm, optimizer_instances=experts.optimizer_instances)
 
 
 def _build_part(model: nn.Module, chosen, zero_config, optimizer_config, state, **kwargs) -> ZeroParts:

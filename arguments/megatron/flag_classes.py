@@ -351,7 +351,14 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --window-size --experimental-attention-variant""")),
     ("not implemented: every block is the same GPT-2 block", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
-        --use-mup --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
+        --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
+    # Megatron-Core's muP (megatron/core/transformer/transformer_config.py __post_init__, megatron/core/utils.py
+    # mup_scaled_init_method_normal, language_module.py _scale_logits, optimizer/__init__.py
+    # get_mup_config_overrides): four rules over the model and the optimizer, none of which exists here
+    ("not implemented: Megatron-Core's maximal update parameterization (muP) with width multiplier m = "
+     "--hidden-size / --mup-base-hidden-size: hidden init std / sqrt(m) and output-layer std / (sqrt(2L) sqrt(m)), "
+     "attention softmax scale 1/d_head, logits x 1/m, and Adam's lr and eps / m for hidden matrices; train "
+     "with the standard parameterization (drop --use-mup)", _names("--use-mup")),
     ("not implemented: Megatron-LM's packed-sequence attention over the documents the dataset's index records in "
      "each sample (cu_seqlens); --reset-attention-mask splits attention at end-of-document tokens instead",
      _names("--dataloader-inter-document-masking")),

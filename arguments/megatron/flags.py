@@ -325,7 +325,10 @@ def _resolve_fsdp(given: dict[str, Any], settings: dict[str, Any], sources: dict
     states (stage 3); with --torch-fsdp2-no-reshard-after-forward the gathered parameters stay from the forward
     to the backward, which Megatron's help calls "FSDP ZeRO-2" (stage 2). Its validate_args refuses it with
     pipeline parallelism, the distributed optimizer, a tied output layer and fp16
-    (megatron/training/arguments.py: "--use-torch-fsdp2 is not supported with pipeline parallelism", ...).
+    (megatron/training/arguments.py: "--use-torch-fsdp2 is not supported with pipeline parallelism", ...; at
+    d98e8a64 still `assert args.untie_embeddings_and_output_weights, '--use-torch-fsdp2 requires
+    --untie-embeddings-and-output-weights'` and `assert not args.fp16`, so its functional test
+    gpt3_mcore_tp1_pp1_fsdp2_resume_torch_dist_te, tied and fp16, fails Megatron's own validate_args too).
     --use-megatron-fsdp shards what --data-parallel-sharding-strategy names (default optim_grads_params); it
     turns Megatron's distributed optimizer on itself (Megatron-FSDP v1), so --use-distributed-optimizer beside
     it adds nothing. An explicit --zero-stage or JSON stage that differs is a contradiction, never a silent

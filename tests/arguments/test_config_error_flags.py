@@ -81,7 +81,7 @@ INVALID = [
     ({"stage": 5}, ()), ({"sub_group_size": 0}, ()), ({"offload_param": True, "stage": 1}, ()),
     ({"offload_optimizer": True, "stage": 0}, ()), ({"reduce_bucket_size": 0}, ()),
     ({"stage3_prefetch_bucket_size": -1}, ()),
-    ({"overlap_param_gather": True, "stage": 3}, ("--stage3-prefetch-bucket-size",)),
+    ({"overlap_param_gather": True, "stage": 0}, ()),
     ({"contiguous_gradients": False}, ()), ({"checkpoint_num_layers": 0}, ()), ({"number_checkpoints": 0}, ()),
     ({"partition_activations": True}, ()), ({"checkpoint_activations": True, "checkpoint_num_layers": 5}, ()),
     ({"checkpoint_activations": True, "number_checkpoints": 1}, ()),

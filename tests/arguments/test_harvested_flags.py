@@ -341,3 +341,16 @@ def test_expert_tensor_parallel_size_is_no_effect_on_a_dense_model_and_1_or_the_
         parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "2"])
     parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "2",
                                      "--tensor-model-parallel-size", "2", "--sequence-parallel"])
+
+
+def test_use_mup_is_refused_naming_megatrons_mup_rules():
+    """--use-mup (Megatron-LM's functional test gpt3_mcore_te_tp1_pp1_mup) was refused as "every block is the same
+    GPT-2 block", which is not what muP is. Megatron-Core's muP (transformer_config.py __post_init__: width_mult =
+    hidden_size / mup_base_hidden_size, init_method std / sqrt(width_mult), softmax_scale 1 / kv_channels ** 1.0,
+    mup_output_mult 1 / width_mult; utils.py mup_scaled_init_method_normal; optimizer/__init__.py
+    get_mup_config_overrides: hidden matrices' Adam lr and eps / width_mult) is not built here: the refusal says so."""
+    with pytest.raises(ConfigError) as error:
+        parse_config(["--use-mup", "--mup-base-hidden-size", "256"])
+    message = str(error.value)
+    assert "--use-mup: not implemented: Megatron-Core's maximal update parameterization (muP)" in message
+    assert "softmax scale 1/d_head" in message and "\n" not in message

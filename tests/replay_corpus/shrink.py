@@ -19,7 +19,7 @@ What changes, and only this:
   layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size) above what the
   stages leave of the 2 ranks becomes that, then a tensor-parallel size above what is left becomes that (1 where
   --num-distributed-optimizer-instances needs data-parallel ranks to cut into instances; the instances then at
-  most the data-parallel size), an expert tensor-parallel size above the new TP size becomes it, and an
+  most the data-parallel size, and with experts on their own grid at most the expert data-parallel size), an expert tensor-parallel size above the new TP size becomes it, and an
   expert-parallel size above what the stage's ranks leave beside the expert TP size (the TP size where none is
   given, Megatron's default) becomes that; an interleaved schedule's micro-batch group as far above the stages as
   it was;
@@ -205,6 +205,10 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     given_etp = first(scalar, EXPERT_TENSOR_PARALLEL, None)
     new_etp = None if given_etp is None else min(given_etp, new_tp)
     new_ep = min(first(scalar, EXPERT_PARALLEL, 1), max(1, new_dp * new_cp * new_tp // (new_etp or new_tp)))
+    if new_ep > 1 or (new_etp or new_tp) != new_tp:
+        # the experts' optimizer is cut into the same instances over the expert data-parallel ranks, which must
+        # hold them (Megatron asserts it divides the expert DP size): at most those
+        new_instances = max(1, min(new_instances, new_dp * new_cp * new_tp // (new_ep * (new_etp or new_tp))))
     # Interleaved stages keep their number of model chunks per stage, one layer each; an uneven first or last
     # stage keeps one layer.
     chunks = 1

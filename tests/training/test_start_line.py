@@ -59,6 +59,11 @@ def test_the_start_line_names_sequence_parallel_pipeline_and_optimizer_instances
     assert parallel_sizes(config, state) == (
         "parallel sizes TP 2, SP on, PP 2, DP 4; 2 distributed optimizer instances, each sharding the optimizer "
         "state over 2 DP ranks and replicated across the instances")
+    # with experts on their own grid, their optimizer is cut into the same instances over the expert DP ranks
+    moe = parse_config(["--num-experts", "4", "--expert-model-parallel-size", "2"])
+    assert parallel_sizes(moe, virtual_state(8, optimizer_instances=2, expert_model_parallel_size=2)).endswith(
+        "; experts EP 2 x expert DP 4 (allgather dispatcher); 2 distributed optimizer instances, each sharding the "
+        "optimizer state over 4 DP ranks and replicated across the instances, the experts' over 2 expert DP ranks")
     # Megatron-LM turns --sequence-parallel off at TP 1: said, not shown as on
     alone = parallel_sizes(parse_config(["--sequence-parallel"]), virtual_state(2))
     assert alone.startswith("parallel sizes TP 1, SP off, PP 1, DP 2 (--sequence-parallel has nothing to split")

@@ -26,7 +26,20 @@ def test_overlapped_parameter_gather_trains_like_one_process(tmp_path, corpus_ca
         assert [r["comm_bytes"] for r in on if "comm_bytes" in r] == [r["comm_bytes"] for r in off if "comm_bytes" in r]
 
 
-@pytest.mark.parametrize("stage", ["0", "3"])
-def test_overlap_param_gather_outside_stages_1_and_2_is_refused(stage):
-    with pytest.raises(ConfigError, match="--overlap-param-gather applies to ZeRO stages 1-2"):
-        parse_config(["--zero-stage", stage, "--overlap-param-gather"])
+def test_overlap_param_gather_at_stage_0_is_refused():
+    with pytest.raises(ConfigError, match="--overlap-param-gather applies to ZeRO stages 1-3, not --zero-stage 0"):
+        parse_config(["--zero-stage", "0", "--overlap-param-gather"])
+
+
+@pytest.mark.parametrize("argv", [["--zero-stage", "3", "--overlap-param-gather"],
+                                  ["--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather"],
+                                  ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                                   "--overlap-param-gather"]])
+def test_overlap_param_gather_at_stage_3_is_accepted_as_megatron_fsdp_does(argv):
+    """Megatron-LM's validate_args (megatron/training/arguments.py) takes --overlap-param-gather "with distributed
+    optimizer, megatron fsdp, or dist_muon", and MegatronFSDP.__init__ (megatron/core/distributed/fsdp/src/
+    megatron_fsdp/megatron_fsdp.py) turns ddp_config.overlap_param_gather on itself for optim_grads_params: fully
+    sharded parameters are always gathered ahead. Stage 3 here gathers ahead with --stage3-prefetch-bucket-size,
+    so the flag is taken and changes nothing (the DeepSeek proxy FSDP functional tests pass it)."""
+    config = parse_config(argv)
+    assert config.zero.stage == 3 and config.zero.overlap_param_gather
