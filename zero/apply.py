@@ -34,8 +34,8 @@ from zero.flat_buffer import DEFAULT_ALIGNMENT, FlatLayout, bucket_params, uniqu
 from zero.grad_reducer import FullGradients, GradientReducer, PartitionedGradients
 from zero.host_memory import return_freed_blocks_to_system
 from zero.loss_scaler import LossScaler, build_loss_scaler
-from zero.offload import HOST, HostOffloadedAdamW, OffloadSettings, host_zeros
 from zero.muon import muon_matrices, takes_muon
+from zero.offload import HOST, HostOffloadedAdamW, OffloadSettings, host_zeros
 from zero.optimizer import PRECISION_DTYPES, ShardedAdamW, decoupled_ranges, uses_muon
 from zero.param_storage import (
     InitializerSource,
