@@ -181,3 +181,25 @@ def test_muon_is_not_adamw_and_takes_only_the_hidden_matrices():
     assert muon != adam and muon[-1] < muon[0]
     hidden = 2 * (32 * 96 + 32 * 32 + 32 * 128 + 128 * 32)  # c_attn, c_proj, c_fc, mlp.c_proj of 2 blocks
     assert adam_adam >= total and muon_adam == adam_adam - hidden
+
+
+@pytest.mark.parametrize("groups,gate", [(None, False), (2, False), (2, True)])
+def test_our_fused_qkv_carries_megatrons_split_shapes(groups, gate):
+    """megatron/core/optimizer/emerging_optimizers.py `_get_qkv_split_shapes`: [heads / groups * kv_channels,
+    kv_channels, kv_channels], the query size twice with attention_output_gate; tagged on linear_qkv.weight (our
+    query_key_value.weight, laid out [group][query heads, gate heads, k, v] as Megatron's) and stepped block by block
+    when --muon-split-qkv (the default)."""
+    from gpt.model import GPTModel
+    from gpt.model_config import ModelConfig
+    from parallel.state import ParallelState
+
+    config = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=16,
+                         max_position_embeddings=16, vocab_size=128, num_query_groups=groups,
+                         attention_output_gate=gate)
+    model = GPTModel(config, ParallelState(device=torch.device("meta")))
+    weight = next(p for name, p in model.named_parameters() if name.endswith("query_key_value.weight"))
+    head_dim = 16
+    query = 4 // (groups or 4) * head_dim
+    split = [query, query, head_dim, head_dim] if gate else [query, head_dim, head_dim]
+    assert weight.qkv_split_shapes == split
+    assert weight.shape[0] % sum(split) == 0 and weight.shape[0] // sum(split) == (groups or 4)
