@@ -35,7 +35,7 @@ import torch
 from arguments.bounds import check_bounds
 from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
-from base.options import count, flag_of, option
+from base.options import Const, count, flag_of, option
 from data import DataError
 from data.gpt_dataset import parse_data_path, parse_split
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
@@ -65,7 +65,12 @@ LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
 # (megatron/core/optimizer_param_scheduler.py, get_lr: `elif self.lr_wsd_decay_style == "1-sqrt"`).
 LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt", "1-sqrt")
 # --optimizer: Megatron-LM's adam (AdamW) and swiss-ai's Megatron-LM fork's ademamix (its arguments.py choices)
-OPTIMIZERS = ("adam", "ademamix")
+OPTIMIZERS = ("adam", "ademamix", "muon")
+# Megatron-LM's --muon-* choices (megatron/training/arguments.py; the coefficient types are emerging_optimizers'
+# NSCoeffT less "custom", which takes coefficients no flag gives)
+MUON_SCALE_MODES = ("spectral", "shape_scaling", "unit_rms_norm")
+MUON_COEFFICIENT_TYPES = ("quintic", "simple", "polar_express", "aol")
+MUON_MATMUL_PRECISIONS = ("low", "medium", "high")
 # Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype choices (megatron/training/arguments.py); of these fp32 and bf16
 # are implemented (zero/precision_aware.py), the others refused (arguments/megatron/flags.py)
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -135,7 +140,30 @@ class OptimizerConfig:
     # -1: none). No argparse choices: another value is refused with the launch's other problems (validate).
     optimizer: str = option("adam", help=f"one of {', '.join(OPTIMIZERS)}: adam is AdamW (decoupled weight decay); "
                                          "ademamix is swiss-ai's Megatron-LM fork's AdEMAMix (a third fp32 state: "
-                                         "the slow momentum)")
+                                         "the slow momentum); muon is Megatron-LM's Muon for 2-D hidden weights, "
+                                         "Adam for the rest")
+    # Megatron-LM's Muon (megatron/core/optimizer/emerging_optimizers.py, TensorParallelMuon; zero/muon.py): its
+    # flags and their megatron/training/arguments.py defaults (momentum 0.9 there, 0.95 in OptimizerConfig).
+    muon_momentum: float = option(0.9, help="with --optimizer muon: the momentum of Muon's internal SGD (Megatron-LM)")
+    muon_nesterov: bool = option(False, action="store_true",
+                                 help="with --optimizer muon: Nesterov-style momentum (Megatron-LM)")
+    muon_split_qkv: bool = option(True, consts=(Const(("--muon-no-split-qkv",), False),),
+                                  help="with --optimizer muon: orthogonalize the fused QKV weight's query, key and "
+                                       "value blocks apart (Megatron-LM's default; --muon-no-split-qkv: whole)")
+    muon_scale_mode: str = option("spectral", choices=MUON_SCALE_MODES,
+                                  help="with --optimizer muon: the update's shape factor, spectral sqrt(max(out, in)),"
+                                       " shape_scaling sqrt(max(1, out/in)) or unit_rms_norm sqrt(out/in)")
+    muon_fp32_matmul_prec: str = option("medium", choices=MUON_MATMUL_PRECISIONS,
+                                        help="with --optimizer muon: medium runs Newton-Schulz in bf16, as "
+                                             "emerging_optimizers does; low and high in fp32 here")
+    muon_coefficient_type: str = option("quintic", choices=MUON_COEFFICIENT_TYPES,
+                                        help="with --optimizer muon: the Newton-Schulz coefficients")
+    muon_num_ns_steps: int = option(5, help="with --optimizer muon: Newton-Schulz iterations")
+    muon_tp_mode: str = option("duplicated", help="with --optimizer muon: Megatron-LM's tensor-parallel mode; "
+                                                  "only duplicated (its default; TP 1 here)")
+    muon_extra_scale_factor: float = option(1.0, help="with --optimizer muon: a further factor on the update")
+    muon_scalar_optimizer: str = option("adam", help="with --optimizer muon: the optimizer of embeddings, the "
+                                                     "output layer, biases and norms: adam (Megatron-LM's default)")
     ademamix_alpha: float = option(5.0, help="with --optimizer ademamix: the slow momentum's weight in the update "
                                              "(swiss-ai's fork)")
     ademamix_beta3: float = option(0.999, help="with --optimizer ademamix: the slow momentum's decay (swiss-ai's fork)")
@@ -197,13 +225,34 @@ class OptimizerConfig:
                 raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}", flags=(_flag(name),))
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"--optimizer {self.optimizer} is not implemented: use one of {', '.join(OPTIMIZERS)} "
-                              f"(adam is AdamW; ademamix is swiss-ai's Megatron-LM fork's AdEMAMix)",
+                              f"(adam is AdamW; ademamix is swiss-ai's Megatron-LM fork's AdEMAMix; muon is Megatron-LM's Muon)",
                               flags=("--optimizer",))
+        if self.optimizer == "muon":
+            self.validate_muon()
         # the fork's AdEMAMix.__init__ checks: beta3 in [0, 1), alpha >= 0
         if not 0.0 <= self.ademamix_beta3 < 1.0 or self.ademamix_alpha < 0:
             raise ConfigError(f"--ademamix-beta3 must be in [0, 1) and --ademamix-alpha >= 0, got "
                               f"{self.ademamix_beta3} and {self.ademamix_alpha}",
                               flags=("--ademamix-beta3", "--ademamix-alpha"))
+
+
+    def validate_muon(self) -> None:
+        """emerging_optimizers' checks (newton_schulz: a step count that fits the coefficient sets) and what is not
+        built here: Lion as the scalar optimizer, the blockwise and distributed tensor-parallel modes."""
+        steps, kind = self.muon_num_ns_steps, self.muon_coefficient_type
+        sets = {"quintic": 5, "aol": 4, "polar_express": 8, "simple": 1}[kind]
+        if steps < 1 or (kind == "polar_express" and steps < sets) or (kind in ("quintic", "aol") and steps % sets):
+            raise ConfigError(f"--muon-num-ns-steps {steps} does not fit --muon-coefficient-type {kind} "
+                              f"({'at least' if kind == 'polar_express' else 'a multiple of'} {sets})",
+                              flags=("--muon-num-ns-steps", "--muon-coefficient-type"))
+        if self.muon_scalar_optimizer != "adam":
+            raise ConfigError(f"--muon-scalar-optimizer {self.muon_scalar_optimizer} is not implemented: adam "
+                              f"(Megatron-LM's default)", flags=("--muon-scalar-optimizer",))
+        if self.muon_tp_mode != "duplicated":
+            raise ConfigError(f"--muon-tp-mode {self.muon_tp_mode} is not implemented: duplicated (Megatron-LM's "
+                              f"default)", flags=("--muon-tp-mode",))
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ConfigError(f"--muon-momentum must be in [0, 1), got {self.muon_momentum}", flags=("--muon-momentum",))
 
 
 @dataclass(frozen=True)
@@ -776,6 +825,7 @@ class PretrainConfig:
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
         self._check_goldfish()
+        self._check_muon()
         self._check_expert_parallel()
         self._check_moe_tensor_parallel()
         self._check_pipeline()
@@ -787,6 +837,23 @@ class PretrainConfig:
             raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
                               "end-of-document id is N)", flags=("--tokenizer-type", "--vocab-size"))
         check_bounds(self)  # last: the estimates read values the rules above have made sane
+
+    def _check_muon(self) -> None:
+        """Muon's Newton-Schulz needs each whole matrix: zero/muon.py gathers it over the ZeRO partition; a matrix
+        split over tensor-parallel ranks (Megatron-LM's duplicated mode all-gathers it over TP) and the host step of
+        --offload-optimizer (PyTorch's fused AdamW) are not built for it."""
+        if self.optimizer.optimizer != "muon":
+            return
+        if self.parallel.tensor_model_parallel_size > 1 or self.parallel.expert_tensor_parallel_size not in (None, 1):
+            raise ConfigError("--optimizer muon runs with --tensor-model-parallel-size 1 (and expert TP 1) here: "
+                              "Newton-Schulz over a TP-split matrix is not built",
+                              flags=("--optimizer", "--tensor-model-parallel-size"))
+        if self.zero.offload_optimizer:
+            raise ConfigError("--optimizer muon steps on the training device: --offload-optimizer's host step is "
+                              "AdamW's only", flags=("--optimizer", "--offload-optimizer"))
+        if self.optimizer.exp_avg_dtype != "fp32" or self.optimizer.exp_avg_sq_dtype != "fp32":
+            raise ConfigError("--optimizer muon keeps fp32 states: bf16 moments are Adam's only",
+                              flags=("--optimizer", "--exp-avg-dtype"))
 
     def _check_goldfish(self) -> None:
         """swiss-ai's fork asserts K and H positive (arguments.py: "goldfish_k (frequency) must be a positive

@@ -128,6 +128,11 @@ class SelfAttention(nn.Module):
         qkv_rows = (query_rows + 2 * self.groups_per_rank * tp) * config.head_dim
         self.query_key_value = plan.linear("attention.query_key_value", h, qkv_rows,
                                            init_std=config.init_method_std, bias=architecture.qkv_bias)
+        # One query group's rows, block by block (Megatron-Core's _get_qkv_split_shapes): --optimizer muon
+        # orthogonalizes the query (and gate), key and value blocks apart (zero/muon.py).
+        group_query = config.num_attention_heads // (self.groups_per_rank * tp) * config.head_dim
+        self.query_key_value.weight.qkv_split_shapes = \
+            [group_query] * (2 if self.output_gate else 1) + [config.head_dim, config.head_dim]
         # heads x head width in, hidden out (Megatron-Core's linear_proj: query_projection_size -> hidden_size)
         self.dense = plan.linear("attention.dense", config.num_attention_heads * config.head_dim, h,
                                  init_std=_output_layer_std(config), bias=architecture.add_bias_linear)

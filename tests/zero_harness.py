@@ -25,10 +25,11 @@ class ZeroHarness:
     def __init__(self, model: nn.Module, optimizer_config, zero_config, state, *, dtype: torch.dtype = torch.float32,
                  grad_dtype: Optional[torch.dtype] = None, loss_scaler=None,
                  stage3_units: Optional[Sequence[nn.Module]] = None, seed: Optional[int] = None,
-                 alignment: int = DEFAULT_ALIGNMENT, decoupled_lr_params: Sequence[nn.Parameter] = ()) -> None:
+                 alignment: int = DEFAULT_ALIGNMENT, decoupled_lr_params: Sequence[nn.Parameter] = (),
+                 muon_excluded_params: Sequence[nn.Parameter] = ()) -> None:
         self._adopt(build_zero(model, zero_config, optimizer_config, state, param_dtype=dtype, grad_dtype=grad_dtype,
                                loss_scaler=loss_scaler, seed=seed, blocks=stage3_units, alignment=alignment,
-                               decoupled_lr_params=decoupled_lr_params))
+                               decoupled_lr_params=decoupled_lr_params, muon_excluded_params=muon_excluded_params))
 
     @classmethod
     def from_config(cls, model: nn.Module, config, state, blocks: Optional[Sequence[nn.Module]] = None

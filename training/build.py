@@ -95,6 +95,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     own_experts = state.expert_grid is not None and config.model.moe is not None
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
                       decoupled_lr_params=decoupled_lr_params(model, config),
+                      muon_excluded_params=embedding_and_output_weights(model),
                       build=build_zero_with_experts if own_experts else None)
     if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
@@ -125,10 +126,16 @@ def decayed_norm_params(model: GPTModel, config) -> list:
             if "q_layernorm." in name or "k_layernorm." in name]
 
 
+def embedding_and_output_weights(model: GPTModel) -> list:
+    """Megatron-LM's `is_embedding_or_output_parameter` weights this pipeline stage holds (the word embedding and an
+    untied output layer): --optimizer muon leaves them to Adam (zero/muon.py), as `_is_muon_excluded`."""
+    return [layer.weight for layer in (model.word_embeddings, model.output_layer) if layer is not None]
+
+
 def decoupled_lr_params(model: GPTModel, config) -> list:
     """The weights --decoupled-lr steps: Megatron-LM's `is_embedding_or_output_parameter` ones
     (megatron/core/models/common/language_module/language_module.py), the word embedding and an untied
     output layer, those this pipeline stage holds; none without the flag."""
     if config.optimizer.decoupled_lr is None:
         return []
-    return [layer.weight for layer in (model.word_embeddings, model.output_layer) if layer is not None]
+    return embedding_and_output_weights(model)

@@ -34,8 +34,9 @@ from zero.flat_buffer import DEFAULT_ALIGNMENT, FlatLayout, bucket_params, uniqu
 from zero.grad_reducer import FullGradients, GradientReducer, PartitionedGradients
 from zero.host_memory import return_freed_blocks_to_system
 from zero.loss_scaler import LossScaler, build_loss_scaler
+from zero.muon import muon_matrices, takes_muon
 from zero.offload import HOST, HostOffloadedAdamW, OffloadSettings, host_zeros
-from zero.optimizer import PRECISION_DTYPES, ShardedAdamW, decoupled_ranges
+from zero.optimizer import PRECISION_DTYPES, ShardedAdamW, decoupled_ranges, uses_muon
 from zero.param_storage import (
     InitializerSource,
     ParameterStorage,
@@ -67,11 +68,13 @@ class ZeroParts:
 
 def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Module]] = None,
                own_units: Sequence[nn.Parameter] = (),
-               decoupled_lr_params: Sequence[nn.Parameter] = (), build=None) -> ZeroParts:
+               decoupled_lr_params: Sequence[nn.Parameter] = (), build=None,
+               muon_excluded_params: Sequence[nn.Parameter] = ()) -> ZeroParts:
     """ZeRO as a resolved PretrainConfig asks for: its stage, buckets, precision, gradient precision and
     loss scaling. `blocks` are the stage-3 chunks' modules (our GPTModel's `model.blocks`); `own_units`,
     parameters that get a unit of their own (see build_zero); `decoupled_lr_params` the parameters stepped
-    at --decoupled-lr (zero/optimizer.py). `build`: build_zero (the default), or with expert parallelism
+    at --decoupled-lr (zero/optimizer.py); `muon_excluded_params` the two-dimensional ones --optimizer muon leaves to
+    Adam (the embedding and output weights, zero/muon.py). `build`: build_zero (the default), or with expert parallelism
     zero/experts.py's build_zero_with_experts (training/build.py chooses)."""
     build = build or build_zero
     training = config.training
@@ -80,6 +83,8 @@ def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Mod
     settings = dict(param_dtype=PRECISION_DTYPES[training.precision],
                     grad_dtype=PRECISION_DTYPES[training.gradient_precision], loss_scaler=scaler,
                     seed=training.seed, blocks=blocks, own_units=own_units, decoupled_lr_params=decoupled_lr_params)
+    if config.optimizer.optimizer == "muon":
+        settings["muon_excluded_params"] = muon_excluded_params
     return build(model, config.zero, config.optimizer, state, **settings)
 
 
@@ -88,7 +93,8 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
                seed: Optional[int] = None, blocks: Optional[Sequence[nn.Module]] = None,
                alignment: int = DEFAULT_ALIGNMENT, own_units: Sequence[nn.Parameter] = (),
                decoupled_lr_params: Sequence[nn.Parameter] = (),
-               gradient_divisor: Optional[int] = None) -> ZeroParts:
+               gradient_divisor: Optional[int] = None,
+               muon_excluded_params: Sequence[nn.Parameter] = ()) -> ZeroParts:
     """The explicit form of `apply_zero`. `seed` is needed when the model is on the meta device;
     `grad_dtype` defaults to the parameters' dtype. Each of `own_units` (stages 0-2) is a unit alone, last:
     its shard then lies at the same place of the unit on every rank of the same DP rank whatever else the
@@ -146,6 +152,10 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     if device.type != "meta":  # a planner's rank (planner.plan) has shapes only: nothing to fill
         storage.fill(source, master)
     decoupled = decoupled_ranges(layout, decoupled_lr_params)  # before bind replaces the parameters
+    muon = []
+    if uses_muon(optimizer_config):  # Muon's matrices (zero/muon.py), also before bind
+        excluded = {id(param) for param in muon_excluded_params}
+        muon = muon_matrices(layout, [param for param in params if takes_muon(param, excluded)])
     layout = storage.bind(model)
 
     scatter = stage >= 1 and zero_config.reduce_scatter
@@ -173,7 +183,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         reducer.subscribe(storage.gatherer)
     reducer.zero_grad()
     optimizer_args = (layout, master, reducer, storage, optimizer_config, loss_scaler or LossScaler(1.0), state,
-                      partition_group, stage, decoupled)
+                      partition_group, stage, decoupled, muon)
     optimizer = ShardedAdamW(*optimizer_args) if offload is None else \
         HostOffloadedAdamW(*optimizer_args, offload=offload)
     return ZeroParts(reducer, optimizer, placement)

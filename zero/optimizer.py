@@ -25,6 +25,10 @@ too, so a checkpoint saves each as one tensor and an elastic resume refills them
 With --optimizer ademamix the update is swiss-ai's AdEMAMix (zero/ademamix.py) over the same views, with a
 third flat state beside the two (exp_avg_slow, the slow momentum): partitioned, offloaded, checkpointed and
 measured like the others.
+
+With --optimizer muon (zero/muon.py) the partition's ranges of Muon's matrices (two-dimensional, not the embedding
+or output layer) leave AdamW's pieces: Muon steps them after AdamW, its momentum in exp_avg at their elements, each
+matrix gathered over the partition group for its Newton-Schulz iteration.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from zero.ademamix import AdEMAMix
 from zero.flat_buffer import FlatLayout, Unit
 from zero.grad_reducer import GradientReducer
 from zero.loss_scaler import LossScaler
+from zero.muon import MuonMatrix, muon_ranges, muon_step
 from zero.optimizer_state import NamedFragment, ShardedOptimizerState, check_partition_tensors
 from zero.param_storage import ParameterStorage
 from zero.precision_aware import TEMPORARIES as PRECISION_AWARE_TEMPORARIES
@@ -94,6 +99,11 @@ def uses_ademamix(config) -> bool:
     return getattr(config, "optimizer", "adam") == "ademamix"
 
 
+def uses_muon(config) -> bool:
+    """Whether `config` (an OptimizerConfig) asks for Megatron-LM's Muon (--optimizer muon, zero/muon.py)."""
+    return getattr(config, "optimizer", "adam") == "muon"
+
+
 def moment_dtypes(config) -> dict[str, torch.dtype]:
     """The stored dtype of each Adam moment (--exp-avg-dtype, --exp-avg-sq-dtype: fp32 or bf16)."""
     return {key: PRECISION_DTYPES[getattr(config, f"{key}_dtype", "fp32")] for key in ("exp_avg", "exp_avg_sq")}
@@ -124,7 +134,8 @@ class ShardedAdamW:
 
     def __init__(self, layout: FlatLayout, master: torch.Tensor, gradients: GradientReducer,
                  parameters: ParameterStorage, optimizer_config, loss_scaler: LossScaler, state,
-                 partition_group, stage: int, decoupled_lr_ranges: Sequence[tuple[int, int]] = ()) -> None:
+                 partition_group, stage: int, decoupled_lr_ranges: Sequence[tuple[int, int]] = (),
+                 muon: Sequence[MuonMatrix] = ()) -> None:
         self.layout = layout
         self.master = master
         self.gradients = gradients
@@ -147,6 +158,8 @@ class ShardedAdamW:
         # parameters' edges here, cut further by the host step's sub-groups in zero/offload.py).
         self._segments = layout.segments()
         self._decoupled_ranges = list(decoupled_lr_ranges)  # [start, end) in the partition: decoupled_ranges()
+        self._muon = list(muon)  # --optimizer muon: every Muon matrix, with this rank's piece (zero/muon.py)
+        self._muon_ranges = muon_ranges(self._muon)
         self._pieces = self.step_pieces()
         self._segment_params = [nn.Parameter(master[p.start:p.end]) for p in self._pieces]
         groups = []
@@ -157,8 +170,18 @@ class ShardedAdamW:
                 if members:
                     groups.append({"params": members, "weight_decay": optimizer_config.weight_decay if decay else 0.0,
                                    "decoupled_lr": decoupled})
-        self.optimizer = build_step_optimizer(groups, optimizer_config, self.device)
-        self.param_groups = self.optimizer.param_groups
+        if self._muon:
+            if type(self) is not ShardedAdamW:
+                raise ValueError("--optimizer muon steps on the training device, not in the offloaded host step")
+            # Muon's own group: its learning rate is set with the others' (training/train_step.py), its decay is
+            # --weight-decay (Megatron-LM's Muon takes config.weight_decay).
+            self._muon_group = {"params": [], "weight_decay": optimizer_config.weight_decay, "lr": optimizer_config.lr,
+                                "decoupled_lr": False, "muon": True}
+            self._muon_steps = 0
+        # (a partition with Muon's pieces only has no AdamW)
+        self.optimizer = build_step_optimizer(groups, optimizer_config, self.device) if groups else None
+        self.param_groups = (self.optimizer.param_groups if self.optimizer is not None else []) + \
+            ([self._muon_group] if self._muon else [])
         # The moments exist from the start (the zeros AdamW would create at its first step), as views
         # of two flat tensors beside the master (in host memory when it is offloaded); AdEMAMix's slow
         # momentum is a third.
@@ -167,12 +190,15 @@ class ShardedAdamW:
         self.exp_avg = self.new_partition_tensor(dtypes["exp_avg"])
         self.exp_avg_sq = self.new_partition_tensor(dtypes["exp_avg_sq"])
         self.exp_avg_slow = self.new_partition_tensor() if uses_ademamix(optimizer_config) else None
-        for group in self.param_groups:
+        for group in self._adam_groups():
             step_on_device = group.get("fused") or group.get("capturable")
             for param, piece in zip(group["params"], self._group_pieces(group)):
                 self.optimizer.state[param] = {
                     "step": torch.zeros((), dtype=torch.float32, device=self.device if step_on_device else "cpu"),
                     **{key: moment[piece.start:piece.end] for key, moment in self.moments().items()}}
+
+    def _adam_groups(self) -> list[dict]:
+        return [] if self.optimizer is None else self.optimizer.param_groups
 
     def moments(self) -> dict[str, torch.Tensor]:
         """The optimizer's flat state tensors beside the master, by name: Adam's two, AdEMAMix's three."""
@@ -184,6 +210,8 @@ class ShardedAdamW:
     @property
     def optimizer_name(self) -> str:
         """--optimizer's value this optimizer steps (checkpoint metadata: moments load only into the same)."""
+        if self._muon:
+            return "muon"
         return "ademamix" if self.exp_avg_slow is not None else "adam"
 
     def step_pieces(self) -> list[StepPiece]:
@@ -191,9 +219,12 @@ class ShardedAdamW:
         decoupled-rate parameter starts or ends."""
         pieces = []
         for segment in self._segments:
-            edges = sorted({segment.start, segment.end, *(edge for span in self._decoupled_ranges for edge in span
-                                                          if segment.start < edge < segment.end)})
+            edges = sorted({segment.start, segment.end,
+                            *(edge for span in self._decoupled_ranges + self._muon_ranges for edge in span
+                              if segment.start < edge < segment.end)})
             for start, end in zip(edges, edges[1:]):
+                if any(lo <= start < hi for lo, hi in self._muon_ranges):
+                    continue  # Muon's (zero/muon.py)
                 decoupled = any(lo <= start < hi for lo, hi in self._decoupled_ranges)
                 pieces.append(StepPiece(start, end, segment.kind.weight_decay, decoupled))
         return pieces
@@ -264,9 +295,15 @@ class ShardedAdamW:
         """AdamW on the master partition from the unscaled, clipped gradient partition `grads`."""
         for param, piece in zip(self._segment_params, self._pieces):
             param.grad = grads[piece.start:piece.end]
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
         for param in self._segment_params:
             param.grad = None
+        if self._muon:
+            group = self._muon_group
+            muon_step(self._muon, self.master, self.exp_avg, grads, group["lr"], group["weight_decay"],
+                      self.optimizer_config, lambda t: self.comm.all_reduce(t, self.partition_group, "dp"))
+            self._muon_steps += 1
 
     def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
         """What the step allocates on top of the model states at its peak: the fp32 gradient
@@ -280,9 +317,11 @@ class ShardedAdamW:
         return max(self.gradients.partition_working_bytes() + self.update_working_bytes(), publishing)
 
     def update_working_bytes(self) -> int:
-        """What the update itself allocates: nothing for fused AdamW; AdEMAMix's three fp32 temporaries of one
+        """What the update itself allocates: nothing for fused AdamW; Muon's temporaries over its largest matrix; AdEMAMix's three fp32 temporaries of one
         window (zero/ademamix.py), no larger than the largest piece it steps; with bf16 moments, two fp32 windows
         (zero/precision_aware.py)."""
+        if self._muon:  # the gathered matrix, Newton-Schulz's X, A, B and the scaled result, about 5 fp32 matrices
+            return 5 * max(m.numel for m in self._muon) * self.master.element_size()
         if self.exp_avg_slow is not None:
             temporaries, window = ADEMAMIX_TEMPORARIES, ADEMAMIX_WINDOW
         elif isinstance(self.optimizer, PrecisionAwareAdamW):
@@ -312,6 +351,8 @@ class ShardedAdamW:
     @property
     def adam_step(self) -> int:
         """Updates AdamW has applied (the same for every segment; skipped fp16 steps do not count)."""
+        if self.optimizer is None:  # Muon's pieces only
+            return self._muon_steps
         group = self.param_groups[0]
         if "step" in group:  # apex FusedAdam counts per group
             return int(group["step"])
@@ -319,7 +360,9 @@ class ShardedAdamW:
 
     @adam_step.setter
     def adam_step(self, step: int) -> None:
-        for group in self.param_groups:
+        if self._muon:
+            self._muon_steps = step
+        for group in self._adam_groups():
             if "step" in group:
                 group["step"] = step
             for param in group["params"]:

@@ -34,7 +34,9 @@ from torch import nn
 # the moments belong with it when an optimizer state is resumed. AdEMAMix (--optimizer ademamix) adds its
 # slow momentum.
 PARTITION_TENSORS = ("master", "exp_avg", "exp_avg_sq")
-PARTITION_TENSORS_OF = {"adam": PARTITION_TENSORS, "ademamix": PARTITION_TENSORS + ("exp_avg_slow",)}
+# Muon (--optimizer muon, zero/muon.py) keeps its momentum in exp_avg at its matrices' elements: Adam's tensors.
+PARTITION_TENSORS_OF = {"adam": PARTITION_TENSORS, "ademamix": PARTITION_TENSORS + ("exp_avg_slow",),
+                        "muon": PARTITION_TENSORS}
 
 
 class NamedFragment(NamedTuple):

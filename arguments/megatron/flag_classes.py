@@ -232,11 +232,9 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads --no-pin-cpu-params --activation-offload-fraction
         --offload-modules --min-offloaded-tensor-size --cpu-offloading-retain-pinned-cpu-buffers
         --delay-offload-until-cuda-graph --fine-grained-offloading-max-inflight-offloads""")),
-    ("another optimizer's knob (SGD, Muon, Lion, weight-decay ramps): the "
-     "optimizer here is Adam(W) with a constant --weight-decay, so it has no effect", _names("""
-        --sgd-momentum --muon-coefficient-type --muon-extra-scale-factor --muon-fp32-matmul-prec --muon-momentum
-        --muon-nesterov --muon-no-split-qkv --muon-num-ns-steps --muon-scalar-optimizer --muon-scale-mode
-        --muon-tp-mode --muon-use-syrk --lion-beta1 --lion-beta2 --start-weight-decay
+    ("another optimizer's knob (SGD, Lion, weight-decay ramps, Muon's Triton SYRK kernel): the "
+     "optimizers here are Adam(W), AdEMAMix and Muon with a constant --weight-decay, so it has no effect", _names("""
+        --sgd-momentum --muon-use-syrk --lion-beta1 --lion-beta2 --start-weight-decay
         --end-weight-decay --qk-clip-alpha --qk-clip-threshold""")),
     ("a tokenizer option for tokenizer types not here, or for how text was tokenized; training reads token ids "
      "from the .bin/.idx (--tokenizer-type: GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer)", _names("""

@@ -169,13 +169,13 @@ def test_ademamix_and_its_knobs_are_settings_with_the_forks_meaning_and_defaults
 
 @pytest.mark.parametrize("argv, words", [
     (["--optimizer", "sgd"], ("--optimizer sgd is not implemented", "adam", "ademamix")),
-    (["--optimizer", "muon"], ("--optimizer muon is not implemented",)),
+    (["--optimizer", "lion"], ("--optimizer lion is not implemented", "muon")),
     (["--optimizer", "ademamix", "--ademamix-beta3", "1.0"], ("--ademamix-beta3 must be in [0, 1)",)),
     (["--optimizer", "ademamix", "--ademamix-alpha", "-1"], ("--ademamix-alpha >= 0",)),
 ])
 def test_other_optimizers_and_out_of_range_ademamix_knobs_are_refused_in_one_line(argv, words):
     """The fork's AdEMAMix.__init__ refuses beta3 outside [0, 1) and a negative alpha; SGD and Megatron-LM main's
-    other optimizers are not implemented here."""
+    other optimizers (but Muon: tests/arguments/test_muon_flags.py) are not implemented here."""
     with pytest.raises(ConfigError) as error:
         parse_arguments(argv)
     message = str(error.value)

@@ -127,12 +127,15 @@ def test_launch_trains(launch: Launch, prepared, tmp_path, request):
     assert all(math.isfinite(record["loss"]) for record in training), training
 
 
-# Megatron CI's ckpt-resume phase on real configs: one that trains today (PP 2, --save and --load one folder)
-# and the gpt3_mcore_reruns_resume config the issue names (--save and --load two folders, as its CI passes).
+# Megatron CI's ckpt-resume phase on real configs: one that trains today (PP 2, --save and --load one folder),
+# the gpt3_mcore_reruns_resume config the issue names (--save and --load two folders, as its CI passes), and
+# Megatron-LM's MoE Muon one with the distributed optimizer (EP 8 shrunk to 2, ZeRO 1: Muon's momentum resumed
+# from a partition cut over the expert and dense data-parallel groups).
 CKPT_RESUME = [pytest.param(launch, id=launch.name, marks=[pytest.mark.xfail(
     strict=True, reason=KNOWN_FAILING_TODAY[launch.name])] if launch.name in KNOWN_FAILING_TODAY else [])
-    for launch in CORPUS if launch.name in ("megatron-lm-functional-tp1-pp2",
-                                            "megatron-lm-functional-mcore-reruns-resume")]
+    for launch in REPLAYED if launch.name in ("megatron-lm-functional-tp1-pp2",
+                                              "megatron-lm-functional-mcore-reruns-resume",
+                                              "megatron-lm-ft-moe-gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon")]
 
 
 @pytest.mark.slow

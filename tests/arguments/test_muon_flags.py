@@ -1,0 +1,46 @@
+"""--optimizer muon's flags (NVIDIA/Megatron-LM main, megatron/training/arguments.py `_add_training_args` /
+the emerging-optimizer group: --muon-momentum 0.9, --muon-no-split-qkv (store_false, dest muon_split_qkv),
+--muon-nesterov, --muon-scale-mode spectral, --muon-fp32-matmul-prec medium, --muon-coefficient-type quintic,
+--muon-num-ns-steps 5, --muon-tp-mode duplicated, --muon-extra-scale-factor 1.0, --muon-scalar-optimizer adam),
+read into OptimizerConfig and handed to TensorParallelMuon (megatron/core/optimizer/emerging_optimizers.py,
+`_muon_config_to_kwargs`). The step: tests/zero/test_muon.py."""
+
+import pytest
+
+from arguments.parser import parse_arguments
+from base.errors import ConfigError
+
+
+def test_muon_and_its_knobs_are_settings_with_megatrons_defaults():
+    defaults = parse_arguments(["--optimizer", "muon"]).config.optimizer
+    assert (defaults.optimizer, defaults.muon_momentum, defaults.muon_split_qkv, defaults.muon_nesterov,
+            defaults.muon_scale_mode, defaults.muon_fp32_matmul_prec, defaults.muon_coefficient_type,
+            defaults.muon_num_ns_steps, defaults.muon_tp_mode, defaults.muon_extra_scale_factor,
+            defaults.muon_scalar_optimizer) == ("muon", 0.9, True, False, "spectral", "medium", "quintic", 5,
+                                                "duplicated", 1.0, "adam")
+    set_ = parse_arguments(["--optimizer", "muon", "--muon-momentum", "0.95", "--muon-no-split-qkv", "--muon-nesterov",
+                            "--muon-scale-mode", "shape_scaling", "--muon-fp32-matmul-prec", "high",
+                            "--muon-coefficient-type", "polar_express", "--muon-num-ns-steps", "9",
+                            "--muon-extra-scale-factor", "0.2"]).config.optimizer
+    assert (set_.muon_momentum, set_.muon_split_qkv, set_.muon_nesterov, set_.muon_scale_mode,
+            set_.muon_fp32_matmul_prec, set_.muon_coefficient_type, set_.muon_num_ns_steps,
+            set_.muon_extra_scale_factor) == (0.95, False, True, "shape_scaling", "high", "polar_express", 9, 0.2)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tensor-model-parallel-size", "2"], ("--optimizer muon", "--tensor-model-parallel-size 1")),
+    (["--zero-stage", "1", "--offload-optimizer"], ("--optimizer muon", "--offload-optimizer")),
+    (["--muon-num-ns-steps", "4"], ("--muon-num-ns-steps 4", "quintic", "multiple of 5")),
+    (["--muon-scalar-optimizer", "lion"], ("--muon-scalar-optimizer lion is not implemented",)),
+    (["--muon-tp-mode", "blockwise"], ("--muon-tp-mode blockwise is not implemented",)),
+])
+def test_what_muon_does_not_build_here_is_refused_in_one_line(argv, words):
+    """Newton-Schulz over a TP-split matrix, the offloaded host step, Lion and the other TP modes are not built;
+    emerging_optimizers' newton_schulz refuses a step count its coefficient sets do not fit."""
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2",
+                         "--optimizer", "muon", *argv])
+    message = str(error.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, (word, message)

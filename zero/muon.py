@@ -1,0 +1,179 @@
+"""Muon, as Megatron-LM steps it with --optimizer muon (megatron/core/optimizer/emerging_optimizers.py:
+`TensorParallelMuon`, `_is_muon_excluded`, `_muon_config_to_kwargs`; the arithmetic is NVIDIA's
+emerging_optimizers package, which Megatron imports: orthogonalized_optimizers/orthogonalized_optimizer.py
+`OrthogonalizedOptimizer.step`, muon_utils.py `newton_schulz` and its coefficient sets, muon.py
+`get_muon_scale_factor`). Written here from those, not imported.
+
+Which parameters: Muon takes every parameter of exactly two dimensions that is not the word embedding or the
+output layer (Megatron's `is_embedding_or_output_parameter`); the rest (embeddings, output layer, biases,
+norms) take Adam, as `_is_muon_excluded` routes them with --muon-scalar-optimizer adam.
+
+Per Muon matrix W with gradient G, momentum M (zeros at first) and the learning rate and decay of its group:
+
+    W -= lr wd W                                        decoupled weight decay, before the update
+    M  = beta M + (1 - beta) G                          (exp_avg.lerp_(grad, 1 - beta))
+    U  = G + beta (M - G) with --muon-nesterov, else M  (grad.lerp(exp_avg, beta))
+    O  = NS(U) * scale(out, in) * --muon-extra-scale-factor
+    W -= lr O
+
+NS normalizes U by its Frobenius norm (eps 1e-7), works on the wider orientation (transposed when rows >
+columns) and repeats X = a X + (b A + c A A) X with A = X X^T, coefficients (a, b, c) per step from the set
+--muon-coefficient-type names; with --muon-fp32-matmul-prec medium (the default) the iteration runs in bf16
+(emerging_optimizers casts X to bf16 under "medium" matmul precision). scale: spectral sqrt(max(out, in)),
+shape_scaling sqrt(max(1, out / in)), unit_rms_norm sqrt(out / in). The fused QKV weight (--muon-split-qkv,
+Megatron's default) is orthogonalized per block: viewed as [query groups, rows per group, in], each of the
+query (and gate), key and value rows is one matrix over all groups, as `TensorParallelMuon.orthogonalize`.
+
+Under ZeRO a rank's partition holds a flat piece of a matrix, and NS needs the whole matrix. Each rank updates
+the momentum of its own elements (elementwise, as Adam's moments), writes its piece of U into a zeroed
+matrix, and the matrix is summed over the partition group (the pieces do not overlap: the sum is the
+gathered U, bit for bit). Every rank then runs the same NS on the same bits and keeps its own elements of O:
+no broadcast, and the update of each element is the one an unsharded run computes. (An all-reduce moves about
+twice the bytes of an all-gather; the simplicity is that every rank, whatever it holds, calls the same
+collectives in the same order.) The momentum is kept in Adam's exp_avg tensor at the matrix's elements, so it
+is partitioned and checkpointed as Adam's first moment is; exp_avg_sq stays zero there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+# emerging_optimizers' muon_utils._COEFFICIENT_SETS
+COEFFICIENT_SETS = {
+    "simple": [(3.4445, -4.7750, 2.0315)],
+    "quintic": [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+                (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)],
+    "polar_express": [(8.2051, -22.9019, 16.4607), (4.0664, -2.8612, 0.5184), (3.9096, -2.8234, 0.5250),
+                      (3.2856, -2.4153, 0.4853), (2.2779, -1.6198, 0.3985), (1.8726, -1.2307, 0.3585),
+                      (1.8564, -1.2132, 0.3568), (1.8750, -1.2500, 0.3750)],
+    "aol": [(4.0098, -7.0585, 2.4635), (3.4585, -5.5479, 2.5959), (2.7573, -3.2939, 1.4254),
+            (2.7215, -3.0494, 1.3169)],
+}
+
+
+def coefficients(kind: str, steps: int) -> list[tuple[float, float, float]]:
+    """The (a, b, c) of each step: simple repeats its one set, polar_express repeats its last set past 8,
+    the others repeat the whole list (steps a multiple of its length)."""
+    sets = COEFFICIENT_SETS[kind]
+    if kind == "simple":
+        return sets * steps
+    if kind == "polar_express":
+        if steps < len(sets):
+            raise ValueError(f"steps ({steps}) must be at least {len(sets)} for polar_express")
+        return sets + [sets[-1]] * (steps - len(sets))
+    if steps % len(sets):
+        raise ValueError(f"steps ({steps}) must be a multiple of {len(sets)} for {kind}")
+    return sets * (steps // len(sets))
+
+
+def newton_schulz(x: torch.Tensor, steps: int, kind: str = "quintic", bf16: bool = True,
+                  eps: float = 1e-7) -> torch.Tensor:
+    """emerging_optimizers' newton_schulz on an fp32 2-D `x` (see the module docstring)."""
+    transpose = x.size(-2) > x.size(-1)
+    if transpose:
+        x = x.mT
+    X = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=eps)
+    if bf16:
+        X = X.to(torch.bfloat16)
+    for a, b, c in coefficients(kind, steps):
+        A = X @ X.mT
+        B = torch.addmm(A, A, A, alpha=c, beta=b)
+        X = torch.addmm(X, B, X, alpha=1.0, beta=a)
+    X = X.to(torch.float32)
+    return X.mT if transpose else X
+
+
+def scale_factor(size_out: int, size_in: int, mode: str = "spectral") -> float:
+    """emerging_optimizers' get_muon_scale_factor."""
+    if mode == "shape_scaling":
+        return max(1, size_out / size_in) ** 0.5
+    if mode == "spectral":
+        return max(size_out, size_in) ** 0.5
+    if mode == "unit_rms_norm":
+        return (size_out / size_in) ** 0.5
+    raise ValueError(f"Invalid mode for Muon update scale factor: {mode}")
+
+
+def scaled_orthogonalize(update: torch.Tensor, config, split: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """O of the module docstring for one whole matrix `update`; `split`: the QKV row blocks of one query group
+    (`TensorParallelMuon.orthogonalize` with split_qkv), orthogonalized block by block."""
+    def one(matrix: torch.Tensor) -> torch.Tensor:
+        orth = newton_schulz(matrix, config.muon_num_ns_steps, config.muon_coefficient_type,
+                             bf16=config.muon_fp32_matmul_prec == "medium")
+        return orth * scale_factor(matrix.size(0), matrix.size(1), config.muon_scale_mode) \
+            * config.muon_extra_scale_factor
+
+    if split is None or not config.muon_split_qkv:
+        return one(update)
+    rows, cols = update.shape
+    groups = rows // sum(split)
+    blocks = torch.split(update.view(groups, sum(split), cols), list(split), dim=1)
+    done = [one(block.reshape(-1, cols)).view(groups, -1, cols) for block in blocks]
+    return torch.cat(done, dim=1).view(rows, cols)
+
+
+def takes_muon(param: nn.Parameter, excluded_ids: set[int]) -> bool:
+    """`_is_muon_excluded`'s complement: two dimensions, not the embedding or output layer, no use_muon=False."""
+    return param.dim() == 2 and id(param) not in excluded_ids and getattr(param, "use_muon", True)
+
+
+@dataclass(frozen=True)
+class MuonMatrix:
+    """One Muon parameter as the step sees it: its shape, its QKV blocks (None: one matrix), whether it decays,
+    and this rank's piece of it (partition offset, offset in the flattened parameter, elements), None if none."""
+    shape: torch.Size
+    split: Optional[tuple[int, ...]]
+    weight_decay: bool
+    fragment: Optional[tuple[int, int, int]]
+
+    @property
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+
+def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
+    """The Muon parameters among the layout's, in the layout's order (the same on every rank of the partition
+    group: it is the order of the collectives), each with this rank's fragment of it."""
+    wanted = {id(param) for param in params}
+    mine = {id(f.slot.param): (f.partition_offset, f.param_offset, f.numel) for f in layout.fragments()}
+    matrices = []
+    for unit in layout.units:
+        for slot in unit.slots:
+            if id(slot.param) in wanted:
+                split = getattr(slot.param, "qkv_split_shapes", None)
+                decays = getattr(slot.param, "apply_weight_decay", True)
+                matrices.append(MuonMatrix(slot.shape, None if split is None else tuple(split), decays,
+                                           mine.get(id(slot.param))))
+    return matrices
+
+
+def muon_ranges(matrices: Sequence[MuonMatrix]) -> list[tuple[int, int]]:
+    """This rank's partition ranges [start, end) that Muon steps (Adam steps the rest)."""
+    return [(m.fragment[0], m.fragment[0] + m.fragment[2]) for m in matrices if m.fragment is not None]
+
+
+@torch.no_grad()
+def muon_step(matrices: Sequence[MuonMatrix], master: torch.Tensor, momentum: torch.Tensor, grads: torch.Tensor,
+              lr: float, weight_decay: float, config, all_reduce) -> None:
+    """One Muon update of this rank's pieces of `matrices` (module docstring). `all_reduce(t)` sums t over the
+    partition group in place (nothing without one)."""
+    beta = config.muon_momentum
+    for matrix in matrices:
+        full = torch.zeros(matrix.numel, dtype=torch.float32, device=master.device)
+        if matrix.fragment is not None:
+            start, offset, numel = matrix.fragment
+            grad, buf = grads[start:start + numel], momentum[start:start + numel]
+            buf.lerp_(grad, 1 - beta)
+            full[offset:offset + numel] = grad.lerp(buf, beta) if config.muon_nesterov else buf
+        all_reduce(full)
+        orth = scaled_orthogonalize(full.view(matrix.shape), config, matrix.split)
+        if matrix.fragment is not None:
+            weights = master[start:start + numel]
+            decay = weight_decay if matrix.weight_decay else 0.0
+            if decay > 0:
+                weights.add_(weights, alpha=-decay * lr)
+            weights.add_(orth.reshape(-1)[offset:offset + numel], alpha=-lr)
