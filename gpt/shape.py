@@ -21,7 +21,8 @@ from typing import Optional, Union
 from torch import nn
 
 from gpt.mla import MLASelfAttention, ReplicatedLinear
-from gpt.model import GPTModel, SelfAttention
+from gpt.mlp import SwiGLUMLP
+from gpt.model import MLP, GPTModel, SelfAttention
 from gpt.model_config import ModelConfig
 from gpt.norms import RMSNorm
 from gpt.parallel_plan import tensor_parallel_plan
@@ -71,6 +72,10 @@ class ModelShape:
     block_matmuls: tuple[BlockMatmul, ...]  # one TP rank's, in forward order
     output_in_features: int  # the logits: [tokens, in] x [in, padded vocabulary / TP]
     activations: LayerActivationTerms  # one block's, every TP rank's
+    # The features per token of the activation gradients the dense MLP's backward holds at once, one TP rank's
+    # (beside its saved tensors; its peak in a block's backward): GPT-2's activation hands back one ffn-wide
+    # gradient, SwiGLU's product silu(gate) x up two (gate's and up's, both alive until the input's is summed).
+    mlp_gradient_features: int = 0
     # Mixture of experts (gpt/moe/): the MoE layers among num_layers, one MoE block's parameters (all experts)
     # and those one token uses (router, its k experts, the shared expert), and one MoE block's forward matmul
     # FLOPs per token as Megatron counts them (training.py num_floating_point_operations: attention, k experts
@@ -211,7 +216,22 @@ def _read_shape(model: GPTModel, tensor_parallel_size: int) -> ModelShape:
                       block_matmuls=_block_matmuls(block),
                       # The output layer's weight (the token embedding's when tied), [padded / TP, in].
                       output_in_features=model.word_embeddings.weight.shape[1],
-                      activations=_activation_terms(block, tensor_parallel_size))
+                      activations=_activation_terms(block, tensor_parallel_size),
+                      mlp_gradient_features=_mlp_gradient_features(block))
+
+
+def _mlp_gradient_features(block: nn.Module) -> int:
+    """The dense MLP's activation gradients alive at once in its backward, features per token on one TP rank: the
+    outputs of the column-parallel weights its activation reads. A CPU profile of one block's recompute and
+    backward (sequence 512, micro batch 8, hidden 256) read, beside the saved tensors, one ffn-wide gradient (4
+    hidden-wide) at GPT-2's peak and two (gate's and up's, 5 hidden-wide at ffn 640) at SwiGLU's: the
+    product's backward (autograd's MulBackward0) makes both before the up-projection's input gradient is summed."""
+    mlp = block.mlp
+    if isinstance(mlp, SwiGLUMLP):
+        return mlp.dense_h_to_4h_gate.weight.shape[0] + mlp.dense_h_to_4h_up.weight.shape[0]
+    if isinstance(mlp, MLP):
+        return mlp.dense_h_to_4h.weight.shape[0]
+    return 0
 
 
 def _parameters(module: nn.Module, tensor_parallel_size: int) -> int:

@@ -110,7 +110,7 @@ class RankPlan:
     block_saved_bytes: dict[str, int]    # one block's saved tensors: {"forward", "backward"} (recompute)
     logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
     loss_softmax_bytes: int              # the fp32 softmax the vocab-parallel loss keeps for backward
-    gradient_working_bytes: int          # estimate: the logits gradient and a few activation gradients
+    gradient_working_bytes: int          # the logits gradient and a block backward's (gpt/shape.py's widths)
     step_working_bytes: int              # what the optimizer step allocates at its peak, copies included
     parameter_gradient_bytes: int        # the largest gradient autograd hands the reducer (tied: summed)
     transport_copy_bytes: dict[str, int]  # gloo's copy of the largest collective: {"passes", "step"}
@@ -418,11 +418,20 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # with context parallelism a rank holds its CP chunks of each sequence
     micro, seq = config.training.micro_batch_size, config.model.seq_length // state.context_parallel_size
     # The logits' width on this rank, as the model's output layer has it (gpt/shape.py).
-    local_vocab = model_shape(config.model, tp).output_matmul(plan.padded_vocab_size).out_features
+    shape = model_shape(config.model, tp)
+    local_vocab = shape.output_matmul(plan.padded_vocab_size).out_features
     if not model.stage.last:  # the logits and the loss are the last stage's
         local_vocab = 0
     hidden_bytes = micro * seq * config.model.hidden_size * param_bytes
     logits = micro * seq * local_vocab * param_bytes
+    # The gradients a block's backward holds beside its saved tensors, at its peak (the MLP's backward), read from
+    # the block's shapes: the gradient arriving at its output (hidden-wide), under recompute the recomputed output
+    # (the checkpoint's backward holds it until autograd has run through the block), and the MLP's activation
+    # gradients (gpt/shape.py mlp_gradient_features: one ffn-wide for GPT-2, two for SwiGLU). A CPU profile of one
+    # block's recompute and backward read these, 6 hidden-wide for GPT-2 and 7 for SwiGLU at ffn 2.5 x hidden
+    # (whole sequences: under sequence parallelism the boundaries are 1/TP of it, an upper bound here).
+    boundaries = (2 if config.activations.checkpoint_activations else 1) * hidden_bytes
+    block_gradients = boundaries + micro * seq * shape.mlp_gradient_features * param_bytes
     result = RankPlan(
         rank=rank, tensor_parallel_rank=state.tensor_parallel_rank, data_parallel_rank=state.data_parallel_rank,
         tensor_parallel_size=tp, data_parallel_size=state.data_parallel_size, stage=optimizer.stage,
@@ -441,7 +450,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         saved_activation_bytes=dict(meter.peak),
         block_saved_bytes=dict(probe.peak),
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4,
-        gradient_working_bytes=logits + 4 * hidden_bytes,
+        gradient_working_bytes=logits + block_gradients,
         step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
         parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
         pipeline=pipeline,

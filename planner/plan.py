@@ -133,7 +133,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
              *([("pipeline sends held at once (until a receive two slots on)", plan.p2p_held_bytes),
                 ("  peak of saved activations, held sends and gloo's copy over the schedule",
                  stages.pass_peak_bytes)] if stages is not None else []),
-             ("gradients in flight: logits and block boundaries (estimate)", plan.gradient_working_bytes),
+             ("gradients in flight: logits, block boundaries and the MLP's", plan.gradient_working_bytes),
              ("largest parameter gradient before the reducer takes it (tied: both)", plan.parameter_gradient_bytes)]
     if any(plan.transport_copy_bytes.values()):
         # counted with the activations still saved as its collective starts, not on top of their peak (dry_run.py)

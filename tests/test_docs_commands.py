@@ -137,15 +137,15 @@ LAUNCHERS = ("scripts/launch_single_node.sh", "scripts/launch_multi_node.sh")
 # What a page says a run command prints (its trailing comment), checked in the output.
 STATED_OUTPUT = {
     "python -m zero.perf_model --hardware dgx2-v100 --config zero_paper/100b-125x8192": "37.4 TFLOP/s per GPU",
-    # docs/planning.md: "35.77 GiB of 74.51 GiB ... 38.73 GiB of headroom"
-    "python -m zero.plan dry-run --config gpt2-1.5b --world-size 8 --gpus-per-node 8 --gpu-memory 80GB": "headroom 38.73 GiB",
+    # docs/planning.md: "35.80 GiB of 74.51 GiB ... 38.71 GiB of headroom"
+    "python -m zero.plan dry-run --config gpt2-1.5b --world-size 8 --gpus-per-node 8 --gpu-memory 80GB": "headroom 38.71 GiB",
     # docs/planning.md: the Figure 6 table's last row, layers, parameters and per-GPU total
     "python -m zero.plan max-size --config zero_paper/100b-125x8192": "| C5 | P_os+g + P_a+cpu | 225 | 181.6B | 29.77 GiB |",
     # docs/planning.md: Mixtral 8x7B at EP 8 and the DeepSeek-V3-shaped model: the totals with the worst-case routing
     "python -m zero.plan dry-run --world-size 64 --gpus-per-node 8 --gpu-memory 80GB --host-memory 2TB":
-        "total with the worst-case routing                                                                            55.12 GiB",
+        "total with the worst-case routing                                                                            55.27 GiB",
     "python -m zero.plan dry-run --world-size 1024 --gpus-per-node 8 --gpu-memory 80GB --host-memory 2TB":
-        "total with the worst-case routing                                                                             60.10 GiB",
+        "total with the worst-case routing                                                                             60.27 GiB",
 }
 
 

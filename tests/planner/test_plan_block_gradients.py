@@ -1,0 +1,96 @@
+"""The gradients a block's backward holds beside its saved tensors, planned (planner/dry_run.py: the plan's
+gradient_working_bytes less the logits) against one real block's recompute and backward on the CPU.
+
+The measure: torch.profiler's allocation trace (profile_memory) of one block run as the checkpoint's backward runs it
+(zero/activations.py, the checkpoint Function's backward: the forward again under enable_grad, then
+torch.autograd.backward(output, grad_output), the output held until it returns; Megatron-LM's
+tensor_parallel/random.py CheckpointFunction.backward does the same). Its peak in backward, less the block's saved
+activations (the storages autograd's saved-tensor hooks see, without the parameters and the checkpointed input),
+plus the gradient arriving at the block's output (allocated before, by the block above) is what the plan must
+count beside the saved tensors. Each parameter's gradient is dropped as it is accumulated, as the ZeRO reducer's
+hook takes it (the planner counts the largest apart: parameter_gradient_bytes); the one alive at GPT-2's peak
+(dense_4h_to_h's, [hidden, ffn]) is in the measure, a quarter of a hidden-wide tensor at these 2048 tokens, hence
+the band's lower end.
+
+GPT-2's block (ffn 4 x hidden) held 6.25 hidden-wide tensors there (6.0 and its weight gradient) and the
+Llama-style block (RMSNorm, SwiGLU at ffn 2.5 x hidden, rotary, grouped-query attention) 7.0: the gradient arriving,
+the recomputed output and, at the MLP's backward, its activation gradients, one ffn-wide for GPT-2's GeLU and two for
+SwiGLU's product (gate's and up's, autograd's MulBackward0 makes both). The plan counted 4 hidden-wide for both
+before (b8cd6ba): 0.64 and 0.57 of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from arguments.parser import parse_config
+from gpt.model import GPTModel
+from parallel.init import materialize
+from parallel.state import ParallelState
+from planner.dry_run import Cluster, dry_run
+
+MODEL = ["--num-layers", "1", "--hidden-size", "128", "--seq-length", "256", "--max-position-embeddings", "256",
+         "--micro-batch-size", "8", "--global-batch-size", "8", "--train-iters", "1", "--seed", "1",
+         "--tokenizer-vocab-size", "512", "--device", "cpu", "--zero-stage", "1", "--attention-dropout", "0",
+         "--hidden-dropout", "0", "--recompute-granularity", "full", "--recompute-method", "uniform",
+         "--recompute-num-layers", "1"]
+BLOCKS = {
+    "gpt2": ["--num-attention-heads", "4"],
+    "llama": ["--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "2", "--normalization",
+              "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--disable-bias-linear"],
+}
+
+
+def measured_block_gradients(config, micro_batch: int) -> int:
+    """Bytes alive at one block's backward peak beside its saved activations (module docstring)."""
+    torch.manual_seed(0)
+    model = materialize(GPTModel(config, ParallelState(device=torch.device("cpu"))), seed=1, device="cpu",
+                        dtype=torch.float32)
+    (block,) = model.blocks
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for parameter in block.parameters():  # the reducer takes each gradient as it is accumulated
+        parameter.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    shape = (micro_batch, config.seq_length, config.hidden_size)
+    hidden = torch.randn(shape).requires_grad_(True)  # the checkpoint, kept before: not counted
+    grad_output = torch.randn(shape)  # the gradient arriving from the block above
+    block(hidden)  # warm: lazily built tables (rotary's) are not a backward's
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters and storage.data_ptr() != hidden.untyped_storage().data_ptr():
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            output = block(hidden)
+        with torch.profiler.record_function("block backward"):
+            torch.autograd.backward(output, grad_output)
+    events = prof.profiler.kineto_results.events()
+    (backward_start,) = [event.start_ns() for event in events if event.name() == "block backward"]
+    live = peak = 0
+    for event in sorted((event for event in events if event.name() == "[memory]"), key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        if event.start_ns() >= backward_start:
+            peak = max(peak, live)
+    return peak - sum(saved.values()) + grad_output.nbytes
+
+
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_the_plan_counts_what_a_blocks_backward_holds_beside_its_saved_tensors(block, corpus_cache):
+    config = parse_config([*MODEL, *BLOCKS[block], "--data-cache-dir", corpus_cache])
+    from data.corpus import prepare_default_corpus
+
+    vocab = prepare_default_corpus(corpus_cache, 512).vocab_size
+    plan = dry_run(config, Cluster(1, 1, device_type="cpu"), vocab, rank=0)
+    planned = plan.gradient_working_bytes - plan.logits_bytes
+    measured = measured_block_gradients(dataclasses.replace(config.model, vocab_size=vocab),
+                                        config.training.micro_batch_size)
+    hidden = config.training.micro_batch_size * config.model.seq_length * config.model.hidden_size * 4
+    print(block, f"planned {planned / hidden:.2f} measured {measured / hidden:.2f} hidden-wide")
+    assert 0.95 <= planned / measured <= 1.02, (block, planned / hidden, measured / hidden)
