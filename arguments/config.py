@@ -633,6 +633,21 @@ class PretrainConfig:
                               f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2",
                               flags=("--zero-stage", "--pipeline-model-parallel-size"))
 
+    def _check_multi_token_prediction(self) -> None:
+        """What --mtp-num-layers (gpt/mtp.py) does not run yet, one line each."""
+        mtp = self.model.mtp_num_layers
+        if not mtp:
+            return
+        for flag, size in (("--pipeline-model-parallel-size", self.parallel.pipeline_model_parallel_size),
+                           ("--context-parallel-size", self.parallel.context_parallel_size)):
+            if size > 1:
+                raise ConfigError(f"--mtp-num-layers {mtp} with {flag} {size} is not implemented here: the MTP "
+                                  f"layers run with one pipeline stage and no context parallelism; use {flag} 1",
+                                  flags=("--mtp-num-layers", flag))
+        if self.logging.moe_per_layer_logging and self.model.moe is not None:
+            raise ConfigError("--moe-per-layer-logging with --mtp-num-layers is not implemented here: drop "
+                              "--moe-per-layer-logging", flags=("--moe-per-layer-logging", "--mtp-num-layers"))
+
     def _check_context_parallel(self) -> None:
         """What context parallelism (parallel/context_parallel.py) needs and what it does not run, one line each."""
         cp, model = self.parallel.context_parallel_size, self.model
@@ -755,6 +770,7 @@ class PretrainConfig:
         self._check_moe_tensor_parallel()
         self._check_pipeline()
         self._check_context_parallel()
+        self._check_multi_token_prediction()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:
             self._check_step_schedule()

@@ -1,0 +1,138 @@
+"""Megatron-Core's multi-token prediction (--mtp-num-layers, --mtp-loss-scaling-factor; gpt/mtp.py) against a
+hand-written reference of its formula (github:NVIDIA/Megatron-LM megatron/core/transformer/multi_token_prediction.py:
+MultiTokenPredictionLayer._get_embeddings / _concat_embeddings / _proj_and_transformer_layer / _postprocess,
+roll_tensor, process_mtp_loss, MTPLossAutoScaler; megatron/core/models/gpt/gpt_model.py _postprocess), and its wiring.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from arguments.parser import parse_config
+from base.errors import ConfigError
+from gpt.model import build_gpt_model
+from parallel.state import ParallelState
+from tests.gpt.test_llama_blocks import tiny_config
+from tests.reliability_helpers import metrics_records, train
+
+SINGLE = ParallelState(device=torch.device("cpu"))
+
+
+def _layer_norm(norm, x):
+    return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+
+
+def reference_losses(model, tokens, labels, scaling_factor, num_mtp):
+    """Megatron's forward written out by hand on `model`'s weights (GPT-2 blocks, learned positions, tied output):
+    the LM loss mean plus, per MTP layer k, mtp_loss_scaling_factor / N * sum(mask_k CE_k) / sum(mask_k), and
+    each layer's logged value sum(mask_k CE_k) / sum(mask_k)."""
+    emb, pos = model.word_embeddings.weight, model.position_embeddings.weight
+    vocab = model.config.vocab_size
+
+    def embed(ids, positions):
+        return emb[ids] + pos[positions]
+
+    def ce(hidden, target):
+        logits = (hidden @ emb.t())[..., :vocab]
+        return F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1), reduction="none").view(target.shape)
+
+    def roll(t):  # roll_tensor(shifts=-1, dims=-1): the last position filled with 0
+        out = torch.roll(t, -1, -1)
+        out[..., -1] = 0
+        return out
+
+    batch, seq = tokens.shape
+    positions = torch.arange(seq).expand(batch, -1)
+    hidden = embed(tokens, positions)
+    for block in model.blocks:
+        hidden = block(hidden)
+    hidden = _layer_norm(model.final_layernorm, hidden)
+    total = ce(hidden, labels).mean()
+    mask, ids, mtp_labels, logged = torch.ones(batch, seq), tokens, labels, []
+    for layer in model.mtp_layers:
+        ids, positions = roll(ids), roll(positions)
+        e = _layer_norm(layer.enorm, embed(ids, positions))
+        h = _layer_norm(layer.hnorm, hidden)
+        x = torch.cat((e, h), -1) @ layer.eh_proj.weight.t()   # [embedding, hidden] -> h, no bias
+        hidden = _layer_norm(layer.final_layernorm, layer.transformer_layer(x))
+        mtp_labels, mask = roll(mtp_labels), roll(mask)
+        value = (ce(hidden, mtp_labels) * mask).sum() / mask.sum()
+        logged.append(value.item())
+        total = total + scaling_factor / num_mtp * value
+    return total, logged
+
+
+@pytest.mark.parametrize("num_mtp", [1, 2])
+def test_mtp_loss_and_gradients_equal_megatrons_formula(num_mtp):
+    config = tiny_config(mtp_num_layers=num_mtp, mtp_loss_scaling_factor=0.3)
+    model = build_gpt_model(config, SINGLE, seed=3).train()
+    assert len(model.mtp_layers) == num_mtp
+    data = torch.randint(0, config.vocab_size, (2, config.seq_length + 1), generator=torch.Generator().manual_seed(0))
+    tokens, labels = data[:, :-1], data[:, 1:]
+    model.mtp_tracker.begin_iteration(1.0)
+    ours = model(tokens, labels).mean()
+    ours.backward()
+    ours_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    logged = model.mtp_tracker.sums(torch.device("cpu")).tolist()
+    model.zero_grad()
+    reference, reference_logged = reference_losses(model, tokens, labels, 0.3, num_mtp)
+    reference.backward()
+    # the LM loss's value is the LM's alone; the MTP losses enter only the gradients
+    lm_only = build_gpt_model(tiny_config(), SINGLE, seed=3)
+    with torch.no_grad():
+        assert ours.item() == pytest.approx(lm_only(tokens, labels).mean().item(), abs=1e-6)
+    assert logged == pytest.approx(reference_logged, rel=1e-5)
+    for name, p in model.named_parameters():
+        assert torch.allclose(ours_grads[name], p.grad, atol=1e-6, rtol=1e-4), name
+    assert any(ours_grads[name].abs().sum() > 0 for name in ours_grads if name.startswith("mtp_layers."))
+
+
+def test_mtp_backward_scale_multiplies_only_the_mtp_gradient():
+    """MTPLossAutoScaler's backward gives the MTP loss the main loss's scale (loss scale / micro-batches)."""
+    config = tiny_config(mtp_num_layers=1)
+    model = build_gpt_model(config, SINGLE, seed=3).train()
+    data = torch.randint(0, config.vocab_size, (2, config.seq_length + 1), generator=torch.Generator().manual_seed(1))
+    grads = []
+    for scale in (1.0, 4.0):
+        model.zero_grad()
+        model.mtp_tracker.begin_iteration(scale)
+        (model(data[:, :-1], data[:, 1:]).mean() * scale).backward()
+        grads.append(model.mtp_layers[0].eh_proj.weight.grad.clone())
+    assert torch.allclose(grads[1], 4.0 * grads[0], rtol=1e-5, atol=1e-8)
+
+
+def test_mtp_flags_parse_and_what_is_not_built_is_refused():
+    config = parse_config(["--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.5"]).model
+    assert (config.mtp_num_layers, config.mtp_loss_scaling_factor) == (2, 0.5)
+    assert parse_config([]).model.mtp_num_layers == 0
+    with pytest.raises(ConfigError, match="--mtp-num-layers 1 with --pipeline-model-parallel-size 2 is not"):
+        parse_config(["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2"])
+    with pytest.raises(ConfigError, match="--mtp-num-layers 1 with --context-parallel-size 2 is not"):
+        parse_config(["--mtp-num-layers", "1", "--context-parallel-size", "2", "--seq-length", "128"])
+
+
+MTP_FLAGS = ["--mtp-num-layers", "1", "--seed", "5", "--hidden-dropout", "0", "--attention-dropout", "0"]
+
+
+def test_an_mtp_run_logs_mtp_1_loss_and_trains(corpus_cache, tmp_path):
+    outcome = train(corpus_cache, tmp_path, "--train-iters", "2", *MTP_FLAGS)
+    assert outcome.code == 0, outcome.err[-3000:]
+    records = [r for r in metrics_records(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert len(records) == 2 and all(math.isfinite(r["mtp_1 loss"]) and r["mtp_1 loss"] > 0 for r in records)
+    assert "mtp_1 loss:" in outcome.out
+
+
+def test_an_mtp_run_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_path):
+    """The MTP layers are parameters under their own names (mtp_layers.k.*): a save at iteration 2 resumes to the
+    straight run's losses, bitwise."""
+    from tests.reliability_helpers import TINY, straight_and_resumed
+
+    argv = TINY + MTP_FLAGS + ["--train-iters", "4", "--data-cache-dir", corpus_cache_300]
+    straight, split, _ = straight_and_resumed(argv, tmp_path, exit_interval=2)
+    assert len(straight) == 4
+    assert [(r["iteration"], r["loss"], r["mtp_1 loss"]) for r in straight] == \
+        [(r["iteration"], r["loss"], r["mtp_1 loss"]) for r in split]
