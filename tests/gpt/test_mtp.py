@@ -6,6 +6,7 @@ roll_tensor, process_mtp_loss, MTPLossAutoScaler; megatron/core/models/gpt/gpt_m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -136,3 +137,39 @@ def test_an_mtp_run_saved_and_resumed_continues_exactly(corpus_cache_300, tmp_pa
     assert len(straight) == 4
     assert [(r["iteration"], r["loss"], r["mtp_1 loss"]) for r in straight] == \
         [(r["iteration"], r["loss"], r["mtp_1 loss"]) for r in split]
+
+
+def test_shape_counts_the_mtp_layers_parameters_and_flops():
+    """gpt/shape.py: parameters are every parameter of the built model; FLOPs as Megatron-LM's
+    num_floating_point_operations (megatron/training/training.py) counts MTP: each MTP layer a layer of the last
+    layer's kind, its eh_proj 2h x h, and one more logits matmul per MTP layer (`* (mtp_num_layers + 1)`)."""
+    from tests.gpt.test_moe import tiny_moe
+    from training.metrics import active_parameter_count, flops_per_iteration, parameter_count
+
+    vocab = 128
+    dense = tiny_config(vocab_size=vocab, pad_vocab_size_to=vocab)
+    for config in (dense, dataclasses.replace(tiny_moe(moe_layer_freq="([0]+[1]*1)"), vocab_size=vocab,
+                                                    pad_vocab_size_to=vocab)):
+        base = build_gpt_model(config, SINGLE, seed=5)
+        with_mtp = build_gpt_model(dataclasses.replace(config, mtp_num_layers=2), SINGLE, seed=5)
+        mtp_config = dataclasses.replace(config, mtp_num_layers=2)
+        assert parameter_count(mtp_config, vocab) == sum(p.numel() for p in with_mtp.parameters())
+        extra = parameter_count(mtp_config, vocab) - parameter_count(config, vocab)
+        assert active_parameter_count(mtp_config, vocab) - active_parameter_count(config, vocab) == \
+            extra - (sum(p.numel() for p in base.blocks[-1].parameters()) - _active(base.blocks[-1], config)) * 2
+    h, s = dense.hidden_size, dense.seq_length
+    block = 2 * (h * 3 * h + h * h) + 4 * s * h + 2 * 2 * h * 4 * h
+    logits = 2 * h * vocab
+    mtp_config = dataclasses.replace(dense, mtp_num_layers=2)
+    assert flops_per_iteration(mtp_config, 3, padded_vocab_size=vocab) == 3 * 3 * s * (
+        (2 + 2) * block + 2 * 2 * 2 * h * h + 3 * logits)
+
+
+def _active(block, config):
+    """One block's parameters a token uses: all of a dense block's; k of an MoE block's experts."""
+    mlp = block.mlp
+    if not hasattr(mlp, "experts"):
+        return sum(p.numel() for p in block.parameters())
+    experts = list(mlp.experts.children())
+    per_expert = sum(p.numel() for p in experts[0].parameters())
+    return sum(p.numel() for p in block.parameters()) - (len(experts) - config.moe.router_topk) * per_expert
