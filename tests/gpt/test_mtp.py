@@ -173,3 +173,39 @@ def _active(block, config):
     experts = list(mlp.experts.children())
     per_expert = sum(p.numel() for p in experts[0].parameters())
     return sum(p.numel() for p in block.parameters()) - (len(experts) - config.moe.router_topk) * per_expert
+
+
+def _tp2_against_tp1(rank, world_size, sequence_parallel):
+    from gpt.parallel_plan import tensor_parallel_plan
+    from parallel.config import ParallelismConfig
+    from parallel.state import destroy, initialize
+    from tests.gpt.test_llama_blocks import check_gradients_are_tp1_slices, tokens_for
+
+    state = initialize("cpu", tensor_parallel_size=2)
+    try:
+        differences = {}
+        for swiglu in (False, True):
+            config = tiny_config(mtp_num_layers=2, add_bias_linear=False, swiglu=swiglu, normalization="RMSNorm" if swiglu else "LayerNorm")
+            plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=2,
+                                                                 sequence_parallel=sequence_parallel))
+            ours = build_gpt_model(config, state, seed=11, plan=plan).train()
+            reference = build_gpt_model(config, SINGLE, seed=11).train()
+            tokens = tokens_for(config)
+            check_gradients_are_tp1_slices(ours, reference, tokens, state)
+            logged = [model.mtp_tracker.sums(torch.device("cpu")) for model in (ours, reference)]
+            differences[swiglu] = (logged[0] - logged[1]).abs().max().item()
+        return differences
+    finally:
+        destroy(state)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_mtp_at_tp2_equals_tp1(sequence_parallel):
+    """The MTP layer under TP as Megatron-Core builds it (MultiTokenPredictionLayer: eh_proj a ColumnParallelLinear
+    with gather_output=False, its output gathered over TP and, under sequence parallelism, scattered along the
+    sequence; the norms in the split regions): each rank's gradients are its slices of TP 1's, the logged MTP
+    losses equal."""
+    from tests.distributed import run_distributed
+
+    for per_rank in run_distributed(_tp2_against_tp1, 2, sequence_parallel, timeout=300):
+        assert all(difference <= 1e-5 for difference in per_rank.values()), per_rank
