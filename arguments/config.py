@@ -638,12 +638,16 @@ class PretrainConfig:
         mtp = self.model.mtp_num_layers
         if not mtp:
             return
-        for flag, size in (("--pipeline-model-parallel-size", self.parallel.pipeline_model_parallel_size),
-                           ("--context-parallel-size", self.parallel.context_parallel_size)):
-            if size > 1:
-                raise ConfigError(f"--mtp-num-layers {mtp} with {flag} {size} is not implemented here: the MTP "
-                                  f"layers run with one pipeline stage and no context parallelism; use {flag} 1",
-                                  flags=("--mtp-num-layers", flag))
+        cp, pp = self.parallel.context_parallel_size, self.parallel.pipeline_model_parallel_size
+        if cp > 1:
+            raise ConfigError(f"--mtp-num-layers {mtp} with --context-parallel-size {cp} is not implemented here: the "
+                              f"MTP layers roll the whole sequence on each rank; use --context-parallel-size 1",
+                              flags=("--mtp-num-layers", "--context-parallel-size"))
+        if pp > 1 and self.model.position_embedding_type == "learned_absolute":
+            raise ConfigError(f"--mtp-num-layers {mtp} with --pipeline-model-parallel-size {pp} and learned absolute "
+                              f"positions is not implemented here: the last stage's MTP layers hold no position "
+                              f"embedding; use --position-embedding-type rope or none, or one stage",
+                              flags=("--mtp-num-layers", "--pipeline-model-parallel-size", "--position-embedding-type"))
         if self.logging.moe_per_layer_logging and self.model.moe is not None:
             raise ConfigError("--moe-per-layer-logging with --mtp-num-layers is not implemented here: drop "
                               "--moe-per-layer-logging", flags=("--moe-per-layer-logging", "--mtp-num-layers"))

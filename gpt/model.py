@@ -313,6 +313,10 @@ class GPTModel(nn.Module):
         # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
         # a copy whose gradients are summed (an untied first stage's output_layer is None too: not a tie).
         self.tied_output = tied
+        # Whether a first and a last pipeline stage each hold a copy of the word embedding whose gradients the
+        # embedding group sums: tied, or the last stage's MTP layers embed the rolled tokens (Megatron-Core builds
+        # its embedding where `pre_process or mtp_process` and ties the copies: tie_word_embeddings_state_dict)
+        self.shares_word_embedding = tied or config.mtp_num_layers > 0
         learned_positions = architecture.position_embedding_type == "learned_absolute"
         # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
         # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
@@ -320,7 +324,7 @@ class GPTModel(nn.Module):
         self.word_embeddings = plan.embedding(
             "word_embeddings", config.vocab_size, padded_vocab, config.hidden_size, init_std=config.init_method_std,
             scatter_in_lookup=not learned_positions) \
-            if stage.first or (stage.last and tied) else None
+            if stage.first or (stage.last and self.shares_word_embedding) else None
         if learned_positions and stage.first:
             # `_weight` skips nn.Embedding's own (pointless, on meta) initialisation.
             self.position_embeddings = nn.Embedding(
@@ -395,16 +399,23 @@ class GPTModel(nn.Module):
         return self.final_layernorm(hidden)
 
     def chunk_forward(self, chunk: int, inputs: torch.Tensor, labels: torch.Tensor | None = None,
-                      documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+                      documents: Optional[DocumentMasks] = None, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Model chunk `chunk` of this pipeline stage: from tokens on the model's first chunk, else from
         the previous chunk's hidden states; to the per-token loss (or logits) on its last chunk, else to
         hidden states [batch, seq, hidden]. `documents`: the micro-batch's positions (read by the learned position
-        embedding) and attention mask (every chunk's attention), where the document-masking flags are set."""
+        embedding) and attention mask (every chunk's attention), where the document-masking flags are set.
+        `tokens`: the micro-batch's tokens, which the last chunk's MTP layers embed (gpt/mtp.py)."""
         hidden = self.embed(inputs, documents) if self.stage.first and chunk == 0 else inputs
         hidden = self.run_blocks(self.chunk_blocks[chunk], hidden) if documents is None else \
             self.run_blocks(self.chunk_blocks[chunk], hidden, documents)
         if self.stage.last and chunk == len(self.stage.chunks) - 1:
-            return self.output(self.final_layernorm(hidden), labels)
+            final_hidden = self.final_layernorm(hidden)
+            if self.mtp_tracker is not None and labels is not None and self.training:
+                # the MTP layers on the last stage (Megatron-Core's default placement) read the micro-batch's tokens
+                if tokens is None:
+                    raise ValueError("the last stage's MTP layers need the micro-batch's tokens")
+                final_hidden = attach_mtp_loss(self, final_hidden, tokens, labels, documents)
+            return self.output(final_hidden, labels)
         return hidden
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,

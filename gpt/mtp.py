@@ -134,13 +134,17 @@ def begin_mtp_iteration(model: nn.Module, loss_scale: float, accumulation_steps:
         tracker.begin_iteration(loss_scale / accumulation_steps)
 
 
-def finish_mtp_iteration(model: nn.Module, state, accumulation_steps: int) -> dict[str, float]:
+def finish_mtp_iteration(model: nn.Module, state, accumulation_steps: int, num_layers: int) -> dict[str, float]:
     """The iteration's "mtp_k loss" values (MTPLossLoggingHelper.track_mtp_metrics: summed over the micro-batches,
-    averaged over the data-parallel group, times 1 / micro-batches)."""
-    tracker = getattr(model, "mtp_tracker", None)
-    if tracker is None:
+    averaged over the data-parallel group, times 1 / micro-batches), on every rank: with pipeline stages the last
+    stage's, summed over the pipeline group (the others hold zeros)."""
+    if not num_layers:
         return {}
-    totals = tracker.sums(state.device)
+    tracker = getattr(model, "mtp_tracker", None)
+    totals = tracker.sums(state.device) if tracker is not None else \
+        torch.zeros(num_layers, dtype=torch.float64, device=state.device)
+    if state.pipeline_parallel_size > 1:
+        state.comm.all_reduce(totals, state.pipeline_parallel_group, "pp")
     if state.data_parallel_size > 1:
         state.comm.all_reduce(totals, state.data_parallel_group, "dp")
         totals /= state.data_parallel_size

@@ -84,9 +84,9 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute
         checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations)
-    # A tied embedding on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
+    # A tied embedding (or the MTP layers' copy, gpt/mtp.py) on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
     # shard by shard (zero/pipeline_grads.py).
-    shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.tied_output \
+    shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.shares_word_embedding \
         and model.word_embeddings is not None else []
     mark_weight_decay(decayed_norm_params(model, config))
     # Where the experts' grid is not the dense one (expert parallelism, or expert TP 1 beside TP: each TP rank's

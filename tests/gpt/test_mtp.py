@@ -110,8 +110,12 @@ def test_mtp_flags_parse_and_what_is_not_built_is_refused():
     config = parse_config(["--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.5"]).model
     assert (config.mtp_num_layers, config.mtp_loss_scaling_factor) == (2, 0.5)
     assert parse_config([]).model.mtp_num_layers == 0
-    with pytest.raises(ConfigError, match="--mtp-num-layers 1 with --pipeline-model-parallel-size 2 is not"):
-        parse_config(["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2"])
+    with pytest.raises(ConfigError, match="--mtp-num-layers 1 with --pipeline-model-parallel-size 2 and learned "):
+        parse_config(["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2", "--num-layers", "2"])
+    assert parse_config(["--mtp-num-layers", "1", "--pipeline-model-parallel-size", "2", "--num-layers", "2",
+                         "--position-embedding-type", "rope"]).model.mtp_num_layers == 1
+    with pytest.raises(ConfigError, match="--mtp-detach-heads"):
+        parse_config(["--mtp-num-layers", "1", "--mtp-detach-heads"])
     with pytest.raises(ConfigError, match="--mtp-num-layers 1 with --context-parallel-size 2 is not"):
         parse_config(["--mtp-num-layers", "1", "--context-parallel-size", "2", "--seq-length", "128"])
 
@@ -209,3 +213,32 @@ def test_mtp_at_tp2_equals_tp1(sequence_parallel):
 
     for per_rank in run_distributed(_tp2_against_tp1, 2, sequence_parallel, timeout=300):
         assert all(difference <= 1e-5 for difference in per_rank.values()), per_rank
+
+
+@pytest.mark.parametrize("untied", [False, True])
+def test_mtp_on_the_last_of_two_pipeline_stages_logs_the_one_stage_losses(corpus_cache_300, tmp_path, untied):
+    """Megatron-Core places the MTP block on the last pipeline stage (mtp_on_this_rank) with its own copy of the word
+    embedding, tied to the first stage's (tie_word_embeddings_state_dict; finalize_model_grads sums the copies'
+    gradients over the embedding group), also with an untied output layer. Two stages log the one-stage run's LM
+    loss, gradient norm and mtp_1 loss."""
+    import json
+
+    import pretrain_gpt
+    from tests.distributed import free_port, run_distributed
+    from tests.reliability_helpers import TINY
+    from tests.training.test_moe_training import launch_rank
+
+    flags = TINY + MTP_FLAGS + ["--num-layers", "2", "--position-embedding-type", "rope", "--train-iters", "3",
+                                "--data-cache-dir", corpus_cache_300] + \
+        (["--untie-embeddings-and-output-weights"] if untied else [])
+    single, staged = tmp_path / "single.jsonl", tmp_path / "pp2.jsonl"
+    assert pretrain_gpt.main(flags + ["--metrics-file", str(single)]) == 0
+    run_distributed(launch_rank, 2, [flags + ["--pipeline-model-parallel-size", "2", "--metrics-file", str(staged)]],
+                    [free_port()], timeout=300)
+
+    def logged(path):
+        return [value for r in map(json.loads, path.read_text().splitlines()) if "loss" in r and "split" not in r
+                for value in (r["loss"], r["grad_norm"], r["mtp_1 loss"])]
+
+    assert len(logged(single)) == 3 * 3
+    assert logged(staged) == pytest.approx(logged(single), rel=1e-6, abs=0)
