@@ -17,6 +17,7 @@ from typing import Optional
 from base.eager_under_compile import keep_marked_methods_eager
 from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
+from gpt.pipeline_layout import pipeline_layout_counts
 from gpt.stage_layers import StageLayers, stage_layers
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -111,7 +112,8 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
                         parallel.decoder_last_pipeline_num_layers,
                         virtual_stages=parallel.num_virtual_stages_per_pipeline_rank,
                         account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
-                        account_for_loss=parallel.account_for_loss_in_pipeline_split)
+                        account_for_loss=parallel.account_for_loss_in_pipeline_split,
+                        layout_counts=pipeline_layout_counts(settings.config.model, parallel))
 
 
 def decayed_norm_params(model: GPTModel, config) -> list:

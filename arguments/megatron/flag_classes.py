@@ -505,7 +505,7 @@ AT_VALUE: dict[str, AtValue] = {
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
-        --pipeline-model-parallel-split-rank --pipeline-model-parallel-layout
+        --pipeline-model-parallel-split-rank
         --standalone-embedding-stage --pp-partition-method
         --enable-zbh1-pipeline --enable-zbh1-exact-semantics""")},
     **{option: AtValue(_equals(False, None), "off: the MTP layers run as Megatron-Core's default, as here",

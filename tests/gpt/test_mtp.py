@@ -215,12 +215,12 @@ def test_mtp_at_tp2_equals_tp1(sequence_parallel):
         assert all(difference <= 1e-5 for difference in per_rank.values()), per_rank
 
 
-@pytest.mark.parametrize("untied", [False, True])
-def test_mtp_on_the_last_of_two_pipeline_stages_logs_the_one_stage_losses(corpus_cache_300, tmp_path, untied):
+@pytest.mark.parametrize("untied,layout", [(False, None), (True, None), (True, "Et|t|t|tmL")])
+def test_mtp_on_the_last_of_two_pipeline_stages_logs_the_one_stage_losses(corpus_cache_300, tmp_path, untied, layout):
     """Megatron-Core places the MTP block on the last pipeline stage (mtp_on_this_rank) with its own copy of the word
     embedding, tied to the first stage's (tie_word_embeddings_state_dict; finalize_model_grads sums the copies'
-    gradients over the embedding group), also with an untied output layer. Two stages log the one-stage run's LM
-    loss, gradient norm and mtp_1 loss."""
+    gradients over the embedding group), also with an untied output layer, and on the last chunk of an interleaved
+    --pipeline-model-parallel-layout. Two stages log the one-stage run's LM loss, gradient norm and mtp_1 loss."""
     import json
 
     import pretrain_gpt
@@ -228,13 +228,16 @@ def test_mtp_on_the_last_of_two_pipeline_stages_logs_the_one_stage_losses(corpus
     from tests.reliability_helpers import TINY
     from tests.training.test_moe_training import launch_rank
 
-    flags = TINY + MTP_FLAGS + ["--num-layers", "2", "--position-embedding-type", "rope", "--train-iters", "3",
-                                "--data-cache-dir", corpus_cache_300] + \
+    flags = TINY + MTP_FLAGS + ["--num-layers", "2" if layout is None else "4", "--position-embedding-type", "rope",
+                                "--train-iters", "3", "--data-cache-dir", corpus_cache_300] + \
         (["--untie-embeddings-and-output-weights"] if untied else [])
+    staged_flags = ["--pipeline-model-parallel-size", "2"] + \
+        ([] if layout is None else ["--pipeline-model-parallel-layout", layout])  # interleaved: 2 chunks a stage
+    if layout is not None:  # the interleaved schedule takes a multiple of PP micro-batches
+        flags += ["--global-batch-size", "4"]
     single, staged = tmp_path / "single.jsonl", tmp_path / "pp2.jsonl"
     assert pretrain_gpt.main(flags + ["--metrics-file", str(single)]) == 0
-    run_distributed(launch_rank, 2, [flags + ["--pipeline-model-parallel-size", "2", "--metrics-file", str(staged)]],
-                    [free_port()], timeout=300)
+    run_distributed(launch_rank, 2, [flags + staged_flags + ["--metrics-file", str(staged)]], [free_port()], timeout=300)
 
     def logged(path):
         return [value for r in map(json.loads, path.read_text().splitlines()) if "loss" in r and "split" not in r
