@@ -19,16 +19,11 @@ micro-batch, averaged over the micro-batches and the data-parallel ranks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from gpt.norms import normalization
 from parallel.mappings import gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region
-
-if TYPE_CHECKING:
-    from gpt.model import GPTModel
 
 
 def roll_left(tensor: torch.Tensor) -> torch.Tensor:
@@ -101,10 +96,11 @@ class MultiTokenPredictionLayer(nn.Module):
         return self.final_layernorm(out)
 
 
-def attach_mtp_loss(model: "GPTModel", hidden: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor,
+def attach_mtp_loss(model: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor,
                     documents=None) -> torch.Tensor:
     """process_mtp_loss: runs the MTP layers on the decoder's final hidden states `hidden` and returns `hidden`
-    carrying their scaled losses' gradient (and records the logged values)."""
+    carrying their scaled losses' gradient (and records the logged values). `model`: the GPTModel (gpt/model.py),
+    whose embedding, output layer and MTP layers these are."""
     config, tracker = model.config, model.mtp_tracker
     loss_mask = documents.loss_mask if documents is not None and documents.loss_mask is not None else None
     loss_mask = torch.ones(labels.shape, dtype=torch.float32, device=labels.device) if loss_mask is None \

@@ -6,9 +6,9 @@ conversion), so the flattened order is chunk-major, as the interleaved split's h
 
 Its checks are validate_layer_layout's: E first and once, L last and once, as many t as --num-layers, as many m as
 --mtp-num-layers, every m after every t, m only in a rank's last chunk and all of them in one chunk, never on the
-first rank. Here the split maps onto the stages' chunks (each chunk holds its t's in order); what is not expressible
-is refused in one line: an m anywhere but in the last rank's last chunk (Megatron's standalone MTP stage), and a
-chunk without a transformer layer.
+first rank. Here the split maps onto the stages' chunks (each chunk holds its t's in order; a chunk may hold none
+and passes its input on); what is not expressible is refused in one line: an m anywhere but in the last rank's last
+chunk (Megatron's standalone MTP stage), and a rank without any transformer layer.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def parse_layout(text: str) -> list[str]:
     for stage in stages:
         for char in stage:
             if char not in LAYER_CHARS:
-                raise ConfigError(f"{LAYOUT_FLAG} {text!r}: invalid layer character {char!r}; known: E (embedding), "
+                raise ConfigError(f"{LAYOUT_FLAG} {text}: invalid layer character {char!r}; known: E (embedding), "
                                   f"t (transformer layer), m (MTP layer), L (loss)", flags=(LAYOUT_FLAG,))
     return stages
 
@@ -39,7 +39,7 @@ def layout_chunks(text: str, pipeline_size: int, num_layers: int, mtp_num_layers
     """[pipeline rank][model chunk] -> that virtual stage's string, checked as validate_layer_layout checks it."""
     stages = parse_layout(text)
     if len(stages) % pipeline_size:
-        raise ConfigError(f"{LAYOUT_FLAG} {text!r} has {len(stages)} stages, not a multiple of "
+        raise ConfigError(f"{LAYOUT_FLAG} {text} has {len(stages)} stages, not a multiple of "
                           f"--pipeline-model-parallel-size {pipeline_size}",
                           flags=(LAYOUT_FLAG, "--pipeline-model-parallel-size"))
     virtual = len(stages) // pipeline_size
@@ -47,7 +47,7 @@ def layout_chunks(text: str, pipeline_size: int, num_layers: int, mtp_num_layers
     flat = "".join(stages)
 
     def refuse(why: str, *flags: str) -> None:
-        raise ConfigError(f"{LAYOUT_FLAG} {text!r}: {why}", flags=(LAYOUT_FLAG, *flags))
+        raise ConfigError(f"{LAYOUT_FLAG} {text}: {why}", flags=(LAYOUT_FLAG, *flags))
 
     if not flat.startswith("E") or flat.count("E") != 1:
         refuse("the embedding E must come first, once")
@@ -64,10 +64,11 @@ def layout_chunks(text: str, pipeline_size: int, num_layers: int, mtp_num_layers
         refuse("MTP layers (m) on a stage other than the last (Megatron's standalone MTP stage) are not "
                "implemented here: the MTP layers run on the last stage's last chunk", "--mtp-num-layers")
     for rank, rank_chunks in enumerate(chunks):
-        for chunk, stage in enumerate(rank_chunks):
-            if "t" not in stage:
-                refuse(f"pipeline rank {rank}'s model chunk {chunk} ({stage or 'empty'!r}) holds no transformer layer: "
-                       f"not implemented here; give every virtual stage at least one t")
+        # an empty virtual stage passes its input on (the docs' "E||t|L"); a rank with no transformer layer at all
+        # is refused, as the other splits here refuse a stage without a layer
+        if not any("t" in stage for stage in rank_chunks):
+            refuse(f"pipeline rank {rank} ({', '.join(repr(stage) for stage in rank_chunks)}) holds no transformer "
+                   f"layer: not implemented here; give every rank at least one t")
     return chunks
 
 

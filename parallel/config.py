@@ -62,7 +62,8 @@ class ParallelismConfig:
     pipeline_model_parallel_layout: Optional[str] = option(
         None, help="Megatron-Core's pipeline layout, e.g. 'Et*3|(tt|)*6tmL': the virtual stages separated by |, "
                    "each its E (embedding), t (transformer layers), m (MTP layers) and L (loss); virtual stage k is "
-                   "model chunk k // PP of rank k % PP. MTP layers only on the last stage, every chunk with a t")
+                   "model chunk k // PP of rank k mod PP. MTP layers only in the last stage's last chunk; every "
+                   "stage needs a t")
     decoder_first_pipeline_num_layers: Optional[int] = option(
         None, help="layers of the first pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
     decoder_last_pipeline_num_layers: Optional[int] = option(

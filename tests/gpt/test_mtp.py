@@ -215,7 +215,7 @@ def test_mtp_at_tp2_equals_tp1(sequence_parallel):
         assert all(difference <= 1e-5 for difference in per_rank.values()), per_rank
 
 
-@pytest.mark.parametrize("untied,layout", [(False, None), (True, None), (True, "Et|t|t|tmL")])
+@pytest.mark.parametrize("untied,layout", [(False, None), (True, None), (True, "Et|tt|t|mL")])
 def test_mtp_on_the_last_of_two_pipeline_stages_logs_the_one_stage_losses(corpus_cache_300, tmp_path, untied, layout):
     """Megatron-Core places the MTP block on the last pipeline stage (mtp_on_this_rank) with its own copy of the word
     embedding, tied to the first stage's (tie_word_embeddings_state_dict; finalize_model_grads sums the copies'

@@ -50,8 +50,10 @@ def test_validation_follows_validate_layer_layout():
         layout_chunks("Et|mtL", 2, 2, 1)
     with pytest.raises(ConfigError, match="not a multiple of --pipeline-model-parallel-size 2"):
         layout_chunks("Et|t|tL", 2, 3, 0)
-    with pytest.raises(ConfigError, match="pipeline rank 3's model chunk 1 .'mL'. holds no transformer layer"):
-        layout_chunks("Et*3|(tt|)*6mL", 4, 15, 1)
+    with pytest.raises(ConfigError, match="pipeline rank 1 .'', 'L'. holds no transformer layer"):
+        layout_chunks("Ett||t|L", 2, 3, 0)
+    # an empty virtual stage is allowed (pipeline_parallel_layout.md: "E||t|L"), so is one with only m and L
+    assert layout_layer_counts("Et*3|(tt|)*6mL", 4, 15, 1) == ((3, 2), (2, 2), (2, 2), (2, 0))
 
 
 def test_layout_counts_give_each_chunk_its_layers_in_megatrons_order():
