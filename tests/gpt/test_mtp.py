@@ -245,3 +245,28 @@ def test_mtp_on_the_last_of_two_pipeline_stages_logs_the_one_stage_losses(corpus
 
     assert len(logged(single)) == 3 * 3
     assert logged(staged) == pytest.approx(logged(single), rel=1e-6, abs=0)
+
+
+def test_mtp_under_zero_1_2_3_on_two_data_parallel_ranks_trains_as_zero_0(corpus_cache_300, tmp_path):
+    """The MTP layers are ordinary parameters to ZeRO (at stage 3 in the root chunk, gathered for the whole forward):
+    ZeRO 1, 2 and 3 over two data-parallel ranks log ZeRO 0's LM and mtp_1 losses (the latter averaged over the
+    ranks, as MTPLossLoggingHelper reduces it over the data-parallel group)."""
+    import json
+
+    from tests.distributed import free_port, run_distributed
+    from tests.reliability_helpers import TINY
+    from tests.training.test_moe_training import launch_rank
+
+    common = TINY + MTP_FLAGS + ["--global-batch-size", "4", "--train-iters", "3", "--data-cache-dir",
+                                 corpus_cache_300]
+    stages = ("0", "1", "2", "3")
+    argv = [common + ["--zero-stage", stage, "--metrics-file", str(tmp_path / f"zero{stage}.jsonl")] for stage in stages]
+    run_distributed(launch_rank, 2, argv, [free_port() for _ in stages], timeout=600)
+
+    def logged(stage):
+        return [value for r in map(json.loads, (tmp_path / f"zero{stage}.jsonl").read_text().splitlines())
+                if "loss" in r and "split" not in r for value in (r["loss"], r["mtp_1 loss"])]
+
+    assert len(logged("0")) == 3 * 2
+    for stage in stages[1:]:
+        assert logged(stage) == pytest.approx(logged("0"), rel=1e-5, abs=0), stage
