@@ -678,6 +678,7 @@ class PretrainConfig:
 
     def _check_pipeline(self) -> None:
         """What pipeline stages (training/pipeline_step.py) cannot run yet, refused in one line each."""
+        from gpt.pipeline_layout import pipeline_layout_counts
         from gpt.stage_layers import stage_layers  # the split's own checks name the flags
 
         pp, parallel = self.parallel.pipeline_model_parallel_size, self.parallel
@@ -693,14 +694,36 @@ class PretrainConfig:
                               "sizes of the first and last of several stages): drop them, or add stages",
                               flags=("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                                      "--pipeline-model-parallel-size"))
+        if pp == 1 and parallel.pipeline_model_parallel_layout is not None:
+            counts = pipeline_layout_counts(self.model, parallel)  # its own checks hold for one stage too
+            if len(counts[0]) > 1:
+                raise ConfigError(f"--pipeline-model-parallel-layout {parallel.pipeline_model_parallel_layout!r} has "
+                                  f"{len(counts[0])} virtual stages on one pipeline stage: interleaving needs "
+                                  f"--pipeline-model-parallel-size > 1; use one virtual stage, or add stages",
+                                  flags=("--pipeline-model-parallel-layout", "--pipeline-model-parallel-size"))
         if pp == 1:
             return
+        if parallel.pipeline_model_parallel_layout is not None:
+            # Megatron-LM's validate_args: the layout replaces the split flags
+            given = [flag for flag, value in (
+                ("--num-layers-per-virtual-pipeline-stage", parallel.num_layers_per_virtual_pipeline_stage),
+                ("--num-virtual-stages-per-pipeline-rank", parallel.num_virtual_stages_per_pipeline_rank),
+                ("--decoder-first-pipeline-num-layers", parallel.decoder_first_pipeline_num_layers),
+                ("--decoder-last-pipeline-num-layers", parallel.decoder_last_pipeline_num_layers),
+                ("--account-for-embedding-in-pipeline-split", parallel.account_for_embedding_in_pipeline_split),
+                ("--account-for-loss-in-pipeline-split", parallel.account_for_loss_in_pipeline_split))
+                if value not in (None, False)]
+            if given:
+                raise ConfigError(f"--pipeline-model-parallel-layout with {', '.join(given)}: the layout gives the "
+                                  f"split itself; drop {'them' if len(given) > 1 else 'it'}",
+                                  flags=("--pipeline-model-parallel-layout", *given))
+            pipeline_layout_counts(self.model, parallel)  # refuses what it cannot map, in one line
         split = dict(virtual_stages=parallel.num_virtual_stages_per_pipeline_rank,
                      account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
                      account_for_loss=parallel.account_for_loss_in_pipeline_split)
         for rank in range(pp):  # a stage left without a layer is refused by its own rank's split
             stage_layers(self.model.num_layers, pp, rank, parallel.num_layers_per_virtual_pipeline_stage, *uneven,
-                         **split)
+                         **split, layout_counts=pipeline_layout_counts(self.model, parallel))
         if self.zero.stage == 3:
             # DeepSpeed's pipeline engine asserts zero_optimization_stage() < ZeroStageEnum.gradients
             # (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").
@@ -709,6 +732,25 @@ class PretrainConfig:
             raise ConfigError(f"--zero-stage 3 with --pipeline-model-parallel-size {pp}: ZeRO-3 is incompatible "
                               f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2",
                               flags=("--zero-stage", "--pipeline-model-parallel-size"))
+
+    def _check_multi_token_prediction(self) -> None:
+        """What --mtp-num-layers (gpt/mtp.py) does not run yet, one line each."""
+        mtp = self.model.mtp_num_layers
+        if not mtp:
+            return
+        cp, pp = self.parallel.context_parallel_size, self.parallel.pipeline_model_parallel_size
+        if cp > 1:
+            raise ConfigError(f"--mtp-num-layers {mtp} with --context-parallel-size {cp} is not implemented here: the "
+                              f"MTP layers roll the whole sequence on each rank; use --context-parallel-size 1",
+                              flags=("--mtp-num-layers", "--context-parallel-size"))
+        if pp > 1 and self.model.position_embedding_type == "learned_absolute":
+            raise ConfigError(f"--mtp-num-layers {mtp} with --pipeline-model-parallel-size {pp} and learned absolute "
+                              f"positions is not implemented here: the last stage's MTP layers hold no position "
+                              f"embedding; use --position-embedding-type rope or none, or one stage",
+                              flags=("--mtp-num-layers", "--pipeline-model-parallel-size", "--position-embedding-type"))
+        if self.logging.moe_per_layer_logging and self.model.moe is not None:
+            raise ConfigError("--moe-per-layer-logging with --mtp-num-layers is not implemented here: drop "
+                              "--moe-per-layer-logging", flags=("--moe-per-layer-logging", "--mtp-num-layers"))
 
     def _check_context_parallel(self) -> None:
         """What context parallelism (parallel/context_parallel.py) needs and what it does not run, one line each."""
@@ -830,6 +872,7 @@ class PretrainConfig:
         self._check_moe_tensor_parallel()
         self._check_pipeline()
         self._check_context_parallel()
+        self._check_multi_token_prediction()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:
             self._check_step_schedule()

@@ -97,9 +97,20 @@ def check_dense(config: ModelConfig, what: str) -> None:
                           f"experts come from a MixtralForCausalLM or Qwen2MoeForCausalLM folder")
 
 
+def refuse_mtp(config: ModelConfig, what: str) -> None:
+    """Multi-token prediction's layers (gpt/mtp.py) have no place in a GPT2LMHeadModel or a LlamaForCausalLM: the
+    export and --init-from-hf refuse them rather than drop them or leave them unloaded."""
+    if config.mtp_num_layers:
+        raise ConfigError(f"{what} of a model with --mtp-num-layers {config.mtp_num_layers} is not implemented: "
+                          f"transformers' GPT-2 and Llama have no multi-token prediction layers; drop --mtp-num-layers",
+                          flags=("--mtp-num-layers",))
+
+
 def check_convertible(config: ModelConfig, what: str) -> None:
     """A GPT2LMHeadModel or a LlamaForCausalLM can hold this model; anything else (GPT-2's blocks with an
-    untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need."""
+    untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
+    multi-token prediction's layers (refuse_mtp)."""
+    refuse_mtp(config, what)
     if is_llama_shaped(config):
         hf_llama.check_llama_shaped(config, what)
 
@@ -526,6 +537,7 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     """A Hugging Face GPT-2 folder's weights under our names and layout (vocabulary padded for this
     TP size), after checking that its config and tensors fit `model_config`. With `held_experts`
     ((layer, expert) pairs: expert parallelism), a Mixtral's or Qwen2-MoE's other experts are not read."""
+    refuse_mtp(model_config, "--init-from-hf")
     hf_dir = Path(hf_dir)
     keep = expert_filter(held_experts)
     config, hf_state = read_hf_model(hf_dir, keep)
@@ -582,6 +594,7 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
     model_config = ModelConfig.from_record(metadata["config"]["model"])
+    refuse_mtp(model_config, "the Hugging Face export")
     if model_config.moe is not None:  # as a Mixtral or a Qwen2-MoE, or refused naming what it lacks
         hf_llama.check_llama_shaped(model_config, "the Hugging Face export")
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]

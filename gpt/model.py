@@ -48,6 +48,7 @@ from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
 from gpt.moe.balancing import MoELossTracker
 from gpt.moe.layer import MoELayer
+from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
 from gpt.norms import HeadNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, rotary_angles
@@ -235,8 +236,11 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
                  architecture: Architecture = GPT2, layer_number: int = 0,
-                 moe_tracker: Optional[MoELossTracker] = None):
+                 moe_tracker: Optional[MoELossTracker] = None, kind_of: Optional[int] = None):
+        """`kind_of`: the decoder layer whose kind (dense or MoE, its experts) this block takes, where it is not
+        `layer_number` itself (an MTP layer's block takes the last decoder layer's, gpt/mtp.py)."""
         super().__init__()
+        kind_of = layer_number if kind_of is None else kind_of
         h, eps = config.hidden_size, config.layernorm_epsilon
         self.input_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("input_layernorm"))
         # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
@@ -245,14 +249,14 @@ class TransformerBlock(nn.Module):
         self.post_attention_layernorm = normalization(architecture.normalization, h, eps,
                                                       plan.norm_state("post_attention_layernorm"))
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
-        if config.moe_layers()[layer_number]:
+        if config.moe_layers()[kind_of]:
             # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
             # under expert parallelism its share of the experts and the plan's dispatcher (gpt/parallel_plan.py)
             # (a Megatron-DeepSpeed --num-experts list gives each MoE layer its own count, split over the same group)
             if plan.state.tensor_parallel_size > 1 and not plan.sequence_parallel:
                 raise ValueError("an MoE layer under tensor parallelism runs on the sequence-parallel slices "
                                  "(Megatron-Core's MoELayer requires --sequence-parallel with TP)")
-            moe = config.moe_of(layer_number)
+            moe = config.moe_of(kind_of)
             dispatcher, local_experts = plan.experts(moe.num_experts)
             self.mlp = MoELayer(h, moe, state=plan.state,
                                 activation=functools.partial(activation_function, config.activation),
@@ -314,6 +318,10 @@ class GPTModel(nn.Module):
         # Whether the word embedding is also the output layer: then a first and a last pipeline stage each hold
         # a copy whose gradients are summed (an untied first stage's output_layer is None too: not a tie).
         self.tied_output = tied
+        # Whether a first and a last pipeline stage each hold a copy of the word embedding whose gradients the
+        # embedding group sums: tied, or the last stage's MTP layers embed the rolled tokens (Megatron-Core builds
+        # its embedding where `pre_process or mtp_process` and ties the copies: tie_word_embeddings_state_dict)
+        self.shares_word_embedding = tied or config.mtp_num_layers > 0
         learned_positions = architecture.position_embedding_type == "learned_absolute"
         # With nothing to add after the lookup, the lookup's sum over TP ranks is a reduce-scatter along the
         # sequence (Megatron-Core's LanguageModelEmbedding: reduce_scatter_embeddings); learned positions
@@ -321,7 +329,7 @@ class GPTModel(nn.Module):
         self.word_embeddings = plan.embedding(
             "word_embeddings", config.vocab_size, padded_vocab, config.hidden_size, init_std=config.init_method_std,
             scatter_in_lookup=not learned_positions) \
-            if stage.first or (stage.last and tied) else None
+            if stage.first or (stage.last and self.shares_word_embedding) else None
         if learned_positions and stage.first:
             # `_weight` skips nn.Embedding's own (pointless, on meta) initialisation.
             self.position_embeddings = nn.Embedding(
@@ -355,20 +363,31 @@ class GPTModel(nn.Module):
         # The global vocabulary index of this rank's first output column: the embedding's row split, also on
         # a last pipeline stage whose untied output layer is its only vocabulary shard (no embedding there).
         self.output_vocab_start = state.tensor_parallel_rank * (padded_vocab // state.tensor_parallel_size)
+        # Megatron-Core's MTP block (gpt/mtp.py) on the last stage: --mtp-num-layers layers, each with one block of
+        # the last decoder layer's kind, numbered after the decoder's (num_layers + k, as get_mtp_layer_offset)
+        self.mtp_layers = nn.ModuleList()
+        self.mtp_tracker = MTPLossTracker(config.mtp_num_layers) if config.mtp_num_layers and stage.last else None
+        if self.mtp_tracker is not None:
+            for k in range(config.mtp_num_layers):
+                block = TransformerBlock(config, plan, rng, architecture, config.num_layers + k, self.moe_tracker,
+                                         kind_of=config.num_layers - 1)
+                self.mtp_layers.append(MultiTokenPredictionLayer(block, config, plan, architecture))
         # How the blocks run: in a plain loop, or under activation checkpointing once
         # zero.activations.apply_activation_checkpointing has replaced it.
         self.run_blocks = run_in_order
 
-    def embed(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None,
+              positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The first block's input, [batch, seq, hidden] (under sequence parallelism, this rank's slice of the
         sequence: [batch, seq / TP, hidden]). Learned positions are 0..seq-1, or `documents.position_ids`
-        [batch, seq] where given (--reset-position-ids)."""
+        [batch, seq] where given (--reset-position-ids), or `positions` (an MTP layer's, rolled: gpt/mtp.py)."""
         hidden = self.word_embeddings(tokens)
         if self.position_embeddings is not None:
             # --reset-position-ids' per-document positions; with context parallelism, this rank's chunks at their
             # global positions (the two are not combined: arguments/config.py refuses it)
-            positions = documents.position_ids if documents is not None else \
-                positions_on_this_rank(tokens.shape[1], self.state, tokens.device)
+            if positions is None:
+                positions = documents.position_ids if documents is not None else \
+                    positions_on_this_rank(tokens.shape[1], self.state, tokens.device)
             if positions is None:
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
             hidden = hidden + self.position_embeddings(positions)
@@ -385,16 +404,23 @@ class GPTModel(nn.Module):
         return self.final_layernorm(hidden)
 
     def chunk_forward(self, chunk: int, inputs: torch.Tensor, labels: torch.Tensor | None = None,
-                      documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+                      documents: Optional[DocumentMasks] = None, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Model chunk `chunk` of this pipeline stage: from tokens on the model's first chunk, else from
         the previous chunk's hidden states; to the per-token loss (or logits) on its last chunk, else to
         hidden states [batch, seq, hidden]. `documents`: the micro-batch's positions (read by the learned position
-        embedding) and attention mask (every chunk's attention), where the document-masking flags are set."""
+        embedding) and attention mask (every chunk's attention), where the document-masking flags are set.
+        `tokens`: the micro-batch's tokens, which the last chunk's MTP layers embed (gpt/mtp.py)."""
         hidden = self.embed(inputs, documents) if self.stage.first and chunk == 0 else inputs
         hidden = self.run_blocks(self.chunk_blocks[chunk], hidden) if documents is None else \
             self.run_blocks(self.chunk_blocks[chunk], hidden, documents)
         if self.stage.last and chunk == len(self.stage.chunks) - 1:
-            return self.output(self.final_layernorm(hidden), labels)
+            final_hidden = self.final_layernorm(hidden)
+            if self.mtp_tracker is not None and labels is not None and self.training:
+                # the MTP layers on the last stage (Megatron-Core's default placement) read the micro-batch's tokens
+                if tokens is None:
+                    raise ValueError("the last stage's MTP layers need the micro-batch's tokens")
+                final_hidden = attach_mtp_loss(self, final_hidden, tokens, labels, documents)
+            return self.output(final_hidden, labels)
         return hidden
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
@@ -407,7 +433,11 @@ class GPTModel(nn.Module):
         padding changes nothing. `documents` (data/documents.py): per-document positions and attention
         (--reset-position-ids, --reset-attention-mask); the loss mask is the caller's (masked_token_mean).
         """
-        return self.output(self.hidden_states(tokens, documents), labels)
+        final_hidden = self.hidden_states(tokens, documents)
+        if self.mtp_tracker is not None and labels is not None and self.training:
+            # the MTP losses ride on the hidden states' backward (gpt/mtp.py); the returned loss is the LM's alone
+            final_hidden = attach_mtp_loss(self, final_hidden, tokens, labels, documents)
+        return self.output(final_hidden, labels)
 
     def output(self, final_hidden: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
         """The output layer (and the loss, with labels) on the final norm's output."""

@@ -174,6 +174,14 @@ class ModelConfig:
                                                          "1e-4")],
         help="add S x log(Z)^2 to every token's loss, log(Z) the log-sum-exp of its logits (PaLM's z-loss, as "
              "llm-jp's Megatron-LM fork adds it); 0 adds nothing")
+    # Megatron-Core's multi-token prediction (gpt/mtp.py, megatron/core/transformer/multi_token_prediction.py)
+    mtp_num_layers: int = option(
+        0, help="Megatron-Core's multi-token prediction: N MTP layers after the decoder, layer k predicting the "
+                "token k+1 ahead through the shared embedding and output layer; their loss trains the model and is "
+                "logged as mtp_k loss; 0 (or Megatron's unset) builds none")
+    mtp_loss_scaling_factor: float = option(
+        0.1, help="with --mtp-num-layers, the MTP losses' weight: each layer's loss is scaled by this / N "
+                  "(Megatron-Core's default 0.1)")
     # Megatron-LM's --fp8-format (dest fp8); DeepSpeed-Megatron's --fp8-e4m3 / --fp8-hybrid. gpt/fp8.py
     # checks it before any work.
     fp8: Optional[str] = option(
@@ -457,6 +465,9 @@ class ModelConfig:
                               flags=("--init-method-std", "--layernorm-epsilon"))
         if self.vocab_size < 0:
             raise ConfigError(f"--vocab-size must be at least 1, got {self.vocab_size}", flags=("--vocab-size",))
+        if self.mtp_num_layers < 0:
+            raise ConfigError(f"--mtp-num-layers must be 0 or more, got {self.mtp_num_layers}", 
+                              flags=("--mtp-num-layers",))
         if self.z_loss_strength < 0:
             raise ConfigError(f"--z-loss-strength must be 0 or more, got {self.z_loss_strength}",
                               flags=("--z-loss-strength",))

@@ -50,6 +50,7 @@ LAYER_STYLES = {
     "mlp.dense_h_to_4h_up": COLUMN,
     "mlp.dense_4h_to_h": ROW,
     "output_layer": COLUMN,                # untied: the vocabulary's rows, as the embedding's
+    "mtp.eh_proj": COLUMN,                 # multi-token prediction's 2h -> h projection (gpt/mtp.py), gathered after
     # an MoE layer's shared experts under TP (gpt/moe/layer.py TensorParallelSharedExperts, Megatron-Core's
     # SharedExpertMLP): the MLP's styles; the routed experts split over the expert TP group instead (experts.py)
     "mlp.shared_experts.dense_h_to_4h": COLUMN,
@@ -68,6 +69,7 @@ SEQUENCE_REGIONS = (
     "post_attention_layernorm",
     "hidden_dropout",                     # each block's residual dropout
     "final_layernorm",                    # the final norm; the output layer gathers the sequence after it
+    "mtp_norm",                           # an MTP layer's enorm, hnorm and final_layernorm (gpt/mtp.py)
 )
 
 

@@ -89,28 +89,41 @@ class ModelShape:
     # fewer than moe_layers blocks of the largest count (parameters_per_moe_block) would hold
     moe_parameters_below_largest: int = 0
     moe_active_parameters_below_largest: int = 0
+    # Multi-token prediction (gpt/mtp.py): --mtp-num-layers layers, each a block of the last layer's kind (counted
+    # in dense_layers / moe_layers below, as Megatron's num_floating_point_operations adds them) plus its
+    # enorm, hnorm, final norm and 2h -> h eh_proj (parameters_per_mtp_extra); each adds a logits matmul.
+    mtp_layers: int = 0
+    mtp_layers_are_moe: bool = False
+    parameters_per_mtp_extra: int = 0
 
     @property
     def dense_layers(self) -> int:
-        return self.num_layers - self.moe_layers
+        return self.num_layers - self.moe_layers + (0 if self.mtp_layers_are_moe else self.mtp_layers)
+
+    @property
+    def moe_blocks(self) -> int:
+        """The MoE blocks, the MTP layers' included."""
+        return self.moe_layers + (self.mtp_layers if self.mtp_layers_are_moe else 0)
 
     def parameter_count(self, padded_vocab_size: int) -> int:
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
-                + self.dense_layers * self.parameters_per_block + self.moe_layers * self.parameters_per_moe_block
-                - self.moe_parameters_below_largest)
+                + self.dense_layers * self.parameters_per_block + self.moe_blocks * self.parameters_per_moe_block
+                - self.moe_parameters_below_largest + self.mtp_layers * self.parameters_per_mtp_extra)
 
     def active_parameter_count(self, padded_vocab_size: int) -> int:
         """The parameters one token's forward uses: with MoE layers, k experts of each instead of all."""
         return (padded_vocab_size * self.parameters_per_vocabulary_row + self.parameters_outside_blocks
                 + self.dense_layers * self.parameters_per_block
-                + self.moe_layers * self.active_parameters_per_moe_block - self.moe_active_parameters_below_largest)
+                + self.moe_blocks * self.active_parameters_per_moe_block - self.moe_active_parameters_below_largest
+                + self.mtp_layers * self.parameters_per_mtp_extra)
 
     def blocks_forward_flops_per_token(self) -> int:
         """Every block's forward matmul FLOPs per token: dense blocks and MoE blocks (their active part)."""
         attention = sum(matmul.flops_per_key * self.seq_length for matmul in self.block_matmuls
                         if isinstance(matmul, AttentionShape)) * self.tensor_parallel_size
         return (self.dense_layers * self.block_forward_flops_per_token()
-                + self.moe_layers * (self.moe_block_linear_flops + attention))
+                + self.moe_blocks * (self.moe_block_linear_flops + attention)
+                + self.mtp_layers * 2 * 2 * self.hidden_size * self.hidden_size)  # each MTP layer's eh_proj
 
     def output_matmul(self, padded_vocab_size: int) -> LinearShape:
         """The logits' matmul on one TP rank (each scores its slice of the padded vocabulary)."""
@@ -129,8 +142,8 @@ class ModelShape:
         return flops * self.tensor_parallel_size
 
     def logits_forward_flops_per_token(self, padded_vocab_size: int) -> int:
-        output = self.output_matmul(padded_vocab_size)
-        return 2 * output.in_features * output.out_features * self.tensor_parallel_size
+        output = self.output_matmul(padded_vocab_size)  # the final logits and each MTP layer's
+        return 2 * output.in_features * output.out_features * self.tensor_parallel_size * (1 + self.mtp_layers)
 
 
 # One shape per (model options, TP size): num_layers, seq_length and the vocabulary only scale it. (The
@@ -147,11 +160,16 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
     key = (tuple(getattr(config, name) for name in _SHAPING_FIELDS), tensor_parallel_size, sequence_parallel)
     if key not in _BUILT:
         probe = dataclasses.replace(config, num_layers=1, vocab_size=tensor_parallel_size,
-                                    pad_vocab_size_to=tensor_parallel_size, num_experts=None)
+                                    pad_vocab_size_to=tensor_parallel_size, num_experts=None, mtp_num_layers=0)
         state = virtual_state(tensor_parallel_size, tensor_parallel_size)
         plan = tensor_parallel_plan(state, ParallelismConfig(tensor_model_parallel_size=tensor_parallel_size,
                                                              sequence_parallel=sequence_parallel))
         shape = _read_shape(GPTModel(probe, state, plan=plan), tensor_parallel_size)
+        if config.mtp_num_layers:  # one MTP layer's norms and eh_proj: all it holds beyond its (dense) block
+            with_mtp = _read_shape(GPTModel(dataclasses.replace(probe, mtp_num_layers=1), state, plan=plan),
+                                   tensor_parallel_size)
+            shape = dataclasses.replace(shape, parameters_per_mtp_extra=with_mtp.parameters_outside_blocks
+                                        - shape.parameters_outside_blocks - shape.parameters_per_block)
         blocks = {}
         # an MoE layer under TP runs on the sequence-parallel slices (gpt/moe/layer.py): its probe's plan says so
         # (the parameters are the same either way); each expert split over the TP ranks (expert TP = TP)
@@ -173,7 +191,8 @@ def model_shape(config: ModelConfig, tensor_parallel_size: int = 1, sequence_par
             if is_moe:
                 below = [below[i] + largest[i] - _MOE_BLOCKS[key][count][i] for i in (0, 1)]
     return dataclasses.replace(_BUILT[key], num_layers=config.num_layers, seq_length=config.seq_length,
-                               moe_layers=moe_layers, moe_parameters_below_largest=below[0],
+                               moe_layers=moe_layers, mtp_layers=config.mtp_num_layers,
+                               mtp_layers_are_moe=config.moe_layers()[-1], moe_parameters_below_largest=below[0],
                                moe_active_parameters_below_largest=below[1])
 
 

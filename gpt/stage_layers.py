@@ -82,7 +82,8 @@ VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG = ("--num-layers-per-virtual-pipeline-s
 def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual_stage: Optional[int] = None,
                  first_stage_layers: Optional[int] = None, last_stage_layers: Optional[int] = None, *,
                  virtual_stages: Optional[int] = None, account_for_embedding: bool = False,
-                 account_for_loss: bool = False) -> StageLayers:
+                 account_for_loss: bool = False,
+                 layout_counts: Optional[tuple[tuple[int, ...], ...]] = None) -> StageLayers:
     """The layers of stage `pp_rank` of `pp_size`; ConfigError naming the flag for a split Megatron refuses.
 
     Interleaving is given as layers per model chunk (`layers_per_virtual_stage`) or, Megatron's other spelling,
@@ -91,7 +92,20 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int, layers_per_virtual
     counts as one layer before the first (after the last) transformer layer when the L + 1 (+ 1) slots split
     evenly, and the stage's chunk that holds that slot builds one layer fewer: Megatron-Core's
     get_num_layers_to_build (transformer_block.py) and get_transformer_layer_offset (transformer_layer.py,
-    offset - 1 on every chunk but the first stage's first)."""
+    offset - 1 on every chunk but the first stage's first). `layout_counts`: each stage's chunks' layer counts, from
+    --pipeline-model-parallel-layout (gpt/pipeline_layout.py)."""
+    if layout_counts is not None:
+        # --pipeline-model-parallel-layout (gpt/pipeline_layout.py): each chunk's count given; chunk c of rank r is
+        # virtual stage c x pp + r, and its layers follow those of every virtual stage before it
+        # (PipelineParallelLayerLayout.get_layer_offset)
+        flat = [layout_counts[rank][chunk] for chunk in range(len(layout_counts[0])) for rank in range(pp_size)]
+
+        def layout_chunk(chunk: int) -> tuple[int, ...]:
+            start = sum(flat[:chunk * pp_size + pp_rank])
+            return tuple(range(start, start + layout_counts[pp_rank][chunk]))
+
+        return StageLayers(tuple(layout_chunk(chunk) for chunk in range(len(layout_counts[pp_rank]))),
+                           first=pp_rank == 0, last=pp_rank == pp_size - 1)
     if layers_per_virtual_stage is not None and virtual_stages is not None:
         raise ConfigError(f"{VIRTUAL_LAYERS_FLAG} with {VIRTUAL_STAGES_FLAG}: Megatron takes one of them; drop one",
                           flags=(VIRTUAL_LAYERS_FLAG, VIRTUAL_STAGES_FLAG))

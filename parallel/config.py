@@ -58,6 +58,12 @@ class ParallelismConfig:
     account_for_loss_in_pipeline_split: bool = option(
         False, help="count the loss as one layer when the layers split over the stages (the last stage builds "
                     "one transformer layer fewer)")
+    # Megatron-Core's layout string (gpt/pipeline_layout.py): E, t, m, L per virtual stage, `|` between them
+    pipeline_model_parallel_layout: Optional[str] = option(
+        None, help="Megatron-Core's pipeline layout, e.g. 'Et*3|(tt|)*6tmL': the virtual stages separated by |, "
+                   "each its E (embedding), t (transformer layers), m (MTP layers) and L (loss); virtual stage k is "
+                   "model chunk k // PP of rank k mod PP. MTP layers only in the last stage's last chunk; every "
+                   "stage needs a t")
     decoder_first_pipeline_num_layers: Optional[int] = option(
         None, help="layers of the first pipeline stage (Megatron-LM's uneven split; the rest evenly over the others)")
     decoder_last_pipeline_num_layers: Optional[int] = option(

@@ -147,8 +147,9 @@ def check_interleaving(num_micro_batches: int, pp_size: int, vp_size: int, group
         if num_micro_batches % pp_size:
             raise ConfigError(f"the interleaved pipeline schedule needs the micro-batches per iteration "
                               f"({num_micro_batches}) to be a multiple of --pipeline-model-parallel-size {pp_size}: "
-                              f"change --global-batch-size or --micro-batch-size, or drop "
-                              f"--num-layers-per-virtual-pipeline-stage")
+                              f"change --global-batch-size or --micro-batch-size, or drop the interleaving "
+                              f"(--num-layers-per-virtual-pipeline-stage, or a --pipeline-model-parallel-layout with "
+                              f"more virtual stages than stages)")
         return
     if not pp_size <= group_size <= num_micro_batches:
         raise ConfigError(f"{GROUP_FLAG} {group_size}: the micro-batches of a group run through each model chunk "

@@ -17,6 +17,7 @@ from typing import Optional
 from base.eager_under_compile import keep_marked_methods_eager
 from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
+from gpt.pipeline_layout import pipeline_layout_counts
 from gpt.stage_layers import StageLayers, stage_layers
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -84,9 +85,9 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute
         checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations)
-    # A tied embedding on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
+    # A tied embedding (or the MTP layers' copy, gpt/mtp.py) on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
     # shard by shard (zero/pipeline_grads.py).
-    shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.tied_output \
+    shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.shares_word_embedding \
         and model.word_embeddings is not None else []
     mark_weight_decay(decayed_norm_params(model, config))
     # Where the experts' grid is not the dense one (expert parallelism, or expert TP 1 beside TP: each TP rank's
@@ -112,7 +113,8 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
                         parallel.decoder_last_pipeline_num_layers,
                         virtual_stages=parallel.num_virtual_stages_per_pipeline_rank,
                         account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
-                        account_for_loss=parallel.account_for_loss_in_pipeline_split)
+                        account_for_loss=parallel.account_for_loss_in_pipeline_split,
+                        layout_counts=pipeline_layout_counts(settings.config.model, parallel))
 
 
 def decayed_norm_params(model: GPTModel, config) -> list:

@@ -192,6 +192,7 @@ def format_console_line(record: dict[str, Any], train_iters: int, eta_s: Optiona
         f"learning rate: {record['lr']:.3E}",
         f"lm loss: {record['loss']:.6E}",
         *(f"{name}: {record[name]:.6E}" for name in MOE_LOSS_NAMES if name in record),
+        *(f"{name}: {record[name]:.6E}" for name in record if name.startswith("mtp_")),
         f"grad norm: {record['grad_norm']:.3f}",
         f"tokens/s: {record['tokens_per_s']:.0f}",
         f"TFLOP/s/GPU: {record['tflops_per_gpu']:.2f}",

@@ -53,7 +53,7 @@ class PipelineTrainStep(DataParallelTrainStep):
         group = settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
         self.p2p = PipelineP2P(state.device, state.comm,
                                send_lag(state.pipeline_parallel_size, group if self.chunks > 1 else None))
-        tied = model.word_embeddings if model.tied_output else None
+        tied = model.word_embeddings if model.shares_word_embedding else None
         self.gradients = PipelineGradients(zero, tied.weight if tied is not None else None, state.embedding_group,
                                            state.pipeline_parallel_group, state.is_first_stage)
         self.dtype = next(model.parameters()).dtype
@@ -120,11 +120,12 @@ class PipelineTrainStep(DataParallelTrainStep):
         with self.observer.phase("forward"):
             if masks is not None:
                 if self._ends_model(slot):
-                    return masked_token_mean(self.model.chunk_forward(slot.chunk, chunk_input, labels, masks),
-                                             masks) / accumulation_steps
+                    return masked_token_mean(self.model.chunk_forward(slot.chunk, chunk_input, labels, masks,
+                                                                      tokens=tokens), masks) / accumulation_steps
                 output = self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
             elif self._ends_model(slot):
-                return mean_token_loss(self.model.chunk_forward(slot.chunk, chunk_input, labels), self.state) \
+                return mean_token_loss(self.model.chunk_forward(slot.chunk, chunk_input, labels, tokens=tokens),
+                                       self.state) \
                     / accumulation_steps
             else:
                 output = self.model.chunk_forward(slot.chunk, chunk_input)

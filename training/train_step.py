@@ -24,6 +24,7 @@ from torch import nn
 
 from arguments.schedule import tokens_seen_by_schedule
 from data.documents import DocumentMasking, masked_token_mean
+from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, split_micro_batch
@@ -127,6 +128,9 @@ class DataParallelTrainStep:
         # than in run_iteration (the dry run's path): their reductions are a few float64 values per MoE loss and
         # layer, not in the plan's bytes. The bias is no parameter, so updating it after the step changes no number.
         moe_losses = finish_moe_iteration(self.model, state, accumulation_steps)
+        # Megatron-Core's "mtp_k loss" beside them (gpt/mtp.py); nothing without --mtp-num-layers
+        moe_losses.update(finish_mtp_iteration(self.model, state, accumulation_steps,
+                                               self.settings.config.model.mtp_num_layers))
         moe_per_layer = self.moe_per_layer(accumulation_steps)
         self.consecutive_skips = self.consecutive_skips + 1 if step.skipped else 0
         if step.skipped and state.is_first_rank:
@@ -166,6 +170,7 @@ class DataParallelTrainStep:
         # the MoE balancing losses' backward scale: the main loss's (training/moe_metrics.py); nothing for a dense model
         begin_moe_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps,
                             self.state.context_parallel_size)
+        begin_mtp_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps)
         iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
         step = self.observer.optimizer_step(self.zero.optimizer)
         return average_over_data_parallel(iteration_loss, state), step

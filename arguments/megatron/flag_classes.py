@@ -214,9 +214,6 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
         --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
         --disable-mamba-mem-eff-path --hybrid-attention-ratio --hybrid-mlp-ratio""")),
-    ("multi-token prediction's knob: it is off here (--mtp-num-layers 0), so it has no effect", _names("""
-        --mtp-detach-heads --mtp-hsm --mtp-hybrid-override-pattern --mtp-loss-scaling-factor --mtp-standalone
-        --mtp-use-repeated-layer""")),
     ("fp8/fp4 training's knob: it is off here (--fp8-format is refused until it is wired on a GPU, --fp4-format "
      "always; --bf16 or --fp16), so "
      "it has no effect", _names("""
@@ -512,11 +509,15 @@ AT_VALUE: dict[str, AtValue] = {
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
-        --pipeline-model-parallel-split-rank --pipeline-model-parallel-layout
+        --pipeline-model-parallel-split-rank
         --standalone-embedding-stage --pp-partition-method
         --enable-zbh1-pipeline --enable-zbh1-exact-semantics""")},
-    "--mtp-num-layers": AtValue(_equals(0, None), "no multi-token prediction layers, as here",
-                                "multi-token prediction is not implemented: the loss is next-token prediction"),
+    **{option: AtValue(_equals(False, None), "off: the MTP layers run as Megatron-Core's default, as here",
+                       "not implemented: the MTP layers (--mtp-num-layers, gpt/mtp.py) run as Megatron-Core's "
+                       "default: no detached heads, hidden-state mixing, standalone stage, repeated layer or "
+                       "hybrid pattern; drop the flag")
+       for option in _names("""--mtp-detach-heads --mtp-hsm --mtp-hybrid-override-pattern --mtp-standalone
+                               --mtp-use-repeated-layer""")},
     "--softmax-type": AtValue(_equals("vanilla"), "the ordinary softmax, as here",
                               "not implemented: attention uses the ordinary softmax (--softmax-type vanilla)"),
     "--dataloader-type": AtValue(_equals("single"), "one pass over shuffled samples, consumed samples resuming it, "

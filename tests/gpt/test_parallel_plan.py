@@ -51,15 +51,24 @@ def _model(config: ModelConfig, sequence_parallel: bool) -> GPTModel:
 
 
 def _plan_name(name: str) -> str:
-    """A module's name as the plan names it: a block's relative to the block."""
+    """A module's name as the plan names it: a block's relative to the block (an MTP layer's block too), an MTP
+    layer's own `mtp.<name>` (gpt/mtp.py)."""
     parts = name.split(".")
+    if parts[0] == "mtp_layers":
+        return ".".join(parts[3:]) if parts[2] == "transformer_layer" else "mtp." + ".".join(parts[2:])
     return ".".join(parts[2:]) if parts[0] == "blocks" else name
 
 
 @pytest.mark.parametrize("sequence_parallel", (False, True))
 def test_every_tensor_parallel_module_and_linear_is_named_in_the_plan_with_its_style(sequence_parallel):
     named = set()
-    for config in (*MODELS.values(), *(MOE_MODELS.values() if sequence_parallel else ())):
+    # with an MTP layer (gpt/mtp.py): its eh_proj and its block's linears are the plan's too
+    # and multi-latent attention's projections (gpt/mla.py), with and without a query LoRA rank
+    mla = dict(multi_latent_attention=True, num_query_groups=None, kv_lora_rank=16, qk_head_dim=8,
+               qk_pos_emb_head_dim=4, v_head_dim=8)
+    for config in (*MODELS.values(), dataclasses.replace(LLAMA, mtp_num_layers=1),
+                   dataclasses.replace(LLAMA, **mla), dataclasses.replace(LLAMA, **mla, q_lora_rank=24),
+                   *(MOE_MODELS.values() if sequence_parallel else ())):
         for name, module in _model(config, sequence_parallel).named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding, *PARALLEL_LAYERS)) and name != "position_embeddings":
                 style = LAYER_STYLES[_plan_name(name)]  # a KeyError is a layer built outside the table

@@ -1,0 +1,147 @@
+"""Megatron-Core's multi-token prediction (--mtp-num-layers N, --mtp-loss-scaling-factor; DeepSeek-V3's MTP),
+as megatron/core/transformer/multi_token_prediction.py computes it.
+
+MTP layer k (1..N), MultiTokenPredictionLayer: the input tokens rolled left k times (the last position filled
+with 0: roll_tensor) go through the model's own embedding (learned positions rolled with them); `enorm` of that
+and `hnorm` of the previous hidden states (for k = 1 the decoder's output after its final norm) are concatenated
+[embedding, hidden] and projected 2h -> h by `eh_proj` (column-parallel, its output gathered over TP and, under
+sequence parallelism, scattered along the sequence again: _concat_embeddings), then one transformer layer of the
+decoder's last layer's kind, then the layer's own `final_layernorm`. Its output feeds the next MTP layer and
+the shared output layer (the word embedding when tied).
+
+The loss, process_mtp_loss: the labels and the loss mask rolled left k times; per layer
+`mtp_loss_scaling_factor / N * sum(mask_k x CE_k) / max(sum(mask_k), 1)`. It is not added to the LM loss's value:
+MTPLossAutoScaler attaches it to the decoder's hidden states and gives it, in backward, the main loss's backward
+scale (schedules.py forward_step_calc_loss: `MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)`).
+Logged as MTPLossLoggingHelper.track_mtp_metrics: "mtp_k loss" = sum(mask_k x CE_k) / num_tokens per
+micro-batch, averaged over the micro-batches and the data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gpt.norms import normalization
+from parallel.mappings import gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region
+
+
+def roll_left(tensor: torch.Tensor) -> torch.Tensor:
+    """roll_tensor(shifts=-1, dims=-1) without context parallelism: shifted left along the last dim, the last
+    position filled with 0."""
+    rolled = torch.roll(tensor, shifts=-1, dims=-1)
+    rolled[..., -1] = 0
+    return rolled
+
+
+class MTPLossTracker:
+    """One iteration's MTP bookkeeping: the backward scale of the attached losses and, per MTP layer, the
+    logged losses summed over the micro-batches."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.backward_scale = 1.0
+        self.num_layers = num_layers
+        self._pending: list[tuple[int, torch.Tensor]] = []
+
+    def begin_iteration(self, backward_scale: float) -> None:
+        self.backward_scale = backward_scale
+        self._pending = []
+
+    def record(self, layer: int, value: torch.Tensor) -> None:
+        self._pending.append((layer, value.detach().float()))
+
+    def sums(self, device) -> torch.Tensor:
+        totals = torch.zeros(self.num_layers, dtype=torch.float64, device=device)
+        for layer, value in self._pending:
+            totals[layer] += value.double()
+        self._pending = []
+        return totals
+
+
+class MTPLossAutoScaler(torch.autograd.Function):
+    """multi_token_prediction.py MTPLossAutoScaler: forward returns `output`; backward returns its gradient
+    unchanged and the tracker's backward scale as the gradient of `mtp_loss`."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, mtp_loss: torch.Tensor, tracker: MTPLossTracker) -> torch.Tensor:
+        ctx.save_for_backward(mtp_loss)
+        ctx.tracker = tracker
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (mtp_loss,) = ctx.saved_tensors
+        return grad_output, torch.ones_like(mtp_loss) * ctx.tracker.backward_scale, None
+
+
+class MultiTokenPredictionLayer(nn.Module):
+    def __init__(self, block: nn.Module, config, plan, architecture):
+        super().__init__()
+        h, eps = config.hidden_size, config.layernorm_epsilon
+        self.enorm = normalization(architecture.normalization, h, eps, plan.norm_state("mtp_norm"))
+        self.hnorm = normalization(architecture.normalization, h, eps, plan.norm_state("mtp_norm"))
+        # Megatron-Core: init_method (the plain std), bias=False, gather_output=False
+        self.eh_proj = plan.linear("mtp.eh_proj", 2 * h, h, init_std=config.init_method_std, bias=False)
+        self.transformer_layer = block
+        self.final_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("mtp_norm"))
+        self.state = plan.state
+        self.sequence_parallel = plan.sequence_parallel
+
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, documents=None) -> torch.Tensor:
+        projected = self.eh_proj(torch.cat((self.enorm(embedded), self.hnorm(hidden)), dim=-1))
+        projected = gather_from_tensor_parallel_region(projected, self.state)
+        if self.sequence_parallel:
+            projected = scatter_to_sequence_parallel_region(projected, self.state)
+        out = self.transformer_layer(projected) if documents is None else self.transformer_layer(projected, documents)
+        return self.final_layernorm(out)
+
+
+def attach_mtp_loss(model: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor,
+                    documents=None) -> torch.Tensor:
+    """process_mtp_loss: runs the MTP layers on the decoder's final hidden states `hidden` and returns `hidden`
+    carrying their scaled losses' gradient (and records the logged values). `model`: the GPTModel (gpt/model.py),
+    whose embedding, output layer and MTP layers these are."""
+    config, tracker = model.config, model.mtp_tracker
+    loss_mask = documents.loss_mask if documents is not None and documents.loss_mask is not None else None
+    loss_mask = torch.ones(labels.shape, dtype=torch.float32, device=labels.device) if loss_mask is None \
+        else loss_mask.float()
+    positions = documents.position_ids if documents is not None and documents.position_ids is not None else \
+        torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+    mtp_labels = labels
+    scale = config.mtp_loss_scaling_factor / config.mtp_num_layers
+    previous, output = hidden, hidden
+    for k, layer in enumerate(model.mtp_layers):
+        tokens, positions = roll_left(tokens), roll_left(positions)
+        previous = layer(previous, model.embed(tokens, documents, positions=positions), documents)
+        mtp_labels, loss_mask = roll_left(mtp_labels), roll_left(loss_mask)
+        num_tokens = loss_mask.sum()
+        per_token = model.output(previous, mtp_labels).float()
+        summed = (per_token * loss_mask).sum()
+        tracker.record(k, summed / num_tokens.clamp(min=1))
+        output = MTPLossAutoScaler.apply(output, scale * summed / num_tokens.clamp(min=1), tracker)
+    return output
+
+
+def begin_mtp_iteration(model: nn.Module, loss_scale: float, accumulation_steps: int) -> None:
+    """The MTP losses' backward scale: the main loss's, the fp16 loss scale over the micro-batches
+    (schedules.py: `MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)`)."""
+    tracker = getattr(model, "mtp_tracker", None)
+    if tracker is not None:
+        tracker.begin_iteration(loss_scale / accumulation_steps)
+
+
+def finish_mtp_iteration(model: nn.Module, state, accumulation_steps: int, num_layers: int) -> dict[str, float]:
+    """The iteration's "mtp_k loss" values (MTPLossLoggingHelper.track_mtp_metrics: summed over the micro-batches,
+    averaged over the data-parallel group, times 1 / micro-batches), on every rank: with pipeline stages the last
+    stage's, summed over the pipeline group (the others hold zeros)."""
+    if not num_layers:
+        return {}
+    tracker = getattr(model, "mtp_tracker", None)
+    totals = tracker.sums(state.device) if tracker is not None else \
+        torch.zeros(num_layers, dtype=torch.float64, device=state.device)
+    if state.pipeline_parallel_size > 1:
+        state.comm.all_reduce(totals, state.pipeline_parallel_group, "pp")
+    if state.data_parallel_size > 1:
+        state.comm.all_reduce(totals, state.data_parallel_group, "dp")
+        totals /= state.data_parallel_size
+    return {f"mtp_{k + 1} loss": value / accumulation_steps for k, value in enumerate(totals.tolist())}

@@ -1,0 +1,88 @@
+"""Megatron-Core's --pipeline-model-parallel-layout (megatron/core/transformer/pipeline_parallel_layer_layout.py,
+PipelineParallelLayerLayout): a string of virtual stages separated by `|`, each a run of E (the embedding),
+t (a transformer layer), m (an MTP layer) and L (the loss); `(...)*n` and `x*n` repeat, commas are cosmetic
+(parse_str_to_list). The k-th virtual stage is model chunk k // PP of pipeline rank k % PP (__init__'s 1D -> 2D
+conversion), so the flattened order is chunk-major, as the interleaved split's here (gpt/stage_layers.py).
+
+Its checks are validate_layer_layout's: E first and once, L last and once, as many t as --num-layers, as many m as
+--mtp-num-layers, every m after every t, m only in a rank's last chunk and all of them in one chunk, never on the
+first rank. Here the split maps onto the stages' chunks (each chunk holds its t's in order; a chunk may hold none
+and passes its input on); what is not expressible is refused in one line: an m anywhere but in the last rank's last
+chunk (Megatron's standalone MTP stage), and a rank without any transformer layer.
+"""
+
+from __future__ import annotations
+
+import re
+
+from base.errors import ConfigError
+
+LAYOUT_FLAG = "--pipeline-model-parallel-layout"
+LAYER_CHARS = "ELtm"
+
+
+def parse_layout(text: str) -> list[str]:
+    """parse_str_to_list: the virtual stages' strings, with the repetitions unrolled."""
+    unrolled = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        unrolled = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), unrolled)
+    stages = unrolled.split("|")
+    for stage in stages:
+        for char in stage:
+            if char not in LAYER_CHARS:
+                raise ConfigError(f"{LAYOUT_FLAG} {text}: invalid layer character {char!r}; known: E (embedding), "
+                                  f"t (transformer layer), m (MTP layer), L (loss)", flags=(LAYOUT_FLAG,))
+    return stages
+
+
+def layout_chunks(text: str, pipeline_size: int, num_layers: int, mtp_num_layers: int) -> list[list[str]]:
+    """[pipeline rank][model chunk] -> that virtual stage's string, checked as validate_layer_layout checks it."""
+    stages = parse_layout(text)
+    if len(stages) % pipeline_size:
+        raise ConfigError(f"{LAYOUT_FLAG} {text} has {len(stages)} stages, not a multiple of "
+                          f"--pipeline-model-parallel-size {pipeline_size}",
+                          flags=(LAYOUT_FLAG, "--pipeline-model-parallel-size"))
+    virtual = len(stages) // pipeline_size
+    chunks = [[stages[chunk * pipeline_size + rank] for chunk in range(virtual)] for rank in range(pipeline_size)]
+    flat = "".join(stages)
+
+    def refuse(why: str, *flags: str) -> None:
+        raise ConfigError(f"{LAYOUT_FLAG} {text}: {why}", flags=(LAYOUT_FLAG, *flags))
+
+    if not flat.startswith("E") or flat.count("E") != 1:
+        refuse("the embedding E must come first, once")
+    if not flat.endswith("L") or flat.count("L") != 1:
+        refuse("the loss L must come last, once")
+    if flat.count("t") != num_layers:
+        refuse(f"{flat.count('t')} transformer layers (t), not --num-layers {num_layers}", "--num-layers")
+    if flat.count("m") != mtp_num_layers:
+        refuse(f"{flat.count('m')} MTP layers (m), not --mtp-num-layers {mtp_num_layers}", "--mtp-num-layers")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        refuse("decoder layers (t) must be placed before MTP layers (m)")
+    if "m" in flat and "m" not in chunks[-1][-1]:
+        # validate_layer_layout's mtp_standalone: MTP on a rank of its own before the last
+        refuse("MTP layers (m) on a stage other than the last (Megatron's standalone MTP stage) are not "
+               "implemented here: the MTP layers run on the last stage's last chunk", "--mtp-num-layers")
+    for rank, rank_chunks in enumerate(chunks):
+        # an empty virtual stage passes its input on (the docs' "E||t|L"); a rank with no transformer layer at all
+        # is refused, as the other splits here refuse a stage without a layer
+        if not any("t" in stage for stage in rank_chunks):
+            refuse(f"pipeline rank {rank} ({', '.join(repr(stage) for stage in rank_chunks)}) holds no transformer "
+                   f"layer: not implemented here; give every rank at least one t")
+    return chunks
+
+
+def layout_layer_counts(text: str, pipeline_size: int, num_layers: int, mtp_num_layers: int
+                        ) -> tuple[tuple[int, ...], ...]:
+    """[pipeline rank][model chunk] -> how many transformer layers it holds."""
+    return tuple(tuple(stage.count("t") for stage in rank_chunks)
+                 for rank_chunks in layout_chunks(text, pipeline_size, num_layers, mtp_num_layers))
+
+
+def pipeline_layout_counts(model, parallel) -> tuple[tuple[int, ...], ...] | None:
+    """The run's --pipeline-model-parallel-layout as layers per stage and chunk, or None where none is given.
+    `model`: the ModelConfig; `parallel`: the ParallelismConfig."""
+    if parallel.pipeline_model_parallel_layout is None:
+        return None
+    return layout_layer_counts(parallel.pipeline_model_parallel_layout, parallel.pipeline_model_parallel_size,
+                               model.num_layers, model.mtp_num_layers)
