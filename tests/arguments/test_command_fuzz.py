@@ -152,11 +152,11 @@ def plan_cases(rng: random.Random) -> list[Case]:
     for value in ["", "abc", "-1GB", "0", "0GB", "1e999", "32 gigs", "nan", "inf", "1000000GB", "17TB", "1e30",
                   "32PB", "GB"]:
         cases.append(case(f"max-size --gpu-memory={value!r}", lambda r, v=value: ["max-size", f"--gpu-memory={v}", *SMALL]))
-    for _ in range(6):  # grids where TP does not divide the world size
+    for draw in range(6):  # grids where TP does not divide the world size (two draws may pick the same grid)
         tp = rng.choice([2, 4])
         world = rng.randrange(1, 200) * tp + rng.randrange(1, tp)
         command = rng.choice(["dry-run", "max-size"])
-        cases.append(case(f"{command} world {world} TP {tp}", lambda r, w=world, t=tp, c=command: [
+        cases.append(case(f"{command} world {world} TP {tp} (draw {draw})", lambda r, w=world, t=tp, c=command: [
             c, "--world-size", str(w), "--tensor-model-parallel-size", str(t), "--gpu-memory", "32GB", *SMALL]))
     for layers in [1025, 10**6, 10**9, rng.randrange(1025, 10**5)]:
         cases.append(case(f"dry-run {layers} layers", lambda r, n=layers: [

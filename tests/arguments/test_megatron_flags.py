@@ -70,13 +70,12 @@ def test_selective_recompute_and_no_effect_flags_are_said_once():
 def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alternative():
     with pytest.raises(ConfigError) as error:
         parse_config(["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-split-rank", "1",
-                      "--mtp-num-layers", "1", "--recompute-method", "block"])
+                      "--use-mup", "--recompute-method", "block"])
     message = str(error.value)
     assert "\n" not in message
     assert "--pipeline-model-parallel-split-rank 1: a pipeline split or schedule not implemented: with " \
            "--pipeline-model-parallel-size > 1 the layers split evenly" in message
-    assert "--mtp-num-layers 1: multi-token prediction is not implemented: the loss is next-token prediction" \
-           in message
+    assert "--use-mup: not implemented: Megatron-Core's maximal update parameterization (muP)" in message
     assert "--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not " \
            "implemented; use --recompute-method uniform" in message
     with pytest.raises(ConfigError, match="--use-distributed-optimizer .ZeRO stage 1. contradicts ZeRO stage 0"):
