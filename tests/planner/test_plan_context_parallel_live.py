@@ -26,13 +26,9 @@ allocator's slack.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import re
-
 import pytest
 
-from tests.distributed import run_distributed
+from tests.planner.live_memory import measured_over_predicted
 
 LIVE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
         "--max-position-embeddings", "256", "--micro-batch-size", "2", "--global-batch-size", "4",
@@ -52,24 +48,11 @@ CASES = {
 }
 
 
-def launch_rank(rank, world_size, argv):
-    import pretrain_gpt
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert pretrain_gpt.main(argv) == 0
-    return out.getvalue()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_planned_peak_matches_every_context_parallel_ranks_measured_peak(case, corpus_cache, tmp_path):
     world, extra = CASES[case]
-    outputs = run_distributed(launch_rank, world, [*LIVE, *extra, "--data-cache-dir", corpus_cache,
-                                                   "--metrics-file", str(tmp_path / "metrics.jsonl")], timeout=600)
-    line = next(line for line in outputs[0].splitlines() if "memory after iteration 1" in line)
-    ratios = re.search(rf"over all {world} ranks measured .*?, measured/predicted (\d+\.\d+)-(\d+\.\d+)", line)
-    assert ratios, line  # a prediction for every rank, and a ratio (not a difference in MiB)
-    low, high = map(float, ratios.groups())
+    line, low, high = measured_over_predicted(world, [*LIVE, *extra, "--data-cache-dir", corpus_cache,
+                                                      "--metrics-file", str(tmp_path / "metrics.jsonl")])
     print(case, line)
     assert 0.9 <= low <= high <= 1.1, line

@@ -39,13 +39,9 @@ planned, 213.0 measured); hence its band 0.95-1.05 again.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import re
-
 import pytest
 
-from tests.distributed import run_distributed
+from tests.planner.live_memory import measured_over_predicted
 
 LIVE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
         "--max-position-embeddings", "256", "--micro-batch-size", "2", "--global-batch-size", "4",
@@ -73,26 +69,11 @@ CASES = {  # the processes, the flags beside LIVE, and the band the ratio must r
 }
 
 
-def launch_rank(rank, world_size, argv):
-    import pretrain_gpt
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert pretrain_gpt.main(argv) == 0
-    return out.getvalue()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_planned_peak_matches_every_data_parallel_ranks_measured_peak(case, corpus_cache, tmp_path):
     world, extra, (lowest, highest) = CASES[case]
-    outputs = run_distributed(launch_rank, world, [*LIVE, *extra, "--data-cache-dir", corpus_cache,
-                                               "--metrics-file", str(tmp_path / "metrics.jsonl")], timeout=600)
-    line = next(line for line in outputs[0].splitlines() if "memory after iteration 1" in line)
-    ratios = re.search(r"over all 2 ranks measured .*?, measured/predicted (\d+\.\d+)-(\d+\.\d+)" if world > 1
-                       else r"measured/predicted (\d+\.\d+)()", line)
-    assert ratios, line  # a prediction for each rank, and a ratio (not a difference in MiB)
-    low = float(ratios.group(1))
-    high = float(ratios.group(2) or low)
+    line, low, high = measured_over_predicted(world, [*LIVE, *extra, "--data-cache-dir", corpus_cache,
+                                                      "--metrics-file", str(tmp_path / "metrics.jsonl")])
     print(case, line)
     assert lowest <= low <= high <= highest, line

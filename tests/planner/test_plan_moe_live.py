@@ -27,13 +27,9 @@ activations, a few MiB of them.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import re
-
 import pytest
 
-from tests.distributed import run_distributed
+from tests.planner.live_memory import measured_over_predicted
 
 LIVE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
         "--max-position-embeddings", "256", "--micro-batch-size", "3", "--global-batch-size", "12",
@@ -43,21 +39,8 @@ LIVE = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4
         "--moe-token-dispatcher-type", "alltoall"]
 
 
-def launch_rank(rank, world_size, argv):
-    import pretrain_gpt
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert pretrain_gpt.main(argv) == 0
-    return out.getvalue()
-
-
 @pytest.mark.slow
 def test_the_planned_peak_of_an_expert_parallel_2_run_matches_every_ranks_measured_peak(corpus_cache):
-    outputs = run_distributed(launch_rank, 2, [*LIVE, "--data-cache-dir", corpus_cache], timeout=600)
-    line = next(line for line in outputs[0].splitlines() if "memory after iteration 1" in line)
-    ratios = re.search(r"over all 2 ranks measured .*?, measured/predicted (\d+\.\d+)-(\d+\.\d+)", line)
-    assert ratios, line  # a prediction for each of the 2 ranks, and a ratio (not a difference in MiB)
-    low, high = map(float, ratios.groups())
+    line, low, high = measured_over_predicted(2, [*LIVE, "--data-cache-dir", corpus_cache])
     print(line)
     assert 0.9 <= low <= high <= 1.1, line
