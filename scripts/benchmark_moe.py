@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +55,7 @@ for path in (REPO_ROOT, SCRIPT.parent):
         sys.path.insert(0, str(path))
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402  (standard library only)
-from benchmark_zero import _cpu_model, _log_tail, _ratio, _status_kb, free_port, progress  # noqa: E402
+from benchmark_zero import _cpu_model, _ratio, _status_kb, progress, run_ranks  # noqa: E402
 
 SYSTEM_ORDER = ("ours", "deepspeed")
 LABELS = {"ours": "ours", "deepspeed": "DeepSpeed-MoE"}
@@ -193,54 +192,11 @@ def run_configuration(args, system: str, stage: int, workdir: Path) -> dict:
         old.unlink()
     spec_path = workdir / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
-    port = free_port()
-    processes, logs = [], []
-    for rank in range(args.world_size):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(args.world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.world_size),
-                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="disabled",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-        log = open(workdir / f"{name}.rank{rank}.log", "w")
-        logs.append(log)
-        processes.append(subprocess.Popen([sys.executable, str(SCRIPT), "--worker", str(spec_path)], env=env,
-                                          cwd=str(REPO_ROOT), stdout=log, stderr=subprocess.STDOUT))
-    start = time.monotonic()
-    load_before = os.getloadavg()[0]
-    failure = None
-    try:
-        while any(p.poll() is None for p in processes):
-            if time.monotonic() - start > args.timeout:
-                failure = f"timed out after {args.timeout:.0f} s"
-                break
-            if any(p.returncode not in (None, 0) for p in processes):
-                time.sleep(2.0)  # one rank died: the others would wait in a collective until gloo's timeout
-                if any(p.poll() is None for p in processes):
-                    failure = "a rank failed; stopped the others"
-                break
-            time.sleep(0.2)
-    finally:
-        for p in processes:  # only the processes started above, by their Popen handles
-            if p.poll() is None:
-                p.terminate()
-        for p in processes:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-    ranks = []
-    for rank in range(args.world_size):
-        path = Path(spec["result_dir"]) / f"rank{rank}.json"
-        ranks.append(json.loads(path.read_text()) if path.exists() else None)
-    result = {"system": system, "stage": stage, "wall_s": time.monotonic() - start, "ranks": ranks,
-              "loadavg_1min": [load_before, os.getloadavg()[0]]}
-    errors = [r["error"] for r in ranks if r and "error" in r]
-    if failure is None and (errors or any(r is None for r in ranks)):
-        failure = "a rank failed" if errors else "a rank exited without a result"
+    failure, ranks, timing = run_ranks(SCRIPT, spec_path, Path(spec["result_dir"]), args.world_size, workdir / name,
+                                       args.timeout)
+    result = {"system": system, "stage": stage, **timing, "ranks": ranks}
     if failure:
-        result["error"] = f"{failure}\n{errors[0] if errors else _log_tail(workdir / f'{name}.rank0.log')}"
+        result["error"] = failure
         return result
     return summarize(result)
 

@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 SCRIPT = Path(__file__).resolve()
 REPO_ROOT = SCRIPT.parent.parent
@@ -187,28 +188,41 @@ def run_configuration(args, system: str, stage: int, variant: str, workdir: Path
     Path(spec["result_dir"]).mkdir(parents=True, exist_ok=True)
     spec_path = workdir / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
+    failure, ranks, timing = run_ranks(SCRIPT, spec_path, Path(spec["result_dir"]), args.world_size, workdir / name,
+                                       args.timeout)
+    result = {"system": system, "stage": stage, "variant": variant, **timing, "ranks": ranks}
+    if failure:
+        result["error"] = failure
+    return summarize(result, args)
+
+
+def run_ranks(script: Path, spec_path: Path, result_dir: Path, world_size: int, log_prefix: Path,
+              timeout: float) -> tuple[Optional[str], list, dict]:
+    """One fresh interpreter per rank running `script --worker spec_path`; wait (with the timeout; when one rank
+    dies the others are stopped, as they would wait in a collective until gloo's timeout) and read what each rank
+    wrote to result_dir/rank<r>.json: (why it failed, with the first error or rank 0's log tail, or None; the
+    ranks' records, None for a rank that wrote none; {"wall_s", "loadavg_1min": [before, after]})."""
     port = free_port()
     processes, logs = [], []
-    for rank in range(args.world_size):
+    for rank in range(world_size):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(args.world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.world_size),
+                   WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
                    OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", DS_ACCELERATOR="cpu", WANDB_MODE="disabled",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-        log = open(workdir / f"{name}.rank{rank}.log", "w")
+        log = open(f"{log_prefix}.rank{rank}.log", "w")
         logs.append(log)
-        processes.append(subprocess.Popen([sys.executable, str(SCRIPT), "--worker", str(spec_path)], env=env,
+        processes.append(subprocess.Popen([sys.executable, str(script), "--worker", str(spec_path)], env=env,
                                           cwd=str(REPO_ROOT), stdout=log, stderr=subprocess.STDOUT))
     start = time.monotonic()
     load_before = os.getloadavg()[0]
     failure = None
     try:
         while any(p.poll() is None for p in processes):
-            if time.monotonic() - start > args.timeout:
-                failure = f"timed out after {args.timeout:.0f} s"
+            if time.monotonic() - start > timeout:
+                failure = f"timed out after {timeout:.0f} s"
                 break
             if any(p.returncode not in (None, 0) for p in processes):
-                # One rank died: the others would wait in a collective until the gloo timeout.
-                time.sleep(2.0)
+                time.sleep(2.0)  # one rank died: the others would wait in a collective until the gloo timeout
                 if any(p.poll() is None for p in processes):
                     failure = "a rank failed; stopped the others"
                 break
@@ -225,20 +239,17 @@ def run_configuration(args, system: str, stage: int, variant: str, workdir: Path
                 p.wait()
         for log in logs:
             log.close()
-    wall = time.monotonic() - start
+    timing = {"wall_s": time.monotonic() - start, "loadavg_1min": [load_before, os.getloadavg()[0]]}
     ranks = []
-    for rank in range(args.world_size):
-        path = Path(spec["result_dir"]) / f"rank{rank}.json"
+    for rank in range(world_size):
+        path = result_dir / f"rank{rank}.json"
         ranks.append(json.loads(path.read_text()) if path.exists() else None)
     errors = [r["error"] for r in ranks if r and "error" in r]
     if failure is None and (errors or any(r is None for r in ranks)):
         failure = "a rank failed" if errors else "a rank exited without a result"
-    result = {"system": system, "stage": stage, "variant": variant, "wall_s": wall, "ranks": ranks,
-              "loadavg_1min": [load_before, os.getloadavg()[0]]}
     if failure:
-        tail = errors[0] if errors else _log_tail(workdir / f"{name}.rank0.log")
-        result["error"] = f"{failure}\n{tail}"
-    return summarize(result, args)
+        failure = f"{failure}\n{errors[0] if errors else _log_tail(Path(f'{log_prefix}.rank0.log'))}"
+    return failure, ranks, timing
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
