@@ -38,12 +38,14 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.bounds import check_tensor_sizes
 from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
+from gpt.attention_backend import KERNELS
 from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
@@ -197,15 +199,20 @@ class _AttentionKernelOf(TorchFunctionMode):
     which added the supports_mqa argument 2.13's sdp_utils_cpp.h does not have), and flash takes neither a mask nor
     fp32: there a GQA call runs the math path (cuDNN's kernel, which takes GQA and a mask in 16 bits, runs first only
     where torch prefers it: sm90/sm100 with cuDNN above 9.15, check_prefer_cudnn_attention), and the plan keeps the
-    math path's tensors, the larger."""
+    math path's tensors, the larger.
 
-    def __init__(self, device_type: str) -> None:
+    --attention-backend unfused and local restrict SDPA to the math kernel on a real run (gpt/attention_backend.py
+    KERNELS, entered around the call in gpt/model.py), on every device: there the meta call's own math path is
+    what the run keeps ([b, heads, s, s] weights, k and v repeated per query head), so nothing stands in."""
+
+    def __init__(self, device_type: str, attention_backend: str = "auto") -> None:
         super().__init__()
         self.device_type = device_type
+        self.math_only = KERNELS.get(attention_backend) == [SDPBackend.MATH]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and len(args) == 3 and \
+        if func is F.scaled_dot_product_attention and not self.math_only and len(args) == 3 and \
                 set(kwargs) <= {"dropout_p", "is_causal", "attn_mask", "enable_gqa"} and \
                 (kwargs.get("enable_gqa", False) or args[0].shape[-3] == args[1].shape[-3]):
             dropout_p = kwargs.get("dropout_p", 0.0)
@@ -233,9 +240,10 @@ class _BlockSavedProbe:
     every block read them."""
 
     def __init__(self, blocks, monitor: ActivationMonitor, progress: Optional["_Progress"] = None,
-                 device_type: str = "cuda") -> None:
+                 device_type: str = "cuda", attention_backend: str = "auto") -> None:
         self.monitor = monitor
         self.device_type = device_type
+        self.attention_backend = attention_backend
         # torch runs a custom Function's backward with no torch-function mode on the stack (the checkpoint's
         # recompute, zero/activations.py, included), so the dry run's _AttentionKernelOf, entered around the
         # iteration, does not reach a recompute: each block re-enters it there, or the meta SDPA takes the math path
@@ -295,7 +303,7 @@ class _BlockSavedProbe:
 
     def _start(self, index, module, args) -> None:
         if self.phase == "backward" and self._recompute_kernel is None:
-            self._recompute_kernel = _AttentionKernelOf(self.device_type)
+            self._recompute_kernel = _AttentionKernelOf(self.device_type, self.attention_backend)
             self._recompute_kernel.__enter__()
         self._before[index] = self._live()
 
@@ -375,7 +383,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # to compile.
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
-    probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type)
+    probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type, config.model.attention_backend)
     expert_rows = ExpertRowProbe(model, probe._live, cluster.device_type) if config.model.moe is not None else None
     # The trainer's own step (training/train_step.py, training/pipeline_step.py) runs one iteration, watched by the
     # plan's observer: every collective it makes is counted as it is made. Every micro-batch reads one meta batch.
@@ -393,7 +401,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         step = DataParallelTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
     BufferPool.on_create = probe.buffer_created
     try:
-        with _AttentionKernelOf(cluster.device_type), CachedMetaKernels():
+        with _AttentionKernelOf(cluster.device_type, config.model.attention_backend), CachedMetaKernels():
             step.run_iteration(1, plan.batch.final_accumulation_steps, measure_activations=True)
     finally:
         BufferPool.on_create = None
