@@ -438,8 +438,15 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # gradients (gpt/shape.py mlp_gradient_features: one ffn-wide for GPT-2, two for SwiGLU). A CPU profile of one
     # block's recompute and backward read these, 6 hidden-wide for GPT-2 and 7 for SwiGLU at ffn 2.5 x hidden
     # (whole sequences: under sequence parallelism the boundaries are 1/TP of it, an upper bound here).
+    # An MoE block's MLP is its experts (each its own --moe-ffn-hidden-size, on the rows an expert matmul takes at
+    # once under the dry run's uniform routing: ExpertRowProbe) and the shared expert (every token); the widest
+    # MLP backward among the model's blocks is the peak.
     boundaries = (2 if config.activations.checkpoint_activations else 1) * hidden_bytes
-    block_gradients = boundaries + micro * seq * shape.mlp_gradient_features * param_bytes
+    mlp_features = micro * seq * shape.mlp_gradient_features if shape.dense_layers or not shape.moe_blocks else 0
+    if shape.moe_blocks and expert_rows is not None:
+        mlp_features = max(mlp_features, expert_rows.rows_at_once * shape.moe_expert_gradient_features,
+                           micro * seq * shape.moe_shared_gradient_features)
+    block_gradients = boundaries + mlp_features * param_bytes
     result = RankPlan(
         rank=rank, tensor_parallel_rank=state.tensor_parallel_rank, data_parallel_rank=state.data_parallel_rank,
         tensor_parallel_size=tp, data_parallel_size=state.data_parallel_size, stage=optimizer.stage,
