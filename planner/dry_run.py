@@ -111,7 +111,8 @@ class RankPlan:
     saved_activation_bytes: dict[str, int]  # peak saved for backward over the iteration: {"device", "host"}
     block_saved_bytes: dict[str, int]    # one block's saved tensors: {"forward", "backward"} (recompute)
     logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
-    loss_softmax_bytes: int              # the fp32 softmax the vocab-parallel loss keeps for backward
+    # the fp32 softmax the vocab-parallel loss keeps for backward: the main loss's and each MTP layer's (gpt/mtp.py)
+    loss_softmax_bytes: int
     gradient_working_bytes: int          # the logits gradient and a block backward's (gpt/shape.py's widths)
     step_working_bytes: int              # what the optimizer step allocates at its peak, copies included
     parameter_gradient_bytes: int        # the largest gradient autograd hands the reducer (tied: summed)
@@ -464,7 +465,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         contiguous_checkpoint_buffer_bytes=_buffer_bytes(checkpointing),
         saved_activation_bytes=dict(meter.peak),
         block_saved_bytes=dict(probe.peak),
-        logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4,
+        logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp_num_layers),
         gradient_working_bytes=logits + block_gradients,
         step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
         parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
