@@ -85,6 +85,11 @@ class ModelShape:
     parameters_per_moe_block: int = 0
     active_parameters_per_moe_block: int = 0
     moe_block_linear_flops: int = 0  # without attention's scores and context, which are the dense block's
+    # An MoE block's MLP backward, as mlp_gradient_features for the dense MLP (one TP rank's features per row): one
+    # expert's (its own --moe-ffn-hidden-size; two of it with SwiGLU), applied to the rows the experts see, and the
+    # widest of the MLPs that see every token (the shared expert, PR-MoE's residual MLP), 0 without them.
+    moe_expert_gradient_features: int = 0
+    moe_shared_gradient_features: int = 0
     # A Megatron-DeepSpeed --num-experts list (PR-MoE's pyramid): the MoE blocks' parameters and active parameters
     # fewer than moe_layers blocks of the largest count (parameters_per_moe_block) would hold
     moe_parameters_below_largest: int = 0
@@ -215,8 +220,17 @@ def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
         flops += weight_flops(moe.shared_experts)
     if moe.residual_mlp is not None:  # PR-MoE's dense MLP sees every token (its coefficient, as the router, not counted)
         flops += weight_flops(moe.residual_mlp)
+    every_token = [mlp for mlp in (moe.shared_experts, moe.residual_mlp) if mlp is not None]
     return dict(parameters_per_moe_block=total, active_parameters_per_moe_block=total - (len(experts) - topk) * per_expert,
-                moe_block_linear_flops=flops)
+                moe_block_linear_flops=flops, moe_expert_gradient_features=_input_features(experts[0]),
+                moe_shared_gradient_features=max((_input_features(mlp) for mlp in every_token), default=0))
+
+
+def _input_features(mlp: nn.Module) -> int:
+    """An expert-style MLP's (gpt/moe/: dense_h_to_4h, or SwiGLU's gate and up) activation-gradient features per
+    row on one TP rank: the outputs of its input projections, as _mlp_gradient_features reads the dense MLP's."""
+    names = ("dense_h_to_4h_gate", "dense_h_to_4h_up") if hasattr(mlp, "dense_h_to_4h_gate") else ("dense_h_to_4h",)
+    return sum(getattr(mlp, name).weight.shape[0] for name in names)
 
 
 def _read_shape(model: GPTModel, tensor_parallel_size: int) -> ModelShape:

@@ -38,12 +38,14 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.bounds import check_tensor_sizes
 from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
+from gpt.attention_backend import KERNELS
 from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
@@ -109,7 +111,8 @@ class RankPlan:
     saved_activation_bytes: dict[str, int]  # peak saved for backward over the iteration: {"device", "host"}
     block_saved_bytes: dict[str, int]    # one block's saved tensors: {"forward", "backward"} (recompute)
     logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
-    loss_softmax_bytes: int              # the fp32 softmax the vocab-parallel loss keeps for backward
+    # the fp32 softmax the vocab-parallel loss keeps for backward: the main loss's and each MTP layer's (gpt/mtp.py)
+    loss_softmax_bytes: int
     gradient_working_bytes: int          # the logits gradient and a block backward's (gpt/shape.py's widths)
     step_working_bytes: int              # what the optimizer step allocates at its peak, copies included
     parameter_gradient_bytes: int        # the largest gradient autograd hands the reducer (tied: summed)
@@ -197,15 +200,20 @@ class _AttentionKernelOf(TorchFunctionMode):
     which added the supports_mqa argument 2.13's sdp_utils_cpp.h does not have), and flash takes neither a mask nor
     fp32: there a GQA call runs the math path (cuDNN's kernel, which takes GQA and a mask in 16 bits, runs first only
     where torch prefers it: sm90/sm100 with cuDNN above 9.15, check_prefer_cudnn_attention), and the plan keeps the
-    math path's tensors, the larger."""
+    math path's tensors, the larger.
 
-    def __init__(self, device_type: str) -> None:
+    --attention-backend unfused and local restrict SDPA to the math kernel on a real run (gpt/attention_backend.py
+    KERNELS, entered around the call in gpt/model.py), on every device: there the meta call's own math path is
+    what the run keeps ([b, heads, s, s] weights, k and v repeated per query head), so nothing stands in."""
+
+    def __init__(self, device_type: str, attention_backend: str = "auto") -> None:
         super().__init__()
         self.device_type = device_type
+        self.math_only = KERNELS.get(attention_backend) == [SDPBackend.MATH]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and len(args) == 3 and \
+        if func is F.scaled_dot_product_attention and not self.math_only and len(args) == 3 and \
                 set(kwargs) <= {"dropout_p", "is_causal", "attn_mask", "enable_gqa"} and \
                 (kwargs.get("enable_gqa", False) or args[0].shape[-3] == args[1].shape[-3]):
             dropout_p = kwargs.get("dropout_p", 0.0)
@@ -233,9 +241,10 @@ class _BlockSavedProbe:
     every block read them."""
 
     def __init__(self, blocks, monitor: ActivationMonitor, progress: Optional["_Progress"] = None,
-                 device_type: str = "cuda") -> None:
+                 device_type: str = "cuda", attention_backend: str = "auto") -> None:
         self.monitor = monitor
         self.device_type = device_type
+        self.attention_backend = attention_backend
         # torch runs a custom Function's backward with no torch-function mode on the stack (the checkpoint's
         # recompute, zero/activations.py, included), so the dry run's _AttentionKernelOf, entered around the
         # iteration, does not reach a recompute: each block re-enters it there, or the meta SDPA takes the math path
@@ -295,7 +304,7 @@ class _BlockSavedProbe:
 
     def _start(self, index, module, args) -> None:
         if self.phase == "backward" and self._recompute_kernel is None:
-            self._recompute_kernel = _AttentionKernelOf(self.device_type)
+            self._recompute_kernel = _AttentionKernelOf(self.device_type, self.attention_backend)
             self._recompute_kernel.__enter__()
         self._before[index] = self._live()
 
@@ -375,7 +384,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # to compile.
     built = build(plan, state, dropout_rng=False, torch_compile=False)
     model, zero, monitor, checkpointing = built.model, built.zero, built.activations, built.checkpointing
-    probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type)
+    probe = _BlockSavedProbe(model.blocks, monitor, ticker, cluster.device_type, config.model.attention_backend)
     expert_rows = ExpertRowProbe(model, probe._live, cluster.device_type) if config.model.moe is not None else None
     # The trainer's own step (training/train_step.py, training/pipeline_step.py) runs one iteration, watched by the
     # plan's observer: every collective it makes is counted as it is made. Every micro-batch reads one meta batch.
@@ -393,7 +402,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         step = DataParallelTrainStep(model, zero, batches, plan, state, monitor, observer=observer)
     BufferPool.on_create = probe.buffer_created
     try:
-        with _AttentionKernelOf(cluster.device_type), CachedMetaKernels():
+        with _AttentionKernelOf(cluster.device_type, config.model.attention_backend), CachedMetaKernels():
             step.run_iteration(1, plan.batch.final_accumulation_steps, measure_activations=True)
     finally:
         BufferPool.on_create = None
@@ -430,8 +439,15 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # gradients (gpt/shape.py mlp_gradient_features: one ffn-wide for GPT-2, two for SwiGLU). A CPU profile of one
     # block's recompute and backward read these, 6 hidden-wide for GPT-2 and 7 for SwiGLU at ffn 2.5 x hidden
     # (whole sequences: under sequence parallelism the boundaries are 1/TP of it, an upper bound here).
+    # An MoE block's MLP is its experts (each its own --moe-ffn-hidden-size, on the rows an expert matmul takes at
+    # once under the dry run's uniform routing: ExpertRowProbe) and the shared expert (every token); the widest
+    # MLP backward among the model's blocks is the peak.
     boundaries = (2 if config.activations.checkpoint_activations else 1) * hidden_bytes
-    block_gradients = boundaries + micro * seq * shape.mlp_gradient_features * param_bytes
+    mlp_features = micro * seq * shape.mlp_gradient_features if shape.dense_layers or not shape.moe_blocks else 0
+    if shape.moe_blocks and expert_rows is not None:
+        mlp_features = max(mlp_features, expert_rows.rows_at_once * shape.moe_expert_gradient_features,
+                           micro * seq * shape.moe_shared_gradient_features)
+    block_gradients = boundaries + mlp_features * param_bytes
     result = RankPlan(
         rank=rank, tensor_parallel_rank=state.tensor_parallel_rank, data_parallel_rank=state.data_parallel_rank,
         tensor_parallel_size=tp, data_parallel_size=state.data_parallel_size, stage=optimizer.stage,
@@ -449,7 +465,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         contiguous_checkpoint_buffer_bytes=_buffer_bytes(checkpointing),
         saved_activation_bytes=dict(meter.peak),
         block_saved_bytes=dict(probe.peak),
-        logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4,
+        logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp_num_layers),
         gradient_working_bytes=logits + block_gradients,
         step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
         parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),

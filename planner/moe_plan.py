@@ -46,6 +46,8 @@ class ExpertRowProbe:
         runs the path that device would (grouped matmul or loop, gpt/moe/experts.py)."""
         self.live = live
         self.layers: dict[int, tuple[int, int]] = {}  # id(experts) -> (rows, saved bytes a row's worth)
+        # the most rows one expert matmul takes at once: all of a layer's rows grouped, one expert's share in the loop
+        self.rows_at_once = 0
         self._before: dict[int, int] = {}
         self._handles = []
         for module in model.modules():
@@ -62,12 +64,15 @@ class ExpertRowProbe:
         if before is None:
             return
         rows = args[0]
+        grouped = module.grouped and can_group(rows, list(module.children()), module.planned_device)
+        local = max(1, sum(1 for _ in module.children()))
+        self.rows_at_once = max(self.rows_at_once, rows.shape[0] if grouped else -(-rows.shape[0] // local))
         saved = self.live() - before
         if saved <= 0:  # a forward under activation checkpointing saves nothing: its recompute in backward does
             return
         # the grouped matmul also saves the experts' weights stacked: a copy whose size is not the rows'
         stacked = sum(param.numel() * param.element_size() for param in module.parameters() if param.dim() >= 2) \
-            if module.grouped and can_group(rows, list(module.children()), module.planned_device) else 0
+            if grouped else 0
         if key not in self.layers:
             self.layers[key] = (rows.shape[0], max(0, saved - stacked))
 

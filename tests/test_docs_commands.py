@@ -143,7 +143,7 @@ STATED_OUTPUT = {
     "python -m zero.plan max-size --config zero_paper/100b-125x8192": "| C5 | P_os+g + P_a+cpu | 225 | 181.6B | 29.77 GiB |",
     # docs/planning.md: Mixtral 8x7B at EP 8 and the DeepSeek-V3-shaped model: the totals with the worst-case routing
     "python -m zero.plan dry-run --world-size 64 --gpus-per-node 8 --gpu-memory 80GB --host-memory 2TB":
-        "total with the worst-case routing                                                                            55.27 GiB",
+        "total with the worst-case routing                                                                            55.49 GiB",
     "python -m zero.plan dry-run --world-size 1024 --gpus-per-node 8 --gpu-memory 80GB --host-memory 2TB":
         "total with the worst-case routing                                                                             60.27 GiB",
 }

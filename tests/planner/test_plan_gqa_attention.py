@@ -168,3 +168,19 @@ def test_a_gqa_context_parallel_rank_plans_what_it_saves(comm, corpus_cache, tmp
         plan = dry_run(config, Cluster(2, 2, device_type="cpu"), vocab, rank=rank)
         planned = plan.saved_activation_bytes["device"] + plan.saved_activation_bytes["host"]
         assert abs(planned / saved - 1) < 0.01, (comm, rank, planned, saved)
+
+
+@pytest.mark.parametrize("backend", ["unfused", "local"])
+def test_a_math_backend_plan_saves_what_the_math_kernel_saves(tmp_path, corpus_cache, backend):
+    """--attention-backend unfused / local restrict SDPA to the math kernel (gpt/attention_backend.py KERNELS, as
+    Megatron-LM's AttnBackend.unfused / local run its own DotProductAttention, which materializes the scores). The
+    real CPU run keeps the [b, heads, s, s] weights; the dry run's stand-in planned the flash kernel's tensors,
+    ignoring the backend, and read 0.60x the measured bytes here (before this change)."""
+    metrics = tmp_path / "metrics.jsonl"
+    argv = [*MODEL, "--num-layers", "1", "--attention-backend", backend, "--data-cache-dir", corpus_cache,
+            "--metrics-file", str(metrics)]
+    assert pretrain_gpt.main(argv) == 0
+    saved = _measured(argv)
+    plan = _plan(argv)
+    planned = plan.saved_activation_bytes["device"] + plan.saved_activation_bytes["host"]
+    assert abs(planned / saved - 1) < 0.01, (planned, saved)

@@ -100,3 +100,19 @@ def test_with_activation_checkpointing_one_layers_experts_are_recomputed_at_a_ti
     assert plan.moe.layers_held == 1
     # the forward saves nothing there; the recompute in backward saves what a plain forward does
     assert plan.moe.saved_bytes_per_row == (HIDDEN + 2 * FFN) * 4 + 2 * 8
+
+
+def test_the_backward_working_set_counts_the_experts_own_width_and_rows_and_the_shared_experts():
+    """An MoE block's MLP backward holds its experts' activation gradients (one expert's --moe-ffn-hidden-size,
+    features per row as gpt/shape.py reads the dense MLP's) for the rows its matmul takes at once, and the shared
+    expert's (Megatron-Core's SharedExpertMLP, --moe-shared-expert-intermediate-size) for every token. Uniform
+    routing at EP 2: each expert gets TOKENS x EP x k / E rows; on a CPU in fp32 F.grouped_mm runs this rank's
+    experts as one matmul (gpt/moe/experts.py can_group), so all its rows at once. The plan counted the dense
+    MLP's ffn (4 x hidden) on the rank's TOKENS instead."""
+    moe_ffn, shared = 96, 512
+    local_rows = (EXPERTS // EP) * TOKENS * EP * TOPK // EXPERTS
+    boundaries = TOKENS * HIDDEN * 4
+    plan, _ = plan_of("--moe-ffn-hidden-size", str(moe_ffn))
+    assert plan.gradient_working_bytes - plan.logits_bytes - boundaries == local_rows * moe_ffn * 4
+    plan, _ = plan_of("--moe-ffn-hidden-size", str(moe_ffn), "--moe-shared-expert-intermediate-size", str(shared))
+    assert plan.gradient_working_bytes - plan.logits_bytes - boundaries == max(local_rows * moe_ffn, TOKENS * shared) * 4
