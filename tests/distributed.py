@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import queue
+import random
 import socket
 import sys
 import time
@@ -41,7 +42,33 @@ class DistributedTestError(AssertionError):
     """A rank raised, died, or the run timed out."""
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux: /proc/sys/net/ipv4/ip_local_port_range), 32768 where
+    it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port free now, picked BELOW the ephemeral range. A test picks the ports of its later launches up front and
+    binds them seconds or minutes later; a port from the ephemeral range (bind to 0) can be taken meanwhile by any
+    process's outgoing connection - gloo's pair connections of another test's ranks, on the other xdist worker -
+    and the launch then fails with EADDRINUSE (CI once did, 2026-11-24). Below the range only a listener can take
+    it, and listeners pick their ports the same way, at random among ~20,000."""
+    low = _ephemeral_low()
+    if low > 12000:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(10000, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
