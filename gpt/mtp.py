@@ -11,7 +11,7 @@ the shared output layer (the word embedding when tied).
 
 The loss, process_mtp_loss: the labels and the loss mask rolled left k times; per layer
 `mtp_loss_scaling_factor / N * sum(mask_k x CE_k) / max(sum(mask_k), 1)`. It is not added to the LM loss's value:
-MTPLossAutoScaler attaches it to the decoder's hidden states and gives it, in backward, the main loss's backward
+AuxLossAutoScaler (gpt/moe/balancing.py, as Megatron's MTPLossAutoScaler) attaches it to the decoder's hidden states and gives it, in backward, the main loss's backward
 scale (schedules.py forward_step_calc_loss: `MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)`).
 Logged as MTPLossLoggingHelper.track_mtp_metrics: "mtp_k loss" = sum(mask_k x CE_k) / num_tokens per
 micro-batch, averaged over the micro-batches and the data-parallel ranks.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gpt.moe.balancing import AuxLossAutoScaler
 from gpt.norms import normalization
 from parallel.mappings import gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region
 
@@ -56,22 +57,6 @@ class MTPLossTracker:
             totals[layer] += value.double()
         self._pending = []
         return totals
-
-
-class MTPLossAutoScaler(torch.autograd.Function):
-    """multi_token_prediction.py MTPLossAutoScaler: forward returns `output`; backward returns its gradient
-    unchanged and the tracker's backward scale as the gradient of `mtp_loss`."""
-
-    @staticmethod
-    def forward(ctx, output: torch.Tensor, mtp_loss: torch.Tensor, tracker: MTPLossTracker) -> torch.Tensor:
-        ctx.save_for_backward(mtp_loss)
-        ctx.tracker = tracker
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        (mtp_loss,) = ctx.saved_tensors
-        return grad_output, torch.ones_like(mtp_loss) * ctx.tracker.backward_scale, None
 
 
 class MultiTokenPredictionLayer(nn.Module):
@@ -118,7 +103,8 @@ def attach_mtp_loss(model: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor
         per_token = model.output(previous, mtp_labels).float()
         summed = (per_token * loss_mask).sum()
         tracker.record(k, summed / num_tokens.clamp(min=1))
-        output = MTPLossAutoScaler.apply(output, scale * summed / num_tokens.clamp(min=1), tracker)
+        # Megatron's MTPLossAutoScaler is its MoEAuxLossAutoScaler again: one autograd function here for both
+        output = AuxLossAutoScaler.apply(output, scale * summed / num_tokens.clamp(min=1), tracker)
     return output
 
 

@@ -117,11 +117,12 @@ class MoELossTracker:
 
 
 class AuxLossAutoScaler(torch.autograd.Function):
-    """Megatron-Core's MoEAuxLossAutoScaler: forward returns `output`; backward returns the output's gradient
-    unchanged and `tracker.backward_scale` as the gradient of `aux_loss`."""
+    """Megatron-Core's MoEAuxLossAutoScaler (and its MTPLossAutoScaler, the same function: gpt/mtp.py uses this one):
+    forward returns `output`; backward returns the output's gradient unchanged and `tracker.backward_scale` as the
+    gradient of `aux_loss` (any tracker with a `backward_scale`)."""
 
     @staticmethod
-    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor, tracker: MoELossTracker) -> torch.Tensor:
+    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor, tracker) -> torch.Tensor:
         ctx.save_for_backward(aux_loss)
         ctx.tracker = tracker
         return output
