@@ -422,6 +422,15 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     notes += layers.said_once(translation.source if translation is not None else "")
     notes += [line for line in (clipping_note, scaler_warning, clipping_warning, checkpointing_warning,
                                 not_read_warning) if line]
+    # Differences from the real pair a launch would not otherwise see, named once at start-up
+    if config.data.fim_data:
+        notes.append("> --fim-data: each sample's fill-in-the-middle draws come from a RandomState seeded with (--seed, "
+                     "its index), so a resume or any --num-workers reads the same samples; Megatron-LM draws from one "
+                     "stream per dataset in reading order, so which samples it permutes differs (docs/data.md)")
+    if config.model.moe is not None and config.model.moe.use_residual:
+        notes.append("> --mlp-type residual: the residual MoE's coefficient Linear(hidden, 2) is drawn "
+                     "normal(--init-method-std) with a zero bias, as every weight here; DeepSpeed-MoE keeps torch's "
+                     "default uniform draw")
     if config.checkpoint.save_interval and not config.checkpoint.save:
         notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
                      f"Megatron-LM, which saves only where --save names a folder")
