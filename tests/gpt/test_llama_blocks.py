@@ -177,7 +177,10 @@ def check_gradients_are_tp1_slices(ours, reference, tokens, state: ParallelState
         dim = getattr(param, "tensor_parallel_dim", None)
         if dim is not None:
             expected = expected.chunk(state.tensor_parallel_size, dim=dim)[state.tensor_parallel_rank]
-        torch.testing.assert_close(param.grad, expected, rtol=1e-5, atol=1e-6, msg=name)
+        # A gradient summed over the tokens (a bias's, a norm gain's) cancels: its fp32 rounding, from TP's other
+        # reduction order, is relative to the largest element, not to each (seen: 2.4e-6 on an element of 0.08)
+        atol = max(1e-6, 1e-5 * expected.abs().max().item())
+        torch.testing.assert_close(param.grad, expected, rtol=1e-5, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("name", [name for name, (_, sizes) in VARIANTS.items() if 1 in sizes])
