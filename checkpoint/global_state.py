@@ -1,0 +1,67 @@
+"""A checkpoint seen as whole tensors: the one interface every format's reader gives the loader.
+
+A checkpoint in any format (ours, Megatron-LM's torch_dist, DeepSpeed's ZeRO or universal files) is opened
+as a `GlobalStateSource`: every tensor under this project's parameter name, at its *global* shape, read a
+slice at a time. The loader asks each rank's own global slices of it (the sharding record of each
+parameter says which), so a checkpoint saved at any layout loads at any other and no rank reads the whole
+model. The model is Megatron-Core's ShardedTensor (global shape and offset) and torchtitan's DCP state
+dicts, where the file knows the global tensor and the reader asks a region of it.
+
+The global form of a tensor is what a one-rank run (TP 1, PP 1, EP 1, no ZeRO) of the same model holds
+under that name: the parameter's `model.named_parameters()` tensor, and the optimizer's states of the same
+shape (fp32 master, Adam's moments). A reader of another framework's files translates into that form
+(fused or split projections, layer numbering, expert naming); nothing downstream knows the format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Protocol
+
+import torch
+
+# What a source may hold per parameter: the weights as trained ("model", in the training dtype) and the
+# optimizer's fp32 states, keyed as zero/optimizer_state.py keys a partition (PARTITION_TENSORS_OF).
+MODEL_KEY = "model"
+
+
+@dataclass(frozen=True)
+class GlobalTensorInfo:
+    """One tensor of a source: its whole shape and the dtype it is stored in."""
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class SourceProgress:
+    """Where the saved run stood, as far as the format records it (None: not recorded, said at the load)."""
+    iteration: int
+    consumed_samples: Optional[int] = None
+    schedule_samples: Optional[int] = None  # the learning-rate schedule's position in samples
+    optimizer_step: Optional[int] = None    # updates applied (Adam's bias correction)
+    loss_scaler_state: Optional[dict] = None
+    extra: dict = field(default_factory=dict)  # format-specific values a start-up line may name
+
+
+class GlobalStateSource(Protocol):
+    """A checkpoint as global tensors by this project's names (see the module docstring)."""
+
+    path: Path        # the iteration directory (or file) the source reads
+    format_name: str  # for messages: "zero-gpt", "megatron torch_dist", "deepspeed zero-2", ...
+
+    def keys(self) -> tuple[str, ...]:
+        """The state keys held: MODEL_KEY and/or "master", "exp_avg", "exp_avg_sq" (, "exp_avg_slow")."""
+
+    def tensors(self, key: str) -> dict[str, GlobalTensorInfo]:
+        """Every tensor of `key` by parameter name, at its global shape."""
+
+    def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
+        """The `region` (one slice per dimension, in global coordinates) of tensor `name` of `key`, in its
+        stored dtype. Only the bytes of that region should be read where the format allows it."""
+
+    def progress(self) -> SourceProgress:
+        """The iteration and the counters the run continues from."""
+
+    def not_carried(self) -> list[str]:
+        """What the checkpoint holds that this project does not carry over (said in one start-up line)."""
