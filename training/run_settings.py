@@ -97,6 +97,19 @@ def tokenizer_named(config: PretrainConfig) -> bool:
     return bool(data.tokenizer_type or data.tokenizer_file or data.vocab_file)
 
 
+def tokenizer_size_from_flags(config: PretrainConfig) -> Optional[int]:
+    """The run's tokenizer's size as the flags give it, before any tokenizer is loaded: an explicit tokenizer wins
+    over the embedded corpus's (and, arguments/hf_folder.py, over an --init-from-hf folder's). Megatron's
+    NullTokenizer is --vocab-size ids plus its end-of-document id; with no tokenizer named, the embedded corpus's
+    BPE has at most --tokenizer-vocab-size tokens; None for a tokenizer read from files (its size is known once it
+    is loaded)."""
+    if config.data.tokenizer_type == "NullTokenizer":
+        return config.model.vocab_size + 1
+    if tokenizer_named(config):
+        return None
+    return config.data.tokenizer_vocab_size
+
+
 def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
     """The model's vocabulary for a run of `config` whose tokenizer has `tokenizer_vocab_size` tokens: the
     one place the trainer (training/prepare.py, with the loaded tokenizer's) and the planner (planner/launch.py's
