@@ -91,6 +91,15 @@ def test_zero_plan_dry_run_at_size_extremes_is_one_line_or_a_plan(tmp_path, monk
     assert outcome.code == 0 or (outcome.code == 2 and len(outcome.err.strip().splitlines()) == 1), outcome.err
 
 
+@pytest.mark.parametrize("argv, words", [(["--num-experts", "1000000000"], "a dry run plans at most 4096 experts"),
+                                         (["--mtp-num-layers", "1000000000"], "at most 1024 layers, MTP layers included")])
+def test_zero_plan_dry_run_of_a_huge_count_of_experts_or_mtp_layers_is_one_line(tmp_path, monkeypatch, argv, words):
+    """Issue 60: a dry run built 10^9 expert modules or MTP layers on the meta device (no machine bound applies to
+    a plan of other machines): it never ended."""
+    outcome = plan_dry_run(tmp_path, monkeypatch, *argv)
+    assert outcome.code == 2 and words in outcome.err.strip() and len(outcome.err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("argv", [["--hidden-size", "1000000000"],
                                   ["--micro-batch-size", "1000000000000", "--global-batch-size", "1000000000000",
                                    "--vocab-size", "50257"]])  # GPT-2's: the logits past int64's bytes
