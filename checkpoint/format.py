@@ -49,7 +49,7 @@ import shutil
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -322,6 +322,13 @@ class _CheckedReader:
     def keys(self) -> list[str]:
         return list(self._reader.keys())
 
+    def dtype(self, key: str) -> torch.dtype:
+        """The dtype `key` is stored in, from the header (nothing of the tensor is read)."""
+        try:
+            return self._reader.get_slice(key)[0:0].dtype
+        except Exception as error:
+            raise CheckpointError(f"{self.path}: cannot read {key!r} ({error})") from None
+
     def tensor(self, key: str) -> torch.Tensor:
         try:
             return self._reader.get_tensor(key)
@@ -426,41 +433,6 @@ def consolidate(iteration_dir: Path, keys: Sequence[str] = ("master",), progress
                                   f"{param_name} over the TP ranks ({per_rank}), not the whole parameter on each "
                                   f"TP rank that holds it; the checkpoint is incomplete")
     return result
-
-
-class PartitionRequest:
-    """The fragments one rank needs, by parameter name, and where each goes in its partition."""
-
-    def __init__(self, fragments: Iterable[tuple[str, int, int, int]]) -> None:
-        self.by_name: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        self.numel = 0
-        for name, param_offset, partition_offset, numel in fragments:
-            self.by_name[name].append((param_offset, partition_offset, numel))
-            self.numel += numel
-
-
-def fill_partition(iteration_dir: Path, metadata: dict, tensor_parallel_rank: int, request: PartitionRequest,
-                   targets: dict[str, torch.Tensor]) -> None:
-    """Fill this rank's flat partition tensors (`targets`: key -> tensor in partition coordinates)
-    from the saved partitions of the same TP rank, whatever DP size and stage wrote them. Only the
-    overlapping byte ranges of each file are read."""
-    filled = 0
-    for _, _, name in optimizer_shards(metadata, tensor_parallel_rank):
-        with open_tensors(iteration_dir, name, metadata) as reader:
-            for param_name, saved_offset, saved_at, numel in reader.fragments(list(targets)):
-                for wanted_offset, wanted_at, wanted_numel in request.by_name.get(param_name, ()):
-                    lo = max(saved_offset, wanted_offset)
-                    hi = min(saved_offset + numel, wanted_offset + wanted_numel)
-                    if lo >= hi:
-                        continue
-                    source = saved_at + lo - saved_offset
-                    destination = wanted_at + lo - wanted_offset
-                    for key, target in targets.items():
-                        target[destination:destination + hi - lo].copy_(reader.range(key, source, source + hi - lo))
-                    filled += hi - lo
-    if filled != request.numel:
-        raise CheckpointError(f"{iteration_dir}: found {filled} of the {request.numel} elements this rank "
-                              f"(TP rank {tensor_parallel_rank}) needs; the checkpoint is incomplete")
 
 
 # ---- committing a save ------------------------------------------------------------------------

@@ -356,7 +356,7 @@ class GPTModel(nn.Module):
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
             self.output_layer = plan.output_linear("output_layer", config.hidden_size, padded_vocab,
-                                                   init_std=config.init_method_std)
+                                                   init_std=config.init_method_std, vocab_size=config.vocab_size)
             set_init_method(self.output_layer.weight, InitMethod.normal(config.init_method_std, rows=config.vocab_size))
         else:
             self.output_layer = None

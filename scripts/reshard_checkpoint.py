@@ -64,7 +64,7 @@ from checkpoint.inside import folder_files  # noqa: E402
 from checkpoint.integrity import hash_files, verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
-from checkpoint.sharded import saved_moment_dtypes, saved_optimizer  # noqa: E402
+from checkpoint.zero_gpt_source import saved_moment_dtypes, saved_optimizer  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 from zero.optimizer_state import PARTITION_TENSORS_OF  # noqa: E402

@@ -34,13 +34,15 @@ from torch import nn
 from gpt.xielu import XIELU, xielu
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import sum_gradient_over
+from parallel.sharding import EXPERT_TENSOR_PARALLEL, set_record, split_record
 from parallel.state import ExpertParallel
 
 
 def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, std: float, bias: bool,
-                       split_dim: Optional[int] = None, parts: int = 1) -> None:
+                       split_dim: Optional[int] = None, parts: int = 1, part: int = 0) -> None:
     """`split_dim` 0: the output features split in `parts` (column-parallel, the bias too); 1: the input features
-    (row-parallel, the bias whole)."""
+    (row-parallel, the bias whole); this rank holds part `part` (its expert tensor-parallel rank: the sharding
+    record, parallel/sharding.py, says so)."""
     linear = nn.Module()
     shape = [outputs, inputs]
     if split_dim is not None:
@@ -52,11 +54,13 @@ def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, 
     set_init_method(linear.weight, InitMethod.normal(std))
     if split_dim is not None:
         linear.weight.tensor_parallel_dim = split_dim
+        set_record(linear.weight, split_record(shape, split_dim, parts, part, EXPERT_TENSOR_PARALLEL))
     if bias:
         linear.bias = nn.Parameter(torch.empty(shape[0], device="meta"))
         set_init_method(linear.bias, InitMethod.zeros())
         if split_dim == 0:
             linear.bias.tensor_parallel_dim = 0
+            set_record(linear.bias, split_record((shape[0],), 0, parts, part, EXPERT_TENSOR_PARALLEL))
     else:
         linear.bias = None
     module.add_module(name, linear)
@@ -68,18 +72,18 @@ class ExpertMLP(nn.Module):
     the ffn features (module docstring)."""
 
     def __init__(self, hidden_size: int, ffn_size: int, *, swiglu: bool, init_std: float, output_init_std: float,
-                 bias: bool, xielu: bool = False, tensor_parallel_size: int = 1):
+                 bias: bool, xielu: bool = False, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0):
         super().__init__()
         self.swiglu = swiglu
         split = tensor_parallel_size > 1
         inputs = ("dense_h_to_4h_gate", "dense_h_to_4h_up") if swiglu else ("dense_h_to_4h",)
         for name in inputs:
             _linear_parameters(self, name, hidden_size, ffn_size, init_std, bias, 0 if split else None,
-                               tensor_parallel_size)
+                               tensor_parallel_size, tensor_parallel_rank)
         if xielu:
             self.activation_func = XIELU()
         _linear_parameters(self, "dense_4h_to_h", ffn_size, hidden_size, output_init_std, bias, 1 if split else None,
-                           tensor_parallel_size)
+                           tensor_parallel_size, tensor_parallel_rank)
 
     def input_linears(self) -> list[nn.Module]:
         return [self.dense_h_to_4h_gate, self.dense_h_to_4h_up] if self.swiglu else [self.dense_h_to_4h]
@@ -104,10 +108,11 @@ class Experts(nn.Module):
             else None
         self.comm = comm
         parts = 1 if self.tensor_parallel is None else self.tensor_parallel.tensor_size
+        part = 0 if self.tensor_parallel is None else self.tensor_parallel.tensor_rank
         for expert in (range(num_experts) if expert_ids is None else expert_ids):
             self.add_module(str(expert), ExpertMLP(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std,
                                                    output_init_std=output_init_std, bias=bias, xielu=xielu,
-                                                   tensor_parallel_size=parts))
+                                                   tensor_parallel_size=parts, tensor_parallel_rank=part))
 
     def _output_bias(self, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The output projection's bias as this rank adds it: whole, or under expert tensor parallelism the first
