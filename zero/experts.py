@@ -1,6 +1,7 @@
 """ZeRO for a model with expert-parallel parameters: the experts' states over the expert data-parallel group.
 
-An expert parameter (tagged `param.expert_parallel = True`, Megatron-Core tags its experts `allreduce = False`)
+An expert parameter (its sharding record replicated over "edp", parallel/sharding.py; Megatron-Core tags its
+experts `allreduce = False`)
 is held by the ranks of one expert data-parallel group only (parallel/state.py's ExpertParallel: the ranks with
 the same experts); the other parameters by the whole data-parallel group. So ZeRO is built twice, as
 Megatron-Core builds two DistributedOptimizers chained (megatron/core/optimizer/__init__.py, the expert
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from parallel.mesh import MeshDim, ParallelDims
+from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.apply import ZeroParts, build_zero
 from zero.host_memory import return_freed_blocks_to_system
@@ -44,7 +46,7 @@ from zero.optimizer_state import NamedFragment, ShardedOptimizerState
 
 
 def is_expert_parameter(param: nn.Parameter) -> bool:
-    return bool(getattr(param, "expert_parallel", False))
+    return record_of(param).is_expert
 
 
 def expert_data_parallel_state(state: ParallelState) -> ParallelState:
@@ -242,11 +244,11 @@ class ExpertZeroParts:
 def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, state: ParallelState, *,
                             loss_scaler: Optional[LossScaler] = None, own_units=(), decoupled_lr_params=(),
                             **kwargs) -> ExpertZeroParts:
-    """build_zero for a model some of whose parameters are tagged `expert_parallel` (module docstring); the
+    """build_zero for a model some of whose parameters are experts (module docstring); the
     keyword arguments are build_zero's (`own_units` and `decoupled_lr_params`, never experts, go to the dense
     part only)."""
     if not any(is_expert_parameter(param) for param in model.parameters() if param.requires_grad):
-        raise ValueError("build_zero_with_experts: the model has no parameter tagged expert_parallel")
+        raise ValueError("build_zero_with_experts: the model has no expert parameter (a record replicated over edp)")
     scaler = loss_scaler or LossScaler(1.0)
     expert_ids = {id(param) for param in model.parameters() if is_expert_parameter(param)}
     dense = _build_part(model, lambda param: id(param) not in expert_ids, zero_config, optimizer_config, state,
