@@ -3,8 +3,9 @@ node lost) while it saves.
 
     KILL_SAVE_POINT=renamed python tests/kill_in_save.py <pretrain_gpt flags>
 
-The points are the steps of `save_checkpoint` (checkpoint/sharded.py), its writer (checkpoint/writer.py)
-and `commit` (checkpoint/format.py), in order:
+The points are the steps of `save_checkpoint` (checkpoint/sharded.py, its files through
+checkpoint/writer.py) and `commit`
+(checkpoint/format.py), in order:
   files        the first of the rank's safetensors files written into iter_N.partial, no more
   metadata     every file and metadata.json written into iter_N.partial, not yet renamed
   renamed      iter_N.partial renamed to iter_N, neither pointer written yet
@@ -23,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pretrain_gpt  # noqa: E402
 from checkpoint import format as checkpoint_format  # noqa: E402
-from checkpoint import sharded, writer  # noqa: E402
+from checkpoint import sharded  # noqa: E402
+from checkpoint import writer  # noqa: E402
 
 POINT = os.environ["KILL_SAVE_POINT"]
 POINTS = ("files", "metadata", "renamed", "tracker", "latest-temp", "latest")
@@ -54,7 +56,7 @@ def write_latest_then(path, text):
 
 
 assert POINT in POINTS, POINT
-writer.save_tensors = after(writer.save_tensors, "files")  # write_files looks it up in its module
+writer.save_tensors = after(writer.save_tensors, "files")  # write_files looks it up at call time
 sharded.write_text_atomic = after(sharded.write_text_atomic, "metadata")  # sharded writes only metadata.json with it
 checkpoint_format.replace_directory = after(checkpoint_format.replace_directory, "renamed")
 original_write_text_atomic = checkpoint_format.write_text_atomic
