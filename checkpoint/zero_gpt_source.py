@@ -66,6 +66,32 @@ class Piece:
                 for box in flat_range_boxes(self.local_shape, self.param_offset, self.param_offset + self.numel)]
 
 
+def read_pieces(pieces: list[Piece], name: str, region: tuple[slice, ...], dtype: torch.dtype, fetch,
+                where: Path) -> torch.Tensor:
+    """`region` of tensor `name` from the flat `pieces` holding it, each overlapping stretch read with
+    `fetch(file, begin, end)` (flat positions in that file's tensor); an element no piece holds is an incomplete
+    checkpoint, named in one line."""
+    out = torch.empty([part.stop - part.start for part in region], dtype=dtype)
+    filled = 0
+    for piece in pieces:
+        for box in piece.boxes():
+            overlap = intersect(box, region)
+            if overlap is None:
+                continue
+            values = torch.empty(box_numel(overlap), dtype=dtype)
+            local = shift(overlap, [-o for o in piece.global_offset])
+            for start, at, length in box_runs(piece.local_shape, local):
+                begin = piece.partition_offset + start - piece.param_offset
+                values[at:at + length] = fetch(piece.file, begin, begin + length)
+            out[relative(overlap, region)] = values.view([p.stop - p.start for p in overlap])
+            filled += values.numel()
+    if filled != out.numel():
+        shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
+        raise CheckpointError(f"{where}: found {filled} of the {out.numel()} elements of {name}[{shown}] "
+                              f"this rank needs; the checkpoint is incomplete")
+    return out
+
+
 def legacy_record(entry: dict, tensor_parallel_size: int, tensor_parallel_rank: int
                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global offset, local shape) of TP rank `tensor_parallel_rank`'s slice, from a parameter table entry of a
@@ -143,28 +169,12 @@ class ZeroGptSource:
                 for name, entry in self.metadata["parameters"].items()}
 
     def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
-        pieces = self._index().get(name, [])
-        out = torch.empty([part.stop - part.start for part in region], dtype=self._dtypes.get(key, torch.float32))
-        filled = 0
-        for piece in pieces:
-            for box in piece.boxes():
-                overlap = intersect(box, region)
-                if overlap is None:
-                    continue
-                values = torch.empty(box_numel(overlap), dtype=out.dtype)
-                local = shift(overlap, [-o for o in piece.global_offset])
-                reader = self._reader(piece.file)
-                for start, at, length in box_runs(piece.local_shape, local):
-                    begin = piece.partition_offset + start - piece.param_offset
-                    values[at:at + length] = reader.range(key, begin, begin + length)
-                    self.bytes_read += length * out.element_size()
-                out[relative(overlap, region)] = values.view([p.stop - p.start for p in overlap])
-                filled += values.numel()
-        if filled != out.numel():
-            shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
-            raise CheckpointError(f"{self.path}: found {filled} of the {out.numel()} elements of {name}[{shown}] "
-                                  f"this rank needs; the checkpoint is incomplete")
-        return out
+        def fetch(file: str, begin: int, end: int) -> torch.Tensor:
+            values = self._reader(file).range(key, begin, end)
+            self.bytes_read += values.numel() * values.element_size()
+            return values
+        return read_pieces(self._index().get(name, []), name, region, self._dtypes.get(key, torch.float32), fetch,
+                           self.path)
 
     def progress(self) -> SourceProgress:
         metadata = self.metadata

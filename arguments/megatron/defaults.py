@@ -40,7 +40,11 @@ GLOBAL_BATCH_SETTINGS = ("global_batch_size", "accumulation_steps", "rampup_batc
 # Megatron's defaults a Megatron launch does not take, each with why (none today: --num-workers takes
 # Megatron's 2, and a rank started as a daemonic process, which may not fork workers, loads in-process
 # instead: data/sampler.py). A setting added here is also named in the start-up line's test.
-OURS_STAND: dict[str, str] = {}
+OURS_STAND: dict[str, str] = {
+    "ckpt_format": "this project's own checkpoints (sharded safetensors, verified on load, resumed at any layout); "
+                   "Megatron-LM's default is torch_dist, which --ckpt-format torch_dist writes"}
+# The OURS_STAND settings a start line names only when they act: a format only where --save writes checkpoints
+OURS_STAND_WHEN = {"ckpt_format": "save"}
 # Megatron defaults that hold only under a switch the launch may leave out: Megatron-LM's --num-query-groups
 # 1 is read only with --group-query-attention (core_transformer_config_from_args), which
 # arguments/megatron/flags.py resolves; without it attention is multi-head, our default.
@@ -261,6 +265,10 @@ def megatron_default_note(parser: argparse.ArgumentParser, settings: dict[str, A
         if found and _differs(settings[action.dest], theirs):
             where = "ours" if sources[action.dest].kind == DEFAULT else sources[action.dest].describe()
             differences.append(f"{action.option_strings[0]} {settings[action.dest]} ({where}; Megatron-LM: {theirs})")
+    for dest, reason in OURS_STAND.items():
+        acts = settings.get(OURS_STAND_WHEN.get(dest, dest))
+        if sources[dest].kind in (DEFAULT, PRESET) and acts:
+            differences.append(f"--{dest.replace('_', '-')} left out ({reason})")
     if sources["activation"].kind in (DEFAULT, PRESET) and settings["activation"] != "gelu":
         differences.append(f"--activation {settings['activation']} ({sources['activation'].describe()}; "
                            f"Megatron-LM: the exact GeLU, --activation gelu, unless --openai-gelu)")
