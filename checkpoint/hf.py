@@ -38,9 +38,10 @@ from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json
 from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
 from checkpoint import hf_llama
-from checkpoint.format import consolidate, read_metadata, save_tensors
+from checkpoint.format import read_metadata, save_tensors
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
+from checkpoint.zero_gpt_source import consolidate
 from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer

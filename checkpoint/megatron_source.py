@@ -198,11 +198,11 @@ class MegatronSource:
     def _adam_step(self) -> Optional[int]:
         """Adam's step count: the plain optimizer keeps it as state.common_step, the distributed optimizer in its
         param groups (common.pt for fully_reshardable, each TP x PP rank's object for dp_reshardable)."""
-        optimizer = self.common.get("optimizer") or {}
-        common_step = (optimizer.get("state") or {}).get("common_step")
+        saved = self.common.get("optimizer") or {}
+        common_step = (saved.get("state") or {}).get("common_step")
         if common_step is not None:
             return int(common_step)
-        groups = (optimizer.get("optimizer") or {}).get("param_groups") or optimizer.get("param_groups")
+        groups = (saved.get("optimizer") or {}).get("param_groups") or saved.get("param_groups")
         if not groups and self._buckets is not None:
             groups = self._buckets.optimizer_state(0).get("param_groups")  # its DistributedOptimizer's 'optimizer' 
         steps = {int(group["step"]) for group in groups or [] if group.get("step") is not None}

@@ -54,6 +54,7 @@ from checkpoint.global_load import parameter_records
 from checkpoint.megatron_common import COMMON_FILE, TORCH_DIST_BACKEND
 from checkpoint.megatron_names import LAYERS, megatron_placement
 from checkpoint.regions import box_numel, flat_range_boxes, flat_start, shift
+from checkpoint.save_plan import coordinates, named_fragments
 from checkpoint.sharded import non_finite_training_state
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -106,14 +107,6 @@ class _Planner(DefaultSavePlanner):
         return buffer
 
 
-def _first_replica(record, state: ParallelState) -> bool:
-    """This rank's copy of a slice is the one written: a slice whole on every TP rank by TP rank 0, the last
-    pipeline stage's tied embedding by the first stage's (the data-parallel copies are ZeRO's disjoint parts)."""
-    coordinates = {"tp": state.tensor_parallel_rank, "cp": state.context_parallel_rank,
-                   "pp": state.pipeline_parallel_rank}
-    return all(coordinates.get(dim, 0) == 0 for dim in record.replicated_over)
-
-
 def _state_keys(shard, distributed: bool, param_dtype: torch.dtype) -> dict[str, str]:
     """The DCP key prefix of each state this save writes -> the partition tensor it comes from."""
     keys = {"": "master"}  # the model weights, the master rounded to the training dtype (what the model holds)
@@ -133,29 +126,26 @@ def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: Par
     param_dtype = shard.param_dtype
     tensors: dict[str, list] = defaultdict(list)
     shapes: dict[str, tuple] = {}
-    if not (shard.replicated and (state.data_parallel_rank or state.context_parallel_rank)) \
-            and state.partition_replica_index == 0:
-        for fragment in (shard.owned if shard.owned is not None else shard.fragments):
-            _, record = records[fragment.name]
-            if not _first_replica(record, state):
-                continue
-            placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers)
-            if placed is None:
-                raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
-            placement, global_shape = placed
-            for box in flat_range_boxes(record.local_shape, fragment.param_offset,
-                                        fragment.param_offset + fragment.numel):
-                at = fragment.partition_offset + flat_start(record.local_shape, box) - fragment.param_offset
-                region = shift(box, record.global_offset)
-                numel = box_numel(region)
-                theirs = placement.region(region)
-                offsets = tuple(part.start for part in theirs)
-                sizes = [part.stop - part.start for part in theirs]
-                for prefix, source in _state_keys(shard, distributed, param_dtype).items():
-                    dtype = param_dtype if prefix == "" else torch.float32
-                    values = shard.tensors[source][at:at + numel].to(dtype).reshape(sizes).clone()
-                    tensors[prefix + placement.key].append((offsets, values))
-                    shapes[prefix + placement.key] = (global_shape, dtype)
+    # each element once, by the first replica of its optimizer state (checkpoint/save_plan.py's rule, as ours)
+    for fragment in named_fragments(shard, records, coordinates(state)):
+        _, record = records[fragment.name]
+        placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers)
+        if placed is None:
+            raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
+        placement, global_shape = placed
+        for box in flat_range_boxes(record.local_shape, fragment.param_offset,
+                                    fragment.param_offset + fragment.numel):
+            at = fragment.partition_offset + flat_start(record.local_shape, box) - fragment.param_offset
+            region = shift(box, record.global_offset)
+            numel = box_numel(region)
+            theirs = placement.region(region)
+            offsets = tuple(part.start for part in theirs)
+            sizes = [part.stop - part.start for part in theirs]
+            for prefix, source in _state_keys(shard, distributed, param_dtype).items():
+                dtype = param_dtype if prefix == "" else torch.float32
+                values = shard.tensors[source][at:at + numel].to(dtype).reshape(sizes).clone()
+                tensors[prefix + placement.key].append((offsets, values))
+                shapes[prefix + placement.key] = (global_shape, dtype)
     # every rank plans every tensor's shape: DCP's global plan takes each key's metadata from the ranks writing it
     return dict(tensors), shapes
 
@@ -174,8 +164,8 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
     """The args common.pt holds: what Megatron-LM's load reads of them (check_checkpoint_args, the TP/PP/DP sizes, the
     consumed samples, no_save_optim/no_save_rng) and the model's settings --use-checkpoint-args takes, under
     Megatron-LM's names."""
-    model, optimizer, training, parallel, data = (config.model, config.optimizer, config.training, config.parallel,
-                                                  config.data)
+    model, adam, training, parallel, data = (config.model, config.optimizer, config.training, config.parallel,
+                                             config.data)
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     gated_gelu = model.activation == "gelu_tanh" and model.add_bias_linear and not model.swiglu
     values = dict(
@@ -197,11 +187,11 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         tokenizer_type=data.tokenizer_type, data_path=list(data.data_path or []) or None, split=data.split,
         mock_data=data.mock_data, seed=training.seed, micro_batch_size=training.micro_batch_size,
         global_batch_size=training.global_batch_size, train_iters=training.train_iters,
-        train_samples=training.train_samples, lr=optimizer.lr, min_lr=optimizer.min_lr,
-        lr_decay_style=optimizer.lr_decay_style, lr_decay_iters=optimizer.lr_decay_iters,
-        lr_warmup_iters=optimizer.lr_warmup_iters, lr_warmup_fraction=optimizer.lr_warmup_fraction,
-        weight_decay=optimizer.weight_decay, clip_grad=optimizer.clip_grad, adam_beta1=optimizer.adam_beta1,
-        adam_beta2=optimizer.adam_beta2, adam_eps=optimizer.adam_eps, optimizer=optimizer.optimizer,
+        train_samples=training.train_samples, lr=adam.lr, min_lr=adam.min_lr,
+        lr_decay_style=adam.lr_decay_style, lr_decay_iters=adam.lr_decay_iters,
+        lr_warmup_iters=adam.lr_warmup_iters, lr_warmup_fraction=adam.lr_warmup_fraction,
+        weight_decay=adam.weight_decay, clip_grad=adam.clip_grad, adam_beta1=adam.adam_beta1,
+        adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, optimizer=adam.optimizer,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=_virtual_stages(parallel, model.num_layers),
         context_parallel_size=parallel.context_parallel_size, sequence_parallel=parallel.sequence_parallel,
@@ -227,13 +217,13 @@ def _virtual_stages(parallel, num_layers: int) -> Optional[int]:
 def _param_groups(config, lr: float, step: Optional[int]) -> list[dict]:
     """Megatron-Core's two groups (optimizer/__init__.py _get_param_groups with the standard overrides: weights,
     then biases and 1-D parameters without weight decay), as torch's AdamW state_dict leaves them, params removed."""
-    optimizer = config.optimizer
+    adam = config.optimizer
     groups = []
     for wd_mult in (1.0, 0.0):
         group = {"is_expert_parallel": False, "default_config": True, "wd_mult": wd_mult, "lr_mult": 1.0,
-                 "is_decoupled_lr": False, "max_lr": optimizer.lr, "min_lr": optimizer.min_lr, "lr": lr,
-                 "betas": (optimizer.adam_beta1, optimizer.adam_beta2), "eps": optimizer.adam_eps,
-                 "weight_decay": optimizer.weight_decay * wd_mult, "amsgrad": False, "maximize": False,
+                 "is_decoupled_lr": False, "max_lr": adam.lr, "min_lr": adam.min_lr, "lr": lr,
+                 "betas": (adam.adam_beta1, adam.adam_beta2), "eps": adam.adam_eps,
+                 "weight_decay": adam.weight_decay * wd_mult, "amsgrad": False, "maximize": False,
                  "foreach": None, "capturable": False, "differentiable": False, "fused": None,
                  "decoupled_weight_decay": True}
         if step is not None:
@@ -263,17 +253,17 @@ def scheduler_state(config, batch, schedule_samples: int) -> dict:
 def _common(config, state, shard, iteration, consumed_samples, lr, batch, schedule_samples) -> dict:
     distributed = config.zero.stage >= 1
     if distributed:
-        optimizer = {"optimizer": {"param_groups": _param_groups(config, lr, shard.adam_step)},
+        saved_optimizer = {"optimizer": {"param_groups": _param_groups(config, lr, shard.adam_step)},
                      "param_state_sharding_type": FULLY_RESHARDABLE}
         content = {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
                    "distrib_optim_fully_reshardable_mem_efficient": False}
     else:
-        optimizer = {"state": {"common_step": torch.tensor(float(shard.adam_step))},
+        saved_optimizer = {"state": {"common_step": torch.tensor(float(shard.adam_step))},
                      "param_groups": _param_groups(config, lr, None)}
         content = {}
     content.update(singleton_local_shards=False, chained_optim_avoid_prefix=True)
     return {"args": megatron_args(config, state, iteration, consumed_samples), "checkpoint_version": CHECKPOINT_VERSION,
-            "iteration": iteration, "optimizer": optimizer,
+            "iteration": iteration, "optimizer": saved_optimizer,
             "opt_param_scheduler": scheduler_state(config, batch, schedule_samples),
             "num_floating_point_operations_so_far": 0, "content_metadata": content}
 

@@ -19,22 +19,22 @@ rank's partition, as files before the records held them) are read once.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.format import open_tensors, optimizer_shards, read_metadata
+from checkpoint.format import RECORDS, open_tensors, optimizer_shards, read_metadata
 from checkpoint.global_state import GlobalTensorInfo, SourceProgress
 from checkpoint.random_states import restore_random_states
-from checkpoint.regions import Box, box_numel, box_runs, flat_range_boxes, intersect, relative, shift
+from checkpoint.regions import Box, box_numel, box_runs, flat_range_boxes, flat_start, intersect, relative, shift
 from zero.optimizer_state import PARTITION_TENSORS_OF
 
 FORMAT_NAME = "zero-gpt"
-RECORDS = "records"  # an optimizer file's metadata entry: name -> [global offset, local shape]
 
 
 def saved_optimizer(metadata: dict) -> str:
@@ -70,7 +70,9 @@ def read_pieces(pieces: list[Piece], name: str, region: tuple[slice, ...], dtype
                 where: Path) -> torch.Tensor:
     """`region` of tensor `name` from the flat `pieces` holding it, each overlapping stretch read with
     `fetch(file, begin, end)` (flat positions in that file's tensor); an element no piece holds is an incomplete
-    checkpoint, named in one line."""
+    checkpoint, named in one line (before allocating, where the pieces together hold fewer elements: a parameter
+    table whose shape was edited would otherwise ask for more memory than exists)."""
+    refuse_short(pieces, name, region, where)
     out = torch.empty([part.stop - part.start for part in region], dtype=dtype)
     filled = 0
     for piece in pieces:
@@ -86,10 +88,21 @@ def read_pieces(pieces: list[Piece], name: str, region: tuple[slice, ...], dtype
             out[relative(overlap, region)] = values.view([p.stop - p.start for p in overlap])
             filled += values.numel()
     if filled != out.numel():
-        shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
-        raise CheckpointError(f"{where}: found {filled} of the {out.numel()} elements of {name}[{shown}] "
-                              f"this rank needs; the checkpoint is incomplete")
+        _incomplete(where, name, filled, out.numel(), region)
     return out
+
+
+def refuse_short(pieces: list[Piece], name: str, region: tuple[slice, ...], where: Path) -> None:
+    """Refuse `region` of `name` when its pieces together hold fewer elements, before anything is allocated."""
+    available = sum(piece.numel for piece in pieces)
+    if box_numel(region) > available:
+        _incomplete(where, name, available, box_numel(region), region)
+
+
+def _incomplete(where: Path, name: str, found: int, needed: int, region: tuple[slice, ...]) -> None:
+    shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
+    raise CheckpointError(f"{where}: found {found} of the {needed} elements of {name}[{shown}] asked for; "
+                          f"the checkpoint is incomplete")
 
 
 def legacy_record(entry: dict, tensor_parallel_size: int, tensor_parallel_rank: int
@@ -176,6 +189,19 @@ class ZeroGptSource:
         return read_pieces(self._index().get(name, []), name, region, self._dtypes.get(key, torch.float32), fetch,
                            self.path)
 
+    def pieces_by_file(self) -> dict[str, list[tuple[str, "Piece"]]]:
+        """Every piece, by the file that holds it, in file order: (parameter name, piece)."""
+        by_file: dict[str, list[tuple[str, Piece]]] = {}
+        for name, pieces in self._index().items():
+            for piece in pieces:
+                by_file.setdefault(piece.file, []).append((name, piece))
+        return {file: by_file[file] for _, _, file in optimizer_shards(self.metadata) if file in by_file}
+
+    def read_piece(self, key: str, piece: "Piece") -> torch.Tensor:
+        """A piece's elements, flat, in its saved slice's order."""
+        self.bytes_read += piece.numel * self._dtypes.get(key, torch.float32).itemsize
+        return self._reader(piece.file).range(key, piece.partition_offset, piece.partition_offset + piece.numel)
+
     def progress(self) -> SourceProgress:
         metadata = self.metadata
         scaler = metadata.get("loss_scaler") or {}
@@ -229,6 +255,12 @@ class ZeroGptSource:
                     offset, shape = records[name]
                 else:
                     offset, shape = legacy_record(table[name], tp_size, tp)
+                whole = table[name]["shape"]
+                if len(offset) != len(whole) or len(shape) != len(whole) \
+                        or any(o < 0 or o + n > w for o, n, w in zip(offset, shape, whole)) \
+                        or param_offset + numel > math.prod(shape):
+                    raise CheckpointError(f"{reader.path}: its fragment of {name!r} does not lie inside the "
+                                          f"parameter table's shape {whole}; the checkpoint is corrupt")
                 slice_key = (name, offset, shape)
                 spans = covered[slice_key]
                 for start, end in _uncovered(spans, param_offset, param_offset + numel):
@@ -244,3 +276,31 @@ def _header_bytes(path: Path) -> int:
     """A safetensors file's header (its 8-byte length and the JSON), which opening it reads."""
     with open(path, "rb") as f:
         return 8 + int.from_bytes(f.read(8), "little")
+
+
+def consolidate(iteration_dir: Path, keys: Sequence[str] = ("master",), progress: bool = False
+                ) -> dict[str, dict[str, torch.Tensor]]:
+    """{key: {parameter name: whole fp32 tensor}} of a checkpoint of ours, for keys among its optimizer's
+    states (master, exp_avg, exp_avg_sq, exp_avg_slow). The whole tensors are allocated once and each partition
+    file is read in turn, every piece placed by its record, so memory holds the result and one piece. An
+    element no file holds is an incomplete checkpoint, named."""
+    iteration_dir = Path(iteration_dir)
+    with ZeroGptSource(iteration_dir) as source:
+        infos = source.tensors("master")
+        by_file = source.pieces_by_file()
+        for name, info in infos.items():  # before allocating: a table asking for more than the files hold
+            refuse_short(source._index().get(name, []), name, tuple(slice(0, n) for n in info.shape), iteration_dir)
+        result = {key: {name: torch.zeros(info.shape, dtype=torch.float32) for name, info in infos.items()}
+                  for key in keys}
+        for count, (file, pieces) in enumerate(by_file.items(), 1):
+            for name, piece in pieces:
+                for key in keys:
+                    values = source.read_piece(key, piece)
+                    for box in piece.boxes():
+                        local = shift(box, [-o for o in piece.global_offset])
+                        start = flat_start(piece.local_shape, local) - piece.param_offset
+                        result[key][name][box] = values[start:start + box_numel(box)].view(
+                            [p.stop - p.start for p in box]).float()
+            if progress:
+                print(f"  read {file} ({count}/{len(by_file)})", flush=True)
+    return result

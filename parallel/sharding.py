@@ -73,10 +73,10 @@ def whole_record(shape: torch.Size | tuple[int, ...], real_rows: Optional[int] =
 def split_record(local_shape: torch.Size | tuple[int, ...], dim: int, parts: int, index: int, over: str,
                  real_rows: Optional[int] = None, data: tuple[str, ...] = DENSE_DATA) -> ShardingRecord:
     """Slice `index` of `parts` equal slices along `dim`, `over` the grid dimension whose ranks hold them, each
-    slice replicated over `data`; with one part, the whole tensor (replicated over `over` too)."""
+    slice replicated over `data`. With one part the slice is the whole tensor, still recorded as cut along `dim`
+    (a TP layer at TP 1): ZeRO's layout orders parameters by whether they are cut (zero/flat_buffer.py), and
+    that order must not depend on the TP size."""
     local_shape = tuple(local_shape)
-    if parts == 1:
-        return whole_record(local_shape, real_rows, (over, *data))
     whole = list(local_shape)
     whole[dim] *= parts
     offset = [0] * len(local_shape)

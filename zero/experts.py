@@ -101,10 +101,11 @@ class CheckpointableChain:
     expert-parallel rank, as Megatron-LM names a checkpoint file by its expert rank too
     (megatron/training/checkpointing.py get_checkpoint_name, `expert_rank`) and Megatron-Core's experts save by
     global index from their own ranks (megatron/core/transformer/moe/experts.py sharded_state_dict).
-    The partition a rank saves is its dense partition followed by its expert partition; its fragment table names
-    each element once over the checkpoint: a part replicated over its data-parallel group (stage 0) is named by
-    that group's first rank only. Fragments are found by name when loading, so the checkpoint loads at any
-    expert-parallel size (and at EP 1 into a plain ShardedAdamW), each rank reading only its own experts."""
+    The partition a rank saves is its dense partition followed by its expert partition; which of its fragments it
+    names is the save plan's (checkpoint/save_plan.py, by the parameters' sharding records: a part replicated over
+    its data-parallel group at stage 0 by that group's first rank only). Fragments are found by name when loading,
+    so the checkpoint loads at any expert-parallel size (and at EP 1 into a plain ShardedAdamW), each rank reading
+    only its own experts."""
 
     def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
         """The dense parameters whole (every data-parallel rank takes part at stage 3); no expert."""
@@ -123,14 +124,11 @@ class CheckpointableChain:
         offset = next(iter(dense.tensors.values())).numel()
         shifted = [NamedFragment(f.name, f.param_offset, f.partition_offset + offset, f.numel)
                    for f in experts.fragments]
-        owned = (dense.fragments if not dense.replicated or self.data_parallel_rank == 0 else []) + \
-                (shifted if not experts.replicated or self.expert_data_parallel_rank == 0 else [])
         return ShardedOptimizerState(
             tensors={key: torch.cat([dense.tensors[key], experts.tensors[key]]) for key in dense.tensors},
             fragments=dense.fragments + shifted, replicated=False, zero_stage=dense.zero_stage,
             adam_step=dense.adam_step, loss_scaler_type=dense.loss_scaler_type,
-            loss_scaler_state=dense.loss_scaler_state, param_dtype=dense.param_dtype, owned=owned,
-            optimizer=dense.optimizer)
+            loss_scaler_state=dense.loss_scaler_state, param_dtype=dense.param_dtype, optimizer=dense.optimizer)
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
                                 loss_scaler_state: Optional[dict] = None) -> None:

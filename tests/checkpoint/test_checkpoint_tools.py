@@ -23,16 +23,16 @@ import torch
 from safetensors import safe_open
 
 from arguments.config import PretrainConfig
+from checkpoint.file_names import optimizer_file
 from checkpoint.format import (
     LATEST_FILE,
     OPTIMIZER_KEYS,
     TOKENIZER_DIR,
-    consolidate,
-    optimizer_file,
     read_metadata,
     resolve_checkpoint,
 )
 from checkpoint.sharded import load_checkpoint, parameter_names, save_checkpoint
+from checkpoint.zero_gpt_source import consolidate
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.sharding import record_of
