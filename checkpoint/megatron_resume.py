@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from base.errors import CheckpointError
 from checkpoint.dcp_reader import DCP_METADATA_FILE, DcpReader
@@ -97,33 +97,11 @@ def metadata_view(common: dict, config) -> dict:
             "config": {"model": model, "data": data, "training": training, "optimizer": optimizer}}
 
 
-def check_megatron_resume(config, state: ParallelState, iteration_dir: Path, log: Callable[[str], None], batch,
-                          agree, attempt) -> tuple:
-    """run_start.check_resume for a Megatron-LM checkpoint: (the checkpoint's schedule when kept, its view)."""
-    from arguments.schedule import schedule_on_resume
-    from checkpoint.resume_model import check_resume_model
-    from checkpoint.start_decision import check_resume_matches, check_samples_fit
-
-    checkpoint = config.checkpoint
-    agree(state, attempt(lambda: verify_megatron(iteration_dir))[1])
-    view, error = attempt(lambda: metadata_view(load_common(iteration_dir), config))
-    agree(state, error)
-    schedule = None
-    if not checkpoint.finetune:
-        note, error = attempt(lambda: check_resume_matches(view, config, iteration_dir,
-                                                           checkpoint.override_data_on_resume))
-        agree(state, error)
-        if note:
-            log(note)
-        agree(state, attempt(lambda: check_samples_fit(view, config, batch, iteration_dir))[1])
-        agree(state, attempt(lambda: check_resume_model(view, config.model, iteration_dir))[1])
-    if not checkpoint.finetune and checkpoint.load_optim:
-        outcome, error = attempt(lambda: schedule_on_resume(config, batch, view["config"], iteration_dir))
-        agree(state, error)
-        schedule, note = outcome
-        if note:
-            log(note)
-    return schedule, view
+def megatron_metadata(iteration_dir: Path, config) -> dict:
+    """The checkpoint's files verified (`verify_megatron`), then its common.pt as the metadata our resume checks
+    read (run_start.check_resume runs the same checks on it as on ours)."""
+    verify_megatron(iteration_dir)
+    return metadata_view(load_common(iteration_dir), config)
 
 
 def _vocabulary_padding(source: MegatronSource, model) -> int:
