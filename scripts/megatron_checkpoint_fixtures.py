@@ -33,6 +33,8 @@ any other is refused). What this driver cannot do as Megatron-LM does on a GPU, 
   states lack (the step is restored from the param groups): "step" keeps the value load_state_dict just set; and
   it copies outside torch.no_grad(), which fp32 parameters refuse (their main params are views of the model's
   leaves; on a GPU the usual bf16 run has fp32 copies): the copy runs under no_grad here.
+- Its MoE router's gating reads moe_utils.te_general_gemm, a name bound only where TransformerEngine imports:
+  it is bound to None here (the torch matmul path the code takes without TE).
 - get_rng_state's cuda_rng_state and rng_tracker_states need CUDA: the saved rng_state holds the Python, NumPy and
   torch CPU states only, and a resume restores those three.
 """
@@ -94,6 +96,11 @@ FIXTURES = {
     # two pipeline stages, the tied embedding on both (its own bucket in each stage's distributed optimizer)
     "megatron_pp2_distopt_dp_reshardable": (2, GPT2_FLAGS + ["--pipeline-model-parallel-size", "2",
                                                              "--use-distributed-optimizer"]),
+    # a mixture of experts on the local spec (SequentialMLP: one module per expert), the plain optimizer; without
+    # the linears' biases, as MoE models train (the local MLP adds an expert's fc2 bias in place to a view
+    # autograd refuses at TP 1: mlp.py forward, a path TransformerEngine's layers do not take)
+    "megatron_moe_sequential": (1, GPT2_FLAGS + ["--disable-bias-linear", "--num-experts", "4",
+                                                 "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32"]),
 }
 SAVE_ITERATION = 2
 
@@ -118,6 +125,8 @@ def megatron_parser() -> argparse.ArgumentParser:
         ("position-embedding-type", str, "learned_absolute"), ("rotary-base", int, 10000),
         ("tensor-model-parallel-size", int, 1), ("pipeline-model-parallel-size", int, 1),
         ("split", str, None), ("save", str, None), ("load", str, None), ("data-cache-path", str, None),
+        ("num-experts", int, None), ("moe-router-topk", int, 2), ("moe-ffn-hidden-size", int, None),
+        ("moe-token-dispatcher-type", str, "allgather"),
     ]:
         add(f"--{name}", type=kind, default=default)
     for name in ("swiglu", "group-query-attention", "untie-embeddings-and-output-weights",
@@ -152,7 +161,8 @@ def megatron_args(flags: list[str], world_size: int) -> argparse.Namespace:
     args.params_dtype = torch.float32
     args.fp16 = args.bf16 = False
     args.consumed_train_samples = args.consumed_valid_samples = args.skipped_train_samples = 0
-    args.num_experts = None
+    if args.num_experts and args.moe_ffn_hidden_size is None:  # validate_args
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
     args.virtual_pipeline_model_parallel_size = None
     args.no_save_optim = args.no_save_rng = None
     args.finetune = False
@@ -214,6 +224,12 @@ def cpu_workarounds() -> None:
             return set_states(self, model_param, _KeepStep(tensors, self.optimizer.state[main_param]))
     DistributedOptimizer._set_main_param_and_optimizer_states = set_saved_states
 
+    # moe_utils.py imports te_general_gemm only where TransformerEngine is installed, and the router's gating
+    # (RouterGatingLinearFunction.forward) reads the name either way: without TE it is None, the torch matmul path
+    from megatron.core.transformer.moe import moe_utils
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
     tracker = CpuTracker()
     tp_random._CUDA_RNG_STATE_TRACKER = tracker
     tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
@@ -272,10 +288,11 @@ class Run:
             params_dtype=torch.float32, pipeline_dtype=torch.float32, use_cpu_initialization=True,
             perform_initialization=True, masked_softmax_fusion=False, bias_dropout_fusion=True,
             apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
-            sequence_parallel=False,
+            sequence_parallel=False, num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
+            moe_ffn_hidden_size=args.moe_ffn_hidden_size, moe_token_dispatcher_type=args.moe_token_dispatcher_type,
         )
         self.config = config
-        spec = get_gpt_layer_local_spec(normalization=args.normalization)
+        spec = get_gpt_layer_local_spec(num_experts=args.num_experts, normalization=args.normalization)
         model = GPTModel(
             config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
             max_sequence_length=args.max_position_embeddings,

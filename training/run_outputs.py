@@ -50,7 +50,7 @@ def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
     checkpoint = config.checkpoint
     if not checkpoint.save:
         return None
-    if checkpoint.ckpt_format == TORCH_DIST:
+    if checkpoint.ckpt_format == TORCH_DIST and config.megatron_format_unwritten() is None:
         def save_megatron(iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
             save_megatron_checkpoint(checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer,
                                      config, state, batch, lr=lr, schedule_samples=schedule_samples)

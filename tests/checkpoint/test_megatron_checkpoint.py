@@ -5,9 +5,10 @@ The fixtures tests/fixtures/megatron_* were written by megatron-core 0.16.1's ow
 and scheduler, dist_checkpointing.save with the state dict megatron/training/checkpointing.py builds) at iteration
 2, over tests/fixtures/megatron_data (written by its IndexedDatasetBuilder); the same driver resumed each from its
 checkpoint and recorded the iteration-3 loss Megatron-Core computed (megatron_losses.json: `losses`, and the same
-run uninterrupted in `uninterrupted_losses`). The five: TP 1 with the plain optimizer (GPT-2's block); TP 2 with
+run uninterrupted in `uninterrupted_losses`). The six: TP 1 with the plain optimizer (GPT-2's block); TP 2 with
 SwiGLU, GQA, RMSNorm and rope (plain optimizer); the distributed optimizer's dp_reshardable layout at TP 2 x DP 2;
-its fully_reshardable layout at TP 1 x DP 2; dp_reshardable over two pipeline stages (the tied embedding on both).
+its fully_reshardable layout at TP 1 x DP 2; dp_reshardable over two pipeline stages (the tied embedding on both,
+loaded here on one); a mixture of experts (4 experts, top 2, SequentialMLP on the local spec, plain optimizer).
 
 - The quick tests read the files: told apart from ours by content, our TP 1 model's names and shapes, the weights
   every layout holds read alike (a dp_reshardable bucket's fp32 master equals the model tensor it belongs to, which
@@ -38,7 +39,7 @@ from tests.readme import ROOT as REPO_ROOT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_distopt_dp_reshardable",
-         "megatron_distopt_fully_reshardable", "megatron_pp2_distopt_dp_reshardable")
+         "megatron_distopt_fully_reshardable", "megatron_pp2_distopt_dp_reshardable", "megatron_moe_sequential")
 
 
 def record(name: str) -> dict:

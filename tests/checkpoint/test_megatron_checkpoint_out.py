@@ -125,3 +125,32 @@ def test_the_fixtures_flags_are_the_ones_the_driver_writes():
         written = record(name)
         assert (written["world_size"], written["flags"]) == (ranks, driver.COMMON_FLAGS + extra), name
         assert (FIXTURES / name / "iter_0000002" / "common.pt").is_file()
+
+
+def test_another_megatron_format_writes_ours_and_says_so_in_one_line():
+    """Megatron-LM's functional tests launch with --ckpt-format torch (its legacy per-rank files): accepted, as the
+    format changes no math, and --save writes this project's checkpoints, said at start-up."""
+    from arguments.parser import parse_arguments
+
+    flags = list(record("megatron_tp1")["flags"])
+    at = flags.index("--ckpt-format")
+    flags[at + 1] = "torch"
+    parsed = parse_arguments(flags + ["--save", "ckpt"])
+    assert parsed.config.checkpoint.ckpt_format == "torch"
+    said = [note for note in parsed.notes if "--ckpt-format torch:" in note]
+    assert said == ["> --ckpt-format torch: Megatron-LM's legacy per-rank files are not written here; --save writes "
+                    "this project's checkpoints (--ckpt-format torch_dist writes Megatron-LM's distributed checkpoint)"]
+    assert not [note for note in parse_arguments(flags).notes if "--ckpt-format" in note]  # nothing saved: unsaid
+
+
+def test_torch_dist_beside_what_its_layout_does_not_hold_writes_ours_and_says_so():
+    """Megatron-LM launches give --ckpt-format torch_dist beside --fp16 (its functional tests' bf16 baseline family):
+    accepted, and where the layout here does not hold a setting's state the save is this project's, said once."""
+    from arguments.parser import parse_arguments
+
+    flags = list(record("megatron_tp1")["flags"]) + ["--save", "ckpt"]
+    assert parse_arguments(flags).config.megatron_format_unwritten() is None
+    parsed = parse_arguments(flags + ["--fp16"])
+    assert [n for n in parsed.notes if "--ckpt-format torch_dist:" in n] == [
+        "> --ckpt-format torch_dist: the fp16 loss scaler's state: not written in Megatron-LM's layout here; "
+        "--save writes this project's checkpoints"]
