@@ -21,6 +21,8 @@ from base.errors import ALWAYS_EXPECTED
 from base.output_locks import MetricsFileLock, RunLock
 from checkpoint.format import read_metadata
 from checkpoint.lineage import RunIdentity, identity_on_start, new_id
+from checkpoint.megatron_common import is_megatron_checkpoint
+from checkpoint.megatron_resume import megatron_metadata
 from checkpoint.output_paths import prepare_output_directory, prepare_output_file, refuse_training_output_in_checkpoint
 from checkpoint.resume_model import check_resume_model
 from checkpoint.save_directory import SaveDirectoryLock
@@ -129,7 +131,9 @@ def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callabl
     learning-rate schedule (Megatron's rule), and every file of it is intact. Returns the checkpoint's
     schedule when it is to be kept, and its metadata."""
     checkpoint = config.checkpoint
-    metadata, error = _attempt(lambda: read_metadata(iteration_dir))
+    megatron = is_megatron_checkpoint(iteration_dir)  # a Megatron-LM save folder: its common.pt, checked alike
+    metadata, error = _attempt(lambda: megatron_metadata(iteration_dir, config) if megatron
+                               else read_metadata(iteration_dir))
     agree(state, error)
     schedule = None
     if not checkpoint.finetune:  # a fine-tuning run starts a new sample sequence anyway
@@ -147,5 +151,6 @@ def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callabl
         schedule, note = outcome
         if note:
             log(note)
-    verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
+    if not megatron:  # megatron_metadata verified its files
+        verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
     return schedule, metadata

@@ -19,6 +19,8 @@ from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig
+from checkpoint.megatron_common import is_megatron_checkpoint
+from checkpoint.megatron_resume import load_megatron_checkpoint
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.sharded import ResumePoint, load_checkpoint
 from data.tokenizer import RunTokenizer
@@ -99,7 +101,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         run = Run(settings=settings, state=state, tokenizer=tokenizer, data=data, built=built, start=start,
                   writer=writer, memory_check=memory_check,
                   exit_conditions=ExitConditions(config.checkpoint, state, log_interval=config.training.log_interval),
-                  save=checkpoint_saver(config, state, built, tokenizer, claimed.identity), log=log, claimed=claimed)
+                  save=checkpoint_saver(config, state, built, tokenizer, claimed.identity, batch),
+                  log=log, claimed=claimed)
         on_failure.pop_all()
     return run
 
@@ -115,9 +118,14 @@ def load_weights(config: PretrainConfig, state: ParallelState, built: Built, res
         initialize_from_hf(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
     if resume_from is None:
         return ResumePoint(0, 0, None)
-    start = load_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
-                            load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
-                            finetune=checkpoint.finetune, verify=False)  # claim_run_start verified every file
+    if is_megatron_checkpoint(resume_from):
+        start = load_megatron_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
+                                         load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
+                                         finetune=checkpoint.finetune)
+    else:
+        start = load_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
+                                load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
+                                finetune=checkpoint.finetune, verify=False)  # claim_run_start verified every file
     log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
                                       f"({start.consumed_samples} samples consumed)"
                                       if not checkpoint.finetune else "weights only, from iteration 0"))

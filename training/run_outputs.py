@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-from arguments.config import PretrainConfig
+from arguments.config import TORCH_DIST, PretrainConfig
 from checkpoint.lineage import RunIdentity
+from checkpoint.megatron_writer import save_megatron_checkpoint
 from checkpoint.sharded import prune_checkpoints, save_checkpoint
 from data.tokenizer import GPTTokenizer, RunTokenizer
 from parallel.state import ParallelState
@@ -42,11 +43,18 @@ def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIden
 
 
 def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
-                     tokenizer: RunTokenizer, identity: RunIdentity) -> Optional[SaveCheckpoint]:
-    """Saves to --save and prunes to --keep-last; None without --save."""
+                     tokenizer: RunTokenizer, identity: RunIdentity, batch=None) -> Optional[SaveCheckpoint]:
+    """Saves to --save and prunes to --keep-last; None without --save. With --ckpt-format torch_dist, in
+    Megatron-LM's layout (checkpoint/megatron_writer.py; `batch` is the run's batch schedule, which its scheduler
+    state is counted in)."""
     checkpoint = config.checkpoint
     if not checkpoint.save:
         return None
+    if checkpoint.ckpt_format == TORCH_DIST and config.megatron_format_unwritten() is None:
+        def save_megatron(iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
+            save_megatron_checkpoint(checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer,
+                                     config, state, batch, lr=lr, schedule_samples=schedule_samples)
+        return save_megatron
     # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
     # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
     saved_tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None

@@ -121,7 +121,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      "integrity checks); checkpoints here are sharded safetensors with a metadata.json, always verified on load "
      "and holding the optimizer state and random streams (--no-load-optim, --no-load-rng choose what a resume "
      "takes)", _names("""
-        --ckpt-format --async-save --async-strategy --async-ckpt-cpu-priority --async-ckpt-io-priority
+        --async-save --async-strategy --async-ckpt-cpu-priority --async-ckpt-io-priority
         --async-ckpt-use-cpu-shm --auto-detect-ckpt-format --ckpt-assume-constant-structure --ckpt-fully-parallel-load
         --ckpt-fully-parallel-load-per-rank-objects --ckpt-fully-parallel-load-exchange-algo
         --ckpt-fully-parallel-load-process-group --ckpt-fully-parallel-save --no-ckpt-fully-parallel-save
