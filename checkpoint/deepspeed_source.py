@@ -26,6 +26,7 @@ import torch
 
 from base.errors import CheckpointError
 from checkpoint.deepspeed_files import (
+    LAYER_FILE,
     DeepSpeedCheckpoint,
     DynamicLossScaler,
     LossScaler,
@@ -76,6 +77,10 @@ class DeepSpeedSource:
     def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention) -> None:
         self.checkpoint, self.path = checkpoint, checkpoint.path
         files = model_state_files(checkpoint.path)
+        if any(LAYER_FILE.fullmatch(path.name) for path in checkpoint.path.iterdir()):
+            raise CheckpointError(f"{checkpoint.path} is a DeepSpeed pipeline module's checkpoint "
+                                  f"(layer_*-model_states.pt: Megatron-DeepSpeed's GPTModelPipe, a run without "
+                                  f"--no-pipeline-parallel); this reader knows its GPTModel (--no-pipeline-parallel)")
         if not files:
             raise CheckpointError(f"{checkpoint.path}: no DeepSpeed model states file (*_model_states.pt)")
         self.model_states = load_pt(files[0])
@@ -127,6 +132,10 @@ class DeepSpeedSource:
                 swiglu=bool(getattr(args, "swiglu", False)))
         elif self.family == GPT2:
             mapped, unknown = gpt2_map(shapes, attention, tied=self._gpt2_tied())
+        elif any(name.startswith("tied_modules.") for name in shapes):
+            raise CheckpointError(f"{self.path}: its parameters are a DeepSpeed pipeline module's (tied_modules.*: "
+                                  f"Megatron-DeepSpeed's GPTModelPipe, a run without --no-pipeline-parallel); this "
+                                  f"reader knows its GPTModel (--no-pipeline-parallel)")
         else:
             shown = ", ".join(sorted(shapes)[:4])
             raise CheckpointError(f"{self.path}: its parameters ({shown}, ...) are neither a Megatron-DeepSpeed "

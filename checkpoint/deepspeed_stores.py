@@ -71,8 +71,10 @@ class Store:
         raise NotImplementedError
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy detached from autograd: DeepSpeed saves its fp32 partitions with requires_grad set, and a copy that
+        kept it would make the tensors the loader fills part of a graph."""
         self.bytes_read += tensor.numel() * tensor.element_size()
-        return tensor.to(torch.float32, copy=True)
+        return tensor.detach().to(torch.float32, copy=True)
 
 
 class _Pieces(Store):

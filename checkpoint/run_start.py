@@ -131,18 +131,18 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
 
 def check_deepspeed_start(config, state: ParallelState, checkpoint: DeepSpeedCheckpoint, log: Callable[[str], None],
                           batch: BatchSchedule) -> Optional[LearningRateSchedule]:
-    """A DeepSpeed checkpoint's checks (checkpoint/deepspeed_resume.py) on the first rank, every file verified by a
-    share of the ranks; the checkpoint's schedule when it is kept."""
+    """Every file of a DeepSpeed checkpoint verified by a share of the ranks, then its checks (checkpoint/
+    deepspeed_resume.py) on the first rank; the checkpoint's schedule when it is kept."""
+    problem = verify_deepspeed(checkpoint, state.rank, state.world_size, config.checkpoint.verify_checkpoint)
+    problems = [p for p in state.comm.all_gather_object(problem) if p]
+    if problems:
+        raise CheckpointError(problems[0])
     lines: list[str] = []
     schedule, error = _attempt(lambda: check_deepspeed_resume(config, batch, checkpoint, lines.append)) \
         if state.is_first_rank else (None, None)
     agree(state, error)
     for line in lines:
         log(line)
-    problem = verify_deepspeed(checkpoint, state.rank, state.world_size, config.checkpoint.verify_checkpoint)
-    problems = [p for p in state.comm.all_gather_object(problem) if p]
-    if problems:
-        raise CheckpointError(problems[0])
     return state.comm.all_gather_object(schedule)[0]
 
 
