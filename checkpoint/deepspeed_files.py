@@ -146,6 +146,15 @@ def load_pt(path: Path) -> object:
                               f"({unpickler_reason(error)})") from None
 
 
+def pickle_bytes(path: Path) -> int:
+    """The bytes of a torch file's pickle (what loading it memory-mapped reads besides the tensors it touches)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sum(info.file_size for info in archive.infolist() if info.filename.endswith("data.pkl"))
+    except (OSError, zipfile.BadZipFile):
+        return path.stat().st_size  # torch's older format is read whole
+
+
 def verify_pt(path: Path, check_content: bool = True) -> Optional[str]:
     """Why `path` is not an intact torch file (None when it is): a zip archive whose every record matches the
     CRC-32 stored beside it (`check_content`: read every byte; else only the archive's directory)."""

@@ -13,8 +13,8 @@ their names and layouts). Where the run stood:
 - A plain DeepSpeed script: the engine's own counters, `global_steps` and `global_samples`.
 - Adam's step: the torch optimizer's `step` in the optimizer files.
 - The loss scaler: DeepSpeed's static LossScaler (`cur_scale`) is ours with that scale; its DynamicLossScaler
-  (fp16) carries its scale, the updates since the last overflow modulo its window (`cur_iter - last_overflow_iter - 1`,
-  as its update_scale counts them) and its hysteresis left (`cur_hysteresis`).
+  (fp16) carries its scale, its hysteresis left (`cur_hysteresis`) and where it stands towards its next growth
+  (`good_steps`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from checkpoint.deepspeed_files import (
     ZeroStageEnum,
     load_pt,
     model_state_files,
+    pickle_bytes,
 )
 from checkpoint.deepspeed_names import (
     GPT2,
@@ -57,6 +58,17 @@ def client_args(model_states: dict) -> Optional[argparse.Namespace]:
     return args if isinstance(args, argparse.Namespace) else None
 
 
+def good_steps(cur_iter: int, last_overflow_iter: int, window: int) -> int:
+    """Our scaler's count of updates without overflow that makes it grow at the update DeepSpeed's would: DeepSpeed's
+    update_scale (deepspeed/runtime/fp16/loss_scaler.py) grows at update `cur_iter` = c when c - last_overflow_iter - 1
+    is a positive multiple of its window; ours when its count reaches the window (zero/loss_scaler.py). After the
+    next overflow the two differ by one update (DeepSpeed waits window + 1 good updates after an overflow)."""
+    window = max(1, int(window))
+    multiple = max(1, -(-(cur_iter - last_overflow_iter - 1) // window))
+    updates_to_growth = last_overflow_iter + 1 + multiple * window - cur_iter + 1
+    return window - updates_to_growth
+
+
 def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
     """(our scaler's type, its state) for DeepSpeed's (module docstring)."""
     fields = vars(scaler) if isinstance(scaler, (LossScaler, DynamicLossScaler)) else {}
@@ -64,8 +76,9 @@ def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
         return "LossScaler", {"scale": float(fields["cur_scale"])}
     if isinstance(scaler, DynamicLossScaler) and {"cur_scale", "cur_iter", "last_overflow_iter",
                                                   "scale_window", "cur_hysteresis"} <= set(fields):
-        good = (fields["cur_iter"] - fields["last_overflow_iter"] - 1) % max(1, fields["scale_window"])
-        return "DynamicLossScaler", {"scale": float(fields["cur_scale"]), "good_steps": int(good),
+        return "DynamicLossScaler", {"scale": float(fields["cur_scale"]),
+                                     "good_steps": good_steps(fields["cur_iter"], fields["last_overflow_iter"],
+                                                              fields["scale_window"]),
                                      "hysteresis_left": int(fields["cur_hysteresis"])}
     return None, None
 
@@ -103,7 +116,7 @@ class DeepSpeedSource:
         self.mapping = self._map(attention)
         self.format_name = (f"DeepSpeed {'universal' if checkpoint.universal else f'ZeRO-{self.stage}'}, "
                             f"{self.family}")
-        self.header_bytes = sum(path.stat().st_size for path in files[:1])
+        self.header_bytes = pickle_bytes(files[0])
 
     def _zero_stage(self) -> int:
         """The stage DeepSpeed's optimizer recorded (rank 0's optimizer file); a checkpoint without ZeRO has none."""

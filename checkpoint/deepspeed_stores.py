@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.deepspeed_files import OPTIMIZER_STATES_SUFFIX, UNIVERSAL_STATES, ZERO3_FILE, load_pt
+from checkpoint.deepspeed_files import OPTIMIZER_STATES_SUFFIX, UNIVERSAL_STATES, ZERO3_FILE, load_pt, pickle_bytes
 from checkpoint.inside import inside
 from checkpoint.regions import box_runs
 
@@ -60,7 +60,7 @@ def _expect(condition: bool, path: Path, what: str) -> None:
 
 
 class Store:
-    """Shapes, state keys and a flat reader; counts the tensor bytes it reads."""
+    """Shapes, state keys and a flat reader; counts the bytes it reads (the tensors' elements and the pickles)."""
 
     shapes: dict[str, tuple[int, ...]]
 
@@ -87,6 +87,7 @@ class _Pieces(Store):
         if not self.files:
             raise CheckpointError(f"{folder}: no optimizer files (*{OPTIMIZER_STATES_SUFFIX}) beside the model states")
         self.states = [load_pt(path) for path in self.files]
+        self.bytes_read += sum(pickle_bytes(path) for path in self.files)
         self.pieces: dict[str, list[tuple[int, int, int, int, int]]] = {}
 
     def optimizer_state(self, rank: int) -> dict:
@@ -247,6 +248,7 @@ class UniversalStore(Store):
         if (key, name) not in self._loaded:
             path = inside(self.root, name, f"{key}.pt")
             loaded = load_pt(path)
+            self.bytes_read += pickle_bytes(path)
             tensor = loaded.get("param") if isinstance(loaded, dict) else loaded
             _expect(isinstance(tensor, torch.Tensor), path, "holds no tensor")
             self._loaded[key, name] = tensor.detach()

@@ -129,8 +129,9 @@ def test_any_region_reads_as_the_whole_tensors_slice_and_only_its_bytes(case, un
             region = tuple(slice(size // 4, size - size // 4) if size > 1 else slice(0, 1) for size in tensor.shape)
             before = src.store.bytes_read
             read = src.read(key, name, region)
-            assert torch.equal(read, tensor[region]) and not read.requires_grad, (key, name)  # DeepSpeed saved it with
-            assert src.store.bytes_read - before == tensor[region].numel() * 4, (key, name)  # requires_grad set
+            # a plain copy: DeepSpeed saved its partitions with requires_grad set
+            assert torch.equal(read, tensor[region]) and not read.requires_grad, (key, name)
+            assert src.store.bytes_read - before == tensor[region].numel() * 4, (key, name)
 
 
 @pytest.mark.parametrize("case, universal", [("megatron_deepspeed_zero1", False), ("megatron_deepspeed_zero3", True),
@@ -288,3 +289,56 @@ def test_save_into_deepspeeds_folder_and_a_universal_only_folder_are_refused(tmp
     (copy / "zero3" / "latest").unlink()
     universal_only = run_main(pretrain_gpt.main, common + ["--load", copy / "zero3"])
     assert universal_only.code == 2 and "pass --universal-checkpoint to load it" in universal_only.err
+
+
+# ---- the fp16 loss scaler ---------------------------------------------------------------------------------------------
+
+class DeepSpeedDynamicScaler:
+    """deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler.update_scale (0.19.8), consecutive_hysteresis off:
+    the reference the mapped state must follow."""
+
+    def __init__(self, scale, window, hysteresis):
+        self.cur_scale, self.cur_iter, self.last_overflow_iter = scale, 0, -1
+        self.scale_factor, self.scale_window, self.min_scale = 2.0, window, 1.0
+        self.delayed_shift = self.cur_hysteresis = hysteresis
+
+    def update_scale(self, overflow):
+        if overflow:
+            if self.delayed_shift == 1 or self.cur_hysteresis == 1:
+                self.cur_scale = max(self.cur_scale / self.scale_factor, self.min_scale)
+            else:
+                self.cur_hysteresis -= 1
+            self.last_overflow_iter = self.cur_iter
+        else:
+            stable_interval = (self.cur_iter - self.last_overflow_iter) - 1
+            if (stable_interval > 0) and (stable_interval % self.scale_window == 0):
+                self.cur_hysteresis = self.delayed_shift
+                self.cur_scale *= self.scale_factor
+        self.cur_iter += 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_deepspeeds_dynamic_loss_scaler_continues_as_its_own_would(seed):
+    """After any history, the mapped state grows at DeepSpeed's next growth and every one after it while no step
+    overflows, and backs off at the same overflows (the hysteresis) while every step does."""
+    import random
+
+    from checkpoint.deepspeed_files import DynamicLossScaler
+    from checkpoint.deepspeed_source import our_loss_scaler
+    from zero.loss_scaler import DynamicLossScaler as Ours
+
+    generator = random.Random(seed)
+    for then in ([False] * 3 * 4, [True] * 5):
+        theirs = DeepSpeedDynamicScaler(2.0 ** 16, window=4, hysteresis=2)
+        for _ in range(generator.randrange(0, 15)):
+            theirs.update_scale(generator.random() < 0.2)
+        saved = DynamicLossScaler()
+        saved.__dict__.update(vars(theirs))
+        kind, state = our_loss_scaler(saved)
+        ours = Ours(growth_interval=4, hysteresis=2)
+        ours.load_state_dict(state)
+        assert kind == "DynamicLossScaler" and ours.scale == theirs.cur_scale
+        for overflow in then:
+            theirs.update_scale(overflow)
+            ours.update(overflow)
+            assert ours.scale == theirs.cur_scale, (seed, then)
