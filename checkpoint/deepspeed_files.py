@@ -193,10 +193,21 @@ def is_tag_folder(folder: Path) -> bool:
                                                                       for p in folder.iterdir()))
 
 
-def _pointer(save_dir: Path, name: str) -> str:
-    text = inside(save_dir, name).read_text(encoding="utf-8", errors="replace").strip()
-    if not text or "/" in text or "\\" in text or text in (".", ".."):
-        raise CheckpointError(f"{save_dir / name} holds {text[:80]!r}: it must name a folder of {save_dir}")
+POINTER_MAX_BYTES = 256
+
+
+def _pointer(save_dir: Path, name: str) -> Optional[str]:
+    """The tag a DeepSpeed pointer file names: a plain folder name other than our iter_NNNNNNN. None for anything
+    else (ours, or text that names no folder of `save_dir`: the format's own reader then says what is wrong with it)."""
+    try:
+        with open(inside(save_dir, name), "rb") as pointer:
+            raw = pointer.read(POINTER_MAX_BYTES + 1)
+        text = raw.decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if len(raw) > POINTER_MAX_BYTES or not re.fullmatch(r"[\w.+-]+", text) or text in (".", "..") \
+            or re.fullmatch(r"iter_\d+", text):
+        return None
     return text
 
 
@@ -209,10 +220,8 @@ def find_deepspeed_checkpoint(path: Path, universal: bool) -> Optional[DeepSpeed
     if is_tag_folder(path):
         return DeepSpeedCheckpoint(path, (path / UNIVERSAL_STATES).is_dir())
     pointer = LATEST_UNIVERSAL if universal else LATEST
-    if (path / pointer).is_file():
-        tag = _pointer(path, pointer)
-        if re.fullmatch(r"iter_\d+", tag):
-            return None  # ours (checkpoint/format.py)
+    tag = _pointer(path, pointer) if (path / pointer).is_file() else None
+    if tag is not None:
         folder = inside(path, tag)
         if not is_tag_folder(folder):
             raise CheckpointError(f"{path / pointer} names {tag!r}, which holds no DeepSpeed model states "
@@ -226,7 +235,7 @@ def find_deepspeed_checkpoint(path: Path, universal: bool) -> Optional[DeepSpeed
                               f"pass --universal-checkpoint to load it, as Megatron-DeepSpeed does")
     if universal and (path / LATEST).is_file():
         tag = _pointer(path, LATEST)
-        if not re.fullmatch(r"iter_\d+", tag):
+        if tag is not None and is_tag_folder(path / tag):
             raise CheckpointError(f"--universal-checkpoint: {path} has no {LATEST_UNIVERSAL} (its {LATEST} names "
                                   f"the ZeRO checkpoint {tag}); convert it with deepspeed/checkpoint/"
                                   f"ds_to_universal.py, or load it without --universal-checkpoint")
@@ -241,6 +250,6 @@ def holds_deepspeed_checkpoints(directory: Path) -> Optional[str]:
                 tag = _pointer(directory, pointer)
             except CheckpointError:
                 continue
-            if not re.fullmatch(r"iter_\d+", tag) and is_tag_folder(directory / tag):
+            if tag is not None and is_tag_folder(directory / tag):
                 return f"'{pointer}' names its {tag}"
     return None

@@ -254,7 +254,8 @@ DAMAGES = {
                                                                                 "file this reader can load"),
     "a missing rank's file": ("global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt", Path.unlink,
                               "partition_count [2, 2] for 1 optimizer files"),
-    "latest pointing out": ("latest", lambda p: p.write_text("../../elsewhere"), "it must name a folder of"),
+    "latest pointing out": ("latest", lambda p: p.write_text("../../elsewhere"), "not an iteration directory name"),
+    "latest naming no folder": ("latest", lambda p: p.write_text("global_step9"), "which holds no DeepSpeed model"),
 }
 
 
