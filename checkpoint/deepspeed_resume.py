@@ -76,7 +76,8 @@ def megatron_model_settings(args: argparse.Namespace) -> dict:
     settings["position_embedding_type"] = "rope" if rotary else \
         "learned_absolute" if getattr(args, "add_position_embedding", True) else "none"
     for ours, theirs in (("untie_embeddings_and_output_weights", "untie_embeddings_and_output_weights"),
-                         ("add_bias_linear", "add_bias_linear"), ("layernorm_epsilon", "layernorm_epsilon")):
+                         ("add_bias_linear", "add_bias_linear"), ("layernorm_epsilon", "layernorm_epsilon"),
+                         ("rotary_base", "rope_theta"), ("rotary_percent", "rotary_percent")):
         if hasattr(args, theirs):
             settings[ours] = getattr(args, theirs)
     if not settings.get("swiglu"):

@@ -59,6 +59,13 @@ def _expect(condition: bool, path: Path, what: str) -> None:
         raise CheckpointError(f"{path}: {what}; the checkpoint is corrupt or not DeepSpeed 0.19's layout")
 
 
+def _moment(state: dict, key: str, path: Path) -> torch.Tensor:
+    if key not in state:
+        raise CheckpointError(f"{path}: no {key} in its optimizer state (DeepSpeed's optimizer was not Adam): pass "
+                              f"--no-load-optim to take the weights with fresh moments")
+    return state[key]
+
+
 class Store:
     """Shapes, state keys and a flat reader; counts the bytes it reads (the tensors' elements and the pickles)."""
 
@@ -161,9 +168,7 @@ class ZeroStore(_Pieces):
     def flat(self, key: str, rank: int, index: int) -> torch.Tensor:
         if key == "fp32":
             return self.optimizer_state(rank)["single_partition_of_fp32_groups"][index]
-        state = self._group_state(rank, index)
-        _expect(key in state, self.files[rank], f"no {key} in the optimizer state (an optimizer other than Adam?)")
-        return state[key]
+        return _moment(self._group_state(rank, index), key, self.files[rank])
 
     def step(self) -> Optional[int]:
         base = self.optimizer_state(0)["base_optimizer_state"]
@@ -207,9 +212,7 @@ class Zero3Store(_Pieces):
         state = self.optimizer_state(rank)
         if key == "fp32":
             return state["fp32_flat_groups"][index]
-        moments = state["optimizer_state_dict"]["state"].get(index, {})
-        _expect(key in moments, self.files[rank], f"no {key} in the optimizer state (an optimizer other than Adam?)")
-        return moments[key]
+        return _moment(state["optimizer_state_dict"]["state"].get(index, {}), key, self.files[rank])
 
     def step(self) -> Optional[int]:
         return _zero3_step(self.optimizer_state(0))
