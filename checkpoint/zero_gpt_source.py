@@ -19,22 +19,22 @@ rank's partition, as files before the records held them) are read once.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.format import open_tensors, optimizer_shards, read_metadata
+from checkpoint.format import RECORDS, open_tensors, optimizer_shards, read_metadata
 from checkpoint.global_state import GlobalTensorInfo, SourceProgress
 from checkpoint.random_states import restore_random_states
-from checkpoint.regions import Box, box_numel, box_runs, flat_range_boxes, intersect, relative, shift
+from checkpoint.regions import Box, box_numel, box_runs, flat_range_boxes, flat_start, intersect, relative, shift
 from zero.optimizer_state import PARTITION_TENSORS_OF
 
 FORMAT_NAME = "zero-gpt"
-RECORDS = "records"  # an optimizer file's metadata entry: name -> [global offset, local shape]
 
 
 def saved_optimizer(metadata: dict) -> str:
@@ -144,6 +144,7 @@ class ZeroGptSource:
 
     def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
         pieces = self._index().get(name, [])
+        self._check_available(name, box_numel(region), region)
         out = torch.empty([part.stop - part.start for part in region], dtype=self._dtypes.get(key, torch.float32))
         filled = 0
         for piece in pieces:
@@ -161,10 +162,33 @@ class ZeroGptSource:
                 out[relative(overlap, region)] = values.view([p.stop - p.start for p in overlap])
                 filled += values.numel()
         if filled != out.numel():
-            shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
-            raise CheckpointError(f"{self.path}: found {filled} of the {out.numel()} elements of {name}[{shown}] "
-                                  f"this rank needs; the checkpoint is incomplete")
+            self._incomplete(name, filled, out.numel(), region)
         return out
+
+    def pieces_by_file(self) -> dict[str, list[tuple[str, "Piece"]]]:
+        """Every piece, by the file that holds it, in file order: (parameter name, piece)."""
+        by_file: dict[str, list[tuple[str, Piece]]] = {}
+        for name, pieces in self._index().items():
+            for piece in pieces:
+                by_file.setdefault(piece.file, []).append((name, piece))
+        return {file: by_file[file] for _, _, file in optimizer_shards(self.metadata) if file in by_file}
+
+    def read_piece(self, key: str, piece: "Piece") -> torch.Tensor:
+        """A piece's elements, flat, in its saved slice's order."""
+        self.bytes_read += piece.numel * self._dtypes.get(key, torch.float32).itemsize
+        return self._reader(piece.file).range(key, piece.partition_offset, piece.partition_offset + piece.numel)
+
+    def _check_available(self, name: str, numel: int, region: tuple[slice, ...]) -> None:
+        """Refuse a region larger than every piece of `name` together before allocating it (a parameter table
+        whose shape was edited would otherwise ask for more memory than exists)."""
+        available = sum(piece.numel for piece in self._index().get(name, []))
+        if numel > available:
+            self._incomplete(name, available, numel, region)
+
+    def _incomplete(self, name: str, found: int, needed: int, region: tuple[slice, ...]) -> None:
+        shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
+        raise CheckpointError(f"{self.path}: found {found} of the {needed} elements of {name}[{shown}] asked for; "
+                              f"the checkpoint is incomplete")
 
     def progress(self) -> SourceProgress:
         metadata = self.metadata
@@ -219,6 +243,12 @@ class ZeroGptSource:
                     offset, shape = records[name]
                 else:
                     offset, shape = legacy_record(table[name], tp_size, tp)
+                whole = table[name]["shape"]
+                if len(offset) != len(whole) or len(shape) != len(whole) \
+                        or any(o < 0 or o + n > w for o, n, w in zip(offset, shape, whole)) \
+                        or param_offset + numel > math.prod(shape):
+                    raise CheckpointError(f"{reader.path}: its fragment of {name!r} does not lie inside the "
+                                          f"parameter table's shape {whole}; the checkpoint is corrupt")
                 slice_key = (name, offset, shape)
                 spans = covered[slice_key]
                 for start, end in _uncovered(spans, param_offset, param_offset + numel):
@@ -234,3 +264,31 @@ def _header_bytes(path: Path) -> int:
     """A safetensors file's header (its 8-byte length and the JSON), which opening it reads."""
     with open(path, "rb") as f:
         return 8 + int.from_bytes(f.read(8), "little")
+
+
+def consolidate(iteration_dir: Path, keys: Sequence[str] = ("master",), progress: bool = False
+                ) -> dict[str, dict[str, torch.Tensor]]:
+    """{key: {parameter name: whole fp32 tensor}} of a checkpoint of ours, for keys among its optimizer's
+    states (master, exp_avg, exp_avg_sq, exp_avg_slow). The whole tensors are allocated once and each partition
+    file is read in turn, every piece placed by its record, so memory holds the result and one piece. An
+    element no file holds is an incomplete checkpoint, named."""
+    iteration_dir = Path(iteration_dir)
+    with ZeroGptSource(iteration_dir) as source:
+        infos = source.tensors("master")
+        by_file = source.pieces_by_file()
+        for name, info in infos.items():  # before allocating: a table asking for more than the files hold
+            source._check_available(name, math.prod(info.shape), tuple(slice(0, n) for n in info.shape))
+        result = {key: {name: torch.zeros(info.shape, dtype=torch.float32) for name, info in infos.items()}
+                  for key in keys}
+        for count, (file, pieces) in enumerate(by_file.items(), 1):
+            for name, piece in pieces:
+                for key in keys:
+                    values = source.read_piece(key, piece)
+                    for box in piece.boxes():
+                        local = shift(box, [-o for o in piece.global_offset])
+                        start = flat_start(piece.local_shape, local) - piece.param_offset
+                        result[key][name][box] = values[start:start + box_numel(box)].view(
+                            [p.stop - p.start for p in box]).float()
+            if progress:
+                print(f"  read {file} ({count}/{len(by_file)})", flush=True)
+    return result

@@ -5,8 +5,8 @@
   a contiguous stretch at a time, element for element (checked exhaustively on small shapes).
 - The source reads any region of a checkpoint written before the sharding records (tests/fixtures/
   checkpoint_84ae2c6, one rank; tests/fixtures/checkpoint_54c4492_tp2_pp2, TP 2 x PP 2 x ZeRO 1 on 4 ranks, both
-  written by the code of the commit their name gives), equal to what `consolidate` (an independent reading, by the
-  parameter table) makes of it, reading the region's bytes and no more.
+  written by the code of the commit their name gives): the master weights are the model files' (an independent
+  reading, by the parameter table), and a region reads its bytes and no more.
 - That TP 2 x PP 2 checkpoint resumes on one rank (another TP size loads online) to the losses its own 4-rank run
   logged uninterrupted (kept beside it in losses.json); the vocabulary pads to 512 rows at TP 2 and 384 at TP 1.
 - Loaded at TP 2 + SP and at TP 1 x DP 2 under ZeRO 3, each rank reads at most its own shard's bytes plus 10%
@@ -71,25 +71,49 @@ def _middle(size: int) -> slice:
     return slice(size // 4, size - size // 4) if size > 1 else slice(0, 1)
 
 
+def whole_from_model_files(iteration_dir: Path) -> dict[str, torch.Tensor]:
+    """The whole weights of a checkpoint written before the records, read the way it was written: each TP rank's
+    model file holds its slice of every parameter of its stage, cut along the parameter table's
+    tensor_parallel_dim (an fp32 run's weights are its master weights)."""
+    from safetensors.torch import load_file
+
+    from checkpoint.format import read_metadata
+
+    metadata = read_metadata(iteration_dir)
+    pieces: dict[str, list[torch.Tensor]] = {}
+    for _, name in sorted(metadata["model_files"]):  # TP rank order within each stage
+        for param, tensor in load_file(str(iteration_dir / name)).items():
+            pieces.setdefault(param, []).append(tensor)
+    whole = {}
+    for param, parts in pieces.items():
+        dim = metadata["parameters"][param]["tensor_parallel_dim"]
+        whole[param] = parts[0] if dim is None else torch.cat(parts, dim=dim)
+    return whole
+
+
 @pytest.mark.parametrize("fixture", [BEFORE_MESHES, TP2_PP2], ids=["84ae2c6", "54c4492-tp2-pp2"])
-def test_any_region_of_a_checkpoint_written_before_the_records_reads_as_consolidated(fixture):
-    from checkpoint.format import consolidate, read_metadata, resolve_checkpoint
+def test_any_region_of_a_checkpoint_written_before_the_records_reads_as_written(fixture):
+    from checkpoint.format import read_metadata, resolve_checkpoint
     from checkpoint.zero_gpt_source import ZeroGptSource
 
     iteration_dir = resolve_checkpoint(fixture)
-    keys = ("master", "exp_avg", "exp_avg_sq")
-    whole = consolidate(iteration_dir, keys)
+    assert read_metadata(iteration_dir)["precision"] == "fp32"
+    weights = whole_from_model_files(iteration_dir)
     with ZeroGptSource(iteration_dir) as source:
         infos = source.tensors("master")
         assert {name: list(info.shape) for name, info in infos.items()} == \
             {name: entry["shape"] for name, entry in read_metadata(iteration_dir)["parameters"].items()}
-        for key in keys:
-            for name, tensor in whole[key].items():
-                region = tuple(_middle(size) for size in tensor.shape)  # across the TP ranks' slices
+        assert sorted(weights) == sorted(infos)
+        for key in ("master", "exp_avg", "exp_avg_sq"):
+            for name, info in infos.items():
+                region = tuple(_middle(size) for size in info.shape)  # across the TP ranks' slices
                 before = source.bytes_read
                 read = source.read(key, name, region)
-                assert torch.equal(read, tensor[region]), (key, name)
                 assert source.bytes_read - before == read.numel() * read.element_size(), (key, name)
+                whole = source.read(key, name, tuple(slice(0, size) for size in info.shape))
+                assert torch.equal(read, whole[region]), (key, name)
+                if key == "master":
+                    assert torch.equal(whole, weights[name]), name
 
 
 @pytest.mark.slow
