@@ -45,7 +45,7 @@ UNIVERSAL_STATES = "zero"              # a universal checkpoint's folder of per-
 MODEL_STATES_SUFFIX = "_model_states.pt"
 OPTIMIZER_STATES_SUFFIX = "_optim_states.pt"
 ZERO3_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt")
-LAYER_FILE = re.compile(r"layer_\d+-model_\d+-model_states\.pt")  # a pipeline module's layers
+LAYER_FILE = re.compile(r"layer_\d+(?:-model_\d+)?-model_states\.pt")  # a pipeline module's layers (weights only)
 
 
 # ---- stand-ins for the classes DeepSpeed's and Megatron-DeepSpeed's pickles name -------------------------------

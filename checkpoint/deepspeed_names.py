@@ -1,8 +1,9 @@
 """Which tensor of a DeepSpeed run's model each of our parameters is, and how its layout differs.
 
-Two model families are read (checkpoint/deepspeed_source.py): Megatron-DeepSpeed's GPTModel (--no-pipeline-parallel,
-the module tree of its megatron/model/gpt_model.py, language_model.py and transformer.py) and transformers'
-GPT2LMHeadModel trained by a plain DeepSpeed script. Each of our parameters (the names and layouts of our TP 1
+Two model families are read (checkpoint/deepspeed_source.py): Megatron-DeepSpeed's GPT, as GPTModel
+(--no-pipeline-parallel, the module tree of its megatron/model/gpt_model.py, language_model.py and transformer.py) or
+as GPTModelPipe (its default, a DeepSpeed pipeline module whose parameters are named by their layer's index), and
+transformers' GPT2LMHeadModel trained by a plain DeepSpeed script. Each of our parameters (the names and layouts of our TP 1
 model, gpt/model.py) is one source tensor, possibly transposed (transformers' Conv1D stores [in, out]) and with its
 rows (after the transpose) reordered: the fused query/key/value projection.
 
@@ -103,13 +104,16 @@ _GPT2 = [
 ]
 
 MEGATRON_DEEPSPEED, GPT2 = "Megatron-DeepSpeed GPTModel", "transformers GPT2LMHeadModel"
+MEGATRON_DEEPSPEED_PIPE = "Megatron-DeepSpeed GPTModelPipe"
 
 
 def model_family(names) -> Optional[str]:
-    """Which family a source's parameter names are (None: neither)."""
+    """Which family a source's parameter names are (None: none of them)."""
     names = list(names)
     if any(name.startswith("language_model.") for name in names):
         return MEGATRON_DEEPSPEED
+    if any(re.fullmatch(r"\d+\.self_attention\..+", name) for name in names):
+        return MEGATRON_DEEPSPEED_PIPE
     if any(name.startswith("transformer.h.") or name == "transformer.wte.weight" for name in names):
         return GPT2
     return None
@@ -123,14 +127,39 @@ def _first_match(rules, name: str):
     return None, None
 
 
+def pipeline_module_names(names) -> dict[str, str]:
+    """GPTModelPipe's names (a pipeline module's: the index of the layer in its list of specs, the tied embedding
+    under tied_modules.embed) -> GPTModel's, for every name it can place. Its specs (gpt_model.py GPTModelPipe):
+    a cast, the embedding (tied: `tied_modules.embed.*`; untied: its index's `word_embeddings`,
+    `position_embeddings`), the transformer layers in order, the final norm (its index's `weight`, `bias`), and the
+    output layer (tied: the embedding again; untied: its index's `lm_head.weight`)."""
+    names = list(names)
+    layers = sorted({int(m.group(1)) for n in names for m in [re.fullmatch(r"(\d+)\.self_attention\..*", n)] if m})
+    number = {index: position for position, index in enumerate(layers)}
+    renamed = {}
+    for name in names:
+        embedding = re.fullmatch(r"(?:tied_modules\.embed|\d+)\.(word_embeddings|position_embeddings)\.weight", name)
+        layer = re.fullmatch(r"(\d+)\.(.+)", name)
+        if embedding:
+            renamed[name] = f"language_model.embedding.{embedding.group(1)}.weight"
+        elif layer and int(layer.group(1)) in number:
+            renamed[name] = f"language_model.encoder.layers.{number[int(layer.group(1))]}.{layer.group(2)}"
+        elif layer and layer.group(2) in ("weight", "bias") and layers and int(layer.group(1)) > layers[-1]:
+            renamed[name] = f"language_model.encoder.final_layernorm.{layer.group(2)}"
+        elif layer and layer.group(2) == "lm_head.weight":
+            renamed[name] = "language_model.output_layer.weight"
+    return renamed
+
+
 def megatron_deepspeed_map(source_shapes: dict[str, tuple[int, ...]], attention: Attention, block_qkv: bool,
                            tensor_parallel: int, swiglu: bool) -> tuple[dict[str, Mapped], list[str]]:
     """Our names -> Mapped for a Megatron-DeepSpeed GPTModel's tensors; and the source names left unmapped.
     `block_qkv`: written by code after #441 (module docstring); `tensor_parallel`: the size it was saved at (the
     blocks are per rank); `swiglu`: dense_h_to_4h holds [gate; up]."""
     mapped, unknown = {}, []
+    pipeline = pipeline_module_names(source_shapes) if model_family(source_shapes) == MEGATRON_DEEPSPEED_PIPE else {}
     for name, shape in source_shapes.items():
-        ours, _ = _first_match(_MEGATRON_DEEPSPEED, name)
+        ours, _ = _first_match(_MEGATRON_DEEPSPEED, pipeline.get(name, name))
         if ours is None:
             unknown.append(name)
         elif ours.endswith("attention.query_key_value.weight") or ours.endswith("attention.query_key_value.bias"):

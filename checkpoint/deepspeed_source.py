@@ -26,7 +26,6 @@ import torch
 
 from base.errors import CheckpointError
 from checkpoint.deepspeed_files import (
-    LAYER_FILE,
     DeepSpeedCheckpoint,
     DynamicLossScaler,
     LossScaler,
@@ -38,6 +37,7 @@ from checkpoint.deepspeed_files import (
 from checkpoint.deepspeed_names import (
     GPT2,
     MEGATRON_DEEPSPEED,
+    MEGATRON_DEEPSPEED_PIPE,
     Attention,
     Mapped,
     gpt2_map,
@@ -90,10 +90,6 @@ class DeepSpeedSource:
     def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention) -> None:
         self.checkpoint, self.path = checkpoint, checkpoint.path
         files = model_state_files(checkpoint.path)
-        if any(LAYER_FILE.fullmatch(path.name) for path in checkpoint.path.iterdir()):
-            raise CheckpointError(f"{checkpoint.path} is a DeepSpeed pipeline module's checkpoint "
-                                  f"(layer_*-model_states.pt: Megatron-DeepSpeed's GPTModelPipe, a run without "
-                                  f"--no-pipeline-parallel); this reader knows its GPTModel (--no-pipeline-parallel)")
         if not files:
             raise CheckpointError(f"{checkpoint.path}: no DeepSpeed model states file (*_model_states.pt)")
         self.model_states = load_pt(files[0])
@@ -137,7 +133,7 @@ class DeepSpeedSource:
 
     def _map(self, attention: Attention) -> dict[str, Mapped]:
         shapes = self.store.shapes
-        if self.family == MEGATRON_DEEPSPEED:
+        if self.family in (MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_PIPE):
             args = self.args
             mapped, unknown = megatron_deepspeed_map(
                 shapes, attention, block_qkv=args is not None and hasattr(args, "ds_sequence_parallel_fpdt"),
@@ -145,15 +141,11 @@ class DeepSpeedSource:
                 swiglu=bool(getattr(args, "swiglu", False)))
         elif self.family == GPT2:
             mapped, unknown = gpt2_map(shapes, attention, tied=self._gpt2_tied())
-        elif any(name.startswith("tied_modules.") for name in shapes):
-            raise CheckpointError(f"{self.path}: its parameters are a DeepSpeed pipeline module's (tied_modules.*: "
-                                  f"Megatron-DeepSpeed's GPTModelPipe, a run without --no-pipeline-parallel); this "
-                                  f"reader knows its GPTModel (--no-pipeline-parallel)")
         else:
             shown = ", ".join(sorted(shapes)[:4])
-            raise CheckpointError(f"{self.path}: its parameters ({shown}, ...) are neither a Megatron-DeepSpeed "
-                                  f"GPTModel's (language_model.*) nor a transformers GPT2LMHeadModel's "
-                                  f"(transformer.*): this reader knows those two")
+            raise CheckpointError(f"{self.path}: its parameters ({shown}, ...) are not a Megatron-DeepSpeed GPT's "
+                                  f"(GPTModel's language_model.*, GPTModelPipe's N.self_attention.*) nor a "
+                                  f"transformers GPT2LMHeadModel's (transformer.*): this reader knows those")
         if unknown:
             raise CheckpointError(f"{self.path}: {len(unknown)} tensors of its {self.family} have no counterpart "
                                   f"here ({', '.join(sorted(unknown)[:4])}{', ...' if len(unknown) > 4 else ''})")

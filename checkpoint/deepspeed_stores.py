@@ -44,8 +44,9 @@ def optimizer_files(folder: Path) -> list[Path]:
             raise CheckpointError(f"{path}: not a name DeepSpeed gives an optimizer file "
                                   f"(zero_pp_rank_N_mp_rank_MM_optim_states.pt)")
         if int(match.group(2)) != 0:
-            raise CheckpointError(f"{path}: saved at a tensor-parallel size above 1; convert the checkpoint with "
-                                  f"deepspeed/checkpoint/ds_to_universal.py and load it with --universal-checkpoint")
+            raise CheckpointError(f"{path}: saved at a model-parallel (tensor or pipeline) size above 1; convert the "
+                                  f"checkpoint with deepspeed/checkpoint/ds_to_universal.py and load it with "
+                                  f"--universal-checkpoint")
         files.append((int(match.group(1)), inside(folder, path.name)))
     files.sort()
     if [rank for rank, _ in files] != list(range(len(files))):

@@ -18,10 +18,14 @@ Megatron-DeepSpeed's --universal-checkpoint asks), and losses.json records each 
                                      Megatron-DeepSpeed's OptimizerParamScheduler (below), stepped by the samples of
                                      each update (train_step: `model[0].step(lr_kwargs={'increment': ...})`)
         global_step2_universal/      ds_to_universal's output, and `latest_universal` naming it (ZeRO 3 only:
-                                     DeepSpeed 0.19.8's converter fails on the ZeRO 1 and 2 files, whose
+                                     DeepSpeed 0.19.8's converter fails on GPTModel's ZeRO 1 and 2 files, whose
                                      `module` entry is Megatron-DeepSpeed's nested dict: its fallback for
                                      parameters without optimizer fragments calls .float() on each top-level
                                      entry; losses.json records its error)
+    megatron_deepspeed_pipe_zero1/   the same GPT as GPTModelPipe, Megatron-DeepSpeed's default module (a run without
+                                     --no-pipeline-parallel; DeepSpeed's pipeline engine at one stage, ZeRO 1, its
+                                     train_batch stepping the scheduler by train_batch_size()), the layers' weights
+                                     in layer_NN-model_states.pt, and its universal form
     hf_gpt2_zero2/                   a transformers GPT2LMHeadModel trained by a plain DeepSpeed script (no client
                                      state: the engine's global_steps and global_samples say where it stood),
                                      and its universal form (ds_to_universal --inject_missing_state, the
@@ -188,7 +192,8 @@ def main(argv=None) -> int:
         for cache in (out / "data").glob("*.json"):  # the token-range check's cache beside the data: not data
             cache.unlink()
         cases = [("hf_gpt2_zero2", "hf_gpt2", 2)] + [(f"megatron_deepspeed_zero{stage}", "megatron_deepspeed", stage)
-                                                     for stage in STAGES]
+                                                     for stage in STAGES] \
+            + [("megatron_deepspeed_pipe_zero1", "megatron_deepspeed_pipe", 1)]
         for name, model, stage in cases:
             save_dir = out / name
             case = {"name": name, "model": model, "stage": stage, "save_dir": str(save_dir), "batches": batches}
@@ -206,7 +211,7 @@ def main(argv=None) -> int:
             else:
                 progress(f"{name}: ds_to_universal failed: {failure}")
                 losses["ds_to_universal_failed"] = failure
-            flags = MEGATRON_FLAGS if model == "megatron_deepspeed" else GPT2_FLAGS
+            flags = MEGATRON_FLAGS if model.startswith("megatron_deepspeed") else GPT2_FLAGS
             record["cases"][name] = {"zero_stage": stage, "saved_at": SAVED_AT, **losses, "our_flags": flags}
     (out / "losses.json").write_text(json.dumps(record, indent=1) + "\n")
     progress(f"wrote {out} ({sum(p.stat().st_size for p in out.rglob('*') if p.is_file())} bytes)")
@@ -283,7 +288,7 @@ def megatron_args(iteration: int):
         consumed_train_tokens=iteration * GLOBAL_BATCH * SEQ, model_type=ModelType.encoder_or_decoder)
 
 
-def megatron_client_state(iteration: int, stage: int) -> dict:
+def megatron_client_state(iteration: int, stage: int, pipe: bool = False) -> dict:
     """What Megatron-DeepSpeed's save_checkpoint hands `model[0].save_checkpoint(..., client_state=state_dict)`."""
     import random
 
@@ -293,6 +298,7 @@ def megatron_client_state(iteration: int, stage: int) -> dict:
         ORIGINAL_VOCAB_SIZE,
         PADDED_VOCAB_SIZE,
         PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0,
+        PIPELINE_REPLICATED_PARAMETER_PATTERNS,
         UNIVERSAL_CHECKPOINT_INFO,
         UNIVERSAL_CHECKPOINT_VERSION_KEY,
         UNIVERSAL_CHECKPOINT_VERSION_VALUE,
@@ -300,7 +306,12 @@ def megatron_client_state(iteration: int, stage: int) -> dict:
     )
 
     args = megatron_args(iteration)
-    args.zero_stage = stage
+    args.zero_stage, args.no_pipeline_parallel, args.ds_pipeline_enabled = stage, not pipe, pipe
+    # gpt_model.py UniversalCheckpointInfo: the pipeline module's names, and its replicated (tied) parameters
+    vocabulary = ["tied_modules.embed.word_embeddings.weight"] if pipe else \
+        ["language_model.embedding.word_embeddings.weight"]
+    replicated = {PIPELINE_REPLICATED_PARAMETER_PATTERNS: vocabulary + [
+        "tied_modules.embed.position_embeddings.weight"]} if pipe else {}
     # get_rng_state(): one dict per data-parallel rank gathered only with --data-parallel-random-init
     rng_state = [{"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
                   "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": torch.get_rng_state(),
@@ -309,8 +320,7 @@ def megatron_client_state(iteration: int, stage: int) -> dict:
             "tokens": args.consumed_train_tokens, "rng_state": rng_state,
             UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE,
                                         ORIGINAL_VOCAB_SIZE: MEGATRON_VOCAB, PADDED_VOCAB_SIZE: MEGATRON_VOCAB,
-                                        VOCABULARY_PARAMETER_PATTERNS:
-                                            ["language_model.embedding.word_embeddings.weight"],
+                                        VOCABULARY_PARAMETER_PATTERNS: vocabulary, **replicated,
                                         PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0: []}}
 
 
@@ -338,11 +348,18 @@ def build_engine(spec: dict, universal: bool, seed: int):
     import deepspeed
     import torch
 
-    from megatron_deepspeed_gpt import GPTModel
+    from megatron_deepspeed_gpt import GPTModel, cross_entropy, gpt_model_pipe_specs, init_like_megatron
 
     if spec["model"] == "megatron_deepspeed":
         model = GPTModel(LAYERS, HIDDEN, HEADS, MEGATRON_VOCAB, SEQ, seed=seed)
         tied = model.language_model.embedding.word_embeddings.weight
+    elif spec["model"] == "megatron_deepspeed_pipe":  # one stage; ZeRO 1 (DeepSpeed's pipeline takes no higher)
+        from deepspeed.pipe import PipelineModule
+
+        model = PipelineModule(layers=gpt_model_pipe_specs(LAYERS, HIDDEN, HEADS, MEGATRON_VOCAB, SEQ),
+                               loss_fn=cross_entropy, num_stages=1, partition_method="type:transformer")
+        init_like_megatron(model, seed)
+        tied = None
     else:
         import transformers
 
@@ -357,7 +374,7 @@ def build_engine(spec: dict, universal: bool, seed: int):
     groups = param_groups(model)
     optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     scheduler = OptimizerParamScheduler(optimizer, LR, MIN_LR, TRAIN_ITERS * GLOBAL_BATCH, "linear", WEIGHT_DECAY) \
-        if spec["model"] == "megatron_deepspeed" else None
+        if spec["model"].startswith("megatron_deepspeed") else None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(spec["stage"], universal), dist_init_required=False)
     return engine
@@ -370,6 +387,13 @@ def train_step(engine, spec: dict, step: int, rank: int) -> float:
 
     samples = torch.tensor(spec["batches"][step][rank * MICRO_BATCH:(rank + 1) * MICRO_BATCH])
     inputs, labels = samples[:, :-1], samples[:, 1:]
+    if spec["model"] == "megatron_deepspeed_pipe":
+        # Megatron-DeepSpeed's train_step under the pipeline: model[0].train_batch(data_iter); DeepSpeed's pipeline
+        # engine steps the scheduler by train_batch_size() (runtime/engine.py _take_model_step's fallback)
+        loss = engine.train_batch(data_iter=iter([(inputs, labels)]))
+        averaged = loss.detach().clone()
+        dist.all_reduce(averaged)
+        return averaged.item() / dist.get_world_size()
     if spec["model"] == "megatron_deepspeed":
         loss = engine(inputs, labels)
     else:  # a plain DeepSpeed script over transformers: the mean token loss of the logits
@@ -386,7 +410,12 @@ def save(engine, spec: dict, iteration: int) -> None:
     import torch.distributed as dist
 
     save_dir = spec["save_dir"]
-    if spec["model"] == "megatron_deepspeed":
+    if spec["model"] == "megatron_deepspeed_pipe":  # save_checkpoint without --no-pipeline-parallel: no state_dict swap
+        engine.save_checkpoint(save_dir, client_state=megatron_client_state(iteration, spec["stage"], pipe=True))
+        dist.barrier()
+        if dist.get_rank() == 0:
+            Path(save_dir, "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    elif spec["model"] == "megatron_deepspeed":
         # megatron/checkpointing.py save_checkpoint under --deepspeed --no-pipeline-parallel: the module's
         # state_dict is its state_dict_for_save_checkpoint while DeepSpeed saves, then the tracker file
         module = engine.module
@@ -404,11 +433,13 @@ def save(engine, spec: dict, iteration: int) -> None:
 
 
 def run_rank(spec: dict, rank: int) -> dict:
+    import deepspeed
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    deepspeed.init_distributed(dist_backend="gloo")  # a PipelineModule asks DeepSpeed's own communication backend
     phase = spec["phase"]
     engine = build_engine(spec, universal=phase == "universal", seed=SEED if phase == "train" else SEED + 1)
     losses = {}

@@ -1,8 +1,8 @@
 """Megatron-DeepSpeed's GPT at tensor and pipeline size 1, small enough to train on a CPU under DeepSpeed's engine:
-the module tree, parameter names and forward of microsoft/Megatron-DeepSpeed's `megatron/model/gpt_model.py`
-(GPTModel, --no-pipeline-parallel, as ZeRO 2 and 3 need), `language_model.py` (Embedding,
-TransformerLanguageModel) and `transformer.py` (ParallelTransformer, ParallelTransformerLayer, ParallelAttention,
-CoreAttention, ParallelMLP), with their GPT-2 defaults: LayerNorm, learned absolute positions, biases, GeLU, the
+the module trees, parameter names and forward of microsoft/Megatron-DeepSpeed's `megatron/model/gpt_model.py`
+(GPTModel, --no-pipeline-parallel, as ZeRO 2 and 3 need; and GPTModelPipe, its default, a DeepSpeed pipeline module),
+`language_model.py` (Embedding, EmbeddingPipe, TransformerLanguageModel) and `transformer.py` (ParallelTransformer,
+ParallelTransformerLayer(Pipe), ParallelAttention, CoreAttention, ParallelMLP), with their GPT-2 defaults: LayerNorm, learned absolute positions, biases, GeLU, the
 word embedding tied to the output layer. It writes the DeepSpeed checkpoints of tests/fixtures/deepspeed_checkpoints
 (scripts/deepspeed_checkpoint_fixtures.py), so their files hold what a Megatron-DeepSpeed run's hold.
 
@@ -36,6 +36,19 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def init_like_megatron(model: nn.Module, seed: int, init_std: float = 0.02) -> None:
+    """init_method_normal for the weights; biases 0 and LayerNorm gains 1 (1-D weights)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.zero_()
+            elif param.dim() == 1:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * init_std)
 
 
 class Embedding(nn.Module):
@@ -146,15 +159,7 @@ class GPTModel(nn.Module):
         super().__init__()
         self.language_model = TransformerLanguageModel(layers, hidden, heads, 4 * hidden, vocab, max_positions,
                                                        eps, block_qkv)
-        generator = torch.Generator().manual_seed(seed)
-        for name, param in self.named_parameters():  # init_method_normal; biases 0, LayerNorm gains 1
-            with torch.no_grad():
-                if name.endswith("layernorm.weight"):
-                    param.fill_(1.0)
-                elif name.endswith(".bias"):
-                    param.zero_()
-                else:
-                    param.copy_(torch.randn(param.shape, generator=generator) * init_std)
+        init_like_megatron(self, seed, init_std)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The batch's mean token loss (pretrain_gpt.py loss_func with every token in the loss mask)."""
@@ -179,3 +184,56 @@ class GPTModel(nn.Module):
                 flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
             return flat
         return super().load_state_dict(flatten(state_dict), strict=strict, **kwargs)
+
+
+# ---- GPTModelPipe: Megatron-DeepSpeed's default module (a run without --no-pipeline-parallel) ------------------------
+
+class EmbeddingPipe(Embedding):
+    """language_model.py EmbeddingPipe with args.attn_mask set (pretrain_gpt.py sets it for the pipeline): the
+    embeddings alone go on; `word_embeddings_weight` is what the tied output layer reads."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+        return super().forward(tokens, positions)
+
+    @property
+    def word_embeddings_weight(self) -> torch.Tensor:
+        return self.word_embeddings.weight
+
+
+class ParallelTransformerLayerPipe(ParallelTransformerLayer):
+    """transformer.py ParallelTransformerLayerPipe with the static causal mask (args.attn_mask)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        seq = hidden.shape[0]
+        mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1).view(1, 1, seq, seq)
+        return super().forward(hidden, mask)
+
+
+def logits_helper(embedding: EmbeddingPipe, lm_output: torch.Tensor) -> torch.Tensor:
+    """gpt_model.py GPTModelPipe's `_logits_helper`: the output layer is the tied word embedding."""
+    return F.linear(lm_output, embedding.word_embeddings_weight)
+
+
+def cross_entropy(output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """gpt_model.py CrossEntropy: [s, b, vocab] logits against [b, s] labels, every token in the loss mask."""
+    losses = F.cross_entropy(output.float().transpose(0, 1).reshape(-1, output.shape[-1]), labels.reshape(-1),
+                             reduction="none")
+    return losses.sum() / losses.numel()
+
+
+def gpt_model_pipe_specs(layers: int, hidden: int, heads: int, vocab: int, max_positions: int, eps: float = 1e-5,
+                         block_qkv: bool = True) -> list:
+    """GPTModelPipe.specs at fp32 and one pipeline stage: _to_float16 (a no-op), the tied embedding, the layers, the
+    final LayerNorm, the tied embedding again as the output layer. Their indices name the parameters
+    (`tied_modules.embed.word_embeddings.weight`, `2.self_attention.query_key_value.weight`, `4.weight`, ...)."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    def to_float16(inputs):
+        return inputs
+
+    embed = ("embed", EmbeddingPipe, hidden, vocab, max_positions)
+    return [to_float16, TiedLayerSpec(*embed, tied_weight_attr="word_embeddings_weight"),
+            *[LayerSpec(ParallelTransformerLayerPipe, hidden, heads, 4 * hidden, eps, block_qkv) for _ in range(layers)],
+            LayerSpec(nn.LayerNorm, hidden, eps=eps),
+            TiedLayerSpec(*embed, forward_fn=logits_helper, tied_weight_attr="word_embeddings_weight")]

@@ -8,7 +8,8 @@ from each checkpoint in losses.json), read without DeepSpeed installed.
   reorder equals checkpoint/hf.py's own.
 - Every layout reads the same tensors: ZeRO 1 and 2 of one run bitwise, ZeRO 3 and its universal form (DeepSpeed's
   own consolidation, ds_to_universal) bitwise, ZeRO 3 against ZeRO 1 to DeepSpeed's rounding (1e-6 relative), the
-  GPT-2 run's ZeRO 2 and universal forms bitwise; any region reads as the whole tensor's slice, counting its bytes.
+  GPT-2 run's ZeRO 2 and universal forms bitwise, GPTModelPipe's ZeRO 1 and universal forms as GPTModel's ZeRO 1
+  bitwise (the same run as a pipeline module); any region reads as the whole tensor's slice, counting its bytes.
 - The continuation (slow): pretrain_gpt.py with the run's flags and --load trains iteration 3, and its loss equals
   the one DeepSpeed computed from the same checkpoint (1e-5 relative; fp32).
 - A corrupted, truncated, linked-out or code-carrying file, a pointer out of the folder, a missing rank's file:
@@ -101,6 +102,28 @@ def test_a_block_layout_with_fewer_key_value_heads_is_refused_as_megatron_deepsp
     assert mapped["blocks.0.attention.query_key_value.weight"].rows is None  # before #441: our own layout
 
 
+def test_a_pipeline_modules_names_are_gpt_models():
+    """GPTModelPipe's specs (megatron/model/gpt_model.py): a cast, the embedding, the layers, the final norm, the
+    output layer; parameters named by their spec's index, the tied embedding under tied_modules.embed."""
+    from checkpoint.deepspeed_names import pipeline_module_names
+
+    layer = ["input_layernorm.weight", "self_attention.query_key_value.weight", "mlp.dense_4h_to_h.bias"]
+    tied = ["tied_modules.embed.word_embeddings.weight", "tied_modules.embed.position_embeddings.weight",
+            *[f"{index}.{name}" for index in (2, 3) for name in layer], "4.weight", "4.bias"]
+    assert pipeline_module_names(tied) == {
+        "tied_modules.embed.word_embeddings.weight": "language_model.embedding.word_embeddings.weight",
+        "tied_modules.embed.position_embeddings.weight": "language_model.embedding.position_embeddings.weight",
+        **{f"{index}.{name}": f"language_model.encoder.layers.{index - 2}.{name}" for index in (2, 3) for name in layer},
+        "4.weight": "language_model.encoder.final_layernorm.weight",
+        "4.bias": "language_model.encoder.final_layernorm.bias"}
+    untied = ["1.word_embeddings.weight", *[f"2.{name}" for name in layer], "3.weight", "4.lm_head.weight"]
+    assert pipeline_module_names(untied) == {
+        "1.word_embeddings.weight": "language_model.embedding.word_embeddings.weight",
+        **{f"2.{name}": f"language_model.encoder.layers.0.{name}" for name in layer},
+        "3.weight": "language_model.encoder.final_layernorm.weight",
+        "4.lm_head.weight": "language_model.output_layer.weight"}
+
+
 # ---- every layout reads the same tensors ----------------------------------------------------------------------------
 
 def test_zero_1_2_3_and_universal_files_hold_the_same_run():
@@ -117,6 +140,13 @@ def test_zero_1_2_3_and_universal_files_hold_the_same_run():
         for name, tensor in gpt2[key].items():
             assert torch.equal(tensor, gpt2_universal[key][name]), (key, name)
     assert "output_layer.weight" not in gpt2["master"]  # lm_head is the tied word embedding
+    # GPTModelPipe (its layers' weights in layer_NN-model_states.pt) trained the same steps as GPTModel at ZeRO 1
+    pipe, pipe_universal = whole(source("megatron_deepspeed_pipe_zero1")), \
+        whole(source("megatron_deepspeed_pipe_zero1", True))
+    for key in zero1:
+        assert pipe[key].keys() == zero1[key].keys()
+        for name, tensor in zero1[key].items():
+            assert torch.equal(pipe[key][name], tensor) and torch.equal(pipe_universal[key][name], tensor), (key, name)
 
 
 @pytest.mark.parametrize("case, universal", [("megatron_deepspeed_zero2", False), ("megatron_deepspeed_zero3", False),
@@ -135,7 +165,7 @@ def test_any_region_reads_as_the_whole_tensors_slice_and_only_its_bytes(case, un
 
 
 @pytest.mark.parametrize("case, universal", [("megatron_deepspeed_zero1", False), ("megatron_deepspeed_zero3", True),
-                                             ("hf_gpt2_zero2", False)])
+                                             ("megatron_deepspeed_pipe_zero1", False), ("hf_gpt2_zero2", False)])
 def test_where_the_run_stood(case, universal):
     progress = source(case, universal).progress()
     # iteration 2 of global batch 4; Megatron-DeepSpeed's scheduler at 8 samples; Adam's step 2; fp32's static scale
@@ -161,6 +191,8 @@ def continue_run(case: str, tmp_path: Path, *extra) -> tuple[int, str, list[dict
 @pytest.mark.slow
 @pytest.mark.parametrize("case, universal", [("megatron_deepspeed_zero1", False), ("megatron_deepspeed_zero2", False),
                                              ("megatron_deepspeed_zero3", False), ("megatron_deepspeed_zero3", True),
+                                             ("megatron_deepspeed_pipe_zero1", False),
+                                             ("megatron_deepspeed_pipe_zero1", True),
                                              ("hf_gpt2_zero2", False), ("hf_gpt2_zero2", True)])
 def test_our_next_iteration_computes_the_loss_deepspeed_computed_from_the_same_checkpoint(case, universal, tmp_path):
     recorded = RECORD["cases"][case]
