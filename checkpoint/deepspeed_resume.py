@@ -116,8 +116,8 @@ def optimizer_notes(source: DeepSpeedSource, config) -> Optional[str]:
     groups = ((source.optimizer_state or {}).get("base_optimizer_state") or {}).get("param_groups") \
         or ((source.optimizer_state or {}).get("optimizer_state_dict") or {}).get("param_groups") \
         or (source.optimizer_state or {}).get("param_groups") or []
-    optimizer = config.optimizer
-    ours = {"betas": (optimizer.adam_beta1, optimizer.adam_beta2), "eps": optimizer.adam_eps}
+    flags = config.optimizer  # this run's optimizer flags (not an optimizer object)
+    ours = {"betas": (flags.adam_beta1, flags.adam_beta2), "eps": flags.adam_eps}
     differences = []
     for group in groups[:1]:
         for name, value in ours.items():
@@ -125,8 +125,8 @@ def optimizer_notes(source: DeepSpeedSource, config) -> Optional[str]:
             if theirs is not None and theirs != value:
                 differences.append(f"{name} {theirs} (this run's: {value})")
     decayed = [g.get("weight_decay") for g in groups if g.get("weight_decay")]
-    if decayed and decayed[0] != optimizer.weight_decay:
-        differences.append(f"weight_decay {decayed[0]} (this run's --weight-decay: {optimizer.weight_decay})")
+    if decayed and decayed[0] != flags.weight_decay:
+        differences.append(f"weight_decay {decayed[0]} (this run's --weight-decay: {flags.weight_decay})")
     if not differences:
         return None
     return (f"> note: {source.path}'s optimizer ran with {', '.join(differences)}; DeepSpeed's own resume would keep "

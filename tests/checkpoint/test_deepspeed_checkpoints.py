@@ -208,6 +208,16 @@ def test_our_next_iteration_computes_the_loss_deepspeed_computed_from_the_same_c
         assert "plain DeepSpeed run's" in out
 
 
+@pytest.mark.slow
+def test_adam_settings_other_than_the_checkpoints_are_named_in_one_line(tmp_path):
+    """DeepSpeed's own resume keeps the saved param_groups' betas and weight decay; ours takes its flags and says so."""
+    code, out, _ = continue_run("megatron_deepspeed_zero2", tmp_path, "--adam-beta2", "0.95", "--weight-decay", "0.1")
+    assert code == 0, out[-3000:]
+    notes = [line for line in out.splitlines() if "DeepSpeed's own resume would keep them" in line]
+    assert len(notes) == 1 and "betas (0.9, 0.999) (this run's: (0.9, 0.95))" in notes[0], out[-3000:]
+    assert "weight_decay 0.01 (this run's --weight-decay: 0.1)" in notes[0]
+
+
 def continue_at_layouts(rank: int, world_size: int, case: str, workdir: str, layouts: dict, ports: list[int]) -> dict:
     """The case continued at each layout ({name: (flags, TP size)}) on this rank: {name: its iteration-3 loss}."""
     import pretrain_gpt as entry
