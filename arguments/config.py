@@ -648,6 +648,11 @@ class CheckpointConfig:
     override_data_on_resume: bool = option(
         False, help="resume although --data-path, --split, --seq-length or --seed differ from the checkpoint's (the "
                     "samples then differ from the original run's)")
+    # Megatron-DeepSpeed's --universal-checkpoint: its training.py puts {"load_universal": true} in DeepSpeed's
+    # checkpoint config, so the engine loads the folder `latest_universal` names (checkpoint/deepspeed_files.py)
+    universal_checkpoint: bool = option(
+        False, help="--load a DeepSpeed save directory's universal checkpoint (the folder its latest_universal names, "
+                    "ds_to_universal's output) instead of the ZeRO checkpoint its latest names")
     verify_checkpoint: bool = option(
         True, help="check every checkpoint file's content hash before loading (--no-verify-checkpoint keeps the "
                    "size, header and dtype checks and skips reading whole files)")

@@ -19,6 +19,8 @@ from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig
+from checkpoint.deepspeed_files import find_deepspeed_checkpoint
+from checkpoint.deepspeed_resume import load_deepspeed_checkpoint
 from checkpoint.megatron_common import is_megatron_checkpoint
 from checkpoint.megatron_resume import load_megatron_checkpoint
 from checkpoint.run_start import RunStart, claim_run_start
@@ -118,7 +120,12 @@ def load_weights(config: PretrainConfig, state: ParallelState, built: Built, res
         initialize_from_hf(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
     if resume_from is None:
         return ResumePoint(0, 0, None)
-    if is_megatron_checkpoint(resume_from):
+    deepspeed = find_deepspeed_checkpoint(resume_from, False)  # in the order claim_run_start checked it
+    if deepspeed is not None:  # a DeepSpeed run's (checkpoint/deepspeed_resume.py)
+        start = load_deepspeed_checkpoint(deepspeed, built.model, built.zero.optimizer, built.rng, state, config.model,
+                                          load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
+                                          finetune=checkpoint.finetune)
+    elif is_megatron_checkpoint(resume_from):  # a Megatron-LM run's torch_dist folder (checkpoint/megatron_resume.py)
         start = load_megatron_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
                                          load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
                                          finetune=checkpoint.finetune)

@@ -397,9 +397,9 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --ckpt-step --load-tag --override-ckpt-iteration""")),
     ("not implemented: --load DIR --finetune starts from a checkpoint's weights at iteration 0", _names("""
         --pretrained-checkpoint --reset-iteration""")),
-    ("resuming from a DeepSpeed or Megatron checkpoint is on the roadmap; checkpoints are converted here by "
-     "scripts/reshard_checkpoint.py and scripts/convert_to_hf.py", _names("""
-        --universal-checkpoint --ckpt-convert-format --ckpt-convert-save""")),
+    ("not implemented: a checkpoint is converted here by scripts/reshard_checkpoint.py and scripts/convert_to_hf.py "
+     "(--load reads DeepSpeed's ZeRO and universal checkpoints as they are)", _names("""
+        --ckpt-convert-format --ckpt-convert-save""")),
     ("not implemented: pretrain_gpt.py always trains (--train-iters iterations); --eval-iters sets evaluation",
      _names("--skip-train --eval-only --inference --use-dataset-only")),
     ("not implemented: the vocabulary is the tokenizer's own (--tokenizer-file, --vocab-file); add tokens to the "
