@@ -72,7 +72,7 @@ def is_megatron_checkpoint(iteration_dir: Path) -> bool:
     unreadable (the reader of our format then names the problem)."""
     try:
         config = json.loads((Path(iteration_dir) / METADATA_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than json can read
         return False
     return isinstance(config, dict) and "sharded_backend" in config and "format_version" not in config
 

@@ -42,6 +42,15 @@ NAMES = ("megatron_tp1", "megatron_tp2_swiglu_gqa", "megatron_distopt_dp_reshard
          "megatron_distopt_fully_reshardable", "megatron_pp2_distopt_dp_reshardable", "megatron_moe_sequential")
 
 
+def data_workdir(tmp_path: Path) -> Path:
+    """A working directory holding a copy of the fixture data where the flags' relative --data-path names it
+    (tests/fixtures/megatron_data): the data pipeline caches its token-range pass beside the index
+    (data/token_range.py), and a test must not write into the repository."""
+    root = tmp_path / "workdir"
+    shutil.copytree(FIXTURES / "megatron_data", root / "tests" / "fixtures" / "megatron_data", dirs_exist_ok=True)
+    return root
+
+
 def record(name: str) -> dict:
     return json.loads((FIXTURES / name / "megatron_losses.json").read_text())
 
@@ -122,7 +131,7 @@ def _resume(tmp_path: Path, checkpoint: Path, name: str = "megatron_tp1"):
 
 @pytest.fixture
 def megatron_copy(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO_ROOT)  # the flags' --data-path is the repository's fixture data
+    monkeypatch.chdir(data_workdir(tmp_path))  # the flags' --data-path, relative
     return Path(shutil.copytree(FIXTURES / "megatron_tp1", tmp_path / "megatron"))
 
 
@@ -180,7 +189,7 @@ def _iteration_3_loss(tmp_path: Path, name: str, flags: list[str]) -> tuple[floa
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_pretrain_gpt_continues_a_megatron_checkpoint_to_megatrons_next_loss_at_tp1(tmp_path, monkeypatch, name):
-    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.chdir(data_workdir(tmp_path))
     expected = record(name)
     assert expected["losses"]["3"] == expected["uninterrupted_losses"]["3"]  # Megatron's own resume is exact
     loss, out = _iteration_3_loss(tmp_path, name, our_flags(name))
@@ -189,10 +198,10 @@ def test_pretrain_gpt_continues_a_megatron_checkpoint_to_megatrons_next_loss_at_
     assert loss == pytest.approx(expected["losses"]["3"], rel=1e-5, abs=0)
 
 
-def resume_at_tp2(rank: int, world_size: int, checkpoint: str, cache: str, metrics: str) -> None:
+def resume_at_tp2(rank: int, world_size: int, checkpoint: str, cache: str, metrics: str, workdir: str) -> None:
     import pretrain_gpt
 
-    os.chdir(REPO_ROOT)  # the flags' --data-path is the repository's fixture data
+    os.chdir(workdir)  # the flags' --data-path, relative (data_workdir)
     assert pretrain_gpt.main(our_flags("megatron_tp2_swiglu_gqa", 2) + [
         "--load", checkpoint, "--device", "cpu", "--log-interval", "1", "--data-cache-dir", cache,
         "--metrics-file", metrics]) == 0
@@ -206,7 +215,8 @@ def test_the_tp2_checkpoint_continues_at_tp2(tmp_path):
     name = "megatron_tp2_swiglu_gqa"
     checkpoint = shutil.copytree(FIXTURES / name, tmp_path / name)
     metrics = tmp_path / "metrics.jsonl"
-    run_distributed(resume_at_tp2, 2, str(checkpoint), str(tmp_path / "cache"), str(metrics), timeout=300)
+    run_distributed(resume_at_tp2, 2, str(checkpoint), str(tmp_path / "cache"), str(metrics),
+                    str(data_workdir(tmp_path)), timeout=300)
     losses = {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
     assert sorted(losses) == [3]
     assert losses[3] == pytest.approx(record(name)["losses"]["3"], rel=1e-5, abs=0)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoint.test_megatron_checkpoint import FIXTURES, record
+from tests.checkpoint.test_megatron_checkpoint import FIXTURES, data_workdir, record
 from tests.readme import ROOT as REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "megatron_checkpoint_fixtures.py"
@@ -40,12 +40,12 @@ def _flags(case: str, tensor_parallel: int) -> list[str]:
     return flags + extra + ["--tensor-model-parallel-size", str(tensor_parallel)]
 
 
-def save_ours(rank: int, world_size: int, argv: list[str]) -> None:
+def save_ours(rank: int, world_size: int, argv: list[str], workdir: str) -> None:
     import os
 
     import pretrain_gpt
 
-    os.chdir(REPO_ROOT)  # the flags' --data-path is the repository's fixture data
+    os.chdir(workdir)  # the flags' --data-path, relative (data_workdir)
     assert pretrain_gpt.main(argv) == 0
 
 
@@ -64,10 +64,10 @@ def our_save(request, tmp_path_factory):
     _, ranks, _, _ = CASES[case]
     work = tmp_path_factory.mktemp(case)
     common = _flags(case, 1) + ["--device", "cpu", "--log-interval", "1", "--data-cache-dir", str(work / "cache")]
-    saved = work / "save"
+    saved, workdir = work / "save", str(data_workdir(work))
     for argv in (common + ["--save", str(saved), "--exit-interval", "2", "--metrics-file", str(work / "a.jsonl")],
                  common + ["--metrics-file", str(work / "straight.jsonl")]):
-        run_distributed(save_ours, ranks, argv, timeout=300)
+        run_distributed(save_ours, ranks, argv, workdir, timeout=300)
     return case, saved, _losses(work / "straight.jsonl")[3]
 
 
@@ -79,7 +79,7 @@ def test_our_torch_dist_save_is_megatrons_layout_and_resumes_here_to_the_uninter
     from tests.reliability_helpers import run_main
 
     case, saved, expected = our_save
-    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.chdir(data_workdir(tmp_path))
     assert (saved / "latest_checkpointed_iteration.txt").read_text() == "2"
     iteration_dir = saved / "iter_0000002"
     assert is_megatron_checkpoint(iteration_dir) and (iteration_dir / ".metadata").is_file()
