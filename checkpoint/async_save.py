@@ -185,8 +185,9 @@ def writer_priorities(checkpoint: CheckpointConfig, device_type: str) -> tuple[O
     """(nice value, I/O class) for the writer thread: as given, else Megatron-LM's defaults (10, 3) on CUDA, where
     the training's CPU threads mostly wait for the device; None (the training's own) on a CPU, where the training is
     the CPU's work: a writer at nice 10 gets about a tenth of a core against it, and the next save waits for it
-    (measured: GPT-2 124M's 1.9 GB took 42-47 s to write at nice 10 and idle I/O on the loaded 2-core CI machine, 22-37
-    s at the training's priority, against 9-28 s for a synchronous save)."""
+    (GPT-2 124M's 1.9 GB on the 2-core CI machine at load average 13-27: 42-47 s to write beside the training at nice
+    10 and idle I/O, so that every next save waited for it; 33-37 s at the training's priority; a synchronous save,
+    9-29 s)."""
     default_cpu, default_io = (10, 3) if device_type == "cuda" else (None, None)
     cpu, io = checkpoint.async_ckpt_cpu_priority, checkpoint.async_ckpt_io_priority
     return (default_cpu if cpu is None else cpu), (default_io if io is None else io)

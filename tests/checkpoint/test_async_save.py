@@ -32,6 +32,7 @@ from tests.checkpoint.test_checkpoint_safety import (
     VOCAB,
     build,
     cpu_state,
+    disk_full_at_call,
     make_config,
     optimizer_snapshot,
     train_steps,
@@ -75,7 +76,7 @@ def trained():
     return config, state, model, optimizer, rng
 
 
-@pytest.mark.parametrize("stage", [0, 3])
+@pytest.mark.parametrize("stage", [pytest.param(0, marks=pytest.mark.smoke), 3])
 def test_background_and_synchronous_saves_write_the_same_bytes(tmp_path, stage):
     config, state = make_config(stage=stage), cpu_state()
     model, optimizer, rng = build(config, state, seed=1)
@@ -153,16 +154,7 @@ def test_a_failed_background_write_fails_the_commit_and_leaves_the_previous_chec
     save_dir = tmp_path / "ck"
     save_checkpoint(save_dir, 7, 56, model, optimizer, rng, config, state)
     before = files_of(save_dir)
-    original, calls = async_save.save_tensors, []
-
-    def disk_full(path, tensors, metadata=None):
-        calls.append(path)
-        if len(calls) == 2:
-            Path(path).write_bytes(b"\x00" * 100)  # what fit before the disk filled up
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return original(path, tensors, metadata)
-
-    monkeypatch.setattr(async_save, "save_tensors", disk_full)
+    monkeypatch.setattr(async_save, "save_tensors", disk_full_at_call(2, async_save.save_tensors))
     saver = AsyncCheckpointSaver(state)
     saver.save(save_dir, 8, 64, model, optimizer, rng, config)  # training is not told until the commit
     with pytest.raises(CheckpointError, match="No space left on device") as failure:

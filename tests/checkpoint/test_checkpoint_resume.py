@@ -215,6 +215,15 @@ def test_sigterm_saves_and_exits_zero_then_resume_continues(tmp_path, corpus):
     assert (save_dir / "latest").read_text().strip() == f"iter_{stopped:07d}"
 
 
+def _kill_and_close(processes, logs) -> None:
+    """A launch's ranks that still run are killed, and their logs closed."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+    for log in logs:
+        log.close()
+
+
 @pytest.mark.slow
 def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corpus, resume_runs):
     """Two ranks as torchrun would start them; rank 1 is SIGKILLed after iteration KILL_AT (a node dies).
@@ -240,11 +249,7 @@ def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corp
         codes = [process.wait(timeout=180) for process in processes]
         elapsed = time.monotonic() - started
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-        for log in logs:
-            log.close()
+        _kill_and_close(processes, logs)
     assert codes[1] == -signal.SIGKILL
     assert codes[0] not in (0, None), (tmp_path / "rank0.log").read_text()
     assert elapsed < 150
@@ -315,11 +320,7 @@ def test_every_rank_killed_during_a_background_write_then_restart_resumes_exactl
             process.kill()
         codes = [process.wait(timeout=60) for process in processes]
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-        for log in logs:
-            log.close()
+        _kill_and_close(processes, logs)
     assert codes == [-signal.SIGKILL] * 2
     assert (save_dir / "latest").read_text() == "iter_0000004\n"
     assert (save_dir / "latest_checkpointed_iteration.txt").read_text() == "4\n"

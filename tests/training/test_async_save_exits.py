@@ -1,8 +1,8 @@
 """--async-save end to end on one process (pretrain_gpt.main, the tiny model): every way a run ends (the end of
 training, --exit-interval, --exit-duration-in-mins, SIGTERM with --exit-signal-handler) waits for the save being
-written in the background and commits it before the run ends; an error lets it go, commits nothing more and
-stops the writer. The writer is slowed (0.3 s a file) so that each save is still being written when the run
-ends. And --async-save without --use-persistent-ckpt-worker saves synchronously, as Megatron-LM does, saying so.
+written in the background and commits it before the run ends (and --keep-last prunes after each commit); an error
+lets it go, commits nothing more and stops the writer. The writer is slowed (0.3 s a file) so that each save is
+still being written when the run ends. And --async-save without --use-persistent-ckpt-worker saves synchronously, as Megatron-LM does, saying so.
 
 Megatron-LM, the reference (megatron/training/training.py): `maybe_finalize_async_save(blocking=True,
 terminate=True)` after the loop, which every exit of the loop reaches; validate_args (arguments.py): "--async-save
@@ -31,7 +31,7 @@ def writer_threads() -> list[threading.Thread]:
 
 
 @pytest.mark.parametrize("flags, last", [
-    (["--train-iters", "3", "--save-interval", "2"], 3),
+    (["--train-iters", "3", "--save-interval", "2", "--keep-last", "1"], 3),
     (["--train-iters", "9", "--exit-interval", "2"], 2),
     (["--train-iters", "9", "--exit-duration-in-mins", "1e-6"], 1),
     (["--train-iters", "9", "--exit-signal-handler"], 2),
@@ -55,6 +55,8 @@ def test_every_exit_waits_for_the_background_write_and_commits_it(corpus_cache_3
     assert (ck / "latest").read_text() == f"iter_{last:07d}\n"
     assert (ck / "latest_checkpointed_iteration.txt").read_text() == f"{last}\n"
     assert not list(ck.glob("*.partial")) and not writer_threads()
+    if "--keep-last" in flags:  # pruned once each save was committed, never before
+        assert [path.name for path in ck.glob("iter_*")] == [f"iter_{last:07d}"]
 
 
 def test_an_error_lets_the_background_save_go_and_keeps_the_previous_checkpoint(corpus_cache_300, tmp_path,
