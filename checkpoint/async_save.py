@@ -22,8 +22,10 @@ are applied to the thread (Linux keeps a nice value and an I/O priority per thre
 (a nice value, only ever raised) and --async-ckpt-io-priority (`ionice -c`).
 
 What a rank stages is a copy it owns: the model and expert files are copies already (the optimizer interface's
-model_state_dict), the optimizer partition is the live one and is copied into buffers kept for the next save
-(pinned when it is on CUDA). The bytes are the rank's files' (the planner's `checkpoint_staging_bytes` bounds
+model_state_dict), the optimizer partition's file holds views of the live partition (checkpoint/save_plan.py),
+copied into buffers kept for the next save (pinned when it is on CUDA); any tensor sharing memory with the live
+partition or a parameter is copied so. The writer thread then takes the staged files as the synchronous save
+does, through checkpoint/writer.py. The bytes are the rank's files' (the planner's `checkpoint_staging_bytes` bounds
 them): the model files' until they are written, the partition's copy for the rest of the run.
 """
 
@@ -36,16 +38,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 
 from arguments.config import CheckpointConfig
-from checkpoint.format import save_tensors
-from checkpoint.integrity import hash_files
 from checkpoint.lineage import RunIdentity
-from checkpoint.sharded import RankFile, RankOutcome, SaveInProgress, begin_save, finish_save, rank_files
+from checkpoint.sharded import RankOutcome, SaveInProgress, begin_save, finish_save, rank_files
+from checkpoint.writer import StagedFile, write_files
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -115,30 +116,39 @@ class StagingBuffers:
         self._buffers.clear()
 
 
+def live_storages(progress: SaveInProgress, model: nn.Module) -> set[int]:
+    """The memory training changes at its next step: the optimizer partition's and the parameters' storages (a
+    staged tensor in one of them is copied)."""
+    live = list(progress.shard.tensors.values()) + list(model.parameters())
+    return {tensor.untyped_storage().data_ptr() for tensor in live}
+
+
 @dataclass
 class WriteJob:
     """One rank's part of one save: the files staged for the writer, and how their writing went."""
     progress: SaveInProgress
-    files: list[RankFile] = field(default_factory=list)
+    files: list[StagedFile] = field(default_factory=list)
     outcome: RankOutcome = field(default_factory=RankOutcome)
     staged_bytes: int = 0
     write_seconds: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     abandoned: threading.Event = field(default_factory=threading.Event)
 
+    def _take(self) -> Iterator[StagedFile]:
+        """The staged files, each let go once the writer has it (freed once it is on disk); stops an abandoned save
+        between two files."""
+        while self.files:
+            if self.abandoned.is_set():
+                raise InterruptedError("the save was abandoned")
+            yield self.files.pop(0)
+
     def run(self) -> None:
-        """On the writer thread: each file, then their hashes (each file is freed once it is on disk)."""
+        """On the writer thread: each file and its hash, through the synchronous save's writer."""
         started = time.perf_counter()
         try:
             if self.outcome.error is None:
-                while self.files:
-                    if self.abandoned.is_set():
-                        raise InterruptedError("the save was abandoned")
-                    file = self.files.pop(0)
-                    self.outcome.sizes[file.name] = save_tensors(self.progress.staging / file.name, file.tensors,
-                                                                 file.metadata)
-                    del file
-                self.outcome.hashes = hash_files(self.progress.staging, self.outcome.sizes)
+                self.outcome.sizes, self.outcome.hashes, self.outcome.listings = write_files(self.progress.staging,
+                                                                                             self._take())
         except Exception as failure:  # noqa: BLE001 - disk full, permissions, safetensors' own errors: reported by
             # every rank at the commit, as a synchronous save reports them
             self.outcome.error = f"{type(failure).__name__}: {failure}"
@@ -248,17 +258,18 @@ class AsyncCheckpointSaver:
         waited = time.perf_counter() - started
         progress = begin_save(save_dir, iteration, consumed_samples, model, optimizer, config, self.state,
                               tokenizer is not None, lr, identity, schedule_samples)
-        job = WriteJob(progress)
+        job, live = WriteJob(progress), live_storages(progress, model)
         staging_started, from_device = time.perf_counter(), False
         try:
             for file in rank_files(progress, model, optimizer, rng, self.state, tokenizer):
                 if job.outcome.error is None:  # after a failure the rest is still gathered: the others take part
                     try:
                         from_device |= any(tensor.is_cuda for tensor in file.tensors.values())
-                        file.tensors = {name: self.buffers.stage(file.name, name, tensor, file.live)
+                        file.tensors = {name: self.buffers.stage(file.name, name, tensor,
+                                                                 tensor.untyped_storage().data_ptr() in live)
                                         for name, tensor in file.tensors.items()}
                         job.files.append(file)
-                        job.staged_bytes += sum(t.numel() * t.element_size() for t in file.tensors.values())
+                        job.staged_bytes += file.nbytes
                     except Exception as failure:  # noqa: BLE001 - host memory exhausted, ...: reported at the commit
                         job.outcome.error = f"{type(failure).__name__}: {failure}"
                 del file

@@ -46,6 +46,7 @@ from arguments.bounds import check_tensor_sizes
 from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
 from checkpoint.async_save import staged_bytes_bound
+from checkpoint.global_load import load_read_bytes
 from gpt.attention_backend import KERNELS
 from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
@@ -116,6 +117,8 @@ class RankPlan:
     loss_softmax_bytes: int
     gradient_working_bytes: int          # the logits gradient and a block backward's (gpt/shape.py's widths)
     step_working_bytes: int              # what the optimizer step allocates at its peak, copies included
+    # what a resume reads on this rank: its partition's master and moments, at any saved layout (checkpoint/global_load.py)
+    checkpoint_read_bytes: int
     parameter_gradient_bytes: int        # the largest gradient autograd hands the reducer (tied: summed)
     transport_copy_bytes: dict[str, int]  # gloo's copy of the largest collective: {"passes", "step"}
     process_baseline_bytes: int          # CPU: this process's RSS at the start of the plan (not in total)
@@ -473,6 +476,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp_num_layers),
         gradient_working_bytes=logits + block_gradients,
         step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
+        checkpoint_read_bytes=load_read_bytes(model, optimizer),
         parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
         pipeline=pipeline,
         process_baseline_bytes=baseline,

@@ -17,12 +17,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pretrain_gpt  # noqa: E402
-from checkpoint import async_save  # noqa: E402
+from checkpoint import writer  # noqa: E402
 from checkpoint.format import STAGING_SUFFIX, iteration_dir_name  # noqa: E402
 
 STALLED_SAVE = iteration_dir_name(int(os.environ["STALL_SAVE_ITERATION"])) + STAGING_SUFFIX
 MARKER = f"{os.environ['STALL_MARKER']}.rank{os.environ.get('RANK', '0')}"
-write = async_save.save_tensors
+write = writer.save_tensors
 
 
 def write_then_stall(path, tensors, metadata=None):
@@ -33,7 +33,7 @@ def write_then_stall(path, tensors, metadata=None):
     return size
 
 
-async_save.save_tensors = write_then_stall
+writer.save_tensors = write_then_stall  # checkpoint/writer.py writes every file
 
 if __name__ == "__main__":
     sys.exit(pretrain_gpt.main())

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from checkpoint import async_save
+from checkpoint import writer as file_writer
 from checkpoint.async_save import WRITER_THREAD_NAME, AsyncCheckpointSaver
 from checkpoint.format import LATEST_FILE, METADATA_FILE, STAGING_SUFFIX, TRACKER_FILE, CheckpointError
 from checkpoint.sharded import load_checkpoint, save_checkpoint
@@ -52,14 +53,17 @@ def without_time_stamp(text: bytes) -> dict:
 
 
 class SlowWrites:
-    """async_save's file writer, each file held until `release` is set (or after `delay` seconds)."""
+    """The background writer's file writes (checkpoint/writer.py's save_tensors on the writer thread), each held
+    until `release` is set (or after `delay` seconds); other threads' writes (a synchronous save) go as usual."""
 
     def __init__(self, monkeypatch, delay: float = None) -> None:
         self.release, self.delay, self.written = threading.Event(), delay, []
-        self.original = async_save.save_tensors
-        monkeypatch.setattr(async_save, "save_tensors", self)
+        self.original = file_writer.save_tensors
+        monkeypatch.setattr(file_writer, "save_tensors", self)
 
     def __call__(self, path, tensors, metadata=None):
+        if threading.current_thread().name != WRITER_THREAD_NAME:
+            return self.original(path, tensors, metadata)
         if self.delay is not None:
             time.sleep(self.delay)
         else:
@@ -154,7 +158,7 @@ def test_a_failed_background_write_fails_the_commit_and_leaves_the_previous_chec
     save_dir = tmp_path / "ck"
     save_checkpoint(save_dir, 7, 56, model, optimizer, rng, config, state)
     before = files_of(save_dir)
-    monkeypatch.setattr(async_save, "save_tensors", disk_full_at_call(2, async_save.save_tensors))
+    monkeypatch.setattr(file_writer, "save_tensors", disk_full_at_call(2, file_writer.save_tensors))
     saver = AsyncCheckpointSaver(state)
     saver.save(save_dir, 8, 64, model, optimizer, rng, config)  # training is not told until the commit
     with pytest.raises(CheckpointError, match="No space left on device") as failure:
@@ -218,7 +222,7 @@ def _one_rank_fails_its_write(rank: int, world_size: int, save_dir: str) -> str:
     if rank == 1:
         def disk_full(path, tensors, metadata=None):
             raise OSError(errno.ENOSPC, "No space left on device")
-        async_save.save_tensors = disk_full
+        file_writer.save_tensors = disk_full
     saver.save(save_dir, 2, 16, model, optimizer, rng, config)
     try:
         saver.wait()
