@@ -24,7 +24,9 @@ Its cost is bounded. Every layer is a real module with its hooks and autograd gr
 milliseconds each, so a repeat on the same shapes is answered from `planner/meta_kernels.py`'s cache,
 0.053 s a layer without it), so a dry run plans at most
 `MAX_PLAN_LAYERS` layers: the deepest Transformers published have about 1,000 (DeepNet), and a
-million-layer typo would otherwise take a day and more memory than the host has. Within the cap a
+million-layer typo would otherwise take a day and more memory than the host has; MTP layers count among them.
+Each expert of an MoE layer is a module of its own too (about 4 ms a layer each), so a dry run plans at most
+`MAX_PLAN_EXPERTS` experts per layer, twice the most a published MoE has (Switch-C's 2,048). Within the caps a
 dry run can still take minutes (the layers times the micro-batches of one iteration), so one that is
 still running after `PROGRESS_INTERVAL_S` says how far it is, one line at most that often.
 """
@@ -66,6 +68,7 @@ from zero.memory import MODEL_STATE_CATEGORIES, format_bytes, host_resident_tens
 
 META = torch.device("meta")
 MAX_PLAN_LAYERS = 1024
+MAX_PLAN_EXPERTS = 4096
 PROGRESS_INTERVAL_S = 10.0
 UNKNOWNS = (
     "the caching allocator's fragmentation and reserved-but-unused blocks",
@@ -358,11 +361,22 @@ class _Progress:
 
 
 def check_plannable(config: PretrainConfig) -> None:
-    """Refuse a model deeper than a dry run plans (see the module docstring)."""
-    if config.model.num_layers > MAX_PLAN_LAYERS:
-        raise ConfigError(f"--num-layers {config.model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
+    """Refuse a model deeper, or with more experts per layer, than a dry run plans (see the module docstring)."""
+    model = config.model
+    if model.num_layers > MAX_PLAN_LAYERS:
+        raise ConfigError(f"--num-layers {model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
                           f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.02 s and 0.1 MB per micro-batch, "
                           f"and the deepest published Transformers have about 1,000); plan a shallower model")
+    if model.num_layers + model.mtp_num_layers > MAX_PLAN_LAYERS:  # each MTP layer is a block too
+        raise ConfigError(f"--num-layers {model.num_layers} and --mtp-num-layers {model.mtp_num_layers}: a dry run "
+                          f"plans at most {MAX_PLAN_LAYERS} layers, MTP layers included (MAX_PLAN_LAYERS in "
+                          f"planner/dry_run.py); plan fewer", flags=("--mtp-num-layers",))
+    experts = model.moe.num_experts if model.moe is not None else 0
+    if experts > MAX_PLAN_EXPERTS:
+        raise ConfigError(f"--num-experts {experts}: a dry run plans at most {MAX_PLAN_EXPERTS} experts per layer "
+                          f"(MAX_PLAN_EXPERTS in planner/dry_run.py; each expert is its own module, about 4 ms a layer "
+                          f"to plan, and the most a published MoE has is Switch-C's 2,048); plan fewer",
+                          flags=("--num-experts",))
 
 
 def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int = 0,
