@@ -598,6 +598,13 @@ class LoggingConfig:
             raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}", flags=("--peak-tflops",))
 
 
+# Megatron-LM's --ckpt-format choices (megatron/training/arguments.py), each with what it is
+TORCH_DIST = "torch_dist"
+CKPT_FORMATS = {TORCH_DIST: "distributed checkpoint", "torch": "legacy per-rank files",
+                "torch_dcp": "plain torch.distributed.checkpoint files", "fsdp_dtensor": "Megatron-FSDP DTensor files",
+                "zarr": "deprecated zarr files"}
+
+
 @dataclass(frozen=True)
 class CheckpointConfig:
     save: Optional[str] = option(None, metavar="DIR", help="write checkpoints here: one iter_NNNNNNN/ per save and "
@@ -641,6 +648,11 @@ class CheckpointConfig:
     override_data_on_resume: bool = option(
         False, help="resume although --data-path, --split, --seq-length or --seed differ from the checkpoint's (the "
                     "samples then differ from the original run's)")
+    # Megatron-DeepSpeed's --universal-checkpoint: its training.py puts {"load_universal": true} in DeepSpeed's
+    # checkpoint config, so the engine loads the folder `latest_universal` names (checkpoint/deepspeed_files.py)
+    universal_checkpoint: bool = option(
+        False, help="--load a DeepSpeed save directory's universal checkpoint (the folder its latest_universal names, "
+                    "ds_to_universal's output) instead of the ZeRO checkpoint its latest names")
     verify_checkpoint: bool = option(
         True, help="check every checkpoint file's content hash before loading (--no-verify-checkpoint keeps the "
                    "size, header and dtype checks and skips reading whole files)")
@@ -667,6 +679,23 @@ class CheckpointConfig:
         (Megatron-LM's validate_args: "--async-save is not supported without --use-persistent-ckpt-worker.
         Disabling --async-save.")."""
         return bool(self.save and self.async_save and self.use_persistent_ckpt_worker)
+
+    # Megatron-LM's --ckpt-format. Left out: this project's own format (checkpoint/sharded.py). Megatron-LM's other
+    # formats are accepted as Megatron-LM launches give them (its functional tests' --ckpt-format torch) and write
+    # this project's format, said at start-up (`unwritten_format_note`): the format changes no math.
+    ckpt_format: Optional[str] = option(
+        None, choices=CKPT_FORMATS,
+        help="torch_dist: --save writes Megatron-LM's distributed checkpoint (iter_NNNNNNN/ with .distcp files and "
+             "common.pt), which Megatron-LM --load-s and continues (docs/checkpoints.md); left out or another of "
+             "Megatron-LM's formats: this project's own checkpoints. A --load of either is read whatever this says")
+
+    def unwritten_format_note(self) -> Optional[str]:
+        """The start line for a --ckpt-format whose files are not written here; None where it is (or unset)."""
+        if self.ckpt_format in (None, TORCH_DIST) or not self.save:
+            return None
+        return (f"> --ckpt-format {self.ckpt_format}: Megatron-LM's {CKPT_FORMATS[self.ckpt_format]} are not "
+                f"written here; --save writes this project's checkpoints (--ckpt-format {TORCH_DIST} writes "
+                f"Megatron-LM's distributed checkpoint)")
 
     def validate(self) -> None:
         for name in ("save_interval", "keep_last", "exit_interval"):
@@ -768,6 +797,25 @@ class PretrainConfig:
             raise ConfigError(f"--zero-stage 3 with --pipeline-model-parallel-size {pp}: ZeRO-3 is incompatible "
                               f"with pipeline parallelism (as in DeepSpeed); use --zero-stage 1 or 2",
                               flags=("--zero-stage", "--pipeline-model-parallel-size"))
+
+    def megatron_format_unwritten(self) -> Optional[str]:
+        """Why --save cannot write Megatron-LM's torch_dist layout for this run (checkpoint/megatron_writer.py), in
+        one start line; None where it can or is not asked. Such a run is accepted, as Megatron-LM launches give the
+        flag beside these settings, and saves this project's format: the format changes no math."""
+        if self.checkpoint.ckpt_format != TORCH_DIST or not self.checkpoint.save:
+            return None
+        model = self.model
+        unwritten = [what for what, on in (
+            ("the MoE layers", model.num_experts not in (None, 1)),
+            ("the multi-token prediction layers", bool(model.mtp_num_layers)),
+            ("multi-latent attention", model.multi_latent_attention),
+            (f"--optimizer {self.optimizer.optimizer}'s states", self.optimizer.optimizer != "adam"),
+            ("the fp16 loss scaler's state", self.training.fp16),
+            ("--keep-last's pruning", bool(self.checkpoint.keep_last))) if on]
+        if not unwritten:
+            return None
+        return (f"> --ckpt-format {TORCH_DIST}: {', '.join(unwritten)}: not written in Megatron-LM's layout "
+                f"here; --save writes this project's checkpoints")
 
     def _check_multi_token_prediction(self) -> None:
         """What --mtp-num-layers (gpt/mtp.py) does not run yet, one line each."""

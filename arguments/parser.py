@@ -431,6 +431,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         notes.append("> --mlp-type residual: the residual MoE's coefficient Linear(hidden, 2) is drawn "
                      "normal(--init-method-std) with a zero bias, as every weight here; DeepSpeed-MoE keeps torch's "
                      "default uniform draw")
+    for format_note in (config.checkpoint.unwritten_format_note(), config.megatron_format_unwritten()):
+        if format_note:
+            notes.append(format_note)
     if config.checkpoint.save_interval and not config.checkpoint.save:
         notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
                      f"Megatron-LM, which saves only where --save names a folder")

@@ -206,7 +206,14 @@ def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict
     ramp = saved_training.get("rampup_batch_size")
     then_batch = dataclasses.replace(batch, global_batch_size=training.global_batch_size,
                                      rampup=tuple(ramp) if ramp else None)
-    ours, theirs = build_lr_schedule(config, batch), build_lr_schedule(then, then_batch)
+    return resumed_schedule(config, build_lr_schedule(config, batch), build_lr_schedule(then, then_batch),
+                            iteration_dir)
+
+
+def resumed_schedule(config: PretrainConfig, ours: LearningRateSchedule, theirs: LearningRateSchedule,
+                     iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
+    """Megatron's rule between this run's schedule and the checkpoint's (`schedule_on_resume`), whatever format
+    recorded the checkpoint's (a Megatron-DeepSpeed run's OptimizerParamScheduler state: checkpoint/deepspeed_resume.py)."""
     differences = [f"{label} {getattr(ours, name)} (the checkpoint's: {getattr(theirs, name)})"
                    for name, label in COMPARED_ON_RESUME if getattr(ours, name) != getattr(theirs, name)]
     if not differences:

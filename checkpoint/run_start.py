@@ -17,10 +17,14 @@ from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.schedule import LearningRateSchedule, schedule_on_resume
-from base.errors import ALWAYS_EXPECTED
+from base.errors import ALWAYS_EXPECTED, CheckpointError
 from base.output_locks import MetricsFileLock, RunLock
+from checkpoint.deepspeed_files import DeepSpeedCheckpoint, find_deepspeed_checkpoint
+from checkpoint.deepspeed_resume import check_deepspeed_resume, refuse_save_into_deepspeed, verify_deepspeed
 from checkpoint.format import read_metadata
 from checkpoint.lineage import RunIdentity, identity_on_start, new_id
+from checkpoint.megatron_common import is_megatron_checkpoint
+from checkpoint.megatron_resume import megatron_metadata
 from checkpoint.output_paths import prepare_output_directory, prepare_output_file, refuse_training_output_in_checkpoint
 from checkpoint.resume_model import check_resume_model
 from checkpoint.save_directory import SaveDirectoryLock
@@ -90,8 +94,9 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         if needs_finishing(checkpoint.load, checkpoint.save):  # a requeued job whose first save was killed
             claim(SaveDirectoryLock(checkpoint.save, log=log))
             finish_unfinished_save(Path(checkpoint.save), log)
-        decision = decide_start(checkpoint.load, checkpoint.save)
+        decision = decide_start(checkpoint.load, checkpoint.save, checkpoint.universal_checkpoint)
         if checkpoint.save:
+            refuse_save_into_deepspeed(checkpoint.save)
             prepare_output_directory(checkpoint.save, "--save")
             if not locks:
                 claim(SaveDirectoryLock(checkpoint.save, log=log))
@@ -113,7 +118,10 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
         if decision.note:
             log(decision.note)
         metadata = None
-        if decision.resume_from is not None:
+        deepspeed = find_deepspeed_checkpoint(decision.resume_from, False) if decision.resume_from else None
+        if deepspeed is not None:
+            started.lr_schedule = check_deepspeed_start(config, state, deepspeed, log, batch)
+        elif decision.resume_from is not None:
             started.lr_schedule, metadata = check_resume(config, state, decision.resume_from, log, batch)
         started.identity = identity_on_start(metadata, checkpoint.finetune, fresh_run_id, launch_id)
     except BaseException:
@@ -123,13 +131,32 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
     return started
 
 
+def check_deepspeed_start(config, state: ParallelState, checkpoint: DeepSpeedCheckpoint, log: Callable[[str], None],
+                          batch: BatchSchedule) -> Optional[LearningRateSchedule]:
+    """Every file of a DeepSpeed checkpoint verified by a share of the ranks, then its checks (checkpoint/
+    deepspeed_resume.py) on the first rank; the checkpoint's schedule when it is kept."""
+    problem = verify_deepspeed(checkpoint, state.rank, state.world_size, config.checkpoint.verify_checkpoint)
+    problems = [p for p in state.comm.all_gather_object(problem) if p]
+    if problems:
+        raise CheckpointError(problems[0])
+    lines: list[str] = []
+    schedule, error = _attempt(lambda: check_deepspeed_resume(config, batch, checkpoint, lines.append)) \
+        if state.is_first_rank else (None, None)
+    agree(state, error)
+    for line in lines:
+        log(line)
+    return state.comm.all_gather_object(schedule)[0]
+
+
 def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callable[[str], None],
                  batch: BatchSchedule) -> tuple[Optional[LearningRateSchedule], dict]:
     """The checkpoint's metadata fits this run's data settings, the samples its schedule covers and its
     learning-rate schedule (Megatron's rule), and every file of it is intact. Returns the checkpoint's
     schedule when it is to be kept, and its metadata."""
     checkpoint = config.checkpoint
-    metadata, error = _attempt(lambda: read_metadata(iteration_dir))
+    megatron = is_megatron_checkpoint(iteration_dir)  # a Megatron-LM save folder: its common.pt, checked alike
+    metadata, error = _attempt(lambda: megatron_metadata(iteration_dir, config) if megatron
+                               else read_metadata(iteration_dir))
     agree(state, error)
     schedule = None
     if not checkpoint.finetune:  # a fine-tuning run starts a new sample sequence anyway
@@ -147,5 +174,6 @@ def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callabl
         schedule, note = outcome
         if note:
             log(note)
-    verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
+    if not megatron:  # megatron_metadata verified its files
+        verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
     return schedule, metadata

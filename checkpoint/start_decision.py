@@ -3,7 +3,9 @@ its data settings allow that. Pure decisions from the config and the file system
 
 The rules (docs/checkpoints.md, "What is guaranteed"):
 
-- `--load` must name a checkpoint: a save directory with `latest` or Megatron-LM's tracker file
+- `--load` may name a DeepSpeed checkpoint (checkpoint/deepspeed_files.py: a save directory whose `latest`, or with
+  --universal-checkpoint `latest_universal`, names a tag folder of DeepSpeed's, or that folder).
+- Else `--load` must name a checkpoint: a save directory with `latest` or Megatron-LM's tracker file
   `latest_checkpointed_iteration.txt` (where they differ, the one written last wins, said in one
   line: checkpoint/format.py), or an iteration directory with metadata.json. A file, an `iter_*` directory without metadata, or a directory of checkpoints
   without `latest` is an error (except `--load` equal to `--save`, where checkpoint/unfinished_save.py
@@ -38,6 +40,7 @@ from typing import Optional
 from arguments.batch_schedule import BatchSchedule
 from arguments.schedule import train_iterations
 from base.errors import CheckpointError, ConfigError
+from checkpoint.deepspeed_files import find_deepspeed_checkpoint
 from checkpoint.format import (
     LATEST_FILE,
     METADATA_FILE,
@@ -62,10 +65,15 @@ class StartDecision:
     note: Optional[str] = None   # one line to print about the decision
 
 
-def decide_start(load: Optional[str], save: Optional[str]) -> StartDecision:
-    """Which checkpoint `--load` names, if any (see the module docstring)."""
+def decide_start(load: Optional[str], save: Optional[str], universal: bool = False) -> StartDecision:
+    """Which checkpoint `--load` names, if any (see the module docstring): one of DeepSpeed's (its tag folder;
+    `universal`: --universal-checkpoint, the folder `latest_universal` names) or ours."""
     if not load:
         return StartDecision(None)
+    deepspeed = find_deepspeed_checkpoint(Path(load), universal)
+    if deepspeed is not None:
+        return StartDecision(deepspeed.path, f"> --load {load}: DeepSpeed's checkpoint {deepspeed.path}"
+                                             + (f" (its '{deepspeed.named_by}' names it)" if deepspeed.named_by else ""))
     path = Path(load)
     also_save = save is not None and path.resolve() == Path(save).resolve()
     if path.is_file():

@@ -66,6 +66,45 @@ class Piece:
                 for box in flat_range_boxes(self.local_shape, self.param_offset, self.param_offset + self.numel)]
 
 
+def read_pieces(pieces: list[Piece], name: str, region: tuple[slice, ...], dtype: torch.dtype, fetch,
+                where: Path) -> torch.Tensor:
+    """`region` of tensor `name` from the flat `pieces` holding it, each overlapping stretch read with
+    `fetch(file, begin, end)` (flat positions in that file's tensor); an element no piece holds is an incomplete
+    checkpoint, named in one line (before allocating, where the pieces together hold fewer elements: a parameter
+    table whose shape was edited would otherwise ask for more memory than exists)."""
+    refuse_short(pieces, name, region, where)
+    out = torch.empty([part.stop - part.start for part in region], dtype=dtype)
+    filled = 0
+    for piece in pieces:
+        for box in piece.boxes():
+            overlap = intersect(box, region)
+            if overlap is None:
+                continue
+            values = torch.empty(box_numel(overlap), dtype=dtype)
+            local = shift(overlap, [-o for o in piece.global_offset])
+            for start, at, length in box_runs(piece.local_shape, local):
+                begin = piece.partition_offset + start - piece.param_offset
+                values[at:at + length] = fetch(piece.file, begin, begin + length)
+            out[relative(overlap, region)] = values.view([p.stop - p.start for p in overlap])
+            filled += values.numel()
+    if filled != out.numel():
+        _incomplete(where, name, filled, out.numel(), region)
+    return out
+
+
+def refuse_short(pieces: list[Piece], name: str, region: tuple[slice, ...], where: Path) -> None:
+    """Refuse `region` of `name` when its pieces together hold fewer elements, before anything is allocated."""
+    available = sum(piece.numel for piece in pieces)
+    if box_numel(region) > available:
+        _incomplete(where, name, available, box_numel(region), region)
+
+
+def _incomplete(where: Path, name: str, found: int, needed: int, region: tuple[slice, ...]) -> None:
+    shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
+    raise CheckpointError(f"{where}: found {found} of the {needed} elements of {name}[{shown}] asked for; "
+                          f"the checkpoint is incomplete")
+
+
 def legacy_record(entry: dict, tensor_parallel_size: int, tensor_parallel_rank: int
                   ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global offset, local shape) of TP rank `tensor_parallel_rank`'s slice, from a parameter table entry of a
@@ -143,27 +182,12 @@ class ZeroGptSource:
                 for name, entry in self.metadata["parameters"].items()}
 
     def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
-        pieces = self._index().get(name, [])
-        self._check_available(name, box_numel(region), region)
-        out = torch.empty([part.stop - part.start for part in region], dtype=self._dtypes.get(key, torch.float32))
-        filled = 0
-        for piece in pieces:
-            for box in piece.boxes():
-                overlap = intersect(box, region)
-                if overlap is None:
-                    continue
-                values = torch.empty(box_numel(overlap), dtype=out.dtype)
-                local = shift(overlap, [-o for o in piece.global_offset])
-                reader = self._reader(piece.file)
-                for start, at, length in box_runs(piece.local_shape, local):
-                    begin = piece.partition_offset + start - piece.param_offset
-                    values[at:at + length] = reader.range(key, begin, begin + length)
-                    self.bytes_read += length * out.element_size()
-                out[relative(overlap, region)] = values.view([p.stop - p.start for p in overlap])
-                filled += values.numel()
-        if filled != out.numel():
-            self._incomplete(name, filled, out.numel(), region)
-        return out
+        def fetch(file: str, begin: int, end: int) -> torch.Tensor:
+            values = self._reader(file).range(key, begin, end)
+            self.bytes_read += values.numel() * values.element_size()
+            return values
+        return read_pieces(self._index().get(name, []), name, region, self._dtypes.get(key, torch.float32), fetch,
+                           self.path)
 
     def pieces_by_file(self) -> dict[str, list[tuple[str, "Piece"]]]:
         """Every piece, by the file that holds it, in file order: (parameter name, piece)."""
@@ -177,18 +201,6 @@ class ZeroGptSource:
         """A piece's elements, flat, in its saved slice's order."""
         self.bytes_read += piece.numel * self._dtypes.get(key, torch.float32).itemsize
         return self._reader(piece.file).range(key, piece.partition_offset, piece.partition_offset + piece.numel)
-
-    def _check_available(self, name: str, numel: int, region: tuple[slice, ...]) -> None:
-        """Refuse a region larger than every piece of `name` together before allocating it (a parameter table
-        whose shape was edited would otherwise ask for more memory than exists)."""
-        available = sum(piece.numel for piece in self._index().get(name, []))
-        if numel > available:
-            self._incomplete(name, available, numel, region)
-
-    def _incomplete(self, name: str, found: int, needed: int, region: tuple[slice, ...]) -> None:
-        shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
-        raise CheckpointError(f"{self.path}: found {found} of the {needed} elements of {name}[{shown}] asked for; "
-                              f"the checkpoint is incomplete")
 
     def progress(self) -> SourceProgress:
         metadata = self.metadata
@@ -277,7 +289,7 @@ def consolidate(iteration_dir: Path, keys: Sequence[str] = ("master",), progress
         infos = source.tensors("master")
         by_file = source.pieces_by_file()
         for name, info in infos.items():  # before allocating: a table asking for more than the files hold
-            source._check_available(name, math.prod(info.shape), tuple(slice(0, n) for n in info.shape))
+            refuse_short(source._index().get(name, []), name, tuple(slice(0, n) for n in info.shape), iteration_dir)
         result = {key: {name: torch.zeros(info.shape, dtype=torch.float32) for name, info in infos.items()}
                   for key in keys}
         for count, (file, pieces) in enumerate(by_file.items(), 1):

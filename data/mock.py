@@ -3,8 +3,10 @@
 megatron/core/datasets/gpt_dataset.py (github:NVIDIA/Megatron-LM), MockGPTLowLevelDataset: 100000 documents whose
 lengths are numpy.random.default_rng(seed=0).integers(low=1, high=4096, size=100000, dtype=int32), document i
 holding the tokens (arange(length - 1) + 1) % vocab_size followed by the tokenizer's end-of-document id; the
-MockGPTDataset around it is an ordinary GPTDataset over those documents (split by --split, shuffled by --seed, cut
-into samples of --seq-length + 1 tokens). Here the same documents feed data/gpt_dataset.py's GPTDataset, so a mock
+MockGPTDataset around it is an ordinary GPTDataset over those documents (shuffled by --seed, cut into samples of
+--seq-length + 1 tokens), split evenly whatever --split says: with no blend, Megatron-Core's dataset config sets
+mock = True and split = "1,1,1", "an arbitrarily even split, as mock is True" (megatron/core/datasets/
+blended_megatron_dataset_config.py, BlendedMegatronDatasetConfig.__post_init__; core_v0.16.1 and d98e8a64). Here the same documents feed data/gpt_dataset.py's GPTDataset, so a mock
 run is the real data path over synthetic documents; nothing is written but the index caches.
 """
 
@@ -17,6 +19,7 @@ from data.gpt_dataset import SPLIT_NAMES, GPTDataset, parse_split, split_documen
 
 # MockGPTLowLevelDataset's class attributes
 MOCK_SEED, MOCK_DOCUMENTS, MOCK_MAX_SEQUENCE_LENGTH = 0, 100000, 4096
+MOCK_SPLIT = "1,1,1"  # BlendedMegatronDatasetConfig's split for mock data (module docstring)
 
 
 class MockDocuments:
@@ -44,12 +47,12 @@ class MockDocuments:
         return tokens[offset:] if length is None else tokens[offset:offset + length]
 
 
-def build_mock_datasets(split: str, seq_length: int, seed: int, num_samples: tuple[int, int, int], vocab_size: int,
+def build_mock_datasets(seq_length: int, seed: int, num_samples: tuple[int, int, int], vocab_size: int,
                         eod_id: int, cache_dir: str) -> tuple[torch.utils.data.Dataset | None, ...]:
-    """Train, valid and test GPTDatasets over the mock documents split by --split (None where a split gets no
+    """Train, valid and test GPTDatasets over the mock documents split evenly (None where a split gets no
     samples or no documents), as build_train_valid_test_datasets does for one prefix."""
     documents = MockDocuments(vocab_size, eod_id)
-    ranges = split_document_ranges(documents.num_documents, parse_split(split))
+    ranges = split_document_ranges(documents.num_documents, parse_split(MOCK_SPLIT))
     return tuple(
         GPTDataset(documents, np.arange(*document_range, dtype=np.int64), count, seq_length, seed, name, cache_dir)
         if count and document_range[1] > document_range[0] else None

@@ -124,6 +124,8 @@ EXPENSIVE_SCRIPTS = {
     "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/reshard_checkpoint.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
+    "scripts/deepspeed_checkpoint_fixtures.py": "trains DeepSpeed's runs (requirements-bench.txt) on gloo ranks for "
+                                                "minutes (about 5 on the shared 2-core machine)",
     "data.preprocess": "reads the user's corpus.jsonl; tests/training/test_first_hour.py runs this command on a corpus it writes",
     "training.plot": "reads the user's metrics.jsonl; tests/training/test_plot.py runs the command a training run "
                      "prints on the metrics it wrote",

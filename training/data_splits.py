@@ -63,7 +63,7 @@ def build_data(settings: RunSettings, state: ParallelState, data_path: list[str]
         if tokenizer is None:
             raise ValueError("--mock-data's documents need the run's tokenizer (its vocabulary and end-of-document id)")
         train_set, valid_set, test_set = build_mock_datasets(
-            config.data.split, config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
+            config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
             tokenizer.eod_id, corpus_cache_dir(config))
     else:
         # Megatron-LM's --data-cache-path (here also --data-cache-dir) is where its GPTDataset writes the index

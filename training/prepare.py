@@ -19,6 +19,10 @@ from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig
+from checkpoint.deepspeed_files import find_deepspeed_checkpoint
+from checkpoint.deepspeed_resume import load_deepspeed_checkpoint
+from checkpoint.megatron_common import is_megatron_checkpoint
+from checkpoint.megatron_resume import load_megatron_checkpoint
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.sharded import ResumePoint, load_checkpoint
 from data.tokenizer import RunTokenizer
@@ -98,7 +102,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         log(describe_model(settings, state, built, threads))
         writer = open_metrics(config, state, claimed.identity, start.iteration, log)
         on_failure.callback(writer.close)
-        save = checkpoint_saver(config, state, built, tokenizer, claimed.identity)
+        save = checkpoint_saver(config, state, built, tokenizer, claimed.identity, batch)
         if save is not None:
             on_failure.callback(save.abandon)
             log(save.mode_line)
@@ -121,9 +125,19 @@ def load_weights(config: PretrainConfig, state: ParallelState, built: Built, res
         initialize_from_hf(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
     if resume_from is None:
         return ResumePoint(0, 0, None)
-    start = load_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
-                            load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
-                            finetune=checkpoint.finetune, verify=False)  # claim_run_start verified every file
+    deepspeed = find_deepspeed_checkpoint(resume_from, False)  # in the order claim_run_start checked it
+    if deepspeed is not None:  # a DeepSpeed run's (checkpoint/deepspeed_resume.py)
+        start = load_deepspeed_checkpoint(deepspeed, built.model, built.zero.optimizer, built.rng, state, config.model,
+                                          load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
+                                          finetune=checkpoint.finetune)
+    elif is_megatron_checkpoint(resume_from):  # a Megatron-LM run's torch_dist folder (checkpoint/megatron_resume.py)
+        start = load_megatron_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
+                                         load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
+                                         finetune=checkpoint.finetune)
+    else:
+        start = load_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
+                                load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
+                                finetune=checkpoint.finetune, verify=False)  # claim_run_start verified every file
     log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
                                       f"({start.consumed_samples} samples consumed)"
                                       if not checkpoint.finetune else "weights only, from iteration 0"))

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-from arguments.config import PretrainConfig
+from arguments.config import TORCH_DIST, PretrainConfig
 from checkpoint.async_save import AsyncCheckpointSaver, saving_mode_line, writer_priorities
 from checkpoint.lineage import RunIdentity
+from checkpoint.megatron_writer import save_megatron_checkpoint
 from checkpoint.sharded import prune_checkpoints, save_checkpoint
 from data.tokenizer import GPTTokenizer, RunTokenizer
 from parallel.state import ParallelState
@@ -51,23 +52,31 @@ class CheckpointSaves:
     do nothing then."""
 
     def __init__(self, config: PretrainConfig, state: ParallelState, built: Built, tokenizer: RunTokenizer,
-                 identity: RunIdentity) -> None:
-        self.config, self.state, self.built, self.identity = config, state, built, identity
+                 identity: RunIdentity, batch=None) -> None:
+        self.config, self.state, self.built, self.identity, self.batch = config, state, built, identity, batch
+        # --ckpt-format torch_dist: Megatron-LM's layout (checkpoint/megatron_writer.py), written synchronously
+        self.megatron = config.checkpoint.ckpt_format == TORCH_DIST and config.megatron_format_unwritten() is None
         # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
         # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
         self.tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None
         checkpoint = config.checkpoint
         self.background = AsyncCheckpointSaver(state, *writer_priorities(checkpoint, state.device.type)) \
-            if checkpoint.saves_in_background else None
+            if checkpoint.saves_in_background and not self.megatron else None
         self.mode_line = saving_mode_line(checkpoint, self.background.writer.note if self.background else "",
                                           state.device.type)
+        if self.megatron:
+            self.mode_line = ("> checkpoints: saved synchronously in Megatron-LM's torch_dist layout"
+                              + (" (--async-save writes this project's format only)" if checkpoint.async_save else ""))
 
     def __call__(self, iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
         checkpoint, built = self.config.checkpoint, self.built
         arguments = (checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer, built.rng,
                      self.config)
         settings = dict(tokenizer=self.tokenizer, lr=lr, identity=self.identity, schedule_samples=schedule_samples)
-        if self.background is None:
+        if self.megatron:
+            save_megatron_checkpoint(checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer,
+                                     self.config, self.state, self.batch, lr=lr, schedule_samples=schedule_samples)
+        elif self.background is None:
             save_checkpoint(*arguments, self.state, **settings)
             self._prune()
         else:
@@ -96,6 +105,8 @@ class CheckpointSaves:
 
 
 def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
-                     tokenizer: RunTokenizer, identity: RunIdentity) -> Optional[CheckpointSaves]:
-    """Saves to --save and prunes to --keep-last; None without --save."""
-    return CheckpointSaves(config, state, built, tokenizer, identity) if config.checkpoint.save else None
+                     tokenizer: RunTokenizer, identity: RunIdentity, batch=None) -> Optional[CheckpointSaves]:
+    """Saves to --save and prunes to --keep-last; None without --save. With --ckpt-format torch_dist, in
+    Megatron-LM's layout (checkpoint/megatron_writer.py; `batch` is the run's batch schedule, which its scheduler
+    state is counted in)."""
+    return CheckpointSaves(config, state, built, tokenizer, identity, batch) if config.checkpoint.save else None

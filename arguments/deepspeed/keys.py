@@ -46,6 +46,7 @@ from arguments.deepspeed.precedence import (
     PROGRESS_LINE,
     SCHEDULER,
     TENSORBOARD,
+    UNIVERSAL_CHECKPOINT,
     WANDB,
     ZERO,
     ZERO_STAGE,
@@ -595,7 +596,7 @@ SECTION_KEYS: dict[str, Classifier] = {
     "activation_checkpointing.synchronize_checkpoint_boundary": to_flag("--synchronize-checkpoint-boundary", "bool", wins=CHECKPOINTING),
     "activation_checkpointing.profile": to_flag("--profile-checkpointing", "bool", wins=CHECKPOINTING),
     "checkpoint.tag_validation": no_effect("every rank agrees on the checkpoint before loading, always"),
-    "checkpoint.load_universal": no_effect("checkpoints load at any data-parallel size and ZeRO stage"),
+    "checkpoint.load_universal": to_flag("--universal-checkpoint", "bool", wins=UNIVERSAL_CHECKPOINT),
     "checkpoint.use_node_local_storage": only_if(lambda v: v is False, "checkpoints go to --save",
                                                  "node-local checkpoints are not implemented: --save is one "
                                                  "directory every rank can reach"),

@@ -148,3 +148,9 @@ AUTOTP = Precedence(
     "(only when autotp_size > 1)")
 
 
+UNIVERSAL_CHECKPOINT = Precedence(
+    FLAG_WINS, "whose --universal-checkpoint replaces the JSON's checkpoint block with {\"load_universal\": true} "
+               "(without the flag, the JSON's load_universal is what DeepSpeed's load reads)",
+    "Megatron-DeepSpeed megatron/training.py _create_ds_config_dict (ds_config_dict[\"checkpoint\"] = "
+    "{\"load_universal\": True}); DeepSpeed runtime/engine.py load_checkpoint (latest_universal when "
+    "load_universal_checkpoint())")

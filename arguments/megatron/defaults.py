@@ -41,6 +41,11 @@ GLOBAL_BATCH_SETTINGS = ("global_batch_size", "accumulation_steps", "rampup_batc
 # Megatron's 2, and a rank started as a daemonic process, which may not fork workers, loads in-process
 # instead: data/sampler.py). A setting added here is also named in the start-up line's test.
 OURS_STAND: dict[str, str] = {}
+# Megatron defaults of how files are written, not of the math, that a Megatron launch does not take, each with
+# why: said in docs/checkpoints.md, not at every start (a launch's start lines name differences in what it computes).
+FILE_FORMAT_DEFAULTS: dict[str, str] = {
+    "ckpt_format": "left out, --save writes this project's checkpoints (verified on load, resumed at any layout); "
+                   "Megatron-LM's default torch_dist is written where --ckpt-format torch_dist is given"}
 # Megatron defaults that hold only under a switch the launch may leave out: Megatron-LM's --num-query-groups
 # 1 is read only with --group-query-attention (core_transformer_config_from_args), which
 # arguments/megatron/flags.py resolves; without it attention is multi-head, our default.
@@ -200,7 +205,8 @@ def megatron_default_argv(parser: argparse.ArgumentParser, settings: Iterable[st
     settings, given = set(settings), set(dests_given)
     argv: list[str] = []
     for action in option_table(parser):
-        if action.dest not in settings or action.dest in OURS_STAND or action.dest in SWITCHED_DEFAULTS:
+        if action.dest not in settings or action.dest in OURS_STAND or action.dest in SWITCHED_DEFAULTS \
+                or action.dest in FILE_FORMAT_DEFAULTS:
             continue
         if action.dest in given:
             continue  # the launch's own value stands (an old file's default may be a choice not offered here)
@@ -252,7 +258,7 @@ def megatron_default_note(parser: argparse.ArgumentParser, settings: dict[str, A
     differences = []
     for action in option_table(parser):
         if action.dest not in settings or action.dest in OURS_STAND or action.dest in SWITCHED_DEFAULTS \
-                or sources[action.dest].kind not in (DEFAULT, PRESET):
+                or action.dest in FILE_FORMAT_DEFAULTS or sources[action.dest].kind not in (DEFAULT, PRESET):
             continue
         given = {d for d in WARMUP_SETTINGS if sources[d].kind in (FLAG, JSON)}
         found, theirs = _megatron_value(action, harvested_flags, _warmup_aware(generation, action.dest, given))

@@ -124,8 +124,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      "integrity checks); checkpoints here are sharded safetensors with a metadata.json, always verified on load "
      "and holding the optimizer state and random streams (--no-load-optim, --no-load-rng choose what a resume "
      "takes)", _names("""
-        --ckpt-format --auto-detect-ckpt-format
-        --ckpt-assume-constant-structure --ckpt-fully-parallel-load
+        --auto-detect-ckpt-format --ckpt-assume-constant-structure --ckpt-fully-parallel-load
         --ckpt-fully-parallel-load-per-rank-objects --ckpt-fully-parallel-load-exchange-algo
         --ckpt-fully-parallel-load-process-group --ckpt-fully-parallel-save --no-ckpt-fully-parallel-save
         --ckpt-fully-parallel-save-process-group --ckpt-pg-tensors-cache-create --ckpt-pg-tensors-cache-path
@@ -400,9 +399,9 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --ckpt-step --load-tag --override-ckpt-iteration""")),
     ("not implemented: --load DIR --finetune starts from a checkpoint's weights at iteration 0", _names("""
         --pretrained-checkpoint --reset-iteration""")),
-    ("resuming from a DeepSpeed or Megatron checkpoint is on the roadmap; checkpoints are converted here by "
-     "scripts/reshard_checkpoint.py and scripts/convert_to_hf.py", _names("""
-        --universal-checkpoint --ckpt-convert-format --ckpt-convert-save""")),
+    ("not implemented: a checkpoint is converted here by scripts/reshard_checkpoint.py and scripts/convert_to_hf.py "
+     "(--load reads DeepSpeed's ZeRO and universal checkpoints as they are)", _names("""
+        --ckpt-convert-format --ckpt-convert-save""")),
     ("not implemented: pretrain_gpt.py always trains (--train-iters iterations); --eval-iters sets evaluation",
      _names("--skip-train --eval-only --inference --use-dataset-only")),
     ("not implemented: the vocabulary is the tokenizer's own (--tokenizer-file, --vocab-file); add tokens to the "

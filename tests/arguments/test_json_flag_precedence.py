@@ -100,6 +100,8 @@ FLAG_WINS_CASES = {
                                  ("activations", "checkpoint_activations"), False),
     "tensor_parallel.autotp_size": ({"tensor_parallel": {"autotp_size": 2}}, ["--tensor-model-parallel-size", "1"],
                                     ("parallel", "tensor_model_parallel_size"), 1),
+    "checkpoint.load_universal": ({"checkpoint": {"load_universal": True}}, ["--no-universal-checkpoint"],
+                                  ("checkpoint", "universal_checkpoint"), False),
 }
 JSON_WINS_CASES = {
     "gradient_clipping": ({"gradient_clipping": 1.0}, ["--clip-grad", "0.5"], ("optimizer", "clip_grad"), 1.0),

@@ -19,6 +19,7 @@ import pytest
 
 from arguments.batch_schedule import batch_schedule
 from arguments.megatron.defaults import (
+    FILE_FORMAT_DEFAULTS,
     GENERATION_DEFAULT_NOT_TAKEN,
     OURS_STAND,
     SWITCHED_DEFAULTS,
@@ -68,6 +69,7 @@ def _left_out_against_megatron(parsed) -> list[str]:
     wrong = []
     for action in build_parser()._actions:
         if action.dest not in values or action.dest in OURS_STAND or action.dest in SWITCHED_DEFAULTS \
+                or action.dest in FILE_FORMAT_DEFAULTS \
                 or not action.option_strings or isinstance(action, argparse._StoreConstAction) \
                 or not (sources[action.dest].kind in ("default", "preset")
                         or _from_a_block_megatron_does_not_let_deepspeed_read(sources[action.dest])):

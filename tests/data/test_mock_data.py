@@ -32,13 +32,15 @@ def test_mock_documents_are_megatrons():
         assert np.array_equal(documents.get_document(idx, 3, 5), expected[3:8])  # IndexedDataset.get's slicing
 
 
-def test_mock_samples_follow_the_split_and_the_documents(tmp_path):
-    """The --split 969,30,1 of 100000 documents: 96900, 3000 and 100 (Megatron rounds each part: the same here),
-    and each sample is seq_length + 1 tokens read through the shuffled documents."""
+def test_mock_samples_split_the_documents_evenly_and_read_through_them(tmp_path):
+    """Megatron-Core splits mock documents "1,1,1" whatever --split says (BlendedMegatronDatasetConfig.__post_init__:
+    `self.split = "1,1,1"`, "an arbitrarily even split, as mock is True"): of 100000 documents 33333, 33334 and
+    33333 (Megatron rounds each bound: the same here), and each sample is seq_length + 1 tokens read through the
+    shuffled documents."""
     vocab, eod, seq = 1000, 999, 64
-    train, valid, test = build_mock_datasets("969,30,1", seq, 1234, (50, 20, 10), vocab, eod, str(tmp_path))
+    train, valid, test = build_mock_datasets(seq, 1234, (50, 20, 10), vocab, eod, str(tmp_path))
     assert [(int(s.document_ids[0]), int(s.document_ids[-1]) + 1) for s in (train, valid, test)] == \
-        [(0, 96900), (96900, 99900), (99900, 100000)]
+        [(0, 33333), (33333, 66667), (66667, 100000)]
     assert (len(train), len(valid), len(test)) == (50, 20, 10)
     for dataset in (train, valid, test):
         for i in range(len(dataset)):

@@ -210,3 +210,82 @@ def test_a_spike_the_run_recovered_from_does_not_count():
     assert history.resumable_iteration() == 14
     assert DivergenceHistory(0, [5.0, 90.0, float("nan")], [1, 2]).resumable_iteration() is None
     assert DivergenceHistory(4, [float("nan")], []).resumable_iteration() is None  # the loaded one gave NaN
+
+
+# ---- the same under expert parallelism, multi-token prediction and Muon (issue 60, item 6) -------------
+# Issue 60 probed kills at the save points under EP, CP, MTP, Muon and the pipeline layout (2 ranks under
+# scripts/launch.py, at the points files, renamed and tracker), damaged files of those checkpoints at --load, and
+# resumes across EP and CP sizes (tests/checkpoint/test_conformance.py holds EP, test_context_parallel_training.py
+# CP 2 -> 1): all held. What no other test launches is kept: two ranks, one killed at a commit step while the other
+# waits in the save's verdict (torchrun's agent stops it), every file kind of an expert-parallel Muon + MTP
+# checkpoint verified at the adoption, and an expert file damaged, read by a run of another EP size.
+
+MOE_MTP_MUON = ["--num-layers", "2", "--global-batch-size", "4", "--seed", "3", "--num-experts", "4",
+                "--moe-router-topk", "2", "--moe-token-dispatcher-type", "alltoall", "--mtp-num-layers", "1",
+                "--optimizer", "muon"]
+
+
+def launch_two_ranks(script: str, argv: list, workdir: Path, **env) -> subprocess.CompletedProcess:
+    from tests.training.test_launch_fuzz import LAUNCH_VARIABLES
+
+    environment = {key: value for key, value in os.environ.items() if key not in LAUNCH_VARIABLES}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "launch.py"), "--standalone", "--nproc_per_node",
+                           "2", str(REPO / script), *map(str, argv)], cwd=workdir, capture_output=True, text=True,
+                          env={**environment, "WANDB_MODE": "disabled", **env}, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def expert_parallel_requeue(corpus_cache, tmp_path_factory):
+    """EP 2 with MTP and Muon on two ranks: a straight run saving at 2 and 4, and a run killed at `renamed`
+    (iteration 2's directory in, no pointer: the adoption path) then requeued with the same command."""
+    work = tmp_path_factory.mktemp("ep2-requeue")
+    argv = TINY + VOCAB + MOE_MTP_MUON + ["--data-cache-dir", corpus_cache, "--train-iters", "4", "--save-interval", "2",
+                                          "--expert-model-parallel-size", "2"]
+    straight = launch_two_ranks("pretrain_gpt.py", argv + ["--save", work / "straight", "--metrics-file",
+                                                           work / "straight.jsonl"], work)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    requeued = argv + ["--save", work / "ck", "--load", work / "ck", "--metrics-file", work / "requeued.jsonl"]
+    killed = launch_two_ranks("tests/kill_in_save.py", requeued, work, KILL_SAVE_POINT="renamed")
+    assert killed.returncode != 0 and "killed by SIGKILL; torchrun stopped the other ranks" in killed.stderr, \
+        killed.stderr[-2000:]
+    assert not (work / "ck" / "latest").exists() and (work / "ck" / "iter_0000002").is_dir()
+    again = launch_two_ranks("pretrain_gpt.py", requeued, work)
+    return work, straight, again
+
+
+@pytest.mark.slow
+def test_a_two_rank_expert_parallel_run_killed_in_its_save_resumes_with_the_same_command(expert_parallel_requeue):
+    work, straight, again = expert_parallel_requeue
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "is complete and verified" in again.stdout and "resuming after iteration 2" in again.stdout, again.stdout
+    assert losses(work / "requeued.jsonl") == losses(work / "straight.jsonl")
+    assert (work / "ck" / "latest").read_text() == "iter_0000004\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["bit flipped", "truncated", "linked out"])
+def test_a_damaged_expert_file_is_refused_in_one_line_by_a_run_of_another_expert_parallel_size(
+        expert_parallel_requeue, corpus_cache, tmp_path, damage):
+    import shutil
+
+    import pretrain_gpt
+    from tests.reliability_helpers import run_main
+
+    ck = tmp_path / "ck"
+    shutil.copytree(expert_parallel_requeue[0] / "straight", ck)
+    expert_file = ck / "iter_0000004" / "model_tp00_ep001.safetensors"
+    data = expert_file.read_bytes()
+    if damage == "bit flipped":
+        expert_file.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    elif damage == "truncated":
+        expert_file.write_bytes(data[:len(data) // 2])
+    else:
+        (tmp_path / "elsewhere").write_bytes(data)  # the same bytes: only the link is wrong
+        expert_file.unlink()
+        expert_file.symlink_to(tmp_path / "elsewhere")
+    resumed = run_main(pretrain_gpt.main, TINY + VOCAB + MOE_MTP_MUON + [  # one process: EP 1
+        "--data-cache-dir", corpus_cache, "--train-iters", "6", "--use-checkpoint-opt_param-scheduler", "--load", ck,
+        "--metrics-file", tmp_path / "metrics.jsonl"])
+    resumed.one_error_line(str(expert_file), {"bit flipped": "hash mismatch", "truncated": "truncated",
+                                              "linked out": "outside the checkpoint directory"}[damage])
+    assert not (tmp_path / "metrics.jsonl").exists() or not losses(tmp_path / "metrics.jsonl")

@@ -1,0 +1,216 @@
+"""A torch.distributed.checkpoint (DCP) folder read a region at a time, in one process and without a process group.
+
+Megatron-Core's torch_dist format is DCP underneath (megatron/core/dist_checkpointing/strategies/torch.py): a
+`.metadata` file naming every tensor at its global shape and the chunks each saving rank wrote, `__R_I.distcp` files
+holding them, and byte objects (its ShardedObjects: RNG states, bucket sizes) beside. Reading goes through DCP's own
+load (`torch.distributed.checkpoint.load` with a planner that asks exactly the wanted region of each tensor:
+`create_read_items_for_chunk_list` picks the saved chunks overlapping it), never a reader of `.distcp` files of ours.
+
+Nothing read runs code: DCP stores each chunk as a `torch.save` it loads with weights_only=True; its `.metadata`
+is a plain pickle DCP loads with `pickle.load`, so here it is unpickled by a reader that accepts only DCP's own
+metadata classes, torch.Size and dtypes (any other global: the checkpoint is refused in one line); a byte object is
+loaded with torch.load(weights_only=True) and the few data-only types its caller names.
+
+DCP loads a whole saved chunk to hand out part of it: the chunks a load needs are kept in a small cache (bounded in
+bytes), so a rank reading its shard a box at a time loads each chunk once. `bytes_read` counts the chunk bytes read.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from base.errors import CheckpointError
+
+DCP_METADATA_FILE = ".metadata"
+CACHE_BYTES = 64 * 2**20  # the chunks kept between reads (a chunk larger than this is still read, then dropped)
+
+# Every global DCP's `.metadata` pickle names (torch 2.13, written by DCP's FileSystemWriter and Megatron-Core's
+# strategy, which keeps its save plans there): data classes and enums, no callable that acts.
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch.distributed.checkpoint.planner", name) for name in (
+        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "LoadPlan", "ReadItem", "LoadItemType")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+     ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"), ("builtins", "set"),
+     ("builtins", "frozenset"), ("pathlib", "PosixPath")}  # DCP's own writer keeps the checkpoint's path
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _METADATA_GLOBALS or (
+                module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+class _SafeReader(FileSystemReader):
+    """DCP's file reader, its metadata unpickled by `_MetadataUnpickler` (module docstring)."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = Path(self.path) / DCP_METADATA_FILE
+        try:
+            with open(path, "rb") as file:
+                metadata = _MetadataUnpickler(file).load()
+        except pickle.UnpicklingError as error:
+            raise CheckpointError(f"{path}: names {error}, which is not DCP metadata; refusing to unpickle it (a "
+                                  f"checkpoint is read without running its code)") from None
+        except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as error:
+            raise CheckpointError(f"{path}: unreadable DCP metadata ({type(error).__name__}: {error}); the "
+                                  f"checkpoint is corrupt or truncated") from None
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path}: holds a {type(metadata).__name__}, not DCP metadata")
+        if getattr(metadata, "storage_meta", None) is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _RegionPlanner(LoadPlanner):
+    """Reads the requested chunks of some tensors (`targets`: (key, offsets) -> the tensor to fill) and some byte
+    objects (`objects`: key -> filled with its bytes)."""
+
+    def __init__(self, targets: dict[tuple[str, tuple[int, ...]], torch.Tensor], objects: dict[str, Optional[bytes]]):
+        self.targets, self.objects = targets, objects
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False) -> None:
+        self.metadata = metadata
+
+    def create_local_plan(self) -> LoadPlan:
+        items: list[ReadItem] = []
+        for (key, offsets), target in self.targets.items():
+            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=target.size())
+            items += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key], [chunk])
+        for key in self.objects:
+            index = MetadataIndex(key)
+            items.append(ReadItem(type=LoadItemType.BYTE_IO, dest_index=index, dest_offsets=torch.Size([0]),
+                                  storage_index=index, storage_offsets=torch.Size([0]), lengths=torch.Size([0])))
+        return LoadPlan(items)
+
+    def create_global_plan(self, global_plan):
+        return global_plan
+
+    def finish_plan(self, central_plan):
+        return central_plan
+
+    def load_bytes(self, read_item, value) -> None:
+        self.objects[read_item.dest_index.fqn] = value.read()
+
+    def resolve_tensor(self, read_item) -> torch.Tensor:
+        target = self.targets[(read_item.dest_index.fqn, tuple(read_item.dest_index.offset))]
+        for dim, (offset, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+            target = target.narrow(dim, offset, length)
+        return target
+
+    def commit_tensor(self, read_item, tensor) -> None:
+        pass  # resolve_tensor handed out a view of the target: DCP copied into it
+
+
+class DcpReader:
+    """One DCP folder (module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if not (self.path / DCP_METADATA_FILE).is_file():
+            raise CheckpointError(f"{self.path}: no {DCP_METADATA_FILE} (torch.distributed.checkpoint's index); the "
+                                  f"save did not finish or the folder is not a torch_dist checkpoint")
+        self._reader = _SafeReader(self.path)
+        self.metadata = self._reader.read_metadata()
+        self.bytes_read = 0
+        self._cache: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._cached_bytes = 0
+
+    def tensors(self) -> dict[str, TensorStorageMetadata]:
+        return {key: md for key, md in self.metadata.state_dict_metadata.items()
+                if isinstance(md, TensorStorageMetadata)}
+
+    def objects(self) -> list[str]:
+        return [key for key, md in self.metadata.state_dict_metadata.items() if isinstance(md, BytesStorageMetadata)]
+
+    def read(self, key: str, region: tuple[slice, ...]) -> torch.Tensor:
+        """`region` of tensor `key` (global coordinates), in its stored dtype."""
+        md = self.tensors().get(key)
+        if md is None:
+            raise CheckpointError(f"{self.path}: holds no tensor {key!r}; the checkpoint is incomplete")
+        out = torch.empty([part.stop - part.start for part in region], dtype=md.properties.dtype)
+        filled = 0
+        for chunk in md.chunks:
+            overlap = [(max(part.start, o), min(part.stop, o + s)) for part, o, s in zip(region, chunk.offsets,
+                                                                                         chunk.sizes)]
+            if any(lo >= hi for lo, hi in overlap):
+                continue
+            values = self._chunk(key, chunk, md.properties.dtype)
+            source = values[tuple(slice(lo - o, hi - o) for (lo, hi), o in zip(overlap, chunk.offsets))]
+            out[tuple(slice(lo - part.start, hi - part.start) for (lo, hi), part in zip(overlap, region))] = source
+            filled += source.numel()
+        if filled != out.numel():
+            shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
+            raise CheckpointError(f"{self.path}: its chunks cover {filled} of the {out.numel()} elements of "
+                                  f"{key}[{shown}]; the checkpoint is incomplete")
+        return out
+
+    def read_objects(self, keys: Iterable[str], safe_globals: list) -> dict[str, object]:
+        """The byte objects `keys` (Megatron's ShardedObjects), each torch.load-ed with weights_only=True and only
+        `safe_globals` beyond torch's own allowlist."""
+        objects: dict[str, Optional[bytes]] = {key: None for key in keys}
+        self._load({}, objects)
+        loaded = {}
+        for key, data in objects.items():
+            try:
+                with torch.serialization.safe_globals(safe_globals):
+                    loaded[key] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            except Exception as error:  # an unpickling error names what the object holds
+                raise CheckpointError(f"{self.path}: object {key!r} cannot be read without running code or is "
+                                      f"corrupt ({type(error).__name__}: {str(error).splitlines()[0][:200]})") from None
+        return loaded
+
+    # ---- DCP ---------------------------------------------------------------------------------------------------
+
+    def _chunk(self, key: str, chunk: ChunkStorageMetadata, dtype: torch.dtype) -> torch.Tensor:
+        cache_key = (key, tuple(chunk.offsets))
+        if cache_key in self._cache:
+            self._cache.move_to_end(cache_key)
+            return self._cache[cache_key]
+        values = torch.empty(tuple(chunk.sizes), dtype=dtype)
+        self._load({cache_key: values}, {})
+        size = values.numel() * values.element_size()
+        self.bytes_read += size
+        if size <= CACHE_BYTES:
+            self._cache[cache_key] = values
+            self._cached_bytes += size
+            while self._cached_bytes > CACHE_BYTES:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached_bytes -= dropped.numel() * dropped.element_size()
+        return values
+
+    def _load(self, targets: dict, objects: dict) -> None:
+        try:
+            with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": yes
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load({}, storage_reader=self._reader, planner=_RegionPlanner(targets, objects), no_dist=True)
+        except CheckpointError:
+            raise
+        except Exception as error:  # DCP wraps a rank's failure (a missing or truncated .distcp file) in its own
+            first = str(error).strip().splitlines()
+            detail = next((line for line in reversed(first) if line.strip()), type(error).__name__)
+            raise CheckpointError(f"{self.path}: reading it failed ({detail.strip()[:240]}); the checkpoint is "
+                                  f"corrupt or incomplete") from None

@@ -1,0 +1,255 @@
+"""A DeepSpeed checkpoint's folders and files: which one `--load` names, and each .pt file read safely.
+
+DeepSpeed's engine (deepspeed/runtime/engine.py, save_checkpoint) writes into a save directory a tag folder,
+`global_stepN` by default, and a file `latest` holding that tag; Megatron-DeepSpeed adds its own tracker file
+`latest_checkpointed_iteration.txt` (megatron/checkpointing.py) but loads through DeepSpeed, which reads `latest`.
+In the tag folder: per model-parallel rank `mp_rank_00_model_states.pt` (ZeRO 1 and 2; under ZeRO 3 one
+`zero_pp_rank_{dp}_mp_rank_00_model_states.pt` per data-parallel rank), and per data-parallel rank
+`zero_pp_rank_{dp}_mp_rank_00_optim_states.pt` (`bf16_zero_pp_rank_...` under bf16 without ZeRO). ds_to_universal
+(deepspeed/checkpoint/ds_to_universal.py) writes a universal checkpoint: a folder with the model states files copied
+and `zero/<parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt`, and `latest_universal` naming it; DeepSpeed loads
+it instead of `latest` under `"checkpoint": {"load_universal": true}` (Megatron-DeepSpeed's --universal-checkpoint).
+
+Told apart from ours: our `latest` names `iter_NNNNNNN` holding metadata.json, DeepSpeed's names a folder holding
+`*_model_states.pt` files. A folder named directly is DeepSpeed's when it holds those files (with `zero/`, a
+universal one).
+
+The .pt files are pickles. They are read with torch's weights-only unpickler, which rebuilds tensors and plain
+containers and refuses every other global, plus only the globals these files hold, each named below, so a file
+carrying code is refused rather than run. DeepSpeed's and Megatron's own classes are not imported (neither is a
+dependency here): an inert stand-in of the same name receives each object's fields. Every file is first checked
+against the CRC-32 of each record that torch's zip format stores (torch.load does not check it), so a flipped
+byte is found before it is loaded; a truncated file has no zip directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import re
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from base.errors import CheckpointError
+from checkpoint.inside import inside
+
+LATEST = "latest"                      # DeepSpeed's pointer to the tag folder
+LATEST_UNIVERSAL = "latest_universal"  # ds_to_universal's
+UNIVERSAL_STATES = "zero"              # a universal checkpoint's folder of per-parameter states
+MODEL_STATES_SUFFIX = "_model_states.pt"
+OPTIMIZER_STATES_SUFFIX = "_optim_states.pt"
+ZERO3_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(model|optim)_states\.pt")
+LAYER_FILE = re.compile(r"layer_\d+(?:-model_\d+)?-model_states\.pt")  # a pipeline module's layers (weights only)
+
+
+# ---- stand-ins for the classes DeepSpeed's and Megatron-DeepSpeed's pickles name -------------------------------
+
+class _Fields:
+    """An object whose pickled fields are kept as attributes, nothing run."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({vars(self)})"
+
+
+class LossScaler(_Fields):
+    """deepspeed.runtime.fp16.loss_scaler.LossScaler (static: cur_scale, dynamic False)."""
+
+
+class DynamicLossScaler(_Fields):
+    """deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (cur_scale, cur_iter, last_overflow_iter, ...)."""
+
+
+class FragmentAddress(_Fields):
+    """deepspeed.utils.tensor_fragment.fragment_address: a parameter's stretch (start, numel) of a partition."""
+
+
+class ZeroStageEnum(enum.IntEnum):
+    """deepspeed.runtime.zero.config.ZeroStageEnum."""
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+    max_stage = 4
+
+
+class ModelType(enum.Enum):
+    """Megatron's ModelType (megatron.core.enums; megatron.model.enums before Megatron-DeepSpeed had core), which
+    Megatron-DeepSpeed's args hold as `model_type` (megatron/training.py pretrain)."""
+    encoder_or_decoder = 1
+    encoder_and_decoder = 2
+    retro_encoder = 3
+    retro_decoder = 4
+
+
+def _numpy_reconstruct():
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+# What the files hold beyond tensors and plain containers, under the names their pickles give: DeepSpeed's
+# optimizer state (the loss scaler, the stage, ZeRO 1/2's slice mappings) and Megatron-DeepSpeed's client state
+# (args, an argparse.Namespace with its model type and dtypes; rng_state with NumPy's generator state, an array).
+SAFE_GLOBALS = [
+    (LossScaler, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
+    (DynamicLossScaler, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
+    (FragmentAddress, "deepspeed.utils.tensor_fragment.fragment_address"),
+    (ZeroStageEnum, "deepspeed.runtime.zero.config.ZeroStageEnum"),
+    (ModelType, "megatron.core.enums.ModelType"),
+    (ModelType, "megatron.model.enums.ModelType"),
+    argparse.Namespace,
+    (_numpy_reconstruct(), "numpy._core.multiarray._reconstruct"),
+    (_numpy_reconstruct(), "numpy.core.multiarray._reconstruct"),
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+]
+
+
+def unpickler_reason(error: Exception) -> str:
+    """What torch's weights-only unpickler objected to (e.g. "Unsupported global: GLOBAL io.open"), without the
+    paragraph that suggests loading the file unsafely."""
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        reason = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
+        reason = " ".join(reason.split(" was not an allowed global")[0].split())
+        if reason:
+            return reason
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return first.split(". This is an internal")[0]
+
+
+def load_pt(path: Path) -> object:
+    """One DeepSpeed .pt file, through the weights-only unpickler and the globals above; memory-mapped, so a tensor's
+    bytes are read when they are used (a file in torch's older, non-zip format is read whole)."""
+    try:
+        with warnings.catch_warnings(), torch.serialization.safe_globals(SAFE_GLOBALS):
+            warnings.simplefilter("ignore")
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as error:
+                if "zip" not in str(error).lower() or zipfile.is_zipfile(path):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except Exception as error:  # noqa: BLE001 - torch raises pickle, zip and runtime errors alike
+        raise CheckpointError(f"{path}: refused, not a DeepSpeed checkpoint file this reader can load "
+                              f"({unpickler_reason(error)})") from None
+
+
+def pickle_bytes(path: Path) -> int:
+    """The bytes of a torch file's pickle (what loading it memory-mapped reads besides the tensors it touches)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sum(info.file_size for info in archive.infolist() if info.filename.endswith("data.pkl"))
+    except (OSError, zipfile.BadZipFile):
+        return path.stat().st_size  # torch's older format is read whole
+
+
+def verify_pt(path: Path, check_content: bool = True) -> Optional[str]:
+    """Why `path` is not an intact torch file (None when it is): a zip archive whose every record matches the
+    CRC-32 stored beside it (`check_content`: read every byte; else only the archive's directory)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip() if check_content else None
+    except FileNotFoundError:
+        return f"{path}: missing from the checkpoint"
+    except zipfile.BadZipFile as error:
+        return f"{path}: truncated or corrupt, not a complete torch zip archive ({error})"
+    except OSError as error:
+        return f"{path}: cannot be read ({error.strerror or error})"
+    if bad is not None:
+        return f"{path}: corrupt, its record {bad} does not match the CRC-32 saved with it"
+    return None
+
+
+# ---- which folder --load names ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeepSpeedCheckpoint:
+    """A tag folder of DeepSpeed's (or a universal one) and how it was named."""
+    path: Path          # the tag folder: global_stepN, or ds_to_universal's output
+    universal: bool
+    named_by: Optional[str] = None  # "latest" / "latest_universal" when a save directory was named
+
+
+def model_state_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob(f"*{MODEL_STATES_SUFFIX}") if not p.name.startswith("expert_")) \
+        if folder.is_dir() else []
+
+
+def is_tag_folder(folder: Path) -> bool:
+    """Whether `folder` is a DeepSpeed tag folder (it holds model states files, or a pipeline module's layers)."""
+    return bool(model_state_files(folder)) or (folder.is_dir() and any(LAYER_FILE.fullmatch(p.name)
+                                                                      for p in folder.iterdir()))
+
+
+POINTER_MAX_BYTES = 256
+
+
+def _pointer(save_dir: Path, name: str) -> Optional[str]:
+    """The tag a DeepSpeed pointer file names: a plain folder name other than our iter_NNNNNNN. None for anything
+    else (ours, or text that names no folder of `save_dir`: the format's own reader then says what is wrong with it)."""
+    try:
+        with open(inside(save_dir, name), "rb") as pointer:
+            raw = pointer.read(POINTER_MAX_BYTES + 1)
+        text = raw.decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if len(raw) > POINTER_MAX_BYTES or not re.fullmatch(r"[\w.+-]+", text) or text in (".", "..") \
+            or re.fullmatch(r"iter_\d+", text):
+        return None
+    return text
+
+
+def find_deepspeed_checkpoint(path: Path, universal: bool) -> Optional[DeepSpeedCheckpoint]:
+    """The DeepSpeed checkpoint `path` names, or None when it names none of DeepSpeed's (module docstring).
+    `universal`: --universal-checkpoint, which reads `latest_universal` as DeepSpeed's load_universal does."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    if is_tag_folder(path):
+        return DeepSpeedCheckpoint(path, (path / UNIVERSAL_STATES).is_dir())
+    pointer = LATEST_UNIVERSAL if universal else LATEST
+    tag = _pointer(path, pointer) if (path / pointer).is_file() else None
+    if tag is not None:
+        folder = inside(path, tag)
+        if not is_tag_folder(folder):
+            raise CheckpointError(f"{path / pointer} names {tag!r}, which holds no DeepSpeed model states "
+                                  f"(*{MODEL_STATES_SUFFIX}): the checkpoint is incomplete")
+        if universal and not (folder / UNIVERSAL_STATES).is_dir():
+            raise CheckpointError(f"{path / pointer} names {tag!r}, which has no {UNIVERSAL_STATES}/ folder: not "
+                                  f"ds_to_universal's output")
+        return DeepSpeedCheckpoint(folder, universal, pointer)
+    if not universal and (path / LATEST_UNIVERSAL).is_file() and not (path / LATEST).is_file():
+        raise CheckpointError(f"--load {path} holds a universal checkpoint only ({LATEST_UNIVERSAL}, no {LATEST}): "
+                              f"pass --universal-checkpoint to load it, as Megatron-DeepSpeed does")
+    if universal and (path / LATEST).is_file():
+        tag = _pointer(path, LATEST)
+        if tag is not None and is_tag_folder(path / tag):
+            raise CheckpointError(f"--universal-checkpoint: {path} has no {LATEST_UNIVERSAL} (its {LATEST} names "
+                                  f"the ZeRO checkpoint {tag}); convert it with deepspeed/checkpoint/"
+                                  f"ds_to_universal.py, or load it without --universal-checkpoint")
+    return None
+
+
+def holds_deepspeed_checkpoints(directory: Path) -> Optional[str]:
+    """What in `directory` is DeepSpeed's (its `latest` naming a tag folder, `latest_universal`), or None."""
+    for pointer in (LATEST, LATEST_UNIVERSAL):
+        if (directory / pointer).is_file():
+            try:
+                tag = _pointer(directory, pointer)
+            except CheckpointError:
+                continue
+            if tag is not None and is_tag_folder(directory / tag):
+                return f"'{pointer}' names its {tag}"
+    return None

@@ -1,0 +1,223 @@
+"""Which tensor of a DeepSpeed run's model each of our parameters is, and how its layout differs.
+
+Two model families are read (checkpoint/deepspeed_source.py): Megatron-DeepSpeed's GPT, as GPTModel
+(--no-pipeline-parallel, the module tree of its megatron/model/gpt_model.py, language_model.py and transformer.py) or
+as GPTModelPipe (its default, a DeepSpeed pipeline module whose parameters are named by their layer's index), and
+transformers' GPT2LMHeadModel trained by a plain DeepSpeed script. Each of our parameters (the names and layouts of our TP 1
+model, gpt/model.py) is one source tensor, possibly transposed (transformers' Conv1D stores [in, out]) and with its
+rows (after the transpose) reordered: the fused query/key/value projection.
+
+Our query_key_value rows are grouped per key/value head: [group][its query heads, key, value][head_dim]
+(gpt/model.py). Megatron-DeepSpeed's were the same until commit 676a482c (2024-12-04, "Adding the new feature of
+FPDT (#441)"), whose ParallelAttention.forward cuts them in three blocks instead, all query heads, then the keys,
+then the values, on each tensor-parallel rank (`each_hidden_size = mixed_x_layer.shape[-1] // 3`); that commit added
+--ds-sequence-parallel-fpdt, so a checkpoint whose args hold `ds_sequence_parallel_fpdt` was written by code with
+the block layout. Merged over TP ranks (ds_to_universal concatenates the slices along the rows) the blocks stay per
+rank: [rank][q | k | v]. transformers' c_attn is [q | k | v] along its output columns. Megatron-DeepSpeed's SwiGLU
+keeps both halves in dense_h_to_4h ([gate; up] per TP rank, `torch.chunk(x, 2, dim=-1)`, merged by ds_to_universal
+per PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 into [all gates; all ups]); ours are two parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from base.errors import CheckpointError
+
+Region = tuple[slice, ...]
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """One of our parameters as a source tensor: `source`, transposed when `transpose`, then row i taken from row
+    `rows[i]` (None: row i)."""
+    source: str
+    rows: Optional[torch.Tensor] = None
+    transpose: bool = False
+
+    def shape(self, source_shape: tuple[int, ...]) -> tuple[int, ...]:
+        shape = tuple(reversed(source_shape)) if self.transpose else tuple(source_shape)
+        return shape if self.rows is None else (len(self.rows), *shape[1:])
+
+
+def qkv_rows_from_blocks(heads: int, groups: int, head_dim: int, tensor_parallel: int = 1) -> torch.Tensor:
+    """For each row of our grouped layout, its row in the [TP rank][all queries | keys | values] layout."""
+    if heads % tensor_parallel or groups % tensor_parallel:
+        raise CheckpointError(f"{heads} attention heads and {groups} key/value heads do not split over a "
+                              f"tensor-parallel size of {tensor_parallel}")
+    per_group, heads_per_rank, groups_per_rank = heads // groups, heads // tensor_parallel, groups // tensor_parallel
+    rank_rows = (heads_per_rank + 2 * groups_per_rank) * head_dim
+    rows = []
+    for group in range(groups):
+        rank, local_group = divmod(group, groups_per_rank)
+        base = rank * rank_rows
+        for j in range(per_group):
+            query = group * per_group + j - rank * heads_per_rank
+            rows.append(base + query * head_dim)
+        rows.append(base + (heads_per_rank + local_group) * head_dim)                    # key
+        rows.append(base + (heads_per_rank + groups_per_rank + local_group) * head_dim)  # value
+    return (torch.tensor(rows).unsqueeze(1) + torch.arange(head_dim)).reshape(-1)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What the query/key/value rows need: the heads, key/value heads and head size of the model."""
+    heads: int
+    groups: int
+    head_dim: int
+
+
+# Megatron-DeepSpeed GPTModel's names (TP 1 shapes) -> ours. The layer's own names are ours already.
+_MEGATRON_DEEPSPEED = [
+    (r"language_model\.embedding\.word_embeddings\.weight", "word_embeddings.weight"),
+    (r"language_model\.embedding\.position_embeddings\.weight", "position_embeddings.weight"),
+    (r"language_model\.output_layer\.weight", "output_layer.weight"),
+    (r"language_model\.encoder\.final_layernorm\.(weight|bias)", r"final_layernorm.\1"),
+    (r"language_model\.encoder\.layers\.(\d+)\.self_attention\.(query_key_value|dense)\.(weight|bias)",
+     r"blocks.\1.attention.\2.\3"),
+    (r"language_model\.encoder\.layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.(weight|bias)",
+     r"blocks.\1.\2.\3"),
+    (r"language_model\.encoder\.layers\.(\d+)\.mlp\.(dense_h_to_4h|dense_4h_to_h)\.(weight|bias)",
+     r"blocks.\1.mlp.\2.\3"),
+]
+
+# transformers' GPT2LMHeadModel -> ours: (pattern, our name, Conv1D weight: transposed)
+_GPT2 = [
+    (r"transformer\.wte\.weight", "word_embeddings.weight", False),
+    (r"transformer\.wpe\.weight", "position_embeddings.weight", False),
+    (r"transformer\.ln_f\.(weight|bias)", r"final_layernorm.\1", False),
+    (r"transformer\.h\.(\d+)\.ln_1\.(weight|bias)", r"blocks.\1.input_layernorm.\2", False),
+    (r"transformer\.h\.(\d+)\.ln_2\.(weight|bias)", r"blocks.\1.post_attention_layernorm.\2", False),
+    (r"transformer\.h\.(\d+)\.attn\.c_attn\.weight", r"blocks.\1.attention.query_key_value.weight", True),
+    (r"transformer\.h\.(\d+)\.attn\.c_attn\.bias", r"blocks.\1.attention.query_key_value.bias", False),
+    (r"transformer\.h\.(\d+)\.attn\.c_proj\.weight", r"blocks.\1.attention.dense.weight", True),
+    (r"transformer\.h\.(\d+)\.attn\.c_proj\.bias", r"blocks.\1.attention.dense.bias", False),
+    (r"transformer\.h\.(\d+)\.mlp\.c_fc\.weight", r"blocks.\1.mlp.dense_h_to_4h.weight", True),
+    (r"transformer\.h\.(\d+)\.mlp\.c_fc\.bias", r"blocks.\1.mlp.dense_h_to_4h.bias", False),
+    (r"transformer\.h\.(\d+)\.mlp\.c_proj\.weight", r"blocks.\1.mlp.dense_4h_to_h.weight", True),
+    (r"transformer\.h\.(\d+)\.mlp\.c_proj\.bias", r"blocks.\1.mlp.dense_4h_to_h.bias", False),
+    (r"lm_head\.weight", "output_layer.weight", False),
+]
+
+MEGATRON_DEEPSPEED, GPT2 = "Megatron-DeepSpeed GPTModel", "transformers GPT2LMHeadModel"
+MEGATRON_DEEPSPEED_PIPE = "Megatron-DeepSpeed GPTModelPipe"
+
+
+def model_family(names) -> Optional[str]:
+    """Which family a source's parameter names are (None: none of them)."""
+    names = list(names)
+    if any(name.startswith("language_model.") for name in names):
+        return MEGATRON_DEEPSPEED
+    if any(re.fullmatch(r"\d+\.self_attention\..+", name) for name in names):
+        return MEGATRON_DEEPSPEED_PIPE
+    if any(name.startswith("transformer.h.") or name == "transformer.wte.weight" for name in names):
+        return GPT2
+    return None
+
+
+def _first_match(rules, name: str):
+    for rule in rules:
+        match = re.fullmatch(rule[0], name)
+        if match:
+            return match.expand(rule[1]), rule
+    return None, None
+
+
+def pipeline_module_names(names) -> dict[str, str]:
+    """GPTModelPipe's names (a pipeline module's: the index of the layer in its list of specs, the tied embedding
+    under tied_modules.embed) -> GPTModel's, for every name it can place. Its specs (gpt_model.py GPTModelPipe):
+    a cast, the embedding (tied: `tied_modules.embed.*`; untied: its index's `word_embeddings`,
+    `position_embeddings`), the transformer layers in order, the final norm (its index's `weight`, `bias`), and the
+    output layer (tied: the embedding again; untied: its index's `lm_head.weight`)."""
+    names = list(names)
+    layers = sorted({int(m.group(1)) for n in names for m in [re.fullmatch(r"(\d+)\.self_attention\..*", n)] if m})
+    number = {index: position for position, index in enumerate(layers)}
+    renamed = {}
+    for name in names:
+        embedding = re.fullmatch(r"(?:tied_modules\.embed|\d+)\.(word_embeddings|position_embeddings)\.weight", name)
+        layer = re.fullmatch(r"(\d+)\.(.+)", name)
+        if embedding:
+            renamed[name] = f"language_model.embedding.{embedding.group(1)}.weight"
+        elif layer and int(layer.group(1)) in number:
+            renamed[name] = f"language_model.encoder.layers.{number[int(layer.group(1))]}.{layer.group(2)}"
+        elif layer and layer.group(2) in ("weight", "bias") and layers and int(layer.group(1)) > layers[-1]:
+            renamed[name] = f"language_model.encoder.final_layernorm.{layer.group(2)}"
+        elif layer and layer.group(2) == "lm_head.weight":
+            renamed[name] = "language_model.output_layer.weight"
+    return renamed
+
+
+def megatron_deepspeed_map(source_shapes: dict[str, tuple[int, ...]], attention: Attention, block_qkv: bool,
+                           tensor_parallel: int, swiglu: bool) -> tuple[dict[str, Mapped], list[str]]:
+    """Our names -> Mapped for a Megatron-DeepSpeed GPTModel's tensors; and the source names left unmapped.
+    `block_qkv`: written by code after #441 (module docstring); `tensor_parallel`: the size it was saved at (the
+    blocks are per rank); `swiglu`: dense_h_to_4h holds [gate; up]."""
+    mapped, unknown = {}, []
+    pipeline = pipeline_module_names(source_shapes) if model_family(source_shapes) == MEGATRON_DEEPSPEED_PIPE else {}
+    for name, shape in source_shapes.items():
+        ours, _ = _first_match(_MEGATRON_DEEPSPEED, pipeline.get(name, name))
+        if ours is None:
+            unknown.append(name)
+        elif ours.endswith("attention.query_key_value.weight") or ours.endswith("attention.query_key_value.bias"):
+            if block_qkv and attention.groups != attention.heads:
+                raise CheckpointError(
+                    f"{name}: Megatron-DeepSpeed after commit 676a482c cuts query_key_value into three equal "
+                    f"blocks, which holds only for multi-head attention, and this checkpoint has "
+                    f"{attention.groups} key/value heads for {attention.heads} heads")
+            rows = qkv_rows_from_blocks(attention.heads, attention.groups, attention.head_dim, tensor_parallel) \
+                if block_qkv else None
+            mapped[ours] = Mapped(name, rows)
+        elif swiglu and ".mlp.dense_h_to_4h." in ours:
+            half = shape[0] // 2
+            for part, offset in (("gate", 0), ("up", half)):
+                mapped[ours.replace("dense_h_to_4h", f"dense_h_to_4h_{part}")] = \
+                    Mapped(name, torch.arange(offset, offset + half))
+        else:
+            mapped[ours] = Mapped(name)
+    return mapped, unknown
+
+
+def gpt2_map(source_shapes: dict[str, tuple[int, ...]], attention: Attention,
+             tied: bool) -> tuple[dict[str, Mapped], list[str]]:
+    """Our names -> Mapped for a transformers GPT2LMHeadModel's tensors (lm_head left out when `tied`); and the source
+    names left unmapped."""
+    mapped, unknown = {}, []
+    qkv = qkv_rows_from_blocks(attention.heads, attention.heads, attention.head_dim)
+    for name in source_shapes:
+        ours, rule = _first_match(_GPT2, name)
+        if ours is None:
+            unknown.append(name)
+        elif not (tied and ours == "output_layer.weight"):
+            mapped[ours] = Mapped(name, qkv if "query_key_value" in ours else None, transpose=rule[2])
+    return mapped, unknown
+
+
+def _row_runs(rows: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(our first row, source first row, length) of each stretch of consecutive source rows."""
+    runs, start = [], 0
+    values = rows.tolist()
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[i - 1] + 1:
+            runs.append((start, values[start], i - start))
+            start = i
+    return runs
+
+
+def read_mapped(mapped: Mapped, region: Region, read_source: Callable[[str, Region], torch.Tensor]) -> torch.Tensor:
+    """`region` of our tensor, from `read_source(source name, source region)`: only the region's elements."""
+    def source_region(ours: Region) -> Region:
+        return (ours[1], ours[0]) if mapped.transpose else ours
+
+    def read(ours: Region) -> torch.Tensor:
+        values = read_source(mapped.source, source_region(ours))
+        return values.t() if mapped.transpose else values
+
+    if mapped.rows is None:
+        return read(region)
+    rows = mapped.rows[region[0]]
+    pieces = [read((slice(source, source + length), *region[1:])) for _, source, length in _row_runs(rows)]
+    return torch.cat(pieces) if len(pieces) > 1 else pieces[0]

@@ -1,0 +1,238 @@
+"""A DeepSpeed checkpoint as a `GlobalStateSource` (checkpoint/global_state.py): every tensor under our name, at our
+TP 1 shape and layout, read a region at a time; the iteration, consumed samples, learning-rate schedule position and
+Adam step where the run recorded them.
+
+The tag folder (checkpoint/deepspeed_files.py finds it) is ZeRO 1/2, ZeRO 3 or universal (checkpoint/deepspeed_stores.py
+reads each), of a Megatron-DeepSpeed GPTModel or a transformers GPT2LMHeadModel (checkpoint/deepspeed_names.py maps
+their names and layouts). Where the run stood:
+
+- Megatron-DeepSpeed (megatron/checkpointing.py save_checkpoint: its client state in the model states file): the
+  iteration is `iteration`; the consumed samples `args.consumed_train_samples` (its load_checkpoint reads them back
+  from there); the schedule's position its OptimizerParamScheduler's `num_steps` (in samples), which DeepSpeed saves
+  as `lr_scheduler`.
+- A plain DeepSpeed script: the engine's own counters, `global_steps` and `global_samples`.
+- Adam's step: the torch optimizer's `step` in the optimizer files.
+- The loss scaler: DeepSpeed's static LossScaler (`cur_scale`) is ours with that scale; its DynamicLossScaler
+  (fp16) carries its scale, its hysteresis left (`cur_hysteresis`) and where it stands towards its next growth
+  (`good_steps`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+import torch
+
+from base.errors import CheckpointError
+from checkpoint.deepspeed_files import (
+    DeepSpeedCheckpoint,
+    DynamicLossScaler,
+    LossScaler,
+    ZeroStageEnum,
+    load_pt,
+    model_state_files,
+    pickle_bytes,
+)
+from checkpoint.deepspeed_names import (
+    GPT2,
+    MEGATRON_DEEPSPEED,
+    MEGATRON_DEEPSPEED_PIPE,
+    Attention,
+    Mapped,
+    gpt2_map,
+    megatron_deepspeed_map,
+    model_family,
+    read_mapped,
+)
+from checkpoint.deepspeed_stores import UniversalStore, Zero3Store, ZeroStore, optimizer_files, read_region
+from checkpoint.global_state import GlobalTensorInfo, SourceProgress
+
+OUR_KEYS = {"master": "fp32", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+MEGATRON_SCHEDULER_KEYS = ("max_lr", "min_lr", "num_steps", "lr_decay_style", "lr_decay_steps", "lr_warmup_steps")
+
+
+def client_args(model_states: dict) -> Optional[argparse.Namespace]:
+    """Megatron-DeepSpeed's args (None for a plain DeepSpeed run)."""
+    args = model_states.get("args")
+    return args if isinstance(args, argparse.Namespace) else None
+
+
+def good_steps(cur_iter: int, last_overflow_iter: int, window: int) -> int:
+    """Our scaler's count of updates without overflow that makes it grow at the update DeepSpeed's would: DeepSpeed's
+    update_scale (deepspeed/runtime/fp16/loss_scaler.py) grows at update `cur_iter` = c when c - last_overflow_iter - 1
+    is a positive multiple of its window; ours when its count reaches the window (zero/loss_scaler.py). After the
+    next overflow the two differ by one update (DeepSpeed waits window + 1 good updates after an overflow)."""
+    window = max(1, int(window))
+    multiple = max(1, -(-(cur_iter - last_overflow_iter - 1) // window))
+    updates_to_growth = last_overflow_iter + 1 + multiple * window - cur_iter + 1
+    return window - updates_to_growth
+
+
+def our_loss_scaler(scaler) -> tuple[Optional[str], Optional[dict]]:
+    """(our scaler's type, its state) for DeepSpeed's (module docstring)."""
+    fields = vars(scaler) if isinstance(scaler, (LossScaler, DynamicLossScaler)) else {}
+    if isinstance(scaler, LossScaler) and "cur_scale" in fields:
+        return "LossScaler", {"scale": float(fields["cur_scale"])}
+    if isinstance(scaler, DynamicLossScaler) and {"cur_scale", "cur_iter", "last_overflow_iter",
+                                                  "scale_window", "cur_hysteresis"} <= set(fields):
+        return "DynamicLossScaler", {"scale": float(fields["cur_scale"]),
+                                     "good_steps": good_steps(fields["cur_iter"], fields["last_overflow_iter"],
+                                                              fields["scale_window"]),
+                                     "hysteresis_left": int(fields["cur_hysteresis"])}
+    return None, None
+
+
+class DeepSpeedSource:
+    """A DeepSpeed tag folder as whole tensors by our names (module docstring). `attention`: the run's heads, key/value
+    heads and head size, which the fused query/key/value rows are laid out by."""
+
+    def __init__(self, checkpoint: DeepSpeedCheckpoint, attention: Attention) -> None:
+        self.checkpoint, self.path = checkpoint, checkpoint.path
+        files = model_state_files(checkpoint.path)
+        if not files:
+            raise CheckpointError(f"{checkpoint.path}: no DeepSpeed model states file (*_model_states.pt)")
+        self.model_states = load_pt(files[0])
+        if not isinstance(self.model_states, dict):
+            raise CheckpointError(f"{files[0]}: not a DeepSpeed model states file (not a dict)")
+        if self.model_states.get("mp_world_size", 1) != 1 and not checkpoint.universal:
+            raise CheckpointError(f"{checkpoint.path}: saved at a model-parallel size of "
+                                  f"{self.model_states['mp_world_size']}; convert it with deepspeed/checkpoint/"
+                                  f"ds_to_universal.py and load it with --universal-checkpoint")
+        self.args = client_args(self.model_states)
+        if checkpoint.universal:
+            self.store = UniversalStore(checkpoint.path, self.model_states)
+            self.stage, self.optimizer_state = None, self._universal_optimizer_state()
+        else:
+            self.stage = self._zero_stage()
+            self.store = (Zero3Store if self.stage == ZeroStageEnum.weights else ZeroStore)(checkpoint.path,
+                                                                                          self.model_states)
+            self.optimizer_state = self.store.optimizer_state(0)
+        self.family = model_family(self.store.shapes)
+        self.mapping = self._map(attention)
+        self.format_name = (f"DeepSpeed {'universal' if checkpoint.universal else f'ZeRO-{self.stage}'}, "
+                            f"{self.family}")
+        self.header_bytes = pickle_bytes(files[0])
+
+    def _zero_stage(self) -> int:
+        """The stage DeepSpeed's optimizer recorded (rank 0's optimizer file); a checkpoint without ZeRO has none."""
+        files = optimizer_files(self.path)
+        state = load_pt(files[0]) if files else None
+        stage = (state or {}).get("optimizer_state_dict", {}).get("zero_stage") if isinstance(state, dict) else None
+        if stage not in (ZeroStageEnum.optimizer_states, ZeroStageEnum.gradients, ZeroStageEnum.weights):
+            raise CheckpointError(f"{self.path}: {'no optimizer files' if not files else f'ZeRO stage {stage}'}; "
+                                  f"DeepSpeed checkpoints of ZeRO stages 1, 2 and 3 are read here")
+        return int(stage)
+
+    def _universal_optimizer_state(self) -> Optional[dict]:
+        path = self.checkpoint.path / "zero" / "optimizer_state.pt"
+        if not path.is_file():
+            return None
+        state = load_pt(path)
+        return state if isinstance(state, dict) else None
+
+    def _map(self, attention: Attention) -> dict[str, Mapped]:
+        shapes = self.store.shapes
+        if self.family in (MEGATRON_DEEPSPEED, MEGATRON_DEEPSPEED_PIPE):
+            args = self.args
+            mapped, unknown = megatron_deepspeed_map(
+                shapes, attention, block_qkv=args is not None and hasattr(args, "ds_sequence_parallel_fpdt"),
+                tensor_parallel=getattr(args, "tensor_model_parallel_size", 1) if self.checkpoint.universal else 1,
+                swiglu=bool(getattr(args, "swiglu", False)))
+        elif self.family == GPT2:
+            mapped, unknown = gpt2_map(shapes, attention, tied=self._gpt2_tied())
+        else:
+            shown = ", ".join(sorted(shapes)[:4])
+            raise CheckpointError(f"{self.path}: its parameters ({shown}, ...) are not a Megatron-DeepSpeed GPT's "
+                                  f"(GPTModel's language_model.*, GPTModelPipe's N.self_attention.*) nor a "
+                                  f"transformers GPT2LMHeadModel's (transformer.*): this reader knows those")
+        if unknown:
+            raise CheckpointError(f"{self.path}: {len(unknown)} tensors of its {self.family} have no counterpart "
+                                  f"here ({', '.join(sorted(unknown)[:4])}{', ...' if len(unknown) > 4 else ''})")
+        return mapped
+
+    def _gpt2_tied(self) -> bool:
+        """The output layer is the word embedding: DeepSpeed recorded lm_head as shared (`shared_params`), or a
+        universal checkpoint has no optimizer state for it (ds_to_universal wrote its weights from the module)."""
+        if "lm_head.weight" not in self.store.shapes:
+            return True
+        if isinstance(self.store, UniversalStore):
+            return "exp_avg" not in self.store.keys_of.get("lm_head.weight", ())
+        return "lm_head.weight" in (self.model_states.get("shared_params") or {})
+
+    # ---- GlobalStateSource ------------------------------------------------------------------
+
+    @property
+    def bytes_read(self) -> int:
+        return self.store.bytes_read + self.header_bytes
+
+    def keys(self) -> tuple[str, ...]:
+        if isinstance(self.store, UniversalStore):
+            held = [key for key in ("exp_avg", "exp_avg_sq")
+                    if all(key in self.store.keys_of.get(m.source, ()) for m in self.mapping.values())]
+            return ("master", *held)
+        return tuple(OUR_KEYS)
+
+    def tensors(self, key: str) -> dict[str, GlobalTensorInfo]:
+        if key not in self.keys():
+            return {}
+        return {name: GlobalTensorInfo(mapped.shape(self.store.shapes[mapped.source]), torch.float32)
+                for name, mapped in self.mapping.items()}
+
+    def read(self, key: str, name: str, region: tuple[slice, ...]):
+        state = OUR_KEYS[key]
+        return read_mapped(self.mapping[name], region,
+                           lambda source, source_region: read_region(self.store, state, source, source_region))
+
+    def progress(self) -> SourceProgress:
+        states, args = self.model_states, self.args
+        iteration = states.get("iteration", states.get("global_steps"))
+        consumed = getattr(args, "consumed_train_samples", None) if args is not None else states.get("global_samples")
+        if not isinstance(iteration, int):
+            raise CheckpointError(f"{self.path}: its model states file records no iteration (Megatron-DeepSpeed's "
+                                  f"'iteration' or DeepSpeed's 'global_steps')")
+        scheduler = self.megatron_scheduler()
+        scaler_type, scaler_state = our_loss_scaler((self.optimizer_state or {}).get("loss_scaler"))
+        step = self.store.step()
+        return SourceProgress(iteration=iteration, consumed_samples=consumed,
+                              schedule_samples=int(scheduler["num_steps"]) if scheduler else consumed,
+                              optimizer_step=step, loss_scaler_state=scaler_state,
+                              extra={"optimizer": "adam", "loss_scaler_type": scaler_type})
+
+    def megatron_scheduler(self) -> Optional[dict]:
+        """Megatron-DeepSpeed's OptimizerParamScheduler state, when DeepSpeed saved that as its lr_scheduler."""
+        state = self.model_states.get("lr_scheduler")
+        return state if isinstance(state, dict) and all(key in state for key in MEGATRON_SCHEDULER_KEYS) else None
+
+    def not_carried(self) -> list[str]:
+        states, notes = self.model_states, []
+        scheduler = states.get("lr_scheduler")
+        if scheduler is not None and self.megatron_scheduler() is None:
+            notes.append(f"DeepSpeed's lr_scheduler state ({', '.join(sorted(scheduler)[:4])}): this run's --lr flags "
+                         f"schedule the rate, continued at the consumed samples")
+        for key, what in (("data_sampler", "the curriculum data sampler's state"),
+                          ("random_ltd", "random-LTD's state")):
+            if states.get(key) is not None:
+                notes.append(what)
+        info = states.get("universal_checkpoint_info") or {}
+        padded, original = info.get("padded_vocab_size"), info.get("original_vocab_size")
+        if isinstance(padded, int) and isinstance(original, int) and padded > original \
+                and not self.checkpoint.universal:
+            notes.append(f"the word embedding's {padded - original} vocabulary padding rows (Megatron-DeepSpeed's "
+                         f"softmax takes them in, this project's leaves them out)")
+        if states.get("skipped_steps"):
+            notes.append(f"DeepSpeed's count of {states['skipped_steps']} skipped (overflowed) steps")
+        return notes
+
+    def describe(self) -> str:
+        """One line for the start: what was found."""
+        progress = self.progress()
+        return (f"> {self.path}: {self.format_name} at iteration {progress.iteration} ({progress.consumed_samples} "
+                f"samples consumed, Adam step {progress.optimizer_step}), {len(self.mapping)} tensors")
+
+
+def open_deepspeed_source(checkpoint: DeepSpeedCheckpoint, model_config) -> DeepSpeedSource:
+    """The source for this run's model (`model_config`: its heads, key/value heads and head size)."""
+    heads = model_config.num_attention_heads
+    return DeepSpeedSource(checkpoint, Attention(heads, model_config.num_query_groups or heads,
+                                                 model_config.head_dim))

@@ -1,0 +1,205 @@
+"""Megatron-Core's distributed optimizer saved in its dp_reshardable layout: which stretch of which bucket holds the
+states of which part of our whole tensors.
+
+That layout (megatron/core/optimizer/distrib_optimizer.py, sharded_param_state_dp_reshardable) saves, for each
+tensor- and pipeline-parallel rank (its `dp_group_idx`, the rank in the model-parallel group: pipeline rank x TP
+size + TP rank), each gradient buffer's buckets as flat tensors `optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.
+dtype_<(param dtype, grad dtype)>.bucket_idx_<k>.<param|exp_avg|exp_avg_sq>` of the bucket's unpadded size: the
+fp32 master weights and Adam's moments of that rank's TP-local parameters, laid out as DDP's grad buffer lays out
+their gradients. The file records only the buckets' sizes, so the layout is rebuilt here as
+megatron/core/distributed/param_and_grad_buffer.py builds it (_ParamAndGradBuffer.__init__, distributed optimizer):
+the model's parameters in reverse registration order, each starting at a multiple of 64 elements, a bucket closed
+after `bucket_size` elements (none with overlap off, and on every pipeline stage after the first), its end padded to
+lcm(DP, 128); the pipeline's tied embedding copy in a bucket of its own. The sizes rebuilt are checked against the
+sizes the checkpoint recorded (`per_bucket_numel_unpadded`), so a layout this code does not know is refused, never
+misread.
+
+Each TP-local parameter is one or two pieces of our whole tensors (SwiGLU's fc1: its [gate; up] rows are two), at the
+offset its TP rank's slice has: Megatron-Core's column-parallel weights split their rows, the row-parallel ones
+(attention's output and fc2) their columns, the embeddings and the output layer their vocabulary rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from base.errors import CheckpointError
+
+DENSE_DTYPE = "dtype_(torch.float32, torch.float32)"
+
+
+class UnreadLayout(CheckpointError):
+    """Buckets this reader does not rebuild (another model kind, or sizes that do not match): the weights still
+    load, the optimizer's states are not read."""
+PARAM_ALIGNMENT = 64  # _pad_start_of_param_if_needed
+BUCKET_ALIGNMENT = 128  # _pad_end_of_bucket_if_needed: lcm(DP, 128)
+
+
+@dataclass(frozen=True)
+class LocalPiece:
+    """Rows [row_start, row_start + shape[0]) of a TP-local Megatron parameter: our tensor `name`'s slice of
+    `shape` at `global_offset`."""
+    name: str
+    row_start: int
+    shape: tuple[int, ...]
+    global_offset: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LocalParameter:
+    """A parameter of one TP x PP rank's Megatron-Core GPT model, in registration order."""
+    module_name: str
+    shape: tuple[int, ...]
+    pieces: tuple[LocalPiece, ...]  # empty: a copy kept elsewhere too (the last stage's tied embedding)
+    shared_embedding: bool = False
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the layout depends on, from the checkpoint's args."""
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    padded_vocab_size: int
+    max_position_embeddings: int
+    learned_positions: bool
+    layernorm: bool  # LayerNorm (weight and bias) or RMSNorm (weight)
+    gated: bool
+    add_bias_linear: bool
+    add_qkv_bias: bool
+    qk_layernorm: bool
+    tied: bool
+
+
+def _split(name: str, shape: tuple[int, ...], axis: Optional[int], tp_rank: int, tp: int) -> LocalPiece:
+    """TP rank `tp_rank`'s slice of our whole tensor `name` (of local `shape`) split along `axis` (None: whole)."""
+    offset = [0] * len(shape)
+    if axis is not None:
+        offset[axis] = tp_rank * shape[axis]
+    return LocalPiece(name, 0, tuple(shape), tuple(offset))
+
+
+def local_parameters(model: ModelShape, tp_rank: int, tp: int, pp_rank: int, pp: int) -> list[LocalParameter]:
+    """One rank's parameters in Megatron-Core's registration order (GPTModel: embedding, the decoder's layers, the
+    final norm, the output layer; a layer: input norm, attention's proj then qkv then q/k norms, pre-MLP norm, fc1,
+    fc2; a linear: weight, bias), each as the pieces of our tensors it holds."""
+    h, layers_per_stage = model.hidden_size, model.num_layers // pp
+    heads_width = model.num_attention_heads * model.kv_channels
+    qkv_rows = (model.num_attention_heads + 2 * model.num_query_groups) * model.kv_channels
+    params: list[LocalParameter] = []
+
+    def add(module_name: str, ours: str, shape: tuple[int, ...], axis: Optional[int]) -> None:
+        local = list(shape)
+        if axis is not None:
+            local[axis] //= tp
+        params.append(LocalParameter(module_name, tuple(local), (_split(ours, tuple(local), axis, tp_rank, tp),)))
+
+    def norm(module_name: str, ours: str, width: int) -> None:
+        add(f"{module_name}.weight", f"{ours}.weight", (width,), None)
+        if model.layernorm:
+            add(f"{module_name}.bias", f"{ours}.bias", (width,), None)
+
+    if pp_rank == 0:
+        add("embedding.word_embeddings.weight", "word_embeddings.weight", (model.padded_vocab_size, h), 0)
+        if model.learned_positions:
+            add("embedding.position_embeddings.weight", "position_embeddings.weight",
+                (model.max_position_embeddings, h), None)
+    for local in range(layers_per_stage):
+        layer = pp_rank * layers_per_stage + local
+        theirs, ours = f"decoder.layers.{local}", f"blocks.{layer}"
+        norm(f"{theirs}.input_layernorm", f"{ours}.input_layernorm", h)
+        add(f"{theirs}.self_attention.linear_proj.weight", f"{ours}.attention.dense.weight", (h, heads_width), 1)
+        if model.add_bias_linear:
+            add(f"{theirs}.self_attention.linear_proj.bias", f"{ours}.attention.dense.bias", (h,), None)
+        add(f"{theirs}.self_attention.linear_qkv.weight", f"{ours}.attention.query_key_value.weight", (qkv_rows, h), 0)
+        if model.add_qkv_bias:
+            add(f"{theirs}.self_attention.linear_qkv.bias", f"{ours}.attention.query_key_value.bias", (qkv_rows,), 0)
+        if model.qk_layernorm:
+            norm(f"{theirs}.self_attention.q_layernorm", f"{ours}.attention.q_layernorm", model.kv_channels)
+            norm(f"{theirs}.self_attention.k_layernorm", f"{ours}.attention.k_layernorm", model.kv_channels)
+        norm(f"{theirs}.pre_mlp_layernorm", f"{ours}.post_attention_layernorm", h)
+        _fc1(params, model, f"{theirs}.mlp.linear_fc1", f"{ours}.mlp", tp_rank, tp)
+        add(f"{theirs}.mlp.linear_fc2.weight", f"{ours}.mlp.dense_4h_to_h.weight", (h, model.ffn_hidden_size), 1)
+        if model.add_bias_linear:
+            add(f"{theirs}.mlp.linear_fc2.bias", f"{ours}.mlp.dense_4h_to_h.bias", (h,), None)
+    if pp_rank == pp - 1:
+        norm("decoder.final_layernorm", "final_layernorm", h)
+        if not model.tied:
+            add("output_layer.weight", "output_layer.weight", (model.padded_vocab_size, h), 0)
+        elif pp > 1:  # the last stage's copy of the tied embedding (language_module.py: shared_embedding)
+            params.append(LocalParameter("output_layer.weight", (model.padded_vocab_size // tp, h), (), True))
+    if pp > 1 and pp_rank == 0 and model.tied:
+        params[0] = LocalParameter(params[0].module_name, params[0].shape, params[0].pieces, True)
+    return params
+
+
+def _fc1(params: list[LocalParameter], model: ModelShape, theirs: str, ours: str, tp_rank: int, tp: int) -> None:
+    """fc1's weight (and bias): SwiGLU's TP-local rows are [this rank's gate rows; its up rows]."""
+    rows = model.ffn_hidden_size // tp
+    h = model.hidden_size
+    kinds = [("weight", (h,))] + ([("bias", ())] if model.add_bias_linear else [])
+    for kind, rest in kinds:
+        if model.gated:
+            pieces = tuple(LocalPiece(f"{ours}.{half}.{kind}", start, (rows, *rest), (tp_rank * rows, *[0] * len(rest)))
+                           for start, half in ((0, "dense_h_to_4h_gate"), (rows, "dense_h_to_4h_up")))
+            params.append(LocalParameter(f"{theirs}.{kind}", (2 * rows, *rest), pieces))
+        else:
+            params.append(LocalParameter(f"{theirs}.{kind}", (rows, *rest),
+                                         (LocalPiece(f"{ours}.dense_h_to_4h.{kind}", 0, (rows, *rest),
+                                                     (tp_rank * rows, *[0] * len(rest))),)))
+
+
+@dataclass(frozen=True)
+class BucketedParameter:
+    parameter: LocalParameter
+    bucket: int
+    start: int  # in the bucket's flat tensor
+
+
+def bucket_layout(params: list[LocalParameter], dp: int, bucket_size: Optional[int]
+                  ) -> tuple[list[BucketedParameter], list[int]]:
+    """Where each parameter's elements lie in the buckets, and each bucket's unpadded size (module docstring)."""
+    placed: list[BucketedParameter] = []
+    unpadded: list[int] = []
+    bucket_start = start = 0
+    in_bucket = 0
+
+    def close(end: int) -> int:
+        nonlocal bucket_start, in_bucket
+        unpadded.append(end - bucket_start)
+        padded = int(math.ceil(end / math.lcm(dp, BUCKET_ALIGNMENT)) * math.lcm(dp, BUCKET_ALIGNMENT))
+        bucket_start, in_bucket = padded, 0
+        return padded
+
+    end = 0
+    for param in reversed(params):
+        start = int(math.ceil(start / PARAM_ALIGNMENT) * PARAM_ALIGNMENT)
+        if param.shared_embedding and in_bucket:
+            start = close(start)
+        end = start + math.prod(param.shape)
+        placed.append(BucketedParameter(param, len(unpadded), start - bucket_start))
+        in_bucket += 1
+        if (bucket_size is not None and end - bucket_start >= bucket_size) or param.shared_embedding:
+            start = close(end)
+        else:
+            start = end
+    if in_bucket:
+        close(end)
+    return placed, unpadded
+
+
+def check_layout(unpadded: list[int], saved: object, where: str) -> None:
+    """The rebuilt bucket sizes are the ones the checkpoint recorded ({gbuf: {dtypes: [sizes]}})."""
+    try:
+        recorded = [int(n) for n in next(iter(saved[0].values()))]  # the dense buffer's one dtype
+    except (TypeError, KeyError, IndexError, StopIteration, ValueError, AttributeError):
+        raise CheckpointError(f"{where}: its recorded bucket sizes are unreadable ({str(saved)[:120]})") from None
+    if recorded != unpadded:
+        raise UnreadLayout(f"{where}: the distributed optimizer's buckets hold {recorded} elements, the layout "
+                              f"rebuilt from its args {unpadded}: a layout this reader does not know (another "
+                              f"parameter order, dtype or bucket size)")

@@ -1,0 +1,124 @@
+"""A Megatron-LM torch_dist iteration directory: telling it from ours, and its common.pt read without running code.
+
+Megatron-LM decides a checkpoint's format as --auto-detect-ckpt-format does (megatron/training/checkpointing.py
+_get_checkpoint_format): a directory whose metadata.json megatron.core.dist_checkpointing reads as a distributed
+checkpoint's (core.py check_is_distributed_checkpoint: {"sharded_backend": ..., ...}) is torch_dist. Our own format
+writes iter_NNNNNNN/metadata.json too, with other content (a "format_version", a file table): the content decides.
+
+common.pt is what megatron.core.dist_checkpointing.save writes of the state dict beside the sharded tensors (args,
+iteration, checkpoint_version, the optimizer's param groups and step, the scheduler, the content metadata), as a
+torch.save pickle. Megatron-LM loads it with torch.load's default weights_only=True after registering the types
+of megatron.core.safe_globals; here the same, scoped to this load: Python's argparse.Namespace, SimpleNamespace,
+PosixPath and signal.Signals, and Megatron-Core's own enums (its args hold AttnBackend, CudaGraphScope, ...) read
+as `ForeignValue`s by name, since megatron-core is not a dependency. Anything else in it is refused in one line:
+loading a checkpoint never runs code it holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import signal
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from base.errors import CheckpointError
+from checkpoint.format import METADATA_FILE
+
+COMMON_FILE = "common.pt"
+FORMAT_NAME = "megatron torch_dist"
+TORCH_DIST_BACKEND = "torch_dist"
+
+
+@dataclass(frozen=True)
+class ForeignValue:
+    """A value of a megatron-core type this project does not import (an enum member), kept as its type's name and
+    the value it was built from."""
+    type_name: str
+    value: object
+
+
+# megatron.core.safe_globals.SAFE_GLOBALS' megatron types (0.16.1), each read as a ForeignValue of its name
+MEGATRON_ENUMS = ("megatron.core.transformer.enums.AttnBackend", "megatron.core.transformer.enums.CudaGraphScope",
+                  "megatron.core.enums.ModelType", "megatron.core.rerun_state_machine.RerunDiagnostic",
+                  "megatron.core.rerun_state_machine.RerunMode", "megatron.core.rerun_state_machine.RerunState")
+# NumPy's array pickling (the RNG states' keys are an array): data only, as megatron.core.safe_globals lists them;
+# NumPy 1 pickles name its reconstructor numpy.core.multiarray, NumPy 2 numpy._core.multiarray
+NUMPY_GLOBALS = [np._core.multiarray._reconstruct, (np._core.multiarray._reconstruct,
+                                                   "numpy.core.multiarray._reconstruct"),
+                 np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _stand_in(name: str):
+    def build(*args):
+        return ForeignValue(name, args[0] if len(args) == 1 else args)
+    return build
+
+
+def safe_globals() -> list:
+    """The types a Megatron-LM checkpoint's pickles may hold (module docstring)."""
+    return [argparse.Namespace, types.SimpleNamespace, pathlib.PosixPath, signal.Signals, *NUMPY_GLOBALS,
+            *((_stand_in(name), name) for name in MEGATRON_ENUMS)]
+
+
+def is_megatron_checkpoint(iteration_dir: Path) -> bool:
+    """Megatron-Core's distributed-checkpoint metadata.json (module docstring); False for ours and for anything
+    unreadable (the reader of our format then names the problem)."""
+    try:
+        config = json.loads((Path(iteration_dir) / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "sharded_backend" in config and "format_version" not in config
+
+
+def check_backend(iteration_dir: Path) -> None:
+    """The backend this reader takes: torch_dist (Megatron's zarr backend is deprecated and not read here)."""
+    config = json.loads((Path(iteration_dir) / METADATA_FILE).read_text())
+    backend = config.get("sharded_backend")
+    if backend != TORCH_DIST_BACKEND:
+        raise CheckpointError(f"{iteration_dir}: a Megatron-Core checkpoint with sharded backend {backend!r}; only "
+                              f"{TORCH_DIST_BACKEND!r} (--ckpt-format torch_dist) is read here")
+
+
+def load_common(iteration_dir: Path) -> dict:
+    """common.pt, read without running code (module docstring)."""
+    path = Path(iteration_dir) / COMMON_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{iteration_dir}: no {COMMON_FILE}; the Megatron-LM save did not finish")
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            common = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # an UnpicklingError names the global it refused; a truncated file fails otherwise
+        line = next((text for text in str(error).splitlines() if "GLOBAL" in text or "Unsupported" in text),
+                    str(error).splitlines()[0] if str(error) else type(error).__name__)
+        raise CheckpointError(f"{path}: cannot be read without running code or is corrupt ({line.strip()[:240]})") \
+            from None
+    if not isinstance(common, dict) or "iteration" not in common:
+        raise CheckpointError(f"{path}: not Megatron-LM's common state (no iteration)")
+    return common
+
+
+def saved_args(common: dict) -> argparse.Namespace:
+    args = common.get("args")
+    return args if isinstance(args, (argparse.Namespace, types.SimpleNamespace)) else argparse.Namespace()
+
+
+def arg(common: dict, name: str, default=None):
+    return getattr(saved_args(common), name, default)
+
+
+def content_metadata(common: dict) -> dict:
+    """dist_checkpointing.load_content_metadata: the sharded_state_dict metadata the save used."""
+    return common.get("content_metadata") or {}
+
+
+def sharding_type(common: dict) -> Optional[str]:
+    """The distributed optimizer's layout (dp_reshardable, fully_reshardable, ...); None without one."""
+    return ((common.get("optimizer") or {}).get("param_state_sharding_type")
+            or content_metadata(common).get("distrib_optim_sharding_type"))

@@ -1,0 +1,160 @@
+"""Megatron-Core's torch_dist keys and this project's parameter names: where each of our whole (TP 1) tensors lies
+in the tensors Megatron-Core's sharded_state_dict saves.
+
+Megatron-Core (megatron/core/transformer/transformer_block.py, sharded_state_dict) stacks the decoder's layers: a
+layer's tensor is one index of `decoder.layers.<name>`, whose first axis runs over every layer of the model (global
+numbers, so pipeline stages and virtual stages need nothing here), unless its layers differ (--moe-layer-freq, or
+the singleton_local_shards metadata): then each is `decoder.layers.<global number>.<name>`. Its experts
+(moe/experts.py: SequentialMLP, GroupedMLP and TEGroupedMLP save the same weights) add an axis over every expert
+after the layers' (`mlp.experts.experts.<name>`: the MoE layer's `experts` module saves under its own `experts.`), or
+`mlp.experts.experts.<expert>.<name>` per expert. Under torch_dist the local
+spec's norms are saved under TransformerEngine's names (`self_attention.linear_qkv.layer_norm_weight` is the input
+norm, `mlp.linear_fc1.layer_norm_weight` the pre-MLP norm; the spec's sharded_state_dict_keys_map), so both specs'
+files read alike; the separate names are accepted too.
+
+Our layouts are Megatron-Core's: the fused QKV is [group][its query heads, key, value][head dim] (gpt/model.py), a
+linear's weight is [out, in]. SwiGLU's fc1 differs: Megatron-Core keeps [gate; up] in one weight, which its
+sharded factory (transformer/mlp.py apply_swiglu_sharded_factory) saves as the two halves of one tensor of 2 x ffn
+rows, every gate row first; ours are two weights, `dense_h_to_4h_gate` (the activated half, Megatron's first) and
+`dense_h_to_4h_up`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+LAYERS = "decoder.layers."
+EXPERTS = "mlp.experts.experts."
+
+# Outside the layers: Megatron-Core's key -> ours.
+MODEL_NAMES = {
+    "embedding.word_embeddings.weight": "word_embeddings.weight",
+    "embedding.position_embeddings.weight": "position_embeddings.weight",
+    "decoder.final_layernorm.weight": "final_layernorm.weight",
+    "decoder.final_layernorm.bias": "final_layernorm.bias",
+    "output_layer.weight": "output_layer.weight",
+}
+# Inside a layer (after `decoder.layers.[<layer>.]`): Megatron-Core's name -> ours (the first of each pair is how
+# torch_dist saves it; the second the module's own name, which other specs and versions save).
+LAYER_NAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+    "input_layernorm.weight": "input_layernorm.weight",
+    "input_layernorm.bias": "input_layernorm.bias",
+    "self_attention.linear_qkv.weight": "attention.query_key_value.weight",
+    "self_attention.linear_qkv.bias": "attention.query_key_value.bias",
+    "self_attention.linear_proj.weight": "attention.dense.weight",
+    "self_attention.linear_proj.bias": "attention.dense.bias",
+    "self_attention.q_layernorm.weight": "attention.q_layernorm.weight",
+    "self_attention.q_layernorm.bias": "attention.q_layernorm.bias",
+    "self_attention.k_layernorm.weight": "attention.k_layernorm.weight",
+    "self_attention.k_layernorm.bias": "attention.k_layernorm.bias",
+    "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_bias": "post_attention_layernorm.bias",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "pre_mlp_layernorm.bias": "post_attention_layernorm.bias",
+    "mlp.linear_fc1.weight": "mlp.dense_h_to_4h.weight",
+    "mlp.linear_fc1.bias": "mlp.dense_h_to_4h.bias",
+    "mlp.linear_fc2.weight": "mlp.dense_4h_to_h.weight",
+    "mlp.linear_fc2.bias": "mlp.dense_4h_to_h.bias",
+    "mlp.router.weight": "mlp.router.weight",
+    "mlp.shared_experts.linear_fc1.weight": "mlp.shared_experts.dense_h_to_4h.weight",
+    "mlp.shared_experts.linear_fc1.bias": "mlp.shared_experts.dense_h_to_4h.bias",
+    "mlp.shared_experts.linear_fc2.weight": "mlp.shared_experts.dense_4h_to_h.weight",
+    "mlp.shared_experts.linear_fc2.bias": "mlp.shared_experts.dense_4h_to_h.bias",
+}
+EXPERT_NAMES = {  # inside `mlp.experts.experts.[<expert>.]`: -> ours inside `mlp.experts.<expert>.`
+    "linear_fc1.weight": "dense_h_to_4h.weight",
+    "linear_fc1.bias": "dense_h_to_4h.bias",
+    "linear_fc2.weight": "dense_4h_to_h.weight",
+    "linear_fc2.bias": "dense_4h_to_h.bias",
+}
+GATED = "dense_h_to_4h"  # with SwiGLU: its rows are [gate; up], ours two tensors
+GATED_HALVES = ("dense_h_to_4h_gate", "dense_h_to_4h_up")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one of our whole tensors lies in a Megatron-Core tensor: at `index` of its leading (layer, expert)
+    axes, rows `row_offset` on of the next axis, at our shape."""
+    key: str
+    index: tuple[int, ...]
+    row_offset: int
+    shape: tuple[int, ...]
+
+    def region(self, ours: tuple[slice, ...]) -> tuple[slice, ...]:
+        """Our region of the tensor as a region of Megatron-Core's."""
+        leading = tuple(slice(i, i + 1) for i in self.index)
+        if not ours:
+            return leading
+        first = slice(ours[0].start + self.row_offset, ours[0].stop + self.row_offset)
+        return (*leading, first, *ours[1:])
+
+
+def our_placements(key: str, shape: tuple[int, ...], gated: bool) -> Optional[dict[str, Placement]]:
+    """Our tensors inside Megatron-Core's tensor `key` of global `shape` (None: a key this mapping does not know).
+    `gated`: the model is SwiGLU's (fc1 holds [gate; up])."""
+    if key in MODEL_NAMES:
+        return {MODEL_NAMES[key]: Placement(key, (), 0, tuple(shape))}
+    if not key.startswith(LAYERS):
+        return None
+    parts = key[len(LAYERS):].split(".")
+    layer_axis = not parts[0].isdigit()  # stacked layers: the first axis; else the layer is in the key
+    layers = None if layer_axis else [int(parts.pop(0))]
+    name, expert_axis, experts = ".".join(parts), False, [None]
+    if name.startswith(EXPERTS):
+        inner = name[len(EXPERTS):].split(".")
+        expert_axis = not inner[0].isdigit()
+        experts = None if expert_axis else [int(inner.pop(0))]
+        template = EXPERT_NAMES.get(".".join(inner))
+        template = template and "mlp.experts.{expert}." + template
+    else:
+        template = LAYER_NAMES.get(name)
+    if template is None:
+        return None
+    leading = int(layer_axis) + int(expert_axis)
+    own = tuple(shape[leading:])
+    layers = range(shape[0]) if layer_axis else layers
+    experts = range(shape[leading - 1]) if expert_axis else experts
+    placements = {}
+    for layer in layers:
+        for expert in experts:
+            index = (*((layer,) if layer_axis else ()), *((expert,) if expert_axis else ()))
+            ours = f"blocks.{layer}." + template.format(expert=expert)
+            if gated and f".{GATED}." in ours:
+                half = own[0] // 2
+                for offset, part in zip((0, half), GATED_HALVES):
+                    placements[ours.replace(f".{GATED}.", f".{part}.")] = Placement(key, index, offset,
+                                                                                    (half, *own[1:]))
+            else:
+                placements[ours] = Placement(key, index, 0, own)
+    return placements
+
+
+# Our names -> Megatron-Core's, for writing: the first name LAYER_NAMES gives each of ours is the one torch_dist saves
+OUR_TOP_NAMES = {ours: theirs for theirs, ours in MODEL_NAMES.items()}
+OUR_LAYER_NAMES: dict[str, str] = {}
+for _theirs, _ours in LAYER_NAMES.items():
+    OUR_LAYER_NAMES.setdefault(_ours, _theirs)
+
+
+def megatron_placement(name: str, shape: tuple[int, ...], num_layers: int
+                       ) -> Optional[tuple[Placement, tuple[int, ...]]]:
+    """Where our whole tensor `name` (of `shape`) goes in Megatron-Core's stacked layout, and that tensor's global
+    shape; None for a name this mapping does not write (an expert's, a layer of another kind)."""
+    if name in OUR_TOP_NAMES:
+        return Placement(OUR_TOP_NAMES[name], (), 0, tuple(shape)), tuple(shape)
+    head, _, inner = name.partition(".")
+    layer, _, inner = inner.partition(".")
+    if head != "blocks" or not layer.isdigit():
+        return None
+    row_offset, own = 0, tuple(shape)
+    for index, half in enumerate(GATED_HALVES):
+        if f".{half}." in f".{inner}":
+            inner = inner.replace(half, GATED)
+            row_offset, own = index * shape[0], (2 * shape[0], *shape[1:])
+    theirs = OUR_LAYER_NAMES.get(inner)
+    if theirs is None:
+        return None
+    return Placement(LAYERS + theirs, (int(layer),), row_offset, tuple(shape)), (num_layers, *own)

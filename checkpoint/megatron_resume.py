@@ -1,0 +1,137 @@
+"""`--load` of a Megatron-LM torch_dist save folder: the same checks before any work as a resume of ours, then the
+load through checkpoint/global_load.py over checkpoint/megatron_source.py.
+
+The checks read the settings Megatron-LM saved (common.pt's args) as the fields our own metadata.json records
+(`metadata_view`), so one set of rules decides: the data, split, sequence length and seed that define the samples
+(checkpoint/start_decision.py), the samples left for this run's schedule, the block settings
+(checkpoint/resume_model.py: a setting Megatron's args do not name is not compared), and the learning-rate schedule
+(Megatron's rule, arguments/schedule.py). The checkpoint's files are verified first (`verify_megatron`): every file
+DCP's index names lies inside the directory (checkpoint/inside.py), exists and is long enough to hold every chunk the
+index places in it; common.pt and the index read without running code. Megatron's format has no content hashes: a
+flipped byte inside a chunk is found only where torch.load's zip reader notices it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Optional
+
+from base.errors import CheckpointError
+from checkpoint.dcp_reader import DCP_METADATA_FILE, DcpReader
+from checkpoint.format import METADATA_FILE
+from checkpoint.global_load import ResumePoint, load_from_source, parameter_records
+from checkpoint.global_state import MODEL_KEY
+from checkpoint.inside import inside
+from checkpoint.megatron_common import COMMON_FILE, check_backend, load_common, saved_args
+from checkpoint.megatron_source import MegatronSource
+from checkpoint.resume_model import COMPARED
+from parallel.state import ParallelState
+
+# Megatron-LM's args -> our settings of another name (the rest share Megatron's dest names)
+RENAMED = {"norm_epsilon": "layernorm_epsilon"}
+
+
+def verify_megatron(iteration_dir: Path) -> None:
+    """The checkpoint's files are there, inside it, and not truncated (module docstring)."""
+    check_backend(iteration_dir)
+    for name in (METADATA_FILE, COMMON_FILE, DCP_METADATA_FILE):
+        if not inside(iteration_dir, name).is_file():
+            raise CheckpointError(f"{iteration_dir / name}: missing; the Megatron-LM save did not finish")
+    load_common(iteration_dir)
+    reader = DcpReader(iteration_dir)
+    needed: dict[str, int] = {}
+    for info in reader.metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(needed.items()):
+        path = inside(iteration_dir, name)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing from the checkpoint (its index places chunks in it)")
+        size = path.stat().st_size
+        if size < end:
+            raise CheckpointError(f"{path}: {size} bytes, but the checkpoint's index places data up to byte {end}; "
+                                  f"the file is truncated")
+
+
+def _activation(args: argparse.Namespace) -> Optional[str]:
+    """The MLP activation Megatron-Core computed (None for SwiGLU, whose gate is SiLU either way): squared ReLU,
+    OpenAI's tanh GeLU, the fused bias-GeLU (megatron/core/fusions/fused_bias_gelu.py: the tanh approximation; on by
+    default where the linears have biases, megatron/training/arguments.py), else torch's exact GeLU."""
+    if getattr(args, "swiglu", False):
+        return None
+    if getattr(args, "squared_relu", False):
+        return "squared_relu"
+    if getattr(args, "openai_gelu", False):
+        return "gelu_tanh"
+    fused = getattr(args, "bias_gelu_fusion", True) and getattr(args, "add_bias_linear", True)
+    return "gelu_tanh" if fused else "gelu"
+
+
+def metadata_view(common: dict, config) -> dict:
+    """Megatron-LM's common.pt as the fields of our metadata.json the resume checks read. A setting its args lack
+    takes this run's value (so it is not compared)."""
+    args = saved_args(common)
+    values = {RENAMED.get(name, name): value for name, value in vars(args).items()}
+
+    def section(ours, names) -> dict:
+        return {name: values[name] if name in values and values[name] is not None else getattr(ours, name)
+                for name in names}
+
+    model = section(config.model, [name for name in COMPARED if hasattr(config.model, name)] + ["seq_length"])
+    if not getattr(args, "group_query_attention", True):
+        model["num_query_groups"] = None
+    if "add_qkv_bias" in model and model.get("add_bias_linear"):
+        model["add_qkv_bias"] = False  # Megatron's validate_args sets it beside --add-bias-linear; ours means "beyond"
+    activation = _activation(args)
+    if activation is not None:
+        model["activation"] = activation
+    saved_path = values.get("data_path")  # Megatron-LM's --data-path: a list (nargs="*")
+    data = {"data_path": [saved_path] if isinstance(saved_path, str) else list(saved_path or []),
+            "split": values.get("split") or config.data.split}
+    if getattr(args, "mock_data", False) or not saved_path:
+        data = {}  # mock data, or a blend given otherwise: nothing typed to compare
+    training = section(config.training, ("seed", "train_iters", "train_samples", "global_batch_size"))
+    optimizer = {name: values[name] for name in vars(config.optimizer) if name in values}
+    return {"iteration": int(common["iteration"]),
+            "consumed_samples": int(getattr(args, "consumed_train_samples", 0) or 0),
+            "config": {"model": model, "data": data, "training": training, "optimizer": optimizer}}
+
+
+def megatron_metadata(iteration_dir: Path, config) -> dict:
+    """The checkpoint's files verified (`verify_megatron`), then its common.pt as the metadata our resume checks
+    read (run_start.check_resume runs the same checks on it as on ours)."""
+    verify_megatron(iteration_dir)
+    return metadata_view(load_common(iteration_dir), config)
+
+
+def _vocabulary_padding(source: MegatronSource, model) -> int:
+    """The saved vocabulary rows beyond the real ones (this rank's model knows the real count where it holds the
+    embedding or the output layer; 0 elsewhere)."""
+    records = parameter_records(model)
+    for name in ("word_embeddings.weight", "output_layer.weight"):
+        saved = source.tensors("master").get(name) or source.tensors(MODEL_KEY).get(name)
+        if name in records and saved is not None:
+            record = records[name][1]
+            return max(0, saved.shape[0] - (record.real_rows or record.global_shape[0]))
+    return 0
+
+
+def load_megatron_checkpoint(iteration_dir: Path, model, optimizer, rng, state: ParallelState, *,
+                             load_optimizer: bool, load_rng: bool, finetune: bool, log=print) -> ResumePoint:
+    """The weights, optimizer states, progress and RNG this project carries from a Megatron-LM checkpoint, what it
+    does not carry said in one line."""
+    source = MegatronSource(iteration_dir)
+    if state.is_first_rank:
+        layout = source.layout or "the plain optimizer's"
+        log(f"> loading Megatron-LM torch_dist checkpoint {iteration_dir} (optimizer states: {layout} layout)",
+            flush=True)
+        missing = source.not_carried()
+        if missing:
+            log(f" note: not carried from {iteration_dir}: {'; '.join(missing)}", flush=True)
+        padding = _vocabulary_padding(source, model)
+        if padding:
+            log(f" note: {iteration_dir} pads the vocabulary with {padding} rows; Megatron-Core's cross entropy takes "
+                f"their logits into its softmax and this project's leaves them out (parallel/cross_entropy.py), so "
+                f"the losses from here on are not the ones Megatron-LM would log", flush=True)
+    return load_from_source(source, model, optimizer, rng, state, load_optimizer=load_optimizer,
+                            load_rng=load_rng, finetune=finetune, log=log)

@@ -1,0 +1,284 @@
+"""A Megatron-LM torch_dist checkpoint (one iter_NNNNNNN directory) as a `GlobalStateSource`
+(checkpoint/global_state.py): our whole tensors by our names, read a region at a time through
+torch.distributed.checkpoint (checkpoint/dcp_reader.py).
+
+- The weights: Megatron-Core's model tensors at their global shapes (checkpoint/megatron_names.py maps the keys).
+  When the run trained in fp32 they are also the fp32 master; in bf16/fp16 the master is the optimizer's copy.
+- The optimizer, in each of Megatron-Core's layouts (the content metadata common.pt records says which):
+  the plain optimizer's and the distributed optimizer's fully_reshardable states are per parameter, at the model
+  tensor's global shape (`optimizer.state.<exp_avg|exp_avg_sq|param|fp32_param>.<model key>`); dp_reshardable's are
+  the gradient buckets of each TP x PP rank (checkpoint/megatron_buckets.py rebuilds where each parameter lies).
+- The progress: the iteration, args.consumed_train_samples (where Megatron's sampler continues), the scheduler's
+  num_steps (samples, Megatron's OptimizerParamScheduler position) and Adam's step.
+- The RNG: Python's, NumPy's and torch's CPU generator of this rank's TP x PP rank, when the layout is the saved one
+  (Megatron-LM's rule: load_checkpoint ignores the RNG at another TP x PP). Its CUDA generator states are not
+  carried, nor are the states its load alone reads (the rerun state machine, TransformerEngine's FP8 metadata in
+  `_extra_state`): `not_carried` names what the checkpoint holds of them.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from base.errors import CheckpointError
+from checkpoint.dcp_reader import DcpReader
+from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
+from checkpoint.megatron_buckets import (
+    DENSE_DTYPE,
+    ModelShape,
+    UnreadLayout,
+    bucket_layout,
+    check_layout,
+    local_parameters,
+)
+from checkpoint.megatron_common import (
+    FORMAT_NAME,
+    arg,
+    check_backend,
+    load_common,
+    safe_globals,
+    saved_args,
+    sharding_type,
+)
+from checkpoint.megatron_names import Placement, our_placements
+from checkpoint.random_states import random_states_problem
+from checkpoint.zero_gpt_source import Piece, read_pieces
+
+OPTIMIZER_STATE = "optimizer.state."
+MOMENTS = ("exp_avg", "exp_avg_sq")
+DP_RESHARDABLE = "dp_reshardable"
+
+
+class MegatronSource:
+    """One Megatron-LM torch_dist iteration directory (module docstring)."""
+
+    format_name = FORMAT_NAME
+
+    def __init__(self, iteration_dir: Path) -> None:
+        self.path = Path(iteration_dir)
+        check_backend(self.path)
+        self.common = load_common(self.path)
+        self.reader = DcpReader(self.path)
+        self.args = saved_args(self.common)
+        self.layout = sharding_type(self.common)
+        gated = bool(arg(self.common, "swiglu", False))
+        tensors = self.reader.tensors()
+        self._placements: dict[str, Placement] = {}
+        unknown = []
+        for key, md in tensors.items():
+            if key.startswith("optimizer."):
+                continue
+            placements = our_placements(key, tuple(md.size), gated)
+            if placements is None:
+                unknown.append(key)
+            else:
+                self._placements.update(placements)
+        if unknown:
+            raise CheckpointError(f"{self.path}: holds model tensors this project has no layer for ({len(unknown)}: "
+                                  f"{', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}); it cannot be "
+                                  f"continued here")
+        self._dtypes = {key: md.properties.dtype for key, md in tensors.items()}
+        model_dtype = next((self._dtypes[p.key] for p in self._placements.values()), torch.float32)
+        # where each state is read: a tensor prefix of the optimizer's per-parameter layout, the buckets, or the model
+        self._states: dict[str, str] = {}
+        self._buckets: Optional[_Buckets] = None
+        self._optimizer_not_read: Optional[str] = None
+        if self.layout == DP_RESHARDABLE:
+            try:
+                self._buckets = _Buckets(self)
+                self._states = {"master": "param", **{m: m for m in MOMENTS}}
+            except UnreadLayout as unread:  # the weights still load (--no-load-optim); the reason is said
+                self._optimizer_not_read = str(unread)
+        else:
+            for state in (*MOMENTS, "param", "fp32_param"):
+                prefix = f"{OPTIMIZER_STATE}{state}."
+                if any(key.startswith(prefix) for key in tensors):
+                    self._states["master" if state in ("param", "fp32_param") else state] = prefix
+        if "master" not in self._states:
+            self._states["master" if model_dtype == torch.float32 else MODEL_KEY] = ""
+        if not any(m in self._states for m in MOMENTS):
+            self._states = {k: v for k, v in self._states.items() if k in ("master", MODEL_KEY)}
+
+    # ---- GlobalStateSource -------------------------------------------------------------------------------------
+
+    @property
+    def bytes_read(self) -> int:
+        return self.reader.bytes_read
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self._states)
+
+    def tensors(self, key: str) -> dict[str, GlobalTensorInfo]:
+        if key not in self._states:
+            return {}
+        if self._buckets is not None and key != MODEL_KEY:
+            return {name: GlobalTensorInfo(p.shape, self._buckets.dtype) for name, p in self._placements.items()}
+        prefix = self._states[key]
+        return {name: GlobalTensorInfo(p.shape, self._dtypes.get(prefix + p.key, self._dtypes[p.key]))
+                for name, p in self._placements.items()}
+
+    def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
+        placement = self._placements.get(name)
+        if placement is None:
+            raise CheckpointError(f"{self.path}: holds no {name}")
+        if self._buckets is not None and key != MODEL_KEY:
+            return self._buckets.read(self._states[key], name, region)
+        values = self.reader.read(self._states[key] + placement.key, placement.region(region))
+        return values.reshape([part.stop - part.start for part in region])
+
+    def progress(self) -> SourceProgress:
+        common, args = self.common, self.args
+        scheduler = common.get("opt_param_scheduler") or {}
+        return SourceProgress(
+            iteration=int(common["iteration"]),
+            consumed_samples=int(getattr(args, "consumed_train_samples", 0) or 0),
+            schedule_samples=scheduler.get("num_steps"),
+            optimizer_step=self._adam_step(),
+            # bf16 and fp32 runs have no loss scaler in Megatron: a constant 1, this project's static LossScaler
+            loss_scaler_state=None if getattr(args, "fp16", False) else {"scale": 1.0},
+            extra={"optimizer": getattr(args, "optimizer", "adam"), "loss_scaler_type": "LossScaler",
+                   "tensor_parallel_size": getattr(args, "tensor_model_parallel_size", 1)})
+
+    def not_carried(self) -> list[str]:
+        missing = [f"its optimizer states ({self._optimizer_not_read})"] if self._optimizer_not_read else []
+        if arg(self.common, "fp16", False):
+            missing.append("its fp16 loss scale (the loss scaler starts from --initial-loss-scale)")
+        if "rerun_state_machine" in self.common:
+            missing.append("its rerun state machine's state")
+        if "rng_state" in " ".join(self.reader.objects()):
+            missing.append("its CUDA random states (Megatron-Core's cuda_rng_state and rng_tracker_states)")
+        return missing
+
+    def restore_random_states(self, rng, state, log=print) -> None:
+        """Python's, NumPy's and torch's CPU generator, as Megatron-LM's load restores them (module docstring)."""
+        saved = (int(getattr(self.args, "tensor_model_parallel_size", 1)),
+                 int(getattr(self.args, "pipeline_model_parallel_size", 1)))
+        if saved != (state.tensor_parallel_size, state.pipeline_parallel_size):
+            if state.is_first_rank:
+                log(f" note: {self.path} was saved at TP x PP {saved[0]} x {saved[1]}: its random states are not "
+                    f"restored (as Megatron-LM ignores them at another layout); the random streams start from --seed",
+                    flush=True)
+            return
+        pp_rank, tp_rank = state.pipeline_parallel_rank, state.tensor_parallel_rank
+        key = f"rng_state/shard_{pp_rank}.{tp_rank}_{saved[1]}.{saved[0]}"
+        if key not in self.reader.objects():
+            if state.is_first_rank:
+                log(f" note: {self.path} holds no random states (saved with --no-save-rng?); the random streams "
+                    f"start from --seed", flush=True)
+            return
+        states = self.reader.read_objects([key], safe_globals())[key][0]  # a ShardedObject is saved as [its data]
+        index = state.data_parallel_rank if arg(self.common, "data_parallel_random_init", False) else 0
+        try:
+            entry = states[index]
+            kind, keys, position, has_gauss, cached = entry["np_rng_state"]
+            version, python_words, gauss = entry["random_rng_state"]
+            cpu_state = entry["torch_rng_state"]
+        except (TypeError, KeyError, IndexError, ValueError) as error:
+            raise CheckpointError(f"{self.path}: corrupt random states in {key} ({error})") from None
+        problem = random_states_problem(
+            {"numpy": [kind, position, has_gauss, cached], "python": [version, list(python_words), gauss]},
+            {"numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64))})
+        if problem or not isinstance(cpu_state, torch.Tensor) or cpu_state.dtype != torch.uint8:
+            raise CheckpointError(f"{self.path}: corrupt random states in {key} ({problem or 'torch_rng_state'})")
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
+        random.setstate((version, tuple(python_words), gauss))
+        torch.set_rng_state(cpu_state)
+        if state.is_first_rank:
+            log(f" note: {self.path}: Python's, NumPy's and torch's CPU random states restored; this run's "
+                f"tensor-parallel dropout stream starts from --seed (Megatron-Core keeps it as a CUDA state)",
+                flush=True)
+
+    # ---- the optimizer's step --------------------------------------------------------------------------------
+
+    def _adam_step(self) -> Optional[int]:
+        """Adam's step count: the plain optimizer keeps it as state.common_step, the distributed optimizer in its
+        param groups (common.pt for fully_reshardable, each TP x PP rank's object for dp_reshardable)."""
+        saved = self.common.get("optimizer") or {}
+        common_step = (saved.get("state") or {}).get("common_step")
+        if common_step is not None:
+            return int(common_step)
+        groups = (saved.get("optimizer") or {}).get("param_groups") or saved.get("param_groups")
+        if not groups and self._buckets is not None:
+            groups = self._buckets.optimizer_state(0).get("param_groups")  # its DistributedOptimizer's 'optimizer' 
+        steps = {int(group["step"]) for group in groups or [] if group.get("step") is not None}
+        return steps.pop() if len(steps) == 1 else None
+
+
+class _Buckets:
+    """The dp_reshardable states of every TP x PP rank as pieces of our whole tensors (checkpoint/megatron_buckets.py)."""
+
+    def __init__(self, source: MegatronSource) -> None:
+        self.source, self.path = source, source.path
+        args = source.args
+        tp = int(getattr(args, "tensor_model_parallel_size", 1))
+        pp = int(getattr(args, "pipeline_model_parallel_size", 1))
+        dp = int(getattr(args, "data_parallel_size", 1)) * int(getattr(args, "context_parallel_size", 1) or 1)
+        unsupported = [flag for flag, value in (
+            ("--num-experts", getattr(args, "num_experts", None)),
+            ("--virtual-pipeline-model-parallel-size", getattr(args, "virtual_pipeline_model_parallel_size", None)),
+            ("--decoder-first-pipeline-num-layers", getattr(args, "decoder_first_pipeline_num_layers", None)),
+            ("--decoder-last-pipeline-num-layers", getattr(args, "decoder_last_pipeline_num_layers", None)),
+            ("--fp16", getattr(args, "fp16", False)), ("--bf16", getattr(args, "bf16", False)),
+            ("--accumulate-allreduce-grads-in-fp32", getattr(args, "accumulate_allreduce_grads_in_fp32", False)))
+            if value]
+        if unsupported:
+            raise UnreadLayout(f"its distributed optimizer's dp_reshardable buckets are read here for dense fp32 "
+                                  f"models on even pipeline stages, and it was saved with {', '.join(unsupported)}")
+        shape = ModelShape(
+            num_layers=args.num_layers, hidden_size=args.hidden_size, ffn_hidden_size=args.ffn_hidden_size,
+            num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups
+            if getattr(args, "group_query_attention", False) else args.num_attention_heads,
+            kv_channels=args.kv_channels, padded_vocab_size=args.padded_vocab_size,
+            max_position_embeddings=args.max_position_embeddings,
+            learned_positions=getattr(args, "position_embedding_type", "learned_absolute") == "learned_absolute",
+            layernorm=getattr(args, "normalization", "LayerNorm") == "LayerNorm", gated=bool(args.swiglu),
+            add_bias_linear=bool(args.add_bias_linear), add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
+            qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
+            tied=not getattr(args, "untie_embeddings_and_output_weights", False))
+        overlap = bool(getattr(args, "overlap_grad_reduce", False))
+        bucket_size = getattr(args, "ddp_bucket_size", None) or max(40000000, 1000000 * dp)
+        self.dtype = torch.float32
+        self.pieces: dict[str, list[Piece]] = {}
+        seen: set[tuple] = set()
+        for pp_rank in range(pp):
+            for tp_rank in range(tp):
+                group = pp_rank * tp + tp_rank  # the rank in Megatron's model-parallel group: its dp_group_idx
+                params = local_parameters(shape, tp_rank, tp, pp_rank, pp)
+                placed, unpadded = bucket_layout(params, dp, bucket_size if overlap and pp_rank == 0 else None)
+                check_layout(unpadded, self._object(group, "per_bucket_numel_unpadded"),
+                             f"{self.path} (TP rank {tp_rank}, PP rank {pp_rank})")
+                for entry in placed:
+                    row = int(np.prod(entry.parameter.shape[1:], dtype=np.int64))
+                    for piece in entry.parameter.pieces:
+                        copy = (piece.name, piece.global_offset, piece.shape)
+                        if copy in seen:  # a replicated parameter: every TP rank's bucket holds it
+                            continue
+                        seen.add(copy)
+                        self.pieces.setdefault(piece.name, []).append(Piece(
+                            f"{group}.{entry.bucket}", 0, entry.start + piece.row_start * row,
+                            int(np.prod(piece.shape, dtype=np.int64)), piece.shape, piece.global_offset))
+
+    def _object(self, group: int, name: str):
+        key = f"optimizer.distributed.dp_group_idx_{group}.{name}/shard_0_1"
+        if key not in self.source.reader.objects():
+            raise CheckpointError(f"{self.path}: holds no {key}; the checkpoint is incomplete")
+        saved = self.source.reader.read_objects([key], safe_globals())[key]
+        return saved[0] if isinstance(saved, list) and len(saved) == 1 else saved  # a ShardedObject: [its data]
+
+    def optimizer_state(self, group: int) -> dict:
+        state = self._object(group, "optimizer")
+        return state if isinstance(state, dict) else {}
+
+    def read(self, state: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
+        def fetch(file: str, begin: int, end: int) -> torch.Tensor:
+            group, bucket = file.split(".")
+            key = (f"optimizer.distributed.dp_group_idx_{group}.gbuf_idx_0.{DENSE_DTYPE}.bucket_idx_{bucket}."
+                   f"{state}")
+            return self.source.reader.read(key, (slice(begin, end),))
+        return read_pieces(self.pieces.get(name, []), name, region, self.dtype, fetch, self.path)
+

@@ -1,0 +1,328 @@
+"""`--ckpt-format torch_dist`: --save writes Megatron-LM's distributed checkpoint, which Megatron-LM `--load`s and
+continues, optimizer and learning-rate schedule included.
+
+The layout is what megatron/training/checkpointing.py's save_checkpoint writes through
+megatron.core.dist_checkpointing.save (core_v0.16.1): `iter_NNNNNNN/` holding the sharded tensors as a
+torch.distributed.checkpoint (DCP) save (written here by DCP's own writer: each rank plans the chunks it holds,
+rank 0 writes the index), `common.pt` (the state beside them: args, checkpoint_version 3.0, iteration, the
+optimizer's param groups and step, the scheduler, the content metadata) and `metadata.json`; the tracker file
+`latest_checkpointed_iteration.txt` names it last. The tensors are Megatron-Core's, by its keys, at its global shapes
+(checkpoint/megatron_names.py): the model weights, and the optimizer's states in the layout the Megatron run that
+loads it builds from the same flags: without --use-distributed-optimizer (ZeRO stage 0 here) its plain
+optimizer's (`optimizer.state.exp_avg.<key>`, `...exp_avg_sq.<key>`, `...fp32_param.<key>` in bf16), with it the
+distributed optimizer's fully_reshardable layout (`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), which it loads
+at any TP x PP x DP. Each rank writes the global regions of its own ZeRO partition (a tensor whole on every TP rank
+by TP rank 0 only), so nothing per rank grows with the model: the save's working set is one copy of the rank's
+shard of each state, staged for DCP.
+
+Not written, said once at the save: the random states (args.no_save_rng: this project's generators are not
+Megatron-Core's CUDA tracker states, so Megatron-LM starts its streams from --seed, as its load does at another
+layout). What is refused before any work (arguments/config.py): mixture-of-experts layers, multi-token prediction,
+multi-latent attention, optimizers other than Adam, fp16's loss scaler and --keep-last.
+
+Like every save here the directory appears whole or not at all: written as iter_NNNNNNN.partial and renamed, the
+tracker written last and atomically; a non-finite state is never committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+
+from base.errors import CheckpointError
+from checkpoint.format import (
+    METADATA_FILE,
+    STAGING_SUFFIX,
+    TRACKER_FILE,
+    iteration_dir_name,
+    replace_directory,
+    write_text_atomic,
+)
+from checkpoint.global_load import parameter_records
+from checkpoint.megatron_common import COMMON_FILE, TORCH_DIST_BACKEND
+from checkpoint.megatron_names import LAYERS, megatron_placement
+from checkpoint.regions import box_numel, flat_range_boxes, flat_start, shift
+from checkpoint.save_plan import coordinates, named_fragments
+from checkpoint.sharded import non_finite_training_state
+from parallel.state import ParallelState
+from zero.optimizer_state import CheckpointableOptimizer
+
+CHECKPOINT_VERSION = 3.0  # generate_state_dict
+FULLY_RESHARDABLE = "fully_reshardable"
+# dist_checkpointing's metadata.json for the torch_dist backend (core.py CheckpointingConfig)
+BACKEND_CONFIG = {"sharded_backend": TORCH_DIST_BACKEND, "sharded_backend_version": 1, "common_backend": "torch",
+                  "common_backend_version": 1}
+# Megatron-Core's local-spec linears whose sharded state holds an `_extra_state` object per layer (None for them)
+EXTRA_STATE_MODULES = ("self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2")
+
+
+class _Planner(DefaultSavePlanner):
+    """DCP's default planner over this rank's chunks (`tensors`: key -> [(offsets, values)]) and objects
+    (`objects`: unique key -> data, saved as Megatron-Core saves a ShardedObject: torch.save([data]))."""
+
+    def __init__(self, tensors: dict, shapes: dict, objects: dict) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.chunks, self.shapes, self.objects = tensors, shapes, objects
+
+    def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False) -> None:
+        super().set_up_planner(state_dict, storage_meta, is_coordinator)
+        self._data = {}
+        for key, pieces in self.chunks.items():
+            for offsets, values in pieces:
+                self._data[MetadataIndex(key, torch.Size(offsets))] = values
+        for key, data in self.objects.items():
+            self._data[MetadataIndex(key)] = data
+
+    def create_local_plan(self) -> SavePlan:
+        items = []
+        for index, data in self._data.items():
+            if isinstance(data, torch.Tensor):
+                size, dtype = self.shapes[index.fqn]
+                items.append(WriteItem(index=index, type=WriteItemType.SHARD, tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(offsets=index.offset, sizes=data.size()),
+                    properties=TensorProperties(dtype=dtype), size=torch.Size(size))))
+            else:
+                items.append(WriteItem(index=index, type=WriteItemType.BYTE_IO))
+        self.plan = SavePlan(items)
+        return self.plan
+
+    def resolve_data(self, write_item: WriteItem):
+        data = self._data[write_item.index]
+        if isinstance(data, torch.Tensor):
+            return data
+        buffer = io.BytesIO()
+        torch.save([data], buffer)
+        return buffer
+
+
+def _state_keys(shard, distributed: bool, param_dtype: torch.dtype) -> dict[str, str]:
+    """The DCP key prefix of each state this save writes -> the partition tensor it comes from."""
+    keys = {"": "master"}  # the model weights, the master rounded to the training dtype (what the model holds)
+    if distributed:
+        keys["optimizer.state.param."] = "master"
+    elif param_dtype != torch.float32:
+        keys["optimizer.state.fp32_param."] = "master"
+    keys.update({f"optimizer.state.{moment}.": moment for moment in ("exp_avg", "exp_avg_sq")})
+    return keys
+
+
+def _chunks(model, optimizer: CheckpointableOptimizer, shard, config, state: ParallelState
+            ) -> tuple[dict, dict]:
+    """This rank's chunks of every Megatron tensor (module docstring), and each tensor's global shape and dtype."""
+    records = parameter_records(model)
+    distributed = config.zero.stage >= 1
+    param_dtype = shard.param_dtype
+    tensors: dict[str, list] = defaultdict(list)
+    shapes: dict[str, tuple] = {}
+    # each element once, by the first replica of its optimizer state (checkpoint/save_plan.py's rule, as ours)
+    for fragment in named_fragments(shard, records, coordinates(state)):
+        _, record = records[fragment.name]
+        placed = megatron_placement(fragment.name, record.global_shape, config.model.num_layers)
+        if placed is None:
+            raise CheckpointError(f"{fragment.name}: Megatron-Core's torch_dist layout has no place for it")
+        placement, global_shape = placed
+        for box in flat_range_boxes(record.local_shape, fragment.param_offset,
+                                    fragment.param_offset + fragment.numel):
+            at = fragment.partition_offset + flat_start(record.local_shape, box) - fragment.param_offset
+            region = shift(box, record.global_offset)
+            numel = box_numel(region)
+            theirs = placement.region(region)
+            offsets = tuple(part.start for part in theirs)
+            sizes = [part.stop - part.start for part in theirs]
+            for prefix, source in _state_keys(shard, distributed, param_dtype).items():
+                dtype = param_dtype if prefix == "" else torch.float32
+                values = shard.tensors[source][at:at + numel].to(dtype).reshape(sizes).clone()
+                tensors[prefix + placement.key].append((offsets, values))
+                shapes[prefix + placement.key] = (global_shape, dtype)
+    # every rank plans every tensor's shape: DCP's global plan takes each key's metadata from the ranks writing it
+    return dict(tensors), shapes
+
+
+def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
+    """The `_extra_state` object of each local-spec linear of this stage's layers (module docstring)."""
+    if state.tensor_parallel_rank or state.data_parallel_rank or state.context_parallel_rank:
+        return {}
+    layers = sorted({int(name.split(".")[1]) for name in parameter_records(model) if name.startswith("blocks.")})
+    total = config.model.num_layers
+    return {f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None
+            for layer in layers for module in EXTRA_STATE_MODULES}
+
+
+def megatron_args(config, state: ParallelState, iteration: int, consumed_samples: int) -> argparse.Namespace:
+    """The args common.pt holds: what Megatron-LM's load reads of them (check_checkpoint_args, the TP/PP/DP sizes, the
+    consumed samples, no_save_optim/no_save_rng) and the model's settings --use-checkpoint-args takes, under
+    Megatron-LM's names."""
+    model, adam, training, parallel, data = (config.model, config.optimizer, config.training, config.parallel,
+                                             config.data)
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    gated_gelu = model.activation == "gelu_tanh" and model.add_bias_linear and not model.swiglu
+    values = dict(
+        num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads, kv_channels=model.kv_channels,
+        group_query_attention=model.num_query_groups is not None,
+        num_query_groups=model.num_query_groups or model.num_attention_heads, seq_length=model.seq_length,
+        max_position_embeddings=model.max_position_embeddings, position_embedding_type=model.position_embedding_type,
+        add_position_embedding=model.position_embedding_type == "learned_absolute",
+        use_rotary_position_embeddings=model.position_embedding_type == "rope", rotary_base=model.rotary_base,
+        rotary_percent=model.rotary_percent, rotary_interleaved=model.rotary_interleaved,
+        normalization=model.normalization, norm_epsilon=model.layernorm_epsilon, swiglu=model.swiglu,
+        squared_relu=model.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,
+        add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_bias_linear or model.add_qkv_bias,
+        qk_layernorm=model.qk_layernorm, untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
+        vocab_size=model.vocab_size, make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
+        padded_vocab_size=model.padded_vocab_size(tp), init_method_std=model.init_method_std,
+        hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
+        tokenizer_type=data.tokenizer_type, data_path=list(data.data_path or []) or None, split=data.split,
+        mock_data=data.mock_data, seed=training.seed, micro_batch_size=training.micro_batch_size,
+        global_batch_size=training.global_batch_size, train_iters=training.train_iters,
+        train_samples=training.train_samples, lr=adam.lr, min_lr=adam.min_lr,
+        lr_decay_style=adam.lr_decay_style, lr_decay_iters=adam.lr_decay_iters,
+        lr_warmup_iters=adam.lr_warmup_iters, lr_warmup_fraction=adam.lr_warmup_fraction,
+        weight_decay=adam.weight_decay, clip_grad=adam.clip_grad, adam_beta1=adam.adam_beta1,
+        adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, optimizer=adam.optimizer,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=_virtual_stages(parallel, model.num_layers),
+        context_parallel_size=parallel.context_parallel_size, sequence_parallel=parallel.sequence_parallel,
+        world_size=state.world_size, data_parallel_size=state.data_parallel_size,
+        use_distributed_optimizer=config.zero.stage >= 1, fp16=training.fp16, bf16=training.bf16,
+        params_dtype=torch.bfloat16 if training.bf16 else torch.float16 if training.fp16 else torch.float32, ckpt_format=TORCH_DIST_BACKEND,
+        use_dist_ckpt=True, dist_ckpt_optim_fully_reshardable=config.zero.stage >= 1,
+        iteration=iteration, consumed_train_samples=consumed_samples, skipped_train_samples=0,
+        consumed_valid_samples=0, no_save_optim=False, no_save_rng=True, data_parallel_random_init=False,
+        num_experts=None, transformer_impl="local")
+    return argparse.Namespace(**values)
+
+
+def _virtual_stages(parallel, num_layers: int) -> Optional[int]:
+    """Megatron-LM's args.virtual_pipeline_model_parallel_size (validate_args derives it from either flag)."""
+    if parallel.num_virtual_stages_per_pipeline_rank:
+        return parallel.num_virtual_stages_per_pipeline_rank
+    if parallel.num_layers_per_virtual_pipeline_stage:
+        return num_layers // parallel.pipeline_model_parallel_size // parallel.num_layers_per_virtual_pipeline_stage
+    return None
+
+
+def _param_groups(config, lr: float, step: Optional[int]) -> list[dict]:
+    """Megatron-Core's two groups (optimizer/__init__.py _get_param_groups with the standard overrides: weights,
+    then biases and 1-D parameters without weight decay), as torch's AdamW state_dict leaves them, params removed."""
+    adam = config.optimizer
+    groups = []
+    for wd_mult in (1.0, 0.0):
+        group = {"is_expert_parallel": False, "default_config": True, "wd_mult": wd_mult, "lr_mult": 1.0,
+                 "is_decoupled_lr": False, "max_lr": adam.lr, "min_lr": adam.min_lr, "lr": lr,
+                 "betas": (adam.adam_beta1, adam.adam_beta2), "eps": adam.adam_eps,
+                 "weight_decay": adam.weight_decay * wd_mult, "amsgrad": False, "maximize": False,
+                 "foreach": None, "capturable": False, "differentiable": False, "fused": None,
+                 "decoupled_weight_decay": True}
+        if step is not None:
+            group["step"] = step
+        groups.append(group)
+    return groups
+
+
+def scheduler_state(config, batch, schedule_samples: int) -> dict:
+    """OptimizerParamScheduler.state_dict as Megatron-LM builds its scheduler from the same flags
+    (training.py get_optimizer_param_scheduler: steps counted in samples), at this run's position."""
+    from arguments.schedule import build_lr_schedule, train_iterations
+
+    schedule = build_lr_schedule(config, batch)
+    training = config.training
+    wd_steps = training.train_samples if training.train_samples is not None else \
+        train_iterations(config, batch) * batch.lr_schedule_batch
+    weight_decay = config.optimizer.weight_decay
+    state = {"max_lr": schedule.max_lr, "lr_warmup_steps": schedule.warmup_samples, "num_steps": schedule_samples,
+             "lr_decay_style": schedule.style, "lr_decay_steps": schedule.decay_samples, "min_lr": schedule.min_lr,
+             "start_wd": weight_decay, "end_wd": weight_decay, "wd_incr_style": "constant", "wd_incr_steps": wd_steps}
+    if schedule.wsd_decay_samples is not None:
+        state.update(wsd_decay_steps=schedule.wsd_decay_samples, lr_wsd_decay_style=schedule.wsd_style)
+    return state
+
+
+def _common(config, state, shard, iteration, consumed_samples, lr, batch, schedule_samples) -> dict:
+    distributed = config.zero.stage >= 1
+    if distributed:
+        saved_optimizer = {"optimizer": {"param_groups": _param_groups(config, lr, shard.adam_step)},
+                     "param_state_sharding_type": FULLY_RESHARDABLE}
+        content = {"distrib_optim_sharding_type": FULLY_RESHARDABLE,
+                   "distrib_optim_fully_reshardable_mem_efficient": False}
+    else:
+        saved_optimizer = {"state": {"common_step": torch.tensor(float(shard.adam_step))},
+                     "param_groups": _param_groups(config, lr, None)}
+        content = {}
+    content.update(singleton_local_shards=False, chained_optim_avoid_prefix=True)
+    return {"args": megatron_args(config, state, iteration, consumed_samples), "checkpoint_version": CHECKPOINT_VERSION,
+            "iteration": iteration, "optimizer": saved_optimizer,
+            "opt_param_scheduler": scheduler_state(config, batch, schedule_samples),
+            "num_floating_point_operations_so_far": 0, "content_metadata": content}
+
+
+def _raise_if_any(state: ParallelState, problem: Optional[str], staging: Path) -> None:
+    problems = [p for p in state.comm.all_gather_object(problem) if p]
+    if problems:
+        if state.is_first_rank:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(problems[0])
+
+
+def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model,
+                             optimizer: CheckpointableOptimizer, config, state: ParallelState, batch, *, lr: float,
+                             schedule_samples: Optional[int] = None) -> Path:
+    """Write iteration `iteration` in Megatron-LM's torch_dist layout and name it in the tracker (module docstring);
+    every rank calls this."""
+    save_dir = Path(save_dir)
+    final = save_dir / iteration_dir_name(iteration)
+    staging = final.with_name(final.name + STAGING_SUFFIX)
+    if state.is_first_rank:
+        print(f" saving Megatron-LM torch_dist checkpoint at iteration {iteration} to {final} (its random states "
+              f"are not written: Megatron-LM starts its streams from --seed)", flush=True)
+    shard = optimizer.sharded_state_dict(model)
+    _raise_if_any(state, non_finite_training_state(shard), staging)
+    problem = None
+    if state.is_first_rank:
+        try:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            if staging.exists():
+                shutil.rmtree(staging)
+            staging.mkdir()
+        except OSError as failure:
+            problem = f"cannot create {staging}: {failure}"
+    _raise_if_any(state, problem, staging)
+    try:
+        tensors, shapes = _chunks(model, optimizer, shard, config, state)
+        objects = _extra_states(model, config, state)
+        # DCP's global plan needs each key's size and dtype from whichever rank writes a chunk of it
+        distributed = dist.is_available() and dist.is_initialized() and state.world_size > 1
+        dcp.save({}, storage_writer=dcp.FileSystemWriter(staging), planner=_Planner(tensors, shapes, objects),
+                 no_dist=not distributed)
+        del tensors
+    except Exception as failure:  # noqa: BLE001 - disk full, DCP's own errors: every rank must hear of it
+        problem = f"{type(failure).__name__}: {failure}"
+    _raise_if_any(state, problem, staging)
+    if state.is_first_rank:
+        try:
+            with open(staging / COMMON_FILE, "wb") as file:
+                torch.save(_common(config, state, shard, iteration, consumed_samples, lr, batch,
+                                   consumed_samples if schedule_samples is None else schedule_samples), file)
+            (staging / METADATA_FILE).write_text(json.dumps(BACKEND_CONFIG))
+            replace_directory(staging, final)
+            write_text_atomic(save_dir / TRACKER_FILE, str(iteration))
+        except Exception as failure:  # noqa: BLE001 - as above
+            problem = f"cannot commit {staging}: {failure}"
+    _raise_if_any(state, problem, staging)
+    if state.is_first_rank:
+        size = sum(path.stat().st_size for path in final.iterdir() if path.is_file())
+        print(f" saved Megatron-LM torch_dist checkpoint {final} ({size / 2**20:.1f} MiB)", flush=True)
+    return final
+

@@ -1,0 +1,156 @@
+"""`--ckpt-format torch_dist`: our save in Megatron-LM's layout (issue 62, item 2), continued here and by Megatron-Core.
+
+Two runs of the fixtures' Megatron-LM flags (tests/fixtures/megatron_*/megatron_losses.json) save at iteration 2 in
+Megatron's layout and stop (--exit-interval 2): GPT-2's block at TP 1 with the plain optimizer, and the Llama block
+(SwiGLU, GQA) under the distributed optimizer on two data-parallel ranks, whose ZeRO partitions cut the tensors into
+boxes (written as Megatron's fully_reshardable layout).
+
+- Here (CI): each save resumes in pretrain_gpt.py (checkpoint/megatron_source.py reads it) and trains iteration 3 to
+  the loss the same run logs uninterrupted, bitwise (the same kernels in the same order).
+- In the benchmark venv (megatron-core 0.16.1; skipped without it): scripts/megatron_checkpoint_fixtures.py's resume
+  path (megatron/training/checkpointing.py load_checkpoint, followed) loads each save with the same flags, the Llama
+  one at TP 2 (one data-parallel rank: the layout changes), and trains iteration 3: its loss is ours to 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.checkpoint.test_megatron_checkpoint import FIXTURES, record
+from tests.readme import ROOT as REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "megatron_checkpoint_fixtures.py"
+# (the fixture whose flags the run takes, data-parallel ranks of our save, extra flags of ours, Megatron's TP size)
+CASES = {"gpt2_tp1_plain": ("megatron_tp1", 1, [], 1),
+         "llama_dp2_distributed_optimizer": ("megatron_tp2_swiglu_gqa", 2, ["--use-distributed-optimizer"], 2)}
+
+
+def _flags(case: str, tensor_parallel: int) -> list[str]:
+    name, _, extra, _ = CASES[case]
+    flags = list(record(name)["flags"])
+    if "--tensor-model-parallel-size" in flags:
+        at = flags.index("--tensor-model-parallel-size")
+        del flags[at:at + 2]
+    return flags + extra + ["--tensor-model-parallel-size", str(tensor_parallel)]
+
+
+def save_ours(rank: int, world_size: int, argv: list[str]) -> None:
+    import os
+
+    import pretrain_gpt
+
+    os.chdir(REPO_ROOT)  # the flags' --data-path is the repository's fixture data
+    assert pretrain_gpt.main(argv) == 0
+
+
+def _losses(metrics: Path) -> dict[int, float]:
+    from tests.reliability_helpers import metrics_records
+
+    return {r["iteration"]: r["loss"] for r in metrics_records(metrics) if "loss" in r}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def our_save(request, tmp_path_factory):
+    """(case, the save folder, our iteration-3 loss uninterrupted): the save at iteration 2 and its own run's loss."""
+    from tests.distributed import run_distributed
+
+    case = request.param
+    _, ranks, _, _ = CASES[case]
+    work = tmp_path_factory.mktemp(case)
+    common = _flags(case, 1) + ["--device", "cpu", "--log-interval", "1", "--data-cache-dir", str(work / "cache")]
+    saved = work / "save"
+    for argv in (common + ["--save", str(saved), "--exit-interval", "2", "--metrics-file", str(work / "a.jsonl")],
+                 common + ["--metrics-file", str(work / "straight.jsonl")]):
+        run_distributed(save_ours, ranks, argv, timeout=300)
+    return case, saved, _losses(work / "straight.jsonl")[3]
+
+
+@pytest.mark.slow
+def test_our_torch_dist_save_is_megatrons_layout_and_resumes_here_to_the_uninterrupted_loss(our_save, tmp_path,
+                                                                                          monkeypatch):
+    import pretrain_gpt
+    from checkpoint.megatron_common import is_megatron_checkpoint, load_common
+    from tests.reliability_helpers import run_main
+
+    case, saved, expected = our_save
+    monkeypatch.chdir(REPO_ROOT)
+    assert (saved / "latest_checkpointed_iteration.txt").read_text() == "2"
+    iteration_dir = saved / "iter_0000002"
+    assert is_megatron_checkpoint(iteration_dir) and (iteration_dir / ".metadata").is_file()
+    assert sorted(p.name for p in iteration_dir.iterdir() if not p.name.endswith(".distcp")) == \
+        [".metadata", "common.pt", "metadata.json"]
+    common = load_common(iteration_dir)
+    assert (common["iteration"], common["args"].consumed_train_samples, common["opt_param_scheduler"]["num_steps"]) \
+        == (2, 8, 8)
+    layout = common["content_metadata"].get("distrib_optim_sharding_type")
+    assert layout == ("fully_reshardable" if "distributed" in case else None)
+    copy = shutil.copytree(saved, tmp_path / "resume")
+    metrics = tmp_path / "resumed.jsonl"
+    outcome = run_main(pretrain_gpt.main, _flags(case, 1) + [
+        "--load", copy, "--device", "cpu", "--log-interval", "1", "--data-cache-dir", tmp_path / "cache",
+        "--metrics-file", metrics])
+    assert outcome.code == 0, outcome.err[-3000:]
+    assert _losses(metrics) == {3: expected}
+
+
+@pytest.mark.slow
+def test_megatron_core_continues_our_torch_dist_save_to_our_next_loss(our_save):
+    pytest.importorskip("megatron.core", reason="megatron-core is a benchmark-only peer (requirements-bench.txt)")
+    case, saved, expected = our_save
+    _, _, extra, megatron_tp = CASES[case]
+    flags = _flags(case, megatron_tp)
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "resume", "--load", str(saved), "--nproc", str(megatron_tp), "--", *flags],
+        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    megatron = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert megatron["iteration"] == 3
+    assert megatron["loss"] == pytest.approx(expected, rel=1e-5, abs=0)
+
+
+def test_the_fixtures_flags_are_the_ones_the_driver_writes():
+    """The fixtures come from the driver as committed: its flags for each (a changed driver regenerates them)."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    try:
+        import megatron_checkpoint_fixtures as driver
+    finally:
+        sys.path.remove(str(REPO_ROOT / "scripts"))
+    for name, (ranks, extra) in driver.FIXTURES.items():
+        written = record(name)
+        assert (written["world_size"], written["flags"]) == (ranks, driver.COMMON_FLAGS + extra), name
+        assert (FIXTURES / name / "iter_0000002" / "common.pt").is_file()
+
+
+def test_another_megatron_format_writes_ours_and_says_so_in_one_line():
+    """Megatron-LM's functional tests launch with --ckpt-format torch (its legacy per-rank files): accepted, as the
+    format changes no math, and --save writes this project's checkpoints, said at start-up."""
+    from arguments.parser import parse_arguments
+
+    flags = list(record("megatron_tp1")["flags"])
+    at = flags.index("--ckpt-format")
+    flags[at + 1] = "torch"
+    parsed = parse_arguments(flags + ["--save", "ckpt"])
+    assert parsed.config.checkpoint.ckpt_format == "torch"
+    said = [note for note in parsed.notes if "--ckpt-format torch:" in note]
+    assert said == ["> --ckpt-format torch: Megatron-LM's legacy per-rank files are not written here; --save writes "
+                    "this project's checkpoints (--ckpt-format torch_dist writes Megatron-LM's distributed checkpoint)"]
+    assert not [note for note in parse_arguments(flags).notes if "--ckpt-format" in note]  # nothing saved: unsaid
+
+
+def test_torch_dist_beside_what_its_layout_does_not_hold_writes_ours_and_says_so():
+    """Megatron-LM launches give --ckpt-format torch_dist beside --fp16 (its functional tests' bf16 baseline family):
+    accepted, and where the layout here does not hold a setting's state the save is this project's, said once."""
+    from arguments.parser import parse_arguments
+
+    flags = list(record("megatron_tp1")["flags"]) + ["--save", "ckpt"]
+    assert parse_arguments(flags).config.megatron_format_unwritten() is None
+    parsed = parse_arguments(flags + ["--fp16"])
+    assert [n for n in parsed.notes if "--ckpt-format torch_dist:" in n] == [
+        "> --ckpt-format torch_dist: the fp16 loss scaler's state: not written in Megatron-LM's layout here; "
+        "--save writes this project's checkpoints"]
