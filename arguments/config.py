@@ -656,6 +656,30 @@ class CheckpointConfig:
     verify_checkpoint: bool = option(
         True, help="check every checkpoint file's content hash before loading (--no-verify-checkpoint keeps the "
                    "size, header and dtype checks and skips reading whole files)")
+    # Megatron-LM's asynchronous save (megatron/training/config/training_config.py, CheckpointConfig); it saves
+    # in the background only with its persistent worker: validate_args turns --async-save off without it, and so
+    # does `saves_in_background` (checkpoint/async_save.py).
+    async_save: bool = option(
+        False, help="write checkpoints in the background while training goes on (with --use-persistent-ckpt-worker, "
+                    "as Megatron-LM requires; the commit waits until every rank's files are written)")
+    use_persistent_ckpt_worker: bool = option(
+        False, help="the background writer --async-save needs: one writer thread per rank, for the whole run")
+    # None: Megatron-LM's 10 and 3 on CUDA, where the CPU mostly waits for the device; on a CPU the training is the
+    # CPU's work, and a writer at nice 10 got a tenth of a core against it (checkpoint/async_save.py)
+    async_ckpt_cpu_priority: Optional[int] = option(
+        None, help="the background writer's CPU nice value (0-19, higher yields more to training; raised to it, never "
+                   "lowered; default Megatron-LM's 10 on CUDA, the training's own on a CPU)")
+    async_ckpt_io_priority: Optional[int] = option(
+        None, help="the background writer's I/O scheduling class (ionice -c: 1 real time, 2 best effort, 3 idle; "
+                   "default Megatron-LM's 3 on CUDA, the training's own on a CPU)")
+
+    @property
+    def saves_in_background(self) -> bool:
+        """Whether saves go to the background writer: --save with --async-save and --use-persistent-ckpt-worker
+        (Megatron-LM's validate_args: "--async-save is not supported without --use-persistent-ckpt-worker.
+        Disabling --async-save.")."""
+        return bool(self.save and self.async_save and self.use_persistent_ckpt_worker)
+
     # Megatron-LM's --ckpt-format. Left out: this project's own format (checkpoint/sharded.py). Megatron-LM's other
     # formats are accepted as Megatron-LM launches give them (its functional tests' --ckpt-format torch) and write
     # this project's format, said at start-up (`unwritten_format_note`): the format changes no math.

@@ -145,11 +145,35 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: Optiona
     except SafetensorError as error:  # safetensors reports a full disk or a bad path as its own type
         raise OSError(f"{path}: cannot write ({error})") from None
     apply_umask(path)  # safetensors creates its files 0600; teammates must be able to read checkpoints
+    sort_header_metadata(path)
     fsync_path(path)
     size, expected = path.stat().st_size, _safetensors_size(path)
     if size != expected:  # a writer that did not report a full disk
         raise OSError(f"{path}: short write, {size} of {expected} bytes on disk (is the disk full?)")
     return size
+
+
+def _compact_json(value) -> bytes:
+    """JSON as safetensors' serde_json writes a header: no spaces, non-ASCII as is."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sort_header_metadata(path: Path) -> None:
+    """Put a safetensors file's `__metadata__` entries in sorted order, in place. safetensors writes them in a
+    Rust HashMap's order, random at each call, so two saves of the same tensors and metadata differed in their
+    bytes (and their content hashes); sorted, a file is a function of what it holds. The same keys and values in
+    another order have the same length, so only the header's bytes change. A header this serializer does not
+    reproduce byte for byte is left as written."""
+    with open(path, "r+b") as f:
+        header_length = int.from_bytes(f.read(8), "little")
+        text = f.read(header_length).rstrip(b" ")  # safetensors pads the header with spaces to 8 bytes
+        header = json.loads(text)
+        metadata = header.get("__metadata__")
+        if not isinstance(metadata, dict) or len(metadata) < 2 or _compact_json(header) != text:
+            return
+        header["__metadata__"] = dict(sorted(metadata.items()))
+        f.seek(8)
+        f.write(_compact_json(header))
 
 
 def _safetensors_size(path: Path) -> int:

@@ -47,6 +47,7 @@ from arguments.batch_schedule import BatchSchedule
 from arguments.bounds import check_tensor_sizes
 from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
+from checkpoint.async_save import staged_bytes_bound
 from checkpoint.global_load import load_read_bytes
 from gpt.attention_backend import KERNELS
 from gpt.shape import model_shape
@@ -131,7 +132,11 @@ class RankPlan:
     first_iteration_bytes: int = 0       # iteration 1's peak (its constant buffers appear at its first reduction)
     budget_bytes: Optional[int] = None
     headroom_bytes: Optional[int] = None
-    host_total_bytes: int = 0            # this rank's host memory: offloaded states, buffer, P_a+cpu checkpoints
+    host_total_bytes: int = 0            # this rank's host memory: offloaded states, buffer, P_a+cpu checkpoints,
+                                         # the staged checkpoint
+    # --async-save: the copy of this rank's checkpoint files a save stages in host memory and holds until they are
+    # written (checkpoint/async_save.py staged_bytes_bound); 0 when saves are synchronous
+    checkpoint_staging_bytes: int = 0
     ranks_per_node: int = 1
     host_budget_bytes: Optional[int] = None  # per node, shared by its ranks
     host_budget_source: str = ""         # "" for --host-memory; else whose memory it is (this machine's)
@@ -538,7 +543,12 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
                            in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
         result.first_iteration_bytes = held["total"] + max(first_passes,
                                                            result.buffer_bytes + result.step_working_bytes)
-    result.host_total_bytes = host_held["total"] + result.host_buffer_bytes + meter.peak["host"]
+    if config.checkpoint.saves_in_background:  # the partition: the fp32 master and the moments, wherever they live
+        partition = sum(held[key] + host_held[key] for key in ("master_weights", "optimizer_states"))
+        result.checkpoint_staging_bytes = staged_bytes_bound(sum(param.numel() for param in model.parameters()),
+                                                             param_bytes, partition)
+    result.host_total_bytes = host_held["total"] + result.host_buffer_bytes + meter.peak["host"] \
+        + result.checkpoint_staging_bytes
     result.ranks_per_node = cluster.ranks_per_node
     result.host_budget_bytes = cluster.host_memory_bytes
     result.host_budget_source = cluster.host_memory_source

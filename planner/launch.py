@@ -34,7 +34,9 @@ def _planned_peaks(config: PretrainConfig, state: ParallelState, vocab_size: int
     cluster = Cluster(state.world_size, state.world_size, None, state.device.type)
     try:
         plan = dry_run(config, cluster, vocab_size, state.rank, batch=batch)
-        return (plan.total_bytes, plan.host_total_bytes, ""), (plan.first_iteration_bytes, plan.host_total_bytes, "")
+        # iteration 1 comes before any save: the checkpoint an --async-save stages is not held yet
+        return (plan.total_bytes, plan.host_total_bytes, ""), \
+            (plan.first_iteration_bytes, plan.host_total_bytes - plan.checkpoint_staging_bytes, "")
     except Exception as error:  # noqa: BLE001 - any planner failure is reported, training goes on
         failed = (None, 0, f"the planner failed: {type(error).__name__}: {error}")
         return failed, failed

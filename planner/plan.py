@@ -232,14 +232,15 @@ def _moments(config: PretrainConfig) -> str:
 
 
 def _host_lines(plan: RankPlan, width: int, moments: str = "Adam moments") -> list[str]:
-    """This rank's host memory (offloaded states, the gradient partition, P_a+cpu checkpoints), the
-    node's (every rank on it holds as much) and its verdict against --host-memory."""
+    """This rank's host memory (offloaded states, the gradient partition, P_a+cpu checkpoints, the checkpoint an
+    --async-save stages), the node's (every rank on it holds as much) and its verdict against --host-memory."""
     host = plan.host_model_state_bytes
     rows = [(f"host: {name} (offloaded)", host[key]) for name, key in
             (("16-bit parameter shard", "parameters"), ("fp32 gradient partition", "gradients"),
              ("fp32 master weights", "master_weights"), (moments, "optimizer_states"))]
     rows += [("host: constant buffers", plan.host_buffer_bytes),
-             ("host: activation checkpoints (P_a+cpu)", plan.saved_activation_bytes["host"])]
+             ("host: activation checkpoints (P_a+cpu)", plan.saved_activation_bytes["host"]),
+             ("host: checkpoint staged (--async-save)", plan.checkpoint_staging_bytes)]
     rows = [(name, value) for name, value in rows if value]
     if not rows:
         return []

@@ -12,6 +12,18 @@ import os
 
 import pytest
 
+SMOKE_MARK = "smoke"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """`pytest -m smoke` (the smoke tier, docs/testing.md) imports only the test files that mention the mark:
+    collecting the whole suite to deselect all but a few tests took most of its minute."""
+    if config.getoption("markexpr", "") != SMOKE_MARK or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return SMOKE_MARK not in collection_path.read_text(errors="replace") or None
+
 
 @pytest.fixture(autouse=True, scope="session")
 def one_intra_op_thread():

@@ -9,7 +9,7 @@ training/memory_report.py's; evaluation is training/evaluation.py's. Everything 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
@@ -84,10 +84,12 @@ def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int,
 def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memory: FirstIterationMemory,
           settings: RunSettings, state: ParallelState, *, start_iteration: int = 0, consumed_samples: int = 0,
           schedule_samples: Optional[int] = None, save_checkpoint: Optional[SaveCheckpoint] = None,
-          exit_conditions: Optional[ExitConditions] = None) -> TrainingSummary:
+          exit_conditions: Optional[ExitConditions] = None,
+          commit_saves: Optional[Callable[[int], None]] = None) -> TrainingSummary:
     """Train from `start_iteration` + 1 to --train-iters (a resume passes the checkpoint's iteration,
     consumed samples and schedule position: each iteration's batch follows from the samples consumed before
-    it, its learning rate from the samples of the updates taken before it). With `save_checkpoint`: every --save-interval, at the end, and before an early exit."""
+    it, its learning rate from the samples of the updates taken before it). With `save_checkpoint`: every --save-interval, at the end, and before an early exit.
+    `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
     summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples,
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
@@ -100,6 +102,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
     for iteration in range(start_iteration + 1, training.train_iters + 1):
         if tokens_used_up(settings, summary.consumed_samples, iteration, state):
             break
+        if commit_saves is not None:  # Megatron-LM's maybe_finalize_async_save, at the top of its loop too
+            commit_saves(iteration)
         try:
             outcome = step(iteration, summary.consumed_samples, memory.measures_activations(iteration),
                            schedule_samples=summary.schedule_samples)

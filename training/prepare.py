@@ -32,7 +32,7 @@ from training.data_splits import DataSplits, build_data, corpus_cache_dir, load_
 from training.exit_conditions import ExitConditions
 from training.metrics import MemoryCheck, MetricsWriter
 from training.run_description import describe_model
-from training.run_outputs import SaveCheckpoint, checkpoint_saver, open_metrics
+from training.run_outputs import CheckpointSaves, checkpoint_saver, open_metrics
 from training.run_settings import RunSettings, model_vocabulary, resolve_run_settings
 from training.start_checks import Log
 from training.threads import set_intra_op_threads
@@ -55,7 +55,7 @@ class Run:
     writer: MetricsWriter
     exit_conditions: ExitConditions
     memory_check: MemoryCheck
-    save: Optional[SaveCheckpoint]  # None without --save
+    save: Optional[CheckpointSaves]  # None without --save
     log: Log
     claimed: RunStart  # the locks of --save and --metrics-file
 
@@ -67,6 +67,8 @@ class Run:
 
     def close(self) -> None:
         try:
+            if self.save is not None:  # train_run waited for the last save; here only an error's is left to let go
+                self.save.abandon()
             self.exit_conditions.close()
             self.writer.close()
         finally:
@@ -100,11 +102,14 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         log(describe_model(settings, state, built, threads))
         writer = open_metrics(config, state, claimed.identity, start.iteration, log)
         on_failure.callback(writer.close)
+        save = checkpoint_saver(config, state, built, tokenizer, claimed.identity, batch)
+        if save is not None:
+            on_failure.callback(save.abandon)
+            log(save.mode_line)
         run = Run(settings=settings, state=state, tokenizer=tokenizer, data=data, built=built, start=start,
                   writer=writer, memory_check=memory_check,
                   exit_conditions=ExitConditions(config.checkpoint, state, log_interval=config.training.log_interval),
-                  save=checkpoint_saver(config, state, built, tokenizer, claimed.identity, batch),
-                  log=log, claimed=claimed)
+                  save=save, log=log, claimed=claimed)
         on_failure.pop_all()
     return run
 

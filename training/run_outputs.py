@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from arguments.config import TORCH_DIST, PretrainConfig
+from checkpoint.async_save import AsyncCheckpointSaver, saving_mode_line, writer_priorities
 from checkpoint.lineage import RunIdentity
 from checkpoint.megatron_writer import save_megatron_checkpoint
 from checkpoint.sharded import prune_checkpoints, save_checkpoint
@@ -42,27 +43,70 @@ def open_metrics(config: PretrainConfig, state: ParallelState, identity: RunIden
                          identity=identity.fields())
 
 
+class CheckpointSaves:
+    """Saves to --save and prunes to --keep-last. Called to save (a `SaveCheckpoint`); with --async-save (and
+    --use-persistent-ckpt-worker) each save is staged and written in the background (checkpoint/async_save.py):
+    `poll` commits it once every rank's files are in (the loop calls it before every iteration), `finish` waits for
+    the last one (the end of the run, an early exit, a divergence: every rank gets there), and `abandon` lets it go
+    (an error: nothing more is committed). Synchronous saves are committed before the call returns, so the three
+    do nothing then."""
+
+    def __init__(self, config: PretrainConfig, state: ParallelState, built: Built, tokenizer: RunTokenizer,
+                 identity: RunIdentity, batch=None) -> None:
+        self.config, self.state, self.built, self.identity, self.batch = config, state, built, identity, batch
+        # --ckpt-format torch_dist: Megatron-LM's layout (checkpoint/megatron_writer.py), written synchronously
+        self.megatron = config.checkpoint.ckpt_format == TORCH_DIST and config.megatron_format_unwritten() is None
+        # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
+        # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
+        self.tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None
+        checkpoint = config.checkpoint
+        self.background = AsyncCheckpointSaver(state, *writer_priorities(checkpoint, state.device.type)) \
+            if checkpoint.saves_in_background and not self.megatron else None
+        self.mode_line = saving_mode_line(checkpoint, self.background.writer.note if self.background else "",
+                                          state.device.type)
+        if self.megatron:
+            self.mode_line = ("> checkpoints: saved synchronously in Megatron-LM's torch_dist layout"
+                              + (" (--async-save writes this project's format only)" if checkpoint.async_save else ""))
+
+    def __call__(self, iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
+        checkpoint, built = self.config.checkpoint, self.built
+        arguments = (checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer, built.rng,
+                     self.config)
+        settings = dict(tokenizer=self.tokenizer, lr=lr, identity=self.identity, schedule_samples=schedule_samples)
+        if self.megatron:
+            save_megatron_checkpoint(checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer,
+                                     self.config, self.state, self.batch, lr=lr, schedule_samples=schedule_samples)
+        elif self.background is None:
+            save_checkpoint(*arguments, self.state, **settings)
+            self._prune()
+        else:
+            self._committed(self.background.save(*arguments, **settings))
+
+    def poll(self, iteration: int) -> None:
+        if self.background is not None:
+            self._committed(self.background.poll(iteration))
+
+    def finish(self) -> None:
+        if self.background is not None:
+            self._committed(self.background.wait())
+            self.background.close()
+
+    def abandon(self) -> None:
+        if self.background is not None:
+            self.background.abandon()
+
+    def _committed(self, final) -> None:
+        if final is not None:
+            self._prune()
+
+    def _prune(self) -> None:
+        prune_checkpoints(self.config.checkpoint.save, self.config.checkpoint.keep_last, self.state,
+                          self.identity.run_id)
+
+
 def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
-                     tokenizer: RunTokenizer, identity: RunIdentity, batch=None) -> Optional[SaveCheckpoint]:
+                     tokenizer: RunTokenizer, identity: RunIdentity, batch=None) -> Optional[CheckpointSaves]:
     """Saves to --save and prunes to --keep-last; None without --save. With --ckpt-format torch_dist, in
     Megatron-LM's layout (checkpoint/megatron_writer.py; `batch` is the run's batch schedule, which its scheduler
     state is counted in)."""
-    checkpoint = config.checkpoint
-    if not checkpoint.save:
-        return None
-    if checkpoint.ckpt_format == TORCH_DIST and config.megatron_format_unwritten() is None:
-        def save_megatron(iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
-            save_megatron_checkpoint(checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer,
-                                     config, state, batch, lr=lr, schedule_samples=schedule_samples)
-        return save_megatron
-    # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
-    # a checkpoint's tokenizer/ (a tokenizer.json): the checkpoint then holds no tokenizer/ copy.
-    saved_tokenizer = tokenizer if isinstance(tokenizer, GPTTokenizer) else None
-
-    def save(iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
-        save_checkpoint(checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer, built.rng,
-                        config, state, tokenizer=saved_tokenizer, lr=lr, identity=identity,
-                        schedule_samples=schedule_samples)
-        prune_checkpoints(checkpoint.save, checkpoint.keep_last, state, identity.run_id)
-
-    return save
+    return CheckpointSaves(config, state, built, tokenizer, identity, batch) if config.checkpoint.save else None

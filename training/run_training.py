@@ -48,9 +48,13 @@ def train_run(run: Run) -> TrainingSummary:
                                       micro_batches=settings.batch.accumulation_steps_at(start.consumed_samples))
         summary = train(step, metrics, evaluator, memory, settings, state, start_iteration=start.iteration,
                         consumed_samples=start.consumed_samples, schedule_samples=start.schedule_samples,
-                        save_checkpoint=run.save,
-                        exit_conditions=run.exit_conditions)
+                        save_checkpoint=run.save, exit_conditions=run.exit_conditions,
+                        commit_saves=run.save.poll if run.save is not None else None)
+        if run.save is not None:  # the end of training and every early exit: the last save is committed first
+            run.save.finish()
     except TrainingDiverged as error:
+        if run.save is not None:  # every rank diverged at the same iteration (the loss and the norm are agreed)
+            run.save.finish()  # so a save written in the background before is committed, and can be named
         raise TrainingDiverged(f"{error}; {resumable_checkpoint(error.history, checkpoint.save, start.path)}") from None
     finally:  # closed before the last lines are said (W&B's own end comes first); Run.close repeats it harmlessly
         run.exit_conditions.close()

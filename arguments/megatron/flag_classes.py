@@ -117,18 +117,20 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("raw-text options of DeepSpeedExamples' GPT-2 loader (JSON keys, sentence splitting, shuffling); data here "
      "is tokenized beforehand into .bin/.idx (python -m data.preprocess) and always shuffled by --seed",
      _names("--presplit-sentences --loose-json --text-key --delim --shuffle")),
+    ("which background writer --async-save uses (nvidia-resiliency-ext's or Megatron-Core's process) and whether "
+     "it stages into shared memory for it: here one writer thread per rank writes from the rank's own host copy "
+     "(checkpoint/async_save.py)", _names("--async-strategy --async-ckpt-use-cpu-shm")),
     ("how checkpoints are written or read (format, parallel and asynchronous I/O, extra local copies, "
      "integrity checks); checkpoints here are sharded safetensors with a metadata.json, always verified on load "
      "and holding the optimizer state and random streams (--no-load-optim, --no-load-rng choose what a resume "
      "takes)", _names("""
-        --async-save --async-strategy --async-ckpt-cpu-priority --async-ckpt-io-priority
-        --async-ckpt-use-cpu-shm --auto-detect-ckpt-format --ckpt-assume-constant-structure --ckpt-fully-parallel-load
+        --auto-detect-ckpt-format --ckpt-assume-constant-structure --ckpt-fully-parallel-load
         --ckpt-fully-parallel-load-per-rank-objects --ckpt-fully-parallel-load-exchange-algo
         --ckpt-fully-parallel-load-process-group --ckpt-fully-parallel-save --no-ckpt-fully-parallel-save
         --ckpt-fully-parallel-save-process-group --ckpt-pg-tensors-cache-create --ckpt-pg-tensors-cache-path
         --ckpt-drop-redundant-extra-state --dist-ckpt-format --dist-ckpt-optim-fully-reshardable
         --dist-ckpt-save-pre-mcore-014 --dist-ckpt-strictness --dist-ckpt-workers
-        --distrib-optim-fully-reshardable-mem-efficient --use-dist-ckpt --use-persistent-ckpt-worker
+        --distrib-optim-fully-reshardable-mem-efficient --use-dist-ckpt
         --non-persistent-ckpt-type --non-persistent-global-ckpt-dir --non-persistent-local-ckpt-algo
         --non-persistent-local-ckpt-dir --non-persistent-save-interval --replication --replication-factor
         --replication-jump --save-retain-interval --no-save-optim --no-save-rng --exit-on-missing-checkpoint

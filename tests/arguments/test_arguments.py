@@ -19,6 +19,7 @@ def test_every_setting_is_a_flag_and_every_flag_a_setting_or_a_megatron_meaning(
     assert set(MEANING_DESTS) <= dests
 
 
+@pytest.mark.smoke
 def test_default_is_the_tiny_preset_and_flags_win(tmp_path):
     config = parse_config([])
     assert (config.model.num_layers, config.model.hidden_size) == (4, 128)

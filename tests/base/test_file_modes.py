@@ -39,6 +39,7 @@ def expected_mode(path, umask):
     return (0o777 if os.path.isdir(path) else 0o666) & ~umask
 
 
+@pytest.mark.smoke
 def test_umask_is_read_without_changing_it(umask_027):
     assert current_umask() == 0o027
     assert current_umask() == 0o027

@@ -190,6 +190,15 @@ def test_sigterm_saves_and_exits_zero_then_resume_continues(tmp_path, corpus):
     assert (save_dir / "latest").read_text().strip() == f"iter_{stopped:07d}"
 
 
+def _kill_and_close(processes, logs) -> None:
+    """A launch's ranks that still run are killed, and their logs closed."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+    for log in logs:
+        log.close()
+
+
 @pytest.mark.slow
 def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corpus, resume_runs):
     """Two ranks as torchrun would start them; rank 1 is SIGKILLed after iteration KILL_AT (a node dies).
@@ -215,11 +224,7 @@ def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corp
         codes = [process.wait(timeout=180) for process in processes]
         elapsed = time.monotonic() - started
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-        for log in logs:
-            log.close()
+        _kill_and_close(processes, logs)
     assert codes[1] == -signal.SIGKILL
     assert codes[0] not in (0, None), (tmp_path / "rank0.log").read_text()
     assert elapsed < 150
@@ -236,3 +241,87 @@ def test_killed_rank_ends_the_job_and_restart_resumes_from_latest(tmp_path, corp
     every = list(range(1, ITERS + 1))
     assert sorted(resumed) == every  # the killed run's SAVE_AT+1..KILL_AT were dropped, then redone
     assert [resumed[i] for i in every] == [full[i] for i in every]
+
+
+def _wait_for(condition, processes, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert all(process.poll() is None for process in processes), f"a rank exited before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def _without_run_specifics(metadata_file: Path) -> dict:
+    """metadata.json less what differs between two launches of the same training: when it was saved, the run's
+    lineage and launch ids, the checkpoint and logging settings (where to save, how often, in which mode), and the
+    RNG files' sizes and hashes (see _torch_streams)."""
+    metadata = json.loads(metadata_file.read_text())
+    for key in ("saved_at", "run_id", "launch_id"):
+        metadata.pop(key, None)
+    for section in ("checkpoint", "logging"):
+        metadata["config"].pop(section)
+    for listing in ("files", "file_hashes"):
+        metadata[listing] = {name: value for name, value in metadata[listing].items() if not name.startswith("rng_")}
+    return metadata
+
+
+def _torch_streams(rng_file: Path) -> dict[str, bytes]:
+    from safetensors.torch import load_file
+
+    return {key: tensor.numpy().tobytes() for key, tensor in load_file(rng_file).items() if key.startswith("torch_")}
+
+
+@pytest.mark.slow
+def test_every_rank_killed_during_a_background_write_then_restart_resumes_exactly(tmp_path, corpus, resume_runs):
+    """--async-save on 2 ranks, a save every 2 iterations. The writers of the iteration-6 save stall after their first
+    file (tests/stall_background_write.py) while training goes on to iteration 7; then every rank is SIGKILLed.
+    `latest` still names iteration 4, written in the background and committed, whose model and optimizer files are
+    byte for byte the synchronous save of the same training (resume_runs' DP=2 stage-2 run, saved at 4); the same
+    command resumes from it and logs the uninterrupted run's losses, bitwise."""
+    cache, _ = corpus
+    save_dir, metrics, marker = tmp_path / "ckpt", tmp_path / "run.jsonl", tmp_path / "stalled"
+    argv = COMMON + ["--data-cache-dir", cache, "--micro-batch-size", "2", "--zero-stage", "2",
+                     "--metrics-file", str(metrics), "--save", str(save_dir), "--save-interval", "2",
+                     "--load", str(save_dir), "--async-save", "--use-persistent-ckpt-worker"]
+    stall = {"STALL_SAVE_ITERATION": "6", "STALL_MARKER": str(marker)}
+    port, logs = free_port(), [open(tmp_path / f"rank{rank}.log", "w") for rank in range(2)]
+    try:
+        processes = [_launch(argv, rank, 2, port, logs[rank], stall, script="tests/stall_background_write.py")
+                     for rank in range(2)]
+        _wait_for(lambda: all(Path(f"{marker}.rank{rank}").exists() for rank in range(2)), processes,
+                  "stalled writers at the iteration-6 save")
+        _wait_for(lambda: 7 in losses(metrics), processes, "iteration 7 while the writers stall")
+        for process in processes:
+            process.kill()
+        codes = [process.wait(timeout=60) for process in processes]
+    finally:
+        _kill_and_close(processes, logs)
+    assert codes == [-signal.SIGKILL] * 2
+    assert (save_dir / "latest").read_text() == "iter_0000004\n"
+    assert (save_dir / "latest_checkpointed_iteration.txt").read_text() == "4\n"
+    assert (save_dir / "iter_0000006.partial").is_dir() and not (save_dir / "iter_0000006").exists()
+    background, synchronous = save_dir / "iter_0000004", resume_runs["stages"][2].save_dir / "iter_0000004"
+    files = sorted(str(path.relative_to(synchronous)) for path in synchronous.rglob("*") if path.is_file())
+    assert sorted(str(path.relative_to(background)) for path in background.rglob("*") if path.is_file()) == files
+    for name in files:
+        if name == "metadata.json":
+            assert _without_run_specifics(background / name) == _without_run_specifics(synchronous / name)
+        elif name.startswith("rng_"):  # Python's and NumPy's global streams are the launching process's own (nothing
+            # seeds them; tests/checkpoint/test_async_save.py compares whole RNG files, saved by one process)
+            assert _torch_streams(background / name) == _torch_streams(synchronous / name), name
+        else:
+            assert (background / name).read_bytes() == (synchronous / name).read_bytes(), name
+
+    port = free_port()  # the restart: the same command line, nothing stalls
+    with open(tmp_path / "restart0.log", "w") as log0, open(tmp_path / "restart1.log", "w") as log1:
+        processes = [_launch(argv, rank, 2, port, log) for rank, log in enumerate((log0, log1))]
+        codes = [process.wait(timeout=300) for process in processes]
+    restart = (tmp_path / "restart0.log").read_text()
+    assert codes == [0, 0], restart
+    assert "resuming after iteration 4" in restart and "saved in the background (--async-save)" in restart
+    full, resumed = losses(resume_runs["stages"][2].full), losses(metrics)
+    every = list(range(1, ITERS + 1))
+    assert sorted(resumed) == every  # the killed run's 5-7 were dropped, then redone
+    assert [resumed[i] for i in every] == [full[i] for i in every]
+    assert (save_dir / "latest").read_text() == f"iter_{ITERS:07d}\n"
+    assert not list(save_dir.glob("*.partial"))  # the restart's first save removed the killed one's

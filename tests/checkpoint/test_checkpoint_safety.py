@@ -307,6 +307,20 @@ def test_save_killed_midway_leaves_the_previous_checkpoint(saved, tmp_path):
 
 # ---- 3. a save that fails ---------------------------------------------------------------------
 
+def disk_full_at_call(number: int, write):
+    """`write` (a save_tensors) that fails at its `number`-th call as a full disk does: part of the file is
+    written, then ENOSPC."""
+    calls = []
+
+    def disk_full(path, tensors, metadata=None):
+        calls.append(path)
+        if len(calls) == number:
+            Path(path).write_bytes(b"\x00" * 100)  # what fit before the disk filled up
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(path, tensors, metadata)
+    return disk_full
+
+
 @pytest.mark.parametrize("where", ["second_file", "metadata"])
 def test_failed_save_raises_and_leaves_the_previous_checkpoint(saved, monkeypatch, where):
     config, state, save_dir = saved["config"], saved["state"], saved["save_dir"]
@@ -314,16 +328,8 @@ def test_failed_save_raises_and_leaves_the_previous_checkpoint(saved, monkeypatc
     hashes = file_hashes(saved["path"])
 
     if where == "second_file":
-        original, calls = file_writer.save_tensors, []
-
-        def disk_full(path, tensors, metadata=None):
-            calls.append(path)
-            if len(calls) == 2:
-                Path(path).write_bytes(b"\x00" * 100)  # what fit before the disk filled up
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return original(path, tensors, metadata)
-
-        monkeypatch.setattr(file_writer, "save_tensors", disk_full)  # checkpoint/writer.py writes every file
+        # checkpoint/writer.py writes every file
+        monkeypatch.setattr(file_writer, "save_tensors", disk_full_at_call(2, file_writer.save_tensors))
     else:
         def disk_full(path, text):
             raise OSError(errno.ENOSPC, "No space left on device")

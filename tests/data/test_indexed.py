@@ -77,6 +77,7 @@ def test_reader_reads_hand_built_files(tmp_path, code):
     assert ds.get_document(1, offset=1, length=2).tolist() == [9, 10]
 
 
+@pytest.mark.smoke
 def test_writer_bytes_follow_spec_field_by_field(tmp_path):
     prefix = str(tmp_path / "written")
     with IndexedDatasetWriter(prefix, np.uint16) as writer:

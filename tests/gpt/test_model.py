@@ -51,6 +51,7 @@ def test_hf_mapping_round_trip_is_lossless():
         assert torch.equal(back[name], state[name]), name
 
 
+@pytest.mark.smoke
 def test_loss_is_cross_entropy_of_the_logits_and_ignores_vocab_padding():
     config = small_config(vocab_size=1000)  # padded to 1024
     model = build_gpt_model(config, CPU, seed=1).eval()

@@ -13,6 +13,7 @@ from parallel.mesh import MESH_DIM_NAMES, ParallelDims
 from parallel.state import ParallelState, virtual_state
 
 
+@pytest.mark.smoke
 def test_world_8_tp_2_keeps_todays_layout_with_a_pipeline_of_one():
     for rank in range(8):
         state = virtual_state(8, tensor_parallel_size=2, rank=rank)

@@ -76,6 +76,7 @@ SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4
          "--max-position-embeddings", "32"]
 
 
+@pytest.mark.smoke
 def test_dry_run_json_has_the_promised_keys(capsys):
     argv = ["dry-run", "--world-size", "8", "--gpus-per-node", "4", "--gpu-memory", "16GB", "--json",
             "--tensor-model-parallel-size", "2", "--zero-stage", "3", "--bf16", "--micro-batch-size", "2",

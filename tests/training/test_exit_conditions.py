@@ -5,6 +5,7 @@ import json
 import os
 import signal
 
+import pytest
 import torch
 
 import pretrain_gpt
@@ -28,6 +29,7 @@ def test_sigusr1_and_sigterm_are_recorded_then_handlers_restored():
     assert signal.getsignal(signal.SIGUSR1) is before
 
 
+@pytest.mark.smoke
 def test_interval_and_duration():
     conditions = ExitConditions(CheckpointConfig(exit_interval=3), STATE)
     assert [conditions.check(i) for i in (1, 2, 3)] == [None, None, "--exit-interval 3 reached"]

@@ -426,7 +426,7 @@ def test_build_loss_scaler():
 # ---- 3. ZeRO against torch AdamW --------------------------------------------------------
 
 @pytest.mark.parametrize("stage, options", [
-    (0, {}), (1, {}), (2, {}), (3, {}),
+    (0, {}), (1, {}), (2, {}), pytest.param(3, {}, marks=pytest.mark.smoke),
     # DeepSpeed's reduce_scatter=false path, synchronous reductions, one parameter per bucket.
     (1, {"reduce_scatter": False}), (2, {"reduce_scatter": False}), (2, {"overlap_comm": False}),
     (1, {"reduce_bucket_size": 1, "allgather_bucket_size": 1}),

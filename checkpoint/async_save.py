@@ -1,0 +1,330 @@
+"""--async-save: a checkpoint written while training goes on, committed once every rank's files are in.
+
+Megatron-LM's asynchronous save (megatron/training/checkpointing.py with async_utils.py and
+megatron/core/dist_checkpointing/strategies/async_utils.py) is the model: at a save each rank copies what it
+writes to host memory and hands it to a background writer; the loop checks at every iteration, in one small
+all-reduce over the ranks, whether every rank's writer is done (maybe_finalize_async_save), and only then the
+save is finalized: here that is the same `finish_save` a synchronous save ends with (checkpoint/sharded.py), so
+metadata.json, the rename of `iter_N.partial`, Megatron's tracker file and `latest` come last, after every file
+of every rank. A save waits for the previous one to be committed first; the end of a run waits for the last
+(train_run), and an error lets it go (`abandon`): what was not committed is a `.partial` directory nothing
+reads, removed by the next save. A rank killed at any moment of the background write leaves the previous
+checkpoint as `latest`.
+
+The writer is a thread, one per rank, for the whole run (Megatron-LM too saves in the background only with its
+persistent worker: `saves_in_background`). A thread rather than Megatron's process because the writes here do
+not hold the GIL: safetensors serializes and writes in Rust with the GIL released (measured: the training
+thread's longest pause while it wrote 400 MB was 14 ms), and fsync and xxHash release it too; so the training
+thread keeps running in Python while the file is written. A process would need the staged tensors in shared
+memory, a second interpreter importing torch, and a SIGKILLed rank would leave it writing into the save
+directory after a restart began; a thread dies with its rank. Megatron's priorities for its persistent worker
+are applied to the thread (Linux keeps a nice value and an I/O priority per thread): --async-ckpt-cpu-priority
+(a nice value, only ever raised) and --async-ckpt-io-priority (`ionice -c`).
+
+What a rank stages is a copy it owns: the model and expert files are copies already (the optimizer interface's
+model_state_dict), the optimizer partition's file holds views of the live partition (checkpoint/save_plan.py),
+copied into buffers kept for the next save (pinned when it is on CUDA); any tensor sharing memory with the live
+partition or a parameter is copied so. The writer thread then takes the staged files as the synchronous save
+does, through checkpoint/writer.py. The bytes are the rank's files' (the planner's `checkpoint_staging_bytes` bounds
+them): the model files' until they are written, the partition's copy for the rest of the run.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+
+from arguments.config import CheckpointConfig
+from checkpoint.lineage import RunIdentity
+from checkpoint.sharded import RankOutcome, SaveInProgress, begin_save, finish_save, rank_files
+from checkpoint.writer import StagedFile, write_files
+from parallel.random import TensorParallelRNG
+from parallel.state import ParallelState
+from zero.optimizer_state import CheckpointableOptimizer
+
+WRITER_THREAD_NAME = "checkpoint-writer"
+MAX_NICE = 19
+# How long an error's exit waits for the file the writer is in the middle of (the rest is not written).
+ABANDON_WAIT_S = 30.0
+IO_CLASS_NAMES = {0: "none", 1: "real time", 2: "best effort", 3: "idle"}
+# The RNG files' tensors (torch's CPU and tensor-parallel streams, 5,056 bytes each; NumPy's 624 keys as int64;
+# CUDA's offsets): a bound for the planner
+RNG_STATE_BYTES = 16 << 10
+
+
+def saving_mode_line(checkpoint: CheckpointConfig, writer_note: str = "", device_type: str = "cpu") -> str:
+    """The start-up line that says how this run saves."""
+    if checkpoint.saves_in_background:
+        return (f"> checkpoints: saved in the background (--async-save): at a save each rank copies its files to "
+                f"host memory and training goes on while its writer thread ({writer_note}) writes and hashes them; "
+                f"metadata.json, 'latest' and latest_checkpointed_iteration.txt are written once every rank's files "
+                f"are in, and the next save, the end of the run and an early exit wait for that"
+                + ("" if device_type == "cuda" or None not in (checkpoint.async_ckpt_cpu_priority,
+                                                               checkpoint.async_ckpt_io_priority)
+                   else "; Megatron-LM's nice 10 and idle I/O class for its writer apply on CUDA (or with "
+                        "--async-ckpt-cpu-priority, --async-ckpt-io-priority): on a CPU the training is the CPU's work"))
+    if checkpoint.async_save:
+        return ("> checkpoints: saved synchronously: --async-save without --use-persistent-ckpt-worker is turned off, "
+                "as Megatron-LM turns it off (validate_args: \"not supported without --use-persistent-ckpt-worker\"); "
+                "add --use-persistent-ckpt-worker to save in the background")
+    return ("> checkpoints: saved synchronously, training waits for each save (--async-save "
+            "--use-persistent-ckpt-worker writes them in the background)")
+
+
+def staged_bytes_bound(parameter_elements: int, parameter_element_bytes: int, partition_bytes: int) -> int:
+    """At most what a rank stages at a background save: its parameters in the training dtype (the model and expert
+    files: only a tensor-parallel group's first data-parallel rank writes the model file, and with pipeline stages
+    the tied embedding's second copy is not stored, so elsewhere this is above it), its optimizer partition (the
+    fp32 master and the moments; where a rank names only some of its fragments it writes a part) and the RNG
+    states. The planner (planner/dry_run.py) gives it the counts of its meta model."""
+    return parameter_elements * parameter_element_bytes + partition_bytes + RNG_STATE_BYTES
+
+
+class StagingBuffers:
+    """The host copies of the live tensors a save stages (the optimizer partition), kept from one save to the next:
+    the next save waits for this one's files to be written, so it may copy into the same memory. A copy into memory
+    already faulted in took 0.9 s for GPT-2 124M's 1.5 GB partition on the loaded 2-core CI machine, a fresh copy
+    2.4-3.2 s. Pinned when the tensors are on CUDA, so the copy is a DMA."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
+
+    def stage(self, file: str, name: str, tensor: torch.Tensor, live: bool) -> torch.Tensor:
+        """A contiguous host tensor this save owns: a live one copied into its buffer; one that is a host copy
+        already (the model files, the RNG states) as it is."""
+        tensor = tensor.detach()
+        if not live and tensor.device.type == "cpu":
+            return tensor.contiguous()
+        buffer = self._buffers.get((file, name))
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+            if live:
+                self._buffers[(file, name)] = buffer
+        buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        return buffer
+
+    def release(self) -> None:
+        self._buffers.clear()
+
+
+def live_storages(progress: SaveInProgress, model: nn.Module) -> set[int]:
+    """The memory training changes at its next step: the optimizer partition's and the parameters' storages (a
+    staged tensor in one of them is copied)."""
+    live = list(progress.shard.tensors.values()) + list(model.parameters())
+    return {tensor.untyped_storage().data_ptr() for tensor in live}
+
+
+@dataclass
+class WriteJob:
+    """One rank's part of one save: the files staged for the writer, and how their writing went."""
+    progress: SaveInProgress
+    files: list[StagedFile] = field(default_factory=list)
+    outcome: RankOutcome = field(default_factory=RankOutcome)
+    staged_bytes: int = 0
+    write_seconds: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+    def _take(self) -> Iterator[StagedFile]:
+        """The staged files, each let go once the writer has it (freed once it is on disk); stops an abandoned save
+        between two files."""
+        while self.files:
+            if self.abandoned.is_set():
+                raise InterruptedError("the save was abandoned")
+            yield self.files.pop(0)
+
+    def run(self) -> None:
+        """On the writer thread: each file and its hash, through the synchronous save's writer."""
+        started = time.perf_counter()
+        try:
+            if self.outcome.error is None:
+                self.outcome.sizes, self.outcome.hashes, self.outcome.listings = write_files(self.progress.staging,
+                                                                                             self._take())
+        except Exception as failure:  # noqa: BLE001 - disk full, permissions, safetensors' own errors: reported by
+            # every rank at the commit, as a synchronous save reports them
+            self.outcome.error = f"{type(failure).__name__}: {failure}"
+        finally:
+            self.files = []
+            self.write_seconds = time.perf_counter() - started
+            self.done.set()
+
+
+class BackgroundWriter:
+    """One thread per rank that writes the jobs it is given, one at a time, at Megatron's priorities for its
+    persistent checkpoint worker. Started at once (as Megatron warms its worker up), so the start-up line can say
+    which priorities it got."""
+
+    def __init__(self, cpu_priority: Optional[int], io_priority: Optional[int]) -> None:
+        self._jobs: queue.Queue[Optional[WriteJob]] = queue.Queue()
+        self._ready = threading.Event()
+        self.note = ""
+        self._thread = threading.Thread(target=self._serve, args=(cpu_priority, io_priority), name=WRITER_THREAD_NAME,
+                                        daemon=True)  # daemon: an exit that could not wait for it is never held up
+        self._thread.start()
+        self._ready.wait()
+
+    def _serve(self, cpu_priority: Optional[int], io_priority: Optional[int]) -> None:
+        self.note = _lower_priority_of_this_thread(cpu_priority, io_priority)
+        self._ready.set()
+        while (job := self._jobs.get()) is not None:
+            job.run()
+
+    def submit(self, job: WriteJob) -> None:
+        self._jobs.put(job)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Stop the thread once the job it is writing is done (within `timeout` seconds, else leave it)."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+def writer_priorities(checkpoint: CheckpointConfig, device_type: str) -> tuple[Optional[int], Optional[int]]:
+    """(nice value, I/O class) for the writer thread: as given, else Megatron-LM's defaults (10, 3) on CUDA, where
+    the training's CPU threads mostly wait for the device; None (the training's own) on a CPU, where the training is
+    the CPU's work: a writer at nice 10 gets about a tenth of a core against it, and the next save waits for it
+    (GPT-2 124M's 1.9 GB on the 2-core CI machine at load average 13-27: 42-47 s to write beside the training at nice
+    10 and idle I/O, so that every next save waited for it; 33-37 s at the training's priority; a synchronous save,
+    9-29 s)."""
+    default_cpu, default_io = (10, 3) if device_type == "cuda" else (None, None)
+    cpu, io = checkpoint.async_ckpt_cpu_priority, checkpoint.async_ckpt_io_priority
+    return (default_cpu if cpu is None else cpu), (default_io if io is None else io)
+
+
+def _lower_priority_of_this_thread(cpu_priority: Optional[int], io_priority: Optional[int]) -> str:
+    """Megatron's _set_process_qos for this thread (Linux keeps both per thread): raise its nice value to
+    `cpu_priority` (at most 19; never lowered), and set its I/O scheduling class with `ionice -c`; None leaves one
+    as the training's. What it got, in words (a failure is named, never fatal, as in Megatron)."""
+    thread = threading.get_native_id()
+    words = []
+    if cpu_priority is None:
+        words.append("the training's CPU priority")
+    else:
+        try:
+            current, target = os.getpriority(os.PRIO_PROCESS, thread), min(cpu_priority, MAX_NICE)
+            if current < target:
+                os.setpriority(os.PRIO_PROCESS, thread, target)
+            words.append(f"nice {max(current, target)}")
+        except (OSError, AttributeError) as error:
+            words.append(f"nice unchanged: {error}")
+    if io_priority is None:
+        words.append("its I/O priority")
+    else:
+        try:
+            subprocess.run(["ionice", "-c", str(io_priority), "-p", str(thread)], check=True, capture_output=True,
+                           timeout=10)
+            words.append(f"I/O class {io_priority}, {IO_CLASS_NAMES.get(io_priority, '?')}")
+        except (OSError, subprocess.SubprocessError) as error:
+            stderr = getattr(error, "stderr", b"") or b""
+            words.append(f"I/O class unchanged: ionice -c {io_priority} failed"
+                         + (f" ({stderr.decode(errors='replace').strip()})" if stderr else f" ({error})"))
+    return ", ".join(words)
+
+
+class AsyncCheckpointSaver:
+    """Background saves for one run on one rank; every rank makes the same calls at the same iterations."""
+
+    def __init__(self, state: ParallelState, cpu_priority: Optional[int] = None,
+                 io_priority: Optional[int] = None) -> None:
+        self.state = state
+        self.writer = BackgroundWriter(cpu_priority, io_priority)
+        self.buffers = StagingBuffers()
+        self.pending: Optional[WriteJob] = None
+
+    def save(self, save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
+             optimizer: CheckpointableOptimizer, rng: Optional[TensorParallelRNG], config, tokenizer=None,
+             lr: Optional[float] = None, identity: Optional[RunIdentity] = None,
+             schedule_samples: Optional[int] = None) -> Optional[Path]:
+        """Begin iteration `iteration`'s save (after the previous one is committed), stage this rank's files and
+        hand them to the writer; returns as soon as they are staged, with the previous checkpoint if this call
+        committed it. Raises `CheckpointError` on every rank when the previous save failed or this one cannot
+        begin."""
+        started = time.perf_counter()
+        previous = self.pending.progress.iteration if self.pending is not None else None
+        still_writing = self.pending is not None and not self.pending.done.is_set()
+        committed = self.wait(f"before the save of iteration {iteration}")
+        waited = time.perf_counter() - started
+        progress = begin_save(save_dir, iteration, consumed_samples, model, optimizer, config, self.state,
+                              tokenizer is not None, lr, identity, schedule_samples)
+        job, live = WriteJob(progress), live_storages(progress, model)
+        staging_started, from_device = time.perf_counter(), False
+        try:
+            for file in rank_files(progress, model, optimizer, rng, self.state, tokenizer):
+                if job.outcome.error is None:  # after a failure the rest is still gathered: the others take part
+                    try:
+                        from_device |= any(tensor.is_cuda for tensor in file.tensors.values())
+                        file.tensors = {name: self.buffers.stage(file.name, name, tensor,
+                                                                 tensor.untyped_storage().data_ptr() in live)
+                                        for name, tensor in file.tensors.items()}
+                        job.files.append(file)
+                        job.staged_bytes += file.nbytes
+                    except Exception as failure:  # noqa: BLE001 - host memory exhausted, ...: reported at the commit
+                        job.outcome.error = f"{type(failure).__name__}: {failure}"
+                del file
+            if from_device:
+                torch.cuda.synchronize()  # the copies from the device are done before training changes it
+        except Exception as failure:  # noqa: BLE001 - as above
+            job.outcome.error = job.outcome.error or f"{type(failure).__name__}: {failure}"
+        staged = time.perf_counter() - staging_started
+        self.pending = job
+        self.writer.submit(job)
+        if self.state.is_first_rank:
+            wait = (f", {waited:.1f} s of it for the save of iteration {previous} to finish writing (a longer "
+                    f"--save-interval avoids that)" if still_writing else "")
+            print(f" staged checkpoint at iteration {iteration}: {job.staged_bytes / 2**20:.1f} MiB copied to host "
+                  f"memory in {staged:.1f} s; training blocked {time.perf_counter() - started:.1f} s{wait}; writing "
+                  f"in the background", flush=True)
+        return committed
+
+    def poll(self, iteration: Optional[int] = None) -> Optional[Path]:
+        """Commit the pending save when every rank's writer is done (one small all-reduce, only while a save is
+        pending: every rank has one at the same iterations); the checkpoint committed, or None. `iteration` is
+        the iteration about to run, for the line."""
+        if self.pending is None:
+            return None
+        if self.state.comm.any_rank([not self.pending.done.is_set()], self.state.device)[0]:
+            return None
+        return self._commit(f"before iteration {iteration}" if iteration is not None else "")
+
+    def wait(self, when: str = "at the end of training") -> Optional[Path]:
+        """Wait for this rank's writer, then commit the pending save with the others; the checkpoint committed, or
+        None when no save was pending. Every rank calls it (the end of a run, an early exit, the next save)."""
+        if self.pending is None:
+            return None
+        self.pending.done.wait()
+        return self._commit(when)
+
+    def _commit(self, when: str) -> Path:
+        job, self.pending = self.pending, None
+        final = finish_save(job.progress, job.outcome, self.state)
+        if self.state.is_first_rank:
+            print(f" saved checkpoint {final} ({job.progress.total_bytes / 2**20:.1f} MiB; written in the background "
+                  f"in {job.write_seconds:.1f} s, committed {when}, {time.perf_counter() - job.progress.started:.1f} s "
+                  f"after the save began)", flush=True)
+        return final
+
+    def abandon(self) -> None:
+        """On an error (no collective: another rank may be gone): commit nothing, let the writer stop after the file
+        it is writing and free what was staged. The `.partial` directory stays until the next save removes it."""
+        job, self.pending = self.pending, None
+        if job is not None:
+            job.abandoned.set()
+        self.writer.close(timeout=ABANDON_WAIT_S)
+        self.buffers.release()
+
+    def close(self) -> None:
+        """After the last save was waited for: the writer thread ends and the staging buffers go."""
+        self.writer.close()
+        self.buffers.release()
