@@ -819,6 +819,30 @@ class PretrainConfig:
         # --num-distributed-optimizer-instances also cuts the experts' optimizer over the expert data-parallel group
         # (parallel/state.py); that it divides the expert DP size is checked at launch, where the size is known
 
+    def _check_flex_dispatcher(self) -> None:
+        """Megatron-Core's flex dispatcher beside the experts (token_dispatcher.py MoEFlexTokenDispatcher and
+        transformer_config.py at d98e8a64): DeepEP and NCCL-EP assert an expert TP x EP group of more than one
+        rank, and DeepEP refuses --moe-pad-expert-input-to-capacity."""
+        parallel, moe = self.parallel, self.model.moe
+        if parallel.moe_token_dispatcher_type != "flex" or moe is None:
+            return
+        backend = parallel.flex_backend
+        etp = parallel.expert_tensor_parallel_size or parallel.tensor_model_parallel_size
+        group = etp * parallel.expert_model_parallel_size
+        if backend in ("deepep", "ncclep") and group == 1:
+            name = "DeepEP" if backend == "deepep" else "NCCL EP"
+            raise ConfigError(f"--moe-token-dispatcher-type flex with the {backend} backend needs more than one rank "
+                              f"in the expert tensor-parallel x expert-parallel group ({name} dispatcher requires "
+                              f"TPxEP > 1, as Megatron-Core asserts): raise --expert-model-parallel-size, or use "
+                              f"--moe-token-dispatcher-type alltoall",
+                              flags=("--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
+                                     "--expert-model-parallel-size"))
+        if backend == "deepep" and moe.pad_expert_input_to_capacity:
+            raise ConfigError("--moe-pad-expert-input-to-capacity with the flex dispatcher's deepep backend: "
+                              "Megatron-Core refuses it (DeepEP does not pad to capacity); use "
+                              "--moe-flex-dispatcher-backend hybridep or --moe-token-dispatcher-type alltoall",
+                              flags=("--moe-pad-expert-input-to-capacity", "--moe-flex-dispatcher-backend"))
+
     def _check_moe_tensor_parallel(self) -> None:
         """MoE under tensor parallelism (gpt/moe/layer.py): Megatron-Core's MoELayer.forward raises in training
         with TP > 1 and no sequence parallelism; each expert's ffn splits evenly over the expert TP ranks
@@ -869,6 +893,7 @@ class PretrainConfig:
         self._check_goldfish()
         self._check_muon()
         self._check_expert_parallel()
+        self._check_flex_dispatcher()
         self._check_moe_tensor_parallel()
         self._check_pipeline()
         self._check_context_parallel()

@@ -431,6 +431,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         notes.append("> --mlp-type residual: the residual MoE's coefficient Linear(hidden, 2) is drawn "
                      "normal(--init-method-std) with a zero bias, as every weight here; DeepSpeed-MoE keeps torch's "
                      "default uniform draw")
+    flex = config.parallel.flex_note(config.model.moe is not None)
+    if flex:
+        notes.append(flex)
     if config.checkpoint.save_interval and not config.checkpoint.save:
         notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
                      f"Megatron-LM, which saves only where --save names a folder")

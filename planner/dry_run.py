@@ -548,7 +548,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         result.moe.worst_total_bytes = result.total_bytes + result.moe.worst_extra_bytes
         result.notes.append(
             "MoE routing assumed uniform: every expert receives an equal share of the tokens' top-k rows"
-            + (f"; the {config.parallel.moe_token_dispatcher_type} dispatcher's exchanges over the {ep} "
+            + (f"; the {config.parallel.dispatcher_name} dispatcher's exchanges over the {ep} "
                "expert-parallel ranks are counted for that routing (under \"ep\")" if ep > 1 else ""))
     if cluster.gpu_memory_bytes is not None:
         result.budget_bytes = cluster.gpu_memory_bytes

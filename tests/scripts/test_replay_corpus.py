@@ -52,7 +52,15 @@ from tests.replay_corpus.shrink import (
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-KNOWN_FAILING_TODAY: dict[str, str] = {}
+# Multi-latent attention in bf16 beside --use-flash-attn: SDPA's kernel choice ends in "No available kernel" on the
+# CPU in gpt/mla.py (issue 64 item 3, built on branch wt-lost5); each of these trains without --use-flash-attn.
+_MLA_BF16_FLASH = ("MLA in bf16 with --use-flash-attn: F.scaled_dot_product_attention raises 'No available kernel' on "
+                   "the CPU (gpt/mla.py mla_core_attention; issue 64 item 3, wt-lost5's fix); trains without the flag")
+KNOWN_FAILING_TODAY: dict[str, str] = {
+    **{f"megatron-lm-ft-mixtral-deepseekv3_proxy_flex_{name}": _MLA_BF16_FLASH
+       for name in ("tp1pp4emp16etp1cp1_release", "tp1pp4emp16etp1cp1_release_sm", "tp2pp2emp16etp1cp1_gb_200_release",
+                    "tp2pp2emp16etp1cp1_gb_200_release_sm")},
+}
 
 
 def _params(launches):
