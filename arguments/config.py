@@ -26,6 +26,7 @@ a variant build one with `dataclasses.replace`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
@@ -33,11 +34,13 @@ from typing import Optional
 import torch
 
 from arguments.bounds import check_bounds
+from arguments.config_sources import FLAG
 from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
 from base.options import Const, count, flag_of, option
 from data import DataError
-from data.gpt_dataset import parse_data_path, parse_split
+from data.gpt_dataset import parse_split
+from data.per_split import SPLIT_FLAGS, DataSources, data_sources
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
 from parallel.config import ParallelismConfig, recorded_section
@@ -419,6 +422,15 @@ def tokenizer_type_name(name: str) -> str:
     return TOKENIZER_TYPE_ALIASES.get(name, name)
 
 
+# The flags that name the data (data/per_split.py)
+DATA_SOURCE_FLAGS = ("--data-path", "--data-args-path", *SPLIT_FLAGS, "--per-split-data-args-path", "--mock-data")
+
+
+def _flags_named(message: str, flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags of `flags` that `message` names (a flag followed by a space, a comma, a colon or its end)."""
+    return tuple(flag for flag in flags if re.search(re.escape(flag) + r"(?![\w-])", message))
+
+
 @dataclass(frozen=True)
 class DataConfig:
     # Megatron's form: one prefix ("path/to/x_text_document"), or "weight prefix weight prefix ...".
@@ -428,6 +440,18 @@ class DataConfig:
                                        "omit to train on the embedded corpus",
                                   aliases={"--train-data": "DeepSpeed-Megatron"})
     split: str = option("969,30,1", help="train,valid,test ratio of documents")
+    # data/per_split.py: Megatron-LM's other ways to name the data (get_blend_and_blend_per_split)
+    data_args_path: Optional[str] = option(None, help="a file holding the --data-path list (prefixes, or weight/prefix "
+                                                      "pairs, whitespace-separated), for lists too long to type")
+    train_data_path: Optional[list[str]] = option(
+        None, nargs="*", help="the training blend (a prefix, prefixes, or weight/prefix pairs, as --data-path), read "
+                              "whole: no --split")
+    valid_data_path: Optional[list[str]] = option(None, nargs="*", help="the validation blend, as --train-data-path "
+                                                                        "(none: no validation)")
+    test_data_path: Optional[list[str]] = option(None, nargs="*", help="the test blend, as --train-data-path (none: "
+                                                                       "no test)")
+    per_split_data_args_path: Optional[str] = option(
+        None, help="a JSON file whose train, valid and test keys hold the per-split blends (a list, a string, or null)")
     data_cache_dir: Optional[str] = option(None, help="where the embedded corpus and index caches go (default "
                                                       "~/.cache/zero-gpt)",
                                            aliases={"--data-cache-path": "Megatron-LM"})
@@ -484,19 +508,31 @@ class DataConfig:
     # Used only without --data-path.
     tokenizer_vocab_size: int = option(4096, help="vocabulary of the BPE trained on the embedded corpus")
 
+    def sources(self, split_typed: bool = False) -> DataSources:
+        """What the run reads: one blend split by --split, or one blend per split (data/per_split.py), the
+        --data-args-path and --per-split-data-args-path files read; DataError in one line as Megatron-LM refuses.
+        `split_typed`: --split was given on the command line (refused beside per-split blends)."""
+        return data_sources(self.data_path, self.data_args_path,
+                            (self.train_data_path, self.valid_data_path, self.test_data_path),
+                            self.per_split_data_args_path, self.mock_data, split_typed)
+
+    @property
+    def user_data(self) -> bool:
+        """The user names data (--data-path, a per-split blend, or their files): not the embedded corpus."""
+        return bool(self.data_path or self.data_args_path or self.per_split_data_args_path
+                    or any(paths is not None for paths in (self.train_data_path, self.valid_data_path,
+                                                           self.test_data_path)))
+
     def validate(self) -> None:
-        # The data files are opened later; their flags' syntax is checked now, before any work.
-        syntax = [("--split", parse_split, self.split)]
-        if self.data_path:
-            syntax.append(("--data-path", parse_data_path, self.data_path))
-        for flag, parse, value in syntax:
-            try:
-                parse(value)
-            except DataError as error:
-                raise ConfigError(str(error), flags=(flag,)) from None
-        if self.mock_data and self.data_path:
-            raise ConfigError("--mock-data with --data-path: the mock documents replace the data; drop one of them",
-                              flags=("--mock-data", "--data-path"))
+        # The data files are opened later; their flags' syntax (and the list files) are read now, before any work.
+        try:
+            parse_split(self.split)
+        except DataError as error:
+            raise ConfigError(str(error), flags=("--split",)) from None
+        try:
+            self.sources()
+        except DataError as error:
+            raise ConfigError(str(error), flags=_flags_named(str(error), DATA_SOURCE_FLAGS)) from None
         if self.tokenizer_type in OTHER_TOKENIZER_TYPES:
             raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}",
                               flags=("--tokenizer-type",))
@@ -508,12 +544,12 @@ class DataConfig:
                 raise ConfigError("--tokenizer-type NullTokenizer reads token ids as they are: drop --tokenizer-file, "
                                   "--vocab-file and --merge-file",
                                   flags=("--tokenizer-type", "--tokenizer-file", "--vocab-file", "--merge-file"))
-            if not self.data_path and not self.mock_data:
+            if not self.user_data and not self.mock_data:
                 raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere) or "
                                   "--mock-data; the "
                                   "embedded corpus is text and needs a real tokenizer",
                                   flags=("--tokenizer-type", "--data-path", "--mock-data"))
-        elif self.data_path and not (self.tokenizer_file or self.vocab_file):
+        elif self.user_data and not (self.tokenizer_file or self.vocab_file):
             raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
                               "(--tokenizer-model), --vocab-file and --merge-file, or --tokenizer-type NullTokenizer "
                               "with --vocab-size",
@@ -819,6 +855,17 @@ class PretrainConfig:
         # --num-distributed-optimizer-instances also cuts the experts' optimizer over the expert data-parallel group
         # (parallel/state.py); that it divides the expert DP size is checked at launch, where the size is known
 
+    def _check_split_beside_per_split_blends(self) -> None:
+        """--split typed beside per-split blends: Megatron-Core's BlendedMegatronDatasetConfig asserts against it (a
+        default --split, ours or a Megatron generation's, is not read there; data/per_split.py)."""
+        source = self.sources.get("split")
+        if source is None or source.kind != FLAG or self.data.sources().per_split is None:
+            return
+        try:
+            self.data.sources(split_typed=True)
+        except DataError as error:
+            raise ConfigError(str(error), flags=_flags_named(str(error), ("--split", *DATA_SOURCE_FLAGS))) from None
+
     def _check_flex_dispatcher(self) -> None:
         """Megatron-Core's flex dispatcher beside the experts (token_dispatcher.py MoEFlexTokenDispatcher and
         transformer_config.py at d98e8a64): DeepEP and NCCL-EP assert an expert TP x EP group of more than one
@@ -890,6 +937,7 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
+        self._check_split_beside_per_split_blends()
         self._check_goldfish()
         self._check_muon()
         self._check_expert_parallel()

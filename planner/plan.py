@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 from arguments.config import ConfigError, PretrainConfig
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
+from data.per_split import describe_sources
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.levers import Lever, find_levers, format_levers
 from planner.moe_plan import moe_lines, moe_state_rows
@@ -111,6 +112,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                  + (", P_a+cpu" if activations.cpu_checkpointing else "")
                  + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
                 if activations.checkpoint_activations else "off"),
+             *_data_lines(config),
              "", "per GPU:" if cluster.device_type == "cuda" else "per process:"]
     states = plan.model_state_bytes
     rows = [("parameters", states["parameters"]), ("gradients", states["gradients"]),
@@ -175,6 +177,13 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
               "", "not known to a dry run (leave headroom for them):"]
     lines += [f"  - {unknown}" for unknown in plan.unknowns] + [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
+
+
+def _data_lines(config: PretrainConfig) -> list[str]:
+    """Which blend each split reads, for the user's data (data/per_split.py); nothing for the embedded corpus."""
+    if not config.data.user_data:
+        return []
+    return [f"data: {describe_sources(config.data.sources(), config.data.split)}"]
 
 
 def _pipeline_lines(stages: PipelineFigures) -> list[str]:

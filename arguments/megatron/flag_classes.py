@@ -364,8 +364,8 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "each sample (cu_seqlens); --reset-attention-mask splits attention at end-of-document tokens instead",
      _names("--dataloader-inter-document-masking")),
     ("not implemented: the data is one --data-path (a prefix or a weighted blend) split into train, valid and "
-     "test documents by --split", _names("""
-        --train-data-path --valid-data-path --test-data-path --data-args-path --per-split-data-args-path
+     "test documents by --split, or Megatron-LM's one blend per split (--train-data-path, --valid-data-path, "
+     "--test-data-path)", _names("""
         --train-weighted-split-paths --valid-weighted-split-paths --test-weighted-split-paths
         --train-weighted-split-paths-path --valid-weighted-split-paths-path --test-weighted-split-paths-path
         --valid-data --test-data --val-data-path --use-npy-data-loader --phase-transition-iterations""")),
