@@ -47,8 +47,10 @@ from parallel.config import ParallelismConfig, recorded_section
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer", *SENTENCEPIECE_TYPES)
-# Other programs' names for one of ours: BigScience's Megatron-DeepSpeed loads a Hugging Face tokenizer.
-TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": "HuggingFaceTokenizer"}
+# Other programs' names for one of ours: BigScience's Megatron-DeepSpeed and ALCF's fork of Megatron-DeepSpeed load a
+# Hugging Face tokenizer (ALCF's megatron/tokenizer/tokenizer.py _HFTokenizer: AutoTokenizer.from_pretrained of
+# --tokenizer-model, eod its eos token).
+TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": "HuggingFaceTokenizer", "HFTokenizer": "HuggingFaceTokenizer"}
 # Megatron-LM's (and Megatron-DeepSpeed's) other tokenizer types: known, and refused with what to use,
 # since a tokenizer decides the token ids (the data) and these read files nothing here reads.
 OTHER_TOKENIZER_TYPES = {
@@ -67,8 +69,16 @@ LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
 # "1-sqrt": swiss-ai's Megatron-LM fork's name (its default) for minus_sqrt, 1 - sqrt(ratio) in both
 # (megatron/core/optimizer_param_scheduler.py, get_lr: `elif self.lr_wsd_decay_style == "1-sqrt"`).
 LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt", "1-sqrt")
-# --optimizer: Megatron-LM's adam (AdamW) and swiss-ai's Megatron-LM fork's ademamix (its arguments.py choices)
-OPTIMIZERS = ("adam", "ademamix", "muon")
+# --optimizer: Megatron-LM's adam (AdamW), swiss-ai's Megatron-LM fork's ademamix, Megatron-LM's muon and ALCF's
+# Megatron-DeepSpeed fork's sophiag (their arguments.py choices); ALCF's adamw (torch.optim.AdamW) is adam here
+# (`optimizer_name`).
+OPTIMIZERS = ("adam", "ademamix", "muon", "sophiag")
+OPTIMIZER_ALIASES = {"adamw": "adam"}
+
+
+def optimizer_name(name: str) -> str:
+    """--optimizer's value, ALCF's adamw (torch.optim.AdamW: AdamW, as adam here) read as adam."""
+    return OPTIMIZER_ALIASES.get(name, name)
 # Megatron-LM's --muon-* choices (megatron/training/arguments.py; the coefficient types are emerging_optimizers'
 # NSCoeffT less "custom", which takes coefficients no flag gives)
 MUON_SCALE_MODES = ("spectral", "shape_scaling", "unit_rms_norm")
@@ -141,10 +151,15 @@ class OptimizerConfig:
     # ademamix.py), Adam with a second, slow momentum: zero/ademamix.py. Its knobs keep the fork's defaults
     # (megatron/training/arguments.py, _add_regularization_args: --ademamix-alpha 5, --ademamix-beta3 0.999, warmups
     # -1: none). No argparse choices: another value is refused with the launch's other problems (validate).
-    optimizer: str = option("adam", help=f"one of {', '.join(OPTIMIZERS)}: adam is AdamW (decoupled weight decay); "
-                                         "ademamix is swiss-ai's Megatron-LM fork's AdEMAMix (a third fp32 state: "
-                                         "the slow momentum); muon is Megatron-LM's Muon for 2-D hidden weights, "
-                                         "Adam for the rest")
+    optimizer: str = option("adam", type=optimizer_name,
+                            help=f"one of {', '.join(OPTIMIZERS)}: adam is AdamW (decoupled weight decay; ALCF's "
+                                 "adamw is the same); ademamix is swiss-ai's Megatron-LM fork's AdEMAMix (a third fp32 "
+                                 "state: the slow momentum); muon is Megatron-LM's Muon for 2-D hidden weights, Adam "
+                                 "for the rest; sophiag is ALCF's Megatron-DeepSpeed fork's Sophia-G")
+    # ALCF's Sophia-G (zero/sophia.py), its flags and their defaults (argonne-lcf/Megatron-DeepSpeed megatron/arguments.py)
+    sophiag_beta1: float = option(0.9, help="with --optimizer sophiag: the momentum's decay (ALCF's fork)")
+    sophiag_beta2: float = option(0.95, help="with --optimizer sophiag: the Hessian estimate's decay (ALCF's fork)")
+    sophiag_rho: float = option(0.01, help="with --optimizer sophiag: the clipping threshold rho (ALCF's fork)")
     # Megatron-LM's Muon (megatron/core/optimizer/emerging_optimizers.py, TensorParallelMuon; zero/muon.py): its
     # flags and their megatron/training/arguments.py defaults (momentum 0.9 there, 0.95 in OptimizerConfig).
     muon_momentum: float = option(0.9, help="with --optimizer muon: the momentum of Muon's internal SGD (Megatron-LM)")
@@ -228,8 +243,14 @@ class OptimizerConfig:
                 raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}", flags=(_flag(name),))
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"--optimizer {self.optimizer} is not implemented: use one of {', '.join(OPTIMIZERS)} "
-                              f"(adam is AdamW; ademamix is swiss-ai's Megatron-LM fork's AdEMAMix; muon is Megatron-LM's Muon)",
+                              f"(adam is AdamW; ademamix is swiss-ai's Megatron-LM fork's AdEMAMix; muon is Megatron-LM's "
+                              f"Muon; sophiag is ALCF's Megatron-DeepSpeed fork's Sophia-G)",
                               flags=("--optimizer",))
+        # the fork's SophiaG.__init__ checks: betas in [0, 1), rho >= 0
+        if not (0.0 <= self.sophiag_beta1 < 1.0 and 0.0 <= self.sophiag_beta2 < 1.0) or self.sophiag_rho < 0:
+            raise ConfigError(f"--sophiag-beta1 and --sophiag-beta2 must be in [0, 1) and --sophiag-rho >= 0, got "
+                              f"{self.sophiag_beta1}, {self.sophiag_beta2} and {self.sophiag_rho}",
+                              flags=("--sophiag-beta1", "--sophiag-beta2", "--sophiag-rho"))
         if self.optimizer == "muon":
             self.validate_muon()
         # the fork's AdEMAMix.__init__ checks: beta3 in [0, 1), alpha >= 0
@@ -423,7 +444,8 @@ def tokenizer_type_name(name: str) -> str:
 
 
 # The flags that name the data (data/per_split.py)
-DATA_SOURCE_FLAGS = ("--data-path", "--data-args-path", *SPLIT_FLAGS, "--per-split-data-args-path", "--mock-data")
+DATA_SOURCE_FLAGS = ("--data-path", "--data-args-path", *SPLIT_FLAGS, "--per-split-data-args-path", "--mock-data",
+                     "--data-file-list")
 
 
 def _flags_named(message: str, flags: tuple[str, ...]) -> tuple[str, ...]:
@@ -452,6 +474,16 @@ class DataConfig:
                                                                        "no test)")
     per_split_data_args_path: Optional[str] = option(
         None, help="a JSON file whose train, valid and test keys hold the per-split blends (a list, a string, or null)")
+    # data/corpus_list.py: ALCF's Megatron-DeepSpeed fork's list of weighted prefixes by corpus
+    data_file_list: Optional[str] = option(
+        None, help="ALCF's fork: a file of 'weight prefix corpus' lines; each corpus's prefixes make one dataset, the "
+                   "corpora blended by their samples, every prefix split by --split")
+    shuffle_sample_in_corpus: bool = option(False, action="store_true",
+                                            help="with --data-file-list: each corpus's samples read in a shuffled "
+                                                 "order (ALCF's fork)")
+    blend_sample_in_corpus: bool = option(False, action="store_true",
+                                          help="with --data-file-list: each corpus's prefixes interleaved by their "
+                                               "samples, not one after the other (ALCF's fork)")
     data_cache_dir: Optional[str] = option(None, help="where the embedded corpus and index caches go (default "
                                                       "~/.cache/zero-gpt)",
                                            aliases={"--data-cache-path": "Megatron-LM"})
@@ -514,12 +546,12 @@ class DataConfig:
         `split_typed`: --split was given on the command line (refused beside per-split blends)."""
         return data_sources(self.data_path, self.data_args_path,
                             (self.train_data_path, self.valid_data_path, self.test_data_path),
-                            self.per_split_data_args_path, self.mock_data, split_typed)
+                            self.per_split_data_args_path, self.mock_data, split_typed, self.data_file_list)
 
     @property
     def user_data(self) -> bool:
         """The user names data (--data-path, a per-split blend, or their files): not the embedded corpus."""
-        return bool(self.data_path or self.data_args_path or self.per_split_data_args_path
+        return bool(self.data_path or self.data_args_path or self.per_split_data_args_path or self.data_file_list
                     or any(paths is not None for paths in (self.train_data_path, self.valid_data_path,
                                                            self.test_data_path)))
 

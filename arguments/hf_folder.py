@@ -318,7 +318,8 @@ def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str,
         if settings["tokenizer_type"] not in SENTENCEPIECE_TYPES:
             _check_fits(layer, settings)
         return
-    if settings["data_path"] or any(settings.get(name) for name in ("data_args_path", "per_split_data_args_path")) \
+    if settings["data_path"] or any(settings.get(name) for name in ("data_args_path", "per_split_data_args_path",
+                                                                              "data_file_list")) \
             or any(settings.get(name) is not None for name in ("train_data_path", "valid_data_path", "test_data_path")):
         return  # the user's data's own tokenizer is to be named (DataConfig.validate says so)
     # no tokenizer anywhere and the embedded corpus: its BPE is trained to fit the model's vocabulary

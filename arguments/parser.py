@@ -60,6 +60,7 @@ from arguments.deepspeed.precedence import INDEPENDENT, JSON_WINS, MUST_AGREE
 from arguments.deepspeed.translation import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 from arguments.flag_equivalents import unknown_flags_message
 from arguments.hf_folder import folder_layer
+from arguments.megatron.alcf import alcf_notes, alcf_problems
 from arguments.megatron.deepspeed_checkpointing_flags import drop_unswitched_checkpointing_flags
 from arguments.megatron.defaults import (
     equally_fitting_generations,
@@ -404,6 +405,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         config.validate()
     except ConfigError as error:
         problems.append(str(name_inherited_values(error, parser, sources, settings.get)))
+    problems += alcf_problems(argv, config, generation, megatron_launch, "--ds_fused_adam" in _harvested_given(namespace))
     if not namespace["print_config"]:
         for check in late_checks:
             try:
@@ -431,6 +433,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         notes.append("> --mlp-type residual: the residual MoE's coefficient Linear(hidden, 2) is drawn "
                      "normal(--init-method-std) with a zero bias, as every weight here; DeepSpeed-MoE keeps torch's "
                      "default uniform draw")
+    notes += alcf_notes(argv, config)
     flex = config.parallel.flex_note(config.model.moe is not None)
     if flex:
         notes.append(flex)

@@ -55,10 +55,12 @@ from data.identity import data_identity, same_data
 SAMPLE_DEFINING_SETTINGS = (("data", "data_path", "--data-path"), ("data", "data_args_path", "--data-args-path"),
                             ("data", "train_data_path", "--train-data-path"),
                             ("data", "per_split_data_args_path", "--per-split-data-args-path"),
+                            ("data", "data_file_list", "--data-file-list"),
                             ("data", "split", "--split"), ("model", "seq_length", "--seq-length"),
                             ("training", "seed", "--seed"))
 # the settings that name the training blend: compared as the content they read when it is known
-TRAINING_BLEND_SETTINGS = ("data_path", "data_args_path", "train_data_path", "per_split_data_args_path")
+TRAINING_BLEND_SETTINGS = ("data_path", "data_args_path", "train_data_path", "per_split_data_args_path",
+                           "data_file_list")
 
 
 @dataclass(frozen=True)

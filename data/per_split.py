@@ -33,6 +33,7 @@ import torch
 
 from base.input_files import read_text_file
 from data import DataError
+from data.corpus_list import ListedDataset, read_data_file_list
 from data.gpt_dataset import SPLIT_NAMES, blend_split, parse_data_path
 from data.indexed import IndexedDataset
 from data.token_range import check_token_ids
@@ -48,17 +49,24 @@ class DataSources:
     blend_source: str = "--data-path"
     per_split: Optional[tuple[Optional[Blend], Optional[Blend], Optional[Blend]]] = None  # train, valid, test
     per_split_source: tuple[str, str, str] = SPLIT_FLAGS
+    file_list: Optional[tuple[ListedDataset, ...]] = None  # ALCF's --data-file-list (data/corpus_list.py)
+    file_list_source: str = "--data-file-list"
 
     @property
     def given(self) -> bool:
         """Data of the user's (not the embedded corpus, not mock data)."""
-        return self.blend is not None or self.per_split is not None
+        return self.blend is not None or self.per_split is not None or self.file_list is not None
 
     def training_blend(self) -> Optional[Blend]:
-        """The list the training samples come from (the resume check compares its content)."""
+        """The list the training samples come from, as weight/prefix pairs where the source lists weights (the
+        resume check compares its content)."""
+        if self.file_list is not None:
+            return tuple(token for entry in self.file_list for token in (repr(entry.weight), entry.prefix))
         return self.per_split[0] if self.per_split is not None else self.blend
 
     def training_source(self) -> str:
+        if self.file_list is not None:
+            return self.file_list_source
         return self.per_split_source[0] if self.per_split is not None else self.blend_source
 
 
@@ -96,7 +104,7 @@ def read_per_split_data_args(path: str) -> tuple[Optional[Blend], Optional[Blend
 
 def data_sources(data_path: Sequence[str], data_args_path: Optional[str],
                  split_paths: tuple[Optional[Sequence[str]], ...], per_split_data_args_path: Optional[str],
-                 mock_data: bool, split_typed: bool) -> DataSources:
+                 mock_data: bool, split_typed: bool, data_file_list: Optional[str] = None) -> DataSources:
     """The data sources the flags name, read (files) and checked as Megatron-LM checks them (module docstring);
     raises DataError in one line. `split_typed`: --split was given by the user (not a default)."""
     per_split_given = [flag for flag, paths in zip(SPLIT_FLAGS, split_paths) if paths is not None]
@@ -106,11 +114,13 @@ def data_sources(data_path: Sequence[str], data_args_path: Optional[str],
         raise DataError(f"{', '.join(per_split_given)} and --per-split-data-args-path name the same blends: give one "
                         f"(Megatron-LM asserts it)")
     kinds = [name for name, given in (("--mock-data", mock_data), ("--data-path", bool(data_path or data_args_path)),
-                                      ("per-split data", bool(per_split_given or per_split_data_args_path)))
+                                      ("per-split data", bool(per_split_given or per_split_data_args_path)),
+                                      ("--data-file-list", bool(data_file_list)))
              if given]
     if len(kinds) > 1:
-        raise DataError(f"{' and '.join(kinds)}: a single data source must be provided (Megatron-LM asserts it); "
-                        f"drop all but one")
+        why = ("ALCF's fork reads --data-file-list and leaves the other unread" if "--data-file-list" in kinds
+               else "Megatron-LM asserts it")
+        raise DataError(f"{' and '.join(kinds)}: a single data source must be provided ({why}); drop all but one")
     if per_split_given or per_split_data_args_path:
         if per_split_data_args_path:
             per_split = read_per_split_data_args(per_split_data_args_path)
@@ -130,6 +140,9 @@ def data_sources(data_path: Sequence[str], data_args_path: Optional[str],
             raise DataError(f"{named} without a training blend: give --train-data-path (or the file's train list); "
                             f"the run's samples come from it")
         return DataSources(per_split=per_split, per_split_source=source)  # type: ignore[arg-type]
+    if data_file_list:
+        return DataSources(file_list=read_data_file_list(data_file_list),
+                           file_list_source=f"--data-file-list {data_file_list}")
     if data_args_path:
         blend = read_data_args(data_args_path)
         source = f"--data-args-path {data_args_path}"
@@ -190,6 +203,10 @@ def describe_sources(sources: DataSources, split: str) -> str:
             how = "" if len(prefixes) == 1 else (" weighted" if weights is not None else " blended by size")
             parts.append(f"{name}: {source}, {len(prefixes)} prefix{'es' if len(prefixes) > 1 else ''}{how}")
         return "one blend per split, each read whole (" + "; ".join(parts) + ")"
+    if sources.file_list is not None:
+        corpora = len({entry.corpus for entry in sources.file_list})
+        return (f"{sources.file_list_source}, {len(sources.file_list)} weighted prefixes in {corpora} "
+                f"corpus{'es' if corpora > 1 else ''} (ALCF's fork), split {split} into train/valid/test documents")
     if sources.blend is not None:
         prefixes, weights = parse_data_path(sources.blend)
         how = "" if len(prefixes) == 1 else (" weighted" if weights is not None else " blended by size")

@@ -231,9 +231,11 @@ def best_lever(levers: list[Lever]) -> Lever:
 
 def _moments(config: PretrainConfig) -> str:
     """What the optimizer states are: Adam's two moments (with their stored dtypes when not fp32: --exp-avg-dtype,
-    --exp-avg-sq-dtype), or AdEMAMix's three (--optimizer ademamix)."""
+    --exp-avg-sq-dtype), AdEMAMix's three (--optimizer ademamix), or Sophia-G's two (--optimizer sophiag)."""
     if config.optimizer.optimizer == "ademamix":
         return "AdEMAMix moments (m1, m2, nu)"
+    if config.optimizer.optimizer == "sophiag":
+        return "Sophia-G states (momentum, Hessian estimate)"
     dtypes = (config.optimizer.exp_avg_dtype, config.optimizer.exp_avg_sq_dtype)
     return "Adam moments" if dtypes == ("fp32", "fp32") else f"Adam moments ({dtypes[0]}, {dtypes[1]})"
 

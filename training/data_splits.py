@@ -9,6 +9,7 @@ from typing import Callable, Iterable, Optional
 
 from arguments.config import PretrainConfig
 from data.corpus import prepare_default_corpus
+from data.corpus_list import build_corpus_list_datasets
 from data.fim import FIMConfig, FIMDataset, FIMTokenizer, FIMTransform
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.mock import build_mock_datasets
@@ -71,6 +72,13 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
             config.data.split, config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
             tokenizer.eod_id, corpus_cache_dir(config))
         summary = f"Megatron-Core's mock documents (--mock-data), split {config.data.split}"
+    elif sources.file_list is not None:
+        # ALCF's --data-file-list: prefixes grouped by corpus (data/corpus_list.py)
+        train_set, valid_set, test_set = build_corpus_list_datasets(
+            sources.file_list, config.data.split, config.model.seq_length, training.seed, num_samples,
+            shuffle=config.data.shuffle_sample_in_corpus, blended=config.data.blend_sample_in_corpus,
+            cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
+        summary = describe_sources(sources, config.data.split)
     elif sources.per_split is not None:
         # Megatron-LM's --train/valid/test-data-path: one blend per split, each prefix read whole (data/per_split.py);
         # each split's indices cached under its own name in --data-cache-path
