@@ -3,7 +3,8 @@
 What changes, and only this:
 
 - model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 (and what follows from them:
-  --ffn-hidden-size in the script's proportion to the hidden size, --kv-channels in its proportion to the
+  --ffn-hidden-size in the script's proportion to the hidden size, --moe-ffn-hidden-size and
+  --moe-shared-expert-intermediate-size too, rounded up to a multiple of the new tensor-parallel size, --kv-channels in its proportion to the
   head dim (hidden / heads), rounded to an even number, --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
   to the heads, rounded up to whole groups per tensor-parallel rank where the original had that), --seq-length
   16 (--max-position-embeddings in the script's proportion to it; swiss-ai's --goldfish-h at most 16, the
@@ -42,7 +43,8 @@ What changes, and only this:
 - paths: data prefixes become the local corpus (blend weights stay), tokenizer files the local tokenizer it
   was made with (GPT-2-format files; a SentencePiece type's --tokenizer-model its tokenizer.model),
   save/load/TensorBoard/cache/codecarbon/trigger directories folders under `out_dir`, the JSON a file there,
-  BigScience's weighted-split-path files files there that name the local corpus. A GPT2BPETokenizer that
+  BigScience's weighted-split-path files and ALCF's --data-file-list files there that name the local corpus
+  (the per-split --train/valid/test-data-path blends keep their weights, as --data-path's). A GPT2BPETokenizer that
   the script let download GPT-2's files gets them as --vocab-file and --merge-file;
 - a launch that leaves --eval-iters to its default (100 batches) gets --eval-iters 1, as one giving it
   does. These three are the only flags added.
@@ -67,6 +69,7 @@ ITERATIONS = 3
 TINY = {"--num-layers": 2, "--hidden-size": 32, "--num-attention-heads": 2, "--seq-length": 16}
 
 TENSOR_PARALLEL = ("--tensor-model-parallel-size", "--model-parallel-size")
+MOE_WIDTHS = ("--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size")
 PIPELINE_PARALLEL = ("--pipeline-model-parallel-size", "--pipe-parallel-size")
 CONTEXT_PARALLEL = ("--context-parallel-size", "--ds-sequence-parallel-size")
 EXPERT_PARALLEL = ("--expert-model-parallel-size", "--moe-expert-parallel-size")
@@ -81,12 +84,13 @@ SCHEDULE_ITERS = ("--lr-decay-iters", "--lr-warmup-iters")
 SCHEDULE_SAMPLES = ("--lr-decay-samples", "--lr-warmup-samples")
 SCHEDULE_TOKENS = ("--lr-decay-tokens", "--lr-warmup-tokens")
 WEIGHTED_SPLITS = ("--train-weighted-split-paths-path", "--valid-weighted-split-paths-path")
-DATA = ("--data-path", "--train-data")
+DATA = ("--data-path", "--train-data", "--train-data-path", "--valid-data-path", "--test-data-path")
+DATA_FILE_LISTS = ("--data-file-list",)
 TOKENIZER_FILES = ("--vocab-file", "--merge-file", "--tokenizer-name-or-path", "--tokenizer-model")
 
 # Every flag whose values the shrink may change; any other flag keeps its values token for token.
 CHANGED_FLAGS = frozenset({
-    *TINY, "--ffn-hidden-size", "--kv-channels", "--num-key-value-heads", "--num-query-groups",
+    *TINY, "--ffn-hidden-size", *MOE_WIDTHS, "--kv-channels", "--num-key-value-heads", "--num-query-groups",
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--num-distributed-optimizer-instances",
@@ -96,7 +100,7 @@ CHANGED_FLAGS = frozenset({
     "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
     "--eval-interval", "--eval-iters", *DATA, *TOKENIZER_FILES, *CHECKPOINT_DIRS, *DIRECTORIES,
-    "--kill-switch-path", *WEIGHTED_SPLITS, *JSON_CONFIG, "--num-experts",
+    "--kill-switch-path", *WEIGHTED_SPLITS, *DATA_FILE_LISTS, *JSON_CONFIG, "--num-experts",
 })
 # flags whose value list the shrink may shorten (a pyramid --num-experts: its first and last counts)
 SHORTENED_LISTS = frozenset({"--num-experts"})
@@ -310,6 +314,11 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = ["1"]
         elif flag == "--ffn-hidden-size" and "--hidden-size" in scalar:
             new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
+        elif flag in MOE_WIDTHS and "--hidden-size" in scalar:
+            # each expert's (and the shared expert's) width in its proportion to the hidden size, a multiple of the
+            # new TP size as the original's was of its (they split over the TP or expert TP ranks)
+            width = max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"]))
+            new = [str(-(-width // new_tp) * new_tp)]
         elif flag == "--kv-channels" and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
             head_dim, tiny_head_dim = (scalar["--hidden-size"] / scalar["--num-attention-heads"],
                                        TINY["--hidden-size"] / TINY["--num-attention-heads"])
@@ -388,6 +397,13 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             split = "TRAIN" if flag.startswith("--train") else "VALID"
             path = os.path.join(files.out_dir, f"{split.lower()}-splits.txt")
             shrunk_files[path] = f"{split}: 1 0:1 {files.data_prefix}\n"
+            new = [path]
+        elif flag in DATA_FILE_LISTS:
+            # ALCF's list of `weight prefix corpus` lines: one line naming the local corpus, its corpus named after
+            # the list (the list itself is the run's data, not part of the launch)
+            path = os.path.join(files.out_dir, "data-file-list.txt")
+            corpus = os.path.splitext(os.path.basename(values[0]))[0] or "corpus"
+            shrunk_files[path] = f"1.0 {files.data_prefix} {corpus}\n"
             new = [path]
         elif flag in JSON_CONFIG:
             # The JSON's own file name (a generated one: the name the script gave it, without `$`).
