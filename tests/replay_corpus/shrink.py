@@ -13,7 +13,9 @@ What changes, and only this:
   number of chunks (--num-layers then the stages x chunks, less the embedding and loss where Megatron's
   --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
   first or last stage (--decoder-first/last-pipeline-num-layers) one layer; a list --moe-layer-freq (one 0 or 1
-  per layer) keeps --num-layers as written, its length; a Megatron-DeepSpeed --num-experts list with different
+  per layer, its length --num-layers) written as runs ("[0]*3+[1]*58") shrinks with the layers, each run one layer
+  and the last run the rest (the dense-first pattern stays; at least one layer a run); a list of another form, or
+  one beside a --pipeline-model-parallel-layout, keeps --num-layers as written, its length; a Megatron-DeepSpeed --num-experts list with different
   counts per MoE layer (PR-MoE's pyramid, "32 ... 32 64 64") becomes its first and last counts, on two MoE layers
   (--num-layers twice --expert-interval), as that fork asserts one count per MoE layer;
 - parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
@@ -100,7 +102,7 @@ CHANGED_FLAGS = frozenset({
     "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
     "--eval-interval", "--eval-iters", *DATA, *TOKENIZER_FILES, *CHECKPOINT_DIRS, *DIRECTORIES,
-    "--kill-switch-path", *WEIGHTED_SPLITS, *DATA_FILE_LISTS, *JSON_CONFIG, "--num-experts",
+    "--kill-switch-path", *WEIGHTED_SPLITS, *DATA_FILE_LISTS, *JSON_CONFIG, "--num-experts", "--moe-layer-freq",
 })
 # flags whose value list the shrink may shorten (a pyramid --num-experts: its first and last counts)
 SHORTENED_LISTS = frozenset({"--num-experts"})
@@ -233,9 +235,19 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         # Megatron-DeepSpeed's per-layer --num-experts (PR-MoE's "32 ... 32 64 64"): its first and last counts, on
         # two MoE layers (a list has one count per --expert-interval-th layer, as Megatron-DeepSpeed asserts)
         new_layers = max(new_layers, 2 * scalar.get("--expert-interval", 2))
+    freq_runs = None
     if "[" in given.get("--moe-layer-freq", [""])[-1] and "--num-layers" in scalar:
-        # a list --moe-layer-freq (Megatron-LM's "([0]*3+[1]*5)") names each layer dense or MoE: its layers stay
-        new_layers = scalar["--num-layers"]
+        # a list --moe-layer-freq (Megatron-LM's "([0]*3+[1]*5)") names each layer dense or MoE, and Megatron asserts
+        # its length is --num-layers: a list of runs shrinks with the layers, each run keeping at least one layer
+        # (the dense-first pattern stays); a list of another form, or one a --pipeline-model-parallel-layout places
+        # layer by layer, keeps its layers as written
+        freq_runs = layer_runs(given["--moe-layer-freq"][-1])
+        if freq_runs is None or "--pipeline-model-parallel-layout" in given:
+            freq_runs, new_layers = None, scalar["--num-layers"]
+        else:
+            new_layers = max(new_layers, len(freq_runs))
+            if new_pp > 1:
+                new_layers += -(new_layers + counted) % (new_pp * chunks)
 
     # Batch sizes: one map for micro batches, one for accumulation steps, on both sides.
     flag_micro = first(scalar, MICRO_BATCH)
@@ -304,6 +316,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         value = scalar.get(flag)
         if flag == "--num-layers":
             new = [str(new_layers)]
+        elif flag == "--moe-layer-freq" and freq_runs is not None:
+            new = [*values[:-1], shrink_layer_runs(values[-1], freq_runs, new_layers)]
         elif flag == "--num-experts" and pyramid:
             new = [values[0], values[-1]]
         elif flag in TINY:
@@ -443,6 +457,25 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     argv = join_flags(out)
     assert [f for f, _, _ in out[:len(pairs)]] == [f for f, _, _ in pairs]  # every flag kept, in its place
     return Shrunk(argv, shrunk_files, added)
+
+
+LAYER_RUN = re.compile(r"\[([01])\]\*(\d+)")
+
+
+def layer_runs(expression: str) -> Optional[list[tuple[str, int]]]:
+    """[(0 or 1, layers)] of a --moe-layer-freq list written as runs, "([0]*3+[1]*58)"; None for another form."""
+    body = expression.strip()
+    if body.startswith("(") and body.endswith(")"):
+        body = body[1:-1]
+    runs = [LAYER_RUN.fullmatch(part.strip()) for part in body.split("+")]
+    return None if not all(runs) else [(run.group(1), int(run.group(2))) for run in runs]
+
+
+def shrink_layer_runs(expression: str, runs: list[tuple[str, int]], layers: int) -> str:
+    """The expression with one layer per run and the rest in its last run (its MoE layers, after the dense first
+    ones), `layers` in all; its spacing and parentheses as written."""
+    counts = iter([1] * (len(runs) - 1) + [layers - len(runs) + 1])
+    return LAYER_RUN.sub(lambda match: f"[{match.group(1)}]*{next(counts)}", expression)
 
 
 def samples_in(iterations: int, global_batch: int, ramp: Optional[tuple[int, int, int]]) -> int:
