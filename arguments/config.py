@@ -26,6 +26,7 @@ a variant build one with `dataclasses.replace`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
@@ -33,19 +34,23 @@ from typing import Optional
 import torch
 
 from arguments.bounds import check_bounds
+from arguments.config_sources import FLAG
 from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
 from base.options import Const, count, flag_of, option
 from data import DataError
-from data.gpt_dataset import parse_data_path, parse_split
+from data.gpt_dataset import parse_split
+from data.per_split import SPLIT_FLAGS, DataSources, data_sources
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
 from parallel.config import ParallelismConfig, recorded_section
 from zero.config import ActivationCheckpointConfig, ZeroConfig
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer", *SENTENCEPIECE_TYPES)
-# Other programs' names for one of ours: BigScience's Megatron-DeepSpeed loads a Hugging Face tokenizer.
-TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": "HuggingFaceTokenizer"}
+# Other programs' names for one of ours: BigScience's Megatron-DeepSpeed and ALCF's fork of Megatron-DeepSpeed load a
+# Hugging Face tokenizer (ALCF's megatron/tokenizer/tokenizer.py _HFTokenizer: AutoTokenizer.from_pretrained of
+# --tokenizer-model, eod its eos token).
+TOKENIZER_TYPE_ALIASES = {"PretrainedFromHF": "HuggingFaceTokenizer", "HFTokenizer": "HuggingFaceTokenizer"}
 # Megatron-LM's (and Megatron-DeepSpeed's) other tokenizer types: known, and refused with what to use,
 # since a tokenizer decides the token ids (the data) and these read files nothing here reads.
 OTHER_TOKENIZER_TYPES = {
@@ -64,8 +69,16 @@ LR_DECAY_STYLES = ("cosine", "linear", "constant", "inverse-square-root", "WSD")
 # "1-sqrt": swiss-ai's Megatron-LM fork's name (its default) for minus_sqrt, 1 - sqrt(ratio) in both
 # (megatron/core/optimizer_param_scheduler.py, get_lr: `elif self.lr_wsd_decay_style == "1-sqrt"`).
 LR_WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt", "1-sqrt")
-# --optimizer: Megatron-LM's adam (AdamW) and swiss-ai's Megatron-LM fork's ademamix (its arguments.py choices)
-OPTIMIZERS = ("adam", "ademamix", "muon")
+# --optimizer: Megatron-LM's adam (AdamW), swiss-ai's Megatron-LM fork's ademamix, Megatron-LM's muon and ALCF's
+# Megatron-DeepSpeed fork's sophiag (their arguments.py choices); ALCF's adamw (torch.optim.AdamW) is adam here
+# (`optimizer_name`).
+OPTIMIZERS = ("adam", "ademamix", "muon", "sophiag")
+OPTIMIZER_ALIASES = {"adamw": "adam"}
+
+
+def optimizer_name(name: str) -> str:
+    """--optimizer's value, ALCF's adamw (torch.optim.AdamW: AdamW, as adam here) read as adam."""
+    return OPTIMIZER_ALIASES.get(name, name)
 # Megatron-LM's --muon-* choices (megatron/training/arguments.py; the coefficient types are emerging_optimizers'
 # NSCoeffT less "custom", which takes coefficients no flag gives)
 MUON_SCALE_MODES = ("spectral", "shape_scaling", "unit_rms_norm")
@@ -138,10 +151,15 @@ class OptimizerConfig:
     # ademamix.py), Adam with a second, slow momentum: zero/ademamix.py. Its knobs keep the fork's defaults
     # (megatron/training/arguments.py, _add_regularization_args: --ademamix-alpha 5, --ademamix-beta3 0.999, warmups
     # -1: none). No argparse choices: another value is refused with the launch's other problems (validate).
-    optimizer: str = option("adam", help=f"one of {', '.join(OPTIMIZERS)}: adam is AdamW (decoupled weight decay); "
-                                         "ademamix is swiss-ai's Megatron-LM fork's AdEMAMix (a third fp32 state: "
-                                         "the slow momentum); muon is Megatron-LM's Muon for 2-D hidden weights, "
-                                         "Adam for the rest")
+    optimizer: str = option("adam", type=optimizer_name,
+                            help=f"one of {', '.join(OPTIMIZERS)}: adam is AdamW (decoupled weight decay; ALCF's "
+                                 "adamw is the same); ademamix is swiss-ai's Megatron-LM fork's AdEMAMix (a third fp32 "
+                                 "state: the slow momentum); muon is Megatron-LM's Muon for 2-D hidden weights, Adam "
+                                 "for the rest; sophiag is ALCF's Megatron-DeepSpeed fork's Sophia-G")
+    # ALCF's Sophia-G (zero/sophia.py), its flags and their defaults (argonne-lcf/Megatron-DeepSpeed megatron/arguments.py)
+    sophiag_beta1: float = option(0.9, help="with --optimizer sophiag: the momentum's decay (ALCF's fork)")
+    sophiag_beta2: float = option(0.95, help="with --optimizer sophiag: the Hessian estimate's decay (ALCF's fork)")
+    sophiag_rho: float = option(0.01, help="with --optimizer sophiag: the clipping threshold rho (ALCF's fork)")
     # Megatron-LM's Muon (megatron/core/optimizer/emerging_optimizers.py, TensorParallelMuon; zero/muon.py): its
     # flags and their megatron/training/arguments.py defaults (momentum 0.9 there, 0.95 in OptimizerConfig).
     muon_momentum: float = option(0.9, help="with --optimizer muon: the momentum of Muon's internal SGD (Megatron-LM)")
@@ -232,8 +250,14 @@ class OptimizerConfig:
                 raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(self, name)}", flags=(_flag(name),))
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"--optimizer {self.optimizer} is not implemented: use one of {', '.join(OPTIMIZERS)} "
-                              f"(adam is AdamW; ademamix is swiss-ai's Megatron-LM fork's AdEMAMix; muon is Megatron-LM's Muon)",
+                              f"(adam is AdamW; ademamix is swiss-ai's Megatron-LM fork's AdEMAMix; muon is Megatron-LM's "
+                              f"Muon; sophiag is ALCF's Megatron-DeepSpeed fork's Sophia-G)",
                               flags=("--optimizer",))
+        # the fork's SophiaG.__init__ checks: betas in [0, 1), rho >= 0
+        if not (0.0 <= self.sophiag_beta1 < 1.0 and 0.0 <= self.sophiag_beta2 < 1.0) or self.sophiag_rho < 0:
+            raise ConfigError(f"--sophiag-beta1 and --sophiag-beta2 must be in [0, 1) and --sophiag-rho >= 0, got "
+                              f"{self.sophiag_beta1}, {self.sophiag_beta2} and {self.sophiag_rho}",
+                              flags=("--sophiag-beta1", "--sophiag-beta2", "--sophiag-rho"))
         if self.optimizer == "muon":
             self.validate_muon()
         # the fork's AdEMAMix.__init__ checks: beta3 in [0, 1), alpha >= 0
@@ -426,6 +450,16 @@ def tokenizer_type_name(name: str) -> str:
     return TOKENIZER_TYPE_ALIASES.get(name, name)
 
 
+# The flags that name the data (data/per_split.py)
+DATA_SOURCE_FLAGS = ("--data-path", "--data-args-path", *SPLIT_FLAGS, "--per-split-data-args-path", "--mock-data",
+                     "--data-file-list")
+
+
+def _flags_named(message: str, flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags of `flags` that `message` names (a flag followed by a space, a comma, a colon or its end)."""
+    return tuple(flag for flag in flags if re.search(re.escape(flag) + r"(?![\w-])", message))
+
+
 @dataclass(frozen=True)
 class DataConfig:
     # Megatron's form: one prefix ("path/to/x_text_document"), or "weight prefix weight prefix ...".
@@ -435,6 +469,28 @@ class DataConfig:
                                        "omit to train on the embedded corpus",
                                   aliases={"--train-data": "DeepSpeed-Megatron"})
     split: str = option("969,30,1", help="train,valid,test ratio of documents")
+    # data/per_split.py: Megatron-LM's other ways to name the data (get_blend_and_blend_per_split)
+    data_args_path: Optional[str] = option(None, help="a file holding the --data-path list (prefixes, or weight/prefix "
+                                                      "pairs, whitespace-separated), for lists too long to type")
+    train_data_path: Optional[list[str]] = option(
+        None, nargs="*", help="the training blend (a prefix, prefixes, or weight/prefix pairs, as --data-path), read "
+                              "whole: no --split")
+    valid_data_path: Optional[list[str]] = option(None, nargs="*", help="the validation blend, as --train-data-path "
+                                                                        "(none: no validation)")
+    test_data_path: Optional[list[str]] = option(None, nargs="*", help="the test blend, as --train-data-path (none: "
+                                                                       "no test)")
+    per_split_data_args_path: Optional[str] = option(
+        None, help="a JSON file whose train, valid and test keys hold the per-split blends (a list, a string, or null)")
+    # data/corpus_list.py: ALCF's Megatron-DeepSpeed fork's list of weighted prefixes by corpus
+    data_file_list: Optional[str] = option(
+        None, help="ALCF's fork: a file of 'weight prefix corpus' lines; each corpus's prefixes make one dataset, the "
+                   "corpora blended by their samples, every prefix split by --split")
+    shuffle_sample_in_corpus: bool = option(False, action="store_true",
+                                            help="with --data-file-list: each corpus's samples read in a shuffled "
+                                                 "order (ALCF's fork)")
+    blend_sample_in_corpus: bool = option(False, action="store_true",
+                                          help="with --data-file-list: each corpus's prefixes interleaved by their "
+                                               "samples, not one after the other (ALCF's fork)")
     data_cache_dir: Optional[str] = option(None, help="where the embedded corpus and index caches go (default "
                                                       "~/.cache/zero-gpt)",
                                            aliases={"--data-cache-path": "Megatron-LM"})
@@ -491,19 +547,31 @@ class DataConfig:
     # Used only without --data-path.
     tokenizer_vocab_size: int = option(4096, help="vocabulary of the BPE trained on the embedded corpus")
 
+    def sources(self, split_typed: bool = False) -> DataSources:
+        """What the run reads: one blend split by --split, or one blend per split (data/per_split.py), the
+        --data-args-path and --per-split-data-args-path files read; DataError in one line as Megatron-LM refuses.
+        `split_typed`: --split was given on the command line (refused beside per-split blends)."""
+        return data_sources(self.data_path, self.data_args_path,
+                            (self.train_data_path, self.valid_data_path, self.test_data_path),
+                            self.per_split_data_args_path, self.mock_data, split_typed, self.data_file_list)
+
+    @property
+    def user_data(self) -> bool:
+        """The user names data (--data-path, a per-split blend, or their files): not the embedded corpus."""
+        return bool(self.data_path or self.data_args_path or self.per_split_data_args_path or self.data_file_list
+                    or any(paths is not None for paths in (self.train_data_path, self.valid_data_path,
+                                                           self.test_data_path)))
+
     def validate(self) -> None:
-        # The data files are opened later; their flags' syntax is checked now, before any work.
-        syntax = [("--split", parse_split, self.split)]
-        if self.data_path:
-            syntax.append(("--data-path", parse_data_path, self.data_path))
-        for flag, parse, value in syntax:
-            try:
-                parse(value)
-            except DataError as error:
-                raise ConfigError(str(error), flags=(flag,)) from None
-        if self.mock_data and self.data_path:
-            raise ConfigError("--mock-data with --data-path: the mock documents replace the data; drop one of them",
-                              flags=("--mock-data", "--data-path"))
+        # The data files are opened later; their flags' syntax (and the list files) are read now, before any work.
+        try:
+            parse_split(self.split)
+        except DataError as error:
+            raise ConfigError(str(error), flags=("--split",)) from None
+        try:
+            self.sources()
+        except DataError as error:
+            raise ConfigError(str(error), flags=_flags_named(str(error), DATA_SOURCE_FLAGS)) from None
         if self.tokenizer_type in OTHER_TOKENIZER_TYPES:
             raise ConfigError(f"--tokenizer-type {self.tokenizer_type}: {OTHER_TOKENIZER_TYPES[self.tokenizer_type]}",
                               flags=("--tokenizer-type",))
@@ -515,12 +583,12 @@ class DataConfig:
                 raise ConfigError("--tokenizer-type NullTokenizer reads token ids as they are: drop --tokenizer-file, "
                                   "--vocab-file and --merge-file",
                                   flags=("--tokenizer-type", "--tokenizer-file", "--vocab-file", "--merge-file"))
-            if not self.data_path and not self.mock_data:
+            if not self.user_data and not self.mock_data:
                 raise ConfigError("--tokenizer-type NullTokenizer needs --data-path (data tokenized elsewhere) or "
                                   "--mock-data; the "
                                   "embedded corpus is text and needs a real tokenizer",
                                   flags=("--tokenizer-type", "--data-path", "--mock-data"))
-        elif self.data_path and not (self.tokenizer_file or self.vocab_file):
+        elif self.user_data and not (self.tokenizer_file or self.vocab_file):
             raise ConfigError("--data-path needs the tokenizer it was prepared with: pass --tokenizer-file "
                               "(--tokenizer-model), --vocab-file and --merge-file, or --tokenizer-type NullTokenizer "
                               "with --vocab-size",
@@ -903,6 +971,41 @@ class PretrainConfig:
         # --num-distributed-optimizer-instances also cuts the experts' optimizer over the expert data-parallel group
         # (parallel/state.py); that it divides the expert DP size is checked at launch, where the size is known
 
+    def _check_split_beside_per_split_blends(self) -> None:
+        """--split typed beside per-split blends: Megatron-Core's BlendedMegatronDatasetConfig asserts against it (a
+        default --split, ours or a Megatron generation's, is not read there; data/per_split.py)."""
+        source = self.sources.get("split")
+        if source is None or source.kind != FLAG or self.data.sources().per_split is None:
+            return
+        try:
+            self.data.sources(split_typed=True)
+        except DataError as error:
+            raise ConfigError(str(error), flags=_flags_named(str(error), ("--split", *DATA_SOURCE_FLAGS))) from None
+
+    def _check_flex_dispatcher(self) -> None:
+        """Megatron-Core's flex dispatcher beside the experts (token_dispatcher.py MoEFlexTokenDispatcher and
+        transformer_config.py at d98e8a64): DeepEP and NCCL-EP assert an expert TP x EP group of more than one
+        rank, and DeepEP refuses --moe-pad-expert-input-to-capacity."""
+        parallel, moe = self.parallel, self.model.moe
+        if parallel.moe_token_dispatcher_type != "flex" or moe is None:
+            return
+        backend = parallel.flex_backend
+        etp = parallel.expert_tensor_parallel_size or parallel.tensor_model_parallel_size
+        group = etp * parallel.expert_model_parallel_size
+        if backend in ("deepep", "ncclep") and group == 1:
+            name = "DeepEP" if backend == "deepep" else "NCCL EP"
+            raise ConfigError(f"--moe-token-dispatcher-type flex with the {backend} backend needs more than one rank "
+                              f"in the expert tensor-parallel x expert-parallel group ({name} dispatcher requires "
+                              f"TPxEP > 1, as Megatron-Core asserts): raise --expert-model-parallel-size, or use "
+                              f"--moe-token-dispatcher-type alltoall",
+                              flags=("--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend",
+                                     "--expert-model-parallel-size"))
+        if backend == "deepep" and moe.pad_expert_input_to_capacity:
+            raise ConfigError("--moe-pad-expert-input-to-capacity with the flex dispatcher's deepep backend: "
+                              "Megatron-Core refuses it (DeepEP does not pad to capacity); use "
+                              "--moe-flex-dispatcher-backend hybridep or --moe-token-dispatcher-type alltoall",
+                              flags=("--moe-pad-expert-input-to-capacity", "--moe-flex-dispatcher-backend"))
+
     def _check_moe_tensor_parallel(self) -> None:
         """MoE under tensor parallelism (gpt/moe/layer.py): Megatron-Core's MoELayer.forward raises in training
         with TP > 1 and no sequence parallelism; each expert's ffn splits evenly over the expert TP ranks
@@ -950,9 +1053,11 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
+        self._check_split_beside_per_split_blends()
         self._check_goldfish()
         self._check_muon()
         self._check_expert_parallel()
+        self._check_flex_dispatcher()
         self._check_moe_tensor_parallel()
         self._check_pipeline()
         self._check_context_parallel()

@@ -312,8 +312,10 @@ def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str,
         _check_fits(layer, {name: str(path) for name, path in files.items()})
         layer.notes.append(f"> the tokenizer is the folder's: {', '.join(map(str, files.values()))}")
         return
-    if settings["data_path"]:
-        return  # --data-path's own tokenizer is to be named (DataConfig.validate says so)
+    if settings["data_path"] or any(settings.get(name) for name in ("data_args_path", "per_split_data_args_path",
+                                                                      "data_file_list")) \
+            or any(settings.get(name) is not None for name in ("train_data_path", "valid_data_path", "test_data_path")):
+        return  # the user's data's own tokenizer is to be named (DataConfig.validate says so)
     # no tokenizer anywhere and the embedded corpus: its BPE is trained to fit the model's vocabulary
     if vocab < MIN_TOKENIZER_VOCAB:
         layer.problems.append(f"{folder} has no tokenizer (tokenizer.json, or vocab.json and merges.txt) and "

@@ -60,6 +60,7 @@ from arguments.deepspeed.precedence import INDEPENDENT, JSON_WINS, MUST_AGREE
 from arguments.deepspeed.translation import DeepSpeedTranslation, load_deepspeed_config, resolve_zero_config
 from arguments.flag_equivalents import unknown_flags_message
 from arguments.hf_folder import folder_layer
+from arguments.megatron.alcf import alcf_notes, alcf_problems
 from arguments.megatron.deepspeed_checkpointing_flags import drop_unswitched_checkpointing_flags
 from arguments.megatron.defaults import (
     equally_fitting_generations,
@@ -404,6 +405,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         config.validate()
     except ConfigError as error:
         problems.append(str(name_inherited_values(error, parser, sources, settings.get)))
+    problems += alcf_problems(argv, config, generation, megatron_launch, "--ds_fused_adam" in _harvested_given(namespace))
     if not namespace["print_config"]:
         for check in late_checks:
             try:
@@ -434,6 +436,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     for format_note in (config.checkpoint.unwritten_format_note(), config.megatron_format_unwritten()):
         if format_note:
             notes.append(format_note)
+    notes += alcf_notes(argv, config)
+    flex = config.parallel.flex_note(config.model.moe is not None)
+    if flex:
+        notes.append(flex)
     if config.checkpoint.save_interval and not config.checkpoint.save:
         notes.append(f"> --save-interval {config.checkpoint.save_interval} without --save: nothing is saved, as in "
                      f"Megatron-LM, which saves only where --save names a folder")

@@ -49,7 +49,10 @@ def format_config(parsed) -> str:
             else:
                 effect = f"accepted, no effect on the math: {verdict.why}"
             outcome = parsed.json_outcomes.get(verdict.key)  # beside a flag of the command line
-            lines.append(_row(verdict.key, "", f"{effect}; {outcome}" if outcome else effect))
+            section, _, rest = verdict.key.partition(".")
+            shown = verdict.key if section not in parsed.deepspeed.written_as else \
+                f"{verdict.key} (written {parsed.deepspeed.written_as[section]}.{rest}, its older name)"
+            lines.append(_row(shown, "", f"{effect}; {outcome}" if outcome else effect))
         implied = {"activation_checkpointing": "--checkpoint-activations"}  # keys no verdict lists
         lines += [_row(key, "", f"implies {flag}; {parsed.json_outcomes[key]}") for key, flag in implied.items()
                   if key in parsed.json_outcomes]

@@ -316,8 +316,9 @@ def _metadata(iteration: int, consumed_samples: int, stage_tables: list[dict], s
         "tokenizer": TOKENIZER_DIR if has_tokenizer else None,
         "files": files,
         "config": config.to_dict(),
-        # What --data-path reads, as content: a resume compares this, not the path as typed.
-        "data_identity": data_identity(config.data.data_path),
+        # What the training blend (--data-path, --train-data-path, ...) reads, as content: a resume compares this,
+        # not the path as typed.
+        "data_identity": data_identity(config.data.sources().training_blend() or []),
     }
     if state.context_parallel_size > 1:  # the optimizer partitions are then DP x CP (parallel/state.py)
         metadata["context_parallel_size"] = state.context_parallel_size

@@ -55,8 +55,15 @@ from data.gpt_dataset import parse_split
 from data.identity import data_identity, same_data
 
 # The settings that decide which tokens sample i holds: (config section, field, flag).
-SAMPLE_DEFINING_SETTINGS = (("data", "data_path", "--data-path"), ("data", "split", "--split"),
-                            ("model", "seq_length", "--seq-length"), ("training", "seed", "--seed"))
+SAMPLE_DEFINING_SETTINGS = (("data", "data_path", "--data-path"), ("data", "data_args_path", "--data-args-path"),
+                            ("data", "train_data_path", "--train-data-path"),
+                            ("data", "per_split_data_args_path", "--per-split-data-args-path"),
+                            ("data", "data_file_list", "--data-file-list"),
+                            ("data", "split", "--split"), ("model", "seq_length", "--seq-length"),
+                            ("training", "seed", "--seed"))
+# the settings that name the training blend: compared as the content they read when it is known
+TRAINING_BLEND_SETTINGS = ("data_path", "data_args_path", "train_data_path", "per_split_data_args_path",
+                           "data_file_list")
 
 
 @dataclass(frozen=True)
@@ -133,13 +140,15 @@ def check_resume_matches(metadata: dict, config, iteration_dir: Path, override: 
     and `override` allows it; else a ConfigError listing each difference."""
     saved_config = metadata.get("config") or {}
     differences = []
-    content = _data_content_difference(metadata.get("data_identity"), config.data.data_path)
+    sources = config.data.sources()
+    training_blend = list(sources.training_blend() or [])
+    content = _data_content_difference(metadata.get("data_identity"), training_blend)
     if content:
-        differences.append(f"--data-path {_show(list(config.data.data_path))} ({content})")
+        differences.append(f"{sources.training_source()} {_show(training_blend)} ({content})")
     for section, name, flag in SAMPLE_DEFINING_SETTINGS:
         if name not in saved_config.get(section, {}):
             continue  # a checkpoint from a tool that did not record it
-        if name == "data_path" and content is not None:
+        if name in TRAINING_BLEND_SETTINGS and content is not None:
             continue  # compared as content above: the words typed may differ for the same files
         saved, ours = saved_config[section][name], getattr(getattr(config, section), name)
         if isinstance(ours, (list, tuple)):

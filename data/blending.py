@@ -264,12 +264,14 @@ class BlendedDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, datasets: Sequence[torch.utils.data.Dataset], weights: Sequence[float], num_samples: int,
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, normalized: bool = False):
+        """`normalized`: the weights are used as given (the caller normalized them as its source does), not divided
+        by their sum again, which may move a weight by an ulp and a tie of the greedy rule with it."""
         if len(datasets) != len(weights) or not datasets:
             raise ValueError(f"need one weight per dataset, got {len(datasets)} datasets and {len(weights)} weights")
         if any(not math.isfinite(w) or w <= 0 for w in weights):
             raise ValueError(f"blend weights must be positive, got {list(weights)}")
-        total = float(sum(weights))
+        total = 1.0 if normalized else float(sum(weights))
         self.datasets = list(datasets)
         self.weights = [float(w) / total for w in weights]
         self.num_samples = num_samples

@@ -447,25 +447,34 @@ def build_train_valid_test_datasets(
             for ds, document_ranges, weight in zip(indexed, ranges, weights or [None] * len(indexed))
             if document_ranges[s][1] > document_ranges[s][0]
         ]
-        if weights is None:  # blended by size: one epoch's samples each, a member holding none left out
-            sized = [(ds, document_range, epoch_samples(ds, document_range, seq_length))
-                     for ds, document_range, _ in members]
-            members = [member for member in sized if member[2] > 0] or [(ds, r, 1) for ds, r, _ in sized[:1]]
-        if num_samples[s] == 0 or not members:
-            results.append(None)
-            continue
-        total_weight = sum(weight for _, _, weight in members)
-        member_weights = [weight / total_weight for _, _, weight in members]
-        counts = [num_samples[s]] if len(members) == 1 else samples_per_dataset(member_weights, num_samples[s])
-        parts = [
-            GPTDataset(ds, np.arange(*document_range, dtype=np.int64), count, seq_length, seed, split_name, cache_dir)
-            for (ds, document_range, _), count in zip(members, counts)
-        ]
-        if len(parts) == 1:
-            results.append(parts[0])
-            continue
-        # The blending indices depend only on the weights and the count; they are cached beside the
-        # first member's data unless a cache directory is given.
-        blend_cache = cache_dir if cache_dir is not None else os.path.dirname(os.path.abspath(members[0][0].prefix))
-        results.append(BlendedDataset(parts, member_weights, num_samples[s], cache_dir=blend_cache))
+        results.append(blend_split(members, weights is not None, num_samples[s], seq_length, seed, split_name,
+                                   cache_dir))
     return results[0], results[1], results[2]
+
+
+def blend_split(members: list[tuple[IndexedDataset, tuple[int, int], float | None]], weighted: bool, num_samples: int,
+                seq_length: int, seed: int, split_name: str, cache_dir: str | None
+                ) -> torch.utils.data.Dataset | None:
+    """One split's dataset from its members (prefix, its documents in this split, its weight): one member's
+    GPTDataset, or the members blended by their weights, or (`weighted` False) by the samples one epoch of each holds
+    (`epoch_samples`, Megatron-Core's `len(megatron_dataset)` of one-epoch datasets), a member holding no whole
+    sample left out. None when the split gets no samples or has no member."""
+    if not weighted:  # blended by size: one epoch's samples each, a member holding none left out
+        sized = [(ds, document_range, epoch_samples(ds, document_range, seq_length))
+                 for ds, document_range, _ in members]
+        members = [member for member in sized if member[2] > 0] or [(ds, r, 1) for ds, r, _ in sized[:1]]
+    if num_samples == 0 or not members:
+        return None
+    total_weight = sum(weight for _, _, weight in members)
+    member_weights = [weight / total_weight for _, _, weight in members]
+    counts = [num_samples] if len(members) == 1 else samples_per_dataset(member_weights, num_samples)
+    parts = [
+        GPTDataset(ds, np.arange(*document_range, dtype=np.int64), count, seq_length, seed, split_name, cache_dir)
+        for (ds, document_range, _), count in zip(members, counts)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    # The blending indices depend only on the weights and the count; they are cached beside the
+    # first member's data unless a cache directory is given.
+    blend_cache = cache_dir if cache_dir is not None else os.path.dirname(os.path.abspath(members[0][0].prefix))
+    return BlendedDataset(parts, member_weights, num_samples, cache_dir=blend_cache)

@@ -48,7 +48,7 @@ MOE_FIELDS = ("router_topk", "router_score_function", "router_pre_softmax", "rou
               "router_num_groups", "router_group_topk", "router_enable_expert_bias", "router_bias_update_rate",
               "router_load_balancing_type", "aux_loss_coeff", "z_loss_coeff", "expert_capacity_factor",
               "pad_expert_input_to_capacity", "token_drop_policy", "shared_expert_intermediate_size",
-              "shared_expert_gate")
+              "shared_expert_gate", "router_force_load_balancing")
 # Megatron-LM's --cp-comm-type choices (megatron/training/arguments.py)
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
@@ -221,6 +221,11 @@ class ModelConfig:
         help="aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid scores chooses the experts, "
              "moved by --moe-router-bias-update-rate toward the mean load after each iteration")
     moe_router_bias_update_rate: float = option(1e-3, help="the expert bias's step per iteration")
+    # Megatron-Core's TopKRouter.forward: `logits = apply_random_logits(logits)` (moe_utils.RandomSTE)
+    moe_router_force_load_balancing: bool = option(
+        False, action="store_true",
+        help="benchmark routing, as Megatron-Core's: each router's logits are replaced by standard normal draws "
+             "(per expert-parallel rank) before the top-k, their gradient passed to the real logits unchanged")
     moe_router_load_balancing_type: str = option(
         "aux_loss",
         help="aux_loss (GShard/Switch), seq_aux_loss (per sequence), global_aux_loss (token counts over the "

@@ -157,5 +157,5 @@ def tensor_parallel_plan(state: ParallelState, parallel: Optional[ParallelismCon
     """The plan for `state`'s tensor-parallel group under the `parallel` section (None: no sequence
     parallelism). Megatron's --sequence-parallel with TP 1 splits nothing: the plain model."""
     sequence_parallel = parallel is not None and parallel.sequence_parallel and state.tensor_parallel_size > 1
-    dispatcher = parallel.moe_token_dispatcher_type if parallel is not None else "allgather"
+    dispatcher = parallel.token_dispatcher if parallel is not None else "allgather"
     return TensorParallelPlan(state, sequence_parallel, dispatcher)

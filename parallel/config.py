@@ -26,6 +26,9 @@ from typing import Optional
 from base.errors import ConfigError
 from base.options import option
 
+# Megatron-Core's flex dispatcher backends (--moe-flex-dispatcher-backend choices at d98e8a64)
+FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")
+
 
 @dataclass(frozen=True)
 class ParallelismConfig:
@@ -83,7 +86,17 @@ class ParallelismConfig:
         "allgather", choices=("allgather", "alltoall", "flex"),
         help="how tokens reach their experts' ranks under expert parallelism: allgather (every token to every "
              "expert-parallel rank) or alltoall (each token to its experts' ranks); the same numbers; flex "
-             "(DeepEP/HybridEP) is not implemented")
+             "(Megatron's DeepEP/HybridEP/NCCL-EP kernels over the expert TP x EP group) moves the same tokens as "
+             "alltoall and runs alltoall here (said at start-up)")
+    # MoEFlexTokenDispatcher's backends (transformer_config.py moe_flex_dispatcher_backend, its default deepep)
+    moe_flex_dispatcher_backend: str = option(
+        "deepep", choices=FLEX_BACKENDS,
+        help="with --moe-token-dispatcher-type flex: the GPU kernels Megatron dispatches with (DeepEP, HybridEP, "
+             "NCCL-EP); none is used here, the alltoall dispatcher moves the same tokens")
+    moe_enable_deepep: bool = option(
+        False, action="store_true",
+        help="Megatron-LM's deprecated spelling of --moe-flex-dispatcher-backend deepep (needs "
+             "--moe-token-dispatcher-type flex)")
 
     def validate(self) -> None:
         for name, flag in (("tensor_model_parallel_size", "--tensor-model-parallel-size"),
@@ -99,9 +112,52 @@ class ParallelismConfig:
                               f"--tensor-model-parallel-size {tp}: expert tensor parallelism is 1 or the "
                               f"tensor-parallel size here; use 1 or {tp}",
                               flags=("--expert-tensor-parallel-size", "--tensor-model-parallel-size"))
+        self.validate_flex()
+
+    def validate_flex(self) -> None:
+        """TransformerConfig.__post_init__'s flex dispatcher checks (megatron/core/transformer/transformer_config.py
+        at d98e8a64), each in one line naming the flags."""
+        flex = self.moe_token_dispatcher_type == "flex"
+        if self.moe_enable_deepep:
+            if not flex:
+                raise ConfigError("--moe-enable-deepep needs --moe-token-dispatcher-type flex (DeepEP is one of the "
+                                  "flex dispatcher's backends, as Megatron-Core requires)",
+                                  flags=("--moe-enable-deepep", "--moe-token-dispatcher-type"))
+            if self.moe_flex_dispatcher_backend == "hybridep":
+                raise ConfigError("--moe-enable-deepep with --moe-flex-dispatcher-backend hybridep: the flex "
+                                  "dispatcher takes one backend (Megatron-Core refuses both); drop one",
+                                  flags=("--moe-enable-deepep", "--moe-flex-dispatcher-backend"))
+        if self.moe_flex_dispatcher_backend == "ncclep" and not flex:
+            raise ConfigError("--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type flex (as "
+                              "Megatron-Core requires)",
+                              flags=("--moe-flex-dispatcher-backend", "--moe-token-dispatcher-type"))
+
+    @property
+    def flex_backend(self) -> str:
+        """The flex dispatcher's backend as Megatron-Core resolves it: --moe-enable-deepep is deepep."""
+        return "deepep" if self.moe_enable_deepep else self.moe_flex_dispatcher_backend
+
+    @property
+    def dispatcher_name(self) -> str:
+        """The dispatcher as the start-up line and the plan name it: flex says what runs in its place."""
         if self.moe_token_dispatcher_type == "flex":
-            raise ConfigError("--moe-token-dispatcher-type flex (DeepEP/HybridEP kernels) is not implemented: use "
-                              "alltoall or allgather (the same numbers)", flags=("--moe-token-dispatcher-type",))
+            return f"flex ({self.flex_backend}), run as alltoall"
+        return self.moe_token_dispatcher_type
+
+    def flex_note(self, experts: bool) -> Optional[str]:
+        """The start-up line of a flex launch: what runs in place of the backend's kernels (None otherwise)."""
+        if self.moe_token_dispatcher_type != "flex" or not experts:
+            return None
+        kernels = {"deepep": "DeepEP", "hybridep": "HybridEP", "ncclep": "NCCL-EP"}[self.flex_backend]
+        return (f"> --moe-token-dispatcher-type flex ({self.flex_backend} backend): Megatron-Core's flex dispatcher "
+                f"moves each token to its experts' ranks over the expert TP x EP group with {kernels}'s GPU "
+                f"kernels, which are not used here (none runs on a CPU); the alltoall dispatcher moves the same "
+                f"tokens over the same ranks, with the same numbers")
+
+    @property
+    def token_dispatcher(self) -> str:
+        """The dispatcher that runs: flex moves the same tokens as alltoall (its backends are GPU kernels)."""
+        return "alltoall" if self.moe_token_dispatcher_type == "flex" else self.moe_token_dispatcher_type
 
 
 # Where checkpoint metadata and `PretrainConfig.to_dict` record each setting of this section: the section it

@@ -511,7 +511,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     # an upper bound, but for the copy, which is read at its collective below).
     # In the step, after backward freed all of that: what the step allocates (the gradient partition,
     # or publishing's copies and gloo's copy of its largest gather; AdamW's fused kernel nothing, AdEMAMix three
-    # fp32 windows: zero/ademamix.py).
+    # fp32 windows: zero/ademamix.py, Sophia-G two: zero/sophia.py).
     # With pipeline stages, the saved activations, the held sends and gloo's copy peak at different slots of the
     # schedule: the simulation's peak of the three stands for their sum (planner/pipeline_plan.py).
     # Without stages, gloo's copy counts with the activations still saved when its collective starts
@@ -576,7 +576,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         result.moe.worst_total_bytes = result.total_bytes + result.moe.worst_extra_bytes
         result.notes.append(
             "MoE routing assumed uniform: every expert receives an equal share of the tokens' top-k rows"
-            + (f"; the {config.parallel.moe_token_dispatcher_type} dispatcher's exchanges over the {ep} "
+            + (f"; the {config.parallel.dispatcher_name} dispatcher's exchanges over the {ep} "
                "expert-parallel ranks are counted for that routing (under \"ep\")" if ep > 1 else ""))
     if cluster.gpu_memory_bytes is not None:
         result.budget_bytes = cluster.gpu_memory_bytes

@@ -139,7 +139,7 @@ def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_
     figures = MoEFigures(
         num_experts=moe.num_experts, local_experts=local, expert_parallel_size=experts.model_size,
         expert_data_parallel_size=experts.data_size,
-        dispatcher=config.parallel.moe_token_dispatcher_type if experts.model_size > 1 else "local",
+        dispatcher=config.parallel.dispatcher_name if experts.model_size > 1 else "local",
         moe_layers=layers, expert_state_bytes=expert_states, expert_parameters_local=expert_parameters,
         balanced_rows=balanced, dispatched_tokens=tokens, worst_rows=worst_rank, worst_expert_rows=worst_expert,
         capacity=capacity, capacity_rule=rule, saved_bytes_per_row=per_row, layers_held=held)

@@ -56,7 +56,9 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_STATE_BYTES = 24 + 2
 ADAM_GRADIENT_READS = 2
 # --optimizer ademamix reads and writes a third fp32 state, the slow momentum (zero/ademamix.py): 8 more.
-STATE_BYTES = {"adam": ADAM_STATE_BYTES, "ademamix": ADAM_STATE_BYTES + 8, "muon": ADAM_STATE_BYTES}
+# Sophia-G (zero/sophia.py) reads and writes its two fp32 states as Adam does.
+STATE_BYTES = {"adam": ADAM_STATE_BYTES, "ademamix": ADAM_STATE_BYTES + 8, "muon": ADAM_STATE_BYTES,
+               "sophiag": ADAM_STATE_BYTES}
 # The vocab-parallel loss keeps an fp32 softmax of the logits; writing it, reading it back in backward
 # and writing the logits' gradient moves about 3 fp32 copies of the logits (the dry run's
 # loss_softmax_bytes is one).

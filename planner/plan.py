@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 from arguments.config import ConfigError, PretrainConfig
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
+from data.per_split import describe_sources
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.levers import Lever, find_levers, format_levers
 from planner.moe_plan import moe_lines, moe_state_rows
@@ -111,6 +112,7 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                  + (", P_a+cpu" if activations.cpu_checkpointing else "")
                  + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
                 if activations.checkpoint_activations else "off"),
+             *_data_lines(config),
              "", "per GPU:" if cluster.device_type == "cuda" else "per process:"]
     states = plan.model_state_bytes
     rows = [("parameters", states["parameters"]), ("gradients", states["gradients"]),
@@ -179,6 +181,13 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     return "\n".join(lines)
 
 
+def _data_lines(config: PretrainConfig) -> list[str]:
+    """Which blend each split reads, for the user's data (data/per_split.py); nothing for the embedded corpus."""
+    if not config.data.user_data:
+        return []
+    return [f"data: {describe_sources(config.data.sources(), config.data.split)}"]
+
+
 def _pipeline_lines(stages: PipelineFigures) -> list[str]:
     schedule = f"interleaved 1F1B, {stages.chunks} model chunks a stage" if stages.chunks > 1 else "1F1B"
     return [f"  pp (point-to-point): {format_bytes(stages.p2p_sent_bytes)} (messages of "
@@ -224,9 +233,11 @@ def best_lever(levers: list[Lever]) -> Lever:
 
 def _moments(config: PretrainConfig) -> str:
     """What the optimizer states are: Adam's two moments (with their stored dtypes when not fp32: --exp-avg-dtype,
-    --exp-avg-sq-dtype), or AdEMAMix's three (--optimizer ademamix)."""
+    --exp-avg-sq-dtype), AdEMAMix's three (--optimizer ademamix), or Sophia-G's two (--optimizer sophiag)."""
     if config.optimizer.optimizer == "ademamix":
         return "AdEMAMix moments (m1, m2, nu)"
+    if config.optimizer.optimizer == "sophiag":
+        return "Sophia-G states (momentum, Hessian estimate)"
     dtypes = (config.optimizer.exp_avg_dtype, config.optimizer.exp_avg_sq_dtype)
     return "Adam moments" if dtypes == ("fp32", "fp32") else f"Adam moments ({dtypes[0]}, {dtypes[1]})"
 

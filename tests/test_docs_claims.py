@@ -186,6 +186,7 @@ CONTEXT = {
     "--checkpoint-in-cpu": CHECKPOINTING, "--contigious-checkpointing": CHECKPOINTING,
     "--synchronize-each-layer": CHECKPOINTING,
     "--train-data": ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128"],
+    "--train-data-path": ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128"],
     "--overlap-param-gather": ["--zero-stage", "1"], "--cpu-optimizer": ["--zero-stage", "1"],
     "--exit-signal-handler": ["--save", "{tmp}/save"],
 }

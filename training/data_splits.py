@@ -9,9 +9,11 @@ from typing import Callable, Iterable, Optional
 
 from arguments.config import PretrainConfig
 from data.corpus import prepare_default_corpus
+from data.corpus_list import build_corpus_list_datasets
 from data.fim import FIMConfig, FIMDataset, FIMTokenizer, FIMTransform
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.mock import build_mock_datasets
+from data.per_split import DataSources, build_per_split_datasets, describe_sources
 from data.sampler import build_data_loader
 from data.tokenizer import RunTokenizer, load_named_tokenizer, load_tokenizer
 from parallel.state import ParallelState
@@ -25,31 +27,35 @@ class DataSplits:
     make_train_loader: Callable[[int], Iterable[dict]]  # consumed samples -> the rest of the data
     make_valid_loader: Optional[Callable[[], Iterable[dict]]]
     make_test_loader: Optional[Callable[[], Iterable[dict]]]
+    summary: str = ""  # the data summary line: which blend each split reads, and its samples
 
 
 def corpus_cache_dir(config: PretrainConfig) -> Optional[str]:
-    """Where the embedded corpus is prepared (and --mock-data's index caches go); None when the user's --data-path
-    is used instead."""
-    return None if config.data.data_path else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
+    """Where the embedded corpus is prepared (and --mock-data's index caches go); None when the user's data (a
+    --data-path or per-split blends) is used instead."""
+    return None if config.data.user_data else str(config.data.data_cache_dir or DEFAULT_CACHE_DIR)
 
 
-def load_tokenizer_and_data_path(config: PretrainConfig) -> tuple[RunTokenizer, list[str]]:
-    """The user's tokenizer and data; without --data-path, the embedded corpus prepared on first use,
-    tokenized with the user's tokenizer when one is named, else with one trained on it."""
+def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenizer, DataSources]:
+    """The user's tokenizer and data (data/per_split.py: one blend split by --split, or one per split); without
+    them, the embedded corpus prepared on first use, tokenized with the user's tokenizer when one is named, else
+    with one trained on it."""
     data = config.data
     tokenizer = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file, data.merge_file,
                                      config.model.vocab_size)
-    if data.data_path:
-        return tokenizer, list(data.data_path)
+    if data.user_data:
+        return tokenizer, data.sources()
     if data.mock_data and tokenizer is not None:
-        return tokenizer, []  # build_data makes Megatron's mock documents with this tokenizer's ids
+        return tokenizer, DataSources()  # build_data makes Megatron's mock documents with this tokenizer's ids
     corpus = prepare_default_corpus(corpus_cache_dir(config), data.tokenizer_vocab_size, tokenizer=tokenizer)
     if tokenizer is None:
         tokenizer = load_tokenizer(tokenizer_file=os.path.join(corpus.tokenizer_dir, "tokenizer.json"))
-    return tokenizer, [] if data.mock_data else [corpus.data_prefix]  # mock data: the corpus's tokenizer only
+    if data.mock_data:  # mock data: the corpus's tokenizer only
+        return tokenizer, DataSources()
+    return tokenizer, DataSources(blend=(corpus.data_prefix,), blend_source="the embedded corpus")
 
 
-def build_data(settings: RunSettings, state: ParallelState, data_path: list[str],
+def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
                tokenizer: Optional[RunTokenizer] = None) -> DataSplits:
     """Datasets sized for the run (every iteration's batch of settings.batch, a ramp's included) and
     loaders that start at a number of consumed samples; with --mock-data, over Megatron's mock documents in
@@ -65,13 +71,32 @@ def build_data(settings: RunSettings, state: ParallelState, data_path: list[str]
         train_set, valid_set, test_set = build_mock_datasets(
             config.model.seq_length, training.seed, num_samples, tokenizer.vocab_size,
             tokenizer.eod_id, corpus_cache_dir(config))
+        summary = f"Megatron-Core's mock documents (--mock-data), split {config.data.split}"
+    elif sources.file_list is not None:
+        # ALCF's --data-file-list: prefixes grouped by corpus (data/corpus_list.py)
+        train_set, valid_set, test_set = build_corpus_list_datasets(
+            sources.file_list, config.data.split, config.model.seq_length, training.seed, num_samples,
+            shuffle=config.data.shuffle_sample_in_corpus, blended=config.data.blend_sample_in_corpus,
+            cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
+        summary = describe_sources(sources, config.data.split)
+    elif sources.per_split is not None:
+        # Megatron-LM's --train/valid/test-data-path: one blend per split, each prefix read whole (data/per_split.py);
+        # each split's indices cached under its own name in --data-cache-path
+        train_set, valid_set, test_set = build_per_split_datasets(
+            sources.per_split, config.model.seq_length, training.seed, num_samples,
+            cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
+        summary = describe_sources(sources, config.data.split)
     else:
         # Megatron-LM's --data-cache-path (here also --data-cache-dir) is where its GPTDataset writes the index
         # caches (megatron/core/datasets/gpt_dataset.py, _build_document_sample_shuffle_indices: path_to_cache);
         # without it they go beside the data, as before
         train_set, valid_set, test_set = build_train_valid_test_datasets(
-            data_path, config.data.split, config.model.seq_length, training.seed, num_samples,
+            list(sources.blend), config.data.split, config.model.seq_length, training.seed, num_samples,
             cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
+        summary = describe_sources(sources, config.data.split)
+    counts = ", ".join(f"{name} {len(dataset):,}" if dataset is not None else f"{name} none"
+                       for name, dataset in zip(("train", "valid", "test"), (train_set, valid_set, test_set)))
+    summary = f"> data: {summary}; samples of {config.model.seq_length + 1} tokens: {counts}"
 
     if config.data.fim_data:
         # Megatron-LM's pretrain_gpt.py builds GPTFIMDataset for every split under --fim-data (data/fim.py)
@@ -95,4 +120,5 @@ def build_data(settings: RunSettings, state: ParallelState, data_path: list[str]
         make_train_loader=lambda consumed_samples: loader(train_set, consumed_samples),
         make_valid_loader=(lambda: loader(valid_set)) if valid_set is not None else None,
         make_test_loader=(lambda: loader(test_set)) if test_set is not None else None,
+        summary=summary,
     )

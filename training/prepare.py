@@ -28,7 +28,7 @@ from checkpoint.sharded import ResumePoint, load_checkpoint
 from data.tokenizer import RunTokenizer
 from parallel.state import ParallelState, read_launch_environment
 from training.build import Built, build
-from training.data_splits import DataSplits, build_data, corpus_cache_dir, load_tokenizer_and_data_path
+from training.data_splits import DataSplits, build_data, corpus_cache_dir, load_tokenizer_and_data_sources
 from training.exit_conditions import ExitConditions
 from training.metrics import MemoryCheck, MetricsWriter
 from training.run_description import describe_model
@@ -83,14 +83,15 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
     with contextlib.ExitStack() as on_failure:  # popped on success: the Run owns what was made
         on_failure.callback(claimed.release)
         log("> preparing tokenizer and data")
-        tokenizer, data_path = load_tokenizer_and_data_path(config)
+        tokenizer, data_sources = load_tokenizer_and_data_sources(config)
         vocab_size = model_vocabulary(config, tokenizer.vocab_size)  # the tokenizer's, or an --init-from-hf folder's
         settings = resolve_run_settings(config, vocab_size, state.tensor_parallel_size, state.data_parallel_size,
                                         state.device.type, batch=batch, resumed_lr_schedule=claimed.lr_schedule)
         config = settings.config  # from here on, the resolved copy
         for note in settings.notes:  # what resolving changed (an attention kernel this device lacks, ...)
             log(note)
-        data = build_data(settings, state, data_path, tokenizer)
+        data = build_data(settings, state, data_sources, tokenizer)
+        log(data.summary)
         predicted, predicted_host, why_not = predict_peak(config, state, settings.vocab_size, batch)
         memory_check = MemoryCheck(predicted, state.device, why_not, predicted_host_bytes=predicted_host)  # its baseline: before the model
         # The model, built as the dry run builds it, with the dropout streams (shared across TP ranks, and

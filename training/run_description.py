@@ -68,10 +68,10 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
         # expert TP named only where the experts are split (a line without it is the one before expert TP existed)
         split = f" x expert TP {experts.tensor_size}" if experts.tensor_size > 1 else ""
         words += (f"; experts EP {experts.model_size}{split} x expert DP {experts.data_size} "
-                  f"({config.parallel.moe_token_dispatcher_type} dispatcher)")
+                  f"({config.parallel.dispatcher_name} dispatcher)")
     elif config.model.moe is not None and experts.tensor_size > 1:
         words += (f"; experts split over expert TP {experts.tensor_size} "
-                  f"({config.parallel.moe_token_dispatcher_type} dispatcher)")
+                  f"({config.parallel.dispatcher_name} dispatcher)")
     instances = state.optimizer_instances.count
     if instances > 1:
         words += (f"; {instances} distributed optimizer instances, each sharding the optimizer state over "

@@ -46,7 +46,8 @@ _BYTES_PER_ELEMENT = {
 # fp32 optimizer states per element beside the master: Adam's exp_avg and exp_avg_sq; swiss-ai's AdEMAMix
 # adds the slow momentum (zero/ademamix.py), 12 bytes where Adam keeps 8.
 # Muon (zero/muon.py) keeps its momentum in Adam's exp_avg, and exp_avg_sq stays whole beside it: Adam's two.
-OPTIMIZER_STATES = {"adam": 2, "ademamix": 3, "muon": 2}
+# ALCF's Sophia-G (zero/sophia.py) keeps its momentum and Hessian estimate there: two, as the fork's SophiaG.
+OPTIMIZER_STATES = {"adam": 2, "ademamix": 3, "muon": 2, "sophiag": 2}
 # Bytes per element of a stored Adam moment: fp32, or bf16 with --exp-avg-dtype / --exp-avg-sq-dtype bf16
 # (zero/precision_aware.py: Megatron-LM's precision-aware optimizer).
 MOMENT_BYTES = {"fp32": 4, "bf16": 2}

@@ -26,6 +26,9 @@ With --optimizer ademamix the update is swiss-ai's AdEMAMix (zero/ademamix.py) o
 third flat state beside the two (exp_avg_slow, the slow momentum): partitioned, offloaded, checkpointed and
 measured like the others.
 
+With --optimizer sophiag the update is ALCF's Sophia-G (zero/sophia.py): its momentum in exp_avg, its Hessian estimate
+in exp_avg_sq's place (the fork's two states).
+
 With --optimizer muon (zero/muon.py) the partition's ranges of Muon's matrices (two-dimensional, not the embedding
 or output layer) leave AdamW's pieces: Muon steps them after AdamW, its momentum in exp_avg at their elements, each
 matrix gathered over the partition group for its Newton-Schulz iteration.
@@ -52,6 +55,9 @@ from zero.param_storage import ParameterStorage
 from zero.precision_aware import TEMPORARIES as PRECISION_AWARE_TEMPORARIES
 from zero.precision_aware import WINDOW as PRECISION_AWARE_WINDOW
 from zero.precision_aware import PrecisionAwareAdamW
+from zero.sophia import TEMPORARIES as SOPHIA_TEMPORARIES
+from zero.sophia import WINDOW as SOPHIA_WINDOW
+from zero.sophia import SophiaG
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -99,6 +105,11 @@ def uses_ademamix(config) -> bool:
     return getattr(config, "optimizer", "adam") == "ademamix"
 
 
+def uses_sophiag(config) -> bool:
+    """Whether `config` (an OptimizerConfig) asks for ALCF's Sophia-G (--optimizer sophiag, zero/sophia.py)."""
+    return getattr(config, "optimizer", "adam") == "sophiag"
+
+
 def uses_muon(config) -> bool:
     """Whether `config` (an OptimizerConfig) asks for Megatron-LM's Muon (--optimizer muon, zero/muon.py)."""
     return getattr(config, "optimizer", "adam") == "muon"
@@ -115,10 +126,14 @@ def uses_precision_aware_moments(config) -> bool:
 
 
 def build_step_optimizer(param_groups: list[dict], config, device: torch.device) -> torch.optim.Optimizer:
-    """The optimizer --optimizer names over the partition's views: AdamW, or AdEMAMix (zero/ademamix.py); AdamW
-    with bf16 moments is zero/precision_aware.py's."""
-    if uses_ademamix(config) and uses_precision_aware_moments(config):
-        raise ValueError("AdEMAMix keeps fp32 states (swiss-ai's fork); bf16 moments are Adam's only")
+    """The optimizer --optimizer names over the partition's views: AdamW, AdEMAMix (zero/ademamix.py) or Sophia-G
+    (zero/sophia.py, its momentum and Hessian estimate in Adam's two slots); AdamW with bf16 moments is
+    zero/precision_aware.py's."""
+    if (uses_ademamix(config) or uses_sophiag(config)) and uses_precision_aware_moments(config):
+        raise ValueError("AdEMAMix and Sophia-G keep fp32 states (the forks'); bf16 moments are Adam's only")
+    if uses_sophiag(config):
+        return SophiaG(param_groups, lr=config.lr, betas=(config.sophiag_beta1, config.sophiag_beta2),
+                       rho=config.sophiag_rho)
     if uses_ademamix(config):
         return AdEMAMix(param_groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2, config.ademamix_beta3),
                         alpha=config.ademamix_alpha, beta3_warmup=config.ademamix_beta3_warmup,
@@ -212,6 +227,8 @@ class ShardedAdamW:
         """--optimizer's value this optimizer steps (checkpoint metadata: moments load only into the same)."""
         if self._muon:
             return "muon"
+        if isinstance(self.optimizer, SophiaG):
+            return "sophiag"
         return "ademamix" if self.exp_avg_slow is not None else "adam"
 
     def step_pieces(self) -> list[StepPiece]:
@@ -317,13 +334,15 @@ class ShardedAdamW:
         return max(self.gradients.partition_working_bytes() + self.update_working_bytes(), publishing)
 
     def update_working_bytes(self) -> int:
-        """What the update itself allocates: nothing for fused AdamW; Muon's temporaries over its largest matrix; AdEMAMix's three fp32 temporaries of one
-        window (zero/ademamix.py), no larger than the largest piece it steps; with bf16 moments, two fp32 windows
-        (zero/precision_aware.py)."""
+        """What the update itself allocates: nothing for fused AdamW; Muon's temporaries over its largest matrix;
+        AdEMAMix's three fp32 temporaries of one window (zero/ademamix.py), Sophia-G's two (zero/sophia.py), no larger
+        than the largest piece it steps; with bf16 moments, two fp32 windows (zero/precision_aware.py)."""
         if self._muon:  # the gathered matrix, Newton-Schulz's X, A, B and the scaled result, about 5 fp32 matrices
             return 5 * max(m.numel for m in self._muon) * self.master.element_size()
         if self.exp_avg_slow is not None:
             temporaries, window = ADEMAMIX_TEMPORARIES, ADEMAMIX_WINDOW
+        elif isinstance(self.optimizer, SophiaG):
+            temporaries, window = SOPHIA_TEMPORARIES, SOPHIA_WINDOW
         elif isinstance(self.optimizer, PrecisionAwareAdamW):
             temporaries, window = PRECISION_AWARE_TEMPORARIES, PRECISION_AWARE_WINDOW
         else:

@@ -36,7 +36,9 @@ from torch import nn
 PARTITION_TENSORS = ("master", "exp_avg", "exp_avg_sq")
 # Muon (--optimizer muon, zero/muon.py) keeps its momentum in exp_avg at its matrices' elements: Adam's tensors.
 PARTITION_TENSORS_OF = {"adam": PARTITION_TENSORS, "ademamix": PARTITION_TENSORS + ("exp_avg_slow",),
-                        "muon": PARTITION_TENSORS}
+                        "muon": PARTITION_TENSORS,
+                        # Sophia-G (zero/sophia.py): its momentum in exp_avg, its Hessian estimate in exp_avg_sq
+                        "sophiag": PARTITION_TENSORS}
 
 
 class NamedFragment(NamedTuple):

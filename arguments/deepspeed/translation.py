@@ -59,6 +59,7 @@ class DeepSpeedTranslation:
     verdicts: list[Verdict] = field(default_factory=list)      # every key's, for --print-config
     batch: dict[str, int] = field(default_factory=dict)        # the BATCH_KEYS given, as written
     problems: list[str] = field(default_factory=list)          # with collect=True: bad values, refused keys
+    written_as: dict[str, str] = field(default_factory=dict)   # a section by its older name: {"bf16": "bfloat16"}
 
     @property
     def no_effect(self) -> list[Verdict]:
@@ -133,7 +134,9 @@ def deepspeed_config_to_flags(config: Any, source: str, collect: bool = False) -
     if problems and not collect:
         raise ConfigError(problems[0])
     verdicts = _scheduler_sets_the_peak(verdicts)
-    translation = DeepSpeedTranslation(str(source), verdicts=verdicts, batch=batch, problems=problems)
+    translation = DeepSpeedTranslation(str(source), verdicts=verdicts, batch=batch, problems=problems,
+                                       written_as={SECTION_ALIASES[key]: key for key in config
+                                                   if key in SECTION_ALIASES})
     translation.settings = [JsonSetting(verdict.key, verdict.flags) for verdict in translation.verdicts
                             if verdict.kind == HONOURED and verdict.flags]
     try:

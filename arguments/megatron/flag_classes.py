@@ -192,6 +192,12 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --moe-use-legacy-grouped-gemm --overlap-dispatch-backward-with-experts-wgrad
         --overlap-moe-expert-parallel-comm --save-tokens-per-expert-interval --use-grouped-gemm-for-dense-mlp
         --use-grouped-gemm-for-shared-expert --use-tutel --create-moe-param-group""")),
+    ("the flex dispatcher's kernel resources (GPU SMs, blocks, fused permutes, zero-copy buffers, padding to the "
+     "group's largest input): --moe-token-dispatcher-type flex runs the alltoall dispatcher here, which moves the "
+     "same tokens", _names("""
+        --moe-flex-dispatcher-num-sms --moe-deepep-num-sms --moe-hybridep-num-sms --moe-hybridep-num-sms-preprocessing
+        --moe-hybridep-num-blocks-permute --moe-hybridep-num-blocks-unpermute --moe-permute-fusion-into-hybridep
+        --moe-hybridep-pad-uneven-dispatch-inputs --moe-ncclep-zero-copy""")),
     ("multimodal, YaRN or relative position embeddings' knob: positions here are learned, rotary (rope) or none "
      "(--position-embedding-type), and the --yarn-* flags set Megatron's YaRN position type, not multi-latent "
      "attention's YaRN (MLATransformerConfig's beta_fast 32, beta_slow 1, original max positions 4096, as here), "
@@ -360,8 +366,8 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "each sample (cu_seqlens); --reset-attention-mask splits attention at end-of-document tokens instead",
      _names("--dataloader-inter-document-masking")),
     ("not implemented: the data is one --data-path (a prefix or a weighted blend) split into train, valid and "
-     "test documents by --split", _names("""
-        --train-data-path --valid-data-path --test-data-path --data-args-path --per-split-data-args-path
+     "test documents by --split, or Megatron-LM's one blend per split (--train-data-path, --valid-data-path, "
+     "--test-data-path)", _names("""
         --train-weighted-split-paths --valid-weighted-split-paths --test-weighted-split-paths
         --train-weighted-split-paths-path --valid-weighted-split-paths-path --test-weighted-split-paths-path
         --valid-data --test-data --val-data-path --use-npy-data-loader --phase-transition-iterations""")),
@@ -486,14 +492,10 @@ AT_VALUE: dict[str, AtValue] = {
     **{option: AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense model (no --num-experts, or 1)",
                        NOT_IN_MOE) for option in _names("""
         --moe-expert-rank-capacity-factor --moe-apply-probs-on-input --moe-combine-bwd-dtype
-        --moe-dispatch-fwd-dtype --moe-deepep-num-sms --moe-enable-deepep --moe-enable-routing-replay
-        --moe-extended-tp --moe-flex-dispatcher-backend --moe-flex-dispatcher-num-sms
-        --moe-hybridep-num-blocks-permute --moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms
-        --moe-hybridep-num-sms-preprocessing --moe-hybridep-pad-uneven-dispatch-inputs --moe-input-jitter-eps
-        --moe-latent-size --moe-mlp-glu-interleave-size --moe-ncclep-zero-copy
-        --moe-pad-experts-for-cuda-graph-inference --moe-paged-stash --moe-paged-stash-buffer-size-factor-cpu
-        --moe-paged-stash-buffer-size-factor-cuda --moe-paged-stash-page-size --moe-permute-fusion-into-hybridep
-        --moe-router-force-biased --moe-router-force-load-balancing --moe-router-padding-for-fp8
+        --moe-dispatch-fwd-dtype --moe-enable-routing-replay --moe-extended-tp --moe-input-jitter-eps
+        --moe-latent-size --moe-mlp-glu-interleave-size --moe-pad-experts-for-cuda-graph-inference
+        --moe-paged-stash --moe-paged-stash-buffer-size-factor-cpu --moe-paged-stash-buffer-size-factor-cuda
+        --moe-paged-stash-page-size --moe-router-force-biased --moe-router-padding-for-fp8
         --moe-router-padding-for-quantization --moe-router-quantile-balancing-ema
         --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits
         --moe-routing-trace-dump-weights --moe-routing-trace-max-training-iters --moe-routing-trace-path

@@ -20,6 +20,13 @@ def _names(text: str) -> tuple[str, ...]:
 
 LLM_JP = "llm-jp's Megatron-LM fork"
 SWISS_AI = "swiss-ai's Megatron-LM fork"
+# argonne-lcf/Megatron-DeepSpeed at ffa3456d: its pretrain_gpt_alcf.py, launched by train_alcf.sh / ALCF/helpers.sh
+ALCF = "ALCF's Megatron-DeepSpeed fork"
+# the fork's learning-rate variants (megatron/optimizer_param_scheduler.py get_lr), read only by its infinite-cosine
+# and infinite-inv-square-root --lr-decay-style, which are not among Megatron-LM's styles here, or (the frac) under
+# --lr_constant_plus_cooldown, refused
+_ALCF_SCHEDULE_KNOBS = """--constant-lr --lr-constant-fraction --lr-constant-tokens --lr-cooldown-fraction
+        --lr-cooldown-tokens --timescale --lr_constant_plus_cooldown_frac"""
 
 FORK_NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{LLM_JP} and {SWISS_AI}: logging, W&B run resumption and data-index caching choices (what is logged or "
@@ -32,9 +39,30 @@ FORK_NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (--moe-token-dropping is ours: DeepSpeed-MoE's switch, gpt/model_config.py moe_token_dropping)
     (f"{LLM_JP} and {SWISS_AI}: mixture-of-experts knob: this GPT's MLP is dense, as with --num-experts 1, so it "
      "has no effect", _names("--moe-router-topk-limited-devices")),
+    (f"{ALCF}: its pretrain_gpt_alcf.py builds the legacy megatron.model GPTModel, whose word embedding is drawn "
+     "from normal(0, --init-method-std) (language_model.py Embedding: init_method=config.init_method); these set "
+     "megatron/core's TransformerConfig.world_embedding_init_method, which only megatron/core's GPT embedding reads, "
+     "so the fork's runs never used them", _names("--adjust-word-embedding-init --word-embedding-init-std")),
+    (f"{ALCF}: the data loader's worker start method, the profiler's trace folder, and flags its code parses and "
+     "never reads (--lr-finder, --train-range-to-skip)", _names("""
+        --multiprocessing-context --trace-dir --lr-finder --train-range-to-skip""")),
+    (f"{ALCF}: a knob of a learning-rate schedule or optimizer that is not here (its infinite-cosine and "
+     "infinite-inv-square-root --lr-decay-style, --lr_constant_plus_cooldown, --optimizer dshampooadamw or "
+     "adamwschedulefree are refused), so it has no effect", _names(_ALCF_SCHEDULE_KNOBS + """
+        --dshampooadamw-eps --dshampooadamw-max-preconditioner-dim --dshampooadamw-precondition-freq
+        --dshampooadamw-use-decoupled-weight-decay --schedulefree-for-each""")),
 )
 
 FORK_REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (f"not implemented ({ALCF}'s constant schedule ending in a 1 - sqrt cooldown): use --lr-decay-style WSD "
+     "--lr-wsd-decay-style minus_sqrt with --lr-wsd-decay-iters", _names("--lr_constant_plus_cooldown")),
+    (f"not implemented ({ALCF}'s Muon and MuonClip, megatron/optimizer/muon.py there): --optimizer muon here is "
+     "Megatron-LM's Muon, with its --muon-* flags", _names("""
+        --muon-ns-steps --muonadamw-beta1 --muonadamw-beta2 --muonadamw-eps --muonclip-alpha --muonclip-t""")),
+    (f"not implemented ({ALCF}: training iterations skipped, their data loaded and not stepped): every iteration "
+     "steps here", _names("--train-iters-to-skip")),
+    (f"not implemented ({ALCF}: DeepSpeed's MiCS, ZeRO-3 sharded within groups and replicated across them): use "
+     "--zero-stage 3", _names("--use-mics")),
     (f"not implemented ({SWISS_AI}'s activations xIPReLU and xIPReLUP, with learned parameters): use "
      "--xielu (its xIELU), --swiglu, --activation gelu/gelu_tanh/squared_relu", _names("--xiprelu --xiprelup")),
     (f"not implemented ({SWISS_AI}'s block variants: norms removed, post-norm blocks, norm gains initialized "

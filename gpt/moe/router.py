@@ -104,6 +104,40 @@ def topk_routing(logits: torch.Tensor, settings: MoESettings, expert_bias: Optio
     return routing_probs, routing_map
 
 
+# Megatron-Core's expert-parallel RNG stream (tensor_parallel/random.py model_parallel_cuda_manual_seed):
+# seed + 1024 + 100 x expert-parallel rank + expert tensor-parallel rank
+EXPERT_PARALLEL_SEED_OFFSET = 1024
+
+
+class RandomLogits(torch.autograd.Function):
+    """moe_utils.RandomSTE: standard normal logits in place of the router's, the gradient passed through to the
+    real logits unchanged (a straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+        return torch.empty_like(logits).normal_(generator=generator)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return grad_output, None
+
+
+def random_logits_generator(device: torch.device, expert_parallel_rank: int, expert_tensor_rank: int
+                            ) -> Optional[torch.Generator]:
+    """The generator --moe-router-force-load-balancing draws from: Megatron-Core draws from its expert-parallel
+    stream, different per (expert-parallel rank, expert tensor-parallel rank) and shared by the expert data-parallel
+    ranks. Here one draw from the default CPU stream (seeded with --seed, the same on every rank, and restored when
+    activation checkpointing recomputes a block, parallel/random.py) keys a generator offset as Megatron's stream
+    is, so a recomputed router draws the logits its forward drew. None on the meta device (the planner)."""
+    if device.type == "meta":
+        return None
+    key = int(torch.randint(0, 2 ** 31 - 1, (1,)))
+    offset = EXPERT_PARALLEL_SEED_OFFSET + 100 * expert_parallel_rank + expert_tensor_rank
+    generator = torch.Generator(device=device)
+    generator.manual_seed(key * 65537 + offset)
+    return generator
+
+
 def sinkhorn(cost: torch.Tensor, tol: float = 0.0001) -> torch.Tensor:
     """moe_utils.sinkhorn: rescale exp(cost) until its columns (experts) are balanced."""
     cost = torch.exp(cost)
@@ -211,6 +245,10 @@ class TopKRouter(nn.Module):
     def forward(self, hidden: torch.Tensor, seq_length: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         settings = self.settings
         logits = self.gating(hidden)
+        if settings.router_force_load_balancing:  # TopKRouter.forward: apply_random_logits before the routing
+            experts = self.state.experts
+            logits = RandomLogits.apply(logits, random_logits_generator(logits.device, experts.model_rank,
+                                                                        experts.tensor_rank))
         grad = self.training and torch.is_grad_enabled()
         if settings.z_loss_coeff is not None and grad:
             # each TP x CP rank's mean over its slice, weighted 1/(TP x CP): the shares sum to the mean over the

@@ -146,6 +146,7 @@ class MoESettings:
     router_group_topk: Optional[int] = None
     router_enable_expert_bias: bool = False
     router_bias_update_rate: float = 1e-3
+    router_force_load_balancing: bool = False
     router_load_balancing_type: str = "aux_loss"
     aux_loss_coeff: float = 0.0
     z_loss_coeff: Optional[float] = None

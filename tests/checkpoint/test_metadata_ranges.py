@@ -145,7 +145,7 @@ def test_every_numeric_entry_at_the_extremes(saved, monkeypatch):
 
     accepted = []
     with monkeypatch.context() as patch:
-        patch.setattr("training.prepare.load_tokenizer_and_data_path", stop)
+        patch.setattr("training.prepare.load_tokenizer_and_data_sources", stop)
         # The flags' parser is built once for the ~1200 probes (two thirds of a probe's time); parsing
         # does not change it, so every probe still parses its own command line.
         patch.setattr("arguments.parser.build_parser", functools.cache(arguments.parser.build_parser))

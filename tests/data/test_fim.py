@@ -258,14 +258,14 @@ def test_fim_training_batches_are_permuted_and_a_resume_reads_the_same_samples(c
     its first 4 samples: each sample's FIM draws come from (--seed, sample index), not from how far a stream ran."""
     from arguments.parser import parse_config
     from parallel.state import virtual_state
-    from training.data_splits import build_data, load_tokenizer_and_data_path
+    from training.data_splits import build_data, load_tokenizer_and_data_sources
     from training.run_settings import resolve_run_settings
 
     def batches(extra, consumed):
         config = parse_config(["--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache, "--seq-length", "64",
                                "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size",
                                "2", "--train-iters", "6", "--eval-iters", "0"] + extra)
-        tokenizer, data_path = load_tokenizer_and_data_path(config)
+        tokenizer, data_path = load_tokenizer_and_data_sources(config)
         settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")
         loader = build_data(settings, virtual_state(1), data_path, tokenizer).make_train_loader(consumed)
         return [batch["tokens"] for batch in loader]

@@ -60,7 +60,8 @@ def test_mock_samples_split_the_documents_evenly_and_read_through_them(tmp_path)
 
 def test_mock_data_replaces_data_path_and_refuses_both():
     assert parse_config(["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512"]).data.mock_data
-    with pytest.raises(ConfigError, match="--mock-data with --data-path: the mock documents replace the data"):
+    # Megatron-LM's validate_args: `args.mock_data + bool(args.data_path) + any([...per-split paths]) <= 1`
+    with pytest.raises(ConfigError, match="--mock-data and --data-path: a single data source must be provided"):
         parse_config(["--mock-data", "--data-path", "x", "--tokenizer-type", "NullTokenizer", "--vocab-size", "9"])
 
 
@@ -88,13 +89,13 @@ def test_mock_data_without_a_named_tokenizer_uses_the_embedded_corpus_tokenizers
     on the embedded corpus (512 ids here), and the corpus itself is not read."""
     from arguments.parser import parse_config
     from parallel.state import virtual_state
-    from training.data_splits import build_data, load_tokenizer_and_data_path
+    from training.data_splits import build_data, load_tokenizer_and_data_sources
     from training.run_settings import resolve_run_settings
 
     config = parse_config(["--mock-data", "--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache,
                            "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
                            "--global-batch-size", "2", "--train-iters", "2", "--eval-iters", "0"])
-    tokenizer, data_path = load_tokenizer_and_data_path(config)
+    tokenizer, data_path = load_tokenizer_and_data_sources(config)
     assert data_path == [] and tokenizer.vocab_size == 512
     state = virtual_state(1)
     settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")

@@ -3,7 +3,8 @@
 What changes, and only this:
 
 - model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 (and what follows from them:
-  --ffn-hidden-size in the script's proportion to the hidden size, --kv-channels in its proportion to the
+  --ffn-hidden-size in the script's proportion to the hidden size, --moe-ffn-hidden-size and
+  --moe-shared-expert-intermediate-size too, rounded up to a multiple of the new tensor-parallel size, --kv-channels in its proportion to the
   head dim (hidden / heads), rounded to an even number, --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
   to the heads, rounded up to whole groups per tensor-parallel rank where the original had that), --seq-length
   16 (--max-position-embeddings in the script's proportion to it; swiss-ai's --goldfish-h at most 16, the
@@ -12,7 +13,9 @@ What changes, and only this:
   number of chunks (--num-layers then the stages x chunks, less the embedding and loss where Megatron's
   --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
   first or last stage (--decoder-first/last-pipeline-num-layers) one layer; a list --moe-layer-freq (one 0 or 1
-  per layer) keeps --num-layers as written, its length; a Megatron-DeepSpeed --num-experts list with different
+  per layer, its length --num-layers) written as runs ("[0]*3+[1]*58") shrinks with the layers, each run one layer
+  and the last run the rest (the dense-first pattern stays; at least one layer a run); a list of another form, or
+  one beside a --pipeline-model-parallel-layout, keeps --num-layers as written, its length; a Megatron-DeepSpeed --num-experts list with different
   counts per MoE layer (PR-MoE's pyramid, "32 ... 32 64 64") becomes its first and last counts, on two MoE layers
   (--num-layers twice --expert-interval), as that fork asserts one count per MoE layer;
 - parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
@@ -42,7 +45,8 @@ What changes, and only this:
 - paths: data prefixes become the local corpus (blend weights stay), tokenizer files the local tokenizer it
   was made with (GPT-2-format files; a SentencePiece type's --tokenizer-model its tokenizer.model),
   save/load/TensorBoard/cache/codecarbon/trigger directories folders under `out_dir`, the JSON a file there,
-  BigScience's weighted-split-path files files there that name the local corpus. A GPT2BPETokenizer that
+  BigScience's weighted-split-path files and ALCF's --data-file-list files there that name the local corpus
+  (the per-split --train/valid/test-data-path blends keep their weights, as --data-path's). A GPT2BPETokenizer that
   the script let download GPT-2's files gets them as --vocab-file and --merge-file;
 - a launch that leaves --eval-iters to its default (100 batches) gets --eval-iters 1, as one giving it
   does. These three are the only flags added.
@@ -67,6 +71,7 @@ ITERATIONS = 3
 TINY = {"--num-layers": 2, "--hidden-size": 32, "--num-attention-heads": 2, "--seq-length": 16}
 
 TENSOR_PARALLEL = ("--tensor-model-parallel-size", "--model-parallel-size")
+MOE_WIDTHS = ("--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size")
 PIPELINE_PARALLEL = ("--pipeline-model-parallel-size", "--pipe-parallel-size")
 CONTEXT_PARALLEL = ("--context-parallel-size", "--ds-sequence-parallel-size")
 EXPERT_PARALLEL = ("--expert-model-parallel-size", "--moe-expert-parallel-size")
@@ -81,12 +86,13 @@ SCHEDULE_ITERS = ("--lr-decay-iters", "--lr-warmup-iters")
 SCHEDULE_SAMPLES = ("--lr-decay-samples", "--lr-warmup-samples")
 SCHEDULE_TOKENS = ("--lr-decay-tokens", "--lr-warmup-tokens")
 WEIGHTED_SPLITS = ("--train-weighted-split-paths-path", "--valid-weighted-split-paths-path")
-DATA = ("--data-path", "--train-data")
+DATA = ("--data-path", "--train-data", "--train-data-path", "--valid-data-path", "--test-data-path")
+DATA_FILE_LISTS = ("--data-file-list",)
 TOKENIZER_FILES = ("--vocab-file", "--merge-file", "--tokenizer-name-or-path", "--tokenizer-model")
 
 # Every flag whose values the shrink may change; any other flag keeps its values token for token.
 CHANGED_FLAGS = frozenset({
-    *TINY, "--ffn-hidden-size", "--kv-channels", "--num-key-value-heads", "--num-query-groups",
+    *TINY, "--ffn-hidden-size", *MOE_WIDTHS, "--kv-channels", "--num-key-value-heads", "--num-query-groups",
     "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--num-distributed-optimizer-instances",
@@ -96,7 +102,7 @@ CHANGED_FLAGS = frozenset({
     "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
     "--eval-interval", "--eval-iters", *DATA, *TOKENIZER_FILES, *CHECKPOINT_DIRS, *DIRECTORIES,
-    "--kill-switch-path", *WEIGHTED_SPLITS, *JSON_CONFIG, "--num-experts",
+    "--kill-switch-path", *WEIGHTED_SPLITS, *DATA_FILE_LISTS, *JSON_CONFIG, "--num-experts", "--moe-layer-freq",
 })
 # flags whose value list the shrink may shorten (a pyramid --num-experts: its first and last counts)
 SHORTENED_LISTS = frozenset({"--num-experts"})
@@ -229,9 +235,19 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         # Megatron-DeepSpeed's per-layer --num-experts (PR-MoE's "32 ... 32 64 64"): its first and last counts, on
         # two MoE layers (a list has one count per --expert-interval-th layer, as Megatron-DeepSpeed asserts)
         new_layers = max(new_layers, 2 * scalar.get("--expert-interval", 2))
+    freq_runs = None
     if "[" in given.get("--moe-layer-freq", [""])[-1] and "--num-layers" in scalar:
-        # a list --moe-layer-freq (Megatron-LM's "([0]*3+[1]*5)") names each layer dense or MoE: its layers stay
-        new_layers = scalar["--num-layers"]
+        # a list --moe-layer-freq (Megatron-LM's "([0]*3+[1]*5)") names each layer dense or MoE, and Megatron asserts
+        # its length is --num-layers: a list of runs shrinks with the layers, each run keeping at least one layer
+        # (the dense-first pattern stays); a list of another form, or one a --pipeline-model-parallel-layout places
+        # layer by layer, keeps its layers as written
+        freq_runs = layer_runs(given["--moe-layer-freq"][-1])
+        if freq_runs is None or "--pipeline-model-parallel-layout" in given:
+            freq_runs, new_layers = None, scalar["--num-layers"]
+        else:
+            new_layers = max(new_layers, len(freq_runs))
+            if new_pp > 1:
+                new_layers += -(new_layers + counted) % (new_pp * chunks)
 
     # Batch sizes: one map for micro batches, one for accumulation steps, on both sides.
     flag_micro = first(scalar, MICRO_BATCH)
@@ -300,6 +316,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         value = scalar.get(flag)
         if flag == "--num-layers":
             new = [str(new_layers)]
+        elif flag == "--moe-layer-freq" and freq_runs is not None:
+            new = [*values[:-1], shrink_layer_runs(values[-1], freq_runs, new_layers)]
         elif flag == "--num-experts" and pyramid:
             new = [values[0], values[-1]]
         elif flag in TINY:
@@ -310,6 +328,11 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = ["1"]
         elif flag == "--ffn-hidden-size" and "--hidden-size" in scalar:
             new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
+        elif flag in MOE_WIDTHS and "--hidden-size" in scalar:
+            # each expert's (and the shared expert's) width in its proportion to the hidden size, a multiple of the
+            # new TP size as the original's was of its (they split over the TP or expert TP ranks)
+            width = max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"]))
+            new = [str(-(-width // new_tp) * new_tp)]
         elif flag == "--kv-channels" and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
             head_dim, tiny_head_dim = (scalar["--hidden-size"] / scalar["--num-attention-heads"],
                                        TINY["--hidden-size"] / TINY["--num-attention-heads"])
@@ -389,6 +412,13 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             path = os.path.join(files.out_dir, f"{split.lower()}-splits.txt")
             shrunk_files[path] = f"{split}: 1 0:1 {files.data_prefix}\n"
             new = [path]
+        elif flag in DATA_FILE_LISTS:
+            # ALCF's list of `weight prefix corpus` lines: one line naming the local corpus, its corpus named after
+            # the list (the list itself is the run's data, not part of the launch)
+            path = os.path.join(files.out_dir, "data-file-list.txt")
+            corpus = os.path.splitext(os.path.basename(values[0]))[0] or "corpus"
+            shrunk_files[path] = f"1.0 {files.data_prefix} {corpus}\n"
+            new = [path]
         elif flag in JSON_CONFIG:
             # The JSON's own file name (a generated one: the name the script gave it, without `$`).
             name = os.path.basename(values[0]) if launch.json_generated or launch.json is None else \
@@ -427,6 +457,25 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     argv = join_flags(out)
     assert [f for f, _, _ in out[:len(pairs)]] == [f for f, _, _ in pairs]  # every flag kept, in its place
     return Shrunk(argv, shrunk_files, added)
+
+
+LAYER_RUN = re.compile(r"\[([01])\]\*(\d+)")
+
+
+def layer_runs(expression: str) -> Optional[list[tuple[str, int]]]:
+    """[(0 or 1, layers)] of a --moe-layer-freq list written as runs, "([0]*3+[1]*58)"; None for another form."""
+    body = expression.strip()
+    if body.startswith("(") and body.endswith(")"):
+        body = body[1:-1]
+    runs = [LAYER_RUN.fullmatch(part.strip()) for part in body.split("+")]
+    return None if not all(runs) else [(run.group(1), int(run.group(2))) for run in runs]
+
+
+def shrink_layer_runs(expression: str, runs: list[tuple[str, int]], layers: int) -> str:
+    """The expression with one layer per run and the rest in its last run (its MoE layers, after the dense first
+    ones), `layers` in all; its spacing and parentheses as written."""
+    counts = iter([1] * (len(runs) - 1) + [layers - len(runs) + 1])
+    return LAYER_RUN.sub(lambda match: f"[{match.group(1)}]*{next(counts)}", expression)
 
 
 def samples_in(iterations: int, global_batch: int, ramp: Optional[tuple[int, int, int]]) -> int:

@@ -119,7 +119,8 @@ def stderr_of_rank0(out_dir: Path) -> str:
 @pytest.mark.parametrize("launch", list(_params(TRAINING)))
 def test_launch_trains(launch: Launch, prepared, tmp_path, request):
     status = run_distributed(replay_on_rank, WORLD_SIZE, shrunk_argv(launch, corpus_for(launch, prepared, request),
-                                                                     tmp_path), str(tmp_path), timeout=180)
+                                                                     tmp_path), str(tmp_path),
+                             timeout=180)
     assert status == [0, 0], f"{launch.name} did not train: {stderr_of_rank0(tmp_path).strip()[-3000:]}"
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     training = [record for record in records if "split" not in record]
@@ -409,20 +410,39 @@ def test_the_docs_count_megatrons_functional_tests_by_outcome(title, launches):
     assert f"{len(launches)} configurations" in prose and "0 broken" in prose
 
 
-def test_a_list_moe_layer_freq_keeps_its_layers_through_the_shrink():
-    """Megatron-LM's MoE functional tests give --moe-layer-freq as a list expression, one 0 (dense) or 1 (MoE)
-    per layer ("([0]*3+[1]*5)" beside --num-layers 8; Megatron-LM's moe_freq_type, and its validate_args asserts
-    the list's length is num_layers): the shrink keeps those layers, so the list still names each one and the
-    launch is not refused for a length the shrink made."""
+def _runs(pattern: list) -> list:
+    """The pattern with each run of equal entries written once: [dense, MoE] for "[0]*3+[1]*58"."""
+    return [entry for index, entry in enumerate(pattern) if index == 0 or pattern[index - 1] != entry]
+
+
+def test_a_list_moe_layer_freq_shrinks_with_its_layers():
+    """Megatron-LM's MoE functional tests and its Megatron-FSDP DeepSeek-V3 example give --moe-layer-freq as a
+    list expression, one 0 (dense) or 1 (MoE) per layer ("[0]*3+[1]*58" beside --num-layers 61; Megatron-LM's
+    moe_freq_type, and its validate_args asserts the list's length is num_layers): the shrink cuts the layers and
+    the list together, each run of the list keeping at least one layer in its place (the dense-first pattern
+    stays), so the launch is not refused for a length the shrink made; one whose
+    --pipeline-model-parallel-layout places the layers keeps its layers and list as written."""
     from gpt.moe.settings import moe_layer_pattern
 
     launches = [launch for launch in REPLAYED if "[" in dict(
         (flag, values) for flag, values, _ in split_flags(launch.argv)).get("--moe-layer-freq", [""])[-1]]
     assert len(launches) >= 10
+    shrunk_ones = 0
     for launch in launches:
         _, shrunk = _shrunk_offline(launch)
         before = {flag: values for flag, values, _ in split_flags(launch.argv)}
         after = {flag: values for flag, values, _ in split_flags(shrunk.argv)}
-        assert after["--num-layers"] == before["--num-layers"], launch.name
-        pattern = moe_layer_pattern(after["--moe-layer-freq"][-1], int(after["--num-layers"][-1]))
-        assert len(pattern) == int(after["--num-layers"][-1]), launch.name
+        layers = int(after["--num-layers"][-1])
+        pattern = moe_layer_pattern(after["--moe-layer-freq"][-1], layers)
+        assert len(pattern) == layers, launch.name
+        original = moe_layer_pattern(before["--moe-layer-freq"][-1], int(before["--num-layers"][-1]))
+        assert _runs(pattern) == _runs(original), launch.name
+        if "--pipeline-model-parallel-layout" in before:
+            assert after["--num-layers"] == before["--num-layers"], launch.name
+            assert after["--moe-layer-freq"] == before["--moe-layer-freq"], launch.name
+        else:
+            shrunk_ones += layers < int(before["--num-layers"][-1])
+    (example,) = [launch for launch in launches if launch.name == "megatron-lm-megatron-fsdp-deepseek-v3"]
+    after = {flag: values for flag, values, _ in split_flags(_shrunk_offline(example)[1].argv)}
+    assert after["--num-layers"] == ["2"] and after["--moe-layer-freq"] == ["[0]*1+[1]*1"]
+    assert shrunk_ones >= 3

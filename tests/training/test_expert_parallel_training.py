@@ -107,7 +107,8 @@ def test_a_rank_whose_experts_receive_no_tokens_trains_under_zero_3(corpus_cache
 
 def test_expert_parallelism_refuses_what_it_cannot_run_in_one_line(corpus_cache_300, tmp_path):
     """Megatron-LM's validate_args: `args.num_experts % args.expert_model_parallel_size == 0`, and EP needs
-    experts; flex (DeepEP) is not implemented. (--init-from-hf into an EP run loads: tests/checkpoint/
+    experts; the flex dispatcher's DeepEP backend asserts an expert TP x EP group of more than one rank
+    (tests/gpt/test_moe_flex.py has flex's other checks). (--init-from-hf into an EP run loads: tests/checkpoint/
     test_expert_parallel_checkpoint.py.)"""
     import pretrain_gpt
 
@@ -115,7 +116,7 @@ def test_expert_parallelism_refuses_what_it_cannot_run_in_one_line(corpus_cache_
     for argv, says in ((["--expert-model-parallel-size", "2"], "--expert-model-parallel-size 2 needs experts"),
                        (MOE + ["--expert-model-parallel-size", "3"], "--num-experts 4 is not divisible by "
                                                                      "--expert-model-parallel-size 3"),
-                       (MOE + ["--moe-token-dispatcher-type", "flex"], "flex (DeepEP/HybridEP kernels) is not"),
+                       (MOE + ["--moe-token-dispatcher-type", "flex"], "DeepEP dispatcher requires TPxEP > 1"),
                        (MOE + ["--expert-tensor-parallel-size", "2"],
                         "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1"),
                        (MOE + ["--expert-model-parallel-size", "2"], "does not divide")):
