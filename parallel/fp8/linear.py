@@ -18,8 +18,18 @@ import torch
 
 from parallel.fp8 import block_scaling as blocks
 from parallel.fp8.kernel import ALIGNMENT, scaled_matmul
-from parallel.fp8.recipes import (FP8_MAX, GRAD_OUTPUT, INPUT, WEIGHT, DelayedScaling, Fp8Recipe, amax_of,
-                                  current_scale, input_type_max, quantize_tensorwise)
+from parallel.fp8.recipes import (
+    FP8_MAX,
+    GRAD_OUTPUT,
+    INPUT,
+    WEIGHT,
+    DelayedScaling,
+    Fp8Recipe,
+    amax_of,
+    current_scale,
+    input_type_max,
+    quantize_tensorwise,
+)
 
 
 class Fp8LinearState:

@@ -73,7 +73,7 @@ def delayed_scale(amax: torch.Tensor, previous_scale: torch.Tensor, fp8_max: flo
     """TE's _default_sf_compute (transformer_engine/pytorch/quantization.py):
     scale = (fp8_max / amax) / 2^margin; the previous scale where amax is 0 or not finite; fp32 max where
     the scale overflows."""
-    scale = (fp8_max / amax) / (2 ** margin)
+    scale = (fp8_max / amax) / (2 ** margin)  # a float over a tensor: torch's reciprocal-then-multiply, as in TE
     scale = torch.where(amax > 0.0, scale, previous_scale)
     scale = torch.where(torch.isfinite(amax), scale, previous_scale)
     return torch.where(torch.isinf(scale), torch.full_like(scale, FP32_MAX), scale)

@@ -23,6 +23,10 @@ from parallel.fp8.recipes import DelayedScaling, Fp8Recipe, current_scale, satur
 ONE = torch.tensor(1.0)
 
 
+def f32(value):
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
 def fp8(rows, cols, dtype=E4M3, seed=0):
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
@@ -114,18 +118,19 @@ def test_delayed_scaling_follows_the_amax_history(algo, margin):
     """Five casts of one role through a history of 3; the scales TE's update would give, step by step."""
     state = DelayedScaling(Fp8Recipe(recipe="delayed", margin=margin, amax_history_len=3, amax_compute_algo=algo))
     history, scale, used = [0.0, 0.0, 0.0], 1.0, []
-    for amax in (1.0, 4.0, 2.0, 0.5, 0.0):
+    for amax in (3.0, 4.0, 2.9, 0.5, 0.0):  # 3.0 and 2.9: reciprocal-then-multiply differs from 448 / amax
         tensor = torch.tensor([amax, -amax / 3])
         data, scale_inv = state.quantize(tensor, 0, E4M3)
         used.append(scale)
         assert scale_inv.item() == float(torch.reciprocal(torch.tensor(scale, dtype=torch.float32)))
         # TE: amax into row 0; reduce; roll by -1 and zero row 0; scale = (448 / amax) / 2^margin
-        history[0] = max(history[0], amax)
+        history[0] = max(history[0], f32(amax))
         reduced = max(history) if algo == "max" else history[0]
         history = history[1:] + history[:1]
         history[0] = 0.0
         if reduced > 0 and math.isfinite(reduced):
-            scale = float(torch.tensor(448.0 / reduced, dtype=torch.float32)) / 2 ** margin
+            # `fp8_max / amax` with amax a tensor is torch's __rtruediv__: amax.reciprocal() * fp8_max
+            scale = f32(f32(1 / reduced) * 448.0) / 2 ** margin
         assert state.amax_history[:, 0].tolist() == history
         assert state.scale[0].item() == scale
     assert used[0] == 1.0  # the first cast uses TE's initial scale
