@@ -146,6 +146,7 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
     words.append(kept)
     if off_shape:
         words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
+    words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
     return "; ".join(words)
 
 
