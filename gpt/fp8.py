@@ -10,10 +10,10 @@ and the last --num-layers-at-end-in-bf16 blocks in high precision (megatron/core
 is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks CUDA's FP8 rules (a multiple
 of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it.
 
-Built and checked on the CPU: one process (no TP, PP, CP, EP, DP: the amax reductions over those groups
-are not built), a dense model, no MTP, no --compile; delayed scaling also without activation
-recomputation (a recomputed forward would update the amax history twice) and without --save/--load (the
-histories are not in the checkpoint yet). The other recipes hold no state between steps.
+Built and checked on the CPU: no TP, PP, CP or EP (the amax reductions over those groups are not built), a
+dense model, no MTP, no --compile; data parallelism (ZeRO 0-3) for the stateless recipes; delayed scaling
+in one process only, without activation recomputation (a recomputed forward would update the amax history
+twice) and without --save/--load (the histories are not in the checkpoint yet).
 """
 
 from __future__ import annotations
@@ -87,13 +87,18 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                (launch.expert_parallel > 1, f"--expert-model-parallel-size {launch.expert_parallel}"),
                (model_config.moe is not None, "--num-experts (the experts' grouped GEMMs)"),
                (model_config.mtp_num_layers > 0, f"--mtp-num-layers {model_config.mtp_num_layers}"),
-               (launch.compile, "--compile"),
-               # last: the one refusal that depends on the launcher, not the flags
-               (launch.world_size > 1, f"{launch.world_size} ranks (data parallelism)")]
+               (launch.compile, "--compile")]
     for unsupported, setting in unbuilt:
         if unsupported:
             raise ConfigError(f"{what} is built for one process so far: with {setting} its amax reductions and "
                               f"layers are not built yet (issue 65); drop --fp8-format or that setting")
+    # last: the one refusal that depends on the launcher, not the flags. Data parallelism needs no FP8 code for
+    # the stateless recipes: TE reduces no amax over the data-parallel group for them (each rank casts its own
+    # micro-batches; the weights are the same on every rank), only for delayed scaling's history.
+    if recipe == "delayed" and launch.world_size > 1:
+        raise ConfigError(f"{what} over {launch.world_size} ranks: delayed scaling's amax reduction over the "
+                          f"data-parallel group is not built yet (issue 65); use --fp8-recipe tensorwise, "
+                          f"blockwise or mxfp8, or one process")
 
 
 def _keeps_high_precision(model_config, layer: int) -> bool:

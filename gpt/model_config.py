@@ -191,7 +191,7 @@ class ModelConfig:
         consts=[Const(("--fp8-e4m3",), "e4m3", help="DeepSpeed-Megatron: --fp8-format e4m3"),
                 Const(("--fp8-hybrid",), "hybrid", help="DeepSpeed-Megatron: --fp8-format hybrid")],
         help="the blocks' linears' GEMMs in FP8 through torch._scaled_mm (docs/fp8.md): e4m3 everywhere, or "
-             "hybrid (e4m3 forward, e5m2 gradients); one process so far")
+             "hybrid (e4m3 forward, e5m2 gradients); no model parallelism so far")
     fp8_recipe: str = option(
         "delayed", choices=FP8_RECIPE_CHOICES, group="zero",
         help="with --fp8-format, TransformerEngine's recipe: delayed (amax history), tensorwise (current "

@@ -54,7 +54,7 @@ def _launch(**changes):
 
 @pytest.mark.parametrize("recipe, launch, extra, words", [
     ("tensorwise", _launch(tensor_parallel=2), {}, "with --tensor-model-parallel-size 2 its amax reductions"),
-    ("tensorwise", _launch(world_size=2), {}, "with 2 ranks (data parallelism)"),
+    ("delayed", _launch(world_size=2), {}, "over 2 ranks: delayed scaling's amax reduction over the data-parallel"),
     ("blockwise", _launch(pipeline_parallel=2), {}, "--pipeline-model-parallel-size 2"),
     ("mxfp8", _launch(context_parallel=2), {}, "--context-parallel-size 2"),
     ("tensorwise", _launch(expert_parallel=2), {}, "--expert-model-parallel-size 2"),
@@ -78,6 +78,7 @@ def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extr
 @pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
 def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(recompute=True, saves_or_loads=True))
+    check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(world_size=8))  # data parallelism
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
     check_fp8(tiny_config(), _launch(tensor_parallel=8, world_size=64))  # no --fp8-format: nothing to check
 
@@ -143,3 +144,44 @@ def test_a_tiny_gpt_trains_20_iterations_in_fp8_close_to_bf16(tmp_path, corpus_c
     assert len(losses) == 20 and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 0.5, f"did not train ({losses[0]} -> {losses[-1]})"
     assert abs(losses[-1] - bf16[-1]) <= 0.01 * bf16[-1], f"fp8 {losses[-1]} vs bf16 {bf16[-1]}"
+
+
+DATA_PARALLEL = ["--device", "cpu", "--num-layers", "1", "--hidden-size", "64", "--num-attention-heads", "2",
+                 "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "1",
+                 "--global-batch-size", "4", "--train-iters", "4", "--log-interval", "1", "--eval-iters", "0",
+                 "--attention-dropout", "0", "--hidden-dropout", "0", "--fp8-format", "hybrid",
+                 "--fp8-recipe", "tensorwise"]
+
+
+def _train_on_ranks(rank, world_size, runs):
+    from parallel.state import destroy, initialize
+    state = initialize("cpu", 1)
+    try:
+        for argv in runs:
+            pretrain_gpt.run(parse_config(argv), state)
+    finally:
+        destroy(state)
+
+
+@pytest.mark.slow
+def test_data_parallel_fp8_equals_one_process(tmp_path, corpus_cache):
+    """Tensorwise FP8 over 2 data-parallel ranks (ZeRO 0 and ZeRO 3) against one process, the same global batch
+    of 4 micro-batches: each micro-batch is cast with its own amax either way and the weights are the same on
+    every rank (TE reduces no amax over the data-parallel group for current scaling). fp32 activations; the
+    gradients are summed in another order (an all-reduce against accumulation), so equal to 1e-5 relative."""
+    from tests.distributed import run_distributed
+
+    def argv(name, *extra):
+        return [*DATA_PARALLEL, "--data-cache-dir", corpus_cache, "--metrics-file", str(tmp_path / f"{name}.jsonl"),
+                *extra]
+
+    def losses(name):
+        records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in records if "loss" in r and "split" not in r]
+
+    assert pretrain_gpt.main(argv("one")) == 0
+    run_distributed(_train_on_ranks, 2, [argv("dp2"), argv("dp2-zero3", "--zero-stage", "3")], timeout=600)
+    for name in ("dp2", "dp2-zero3"):
+        assert len(losses(name)) == 4
+        for got, want in zip(losses(name), losses("one")):
+            assert abs(got - want) <= 1e-5 * abs(want), (name, losses(name), losses("one"))
