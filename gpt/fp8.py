@@ -1,38 +1,161 @@
-"""--fp8-format (Megatron-LM's spelling; dest `fp8`, values e4m3 or hybrid): FP8 training as an opt-in
-(issue 40, lever 3), through torchao's float8 linears with the output layer kept in 16-bit.
+"""FP8 training (issue 65): Megatron-Core's --fp8-format and --fp8-recipe (with --fp8-margin,
+--fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad, --first-last-layers-bf16) applied to the
+blocks' tensor-parallel linears through parallel/fp8's one kernel path, and every combination not built
+yet refused before any work, in one line naming why.
 
-torchao is CUDA-only and lives in requirements-gpu.txt: nothing here imports it, and whether it is
-installed is asked with importlib.util.find_spec, so a CPU run or CI never loads it. The check runs
-before any work and refuses, in one line, every case that cannot train in FP8:
-- a device that is not CUDA (float8 GEMMs need an H100-class GPU);
-- torchao not installed;
-- and today also CUDA with torchao: the float8 swap of our tensor-parallel linears is to be built and
-  checked on a GPU (issue 40 point 3), so the flag is refused rather than silently training in bf16.
+Which linears run in FP8 follows Megatron-Core with TransformerEngine: the linears of each transformer
+block's attention and MLP (TE's Linear / LayerNormLinear inside fp8_autocast); never the embedding, the
+output layer, the norms or a router. --first-last-layers-bf16 keeps the first --num-layers-at-start-in-bf16
+and the last --num-layers-at-end-in-bf16 blocks in high precision (megatron/core/fp8_utils.py,
+is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks CUDA's FP8 rules (a multiple
+of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it.
+
+Built and checked on the CPU: no TP, PP, CP or EP (the amax reductions over those groups are not built), a
+dense model, no MTP, no --compile; data parallelism (ZeRO 0-3) for the stateless recipes; delayed scaling
+in one process only, without activation recomputation (a recomputed forward would update the amax history
+twice) and without --save/--load (the histories are not in the checkpoint yet).
 """
 
 from __future__ import annotations
 
-import importlib.util
+from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import torch
+from torch import nn
 
 from base.errors import ConfigError
+from parallel.fp8.kernel import kernel_name
+from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
+from parallel.fp8.recipes import Fp8Recipe
+from parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 
-def torchao_installed() -> bool:
-    return importlib.util.find_spec("torchao") is not None
+def recipe_of(model_config) -> Fp8Recipe:
+    """The run's FP8 settings as Megatron-Core's TransformerConfig holds them."""
+    return Fp8Recipe(fp8_format=model_config.fp8, recipe=model_config.fp8_recipe, margin=model_config.fp8_margin,
+                     amax_history_len=model_config.fp8_amax_history_len,
+                     amax_compute_algo=model_config.fp8_amax_compute_algo, wgrad=model_config.fp8_wgrad)
 
 
-def check_fp8(fp8_format: Optional[str], device: torch.device, torchao_available: bool) -> None:
-    """Refuse --fp8-format where it cannot run (see the module docstring); nothing when it is unset."""
-    if fp8_format is None:
+@dataclass(frozen=True)
+class Fp8Launch:
+    """What the refusals read besides the model's settings (arguments/ is above this floor)."""
+    world_size: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    context_parallel: int
+    expert_parallel: int
+    recompute: bool
+    saves_or_loads: bool
+    compile: bool
+
+
+def check_fp8(model_config, launch: Fp8Launch) -> None:
+    """Refuse, in one line, every FP8 combination not built yet; nothing without --fp8-format."""
+    fmt = model_config.fp8
+    if fmt is None:
         return
-    if device.type != "cuda":
-        raise ConfigError(f"--fp8-format {fp8_format} needs a CUDA GPU with float8 GEMMs (H100 or newer); on "
-                          f"{device.type} drop it and train with --bf16")
-    if not torchao_available:
-        raise ConfigError(f"--fp8-format {fp8_format} needs torchao, a CUDA-only package: pip install -r "
-                          f"requirements-gpu.txt, or drop --fp8-format")
-    raise ConfigError(f"--fp8-format {fp8_format} is not wired into the layers yet (issue 40: to be built and "
-                      f"measured on a GPU); drop it and train with --bf16")
+    recipe = model_config.fp8_recipe
+    what = f"--fp8-format {fmt} --fp8-recipe {recipe}"
+    if recipe == "custom":
+        raise ConfigError(f"{what}: the custom recipe (--fp8-quantizer-factory, a TE quantizer factory) is not "
+                          f"available here; use delayed, tensorwise, blockwise or mxfp8")
+    if model_config.fp8_amax_history_len < 1:
+        raise ConfigError(f"--fp8-amax-history-len {model_config.fp8_amax_history_len} must be at least 1")
+    if model_config.first_last_layers_bf16:
+        if recipe == "delayed":  # Megatron-Core's TransformerConfig.__post_init__
+            raise ConfigError(f"{what} --first-last-layers-bf16: delayed scaling does not support first / last "
+                              f"layer in BF16 (as in Megatron-Core); use tensorwise, blockwise or mxfp8")
+        for flag, count in (("--num-layers-at-start-in-bf16", model_config.num_layers_at_start_in_bf16),
+                            ("--num-layers-at-end-in-bf16", model_config.num_layers_at_end_in_bf16)):
+            if not 0 <= count <= model_config.num_layers:
+                raise ConfigError(f"{flag} {count} must be between 0 and the number of layers "
+                                  f"({model_config.num_layers})")
+    if recipe == "delayed" and launch.recompute:
+        raise ConfigError(f"{what} with --checkpoint-activations (--recompute-granularity full): the recomputed "
+                          f"forward would update the amax "
+                          f"history twice; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state), or drop "
+                          f"the recomputation")
+    if recipe == "delayed" and launch.saves_or_loads:
+        raise ConfigError(f"{what} with --save/--load: the amax histories are not in the checkpoint yet, so a "
+                          f"resume would not be exact; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state)")
+    unbuilt = [(launch.tensor_parallel > 1, f"--tensor-model-parallel-size {launch.tensor_parallel}"),
+               (launch.pipeline_parallel > 1, f"--pipeline-model-parallel-size {launch.pipeline_parallel}"),
+               (launch.context_parallel > 1, f"--context-parallel-size {launch.context_parallel}"),
+               (launch.expert_parallel > 1, f"--expert-model-parallel-size {launch.expert_parallel}"),
+               (model_config.moe is not None, "--num-experts (the experts' grouped GEMMs)"),
+               (model_config.mtp_num_layers > 0, f"--mtp-num-layers {model_config.mtp_num_layers}"),
+               (launch.compile, "--compile")]
+    for unsupported, setting in unbuilt:
+        if unsupported:
+            raise ConfigError(f"{what} is built for one process so far: with {setting} its amax reductions and "
+                              f"layers are not built yet (issue 65); drop --fp8-format or that setting")
+    # last: the one refusal that depends on the launcher, not the flags. Data parallelism needs no FP8 code for
+    # the stateless recipes: TE reduces no amax over the data-parallel group for them (each rank casts its own
+    # micro-batches; the weights are the same on every rank), only for delayed scaling's history.
+    if recipe == "delayed" and launch.world_size > 1:
+        raise ConfigError(f"{what} over {launch.world_size} ranks: delayed scaling's amax reduction over the "
+                          f"data-parallel group is not built yet (issue 65); use --fp8-recipe tensorwise, "
+                          f"blockwise or mxfp8, or one process")
+
+
+def _keeps_high_precision(model_config, layer: int) -> bool:
+    """Megatron's is_first_last_bf16_layer."""
+    if not model_config.first_last_layers_bf16:
+        return False
+    return layer < model_config.num_layers_at_start_in_bf16 or \
+        layer >= model_config.num_layers - model_config.num_layers_at_end_in_bf16
+
+
+def _tp_linears(block: nn.Module):
+    return [(name, module) for name, module in block.named_modules()
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear))]
+
+
+def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
+              device: torch.device) -> Optional[str]:
+    """Run the blocks' TP linears' GEMMs in FP8 (each linear its own state, Fp8LinearState) and return the
+    start-up line naming the format, recipe, kernel and layers; None without --fp8-format."""
+    if model_config.fp8 is None:
+        return None
+    recipe = recipe_of(model_config)
+    in_fp8, high_precision_layers, off_shape = [], [], []
+    for layer_name, block in blocks.named_children():
+        layer = int(layer_name)
+        if _keeps_high_precision(model_config, layer):
+            high_precision_layers.append(layer)
+            continue
+        for name, linear in _tp_linears(block):
+            # A linear's GEMMs take its local shape: the weight (out, in) and the micro-batch's tokens.
+            out_features, in_features = linear.weight.shape
+            broken = shape_rule_broken(in_features, out_features, tokens_per_micro_batch, recipe.recipe)
+            if broken:
+                off_shape.append(f"blocks.{layer}.{name} ({broken})")
+                continue
+            linear.linear = partial(_fp8_linear_call, state=Fp8LinearState(recipe, device))
+            in_fp8.append(name)
+    names = sorted(set(in_fp8))
+    words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
+             f"({', '.join(names) or 'none'}), kernel {kernel_name(device, recipe.recipe)}"]
+    if device.type == "cuda":
+        words.append("the same calls as on the CPU, not yet measured on a GPU")
+    if recipe.recipe == "delayed":
+        words.append(f"amax history {recipe.amax_history_len} ({recipe.amax_compute_algo}), margin {recipe.margin}"
+                     + ("" if recipe.wgrad else ", weight gradients in high precision (--no-fp8-wgrad)"))
+    kept = "the embedding, output layer and norms stay in high precision"
+    if high_precision_layers:
+        kept += (f", and block{'s' if len(high_precision_layers) > 1 else ''} "
+                 f"{', '.join(map(str, high_precision_layers))} (--first-last-layers-bf16)")
+    words.append(kept)
+    if off_shape:
+        words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
+    words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
+    return "; ".join(words)
+
+
+def _fp8_linear_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                     state: Fp8LinearState) -> torch.Tensor:
+    """F.linear's signature (the TP layers call self.linear(x, weight, bias)), in FP8."""
+    return fp8_linear(x, weight, bias, state)

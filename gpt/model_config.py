@@ -27,6 +27,7 @@ from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
+FP8_RECIPE_CHOICES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")  # Megatron-LM's --fp8-recipe
 
 # squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2); xielu swiss-ai's
 # Megatron-LM fork's --xielu (gpt/xielu.py).
@@ -182,14 +183,34 @@ class ModelConfig:
     mtp_loss_scaling_factor: float = option(
         0.1, help="with --mtp-num-layers, the MTP losses' weight: each layer's loss is scaled by this / N "
                   "(Megatron-Core's default 0.1)")
-    # Megatron-LM's --fp8-format (dest fp8); DeepSpeed-Megatron's --fp8-e4m3 / --fp8-hybrid. gpt/fp8.py
-    # checks it before any work.
+    # Megatron-LM's --fp8-format (dest fp8) and its knobs, Megatron-Core's TransformerConfig fields and defaults;
+    # DeepSpeed-Megatron's --fp8-e4m3 / --fp8-hybrid. gpt/fp8.py applies them and refuses, before any work,
+    # what is not built yet.
     fp8: Optional[str] = option(
         None, flags=("--fp8-format",), choices=FP8_FORMATS, group="zero",
         consts=[Const(("--fp8-e4m3",), "e4m3", help="DeepSpeed-Megatron: --fp8-format e4m3"),
                 Const(("--fp8-hybrid",), "hybrid", help="DeepSpeed-Megatron: --fp8-format hybrid")],
-        help="FP8 training through torchao (CUDA only, requirements-gpu.txt); refused on a CPU, without "
-             "torchao, and until it is wired on a GPU (issue 40)")
+        help="the blocks' linears' GEMMs in FP8 through torch._scaled_mm (docs/fp8.md): e4m3 everywhere, or "
+             "hybrid (e4m3 forward, e5m2 gradients); no model parallelism so far")
+    fp8_recipe: str = option(
+        "delayed", choices=FP8_RECIPE_CHOICES, group="zero",
+        help="with --fp8-format, TransformerEngine's recipe: delayed (amax history), tensorwise (current "
+             "per-tensor scales), blockwise (1x128 activations, 128x128 weights), mxfp8 (1x32 blocks, E8M0 scales, "
+             "emulated); custom is refused")
+    fp8_margin: int = option(0, group="zero", help="delayed scaling: scale = fp8_max / amax / 2^margin")
+    fp8_amax_history_len: int = option(1, group="zero", help="delayed scaling: the amax history's length")
+    fp8_amax_compute_algo: str = option(
+        "most_recent", choices=("most_recent", "max"), group="zero",
+        help="delayed scaling: the amax from the history's most recent entry or its max")
+    fp8_wgrad: bool = option(
+        True, group="zero", consts=[Const(("--disable-fp8-wgrad",), False,
+                                          help="Megatron-LM: --no-fp8-wgrad")],
+        help="the weight-gradient GEMM in FP8 (Megatron passes --no-fp8-wgrad to delayed scaling only)")
+    first_last_layers_bf16: bool = option(
+        False, action="store_true", group="zero",
+        help="with --fp8-format, keep the first and last blocks' linears in high precision")
+    num_layers_at_start_in_bf16: int = option(1, group="zero", help="--first-last-layers-bf16's blocks at the start")
+    num_layers_at_end_in_bf16: int = option(1, group="zero", help="--first-last-layers-bf16's blocks at the end")
 
     # Mixture of experts (issue 51; gpt/moe/), Megatron-LM's flags and dests. Without --num-experts (or with 1:
     # one expert is the dense model) every MLP is dense and the rest has no effect.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from base.eager_under_compile import keep_marked_methods_eager
+from gpt.fp8 import apply_fp8
 from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
@@ -36,6 +37,7 @@ class Built:
     activations: ActivationMonitor                    # the loop's view of saved tensors and recompute timings
     checkpointing: Optional[ActivationCheckpointing]  # None without --checkpoint-activations
     rng: Optional[TensorParallelRNG]                  # the dropout streams; None when not asked for (dry run)
+    fp8: Optional[str] = None                         # --fp8-format's start-up line (gpt/fp8.py); None without
 
 
 def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, torch_compile: bool) -> Built:
@@ -66,7 +68,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     1. Tensor and sequence parallelism: the declared plan (gpt/parallel_plan.py), decided here once from
        the `parallel` section and the TP group; the constructors build each layer as the plan names it.
     2. Pipeline parallelism: this rank's stage (its model chunks' layers, gpt/stage_layers.py). The model
-       is built with both on the meta device: shapes only, no memory, no draws.
+       is built with both on the meta device: shapes only, no memory, no draws. With --fp8-format the
+       blocks' TP linears then run their GEMMs in FP8 (gpt/fp8.py).
     3. Activation checkpointing, which only installs itself as the model's run_blocks and reports to the
        monitor: it allocates nothing and touches no parameter, so it commutes with step 4; it comes first
        as it always has.
@@ -81,6 +84,10 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP
     model = GPTModel(config.model, state, rng=rng, stage=pipeline_stage(settings, state), plan=plan)  # 2. PP
+    # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. Not on the meta
+    # device: the dry run plans the high-precision GEMMs (docs/fp8.md says so).
+    fp8 = None if state.device.type == "meta" else apply_fp8(
+        model.blocks, config.model, config.training.micro_batch_size * config.model.seq_length, state.device)
     activations = ActivationMonitor(state.device)
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute
@@ -100,7 +107,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
                       build=build_zero_with_experts if own_experts else None)
     if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
-    return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng)
+    return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng, fp8=fp8)
 
 
 def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[StageLayers]:

@@ -6,10 +6,11 @@ back in one list, before any process group, data or model work.
 
 from __future__ import annotations
 
-from arguments.config import ConfigError, PretrainConfig
+from arguments.bounds import world_size_from_environment
+from arguments.config import PretrainConfig
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
-from gpt.fp8 import check_fp8, torchao_installed
+from gpt.fp8 import Fp8Launch, check_fp8
 from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 
@@ -25,15 +26,16 @@ def check_vocabulary_flags(config: PretrainConfig) -> None:
 
 
 def check_fp8_flag(config: PretrainConfig) -> None:
-    """--fp8-format where it cannot run (gpt/fp8.py), checked with the flags so it joins the one round."""
+    """--fp8-format and its recipe where they are not built yet (gpt/fp8.py), checked with the flags so the
+    refusal joins the one round."""
     if config.model.fp8 is None:
         return
-    from parallel.state import resolve_device  # here, not at the top: --help stays free of the process-group code
-    try:
-        device = resolve_device(config.training.device)
-    except ValueError as error:  # --device cuda without CUDA: said as the flag's own problem
-        raise ConfigError(str(error)) from None
-    check_fp8(config.model.fp8, device, torchao_installed())
+    parallel, checkpoint = config.parallel, config.checkpoint
+    check_fp8(config.model, Fp8Launch(
+        world_size=world_size_from_environment(), tensor_parallel=parallel.tensor_model_parallel_size,
+        pipeline_parallel=parallel.pipeline_model_parallel_size, context_parallel=parallel.context_parallel_size,
+        expert_parallel=parallel.expert_model_parallel_size, recompute=config.activations.checkpoint_activations,
+        saves_or_loads=bool(checkpoint.save or checkpoint.load), compile=config.training.compile))
 
 
 def check_load(config: PretrainConfig) -> None:

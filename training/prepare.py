@@ -99,6 +99,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         # materializes what it owns. The weights are a function of the seed and their names, the same
         # whatever the TP size.
         built = build(settings, state, dropout_rng=True, torch_compile=config.training.compile)
+        if built.fp8:
+            log(built.fp8)
         start = load_weights(config, state, built, claimed.resume_from, log)
         log(describe_model(settings, state, built, threads))
         writer = open_metrics(config, state, claimed.identity, start.iteration, log)

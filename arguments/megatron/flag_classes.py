@@ -222,12 +222,10 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
         --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
         --disable-mamba-mem-eff-path --hybrid-attention-ratio --hybrid-mlp-ratio""")),
-    ("fp8/fp4 training's knob: it is off here (--fp8-format is refused until it is wired on a GPU, --fp4-format "
-     "always; --bf16 or --fp16), so "
-     "it has no effect", _names("""
-        --fp8-margin --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo --fp8-recipe --fp8-param-gather
-        --fp8-output-proj --fp8-quantizer-factory --no-fp8-wgrad --disable-fp8-wgrad --first-last-layers-bf16
-        --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16 --keep-fp8-transpose-cache
+    ("a knob of an FP8/FP4 feature that is off here (--fp8-interval is deprecated in Megatron-LM; the custom "
+     "recipe's quantizer factory, Megatron FSDP's transpose cache, MXFP8 parameter all-gathers and --fp4-format "
+     "are refused or absent), so it has no effect", _names("""
+        --fp8-interval --fp8-quantizer-factory --keep-fp8-transpose-cache
         --reuse-grad-buf-for-mxfp8-param-ag --fp4-recipe --fp4-param-gather --fp4-quantizer-factory
         --kitchen-attention-backend""")),
     ("CPU offload's knob: the offloaded step here (--offload-optimizer, alias --cpu-optimizer) is always PyTorch's "
@@ -388,6 +386,9 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fp8/fp4 training is not implemented: use --bf16 or --fp16", _names("""
         --fp4-format --te-precision-config-file --kitchen-config-file
         --kitchen-recipe-number --use-kitchen-attention""")),
+    ("not implemented yet (issue 65): FP8 GEMMs (--fp8-format) gather and keep 16-bit weights and run the "
+     "output layer in high precision; drop it", _names("""
+        --fp8-param-gather --fp8-output-proj""")),
     ("not implemented: the optimizer here is Adam(W) with fp32 states, and all parameters trained",
      _names("""
         --use-bnb-optimizer --qk-clip --freeze-all-layers""")),

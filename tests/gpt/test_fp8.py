@@ -1,13 +1,15 @@
-"""--fp8-format (issue 40, point 5's CPU-checkable part): Megatron-LM's spelling, refused in one line
-wherever it cannot run, and torchao (CUDA-only, requirements-gpu.txt) never imported by CPU code.
+"""--fp8-format and --fp8-recipe wired into the blocks' TP linears (gpt/fp8.py, issue 65), single process.
 
-Megatron-LM (megatron/training/arguments.py: `--fp8-format`, default None,
-choices ['e4m3', 'hybrid'], dest 'fp8'; harvested in arguments/megatron/flags_harvested.json) and
-DeepSpeed-Megatron's `--fp8-e4m3` / `--fp8-hybrid` switches."""
+Megatron-LM's flags (megatron/training/arguments.py; harvested in arguments/megatron/flags_harvested.json):
+`--fp8-format` (None, choices e4m3/hybrid, dest fp8), `--fp8-recipe` (default delayed; tensorwise, delayed,
+mxfp8, blockwise, custom), `--fp8-margin` 0, `--fp8-amax-history-len` 1, `--fp8-amax-compute-algo`
+most_recent, `--no-fp8-wgrad` (dest fp8_wgrad), `--first-last-layers-bf16` with
+`--num-layers-at-start-in-bf16` / `--num-layers-at-end-in-bf16` 1 (megatron/core/transformer/transformer_config.py);
+DeepSpeed-Megatron's `--fp8-e4m3` / `--fp8-hybrid`. Which layers: megatron/core/fp8_utils.py
+(is_first_last_bf16_layer) and TE's linears inside the blocks only. The training test (slow) is the
+issue's short CI check: a tiny GPT, 20 iterations, each recipe's loss close to bf16's."""
 
-import subprocess
-import sys
-from pathlib import Path
+import json
 
 import pytest
 import torch
@@ -15,55 +17,171 @@ import torch
 import pretrain_gpt
 from arguments.parser import parse_config
 from base.errors import ConfigError
-from gpt.fp8 import check_fp8
+from gpt.fp8 import Fp8Launch, apply_fp8, check_fp8
+from gpt.model import build_gpt_model
+from parallel.state import ParallelState
+from tests.gpt.test_llama_blocks import tiny_config
 
-REPO = Path(__file__).resolve().parents[2]
+ONE_PROCESS = Fp8Launch(world_size=1, tensor_parallel=1, pipeline_parallel=1, context_parallel=1, expert_parallel=1,
+                        recompute=False, saves_or_loads=False, compile=False)
+SINGLE = ParallelState(device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize("argv, expected", [
     (["--fp8-format", "e4m3"], "e4m3"), (["--fp8-format", "hybrid"], "hybrid"),
     (["--fp8-e4m3"], "e4m3"), (["--fp8-hybrid"], "hybrid"), ([], None)])
-def test_megatrons_spellings_set_the_setting(argv, expected):
+def test_megatrons_spellings_set_the_format(argv, expected):
     assert parse_config(argv).model.fp8 == expected
 
 
-@pytest.mark.parametrize("device, torchao, words", [
-    ("cpu", True, "--fp8-format e4m3 needs a CUDA GPU"),
-    ("cuda", False, "needs torchao, a CUDA-only package: pip install -r requirements-gpu.txt"),
-    ("cuda", True, "--fp8-format e4m3 is not wired into the layers yet"),
+def test_megatrons_fp8_knobs_and_defaults():
+    model = parse_config([]).model
+    assert (model.fp8_recipe, model.fp8_margin, model.fp8_amax_history_len, model.fp8_amax_compute_algo,
+            model.fp8_wgrad, model.first_last_layers_bf16, model.num_layers_at_start_in_bf16,
+            model.num_layers_at_end_in_bf16) == ("delayed", 0, 1, "most_recent", True, False, 1, 1)
+    model = parse_config(["--fp8-recipe", "mxfp8", "--fp8-margin", "2", "--fp8-amax-history-len", "16",
+                          "--fp8-amax-compute-algo", "max", "--no-fp8-wgrad", "--first-last-layers-bf16",
+                          "--num-layers-at-end-in-bf16", "2"]).model
+    assert (model.fp8_recipe, model.fp8_margin, model.fp8_amax_history_len, model.fp8_amax_compute_algo,
+            model.fp8_wgrad, model.first_last_layers_bf16, model.num_layers_at_end_in_bf16) == \
+        ("mxfp8", 2, 16, "max", False, True, 2)
+    assert parse_config(["--disable-fp8-wgrad"]).model.fp8_wgrad is False
+
+
+def _launch(**changes):
+    return Fp8Launch(**{**ONE_PROCESS.__dict__, **changes})
+
+
+@pytest.mark.parametrize("recipe, launch, extra, words", [
+    ("tensorwise", _launch(tensor_parallel=2), {}, "with --tensor-model-parallel-size 2 its amax reductions"),
+    ("delayed", _launch(world_size=2), {}, "over 2 ranks: delayed scaling's amax reduction over the data-parallel"),
+    ("blockwise", _launch(pipeline_parallel=2), {}, "--pipeline-model-parallel-size 2"),
+    ("mxfp8", _launch(context_parallel=2), {}, "--context-parallel-size 2"),
+    ("tensorwise", _launch(expert_parallel=2), {}, "--expert-model-parallel-size 2"),
+    ("tensorwise", ONE_PROCESS, {"num_experts": 4}, "--num-experts (the experts' grouped GEMMs)"),
+    ("tensorwise", ONE_PROCESS, {"mtp_num_layers": 1}, "--mtp-num-layers 1"),
+    ("tensorwise", _launch(compile=True), {}, "with --compile"),
+    ("delayed", _launch(recompute=True), {}, "update the amax history twice"),
+    ("delayed", _launch(saves_or_loads=True), {}, "amax histories are not in the checkpoint yet"),
+    ("delayed", ONE_PROCESS, {"first_last_layers_bf16": True}, "delayed scaling does not support first / last"),
+    ("custom", ONE_PROCESS, {}, "the custom recipe (--fp8-quantizer-factory"),
+    ("tensorwise", ONE_PROCESS, {"first_last_layers_bf16": True, "num_layers_at_end_in_bf16": 3},
+     "--num-layers-at-end-in-bf16 3 must be between 0 and the number of layers (2)"),
 ])
-def test_every_case_that_cannot_train_in_fp8_is_refused_in_one_line(device, torchao, words):
-    with pytest.raises(ConfigError, match=words) as error:
-        check_fp8("e4m3", torch.device(device), torchao)
+def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extra, words):
+    config = tiny_config(fp8="hybrid", fp8_recipe=recipe, **extra)
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")) as error:
+        check_fp8(config, launch)
     assert "\n" not in str(error.value)
-    check_fp8(None, torch.device(device), torchao)  # unset: nothing to check
 
 
-def test_a_cpu_run_with_fp8_stops_before_any_work(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
+def test_what_is_built_passes_the_check(recipe):
+    check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(recompute=True, saves_or_loads=True))
+    check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(world_size=8))  # data parallelism
+    check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
+    check_fp8(tiny_config(), _launch(tensor_parallel=8, world_size=64))  # no --fp8-format: nothing to check
+
+
+def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("training.prepare.build_data", lambda *args: pytest.fail("data work started"))
-    argv = ["--fp8-format", "hybrid", "--device", "cpu", "--metrics-file", str(tmp_path / "m.jsonl")]
+    argv = ["--fp8-format", "hybrid", "--tensor-model-parallel-size", "2", "--device", "cpu",
+            "--metrics-file", str(tmp_path / "m.jsonl")]
     assert pretrain_gpt.main(argv) == 2
-    err = capsys.readouterr().err
-    assert "--fp8-format hybrid needs a CUDA GPU" in err
+    assert "--fp8-format hybrid --fp8-recipe delayed is built for one process so far" in capsys.readouterr().err
 
 
-def test_cpu_code_never_imports_torchao(tmp_path):
-    """A stand-in torchao on the path fails loudly if anything imports it; importing the entry point and
-    the model, training and arguments packages, and asking whether torchao is installed, must not."""
-    fake = tmp_path / "torchao"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("raise ImportError('torchao was imported by CPU code')\n")
-    script = ("import sys; sys.path.insert(0, sys.argv[1]);"
-              "import pretrain_gpt, gpt.model, gpt.fp8, training.loop, training.build, arguments.parser;"
-              "assert gpt.fp8.torchao_installed();"
-              "assert 'torchao' not in sys.modules, 'torchao imported'")
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])
+def test_the_blocks_tp_linears_run_in_fp8_and_nothing_else(recipe):
+    config = tiny_config(fp8="hybrid", fp8_recipe=recipe, num_layers=3, first_last_layers_bf16=True,
+                         num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1)
+    model = build_gpt_model(config, SINGLE, seed=1)
+    line = apply_fp8(model.blocks, config, tokens_per_micro_batch=32, device=torch.device("cpu"))
+    fp8_layers = {name for name, module in model.named_modules()
+                  if getattr(getattr(module, "linear", None), "func", None) is not None}
+    assert fp8_layers == {"blocks.1.attention.query_key_value", "blocks.1.attention.dense",
+                          "blocks.1.mlp.dense_h_to_4h", "blocks.1.mlp.dense_4h_to_h"}
+    assert line.startswith(f"> FP8: --fp8-format hybrid --fp8-recipe {recipe}: 4 linears in FP8 (attention.dense, "
+                           "attention.query_key_value, mlp.dense_4h_to_h, mlp.dense_h_to_4h), kernel ")
+    assert "blocks 0, 2 (--first-last-layers-bf16)" in line
+    assert ("emulated" in line) == (recipe in ("blockwise", "mxfp8"))
+    tokens = torch.randint(0, config.vocab_size, (2, 16))
+    model(tokens).float().sum().backward()  # the FP8 GEMMs run, forward and backward
+    assert model.blocks[1].mlp.dense_h_to_4h.weight.grad is not None
 
 
-def test_torchao_is_in_the_gpu_requirements_only():
-    def names(path):
-        return [line.split("#")[0].strip() for line in path.read_text().splitlines()]
-    assert not any(name.startswith("torchao") for name in names(REPO / "requirements.txt"))
-    assert "torchao==0.18.0" in names(REPO / "requirements-gpu.txt")
+def test_a_linear_off_cudas_shape_rules_stays_in_high_precision_and_is_named():
+    config = tiny_config(fp8="e4m3", fp8_recipe="mxfp8", num_layers=1)
+    model = build_gpt_model(config, SINGLE, seed=1)
+    line = apply_fp8(model.blocks, config, tokens_per_micro_batch=48, device=torch.device("cpu"))
+    assert "0 linears in FP8 (none)" in line
+    assert "blocks.0.mlp.dense_h_to_4h (tokens 48 not a multiple of 32)" in line
+
+
+# ---- the short CI training check (the issue's 300-iteration measurement is not done yet) --------------------
+
+TRAIN = ["--device", "cpu", "--num-layers", "1", "--hidden-size", "64", "--num-attention-heads", "2",
+         "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "2",
+         "--train-iters", "20", "--lr", "3e-3", "--log-interval", "1", "--eval-iters", "0", "--bf16",
+         "--attention-dropout", "0", "--hidden-dropout", "0"]
+
+
+def train_losses(tmp_path, corpus_cache, name, *extra):
+    metrics = tmp_path / f"{name}.jsonl"
+    assert pretrain_gpt.main([*TRAIN, "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics), *extra]) == 0
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return [r["loss"] for r in records if "loss" in r and "split" not in r]
+
+
+@pytest.mark.slow
+def test_a_tiny_gpt_trains_20_iterations_in_fp8_close_to_bf16(tmp_path, corpus_cache, capsys):
+    """Megatron's default recipe (delayed, here hybrid), two micro-batches a step. One recipe only: CPU
+    _scaled_mm with two e4m3 operands is a slow reference kernel (about 50 ms a call); the others are checked
+    bitwise per linear (tests/parallel/test_fp8_linear.py) and run forward and backward in a model above."""
+    bf16 = train_losses(tmp_path, corpus_cache, "bf16")
+    losses = train_losses(tmp_path, corpus_cache, "fp8", "--fp8-format", "hybrid", "--fp8-recipe", "delayed")
+    assert "> FP8: --fp8-format hybrid --fp8-recipe delayed: 4 linears in FP8" in capsys.readouterr().out
+    assert len(losses) == 20 and all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0] - 0.5, f"did not train ({losses[0]} -> {losses[-1]})"
+    assert abs(losses[-1] - bf16[-1]) <= 0.01 * bf16[-1], f"fp8 {losses[-1]} vs bf16 {bf16[-1]}"
+
+
+DATA_PARALLEL = ["--device", "cpu", "--num-layers", "1", "--hidden-size", "64", "--num-attention-heads", "2",
+                 "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "1",
+                 "--global-batch-size", "4", "--train-iters", "4", "--log-interval", "1", "--eval-iters", "0",
+                 "--attention-dropout", "0", "--hidden-dropout", "0", "--fp8-format", "hybrid",
+                 "--fp8-recipe", "tensorwise"]
+
+
+def _train_on_ranks(rank, world_size, runs):
+    from parallel.state import destroy, initialize
+    state = initialize("cpu", 1)
+    try:
+        for argv in runs:
+            pretrain_gpt.run(parse_config(argv), state)
+    finally:
+        destroy(state)
+
+
+@pytest.mark.slow
+def test_data_parallel_fp8_equals_one_process(tmp_path, corpus_cache):
+    """Tensorwise FP8 over 2 data-parallel ranks (ZeRO 0 and ZeRO 3) against one process, the same global batch
+    of 4 micro-batches: each micro-batch is cast with its own amax either way and the weights are the same on
+    every rank (TE reduces no amax over the data-parallel group for current scaling). fp32 activations; the
+    gradients are summed in another order (an all-reduce against accumulation), so equal to 1e-5 relative."""
+    from tests.distributed import run_distributed
+
+    def argv(name, *extra):
+        return [*DATA_PARALLEL, "--data-cache-dir", corpus_cache, "--metrics-file", str(tmp_path / f"{name}.jsonl"),
+                *extra]
+
+    def losses(name):
+        records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in records if "loss" in r and "split" not in r]
+
+    assert pretrain_gpt.main(argv("one")) == 0
+    run_distributed(_train_on_ranks, 2, [argv("dp2"), argv("dp2-zero3", "--zero-stage", "3")], timeout=600)
+    for name in ("dp2", "dp2-zero3"):
+        assert len(losses(name)) == 4
+        for got, want in zip(losses(name), losses("one")):
+            assert abs(got - want) <= 1e-5 * abs(want), (name, losses(name), losses("one"))

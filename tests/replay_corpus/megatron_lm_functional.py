@@ -299,7 +299,7 @@ LAUNCHES = (
             "--attention-softmax-in-fp32", "--ckpt-format", "torch_dist", "--data-cache-path",
             "${DATA_CACHE_PATH}", "--bf16", "--log-memory-to-tensorboard",
         ),
-        outcome="refused: --fp8-format hybrid needs a CUDA GPU with float8 GEMMs",
+        outcome="refused: --fp8-format hybrid --fp8-recipe delayed with --save/--load",
     ),
 
     Launch(

@@ -1,0 +1,124 @@
+"""The block recipes: TE's Float8BlockScaling (DeepSeek-V3's scaling: 1x128 blocks for activations and
+gradients, 128x128 for weights, power-of-two fp32 scales) and MXFP8BlockScaling (1x32 blocks, E8M0 scales,
+i.e. powers of two), and their GEMM.
+
+The GEMM multiplies one K block at a time through the one kernel path (kernel.scaled_matmul, unit scales,
+fp32 out) and applies the blocks' scales to each fp32 partial before adding it: the promotion DeepSeek-V3
+describes and TE's blockwise GEMM performs (split accumulation, which Float8BlockScaling requires). It is
+an emulation of the hardware's block-scaled GEMMs (cuBLAS's 1x128/128x128 on Hopper, MX on Blackwell) and
+is named so in the start-up line: the products and sums are the same, but a device kernel may order the
+fp32 additions inside a block differently.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from parallel.fp8.kernel import scaled_matmul
+from parallel.fp8.recipes import FP8_MAX, current_scale, input_type_max, saturating_cast
+
+BLOCK = 128  # Float8BlockScaling's block length
+MX_BLOCK = 32  # MXFP8's block length
+E8M0_BIAS = 127
+
+
+def _blocks(tensor: torch.Tensor, block: int) -> torch.Tensor:
+    """[rows, cols] -> [rows, ceil(cols / block), block] in fp32, the last block padded with zeros."""
+    rows, cols = tensor.shape
+    padded = -cols % block
+    values = tensor.float()
+    if padded:
+        values = torch.nn.functional.pad(values, (0, padded))
+    return values.reshape(rows, -1, block)
+
+
+def quantize_blocks_1d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK):
+    """1 x block scaling along the last dimension: per block, TE's compute_scale_from_amax with power-of-two
+    scales (Float8BlockScaling's default, QParams(power_2_scale=True, amax_epsilon=0)). Returns the FP8 data
+    [rows, cols] and the dequantizing scales [rows, blocks]."""
+    rows, cols = tensor.shape
+    blocks = _blocks(tensor, block)
+    scale = current_scale(blocks.abs().amax(dim=-1), FP8_MAX[dtype], True, input_type_max(tensor))
+    data = saturating_cast(blocks * scale.unsqueeze(-1), dtype).reshape(rows, -1)[:, :cols].contiguous()
+    return data, torch.reciprocal(scale)
+
+
+def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK):
+    """block x block scaling (the weights' 128x128): FP8 data [rows, cols] and dequantizing scales
+    [ceil(rows / block), ceil(cols / block)]. A square block quantizes a matrix and its transpose alike, so
+    one copy serves the forward and the data-gradient GEMMs."""
+    rows, cols = tensor.shape
+    padded = torch.nn.functional.pad(tensor.float(), (0, -cols % block, 0, -rows % block))
+    tiles = padded.reshape(padded.size(0) // block, block, padded.size(1) // block, block)
+    scale = current_scale(tiles.abs().amax(dim=(1, 3)), FP8_MAX[dtype], True, input_type_max(tensor))
+    scaled = tiles * scale[:, None, :, None]
+    data = saturating_cast(scaled, dtype).reshape(padded.shape)[:rows, :cols].contiguous()
+    return data, torch.reciprocal(scale)
+
+
+def expand_2d_scales(scale_inv: torch.Tensor, rows: int, block: int = BLOCK) -> torch.Tensor:
+    """[row blocks, col blocks] -> [rows, col blocks]: each row's scale per K block, for the GEMM."""
+    return scale_inv.repeat_interleave(block, dim=0)[:rows]
+
+
+def e8m0_exponent(value: torch.Tensor) -> torch.Tensor:
+    """TE's float_to_e8m0 (transformer_engine/common/util/ptx_arch_spec.cuh, the non-Blackwell branch; the
+    Blackwell one is cvt.rp.satfinite.ue8m0x2): the biased exponent of fp32 `value` rounded up to a power
+    of two, saturating at 254; 255 for nan, 254 for inf, 0 for 0. Returns int32."""
+    bits = value.float().contiguous().view(torch.int32)
+    exponent = (bits >> 23) & 0xFF
+    mantissa = bits & 0x7FFFFF
+    round_up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
+    exponent = exponent + round_up.to(torch.int32)
+    exponent = torch.where(torch.isinf(value), torch.full_like(exponent, 0xFE), exponent)
+    exponent = torch.where(torch.isnan(value), torch.full_like(exponent, 0xFF), exponent)
+    return torch.where(value == 0, torch.zeros_like(exponent), exponent)
+
+
+def _float_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int32).contiguous().view(torch.float32)
+
+
+def e8m0_to_scale(exponent: torch.Tensor) -> torch.Tensor:
+    """TE's exp2f(e8m0): 2^(e - 127), the dequantizing scale (2^-127, a subnormal, for e = 0; nan for 255)."""
+    scale = _float_from_bits(exponent << 23)
+    scale = torch.where(exponent == 0, _float_from_bits(torch.full_like(exponent, 0x00400000)), scale)
+    return torch.where(exponent == 0xFF, torch.full_like(scale, float("nan")), scale)
+
+
+def e8m0_to_reciprocal(exponent: torch.Tensor) -> torch.Tensor:
+    """TE's exp2f_rcp(e8m0): 2^(127 - e), the quantizing multiplier (2^-127 for e = 254, nan for 255)."""
+    scale = _float_from_bits((254 - exponent).clamp(min=0) << 23)
+    scale = torch.where(exponent == 254, _float_from_bits(torch.full_like(exponent, 0x00400000)), scale)
+    return torch.where(exponent == 0xFF, torch.full_like(scale, float("nan")), scale)
+
+
+def quantize_mx(tensor: torch.Tensor, dtype: torch.dtype):
+    """MXFP8 (TE's quantize_mxfp8.cuh): per 1x32 block along the last dimension, the E8M0 exponent of
+    amax * (1 / fp8_max) rounded up, the values multiplied by 2^(127 - e) and cast with saturation. Returns
+    the FP8 data and the dequantizing scales 2^(e - 127) as fp32 [rows, cols / 32] (E8M0 emulated in fp32:
+    every power of two it holds is exact there)."""
+    rows, cols = tensor.shape
+    if cols % MX_BLOCK:
+        raise ValueError(f"MXFP8 quantizes blocks of {MX_BLOCK} along the last dimension; {cols} is not a multiple")
+    blocks = _blocks(tensor, MX_BLOCK)
+    max_norm_reciprocal = torch.tensor(1.0 / FP8_MAX[dtype], dtype=torch.float32)
+    exponent = e8m0_exponent(blocks.abs().amax(dim=-1) * max_norm_reciprocal)
+    data = saturating_cast(blocks * e8m0_to_reciprocal(exponent).unsqueeze(-1), dtype).reshape(rows, cols)
+    return data, e8m0_to_scale(exponent)
+
+
+def block_scaled_matmul(a: torch.Tensor, a_scale_inv: torch.Tensor, b_t: torch.Tensor, b_scale_inv: torch.Tensor,
+                        block: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """a [M, K] @ b_t [N, K]^T with per-(row, K block) dequantizing scales a_scale_inv [M, blocks] and
+    b_scale_inv [N, blocks]: for each K block in order, one _scaled_mm of the block (unit scales, fp32 out)
+    times the outer product of the two blocks' scales, summed in fp32; cast to out_dtype at the end."""
+    unit = torch.ones((), dtype=torch.float32, device=a.device)
+    out = None
+    for index, start in enumerate(range(0, a.size(1), block)):
+        stop = min(start + block, a.size(1))
+        partial = scaled_matmul(a[:, start:stop].contiguous(), b_t[:, start:stop].contiguous().t(), unit, unit,
+                                torch.float32)
+        partial = partial * (a_scale_inv[:, index:index + 1] * b_scale_inv[:, index].unsqueeze(0))
+        out = partial if out is None else out + partial
+    return out.to(out_dtype)

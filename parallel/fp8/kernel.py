@@ -1,0 +1,83 @@
+"""The one kernel path: every FP8 GEMM of the FP8 linear goes through `scaled_matmul`, a single call of
+torch._scaled_mm, and CUDA's operand rules are checked here on every device, so what the CPU ran and a
+test checked is exactly what an H100 runs.
+
+CUDA's rules, from torch's `_scaled_mm_out_cuda` (aten/src/ATen/native/cuda/Blas.cpp) and cuBLASLt's FP8
+requirements; the CPU kernel accepts more (any layout, any size), so without these checks a CPU-tested
+call could fail on a GPU:
+- A is row-major and B column-major (cuBLASLt's "TN" layout, the only one it has for FP8);
+- every dimension a multiple of 16 (torch checks K and B's N; the older rule, both of A's dimensions too,
+  is the stricter one and is kept so that no torch version refuses what passed here);
+- both operands float8, never both e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported");
+- tensorwise scales: fp32 singletons. Row- and block-wise scales are not used: on sm90 torch's row-wise
+  scaling returns bf16 only, and the block recipes accumulate fp32 partials per K block (block_scaling.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+FP8_DTYPES = (E4M3, E5M2)
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ALIGNMENT = 16
+
+
+class Fp8OperandError(ValueError):
+    """An operand that CUDA's _scaled_mm would refuse (the message names the rule)."""
+
+
+def _is_row_major(matrix: torch.Tensor) -> bool:
+    return matrix.stride(1) == 1 and matrix.stride(0) == matrix.size(1)
+
+
+def _is_column_major(matrix: torch.Tensor) -> bool:
+    return matrix.stride(0) == 1 and matrix.stride(1) == matrix.size(0)
+
+
+def shape_rule_broken(m: int, k: int, n: int) -> str | None:
+    """Why an (m x k) @ (k x n) FP8 GEMM breaks CUDA's size rule, or None when it keeps it."""
+    odd = [f"{name}={size}" for name, size in (("M", m), ("K", k), ("N", n)) if size % ALIGNMENT]
+    return f"{', '.join(odd)} not a multiple of {ALIGNMENT}" if odd else None
+
+
+def check_operands(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   out_dtype: torch.dtype) -> None:
+    """Raise Fp8OperandError naming the first of CUDA's rules (module docstring) the operands break."""
+    if a.dim() != 2 or b.dim() != 2 or a.size(1) != b.size(0):
+        raise Fp8OperandError(f"_scaled_mm needs matrices (m x k) @ (k x n), got {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dtype not in FP8_DTYPES or b.dtype not in FP8_DTYPES:
+        raise Fp8OperandError(f"_scaled_mm needs float8 operands, got {a.dtype} and {b.dtype}")
+    if a.dtype == E5M2 and b.dtype == E5M2:
+        raise Fp8OperandError("_scaled_mm: multiplication of two float8_e5m2 matrices is not supported on CUDA")
+    if not _is_row_major(a):
+        raise Fp8OperandError(f"_scaled_mm needs A row-major, got strides {a.stride()} for shape {tuple(a.shape)}")
+    if not _is_column_major(b):
+        raise Fp8OperandError(f"_scaled_mm needs B column-major, got strides {b.stride()} for shape {tuple(b.shape)}")
+    broken = shape_rule_broken(a.size(0), a.size(1), b.size(1))
+    if broken:
+        raise Fp8OperandError(f"_scaled_mm on CUDA: {broken}")
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if scale.dtype != torch.float32 or scale.numel() != 1:
+            raise Fp8OperandError(f"_scaled_mm {name} must be an fp32 singleton, got {scale.dtype} "
+                                  f"{tuple(scale.shape)}")
+    if out_dtype not in OUT_DTYPES:
+        raise Fp8OperandError(f"_scaled_mm out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+
+
+def scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """(a * scale_a) @ (b * scale_b) in out_dtype: a row-major (m x k), b column-major (k x n), float8; the
+    scales are the dequantizing ones (TransformerEngine's scale_inv, 1 / the quantizing scale)."""
+    check_operands(a, b, scale_a, scale_b, out_dtype)
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+
+def kernel_name(device: torch.device, recipe: str) -> str:
+    """How a recipe's GEMMs run on a device, for the start-up line."""
+    gemm = f"{'CUDA' if device.type == 'cuda' else 'CPU'} _scaled_mm"
+    if recipe in ("delayed", "tensorwise"):
+        return gemm
+    block = 128 if recipe == "blockwise" else 32
+    return f"emulated: one {gemm} per {block}-wide K block, block scales applied in fp32"
