@@ -547,13 +547,12 @@ class DataConfig:
     # Used only without --data-path.
     tokenizer_vocab_size: int = option(4096, help="vocabulary of the BPE trained on the embedded corpus")
 
-    def sources(self, split_typed: bool = False) -> DataSources:
+    def sources(self) -> DataSources:
         """What the run reads: one blend split by --split, or one blend per split (data/per_split.py), the
-        --data-args-path and --per-split-data-args-path files read; DataError in one line as Megatron-LM refuses.
-        `split_typed`: --split was given on the command line (refused beside per-split blends)."""
+        --data-args-path and --per-split-data-args-path files read; DataError in one line as Megatron-LM refuses."""
         return data_sources(self.data_path, self.data_args_path,
                             (self.train_data_path, self.valid_data_path, self.test_data_path),
-                            self.per_split_data_args_path, self.mock_data, split_typed, self.data_file_list)
+                            self.per_split_data_args_path, self.mock_data, self.data_file_list)
 
     @property
     def user_data(self) -> bool:
@@ -971,16 +970,15 @@ class PretrainConfig:
         # --num-distributed-optimizer-instances also cuts the experts' optimizer over the expert data-parallel group
         # (parallel/state.py); that it divides the expert DP size is checked at launch, where the size is known
 
-    def _check_split_beside_per_split_blends(self) -> None:
-        """--split typed beside per-split blends: Megatron-Core's BlendedMegatronDatasetConfig asserts against it (a
-        default --split, ours or a Megatron generation's, is not read there; data/per_split.py)."""
+    def split_unread_note(self) -> Optional[str]:
+        """--split typed beside per-split blends: not read, each split's blend is read whole (data/per_split.py). A
+        default --split, ours or a Megatron generation's, is not read there either and needs no line."""
         source = self.sources.get("split")
         if source is None or source.kind != FLAG or self.data.sources().per_split is None:
-            return
-        try:
-            self.data.sources(split_typed=True)
-        except DataError as error:
-            raise ConfigError(str(error), flags=_flags_named(str(error), ("--split", *DATA_SOURCE_FLAGS))) from None
+            return None
+        return (f"> --split {self.data.split} beside per-split blends: not read, each split's blend is read whole "
+                f"(Megatron-Core since 2024-01 asserts 'split and blend_per_split are incompatible'; LLM360's K2-V2 "
+                f"launches give both)")
 
     def _check_flex_dispatcher(self) -> None:
         """Megatron-Core's flex dispatcher beside the experts (token_dispatcher.py MoEFlexTokenDispatcher and
@@ -1053,7 +1051,6 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
-        self._check_split_beside_per_split_blends()
         self._check_goldfish()
         self._check_muon()
         self._check_expert_parallel()

@@ -433,9 +433,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         notes.append("> --mlp-type residual: the residual MoE's coefficient Linear(hidden, 2) is drawn "
                      "normal(--init-method-std) with a zero bias, as every weight here; DeepSpeed-MoE keeps torch's "
                      "default uniform draw")
-    for format_note in (config.checkpoint.unwritten_format_note(), config.megatron_format_unwritten()):
-        if format_note:
-            notes.append(format_note)
+    for line in (config.checkpoint.unwritten_format_note(), config.megatron_format_unwritten(),
+                 config.split_unread_note()):
+        if line:
+            notes.append(line)
     notes += alcf_notes(argv, config)
     flex = config.parallel.flex_note(config.model.moe is not None)
     if flex:

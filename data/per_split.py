@@ -12,9 +12,12 @@ at d98e8a64):
 
 Megatron-LM's rules, refused here in one line each: --data-path and --data-args-path exclude each other, and so do
 the per-split paths and the per-split file (validate_args); one data source at most, --mock-data counting as one
-(`A single data source must be provided`); --split with per-split blends (BlendedMegatronDatasetConfig:
-`split and blend_per_split are incompatible`). A split without a blend has no dataset: no validation (or test)
-runs; the training split must have one here (Megatron would have no training data).
+(`A single data source must be provided`). A split without a blend has no dataset: no validation (or test)
+runs; the training split must have one here (Megatron would have no training data). --split typed beside per-split
+blends is not read (each split's blend is read whole) and said at start-up (arguments/config.py
+split_unread_note): Megatron-Core asserts against the pair since January 2024 (BlendedMegatronDatasetConfig:
+`split and blend_per_split are incompatible`), but LLM360's K2-V2 mid-training launches give both and trained on
+the Megatron-LM their container held, so the launch is accepted and the difference named.
 
 Each per-split blend is built as Megatron-Core's BlendedMegatronDatasetBuilder builds it with `blend_per_split`
 (blended_megatron_dataset_builder.py `_build_blended_dataset_splits`, the separate-distributions branch): every
@@ -104,9 +107,9 @@ def read_per_split_data_args(path: str) -> tuple[Optional[Blend], Optional[Blend
 
 def data_sources(data_path: Sequence[str], data_args_path: Optional[str],
                  split_paths: tuple[Optional[Sequence[str]], ...], per_split_data_args_path: Optional[str],
-                 mock_data: bool, split_typed: bool, data_file_list: Optional[str] = None) -> DataSources:
+                 mock_data: bool, data_file_list: Optional[str] = None) -> DataSources:
     """The data sources the flags name, read (files) and checked as Megatron-LM checks them (module docstring);
-    raises DataError in one line. `split_typed`: --split was given by the user (not a default)."""
+    raises DataError in one line."""
     per_split_given = [flag for flag, paths in zip(SPLIT_FLAGS, split_paths) if paths is not None]
     if data_path and data_args_path:
         raise DataError("--data-path and --data-args-path name the same list: give one (Megatron-LM asserts it)")
@@ -129,10 +132,6 @@ def data_sources(data_path: Sequence[str], data_args_path: Optional[str],
             per_split = tuple(None if paths is None else tuple(paths) for paths in split_paths)
             source = SPLIT_FLAGS
         named = "--per-split-data-args-path" if per_split_data_args_path else ", ".join(per_split_given)
-        if split_typed:
-            raise DataError(f"--split with {named}: each split's data is its own blend, read whole (Megatron-Core's "
-                            f"BlendedMegatronDatasetConfig asserts 'split and blend_per_split are incompatible'); "
-                            f"drop --split")
         for blend, flag in zip(per_split, source):
             if blend is not None:
                 check_blend(blend, flag)

@@ -46,7 +46,6 @@ def test_each_split_takes_its_own_blend_and_the_files_name_the_same_lists(tmp_pa
     (["--mock-data", "--train-data-path", "/d/b"], "--mock-data and per-split data: a single data source"),
     (["--data-path", "/d/a", "--data-args-path", "ARGS"], "--data-path and --data-args-path name the same list"),
     (["--train-data-path", "/d/a", "--per-split-data-args-path", "SPLITS"], "name the same blends: give one"),
-    (["--train-data-path", "/d/a", "--split", "99,1,0"], "split and blend_per_split are incompatible"),
     (["--valid-data-path", "/d/a"], "--valid-data-path without a training blend"),
     (["--train-data-path", "0.5", "/d/a", "/d/b", "/d/c"], "--train-data-path: weight"),
     (["--per-split-data-args-path", "SPLITS"], "needs a JSON object with the keys train, valid and test"),
@@ -98,3 +97,15 @@ def test_a_per_split_launch_trains_caches_each_split_and_says_what_it_reads(corp
     plan = run_main(pretrain_gpt.main, argv[:-6] + ["--dry-run"])
     assert plan.code == 0, plan.err[-2000:]
     assert "data: one blend per split, each read whole (train: --train-data-path, 2 prefixes weighted" in plan.out
+
+
+def test_a_split_typed_beside_per_split_blends_is_not_read_and_said():
+    """Megatron-Core asserts 'split and blend_per_split are incompatible' (blended_megatron_dataset_config.py,
+    since 8d8241a9, 2024-01); LLM360's K2-V2 mid-training launches (mid-train/k2v2_mid_train_stage*.sh) give
+    --split beside --train-data-path/--valid-data-path and trained on their container's Megatron-LM: accepted here,
+    --split unread, said in one start-up line."""
+    parsed = parse_arguments(["--train-data-path", "/d/a", "--split", "99,1,0"] + TOKENIZER)
+    assert parsed.config.data.sources().per_split is not None
+    said = [note for note in parsed.notes if note.startswith("> --split 99,1,0 beside per-split blends: not read")]
+    assert len(said) == 1
+    assert parse_arguments(["--train-data-path", "/d/a"] + TOKENIZER).config.split_unread_note() is None  # a default
