@@ -64,6 +64,7 @@ from arguments.megatron.alcf import alcf_notes, alcf_problems
 from arguments.megatron.deepspeed_checkpointing_flags import drop_unswitched_checkpointing_flags
 from arguments.megatron.defaults import (
     equally_fitting_generations,
+    file_format_note,
     is_megatron_launch,
     megatron_default_argv,
     megatron_default_note,
@@ -419,6 +420,10 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
                                          generation)
     if default_note:
         notes.append(default_note)
+    format_default_note = file_format_note(parser, settings, sources, "config" in typed, harvested()["flags"],
+                                           generation)
+    if format_default_note:
+        notes.append(format_default_note)
     if translation is not None and translation.info_line(frozenset(said)):
         notes.append(translation.info_line(frozenset(said)))
     notes += layers.said_once(translation.source if translation is not None else "")

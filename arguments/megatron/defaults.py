@@ -42,10 +42,11 @@ GLOBAL_BATCH_SETTINGS = ("global_batch_size", "accumulation_steps", "rampup_batc
 # instead: data/sampler.py). A setting added here is also named in the start-up line's test.
 OURS_STAND: dict[str, str] = {}
 # Megatron defaults of how files are written, not of the math, that a Megatron launch does not take, each with
-# why: said in docs/checkpoints.md, not at every start (a launch's start lines name differences in what it computes).
+# why: said in their own start-up line where the launch saves (file_format_note), apart from the line naming
+# differences in what it computes.
 FILE_FORMAT_DEFAULTS: dict[str, str] = {
-    "ckpt_format": "left out, --save writes this project's checkpoints (verified on load, resumed at any layout); "
-                   "Megatron-LM's default torch_dist is written where --ckpt-format torch_dist is given"}
+    "ckpt_format": "--save writes this project's checkpoints (verified on load, resumed at any layout); "
+                   "--ckpt-format torch_dist writes Megatron-LM's"}
 # Megatron defaults that hold only under a switch the launch may leave out: Megatron-LM's --num-query-groups
 # 1 is read only with --group-query-attention (core_transformer_config_from_args), which
 # arguments/megatron/flags.py resolves; without it attention is multi-head, our default.
@@ -279,3 +280,22 @@ def megatron_default_note(parser: argparse.ArgumentParser, settings: dict[str, A
         return None
     return ("> this launch sets the model from flags and leaves these out; they come from here, not from "
             "Megatron-LM's defaults (pass them to choose): " + ", ".join(differences))
+
+
+def file_format_note(parser: argparse.ArgumentParser, settings: dict[str, Any], sources: dict[str, Source],
+                     preset_given: bool, harvested_flags: dict, generation: Optional[str] = None) -> Optional[str]:
+    """The start line naming each file-format default (FILE_FORMAT_DEFAULTS) a saving Megatron launch left out
+    where its Megatron-LM generation's default differs (the newest: --ckpt-format torch_dist; a generation without
+    the flag states none); None otherwise."""
+    if not settings.get("save") or \
+            not is_megatron_launch(preset_given, [n for n in MODEL_SETTINGS if sources[n].kind in (FLAG, JSON)]):
+        return None
+    differences = []
+    for action in option_table(parser):
+        if action.dest not in FILE_FORMAT_DEFAULTS or sources[action.dest].kind not in (DEFAULT, PRESET):
+            continue
+        found, theirs = _megatron_value(action, harvested_flags, generation)
+        if found and theirs not in (None, "") and _differs(settings[action.dest], theirs):
+            differences.append(f"{action.option_strings[0]} left out (Megatron-LM's default: {theirs}): "
+                               f"{FILE_FORMAT_DEFAULTS[action.dest]}")
+    return "> " + "; ".join(differences) if differences else None

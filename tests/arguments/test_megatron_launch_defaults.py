@@ -182,3 +182,20 @@ def test_an_old_generation_launch_gets_its_own_generations_defaults(tmp_path):
     # the fork's --warmup default 0.01 (line 143) is its warmup where the launch gives none
     assert parse_arguments([token for token in argv if token not in ("--warmup", ".01")]
                            ).config.optimizer.lr_warmup_fraction == 0.01
+
+
+def test_a_saving_megatron_launch_without_ckpt_format_says_which_files_it_writes():
+    """Megatron-LM's --ckpt-format defaults to torch_dist (megatron/training/arguments.py, harvested); left out here
+    --save writes this project's format: a difference in the files, said in its own start-up line."""
+    launch = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+              "--max-position-embeddings", "32", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+              "--mock-data"]
+
+    def said(argv):
+        return [note for note in parse_arguments(argv).notes if note.startswith("> --ckpt-format left out")]
+
+    assert said(launch + ["--save", "/nonexistent/save"]) == [
+        "> --ckpt-format left out (Megatron-LM's default: torch_dist): --save writes this project's checkpoints "
+        "(verified on load, resumed at any layout); --ckpt-format torch_dist writes Megatron-LM's"]
+    assert said(launch + ["--save", "/nonexistent/save", "--ckpt-format", "torch_dist"]) == []
+    assert said(launch) == []  # nothing saved, nothing to say
