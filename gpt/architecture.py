@@ -13,9 +13,10 @@ validation). Megatron-DeepSpeed's spellings map onto them in arguments/megatron/
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from base.errors import ConfigError
+from gpt.attention_window import layer_windows
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron-LM's --normalization choices we build
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")  # of Megatron-LM's --position-embedding-type
@@ -45,6 +46,10 @@ class Architecture:
     # Megatron-LM's --attention-output-gate: the QKV projection also yields a gate per query head, and the
     # attention's output is multiplied by its sigmoid before the output projection (gpt/model.py).
     attention_output_gate: bool = False
+    # Megatron-LM's --window-size (left, right) and --window-attn-skip-freq: sliding-window attention on the layers
+    # the frequency picks (gpt/attention_window.py)
+    window_size: Optional[tuple] = None
+    window_attn_skip_freq: Union[None, int, str] = None
 
     @property
     def rope_scaling(self) -> Optional[float]:
@@ -53,6 +58,11 @@ class Architecture:
     @property
     def qkv_bias(self) -> bool:
         return self.add_bias_linear or self.add_qkv_bias
+
+    def attention_windows(self, num_layers: int) -> tuple[Optional[int], ...]:
+        """Per layer (0-based): the keys before each query its attention sees, or None for the whole causal
+        context."""
+        return layer_windows(self.window_size, self.window_attn_skip_freq, num_layers)
 
     def query_groups(self, num_attention_heads: int) -> int:
         return num_attention_heads if self.num_query_groups is None else self.num_query_groups

@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from gpt.attention_window import causal_window_mask, window_visible
 from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift, shift
 from parallel.state import ParallelState
 
@@ -47,13 +48,16 @@ def group_positions(local_length: int, state: ParallelState, device: torch.devic
 
 
 def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                         dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
-    """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position."""
+                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None) -> torch.Tensor:
+    """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position (and
+    within `window` keys before each query where one is given)."""
     local = query.shape[2]
     keys = all_gather_sequence(key, state, dim=2)
     values = all_gather_sequence(value, state, dim=2)
     query_positions = local_positions(local, state.context_parallel_size, state.context_parallel_rank, query.device)
-    visible = group_positions(local, state, query.device)[None, :] <= query_positions[:, None]
+    key_positions = group_positions(local, state, query.device)
+    visible = key_positions[None, :] <= query_positions[:, None] if window is None else \
+        window_visible(query_positions, key_positions, window)
     grouped = {"enable_gqa": True} if enable_gqa else {}
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout_p, **grouped)
 
@@ -240,7 +244,7 @@ def heads_to_sequence(tensor: torch.Tensor, state: ParallelState, positions: tor
 
 
 def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                         dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None) -> torch.Tensor:
     """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
     one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
     split, each rank attends over the whole sequence with H / CP heads (plain causal attention), and the
@@ -255,17 +259,24 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     order = torch.argsort(positions)
     query, key, value = (sequence_to_heads(t, state, order) for t in (query, key, value))
     grouped = {"enable_gqa": True} if enable_gqa and key.shape[1] != query.shape[1] else {}
-    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True, **grouped)
+    # the whole sequence in order: plain causal attention, or the sliding window's mask over it
+    masking = {"is_causal": True} if window is None else \
+        {"attn_mask": causal_window_mask(query.shape[2], window, query.device)}
+    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, **masking, **grouped)
     return heads_to_sequence(context, state, positions)
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                               comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
-    """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`."""
+                               comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False,
+                               window: Optional[int] = None) -> torch.Tensor:
+    """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`; with a sliding `window`
+    (gpt/attention_window.py) over all_gather's or a2a's positions (the ring takes none: arguments/config.py)."""
     if comm_type == "all_gather":
-        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa)
+        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window)
     if comm_type == "p2p":
+        if window is not None:
+            raise ValueError("the ring (--cp-comm-type p2p) computes plain causal attention: no sliding window")
         return ring_attention(query, key, value, state, dropout_p)
     if comm_type == "a2a":
-        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa)
+        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window)
     raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather or a2a")

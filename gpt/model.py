@@ -42,6 +42,7 @@ from torch import nn
 from gpt.architecture import GPT2, Architecture
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
+from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
 from gpt.mla import MLASelfAttention
 from gpt.mlp import SwiGLUMLP
@@ -97,9 +98,12 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 architecture: Architecture = GPT2):
+                 architecture: Architecture = GPT2, window: Optional[int] = None):
+        """`window`: this layer's sliding window, the keys before each query it sees (gpt/attention_window.py), or
+        None for the whole causal context."""
         super().__init__()
         self.rng = rng
+        self.window = window
         state = plan.state
         tp = state.tensor_parallel_size
         self.heads_per_rank = config.num_attention_heads // tp
@@ -157,8 +161,10 @@ class SelfAttention(nn.Module):
         with dropout_stream(self.rng), attention_kernels(self.attention_backend):
             if self.context_parallel is not None:  # document masks are refused with CP (arguments/config.py)
                 context = context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type,
-                                                     dropout_p, enable_gqa=self.native_gqa)
+                                                     dropout_p, enable_gqa=self.native_gqa, window=self.window)
             else:
+                if self.window is not None:  # the sliding window, over the documents' mask where there is one
+                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
                 context = attention_at_head_dim(query, key, value, head_dim, dropout_p=dropout_p,
                                                 enable_gqa=self.native_gqa, attention_mask=attention_mask)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
@@ -244,8 +250,10 @@ class TransformerBlock(nn.Module):
         h, eps = config.hidden_size, config.layernorm_epsilon
         self.input_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("input_layernorm"))
         # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
+        # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
+        window = architecture.attention_windows(config.num_layers)[kind_of]
         self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config)) \
-            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture)
+            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window)
         self.post_attention_layernorm = normalization(architecture.normalization, h, eps,
                                                       plan.norm_state("post_attention_layernorm"))
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)

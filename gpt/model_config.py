@@ -14,6 +14,7 @@ from typing import Optional, Union
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, Architecture
+from gpt.attention_window import check_window_size, window_size_value
 from gpt.moe.settings import (
     MoESettings,
     OneExpertCount,
@@ -119,6 +120,17 @@ class ModelConfig:
         False, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
              "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
+    # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;
+    # gpt/attention_window.py): Mistral, Gemma 2/3, GPT-OSS, Phi-3
+    window_size: Optional[tuple] = option(
+        None, type=window_size_value, metavar="LEFT,RIGHT",
+        help="sliding-window attention: a query sees itself and the LEFT keys before it (-1: no limit; attention "
+             "is causal, so RIGHT is 0 whatever it says); default: the whole causal context")
+    window_attn_skip_freq: Union[None, int, str] = option(
+        None, type=moe_freq_value,
+        help="with --window-size, which layers have the window: N gives every layer but each N-th (1-based) a "
+             "window; a list expression gives one 1 (window) or 0 (full attention) per layer, e.g. '([1]*5+[0])*4'; "
+             "default: every layer")
     # Megatron-LM's multi-latent attention (DeepSeek-V2/V3; gpt/mla.py), its flags and dests: MLATransformerConfig's
     # fields, with megatron/training/arguments.py's defaults (kv_lora_rank 32 there, rotary_scaling_factor 1.0).
     multi_latent_attention: bool = option(
@@ -269,6 +281,8 @@ class ModelConfig:
         # a per-layer --num-experts read back from a recorded config (JSON) is a list: the same tuple as parsed
         if isinstance(self.num_experts, list):
             object.__setattr__(self, "num_experts", tuple(self.num_experts))
+        if isinstance(self.window_size, list):  # the same, for the window's two sides
+            object.__setattr__(self, "window_size", tuple(self.window_size))
 
     @property
     def architecture(self) -> Architecture:
@@ -324,6 +338,11 @@ class ModelConfig:
     def expert_counts(self) -> tuple[int, ...]:
         """The distinct numbers of experts of the MoE layers, smallest first."""
         return tuple(sorted({count for count in self.experts_per_layer() if count > 1}))
+
+    def attention_windows(self) -> tuple[Optional[int], ...]:
+        """Per layer (0-based): the keys before each query its attention sees (--window-size's left side), or None
+        for the whole causal context (gpt/attention_window.py)."""
+        return self.architecture.attention_windows(self.num_layers)
 
     @property
     def ffn_size(self) -> int:
@@ -480,6 +499,13 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
+        check_window_size(self.window_size)
+        if any(window is not None for window in self.attention_windows()) and self.multi_latent_attention:
+            # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
+            # layer")
+            raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "
+                              "sees the whole causal context, as in Megatron-Core",
+                              flags=("--window-size", "--multi-latent-attention"))
         self._check_multi_latent_attention()
         counts = self.num_experts if isinstance(self.num_experts, tuple) else (self.num_experts or 0,)
         if min(counts) < 0:
