@@ -104,7 +104,8 @@ def _gpt2(config: HFConfig) -> dict[str, FolderValue]:
             "position_embedding_type": v("learned_absolute", "model_type gpt2"),
             "untie_embeddings_and_output_weights": v(False, "tie_word_embeddings"),
             "add_bias_linear": v(True, "model_type gpt2"), "add_qkv_bias": v(False, "model_type gpt2"),
-            "qk_layernorm": v(False, "model_type gpt2"), "attention_output_gate": v(False, "model_type gpt2")}
+            "qk_layernorm": v(False, "model_type gpt2"), "qk_layernorm_over_projection": v(False, "model_type gpt2"),
+            "attention_output_gate": v(False, "model_type gpt2")}
 
 
 def _llama(config: HFConfig) -> dict[str, FolderValue]:
@@ -151,7 +152,8 @@ def _llama(config: HFConfig) -> dict[str, FolderValue]:
         "untie_embeddings_and_output_weights": v(not config.tie_word_embeddings, "tie_word_embeddings"),
         "add_bias_linear": v(config.attention_bias, "attention_bias"),
         "add_qkv_bias": v(False, "attention_bias"),
-        "qk_layernorm": v(False, "model_type llama"), "attention_output_gate": v(False, "model_type llama")}
+        "qk_layernorm": v(False, "model_type llama"), "qk_layernorm_over_projection": v(False, "model_type llama"),
+        "attention_output_gate": v(False, "model_type llama")}
     if rope.rope_type == "llama3":
         settings["rope_scaling_factor"] = v(rope.factor, f"{rope_key}.factor")
     return settings

@@ -43,6 +43,9 @@ class Architecture:
     add_qkv_bias: bool = False
     # Megatron-LM's --qk-layernorm: the model's normalization over each query and key head (Qwen3).
     qk_layernorm: bool = False
+    # With it: the norms over the whole query and key projections instead of each head (OLMo 2; gpt/norms.py
+    # ProjectionNorm)
+    qk_layernorm_over_projection: bool = False
     # Megatron-LM's --attention-output-gate: the QKV projection also yields a gate per query head, and the
     # attention's output is multiplied by its sigmoid before the output projection (gpt/model.py).
     attention_output_gate: bool = False

@@ -50,7 +50,7 @@ from gpt.model_config import ModelConfig
 from gpt.moe.balancing import MoELossTracker
 from gpt.moe.layer import MoELayer
 from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
-from gpt.norms import HeadNorm, normalization
+from gpt.norms import HeadNorm, ProjectionNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, rotary_angles
 from gpt.stage_layers import StageLayers, whole_model
@@ -121,7 +121,14 @@ class SelfAttention(nn.Module):
         # rotary angles at their global positions, attention over the whole sequence (gpt/cp_attention.py).
         self.context_parallel = state if state.context_parallel_size > 1 else None
         self.cp_comm_type = config.cp_comm_type
-        if architecture.qk_layernorm:
+        self.norm_over_projection = architecture.qk_layernorm and architecture.qk_layernorm_over_projection
+        if self.norm_over_projection:  # OLMo 2's: over all heads' features (their TP slices: gpt/norms.py)
+            groups = architecture.query_groups(config.num_attention_heads)
+            self.q_layernorm = ProjectionNorm(architecture.normalization, config.num_attention_heads * config.head_dim,
+                                              config.layernorm_epsilon, state)
+            self.k_layernorm = ProjectionNorm(architecture.normalization, groups * config.head_dim,
+                                              config.layernorm_epsilon, state)
+        elif architecture.qk_layernorm:
             self.q_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
             self.k_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
         else:
@@ -187,7 +194,10 @@ class SelfAttention(nn.Module):
             if self.output_gate:  # head g * per_group + j's gate, in the order the context's heads have
                 gate = qkv[:, :, :, per_group:query_heads].reshape(batch, seq, self.heads_per_rank * self.head_dim)
             key, value = (qkv[:, :, :, index].transpose(1, 2) for index in (query_heads, query_heads + 1))
-        if self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
+        if self.norm_over_projection:  # each [batch, heads, seq, d] as [batch, seq, heads x d], in head order
+            query, key = (_heads_as_features(norm, heads)
+                          for norm, heads in ((self.q_layernorm, query), (self.k_layernorm, key)))
+        elif self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
             query, key = self.q_layernorm(query), self.k_layernorm(key)
         if self.rotary:
             positions = positions_on_this_rank(seq, self.context_parallel, hidden.device) \
@@ -203,6 +213,13 @@ class SelfAttention(nn.Module):
             # Query head i reads group i // per_group (transformers' repeat_kv, Megatron-Core's GQA).
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return query, key, value, gate
+
+
+def _heads_as_features(norm: nn.Module, heads: torch.Tensor) -> torch.Tensor:
+    """`norm` applied to [batch, heads, seq, d] as the projection's [batch, seq, heads x d] features."""
+    batch, count, seq, dim = heads.shape
+    features = norm(heads.transpose(1, 2).reshape(batch, seq, count * dim))
+    return features.view(batch, seq, count, dim).transpose(1, 2)
 
 
 class MLP(nn.Module):

@@ -116,6 +116,10 @@ class ModelConfig:
                                 help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
     qk_layernorm: bool = option(False, action="store_true",
                                 help="--normalization over each query and key head before attention (Qwen3)")
+    qk_layernorm_over_projection: bool = option(
+        False, action="store_true",
+        help="with --qk-layernorm: the norms act over the whole query projection (heads x head dim) and the whole "
+             "key projection, one gain per feature, instead of over each head (OLMo 2, OLMoE)")
     attention_output_gate: bool = option(
         False, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
@@ -499,6 +503,9 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
+        if self.qk_layernorm_over_projection and not self.qk_layernorm:
+            raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
+                              "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))
         check_window_size(self.window_size)
         if any(window is not None for window in self.attention_windows()) and self.multi_latent_attention:
             # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
