@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from base.errors import ConfigError
-from gpt.attention_window import layer_windows
+from gpt.attention_window import any_layer_windowed, layer_windows
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron-LM's --normalization choices we build
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")  # of Megatron-LM's --position-embedding-type
+SUBLAYER_NORM_PLACES = ("input", "output", "input_and_output")  # --sublayer-norms
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,20 @@ class Architecture:
     # Megatron-LM's --attention-output-gate: the QKV projection also yields a gate per query head, and the
     # attention's output is multiplied by its sigmoid before the output projection (gpt/model.py).
     attention_output_gate: bool = False
+    # Megatron-LM's --apply-layernorm-1p: each norm's gain is 1 + its weight, in fp32 (gpt/norms.py)
+    apply_layernorm_1p: bool = False
+    # where each block's norms act: "input" (before attention and MLP), "output" (on their outputs, inside the
+    # residual branch: OLMo 2), "input_and_output" (Gemma 2/3)
+    sublayer_norms: str = "input"
+    # a gated MLP with --activation's GeLU (Gemma's GeGLU); --swiglu gates with SiLU
+    gated_linear_unit: bool = False
+    scale_embeddings_by_sqrt_hidden: bool = False
+    softmax_scale: Optional[float] = None
+    attn_logit_softcapping: Optional[float] = None
+    final_logit_softcapping: Optional[float] = None
+    # the sliding-window layers' rotary base (Gemma 3), and Megatron-LM's linear interpolation of positions
+    local_rotary_base: Optional[float] = None
+    rotary_seq_len_interpolation_factor: Optional[float] = None
     # Megatron-LM's --window-size (left, right) and --window-attn-skip-freq: sliding-window attention on the layers
     # the frequency picks (gpt/attention_window.py)
     window_size: Optional[tuple] = None
@@ -66,6 +81,10 @@ class Architecture:
         """Per layer (0-based): the keys before each query its attention sees, or None for the whole causal
         context."""
         return layer_windows(self.window_size, self.window_attn_skip_freq, num_layers)
+
+    def has_windows(self, num_layers: int) -> bool:
+        """Whether some layer has a sliding window (cheap at any depth)."""
+        return any_layer_windowed(self.window_size, self.window_attn_skip_freq, num_layers)
 
     def query_groups(self, num_attention_heads: int) -> int:
         return num_attention_heads if self.num_query_groups is None else self.num_query_groups
@@ -108,6 +127,20 @@ class Architecture:
                 raise ConfigError(f"--rotary-percent {self.rotary_percent} of head dim {head_dim} must rotate an "
                                   "even number of dims, at least 2; choose a percent in (0, 1] that does",
                                   flags=("--rotary-percent",))
+        if self.sublayer_norms not in SUBLAYER_NORM_PLACES:
+            raise ConfigError(f"--sublayer-norms {self.sublayer_norms} is not one of {', '.join(SUBLAYER_NORM_PLACES)}",
+                              flags=("--sublayer-norms",))
+        for flag, value in (("--softmax-scale", self.softmax_scale), ("--attn-logit-softcapping",
+                                                                        self.attn_logit_softcapping),
+                            ("--final-logit-softcapping", self.final_logit_softcapping),
+                            ("--local-rotary-base", self.local_rotary_base),
+                            ("--rotary-seq-len-interpolation-factor", self.rotary_seq_len_interpolation_factor)):
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"{flag} must be a positive number, got {value}", flags=(flag,))
+        if self.gated_linear_unit and self.swiglu:
+            raise ConfigError("--gated-linear-unit with --swiglu: --swiglu is the gated MLP with SiLU; give one of "
+                              "them",
+                              flags=("--gated-linear-unit", "--swiglu"))
         groups = self.query_groups(num_attention_heads)
         if groups < 1 or num_attention_heads % groups:  # 0 is refused here, not read as "one per head"
             raise ConfigError(f"--num-query-groups {groups} does not divide --num-attention-heads "

@@ -81,6 +81,19 @@ def layer_windows(window_size: Optional[tuple[int, int]], skip_freq: Union[None,
     return tuple(left if value else None for value in pattern)
 
 
+def any_layer_windowed(window_size: Optional[tuple[int, int]], skip_freq: Union[None, int, str],
+                       num_layers: int) -> bool:
+    """Whether some layer has a window, without a tuple per layer (a planner's million-layer model)."""
+    if window_size is None or window_size[0] < 0 or num_layers < 1:
+        return False
+    if skip_freq is None:
+        return True
+    text = str(skip_freq).strip()
+    if "[" not in text:
+        return text != "1"  # every layer but each N-th: N = 1 leaves none (a bad N is refused by layer_windows)
+    return any(window is not None for window in layer_windows(window_size, skip_freq, num_layers))
+
+
 def window_visible(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
     """[queries, keys] bool: the key is the query or one of the `window` positions before it (causal order
     included)."""

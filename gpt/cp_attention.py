@@ -34,7 +34,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from gpt.attention_window import causal_window_mask, window_visible
+from gpt.attention_softcap import softcapped_attention
+from gpt.attention_window import window_visible
 from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift, shift
 from parallel.state import ParallelState
 
@@ -48,9 +49,10 @@ def group_positions(local_length: int, state: ParallelState, device: torch.devic
 
 
 def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None) -> torch.Tensor:
+                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
+                         scale: Optional[float] = None, softcap: Optional[float] = None) -> torch.Tensor:
     """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position (and
-    within `window` keys before each query where one is given)."""
+    within `window` keys before each query where one is given); `scale` and `softcap` as gpt/model.py's."""
     local = query.shape[2]
     keys = all_gather_sequence(key, state, dim=2)
     values = all_gather_sequence(value, state, dim=2)
@@ -58,8 +60,20 @@ def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     key_positions = group_positions(local, state, query.device)
     visible = key_positions[None, :] <= query_positions[:, None] if window is None else \
         window_visible(query_positions, key_positions, window)
-    grouped = {"enable_gqa": True} if enable_gqa else {}
-    return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout_p, **grouped)
+    return _masked_attention(query, keys, values, visible, dropout_p, enable_gqa, scale, softcap)
+
+
+def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                      dropout_p: float, enable_gqa: bool, scale: Optional[float], softcap: Optional[float]
+                      ) -> torch.Tensor:
+    """SDPA under the bool mask `visible` (at `scale` where given), or with `softcap` the explicit scores of
+    gpt/attention_softcap.py."""
+    if softcap is not None:
+        return softcapped_attention(query, key, value, softcap, scale, visible, dropout_p)
+    extra = {"enable_gqa": True} if enable_gqa else {}
+    if scale is not None:
+        extra["scale"] = scale
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=visible, dropout_p=dropout_p, **extra)
 
 
 def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: Optional[torch.Tensor],
@@ -244,7 +258,8 @@ def heads_to_sequence(tensor: torch.Tensor, state: ParallelState, positions: tor
 
 
 def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None) -> torch.Tensor:
+                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
+                         scale: Optional[float] = None, softcap: Optional[float] = None) -> torch.Tensor:
     """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
     one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
     split, each rank attends over the whole sequence with H / CP heads (plain causal attention), and the
@@ -258,25 +273,32 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     positions = group_positions(query.shape[2], state, query.device)
     order = torch.argsort(positions)
     query, key, value = (sequence_to_heads(t, state, order) for t in (query, key, value))
-    grouped = {"enable_gqa": True} if enable_gqa and key.shape[1] != query.shape[1] else {}
+    grouped = enable_gqa and key.shape[1] != query.shape[1]
     # the whole sequence in order: plain causal attention, or the sliding window's mask over it
-    masking = {"is_causal": True} if window is None else \
-        {"attn_mask": causal_window_mask(query.shape[2], window, query.device)}
-    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, **masking, **grouped)
+    if window is None and scale is None and softcap is None:
+        context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True,
+                                                 **({"enable_gqa": True} if grouped else {}))
+    else:
+        whole = torch.arange(query.shape[2], device=query.device)
+        visible = whole[None, :] <= whole[:, None] if window is None else window_visible(whole, whole, window)
+        context = _masked_attention(query, key, value, visible, dropout_p, grouped, scale, softcap)
     return heads_to_sequence(context, state, positions)
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                                comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False,
-                               window: Optional[int] = None) -> torch.Tensor:
+                               window: Optional[int] = None, scale: Optional[float] = None,
+                               softcap: Optional[float] = None) -> torch.Tensor:
     """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`; with a sliding `window`
-    (gpt/attention_window.py) over all_gather's or a2a's positions (the ring takes none: arguments/config.py)."""
+    (gpt/attention_window.py), a `scale` or soft-capped scores over all_gather's or a2a's positions (the ring takes
+    none of them: arguments/config.py)."""
     if comm_type == "all_gather":
-        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window)
+        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap)
     if comm_type == "p2p":
-        if window is not None:
-            raise ValueError("the ring (--cp-comm-type p2p) computes plain causal attention: no sliding window")
+        if (window, scale, softcap) != (None, None, None):
+            raise ValueError("the ring (--cp-comm-type p2p) computes plain causal attention: no sliding window, "
+                             "softmax scale or soft-capping")
         return ring_attention(query, key, value, state, dropout_p)
     if comm_type == "a2a":
-        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window)
+        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap)
     raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather or a2a")

@@ -113,8 +113,8 @@ class MLASelfAttention(nn.Module):
         # the down projections and the latent norms run where the input layernorm's output is: the sequence slice
         latent_state = plan.norm_state("input_layernorm")
         self.sequence_parallel = latent_state is not None
-        norm = (lambda size: normalization(config.normalization, size, config.layernorm_epsilon, latent_state)) \
-            if config.qk_layernorm else None
+        norm = (lambda size: normalization(config.normalization, size, config.layernorm_epsilon, latent_state,
+                                           config.apply_layernorm_1p)) if config.qk_layernorm else None
         if config.q_lora_rank is None:
             # with --qk-layernorm Megatron fuses a norm over the hidden state into linear_q_proj
             self.q_layernorm = norm(h) if norm else None

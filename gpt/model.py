@@ -42,6 +42,7 @@ from torch import nn
 from gpt.architecture import GPT2, Architecture
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
+from gpt.attention_softcap import softcapped_attention
 from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
 from gpt.mla import MLASelfAttention
@@ -114,23 +115,30 @@ class SelfAttention(nn.Module):
         self.pad_head_dim = config.pad_attention_head_dim
         self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention_backend)
         self.rotary = architecture.position_embedding_type == "rope"
-        self.rotary_base = architecture.rotary_base
-        self.rope_scaling = architecture.rope_scaling
+        # --local-rotary-base: a sliding-window layer's own rotary, unscaled (Gemma 3's rope_parameters for its
+        # "sliding_attention" layers); the other layers' base, Llama 3 scaling and interpolation
+        local = window is not None and architecture.local_rotary_base is not None
+        self.rotary_base = architecture.local_rotary_base if local else architecture.rotary_base
+        self.rope_scaling = None if local else architecture.rope_scaling
+        self.rotary_interpolation = None if local else architecture.rotary_seq_len_interpolation_factor
         self.rotary_interleaved = architecture.rotary_interleaved
+        # the scores' scale (None: 1/sqrt(head width)) and Gemma 2's soft-capping of them (gpt/attention_softcap.py)
+        self.softmax_scale = architecture.softmax_scale
+        self.softcap = architecture.attn_logit_softcapping
         # With context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py):
         # rotary angles at their global positions, attention over the whole sequence (gpt/cp_attention.py).
         self.context_parallel = state if state.context_parallel_size > 1 else None
         self.cp_comm_type = config.cp_comm_type
         self.norm_over_projection = architecture.qk_layernorm and architecture.qk_layernorm_over_projection
+        kind, eps, zero_centered = architecture.normalization, config.layernorm_epsilon, architecture.apply_layernorm_1p
         if self.norm_over_projection:  # OLMo 2's: over all heads' features (their TP slices: gpt/norms.py)
             groups = architecture.query_groups(config.num_attention_heads)
-            self.q_layernorm = ProjectionNorm(architecture.normalization, config.num_attention_heads * config.head_dim,
-                                              config.layernorm_epsilon, state)
-            self.k_layernorm = ProjectionNorm(architecture.normalization, groups * config.head_dim,
-                                              config.layernorm_epsilon, state)
+            self.q_layernorm = ProjectionNorm(kind, config.num_attention_heads * config.head_dim, eps, state,
+                                              zero_centered)
+            self.k_layernorm = ProjectionNorm(kind, groups * config.head_dim, eps, state, zero_centered)
         elif architecture.qk_layernorm:
-            self.q_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
-            self.k_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
+            self.q_layernorm = HeadNorm(kind, config.head_dim, eps, state, zero_centered)
+            self.k_layernorm = HeadNorm(kind, config.head_dim, eps, state, zero_centered)
         else:
             self.q_layernorm = self.k_layernorm = None
         self.rotary_dim = architecture.rotary_dim(config.head_dim)
@@ -168,12 +176,18 @@ class SelfAttention(nn.Module):
         with dropout_stream(self.rng), attention_kernels(self.attention_backend):
             if self.context_parallel is not None:  # document masks are refused with CP (arguments/config.py)
                 context = context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type,
-                                                     dropout_p, enable_gqa=self.native_gqa, window=self.window)
+                                                     dropout_p, enable_gqa=self.native_gqa, window=self.window,
+                                                     scale=self.softmax_scale, softcap=self.softcap)
             else:
                 if self.window is not None:  # the sliding window, over the documents' mask where there is one
                     attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
-                context = attention_at_head_dim(query, key, value, head_dim, dropout_p=dropout_p,
-                                                enable_gqa=self.native_gqa, attention_mask=attention_mask)
+                if self.softcap is not None:  # scores SDPA cannot cap: computed explicitly
+                    context = softcapped_attention(query, key, value, self.softcap, self.softmax_scale, attention_mask,
+                                                   dropout_p)
+                else:
+                    context = attention_at_head_dim(query, key, value, head_dim, dropout_p=dropout_p,
+                                                    enable_gqa=self.native_gqa, attention_mask=attention_mask,
+                                                    scale=self.softmax_scale)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
         if gate is not None:
             context = (context * torch.sigmoid(gate.float())).to(context.dtype)
@@ -204,7 +218,7 @@ class SelfAttention(nn.Module):
                 if self.context_parallel is not None else None
             whole = seq if positions is None else seq * self.context_parallel.context_parallel_size
             cos, sin = rotary_angles(whole, self.rotary_dim, self.rotary_base, hidden.device, self.rope_scaling,
-                                     self.rotary_interleaved)
+                                     self.rotary_interleaved, self.rotary_interpolation)
             if positions is not None:  # each token's angles at its global position
                 cos, sin = cos[positions], sin[positions]
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
@@ -265,14 +279,21 @@ class TransformerBlock(nn.Module):
         super().__init__()
         kind_of = layer_number if kind_of is None else kind_of
         h, eps = config.hidden_size, config.layernorm_epsilon
-        self.input_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("input_layernorm"))
+
+        def norm(region: str) -> nn.Module:
+            return normalization(architecture.normalization, h, eps, plan.norm_state(region),
+                                 architecture.apply_layernorm_1p)
+
+        # --sublayer-norms: the norms on each sublayer's input (GPT-2, Llama), on its output inside the residual
+        # branch (OLMo 2: transformers' Olmo2DecoderLayer, residual + norm(attn(x))), or both (Gemma 2/3)
+        places = architecture.sublayer_norms
+        self.input_layernorm = norm("input_layernorm") if places != "output" else None
         # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
         # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
         window = architecture.attention_windows(config.num_layers)[kind_of]
         self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config)) \
             if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window)
-        self.post_attention_layernorm = normalization(architecture.normalization, h, eps,
-                                                      plan.norm_state("post_attention_layernorm"))
+        self.post_attention_layernorm = norm("post_attention_layernorm") if places != "output" else None
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         if config.moe_layers()[kind_of]:
             # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
@@ -289,21 +310,34 @@ class TransformerBlock(nn.Module):
                                 output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
                                 layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
                                 local_experts=local_experts, xielu=config.activation == "xielu", plan=plan)
-        elif architecture.swiglu:
+        elif architecture.swiglu or architecture.gated_linear_unit:
+            # SiLU's gate (--swiglu), or --activation's GeLU (--gated-linear-unit: Gemma's GeGLU)
+            gate_activation = F.silu if architecture.swiglu else functools.partial(activation_function,
+                                                                                    config.activation)
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),
-                                 bias=architecture.add_bias_linear)
+                                 bias=architecture.add_bias_linear, activation=gate_activation)
         else:
             self.mlp = MLP(config, plan, bias=architecture.add_bias_linear)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
+        # registered after the rest, so that a model without them keeps its parameters' order
+        self.attention_output_layernorm = norm("attention_output_layernorm") if places != "input" else None
+        self.mlp_output_layernorm = norm("mlp_output_layernorm") if places != "input" else None
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
-        hidden = hidden + self._residual_dropout(self.attention(self.input_layernorm(hidden), documents))
-        return hidden + self._residual_dropout(self.mlp(self.post_attention_layernorm(hidden)))
+        branch = self.attention(_normed(self.input_layernorm, hidden), documents)
+        hidden = hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
+        branch = self.mlp(_normed(self.post_attention_layernorm, hidden))
+        return hidden + self._residual_dropout(_normed(self.mlp_output_layernorm, branch))
 
     def _residual_dropout(self, branch: torch.Tensor) -> torch.Tensor:
         with dropout_stream(self.split_dropout_rng):
             return self.hidden_dropout(branch)
+
+
+def _normed(norm: Optional[nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+    """`norm(hidden)`, or `hidden` where --sublayer-norms puts no norm there."""
+    return hidden if norm is None else norm(hidden)
 
 
 class GPTModel(nn.Module):
@@ -375,8 +409,8 @@ class GPTModel(nn.Module):
         by_layer = dict(zip(stage.layer_ids, self.blocks))
         self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
         self.final_layernorm = normalization(architecture.normalization, config.hidden_size,
-                                             config.layernorm_epsilon, plan.norm_state("final_layernorm")) \
-            if stage.last else None
+                                             config.layernorm_epsilon, plan.norm_state("final_layernorm"),
+                                             architecture.apply_layernorm_1p) if stage.last else None
         if architecture.untie_embeddings_and_output_weights and stage.last:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
@@ -407,6 +441,10 @@ class GPTModel(nn.Module):
         sequence: [batch, seq / TP, hidden]). Learned positions are 0..seq-1, or `documents.position_ids`
         [batch, seq] where given (--reset-position-ids), or `positions` (an MTP layer's, rolled: gpt/mtp.py)."""
         hidden = self.word_embeddings(tokens)
+        if self.architecture.scale_embeddings_by_sqrt_hidden:
+            # Gemma's normalizer sqrt(hidden), rounded to the embedding's dtype as transformers' ScaledWordEmbedding
+            # (`self.embed_scale.to(self.weight.dtype)`); elementwise, so also on a sequence-parallel slice
+            hidden = hidden * torch.tensor(math.sqrt(self.config.hidden_size), dtype=hidden.dtype)
         if self.position_embeddings is not None:
             # --reset-position-ids' per-document positions; with context parallelism, this rank's chunks at their
             # global positions (the two are not combined: arguments/config.py refuses it)
@@ -474,6 +512,9 @@ class GPTModel(nn.Module):
                                               self.output_vocab_start, self.config.vocab_size,
                                               self.state)
         logits = F.linear(hidden, output_weight)
+        cap = self.architecture.final_logit_softcapping
+        if cap is not None:  # Gemma 2's: each rank's vocabulary slice, elementwise (Gemma2ForCausalLM.forward)
+            logits = torch.tanh(logits / cap) * cap
         if labels is None:
             return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.

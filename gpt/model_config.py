@@ -13,7 +13,7 @@ from typing import Optional, Union
 
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
-from gpt.architecture import NORMALIZATIONS, Architecture
+from gpt.architecture import NORMALIZATIONS, SUBLAYER_NORM_PLACES, Architecture
 from gpt.attention_window import check_window_size, window_size_value
 from gpt.moe.settings import (
     MoESettings,
@@ -27,7 +27,8 @@ from gpt.moe.settings import (
 from parallel.config import RECORDED_SECTION
 from parallel.layers import padded_vocab_size
 
-FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-LM's --fp8-format choices
+FP8_FORMATS = ("e4m3", "hybrid")
+  # Megatron-LM's --fp8-format choices
 
 # squared_relu is Megatron-LM's --squared-relu (megatron/core/activations.py: relu(x)^2); xielu swiss-ai's
 # Megatron-LM fork's --xielu (gpt/xielu.py).
@@ -124,6 +125,41 @@ class ModelConfig:
         False, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
              "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
+    # The blocks of Gemma 2/3 and OLMo 2 (issue 63), each transformers' own: Megatron-LM's flag where it has one
+    # (--apply-layernorm-1p, --rotary-seq-len-interpolation-factor; Megatron-Core's TransformerConfig softmax_scale),
+    # else Megatron-Bridge's provider field's name (attn_logit_softcapping, final_logit_softcapping)
+    apply_layernorm_1p: bool = option(
+        False, action="store_true",
+        help="every norm's gain is 1 + its stored weight (Megatron's zero-centered gamma; Gemma's RMSNorm), computed "
+             "in fp32; the weights start at 0")
+    sublayer_norms: str = option(
+        "input", choices=SUBLAYER_NORM_PLACES,
+        help="where each block's norms act, inside the residual branches: on the attention's and the MLP's input "
+             "(GPT-2, Llama), on their output (OLMo 2), or both (Gemma 2/3)")
+    gated_linear_unit: bool = option(
+        False, action="store_true",
+        help="a gated MLP, down(act(gate(x)) * up(x)), with --activation's gelu or gelu_tanh (GeGLU: Gemma); "
+             "--swiglu is the same gate with SiLU")
+    scale_embeddings_by_sqrt_hidden: bool = option(
+        False, action="store_true",
+        help="the token embeddings multiplied by sqrt(--hidden-size), rounded to their dtype (Gemma)")
+    softmax_scale: Optional[float] = option(
+        None, help="attention scores' scale (default 1/sqrt(head width)); Gemma's query_pre_attn_scalar q is q^-0.5")
+    attn_logit_softcapping: Optional[float] = option(
+        None, help="attention scores become c x tanh(score / c) before the mask and softmax (Gemma 2)")
+    final_logit_softcapping: Optional[float] = option(
+        None, help="the output logits become c x tanh(logit / c) before the loss (Gemma 2)")
+    local_rotary_base: Optional[float] = option(
+        None, help="the sliding-window layers' own rotary base, without --rotary-seq-len-interpolation-factor or "
+                   "--use-rope-scaling (Gemma 3's rope_local_base_freq); default: the other layers' rotary")
+    rotary_seq_len_interpolation_factor: Optional[float] = option(
+        None, help="rotary positions divided by this factor (Megatron-LM; transformers' linear rope scaling)")
+    # Not the math: which transformers class scripts/convert_to_hf.py writes (checkpoint/hf_dense.py), where the
+    # blocks fit several (a Phi-3 and a Mistral are the same blocks); --init-from-hf sets the folder's
+    hf_model_type: Optional[str] = option(
+        None, help="the transformers family the Hugging Face export writes this model as (config.json's "
+                   "model_type: llama, qwen2, qwen3, mistral, gemma2, gemma3_text, olmo2, phi3, ...); default: "
+                   "the --init-from-hf folder's, else the first whose blocks are these")
     # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;
     # gpt/attention_window.py): Mistral, Gemma 2/3, GPT-OSS, Phi-3
     window_size: Optional[tuple] = option(
@@ -348,6 +384,10 @@ class ModelConfig:
         for the whole causal context (gpt/attention_window.py)."""
         return self.architecture.attention_windows(self.num_layers)
 
+    def has_windows(self) -> bool:
+        """Whether some layer has a sliding window (without a tuple per layer)."""
+        return self.architecture.has_windows(self.num_layers)
+
     @property
     def ffn_size(self) -> int:
         """--ffn-hidden-size, else Megatron-LM's default: 4h, or SwiGLU's two thirds of it (architecture.py)."""
@@ -413,6 +453,30 @@ class ModelConfig:
                     "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
                     "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
                 flags=flags)
+
+    def _check_gemma_features(self) -> None:
+        """What the gated MLP, the soft-capping and the per-layer rotary are not built with, one line each."""
+        if self.gated_linear_unit and self.activation not in ("gelu", "gelu_tanh"):
+            raise ConfigError(f"--gated-linear-unit gates --activation gelu or gelu_tanh here (GeGLU), not "
+                              f"{self.activation}", flags=("--gated-linear-unit", "--activation"))
+        if self.gated_linear_unit and self.moe is not None:
+            raise ConfigError("--gated-linear-unit with --num-experts is not implemented: the experts are SwiGLU "
+                              "(--swiglu) or ungated", flags=("--gated-linear-unit", "--num-experts"))
+        if self.final_logit_softcapping is not None and self.cross_entropy_loss_fusion:
+            raise ConfigError("--final-logit-softcapping with --cross-entropy-loss-fusion is not implemented: the "
+                              "fused output layer computes the loss of uncapped logits; drop "
+                              "--cross-entropy-loss-fusion",
+                              flags=("--final-logit-softcapping", "--cross-entropy-loss-fusion"))
+        if self.multi_latent_attention:
+            given = [flag for flag, value in (("--softmax-scale", self.softmax_scale),
+                                              ("--attn-logit-softcapping", self.attn_logit_softcapping),
+                                              ("--local-rotary-base", self.local_rotary_base),
+                                              ("--rotary-seq-len-interpolation-factor",
+                                               self.rotary_seq_len_interpolation_factor)) if value is not None]
+            if given:
+                raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
+                                  f"attention scales its scores and rotates its positions as Megatron-Core's "
+                                  f"MLASelfAttention (YaRN's mscale)", flags=("--multi-latent-attention", *given))
 
     def _check_multi_latent_attention(self) -> None:
         """--multi-latent-attention's sizes, and what it is not built with (gpt/mla.py)."""
@@ -503,11 +567,14 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
+        self._check_gemma_features()
         if self.qk_layernorm_over_projection and not self.qk_layernorm:
             raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
                               "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))
         check_window_size(self.window_size)
-        if any(window is not None for window in self.attention_windows()) and self.multi_latent_attention:
+        if self.window_attn_skip_freq is not None and "[" in str(self.window_attn_skip_freq):
+            self.attention_windows()  # a list of one 0 or 1 per layer (refused otherwise, naming both flags)
+        if self.has_windows() and self.multi_latent_attention:
             # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
             # layer")
             raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "

@@ -41,11 +41,16 @@ def llama3_scaled(frequencies: torch.Tensor, factor: float, low_freq_factor: flo
 
 
 def rotary_angles(seq_length: int, rotary_dim: int, base: float, device: torch.device,
-                  scaling_factor: Optional[float] = None,
-                  interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  scaling_factor: Optional[float] = None, interleaved: bool = False,
+                  interpolation_factor: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, [seq, rotary_dim], fp32: each frequency's angles repeated for the two halves, or
-    (interleaved) twice in a row, [f0, f0, f1, f1, ...]."""
+    (interleaved) twice in a row, [f0, f0, f1, f1, ...]. `interpolation_factor`: Megatron-LM's
+    --rotary-seq-len-interpolation-factor, the positions times 1 / factor (Megatron-Core's
+    RotaryEmbedding.get_freqs_non_repeated: `seq *= 1 / self.seq_len_interpolation_factor`), which is transformers'
+    "linear" rope scaling (inverse frequencies / factor)."""
     positions = torch.arange(seq_length, dtype=torch.float32, device=device)
+    if interpolation_factor is not None:
+        positions = positions * (1 / interpolation_factor)
     freqs = torch.outer(positions, inverse_frequencies(rotary_dim, base, device, scaling_factor))
     angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return angles.cos(), angles.sin()

@@ -449,10 +449,6 @@ def _without_pipeline(value: Any, settings: Optional[Mapping[str, Any]]) -> bool
     return settings is None or settings.get("pipeline_model_parallel_size", 1) == 1
 
 
-def _without_decayed_norms(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
-    """--apply-layernorm-1p stores gamma - 1: the same parameter shifted, unless weight decay pulls the gain
-    (--qk-layernorm's, with --apply-wd-to-qk-layernorm): then toward 1 there and toward 0 here."""
-    return settings is None or not (settings.get("qk_layernorm") and settings.get("apply_wd_to_qk_layernorm"))
 NO_MOE = ("not implemented: the mixture of experts here is Megatron-LM's --num-experts (Megatron-Core's MoE layer, "
           "gpt/moe/); --num-experts-switch 1 is accepted: one expert is the dense model")
 NOT_IN_MOE = ("not implemented in the MoE layer here (Megatron-Core's router, balancing losses, capacity and shared "
@@ -501,11 +497,6 @@ AT_VALUE: dict[str, AtValue] = {
     "--enable-expert-tensor-parallelism": AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense "
                                                                 "model (no --num-experts, or 1)",
                                                   "not implemented: experts are not tensor-parallel here"),
-    # megatron/core/models/common/embeddings/rotary_pos_embedding.py: `seq *= 1 / seq_len_interpolation_factor`
-    "--rotary-seq-len-interpolation-factor": AtValue(
-        _equals(1), "a factor of 1 leaves the rotary positions as they are",
-        "not implemented: rotary positions here are not interpolated (Megatron-Core divides each position by the "
-        "factor); use 1 or drop the flag"),
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
@@ -541,10 +532,6 @@ AT_VALUE: dict[str, AtValue] = {
                                       "drop the flag (0 injects nothing)"),
     "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
                                    "not implemented: parameter sharing between layers"),
-    "--apply-layernorm-1p": AtValue(
-        _without_decayed_norms, "norm gains are not weight-decayed here, so 1 + gamma is the same parameter shifted",
-        "with --qk-layernorm --apply-wd-to-qk-layernorm the query and key norms' gains are decayed toward 0, where "
-        "Megatron's zero-centered gamma decays them toward 1, which is not implemented: drop one of the flags"),
     "--embedding-init-method-std": AtValue(_matches(lambda s: s["init_method_std"]),
                                            "the same std as --init-method-std",
                                            "not implemented: embeddings are drawn with --init-method-std"),
