@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config
+from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, registered_family
+from arguments.hf_fields import LLAMA3_FIXED, PLAIN_BLOCKS, FolderValue  # noqa: F401 - read from here too
 from base.errors import ConfigError
 from data import DataError
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
@@ -48,28 +49,22 @@ ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
 # Their GPT-2 attention variants we do not implement: key -> the value our attention corresponds to.
 HF_ATTENTION_OPTIONS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
                         "add_cross_attention": False, "tie_word_embeddings": True}
-# Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor (gpt/rotary.py's llama3_scaled).
-LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-# Settings a flag may change without describing another model: rotary positions have no table, so a Llama's
-# max_position_embeddings is only how long a sequence it is meant for (a longer context is trained this way);
-# GPT-2's n_positions is the shape of its position embedding.
-FLAG_MAY_CHANGE = {"llama": ("max_position_embeddings",), "mixtral": ("max_position_embeddings",),
-                   "apertus": ("max_position_embeddings",),
-                   "qwen2_moe": ("max_position_embeddings",)}
 # The tokenizer settings an explicit tokenizer is given by.
 TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file")
-
-
-@dataclass(frozen=True)
-class FolderValue:
-    """A setting's value in the folder, and what in the folder gives it (a config.json key, a file)."""
-    value: Any
-    key: str
 
 
 def architecture_settings(config: HFConfig) -> dict[str, FolderValue]:
     """The ModelConfig settings (by field name) of the folder's model; a config.json our blocks cannot
     compute is refused in one line naming each key."""
+    family = registered_family(config.family)
+    if family is not None:  # a family of its own module (arguments/hf_families/)
+        return family.read(config)
+    settings = _family_settings(config)
+    plain = {name: FolderValue(value, f"model_type {config.family}") for name, value in PLAIN_BLOCKS.items()}
+    return {**plain, **settings, "hf_model_type": FolderValue(config.family, "model_type")}
+
+
+def _family_settings(config: HFConfig) -> dict[str, FolderValue]:
     if config.family == "llama":
         return _llama(config)
     if config.family == "mixtral":
@@ -240,9 +235,11 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
     config = read_hf_config(folder)
     where = f"{folder / CONFIG_FILE}"
     layer = FolderLayer(folder, config, {}, [])
+    # rotary positions have no table: every family but GPT-2 may train a longer context than its folder says
+    may_change = () if config.family == "gpt2" else ("max_position_embeddings",)
 
     def offer(name: str, value: Any, origin: str, note: str = "") -> None:
-        if name in explicit and name in FLAG_MAY_CHANGE.get(config.family, ()):
+        if name in explicit and name in may_change:
             return  # the flag's value stands
         if name in explicit:
             if settings[name] != value:
@@ -256,7 +253,7 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
     for name, given in architecture_settings(config).items():
         offer(name, given.value, f"{where}: {given.key}")
     seq_length, positions = settings["seq_length"], config.max_position_embeddings
-    if "max_position_embeddings" in explicit and "max_position_embeddings" in FLAG_MAY_CHANGE.get(config.family, ()):
+    if "max_position_embeddings" in explicit and "max_position_embeddings" in may_change:
         positions = settings["max_position_embeddings"]
     elif "seq_length" not in explicit and seq_length > positions:
         key = "n_positions" if config.family == "gpt2" else "max_position_embeddings"
@@ -264,8 +261,10 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
                                       f"capped: {seq_length}, of the preset or the default, is longer than the "
                                       f"folder's positions")
     _tokenizer(layer, settings, explicit)
-    family = {"llama": LLAMA_ARCHITECTURE, "mixtral": "MixtralForCausalLM",
-              "qwen2_moe": "Qwen2MoeForCausalLM", "apertus": "ApertusForCausalLM"}.get(config.family, GPT2_ARCHITECTURE)
+    registered = registered_family(config.family)
+    family = registered.architecture if registered is not None else \
+        {"llama": LLAMA_ARCHITECTURE, "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+         "apertus": "ApertusForCausalLM"}.get(config.family, GPT2_ARCHITECTURE)
     layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
                           f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")
     return layer

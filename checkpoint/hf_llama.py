@@ -25,6 +25,7 @@ import torch
 
 from arguments.config import ModelConfig
 from arguments.hf_config import check_hf_config_json
+from arguments.hf_families import FAMILIES
 from arguments.hf_folder import LLAMA3_FIXED, architecture_settings
 from base.errors import ConfigError
 from base.options import flag_of_setting
@@ -43,10 +44,27 @@ LLAMA_FAMILIES = (MODEL_TYPE, *MOE_TYPES, APERTUS_TYPE)
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
+def beyond_llama(config: ModelConfig) -> dict[str, bool]:
+    """Issue 63's blocks, which no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM
+    holds ({the flag it would need: whether the model has the block}); arguments/hf_families/ has the classes that
+    do (checkpoint/hf_dense.py)."""
+    architecture = config.architecture
+    return {"no --window-size": config.has_windows(),
+            "no --qk-layernorm-over-projection": architecture.qk_layernorm_over_projection,
+            "--sublayer-norms input": architecture.sublayer_norms != "input",
+            "no --gated-linear-unit": architecture.gated_linear_unit,
+            "no --scale-embeddings-by-sqrt-hidden": architecture.scale_embeddings_by_sqrt_hidden,
+            "no --softmax-scale": architecture.softmax_scale is not None,
+            "no --attn-logit-softcapping": architecture.attn_logit_softcapping is not None,
+            "no --final-logit-softcapping": architecture.final_logit_softcapping is not None,
+            "no --local-rotary-base": architecture.local_rotary_base is not None,
+            "no --rotary-seq-len-interpolation-factor": architecture.rotary_seq_len_interpolation_factor is not None}
+
+
 def llama_misfits(config: ModelConfig) -> list[str]:
     """What keeps `config` from being a LlamaForCausalLM: the flag each needs, or the setting it lacks."""
     architecture = config.architecture
-    needs = {"--normalization RMSNorm": architecture.normalization != "RMSNorm",
+    needs = {**beyond_llama(config), "--normalization RMSNorm": architecture.normalization != "RMSNorm",
              "--swiglu": not architecture.swiglu,
              "--position-embedding-type rope": architecture.position_embedding_type != "rope",
              "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
@@ -63,7 +81,7 @@ def llama_misfits(config: ModelConfig) -> list[str]:
         needs = {need: missing for need, missing in needs.items() if missing}
         needs.update({need: True for need in moe_misfits(config)})
     if is_apertus(config):
-        needs = apertus_needs(config)
+        needs = {**beyond_llama(config), **apertus_needs(config)}
     return [need for need, missing in needs.items() if missing]
 
 
@@ -190,9 +208,10 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
 
 # ---- config.json -> this run's settings ---------------------------------------------------------
 
-def parsed_llama_config(hf: dict, source: str | os.PathLike):
+def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[str] = None):
     """config.json read as transformers reads it (defaults for keys left out; an older file's rope_theta and
-    rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
+    rope_scaling become rope_parameters), its log lines kept out of the run's output; `family` the model_type read
+    (a multimodal Gemma 3's text_config is read as a Gemma3TextConfig). `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
     from transformers import ApertusConfig, LlamaConfig, MixtralConfig, Qwen2MoeConfig
@@ -200,8 +219,12 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike):
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
-    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig,
-                    APERTUS_TYPE: ApertusConfig}.get(hf.get("model_type"), LlamaConfig)
+    import transformers
+
+    registered = FAMILIES.get(hf.get("model_type")) or FAMILIES.get(family or "")
+    config_class = getattr(transformers, registered.config_class) if registered is not None else \
+        {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig,
+         APERTUS_TYPE: ApertusConfig}.get(hf.get("model_type"), LlamaConfig)
     try:
         return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
@@ -226,8 +249,8 @@ def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
     of settings takes them (arguments/hf_folder.py), with its vocab_size; a config.json that our blocks
     cannot compute is refused in one line naming each key. transformers reads it too, so a field its
     strict dataclass refuses is one line here rather than later."""
-    parsed_llama_config(hf, source)
     config = check_hf_config_json(hf, source)
+    parsed_llama_config(config.fields, source, config.family)
     settings = {name: given.value for name, given in architecture_settings(config).items()}
     return {**settings, "vocab_size": config.vocab_size}
 
@@ -263,7 +286,8 @@ def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.
     settings = llama_settings(hf, source)
     problems = []
     for name, theirs in settings.items():
-        if name in ("vocab_size", "max_position_embeddings"):  # rotary positions need no table of them
+        # rotary positions need no table of them; the class the export writes is not the math
+        if name in ("vocab_size", "max_position_embeddings", "hf_model_type"):
             continue
         mine = _ours(model_config, name)
         if theirs != mine:
@@ -272,7 +296,7 @@ def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.
         problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
                         f"{settings['vocab_size']}, this run's tokenizer has {model_config.vocab_size} tokens")
     if problems:
-        raise ConfigError(f"{source} ({ARCHITECTURE}) does not match this run's model: {'; '.join(problems)}")
+        raise ConfigError(f"{source} does not match this run's model: {'; '.join(problems)}")
 
 
 # ---- weights ------------------------------------------------------------------------------------
@@ -353,12 +377,8 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
             out[theirs + "mlp.act_fn.beta"] = torch.tensor(XIELU_BETA)
             out[theirs + "mlp.act_fn.eps"] = torch.tensor(XIELU_EPS)
         for kind in _qkv_kinds(config):
-            qkv = state_dict[ours + "attention.query_key_value." + kind]
-            rest = qkv.shape[1:]
-            qkv = qkv.reshape(groups, per_group + 2, d, *rest)
-            out[theirs + "self_attn.q_proj." + kind] = qkv[:, :per_group].reshape(heads * d, *rest)
-            out[theirs + "self_attn.k_proj." + kind] = qkv[:, per_group].reshape(groups * d, *rest)
-            out[theirs + "self_attn.v_proj." + kind] = qkv[:, per_group + 1].reshape(groups * d, *rest)
+            q, k, v = split_qkv(state_dict[ours + "attention.query_key_value." + kind], groups, per_group, d)
+            out.update({theirs + f"self_attn.{name}_proj." + kind: part for name, part in zip("qkv", (q, k, v))})
         for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
@@ -392,10 +412,7 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
             out.update({ours + our_name: hf_state[theirs + their_name] for our_name, their_name in _APERTUS_SAME})
         for kind in _qkv_kinds(config):
             q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
-            rest = q.shape[1:]
-            fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
-                               v.reshape(groups, 1, d, *rest)], dim=1)
-            out[ours + "attention.query_key_value." + kind] = fused.reshape(-1, *rest)
+            out[ours + "attention.query_key_value." + kind] = fuse_qkv(q, k, v, groups, per_group, d)
         for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
@@ -405,6 +422,25 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
             out.update({ours + our_name: hf_state[theirs + their_name]
                         for our_name, their_name in _moe_names(config, family) if theirs + their_name in hf_state})
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def split_qkv(qkv: torch.Tensor, groups: int, per_group: int, head_dim: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our fused QKV rows (or bias), [group][its query heads, k, v][head_dim], as transformers' q, k and v, each
+    head by head."""
+    rest = qkv.shape[1:]
+    qkv = qkv.reshape(groups, per_group + 2, head_dim, *rest)
+    return (qkv[:, :per_group].reshape(groups * per_group * head_dim, *rest),
+            qkv[:, per_group].reshape(groups * head_dim, *rest), qkv[:, per_group + 1].reshape(groups * head_dim, *rest))
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, per_group: int,
+             head_dim: int) -> torch.Tensor:
+    """The inverse of `split_qkv`."""
+    rest = q.shape[1:]
+    fused = torch.cat([q.reshape(groups, per_group, head_dim, *rest), k.reshape(groups, 1, head_dim, *rest),
+                       v.reshape(groups, 1, head_dim, *rest)], dim=1)
+    return fused.reshape(-1, *rest)
 
 
 def _check_xielu_constants(hf_state: dict[str, torch.Tensor], layer: str) -> None:
