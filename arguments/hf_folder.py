@@ -267,6 +267,9 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
          "apertus": "ApertusForCausalLM"}.get(config.family, GPT2_ARCHITECTURE)
     layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
                           f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")
+    if registered is not None and registered.section is not None:  # a multimodal folder's language model
+        layer.notes.insert(1, f"> {folder}'s {family} is read by its {registered.section}: its language model is the "
+                              f"model here; the other models beside it (a vision tower, a projector) are not read")
     return layer
 
 

@@ -38,11 +38,11 @@ ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu"
 WRITTEN_ACTIVATIONS = {"gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu"}
 
 
-def gemma_fields(*extra: Field, **defaults) -> tuple[Field, ...]:
+def gemma_fields(*extra: Field, bidirectional_default=None, **defaults) -> tuple[Field, ...]:
     """Gemma 2's and Gemma 3's keys: Llama's core with hidden_activation for hidden_act, and theirs."""
     return core_fields(Field("hidden_activation", NAME, "gelu_pytorch_tanh"), Field("attention_bias", BOOLEAN, False),
                        Field("query_pre_attn_scalar", POSITIVE_INT, 256), LAYER_TYPES,
-                       Field("use_bidirectional_attention", BOOLEAN, None, nullable=True), *extra,
+                       Field("use_bidirectional_attention", BOOLEAN, bidirectional_default, nullable=True), *extra,
                        drop=("hidden_act",), **defaults)
 
 

@@ -45,7 +45,7 @@ FIELDS = gemma_fields(Field("sliding_window", POSITIVE_INT, 4096, nullable=True)
                       Field("sliding_window_pattern", POSITIVE_INT, 6),
                       vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
                       num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131072,
-                      tie_word_embeddings=True, rope_theta=1000000.0)
+                      tie_word_embeddings=True, rope_theta=1000000.0, bidirectional_default=False)
 FIXED = {name: value for name, value in GEMMA_BLOCKS.items()
          if name not in ("softmax_scale", "attn_logit_softcapping", "final_logit_softcapping", "local_rotary_base")}
 FIXED["qk_layernorm"] = True

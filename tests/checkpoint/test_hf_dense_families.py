@@ -124,3 +124,52 @@ def test_hf_model_type_names_the_class_and_a_model_it_cannot_hold_is_refused_in_
     message = str(error.value)
     assert message.startswith("--hf-model-type gemma2: as a Gemma2ForCausalLM") and "\n" not in message
     assert "--gated-linear-unit" in message and "--apply-layernorm-1p" in message
+
+
+@pytest.mark.slow  # importing transformers' Gemma3ForConditionalGeneration takes 10 s (its vision side)
+def test_a_multimodal_gemma3_folder_is_its_language_model(tmp_path):
+    """Gemma3ForConditionalGeneration (the released Gemma 3 4B-27B): its text_config is read as a Gemma 3 text model,
+    its language model's weights (language_model.model.*) come in, the vision tower's and the projector's are not
+    read (said at the start), and our logits on a text-only batch are transformers' within 1e-5."""
+    import dataclasses
+
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from arguments.config import PretrainConfig
+    from arguments.hf_config import read_hf_config
+    from arguments.hf_folder import architecture_settings
+    from arguments.parser import parse_arguments
+    from checkpoint.hf import initialize_from_hf
+    from gpt.model import GPTModel
+    from parallel.state import ParallelState
+    from tests.zero_harness import ZeroHarness
+
+    text = dict(COMMON, **FAMILIES["gemma3_text"][2])
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    model = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                                        boi_token_index=297, eoi_token_index=298,
+                                                        image_token_index=299))
+    random_weights(model, seed=9)
+    with torch.no_grad():  # Gemma's RMSNorm weights are the gain less one
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.sub_(1.0)
+    model.save_pretrained(str(tmp_path / "hf"))
+    settings = {name: given.value for name, given in architecture_settings(read_hf_config(tmp_path / "hf")).items()}
+    assert settings["hf_model_type"] == "gemma3_text" and settings["local_rotary_base"] == 500.0
+    notes = parse_arguments(["--init-from-hf", str(tmp_path / "hf")]).notes
+    assert any("is read by its text_config" in note and "not read" in note for note in notes), notes
+    config = PretrainConfig()
+    config = dataclasses.replace(config, zero=dataclasses.replace(config.zero, stage=1), model=dataclasses.replace(
+        config.model, **settings, seq_length=16, hidden_dropout=0.0, attention_dropout=0.0, vocab_size=VOCAB))
+    cpu = ParallelState(device=torch.device("cpu"))
+    ours = GPTModel(config.model, cpu)
+    initialize_from_hf(ZeroHarness.from_config(ours, config, cpu, blocks=ours.blocks), ours, tmp_path / "hf",
+                       config.model, cpu)
+    tokens = torch.randint(0, 296, (2, 16), generator=torch.Generator().manual_seed(1))
+    theirs = Gemma3ForConditionalGeneration.from_pretrained(str(tmp_path / "hf"), attn_implementation="eager",
+                                                            dtype=torch.float32).eval()
+    with torch.no_grad():
+        our_logits, their_logits = ours.eval()(tokens), theirs(input_ids=tokens).logits
+    assert (our_logits - their_logits).abs().max() <= 1e-5 * their_logits.abs().max()

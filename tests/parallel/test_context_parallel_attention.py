@@ -85,39 +85,49 @@ def test_each_rank_keeps_chunks_r_and_2cp_minus_1_minus_r():
 
 
 WINDOW = 5  # keys before each query: shorter than a rank's chunks (8) and than the sequence
+# the scores' rules beside the window: none, or Gemma 2's scale and soft-capping (gpt/attention_softcap.py)
+SCORE_RULES = {"window": {}, "window-scale-softcap": {"scale": 0.3, "softcap": 2.0}}
 
 
-def _full_windowed(kv_heads):
+def _full_windowed(kv_heads, rule):
+    from gpt.attention_softcap import softcapped_attention
     from gpt.attention_window import causal_window_mask
 
     q, k, v, grad = _inputs(kv_heads)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_window_mask(SEQ, WINDOW, q.device),
-                                         enable_gqa=kv_heads != HEADS)
+    mask = causal_window_mask(SEQ, WINDOW, q.device)
+    if rule.get("softcap") is not None:
+        out = softcapped_attention(q, k, v, rule["softcap"], rule["scale"], mask)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv_heads != HEADS)
     out.backward(grad)
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def _windowed_cp_rank(rank, world_size, comm_type, kv_heads):
+def _windowed_cp_rank(rank, world_size, comm_type, kv_heads, rule):
     state = initialize("cpu", context_parallel_size=world_size)
     try:
         q, k, v, grad = _inputs(kv_heads)
         local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
                  for t in (q, k, v)]
-        out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS, window=WINDOW)
+        out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS, window=WINDOW,
+                                         **rule)
         out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
         return [t.numpy() for t in (out.detach(), *(t.grad for t in local))]
     finally:
         destroy(state)
 
 
+@pytest.mark.parametrize("rule", sorted(SCORE_RULES))
 @pytest.mark.parametrize("comm_type", ["all_gather", "a2a"])
-def test_a_sliding_window_over_the_ranks_chunks_equals_the_full_sequences(comm_type):
+def test_a_sliding_window_over_the_ranks_chunks_equals_the_full_sequences(comm_type, rule):
     """--window-size under context parallelism: the window by global positions (gpt/attention_window.py), with
-    grouped-query key/value heads; the ring (p2p) is refused with a window (arguments/config.py)."""
+    grouped-query key/value heads, and with --softmax-scale and --attn-logit-softcapping's explicit scores; the ring
+    (p2p) is refused with any of them (arguments/config.py)."""
     cp, kv_heads = 2, 2
-    full = _full_windowed(kv_heads)
-    for rank, pieces in enumerate(run_distributed(_windowed_cp_rank, cp, comm_type, kv_heads, timeout=120)):
+    full = _full_windowed(kv_heads, SCORE_RULES[rule])
+    for rank, pieces in enumerate(run_distributed(_windowed_cp_rank, cp, comm_type, kv_heads, SCORE_RULES[rule],
+                                                  timeout=120)):
         for name, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
             torch.testing.assert_close(torch.from_numpy(got), take_local_chunks(whole, cp, rank, dim=2), rtol=1e-5,
-                                       atol=1e-6, msg=f"{comm_type} rank {rank} {name}")
+                                       atol=1e-6, msg=f"{comm_type} {rule} rank {rank} {name}")
