@@ -277,3 +277,18 @@ PLAIN_BLOCKS = {"qk_layernorm_over_projection": False, "window_size": None, "win
                 "final_logit_softcapping": None, "local_rotary_base": None, "rotary_seq_len_interpolation_factor": None}
 
 
+def llama_shape_settings(config: HFConfig) -> dict[str, FolderValue]:
+    """The shape settings a Llama-shaped folder gives (Megatron-Bridge's LlamaBridge.provider_bridge's mapping), each
+    with the key it comes from."""
+    v, fields = FolderValue, config.fields
+    return {
+        "num_layers": v(config.num_layers, "num_hidden_layers"), "hidden_size": v(config.hidden_size, "hidden_size"),
+        "num_attention_heads": v(config.num_attention_heads, "num_attention_heads"),
+        "kv_channels": v(config.head_dim, "head_dim" if fields.get("head_dim") else
+                         "hidden_size / num_attention_heads"),
+        "ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size"),
+        "num_query_groups": v(config.num_key_value_heads, "num_key_value_heads" if fields.get("num_key_value_heads")
+                              else "num_attention_heads (no num_key_value_heads)"),
+        "max_position_embeddings": v(config.max_position_embeddings, "max_position_embeddings"),
+        "layernorm_epsilon": v(config.norm_epsilon, "rms_norm_eps"),
+        "untie_embeddings_and_output_weights": v(not config.tie_word_embeddings, "tie_word_embeddings")}

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, registered_family
-from arguments.hf_fields import LLAMA3_FIXED, PLAIN_BLOCKS, FolderValue  # noqa: F401 - read from here too
+from arguments.hf_fields import LLAMA3_FIXED, PLAIN_BLOCKS, FolderValue, llama_shape_settings  # noqa: F401 - read from here too
 from base.errors import ConfigError
 from data import DataError
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
@@ -129,22 +129,13 @@ def _llama(config: HFConfig) -> dict[str, FolderValue]:
     v = FolderValue
     rope_key = "rope_scaling" if fields.get("rope_scaling") else "rope_parameters"
     settings = {
-        "num_layers": v(config.num_layers, "num_hidden_layers"), "hidden_size": v(config.hidden_size, "hidden_size"),
-        "num_attention_heads": v(config.num_attention_heads, "num_attention_heads"),
-        "kv_channels": v(config.head_dim, "head_dim" if fields.get("head_dim") else
-                         "hidden_size / num_attention_heads"),
-        "ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size"),
-        "num_query_groups": v(config.num_key_value_heads, "num_key_value_heads" if fields.get("num_key_value_heads")
-                              else "num_attention_heads (no num_key_value_heads)"),
-        "max_position_embeddings": v(config.max_position_embeddings, "max_position_embeddings"),
-        "layernorm_epsilon": v(config.norm_epsilon, "rms_norm_eps"),
+        **llama_shape_settings(config),
         "normalization": v("RMSNorm", "model_type llama"), "swiglu": v(True, "hidden_act"),
         "position_embedding_type": v("rope", "model_type llama"),
         "rotary_base": v(rope.theta, f"{rope_key}.rope_theta" if "rope_theta" in (fields.get(rope_key) or {})
                          else "rope_theta"),
         "rotary_percent": v(1.0, "model_type llama"), "rotary_interleaved": v(False, "model_type llama"),
         "use_rope_scaling": v(rope.rope_type == "llama3", f"{rope_key}.rope_type"),
-        "untie_embeddings_and_output_weights": v(not config.tie_word_embeddings, "tie_word_embeddings"),
         "add_bias_linear": v(config.attention_bias, "attention_bias"),
         "add_qkv_bias": v(False, "attention_bias"),
         "qk_layernorm": v(False, "model_type llama"), "qk_layernorm_over_projection": v(False, "model_type llama"),

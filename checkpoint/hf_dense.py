@@ -18,7 +18,7 @@ import torch
 from arguments.hf_families import FAMILIES
 from arguments.hf_families.dense import DenseFamily
 from base.errors import ConfigError
-from checkpoint.hf_llama import BUFFER_SUFFIXES, fuse_qkv, split_qkv
+from checkpoint.hf_llama import BUFFER_SUFFIXES, fuse_qkv, padded_rows, split_qkv
 from gpt.model_config import ModelConfig
 
 # A multimodal Gemma 3's language model (transformers >= 4.52 saves model.language_model.*, older
@@ -112,13 +112,10 @@ def from_hf(hf_state: dict[str, torch.Tensor], model: ModelConfig, padded_vocab_
     groups = model.architecture.query_groups(model.num_attention_heads)
     per_group, d = model.num_attention_heads // groups, model.head_dim
 
-    def padded(tensor: torch.Tensor) -> torch.Tensor:
-        return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
-
-    out = {"word_embeddings.weight": padded(hf_state["model.embed_tokens.weight"]),
+    out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
            "final_layernorm.weight": hf_state["model.norm.weight"]}
     if model.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
+        out["output_layer.weight"] = padded_rows(hf_state["lm_head.weight"], padded_vocab_size)
     q_rows, kv_rows = model.num_attention_heads * d, groups * d
     for i in range(model.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."

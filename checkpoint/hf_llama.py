@@ -26,9 +26,9 @@ import torch
 from arguments.config import ModelConfig
 from arguments.hf_config import check_hf_config_json
 from arguments.hf_families import FAMILIES
+from arguments.hf_families.dense import flag_for
 from arguments.hf_folder import LLAMA3_FIXED, architecture_settings
 from base.errors import ConfigError
-from base.options import flag_of_setting
 from gpt.xielu import XIELU_BETA, XIELU_EPS
 
 MODEL_TYPE = "llama"
@@ -269,15 +269,11 @@ def _ours(config: ModelConfig, name: str):
 
 
 def _flag_for(name: str, value) -> str:
-    """The flag (and value) that sets `name` to `value`."""
-    if name == "add_bias_linear":
-        return "no --disable-bias-linear" if value else "--disable-bias-linear"
-    flag = flag_of_setting(ModelConfig, name)
-    if isinstance(value, bool):
-        return flag if value else f"no {flag}"
+    """The flag (and value) that sets `name` to `value` (Megatron-LM reads --num-query-groups only beside
+    --group-query-attention)."""
     if name == "num_query_groups":
-        return f"--group-query-attention {flag} {value}"
-    return f"{flag} {value}"
+        return f"--group-query-attention {flag_for(name, value)}"
+    return flag_for(name, value)
 
 
 def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike) -> None:
@@ -398,13 +394,10 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
         config.head_dim
     per_group = heads // groups
 
-    def padded(tensor: torch.Tensor) -> torch.Tensor:
-        return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
-
-    out = {"word_embeddings.weight": padded(hf_state["model.embed_tokens.weight"]),
+    out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
            "final_layernorm.weight": hf_state["model.norm.weight"]}
     if config.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
+        out["output_layer.weight"] = padded_rows(hf_state["lm_head.weight"], padded_vocab_size)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         if is_apertus(config):
@@ -422,6 +415,11 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
             out.update({ours + our_name: hf_state[theirs + their_name]
                         for our_name, their_name in _moe_names(config, family) if theirs + their_name in hf_state})
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def padded_rows(tensor: torch.Tensor, padded_vocab_size: int) -> torch.Tensor:
+    """A vocabulary's rows with zero rows after them up to our padded size (as our initial values leave them)."""
+    return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
 
 
 def split_qkv(qkv: torch.Tensor, groups: int, per_group: int, head_dim: int

@@ -25,6 +25,7 @@ from arguments.hf_fields import (
     FolderValue,
     HFConfig,
     RopeConfig,
+    llama_shape_settings,
     llama_shaped_config,
 )
 from base.errors import ConfigError
@@ -113,6 +114,26 @@ def core_fields(*extra: Field, drop: tuple[str, ...] = (), **defaults: Any) -> t
     return (*fields, *extra)
 
 
+def check_buildable(config: HFConfig, architecture: str, bias_key: bool = False) -> None:
+    """A Llama-shaped family's MLP is SwiGLU (silu's); with `bias_key`, its attention_bias would bias q, k, v and o
+    without the MLP, which --disable-bias-linear and --add-qkv-bias cannot say: each refused in one line."""
+    problems = []
+    if config.activation != "silu":
+        problems.append(f"hidden_act {config.activation!r} (its MLP is SwiGLU, silu's)")
+    if bias_key and config.values.get("attention_bias"):
+        problems.append("attention_bias true (a bias on q, k, v and o without the MLP's is not built here)")
+    if problems:
+        raise ConfigError(f"{config.path}: this {architecture} cannot be represented here: {'; '.join(problems)}")
+
+
+def without_derived_head_dim(keys: dict, model: ModelConfig) -> dict:
+    """The config.json keys without head_dim where it is hidden / heads: for a config class that has no head_dim
+    (Qwen2's, OLMo 2's, Phi-3's attention reads one it is given, with getattr)."""
+    if model.head_dim * model.num_attention_heads == model.hidden_size:
+        keys = {key: value for key, value in keys.items() if key != "head_dim"}
+    return keys
+
+
 def fixed_settings(fixed: dict[str, Any], model_type: str) -> dict[str, FolderValue]:
     return {name: FolderValue(value, f"model_type {model_type}") for name, value in fixed.items()}
 
@@ -123,23 +144,11 @@ def core_settings(config: HFConfig, model_type: str, rotary: bool = True,
     them; a family of its own rotary gives them itself). `partial_rotary`: the family reads
     partial_rotary_factor (Phi-3); the others' rotary embeddings do not (their default rope ignores it), so a
     factor other than 1 is refused rather than read one way here and another there."""
-    v, fields = FolderValue, config.fields
     if rotary and not partial_rotary and config.rope.partial_rotary_factor != 1.0:
         raise ConfigError(f"{config.path}: {rope_key(config)} partial_rotary_factor "
                           f"{config.rope.partial_rotary_factor!r}: {model_type}'s rotary embedding here turns every "
                           f"dim of each head")
-    settings = {
-        "num_layers": v(config.num_layers, "num_hidden_layers"), "hidden_size": v(config.hidden_size, "hidden_size"),
-        "num_attention_heads": v(config.num_attention_heads, "num_attention_heads"),
-        "kv_channels": v(config.head_dim, "head_dim" if fields.get("head_dim") else
-                         "hidden_size / num_attention_heads"),
-        "ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size"),
-        "num_query_groups": v(config.num_key_value_heads, "num_key_value_heads" if fields.get("num_key_value_heads")
-                              else "num_attention_heads (no num_key_value_heads)"),
-        "max_position_embeddings": v(config.max_position_embeddings, "max_position_embeddings"),
-        "layernorm_epsilon": v(config.norm_epsilon, "rms_norm_eps"),
-        "untie_embeddings_and_output_weights": v(not config.tie_word_embeddings, "tie_word_embeddings"),
-        "hf_model_type": v(model_type, "model_type")}
+    settings = {**llama_shape_settings(config), "hf_model_type": FolderValue(model_type, "model_type")}
     return {**settings, **(rotary_settings(config.rope, config) if rotary else {})}
 
 

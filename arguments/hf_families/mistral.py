@@ -8,6 +8,7 @@ from __future__ import annotations
 from arguments.hf_families.dense import (
     LLAMA_BLOCKS,
     DenseFamily,
+    check_buildable,
     core_fields,
     core_settings,
     core_write,
@@ -28,9 +29,7 @@ FIXED = dict(LLAMA_BLOCKS)
 
 
 def read(config: HFConfig) -> dict[str, FolderValue]:
-    if config.activation != "silu":
-        raise ConfigError(f"{config.path}: hidden_act {config.activation!r} is not built here for MistralForCausalLM "
-                          f"(its MLP is SwiGLU, silu's)")
+    check_buildable(config, "MistralForCausalLM")
     if config.fields.get("layer_types") is not None:
         # MistralConfig warns that it does not read them ("Consider using AutoModel or Ministral classes")
         raise ConfigError(f"{config.path}: layer_types in a MistralForCausalLM: transformers' Mistral gives every "

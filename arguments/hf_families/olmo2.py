@@ -12,13 +12,14 @@ from arguments.hf_families.dense import (
     LLAMA_BLOCKS,
     NO_WINDOW,
     DenseFamily,
+    check_buildable,
     core_fields,
     core_settings,
     core_write,
     fixed_settings,
+    without_derived_head_dim,
 )
 from arguments.hf_fields import BOOLEAN, Field, FolderValue, HFConfig
-from base.errors import ConfigError
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "olmo2"
@@ -29,21 +30,12 @@ FIXED = {**LLAMA_BLOCKS, **NO_WINDOW, "qk_layernorm": True, "qk_layernorm_over_p
 
 
 def read(config: HFConfig) -> dict[str, FolderValue]:
-    problems = []
-    if config.activation != "silu":
-        problems.append(f"hidden_act {config.activation!r} (its MLP is SwiGLU, silu's)")
-    if config.values["attention_bias"]:
-        problems.append("attention_bias true (a bias on q, k, v and o without the MLP's is not built here)")
-    if problems:
-        raise ConfigError(f"{config.path}: this Olmo2ForCausalLM cannot be represented here: {'; '.join(problems)}")
+    check_buildable(config, "Olmo2ForCausalLM", bias_key=True)
     return {**core_settings(config, MODEL_TYPE), **fixed_settings(FIXED, MODEL_TYPE)}
 
 
 def write(model: ModelConfig) -> dict:
-    keys = {**core_write(model), "attention_bias": False}
-    if model.head_dim * model.num_attention_heads == model.hidden_size:
-        keys.pop("head_dim")  # Olmo2Config has none; a head_dim it is given is read (Olmo2Attention's getattr)
-    return keys
+    return without_derived_head_dim({**core_write(model), "attention_bias": False}, model)
 
 
 FAMILY = DenseFamily(

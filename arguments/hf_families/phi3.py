@@ -11,6 +11,7 @@ from __future__ import annotations
 from arguments.hf_families.dense import (
     LLAMA_BLOCKS,
     DenseFamily,
+    check_buildable,
     core_fields,
     core_settings,
     core_write,
@@ -18,9 +19,9 @@ from arguments.hf_families.dense import (
     fixed_settings,
     sliding_window_of,
     window_settings,
+    without_derived_head_dim,
 )
 from arguments.hf_fields import POSITIVE_INT, PROBABILITY, ROTARY_FRACTION, Field, FolderValue, HFConfig
-from base.errors import ConfigError
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "phi3"
@@ -36,9 +37,7 @@ FIXED = {name: value for name, value in LLAMA_BLOCKS.items() if name != "rotary_
 
 
 def read(config: HFConfig) -> dict[str, FolderValue]:
-    if config.activation != "silu":
-        raise ConfigError(f"{config.path}: hidden_act {config.activation!r} is not built here for Phi3ForCausalLM "
-                          f"(its MLP is SwiGLU, silu's)")
+    check_buildable(config, "Phi3ForCausalLM")
     factor, key = config.rope.partial_rotary_factor, "rope_parameters.partial_rotary_factor"
     if config.values["partial_rotary_factor"] is not None and "partial_rotary_factor" not in \
             (config.fields.get("rope_parameters") or {}):
@@ -51,8 +50,7 @@ def read(config: HFConfig) -> dict[str, FolderValue]:
 def write(model: ModelConfig) -> dict:
     keys = {**core_write(model), "sliding_window": sliding_window_of(model), "resid_pdrop": model.hidden_dropout,
             "embd_pdrop": model.hidden_dropout}
-    if model.head_dim * model.num_attention_heads == model.hidden_size:
-        keys.pop("head_dim")  # Phi3Config has none; a head_dim it is given is read (Phi3Attention's getattr)
+    keys = without_derived_head_dim(keys, model)
     keys["rope_parameters"] = {**keys["rope_parameters"], "partial_rotary_factor": model.rotary_percent}
     return keys
 

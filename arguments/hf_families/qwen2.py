@@ -11,6 +11,7 @@ from arguments.hf_families.dense import (
     LLAMA_BLOCKS,
     SLIDING,
     DenseFamily,
+    check_buildable,
     checked_layer_types,
     core_fields,
     core_settings,
@@ -19,9 +20,9 @@ from arguments.hf_families.dense import (
     layer_types_of,
     sliding_window_of,
     window_settings,
+    without_derived_head_dim,
 )
 from arguments.hf_fields import BOOLEAN, INTEGER, POSITIVE_INT, Field, FolderValue, HFConfig
-from base.errors import ConfigError
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "qwen2"
@@ -54,9 +55,7 @@ def qwen_window_settings(config: HFConfig) -> dict[str, FolderValue]:
 
 
 def read(config: HFConfig) -> dict[str, FolderValue]:
-    if config.activation != "silu":
-        raise ConfigError(f"{config.path}: hidden_act {config.activation!r} is not built here for Qwen2ForCausalLM "
-                          f"(its MLP is SwiGLU, silu's)")
+    check_buildable(config, "Qwen2ForCausalLM")
     return {**core_settings(config, MODEL_TYPE), **fixed_settings(FIXED, MODEL_TYPE), **qwen_window_settings(config)}
 
 
@@ -70,9 +69,7 @@ def qwen_window_write(model: ModelConfig) -> dict:
 
 def write(model: ModelConfig) -> dict:
     keys = {**core_write(model), **qwen_window_write(model)}
-    if model.head_dim * model.num_attention_heads == model.hidden_size:
-        keys.pop("head_dim")  # Qwen2Config has none; a head_dim it is given is read (Qwen2Attention's getattr)
-    return keys
+    return without_derived_head_dim(keys, model)
 
 
 FAMILY = DenseFamily(

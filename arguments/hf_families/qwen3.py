@@ -8,6 +8,7 @@ from __future__ import annotations
 from arguments.hf_families.dense import (
     LLAMA_BLOCKS,
     DenseFamily,
+    check_buildable,
     core_fields,
     core_settings,
     core_write,
@@ -15,7 +16,6 @@ from arguments.hf_families.dense import (
 )
 from arguments.hf_families.qwen2 import SLIDING_FIELDS, qwen_window_settings, qwen_window_write
 from arguments.hf_fields import BOOLEAN, Field, FolderValue, HFConfig
-from base.errors import ConfigError
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "qwen3"
@@ -28,13 +28,7 @@ QK_NORMS = (("attention.q_layernorm.weight", "self_attn.q_norm.weight"),
 
 
 def read(config: HFConfig) -> dict[str, FolderValue]:
-    problems = []
-    if config.activation != "silu":
-        problems.append(f"hidden_act {config.activation!r} (its MLP is SwiGLU, silu's)")
-    if config.values["attention_bias"]:
-        problems.append("attention_bias true (a bias on q, k, v and o without the MLP's is not built here)")
-    if problems:
-        raise ConfigError(f"{config.path}: this Qwen3ForCausalLM cannot be represented here: {'; '.join(problems)}")
+    check_buildable(config, "Qwen3ForCausalLM", bias_key=True)
     return {**core_settings(config, MODEL_TYPE), **fixed_settings(FIXED, MODEL_TYPE), **qwen_window_settings(config)}
 
 
