@@ -40,11 +40,12 @@ from arguments.hf_fields import (  # noqa: F401 - HFConfig and RopeConfig are th
     HFConfig,
     Kind,
     RopeConfig,
-    checked,
+    checked_field,
     is_int,
-    llama_shaped_config,
+    llama_shaped,
+    read_json_object,
     shown,
-    wrong,
+    wrong_value,
 )
 from base.errors import ConfigError
 
@@ -132,20 +133,6 @@ APERTUS_DEFAULT_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "factor
 
 # ---- reading ------------------------------------------------------------------------------------
 
-def read_json_object(path: Path, what: str = "a Hugging Face model folder needs its config.json") -> dict:
-    """A JSON file holding one object; missing, unreadable, not JSON or not an object is a ConfigError
-    naming the file."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: missing; {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ConfigError(f"{path}: unreadable or not JSON ({error})") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path}: expected a JSON object, found {shown(value)}")
-    return value
-
-
 def read_hf_config(hf_dir: str | os.PathLike) -> HFConfig:
     """The folder's config.json, checked field by field, then across fields."""
     hf_dir = Path(hf_dir)
@@ -163,7 +150,7 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
     if registered is not None and registered.section is not None:  # the model is one object of a larger config
         section = raw.get(registered.section)
         if not OBJECT.accepts(section):
-            raise ConfigError(wrong(path, registered.section, section, OBJECT, nullable=False))
+            raise ConfigError(wrong_value(path, registered.section, section, OBJECT, nullable=False))
         raw = section
     table = registered.fields if registered is not None else \
         {"gpt2": GPT2_FIELDS, "mixtral": MIXTRAL_FIELDS, "qwen2_moe": QWEN2_MOE_FIELDS,
@@ -171,21 +158,21 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
     fields = dict(raw)
     values = {}
     for spec in table:
-        values[spec.key] = checked(raw, spec, path, fields)
+        values[spec.key] = checked_field(raw, spec, path, fields)
     if registered is not None:  # its module's rules between fields, Llama's beneath them
         return dataclasses.replace(registered.typed(values, raw, path, fields), family=family, values=values)
     if family == "gpt2":
         return _gpt2(values, path, fields)
     if family == "mixtral":
         values = {**values, "attention_bias": False, "mlp_bias": False}
-        return dataclasses.replace(llama_shaped_config(values, raw, path, fields), family="mixtral",
+        return dataclasses.replace(llama_shaped(values, raw, path, fields), family="mixtral",
                                    num_experts=values["num_local_experts"],
                                    experts_per_token=values["num_experts_per_tok"])
     if family == "apertus":
         values = {**values, "head_dim": None, "mlp_bias": False}
         if not any(isinstance(raw.get(key), dict) for key in ("rope_parameters", "rope_scaling")):
             raw = {**raw, "rope_parameters": APERTUS_DEFAULT_ROPE}  # ApertusConfig's default
-        return dataclasses.replace(llama_shaped_config(values, raw, path, fields), family="apertus")
+        return dataclasses.replace(llama_shaped(values, raw, path, fields), family="apertus")
     if family == "qwen2_moe":
         values = {**values, "attention_bias": False, "mlp_bias": False}
         layers = values["num_hidden_layers"]
@@ -193,13 +180,13 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
         # Qwen2MoeDecoderLayer: an MoE block `if (layer_idx not in config.mlp_only_layers) and
         # (config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0)`
         moe_layers = tuple(i not in dense and (i + 1) % values["decoder_sparse_step"] == 0 for i in range(layers))
-        return dataclasses.replace(llama_shaped_config(values, raw, path, fields), family="qwen2_moe",
+        return dataclasses.replace(llama_shaped(values, raw, path, fields), family="qwen2_moe",
                                    num_experts=values["num_experts"], experts_per_token=values["num_experts_per_tok"],
                                    moe_ffn_hidden_size=values["moe_intermediate_size"],
                                    shared_expert_size=values["shared_expert_intermediate_size"],
                                    norm_topk_prob=values["norm_topk_prob"], qkv_bias=values["qkv_bias"],
                                    moe_layers=moe_layers)
-    return llama_shaped_config(values, raw, path, fields)
+    return llama_shaped(values, raw, path, fields)
 
 
 # model_type -> the architectures (config.json's `architectures`) of that family we read; the families of
@@ -227,7 +214,7 @@ def _supported() -> str:
 def _family(raw: dict, path: Path) -> str:
     architectures = raw.get("architectures")
     if architectures is not None and not NAMES.accepts(architectures):
-        raise ConfigError(wrong(path, "architectures", architectures, NAMES, nullable=True))
+        raise ConfigError(wrong_value(path, "architectures", architectures, NAMES, nullable=True))
     model_type = raw.get("model_type", MISSING)
     if model_type is MISSING:
         named = {family for family, classes in families().items() for name in architectures or () if name in classes}
@@ -236,7 +223,7 @@ def _family(raw: dict, path: Path) -> str:
         raise ConfigError(f"{path}: has no model_type, and its architectures ({shown(architectures)}) name no "
                           f"model read here; supported: {_supported()}")
     if not isinstance(model_type, str):
-        raise ConfigError(wrong(path, "model_type", model_type, NAME, nullable=False))
+        raise ConfigError(wrong_value(path, "model_type", model_type, NAME, nullable=False))
     if model_type not in families():
         raise ConfigError(f"{path}: model_type {json.dumps(model_type)} is not read here; supported: {_supported()}")
     return model_type

@@ -26,7 +26,7 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_finite(value) -> bool:
+def _is_finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -44,10 +44,10 @@ POSITIVE_INT = Kind("a positive integer", lambda v: is_int(v) and v > 0, integer
 INTEGER = Kind("an integer", is_int, integer=True)
 TOKEN_IDS = Kind("an integer or a list of integers",
                  lambda v: is_int(v) or (isinstance(v, list) and all(is_int(i) for i in v)), integer=True)
-POSITIVE_NUMBER = Kind("a positive finite number", lambda v: is_finite(v) and v > 0, floating=True)
-NON_NEGATIVE_NUMBER = Kind("a finite number >= 0", lambda v: is_finite(v) and v >= 0, floating=True)
-PROBABILITY = Kind("a number from 0 to 1", lambda v: is_finite(v) and 0 <= v <= 1, floating=True)
-ROTARY_FRACTION = Kind("a number above 0 and at most 1", lambda v: is_finite(v) and 0 < v <= 1, floating=True)
+POSITIVE_NUMBER = Kind("a positive finite number", lambda v: _is_finite(v) and v > 0, floating=True)
+NON_NEGATIVE_NUMBER = Kind("a finite number >= 0", lambda v: _is_finite(v) and v >= 0, floating=True)
+PROBABILITY = Kind("a number from 0 to 1", lambda v: _is_finite(v) and 0 <= v <= 1, floating=True)
+ROTARY_FRACTION = Kind("a number above 0 and at most 1", lambda v: _is_finite(v) and 0 < v <= 1, floating=True)
 BOOLEAN = Kind("true or false", lambda v: isinstance(v, bool))
 NAME = Kind("a non-empty string", lambda v: isinstance(v, str) and v != "")
 NAMES = Kind("a list of strings", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v))
@@ -159,7 +159,23 @@ class HFConfig:
     values: dict = field(default_factory=dict, repr=False, compare=False)
 
 
-def checked(raw: dict, spec: Field, path: Path, fields: dict, prefix: str = ""):
+# ---- reading ------------------------------------------------------------------------------------
+
+def read_json_object(path: Path, what: str = "a Hugging Face model folder needs its config.json") -> dict:
+    """A JSON file holding one object; missing, unreadable, not JSON or not an object is a ConfigError
+    naming the file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; {what}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ConfigError(f"{path}: unreadable or not JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {shown(value)}")
+    return value
+
+
+def checked_field(raw: dict, spec: Field, path: Path, fields: dict, prefix: str = ""):
     """The field's value (its default when left out) after checking it; a number of a floating field is
     made a float in `fields`. An alias is checked under the name the file uses; the first name present
     gives the value, as the key transformers maps it to comes first."""
@@ -169,7 +185,7 @@ def checked(raw: dict, spec: Field, path: Path, fields: dict, prefix: str = ""):
             continue
         written = raw[key]
         if not ((written is None and spec.nullable) or (written is not None and spec.kind.accepts(written))):
-            raise ConfigError(wrong(path, prefix + key, written, spec.kind, spec.nullable))
+            raise ConfigError(wrong_value(path, prefix + key, written, spec.kind, spec.nullable))
         if spec.kind.floating and written is not None:
             written = float(written)
             fields[key] = written
@@ -178,7 +194,7 @@ def checked(raw: dict, spec: Field, path: Path, fields: dict, prefix: str = ""):
     return spec.default if value is MISSING else value
 
 
-def wrong(path: Path, key: str, value, kind: Kind, nullable: bool) -> str:
+def wrong_value(path: Path, key: str, value, kind: Kind, nullable: bool) -> str:
     hint = ""
     if kind.integer and isinstance(value, float) and value.is_integer():
         hint = f" (written without a decimal point: {int(value)}, not {value!r})"
@@ -204,7 +220,7 @@ def _clipped(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def llama_shaped_config(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
+def llama_shaped(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     if hidden % heads:
         # LlamaConfig.validate_architecture
@@ -228,25 +244,25 @@ def llama_shaped_config(values: dict, raw: dict, path: Path, fields: dict) -> HF
         max_position_embeddings=values["max_position_embeddings"], norm_epsilon=float(values["rms_norm_eps"]),
         activation=values["hidden_act"], tie_word_embeddings=values["tie_word_embeddings"],
         attention_bias=values["attention_bias"], mlp_bias=values["mlp_bias"],
-        initializer_range=float(values["initializer_range"]), rope=_rope(values, raw, path), fields=fields)
+        initializer_range=float(values["initializer_range"]), rope=rope_config(values, raw, path), fields=fields)
 
 
-def _rope(values: dict, raw: dict, path: Path) -> RopeConfig:
+def rope_config(values: dict, raw: dict, path: Path) -> RopeConfig:
     """rope_parameters, or an older file's rope_scaling (which transformers takes when both are set),
     the keys of both checked; rope_theta from inside it, else the top level's."""
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(raw.get(key), dict):
             for spec in ROPE_FIELDS:
-                checked(raw[key], spec, path, {}, prefix=f"{key}.")
-    return rope_config(raw.get("rope_scaling") or raw.get("rope_parameters") or {}, values["rope_theta"])
+                checked_field(raw[key], spec, path, {}, prefix=f"{key}.")
+    return rope_object(raw.get("rope_scaling") or raw.get("rope_parameters") or {}, values["rope_theta"])
 
 
-def rope_config(rope: dict, default_theta: float, path: Optional[Path] = None, key: str = "") -> RopeConfig:
+def rope_object(rope: dict, default_theta: float, path: Optional[Path] = None, key: str = "") -> RopeConfig:
     """One rope_parameters object (checked first where `path` names the file, `key` its place in it) as a
     RopeConfig; its rope_theta, else `default_theta`."""
     if path is not None:
         for spec in ROPE_FIELDS:
-            checked(rope, spec, path, {}, prefix=f"{key}.")
+            checked_field(rope, spec, path, {}, prefix=f"{key}.")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     theta = rope.get("rope_theta", default_theta)
     return RopeConfig(rope_type=rope_type, theta=float(theta), factor=_float_or_none(rope.get("factor")),

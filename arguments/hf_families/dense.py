@@ -26,7 +26,7 @@ from arguments.hf_fields import (
     HFConfig,
     RopeConfig,
     llama_shape_settings,
-    llama_shaped_config,
+    llama_shaped,
 )
 from base.errors import ConfigError
 from base.options import flag_of_setting
@@ -86,7 +86,7 @@ class DenseFamily:
 def dense_typed(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
     """Llama's rules between fields for a family without Llama's bias keys (its module refuses attention_bias
     where it has one)."""
-    return llama_shaped_config({"attention_bias": False, "mlp_bias": False, **values}, raw, path, fields)
+    return llama_shaped({"attention_bias": False, "mlp_bias": False, **values}, raw, path, fields)
 
 
 def flag_for(name: str, value) -> str:

@@ -31,7 +31,7 @@ from arguments.hf_families.gemma2 import (
     gemma_typed,
     gemma_write,
 )
-from arguments.hf_fields import POSITIVE_INT, POSITIVE_NUMBER, Field, FolderValue, HFConfig, rope_config
+from arguments.hf_fields import POSITIVE_INT, POSITIVE_NUMBER, Field, FolderValue, HFConfig, rope_object
 from base.errors import ConfigError
 from gpt.model_config import ModelConfig
 
@@ -70,9 +70,9 @@ def _rotary(config: HFConfig) -> dict[str, FolderValue]:
     for kind in (full, sliding):
         if not isinstance(kind, dict):
             raise ConfigError(f"{config.path}: each of {where}'s objects must be a JSON object")
-    full_rope = rope_config(full, values["rope_theta"], config.path, f"{where}.{FULL}" if where != "rope_scaling"
+    full_rope = rope_object(full, values["rope_theta"], config.path, f"{where}.{FULL}" if where != "rope_scaling"
                             else where)
-    local_rope = rope_config(sliding, values["rope_local_base_freq"], config.path, f"{where}.{SLIDING}")
+    local_rope = rope_object(sliding, values["rope_local_base_freq"], config.path, f"{where}.{SLIDING}")
     if local_rope.rope_type != "default" or local_rope.partial_rotary_factor != 1.0:
         raise ConfigError(f"{config.path}: {where}.{SLIDING} rope_type {local_rope.rope_type!r}: the sliding layers' "
                           f"rotary here is unscaled ('default', every dim)")
