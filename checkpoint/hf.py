@@ -39,8 +39,11 @@ from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
 from checkpoint import hf_llama
 from checkpoint.format import consolidate, read_metadata, save_tensors, tensor_parallel_slice
+from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
+from checkpoint.hf_families.layout import EXPERT_BIAS, canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
+from checkpoint.router_state import restore_expert_biases
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
 
@@ -111,8 +114,22 @@ def check_convertible(config: ModelConfig, what: str) -> None:
     untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
     multi-token prediction's layers (refuse_mtp)."""
     refuse_mtp(config, what)
-    if is_llama_shaped(config):
+    family = family_of(config)
+    if family is not None:
+        misfits = family.misfits(config)
+        if misfits:
+            raise ConfigError(f"{what} converts each model as the transformers class it is; as a "
+                              f"{family.architecture} this one would need {', '.join(misfits)}")
+    elif is_llama_shaped(config):
         hf_llama.check_llama_shaped(config, what)
+
+
+def class_of(config: ModelConfig) -> str:
+    """The transformers class a model exports as."""
+    family = family_of(config)
+    if family is not None:
+        return family.architecture
+    return hf_llama.architecture_of(config) if is_llama_shaped(config) else "GPT2LMHeadModel"
 
 
 def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
@@ -184,7 +201,12 @@ def _from_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model."""
+    """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or its
+    family's (checkpoint/hf_families/)."""
+    family = family_of(config)
+    if family is not None:
+        check_convertible(config, "the Hugging Face export")
+        return family.pack(family.to_hf(state_dict, config))
     if is_llama_shaped(config):
         return hf_llama.to_llama_state_dict(state_dict, config)
     heads = config.num_attention_heads
@@ -280,7 +302,11 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tie
 def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype):
     # generate() stops at the EOS id, which must be our tokenizer's.
     eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else None
-    if is_llama_shaped(model_config):
+    family = family_of(model_config)
+    if family is not None:
+        hf = family.hf_config(model_config, eod)
+        hf.architectures = [family.architecture]
+    elif is_llama_shaped(model_config):
         hf = hf_llama.llama_hf_config(model_config, eod)
         hf.architectures = [hf_llama.architecture_of(model_config)]
     else:
@@ -347,6 +373,10 @@ def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool
     safetensors file is read tensor by tensor, so the others are never loaded)."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
+    if config.family in FAMILY_WEIGHTS:
+        unpack = FAMILY_WEIGHTS[config.family].unpack or canonical_names
+        state = unpack(_read_weights(hf_dir, keep), config.num_layers)
+        return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
     if config.family in hf_llama.LLAMA_FAMILIES:
         state = hf_llama.canonical_names(_read_weights(hf_dir, keep), config.family)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
@@ -543,6 +573,13 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     config, hf_state = read_hf_model(hf_dir, keep)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
+    if config.family in FAMILY_WEIGHTS:
+        hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+        family = FAMILY_WEIGHTS[config.family]
+        shapes = tensor_shapes(family, model_config)
+        check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
+                          "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
+        return family.from_hf(hf_state, model_config, padded_vocab)
     if config.family in hf_llama.LLAMA_FAMILIES:
         hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
         shapes = hf_llama.llama_tensor_shapes(model_config, config.family)
@@ -585,6 +622,9 @@ def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_
             slices[name] = piece.reshape(-1)
         master[partition_offset:partition_offset + numel].copy_(slices[name][param_offset:param_offset + numel])
     optimizer.load_sharded_state_dict({"master": master})
+    # the routers' correction bias (DeepSeek-V3's e_score_correction_bias): our expert bias, not a parameter
+    restore_expert_biases(model, {name: tensor.tolist() for name, tensor in full.items() if name.endswith(EXPERT_BIAS)},
+                          state.device)
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False
@@ -595,7 +635,10 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     metadata = read_metadata(iteration_dir)
     model_config = ModelConfig.from_record(metadata["config"]["model"])
     refuse_mtp(model_config, "the Hugging Face export")
-    if model_config.moe is not None:  # as a Mixtral or a Qwen2-MoE, or refused naming what it lacks
-        hf_llama.check_llama_shaped(model_config, "the Hugging Face export")
+    if model_config.moe is not None:  # as its family's class, or refused naming what it lacks
+        check_convertible(model_config, "the Hugging Face export")
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
+    # the routers' expert bias (checkpoint/router_state.py), saved by name in the metadata
+    master.update({name: torch.tensor(values, dtype=torch.float32)
+                   for name, values in (metadata.get("expert_bias") or {}).items()})
     return model_config, to_hf_state_dict(master, model_config)

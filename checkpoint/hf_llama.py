@@ -193,13 +193,14 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike):
     rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
-    from transformers import ApertusConfig, LlamaConfig, MixtralConfig, Qwen2MoeConfig
+    from transformers import CONFIG_MAPPING, LlamaConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
-    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig,
-                    APERTUS_TYPE: ApertusConfig}.get(hf.get("model_type"), LlamaConfig)
+    # the family's own config class (MixtralConfig, DeepseekV3Config, ...); a file without model_type is a Llama's
+    model_type = hf.get("model_type")
+    config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else LlamaConfig
     try:
         return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
@@ -243,7 +244,7 @@ def _ours(config: ModelConfig, name: str):
     return getattr(config, name)
 
 
-def _flag_for(name: str, value) -> str:
+def flag_for(name: str, value) -> str:
     """The flag (and value) that sets `name` to `value`."""
     if name == "add_bias_linear":
         return "no --disable-bias-linear" if value else "--disable-bias-linear"
@@ -265,12 +266,13 @@ def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.
             continue
         mine = _ours(model_config, name)
         if theirs != mine:
-            problems.append(f"pass {_flag_for(name, theirs)} (this run has {mine})")
+            problems.append(f"pass {flag_for(name, theirs)} (this run has {mine})")
     if settings["vocab_size"] != model_config.vocab_size:
         problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
                         f"{settings['vocab_size']}, this run's tokenizer has {model_config.vocab_size} tokens")
     if problems:
-        raise ConfigError(f"{source} ({ARCHITECTURE}) does not match this run's model: {'; '.join(problems)}")
+        architecture = (hf.get("architectures") or [ARCHITECTURE])[0]
+        raise ConfigError(f"{source} ({architecture}) does not match this run's model: {'; '.join(problems)}")
 
 
 # ---- weights ------------------------------------------------------------------------------------
@@ -336,9 +338,7 @@ def _kinds(config: ModelConfig) -> tuple[str, ...]:
 def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole (TP 1 layout) state dict under LlamaForCausalLM's names; a tied model has no lm_head."""
     check_llama_shaped(config, "the Hugging Face export")
-    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
-        config.head_dim
-    per_group, vocab = heads // groups, config.vocab_size
+    vocab = config.vocab_size
     out = {"model.embed_tokens.weight": state_dict["word_embeddings.weight"][:vocab],
            "model.norm.weight": state_dict["final_layernorm.weight"]}
     if config.untie_embeddings_and_output_weights:
@@ -351,12 +351,8 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
             out[theirs + "mlp.act_fn.beta"] = torch.tensor(XIELU_BETA)
             out[theirs + "mlp.act_fn.eps"] = torch.tensor(XIELU_EPS)
         for kind in _qkv_kinds(config):
-            qkv = state_dict[ours + "attention.query_key_value." + kind]
-            rest = qkv.shape[1:]
-            qkv = qkv.reshape(groups, per_group + 2, d, *rest)
-            out[theirs + "self_attn.q_proj." + kind] = qkv[:, :per_group].reshape(heads * d, *rest)
-            out[theirs + "self_attn.k_proj." + kind] = qkv[:, per_group].reshape(groups * d, *rest)
-            out[theirs + "self_attn.v_proj." + kind] = qkv[:, per_group + 1].reshape(groups * d, *rest)
+            q, k, v = split_qkv(state_dict[ours + "attention.query_key_value." + kind], config)
+            out.update({theirs + f"self_attn.{p}_proj." + kind: part for p, part in zip("qkv", (q, k, v))})
         for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
@@ -372,10 +368,6 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
                           padded_vocab_size: int, family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
     """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
     values leave them)."""
-    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
-        config.head_dim
-    per_group = heads // groups
-
     def padded(tensor: torch.Tensor) -> torch.Tensor:
         return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
 
@@ -389,11 +381,8 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
             _check_xielu_constants(hf_state, theirs)
             out.update({ours + our_name: hf_state[theirs + their_name] for our_name, their_name in _APERTUS_SAME})
         for kind in _qkv_kinds(config):
-            q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
-            rest = q.shape[1:]
-            fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
-                               v.reshape(groups, 1, d, *rest)], dim=1)
-            out[ours + "attention.query_key_value." + kind] = fused.reshape(-1, *rest)
+            out[ours + "attention.query_key_value." + kind] = fused_qkv(
+                *(hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv"), config)
         for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
@@ -403,6 +392,26 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
             out.update({ours + our_name: hf_state[theirs + their_name]
                         for our_name, their_name in _moe_names(config, family) if theirs + their_name in hf_state})
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our fused QKV weight (or bias) as transformers' q_proj, k_proj and v_proj (the module docstring's layout)."""
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, rest = heads // groups, qkv.shape[1:]
+    qkv = qkv.reshape(groups, per_group + 2, d, *rest)
+    return (qkv[:, :per_group].reshape(heads * d, *rest), qkv[:, per_group].reshape(groups * d, *rest),
+            qkv[:, per_group + 1].reshape(groups * d, *rest))
+
+
+def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """The inverse of `split_qkv`."""
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, rest = heads // groups, q.shape[1:]
+    fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
+                       v.reshape(groups, 1, d, *rest)], dim=1)
+    return fused.reshape(-1, *rest)
 
 
 def _check_xielu_constants(hf_state: dict[str, torch.Tensor], layer: str) -> None:
