@@ -18,7 +18,10 @@ from typing import Optional
 from base.errors import ConfigError
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron-LM's --normalization choices we build
-POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")  # of Megatron-LM's --position-embedding-type
+# of Megatron-LM's --position-embedding-type; yarn is Megatron-Core's YarnRotaryEmbedding (gpt/rotary.py yarn_angles)
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "none")
+ROTARY_TYPES = ("rope", "yarn")
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")  # Megatron-Core's TransformerConfig.softmax_type
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,32 @@ class Architecture:
     # Megatron-LM's --attention-output-gate: the QKV projection also yields a gate per query head, and the
     # attention's output is multiplied by its sigmoid before the output projection (gpt/model.py).
     attention_output_gate: bool = False
+    # Megatron-LM's --softmax-type: attention sinks, a logit per head in the softmax's denominator, 0 (off-by-one)
+    # or learned (gpt/attention_sinks.py; GPT-OSS's sinks)
+    softmax_type: str = "vanilla"
+    # Megatron-LM's --quick-geglu: the gated MLP with quick_gelu(x) = x sigmoid(1.702 x) in SiLU's place (GPT-OSS);
+    # --glu-linear-offset adds to the linear half, --activation-func-clamp-value clamps both halves (gpt/glu.py)
+    quick_geglu: bool = False
+    glu_linear_offset: float = 0.0
+    activation_func_clamp_value: Optional[float] = None
+    # --position-embedding-type yarn's knobs (Megatron-LM's --rotary-scaling-factor, --mscale, --mscale-all-dim and
+    # --yarn-*, gpt/rotary.py yarn_angles)
+    rotary_scaling_factor: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_correction_range_round_to_int: bool = True
+
+    @property
+    def gated_linear_unit(self) -> bool:
+        """The MLP's first projection is a gate and a linear half (SwiGLU's or quick-GeGLU's)."""
+        return self.swiglu or self.quick_geglu
+
+    @property
+    def rotary(self) -> bool:
+        return self.position_embedding_type in ROTARY_TYPES
 
     @property
     def rope_scaling(self) -> Optional[float]:
@@ -84,7 +113,19 @@ class Architecture:
             raise ConfigError(f"--position-embedding-type {self.position_embedding_type} is not implemented: "
                               f"positions here are {', '.join(POSITION_EMBEDDING_TYPES)}",
                               flags=("--position-embedding-type",))
-        if self.position_embedding_type == "rope":
+        if self.position_embedding_type == "yarn":
+            if self.rotary_interleaved:  # YarnRotaryEmbedding.get_emb asserts it
+                raise ConfigError("--position-embedding-type yarn with --rotary-interleaved is not implemented: YaRN "
+                                  "rotates halves (Megatron-Core's YarnRotaryEmbedding asserts it)",
+                                  flags=("--position-embedding-type", "--rotary-interleaved"))
+            if self.rotary_percent != 1.0:
+                raise ConfigError(f"--position-embedding-type yarn with --rotary-percent {self.rotary_percent} is not "
+                                  f"implemented: Megatron-Core's YarnRotaryEmbedding computes its frequencies over "
+                                  f"the whole head", flags=("--position-embedding-type", "--rotary-percent"))
+            if not self.rotary_scaling_factor > 0:
+                raise ConfigError(f"--rotary-scaling-factor must be positive, got {self.rotary_scaling_factor}",
+                                  flags=("--rotary-scaling-factor",))
+        if self.rotary:
             head_dim = head_dim or hidden_size // num_attention_heads
             if not self.rotary_base > 0:
                 raise ConfigError(f"--rotary-base must be positive, got {self.rotary_base}", flags=("--rotary-base",))
@@ -95,6 +136,9 @@ class Architecture:
                 raise ConfigError(f"--rotary-percent {self.rotary_percent} of head dim {head_dim} must rotate an "
                                   "even number of dims, at least 2; choose a percent in (0, 1] that does",
                                   flags=("--rotary-percent",))
+        if self.softmax_type not in SOFTMAX_TYPES:
+            raise ConfigError(f"--softmax-type {self.softmax_type} is not one of {', '.join(SOFTMAX_TYPES)}",
+                              flags=("--softmax-type",))
         groups = self.query_groups(num_attention_heads)
         if groups < 1 or num_attention_heads % groups:  # 0 is refused here, not read as "one per head"
             raise ConfigError(f"--num-query-groups {groups} does not divide --num-attention-heads "

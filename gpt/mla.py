@@ -37,6 +37,7 @@ from torch import nn
 
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import FUSED_CAPABLE_BACKENDS
+from gpt.attention_sinks import attention_with_sinks, sink_logits
 from gpt.model_config import ModelConfig
 from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
@@ -134,6 +135,14 @@ class MLASelfAttention(nn.Module):
                                              bias=False)
         self.linear_proj = plan.linear("attention.linear_proj", heads * config.v_head_dim, h,
                                        init_std=output_init_std, bias=config.add_bias_linear)
+        # --softmax-type: attention sinks (gpt/attention_sinks.py), as SelfAttention's
+        self.softmax_type = config.softmax_type
+        if self.softmax_type == "learnable":
+            self.softmax_offset = set_init_method(nn.Parameter(torch.empty(self.heads_per_rank, device="meta")),
+                                                  InitMethod.normal(std))
+            self.softmax_offset.tensor_parallel_dim = 0
+        else:
+            self.softmax_offset = None
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         config, state = self.config, self.state
@@ -168,7 +177,13 @@ class MLASelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.v_head_dim)
         with _dropout_stream(self.rng), attention_kernels(self.attention_backend):
-            context = mla_core_attention(query, key, value, self.softmax_scale, dropout_p, attention_mask, pad_value)
+            if self.softmax_type != "vanilla":
+                context = attention_with_sinks(query, key, value, sink_logits(self.softmax_offset, self.heads_per_rank,
+                                                                              query),
+                                               dropout_p, attention_mask=attention_mask, scale=self.softmax_scale)
+            else:
+                context = mla_core_attention(query, key, value, self.softmax_scale, dropout_p, attention_mask,
+                                             pad_value)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.v_head_dim)
         return self.linear_proj(context)
 
