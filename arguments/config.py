@@ -764,6 +764,12 @@ class PretrainConfig:
         if model.cp_comm_type not in ("p2p", "all_gather", "a2a"):
             raise ConfigError(f"--cp-comm-type {model.cp_comm_type} is not implemented here: use p2p (the ring), "
                               f"all_gather or a2a (DeepSpeed-Ulysses)", flags=("--cp-comm-type", "--context-parallel-size"))
+        if model.cp_comm_type == "p2p" and any(window is not None for window in model.attention_windows()):
+            # the ring's blocks other than a rank's own are half visible and unmasked (gpt/cp_attention.py); Transformer
+            # Engine too runs sliding windows under context parallelism only with all_gather or a2a
+            raise ConfigError(f"--window-size with --cp-comm-type p2p (the ring) is not implemented: the ring computes "
+                              f"plain causal attention; use --cp-comm-type all_gather or a2a with "
+                              f"--context-parallel-size {cp}", flags=("--window-size", "--cp-comm-type"))
         tp = self.parallel.tensor_model_parallel_size
         heads = model.num_attention_heads // tp
         if model.cp_comm_type == "a2a" and heads % cp:

@@ -100,7 +100,8 @@ def _gpt2(config: HFConfig) -> dict[str, FolderValue]:
             "position_embedding_type": v("learned_absolute", "model_type gpt2"),
             "untie_embeddings_and_output_weights": v(False, "tie_word_embeddings"),
             "add_bias_linear": v(True, "model_type gpt2"), "add_qkv_bias": v(False, "model_type gpt2"),
-            "qk_layernorm": v(False, "model_type gpt2"), "attention_output_gate": v(False, "model_type gpt2")}
+            "qk_layernorm": v(False, "model_type gpt2"), "qk_layernorm_over_projection": v(False, "model_type gpt2"),
+            "attention_output_gate": v(False, "model_type gpt2")}
 
 
 def _apertus(config: HFConfig) -> dict[str, FolderValue]:

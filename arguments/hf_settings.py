@@ -85,7 +85,8 @@ def llama_settings(config: HFConfig) -> dict[str, FolderValue]:
         "untie_embeddings_and_output_weights": v(not config.tie_word_embeddings, "tie_word_embeddings"),
         "add_bias_linear": v(config.attention_bias, "attention_bias"),
         "add_qkv_bias": v(False, "attention_bias"),
-        "qk_layernorm": v(False, "model_type llama"), "attention_output_gate": v(False, "model_type llama")}
+        "qk_layernorm": v(False, "model_type llama"), "qk_layernorm_over_projection": v(False, "model_type llama"),
+        "attention_output_gate": v(False, "model_type llama")}
     if rope.rope_type == "llama3":
         settings["rope_scaling_factor"] = v(rope.factor, f"{rope_key}.factor")
     return settings

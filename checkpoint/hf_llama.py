@@ -85,6 +85,8 @@ def apertus_needs(config: ModelConfig) -> dict[str, bool]:
             "no --attention-output-gate": architecture.attention_output_gate,
             "no --multi-latent-attention": config.multi_latent_attention,
             "--qk-layernorm (Apertus normalizes each query and key head)": not architecture.qk_layernorm,
+            "no --qk-layernorm-over-projection (Apertus's norms act over each head)":
+                architecture.qk_layernorm_over_projection,
             "--disable-bias-linear (Apertus's linears have no biases)": config.add_bias_linear,
             "no --add-qkv-bias": architecture.add_qkv_bias,
             "no --num-experts (Apertus has no experts)": config.moe is not None,

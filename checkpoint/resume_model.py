@@ -59,8 +59,9 @@ def _compared_values(model: dict) -> dict:
                 values.pop(name)
     elif not values["use_rope_scaling"]:
         values.pop("rope_scaling_factor")
-    if isinstance(values["num_experts"], list):  # a per-layer list as the recorded JSON keeps it
-        values["num_experts"] = tuple(values["num_experts"])
+    for name in ("num_experts", "window_size"):  # a per-layer list (the window's sides) as the recorded JSON keeps it
+        if isinstance(values[name], list):
+            values[name] = tuple(values[name])
     if not values["num_experts"] or values["num_experts"] == 1:  # a dense model: the MoE settings are not read
         for name in MOE_COMPARED:
             values.pop(name)
@@ -81,6 +82,8 @@ def _show(value) -> str:
 def _flag_and_value(name: str, value) -> tuple[str, str]:
     if name == "add_bias_linear":  # typed as Megatron-LM's --disable-bias-linear
         return "--disable-bias-linear", _show(not value)
+    if name == "window_size" and value is not None:  # typed LEFT,RIGHT
+        return "--window-size", ",".join(map(str, value))
     return flag_of_setting(ModelConfig, name), _show(value)
 
 

@@ -13,9 +13,10 @@ validation). Megatron-DeepSpeed's spellings map onto them in arguments/megatron/
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from base.errors import ConfigError
+from gpt.attention_window import layer_windows
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron-LM's --normalization choices we build
 # of Megatron-LM's --position-embedding-type; yarn is Megatron-Core's YarnRotaryEmbedding (gpt/rotary.py yarn_angles)
@@ -45,9 +46,16 @@ class Architecture:
     add_qkv_bias: bool = False
     # Megatron-LM's --qk-layernorm: the model's normalization over each query and key head (Qwen3).
     qk_layernorm: bool = False
+    # With it: the norms over the whole query and key projections instead of each head (OLMo 2; gpt/norms.py
+    # ProjectionNorm)
+    qk_layernorm_over_projection: bool = False
     # Megatron-LM's --attention-output-gate: the QKV projection also yields a gate per query head, and the
     # attention's output is multiplied by its sigmoid before the output projection (gpt/model.py).
     attention_output_gate: bool = False
+    # Megatron-LM's --window-size (left, right) and --window-attn-skip-freq: sliding-window attention on the layers
+    # the frequency picks (gpt/attention_window.py)
+    window_size: Optional[tuple] = None
+    window_attn_skip_freq: Union[None, int, str] = None
     # Megatron-LM's --softmax-type: attention sinks, a logit per head in the softmax's denominator, 0 (off-by-one)
     # or learned (gpt/attention_sinks.py; GPT-OSS's sinks)
     softmax_type: str = "vanilla"
@@ -82,6 +90,11 @@ class Architecture:
     @property
     def qkv_bias(self) -> bool:
         return self.add_bias_linear or self.add_qkv_bias
+
+    def attention_windows(self, num_layers: int) -> tuple[Optional[int], ...]:
+        """Per layer (0-based): the keys before each query its attention sees, or None for the whole causal
+        context."""
+        return layer_windows(self.window_size, self.window_attn_skip_freq, num_layers)
 
     def query_groups(self, num_attention_heads: int) -> int:
         return num_attention_heads if self.num_query_groups is None else self.num_query_groups

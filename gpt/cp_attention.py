@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt.attention_sinks import attention_with_sinks, sink_rescaled
+from gpt.attention_window import causal_window_mask, window_visible
 from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift, shift
 from parallel.state import ParallelState
 
@@ -53,14 +54,17 @@ def group_positions(local_length: int, state: ParallelState, device: torch.devic
 
 
 def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                         dropout_p: float = 0.0, enable_gqa: bool = False,
+                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
                          sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position."""
+    """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position (and
+    within `window` keys before each query where one is given); `sinks`: a sink logit per query head."""
     local = query.shape[2]
     keys = all_gather_sequence(key, state, dim=2)
     values = all_gather_sequence(value, state, dim=2)
     query_positions = local_positions(local, state.context_parallel_size, state.context_parallel_rank, query.device)
-    visible = group_positions(local, state, query.device)[None, :] <= query_positions[:, None]
+    key_positions = group_positions(local, state, query.device)
+    visible = key_positions[None, :] <= query_positions[:, None] if window is None else \
+        window_visible(query_positions, key_positions, window)
     if sinks is not None:
         return attention_with_sinks(query, keys, values, sinks, dropout_p, enable_gqa, attention_mask=visible)
     grouped = {"enable_gqa": True} if enable_gqa else {}
@@ -260,7 +264,7 @@ def heads_to_sequence(tensor: torch.Tensor, state: ParallelState, positions: tor
 
 
 def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                         dropout_p: float = 0.0, enable_gqa: bool = False,
+                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
                          sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
     one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
@@ -276,24 +280,30 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     order = torch.argsort(positions)
     query, key, value = (sequence_to_heads(t, state, order) for t in (query, key, value))
     grouped = {"enable_gqa": True} if enable_gqa and key.shape[1] != query.shape[1] else {}
+    # the whole sequence in order: plain causal attention, or the sliding window's mask over it
+    window_mask = None if window is None else causal_window_mask(query.shape[2], window, query.device)
     if sinks is not None:  # this rank's head group's (CP rank j holds group j of the heads)
         group = query.shape[1]
         sinks = sinks[state.context_parallel_rank * group:(state.context_parallel_rank + 1) * group]
-        context = attention_with_sinks(query, key, value, sinks, dropout_p, bool(grouped))
+        context = attention_with_sinks(query, key, value, sinks, dropout_p, bool(grouped), attention_mask=window_mask)
         return heads_to_sequence(context, state, positions)
-    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True, **grouped)
+    masking = {"is_causal": True} if window is None else {"attn_mask": window_mask}
+    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, **masking, **grouped)
     return heads_to_sequence(context, state, positions)
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                                comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False,
-                               sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`; `sinks`: a sink logit per
-    query head (gpt/attention_sinks.py)."""
+                               window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`; with a sliding `window`
+    (gpt/attention_window.py) over all_gather's or a2a's positions (the ring takes none: arguments/config.py);
+    `sinks`: a sink logit per query head (gpt/attention_sinks.py)."""
     if comm_type == "all_gather":
-        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, sinks)
+        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window, sinks)
     if comm_type == "p2p":
+        if window is not None:
+            raise ValueError("the ring (--cp-comm-type p2p) computes plain causal attention: no sliding window")
         return ring_attention(query, key, value, state, dropout_p, sinks)
     if comm_type == "a2a":
-        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, sinks)
+        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window, sinks)
     raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather or a2a")

@@ -43,6 +43,7 @@ from gpt.architecture import GPT2, Architecture
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
 from gpt.attention_sinks import attention_with_sinks, sink_logits
+from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
 from gpt.glu import gated_activation
 from gpt.mla import MLASelfAttention
@@ -51,7 +52,7 @@ from gpt.model_config import ModelConfig
 from gpt.moe.balancing import MoELossTracker
 from gpt.moe.layer import MoELayer
 from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
-from gpt.norms import HeadNorm, normalization
+from gpt.norms import HeadNorm, ProjectionNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, rotary_angles, yarn_angles
 from gpt.stage_layers import StageLayers, whole_model
@@ -99,9 +100,12 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 architecture: Architecture = GPT2):
+                 architecture: Architecture = GPT2, window: Optional[int] = None):
+        """`window`: this layer's sliding window, the keys before each query it sees (gpt/attention_window.py), or
+        None for the whole causal context."""
         super().__init__()
         self.rng = rng
+        self.window = window
         state = plan.state
         tp = state.tensor_parallel_size
         self.heads_per_rank = config.num_attention_heads // tp
@@ -120,7 +124,14 @@ class SelfAttention(nn.Module):
         # rotary angles at their global positions, attention over the whole sequence (gpt/cp_attention.py).
         self.context_parallel = state if state.context_parallel_size > 1 else None
         self.cp_comm_type = config.cp_comm_type
-        if architecture.qk_layernorm:
+        self.norm_over_projection = architecture.qk_layernorm and architecture.qk_layernorm_over_projection
+        if self.norm_over_projection:  # OLMo 2's: over all heads' features (their TP slices: gpt/norms.py)
+            groups = architecture.query_groups(config.num_attention_heads)
+            self.q_layernorm = ProjectionNorm(architecture.normalization, config.num_attention_heads * config.head_dim,
+                                              config.layernorm_epsilon, state)
+            self.k_layernorm = ProjectionNorm(architecture.normalization, groups * config.head_dim,
+                                              config.layernorm_epsilon, state)
+        elif architecture.qk_layernorm:
             self.q_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
             self.k_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
         else:
@@ -172,11 +183,16 @@ class SelfAttention(nn.Module):
         with dropout_stream(self.rng), attention_kernels(self.attention_backend):
             if self.context_parallel is not None:  # document masks are refused with CP (arguments/config.py)
                 context = context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type,
-                                                     dropout_p, enable_gqa=self.native_gqa, sinks=sinks)
+                                                     dropout_p, enable_gqa=self.native_gqa, window=self.window,
+                                                     sinks=sinks)
             elif sinks is not None:
+                if self.window is not None:  # the sliding window, over the documents' mask where there is one
+                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
                 context = attention_with_sinks(query, key, value, sinks, dropout_p, enable_gqa=self.native_gqa,
                                                attention_mask=attention_mask)
             else:
+                if self.window is not None:  # the sliding window, over the documents' mask where there is one
+                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
                 context = attention_at_head_dim(query, key, value, head_dim, dropout_p=dropout_p,
                                                 enable_gqa=self.native_gqa, attention_mask=attention_mask)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
@@ -199,7 +215,10 @@ class SelfAttention(nn.Module):
             if self.output_gate:  # head g * per_group + j's gate, in the order the context's heads have
                 gate = qkv[:, :, :, per_group:query_heads].reshape(batch, seq, self.heads_per_rank * self.head_dim)
             key, value = (qkv[:, :, :, index].transpose(1, 2) for index in (query_heads, query_heads + 1))
-        if self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
+        if self.norm_over_projection:  # each [batch, heads, seq, d] as [batch, seq, heads x d], in head order
+            query, key = (_heads_as_features(norm, heads)
+                          for norm, heads in ((self.q_layernorm, query), (self.k_layernorm, key)))
+        elif self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
             query, key = self.q_layernorm(query), self.k_layernorm(key)
         if self.rotary:
             positions = positions_on_this_rank(seq, self.context_parallel, hidden.device) \
@@ -225,6 +244,13 @@ class SelfAttention(nn.Module):
                                arch.yarn_correction_range_round_to_int, arch.mscale, arch.mscale_all_dim)
         return rotary_angles(length, self.rotary_dim, self.rotary_base, device, self.rope_scaling,
                              self.rotary_interleaved)
+
+
+def _heads_as_features(norm: nn.Module, heads: torch.Tensor) -> torch.Tensor:
+    """`norm` applied to [batch, heads, seq, d] as the projection's [batch, seq, heads x d] features."""
+    batch, count, seq, dim = heads.shape
+    features = norm(heads.transpose(1, 2).reshape(batch, seq, count * dim))
+    return features.view(batch, seq, count, dim).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -272,8 +298,10 @@ class TransformerBlock(nn.Module):
         h, eps = config.hidden_size, config.layernorm_epsilon
         self.input_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("input_layernorm"))
         # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
+        # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
+        window = architecture.attention_windows(config.num_layers)[kind_of]
         self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config)) \
-            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture)
+            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window)
         self.post_attention_layernorm = normalization(architecture.normalization, h, eps,
                                                       plan.norm_state("post_attention_layernorm"))
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)

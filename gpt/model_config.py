@@ -15,6 +15,7 @@ from typing import Optional, Union
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, SOFTMAX_TYPES, Architecture
+from gpt.attention_window import check_window_size, window_size_value
 from gpt.moe.settings import (
     MoESettings,
     OneExpertCount,
@@ -117,6 +118,10 @@ class ModelConfig:
                                 help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
     qk_layernorm: bool = option(False, action="store_true",
                                 help="--normalization over each query and key head before attention (Qwen3)")
+    qk_layernorm_over_projection: bool = option(
+        False, action="store_true",
+        help="with --qk-layernorm: the norms act over the whole query projection (heads x head dim) and the whole "
+             "key projection, one gain per feature, instead of over each head (OLMo 2, OLMoE)")
     attention_output_gate: bool = option(
         False, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
@@ -143,6 +148,17 @@ class ModelConfig:
     yarn_beta_slow: float = option(1.0, help="with --position-embedding-type yarn: YaRN's beta_slow")
     yarn_correction_range_round_to_int: bool = option(
         True, help="with --position-embedding-type yarn: round the correction range to whole dims")
+    # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;
+    # gpt/attention_window.py): Mistral, Gemma 2/3, GPT-OSS, Phi-3
+    window_size: Optional[tuple] = option(
+        None, type=window_size_value, metavar="LEFT,RIGHT",
+        help="sliding-window attention: a query sees itself and the LEFT keys before it (-1: no limit; attention "
+             "is causal, so RIGHT is 0 whatever it says); default: the whole causal context")
+    window_attn_skip_freq: Union[None, int, str] = option(
+        None, type=moe_freq_value,
+        help="with --window-size, which layers have the window: N gives every layer but each N-th (1-based) a "
+             "window; a list expression gives one 1 (window) or 0 (full attention) per layer, e.g. '([1]*5+[0])*4'; "
+             "default: every layer")
     # Megatron-LM's multi-latent attention (DeepSeek-V2/V3; gpt/mla.py), its flags and dests: MLATransformerConfig's
     # fields, with megatron/training/arguments.py's defaults (kv_lora_rank 32 there, rotary_scaling_factor 1.0).
     multi_latent_attention: bool = option(
@@ -296,6 +312,8 @@ class ModelConfig:
         # a per-layer --num-experts read back from a recorded config (JSON) is a list: the same tuple as parsed
         if isinstance(self.num_experts, list):
             object.__setattr__(self, "num_experts", tuple(self.num_experts))
+        if isinstance(self.window_size, list):  # the same, for the window's two sides
+            object.__setattr__(self, "window_size", tuple(self.window_size))
 
     @property
     def architecture(self) -> Architecture:
@@ -351,6 +369,11 @@ class ModelConfig:
     def expert_counts(self) -> tuple[int, ...]:
         """The distinct numbers of experts of the MoE layers, smallest first."""
         return tuple(sorted({count for count in self.experts_per_layer() if count > 1}))
+
+    def attention_windows(self) -> tuple[Optional[int], ...]:
+        """Per layer (0-based): the keys before each query its attention sees (--window-size's left side), or None
+        for the whole causal context (gpt/attention_window.py)."""
+        return self.architecture.attention_windows(self.num_layers)
 
     @property
     def ffn_size(self) -> int:
@@ -539,6 +562,16 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
+        if self.qk_layernorm_over_projection and not self.qk_layernorm:
+            raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
+                              "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))
+        check_window_size(self.window_size)
+        if any(window is not None for window in self.attention_windows()) and self.multi_latent_attention:
+            # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
+            # layer")
+            raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "
+                              "sees the whole causal context, as in Megatron-Core",
+                              flags=("--window-size", "--multi-latent-attention"))
         self._check_multi_latent_attention()
         counts = self.num_experts if isinstance(self.num_experts, tuple) else (self.num_experts or 0,)
         if min(counts) < 0:

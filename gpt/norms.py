@@ -1,5 +1,6 @@
 """The blocks' normalization: LayerNorm (GPT-2, with bias) or RMSNorm (Llama, gain only); and the
-per-head norms of --qk-layernorm.
+per-head norms of --qk-layernorm, or with --qk-layernorm-over-projection its norms over the whole query and key
+projections (OLMo 2).
 
 Under sequence parallelism a block's norms see only this rank's slice of the sequence, so the gradient
 of their (replicated) gain and bias is a partial sum: they enter through `copy`, whose backward
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel.init import InitMethod, set_init_method
-from parallel.mappings import copy_to_tensor_parallel_region
+from parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
 from parallel.state import ParallelState
 
 
@@ -102,3 +103,47 @@ class HeadNorm(nn.Module):
             return rms_norm(heads, weight, self.eps)
         bias = copy_to_tensor_parallel_region(self.bias, self.state)
         return F.layer_norm(heads, (self.head_dim,), weight, bias, self.eps)
+
+
+class ProjectionNorm(nn.Module):
+    """--qk-layernorm-over-projection (OLMo 2's and OLMoE's q_norm / k_norm: transformers' Olmo2Attention normalizes
+    q_proj's whole output, heads x head_dim wide, and k_proj's, before splitting it into heads): the model's
+    normalization over the whole projection, its gain one weight per projected feature.
+
+    Under tensor parallelism a rank holds its heads' features (whole key/value groups, gpt/model.py): the gain is
+    split as the QKV rows are (tensor_parallel_dim 0), and the statistics over the whole projection are sums over
+    the TP group, all-reduced in forward and in backward (each rank's features feed every rank's normalization).
+    Megatron-Bridge's OLMoESelfAttention normalizes each partition's features alone instead, which equals the
+    transformers model only at TP 1."""
+
+    def __init__(self, kind: str, width: int, eps: float, state: ParallelState):
+        super().__init__()
+        tp = state.tensor_parallel_size
+        if width % tp:
+            raise ValueError(f"a projection of {width} features does not split over {tp} tensor-parallel ranks")
+        self.kind, self.width, self.eps, self.state = kind, width, eps, state
+        self.weight = set_init_method(nn.Parameter(torch.empty(width // tp, device="meta")), InitMethod.ones())
+        self.weight.tensor_parallel_dim = 0
+        if kind == "RMSNorm":
+            self.register_parameter("bias", None)
+        else:
+            self.bias = set_init_method(nn.Parameter(torch.empty(width // tp, device="meta")), InitMethod.zeros())
+            self.bias.tensor_parallel_dim = 0
+
+    def _mean(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean over the whole projection's last dim, of which this rank holds a slice."""
+        if self.state.tensor_parallel_size == 1:
+            return values.mean(-1, keepdim=True)
+        total = copy_to_tensor_parallel_region(values.sum(-1, keepdim=True), self.state)
+        return reduce_from_tensor_parallel_region(total, self.state) / self.width
+
+    def forward(self, projected: torch.Tensor) -> torch.Tensor:
+        """`projected` [..., this rank's features] -> the same shape, normalized over all ranks' features."""
+        as_float = projected.float()
+        if self.bias is None:
+            # the gain applied in fp32, then cast: Olmo2RMSNorm's `(self.weight * hidden_states).to(input_dtype)`
+            normed = as_float * torch.rsqrt(self._mean(as_float.pow(2)) + self.eps)
+            return (self.weight * normed).to(projected.dtype)
+        centered = as_float - self._mean(as_float)
+        normed = centered * torch.rsqrt(self._mean(centered.pow(2)) + self.eps)
+        return (self.weight * normed + self.bias).to(projected.dtype)

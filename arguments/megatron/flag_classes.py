@@ -196,7 +196,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("multi-latent attention's inference or fusion knob: latents cached for decoding (inference only), and the "
      "down projections fused into one matmul, compute the same training step", _names("""
         --cache-mla-latents --mla-down-proj-fusion""")),
-    ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, sliding windows, gated "
+    ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, gated "
      "linear units, hyper-connections, Mamba and hybrid stacks); their switches are refused, so it has no effect",
      _names("""
         --dsa-indexer-head-dim --dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 --dsa-indexer-loss-coeff
@@ -205,7 +205,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --disable-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu --disable-dsa-indexer-scoring-relu
         --linear-attention-freq --linear-conv-kernel-dim --linear-key-head-dim --linear-num-key-heads
         --linear-num-value-heads --linear-value-head-dim --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
-        --gdp-num-householder --window-attn-skip-freq --use-fused-weighted-squared-relu
+        --gdp-num-householder --use-fused-weighted-squared-relu
         --fused-residual-rmsnorm --mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num
         --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
         --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
@@ -337,9 +337,9 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "and key heads), as in GPT-2 and Llama", _names("""
         --apply-residual-connection-post-layernorm --qk-l2-norm --embed-layernorm""")),
     ("not implemented: multi-head, grouped-query (--num-query-groups) or multi-latent (--multi-latent-attention) "
-     "attention over the whole causal context",
+     "attention over the causal context (or a sliding window of it, --window-size)",
      _names("""
-        --window-size --experimental-attention-variant""")),
+        --experimental-attention-variant""")),
     ("not implemented: every block is the same GPT-2 block", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
         --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),

@@ -137,3 +137,42 @@ def test_attention_sinks_output_and_gradients_equal_the_full_sequence(comm_type)
             torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
     summed = sum(torch.from_numpy(pieces[4]) for pieces in results)
     torch.testing.assert_close(summed, full[4], rtol=1e-5, atol=1e-6)
+
+
+WINDOW = 5  # keys before each query: shorter than a rank's chunks (8) and than the sequence
+
+
+def _full_windowed(kv_heads):
+    from gpt.attention_window import causal_window_mask
+
+    q, k, v, grad = _inputs(kv_heads)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_window_mask(SEQ, WINDOW, q.device),
+                                         enable_gqa=kv_heads != HEADS)
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _windowed_cp_rank(rank, world_size, comm_type, kv_heads):
+    state = initialize("cpu", context_parallel_size=world_size)
+    try:
+        q, k, v, grad = _inputs(kv_heads)
+        local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
+                 for t in (q, k, v)]
+        out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS, window=WINDOW)
+        out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
+        return [t.numpy() for t in (out.detach(), *(t.grad for t in local))]
+    finally:
+        destroy(state)
+
+
+@pytest.mark.parametrize("comm_type", ["all_gather", "a2a"])
+def test_a_sliding_window_over_the_ranks_chunks_equals_the_full_sequences(comm_type):
+    """--window-size under context parallelism: the window by global positions (gpt/attention_window.py), with
+    grouped-query key/value heads; the ring (p2p) is refused with a window (arguments/config.py)."""
+    cp, kv_heads = 2, 2
+    full = _full_windowed(kv_heads)
+    for rank, pieces in enumerate(run_distributed(_windowed_cp_rank, cp, comm_type, kv_heads, timeout=120)):
+        for name, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
+            torch.testing.assert_close(torch.from_numpy(got), take_local_chunks(whole, cp, rank, dim=2), rtol=1e-5,
+                                       atol=1e-6, msg=f"{comm_type} rank {rank} {name}")
