@@ -6,8 +6,8 @@ Qwen2-MoE, Apertus); each family's weights are mapped in checkpoint/hf_families/
 
 from __future__ import annotations
 
-from arguments.hf_families import deepseek_v3, glm4_moe, qwen3_moe
+from arguments.hf_families import deepseek_v3, glm4_moe, gpt_oss, olmoe, qwen3_moe
 from arguments.hf_settings import FamilyReader
 
 FAMILY_READERS: dict[str, FamilyReader] = {reader.model_type: reader for reader in (
-    qwen3_moe.READER, deepseek_v3.READER, glm4_moe.READER)}
+    qwen3_moe.READER, deepseek_v3.READER, gpt_oss.READER, olmoe.READER, glm4_moe.READER)}

@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Optional
 
 from arguments.config import ModelConfig
-from checkpoint.hf_families import deepseek_v3, glm4_moe, qwen3_moe
+from checkpoint.hf_families import deepseek_v3, glm4_moe, gpt_oss, olmoe, qwen3_moe
 from checkpoint.hf_families.layout import FamilyWeights
 from checkpoint.hf_llama import is_apertus
 
 # In the order `family_of` asks them: each claims models by the feature the later ones lack.
 FAMILY_WEIGHTS: dict[str, FamilyWeights] = {weights.model_type: weights for weights in (
-    deepseek_v3.WEIGHTS, glm4_moe.WEIGHTS, qwen3_moe.WEIGHTS)}
+    gpt_oss.WEIGHTS, deepseek_v3.WEIGHTS, olmoe.WEIGHTS, glm4_moe.WEIGHTS, qwen3_moe.WEIGHTS)}
 
 
 def family_of(config: ModelConfig) -> Optional[FamilyWeights]:

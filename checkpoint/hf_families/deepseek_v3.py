@@ -43,7 +43,7 @@ def misfits(config: ModelConfig) -> list[str]:
         "swiglu": True, "qk_layernorm": True, "add_bias_linear": False, "multi_latent_attention": True,
         "q_lora_rank": (lambda v: v is not None, "--q-lora-rank"),
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-        "moe_shared_expert_gate": False,
+        "moe_shared_expert_gate": False, "window_size": None,
         "layernorm_epsilon": (lambda v: v == LATENT_NORM_EPS, f"--norm-epsilon {LATENT_NORM_EPS} (DeepseekV3's "
                                                               f"latent norms run at it)")})
     if moe.router_topk == 1:

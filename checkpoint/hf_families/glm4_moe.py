@@ -35,7 +35,7 @@ def misfits(config: ModelConfig) -> list[str]:
     found = llama_block_misfits(config) + first_dense_misfits(config) + needs(config, {
         "swiglu": True, "position_embedding_type": "rope", "use_rope_scaling": False, "add_bias_linear": False,
         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-        "moe_shared_expert_gate": False})
+        "moe_shared_expert_gate": False, "window_size": None})
     if moe.router_topk == 1:
         found.append("--moe-router-topk above 1 (Glm4Moe's norm_topk_prob renormalizes one expert's score to 1)")
     if moe.router_group_topk and moe.router_topk // moe.router_group_topk != 2:

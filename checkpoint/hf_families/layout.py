@@ -100,9 +100,19 @@ def first_dense_count(config: ModelConfig) -> int:
 
 
 def rope_parameters(config: ModelConfig) -> dict:
-    """transformers' rope_parameters for our rotary settings (plain, Llama 3's scaling, or YaRN)."""
+    """transformers' rope_parameters for our rotary settings (plain, Llama 3's scaling, or YaRN: transformers'
+    _compute_yarn_parameters reads mscale and mscale_all_dim only together, else YaRN's default concentration,
+    Megatron's at --mscale 1 --mscale-all-dim 0)."""
     from checkpoint.hf_llama import rope_parameters as llama_rope
 
+    if config.position_embedding_type == "yarn":
+        parameters = {"rope_type": "yarn", "rope_theta": config.rotary_base, "factor": config.rotary_scaling_factor,
+                      "beta_fast": config.yarn_beta_fast, "beta_slow": config.yarn_beta_slow,
+                      "original_max_position_embeddings": config.yarn_original_max_position_embeddings,
+                      "truncate": config.yarn_correction_range_round_to_int}
+        if config.mscale_all_dim:
+            parameters.update(mscale=config.mscale, mscale_all_dim=config.mscale_all_dim)
+        return parameters
     parameters = llama_rope(config)
     if config.rotary_percent != 1.0:
         parameters["partial_rotary_factor"] = config.rotary_percent

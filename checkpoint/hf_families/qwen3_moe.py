@@ -36,7 +36,7 @@ def misfits(config: ModelConfig) -> list[str]:
         "moe_router_score_function": "softmax", "moe_router_topk_scaling_factor": (lambda v: not v, "no "
                                                                                    "--moe-router-topk-scaling-factor"),
         "moe_router_num_groups": None, "moe_router_enable_expert_bias": False,
-        "moe_shared_expert_intermediate_size": None})
+        "moe_shared_expert_intermediate_size": None, "window_size": None})
     return found
 
 
