@@ -193,6 +193,11 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("multimodal or relative position embeddings' knob: positions here are learned, rotary (rope, yarn) or none "
      "(--position-embedding-type), so it has no effect", _names("""
         --mrope-section --relative-attention-num-buckets --relative-attention-max-distance""")),
+    ("NVIDIA ModelOpt's GPT-OSS switch: its YaRN settings reach the model only through ModelOpt's model builder, which "
+     "Megatron-LM's pretrain_gpt.py runs for a loaded ModelOpt checkpoint (megatron/post_training/model_builder.py, "
+     "model_provider.py's modelopt_enabled); a pretraining launch builds the model from its flags "
+     "(--position-embedding-type yarn and the --yarn-* flags set GPT-OSS's positions here)", _names("""
+        --enable-gpt-oss""")),
     ("multi-latent attention's inference or fusion knob: latents cached for decoding (inference only), and the "
      "down projections fused into one matmul, compute the same training step", _names("""
         --cache-mla-latents --mla-down-proj-fusion""")),
@@ -325,7 +330,7 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --export-quant-cfg --export-kd-teacher-load --export-kd-teacher-model-config --export-kd-teacher-ckpt-format
         --export-kd-cfg --finetune-hf-dataset --finetune-data-split --finetune-data-files --qad-train-target
         --freeze-base-for-mtp --export-qk-l2-norm --export-moe-apply-probs-on-input --export-offline-model
-        --modelopt-enabled --enable-gpt-oss""")),
+        --modelopt-enabled""")),
     ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu), "
      "SwiGLU (--swiglu) or quick-GeGLU (--quick-geglu)", _names("""
         --glu-activation""")),
