@@ -337,14 +337,34 @@ def _kinds(config: ModelConfig) -> tuple[str, ...]:
     return ("weight", "bias") if config.add_bias_linear else ("weight",)
 
 
+def ends_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A Llama-shaped model's tensors outside its layers under transformers' names: the embedding (our padding rows
+    cut), the final norm and an untied output layer (a tied model has no lm_head)."""
+    vocab = config.vocab_size
+    out = {"model.embed_tokens.weight": state["word_embeddings.weight"][:vocab],
+           "model.norm.weight": state["final_layernorm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = state["output_layer.weight"][:vocab]
+    return out
+
+
+def ends_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig, padded_vocab_size: int
+                 ) -> dict[str, torch.Tensor]:
+    """The inverse of `ends_to_hf`: the vocabulary's padding rows are zeros (as our initial values leave them)."""
+    def padded(tensor: torch.Tensor) -> torch.Tensor:
+        return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
+
+    out = {"word_embeddings.weight": padded(hf_state["model.embed_tokens.weight"]),
+           "final_layernorm.weight": hf_state["model.norm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
+    return out
+
+
 def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole (TP 1 layout) state dict under LlamaForCausalLM's names; a tied model has no lm_head."""
     check_llama_shaped(config, "the Hugging Face export")
-    vocab = config.vocab_size
-    out = {"model.embed_tokens.weight": state_dict["word_embeddings.weight"][:vocab],
-           "model.norm.weight": state_dict["final_layernorm.weight"]}
-    if config.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = state_dict["output_layer.weight"][:vocab]
+    out = ends_to_hf(state_dict, config)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         if is_apertus(config):
@@ -370,13 +390,7 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
                           padded_vocab_size: int, family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
     """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
     values leave them)."""
-    def padded(tensor: torch.Tensor) -> torch.Tensor:
-        return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
-
-    out = {"word_embeddings.weight": padded(hf_state["model.embed_tokens.weight"]),
-           "final_layernorm.weight": hf_state["model.norm.weight"]}
-    if config.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
+    out = ends_from_hf(hf_state, config, padded_vocab_size)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         if is_apertus(config):

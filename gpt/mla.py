@@ -41,7 +41,7 @@ from gpt.attention_sinks import attention_with_sinks, sink_logits
 from gpt.model_config import ModelConfig
 from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
-from gpt.rotary import apply_rotary, inverse_frequencies, yarn_get_mscale, yarn_inverse_frequencies
+from gpt.rotary import apply_rotary, inverse_frequencies, yarn_angles, yarn_get_mscale
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_sequence_parallel_region
 from parallel.random import TensorParallelRNG
@@ -62,17 +62,13 @@ def mla_rotary_angles(config: ModelConfig, seq_length: int, device: torch.device
     apply_rotary_pos_emb multiplies cos and sin by the mscale YarnRotaryEmbedding returns)."""
     dim = config.qk_pos_emb_head_dim
     if config.rope_type in (None, "yarn"):
-        frequencies = yarn_inverse_frequencies(dim, config.rotary_base, config.rotary_scaling_factor,
-                                               MLA_YARN_ORIGINAL_MAX_POSITIONS, MLA_YARN_BETA_FAST,
-                                               MLA_YARN_BETA_SLOW, device)
-        # _yarn_get_concentration_factor
-        concentration = (yarn_get_mscale(config.rotary_scaling_factor, config.mscale)
-                         / yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim))
-    else:
-        frequencies, concentration = inverse_frequencies(dim, config.rotary_base, device), 1.0
-    angles = torch.outer(torch.arange(seq_length, dtype=torch.float32, device=device), frequencies)
+        return yarn_angles(seq_length, dim, config.rotary_base, device, config.rotary_scaling_factor,
+                           MLA_YARN_ORIGINAL_MAX_POSITIONS, MLA_YARN_BETA_FAST, MLA_YARN_BETA_SLOW,
+                           round_to_int=True, mscale=config.mscale, mscale_all_dim=config.mscale_all_dim)
+    angles = torch.outer(torch.arange(seq_length, dtype=torch.float32, device=device),
+                         inverse_frequencies(dim, config.rotary_base, device))
     angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos() * concentration, angles.sin() * concentration
+    return angles.cos(), angles.sin()
 
 
 def mla_softmax_scale(config: ModelConfig) -> float:

@@ -12,13 +12,12 @@ from checkpoint.hf_families.common_config import common_fields
 from checkpoint.hf_families.layout import (
     FamilyWeights,
     attention_names,
+    by_layer_names,
     first_dense_count,
     first_dense_misfits,
-    from_hf_layers,
     layer_mlp_names,
     llama_block_misfits,
     needs,
-    to_hf_layers,
 )
 
 MODEL_TYPE, ARCHITECTURE = "glm4_moe", "Glm4MoeForCausalLM"
@@ -65,12 +64,7 @@ def _layer_names(config: ModelConfig, layer: int) -> list[tuple[str, str]]:
     return attention_names(config, o_bias=False) + layer_mlp_names(config, layer)
 
 
-def to_hf(state: dict, config: ModelConfig) -> dict:
-    return to_hf_layers(state, config, lambda i: _layer_names(config, i))
-
-
-def from_hf(hf_state: dict, config: ModelConfig, padded_vocab: int) -> dict:
-    return from_hf_layers(hf_state, config, padded_vocab, lambda i: _layer_names(config, i))
+to_hf, from_hf = by_layer_names(_layer_names)
 
 
 WEIGHTS = FamilyWeights(MODEL_TYPE, ARCHITECTURE, claims, misfits, hf_config, to_hf, from_hf)

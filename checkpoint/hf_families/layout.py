@@ -19,7 +19,7 @@ import torch
 
 from arguments.config import ModelConfig
 from base.errors import ConfigError
-from checkpoint.hf_llama import flag_for, fused_qkv, split_qkv
+from checkpoint.hf_llama import ends_from_hf, ends_to_hf, flag_for, fused_qkv, split_qkv
 
 EXPERT_BIAS = "mlp.router.expert_bias"  # our name inside a block (checkpoint/router_state.py's SUFFIX)
 # Tensors of quantized releases (DeepSeek-V3's fp8 blocks: weight_scale_inv; GPT-OSS's MXFP4: *_blocks, *_scales)
@@ -169,11 +169,7 @@ def to_hf_layers(state: dict, config: ModelConfig, layer_names: Callable[[int], 
                  fused_qkv_names: bool = True) -> dict[str, torch.Tensor]:
     """Our state under the family's names: the embedding (our padding rows cut), the final norm, an untied output
     layer, each layer's `layer_names(i)` as they are, and q, k, v from our fused QKV (`fused_qkv_names`)."""
-    vocab = config.vocab_size
-    out = {"model.embed_tokens.weight": state["word_embeddings.weight"][:vocab],
-           "model.norm.weight": state["final_layernorm.weight"]}
-    if config.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = state["output_layer.weight"][:vocab]
+    out = ends_to_hf(state, config)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         out.update({theirs + their: state[ours + our] for our, their in layer_names(i) if ours + our in state})
@@ -189,13 +185,7 @@ def from_hf_layers(hf_state: dict, config: ModelConfig, padded_vocab: int,
                    ) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf_layers`: padding rows of the vocabulary zero; a tensor `hf_state` lacks is left out (an
     expert another expert-parallel rank holds, checkpoint/hf.py expert_filter)."""
-    def padded(tensor: torch.Tensor) -> torch.Tensor:
-        return torch.cat([tensor, tensor.new_zeros(padded_vocab - tensor.shape[0], tensor.shape[1])])
-
-    out = {"word_embeddings.weight": padded(hf_state["model.embed_tokens.weight"]),
-           "final_layernorm.weight": hf_state["model.norm.weight"]}
-    if config.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
+    out = ends_from_hf(hf_state, config, padded_vocab)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         out.update({ours + our: hf_state[theirs + their] for our, their in layer_names(i) if theirs + their in hf_state})
@@ -204,6 +194,19 @@ def from_hf_layers(hf_state: dict, config: ModelConfig, padded_vocab: int,
                 out[ours + "attention.query_key_value." + kind] = fused_qkv(
                     *(hf_state[theirs + f"self_attn.{p}_proj.{kind}"] for p in "qkv"), config)
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def by_layer_names(layer_names: Callable[[ModelConfig, int], list[tuple[str, str]]], fused_qkv_names: bool = True
+                   ) -> tuple[Callable[[dict, ModelConfig], dict], Callable[[dict, ModelConfig, int], dict]]:
+    """A family's to_hf and from_hf (FamilyWeights) where a layer's tensors are `layer_names(config, i)` as they are,
+    beside the ends and, with `fused_qkv_names`, q, k and v from our fused QKV."""
+    def to_hf(state: dict, config: ModelConfig) -> dict:
+        return to_hf_layers(state, config, lambda i: layer_names(config, i), fused_qkv_names)
+
+    def from_hf(hf_state: dict, config: ModelConfig, padded_vocab: int) -> dict:
+        return from_hf_layers(hf_state, config, padded_vocab, lambda i: layer_names(config, i), fused_qkv_names)
+
+    return to_hf, from_hf
 
 
 def tensor_shapes(family: FamilyWeights, config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -11,11 +11,10 @@ from checkpoint.hf_families.common_config import common_fields
 from checkpoint.hf_families.layout import (
     FamilyWeights,
     attention_names,
-    from_hf_layers,
+    by_layer_names,
     llama_block_misfits,
     moe_names,
     needs,
-    to_hf_layers,
 )
 
 MODEL_TYPE, ARCHITECTURE = "olmoe", "OlmoeForCausalLM"
@@ -52,12 +51,7 @@ def _layer_names(config: ModelConfig, layer: int) -> list[tuple[str, str]]:
     return attention_names(config) + moe_names(config, layer)
 
 
-def to_hf(state: dict, config: ModelConfig) -> dict:
-    return to_hf_layers(state, config, lambda i: _layer_names(config, i))
-
-
-def from_hf(hf_state: dict, config: ModelConfig, padded_vocab: int) -> dict:
-    return from_hf_layers(hf_state, config, padded_vocab, lambda i: _layer_names(config, i))
+to_hf, from_hf = by_layer_names(_layer_names)
 
 
 WEIGHTS = FamilyWeights(MODEL_TYPE, ARCHITECTURE, claims, misfits, hf_config, to_hf, from_hf)
