@@ -110,11 +110,53 @@ def largest_tensor(config, vocab_size: Optional[int] = None) -> tuple[int, str, 
     return max(candidates)
 
 
-def parameter_lower_bound(model) -> int:
-    """Parameters the model has at least: the blocks' four weight matrices (12 h^2 per layer)."""
+def parameter_lower_bound(model) -> tuple[int, tuple[str, ...]]:
+    """Parameters the model has at least, and the flags that size them: each block's attention (4 h^2, or
+    multi-latent attention's projections) and MLP (2 ffn h; in an MoE layer each expert's 2 x its width x h and the
+    shared expert's), over --num-layers and the --mtp-num-layers MTP layers (each one such block at least, and its
+    2h -> h projection). Read from the settings without a per-layer list, so a count of 10^12 costs nothing."""
     hidden = model.hidden_size
     ffn = model.ffn_hidden_size or 4 * hidden
-    return model.num_layers * (4 * hidden * hidden + 2 * ffn * hidden)
+    flags = ["--num-layers", "--hidden-size"]
+    attention = 4 * hidden * hidden
+    if model.multi_latent_attention:
+        heads, q_head = model.num_attention_heads, model.qk_head_dim + model.qk_pos_emb_head_dim
+        query = heads * q_head * (hidden if model.q_lora_rank is None else model.q_lora_rank) + \
+            hidden * (model.q_lora_rank or 0)
+        key_value = hidden * (model.kv_lora_rank + model.qk_pos_emb_head_dim) + \
+            model.kv_lora_rank * heads * (model.qk_head_dim + model.v_head_dim)
+        attention = query + key_value + heads * model.v_head_dim * hidden
+        flags += ["--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"]
+    dense = attention + 2 * ffn * hidden
+    moe_layers, experts = _moe_layers_and_experts(model)
+    layer = dense
+    if moe_layers:
+        width = model.moe_ffn_hidden_size if model.moe_ffn_hidden_size is not None else ffn
+        shared = model.moe_shared_expert_intermediate_size or 0
+        moe = attention + experts * 2 * width * hidden + 2 * shared * hidden
+        layer = min(dense, moe)
+        flags += ["--num-experts", "--moe-ffn-hidden-size"]
+    total = (model.num_layers - moe_layers) * dense + moe_layers * (moe if moe_layers else 0)
+    if model.mtp_num_layers > 0:
+        total += model.mtp_num_layers * (layer + 2 * hidden * hidden)
+        flags.append("--mtp-num-layers")
+    return total, tuple(flags)
+
+
+def _moe_layers_and_experts(model) -> tuple[int, int]:
+    """(how many layers are MoE layers, the fewest experts one has): 0 for a dense model. --moe-layer-freq N puts one at
+    every layer i with i mod N == 0; its list has one 0/1 per layer; a Megatron-DeepSpeed launch's every
+    --expert-interval-th layer (gpt/moe/settings.py)."""
+    counts = model.num_experts if isinstance(model.num_experts, tuple) else (model.num_experts or 1,)
+    experts = min(counts)
+    if max(counts) <= 1:
+        return 0, 1
+    if model.moe_gating == "deepspeed":
+        return model.num_layers // max(model.expert_interval, 1), max(experts, 1)
+    freq = model.moe_layer_freq
+    if isinstance(freq, int):
+        return -(-model.num_layers // max(freq, 1)), experts
+    return str(freq).count("1"), experts  # validated: one 0 or 1 per layer
 
 
 def check_bounds(config) -> None:
@@ -151,15 +193,24 @@ def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optio
     if elements * ACTIVATION_BYTES > memory:
         raise ConfigError(f"{what} would be {elements:.3g} elements ({_gib(elements * ACTIVATION_BYTES)} in 16 bits), "
                           f"more than one rank here can hold ({_gib(memory)}): lower those sizes", flags=flags)
-    parameters = parameter_lower_bound(model)
+    parameters, sized_by = parameter_lower_bound(model)
     if parameters * MIN_PARAMETER_BYTES > memory * world_size:
-        raise ConfigError(f"--num-layers {model.num_layers} x --hidden-size {model.hidden_size} is at least "
-                          f"{parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} in 16 bits), more "
-                          f"than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: lower them",
-                          flags=("--num-layers", "--hidden-size"))
+        sizes = [f"{flag} {_setting_text(model, flag)}" for flag in sized_by if _setting_text(model, flag) is not None]
+        sizes = ", ".join(sizes[:-1]) + f" and {sizes[-1]}"
+        raise ConfigError(f"{sizes} make at least {parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} "
+                          f"in 16 bits), more than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: "
+                          f"lower them", flags=sized_by)
     samples = sample_count(training)
     if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
         raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "
                           f"samples, whose index needs at least {_gib(samples * INDEX_BYTES_PER_SAMPLE)} of host "
                           f"memory; this machine has {_gib(host_memory)}: lower them",
                           flags=("--train-iters", "--train-samples", "--global-batch-size", "--eval-iters"))
+
+
+def _setting_text(model, flag: str) -> Optional[str]:
+    """The value of the model setting `flag` names, as typed (None where it is unset)."""
+    value = getattr(model, flag.lstrip("-").replace("-", "_"))
+    if value is None:
+        return None
+    return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)

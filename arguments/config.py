@@ -190,6 +190,13 @@ class OptimizerConfig:
             raise ConfigError("--lr-decay-style WSD needs the anneal's length: --lr-wsd-decay-iters (with "
                               "--train-iters) or --lr-wsd-decay-samples (with --train-samples)",
                               flags=("--lr-decay-style", "--lr-wsd-decay-iters", "--lr-wsd-decay-samples"))
+        for name in ("lr_wsd_decay_iters", "lr_wsd_decay_samples"):
+            # the anneal's length: Megatron-LM takes a negative one silently and never anneals (its anneal would
+            # start after the decay's end); 0 is no anneal, the rate at --lr until the decay's end
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{_flag(name)} must be 0 or more (the anneal's length at the end of the decay), "
+                                  f"got {value}", flags=(_flag(name),))
         if self.lr_wsd_decay_style not in LR_WSD_DECAY_STYLES:
             raise ConfigError(f"--lr-wsd-decay-style {self.lr_wsd_decay_style!r} is not one of "
                               f"{', '.join(LR_WSD_DECAY_STYLES)}", flags=("--lr-wsd-decay-style",))
@@ -545,6 +552,12 @@ class DataConfig:
             if not self.fim_rate or not self.fim_spm_rate:
                 raise ConfigError("--fim-data needs --fim-rate and --fim-spm-rate above 0 (Megatron-LM asserts both)",
                                   flags=("--fim-rate", "--fim-spm-rate"))
+            # each rate is a probability: Megatron-LM's GPTFIMDataset draws np_rng.binomial(1, rate), which raises
+            # "p < 0, p > 1 or p is NaN" in a data-loader worker at the first sample (issue 60)
+            for flag, rate in (("--fim-rate", self.fim_rate), ("--fim-spm-rate", self.fim_spm_rate),
+                               ("--fim-fragment-rate", self.fim_fragment_rate)):
+                if rate is not None and not 0.0 <= rate <= 1.0:
+                    raise ConfigError(f"{flag} must be a probability, between 0 and 1, got {rate:g}", flags=(flag,))
             if self.fim_split_sample and self.fim_fragment_rate is None:
                 raise ConfigError("--fim-split-sample needs --fim-fragment-rate (each fragment's FIM rate)",
                                   flags=("--fim-split-sample", "--fim-fragment-rate"))

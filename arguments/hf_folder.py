@@ -15,14 +15,15 @@ seq_length = max_position_embeddings, the sequence here stays the preset's unles
 the folder's positions (a laptop's 128, not Llama 3's 131072): it is then cut to them.
 
 The vocabulary: the folder's `vocab_size` is the model's (training/run_settings.py's model_vocabulary);
-the tokenizer's ids must fall inside it. Which tokenizer:
-- the folder's tokenizer.json (else its vocab.json + merges.txt), unless one is given explicitly, which
-  must then be the folder's (a file in DIR, or one with the same content);
+the tokenizer's ids must fall inside it. Which tokenizer, by one rule (_tokenizer), said in the start-up line:
+- one given explicitly (--tokenizer-type with its files, or NullTokenizer with --vocab-size) wins over the
+  folder's and the embedded corpus's, as Megatron-LM reads only its tokenizer flags; with NullTokenizer the
+  folder must hold --vocab-size + 1 rows (Megatron's NullTokenizer adds the end-of-document id), and without
+  --vocab-size its ids fill vocab_size;
+- else the folder's tokenizer.json (else its vocab.json + merges.txt);
 - none in the folder, and no --data-path: the embedded corpus's byte-level BPE is trained with at most
   the folder's vocab_size tokens (--tokenizer-vocab-size, at most that);
-- none in the folder, with --data-path: the data's own tokenizer must be named, as without a folder; with
-  --tokenizer-type NullTokenizer, --vocab-size defaults to vocab_size - 1, so that its ids and its
-  end-of-document id (Megatron's NullTokenizer adds one) fill the folder's vocabulary.
+- none in the folder, with --data-path: the data's own tokenizer must be named, as without a folder.
 """
 
 from __future__ import annotations
@@ -230,32 +231,29 @@ def folder_tokenizer(folder: Path) -> dict[str, Path]:
 
 
 def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str, str]) -> None:
+    """The run's tokenizer beside the folder, by one rule: an explicit tokenizer (--tokenizer-type, with its files
+    or --vocab-size) wins over the folder's and over the embedded corpus's, as in Megatron-LM, whose build_tokenizer
+    reads only the tokenizer flags; else the folder's; else the embedded corpus's BPE, trained to fit. Whichever it
+    is, its ids must have rows in the folder's vocab_size, and the start-up line says which it is."""
     folder, vocab = layer.folder, layer.config.vocab_size
     where = f"{folder / CONFIG_FILE}: vocab_size"
     files = folder_tokenizer(folder)
     named = [name for name in TOKENIZER_SETTINGS if name in explicit and settings[name]]
+    given_files = [name for name in ("tokenizer_file", "vocab_file", "merge_file") if name in named]
     if settings["tokenizer_type"] == "NullTokenizer" and ("tokenizer_type" in explicit or not files):
-        # data tokenized elsewhere: its ids and Megatron's NullTokenizer's end-of-document id fill the vocabulary
-        if "vocab_size" in explicit and settings["vocab_size"] + 1 > vocab:
-            layer.problems.append(f"{explicit['vocab_size']} with --tokenizer-type NullTokenizer makes "
-                                  f"{settings['vocab_size'] + 1} token ids (the end-of-document id is "
-                                  f"{settings['vocab_size']}), more than {where} {vocab}")
-        elif "vocab_size" not in explicit:
-            layer.values["vocab_size"] = (vocab - 1, where, f"less NullTokenizer's end-of-document id, {vocab - 1}")
+        _null_tokenizer(layer, settings, explicit, files)
         return
-    if files:
-        if named:
-            disagreeing = [name for name in ("tokenizer_file", "vocab_file", "merge_file")
-                           if name in explicit and settings[name] and not _same_tokenizer(settings[name], folder,
-                                                                                        files.get(name))]
-            for name in disagreeing:
-                layer.problems.append(f"{explicit[name]} is not the folder's tokenizer "
-                                      f"({', '.join(map(str, files.values()))}): drop it to use the folder's")
-            if disagreeing:
-                return
-            if any(name in explicit and settings[name] for name in ("tokenizer_file", "vocab_file", "merge_file")):
-                _check_fits(layer, settings)  # the tokenizer given, which is the folder's
-                return
+    if given_files or (named and not files):
+        if settings["tokenizer_type"] not in SENTENCEPIECE_TYPES:
+            _check_fits(layer, settings)
+        if not given_files:
+            return  # a --tokenizer-type whose files are missing: DataConfig.validate names them
+        paths = ", ".join(str(settings[name]) for name in given_files)
+        if files and not all(_same_tokenizer(settings[name], folder, files.get(name)) for name in given_files):
+            layer.notes.append(f"> the tokenizer is the one given ({paths}), not the folder's "
+                               f"({', '.join(map(str, files.values()))}): its ids index {where} {vocab}'s rows")
+        return
+    if files:  # the folder's, filling what an explicit --tokenizer-type left out
         for name in ("tokenizer_file", "vocab_file", "merge_file"):
             if name in files:
                 layer.values[name] = (str(files[name]), str(files[name]), "the folder's tokenizer")
@@ -263,10 +261,6 @@ def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str,
                 layer.values[name] = (None, str(folder), "the folder's tokenizer is another file")
         _check_fits(layer, {name: str(path) for name, path in files.items()})
         layer.notes.append(f"> the tokenizer is the folder's: {', '.join(map(str, files.values()))}")
-        return
-    if named:
-        if settings["tokenizer_type"] not in SENTENCEPIECE_TYPES:
-            _check_fits(layer, settings)
         return
     if settings["data_path"]:
         return  # --data-path's own tokenizer is to be named (DataConfig.validate says so)
@@ -285,6 +279,28 @@ def _tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str,
                                                               f"byte-level BPE is trained to fit the model")
         layer.notes.append(f"> {folder} has no tokenizer: the embedded corpus's byte-level BPE is trained with at "
                            f"most its vocab_size, {vocab} tokens (give --tokenizer-file to use another)")
+
+
+def _null_tokenizer(layer: FolderLayer, settings: dict[str, Any], explicit: dict[str, str],
+                    files: dict[str, Path]) -> None:
+    """Data tokenized elsewhere: Megatron's NullTokenizer takes ids 0..--vocab-size-1 as they are and adds one
+    end-of-document id, --vocab-size (megatron/core/tokenizers/text/libraries/null_tokenizer.py), so it needs
+    --vocab-size + 1 of the folder's rows; without --vocab-size its ids fill them."""
+    folder, vocab = layer.folder, layer.config.vocab_size
+    where = f"{folder / CONFIG_FILE}: vocab_size"
+    if "vocab_size" in explicit:
+        size, given = settings["vocab_size"], explicit["vocab_size"]
+        if size + 1 > vocab:
+            layer.problems.append(f"{given} with --tokenizer-type NullTokenizer makes {size + 1} token ids (the "
+                                  f"end-of-document id is {size}), more than {where} {vocab}: give --vocab-size at "
+                                  f"most {vocab - 1}")
+            return
+    else:
+        size, given = vocab - 1, f"--vocab-size {vocab - 1}, {where} less the end-of-document id"
+        layer.values["vocab_size"] = (size, where, f"less NullTokenizer's end-of-document id, {size}")
+    instead = f", not the folder's {', '.join(p.name for p in files.values())}" if files else ""
+    layer.notes.append(f"> the tokenizer is --tokenizer-type NullTokenizer ({given}){instead}: ids 0-{size - 1} as "
+                       f"the data holds them and the end-of-document id {size}, within the folder's {vocab} rows")
 
 
 def _check_fits(layer: FolderLayer, named: dict[str, Any]) -> None:

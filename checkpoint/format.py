@@ -21,9 +21,13 @@ read by name whatever stage wrote them: `optimizer_shards` lists every stage's p
 
 A partition is a flat tensor; its *fragment table* says which elements of which parameter each
 stretch holds: `[name, param_offset, partition_offset, numel]`, offsets into the parameter flattened
-at its TP-local shape. That table is all it takes to re-cut the optimizer state for another DP size
-or ZeRO stage, or to consolidate it into whole tensors (`consolidate`). Stage 0 has one partition
-(everything), written by DP rank 0 alone.
+at the saving rank's local shape, and its *records* (`RECORDS`, since the sharding records) where that
+rank's slice sits in the whole tensor. With the parameter table (one record per tensor in metadata.json)
+that is all it takes to read any region of any whole tensor (checkpoint/zero_gpt_source.py): to load at
+another layout, or to consolidate the whole model (`consolidate` there). Who writes which slice is the
+save plan's (checkpoint/save_plan.py): at stage 0 the one partition (everything) by DP rank 0 alone; a
+whole parameter by TP rank 0 alone (a checkpoint written before the records held it on every TP rank,
+and its files carry no records: the parameter table's `tensor_parallel_dim` says how they were cut).
 
 A `--save` directory names its checkpoint twice: `latest` (ours) and Megatron-LM's tracker file, which
 its scripts and functional tests read and write (checkpointing.py's get_checkpoint_tracker_filename /
@@ -46,10 +50,9 @@ import json
 import os
 import re
 import shutil
-from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -64,35 +67,15 @@ TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's get_checkpoi
 METADATA_FILE = "metadata.json"
 TOKENIZER_DIR = "tokenizer"
 OPTIMIZER_KEYS = ("master", "exp_avg", "exp_avg_sq")
+# A model or optimizer file's header entry (format version 2): parameter name -> [global offset, local shape] of
+# the slice the file holds, from its sharding record (parallel/sharding.py)
+RECORDS = "records"
 STAGING_SUFFIX = ".partial"
 RETIRED_SUFFIX = ".old-"
 
 
 def iteration_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
-
-
-def _stage_prefix(pipeline_rank: Optional[int]) -> str:
-    # Megatron's get_checkpoint_name adds the pipeline rank only when there are stages
-    # (mp_rank_{tp:02d} vs mp_rank_{tp:02d}_{pp:03d}): a one-stage checkpoint keeps its names.
-    return "" if pipeline_rank is None else f"pp{pipeline_rank:03d}_"
-
-
-def model_file(tensor_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
-    return f"model_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}.safetensors"
-
-
-def expert_model_file(tensor_parallel_rank: int, expert_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
-    """One expert-parallel rank's experts (Megatron's get_checkpoint_name appends the expert rank, `_{ep:03d}`)."""
-    return f"model_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_ep{expert_parallel_rank:03d}.safetensors"
-
-
-def optimizer_file(tensor_parallel_rank: int, data_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
-    return f"optim_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
-
-
-def rng_file(tensor_parallel_rank: int, data_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
-    return f"rng_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_dp{data_parallel_rank:03d}.safetensors"
 
 
 # ---- durable writes ---------------------------------------------------------------------------
@@ -322,6 +305,13 @@ class _CheckedReader:
     def keys(self) -> list[str]:
         return list(self._reader.keys())
 
+    def dtype(self, key: str) -> torch.dtype:
+        """The dtype `key` is stored in, from the header (nothing of the tensor is read)."""
+        try:
+            return self._reader.get_slice(key)[0:0].dtype
+        except Exception as error:
+            raise CheckpointError(f"{self.path}: cannot read {key!r} ({error})") from None
+
     def tensor(self, key: str) -> torch.Tensor:
         try:
             return self._reader.get_tensor(key)
@@ -351,116 +341,6 @@ def local_shape(entry: dict, tensor_parallel_size: int) -> list[int]:
     if dim is not None:
         shape[dim] //= tensor_parallel_size
     return shape
-
-
-def tensor_parallel_slice(full: torch.Tensor, dim: Optional[int], rank: int, size: int) -> torch.Tensor:
-    """TP rank `rank`'s piece of a whole parameter (the whole tensor when it is not split)."""
-    if dim is None:
-        return full
-    return full.chunk(size, dim=dim)[rank]
-
-
-def _copy_into_flat_range(target: torch.Tensor, offset: int, values: torch.Tensor) -> None:
-    """target.flatten()[offset:offset + n] = values, where `target` may be a non-contiguous view (a
-    TP slice of a whole tensor along dim 1): copied a row at a time where the rows are not adjacent."""
-    if target.is_contiguous():
-        target.view(-1)[offset:offset + values.numel()].copy_(values)
-        return
-    if target.dim() != 2:
-        raise ValueError("only 2-D parameters may be split along a dimension other than 0")
-    columns = target.shape[1]
-    position, end = offset, offset + values.numel()
-    while position < end:
-        row, column = divmod(position, columns)
-        if column == 0 and end - position >= columns:  # whole rows in one copy
-            rows = (end - position) // columns
-            target[row:row + rows].copy_(values[position - offset:position - offset + rows * columns]
-                                         .view(rows, columns))
-            position += rows * columns
-        else:
-            take = min(columns - column, end - position)
-            target[row, column:column + take].copy_(values[position - offset:position - offset + take])
-            position += take
-
-
-def consolidate(iteration_dir: Path, keys: Sequence[str] = ("master",), progress: bool = False
-                ) -> dict[str, dict[str, torch.Tensor]]:
-    """{key: {parameter name: whole fp32 tensor}} from the optimizer partitions, for keys among
-    master, exp_avg and exp_avg_sq. The whole tensors are allocated once and every partition file is
-    read in turn, so memory holds the result plus one partition's tensors."""
-    metadata = read_metadata(iteration_dir)
-    tp_size = metadata["tensor_parallel_size"]
-    table = metadata["parameters"]
-    result = {key: {name: torch.zeros(entry["shape"], dtype=torch.float32) for name, entry in table.items()}
-              for key in keys}
-    filled = defaultdict(int)
-    shards = optimizer_shards(metadata)
-    for count, (tp_rank, _, name) in enumerate(shards, 1):
-        with open_tensors(iteration_dir, name, metadata) as reader:
-            fragments = reader.fragments(keys)
-            flats = {key: reader.tensor(key) for key in keys}
-        for param_name, param_offset, partition_offset, numel in fragments:
-            entry = table[param_name]
-            for key in keys:
-                target = tensor_parallel_slice(result[key][param_name], entry["tensor_parallel_dim"],
-                                               tp_rank, tp_size)
-                _copy_into_flat_range(target, param_offset,
-                                      flats[key][partition_offset:partition_offset + numel])
-            filled[param_name, tp_rank] += numel
-        del flats
-        if progress:
-            print(f"  read {name} ({count}/{len(shards)})", flush=True)
-    for param_name, entry in table.items():
-        whole = torch.Size(entry["shape"]).numel()
-        per_rank = [filled[param_name, tp_rank] for tp_rank in range(tp_size)]
-        if entry["tensor_parallel_dim"] is not None:  # each TP rank holds its slice
-            complete = all(count == whole // tp_size for count in per_rank)
-        else:
-            # every TP rank holding a replicated parameter holds it whole; an expert under expert parallelism over
-            # the TP ranks (--expert-tensor-parallel-size 1 beside TP: gpt/moe/layer.py) is held by its EP rank's
-            # TP ranks only
-            complete = all(count in (0, whole) for count in per_rank) and any(count == whole for count in per_rank)
-            complete = complete and (all(count == whole for count in per_rank) or ".mlp.experts." in param_name)
-        if not complete:
-            raise CheckpointError(f"{iteration_dir}: the optimizer partitions hold {sum(per_rank)} elements of "
-                                  f"{param_name} over the TP ranks ({per_rank}), not the whole parameter on each "
-                                  f"TP rank that holds it; the checkpoint is incomplete")
-    return result
-
-
-class PartitionRequest:
-    """The fragments one rank needs, by parameter name, and where each goes in its partition."""
-
-    def __init__(self, fragments: Iterable[tuple[str, int, int, int]]) -> None:
-        self.by_name: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        self.numel = 0
-        for name, param_offset, partition_offset, numel in fragments:
-            self.by_name[name].append((param_offset, partition_offset, numel))
-            self.numel += numel
-
-
-def fill_partition(iteration_dir: Path, metadata: dict, tensor_parallel_rank: int, request: PartitionRequest,
-                   targets: dict[str, torch.Tensor]) -> None:
-    """Fill this rank's flat partition tensors (`targets`: key -> tensor in partition coordinates)
-    from the saved partitions of the same TP rank, whatever DP size and stage wrote them. Only the
-    overlapping byte ranges of each file are read."""
-    filled = 0
-    for _, _, name in optimizer_shards(metadata, tensor_parallel_rank):
-        with open_tensors(iteration_dir, name, metadata) as reader:
-            for param_name, saved_offset, saved_at, numel in reader.fragments(list(targets)):
-                for wanted_offset, wanted_at, wanted_numel in request.by_name.get(param_name, ()):
-                    lo = max(saved_offset, wanted_offset)
-                    hi = min(saved_offset + numel, wanted_offset + wanted_numel)
-                    if lo >= hi:
-                        continue
-                    source = saved_at + lo - saved_offset
-                    destination = wanted_at + lo - wanted_offset
-                    for key, target in targets.items():
-                        target[destination:destination + hi - lo].copy_(reader.range(key, source, source + hi - lo))
-                    filled += hi - lo
-    if filled != request.numel:
-        raise CheckpointError(f"{iteration_dir}: found {filled} of the {request.numel} elements this rank "
-                              f"(TP rank {tensor_parallel_rank}) needs; the checkpoint is incomplete")
 
 
 # ---- committing a save ------------------------------------------------------------------------

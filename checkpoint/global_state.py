@@ -40,8 +40,11 @@ class SourceProgress:
     consumed_samples: Optional[int] = None
     schedule_samples: Optional[int] = None  # the learning-rate schedule's position in samples
     optimizer_step: Optional[int] = None    # updates applied (Adam's bias correction)
-    loss_scaler_state: Optional[dict] = None
-    extra: dict = field(default_factory=dict)  # format-specific values a start-up line may name
+    loss_scaler_state: Optional[dict] = None  # zero/loss_scaler.py's state_dict form
+    # format-specific values a start-up line may name; the loader (checkpoint/global_load.py) reads two when given:
+    # "loss_scaler_type" (the scaler class the state is of: it is restored only into the same type) and
+    # "optimizer" (the --optimizer the moments are of: adam, ademamix, muon; another one is refused)
+    extra: dict = field(default_factory=dict)
 
 
 class GlobalStateSource(Protocol):
@@ -65,3 +68,9 @@ class GlobalStateSource(Protocol):
 
     def not_carried(self) -> list[str]:
         """What the checkpoint holds that this project does not carry over (said in one start-up line)."""
+
+    # Optional, read by the loader where a source has them (checkpoint/zero_gpt_source.py has all three):
+    #   bytes_read: int                                   what the source has read so far (said at load, tested)
+    #   expert_biases() -> Optional[dict[str, list]]      the routers' expert bias by "<router>.expert_bias"
+    #   restore_random_states(rng, state, log) -> None    this rank's random streams, where the layout allows
+    # A source without them: the random streams start from --seed and the expert bias at 0, each said once.

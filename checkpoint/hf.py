@@ -38,12 +38,14 @@ from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json
 from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
 from checkpoint import hf_llama
-from checkpoint.format import consolidate, read_metadata, save_tensors, tensor_parallel_slice
+from checkpoint.format import read_metadata, save_tensors
 from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
 from checkpoint.hf_families.layout import EXPERT_BIAS, canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from checkpoint.router_state import restore_expert_biases
+from checkpoint.zero_gpt_source import consolidate
+from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
 
@@ -604,7 +606,7 @@ def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_
     params = dict(model.named_parameters())
     # expert parallelism: each rank reads only its own experts (named by global index) from the folder
     held = {(int(match.group(1)), int(match.group(2))) for match in map(_OUR_EXPERT.match, params) if match}
-    expert_parallel = any(getattr(param, "expert_parallel", False) for param in params.values())
+    expert_parallel = any(record_of(param).is_expert for param in params.values())
     full = load_hf_weights(hf_dir, model_config, state, held if expert_parallel else None)
     shard = optimizer.sharded_state_dict(model)
     master = torch.zeros(shard.tensors["master"].shape, dtype=torch.float32)  # alignment padding stays 0
@@ -613,9 +615,11 @@ def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_
         if name not in slices:
             if name not in full:
                 raise ConfigError(f"{hf_dir}: no weight maps to our parameter {name}")
-            param = params[name]
-            piece = tensor_parallel_slice(full[name], getattr(param, "tensor_parallel_dim", None),
-                                          state.tensor_parallel_rank, state.tensor_parallel_size)
+            param, record = params[name], record_of(params[name])
+            if list(full[name].shape) != list(record.global_shape):
+                raise ConfigError(f"{hf_dir}: {name} maps to shape {list(full[name].shape)}, the model's whole "
+                                  f"{name} is {list(record.global_shape)}")
+            piece = full[name][record.region]  # this rank's slice (its sharding record, parallel/sharding.py)
             if piece.shape != param.shape:
                 raise ConfigError(f"{hf_dir}: {name} maps to shape {list(piece.shape)} on TP rank "
                                   f"{state.tensor_parallel_rank}, the model has {list(param.shape)}")

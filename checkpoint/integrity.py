@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from base.errors import CheckpointError
-from checkpoint.format import local_shape
+from checkpoint.format import RECORDS, local_shape
 from checkpoint.schema import listed_files, member
 
 try:
@@ -57,9 +57,10 @@ def file_digest(path: Path, algorithm: str = DEFAULT_HASH) -> str:
 
 # ---- the safetensors header -------------------------------------------------------------------
 
-def read_header(path: Path, file_size: int) -> dict[str, dict]:
+def read_header(path: Path, file_size: int) -> tuple[dict[str, dict], dict]:
     """The tensors a safetensors file declares, {name: {dtype, shape, data_offsets}}, after checking
-    that the header is well formed and that the tensors tile the data region exactly."""
+    that the header is well formed and that the tensors tile the data region exactly; and its metadata
+    (string values, as safetensors stores them)."""
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
@@ -74,7 +75,8 @@ def read_header(path: Path, file_size: int) -> dict[str, dict]:
         raise CheckpointError(f"{path}: not a valid safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: not a valid safetensors file (its header is not a JSON object)")
-    header.pop("__metadata__", None)
+    extra = header.pop("__metadata__", None)
+    extra = extra if isinstance(extra, dict) else {}
     spans = []
     for name, entry in header.items():
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
@@ -101,12 +103,51 @@ def read_header(path: Path, file_size: int) -> dict[str, dict]:
     if 8 + header_length + position != file_size:
         raise CheckpointError(f"{path}: not a valid safetensors file ({file_size} bytes, but its header "
                               f"describes {8 + header_length + position}: truncated or corrupt)")
-    return header
+    return header, extra
 
 
-def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Optional[str]]]:
-    """A check of one file's declared tensors against what a checkpoint of ours puts in that kind of
-    file; it returns a problem in words, or None. None for a file of a kind this code does not know."""
+def slice_records(extra: dict) -> Optional[dict]:
+    """The sharding records a file's metadata holds (name -> [global offset, local shape]); None for a file
+    written before the records. Malformed records come back as an entry the check then names."""
+    raw = extra.get(RECORDS)
+    if raw is None:
+        return None
+    try:
+        records = json.loads(raw)
+    except (TypeError, json.JSONDecodeError, RecursionError):
+        return {"": "not JSON"}
+    return records if isinstance(records, dict) else {"": "not an object"}
+
+
+def _records_problem(header: dict, records: dict, table: dict, dtype: str, precision: str) -> Optional[str]:
+    """A model file of format-2 checkpoints holds exactly the slices its records name, each inside its whole
+    parameter's shape, in the training dtype."""
+    if set(header) != set(records):
+        unknown, missing = sorted(set(header) - set(records)), sorted(set(records) - set(header))
+        return f"its tensors differ from its sharding records (extra {unknown[:3]}, missing {missing[:3]})"
+    for param, entry in header.items():
+        record = records[param]
+        whole = table.get(param, {}).get("shape")
+        split = table.get(param, {}).get("tensor_parallel_dim")
+        ok = (whole is not None and isinstance(record, list) and len(record) == 2
+              and all(isinstance(v, list) and len(v) == len(whole) and all(isinstance(n, int) for n in v)
+                      for v in record)
+              and all(0 <= o and 0 < n and o + n <= w and o % n == 0 and w % n == 0 and (n == w or axis == split)
+                      for axis, (o, n, w) in enumerate(zip(*record, whole))))
+        if not ok:  # a slice is the whole tensor, or an equal slice along the table's split dimension
+            return (f"{param}: its sharding record {record!r:.80} is not a slice of the parameter table's {whole} "
+                    f"(split along {split})")
+        if entry["dtype"] != dtype:
+            return f"{param} is {entry['dtype']}; a {precision} checkpoint stores {dtype}"
+        if entry["shape"] != record[1]:
+            return f"{param} has shape {entry['shape']}, its sharding record says {record[1]}"
+    return None
+
+
+def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict, dict], Optional[str]]]:
+    """A check of one file's declared tensors (and header metadata) against what a checkpoint of ours puts in
+    that kind of file; it returns a problem in words, or None. None for a file of a kind this code does not
+    know."""
     tp_size = metadata["tensor_parallel_size"]
     model_files = {file: tp for tp, file in metadata.get("model_files", [])}
     # expert parallelism: each expert-parallel rank's experts in a file of their own, named in the metadata
@@ -123,7 +164,13 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Opt
             if name in stage["files"]:
                 shapes = {param: shape for param, shape in shapes.items() if param in set(stage["parameters"])}
 
-        def model(header: dict) -> Optional[str]:
+        def model(header: dict, extra: dict) -> Optional[str]:
+            records = slice_records(extra)
+            if records is not None:  # since the records: the slices this file's rank was the first replica of
+                if not set(records) <= set(shapes):
+                    return f"it holds slices of {sorted(set(records) - set(shapes))[:3]}, not its stage's parameters"
+                return _records_problem(header, records, metadata["parameters"], dtype,
+                                        metadata.get("precision", "fp32"))
             if set(header) != set(shapes):
                 unknown, missing = sorted(set(header) - set(shapes)), sorted(set(shapes) - set(header))
                 return f"its tensors differ from the parameter table (extra {unknown[:3]}, missing {missing[:3]})"
@@ -136,7 +183,7 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Opt
             return None
         return model
     if name in {file for _, _, file in metadata["optimizer_shards"]}:
-        def optimizer(header: dict) -> Optional[str]:
+        def optimizer(header: dict, extra: dict) -> Optional[str]:
             lengths = set()
             for key in ("master", "exp_avg", "exp_avg_sq", *(("exp_avg_slow",) if "exp_avg_slow" in header else ())):
                 entry = header.get(key)
@@ -151,7 +198,7 @@ def expected_tensors(name: str, metadata: dict) -> Optional[Callable[[dict], Opt
             return None if len(lengths) == 1 else "its master weights and Adam moments differ in length"
         return optimizer
     if name in {file for _, _, file in metadata.get("rng_files", [])}:
-        def rng(header: dict) -> Optional[str]:
+        def rng(header: dict, extra: dict) -> Optional[str]:
             for key, entry in header.items():
                 wanted = "I64" if key == "numpy_keys" else "U8"
                 if entry["dtype"] != wanted:
@@ -174,9 +221,9 @@ def verify_file(iteration_dir: Path, name: str, metadata: dict, check_content: b
     if size != expected_size:
         raise CheckpointError(f"{path}: {size} bytes where the save wrote {expected_size}: truncated or corrupt")
     if name.endswith(".safetensors"):
-        header = read_header(path, size)
+        header, extra = read_header(path, size)
         check = expected_tensors(name, metadata)
-        problem = check(header) if check is not None else None
+        problem = check(header, extra) if check is not None else None
         if problem:
             raise CheckpointError(f"{path}: {problem}")
     recorded = metadata.get("file_hashes", {}).get(name)

@@ -1,9 +1,10 @@
-"""Which parameter names each pipeline stage's checkpoint files hold.
+"""The pipeline stages' parameter tables, gathered: what metadata.json's per-tensor record table is made of.
 
 Every stage holds its layers under their global names (gpt/stage_layers.py), so a checkpoint is the union of
 the stages' parameter tables, and loading at another pipeline size is a lookup by name. One name is held by
-two stages: with a tied output layer the last stage keeps a second copy of the word embedding. It is stored
-once, by the first stage that holds it, as Megatron-Core's distributed checkpoints do
+two stages: with a tied output layer the last stage keeps a second copy of the word embedding. Its record says
+so (replicated over "pp", gpt/model.py), so the save plan's one rule (checkpoint/save_plan.py) stores it
+once, by the first stage, as Megatron-Core's distributed checkpoints do
 (megatron/core/models/common/language_module/language_module.py, tie_embeddings_and_output_weights_state_dict:
 the last stage's output_layer.weight is keyed as the first stage's embedding.word_embeddings.weight with
 replica_id (1, 0, dp), a replica that is never written, and is read back under that key). Megatron's legacy
@@ -29,16 +30,6 @@ def gather_stage_tables(table: dict[str, dict], state: ParallelState) -> list[di
         for name, entry in stage_table.items():
             merged.setdefault(name, entry)
     return [by_stage[stage] for stage in range(state.pipeline_parallel_size)]
-
-
-def stored_names(stage_tables: list[dict[str, dict]]) -> list[list[str]]:
-    """Per stage, the names its files hold: a name several stages hold is stored by the first of them."""
-    seen: set[str] = set()
-    stored = []
-    for table in stage_tables:
-        stored.append([name for name in table if name not in seen])
-        seen.update(table)
-    return stored
 
 
 def whole_table(stage_tables: list[dict[str, dict]]) -> dict[str, dict]:

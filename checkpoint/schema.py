@@ -72,10 +72,15 @@ def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 def _parameter_entry(entry: Any) -> bool:
+    """{shape, tensor_parallel_dim} and, since the sharding records, split_over, replicated_over, real_rows."""
     if not isinstance(entry, dict) or not _list_of(_is_int)(entry.get("shape")):
         return False
-    dim = entry.get("tensor_parallel_dim")
-    return dim is None or (_is_int(dim) and dim < len(entry["shape"]))
+    dim, rows = entry.get("tensor_parallel_dim"), entry.get("real_rows")
+    return ((dim is None or (_is_int(dim) and dim < len(entry["shape"])))
+            and (rows is None or (_is_int(rows) and bool(entry["shape"]) and rows <= entry["shape"][0]))
+            and entry.get("split_over") in (None, "tp", "etp")
+            and _list_of(lambda name: name in ("pp", "dp", "cp", "tp", "edp", "etp", "ep"))(
+                entry.get("replicated_over", [])))
 
 
 def _shard(entry: Any) -> bool:  # [tp rank, dp rank, file name]
@@ -105,7 +110,7 @@ REQUIRED = {
     "data_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
     "zero_stage": ("0, 1, 2 or 3", lambda v: _is_int(v) and v <= 3),
     "adam_step": (NON_NEGATIVE, _is_int),
-    "parameters": ("an object of {shape, tensor_parallel_dim} entries",
+    "parameters": ("an object of {shape, tensor_parallel_dim[, split_over, replicated_over, real_rows]} entries",
                    lambda v: isinstance(v, dict) and all(isinstance(k, str) and _parameter_entry(e)
                                                          for k, e in v.items())),
     "optimizer_shards": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),

@@ -185,10 +185,14 @@ class MLASelfAttention(nn.Module):
 
 
 def value_needs_padding(backend: str, device_type: str, q_head_dim: int, v_head_dim: int) -> bool:
-    """Whether the value heads are zero-padded to the query/key width: on CUDA, where a fused kernel may run
-    (SDPA's flash kernel takes one head width for q, k and v), as Megatron-Core pads V for its THD kernels
-    (_prepare_mla_core_attention_value); a CPU, or the math kernel, takes them as they are."""
-    return device_type == "cuda" and backend in FUSED_CAPABLE_BACKENDS and v_head_dim != q_head_dim
+    """Whether the value heads are zero-padded to the query/key width, as Megatron-Core pads V for its THD kernels
+    (_prepare_mla_core_attention_value): SDPA's flash kernel takes one head width for q, k and v on every device
+    (its CPU kernel too: `--use-flash-attn` with MLA's 192-wide queries and 128-wide values ended in "No available
+    kernel" there, issue 60), and on CUDA a fused kernel may run under auto. Under auto on a CPU, or the math
+    kernel, they are taken as they are. The zero columns change no weight and no kept column: the same numbers."""
+    if v_head_dim == q_head_dim:
+        return False
+    return backend == "flash" or (device_type == "cuda" and backend in FUSED_CAPABLE_BACKENDS)
 
 
 def mla_core_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, dropout_p: float,

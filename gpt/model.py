@@ -68,6 +68,7 @@ from parallel.mappings import (
     scatter_to_sequence_parallel_region,
 )
 from parallel.random import TensorParallelRNG
+from parallel.sharding import also_replicated_over
 from parallel.state import ParallelState
 
 if TYPE_CHECKING:  # the model reads the masks' tensors; importing it loads no data pipeline (tests/test_layering.py)
@@ -387,6 +388,10 @@ class GPTModel(nn.Module):
             "word_embeddings", config.vocab_size, padded_vocab, config.hidden_size, init_std=config.init_method_std,
             scatter_in_lookup=not learned_positions) \
             if stage.first or (stage.last and self.shares_word_embedding) else None
+        if self.word_embeddings is not None and not stage.first:
+            # the last stage's copy of the first stage's word embedding (their gradients summed): a replica over the
+            # pipeline stages, the first stage's the one a checkpoint saves (parallel/sharding.py)
+            also_replicated_over(self.word_embeddings.weight, "pp")
         if learned_positions and stage.first:
             # `_weight` skips nn.Embedding's own (pointless, on meta) initialisation.
             self.position_embeddings = nn.Embedding(
@@ -413,7 +418,7 @@ class GPTModel(nn.Module):
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
             self.output_layer = plan.output_linear("output_layer", config.hidden_size, padded_vocab,
-                                                   init_std=config.init_method_std)
+                                                   init_std=config.init_method_std, vocab_size=config.vocab_size)
             set_init_method(self.output_layer.weight, InitMethod.normal(config.init_method_std, rows=config.vocab_size))
         else:
             self.output_layer = None
@@ -539,8 +544,7 @@ def build_gpt_model(config: ModelConfig, state: ParallelState, seed: int, rng: O
                     plan: Optional[TensorParallelPlan] = None) -> GPTModel:
     """A GPTModel with this TP rank's whole slice materialized on `state.device` (tests, tools and
     single-process use; training materializes through ZeRO, which holds only what each rank owns)."""
-    return materialize(GPTModel(config, state, rng, architecture, plan=plan), seed, state.tensor_parallel_size,
-                       state.tensor_parallel_rank, device=state.device, dtype=dtype)
+    return materialize(GPTModel(config, state, rng, architecture, plan=plan), seed, device=state.device, dtype=dtype)
 
 
 def _output_layer_std(config: ModelConfig) -> float:

@@ -327,11 +327,16 @@ class ModelConfig:
         if largest is None:
             return None
         settings = {name: getattr(self, "moe_" + name) for name in MOE_FIELDS}
+        if (settings["expert_capacity_factor"] or 0.0) < 0:
+            # Megatron-Core's TransformerConfig.__post_init__: "if self.moe_expert_capacity_factor < 0:
+            # self.moe_expert_capacity_factor = None", no capacity (dropless); said at the start (moe_notes)
+            settings["expert_capacity_factor"] = None
         if self.moe_gating == "deepspeed":
             settings.update(router_topk=self.topk, router_load_balancing_type="none", aux_loss_coeff=0.0,
                             z_loss_coeff=None)
         return MoESettings(
-            num_experts=largest, ffn_hidden_size=self.moe_ffn_hidden_size or self.ffn_size,
+            num_experts=largest,
+            ffn_hidden_size=self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_size,
             gating=self.moe_gating, train_capacity_factor=self.moe_train_capacity_factor,
             eval_capacity_factor=self.moe_eval_capacity_factor, min_capacity=self.moe_min_capacity,
             drop_tokens=self.moe_token_dropping, loss_coeff=self.moe_loss_coeff,

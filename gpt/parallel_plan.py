@@ -115,13 +115,15 @@ class TensorParallelPlan:
         return STYLE_CLASSES[style](in_features, out_features, state=self.state, init_std=init_std, bias=bias,
                                     sequence_parallel=self.sequence_parallel)
 
-    def output_linear(self, name: str, in_features: int, out_features: int, *, init_std: float) -> nn.Module:
-        """The untied output layer: column-parallel over the vocabulary, no bias. Its weight is read by the
-        loss directly, after the model gathers the sequence (GPTModel.output), so the layer itself gathers
-        nothing."""
+    def output_linear(self, name: str, in_features: int, out_features: int, *, init_std: float,
+                      vocab_size: int) -> nn.Module:
+        """The untied output layer: column-parallel over the (padded) vocabulary, no bias; its first `vocab_size`
+        rows are real. Its weight is read by the loss directly, after the model gathers the sequence
+        (GPTModel.output), so the layer itself gathers nothing."""
         if self.style(name) != COLUMN:
             raise ValueError(f"{name!r} must be column-parallel in the plan")
-        return ColumnParallelLinear(in_features, out_features, state=self.state, init_std=init_std, bias=False)
+        return ColumnParallelLinear(in_features, out_features, state=self.state, init_std=init_std, bias=False,
+                                    real_rows=vocab_size)
 
     def embedding(self, name: str, vocab_size: int, padded_vocab_size: int, hidden_size: int, *, init_std: float,
                   scatter_in_lookup: bool) -> nn.Module:

@@ -21,10 +21,24 @@ LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 LAYER_CHARS = "ELtm"
 
 
-def parse_layout(text: str) -> list[str]:
-    """parse_str_to_list: the virtual stages' strings, with the repetitions unrolled."""
+# parse_str_to_list's two unrollings, in its order: `(...)*n`, then `x*n`
+REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
+# without a model to hold it to: a layout no launch could use, refused before it is unrolled in memory
+MAX_UNROLLED = 10**6
+
+
+def parse_layout(text: str, max_length: int = MAX_UNROLLED) -> list[str]:
+    """parse_str_to_list: the virtual stages' strings, with the repetitions unrolled. Each unrolling's length is
+    counted before it is made, so `t*1000000000000` is one line, not the memory of a 10^12-character string."""
     unrolled = text.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+    for pattern in REPEATS:
+        matches = list(re.finditer(pattern, unrolled))
+        length = len(unrolled) + sum(len(match.group(1)) * _repeat(match.group(2)) - len(match.group(0))
+                                     for match in matches)
+        if length > max(max_length, len(unrolled)):
+            raise ConfigError(f"{LAYOUT_FLAG} {text} unrolls to {length:.3g} characters, more than the layers, E, L "
+                              f"and stage separators a layout of this model can hold ({max_length}): give each "
+                              f"repetition the count of layers it places", flags=(LAYOUT_FLAG,))
         unrolled = re.sub(pattern, lambda match: match.group(1) * int(match.group(2)), unrolled)
     stages = unrolled.split("|")
     for stage in stages:
@@ -35,9 +49,16 @@ def parse_layout(text: str) -> list[str]:
     return stages
 
 
+def _repeat(digits: str) -> int:
+    """A repetition count; past 18 digits (where int() of a long text also refuses) it is only "too many"."""
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
 def layout_chunks(text: str, pipeline_size: int, num_layers: int, mtp_num_layers: int) -> list[list[str]]:
     """[pipeline rank][model chunk] -> that virtual stage's string, checked as validate_layer_layout checks it."""
-    stages = parse_layout(text)
+    # a valid layout holds each layer once, E and L, and fewer stages per rank than it has layers and E and L
+    # (every rank holds a t): (PP + 1) x (layers + 2) characters at most
+    stages = parse_layout(text, max_length=(pipeline_size + 1) * (num_layers + mtp_num_layers + 2))
     if len(stages) % pipeline_size:
         raise ConfigError(f"{LAYOUT_FLAG} {text} has {len(stages)} stages, not a multiple of "
                           f"--pipeline-model-parallel-size {pipeline_size}",

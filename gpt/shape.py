@@ -15,6 +15,7 @@ query groups, biases, output layer) come with the config, so every count follows
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -29,6 +30,7 @@ from gpt.parallel_plan import tensor_parallel_plan
 from gpt.xielu import XIELU, XIELU_SAVED_BYTES
 from parallel.config import ParallelismConfig
 from parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from parallel.sharding import record_of
 from parallel.state import virtual_state
 from zero.memory import LayerActivationTerms
 
@@ -207,11 +209,11 @@ def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
     """One MoE block's parameters, active parameters and active linear FLOPs per token (see ModelShape)."""
     moe = block.mlp
     experts = list(moe.experts.children())
-    per_expert = _parameters(experts[0], tensor_parallel_size)
-    total = _parameters(block, tensor_parallel_size)
+    per_expert = _parameters(experts[0])
+    total = _parameters(block)
 
     def weight_flops(module: nn.Module) -> int:  # every TP rank's slices of a split weight
-        return sum(2 * parameter.numel() * (tensor_parallel_size if hasattr(parameter, "tensor_parallel_dim") else 1)
+        return sum(2 * math.prod(record_of(parameter).global_shape)
                    for name, parameter in module.named_parameters() if name.endswith("weight") and name != "gate_weight")
 
     # attention's projections (its scores and context are added per sequence length: AttentionShape)
@@ -237,14 +239,14 @@ def _input_features(mlp: nn.Module) -> int:
 
 def _read_shape(model: GPTModel, tensor_parallel_size: int) -> ModelShape:
     (block,) = model.blocks
-    block_parameters = _parameters(block, tensor_parallel_size)
+    block_parameters = _parameters(block)
     vocabulary = [module for module in model.modules() if isinstance(module, VocabParallelEmbedding)]
     if model.output_layer is not None:  # untied: one row of its own per vocabulary entry
         vocabulary.append(model.output_layer)
     # The probe has one vocabulary row per TP rank: a vocabulary module's parameters are one row's.
-    per_row = sum(_parameters(module, tensor_parallel_size) for module in vocabulary) // tensor_parallel_size
-    outside = (_parameters(model, tensor_parallel_size) - block_parameters
-               - sum(_parameters(module, tensor_parallel_size) for module in vocabulary))
+    per_row = sum(_parameters(module) for module in vocabulary) // tensor_parallel_size
+    outside = (_parameters(model) - block_parameters
+               - sum(_parameters(module) for module in vocabulary))
     return ModelShape(tensor_parallel_size=tensor_parallel_size, num_layers=1, seq_length=1,
                       hidden_size=model.config.hidden_size, parameters_per_block=block_parameters,
                       parameters_outside_blocks=outside, parameters_per_vocabulary_row=per_row,
@@ -269,11 +271,10 @@ def _mlp_gradient_features(block: nn.Module) -> int:
     return 0
 
 
-def _parameters(module: nn.Module, tensor_parallel_size: int) -> int:
-    """Every TP rank's parameters of `module`: a parameter split over TP (`tensor_parallel_dim`, set by
-    parallel/layers.py) counts TP times, a replicated one once; a tied parameter once."""
-    return sum(parameter.numel() * (tensor_parallel_size if hasattr(parameter, "tensor_parallel_dim") else 1)
-               for parameter in module.parameters())
+def _parameters(module: nn.Module) -> int:
+    """Every TP rank's parameters of `module`: a parameter split over TP counts its whole tensor (its sharding
+    record, parallel/sharding.py), a replicated one once; a tied parameter once."""
+    return sum(math.prod(record_of(parameter).global_shape) for parameter in module.parameters())
 
 
 def _block_matmuls(block: nn.Module) -> tuple[BlockMatmul, ...]:

@@ -28,6 +28,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from parallel.sharding import ShardingRecord, record_of
+
 # SplitMix64's constants, as the signed int64 values with the same bits.
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -88,24 +90,14 @@ def stream_key(seed: int, name: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
-def whole_shape(param: torch.Tensor, tensor_parallel_size: int) -> tuple[int, ...]:
-    """The shape of the whole (all TP ranks) tensor of which `param` is this rank's slice."""
-    shape = list(param.shape)
-    dim = getattr(param, "tensor_parallel_dim", None)
-    if dim is not None:
-        shape[dim] *= tensor_parallel_size
-    return tuple(shape)
-
-
 class ParameterInitializer:
-    """Computes any range of any parameter's initial values for one TP rank of a run seeded `seed`."""
+    """Computes any range of any parameter's initial values for a run seeded `seed`: a parameter's sharding
+    record (parallel/sharding.py) says which slice of its whole tensor it is, so a rank draws its own elements."""
 
-    def __init__(self, seed: int, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0) -> None:
+    def __init__(self, seed: int) -> None:
         if seed < 0:
             raise ValueError(f"the seed must be >= 0, got {seed}")
         self.seed = seed
-        self.tensor_parallel_size = tensor_parallel_size
-        self.tensor_parallel_rank = tensor_parallel_rank
 
     def values(self, name: str, param: torch.Tensor, local_start: int, count: int,
                device: torch.device) -> torch.Tensor:
@@ -120,33 +112,33 @@ class ParameterInitializer:
                              f"({param.numel()} elements)")
         if method.std == 0.0:
             return torch.full((count,), method.constant, dtype=torch.float32, device=device)
-        whole = whole_shape(param, self.tensor_parallel_size)
+        record = record_of(param)
         key = stream_key(self.seed, name)
         out = torch.empty(count, dtype=torch.float32, device=device)
         for begin in range(0, count, CHUNK_ELEMENTS):
             n = min(CHUNK_ELEMENTS, count - begin)
-            indices = self._whole_indices(param, whole, local_start + begin, n, device)
+            indices = self._whole_indices(record, local_start + begin, n, device)
             chunk = standard_normals(key, indices).mul_(method.std)
             if method.rows is not None:
-                row_numel = math.prod(whole[1:])
+                row_numel = math.prod(record.global_shape[1:])
                 chunk.masked_fill_(indices >= method.rows * row_numel, 0.0)
             out[begin:begin + n] = chunk
         return out
 
-    def _whole_indices(self, param: torch.Tensor, whole: tuple[int, ...], local_start: int, count: int,
-                       device: torch.device) -> torch.Tensor:
+    @staticmethod
+    def _whole_indices(record: ShardingRecord, local_start: int, count: int, device: torch.device) -> torch.Tensor:
         local = torch.arange(local_start, local_start + count, dtype=torch.int64, device=device)
-        dim = getattr(param, "tensor_parallel_dim", None)
-        if dim is None or self.tensor_parallel_size == 1:
+        dim = record.split_dim
+        if dim is None:
             return local
-        # Split the local index at the TP dimension: (outer, position along it, inner). The whole
-        # tensor has the same outer and inner extents and TP times the extent along the dimension;
-        # this rank's positions start at rank x the local extent.
-        inner = math.prod(param.shape[dim + 1:])
-        local_block = param.shape[dim] * inner
+        # Split the local index at the split dimension: (outer, position along it, inner). The whole
+        # tensor has the same outer and inner extents and a longer extent along the dimension; this
+        # rank's positions start at its slice's offset along it.
+        inner = math.prod(record.local_shape[dim + 1:])
+        local_block = record.local_shape[dim] * inner
         outer, within = local.div(local_block, rounding_mode="floor"), local.remainder(local_block)
-        whole_block = whole[dim] * inner
-        return outer.mul_(whole_block).add_(within).add_(self.tensor_parallel_rank * local_block)
+        whole_block = record.global_shape[dim] * inner
+        return outer.mul_(whole_block).add_(within).add_(record.global_offset[dim] * inner)
 
     def fill(self, name: str, param: torch.Tensor, out: torch.Tensor, local_start: int = 0) -> torch.Tensor:
         """Write `param`'s local elements [local_start, local_start + out.numel()) into the flat
@@ -161,7 +153,7 @@ class ParameterInitializer:
 def replace_parameters(module: nn.Module, replacements: dict[int, tuple[nn.Parameter, torch.Tensor]]
                        ) -> dict[int, nn.Parameter]:
     """For each `id(old): (old, data)`, put a new Parameter over `data` in every module that holds
-    `old` (a tied parameter has several owners), keeping its attributes (tensor_parallel_dim,
+    `old` (a tied parameter has several owners), keeping its attributes (its sharding record,
     init_method). Returns id(old) -> the new parameter. Needed to leave the meta device: a meta
     tensor's `.data` cannot be set to a real one. One walk over the modules, whatever the count.
 
@@ -181,11 +173,11 @@ def replace_parameters(module: nn.Module, replacements: dict[int, tuple[nn.Param
     return new_params
 
 
-def materialize(module: nn.Module, seed: int, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0,
-                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
+def materialize(module: nn.Module, seed: int, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32) -> nn.Module:
     """Give every meta parameter of `module` memory on `device` in `dtype`, filled with its initial
-    values (the whole local TP slice). Parameters already materialized are left as they are."""
-    initializer = ParameterInitializer(seed, tensor_parallel_size, tensor_parallel_rank)
+    values (the slice its sharding record names). Parameters already materialized are left as they are."""
+    initializer = ParameterInitializer(seed)
     device = torch.device(device)
     replacements = {}
     for name, param in module.named_parameters():

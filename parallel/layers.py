@@ -7,9 +7,9 @@ tensor element by element, so whoever materializes it (`parallel.init.materializ
 its flat buffers) computes only this rank's slice, and a model at TP=k holds exactly the slices of
 the model at TP=1. At TP=1 each layer is exactly `nn.Linear` / `nn.Embedding`.
 
-Sharded parameters carry `tensor_parallel_dim` (the dimension they are split along) so that
-gradient-norm code and the initializer can tell them from replicated parameters without knowing the
-model.
+Sharded parameters carry a sharding record (parallel/sharding.py: the whole shape, this rank's slice of it)
+so that the initializer, ZeRO's gradient norm and the checkpoint can tell them from replicated parameters
+without knowing the model.
 
 The collectives that make the slices add up to the unsplit layer are the autograd mappings of
 `parallel.mappings`: a column-parallel linear enters its TP region with `copy` (all-reduce of the input
@@ -44,15 +44,18 @@ from parallel.mappings import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_parallel_region,
 )
+from parallel.sharding import TENSOR_PARALLEL, set_record, split_record
 from parallel.state import ParallelState
 
 
-def meta_parameter(shape: tuple[int, ...], init: InitMethod, tensor_parallel_dim: int | None = None
-                   ) -> nn.Parameter:
-    """A parameter with a shape and an initialisation but no memory yet."""
+def meta_parameter(shape: tuple[int, ...], init: InitMethod, state: Optional[ParallelState] = None,
+                   split_dim: int | None = None, real_rows: Optional[int] = None) -> nn.Parameter:
+    """A parameter with a shape and an initialisation but no memory yet; with `split_dim`, this TP rank's slice
+    along it of the whole tensor (its sharding record, parallel/sharding.py, says which)."""
     param = set_init_method(nn.Parameter(torch.empty(shape, device="meta")), init)
-    if tensor_parallel_dim is not None:
-        param.tensor_parallel_dim = tensor_parallel_dim
+    if split_dim is not None:
+        set_record(param, split_record(shape, split_dim, state.tensor_parallel_size, state.tensor_parallel_rank,
+                                       TENSOR_PARALLEL, real_rows))
     return param
 
 
@@ -72,7 +75,9 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, *, state: ParallelState, init_std: float,
                  bias: bool = True, gather_output: bool = False, gradient_accumulation_fusion: bool = False,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, real_rows: Optional[int] = None):
+        """`real_rows`: of the output features, how many are real where the rest pad the vocabulary (the untied
+        output layer's; its sharding record says so)."""
         super().__init__()
         _check_divisible(output_size, state, "column-parallel output size")
         self.input_size, self.output_size = input_size, output_size
@@ -80,9 +85,10 @@ class ColumnParallelLinear(nn.Module):
         # Off by default and not wired into ZeRO (parallel/grad_accumulation_fusion.py says why).
         self.linear = linear_with_main_grad_accumulation if gradient_accumulation_fusion else F.linear
         local = output_size // state.tensor_parallel_size
-        self.weight = meta_parameter((local, input_size), InitMethod.normal(init_std), tensor_parallel_dim=0)
+        self.weight = meta_parameter((local, input_size), InitMethod.normal(init_std), state, split_dim=0,
+                                     real_rows=real_rows)
         if bias:
-            self.bias = meta_parameter((local,), InitMethod.zeros(), tensor_parallel_dim=0)
+            self.bias = meta_parameter((local,), InitMethod.zeros(), state, split_dim=0)
         else:
             self.register_parameter("bias", None)
 
@@ -119,7 +125,7 @@ class RowParallelLinear(nn.Module):
         self.state, self.input_is_parallel, self.sequence_parallel = state, input_is_parallel, sequence_parallel
         self.linear = linear_with_main_grad_accumulation if gradient_accumulation_fusion else F.linear
         local = input_size // state.tensor_parallel_size
-        self.weight = meta_parameter((output_size, local), InitMethod.normal(init_std), tensor_parallel_dim=1)
+        self.weight = meta_parameter((output_size, local), InitMethod.normal(init_std), state, split_dim=1)
         if bias:
             self.bias = meta_parameter((output_size,), InitMethod.zeros())
             self.bias.sequence_parallel = sequence_parallel
@@ -181,7 +187,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start_index = state.tensor_parallel_rank * rows_per_rank
         self.vocab_end_index = self.vocab_start_index + rows_per_rank
         self.weight = meta_parameter((rows_per_rank, embedding_dim), InitMethod.normal(init_std, rows=vocab_size),
-                                     tensor_parallel_dim=0)
+                                     state, split_dim=0, real_rows=vocab_size)
         self.state, self.reduce_scatter_output = state, reduce_scatter_output
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:

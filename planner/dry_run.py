@@ -24,7 +24,9 @@ Its cost is bounded. Every layer is a real module with its hooks and autograd gr
 milliseconds each, so a repeat on the same shapes is answered from `planner/meta_kernels.py`'s cache,
 0.053 s a layer without it), so a dry run plans at most
 `MAX_PLAN_LAYERS` layers: the deepest Transformers published have about 1,000 (DeepNet), and a
-million-layer typo would otherwise take a day and more memory than the host has. Within the cap a
+million-layer typo would otherwise take a day and more memory than the host has; MTP layers count among them.
+Each expert of an MoE layer is a module of its own too (about 4 ms a layer each), so a dry run plans at most
+`MAX_PLAN_EXPERTS` experts per layer, twice the most a published MoE has (Switch-C's 2,048). Within the caps a
 dry run can still take minutes (the layers times the micro-batches of one iteration), so one that is
 still running after `PROGRESS_INTERVAL_S` says how far it is, one line at most that often.
 """
@@ -45,6 +47,7 @@ from arguments.batch_schedule import BatchSchedule
 from arguments.bounds import check_tensor_sizes
 from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
+from checkpoint.global_load import load_read_bytes
 from gpt.attention_backend import KERNELS
 from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
@@ -64,6 +67,7 @@ from zero.memory import MODEL_STATE_CATEGORIES, format_bytes, host_resident_tens
 
 META = torch.device("meta")
 MAX_PLAN_LAYERS = 1024
+MAX_PLAN_EXPERTS = 4096
 PROGRESS_INTERVAL_S = 10.0
 UNKNOWNS = (
     "the caching allocator's fragmentation and reserved-but-unused blocks",
@@ -115,6 +119,8 @@ class RankPlan:
     loss_softmax_bytes: int
     gradient_working_bytes: int          # the logits gradient and a block backward's (gpt/shape.py's widths)
     step_working_bytes: int              # what the optimizer step allocates at its peak, copies included
+    # what a resume reads on this rank: its partition's master and moments, at any saved layout (checkpoint/global_load.py)
+    checkpoint_read_bytes: int
     parameter_gradient_bytes: int        # the largest gradient autograd hands the reducer (tied: summed)
     transport_copy_bytes: dict[str, int]  # gloo's copy of the largest collective: {"passes", "step"}
     process_baseline_bytes: int          # CPU: this process's RSS at the start of the plan (not in total)
@@ -350,11 +356,22 @@ class _Progress:
 
 
 def check_plannable(config: PretrainConfig) -> None:
-    """Refuse a model deeper than a dry run plans (see the module docstring)."""
-    if config.model.num_layers > MAX_PLAN_LAYERS:
-        raise ConfigError(f"--num-layers {config.model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
+    """Refuse a model deeper, or with more experts per layer, than a dry run plans (see the module docstring)."""
+    model = config.model
+    if model.num_layers > MAX_PLAN_LAYERS:
+        raise ConfigError(f"--num-layers {model.num_layers}: a dry run plans at most {MAX_PLAN_LAYERS} layers "
                           f"(MAX_PLAN_LAYERS in planner/dry_run.py; each costs about 0.02 s and 0.1 MB per micro-batch, "
                           f"and the deepest published Transformers have about 1,000); plan a shallower model")
+    if model.num_layers + model.mtp_num_layers > MAX_PLAN_LAYERS:  # each MTP layer is a block too
+        raise ConfigError(f"--num-layers {model.num_layers} and --mtp-num-layers {model.mtp_num_layers}: a dry run "
+                          f"plans at most {MAX_PLAN_LAYERS} layers, MTP layers included (MAX_PLAN_LAYERS in "
+                          f"planner/dry_run.py); plan fewer", flags=("--mtp-num-layers",))
+    experts = model.moe.num_experts if model.moe is not None else 0
+    if experts > MAX_PLAN_EXPERTS:
+        raise ConfigError(f"--num-experts {experts}: a dry run plans at most {MAX_PLAN_EXPERTS} experts per layer "
+                          f"(MAX_PLAN_EXPERTS in planner/dry_run.py; each expert is its own module, about 4 ms a layer "
+                          f"to plan, and the most a published MoE has is Switch-C's 2,048); plan fewer",
+                          flags=("--num-experts",))
 
 
 def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int = 0,
@@ -468,6 +485,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp_num_layers),
         gradient_working_bytes=logits + block_gradients,
         step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
+        checkpoint_read_bytes=load_read_bytes(model, optimizer),
         parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
         pipeline=pipeline,
         process_baseline_bytes=baseline,

@@ -160,6 +160,8 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                      f"  budget {format_bytes(plan.budget_bytes)}: {verdict}, short by {format_bytes(-plan.headroom_bytes)}"
                      + (f"; {best_lever(levers).describe()}" if levers else ""))
     lines += _host_lines(plan, width, _moments(config))
+    lines.append(f"  {'a resume reads (the fp32 master and moments of its own partition, at any saved layout)':<{width}} "
+                 f"{format_bytes(plan.checkpoint_read_bytes):>12}")
     lines += ["", "sent per iteration by this rank:"]
     for group, kinds in plan.comm_bytes.items():
         # the point-to-point messages are the pipeline's lines (beside their size); without stages the pipeline's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from arguments.config import PretrainConfig
 from arguments.config_sources import PRESET
-from training.run_settings import model_vocabulary, tokenizer_named
+from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 
 def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
@@ -14,16 +14,17 @@ def launch_vocab(config: PretrainConfig) -> tuple[int, str]:
     tokenizer the flags name, or for the embedded corpus the BPE trained on it: at most --tokenizer-vocab-size
     tokens). `python -m zero.plan`, `--dry-run` and the check before the build all plan with it."""
     data = config.data
+    tokens = tokenizer_size_from_flags(config)
     if data.tokenizer_type == "NullTokenizer":
-        tokens, source = config.model.vocab_size + 1, f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
-    elif tokenizer_named(config):
+        source = f"--vocab-size {config.model.vocab_size} plus the end-of-document id"
+    elif tokens is None:
         from data.tokenizer import load_named_tokenizer
 
         tokens = load_named_tokenizer(data.tokenizer_type, data.tokenizer_file, data.vocab_file,
                                       data.merge_file).vocab_size
         source = "the tokenizer named by the flags"
     else:
-        tokens, source = data.tokenizer_vocab_size, "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
+        source = "the embedded corpus's tokenizer (--tokenizer-vocab-size)"
     vocab = model_vocabulary(config, tokens)
     if config.checkpoint.init_from_hf:
         source = "the --init-from-hf folder's vocab_size"

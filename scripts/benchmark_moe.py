@@ -401,6 +401,7 @@ class OurMoESystem:
     def __init__(self, spec: dict, config, state):
         from gpt.model import GPTModel
         from gpt.parallel_plan import tensor_parallel_plan
+        from parallel.sharding import record_of
         from zero.apply import apply_zero
         from zero.experts import build_zero_with_experts
 
@@ -408,7 +409,7 @@ class OurMoESystem:
         self.model = GPTModel(config.model, state, plan=tensor_parallel_plan(state, config.parallel))
         params = list(self.model.parameters())
         self.parameters = sum(p.numel() for p in params)  # on the meta device: whole shapes at any ZeRO stage
-        self.expert_parameters = sum(p.numel() for p in params if getattr(p, "expert_parallel", False))
+        self.expert_parameters = sum(p.numel() for p in params if record_of(p).is_expert)
         self.zero = apply_zero(self.model, config, state, blocks=self.model.blocks,
                                build=build_zero_with_experts if state.experts.model_size > 1 else None)
         self.optimizer = self.zero.optimizer

@@ -4,25 +4,26 @@
     python scripts/reshard_checkpoint.py runs/ckpt runs/ckpt_tp4 --tensor-model-parallel-size 4
     python pretrain_gpt.py ... --tensor-model-parallel-size 4 --load runs/ckpt_tp4
 
-A run resumes at any DP size and ZeRO stage by itself (each rank reads the fragments it needs), but
-not at another TP size: every TP rank's tensors are a different slice of each weight, and the word
-embedding's vocabulary is padded to a multiple of make_vocab_size_divisible_by x TP. So this tool
-puts the fp32 master weights and both Adam moments back into whole tensors (`consolidate`),
-re-pads the vocabulary for the new TP size (the padding rows are zeros and never trained, so rows
-are appended as zeros or dropped), cuts each tensor for each new TP rank, and writes a checkpoint of
-the new TP size at DP=1: per TP rank one optimizer partition holding its parameters end to end
-(one fragment per parameter) and the model file in the training dtype. The iteration, consumed
-samples, Adam step, loss scaler and learning rate carry over, so training continues where it
-stopped. RNG states do not: the TP-private streams belong to the old TP ranks, so the resumed run
-notes it and seeds them from --seed. The same TP size is accepted too: a re-layout to DP=1.
+A run loads a checkpoint at any layout by itself (checkpoint/global_load.py), so this tool is not needed to
+change TP: it is kept for a checkpoint to hand over already cut, say to a tool that reads one TP rank's files.
+It is a thin wrapper over the loader's code: the checkpoint is opened as whole tensors by name
+(checkpoint/zero_gpt_source.py, which reads any layout and any version through the sharding records), and
+each new TP rank's slice of every tensor is read as a region of it (the parameter table's split dimension cut in
+equal slices; the vocabulary re-padded for the new size: rows the new padding drops are dropped, rows it adds are
+zeros), for the fp32 master and every state the checkpoint's optimizer keeps (AdEMAMix's slow momentum too), each
+in the dtype the checkpoint stored it. Each new TP rank gets one optimizer partition at DP=1 (its slices end to
+end, one fragment per parameter, with their records) and a model file in the training dtype, which `--load` then
+reads at any DP size and stage. The iteration, consumed samples, Adam step, loss scaler and learning rate carry
+over. RNG states do not: the TP-private streams belong to the old TP ranks, so the resumed run notes it and seeds
+them from --seed. The same TP size is accepted too: a re-layout to DP=1.
 
 OUT is a --save style directory: the checkpoint is written to OUT/iter_NNNNNNN.partial and renamed
 into place, and OUT/latest is replaced atomically, so an interrupted rewrite leaves nothing a run
 would load. OUT is held with the same lock a training run takes (checkpoint/save_directory.py), is never
 inside a checkpoint, and if it already holds checkpoints they are replaced only with --overwrite.
 Every file of CKPT is verified before it is read (--no-verify-checkpoint skips the content hashes).
-Memory: three whole fp32 copies of the model (master, exp_avg, exp_avg_sq) plus one new TP rank's
-files. No GPU and no process group. Errors are one line on stderr and exit status 2.
+Memory: one new TP rank's slices of every state, read a region at a time. No GPU and no process group.
+Errors are one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -42,42 +43,40 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are n
 import torch  # noqa: E402
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
+from checkpoint.file_names import model_file, optimizer_file  # noqa: E402
 from checkpoint.format import (  # noqa: E402
     METADATA_FILE,
+    RECORDS,
     STAGING_SUFFIX,
     TOKENIZER_DIR,
     CheckpointError,
     commit,
-    consolidate,
     iteration_dir_name,
     metadata_text,
-    model_file,
-    optimizer_file,
     read_metadata,
     remove_stale_saves,
     resolve_checkpoint,
     save_tensors,
-    tensor_parallel_slice,
     write_text_atomic,
 )
 from checkpoint.inside import folder_files  # noqa: E402
 from checkpoint.integrity import hash_files, verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
-from checkpoint.sharded import saved_moment_dtypes, saved_optimizer  # noqa: E402
+from checkpoint.zero_gpt_source import ZeroGptSource, saved_moment_dtypes  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
-from zero.optimizer_state import PARTITION_TENSORS_OF  # noqa: E402
 
-# The one parameter whose shape depends on the TP size beyond the split itself (vocabulary padding).
+# The parameters whose shape depends on the TP size beyond the split itself (vocabulary padding): a parameter
+# table since the records says so itself (`real_rows`); one from before names none, and these are the two.
 WORD_EMBEDDING = "word_embeddings.weight"
+VOCABULARY = (WORD_EMBEDDING, "output_layer.weight")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = OneLineArgumentParser(
         prog="reshard_checkpoint.py", description=__doc__.split("\n\n")[0],
-        epilog="Memory: three whole fp32 copies of the model (master weights and both Adam moments) "
-               "plus one new TP rank's files; no GPU needed.")
+        epilog="Memory: one new TP rank's slices of every optimizer state, read a region at a time; no GPU needed.")
     p.add_argument("checkpoint", metavar="CKPT",
                    help="a --save directory (its latest checkpoint) or one iter_NNNNNNN directory")
     p.add_argument("output", metavar="OUT",
@@ -106,59 +105,71 @@ def check_splittable(metadata: dict, table: dict, tensor_parallel_size: int) -> 
                                   f"{name}'s dimension {dim} ({entry['shape'][dim]})")
 
 
-def repad_vocabulary(whole: dict[str, dict[str, torch.Tensor]], rows: int) -> None:
-    """Give the word embedding `rows` rows in every key, in place: zero rows appended, or padding rows
-    dropped. Dropping is safe only for rows that are still zero in the master weights; anything else
-    means they were not padding, and the rewrite would lose trained weights."""
-    master = whole["master"][WORD_EMBEDDING]
-    saved_rows = master.shape[0]
-    if rows < saved_rows and master[rows:].count_nonzero() > 0:
-        raise CheckpointError(f"{WORD_EMBEDDING} rows {rows}..{saved_rows - 1} are not zero, so they are not "
-                              "vocabulary padding; refusing to drop them")
-    if rows == saved_rows:
-        return
-    for tensors in whole.values():
-        weight = tensors[WORD_EMBEDDING]
-        if rows < saved_rows:
-            tensors[WORD_EMBEDDING] = weight[:rows].clone()  # a copy, so the dropped rows are freed
-        else:
-            tensors[WORD_EMBEDDING] = torch.cat([weight, weight.new_zeros(rows - saved_rows, weight.shape[1])])
+def pads_vocabulary(name: str, entry: dict) -> bool:
+    return entry.get("real_rows") is not None or name in VOCABULARY
 
 
 def resharded_table(table: dict, vocabulary_rows: int) -> dict:
-    """The parameter table with the word embedding's new whole shape (the only one that changes)."""
+    """The parameter table with the vocabulary's new whole row count (the only shapes that change)."""
     if WORD_EMBEDDING not in table:
         raise CheckpointError(f"the checkpoint has no parameter {WORD_EMBEDDING}: not a GPT checkpoint of this repo")
     table = copy.deepcopy(table)
-    table[WORD_EMBEDDING]["shape"][0] = vocabulary_rows
+    for name, entry in table.items():
+        if pads_vocabulary(name, entry):
+            entry["shape"][0] = vocabulary_rows
     return table
 
 
-def write_rank_files(staging: Path, whole: dict[str, dict[str, torch.Tensor]], table: dict, tensor_parallel_rank: int,
-                     tensor_parallel_size: int, dtype: torch.dtype,
-                     stored: Optional[dict[str, torch.dtype]] = None) -> dict[str, int]:
-    """One new TP rank's optimizer partition (DP rank 0 holds everything: one fragment per parameter,
-    the local tensors flattened end to end; each of `whole`'s keys, stored in its `stored` dtype, fp32 by
-    default) and its model file; returns {file name: bytes}."""
-    stored = stored or {}
-    def local(key: str, name: str) -> torch.Tensor:
-        return tensor_parallel_slice(whole[key][name], table[name]["tensor_parallel_dim"], tensor_parallel_rank,
-                                     tensor_parallel_size)
+def new_slice(entry: dict, tensor_parallel_rank: int, tensor_parallel_size: int
+              ) -> tuple[list[int], list[int]]:
+    """(global offset, local shape) of a new TP rank's slice: equal slices along the table's split dimension."""
+    shape, dim = list(entry["shape"]), entry["tensor_parallel_dim"]
+    offset = [0] * len(shape)
+    if dim is not None:
+        shape[dim] //= tensor_parallel_size
+        offset[dim] = tensor_parallel_rank * shape[dim]
+    return offset, shape
 
+
+def read_slice(source: ZeroGptSource, key: str, name: str, offset: list[int], shape: list[int], saved_rows: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The region of the saved whole tensor this slice covers; rows past the saved tensor's (new vocabulary
+    padding) are zeros."""
+    out = torch.zeros(shape, dtype=dtype)
+    rows = min(offset[0] + shape[0], saved_rows) - offset[0] if shape else 1
+    if rows > 0:
+        region = tuple(slice(o, o + (rows if d == 0 else n)) for d, (o, n) in enumerate(zip(offset, shape)))
+        out[:rows] = source.read(key, name, region).to(dtype)
+    return out
+
+
+def write_rank_files(staging: Path, source: ZeroGptSource, saved_table: dict, table: dict, tensor_parallel_rank: int,
+                     tensor_parallel_size: int, dtype: torch.dtype, stored: dict[str, torch.dtype]) -> dict[str, int]:
+    """One new TP rank's optimizer partition (DP rank 0 holds everything: one fragment per parameter, its slices
+    end to end, each of the source's states in its `stored` dtype) and its model file; returns {file name: bytes}."""
+    slices = {name: new_slice(entry, tensor_parallel_rank, tensor_parallel_size) for name, entry in table.items()}
     fragments, offset = [], 0
-    for name in table:
-        numel = local("master", name).numel()
+    for name, (_, shape) in slices.items():
+        numel = torch.Size(shape).numel()
         fragments.append([name, 0, offset, numel])
         offset += numel
-    partition = {key: torch.cat([local(key, name).reshape(-1) for name in table]).to(stored.get(key, torch.float32))
-                 for key in whole}
+    records = {name: [slice_offset, shape] for name, (slice_offset, shape) in slices.items()}
+    partition = {}
+    for key in source.keys():
+        partition[key] = torch.cat([read_slice(source, key, name, *slices[name], saved_table[name]["shape"][0],
+                                               stored.get(key, torch.float32)).reshape(-1) for name in table])
     written = {}
     name = optimizer_file(tensor_parallel_rank, 0)
-    written[name] = save_tensors(staging / name, partition, {"fragments": fragments})
-    del partition
+    written[name] = save_tensors(staging / name, partition, {"fragments": fragments, RECORDS: records})
     # What publish_parameters would make of these master weights: each one rounded to the training dtype.
-    weights = {name: local("master", name).to(dtype) for name in table}
-    written[model_file(tensor_parallel_rank)] = save_tensors(staging / model_file(tensor_parallel_rank), weights)
+    master, weights, position = partition["master"], {}, 0
+    for param, (_, shape) in slices.items():
+        numel = torch.Size(shape).numel()
+        weights[param] = master[position:position + numel].view(shape).to(dtype)
+        position += numel
+    del partition
+    written[model_file(tensor_parallel_rank)] = save_tensors(staging / model_file(tensor_parallel_rank), weights,
+                                                             {RECORDS: records})
     return written
 
 
@@ -168,7 +179,8 @@ def resharded_metadata(metadata: dict, source: Path, table: dict, tensor_paralle
     loss scaler, lr) unchanged, no RNG files."""
     result = copy.deepcopy(metadata)
     # written as one stage, loadable at any; the experts go into the model files with every other weight
-    for key in ("pipeline_parallel_size", "pipeline_stages", "expert_model_parallel_size", "expert_model_files"):
+    for key in ("pipeline_parallel_size", "pipeline_stages", "expert_model_parallel_size", "expert_model_files",
+                "context_parallel_size"):
         result.pop(key, None)
     result.update(
         tensor_parallel_size=tensor_parallel_size,
@@ -206,19 +218,19 @@ def stored_dtypes(metadata: dict) -> dict[str, torch.dtype]:
             for key, dtype in saved_moment_dtypes(metadata).items()}
 
 
-def write_resharded(staging: Path, source: Path, metadata: dict, whole: dict[str, dict[str, torch.Tensor]],
-                    table: dict, tensor_parallel_size: int, log) -> None:
+def write_resharded(staging: Path, source: ZeroGptSource, metadata: dict, table: dict, tensor_parallel_size: int,
+                    log) -> None:
     """Every file of the new checkpoint into `staging`, metadata.json last (as a save does)."""
     files = {}
     for tp in range(tensor_parallel_size):
-        written = write_rank_files(staging, whole, table, tp, tensor_parallel_size, PRECISION_DTYPES[metadata["precision"]],
-                                   stored_dtypes(metadata))
+        written = write_rank_files(staging, source, metadata["parameters"], table, tp, tensor_parallel_size,
+                                   PRECISION_DTYPES[metadata["precision"]], stored_dtypes(metadata))
         files.update(written)
         log(f"  wrote TP rank {tp}: " + ", ".join(f"{name} ({size / 2**20:.1f} MiB)"
                                                     for name, size in written.items()), flush=True)
-    new_metadata = resharded_metadata(metadata, source, table, tensor_parallel_size, files)
+    new_metadata = resharded_metadata(metadata, source.path, table, tensor_parallel_size, files)
     new_metadata["file_hashes"] = hash_files(staging, files)
-    new_metadata["tokenizer"] = copy_tokenizer(source, metadata, staging)
+    new_metadata["tokenizer"] = copy_tokenizer(source.path, metadata, staging)
     write_text_atomic(staging / METADATA_FILE, metadata_text(new_metadata))
 
 
@@ -267,15 +279,12 @@ def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_par
         log(f"> resharding {source} (iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
             f"DP {metadata['data_parallel_size']}, {metadata['precision']}) to TP {tensor_parallel_size} x DP 1",
             flush=True)
-        # every state the checkpoint's optimizer keeps (AdEMAMix's slow momentum too), in fp32 as read
-        whole = consolidate(source, PARTITION_TENSORS_OF[saved_optimizer(metadata)], progress=True)
-        repad_vocabulary(whole, rows)
-
         remove_stale_saves(output)  # safe: the lock says no other writer is saving into OUT
         staging = final.with_name(final.name + STAGING_SUFFIX)
         staging.mkdir()
         try:
-            write_resharded(staging, source, metadata, whole, table, tensor_parallel_size, log)
+            with ZeroGptSource(source, metadata) as whole:  # every state the checkpoint's optimizer keeps
+                write_resharded(staging, whole, metadata, table, tensor_parallel_size, log)
             commit(staging, final, output)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # nothing half-written stays behind

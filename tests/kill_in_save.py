@@ -3,7 +3,8 @@ node lost) while it saves.
 
     KILL_SAVE_POINT=renamed python tests/kill_in_save.py <pretrain_gpt flags>
 
-The points are the steps of `save_checkpoint` (checkpoint/sharded.py) and `commit`
+The points are the steps of `save_checkpoint` (checkpoint/sharded.py, its files through
+checkpoint/writer.py) and `commit`
 (checkpoint/format.py), in order:
   files        the first of the rank's safetensors files written into iter_N.partial, no more
   metadata     every file and metadata.json written into iter_N.partial, not yet renamed
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pretrain_gpt  # noqa: E402
 from checkpoint import format as checkpoint_format  # noqa: E402
 from checkpoint import sharded  # noqa: E402
+from checkpoint import writer  # noqa: E402
 
 POINT = os.environ["KILL_SAVE_POINT"]
 POINTS = ("files", "metadata", "renamed", "tracker", "latest-temp", "latest")
@@ -54,7 +56,7 @@ def write_latest_then(path, text):
 
 
 assert POINT in POINTS, POINT
-sharded.save_tensors = after(sharded.save_tensors, "files")
+writer.save_tensors = after(writer.save_tensors, "files")  # write_files looks it up at call time
 sharded.write_text_atomic = after(sharded.write_text_atomic, "metadata")  # sharded writes only metadata.json with it
 checkpoint_format.replace_directory = after(checkpoint_format.replace_directory, "renamed")
 original_write_text_atomic = checkpoint_format.write_text_atomic

@@ -10,16 +10,18 @@ from arguments.config import ConfigError, PretrainConfig
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
 from gpt.fp8 import check_fp8, torchao_installed
-from training.run_settings import model_vocabulary
+from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 
 def check_vocabulary_flags(config: PretrainConfig) -> None:
     """--vocab-size is Megatron's NullTokenizer vocabulary, not read beside a real tokenizer (training/run_settings.py's
     vocabulary_notes says so at the start); with no tokenizer named it is the model's vocabulary (a preset's), and
-    the embedded corpus's tokenizer, trained here with at most --tokenizer-vocab-size tokens, must fit in it."""
-    if not config.model.vocab_size:
-        return
-    model_vocabulary(config, config.data.tokenizer_vocab_size)
+    the embedded corpus's tokenizer, trained here with at most --tokenizer-vocab-size tokens, must fit in it. Beside
+    --init-from-hf the folder's layer has checked the tokenizer against the folder's vocab_size with the flags."""
+    tokens = tokenizer_size_from_flags(config)
+    if not config.model.vocab_size or tokens is None or config.checkpoint.init_from_hf:
+        return  # the folder's layer (arguments/hf_folder.py) checked the tokenizer against its vocab_size
+    model_vocabulary(config, tokens)
 
 
 def check_fp8_flag(config: PretrainConfig) -> None:

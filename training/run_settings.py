@@ -65,7 +65,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
     training, notes = resolve_precision(config, device_type)
     attention_backend, fallback = resolve_attention_backend(config, training.precision, device_type)
-    notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config)
+    notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config) + moe_notes(config)
     model = dataclasses.replace(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
@@ -95,6 +95,19 @@ def tokenizer_named(config: PretrainConfig) -> bool:
     """Whether the flags name a tokenizer; without one the embedded corpus trains its own BPE here."""
     data = config.data
     return bool(data.tokenizer_type or data.tokenizer_file or data.vocab_file)
+
+
+def tokenizer_size_from_flags(config: PretrainConfig) -> Optional[int]:
+    """The run's tokenizer's size as the flags give it, before any tokenizer is loaded: an explicit tokenizer wins
+    over the embedded corpus's (and, arguments/hf_folder.py, over an --init-from-hf folder's). Megatron's
+    NullTokenizer is --vocab-size ids plus its end-of-document id; with no tokenizer named, the embedded corpus's
+    BPE has at most --tokenizer-vocab-size tokens; None for a tokenizer read from files (its size is known once it
+    is loaded)."""
+    if config.data.tokenizer_type == "NullTokenizer":
+        return config.model.vocab_size + 1
+    if tokenizer_named(config):
+        return None
+    return config.data.tokenizer_vocab_size
 
 
 def model_vocabulary(config: PretrainConfig, tokenizer_vocab_size: int) -> int:
@@ -134,6 +147,16 @@ def _vocab_words(config: PretrainConfig) -> str:
     source = config.sources.get("vocab_size")
     where = f" (vocab_size of the preset {source.origin})" if source is not None and source.kind == PRESET else ""
     return f"--vocab-size {config.model.vocab_size}{where}"
+
+
+def moe_notes(config: PretrainConfig) -> tuple[str, ...]:
+    """A negative --moe-expert-capacity-factor is no capacity, as Megatron-Core reads it (TransformerConfig.__post_init__
+    sets it to None; gpt/model_config.py's `moe` does the same), said once: the value typed is not the one used."""
+    factor = config.model.moe_expert_capacity_factor
+    if config.model.moe is None or config.model.moe_gating != "megatron" or factor is None or factor >= 0:
+        return ()
+    return (f"> --moe-expert-capacity-factor {factor:g}: a negative factor is no capacity, every routed token kept "
+            f"(dropless), as Megatron-Core's TransformerConfig reads it",)
 
 
 def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:

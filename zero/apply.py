@@ -196,7 +196,7 @@ def _value_source(model: nn.Module, params: list[nn.Parameter], state, seed: Opt
         if seed is None:
             raise ValueError("the model is on the meta device: pass the seed its values are drawn from")
         names = {id(param): name for name, param in model.named_parameters()}
-        initializer = ParameterInitializer(seed, state.tensor_parallel_size, state.tensor_parallel_rank)
+        initializer = ParameterInitializer(seed)
         return InitializerSource(initializer, names)
     if any(on_meta):
         raise ValueError("some parameters are on the meta device and some are not: build the model on one")

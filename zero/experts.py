@@ -1,6 +1,7 @@
 """ZeRO for a model with expert-parallel parameters: the experts' states over the expert data-parallel group.
 
-An expert parameter (tagged `param.expert_parallel = True`, Megatron-Core tags its experts `allreduce = False`)
+An expert parameter (its sharding record replicated over "edp", parallel/sharding.py; Megatron-Core tags its
+experts `allreduce = False`)
 is held by the ranks of one expert data-parallel group only (parallel/state.py's ExpertParallel: the ranks with
 the same experts); the other parameters by the whole data-parallel group. So ZeRO is built twice, as
 Megatron-Core builds two DistributedOptimizers chained (megatron/core/optimizer/__init__.py, the expert
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from parallel.mesh import MeshDim, ParallelDims
+from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.apply import ZeroParts, build_zero
 from zero.host_memory import return_freed_blocks_to_system
@@ -44,7 +46,7 @@ from zero.optimizer_state import NamedFragment, ShardedOptimizerState
 
 
 def is_expert_parameter(param: nn.Parameter) -> bool:
-    return bool(getattr(param, "expert_parallel", False))
+    return record_of(param).is_expert
 
 
 def expert_data_parallel_state(state: ParallelState) -> ParallelState:
@@ -99,10 +101,11 @@ class CheckpointableChain:
     expert-parallel rank, as Megatron-LM names a checkpoint file by its expert rank too
     (megatron/training/checkpointing.py get_checkpoint_name, `expert_rank`) and Megatron-Core's experts save by
     global index from their own ranks (megatron/core/transformer/moe/experts.py sharded_state_dict).
-    The partition a rank saves is its dense partition followed by its expert partition; its fragment table names
-    each element once over the checkpoint: a part replicated over its data-parallel group (stage 0) is named by
-    that group's first rank only. Fragments are found by name when loading, so the checkpoint loads at any
-    expert-parallel size (and at EP 1 into a plain ShardedAdamW), each rank reading only its own experts."""
+    The partition a rank saves is its dense partition followed by its expert partition; which of its fragments it
+    names is the save plan's (checkpoint/save_plan.py, by the parameters' sharding records: a part replicated over
+    its data-parallel group at stage 0 by that group's first rank only). Fragments are found by name when loading,
+    so the checkpoint loads at any expert-parallel size (and at EP 1 into a plain ShardedAdamW), each rank reading
+    only its own experts."""
 
     def model_state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
         """The dense parameters whole (every data-parallel rank takes part at stage 3); no expert."""
@@ -121,14 +124,11 @@ class CheckpointableChain:
         offset = next(iter(dense.tensors.values())).numel()
         shifted = [NamedFragment(f.name, f.param_offset, f.partition_offset + offset, f.numel)
                    for f in experts.fragments]
-        owned = (dense.fragments if not dense.replicated or self.data_parallel_rank == 0 else []) + \
-                (shifted if not experts.replicated or self.expert_data_parallel_rank == 0 else [])
         return ShardedOptimizerState(
             tensors={key: torch.cat([dense.tensors[key], experts.tensors[key]]) for key in dense.tensors},
             fragments=dense.fragments + shifted, replicated=False, zero_stage=dense.zero_stage,
             adam_step=dense.adam_step, loss_scaler_type=dense.loss_scaler_type,
-            loss_scaler_state=dense.loss_scaler_state, param_dtype=dense.param_dtype, owned=owned,
-            optimizer=dense.optimizer)
+            loss_scaler_state=dense.loss_scaler_state, param_dtype=dense.param_dtype, optimizer=dense.optimizer)
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], adam_step: Optional[int] = None,
                                 loss_scaler_state: Optional[dict] = None) -> None:
@@ -242,11 +242,11 @@ class ExpertZeroParts:
 def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, state: ParallelState, *,
                             loss_scaler: Optional[LossScaler] = None, own_units=(), decoupled_lr_params=(),
                             **kwargs) -> ExpertZeroParts:
-    """build_zero for a model some of whose parameters are tagged `expert_parallel` (module docstring); the
+    """build_zero for a model some of whose parameters are experts (module docstring); the
     keyword arguments are build_zero's (`own_units` and `decoupled_lr_params`, never experts, go to the dense
     part only)."""
     if not any(is_expert_parameter(param) for param in model.parameters() if param.requires_grad):
-        raise ValueError("build_zero_with_experts: the model has no parameter tagged expert_parallel")
+        raise ValueError("build_zero_with_experts: the model has no expert parameter (a record replicated over edp)")
     scaler = loss_scaler or LossScaler(1.0)
     expert_ids = {id(param) for param in model.parameters() if is_expert_parameter(param)}
     dense = _build_part(model, lambda param: id(param) not in expert_ids, zero_config, optimizer_config, state,

@@ -23,6 +23,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from parallel.sharding import record_of
+
 # Shard boundaries fall on multiples of this many elements (128 bytes of bf16), which keeps every
 # collective's buffer aligned for vectorised copies and NCCL.
 DEFAULT_ALIGNMENT = 64
@@ -31,14 +33,14 @@ DEFAULT_ALIGNMENT = 64
 @dataclass(frozen=True, order=True)
 class ParamKind:
     weight_decay: bool      # False for biases and LayerNorm parameters (fewer than 2 dims), unless marked
-    tensor_parallel: bool   # True when TP ranks hold different slices (carries `tensor_parallel_dim`)
+    tensor_parallel: bool   # True when TP ranks hold different slices (its sharding record is split)
 
     @classmethod
     def of(cls, param: nn.Parameter) -> "ParamKind":
         """Megatron's rule, weight decay for parameters of 2 dims or more, unless the parameter carries
         `apply_weight_decay` (mark_weight_decay: --apply-wd-to-qk-layernorm's norms)."""
         return cls(weight_decay=getattr(param, "apply_weight_decay", param.dim() >= 2),
-                   tensor_parallel=hasattr(param, "tensor_parallel_dim"))
+                   tensor_parallel=record_of(param).is_split)
 
 
 def mark_weight_decay(params, decayed: bool = True) -> None:

@@ -356,7 +356,8 @@ class ShardedAdamW:
         group = self.param_groups[0]
         if "step" in group:  # apex FusedAdam counts per group
             return int(group["step"])
-        return int(self.optimizer.state[group["params"][0]]["step"].item())
+        step = self.optimizer.state[group["params"][0]]["step"]
+        return 0 if step.is_meta else int(step.item())  # the dry run's optimizer has taken no step
 
     @adam_step.setter
     def adam_step(self, step: int) -> None:

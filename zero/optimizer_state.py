@@ -61,9 +61,6 @@ class ShardedOptimizerState:
     loss_scaler_type: str             # a saved scaler state applies only to a scaler of the same type
     loss_scaler_state: dict
     param_dtype: torch.dtype          # the training dtype the master is published into
-    # The fragments this rank's file names, when not all of `fragments` (expert parallelism, zero/experts.py: a
-    # part replicated over its data-parallel group is named by one rank of it only); None: all of them.
-    owned: Optional[list[NamedFragment]] = None
     optimizer: str = "adam"           # --optimizer: which moments `tensors` holds (PARTITION_TENSORS_OF)
 
 

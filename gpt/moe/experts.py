@@ -17,7 +17,7 @@ stands in for it: the same output shape and the same saved tensors.
 Expert tensor parallelism (--expert-tensor-parallel-size ETP > 1, Megatron-Core's experts.py: linear_fc1
 column-parallel and linear_fc2 row-parallel over the expert tensor-parallel group, with no communication of their
 own): each ETP rank holds 1/ETP of every expert's ffn features - the input projections' rows (and biases) and the
-output projection's columns, tagged `tensor_parallel_dim` as the dense TP layers' - and computes a partial output
+output projection's columns, their sharding records saying so as the dense TP layers' do - and computes a partial output
 of the rows the dispatcher gave every peer alike; the dispatcher's combine sums the peers' partials
 (gpt/moe/dispatchers.py). The output projection's bias is whole on every peer and added by the first peer only,
 its gradient summed over the ETP group (so every peer holds the same bias and update).
@@ -35,13 +35,24 @@ from gpt.glu import SWIGLU, GatedActivation
 from gpt.xielu import XIELU, xielu
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import sum_gradient_over
+from parallel.sharding import (
+    DENSE_DATA,
+    EXPERT_DATA,
+    EXPERT_TENSOR_PARALLEL,
+    TENSOR_PARALLEL,
+    set_record,
+    split_record,
+    whole_record,
+)
 from parallel.state import ExpertParallel
 
 
 def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, std: float, bias: bool,
-                       split_dim: Optional[int] = None, parts: int = 1) -> None:
+                       split_dim: Optional[int] = None, parts: int = 1, part: int = 0,
+                       data: tuple[str, ...] = DENSE_DATA) -> None:
     """`split_dim` 0: the output features split in `parts` (column-parallel, the bias too); 1: the input features
-    (row-parallel, the bias whole)."""
+    (row-parallel, the bias whole); this rank holds part `part` (its expert tensor-parallel rank), each slice
+    replicated over `data`: the sharding records (parallel/sharding.py) say so."""
     linear = nn.Module()
     shape = [outputs, inputs]
     if split_dim is not None:
@@ -51,13 +62,14 @@ def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, 
         shape[split_dim] //= parts
     linear.weight = nn.Parameter(torch.empty(*shape, device="meta"))
     set_init_method(linear.weight, InitMethod.normal(std))
-    if split_dim is not None:
-        linear.weight.tensor_parallel_dim = split_dim
+    whole = (EXPERT_TENSOR_PARALLEL if data == EXPERT_DATA else TENSOR_PARALLEL, *data)
+    set_record(linear.weight, split_record(shape, split_dim, parts, part, EXPERT_TENSOR_PARALLEL, data=data)
+               if split_dim is not None else whole_record(shape, replicated_over=whole))
     if bias:
         linear.bias = nn.Parameter(torch.empty(shape[0], device="meta"))
         set_init_method(linear.bias, InitMethod.zeros())
-        if split_dim == 0:
-            linear.bias.tensor_parallel_dim = 0
+        set_record(linear.bias, split_record((shape[0],), 0, parts, part, EXPERT_TENSOR_PARALLEL, data=data)
+                   if split_dim == 0 else whole_record((shape[0],), replicated_over=whole))
     else:
         linear.bias = None
     module.add_module(name, linear)
@@ -69,18 +81,19 @@ class ExpertMLP(nn.Module):
     the ffn features (module docstring)."""
 
     def __init__(self, hidden_size: int, ffn_size: int, *, swiglu: bool, init_std: float, output_init_std: float,
-                 bias: bool, xielu: bool = False, tensor_parallel_size: int = 1):
+                 bias: bool, xielu: bool = False, tensor_parallel_size: int = 1, tensor_parallel_rank: int = 0,
+                 data: tuple[str, ...] = DENSE_DATA):
         super().__init__()
         self.swiglu = swiglu
         split = tensor_parallel_size > 1
         inputs = ("dense_h_to_4h_gate", "dense_h_to_4h_up") if swiglu else ("dense_h_to_4h",)
         for name in inputs:
             _linear_parameters(self, name, hidden_size, ffn_size, init_std, bias, 0 if split else None,
-                               tensor_parallel_size)
+                               tensor_parallel_size, tensor_parallel_rank, data)
         if xielu:
             self.activation_func = XIELU()
         _linear_parameters(self, "dense_4h_to_h", ffn_size, hidden_size, output_init_std, bias, 1 if split else None,
-                           tensor_parallel_size)
+                           tensor_parallel_size, tensor_parallel_rank, data)
 
     def input_linears(self) -> list[nn.Module]:
         return [self.dense_h_to_4h_gate, self.dense_h_to_4h_up] if self.swiglu else [self.dense_h_to_4h]
@@ -91,12 +104,15 @@ class Experts(nn.Module):
     expert-parallel size 1, an expert-parallel rank's share otherwise); forward(rows [N, H] grouped by local
     expert in `expert_ids` order, tokens_per_expert [local experts]) -> [N, H]. `tensor_parallel` (the experts'
     grid, with its communicator `comm`): split each expert over its ETP group (module docstring); the output is
-    then this rank's partial sum. `glu`: the gated activation of a `swiglu` (gated) expert (gpt/glu.py)."""
+    then this rank's partial sum. `expert_parallel`: the experts are held by an expert data-parallel group, whose
+    ranks ZeRO reduces them over (zero/experts.py); their sharding records say so (replicated over "edp"). `glu`: the
+    gated activation of a `swiglu` (gated) expert (gpt/glu.py)."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
                  swiglu: bool, init_std: float, output_init_std: float, bias: bool, grouped: bool = True,
                  expert_ids: Optional[Sequence[int]] = None, xielu: bool = False,
-                 tensor_parallel: Optional[ExpertParallel] = None, comm=None, glu: GatedActivation = SWIGLU):
+                 tensor_parallel: Optional[ExpertParallel] = None, comm=None, expert_parallel: bool = False,
+                 glu: GatedActivation = SWIGLU):
         super().__init__()
         self.activation, self.swiglu, self.grouped, self.xielu, self.glu = activation, swiglu, grouped, xielu, glu
         # the device type a planned run computes on (planner/moe_plan.py), for the choice on the meta device
@@ -105,10 +121,12 @@ class Experts(nn.Module):
             else None
         self.comm = comm
         parts = 1 if self.tensor_parallel is None else self.tensor_parallel.tensor_size
+        part = 0 if self.tensor_parallel is None else self.tensor_parallel.tensor_rank
         for expert in (range(num_experts) if expert_ids is None else expert_ids):
             self.add_module(str(expert), ExpertMLP(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std,
                                                    output_init_std=output_init_std, bias=bias, xielu=xielu,
-                                                   tensor_parallel_size=parts))
+                                                   tensor_parallel_size=parts, tensor_parallel_rank=part,
+                                                   data=EXPERT_DATA if expert_parallel else DENSE_DATA))
 
     def _output_bias(self, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The output projection's bias as this rank adds it: whole, or under expert tensor parallelism the first

@@ -126,18 +126,17 @@ class MoELayer(nn.Module):
         if dispatcher is None and state.experts.tensor_size > 1:
             raise ValueError("experts split over the expert tensor-parallel group need a dispatcher that gathers "
                              "their peers' rows (gpt/parallel_plan.py TensorParallelPlan.experts)")
+        # Held by the expert-parallel ranks' share only, or (tensor parallelism with expert TP 1) each TP rank's
+        # experts see its own sequence slice: ZeRO reduces them over the expert data-parallel group
+        # (zero/experts.py), as Megatron-Core's experts (allreduce = False); their records say so.
+        expert_parallel = (local_experts is not None and len(local_experts) < settings.num_experts) \
+            or state.expert_grid is not None
         self.experts = Experts(settings.num_experts, hidden_size, settings.ffn_hidden_size, activation=activation,
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
                                grouped=settings.grouped_gemm, expert_ids=local_experts, xielu=xielu,
                                tensor_parallel=state.experts if dispatcher is not None else None, comm=state.comm,
-                               glu=glu)
+                               expert_parallel=expert_parallel, glu=glu)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
-        if (local_experts is not None and len(local_experts) < settings.num_experts) or state.expert_grid is not None:
-            # held by the expert-parallel ranks' share only, or (tensor parallelism with expert TP 1) each TP rank's
-            # experts see its own sequence slice: ZeRO reduces them over the expert data-parallel group
-            # (zero/experts.py), as Megatron-Core's experts (allreduce = False)
-            for param in self.experts.parameters():
-                param.expert_parallel = True
         if settings.shared_expert_intermediate_size is not None and state.tensor_parallel_size > 1:
             if plan is None or not plan.sequence_parallel:
                 raise ValueError("shared experts under tensor parallelism are built through a sequence-parallel plan")

@@ -16,8 +16,13 @@ import torch
 from torch import nn
 
 from arguments.config import PretrainConfig
-from checkpoint.format import consolidate, model_file, open_tensors, read_metadata
+from checkpoint.file_names import model_file
+from checkpoint.format import (
+    open_tensors,
+    read_metadata,
+)
 from checkpoint.sharded import load_checkpoint, save_checkpoint
+from checkpoint.zero_gpt_source import consolidate
 from parallel.state import ParallelState
 from zero.optimizer_state import PARTITION_TENSORS, NamedFragment, ShardedOptimizerState
 

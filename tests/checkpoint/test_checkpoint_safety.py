@@ -30,6 +30,8 @@ import torch
 
 from arguments.config import PretrainConfig
 from checkpoint import sharded as checkpointing
+from checkpoint import writer as file_writer
+from checkpoint.file_names import model_file, optimizer_file, rng_file
 from checkpoint.format import (
     LATEST_FILE,
     METADATA_FILE,
@@ -37,16 +39,13 @@ from checkpoint.format import (
     STAGING_SUFFIX,
     TRACKER_FILE,
     CheckpointError,
-    consolidate,
     iteration_dir_name,
-    model_file,
-    optimizer_file,
     prune,
     resolve_checkpoint,
-    rng_file,
 )
 from checkpoint.lineage import RunIdentity
 from checkpoint.sharded import load_checkpoint, prune_checkpoints, save_checkpoint
+from checkpoint.zero_gpt_source import consolidate
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
@@ -248,9 +247,10 @@ CRASHING_SAVE = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {repo!r})
     import checkpoint.sharded as checkpointing
+    import checkpoint.writer as writer
     from tests.checkpoint.test_checkpoint_safety import build, cpu_state, make_config
 
-    original, calls = checkpointing.save_tensors, []
+    original, calls = writer.save_tensors, []
 
     def save_then_die(path, tensors, metadata=None):
         calls.append(path)
@@ -262,7 +262,7 @@ CRASHING_SAVE = textwrap.dedent("""
             os.fsync(f.fileno())
         os._exit(1)
 
-    checkpointing.save_tensors = save_then_die
+    writer.save_tensors = save_then_die  # the writer of every checkpoint file (checkpoint/writer.py)
     config, state = make_config(), cpu_state()
     model, optimizer, rng = build(config, state, seed=1)
     checkpointing.save_checkpoint({save_dir!r}, 10, 80, model, optimizer, rng, config, state)
@@ -314,7 +314,7 @@ def test_failed_save_raises_and_leaves_the_previous_checkpoint(saved, monkeypatc
     hashes = file_hashes(saved["path"])
 
     if where == "second_file":
-        original, calls = checkpointing.save_tensors, []
+        original, calls = file_writer.save_tensors, []
 
         def disk_full(path, tensors, metadata=None):
             calls.append(path)
@@ -323,7 +323,7 @@ def test_failed_save_raises_and_leaves_the_previous_checkpoint(saved, monkeypatc
                 raise OSError(errno.ENOSPC, "No space left on device")
             return original(path, tensors, metadata)
 
-        monkeypatch.setattr(checkpointing, "save_tensors", disk_full)
+        monkeypatch.setattr(file_writer, "save_tensors", disk_full)  # checkpoint/writer.py writes every file
     else:
         def disk_full(path, text):
             raise OSError(errno.ENOSPC, "No space left on device")

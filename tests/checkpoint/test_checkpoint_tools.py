@@ -23,18 +23,19 @@ import torch
 from safetensors import safe_open
 
 from arguments.config import PretrainConfig
+from checkpoint.file_names import optimizer_file
 from checkpoint.format import (
     LATEST_FILE,
     OPTIMIZER_KEYS,
     TOKENIZER_DIR,
-    consolidate,
-    optimizer_file,
     read_metadata,
     resolve_checkpoint,
 )
 from checkpoint.sharded import load_checkpoint, parameter_names, save_checkpoint
+from checkpoint.zero_gpt_source import consolidate
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
+from parallel.sharding import record_of
 from parallel.state import ParallelState, destroy, initialize
 from scripts import reshard_checkpoint, zero_to_fp32
 from scripts.reshard_checkpoint import WORD_EMBEDDING, reshard
@@ -107,7 +108,7 @@ def partition_record(model, optimizer, state) -> dict:
             "master": optimizer.master.numpy().copy(),
             "fragments": [(names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel)
                           for f in optimizer.layout.fragments()],
-            "params": {names[id(s.param)]: (list(s.shape), getattr(s.param, "tensor_parallel_dim", None))
+            "params": {names[id(s.param)]: (list(s.shape), record_of(s.param).split_dim)
                        for s in slots}}
 
 
@@ -124,7 +125,7 @@ def load_and_step(state, config, path) -> dict:
     0-2), then the loss of one step on a fixed batch and the loss on that batch after the step."""
     model, optimizer, rng = build(config, state)
     load_checkpoint(path, model, optimizer, rng, state)
-    weights = {name: (p.detach().float().numpy().copy(), getattr(p, "tensor_parallel_dim", None))
+    weights = {name: (p.detach().float().numpy().copy(), record_of(p).split_dim)
                for name, p in model.named_parameters()}
     step_loss = train_step(model, optimizer, config, state, RESUME_STEP)
     with torch.no_grad():

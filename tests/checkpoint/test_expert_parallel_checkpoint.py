@@ -1,5 +1,5 @@
 """Expert-parallel checkpoints (issue 51 item 6): each rank saves only its own experts, and what a rank writes
-is counted by recording every tensor it hands to the writer (checkpoint/format.py save_tensors).
+is counted by recording every tensor it hands to the writer (checkpoint/writer.py, through format.py's save_tensors).
 
 Megatron-Core saves experts by global index from the ranks that hold them (megatron/core/transformer/moe/experts.py,
 SequentialMLP / TEGroupedMLP sharded_state_dict: each local expert's tensors re-keyed to its global index, with a
@@ -27,10 +27,10 @@ HF_EXPERT = re.compile(r"\.experts\.(\d+)\.")  # a Mixtral's block_sparse_moe.ex
 
 def record_writes(rank, world_size, argv_by_launch, ports):
     """launch_rank, with every tensor this rank passes to the checkpoint writer recorded: {file: {tensor: numel}}."""
-    import checkpoint.sharded
+    import checkpoint.writer
 
     writes: dict[str, dict[str, int]] = {}
-    real = checkpoint.sharded.save_tensors
+    real = checkpoint.writer.save_tensors
 
     def recording(path, tensors, metadata=None):
         writes[path.name] = {name: tensor.numel() for name, tensor in tensors.items()}
@@ -38,11 +38,11 @@ def record_writes(rank, world_size, argv_by_launch, ports):
             writes[path.name]["fragments"] = sum(numel for *_, numel in metadata["fragments"])
         return real(path, tensors, metadata)
 
-    checkpoint.sharded.save_tensors = recording
+    checkpoint.writer.save_tensors = recording
     try:
         launch_rank(rank, world_size, argv_by_launch, ports)
     finally:
-        checkpoint.sharded.save_tensors = real
+        checkpoint.writer.save_tensors = real
     return writes
 
 

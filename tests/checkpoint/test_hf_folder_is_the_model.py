@@ -182,21 +182,28 @@ def test_the_folders_tokenizer_is_the_runs(folder_with_tokenizer, tmp_path):
     assert math.isfinite(json.loads(metrics.read_text().splitlines()[0])["loss"])
 
 
-def test_an_explicit_tokenizer_must_be_the_folders(folder_with_tokenizer, tmp_path):
+def test_an_explicit_tokenizer_wins_over_the_folders_and_the_start_line_says_so(folder_with_tokenizer, tmp_path):
+    """Issue 60: an explicit tokenizer wins over the folder's, as Megatron-LM reads only its tokenizer flags (before:
+    one that was not the folder's was refused); it must still fit the folder's vocab_size."""
     same = tmp_path / "copy" / "tokenizer.json"
     same.parent.mkdir()
     same.write_bytes((folder_with_tokenizer / "tokenizer.json").read_bytes())
     for given in (folder_with_tokenizer / "tokenizer.json", same):
-        config = parse_arguments(["--init-from-hf", str(folder_with_tokenizer), "--tokenizer-file", str(given)]).config
-        assert config.data.tokenizer_file == str(given)
+        parsed = parse_arguments(["--init-from-hf", str(folder_with_tokenizer), "--tokenizer-file", str(given)])
+        assert parsed.config.data.tokenizer_file == str(given)
+        assert not any("the tokenizer is the one given" in note for note in parsed.notes)  # it is the folder's
     other = tmp_path / "other"
     train_tokenizer(default_corpus_documents()[1::7], 310).save(str(other))
-    with pytest.raises(ConfigError) as error:
+    parsed = parse_arguments(["--init-from-hf", str(folder_with_tokenizer), "--tokenizer-file",
+                              str(other / "tokenizer.json")])
+    assert parsed.config.data.tokenizer_file == str(other / "tokenizer.json")
+    assert f"> the tokenizer is the one given ({other / 'tokenizer.json'}), not the folder's " \
+           f"({folder_with_tokenizer / 'tokenizer.json'})" in "\n".join(parsed.notes)
+    larger = tmp_path / "larger"
+    train_tokenizer(default_corpus_documents()[1::3], 400).save(str(larger))
+    with pytest.raises(ConfigError, match=f"has 400 tokens, more than .*config.json: vocab_size {VOCAB}"):
         parse_arguments(["--init-from-hf", str(folder_with_tokenizer), "--tokenizer-file",
-                         str(other / "tokenizer.json")])
-    message = str(error.value)
-    assert "\n" not in message and f"--tokenizer-file {other / 'tokenizer.json'} on the command line" in message
-    assert f"is not the folder's tokenizer ({folder_with_tokenizer / 'tokenizer.json'})" in message
+                         str(larger / "tokenizer.json")])
 
 
 def test_a_folder_too_small_for_the_corpus_tokenizer_is_refused_naming_the_flags(tmp_path):

@@ -94,9 +94,10 @@ def _training_records(path) -> list[dict]:
 @pytest.mark.slow
 def test_save_at_pp2_resumes_at_pp1_and_pp4_and_exports_as_the_one_stage_checkpoint(tmp_path, corpus_cache):
     from base.errors import CheckpointError
-    from checkpoint.format import consolidate, read_metadata, resolve_checkpoint
+    from checkpoint.format import read_metadata, resolve_checkpoint
     from checkpoint.hf import checkpoint_to_hf_state
     from checkpoint.integrity import verify_or_raise
+    from checkpoint.zero_gpt_source import consolidate
     from scripts.reshard_checkpoint import reshard
     from scripts.zero_to_fp32 import export_fp32
 

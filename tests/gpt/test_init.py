@@ -16,14 +16,16 @@ from parallel.init import (
     standard_normals,
     stream_key,
 )
+from parallel.sharding import set_record, split_record
 
 CPU = torch.device("cpu")
 
 
-def meta_param(shape, method=InitMethod.normal(0.02), tensor_parallel_dim=None) -> nn.Parameter:
+def meta_param(shape, method=InitMethod.normal(0.02), tensor_parallel_dim=None, tp=1, rank=0) -> nn.Parameter:
+    """With `tensor_parallel_dim`: TP rank `rank`'s slice of `tp` along it (its sharding record says so)."""
     param = set_init_method(nn.Parameter(torch.empty(shape, device="meta")), method)
     if tensor_parallel_dim is not None:
-        param.tensor_parallel_dim = tensor_parallel_dim
+        set_record(param, split_record(shape, tensor_parallel_dim, tp, rank, "tp"))
     return param
 
 
@@ -99,11 +101,11 @@ def test_tensor_parallel_slices_are_slices_of_the_whole(dim, tp):
     for rank in range(tp):
         local_shape = list(shape)
         local_shape[dim] //= tp
-        param = meta_param(tuple(local_shape), tensor_parallel_dim=dim)
-        local = ParameterInitializer(3, tp, rank).values("w", param, 0, param.numel(), CPU).view(local_shape)
+        param = meta_param(tuple(local_shape), tensor_parallel_dim=dim, tp=tp, rank=rank)
+        local = ParameterInitializer(3).values("w", param, 0, param.numel(), CPU).view(local_shape)
         assert torch.equal(local, reference.narrow(dim, rank * local_shape[dim], local_shape[dim]))
         # And a DP shard of the TP slice (a stage-3 fragment) is that slice's elements.
-        piece = ParameterInitializer(3, tp, rank).values("w", param, 3, 7, CPU)
+        piece = ParameterInitializer(3).values("w", param, 3, 7, CPU)
         assert torch.equal(piece, local.reshape(-1)[3:10])
 
 
@@ -126,14 +128,14 @@ def test_materialize_fills_meta_parameters_keeps_ties_and_attributes():
         def __init__(self):
             super().__init__()
             self.embed = nn.Module()
-            self.embed.weight = meta_param((6, 4), tensor_parallel_dim=0)
+            self.embed.weight = meta_param((6, 4), tensor_parallel_dim=0, tp=2, rank=0)
             self.head = nn.Module()
             self.head.weight = self.embed.weight
 
     model = materialize(Tied(), seed=3, device="cpu", dtype=torch.bfloat16)
     assert model.embed.weight is model.head.weight
-    assert model.embed.weight.dtype == torch.bfloat16 and model.embed.weight.tensor_parallel_dim == 0
-    assert torch.equal(model.embed.weight, whole("embed.weight", (6, 4)).to(torch.bfloat16))
+    assert model.embed.weight.dtype == torch.bfloat16 and model.embed.weight.sharding.split_dim == 0
+    assert torch.equal(model.embed.weight, whole("embed.weight", (12, 4))[:6].to(torch.bfloat16))
 
 
 def test_a_parameter_without_an_init_method_is_refused():

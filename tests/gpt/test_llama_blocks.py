@@ -35,6 +35,7 @@ from gpt.architecture import Architecture
 from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
 from gpt.rotary import apply_rotary, inverse_frequencies, rotary_angles
+from parallel.sharding import record_of
 from parallel.state import ParallelState, destroy, initialize
 from tests.distributed import run_distributed
 
@@ -174,7 +175,7 @@ def check_gradients_are_tp1_slices(ours, reference, tokens, state: ParallelState
         if name in ("word_embeddings.weight", "output_layer.weight"):  # padded differently per TP size
             continue
         expected = whole[name].grad
-        dim = getattr(param, "tensor_parallel_dim", None)
+        dim = record_of(param).split_dim
         if dim is not None:
             expected = expected.chunk(state.tensor_parallel_size, dim=dim)[state.tensor_parallel_rank]
         # A gradient summed over the tokens (a bias's, a norm gain's) cancels: its fp32 rounding, from TP's other

@@ -33,6 +33,7 @@ from gpt.moe.layer import MoELayer
 from gpt.moe.router import TopKRouter, drop_tokens, get_capacity, group_limited_topk
 from gpt.moe.settings import MoESettings, moe_layer_pattern
 from parallel.init import materialize
+from parallel.sharding import record_of
 from parallel.state import ParallelState
 
 SINGLE = ParallelState(device=torch.device("cpu"))
@@ -341,12 +342,11 @@ def test_experts_split_over_two_expert_tensor_parallel_ranks_sum_to_the_whole_ex
     grads = {name: param.grad for name, param in whole.named_parameters()}
     partial = []
     for rank in (0, 1):
-        half = materialize(build(ExpertParallel(tensor_size=2, tensor_rank=rank)), 3, tensor_parallel_size=2,
-                           tensor_parallel_rank=rank)
+        half = materialize(build(ExpertParallel(tensor_size=2, tensor_rank=rank)), 3)
         params = dict(half.named_parameters())
         with torch.no_grad():
             for name, param in whole.named_parameters():
-                dim = getattr(params[name], "tensor_parallel_dim", None)
+                dim = params[name].sharding.split_dim
                 expected = param if dim is None else param.chunk(2, dim=dim)[rank]
                 assert torch.equal(params[name], expected) or name.endswith("bias"), name
                 params[name].copy_(expected)
@@ -355,7 +355,7 @@ def test_experts_split_over_two_expert_tensor_parallel_ranks_sum_to_the_whole_ex
         # the gradient of the summed output reaches every rank's partial output whole (the combine's backward)
         out.backward(2 * whole_out.detach())
         for name, param in params.items():
-            dim = getattr(param, "tensor_parallel_dim", None)
+            dim = record_of(param).split_dim
             if dim is not None:
                 torch.testing.assert_close(param.grad, grads[name].chunk(2, dim=dim)[rank], rtol=1e-5, atol=1e-5)
             elif name.endswith("dense_4h_to_h.bias"):

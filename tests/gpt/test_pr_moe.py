@@ -20,6 +20,7 @@ from gpt.model import build_gpt_model
 from gpt.model_config import ModelConfig
 from gpt.moe.layer import MoELayer
 from parallel.init import materialize
+from parallel.sharding import record_of
 from parallel.state import ParallelState
 
 SINGLE = ParallelState(device=torch.device("cpu"))
@@ -102,7 +103,7 @@ def test_a_residual_moe_model_names_its_dense_mlp_and_coefficient_beside_the_exp
         assert names[f"blocks.{layer}.mlp.residual_mlp.dense_h_to_4h.weight"].shape == (64, 16)
         assert names[f"blocks.{layer}.mlp.coefficient.weight"].shape == (2, 16)
         assert names[f"blocks.{layer}.mlp.coefficient.bias"].shape == (2,)
-        assert not getattr(names[f"blocks.{layer}.mlp.coefficient.weight"], "expert_parallel", False)
+        assert not record_of(names[f"blocks.{layer}.mlp.coefficient.weight"]).is_expert
     tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(model(tokens, tokens)).all()
 

@@ -64,9 +64,9 @@ def test_without_a_main_grad_buffer_it_says_what_is_missing():
 def test_the_layer_option_is_off_by_default_and_routes_the_weight_gradient_when_on(layer_class):
     state = ParallelState(device=torch.device("cpu"))
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
-    plain = materialize(layer_class(8, 4, state=state, init_std=0.02), 1, 1, 0, device=state.device)
+    plain = materialize(layer_class(8, 4, state=state, init_std=0.02), 1, device=state.device)
     plain(x).sum().backward()
-    fused = materialize(layer_class(8, 4, state=state, init_std=0.02, gradient_accumulation_fusion=True), 1, 1, 0,
+    fused = materialize(layer_class(8, 4, state=state, init_std=0.02, gradient_accumulation_fusion=True), 1,
                         device=state.device)
     fused.weight.main_grad = torch.zeros_like(fused.weight)
     fused(x).sum().backward()

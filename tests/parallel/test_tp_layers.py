@@ -30,7 +30,7 @@ def _shard(tensor: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor
 
 def _built(layer, seed: int, state: ParallelState = SINGLE):
     """`layer` (built on the meta device) with this TP rank's slice materialized from `seed`."""
-    return materialize(layer, seed, state.tensor_parallel_size, state.tensor_parallel_rank)
+    return materialize(layer, seed)  # each parameter's sharding record names its slice
 
 
 def _leaf(tensor: torch.Tensor) -> torch.Tensor:

@@ -31,14 +31,12 @@ import numpy as np
 import pytest
 
 import pretrain_gpt
+from checkpoint.file_names import model_file, optimizer_file, rng_file
 from checkpoint.format import (
     LATEST_FILE,
     METADATA_FILE,
     CheckpointError,
-    model_file,
-    optimizer_file,
     resolve_checkpoint,
-    rng_file,
 )
 from checkpoint.sharded import load_checkpoint, save_checkpoint
 from data import DataError

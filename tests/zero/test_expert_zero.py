@@ -6,8 +6,8 @@ scaled by 1 / data_parallel_world_size, then reduced over the expert data-parall
 DistributedOptimizers chained (megatron/core/optimizer/optimizer.py, ChainedOptimizer.get_grad_norm: one norm
 from each part's squares), and the expert grid of megatron/core/parallel_state.py.
 
-A minimal model: a dense Linear, then 4 "experts" (Linears tagged `expert_parallel`, weight seeded by the expert)
-behind the alltoall dispatcher with a fixed top-2 routing. EP 2 over world 2 (DP 2, expert DP 1) and world 4 (DP 4,
+A minimal model: a dense Linear, then 4 "experts" (Linears whose sharding records make them experts, weight seeded
+by the expert) behind the alltoall dispatcher with a fixed top-2 routing. EP 2 over world 2 (DP 2, expert DP 1) and world 4 (DP 4,
 expert DP 2) at ZeRO 0, 1, 2 and 3 against EP 1 on one process holding every rank's tokens under plain build_zero
 (one part, one norm): losses and gradient norms over 5 iterations within 1e-6 relative (not bitwise: the
 DP sums run in another order than one process's single backward).
@@ -21,6 +21,7 @@ from torch import nn
 from arguments.config import OptimizerConfig
 from gpt.moe.dispatchers import AllToAllDispatcher
 from parallel.comm import Communicator
+from parallel.sharding import EXPERT_DATA, set_record, whole_record
 from parallel.state import ExpertParallel, ParallelState, destroy, initialize
 from tests.distributed import run_distributed
 from zero.apply import build_zero
@@ -45,7 +46,7 @@ class TinyMoE(nn.Module):
             for expert, linear in zip(experts, self.experts):
                 generator = torch.Generator().manual_seed(100 + expert)
                 linear.weight.copy_(torch.randn(HIDDEN, HIDDEN, generator=generator) / HIDDEN ** 0.5)
-                linear.weight.expert_parallel = True
+                set_record(linear.weight, whole_record(linear.weight.shape, replicated_over=EXPERT_DATA))
 
     def forward(self, dispatcher, hidden, probs, indices, target):
         expert_inputs, tokens_per_expert = dispatcher.dispatch(torch.tanh(self.dense(hidden)), probs, indices)
@@ -145,5 +146,5 @@ def test_the_experts_zero_state_is_the_expert_grid():
 
 def test_a_model_without_experts_is_refused():
     state = ParallelState(device=torch.device("cpu"))
-    with pytest.raises(ValueError, match="no parameter tagged expert_parallel"):
+    with pytest.raises(ValueError, match="no expert parameter"):
         build_zero_with_experts(nn.Linear(2, 2), ZeroConfig(stage=1), OPTIMIZER, state)

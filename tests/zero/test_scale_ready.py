@@ -13,6 +13,7 @@ from arguments.parser import parse_config
 from gpt.model import GPTModel, build_gpt_model
 from parallel.init import ParameterInitializer
 from parallel.mesh import ParallelDims
+from parallel.sharding import record_of
 from parallel.state import ParallelState, destroy, initialize
 from tests.distributed import run_distributed
 from tests.zero.test_zero_training import COMMON, train_configurations
@@ -118,7 +119,7 @@ def whole_from_slices(name: str, reference: torch.Tensor, slices: list[np.ndarra
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_tp2_dp2_stage3_shards_are_bitwise_the_tp1_model(dtype_name):
     reference = build_gpt_model(SMALL, ParallelState(device=CPU), seed=11)
-    dims = {name: getattr(p, "tensor_parallel_dim", None) for name, p in reference.named_parameters()}
+    dims = {name: record_of(p).split_dim for name, p in reference.named_parameters()}
     results = run_distributed(materialized_slices, 4, 2, 3, dtype_name, timeout=300)
     by_tp = {0: [r for r in results if r["tp_rank"] == 0], 1: [r for r in results if r["tp_rank"] == 1]}
     for name, expected in reference.named_parameters():

@@ -18,6 +18,7 @@ from arguments.config import ModelConfig, OptimizerConfig
 from gpt.model import GPTModel
 from parallel.init import materialize
 from parallel.random import TensorParallelRNG
+from parallel.sharding import set_record, split_record
 from parallel.state import ParallelState
 from tests.zero_harness import ZeroHarness
 from zero.config import ZeroConfig
@@ -157,8 +158,8 @@ def layout_params() -> list[list[nn.Parameter]]:
             numel = math.prod(shape)
             param = nn.Parameter(torch.arange(counter, counter + numel, dtype=torch.float64).reshape(shape))
             counter += numel
-            if tp:
-                param.tensor_parallel_dim = 0
+            if tp:  # TP rank 0's slice of 2
+                set_record(param, split_record(shape, 0, 2, 0, "tp"))
             params.append(param)
         units.append(params)
     return units
