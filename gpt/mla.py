@@ -43,6 +43,7 @@ from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, inverse_frequencies, yarn_angles, yarn_get_mscale
 from parallel.init import InitMethod, set_init_method
+from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_sequence_parallel_region
 from parallel.random import TensorParallelRNG
 
@@ -134,9 +135,8 @@ class MLASelfAttention(nn.Module):
         # --softmax-type: attention sinks (gpt/attention_sinks.py), as SelfAttention's
         self.softmax_type = config.softmax_type
         if self.softmax_type == "learnable":
-            self.softmax_offset = set_init_method(nn.Parameter(torch.empty(self.heads_per_rank, device="meta")),
-                                                  InitMethod.normal(std))
-            self.softmax_offset.tensor_parallel_dim = 0
+            self.softmax_offset = meta_parameter((self.heads_per_rank,), InitMethod.normal(std), plan.state,
+                                                 split_dim=0)
         else:
             self.softmax_offset = None
 

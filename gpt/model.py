@@ -61,6 +61,7 @@ from parallel.context_parallel import positions_on_this_rank
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
+from parallel.layers import meta_parameter
 from parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
@@ -154,9 +155,8 @@ class SelfAttention(nn.Module):
         # off-by-one
         self.softmax_type = architecture.softmax_type
         if self.softmax_type == "learnable":
-            self.softmax_offset = nn.Parameter(torch.empty(self.heads_per_rank, device="meta"))
-            self.softmax_offset.tensor_parallel_dim = 0
-            set_init_method(self.softmax_offset, InitMethod.normal(config.init_method_std))
+            self.softmax_offset = meta_parameter((self.heads_per_rank,), InitMethod.normal(config.init_method_std),
+                                                 state, split_dim=0)
         else:
             self.softmax_offset = None
         # heads x head width in, hidden out (Megatron-Core's linear_proj: query_projection_size -> hidden_size)

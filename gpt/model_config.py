@@ -571,7 +571,7 @@ class ModelConfig:
             raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
                               "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))
         check_window_size(self.window_size)
-        if any(window is not None for window in self.attention_windows()) and self.multi_latent_attention:
+        if self.multi_latent_attention and any(window is not None for window in self.attention_windows()):
             # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
             # layer")
             raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "

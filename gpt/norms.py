@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel.init import InitMethod, set_init_method
+from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
 from parallel.state import ParallelState
 
@@ -111,7 +112,7 @@ class ProjectionNorm(nn.Module):
     normalization over the whole projection, its gain one weight per projected feature.
 
     Under tensor parallelism a rank holds its heads' features (whole key/value groups, gpt/model.py): the gain is
-    split as the QKV rows are (tensor_parallel_dim 0), and the statistics over the whole projection are sums over
+    split as the QKV rows are (its sharding record cut along dim 0), and the statistics over the whole projection are sums over
     the TP group, all-reduced in forward and in backward (each rank's features feed every rank's normalization).
     Megatron-Bridge's OLMoESelfAttention normalizes each partition's features alone instead, which equals the
     transformers model only at TP 1."""
@@ -122,13 +123,11 @@ class ProjectionNorm(nn.Module):
         if width % tp:
             raise ValueError(f"a projection of {width} features does not split over {tp} tensor-parallel ranks")
         self.kind, self.width, self.eps, self.state = kind, width, eps, state
-        self.weight = set_init_method(nn.Parameter(torch.empty(width // tp, device="meta")), InitMethod.ones())
-        self.weight.tensor_parallel_dim = 0
+        self.weight = meta_parameter((width // tp,), InitMethod.ones(), state, split_dim=0)
         if kind == "RMSNorm":
             self.register_parameter("bias", None)
         else:
-            self.bias = set_init_method(nn.Parameter(torch.empty(width // tp, device="meta")), InitMethod.zeros())
-            self.bias.tensor_parallel_dim = 0
+            self.bias = meta_parameter((width // tp,), InitMethod.zeros(), state, split_dim=0)
 
     def _mean(self, values: torch.Tensor) -> torch.Tensor:
         """The mean over the whole projection's last dim, of which this rank holds a slice."""
