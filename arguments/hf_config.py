@@ -23,9 +23,11 @@ import os
 from pathlib import Path
 
 from arguments.hf_families import FAMILIES as REGISTERED
+from arguments.hf_families import FAMILY_READERS
 from arguments.hf_fields import (  # noqa: F401 - HFConfig and RopeConfig are this reader's result, named here too
     BOOLEAN,
     INTEGER,
+    LAYER_INDICES,
     LLAMA_FIELDS,
     MISSING,
     NAME,
@@ -38,10 +40,8 @@ from arguments.hf_fields import (  # noqa: F401 - HFConfig and RopeConfig are th
     TOKEN_ID_FIELDS,
     Field,
     HFConfig,
-    Kind,
     RopeConfig,
     checked_field,
-    is_int,
     llama_shaped,
     read_json_object,
     shown,
@@ -91,7 +91,6 @@ MIXTRAL_FIELDS = (
     Field("sliding_window", POSITIVE_INT, None, nullable=True),
 )
 
-LAYER_INDICES = Kind("a list of integers", lambda v: isinstance(v, list) and all(is_int(i) for i in v))
 
 # Qwen2MoeConfig's (transformers/models/qwen2_moe/configuration_qwen2_moe.py): Llama's blocks with a bias on q, k, v
 # only (qkv_bias), and an MoE layer with a gated shared expert at every decoder_sparse_step-th layer not in
@@ -146,13 +145,14 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
     """`raw` (a config.json's object) checked; `path` names it in every error."""
     path = Path(path)
     family = _family(raw, path)
-    registered = registered_family(family)
+    registered, reader = registered_family(family), FAMILY_READERS.get(family)
     if registered is not None and registered.section is not None:  # the model is one object of a larger config
         section = raw.get(registered.section)
         if not OBJECT.accepts(section):
             raise ConfigError(wrong_value(path, registered.section, section, OBJECT, nullable=False))
         raw = section
-    table = registered.fields if registered is not None else \
+    own = registered or reader
+    table = own.fields if own is not None else \
         {"gpt2": GPT2_FIELDS, "mixtral": MIXTRAL_FIELDS, "qwen2_moe": QWEN2_MOE_FIELDS,
          "apertus": APERTUS_FIELDS}.get(family, LLAMA_FIELDS)
     fields = dict(raw)
@@ -161,6 +161,8 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
         values[spec.key] = checked_field(raw, spec, path, fields)
     if registered is not None:  # its module's rules between fields, Llama's beneath them
         return dataclasses.replace(registered.typed(values, raw, path, fields), family=family, values=values)
+    if reader is not None:
+        return reader.read(values, raw, path, fields)
     if family == "gpt2":
         return _gpt2(values, path, fields)
     if family == "mixtral":
@@ -193,7 +195,8 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
 # arguments/hf_families/ add theirs (families()).
 FAMILIES = {"gpt2": ("GPT2LMHeadModel", "GPT2Model"), "llama": ("LlamaForCausalLM", "LlamaModel"),
             "mixtral": ("MixtralForCausalLM", "MixtralModel"), "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeModel"),
-            "apertus": ("ApertusForCausalLM", "ApertusModel")}
+            "apertus": ("ApertusForCausalLM", "ApertusModel"),
+            **{model_type: reader.architectures for model_type, reader in FAMILY_READERS.items()}}
 
 
 def registered_family(model_type: str):

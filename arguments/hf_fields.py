@@ -1,7 +1,10 @@
-"""What a Hugging Face config.json is read with, below the readers of its families (arguments/hf_config.py,
-arguments/hf_families/, arguments/hf_folder.py): the kinds of values and the Field record of a key, Llama's table
-(the base of the Llama-shaped families), the typed result (HFConfig), the rules between a Llama-shaped model's
-fields, and how a folder's setting is given (FolderValue).
+"""What every Hugging Face family's config.json reader builds on, below the readers (arguments/hf_config.py
+reads GPT-2's, Llama's, Mixtral's, Qwen2-MoE's and Apertus's; arguments/hf_families/ the other families, one
+module each; arguments/hf_folder.py their settings): the kinds of values a field may hold, a field's row (its
+kind, transformers' default, whether null is allowed), Llama's table (the base of the Llama-shaped families),
+the check of one field (one ConfigError line naming the file, the field, its value as written and what it must
+be), the typed result `HFConfig`, the rules a Llama-shaped family's fields share (head sizes, rotary
+parameters), and how a folder's setting is given (FolderValue).
 
 JSON as Python reads it: `true` is also an int in Python, but not a valid layer count; `2.0` is a float,
 not an integer (transformers refuses it too); NaN and Infinity parse, and are no size or epsilon.
@@ -99,6 +102,8 @@ LLAMA_FIELDS = (
     Field("label2id", OBJECT, None, nullable=True),
 )
 
+LAYER_INDICES = Kind("a list of integers", lambda v: isinstance(v, list) and all(is_int(i) for i in v))
+
 # The keys of a rope_parameters (or rope_scaling) object that a Llama's rotary embedding reads.
 ROPE_FIELDS = (
     Field("rope_type", NAME, "default"),
@@ -109,6 +114,13 @@ ROPE_FIELDS = (
     Field("high_freq_factor", POSITIVE_NUMBER, None),
     Field("original_max_position_embeddings", POSITIVE_INT, None),
     Field("partial_rotary_factor", ROTARY_FRACTION, None),
+    # YaRN's (transformers' _compute_yarn_parameters; DeepSeek-V3's and GPT-OSS's rope)
+    Field("beta_fast", POSITIVE_NUMBER, None),
+    Field("beta_slow", POSITIVE_NUMBER, None),
+    Field("mscale", NON_NEGATIVE_NUMBER, None),
+    Field("mscale_all_dim", NON_NEGATIVE_NUMBER, None),
+    Field("attention_factor", POSITIVE_NUMBER, None),
+    Field("truncate", BOOLEAN, None),
 )
 
 
@@ -124,6 +136,14 @@ class RopeConfig:
     high_freq_factor: Optional[float] = None
     original_max_position_embeddings: Optional[int] = None
     partial_rotary_factor: float = 1.0
+    # YaRN's: None where the file leaves them out (transformers' defaults: beta_fast 32, beta_slow 1, truncate true,
+    # attention_factor from factor, mscale and mscale_all_dim)
+    beta_fast: Optional[float] = None
+    beta_slow: Optional[float] = None
+    mscale: Optional[float] = None
+    mscale_all_dim: Optional[float] = None
+    attention_factor: Optional[float] = None
+    truncate: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -155,8 +175,10 @@ class HFConfig:
     norm_topk_prob: bool = True  # Mixtral renormalizes the top k; Qwen2-MoE by norm_topk_prob
     qkv_bias: bool = False  # Qwen2's bias on q, k and v alone
     moe_layers: Optional[tuple] = None  # per layer, whether it is an MoE layer (None: every layer)
-    # every field of the family's table: as written, else transformers' default (arguments/hf_families/ reads them)
+    # every field of the family's table as checked (transformers' default where left out): what a family of
+    # arguments/hf_families/ reads beyond the fields above
     values: dict = field(default_factory=dict, repr=False, compare=False)
+    notes: tuple[str, ...] = ()  # said once at the start (what the folder holds that the run leaves out)
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -220,6 +242,8 @@ def _clipped(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+# ---- the rules between a Llama's fields -----------------------------------------------------------
+
 def llama_shaped(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     if hidden % heads:
@@ -269,7 +293,10 @@ def rope_object(rope: dict, default_theta: float, path: Optional[Path] = None, k
                       low_freq_factor=_float_or_none(rope.get("low_freq_factor")),
                       high_freq_factor=_float_or_none(rope.get("high_freq_factor")),
                       original_max_position_embeddings=rope.get("original_max_position_embeddings"),
-                      partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)))
+                      partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+                      **{name: _float_or_none(rope.get(name)) for name in ("beta_fast", "beta_slow", "mscale",
+                                                                         "mscale_all_dim", "attention_factor")},
+                      truncate=rope.get("truncate"))
 
 
 def _float_or_none(value) -> Optional[float]:
@@ -278,6 +305,8 @@ def _float_or_none(value) -> Optional[float]:
 
 # Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor (gpt/rotary.py's llama3_scaled).
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
 @dataclass(frozen=True)
 class FolderValue:
     """A setting's value in the folder, and what in the folder gives it (a config.json key, a file)."""

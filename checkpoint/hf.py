@@ -39,8 +39,11 @@ from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
 from checkpoint import hf_dense, hf_llama
 from checkpoint.format import read_metadata, save_tensors
+from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
+from checkpoint.hf_families.layout import EXPERT_BIAS, canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
+from checkpoint.router_state import restore_expert_biases
 from checkpoint.zero_gpt_source import consolidate
 from parallel.sharding import record_of
 from parallel.state import ParallelState
@@ -121,8 +124,22 @@ def check_convertible(config: ModelConfig, what: str) -> None:
     untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
     multi-token prediction's layers (refuse_mtp)."""
     refuse_mtp(config, what)
-    if dense_family(config) is None and is_llama_shaped(config):
+    family = family_of(config)
+    if family is not None:  # an MoE family of checkpoint/hf_families/
+        misfits = family.misfits(config)
+        if misfits:
+            raise ConfigError(f"{what} converts each model as the transformers class it is; as a "
+                              f"{family.architecture} this one would need {', '.join(misfits)}")
+    elif dense_family(config) is None and is_llama_shaped(config):
         hf_llama.check_llama_shaped(config, what)
+
+
+def class_of(config: ModelConfig) -> str:
+    """The transformers class a model exports as."""
+    family = family_of(config) or dense_family(config)
+    if family is not None:
+        return family.architecture
+    return hf_llama.architecture_of(config) if is_llama_shaped(config) else "GPT2LMHeadModel"
 
 
 def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
@@ -195,7 +212,11 @@ def _from_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or
-    its family's (checkpoint/hf_dense.py)."""
+    its family's (an MoE family's: checkpoint/hf_families/; a dense family's: checkpoint/hf_dense.py)."""
+    moe_family = family_of(config)
+    if moe_family is not None:
+        check_convertible(config, "the Hugging Face export")
+        return moe_family.pack(moe_family.to_hf(shifted_gains(state_dict, config, None, +1), config))
     family = dense_family(config)
     if family is not None:
         return hf_dense.to_hf(shifted_gains(state_dict, config, family, +1), config, family)
@@ -306,8 +327,12 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tie
 def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype):
     # generate() stops at the EOS id, which must be our tokenizer's.
     eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else None
-    family = dense_family(model_config)
-    if family is not None:
+    moe_family = family_of(model_config)
+    family = dense_family(model_config) if moe_family is None else None
+    if moe_family is not None:
+        hf = moe_family.hf_config(model_config, eod)
+        hf.architectures = [moe_family.architecture]
+    elif family is not None:
         hf = hf_dense.hf_config(model_config, family, eod)
     elif is_llama_shaped(model_config):
         hf = hf_llama.llama_hf_config(model_config, eod)
@@ -376,6 +401,10 @@ def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool
     safetensors file is read tensor by tensor, so the others are never loaded)."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
+    if config.family in FAMILY_WEIGHTS:
+        unpack = FAMILY_WEIGHTS[config.family].unpack or canonical_names
+        state = unpack(_read_weights(hf_dir, keep), config.num_layers)
+        return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
     family = registered_family(config.family)
     if family is not None:
         state = hf_dense.canonical_names(_read_weights(hf_dir, keep), family)
@@ -576,6 +605,13 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     config, hf_state = read_hf_model(hf_dir, keep)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
+    if config.family in FAMILY_WEIGHTS:
+        hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+        moe_family = FAMILY_WEIGHTS[config.family]
+        shapes = tensor_shapes(moe_family, model_config)
+        check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
+                          "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
+        return shifted_gains(moe_family.from_hf(hf_state, model_config, padded_vocab), model_config, None, -1)
     family = registered_family(config.family)
     if family is not None or config.family in hf_llama.LLAMA_FAMILIES:
         hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
@@ -624,6 +660,9 @@ def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_
             slices[name] = piece.reshape(-1)
         master[partition_offset:partition_offset + numel].copy_(slices[name][param_offset:param_offset + numel])
     optimizer.load_sharded_state_dict({"master": master})
+    # the routers' correction bias (DeepSeek-V3's e_score_correction_bias): our expert bias, not a parameter
+    restore_expert_biases(model, {name: tensor.tolist() for name, tensor in full.items() if name.endswith(EXPERT_BIAS)},
+                          state.device)
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False
@@ -635,4 +674,7 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     model_config = ModelConfig.from_record(metadata["config"]["model"])
     check_convertible(model_config, "the Hugging Face export")  # before any weight is read
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
+    # the routers' expert bias (checkpoint/router_state.py), saved by name in the metadata
+    master.update({name: torch.tensor(values, dtype=torch.float32)
+                   for name, values in (metadata.get("expert_bias") or {}).items()})
     return model_config, to_hf_state_dict(master, model_config)

@@ -18,7 +18,7 @@ import torch
 from arguments.hf_families import FAMILIES
 from arguments.hf_families.dense import DenseFamily
 from base.errors import ConfigError
-from checkpoint.hf_llama import BUFFER_SUFFIXES, fuse_qkv, padded_rows, split_qkv
+from checkpoint.hf_llama import BUFFER_SUFFIXES, ends_from_hf, ends_to_hf, fused_qkv, split_qkv
 from gpt.model_config import ModelConfig
 
 # A multimodal Gemma 3's language model (transformers >= 4.52 saves model.language_model.*, older
@@ -81,17 +81,11 @@ def _mlp_names(family: DenseFamily) -> tuple[tuple[str, str], ...]:
 
 def to_hf(state_dict: dict[str, torch.Tensor], model: ModelConfig, family: DenseFamily) -> dict[str, torch.Tensor]:
     """Our whole (TP 1 layout) state dict under the family's names; a tied model has no lm_head."""
-    groups = model.architecture.query_groups(model.num_attention_heads)
-    per_group = model.num_attention_heads // groups
-    out = {"model.embed_tokens.weight": state_dict["word_embeddings.weight"][:model.vocab_size],
-           "model.norm.weight": state_dict["final_layernorm.weight"]}
-    if model.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = state_dict["output_layer.weight"][:model.vocab_size]
+    out = ends_to_hf(state_dict, model)
     for i in range(model.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         for kind in _qkv_kinds(model):
-            q, k, v = split_qkv(state_dict[ours + "attention.query_key_value." + kind], groups, per_group,
-                                model.head_dim)
+            q, k, v = split_qkv(state_dict[ours + "attention.query_key_value." + kind], model)
             if family.fused_qkv is not None:
                 out[theirs + family.fused_qkv + "." + kind] = torch.cat([q, k, v])
             else:
@@ -109,14 +103,9 @@ def to_hf(state_dict: dict[str, torch.Tensor], model: ModelConfig, family: Dense
 def from_hf(hf_state: dict[str, torch.Tensor], model: ModelConfig, padded_vocab_size: int,
             family: DenseFamily) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf`; padding rows of the vocabulary are zeros (as our initial values leave them)."""
-    groups = model.architecture.query_groups(model.num_attention_heads)
-    per_group, d = model.num_attention_heads // groups, model.head_dim
-
-    out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
-           "final_layernorm.weight": hf_state["model.norm.weight"]}
-    if model.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = padded_rows(hf_state["lm_head.weight"], padded_vocab_size)
-    q_rows, kv_rows = model.num_attention_heads * d, groups * d
+    out = ends_from_hf(hf_state, model, padded_vocab_size)
+    d = model.head_dim
+    q_rows, kv_rows = model.num_attention_heads * d, model.architecture.query_groups(model.num_attention_heads) * d
     for i in range(model.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         for kind in _qkv_kinds(model):
@@ -124,7 +113,7 @@ def from_hf(hf_state: dict[str, torch.Tensor], model: ModelConfig, padded_vocab_
                 q, k, v = hf_state[theirs + family.fused_qkv + "." + kind].split([q_rows, kv_rows, kv_rows])
             else:
                 q, k, v = (hf_state[theirs + f"self_attn.{name}_proj." + kind] for name in "qkv")
-            out[ours + "attention.query_key_value." + kind] = fuse_qkv(q, k, v, groups, per_group, d)
+            out[ours + "attention.query_key_value." + kind] = fused_qkv(q, k, v, model)
         for kind in _linear_kinds(model):
             out.update({ours + our_name + "." + kind: hf_state[theirs + their_name + "." + kind]
                         for our_name, their_name in _mlp_names(family)})

@@ -214,17 +214,19 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[st
     (a multimodal Gemma 3's text_config is read as a Gemma3TextConfig). `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
-    from transformers import ApertusConfig, LlamaConfig, MixtralConfig, Qwen2MoeConfig
+    from transformers import CONFIG_MAPPING, LlamaConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
     import transformers
 
-    registered = FAMILIES.get(hf.get("model_type")) or FAMILIES.get(family or "")
+    # a family of arguments/hf_families/'s own class (a multimodal Gemma 3's text_config is a Gemma3TextConfig), else
+    # the model_type's (MixtralConfig, DeepseekV3Config, ...); a file without model_type is a Llama's
+    model_type = hf.get("model_type")
+    registered = FAMILIES.get(model_type) or FAMILIES.get(family or "")
     config_class = getattr(transformers, registered.config_class) if registered is not None else \
-        {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig,
-         APERTUS_TYPE: ApertusConfig}.get(hf.get("model_type"), LlamaConfig)
+        CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else LlamaConfig
     try:
         return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
@@ -268,14 +270,6 @@ def _ours(config: ModelConfig, name: str):
     return getattr(config, name)
 
 
-def _flag_for(name: str, value) -> str:
-    """The flag (and value) that sets `name` to `value` (Megatron-LM reads --num-query-groups only beside
-    --group-query-attention)."""
-    if name == "num_query_groups":
-        return f"--group-query-attention {flag_for(name, value)}"
-    return flag_for(name, value)
-
-
 def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike) -> None:
     """Raise ConfigError listing every way the folder's LlamaForCausalLM differs from this run's model,
     each with the flag and value that would make them agree."""
@@ -287,12 +281,13 @@ def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.
             continue
         mine = _ours(model_config, name)
         if theirs != mine:
-            problems.append(f"pass {_flag_for(name, theirs)} (this run has {mine})")
+            problems.append(f"pass {flag_for(name, theirs)} (this run has {mine})")
     if settings["vocab_size"] != model_config.vocab_size:
         problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
                         f"{settings['vocab_size']}, this run's tokenizer has {model_config.vocab_size} tokens")
     if problems:
-        raise ConfigError(f"{source} does not match this run's model: {'; '.join(problems)}")
+        architecture = (hf.get("architectures") or [ARCHITECTURE])[0]
+        raise ConfigError(f"{source} ({architecture}) does not match this run's model: {'; '.join(problems)}")
 
 
 # ---- weights ------------------------------------------------------------------------------------
@@ -355,16 +350,31 @@ def _kinds(config: ModelConfig) -> tuple[str, ...]:
     return ("weight", "bias") if config.add_bias_linear else ("weight",)
 
 
+def ends_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A Llama-shaped model's tensors outside its layers under transformers' names: the embedding (our padding rows
+    cut), the final norm and an untied output layer (a tied model has no lm_head)."""
+    vocab = config.vocab_size
+    out = {"model.embed_tokens.weight": state["word_embeddings.weight"][:vocab],
+           "model.norm.weight": state["final_layernorm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = state["output_layer.weight"][:vocab]
+    return out
+
+
+def ends_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig, padded_vocab_size: int
+                 ) -> dict[str, torch.Tensor]:
+    """The inverse of `ends_to_hf`: the vocabulary's padding rows are zeros (as our initial values leave them)."""
+    out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
+           "final_layernorm.weight": hf_state["model.norm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["output_layer.weight"] = padded_rows(hf_state["lm_head.weight"], padded_vocab_size)
+    return out
+
+
 def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole (TP 1 layout) state dict under LlamaForCausalLM's names; a tied model has no lm_head."""
     check_llama_shaped(config, "the Hugging Face export")
-    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
-        config.head_dim
-    per_group, vocab = heads // groups, config.vocab_size
-    out = {"model.embed_tokens.weight": state_dict["word_embeddings.weight"][:vocab],
-           "model.norm.weight": state_dict["final_layernorm.weight"]}
-    if config.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = state_dict["output_layer.weight"][:vocab]
+    out = ends_to_hf(state_dict, config)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         if is_apertus(config):
@@ -373,8 +383,8 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
             out[theirs + "mlp.act_fn.beta"] = torch.tensor(XIELU_BETA)
             out[theirs + "mlp.act_fn.eps"] = torch.tensor(XIELU_EPS)
         for kind in _qkv_kinds(config):
-            q, k, v = split_qkv(state_dict[ours + "attention.query_key_value." + kind], groups, per_group, d)
-            out.update({theirs + f"self_attn.{name}_proj." + kind: part for name, part in zip("qkv", (q, k, v))})
+            q, k, v = split_qkv(state_dict[ours + "attention.query_key_value." + kind], config)
+            out.update({theirs + f"self_attn.{p}_proj." + kind: part for p, part in zip("qkv", (q, k, v))})
         for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
@@ -390,22 +400,15 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
                           padded_vocab_size: int, family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
     """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
     values leave them)."""
-    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
-        config.head_dim
-    per_group = heads // groups
-
-    out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
-           "final_layernorm.weight": hf_state["model.norm.weight"]}
-    if config.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = padded_rows(hf_state["lm_head.weight"], padded_vocab_size)
+    out = ends_from_hf(hf_state, config, padded_vocab_size)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         if is_apertus(config):
             _check_xielu_constants(hf_state, theirs)
             out.update({ours + our_name: hf_state[theirs + their_name] for our_name, their_name in _APERTUS_SAME})
         for kind in _qkv_kinds(config):
-            q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
-            out[ours + "attention.query_key_value." + kind] = fuse_qkv(q, k, v, groups, per_group, d)
+            out[ours + "attention.query_key_value." + kind] = fused_qkv(
+                *(hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv"), config)
         for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
@@ -422,22 +425,23 @@ def padded_rows(tensor: torch.Tensor, padded_vocab_size: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
 
 
-def split_qkv(qkv: torch.Tensor, groups: int, per_group: int, head_dim: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Our fused QKV rows (or bias), [group][its query heads, k, v][head_dim], as transformers' q, k and v, each
-    head by head."""
-    rest = qkv.shape[1:]
-    qkv = qkv.reshape(groups, per_group + 2, head_dim, *rest)
-    return (qkv[:, :per_group].reshape(groups * per_group * head_dim, *rest),
-            qkv[:, per_group].reshape(groups * head_dim, *rest), qkv[:, per_group + 1].reshape(groups * head_dim, *rest))
+def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our fused QKV weight (or bias) as transformers' q_proj, k_proj and v_proj (the module docstring's layout)."""
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, rest = heads // groups, qkv.shape[1:]
+    qkv = qkv.reshape(groups, per_group + 2, d, *rest)
+    return (qkv[:, :per_group].reshape(heads * d, *rest), qkv[:, per_group].reshape(groups * d, *rest),
+            qkv[:, per_group + 1].reshape(groups * d, *rest))
 
 
-def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, per_group: int,
-             head_dim: int) -> torch.Tensor:
+def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """The inverse of `split_qkv`."""
-    rest = q.shape[1:]
-    fused = torch.cat([q.reshape(groups, per_group, head_dim, *rest), k.reshape(groups, 1, head_dim, *rest),
-                       v.reshape(groups, 1, head_dim, *rest)], dim=1)
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, rest = heads // groups, q.shape[1:]
+    fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
+                       v.reshape(groups, 1, d, *rest)], dim=1)
     return fused.reshape(-1, *rest)
 
 

@@ -30,7 +30,11 @@ MOE_COMPARED = ("num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_rou
 # applies rope with --rotary-base whatever --position-embedding-type says, as Megatron-Core's MLASelfAttention)
 MLA_COMPARED = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                 "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")
-COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED, *MLA_COMPARED)
+# --position-embedding-type yarn's (gpt/rotary.py yarn_angles), with the scaling factor and mscales MLA shares
+YARN_SETTINGS = ("rotary_scaling_factor", "mscale", "mscale_all_dim", "yarn_original_max_position_embeddings",
+                 "yarn_beta_fast", "yarn_beta_slow", "yarn_correction_range_round_to_int")
+COMPARED = tuple(dict.fromkeys((*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED,
+                                *MLA_COMPARED)))
 
 
 def _compared_values(model: dict) -> dict:
@@ -39,12 +43,17 @@ def _compared_values(model: dict) -> dict:
     scaling factor only where scaling is on; one key/value group per head is None's meaning."""
     defaults = ModelConfig()
     values = {name: model.get(name, getattr(defaults, name)) for name in COMPARED}
+    yarn = values["position_embedding_type"] == "yarn" and not values["multi_latent_attention"]
     if values["multi_latent_attention"]:
         values["rope_type"] = values["rope_type"] or "yarn"  # None is MLA's default, YaRN
     else:
         for name in MLA_COMPARED[1:]:
+            if not (yarn and name in YARN_SETTINGS):
+                values.pop(name)
+    if not yarn:
+        for name in YARN_SETTINGS[3:]:
             values.pop(name)
-    if values["position_embedding_type"] != "rope":
+    if values["position_embedding_type"] not in ("rope", "yarn"):
         for name in ROTARY_SETTINGS:
             if not (values["multi_latent_attention"] and name == "rotary_base"):
                 values.pop(name)

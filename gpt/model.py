@@ -42,9 +42,11 @@ from torch import nn
 from gpt.architecture import GPT2, Architecture
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
+from gpt.attention_sinks import attention_with_sinks, sink_logits
 from gpt.attention_softcap import softcapped_attention
 from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
+from gpt.glu import gated_activation
 from gpt.mla import MLASelfAttention
 from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
@@ -53,13 +55,14 @@ from gpt.moe.layer import MoELayer
 from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
 from gpt.norms import HeadNorm, ProjectionNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
-from gpt.rotary import apply_rotary, rotary_angles
+from gpt.rotary import apply_rotary, rotary_angles, yarn_angles
 from gpt.stage_layers import StageLayers, whole_model
 from gpt.xielu import XIELU
 from parallel.context_parallel import positions_on_this_rank
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
+from parallel.layers import meta_parameter
 from parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
@@ -115,7 +118,8 @@ class SelfAttention(nn.Module):
         self.attention_backend = config.attention_backend
         self.pad_head_dim = config.pad_attention_head_dim
         self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention_backend)
-        self.rotary = architecture.position_embedding_type == "rope"
+        self.rotary = architecture.rotary
+        self.architecture = architecture
         # --local-rotary-base: a sliding-window layer's own rotary, unscaled (Gemma 3's rope_parameters for its
         # "sliding_attention" layers); the other layers' base, Llama 3 scaling and interpolation
         local = window is not None and architecture.local_rotary_base is not None
@@ -154,6 +158,15 @@ class SelfAttention(nn.Module):
         group_query = config.num_attention_heads // (self.groups_per_rank * tp) * config.head_dim
         self.query_key_value.weight.qkv_split_shapes = \
             [group_query] * (2 if self.output_gate else 1) + [config.head_dim, config.head_dim]
+        # --softmax-type (gpt/attention_sinks.py): Megatron-Core's DotProductAttention.softmax_offset, a parameter of
+        # this rank's heads (split with them, drawn as Megatron's init_method draws it) for learnable, zeros for
+        # off-by-one
+        self.softmax_type = architecture.softmax_type
+        if self.softmax_type == "learnable":
+            self.softmax_offset = meta_parameter((self.heads_per_rank,), InitMethod.normal(config.init_method_std),
+                                                 state, split_dim=0)
+        else:
+            self.softmax_offset = None
         # heads x head width in, hidden out (Megatron-Core's linear_proj: query_projection_size -> hidden_size)
         self.dense = plan.linear("attention.dense", config.num_attention_heads * config.head_dim, h,
                                  init_std=_output_layer_std(config), bias=architecture.add_bias_linear)
@@ -174,11 +187,18 @@ class SelfAttention(nn.Module):
         # The device is known only here (the model is built on meta): whether to pad is decided per call.
         head_dim = padded_head_dim(self.head_dim, query.device.type, self.attention_backend, self.pad_head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
+        sinks = None if self.softmax_type == "vanilla" else sink_logits(self.softmax_offset, self.heads_per_rank,
+                                                                        query)
         with dropout_stream(self.rng), attention_kernels(self.attention_backend):
             if self.context_parallel is not None:  # document masks are refused with CP (arguments/config.py)
                 context = context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type,
                                                      dropout_p, enable_gqa=self.native_gqa, window=self.window,
-                                                     scale=self.softmax_scale, softcap=self.softcap)
+                                                     scale=self.softmax_scale, softcap=self.softcap, sinks=sinks)
+            elif sinks is not None:  # (with soft-capping refused: gpt/model_config.py)
+                if self.window is not None:  # the sliding window, over the documents' mask where there is one
+                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
+                context = attention_with_sinks(query, key, value, sinks, dropout_p, enable_gqa=self.native_gqa,
+                                               attention_mask=attention_mask, scale=self.softmax_scale)
             else:
                 if self.window is not None:  # the sliding window, over the documents' mask where there is one
                     attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
@@ -218,8 +238,7 @@ class SelfAttention(nn.Module):
             positions = positions_on_this_rank(seq, self.context_parallel, hidden.device) \
                 if self.context_parallel is not None else None
             whole = seq if positions is None else seq * self.context_parallel.context_parallel_size
-            cos, sin = rotary_angles(whole, self.rotary_dim, self.rotary_base, hidden.device, self.rope_scaling,
-                                     self.rotary_interleaved, self.rotary_interpolation)
+            cos, sin = self._rotary_angles(whole, hidden.device)
             if positions is not None:  # each token's angles at its global position
                 cos, sin = cos[positions], sin[positions]
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
@@ -228,6 +247,17 @@ class SelfAttention(nn.Module):
             # Query head i reads group i // per_group (transformers' repeat_kv, Megatron-Core's GQA).
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return query, key, value, gate
+
+
+    def _rotary_angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of positions 0..length-1: rope's (gpt/rotary.py rotary_angles), or YaRN's (yarn_angles)."""
+        arch = self.architecture
+        if arch.position_embedding_type == "yarn":
+            return yarn_angles(length, self.head_dim, self.rotary_base, device, arch.rotary_scaling_factor,
+                               arch.yarn_original_max_position_embeddings, arch.yarn_beta_fast, arch.yarn_beta_slow,
+                               arch.yarn_correction_range_round_to_int, arch.mscale, arch.mscale_all_dim)
+        return rotary_angles(length, self.rotary_dim, self.rotary_base, device, self.rope_scaling,
+                             self.rotary_interleaved, self.rotary_interpolation)
 
 
 def _heads_as_features(norm: nn.Module, heads: torch.Tensor) -> torch.Tensor:
@@ -307,17 +337,19 @@ class TransformerBlock(nn.Module):
             dispatcher, local_experts = plan.experts(moe.num_experts)
             self.mlp = MoELayer(h, moe, state=plan.state,
                                 activation=functools.partial(activation_function, config.activation),
-                                swiglu=architecture.swiglu, init_std=config.init_method_std,
+                                swiglu=architecture.gated_mlp, glu=gated_activation(architecture),
+                                init_std=config.init_method_std,
                                 output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
                                 layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
                                 local_experts=local_experts, xielu=config.activation == "xielu", plan=plan)
-        elif architecture.swiglu or architecture.gated_linear_unit:
-            # SiLU's gate (--swiglu), or --activation's GeLU (--gated-linear-unit: Gemma's GeGLU)
-            gate_activation = F.silu if architecture.swiglu else functools.partial(activation_function,
-                                                                                    config.activation)
+        elif architecture.gated_mlp:
+            # SiLU's gate (--swiglu), quick-GeLU's (--quick-geglu) or --activation's GeLU (--gated-linear-unit:
+            # Gemma's GeGLU), with --glu-linear-offset and --activation-func-clamp-value (gpt/glu.py)
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),
-                                 bias=architecture.add_bias_linear, activation=gate_activation)
+                                 bias=architecture.add_bias_linear,
+                                 glu=gated_activation(architecture, functools.partial(activation_function,
+                                                                                       config.activation)))
         else:
             self.mlp = MLP(config, plan, bias=architecture.add_bias_linear)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)

@@ -8,12 +8,13 @@ arguments/config.py, which holds one of these as `PretrainConfig.model`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
-from gpt.architecture import NORMALIZATIONS, SUBLAYER_NORM_PLACES, Architecture
+from gpt.architecture import NORMALIZATIONS, SOFTMAX_TYPES, SUBLAYER_NORM_PLACES, Architecture
 from gpt.attention_window import check_window_size, window_size_value
 from gpt.moe.settings import (
     MoESettings,
@@ -92,7 +93,8 @@ class ModelConfig:
                           help="SwiGLU MLP (Llama); --ffn-hidden-size defaults to int(4h x 2/3 / 64) x 64")
     position_embedding_type: str = option(
         "learned_absolute", type=_position_embedding_name,
-        help="learned_absolute (GPT-2), rope (rotary, Llama) or none; Megatron-DeepSpeed's "
+        help="learned_absolute (GPT-2), rope (rotary, Llama), yarn (rotary with YaRN's frequencies and concentration: "
+             "--rotary-scaling-factor, --mscale, --mscale-all-dim, --yarn-*) or none; Megatron-DeepSpeed's "
              "--use-rotary-position-embeddings --no-position-embedding is rope")
     rotary_base: float = option(10000.0, aliases={"--rotary-position-embeddings-theta": "Megatron-DeepSpeed",
                                                   "--rope-theta": "llm-jp's Megatron-LM fork"},
@@ -160,6 +162,28 @@ class ModelConfig:
         None, help="the transformers family the Hugging Face export writes this model as (config.json's "
                    "model_type: llama, qwen2, qwen3, mistral, gemma2, gemma3_text, olmo2, phi3, ...); default: "
                    "the --init-from-hf folder's, else the first whose blocks are these")
+    # Megatron-Core's TransformerConfig.softmax_type (gpt/attention_sinks.py)
+    softmax_type: str = option(
+        "vanilla", choices=SOFTMAX_TYPES,
+        help="attention's softmax: vanilla; off-by-one (each row's denominator + 1); learnable (a learned logit per "
+             "head in each row's denominator: attention sinks, GPT-OSS)")
+    # Megatron-LM's --quick-geglu, --glu-linear-offset, --activation-func-clamp-value (gpt/glu.py)
+    quick_geglu: bool = option(
+        False, action="store_true",
+        help="a gated MLP with quick_gelu(gate) = gate x sigmoid(1.702 gate) times its linear half (GPT-OSS)")
+    glu_linear_offset: float = option(0.0, help="with --swiglu or --quick-geglu: add this to the gated MLP's linear "
+                                                "half (GPT-OSS: 1)")
+    activation_func_clamp_value: Optional[float] = option(
+        None, help="with --quick-geglu (or --swiglu's experts): clamp the gate half at most and the linear half within "
+                   "+-this before the activation (GPT-OSS: 7)")
+    # --position-embedding-type yarn's (Megatron-LM's --yarn-* flags, at the values its argument_utils.py
+    # _apply_yarn_config_from_args gives where they are left out)
+    yarn_original_max_position_embeddings: int = option(
+        4096, help="with --position-embedding-type yarn: the context the frequencies were trained at")
+    yarn_beta_fast: float = option(32.0, help="with --position-embedding-type yarn: YaRN's beta_fast")
+    yarn_beta_slow: float = option(1.0, help="with --position-embedding-type yarn: YaRN's beta_slow")
+    yarn_correction_range_round_to_int: bool = option(
+        True, help="with --position-embedding-type yarn: round the correction range to whole dims")
     # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;
     # gpt/attention_window.py): Mistral, Gemma 2/3, GPT-OSS, Phi-3
     window_size: Optional[tuple] = option(
@@ -185,9 +209,12 @@ class ModelConfig:
     v_head_dim: int = option(128, help="with --multi-latent-attention: each value head's dims")
     rope_type: Optional[str] = option(None, choices=("rope", "yarn"),
                                       help="with --multi-latent-attention: rope, or yarn (its default)")
-    rotary_scaling_factor: float = option(1.0, help="with --multi-latent-attention: YaRN's scaling factor")
-    mscale: float = option(1.0, help="with --multi-latent-attention: YaRN's mscale (the rotary concentration)")
-    mscale_all_dim: float = option(0.0, help="with --multi-latent-attention: YaRN's mscale of the softmax scale")
+    rotary_scaling_factor: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: "
+                                                    "YaRN's scaling factor")
+    mscale: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: YaRN's mscale "
+                                     "(the rotary concentration)")
+    mscale_all_dim: float = option(0.0, help="with --multi-latent-attention or --position-embedding-type yarn: YaRN's "
+                                             "mscale_all_dim (multi-latent attention's softmax scale too)")
     init_method_std: float = 0.02
     # "gelu_tanh" is "gelu_new" in transformers.
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
@@ -472,6 +499,18 @@ class ModelConfig:
                               "fused output layer computes the loss of uncapped logits; drop "
                               "--cross-entropy-loss-fusion",
                               flags=("--final-logit-softcapping", "--cross-entropy-loss-fusion"))
+        if self.softmax_type != "vanilla" and self.attn_logit_softcapping is not None:
+            raise ConfigError(f"--softmax-type {self.softmax_type} with --attn-logit-softcapping is not implemented: "
+                              f"the sink's score joins SDPA's, which cannot cap the others",
+                              flags=("--softmax-type", "--attn-logit-softcapping"))
+        if self.position_embedding_type == "yarn":
+            given = [flag for flag, value in (("--local-rotary-base", self.local_rotary_base),
+                                              ("--rotary-seq-len-interpolation-factor",
+                                               self.rotary_seq_len_interpolation_factor)) if value is not None]
+            if given:
+                raise ConfigError(f"--position-embedding-type yarn with {', '.join(given)} is not implemented: YaRN's "
+                                  f"frequencies are Megatron-Core's YarnRotaryEmbedding's, one set for every layer",
+                                  flags=("--position-embedding-type", *given))
         if self.multi_latent_attention:
             given = [flag for flag, value in (("--softmax-scale", self.softmax_scale),
                                               ("--attn-logit-softcapping", self.attn_logit_softcapping),
@@ -482,6 +521,37 @@ class ModelConfig:
                 raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
                                   f"attention scales its scores and rotates its positions as Megatron-Core's "
                                   f"MLASelfAttention (YaRN's mscale)", flags=("--multi-latent-attention", *given))
+
+    def _check_gated_activation(self) -> None:
+        """--quick-geglu, --glu-linear-offset and --activation-func-clamp-value as Megatron-LM takes them
+        (core_transformer_config_from_args: `assert not args.swiglu` beside --quick-geglu; TransformerConfig.__post_init__:
+        SwiGLU's clamp only in MoE experts, at a positive finite value and without an offset). The offset and the clamp
+        act on a gated MLP's halves only; without one they would do nothing, so a launch giving them is told."""
+        gated = self.swiglu or self.quick_geglu or self.gated_linear_unit
+        if self.quick_geglu and (self.swiglu or self.activation in ("squared_relu", "xielu")):
+            other = "--swiglu" if self.swiglu else f"--activation {self.activation}"
+            raise ConfigError(f"--quick-geglu with {other}: give one activation (Megatron-LM asserts it)",
+                              flags=("--quick-geglu", other.split()[0]))
+        clamp = self.activation_func_clamp_value
+        if (clamp is not None or self.glu_linear_offset) and not gated:
+            raise ConfigError("--activation-func-clamp-value and --glu-linear-offset act on a gated MLP's halves: give "
+                              "--quick-geglu, --swiglu or --gated-linear-unit, or drop them",
+                              flags=("--activation-func-clamp-value", "--glu-linear-offset"))
+        if clamp is not None and not (math.isfinite(clamp) and clamp > 0):
+            raise ConfigError(f"--activation-func-clamp-value must be positive and finite, got {clamp}",
+                              flags=("--activation-func-clamp-value",))
+        if clamp is not None and self.swiglu:
+            if self.moe is None:
+                raise ConfigError("--activation-func-clamp-value with --swiglu clamps the experts' SwiGLU only: add "
+                                  "--num-experts (Megatron-Core's TransformerConfig requires MoE)",
+                                  flags=("--activation-func-clamp-value", "--swiglu"))
+            if self.glu_linear_offset:
+                raise ConfigError("--activation-func-clamp-value with --swiglu takes no --glu-linear-offset (as "
+                                  "Megatron-Core's TransformerConfig requires)",
+                                  flags=("--activation-func-clamp-value", "--glu-linear-offset"))
+        if not math.isfinite(self.glu_linear_offset):
+            raise ConfigError(f"--glu-linear-offset must be finite, got {self.glu_linear_offset}",
+                              flags=("--glu-linear-offset",))
 
     def _check_multi_latent_attention(self) -> None:
         """--multi-latent-attention's sizes, and what it is not built with (gpt/mla.py)."""
@@ -552,6 +622,7 @@ class ModelConfig:
             raise ConfigError("--xielu replaces the MLP's activation and --swiglu gates it with SiLU: give one of "
                               "them (swiss-ai's Megatron-LM fork allows one activation at a time)",
                               flags=("--activation", "--swiglu"))
+        self._check_gated_activation()
         if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
             raise ConfigError("--init-method-std and --layernorm-epsilon must be positive",
                               flags=("--init-method-std", "--layernorm-epsilon"))

@@ -24,8 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pretrain_gpt  # noqa: E402
 from checkpoint import format as checkpoint_format  # noqa: E402
-from checkpoint import sharded  # noqa: E402
-from checkpoint import writer  # noqa: E402
+from checkpoint import (
+    sharded,  # noqa: E402
+    writer,  # noqa: E402
+)
 
 POINT = os.environ["KILL_SAVE_POINT"]
 POINTS = ("files", "metadata", "renamed", "tracker", "latest-temp", "latest")

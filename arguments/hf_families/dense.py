@@ -90,7 +90,8 @@ def dense_typed(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
 
 
 def flag_for(name: str, value) -> str:
-    """The flag (and value) that sets the ModelConfig setting `name` to `value`."""
+    """The flag (and value) that sets the ModelConfig setting `name` to `value` (Megatron-LM reads
+    --num-query-groups only beside --group-query-attention)."""
     if name == "add_bias_linear":
         return "no --disable-bias-linear" if value else "--disable-bias-linear"
     flag = flag_of_setting(ModelConfig, name)
@@ -98,6 +99,8 @@ def flag_for(name: str, value) -> str:
         return flag if value else f"no {flag}"
     if value is None:
         return f"no {flag}"
+    if name == "num_query_groups":
+        return f"--group-query-attention {flag} {value}"
     return f"{flag} {value}"
 
 

@@ -190,13 +190,14 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --moe-use-legacy-grouped-gemm --overlap-dispatch-backward-with-experts-wgrad
         --overlap-moe-expert-parallel-comm --save-tokens-per-expert-interval --use-grouped-gemm-for-dense-mlp
         --use-grouped-gemm-for-shared-expert --use-tutel --create-moe-param-group""")),
-    ("multimodal, YaRN or relative position embeddings' knob: positions here are learned, rotary (rope) or none "
-     "(--position-embedding-type), and the --yarn-* flags set Megatron's YaRN position type, not multi-latent "
-     "attention's YaRN (MLATransformerConfig's beta_fast 32, beta_slow 1, original max positions 4096, as here), "
-     "so it has no effect", _names("""
-        --mrope-section --yarn-beta-fast
-        --yarn-beta-slow --yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int
-        --yarn-original-max-position-embeddings --relative-attention-num-buckets --relative-attention-max-distance""")),
+    ("multimodal or relative position embeddings' knob: positions here are learned, rotary (rope, yarn) or none "
+     "(--position-embedding-type), so it has no effect", _names("""
+        --mrope-section --relative-attention-num-buckets --relative-attention-max-distance""")),
+    ("NVIDIA ModelOpt's GPT-OSS switch: its YaRN settings reach the model only through ModelOpt's model builder, which "
+     "Megatron-LM's pretrain_gpt.py runs for a loaded ModelOpt checkpoint (megatron/post_training/model_builder.py, "
+     "model_provider.py's modelopt_enabled); a pretraining launch builds the model from its flags "
+     "(--position-embedding-type yarn and the --yarn-* flags set GPT-OSS's positions here)", _names("""
+        --enable-gpt-oss""")),
     ("multi-latent attention's inference or fusion knob: latents cached for decoding (inference only), and the "
      "down projections fused into one matmul, compute the same training step", _names("""
         --cache-mla-latents --mla-down-proj-fusion""")),
@@ -209,7 +210,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --disable-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu --disable-dsa-indexer-scoring-relu
         --linear-attention-freq --linear-conv-kernel-dim --linear-key-head-dim --linear-num-key-heads
         --linear-num-value-heads --linear-value-head-dim --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
-        --gdp-num-householder --glu-linear-offset --use-fused-weighted-squared-relu
+        --gdp-num-householder --use-fused-weighted-squared-relu
         --fused-residual-rmsnorm --mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num
         --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
         --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
@@ -329,10 +330,10 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --export-quant-cfg --export-kd-teacher-load --export-kd-teacher-model-config --export-kd-teacher-ckpt-format
         --export-kd-cfg --finetune-hf-dataset --finetune-data-split --finetune-data-files --qad-train-target
         --freeze-base-for-mtp --export-qk-l2-norm --export-moe-apply-probs-on-input --export-offline-model
-        --modelopt-enabled --enable-gpt-oss""")),
-    ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu) or "
-     "SwiGLU (--swiglu)", _names("""
-        --quick-geglu --glu-activation --activation-func-clamp-value""")),
+        --modelopt-enabled""")),
+    ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu), "
+     "SwiGLU (--swiglu) or quick-GeGLU (--quick-geglu)", _names("""
+        --glu-activation""")),
     ("not implemented: rotary positions here are Megatron-LM's default RoPE, the same at every layer: each head's "
      "first --rotary-percent of dims in two rotated halves (or adjacent pairs, --rotary-interleaved), "
      "--rotary-base, and Llama 3.1's --use-rope-scaling",
@@ -509,8 +510,6 @@ AT_VALUE: dict[str, AtValue] = {
                        "hybrid pattern; drop the flag")
        for option in _names("""--mtp-detach-heads --mtp-hsm --mtp-hybrid-override-pattern --mtp-standalone
                                --mtp-use-repeated-layer""")},
-    "--softmax-type": AtValue(_equals("vanilla"), "the ordinary softmax, as here",
-                              "not implemented: attention uses the ordinary softmax (--softmax-type vanilla)"),
     "--dataloader-type": AtValue(_equals("single"), "one pass over shuffled samples, consumed samples resuming it, "
                                                     "as here",
                                  "not implemented: the sampler draws each sample once per pass in a --seed order "

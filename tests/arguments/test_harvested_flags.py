@@ -133,13 +133,12 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     # (--expert-model-parallel-size, --moe-expert-parallel-size and --expert-tensor-parallel-size are settings now:
     # parallel/config.py, tests/training/test_expert_parallel_training.py)
     no_op = {"--num-experts-switch": "1",
-             "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
+             "--dataloader-type": "single", "--remote-device": "none",
              "--weight-decay-incr-style": "constant",
              "--vocab-extra-ids": "0", "--error-injection-rate": "0",
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02"}
     other = {"--num-experts-switch": "8",
-             "--softmax-type": "learnable",
              "--dataloader-type": "cyclic", "--remote-device": "cpu",
              "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
              "--error-injection-rate": "5",
