@@ -104,3 +104,31 @@ def test_a_setting_megatron_refuses_is_refused_in_one_line(settings, named):
     with pytest.raises(ConfigError) as error:
         ModelConfig(vocab_size=64, **settings).validate()
     assert named in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("settings, named", [
+    (dict(softmax_type="learnable", attn_logit_softcapping=30.0),
+     "--softmax-type learnable with --attn-logit-softcapping is not implemented"),
+    (dict(position_embedding_type="yarn", local_rotary_base=10000.0),
+     "--position-embedding-type yarn with --local-rotary-base is not implemented"),
+    (dict(position_embedding_type="yarn", rotary_seq_len_interpolation_factor=8.0),
+     "--position-embedding-type yarn with --rotary-seq-len-interpolation-factor is not implemented"),
+    (dict(quick_geglu=True, gated_linear_unit=True, activation="gelu"), "--gated-linear-unit with --quick-geglu"),
+])
+def test_gpt_oss_and_gemma_blocks_not_built_together_are_refused_in_one_line(settings, named):
+    """Where the GPT-OSS blocks meet Gemma's (both branches of issue 63): sinks join SDPA's scores, which cannot be
+    soft-capped; YaRN's frequencies are one set for every layer; one gated MLP activation at a time."""
+    with pytest.raises(ConfigError) as error:
+        ModelConfig(vocab_size=64, **settings).validate()
+    assert named in str(error.value) and "\n" not in str(error.value)
+
+
+def test_gated_linear_units_gelu_gate_takes_the_offset_and_clamp_as_megatron_cores_glu():
+    """--gated-linear-unit's GeGLU through gpt/glu.py: Megatron-Core's MLP.glu (megatron/core/transformer/mlp.py)
+    clamps both halves and adds --glu-linear-offset whatever the gate's activation_func; without them it is
+    gelu(gate) * up exactly, as Gemma's MLP computes it."""
+    gate, up = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)) * 3, torch.randn(4, 6) * 3
+    gelu = GatedActivation(activation=lambda x: F.gelu(x, approximate="tanh"))
+    assert torch.equal(gelu(gate, up), F.gelu(gate, approximate="tanh") * up)
+    clamped = GatedActivation(clamp=2.0, offset=1.0, activation=F.gelu)
+    torch.testing.assert_close(clamped(gate, up), F.gelu(gate.clamp(max=2.0)) * (up.clamp(-2.0, 2.0) + 1.0))

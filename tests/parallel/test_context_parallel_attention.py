@@ -141,7 +141,9 @@ def test_attention_sinks_output_and_gradients_equal_the_full_sequence(comm_type)
 
 WINDOW = 5  # keys before each query: shorter than a rank's chunks (8) and than the sequence
 # the scores' rules beside the window: none, or Gemma 2's scale and soft-capping (gpt/attention_softcap.py)
-SCORE_RULES = {"window": {}, "window-scale-softcap": {"scale": 0.3, "softcap": 2.0}}
+# or GPT-OSS's sinks at Gemma's scale (both on all_gather's and a2a's masked path: gpt/cp_attention.py)
+SCORE_RULES = {"window": {}, "window-scale-softcap": {"scale": 0.3, "softcap": 2.0},
+               "window-scale-sinks": {"scale": 0.3, "sinks": True}}
 
 
 def _full_windowed(kv_heads, rule):
@@ -151,7 +153,12 @@ def _full_windowed(kv_heads, rule):
     q, k, v, grad = _inputs(kv_heads)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     mask = causal_window_mask(SEQ, WINDOW, q.device)
-    if rule.get("softcap") is not None:
+    if rule.get("sinks"):  # SoftmaxOne's sink column beside the window's scores, as _full_with_sinks
+        keys, values = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (k, v))
+        scores = (q @ keys.transpose(-2, -1) * rule["scale"]).masked_fill(~mask, float("-inf"))
+        sink = _sinks().reshape(1, -1, 1, 1).expand(BATCH, -1, SEQ, -1)
+        out = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ values
+    elif rule.get("softcap") is not None:
         out = softcapped_attention(q, k, v, rule["softcap"], rule["scale"], mask)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv_heads != HEADS)
@@ -165,8 +172,9 @@ def _windowed_cp_rank(rank, world_size, comm_type, kv_heads, rule):
         q, k, v, grad = _inputs(kv_heads)
         local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
                  for t in (q, k, v)]
+        extra = {**rule, "sinks": _sinks()} if rule.get("sinks") else rule
         out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS, window=WINDOW,
-                                         **rule)
+                                         **extra)
         out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
         return [t.numpy() for t in (out.detach(), *(t.grad for t in local))]
     finally:
@@ -177,7 +185,8 @@ def _windowed_cp_rank(rank, world_size, comm_type, kv_heads, rule):
 @pytest.mark.parametrize("comm_type", ["all_gather", "a2a"])
 def test_a_sliding_window_over_the_ranks_chunks_equals_the_full_sequences(comm_type, rule):
     """--window-size under context parallelism: the window by global positions (gpt/attention_window.py), with
-    grouped-query key/value heads, and with --softmax-scale and --attn-logit-softcapping's explicit scores; the ring
+    grouped-query key/value heads, with --softmax-scale and --attn-logit-softcapping's explicit scores, and with
+    --softmax-scale beside --softmax-type's sinks; the ring
     (p2p) is refused with any of them (arguments/config.py)."""
     cp, kv_heads = 2, 2
     full = _full_windowed(kv_heads, SCORE_RULES[rule])
