@@ -915,6 +915,18 @@ class PretrainConfig:
         if model.cp_comm_type not in ("p2p", "all_gather", "a2a"):
             raise ConfigError(f"--cp-comm-type {model.cp_comm_type} is not implemented here: use p2p (the ring), "
                               f"all_gather or a2a (DeepSpeed-Ulysses)", flags=("--cp-comm-type", "--context-parallel-size"))
+        scored = [flag for flag, value in (("--softmax-scale", model.softmax_scale),
+                                           ("--attn-logit-softcapping", model.attn_logit_softcapping)) if value]
+        if model.cp_comm_type == "p2p" and scored:
+            raise ConfigError(f"{', '.join(scored)} with --cp-comm-type p2p (the ring) is not implemented: the ring "
+                              f"computes plain causal attention; use --cp-comm-type all_gather or a2a with "
+                              f"--context-parallel-size {cp}", flags=(*scored, "--cp-comm-type"))
+        if model.cp_comm_type == "p2p" and model.has_windows():
+            # the ring's blocks other than a rank's own are half visible and unmasked (gpt/cp_attention.py); Transformer
+            # Engine too runs sliding windows under context parallelism only with all_gather or a2a
+            raise ConfigError(f"--window-size with --cp-comm-type p2p (the ring) is not implemented: the ring computes "
+                              f"plain causal attention; use --cp-comm-type all_gather or a2a with "
+                              f"--context-parallel-size {cp}", flags=("--window-size", "--cp-comm-type"))
         tp = self.parallel.tensor_model_parallel_size
         heads = model.num_attention_heads // tp
         if model.cp_comm_type == "a2a" and heads % cp:
@@ -1059,6 +1071,7 @@ class PretrainConfig:
         self._check_pipeline()
         self._check_context_parallel()
         self._check_multi_token_prediction()
+        self._check_hf_model_type()
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:
             self._check_step_schedule()
@@ -1066,6 +1079,15 @@ class PretrainConfig:
             raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (token ids 0..N-1; the "
                               "end-of-document id is N)", flags=("--tokenizer-type", "--vocab-size"))
         check_bounds(self)  # last: the estimates read values the rules above have made sane
+
+    def _check_hf_model_type(self) -> None:
+        """--hf-model-type names a family the Hugging Face folders are read and written as (arguments/hf_config.py)."""
+        from arguments.hf_config import families
+
+        wanted, known = self.model.hf_model_type, families()
+        if wanted is not None and wanted not in known:
+            raise ConfigError(f"--hf-model-type {wanted} is not a family read or written here: one of "
+                              f"{', '.join(known)}", flags=("--hf-model-type",))
 
     def _check_muon(self) -> None:
         """Muon's Newton-Schulz needs each whole matrix: zero/muon.py gathers it over the ZeRO partition; a matrix

@@ -35,44 +35,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config
+from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, registered_family
+from arguments.hf_families import FAMILY_READERS
+from arguments.hf_fields import PLAIN_BLOCKS
+from arguments.hf_settings import LLAMA3_FIXED, LLAMA_ARCHITECTURE, FolderValue, llama_settings  # noqa: F401 - read from here too
 from base.errors import ConfigError
 from data import DataError
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from data.tokenizer import MERGES_FILE, MIN_VOCAB_SIZE, TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
 
 GPT2_ARCHITECTURE = "GPT2LMHeadModel"
-LLAMA_ARCHITECTURE = "LlamaForCausalLM"
 # transformers' GPT-2 activation names -> ours ("relu2" is transformers' ReLUSquaredActivation).
 ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                       "relu2": "squared_relu"}
 # Their GPT-2 attention variants we do not implement: key -> the value our attention corresponds to.
 HF_ATTENTION_OPTIONS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
                         "add_cross_attention": False, "tie_word_embeddings": True}
-# Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor (gpt/rotary.py's llama3_scaled).
-LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-# Settings a flag may change without describing another model: rotary positions have no table, so a Llama's
-# max_position_embeddings is only how long a sequence it is meant for (a longer context is trained this way);
-# GPT-2's n_positions is the shape of its position embedding.
-FLAG_MAY_CHANGE = {"llama": ("max_position_embeddings",), "mixtral": ("max_position_embeddings",),
-                   "apertus": ("max_position_embeddings",),
-                   "qwen2_moe": ("max_position_embeddings",)}
 # The tokenizer settings an explicit tokenizer is given by.
 TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file")
-
-
-@dataclass(frozen=True)
-class FolderValue:
-    """A setting's value in the folder, and what in the folder gives it (a config.json key, a file)."""
-    value: Any
-    key: str
 
 
 def architecture_settings(config: HFConfig) -> dict[str, FolderValue]:
     """The ModelConfig settings (by field name) of the folder's model; a config.json our blocks cannot
     compute is refused in one line naming each key."""
+    family = registered_family(config.family)
+    if family is not None:  # a dense family of its own module (arguments/hf_families/)
+        return family.read(config)
+    settings = _family_settings(config)
+    plain = {name: FolderValue(value, f"model_type {config.family}") for name, value in PLAIN_BLOCKS.items()}
+    return {**plain, **settings, "hf_model_type": FolderValue(config.family, "model_type")}
+
+
+def _family_settings(config: HFConfig) -> dict[str, FolderValue]:
+    if config.family in FAMILY_READERS:  # an MoE family of its own module (arguments/hf_families/)
+        return FAMILY_READERS[config.family].settings(config)
     if config.family == "llama":
-        return _llama(config)
+        return llama_settings(config)
     if config.family == "mixtral":
         return _mixtral(config)
     if config.family == "qwen2_moe":
@@ -105,57 +103,8 @@ def _gpt2(config: HFConfig) -> dict[str, FolderValue]:
             "position_embedding_type": v("learned_absolute", "model_type gpt2"),
             "untie_embeddings_and_output_weights": v(False, "tie_word_embeddings"),
             "add_bias_linear": v(True, "model_type gpt2"), "add_qkv_bias": v(False, "model_type gpt2"),
-            "qk_layernorm": v(False, "model_type gpt2"), "attention_output_gate": v(False, "model_type gpt2")}
-
-
-def _llama(config: HFConfig) -> dict[str, FolderValue]:
-    rope, fields = config.rope, config.fields
-    problems = []
-    if config.activation != "silu":
-        problems.append(f"hidden_act {config.activation!r} (SwiGLU here is silu's)")
-    if rope.rope_type not in ("default", "llama3"):
-        problems.append(f"rope_parameters rope_type {rope.rope_type!r} (only 'default' and Llama 3's 'llama3' are "
-                        f"built)")
-    if rope.rope_type == "llama3":
-        problems += [f"rope_parameters {key} {getattr(rope, key)!r} (Megatron-LM's Llama 3 scaling fixes it at "
-                     f"{value})" for key, value in LLAMA3_FIXED.items() if getattr(rope, key) != value]
-    if rope.partial_rotary_factor != 1.0:
-        problems.append(f"rope_parameters partial_rotary_factor {rope.partial_rotary_factor!r}")
-    if config.attention_bias != config.mlp_bias:
-        problems.append(f"attention_bias {config.attention_bias} with mlp_bias {config.mlp_bias} "
-                        f"(--disable-bias-linear drops both here)")
-    if fields.get("sliding_window") is not None or fields.get("use_sliding_window"):
-        problems.append(f"sliding_window {fields.get('sliding_window')!r} (attention here sees the whole sequence)")
-    if fields.get("pretraining_tp") not in (None, 1):
-        problems.append(f"pretraining_tp {fields['pretraining_tp']}")
-    if problems:
-        raise ConfigError(f"{config.path}: this {LLAMA_ARCHITECTURE} cannot be represented here: "
-                          f"{'; '.join(problems)}")
-    v = FolderValue
-    rope_key = "rope_scaling" if fields.get("rope_scaling") else "rope_parameters"
-    settings = {
-        "num_layers": v(config.num_layers, "num_hidden_layers"), "hidden_size": v(config.hidden_size, "hidden_size"),
-        "num_attention_heads": v(config.num_attention_heads, "num_attention_heads"),
-        "kv_channels": v(config.head_dim, "head_dim" if fields.get("head_dim") else
-                         "hidden_size / num_attention_heads"),
-        "ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size"),
-        "num_query_groups": v(config.num_key_value_heads, "num_key_value_heads" if fields.get("num_key_value_heads")
-                              else "num_attention_heads (no num_key_value_heads)"),
-        "max_position_embeddings": v(config.max_position_embeddings, "max_position_embeddings"),
-        "layernorm_epsilon": v(config.norm_epsilon, "rms_norm_eps"),
-        "normalization": v("RMSNorm", "model_type llama"), "swiglu": v(True, "hidden_act"),
-        "position_embedding_type": v("rope", "model_type llama"),
-        "rotary_base": v(rope.theta, f"{rope_key}.rope_theta" if "rope_theta" in (fields.get(rope_key) or {})
-                         else "rope_theta"),
-        "rotary_percent": v(1.0, "model_type llama"), "rotary_interleaved": v(False, "model_type llama"),
-        "use_rope_scaling": v(rope.rope_type == "llama3", f"{rope_key}.rope_type"),
-        "untie_embeddings_and_output_weights": v(not config.tie_word_embeddings, "tie_word_embeddings"),
-        "add_bias_linear": v(config.attention_bias, "attention_bias"),
-        "add_qkv_bias": v(False, "attention_bias"),
-        "qk_layernorm": v(False, "model_type llama"), "attention_output_gate": v(False, "model_type llama")}
-    if rope.rope_type == "llama3":
-        settings["rope_scaling_factor"] = v(rope.factor, f"{rope_key}.factor")
-    return settings
+            "qk_layernorm": v(False, "model_type gpt2"), "qk_layernorm_over_projection": v(False, "model_type gpt2"),
+            "attention_output_gate": v(False, "model_type gpt2")}
 
 
 def _apertus(config: HFConfig) -> dict[str, FolderValue]:
@@ -169,7 +118,7 @@ def _apertus(config: HFConfig) -> dict[str, FolderValue]:
     if problems:
         raise ConfigError(f"{config.path}: this ApertusForCausalLM cannot be represented here: {'; '.join(problems)}")
     # Llama's rules for everything else; its hidden_act check is Apertus's above
-    settings = _llama(dataclasses.replace(config, activation="silu"))
+    settings = llama_settings(dataclasses.replace(config, activation="silu"))
     v = FolderValue
     return {**settings, "activation": v("xielu", "hidden_act"), "swiglu": v(False, "hidden_act"),
             "qk_layernorm": v(True, "model_type apertus"), "normalization": v("RMSNorm", "model_type apertus"),
@@ -186,7 +135,7 @@ def _mixtral(config: HFConfig) -> dict[str, FolderValue]:
         raise ConfigError(f"{config.path}: this MixtralForCausalLM cannot be represented here: router_jitter_noise "
                           f"{config.fields['router_jitter_noise']!r} (the router here adds no noise)")
     v = FolderValue
-    return {**_llama(config), "num_experts": v(config.num_experts, "num_local_experts"),
+    return {**llama_settings(config), "num_experts": v(config.num_experts, "num_local_experts"),
             "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
             "moe_ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size")}
 
@@ -202,7 +151,7 @@ def _qwen2_moe(config: HFConfig) -> dict[str, FolderValue]:
         raise ConfigError(f"{config.path}: this Qwen2MoeForCausalLM cannot be represented here: use_sliding_window "
                           f"true (attention here sees the whole sequence)")
     # its sliding_window is read only under use_sliding_window
-    llama = _llama(dataclasses.replace(config, fields={k: v for k, v in fields.items() if k != "sliding_window"}))
+    llama = llama_settings(dataclasses.replace(config, fields={k: v for k, v in fields.items() if k != "sliding_window"}))
     v = FolderValue
     pattern = config.moe_layers
     freq = 1 if all(pattern) else "[" + ",".join(str(int(moe)) for moe in pattern) + "]"
@@ -239,9 +188,11 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
     config = read_hf_config(folder)
     where = f"{folder / CONFIG_FILE}"
     layer = FolderLayer(folder, config, {}, [])
+    # rotary positions have no table: every family but GPT-2 may train a longer context than its folder says
+    may_change = () if config.family == "gpt2" else ("max_position_embeddings",)
 
     def offer(name: str, value: Any, origin: str, note: str = "") -> None:
-        if name in explicit and name in FLAG_MAY_CHANGE.get(config.family, ()):
+        if name in explicit and name in may_change:
             return  # the flag's value stands
         if name in explicit:
             if settings[name] != value:
@@ -255,7 +206,7 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
     for name, given in architecture_settings(config).items():
         offer(name, given.value, f"{where}: {given.key}")
     seq_length, positions = settings["seq_length"], config.max_position_embeddings
-    if "max_position_embeddings" in explicit and "max_position_embeddings" in FLAG_MAY_CHANGE.get(config.family, ()):
+    if "max_position_embeddings" in explicit and "max_position_embeddings" in may_change:
         positions = settings["max_position_embeddings"]
     elif "seq_length" not in explicit and seq_length > positions:
         key = "n_positions" if config.family == "gpt2" else "max_position_embeddings"
@@ -263,10 +214,18 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
                                       f"capped: {seq_length}, of the preset or the default, is longer than the "
                                       f"folder's positions")
     _tokenizer(layer, settings, explicit)
-    family = {"llama": LLAMA_ARCHITECTURE, "mixtral": "MixtralForCausalLM",
-              "qwen2_moe": "Qwen2MoeForCausalLM", "apertus": "ApertusForCausalLM"}.get(config.family, GPT2_ARCHITECTURE)
+    registered = registered_family(config.family)
+    family = registered.architecture if registered is not None else \
+        {"llama": LLAMA_ARCHITECTURE, "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+         "apertus": "ApertusForCausalLM",
+         **{model_type: reader.architectures[0] for model_type, reader in FAMILY_READERS.items()}
+         }.get(config.family, GPT2_ARCHITECTURE)
+    layer.notes[:0] = list(config.notes)
     layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
                           f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")
+    if registered is not None and registered.section is not None:  # a multimodal folder's language model
+        layer.notes.insert(1, f"> {folder}'s {family} is read by its {registered.section}: its language model is the "
+                              f"model here; the other models beside it (a vision tower, a projector) are not read")
     return layer
 
 

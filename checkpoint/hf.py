@@ -34,13 +34,16 @@ import torch
 from torch import nn
 
 from arguments.config import ModelConfig
-from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object
+from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object, registered_family
 from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
-from checkpoint import hf_llama
+from checkpoint import hf_dense, hf_llama
 from checkpoint.format import read_metadata, save_tensors
+from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
+from checkpoint.hf_families.layout import EXPERT_BIAS, canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
+from checkpoint.router_state import restore_expert_biases
 from checkpoint.zero_gpt_source import consolidate
 from parallel.sharding import record_of
 from parallel.state import ParallelState
@@ -70,13 +73,21 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
                 "--multi-latent-attention": config.multi_latent_attention,
                 # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf_llama.py), never a GPT2LMHeadModel
-                f"--num-experts {_counts(config.num_experts)}": config.moe is not None}
+                f"--num-experts {_counts(config.num_experts)}": config.moe is not None,
+                # issue 63's blocks: their families' classes (checkpoint/hf_dense.py), never GPT-2's
+                **{need.removeprefix("no "): on for need, on in hf_llama.beyond_llama(config).items()}}
     return [flag for flag, differs in features.items() if differs]
 
 
 def _counts(num_experts) -> str:
     """--num-experts as typed: one count, or a Megatron-DeepSpeed list of one per MoE layer."""
     return " ".join(map(str, num_experts)) if isinstance(num_experts, tuple) else str(num_experts)
+
+
+def dense_family(config: ModelConfig):
+    """The family of arguments/hf_families/ the export writes `config` as (checkpoint/hf_dense.py), or None where
+    GPT2LMHeadModel or LlamaForCausalLM (Mixtral, Qwen2-MoE, Apertus) holds it."""
+    return hf_dense.export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
 
 
 def is_llama_shaped(config: ModelConfig) -> bool:
@@ -113,8 +124,22 @@ def check_convertible(config: ModelConfig, what: str) -> None:
     untied output layer, --qk-layernorm, ...) is refused in one line naming what a Llama would need, and so are
     multi-token prediction's layers (refuse_mtp)."""
     refuse_mtp(config, what)
-    if is_llama_shaped(config):
+    family = family_of(config)
+    if family is not None:  # an MoE family of checkpoint/hf_families/
+        misfits = family.misfits(config)
+        if misfits:
+            raise ConfigError(f"{what} converts each model as the transformers class it is; as a "
+                              f"{family.architecture} this one would need {', '.join(misfits)}")
+    elif dense_family(config) is None and is_llama_shaped(config):
         hf_llama.check_llama_shaped(config, what)
+
+
+def class_of(config: ModelConfig) -> str:
+    """The transformers class a model exports as."""
+    family = family_of(config) or dense_family(config)
+    if family is not None:
+        return family.architecture
+    return hf_llama.architecture_of(config) if is_llama_shaped(config) else "GPT2LMHeadModel"
 
 
 def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
@@ -186,7 +211,16 @@ def _from_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model."""
+    """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or
+    its family's (an MoE family's: checkpoint/hf_families/; a dense family's: checkpoint/hf_dense.py)."""
+    moe_family = family_of(config)
+    if moe_family is not None:
+        check_convertible(config, "the Hugging Face export")
+        return moe_family.pack(moe_family.to_hf(shifted_gains(state_dict, config, None, +1), config))
+    family = dense_family(config)
+    if family is not None:
+        return hf_dense.to_hf(shifted_gains(state_dict, config, family, +1), config, family)
+    state_dict = shifted_gains(state_dict, config, None, +1)
     if is_llama_shaped(config):
         return hf_llama.to_llama_state_dict(state_dict, config)
     heads = config.num_attention_heads
@@ -195,6 +229,17 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
         out[hf] = _to_hf(state_dict[ours], how, heads)
     out["lm_head.weight"] = out["transformer.wte.weight"]
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def shifted_gains(state_dict: dict[str, torch.Tensor], config: ModelConfig, family, sign: int
+                  ) -> dict[str, torch.Tensor]:
+    """--apply-layernorm-1p stores each norm's gain less one; a family that stores the gain itself (all but
+    Gemma's, whose RMSNorm weights are also the gain less one) gets it with one added (`sign` +1, the export), and
+    gives it with one taken away (-1, the import), in fp32."""
+    if not config.apply_layernorm_1p or (family is not None and family.fixed.get("apply_layernorm_1p")):
+        return state_dict
+    return {name: (tensor.float() + sign).to(tensor.dtype) if name.endswith("layernorm.weight") else tensor
+            for name, tensor in state_dict.items()}
 
 
 def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
@@ -282,7 +327,14 @@ def _tensors_to_write(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, tie
 def _folder_config(model_config: ModelConfig, tokenizer_dir: Optional[Path], dtype: torch.dtype):
     # generate() stops at the EOS id, which must be our tokenizer's.
     eod = _eod_id(tokenizer_dir) if tokenizer_dir is not None else None
-    if is_llama_shaped(model_config):
+    moe_family = family_of(model_config)
+    family = dense_family(model_config) if moe_family is None else None
+    if moe_family is not None:
+        hf = moe_family.hf_config(model_config, eod)
+        hf.architectures = [moe_family.architecture]
+    elif family is not None:
+        hf = hf_dense.hf_config(model_config, family, eod)
+    elif is_llama_shaped(model_config):
         hf = hf_llama.llama_hf_config(model_config, eod)
         hf.architectures = [hf_llama.architecture_of(model_config)]
     else:
@@ -349,6 +401,14 @@ def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool
     safetensors file is read tensor by tensor, so the others are never loaded)."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
+    if config.family in FAMILY_WEIGHTS:
+        unpack = FAMILY_WEIGHTS[config.family].unpack or canonical_names
+        state = unpack(_read_weights(hf_dir, keep), config.num_layers)
+        return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
+    family = registered_family(config.family)
+    if family is not None:
+        state = hf_dense.canonical_names(_read_weights(hf_dir, keep), family)
+        return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
     if config.family in hf_llama.LLAMA_FAMILIES:
         state = hf_llama.canonical_names(_read_weights(hf_dir, keep), config.family)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
@@ -545,15 +605,26 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     config, hf_state = read_hf_model(hf_dir, keep)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
-    if config.family in hf_llama.LLAMA_FAMILIES:
+    if config.family in FAMILY_WEIGHTS:
         hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
-        shapes = hf_llama.llama_tensor_shapes(model_config, config.family)
+        moe_family = FAMILY_WEIGHTS[config.family]
+        shapes = tensor_shapes(moe_family, model_config)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
-        return hf_llama.from_llama_state_dict(hf_state, model_config, padded_vocab, config.family)
+        return shifted_gains(moe_family.from_hf(hf_state, model_config, padded_vocab), model_config, None, -1)
+    family = registered_family(config.family)
+    if family is not None or config.family in hf_llama.LLAMA_FAMILIES:
+        hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+        shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
+            hf_llama.llama_tensor_shapes(model_config, config.family)
+        check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
+                          "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
+        ours = hf_dense.from_hf(hf_state, model_config, padded_vocab, family) if family is not None else \
+            hf_llama.from_llama_state_dict(hf_state, model_config, padded_vocab, config.family)
+        return shifted_gains(ours, model_config, family, -1)
     check_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
     check_hf_tensors(hf_state, model_config, hf_dir)
-    return from_hf_state_dict(hf_state, model_config, model_config.padded_vocab_size(state.tensor_parallel_size))
+    return shifted_gains(from_hf_state_dict(hf_state, model_config, padded_vocab), model_config, None, -1)
 
 
 _OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
@@ -589,6 +660,9 @@ def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_
             slices[name] = piece.reshape(-1)
         master[partition_offset:partition_offset + numel].copy_(slices[name][param_offset:param_offset + numel])
     optimizer.load_sharded_state_dict({"master": master})
+    # the routers' correction bias (DeepSeek-V3's e_score_correction_bias): our expert bias, not a parameter
+    restore_expert_biases(model, {name: tensor.tolist() for name, tensor in full.items() if name.endswith(EXPERT_BIAS)},
+                          state.device)
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False
@@ -598,8 +672,9 @@ def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = Fa
     iteration_dir = Path(iteration_dir)
     metadata = read_metadata(iteration_dir)
     model_config = ModelConfig.from_record(metadata["config"]["model"])
-    refuse_mtp(model_config, "the Hugging Face export")
-    if model_config.moe is not None:  # as a Mixtral or a Qwen2-MoE, or refused naming what it lacks
-        hf_llama.check_llama_shaped(model_config, "the Hugging Face export")
+    check_convertible(model_config, "the Hugging Face export")  # before any weight is read
     master = consolidate(iteration_dir, ("master",), progress=progress)["master"]
+    # the routers' expert bias (checkpoint/router_state.py), saved by name in the metadata
+    master.update({name: torch.tensor(values, dtype=torch.float32)
+                   for name, values in (metadata.get("expert_bias") or {}).items()})
     return model_config, to_hf_state_dict(master, model_config)

@@ -25,9 +25,10 @@ import torch
 
 from arguments.config import ModelConfig
 from arguments.hf_config import check_hf_config_json
+from arguments.hf_families import FAMILIES
+from arguments.hf_families.dense import flag_for
 from arguments.hf_folder import LLAMA3_FIXED, architecture_settings
 from base.errors import ConfigError
-from base.options import flag_of_setting
 from gpt.xielu import XIELU_BETA, XIELU_EPS
 
 MODEL_TYPE = "llama"
@@ -43,10 +44,27 @@ LLAMA_FAMILIES = (MODEL_TYPE, *MOE_TYPES, APERTUS_TYPE)
 BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
+def beyond_llama(config: ModelConfig) -> dict[str, bool]:
+    """Issue 63's blocks, which no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM
+    holds ({the flag it would need: whether the model has the block}); arguments/hf_families/ has the classes that
+    do (checkpoint/hf_dense.py)."""
+    architecture = config.architecture
+    return {"no --window-size": config.has_windows(),
+            "no --qk-layernorm-over-projection": architecture.qk_layernorm_over_projection,
+            "--sublayer-norms input": architecture.sublayer_norms != "input",
+            "no --gated-linear-unit": architecture.gated_linear_unit,
+            "no --scale-embeddings-by-sqrt-hidden": architecture.scale_embeddings_by_sqrt_hidden,
+            "no --softmax-scale": architecture.softmax_scale is not None,
+            "no --attn-logit-softcapping": architecture.attn_logit_softcapping is not None,
+            "no --final-logit-softcapping": architecture.final_logit_softcapping is not None,
+            "no --local-rotary-base": architecture.local_rotary_base is not None,
+            "no --rotary-seq-len-interpolation-factor": architecture.rotary_seq_len_interpolation_factor is not None}
+
+
 def llama_misfits(config: ModelConfig) -> list[str]:
     """What keeps `config` from being a LlamaForCausalLM: the flag each needs, or the setting it lacks."""
     architecture = config.architecture
-    needs = {"--normalization RMSNorm": architecture.normalization != "RMSNorm",
+    needs = {**beyond_llama(config), "--normalization RMSNorm": architecture.normalization != "RMSNorm",
              "--swiglu": not architecture.swiglu,
              "--position-embedding-type rope": architecture.position_embedding_type != "rope",
              "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
@@ -63,7 +81,7 @@ def llama_misfits(config: ModelConfig) -> list[str]:
         needs = {need: missing for need, missing in needs.items() if missing}
         needs.update({need: True for need in moe_misfits(config)})
     if is_apertus(config):
-        needs = apertus_needs(config)
+        needs = {**beyond_llama(config), **apertus_needs(config)}
     return [need for need, missing in needs.items() if missing]
 
 
@@ -85,6 +103,8 @@ def apertus_needs(config: ModelConfig) -> dict[str, bool]:
             "no --attention-output-gate": architecture.attention_output_gate,
             "no --multi-latent-attention": config.multi_latent_attention,
             "--qk-layernorm (Apertus normalizes each query and key head)": not architecture.qk_layernorm,
+            "no --qk-layernorm-over-projection (Apertus's norms act over each head)":
+                architecture.qk_layernorm_over_projection,
             "--disable-bias-linear (Apertus's linears have no biases)": config.add_bias_linear,
             "no --add-qkv-bias": architecture.add_qkv_bias,
             "no --num-experts (Apertus has no experts)": config.moe is not None,
@@ -188,18 +208,25 @@ def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
 
 # ---- config.json -> this run's settings ---------------------------------------------------------
 
-def parsed_llama_config(hf: dict, source: str | os.PathLike):
+def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[str] = None):
     """config.json read as transformers reads it (defaults for keys left out; an older file's rope_theta and
-    rope_scaling become rope_parameters), its log lines kept out of the run's output. `hf` has been through
+    rope_scaling become rope_parameters), its log lines kept out of the run's output; `family` the model_type read
+    (a multimodal Gemma 3's text_config is read as a Gemma3TextConfig). `hf` has been through
     arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
     (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
-    from transformers import ApertusConfig, LlamaConfig, MixtralConfig, Qwen2MoeConfig
+    from transformers import CONFIG_MAPPING, LlamaConfig
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
-    config_class = {MIXTRAL_TYPE: MixtralConfig, QWEN2_MOE_TYPE: Qwen2MoeConfig,
-                    APERTUS_TYPE: ApertusConfig}.get(hf.get("model_type"), LlamaConfig)
+    import transformers
+
+    # a family of arguments/hf_families/'s own class (a multimodal Gemma 3's text_config is a Gemma3TextConfig), else
+    # the model_type's (MixtralConfig, DeepseekV3Config, ...); a file without model_type is a Llama's
+    model_type = hf.get("model_type")
+    registered = FAMILIES.get(model_type) or FAMILIES.get(family or "")
+    config_class = getattr(transformers, registered.config_class) if registered is not None else \
+        CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else LlamaConfig
     try:
         return config_class.from_dict(hf)
     except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
@@ -224,8 +251,8 @@ def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
     of settings takes them (arguments/hf_folder.py), with its vocab_size; a config.json that our blocks
     cannot compute is refused in one line naming each key. transformers reads it too, so a field its
     strict dataclass refuses is one line here rather than later."""
-    parsed_llama_config(hf, source)
     config = check_hf_config_json(hf, source)
+    parsed_llama_config(config.fields, source, config.family)
     settings = {name: given.value for name, given in architecture_settings(config).items()}
     return {**settings, "vocab_size": config.vocab_size}
 
@@ -243,34 +270,24 @@ def _ours(config: ModelConfig, name: str):
     return getattr(config, name)
 
 
-def _flag_for(name: str, value) -> str:
-    """The flag (and value) that sets `name` to `value`."""
-    if name == "add_bias_linear":
-        return "no --disable-bias-linear" if value else "--disable-bias-linear"
-    flag = flag_of_setting(ModelConfig, name)
-    if isinstance(value, bool):
-        return flag if value else f"no {flag}"
-    if name == "num_query_groups":
-        return f"--group-query-attention {flag} {value}"
-    return f"{flag} {value}"
-
-
 def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike) -> None:
     """Raise ConfigError listing every way the folder's LlamaForCausalLM differs from this run's model,
     each with the flag and value that would make them agree."""
     settings = llama_settings(hf, source)
     problems = []
     for name, theirs in settings.items():
-        if name in ("vocab_size", "max_position_embeddings"):  # rotary positions need no table of them
+        # rotary positions need no table of them; the class the export writes is not the math
+        if name in ("vocab_size", "max_position_embeddings", "hf_model_type"):
             continue
         mine = _ours(model_config, name)
         if theirs != mine:
-            problems.append(f"pass {_flag_for(name, theirs)} (this run has {mine})")
+            problems.append(f"pass {flag_for(name, theirs)} (this run has {mine})")
     if settings["vocab_size"] != model_config.vocab_size:
         problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
                         f"{settings['vocab_size']}, this run's tokenizer has {model_config.vocab_size} tokens")
     if problems:
-        raise ConfigError(f"{source} ({ARCHITECTURE}) does not match this run's model: {'; '.join(problems)}")
+        architecture = (hf.get("architectures") or [ARCHITECTURE])[0]
+        raise ConfigError(f"{source} ({architecture}) does not match this run's model: {'; '.join(problems)}")
 
 
 # ---- weights ------------------------------------------------------------------------------------
@@ -333,16 +350,31 @@ def _kinds(config: ModelConfig) -> tuple[str, ...]:
     return ("weight", "bias") if config.add_bias_linear else ("weight",)
 
 
+def ends_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A Llama-shaped model's tensors outside its layers under transformers' names: the embedding (our padding rows
+    cut), the final norm and an untied output layer (a tied model has no lm_head)."""
+    vocab = config.vocab_size
+    out = {"model.embed_tokens.weight": state["word_embeddings.weight"][:vocab],
+           "model.norm.weight": state["final_layernorm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = state["output_layer.weight"][:vocab]
+    return out
+
+
+def ends_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig, padded_vocab_size: int
+                 ) -> dict[str, torch.Tensor]:
+    """The inverse of `ends_to_hf`: the vocabulary's padding rows are zeros (as our initial values leave them)."""
+    out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
+           "final_layernorm.weight": hf_state["model.norm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["output_layer.weight"] = padded_rows(hf_state["lm_head.weight"], padded_vocab_size)
+    return out
+
+
 def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole (TP 1 layout) state dict under LlamaForCausalLM's names; a tied model has no lm_head."""
     check_llama_shaped(config, "the Hugging Face export")
-    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
-        config.head_dim
-    per_group, vocab = heads // groups, config.vocab_size
-    out = {"model.embed_tokens.weight": state_dict["word_embeddings.weight"][:vocab],
-           "model.norm.weight": state_dict["final_layernorm.weight"]}
-    if config.untie_embeddings_and_output_weights:
-        out["lm_head.weight"] = state_dict["output_layer.weight"][:vocab]
+    out = ends_to_hf(state_dict, config)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         if is_apertus(config):
@@ -351,12 +383,8 @@ def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig
             out[theirs + "mlp.act_fn.beta"] = torch.tensor(XIELU_BETA)
             out[theirs + "mlp.act_fn.eps"] = torch.tensor(XIELU_EPS)
         for kind in _qkv_kinds(config):
-            qkv = state_dict[ours + "attention.query_key_value." + kind]
-            rest = qkv.shape[1:]
-            qkv = qkv.reshape(groups, per_group + 2, d, *rest)
-            out[theirs + "self_attn.q_proj." + kind] = qkv[:, :per_group].reshape(heads * d, *rest)
-            out[theirs + "self_attn.k_proj." + kind] = qkv[:, per_group].reshape(groups * d, *rest)
-            out[theirs + "self_attn.v_proj." + kind] = qkv[:, per_group + 1].reshape(groups * d, *rest)
+            q, k, v = split_qkv(state_dict[ours + "attention.query_key_value." + kind], config)
+            out.update({theirs + f"self_attn.{p}_proj." + kind: part for p, part in zip("qkv", (q, k, v))})
         for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
@@ -372,28 +400,15 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
                           padded_vocab_size: int, family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
     """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
     values leave them)."""
-    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
-        config.head_dim
-    per_group = heads // groups
-
-    def padded(tensor: torch.Tensor) -> torch.Tensor:
-        return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
-
-    out = {"word_embeddings.weight": padded(hf_state["model.embed_tokens.weight"]),
-           "final_layernorm.weight": hf_state["model.norm.weight"]}
-    if config.untie_embeddings_and_output_weights:
-        out["output_layer.weight"] = padded(hf_state["lm_head.weight"])
+    out = ends_from_hf(hf_state, config, padded_vocab_size)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         if is_apertus(config):
             _check_xielu_constants(hf_state, theirs)
             out.update({ours + our_name: hf_state[theirs + their_name] for our_name, their_name in _APERTUS_SAME})
         for kind in _qkv_kinds(config):
-            q, k, v = (hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv")
-            rest = q.shape[1:]
-            fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
-                               v.reshape(groups, 1, d, *rest)], dim=1)
-            out[ours + "attention.query_key_value." + kind] = fused.reshape(-1, *rest)
+            out[ours + "attention.query_key_value." + kind] = fused_qkv(
+                *(hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv"), config)
         for our_name, their_name in _SAME if not is_apertus(config) else ():
             if config.moe_layers()[i] and our_name.startswith("mlp."):
                 continue
@@ -403,6 +418,31 @@ def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig
             out.update({ours + our_name: hf_state[theirs + their_name]
                         for our_name, their_name in _moe_names(config, family) if theirs + their_name in hf_state})
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def padded_rows(tensor: torch.Tensor, padded_vocab_size: int) -> torch.Tensor:
+    """A vocabulary's rows with zero rows after them up to our padded size (as our initial values leave them)."""
+    return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
+
+
+def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our fused QKV weight (or bias) as transformers' q_proj, k_proj and v_proj (the module docstring's layout)."""
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, rest = heads // groups, qkv.shape[1:]
+    qkv = qkv.reshape(groups, per_group + 2, d, *rest)
+    return (qkv[:, :per_group].reshape(heads * d, *rest), qkv[:, per_group].reshape(groups * d, *rest),
+            qkv[:, per_group + 1].reshape(groups * d, *rest))
+
+
+def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """The inverse of `split_qkv`."""
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, rest = heads // groups, q.shape[1:]
+    fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
+                       v.reshape(groups, 1, d, *rest)], dim=1)
+    return fused.reshape(-1, *rest)
 
 
 def _check_xielu_constants(hf_state: dict[str, torch.Tensor], layer: str) -> None:

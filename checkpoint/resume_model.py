@@ -30,7 +30,11 @@ MOE_COMPARED = ("num_experts", "moe_layer_freq", "moe_ffn_hidden_size", "moe_rou
 # applies rope with --rotary-base whatever --position-embedding-type says, as Megatron-Core's MLASelfAttention)
 MLA_COMPARED = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                 "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")
-COMPARED = (*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED, *MLA_COMPARED)
+# --position-embedding-type yarn's (gpt/rotary.py yarn_angles), with the scaling factor and mscales MLA shares
+YARN_SETTINGS = ("rotary_scaling_factor", "mscale", "mscale_all_dim", "yarn_original_max_position_embeddings",
+                 "yarn_beta_fast", "yarn_beta_slow", "yarn_correction_range_round_to_int")
+COMPARED = tuple(dict.fromkeys((*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED,
+                                *MLA_COMPARED)))
 
 
 def _compared_values(model: dict) -> dict:
@@ -39,19 +43,25 @@ def _compared_values(model: dict) -> dict:
     scaling factor only where scaling is on; one key/value group per head is None's meaning."""
     defaults = ModelConfig()
     values = {name: model.get(name, getattr(defaults, name)) for name in COMPARED}
+    yarn = values["position_embedding_type"] == "yarn" and not values["multi_latent_attention"]
     if values["multi_latent_attention"]:
         values["rope_type"] = values["rope_type"] or "yarn"  # None is MLA's default, YaRN
     else:
         for name in MLA_COMPARED[1:]:
+            if not (yarn and name in YARN_SETTINGS):
+                values.pop(name)
+    if not yarn:
+        for name in YARN_SETTINGS[3:]:
             values.pop(name)
-    if values["position_embedding_type"] != "rope":
+    if values["position_embedding_type"] not in ("rope", "yarn"):
         for name in ROTARY_SETTINGS:
             if not (values["multi_latent_attention"] and name == "rotary_base"):
                 values.pop(name)
     elif not values["use_rope_scaling"]:
         values.pop("rope_scaling_factor")
-    if isinstance(values["num_experts"], list):  # a per-layer list as the recorded JSON keeps it
-        values["num_experts"] = tuple(values["num_experts"])
+    for name in ("num_experts", "window_size"):  # a per-layer list (the window's sides) as the recorded JSON keeps it
+        if isinstance(values[name], list):
+            values[name] = tuple(values[name])
     if not values["num_experts"] or values["num_experts"] == 1:  # a dense model: the MoE settings are not read
         for name in MOE_COMPARED:
             values.pop(name)
@@ -72,6 +82,8 @@ def _show(value) -> str:
 def _flag_and_value(name: str, value) -> tuple[str, str]:
     if name == "add_bias_linear":  # typed as Megatron-LM's --disable-bias-linear
         return "--disable-bias-linear", _show(not value)
+    if name == "window_size" and value is not None:  # typed LEFT,RIGHT
+        return "--window-size", ",".join(map(str, value))
     return flag_of_setting(ModelConfig, name), _show(value)
 
 

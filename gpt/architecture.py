@@ -13,12 +13,17 @@ validation). Megatron-DeepSpeed's spellings map onto them in arguments/megatron/
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from base.errors import ConfigError
+from gpt.attention_window import any_layer_windowed, layer_windows
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron-LM's --normalization choices we build
-POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")  # of Megatron-LM's --position-embedding-type
+# of Megatron-LM's --position-embedding-type; yarn is Megatron-Core's YarnRotaryEmbedding (gpt/rotary.py yarn_angles)
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "none")
+ROTARY_TYPES = ("rope", "yarn")
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")  # Megatron-Core's TransformerConfig.softmax_type
+SUBLAYER_NORM_PLACES = ("input", "output", "input_and_output")  # --sublayer-norms
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,57 @@ class Architecture:
     add_qkv_bias: bool = False
     # Megatron-LM's --qk-layernorm: the model's normalization over each query and key head (Qwen3).
     qk_layernorm: bool = False
+    # With it: the norms over the whole query and key projections instead of each head (OLMo 2; gpt/norms.py
+    # ProjectionNorm)
+    qk_layernorm_over_projection: bool = False
     # Megatron-LM's --attention-output-gate: the QKV projection also yields a gate per query head, and the
     # attention's output is multiplied by its sigmoid before the output projection (gpt/model.py).
     attention_output_gate: bool = False
+    # Megatron-LM's --apply-layernorm-1p: each norm's gain is 1 + its weight, in fp32 (gpt/norms.py)
+    apply_layernorm_1p: bool = False
+    # where each block's norms act: "input" (before attention and MLP), "output" (on their outputs, inside the
+    # residual branch: OLMo 2), "input_and_output" (Gemma 2/3)
+    sublayer_norms: str = "input"
+    # a gated MLP with --activation's GeLU (Gemma's GeGLU); --swiglu gates with SiLU
+    gated_linear_unit: bool = False
+    scale_embeddings_by_sqrt_hidden: bool = False
+    softmax_scale: Optional[float] = None
+    attn_logit_softcapping: Optional[float] = None
+    final_logit_softcapping: Optional[float] = None
+    # the sliding-window layers' rotary base (Gemma 3), and Megatron-LM's linear interpolation of positions
+    local_rotary_base: Optional[float] = None
+    rotary_seq_len_interpolation_factor: Optional[float] = None
+    # Megatron-LM's --window-size (left, right) and --window-attn-skip-freq: sliding-window attention on the layers
+    # the frequency picks (gpt/attention_window.py)
+    window_size: Optional[tuple] = None
+    window_attn_skip_freq: Union[None, int, str] = None
+    # Megatron-LM's --softmax-type: attention sinks, a logit per head in the softmax's denominator, 0 (off-by-one)
+    # or learned (gpt/attention_sinks.py; GPT-OSS's sinks)
+    softmax_type: str = "vanilla"
+    # Megatron-LM's --quick-geglu: the gated MLP with quick_gelu(x) = x sigmoid(1.702 x) in SiLU's place (GPT-OSS);
+    # --glu-linear-offset adds to the linear half, --activation-func-clamp-value clamps both halves (gpt/glu.py)
+    quick_geglu: bool = False
+    glu_linear_offset: float = 0.0
+    activation_func_clamp_value: Optional[float] = None
+    # --position-embedding-type yarn's knobs (Megatron-LM's --rotary-scaling-factor, --mscale, --mscale-all-dim and
+    # --yarn-*, gpt/rotary.py yarn_angles)
+    rotary_scaling_factor: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_correction_range_round_to_int: bool = True
+
+    @property
+    def gated_mlp(self) -> bool:
+        """The MLP's first projection is a gate and a linear half (SwiGLU's, quick-GeGLU's or --gated-linear-unit's
+        GeGLU: Megatron-Core's TransformerConfig.gated_linear_unit, which each of them sets)."""
+        return self.swiglu or self.quick_geglu or self.gated_linear_unit
+
+    @property
+    def rotary(self) -> bool:
+        return self.position_embedding_type in ROTARY_TYPES
 
     @property
     def rope_scaling(self) -> Optional[float]:
@@ -53,6 +106,15 @@ class Architecture:
     @property
     def qkv_bias(self) -> bool:
         return self.add_bias_linear or self.add_qkv_bias
+
+    def attention_windows(self, num_layers: int) -> tuple[Optional[int], ...]:
+        """Per layer (0-based): the keys before each query its attention sees, or None for the whole causal
+        context."""
+        return layer_windows(self.window_size, self.window_attn_skip_freq, num_layers)
+
+    def has_windows(self, num_layers: int) -> bool:
+        """Whether some layer has a sliding window (cheap at any depth)."""
+        return any_layer_windowed(self.window_size, self.window_attn_skip_freq, num_layers)
 
     def query_groups(self, num_attention_heads: int) -> int:
         return num_attention_heads if self.num_query_groups is None else self.num_query_groups
@@ -84,7 +146,19 @@ class Architecture:
             raise ConfigError(f"--position-embedding-type {self.position_embedding_type} is not implemented: "
                               f"positions here are {', '.join(POSITION_EMBEDDING_TYPES)}",
                               flags=("--position-embedding-type",))
-        if self.position_embedding_type == "rope":
+        if self.position_embedding_type == "yarn":
+            if self.rotary_interleaved:  # YarnRotaryEmbedding.get_emb asserts it
+                raise ConfigError("--position-embedding-type yarn with --rotary-interleaved is not implemented: YaRN "
+                                  "rotates halves (Megatron-Core's YarnRotaryEmbedding asserts it)",
+                                  flags=("--position-embedding-type", "--rotary-interleaved"))
+            if self.rotary_percent != 1.0:
+                raise ConfigError(f"--position-embedding-type yarn with --rotary-percent {self.rotary_percent} is not "
+                                  f"implemented: Megatron-Core's YarnRotaryEmbedding computes its frequencies over "
+                                  f"the whole head", flags=("--position-embedding-type", "--rotary-percent"))
+            if not self.rotary_scaling_factor > 0:
+                raise ConfigError(f"--rotary-scaling-factor must be positive, got {self.rotary_scaling_factor}",
+                                  flags=("--rotary-scaling-factor",))
+        if self.rotary:
             head_dim = head_dim or hidden_size // num_attention_heads
             if not self.rotary_base > 0:
                 raise ConfigError(f"--rotary-base must be positive, got {self.rotary_base}", flags=("--rotary-base",))
@@ -95,6 +169,24 @@ class Architecture:
                 raise ConfigError(f"--rotary-percent {self.rotary_percent} of head dim {head_dim} must rotate an "
                                   "even number of dims, at least 2; choose a percent in (0, 1] that does",
                                   flags=("--rotary-percent",))
+        if self.sublayer_norms not in SUBLAYER_NORM_PLACES:
+            raise ConfigError(f"--sublayer-norms {self.sublayer_norms} is not one of {', '.join(SUBLAYER_NORM_PLACES)}",
+                              flags=("--sublayer-norms",))
+        for flag, value in (("--softmax-scale", self.softmax_scale), ("--attn-logit-softcapping",
+                                                                        self.attn_logit_softcapping),
+                            ("--final-logit-softcapping", self.final_logit_softcapping),
+                            ("--local-rotary-base", self.local_rotary_base),
+                            ("--rotary-seq-len-interpolation-factor", self.rotary_seq_len_interpolation_factor)):
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"{flag} must be a positive number, got {value}", flags=(flag,))
+        if self.gated_linear_unit and (self.swiglu or self.quick_geglu):
+            other = "--swiglu" if self.swiglu else "--quick-geglu"
+            raise ConfigError(f"--gated-linear-unit with {other}: {other} is the gated MLP with "
+                              f"{'SiLU' if self.swiglu else 'quick-GeLU'}; give one of them",
+                              flags=("--gated-linear-unit", other))
+        if self.softmax_type not in SOFTMAX_TYPES:
+            raise ConfigError(f"--softmax-type {self.softmax_type} is not one of {', '.join(SOFTMAX_TYPES)}",
+                              flags=("--softmax-type",))
         groups = self.query_groups(num_attention_heads)
         if groups < 1 or num_attention_heads % groups:  # 0 is refused here, not read as "one per head"
             raise ConfigError(f"--num-query-groups {groups} does not divide --num-attention-heads "

@@ -54,6 +54,9 @@ def backend_for_device(config: ModelConfig, precision: str, device: torch.device
         elif config.attention_backend == "flash" and attention_mask:
             why = ("the flash kernel on CUDA takes no attention mask and --reset-attention-mask needs one "
                    "(each document's block of causal attention)")
+        elif config.attention_backend == "flash" and config.has_windows():
+            # SDPA has no window argument: the sliding window is a mask here (gpt/attention_window.py)
+            why = "the flash kernel on CUDA takes no attention mask and --window-size's sliding window is one here"
     elif config.attention_backend == "fused":
         why = "the fused kernels need CUDA"
     elif config.attention_backend == "flash" and config.attention_dropout > 0:

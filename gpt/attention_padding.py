@@ -39,20 +39,23 @@ def padded_head_dim(head_dim: int, device_type: str, backend: str, enabled: bool
 
 def attention_at_head_dim(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head_dim: int,
                           dropout_p: float, enable_gqa: bool = False,
-                          attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                          attention_mask: Optional[torch.Tensor] = None,
+                          scale: Optional[float] = None) -> torch.Tensor:
     """Causal SDPA of [batch, heads, seq, d] tensors computed at head dim `head_dim` >= d, the result at d;
     with `enable_gqa`, key and value hold one head per group of query heads (gpt/model.py). `attention_mask`
     [batch, 1, seq, seq] (bool, True where allowed, causal included: data/documents.py's, under
     --reset-attention-mask) replaces the causal flag where given.
 
-    At head_dim == d this is exactly the unpadded call (the default scale is 1/sqrt(d))."""
+    At head_dim == d this is exactly the unpadded call (the default scale is 1/sqrt(d)). `scale`: the scores'
+    scale where it is not 1/sqrt(d) (--softmax-scale)."""
     original = query.shape[-1]
     grouped = {"enable_gqa": True} if enable_gqa else {}
     masking = {"is_causal": True} if attention_mask is None else {"attn_mask": attention_mask}
     if head_dim == original:
-        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, **masking, **grouped)
+        scaled = {} if scale is None else {"scale": scale}
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, **masking, **grouped, **scaled)
     pad = (0, head_dim - original)
     context = F.scaled_dot_product_attention(F.pad(query, pad), F.pad(key, pad), F.pad(value, pad),
-                                             dropout_p=dropout_p, scale=1.0 / math.sqrt(original),
-                                             **masking, **grouped)
+                                             dropout_p=dropout_p, scale=1.0 / math.sqrt(original) if scale is None
+                                             else scale, **masking, **grouped)
     return context[..., :original]

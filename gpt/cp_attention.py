@@ -24,6 +24,11 @@ With the load-balanced chunks the ring's blocks other than a rank's own are half
 are computed explicitly in fp32 (no fused kernel per block), a transient of [batch, heads, s/CP, s/CP] at most.
 The dropout ring computes every block whole under a mask (rows with no visible key get a log-sum-exp of about
 -1e30 and weigh exactly 0 in the merge): the same math at up to twice the FLOPs.
+
+Attention sinks (--softmax-type, gpt/attention_sinks.py) on every path: all_gather and a2a through
+attention_with_sinks (the gathered keys' mask gains the sink's column; a2a's rank takes its head group's sinks), the
+ring by one more merge, the sink as a block of one key of value zero (sink_rescaled), its own backward giving the
+sinks' gradient -sum_i p_i,sink D_i.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from gpt.attention_sinks import attention_with_sinks, sink_rescaled
+from gpt.attention_softcap import softcapped_attention
+from gpt.attention_window import window_visible
 from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift, shift
 from parallel.state import ParallelState
 
@@ -47,15 +55,38 @@ def group_positions(local_length: int, state: ParallelState, device: torch.devic
 
 
 def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                         dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
-    """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position."""
+                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
+                         scale: Optional[float] = None, softcap: Optional[float] = None,
+                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position (and
+    within `window` keys before each query where one is given); `scale` and `softcap` as gpt/model.py's; `sinks`: a
+    sink logit per query head."""
     local = query.shape[2]
     keys = all_gather_sequence(key, state, dim=2)
     values = all_gather_sequence(value, state, dim=2)
     query_positions = local_positions(local, state.context_parallel_size, state.context_parallel_rank, query.device)
-    visible = group_positions(local, state, query.device)[None, :] <= query_positions[:, None]
-    grouped = {"enable_gqa": True} if enable_gqa else {}
-    return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout_p, **grouped)
+    key_positions = group_positions(local, state, query.device)
+    visible = key_positions[None, :] <= query_positions[:, None] if window is None else \
+        window_visible(query_positions, key_positions, window)
+    return _masked_attention(query, keys, values, visible, dropout_p, enable_gqa, scale, softcap, sinks)
+
+
+def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: Optional[torch.Tensor],
+                      dropout_p: float, enable_gqa: bool, scale: Optional[float], softcap: Optional[float],
+                      sinks: Optional[torch.Tensor]) -> torch.Tensor:
+    """SDPA under the bool mask `visible` (causal over equal lengths where None; at `scale` where given), with
+    `sinks` through gpt/attention_sinks.py, or with `softcap` the explicit scores of gpt/attention_softcap.py
+    (sinks with soft-capping are refused: gpt/model_config.py)."""
+    if sinks is not None:
+        return attention_with_sinks(query, key, value, sinks, dropout_p, enable_gqa, attention_mask=visible,
+                                    scale=scale)
+    if softcap is not None:
+        return softcapped_attention(query, key, value, softcap, scale, visible, dropout_p)
+    extra = {"enable_gqa": True} if enable_gqa else {}
+    if scale is not None:
+        extra["scale"] = scale
+    masking = {"is_causal": True} if visible is None else {"attn_mask": visible}
+    return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, **masking, **extra)
 
 
 def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: Optional[torch.Tensor],
@@ -122,7 +153,8 @@ class _RingAttention(torch.autograd.Function):
     only its visible half (`_block_plan`), so the ring costs the FLOPs of causal attention."""
 
     @staticmethod
-    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState):
+    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                sinks: Optional[torch.Tensor] = None):
         size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
                                     query.shape[1])
         key_value = torch.stack((key, value))
@@ -138,18 +170,20 @@ class _RingAttention(torch.autograd.Function):
             else:
                 output[:, :, rows], lse[:, :, rows] = merge_partial(output[:, :, rows], lse[:, :, rows],
                                                                     block_output, block_lse)
+        if sinks is not None:  # the sink: one more block, of one key, value zero, score o_h
+            output, lse = sink_rescaled(output, lse, sinks)
         # Sequence-major in memory ([b, s, h, d] strides), as the fused SDPA kernels return theirs: the caller's
         # transpose to [b, s, heads x d] is then a view, and the output projection saves that view instead of a
         # copy of its own beside the output kept here (one [b, s/CP, h] tensor a layer more than CP 1 saved:
         # tests/training/test_context_parallel_activation_memory.py).
         output = output.transpose(1, 2).contiguous().transpose(1, 2)
-        ctx.state = state
-        ctx.save_for_backward(query, key, value, output, lse)
+        ctx.state, ctx.has_sinks = state, sinks is not None
+        ctx.save_for_backward(query, key, value, output, lse, *(() if sinks is None else (sinks,)))
         return output.to(query.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        query, key, value, output, lse = ctx.saved_tensors
+        query, key, value, output, lse, *sinks = ctx.saved_tensors
         state = ctx.state
         size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
                                     query.shape[1])
@@ -181,23 +215,29 @@ class _RingAttention(torch.autograd.Function):
                                                         groups)
         if size > 1:  # the block held now is rank + 1's: its accumulated gradient goes home
             grad_key_value = shift(grad_key_value, state, 1, tag=84)
+        grad_sinks = None
+        if sinks:  # the sink's share p = exp(o_h - lse) of each row; dL/do_h = -sum over rows of p D
+            sink = sinks[0]
+            share = torch.exp(sink.float().view(1, -1, 1) - lse)
+            grad_sinks = (-(share * delta.squeeze(-1)).sum(dim=(0, 2))).to(sink.dtype)
         return (grad_query.to(query.dtype), grad_key_value[0].to(key.dtype), grad_key_value[1].to(value.dtype),
-                None)
+                None, grad_sinks)
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                   dropout_p: float = 0.0) -> torch.Tensor:
+                   dropout_p: float = 0.0, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[batch, heads, local seq, d] queries against every CP rank's K/V, passed round the ring (see the module);
-    key and value may hold one head per group of query heads (grouped-query)."""
+    key and value may hold one head per group of query heads (grouped-query); `sinks`: a sink logit per head."""
     if dropout_p == 0.0:
-        return _RingAttention.apply(query, key, value, state)
+        return _RingAttention.apply(query, key, value, state, sinks)
     heads = query.shape[1]
     return ring_attention_through_autograd(query, _per_query_head(key, heads), _per_query_head(value, heads), state,
-                                           dropout_p)
+                                           dropout_p, sinks)
 
 
 def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                    state: ParallelState, dropout_p: float = 0.0) -> torch.Tensor:
+                                    state: ParallelState, dropout_p: float = 0.0,
+                                    sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The ring with autograd through its shifts (each shift's backward sends the gradient back): what runs with
     attention dropout, whose masks autograd keeps; every block's K/V stays alive until backward."""
     size, rank = state.context_parallel_size, state.context_parallel_rank
@@ -215,6 +255,8 @@ def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, valu
             output, lse = block_output, block_lse
         else:
             output, lse = merge_partial(output, lse, block_output, block_lse)
+    if sinks is not None:
+        output, lse = sink_rescaled(output, lse, sinks)
     return output.to(query.dtype)
 
 
@@ -240,7 +282,9 @@ def heads_to_sequence(tensor: torch.Tensor, state: ParallelState, positions: tor
 
 
 def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                         dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+                         dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
+                         scale: Optional[float] = None, softcap: Optional[float] = None,
+                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
     one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
     split, each rank attends over the whole sequence with H / CP heads (plain causal attention), and the
@@ -254,18 +298,32 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     positions = group_positions(query.shape[2], state, query.device)
     order = torch.argsort(positions)
     query, key, value = (sequence_to_heads(t, state, order) for t in (query, key, value))
-    grouped = {"enable_gqa": True} if enable_gqa and key.shape[1] != query.shape[1] else {}
-    context = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True, **grouped)
+    grouped = enable_gqa and key.shape[1] != query.shape[1]
+    # the whole sequence in order: plain causal attention, or the sliding window's mask over it
+    if sinks is not None:  # this rank's head group's (CP rank j holds group j of the heads)
+        group = query.shape[1]
+        sinks = sinks[state.context_parallel_rank * group:(state.context_parallel_rank + 1) * group]
+    whole = torch.arange(query.shape[2], device=query.device)
+    visible = None if window is None else window_visible(whole, whole, window)
+    context = _masked_attention(query, key, value, visible, dropout_p, grouped, scale, softcap, sinks)
     return heads_to_sequence(context, state, positions)
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                               comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
-    """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`."""
+                               comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False,
+                               window: Optional[int] = None, scale: Optional[float] = None,
+                               softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`; with a sliding `window`
+    (gpt/attention_window.py), a `scale` or soft-capped scores over all_gather's or a2a's positions (the ring takes
+    none of them: arguments/config.py); `sinks`: a sink logit per query head (gpt/attention_sinks.py), on every
+    path."""
     if comm_type == "all_gather":
-        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa)
+        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks)
     if comm_type == "p2p":
-        return ring_attention(query, key, value, state, dropout_p)
+        if (window, scale, softcap) != (None, None, None):
+            raise ValueError("the ring (--cp-comm-type p2p) computes plain causal attention: no sliding window, "
+                             "softmax scale or soft-capping")
+        return ring_attention(query, key, value, state, dropout_p, sinks)
     if comm_type == "a2a":
-        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa)
+        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks)
     raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather or a2a")

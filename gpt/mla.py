@@ -37,11 +37,13 @@ from torch import nn
 
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import FUSED_CAPABLE_BACKENDS
+from gpt.attention_sinks import attention_with_sinks, sink_logits
 from gpt.model_config import ModelConfig
 from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
-from gpt.rotary import apply_rotary, inverse_frequencies, yarn_get_mscale, yarn_inverse_frequencies
+from gpt.rotary import apply_rotary, inverse_frequencies, yarn_angles, yarn_get_mscale
 from parallel.init import InitMethod, set_init_method
+from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_sequence_parallel_region
 from parallel.random import TensorParallelRNG
 
@@ -61,17 +63,13 @@ def mla_rotary_angles(config: ModelConfig, seq_length: int, device: torch.device
     apply_rotary_pos_emb multiplies cos and sin by the mscale YarnRotaryEmbedding returns)."""
     dim = config.qk_pos_emb_head_dim
     if config.rope_type in (None, "yarn"):
-        frequencies = yarn_inverse_frequencies(dim, config.rotary_base, config.rotary_scaling_factor,
-                                               MLA_YARN_ORIGINAL_MAX_POSITIONS, MLA_YARN_BETA_FAST,
-                                               MLA_YARN_BETA_SLOW, device)
-        # _yarn_get_concentration_factor
-        concentration = (yarn_get_mscale(config.rotary_scaling_factor, config.mscale)
-                         / yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim))
-    else:
-        frequencies, concentration = inverse_frequencies(dim, config.rotary_base, device), 1.0
-    angles = torch.outer(torch.arange(seq_length, dtype=torch.float32, device=device), frequencies)
+        return yarn_angles(seq_length, dim, config.rotary_base, device, config.rotary_scaling_factor,
+                           MLA_YARN_ORIGINAL_MAX_POSITIONS, MLA_YARN_BETA_FAST, MLA_YARN_BETA_SLOW,
+                           round_to_int=True, mscale=config.mscale, mscale_all_dim=config.mscale_all_dim)
+    angles = torch.outer(torch.arange(seq_length, dtype=torch.float32, device=device),
+                         inverse_frequencies(dim, config.rotary_base, device))
     angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos() * concentration, angles.sin() * concentration
+    return angles.cos(), angles.sin()
 
 
 def mla_softmax_scale(config: ModelConfig) -> float:
@@ -113,8 +111,8 @@ class MLASelfAttention(nn.Module):
         # the down projections and the latent norms run where the input layernorm's output is: the sequence slice
         latent_state = plan.norm_state("input_layernorm")
         self.sequence_parallel = latent_state is not None
-        norm = (lambda size: normalization(config.normalization, size, config.layernorm_epsilon, latent_state)) \
-            if config.qk_layernorm else None
+        norm = (lambda size: normalization(config.normalization, size, config.layernorm_epsilon, latent_state,
+                                           config.apply_layernorm_1p)) if config.qk_layernorm else None
         if config.q_lora_rank is None:
             # with --qk-layernorm Megatron fuses a norm over the hidden state into linear_q_proj
             self.q_layernorm = norm(h) if norm else None
@@ -134,6 +132,13 @@ class MLASelfAttention(nn.Module):
                                              bias=False)
         self.linear_proj = plan.linear("attention.linear_proj", heads * config.v_head_dim, h,
                                        init_std=output_init_std, bias=config.add_bias_linear)
+        # --softmax-type: attention sinks (gpt/attention_sinks.py), as SelfAttention's
+        self.softmax_type = config.softmax_type
+        if self.softmax_type == "learnable":
+            self.softmax_offset = meta_parameter((self.heads_per_rank,), InitMethod.normal(std), plan.state,
+                                                 split_dim=0)
+        else:
+            self.softmax_offset = None
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         config, state = self.config, self.state
@@ -168,7 +173,13 @@ class MLASelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.v_head_dim)
         with _dropout_stream(self.rng), attention_kernels(self.attention_backend):
-            context = mla_core_attention(query, key, value, self.softmax_scale, dropout_p, attention_mask, pad_value)
+            if self.softmax_type != "vanilla":
+                context = attention_with_sinks(query, key, value, sink_logits(self.softmax_offset, self.heads_per_rank,
+                                                                              query),
+                                               dropout_p, attention_mask=attention_mask, scale=self.softmax_scale)
+            else:
+                context = mla_core_attention(query, key, value, self.softmax_scale, dropout_p, attention_mask,
+                                             pad_value)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.v_head_dim)
         return self.linear_proj(context)
 

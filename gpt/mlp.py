@@ -1,4 +1,5 @@
-"""SwiGLU's MLP: down(silu(gate(x)) * up(x)).
+"""The gated MLP: down(act(gate(x)) * up(x)), SwiGLU's (act SiLU), quick-GeGLU's or GeGLU's (--gated-linear-unit:
+Gemma's tanh GeLU) (gpt/glu.py).
 
 Gate and up are two column-parallel weights rather than one of 2 x ffn rows: each TP rank holds the
 same slice of both (the halves that multiply each other), and each weight's whole tensor is the same
@@ -10,17 +11,17 @@ tensor-parallel region once for both (under sequence parallelism: one all-gather
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from gpt.glu import SWIGLU, GatedActivation
 from gpt.parallel_plan import TensorParallelPlan
 
 
 class SwiGLUMLP(nn.Module):
     def __init__(self, hidden_size: int, ffn_size: int, *, plan: TensorParallelPlan, init_std: float,
-                 output_init_std: float, bias: bool):
+                 output_init_std: float, bias: bool, glu: GatedActivation = SWIGLU):
         super().__init__()
-        self.state = plan.state
+        self.state, self.glu = plan.state, glu
         self.dense_h_to_4h_gate = plan.linear("mlp.dense_h_to_4h_gate", hidden_size, ffn_size, init_std=init_std,
                                               bias=bias)
         self.dense_h_to_4h_up = plan.linear("mlp.dense_h_to_4h_up", hidden_size, ffn_size, init_std=init_std,
@@ -31,5 +32,5 @@ class SwiGLUMLP(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate, up = self.dense_h_to_4h_gate, self.dense_h_to_4h_up
         hidden = gate.enter(hidden)  # copy, or the sequence all-gather: once for both
-        activated = F.silu(gate.linear(hidden, gate.weight, gate.bias)) * up.linear(hidden, up.weight, up.bias)
+        activated = self.glu(gate.linear(hidden, gate.weight, gate.bias), up.linear(hidden, up.weight, up.bias))
         return self.dense_4h_to_h(activated)

@@ -42,22 +42,27 @@ from torch import nn
 from gpt.architecture import GPT2, Architecture
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import attention_at_head_dim, padded_head_dim
+from gpt.attention_sinks import attention_with_sinks, sink_logits
+from gpt.attention_softcap import softcapped_attention
+from gpt.attention_window import causal_window_mask
 from gpt.cp_attention import context_parallel_attention
+from gpt.glu import gated_activation
 from gpt.mla import MLASelfAttention
 from gpt.mlp import SwiGLUMLP
 from gpt.model_config import ModelConfig
 from gpt.moe.balancing import MoELossTracker
 from gpt.moe.layer import MoELayer
 from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
-from gpt.norms import HeadNorm, normalization
+from gpt.norms import HeadNorm, ProjectionNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
-from gpt.rotary import apply_rotary, rotary_angles
+from gpt.rotary import apply_rotary, rotary_angles, yarn_angles
 from gpt.stage_layers import StageLayers, whole_model
 from gpt.xielu import XIELU
 from parallel.context_parallel import positions_on_this_rank
 from parallel.cross_entropy import vocab_parallel_cross_entropy
 from parallel.fused_linear_cross_entropy import fused_linear_cross_entropy
 from parallel.init import InitMethod, materialize, set_init_method
+from parallel.layers import meta_parameter
 from parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
@@ -98,9 +103,12 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 architecture: Architecture = GPT2):
+                 architecture: Architecture = GPT2, window: Optional[int] = None):
+        """`window`: this layer's sliding window, the keys before each query it sees (gpt/attention_window.py), or
+        None for the whole causal context."""
         super().__init__()
         self.rng = rng
+        self.window = window
         state = plan.state
         tp = state.tensor_parallel_size
         self.heads_per_rank = config.num_attention_heads // tp
@@ -110,17 +118,32 @@ class SelfAttention(nn.Module):
         self.attention_backend = config.attention_backend
         self.pad_head_dim = config.pad_attention_head_dim
         self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention_backend)
-        self.rotary = architecture.position_embedding_type == "rope"
-        self.rotary_base = architecture.rotary_base
-        self.rope_scaling = architecture.rope_scaling
+        self.rotary = architecture.rotary
+        self.architecture = architecture
+        # --local-rotary-base: a sliding-window layer's own rotary, unscaled (Gemma 3's rope_parameters for its
+        # "sliding_attention" layers); the other layers' base, Llama 3 scaling and interpolation
+        local = window is not None and architecture.local_rotary_base is not None
+        self.rotary_base = architecture.local_rotary_base if local else architecture.rotary_base
+        self.rope_scaling = None if local else architecture.rope_scaling
+        self.rotary_interpolation = None if local else architecture.rotary_seq_len_interpolation_factor
         self.rotary_interleaved = architecture.rotary_interleaved
+        # the scores' scale (None: 1/sqrt(head width)) and Gemma 2's soft-capping of them (gpt/attention_softcap.py)
+        self.softmax_scale = architecture.softmax_scale
+        self.softcap = architecture.attn_logit_softcapping
         # With context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py):
         # rotary angles at their global positions, attention over the whole sequence (gpt/cp_attention.py).
         self.context_parallel = state if state.context_parallel_size > 1 else None
         self.cp_comm_type = config.cp_comm_type
-        if architecture.qk_layernorm:
-            self.q_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
-            self.k_layernorm = HeadNorm(architecture.normalization, config.head_dim, config.layernorm_epsilon, state)
+        self.norm_over_projection = architecture.qk_layernorm and architecture.qk_layernorm_over_projection
+        kind, eps, zero_centered = architecture.normalization, config.layernorm_epsilon, architecture.apply_layernorm_1p
+        if self.norm_over_projection:  # OLMo 2's: over all heads' features (their TP slices: gpt/norms.py)
+            groups = architecture.query_groups(config.num_attention_heads)
+            self.q_layernorm = ProjectionNorm(kind, config.num_attention_heads * config.head_dim, eps, state,
+                                              zero_centered)
+            self.k_layernorm = ProjectionNorm(kind, groups * config.head_dim, eps, state, zero_centered)
+        elif architecture.qk_layernorm:
+            self.q_layernorm = HeadNorm(kind, config.head_dim, eps, state, zero_centered)
+            self.k_layernorm = HeadNorm(kind, config.head_dim, eps, state, zero_centered)
         else:
             self.q_layernorm = self.k_layernorm = None
         self.rotary_dim = architecture.rotary_dim(config.head_dim)
@@ -135,6 +158,15 @@ class SelfAttention(nn.Module):
         group_query = config.num_attention_heads // (self.groups_per_rank * tp) * config.head_dim
         self.query_key_value.weight.qkv_split_shapes = \
             [group_query] * (2 if self.output_gate else 1) + [config.head_dim, config.head_dim]
+        # --softmax-type (gpt/attention_sinks.py): Megatron-Core's DotProductAttention.softmax_offset, a parameter of
+        # this rank's heads (split with them, drawn as Megatron's init_method draws it) for learnable, zeros for
+        # off-by-one
+        self.softmax_type = architecture.softmax_type
+        if self.softmax_type == "learnable":
+            self.softmax_offset = meta_parameter((self.heads_per_rank,), InitMethod.normal(config.init_method_std),
+                                                 state, split_dim=0)
+        else:
+            self.softmax_offset = None
         # heads x head width in, hidden out (Megatron-Core's linear_proj: query_projection_size -> hidden_size)
         self.dense = plan.linear("attention.dense", config.num_attention_heads * config.head_dim, h,
                                  init_std=_output_layer_std(config), bias=architecture.add_bias_linear)
@@ -155,13 +187,28 @@ class SelfAttention(nn.Module):
         # The device is known only here (the model is built on meta): whether to pad is decided per call.
         head_dim = padded_head_dim(self.head_dim, query.device.type, self.attention_backend, self.pad_head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
+        sinks = None if self.softmax_type == "vanilla" else sink_logits(self.softmax_offset, self.heads_per_rank,
+                                                                        query)
         with dropout_stream(self.rng), attention_kernels(self.attention_backend):
             if self.context_parallel is not None:  # document masks are refused with CP (arguments/config.py)
                 context = context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type,
-                                                     dropout_p, enable_gqa=self.native_gqa)
+                                                     dropout_p, enable_gqa=self.native_gqa, window=self.window,
+                                                     scale=self.softmax_scale, softcap=self.softcap, sinks=sinks)
+            elif sinks is not None:  # (with soft-capping refused: gpt/model_config.py)
+                if self.window is not None:  # the sliding window, over the documents' mask where there is one
+                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
+                context = attention_with_sinks(query, key, value, sinks, dropout_p, enable_gqa=self.native_gqa,
+                                               attention_mask=attention_mask, scale=self.softmax_scale)
             else:
-                context = attention_at_head_dim(query, key, value, head_dim, dropout_p=dropout_p,
-                                                enable_gqa=self.native_gqa, attention_mask=attention_mask)
+                if self.window is not None:  # the sliding window, over the documents' mask where there is one
+                    attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
+                if self.softcap is not None:  # scores SDPA cannot cap: computed explicitly
+                    context = softcapped_attention(query, key, value, self.softcap, self.softmax_scale, attention_mask,
+                                                   dropout_p)
+                else:
+                    context = attention_at_head_dim(query, key, value, head_dim, dropout_p=dropout_p,
+                                                    enable_gqa=self.native_gqa, attention_mask=attention_mask,
+                                                    scale=self.softmax_scale)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * self.head_dim)
         if gate is not None:
             context = (context * torch.sigmoid(gate.float())).to(context.dtype)
@@ -182,14 +229,16 @@ class SelfAttention(nn.Module):
             if self.output_gate:  # head g * per_group + j's gate, in the order the context's heads have
                 gate = qkv[:, :, :, per_group:query_heads].reshape(batch, seq, self.heads_per_rank * self.head_dim)
             key, value = (qkv[:, :, :, index].transpose(1, 2) for index in (query_heads, query_heads + 1))
-        if self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
+        if self.norm_over_projection:  # each [batch, heads, seq, d] as [batch, seq, heads x d], in head order
+            query, key = (_heads_as_features(norm, heads)
+                          for norm, heads in ((self.q_layernorm, query), (self.k_layernorm, key)))
+        elif self.q_layernorm is not None:  # before rotary, as Megatron-Core's get_query_key_value_tensors
             query, key = self.q_layernorm(query), self.k_layernorm(key)
         if self.rotary:
             positions = positions_on_this_rank(seq, self.context_parallel, hidden.device) \
                 if self.context_parallel is not None else None
             whole = seq if positions is None else seq * self.context_parallel.context_parallel_size
-            cos, sin = rotary_angles(whole, self.rotary_dim, self.rotary_base, hidden.device, self.rope_scaling,
-                                     self.rotary_interleaved)
+            cos, sin = self._rotary_angles(whole, hidden.device)
             if positions is not None:  # each token's angles at its global position
                 cos, sin = cos[positions], sin[positions]
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
@@ -198,6 +247,24 @@ class SelfAttention(nn.Module):
             # Query head i reads group i // per_group (transformers' repeat_kv, Megatron-Core's GQA).
             key, value = key.repeat_interleave(per_group, dim=1), value.repeat_interleave(per_group, dim=1)
         return query, key, value, gate
+
+
+    def _rotary_angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of positions 0..length-1: rope's (gpt/rotary.py rotary_angles), or YaRN's (yarn_angles)."""
+        arch = self.architecture
+        if arch.position_embedding_type == "yarn":
+            return yarn_angles(length, self.head_dim, self.rotary_base, device, arch.rotary_scaling_factor,
+                               arch.yarn_original_max_position_embeddings, arch.yarn_beta_fast, arch.yarn_beta_slow,
+                               arch.yarn_correction_range_round_to_int, arch.mscale, arch.mscale_all_dim)
+        return rotary_angles(length, self.rotary_dim, self.rotary_base, device, self.rope_scaling,
+                             self.rotary_interleaved, self.rotary_interpolation)
+
+
+def _heads_as_features(norm: nn.Module, heads: torch.Tensor) -> torch.Tensor:
+    """`norm` applied to [batch, heads, seq, d] as the projection's [batch, seq, heads x d] features."""
+    batch, count, seq, dim = heads.shape
+    features = norm(heads.transpose(1, 2).reshape(batch, seq, count * dim))
+    return features.view(batch, seq, count, dim).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -243,12 +310,21 @@ class TransformerBlock(nn.Module):
         super().__init__()
         kind_of = layer_number if kind_of is None else kind_of
         h, eps = config.hidden_size, config.layernorm_epsilon
-        self.input_layernorm = normalization(architecture.normalization, h, eps, plan.norm_state("input_layernorm"))
+
+        def norm(region: str) -> nn.Module:
+            return normalization(architecture.normalization, h, eps, plan.norm_state(region),
+                                 architecture.apply_layernorm_1p)
+
+        # --sublayer-norms: the norms on each sublayer's input (GPT-2, Llama), on its output inside the residual
+        # branch (OLMo 2: transformers' Olmo2DecoderLayer, residual + norm(attn(x))), or both (Gemma 2/3)
+        places = architecture.sublayer_norms
+        self.input_layernorm = norm("input_layernorm") if places != "output" else None
         # Megatron-LM's --multi-latent-attention: DeepSeek's MLA in the attention's place (gpt/mla.py)
+        # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
+        window = architecture.attention_windows(config.num_layers)[kind_of]
         self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config)) \
-            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture)
-        self.post_attention_layernorm = normalization(architecture.normalization, h, eps,
-                                                      plan.norm_state("post_attention_layernorm"))
+            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window)
+        self.post_attention_layernorm = norm("post_attention_layernorm") if places != "output" else None
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         if config.moe_layers()[kind_of]:
             # Megatron-Core's MoE layer in the MLP's place (gpt/moe/layer.py); its experts' MLPs are this block's
@@ -261,25 +337,40 @@ class TransformerBlock(nn.Module):
             dispatcher, local_experts = plan.experts(moe.num_experts)
             self.mlp = MoELayer(h, moe, state=plan.state,
                                 activation=functools.partial(activation_function, config.activation),
-                                swiglu=architecture.swiglu, init_std=config.init_method_std,
+                                swiglu=architecture.gated_mlp, glu=gated_activation(architecture),
+                                init_std=config.init_method_std,
                                 output_init_std=_output_layer_std(config), bias=architecture.add_bias_linear,
                                 layer_number=layer_number, tracker=moe_tracker, dispatcher=dispatcher,
                                 local_experts=local_experts, xielu=config.activation == "xielu", plan=plan)
-        elif architecture.swiglu:
+        elif architecture.gated_mlp:
+            # SiLU's gate (--swiglu), quick-GeLU's (--quick-geglu) or --activation's GeLU (--gated-linear-unit:
+            # Gemma's GeGLU), with --glu-linear-offset and --activation-func-clamp-value (gpt/glu.py)
             self.mlp = SwiGLUMLP(h, architecture.ffn_size(h, config.ffn_hidden_size), plan=plan,
                                  init_std=config.init_method_std, output_init_std=_output_layer_std(config),
-                                 bias=architecture.add_bias_linear)
+                                 bias=architecture.add_bias_linear,
+                                 glu=gated_activation(architecture, functools.partial(activation_function,
+                                                                                       config.activation)))
         else:
             self.mlp = MLP(config, plan, bias=architecture.add_bias_linear)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
+        # registered after the rest, so that a model without them keeps its parameters' order
+        self.attention_output_layernorm = norm("attention_output_layernorm") if places != "input" else None
+        self.mlp_output_layernorm = norm("mlp_output_layernorm") if places != "input" else None
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
-        hidden = hidden + self._residual_dropout(self.attention(self.input_layernorm(hidden), documents))
-        return hidden + self._residual_dropout(self.mlp(self.post_attention_layernorm(hidden)))
+        branch = self.attention(_normed(self.input_layernorm, hidden), documents)
+        hidden = hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
+        branch = self.mlp(_normed(self.post_attention_layernorm, hidden))
+        return hidden + self._residual_dropout(_normed(self.mlp_output_layernorm, branch))
 
     def _residual_dropout(self, branch: torch.Tensor) -> torch.Tensor:
         with dropout_stream(self.split_dropout_rng):
             return self.hidden_dropout(branch)
+
+
+def _normed(norm: Optional[nn.Module], hidden: torch.Tensor) -> torch.Tensor:
+    """`norm(hidden)`, or `hidden` where --sublayer-norms puts no norm there."""
+    return hidden if norm is None else norm(hidden)
 
 
 class GPTModel(nn.Module):
@@ -355,8 +446,8 @@ class GPTModel(nn.Module):
         by_layer = dict(zip(stage.layer_ids, self.blocks))
         self.chunk_blocks = [nn.ModuleList(by_layer[layer] for layer in chunk) for chunk in stage.chunks]
         self.final_layernorm = normalization(architecture.normalization, config.hidden_size,
-                                             config.layernorm_epsilon, plan.norm_state("final_layernorm")) \
-            if stage.last else None
+                                             config.layernorm_epsilon, plan.norm_state("final_layernorm"),
+                                             architecture.apply_layernorm_1p) if stage.last else None
         if architecture.untie_embeddings_and_output_weights and stage.last:
             # Megatron's output_layer: column-parallel over the padded vocabulary, no bias; padding rows
             # start at zero as the embedding's do, so they are the same at every TP size.
@@ -387,6 +478,10 @@ class GPTModel(nn.Module):
         sequence: [batch, seq / TP, hidden]). Learned positions are 0..seq-1, or `documents.position_ids`
         [batch, seq] where given (--reset-position-ids), or `positions` (an MTP layer's, rolled: gpt/mtp.py)."""
         hidden = self.word_embeddings(tokens)
+        if self.architecture.scale_embeddings_by_sqrt_hidden:
+            # Gemma's normalizer sqrt(hidden), rounded to the embedding's dtype as transformers' ScaledWordEmbedding
+            # (`self.embed_scale.to(self.weight.dtype)`); elementwise, so also on a sequence-parallel slice
+            hidden = hidden * torch.tensor(math.sqrt(self.config.hidden_size), dtype=hidden.dtype)
         if self.position_embeddings is not None:
             # --reset-position-ids' per-document positions; with context parallelism, this rank's chunks at their
             # global positions (the two are not combined: arguments/config.py refuses it)
@@ -454,6 +549,9 @@ class GPTModel(nn.Module):
                                               self.output_vocab_start, self.config.vocab_size,
                                               self.state)
         logits = F.linear(hidden, output_weight)
+        cap = self.architecture.final_logit_softcapping
+        if cap is not None:  # Gemma 2's: each rank's vocabulary slice, elementwise (Gemma2ForCausalLM.forward)
+            logits = torch.tanh(logits / cap) * cap
         if labels is None:
             return gather_from_tensor_parallel_region(logits, self.state)[..., : self.config.vocab_size]
         # The softmax runs in fp32 even under bf16 autocast: the loss is the one number we compare.

@@ -8,12 +8,14 @@ arguments/config.py, which holds one of these as `PretrainConfig.model`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
-from gpt.architecture import NORMALIZATIONS, Architecture
+from gpt.architecture import NORMALIZATIONS, SOFTMAX_TYPES, SUBLAYER_NORM_PLACES, Architecture
+from gpt.attention_window import check_window_size, window_size_value
 from gpt.moe.settings import (
     MoESettings,
     OneExpertCount,
@@ -91,7 +93,8 @@ class ModelConfig:
                           help="SwiGLU MLP (Llama); --ffn-hidden-size defaults to int(4h x 2/3 / 64) x 64")
     position_embedding_type: str = option(
         "learned_absolute", type=_position_embedding_name,
-        help="learned_absolute (GPT-2), rope (rotary, Llama) or none; Megatron-DeepSpeed's "
+        help="learned_absolute (GPT-2), rope (rotary, Llama), yarn (rotary with YaRN's frequencies and concentration: "
+             "--rotary-scaling-factor, --mscale, --mscale-all-dim, --yarn-*) or none; Megatron-DeepSpeed's "
              "--use-rotary-position-embeddings --no-position-embedding is rope")
     rotary_base: float = option(10000.0, aliases={"--rotary-position-embeddings-theta": "Megatron-DeepSpeed",
                                                   "--rope-theta": "llm-jp's Megatron-LM fork"},
@@ -116,10 +119,82 @@ class ModelConfig:
                                 help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
     qk_layernorm: bool = option(False, action="store_true",
                                 help="--normalization over each query and key head before attention (Qwen3)")
+    qk_layernorm_over_projection: bool = option(
+        False, action="store_true",
+        help="with --qk-layernorm: the norms act over the whole query projection (heads x head dim) and the whole "
+             "key projection, one gain per feature, instead of over each head (OLMo 2, OLMoE)")
     attention_output_gate: bool = option(
         False, action="store_true",
         help="the QKV projection also yields a gate per query head; attention's output is multiplied by its "
              "sigmoid before the output projection (Megatron-LM, Qwen3-Next)")
+    # The blocks of Gemma 2/3 and OLMo 2 (issue 63), each transformers' own: Megatron-LM's flag where it has one
+    # (--apply-layernorm-1p, --rotary-seq-len-interpolation-factor; Megatron-Core's TransformerConfig softmax_scale),
+    # else Megatron-Bridge's provider field's name (attn_logit_softcapping, final_logit_softcapping)
+    apply_layernorm_1p: bool = option(
+        False, action="store_true",
+        help="every norm's gain is 1 + its stored weight (Megatron's zero-centered gamma; Gemma's RMSNorm), computed "
+             "in fp32; the weights start at 0")
+    sublayer_norms: str = option(
+        "input", choices=SUBLAYER_NORM_PLACES,
+        help="where each block's norms act, inside the residual branches: on the attention's and the MLP's input "
+             "(GPT-2, Llama), on their output (OLMo 2), or both (Gemma 2/3)")
+    gated_linear_unit: bool = option(
+        False, action="store_true",
+        help="a gated MLP, down(act(gate(x)) * up(x)), with --activation's gelu or gelu_tanh (GeGLU: Gemma); "
+             "--swiglu is the same gate with SiLU")
+    scale_embeddings_by_sqrt_hidden: bool = option(
+        False, action="store_true",
+        help="the token embeddings multiplied by sqrt(--hidden-size), rounded to their dtype (Gemma)")
+    softmax_scale: Optional[float] = option(
+        None, help="attention scores' scale (default 1/sqrt(head width)); Gemma's query_pre_attn_scalar q is q^-0.5")
+    attn_logit_softcapping: Optional[float] = option(
+        None, help="attention scores become c x tanh(score / c) before the mask and softmax (Gemma 2)")
+    final_logit_softcapping: Optional[float] = option(
+        None, help="the output logits become c x tanh(logit / c) before the loss (Gemma 2)")
+    local_rotary_base: Optional[float] = option(
+        None, help="the sliding-window layers' own rotary base, without --rotary-seq-len-interpolation-factor or "
+                   "--use-rope-scaling (Gemma 3's rope_local_base_freq); default: the other layers' rotary")
+    rotary_seq_len_interpolation_factor: Optional[float] = option(
+        None, help="rotary positions divided by this factor (Megatron-LM; transformers' linear rope scaling)")
+    # Not the math: which transformers class scripts/convert_to_hf.py writes (checkpoint/hf_dense.py), where the
+    # blocks fit several (a Phi-3 and a Mistral are the same blocks); --init-from-hf sets the folder's
+    hf_model_type: Optional[str] = option(
+        None, help="the transformers family the Hugging Face export writes this model as (config.json's "
+                   "model_type: llama, qwen2, qwen3, mistral, gemma2, gemma3_text, olmo2, phi3, ...); default: "
+                   "the --init-from-hf folder's, else the first whose blocks are these")
+    # Megatron-Core's TransformerConfig.softmax_type (gpt/attention_sinks.py)
+    softmax_type: str = option(
+        "vanilla", choices=SOFTMAX_TYPES,
+        help="attention's softmax: vanilla; off-by-one (each row's denominator + 1); learnable (a learned logit per "
+             "head in each row's denominator: attention sinks, GPT-OSS)")
+    # Megatron-LM's --quick-geglu, --glu-linear-offset, --activation-func-clamp-value (gpt/glu.py)
+    quick_geglu: bool = option(
+        False, action="store_true",
+        help="a gated MLP with quick_gelu(gate) = gate x sigmoid(1.702 gate) times its linear half (GPT-OSS)")
+    glu_linear_offset: float = option(0.0, help="with --swiglu or --quick-geglu: add this to the gated MLP's linear "
+                                                "half (GPT-OSS: 1)")
+    activation_func_clamp_value: Optional[float] = option(
+        None, help="with --quick-geglu (or --swiglu's experts): clamp the gate half at most and the linear half within "
+                   "+-this before the activation (GPT-OSS: 7)")
+    # --position-embedding-type yarn's (Megatron-LM's --yarn-* flags, at the values its argument_utils.py
+    # _apply_yarn_config_from_args gives where they are left out)
+    yarn_original_max_position_embeddings: int = option(
+        4096, help="with --position-embedding-type yarn: the context the frequencies were trained at")
+    yarn_beta_fast: float = option(32.0, help="with --position-embedding-type yarn: YaRN's beta_fast")
+    yarn_beta_slow: float = option(1.0, help="with --position-embedding-type yarn: YaRN's beta_slow")
+    yarn_correction_range_round_to_int: bool = option(
+        True, help="with --position-embedding-type yarn: round the correction range to whole dims")
+    # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;
+    # gpt/attention_window.py): Mistral, Gemma 2/3, GPT-OSS, Phi-3
+    window_size: Optional[tuple] = option(
+        None, type=window_size_value, metavar="LEFT,RIGHT",
+        help="sliding-window attention: a query sees itself and the LEFT keys before it (-1: no limit; attention "
+             "is causal, so RIGHT is 0 whatever it says); default: the whole causal context")
+    window_attn_skip_freq: Union[None, int, str] = option(
+        None, type=moe_freq_value,
+        help="with --window-size, which layers have the window: N gives every layer but each N-th (1-based) a "
+             "window; a list expression gives one 1 (window) or 0 (full attention) per layer, e.g. '([1]*5+[0])*4'; "
+             "default: every layer")
     # Megatron-LM's multi-latent attention (DeepSeek-V2/V3; gpt/mla.py), its flags and dests: MLATransformerConfig's
     # fields, with megatron/training/arguments.py's defaults (kv_lora_rank 32 there, rotary_scaling_factor 1.0).
     multi_latent_attention: bool = option(
@@ -134,9 +209,12 @@ class ModelConfig:
     v_head_dim: int = option(128, help="with --multi-latent-attention: each value head's dims")
     rope_type: Optional[str] = option(None, choices=("rope", "yarn"),
                                       help="with --multi-latent-attention: rope, or yarn (its default)")
-    rotary_scaling_factor: float = option(1.0, help="with --multi-latent-attention: YaRN's scaling factor")
-    mscale: float = option(1.0, help="with --multi-latent-attention: YaRN's mscale (the rotary concentration)")
-    mscale_all_dim: float = option(0.0, help="with --multi-latent-attention: YaRN's mscale of the softmax scale")
+    rotary_scaling_factor: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: "
+                                                    "YaRN's scaling factor")
+    mscale: float = option(1.0, help="with --multi-latent-attention or --position-embedding-type yarn: YaRN's mscale "
+                                     "(the rotary concentration)")
+    mscale_all_dim: float = option(0.0, help="with --multi-latent-attention or --position-embedding-type yarn: YaRN's "
+                                             "mscale_all_dim (multi-latent attention's softmax scale too)")
     init_method_std: float = 0.02
     # "gelu_tanh" is "gelu_new" in transformers.
     activation: str = option("gelu_tanh", choices=ACTIVATIONS,
@@ -295,6 +373,8 @@ class ModelConfig:
         # a per-layer --num-experts read back from a recorded config (JSON) is a list: the same tuple as parsed
         if isinstance(self.num_experts, list):
             object.__setattr__(self, "num_experts", tuple(self.num_experts))
+        if isinstance(self.window_size, list):  # the same, for the window's two sides
+            object.__setattr__(self, "window_size", tuple(self.window_size))
 
     @property
     def architecture(self) -> Architecture:
@@ -355,6 +435,15 @@ class ModelConfig:
     def expert_counts(self) -> tuple[int, ...]:
         """The distinct numbers of experts of the MoE layers, smallest first."""
         return tuple(sorted({count for count in self.experts_per_layer() if count > 1}))
+
+    def attention_windows(self) -> tuple[Optional[int], ...]:
+        """Per layer (0-based): the keys before each query its attention sees (--window-size's left side), or None
+        for the whole causal context (gpt/attention_window.py)."""
+        return self.architecture.attention_windows(self.num_layers)
+
+    def has_windows(self) -> bool:
+        """Whether some layer has a sliding window (without a tuple per layer)."""
+        return self.architecture.has_windows(self.num_layers)
 
     @property
     def ffn_size(self) -> int:
@@ -421,6 +510,73 @@ class ModelConfig:
                     "set DeepSpeed-MoE's gating, which a Megatron-DeepSpeed launch (--deepspeed) or --moe-gating "
                     "deepspeed takes; this launch uses Megatron-Core's router (--moe-router-topk, ...)"),
                 flags=flags)
+
+    def _check_gemma_features(self) -> None:
+        """What the gated MLP, the soft-capping and the per-layer rotary are not built with, one line each."""
+        if self.gated_linear_unit and self.activation not in ("gelu", "gelu_tanh"):
+            raise ConfigError(f"--gated-linear-unit gates --activation gelu or gelu_tanh here (GeGLU), not "
+                              f"{self.activation}", flags=("--gated-linear-unit", "--activation"))
+        if self.gated_linear_unit and self.moe is not None:
+            raise ConfigError("--gated-linear-unit with --num-experts is not implemented: the experts are SwiGLU "
+                              "(--swiglu) or ungated", flags=("--gated-linear-unit", "--num-experts"))
+        if self.final_logit_softcapping is not None and self.cross_entropy_loss_fusion:
+            raise ConfigError("--final-logit-softcapping with --cross-entropy-loss-fusion is not implemented: the "
+                              "fused output layer computes the loss of uncapped logits; drop "
+                              "--cross-entropy-loss-fusion",
+                              flags=("--final-logit-softcapping", "--cross-entropy-loss-fusion"))
+        if self.softmax_type != "vanilla" and self.attn_logit_softcapping is not None:
+            raise ConfigError(f"--softmax-type {self.softmax_type} with --attn-logit-softcapping is not implemented: "
+                              f"the sink's score joins SDPA's, which cannot cap the others",
+                              flags=("--softmax-type", "--attn-logit-softcapping"))
+        if self.position_embedding_type == "yarn":
+            given = [flag for flag, value in (("--local-rotary-base", self.local_rotary_base),
+                                              ("--rotary-seq-len-interpolation-factor",
+                                               self.rotary_seq_len_interpolation_factor)) if value is not None]
+            if given:
+                raise ConfigError(f"--position-embedding-type yarn with {', '.join(given)} is not implemented: YaRN's "
+                                  f"frequencies are Megatron-Core's YarnRotaryEmbedding's, one set for every layer",
+                                  flags=("--position-embedding-type", *given))
+        if self.multi_latent_attention:
+            given = [flag for flag, value in (("--softmax-scale", self.softmax_scale),
+                                              ("--attn-logit-softcapping", self.attn_logit_softcapping),
+                                              ("--local-rotary-base", self.local_rotary_base),
+                                              ("--rotary-seq-len-interpolation-factor",
+                                               self.rotary_seq_len_interpolation_factor)) if value is not None]
+            if given:
+                raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
+                                  f"attention scales its scores and rotates its positions as Megatron-Core's "
+                                  f"MLASelfAttention (YaRN's mscale)", flags=("--multi-latent-attention", *given))
+
+    def _check_gated_activation(self) -> None:
+        """--quick-geglu, --glu-linear-offset and --activation-func-clamp-value as Megatron-LM takes them
+        (core_transformer_config_from_args: `assert not args.swiglu` beside --quick-geglu; TransformerConfig.__post_init__:
+        SwiGLU's clamp only in MoE experts, at a positive finite value and without an offset). The offset and the clamp
+        act on a gated MLP's halves only; without one they would do nothing, so a launch giving them is told."""
+        gated = self.swiglu or self.quick_geglu or self.gated_linear_unit
+        if self.quick_geglu and (self.swiglu or self.activation in ("squared_relu", "xielu")):
+            other = "--swiglu" if self.swiglu else f"--activation {self.activation}"
+            raise ConfigError(f"--quick-geglu with {other}: give one activation (Megatron-LM asserts it)",
+                              flags=("--quick-geglu", other.split()[0]))
+        clamp = self.activation_func_clamp_value
+        if (clamp is not None or self.glu_linear_offset) and not gated:
+            raise ConfigError("--activation-func-clamp-value and --glu-linear-offset act on a gated MLP's halves: give "
+                              "--quick-geglu, --swiglu or --gated-linear-unit, or drop them",
+                              flags=("--activation-func-clamp-value", "--glu-linear-offset"))
+        if clamp is not None and not (math.isfinite(clamp) and clamp > 0):
+            raise ConfigError(f"--activation-func-clamp-value must be positive and finite, got {clamp}",
+                              flags=("--activation-func-clamp-value",))
+        if clamp is not None and self.swiglu:
+            if self.moe is None:
+                raise ConfigError("--activation-func-clamp-value with --swiglu clamps the experts' SwiGLU only: add "
+                                  "--num-experts (Megatron-Core's TransformerConfig requires MoE)",
+                                  flags=("--activation-func-clamp-value", "--swiglu"))
+            if self.glu_linear_offset:
+                raise ConfigError("--activation-func-clamp-value with --swiglu takes no --glu-linear-offset (as "
+                                  "Megatron-Core's TransformerConfig requires)",
+                                  flags=("--activation-func-clamp-value", "--glu-linear-offset"))
+        if not math.isfinite(self.glu_linear_offset):
+            raise ConfigError(f"--glu-linear-offset must be finite, got {self.glu_linear_offset}",
+                              flags=("--glu-linear-offset",))
 
     def _check_multi_latent_attention(self) -> None:
         """--multi-latent-attention's sizes, and what it is not built with (gpt/mla.py)."""
@@ -491,6 +647,7 @@ class ModelConfig:
             raise ConfigError("--xielu replaces the MLP's activation and --swiglu gates it with SiLU: give one of "
                               "them (swiss-ai's Megatron-LM fork allows one activation at a time)",
                               flags=("--activation", "--swiglu"))
+        self._check_gated_activation()
         if self.init_method_std <= 0 or self.layernorm_epsilon <= 0:
             raise ConfigError("--init-method-std and --layernorm-epsilon must be positive",
                               flags=("--init-method-std", "--layernorm-epsilon"))
@@ -511,6 +668,19 @@ class ModelConfig:
                               f"{', '.join(ATTENTION_BACKENDS)}", flags=("--attention-backend",))
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
+        self._check_gemma_features()
+        if self.qk_layernorm_over_projection and not self.qk_layernorm:
+            raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
+                              "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))
+        check_window_size(self.window_size)
+        if self.window_attn_skip_freq is not None and "[" in str(self.window_attn_skip_freq):
+            self.attention_windows()  # a list of one 0 or 1 per layer (refused otherwise, naming both flags)
+        if self.has_windows() and self.multi_latent_attention:
+            # Megatron-Core's MLA asserts it (attention.py: "Set config.window_size = None or use a non-MLA attention
+            # layer")
+            raise ConfigError("--window-size with --multi-latent-attention is not implemented: multi-latent attention "
+                              "sees the whole causal context, as in Megatron-Core",
+                              flags=("--window-size", "--multi-latent-attention"))
         self._check_multi_latent_attention()
         counts = self.num_experts if isinstance(self.num_experts, tuple) else (self.num_experts or 0,)
         if min(counts) < 0:

@@ -1,5 +1,6 @@
 """The blocks' normalization: LayerNorm (GPT-2, with bias) or RMSNorm (Llama, gain only); and the
-per-head norms of --qk-layernorm.
+per-head norms of --qk-layernorm, or with --qk-layernorm-over-projection its norms over the whole query and key
+projections (OLMo 2).
 
 Under sequence parallelism a block's norms see only this rank's slice of the sequence, so the gradient
 of their (replicated) gain and bias is a partial sum: they enter through `copy`, whose backward
@@ -18,66 +19,91 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel.init import InitMethod, set_init_method
-from parallel.mappings import copy_to_tensor_parallel_region
+from parallel.layers import meta_parameter
+from parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
 from parallel.state import ParallelState
 
 
-def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
     as_float = hidden.float()
     normed = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + eps)
+    if zero_centered:
+        # --apply-layernorm-1p: Gemma's RMSNorm, `output * (1.0 + self.weight.float())` in fp32, then the cast
+        return (normed * (1.0 + weight.float())).to(hidden.dtype)
     return weight * normed.to(hidden.dtype)
+
+
+def _gain_init(zero_centered: bool) -> InitMethod:
+    """A gain's initial value: 1, or with --apply-layernorm-1p its stored weight 0 (the gain 1 + 0)."""
+    return InitMethod.zeros() if zero_centered else InitMethod.ones()
 
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * gain, computed in fp32 and cast back before the gain, as
     transformers' LlamaRMSNorm and Megatron-LM's legacy RMSNorm (`self._norm(x.float()).type_as(x) *
-    self.weight`) do, so 16-bit runs round where theirs do."""
+    self.weight`) do, so 16-bit runs round where theirs do. With `zero_centered` (--apply-layernorm-1p) the
+    gain is 1 + weight, applied in fp32 before the cast, as Gemma's RMSNorm."""
 
-    def __init__(self, hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState] = None):
+    def __init__(self, hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState] = None,
+                 zero_centered: bool = False):
         super().__init__()
-        self.eps, self.sequence_parallel_state = eps, sequence_parallel_state
-        self.weight = set_init_method(nn.Parameter(torch.empty(hidden_size, device="meta")), InitMethod.ones())
+        self.eps, self.sequence_parallel_state, self.zero_centered = eps, sequence_parallel_state, zero_centered
+        self.weight = set_init_method(nn.Parameter(torch.empty(hidden_size, device="meta")), _gain_init(zero_centered))
         self.weight.sequence_parallel = sequence_parallel_state is not None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return rms_norm(hidden, _summed_over_sequence_slices(self.weight, self.sequence_parallel_state), self.eps)
+        return rms_norm(hidden, _summed_over_sequence_slices(self.weight, self.sequence_parallel_state), self.eps,
+                        self.zero_centered)
+
+
+def zero_centered_layer_norm(hidden: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor,
+                             bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """LayerNorm with the gain 1 + weight (Megatron's zero-centered gamma), in fp32 and cast back."""
+    return F.layer_norm(hidden.float(), shape, 1.0 + weight.float(), None if bias is None else bias.float(),
+                        eps).to(hidden.dtype)
 
 
 class SequenceParallelLayerNorm(nn.LayerNorm):
-    """nn.LayerNorm over one slice of the sequence: gain and bias gradients summed over the TP group."""
+    """nn.LayerNorm over one slice of the sequence (`sequence_parallel_state`): gain and bias gradients summed over
+    the TP group; or with `zero_centered` (--apply-layernorm-1p) the gain 1 + weight."""
 
-    def __init__(self, hidden_size: int, eps: float, sequence_parallel_state: ParallelState):
+    def __init__(self, hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState],
+                 zero_centered: bool = False):
         super().__init__(hidden_size, eps=eps, device="meta")
-        self.sequence_parallel_state = sequence_parallel_state
+        self.sequence_parallel_state, self.zero_centered = sequence_parallel_state, zero_centered
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         state = self.sequence_parallel_state
-        return F.layer_norm(hidden, self.normalized_shape, _summed_over_sequence_slices(self.weight, state),
-                            _summed_over_sequence_slices(self.bias, state), self.eps)
+        weight = _summed_over_sequence_slices(self.weight, state)
+        bias = _summed_over_sequence_slices(self.bias, state)
+        if self.zero_centered:
+            return zero_centered_layer_norm(hidden, self.normalized_shape, weight, bias, self.eps)
+        return F.layer_norm(hidden, self.normalized_shape, weight, bias, self.eps)
 
 
 def _summed_over_sequence_slices(parameter: torch.Tensor, state: Optional[ParallelState]) -> torch.Tensor:
     return parameter if state is None else copy_to_tensor_parallel_region(parameter, state)
 
 
-def layer_norm(hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState] = None) -> nn.LayerNorm:
-    if sequence_parallel_state is None:
+def layer_norm(hidden_size: int, eps: float, sequence_parallel_state: Optional[ParallelState] = None,
+               zero_centered: bool = False) -> nn.LayerNorm:
+    if sequence_parallel_state is None and not zero_centered:
         norm = nn.LayerNorm(hidden_size, eps=eps, device="meta")
     else:
-        norm = SequenceParallelLayerNorm(hidden_size, eps, sequence_parallel_state)
-    set_init_method(norm.weight, InitMethod.ones())
+        norm = SequenceParallelLayerNorm(hidden_size, eps, sequence_parallel_state, zero_centered)
+    set_init_method(norm.weight, _gain_init(zero_centered))
     set_init_method(norm.bias, InitMethod.zeros())
     norm.weight.sequence_parallel = norm.bias.sequence_parallel = sequence_parallel_state is not None
     return norm
 
 
 def normalization(kind: str, hidden_size: int, eps: float,
-                  sequence_parallel_state: Optional[ParallelState] = None) -> nn.Module:
+                  sequence_parallel_state: Optional[ParallelState] = None, zero_centered: bool = False) -> nn.Module:
     """`sequence_parallel_state`: the state whose TP group sums the gradients, when the norm runs on a
-    slice of the sequence (None otherwise)."""
+    slice of the sequence (None otherwise). `zero_centered`: --apply-layernorm-1p's gain 1 + weight."""
     if kind == "RMSNorm":
-        return RMSNorm(hidden_size, eps, sequence_parallel_state)
-    return layer_norm(hidden_size, eps, sequence_parallel_state)
+        return RMSNorm(hidden_size, eps, sequence_parallel_state, zero_centered)
+    return layer_norm(hidden_size, eps, sequence_parallel_state, zero_centered)
 
 
 class HeadNorm(nn.Module):
@@ -85,12 +111,13 @@ class HeadNorm(nn.Module):
     model's normalization at hidden size kv_channels). Its gain is one tensor shared by every head, and a
     TP rank holds only some heads, so each rank's gradient is a partial sum: the gain enters the
     tensor-parallel region through `copy`, whose backward all-reduces it over the TP group (Megatron
-    all-reduces these gradients in finalize_model_grads instead)."""
+    all-reduces these gradients in finalize_model_grads instead). `zero_centered`: the gain 1 + weight (Gemma 3's
+    q_norm and k_norm are its RMSNorm)."""
 
-    def __init__(self, kind: str, head_dim: int, eps: float, state: ParallelState):
+    def __init__(self, kind: str, head_dim: int, eps: float, state: ParallelState, zero_centered: bool = False):
         super().__init__()
-        self.kind, self.head_dim, self.eps, self.state = kind, head_dim, eps, state
-        self.weight = set_init_method(nn.Parameter(torch.empty(head_dim, device="meta")), InitMethod.ones())
+        self.kind, self.head_dim, self.eps, self.state, self.zero_centered = kind, head_dim, eps, state, zero_centered
+        self.weight = set_init_method(nn.Parameter(torch.empty(head_dim, device="meta")), _gain_init(zero_centered))
         if kind == "RMSNorm":
             self.register_parameter("bias", None)
         else:
@@ -99,6 +126,51 @@ class HeadNorm(nn.Module):
     def forward(self, heads: torch.Tensor) -> torch.Tensor:
         weight = copy_to_tensor_parallel_region(self.weight, self.state)
         if self.bias is None:
-            return rms_norm(heads, weight, self.eps)
+            return rms_norm(heads, weight, self.eps, self.zero_centered)
         bias = copy_to_tensor_parallel_region(self.bias, self.state)
+        if self.zero_centered:
+            return zero_centered_layer_norm(heads, (self.head_dim,), weight, bias, self.eps)
         return F.layer_norm(heads, (self.head_dim,), weight, bias, self.eps)
+
+
+class ProjectionNorm(nn.Module):
+    """--qk-layernorm-over-projection (OLMo 2's and OLMoE's q_norm / k_norm: transformers' Olmo2Attention normalizes
+    q_proj's whole output, heads x head_dim wide, and k_proj's, before splitting it into heads): the model's
+    normalization over the whole projection, its gain one weight per projected feature.
+
+    Under tensor parallelism a rank holds its heads' features (whole key/value groups, gpt/model.py): the gain is
+    split as the QKV rows are (its sharding record cut along dim 0), and the statistics over the whole projection are sums over
+    the TP group, all-reduced in forward and in backward (each rank's features feed every rank's normalization).
+    Megatron-Bridge's OLMoESelfAttention normalizes each partition's features alone instead, which equals the
+    transformers model only at TP 1."""
+
+    def __init__(self, kind: str, width: int, eps: float, state: ParallelState, zero_centered: bool = False):
+        super().__init__()
+        tp = state.tensor_parallel_size
+        if width % tp:
+            raise ValueError(f"a projection of {width} features does not split over {tp} tensor-parallel ranks")
+        self.kind, self.width, self.eps, self.state, self.zero_centered = kind, width, eps, state, zero_centered
+        self.weight = meta_parameter((width // tp,), _gain_init(zero_centered), state, split_dim=0)
+        if kind == "RMSNorm":
+            self.register_parameter("bias", None)
+        else:
+            self.bias = meta_parameter((width // tp,), InitMethod.zeros(), state, split_dim=0)
+
+    def _mean(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean over the whole projection's last dim, of which this rank holds a slice."""
+        if self.state.tensor_parallel_size == 1:
+            return values.mean(-1, keepdim=True)
+        total = copy_to_tensor_parallel_region(values.sum(-1, keepdim=True), self.state)
+        return reduce_from_tensor_parallel_region(total, self.state) / self.width
+
+    def forward(self, projected: torch.Tensor) -> torch.Tensor:
+        """`projected` [..., this rank's features] -> the same shape, normalized over all ranks' features."""
+        as_float = projected.float()
+        gain = 1.0 + self.weight.float() if self.zero_centered else self.weight
+        if self.bias is None:
+            # the gain applied in fp32, then cast: Olmo2RMSNorm's `(self.weight * hidden_states).to(input_dtype)`
+            normed = as_float * torch.rsqrt(self._mean(as_float.pow(2)) + self.eps)
+            return (gain * normed).to(projected.dtype)
+        centered = as_float - self._mean(as_float)
+        normed = centered * torch.rsqrt(self._mean(centered.pow(2)) + self.eps)
+        return (gain * normed + self.bias).to(projected.dtype)

@@ -67,6 +67,8 @@ SEQUENCE_REGIONS = (
     "embedding_dropout",                  # the embedding's output: reduce-scattered or scattered
     "input_layernorm",                    # each block's (relative to the block)
     "post_attention_layernorm",
+    "attention_output_layernorm",         # --sublayer-norms output / input_and_output: on each sublayer's output
+    "mlp_output_layernorm",
     "hidden_dropout",                     # each block's residual dropout
     "final_layernorm",                    # the final norm; the output layer gathers the sequence after it
     "mtp_norm",                           # an MTP layer's enorm, hnorm and final_layernorm (gpt/mtp.py)

@@ -41,11 +41,16 @@ def llama3_scaled(frequencies: torch.Tensor, factor: float, low_freq_factor: flo
 
 
 def rotary_angles(seq_length: int, rotary_dim: int, base: float, device: torch.device,
-                  scaling_factor: Optional[float] = None,
-                  interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  scaling_factor: Optional[float] = None, interleaved: bool = False,
+                  interpolation_factor: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, [seq, rotary_dim], fp32: each frequency's angles repeated for the two halves, or
-    (interleaved) twice in a row, [f0, f0, f1, f1, ...]."""
+    (interleaved) twice in a row, [f0, f0, f1, f1, ...]. `interpolation_factor`: Megatron-LM's
+    --rotary-seq-len-interpolation-factor, the positions times 1 / factor (Megatron-Core's
+    RotaryEmbedding.get_freqs_non_repeated: `seq *= 1 / self.seq_len_interpolation_factor`), which is transformers'
+    "linear" rope scaling (inverse frequencies / factor)."""
     positions = torch.arange(seq_length, dtype=torch.float32, device=device)
+    if interpolation_factor is not None:
+        positions = positions * (1 / interpolation_factor)
     freqs = torch.outer(positions, inverse_frequencies(rotary_dim, base, device, scaling_factor))
     angles = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return angles.cos(), angles.sin()
@@ -76,11 +81,13 @@ def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
 
 
 def yarn_inverse_frequencies(rotary_dim: int, base: float, scaling_factor: float, original_max_positions: int,
-                             beta_fast: float, beta_slow: float, device: torch.device) -> torch.Tensor:
+                             beta_fast: float, beta_slow: float, device: torch.device,
+                             round_to_int: bool = True) -> torch.Tensor:
     """YaRN's inverse frequencies, as Megatron-Core's YarnRotaryEmbedding.get_emb: the plain ones (extrapolated)
     for the dims that turn more than beta_fast times over the original context, those divided by the scaling
     factor (interpolated) for the dims that turn less than beta_slow times, a linear ramp between; the
-    correction range rounded to whole dims (correction_range_round_to_int, its default) and clamped."""
+    correction range rounded to whole dims (`round_to_int`: correction_range_round_to_int, its default) and
+    clamped."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
     extrapolated = 1.0 / (base ** exponents)
     interpolated = 1.0 / (scaling_factor * base ** exponents)
@@ -88,10 +95,32 @@ def yarn_inverse_frequencies(rotary_dim: int, base: float, scaling_factor: float
     def correction_dim(rotations: float) -> float:  # _yarn_find_correction_dim
         return rotary_dim * math.log(original_max_positions / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), rotary_dim - 1)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if round_to_int:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001  # _yarn_linear_ramp_mask: no division by zero
     ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
     extrapolation = 1.0 - ramp
     return interpolated * (1 - extrapolation) + extrapolated * extrapolation
+
+
+def yarn_concentration(scaling_factor: float, mscale: float, mscale_all_dim: float) -> float:
+    """YaRN's factor on cos and sin, Megatron-Core's _yarn_get_concentration_factor."""
+    return yarn_get_mscale(scaling_factor, mscale) / yarn_get_mscale(scaling_factor, mscale_all_dim)
+
+
+def yarn_angles(seq_length: int, head_dim: int, base: float, device: torch.device, scaling_factor: float,
+                original_max_positions: int, beta_fast: float, beta_slow: float, round_to_int: bool, mscale: float,
+                mscale_all_dim: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """--position-embedding-type yarn's cos and sin [seq, head_dim] (Megatron-Core's YarnRotaryEmbedding for attention
+    other than multi-latent: get_emb's frequencies over the whole head, in halves, and cos and sin times the
+    concentration factor, as apply_rotary_pos_emb takes its mscale; transformers' _compute_yarn_parameters with its
+    attention_factor is the same)."""
+    frequencies = yarn_inverse_frequencies(head_dim, base, scaling_factor, original_max_positions, beta_fast,
+                                           beta_slow, device, round_to_int)
+    angles = torch.outer(torch.arange(seq_length, dtype=torch.float32, device=device), frequencies)
+    angles = torch.cat((angles, angles), dim=-1)
+    concentration = yarn_concentration(scaling_factor, mscale, mscale_all_dim)
+    return angles.cos() * concentration, angles.sin() * concentration

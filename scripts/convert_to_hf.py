@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Convert a training checkpoint into a Hugging Face folder that transformers loads as is: a GPT-2
-(GPT2LMHeadModel) or, for a model with Llama's blocks, a LlamaForCausalLM, chosen by the checkpoint's
+(GPT2LMHeadModel) or, for a model with Llama's blocks, the class of its family (LlamaForCausalLM, MixtralForCausalLM,
+Qwen3MoeForCausalLM, DeepseekV3ForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM, ...: docs/checkpoints.md's family
+tables; a dense family by --hf-model-type, which --init-from-hf sets to the folder's), chosen by the checkpoint's
 model config.
 
     python scripts/convert_to_hf.py runs/gpt/checkpoints hf-gpt            # the latest iteration
@@ -33,8 +35,7 @@ import torch  # noqa: E402  (the imports below need the path above)
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from checkpoint.format import read_metadata, resolve_checkpoint  # noqa: E402
-from checkpoint.hf import check_output_folder, checkpoint_to_hf_state, is_llama_shaped, write_hf_folder  # noqa: E402
-from checkpoint.hf_llama import architecture_of  # noqa: E402
+from checkpoint.hf import check_output_folder, checkpoint_to_hf_state, class_of, write_hf_folder  # noqa: E402
 from checkpoint.inside import inside  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
@@ -75,7 +76,7 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
     print(f"writing {out_dir} ({len(hf_state)} tensors in {dtype}, "
           f"{'with the tokenizer' if tokenizer_dir else 'no tokenizer in the checkpoint'})", flush=True)
     write_hf_folder(out_dir, hf_state, model_config, tokenizer_dir, dtype=dtype, overwrite=overwrite)
-    model_class = architecture_of(model_config) if is_llama_shaped(model_config) else "GPT2LMHeadModel"
+    model_class = class_of(model_config)
     print(f"done in {time.perf_counter() - started:.1f} s: {model_class}.from_pretrained({str(out_dir)!r})",
           flush=True)
 

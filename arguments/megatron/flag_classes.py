@@ -198,17 +198,18 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --moe-flex-dispatcher-num-sms --moe-deepep-num-sms --moe-hybridep-num-sms --moe-hybridep-num-sms-preprocessing
         --moe-hybridep-num-blocks-permute --moe-hybridep-num-blocks-unpermute --moe-permute-fusion-into-hybridep
         --moe-hybridep-pad-uneven-dispatch-inputs --moe-ncclep-zero-copy""")),
-    ("multimodal, YaRN or relative position embeddings' knob: positions here are learned, rotary (rope) or none "
-     "(--position-embedding-type), and the --yarn-* flags set Megatron's YaRN position type, not multi-latent "
-     "attention's YaRN (MLATransformerConfig's beta_fast 32, beta_slow 1, original max positions 4096, as here), "
-     "so it has no effect", _names("""
-        --mrope-section --yarn-beta-fast
-        --yarn-beta-slow --yarn-correction-range-round-to-int --no-yarn-correction-range-round-to-int
-        --yarn-original-max-position-embeddings --relative-attention-num-buckets --relative-attention-max-distance""")),
+    ("multimodal or relative position embeddings' knob: positions here are learned, rotary (rope, yarn) or none "
+     "(--position-embedding-type), so it has no effect", _names("""
+        --mrope-section --relative-attention-num-buckets --relative-attention-max-distance""")),
+    ("NVIDIA ModelOpt's GPT-OSS switch: its YaRN settings reach the model only through ModelOpt's model builder, which "
+     "Megatron-LM's pretrain_gpt.py runs for a loaded ModelOpt checkpoint (megatron/post_training/model_builder.py, "
+     "model_provider.py's modelopt_enabled); a pretraining launch builds the model from its flags "
+     "(--position-embedding-type yarn and the --yarn-* flags set GPT-OSS's positions here)", _names("""
+        --enable-gpt-oss""")),
     ("multi-latent attention's inference or fusion knob: latents cached for decoding (inference only), and the "
      "down projections fused into one matmul, compute the same training step", _names("""
         --cache-mla-latents --mla-down-proj-fusion""")),
-    ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, sliding windows, gated "
+    ("experimental attention and layer variants' knob (sparse indexer, gated delta nets, gated "
      "linear units, hyper-connections, Mamba and hybrid stacks); their switches are refused, so it has no effect",
      _names("""
         --dsa-indexer-head-dim --dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32 --dsa-indexer-loss-coeff
@@ -217,7 +218,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --disable-dsa-indexer-rotate-activation --no-dsa-indexer-scoring-relu --disable-dsa-indexer-scoring-relu
         --linear-attention-freq --linear-conv-kernel-dim --linear-key-head-dim --linear-num-key-heads
         --linear-num-value-heads --linear-value-head-dim --gdp-cutedsl-kernel --gdp-num-chunk-states-to-recompute
-        --gdp-num-householder --window-attn-skip-freq --glu-linear-offset --use-fused-weighted-squared-relu
+        --gdp-num-householder --use-fused-weighted-squared-relu
         --fused-residual-rmsnorm --mhc-init-gating-factor --mhc-num-residual-streams --mhc-recompute-layer-num
         --mhc-sinkhorn-iterations --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
         --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-training-ssm-states-dtype
@@ -335,10 +336,10 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
         --export-quant-cfg --export-kd-teacher-load --export-kd-teacher-model-config --export-kd-teacher-ckpt-format
         --export-kd-cfg --finetune-hf-dataset --finetune-data-split --finetune-data-files --qad-train-target
         --freeze-base-for-mtp --export-qk-l2-norm --export-moe-apply-probs-on-input --export-offline-model
-        --modelopt-enabled --enable-gpt-oss""")),
-    ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu) or "
-     "SwiGLU (--swiglu)", _names("""
-        --quick-geglu --glu-activation --activation-func-clamp-value""")),
+        --modelopt-enabled""")),
+    ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu), "
+     "SwiGLU (--swiglu) or quick-GeGLU (--quick-geglu)", _names("""
+        --glu-activation""")),
     ("not implemented: rotary positions here are Megatron-LM's default RoPE, the same at every layer: each head's "
      "first --rotary-percent of dims in two rotated halves (or adjacent pairs, --rotary-interleaved), "
      "--rotary-base, and Llama 3.1's --use-rope-scaling",
@@ -347,9 +348,9 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "and key heads), as in GPT-2 and Llama", _names("""
         --apply-residual-connection-post-layernorm --qk-l2-norm --embed-layernorm""")),
     ("not implemented: multi-head, grouped-query (--num-query-groups) or multi-latent (--multi-latent-attention) "
-     "attention over the whole causal context",
+     "attention over the causal context (or a sliding window of it, --window-size)",
      _names("""
-        --window-size --experimental-attention-variant""")),
+        --experimental-attention-variant""")),
     ("not implemented: every block is the same GPT-2 block", _names("""
         --heterogeneous-layers-config-path --heterogeneous-layers-config-encoded-json --spec --enable-mhc-connections
         --is-hybrid-model --hybrid-layer-pattern --hybrid-override-pattern""")),
@@ -458,10 +459,6 @@ def _without_pipeline(value: Any, settings: Optional[Mapping[str, Any]]) -> bool
     return settings is None or settings.get("pipeline_model_parallel_size", 1) == 1
 
 
-def _without_decayed_norms(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
-    """--apply-layernorm-1p stores gamma - 1: the same parameter shifted, unless weight decay pulls the gain
-    (--qk-layernorm's, with --apply-wd-to-qk-layernorm): then toward 1 there and toward 0 here."""
-    return settings is None or not (settings.get("qk_layernorm") and settings.get("apply_wd_to_qk_layernorm"))
 NO_MOE = ("not implemented: the mixture of experts here is Megatron-LM's --num-experts (Megatron-Core's MoE layer, "
           "gpt/moe/); --num-experts-switch 1 is accepted: one expert is the dense model")
 NOT_IN_MOE = ("not implemented in the MoE layer here (Megatron-Core's router, balancing losses, capacity and shared "
@@ -506,11 +503,6 @@ AT_VALUE: dict[str, AtValue] = {
     "--enable-expert-tensor-parallelism": AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense "
                                                                 "model (no --num-experts, or 1)",
                                                   "not implemented: experts are not tensor-parallel here"),
-    # megatron/core/models/common/embeddings/rotary_pos_embedding.py: `seq *= 1 / seq_len_interpolation_factor`
-    "--rotary-seq-len-interpolation-factor": AtValue(
-        _equals(1), "a factor of 1 leaves the rotary positions as they are",
-        "not implemented: rotary positions here are not interpolated (Megatron-Core divides each position by the "
-        "factor); use 1 or drop the flag"),
     **{option: AtValue(_without_pipeline, "pipeline parallelism's split or schedule knob: no effect without "
                                           "stages (--pipeline-model-parallel-size 1)", NO_PIPELINE_SPLIT)
        for option in _names("""
@@ -523,8 +515,6 @@ AT_VALUE: dict[str, AtValue] = {
                        "hybrid pattern; drop the flag")
        for option in _names("""--mtp-detach-heads --mtp-hsm --mtp-hybrid-override-pattern --mtp-standalone
                                --mtp-use-repeated-layer""")},
-    "--softmax-type": AtValue(_equals("vanilla"), "the ordinary softmax, as here",
-                              "not implemented: attention uses the ordinary softmax (--softmax-type vanilla)"),
     "--dataloader-type": AtValue(_equals("single"), "one pass over shuffled samples, consumed samples resuming it, "
                                                     "as here",
                                  "not implemented: the sampler draws each sample once per pass in a --seed order "
@@ -546,10 +536,6 @@ AT_VALUE: dict[str, AtValue] = {
                                       "drop the flag (0 injects nothing)"),
     "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
                                    "not implemented: parameter sharing between layers"),
-    "--apply-layernorm-1p": AtValue(
-        _without_decayed_norms, "norm gains are not weight-decayed here, so 1 + gamma is the same parameter shifted",
-        "with --qk-layernorm --apply-wd-to-qk-layernorm the query and key norms' gains are decayed toward 0, where "
-        "Megatron's zero-centered gamma decays them toward 1, which is not implemented: drop one of the flags"),
     "--embedding-init-method-std": AtValue(_matches(lambda s: s["init_method_std"]),
                                            "the same std as --init-method-std",
                                            "not implemented: embeddings are drawn with --init-method-std"),

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt.glu import SWIGLU, GatedActivation
 from gpt.xielu import XIELU, xielu
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import sum_gradient_over
@@ -104,14 +105,16 @@ class Experts(nn.Module):
     expert in `expert_ids` order, tokens_per_expert [local experts]) -> [N, H]. `tensor_parallel` (the experts'
     grid, with its communicator `comm`): split each expert over its ETP group (module docstring); the output is
     then this rank's partial sum. `expert_parallel`: the experts are held by an expert data-parallel group, whose
-    ranks ZeRO reduces them over (zero/experts.py); their sharding records say so (replicated over "edp")."""
+    ranks ZeRO reduces them over (zero/experts.py); their sharding records say so (replicated over "edp"). `glu`: the
+    gated activation of a `swiglu` (gated) expert (gpt/glu.py)."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
                  swiglu: bool, init_std: float, output_init_std: float, bias: bool, grouped: bool = True,
                  expert_ids: Optional[Sequence[int]] = None, xielu: bool = False,
-                 tensor_parallel: Optional[ExpertParallel] = None, comm=None, expert_parallel: bool = False):
+                 tensor_parallel: Optional[ExpertParallel] = None, comm=None, expert_parallel: bool = False,
+                 glu: GatedActivation = SWIGLU):
         super().__init__()
-        self.activation, self.swiglu, self.grouped, self.xielu = activation, swiglu, grouped, xielu
+        self.activation, self.swiglu, self.grouped, self.xielu, self.glu = activation, swiglu, grouped, xielu, glu
         # the device type a planned run computes on (planner/moe_plan.py), for the choice on the meta device
         self.planned_device: Optional[str] = None
         self.tensor_parallel = tensor_parallel if tensor_parallel is not None and tensor_parallel.tensor_size > 1 \
@@ -142,7 +145,7 @@ class Experts(nn.Module):
         return self.forward_loop(rows, tokens_per_expert)
 
     def _activate(self, inputs: list[torch.Tensor]) -> torch.Tensor:
-        return F.silu(inputs[0]) * inputs[1] if self.swiglu else self.activation(inputs[0])
+        return self.glu(inputs[0], inputs[1]) if self.swiglu else self.activation(inputs[0])
 
     def forward_loop(self, rows: torch.Tensor, tokens_per_expert) -> torch.Tensor:
         """`tokens_per_expert`: a tensor, or a list of ints."""

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt.glu import SWIGLU, GatedActivation
 from gpt.moe.balancing import MoELossTracker, attach
 from gpt.moe.deepspeed_gating import top1gating, top2gating, topkgating
 from gpt.moe.dispatcher import LocalDispatcher, TokenDispatcher, choices_of
@@ -42,10 +43,11 @@ class SharedExperts(ExpertMLP):
     """SharedExpertMLP: one MLP every token passes through, optionally gated per token."""
 
     def __init__(self, hidden_size: int, ffn_size: int, *, activation: Callable[[torch.Tensor], torch.Tensor],
-                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool, xielu: bool = False):
+                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool, xielu: bool = False,
+                 glu: GatedActivation = SWIGLU):
         super().__init__(hidden_size, ffn_size, swiglu=swiglu, init_std=init_std, output_init_std=output_init_std,
                          bias=bias, xielu=xielu)
-        self.activation, self.xielu = activation, xielu
+        self.activation, self.xielu, self.glu = activation, xielu, glu
         if gate:
             self.gate_weight = nn.Parameter(torch.empty(1, hidden_size, device="meta"))
             set_init_method(self.gate_weight, InitMethod.normal(init_std))
@@ -57,7 +59,7 @@ class SharedExperts(ExpertMLP):
         if self.xielu:
             activated = self.activation_func(inputs[0])
         else:
-            activated = F.silu(inputs[0]) * inputs[1] if self.swiglu else self.activation(inputs[0])
+            activated = self.glu(inputs[0], inputs[1]) if self.swiglu else self.activation(inputs[0])
         output = F.linear(activated, self.dense_4h_to_h.weight, self.dense_4h_to_h.bias)
         if self.gate_weight is not None:
             output = output * torch.sigmoid(F.linear(hidden, self.gate_weight))
@@ -73,9 +75,10 @@ class TensorParallelSharedExperts(nn.Module):
     marks gate_weight sequence_parallel."""
 
     def __init__(self, hidden_size: int, ffn_size: int, *, plan, activation: Callable[[torch.Tensor], torch.Tensor],
-                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool):
+                 swiglu: bool, init_std: float, output_init_std: float, bias: bool, gate: bool,
+                 glu: GatedActivation = SWIGLU):
         super().__init__()
-        self.state, self.activation, self.swiglu = plan.state, activation, swiglu
+        self.state, self.activation, self.swiglu, self.glu = plan.state, activation, swiglu, glu
         for name in (("dense_h_to_4h_gate", "dense_h_to_4h_up") if swiglu else ("dense_h_to_4h",)):
             self.add_module(name, plan.linear(f"mlp.shared_experts.{name}", hidden_size, ffn_size, init_std=init_std,
                                               bias=bias))
@@ -92,7 +95,7 @@ class TensorParallelSharedExperts(nn.Module):
         whole = first.enter(hidden)  # the sequence all-gathered once for the input projections
         if self.swiglu:
             up = self.dense_h_to_4h_up
-            activated = F.silu(first.linear(whole, first.weight, first.bias)) * up.linear(whole, up.weight, up.bias)
+            activated = self.glu(first.linear(whole, first.weight, first.bias), up.linear(whole, up.weight, up.bias))
         else:
             activated = self.activation(first.linear(whole, first.weight, first.bias))
         output = self.dense_4h_to_h(activated)
@@ -107,11 +110,13 @@ class MoELayer(nn.Module):
                  activation: Callable[[torch.Tensor], torch.Tensor], swiglu: bool, init_std: float,
                  output_init_std: float, bias: bool, layer_number: int = 0,
                  tracker: Optional[MoELossTracker] = None, dispatcher: Optional[TokenDispatcher] = None,
-                 local_experts: Optional[Sequence[int]] = None, xielu: bool = False, plan=None):
+                 local_experts: Optional[Sequence[int]] = None, xielu: bool = False, plan=None,
+                 glu: GatedActivation = SWIGLU):
         """`dispatcher` and `local_experts` (the global indices of this rank's experts, in the order the
         dispatcher groups their rows): an expert-parallel dispatcher and its rank's share; by default
         LocalDispatcher and every expert. `plan` (gpt/parallel_plan.py's TensorParallelPlan): under tensor
-        parallelism, how the shared experts split over the TP ranks."""
+        parallelism, how the shared experts split over the TP ranks. `glu`: the gated activation of `swiglu`
+        (gated) experts (gpt/glu.py)."""
         super().__init__()
         self.settings = settings
         # DeepSpeed-MoE's gate has no bias (sharded_moe.TopKGate: Linear(model_dim, num_experts, bias=False))
@@ -130,19 +135,20 @@ class MoELayer(nn.Module):
                                swiglu=swiglu, init_std=init_std, output_init_std=output_init_std, bias=bias,
                                grouped=settings.grouped_gemm, expert_ids=local_experts, xielu=xielu,
                                tensor_parallel=state.experts if dispatcher is not None else None, comm=state.comm,
-                               expert_parallel=expert_parallel)
+                               expert_parallel=expert_parallel, glu=glu)
         self.dispatcher = dispatcher if dispatcher is not None else LocalDispatcher(settings.num_experts)
         if settings.shared_expert_intermediate_size is not None and state.tensor_parallel_size > 1:
             if plan is None or not plan.sequence_parallel:
                 raise ValueError("shared experts under tensor parallelism are built through a sequence-parallel plan")
             self.shared_experts = TensorParallelSharedExperts(
                 hidden_size, settings.shared_expert_intermediate_size, plan=plan, activation=activation, swiglu=swiglu,
-                init_std=init_std, output_init_std=output_init_std, bias=bias, gate=settings.shared_expert_gate)
+                init_std=init_std, output_init_std=output_init_std, bias=bias, gate=settings.shared_expert_gate,
+                glu=glu)
         elif settings.shared_expert_intermediate_size is not None:
             self.shared_experts = SharedExperts(hidden_size, settings.shared_expert_intermediate_size,
                                                 activation=activation, swiglu=swiglu, init_std=init_std,
                                                 output_init_std=output_init_std, bias=bias,
-                                                gate=settings.shared_expert_gate, xielu=xielu)
+                                                gate=settings.shared_expert_gate, xielu=xielu, glu=glu)
         else:
             self.shared_experts = None
         if settings.use_residual:
@@ -150,7 +156,7 @@ class MoELayer(nn.Module):
             # like each expert, dense (every rank holds it, reduced over data parallelism as any dense weight).
             self.residual_mlp = SharedExperts(hidden_size, settings.ffn_hidden_size, activation=activation,
                                               swiglu=swiglu, init_std=init_std, output_init_std=output_init_std,
-                                              bias=bias, gate=False)
+                                              bias=bias, gate=False, glu=glu)
             # nn.Linear(hidden_size, 2) there, with its bias; drawn here as every weight (normal(init_std), the
             # bias zero: the two outputs start mixed half and half), not by torch's default uniform draw
             self.coefficient = nn.Module()

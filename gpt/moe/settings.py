@@ -6,12 +6,12 @@ megatron/training/arguments.py, validate_args and moe_freq_type)."""
 from __future__ import annotations
 
 import argparse
-import ast
 from argparse import ArgumentTypeError
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from base.errors import ConfigError
+from gpt.layer_pattern import list_expression
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -105,31 +105,11 @@ def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
         if every < 1:
             raise ConfigError(f"--moe-layer-freq must be at least 1, got {every}", flags=("--moe-layer-freq",))
         return tuple(layer % every == 0 for layer in range(num_layers))
-    pattern = _list_expression(text)
+    pattern = list_expression(text, "--moe-layer-freq")
     if len(pattern) != num_layers or any(value not in (0, 1) for value in pattern):
         raise ConfigError(f"--moe-layer-freq {text!r} gives {len(pattern)} values; it needs one 0 (dense) or 1 "
                           f"(MoE) per layer, {num_layers} in all", flags=("--moe-layer-freq", "--num-layers"))
     return tuple(bool(value) for value in pattern)
-
-
-def _list_expression(text: str) -> list:
-    def value(node: ast.AST):
-        if isinstance(node, ast.List):
-            return [value(item) for item in node.elts]
-        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-            return node.value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            left, right = value(node.left), value(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
-        raise ValueError(text)
-    try:
-        result = value(ast.parse(text, mode="eval").body)
-    except (SyntaxError, ValueError, TypeError):
-        result = None
-    if not isinstance(result, list):
-        raise ConfigError(f"--moe-layer-freq {text!r} is not a list expression of 0s and 1s such as "
-                          f"'([1]*3+[0]*1)*2'", flags=("--moe-layer-freq",))
-    return result
 
 
 @dataclass(frozen=True)

@@ -133,27 +133,23 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     # (--expert-model-parallel-size, --moe-expert-parallel-size and --expert-tensor-parallel-size are settings now:
     # parallel/config.py, tests/training/test_expert_parallel_training.py)
     no_op = {"--num-experts-switch": "1",
-             "--softmax-type": "vanilla", "--dataloader-type": "single", "--remote-device": "none",
+             "--dataloader-type": "single", "--remote-device": "none",
              "--weight-decay-incr-style": "constant",
              "--vocab-extra-ids": "0", "--error-injection-rate": "0",
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
-             "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02",
-             "--rotary-seq-len-interpolation-factor": "1"}
+             "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02"}
     other = {"--num-experts-switch": "8",
-             "--softmax-type": "learnable",
              "--dataloader-type": "cyclic", "--remote-device": "cpu",
              "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
              "--error-injection-rate": "5",
              "--num-unique-layers": "2", "--export-model-type": "MambaModel", "--export-kv-cache-quant": "fp8",
-             "--export-real-quant-cfg": "fp8_real_quant", "--embedding-init-method-std": "0.01",
-             "--rotary-seq-len-interpolation-factor": "4"}
-    # --apply-layernorm-1p is a switch refused beside decayed q/k norms (tests/gpt/test_megatron_small_features.py)
+             "--export-real-quant-cfg": "fp8_real_quant", "--embedding-init-method-std": "0.01"}
     # the forks' (arguments/megatron/fork_flag_classes.py) are tested in tests/arguments/test_fork_flags.py
     assert set(no_op) == set(other) == {option for option, at in AT_VALUE.items()
                                         if at.refused not in (NO_PIPELINE_SPLIT, NOT_IN_MOE)
                                         and option != "--enable-expert-tensor-parallelism"
                                         and option != "--expert-tensor-parallel-size"
-                                        and option != "--apply-layernorm-1p" and option not in FORK_AT_VALUE
+                                        and option not in FORK_AT_VALUE
                                         # MTP's knobs, refused where set with MTP built (tests/gpt/test_mtp.py)
                                         and not option.startswith("--mtp-")}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])

@@ -84,12 +84,12 @@ def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alt
 
 def test_unknown_flags_get_did_you_mean_with_the_refused_megatron_flags_all_at_once():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--num-layer", "2", "--lr-warmup-samples", "100", "--quick-geglu", "--zzzzzz"])
+        parse_config(["--num-layer", "2", "--lr-warmup-samples", "100", "--qk-l2-norm", "--zzzzzz"])
     assert str(error.value) == (
         "3 problems: (1) unrecognized arguments: --num-layer 2 --zzzzzz (--num-layer: did you mean --num-layers?; "
-        "--zzzzzz: no flag of that name or near it (python pretrain_gpt.py --help lists them)); (2) --quick-geglu: "
-        "not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu) or "
-        "SwiGLU (--swiglu); (3) "
+        "--zzzzzz: no flag of that name or near it (python pretrain_gpt.py --help lists them)); (2) --qk-l2-norm: "
+        "not implemented: --normalization before each sublayer and after the last block (--qk-layernorm over query "
+        "and key heads), as in GPT-2 and Llama; (3) "
         "--lr-warmup-samples 100 on the command line is a length in samples, and this run counts iterations "
         "(--train-iters 250, preset tiny (configs/models/tiny.yaml)): give --train-samples to count samples, or drop "
         "--lr-warmup-samples (Megatron-LM refuses the two kinds together)")

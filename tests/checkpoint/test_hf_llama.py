@@ -186,12 +186,19 @@ def test_only_models_a_gpt2_or_llama_folder_can_hold_are_converted():
     llama = llama_run_config("gqa2-untied-nobias-llama3").model
     check_convertible(llama, "--init-from-hf")
     gpt2_untied = dataclasses.replace(PretrainConfig().model, untie_embeddings_and_output_weights=True)
-    qk_norm = llama_run_config("gqa2-untied-nobias-llama3", qk_layernorm=True).model
+    interleaved = llama_run_config("gqa2-untied-nobias-llama3", rotary_interleaved=True).model
+    # a Llama asked to stay one (--hf-model-type llama, as a Llama folder sets it) with per-head q/k norms
+    qk_norm = llama_run_config("gqa2-untied-nobias-llama3", qk_layernorm=True, hf_model_type="llama").model
     for model, needs in ((gpt2_untied, "--normalization RMSNorm, --swiglu, --position-embedding-type rope"),
-                         (qk_norm, "no --qk-layernorm")):
+                         (interleaved, "no --rotary-interleaved"), (qk_norm, "no --qk-layernorm")):
         with pytest.raises(ConfigError, match="LlamaForCausalLM") as error:
             check_convertible(model, "--init-from-hf")
         assert needs in str(error.value) and "\n" not in str(error.value)
+    # without it, per-head q/k norms are a Qwen3ForCausalLM's (checkpoint/hf_dense.py)
+    from checkpoint.hf import dense_family
+
+    check_convertible(dataclasses.replace(qk_norm, hf_model_type=None), "--init-from-hf")
+    assert dense_family(dataclasses.replace(qk_norm, hf_model_type=None)).architecture == "Qwen3ForCausalLM"
 
 
 def test_a_folder_of_the_other_family_is_told_what_to_change(tmp_path):

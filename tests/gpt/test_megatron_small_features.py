@@ -21,6 +21,7 @@ here by hand from its source (github:NVIDIA/Megatron-LM at d98e8a64):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -269,15 +270,20 @@ def test_one_step_decays_exactly_the_parameters_megatron_decays(flag):
     assert len(qk_norms) == 8 and (qk_norms <= set(decayed)) == apply
 
 
-def test_layernorm_1p_stays_a_shifted_gain_unless_the_qk_norms_are_decayed():
-    """Megatron's --apply-layernorm-1p stores gamma - 1 in every norm, the q/k norms included
-    (megatron/core/models/gpt/gpt_layer_specs.py: q_layernorm=qk_norm, a TENorm built with
-    zero_centered_gamma=config.layernorm_zero_centered_gamma in megatron/core/extensions/transformer_engine.py):
-    decayed, such a gain goes toward 1 there and toward 0 here, so that combination is refused."""
-    assert not parse_config(["--apply-layernorm-1p", "--qk-layernorm"]).optimizer.apply_wd_to_qk_layernorm
-    parse_config(["--apply-layernorm-1p", "--apply-wd-to-qk-layernorm"])  # no q/k norms: nothing decayed
-    with pytest.raises(ConfigError, match="--apply-layernorm-1p: with --qk-layernorm --apply-wd-to-qk-layernorm"):
-        parse_config(["--apply-layernorm-1p", "--qk-layernorm", "--apply-wd-to-qk-layernorm"])
+def test_layernorm_1p_stores_each_gain_less_one_in_every_norm():
+    """Megatron's --apply-layernorm-1p (TransformerConfig.layernorm_zero_centered_gamma) stores gamma - 1 in every
+    norm, the q/k norms included (megatron/core/models/gpt/gpt_layer_specs.py: q_layernorm=qk_norm, a TENorm built
+    with zero_centered_gamma=config.layernorm_zero_centered_gamma in megatron/core/extensions/transformer_engine.py):
+    the weights start at 0, so --apply-wd-to-qk-layernorm decays the q/k gains toward 1, as there (gpt/norms.py)."""
+    config = parse_config(["--apply-layernorm-1p", "--qk-layernorm", "--apply-wd-to-qk-layernorm",
+                           "--normalization", "RMSNorm", "--num-layers", "1"])
+    model = build_gpt_model(dataclasses.replace(config.model, vocab_size=64), SINGLE, seed=0)
+    gains = {name: param for name, param in model.named_parameters() if "layernorm" in name and name.endswith("weight")}
+    assert len(gains) == 5 and all(torch.equal(param, torch.zeros_like(param)) for param in gains.values()), gains
+    plain = build_gpt_model(dataclasses.replace(config.model, vocab_size=64, apply_layernorm_1p=False), SINGLE, seed=0)
+    tokens = torch.arange(16).view(1, 16) % 64
+    with torch.no_grad():  # a gain of 1 + 0 computes what a gain of 1 does
+        torch.testing.assert_close(model.eval()(tokens), plain.eval()(tokens), rtol=0, atol=0)
 
 
 # ---- each flag as a launch: parses, and a tiny model trains 2 iterations -----------------------------------

@@ -82,3 +82,116 @@ def test_each_rank_keeps_chunks_r_and_2cp_minus_1_minus_r():
     assert local_positions(8, 2, 1, torch.device("cpu")).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
     every = torch.cat([take_local_chunks(tokens, 4, r) for r in range(4)], dim=1)
     assert sorted(every.flatten().tolist()) == list(range(16))
+
+
+# ---- attention sinks (--softmax-type, gpt/attention_sinks.py) on every path --------------------------------------
+
+def _sinks():
+    return torch.randn(HEADS, generator=torch.Generator().manual_seed(5))
+
+
+def _full_with_sinks(kv_heads):
+    """The whole sequence through Megatron-Core's SoftmaxOne (fused_softmax.py: the sink appended as one more column
+    of the scores, dropped after the softmax), written out here as the reference."""
+    q, k, v, grad = _inputs(kv_heads)
+    q, k, v, sinks = (t.clone().requires_grad_() for t in (q, k, v, _sinks()))
+    keys, values = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (k, v))
+    scores = (q @ keys.transpose(-2, -1)) / DIM ** 0.5
+    scores = scores.masked_fill(~torch.ones(SEQ, SEQ, dtype=torch.bool).tril(), float("-inf"))
+    sink = sinks.reshape(1, -1, 1, 1).expand(BATCH, -1, SEQ, -1)
+    out = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ values
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad, sinks.grad
+
+
+def _cp_rank_with_sinks(rank, world_size, comm_type, kv_heads):
+    state = initialize("cpu", context_parallel_size=world_size)
+    try:
+        q, k, v, grad = _inputs(kv_heads)
+        local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
+                 for t in (q, k, v)]
+        sinks = _sinks().requires_grad_()
+        if comm_type == "p2p-autograd":
+            query, key, value = local
+            key, value = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (key, value))
+            out = ring_attention_through_autograd(query, key, value, state, sinks=sinks)
+        else:
+            out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS, sinks=sinks)
+        out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
+        return [t.numpy() for t in (out.detach(), *(t.grad for t in local), sinks.grad)]
+    finally:
+        destroy(state)
+
+
+@pytest.mark.parametrize("comm_type", ["all_gather", "p2p", "a2a", "p2p-autograd"])
+def test_attention_sinks_output_and_gradients_equal_the_full_sequence(comm_type):
+    """CP 2 with grouped-query K/V: each rank's output and q/k/v gradients are the full SoftmaxOne attention's at its
+    chunks, and the sinks' gradients summed over the CP ranks (as the data-parallel x CP reduction sums them) are
+    the full one's."""
+    kv_heads = 2
+    full = _full_with_sinks(kv_heads)
+    results = run_distributed(_cp_rank_with_sinks, 2, comm_type, kv_heads, timeout=120)
+    for rank, pieces in enumerate(results):
+        for name, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
+            want = take_local_chunks(whole, 2, rank, dim=2)
+            torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
+    summed = sum(torch.from_numpy(pieces[4]) for pieces in results)
+    torch.testing.assert_close(summed, full[4], rtol=1e-5, atol=1e-6)
+
+
+WINDOW = 5  # keys before each query: shorter than a rank's chunks (8) and than the sequence
+# the scores' rules beside the window: none, or Gemma 2's scale and soft-capping (gpt/attention_softcap.py)
+# or GPT-OSS's sinks at Gemma's scale (both on all_gather's and a2a's masked path: gpt/cp_attention.py)
+SCORE_RULES = {"window": {}, "window-scale-softcap": {"scale": 0.3, "softcap": 2.0},
+               "window-scale-sinks": {"scale": 0.3, "sinks": True}}
+
+
+def _full_windowed(kv_heads, rule):
+    from gpt.attention_softcap import softcapped_attention
+    from gpt.attention_window import causal_window_mask
+
+    q, k, v, grad = _inputs(kv_heads)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    mask = causal_window_mask(SEQ, WINDOW, q.device)
+    if rule.get("sinks"):  # SoftmaxOne's sink column beside the window's scores, as _full_with_sinks
+        keys, values = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (k, v))
+        scores = (q @ keys.transpose(-2, -1) * rule["scale"]).masked_fill(~mask, float("-inf"))
+        sink = _sinks().reshape(1, -1, 1, 1).expand(BATCH, -1, SEQ, -1)
+        out = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ values
+    elif rule.get("softcap") is not None:
+        out = softcapped_attention(q, k, v, rule["softcap"], rule["scale"], mask)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv_heads != HEADS)
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _windowed_cp_rank(rank, world_size, comm_type, kv_heads, rule):
+    state = initialize("cpu", context_parallel_size=world_size)
+    try:
+        q, k, v, grad = _inputs(kv_heads)
+        local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
+                 for t in (q, k, v)]
+        extra = {**rule, "sinks": _sinks()} if rule.get("sinks") else rule
+        out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS, window=WINDOW,
+                                         **extra)
+        out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
+        return [t.numpy() for t in (out.detach(), *(t.grad for t in local))]
+    finally:
+        destroy(state)
+
+
+@pytest.mark.parametrize("rule", sorted(SCORE_RULES))
+@pytest.mark.parametrize("comm_type", ["all_gather", "a2a"])
+def test_a_sliding_window_over_the_ranks_chunks_equals_the_full_sequences(comm_type, rule):
+    """--window-size under context parallelism: the window by global positions (gpt/attention_window.py), with
+    grouped-query key/value heads, with --softmax-scale and --attn-logit-softcapping's explicit scores, and with
+    --softmax-scale beside --softmax-type's sinks; the ring
+    (p2p) is refused with any of them (arguments/config.py)."""
+    cp, kv_heads = 2, 2
+    full = _full_windowed(kv_heads, SCORE_RULES[rule])
+    for rank, pieces in enumerate(run_distributed(_windowed_cp_rank, cp, comm_type, kv_heads, SCORE_RULES[rule],
+                                                  timeout=120)):
+        for name, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
+            torch.testing.assert_close(torch.from_numpy(got), take_local_chunks(whole, cp, rank, dim=2), rtol=1e-5,
+                                       atol=1e-6, msg=f"{comm_type} {rule} rank {rank} {name}")

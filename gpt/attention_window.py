@@ -1,0 +1,110 @@
+"""Sliding-window attention: Megatron-LM's --window-size and --window-attn-skip-freq, as Megatron-Core's
+TransformerConfig reads them (window_size, window_attn_skip_freq; megatron/core/transformer/utils.py
+is_layer_window_attention picks the layers).
+
+`--window-size L,R` is Transformer Engine's (left, right) window: a query at position i attends to the keys at
+positions i - L ... i + R, -1 meaning no limit on that side. GPT attention is causal, so the right side is 0
+whatever R says (Transformer Engine's check_set_window_size sets it to 0 for a causal mask; a launch giving another
+R is told so at start-up), and a query sees itself and the L keys before it: L + 1 keys. transformers'
+`sliding_window` W counts the query itself (masking_utils.sliding_window_overlay: `kv_idx > q_idx -
+sliding_window`; its flash path passes window_size (W - 1, W - 1)), so a folder's W is --window-size W-1,0 here.
+
+Which layers: none without --window-size (or with L = -1: an unlimited window); every layer without
+--window-attn-skip-freq; with an integer N every layer but each N-th (1-based layer numbers, layer_number % N != 0:
+N - 1 windowed layers then one full one); with a list expression one 1 (windowed) or 0 (full) per layer.
+
+The window is a mask over (query, key) positions, so it composes with what else masks attention: the causal
+order, --reset-attention-mask's documents, and context parallelism's global positions (all_gather and a2a; the
+ring's half-visible blocks assume plain causal attention, so `--cp-comm-type p2p` is refused with a window, as
+Transformer Engine runs sliding windows under context parallelism only with all_gather or a2a).
+"""
+
+from __future__ import annotations
+
+from argparse import ArgumentTypeError
+from typing import Optional, Union
+
+import torch
+
+from base.errors import ConfigError
+from gpt.layer_pattern import list_expression
+
+
+def window_size_value(text) -> tuple[int, int]:
+    """--window-size as Megatron-LM's tuple_type reads it: "L,R" or "(L,R)" (a YAML or recorded list too)."""
+    if isinstance(text, (tuple, list)):
+        values = list(text)
+    else:
+        values = [part for part in str(text).strip().strip("()[]").split(",")]
+    try:
+        numbers = tuple(int(str(value).strip()) for value in values)
+    except ValueError:
+        numbers = ()
+    if len(numbers) != 2:
+        raise ArgumentTypeError(f"invalid window {text!r}: give LEFT,RIGHT (two integers, -1 for no limit)")
+    return numbers
+
+
+def check_window_size(window_size: Optional[tuple[int, int]]) -> None:
+    if window_size is None:
+        return
+    if any(side < -1 for side in window_size):
+        raise ConfigError(f"--window-size {window_size[0]},{window_size[1]}: each side is a number of keys, at least "
+                          f"0, or -1 for no limit", flags=("--window-size",))
+
+
+def layer_windows(window_size: Optional[tuple[int, int]], skip_freq: Union[None, int, str],
+                  num_layers: int) -> tuple[Optional[int], ...]:
+    """Per layer (0-based), how many keys before the query its attention sees (the window's left side), or None
+    for attention over the whole causal context."""
+    if window_size is None or window_size[0] < 0:
+        return (None,) * num_layers
+    left = window_size[0]
+    if skip_freq is None:
+        return (left,) * num_layers
+    text = str(skip_freq).strip()
+    if "[" not in text:
+        try:
+            every = int(text)
+        except ValueError:
+            raise ConfigError(f"--window-attn-skip-freq {text!r} is neither an integer nor a list expression such "
+                              f"as '([1]*3+[0]*1)*2'", flags=("--window-attn-skip-freq",)) from None
+        if every < 1:
+            raise ConfigError(f"--window-attn-skip-freq must be at least 1, got {every}",
+                              flags=("--window-attn-skip-freq",))
+        return tuple(left if (layer + 1) % every else None for layer in range(num_layers))
+    pattern = list_expression(text, "--window-attn-skip-freq")
+    if len(pattern) != num_layers or any(value not in (0, 1) for value in pattern):
+        raise ConfigError(f"--window-attn-skip-freq {text!r} gives {len(pattern)} values; it needs one 1 (sliding "
+                          f"window) or 0 (full attention) per layer, {num_layers} in all",
+                          flags=("--window-attn-skip-freq", "--num-layers"))
+    return tuple(left if value else None for value in pattern)
+
+
+def any_layer_windowed(window_size: Optional[tuple[int, int]], skip_freq: Union[None, int, str],
+                       num_layers: int) -> bool:
+    """Whether some layer has a window, without a tuple per layer (a planner's million-layer model)."""
+    if window_size is None or window_size[0] < 0 or num_layers < 1:
+        return False
+    if skip_freq is None:
+        return True
+    text = str(skip_freq).strip()
+    if "[" not in text:
+        return text != "1"  # every layer but each N-th: N = 1 leaves none (a bad N is refused by layer_windows)
+    return any(window is not None for window in layer_windows(window_size, skip_freq, num_layers))
+
+
+def window_visible(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """[queries, keys] bool: the key is the query or one of the `window` positions before it (causal order
+    included)."""
+    distance = query_positions[:, None] - key_positions[None, :]
+    return (distance >= 0) & (distance <= window)
+
+
+def causal_window_mask(seq_length: int, window: int, device: torch.device,
+                       attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The window over positions 0..seq-1 as SDPA's bool mask (True where visible), combined with
+    `attention_mask` ([batch, 1, seq, seq], --reset-attention-mask's, causal included) where one is given."""
+    positions = torch.arange(seq_length, device=device)
+    band = window_visible(positions, positions, window)
+    return band if attention_mask is None else attention_mask & band

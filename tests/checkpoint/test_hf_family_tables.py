@@ -1,0 +1,95 @@
+"""The dense families' config.json field tables (arguments/hf_families/): each default is transformers' own (the
+config class's dataclass default, transformers 5), the windows and rotary each family derives are the layer_types
+and rope_parameters transformers derives from the same file, and a field that changes the math and is not built
+is refused in one line naming it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from arguments.hf_config import read_hf_config
+from arguments.hf_families import FAMILIES
+from arguments.hf_folder import architecture_settings
+from base.errors import ConfigError
+
+SINGLE_MODEL_FAMILIES = sorted(name for name, family in FAMILIES.items() if family.section is None)
+
+
+@pytest.mark.parametrize("model_type", SINGLE_MODEL_FAMILIES)
+def test_every_default_is_transformers(model_type):
+    import transformers
+
+    family = FAMILIES[model_type]
+    theirs = {field.name: field.default for field in dataclasses.fields(getattr(transformers, family.config_class))}
+    read_here = {spec.key: spec.default for spec in family.fields}
+    # keys an older file carries that transformers moves elsewhere (rope_theta, rope_scaling, Phi-3's top-level
+    # partial_rotary_factor, Gemma 3's rope_local_base_freq and sliding_window_pattern) have no dataclass field
+    # (the token ids are checked for their kind only: the run's tokenizer decides them)
+    compared = {key: default for key, default in read_here.items()
+                if key in theirs and key not in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    assert len(compared) >= 10, sorted(compared)
+    for key, default in compared.items():
+        if key == "rope_parameters":
+            continue  # None there too; the family's rotary is read from it (below)
+        assert default == theirs[key], (model_type, key, default, theirs[key])
+
+
+def _folder(tmp_path, model_type: str, **fields):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "num_hidden_layers": 12, **fields}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("model_type, fields", [
+    ("gemma2", {}), ("gemma3_text", {}), ("gemma3_text", {"sliding_window_pattern": 4}),
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 5, "sliding_window": 64}),
+    ("qwen3", {"layer_types": ["full_attention"] * 6 + ["sliding_attention"] * 6, "use_sliding_window": True}),
+    ("mistral", {"sliding_window": 32}), ("phi3", {"sliding_window": 2047}),
+])
+def test_the_windowed_layers_are_transformers_layer_types(tmp_path, model_type, fields):
+    from transformers import AutoConfig
+
+    folder = _folder(tmp_path, model_type, **fields)
+    model = architecture_settings(read_hf_config(folder))
+    theirs = AutoConfig.from_pretrained(str(folder))
+    window = theirs.sliding_window
+    kinds = getattr(theirs, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * 12
+    from gpt.attention_window import layer_windows
+
+    ours = layer_windows(model["window_size"].value, model["window_attn_skip_freq"].value, 12)
+    assert ours == tuple(window - 1 if kind == "sliding_attention" and window else None for kind in kinds)
+
+
+def test_gemma3s_rotary_is_transformers_per_kind_of_layer(tmp_path):
+    """The older file's rope_theta, rope_scaling and rope_local_base_freq as Gemma3TextConfig moves them into
+    rope_parameters (convert_rope_params_to_dict): the full layers' theta and linear factor, the sliding layers'
+    base."""
+    from transformers import AutoConfig
+
+    folder = _folder(tmp_path, "gemma3_text", rope_theta=1e6, rope_local_base_freq=1e4,
+                     rope_scaling={"factor": 8.0, "rope_type": "linear"})
+    ours = architecture_settings(read_hf_config(folder))
+    theirs = AutoConfig.from_pretrained(str(folder)).rope_parameters
+    assert ours["rotary_base"].value == theirs["full_attention"]["rope_theta"] == 1e6
+    assert ours["rotary_seq_len_interpolation_factor"].value == theirs["full_attention"]["factor"] == 8.0
+    assert ours["local_rotary_base"].value == theirs["sliding_attention"]["rope_theta"] == 1e4
+
+
+@pytest.mark.parametrize("model_type, fields, words", [
+    ("qwen3", {"attention_bias": True}, "attention_bias true"),
+    ("olmo2", {"attention_bias": True}, "attention_bias true"),
+    ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention true"),
+    ("gemma2", {"hidden_activation": "relu"}, "hidden_activation 'relu'"),
+    ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+     "rope_type 'longrope' is not built here"),
+    ("qwen2", {"layer_types": ["chunked_attention"] * 12}, "layer_types holds 'chunked_attention'"),
+    ("mistral", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor 0.5"),
+    ("gemma3_text", {"query_pre_attn_scalar": 168.0}, "query_pre_attn_scalar is 168.0; it must be a positive integer"),
+])
+def test_a_field_that_changes_the_math_and_is_not_built_is_refused_in_one_line(tmp_path, model_type, fields, words):
+    with pytest.raises(ConfigError) as error:
+        architecture_settings(read_hf_config(_folder(tmp_path, model_type, **fields)))
+    assert words in str(error.value) and "\n" not in str(error.value), str(error.value)

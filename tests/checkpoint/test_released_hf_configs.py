@@ -1,0 +1,30 @@
+"""Released config.json files (tests/fixtures/hf_configs/, as written: see the README there) plan with
+`pretrain_gpt.py --init-from-hf DIR --dry-run` and no weights, and the model the plan builds has the published
+parameter count within 0.5%.
+
+The published counts: Qwen2.5-7B's model card ("Number of Parameters: 7.61B"), Qwen3-8B's ("Number of Parameters:
+8.2B"), Llama-3.1-8B's safetensors total on its model page, 8.03B, OLMo-2-1124-13B's model.safetensors.index.json
+total_size, 54,864,793,600 bytes of float32 (13,716,198,400 parameters; its model page: 13.7B)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
+PUBLISHED = {"qwen2.5-7b": 7.61e9, "qwen3-8b": 8.2e9, "llama-3.1-8b": 8.03e9, "olmo-2-1124-13b": 54_864_793_600 / 4}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_a_released_config_plans_with_its_published_parameter_count(model, capsys):
+    import pretrain_gpt
+
+    code = pretrain_gpt.main(["--init-from-hf", str(FIXTURES / model), "--dry-run", "--micro-batch-size", "1",
+                              "--global-batch-size", "1", "--seq-length", "64"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    parameters = int(re.search(r"this rank's TP shard ([\d,]+)", printed).group(1).replace(",", ""))
+    assert parameters == pytest.approx(PUBLISHED[model], rel=5e-3), parameters
