@@ -24,7 +24,6 @@ from checkpoint.deepspeed_resume import check_deepspeed_resume, refuse_save_into
 from checkpoint.format import read_metadata
 from checkpoint.lineage import RunIdentity, identity_on_start, new_id
 from checkpoint.megatron_common import is_megatron_checkpoint
-from checkpoint.megatron_resume import megatron_metadata
 from checkpoint.output_paths import prepare_output_directory, prepare_output_file, refuse_training_output_in_checkpoint
 from checkpoint.resume_model import check_resume_model
 from checkpoint.save_directory import SaveDirectoryLock
@@ -155,6 +154,8 @@ def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callabl
     schedule when it is to be kept, and its metadata."""
     checkpoint = config.checkpoint
     megatron = is_megatron_checkpoint(iteration_dir)  # a Megatron-LM save folder: its common.pt, checked alike
+    if megatron:  # imported only then: DCP imports DTensor and sympy, which --help must not pay for (test_startup.py)
+        from checkpoint.megatron_resume import megatron_metadata
     metadata, error = _attempt(lambda: megatron_metadata(iteration_dir, config) if megatron
                                else read_metadata(iteration_dir))
     agree(state, error)

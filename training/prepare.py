@@ -22,7 +22,6 @@ from arguments.config import PretrainConfig
 from checkpoint.deepspeed_files import find_deepspeed_checkpoint
 from checkpoint.deepspeed_resume import load_deepspeed_checkpoint
 from checkpoint.megatron_common import is_megatron_checkpoint
-from checkpoint.megatron_resume import load_megatron_checkpoint
 from checkpoint.run_start import RunStart, claim_run_start
 from checkpoint.sharded import ResumePoint, load_checkpoint
 from data.tokenizer import RunTokenizer
@@ -134,6 +133,10 @@ def load_weights(config: PretrainConfig, state: ParallelState, built: Built, res
                                           load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
                                           finetune=checkpoint.finetune)
     elif is_megatron_checkpoint(resume_from):  # a Megatron-LM run's torch_dist folder (checkpoint/megatron_resume.py)
+        # imported here: torch.distributed.checkpoint imports DTensor and with it sympy, which --help and
+        # --print-config must not pay for (tests/test_startup.py)
+        from checkpoint.megatron_resume import load_megatron_checkpoint
+
         start = load_megatron_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
                                          load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
                                          finetune=checkpoint.finetune)

@@ -8,7 +8,6 @@ from typing import Callable, Optional
 from arguments.config import TORCH_DIST, PretrainConfig
 from checkpoint.async_save import AsyncCheckpointSaver, saving_mode_line, writer_priorities
 from checkpoint.lineage import RunIdentity
-from checkpoint.megatron_writer import save_megatron_checkpoint
 from checkpoint.sharded import prune_checkpoints, save_checkpoint
 from data.tokenizer import GPTTokenizer, RunTokenizer
 from parallel.state import ParallelState
@@ -74,6 +73,10 @@ class CheckpointSaves:
                      self.config)
         settings = dict(tokenizer=self.tokenizer, lr=lr, identity=self.identity, schedule_samples=schedule_samples)
         if self.megatron:
+            # imported here: torch.distributed.checkpoint imports DTensor and with it sympy, which --help and
+            # --print-config must not pay for (tests/test_startup.py)
+            from checkpoint.megatron_writer import save_megatron_checkpoint
+
             save_megatron_checkpoint(checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer,
                                      self.config, self.state, self.batch, lr=lr, schedule_samples=schedule_samples)
         elif self.background is None:
