@@ -4,6 +4,8 @@
     python -m zero.plan dry-run --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
         --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \\
         --zero-stage 2 --checkpoint-activations --partition-activations --micro-batch-size 4 --fp16 [--json]
+    python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \\
+        --seq-length 8192 [--json]                   # rank every layout (planner/layout_search.py)
     python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
         --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
 
@@ -435,13 +437,16 @@ def stderr_line(line: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("tables", "dry-run", "max-size")
+    commands = ("tables", "dry-run", "max-size", "search")
     if not argv or argv[0] not in commands:
         if argv and argv[0] in ("-h", "--help"):
             print(__doc__)
             return 0
         raise ConfigError(f"usage: python -m zero.plan {{{','.join(commands)}}} [flags]; see --help")
     command, rest = argv[0], argv[1:]
+    if command == "search":  # the layout search (planner/layout_search.py): no dry run per layout
+        from planner.layout_search import search_command
+        return search_command(rest)
     if command == "tables":
         if rest:  # the tables are the paper's, from its formulas: there is nothing to set
             raise ConfigError(f"tables takes no flags; got {' '.join(rest)}")
