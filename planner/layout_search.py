@@ -188,14 +188,16 @@ def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardwa
     return counts, fitting + rest
 
 
-def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, seconds: float) -> str:
+def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, seconds: float,
+                  model_flags: str = "") -> str:
+    """The top layouts as pretrain_gpt.py flag lines (the model's own flags first), and why the rest lost."""
     fitting = [c for c in candidates if c.fits]
     lines = [f"{len(candidates):,} layouts enumerated, {len(fitting):,} fit, searched in {seconds:.1f} s"]
     for rank, candidate in enumerate(fitting[:top], 1):
         p = candidate.prediction
         lines.append(f"{rank}. {p.step_s:,.2f} s/step, {p.model_tflops_per_gpu:,.0f} TFLOP/s/GPU, "
                      f"{candidate.memory_bytes / 1e9:,.1f} GB" + (f"  [{candidate.lost_to}]" if rank > 1 else ""))
-        lines.append(f"   {candidate.flags(counts)}")
+        lines.append(f"   {model_flags + ' ' if model_flags else ''}{candidate.flags(counts)}")
     reasons: dict[str, int] = {}
     for candidate in candidates[top:]:
         key = candidate.lost_to.split(" +")[0].split(":")[0]
@@ -221,8 +223,8 @@ def search_command(argv: Sequence[str]) -> int:
     counts, candidates = search(config.model, args.gpus, config.training.global_batch_size, precision, hardware)
     seconds = time.perf_counter() - start
     if args.json:
-        print(json.dumps([c.to_json() | {"flags": c.flags(counts)} for c in candidates if c.fits]))
+        print(json.dumps([c.to_json() | {"flags": " ".join([*rest, c.flags(counts)])} for c in candidates if c.fits]))
     else:
-        print(format_search(counts, candidates, args.top, seconds))
+        print(format_search(counts, candidates, args.top, seconds, " ".join(rest)))
     return 0
 
