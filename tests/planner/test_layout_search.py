@@ -64,3 +64,17 @@ def test_search_json_lists_fitting_layouts_best_first(capsys):
     steps = [each["step_s"] for each in layouts]
     assert steps == sorted(steps) and len(layouts) > 10
     assert {"tp", "pp", "vp", "cp", "ep", "micro_batch_size", "recompute", "zero", "tflops_per_gpu"} <= set(layouts[0])
+
+
+def test_dry_run_with_hardware_adds_the_predicted_step(capsys):
+    from planner.plan import main
+
+    argv = ["dry-run", "--config", "tiny", "--world-size", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
+            "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--hardware", "h100-sxm"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert "step_s" not in plain and planned["step_s"] > 0 and planned["tflops_per_gpu"] > 0
+    assert planned["step_s"] == pytest.approx(planned["prediction"]["iteration_s"])
+    assert planned["tflops_per_gpu"] == pytest.approx(planned["prediction"]["model_tflops_per_gpu"])
