@@ -44,6 +44,7 @@ from planner.layout_perf import (
     predict_layout,
 )
 from planner.perf_model import Hardware, load_hardware
+from zero.memory import format_bytes
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 OPTIMIZER_STATE_BYTES = 12  # fp32 master weight and Adam's two fp32 moments
@@ -56,6 +57,7 @@ class Candidate:
     fits: bool
     prediction: Optional[LayoutPrediction] = None
     lost_to: str = ""
+    dry_run_bytes: Optional[int] = None   # the meta-device dry run's peak, where --dry-run-check planned it
 
     def flags(self, counts: ModelCounts) -> str:
         layout = self.layout
@@ -82,6 +84,7 @@ class Candidate:
                 "recompute": "full" if layout.recompute_fraction >= 1.0 else "none",
                 "zero": "distributed optimizer (ZeRO-1)" if layout.distributed_optimizer else "none",
                 "memory_gb": round(self.memory_bytes / 1e9, 2),
+                "dry_run_memory_gb": round(self.dry_run_bytes / 1e9, 2) if self.dry_run_bytes else None,
                 "step_s": round(self.prediction.step_s, 4) if self.prediction else None,
                 "tflops_per_gpu": round(self.prediction.model_tflops_per_gpu, 1) if self.prediction else None,
                 "terms_s": {k: round(v, 5) for k, v in self.prediction.terms.items()} if self.prediction else None}
@@ -163,6 +166,13 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
                                                  recompute, distributed, tp_comm_overlap=tp > 1)
 
 
+def _rank_key(candidate: Candidate) -> tuple:
+    """Faster first; among equal times (communication fully hidden), fewer model-parallel ranks, then less memory."""
+    layout = candidate.layout
+    return (round(candidate.prediction.step_s, 9), layout.tp * layout.pp * layout.vp * layout.cp * layout.ep,
+            candidate.memory_bytes)
+
+
 def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardware) -> tuple[ModelCounts, list[Candidate]]:
     """Every layout, the fitting ones priced and sorted best first, then the rest by memory."""
     counts = model_counts(model)
@@ -176,7 +186,7 @@ def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardwa
             continue
         fitting.append(Candidate(layout, memory, True,
                                  predict_layout(counts, layout, hardware, constants, hardware.fp8_peak_flops)))
-    fitting.sort(key=lambda c: c.prediction.step_s)
+    fitting.sort(key=_rank_key)
     if fitting:
         best = fitting[0].prediction
         for candidate in fitting[1:]:
@@ -195,8 +205,9 @@ def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, se
     lines = [f"{len(candidates):,} layouts enumerated, {len(fitting):,} fit, searched in {seconds:.1f} s"]
     for rank, candidate in enumerate(fitting[:top], 1):
         p = candidate.prediction
-        lines.append(f"{rank}. {p.step_s:,.2f} s/step, {p.model_tflops_per_gpu:,.0f} TFLOP/s/GPU, "
-                     f"{candidate.memory_bytes / 1e9:,.1f} GB" + (f"  [{candidate.lost_to}]" if rank > 1 else ""))
+        dry = f" (dry run {format_bytes(candidate.dry_run_bytes)})" if candidate.dry_run_bytes else ""
+        lines.append(f"{rank}. {p.step_s * 1e3:,.1f} ms/step, {p.model_tflops_per_gpu:,.0f} TFLOP/s/GPU, "
+                     f"{format_bytes(candidate.memory_bytes)}{dry}" + (f"  [{candidate.lost_to}]" if rank > 1 else ""))
         lines.append(f"   {model_flags + ' ' if model_flags else ''}{candidate.flags(counts)}")
     reasons: dict[str, int] = {}
     for candidate in candidates[top:]:
@@ -207,12 +218,41 @@ def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, se
     return "\n".join(lines)
 
 
+def dry_run_check(candidates: list[Candidate], counts: ModelCounts, model_flags: Sequence[str], hardware: Hardware,
+                  checks: int, progress=None) -> list[Candidate]:
+    """The best `checks` layouts planned again with the meta-device dry run (planner/dry_run.py), every pipeline
+    stage's rank 0 of its (DP, TP) grid (the stages differ; TP, CP and EP ranks of a stage hold the same
+    shapes): a layout whose dry run is over the GPU's memory loses with the dry run's figure. Returns those
+    checked, each with `dry_run_bytes` set."""
+    from planner.dry_run import Cluster, dry_run
+    from planner.plan import stage_plans
+    from planner.vocabulary import launch_vocab
+
+    checked = []
+    for candidate in [c for c in candidates if c.fits][:checks]:
+        config = parse_config([*model_flags, *candidate.flags(counts).split()])
+        cluster = Cluster(candidate.layout.gpus, hardware.gpus_per_node, hardware.gpu_memory_bytes,
+                          hardware.device_type)
+        vocab, _ = launch_vocab(config)
+        plans = stage_plans(config, cluster, vocab, 0, progress) if candidate.layout.pp > 1 else \
+            [dry_run(config, cluster, vocab, 0, progress=progress)]
+        candidate.dry_run_bytes = max(plan.total_bytes for plan in plans)
+        if candidate.dry_run_bytes > hardware.gpu_memory_bytes:
+            candidate.fits = False
+            candidate.lost_to = (f"memory (dry run): {candidate.dry_run_bytes / 1e9:,.1f} GB > "
+                                 f"{hardware.gpu_memory_bytes / 1e9:,.0f} GB")
+        checked.append(candidate)
+    return checked
+
+
 def search_command(argv: Sequence[str]) -> int:
     own = OneLineArgumentParser(prog="python -m zero.plan search", add_help=False)
     own.add_argument("--gpus", type=int, required=True)
     own.add_argument("--hardware", required=True, help="a profile in configs/hardware")
     own.add_argument("--top", type=int, default=5)
     own.add_argument("--json", action="store_true")
+    own.add_argument("--dry-run-check", type=int, default=0, metavar="K",
+                     help="plan the best K layouts again with the meta-device dry run; drop those over memory")
     args, rest = own.parse_known_args(list(argv))
     if args.gpus < 1:
         raise ConfigError(f"--gpus {args.gpus}: give at least 1")
@@ -221,6 +261,10 @@ def search_command(argv: Sequence[str]) -> int:
     precision = "fp8" if config.model.fp8 else "bf16"
     start = time.perf_counter()
     counts, candidates = search(config.model, args.gpus, config.training.global_batch_size, precision, hardware)
+    if args.dry_run_check:
+        dry_run_check(candidates, counts, rest, hardware, args.dry_run_check)
+        candidates = sorted((c for c in candidates if c.fits), key=_rank_key) + \
+            sorted((c for c in candidates if not c.fits), key=lambda c: c.memory_bytes)
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps([c.to_json() | {"flags": " ".join([*rest, c.flags(counts)])} for c in candidates if c.fits]))

@@ -78,3 +78,23 @@ def test_dry_run_with_hardware_adds_the_predicted_step(capsys):
     assert "step_s" not in plain and planned["step_s"] > 0 and planned["tflops_per_gpu"] > 0
     assert planned["step_s"] == pytest.approx(planned["prediction"]["iteration_s"])
     assert planned["tflops_per_gpu"] == pytest.approx(planned["prediction"]["model_tflops_per_gpu"])
+
+
+def test_the_dry_run_check_replans_the_best_and_drops_what_its_count_missed():
+    import dataclasses
+
+    from arguments.parser import parse_config
+    from planner.layout_search import dry_run_check
+
+    flags = ["--config", "llama-tiny", "--global-batch-size", "16"]
+    hardware = load_hardware("h100-sxm")
+    counts, candidates = search(parse_config(flags).model, 4, 16, "bf16", hardware)
+    checked = dry_run_check(candidates, counts, flags, hardware, 1)
+    assert checked[0].fits and checked[0].dry_run_bytes > 0
+    # A GPU just big enough for the analytic count but not for the dry run's (which sees the real buffers):
+    tight = dataclasses.replace(hardware, gpu_memory_bytes=int(checked[0].memory_bytes) + 1)
+    assert checked[0].dry_run_bytes > tight.gpu_memory_bytes
+    counts, candidates = search(parse_config(flags).model, 4, 16, "bf16", tight)
+    first = next(c for c in candidates if c.fits)
+    dry_run_check([first], counts, flags, tight, 1)
+    assert not first.fits and first.lost_to.startswith("memory (dry run)")
