@@ -225,7 +225,6 @@ def dry_run_check(candidates: list[Candidate], counts: ModelCounts, model_flags:
     shapes): a layout whose dry run is over the GPU's memory loses with the dry run's figure. Returns those
     checked, each with `dry_run_bytes` set."""
     from planner.dry_run import Cluster, dry_run
-    from planner.plan import stage_plans
     from planner.vocabulary import launch_vocab
 
     checked = []
@@ -234,8 +233,9 @@ def dry_run_check(candidates: list[Candidate], counts: ModelCounts, model_flags:
         cluster = Cluster(candidate.layout.gpus, hardware.gpus_per_node, hardware.gpu_memory_bytes,
                           hardware.device_type)
         vocab, _ = launch_vocab(config)
-        plans = stage_plans(config, cluster, vocab, 0, progress) if candidate.layout.pp > 1 else \
-            [dry_run(config, cluster, vocab, 0, progress=progress)]
+        per_stage = candidate.layout.gpus // candidate.layout.pp  # each stage's first rank (planner/plan.py's stage_plans)
+        plans = [dry_run(config, cluster, vocab, stage * per_stage, progress=progress)
+                 for stage in range(candidate.layout.pp)]
         candidate.dry_run_bytes = max(plan.total_bytes for plan in plans)
         if candidate.dry_run_bytes > hardware.gpu_memory_bytes:
             candidate.fits = False
