@@ -36,7 +36,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import yaml
 
@@ -81,6 +81,8 @@ class Hardware:
     precision: str                    # what runs on it use: fp16 (V100), bf16 (H100), fp32 (CPU)
     device_type: str                  # cuda or cpu: the planner's attention kernel
     calibration: str                  # a file in configs/hardware/calibrations/
+    fp8_peak_flops: Optional[float] = None   # dense FP8 tensor-core peak, where the GPU has one
+    layout_calibration: Optional[str] = None  # the layout model's constant (planner/layout_perf.py)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,9 @@ def load_hardware(name_or_path: str) -> Hardware:
             intra_node_latency_s=float(data["intra_node_latency_us"]) * 1e-6,
             inter_node_latency_s=float(data["inter_node_latency_us"]) * 1e-6,
             precision=str(data["precision"]), device_type=str(data["device_type"]),
-            calibration=str(data["calibration"]))
+            calibration=str(data["calibration"]),
+            fp8_peak_flops=float(data["fp8_peak_tflops"]) * 1e12 if "fp8_peak_tflops" in data else None,
+            layout_calibration=data.get("layout_calibration"))
     except KeyError as missing:
         raise ConfigError(f"{path}: missing key {missing}") from None
 

@@ -4,6 +4,8 @@
     python -m zero.plan dry-run --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
         --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \\
         --zero-stage 2 --checkpoint-activations --partition-activations --micro-batch-size 4 --fp16 [--json]
+    python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \\
+        --seq-length 8192 [--json]                   # rank every layout (planner/layout_search.py)
     python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
         --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
 
@@ -396,6 +398,9 @@ def planner_arguments(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("cuda", "cpu"), default="cuda",
                    help="the device the run will use (it decides which attention kernel's tensors are kept)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+    p.add_argument("--hardware", default=None,
+                   help="dry-run: a profile in configs/hardware; its node size, memory and device replace the "
+                        "cluster flags, and the plan gains the predicted step time (planner/perf_model.py)")
     return p
 
 
@@ -435,19 +440,29 @@ def stderr_line(line: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("tables", "dry-run", "max-size")
+    commands = ("tables", "dry-run", "max-size", "search")
     if not argv or argv[0] not in commands:
         if argv and argv[0] in ("-h", "--help"):
             print(__doc__)
             return 0
         raise ConfigError(f"usage: python -m zero.plan {{{','.join(commands)}}} [flags]; see --help")
     command, rest = argv[0], argv[1:]
+    if command == "search":  # the layout search (planner/layout_search.py): no dry run per layout
+        from planner.layout_search import search_command
+        return search_command(rest)
     if command == "tables":
         if rest:  # the tables are the paper's, from its formulas: there is nothing to set
             raise ConfigError(f"tables takes no flags; got {' '.join(rest)}")
         print(format_table1() + "\n\n" + format_table2())
         return 0
     planner, config, cluster = parse_planner(rest, f"python -m zero.plan {command}")
+    hardware = None
+    if planner.hardware is not None:
+        from planner.perf_model import load_hardware
+
+        hardware = load_hardware(planner.hardware)
+        cluster = dataclasses.replace(cluster, gpus_per_node=hardware.gpus_per_node, device_type=hardware.device_type,
+                                      gpu_memory_bytes=cluster.gpu_memory_bytes or hardware.gpu_memory_bytes)
     if command == "dry-run":
         check_plannable(config)
         if cluster.host_memory_bytes is None:  # the host total checked against something: this machine
@@ -467,13 +482,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     else [dry_run(changed, on, vocab, 0)]
 
             levers = find_levers(config, cluster, plan.data_parallel_size, plan_stages, progress=stderr_line)
+        predicted, predicted_text = {}, ""
+        if hardware is not None:  # the step time of the planned layout, from the same dry run
+            from planner.perf_model import format_prediction, load_constants, predict
+
+            constants = load_constants(hardware.calibration)
+            prediction = predict(plan, config, vocab, cluster.world_size, hardware, constants)
+            predicted = {"step_s": prediction.iteration_s, "tflops_per_gpu": prediction.model_tflops_per_gpu,
+                         "prediction": prediction.to_json()}
+            predicted_text = "\n\n" + format_prediction(prediction, hardware, constants)
         if planner.json:
             print(json.dumps({**plan.to_json(), **({"stages": [stage.to_json() for stage in stages]} if stages else {}),
-                              **({"levers": [lever.to_json() for lever in levers]} if levers is not None else {})}))
+                              **({"levers": [lever.to_json() for lever in levers]} if levers is not None else {}),
+                              **predicted}))
         else:
             print(format_plan(plan, cluster, config, source, levers)
                   + ("\n\n" + format_stage_table(stages, levers) if stages else "")
-                  + ("\n\n" + "\n".join(format_levers(levers)) if levers is not None else ""))
+                  + ("\n\n" + "\n".join(format_levers(levers)) if levers is not None else "") + predicted_text)
         return 0
     results, binds = {}, {}
     for name, configuration in CONFIGURATIONS.items():

@@ -1,0 +1,265 @@
+"""Step time of one parallel layout, from the model's shape and the hardware's datasheet, without a dry run.
+
+The layout search (planner/layout_search.py) ranks thousands of TP x PP x VP x CP x EP x micro-batch x
+recompute layouts; a meta-device dry run of each would take hours for a 1,024-GPU DeepSeek-V3, so this is
+the cheap model every candidate gets. Every quantity is a count of the model (gpt/shape.py, the same walk
+training/metrics.py's FLOPs come from) or a number in configs/hardware/*.yaml; the one fitted constant is
+GEMM_EFFICIENCY, from the calibration file the hardware profile names for layouts (`layout_calibration`).
+
+Per rank and iteration, with m = micro-batches per pipeline (GBS / (MBS x DP)), b = MBS, s = sequence,
+and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work evenly; PP by stages):
+
+    gemm        every linear layer's FLOPs (forward, 2x backward, the recomputed forward) at
+                GEMM_EFFICIENCY of the dense peak of the run's precision: FP8 GEMMs at the FP8 peak
+                (Transformer Engine runs forward, dgrad and wgrad in FP8), BF16 at the BF16 peak
+    attention   the scores and context products at the BF16 peak (TE's fused attention stays BF16 under
+                FP8 unless fp8_dot_product_attention is set, Megatron's default off), half of Megatron's
+                counted square executed (the causal kernel skips the masked half)
+    elementwise norms, residual adds, the gated activation and, under MoE, the permute and unpermute of the
+                tokens' k copies: bytes through HBM (ELEMENTWISE_BYTES below, counted, not fitted)
+    tp          sequence parallelism: 2 all-gathers + 2 reduce-scatters of b s h / CP per layer in forward,
+                as many in backward (Korthikanti et al. 2022, section 4.2.2), NVLink inside a node;
+                hidden behind the GEMMs with --tp-comm-overlap (Transformer Engine's userbuffers)
+    cp          the ring passes K and V (CP - 1) times in forward, K, V, dK, dV in backward, overlapped with
+                the attention kernel of each step (TE's ring attention): only the excess is exposed
+    ep          the all-to-all dispatcher: each MoE layer's dispatch and combine, forward and backward,
+                b s k h / (TP CP) bytes per rank, (EP - 1) / EP of them leaving the GPU; an EP group over
+                8 GPUs sends (EP - 8) / EP across InfiniBand; not overlapped (Megatron's
+                --overlap-moe-expert-parallel-comm is off by default)
+    pp          the bubble: (PP - 1) / VP micro-batches of one stage's time (Narayanan et al. 2021,
+                section 2.2); the point-to-point sends exposed only without interleaving (Megatron
+                overlaps them with VP > 1)
+    dp          the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather
+                (bf16) over the DP group (the expert-DP group for expert weights), hidden behind backward
+                and forward with --overlap-grad-reduce / --overlap-param-gather up to their length
+    optimizer   Adam over this rank's shard through HBM
+
+Model TFLOP/s per GPU are Megatron's (training/metrics.py: no recompute counted) over the predicted step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from arguments.config import ConfigError
+from gpt.model_config import ModelConfig
+from gpt.shape import AttentionShape, LinearShape, model_shape
+from planner.perf_model import CALIBRATION_DIR, Hardware
+
+BF16_BYTES, FP32_BYTES = 2, 4
+# Elementwise bytes per token per layer in forward, in units of h (bf16): each norm reads and writes h
+# (2 norms: 4), each residual add reads 2 and writes 1 (2 adds: 6); the gated activation reads gate and up
+# and writes its product (3 x its width / h); MoE's permute and unpermute read and write k copies (4 k).
+# Backward moves twice the forward's.
+NORM_AND_RESIDUAL_UNITS = 10
+# The distributed optimizer's Adam, per parameter of the shard: fp32 master, exp_avg, exp_avg_sq read and
+# written (24), the bf16 parameter written (2), the fp32 gradient read (4).
+ADAM_SHARD_BYTES = 30
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to run a model on `gpus` GPUs: Megatron's parallel sizes and the per-step choices."""
+    gpus: int
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1                 # virtual stages per pipeline rank (1: no interleaving)
+    cp: int = 1
+    ep: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    precision: str = "bf16"     # bf16 or fp8
+    recompute_fraction: float = 0.0   # of the blocks' forward FLOPs recomputed in backward (full: 1.0)
+    distributed_optimizer: bool = True
+    tp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+
+@dataclass(frozen=True)
+class LayoutConstants:
+    gemm_efficiency: float
+    source: str
+
+
+@dataclass
+class LayoutPrediction:
+    step_s: float
+    terms: dict[str, float]             # seconds per iteration, per term
+    model_tflops_per_gpu: float
+    tokens_per_s_per_gpu: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def load_layout_constants(name: str) -> LayoutConstants:
+    path = Path(name) if name.endswith((".yaml", ".yml")) else CALIBRATION_DIR / f"{name}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return LayoutConstants(float(data["gemm_efficiency"]), str(path.name))
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path}: cannot read the layout calibration ({error})") from None
+
+
+@dataclass(frozen=True)
+class ModelCounts:
+    """What the layout model reads off the model, once per model (gpt/shape.py's walk)."""
+    layers: int
+    moe_layers: int
+    hidden: int
+    seq_length: int
+    padded_vocab: int
+    linear_flops_per_token: float      # forward, every block and the logits
+    attention_flops_per_token: float   # forward scores and context over the full square, every layer
+    blocks_flops_per_token: float      # forward, every block (Megatron's count, attention included)
+    mlp_flops_per_token: float         # forward, the MLPs' GEMMs (the routed and shared experts' under MoE)
+    logits_flops_per_token: float
+    dense_parameters: int              # everything but the routed experts
+    expert_parameters: int             # the routed experts of every MoE layer
+    kv_width: int                      # K plus V features per token, every head
+    gated_width_dense: int             # the dense MLP's activation width (ffn, x2 counted in the units)
+    gated_width_moe: int               # an MoE layer's: k experts' widths plus the shared expert's
+    topk: int
+
+
+def model_counts(model: ModelConfig) -> ModelCounts:
+    shape = model_shape(model, 1)
+    vocab = model.padded_vocab_size()
+    attention_per_layer = sum(m.flops_per_key * model.seq_length for m in shape.block_matmuls
+                              if isinstance(m, AttentionShape))
+    attention = attention_per_layer * (shape.dense_layers + shape.moe_blocks)
+    attention_linear = sum(2 * m.in_features * m.out_features for m in shape.block_matmuls
+                           if isinstance(m, LinearShape) and m.name.startswith("attention."))
+    blocks = shape.blocks_forward_flops_per_token()
+    logits = shape.logits_forward_flops_per_token(vocab)
+    total = shape.parameter_count(vocab)
+    moe = model.moe
+    topk = moe.router_topk if moe is not None else 0
+    experts = moe.num_experts if moe is not None else 0
+    moe_ffn = (moe.ffn_hidden_size or model.ffn_hidden_size) if moe is not None else 0
+    per_expert = (shape.parameters_per_moe_block - shape.active_parameters_per_moe_block) // max(experts - topk, 1) \
+        if moe is not None else 0
+    expert_parameters = per_expert * experts * shape.moe_blocks
+    shared = (moe.shared_expert_intermediate_size or 0) if moe is not None else 0
+    attention_matmul = next(m for m in shape.block_matmuls if isinstance(m, AttentionShape))
+    kv_heads = model.num_query_groups or model.num_attention_heads
+    return ModelCounts(
+        layers=model.num_layers, moe_layers=shape.moe_blocks, hidden=model.hidden_size, seq_length=model.seq_length,
+        padded_vocab=vocab, linear_flops_per_token=float(blocks - attention + logits),
+        attention_flops_per_token=float(attention), blocks_flops_per_token=float(blocks),
+        mlp_flops_per_token=float(blocks - attention - attention_linear * (shape.dense_layers + shape.moe_blocks)),
+        logits_flops_per_token=float(logits), dense_parameters=total - expert_parameters,
+        expert_parameters=expert_parameters,
+        kv_width=kv_heads * (attention_matmul.head_dim + (attention_matmul.value_head_dim or attention_matmul.head_dim)),
+        gated_width_dense=model.ffn_hidden_size or 4 * model.hidden_size,
+        gated_width_moe=topk * moe_ffn + shared, topk=topk)
+
+
+def _link(spans_nodes: bool, hardware: Hardware) -> float:
+    return hardware.inter_node_bandwidth if spans_nodes else hardware.intra_node_bandwidth
+
+
+def _all_to_all_seconds(bytes_per_rank: float, group: int, hardware: Hardware) -> float:
+    """One all-to-all of `bytes_per_rank` over `group` consecutive ranks: the share for peers in this node at
+    NVLink, the share for other nodes at the NIC, the slower of the two (they run at once)."""
+    if group <= 1:
+        return 0.0
+    local = min(group, hardware.gpus_per_node)
+    intra = bytes_per_rank * (local - 1) / group / hardware.intra_node_bandwidth
+    inter = bytes_per_rank * (group - local) / group / hardware.inter_node_bandwidth
+    return max(intra, inter) + hardware.intra_node_latency_s
+
+
+def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
+                   fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
+    """The step time of `layout`, term by term (the module docstring says what each term is)."""
+    b, s, h = layout.micro_batch_size, counts.seq_length, counts.hidden
+    tokens = layout.global_batch_size * s
+    world = layout.gpus
+    gemm_peak = (fp8_peak_flops or 2 * hardware.peak_flops) if layout.precision == "fp8" else hardware.peak_flops
+    passes = 3 + layout.recompute_fraction  # forward, backward (2x), the recomputed forward
+    linear_flops = tokens * (3 * counts.linear_flops_per_token
+                             + layout.recompute_fraction * (counts.blocks_flops_per_token - counts.attention_flops_per_token))
+    attention_flops = tokens * passes * counts.attention_flops_per_token / 2  # causal: half the square runs
+    gemm_s = linear_flops / world / (gemm_peak * constants.gemm_efficiency)
+    attention_s = attention_flops / world / (hardware.peak_flops * constants.gemm_efficiency)
+
+    layers_here = counts.layers / layout.pp
+    moe_here = counts.moe_layers / layout.pp
+    tokens_here = b * s / (layout.tp * layout.cp)  # a rank's share of a micro-batch (sequence parallel)
+    m = layout.micro_batches
+    units = (NORM_AND_RESIDUAL_UNITS * layers_here
+             + 3 * ((layers_here - moe_here) * counts.gated_width_dense + moe_here * counts.gated_width_moe) / h
+             + 4 * counts.topk * moe_here)
+    elementwise_s = m * passes * tokens_here * h * units * BF16_BYTES / hardware.hbm_bandwidth
+
+    compute_per_micro = (gemm_s + attention_s + elementwise_s) / m
+    activation = b * s * h * BF16_BYTES / layout.cp
+    tp_s = 0.0
+    if layout.tp > 1:
+        tp_bytes = 8 * (layout.tp - 1) / layout.tp * activation * layers_here
+        tp_s = m * (tp_bytes / _link(layout.tp > hardware.gpus_per_node, hardware)
+                    + 8 * layers_here * hardware.intra_node_latency_s)
+        if layout.tp_comm_overlap:
+            tp_s = max(0.0, tp_s - gemm_s)
+    cp_s = 0.0
+    if layout.cp > 1:
+        kv_chunk = b * (s / layout.cp) * counts.kv_width / layout.tp * BF16_BYTES
+        ring = 3 * (layout.cp - 1) * kv_chunk * layers_here  # K, V forward; K, V, dK, dV backward
+        cp_s = m * ring / _link(layout.tp * layout.cp > hardware.gpus_per_node, hardware)
+        cp_s = max(0.0, cp_s - attention_s)
+    ep_s = 0.0
+    if layout.ep > 1 and counts.moe_layers:
+        per_call = tokens_here * counts.topk * h * BF16_BYTES
+        ep_s = m * 4 * moe_here * _all_to_all_seconds(per_call, layout.ep, hardware)
+
+    per_micro = compute_per_micro + (tp_s + cp_s + ep_s) / m
+    bubble_s = (layout.pp - 1) / layout.vp * per_micro
+    p2p_s = 0.0
+    if layout.pp > 1 and layout.vp == 1:
+        p2p_s = m * 2 * activation / layout.tp / _link(layout.tp * layout.cp * layout.dp >= hardware.gpus_per_node,
+                                                        hardware)
+
+    # Data parallel: this rank's dense shard over DP x CP (Megatron reduces over both), experts over expert-DP.
+    dense_here = counts.dense_parameters / (layout.tp * layout.pp)
+    expert_here = counts.expert_parameters / (layout.ep * layout.pp)
+    dp_group = layout.dp * layout.cp
+    expert_dp = max(world // (layout.ep * layout.pp), 1)
+    dp_s = 0.0
+    for parameters, group in ((dense_here, dp_group), (expert_here, expert_dp)):
+        if group > 1 and parameters:
+            spans = world // layout.pp > hardware.gpus_per_node
+            reduce_bytes = (group - 1) / group * parameters * FP32_BYTES
+            gather_bytes = (group - 1) / group * parameters * BF16_BYTES if layout.distributed_optimizer else 0.0
+            if not layout.distributed_optimizer:
+                reduce_bytes *= 2  # an all-reduce moves twice a reduce-scatter
+            reduce_s = reduce_bytes / _link(spans, hardware)
+            gather_s = gather_bytes / _link(spans, hardware)
+            backward = (gemm_s + attention_s) * 2 / 3
+            forward = (gemm_s + attention_s) / 3
+            dp_s += max(0.0, reduce_s - backward) if layout.overlap_grad_reduce else reduce_s
+            dp_s += max(0.0, gather_s - forward) if layout.overlap_param_gather else gather_s
+    shard = (dense_here / (dp_group if layout.distributed_optimizer else 1)
+             + expert_here / (expert_dp if layout.distributed_optimizer else 1))
+    optimizer_s = shard * ADAM_SHARD_BYTES / hardware.hbm_bandwidth
+
+    terms = {"gemm": gemm_s, "attention": attention_s, "elementwise": elementwise_s, "tp": tp_s, "cp": cp_s,
+             "ep": ep_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "dp": dp_s, "optimizer": optimizer_s}
+    step = sum(terms.values())
+    model_flops = 3 * tokens * (counts.blocks_flops_per_token + counts.logits_flops_per_token)
+    return LayoutPrediction(step_s=step, terms=terms, model_tflops_per_gpu=model_flops / world / step / 1e12,
+                            tokens_per_s_per_gpu=tokens / world / step)

@@ -1,0 +1,80 @@
+"""Megatron-Bridge's published DGX-H100 pre-training rows (configs/benchmarks/bridge_h100.yaml) against the
+layout model (planner/layout_perf.py) at Bridge's own layouts: the issue 67 acceptance table.
+
+Predicted and measured are compared in tokens/s/GPU: Bridge's TFLOP/s column uses its own FLOPs per token
+(Megatron-LM's training.py num_floating_point_operations, which halves causal attention), ours counts the
+full square (training/metrics.py), so TFLOP/s would compare the two FLOP counts as well as the time. The
+predicted TFLOP/s in Bridge's accounting is the predicted tokens/s times the row's own FLOPs per token.
+"""
+
+import pytest
+
+from planner.bridge_rows import MODEL_FLAGS, UNBUILDABLE, load_rows, row_config, row_layout
+from planner.layout_perf import load_layout_constants, model_counts, predict_layout
+from planner.perf_model import load_hardware
+
+TOLERANCE = 0.20
+# Each row the model misses by more than 20%, and the term that explains the miss (docs/planning.md).
+KNOWN_MISSES = {
+    # GPT-OSS: attention sinks and 128-token sliding windows; the model prices its attention as a dense
+    # fused kernel and its 2880-wide experts as large GEMMs: predicted 1.6-2.1x too fast.
+    ("GPT OSS 120B", "26.04.01"): "attention", ("GPT OSS 120B", "26.04"): "attention",
+    ("GPT OSS 120B", "26.02.01"): "attention", ("GPT OSS 120B", "26.02"): "attention",
+    ("GPT OSS 120B", "25.11"): "attention",
+    # Qwen3 30B-A3B at PP 2 x VP 12 with EP 8 inside one node: a 2048-wide model whose step is many small
+    # kernels; the model has no launch-overhead term (Bridge runs no CUDA graphs on H100): 1.9-4.0x too fast.
+    # (Bridge's own 26.02 and 26.02.01 figures for this same layout differ by 1.76x.)
+    ("Qwen3_30B_a3B", "26.02.01"): "launch overhead", ("Qwen3_30B_a3B", "26.02"): "launch overhead",
+    ("Qwen3_30B_a3B", "25.11"): "launch overhead", ("Qwen3_30B_a3B", "25.09"): "launch overhead",
+    # Qwen3 235B-A22B in 25.09 was token-dropping with GBS 2048 and ran 1.3x slower than 25.11's dropless run
+    # of the same layout: the model, dropless and balanced, predicts the later figure.
+    ("Qwen3_235B_a22B", "25.09"): "ep (token dropping's capacity padding)",
+}
+
+
+@pytest.fixture(scope="module")
+def predictions():
+    hardware = load_hardware("h100-sxm")
+    constants = load_layout_constants(hardware.layout_calibration)
+    counts, found = {}, []
+    for row in load_rows():
+        if row.model in UNBUILDABLE:
+            continue
+        key = (row.model, row.layout["seq_length"])
+        if key not in counts:
+            counts[key] = model_counts(row_config(row).model)
+        prediction = predict_layout(counts[key], row_layout(row, counts[key]), hardware, constants,
+                                    hardware.fp8_peak_flops)
+        found.append((row, prediction))
+    return found
+
+
+def test_the_file_holds_every_h100_row_and_each_layout_divides_its_batch():
+    rows = load_rows()
+    assert len(rows) == 36  # every DGX-H100 pre-training row of Bridge's summary and archive (26.06 .. 25.09)
+    for row in rows:
+        layout = row.layout
+        assert row.model in MODEL_FLAGS or row.model in UNBUILDABLE, row.model
+        data_parallel = layout["gpus"] // (layout["tp"] * layout["pp"] * layout["cp"])
+        assert layout["gpus"] == data_parallel * layout["tp"] * layout["pp"] * layout["cp"], row.label
+        assert layout["global_batch_size"] % (layout["micro_batch_size"] * data_parallel) == 0, row.label
+
+
+def test_bridge_layouts_predicted_within_20_percent_or_their_miss_named(predictions, capsys):
+    lines, within, misses = [], [], set()
+    for row, prediction in predictions:
+        ratio = prediction.tokens_per_s_per_gpu / row.tokens_per_s_per_gpu
+        bridge_tflops = prediction.tokens_per_s_per_gpu * row.model_tflops_per_gpu / row.tokens_per_s_per_gpu
+        largest = max(prediction.terms, key=prediction.terms.get)
+        lines.append(f"{row.label:<48} measured {row.model_tflops_per_gpu:5.0f} predicted {bridge_tflops:5.0f} "
+                     f"TFLOP/s ({ratio:5.2f}x; largest term {largest})")
+        if abs(ratio - 1) <= TOLERANCE:
+            within.append(row)
+        else:
+            misses.add((row.model, row.release))
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
+    assert misses == set(KNOWN_MISSES), "a row moved in or out of the 20% band: update KNOWN_MISSES and docs/planning.md"
+    calibrated = next(p for r, p in predictions if r.model == "LLAMA3_8B" and r.release == "25.11")
+    assert calibrated.tokens_per_s_per_gpu == pytest.approx(14451, rel=1e-3)  # the one fitted row
+    assert len(within) == 22 and len(predictions) == 32  # 22 of 32 (69%): short of the 80% target

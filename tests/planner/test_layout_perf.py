@@ -1,0 +1,62 @@
+"""The layout model's terms (planner/layout_perf.py), each against what its source says it must do."""
+
+import dataclasses
+
+import pytest
+
+from arguments.parser import parse_config
+from planner.bridge_rows import HF_CONFIGS
+from planner.layout_perf import Layout, LayoutConstants, model_counts, predict_layout
+from planner.perf_model import load_hardware
+
+HARDWARE = load_hardware("h100-sxm")
+CONSTANTS = LayoutConstants(0.5, "test")
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return model_counts(parse_config(["--init-from-hf", str(HF_CONFIGS / "qwen3-30b-a3b"), "--seq-length", "4096"]).model)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return model_counts(parse_config(["--config", "llama3-8b"]).model)
+
+
+def predict(counts, **layout):
+    return predict_layout(counts, Layout(**layout), HARDWARE, CONSTANTS, HARDWARE.fp8_peak_flops)
+
+
+def test_fp8_gemms_run_at_the_fp8_peak_and_attention_stays_bf16(llama):
+    bf16 = predict(llama, gpus=8, global_batch_size=64)
+    fp8 = predict(llama, gpus=8, global_batch_size=64, precision="fp8")
+    assert fp8.terms["gemm"] / bf16.terms["gemm"] == pytest.approx(989 / 1979)  # the datasheet's two peaks
+    assert fp8.terms["attention"] == bf16.terms["attention"]
+
+
+def test_an_expert_group_over_two_nodes_pays_the_nic(qwen):
+    one_node = predict(qwen, gpus=16, ep=8, global_batch_size=256)
+    two_nodes = predict(qwen, gpus=16, ep=16, global_batch_size=256)
+    assert two_nodes.terms["ep"] > 3 * one_node.terms["ep"]  # 50 GB/s across against 450 GB/s inside
+    assert predict(qwen, gpus=16, global_batch_size=256).terms["ep"] == 0.0
+
+
+def test_virtual_stages_divide_the_bubble_and_hide_the_sends(llama):
+    plain = predict(llama, gpus=8, pp=4, global_batch_size=64)
+    interleaved = predict(llama, gpus=8, pp=4, vp=2, global_batch_size=64)
+    assert interleaved.terms["pp_bubble"] == pytest.approx(plain.terms["pp_bubble"] / 2)
+    assert plain.terms["pp_p2p"] > 0 and interleaved.terms["pp_p2p"] == 0.0
+
+
+def test_tp_overlap_hides_the_sequence_parallel_collectives_behind_the_gemms(llama):
+    exposed = predict(llama, gpus=8, tp=8, global_batch_size=64)
+    hidden = predict(llama, gpus=8, tp=8, global_batch_size=64, tp_comm_overlap=True)
+    assert exposed.terms["tp"] > 0 and hidden.terms["tp"] < exposed.terms["tp"]
+
+
+def test_recompute_costs_time_but_not_model_flops(llama):
+    base = Layout(gpus=8, global_batch_size=64)
+    plain = predict_layout(llama, base, HARDWARE, CONSTANTS)
+    full = predict_layout(llama, dataclasses.replace(base, recompute_fraction=1.0), HARDWARE, CONSTANTS)
+    assert full.step_s > plain.step_s
+    assert full.model_tflops_per_gpu * full.step_s == pytest.approx(plain.model_tflops_per_gpu * plain.step_s)
