@@ -53,9 +53,7 @@ def _launch(**changes):
 
 
 @pytest.mark.parametrize("recipe, launch, extra, words", [
-    ("tensorwise", _launch(tensor_parallel=2), {}, "with --tensor-model-parallel-size 2 its amax reductions"),
-    ("delayed", _launch(world_size=2), {}, "over 2 ranks: delayed scaling's amax reduction over the data-parallel"),
-    ("blockwise", _launch(pipeline_parallel=2), {}, "--pipeline-model-parallel-size 2"),
+    ("blockwise", _launch(pipeline_parallel=2), {}, "with --pipeline-model-parallel-size 2 its amax reductions"),
     ("mxfp8", _launch(context_parallel=2), {}, "--context-parallel-size 2"),
     ("tensorwise", _launch(expert_parallel=2), {}, "--expert-model-parallel-size 2"),
     ("tensorwise", ONE_PROCESS, {"num_experts": 4}, "--num-experts (the experts' grouped GEMMs)"),
@@ -80,15 +78,18 @@ def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(recompute=True, saves_or_loads=True))
     check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(world_size=8))  # data parallelism
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
+    for fp8_recipe in (recipe, "delayed"):  # tensor (and sequence) and data parallelism, delayed's amax reduced
+        check_fp8(tiny_config(fp8="hybrid", fp8_recipe=fp8_recipe), _launch(tensor_parallel=2, world_size=4))
     check_fp8(tiny_config(), _launch(tensor_parallel=8, world_size=64))  # no --fp8-format: nothing to check
 
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("training.prepare.build_data", lambda *args: pytest.fail("data work started"))
-    argv = ["--fp8-format", "hybrid", "--tensor-model-parallel-size", "2", "--device", "cpu",
+    argv = ["--fp8-format", "hybrid", "--pipeline-model-parallel-size", "2", "--device", "cpu",
             "--metrics-file", str(tmp_path / "m.jsonl")]
     assert pretrain_gpt.main(argv) == 2
-    assert "--fp8-format hybrid --fp8-recipe delayed is built for one process so far" in capsys.readouterr().err
+    assert "--fp8-format hybrid --fp8-recipe delayed is built for tensor and data parallelism so far" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])
