@@ -12,8 +12,8 @@ of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the star
 
 Built and checked on the CPU: tensor parallelism with or without sequence parallelism, and data parallelism
 (ZeRO 0-3); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
-recomputation (a recomputed forward would update the amax history twice) and without --save/--load (the
-histories are not in the checkpoint yet).
+recomputation (a recomputed forward would update the amax history twice); its histories and scales are in
+this project's checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
 
 Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group,
 the tensor x data (x context) parallel ranks of a pipeline stage (amax_reduction); with PP and CP refused
@@ -58,7 +58,6 @@ class Fp8Launch:
     context_parallel: int
     expert_parallel: int
     recompute: bool
-    saves_or_loads: bool
     compile: bool
 
 
@@ -88,9 +87,6 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                           f"forward would update the amax "
                           f"history twice; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state), or drop "
                           f"the recomputation")
-    if recipe == "delayed" and launch.saves_or_loads:
-        raise ConfigError(f"{what} with --save/--load: the amax histories are not in the checkpoint yet, so a "
-                          f"resume would not be exact; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state)")
     unbuilt = [(launch.pipeline_parallel > 1, f"--pipeline-model-parallel-size {launch.pipeline_parallel}"),
                (launch.context_parallel > 1, f"--context-parallel-size {launch.context_parallel}"),
                (launch.expert_parallel > 1, f"--expert-model-parallel-size {launch.expert_parallel}"),
@@ -152,7 +148,8 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             if broken:
                 off_shape.append(f"blocks.{layer}.{name} ({broken})")
                 continue
-            linear.linear = partial(_fp8_linear_call, state=Fp8LinearState(recipe, device, reduce_amax))
+            linear.fp8_state = Fp8LinearState(recipe, device, reduce_amax)  # found by delayed_states
+            linear.linear = partial(_fp8_linear_call, state=linear.fp8_state)
             in_fp8.append(name)
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
@@ -180,6 +177,13 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
     words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
     return "; ".join(words)
+
+
+def delayed_states(model: nn.Module) -> dict:
+    """{module name: DelayedScaling} of the linears apply_fp8 put in delayed scaling (the checkpoint's
+    histories, checkpoint/fp8_state.py); {} for the other recipes and without FP8."""
+    return {name: module.fp8_state.delayed for name, module in model.named_modules()
+            if getattr(module, "fp8_state", None) is not None and module.fp8_state.delayed is not None}
 
 
 def _fp8_linear_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
