@@ -61,11 +61,18 @@ def _assert_close(losses, reference, rel, name):
 
 
 @pytest.mark.slow
-def test_tensor_parallel_fp8_equals_one_process(tmp_path, corpus_cache, one_process):
+def test_tensor_parallel_fp8_equals_one_process_and_resumes_exactly(tmp_path, corpus_cache, one_process):
     runs = Runs(tmp_path, corpus_cache)
     for name, (recipe, extra, _) in TENSOR_PARALLEL.items():
         runs.add(name, *_recipe(recipe), *extra)
+    # and delayed TP 2 + SP saved at iteration 2 and resumed: its histories, one copy written by the first rank,
+    # are every rank's (checkpoint/fp8_state.py)
+    save = str(tmp_path / "ckpt")
+    runs.add("delayed-tp2-sp-saved", *_recipe("delayed"), *TP2, *SP, "--save", save, "--exit-interval", "2")
+    runs.add("delayed-tp2-sp-resumed", *_recipe("delayed"), *TP2, *SP, "--save", save, "--load", save)
     launched = runs.launch(2, 2)
+    resumed = [(r["iteration"], r["loss"]) for r in launched["delayed-tp2-sp-resumed"] if "loss" in r]
+    assert resumed == [(3, losses_of(launched["delayed-tp2-sp"])[2])]
     for name, (recipe, _, rel) in TENSOR_PARALLEL.items():
         _assert_close(losses_of(launched[name]), one_process[recipe], rel, name)
     # The shards' own scales do change tensorwise's casts (the loose tolerance is not hiding a run in high
