@@ -52,8 +52,6 @@ def recipe_of(model_config) -> Fp8Recipe:
 @dataclass(frozen=True)
 class Fp8Launch:
     """What the refusals read besides the model's settings (arguments/ is above this floor)."""
-    world_size: int
-    tensor_parallel: int
     pipeline_parallel: int
     context_parallel: int
     expert_parallel: int

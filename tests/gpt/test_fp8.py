@@ -22,7 +22,7 @@ from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 from tests.gpt.test_llama_blocks import tiny_config
 
-ONE_PROCESS = Fp8Launch(world_size=1, tensor_parallel=1, pipeline_parallel=1, context_parallel=1, expert_parallel=1,
+ONE_PROCESS = Fp8Launch(pipeline_parallel=1, context_parallel=1, expert_parallel=1,
                         recompute=False, compile=False)
 SINGLE = ParallelState(device=torch.device("cpu"))
 
@@ -75,11 +75,10 @@ def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extr
 @pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
 def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(recompute=True))
-    check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(world_size=8))  # data parallelism
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
-    for fp8_recipe in (recipe, "delayed"):  # tensor (and sequence) and data parallelism, delayed's amax reduced
-        check_fp8(tiny_config(fp8="hybrid", fp8_recipe=fp8_recipe), _launch(tensor_parallel=2, world_size=4))
-    check_fp8(tiny_config(), _launch(tensor_parallel=8, world_size=64))  # no --fp8-format: nothing to check
+    # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
+    check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
+    check_fp8(tiny_config(), _launch(pipeline_parallel=8))  # no --fp8-format: nothing to check
 
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):
