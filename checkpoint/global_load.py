@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from base.errors import CheckpointError
+from checkpoint.fp8_state import restore_fp8_histories
 from checkpoint.global_state import MODEL_KEY, GlobalStateSource, GlobalTensorInfo
 from checkpoint.regions import flat_range_boxes, flat_start, shift
 from checkpoint.router_state import restore_expert_biases
@@ -206,6 +207,12 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
     if missing and state.is_first_rank:
         log(f" note: {source.path} holds no expert bias for {missing[0]} (saved without "
             f"--moe-router-enable-expert-bias?); it starts at 0", flush=True)
+    histories = getattr(source, "fp8_histories", None)
+    missing = restore_fp8_histories(model, histories() if histories is not None else None)
+    if missing and state.is_first_rank:
+        log(f" note: {source.path} ({source.format_name}) holds no FP8 amax history for {len(missing)} delayed-scaling "
+            f"linears of this run (saved without --fp8-recipe delayed, or in a format that does not carry them), "
+            f"{missing[0]} first; they start fresh (scale 1)", flush=True)
     if load_rng:
         restore = getattr(source, "restore_random_states", None)
         if restore is not None:

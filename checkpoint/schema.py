@@ -71,6 +71,20 @@ def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda value: isinstance(value, list) and all(check(item) for item in value)
 
 
+def _is_int32(value: Any) -> bool:
+    return _is_int(value, -2 ** 31) and value < 2 ** 31
+
+
+def _fp8_entry(entry: Any) -> bool:
+    """One linear's {amax_history: rows of 3 int32 bit patterns, scale: 3 of them}."""
+    if not isinstance(entry, dict) or set(entry) != {"amax_history", "scale"}:
+        return False
+    rows, scale = entry["amax_history"], entry["scale"]
+    return (isinstance(rows, list) and len(rows) >= 1 and all(isinstance(row, list) and len(row) == 3
+                                                              and all(map(_is_int32, row)) for row in rows)
+            and isinstance(scale, list) and len(scale) == 3 and all(map(_is_int32, scale)))
+
+
 def _parameter_entry(entry: Any) -> bool:
     """{shape, tensor_parallel_dim} and, since the sharding records, split_over, replicated_over, real_rows."""
     if not isinstance(entry, dict) or not _list_of(_is_int)(entry.get("shape")):
@@ -134,6 +148,10 @@ OPTIONAL = {
     "expert_bias": ("an object of router name -> list of numbers",
                     lambda v: isinstance(v, dict) and all(isinstance(k, str) and _list_of(_is_number)(e)
                                                           for k, e in v.items())),
+    # delayed FP8 scaling's amax histories and scales by linear (checkpoint/fp8_state.py), fp32 bit patterns
+    "fp8_amax_history": ("an object of linear name -> {amax_history: [[int32 bits]], scale: [int32 bits]}",
+                         lambda v: isinstance(v, dict) and all(isinstance(k, str) and _fp8_entry(e)
+                                                               for k, e in v.items())),
     "pipeline_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
     # written with context parallelism: ZeRO's partitions are cut over DP x CP, one optimizer file each
     "context_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),

@@ -220,6 +220,9 @@ class ZeroGptSource:
     def expert_biases(self) -> Optional[dict[str, list[float]]]:
         return self.metadata.get("expert_bias")
 
+    def fp8_histories(self) -> Optional[dict[str, dict[str, list]]]:
+        return self.metadata.get("fp8_amax_history")
+
     def restore_random_states(self, rng, state, log=print) -> None:
         restore_random_states(self.path, self.metadata, rng, state, log)
 

@@ -10,10 +10,18 @@ and the last --num-layers-at-end-in-bf16 blocks in high precision (megatron/core
 is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks CUDA's FP8 rules (a multiple
 of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it.
 
-Built and checked on the CPU: no TP, PP, CP or EP (the amax reductions over those groups are not built), a
-dense model, no MTP, no --compile; data parallelism (ZeRO 0-3) for the stateless recipes; delayed scaling
-in one process only, without activation recomputation (a recomputed forward would update the amax history
-twice) and without --save/--load (the histories are not in the checkpoint yet).
+Built and checked on the CPU: tensor parallelism with or without sequence parallelism, and data parallelism
+(ZeRO 0-3); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
+recomputation (a recomputed forward would update the amax history twice); its histories and scales are in
+this project's checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
+
+Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group,
+the tensor x data (x context) parallel ranks of a pipeline stage (amax_reduction); with PP and CP refused
+that is every rank. The stateless recipes reduce nothing, as TE's current-scaling and block quantizers
+(parallel/fp8/linear.py): under TP each rank casts its weight shard with the shard's own amax (and blocks),
+so tensorwise and blockwise TP N differ from TP 1 by FP8 rounding, which the start-up line says; MXFP8's
+1x32 blocks never cross a shard boundary (the shape rule keeps each local dimension a multiple of 32), so
+it computes TP 1's casts.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from functools import partial
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from base.errors import ConfigError
@@ -30,6 +39,7 @@ from parallel.fp8.kernel import kernel_name
 from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
 from parallel.fp8.recipes import Fp8Recipe
 from parallel.layers import ColumnParallelLinear, RowParallelLinear
+from parallel.state import ParallelState
 
 
 def recipe_of(model_config) -> Fp8Recipe:
@@ -42,13 +52,10 @@ def recipe_of(model_config) -> Fp8Recipe:
 @dataclass(frozen=True)
 class Fp8Launch:
     """What the refusals read besides the model's settings (arguments/ is above this floor)."""
-    world_size: int
-    tensor_parallel: int
     pipeline_parallel: int
     context_parallel: int
     expert_parallel: int
     recompute: bool
-    saves_or_loads: bool
     compile: bool
 
 
@@ -78,11 +85,7 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                           f"forward would update the amax "
                           f"history twice; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state), or drop "
                           f"the recomputation")
-    if recipe == "delayed" and launch.saves_or_loads:
-        raise ConfigError(f"{what} with --save/--load: the amax histories are not in the checkpoint yet, so a "
-                          f"resume would not be exact; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state)")
-    unbuilt = [(launch.tensor_parallel > 1, f"--tensor-model-parallel-size {launch.tensor_parallel}"),
-               (launch.pipeline_parallel > 1, f"--pipeline-model-parallel-size {launch.pipeline_parallel}"),
+    unbuilt = [(launch.pipeline_parallel > 1, f"--pipeline-model-parallel-size {launch.pipeline_parallel}"),
                (launch.context_parallel > 1, f"--context-parallel-size {launch.context_parallel}"),
                (launch.expert_parallel > 1, f"--expert-model-parallel-size {launch.expert_parallel}"),
                (model_config.moe is not None, "--num-experts (the experts' grouped GEMMs)"),
@@ -90,15 +93,9 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                (launch.compile, "--compile")]
     for unsupported, setting in unbuilt:
         if unsupported:
-            raise ConfigError(f"{what} is built for one process so far: with {setting} its amax reductions and "
-                              f"layers are not built yet (issue 65); drop --fp8-format or that setting")
-    # last: the one refusal that depends on the launcher, not the flags. Data parallelism needs no FP8 code for
-    # the stateless recipes: TE reduces no amax over the data-parallel group for them (each rank casts its own
-    # micro-batches; the weights are the same on every rank), only for delayed scaling's history.
-    if recipe == "delayed" and launch.world_size > 1:
-        raise ConfigError(f"{what} over {launch.world_size} ranks: delayed scaling's amax reduction over the "
-                          f"data-parallel group is not built yet (issue 65); use --fp8-recipe tensorwise, "
-                          f"blockwise or mxfp8, or one process")
+            raise ConfigError(f"{what} is built for tensor and data parallelism so far: with {setting} its amax "
+                              f"reductions and layers are not built yet (issue 65); drop --fp8-format or that "
+                              f"setting")
 
 
 def _keeps_high_precision(model_config, layer: int) -> bool:
@@ -114,13 +111,28 @@ def _tp_linears(block: nn.Module):
             if isinstance(module, (ColumnParallelLinear, RowParallelLinear))]
 
 
+def amax_reduction(parallel: Optional[ParallelState]):
+    """Delayed scaling's in-place max all-reduce of an amax over Megatron-Core's amax reduction group
+    (parallel_state.get_amax_reduction_group(with_context_parallel=True), megatron/core/fp8_utils.py's
+    get_fp8_context; tp_only_amax_red off, its default): the tensor x data x context parallel ranks of this
+    pipeline stage. check_fp8 refuses PP and CP under FP8, so that group is every rank. None in one process."""
+    if parallel is None or parallel.world_size == 1:
+        return None
+    if parallel.pipeline_parallel_size > 1 or parallel.context_parallel_size > 1:
+        raise ConfigError("FP8's amax reduction group with pipeline or context parallelism is not built (issue 65)")
+    comm, group = parallel.comm, dist.group.WORLD
+    return lambda amax: comm.all_reduce(amax, group, "amax", op=dist.ReduceOp.MAX)
+
+
 def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
-              device: torch.device) -> Optional[str]:
+              device: torch.device, parallel: Optional[ParallelState] = None) -> Optional[str]:
     """Run the blocks' TP linears' GEMMs in FP8 (each linear its own state, Fp8LinearState) and return the
-    start-up line naming the format, recipe, kernel and layers; None without --fp8-format."""
+    start-up line naming the format, recipe, kernel and layers; None without --fp8-format. `parallel` (None:
+    one process) gives delayed scaling its amax reduction and the line its TP words."""
     if model_config.fp8 is None:
         return None
     recipe = recipe_of(model_config)
+    reduce_amax = amax_reduction(parallel) if recipe.recipe == "delayed" else None
     in_fp8, high_precision_layers, off_shape = [], [], []
     for layer_name, block in blocks.named_children():
         layer = int(layer_name)
@@ -134,7 +146,8 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             if broken:
                 off_shape.append(f"blocks.{layer}.{name} ({broken})")
                 continue
-            linear.linear = partial(_fp8_linear_call, state=Fp8LinearState(recipe, device))
+            linear.fp8_state = Fp8LinearState(recipe, device, reduce_amax)  # found by delayed_states
+            linear.linear = partial(_fp8_linear_call, state=linear.fp8_state)
             in_fp8.append(name)
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
@@ -144,6 +157,15 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
     if recipe.recipe == "delayed":
         words.append(f"amax history {recipe.amax_history_len} ({recipe.amax_compute_algo}), margin {recipe.margin}"
                      + ("" if recipe.wgrad else ", weight gradients in high precision (--no-fp8-wgrad)"))
+    if reduce_amax is not None:
+        words.append(f"amax all-reduced (max) over the {parallel.world_size} tensor- and data-parallel ranks "
+                     f"(Megatron-Core's amax reduction group)")
+    tensor_parallel = 1 if parallel is None else parallel.tensor_parallel_size
+    if tensor_parallel > 1 and recipe.recipe in ("tensorwise", "blockwise"):
+        words.append(f"under TP {tensor_parallel} each rank scales its weight shard, row-parallel inputs and "
+                     f"column-parallel output gradients by the shard's own amax"
+                     f"{' blocks' if recipe.recipe == 'blockwise' else ''}, as TransformerEngine's quantizers do, "
+                     f"so the losses differ from TP 1 by FP8 rounding")
     kept = "the embedding, output layer and norms stay in high precision"
     if high_precision_layers:
         kept += (f", and block{'s' if len(high_precision_layers) > 1 else ''} "
@@ -153,6 +175,13 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
     words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
     return "; ".join(words)
+
+
+def delayed_states(model: nn.Module) -> dict:
+    """{module name: DelayedScaling} of the linears apply_fp8 put in delayed scaling (the checkpoint's
+    histories, checkpoint/fp8_state.py); {} for the other recipes and without FP8."""
+    return {name: module.fp8_state.delayed for name, module in model.named_modules()
+            if getattr(module, "fp8_state", None) is not None and module.fp8_state.delayed is not None}
 
 
 def _fp8_linear_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,

@@ -58,12 +58,16 @@ GROUP_KINDS = {"dp": COLLECTIVE_KINDS, "tp": COLLECTIVE_KINDS, "pp": P2P_KINDS +
                # context parallelism (parallel/context_parallel.py): K/V all-gathered or passed round the ring,
                # the loss's token count summed
                # (and DeepSpeed-Ulysses' all-to-all, sequence split <-> head split)
-               "cp": COLLECTIVE_KINDS + P2P_KINDS + ("all_to_all",)}
+               "cp": COLLECTIVE_KINDS + P2P_KINDS + ("all_to_all",),
+               # FP8 delayed scaling's amax max-reduction over the tensor x data parallel ranks (Megatron-Core's
+               # amax reduction group; parallel/fp8/recipes.py)
+               "amax": ("all_reduce",)}
 GROUP_NAMES = tuple(GROUP_KINDS)
 EXPERT_GROUP_KINDS = {"ep": ("all_to_all",) + COLLECTIVE_KINDS, "etp": ("all_to_all",) + COLLECTIVE_KINDS,
                       "edp": COLLECTIVE_KINDS, "etp_ep": COLLECTIVE_KINDS}
-# Counted from its first byte on: a run without context parallelism records the groups it always had.
-ON_FIRST_USE = ("cp",)
+# Counted from its first byte on: a run without context parallelism (or FP8 delayed scaling over ranks) records
+# the groups it always had.
+ON_FIRST_USE = ("cp", "amax")
 
 # torch 2.13 renamed the single-tensor collectives; the old names still work but warn.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

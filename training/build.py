@@ -87,7 +87,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. Not on the meta
     # device: the dry run plans the high-precision GEMMs (docs/fp8.md says so).
     fp8 = None if state.device.type == "meta" else apply_fp8(
-        model.blocks, config.model, config.training.micro_batch_size * config.model.seq_length, state.device)
+        model.blocks, config.model, config.training.micro_batch_size * config.model.seq_length, state.device,
+        state)
     activations = ActivationMonitor(state.device)
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute

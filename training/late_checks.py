@@ -6,7 +6,6 @@ back in one list, before any process group, data or model work.
 
 from __future__ import annotations
 
-from arguments.bounds import world_size_from_environment
 from arguments.config import PretrainConfig
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
@@ -30,12 +29,11 @@ def check_fp8_flag(config: PretrainConfig) -> None:
     refusal joins the one round."""
     if config.model.fp8 is None:
         return
-    parallel, checkpoint = config.parallel, config.checkpoint
+    parallel = config.parallel
     check_fp8(config.model, Fp8Launch(
-        world_size=world_size_from_environment(), tensor_parallel=parallel.tensor_model_parallel_size,
         pipeline_parallel=parallel.pipeline_model_parallel_size, context_parallel=parallel.context_parallel_size,
         expert_parallel=parallel.expert_model_parallel_size, recompute=config.activations.checkpoint_activations,
-        saves_or_loads=bool(checkpoint.save or checkpoint.load), compile=config.training.compile))
+        compile=config.training.compile))
 
 
 def check_load(config: PretrainConfig) -> None:

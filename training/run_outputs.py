@@ -66,6 +66,10 @@ class CheckpointSaves:
         if self.megatron:
             self.mode_line = ("> checkpoints: saved synchronously in Megatron-LM's torch_dist layout"
                               + (" (--async-save writes this project's format only)" if checkpoint.async_save else ""))
+            if config.model.fp8 is not None and config.model.fp8_recipe == "delayed":
+                # TE keeps them in each module's pickled _extra_state, which this writer does not produce
+                self.mode_line += ("; without delayed FP8 scaling's amax histories (TransformerEngine's _extra_state): "
+                                   "a resume from these starts them fresh at scale 1, said again at the load")
 
     def __call__(self, iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
         checkpoint, built = self.config.checkpoint, self.built

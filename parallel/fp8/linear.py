@@ -34,11 +34,16 @@ from parallel.fp8.recipes import (
 
 class Fp8LinearState:
     """What one FP8 linear keeps between steps: its recipe and, for delayed scaling, the amax histories and
-    scales (state_dict / load_state_dict for the checkpoint)."""
+    scales (state_dict / load_state_dict for the checkpoint), reduced by `reduce_amax` (DelayedScaling).
+    The stateless recipes reduce nothing: TE's current-scaling and block quantizers cast each rank's own
+    tensor (a weight shard with its own amax), except the input of a column-parallel linear and the output
+    gradient of a row-parallel one under sequence parallelism, whose amax TE reduces over the TP group
+    before an FP8 all-gather (module/linear.py, set_quantizer_amax_reduction_group). The TP layers here
+    gather those in high precision before the linear, so casting the gathered tensor is that same cast."""
 
-    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu"):
+    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", reduce_amax=None):
         self.recipe = recipe
-        self.delayed = DelayedScaling(recipe, device) if recipe.recipe == "delayed" else None
+        self.delayed = DelayedScaling(recipe, device, reduce_amax) if recipe.recipe == "delayed" else None
 
     def quantize_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype):
         if self.delayed is not None:

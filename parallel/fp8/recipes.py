@@ -12,6 +12,7 @@ below follow TE's code line by line (cited at each function).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -110,10 +111,21 @@ class DelayedScaling:
       the history rolls by -1 and row 0 is zeroed (the oldest entry leaves);
       scale = (fp8_max / amax) / 2^margin.
     TE runs the update when the autocast region ends; Megatron opens one region per micro-batch forward,
-    and each role is cast once in it, so updating right after the cast is the same sequence of scales."""
+    and each role is cast once in it, so updating right after the cast is the same sequence of scales.
 
-    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu"):
+    Over several ranks, TE all-reduces (max) the new amax (history row 0) over the autocast's fp8_group
+    before the update (quantization.py, reduce_and_update_fp8_tensors); Megatron-Core passes
+    parallel_state.get_amax_reduction_group(with_context_parallel=True), the tensor x data (x context)
+    parallel ranks (megatron/core/fp8_utils.py, get_fp8_context). That is `reduce_amax` here (an in-place
+    max all-reduce over that group, through the run's communicator; None in one process): after it a
+    weight shard's amax is the whole weight's, a row-parallel input's the whole input's, and every rank of
+    the group holds the same history and scales. A max is exact in any order, so the reduction is bitwise
+    the one process's amax of the same tensors."""
+
+    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu",
+                 reduce_amax: Optional[Callable[[torch.Tensor], None]] = None):
         self.recipe = recipe
+        self.reduce_amax = reduce_amax
         self.amax_history = torch.zeros(recipe.amax_history_len, 3, dtype=torch.float32, device=device)
         self.scale = torch.ones(3, dtype=torch.float32, device=device)
 
@@ -122,7 +134,10 @@ class DelayedScaling:
         (fp8 data, dequantizing scale)."""
         scale = self.scale[role].clone()
         data, scale_inv = quantize_tensorwise(tensor, scale, dtype)
-        self.amax_history[0, role] = torch.maximum(self.amax_history[0, role], amax_of(tensor))
+        amax = torch.maximum(self.amax_history[0, role], amax_of(tensor)).reshape(1)
+        if self.reduce_amax is not None:
+            self.reduce_amax(amax)
+        self.amax_history[0, role] = amax[0]
         self._update(role, FP8_MAX[dtype])
         return data, scale_inv
 

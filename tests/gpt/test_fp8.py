@@ -22,8 +22,8 @@ from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 from tests.gpt.test_llama_blocks import tiny_config
 
-ONE_PROCESS = Fp8Launch(world_size=1, tensor_parallel=1, pipeline_parallel=1, context_parallel=1, expert_parallel=1,
-                        recompute=False, saves_or_loads=False, compile=False)
+ONE_PROCESS = Fp8Launch(pipeline_parallel=1, context_parallel=1, expert_parallel=1,
+                        recompute=False, compile=False)
 SINGLE = ParallelState(device=torch.device("cpu"))
 
 
@@ -53,16 +53,13 @@ def _launch(**changes):
 
 
 @pytest.mark.parametrize("recipe, launch, extra, words", [
-    ("tensorwise", _launch(tensor_parallel=2), {}, "with --tensor-model-parallel-size 2 its amax reductions"),
-    ("delayed", _launch(world_size=2), {}, "over 2 ranks: delayed scaling's amax reduction over the data-parallel"),
-    ("blockwise", _launch(pipeline_parallel=2), {}, "--pipeline-model-parallel-size 2"),
+    ("blockwise", _launch(pipeline_parallel=2), {}, "with --pipeline-model-parallel-size 2 its amax reductions"),
     ("mxfp8", _launch(context_parallel=2), {}, "--context-parallel-size 2"),
     ("tensorwise", _launch(expert_parallel=2), {}, "--expert-model-parallel-size 2"),
     ("tensorwise", ONE_PROCESS, {"num_experts": 4}, "--num-experts (the experts' grouped GEMMs)"),
     ("tensorwise", ONE_PROCESS, {"mtp_num_layers": 1}, "--mtp-num-layers 1"),
     ("tensorwise", _launch(compile=True), {}, "with --compile"),
     ("delayed", _launch(recompute=True), {}, "update the amax history twice"),
-    ("delayed", _launch(saves_or_loads=True), {}, "amax histories are not in the checkpoint yet"),
     ("delayed", ONE_PROCESS, {"first_last_layers_bf16": True}, "delayed scaling does not support first / last"),
     ("custom", ONE_PROCESS, {}, "the custom recipe (--fp8-quantizer-factory"),
     ("tensorwise", ONE_PROCESS, {"first_last_layers_bf16": True, "num_layers_at_end_in_bf16": 3},
@@ -77,18 +74,20 @@ def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extr
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
 def test_what_is_built_passes_the_check(recipe):
-    check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(recompute=True, saves_or_loads=True))
-    check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(world_size=8))  # data parallelism
+    check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(recompute=True))
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
-    check_fp8(tiny_config(), _launch(tensor_parallel=8, world_size=64))  # no --fp8-format: nothing to check
+    # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
+    check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
+    check_fp8(tiny_config(), _launch(pipeline_parallel=8))  # no --fp8-format: nothing to check
 
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("training.prepare.build_data", lambda *args: pytest.fail("data work started"))
-    argv = ["--fp8-format", "hybrid", "--tensor-model-parallel-size", "2", "--device", "cpu",
+    argv = ["--fp8-format", "hybrid", "--pipeline-model-parallel-size", "2", "--device", "cpu",
             "--metrics-file", str(tmp_path / "m.jsonl")]
     assert pretrain_gpt.main(argv) == 2
-    assert "--fp8-format hybrid --fp8-recipe delayed is built for one process so far" in capsys.readouterr().err
+    assert "--fp8-format hybrid --fp8-recipe delayed is built for tensor and data parallelism so far" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])

@@ -170,7 +170,7 @@ LAUNCHES = (
             "<CHECKPOINT_PATH>", "--tensorboard-dir", "<TENSORBOARD_LOGS_PATH>",
         ),
         # Its Llama 3 blocks (RMSNorm, SwiGLU, rope, GQA, untied, no biases) are accepted; the refusal is for
-        # what the script also needs: FP8 parameter all-gathers (its FP8 GEMMs exist, one process so far).
+        # what the script also needs: FP8 parameter all-gathers (its FP8 GEMMs exist, with TP and DP so far).
         outcome="refused: --fp8-param-gather",
     ),
 

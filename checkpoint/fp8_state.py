@@ -1,0 +1,61 @@
+"""Delayed scaling's amax histories and scales in checkpoints (--fp8-recipe delayed, gpt/fp8.py).
+
+TransformerEngine keeps each module's FP8 metadata (amax_history and scale per tensor role) in the module's
+`_extra_state`, saved and loaded with the model's state dict (transformer_engine/pytorch/module/base.py,
+get_extra_state / set_extra_state), so a Megatron resume continues the histories, with or without the optimizer.
+Here the same: each FP8 linear's history [history_len, 3] and scales [3] by the linear's global module name, in
+the checkpoint's metadata as their fp32 bit patterns (int32: exact for every value, inf and NaN included, which
+JSON numbers would not carry). After the amax reduction over the tensor x data parallel ranks (parallel/fp8/
+recipes.py) every rank holds the same histories, so the first rank's are the one copy, as the routers' expert
+bias (checkpoint/router_state.py). The stateless recipes have nothing to save.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from gpt.fp8 import delayed_states
+
+KEYS = ("amax_history", "scale")
+
+
+def _bits(tensor: torch.Tensor) -> list:
+    return tensor.detach().to("cpu", torch.float32).contiguous().view(torch.int32).tolist()
+
+
+def _from_bits(bits: list, device: torch.device) -> torch.Tensor:
+    return torch.tensor(bits, dtype=torch.int32).view(torch.float32).to(device)
+
+
+def fp8_histories(model: nn.Module) -> dict[str, dict[str, list]]:
+    """{linear name: {"amax_history": bits, "scale": bits}} of this rank's delayed-scaling linears ({} without)."""
+    return {name: {key: _bits(value) for key, value in delayed.state_dict().items()}
+            for name, delayed in delayed_states(model).items()}
+
+
+def fit_history_length(history: torch.Tensor, length: int) -> torch.Tensor:
+    """A saved history at this run's --fp8-amax-history-len, as TE's adjust_amax_history_length (module/base.py)
+    does on the first forward after the load: its first `length` rows, or zero rows appended."""
+    if history.size(0) >= length:
+        return history[:length].clone()
+    return torch.nn.functional.pad(history, (0, 0, 0, length - history.size(0)))
+
+
+def restore_fp8_histories(model: nn.Module, saved: Optional[dict[str, dict[str, list]]]) -> list[str]:
+    """Put the saved histories (at this run's length) and scales into this rank's delayed-scaling linears; returns
+    the names of those the checkpoint holds none for (they start fresh: zeros, scale 1)."""
+    saved = saved or {}
+    missing = []
+    for name, delayed in delayed_states(model).items():
+        entry = saved.get(name)
+        if not isinstance(entry, dict) or any(key not in entry for key in KEYS):
+            missing.append(name)
+            continue
+        device = delayed.scale.device
+        delayed.load_state_dict({
+            "amax_history": fit_history_length(_from_bits(entry["amax_history"], device), len(delayed.amax_history)),
+            "scale": _from_bits(entry["scale"], device)})
+    return missing
