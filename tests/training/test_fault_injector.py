@@ -13,7 +13,9 @@ rank alone met is printed by that rank, with its grid coordinates, under torchru
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import re
 import signal
@@ -147,6 +149,19 @@ def test_an_error_some_ranks_met_is_printed_by_the_first_of_them_naming_them_and
     assert agree_on_failure(Gone(), "d/", 1, 2, "x", "rank 1 (TP ...)") == Reporter(True, "rank 1 (TP ...)")
 
 
+def test_launch_py_names_the_rank_that_failed_first_on_an_error_of_its_own(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from launch import first_failure
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert first_failure(tmp_path) is None  # nobody's own error: torchrun's report or the ranks' lines say it
+    (tmp_path / "failure3").write_text(json.dumps({"time": 20.0, "line": "pretrain_gpt.py: error: rank 3 (...): b"}))
+    (tmp_path / "failure1").write_text(json.dumps({"time": 10.0, "line": "pretrain_gpt.py: error: rank 1 (...): a"}))
+    (tmp_path / "failure2").write_text('{"time": 5')  # killed mid-write
+    assert first_failure(tmp_path) == "launch.py: rank 1 failed first: pretrain_gpt.py: error: rank 1 (...): a"
+
+
 def fault_flags(cache: str, metrics: Path, fault: str, start_iteration: int) -> list[str]:
     return [*TINY, "--data-cache-dir", cache, "--tokenizer-vocab-size", "512", "--train-iters", "8",
             "--global-batch-size", "4", "--metrics-file", str(metrics), "--fault-injector-ranks", "1",
@@ -164,7 +179,7 @@ def test_an_exception_injected_on_rank_1_is_its_one_line_on_the_terminal(tmp_pat
                "--standalone", "--nproc_per_node", "2", str(REPO / "pretrain_gpt.py"),
                *fault_flags(corpus_cache, tmp_path / "metrics.jsonl", "workload_exc", 1)]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     line = (rf"pretrain_gpt\.py: error: {PLACE_OF_RANK_1}: fault injector: workload_exc raised after iteration 3 "
             r"\(--fault-injector-fault-types\)")
     assert "> fault injector: workload_exc on rank 1, 0.000 s after iteration 2" in done.stdout, done.stdout
