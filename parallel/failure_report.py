@@ -11,13 +11,15 @@ others' posts:
 - otherwise the lowest rank of those that posted this same line prints it once, naming them: "rank 1
   (TP 1/2, PP 0/1, DP 0/1, CP 0/1, EP 0/1): ..." for one, "ranks 1, 3: ..." for several.
 
-A rank that cannot reach the store prints its own line: a line said twice beats a line said by nobody.
+A rank that cannot reach the store, or whose store does not answer (its host stopped: a call to it blocks,
+parallel/store_wire.py), prints its own line: a line said twice beats a line said by nobody.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from base.errors import Reporter
 
@@ -25,6 +27,7 @@ from base.errors import Reporter
 # collective waiting for the failing one never posts, and this is what its silence costs.
 AGREEMENT_WAIT_S = 5.0
 POLL_S = 0.05
+STORE_ANSWER_S = 2.0  # beyond the wait, how long the store's calls may take before this rank speaks alone
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -35,7 +38,21 @@ def agree_on_failure(store, prefix: str, rank: int, world_size: int, line: str, 
                      wait_s: float = AGREEMENT_WAIT_S, clock: Callable[[], float] = time.monotonic,
                      sleep: Callable[[float], None] = time.sleep) -> Reporter:
     """Post this rank's `line` under `prefix` in `store` and decide who prints it (see the module).
-    `place` is this rank's "rank 1 (TP 1/2, ...)"."""
+    `place` is this rank's "rank 1 (TP 1/2, ...)". The store is asked from a daemon thread, so that a store
+    that never answers costs STORE_ANSWER_S beyond the wait, not the line."""
+    decided: list[Optional[Reporter]] = [None]
+
+    def ask() -> None:
+        decided[0] = _agree(store, prefix, rank, world_size, line, place, wait_s, clock, sleep)
+
+    asking = threading.Thread(target=ask, name="failure-report", daemon=True)
+    asking.start()
+    asking.join(wait_s + STORE_ANSWER_S)
+    return decided[0] or Reporter(speaks=True, place=place)
+
+
+def _agree(store, prefix: str, rank: int, world_size: int, line: str, place: str, wait_s: float,
+           clock: Callable[[], float], sleep: Callable[[float], None]) -> Reporter:
     keys = [f"{prefix}failure/{r}" for r in range(world_size)]
     try:
         store.set(keys[rank], line)

@@ -148,6 +148,12 @@ def test_an_error_some_ranks_met_is_printed_by_the_first_of_them_naming_them_and
 
     assert agree_on_failure(Gone(), "d/", 1, 2, "x", "rank 1 (TP ...)") == Reporter(True, "rank 1 (TP ...)")
 
+    class Stopped:  # a stopped store host: a call blocks (parallel/store_wire.py)
+        def set(self, *args):
+            threading.Event().wait()
+
+    assert agree_on_failure(Stopped(), "e/", 1, 2, "x", "rank 1 (TP ...)", wait_s=0.1) == Reporter(True, "rank 1 (TP ...)")
+
 
 def test_launch_py_names_the_rank_that_failed_first_on_an_error_of_its_own(tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
