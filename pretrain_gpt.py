@@ -19,8 +19,17 @@ from arguments.bounds import check_machine_bounds
 from arguments.config import ConfigError, PretrainConfig
 from arguments.parser import parse_arguments
 from arguments.print_config import format_config
-from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
+from base.errors import (
+    ALWAYS_EXPECTED,
+    InjectedFault,
+    PeerLostError,
+    exit_at_once,
+    one_line,
+    reporting_process,
+    run_tool,
+)
 from data import DataError
+from parallel.failure_report import agree_on_failure
 from parallel.liveness import Liveness, PeerLoss, start_liveness
 from parallel.state import ParallelState, destroy, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
@@ -74,8 +83,13 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     try:
         liveness = watch_peers(state, config.training.heartbeat_timeout_seconds)
         run(config, state)
-    except EXPECTED_ERRORS:
-        raise  # met by every rank alike (the ranks agree on their checks): not a lost peer
+    except EXPECTED_ERRORS + (InjectedFault,) as error:
+        # Not a lost peer: an error met by every rank alike (the ranks agree on their checks), or by this rank
+        # alone; the store decides who prints it (parallel/failure_report.py).
+        if liveness is not None and not isinstance(error, KeyboardInterrupt):
+            error.reporter = agree_on_failure(liveness.board.store, liveness.board.prefix, state.rank,
+                                              state.world_size, one_line(error), state.place())
+        raise
     except Exception:
         # Anything else on a multi-rank run may be a collective that failed because a peer is gone
         # (in the loop, an autograd hook, a work handle's wait): the heartbeats say whether one is.

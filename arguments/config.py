@@ -37,6 +37,7 @@ from arguments.bounds import check_bounds
 from arguments.config_sources import FLAG
 from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
+from base.fault_injector import FaultInjectorSettings
 from base.options import Const, count, flag_of, option
 from data import DataError
 from data.gpt_dataset import parse_split
@@ -366,6 +367,41 @@ class TrainingConfig:
     eval_interval: int = 50
     eval_iters: int = option(10, help="batches per evaluation; 0 disables")
     log_interval: int = 10
+    # Megatron-Core's fault injector (megatron/core/fault_injector.py, FaultInjectorConfig: every field None by
+    # default, injection on when ranks or num-ranks is given); base/fault_injector.py, training/fault_injection.py.
+    fault_injector_ranks: Optional[str] = option(
+        None, group="checkpoint", metavar="R[,R...]", help="fault injector: inject on these ranks")
+    fault_injector_num_ranks: Optional[int] = option(
+        None, group="checkpoint", help="fault injector: inject on this many ranks drawn from ranks 1..N-1")
+    fault_injector_fault_types: Optional[str] = option(
+        None, group="checkpoint", metavar="TYPE[,TYPE...]",
+        help="fault injector: nvidia-resiliency-ext's fault types to draw one from (workload_exc, async_exc, "
+             "signal_exc, os_abort, lock_gil, segfault, sigint, sigkill, sigterm, sigstop; gpu_error, gpu_sleep "
+             "on CUDA)")
+    fault_injector_fault_probabilities: Optional[str] = option(
+        None, group="checkpoint", metavar="P[,P...]", help="fault injector: each fault type's weight (normalized)")
+    fault_injector_fault_delay: Optional[float] = option(
+        None, group="checkpoint",
+        help="fault injector: seconds from the start of training (or --fault-injector-delay-start-iteration) to the "
+             "fault")
+    fault_injector_delay_start_iteration: Optional[int] = option(
+        None, group="checkpoint",
+        help="fault injector: start the delay after the step at which Megatron's 0-based iteration count is N (the "
+             "step logged as iteration N+1)")
+    fault_injector_mtti_seconds: Optional[float] = option(
+        None, group="checkpoint", help="fault injector: mean time to inject, the delay drawn exponentially when "
+                                       "--fault-injector-fault-delay is not given")
+    fault_injector_offset_seconds: Optional[float] = option(
+        None, group="checkpoint", help="fault injector: seconds added to the drawn delay")
+    fault_injector_seed: Optional[int] = option(None, group="checkpoint", help="fault injector: its RNG's seed")
+
+    @property
+    def fault_injector(self) -> FaultInjectorSettings:
+        return FaultInjectorSettings(
+            self.fault_injector_ranks, self.fault_injector_num_ranks, self.fault_injector_fault_types,
+            self.fault_injector_fault_probabilities, self.fault_injector_fault_delay,
+            self.fault_injector_delay_start_iteration, self.fault_injector_mtti_seconds,
+            self.fault_injector_offset_seconds, self.fault_injector_seed)
 
     @property
     def precision(self) -> str:
@@ -413,6 +449,8 @@ class TrainingConfig:
             raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
                               "takes a 32-bit seed", flags=("--seed",))
         check_device_name(self.device)
+        self.fault_injector.check(cuda=self.device.startswith("cuda") or (self.device == "auto" and
+                                                                          torch.cuda.is_available()))
         if self.fp16 and self.bf16:
             raise ConfigError("--fp16 and --bf16 are exclusive: choose one (add --no-fp16 or --no-bf16 to "
                               "override a preset or --zero-config)", flags=("--fp16", "--bf16"))

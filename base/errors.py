@@ -6,24 +6,30 @@ each other in a cycle; arguments.config and checkpoint.format re-export them. `r
 program, `python -m data.preprocess` and every script in scripts/ call their work through it, so a
 bad input anywhere ends the same way -- one line `program: error: ...` on stderr and exit status 2 --
 and Ctrl-C ends in one line and status 130 instead of a traceback. A peer rank that died or hung
-(`PeerLostError`) is one line from every surviving rank and status 3. Nothing here imports torch or the
-rest of the repo: the boundary must work even when those imports are what fails.
+(`PeerLostError`) is one line from every surviving rank and status 3. An error met after the process
+group exists carries a `Reporter` (parallel/failure_report.py decides it): which rank prints it, naming
+whom; a fault from the fault injector (`InjectedFault`, training/fault_injection.py) is one line from the
+rank it was injected on and status 1, the status of Megatron-LM's uncaught InjectedException. Nothing here
+imports torch or the rest of the repo: the boundary must work even when those imports are what fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 EXIT_BAD_INPUT = 2
 SILENT_RANK_EXIT_DELAY_S = 3.0  # how long a rank that does not print a bad-input error waits before exiting
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 EXIT_PEER_LOST = 3  # another rank died or hung (parallel/liveness.py); this one stopped too
+EXIT_INJECTED_FAULT = 1  # an uncaught exception's status, as Megatron-LM's injected one ends
 
 # Set by scripts/launch.py: each rank writes its exit status here, so the launcher can exit with the
 # job's own status instead of torchrun's generic 1.
@@ -60,6 +66,20 @@ class PeerLostError(RuntimeError):
     each prints its own line."""
 
 
+class InjectedFault(RuntimeError):
+    """A fault the fault injector raised on purpose (nvidia-resiliency-ext's InjectedException): the
+    message names the fault and the flags that asked for it."""
+
+
+@dataclass(frozen=True)
+class Reporter:
+    """Who prints an error this rank raised after the process group exists (parallel/failure_report.py):
+    `speaks` on this rank, and `place` prefixes the message ("rank 1 (TP 1/2, ...)", "ranks 1, 3"); an
+    empty place is an error every rank met, printed plainly."""
+    speaks: bool
+    place: str = ""
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse that raises ConfigError instead of printing the usage block and exiting, so a bad
     flag is reported like every other bad input: one line, exit 2."""
@@ -90,6 +110,7 @@ def run_tool(program: str, action: Callable[[], object],
     """Run an entry point's work: its own exit status (an int it returns) or 0 on success; an
     expected error is one line `program: error: ...` on stderr and status 2; Ctrl-C (when nothing
     else handles SIGINT) is one line and status 130. Anything else is a bug and keeps its traceback."""
+    reporter: Optional[Reporter] = None
     try:
         result = action()
         status = result if isinstance(result, int) and not isinstance(result, bool) else 0
@@ -102,19 +123,34 @@ def run_tool(program: str, action: Callable[[], object],
     except LaunchEnvironmentError as error:
         print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
         status = EXIT_BAD_INPUT
-    except ALWAYS_EXPECTED + tuple(expected) as error:
-        _report(f"{program}: error: {one_line(error)}")
-        status = EXIT_BAD_INPUT
+    except (InjectedFault,) + ALWAYS_EXPECTED + tuple(expected) as error:
+        reporter = _report_error(program, error)
+        status = EXIT_INJECTED_FAULT if isinstance(error, InjectedFault) else EXIT_BAD_INPUT
     except KeyError as error:  # a metadata.json that parses but lacks an entry every save writes
         _report(f"{program}: error: the checkpoint's metadata has no {error} entry; is it from another tool?")
         status = EXIT_BAD_INPUT
     _record_exit_status(status)
-    if status == EXIT_BAD_INPUT and not reporting_process() and os.environ.get("TORCHELASTIC_RUN_ID"):
+    speaks = reporter.speaks if reporter is not None else reporting_process()
+    if status == EXIT_BAD_INPUT and not speaks and os.environ.get("TORCHELASTIC_RUN_ID"):
         # Every rank met the same bad input and only rank 0 prints it. Under torchrun a silent rank that
         # exits first makes the agent stop the others, rank 0 included, perhaps before its line is out
         # (seen on a loaded machine): wait a little.
         time.sleep(SILENT_RANK_EXIT_DELAY_S)
     return status
+
+
+def _report_error(program: str, error: BaseException) -> Reporter:
+    """Print an expected error as its Reporter says (rank 0 alone without one: a bad input met before the
+    process group, by every rank alike); a rank's own error is also left for scripts/launch.py."""
+    reporter = getattr(error, "reporter", None)
+    if not isinstance(reporter, Reporter):
+        reporter = Reporter(speaks=reporting_process())
+    line = f"{program}: error: {reporter.place + ': ' if reporter.place else ''}{one_line(error)}"
+    if reporter.speaks:
+        print(line, file=sys.stderr, flush=True)
+    if reporter.place:
+        _record_failure(line)
+    return reporter
 
 
 def exit_at_once(program: str, error: PeerLostError) -> None:
@@ -142,6 +178,18 @@ def _report(line: str) -> None:
 
 def _silent(*args) -> None:
     """An exception hook that prints nothing (exit_at_once)."""
+
+
+def _record_failure(line: str) -> None:
+    """For scripts/launch.py's summary: when this rank failed on an error of its own, and its line."""
+    directory = os.environ.get(EXIT_STATUS_DIR_VARIABLE)
+    if not directory:
+        return
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    try:
+        (Path(directory) / f"failure{rank}").write_text(json.dumps({"time": time.time(), "line": line}))
+    except OSError:
+        pass  # the launcher then says less
 
 
 def _record_exit_status(status: int) -> None:

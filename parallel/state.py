@@ -198,6 +198,16 @@ class ParallelState:
         """The rank that prints, writes metrics.jsonl and talks to W&B."""
         return self.rank == 0
 
+    def place(self) -> str:
+        """'rank 1 (TP 1/2, PP 0/1, DP 0/1, CP 0/1, EP 0/1)': where this rank sits, for an error it alone met."""
+        coordinates = ", ".join(f"{name} {rank}/{size}" for name, rank, size in (
+            ("TP", self.tensor_parallel_rank, self.tensor_parallel_size),
+            ("PP", self.pipeline_parallel_rank, self.pipeline_parallel_size),
+            ("DP", self.data_parallel_rank, self.data_parallel_size),
+            ("CP", self.context_parallel_rank, self.context_parallel_size),
+            ("EP", self.experts.model_rank, self.experts.model_size)))
+        return f"rank {self.rank} ({coordinates})"
+
 
 @dataclass(frozen=True)
 class ExpertParallel:

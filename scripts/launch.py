@@ -17,7 +17,9 @@ Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes 
   which torchrun's agent stops the survivors with SIGTERM before their heartbeat (parallel/
   liveness.py) can name the dead rank -- the launcher says it, in one line from torchrun's report:
   "launch.py: error: rank 1 (local rank 1 on host h) died: killed by SIGKILL; torchrun stopped the
-  other ranks".
+  other ranks". Where a rank failed on an error of its own (one the other ranks did not meet: base/errors.py
+  leaves its line in the status directory), the launcher ends with a summary naming the first to fail and
+  its line: "launch.py: rank 1 failed first: pretrain_gpt.py: error: rank 1 (TP 1/2, ...): ...".
 - SIGTERM, SIGINT and SIGUSR1 (SLURM's `--signal=USR1@120`) are forwarded to every rank, and the
   launcher, whose process serves the rendezvous store, stays until the ranks have exited: a run with
   --exit-signal-handler saves and exits 0, and so does the launcher. (torchrun alone handles SIGTERM,
@@ -39,6 +41,7 @@ Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -135,6 +138,22 @@ def recorded_statuses(status_dir: Path) -> dict[int, int]:
     return statuses
 
 
+def first_failure(status_dir: Path) -> str | None:
+    """The summary of the rank that failed first on an error of its own (base/errors.py records its time
+    and line), or None when none did."""
+    records = []
+    for path in status_dir.glob("failure*"):
+        try:
+            record = json.loads(path.read_text())
+            records.append((float(record["time"]), int(path.name[len("failure"):]), str(record["line"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # half-written by a rank killed mid-write
+    if not records:
+        return None
+    _, rank, line = min(records)
+    return f"launch.py: rank {rank} failed first: {line}"
+
+
 def job_status(statuses: dict[int, int], ranks_started: int, fallback: int) -> int:
     """The first non-zero status this node's ranks recorded (in rank order), 0 if all recorded 0,
     and `fallback` when one recorded nothing (it was killed, or crashed with a traceback)."""
@@ -200,6 +219,8 @@ def main(argv=None) -> int:
         statuses = recorded_statuses(status_dir)
         if failure is not None and not any(statuses.values()):  # no rank said a word: say who died
             print(failure_line(failure, socket.gethostname()), file=sys.stderr, flush=True)
+        elif (summary := first_failure(status_dir)) is not None:
+            print(summary, file=sys.stderr, flush=True)
         return job_status(statuses, ranks_started, status)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)

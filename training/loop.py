@@ -15,6 +15,7 @@ from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import Evaluator
 from training.exit_conditions import ExitConditions
+from training.fault_injection import FaultSchedule
 from training.interval_metrics import IntervalMetrics
 from training.memory_report import FirstIterationMemory
 from training.run_outputs import SaveCheckpoint
@@ -85,11 +86,14 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
           settings: RunSettings, state: ParallelState, *, start_iteration: int = 0, consumed_samples: int = 0,
           schedule_samples: Optional[int] = None, save_checkpoint: Optional[SaveCheckpoint] = None,
           exit_conditions: Optional[ExitConditions] = None,
-          commit_saves: Optional[Callable[[int], None]] = None) -> TrainingSummary:
+          commit_saves: Optional[Callable[[int], None]] = None,
+          faults: Optional[FaultSchedule] = None) -> TrainingSummary:
     """Train from `start_iteration` + 1 to --train-iters (a resume passes the checkpoint's iteration,
     consumed samples and schedule position: each iteration's batch follows from the samples consumed before
     it, its learning rate from the samples of the updates taken before it). With `save_checkpoint`: every --save-interval, at the end, and before an early exit.
-    `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote."""
+    `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote.
+    `faults` (training/fault_injection.py) is armed at the start and after each step, where Megatron-LM's loop
+    polls its fault injector: before the step is logged or saved."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
     summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples,
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
@@ -99,6 +103,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
         save_checkpoint(iteration, summary.consumed_samples, lr, summary.schedule_samples)
         summary.saved_iterations.append(iteration)
 
+    if faults is not None:
+        faults.start()
     for iteration in range(start_iteration + 1, training.train_iters + 1):
         if tokens_used_up(settings, summary.consumed_samples, iteration, state):
             break
@@ -111,6 +117,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
             diverged.history = DivergenceHistory(start_iteration, summary.train_losses + [diverged.loss],
                                                  list(summary.saved_iterations))
             raise
+        if faults is not None:
+            faults.after_step(iteration)
         lr = outcome.lr
         summary.add(iteration, outcome)
         metrics.add(iteration, summary.consumed_samples, summary.skipped_iterations, outcome)

@@ -10,6 +10,7 @@ from pathlib import Path
 from data.documents import DocumentMasking
 from training.divergence import resumable_checkpoint
 from training.evaluation import Evaluator
+from training.fault_injection import plan_faults
 from training.interval_metrics import IntervalMetrics
 from training.loop import TrainingSummary, train
 from training.memory_report import FirstIterationMemory
@@ -49,7 +50,8 @@ def train_run(run: Run) -> TrainingSummary:
         summary = train(step, metrics, evaluator, memory, settings, state, start_iteration=start.iteration,
                         consumed_samples=start.consumed_samples, schedule_samples=start.schedule_samples,
                         save_checkpoint=run.save, exit_conditions=run.exit_conditions,
-                        commit_saves=run.save.poll if run.save is not None else None)
+                        commit_saves=run.save.poll if run.save is not None else None,
+                        faults=plan_faults(training.fault_injector, state, start.iteration, log))
         if run.save is not None:  # the end of training and every early exit: the last save is committed first
             run.save.finish()
     except TrainingDiverged as error:

@@ -28,6 +28,7 @@ def check_before_claim(config: PretrainConfig, state: ParallelState, log: Log) -
     batch = batch_schedule(config, state.data_parallel_size)
     train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
     check_vocabulary_flags(config)
+    config.training.fault_injector.check_world(state.world_size)  # Megatron-Core's get_fault_ranks asserts it
     if batch.notes:  # DeepSpeed JSON batch values the run does not use, now that the DP size is known
         log("> warning: " + "; ".join(batch.notes))
     return batch

@@ -56,10 +56,8 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --save-wgrads-interval --run-workload-inspector-server --log-straggler --straggler-ctrlr-port
         --straggler-minmax-count --disable-straggler-on-startup --gpu-sniff-test-interval
         --check-weight-hash-across-dp-replicas-interval --check-for-spiky-loss --check-for-large-grads --test-mode
-        --no-check-for-nan-in-loss-and-grad --rerun-mode --result-rejected-tracker-filename --error-injection-type
-        --fault-injector-delay-start-iteration --fault-injector-fault-delay --fault-injector-fault-probabilities
-        --fault-injector-fault-types --fault-injector-mtti-seconds --fault-injector-num-ranks
-        --fault-injector-offset-seconds --fault-injector-ranks --fault-injector-seed""")),
+        --no-check-for-nan-in-loss-and-grad --rerun-mode --result-rejected-tracker-filename
+        --error-injection-type""")),
     ("a kernel or implementation choice: the same values are computed either way (one implementation here: "
      "PyTorch layers with SDPA attention)", _names("""
         --bias-gelu-fusion --bias-dropout-fusion --scaled-masked-softmax-fusion --no-rope-fusion

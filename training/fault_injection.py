@@ -1,0 +1,75 @@
+"""The fault injector driven from the training loop (training/loop.py), as Megatron-LM's train() drives
+Megatron-Core's (megatron/training/training.py): the plan drawn once on every rank from
+--fault-injector-seed (base/fault_injector.py), a start-up line saying what will be injected where and
+when, the fault armed on its ranks at the start of training or after the step of
+--fault-injector-delay-start-iteration, and the workload exception polled after every step but the run's
+first. The gpu_* faults act as nvidia-resiliency-ext's do (an out-of-bounds index on the device; a kernel
+that sleeps forever)."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Callable, Optional
+
+import torch
+
+from base.fault_injector import FaultInjector, FaultInjectorSettings, FaultPlan, draw_plan
+from parallel.state import ParallelState
+
+
+class FaultSchedule:
+    """One run's plan on this rank, and the loop's two calls into it."""
+
+    def __init__(self, settings: FaultInjectorSettings, plan: FaultPlan, state: ParallelState,
+                 start_iteration: int) -> None:
+        self.settings, self.plan, self.start_iteration = settings, plan, start_iteration
+        self.targeted = state.rank in plan.ranks
+        self.injector = FaultInjector("fault injector", gpu_faults=_gpu_faults(state.device))
+
+    def start(self) -> None:
+        """At the start of training: the clock starts now unless --fault-injector-delay-start-iteration is given."""
+        if self.settings.delay_start_iteration is None:
+            self._arm()
+
+    def after_step(self, iteration: int) -> None:
+        """After the step logged as `iteration` (1-based; Megatron's counter is iteration - 1 there)."""
+        completed_before = iteration - 1
+        if completed_before != self.start_iteration:
+            self.injector.poll(f"after iteration {iteration}")
+        if self.settings.delay_start_iteration == completed_before:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self.targeted:
+            self.injector.arm(self.plan.fault, self.plan.delay_s)
+
+
+def plan_faults(settings: FaultInjectorSettings, state: ParallelState, start_iteration: int,
+                log: Callable[[str], None]) -> Optional[FaultSchedule]:
+    """The run's schedule, or None when the injector is off. Without --fault-injector-seed rank 0 draws a seed
+    every rank takes (Megatron-Core draws on rank 0 and broadcasts the plan)."""
+    if not settings.enabled:
+        return None
+    settings.check_world(state.world_size)
+    seed = settings.seed
+    if seed is None:
+        seed = state.comm.all_gather_object(secrets.randbits(63))[0] if state.world_size > 1 else secrets.randbits(63)
+    plan = draw_plan(settings, state.world_size, seed)
+    log(f"> {plan.describe(settings)} (seed {seed})")
+    return FaultSchedule(settings, plan, state, start_iteration)
+
+
+def _gpu_faults(device: torch.device) -> dict[str, Callable[[], None]]:
+    if device.type != "cuda":
+        return {}  # refused before any work (base/fault_injector.py, check)
+
+    def gpu_error() -> None:
+        index = torch.ones(1, dtype=torch.int64, device=device)
+        torch.ones(1, dtype=torch.int64, device=device)[index] = 0  # out of bounds: a device-side assert
+        torch.cuda.synchronize(device)
+
+    def gpu_sleep() -> None:
+        torch.cuda.set_device(device)
+        torch.cuda._sleep(1 << 62)
+
+    return {"gpu_error": gpu_error, "gpu_sleep": gpu_sleep}
