@@ -12,7 +12,10 @@ verify is renamed `iter_N.unverified-<time>` (never deleted: the user may want t
 the run starts fresh, as Megatron's would.
 
 Only for `--load` equal to `--save` (a requeued job's own directory), and only under the save
-directory's lock, so no other run is writing into it meanwhile.
+directory's lock, so no other run is writing into it meanwhile. Only for this project's own format: a
+Megatron-LM torch_dist iteration directory (ours written with `--ckpt-format torch_dist`, or Megatron-LM's)
+is committed by the tracker file alone and has no `latest`, so it is never taken for an unfinished save and
+never set aside; without the tracker it is not read, as Megatron-LM does not read it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Callable, Optional
 from base.errors import CheckpointError
 from checkpoint.format import LATEST_FILE, METADATA_FILE, TRACKER_FILE, point_at, read_metadata
 from checkpoint.integrity import verify_or_raise
+from checkpoint.megatron_common import is_megatron_checkpoint
 
 UNVERIFIED_SUFFIX = ".unverified-"
 
@@ -34,11 +38,13 @@ def same_directory(load: Optional[str], save: Optional[str]) -> bool:
 
 
 def complete_iterations(save_dir: Path) -> list[Path]:
-    """The `iter_N` directories holding metadata.json, newest (highest N) first."""
+    """The `iter_N` directories holding this project's metadata.json (not Megatron-Core's), newest (highest N)
+    first."""
     if not save_dir.is_dir():
         return []
     found = [path for path in save_dir.iterdir()
-             if re.fullmatch(r"iter_\d+", path.name) and (path / METADATA_FILE).is_file()]
+             if re.fullmatch(r"iter_\d+", path.name) and (path / METADATA_FILE).is_file()
+             and not is_megatron_checkpoint(path)]
     return sorted(found, key=lambda path: int(path.name[len("iter_"):]), reverse=True)
 
 

@@ -164,7 +164,8 @@ def test_megatron_ckpt_resume_phase_resumes(launch: Launch, prepared, tmp_path):
     argv[argv.index("--metrics-file") + 1] = str(again / "metrics.jsonl")
     status = run_distributed(replay_on_rank, WORLD_SIZE, argv, str(again), timeout=180)
     assert status == [0, 0], f"{launch.name}: {stderr_of_rank0(again).strip()[-3000:]}"
-    assert "loading iter_0000002" in (again / "rank0.out").read_text()
+    # our format's "loading iter_0000002 ..." or, with --ckpt-format torch_dist, Megatron's folder; either way:
+    assert "iter_0000002: resuming after iteration 2" in (again / "rank0.out").read_text()
     second = {record["iteration"]: record["loss"] for record in
               (json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines())
               if "split" not in record and "loss" in record}

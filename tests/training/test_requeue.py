@@ -96,6 +96,23 @@ def write_lock(directory: Path, pid: int, **recorded) -> Path:
     return path
 
 
+def test_a_megatron_torch_dist_iteration_is_never_taken_for_an_unfinished_save(tmp_path):
+    """A `--save CK --load CK` folder of Megatron-LM's layout (Megatron-LM's own, or ours with --ckpt-format
+    torch_dist) has no 'latest' and one metadata.json per iteration, Megatron-Core's: committed by its tracker file,
+    it is neither set aside nor re-pointed (it was set aside, and the tracker removed, at a ckpt-resume phase)."""
+    from checkpoint.unfinished_save import finish_unfinished_save, needs_finishing
+
+    iteration = tmp_path / "iter_0000002"
+    iteration.mkdir()
+    (iteration / "metadata.json").write_text('{"sharded_backend": "torch_dist", "sharded_backend_version": 1, '
+                                             '"common_backend": "torch", "common_backend_version": 1}')
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2\n")
+    assert not needs_finishing(str(tmp_path), str(tmp_path))
+    lines: list[str] = []
+    assert finish_unfinished_save(tmp_path, lines.append) is None and lines == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
+
+
 def test_a_lock_naming_our_own_pid_is_a_previous_life_of_this_container(tmp_path):
     """Before: 'in use by another run (pid <ours> ...)' naming itself, for 600 s."""
     from checkpoint.save_directory import SaveDirectoryLock
