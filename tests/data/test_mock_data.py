@@ -88,6 +88,7 @@ def test_mock_data_without_a_named_tokenizer_uses_the_embedded_corpus_tokenizers
     """No tokenizer named: the mock documents take the vocabulary and end-of-document id of the tokenizer trained
     on the embedded corpus (512 ids here), and the corpus itself is not read."""
     from arguments.parser import parse_config
+    from data.per_split import DataSources
     from parallel.state import virtual_state
     from training.data_splits import build_data, load_tokenizer_and_data_sources
     from training.run_settings import resolve_run_settings
@@ -95,11 +96,11 @@ def test_mock_data_without_a_named_tokenizer_uses_the_embedded_corpus_tokenizers
     config = parse_config(["--mock-data", "--tokenizer-vocab-size", "512", "--data-cache-dir", corpus_cache,
                            "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
                            "--global-batch-size", "2", "--train-iters", "2", "--eval-iters", "0"])
-    tokenizer, data_path = load_tokenizer_and_data_sources(config)
-    assert data_path == [] and tokenizer.vocab_size == 512
+    tokenizer, sources = load_tokenizer_and_data_sources(config)
+    assert sources == DataSources() and tokenizer.vocab_size == 512  # nothing read: neither the corpus nor a blend
     state = virtual_state(1)
     settings = resolve_run_settings(config, tokenizer.vocab_size, 1, 1, "cpu")
-    batch = next(iter(build_data(settings, state, data_path, tokenizer).make_train_loader(0)))
+    batch = next(iter(build_data(settings, state, sources, tokenizer).make_train_loader(0)))
     assert batch["tokens"].shape == (2, 33)
     tokens, eod = batch["tokens"], tokenizer.eod_id
     # Megatron's documents in this vocabulary: the next id, a document's eod, or a new document's 1 after an eod
