@@ -11,6 +11,9 @@ from tests.distributed import DistributedTestError, run_distributed
 
 def _report_environment(rank, world_size, offset):
     dist.init_process_group("gloo")  # from the env:// variables the harness set, as under torchrun
+    # Both ranks past gloo's connectFullMesh before either returns: a rank that returned at once destroyed its
+    # group while its peer was still connecting ("Connection closed by peer", CI under load, twice)
+    dist.barrier()
     return rank + offset, dist.get_rank(), dist.get_world_size(), os.environ["LOCAL_RANK"]
 
 
