@@ -32,6 +32,7 @@ from training.memory_fit import check_memory_fits
 from training.prepare import prepare
 from training.run_training import train_run
 from training.start_checks import check_before_claim, first_rank_log, kill_switch_found
+from training.stragglers import straggler_notes
 
 PROGRAM = "pretrain_gpt.py"
 EXPECTED_ERRORS = ALWAYS_EXPECTED + (DataError, KeyboardInterrupt)
@@ -54,7 +55,9 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     # what --load names is checked with the flags, so every problem of a launch comes back in one list
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
-    config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.use_mpi)]
+    config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.use_mpi),
+                                    *straggler_notes(parsed.config.logging.log_straggler,
+                                                     parsed.config.logging.disable_straggler_on_startup)]
     if parsed.print_config:
         if reporting_process():
             print(format_config(parsed), flush=True)
