@@ -438,6 +438,9 @@ class TrainingConfig:
             raise ConfigError(f"--heartbeat-timeout-seconds must be 0 (no watch) or a finite number of seconds of at "
                               f"least {MIN_HEARTBEAT_TIMEOUT_S:g} (a few heartbeats, one a second), got "
                               f"{self.heartbeat_timeout_seconds}", flags=("--heartbeat-timeout-seconds",))
+        if self.flight_recorder_trace_buffer_size < 0:
+            raise ConfigError(f"--flight-recorder-trace-buffer-size must be 0 (no ring) or more, got "
+                              f"{self.flight_recorder_trace_buffer_size}", flags=("--flight-recorder-trace-buffer-size",))
         if not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
                               "takes a 32-bit seed", flags=("--seed",))

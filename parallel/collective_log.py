@@ -89,6 +89,8 @@ class CollectiveLog:
 
     def entries(self) -> list[list]:
         """Oldest first."""
+        if self.capacity == 0:
+            return []
         if self.count <= self.capacity:
             return [entry for entry in self.ring[:self.count]]
         start = self.count % self.capacity

@@ -189,3 +189,15 @@ def test_a_rank_holding_the_gil_is_named_and_still_writes_its_stacks(tmp_path, e
     assert code == 3 and re.fullmatch(LINE, line), line
     stacks = (dump / "_dump_1.stacks").read_text()
     assert stacks.startswith("Timeout (0:00:06)!") and "tests/kill_rank.py" in stacks
+
+
+def test_a_ring_of_size_zero_keeps_only_the_wait_clock_and_a_negative_size_is_refused():
+    from arguments.config import ConfigError
+    from arguments.parser import parse_arguments
+    from parallel.collective_log import CollectiveLog
+
+    log = CollectiveLog(capacity=0, clock=iter([1.0, 3.0]).__next__)
+    log.complete(log.start("all_reduce", "dp", None, 8))
+    assert log.to_records() == [] and log.take_wait_s() == 2.0 and log.sequence == {"dp": 1}
+    with pytest.raises(ConfigError, match="--flight-recorder-trace-buffer-size must be 0"):
+        parse_arguments(["--flight-recorder-trace-buffer-size", "-1"])
