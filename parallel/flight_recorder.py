@@ -124,8 +124,8 @@ def _span(ranks: Sequence[int]) -> str:
 
 
 def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] = ()) -> str:
-    """One line: per group, where its ranks stand ('ranks 0-2 wait in all_to_all #411 of the ep group
-    (gpt/moe/dispatch.py:88 in dispatch); rank 3 last completed #410'); a rank with no summary (silent,
+    """One line: per group, where its ranks stand ('ep group (0-3): ranks 0-2 wait in all_to_all #411
+    (gpt/moe/dispatch.py:88 in dispatch), rank 3 last completed #410 or later'); a rank with no summary (silent,
     stopped, dead) is placed by what its peers completed: a collective completes on a rank only once every
     member entered it. Groups where every rank with a record stands at the same completed collective are left out."""
     parts = []
@@ -143,6 +143,18 @@ def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] =
     return "; ".join(part for part in [silent_part, *parts] if part) or "every rank completed the same collectives"
 
 
+def own_position(record: dict, world_size: int) -> str:
+    """This rank's newest collective in each group, with nothing to compare it with."""
+    parts = []
+    for group, state in sorted(record["groups"].items()):
+        members = _span(record["members"].get(group) or range(world_size)).split(" ", 1)[1]
+        last = state["last"]
+        doing = (f"in {last['kind']} #{last['seq']} ({last['site']})" if last["state"] == "started"
+                 else f"last completed {last['kind']} #{last['seq']}")
+        parts.append(f"{group} group ({members}): this rank {doing}")
+    return "; ".join(parts) or "no collective recorded"
+
+
 def _group_line(group: str, members: tuple[int, ...], states: dict[int, dict]) -> str:
     where: dict[tuple, list[int]] = {}
     for rank, state in states.items():
@@ -156,14 +168,14 @@ def _group_line(group: str, members: tuple[int, ...], states: dict[int, dict]) -
     for (state, seq, kind, site), ranks in sorted(where.items(), key=lambda item: (item[0][1], item[0][0])):
         verb = "wait" if len(ranks) > 1 else "waits"
         if state == "started":
-            pieces.append(f"{_span(ranks)} {verb} in {kind} #{seq} of the {group} group ({site})")
+            pieces.append(f"{_span(ranks)} {verb} in {kind} #{seq} ({site})")
         else:
-            pieces.append(f"{_span(ranks)} last completed {kind} #{seq} of the {group} group")
+            pieces.append(f"{_span(ranks)} last completed {kind} #{seq}")
     if missing:
         reached = max(state["completed"] for state in states.values())
         pieces.append(f"{_span(missing)} last completed #{reached} or later (its peers completed it; no record "
                       f"of its own)" if reached else f"{_span(missing)}: no record")
-    return ", ".join(pieces)
+    return f"{group} group ({_span(members).split(' ', 1)[1]}): " + ", ".join(pieces)
 
 
 class FlightRecorder:
@@ -191,11 +203,12 @@ class FlightRecorder:
             except OSError as error:
                 dumped = f" (no dump: {error.strerror or error})"
         mine = summary(self.log, self.rank, iteration)
+        if store is None:  # nobody to compare with (this rank was stopped, or the store went): where it stands
+            return "flight recorder: " + own_position(mine, self.world_size) + dumped
         summaries = {self.rank: mine}
-        if store is not None:
-            summaries.update(_exchange(store, key_prefix, self.rank, mine,
-                                       [r for r in range(self.world_size)
-                                        if r != self.rank and r not in silent and r not in exited]))
+        summaries.update(_exchange(store, key_prefix, self.rank, mine,
+                                   [r for r in range(self.world_size)
+                                    if r != self.rank and r not in silent and r not in exited]))
         return "flight recorder: " + analyze(summaries, self.world_size, sorted(silent)) + dumped
 
     def dump_on_error(self, iteration: Optional[int]) -> None:

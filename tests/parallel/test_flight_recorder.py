@@ -83,7 +83,7 @@ def test_the_analysis_names_who_waits_where_and_what_the_silent_rank_last_comple
     from parallel.flight_recorder import analyze
 
     assert analyze(summaries_of_an_ep_hang(), 4, silent=[3]) == (
-        "rank 3 silent (no record); ranks 0-2 wait in all_to_all #411 of the ep group (gpt/moe/token_dispatch.py:88 "
+        "rank 3 silent (no record); ep group (0-3): ranks 0-2 wait in all_to_all #411 (gpt/moe/token_dispatch.py:88 "
         "in dispatch), rank 3 last completed #410 or later (its peers completed it; no record of its own)")
 
 
@@ -105,7 +105,7 @@ def test_the_command_re_reads_the_dumps(tmp_path):
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1].startswith(
-        "rank 1 last completed all_reduce #1 of the dp group, rank 0 waits in all_reduce #2 of the dp group (")
+        "dp group (0-1): rank 1 last completed all_reduce #1, rank 0 waits in all_reduce #2 (")
 
 
 def test_megatrons_flags_export_pytorchs_flight_recorder_variables(tmp_path):
@@ -122,7 +122,7 @@ def test_megatrons_flags_export_pytorchs_flight_recorder_variables(tmp_path):
 
 LINE = (r"pretrain_gpt\.py: error: rank 1 stopped answering \(died or hung\) during \w+ on the \w+ group at iteration "
         rf"{KILL_AT + 1}; this rank \(0\) stops too; flight recorder: rank 1 silent \(no record\); "
-        r"rank 0 waits in (\w+) #(\d+) of the (\w+) group \((\S+):\d+ in \w+\), rank 1 last completed #(\d+) or later "
+        r"(\w+) group \(0-1\): rank 0 waits in (\w+) #(\d+) \((\S+):\d+ in \w+\), rank 1 last completed #(\d+) or later "
         r".*\(dumps: .*_dump_<rank>\.json and \.stacks\)")
 
 
@@ -157,7 +157,7 @@ def test_a_stopped_rank_is_traced_to_its_collective_and_every_rank_dumps(tmp_pat
     assert code == 3 and continued_code == 3, line
     match = re.fullmatch(LINE, line)
     assert match, line
-    kind, seq, group, site, completed = match.groups()
+    group, kind, seq, site, completed = match.groups()
     assert int(completed) == int(seq) - 1 and not site.startswith("parallel/")  # the caller, not the door
     print(f"stop to rank 0's line: {exited_at - stopped_at:.1f} s")
     assert exited_at - stopped_at < 6 + 30
@@ -166,6 +166,9 @@ def test_a_stopped_rank_is_traced_to_its_collective_and_every_rank_dumps(tmp_pat
     dumped = json.loads((dump / "_dump_0.json").read_text())
     assert dumped["entries"] and all(entry["state"] == "started" for entry in dumped["entries"])
     assert "in _heartbeat" in (dump / "_dump_0.stacks").read_text()  # every thread, not only the main one
+    continued = (tmp_path / "rank1.err").read_text()  # rank 1 says where it was when it was stopped
+    assert re.search(rf"flight recorder: {group} group \(0-1\): this rank last completed \w+ #{completed}[;( ]",
+                     continued), continued
     result = subprocess.run([sys.executable, "-m", "parallel.flight_recorder", str(dump)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("flight recorder: 2 of 2 ranks dumped"), result
