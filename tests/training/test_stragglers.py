@@ -100,3 +100,28 @@ def test_the_flags_are_megatrons_and_a_report_disabled_on_startup_is_said_once()
         parse_arguments(["--straggler-minmax-count", "0"])
     assert straggler_notes(True, False) == [] and straggler_notes(False, True) == []
     assert "--straggler-ctrlr-port" in straggler_notes(True, True)[0]
+
+
+@pytest.mark.slow
+def test_the_recorder_and_the_straggler_report_change_no_loss(tmp_path, embedded_corpus):
+    """Both observe the collectives and time them, nothing more: the losses of a two-rank run are bitwise
+    those of the same run without them."""
+    cache, _ = embedded_corpus
+    losses = {}
+    for name, flags in (("plain", ()), ("observed", ("--log-straggler", "--flight-recorder-dump-path",
+                                                     str(tmp_path / "flight") + "/"))):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        processes, files = launch_pair(run_dir, cache, None, *flags, train_iters=4)
+        try:
+            codes = [wait_for_exit(process, 240)[0] for process in processes]
+        finally:
+            stop_all(processes, files)
+        assert codes == [0, 0], (run_dir / "rank0.err").read_text() + (run_dir / "rank1.err").read_text()
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [(record["iteration"], repr(record["loss"]), repr(record["grad_norm"])) for record in records
+                        if "loss" in record]
+        assert (run_dir / "rank0.err").read_text() == ""
+    assert len(losses["plain"]) == 4 and losses["observed"] == losses["plain"]
+    assert not (tmp_path / "flight" / "_dump_0.json").exists()  # nothing went wrong: no dump, no stacks file
+    assert not (tmp_path / "flight" / "_dump_0.stacks").exists()
