@@ -20,8 +20,8 @@ import time
 from typing import Any, Optional
 
 # An entry is a list, mutated in place when its collective completes: [seq, kind, group name, bytes,
-# (code, line) of the call site, started_at, completed_at or None]. Slots by index:
-SEQ, KIND, GROUP, BYTES, SITE, STARTED, COMPLETED = range(7)
+# (code, line) of the call site, started_at, completed_at or None, point-to-point or not]. Slots by index:
+SEQ, KIND, GROUP, BYTES, SITE, STARTED, COMPLETED, P2P = range(8)
 # Frames of these files are the door itself, not the caller the record should name.
 _DOOR_FILES = ("comm.py", "collective_log.py", "p2p.py", "eager_under_compile.py", "eval_frame.py")
 
@@ -66,7 +66,19 @@ class CollectiveLog:
         self.sequence[group_name] = seq
         if group_name not in self.members:
             self.members[group_name] = _members(group)
-        entry = [seq, kind, group_name, num_bytes, _call_site(), self.clock(), None]
+        return self._record(seq, kind, group_name, num_bytes)
+
+    def start_p2p(self, kind: str, peer: int, group_name: str, num_bytes: int) -> list:
+        """A point-to-point message, numbered per direction and peer ('send to 3' #12 here is 'recv from 0' #12
+        on rank 3), apart from the group's collectives, whose numbers every member shares."""
+        kind = f"send to {peer}" if kind == "send" else f"recv from {peer}"
+        key = (group_name, kind)
+        seq = self.sequence.get(key, 0) + 1
+        self.sequence[key] = seq
+        return self._record(seq, kind, group_name, num_bytes, p2p=True)
+
+    def _record(self, seq: int, kind: str, group_name: str, num_bytes: int, p2p: bool = False) -> list:
+        entry = [seq, kind, group_name, num_bytes, _call_site(), self.clock(), None, p2p]
         if self.capacity:
             self.ring[self.count % self.capacity] = entry
         self.count += 1
@@ -106,18 +118,27 @@ class CollectiveLog:
             records.append({"seq": entry[SEQ], "kind": entry[KIND], "group": entry[GROUP], "bytes": entry[BYTES],
                             "site": describe_site(entry[SITE]), "started_at": entry[STARTED],
                             "state": "started" if entry[COMPLETED] is None else "completed",
-                            "duration_s": None if entry[COMPLETED] is None else entry[COMPLETED] - entry[STARTED]})
+                            "duration_s": None if entry[COMPLETED] is None else entry[COMPLETED] - entry[STARTED],
+                            "p2p": entry[P2P]})
         return records
 
     def last_per_group(self) -> dict[str, dict]:
-        """Each group's newest entry (started or completed) and its newest completed sequence number."""
+        """Each group's newest collective (started or completed) and its newest completed sequence number;
+        point-to-point messages are `waiting_p2p`'s."""
         last: dict[str, dict] = {}
         for record in self.to_records():
+            if record["p2p"]:
+                continue
             group = last.setdefault(record["group"], {"completed": 0})
             group["last"] = record
             if record["state"] == "completed":
                 group["completed"] = record["seq"]
         return last
+
+    def waiting_p2p(self) -> list[dict]:
+        """The point-to-point messages posted and not yet waited for to the end (a pipeline stage blocked on
+        its neighbour)."""
+        return [record for record in self.to_records(only_active=True) if record["p2p"]]
 
 
 def _members(group: Any) -> tuple[int, ...]:

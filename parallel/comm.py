@@ -365,18 +365,18 @@ class Communicator:
         """Post a send of `tensor` to global rank `peer`; returns the works to wait on. Counted when posted."""
         self.stats.add(group_name, "send", _num_bytes(tensor))
         self.last_collective = ("send", group_name)
-        return self._recorded_p2p("send", group_name, self._transport_p2p(dist.isend, tensor, peer, tag), tensor)
+        return self._recorded_p2p("send", peer, group_name, self._transport_p2p(dist.isend, tensor, peer, tag), tensor)
 
     def receive(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
         """Post a receive into `tensor` from global rank `peer`; returns the works to wait on."""
         self.stats.add(group_name, "recv", _num_bytes(tensor))
         self.last_collective = ("recv", group_name)
-        return self._recorded_p2p("recv", group_name, self._transport_p2p(dist.irecv, tensor, peer, tag), tensor)
+        return self._recorded_p2p("recv", peer, group_name, self._transport_p2p(dist.irecv, tensor, peer, tag), tensor)
 
-    def _recorded_p2p(self, kind: str, group_name: str, works: list, tensor: torch.Tensor) -> list:
+    def _recorded_p2p(self, kind: str, peer: int, group_name: str, works: list, tensor: torch.Tensor) -> list:
         if self.log is None:
             return works
-        entry = self.log.start(kind, group_name, None, _num_bytes(tensor))
+        entry = self.log.start_p2p(kind, peer, group_name, _num_bytes(tensor))
         return [RecordedWork(work, self.log, entry) for work in works]
 
     # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------

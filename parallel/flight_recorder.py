@@ -83,7 +83,7 @@ def torch_environment(settings: FlightRecorderSettings, environ: dict) -> list[s
 def summary(log: CollectiveLog, rank: int, iteration: Optional[int]) -> dict:
     """What one rank says of itself in the analysis: per group, its members and its newest collective."""
     return {"rank": rank, "iteration": iteration, "members": {name: list(ranks) for name, ranks in log.members.items()},
-            "groups": log.last_per_group()}
+            "groups": log.last_per_group(), "waiting_p2p": log.waiting_p2p()[-2:]}
 
 
 def write_dump(log: CollectiveLog, settings: FlightRecorderSettings, rank: int, world_size: int,
@@ -139,6 +139,10 @@ def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] =
             part = _group_line(group, members, {rank: summaries[rank]["groups"][group] for rank in reporting})
             if part:
                 parts.append(part)
+    for rank, record in sorted(summaries.items()):  # a pipeline stage blocked on its neighbour
+        for message in record.get("waiting_p2p", []):
+            parts.append(f"rank {rank} waits in {message['kind']} #{message['seq']} of the {message['group']} "
+                         f"group ({message['site']})")
     silent_part = f"{_span(silent)} silent (no record)" if silent else ""
     return "; ".join(part for part in [silent_part, *parts] if part) or "every rank completed the same collectives"
 
@@ -152,6 +156,9 @@ def own_position(record: dict, world_size: int) -> str:
         doing = (f"in {last['kind']} #{last['seq']} ({last['site']})" if last["state"] == "started"
                  else f"last completed {last['kind']} #{last['seq']}")
         parts.append(f"{group} group ({members}): this rank {doing}")
+    for message in record.get("waiting_p2p", []):
+        parts.append(f"this rank waits in {message['kind']} #{message['seq']} of the {message['group']} group "
+                     f"({message['site']})")
     return "; ".join(parts) or "no collective recorded"
 
 

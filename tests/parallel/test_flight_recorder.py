@@ -204,3 +204,25 @@ def test_a_ring_of_size_zero_keeps_only_the_wait_clock_and_a_negative_size_is_re
     assert log.to_records() == [] and log.take_wait_s() == 2.0 and log.sequence == {"dp": 1}
     with pytest.raises(ConfigError, match="--flight-recorder-trace-buffer-size must be 0"):
         parse_arguments(["--flight-recorder-trace-buffer-size", "-1"])
+
+
+def test_pipeline_messages_are_numbered_per_peer_and_a_message_not_waited_for_is_named():
+    import torch
+
+    from parallel.collective_log import CollectiveLog
+    from parallel.comm import DryRunCommunicator
+    from parallel.flight_recorder import analyze, summary
+
+    comm = DryRunCommunicator(rank=1)
+    comm.log = CollectiveLog(capacity=8)
+    tensor = torch.zeros(4)
+    for work in comm.receive(tensor, peer=0, tag=0) + comm.send(tensor, peer=2, tag=0):
+        work.wait()
+    comm.receive(tensor, peer=0, tag=0)  # posted, never completed: this stage waits for stage 0
+    records = comm.log.to_records()
+    assert [(r["kind"], r["seq"], r["state"]) for r in records] == [
+        ("recv from 0", 1, "completed"), ("send to 2", 1, "completed"), ("recv from 0", 2, "started")]
+    assert comm.log.last_per_group() == {}  # messages are not the pp group's collectives
+    line = analyze({1: summary(comm.log, 1, iteration=4)}, world_size=3, silent=[0])
+    assert line.startswith("rank 0 silent (no record); rank 1 waits in recv from 0 #2 of the pp group (tests/parallel/"
+                           "test_flight_recorder.py:"), line
