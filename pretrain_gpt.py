@@ -22,7 +22,13 @@ from arguments.parser import parse_arguments
 from arguments.print_config import format_config
 from base.errors import ALWAYS_EXPECTED, PeerLostError, exit_at_once, reporting_process, run_tool
 from data import DataError
-from parallel.flight_recorder import FlightRecorder, FlightRecorderSettings, start_flight_recorder, torch_environment
+from parallel.flight_recorder import (
+    FlightRecorder,
+    FlightRecorderSettings,
+    start_flight_recorder,
+    torch_environment,
+    with_environment_path,
+)
 from parallel.liveness import Liveness, PeerLoss, start_liveness
 from parallel.state import ParallelState, destroy, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
@@ -69,11 +75,13 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
         dry_run_launch(config)
         return
     check_machine_bounds(config)  # before the process group, the data index or the model
-    flight = flight_recorder_settings(config)
+    flight, said = with_environment_path(flight_recorder_settings(config), os.environ)
     kept = torch_environment(flight, os.environ)  # NCCL reads them when its groups are made
-    if kept and reporting_process():
-        print(f"> flight recorder: {', '.join(kept)} already set in the environment, kept (Megatron-LM's rule)",
-              flush=True)
+    if kept:
+        said.append(f"flight recorder: {', '.join(kept)} already set in the environment, kept (Megatron-LM's rule)")
+    if reporting_process():
+        for line in said:
+            print(f"> {line}", flush=True)
     try:
         state = initialize_grid(config.training.device, config.parallel, config.training.distributed_timeout_minutes,
                                 config.zero.distributed_optimizer_instances)

@@ -19,6 +19,7 @@ heartbeat timeout (a thread holding the GIL), faulthandler's own C thread writes
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import glob
 import json
@@ -60,6 +61,23 @@ def dump_prefix(dump_path: str) -> str:
     if os.path.isdir(dump_path):
         return os.path.join(dump_path, DIRECTORY_PREFIX)
     return dump_path
+
+
+DUMP_PATH_VARIABLES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
+def with_environment_path(settings: FlightRecorderSettings, environ) -> tuple[FlightRecorderSettings, list[str]]:
+    """Megatron-LM takes the dump path from the flag or, without it, from PyTorch's variables
+    (megatron/training/initialize.py: `args.flight_recorder_dump_path or os.environ.get('TORCH_FR_DUMP_TEMP_FILE')
+    or os.environ.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE')`); the recorder is then on, said in one line."""
+    if settings.on:
+        return settings, []
+    for name in DUMP_PATH_VARIABLES:
+        if environ.get(name):
+            return dataclasses.replace(settings, dump_path=environ[name]), [
+                f"flight recorder: on, its dumps prefixed {environ[name]} from {name} in the environment, as Megatron-LM "
+                f"takes it without --flight-recorder-dump-path"]
+    return settings, []
 
 
 def torch_environment(settings: FlightRecorderSettings, environ: dict) -> list[str]:

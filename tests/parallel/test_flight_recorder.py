@@ -226,3 +226,13 @@ def test_pipeline_messages_are_numbered_per_peer_and_a_message_not_waited_for_is
     line = analyze({1: summary(comm.log, 1, iteration=4)}, world_size=3, silent=[0])
     assert line.startswith("rank 0 silent (no record); rank 1 waits in recv from 0 #2 of the pp group (tests/parallel/"
                            "test_flight_recorder.py:"), line
+
+
+def test_pytorchs_dump_path_variable_turns_the_recorder_on_as_in_megatron():
+    from parallel.flight_recorder import FlightRecorderSettings, with_environment_path
+
+    settings, said = with_environment_path(FlightRecorderSettings(), {"TORCH_FR_DUMP_TEMP_FILE": "/tmp/fr_rank_"})
+    assert settings.on and settings.dump_path == "/tmp/fr_rank_" and "TORCH_FR_DUMP_TEMP_FILE" in said[0]
+    assert with_environment_path(FlightRecorderSettings(), {}) == (FlightRecorderSettings(), [])
+    flag = FlightRecorderSettings(dump_path="/runs/fr/")
+    assert with_environment_path(flag, {"TORCH_FR_DUMP_TEMP_FILE": "/x"}) == (flag, [])  # the flag's path is ours
