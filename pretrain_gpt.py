@@ -104,7 +104,11 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
         loss = liveness.explain_failure() if liveness is not None else None
         if loss is None:
             own_error = True
-            if recorder is not None:
+            if recorder is not None and liveness is not None and recorder.in_collective():
+                # a collective's timeout with every peer alive: where each rank stands, above the traceback
+                print(f"{PROGRAM}: " + recorder.report_failed_collective(
+                    state.comm.iteration, liveness.board.store, liveness.board.prefix), file=sys.stderr, flush=True)
+            elif recorder is not None:
                 recorder.dump_on_error(state.comm.iteration)
             raise  # every peer is alive: this rank's own failure keeps its traceback
         lost = True

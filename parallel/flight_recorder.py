@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from parallel.collective_log import CollectiveLog
+from parallel.collective_log import COMPLETED, CollectiveLog
 
 DIRECTORY_PREFIX = "_dump_"  # Megatron-LM's per-rank prefix inside a directory dump path
 # How long a rank that reports a loss waits for the other live ranks' summaries in the store.
@@ -141,7 +141,7 @@ def _span(ranks: Sequence[int]) -> str:
     return "ranks " + ",".join(map(str, ranks))
 
 
-def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] = ()) -> str:
+def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] = (), quiet: Sequence[int] = ()) -> str:
     """One line: per group, where its ranks stand ('ep group (0-3): ranks 0-2 wait in all_to_all #411
     (gpt/moe/dispatch.py:88 in dispatch), rank 3 last completed #410 or later'); a rank with no summary (silent,
     stopped, dead) is placed by what its peers completed: a collective completes on a rank only once every
@@ -162,7 +162,11 @@ def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] =
             parts.append(f"rank {rank} waits in {message['kind']} #{message['seq']} of the {message['group']} "
                          f"group ({message['site']})")
     silent_part = f"{_span(silent)} silent (no record)" if silent else ""
-    return "; ".join(part for part in [silent_part, *parts] if part) or "every rank completed the same collectives"
+    # alive (beating) but it shared nothing: stuck outside any collective, where only its stacks can tell
+    quiet_part = f"{_span(quiet)} alive but shared no record (stuck outside a collective? see its stacks)" if quiet \
+        else ""
+    return "; ".join(part for part in [silent_part, quiet_part, *parts] if part) \
+        or "every rank completed the same collectives"
 
 
 def own_position(record: dict, world_size: int) -> str:
@@ -231,10 +235,11 @@ class FlightRecorder:
         if store is None:  # nobody to compare with (this rank was stopped, or the store went): where it stands
             return "flight recorder: " + own_position(mine, self.world_size) + dumped
         summaries = {self.rank: mine}
-        summaries.update(_exchange(store, key_prefix, self.rank, mine,
-                                   [r for r in range(self.world_size)
-                                    if r != self.rank and r not in silent and r not in exited]))
-        return "flight recorder: " + analyze(summaries, self.world_size, sorted(silent)) + dumped
+        # a rank that exited on its own error shared its record first when it came out of a collective
+        others = [r for r in range(self.world_size) if r != self.rank and r not in silent]
+        summaries.update(_exchange(store, key_prefix, self.rank, mine, others))
+        quiet = [r for r in others if r not in summaries and r not in exited]
+        return "flight recorder: " + analyze(summaries, self.world_size, sorted(silent), quiet) + dumped
 
     def dump_on_error(self, iteration: Optional[int]) -> None:
         """--flight-recorder-extra-dump-on-exec: this rank failed on an error of its own."""
@@ -243,6 +248,19 @@ class FlightRecorder:
                 write_dump(self.log, self.settings, self.rank, self.world_size, iteration, "an error of this rank's own")
             except OSError:
                 pass  # the error itself is what the rank reports
+
+    def in_collective(self) -> bool:
+        """Whether this rank's newest collective never completed: an error now came out of it (a collective
+        timeout, with every peer alive: a peer stuck elsewhere, or the ranks in different collectives)."""
+        entries = self.log.entries()
+        return bool(entries) and entries[-1][COMPLETED] is None
+
+    def report_failed_collective(self, iteration: Optional[int], store, key_prefix: str) -> str:
+        """Every peer is alive and this rank's collective failed (its timeout): the same dump, exchange and
+        analysis as for a lost rank, over every rank; a rank that shares nothing within GATHER_WAIT_S is
+        named as alive but silent about its collectives."""
+        return self.report("a collective failed with every peer alive (its timeout)", iteration, (), (), store,
+                           key_prefix)
 
     def stop(self) -> None:
         if self.stack_watch is not None:

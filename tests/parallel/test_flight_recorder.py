@@ -236,3 +236,28 @@ def test_pytorchs_dump_path_variable_turns_the_recorder_on_as_in_megatron():
     assert with_environment_path(FlightRecorderSettings(), {}) == (FlightRecorderSettings(), [])
     flag = FlightRecorderSettings(dump_path="/runs/fr/")
     assert with_environment_path(flag, {"TORCH_FR_DUMP_TEMP_FILE": "/x"}) == (flag, [])  # the flag's path is ours
+
+
+@pytest.mark.slow
+def test_a_collective_timeout_with_every_rank_alive_says_where_each_stands(tmp_path, embedded_corpus):
+    """Rank 1 sleeps outside any collective, its heartbeat beating, so only rank 0's collective timeout (15 s)
+    ends the run: rank 0 prints where each rank stands above its traceback, and rank 1, told that rank 0
+    exited, reads rank 0's shared record and names the collective rank 0 was in."""
+    cache, _ = embedded_corpus
+    dump = tmp_path / "flight"
+    processes, files = launch_pair(tmp_path, cache, {"KILL_RANK": "1", "KILL_SIGNAL": "sleep", "SLEEP_S": "120"},
+                                   "--distributed-timeout-minutes", "0.25", "--flight-recorder-dump-path", f"{dump}/")
+    try:
+        failed_code, _ = wait_for_exit(processes[0], 240)
+        code, _ = wait_for_exit(processes[1], 60)
+    finally:
+        stop_all(processes, files)
+    first = (tmp_path / "rank0.err").read_text().splitlines()[0]
+    assert failed_code == 1 and re.fullmatch(
+        r"pretrain_gpt\.py: flight recorder: rank 1 alive but shared no record \(stuck outside a collective\? see its "
+        r"stacks\); dp group \(0-1\): rank 0 waits in reduce_scatter #(\d+) \(zero/[^)]+\), rank 1 last completed "
+        r"#\d+ or later .*", first), first
+    line = the_one_line(tmp_path, 1)
+    assert code == 3 and re.search(r"flight recorder: dp group \(0-1\): rank 1 last completed all_reduce #\d+, "
+                                   r"rank 0 waits in reduce_scatter #\d+", line), line
+    assert "check_then_die" in (dump / "_dump_1.stacks").read_text()  # where rank 1 was: its sleep
