@@ -145,7 +145,7 @@ def analyze(summaries: dict[int, dict], world_size: int, silent: Sequence[int] =
     """One line: per group, where its ranks stand ('ep group (0-3): ranks 0-2 wait in all_to_all #411
     (gpt/moe/dispatch.py:88 in dispatch), rank 3 last completed #410 or later'); a rank with no summary (silent,
     stopped, dead) is placed by what its peers completed: a collective completes on a rank only once every
-    member entered it. Groups where every rank with a record stands at the same completed collective are left out."""
+    member entered it (a broadcast's source excepted). Groups where every rank with a record stands at the same completed collective are left out."""
     parts = []
     for group in sorted({name for record in summaries.values() for name in record["groups"]}):
         instances: dict[tuple[int, ...], list[int]] = {}
@@ -287,13 +287,14 @@ def _exchange(store, key_prefix: str, rank: int, mine: dict, others: Sequence[in
 
 def start_flight_recorder(settings: FlightRecorderSettings, comm, rank: int, world_size: int,
                           stack_timeout_s: float) -> FlightRecorder:
-    """Give the Communicator its ring and start the stack watch (when the heartbeat watch is on)."""
+    """Give the Communicator its ring and start the stack watch (when the heartbeat watch is on and dumps are
+    written)."""
     log = comm.log if comm.log is not None else CollectiveLog(settings.trace_buffer_size)
     log.capacity = settings.trace_buffer_size
     log.ring = [None] * settings.trace_buffer_size
     comm.log = log
     watch = None
-    if stack_timeout_s > 0:
+    if stack_timeout_s > 0 and settings.dump_on_timeout:
         watch = StackWatch(f"{dump_prefix(settings.dump_path)}{rank}.stacks", stack_timeout_s).start()
     return FlightRecorder(settings, log, rank, world_size, watch)
 
