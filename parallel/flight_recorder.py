@@ -80,6 +80,15 @@ def with_environment_path(settings: FlightRecorderSettings, environ) -> tuple[Fl
     return settings, []
 
 
+def check_dump_path(dump_path: str) -> None:
+    """Before any work: the dumps' directory exists (a path ending in a separator is made) and is writable,
+    so that a hang hours later does not find it missing."""
+    directory = os.path.dirname(dump_prefix(dump_path)) or "."
+    if not (os.path.isdir(directory) and os.access(directory, os.W_OK)):
+        raise NotADirectoryError(f"--flight-recorder-dump-path {dump_path}: {directory} is not a writable directory "
+                                 f"(end the path with / to have it made)")
+
+
 def torch_environment(settings: FlightRecorderSettings, environ: dict) -> list[str]:
     """Export PyTorch's Flight Recorder variables as Megatron-LM does (a variable already set wins); the
     names of those it kept from the environment."""
@@ -289,6 +298,7 @@ def start_flight_recorder(settings: FlightRecorderSettings, comm, rank: int, wor
                           stack_timeout_s: float) -> FlightRecorder:
     """Give the Communicator its ring and start the stack watch (when the heartbeat watch is on and dumps are
     written)."""
+    check_dump_path(settings.dump_path)
     log = comm.log if comm.log is not None else CollectiveLog(settings.trace_buffer_size)
     log.capacity = settings.trace_buffer_size
     log.ring = [None] * settings.trace_buffer_size

@@ -261,3 +261,16 @@ def test_a_collective_timeout_with_every_rank_alive_says_where_each_stands(tmp_p
     assert code == 3 and re.search(r"flight recorder: dp group \(0-1\): rank 1 last completed all_reduce #\d+, "
                                    r"rank 0 waits in reduce_scatter #\d+", line), line
     assert "check_then_die" in (dump / "_dump_1.stacks").read_text()  # where rank 1 was: its sleep
+
+
+def test_a_dump_path_that_cannot_be_written_is_said_before_any_work(tmp_path):
+    from parallel.comm import Communicator
+    from parallel.flight_recorder import FlightRecorderSettings, check_dump_path, start_flight_recorder
+
+    with pytest.raises(NotADirectoryError, match=r"--flight-recorder-dump-path .*missing/fr_: .*missing is not a "
+                                                 r"writable directory"):
+        check_dump_path(str(tmp_path / "missing" / "fr_"))
+    check_dump_path(str(tmp_path / "made" / "deeper") + "/")  # a directory path is made
+    recorder = start_flight_recorder(FlightRecorderSettings(dump_path=str(tmp_path / "run_")), Communicator(), 0, 1,
+                                     stack_timeout_s=0)
+    assert recorder.log.capacity == 2000 and recorder.stack_watch is None
