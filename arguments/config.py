@@ -364,6 +364,35 @@ class TrainingConfig:
         120.0, group="checkpoint",
         help="stop, naming the rank, when a peer's heartbeat stands still this long (a stopped or hung rank), "
              "instead of waiting for --distributed-timeout-minutes; 0: no watch")
+    # A hang traced to its collective (parallel/flight_recorder.py): Megatron-LM's --flight-recorder-* flags, which
+    # export PyTorch's Flight Recorder variables (megatron/training/initialize.py, _initialize_distributed); the
+    # same ring is kept here for every backend, gloo included, and dumped when the heartbeat watch or a failed
+    # collective ends the run. Defaults as Megatron's.
+    flight_recorder_dump_path: Optional[str] = option(
+        None, group="checkpoint", metavar="PATH",
+        help="keep a ring of each rank's last collectives and, when a rank hangs or dies, write every live rank's "
+             "ring and thread stacks here (a directory: <dir>/_dump_<rank>.json; else a file prefix) and name in "
+             "one line where each group's ranks disagree; python -m parallel.flight_recorder PATH re-reads them")
+    flight_recorder_trace_buffer_size: int = option(
+        2000, group="checkpoint", help="collectives kept in each rank's ring (TORCH_NCCL_TRACE_BUFFER_SIZE)")
+    flight_recorder_dump_on_timeout: bool = option(
+        True, group="checkpoint", action="store_true",
+        consts=(Const(("--no-flight-recorder-dump-on-timeout", "--disable-flight-recorder-dump-on-timeout"), False),),
+        help="write the dumps when a hang or a lost rank is found (TORCH_NCCL_DUMP_ON_TIMEOUT)")
+    flight_recorder_include_stack_trace: bool = option(
+        False, group="checkpoint", action="store_true",
+        help="TORCH_INCLUDE_STACK_TRACE for NCCL's own recorder; this ring always names each collective's call "
+             "site, and a dump always holds every thread's stack")
+    flight_recorder_include_only_active: bool = option(
+        True, group="checkpoint", action="store_true",
+        consts=(Const(("--no-flight-recorder-include-only-active", "--disable-flight-recorder-include-only-active"),
+                      False),),
+        help="a dump lists only the collectives not completed (each group's last completed one is always named)")
+    flight_recorder_extra_dump_on_exec: bool = option(
+        True, group="checkpoint", action="store_true",
+        consts=(Const(("--no-flight-recorder-extra-dump-on-exec", "--disable-flight-recorder-extra-dump-on-exec"),
+                      False),),
+        help="also dump when a rank fails on an error of its own (TORCH_NCCL_EXTRA_DUMP_ON_EXEC)")
     eval_interval: int = 50
     eval_iters: int = option(10, help="batches per evaluation; 0 disables")
     log_interval: int = 10
@@ -445,6 +474,9 @@ class TrainingConfig:
             raise ConfigError(f"--heartbeat-timeout-seconds must be 0 (no watch) or a finite number of seconds of at "
                               f"least {MIN_HEARTBEAT_TIMEOUT_S:g} (a few heartbeats, one a second), got "
                               f"{self.heartbeat_timeout_seconds}", flags=("--heartbeat-timeout-seconds",))
+        if self.flight_recorder_trace_buffer_size < 0:
+            raise ConfigError(f"--flight-recorder-trace-buffer-size must be 0 (no ring) or more, got "
+                              f"{self.flight_recorder_trace_buffer_size}", flags=("--flight-recorder-trace-buffer-size",))
         if not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
                               "takes a 32-bit seed", flags=("--seed",))
@@ -696,11 +728,27 @@ class LoggingConfig:
         help="with experts: each record also holds, per layer, the balancing losses and the tokens each expert "
              "received in the iteration (summed over the data-parallel ranks), as moe_per_layer")
 
+    # Megatron-LM's straggler detector flags (megatron/training/arguments.py, _add_straggler_detector_args; its
+    # training.py logs the --straggler-minmax-count slowest and fastest ranks each log interval). Here: each rank's
+    # compute time, its waits inside collectives taken out (training/stragglers.py).
+    log_straggler: bool = option(
+        False, action="store_true",
+        help="each --log-interval, name the --straggler-minmax-count slowest and fastest ranks by compute time "
+             "(waits in collectives taken out), relative to the median, in the line and the records")
+    straggler_minmax_count: int = option(1, help="how many slowest and fastest ranks --log-straggler names")
+    disable_straggler_on_startup: bool = option(
+        False, action="store_true",
+        help="--log-straggler starts off (Megatron switches it on later through --straggler-ctrlr-port, a control "
+             "server that does not exist here: it stays off, said at start)")
+
     def validate(self) -> None:
         if not self.metrics_file:
             raise ConfigError("--metrics-file must name a file", flags=("--metrics-file",))
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"--peak-tflops must be positive, got {self.peak_tflops}", flags=("--peak-tflops",))
+        if self.straggler_minmax_count < 1:
+            raise ConfigError(f"--straggler-minmax-count must be at least 1, got {self.straggler_minmax_count}",
+                              flags=("--straggler-minmax-count",))
 
 
 # Megatron-LM's --ckpt-format choices (megatron/training/arguments.py), each with what it is

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from base.eager_under_compile import eager_under_compile
+from parallel.collective_log import CollectiveLog, RecordedWork
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 P2P_KINDS = ("send", "recv")
@@ -253,6 +254,9 @@ class Communicator:
         # collective that will never finish can still say which one it is.
         self.last_collective: Optional[tuple[str, str]] = None
         self.iteration: Optional[int] = None
+        # The ring of the last collectives and the time spent in them (parallel/collective_log.py): set by
+        # --flight-recorder-dump-path or --log-straggler, else None and nothing is recorded.
+        self.log: Optional[CollectiveLog] = None
 
     def where(self) -> str:
         """'during all_reduce on the dp group at iteration 14', or what is known of it."""
@@ -264,6 +268,18 @@ class Communicator:
     def _skip(self, group: Optional[dist.ProcessGroup]) -> bool:
         return group_size(group) == 1
 
+    def _start(self, kind: str, group_name: str, group, num_bytes: int) -> Optional[list]:
+        return None if self.log is None else self.log.start(kind, group_name, group, num_bytes)
+
+    def _finish(self, entry: Optional[list], work, async_op: bool):
+        """A sync collective has returned: its entry completes; an async one's completes in wait()."""
+        if entry is None:
+            return work
+        if async_op:
+            return RecordedWork(work, self.log, entry) if work is not None else work
+        self.log.complete(entry)
+        return work
+
     # The collectives run eagerly even inside a compiled block (--compile): their byte accounting is
     # Python state, and torch.distributed's calls are not traceable anyway.
     @eager_under_compile
@@ -274,7 +290,8 @@ class Communicator:
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "all_reduce", ring_bytes_sent("all_reduce", _num_bytes(tensor), group_size(group)))
         self.last_collective = ("all_reduce", group_name)
-        return self._transport_all_reduce(tensor, op, group, async_op)
+        entry = self._start("all_reduce", group_name, group, _num_bytes(tensor))
+        return self._finish(entry, self._transport_all_reduce(tensor, op, group, async_op), async_op)
 
     @eager_under_compile
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
@@ -289,7 +306,8 @@ class Communicator:
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "reduce_scatter", ring_bytes_sent("reduce_scatter", _num_bytes(input), size))
         self.last_collective = ("reduce_scatter", group_name)
-        return self._transport_reduce_scatter(output, input, op, group, async_op)
+        entry = self._start("reduce_scatter", group_name, group, _num_bytes(input))
+        return self._finish(entry, self._transport_reduce_scatter(output, input, op, group, async_op), async_op)
 
     @eager_under_compile
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, group: Optional[dist.ProcessGroup],
@@ -304,7 +322,8 @@ class Communicator:
             return CompletedWork() if async_op else None
         self.stats.add(group_name, "all_gather", ring_bytes_sent("all_gather", _num_bytes(output), size))
         self.last_collective = ("all_gather", group_name)
-        return self._transport_all_gather(output, input, group, async_op)
+        entry = self._start("all_gather", group_name, group, _num_bytes(output))
+        return self._finish(entry, self._transport_all_gather(output, input, group, async_op), async_op)
 
     @eager_under_compile
     def broadcast(self, tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup], group_name: str,
@@ -317,7 +336,8 @@ class Communicator:
         is_source = self._global_rank() == src
         self.stats.add(group_name, "broadcast", ring_bytes_sent("broadcast", _num_bytes(tensor), size, is_source))
         self.last_collective = ("broadcast", group_name)
-        return self._transport_broadcast(tensor, src, group, async_op)
+        entry = self._start("broadcast", group_name, group, _num_bytes(tensor))
+        return self._finish(entry, self._transport_broadcast(tensor, src, group, async_op), async_op)
 
     @eager_under_compile
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
@@ -339,7 +359,9 @@ class Communicator:
         row_bytes = _num_bytes(input) // input.shape[0] if input.shape[0] else 0
         self.stats.add(group_name, "all_to_all", all_to_all_bytes_sent(input_split_sizes, group_rank(group), row_bytes))
         self.last_collective = ("all_to_all", group_name)
-        return self._transport_all_to_all(output, input, output_split_sizes, input_split_sizes, group, async_op)
+        entry = self._start("all_to_all", group_name, group, _num_bytes(input))
+        return self._finish(entry, self._transport_all_to_all(output, input, output_split_sizes, input_split_sizes,
+                                                              group, async_op), async_op)
 
     # ---- point-to-point between pipeline stages (parallel/p2p.py holds the completion rule) ---------
 
@@ -347,13 +369,19 @@ class Communicator:
         """Post a send of `tensor` to global rank `peer`; returns the works to wait on. Counted when posted."""
         self.stats.add(group_name, "send", _num_bytes(tensor))
         self.last_collective = ("send", group_name)
-        return self._transport_p2p(dist.isend, tensor, peer, tag)
+        return self._recorded_p2p("send", peer, group_name, self._transport_p2p(dist.isend, tensor, peer, tag), tensor)
 
     def receive(self, tensor: torch.Tensor, peer: int, tag: int, group_name: str = "pp") -> list:
         """Post a receive into `tensor` from global rank `peer`; returns the works to wait on."""
         self.stats.add(group_name, "recv", _num_bytes(tensor))
         self.last_collective = ("recv", group_name)
-        return self._transport_p2p(dist.irecv, tensor, peer, tag)
+        return self._recorded_p2p("recv", peer, group_name, self._transport_p2p(dist.irecv, tensor, peer, tag), tensor)
+
+    def _recorded_p2p(self, kind: str, peer: int, group_name: str, works: list, tensor: torch.Tensor) -> list:
+        if self.log is None:
+            return works
+        entry = self.log.start_p2p(kind, peer, group_name, _num_bytes(tensor))
+        return [RecordedWork(work, self.log, entry) for work in works]
 
     # ---- the transport: torch.distributed (a dry run replaces these) ---------------------------
 
@@ -407,7 +435,8 @@ class Communicator:
         if group is not None and group_size(group) == 1:
             return
         self.last_collective = ("barrier", group_name)
-        dist.barrier(group=group)
+        entry = self._start("barrier", group_name, group, 0)
+        self._finish(entry, dist.barrier(group=group), async_op=False)
 
 
     # ---- control messages: whole-world agreement, not counted (a few bytes, not model traffic) ----
@@ -419,7 +448,8 @@ class Communicator:
             return [obj]
         gathered = [None] * dist.get_world_size()
         self.last_collective = ("all_gather_object", "world")
-        dist.all_gather_object(gathered, obj)
+        entry = self._start("all_gather_object", "world", None, 0)
+        self._finish(entry, dist.all_gather_object(gathered, obj), async_op=False)
         return gathered
 
     def any_rank(self, flags: list[bool], device: torch.device) -> list[bool]:
@@ -429,7 +459,8 @@ class Communicator:
             return list(flags)
         tensor = torch.tensor([float(flag) for flag in flags], device=device)
         self.last_collective = ("all_reduce", "world")
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        entry = self._start("all_reduce", "world", None, _num_bytes(tensor))
+        self._finish(entry, dist.all_reduce(tensor, op=dist.ReduceOp.MAX), async_op=False)
         return [bool(value) for value in tensor.tolist()]
 
 

@@ -4,6 +4,8 @@ record) and the ETA; between records, a short line now and then so a slow run is
 
 from __future__ import annotations
 
+from typing import Optional
+
 from base.progress import ProgressLines
 from parallel.state import ParallelState
 from training.metrics import (
@@ -17,14 +19,16 @@ from training.metrics import (
     run_peak_tflops,
 )
 from training.run_settings import RunSettings
+from training.stragglers import StragglerReport, format_stragglers
 from training.train_step import StepOutcome
 from zero.activations import ActivationMonitor
 
 
 class IntervalMetrics:
     def __init__(self, settings: RunSettings, state: ParallelState, writer: MetricsWriter,
-                 activations: ActivationMonitor) -> None:
+                 activations: ActivationMonitor, stragglers: Optional[StragglerReport] = None) -> None:
         self.settings, self.state, self.writer, self.activations = settings, state, writer, activations
+        self.stragglers = stragglers  # --log-straggler
         self.training = settings.config.training
         self.peak_tflops = run_peak_tflops(state.device, settings.config.logging.peak_tflops)
         self.losses: list[float] = []
@@ -51,6 +55,8 @@ class IntervalMetrics:
         self.losses.append(outcome.loss)
         self.moe_losses.append(outcome.moe_losses)
         self.samples.append(outcome.global_batch_size)
+        if self.stragglers is not None:
+            self.stragglers.add(outcome.seconds, outcome.collective_wait_s)
         if iteration % self.training.log_interval == 0 or iteration == self.training.train_iters:
             self.write(iteration, consumed_samples, skipped_iterations, outcome)
         else:
@@ -103,4 +109,8 @@ class IntervalMetrics:
         if training.fp16:
             record["loss_scale"] = last.loss_scale
             record["skipped_iterations"] = skipped_iterations
-        return record, format_console_line(record, training.train_iters, self.eta_s(iteration, consumed_samples))
+        line = format_console_line(record, training.train_iters, self.eta_s(iteration, consumed_samples))
+        if self.stragglers is not None:  # every rank gathers here, at the same iteration
+            record["straggler"] = self.stragglers.gather()
+            line += f" stragglers: {format_stragglers(record['straggler'])} |"
+        return record, line

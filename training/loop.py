@@ -40,6 +40,7 @@ class TrainingSummary:
     schedule_samples: int = 0
     exit_reason: Optional[str] = None  # why the run stopped before --train-iters (signal, interval, time)
     saved_iterations: list[int] = field(default_factory=list)
+    iteration_seconds: float = 0.0  # the time of the iterations this process trained (all kept: it ends after them)
 
     def add(self, iteration: int, outcome: StepOutcome) -> None:
         self.train_losses.append(outcome.loss)
@@ -50,6 +51,7 @@ class TrainingSummary:
             self.schedule_samples += outcome.global_batch_size
         self.trained_iterations += 1
         self.loss_scale = outcome.loss_scale
+        self.iteration_seconds += outcome.seconds
 
     def step_lines(self) -> list[str]:
         """The run's last words on its optimizer steps: how many were taken and skipped and, when every
@@ -70,6 +72,14 @@ class TrainingSummary:
                          f"(loss scale now {self.loss_scale:g}): the weights are still those it started from; lower "
                          f"--lr or --initial-loss-scale (--loss-scale), or train in bf16")
         return lines
+
+    def effective_time_line(self, wall_s: float) -> str:
+        """The run's effective training time, as Llama 3 reports its own (the time of the iterations kept over
+        the wall time): what start-up, evaluation, checkpoints and any wait cost this process."""
+        share = self.iteration_seconds / wall_s if wall_s > 0 else 0.0
+        return (f"> effective training time: {share * 100:.1f}% ({self.trained_iterations} iterations took "
+                f"{self.iteration_seconds:.2f} s of the {wall_s:.2f} s since this process started; the rest: "
+                f"start-up, evaluation, checkpoints)")
 
 
 def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int, state: ParallelState) -> bool:

@@ -339,6 +339,9 @@ def scalar_values(record: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, dict):
             for key, inner in value.items():
                 add(f"{name}/{key}", inner)
+        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            for index, item in enumerate(value):  # the straggler report's ranks: straggler/slowest/0/rank
+                add(f"{name}/{index}", item)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             values[name] = value
 

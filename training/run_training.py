@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from base.process_clock import seconds_since_process_start
 from data.documents import DocumentMasking
 from training.divergence import resumable_checkpoint
 from training.evaluation import Evaluator
@@ -17,6 +18,7 @@ from training.memory_report import FirstIterationMemory
 from training.metrics import perplexity
 from training.pipeline_step import PipelineForward, PipelineTrainStep
 from training.prepare import Run
+from training.stragglers import StragglerReport
 from training.train_step import DataParallelTrainStep, TrainingDiverged
 
 
@@ -38,7 +40,10 @@ def train_run(run: Run) -> TrainingSummary:
                                        data.eod_mask_loss,
                                        (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None)
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents)
-        metrics = IntervalMetrics(settings, state, writer, built.activations)
+        logged = config.logging
+        stragglers = (StragglerReport(state.comm, logged.straggler_minmax_count)
+                      if logged.log_straggler and not logged.disable_straggler_on_startup else None)
+        metrics = IntervalMetrics(settings, state, writer, built.activations, stragglers)
         eval_micro_batches = training.eval_iters * settings.batch.final_accumulation_steps
         forward = PipelineForward(built.model, state, config.model.hidden_size) \
             if state.pipeline_parallel_size > 1 else None
@@ -63,6 +68,8 @@ def train_run(run: Run) -> TrainingSummary:
         run.writer.close()
     for line in summary.step_lines():
         log(line)
+    if summary.trained_iterations:
+        log(summary.effective_time_line(seconds_since_process_start()))
     if summary.final_valid_loss is not None:
         log(f"> final validation perplexity: {perplexity(summary.final_valid_loss):.3f}")
     metrics_file = Path(config.logging.metrics_file)

@@ -45,6 +45,9 @@ class StepOutcome:
     global_batch_size: int  # the samples this iteration consumed (a ramp changes it)
     lr: float               # the rate the update used
     seconds: float          # wall time of the iteration, the device waited for
+    # of `seconds`, the time inside collectives (parallel/collective_log.py: only with --log-straggler or the
+    # flight recorder, else 0): the rest is this rank's own compute, what the straggler report compares
+    collective_wait_s: float = 0.0
     # the MoE balancing losses (each over its coefficient), logged beside the loss (training/moe_metrics.py)
     moe_losses: dict = field(default_factory=dict)
     moe_per_layer: dict = field(default_factory=dict)  # --moe-per-layer-logging: per layer losses and tokens
@@ -116,6 +119,8 @@ class DataParallelTrainStep:
                  schedule_samples: Optional[int] = None) -> StepOutcome:
         started = time.perf_counter()
         state, optimizer = self.state, self.zero.optimizer
+        if state.comm.log is not None:
+            state.comm.log.take_wait_s()  # waits before this iteration (an evaluation, a save) are not its own
         global_batch_size = self.settings.batch.global_batch_at(consumed_samples)
         # The schedule moves only with updates taken (training/loop.py): a skipped fp16 step does not advance it
         position = consumed_samples if schedule_samples is None else schedule_samples
@@ -138,6 +143,7 @@ class DataParallelTrainStep:
                   f"skipped, loss scale now {optimizer.loss_scaler.scale:g}", flush=True)
         loss = mean_loss.item()  # waits for the device: the time is complete
         seconds = time.perf_counter() - started
+        collective_wait_s = state.comm.log.take_wait_s() if state.comm.log is not None else 0.0
         try:
             check_step_is_finite(iteration, loss, step)
             if step.skipped:
@@ -149,7 +155,8 @@ class DataParallelTrainStep:
             raise
         return StepOutcome(loss=loss, grad_norm=step.grad_norm, skipped=step.skipped,
                            loss_scale=optimizer.loss_scaler.scale, global_batch_size=global_batch_size, lr=lr,
-                           seconds=seconds, moe_losses=moe_losses, moe_per_layer=moe_per_layer)
+                           seconds=seconds, collective_wait_s=collective_wait_s, moe_losses=moe_losses,
+                           moe_per_layer=moe_per_layer)
 
     def moe_per_layer(self, accumulation_steps: int) -> dict:
         model_config = self.settings.config.model

@@ -48,13 +48,8 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --profile --profile-ranks --profile-step-start --profile-step-end --profile_steps --profile-backward
         --use-pytorch-profiler --pytorch-profiler-collect-callstack --pytorch-profiler-collect-chakra
         --pytorch-profiler-collect-shapes --record-shapes --nvtx-ranges --record-memory-history --memory-snapshot-path
-        --flight-recorder-dump-path --flight-recorder-include-stack-trace --flight-recorder-trace-buffer-size
-        --no-flight-recorder-dump-on-timeout --disable-flight-recorder-dump-on-timeout
-        --no-flight-recorder-extra-dump-on-exec --disable-flight-recorder-extra-dump-on-exec
-        --no-flight-recorder-include-only-active --disable-flight-recorder-include-only-active
         --dump-param-to-param-group-map --save-activations-interval --save-dgrads-interval --save-params-interval
-        --save-wgrads-interval --run-workload-inspector-server --log-straggler --straggler-ctrlr-port
-        --straggler-minmax-count --disable-straggler-on-startup --gpu-sniff-test-interval
+        --save-wgrads-interval --run-workload-inspector-server --straggler-ctrlr-port --gpu-sniff-test-interval
         --check-weight-hash-across-dp-replicas-interval --check-for-spiky-loss --check-for-large-grads --test-mode
         --no-check-for-nan-in-loss-and-grad --rerun-mode --result-rejected-tracker-filename
         --error-injection-type""")),
