@@ -36,4 +36,5 @@ def test_a_run_ends_with_its_effective_training_time(tmp_path, corpus_cache_300)
     records = [json.loads(text) for text in metrics.read_text().splitlines()]
     logged = sum(record["iter_time_s"] for record in records if "iter_time_s" in record)  # --log-interval 1
     assert int(iterations) == 3 and float(took) == pytest.approx(logged, abs=0.05)
-    assert 0 < float(share) < 100 and float(share) == pytest.approx(100 * float(took) / float(wall), rel=0.05, abs=0.1)
+    # run in this (pytest worker) process, started long before: the share may print as 0.0%
+    assert 0 <= float(share) < 100 and float(share) == pytest.approx(100 * float(took) / float(wall), rel=0.05, abs=0.1)
