@@ -24,6 +24,7 @@ from data import DataError
 from parallel.liveness import Liveness, PeerLoss, start_liveness
 from parallel.state import ParallelState, destroy, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
+from training.fault_tolerance import FaultTolerance, start_fault_tolerance
 from training.late_checks import LATE_CHECKS
 from training.loop import TrainingSummary
 from training.memory_fit import check_memory_fits
@@ -35,7 +36,8 @@ PROGRAM = "pretrain_gpt.py"
 EXPECTED_ERRORS = ALWAYS_EXPECTED + (DataError, KeyboardInterrupt)
 
 
-def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
+def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[FaultTolerance] = None
+        ) -> TrainingSummary:
     """One training run in an initialized process group: the checks before any work (training/start_checks.py,
     training/memory_fit.py), the run prepared once (training/prepare.py), then trained."""
     log = first_rank_log(state)
@@ -45,7 +47,7 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
     check_memory_fits(config, state, batch, peak.before_data, log)
     with prepare(config, state, batch, log, predict_peak=peak) as prepared:
-        return train_run(prepared)
+        return train_run(prepared, fault_tolerance)
 
 
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
@@ -64,6 +66,16 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
         dry_run_launch(config)
         return
     check_machine_bounds(config)  # before the process group, the data index or the model
+    # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
+    fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
+    try:
+        train_in_process_group(config, fault_tolerance)
+    finally:
+        if fault_tolerance is not None:
+            fault_tolerance.close(finished=False)  # the monitor goes with the rank; nothing more to learn
+
+
+def train_in_process_group(config: PretrainConfig, fault_tolerance: Optional[FaultTolerance]) -> None:
     try:
         state = initialize_grid(config.training.device, config.parallel, config.training.distributed_timeout_minutes,
                                 config.zero.distributed_optimizer_instances)
@@ -73,7 +85,9 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     lost = own_error = False
     try:
         liveness = watch_peers(state, config.training.heartbeat_timeout_seconds)
-        run(config, state)
+        run(config, state, fault_tolerance)
+        if fault_tolerance is not None:  # every rank is here: the last learning of --calc-ft-timeouts
+            fault_tolerance.close(finished=True)
     except EXPECTED_ERRORS:
         raise  # met by every rank alike (the ranks agree on their checks): not a lost peer
     except Exception:

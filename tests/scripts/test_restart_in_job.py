@@ -10,7 +10,9 @@ RANK (never by name).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -106,5 +108,40 @@ def test_a_rank_killed_at_iteration_5_is_restarted_by_torchrun_and_the_job_resum
     code, out, err = finish(launcher, tmp_path)
     assert code == 0, (err[-3000:], out[-3000:])
     assert "Connection refused" not in err and "connectFullMesh" not in err, err[-3000:]
-    assert "resuming after iteration 4" in out or "resuming after iteration 6" in out, out[-3000:]
     assert losses(tmp_path / "metrics.jsonl") == uninterrupted
+    assert_recovery_said(out)
+
+
+def assert_recovery_said(out: str) -> None:
+    """The line training/restart_progress.py prints once the restarted job is back where the fault found it: a
+    checkpoint every 2 iterations, the fault after iteration 5 (or 6, where rank 1 was a step ahead)."""
+    resumed = "resuming after iteration 4" in out and 4 or "resuming after iteration 6" in out and 6
+    assert resumed, out[-3000:]
+    recovered = [line for line in out.splitlines() if line.startswith("> recovered (torchrun restart 1 of 2)")]
+    assert len(recovered) == 1, out[-3000:]
+    assert f"this one resumed from the checkpoint at iteration {resumed}: iteration" in recovered[0], recovered
+    assert " redone; " in recovered[0] and " s to iteration " in recovered[0], recovered
+
+
+@pytest.mark.slow
+def test_a_rank_hung_past_its_step_timeout_is_ended_by_its_monitor_and_the_job_resumes(corpus_cache, uninterrupted,
+                                                                                        tmp_path):
+    """--enable-ft-package with ft_launcher's section timeouts (the step 3 s after 1 warm-up iteration, a save 6 s):
+    rank 1 SIGSTOPped after iteration 5 (in iteration 6's step or its save) is silent far below
+    --heartbeat-timeout-seconds (120); each rank's section runs past its timeout (rank 0's waits in a collective),
+    both monitors SIGKILL their ranks, and torchrun restarts the job."""
+    launcher = start(tmp_path, corpus_cache, ["--max-restarts", "2", "--ft-rank-section-timeouts",
+                                              "setup:120,step:3,checkpointing:6"],
+                     ["--enable-ft-package", "--ft-num-warmup-iters", "1"])
+    stopped = fault_at(launcher, tmp_path / "metrics.jsonl", 5, rank=1, signum=signal.SIGSTOP)
+    try:
+        code, out, err = finish(launcher, tmp_path)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # never leave a stopped process behind
+            os.kill(stopped, signal.SIGKILL)
+    assert code == 0, (err[-3000:], out[-3000:])
+    assert re.search(r"^pretrain_gpt.py: error: rank 1: its (step section has run \S+ s, over its 3 s|checkpointing "
+                     r"section has run \S+ s, over its 6 s) timeout \(--enable-ft-package\)", err, re.M), err[-3000:]
+    assert "> FT (--enable-ft-package): section timeouts setup 120 s, step 3 s, checkpointing 6 s" in out
+    assert losses(tmp_path / "metrics.jsonl") == uninterrupted
+    assert_recovery_said(out)
