@@ -125,7 +125,8 @@ class FaultTolerance:
         return (f"> FT (--enable-ft-package): section timeouts {shown}, {how}; a rank past one is ended by its "
                 f"monitor, a dead or silent one named by the heartbeat watch, and the launcher's --max-restarts "
                 f"restarts the job from the latest checkpoint; the step section starts after "
-                f"{self.warmup_iterations} warm-up iterations")
+                f"{self.warmup_iterations} warm-up iterations; evaluation and an --async-save's commit count as "
+                f"out-of-section time here (Megatron-LM times evaluation steps as step and the commit as checkpointing)")
 
     # ---- the loop's events (ft_integration.py's on_* calls) ---------------------------------------------------
 

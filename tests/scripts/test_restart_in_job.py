@@ -101,9 +101,12 @@ def uninterrupted(corpus_cache, tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fault_tolerance", [[], ["--enable-ft-package"]], ids=["plain", "ft-package"])
 def test_a_rank_killed_at_iteration_5_is_restarted_by_torchrun_and_the_job_resumes(corpus_cache, uninterrupted,
-                                                                                   tmp_path):
-    launcher = start(tmp_path, corpus_cache, ["--max-restarts", "2"], [])
+                                                                                   tmp_path, fault_tolerance):
+    """Plain torchrun --max-restarts, and with --enable-ft-package (no timeouts given: nothing is watched by the
+    monitors, torchrun's agent sees the dead rank at once)."""
+    launcher = start(tmp_path, corpus_cache, ["--max-restarts", "2"], fault_tolerance)
     fault_at(launcher, tmp_path / "metrics.jsonl", 5, rank=1, signum=signal.SIGKILL)
     code, out, err = finish(launcher, tmp_path)
     assert code == 0, (err[-3000:], out[-3000:])
