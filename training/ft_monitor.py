@@ -83,7 +83,8 @@ def monitor(events: TextIO, rank_pid: int, rank: int, clock: SectionClock) -> in
         overrun = clock.overrun(now)
         if overrun is not None:
             section, elapsed, timeout = overrun
-            print(f"pretrain_gpt.py: error: rank {rank}: its {section} section has run {elapsed:.1f} s, over its "
+            what = "time out of any section" if section == "out-of-section" else f"{section} section"
+            print(f"pretrain_gpt.py: error: rank {rank}: its {what} has run {elapsed:.1f} s, over its "
                   f"{timeout:g} s timeout (--enable-ft-package): the rank monitor ends it with SIGKILL so that the "
                   f"launcher restarts the job (--max-restarts) from the latest checkpoint", file=sys.stderr, flush=True)
             try:
