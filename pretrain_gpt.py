@@ -41,6 +41,7 @@ from parallel.flight_recorder import (
 from parallel.liveness import Liveness, PeerLoss, start_liveness
 from parallel.state import ParallelState, destroy, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
+from training.fault_tolerance import FaultTolerance, start_fault_tolerance
 from training.late_checks import LATE_CHECKS
 from training.loop import TrainingSummary
 from training.memory_fit import check_memory_fits
@@ -53,7 +54,8 @@ PROGRAM = "pretrain_gpt.py"
 EXPECTED_ERRORS = ALWAYS_EXPECTED + (DataError, KeyboardInterrupt)
 
 
-def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
+def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[FaultTolerance] = None
+        ) -> TrainingSummary:
     """One training run in an initialized process group: the checks before any work (training/start_checks.py,
     training/memory_fit.py), the run prepared once (training/prepare.py), then trained."""
     log = first_rank_log(state)
@@ -63,7 +65,7 @@ def run(config: PretrainConfig, state: ParallelState) -> TrainingSummary:
     peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
     check_memory_fits(config, state, batch, peak.before_data, log)
     with prepare(config, state, batch, log, predict_peak=peak) as prepared:
-        return train_run(prepared)
+        return train_run(prepared, fault_tolerance)
 
 
 def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
@@ -91,6 +93,17 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     if reporting_process():
         for line in said:
             print(f"> {line}", flush=True)
+    # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
+    fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
+    try:
+        train_in_process_group(config, flight, fault_tolerance)
+    finally:
+        if fault_tolerance is not None:
+            fault_tolerance.close(finished=False)  # the monitor goes with the rank; nothing more to learn
+
+
+def train_in_process_group(config: PretrainConfig, flight: FlightRecorderSettings,
+                           fault_tolerance: Optional[FaultTolerance]) -> None:
     try:
         state = initialize_grid(config.training.device, config.parallel, config.training.distributed_timeout_minutes,
                                 config.zero.distributed_optimizer_instances)
@@ -104,7 +117,9 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
             recorder = start_flight_recorder(flight, state.comm, state.rank, state.world_size,
                                              config.training.heartbeat_timeout_seconds)
         liveness = watch_peers(state, config.training.heartbeat_timeout_seconds, recorder)
-        run(config, state)
+        run(config, state, fault_tolerance)
+        if fault_tolerance is not None:  # every rank is here: the last learning of --calc-ft-timeouts
+            fault_tolerance.close(finished=True)
     except EXPECTED_ERRORS + (InjectedFault,) as error:
         # Not a lost peer: an error met by every rank alike (the ranks agree on their checks), or by this rank
         # alone; the store decides who prints it (parallel/failure_report.py).

@@ -393,6 +393,20 @@ class TrainingConfig:
         consts=(Const(("--no-flight-recorder-extra-dump-on-exec", "--disable-flight-recorder-extra-dump-on-exec"),
                       False),),
         help="also dump when a rank fails on an error of its own (TORCH_NCCL_EXTRA_DUMP_ON_EXEC)")
+    # Megatron-LM's fault tolerance flags (megatron/training/ft_integration.py): training/fault_tolerance.py.
+    enable_ft_package: bool = option(
+        False, action="store_true", group="checkpoint",
+        help="fault tolerance sections (setup, step, checkpointing) with timeouts from the launcher (scripts/launch.py "
+             "--ft-rank-section-timeouts) or learned (--calc-ft-timeouts): a rank past one is ended by its monitor and "
+             "the launcher's --max-restarts restarts the job from the latest checkpoint; needs --save")
+    calc_ft_timeouts: bool = option(
+        False, action="store_true", group="checkpoint",
+        help="with --enable-ft-package: learn the section timeouts from this run's times (5 x the longest, after "
+             "each save and at the end), kept in --save's ft_state.json for the next start")
+    ft_num_warmup_iters: int = option(
+        5, group="checkpoint",
+        help="with --enable-ft-package: training iterations of each start outside the step section and the "
+             "out-of-section watch (the first ones are slow)")
     eval_interval: int = 50
     eval_iters: int = option(10, help="batches per evaluation; 0 disables")
     log_interval: int = 10
@@ -477,6 +491,9 @@ class TrainingConfig:
         if self.flight_recorder_trace_buffer_size < 0:
             raise ConfigError(f"--flight-recorder-trace-buffer-size must be 0 (no ring) or more, got "
                               f"{self.flight_recorder_trace_buffer_size}", flags=("--flight-recorder-trace-buffer-size",))
+        if self.ft_num_warmup_iters < 0:
+            raise ConfigError(f"--ft-num-warmup-iters must be 0 or more, got {self.ft_num_warmup_iters}",
+                              flags=("--ft-num-warmup-iters",))
         if not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"--seed must be in [0, 2**32), got {self.seed}; every stream (NumPy's included) "
                               "takes a 32-bit seed", flags=("--seed",))

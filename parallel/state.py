@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from base.errors import LaunchEnvironmentError
+from parallel.attempt_store import process_group_store
 from parallel.comm import Communicator, DryRunCommunicator, VirtualGroup
 from parallel.mesh import ParallelDims, expert_coordinates, expert_groups, expert_mesh_sizes
 
@@ -650,9 +651,16 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     if launch.rank == 0:
         _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size, device, launch, gpus_per_node)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    host = f"[{launch.master_addr}]" if ":" in launch.master_addr else launch.master_addr  # IPv6
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{launch.master_port}", rank=launch.rank,
-                            world_size=launch.world_size, timeout=timedelta(minutes=timeout_minutes))
+    timeout = timedelta(minutes=timeout_minutes)
+    # torchrun's agent store, one key space per restart (parallel/attempt_store.py: a restart under the static
+    # rendezvous otherwise reads the previous incarnation's addresses)
+    store = process_group_store(launch.master_addr, launch.master_port, timeout, os.environ)
+    if store is not None:
+        dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size, timeout=timeout)
+    else:
+        host = f"[{launch.master_addr}]" if ":" in launch.master_addr else launch.master_addr  # IPv6
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{launch.master_port}", rank=launch.rank,
+                                world_size=launch.world_size, timeout=timeout)
     data_parallel_size = launch.world_size // model_grid
     sizes = {"pp": pipeline_parallel_size, "dp": data_parallel_size, "cp": context_parallel_size,
              "tp": tensor_parallel_size}

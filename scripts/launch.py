@@ -3,7 +3,7 @@
 
     python scripts/launch.py --standalone --nproc_per_node 8 pretrain_gpt.py --config gpt2-124m ...
 
-Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes four things:
+Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes five things:
 
 - The exit status is the job's: each rank records the status its error boundary exits with
   (base/errors.py, through ZERO_GPT_EXIT_STATUS_DIR), and the launcher exits with the first non-zero
@@ -35,6 +35,9 @@ Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes 
   forwarded), makes one save and exit 0; SIGINT sent to every process of the job reaches a rank twice,
   a second Ctrl-C. The second SIGINT reaches the ranks on Linux (the launcher's children are read from
   /proc); elsewhere it does not. Other signals in --signals_to_handle stay torchrun's.
+- ft_launcher's `--ft-rank-section-timeouts setup:600,step:180,checkpointing:420` and
+  `--ft-rank-out-of-section-timeout S` (nvidia-resiliency-ext), given before the training script, are taken
+  off torchrun's arguments and handed to the ranks for --enable-ft-package (training/fault_tolerance.py).
 - Ranks get --shutdown-timeout 300 unless given: the time torchrun's agent waits after forwarding a
   signal before it kills; a run with --exit-signal-handler needs that long to save.
 """
@@ -182,11 +185,48 @@ def failure_line(failure, host: str) -> str:
             f"torchrun stopped the other ranks")
 
 
+# ft_launcher's (nvidia-resiliency-ext fault_tolerance/launcher.py) section timeouts, for --enable-ft-package
+FT_SECTION_TIMEOUTS = ("--ft-rank-section-timeouts", "--ft-rank_section_timeouts")
+FT_OUT_OF_SECTION_TIMEOUT = ("--ft-rank-out-of-section-timeout", "--ft-rank_out_of_section_timeout")
+
+
+def take_ft_timeouts(argv: list[str]) -> tuple[list[str], dict]:
+    """ft_launcher's `--ft-rank-section-timeouts setup:600,step:180,checkpointing:420` and
+    `--ft-rank-out-of-section-timeout 300` (either spelling, `=` or a separate value), given before the training
+    script: (the rest of the arguments for torchrun, the timeouts for training/fault_tolerance.py)."""
+    from training.fault_tolerance import parse_section_timeouts, parse_timeout
+
+    rest, timeouts, index = [], {}, 0
+    script_at = next((i for i, token in enumerate(argv) if token.endswith(".py")), len(argv))
+    while index < len(argv):
+        token = argv[index]
+        name, has_value, value = token.partition("=")
+        if index < script_at and name in FT_SECTION_TIMEOUTS + FT_OUT_OF_SECTION_TIMEOUT:
+            if not has_value:
+                index += 1
+                value = argv[index] if index < len(argv) else ""
+            try:
+                timeouts.update(parse_section_timeouts(value) if name in FT_SECTION_TIMEOUTS
+                                else {"out_of_section": parse_timeout(value)})
+            except ValueError as error:
+                print(f"launch.py: error: {name} {value!r}: {error}", file=sys.stderr, flush=True)
+                sys.exit(2)
+        else:
+            rest.append(token)
+        index += 1
+    return rest, timeouts
+
+
 def main(argv=None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from training.fault_tolerance import FT_TIMEOUTS_VARIABLE
+
+    argv, ft_timeouts = take_ft_timeouts(list(sys.argv[1:] if argv is None else argv))
+    if ft_timeouts:
+        os.environ[FT_TIMEOUTS_VARIABLE] = json.dumps(ft_timeouts)
     args = parse_args(argv)
     if args.shutdown_timeout is None and "TORCHELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
         args.shutdown_timeout = DEFAULT_SHUTDOWN_TIMEOUT_S

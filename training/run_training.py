@@ -4,25 +4,30 @@ put together for the cadence loop, and what a diverged run can restart from."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
+from typing import Optional
 
 from base.process_clock import seconds_since_process_start
 from data.documents import DocumentMasking
 from training.divergence import resumable_checkpoint
 from training.evaluation import Evaluator
 from training.fault_injection import plan_faults
+from training.fault_tolerance import FaultTolerance
 from training.interval_metrics import IntervalMetrics
 from training.loop import TrainingSummary, train
+from training.loop_events import LoopEvents
 from training.memory_report import FirstIterationMemory
 from training.metrics import perplexity
 from training.pipeline_step import PipelineForward, PipelineTrainStep
 from training.prepare import Run
+from training.restart_progress import RestartProgress, restarts_possible
 from training.stragglers import StragglerReport
 from training.train_step import DataParallelTrainStep, TrainingDiverged
 
 
-def train_run(run: Run) -> TrainingSummary:
+def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> TrainingSummary:
     settings, start, log = run.settings, run.start, run.log
     config = settings.config
     training, checkpoint = config.training, config.checkpoint
@@ -52,9 +57,11 @@ def train_run(run: Run) -> TrainingSummary:
         memory = FirstIterationMemory(built.zero.optimizer, settings, state, writer, built.activations,
                                       run.memory_check, first_iteration=start.iteration + 1,
                                       micro_batches=settings.batch.accumulation_steps_at(start.consumed_samples))
-        summary = train(step, metrics, evaluator, memory, settings, state, start_iteration=start.iteration,
+        events = loop_events(run, fault_tolerance)
+        summary = train(events.around_step(step), metrics, evaluator, memory, settings, state,
+                        start_iteration=start.iteration,
                         consumed_samples=start.consumed_samples, schedule_samples=start.schedule_samples,
-                        save_checkpoint=run.save, exit_conditions=run.exit_conditions,
+                        save_checkpoint=events.around_save(run.save), exit_conditions=run.exit_conditions,
                         commit_saves=run.save.poll if run.save is not None else None,
                         faults=plan_faults(training.fault_injector, state, start.iteration, log))
         if run.save is not None:  # the end of training and every early exit: the last save is committed first
@@ -76,6 +83,18 @@ def train_run(run: Run) -> TrainingSummary:
     log(f"> metrics written to {metrics_file}")
     log(f"> draw the curves: {plot_command(metrics_file)}")
     return summary
+
+
+def loop_events(run: Run, fault_tolerance: Optional[FaultTolerance]) -> LoopEvents:
+    """The loop's watchers: the fault tolerance sections, and rank 0's record of progress for a torchrun restart
+    (with --save, under --max-restarts or --enable-ft-package)."""
+    save_dir = run.settings.config.checkpoint.save
+    if fault_tolerance is not None and run.start.path is not None:
+        fault_tolerance.checkpoint_loaded()
+    progress = None
+    if save_dir and run.state.rank == 0 and (restarts_possible(os.environ) or fault_tolerance is not None):
+        progress = RestartProgress(save_dir, run.start.iteration, os.environ, run.log)
+    return LoopEvents(fault_tolerance, progress)
 
 
 def plot_command(metrics_file: Path) -> str:

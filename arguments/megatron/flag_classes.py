@@ -132,7 +132,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --ckpt-convert-update-legacy-dist-opt-format --verify-integrity --no-save-tokenizer-assets
         --disable-save-tokenizer-assets --no-use-tokenizer-model-from-checkpoint-args
         --disable-use-tokenizer-model-from-checkpoint-args --use-mp-args-from-checkpoint-args""")),
-    ("launcher and cluster plumbing (autoresume, in-process restart, fault tolerance, timeouts, signals, MPI "
+    ("launcher and cluster plumbing (autoresume, in-process restart, timeouts, signals, MPI "
      "discovery); ranks and devices come from torchrun or SLURM here, and --exit-signal-handler saves on "
      "SIGTERM or SIGUSR1", _names("""
         --adlr-autoresume --adlr-autoresume-interval --inprocess-restart --inprocess-active-world-size
@@ -140,7 +140,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --inprocess-hard-timeout --inprocess-heartbeat-interval --inprocess-heartbeat-timeout --inprocess-last-call-wait
         --inprocess-max-iterations --inprocess-monitor-process-interval --inprocess-monitor-thread-interval
         --inprocess-progress-watchdog-interval --inprocess-soft-timeout --inprocess-termination-grace-time
-        --enable-ft-package --calc-ft-timeouts --ft-num-warmup-iters --distributed-timeout-seconds-after-init
+        --distributed-timeout-seconds-after-init
         --aml-data-download-path --exit-signal --exit-signal-handler-for-dataloader --exit-signal-handler-for-training
         --deepspeed_mpi --trust-remote-code""")),
     ("Megatron-DeepSpeed defines it and never reads it (a resume here continues the schedule at the consumed "

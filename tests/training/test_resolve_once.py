@@ -70,9 +70,9 @@ def test_a_live_run_builds_its_model_from_the_resolved_settings_with_frozen_conf
     seen = {}
     real_run, real_build = pretrain_gpt.run, training.prepare.build
 
-    def run(config, state):
+    def run(config, state, *rest):
         seen["config"] = config
-        return real_run(config, state)
+        return real_run(config, state, *rest)
 
     def build(settings, state, **kwargs):
         seen["settings"] = settings
