@@ -13,8 +13,11 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 GEMM_EFFICIENCY of the dense peak of the run's precision: FP8 GEMMs at the FP8 peak
                 (Transformer Engine runs forward, dgrad and wgrad in FP8), BF16 at the BF16 peak
     attention   the scores and context products at the BF16 peak (TE's fused attention stays BF16 under
-                FP8 unless fp8_dot_product_attention is set, Megatron's default off), half of Megatron's
-                counted square executed (the causal kernel skips the masked half)
+                FP8 unless fp8_dot_product_attention is set, Megatron's default off), only the keys a query
+                sees executed: half of Megatron's counted square under the causal mask, and in a sliding-window
+                layer (--window-size L,0, --window-attn-skip-freq) the L + 1 keys of the window (cuDNN's and
+                FlashAttention's kernels skip the key tiles outside the mask; tile rounding is ignored, as on
+                the causal diagonal)
     elementwise norms, residual adds, the gated activation and, under MoE, the permute and unpermute of the
                 tokens' k copies: bytes through HBM (ELEMENTWISE_BYTES below, counted, not fitted)
     tp          sequence parallelism: 2 all-gathers + 2 reduce-scatters of b s h / CP per layer in forward,
@@ -47,8 +50,10 @@ from typing import Optional
 import yaml
 
 from arguments.config import ConfigError
+from gpt.attention_window import layer_windows
 from gpt.model_config import ModelConfig
 from gpt.shape import AttentionShape, LinearShape, model_shape
+from parallel.layers import padded_vocab_size
 from planner.perf_model import CALIBRATION_DIR, Hardware
 
 BF16_BYTES, FP32_BYTES = 2, 4
@@ -125,6 +130,7 @@ class ModelCounts:
     padded_vocab: int
     linear_flops_per_token: float      # forward, every block and the logits
     attention_flops_per_token: float   # forward scores and context over the full square, every layer
+    attention_executed_flops_per_token: float  # forward, what the masked kernels run (causal half, windows)
     blocks_flops_per_token: float      # forward, every block (Megatron's count, attention included)
     mlp_flops_per_token: float         # forward, the MLPs' GEMMs (the routed and shared experts' under MoE)
     logits_flops_per_token: float
@@ -136,12 +142,28 @@ class ModelCounts:
     topk: int
 
 
-def model_counts(model: ModelConfig) -> ModelCounts:
+def visible_keys_per_query(seq_length: int, window_left: Optional[int]) -> float:
+    """Keys a causal query sees, averaged over the sequence's positions: (s + 1) / 2 over the whole context
+    (taken as s / 2, half the square), min(i, L) + 1 at position i with a window of L keys before it."""
+    if window_left is None or window_left >= seq_length - 1:
+        return seq_length / 2
+    full = window_left + 1  # positions L .. s-1 see L + 1 keys; positions i < L see i + 1
+    return (full * (seq_length - window_left) + window_left * (window_left + 1) / 2) / seq_length
+
+
+def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts:
+    """`vocab`: the launch's vocabulary (planner/vocabulary.py's launch_vocab) where the model config has none
+    yet (an --init-from-hf model's comes from its folder at launch): without it the output layer's GEMM and the
+    embedding's weights would be left out."""
     shape = model_shape(model, 1)
-    vocab = model.padded_vocab_size()
-    attention_per_layer = sum(m.flops_per_key * model.seq_length for m in shape.block_matmuls
-                              if isinstance(m, AttentionShape))
-    attention = attention_per_layer * (shape.dense_layers + shape.moe_blocks)
+    vocab = padded_vocab_size(vocab, model.make_vocab_size_divisible_by, 1, model.pad_vocab_size_to) \
+        if vocab else model.padded_vocab_size()
+    flops_per_key = sum(m.flops_per_key for m in shape.block_matmuls if isinstance(m, AttentionShape))
+    attention_layers = shape.dense_layers + shape.moe_blocks  # the blocks and any multi-token-prediction layers
+    attention = flops_per_key * model.seq_length * attention_layers
+    windows = layer_windows(model.window_size, model.window_attn_skip_freq, model.num_layers)
+    windows += (None,) * (attention_layers - len(windows))  # an MTP layer's attention has no window
+    attention_executed = flops_per_key * sum(visible_keys_per_query(model.seq_length, w) for w in windows)
     attention_linear = sum(2 * m.in_features * m.out_features for m in shape.block_matmuls
                            if isinstance(m, LinearShape) and m.name.startswith("attention."))
     blocks = shape.blocks_forward_flops_per_token()
@@ -160,7 +182,8 @@ def model_counts(model: ModelConfig) -> ModelCounts:
     return ModelCounts(
         layers=model.num_layers, moe_layers=shape.moe_blocks, hidden=model.hidden_size, seq_length=model.seq_length,
         padded_vocab=vocab, linear_flops_per_token=float(blocks - attention + logits),
-        attention_flops_per_token=float(attention), blocks_flops_per_token=float(blocks),
+        attention_flops_per_token=float(attention), attention_executed_flops_per_token=float(attention_executed),
+        blocks_flops_per_token=float(blocks),
         mlp_flops_per_token=float(blocks - attention - attention_linear * (shape.dense_layers + shape.moe_blocks)),
         logits_flops_per_token=float(logits), dense_parameters=total - expert_parameters,
         expert_parameters=expert_parameters,
@@ -194,7 +217,7 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     passes = 3 + layout.recompute_fraction  # forward, backward (2x), the recomputed forward
     linear_flops = tokens * (3 * counts.linear_flops_per_token
                              + layout.recompute_fraction * (counts.blocks_flops_per_token - counts.attention_flops_per_token))
-    attention_flops = tokens * passes * counts.attention_flops_per_token / 2  # causal: half the square runs
+    attention_flops = tokens * passes * counts.attention_executed_flops_per_token  # the masks' visible keys
     gemm_s = linear_flops / world / (gemm_peak * constants.gemm_efficiency)
     attention_s = attention_flops / world / (hardware.peak_flops * constants.gemm_efficiency)
 

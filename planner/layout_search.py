@@ -173,9 +173,11 @@ def _rank_key(candidate: Candidate) -> tuple:
             candidate.memory_bytes)
 
 
-def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardware) -> tuple[ModelCounts, list[Candidate]]:
-    """Every layout, the fitting ones priced and sorted best first, then the rest by memory."""
-    counts = model_counts(model)
+def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardware,
+           vocab: Optional[int] = None) -> tuple[ModelCounts, list[Candidate]]:
+    """Every layout, the fitting ones priced and sorted best first, then the rest by memory. `vocab`: the
+    launch's vocabulary (planner/vocabulary.py), for a model config that has none yet (--init-from-hf)."""
+    counts = model_counts(model, vocab)
     constants = load_layout_constants(hardware.layout_calibration or "h100-bridge-llama3-8b")
     fitting, rest = [], []
     for layout in enumerate_layouts(model, counts, gpus, global_batch, precision, hardware.gpus_per_node):
@@ -260,7 +262,11 @@ def search_command(argv: Sequence[str]) -> int:
     hardware = load_hardware(args.hardware)
     precision = "fp8" if config.model.fp8 else "bf16"
     start = time.perf_counter()
-    counts, candidates = search(config.model, args.gpus, config.training.global_batch_size, precision, hardware)
+    from planner.vocabulary import launch_vocab
+
+    vocab, _ = launch_vocab(config)  # an --init-from-hf model's comes from its folder: the output layer counts
+    counts, candidates = search(config.model, args.gpus, config.training.global_batch_size, precision, hardware,
+                                vocab)
     if args.dry_run_check:
         dry_run_check(candidates, counts, rest, hardware, args.dry_run_check)
         candidates = sorted((c for c in candidates if c.fits), key=_rank_key) + \

@@ -6,7 +6,7 @@ import pytest
 
 from arguments.parser import parse_config
 from planner.bridge_rows import HF_CONFIGS
-from planner.layout_perf import Layout, LayoutConstants, model_counts, predict_layout
+from planner.layout_perf import Layout, LayoutConstants, model_counts, predict_layout, visible_keys_per_query
 from planner.perf_model import load_hardware
 
 HARDWARE = load_hardware("h100-sxm")
@@ -60,3 +60,24 @@ def test_recompute_costs_time_but_not_model_flops(llama):
     full = predict_layout(llama, dataclasses.replace(base, recompute_fraction=1.0), HARDWARE, CONSTANTS)
     assert full.step_s > plain.step_s
     assert full.model_tflops_per_gpu * full.step_s == pytest.approx(plain.model_tflops_per_gpu * plain.step_s)
+
+
+def test_an_hf_model_counts_its_output_layer_with_the_launch_vocabulary(qwen):
+    # An --init-from-hf config has no vocabulary until launch (planner/vocabulary.py reads the folder's):
+    # without it the logits GEMM, 2 h V FLOPs per token (Megatron's num_floating_point_operations), was left out.
+    config = parse_config(["--init-from-hf", str(HF_CONFIGS / "qwen3-30b-a3b"), "--seq-length", "4096"])
+    with_vocab = model_counts(config.model, 151936)
+    assert qwen.logits_flops_per_token == 0
+    assert with_vocab.padded_vocab == 151936  # already a multiple of 128
+    assert with_vocab.logits_flops_per_token == 2 * 2048 * 151936
+
+
+def test_sliding_window_layers_run_only_their_windows_keys():
+    # GPT-OSS 120B: every other layer a 128-token window (its folder's sliding_window, --window-size 127,0).
+    seq = 4096
+    counts = model_counts(parse_config(["--init-from-hf", str(HF_CONFIGS / "gpt-oss-120b"), "--seq-length", str(seq),
+                                        "--max-position-embeddings", str(seq)]).model)
+    window_keys = sum(min(i, 127) + 1 for i in range(seq)) / seq  # each query's visible keys, counted one by one
+    expected = (18 * seq / 2 + 18 * window_keys) / (36 * seq)
+    assert counts.attention_executed_flops_per_token / counts.attention_flops_per_token == pytest.approx(expected)
+    assert visible_keys_per_query(seq, None) == seq / 2

@@ -10,6 +10,7 @@ from planner.bridge_rows import UNBUILDABLE, load_rows, row_config, row_layout
 from planner.layout_perf import load_layout_constants, predict_layout
 from planner.layout_search import layout_memory_bytes, search, search_command
 from planner.perf_model import load_hardware
+from planner.vocabulary import launch_vocab
 
 
 def _distinct_rows():
@@ -37,7 +38,7 @@ def searches():
                row.precision == "BF16")
         if key not in found:
             found[key] = search(config.model, row.layout["gpus"], row.layout["global_batch_size"],
-                                "bf16" if row.precision == "BF16" else "fp8", hardware)
+                                "bf16" if row.precision == "BF16" else "fp8", hardware, launch_vocab(config)[0])
     return hardware, found
 
 
