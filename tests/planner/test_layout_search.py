@@ -99,3 +99,19 @@ def test_the_dry_run_check_replans_the_best_and_drops_what_its_count_missed():
     first = next(c for c in candidates if c.fits)
     dry_run_check([first], counts, flags, tight, 1)
     assert not first.fits and first.lost_to.startswith("memory (dry run)")
+
+
+def test_search_of_an_hf_folder_counts_its_output_layer(capsys):
+    # The folder's vocab_size reaches the counts (planner/vocabulary.py, as at launch): the logits GEMM and the
+    # output layer's weights are in every layout's step and memory.
+    from arguments.parser import parse_config
+    from planner.bridge_rows import HF_CONFIGS
+
+    model_flags = ["--init-from-hf", str(HF_CONFIGS / "gpt-oss-20b"), "--seq-length", "4096",
+                   "--max-position-embeddings", "4096"]
+    assert search_command([*model_flags, "--gpus", "8", "--hardware", "h100-sxm", "--global-batch-size", "64",
+                           "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)[0]
+    counts, candidates = search(parse_config(model_flags).model, 8, 64, "bf16", load_hardware("h100-sxm"))
+    without = next(c for c in candidates if c.fits and c.flags(counts) in best["flags"])  # no vocabulary
+    assert best["step_s"] > 1.1 * without.prediction.step_s  # GPT-OSS 20B: the 201,088-row output layer, 16% here
