@@ -9,7 +9,13 @@ repository's current recipes; an older release's recipe may have differed, which
               llama3_70b_pretrain_64gpu_h100_*: tp_comm_overlap with userbuffers, no recompute.
   llama31.py  llama31_405b_pretrain_1024gpu_h100_*: tp_comm_overlap with userbuffers, no recompute.
   gpt_oss.py  gpt_oss_120b_pretrain_64gpu_h100_*: selective recompute of layernorm and moe_act
-              (elementwise only: no GEMM recomputed, so 0 here).
+              (elementwise only: no GEMM recomputed, so 0 here); its base recipe
+              (recipes/gpt_oss/h100/gpt_oss.py) sets no pipeline layout and account_for_embedding/loss_in_
+              pipeline_split False: Megatron's even split, the last of PP 4 stages also runs the 201,088-row
+              output layer (`output_stage_balanced` False).
+  Llama 3 70B's recipe gives a pipeline layout ("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL": the loss's chunk one layer),
+  DeepSeek-V3's one with the loss on its own ("...mL"); Llama 3.1 405B's 126 layers and Qwen3 235B's 94 do
+  not divide by PP x VP without such a layout. Those are priced balanced.
   deepseek_v3.py  deepseek_v3_pretrain_1024gpu_h100_*: recompute_modules mla_up_proj and mlp (the MLP's
               GEMMs run twice: `recompute_mlp` below), overlap_grad_reduce off, a multi-token-prediction
               layer in its pipeline layout ("Et|(tt|)*30mL").
@@ -59,6 +65,7 @@ class RecipeSettings:
     recompute_mlp: bool = False     # the MLPs' GEMMs recomputed
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
+    output_stage_balanced: bool = True
 
 
 RECIPES = {
@@ -66,6 +73,7 @@ RECIPES = {
     "LLAMA3_70B": RecipeSettings(tp_comm_overlap=True),
     "LLAMA3.1_405B": RecipeSettings(tp_comm_overlap=True),
     "DeepSeekV3": RecipeSettings(recompute_mlp=True, overlap_grad_reduce=False),
+    "GPT OSS 120B": RecipeSettings(output_stage_balanced=False),
 }
 
 
@@ -114,7 +122,8 @@ def row_layout(row: BridgeRow, counts: ModelCounts) -> Layout:
     return Layout(gpus=r["gpus"], tp=r["tp"], pp=r["pp"], vp=r["vp"] or 1, cp=r["cp"], ep=r["ep"] or 1,
                   micro_batch_size=r["micro_batch_size"], global_batch_size=r["global_batch_size"],
                   precision=row_precision(row), recompute_fraction=recompute,
-                  tp_comm_overlap=recipe.tp_comm_overlap, overlap_grad_reduce=recipe.overlap_grad_reduce)
+                  tp_comm_overlap=recipe.tp_comm_overlap, overlap_grad_reduce=recipe.overlap_grad_reduce,
+                  output_stage_balanced=recipe.output_stage_balanced)
 
 
 def with_layout(row: BridgeRow, **changes) -> BridgeRow:

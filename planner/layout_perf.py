@@ -31,7 +31,10 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 --overlap-moe-expert-parallel-comm is off by default)
     pp          the bubble: (PP - 1) / VP micro-batches of one stage's time (Narayanan et al. 2021,
                 section 2.2); the point-to-point sends exposed only without interleaving (Megatron
-                overlaps them with VP > 1)
+                overlaps them with VP > 1); and where the layer split leaves the output layer's stage as
+                many layers as the others (Megatron's even split: account_for_loss_in_pipeline_split off, no
+                --pipeline-model-parallel-layout), that stage also runs the logits GEMM of every token, and the
+                1F1B schedule runs at its pace: (PP - 1) x the logits' evenly spread time more
     dp          the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather
                 (bf16) over the DP group (the expert-DP group for expert weights), hidden behind backward
                 and forward with --overlap-grad-reduce / --overlap-param-gather up to their length
@@ -84,6 +87,10 @@ class Layout:
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    # The output layer's stage given fewer layers (a --pipeline-model-parallel-layout such as Bridge's Llama 3
+    # 70B "...|tL", or --account-for-loss-in-pipeline-split): False is Megatron's even split, where that stage
+    # carries the logits on top of its share of the blocks.
+    output_stage_balanced: bool = True
 
     @property
     def dp(self) -> int:
@@ -207,6 +214,19 @@ def _all_to_all_seconds(bytes_per_rank: float, group: int, hardware: Hardware) -
     return max(intra, inter) + hardware.intra_node_latency_s
 
 
+def even_split_output_stage_s(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
+                              fp8_peak_flops: Optional[float] = None) -> float:
+    """What Megatron's even layer split costs over a balanced one: the last stage's ranks compute every token's
+    logits, which the GEMM term spreads over all PP stages, and the other stages wait for it each micro-batch
+    (the 1F1B pipeline runs at its slowest stage's pace): (PP - 1) x the logits' evenly spread time."""
+    if layout.pp <= 1:
+        return 0.0
+    gemm_peak = (fp8_peak_flops or 2 * hardware.peak_flops) if layout.precision == "fp8" else hardware.peak_flops
+    tokens = layout.global_batch_size * counts.seq_length
+    logits_s = tokens * 3 * counts.logits_flops_per_token / layout.gpus / (gemm_peak * constants.gemm_efficiency)
+    return (layout.pp - 1) * logits_s
+
+
 def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
                    fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
     """The step time of `layout`, term by term (the module docstring says what each term is)."""
@@ -280,8 +300,12 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
              + expert_here / (expert_dp if layout.distributed_optimizer else 1))
     optimizer_s = shard * ADAM_SHARD_BYTES / hardware.hbm_bandwidth
 
+    imbalance_s = 0.0 if layout.output_stage_balanced else \
+        even_split_output_stage_s(counts, layout, hardware, constants, fp8_peak_flops)
+
     terms = {"gemm": gemm_s, "attention": attention_s, "elementwise": elementwise_s, "tp": tp_s, "cp": cp_s,
-             "ep": ep_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "dp": dp_s, "optimizer": optimizer_s}
+             "ep": ep_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "pp_output_stage": imbalance_s, "dp": dp_s,
+             "optimizer": optimizer_s}
     step = sum(terms.values())
     model_flops = 3 * tokens * (counts.blocks_flops_per_token + counts.logits_flops_per_token)
     return LayoutPrediction(step_s=step, terms=terms, model_tflops_per_gpu=model_flops / world / step / 1e12,

@@ -39,6 +39,7 @@ from planner.layout_perf import (
     Layout,
     LayoutPrediction,
     ModelCounts,
+    even_split_output_stage_s,
     load_layout_constants,
     model_counts,
     predict_layout,
@@ -201,8 +202,10 @@ def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardwa
 
 
 def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, seconds: float,
-                  model_flags: str = "") -> str:
-    """The top layouts as pretrain_gpt.py flag lines (the model's own flags first), and why the rest lost."""
+                  model_flags: str = "", hardware: Optional[Hardware] = None) -> str:
+    """The top layouts as pretrain_gpt.py flag lines (the model's own flags first), and why the rest lost;
+    with `hardware`, what the flag lines' even layer split costs the best pipelined layout over the balanced
+    split it was ranked with."""
     fitting = [c for c in candidates if c.fits]
     lines = [f"{len(candidates):,} layouts enumerated, {len(fitting):,} fit, searched in {seconds:.1f} s"]
     for rank, candidate in enumerate(fitting[:top], 1):
@@ -211,6 +214,13 @@ def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, se
         lines.append(f"{rank}. {p.step_s * 1e3:,.1f} ms/step, {p.model_tflops_per_gpu:,.0f} TFLOP/s/GPU, "
                      f"{format_bytes(candidate.memory_bytes)}{dry}" + (f"  [{candidate.lost_to}]" if rank > 1 else ""))
         lines.append(f"   {model_flags + ' ' if model_flags else ''}{candidate.flags(counts)}")
+    pipelined = next((c for c in fitting[:top] if c.layout.pp > 1), None)
+    if pipelined is not None and hardware is not None:
+        constants = load_layout_constants(hardware.layout_calibration or "h100-bridge-llama3-8b")
+        extra = even_split_output_stage_s(counts, pipelined.layout, hardware, constants, hardware.fp8_peak_flops)
+        lines.append(f"ranked with a balanced pipeline split (a --pipeline-model-parallel-layout giving the output "
+                     f"layer's stage fewer layers); the flag lines split the layers evenly, so the last stage also "
+                     f"runs the logits: +{extra * 1e3:,.1f} ms/step for layout {fitting.index(pipelined) + 1}")
     reasons: dict[str, int] = {}
     for candidate in candidates[top:]:
         key = candidate.lost_to.split(" +")[0].split(":")[0]
@@ -275,6 +285,6 @@ def search_command(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps([c.to_json() | {"flags": " ".join([*rest, c.flags(counts)])} for c in candidates if c.fits]))
     else:
-        print(format_search(counts, candidates, args.top, seconds, " ".join(rest)))
+        print(format_search(counts, candidates, args.top, seconds, " ".join(rest), hardware))
     return 0
 

@@ -81,3 +81,14 @@ def test_sliding_window_layers_run_only_their_windows_keys():
     expected = (18 * seq / 2 + 18 * window_keys) / (36 * seq)
     assert counts.attention_executed_flops_per_token / counts.attention_flops_per_token == pytest.approx(expected)
     assert visible_keys_per_query(seq, None) == seq / 2
+
+
+def test_an_even_layer_split_leaves_the_output_layer_on_the_last_stage(llama):
+    # Megatron's even split (no pipeline layout, account_for_loss_in_pipeline_split off): the last of PP stages
+    # runs every token's logits on top of its blocks, and 1F1B runs at that stage's pace.
+    balanced = predict(llama, gpus=8, pp=4, global_batch_size=64)
+    even = predict(llama, gpus=8, pp=4, global_batch_size=64, output_stage_balanced=False)
+    logits_s = 64 * 8192 * 3 * llama.logits_flops_per_token / 8 / (HARDWARE.peak_flops * CONSTANTS.gemm_efficiency)
+    assert balanced.terms["pp_output_stage"] == 0.0
+    assert even.terms["pp_output_stage"] == pytest.approx(3 * logits_s)
+    assert predict(llama, gpus=8, global_batch_size=64, output_stage_balanced=False).terms["pp_output_stage"] == 0.0

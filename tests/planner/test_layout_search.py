@@ -115,3 +115,20 @@ def test_search_of_an_hf_folder_counts_its_output_layer(capsys):
     counts, candidates = search(parse_config(model_flags).model, 8, 64, "bf16", load_hardware("h100-sxm"))
     without = next(c for c in candidates if c.fits and c.flags(counts) in best["flags"])  # no vocabulary
     assert best["step_s"] > 1.1 * without.prediction.step_s  # GPT-OSS 20B: the 201,088-row output layer, 16% here
+
+
+def test_the_search_names_what_its_flag_lines_even_split_costs():
+    # Layouts are ranked with a balanced pipeline split; the printed flags give Megatron's even one, whose last
+    # stage also runs the logits (planner/layout_perf.py's even_split_output_stage_s): the line says how much.
+    from arguments.parser import parse_config
+    from planner.layout_perf import even_split_output_stage_s
+    from planner.layout_search import format_search
+
+    hardware = load_hardware("h100-sxm")
+    counts, candidates = search(parse_config(["--config", "llama3-8b"]).model, 16, 128, "bf16", hardware)
+    pipelined = [c for c in candidates if c.fits and c.layout.pp == 4][:1]
+    extra = even_split_output_stage_s(counts, pipelined[0].layout, hardware,
+                                      load_layout_constants(hardware.layout_calibration))
+    assert extra > 0
+    text = format_search(counts, pipelined, 1, 0.0, "", hardware)
+    assert f"the last stage also runs the logits: +{extra * 1e3:,.1f} ms/step for layout 1" in text
