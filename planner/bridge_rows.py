@@ -19,7 +19,11 @@ repository's current recipes; an older release's recipe may have differed, which
   deepseek_v3.py  deepseek_v3_pretrain_1024gpu_h100_*: recompute_modules mla_up_proj and mlp (the MLP's
               GEMMs run twice: `recompute_mlp` below), overlap_grad_reduce off, a multi-token-prediction
               layer in its pipeline layout ("Et|(tt|)*30mL").
-  Qwen3 MoE   no H100 recipe in the repository any more: no recompute, Megatron's defaults.
+  Qwen3 MoE   no H100 recipe in the repository any more: no recompute, Megatron's defaults. Its last one
+              (scripts/performance/configs/qwen3/, at Bridge commit 47f330e4d) ran 30B-A3B at PP 2 x VP 12 with
+              no pipeline layout, and recipes/qwen/qwen3_moe.py leaves 30B-A3B's account_for_*_in_pipeline_split
+              False (Megatron's even split: `output_stage_balanced` False) while 235B-A22B's are True (94 + 2
+              layers over PP 8 x VP 4: balanced).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ RECIPES = {
     "LLAMA3.1_405B": RecipeSettings(tp_comm_overlap=True),
     "DeepSeekV3": RecipeSettings(recompute_mlp=True, overlap_grad_reduce=False),
     "GPT OSS 120B": RecipeSettings(output_stage_balanced=False),
+    "Qwen3_30B_a3B": RecipeSettings(output_stage_balanced=False),
 }
 
 

@@ -24,7 +24,7 @@ KNOWN_MISSES = {
     ("GPT OSS 120B", "26.04.01"): "unexplained", ("GPT OSS 120B", "26.04"): "unexplained",
     ("GPT OSS 120B", "26.02.01"): "unexplained", ("GPT OSS 120B", "26.02"): "unexplained",
     ("GPT OSS 120B", "25.11"): "unexplained",
-    # Qwen3 30B-A3B at PP 2 x VP 12 with EP 8 inside one node, 1.87-3.82x too fast: unexplained. Not a
+    # Qwen3 30B-A3B at PP 2 x VP 12 with EP 8 inside one node, 1.80-3.68x too fast: unexplained. Not a
     # per-layer overhead: each rank runs as many layer-micro-batches as at EP 16, whose rows are within 11%.
     # (Bridge's own 26.02 and 26.02.01 figures for this same layout differ by 1.76x.)
     ("Qwen3_30B_a3B", "26.02.01"): "unexplained", ("Qwen3_30B_a3B", "26.02"): "unexplained",
