@@ -92,6 +92,23 @@ def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int,
     return True
 
 
+def early_exit(exit_conditions: Optional[ExitConditions], iteration: int, state: ParallelState,
+               save: Callable[[int], None]) -> Optional[str]:
+    """After an iteration: a save asked for (--trigger-path DIR/save), and the reason to stop early (SIGTERM or
+    SIGUSR1, --exit-interval, a time budget), saved first."""
+    if exit_conditions is None:
+        return None
+    if exit_conditions.save_requested(iteration):
+        save(iteration)
+        exit_conditions.save_done()
+    reason = exit_conditions.check(iteration)
+    if reason is not None:
+        if state.is_first_rank:
+            print(f" exiting after iteration {iteration}: {reason}", flush=True)
+        save(iteration)
+    return reason
+
+
 def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memory: FirstIterationMemory,
           settings: RunSettings, state: ParallelState, *, start_iteration: int = 0, consumed_samples: int = 0,
           schedule_samples: Optional[int] = None, save_checkpoint: Optional[SaveCheckpoint] = None,
@@ -109,9 +126,10 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
     lr = 0.0  # the rate of the last update, saved with the checkpoint
 
-    def save(iteration: int) -> None:
-        save_checkpoint(iteration, summary.consumed_samples, lr, summary.schedule_samples)
-        summary.saved_iterations.append(iteration)
+    def save(iteration: int) -> None:  # with --save, once an iteration
+        if save_checkpoint is not None and summary.saved_iterations[-1:] != [iteration]:
+            save_checkpoint(iteration, summary.consumed_samples, lr, summary.schedule_samples)
+            summary.saved_iterations.append(iteration)
 
     if faults is not None:
         faults.start()
@@ -135,22 +153,12 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
         memory.after(iteration)
         if evaluator.due("valid", iteration, last=iteration == training.train_iters):
             summary.final_valid_loss = evaluator.run("valid", iteration, summary.consumed_samples)
-        if save_checkpoint is not None and save_interval is not None and iteration % save_interval == 0:
+        if save_interval is not None and iteration % save_interval == 0:
             save(iteration)
-        if exit_conditions is not None and exit_conditions.save_requested(iteration):  # --trigger-path DIR/save
-            if save_checkpoint is not None and summary.saved_iterations[-1:] != [iteration]:
-                save(iteration)
-            exit_conditions.save_done()
-        reason = exit_conditions.check(iteration) if exit_conditions is not None else None
-        if reason is not None:
-            if state.is_first_rank:
-                print(f" exiting after iteration {iteration}: {reason}", flush=True)
-            if save_checkpoint is not None and summary.saved_iterations[-1:] != [iteration]:
-                save(iteration)
+        if (reason := early_exit(exit_conditions, iteration, state, save)) is not None:
             summary.exit_reason = reason
             return summary
-    if save_checkpoint is not None and summary.iterations > start_iteration \
-            and summary.saved_iterations[-1:] != [summary.iterations]:
+    if summary.iterations > start_iteration:
         save(summary.iterations)  # the end of training is always kept
     if exit_conditions is not None and summary.iterations >= training.train_iters:
         exit_conditions.training_finished()

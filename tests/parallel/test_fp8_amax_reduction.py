@@ -53,14 +53,18 @@ def _rank(rank, world_size):
     import torch.distributed as dist
     dist.init_process_group("gloo")
     half = slice(rank * TOKENS // world_size, (rank + 1) * TOKENS // world_size)
-    return _train(half, half, lambda amax: dist.all_reduce(amax, op=dist.ReduceOp.MAX))
+    results = _train(half, half, lambda amax: dist.all_reduce(amax, op=dist.ReduceOp.MAX))
+    # NumPy copies, pickled by value: a tensor crosses the result queue as shared memory the rank's exit can take
+    # away before the parent reads it (EOFError in CI)
+    return [{name: value.detach().numpy().copy() for name, value in step.items()} for step in results]
 
 
 @pytest.mark.slow
 def test_two_data_parallel_ranks_cast_as_one_process():
     from tests.distributed import run_distributed
 
-    ranks = run_distributed(_rank, 2)
+    ranks = [[{name: torch.from_numpy(value) for name, value in step.items()} for step in rank]
+             for rank in run_distributed(_rank, 2)]
     whole = _train(slice(None), slice(None), None)
     for step, one in enumerate(whole):
         for name in ("scale", "amax_history"):  # the same on both ranks and in one process, bit for bit

@@ -33,7 +33,8 @@ def planned_parameters(argv, capsys) -> int:
 
 def started_parameters(argv, tmp_path, capsys, monkeypatch) -> tuple[int, str]:
     """The parameter count of pretrain_gpt.py's start-up line, and everything it printed."""
-    monkeypatch.setattr(pretrain_gpt, "train_run", lambda prepared: TrainingSummary(exit_reason="test"))
+    monkeypatch.setattr(pretrain_gpt, "train_run",
+                        lambda prepared, fault_tolerance=None: TrainingSummary(exit_reason="test"))
     assert pretrain_gpt.main([*argv, "--data-cache-dir", str(tmp_path / "cache"),
                               "--metrics-file", str(tmp_path / "metrics.jsonl")]) == 0
     text = capsys.readouterr().out

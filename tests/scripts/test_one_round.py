@@ -3,9 +3,10 @@
 Each refused launch of the replay corpus is fed with more problems of every layer at once: its own
 refusal (a flag or JSON key), an unknown flag, a --load folder that holds something but no checkpoint
 (checked with the flags now, training/late_checks.py check_load; was: only once the flags passed) and
---fp8-format hybrid, whose default delayed recipe is refused beside that --load (check_fp8_flag: the amax
-histories are not checkpointed yet; a --vocab-size beside a tokenizer was the late problem here until it was read
-as Megatron reads it: not at all). All of them must arrive in the one error line.
+--fp8-format hybrid --fp8-recipe custom, refused with the model's settings (gpt/fp8.py check_fp8: the custom
+recipe is a TransformerEngine quantizer factory; the delayed recipe beside --load was the problem here until the
+amax histories were checkpointed, and a --vocab-size beside a tokenizer until it was read as Megatron reads it: not
+at all). All of them must arrive in the one error line.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def test_a_refused_launch_gets_all_its_problems_in_one_message(launch, tmp_path)
     junk = tmp_path / "someones_weights"
     junk.mkdir()
     (junk / "model.pt").write_text("not a checkpoint of this program")
-    argv = shrunk.argv + ["--no-such-flag-34", "--load", str(junk), "--fp8-format", "hybrid"]
+    argv = shrunk.argv + ["--no-such-flag-34", "--load", str(junk), "--fp8-format", "hybrid", "--fp8-recipe", "custom"]
     with pytest.raises(ConfigError) as raised:
         parse_arguments(argv, late_checks=pretrain_gpt.LATE_CHECKS)
     message = str(raised.value)
