@@ -70,6 +70,10 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
     if recipe == "custom":
         raise ConfigError(f"{what}: the custom recipe (--fp8-quantizer-factory, a TE quantizer factory) is not "
                           f"available here; use delayed, tensorwise, blockwise or mxfp8")
+    threshold = model_config.fp8_guard_saturation_threshold
+    if model_config.fp8_guard and not 0.0 <= threshold <= 1.0:  # a fraction of a cast's values
+        raise ConfigError(f"--fp8-guard-saturation-threshold {threshold:g} must be a fraction between 0 and 1 "
+                          f"(of one cast's values)")
     if model_config.fp8_amax_history_len < 1:
         raise ConfigError(f"--fp8-amax-history-len {model_config.fp8_amax_history_len} must be at least 1")
     if model_config.first_last_layers_bf16:

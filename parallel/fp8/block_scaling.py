@@ -32,13 +32,6 @@ def _blocks(tensor: torch.Tensor, block: int) -> torch.Tensor:
     return values.reshape(rows, -1, block)
 
 
-def _count(counts, scaled: torch.Tensor, data: torch.Tensor, dtype: torch.dtype) -> None:
-    """The guard's counts (parallel/fp8/guard.py) of a block cast, over the tensor's own values (not the
-    zero padding of its last blocks)."""
-    if counts is not None:
-        counts.add(scaled, data, FP8_MAX[dtype])
-
-
 def quantize_blocks_1d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK, counts=None):
     """1 x block scaling along the last dimension: per block, TE's compute_scale_from_amax with power-of-two
     scales (Float8BlockScaling's default, QParams(power_2_scale=True, amax_epsilon=0)). Returns the FP8 data
@@ -47,8 +40,7 @@ def quantize_blocks_1d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BL
     blocks = _blocks(tensor, block)
     scale = current_scale(blocks.abs().amax(dim=-1), FP8_MAX[dtype], True, input_type_max(tensor))
     scaled = (blocks * scale.unsqueeze(-1)).reshape(rows, -1)[:, :cols]
-    data = saturating_cast(scaled, dtype).contiguous()
-    _count(counts, scaled, data, dtype)
+    data = saturating_cast(scaled, dtype, counts).contiguous()  # counted over the values, not the padding
     return data, torch.reciprocal(scale)
 
 
@@ -61,8 +53,7 @@ def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BL
     tiles = padded.reshape(padded.size(0) // block, block, padded.size(1) // block, block)
     scale = current_scale(tiles.abs().amax(dim=(1, 3)), FP8_MAX[dtype], True, input_type_max(tensor))
     scaled = (tiles * scale[:, None, :, None]).reshape(padded.shape)[:rows, :cols]
-    data = saturating_cast(scaled, dtype).contiguous()
-    _count(counts, scaled, data, dtype)
+    data = saturating_cast(scaled, dtype, counts).contiguous()  # counted over the values, not the padding
     return data, torch.reciprocal(scale)
 
 

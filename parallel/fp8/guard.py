@@ -43,14 +43,16 @@ class CastCounts:
         self.flushed: torch.Tensor | int = 0
         self.worst_fraction: torch.Tensor | float = 0.0
 
-    def add(self, scaled: torch.Tensor, data: torch.Tensor, fp8_max: float) -> None:
-        """`scaled`: the values before the cast (fp32, scale applied); `data`: their FP8 cast (saturating).
-        Saturated: |scaled| > fp8_max (NaN compares false: counted by the output's finiteness instead).
-        Flushed: scaled != 0 and the cast is +-0 (every FP8 format here codes zero as a sign bit alone)."""
-        saturated = (scaled.abs() > fp8_max).sum()
-        is_zero = (data.view(torch.uint8) & 0x7F) == 0
-        flushed = ((scaled != 0) & is_zero).sum()
+    def add(self, scaled: torch.Tensor, clamped: torch.Tensor, data: torch.Tensor) -> None:
+        """`scaled`: the values before the cast (fp32, scale applied); `clamped`: them clamped to +-fp8_max;
+        `data`: the FP8 cast of `clamped`. Saturated: |scaled| > fp8_max, i.e. scaled - clamped non-zero (NaN
+        is not clipped: nan_to_num makes its difference 0; the output's finiteness catches it). Flushed: the
+        cast's zeros (every FP8 format here codes zero as a sign bit alone) less the zeros the values had.
+        count_nonzero, not bool.sum(): on the CPU the latter costs several times the cast itself."""
         count = scaled.numel()
+        saturated = torch.count_nonzero(torch.nan_to_num_(scaled - clamped))
+        cast_zeros = count - torch.count_nonzero(data.view(torch.uint8) & 0x7F)
+        flushed = cast_zeros - (count - torch.count_nonzero(scaled))
         self.values += count
         self.saturated = self.saturated + saturated
         self.flushed = self.flushed + flushed

@@ -85,9 +85,10 @@ def saturating_cast(scaled: torch.Tensor, dtype: torch.dtype, counts=None) -> to
     plain cast saturates e4m3 but turns an e5m2 overflow into inf. NaN stays NaN. `counts` (the guard's
     CastCounts, parallel/fp8/guard.py; None: nothing counted) gets the saturated and flushed values."""
     limit = FP8_MAX[dtype]
-    data = scaled.clamp(-limit, limit).to(dtype)
+    clamped = scaled.clamp(-limit, limit)
+    data = clamped.to(dtype)
     if counts is not None:
-        counts.add(scaled, data, limit)
+        counts.add(scaled, clamped, data)
     return data
 
 
