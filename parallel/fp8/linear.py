@@ -102,8 +102,8 @@ def _blockwise_backward(ctx, g2, state, counts):
     grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_q.t().contiguous(),
                                         blocks.expand_2d_scales(w_scale.t(), w_q.size(1)), blocks.BLOCK,
                                         torch.float32)
-    g_cols, g_cols_scale = blocks.quantize_blocks_1d(g2.t(), recipe.backward_dtype)
-    x_cols, x_cols_scale = blocks.quantize_blocks_1d(x2.t(), recipe.forward_dtype)
+    g_cols, g_cols_scale = blocks.quantize_blocks_1d(g2.t(), recipe.backward_dtype, counts=counts)
+    x_cols, x_cols_scale = blocks.quantize_blocks_1d(x2.t(), recipe.forward_dtype, counts=counts)
     grad_w = blocks.block_scaled_matmul(g_cols, g_cols_scale, x_cols, x_cols_scale, blocks.BLOCK, torch.float32)
     return grad_x, grad_w
 
@@ -119,10 +119,10 @@ def _mx_backward(ctx, g2, state, counts):
     recipe = state.recipe
     x2, weight = ctx.saved
     g_rows, g_rows_scale = blocks.quantize_mx(g2, recipe.backward_dtype, counts)
-    w_cols, w_cols_scale = blocks.quantize_mx(weight.t(), recipe.forward_dtype)
+    w_cols, w_cols_scale = blocks.quantize_mx(weight.t(), recipe.forward_dtype, counts)
     grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_cols, w_cols_scale, blocks.MX_BLOCK, torch.float32)
-    g_cols, g_cols_scale = blocks.quantize_mx(g2.t(), recipe.backward_dtype)
-    x_cols, x_cols_scale = blocks.quantize_mx(x2.t(), recipe.forward_dtype)
+    g_cols, g_cols_scale = blocks.quantize_mx(g2.t(), recipe.backward_dtype, counts)
+    x_cols, x_cols_scale = blocks.quantize_mx(x2.t(), recipe.forward_dtype, counts)
     grad_w = blocks.block_scaled_matmul(g_cols, g_cols_scale, x_cols, x_cols_scale, blocks.MX_BLOCK, torch.float32)
     return grad_x, grad_w
 

@@ -164,3 +164,24 @@ def test_under_tp_every_rank_takes_the_verdict_of_the_group():
     for out, lines in run_distributed(_tp_rank, 2):
         torch.testing.assert_close(torch.tensor(out), reference, rtol=1e-6, atol=1e-6)  # rank 0's check passed
         assert len(lines) == 1 and "runs in high precision" in lines[0]
+
+
+@pytest.mark.parametrize("recipe, casts", [
+    # (rows, cols) of every cast the recipe makes (parallel/fp8/linear.py), padding of the last blocks not counted
+    ("delayed", [(TOKENS, FEATURES), (2 * FEATURES, FEATURES), (TOKENS, 2 * FEATURES)]),   # x, W, dy
+    ("tensorwise", [(TOKENS, FEATURES), (2 * FEATURES, FEATURES), (TOKENS, 2 * FEATURES)]),
+    # x, W (128 x 128 blocks over a 64 x 32 weight), dy by rows, dy^T and x^T by tokens
+    ("blockwise", [(TOKENS, FEATURES), (2 * FEATURES, FEATURES), (TOKENS, 2 * FEATURES), (2 * FEATURES, TOKENS),
+                   (FEATURES, TOKENS)]),
+    # x, W, dy, W^T, dy^T, x^T
+    ("mxfp8", [(TOKENS, FEATURES), (2 * FEATURES, FEATURES), (TOKENS, 2 * FEATURES), (FEATURES, 2 * FEATURES),
+               (2 * FEATURES, TOKENS), (FEATURES, TOKENS)]),
+])
+def test_every_cast_of_every_recipe_is_counted(recipe, casts):
+    x, _, _ = _data()
+    generator = torch.Generator().manual_seed(2)
+    weight, grad = torch.randn(2 * FEATURES, FEATURES, generator=generator), torch.randn(TOKENS, 2 * FEATURES,
+                                                                                          generator=generator)
+    guard = LayerGuard("l", 0.05, log=lambda line: None)
+    _step(Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe=recipe), guard=guard), x, weight, grad)
+    assert guard.take_iteration()["values"] == sum(rows * cols for rows, cols in casts)
