@@ -63,7 +63,8 @@ class CastCounts:
 @dataclass
 class LayerGuard:
     """One FP8 linear's guard: its name, the threshold, the TP verdict reduction (an in-place max all-reduce
-    of a one-element tensor; None in one process or TP 1), and what it saw this iteration."""
+    of the pass's two figures, non-finite and worst saturated fraction; None in one process or TP 1), and what
+    it saw this iteration."""
     name: str
     threshold: float
     reduce_verdict: Optional[Callable[[torch.Tensor], None]] = None
@@ -95,17 +96,18 @@ class LayerGuard:
         FP8: a backward after a high-precision forward runs in high precision whatever its check says."""
         self.record(counts)
         non_finite = torch.stack([torch.isfinite(out).all().logical_not() for out in outputs]).any()
-        saturating = torch.as_tensor(counts.worst_fraction, dtype=torch.float32) > self.threshold
-        flags = torch.stack([non_finite, saturating]).float()
+        figures = torch.stack([non_finite.float(), torch.as_tensor(counts.worst_fraction, dtype=torch.float32)])
         if self.reduce_verdict is not None:
-            self.reduce_verdict(flags)
-        non_finite, saturating = (bool(flag) for flag in flags.tolist())
+            self.reduce_verdict(figures)  # the TP group's worst: every rank of the layer takes the same path
+        # The host reads the verdict to choose the path: one read-back (a device sync on a GPU) per linear and pass.
+        non_finite, worst_fraction = figures.tolist()
+        non_finite, saturating = non_finite > 0, worst_fraction > self.threshold
         bad = non_finite or saturating
         if bad:
             self.fell_back = True
             if not self.in_high_precision:
                 reason = (f"its FP8 {what} is not finite" if non_finite else
-                          f"a {what} cast saturated {float(counts.worst_fraction) * 100:.3g}% of its values "
+                          f"a {what} cast saturated {worst_fraction * 100:.3g}% of its values "
                           f"(threshold {self.threshold * 100:g}%)")
                 self.log(f" FP8 guard: {self.name} runs in high precision from iteration {self.iteration}: {reason}; "
                          f"the {what} GEMMs ran again in high precision")

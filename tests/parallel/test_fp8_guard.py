@@ -164,6 +164,7 @@ def test_under_tp_every_rank_takes_the_verdict_of_the_group():
     for out, lines in run_distributed(_tp_rank, 2):
         torch.testing.assert_close(torch.tensor(out), reference, rtol=1e-6, atol=1e-6)  # rank 0's check passed
         assert len(lines) == 1 and "runs in high precision" in lines[0]
+        assert "a forward cast saturated 100% of its values" in lines[0]  # the group's worst, on both ranks
 
 
 @pytest.mark.parametrize("recipe, casts", [
