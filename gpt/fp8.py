@@ -159,7 +159,9 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         return None
     recipe = recipe_of(model_config)
     reduce_amax = amax_reduction(parallel) if recipe.recipe == "delayed" else None
-    guarded = model_config.fp8_guard and monitor is not None
+    guarded = model_config.fp8_guard
+    if guarded and monitor is None:  # a caller that reads no metrics: the guards still check and fall back
+        monitor = GuardMonitor()
     threshold = model_config.fp8_guard_saturation_threshold
     in_fp8, high_precision_layers, off_shape = [], [], []
     for layer_name, block in blocks.named_children():
