@@ -8,7 +8,7 @@ import torch
 from parallel.fp8.guard import CastCounts, GuardMonitor, LayerGuard, merge_iterations
 from parallel.fp8.kernel import E4M3, E5M2
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
-from parallel.fp8.recipes import INPUT, WEIGHT, Fp8Recipe, quantize_tensorwise, saturating_cast
+from parallel.fp8.recipes import GRAD_OUTPUT, INPUT, WEIGHT, Fp8Recipe, quantize_tensorwise, saturating_cast
 
 # e4m3: largest 448, smallest subnormal 2^-9 (half of it, 2^-10, rounds to even: 0). e5m2: 57344, 2^-16.
 E4M3_VALUES = [500.0, -449.0, 448.0, -448.0, 2.0 ** -10 * 0.9, -(2.0 ** -11), 2.0 ** -10 * 1.1, 0.0, -0.0, 1.0,
@@ -186,3 +186,45 @@ def test_every_cast_of_every_recipe_is_counted(recipe, casts):
     guard = LayerGuard("l", 0.05, log=lambda line: None)
     _step(Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe=recipe), guard=guard), x, weight, grad)
     assert guard.take_iteration()["values"] == sum(rows * cols for rows, cols in casts)
+
+
+def test_a_saturating_gradient_cast_reruns_the_backward_in_high_precision():
+    """The gradient's delayed scale 1e6 too large: the forward stays in FP8, the backward's GEMMs run again
+    from dy in high precision and the forward's x and W dequantized (close to F.linear's gradients, FP8
+    rounding of x and W only); unguarded, the gradients are garbage."""
+    x, weight, grad = _data()
+    grads = {}
+    for guarded in (True, False):
+        state, guard, lines = _linear(guarded=guarded)
+        _step(state, x, weight, grad)
+        state.delayed.scale[GRAD_OUTPUT] *= 1e6
+        grads[guarded] = _step(state, x, weight, grad)[1:]
+        if guarded:
+            assert len(lines) == 1 and "a backward cast saturated" in lines[0]
+            assert "the backward GEMMs ran again in high precision" in lines[0]
+    reference = _reference(x, weight, grad)[1:]
+    for got, unguarded, expected in zip(grads[True], grads[False], reference):
+        assert (got - expected).abs().max() < 0.1 * expected.abs().max()
+        assert (unguarded - expected).abs().max() > 0.5 * expected.abs().max()
+
+
+def test_the_blockwise_fallback_dequantizes_the_weight_block_by_block():
+    """_dequantized_operands for blockwise, over a weight that crosses block boundaries (160 x 200) with blocks
+    of other magnitudes: each element is its block's cast written out, (w x s).to(e4m3) / s with s the
+    block's power-of-two scale (the largest power of two <= 448 / the block's amax)."""
+    from types import SimpleNamespace
+
+    from parallel.fp8.block_scaling import quantize_blocks_2d
+    from parallel.fp8.linear import _dequantized_operands
+
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(160, 200, generator=generator)
+    weight[:, 128:] *= 1e3
+    weight[128:, :] *= 1e-2
+    w_q, w_scale = quantize_blocks_2d(weight, E4M3)
+    _, dequantized = _dequantized_operands(SimpleNamespace(saved=(torch.zeros(1, 200), w_q, w_scale)), "blockwise")
+    for rows in (slice(0, 128), slice(128, 160)):
+        for cols in (slice(0, 128), slice(128, 200)):
+            block = weight[rows, cols]
+            s = 2.0 ** torch.floor(torch.log2(448.0 / block.abs().max()))
+            assert torch.equal(dequantized[rows, cols], (block * s).to(E4M3).float() / s)
