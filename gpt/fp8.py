@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from base.errors import ConfigError
+from parallel.fp8.guard import GuardMonitor, LayerGuard
 from parallel.fp8.kernel import kernel_name
 from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
 from parallel.fp8.recipes import Fp8Recipe
@@ -69,6 +70,10 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
     if recipe == "custom":
         raise ConfigError(f"{what}: the custom recipe (--fp8-quantizer-factory, a TE quantizer factory) is not "
                           f"available here; use delayed, tensorwise, blockwise or mxfp8")
+    threshold = model_config.fp8_guard_saturation_threshold
+    if model_config.fp8_guard and not 0.0 <= threshold <= 1.0:  # a fraction of a cast's values
+        raise ConfigError(f"--fp8-guard-saturation-threshold {threshold:g} must be a fraction between 0 and 1 "
+                          f"(of one cast's values)")
     if model_config.fp8_amax_history_len < 1:
         raise ConfigError(f"--fp8-amax-history-len {model_config.fp8_amax_history_len} must be at least 1")
     if model_config.first_last_layers_bf16:
@@ -124,15 +129,40 @@ def amax_reduction(parallel: Optional[ParallelState]):
     return lambda amax: comm.all_reduce(amax, group, "amax", op=dist.ReduceOp.MAX)
 
 
+def verdict_reduction(parallel: Optional[ParallelState]):
+    """The guard's verdict all-reduced (max) over the TP group, so every TP rank of a layer takes the same
+    path (a rank in high precision beside one in FP8 would compute another layer); None at TP 1."""
+    if parallel is None or parallel.tensor_parallel_size == 1:
+        return None
+    comm, group = parallel.comm, parallel.tensor_parallel_group
+    return lambda flags: comm.all_reduce(flags, group, "tp", op=dist.ReduceOp.MAX)
+
+
+def guard_log(parallel: Optional[ParallelState]):
+    """The guard's lines: from the first TP rank of each data-parallel rank (its verdict is its TP group's),
+    named by rank when there are several."""
+    if parallel is None or parallel.world_size == 1:
+        return lambda line: print(line, flush=True)
+    if parallel.tensor_parallel_rank != 0:
+        return lambda line: None
+    return lambda line: print(f" [rank {parallel.rank}]{line}", flush=True)
+
+
 def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
-              device: torch.device, parallel: Optional[ParallelState] = None) -> Optional[str]:
+              device: torch.device, parallel: Optional[ParallelState] = None,
+              monitor: Optional[GuardMonitor] = None) -> Optional[str]:
     """Run the blocks' TP linears' GEMMs in FP8 (each linear its own state, Fp8LinearState) and return the
     start-up line naming the format, recipe, kernel and layers; None without --fp8-format. `parallel` (None:
-    one process) gives delayed scaling its amax reduction and the line its TP words."""
+    one process) gives delayed scaling its amax reduction and the line its TP words. With --fp8-guard each
+    linear gets a guard (parallel/fp8/guard.py), gathered in `monitor` for the metrics."""
     if model_config.fp8 is None:
         return None
     recipe = recipe_of(model_config)
     reduce_amax = amax_reduction(parallel) if recipe.recipe == "delayed" else None
+    guarded = model_config.fp8_guard
+    if guarded and monitor is None:  # a caller that reads no metrics: the guards still check and fall back
+        monitor = GuardMonitor()
+    threshold = model_config.fp8_guard_saturation_threshold
     in_fp8, high_precision_layers, off_shape = [], [], []
     for layer_name, block in blocks.named_children():
         layer = int(layer_name)
@@ -146,7 +176,11 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             if broken:
                 off_shape.append(f"blocks.{layer}.{name} ({broken})")
                 continue
-            linear.fp8_state = Fp8LinearState(recipe, device, reduce_amax)  # found by delayed_states
+            guard = None
+            if guarded:
+                guard = LayerGuard(f"blocks.{layer}.{name}", threshold, verdict_reduction(parallel), guard_log(parallel))
+                monitor.layers.append(guard)
+            linear.fp8_state = Fp8LinearState(recipe, device, reduce_amax, guard)  # found by delayed_states
             linear.linear = partial(_fp8_linear_call, state=linear.fp8_state)
             in_fp8.append(name)
     names = sorted(set(in_fp8))
@@ -171,6 +205,12 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         kept += (f", and block{'s' if len(high_precision_layers) > 1 else ''} "
                  f"{', '.join(map(str, high_precision_layers))} (--first-last-layers-bf16)")
     words.append(kept)
+    if guarded:
+        words.append(f"guard on: a layer whose FP8 output is not finite or one of whose casts saturates more than "
+                     f"{threshold:g} of its values runs that pass's GEMMs again in high precision "
+                     f"(--fp8-guard-saturation-threshold; counts in the metrics)")
+    else:
+        words.append("guard off (--no-fp8-guard): FP8 numerics neither counted nor checked")
     if off_shape:
         words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
     words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")

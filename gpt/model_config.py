@@ -284,6 +284,17 @@ class ModelConfig:
         True, group="zero", consts=[Const(("--disable-fp8-wgrad",), False,
                                           help="Megatron-LM: --no-fp8-wgrad")],
         help="the weight-gradient GEMM in FP8 (Megatron passes --no-fp8-wgrad to delayed scaling only)")
+    # Not Megatron-LM's: the guard of issue 65 (parallel/fp8/guard.py, docs/fp8.md "The guard")
+    fp8_guard: bool = option(
+        True, group="zero",
+        help="with --fp8-format, count each FP8 cast's saturated and flushed values per layer into the metrics, and "
+             "run a layer's GEMMs again in high precision where its FP8 output is not finite or a cast saturates "
+             "more than --fp8-guard-saturation-threshold of its values (--no-fp8-guard: none of it)")
+    fp8_guard_saturation_threshold: float = option(
+        0.05, group="zero",
+        help="--fp8-guard: the fraction of one cast's values saturated above which its layer falls back to high "
+             "precision (default 0.05: a well scaled cast clips at most the values above its last amax; a scale "
+             "2x too large clips about 8%% of a normal tensor)")
     first_last_layers_bf16: bool = option(
         False, action="store_true", group="zero",
         help="with --fp8-format, keep the first and last blocks' linears in high precision")

@@ -20,6 +20,7 @@ from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
 from gpt.stage_layers import StageLayers, stage_layers
+from parallel.fp8.guard import GuardMonitor
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 from training.run_settings import RunSettings
@@ -86,9 +87,11 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     model = GPTModel(config.model, state, rng=rng, stage=pipeline_stage(settings, state), plan=plan)  # 2. PP
     # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. Not on the meta
     # device: the dry run plans the high-precision GEMMs (docs/fp8.md says so).
+    # --fp8-guard's counts and fallbacks (parallel/fp8/guard.py), read by the train step for the metrics
+    model.fp8_guard = GuardMonitor() if config.model.fp8 is not None and config.model.fp8_guard else None
     fp8 = None if state.device.type == "meta" else apply_fp8(
         model.blocks, config.model, config.training.micro_batch_size * config.model.seq_length, state.device,
-        state)
+        state, model.fp8_guard)
     activations = ActivationMonitor(state.device)
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute

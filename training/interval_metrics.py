@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from base.progress import ProgressLines
+from parallel.fp8.guard import merge_iterations
 from parallel.state import ParallelState
 from training.metrics import (
     MetricsWriter,
@@ -33,6 +34,7 @@ class IntervalMetrics:
         self.peak_tflops = run_peak_tflops(state.device, settings.config.logging.peak_tflops)
         self.losses: list[float] = []
         self.moe_losses: list[dict] = []
+        self.fp8_guard: list[dict] = []
         self.times: list[float] = []
         self.samples: list[int] = []
         # Between iteration lines far apart (--log-interval 10 of a slow model: a minute or more on a CPU), a
@@ -54,6 +56,7 @@ class IntervalMetrics:
         self.times.append(outcome.seconds)
         self.losses.append(outcome.loss)
         self.moe_losses.append(outcome.moe_losses)
+        self.fp8_guard.append(outcome.fp8_guard)
         self.samples.append(outcome.global_batch_size)
         if self.stragglers is not None:
             self.stragglers.add(outcome.seconds, outcome.collective_wait_s)
@@ -68,6 +71,7 @@ class IntervalMetrics:
         self.heartbeat.shown_alive()
         self.losses.clear()
         self.moe_losses.clear()
+        self.fp8_guard.clear()
         self.times.clear()
         self.samples.clear()
 
@@ -104,6 +108,7 @@ class IntervalMetrics:
             for phase in ("forward", "recompute+backward"):
                 record[f"checkpoint_{phase.replace('+', '_')}_s"] = sum(
                     seconds for name, seconds in timings if name == phase)
+        record.update(merge_iterations(self.fp8_guard))  # --fp8-guard's fields, over the interval
         if last.moe_per_layer:  # --moe-per-layer-logging: the interval's last iteration
             record["moe_per_layer"] = last.moe_per_layer
         if training.fp16:

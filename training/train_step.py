@@ -51,6 +51,7 @@ class StepOutcome:
     # the MoE balancing losses (each over its coefficient), logged beside the loss (training/moe_metrics.py)
     moe_losses: dict = field(default_factory=dict)
     moe_per_layer: dict = field(default_factory=dict)  # --moe-per-layer-logging: per layer losses and tokens
+    fp8_guard: dict = field(default_factory=dict)  # --fp8-guard's counts of this rank's casts (parallel/fp8/guard.py)
 
 
 class TrainStep(Protocol):
@@ -128,6 +129,9 @@ class DataParallelTrainStep:
         for group in optimizer.param_groups:
             group["lr"] = self.learning_rate(position, decoupled=True) if group.get("decoupled_lr") else lr
         accumulation_steps = self.settings.batch.accumulation_steps_at(consumed_samples)
+        fp8_guard = getattr(self.model, "fp8_guard", None)
+        if fp8_guard is not None:
+            fp8_guard.begin_iteration(iteration)  # named in its fallback lines
         mean_loss, step = self.run_iteration(iteration, accumulation_steps, measure_activations)
         # The MoE layers' expert-bias update and logged losses read the routing counts back, so they run here rather
         # than in run_iteration (the dry run's path): their reductions are a few float64 values per MoE loss and
@@ -142,6 +146,7 @@ class DataParallelTrainStep:
             print(f" iteration {iteration}: gradient overflow at loss scale {step.loss_scale:g}; step "
                   f"skipped, loss scale now {optimizer.loss_scaler.scale:g}", flush=True)
         loss = mean_loss.item()  # waits for the device: the time is complete
+        fp8_figures = fp8_guard.finish_iteration() if fp8_guard is not None else {}  # reads its counts back
         seconds = time.perf_counter() - started
         collective_wait_s = state.comm.log.take_wait_s() if state.comm.log is not None else 0.0
         try:
@@ -156,7 +161,7 @@ class DataParallelTrainStep:
         return StepOutcome(loss=loss, grad_norm=step.grad_norm, skipped=step.skipped,
                            loss_scale=optimizer.loss_scaler.scale, global_batch_size=global_batch_size, lr=lr,
                            seconds=seconds, collective_wait_s=collective_wait_s, moe_losses=moe_losses,
-                           moe_per_layer=moe_per_layer)
+                           moe_per_layer=moe_per_layer, fp8_guard=fp8_figures)
 
     def moe_per_layer(self, accumulation_steps: int) -> dict:
         model_config = self.settings.config.model

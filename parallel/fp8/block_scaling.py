@@ -32,18 +32,19 @@ def _blocks(tensor: torch.Tensor, block: int) -> torch.Tensor:
     return values.reshape(rows, -1, block)
 
 
-def quantize_blocks_1d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK):
+def quantize_blocks_1d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK, counts=None):
     """1 x block scaling along the last dimension: per block, TE's compute_scale_from_amax with power-of-two
     scales (Float8BlockScaling's default, QParams(power_2_scale=True, amax_epsilon=0)). Returns the FP8 data
     [rows, cols] and the dequantizing scales [rows, blocks]."""
     rows, cols = tensor.shape
     blocks = _blocks(tensor, block)
     scale = current_scale(blocks.abs().amax(dim=-1), FP8_MAX[dtype], True, input_type_max(tensor))
-    data = saturating_cast(blocks * scale.unsqueeze(-1), dtype).reshape(rows, -1)[:, :cols].contiguous()
+    scaled = (blocks * scale.unsqueeze(-1)).reshape(rows, -1)[:, :cols]
+    data = saturating_cast(scaled, dtype, counts).contiguous()  # counted over the values, not the padding
     return data, torch.reciprocal(scale)
 
 
-def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK):
+def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BLOCK, counts=None):
     """block x block scaling (the weights' 128x128): FP8 data [rows, cols] and dequantizing scales
     [ceil(rows / block), ceil(cols / block)]. A square block quantizes a matrix and its transpose alike, so
     one copy serves the forward and the data-gradient GEMMs."""
@@ -51,8 +52,8 @@ def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BL
     padded = torch.nn.functional.pad(tensor.float(), (0, -cols % block, 0, -rows % block))
     tiles = padded.reshape(padded.size(0) // block, block, padded.size(1) // block, block)
     scale = current_scale(tiles.abs().amax(dim=(1, 3)), FP8_MAX[dtype], True, input_type_max(tensor))
-    scaled = tiles * scale[:, None, :, None]
-    data = saturating_cast(scaled, dtype).reshape(padded.shape)[:rows, :cols].contiguous()
+    scaled = (tiles * scale[:, None, :, None]).reshape(padded.shape)[:rows, :cols]
+    data = saturating_cast(scaled, dtype, counts).contiguous()  # counted over the values, not the padding
     return data, torch.reciprocal(scale)
 
 
@@ -93,7 +94,7 @@ def e8m0_to_reciprocal(exponent: torch.Tensor) -> torch.Tensor:
     return torch.where(exponent == 0xFF, torch.full_like(scale, float("nan")), scale)
 
 
-def quantize_mx(tensor: torch.Tensor, dtype: torch.dtype):
+def quantize_mx(tensor: torch.Tensor, dtype: torch.dtype, counts=None):
     """MXFP8 (TE's quantize_mxfp8.cuh): per 1x32 block along the last dimension, the E8M0 exponent of
     amax * (1 / fp8_max) rounded up, the values multiplied by 2^(127 - e) and cast with saturation. Returns
     the FP8 data and the dequantizing scales 2^(e - 127) as fp32 [rows, cols / 32] (E8M0 emulated in fp32:
@@ -104,7 +105,7 @@ def quantize_mx(tensor: torch.Tensor, dtype: torch.dtype):
     blocks = _blocks(tensor, MX_BLOCK)
     max_norm_reciprocal = torch.tensor(1.0 / FP8_MAX[dtype], dtype=torch.float32)
     exponent = e8m0_exponent(blocks.abs().amax(dim=-1) * max_norm_reciprocal)
-    data = saturating_cast(blocks * e8m0_to_reciprocal(exponent).unsqueeze(-1), dtype).reshape(rows, cols)
+    data = saturating_cast(blocks * e8m0_to_reciprocal(exponent).unsqueeze(-1), dtype, counts).reshape(rows, cols)
     return data, e8m0_to_scale(exponent)
 
 

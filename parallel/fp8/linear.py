@@ -14,9 +14,12 @@ and cast it there: the same bits TE casts in the forward, at the memory of the h
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from parallel.fp8 import block_scaling as blocks
+from parallel.fp8.guard import CastCounts, LayerGuard
 from parallel.fp8.kernel import ALIGNMENT, scaled_matmul
 from parallel.fp8.recipes import (
     FP8_MAX,
@@ -41,16 +44,18 @@ class Fp8LinearState:
     before an FP8 all-gather (module/linear.py, set_quantizer_amax_reduction_group). The TP layers here
     gather those in high precision before the linear, so casting the gathered tensor is that same cast."""
 
-    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", reduce_amax=None):
+    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", reduce_amax=None,
+                 guard: Optional[LayerGuard] = None):
         self.recipe = recipe
         self.delayed = DelayedScaling(recipe, device, reduce_amax) if recipe.recipe == "delayed" else None
+        self.guard = guard  # --fp8-guard (parallel/fp8/guard.py); None: no counts, no fallback
 
-    def quantize_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype):
+    def quantize_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
         if self.delayed is not None:
-            return self.delayed.quantize(tensor, role, dtype)
+            return self.delayed.quantize(tensor, role, dtype, counts)
         # Float8CurrentScaling: the scale from this tensor's own amax (TE's default: no power-of-two scales).
         scale = current_scale(amax_of(tensor), FP8_MAX[dtype], False, input_type_max(tensor))
-        return quantize_tensorwise(tensor, scale, dtype)
+        return quantize_tensorwise(tensor, scale, dtype, counts)
 
 
 def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: str) -> str | None:
@@ -62,18 +67,18 @@ def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: 
     return f"{', '.join(odd)} not a multiple of {multiple}" if odd else None
 
 
-def _per_tensor_forward(ctx, x2, weight, state):
+def _per_tensor_forward(ctx, x2, weight, state, counts):
     recipe = state.recipe
-    x_q, x_scale = state.quantize_per_tensor(x2, INPUT, recipe.forward_dtype)
-    w_q, w_scale = state.quantize_per_tensor(weight, WEIGHT, recipe.forward_dtype)
+    x_q, x_scale = state.quantize_per_tensor(x2, INPUT, recipe.forward_dtype, counts)
+    w_q, w_scale = state.quantize_per_tensor(weight, WEIGHT, recipe.forward_dtype, counts)
     ctx.saved = (x_q, x_scale, w_q, w_scale, None if recipe.wgrad_in_fp8 else x2)
     return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, torch.float32)
 
 
-def _per_tensor_backward(ctx, g2, state):
+def _per_tensor_backward(ctx, g2, state, counts):
     recipe = state.recipe
     x_q, x_scale, w_q, w_scale, x_high = ctx.saved
-    g_q, g_scale = state.quantize_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype)
+    g_q, g_scale = state.quantize_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype, counts)
     grad_x = scaled_matmul(g_q, w_q.t().contiguous().t(), g_scale, w_scale, torch.float32)
     if x_high is None:
         grad_w = scaled_matmul(g_q.t().contiguous(), x_q.t().contiguous().t(), g_scale, x_scale, torch.float32)
@@ -82,42 +87,42 @@ def _per_tensor_backward(ctx, g2, state):
     return grad_x, grad_w
 
 
-def _blockwise_forward(ctx, x2, weight, state):
-    x_q, x_scale = blocks.quantize_blocks_1d(x2, state.recipe.forward_dtype)
-    w_q, w_scale = blocks.quantize_blocks_2d(weight, state.recipe.forward_dtype)
+def _blockwise_forward(ctx, x2, weight, state, counts):
+    x_q, x_scale = blocks.quantize_blocks_1d(x2, state.recipe.forward_dtype, counts=counts)
+    w_q, w_scale = blocks.quantize_blocks_2d(weight, state.recipe.forward_dtype, counts=counts)
     ctx.saved = (x2, w_q, w_scale)
     return blocks.block_scaled_matmul(x_q, x_scale, w_q, blocks.expand_2d_scales(w_scale, weight.size(0)),
                                       blocks.BLOCK, torch.float32)
 
 
-def _blockwise_backward(ctx, g2, state):
+def _blockwise_backward(ctx, g2, state, counts):
     recipe = state.recipe
     x2, w_q, w_scale = ctx.saved
-    g_rows, g_rows_scale = blocks.quantize_blocks_1d(g2, recipe.backward_dtype)
+    g_rows, g_rows_scale = blocks.quantize_blocks_1d(g2, recipe.backward_dtype, counts=counts)
     grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_q.t().contiguous(),
                                         blocks.expand_2d_scales(w_scale.t(), w_q.size(1)), blocks.BLOCK,
                                         torch.float32)
-    g_cols, g_cols_scale = blocks.quantize_blocks_1d(g2.t(), recipe.backward_dtype)
-    x_cols, x_cols_scale = blocks.quantize_blocks_1d(x2.t(), recipe.forward_dtype)
+    g_cols, g_cols_scale = blocks.quantize_blocks_1d(g2.t(), recipe.backward_dtype, counts=counts)
+    x_cols, x_cols_scale = blocks.quantize_blocks_1d(x2.t(), recipe.forward_dtype, counts=counts)
     grad_w = blocks.block_scaled_matmul(g_cols, g_cols_scale, x_cols, x_cols_scale, blocks.BLOCK, torch.float32)
     return grad_x, grad_w
 
 
-def _mx_forward(ctx, x2, weight, state):
-    x_q, x_scale = blocks.quantize_mx(x2, state.recipe.forward_dtype)
-    w_q, w_scale = blocks.quantize_mx(weight, state.recipe.forward_dtype)
+def _mx_forward(ctx, x2, weight, state, counts):
+    x_q, x_scale = blocks.quantize_mx(x2, state.recipe.forward_dtype, counts)
+    w_q, w_scale = blocks.quantize_mx(weight, state.recipe.forward_dtype, counts)
     ctx.saved = (x2, weight)
     return blocks.block_scaled_matmul(x_q, x_scale, w_q, w_scale, blocks.MX_BLOCK, torch.float32)
 
 
-def _mx_backward(ctx, g2, state):
+def _mx_backward(ctx, g2, state, counts):
     recipe = state.recipe
     x2, weight = ctx.saved
-    g_rows, g_rows_scale = blocks.quantize_mx(g2, recipe.backward_dtype)
-    w_cols, w_cols_scale = blocks.quantize_mx(weight.t(), recipe.forward_dtype)
+    g_rows, g_rows_scale = blocks.quantize_mx(g2, recipe.backward_dtype, counts)
+    w_cols, w_cols_scale = blocks.quantize_mx(weight.t(), recipe.forward_dtype, counts)
     grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_cols, w_cols_scale, blocks.MX_BLOCK, torch.float32)
-    g_cols, g_cols_scale = blocks.quantize_mx(g2.t(), recipe.backward_dtype)
-    x_cols, x_cols_scale = blocks.quantize_mx(x2.t(), recipe.forward_dtype)
+    g_cols, g_cols_scale = blocks.quantize_mx(g2.t(), recipe.backward_dtype, counts)
+    x_cols, x_cols_scale = blocks.quantize_mx(x2.t(), recipe.forward_dtype, counts)
     grad_w = blocks.block_scaled_matmul(g_cols, g_cols_scale, x_cols, x_cols_scale, blocks.MX_BLOCK, torch.float32)
     return grad_x, grad_w
 
@@ -128,23 +133,69 @@ _BACKWARD = {"delayed": _per_tensor_backward, "tensorwise": _per_tensor_backward
              "blockwise": _blockwise_backward, "mxfp8": _mx_backward}
 
 
+def _dequantized_operands(ctx, recipe: str):
+    """x and W as the forward's casts hold them, in fp32: the high-precision backward's operands when only
+    the backward fails its check (the forward's casts passed theirs, so they hold x and W to FP8 rounding;
+    W's parameter itself may be released by then under ZeRO-3)."""
+    if recipe in ("delayed", "tensorwise"):
+        x_q, x_scale, w_q, w_scale, x_high = ctx.saved
+        x = x_high.float() if x_high is not None else x_q.float() * x_scale
+        return x, w_q.float() * w_scale
+    if recipe == "blockwise":
+        x2, w_q, w_scale = ctx.saved
+        rows, cols = w_q.shape
+        scale = w_scale.repeat_interleave(blocks.BLOCK, 0)[:rows].repeat_interleave(blocks.BLOCK, 1)[:, :cols]
+        return x2.float(), w_q.float() * scale
+    x2, weight = ctx.saved
+    return x2.float(), weight.float()
+
+
+def _high_precision_backward(g2, x2, weight):
+    """The data and weight gradients in fp32 from high-precision operands (the guard's fallback)."""
+    g = g2.float()
+    return g @ weight.float(), g.t() @ x2.float()
+
+
 class _Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, state):
         x2 = x.detach().reshape(-1, x.size(-1))
-        out = _FORWARD[state.recipe.recipe](ctx, x2, weight.detach(), state)
+        guard = state.guard
+        counts = None if guard is None else CastCounts()
+        out = _FORWARD[state.recipe.recipe](ctx, x2, weight.detach(), state, counts)
         if bias is not None:
             out = out + bias.detach().float()
+        result = out.to(x.dtype)
+        # The guard's check of this forward (parallel/fp8/guard.py): the output as the model sees it, and the casts.
+        ctx.high_precision = None
+        if guard is not None:
+            guard.record_input_amax(x2.abs().amax())
+            if guard.verdict(counts, (result,), "forward"):
+                # That micro-batch's GEMMs in high precision: x and a copy of W (a ZeRO-3 parameter may be
+                # released before the backward) kept for the backward's.
+                ctx.high_precision = (x2, weight.detach().clone())
+                result = torch.nn.functional.linear(x2, weight.detach().to(x2.dtype),
+                                                    None if bias is None else bias.detach().to(x2.dtype))
         ctx.state, ctx.x_shape, ctx.x_dtype, ctx.has_bias = state, x.shape, x.dtype, bias is not None
         ctx.weight_dtype = weight.dtype
-        return out.to(x.dtype).reshape(*x.shape[:-1], weight.size(0))
+        return result.reshape(*x.shape[:-1], weight.size(0))
 
     @staticmethod
     def backward(ctx, grad_out):
         g2 = grad_out.reshape(-1, grad_out.size(-1))
-        grad_x, grad_w = _BACKWARD[ctx.state.recipe.recipe](ctx, g2, ctx.state)
+        state, guard = ctx.state, ctx.state.guard
+        counts = None if guard is None else CastCounts()
+        # Under the guard the FP8 backward runs first even after a high-precision forward: it is the check, and
+        # delayed scaling's gradient history and amax reduction see every cast as without the guard.
+        grad_x, grad_w = _BACKWARD[state.recipe.recipe](ctx, g2, state, counts)
+        if guard is not None:
+            failed = guard.verdict(counts, (grad_x.to(ctx.x_dtype), grad_w.to(ctx.weight_dtype)), "backward")
+            if ctx.high_precision is not None:
+                grad_x, grad_w = _high_precision_backward(g2, *ctx.high_precision)
+            elif failed:
+                grad_x, grad_w = _high_precision_backward(g2, *_dequantized_operands(ctx, state.recipe.recipe))
         grad_bias = g2.sum(0) if ctx.has_bias else None
-        ctx.saved = None
+        ctx.saved = ctx.high_precision = None
         return grad_x.to(ctx.x_dtype).reshape(ctx.x_shape), grad_w.to(ctx.weight_dtype), grad_bias, None
 
 

@@ -80,16 +80,21 @@ def delayed_scale(amax: torch.Tensor, previous_scale: torch.Tensor, fp8_max: flo
     return torch.where(torch.isinf(scale), torch.full_like(scale, FP32_MAX), scale)
 
 
-def saturating_cast(scaled: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def saturating_cast(scaled: torch.Tensor, dtype: torch.dtype, counts=None) -> torch.Tensor:
     """Cast to FP8 clamping to the largest finite value, as TE's casts do (CUDA's __NV_SATFINITE); torch's
-    plain cast saturates e4m3 but turns an e5m2 overflow into inf. NaN stays NaN."""
+    plain cast saturates e4m3 but turns an e5m2 overflow into inf. NaN stays NaN. `counts` (the guard's
+    CastCounts, parallel/fp8/guard.py; None: nothing counted) gets the saturated and flushed values."""
     limit = FP8_MAX[dtype]
-    return scaled.clamp(-limit, limit).to(dtype)
+    clamped = scaled.clamp(-limit, limit)
+    data = clamped.to(dtype)
+    if counts is not None:
+        counts.add(scaled, clamped, data)
+    return data
 
 
-def quantize_tensorwise(tensor: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+def quantize_tensorwise(tensor: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, counts=None):
     """(tensor * scale) cast to dtype, and the dequantizing scale 1 / scale (TE's scale_inv), both fp32."""
-    data = saturating_cast(tensor.float() * scale, dtype)
+    data = saturating_cast(tensor.float() * scale, dtype, counts)
     return data, torch.reciprocal(scale).reshape(())
 
 
@@ -129,11 +134,11 @@ class DelayedScaling:
         self.amax_history = torch.zeros(recipe.amax_history_len, 3, dtype=torch.float32, device=device)
         self.scale = torch.ones(3, dtype=torch.float32, device=device)
 
-    def quantize(self, tensor: torch.Tensor, role: int, dtype: torch.dtype):
+    def quantize(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
         """Cast with this role's current scale, record the amax, update the role's scale; returns
         (fp8 data, dequantizing scale)."""
         scale = self.scale[role].clone()
-        data, scale_inv = quantize_tensorwise(tensor, scale, dtype)
+        data, scale_inv = quantize_tensorwise(tensor, scale, dtype, counts)
         amax = torch.maximum(self.amax_history[0, role], amax_of(tensor)).reshape(1)
         if self.reduce_amax is not None:
             self.reduce_amax(amax)

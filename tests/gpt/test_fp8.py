@@ -62,6 +62,8 @@ def _launch(**changes):
     ("delayed", _launch(recompute=True), {}, "update the amax history twice"),
     ("delayed", ONE_PROCESS, {"first_last_layers_bf16": True}, "delayed scaling does not support first / last"),
     ("custom", ONE_PROCESS, {}, "the custom recipe (--fp8-quantizer-factory"),
+    ("tensorwise", ONE_PROCESS, {"fp8_guard_saturation_threshold": 1.5},
+     "--fp8-guard-saturation-threshold 1.5 must be a fraction between 0 and 1"),
     ("tensorwise", ONE_PROCESS, {"first_last_layers_bf16": True, "num_layers_at_end_in_bf16": 3},
      "--num-layers-at-end-in-bf16 3 must be between 0 and the number of layers (2)"),
 ])
