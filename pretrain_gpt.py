@@ -68,7 +68,8 @@ def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[
         return train_run(prepared, fault_tolerance)
 
 
-def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
+def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
+    """The process's exit status: 0 (None) unless the rerun state machine ended the job (16, 17)."""
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     # what --load names is checked with the flags, so every problem of a launch comes back in one list
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
@@ -96,14 +97,14 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
     # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
     fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
     try:
-        train_in_process_group(config, flight, fault_tolerance)
+        return train_in_process_group(config, flight, fault_tolerance)
     finally:
         if fault_tolerance is not None:
             fault_tolerance.close(finished=False)  # the monitor goes with the rank; nothing more to learn
 
 
 def train_in_process_group(config: PretrainConfig, flight: FlightRecorderSettings,
-                           fault_tolerance: Optional[FaultTolerance]) -> None:
+                           fault_tolerance: Optional[FaultTolerance]) -> int:
     try:
         state = initialize_grid(config.training.device, config.parallel, config.training.distributed_timeout_minutes,
                                 config.zero.distributed_optimizer_instances)
@@ -117,9 +118,10 @@ def train_in_process_group(config: PretrainConfig, flight: FlightRecorderSetting
             recorder = start_flight_recorder(flight, state.comm, state.rank, state.world_size,
                                              config.training.heartbeat_timeout_seconds)
         liveness = watch_peers(state, config.training.heartbeat_timeout_seconds, recorder)
-        run(config, state, fault_tolerance)
+        summary = run(config, state, fault_tolerance)
         if fault_tolerance is not None:  # every rank is here: the last learning of --calc-ft-timeouts
             fault_tolerance.close(finished=True)
+        return summary.exit_code  # 16 or 17: the rerun state machine's (training/rerun_state.py)
     except EXPECTED_ERRORS + (InjectedFault,) as error:
         # Not a lost peer: an error met by every rank alike (the ranks agree on their checks), or by this rank
         # alone; the store decides who prints it (parallel/failure_report.py).

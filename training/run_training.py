@@ -22,6 +22,7 @@ from training.memory_report import FirstIterationMemory
 from training.metrics import perplexity
 from training.pipeline_step import PipelineForward, PipelineTrainStep
 from training.prepare import Run
+from training.rerun_state import rerun_state_machine_for
 from training.restart_progress import RestartProgress, restarts_possible
 from training.stragglers import StragglerReport
 from training.train_step import DataParallelTrainStep, TrainingDiverged
@@ -44,7 +45,11 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
                                        data.eod_mask_loss,
                                        (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None)
-        step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents)
+        # --rerun-mode (training/rerun_state.py): the data-parallel step only (arguments/config.py refuses it with PP)
+        rerun = rerun_state_machine_for(training, state, built.rng, log) \
+            if step_class is DataParallelTrainStep and training.rerun_mode != "disabled" else None
+        step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents,
+                          **({"rerun": rerun} if rerun is not None else {}))
         logged = config.logging
         stragglers = (StragglerReport(state.comm, logged.straggler_minmax_count)
                       if logged.log_straggler and not logged.disable_straggler_on_startup else None)
