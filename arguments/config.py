@@ -1188,10 +1188,6 @@ class PretrainConfig:
             raise ConfigError("--rerun-mode report_stats: not implemented (Megatron re-runs every iteration to report "
                               "how much its results vary); use validate_results or disabled",
                               flags=("--rerun-mode",))
-        if training.rerun_mode == "validate_results" and self.parallel.pipeline_model_parallel_size > 1:
-            raise ConfigError("--rerun-mode validate_results: not implemented with --pipeline-model-parallel-size > 1 "
-                              "here (the re-run drives the data-parallel step only); use disabled",
-                              flags=("--rerun-mode", "--pipeline-model-parallel-size"))
         if training.error_injection_rate < 0:
             raise ConfigError(f"--error-injection-rate must be 0 or more, got {training.error_injection_rate}",
                               flags=("--error-injection-rate",))

@@ -330,7 +330,7 @@ def torch_rng_saver(rng, device: torch.device) -> tuple[Callable[[], Any], Calla
 
 def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) -> RerunStateMachine:
     """The machine a run's TrainingConfig (`training`) asks for, on `state`'s ranks: its verdicts are OR-ed over
-    every rank through parallel/comm.py (one all-reduce of two int32 per decision, only in validate_results)."""
+    every rank (one all-reduce of at most two int32 per decision, as Megatron's _reduce_any over the world)."""
     import socket
 
     import torch.distributed as dist
@@ -338,7 +338,8 @@ def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) ->
 
     def reduce_any(flags: list[bool]) -> list[bool]:
         votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=state.device)
-        state.comm.all_reduce(votes, world, "world", op=dist.ReduceOp.MAX)
+        if world is not None:  # a vote over every rank, as training/fault_tolerance.py's: no group of the mesh's
+            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=world)
         return [vote > 0 for vote in votes.tolist()]
 
     def say(line: str) -> None:

@@ -7,20 +7,24 @@ training/rerun_state.py, driven by the data-parallel step (training/train_step.p
   exit 17; persistent and correct_result: a checkpoint of the iteration before and exit 16; on a non-fatal check
   (--check-for-spiky-loss) training goes on, and its losses equal the plain run's bitwise (the re-run replays the
   same micro-batches from the same RNG states, dropout on);
-- report_stats and validate_results with pipeline parallelism are refused in one line.
+- report_stats is refused in one line; the defaults are Megatron's but --rerun-mode (disabled here).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 
 import pytest
 
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
-from tests.reliability_helpers import metrics_records, train
+from tests.reliability_helpers import TINY, metrics_records, train
 from training.rerun_state import (
     EXIT_CODE_FAILED_ON_RESULT_VALIDATION,
     EXIT_CODE_RESUME_TO_DISAMBIGUATE,
@@ -32,6 +36,7 @@ from training.rerun_state import (
     restore_python_rng_state,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 NAN_CHECK = "found NaN in local forward loss calculation"
 MICRO_BATCHES = 2
 
@@ -200,12 +205,29 @@ def test_a_non_fatal_rerun_goes_on_with_the_plain_runs_losses_bitwise(corpus_cac
     assert (tmp_path / "rejected.txt").read_text().count("status=first_rerun_not_reproducible") == 3
 
 
-def test_report_stats_and_validate_results_with_pipeline_stages_are_refused_in_one_line():
+def test_report_stats_is_refused_in_one_line_and_the_defaults_are_off():
     with pytest.raises(ConfigError, match="--rerun-mode report_stats: not implemented"):
         parse_arguments(["--device", "cpu", "--rerun-mode", "report_stats"])
-    with pytest.raises(ConfigError, match="--rerun-mode validate_results: not implemented with"):
-        parse_arguments(["--device", "cpu", "--rerun-mode", "validate_results", "--num-layers", "2",
-                         "--pipeline-model-parallel-size", "2"])
     training = parse_arguments(["--device", "cpu"]).config.training
     assert (training.rerun_mode, training.check_for_nan_in_loss_and_grad, training.error_injection_rate) == \
         ("disabled", True, 0)
+
+
+@pytest.mark.slow
+def test_two_pipeline_stages_re_run_together_and_go_on_with_the_plain_runs_losses(corpus_cache_300, tmp_path):
+    """Two ranks, PP 2: only the last stage validates its loss (Megatron's loss_func runs there), the verdict is
+    all-reduced, and both stages re-run the iteration from the same batches and RNG states."""
+    losses = []
+    for name, flags in (("plain", []), ("rerun", RUN[8:] + ["--no-check-for-nan-in-loss-and-grad",
+                                                          "--check-for-spiky-loss"])):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                   str(REPO / "pretrain_gpt.py"), *TINY, "--num-layers", "2", "--pipeline-model-parallel-size", "2",
+                   *RUN[:8], "--data-cache-dir", corpus_cache_300, "--metrics-file", str(tmp_path / f"{name}.jsonl"),
+                   *flags]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses.append([r["loss"] for r in metrics_records(tmp_path / f"{name}.jsonl") if "loss" in r])
+        if name == "rerun":
+            assert done.stdout.count("Need to rerun step to check reproducibility") == 3, done.stdout[-3000:]
+    assert len(losses[0]) == 4 and losses[0] == losses[1]
