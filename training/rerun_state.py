@@ -28,6 +28,7 @@ import datetime
 import math
 import os
 import random
+import re
 from enum import Enum
 from typing import Any, Callable, Iterator, Optional
 
@@ -293,6 +294,33 @@ class RerunStateMachine:
                           f"message='{message}'\n")
 
 
+TRACKER_LINE = re.compile(r"ts=.+ node=.+ device=.+ jobID=(.+) rank=(.+) iteration=(.+) status=(.+) result=.+ message=.+")
+SKIPPING_STATUSES = ("RERUN_DISABLED", "FIRST_RERUN_REPRODUCIBLE", "SECOND_RERUN_REPRODUCIBLE")
+
+
+def iterations_megatron_skips(tracker_file: str) -> list[int]:
+    """Megatron-Core's get_skipped_iterations_from_tracker_file: the iterations a tracker file records as
+    reproducible (or rejected with reruns off) twice on the same rank, less those more than one rank of one job
+    met. Megatron-LM adds them to --iterations-to-skip at start (arguments.py, validate_args)."""
+    potentially, ignored, seen, by_job = set(), set(), set(), {}
+    if not os.path.exists(tracker_file):
+        return []
+    with open(tracker_file) as tracker:
+        for line in tracker:
+            match = TRACKER_LINE.search(line)
+            if match is None or match[4].split(".")[-1].upper() not in SKIPPING_STATUSES:
+                continue
+            job, rank, iteration = match[1], int(match[2]), int(match[3])
+            if (rank, iteration) in seen:
+                potentially.add(iteration)
+            seen.add((rank, iteration))
+            ranks = by_job.setdefault(job, {}).setdefault(iteration, set())
+            ranks.add(rank)
+            if len(ranks) > 1:
+                ignored.add(iteration)
+    return sorted(potentially - ignored)
+
+
 def python_rng_state() -> dict:
     """The generators Megatron's _save_state keeps besides torch's (those are the model's, saved apart)."""
     return {"random": random.getstate(), "numpy": np.random.get_state()}
@@ -345,6 +373,11 @@ def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) ->
     def say(line: str) -> None:
         print(f" {line}", flush=True)
 
+    # Megatron-LM's _set_random_seed (initialize.py) seeds Python's and NumPy's generators with --seed + 100 x the
+    # pipeline rank; the injector draws from Python's, so a run's injections follow from its --seed as there
+    seed = training.seed + 100 * state.pipeline_parallel_rank
+    random.seed(seed)
+    np.random.seed(seed)
     save, restore = torch_rng_saver(rng, state.device)
     mode = RerunMode(training.rerun_mode)
     injector = ErrorInjector(training.error_injection_rate, RerunDiagnostic(training.error_injection_type),

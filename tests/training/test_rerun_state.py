@@ -25,6 +25,7 @@ import pytest
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
 from tests.reliability_helpers import TINY, metrics_records, train
+from training.late_checks import LATE_CHECKS
 from training.rerun_state import (
     EXIT_CODE_FAILED_ON_RESULT_VALIDATION,
     EXIT_CODE_RESUME_TO_DISAMBIGUATE,
@@ -32,6 +33,7 @@ from training.rerun_state import (
     RerunDiagnostic,
     RerunMode,
     RerunStateMachine,
+    iterations_megatron_skips,
     python_rng_state,
     restore_python_rng_state,
 )
@@ -163,6 +165,11 @@ def test_the_tracker_file_holds_megatrons_lines_its_own_parser_reads(tmp_path, m
     drive_ours(our_machine(0, "transient_error", tracker=str(tracker)), [5.0, math.nan], True)  # the resumed job
     # Megatron-LM's arguments.py: the iterations its parser finds reproducible twice on a rank are skipped
     assert rsm.RerunStateMachine.get_skipped_iterations_from_tracker_file(str(tracker)) == [2]
+    assert iterations_megatron_skips(str(tracker)) == [2]
+    # skipping is not implemented here: such a file is refused before any work, naming the flag
+    with pytest.raises(ConfigError, match="--result-rejected-tracker-filename .*would skip iterations 2"):
+        parse_arguments(["--device", "cpu", "--result-rejected-tracker-filename", str(tracker)],
+                        late_checks=LATE_CHECKS)
 
 
 # ---- end to end: pretrain_gpt on one CPU process ----------------------------------------------------------------
