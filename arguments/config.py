@@ -409,12 +409,13 @@ class TrainingConfig:
              "out-of-section watch (the first ones are slow)")
     # Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py; the flags are Megatron-LM's
     # _add_rerun_machine_args and --no-check-for-nan-in-loss-and-grad): training/rerun_state.py. Megatron's default
-    # mode is validate_results; here disabled, so a NaN loss stops the run as it always has (the line says so).
+    # mode, validate_results, is a Megatron launch's (the model set by flags: arguments/megatron/defaults.py); a
+    # preset's is disabled, where a NaN loss stops the run after the step (its line names validate_results).
     rerun_mode: str = option(
         "disabled", group="checkpoint", choices=("disabled", "validate_results", "report_stats"),
         help="validate_results: a NaN/Inf loss (or a spike, --check-for-spiky-loss) re-runs the iteration on the same "
              "data and RNG state; not reproduced: logged and on; reproduced: checkpoint (with --save) and exit 16 "
-             "(Megatron's default; here disabled). report_stats is refused")
+             "(Megatron's default, a Megatron launch's; a preset's is disabled). report_stats is refused")
     check_for_nan_in_loss_and_grad: bool = option(
         True, group="checkpoint", action="store_true",
         consts=(Const(("--no-check-for-nan-in-loss-and-grad",), False),),

@@ -95,7 +95,7 @@ def tokens_used_up(settings: RunSettings, consumed_samples: int, iteration: int,
 
 
 def rerun_exit(verdict: RerunExit, iteration: int, summary: TrainingSummary,
-               save: Optional[Callable[[int], None]], state: ParallelState) -> None:
+               save: Optional[Callable[[int], None]], state: ParallelState) -> TrainingSummary:
     """The rerun state machine ended the job before iteration `iteration`'s update: with exit 16 the weights that
     iteration started from are saved (with --save), so that the job resumed elsewhere re-runs it."""
     done = iteration - 1
@@ -107,6 +107,7 @@ def rerun_exit(verdict: RerunExit, iteration: int, summary: TrainingSummary,
     summary.exit_code = verdict.code
     if state.is_first_rank:
         print(f" exiting before the update of iteration {iteration}: {summary.exit_reason}", flush=True)
+    return summary
 
 
 def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memory: FirstIterationMemory,
@@ -145,8 +146,7 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
                                                  list(summary.saved_iterations))
             raise
         except RerunExit as verdict:  # Megatron-LM's train(): save_checkpoint_and_time(iteration, ...), then exit
-            rerun_exit(verdict, iteration, summary, save if save_checkpoint is not None else None, state)
-            return summary
+            return rerun_exit(verdict, iteration, summary, save if save_checkpoint is not None else None, state)
         if faults is not None:
             faults.after_step(iteration)
         lr = outcome.lr

@@ -7,7 +7,8 @@ training/rerun_state.py, driven by the data-parallel step (training/train_step.p
   exit 17; persistent and correct_result: a checkpoint of the iteration before and exit 16; on a non-fatal check
   (--check-for-spiky-loss) training goes on, and its losses equal the plain run's bitwise (the re-run replays the
   same micro-batches from the same RNG states, dropout on);
-- report_stats is refused in one line; the defaults are Megatron's but --rerun-mode (disabled here).
+- report_stats is refused in one line; a Megatron launch takes Megatron's default mode (validate_results), a
+  preset launch is disabled.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def test_persistent_saves_the_iteration_before_and_exits_16(corpus_cache_300, tm
 
 def test_a_non_fatal_rerun_goes_on_with_the_plain_runs_losses_bitwise(corpus_cache_300, tmp_path):
     cache = corpus_cache_300
-    plain = train(cache, tmp_path / "plain", *RUN[:8])
+    plain = train(cache, tmp_path / "plain", *RUN[:8], "--rerun-mode", "disabled")
     assert plain.code == 0, plain.err[-2000:]
     rerun = train(cache, tmp_path / "rerun", *RUN, "--no-check-for-nan-in-loss-and-grad", "--check-for-spiky-loss",
                   "--result-rejected-tracker-filename", tmp_path / "rejected.txt")
@@ -212,9 +213,12 @@ def test_a_non_fatal_rerun_goes_on_with_the_plain_runs_losses_bitwise(corpus_cac
     assert (tmp_path / "rejected.txt").read_text().count("status=first_rerun_not_reproducible") == 3
 
 
-def test_report_stats_is_refused_in_one_line_and_the_defaults_are_off():
+def test_report_stats_is_refused_in_one_line_and_the_defaults_are_megatrons_in_a_megatron_launch():
     with pytest.raises(ConfigError, match="--rerun-mode report_stats: not implemented"):
         parse_arguments(["--device", "cpu", "--rerun-mode", "report_stats"])
+    # Megatron-LM's RerunStateMachineConfig: rerun_mode "validate_results", check_for_nan_in_loss True; a launch
+    # that sets the model by flags takes Megatron's defaults (arguments/megatron/defaults.py), a preset ours
+    assert parse_arguments(TINY).config.training.rerun_mode == "validate_results"
     training = parse_arguments(["--device", "cpu"]).config.training
     assert (training.rerun_mode, training.check_for_nan_in_loss_and_grad, training.error_injection_rate) == \
         ("disabled", True, 0)
@@ -225,7 +229,7 @@ def test_two_pipeline_stages_re_run_together_and_go_on_with_the_plain_runs_losse
     """Two ranks, PP 2: only the last stage validates its loss (Megatron's loss_func runs there), the verdict is
     all-reduced, and both stages re-run the iteration from the same batches and RNG states."""
     losses = []
-    for name, flags in (("plain", []), ("rerun", RUN[8:] + ["--no-check-for-nan-in-loss-and-grad",
+    for name, flags in (("plain", ["--rerun-mode", "disabled"]), ("rerun", RUN[8:] + ["--no-check-for-nan-in-loss-and-grad",
                                                           "--check-for-spiky-loss"])):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                    str(REPO / "pretrain_gpt.py"), *TINY, "--num-layers", "2", "--pipeline-model-parallel-size", "2",
