@@ -1,19 +1,21 @@
 """Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py, RerunStateMachine): a NaN, Inf or
 spiky loss re-runs the iteration on the same data and RNG state to tell a transient fault from a reproducible one.
 
-Driven from the data-parallel step (training/train_step.py) as Megatron-LM's train_step drives its own:
+Driven from the train step (training/train_step.py; the pipeline step's last stage validates) as Megatron-LM's
+train_step drives its own:
 
     while machine.should_run_forward_backward():   # the batches replay, the RNG states are restored
-        zero grads; micro-batches, each loss -> machine.validate_loss(loss)
+        zero grads; micro-batches, each loss -> machine.validate_result(...)  (the step's validate_loss)
     should_checkpoint, should_exit, exit_code = machine.should_checkpoint_and_exit()
     (exit before the optimizer step: the checkpoint holds the weights the suspect iteration started from)
 
 The decisions are Megatron-Core's, state for state (tests/training/test_rerun_state.py drives both machines with
-the same sequence): an unexpected result on the initial run asks every rank to re-run in place; a re-run that
-differs is transient (logged, training goes on, Megatron's "Possible transient error!"); one that reproduces, for
-a fatal check (NaN/Inf), asks for a checkpoint and exit 16 (EXIT_CODE_RESUME_TO_DISAMBIGUATE) to re-run it on
-another GPU; a non-fatal check (spiky loss) goes on. The first iteration of a process is never validated, as in
-Megatron (no checkpoint could be taken before its first optimizer step).
+the same sequence): an unexpected result on the initial run asks every rank to re-run in place. A re-run that
+differs ("Possible transient error!") ends the job with 17 (EXIT_CODE_FAILED_ON_RESULT_VALIDATION) before the
+update when the check is fatal (NaN/Inf), and goes on when it is not (spiky loss); one that reproduces asks, for a
+fatal check, for a checkpoint and exit 16 (EXIT_CODE_RESUME_TO_DISAMBIGUATE) to re-run it on another GPU, and goes
+on for a non-fatal one. The first iteration of a process is never validated, as in Megatron (no checkpoint could
+be taken before its first optimizer step).
 
 What is not here: Megatron saves this machine's state in the exit-16 checkpoint, so the resumed job re-runs the
 iteration once more and ends with 17 (EXIT_CODE_FAILED_ON_RESULT_VALIDATION, "persistent error" or "correct
@@ -217,15 +219,10 @@ class RerunStateMachine:
 
     def validate_result(self, result: float, rejected: Callable[[float], bool], message: str, *,
                         tolerance: float = 0.0, fatal: bool = True) -> None:
-        """Megatron's validate_result for one float: `rejected(result)` flags it; the re-run compares."""
+        """Megatron's validate_result for one float: `rejected(result)` flags it; the re-run compares. (Disabled,
+        Megatron still raises on a fatal rejection; here no machine exists then, and the step's own check stops a
+        non-finite loss: training/train_step.py.)"""
         if not self.enabled:
-            if rejected(result):
-                self._track("rerun_disabled", result, message)
-                line = (f"Rank {self.rank}, node {self.where[0]}, device {self.where[1]}, iteration "
-                        f"{self.current_iteration}: Unexpected result {result} (message='{message}')")
-                if fatal:
-                    raise RuntimeError(line)
-                self.log(line)
             return
         count = self.validation_counts.get(message, 0) + 1
         self.validation_counts[message] = count
