@@ -53,7 +53,8 @@ def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[
         return train_run(prepared, fault_tolerance)
 
 
-def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
+def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
+    """The process's exit status: 0 (None) unless the rerun state machine ended the job (16, 17)."""
     read_launch_environment()  # a bad RANK, WORLD_SIZE, MASTER_PORT, SLURM_* ...: one line before any work
     # what --load names is checked with the flags, so every problem of a launch comes back in one list
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
@@ -87,7 +88,7 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> None:
                                     config.zero.distributed_optimizer_instances)
         except ValueError as error:  # a launch or device the config cannot run on
             raise ConfigError(str(error)) from None
-        run_watched(config, state, run, PROGRAM, EXPECTED_ERRORS, flight, fault_tolerance)
+        return run_watched(config, state, run, PROGRAM, EXPECTED_ERRORS, flight, fault_tolerance)
     finally:
         if fault_tolerance is not None:
             fault_tolerance.close(finished=False)  # the monitor goes with the rank; nothing more to learn

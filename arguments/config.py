@@ -407,6 +407,34 @@ class TrainingConfig:
         5, group="checkpoint",
         help="with --enable-ft-package: training iterations of each start outside the step section and the "
              "out-of-section watch (the first ones are slow)")
+    # Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py; the flags are Megatron-LM's
+    # _add_rerun_machine_args and --no-check-for-nan-in-loss-and-grad): training/rerun_state.py. Megatron's default
+    # mode, validate_results, is a Megatron launch's (the model set by flags: arguments/megatron/defaults.py); a
+    # preset's is disabled, where a NaN loss stops the run after the step (its line names validate_results).
+    rerun_mode: str = option(
+        "disabled", group="checkpoint", choices=("disabled", "validate_results", "report_stats"),
+        help="validate_results: a NaN/Inf loss (or a spike, --check-for-spiky-loss) re-runs the iteration on the same "
+             "data and RNG state; not reproduced: logged and on; reproduced: checkpoint (with --save) and exit 16 "
+             "(Megatron's default, a Megatron launch's; a preset's is disabled). report_stats is refused")
+    check_for_nan_in_loss_and_grad: bool = option(
+        True, group="checkpoint", action="store_true",
+        consts=(Const(("--no-check-for-nan-in-loss-and-grad",), False),),
+        help="with --rerun-mode validate_results: validate each micro-batch's loss against NaN and Inf")
+    check_for_spiky_loss: bool = option(
+        False, group="checkpoint", action="store_true",
+        help="with --rerun-mode validate_results: a micro-batch loss 10x the largest of the first 100 re-runs the "
+             "iteration (not fatal: training goes on)")
+    error_injection_rate: int = option(
+        0, group="checkpoint",
+        help="with --rerun-mode validate_results: reject one validated loss in this many (per rank), to test the "
+             "re-run; 0 injects nothing")
+    error_injection_type: str = option(
+        "transient_error", group="checkpoint", choices=("correct_result", "transient_error", "persistent_error"),
+        help="what an injected rejection acts as: transient_error (the re-run differs: on), persistent_error and "
+             "correct_result (the re-run reproduces it: checkpoint and exit 16)")
+    result_rejected_tracker_filename: Optional[str] = option(
+        None, group="checkpoint", metavar="FILE",
+        help="append one line per rejected result and re-run verdict (Megatron's format) to FILE")
     eval_interval: int = 50
     eval_iters: int = option(10, help="batches per evaluation; 0 disables")
     log_interval: int = 10
@@ -1155,6 +1183,16 @@ class PretrainConfig:
                               f"each expert's ffn splits evenly over the expert tensor-parallel ranks",
                               flags=("--moe-ffn-hidden-size", "--expert-tensor-parallel-size"))
 
+    def _check_rerun_mode(self) -> None:
+        training = self.training
+        if training.rerun_mode == "report_stats":
+            raise ConfigError("--rerun-mode report_stats: not implemented (Megatron re-runs every iteration to report "
+                              "how much its results vary); use validate_results or disabled",
+                              flags=("--rerun-mode",))
+        if training.error_injection_rate < 0:
+            raise ConfigError(f"--error-injection-rate must be 0 or more, got {training.error_injection_rate}",
+                              flags=("--error-injection-rate",))
+
     def validate(self) -> None:
         check_finite_numbers(self)
         for section in self.SECTIONS:
@@ -1166,6 +1204,7 @@ class PretrainConfig:
                               f"{self.model.seq_length} is not divisible by --tensor-model-parallel-size {tp}; "
                               f"choose a multiple of it",
                               flags=("--sequence-parallel", "--seq-length", "--tensor-model-parallel-size"))
+        self._check_rerun_mode()
         self._check_goldfish()
         self._check_muon()
         self._check_expert_parallel()

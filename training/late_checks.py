@@ -7,9 +7,11 @@ back in one list, before any process group, data or model work.
 from __future__ import annotations
 
 from arguments.config import PretrainConfig
+from base.errors import ConfigError
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
 from gpt.fp8 import Fp8Launch, check_fp8
+from training.rerun_state import iterations_megatron_skips
 from training.run_settings import model_vocabulary, tokenizer_size_from_flags
 
 
@@ -45,4 +47,17 @@ def check_load(config: PretrainConfig) -> None:
 
 # --init-from-hf's folder is read with the flags themselves (arguments/hf_folder.py): its architecture is the
 # model's, and a flag that disagrees is refused there.
-LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag)
+def check_rejected_results_tracker(config: PretrainConfig) -> None:
+    """Megatron-LM skips the iterations a --result-rejected-tracker-filename records as reproducible twice on a
+    rank (arguments.py: iterations_to_skip); skipping iterations (--iterations-to-skip) is not implemented here, and
+    training them instead would change the run, so such a file is refused. A new or clean file is fine."""
+    tracker = config.training.result_rejected_tracker_filename
+    skipped = iterations_megatron_skips(tracker) if tracker else []
+    if skipped:
+        raise ConfigError(f"--result-rejected-tracker-filename {tracker}: Megatron-LM would skip iterations "
+                          f"{', '.join(map(str, skipped))} (reproducibly rejected twice on a rank); skipping "
+                          f"iterations (--iterations-to-skip) is not implemented here: name another file",
+                          flags=("--result-rejected-tracker-filename",))
+
+
+LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag, check_rejected_results_tracker)

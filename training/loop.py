@@ -18,6 +18,7 @@ from training.exit_conditions import ExitConditions
 from training.fault_injection import FaultSchedule
 from training.interval_metrics import IntervalMetrics
 from training.memory_report import FirstIterationMemory
+from training.rerun_state import RerunExit
 from training.run_outputs import SaveCheckpoint
 from training.run_settings import RunSettings
 from training.train_step import StepOutcome, TrainingDiverged, TrainStep
@@ -39,6 +40,7 @@ class TrainingSummary:
     # fp16 overflow (runtime/engine.py, _take_model_step), so a skipped step leaves the rate where it was.
     schedule_samples: int = 0
     exit_reason: Optional[str] = None  # why the run stopped before --train-iters (signal, interval, time)
+    exit_code: int = 0  # the process's status: 16 or 17 when the rerun state machine ended it (training/rerun_state.py)
     saved_iterations: list[int] = field(default_factory=list)
     iteration_seconds: float = 0.0  # the time of the iterations this process trained (all kept: it ends after them)
 
@@ -109,6 +111,22 @@ def early_exit(exit_conditions: Optional[ExitConditions], iteration: int, state:
     return reason
 
 
+def rerun_exit(verdict: RerunExit, iteration: int, summary: TrainingSummary,
+               save: Optional[Callable[[int], None]], state: ParallelState) -> TrainingSummary:
+    """The rerun state machine ended the job before iteration `iteration`'s update: with exit 16 the weights that
+    iteration started from are saved (with --save), so that the job resumed elsewhere re-runs it."""
+    done = iteration - 1
+    if verdict.checkpoint and save is not None and summary.saved_iterations[-1:] != [done]:
+        save(done)
+    kept = (f"; resume from the checkpoint of iteration {done} to re-run iteration {iteration}"
+            if verdict.checkpoint and save is not None else "")
+    summary.exit_reason = f"the rerun state machine ended the job at iteration {iteration} (exit {verdict.code}){kept}"
+    summary.exit_code = verdict.code
+    if state.is_first_rank:
+        print(f" exiting before the update of iteration {iteration}: {summary.exit_reason}", flush=True)
+    return summary
+
+
 def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memory: FirstIterationMemory,
           settings: RunSettings, state: ParallelState, *, start_iteration: int = 0, consumed_samples: int = 0,
           schedule_samples: Optional[int] = None, save_checkpoint: Optional[SaveCheckpoint] = None,
@@ -145,6 +163,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
             diverged.history = DivergenceHistory(start_iteration, summary.train_losses + [diverged.loss],
                                                  list(summary.saved_iterations))
             raise
+        except RerunExit as verdict:  # Megatron-LM's train(): save_checkpoint_and_time(iteration, ...), then exit
+            return rerun_exit(verdict, iteration, summary, save if save_checkpoint is not None else None, state)
         if faults is not None:
             faults.after_step(iteration)
         lr = outcome.lr

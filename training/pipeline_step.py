@@ -33,6 +33,7 @@ from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
 from training.evaluation import mean_token_loss, split_micro_batch
+from training.rerun_state import RerunStateMachine
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from training.train_step import DataParallelTrainStep
@@ -46,8 +47,9 @@ class PipelineTrainStep(DataParallelTrainStep):
 
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
-                 documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER) -> None:
-        super().__init__(model, zero, train_batches, settings, state, activations, documents, observer)
+                 documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
+                 rerun: Optional[RerunStateMachine] = None) -> None:
+        super().__init__(model, zero, train_batches, settings, state, activations, documents, observer, rerun)
         self.chunks = len(model.stage.chunks)
         self.virtual = VirtualStages(state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks)
         group = settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage
@@ -82,7 +84,8 @@ class PipelineTrainStep(DataParallelTrainStep):
                 with self.activations.measuring() if measure_activations else contextlib.nullcontext():
                     output = self._forward(slot, tokens, labels, inputs, accumulation_steps, masks)
                 outputs[(slot.micro_batch, slot.chunk)] = output
-                if self._ends_model(slot):
+                if self._ends_model(slot):  # the last stage validates, as Megatron's loss_func runs there
+                    self.validate_loss(output, accumulation_steps)
                     iteration_loss += output.detach()
             else:
                 with contextlib.nullcontext() if index == last_backward else reducer.no_sync():

@@ -29,6 +29,7 @@ from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, split_micro_batch
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
+from training.rerun_state import SPIKY_LOSS_FACTOR, ReplayingBatches, RerunExit, RerunStateMachine
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from zero.activations import ActivationMonitor
@@ -76,9 +77,10 @@ def check_step_is_finite(iteration: int, loss: float, step: StepResult) -> None:
     skipped the step. A skip is the loss scaler's business only when the loss was finite: an
     overflow in backward is what loss scaling absorbs, but a non-finite forward means the weights
     themselves have diverged, and no scale brings them back."""
-    if not math.isfinite(loss):
+    if not math.isfinite(loss):  # Megatron's default --rerun-mode validate_results would re-run it first: say so
         raise TrainingDiverged(f"iteration {iteration}: loss {loss}, gradient norm {step.grad_norm}; the run "
-                               f"diverged and stopped without saving this step (lower --lr, or check the data)")
+                               f"diverged and stopped without saving this step (lower --lr, or check the data; "
+                               f"--rerun-mode validate_results re-runs such an iteration to tell a transient fault)")
     if not step.skipped and not math.isfinite(step.grad_norm):
         raise TrainingDiverged(f"iteration {iteration}: loss {loss}, gradient norm {step.grad_norm}; the run "
                                f"diverged and stopped without saving this step (lower --lr, or check the data)")
@@ -101,10 +103,15 @@ class DataParallelTrainStep:
 
     def __init__(self, model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
-                 documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER) -> None:
-        self.model, self.zero, self.train_batches = model, zero, train_batches
+                 documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
+                 rerun: Optional[RerunStateMachine] = None) -> None:
+        self.model, self.zero = model, zero
         self.settings, self.state, self.activations = settings, state, activations
         self.documents, self.observer = documents, observer
+        # --rerun-mode validate_results (training/rerun_state.py): the micro-batches kept so that a re-run replays them
+        self.rerun = rerun
+        self.replay = ReplayingBatches(train_batches) if rerun is not None and rerun.enabled else None
+        self.train_batches = self.replay if self.replay is not None else train_batches
         self.consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
         model.train()
 
@@ -175,17 +182,45 @@ class DataParallelTrainStep:
         """Every collective of an iteration, and all its work that needs no value read back: the micro-batches,
         the optimizer's step (as the observer takes it) and the loss averaged over DP. Returns that loss, still
         on the device, and the step's result. The dry run (planner/dry_run.py) calls this on the meta device."""
+        state, rerun = self.state, self.rerun
+        state.comm.iteration = iteration  # named in the line a lost peer ends in
+        if rerun is None:
+            iteration_loss = self.forward_backward_from_zero(accumulation_steps, measure_activations)
+        else:  # Megatron-LM's train_step: `while rerun_state_machine.should_run_forward_backward(data_iterator)`
+            while rerun.should_run_forward_backward(iteration, self.replay):
+                iteration_loss = self.forward_backward_from_zero(accumulation_steps, measure_activations)
+            should_checkpoint, should_exit, exit_code = rerun.should_checkpoint_and_exit()
+            if should_exit:  # before the update: a checkpoint holds the weights this iteration started from
+                raise RerunExit(exit_code, should_checkpoint)
+        step = self.observer.optimizer_step(self.zero.optimizer)
+        return average_over_data_parallel(iteration_loss, state), step
+
+    def forward_backward_from_zero(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
+        """The iteration's micro-batches from zeroed gradients (a re-run starts where the first run did)."""
         state = self.state
         self.zero.reducer.zero_grad()
         state.comm.stats.snapshot_and_reset()  # the record's comm_bytes cover this iteration only
-        state.comm.iteration = iteration  # named in the line a lost peer ends in
         # the MoE balancing losses' backward scale: the main loss's (training/moe_metrics.py); nothing for a dense model
         begin_moe_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps,
                             self.state.context_parallel_size)
         begin_mtp_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps)
-        iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
-        step = self.observer.optimizer_step(self.zero.optimizer)
-        return average_over_data_parallel(iteration_loss, state), step
+        return self.forward_backward(accumulation_steps, measure_activations)
+
+    def validate_loss(self, loss: torch.Tensor, accumulation_steps: int) -> None:
+        """Megatron-LM's loss_func checks (pretrain_gpt.py), on this rank's micro-batch loss before the data-parallel
+        average: NaN and Inf (fatal; --no-check-for-nan-in-loss-and-grad turns them off) and, with
+        --check-for-spiky-loss, a loss SPIKY_LOSS_FACTOR times the largest of the first 100 (not fatal). Only in
+        --rerun-mode validate_results: otherwise a non-finite loss stops the run after the step, as it always has."""
+        rerun, training = self.rerun, self.settings.config.training
+        if rerun is None or not rerun.enabled:
+            return
+        value = loss.item() * accumulation_steps  # the micro-batch's own mean, whatever the accumulation
+        if training.check_for_nan_in_loss_and_grad:
+            rerun.validate_result(value, math.isnan, "found NaN in local forward loss calculation")
+            rerun.validate_result(value, math.isinf, "found Inf in local forward loss calculation")
+        if training.check_for_spiky_loss:
+            rerun.validate_result(
+                value, lambda v: rerun.is_unexpectedly_large(v, SPIKY_LOSS_FACTOR, "loss"), "Spiky loss", fatal=False)
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         """The micro-batches of one iteration (those the observer runs: all in a live run); their mean loss, still
@@ -216,6 +251,7 @@ class DataParallelTrainStep:
                         loss = mean_token_loss(self.model(inputs, labels), self.state) / accumulation_steps
                     else:
                         loss = masked_token_mean(self.model(inputs, labels, masks), masks) / accumulation_steps
+                    self.validate_loss(loss, accumulation_steps)
                 with observer.phase("backward"):
                     self.zero.scale_loss(loss).backward()
             reducer.finish_grad_sync()

@@ -17,14 +17,16 @@ from parallel.flight_recorder import FlightRecorder, FlightRecorderSettings, sta
 from parallel.liveness import Liveness, PeerLoss, start_liveness
 from parallel.state import ParallelState, destroy, read_launch_environment
 from training.fault_tolerance import FaultTolerance
+from training.loop import TrainingSummary
 
-RunOnGrid = Callable[[PretrainConfig, ParallelState, Optional[FaultTolerance]], object]
+RunOnGrid = Callable[[PretrainConfig, ParallelState, Optional[FaultTolerance]], TrainingSummary]
 
 
 def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, program: str,
                 expected_errors: tuple[type[BaseException], ...], flight: FlightRecorderSettings,
-                fault_tolerance: Optional[FaultTolerance]) -> None:
-    """`run` on this rank's initialized grid `state`; an error every peer is alive for keeps its own report (its
+                fault_tolerance: Optional[FaultTolerance]) -> int:
+    """`run` on this rank's initialized grid `state`; its summary's exit status (0, or 16 and 17 when the rerun
+    state machine ended the job, training/rerun_state.py). An error every peer is alive for keeps its own report (its
     traceback, or its line by the agreement), a collective failed because a peer is gone ends in the one line
     naming it (PeerLostError); the group is destroyed at the end either way."""
     liveness: Optional[Liveness] = None
@@ -35,9 +37,10 @@ def run_watched(config: PretrainConfig, state: ParallelState, run: RunOnGrid, pr
             recorder = start_flight_recorder(flight, state.comm, state.rank, state.world_size,
                                              config.training.heartbeat_timeout_seconds)
         liveness = watch_peers(state, config.training.heartbeat_timeout_seconds, program, recorder)
-        run(config, state, fault_tolerance)
+        summary = run(config, state, fault_tolerance)
         if fault_tolerance is not None:  # every rank is here: the last learning of --calc-ft-timeouts
             fault_tolerance.close(finished=True)
+        return summary.exit_code
     except expected_errors + (InjectedFault,) as error:
         # Not a lost peer: an error met by every rank alike (the ranks agree on their checks), or by this rank
         # alone; the store decides who prints it (parallel/failure_report.py).

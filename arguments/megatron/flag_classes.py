@@ -44,15 +44,14 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --app-tag-run-name --app-tag-run-version --otel-enabled --otel-service-name --otel-span-groups""")),
     ("W&B writes its files beside --metrics-file here", _names("--wandb-save-dir")),
     ("profiling and diagnostics: they observe a run without changing what it computes (--profile-checkpointing "
-     "times the checkpointed groups here; a non-finite loss or gradient always stops the run)", _names("""
+     "times the checkpointed groups here; --check-for-large-grads: gradient norms are not validated by the rerun "
+     "state machine here, a non-finite one stops the run)", _names("""
         --profile --profile-ranks --profile-step-start --profile-step-end --profile_steps --profile-backward
         --use-pytorch-profiler --pytorch-profiler-collect-callstack --pytorch-profiler-collect-chakra
         --pytorch-profiler-collect-shapes --record-shapes --nvtx-ranges --record-memory-history --memory-snapshot-path
         --dump-param-to-param-group-map --save-activations-interval --save-dgrads-interval --save-params-interval
         --save-wgrads-interval --run-workload-inspector-server --straggler-ctrlr-port --gpu-sniff-test-interval
-        --check-weight-hash-across-dp-replicas-interval --check-for-spiky-loss --check-for-large-grads --test-mode
-        --no-check-for-nan-in-loss-and-grad --rerun-mode --result-rejected-tracker-filename
-        --error-injection-type""")),
+        --check-weight-hash-across-dp-replicas-interval --check-for-large-grads --test-mode""")),
     ("a kernel or implementation choice: the same values are computed either way (one implementation here: "
      "PyTorch layers with SDPA attention)", _names("""
         --bias-gelu-fusion --bias-dropout-fusion --scaled-masked-softmax-fusion --no-rope-fusion
@@ -518,15 +517,6 @@ AT_VALUE: dict[str, AtValue] = {
                                          "not implemented: the weight decay is a constant --weight-decay"),
     "--vocab-extra-ids": AtValue(_equals(0), "no extra vocabulary ids, as here",
                                  "not implemented: the vocabulary is the tokenizer's own"),
-    # Megatron-Core's rerun_state_machine.py: RerunStateMachine injects a wrong result into 1 of every
-    # --error-injection-rate validate_result calls (--error-injection-type), so that validate_results mode's
-    # re-run of the iteration (and the attribution it reports) can be tested.
-    "--error-injection-rate": AtValue(_equals(0), "no injected errors (Megatron's default)",
-                                      "not implemented: error injection exists to test Megatron's rerun state "
-                                      "machine (--rerun-mode validate_results re-running an iteration whose loss "
-                                      "is NaN or spiky to tell a transient fault from a persistent one), which is "
-                                      "not implemented here: a NaN or inf loss or gradient norm stops the run; "
-                                      "drop the flag (0 injects nothing)"),
     "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
                                    "not implemented: parameter sharing between layers"),
     "--embedding-init-method-std": AtValue(_matches(lambda s: s["init_method_std"]),

@@ -131,17 +131,17 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4",
                      "--init-method-std", "0.02"]
     # (--expert-model-parallel-size, --moe-expert-parallel-size and --expert-tensor-parallel-size are settings now:
-    # parallel/config.py, tests/training/test_expert_parallel_training.py)
+    # parallel/config.py, tests/training/test_expert_parallel_training.py; --error-injection-rate too:
+    # training/rerun_state.py, tests/training/test_rerun_state.py)
     no_op = {"--num-experts-switch": "1",
              "--dataloader-type": "single", "--remote-device": "none",
              "--weight-decay-incr-style": "constant",
-             "--vocab-extra-ids": "0", "--error-injection-rate": "0",
+             "--vocab-extra-ids": "0",
              "--num-unique-layers": "4", "--export-model-type": "GPTModel", "--export-kv-cache-quant": "none",
              "--export-real-quant-cfg": "None", "--embedding-init-method-std": "0.02"}
     other = {"--num-experts-switch": "8",
              "--dataloader-type": "cyclic", "--remote-device": "cpu",
              "--weight-decay-incr-style": "linear", "--vocab-extra-ids": "100",
-             "--error-injection-rate": "5",
              "--num-unique-layers": "2", "--export-model-type": "MambaModel", "--export-kv-cache-quant": "fp8",
              "--export-real-quant-cfg": "fp8_real_quant", "--embedding-init-method-std": "0.01"}
     # the forks' (arguments/megatron/fork_flag_classes.py) are tested in tests/arguments/test_fork_flags.py

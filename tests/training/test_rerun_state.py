@@ -1,0 +1,244 @@
+"""Issue 69 item 7: Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py) in
+training/rerun_state.py, driven by the data-parallel step (training/train_step.py).
+
+- side by side with Megatron-Core's own RerunStateMachine (megatron-core, requirements-bench.txt; skipped when it
+  is not importable): the same losses and injected errors give the same re-runs, checkpoints and exit codes;
+- each --error-injection-type ends a real run as Megatron-Core ends it: transient on a fatal (NaN/Inf) check:
+  exit 17; persistent and correct_result: a checkpoint of the iteration before and exit 16; on a non-fatal check
+  (--check-for-spiky-loss) training goes on, and its losses equal the plain run's bitwise (the re-run replays the
+  same micro-batches from the same RNG states, dropout on);
+- report_stats is refused in one line; a Megatron launch takes Megatron's default mode (validate_results), a
+  preset launch is disabled.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from arguments.parser import parse_arguments
+from base.errors import ConfigError
+from tests.reliability_helpers import TINY, metrics_records, train
+from training.late_checks import LATE_CHECKS
+from training.rerun_state import (
+    EXIT_CODE_FAILED_ON_RESULT_VALIDATION,
+    EXIT_CODE_RESUME_TO_DISAMBIGUATE,
+    ErrorInjector,
+    RerunDiagnostic,
+    RerunMode,
+    RerunStateMachine,
+    iterations_megatron_skips,
+    python_rng_state,
+    restore_python_rng_state,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+NAN_CHECK = "found NaN in local forward loss calculation"
+MICRO_BATCHES = 2
+
+
+def our_machine(rate: int, kind: str, tracker=None) -> RerunStateMachine:
+    lines: list[str] = []
+    machine = RerunStateMachine(
+        RerunMode.VALIDATE_RESULTS, rank=0, reduce_any=lambda flags: list(flags), save_rng=python_rng_state,
+        restore_rng=restore_python_rng_state, where=("node", "cpu"),
+        injector=ErrorInjector(rate, RerunDiagnostic(kind), 0, lines.append), tracker_file=tracker, log=lines.append)
+    machine.lines = lines
+    return machine
+
+
+def drive_ours(machine: RerunStateMachine, losses: list[float], fatal: bool, spike_samples=None) -> list[tuple]:
+    """Train-step calls as training/train_step.py makes them: per iteration, (runs, checkpoint, exit, code)."""
+    trace = []
+    for iteration, loss in enumerate(losses, start=1):
+        runs = 0
+        while machine.should_run_forward_backward(iteration, None):
+            runs += 1
+            for _ in range(MICRO_BATCHES):
+                if spike_samples is None:
+                    machine.validate_result(loss, math.isnan, NAN_CHECK, fatal=fatal)
+                else:
+                    machine.validate_result(loss, lambda v: machine.is_unexpectedly_large(v, 10, "loss", spike_samples),
+                                            "Spiky loss", fatal=fatal)
+        decision = machine.should_checkpoint_and_exit()
+        trace.append((iteration, runs, *decision))
+        if decision[1]:
+            break
+    return trace
+
+
+def drive_megatron(machine, losses: list[float], fatal: bool, spike_samples=None) -> list[tuple]:
+    """The same calls as Megatron-LM's train_step and pretrain_gpt.py's loss_func make them."""
+    import torch
+    trace = []
+    for iteration, loss in enumerate(losses, start=1):
+        runs = 0
+        while machine.should_run_forward_backward(None):
+            runs += 1
+            for _ in range(MICRO_BATCHES):
+                result = torch.tensor(loss)
+                if spike_samples is None:
+                    machine.validate_result(result, torch.isnan, NAN_CHECK, fatal=fatal)
+                else:
+                    machine.validate_result(result, partial(machine.is_unexpectedly_large, threshold=10,
+                                                            context="loss", num_samples=spike_samples),
+                                            "Spiky loss", fatal=fatal)
+        decision = machine.should_checkpoint_and_exit()
+        trace.append((iteration, runs, *decision))
+        if decision[1]:
+            break
+    return trace
+
+
+@pytest.fixture
+def megatron_machine(monkeypatch):
+    """Megatron-Core's RerunStateMachine on a CPU, one process: its CUDA calls answered as one GPU would (device 0,
+    an RNG state it saves and restores) and its all-reduce over one rank (the flags themselves)."""
+    rsm = pytest.importorskip("megatron.core.rerun_state_machine")
+    import torch
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda *a, **k: torch.zeros(8, dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(rsm.RerunStateMachine, "_reduce_any",
+                        lambda self, value: tuple(value) if isinstance(value, list) else value)
+
+    def make(rate: int, kind: str):
+        injector = rsm.RerunErrorInjector(error_injection_rate=rate, error_injection_type=rsm.RerunDiagnostic(kind))
+        return rsm.RerunStateMachine(mode=rsm.RerunMode.VALIDATE_RESULTS, error_injector=injector)
+    return rsm, make
+
+
+def megatron_checkpoint_on_17(rsm) -> bool:
+    """megatron-core 0.16.1 saves a checkpoint before its exit 17 after an in-place re-run; Megatron-LM's main (and
+    training/rerun_state.py) does not (`return False, True, EXIT_CODE_FAILED_ON_RESULT_VALIDATION`)."""
+    import inspect
+    return "A checkpoint at the last iteration is being saved" in inspect.getsource(rsm.RerunStateMachine)
+
+
+@pytest.mark.parametrize("kind", ["transient_error", "persistent_error", "correct_result"])
+@pytest.mark.parametrize("fatal", [True, False])
+def test_the_same_injected_errors_end_as_megatron_cores_machine_ends_them(megatron_machine, kind, fatal):
+    rsm, make = megatron_machine
+    losses = [5.0, 4.9, 4.8, 4.7, 4.6, 4.5, 4.4, 4.3]
+    random.seed(3)
+    theirs = drive_megatron(make(3, kind), losses, fatal)
+    random.seed(3)
+    ours = drive_ours(our_machine(3, kind), losses, fatal)
+    if megatron_checkpoint_on_17(rsm):
+        theirs = [(i, runs, False if code == 17 else ckpt, ex, code) for i, runs, ckpt, ex, code in theirs]
+    assert ours == theirs
+    assert any(runs == 2 for _, runs, *_ in ours)  # an error was injected and the iteration re-run
+    end = ours[-1]
+    if not fatal:  # a non-fatal check never ends the job: training goes on
+        assert end[2:] == (False, False, 0) and len(ours) == len(losses)
+    elif kind == "transient_error":  # not reproduced on a fatal check: validation failed
+        assert end[2:] == (False, True, EXIT_CODE_FAILED_ON_RESULT_VALIDATION)
+    else:  # reproduced: a checkpoint, to re-run it on another GPU
+        assert end[2:] == (True, True, EXIT_CODE_RESUME_TO_DISAMBIGUATE)
+
+
+def test_a_real_nan_and_a_real_spike_are_judged_as_megatron_judges_them(megatron_machine):
+    rsm, make = megatron_machine
+    nan_losses = [5.0, 4.9, math.nan]
+    assert drive_ours(our_machine(0, "transient_error"), nan_losses, True) \
+        == drive_megatron(make(0, "transient_error"), nan_losses, True) == [
+            (1, 1, False, False, 0), (2, 1, False, False, 0), (3, 2, True, True, EXIT_CODE_RESUME_TO_DISAMBIGUATE)]
+    spiky = [5.0, 4.0, 4.5, 60.0, 4.2]  # the first 2 set the maximum (5.0); 60 >= 10 x 5 is a spike
+    assert drive_ours(our_machine(0, "transient_error"), spiky, False, spike_samples=2) \
+        == drive_megatron(make(0, "transient_error"), spiky, False, spike_samples=2) == [
+            (1, 1, False, False, 0), (2, 1, False, False, 0), (3, 1, False, False, 0), (4, 2, False, False, 0),
+            (5, 1, False, False, 0)]
+
+
+def test_the_tracker_file_holds_megatrons_lines_its_own_parser_reads(tmp_path, megatron_machine):
+    rsm, _ = megatron_machine
+    tracker = tmp_path / "rejected.txt"
+    drive_ours(our_machine(0, "transient_error", tracker=str(tracker)), [5.0, math.nan], True)
+    statuses = [line.split(" status=")[1].split(" ")[0] for line in tracker.read_text().splitlines()]
+    assert statuses == ["initial_run", "first_rerun_reproducible"]
+    drive_ours(our_machine(0, "transient_error", tracker=str(tracker)), [5.0, math.nan], True)  # the resumed job
+    # Megatron-LM's arguments.py: the iterations its parser finds reproducible twice on a rank are skipped
+    assert rsm.RerunStateMachine.get_skipped_iterations_from_tracker_file(str(tracker)) == [2]
+    assert iterations_megatron_skips(str(tracker)) == [2]
+    # skipping is not implemented here: such a file is refused before any work, naming the flag
+    with pytest.raises(ConfigError, match="--result-rejected-tracker-filename .*would skip iterations 2"):
+        parse_arguments(["--device", "cpu", "--result-rejected-tracker-filename", str(tracker)],
+                        late_checks=LATE_CHECKS)
+
+
+# ---- end to end: pretrain_gpt on one CPU process ----------------------------------------------------------------
+
+RUN = ["--train-iters", "4", "--global-batch-size", "4", "--hidden-dropout", "0.1", "--seed", "5",
+       "--rerun-mode", "validate_results", "--error-injection-rate", "1"]
+
+
+def test_transient_on_the_nan_check_exits_17_before_the_update(corpus_cache_300, tmp_path):
+    cache = corpus_cache_300
+    outcome = train(cache, tmp_path, *RUN, "--error-injection-type", "transient_error")
+    assert outcome.code == EXIT_CODE_FAILED_ON_RESULT_VALIDATION, outcome.err[-2000:]
+    for line in ("Injecting error type Transient error", "Need to rerun step to check reproducibility",
+                 "iteration #2: Possible transient error!", "Exiting now. The job can be resumed from a previous"):
+        assert line in outcome.out, line
+    assert [r["iteration"] for r in metrics_records(tmp_path / "metrics.jsonl") if "loss" in r] == [1]
+
+
+def test_persistent_saves_the_iteration_before_and_exits_16(corpus_cache_300, tmp_path):
+    cache = corpus_cache_300
+    outcome = train(cache, tmp_path, *RUN, "--error-injection-type", "persistent_error", "--save", tmp_path / "ckpt")
+    assert outcome.code == EXIT_CODE_RESUME_TO_DISAMBIGUATE, outcome.err[-2000:]
+    assert "Need to rerun on a different GPU to verify correctness" in outcome.out
+    assert "Saving a checkpoint and exiting now" in outcome.out
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+
+
+def test_a_non_fatal_rerun_goes_on_with_the_plain_runs_losses_bitwise(corpus_cache_300, tmp_path):
+    cache = corpus_cache_300
+    plain = train(cache, tmp_path / "plain", *RUN[:8], "--rerun-mode", "disabled")
+    assert plain.code == 0, plain.err[-2000:]
+    rerun = train(cache, tmp_path / "rerun", *RUN, "--no-check-for-nan-in-loss-and-grad", "--check-for-spiky-loss",
+                  "--result-rejected-tracker-filename", tmp_path / "rejected.txt")
+    assert rerun.code == 0, rerun.err[-2000:]
+    assert rerun.out.count("Possible transient error!") == 3  # iterations 2-4, each re-run once (1 is never checked)
+    assert "Continuing normal execution because failed validation was not fatal" in rerun.out
+    losses = [[r["loss"] for r in metrics_records(path / "metrics.jsonl") if "loss" in r]
+              for path in (tmp_path / "plain", tmp_path / "rerun")]
+    assert len(losses[0]) == 4 and losses[0] == losses[1]  # dropout 0.1: the RNG states were restored
+    assert (tmp_path / "rejected.txt").read_text().count("status=first_rerun_not_reproducible") == 3
+
+
+def test_report_stats_is_refused_in_one_line_and_the_defaults_are_megatrons_in_a_megatron_launch():
+    with pytest.raises(ConfigError, match="--rerun-mode report_stats: not implemented"):
+        parse_arguments(["--device", "cpu", "--rerun-mode", "report_stats"])
+    # Megatron-LM's RerunStateMachineConfig: rerun_mode "validate_results", check_for_nan_in_loss True; a launch
+    # that sets the model by flags takes Megatron's defaults (arguments/megatron/defaults.py), a preset ours
+    assert parse_arguments(TINY).config.training.rerun_mode == "validate_results"
+    training = parse_arguments(["--device", "cpu"]).config.training
+    assert (training.rerun_mode, training.check_for_nan_in_loss_and_grad, training.error_injection_rate) == \
+        ("disabled", True, 0)
+
+
+@pytest.mark.slow
+def test_two_pipeline_stages_re_run_together_and_go_on_with_the_plain_runs_losses(corpus_cache_300, tmp_path):
+    """Two ranks, PP 2: only the last stage validates its loss (Megatron's loss_func runs there), the verdict is
+    all-reduced, and both stages re-run the iteration from the same batches and RNG states."""
+    losses = []
+    for name, flags in (("plain", ["--rerun-mode", "disabled"]), ("rerun", RUN[8:] + ["--no-check-for-nan-in-loss-and-grad",
+                                                          "--check-for-spiky-loss"])):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                   str(REPO / "pretrain_gpt.py"), *TINY, "--num-layers", "2", "--pipeline-model-parallel-size", "2",
+                   *RUN[:8], "--data-cache-dir", corpus_cache_300, "--metrics-file", str(tmp_path / f"{name}.jsonl"),
+                   *flags]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses.append([r["loss"] for r in metrics_records(tmp_path / f"{name}.jsonl") if "loss" in r])
+        if name == "rerun":
+            assert done.stdout.count("Need to rerun step to check reproducibility") == 3, done.stdout[-3000:]
+    assert len(losses[0]) == 4 and losses[0] == losses[1]
