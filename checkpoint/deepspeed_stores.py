@@ -22,6 +22,7 @@ The layouts, as DeepSpeed 0.19 writes and reads them:
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Optional
 
@@ -67,7 +68,7 @@ def _moment(state: dict, key: str, path: Path) -> torch.Tensor:
     return state[key]
 
 
-class Store:
+class Store(ABC):
     """Shapes, state keys and a flat reader; counts the bytes it reads (the tensors' elements and the pickles)."""
 
     shapes: dict[str, tuple[int, ...]]
@@ -75,8 +76,9 @@ class Store:
     def __init__(self) -> None:
         self.bytes_read = 0
 
+    @abstractmethod
     def read_flat(self, key: str, name: str, start: int, end: int) -> torch.Tensor:
-        raise NotImplementedError
+        """Elements [start, end) of parameter `name`'s flat `key` state (fp32 master or an Adam moment)."""
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy detached from autograd: DeepSpeed saves its fp32 partitions with requires_grad set, and a copy that
@@ -104,8 +106,9 @@ class _Pieces(Store):
                 "no optimizer_state_dict")
         return state["optimizer_state_dict"]
 
+    @abstractmethod
     def flat(self, key: str, rank: int, index: int) -> torch.Tensor:
-        raise NotImplementedError
+        """Rank `rank`'s flat `key` tensor of parameter group `index` (ZeRO 1-2 and ZeRO 3 keep them apart)."""
 
     def read_flat(self, key: str, name: str, start: int, end: int) -> torch.Tensor:
         out = torch.empty(end - start, dtype=torch.float32)
