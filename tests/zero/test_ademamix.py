@@ -21,6 +21,7 @@ import torch
 from arguments.config import OptimizerConfig
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
+from tests.zero.grid_runs import four_steps_on_every_grid
 from tests.zero.test_zero_distributed import SEQ, VOCAB, tiny_gpt2
 from tests.zero_harness import ZeroHarness
 from zero.config import ZeroConfig
@@ -139,29 +140,11 @@ ADEMAMIX = dict(optimizer="ademamix", lr=3e-3, weight_decay=0.1, ademamix_alpha=
 def train_every_grid(rank, world_size):
     """Per (stage, offload): the losses of four AdEMAMix steps of a tiny GPT-2 on two data-parallel ranks, and
     the slow momentum's norm over this rank's partition."""
-    state = initialize("cpu", 1)
-    try:
-        outcomes = {}
-        tokens = torch.randint(0, VOCAB, (2 * world_size, SEQ), generator=torch.Generator().manual_seed(3))
-        mine = tokens.chunk(world_size)[rank]
-        for stage, offload in GRIDS:
-            model = tiny_gpt2()
-            zero = ZeroHarness(model, OptimizerConfig(**ADEMAMIX),
-                               ZeroConfig(stage=stage, reduce_bucket_size=3000, offload_optimizer=offload,
-                                          sub_group_size=997), state)
-            losses = []
-            for _ in range(4):
-                zero.zero_grad()
-                loss = model(input_ids=mine, labels=mine).loss
-                losses.append(loss.item())
-                zero.backward(loss)
-                zero.step()
-            shard = zero.sharded.sharded_state_dict(model)
-            outcomes[(stage, offload)] = (losses, sorted(shard.tensors), shard.optimizer,
-                                          zero.sharded.exp_avg_slow.norm().item(), zero.sharded.adam_step)
-        return outcomes
-    finally:
-        destroy(state)
+    def summarize(model, zero, losses):
+        shard = zero.sharded.sharded_state_dict(model)
+        return (losses, sorted(shard.tensors), shard.optimizer, zero.sharded.exp_avg_slow.norm().item(),
+                zero.sharded.adam_step)
+    return four_steps_on_every_grid(rank, world_size, ADEMAMIX, GRIDS, summarize)
 
 
 def test_ademamix_under_zero_1_2_3_and_offload_trains_as_zero_0_on_two_ranks():

@@ -12,12 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arguments.config import OptimizerConfig
-from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
-from tests.zero.test_zero_distributed import SEQ, VOCAB, tiny_gpt2
-from tests.zero_harness import ZeroHarness
-from zero.config import ZeroConfig
+from tests.zero.grid_runs import four_steps_on_every_grid
 
 
 def formula_step(p, grad, m, v, step, lr, beta1, beta2, eps, wd):
@@ -82,29 +78,11 @@ GRIDS = ((0, False), (1, False), (3, False), (2, True), (3, True))  # (stage, of
 def train_every_grid(rank, world_size):
     """Per (stage, offload): the losses of four steps of a tiny GPT-2 on two data-parallel ranks with bf16 moments,
     the moments' dtypes and the first moment's norm over this rank's partition."""
-    state = initialize("cpu", 1)
-    try:
-        outcomes = {}
-        tokens = torch.randint(0, VOCAB, (2 * world_size, SEQ), generator=torch.Generator().manual_seed(3))
-        mine = tokens.chunk(world_size)[rank]
-        for stage, offload in GRIDS:
-            model = tiny_gpt2()
-            zero = ZeroHarness(model, OptimizerConfig(**BF16_MOMENTS),
-                               ZeroConfig(stage=stage, reduce_bucket_size=3000, offload_optimizer=offload,
-                                          sub_group_size=997), state)
-            losses = []
-            for _ in range(4):
-                zero.zero_grad()
-                loss = model(input_ids=mine, labels=mine).loss
-                losses.append(loss.item())
-                zero.backward(loss)
-                zero.step()
-            moments = zero.sharded.moments()
-            outcomes[(stage, offload)] = (losses, {key: str(t.dtype) for key, t in moments.items()},
-                                          moments["exp_avg"].float().norm().item(), zero.sharded.adam_step)
-        return outcomes
-    finally:
-        destroy(state)
+    def summarize(model, zero, losses):
+        moments = zero.sharded.moments()
+        return (losses, {key: str(t.dtype) for key, t in moments.items()}, moments["exp_avg"].float().norm().item(),
+                zero.sharded.adam_step)
+    return four_steps_on_every_grid(rank, world_size, BF16_MOMENTS, GRIDS, summarize)
 
 
 def test_bf16_moments_under_zero_1_2_3_and_offload_train_as_zero_0_on_two_ranks():

@@ -18,6 +18,7 @@ from arguments.config import OptimizerConfig
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
 from tests.reliability_helpers import TINY, straight_and_resumed, train
+from tests.zero.grid_runs import four_steps_on_every_grid
 from tests.zero.test_zero_distributed import SEQ, VOCAB, tiny_gpt2
 from tests.zero_harness import ZeroHarness
 from zero.config import ZeroConfig
@@ -134,28 +135,10 @@ GRIDS = ((0, False), (1, False), (2, False), (3, False), (2, True))  # (stage, o
 
 
 def train_every_grid(rank, world_size):
-    state = initialize("cpu", 1)
-    try:
-        outcomes = {}
-        tokens = torch.randint(0, VOCAB, (2 * world_size, SEQ), generator=torch.Generator().manual_seed(3))
-        mine = tokens.chunk(world_size)[rank]
-        for stage, offload in GRIDS:
-            model = tiny_gpt2()
-            zero = ZeroHarness(model, OptimizerConfig(**SOPHIA),
-                               ZeroConfig(stage=stage, reduce_bucket_size=3000, offload_optimizer=offload,
-                                          sub_group_size=997), state)
-            losses = []
-            for _ in range(4):
-                zero.zero_grad()
-                loss = model(input_ids=mine, labels=mine).loss
-                losses.append(loss.item())
-                zero.backward(loss)
-                zero.step()
-            shard = zero.sharded.sharded_state_dict(model)
-            outcomes[(stage, offload)] = (losses, sorted(shard.tensors), shard.optimizer)
-        return outcomes
-    finally:
-        destroy(state)
+    def summarize(model, zero, losses):
+        shard = zero.sharded.sharded_state_dict(model)
+        return losses, sorted(shard.tensors), shard.optimizer
+    return four_steps_on_every_grid(rank, world_size, SOPHIA, GRIDS, summarize)
 
 
 @pytest.mark.slow
