@@ -38,6 +38,7 @@ import torch
 
 from base.errors import CheckpointError
 from checkpoint.inside import inside
+from checkpoint.unpickler import unpickler_reason
 
 LATEST = "latest"                      # DeepSpeed's pointer to the tag folder
 LATEST_UNIVERSAL = "latest_universal"  # ds_to_universal's
@@ -112,19 +113,6 @@ SAFE_GLOBALS = [
     np.dtype,
     type(np.dtype(np.uint32)),
 ]
-
-
-def unpickler_reason(error: Exception) -> str:
-    """What torch's weights-only unpickler objected to (e.g. "Unsupported global: GLOBAL io.open"), without the
-    paragraph that suggests loading the file unsafely."""
-    text = str(error)
-    if "WeightsUnpickler error:" in text:
-        reason = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
-        reason = " ".join(reason.split(" was not an allowed global")[0].split())
-        if reason:
-            return reason
-    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return first.split(". This is an internal")[0]
 
 
 def load_pt(path: Path) -> object:

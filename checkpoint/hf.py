@@ -44,6 +44,7 @@ from checkpoint.hf_families.layout import EXPERT_BIAS, canonical_names, tensor_s
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from checkpoint.router_state import restore_expert_biases
+from checkpoint.unpickler import unpickler_reason
 from checkpoint.zero_gpt_source import consolidate
 from parallel.sharding import record_of
 from parallel.state import ParallelState
@@ -459,25 +460,12 @@ def _read_weights_only_pickle(path: Path) -> dict[str, torch.Tensor]:
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise ConfigError(f"{path}: refused, not a plain file of tensors ({_unpickler_reason(error)}); "
+        raise ConfigError(f"{path}: refused, not a plain file of tensors ({unpickler_reason(error)}); "
                           f"convert it to {SAFETENSORS_FILE} with a tool you trust") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise ConfigError(f"{path}: expected a dict of tensor names to tensors")
     return state
-
-
-def _unpickler_reason(error: Exception) -> str:
-    """What torch's weights-only unpickler objected to (e.g. "Unsupported global: GLOBAL io.open"),
-    without the paragraph that suggests loading the file unsafely."""
-    text = str(error)
-    if "WeightsUnpickler error:" in text:
-        # the reason may follow on the next lines ("WeightsUnpickler error: \n\nUnsupported operand 149")
-        reason = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
-        reason = " ".join(reason.split(" was not an allowed global")[0].split())
-        if reason:
-            return reason
-    return _first_line(error)
 
 
 def _first_line(error: Exception) -> str:
