@@ -165,8 +165,10 @@ def rotary_settings(rope: RopeConfig, config: HFConfig, where: str = "") -> dict
     type is refused. `where`: the object's key path when it is not the top level's."""
     key = where or rope_key(config)
     if rope.rope_type not in ("default", "llama3", "linear"):
-        raise ConfigError(f"{config.path}: {key} rope_type {rope.rope_type!r} is not built here (default, Llama 3's "
-                          f"'llama3' and 'linear' are)")
+        # 'su' is what Phi-3-mini-128k's first release wrote; transformers reads it as 'longrope'
+        alias = " (transformers' older name for 'longrope')" if rope.rope_type == "su" else ""
+        raise ConfigError(f"{config.path}: {key} rope_type {rope.rope_type!r}{alias} is not built here (default, "
+                          f"Llama 3's 'llama3' and 'linear' are)")
     if rope.rope_type == "llama3":
         wrong = [f"{key} {name} {getattr(rope, name)!r} (Megatron-LM's Llama 3 scaling fixes it at {value})"
                  for name, value in LLAMA3_FIXED.items() if getattr(rope, name) != value]

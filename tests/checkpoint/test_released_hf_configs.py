@@ -34,3 +34,18 @@ def test_a_released_config_plans_with_its_published_parameter_count(model, capsy
     assert code == 0, printed
     parameters = int(re.search(r"this rank's TP shard ([\d,]+)", printed).group(1).replace(",", ""))
     assert parameters == pytest.approx(PUBLISHED[model], rel=5e-3), parameters
+
+
+def test_the_released_phi_3_mini_128k_config_is_refused_in_one_line_for_its_longrope(capsys):
+    """Phi-3-mini-128k-instruct's first release writes rope_scaling type 'su' (transformers reads it as 'longrope':
+    per-dimension short and long frequency factors and an attention factor on cos and sin), which changes the
+    rotary math and is not built here: the plan stops in one line naming it, exit 2. Its parameter count, the
+    safetensors index's bfloat16 total_size 7,642,159,104 / 2 = 3,821,079,552, waits on that."""
+    import pretrain_gpt
+
+    code = pretrain_gpt.main(["--init-from-hf", str(FIXTURES / "phi-3-mini-128k-instruct"), "--dry-run",
+                              "--micro-batch-size", "1", "--global-batch-size", "1", "--seq-length", "64"])
+    captured = capsys.readouterr()
+    assert code == 2
+    refusal = [line for line in (captured.out + captured.err).splitlines() if "rope_type" in line]
+    assert len(refusal) == 1 and "'su' (transformers' older name for 'longrope') is not built here" in refusal[0]
