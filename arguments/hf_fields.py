@@ -244,9 +244,12 @@ def _clipped(text: str, limit: int = 60) -> str:
 
 # ---- the rules between a Llama's fields -----------------------------------------------------------
 
-def llama_shaped(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
+def llama_shaped(values: dict, raw: dict, path: Path, fields: dict, heads_divide_hidden: bool = True) -> HFConfig:
+    """Llama's rules between the fields. `heads_divide_hidden`: the family's config class refuses a hidden_size that
+    num_attention_heads does not divide (LlamaConfig's and Gemma 2/3's validate_architecture); the others' do not
+    (GLM-4.5: hidden_size 4096, 96 heads of head_dim 128), and take head_dim, else hidden_size // heads."""
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
-    if hidden % heads:
+    if heads_divide_hidden and hidden % heads:
         # LlamaConfig.validate_architecture
         raise ConfigError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
                           f"transformers' LlamaConfig requires it")

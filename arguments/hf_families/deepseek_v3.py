@@ -108,7 +108,8 @@ def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
     layers = first_dense_layers(values["num_hidden_layers"], values["first_k_dense_replace"])
     # the rope dims are the ones rotary positions turn (DeepseekV3RotaryEmbedding reads head_dim = qk_rope_head_dim)
     config = llama_shaped({**values, "mlp_bias": values["attention_bias"], "head_dim": values["qk_rope_head_dim"],
-                           "num_key_value_heads": values["num_attention_heads"]}, raw, path, fields)
+                           "num_key_value_heads": values["num_attention_heads"]}, raw, path, fields,
+                          heads_divide_hidden=False)
     shared = values["moe_intermediate_size"] * values["n_shared_experts"] if values["n_shared_experts"] else None
     return moe_config(config, MODEL_TYPE, experts=values["n_routed_experts"], topk=values["num_experts_per_tok"],
                       moe_ffn=values["moe_intermediate_size"], layers=layers, norm_topk_prob=values["norm_topk_prob"],

@@ -83,10 +83,12 @@ class DenseFamily:
         return [need for need, missing in needs.items() if missing]
 
 
-def dense_typed(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
+def dense_typed(values: dict, raw: dict, path: Path, fields: dict, heads_divide_hidden: bool = False) -> HFConfig:
     """Llama's rules between fields for a family without Llama's bias keys (its module refuses attention_bias
-    where it has one)."""
-    return llama_shaped({"attention_bias": False, "mlp_bias": False, **values}, raw, path, fields)
+    where it has one). `heads_divide_hidden`: its config class refuses a hidden_size the heads do not divide, as
+    Gemma 2's and 3's do; Mistral's, Qwen2's, Qwen3's, OLMo 2's and Phi-3's do not."""
+    return llama_shaped({"attention_bias": False, "mlp_bias": False, **values}, raw, path, fields,
+                        heads_divide_hidden=heads_divide_hidden)
 
 
 def flag_for(name: str, value) -> str:

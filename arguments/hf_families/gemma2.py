@@ -66,7 +66,9 @@ GEMMA_NORMS = (("input_layernorm.weight", "input_layernorm.weight"),
 
 def gemma_typed(values: dict, raw: dict, path, fields: dict) -> HFConfig:
     """Llama's rules between fields, hidden_activation read as the activation; no MLP bias."""
-    return dense_typed({**values, "hidden_act": values["hidden_activation"]}, raw, path, fields)
+    # Gemma2Config.validate_architecture and Gemma3TextConfig's refuse a hidden_size the heads do not divide
+    return dense_typed({**values, "hidden_act": values["hidden_activation"]}, raw, path, fields,
+                       heads_divide_hidden=True)
 
 
 def gemma_settings(config: HFConfig, model_type: str, pattern: int) -> dict[str, FolderValue]:

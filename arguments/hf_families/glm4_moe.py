@@ -71,7 +71,8 @@ FIELDS = (
 
 def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
     layers = first_dense_layers(values["num_hidden_layers"], values["first_k_dense_replace"])
-    config = llama_shaped({**values, "mlp_bias": values["attention_bias"]}, raw, path, fields)
+    config = llama_shaped({**values, "mlp_bias": values["attention_bias"]}, raw, path, fields,
+                          heads_divide_hidden=False)
     # the top level's partial_rotary_factor, which transformers moves into rope_parameters, else its default
     if "partial_rotary_factor" not in (raw.get("rope_scaling") or raw.get("rope_parameters") or {}):
         partial = values["partial_rotary_factor"]

@@ -80,7 +80,8 @@ def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
                           f"num_hidden_layers {layers} layers")
     if not any(isinstance(raw.get(key), dict) for key in ("rope_parameters", "rope_scaling")):
         raw = {**raw, "rope_parameters": DEFAULT_ROPE}
-    config = llama_shaped({**values, "mlp_bias": values["attention_bias"]}, raw, path, fields)
+    config = llama_shaped({**values, "mlp_bias": values["attention_bias"]}, raw, path, fields,
+                          heads_divide_hidden=False)
     return moe_config(config, MODEL_TYPE, experts=values["num_local_experts"], topk=values["num_experts_per_tok"],
                       moe_ffn=values["intermediate_size"], layers=(True,) * layers, norm_topk_prob=True,
                       values={**values, "layer_types": tuple(layer_types)})

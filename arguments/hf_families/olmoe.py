@@ -50,7 +50,8 @@ FIELDS = (
 
 
 def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
-    config = llama_shaped({**values, "mlp_bias": values["attention_bias"]}, raw, path, fields)
+    config = llama_shaped({**values, "mlp_bias": values["attention_bias"]}, raw, path, fields,
+                          heads_divide_hidden=False)
     return moe_config(config, MODEL_TYPE, experts=values["num_experts"], topk=values["num_experts_per_tok"],
                       moe_ffn=values["intermediate_size"], layers=(True,) * values["num_hidden_layers"],
                       norm_topk_prob=values["norm_topk_prob"], values=values)

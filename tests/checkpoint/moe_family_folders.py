@@ -2,8 +2,9 @@
 transformers: 2 layers, every weight random (norm gains around 1), the routers' biases non-zero (DeepSeek-V3's and
 GLM-4.5's e_score_correction_bias, GPT-OSS's router bias) and GPT-OSS's attention sinks; GPT-OSS with a sliding
 window shorter than the sequence and YaRN positions (truncate false), DeepSeek-V3 with MLA's YaRN, GLM-4.5 with
-partial rotary, q/k norms, q/k/v biases and group-limited routing, Qwen3-MoE with a dense first layer. No tokenizer:
-the embedded corpus's byte-level BPE is trained to fit VOCAB (tests/checkpoint/test_hf_folder_is_the_model.py). Shared
+partial rotary, q/k norms, q/k/v biases, group-limited routing and 6 heads of 16 over a hidden size of 64, Qwen3-MoE
+with a dense first layer. No tokenizer: the embedded corpus's byte-level BPE is trained to fit VOCAB
+(tests/checkpoint/test_hf_folder_is_the_model.py). Shared
 by the family test (tests/checkpoint/test_hf_moe_families.py) and the parallel ones
 (tests/training/test_moe_families_parallel.py)."""
 
@@ -40,9 +41,11 @@ FAMILIES = {
                          "beta_slow": 1.0, "original_max_position_embeddings": 8, "truncate": False})),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(
         num_key_value_heads=2, intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
+    # GLM-4.5's released shape: its heads x head_dim is not hidden_size, nor do the heads divide it (4096 with 96
+    # heads of 128 in GLM-4.5-Air; 64 with 6 of 16 here), which Glm4MoeConfig allows and LlamaConfig refuses
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
-        num_key_value_heads=2, head_dim=16, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=4,
-        n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
         routed_scaling_factor=1.5, use_qk_norm=True, attention_bias=True)),
 }
 
@@ -52,7 +55,7 @@ def family_folder(family: str, path: Path, seed: int = 3) -> Path:
     import transformers
 
     config_class, model_class, arguments = FAMILIES[family]
-    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**_COMMON, **arguments))
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**{**_COMMON, **arguments}))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *((name, buffer) for name, buffer in model.named_buffers()
