@@ -6,7 +6,10 @@ equal to <= 1e-6 relative (not bitwise: the sums over ranks come in another orde
   offset and biases, the router's bias, YaRN positions, the sliding window on every other layer - at TP 2 with
   sequence parallelism, PP 2, and ZeRO 1, 2 and 3 over 2 data-parallel ranks, each equal to ZeRO 0 over the same 2;
 - expert parallelism 2 equal to 1 for the DeepSeek-V3-, GPT-OSS- and Qwen3-MoE-shaped folders (MLA with the sigmoid
-  router, its groups, scaling and correction bias; GPT-OSS's; a dense first layer and softmax routing)."""
+  router, its groups, scaling and correction bias; GPT-OSS's; a dense first layer and softmax routing);
+- GLM-4.5's blocks - the sigmoid router with its groups, scaling and correction bias, a shared expert, a dense first
+  layer, partial rotary, q/k/v biases, per-head q/k norms, 6 heads of 16 over a hidden size of 64 - at TP 2 with
+  sequence parallelism equal to TP 1 over the same 2 ranks."""
 
 from __future__ import annotations
 
@@ -65,3 +68,11 @@ def test_expert_parallel_2_trains_the_deepseek_gpt_oss_and_qwen3_moe_folders_as_
     for family in ("deepseek_v3", "gpt_oss", "qwen3_moe"):
         assert_equal_runs({name: logged(tmp_path / f"{name}.jsonl") for name in (f"{family}_ep1", f"{family}_ep2")},
                           f"{family}_ep1")
+
+
+@pytest.mark.slow
+def test_glm_4_5_blocks_at_tp2_train_as_tp1(tmp_path, corpus_cache_300):
+    folder = family_folder("glm4_moe", tmp_path / "glm4_moe")
+    runs = run_variants(tmp_path, folder, corpus_cache_300, {
+        "tp1": [], "tp2_sp": ["--tensor-model-parallel-size", "2", "--sequence-parallel"]})
+    assert_equal_runs(runs, "tp1")
