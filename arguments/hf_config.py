@@ -167,14 +167,15 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
         return _gpt2(values, path, fields)
     if family == "mixtral":
         values = {**values, "attention_bias": False, "mlp_bias": False}
-        return dataclasses.replace(llama_shaped(values, raw, path, fields), family="mixtral",
+        return dataclasses.replace(llama_shaped(values, raw, path, fields, heads_divide_hidden=False), family="mixtral",
                                    num_experts=values["num_local_experts"],
                                    experts_per_token=values["num_experts_per_tok"])
     if family == "apertus":
         values = {**values, "head_dim": None, "mlp_bias": False}
         if not any(isinstance(raw.get(key), dict) for key in ("rope_parameters", "rope_scaling")):
             raw = {**raw, "rope_parameters": APERTUS_DEFAULT_ROPE}  # ApertusConfig's default
-        return dataclasses.replace(llama_shaped(values, raw, path, fields), family="apertus")
+        return dataclasses.replace(llama_shaped(values, raw, path, fields, heads_divide_hidden=False),
+                                   family="apertus")
     if family == "qwen2_moe":
         values = {**values, "attention_bias": False, "mlp_bias": False}
         layers = values["num_hidden_layers"]
@@ -182,13 +183,14 @@ def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HF
         # Qwen2MoeDecoderLayer: an MoE block `if (layer_idx not in config.mlp_only_layers) and
         # (config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0)`
         moe_layers = tuple(i not in dense and (i + 1) % values["decoder_sparse_step"] == 0 for i in range(layers))
-        return dataclasses.replace(llama_shaped(values, raw, path, fields), family="qwen2_moe",
+        return dataclasses.replace(llama_shaped(values, raw, path, fields, heads_divide_hidden=False),
+                                   family="qwen2_moe",
                                    num_experts=values["num_experts"], experts_per_token=values["num_experts_per_tok"],
                                    moe_ffn_hidden_size=values["moe_intermediate_size"],
                                    shared_expert_size=values["shared_expert_intermediate_size"],
                                    norm_topk_prob=values["norm_topk_prob"], qkv_bias=values["qkv_bias"],
                                    moe_layers=moe_layers)
-    return llama_shaped(values, raw, path, fields)
+    return llama_shaped(values, raw, path, fields)  # LlamaConfig.validate_architecture: the heads divide hidden
 
 
 # model_type -> the architectures (config.json's `architectures`) of that family we read; the families of
