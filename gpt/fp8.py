@@ -1,27 +1,31 @@
 """FP8 training (issue 65): Megatron-Core's --fp8-format and --fp8-recipe (with --fp8-margin,
---fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad, --first-last-layers-bf16) applied to the
-blocks' tensor-parallel linears through parallel/fp8's one kernel path, and every combination not built
-yet refused before any work, in one line naming why.
+--fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad, --first-last-layers-bf16) applied through
+parallel/fp8's one kernel path, and every combination not built yet refused before any work, in one line naming why.
 
-Which linears run in FP8 follows Megatron-Core with TransformerEngine: the linears of each transformer
-block's attention and MLP (TE's Linear / LayerNormLinear inside fp8_autocast); never the embedding, the
-output layer, the norms or a router. --first-last-layers-bf16 keeps the first --num-layers-at-start-in-bf16
-and the last --num-layers-at-end-in-bf16 blocks in high precision (megatron/core/fp8_utils.py,
-is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks CUDA's FP8 rules (a multiple
-of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it.
+Which GEMMs run in FP8 follows Megatron-Core with TransformerEngine: the linears of each transformer block's
+attention and MLP (TE's Linear / LayerNormLinear inside fp8_autocast), a shared expert's projections (its
+SharedExpertMLP is TE linears), the routed experts' projections (TEGroupedMLP's GroupedLinear: per local expert one
+FP8 GEMM, its rows padded as Fp8Padding, parallel/fp8/grouped.py) and the multi-token prediction layers' eh_proj and
+block (MultiTokenPredictionLayer's global FP8 context); never the embedding, the output layer, the norms or a
+router. --first-last-layers-bf16 keeps the first --num-layers-at-start-in-bf16 and the last
+--num-layers-at-end-in-bf16 blocks in high precision (megatron/core/fp8_utils.py, is_first_last_bf16_layer: global
+layer numbers, which name the blocks on every pipeline stage). A linear whose shape breaks CUDA's FP8 rules (a
+multiple of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it, as it
+names MLA's replicated down-projections, which stay in high precision here (TE linears in Megatron).
 
-Built and checked on the CPU: tensor parallelism with or without sequence parallelism, and data parallelism
-(ZeRO 0-3); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
-recomputation (a recomputed forward would update the amax history twice); its histories and scales are in
-this project's checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
+Built and checked on the CPU: tensor (and sequence), data (ZeRO 0-3), pipeline (virtual stages too), context and
+expert parallelism, dense and MoE models, MTP; no --compile; delayed scaling without activation recomputation (a
+recomputed forward would update the amax history twice); its histories and scales are in this project's
+checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
 
-Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group,
-the tensor x data (x context) parallel ranks of a pipeline stage (amax_reduction); with PP and CP refused
-that is every rank. The stateless recipes reduce nothing, as TE's current-scaling and block quantizers
-(parallel/fp8/linear.py): under TP each rank casts its weight shard with the shard's own amax (and blocks),
-so tensorwise and blockwise TP N differ from TP 1 by FP8 rounding, which the start-up line says; MXFP8's
-1x32 blocks never cross a shard boundary (the shape rule keeps each local dimension a multiple of 32), so
-it computes TP 1's casts.
+Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group, the
+tensor x context x data parallel ranks of a pipeline stage (amax_reduction). Under expert parallelism that mixes the
+experts at the same local index on the expert-parallel ranks, as TE's elementwise reduction of its amax buffer does
+(said at start-up). The stateless recipes reduce nothing, as TE's current-scaling and block quantizers
+(parallel/fp8/linear.py): under TP each rank casts its weight shard with the shard's own amax (and blocks), so
+tensorwise and blockwise TP N differ from TP 1 by FP8 rounding, which the start-up line says; MXFP8's 1x32 blocks
+never cross a shard boundary (the shape rule keeps each local dimension a multiple of 32), so it computes TP 1's
+casts.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from base.errors import ConfigError
+from gpt.mla import ReplicatedLinear
 from gpt.moe.experts import Experts
 from gpt.moe.layer import SharedExperts
 from parallel.fp8 import grouped
@@ -196,13 +201,15 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             monitor.layers.append(guard)
         return Fp8LinearState(recipe, device, reduce_amax, guard)
 
-    in_fp8, experts_in_fp8, high_precision_layers, off_shape = [], [], [], []
+    in_fp8, experts_in_fp8, high_precision_layers, off_shape, replicated = [], [], [], [], set()
     modules = [(f"blocks.{name}", block, int(name)) for name, block in blocks.named_children()]
     modules += [(f"mtp_layers.{name}", layer, None) for name, layer in (mtp_layers or nn.ModuleList()).named_children()]
     for prefix, module, layer in modules:
         if layer is not None and _keeps_high_precision(model_config, layer):
             high_precision_layers.append(layer)
             continue
+        replicated.update(name.split(".")[-1] for name, child in module.named_modules()
+                          if isinstance(child, ReplicatedLinear))
         for name, linear in _tp_linears(module) + _shared_expert_linears(module):
             # A linear's GEMMs take its local shape: the weight (out, in) and the micro-batch's tokens.
             out_features, in_features = linear.weight.shape
@@ -229,12 +236,12 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             experts.fp8_align = grouped.alignment(recipe.recipe)
             experts_in_fp8.append(f"{prefix}.{name}")
     return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
-                        reduce_amax is not None, guarded, threshold, bool(mtp_layers))
+                        reduce_amax is not None, guarded, threshold, bool(mtp_layers), sorted(replicated))
 
 
 def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[ParallelState], in_fp8: list,
                  experts_in_fp8: list, high_precision_layers: list, off_shape: list, reduced: bool, guarded: bool,
-                 threshold: float, mtp: bool) -> str:
+                 threshold: float, mtp: bool, replicated: list) -> str:
     """apply_fp8's one line: format, recipe, the layers in FP8, the kernel, and every difference from Megatron."""
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
@@ -280,6 +287,9 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
         words.append("guard off (--no-fp8-guard): FP8 numerics neither counted nor checked")
     if off_shape:
         words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
+    if replicated:
+        words.append(f"MLA's {', '.join(sorted(replicated))} in high precision (replicated linears here; TE linears, "
+                     f"in FP8, in Megatron: not built)")
     words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
     return "; ".join(words)
 

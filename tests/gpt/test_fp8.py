@@ -53,12 +53,7 @@ def _launch(**changes):
 
 
 @pytest.mark.parametrize("recipe, launch, extra, words", [
-    ("blockwise", _launch(pipeline_parallel=2), {}, "with --pipeline-model-parallel-size 2 its amax reductions"),
-    ("mxfp8", _launch(context_parallel=2), {}, "--context-parallel-size 2"),
-    ("tensorwise", _launch(expert_parallel=2), {}, "--expert-model-parallel-size 2"),
-    ("tensorwise", ONE_PROCESS, {"num_experts": 4}, "--num-experts (the experts' grouped GEMMs)"),
-    ("tensorwise", ONE_PROCESS, {"mtp_num_layers": 1}, "--mtp-num-layers 1"),
-    ("tensorwise", _launch(compile=True), {}, "with --compile"),
+    ("tensorwise", _launch(compile=True), {}, "with --compile: its amax reductions"),
     ("delayed", _launch(recompute=True), {}, "update the amax history twice"),
     ("delayed", ONE_PROCESS, {"first_last_layers_bf16": True}, "delayed scaling does not support first / last"),
     ("custom", ONE_PROCESS, {}, "the custom recipe (--fp8-quantizer-factory"),
@@ -80,16 +75,17 @@ def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
     # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
-    check_fp8(tiny_config(), _launch(pipeline_parallel=8))  # no --fp8-format: nothing to check
+    check_fp8(tiny_config(), _launch(compile=True))  # no --fp8-format: nothing to check
+    # nor pipeline, context and expert parallelism, the experts and MTP (tests/gpt/test_fp8_stages_experts.py)
+    check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe, num_experts=4, mtp_num_layers=1),
+              _launch(pipeline_parallel=2, context_parallel=2, expert_parallel=2))
 
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("training.prepare.build_data", lambda *args: pytest.fail("data work started"))
-    argv = ["--fp8-format", "hybrid", "--pipeline-model-parallel-size", "2", "--device", "cpu",
-            "--metrics-file", str(tmp_path / "m.jsonl")]
+    argv = ["--fp8-format", "hybrid", "--compile", "--device", "cpu", "--metrics-file", str(tmp_path / "m.jsonl")]
     assert pretrain_gpt.main(argv) == 2
-    assert "--fp8-format hybrid --fp8-recipe delayed is built for tensor and data parallelism so far" \
-        in capsys.readouterr().err
+    assert "--fp8-format hybrid --fp8-recipe delayed with --compile: its amax reductions" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])
