@@ -182,3 +182,28 @@ def test_data_parallel_fp8_equals_one_process(tmp_path, corpus_cache):
         assert len(losses(name)) == 4
         for got, want in zip(losses(name), losses("one")):
             assert abs(got - want) <= 1e-5 * abs(want), (name, losses(name), losses("one"))
+
+
+def test_experts_shared_experts_and_mtp_layers_run_in_fp8_and_routers_do_not():
+    """Megatron-Core: TEGroupedMLP's GroupedLinear (each expert's projections), SharedExpertMLP's TE linears and the
+    MTP layers' (a global FP8 context whatever --first-last-layers-bf16 keeps) in FP8; the router's linear is not a
+    TE module. Each expert and projection its own state (GroupedLinear's per-GEMM quantizers)."""
+    config = parse_config(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length",
+                           "16", "--max-position-embeddings", "16", "--position-embedding-type", "rope",
+                           "--num-experts", "4", "--moe-router-topk", "2", "--moe-shared-expert-intermediate-size",
+                           "64", "--mtp-num-layers", "1", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
+                           "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "0",
+                           "--num-layers-at-end-in-bf16", "1", "--vocab-size", "300"]).model
+    model = build_gpt_model(config, SINGLE, seed=1)
+    line = apply_fp8(model.blocks, config, tokens_per_micro_batch=32, device=torch.device("cpu"),
+                     mtp_layers=model.mtp_layers)
+    states = {name for name, module in model.named_modules() if getattr(module, "fp8_state", None) is not None}
+    experts = {f"blocks.0.mlp.experts.{e}.{part}" for e in range(4) for part in ("dense_h_to_4h", "dense_4h_to_h")}
+    assert experts <= states and {"blocks.0.mlp.shared_experts.dense_h_to_4h", "mtp_layers.0.eh_proj",
+                                  "mtp_layers.0.transformer_layer.mlp.experts.3.dense_4h_to_h"} <= states
+    assert not any(name.startswith("blocks.1.") or "router" in name for name in states)  # block 1: the last, bf16
+    assert len({id(model.get_submodule(name).fp8_state) for name in states}) == len(states)
+    assert "the routed experts of 2 MoE layers in FP8 as TE's GroupedLinear" in line and "MTP layers" in line
+    tokens = torch.randint(0, 300, (2, 16))
+    model(tokens).float().sum().backward()  # every expert's padded GEMMs, forward and backward
+    assert model.blocks[0].mlp.experts.get_submodule("0").dense_h_to_4h.weight.grad is not None
