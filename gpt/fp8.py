@@ -164,6 +164,16 @@ def verdict_reduction(parallel: Optional[ParallelState]):
     return lambda flags: comm.all_reduce(flags, group, "tp", op=dist.ReduceOp.MAX)
 
 
+def expert_verdict_reduction(parallel: Optional[ParallelState]):
+    """verdict_reduction for a routed expert's projections: over the expert tensor-parallel group, whose ranks hold
+    the shards of the same experts (the dense TP group where the experts have no grid of their own); None at
+    ETP 1."""
+    if parallel is None or parallel.experts.tensor_size == 1:
+        return None
+    comm, group = parallel.comm, parallel.experts.tensor_group
+    return lambda flags: comm.all_reduce(flags, group, "etp", op=dist.ReduceOp.MAX)
+
+
 def guard_log(parallel: Optional[ParallelState]):
     """The guard's lines: from the first TP rank of each data-parallel rank (its verdict is its TP group's),
     named by rank when there are several."""
@@ -194,10 +204,11 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         monitor = GuardMonitor()
     threshold = model_config.fp8_guard_saturation_threshold
 
-    def state_for(name: str) -> Fp8LinearState:
+    def state_for(name: str, expert: bool = False) -> Fp8LinearState:
         guard = None
         if guarded:
-            guard = LayerGuard(name, threshold, verdict_reduction(parallel), guard_log(parallel))
+            verdict = expert_verdict_reduction(parallel) if expert else verdict_reduction(parallel)
+            guard = LayerGuard(name, threshold, verdict, guard_log(parallel))
             monitor.layers.append(guard)
         return Fp8LinearState(recipe, device, reduce_amax, guard)
 
@@ -232,7 +243,7 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
                 off_shape.append(f"{prefix}.{name} ({broken})")
                 continue
             for part, linear in projections:
-                linear.fp8_state = state_for(f"{prefix}.{name}.{part}")
+                linear.fp8_state = state_for(f"{prefix}.{name}.{part}", expert=True)
             experts.fp8_align = grouped.alignment(recipe.recipe)
             experts_in_fp8.append(f"{prefix}.{name}")
     return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
