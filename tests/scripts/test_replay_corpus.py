@@ -55,8 +55,10 @@ _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,valid
 # Torch 2.13's CPU _scaled_mm with two e4m3 operands (oneDNN's emulated FP8 matmul) is about 1000x slower than with
 # an e5m2 one (32x256 @ 256x256: 295 ms against 0.3 ms, measured), and every FP8 forward GEMM is e4m3 x e4m3; these
 # two keep multi-latent attention's widths as written (--q-lora-rank 1536, --kv-lora-rank 512: the shrink leaves
-# them), so linear_q_up_proj alone takes seconds a call. They train (measured: iteration 1 in 130 s, iteration 2
-# in 221 s, losses finite, on 2 ranks at load average 19), far past the 180 s a launch gets.
+# them), so linear_q_up_proj's forward GEMM (32 x 1536 @ 1536 x 384) takes 2.0 s a call, linear_kv_up_proj's
+# (32 x 512 @ 512 x 512) 1.0 s, against 0.014 and 0.018 s with an e5m2 operand (measured at load average 18). They
+# train (measured: iterations 1-3 in 130, 221 and 138 s, losses finite, on 2 ranks at load average 19), far past
+# the 180 s a launch gets.
 _E4M3_CPU_GEMM = ("trains, but past the replay's time limit: torch's CPU _scaled_mm with two e4m3 operands and MLA's "
                   "widths as written (q_lora_rank 1536) make an iteration take minutes")
 KNOWN_FAILING_TODAY: dict[str, str] = {
