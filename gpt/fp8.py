@@ -285,6 +285,11 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
                      f"column-parallel output gradients by the shard's own amax"
                      f"{' blocks' if recipe.recipe == 'blockwise' else ''}, as TransformerEngine's quantizers do, "
                      f"so the losses differ from TP 1 by FP8 rounding")
+    context_parallel = 1 if parallel is None else parallel.context_parallel_size
+    if context_parallel > 1 and recipe.recipe in ("tensorwise", "blockwise"):
+        words.append(f"under CP {context_parallel} each rank scales its own tokens' activations and gradients by their "
+                     f"own amax{' blocks' if recipe.recipe == 'blockwise' else ''} (TE's quantizers reduce none over "
+                     f"CP), so the losses differ from CP 1 by FP8 rounding")
     kept = "the embedding, output layer, norms and routers stay in high precision"
     if high_precision_layers:
         kept += (f", and block{'s' if len(high_precision_layers) > 1 else ''} "
