@@ -6,8 +6,12 @@ get_extra_state / set_extra_state), so a Megatron resume continues the histories
 Here the same: each FP8 linear's history [history_len, 3] and scales [3] by the linear's global module name, in
 the checkpoint's metadata as their fp32 bit patterns (int32: exact for every value, inf and NaN included, which
 JSON numbers would not carry). After the amax reduction over the tensor x data parallel ranks (parallel/fp8/
-recipes.py) every rank holds the same histories, so the first rank's are the one copy, as the routers' expert
-bias (checkpoint/router_state.py). The stateless recipes have nothing to save.
+recipes.py) every rank of a pipeline stage holds the same histories for the linears they share, so one rank per
+stage and expert-parallel rank (the first of its expert tensor- and data-parallel groups) sends its own, and the
+first rank writes them all, one entry per global name (saved_fp8_histories). Under expert parallelism each expert's
+history is held by its expert-parallel rank alone (its amax reduced with the other ranks' experts at the same local
+index, as TE does, parallel/fp8/grouped.py), so it is that rank's copy which is saved. The stateless recipes have
+nothing to save.
 """
 
 from __future__ import annotations
@@ -34,6 +38,20 @@ def fp8_histories(model: nn.Module) -> dict[str, dict[str, list]]:
     """{linear name: {"amax_history": bits, "scale": bits}} of this rank's delayed-scaling linears ({} without)."""
     return {name: {key: _bits(value) for key, value in delayed.state_dict().items()}
             for name, delayed in delayed_states(model).items()}
+
+
+def saved_fp8_histories(model: nn.Module, config, state) -> dict[str, dict[str, list]]:
+    """What a save writes: on the first rank every stage's and expert-parallel rank's histories by global name, {}
+    elsewhere. A collective (every rank calls it) with --fp8-format on and more than one rank."""
+    if config.model.fp8 is None:
+        return {}
+    experts = state.experts
+    mine = fp8_histories(model) if experts.tensor_rank == 0 and experts.data_rank == 0 else {}
+    merged: dict[str, dict[str, list]] = {}
+    for histories in state.comm.all_gather_object(mine):
+        for name, entry in histories.items():
+            merged.setdefault(name, entry)  # the copies of a name are equal after the amax reduction
+    return merged if state.is_first_rank else {}
 
 
 def fit_history_length(history: torch.Tensor, length: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ from checkpoint.format import (
     resolve_checkpoint,
     write_text_atomic,
 )
-from checkpoint.fp8_state import fp8_histories
+from checkpoint.fp8_state import saved_fp8_histories
 from checkpoint.global_load import ResumePoint, load_from_source, parameter_records
 from checkpoint.integrity import verify_checkpoint
 from checkpoint.lineage import RunIdentity
@@ -106,7 +106,7 @@ class SaveInProgress:
     identity: Optional[RunIdentity]
     schedule_samples: Optional[int]
     biases: dict[str, list[float]]  # the routers' expert bias (checkpoint/router_state.py), sent by a stage's first
-    fp8_histories: dict  # delayed scaling's amax histories and scales (checkpoint/fp8_state.py), the first rank's
+    fp8_histories: dict  # delayed scaling's amax histories and scales (checkpoint/fp8_state.py), every stage's
     total_bytes: int = 0        # every rank's files together, once finish_save has gathered them
 
 
@@ -148,8 +148,8 @@ def begin_save(save_dir: str | Path, iteration: int, consumed_samples: int, mode
     _raise_if_any_failed(state, error, iteration, staging)
     biases = expert_biases(model) if state.data_parallel_rank == 0 and state.tensor_parallel_rank == 0 \
         and state.context_parallel_rank == 0 else {}
-    # every rank holds the same histories after their amax reduction (PP, whose stages would not, is refused with FP8)
-    histories = fp8_histories(model) if state.is_first_rank else {}
+    # every stage's and expert-parallel rank's delayed-scaling histories, on the first rank (checkpoint/fp8_state.py)
+    histories = saved_fp8_histories(model, config, state)
     return SaveInProgress(save_dir, iteration, consumed_samples, final, staging, started, stage_tables,
                           dataclasses.replace(shard, loss_scaler_state=copy.deepcopy(shard.loss_scaler_state)),
                           config, lr, has_tokenizer, identity, schedule_samples, biases, histories)

@@ -1,27 +1,31 @@
 """FP8 training (issue 65): Megatron-Core's --fp8-format and --fp8-recipe (with --fp8-margin,
---fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad, --first-last-layers-bf16) applied to the
-blocks' tensor-parallel linears through parallel/fp8's one kernel path, and every combination not built
-yet refused before any work, in one line naming why.
+--fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad, --first-last-layers-bf16) applied through
+parallel/fp8's one kernel path, and every combination not built yet refused before any work, in one line naming why.
 
-Which linears run in FP8 follows Megatron-Core with TransformerEngine: the linears of each transformer
-block's attention and MLP (TE's Linear / LayerNormLinear inside fp8_autocast); never the embedding, the
-output layer, the norms or a router. --first-last-layers-bf16 keeps the first --num-layers-at-start-in-bf16
-and the last --num-layers-at-end-in-bf16 blocks in high precision (megatron/core/fp8_utils.py,
-is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks CUDA's FP8 rules (a multiple
-of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it.
+Which GEMMs run in FP8 follows Megatron-Core with TransformerEngine: the linears of each transformer block's
+attention and MLP (TE's Linear / LayerNormLinear inside fp8_autocast), a shared expert's projections (its
+SharedExpertMLP is TE linears), the routed experts' projections (TEGroupedMLP's GroupedLinear: per local expert one
+FP8 GEMM, its rows padded as Fp8Padding, parallel/fp8/grouped.py) and the multi-token prediction layers' eh_proj and
+block (MultiTokenPredictionLayer's global FP8 context); never the embedding, the output layer, the norms or a
+router. --first-last-layers-bf16 keeps the first --num-layers-at-start-in-bf16 and the last
+--num-layers-at-end-in-bf16 blocks in high precision (megatron/core/fp8_utils.py, is_first_last_bf16_layer: global
+layer numbers, which name the blocks on every pipeline stage). A linear whose shape breaks CUDA's FP8 rules (a
+multiple of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it, as it
+names MLA's replicated down-projections, which stay in high precision here (TE linears in Megatron).
 
-Built and checked on the CPU: tensor parallelism with or without sequence parallelism, and data parallelism
-(ZeRO 0-3); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
-recomputation (a recomputed forward would update the amax history twice); its histories and scales are in
-this project's checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
+Built and checked on the CPU: tensor (and sequence), data (ZeRO 0-3), pipeline (virtual stages too), context and
+expert parallelism, dense and MoE models, MTP; no --compile; delayed scaling without activation recomputation (a
+recomputed forward would update the amax history twice); its histories and scales are in this project's
+checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
 
-Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group,
-the tensor x data (x context) parallel ranks of a pipeline stage (amax_reduction); with PP and CP refused
-that is every rank. The stateless recipes reduce nothing, as TE's current-scaling and block quantizers
-(parallel/fp8/linear.py): under TP each rank casts its weight shard with the shard's own amax (and blocks),
-so tensorwise and blockwise TP N differ from TP 1 by FP8 rounding, which the start-up line says; MXFP8's
-1x32 blocks never cross a shard boundary (the shape rule keeps each local dimension a multiple of 32), so
-it computes TP 1's casts.
+Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group, the
+tensor x context x data parallel ranks of a pipeline stage (amax_reduction). Under expert parallelism that mixes the
+experts at the same local index on the expert-parallel ranks, as TE's elementwise reduction of its amax buffer does
+(said at start-up). The stateless recipes reduce nothing, as TE's current-scaling and block quantizers
+(parallel/fp8/linear.py): under TP each rank casts its weight shard with the shard's own amax (and blocks), so
+tensorwise and blockwise TP N differ from TP 1 by FP8 rounding, which the start-up line says; MXFP8's 1x32 blocks
+never cross a shard boundary (the shape rule keeps each local dimension a multiple of 32), so it computes TP 1's
+casts.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ import torch.distributed as dist
 from torch import nn
 
 from base.errors import ConfigError
+from gpt.mla import ReplicatedLinear
+from gpt.moe.experts import Experts
+from gpt.moe.layer import SharedExperts
+from parallel.fp8 import grouped
 from parallel.fp8.guard import GuardMonitor, LayerGuard
 from parallel.fp8.kernel import kernel_name
 from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
@@ -90,17 +98,11 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                           f"forward would update the amax "
                           f"history twice; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state), or drop "
                           f"the recomputation")
-    unbuilt = [(launch.pipeline_parallel > 1, f"--pipeline-model-parallel-size {launch.pipeline_parallel}"),
-               (launch.context_parallel > 1, f"--context-parallel-size {launch.context_parallel}"),
-               (launch.expert_parallel > 1, f"--expert-model-parallel-size {launch.expert_parallel}"),
-               (model_config.moe is not None, "--num-experts (the experts' grouped GEMMs)"),
-               (model_config.mtp_num_layers > 0, f"--mtp-num-layers {model_config.mtp_num_layers}"),
-               (launch.compile, "--compile")]
+    unbuilt = [(launch.compile, "--compile")]
     for unsupported, setting in unbuilt:
         if unsupported:
-            raise ConfigError(f"{what} is built for tensor and data parallelism so far: with {setting} its amax "
-                              f"reductions and layers are not built yet (issue 65); drop --fp8-format or that "
-                              f"setting")
+            raise ConfigError(f"{what} with {setting}: its amax reductions and layers are not built yet (issue 65); "
+                              f"drop --fp8-format or that setting")
 
 
 def _keeps_high_precision(model_config, layer: int) -> bool:
@@ -116,17 +118,41 @@ def _tp_linears(block: nn.Module):
             if isinstance(module, (ColumnParallelLinear, RowParallelLinear))]
 
 
+def _shared_expert_linears(block: nn.Module):
+    """A TP 1 shared expert's projections (gpt/moe/layer.py SharedExperts; under TP they are TP linears): Megatron's
+    SharedExpertMLP is built of TE linears, so they run in FP8. DeepSpeed's residual MLP (--use-residual) is not."""
+    return [(f"{name}.{part}", getattr(module, part)) for name, module in block.named_modules()
+            if isinstance(module, SharedExperts) and name.endswith("shared_experts")
+            for part in ("dense_h_to_4h_gate", "dense_h_to_4h_up", "dense_h_to_4h", "dense_4h_to_h")
+            if hasattr(module, part)]
+
+
+def _routed_experts(block: nn.Module):
+    return [(name, module) for name, module in block.named_modules() if isinstance(module, Experts)]
+
+
 def amax_reduction(parallel: Optional[ParallelState]):
     """Delayed scaling's in-place max all-reduce of an amax over Megatron-Core's amax reduction group
     (parallel_state.get_amax_reduction_group(with_context_parallel=True), megatron/core/fp8_utils.py's
-    get_fp8_context; tp_only_amax_red off, its default): the tensor x data x context parallel ranks of this
-    pipeline stage. check_fp8 refuses PP and CP under FP8, so that group is every rank. None in one process."""
+    get_fp8_context; tp_only_amax_red off, its default): the tensor x context x data parallel ranks of this
+    pipeline stage, never another stage's (each stage casts its own layers). None where that group is one rank."""
     if parallel is None or parallel.world_size == 1:
         return None
-    if parallel.pipeline_parallel_size > 1 or parallel.context_parallel_size > 1:
-        raise ConfigError("FP8's amax reduction group with pipeline or context parallelism is not built (issue 65)")
-    comm, group = parallel.comm, dist.group.WORLD
+    if parallel.pipeline_parallel_size == 1:
+        group = dist.group.WORLD
+    elif parallel.stage_group is not None:
+        group = parallel.stage_group
+    else:  # a stage of one rank
+        return None
+    comm = parallel.comm
     return lambda amax: comm.all_reduce(amax, group, "amax", op=dist.ReduceOp.MAX)
+
+
+def amax_group_size(parallel: Optional[ParallelState]) -> int:
+    """How many ranks amax_reduction reduces over (1: none)."""
+    if parallel is None:
+        return 1
+    return parallel.world_size // parallel.pipeline_parallel_size
 
 
 def verdict_reduction(parallel: Optional[ParallelState]):
@@ -136,6 +162,16 @@ def verdict_reduction(parallel: Optional[ParallelState]):
         return None
     comm, group = parallel.comm, parallel.tensor_parallel_group
     return lambda flags: comm.all_reduce(flags, group, "tp", op=dist.ReduceOp.MAX)
+
+
+def expert_verdict_reduction(parallel: Optional[ParallelState]):
+    """verdict_reduction for a routed expert's projections: over the expert tensor-parallel group, whose ranks hold
+    the shards of the same experts (the dense TP group where the experts have no grid of their own); None at
+    ETP 1."""
+    if parallel is None or parallel.experts.tensor_size == 1:
+        return None
+    comm, group = parallel.comm, parallel.experts.tensor_group
+    return lambda flags: comm.all_reduce(flags, group, "etp", op=dist.ReduceOp.MAX)
 
 
 def guard_log(parallel: Optional[ParallelState]):
@@ -150,11 +186,15 @@ def guard_log(parallel: Optional[ParallelState]):
 
 def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
               device: torch.device, parallel: Optional[ParallelState] = None,
-              monitor: Optional[GuardMonitor] = None) -> Optional[str]:
-    """Run the blocks' TP linears' GEMMs in FP8 (each linear its own state, Fp8LinearState) and return the
-    start-up line naming the format, recipe, kernel and layers; None without --fp8-format. `parallel` (None:
-    one process) gives delayed scaling its amax reduction and the line its TP words. With --fp8-guard each
-    linear gets a guard (parallel/fp8/guard.py), gathered in `monitor` for the metrics."""
+              monitor: Optional[GuardMonitor] = None, mtp_layers: Optional[nn.ModuleList] = None) -> Optional[str]:
+    """Run the GEMMs Megatron-Core runs in FP8 in FP8 (each linear, and each expert's projection, its own state,
+    Fp8LinearState) and return the start-up line naming the format, recipe, kernel and layers; None without
+    --fp8-format. `blocks`: this pipeline rank's blocks, named by their global layer number; `mtp_layers`: its
+    multi-token prediction layers (the last stage's), in FP8 whatever --first-last-layers-bf16 says, as Megatron's
+    MultiTokenPredictionLayer enters get_fp8_context(config) with no layer number. `tokens_per_micro_batch`: the
+    rows of this rank's dense GEMMs. `parallel` (None: one process) gives delayed scaling its amax reduction and
+    the line its words. With --fp8-guard each linear gets a guard (parallel/fp8/guard.py), gathered in `monitor`
+    for the metrics."""
     if model_config.fp8 is None:
         return None
     recipe = recipe_of(model_config)
@@ -163,44 +203,94 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
     if guarded and monitor is None:  # a caller that reads no metrics: the guards still check and fall back
         monitor = GuardMonitor()
     threshold = model_config.fp8_guard_saturation_threshold
-    in_fp8, high_precision_layers, off_shape = [], [], []
-    for layer_name, block in blocks.named_children():
-        layer = int(layer_name)
-        if _keeps_high_precision(model_config, layer):
+
+    def state_for(name: str, expert: bool = False) -> Fp8LinearState:
+        guard = None
+        if guarded:
+            verdict = expert_verdict_reduction(parallel) if expert else verdict_reduction(parallel)
+            guard = LayerGuard(name, threshold, verdict, guard_log(parallel))
+            monitor.layers.append(guard)
+        return Fp8LinearState(recipe, device, reduce_amax, guard)
+
+    in_fp8, experts_in_fp8, high_precision_layers, off_shape, replicated = [], [], [], [], set()
+    modules = [(f"blocks.{name}", block, int(name)) for name, block in blocks.named_children()]
+    modules += [(f"mtp_layers.{name}", layer, None) for name, layer in (mtp_layers or nn.ModuleList()).named_children()]
+    for prefix, module, layer in modules:
+        if layer is not None and _keeps_high_precision(model_config, layer):
             high_precision_layers.append(layer)
             continue
-        for name, linear in _tp_linears(block):
+        replicated.update(name.split(".")[-1] for name, child in module.named_modules()
+                          if isinstance(child, ReplicatedLinear))
+        for name, linear in _tp_linears(module) + _shared_expert_linears(module):
             # A linear's GEMMs take its local shape: the weight (out, in) and the micro-batch's tokens.
             out_features, in_features = linear.weight.shape
             broken = shape_rule_broken(in_features, out_features, tokens_per_micro_batch, recipe.recipe)
             if broken:
-                off_shape.append(f"blocks.{layer}.{name} ({broken})")
+                off_shape.append(f"{prefix}.{name} ({broken})")
                 continue
-            guard = None
-            if guarded:
-                guard = LayerGuard(f"blocks.{layer}.{name}", threshold, verdict_reduction(parallel), guard_log(parallel))
-                monitor.layers.append(guard)
-            linear.fp8_state = Fp8LinearState(recipe, device, reduce_amax, guard)  # found by delayed_states
-            linear.linear = partial(_fp8_linear_call, state=linear.fp8_state)
+            linear.fp8_state = state_for(f"{prefix}.{name}")  # found by delayed_states and the checkpoint
+            if isinstance(linear, (ColumnParallelLinear, RowParallelLinear)):
+                linear.linear = partial(_fp8_linear_call, state=linear.fp8_state)
             in_fp8.append(name)
+        for name, experts in _routed_experts(module):
+            # each expert's rows are padded to the alignment (parallel/fp8/grouped.py): only the weights' shape rules
+            projections = [(f"{expert_id}.{part}", linear) for expert_id, expert in experts.named_children()
+                           for part, linear in expert.named_children() if hasattr(linear, "weight")]
+            broken = next(filter(None, (shape_rule_broken(linear.weight.shape[1], linear.weight.shape[0],
+                                                          grouped.alignment(recipe.recipe), recipe.recipe)
+                                        for _, linear in projections)), None)
+            if broken:
+                off_shape.append(f"{prefix}.{name} ({broken})")
+                continue
+            for part, linear in projections:
+                linear.fp8_state = state_for(f"{prefix}.{name}.{part}", expert=True)
+            experts.fp8_align = grouped.alignment(recipe.recipe)
+            experts_in_fp8.append(f"{prefix}.{name}")
+    return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
+                        reduce_amax is not None, guarded, threshold, bool(mtp_layers), sorted(replicated))
+
+
+def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[ParallelState], in_fp8: list,
+                 experts_in_fp8: list, high_precision_layers: list, off_shape: list, reduced: bool, guarded: bool,
+                 threshold: float, mtp: bool, replicated: list) -> str:
+    """apply_fp8's one line: format, recipe, the layers in FP8, the kernel, and every difference from Megatron."""
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
-             f"({', '.join(names) or 'none'}), kernel {kernel_name(device, recipe.recipe)}"]
+             f"({', '.join(names) or 'none'})"]
+    if experts_in_fp8:
+        words.append(f"the routed experts of {len(experts_in_fp8)} MoE layer{'s' if len(experts_in_fp8) > 1 else ''} "
+                     f"in FP8 as TE's GroupedLinear (one FP8 GEMM per local expert, its rows zero-padded to a multiple "
+                     f"of {grouped.alignment(recipe.recipe)} as Megatron's Fp8Padding; an expert given no rows runs "
+                     f"one padded block where TE skips its GEMM); the routing probabilities weight the experts' outputs "
+                     f"after their second GEMM, where Megatron's TEGroupedMLP multiplies them into its input, so that "
+                     f"GEMM's input casts are not Megatron's")
+    words[-1] += f", kernel {kernel_name(device, recipe.recipe)}"
+    if mtp:
+        words.append("the MTP layers' linears in FP8 (Megatron's global FP8 context for MTP)")
     if device.type == "cuda":
         words.append("the same calls as on the CPU, not yet measured on a GPU")
     if recipe.recipe == "delayed":
         words.append(f"amax history {recipe.amax_history_len} ({recipe.amax_compute_algo}), margin {recipe.margin}"
                      + ("" if recipe.wgrad else ", weight gradients in high precision (--no-fp8-wgrad)"))
-    if reduce_amax is not None:
-        words.append(f"amax all-reduced (max) over the {parallel.world_size} tensor- and data-parallel ranks "
-                     f"(Megatron-Core's amax reduction group)")
+    if reduced:
+        stage = " of this pipeline stage" if parallel.pipeline_parallel_size > 1 else ""
+        words.append(f"amax all-reduced (max) over the {amax_group_size(parallel)} tensor-, context- and data-parallel "
+                     f"ranks{stage} (Megatron-Core's amax reduction group)")
+        if experts_in_fp8 and parallel.experts.model_size > 1:
+            words.append("as in TE, that reduction takes each expert's amax together with those of the experts at the "
+                         "same local index on the other expert-parallel ranks (TE reduces its amax buffers by position)")
     tensor_parallel = 1 if parallel is None else parallel.tensor_parallel_size
     if tensor_parallel > 1 and recipe.recipe in ("tensorwise", "blockwise"):
         words.append(f"under TP {tensor_parallel} each rank scales its weight shard, row-parallel inputs and "
                      f"column-parallel output gradients by the shard's own amax"
                      f"{' blocks' if recipe.recipe == 'blockwise' else ''}, as TransformerEngine's quantizers do, "
                      f"so the losses differ from TP 1 by FP8 rounding")
-    kept = "the embedding, output layer and norms stay in high precision"
+    context_parallel = 1 if parallel is None else parallel.context_parallel_size
+    if context_parallel > 1 and recipe.recipe in ("tensorwise", "blockwise"):
+        words.append(f"under CP {context_parallel} each rank scales its own tokens' activations and gradients by their "
+                     f"own amax{' blocks' if recipe.recipe == 'blockwise' else ''} (TE's quantizers reduce none over "
+                     f"CP), so the losses differ from CP 1 by FP8 rounding")
+    kept = "the embedding, output layer, norms and routers stay in high precision"
     if high_precision_layers:
         kept += (f", and block{'s' if len(high_precision_layers) > 1 else ''} "
                  f"{', '.join(map(str, high_precision_layers))} (--first-last-layers-bf16)")
@@ -213,6 +303,9 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         words.append("guard off (--no-fp8-guard): FP8 numerics neither counted nor checked")
     if off_shape:
         words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
+    if replicated:
+        words.append(f"MLA's {', '.join(sorted(replicated))} in high precision (replicated linears here; TE linears, "
+                     f"in FP8, in Megatron: not built)")
     words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
     return "; ".join(words)
 

@@ -74,6 +74,11 @@ class ParallelState:
     # gradients are averaged and ZeRO's partition is cut (each CP rank's gradient is its chunks' share of the
     # sequence's). None while CP is 1 (the DP group is that group then) or DP x CP is 1.
     data_context_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
+    # With pipeline stages, Megatron's tensor-and-data-parallel group with context parallelism: the TP x CP x DP
+    # ranks of this rank's stage (parallel_state.py's _TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP, FP8's amax
+    # reduction group, gpt/fp8.py). None while PP is 1 (every rank is the stage: the default group) or the
+    # stage is one rank.
+    stage_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
 
     # Read-only views of `dims`, the names every other module uses. A group is None while its size is 1:
     # collectives over a group of one are skipped.
@@ -673,7 +678,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     groups = {name: mesh.get_group(name) for name in sizes if sizes[name] > 1}
     dims = ParallelDims.of_rank(launch.rank, sizes, groups=groups)
     state = ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims),
-                          data_context_group=_data_context_group(dims))
+                          data_context_group=_data_context_group(dims), stage_group=_stage_group(dims))
     state = with_expert_parallel(state, expert_model_parallel_size, expert_tensor_parallel_size)
     return with_optimizer_instances(state, optimizer_instances)
 
@@ -711,6 +716,23 @@ def _data_context_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
             group = dist.new_group(ranks)
             if dims.rank in ranks:
                 mine = group
+    return mine
+
+
+def _stage_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
+    """The DP x CP x TP ranks of this rank's pipeline stage (Megatron's "tp-cp-dp" group of each stage), in global
+    rank order. Every rank creates every such group, as new_group requires, and keeps its own; None while PP is 1
+    (the default group is that group) or a stage is one rank."""
+    stages = dims["pp"].size
+    per_stage = dims.world_size // stages
+    if stages == 1 or per_stage == 1:
+        return None
+    mine = None
+    for stage in range(stages):
+        ranks = list(range(stage * per_stage, (stage + 1) * per_stage))  # pp is the outermost dimension
+        group = dist.new_group(ranks)
+        if dims.rank in ranks:
+            mine = group
     return mine
 
 

@@ -89,9 +89,11 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     # device: the dry run plans the high-precision GEMMs (docs/fp8.md says so).
     # --fp8-guard's counts and fallbacks (parallel/fp8/guard.py), read by the train step for the metrics
     model.fp8_guard = GuardMonitor() if config.model.fp8 is not None and config.model.fp8_guard else None
+    # A dense GEMM's rows: this rank's tokens of a micro-batch (its 1/CP of the sequence under context parallelism).
     fp8 = None if state.device.type == "meta" else apply_fp8(
-        model.blocks, config.model, config.training.micro_batch_size * config.model.seq_length, state.device,
-        state, model.fp8_guard)
+        model.blocks, config.model,
+        config.training.micro_batch_size * config.model.seq_length // state.context_parallel_size, state.device,
+        state, model.fp8_guard, mtp_layers=model.mtp_layers)
     activations = ActivationMonitor(state.device)
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute

@@ -33,6 +33,8 @@ from torch import nn
 
 from gpt.glu import SWIGLU, GatedActivation
 from gpt.xielu import XIELU, xielu
+from parallel.fp8.grouped import fp8_grouped_linear
+from parallel.fp8.linear import fp8_linear
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import sum_gradient_over
 from parallel.sharding import (
@@ -73,6 +75,15 @@ def _linear_parameters(module: nn.Module, name: str, inputs: int, outputs: int, 
     else:
         linear.bias = None
     module.add_module(name, linear)
+
+
+def expert_linear(linear: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """F.linear of one of _linear_parameters' linears, in FP8 where gpt/fp8.py's apply_fp8 gave it an `fp8_state`
+    (a shared expert's projections: Megatron-Core's SharedExpertMLP is built of TE linears)."""
+    state = getattr(linear, "fp8_state", None)
+    if state is None or rows.is_meta:
+        return F.linear(rows, linear.weight, linear.bias)
+    return fp8_linear(rows, linear.weight, linear.bias, state)
 
 
 class ExpertMLP(nn.Module):
@@ -120,6 +131,9 @@ class Experts(nn.Module):
         self.tensor_parallel = tensor_parallel if tensor_parallel is not None and tensor_parallel.tensor_size > 1 \
             else None
         self.comm = comm
+        # With --fp8-format: the alignment each expert's rows are padded to, set by gpt/fp8.py's apply_fp8 with each
+        # projection's `fp8_state` (parallel/fp8/grouped.py); None runs the experts in high precision.
+        self.fp8_align: Optional[int] = None
         parts = 1 if self.tensor_parallel is None else self.tensor_parallel.tensor_size
         part = 0 if self.tensor_parallel is None else self.tensor_parallel.tensor_rank
         for expert in (range(num_experts) if expert_ids is None else expert_ids):
@@ -138,6 +152,8 @@ class Experts(nn.Module):
         return bias if parallel.tensor_rank == 0 else bias * 0.0
 
     def forward(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        if self.fp8_align is not None and not rows.is_meta:
+            return self.forward_fp8(rows, tokens_per_expert)
         if self.grouped and can_group(rows, list(self.children()), self.planned_device):
             if not torch.is_tensor(tokens_per_expert):  # the planner's balanced shares (a list)
                 tokens_per_expert = torch.tensor(tokens_per_expert, dtype=torch.int64, device=rows.device)
@@ -156,6 +172,25 @@ class Experts(nn.Module):
             hidden = expert.activation_func(inputs[0]) if self.xielu else self._activate(inputs)
             outputs.append(F.linear(hidden, expert.dense_4h_to_h.weight, self._output_bias(expert.dense_4h_to_h.bias)))
         return torch.cat(outputs) if outputs else rows
+
+    def forward_fp8(self, rows: torch.Tensor, tokens_per_expert) -> torch.Tensor:
+        """Each projection as TE's GroupedLinear in FP8: per expert one FP8 GEMM over its rows padded to
+        `fp8_align` (parallel/fp8/grouped.py); the activation per expert, as forward_loop."""
+        sizes = tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert) else list(tokens_per_expert)
+        experts = list(self.children())
+
+        def projection(inputs: torch.Tensor, linears: list[nn.Module], biases: list) -> torch.Tensor:
+            return fp8_grouped_linear(inputs, sizes, [linear.weight for linear in linears], biases,
+                                      [linear.fp8_state for linear in linears], self.fp8_align)
+
+        inputs = [projection(rows, linears, [linear.bias for linear in linears])
+                  for linears in ([expert.input_linears()[i] for expert in experts]
+                                  for i in range(len(experts[0].input_linears())))]
+        activated = []
+        for expert, *chunks in zip(experts, *(torch.split(part, sizes) for part in inputs)):
+            activated.append(expert.activation_func(chunks[0]) if self.xielu else self._activate(list(chunks)))
+        outputs = [expert.dense_4h_to_h for expert in experts]
+        return projection(torch.cat(activated), outputs, [self._output_bias(linear.bias) for linear in outputs])
 
     def forward_grouped(self, rows: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         experts = list(self.children())

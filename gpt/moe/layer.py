@@ -31,7 +31,7 @@ from gpt.glu import SWIGLU, GatedActivation
 from gpt.moe.balancing import MoELossTracker, attach
 from gpt.moe.deepspeed_gating import top1gating, top2gating, topkgating
 from gpt.moe.dispatcher import LocalDispatcher, TokenDispatcher, choices_of
-from gpt.moe.experts import ExpertMLP, Experts
+from gpt.moe.experts import ExpertMLP, Experts, expert_linear
 from gpt.moe.router import TopKRouter
 from gpt.moe.settings import MoESettings
 from parallel.init import InitMethod, set_init_method
@@ -55,12 +55,12 @@ class SharedExperts(ExpertMLP):
             self.gate_weight = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        inputs = [F.linear(hidden, linear.weight, linear.bias) for linear in self.input_linears()]
+        inputs = [expert_linear(linear, hidden) for linear in self.input_linears()]
         if self.xielu:
             activated = self.activation_func(inputs[0])
         else:
             activated = self.glu(inputs[0], inputs[1]) if self.swiglu else self.activation(inputs[0])
-        output = F.linear(activated, self.dense_4h_to_h.weight, self.dense_4h_to_h.bias)
+        output = expert_linear(self.dense_4h_to_h, activated)
         if self.gate_weight is not None:
             output = output * torch.sigmoid(F.linear(hidden, self.gate_weight))
         return output

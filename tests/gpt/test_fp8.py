@@ -53,12 +53,7 @@ def _launch(**changes):
 
 
 @pytest.mark.parametrize("recipe, launch, extra, words", [
-    ("blockwise", _launch(pipeline_parallel=2), {}, "with --pipeline-model-parallel-size 2 its amax reductions"),
-    ("mxfp8", _launch(context_parallel=2), {}, "--context-parallel-size 2"),
-    ("tensorwise", _launch(expert_parallel=2), {}, "--expert-model-parallel-size 2"),
-    ("tensorwise", ONE_PROCESS, {"num_experts": 4}, "--num-experts (the experts' grouped GEMMs)"),
-    ("tensorwise", ONE_PROCESS, {"mtp_num_layers": 1}, "--mtp-num-layers 1"),
-    ("tensorwise", _launch(compile=True), {}, "with --compile"),
+    ("tensorwise", _launch(compile=True), {}, "with --compile: its amax reductions"),
     ("delayed", _launch(recompute=True), {}, "update the amax history twice"),
     ("delayed", ONE_PROCESS, {"first_last_layers_bf16": True}, "delayed scaling does not support first / last"),
     ("custom", ONE_PROCESS, {}, "the custom recipe (--fp8-quantizer-factory"),
@@ -80,16 +75,17 @@ def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
     # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
-    check_fp8(tiny_config(), _launch(pipeline_parallel=8))  # no --fp8-format: nothing to check
+    check_fp8(tiny_config(), _launch(compile=True))  # no --fp8-format: nothing to check
+    # nor pipeline, context and expert parallelism, the experts and MTP (tests/gpt/test_fp8_stages_experts.py)
+    check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe, num_experts=4, mtp_num_layers=1),
+              _launch(pipeline_parallel=2, context_parallel=2, expert_parallel=2))
 
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("training.prepare.build_data", lambda *args: pytest.fail("data work started"))
-    argv = ["--fp8-format", "hybrid", "--pipeline-model-parallel-size", "2", "--device", "cpu",
-            "--metrics-file", str(tmp_path / "m.jsonl")]
+    argv = ["--fp8-format", "hybrid", "--compile", "--device", "cpu", "--metrics-file", str(tmp_path / "m.jsonl")]
     assert pretrain_gpt.main(argv) == 2
-    assert "--fp8-format hybrid --fp8-recipe delayed is built for tensor and data parallelism so far" \
-        in capsys.readouterr().err
+    assert "--fp8-format hybrid --fp8-recipe delayed with --compile: its amax reductions" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])
@@ -186,3 +182,28 @@ def test_data_parallel_fp8_equals_one_process(tmp_path, corpus_cache):
         assert len(losses(name)) == 4
         for got, want in zip(losses(name), losses("one")):
             assert abs(got - want) <= 1e-5 * abs(want), (name, losses(name), losses("one"))
+
+
+def test_experts_shared_experts_and_mtp_layers_run_in_fp8_and_routers_do_not():
+    """Megatron-Core: TEGroupedMLP's GroupedLinear (each expert's projections), SharedExpertMLP's TE linears and the
+    MTP layers' (a global FP8 context whatever --first-last-layers-bf16 keeps) in FP8; the router's linear is not a
+    TE module. Each expert and projection its own state (GroupedLinear's per-GEMM quantizers)."""
+    config = parse_config(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length",
+                           "16", "--max-position-embeddings", "16", "--position-embedding-type", "rope",
+                           "--num-experts", "4", "--moe-router-topk", "2", "--moe-shared-expert-intermediate-size",
+                           "64", "--mtp-num-layers", "1", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
+                           "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "0",
+                           "--num-layers-at-end-in-bf16", "1", "--vocab-size", "300"]).model
+    model = build_gpt_model(config, SINGLE, seed=1)
+    line = apply_fp8(model.blocks, config, tokens_per_micro_batch=32, device=torch.device("cpu"),
+                     mtp_layers=model.mtp_layers)
+    states = {name for name, module in model.named_modules() if getattr(module, "fp8_state", None) is not None}
+    experts = {f"blocks.0.mlp.experts.{e}.{part}" for e in range(4) for part in ("dense_h_to_4h", "dense_4h_to_h")}
+    assert experts <= states and {"blocks.0.mlp.shared_experts.dense_h_to_4h", "mtp_layers.0.eh_proj",
+                                  "mtp_layers.0.transformer_layer.mlp.experts.3.dense_4h_to_h"} <= states
+    assert not any(name.startswith("blocks.1.") or "router" in name for name in states)  # block 1: the last, bf16
+    assert len({id(model.get_submodule(name).fp8_state) for name in states}) == len(states)
+    assert "the routed experts of 2 MoE layers in FP8 as TE's GroupedLinear" in line and "MTP layers" in line
+    tokens = torch.randint(0, 300, (2, 16))
+    model(tokens).float().sum().backward()  # every expert's padded GEMMs, forward and backward
+    assert model.blocks[0].mlp.experts.get_submodule("0").dense_h_to_4h.weight.grad is not None
