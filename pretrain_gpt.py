@@ -26,6 +26,7 @@ from parallel.flight_recorder import torch_environment, with_environment_path
 from parallel.state import ParallelState, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
 from training.fault_tolerance import FaultTolerance, start_fault_tolerance
+from training.inprocess_restart import inprocess_notes, run_restarting
 from training.late_checks import LATE_CHECKS
 from training.loop import TrainingSummary
 from training.memory_fit import check_memory_fits
@@ -60,7 +61,8 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
     config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.use_mpi),
                                     *straggler_notes(parsed.config.logging.log_straggler,
-                                                     parsed.config.logging.disable_straggler_on_startup)]
+                                                     parsed.config.logging.disable_straggler_on_startup),
+                                    *inprocess_notes(parsed.config.training)]
     if parsed.print_config:
         if reporting_process():
             print(format_config(parsed), flush=True)
@@ -82,6 +84,8 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
     fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
     try:
+        if config.training.inprocess_restart:  # the same processes through every fault (training/inprocess_restart.py)
+            return run_restarting(config, run, PROGRAM, fault_tolerance)
         try:
             state = initialize_grid(config.training.device, config.parallel,
                                     config.training.distributed_timeout_minutes,
