@@ -25,6 +25,7 @@ from data import DataError
 from parallel.flight_recorder import torch_environment, with_environment_path
 from parallel.state import ParallelState, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
+from training.data_splits import KeptAcrossRestarts
 from training.fault_tolerance import FaultTolerance, start_fault_tolerance
 from training.inprocess_restart import inprocess_notes, run_restarting
 from training.late_checks import LATE_CHECKS
@@ -40,17 +41,18 @@ PROGRAM = "pretrain_gpt.py"
 EXPECTED_ERRORS = ALWAYS_EXPECTED + (DataError, KeyboardInterrupt)
 
 
-def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[FaultTolerance] = None
-        ) -> TrainingSummary:
+def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[FaultTolerance] = None,
+        kept: Optional[KeptAcrossRestarts] = None) -> TrainingSummary:
     """One training run in an initialized process group: the checks before any work (training/start_checks.py,
-    training/memory_fit.py), the run prepared once (training/prepare.py), then trained."""
+    training/memory_fit.py), the run prepared once (training/prepare.py), then trained. `kept`: what an in-process
+    restart keeps from one incarnation to the next (training/inprocess_restart.py)."""
     log = first_rank_log(state)
     batch = check_before_claim(config, state, log)
     if (found := kill_switch_found(config, state, log)) is not None:
         return TrainingSummary(exit_reason=found)
     peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
     check_memory_fits(config, state, batch, peak.before_data, log)
-    with prepare(config, state, batch, log, predict_peak=peak) as prepared:
+    with prepare(config, state, batch, log, predict_peak=peak, kept=kept) as prepared:
         return train_run(prepared, fault_tolerance)
 
 

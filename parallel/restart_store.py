@@ -28,11 +28,13 @@ from typing import Callable, Optional, Sequence
 
 import torch.distributed as dist
 
+from base.errors import PeerLostError
+
 PREFIX = "inprocess"
 POLL_S = 0.05  # how often a waiting process reads the store: a few small round trips, on a store no one else loads
 
 
-class RestartTimeout(RuntimeError):
+class RestartTimeout(PeerLostError):
     """The survivors did not all arrive within --inprocess-barrier-timeout (a process alive but stuck)."""
 
 
@@ -99,8 +101,10 @@ class RestartStore:
 
     def rendezvous(self, incarnation: int, alive_before: Sequence[int], heartbeat_timeout_s: float,
                    barrier_timeout_s: float) -> list[int]:
-        """Arrive at `incarnation` and wait until each process of `alive_before` has arrived too or its heartbeat
-        is older than `heartbeat_timeout_s`; the launch ranks found gone, as the first to conclude wrote them."""
+        """Arrive at `incarnation` and wait until each process of `alive_before` has arrived too or is gone: its
+        heartbeat older than `heartbeat_timeout_s` and no failure recorded in the incarnation before (a process
+        that recorded one is alive, on its way here through its clean-up, and on a loaded machine its heartbeat
+        thread can wait seconds for the CPU); the launch ranks found gone, as the first to conclude wrote them."""
         self.store.set(self.key(incarnation, f"arrived/{self.launch_rank}"), "1")
         decided_key = self.key(incarnation, "terminated")
         started = self.clock()
@@ -108,7 +112,8 @@ class RestartStore:
             now = self.clock()
             waiting = [launch for launch in alive_before
                        if not self.store.check([self.key(incarnation, f"arrived/{launch}")])]
-            gone = [launch for launch in waiting if now - self._last_beat(launch) > heartbeat_timeout_s]
+            gone = [launch for launch in waiting if now - self._last_beat(launch) > heartbeat_timeout_s
+                    and not self.store.check([self.key(incarnation - 1, f"failed/{launch}")])]
             if len(gone) == len(waiting):
                 self.store.compare_set(decided_key, "", json.dumps(sorted(gone)))
                 break

@@ -20,8 +20,9 @@ makes from it: the model, the optimizer and their state reloaded from the latest
 failed incarnation's in-memory state is past that checkpoint, and on a spare absent), the data loaders (they
 resume at the checkpoint's consumed samples), the metrics writer and the save locks (closed when the failed run
 left). What it does not: the modules (imported once per process), the parsed and checked configuration, the
-restart store and its heartbeat; the dataset index is read back from its cache on disk (data/index_cache.py),
-not rebuilt.
+restart store and its heartbeat, the tokenizer and the data sources (training/data_splits.py, KeptAcrossRestarts:
+a function of the configuration alone, loaded once per process; a spare loads them at its first incarnation);
+the dataset index is read back from its cache on disk (data/index_cache.py), not rebuilt.
 """
 
 from __future__ import annotations
@@ -33,24 +34,26 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from arguments.config import ConfigError, PretrainConfig, TrainingConfig
-from base.errors import one_line
+from base.errors import PeerLostError, one_line
 from checkpoint.format import TRACKER_FILE
 from data import DataError
 from parallel.connection_abort import shut_down_connections
 from parallel.rank_assignment import Assignment, TooFewProcesses, first_assignment, reassign
 from parallel.restart_store import RestartStore
 from parallel.state import ParallelState, destroy, initialize_grid, read_launch_environment
+from training.data_splits import KeptAcrossRestarts
 from training.fault_tolerance import FaultTolerance
 from training.loop import TrainingSummary
 from training.restart_progress import INPROCESS_MAX_ITERATIONS, INPROCESS_RESTART
 
-RunOnGrid = Callable[[PretrainConfig, ParallelState, Optional[FaultTolerance]], TrainingSummary]
+RunOnGrid = Callable[[PretrainConfig, ParallelState, Optional[FaultTolerance], KeptAcrossRestarts], TrainingSummary]
 # Bad input fails the same way in every incarnation: reported once (exit 2), never restarted.
 NOT_RESTARTED = (ConfigError, DataError)
 
 
-class RestartsExhausted(RuntimeError):
-    """--inprocess-max-iterations incarnations failed, or too few processes are left to train."""
+class RestartsExhausted(PeerLostError):
+    """--inprocess-max-iterations incarnations failed, or too few processes are left to train: the job ends, each
+    process with its one line and exit 3, as when a peer is lost without --inprocess-restart."""
 
 
 def inprocess_notes(training: TrainingConfig) -> list[str]:
@@ -62,6 +65,10 @@ def inprocess_notes(training: TrainingConfig) -> list[str]:
              f"a process is gone when its heartbeat (every {training.inprocess_heartbeat_interval:g} s) is "
              f"{training.inprocess_heartbeat_timeout:g} s old; the heartbeat watch of --heartbeat-timeout-seconds "
              f"and the flight recorder are off under it (its heartbeats serve)"]
+    if training.inprocess_max_iterations is not None:
+        notes.append(f"in-process restart: --inprocess-max-iterations {training.inprocess_max_iterations} bounds the "
+                     "incarnations, as nvidia-resiliency-ext's RetryController(max_iterations) does; Megatron-LM's "
+                     "inprocess_restart.py does not hand the flag on (its RetryController gets min_world_size only)")
     if training.inprocess_granularity == "node":
         notes.append("in-process restart: --inprocess-granularity node takes out every rank of a host with CUDA "
                      "devices in Megatron-LM (a layer of torch.cuda.device_count() ranks per host); here each rank "
@@ -75,6 +82,7 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
     training, launch = config.training, read_launch_environment()
     store = RestartStore(launch.master_addr, launch.master_port, launch.rank, launch.world_size,
                          training.inprocess_heartbeat_interval, training.inprocess_barrier_timeout)
+    kept = KeptAcrossRestarts()
     try:
         assignment = first_assignment(launch.world_size, training.inprocess_active_world_size or launch.world_size)
         incarnation = 0
@@ -88,7 +96,7 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
                 ended = store.wait_for_end(incarnation)  # a hot spare: alive, beating, in no process group
                 exit_code = 0
             else:
-                ended, exit_code = _train_once(config, run, store, incarnation, rank, fault_tolerance)
+                ended, exit_code = _train_once(config, run, store, incarnation, rank, fault_tolerance, kept)
             if ended == "done":
                 store.finish(len(assignment.active_ranks), training.inprocess_completion_timeout)
                 return exit_code
@@ -103,24 +111,28 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
             except TooFewProcesses as error:
                 raise RestartsExhausted(f"in-process restart {incarnation + 1}: {error}") from None
             cause = restart_line(store, incarnation, assignment, following, gone, config.checkpoint.load)
-            if following.rank_of(launch.rank) == 0:
-                print(f"{program}: {cause}", file=sys.stderr, flush=True)
+            # nvidia-resiliency-ext's RetryController(max_iterations): Megatron-LM's inprocess_restart.py passes it
+            # only min_world_size, so there the flag bounds nothing; here it bounds the incarnations, as its help says
             if training.inprocess_max_iterations is not None and incarnation + 1 >= training.inprocess_max_iterations:
                 raise RestartsExhausted(f"{cause}: no restart left (--inprocess-max-iterations "
                                         f"{training.inprocess_max_iterations})")
+            if following.rank_of(launch.rank) == 0:
+                print(f"{program}: {cause}", file=sys.stderr, flush=True)
             assignment, incarnation = following, incarnation + 1
     finally:
         store.close()
 
 
 def _train_once(config: PretrainConfig, run: RunOnGrid, store: RestartStore, incarnation: int, rank: int,
-                fault_tolerance: Optional[FaultTolerance]) -> tuple[str, int]:
+                fault_tolerance: Optional[FaultTolerance], kept: KeptAcrossRestarts) -> tuple[str, int]:
     """One incarnation on this trainer: ("done", exit status) or ("fault", 0) after an exception here or a peer's."""
     state: Optional[ParallelState] = None
     try:
         state = initialize_grid(config.training.device, config.parallel, config.training.distributed_timeout_minutes,
                                 config.zero.distributed_optimizer_instances, store=store.group_store(incarnation))
-        summary = run(config, state, fault_tolerance)
+        summary = run(config, state, fault_tolerance, kept)
+        if fault_tolerance is not None:  # every trainer is here: the last learning of --calc-ft-timeouts
+            fault_tolerance.close(finished=True)
         store.record_done(incarnation)
         return "done", summary.exit_code
     except NOT_RESTARTED:

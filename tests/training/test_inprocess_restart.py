@@ -135,3 +135,23 @@ def test_a_sigkilled_rank_is_replaced_by_the_hot_spare_and_the_losses_equal(corp
         f"launch rank 2 (a spare) becomes rank 1; every process stays, resuming from the checkpoint at iteration " \
         f"{resumed}" in cause[0], errs[0][-3000:]
     assert_recovered(outs[0], resumed)
+
+
+@pytest.mark.slow
+def test_inprocess_max_iterations_bounds_the_restarts(corpus_cache, tmp_path):
+    """One process whose every incarnation fails at iteration 3 (tests/kill_rank.py, not once): two incarnations
+    with --inprocess-max-iterations 2, then one line and exit 3 (RestartsExhausted, a PeerLostError)."""
+    environment = {**launch_environment(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(free_port()), "KILL_AT_ITERATION": "3", "KILL_RANK": "0", "KILL_SIGNAL": "bug"}
+    flags = [*TWELVE, "--global-batch-size", "1", "--data-cache-dir", corpus_cache, "--save", tmp_path / "ck",
+             "--load", tmp_path / "ck", "--metrics-file", tmp_path / "metrics.jsonl", *FAST_HEARTBEATS,
+             "--inprocess-max-iterations", "2"]
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "kill_rank.py"), *map(str, flags)], cwd=tmp_path,
+                          env=environment, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert {incarnation for incarnation, _ in incarnations(done.stdout)[0]} == {0, 1}, done.stdout[-3000:]
+    assert len({pid for _, pid in incarnations(done.stdout)[0]}) == 1
+    assert done.stderr.splitlines()[-1] == (
+        "pretrain_gpt.py: error: in-process restart 2: rank 0 failed at iteration 3 with RuntimeError: "
+        "tests/kill_rank.py: an injected bug; every process stays, resuming from the checkpoint at iteration 2 in "
+        "--load: no restart left (--inprocess-max-iterations 2)"), done.stderr[-3000:]
