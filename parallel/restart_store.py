@@ -84,12 +84,18 @@ class RestartStore:
     def record_done(self, incarnation: int) -> None:
         self.store.compare_set(self.key(incarnation, "end"), "", "done")
 
-    def wait_for_end(self, incarnation: int) -> str:
-        """A spare's wait: "done" or "fault", whichever the incarnation's trainers write."""
+    def wait_for_end(self, incarnation: int, trainers: Sequence[int], heartbeat_timeout_s: float) -> str:
+        """A spare's wait: "done" or "fault", whichever the incarnation's trainers write; "fault" too once every
+        trainer's heartbeat is older than `heartbeat_timeout_s` (trainers killed at once, a node lost, write
+        nothing; one trainer's stale heartbeat alone is not enough: a live trainer's beat can starve on a busy
+        host, and a dead one's peers record the fault)."""
         key = self.key(incarnation, "end")
         while True:
             if self.store.check([key]):
                 return self.store.get(key).decode()
+            now = self.clock()
+            if all(now - self._last_beat(launch) > heartbeat_timeout_s for launch in trainers):
+                return "fault"
             time.sleep(POLL_S)
 
     def failures(self, incarnation: int, launch_ranks: Sequence[int]) -> list[Failure]:

@@ -93,7 +93,9 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
             print(f"> in-process incarnation {incarnation}: launch rank {launch.rank} (pid {os.getpid()}) {role}",
                   flush=True)
             if rank is None:
-                ended = store.wait_for_end(incarnation)  # a hot spare: alive, beating, in no process group
+                # a hot spare: alive, beating, in no process group
+                trainers = [launch for launch, active in assignment.active_ranks.items() if active is not None]
+                ended = store.wait_for_end(incarnation, trainers, training.inprocess_heartbeat_timeout)
                 exit_code = 0
             else:
                 ended, exit_code = _train_once(config, run, store, incarnation, rank, fault_tolerance, kept)
