@@ -9,9 +9,7 @@ must SIGCONT and SIGKILL it. KILL_SIGNAL=bug raises a RuntimeError instead (a ra
 KILL_SIGNAL=hold_gil makes the main thread hold the GIL for good (a pure-Python spin with a switch interval
 of an hour: no other thread of the process runs Python again, so its heartbeat stops), as
 nvidia-resiliency-ext's lock_gil fault does; whoever started it must SIGKILL it. KILL_SIGNAL=sleep sleeps
-SLEEP_S (120) seconds with the GIL released: alive and beating, in no collective. KILL_ONCE=1 acts only the first
-time the process reaches the iteration (an in-process restart, training/inprocess_restart.py, reaches it again in the
-same process).
+SLEEP_S (120) seconds with the GIL released: alive and beating, in no collective.
 """
 
 import os
@@ -28,14 +26,11 @@ from training import exit_conditions  # noqa: E402
 KILL_AT = int(os.environ["KILL_AT_ITERATION"])
 KILL_RANK = int(os.environ["KILL_RANK"])
 KILL_SIGNAL = os.environ.get("KILL_SIGNAL", "SIGKILL")
-KILL_ONCE = os.environ.get("KILL_ONCE") == "1"
 _check = exit_conditions.ExitConditions.check
-_acted = []
 
 
 def check_then_die(self, iteration):
-    if iteration == KILL_AT and int(os.environ["RANK"]) == KILL_RANK and not (KILL_ONCE and _acted):
-        _acted.append(iteration)
+    if iteration == KILL_AT and int(os.environ["RANK"]) == KILL_RANK:
         if KILL_SIGNAL == "bug":
             raise RuntimeError("tests/kill_rank.py: an injected bug")
         if KILL_SIGNAL == "sleep":  # stuck outside any collective, its heartbeat beating: only a timeout tells

@@ -3,7 +3,8 @@
 
 The two runs of 12 iterations that save every 2 (tests/scripts/test_restart_in_job.py's model and flags) lose a
 rank after iteration 5 and end with every loss equal to the uninterrupted 2-rank run's, in the processes they
-started with: an exception on rank 1 under scripts/launch.py (torchrun), and a SIGKILLed rank 1 with a hot spare
+started with: the fault injector's exception on rank 1 under scripts/launch.py (torchrun), and a SIGKILLed rank 1
+with a hot spare
 (3 processes, --inprocess-active-world-size 2) launched as SLURM's srun does, one process per rank (torchrun's
 agent would stop every worker once one died)."""
 
@@ -70,12 +71,14 @@ def incarnations(out: str) -> dict[int, set[tuple[int, int]]]:
 @pytest.mark.slow
 def test_an_exception_on_rank_1_restarts_in_the_same_processes_with_equal_losses(corpus_cache, uninterrupted,
                                                                                 tmp_path):
-    """tests/kill_rank.py raises on rank 1 after iteration 5, once per process (KILL_ONCE): the same process
-    passes iteration 5 again after the restart."""
-    bug = {"KILL_AT_ITERATION": "5", "KILL_RANK": "1", "KILL_SIGNAL": "bug", "KILL_ONCE": "1"}
-    launcher = start(tmp_path, corpus_cache, [], FAST_HEARTBEATS, script=REPO / "tests" / "kill_rank.py",
-                     environment=bug)
-    code, out, err = finish(launcher, tmp_path)
+    """The fault injector's workload_exc on rank 1, armed after the step at which Megatron's 0-based count is 3
+    (logged iteration 4) with no delay, raised where the loop polls after iteration 5. Each incarnation plans
+    its faults again, as Megatron-LM's train() does; the restarted one resumes at iteration 4, past the arming
+    step, so the fault comes once."""
+    injector = ["--fault-injector-ranks", "1", "--fault-injector-fault-types", "workload_exc",
+                "--fault-injector-fault-delay", "0", "--fault-injector-delay-start-iteration", "3",
+                "--fault-injector-seed", "1"]
+    code, out, err = finish(start(tmp_path, corpus_cache, [], [*FAST_HEARTBEATS, *injector]), tmp_path)
     assert code == 0, (err[-3000:], out[-3000:])
     assert losses(tmp_path / "metrics.jsonl") == uninterrupted
     seen = incarnations(out)
@@ -83,9 +86,9 @@ def test_an_exception_on_rank_1_restarts_in_the_same_processes_with_equal_losses
         assert {incarnation for incarnation, _ in seen[launch]} == {0, 1}, out[-3000:]
         assert len({pid for _, pid in seen[launch]}) == 1, seen
     cause = [line for line in err.splitlines() if "in-process restart 1:" in line]
-    assert cause == ["pretrain_gpt.py: in-process restart 1: rank 1 failed at iteration 5 with RuntimeError: "
-                     "tests/kill_rank.py: an injected bug; every process stays, resuming from the checkpoint at "
-                     "iteration 4 in --load"], err[-3000:]
+    assert cause == ["pretrain_gpt.py: in-process restart 1: rank 1 failed at iteration 5 with InjectedFault: fault "
+                     "injector: workload_exc raised after iteration 5 (--fault-injector-fault-types); every process "
+                     "stays, resuming from the checkpoint at iteration 4 in --load"], err[-3000:]
     assert_recovered(out, 4)
 
 
