@@ -5,9 +5,9 @@ nvidia-resiliency-ext's `AbortTorchDistributed` calls `abort()` on each NCCL bac
 `destroy_process_group()`. Neither unblocks a gloo peer: `ProcessGroupGloo.abort()` in torch 2.13 leaves a wait in
 progress waiting, and destroying the group closes its sockets only once nothing refers to them, while a
 forked data-loader worker (data/sampler.py) holds a copy of every socket the rank had when it was forked
-(measured: a peer blocked in an all-reduce stayed blocked until the collective timeout). shutdown(2) ends the
-connection itself, whoever else holds a descriptor of it: the peer reads "Connection closed by peer" at once,
-fails its own collective, and aborts in turn.
+(measured: after destroy_process_group on the failed rank, a peer blocked in its all-reduce was still blocked 30 s
+later). shutdown(2) ends the connection itself, whoever else holds a descriptor of it: the peer reads "Connection
+closed by peer" at once, fails its own collective, and aborts in turn.
 
 Which sockets: this process's established TCP connections (Linux's /proc/self/fd and /proc/net/tcp{,6}) but those
 to or from the rendezvous stores (`keep_ports`), which outlive the groups. Elsewhere than Linux nothing is shut

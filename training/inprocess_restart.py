@@ -94,7 +94,7 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
                   flush=True)
             if rank is None:
                 # a hot spare: alive, beating, in no process group
-                trainers = [launch for launch, active in assignment.active_ranks.items() if active is not None]
+                trainers = [trainer for trainer, active in assignment.active_ranks.items() if active is not None]
                 ended = store.wait_for_end(incarnation, trainers, training.inprocess_heartbeat_timeout)
                 exit_code = 0
             else:
