@@ -13,9 +13,13 @@ iteration 5.
   once one died) with `--inprocess-restart --inprocess-active-world-size 2` and heartbeats every 0.25 s, gone after
   2 s; the spare takes rank 1's place and every process resumes from the checkpoint in its own process.
 
+A third side shows the in-process restart after an exception instead (no process lost, nothing to wait for):
+`scripts/launch.py` with `--inprocess-restart` and the fault injector's workload_exc raised on rank 1 after
+iteration 5 (tests/training/test_inprocess_restart.py's flags).
+
 Each prints the recovery line (training/restart_progress.py): the seconds from the last iteration the first
 incarnation finished to the first iteration after the restart, and to that iteration again (the iterations
-between the checkpoint and the fault are redone). The rounds interleave the two, alternating which goes first;
+between the checkpoint and the fault are redone). The rounds interleave the sides, each going first in turn;
 the medians and every figure are printed with the load average (os.getloadavg) before each run.
 """
 
@@ -40,7 +44,10 @@ TWELVE = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "
           "--train-iters", "12", "--eval-iters", "0", "--log-interval", "1", "--tokenizer-vocab-size", "512",
           "--device", "cpu", "--hidden-dropout", "0", "--attention-dropout", "0", "--save-interval", "2"]
 INPROCESS = ["--inprocess-restart", "--inprocess-heartbeat-interval", "0.25", "--inprocess-heartbeat-timeout", "2",
-             "--inprocess-granularity", "rank", "--inprocess-active-world-size", "2"]
+             "--inprocess-granularity", "rank"]
+WORKLOAD_EXCEPTION = ["--fault-injector-ranks", "1", "--fault-injector-fault-types", "workload_exc",
+                      "--fault-injector-fault-delay", "0", "--fault-injector-delay-start-iteration", "3",
+                      "--fault-injector-seed", "1"]
 RECOVERED = re.compile(r"^> recovered \((.*?)\): .*; ([\d.]+) s from iteration \d+'s end to the first iteration "
                        r"after the restart, ([\d.]+) s to iteration", re.M)
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -87,26 +94,38 @@ def torchrun_children(launcher: subprocess.Popen, rank: int) -> int:
     raise RuntimeError(f"no child runs rank {rank}")
 
 
-def torchrun_round(work: Path, cache: str) -> str:
-    command = [sys.executable, str(ROOT / "scripts" / "launch.py"), "--max-restarts", "2", "--nnodes", "1",
+def launched(work: Path, cache: str, launch_flags: list[str], train_flags: list[str], kill: bool) -> str:
+    """scripts/launch.py, 2 ranks; rank 1 SIGKILLed after iteration 5 when `kill`."""
+    command = [sys.executable, str(ROOT / "scripts" / "launch.py"), *launch_flags, "--nnodes", "1",
                "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               str(ROOT / "pretrain_gpt.py"), *run_flags(work, cache), "--enable-ft-package"]
+               str(ROOT / "pretrain_gpt.py"), *run_flags(work, cache), *train_flags]
     with open(work / "out", "w") as out, open(work / "err", "w") as err:
         launcher = subprocess.Popen(command, cwd=work, env=environment(), stdout=out, stderr=err)
         try:
-            kill_at(work / "metrics.jsonl", lambda: torchrun_children(launcher, 1), lambda: launcher.poll() is None)
+            if kill:
+                kill_at(work / "metrics.jsonl", lambda: torchrun_children(launcher, 1),
+                        lambda: launcher.poll() is None)
             code = launcher.wait(timeout=600)
         finally:
             if launcher.poll() is None:
                 launcher.kill()
     if code != 0:
-        raise RuntimeError(f"torchrun round exited {code}: {(work / 'err').read_text()[-2000:]}")
+        raise RuntimeError(f"{' '.join(train_flags)} round exited {code}: {(work / 'err').read_text()[-2000:]}")
     return (work / "out").read_text()
+
+
+def torchrun_round(work: Path, cache: str) -> str:
+    return launched(work, cache, ["--max-restarts", "2"], ["--enable-ft-package"], kill=True)
+
+
+def inprocess_exception_round(work: Path, cache: str) -> str:
+    return launched(work, cache, [], [*INPROCESS, *WORKLOAD_EXCEPTION], kill=False)
 
 
 def inprocess_round(work: Path, cache: str) -> str:
     base = {**environment(), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    command = [sys.executable, str(ROOT / "pretrain_gpt.py"), *run_flags(work, cache), *INPROCESS]
+    command = [sys.executable, str(ROOT / "pretrain_gpt.py"), *run_flags(work, cache), *INPROCESS,
+               "--inprocess-active-world-size", "2"]
     processes = []
     try:
         for rank in range(3):
@@ -141,15 +160,16 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     from data.corpus import prepare_default_corpus
 
-    rounds = {"torchrun": [], "in-process": []}
-    modes = {"torchrun": torchrun_round, "in-process": inprocess_round}
+    modes = {"torchrun": torchrun_round, "in-process": inprocess_round,
+             "in-process, exception": inprocess_exception_round}
+    rounds = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(prefix="recovery-") as scratch:
         cache = str(Path(scratch) / "cache")
         prepare_default_corpus(cache, 512)
         for index in range(args.rounds):
-            order = list(modes) if index % 2 == 0 else list(reversed(modes))
+            order = list(modes)[index % len(modes):] + list(modes)[:index % len(modes)]  # each goes first once
             for mode in order:
-                work = Path(scratch) / f"{mode}-{index}"
+                work = Path(scratch) / f"{mode.replace(', ', '-')}-{index}"
                 work.mkdir()
                 load = os.getloadavg()[0]
                 figures = {**recovery(modes[mode](work, cache)), "load_average_1min": load}
