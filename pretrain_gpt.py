@@ -25,7 +25,9 @@ from data import DataError
 from parallel.flight_recorder import torch_environment, with_environment_path
 from parallel.state import ParallelState, initialize_grid, read_launch_environment, use_openmpi_ranks
 from planner.launch import RankPeak, dry_run_launch
+from training.data_splits import KeptAcrossRestarts
 from training.fault_tolerance import FaultTolerance, start_fault_tolerance
+from training.inprocess_restart import inprocess_notes, run_restarting
 from training.late_checks import LATE_CHECKS
 from training.loop import TrainingSummary
 from training.memory_fit import check_memory_fits
@@ -39,17 +41,18 @@ PROGRAM = "pretrain_gpt.py"
 EXPECTED_ERRORS = ALWAYS_EXPECTED + (DataError, KeyboardInterrupt)
 
 
-def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[FaultTolerance] = None
-        ) -> TrainingSummary:
+def run(config: PretrainConfig, state: ParallelState, fault_tolerance: Optional[FaultTolerance] = None,
+        kept: Optional[KeptAcrossRestarts] = None) -> TrainingSummary:
     """One training run in an initialized process group: the checks before any work (training/start_checks.py,
-    training/memory_fit.py), the run prepared once (training/prepare.py), then trained."""
+    training/memory_fit.py), the run prepared once (training/prepare.py), then trained. `kept`: what an in-process
+    restart keeps from one incarnation to the next (training/inprocess_restart.py)."""
     log = first_rank_log(state)
     batch = check_before_claim(config, state, log)
     if (found := kill_switch_found(config, state, log)) is not None:
         return TrainingSummary(exit_reason=found)
     peak = RankPeak()  # one dry run of this rank serves the check and the memory line after iteration 1
     check_memory_fits(config, state, batch, peak.before_data, log)
-    with prepare(config, state, batch, log, predict_peak=peak) as prepared:
+    with prepare(config, state, batch, log, predict_peak=peak, kept=kept) as prepared:
         return train_run(prepared, fault_tolerance)
 
 
@@ -60,7 +63,8 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     parsed = parse_arguments(argv, late_checks=LATE_CHECKS)
     config, notes = parsed.config, [*parsed.notes, *use_openmpi_ranks(parsed.config.training.use_mpi),
                                     *straggler_notes(parsed.config.logging.log_straggler,
-                                                     parsed.config.logging.disable_straggler_on_startup)]
+                                                     parsed.config.logging.disable_straggler_on_startup),
+                                    *inprocess_notes(parsed.config.training)]
     if parsed.print_config:
         if reporting_process():
             print(format_config(parsed), flush=True)
@@ -82,6 +86,8 @@ def initialize_and_run(argv: Optional[Sequence[str]]) -> Optional[int]:
     # Megatron-LM opens the "setup" section before initialize_megatron (training.py: ft_integration.setup())
     fault_tolerance = start_fault_tolerance(config, read_launch_environment().rank)
     try:
+        if config.training.inprocess_restart:  # the same processes through every fault (training/inprocess_restart.py)
+            return run_restarting(config, run, PROGRAM, fault_tolerance)
         try:
             state = initialize_grid(config.training.device, config.parallel,
                                     config.training.distributed_timeout_minutes,

@@ -407,6 +407,38 @@ class TrainingConfig:
         5, group="checkpoint",
         help="with --enable-ft-package: training iterations of each start outside the step section and the "
              "out-of-section watch (the first ones are slow)")
+    # Megatron-LM's in-process restart (megatron/training/inprocess_restart.py, _add_inprocess_restart_args in
+    # arguments.py; nvidia-resiliency-ext's inprocess.Wrapper): training/inprocess_restart.py. The flags of what is
+    # not built here (the progress timeouts, the monitor process) stay accepted with no effect
+    # (arguments/megatron/flag_classes.py).
+    inprocess_restart: bool = option(
+        False, action="store_true", group="checkpoint",
+        help="on an error or a dead rank the processes stay: each aborts its process groups, the survivors agree on "
+             "a new incarnation (a spare in a dead rank's place), re-form the groups and resume from the latest "
+             "checkpoint (--load = --save) in the same process")
+    inprocess_max_iterations: Optional[int] = option(
+        None, group="checkpoint",
+        help="with --inprocess-restart: the most incarnations (the first run and its restarts); none: no bound")
+    inprocess_heartbeat_interval: float = option(
+        30.0, group="checkpoint", help="with --inprocess-restart: seconds between a process's heartbeats")
+    inprocess_heartbeat_timeout: float = option(
+        60.0, group="checkpoint",
+        help="with --inprocess-restart: a process whose heartbeat stood still this long is taken as dead at a restart")
+    inprocess_barrier_timeout: float = option(
+        120.0, group="checkpoint",
+        help="with --inprocess-restart: the most seconds the survivors wait for each other at a restart")
+    inprocess_completion_timeout: float = option(
+        120.0, group="checkpoint",
+        help="with --inprocess-restart: the most seconds the launch rank 0, which hosts the restart store, waits at "
+             "the end for every process to finish")
+    inprocess_active_world_size: Optional[int] = option(
+        None, group="checkpoint",
+        help="with --inprocess-restart: the processes that train (the first N launch ranks); the others wait as hot "
+             "spares and take a dead rank's place (Megatron's default: every process, WORLD_SIZE)")
+    inprocess_granularity: str = option(
+        "node", group="checkpoint", choices=("node", "rank"),
+        help="with --inprocess-restart: what a fault takes out (Megatron's default node: every rank of the host, "
+             "which on a host without CUDA devices is each rank alone; rank: the rank alone)")
     # Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py; the flags are Megatron-LM's
     # _add_rerun_machine_args and --no-check-for-nan-in-loss-and-grad): training/rerun_state.py. Megatron's default
     # mode, validate_results, is a Megatron launch's (the model set by flags: arguments/megatron/defaults.py); a
@@ -519,6 +551,7 @@ class TrainingConfig:
         if self.flight_recorder_trace_buffer_size < 0:
             raise ConfigError(f"--flight-recorder-trace-buffer-size must be 0 (no ring) or more, got "
                               f"{self.flight_recorder_trace_buffer_size}", flags=("--flight-recorder-trace-buffer-size",))
+        check_inprocess_settings(self)
         if self.ft_num_warmup_iters < 0:
             raise ConfigError(f"--ft-num-warmup-iters must be 0 or more, got {self.ft_num_warmup_iters}",
                               flags=("--ft-num-warmup-iters",))
@@ -543,6 +576,25 @@ class TrainingConfig:
             raise ConfigError(f"--min-loss-scale {self.min_loss_scale} is larger than --initial-loss-scale "
                               f"{self.initial_loss_scale}; lower the former or raise the latter",
                               flags=("--min-loss-scale", "--initial-loss-scale"))
+
+
+def check_inprocess_settings(training: "TrainingConfig") -> None:
+    """The --inprocess-* values Megatron-LM would hand nvidia-resiliency-ext's Wrapper, which rejects a
+    non-positive interval or timeout and a restart bound below one incarnation."""
+    for name in ("inprocess_heartbeat_interval", "inprocess_heartbeat_timeout", "inprocess_barrier_timeout",
+                 "inprocess_completion_timeout"):
+        value = getattr(training, name)
+        if not 0 < value < float("inf"):
+            raise ConfigError(f"{_flag(name)} must be a positive number of seconds, got {value}", flags=(_flag(name),))
+    if training.inprocess_heartbeat_timeout <= training.inprocess_heartbeat_interval:
+        raise ConfigError(f"--inprocess-heartbeat-timeout ({training.inprocess_heartbeat_timeout:g} s) must be longer "
+                          f"than --inprocess-heartbeat-interval ({training.inprocess_heartbeat_interval:g} s): a live "
+                          "process would be taken as dead between two beats",
+                          flags=("--inprocess-heartbeat-timeout", "--inprocess-heartbeat-interval"))
+    for name in ("inprocess_max_iterations", "inprocess_active_world_size"):
+        value = getattr(training, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{_flag(name)} must be at least 1, got {value}", flags=(_flag(name),))
 
 
 def check_rampup(ramp: list[int], global_batch_size: int) -> None:

@@ -606,9 +606,9 @@ def check_grid_divides(world_size: int, tensor_parallel_size: int, pipeline_para
 
 
 def initialize_grid(device_name: str, parallel: "ParallelismConfig", timeout_minutes: float,
-                    optimizer_instances: int = 1) -> ParallelState:
+                    optimizer_instances: int = 1, store: Optional[dist.Store] = None) -> ParallelState:
     """`initialize` with every size of the run's parallel section (parallel/config.py), in one place."""
-    return initialize(device_name, parallel.tensor_model_parallel_size, timeout_minutes,
+    return initialize(device_name, parallel.tensor_model_parallel_size, timeout_minutes, store=store,
                       pipeline_parallel_size=parallel.pipeline_model_parallel_size,
                       optimizer_instances=optimizer_instances, context_parallel_size=parallel.context_parallel_size,
                       expert_model_parallel_size=parallel.expert_model_parallel_size,
@@ -618,9 +618,11 @@ def initialize_grid(device_name: str, parallel: "ParallelismConfig", timeout_min
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
                gpus_per_node: Optional[int] = None, pipeline_parallel_size: int = 1,
                optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
-               expert_tensor_parallel_size: Optional[int] = None) -> ParallelState:
+               expert_tensor_parallel_size: Optional[int] = None, store: Optional[dist.Store] = None
+               ) -> ParallelState:
     """Build the PP x DP x CP x TP grid for this launch (torchrun, SLURM, or a plain single process), and the
-    experts' grid over the same ranks.
+    experts' grid over the same ranks. `store`: the rendezvous store to build the groups on, where the caller keeps
+    one (an in-process restart's incarnation, training/inprocess_restart.py); else torchrun's or MASTER_PORT's.
 
     Bad sizes raise ValueError naming the flag before any process group exists. The process group's
     timeout turns a dead or hung peer into an error that ends the job instead of a job that hangs.
@@ -659,7 +661,8 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     timeout = timedelta(minutes=timeout_minutes)
     # torchrun's agent store, one key space per restart (parallel/attempt_store.py: a restart under the static
     # rendezvous otherwise reads the previous incarnation's addresses)
-    store = process_group_store(launch.master_addr, launch.master_port, timeout, os.environ)
+    if store is None:
+        store = process_group_store(launch.master_addr, launch.master_port, timeout, os.environ)
     if store is not None:
         dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size, timeout=timeout)
     else:

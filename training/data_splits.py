@@ -55,6 +55,20 @@ def load_tokenizer_and_data_sources(config: PretrainConfig) -> tuple[RunTokenize
     return tokenizer, DataSources(blend=(corpus.data_prefix,), blend_source="the embedded corpus")
 
 
+class KeptAcrossRestarts:
+    """What an in-process restart (training/inprocess_restart.py) keeps from one incarnation's prepare to the
+    next's: the tokenizer and the data sources, a function of the configuration alone (no process group, no rank),
+    loaded once per process."""
+
+    def __init__(self) -> None:
+        self._loaded: Optional[tuple[RunTokenizer, DataSources]] = None
+
+    def tokenizer_and_data_sources(self, config: PretrainConfig) -> tuple[RunTokenizer, DataSources]:
+        if self._loaded is None:
+            self._loaded = load_tokenizer_and_data_sources(config)
+        return self._loaded
+
+
 def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
                tokenizer: Optional[RunTokenizer] = None) -> DataSplits:
     """Datasets sized for the run (every iteration's batch of settings.batch, a ramp's included) and

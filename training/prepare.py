@@ -27,7 +27,13 @@ from checkpoint.sharded import ResumePoint, load_checkpoint
 from data.tokenizer import RunTokenizer
 from parallel.state import ParallelState, read_launch_environment
 from training.build import Built, build
-from training.data_splits import DataSplits, build_data, corpus_cache_dir, load_tokenizer_and_data_sources
+from training.data_splits import (
+    DataSplits,
+    KeptAcrossRestarts,
+    build_data,
+    corpus_cache_dir,
+    load_tokenizer_and_data_sources,
+)
 from training.exit_conditions import ExitConditions
 from training.metrics import MemoryCheck, MetricsWriter
 from training.run_description import describe_model
@@ -75,14 +81,16 @@ class Run:
 
 
 def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, log: Log,
-            predict_peak: PredictPeak) -> Run:
+            predict_peak: PredictPeak, kept: Optional[KeptAcrossRestarts] = None) -> Run:
+    """`kept`: the tokenizer and data sources an in-process restart's earlier incarnation loaded."""
     # torch's intra-op threads, by the one rule (training/threads.py), before any of the run's work
     threads = set_intra_op_threads(read_launch_environment().local_world_size)
     claimed = claim_run_start(config, state, corpus_cache_dir(config), log, batch)
     with contextlib.ExitStack() as on_failure:  # popped on success: the Run owns what was made
         on_failure.callback(claimed.release)
         log("> preparing tokenizer and data")
-        tokenizer, data_sources = load_tokenizer_and_data_sources(config)
+        tokenizer, data_sources = (kept.tokenizer_and_data_sources(config) if kept is not None
+                                   else load_tokenizer_and_data_sources(config))
         vocab_size = model_vocabulary(config, tokenizer.vocab_size)  # the tokenizer's, or an --init-from-hf folder's
         settings = resolve_run_settings(config, vocab_size, state.tensor_parallel_size, state.data_parallel_size,
                                         state.device.type, batch=batch, resumed_lr_schedule=claimed.lr_schedule)

@@ -1,6 +1,8 @@
-"""What a torchrun restart cost: the iterations redone and the time from the fault to training again.
+"""What a torchrun restart or an in-process restart cost: the iterations redone and the time from the fault to
+training again.
 
-Under torchrun with --max-restarts (TORCHELASTIC_MAX_RESTARTS > 0) and with --save, rank 0 keeps the last
+Under torchrun with --max-restarts (TORCHELASTIC_MAX_RESTARTS > 0), or --inprocess-restart (which sets
+INPROCESS_RESTART_ITERATION for each incarnation, training/inprocess_restart.py), and with --save, rank 0 keeps the last
 finished iteration and its wall-clock time in `<save>/restart_progress.json` (a few bytes, replaced after each
 iteration). A restarted incarnation (TORCHELASTIC_RESTART_COUNT > 0) reads it before it trains: the iterations
 after the checkpoint it resumed from up to that one are redone, and once it is back at that iteration it says so
@@ -17,10 +19,23 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 PROGRESS_FILE = "restart_progress.json"
+INPROCESS_RESTART = "INPROCESS_RESTART_ITERATION"  # this incarnation, 0 for the first
+INPROCESS_MAX_ITERATIONS = "INPROCESS_MAX_ITERATIONS"  # --inprocess-max-iterations, 0 for no bound
 
 
 def restarts_possible(environ: Mapping[str, str]) -> bool:
-    return int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+    return int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 or INPROCESS_RESTART in environ
+
+
+def restart_count(environ: Mapping[str, str]) -> tuple[int, str]:
+    """This start's restart number and how the line names it: an in-process restart's incarnation, else
+    torchrun's restart count."""
+    if INPROCESS_RESTART in environ:
+        bound = int(environ.get(INPROCESS_MAX_ITERATIONS, "0") or 0)
+        restart = int(environ[INPROCESS_RESTART])
+        return restart, f"in-process restart {restart}" + (f" of {bound - 1}" if bound else "")
+    restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return restart, f"torchrun restart {restart} of {int(environ.get('TORCHELASTIC_MAX_RESTARTS', '0') or 0)}"
 
 
 class RestartProgress:
@@ -29,8 +44,7 @@ class RestartProgress:
     def __init__(self, save_dir: str, start_iteration: int, environ: Mapping[str, str], log: Callable[[str], None],
                  clock: Callable[[], float] = time.time) -> None:
         self.path = Path(save_dir) / PROGRESS_FILE
-        self.restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        self.max_restarts = int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+        self.restart, self.restart_name = restart_count(environ)
         self.start_iteration = start_iteration
         self.log, self.clock = log, clock
         self.before: Optional[dict] = None  # the previous incarnation's last record
@@ -59,7 +73,7 @@ class RestartProgress:
         redone = reached - resumed
         lost = ("no iteration redone" if redone <= 0 else
                 f"iteration {resumed + 1} redone" if redone == 1 else f"iterations {resumed + 1}-{reached} redone")
-        return (f"> recovered (torchrun restart {self.restart} of {self.max_restarts}): the previous incarnation had "
+        return (f"> recovered ({self.restart_name}): the previous incarnation had "
                 f"finished iteration {reached}, this one resumed from the checkpoint at iteration {resumed}: {lost}; "
                 f"{self.first_done_after_s:.1f} s from iteration {reached}'s end to the first iteration after the "
                 f"restart, {back_after_s:.1f} s to iteration {reached} again")

@@ -131,14 +131,17 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --ckpt-convert-update-legacy-dist-opt-format --verify-integrity --no-save-tokenizer-assets
         --disable-save-tokenizer-assets --no-use-tokenizer-model-from-checkpoint-args
         --disable-use-tokenizer-model-from-checkpoint-args --use-mp-args-from-checkpoint-args""")),
-    ("launcher and cluster plumbing (autoresume, in-process restart, timeouts, signals, MPI "
+    ("in-process restart's hang detection and its monitor process (nvidia-resiliency-ext's progress watchdog, soft "
+     "and hard timeouts, SIGTERM-then-SIGKILL of a hung rank, the last-call window, CUDA's cache): not built here; "
+     "--inprocess-restart restarts on an error or a rank whose heartbeat stopped (training/inprocess_restart.py), "
+     "a hung rank that still beats ends at --distributed-timeout-minutes", _names("""
+        --inprocess-hard-timeout --inprocess-soft-timeout --inprocess-progress-watchdog-interval
+        --inprocess-monitor-process-interval --inprocess-monitor-thread-interval --inprocess-last-call-wait
+        --inprocess-termination-grace-time --inprocess-empty-cuda-cache""")),
+    ("launcher and cluster plumbing (autoresume, timeouts, signals, MPI "
      "discovery); ranks and devices come from torchrun or SLURM here, and --exit-signal-handler saves on "
      "SIGTERM or SIGUSR1", _names("""
-        --adlr-autoresume --adlr-autoresume-interval --inprocess-restart --inprocess-active-world-size
-        --inprocess-barrier-timeout --inprocess-completion-timeout --inprocess-empty-cuda-cache --inprocess-granularity
-        --inprocess-hard-timeout --inprocess-heartbeat-interval --inprocess-heartbeat-timeout --inprocess-last-call-wait
-        --inprocess-max-iterations --inprocess-monitor-process-interval --inprocess-monitor-thread-interval
-        --inprocess-progress-watchdog-interval --inprocess-soft-timeout --inprocess-termination-grace-time
+        --adlr-autoresume --adlr-autoresume-interval
         --distributed-timeout-seconds-after-init
         --aml-data-download-path --exit-signal --exit-signal-handler-for-dataloader --exit-signal-handler-for-training
         --deepspeed_mpi --trust-remote-code""")),

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -43,13 +44,16 @@ def launch_environment() -> dict[str, str]:
     return {**environment, "WANDB_MODE": "disabled"}
 
 
-def start(workdir: Path, corpus_cache: str, launch_flags: list[str], train_flags: list[str]) -> subprocess.Popen:
-    """scripts/launch.py, static rendezvous, 2 ranks, a save every 2 iterations to workdir/ck (also --load)."""
+def start(workdir: Path, corpus_cache: str, launch_flags: list[str], train_flags: list[str],
+          script: Path = REPO / "pretrain_gpt.py", environment: Optional[dict[str, str]] = None) -> subprocess.Popen:
+    """scripts/launch.py, static rendezvous, 2 ranks, a save every 2 iterations to workdir/ck (also --load); `script`
+    in place of pretrain_gpt.py (tests/kill_rank.py), `environment` added to the ranks'."""
     command = [sys.executable, str(REPO / "scripts" / "launch.py"), *launch_flags, "--nnodes", "1", "--nproc_per_node",
-               "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(REPO / "pretrain_gpt.py"),
+               "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script),
                *TWELVE, "--data-cache-dir", corpus_cache, "--save", str(workdir / "ck"), "--load", str(workdir / "ck"),
                "--metrics-file", str(workdir / "metrics.jsonl"), *train_flags]
-    return subprocess.Popen(command, cwd=workdir, env=launch_environment(), stdout=open(workdir / "out", "w"),
+    return subprocess.Popen(command, cwd=workdir, env={**launch_environment(), **(environment or {})},
+                            stdout=open(workdir / "out", "w"),
                             stderr=open(workdir / "err", "w"))
 
 
