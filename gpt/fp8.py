@@ -11,7 +11,7 @@ is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks CUD
 of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it.
 
 Built and checked on the CPU: tensor parallelism with or without sequence parallelism, and data parallelism
-(ZeRO 0-3); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
+(ZeRO 0-3; with --fp8-param-gather under ZeRO 3 the FP8 weights are gathered as FP8 bytes, zero/fp8_params.py); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
 recomputation (a recomputed forward would update the amax history twice); its histories and scales are in
 this project's checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
 
@@ -38,6 +38,7 @@ from base.errors import ConfigError
 from parallel.fp8.guard import GuardMonitor, LayerGuard
 from parallel.fp8.kernel import kernel_name
 from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
+from parallel.fp8.param_gather import GATHERED_RECIPES
 from parallel.fp8.recipes import Fp8Recipe
 from parallel.layers import ColumnParallelLinear, RowParallelLinear
 from parallel.state import ParallelState
@@ -58,6 +59,7 @@ class Fp8Launch:
     expert_parallel: int
     recompute: bool
     compile: bool
+    zero_stage: int = 0
 
 
 def check_fp8(model_config, launch: Fp8Launch) -> None:
@@ -90,6 +92,8 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                           f"forward would update the amax "
                           f"history twice; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state), or drop "
                           f"the recomputation")
+    if model_config.fp8_param_gather:
+        _check_param_gather(what, recipe, launch.zero_stage)
     unbuilt = [(launch.pipeline_parallel > 1, f"--pipeline-model-parallel-size {launch.pipeline_parallel}"),
                (launch.context_parallel > 1, f"--context-parallel-size {launch.context_parallel}"),
                (launch.expert_parallel > 1, f"--expert-model-parallel-size {launch.expert_parallel}"),
@@ -101,6 +105,30 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
             raise ConfigError(f"{what} is built for tensor and data parallelism so far: with {setting} its amax "
                               f"reductions and layers are not built yet (issue 65); drop --fp8-format or that "
                               f"setting")
+
+
+def _check_param_gather(what: str, recipe: str, zero_stage: int) -> None:
+    """--fp8-param-gather where it is not built. Megatron-LM asserts the distributed optimizer or FSDP
+    (megatron/training/arguments.py: "--fp8-param-gather only supported with distributed optimizer, torch fsdp2,
+    megatron fsdp"): ZeRO 0 is refused as there; ZeRO 1-2 (the distributed optimizer) and the block recipes
+    (Megatron casts them through TE's blockwise and MXFP8 tensors) are not built here."""
+    if zero_stage == 0:
+        raise ConfigError(f"{what} --fp8-param-gather needs sharded parameters, as in Megatron-LM (distributed "
+                          f"optimizer or FSDP): use --zero-stage 3")
+    if zero_stage in (1, 2):
+        raise ConfigError(f"{what} --fp8-param-gather: FP8 parameter gathers are built for ZeRO stage 3 only so far "
+                          f"(issue 65), not for stage {zero_stage} (the distributed optimizer); use --zero-stage 3 "
+                          f"or drop --fp8-param-gather")
+    if recipe not in GATHERED_RECIPES:
+        raise ConfigError(f"{what} --fp8-param-gather: the {recipe} recipe's block-scaled weights are not cast from "
+                          f"the master here (built: {', '.join(GATHERED_RECIPES)}); drop --fp8-param-gather")
+
+
+def fp8_gathered_weights(model: nn.Module) -> dict:
+    """{id(weight): Fp8LinearState} of the linears apply_fp8 put in FP8, for ZeRO to keep and gather as FP8 bytes
+    (--fp8-param-gather, zero/fp8_params.py)."""
+    return {id(module.weight): module.fp8_state for module in model.modules()
+            if getattr(module, "fp8_state", None) is not None}
 
 
 def _keeps_high_precision(model_config, layer: int) -> bool:
@@ -213,6 +241,14 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         words.append("guard off (--no-fp8-guard): FP8 numerics neither counted nor checked")
     if off_shape:
         words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
+    if model_config.fp8_param_gather:
+        words.append("--fp8-param-gather: ZeRO-3 keeps these linears' weights as e4m3 bytes cast from the fp32 master "
+                     "after each step (scale from the whole weight's amax, max all-reduced over the shard owners) and "
+                     "gathers 1 byte per element, the GEMMs taking them with no second cast; the gathered chunk is "
+                     "also dequantized into the high-precision parameters (the autograd leaves), so device memory is "
+                     "not reduced; the guard does not count that cast"
+                     + ("; the weight is cast once per step, not once per micro-batch (TransformerEngine's FP8 "
+                        "parameters)" if recipe.recipe == "delayed" else ""))
     words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
     return "; ".join(words)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from base.eager_under_compile import keep_marked_methods_eager
-from gpt.fp8 import apply_fp8
+from gpt.fp8 import apply_fp8, fp8_gathered_weights
 from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
@@ -108,7 +108,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
                       decoupled_lr_params=decoupled_lr_params(model, config),
                       muon_excluded_params=embedding_and_output_weights(model),
-                      build=build_zero_with_experts if own_experts else None)
+                      build=build_zero_with_experts if own_experts else None,
+                      fp8_gathered=fp8_gathered_weights(model) if config.model.fp8_param_gather else None)
     if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng, fp8=fp8)

@@ -27,6 +27,7 @@ from torch import nn
 from base.eager_under_compile import eager_under_compile
 from parallel.init import CHUNK_ELEMENTS, ParameterInitializer, replace_parameters
 from zero.flat_buffer import FlatLayout, Unit
+from zero.fp8_params import Fp8WeightBytes
 from zero.placement import Placement
 from zero.stage3 import ParameterGatherer
 
@@ -222,7 +223,7 @@ class ShardedParameters(ParameterStorage):
     """Stage 3: this rank's 16-bit shard of every unit; chunks are gathered only while in use."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group, zero_config,
-                 modules: Sequence[nn.Module], placement: Placement) -> None:
+                 modules: Sequence[nn.Module], placement: Placement, fp8_states: Optional[dict] = None) -> None:
         super().__init__(layout, dtype, device)
         self.comm, self.group, self.zero_config, self.placement = comm, group, zero_config, placement
         self.modules = list(modules)  # modules[i] runs layout.units[i]
@@ -234,6 +235,9 @@ class ShardedParameters(ParameterStorage):
         self.shard = torch.zeros(layout.partition_numel, dtype=dtype, device="cpu" if on_host else device,
                                  pin_memory=pinned)
         self.gatherer: Optional[ParameterGatherer] = None
+        # --fp8-param-gather (zero/fp8_params.py): the FP8 linears' weights' units, gathered as bytes
+        self.fp8 = Fp8WeightBytes(layout, fp8_states, dtype, device, comm, group, released_between_uses=True) \
+            if fp8_states else None
 
     def fill(self, source: ValueSource, master: torch.Tensor) -> None:
         for unit in self.layout.units:
@@ -243,6 +247,8 @@ class ShardedParameters(ParameterStorage):
                     at = fragment.partition_offset + begin - fragment.param_offset
                     self.shard[at:at + count] = values
                     master[at:at + count] = values
+        if self.fp8 is not None:
+            self.fp8.quantize(master)
 
     def bind(self, model: nn.Module) -> FlatLayout:
         """Each unit's chunk is allocated, its parameters become views into it, and its storage is
@@ -257,12 +263,14 @@ class ShardedParameters(ParameterStorage):
         self.layout = _rebuilt_layout(self.layout, replace_parameters(model, views))
         self.gatherer = ParameterGatherer(self.layout, self.modules, model, flats, self.shard, self.comm,
                                           self.group, self.zero_config,
-                                          shard_on_host=self.placement.parameter_shard_on_host)
+                                          shard_on_host=self.placement.parameter_shard_on_host, fp8=self.fp8)
         self.gatherer.refresh_persistent()  # persistent chunks stay whole: gather them once now
         return self.layout
 
     def publish(self, master: torch.Tensor) -> None:
         self.shard.copy_(master)
+        if self.fp8 is not None:
+            self.fp8.quantize(master)
         self.gatherer.refresh_persistent()
 
     def gathered(self, unit: Unit):

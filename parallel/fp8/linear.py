@@ -49,6 +49,9 @@ class Fp8LinearState:
         self.recipe = recipe
         self.delayed = DelayedScaling(recipe, device, reduce_amax) if recipe.recipe == "delayed" else None
         self.guard = guard  # --fp8-guard (parallel/fp8/guard.py); None: no counts, no fallback
+        # --fp8-param-gather (parallel/fp8/param_gather.py): the weight as ZeRO gathered it, already in e4m3 with
+        # its scale; None: the forward casts the weight.
+        self.fp8_weight = None
 
     def quantize_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
         if self.delayed is not None:
@@ -70,7 +73,12 @@ def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: 
 def _per_tensor_forward(ctx, x2, weight, state, counts):
     recipe = state.recipe
     x_q, x_scale = state.quantize_per_tensor(x2, INPUT, recipe.forward_dtype, counts)
-    w_q, w_scale = state.quantize_per_tensor(weight, WEIGHT, recipe.forward_dtype, counts)
+    if state.fp8_weight is None:
+        w_q, w_scale = state.quantize_per_tensor(weight, WEIGHT, recipe.forward_dtype, counts)
+    else:  # cast after the optimizer step and gathered as bytes: no second cast (the guard does not count that one)
+        w_q, w_scale = state.fp8_weight.data, state.fp8_weight.scale_inv.clone()
+        if state.delayed is not None:
+            state.delayed.update_recorded(WEIGHT, recipe.forward_dtype)
     ctx.saved = (x_q, x_scale, w_q, w_scale, None if recipe.wgrad_in_fp8 else x2)
     return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, torch.float32)
 

@@ -139,12 +139,20 @@ class DelayedScaling:
         (fp8 data, dequantizing scale)."""
         scale = self.scale[role].clone()
         data, scale_inv = quantize_tensorwise(tensor, scale, dtype, counts)
-        amax = torch.maximum(self.amax_history[0, role], amax_of(tensor)).reshape(1)
+        self.amax_history[0, role] = torch.maximum(self.amax_history[0, role], amax_of(tensor))
+        self.update_recorded(role, dtype)
+        return data, scale_inv
+
+    def update_recorded(self, role: int, dtype: torch.dtype) -> None:
+        """Reduce the amax the history's newest row holds for this role and update its scale: after this
+        forward's cast, or, for a weight cast elsewhere (--fp8-param-gather, parallel/fp8/param_gather.py), at the
+        forward that uses it, as TE's autocast exit does with FP8 parameters (0 when nothing was cast since the
+        last update: the scale then stays, _default_sf_compute)."""
+        amax = self.amax_history[0, role].reshape(1).clone()
         if self.reduce_amax is not None:
             self.reduce_amax(amax)
         self.amax_history[0, role] = amax[0]
         self._update(role, FP8_MAX[dtype])
-        return data, scale_inv
 
     def _update(self, role: int, fp8_max: float) -> None:
         history = self.amax_history[:, role]

@@ -66,6 +66,11 @@ def _launch(**changes):
      "--fp8-guard-saturation-threshold 1.5 must be a fraction between 0 and 1"),
     ("tensorwise", ONE_PROCESS, {"first_last_layers_bf16": True, "num_layers_at_end_in_bf16": 3},
      "--num-layers-at-end-in-bf16 3 must be between 0 and the number of layers (2)"),
+    # --fp8-param-gather: Megatron-LM's assertion (distributed optimizer or FSDP), then what is not built here
+    ("tensorwise", ONE_PROCESS, {"fp8_param_gather": True}, "needs sharded parameters, as in Megatron-LM"),
+    ("delayed", _launch(zero_stage=1), {"fp8_param_gather": True}, "built for ZeRO stage 3 only so far"),
+    ("blockwise", _launch(zero_stage=3), {"fp8_param_gather": True}, "the blockwise recipe's block-scaled weights"),
+    ("mxfp8", _launch(zero_stage=3), {"fp8_param_gather": True}, "the mxfp8 recipe's block-scaled weights"),
 ])
 def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extra, words):
     config = tiny_config(fp8="hybrid", fp8_recipe=recipe, **extra)
@@ -81,6 +86,9 @@ def test_what_is_built_passes_the_check(recipe):
     # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
     check_fp8(tiny_config(), _launch(pipeline_parallel=8))  # no --fp8-format: nothing to check
+    for per_tensor in ("delayed", "tensorwise"):  # FP8 parameter gathers under ZeRO 3 (tests/gpt/test_fp8_param_gather.py)
+        check_fp8(tiny_config(fp8="hybrid", fp8_recipe=per_tensor, fp8_param_gather=True), _launch(zero_stage=3))
+    assert parse_config(["--fp8-param-gather"]).model.fp8_param_gather is True  # Megatron-LM's flag and dest
 
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):
