@@ -11,7 +11,7 @@ is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks CUD
 of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it.
 
 Built and checked on the CPU: tensor parallelism with or without sequence parallelism, and data parallelism
-(ZeRO 0-3; with --fp8-param-gather under ZeRO 3 the FP8 weights are gathered as FP8 bytes, zero/fp8_params.py); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
+(ZeRO 0-3; with --fp8-param-gather under ZeRO 1-3 the FP8 weights are gathered as FP8 bytes, zero/fp8_params.py); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
 recomputation (a recomputed forward would update the amax history twice); its histories and scales are in
 this project's checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
 
@@ -110,15 +110,11 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
 def _check_param_gather(what: str, recipe: str, zero_stage: int) -> None:
     """--fp8-param-gather where it is not built. Megatron-LM asserts the distributed optimizer or FSDP
     (megatron/training/arguments.py: "--fp8-param-gather only supported with distributed optimizer, torch fsdp2,
-    megatron fsdp"): ZeRO 0 is refused as there; ZeRO 1-2 (the distributed optimizer) and the block recipes
-    (Megatron casts them through TE's blockwise and MXFP8 tensors) are not built here."""
+    megatron fsdp"): ZeRO 0 is refused as there (stage 1 is the distributed optimizer, stage 3 FSDP); the block
+    recipes (Megatron casts them through TE's blockwise and MXFP8 tensors) are not built here."""
     if zero_stage == 0:
         raise ConfigError(f"{what} --fp8-param-gather needs sharded parameters, as in Megatron-LM (distributed "
-                          f"optimizer or FSDP): use --zero-stage 3")
-    if zero_stage in (1, 2):
-        raise ConfigError(f"{what} --fp8-param-gather: FP8 parameter gathers are built for ZeRO stage 3 only so far "
-                          f"(issue 65), not for stage {zero_stage} (the distributed optimizer); use --zero-stage 3 "
-                          f"or drop --fp8-param-gather")
+                          f"optimizer or FSDP): use --use-distributed-optimizer or --zero-stage 1, 2 or 3")
     if recipe not in GATHERED_RECIPES:
         raise ConfigError(f"{what} --fp8-param-gather: the {recipe} recipe's block-scaled weights are not cast from "
                           f"the master here (built: {', '.join(GATHERED_RECIPES)}); drop --fp8-param-gather")
@@ -242,11 +238,12 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
     if off_shape:
         words.append("in high precision for CUDA's FP8 shape rules: " + "; ".join(off_shape))
     if model_config.fp8_param_gather:
-        words.append("--fp8-param-gather: ZeRO-3 keeps these linears' weights as e4m3 bytes cast from the fp32 master "
+        words.append("--fp8-param-gather: ZeRO keeps these linears' weights as e4m3 bytes cast from the fp32 master "
                      "after each step (scale from the whole weight's amax, max all-reduced over the shard owners) and "
-                     "gathers 1 byte per element, the GEMMs taking them with no second cast; the gathered chunk is "
+                     "gathers 1 byte per element, the GEMMs taking them with no second cast; the gathered weights are "
                      "also dequantized into the high-precision parameters (the autograd leaves), so device memory is "
-                     "not reduced; the guard does not count that cast"
+                     "not reduced; under ZeRO 1-2 these gathers run at the step, not overlapped with the forward; the "
+                     "guard does not count that cast"
                      + ("; the weight is cast once per step, not once per micro-batch (TransformerEngine's FP8 "
                         "parameters)" if recipe.recipe == "delayed" else ""))
     words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")

@@ -105,7 +105,7 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     model holds, which is what lets the first and last pipeline stages sum a tied embedding's reduced
     gradient shard by shard (zero/pipeline_grads.py). `gradient_divisor` is what each gradient is divided by
     before it is summed over the group (the DP size by default; zero/experts.py passes the dense DP size for
-    expert parameters reduced over their own, smaller group). `fp8_gathered` (--fp8-param-gather, stage 3): FP8
+    expert parameters reduced over their own, smaller group). `fp8_gathered` (--fp8-param-gather, stages 1-3): FP8
     linears' weights (id -> Fp8LinearState), given units of their own gathered as FP8 bytes."""
     stage = zero_config.stage
     if stage not in (0, 1, 2, 3):
@@ -123,13 +123,17 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
 
     modules: list[nn.Module] = []
     fp8_gathered = fp8_gathered or {}
-    if fp8_gathered and stage != 3:  # gpt/fp8.py's check_fp8 refuses it first, in one line
-        raise ValueError("--fp8-param-gather is built for ZeRO stage 3 only")
+    if fp8_gathered and stage == 0:  # gpt/fp8.py's check_fp8 refuses it first, in one line, as Megatron-LM
+        raise ValueError("--fp8-param-gather needs sharded parameters (ZeRO stage 1-3)")
     if stage == 3:
         unit_params, modules = stage3_unit_params(model, blocks, frozenset(fp8_gathered))
     else:
         alone = {id(param) for param in own_units}
-        unit_params = bucket_params([p for p in params if id(p) not in alone], zero_config.reduce_bucket_size)
+        # --fp8-param-gather: the FP8 weights in buckets of their own, gathered as FP8 bytes (zero/fp8_params.py)
+        unit_params = bucket_params([p for p in params if id(p) not in alone and id(p) not in fp8_gathered],
+                                    zero_config.reduce_bucket_size)
+        unit_params += bucket_params([p for p in params if id(p) not in alone and id(p) in fp8_gathered],
+                                     zero_config.reduce_bucket_size)
         unit_params += [[param] for param in own_units]
     # The partition is cut over the DP group (DP x CP with context parallelism, as Megatron's distributed
     # optimizer over "dp-cp"; gradients are averaged over the same ranks), or with several optimizer instances
@@ -147,7 +151,8 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
                                     placement, fp8_gathered)
     else:
         storage = ReplicatedParameters(layout, param_dtype, device, state.comm, partition_group,
-                                       zero_config.allgather_bucket_size, zero_config.overlap_param_gather)
+                                       zero_config.allgather_bucket_size, zero_config.overlap_param_gather,
+                                       fp8_gathered)
     if device.type == "cpu":  # else glibc's heap keeps the large blocks every iteration frees
         weights = [p.numel() * param_dtype.itemsize for p in params if p.dim() >= 2]
         return_freed_blocks_to_system(min(weights, default=0))

@@ -68,7 +68,6 @@ def _launch(**changes):
      "--num-layers-at-end-in-bf16 3 must be between 0 and the number of layers (2)"),
     # --fp8-param-gather: Megatron-LM's assertion (distributed optimizer or FSDP), then what is not built here
     ("tensorwise", ONE_PROCESS, {"fp8_param_gather": True}, "needs sharded parameters, as in Megatron-LM"),
-    ("delayed", _launch(zero_stage=1), {"fp8_param_gather": True}, "built for ZeRO stage 3 only so far"),
     ("blockwise", _launch(zero_stage=3), {"fp8_param_gather": True}, "the blockwise recipe's block-scaled weights"),
     ("mxfp8", _launch(zero_stage=3), {"fp8_param_gather": True}, "the mxfp8 recipe's block-scaled weights"),
 ])
@@ -86,8 +85,9 @@ def test_what_is_built_passes_the_check(recipe):
     # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
     check_fp8(tiny_config(), _launch(pipeline_parallel=8))  # no --fp8-format: nothing to check
-    for per_tensor in ("delayed", "tensorwise"):  # FP8 parameter gathers under ZeRO 3 (tests/gpt/test_fp8_param_gather.py)
-        check_fp8(tiny_config(fp8="hybrid", fp8_recipe=per_tensor, fp8_param_gather=True), _launch(zero_stage=3))
+    for stage in (1, 2, 3):  # FP8 parameter gathers (tests/gpt/test_fp8_param_gather.py)
+        for per_tensor in ("delayed", "tensorwise"):
+            check_fp8(tiny_config(fp8="hybrid", fp8_recipe=per_tensor, fp8_param_gather=True), _launch(zero_stage=stage))
     assert parse_config(["--fp8-param-gather"]).model.fp8_param_gather is True  # Megatron-LM's flag and dest
 
 
