@@ -39,7 +39,14 @@ def test_fp8_param_gather_equals_zero0_and_gathers_one_byte_per_weight(tmp_path,
              "--fp8-param-gather")
     runs.add("delayed-zero1", *FP8, "--fp8-recipe", "delayed", "--use-distributed-optimizer")
     runs.add("tensorwise-zero2-gather", *FP8, "--fp8-recipe", "tensorwise", "--zero-stage", "2", "--fp8-param-gather")
+    # delayed ZeRO 3 with the flag saved at iteration 2 and resumed: the histories are restored before the master is
+    # published, so the weights are cast with the saved scales
+    save = str(tmp_path / "ckpt")
+    runs.add("delayed-saved", *FP8, "--fp8-recipe", "delayed", *GATHER, "--save", save, "--exit-interval", "2")
+    runs.add("delayed-resumed", *FP8, "--fp8-recipe", "delayed", *GATHER, "--save", save, "--load", save)
     launched = runs.launch(2, 1)
+    resumed = [(r["iteration"], r["loss"]) for r in launched["delayed-resumed"] if "loss" in r]
+    assert resumed == [(3, losses_of(launched["delayed-zero0"])[2])]
     for recipe in ("tensorwise", "delayed"):
         reference = losses_of(launched[f"{recipe}-zero0"])
         assert len(reference) == ITERS
