@@ -11,8 +11,10 @@ is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks CUD
 of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it.
 
 Built and checked on the CPU: tensor parallelism with or without sequence parallelism, and data parallelism
-(ZeRO 0-3; with --fp8-param-gather under ZeRO 1-3 the FP8 weights are gathered as FP8 bytes, zero/fp8_params.py); no PP, CP or EP, a dense model, no MTP, no --compile; delayed scaling without activation
-recomputation (a recomputed forward would update the amax history twice); its histories and scales are in
+(ZeRO 0-3; with --fp8-param-gather under ZeRO 1-3 the FP8 weights are gathered as FP8 bytes,
+zero/fp8_params.py); no PP, CP or EP, a dense model, no MTP, no --compile. Under activation recomputation
+delayed scaling recomputes with the original forward's scales and updates no history twice
+(parallel/fp8/recompute.py, as TransformerEngine's checkpoint); its histories and scales are in
 this project's checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
 
 Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group,
@@ -57,7 +59,7 @@ class Fp8Launch:
     pipeline_parallel: int
     context_parallel: int
     expert_parallel: int
-    recompute: bool
+    recompute: bool  # no refusal reads it since delayed scaling recomputes as TE does (parallel/fp8/recompute.py)
     compile: bool
     zero_stage: int = 0
 
@@ -87,11 +89,6 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
             if not 0 <= count <= model_config.num_layers:
                 raise ConfigError(f"{flag} {count} must be between 0 and the number of layers "
                                   f"({model_config.num_layers})")
-    if recipe == "delayed" and launch.recompute:
-        raise ConfigError(f"{what} with --checkpoint-activations (--recompute-granularity full): the recomputed "
-                          f"forward would update the amax "
-                          f"history twice; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state), or drop "
-                          f"the recomputation")
     if model_config.fp8_param_gather:
         _check_param_gather(what, recipe, launch.zero_stage)
     unbuilt = [(launch.pipeline_parallel > 1, f"--pipeline-model-parallel-size {launch.pipeline_parallel}"),

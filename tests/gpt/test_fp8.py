@@ -59,7 +59,6 @@ def _launch(**changes):
     ("tensorwise", ONE_PROCESS, {"num_experts": 4}, "--num-experts (the experts' grouped GEMMs)"),
     ("tensorwise", ONE_PROCESS, {"mtp_num_layers": 1}, "--mtp-num-layers 1"),
     ("tensorwise", _launch(compile=True), {}, "with --compile"),
-    ("delayed", _launch(recompute=True), {}, "update the amax history twice"),
     ("delayed", ONE_PROCESS, {"first_last_layers_bf16": True}, "delayed scaling does not support first / last"),
     ("custom", ONE_PROCESS, {}, "the custom recipe (--fp8-quantizer-factory"),
     ("tensorwise", ONE_PROCESS, {"fp8_guard_saturation_threshold": 1.5},
@@ -82,6 +81,7 @@ def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extr
 def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(recompute=True))
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
+    check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), _launch(recompute=True))  # test_fp8_recompute.py
     # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
     check_fp8(tiny_config(), _launch(pipeline_parallel=8))  # no --fp8-format: nothing to check
