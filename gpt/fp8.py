@@ -180,7 +180,7 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         return None
     recipe = recipe_of(model_config)
     reduce_amax = amax_reduction(parallel) if recipe.recipe == "delayed" else None
-    guarded = model_config.fp8_guard
+    guarded = model_config.fp8_guard and device.type != "meta"  # a planner's meta rank: no values to check
     if guarded and monitor is None:  # a caller that reads no metrics: the guards still check and fall back
         monitor = GuardMonitor()
     threshold = model_config.fp8_guard_saturation_threshold
@@ -243,7 +243,8 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
                      "guard does not count that cast"
                      + ("; the weight is cast once per step, not once per micro-batch (TransformerEngine's FP8 "
                         "parameters)" if recipe.recipe == "delayed" else ""))
-    words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
+    words.append("the planner's dry run keeps the FP8 copies these linears save for the backward; it does not "
+                 "count the amax histories")
     return "; ".join(words)
 
 

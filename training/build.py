@@ -85,11 +85,13 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP
     model = GPTModel(config.model, state, rng=rng, stage=pipeline_stage(settings, state), plan=plan)  # 2. PP
-    # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. Not on the meta
-    # device: the dry run plans the high-precision GEMMs (docs/fp8.md says so).
+    # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. On the meta device
+    # too, so the dry run keeps what the FP8 linears keep (planner/dry_run.py); the guard, which reads its
+    # counts' values, only where there are values.
     # --fp8-guard's counts and fallbacks (parallel/fp8/guard.py), read by the train step for the metrics
-    model.fp8_guard = GuardMonitor() if config.model.fp8 is not None and config.model.fp8_guard else None
-    fp8 = None if state.device.type == "meta" else apply_fp8(
+    guarded = config.model.fp8 is not None and config.model.fp8_guard and state.device.type != "meta"
+    model.fp8_guard = GuardMonitor() if guarded else None
+    fp8 = apply_fp8(
         model.blocks, config.model, config.training.micro_batch_size * config.model.seq_length, state.device,
         state, model.fp8_guard)
     activations = ActivationMonitor(state.device)
