@@ -243,8 +243,8 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
                      "guard does not count that cast"
                      + ("; the weight is cast once per step, not once per micro-batch (TransformerEngine's FP8 "
                         "parameters)" if recipe.recipe == "delayed" else ""))
-    words.append("the planner's dry run keeps the FP8 copies these linears save for the backward; it does not "
-                 "count the amax histories")
+    words.append("the planner's dry run keeps the FP8 copies these linears save for the backward and counts the "
+                 "amax histories")
     return "; ".join(words)
 
 

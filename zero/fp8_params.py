@@ -52,6 +52,12 @@ class Fp8WeightBytes:
         """Elements of every FP8 unit (padding included): what one gather of them all moves, in bytes."""
         return sum(unit.numel for unit in self.units)
 
+    def resident_bytes(self) -> int:
+        """Bytes held now: the shards, and the gathered units whose storage is allocated (all of them under ZeRO
+        1-2; under ZeRO 3 those gathered at this moment)."""
+        return sum(shard.numel() for shard in self.shard.values()) + \
+            sum(flat.untyped_storage().nbytes() for flat in self.flat.values())
+
     def holds(self, unit: Unit) -> bool:
         return unit.index in self.shard
 
