@@ -65,12 +65,14 @@ class Fp8WeightBytes:
         """Cast this rank's shard of every FP8 weight from the fp32 master partition. Collective over `group`:
         one max all-reduce of every weight's shard amax, so each weight is scaled by the whole tensor's."""
         pieces, amax = [], []
+        # on the device the casts and collectives run on (the master may live in host memory: --offload-optimizer)
+        device = self.shard[self.units[0].index].device if self.units else master.device
         for unit in self.units:
             for position, slot in enumerate(unit.slots):
                 fragments = [f for f in unit.fragments(self.layout.part) if f.slot.start == slot.start]
-                local = torch.zeros((), dtype=torch.float32, device=master.device)
+                local = torch.zeros((), dtype=torch.float32, device=device)
                 for fragment in fragments:
-                    piece = master[fragment.partition_offset:fragment.partition_offset + fragment.numel]
+                    piece = master[fragment.partition_offset:fragment.partition_offset + fragment.numel].to(device)
                     local = torch.maximum(local, piece.to(self.model_dtype).abs().amax().float())
                     pieces.append((unit, position, fragment, piece))
                 amax.append(local)
