@@ -193,6 +193,14 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
         else:
             scaler_note = (f" note: the checkpoint's loss scaler ({saved_type}) does not apply to this run's "
                            f"precision; starting from the configured loss scale")
+    # The FP8 histories and scales before the master: publishing it casts the weights with them under
+    # --fp8-param-gather (zero/fp8_params.py).
+    histories = getattr(source, "fp8_histories", None)
+    missing = restore_fp8_histories(model, histories() if histories is not None else None)
+    if missing and state.is_first_rank:
+        log(f" note: {source.path} ({source.format_name}) holds no FP8 amax history for {len(missing)} delayed-scaling "
+            f"linears of this run (saved without --fp8-recipe delayed, or in a format that does not carry them), "
+            f"{missing[0]} first; they start fresh (scale 1)", flush=True)
     step = progress.optimizer_step if progress.optimizer_step is not None else progress.iteration
     optimizer.load_sharded_state_dict(staged, adam_step=step if load_optimizer else None,
                                       loss_scaler_state=scaler_state)
@@ -207,12 +215,6 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
     if missing and state.is_first_rank:
         log(f" note: {source.path} holds no expert bias for {missing[0]} (saved without "
             f"--moe-router-enable-expert-bias?); it starts at 0", flush=True)
-    histories = getattr(source, "fp8_histories", None)
-    missing = restore_fp8_histories(model, histories() if histories is not None else None)
-    if missing and state.is_first_rank:
-        log(f" note: {source.path} ({source.format_name}) holds no FP8 amax history for {len(missing)} delayed-scaling "
-            f"linears of this run (saved without --fp8-recipe delayed, or in a format that does not carry them), "
-            f"{missing[0]} first; they start fresh (scale 1)", flush=True)
     if load_rng:
         restore = getattr(source, "restore_random_states", None)
         if restore is not None:

@@ -13,10 +13,12 @@ layer numbers, which name the blocks on every pipeline stage). A linear whose sh
 multiple of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it, as it
 names MLA's replicated down-projections, which stay in high precision here (TE linears in Megatron).
 
-Built and checked on the CPU: tensor (and sequence), data (ZeRO 0-3), pipeline (virtual stages too), context and
-expert parallelism, dense and MoE models, MTP; no --compile; delayed scaling without activation recomputation (a
-recomputed forward would update the amax history twice); its histories and scales are in this project's
-checkpoints (checkpoint/fp8_state.py), not in a Megatron-LM torch_dist save (said at start-up).
+Built and checked on the CPU: tensor (and sequence), data (ZeRO 0-3; with --fp8-param-gather under ZeRO 1-3 the
+FP8 weights are gathered as FP8 bytes, zero/fp8_params.py), pipeline (virtual stages too), context and expert
+parallelism, dense and MoE models, MTP; no --compile. Under activation recomputation delayed scaling recomputes with
+the original forward's scales and updates no history twice (parallel/fp8/recompute.py, as TransformerEngine's
+checkpoint); its histories and scales are in this project's checkpoints (checkpoint/fp8_state.py), not in a
+Megatron-LM torch_dist save (said at start-up).
 
 Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group, the
 tensor x context x data parallel ranks of a pipeline stage (amax_reduction). Under expert parallelism that mixes the
@@ -46,6 +48,7 @@ from parallel.fp8 import grouped
 from parallel.fp8.guard import GuardMonitor, LayerGuard
 from parallel.fp8.kernel import kernel_name
 from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
+from parallel.fp8.param_gather import GATHERED_RECIPES
 from parallel.fp8.recipes import Fp8Recipe
 from parallel.layers import ColumnParallelLinear, RowParallelLinear
 from parallel.state import ParallelState
@@ -64,8 +67,9 @@ class Fp8Launch:
     pipeline_parallel: int
     context_parallel: int
     expert_parallel: int
-    recompute: bool
+    recompute: bool  # no refusal reads it since delayed scaling recomputes as TE does (parallel/fp8/recompute.py)
     compile: bool
+    zero_stage: int = 0
 
 
 def check_fp8(model_config, launch: Fp8Launch) -> None:
@@ -93,16 +97,33 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
             if not 0 <= count <= model_config.num_layers:
                 raise ConfigError(f"{flag} {count} must be between 0 and the number of layers "
                                   f"({model_config.num_layers})")
-    if recipe == "delayed" and launch.recompute:
-        raise ConfigError(f"{what} with --checkpoint-activations (--recompute-granularity full): the recomputed "
-                          f"forward would update the amax "
-                          f"history twice; use --fp8-recipe tensorwise, blockwise or mxfp8 (no state), or drop "
-                          f"the recomputation")
+    if model_config.fp8_param_gather:
+        _check_param_gather(what, recipe, launch.zero_stage)
     unbuilt = [(launch.compile, "--compile")]
     for unsupported, setting in unbuilt:
         if unsupported:
             raise ConfigError(f"{what} with {setting}: its amax reductions and layers are not built yet (issue 65); "
                               f"drop --fp8-format or that setting")
+
+
+def _check_param_gather(what: str, recipe: str, zero_stage: int) -> None:
+    """--fp8-param-gather where it is not built. Megatron-LM asserts the distributed optimizer or FSDP
+    (megatron/training/arguments.py: "--fp8-param-gather only supported with distributed optimizer, torch fsdp2,
+    megatron fsdp"): ZeRO 0 is refused as there (stage 1 is the distributed optimizer, stage 3 FSDP); the block
+    recipes (Megatron casts them through TE's blockwise and MXFP8 tensors) are not built here."""
+    if zero_stage == 0:
+        raise ConfigError(f"{what} --fp8-param-gather needs sharded parameters, as in Megatron-LM (distributed "
+                          f"optimizer or FSDP): use --use-distributed-optimizer or --zero-stage 1, 2 or 3")
+    if recipe not in GATHERED_RECIPES:
+        raise ConfigError(f"{what} --fp8-param-gather: the {recipe} recipe's block-scaled weights are not cast from "
+                          f"the master here (built: {', '.join(GATHERED_RECIPES)}); drop --fp8-param-gather")
+
+
+def fp8_gathered_weights(model: nn.Module) -> dict:
+    """{id(weight): Fp8LinearState} of the linears apply_fp8 put in FP8, for ZeRO to keep and gather as FP8 bytes
+    (--fp8-param-gather, zero/fp8_params.py)."""
+    return {id(module.weight): module.fp8_state for module in model.modules()
+            if getattr(module, "fp8_state", None) is not None}
 
 
 def _keeps_high_precision(model_config, layer: int) -> bool:
@@ -199,7 +220,7 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
         return None
     recipe = recipe_of(model_config)
     reduce_amax = amax_reduction(parallel) if recipe.recipe == "delayed" else None
-    guarded = model_config.fp8_guard
+    guarded = model_config.fp8_guard and device.type != "meta"  # a planner's meta rank: no values to check
     if guarded and monitor is None:  # a caller that reads no metrics: the guards still check and fall back
         monitor = GuardMonitor()
     threshold = model_config.fp8_guard_saturation_threshold
@@ -247,12 +268,13 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             experts.fp8_align = grouped.alignment(recipe.recipe)
             experts_in_fp8.append(f"{prefix}.{name}")
     return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
-                        reduce_amax is not None, guarded, threshold, bool(mtp_layers), sorted(replicated))
+                        reduce_amax is not None, guarded, threshold, bool(mtp_layers), sorted(replicated),
+                        model_config.fp8_param_gather)
 
 
 def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[ParallelState], in_fp8: list,
                  experts_in_fp8: list, high_precision_layers: list, off_shape: list, reduced: bool, guarded: bool,
-                 threshold: float, mtp: bool, replicated: list) -> str:
+                 threshold: float, mtp: bool, replicated: list, param_gather: bool) -> str:
     """apply_fp8's one line: format, recipe, the layers in FP8, the kernel, and every difference from Megatron."""
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
@@ -306,7 +328,17 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
     if replicated:
         words.append(f"MLA's {', '.join(sorted(replicated))} in high precision (replicated linears here; TE linears, "
                      f"in FP8, in Megatron: not built)")
-    words.append("the planner's memory prediction counts these GEMMs in high precision (no FP8 copies)")
+    if param_gather:
+        words.append("--fp8-param-gather: ZeRO keeps these linears' weights as e4m3 bytes cast from the fp32 master "
+                     "after each step (scale from the whole weight's amax, max all-reduced over the shard owners) and "
+                     "gathers 1 byte per element, the GEMMs taking them with no second cast; the gathered weights are "
+                     "also dequantized into the high-precision parameters (the autograd leaves), so device memory is "
+                     "not reduced; under ZeRO 1-2 these gathers run at the step, not overlapped with the forward; the "
+                     "guard does not count that cast"
+                     + ("; the weight is cast once per step, not once per micro-batch (TransformerEngine's FP8 "
+                        "parameters)" if recipe.recipe == "delayed" else ""))
+    words.append("the planner's dry run keeps the FP8 copies these linears save for the backward and counts the "
+                 "amax histories")
     return "; ".join(words)
 
 

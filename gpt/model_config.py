@@ -284,6 +284,10 @@ class ModelConfig:
         True, group="zero", consts=[Const(("--disable-fp8-wgrad",), False,
                                           help="Megatron-LM: --no-fp8-wgrad")],
         help="the weight-gradient GEMM in FP8 (Megatron passes --no-fp8-wgrad to delayed scaling only)")
+    fp8_param_gather: bool = option(
+        False, action="store_true", group="zero",
+        help="with --fp8-format and ZeRO stage 3, the FP8 linears' weights cast to e4m3 from the fp32 master after "
+             "each step and all-gathered as FP8 bytes (1 byte per element; delayed and tensorwise recipes)")
     # Not Megatron-LM's: the guard of issue 65 (parallel/fp8/guard.py, docs/fp8.md "The guard")
     fp8_guard: bool = option(
         True, group="zero",

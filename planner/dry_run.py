@@ -50,6 +50,7 @@ from base.progress import ProgressLines
 from checkpoint.async_save import staged_bytes_bound
 from checkpoint.global_load import load_read_bytes
 from gpt.attention_backend import KERNELS
+from gpt.fp8 import delayed_states
 from gpt.shape import model_shape
 from parallel.context_parallel import batch_on_this_rank
 from parallel.state import virtual_state
@@ -137,6 +138,9 @@ class RankPlan:
     # --async-save: the copy of this rank's checkpoint files a save stages in host memory and holds until they are
     # written (checkpoint/async_save.py staged_bytes_bound); 0 when saves are synchronous
     checkpoint_staging_bytes: int = 0
+    # FP8 (gpt/fp8.py): delayed scaling's amax histories and scales, and --fp8-param-gather's FP8 bytes held
+    # between steps (zero/fp8_params.py: each rank's shards, and under ZeRO 1-2 the gathered weights)
+    fp8_state_bytes: int = 0
     ranks_per_node: int = 1
     host_budget_bytes: Optional[int] = None  # per node, shared by its ranks
     host_budget_source: str = ""         # "" for --host-memory; else whose memory it is (this machine's)
@@ -532,7 +536,9 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
     else:
         passes = max(transients + max(meter.peak["device"], observer.copy_peak_bytes if copied else 0),
                      in_backward + probe.samples["recompute"]["any"])
-    result.total_bytes = held["total"] + result.buffer_bytes + max(passes, result.step_working_bytes)
+    result.fp8_state_bytes = fp8_state_bytes(model, optimizer.parameters)
+    result.total_bytes = held["total"] + result.fp8_state_bytes + result.buffer_bytes + max(passes,
+                                                                                           result.step_working_bytes)
     # Iteration 1 holds less than the later ones: the constant buffers appear at its first reduction (late in the
     # last micro-batch's backward, after the forward's peak), and are held from then on. Its peak, what a live run's
     # line after iteration 1 measures, takes each figure with the buffers that exist when it is reached.
@@ -541,7 +547,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         first_passes = max(transients + max(probe.first_iteration_forward(meter.peak["device"]),
                                             probe.first_iteration("copy") if copied else 0),
                            in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
-        result.first_iteration_bytes = held["total"] + max(first_passes,
+        result.first_iteration_bytes = held["total"] + result.fp8_state_bytes + max(first_passes,
                                                            result.buffer_bytes + result.step_working_bytes)
     if config.checkpoint.saves_in_background:  # the partition: the fp32 master and the moments, wherever they live
         partition = sum(held[key] + host_held[key] for key in ("master_weights", "optimizer_states"))
@@ -604,6 +610,15 @@ def _parameter_gradient_bytes(model, param_bytes: int) -> int:
     if tied is not None and tied.numel() == largest and model.stage.first and model.stage.last:
         largest *= 2
     return largest * param_bytes
+
+
+def fp8_state_bytes(model, parameter_storage) -> int:
+    """What FP8 holds between steps besides the model states: each delayed-scaling linear's amax history
+    (history length x 3 fp32) and scales (3 fp32), and --fp8-param-gather's bytes (zero/fp8_params.py)."""
+    held = sum(tensor.numel() * tensor.element_size() for scaling in delayed_states(model).values()
+               for tensor in (scaling.amax_history, scaling.scale))
+    gathered = getattr(parameter_storage, "fp8", None)
+    return held + (gathered.resident_bytes() if gathered is not None else 0)
 
 
 def _buffer_bytes(checkpointing) -> int:

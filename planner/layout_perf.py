@@ -57,7 +57,7 @@ from gpt.attention_window import layer_windows
 from gpt.model_config import ModelConfig
 from gpt.shape import AttentionShape, LinearShape, model_shape
 from parallel.layers import padded_vocab_size
-from planner.perf_model import CALIBRATION_DIR, Hardware
+from planner.perf_model import CALIBRATION_DIR, Hardware, gemm_peak_flops
 
 BF16_BYTES, FP32_BYTES = 2, 4
 # Elementwise bytes per token per layer in forward, in units of h (bf16): each norm reads and writes h
@@ -221,7 +221,7 @@ def even_split_output_stage_s(counts: ModelCounts, layout: Layout, hardware: Har
     (the 1F1B pipeline runs at its slowest stage's pace): (PP - 1) x the logits' evenly spread time."""
     if layout.pp <= 1:
         return 0.0
-    gemm_peak = (fp8_peak_flops or 2 * hardware.peak_flops) if layout.precision == "fp8" else hardware.peak_flops
+    gemm_peak = gemm_peak_flops(hardware, layout.precision == "fp8", fp8_peak_flops)
     tokens = layout.global_batch_size * counts.seq_length
     logits_s = tokens * 3 * counts.logits_flops_per_token / layout.gpus / (gemm_peak * constants.gemm_efficiency)
     return (layout.pp - 1) * logits_s
@@ -233,7 +233,7 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     b, s, h = layout.micro_batch_size, counts.seq_length, counts.hidden
     tokens = layout.global_batch_size * s
     world = layout.gpus
-    gemm_peak = (fp8_peak_flops or 2 * hardware.peak_flops) if layout.precision == "fp8" else hardware.peak_flops
+    gemm_peak = gemm_peak_flops(hardware, layout.precision == "fp8", fp8_peak_flops)
     passes = 3 + layout.recompute_fraction  # forward, backward (2x), the recomputed forward
     linear_flops = tokens * (3 * counts.linear_flops_per_token
                              + layout.recompute_fraction * (counts.blocks_flops_per_token - counts.attention_flops_per_token))

@@ -7,7 +7,9 @@ What it adds up, per rank and per iteration (each term from the dry run's counts
 hardware profile, configs/hardware/*.yaml):
 
     compute      every GEMM of forward, backward and recompute, each at GEMM_EFFICIENCY of the dense peak
-                 plus the time to move its operands through HBM: small or thin GEMMs (a TP rank's
+                 (with --fp8-format, the blocks' linears that run in FP8, gpt/fp8.py's choice, at the FP8 peak
+                 with 1-byte operands, as Transformer Engine runs fprop, dgrad and wgrad in FP8; the attention
+                 products and the logits stay at the 16-bit peak) plus the time to move its operands through HBM: small or thin GEMMs (a TP rank's
                  slice) fall off the peak by the hardware's own FLOP-per-byte ratio, not by a fitted
                  curve; plus the memory-bound kernels around them (LayerNorm, GeLU, dropout, residual
                  adds, casts), ELEMENTWISE_PASSES x b s h elements per layer and pass, through HBM;
@@ -43,6 +45,7 @@ import yaml
 from arguments.config import ConfigError, PretrainConfig
 from gpt.shape import LinearShape, model_shape
 from parallel.comm import ring_bytes_sent
+from parallel.fp8.linear import shape_rule_broken
 from planner.dry_run import RankPlan
 from training.metrics import flops_per_iteration
 from training.run_settings import resolve_run_settings
@@ -164,12 +167,20 @@ class Prediction:
         return dataclasses.asdict(self)
 
 
+def gemm_peak_flops(hardware: Hardware, fp8: bool, fp8_peak_flops: Optional[float] = None) -> float:
+    """The dense tensor-core peak a GEMM runs at: the FP8 one for an FP8 GEMM (`fp8_peak_flops`, the profile's
+    fp8_peak_tflops; twice the 16-bit peak where the profile names none, Hopper's ratio), else the 16-bit one.
+    Shared by this model and the layout search's (planner/layout_perf.py)."""
+    return (fp8_peak_flops or 2 * hardware.peak_flops) if fp8 else hardware.peak_flops
+
+
 @dataclass(frozen=True)
 class Gemm:
     m: int
     k: int
     n: int
     count: int  # how many of this shape, per micro-batch, in one forward
+    fp8: bool = False  # its operands cast to FP8 (--fp8-format: a block's linear that runs in FP8)
 
     @property
     def flops(self) -> float:
@@ -183,10 +194,15 @@ def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int) -> tuple[l
     model, micro = config.model, config.training.micro_batch_size
     shape = model_shape(model, tp)
     tokens, layers, s = micro * model.seq_length, model.num_layers, model.seq_length
+    fp8_layers = layers_in_fp8(model, layers)
     blocks = []
     for matmul in shape.block_matmuls:
         if isinstance(matmul, LinearShape):
-            blocks.append(Gemm(tokens, matmul.in_features, matmul.out_features, layers))
+            in_fp8 = fp8_layers if shape_rule_broken(matmul.in_features, matmul.out_features, tokens,
+                                                      model.fp8_recipe) is None else 0
+            blocks += [gemm for gemm in (Gemm(tokens, matmul.in_features, matmul.out_features, in_fp8, fp8=True),
+                                         Gemm(tokens, matmul.in_features, matmul.out_features, layers - in_fp8))
+                       if gemm.count]
         elif matmul.value_head_dim is None:  # scores and context, per head and sequence: [s, d] x [d, s], [s, s] x [s, d]
             blocks.append(Gemm(s, matmul.head_dim, s, 2 * matmul.heads * micro * layers))
         else:  # multi-latent attention: the context's value heads have their own width
@@ -196,14 +212,28 @@ def forward_gemms(config: PretrainConfig, padded_vocab: int, tp: int) -> tuple[l
     return blocks, Gemm(tokens, logits.in_features, logits.out_features, 1)
 
 
+def layers_in_fp8(model, layers: int) -> int:
+    """How many of `layers` blocks run their linears in FP8: none without --fp8-format, all but
+    --first-last-layers-bf16's (gpt/fp8.py). Under pipeline stages the kept blocks are counted off this
+    stage's as if it held the first and last (an upper bound on its high-precision blocks)."""
+    if model.fp8 is None:
+        return 0
+    if not model.first_last_layers_bf16:
+        return layers
+    return max(0, layers - model.num_layers_at_start_in_bf16 - model.num_layers_at_end_in_bf16)
+
+
 def gemm_seconds(gemms: Sequence[Gemm], element_bytes: int, hardware: Hardware, constants: Constants) -> float:
-    """Each product at GEMM_EFFICIENCY of the peak plus its operands' and result's HBM traffic: the
-    achieved fraction of peak is 1 / (1/E + peak x bytes / (flops x HBM)), so it depends on the
-    GEMM's size through its arithmetic intensity and on the hardware through its FLOP-per-byte ratio."""
+    """Each product at GEMM_EFFICIENCY of its peak (gemm_peak_flops) plus its operands' and result's HBM traffic:
+    the achieved fraction of peak is 1 / (1/E + peak x bytes / (flops x HBM)), so it depends on the
+    GEMM's size through its arithmetic intensity and on the hardware through its FLOP-per-byte ratio. An FP8
+    GEMM reads 1-byte operands and writes its result in the training dtype."""
     seconds = 0.0
     for gemm in gemms:
-        traffic = (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n) * element_bytes * gemm.count
-        seconds += gemm.flops / (hardware.peak_flops * constants.gemm_efficiency) + traffic / hardware.hbm_bandwidth
+        operand_bytes = 1 if gemm.fp8 else element_bytes
+        traffic = ((gemm.m * gemm.k + gemm.k * gemm.n) * operand_bytes + gemm.m * gemm.n * element_bytes) * gemm.count
+        peak = gemm_peak_flops(hardware, gemm.fp8, hardware.fp8_peak_flops)
+        seconds += gemm.flops / (peak * constants.gemm_efficiency) + traffic / hardware.hbm_bandwidth
     return seconds
 
 

@@ -121,6 +121,8 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
             ("fp32 master weights", states["master_weights"]), (_moments(config), states["optimizer_states"]),
             *(moe_state_rows(plan.moe) if plan.moe is not None else []),
             ("constant buffers (C_B: reduce buckets, scatter outputs)", plan.buffer_bytes)]
+    if plan.fp8_state_bytes:
+        rows.append(("FP8 amax histories and scales, --fp8-param-gather's bytes", plan.fp8_state_bytes))
     if plan.offload_copy_bytes:
         rows.append(("offloaded shards' device copies in flight at the peak", plan.offload_copy_bytes))
     if plan.stage == 3:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from base.eager_under_compile import keep_marked_methods_eager
-from gpt.fp8 import apply_fp8
+from gpt.fp8 import apply_fp8, fp8_gathered_weights
 from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
@@ -85,12 +85,14 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP
     model = GPTModel(config.model, state, rng=rng, stage=pipeline_stage(settings, state), plan=plan)  # 2. PP
-    # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. Not on the meta
-    # device: the dry run plans the high-precision GEMMs (docs/fp8.md says so).
+    # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. On the meta device
+    # too, so the dry run keeps what the FP8 linears keep (planner/dry_run.py); the guard, which reads its
+    # counts' values, only where there are values.
     # --fp8-guard's counts and fallbacks (parallel/fp8/guard.py), read by the train step for the metrics
-    model.fp8_guard = GuardMonitor() if config.model.fp8 is not None and config.model.fp8_guard else None
+    guarded = config.model.fp8 is not None and config.model.fp8_guard and state.device.type != "meta"
+    model.fp8_guard = GuardMonitor() if guarded else None
     # A dense GEMM's rows: this rank's tokens of a micro-batch (its 1/CP of the sequence under context parallelism).
-    fp8 = None if state.device.type == "meta" else apply_fp8(
+    fp8 = apply_fp8(
         model.blocks, config.model,
         config.training.micro_batch_size * config.model.seq_length // state.context_parallel_size, state.device,
         state, model.fp8_guard, mtp_layers=model.mtp_layers)
@@ -110,7 +112,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
                       decoupled_lr_params=decoupled_lr_params(model, config),
                       muon_excluded_params=embedding_and_output_weights(model),
-                      build=build_zero_with_experts if own_experts else None)
+                      build=build_zero_with_experts if own_experts else None,
+                      fp8_gathered=fp8_gathered_weights(model) if config.model.fp8_param_gather else None)
     if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
     return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng, fp8=fp8)

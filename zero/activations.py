@@ -37,11 +37,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import nn
 
+from parallel.fp8.recompute import delayed_scalings_in, recomputing, stash_for_recompute
 from zero.memory import storage_identity
 
 
@@ -276,6 +277,8 @@ class _BlockGroup:
 
     def __init__(self, blocks: list[nn.Module], documents=None) -> None:
         self.blocks, self.documents = blocks, documents
+        # FP8 delayed scaling (parallel/fp8/recompute.py): the recompute casts with the forward's scales
+        self.fp8_scalings = delayed_scalings_in(blocks)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -288,11 +291,12 @@ class _CheckpointFunction(torch.autograd.Function):
     streams, recompute with autograd on and backpropagate through the recomputed graph."""
 
     @staticmethod
-    def forward(ctx, run: Callable, checkpointing: ActivationCheckpointing, hidden: torch.Tensor):
+    def forward(ctx, run: _BlockGroup, checkpointing: ActivationCheckpointing, hidden: torch.Tensor):
         checkpointing.synchronize()
         started = time.perf_counter()
         ctx.run, ctx.checkpointing, ctx.shape = run, checkpointing, hidden.shape
         ctx.rng_states = _rng_states(checkpointing.rng, checkpointing.device)
+        stash_for_recompute(run.fp8_scalings)
         with torch.no_grad():
             output = run(hidden)
         kept = checkpointing.store(hidden)
@@ -313,7 +317,7 @@ class _CheckpointFunction(torch.autograd.Function):
         current = _rng_states(checkpointing.rng, checkpointing.device)
         _set_rng_states(checkpointing.rng, checkpointing.device, ctx.rng_states)
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), recomputing(ctx.run.fp8_scalings):
                 output = ctx.run(hidden)
         finally:
             _set_rng_states(checkpointing.rng, checkpointing.device, current)

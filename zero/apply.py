@@ -69,13 +69,15 @@ class ZeroParts:
 def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Module]] = None,
                own_units: Sequence[nn.Parameter] = (),
                decoupled_lr_params: Sequence[nn.Parameter] = (), build=None,
-               muon_excluded_params: Sequence[nn.Parameter] = ()) -> ZeroParts:
+               muon_excluded_params: Sequence[nn.Parameter] = (), fp8_gathered: Optional[dict] = None) -> ZeroParts:
     """ZeRO as a resolved PretrainConfig asks for: its stage, buckets, precision, gradient precision and
     loss scaling. `blocks` are the stage-3 chunks' modules (our GPTModel's `model.blocks`); `own_units`,
     parameters that get a unit of their own (see build_zero); `decoupled_lr_params` the parameters stepped
     at --decoupled-lr (zero/optimizer.py); `muon_excluded_params` the two-dimensional ones --optimizer muon leaves to
     Adam (the embedding and output weights, zero/muon.py). `build`: build_zero (the default), or with expert parallelism
-    zero/experts.py's build_zero_with_experts (training/build.py chooses)."""
+    zero/experts.py's build_zero_with_experts (training/build.py chooses). `fp8_gathered`: with --fp8-param-gather,
+    the FP8 linears' weights (parameter id -> their Fp8LinearState, gpt/fp8.py's fp8_gathered_weights), kept and
+    gathered as FP8 bytes (zero/fp8_params.py)."""
     build = build or build_zero
     training = config.training
     scaler = build_loss_scaler(training.fp16, training.loss_scale, training.initial_loss_scale,
@@ -85,6 +87,8 @@ def apply_zero(model: nn.Module, config, state, blocks: Optional[Sequence[nn.Mod
                     seed=training.seed, blocks=blocks, own_units=own_units, decoupled_lr_params=decoupled_lr_params)
     if config.optimizer.optimizer == "muon":
         settings["muon_excluded_params"] = muon_excluded_params
+    if fp8_gathered:
+        settings["fp8_gathered"] = fp8_gathered
     return build(model, config.zero, config.optimizer, state, **settings)
 
 
@@ -94,14 +98,15 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
                alignment: int = DEFAULT_ALIGNMENT, own_units: Sequence[nn.Parameter] = (),
                decoupled_lr_params: Sequence[nn.Parameter] = (),
                gradient_divisor: Optional[int] = None,
-               muon_excluded_params: Sequence[nn.Parameter] = ()) -> ZeroParts:
+               muon_excluded_params: Sequence[nn.Parameter] = (), fp8_gathered: Optional[dict] = None) -> ZeroParts:
     """The explicit form of `apply_zero`. `seed` is needed when the model is on the meta device;
     `grad_dtype` defaults to the parameters' dtype. Each of `own_units` (stages 0-2) is a unit alone, last:
     its shard then lies at the same place of the unit on every rank of the same DP rank whatever else the
     model holds, which is what lets the first and last pipeline stages sum a tied embedding's reduced
     gradient shard by shard (zero/pipeline_grads.py). `gradient_divisor` is what each gradient is divided by
     before it is summed over the group (the DP size by default; zero/experts.py passes the dense DP size for
-    expert parameters reduced over their own, smaller group)."""
+    expert parameters reduced over their own, smaller group). `fp8_gathered` (--fp8-param-gather, stages 1-3): FP8
+    linears' weights (id -> Fp8LinearState), given units of their own gathered as FP8 bytes."""
     stage = zero_config.stage
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage}")
@@ -117,11 +122,18 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     device = state.device
 
     modules: list[nn.Module] = []
+    fp8_gathered = fp8_gathered or {}
+    if fp8_gathered and stage == 0:  # gpt/fp8.py's check_fp8 refuses it first, in one line, as Megatron-LM
+        raise ValueError("--fp8-param-gather needs sharded parameters (ZeRO stage 1-3)")
     if stage == 3:
-        unit_params, modules = stage3_unit_params(model, blocks)
+        unit_params, modules = stage3_unit_params(model, blocks, frozenset(fp8_gathered))
     else:
         alone = {id(param) for param in own_units}
-        unit_params = bucket_params([p for p in params if id(p) not in alone], zero_config.reduce_bucket_size)
+        # --fp8-param-gather: the FP8 weights in buckets of their own, gathered as FP8 bytes (zero/fp8_params.py)
+        unit_params = bucket_params([p for p in params if id(p) not in alone and id(p) not in fp8_gathered],
+                                    zero_config.reduce_bucket_size)
+        unit_params += bucket_params([p for p in params if id(p) not in alone and id(p) in fp8_gathered],
+                                     zero_config.reduce_bucket_size)
         unit_params += [[param] for param in own_units]
     # The partition is cut over the DP group (DP x CP with context parallelism, as Megatron's distributed
     # optimizer over "dp-cp"; gradients are averaged over the same ranks), or with several optimizer instances
@@ -136,10 +148,11 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     storage: ParameterStorage
     if stage == 3:
         storage = ShardedParameters(layout, param_dtype, device, state.comm, partition_group, zero_config, modules,
-                                    placement)
+                                    placement, fp8_gathered)
     else:
         storage = ReplicatedParameters(layout, param_dtype, device, state.comm, partition_group,
-                                       zero_config.allgather_bucket_size, zero_config.overlap_param_gather)
+                                       zero_config.allgather_bucket_size, zero_config.overlap_param_gather,
+                                       fp8_gathered)
     if device.type == "cpu":  # else glibc's heap keeps the large blocks every iteration frees
         weights = [p.numel() * param_dtype.itemsize for p in params if p.dim() >= 2]
         return_freed_blocks_to_system(min(weights, default=0))

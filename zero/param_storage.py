@@ -27,6 +27,7 @@ from torch import nn
 from base.eager_under_compile import eager_under_compile
 from parallel.init import CHUNK_ELEMENTS, ParameterInitializer, replace_parameters
 from zero.flat_buffer import FlatLayout, Unit
+from zero.fp8_params import Fp8WeightBytes
 from zero.placement import Placement
 from zero.stage3 import ParameterGatherer
 
@@ -114,10 +115,15 @@ class ReplicatedParameters(ParameterStorage):
     With `overlap_param_gather` (Megatron's overlap-param-gather; stages 1-2), publishing after a step
     only *starts* every unit's all-gather, in the order the next forward needs them (units are reduce
     buckets, laid out last layer first); each module that owns parameters waits, just before its
-    forward, for the units that hold them. The gathers then run while the first layers compute."""
+    forward, for the units that hold them. The gathers then run while the first layers compute.
+
+    With --fp8-param-gather (`fp8_states`, zero/fp8_params.py) the FP8 linears' weights are units of their own,
+    gathered as FP8 bytes and dequantized into the buffer when published, before the other units' gathers
+    (not overlapped with the forward: the start-up line says so)."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group,
-                 allgather_bucket_numel: int, overlap_param_gather: bool = False) -> None:
+                 allgather_bucket_numel: int, overlap_param_gather: bool = False,
+                 fp8_states: Optional[dict] = None) -> None:
         super().__init__(layout, dtype, device)
         self.comm, self.group = comm, group
         self.allgather_bucket_numel = allgather_bucket_numel
@@ -125,6 +131,9 @@ class ReplicatedParameters(ParameterStorage):
         self.flat = torch.zeros(layout.numel, dtype=dtype, device=device)
         self._in_flight: dict[int, tuple[object, torch.Tensor]] = {}  # unit index -> (work, its input)
         self._hooks: list = []
+        self.fp8 = Fp8WeightBytes(layout, fp8_states, dtype, device, comm, group, released_between_uses=False) \
+            if fp8_states else None
+        self._units_in_dtype = [unit for unit in layout.units if self.fp8 is None or not self.fp8.holds(unit)]
 
     def fill(self, source: ValueSource, master: torch.Tensor) -> None:
         for unit in self.layout.units:
@@ -134,6 +143,17 @@ class ReplicatedParameters(ParameterStorage):
                     values = source.read(slot.param, begin, count, self.device)
                     unit_flat[slot.start + begin:slot.start + begin + count] = values
                     self._fill_master(master, unit, slot, begin, values)
+        self._publish_fp8(master)
+
+    def _publish_fp8(self, master: torch.Tensor) -> None:
+        """--fp8-param-gather: cast the FP8 weights' shards from the master, gather their bytes, and write them
+        dequantized into the buffer (the parameters), unit by unit."""
+        if self.fp8 is None:
+            return
+        self.fp8.quantize(master)
+        for unit in self.fp8.units:
+            self.fp8.start_gather(unit, async_op=False)
+            self.fp8.dequantize(unit, unit.in_buffer(self.flat))
 
     def bind(self, model: nn.Module) -> FlatLayout:
         views = {}
@@ -177,8 +197,9 @@ class ReplicatedParameters(ParameterStorage):
         of them, waited for by the next forward, with overlap); with one part (stage 0) the "gather"
         is this rank's own copy."""
         self.wait_all()  # the previous publish's gathers write this same buffer
+        self._publish_fp8(master)
         if self.overlap:
-            for unit in reversed(self.layout.units):  # forward order
+            for unit in reversed(self._units_in_dtype):  # forward order
                 owned = unit.in_partition(master).to(self.device, self.dtype)
                 work = self.comm.all_gather(unit.in_buffer(self.flat), owned, self.group, "dp", async_op=True)
                 self._in_flight[unit.index] = (work, owned)
@@ -196,7 +217,7 @@ class ReplicatedParameters(ParameterStorage):
         """The units `publish` keeps in flight together: until their gathered elements reach the
         all-gather bucket size."""
         bucket, in_flight = [], 0
-        for unit in self.layout.units:
+        for unit in self._units_in_dtype:
             bucket.append(unit)
             in_flight += unit.numel
             if in_flight >= self.allgather_bucket_numel:
@@ -211,8 +232,8 @@ class ReplicatedParameters(ParameterStorage):
         forward). fp32 parameters send the master's own pieces: nothing is copied."""
         if self.dtype == torch.float32:
             return 0
-        buckets = [self.layout.units] if self.overlap else list(self._gather_buckets())
-        return max(sum(unit.shard_numel for unit in bucket) for bucket in buckets) * self.dtype.itemsize
+        buckets = [self._units_in_dtype] if self.overlap else list(self._gather_buckets())
+        return max((sum(unit.shard_numel for unit in bucket) for bucket in buckets), default=0) * self.dtype.itemsize
 
     def tensors(self) -> list[torch.Tensor]:
         return [slot.param.data for unit in self.layout.units for slot in unit.slots] + [self.flat]
@@ -222,7 +243,7 @@ class ShardedParameters(ParameterStorage):
     """Stage 3: this rank's 16-bit shard of every unit; chunks are gathered only while in use."""
 
     def __init__(self, layout: FlatLayout, dtype: torch.dtype, device: torch.device, comm, group, zero_config,
-                 modules: Sequence[nn.Module], placement: Placement) -> None:
+                 modules: Sequence[nn.Module], placement: Placement, fp8_states: Optional[dict] = None) -> None:
         super().__init__(layout, dtype, device)
         self.comm, self.group, self.zero_config, self.placement = comm, group, zero_config, placement
         self.modules = list(modules)  # modules[i] runs layout.units[i]
@@ -234,6 +255,9 @@ class ShardedParameters(ParameterStorage):
         self.shard = torch.zeros(layout.partition_numel, dtype=dtype, device="cpu" if on_host else device,
                                  pin_memory=pinned)
         self.gatherer: Optional[ParameterGatherer] = None
+        # --fp8-param-gather (zero/fp8_params.py): the FP8 linears' weights' units, gathered as bytes
+        self.fp8 = Fp8WeightBytes(layout, fp8_states, dtype, device, comm, group, released_between_uses=True) \
+            if fp8_states else None
 
     def fill(self, source: ValueSource, master: torch.Tensor) -> None:
         for unit in self.layout.units:
@@ -243,6 +267,8 @@ class ShardedParameters(ParameterStorage):
                     at = fragment.partition_offset + begin - fragment.param_offset
                     self.shard[at:at + count] = values
                     master[at:at + count] = values
+        if self.fp8 is not None:
+            self.fp8.quantize(master)
 
     def bind(self, model: nn.Module) -> FlatLayout:
         """Each unit's chunk is allocated, its parameters become views into it, and its storage is
@@ -257,12 +283,14 @@ class ShardedParameters(ParameterStorage):
         self.layout = _rebuilt_layout(self.layout, replace_parameters(model, views))
         self.gatherer = ParameterGatherer(self.layout, self.modules, model, flats, self.shard, self.comm,
                                           self.group, self.zero_config,
-                                          shard_on_host=self.placement.parameter_shard_on_host)
+                                          shard_on_host=self.placement.parameter_shard_on_host, fp8=self.fp8)
         self.gatherer.refresh_persistent()  # persistent chunks stay whole: gather them once now
         return self.layout
 
     def publish(self, master: torch.Tensor) -> None:
         self.shard.copy_(master)
+        if self.fp8 is not None:
+            self.fp8.quantize(master)
         self.gatherer.refresh_persistent()
 
     def gathered(self, unit: Unit):

@@ -57,19 +57,22 @@ def block_modules(model: nn.Module) -> list[nn.Module]:
     return best
 
 
-def stage3_unit_params(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None
-                       ) -> tuple[list[list[nn.Parameter]], list[nn.Module]]:
+def stage3_unit_params(model: nn.Module, blocks: Optional[Sequence[nn.Module]] = None,
+                       fp8_weights: frozenset = frozenset()) -> tuple[list[list[nn.Parameter]], list[nn.Module]]:
     """Parameters per chunk -- the root chunk first, then one per block -- and the module whose
-    forward each chunk serves (the model itself for the root)."""
+    forward each chunk serves (the model itself for the root). With --fp8-param-gather a block's FP8
+    linears' weights (`fp8_weights`, parameter ids) are a chunk of their own before the block's other
+    parameters, serving the same block: it is gathered as FP8 bytes (zero/fp8_params.py)."""
     blocks = list(blocks) if blocks is not None else block_modules(model)
     claimed: set[int] = set()
-    block_params = []
+    pairs = []
     for block in blocks:
         params = [p for p in unique_trainable_parameters(block) if id(p) not in claimed]
         claimed.update(id(p) for p in params)
-        block_params.append(params)
+        pairs += [([p for p in params if id(p) in fp8_weights], block),
+                  ([p for p in params if id(p) not in fp8_weights], block)]
     root_params = [p for p in unique_trainable_parameters(model) if id(p) not in claimed]
-    pairs = [(params, module) for params, module in zip([root_params] + block_params, [model] + blocks) if params]
+    pairs = [(params, module) for params, module in [(root_params, model)] + pairs if params]
     return [params for params, _ in pairs], [module for _, module in pairs]
 
 
@@ -93,8 +96,9 @@ class ParameterGatherer:
 
     def __init__(self, layout: FlatLayout, modules: Sequence[nn.Module], model: nn.Module,
                  flats: Sequence[torch.Tensor], param_shard: torch.Tensor, comm, group, zero_config, *,
-                 shard_on_host: bool = False) -> None:
+                 shard_on_host: bool = False, fp8=None) -> None:
         self.layout, self.param_shard, self.comm, self.group = layout, param_shard, comm, group
+        self.fp8 = fp8  # --fp8-param-gather's Fp8WeightBytes (zero/fp8_params.py): its units gather as bytes
         self.prefetch_numel = zero_config.stage3_prefetch_bucket_size
         self.max_live_numel = zero_config.stage3_max_live_parameters
         self.units = layout.units
@@ -133,11 +137,18 @@ class ParameterGatherer:
             return
         flat = self.flat[unit.index]
         flat.untyped_storage().resize_(self._nbytes[unit.index])
+        if self.fp8 is not None and self.fp8.holds(unit):  # FP8 bytes, dequantized into the chunk once waited for
+            self._work[unit.index] = self.fp8.start_gather(unit, async_op=True)
+            self._mark_in_flight(unit)
+            return
         shard = self._device_shard(unit)
         self._work[unit.index] = self.comm.all_gather(flat, shard, self.group, "dp", async_op=True)
         if self.shard_on_host:
             self._fetched[unit.index] = shard
             self._fetched_numel += shard.numel()
+        self._mark_in_flight(unit)
+
+    def _mark_in_flight(self, unit: Unit) -> None:
         self._state[unit.index] = _IN_FLIGHT
         self.live_numel += unit.numel
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
@@ -166,6 +177,8 @@ class ParameterGatherer:
         self._start_gather(unit)
         if self._state[unit.index] == _IN_FLIGHT:
             self._wait(unit)
+            if self.fp8 is not None and self.fp8.holds(unit):
+                self.fp8.dequantize(unit, self.flat[unit.index])
             self._state[unit.index] = _READY
 
     def release(self, unit: Unit) -> None:
@@ -174,6 +187,8 @@ class ParameterGatherer:
         if self._state[unit.index] == _IN_FLIGHT:
             self._wait(unit)
         self.flat[unit.index].untyped_storage().resize_(0)
+        if self.fp8 is not None and self.fp8.holds(unit):
+            self.fp8.release(unit)
         self._state[unit.index] = _RELEASED
         self.live_numel -= unit.numel
 
@@ -270,4 +285,8 @@ class ParameterGatherer:
         """Persistent chunks are never freed, so after the optimizer step they are re-gathered whole."""
         for index in sorted(self.persistent):
             unit = self.units[index]
-            self.comm.all_gather(self.flat[index], self._device_shard(unit), self.group, "dp")
+            if self.fp8 is not None and self.fp8.holds(unit):
+                self.fp8.start_gather(unit, async_op=False)
+                self.fp8.dequantize(unit, self.flat[index])
+            else:
+                self.comm.all_gather(self.flat[index], self._device_shard(unit), self.group, "dp")

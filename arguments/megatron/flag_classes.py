@@ -382,9 +382,8 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fp8/fp4 training is not implemented: use --bf16 or --fp16", _names("""
         --fp4-format --te-precision-config-file --kitchen-config-file
         --kitchen-recipe-number --use-kitchen-attention""")),
-    ("not implemented yet (issue 65): FP8 GEMMs (--fp8-format) gather and keep 16-bit weights and run the "
-     "output layer in high precision; drop it", _names("""
-        --fp8-param-gather --fp8-output-proj""")),
+    ("not implemented yet (issue 65): FP8 GEMMs (--fp8-format) run the output layer in high precision; drop it",
+     _names("--fp8-output-proj")),
     ("not implemented: the optimizer here is Adam(W) with fp32 states, and all parameters trained",
      _names("""
         --use-bnb-optimizer --qk-clip --freeze-all-layers""")),

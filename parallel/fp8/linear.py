@@ -49,6 +49,9 @@ class Fp8LinearState:
         self.recipe = recipe
         self.delayed = DelayedScaling(recipe, device, reduce_amax) if recipe.recipe == "delayed" else None
         self.guard = guard  # --fp8-guard (parallel/fp8/guard.py); None: no counts, no fallback
+        # --fp8-param-gather (parallel/fp8/param_gather.py): the weight as ZeRO gathered it, already in e4m3 with
+        # its scale; None: the forward casts the weight.
+        self.fp8_weight = None
 
     def quantize_per_tensor(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
         if self.delayed is not None:
@@ -70,14 +73,27 @@ def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: 
 def _per_tensor_forward(ctx, x2, weight, state, counts):
     recipe = state.recipe
     x_q, x_scale = state.quantize_per_tensor(x2, INPUT, recipe.forward_dtype, counts)
-    w_q, w_scale = state.quantize_per_tensor(weight, WEIGHT, recipe.forward_dtype, counts)
-    ctx.saved = (x_q, x_scale, w_q, w_scale, None if recipe.wgrad_in_fp8 else x2)
+    if state.fp8_weight is None:
+        w_q, w_scale = state.quantize_per_tensor(weight, WEIGHT, recipe.forward_dtype, counts)
+        saved_w_q = w_q
+    else:  # cast after the optimizer step and gathered as bytes: no second cast (the guard does not count that one)
+        w_q, w_scale = state.fp8_weight.data, state.fp8_weight.scale_inv.clone()
+        if state.delayed is not None:
+            state.delayed.update_recorded(WEIGHT, recipe.forward_dtype)
+        # ZeRO's gathered weight (gathered again for the backward), not an activation: kept beside the saved tensors
+        ctx.gathered_weight, saved_w_q = w_q, None
+    ctx.saved = (x_q, x_scale, saved_w_q, w_scale, None if recipe.wgrad_in_fp8 else x2)
     return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, torch.float32)
+
+
+def _per_tensor_saved(ctx):
+    x_q, x_scale, w_q, w_scale, x_high = ctx.saved
+    return x_q, x_scale, (ctx.gathered_weight if w_q is None else w_q), w_scale, x_high
 
 
 def _per_tensor_backward(ctx, g2, state, counts):
     recipe = state.recipe
-    x_q, x_scale, w_q, w_scale, x_high = ctx.saved
+    x_q, x_scale, w_q, w_scale, x_high = _per_tensor_saved(ctx)
     g_q, g_scale = state.quantize_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype, counts)
     grad_x = scaled_matmul(g_q, w_q.t().contiguous().t(), g_scale, w_scale, torch.float32)
     if x_high is None:
@@ -138,7 +154,7 @@ def _dequantized_operands(ctx, recipe: str):
     the backward fails its check (the forward's casts passed theirs, so they hold x and W to FP8 rounding;
     W's parameter itself may be released by then under ZeRO-3)."""
     if recipe in ("delayed", "tensorwise"):
-        x_q, x_scale, w_q, w_scale, x_high = ctx.saved
+        x_q, x_scale, w_q, w_scale, x_high = _per_tensor_saved(ctx)
         x = x_high.float() if x_high is not None else x_q.float() * x_scale
         return x, w_q.float() * w_scale
     if recipe == "blockwise":
@@ -162,7 +178,14 @@ class _Fp8LinearFunction(torch.autograd.Function):
         x2 = x.detach().reshape(-1, x.size(-1))
         guard = state.guard
         counts = None if guard is None else CastCounts()
-        out = _FORWARD[state.recipe.recipe](ctx, x2, weight.detach(), state, counts)
+        detached = weight.detach()
+        ctx.gathered_weight = None
+        out = _FORWARD[state.recipe.recipe](ctx, x2, detached, state, counts)
+        # Through autograd's saved tensors, so what a step keeps for the backward (the FP8 copies of x and W) is
+        # what the saved-tensor meter measures, live and in the planner's dry run; the weight itself as the
+        # parameter (a model state, not an activation).
+        ctx.save_for_backward(*(weight if tensor is detached else tensor for tensor in ctx.saved))
+        ctx.saved = None
         if bias is not None:
             out = out + bias.detach().float()
         result = out.to(x.dtype)
@@ -184,6 +207,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         g2 = grad_out.reshape(-1, grad_out.size(-1))
         state, guard = ctx.state, ctx.state.guard
+        ctx.saved = ctx.saved_tensors
         counts = None if guard is None else CastCounts()
         # Under the guard the FP8 backward runs first even after a high-precision forward: it is the check, and
         # delayed scaling's gradient history and amax reduction see every cast as without the guard.
@@ -195,7 +219,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
             elif failed:
                 grad_x, grad_w = _high_precision_backward(g2, *_dequantized_operands(ctx, state.recipe.recipe))
         grad_bias = g2.sum(0) if ctx.has_bias else None
-        ctx.saved = ctx.high_precision = None
+        ctx.saved = ctx.high_precision = ctx.gathered_weight = None
         return grad_x.to(ctx.x_dtype).reshape(ctx.x_shape), grad_w.to(ctx.weight_dtype), grad_bias, None
 
 

@@ -11,6 +11,7 @@ below follow TE's code line by line (cited at each function).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -133,18 +134,34 @@ class DelayedScaling:
         self.reduce_amax = reduce_amax
         self.amax_history = torch.zeros(recipe.amax_history_len, 3, dtype=torch.float32, device=device)
         self.scale = torch.ones(3, dtype=torch.float32, device=device)
+        # Activation recomputation (parallel/fp8/recompute.py): the forward roles' scales each checkpointed forward
+        # cast with, oldest first, and whether a recomputed forward is running now.
+        self._recompute_stash: deque = deque()
+        self.recomputing = False
 
     def quantize(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
         """Cast with this role's current scale, record the amax, update the role's scale; returns
         (fp8 data, dequantizing scale)."""
         scale = self.scale[role].clone()
         data, scale_inv = quantize_tensorwise(tensor, scale, dtype, counts)
-        amax = torch.maximum(self.amax_history[0, role], amax_of(tensor)).reshape(1)
+        if self.recomputing:  # the original forward's scale, nothing recorded (TE: restored after the recompute)
+            return data, scale_inv
+        self.amax_history[0, role] = torch.maximum(self.amax_history[0, role], amax_of(tensor))
+        self.update_recorded(role, dtype)
+        return data, scale_inv
+
+    def update_recorded(self, role: int, dtype: torch.dtype) -> None:
+        """Reduce the amax the history's newest row holds for this role and update its scale: after this
+        forward's cast, or, for a weight cast elsewhere (--fp8-param-gather, parallel/fp8/param_gather.py), at the
+        forward that uses it, as TE's autocast exit does with FP8 parameters (0 when nothing was cast since the
+        last update: the scale then stays, _default_sf_compute)."""
+        if self.recomputing:
+            return
+        amax = self.amax_history[0, role].reshape(1).clone()
         if self.reduce_amax is not None:
             self.reduce_amax(amax)
         self.amax_history[0, role] = amax[0]
         self._update(role, FP8_MAX[dtype])
-        return data, scale_inv
 
     def _update(self, role: int, fp8_max: float) -> None:
         history = self.amax_history[:, role]
@@ -153,6 +170,33 @@ class DelayedScaling:
             history.copy_(torch.roll(history, -1, 0))
         history[0] = 0.0
         self.scale[role] = delayed_scale(amax, self.scale[role], fp8_max, self.recipe.margin)
+
+    def stash_for_recompute(self) -> None:
+        """Before a forward that will be recomputed: keep the forward roles' history and scales, as TE's
+        copy_forward_fp8_meta_tensors_for_recompute keeps its scaling_fwd meta (amax_history, scale clones) in a
+        FIFO per module (transformer_engine/pytorch/quantization.py, FP8GlobalStateManager)."""
+        forward = [INPUT, WEIGHT]
+        self._recompute_stash.append((self.amax_history[:, forward].clone(), self.scale[forward].clone()))
+
+    def begin_recompute(self) -> tuple:
+        """Switch the forward roles to the oldest stash for a recomputed forward (TE's
+        get_old_fp8_meta_tensors_for_recompute: the updated values kept aside, the stashed ones in); returns
+        the updated values for end_recompute. While recomputing nothing is recorded, reduced or updated: TE's
+        recompute-phase modules join no amax reduction, and what their casts record is discarded."""
+        forward = [INPUT, WEIGHT]
+        updated = (self.amax_history[:, forward].clone(), self.scale[forward].clone())
+        history, scale = self._recompute_stash.popleft()
+        self.amax_history[:, forward] = history
+        self.scale[forward] = scale
+        self.recomputing = True
+        return updated
+
+    def end_recompute(self, updated: tuple) -> None:
+        """TE's restore_fp8_meta_tensors: the values the original forward left, back in place."""
+        forward = [INPUT, WEIGHT]
+        self.amax_history[:, forward] = updated[0]
+        self.scale[forward] = updated[1]
+        self.recomputing = False
 
     def state_dict(self) -> dict:
         return {"amax_history": self.amax_history.clone(), "scale": self.scale.clone()}

@@ -54,13 +54,16 @@ def _launch(**changes):
 
 @pytest.mark.parametrize("recipe, launch, extra, words", [
     ("tensorwise", _launch(compile=True), {}, "with --compile: its amax reductions"),
-    ("delayed", _launch(recompute=True), {}, "update the amax history twice"),
     ("delayed", ONE_PROCESS, {"first_last_layers_bf16": True}, "delayed scaling does not support first / last"),
     ("custom", ONE_PROCESS, {}, "the custom recipe (--fp8-quantizer-factory"),
     ("tensorwise", ONE_PROCESS, {"fp8_guard_saturation_threshold": 1.5},
      "--fp8-guard-saturation-threshold 1.5 must be a fraction between 0 and 1"),
     ("tensorwise", ONE_PROCESS, {"first_last_layers_bf16": True, "num_layers_at_end_in_bf16": 3},
      "--num-layers-at-end-in-bf16 3 must be between 0 and the number of layers (2)"),
+    # --fp8-param-gather: Megatron-LM's assertion (distributed optimizer or FSDP), then what is not built here
+    ("tensorwise", ONE_PROCESS, {"fp8_param_gather": True}, "needs sharded parameters, as in Megatron-LM"),
+    ("blockwise", _launch(zero_stage=3), {"fp8_param_gather": True}, "the blockwise recipe's block-scaled weights"),
+    ("mxfp8", _launch(zero_stage=3), {"fp8_param_gather": True}, "the mxfp8 recipe's block-scaled weights"),
 ])
 def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extra, words):
     config = tiny_config(fp8="hybrid", fp8_recipe=recipe, **extra)
@@ -73,12 +76,17 @@ def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extr
 def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="e4m3", fp8_recipe=recipe), _launch(recompute=True))
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), ONE_PROCESS)
+    check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), _launch(recompute=True))  # test_fp8_recompute.py
     # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
     check_fp8(tiny_config(), _launch(compile=True))  # no --fp8-format: nothing to check
     # nor pipeline, context and expert parallelism, the experts and MTP (tests/gpt/test_fp8_stages_experts.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe, num_experts=4, mtp_num_layers=1),
               _launch(pipeline_parallel=2, context_parallel=2, expert_parallel=2))
+    for stage in (1, 2, 3):  # FP8 parameter gathers (tests/gpt/test_fp8_param_gather.py)
+        for per_tensor in ("delayed", "tensorwise"):
+            check_fp8(tiny_config(fp8="hybrid", fp8_recipe=per_tensor, fp8_param_gather=True), _launch(zero_stage=stage))
+    assert parse_config(["--fp8-param-gather"]).model.fp8_param_gather is True  # Megatron-LM's flag and dest
 
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):

@@ -185,3 +185,28 @@ def test_the_command_line_predicts_a_run(capsys):
                             "--global-batch-size", "4", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["iteration_s"] == pytest.approx(sum(record["terms"].values()))
+
+
+def test_fp8_gemms_run_at_the_fp8_peak_with_one_byte_operands():
+    """--fp8-format: the blocks' linears that run in FP8 (gpt/fp8.py: all blocks but --first-last-layers-bf16's,
+    shapes keeping CUDA's rules) at the profile's FP8 peak, 1-byte operands; attention products and the logits at
+    the 16-bit peak. No GPU measurement of an FP8 step exists here to hold the prediction against (docs/fp8.md)."""
+    h100 = hardware()
+    gemm = perf_model.Gemm(64, 64, 64, 1, fp8=True)
+    expected = gemm.flops / (h100.fp8_peak_flops * 0.5) + (2 * 64 * 64 * 1 + 64 * 64 * 2) / h100.hbm_bandwidth
+    assert perf_model.gemm_seconds([gemm], 2, h100, CONSTANTS) == pytest.approx(expected)
+    assert perf_model.gemm_peak_flops(hardware(fp8_peak_flops=None), True) == 2 * h100.peak_flops
+    config = parse_config([*SMALL, "--num-layers", "4", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
+                           "--first-last-layers-bf16", "--micro-batch-size", "1"])
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=VOCAB))
+    blocks, logits = forward_gemms(config, config.model.padded_vocab_size(1), 1)
+    assert {g.count for g in blocks if g.fp8} == {2} and not logits.fp8  # 4 blocks, the first and last kept
+    fp8_shapes = {(g.k, g.n) for g in blocks if g.fp8}
+    kept = [g for g in blocks if not g.fp8 and (g.k, g.n) in fp8_shapes]  # the same linears in blocks 0 and 3
+    assert sum(g.flops for g in blocks if g.fp8) == sum(g.flops for g in kept)
+    plain = parse_config([*SMALL, "--num-layers", "4", "--micro-batch-size", "1"])
+    plain = dataclasses.replace(plain, model=dataclasses.replace(plain.model, vocab_size=VOCAB))
+    bf16_blocks, _ = forward_gemms(plain, plain.model.padded_vocab_size(1), 1)
+    assert sum(g.flops for g in blocks) == sum(g.flops for g in bf16_blocks) and not any(g.fp8 for g in bf16_blocks)
+    assert perf_model.gemm_seconds(blocks, 2, h100, CONSTANTS) < perf_model.gemm_seconds(bf16_blocks, 2, h100,
+                                                                                          CONSTANTS)

@@ -1,0 +1,44 @@
+"""The planner under --fp8-format (issue 65 item 3): the dry run applies FP8 on the meta device, so the FP8 linears'
+saved tensors (1-byte copies of each input and weight, TransformerEngine's FP8 activations and weight copy for the
+backward) are what its saved-tensor meter measures, as a live run's --report-memory does: the two agree exactly on a
+CPU run (fp32, measured 652,160 bytes), and the plan keeps less than without FP8 (693,056 bytes). Delayed scaling's
+amax histories and scales are in its total."""
+
+import json
+
+from arguments.parser import parse_config
+from planner.dry_run import Cluster, dry_run
+from tests.zero.test_zero_training import COMMON
+
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--train-iters", "1", "--report-memory",
+       "--global-batch-size", "2", "--micro-batch-size", "2", "--num-attention-heads", "2"]
+
+
+def test_the_dry_run_keeps_what_a_live_fp8_step_saves_for_the_backward(tmp_path, corpus_cache):
+    import pretrain_gpt
+    from data.corpus import prepare_default_corpus
+
+    metrics = tmp_path / "m.jsonl"
+    assert pretrain_gpt.main([*COMMON, *FP8, "--data-cache-dir", corpus_cache, "--metrics-file", str(metrics)]) == 0
+    (memory,) = [json.loads(line)["memory"] for line in open(metrics) if "memory" in json.loads(line)]
+    (live,) = memory
+    vocab = prepare_default_corpus(corpus_cache, 512).vocab_size
+    plan = dry_run(parse_config([*COMMON, *FP8]), Cluster(1, 1, device_type="cpu"), vocab, rank=0)
+    assert plan.saved_activation_bytes["device"] == live["saved_activation_device_bytes"] > 0
+    plain = [flag for flag in FP8 if flag not in ("--fp8-format", "hybrid", "--fp8-recipe", "delayed")]
+    # delayed scaling's histories (length 1 x 3) and scales (3), fp32, for the 4 linears of each of the 2 blocks
+    assert plan.fp8_state_bytes == 2 * 4 * (1 * 3 + 3) * 4
+    high_precision = dry_run(parse_config([*COMMON, *plain]), Cluster(1, 1, device_type="cpu"), vocab, rank=0)
+    assert plan.saved_activation_bytes["device"] < high_precision.saved_activation_bytes["device"]
+
+
+def test_fp8_param_gathers_bytes_are_in_the_plan():
+    """--fp8-param-gather under ZeRO 1 (2 ranks): each rank's e4m3 shards and the gathered e4m3 weights (1 byte an
+    element, held whole between steps at stages 1-2), on top of the histories."""
+    flags = [*FP8, "--fp8-param-gather", "--use-distributed-optimizer", "--global-batch-size", "4"]
+    plan = dry_run(parse_config([*COMMON, *flags]), Cluster(2, 2, device_type="cpu"), 512, rank=0)
+    weights = 2 * 12 * 64 * 64  # per block: QKV 3h x h, projection h x h, the MLP's two 4h x h
+    histories = 2 * 4 * (1 * 3 + 3) * 4
+    # the whole gathered weights and this rank's half, plus each FP8 bucket's alignment padding (under 2 ranks x 64
+    # elements a bucket; at most one bucket per weight, 8)
+    assert 0 <= plan.fp8_state_bytes - histories - weights - weights // 2 < 8 * 2 * 64 * 3 // 2
