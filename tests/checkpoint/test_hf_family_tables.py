@@ -77,13 +77,47 @@ def test_gemma3s_rotary_is_transformers_per_kind_of_layer(tmp_path):
     assert ours["local_rotary_base"].value == theirs["sliding_attention"]["rope_theta"] == 1e4
 
 
+def test_phi_3_mini_128ks_longrope_is_transformers_cos_and_sin_on_both_sides_of_its_original_context(tmp_path):
+    """The released Phi-3-mini-128k config.json ('su' scaling) read here: our cos and sin (gpt/longrope.py, from the
+    settings the folder gives) equal Phi3RotaryEmbedding's, bitwise, at 4096 positions (the original context: short
+    factors) and 4097 (long factors), attention factor included. transformers 5 raises a KeyError on the 'su' file
+    itself (Phi3Config standardizes rope_parameters before renaming 'su' to 'longrope', so the original context is
+    never moved in): it is given the same file with 'longrope' written, which reads the same here."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    from gpt.model_config import ModelConfig
+    from tests.checkpoint.test_released_hf_configs import FIXTURES
+
+    folder = FIXTURES / "phi-3-mini-128k-instruct"
+    settings = {name: given.value for name, given in architecture_settings(read_hf_config(folder)).items()}
+    renamed = json.loads((folder / "config.json").read_text())
+    assert renamed["rope_scaling"]["type"] == "su"
+    renamed["rope_scaling"]["type"] = "longrope"
+    (tmp_path / "config.json").write_text(json.dumps(renamed))
+    assert {name: given.value for name, given in architecture_settings(read_hf_config(tmp_path)).items()} == settings
+    model = ModelConfig(**settings, seq_length=64)
+    model.validate()
+    theirs = Phi3RotaryEmbedding(AutoConfig.from_pretrained(str(tmp_path)))
+    for length in (4096, 4097):
+        cos, sin = theirs(torch.zeros(1, dtype=torch.float32), torch.arange(length)[None])
+        ours = model.longrope.angles(length, model.head_dim, model.rotary_base, torch.device("cpu"))
+        assert model.longrope.factors_for(length) == (settings["longrope_long_factor"] if length > 4096 else
+                                                      settings["longrope_short_factor"])
+        assert torch.equal(ours[0], cos[0]) and torch.equal(ours[1], sin[0]), length
+    assert model.longrope.attention_factor == theirs.attention_scaling != 1.0
+
+
 @pytest.mark.parametrize("model_type, fields, words", [
     ("qwen3", {"attention_bias": True}, "attention_bias true"),
     ("olmo2", {"attention_bias": True}, "attention_bias true"),
     ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention true"),
     ("gemma2", {"hidden_activation": "relu"}, "hidden_activation 'relu'"),
-    ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
-     "rope_type 'longrope' is not built here"),
+    ("phi3", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 64}}, "'longrope' needs long_factor"),
+    ("phi3", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "Phi3Config takes 'default' or 'longrope'"),
+    ("mistral", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0] * 64, "short_factor": [1.0] * 64}},
+     "rope_type 'longrope' is not built here for this family (Phi-3's is)"),
     ("qwen2", {"layer_types": ["chunked_attention"] * 12}, "layer_types holds 'chunked_attention'"),
     ("mistral", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
      "partial_rotary_factor 0.5"),
