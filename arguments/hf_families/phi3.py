@@ -8,7 +8,9 @@ Its long-context rope_type "longrope" (Phi-3-mini-128k; "su" and "yarn" are olde
 --position-embedding-type longrope with the --longrope-* settings (gpt/longrope.py): Megatron-LM has no flag for it,
 so it is the folder's setting. The context that picks the short or long factors is the top-level
 original_max_position_embeddings (Phi3Config's default 4096 where left out), which transformers' standardize_rope_params
-puts over any rope_parameters value for a config class that has the attribute, as Phi3Config does."""
+puts over any rope_parameters value for a config class that has the attribute, as Phi3Config does. (transformers 5
+raises a KeyError on an 'su' file: Phi3Config standardizes before renaming it, so that context never reaches
+rope_parameters; transformers 4 read it as LongRoPE with the top-level context, and so does this module.)"""
 
 from __future__ import annotations
 
