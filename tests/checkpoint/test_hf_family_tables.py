@@ -109,6 +109,26 @@ def test_phi_3_mini_128ks_longrope_is_transformers_cos_and_sin_on_both_sides_of_
     assert model.longrope.attention_factor == theirs.attention_scaling != 1.0
 
 
+@pytest.mark.parametrize("rope_type, top_level", [("longrope", {"original_max_position_embeddings": 16}),
+                                                   ("yarn", {"original_max_position_embeddings": 16}), ("longrope", {})])
+def test_a_phi3_longrope_is_read_as_phi3config_reads_it(tmp_path, rope_type, top_level):
+    """Phi3Config reads rope_type 'yarn' as 'longrope', and the top-level original_max_position_embeddings (its
+    default 4096 where the file has none) over the one inside rope_scaling."""
+    from transformers import AutoConfig
+
+    rope = {"rope_type": rope_type, "short_factor": [1.5] * 48, "long_factor": [3.0] * 48,
+            "original_max_position_embeddings": 8, "attention_factor": 1.25}
+    folder = _folder(tmp_path, "phi3", max_position_embeddings=64, rope_scaling=rope, **top_level)
+    ours = architecture_settings(read_hf_config(folder))
+    theirs = AutoConfig.from_pretrained(str(folder)).rope_parameters
+    assert ours["position_embedding_type"].value == theirs["rope_type"] == "longrope"
+    assert ours["longrope_original_max_position_embeddings"].value == theirs["original_max_position_embeddings"] \
+        == top_level.get("original_max_position_embeddings", 4096)
+    assert list(ours["longrope_short_factor"].value) == theirs["short_factor"]
+    assert list(ours["longrope_long_factor"].value) == theirs["long_factor"]
+    assert ours["longrope_attention_factor"].value == theirs["attention_factor"] == 1.25
+
+
 @pytest.mark.parametrize("model_type, fields, words", [
     ("qwen3", {"attention_bias": True}, "attention_bias true"),
     ("olmo2", {"attention_bias": True}, "attention_bias true"),
