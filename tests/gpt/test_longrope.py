@@ -70,3 +70,18 @@ def test_a_resume_that_changes_the_factors_or_the_positions_they_read_is_named()
     assert [line.split()[0] for line in model_differences(recorded, wider)] == ["--max-position-embeddings"]
     given = dataclasses.replace(wider, longrope_attention_factor=1.2)
     assert [line.split()[0] for line in model_differences({**recorded, "longrope_attention_factor": 1.2}, given)] == []
+
+
+@pytest.mark.parametrize("seq_length, which", [(16, "within the original context (16), so every position takes the "
+                                                    "short factors"),
+                                               (17, "longer than the original context (16), so every position takes "
+                                                    "the long factors")])
+def test_the_start_says_which_factors_the_sequence_takes(seq_length, which):
+    from arguments.config import PretrainConfig
+    from training.run_settings import longrope_notes
+
+    config = PretrainConfig()
+    config = dataclasses.replace(config, model=ModelConfig(**{**LONGROPE, "seq_length": seq_length}))
+    (note,) = longrope_notes(config)
+    assert which in note and "\n" not in note
+    assert longrope_notes(dataclasses.replace(config, model=ModelConfig(vocab_size=64))) == ()
