@@ -10,6 +10,10 @@ longrope_frequency_update of dynamic_rope_update that Phi3RotaryEmbedding.forwar
   sqrt(1 + ln(factor) / ln(original_max_position_embeddings)) for factor > 1 (1 otherwise), where factor is the
   file's `factor`, else max_position_embeddings / original_max_position_embeddings.
 
+The first Phi-3-mini-128k release's own modeling_phi3.py (Phi3SuScaledRotaryEmbedding, rope_scaling type "su")
+computes the same: the top-level original context, long factors once max(position_ids) + 1 exceeds it, and that
+attention factor from max_position_embeddings / original_max_position_embeddings.
+
 Megatron-LM and Megatron-Core have no LongRoPE (no flag, no RotaryEmbedding of it): it is a Hugging Face folder's
 setting, read by arguments/hf_families/phi3.py into --position-embedding-type longrope and the --longrope-* settings.
 """
