@@ -55,6 +55,7 @@ BOOLEAN = Kind("true or false", lambda v: isinstance(v, bool))
 NAME = Kind("a non-empty string", lambda v: isinstance(v, str) and v != "")
 NAMES = Kind("a list of strings", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v))
 OBJECT = Kind("a JSON object", lambda v: isinstance(v, dict))
+NUMBERS = Kind("a list of finite numbers", lambda v: isinstance(v, list) and all(_is_finite(i) for i in v))
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,9 @@ ROPE_FIELDS = (
     Field("mscale_all_dim", NON_NEGATIVE_NUMBER, None),
     Field("attention_factor", POSITIVE_NUMBER, None),
     Field("truncate", BOOLEAN, None),
+    # LongRoPE's (transformers' _compute_longrope_parameters; Phi-3-mini-128k's rope)
+    Field("short_factor", NUMBERS, None),
+    Field("long_factor", NUMBERS, None),
 )
 
 
@@ -144,6 +148,9 @@ class RopeConfig:
     mscale_all_dim: Optional[float] = None
     attention_factor: Optional[float] = None
     truncate: Optional[bool] = None
+    # LongRoPE's factor lists: None where the file leaves them out
+    short_factor: Optional[tuple[float, ...]] = None
+    long_factor: Optional[tuple[float, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -299,11 +306,16 @@ def rope_object(rope: dict, default_theta: float, path: Optional[Path] = None, k
                       partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
                       **{name: _float_or_none(rope.get(name)) for name in ("beta_fast", "beta_slow", "mscale",
                                                                          "mscale_all_dim", "attention_factor")},
-                      truncate=rope.get("truncate"))
+                      truncate=rope.get("truncate"), short_factor=_floats_or_none(rope.get("short_factor")),
+                      long_factor=_floats_or_none(rope.get("long_factor")))
 
 
 def _float_or_none(value) -> Optional[float]:
     return None if value is None else float(value)
+
+
+def _floats_or_none(values) -> Optional[tuple[float, ...]]:
+    return None if values is None else tuple(float(value) for value in values)
 
 
 # Llama 3's rope scaling as Megatron-LM fixes it beside --rope-scaling-factor (gpt/rotary.py's llama3_scaled).

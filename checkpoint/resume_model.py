@@ -15,7 +15,7 @@ from pathlib import Path
 
 from base.errors import ConfigError
 from base.options import flag_of_setting
-from gpt.architecture import Architecture
+from gpt.architecture import LONGROPE_SETTINGS, Architecture
 from gpt.model_config import ModelConfig
 
 ROTARY_SETTINGS = ("rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor", "rotary_interleaved")
@@ -33,8 +33,9 @@ MLA_COMPARED = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_hea
 # --position-embedding-type yarn's (gpt/rotary.py yarn_angles), with the scaling factor and mscales MLA shares
 YARN_SETTINGS = ("rotary_scaling_factor", "mscale", "mscale_all_dim", "yarn_original_max_position_embeddings",
                  "yarn_beta_fast", "yarn_beta_slow", "yarn_correction_range_round_to_int")
+# (--max-position-embeddings only where it sets LongRoPE's default attention factor: gpt/longrope.py)
 COMPARED = tuple(dict.fromkeys((*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED,
-                                *MLA_COMPARED)))
+                                *MLA_COMPARED, "max_position_embeddings")))
 
 
 def _compared_values(model: dict) -> dict:
@@ -53,14 +54,21 @@ def _compared_values(model: dict) -> dict:
     if not yarn:
         for name in YARN_SETTINGS[3:]:
             values.pop(name)
-    if values["position_embedding_type"] not in ("rope", "yarn"):
+    longrope = values["position_embedding_type"] == "longrope"
+    if not longrope:
+        for name in LONGROPE_SETTINGS:
+            values.pop(name)
+    if not (longrope and values["longrope_attention_factor"] is None):
+        values.pop("max_position_embeddings")
+    if values["position_embedding_type"] not in ("rope", "yarn", "longrope"):
         for name in ROTARY_SETTINGS:
             if not (values["multi_latent_attention"] and name == "rotary_base"):
                 values.pop(name)
     elif not values["use_rope_scaling"]:
         values.pop("rope_scaling_factor")
-    for name in ("num_experts", "window_size"):  # a per-layer list (the window's sides) as the recorded JSON keeps it
-        if isinstance(values[name], list):
+    # a per-layer list (the window's sides, LongRoPE's factors) as the recorded JSON keeps it
+    for name in ("num_experts", "window_size", "longrope_short_factor", "longrope_long_factor"):
+        if isinstance(values.get(name), list):
             values[name] = tuple(values[name])
     if not values["num_experts"] or values["num_experts"] == 1:  # a dense model: the MoE settings are not read
         for name in MOE_COMPARED:

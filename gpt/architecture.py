@@ -19,9 +19,13 @@ from base.errors import ConfigError
 from gpt.attention_window import any_layer_windowed, layer_windows
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron-LM's --normalization choices we build
-# of Megatron-LM's --position-embedding-type; yarn is Megatron-Core's YarnRotaryEmbedding (gpt/rotary.py yarn_angles)
-POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "none")
-ROTARY_TYPES = ("rope", "yarn")
+# of Megatron-LM's --position-embedding-type; yarn is Megatron-Core's YarnRotaryEmbedding (gpt/rotary.py yarn_angles);
+# longrope is not Megatron's: Phi-3's LongRoPE as transformers computes it (gpt/longrope.py), a Hugging Face folder's
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "longrope", "none")
+ROTARY_TYPES = ("rope", "yarn", "longrope")
+# --position-embedding-type longrope's settings (ModelConfig fields of these names, --longrope-*)
+LONGROPE_SETTINGS = ("longrope_short_factor", "longrope_long_factor", "longrope_original_max_position_embeddings",
+                     "longrope_factor", "longrope_attention_factor")
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")  # Megatron-Core's TransformerConfig.softmax_type
 SUBLAYER_NORM_PLACES = ("input", "output", "input_and_output")  # --sublayer-norms
 
@@ -88,6 +92,14 @@ class Architecture:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     yarn_correction_range_round_to_int: bool = True
+    # --position-embedding-type longrope's (gpt/longrope.py): a factor per rotary frequency for sequences up to the
+    # original context and one for longer ones, that context, and the attention factor (else from the factor, else
+    # from --max-position-embeddings / the original context)
+    longrope_short_factor: Optional[tuple] = None
+    longrope_long_factor: Optional[tuple] = None
+    longrope_original_max_position_embeddings: Optional[int] = None
+    longrope_factor: Optional[float] = None
+    longrope_attention_factor: Optional[float] = None
 
     @property
     def gated_mlp(self) -> bool:
@@ -169,6 +181,7 @@ class Architecture:
                 raise ConfigError(f"--rotary-percent {self.rotary_percent} of head dim {head_dim} must rotate an "
                                   "even number of dims, at least 2; choose a percent in (0, 1] that does",
                                   flags=("--rotary-percent",))
+        self._validate_longrope(self.rotary_dim(head_dim or hidden_size // num_attention_heads))
         if self.sublayer_norms not in SUBLAYER_NORM_PLACES:
             raise ConfigError(f"--sublayer-norms {self.sublayer_norms} is not one of {', '.join(SUBLAYER_NORM_PLACES)}",
                               flags=("--sublayer-norms",))
@@ -201,6 +214,48 @@ class Architecture:
             raise ConfigError(f"--ffn-hidden-size {ffn} is not a positive multiple of --tensor-model-parallel-size "
                               f"{tensor_parallel_size}; each tensor-parallel rank needs an equal share",
                               flags=("--ffn-hidden-size", "--tensor-model-parallel-size"))
+
+    def _validate_longrope(self, rotary_dim: int) -> None:
+        """--position-embedding-type longrope needs both factor lists, one factor per rotary frequency (Phi3Config's
+        validate_rope: `len(short_factor) == rotary_ndims // 2`), and the original context; it is one set of
+        frequencies in halves (Phi3RotaryEmbedding), so no other scaling, local base or interleaving beside it."""
+        given = [name for name in LONGROPE_SETTINGS if getattr(self, name) is not None]
+        if self.position_embedding_type != "longrope":
+            if given:  # they would do nothing
+                flags = tuple(_flag(name) for name in given)
+                raise ConfigError(f"{', '.join(flags)} set LongRoPE, which only --position-embedding-type longrope "
+                                  f"reads (this model's is {self.position_embedding_type})", flags=flags)
+            return
+        for name in LONGROPE_SETTINGS[:3]:
+            if getattr(self, name) is None:
+                raise ConfigError(f"--position-embedding-type longrope needs {_flag(name)}", flags=(_flag(name),))
+        for name in LONGROPE_SETTINGS[:2]:
+            factors = getattr(self, name)
+            if len(factors) != rotary_dim // 2 or not all(0 < value < float("inf") for value in factors):
+                raise ConfigError(f"{_flag(name)} has {len(factors)} factors; LongRoPE takes one positive factor per "
+                                  f"rotary frequency, {rotary_dim // 2} here (rotary dims {rotary_dim} / 2)",
+                                  flags=(_flag(name),))
+        if self.longrope_original_max_position_embeddings < 2:  # its log divides the attention factor's
+            raise ConfigError(f"--longrope-original-max-position-embeddings must be at least 2, got "
+                              f"{self.longrope_original_max_position_embeddings}",
+                              flags=("--longrope-original-max-position-embeddings",))
+        for name in LONGROPE_SETTINGS[3:]:
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"{_flag(name)} must be a positive number, got {value}", flags=(_flag(name),))
+        others = [flag for flag, on in (("--rotary-interleaved", self.rotary_interleaved),
+                                        ("--use-rope-scaling", self.use_rope_scaling),
+                                        ("--rotary-seq-len-interpolation-factor",
+                                         self.rotary_seq_len_interpolation_factor is not None),
+                                        ("--local-rotary-base", self.local_rotary_base is not None)) if on]
+        if others:
+            raise ConfigError(f"--position-embedding-type longrope with {', '.join(others)} is not implemented: "
+                              f"LongRoPE is Phi3RotaryEmbedding's one set of frequencies, rotating halves",
+                              flags=("--position-embedding-type", *others))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 GPT2 = Architecture()

@@ -127,6 +127,7 @@ class SelfAttention(nn.Module):
         self.rope_scaling = None if local else architecture.rope_scaling
         self.rotary_interpolation = None if local else architecture.rotary_seq_len_interpolation_factor
         self.rotary_interleaved = architecture.rotary_interleaved
+        self.longrope = config.longrope  # --position-embedding-type longrope's resolved factors (gpt/longrope.py)
         # the scores' scale (None: 1/sqrt(head width)) and Gemma 2's soft-capping of them (gpt/attention_softcap.py)
         self.softmax_scale = architecture.softmax_scale
         self.softcap = architecture.attn_logit_softcapping
@@ -250,8 +251,12 @@ class SelfAttention(nn.Module):
 
 
     def _rotary_angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of positions 0..length-1: rope's (gpt/rotary.py rotary_angles), or YaRN's (yarn_angles)."""
+        """cos and sin of positions 0..length-1: rope's (gpt/rotary.py rotary_angles), YaRN's (yarn_angles) or
+        LongRoPE's (gpt/longrope.py: its short or long factors by the whole sequence's length, as transformers picks
+        them by the largest position + 1)."""
         arch = self.architecture
+        if self.longrope is not None:
+            return self.longrope.angles(length, self.rotary_dim, self.rotary_base, device)
         if arch.position_embedding_type == "yarn":
             return yarn_angles(length, self.head_dim, self.rotary_base, device, arch.rotary_scaling_factor,
                                arch.yarn_original_max_position_embeddings, arch.yarn_beta_fast, arch.yarn_beta_slow,

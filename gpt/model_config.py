@@ -16,6 +16,7 @@ from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, SOFTMAX_TYPES, SUBLAYER_NORM_PLACES, Architecture
 from gpt.attention_window import check_window_size, window_size_value
+from gpt.longrope import LongRope, factor_list_value
 from gpt.moe.settings import (
     MoESettings,
     OneExpertCount,
@@ -94,7 +95,8 @@ class ModelConfig:
     position_embedding_type: str = option(
         "learned_absolute", type=_position_embedding_name,
         help="learned_absolute (GPT-2), rope (rotary, Llama), yarn (rotary with YaRN's frequencies and concentration: "
-             "--rotary-scaling-factor, --mscale, --mscale-all-dim, --yarn-*) or none; Megatron-DeepSpeed's "
+             "--rotary-scaling-factor, --mscale, --mscale-all-dim, --yarn-*), longrope (Phi-3's LongRoPE, not "
+             "Megatron-LM's: --longrope-*) or none; Megatron-DeepSpeed's "
              "--use-rotary-position-embeddings --no-position-embedding is rope")
     rotary_base: float = option(10000.0, aliases={"--rotary-position-embeddings-theta": "Megatron-DeepSpeed",
                                                   "--rope-theta": "llm-jp's Megatron-LM fork"},
@@ -184,6 +186,23 @@ class ModelConfig:
     yarn_beta_slow: float = option(1.0, help="with --position-embedding-type yarn: YaRN's beta_slow")
     yarn_correction_range_round_to_int: bool = option(
         True, help="with --position-embedding-type yarn: round the correction range to whole dims")
+    # --position-embedding-type longrope's: Phi-3's LongRoPE (gpt/longrope.py), which Megatron-LM has no flag for;
+    # --init-from-hf sets them from a Phi-3 folder's rope_scaling (arguments/hf_families/phi3.py)
+    longrope_short_factor: Optional[tuple] = option(
+        None, type=factor_list_value, metavar="F1,F2,...",
+        help="with --position-embedding-type longrope: each rotary frequency's divisor while the sequence is at most "
+             "--longrope-original-max-position-embeddings (one per frequency, comma-separated)")
+    longrope_long_factor: Optional[tuple] = option(
+        None, type=factor_list_value, metavar="F1,F2,...",
+        help="with --position-embedding-type longrope: each rotary frequency's divisor for a longer sequence")
+    longrope_original_max_position_embeddings: Optional[int] = option(
+        None, help="with --position-embedding-type longrope: the context the model was pretrained at")
+    longrope_factor: Optional[float] = option(
+        None, help="with --position-embedding-type longrope: the context's scaling, which sets the attention factor "
+                   "(default: --max-position-embeddings / the original context)")
+    longrope_attention_factor: Optional[float] = option(
+        None, help="with --position-embedding-type longrope: cos and sin's factor (default: sqrt(1 + ln(factor) / "
+                   "ln(original context)), 1 for a factor at most 1)")
     # Megatron-LM's sliding-window attention (Megatron-Core's TransformerConfig window_size, window_attn_skip_freq;
     # gpt/attention_window.py): Mistral, Gemma 2/3, GPT-OSS, Phi-3
     window_size: Optional[tuple] = option(
@@ -390,11 +409,24 @@ class ModelConfig:
             object.__setattr__(self, "num_experts", tuple(self.num_experts))
         if isinstance(self.window_size, list):  # the same, for the window's two sides
             object.__setattr__(self, "window_size", tuple(self.window_size))
+        for name in ("longrope_short_factor", "longrope_long_factor"):  # and LongRoPE's factors
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def architecture(self) -> Architecture:
         """The blocks these settings choose, as GPTModel builds them."""
         return Architecture(**{name: getattr(self, name) for name in Architecture.__dataclass_fields__})
+
+    @property
+    def longrope(self) -> Optional[LongRope]:
+        """--position-embedding-type longrope's factors and attention factor, resolved as transformers does (the
+        default attention factor reads --max-position-embeddings); None for other positions."""
+        if self.position_embedding_type != "longrope":
+            return None
+        return LongRope.resolve(self.longrope_short_factor, self.longrope_long_factor,
+                                self.longrope_original_max_position_embeddings, self.max_position_embeddings,
+                                self.longrope_factor, self.longrope_attention_factor)
 
     @property
     def moe(self) -> Optional["MoESettings"]:
@@ -557,6 +589,8 @@ class ModelConfig:
                                               ("--local-rotary-base", self.local_rotary_base),
                                               ("--rotary-seq-len-interpolation-factor",
                                                self.rotary_seq_len_interpolation_factor)) if value is not None]
+            if self.position_embedding_type == "longrope":
+                given.append("--position-embedding-type longrope")
             if given:
                 raise ConfigError(f"--multi-latent-attention with {', '.join(given)} is not implemented: multi-latent "
                                   f"attention scales its scores and rotates its positions as Megatron-Core's "

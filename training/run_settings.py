@@ -66,6 +66,7 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     training, notes = resolve_precision(config, device_type)
     attention_backend, fallback = resolve_attention_backend(config, training.precision, device_type)
     notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config) + moe_notes(config)
+    notes += longrope_notes(config)
     model = dataclasses.replace(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
                                    micro_batch_size=batch.micro_batch_size,
@@ -171,6 +172,20 @@ def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:
             f"learned positions after each end-of-document token; rotary angles stay those of positions 0..seq-1 "
             f"(within a document, which --reset-attention-mask keeps attention to, rotary q.k depends only on the "
             f"positions' difference)",)
+
+
+def longrope_notes(config: PretrainConfig) -> tuple[str, ...]:
+    """Which of LongRoPE's factor lists the run's sequence takes (gpt/longrope.py): the long ones for every position
+    once it is longer than the original context, as transformers' longrope_frequency_update picks them for a whole
+    forward by its largest position, so a model trained here at one length is the model transformers runs at it."""
+    longrope, seq = config.model.longrope, config.model.seq_length
+    if longrope is None:
+        return ()
+    which = "long" if seq > longrope.original_max_positions else "short"
+    relation = "longer than" if which == "long" else "within"
+    return (f"> --position-embedding-type longrope: the {seq}-token sequence is {relation} the original context "
+            f"({longrope.original_max_positions}), so every position takes the {which} factors, as transformers "
+            f"picks them for a whole sequence; cos and sin times {longrope.attention_factor:.6g}",)
 
 
 def vocabulary_notes(config: PretrainConfig, vocab_size: int) -> tuple[str, ...]:

@@ -169,8 +169,9 @@ def rotary_settings(rope: RopeConfig, config: HFConfig, where: str = "") -> dict
     if rope.rope_type not in ("default", "llama3", "linear"):
         # 'su' is what Phi-3-mini-128k's first release wrote; transformers reads it as 'longrope'
         alias = " (transformers' older name for 'longrope')" if rope.rope_type == "su" else ""
-        raise ConfigError(f"{config.path}: {key} rope_type {rope.rope_type!r}{alias} is not built here (default, "
-                          f"Llama 3's 'llama3' and 'linear' are)")
+        longrope = " for this family (Phi-3's is)" if rope.rope_type in ("su", "longrope") else ""
+        raise ConfigError(f"{config.path}: {key} rope_type {rope.rope_type!r}{alias} is not built here{longrope} "
+                          f"(default, Llama 3's 'llama3' and 'linear' are)")
     if rope.rope_type == "llama3":
         wrong = [f"{key} {name} {getattr(rope, name)!r} (Megatron-LM's Llama 3 scaling fixes it at {value})"
                  for name, value in LLAMA3_FIXED.items() if getattr(rope, name) != value]

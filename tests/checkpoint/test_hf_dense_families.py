@@ -11,8 +11,10 @@ Qwen2 (q/k/v biases; a full layer then a windowed one, layer_types), Qwen3 (per-
 hidden 64 / 4 heads, the same windows), Mistral (every layer windowed), Gemma 2 (sandwich 1 + w RMSNorms, GeGLU,
 scaled embeddings, query_pre_attn_scalar, both soft-cappings, alternating windows), Gemma 3 (its q/k norms, linear
 rope scaling on the full layers, a local rotary base for the windowed ones), OLMo 2 (norms after the sublayers,
-q/k norms over the projections), Phi-3 (fused qkv_proj and gate_up_proj, partial rotary, windows), and Llama 3.1
-(LlamaForCausalLM with rope_type llama3, read before this issue)."""
+q/k norms over the projections), Phi-3 (fused qkv_proj and gate_up_proj, partial rotary, windows), Phi-3 with
+LongRoPE (rope_scaling "longrope": its original context 16 below the 32 positions, so a 16-token run takes the short
+factors and a 32-token run the long ones, both with the attention factor of factor 32 / 16; gpt/longrope.py), and
+Llama 3.1 (LlamaForCausalLM with rope_type llama3, read before this issue)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,9 @@ FAMILIES = {
         rope_local_base_freq=500.0)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(rope_theta=5e5)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=WINDOW, partial_rotary_factor=0.5)),
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM", dict(original_max_position_embeddings=POSITIONS // 2, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0, 1.3, 2.0, 3.5, 5.0, 8.0, 12.0, 20.0],
+        "long_factor": [1.1, 1.9, 3.0, 6.0, 11.0, 17.0, 25.0, 40.0]})),
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192}, rope_theta=5e5)),
@@ -69,9 +74,14 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     return made
 
 
+# (family, the run's --seq-length): every family at the folder's 32 positions; LongRoPE's also at its original
+# context, 16, where transformers takes the short factors (longrope_frequency_update: max position + 1 > 16 or not)
+CASES = [(family, POSITIONS) for family in sorted(FAMILIES)] + [("phi3_longrope", POSITIONS // 2)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_a_folder_trains_and_its_export_is_the_same_class_and_loss(family, folders, tmp_path, monkeypatch,
+@pytest.mark.parametrize("family, seq_length", CASES, ids=[f"{family}-{seq}" for family, seq in CASES])
+def test_a_folder_trains_and_its_export_is_the_same_class_and_loss(family, seq_length, folders, tmp_path, monkeypatch,
                                                                    corpus_cache_300):
     from transformers import AutoModelForCausalLM
 
@@ -86,13 +96,13 @@ def test_a_folder_trains_and_its_export_is_the_same_class_and_loss(family, folde
     metrics = tmp_path / "m.jsonl"
     run = list(RUN)
     run[run.index("--train-iters") + 1] = "2"
-    assert pretrain_gpt.main(["--init-from-hf", str(folder), *run, "--lr", "1e-3",
+    assert pretrain_gpt.main(["--init-from-hf", str(folder), *run, "--seq-length", str(seq_length), "--lr", "1e-3",
                               "--lr-warmup-iters", "0", "--data-cache-dir", corpus_cache_300, "--metrics-file",
                               str(metrics), "--save", str(tmp_path / "ckpt"), "--save-interval", "1"]) == 0
     records = [json.loads(line) for line in metrics.read_text().splitlines() if '"loss"' in line]
     batches = iter(built[0].make_train_loader(0))
     first, second = (next(batches)["tokens"] for _ in range(2))
-    assert first.shape == (2, POSITIONS + 1)
+    assert first.shape == (2, seq_length + 1)
     theirs = transformers_loss(folder, first)
     assert math.isclose(records[0]["loss"], theirs, rel_tol=1e-5), (records[0]["loss"], theirs)
 

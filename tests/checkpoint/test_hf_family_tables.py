@@ -77,13 +77,67 @@ def test_gemma3s_rotary_is_transformers_per_kind_of_layer(tmp_path):
     assert ours["local_rotary_base"].value == theirs["sliding_attention"]["rope_theta"] == 1e4
 
 
+def test_phi_3_mini_128ks_longrope_is_transformers_cos_and_sin_on_both_sides_of_its_original_context(tmp_path):
+    """The released Phi-3-mini-128k config.json ('su' scaling) read here: our cos and sin (gpt/longrope.py, from the
+    settings the folder gives) equal Phi3RotaryEmbedding's, bitwise, at 4096 positions (the original context: short
+    factors) and 4097 (long factors), attention factor included. transformers 5 raises a KeyError on the 'su' file
+    itself (Phi3Config standardizes rope_parameters before renaming 'su' to 'longrope', so the original context is
+    never moved in): it is given the same file with 'longrope' written, which reads the same here."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    from gpt.model_config import ModelConfig
+    from tests.checkpoint.test_released_hf_configs import FIXTURES
+
+    folder = FIXTURES / "phi-3-mini-128k-instruct"
+    settings = {name: given.value for name, given in architecture_settings(read_hf_config(folder)).items()}
+    renamed = json.loads((folder / "config.json").read_text())
+    assert renamed["rope_scaling"]["type"] == "su"
+    renamed["rope_scaling"]["type"] = "longrope"
+    (tmp_path / "config.json").write_text(json.dumps(renamed))
+    assert {name: given.value for name, given in architecture_settings(read_hf_config(tmp_path)).items()} == settings
+    model = ModelConfig(**settings, seq_length=64)
+    model.validate()
+    theirs = Phi3RotaryEmbedding(AutoConfig.from_pretrained(str(tmp_path)))
+    for length in (4096, 4097):
+        cos, sin = theirs(torch.zeros(1, dtype=torch.float32), torch.arange(length)[None])
+        ours = model.longrope.angles(length, model.head_dim, model.rotary_base, torch.device("cpu"))
+        assert model.longrope.factors_for(length) == (settings["longrope_long_factor"] if length > 4096 else
+                                                      settings["longrope_short_factor"])
+        assert torch.equal(ours[0], cos[0]) and torch.equal(ours[1], sin[0]), length
+    assert model.longrope.attention_factor == theirs.attention_scaling != 1.0
+
+
+@pytest.mark.parametrize("rope_type, top_level", [("longrope", {"original_max_position_embeddings": 16}),
+                                                   ("yarn", {"original_max_position_embeddings": 16}), ("longrope", {})])
+def test_a_phi3_longrope_is_read_as_phi3config_reads_it(tmp_path, rope_type, top_level):
+    """Phi3Config reads rope_type 'yarn' as 'longrope', and the top-level original_max_position_embeddings (its
+    default 4096 where the file has none) over the one inside rope_scaling."""
+    from transformers import AutoConfig
+
+    rope = {"rope_type": rope_type, "short_factor": [1.5] * 48, "long_factor": [3.0] * 48,
+            "original_max_position_embeddings": 8, "attention_factor": 1.25}
+    folder = _folder(tmp_path, "phi3", max_position_embeddings=64, rope_scaling=rope, **top_level)
+    ours = architecture_settings(read_hf_config(folder))
+    theirs = AutoConfig.from_pretrained(str(folder)).rope_parameters
+    assert ours["position_embedding_type"].value == theirs["rope_type"] == "longrope"
+    assert ours["longrope_original_max_position_embeddings"].value == theirs["original_max_position_embeddings"] \
+        == top_level.get("original_max_position_embeddings", 4096)
+    assert list(ours["longrope_short_factor"].value) == theirs["short_factor"]
+    assert list(ours["longrope_long_factor"].value) == theirs["long_factor"]
+    assert ours["longrope_attention_factor"].value == theirs["attention_factor"] == 1.25
+
+
 @pytest.mark.parametrize("model_type, fields, words", [
     ("qwen3", {"attention_bias": True}, "attention_bias true"),
     ("olmo2", {"attention_bias": True}, "attention_bias true"),
     ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention true"),
     ("gemma2", {"hidden_activation": "relu"}, "hidden_activation 'relu'"),
-    ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
-     "rope_type 'longrope' is not built here"),
+    ("phi3", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 64}}, "'longrope' needs long_factor"),
+    ("phi3", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "Phi3Config takes 'default' or 'longrope'"),
+    ("mistral", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0] * 64, "short_factor": [1.0] * 64}},
+     "rope_type 'longrope' is not built here for this family (Phi-3's is)"),
     ("qwen2", {"layer_types": ["chunked_attention"] * 12}, "layer_types holds 'chunked_attention'"),
     ("mistral", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
      "partial_rotary_factor 0.5"),

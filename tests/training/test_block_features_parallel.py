@@ -7,7 +7,7 @@ Two models carry every new feature (arguments from the command line, no folder):
 interpolation, and further partial rotary, q/k/v biases, head width 24 at hidden 64 / 4 heads, grouped-query
 attention, an untied output), run at TP 2 x DP 2 with --sequence-parallel and ZeRO-3, and at PP 2 x DP 2 with
 ZeRO-1; and OLMo 2's (norms on the sublayers' output, q/k norms over the whole projections, whose statistics TP
-sums) at TP 2 x DP 2 with --sequence-parallel and ZeRO-2."""
+sums), with Phi-3's LongRoPE for its positions, at TP 2 x DP 2 with --sequence-parallel and ZeRO-2."""
 
 import pytest
 
@@ -22,7 +22,11 @@ GEMMA_AND_MORE = [*FIVE, "--gated-linear-unit", "--activation", "gelu_tanh", "--
                   "--final-logit-softcapping", "30", "--window-size", "7,0", "--window-attn-skip-freq", "2",
                   "--local-rotary-base", "500", "--rotary-seq-len-interpolation-factor", "2", "--rotary-percent",
                   "0.5"]
-OLMO = [*FIVE, "--swiglu", "--ffn-hidden-size", "96", "--qk-layernorm", "--qk-layernorm-over-projection",
+# with Phi-3's LongRoPE in rope's place: an original context of 16 under the 32-token sequence (its long factors)
+LONGROPE = ["--position-embedding-type", "longrope", "--longrope-short-factor", "1,1.2,1.5,2,3,5,8,13",
+            "--longrope-long-factor", "1.1,1.7,2.5,4,6.5,10,16,25", "--longrope-original-max-position-embeddings", "16"]
+OLMO = [*FIVE[:FIVE.index("--position-embedding-type")], *FIVE[FIVE.index("--position-embedding-type") + 2:],
+        *LONGROPE, "--swiglu", "--ffn-hidden-size", "96", "--qk-layernorm", "--qk-layernorm-over-projection",
         "--sublayer-norms", "output"]
 RELATIVE = 1e-6
 
@@ -43,7 +47,7 @@ def test_gemma_and_more_at_tp_sp_zero3_and_pp_zero1_log_the_single_process_losse
 
 
 @pytest.mark.slow
-def test_olmo2s_blocks_at_tp_sp_zero2_log_the_single_process_losses(tmp_path, corpus_cache):
+def test_olmo2s_blocks_with_longrope_at_tp_sp_zero2_log_the_single_process_losses(tmp_path, corpus_cache):
     flags = [*NO_DROPOUT, *OLMO]
     single = train(tmp_path, corpus_cache, "single", 1, *flags)
     tensor = train(tmp_path, corpus_cache, "tp2xdp2", 4, *flags, "--tensor-model-parallel-size", "2",
