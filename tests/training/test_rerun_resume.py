@@ -173,3 +173,13 @@ def test_exit_16_then_resumed_on_the_same_node_exits_16_again_and_elsewhere_exit
                                                   "second_rerun_not_reproducible"]
     assert lines[0]["result"] == lines[1]["result"] == lines[2]["result"]
     assert lines[2]["node"] == "another-node"
+
+
+def test_megatrons_torch_dist_layout_is_written_without_the_state_and_the_checkpoint_line_says_so(corpus_cache_300,
+                                                                                                  tmp_path):
+    outcome = train(corpus_cache_300, tmp_path, "--train-iters", "1", "--ckpt-format", "torch_dist",
+                    "--save", tmp_path / "ckpt")
+    assert outcome.code == 0, outcome.err[-2000:]
+    assert ("> checkpoints: saved synchronously in Megatron-LM's torch_dist layout; without the rerun state machine's "
+            "state: a job resumed from the checkpoint of an exit 16 trains that iteration afresh instead of re-running "
+            "it to decide") in outcome.out.splitlines()
