@@ -51,6 +51,10 @@ class ResumePoint:
     schedule_samples: Optional[int] = None
     bytes_read: Optional[int] = None   # what this rank read from the checkpoint's tensors (headers included)
     shard_bytes: Optional[int] = None  # its own shard's elements at the checkpoint's stored dtypes
+    # the rerun state machine's pending re-run (checkpoint/rerun_machine_entry.py), and how this job's grid differs
+    # from the one that saved it; None from a checkpoint without one (and from other programs' formats)
+    rerun_state: Optional[dict] = None
+    rerun_layout_changed: Optional[str] = None
 
 
 def parameter_records(model: nn.Module) -> dict[str, tuple[nn.Parameter, ShardingRecord]]:

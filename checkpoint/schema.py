@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 from arguments.config import PretrainConfig
 from base.errors import CheckpointError, ConfigError
 from checkpoint.inside import inside
+from checkpoint.rerun_machine_entry import is_entry as _rerun_entry
 from gpt.model_config import ModelConfig
 from parallel.config import recorded_section
 
@@ -152,6 +153,8 @@ OPTIONAL = {
     "fp8_amax_history": ("an object of linear name -> {amax_history: [[int32 bits]], scale: [int32 bits]}",
                          lambda v: isinstance(v, dict) and all(isinstance(k, str) and _fp8_entry(e)
                                                                for k, e in v.items())),
+    # the rerun state machine's pending re-run, one part per rank (checkpoint/rerun_machine_entry.py)
+    "rerun_state_machine": ("an object of {mode, state, current_iteration, ranks: [one part per rank]}", _rerun_entry),
     "pipeline_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
     # written with context parallelism: ZeRO's partitions are cut over DP x CP, one optimizer file each
     "context_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),

@@ -51,6 +51,8 @@ from checkpoint.global_load import ResumePoint, load_from_source, parameter_reco
 from checkpoint.integrity import verify_checkpoint
 from checkpoint.lineage import RunIdentity
 from checkpoint.pipeline_stages import gather_stage_tables, whole_table
+from checkpoint.rerun_machine_entry import ENTRY as RERUN_ENTRY
+from checkpoint.rerun_machine_entry import saved_rerun_state
 from checkpoint.router_state import expert_biases
 from checkpoint.save_plan import plan_rank_files
 from checkpoint.writer import StagedFile, write_files
@@ -108,6 +110,9 @@ class SaveInProgress:
     biases: dict[str, list[float]]  # the routers' expert bias (checkpoint/router_state.py), sent by a stage's first
     fp8_histories: dict  # delayed scaling's amax histories and scales (checkpoint/fp8_state.py), every stage's
     total_bytes: int = 0        # every rank's files together, once finish_save has gathered them
+    # the rerun state machine's pending re-run, {"common": ..., "rank": this rank's part} (training/rerun_resume.py);
+    # None when none is pending, on every rank alike
+    rerun_state: Optional[dict] = None
 
 
 @dataclass
@@ -123,7 +128,7 @@ class RankOutcome:
 def begin_save(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
                optimizer: CheckpointableOptimizer, config, state: ParallelState, has_tokenizer: bool = False,
                lr: Optional[float] = None, identity: Optional[RunIdentity] = None,
-               schedule_samples: Optional[int] = None) -> SaveInProgress:
+               schedule_samples: Optional[int] = None, rerun_state: Optional[dict] = None) -> SaveInProgress:
     """The start of a save on every rank, before any file: the state must be finite everywhere, the stages'
     parameter tables are gathered and the first rank makes the staging directory `iter_N.partial`. Raises
     `CheckpointError` on every rank if any rank cannot go on."""
@@ -152,7 +157,8 @@ def begin_save(save_dir: str | Path, iteration: int, consumed_samples: int, mode
     histories = saved_fp8_histories(model, config, state)
     return SaveInProgress(save_dir, iteration, consumed_samples, final, staging, started, stage_tables,
                           dataclasses.replace(shard, loss_scaler_state=copy.deepcopy(shard.loss_scaler_state)),
-                          config, lr, has_tokenizer, identity, schedule_samples, biases, histories)
+                          config, lr, has_tokenizer, identity, schedule_samples, biases, histories,
+                          rerun_state=copy.deepcopy(rerun_state))
 
 
 def rank_files(progress: SaveInProgress, model: nn.Module, optimizer: CheckpointableOptimizer,
@@ -194,6 +200,8 @@ def finish_save(progress: SaveInProgress, outcome: RankOutcome, state: ParallelS
                                              progress.biases, state.pipeline_parallel_rank))
     _raise_if_any_failed(state, next((f"rank {rank}: {e}" for rank, (e, *_) in enumerate(outcomes) if e), None),
                          iteration, staging)
+    rerun_parts = state.comm.all_gather_object(progress.rerun_state["rank"]) \
+        if progress.rerun_state is not None else None
 
     error = None
     if state.is_first_rank:
@@ -210,6 +218,8 @@ def finish_save(progress: SaveInProgress, outcome: RankOutcome, state: ParallelS
             metadata["expert_bias"] = saved_biases
         if progress.fp8_histories:
             metadata["fp8_amax_history"] = progress.fp8_histories
+        if rerun_parts is not None:  # by rank: each rank's part is its own (checkpoint/rerun_machine_entry.py)
+            metadata[RERUN_ENTRY] = {**progress.rerun_state["common"], "ranks": rerun_parts}
         metadata["file_hashes"] = {name: digest for _, _, rank_hashes, *_ in outcomes
                                    for name, digest in rank_hashes.items()}
         try:
@@ -225,13 +235,14 @@ def finish_save(progress: SaveInProgress, outcome: RankOutcome, state: ParallelS
 def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model: nn.Module,
                     optimizer: CheckpointableOptimizer, rng: Optional[TensorParallelRNG], config,
                     state: ParallelState, tokenizer=None, lr: Optional[float] = None,
-                    identity: Optional[RunIdentity] = None, schedule_samples: Optional[int] = None) -> Path:
+                    identity: Optional[RunIdentity] = None, schedule_samples: Optional[int] = None,
+                    rerun_state: Optional[dict] = None) -> Path:
     """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this, and training
     waits for it (checkpoint/async_save.py writes in the background instead, through the same three steps).
     `identity` (the run's lineage and launch) goes into its metadata: --keep-last prunes only its lineage.
     Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
     progress = begin_save(save_dir, iteration, consumed_samples, model, optimizer, config, state,
-                          tokenizer is not None, lr, identity, schedule_samples)
+                          tokenizer is not None, lr, identity, schedule_samples, rerun_state)
     outcome = write_rank_files(progress.staging, rank_files(progress, model, optimizer, rng, state, tokenizer))
     final = finish_save(progress, outcome, state)
     if state.is_first_rank:
@@ -366,8 +377,12 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
     if verify:
         verify_for_job(iteration_dir, metadata, state)
     with ZeroGptSource(iteration_dir, metadata) as source:
-        return load_from_source(source, model, optimizer, rng, state, load_optimizer=load_optimizer,
-                                load_rng=load_rng, finetune=finetune)
+        point = load_from_source(source, model, optimizer, rng, state, load_optimizer=load_optimizer,
+                                 load_rng=load_rng, finetune=finetune)
+    if finetune:  # Megatron-LM's load_checkpoint takes the rerun state machine's only when resuming
+        return point
+    rerun_state, layout_changed = saved_rerun_state(metadata, state)
+    return dataclasses.replace(point, rerun_state=rerun_state, rerun_layout_changed=layout_changed)
 
 
 def verify_for_job(iteration_dir: Path, metadata: dict, state: ParallelState, check_content: bool = True) -> None:

@@ -112,12 +112,12 @@ def early_exit(exit_conditions: Optional[ExitConditions], iteration: int, state:
 
 
 def rerun_exit(verdict: RerunExit, iteration: int, summary: TrainingSummary,
-               save: Optional[Callable[[int], None]], state: ParallelState) -> TrainingSummary:
+               save: Optional[Callable[[int, bool], None]], state: ParallelState) -> TrainingSummary:
     """The rerun state machine ended the job before iteration `iteration`'s update: with exit 16 the weights that
     iteration started from are saved (with --save), so that the job resumed elsewhere re-runs it."""
     done = iteration - 1
-    if verdict.checkpoint and save is not None and summary.saved_iterations[-1:] != [done]:
-        save(done)
+    if verdict.checkpoint and save is not None:  # again if saved already: now with the machine's pending re-run
+        save(done, True)
     kept = (f"; resume from the checkpoint of iteration {done} to re-run iteration {iteration}"
             if verdict.checkpoint and save is not None else "")
     summary.exit_reason = f"the rerun state machine ended the job at iteration {iteration} (exit {verdict.code}){kept}"
@@ -144,8 +144,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
     lr = 0.0  # the rate of the last update, saved with the checkpoint
 
-    def save(iteration: int) -> None:  # with --save, once an iteration
-        if save_checkpoint is not None and summary.saved_iterations[-1:] != [iteration]:
+    def save(iteration: int, again: bool = False) -> None:  # with --save, once an iteration unless `again`
+        if save_checkpoint is not None and (again or summary.saved_iterations[-1:] != [iteration]):
             save_checkpoint(iteration, summary.consumed_samples, lr, summary.schedule_samples)
             summary.saved_iterations.append(iteration)
 

@@ -36,6 +36,9 @@ from training.data_splits import (
 )
 from training.exit_conditions import ExitConditions
 from training.metrics import MemoryCheck, MetricsWriter
+from training.rerun_resume import resume_machine
+from training.rerun_setup import rerun_mode_line, rerun_state_machine_for
+from training.rerun_state import RerunStateMachine
 from training.run_description import describe_model
 from training.run_outputs import CheckpointSaves, checkpoint_saver, open_metrics
 from training.run_settings import RunSettings, model_vocabulary, resolve_run_settings
@@ -63,6 +66,7 @@ class Run:
     save: Optional[CheckpointSaves]  # None without --save
     log: Log
     claimed: RunStart  # the locks of --save and --metrics-file
+    rerun: Optional[RerunStateMachine] = None  # --rerun-mode validate_results or report_stats (training/rerun_state.py)
 
     def __enter__(self) -> "Run":
         return self
@@ -108,18 +112,24 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         built = build(settings, state, dropout_rng=True, torch_compile=config.training.compile)
         if built.fp8:
             log(built.fp8)
+        # the rerun state machine before the load, as Megatron-LM's initialize makes it: the load restores the random
+        # states it seeded, and a pending re-run saved in the checkpoint (exit 16) goes into it
+        rerun = rerun_state_machine_for(config.training, state, built.rng, log)
         start = load_weights(config, state, built, claimed.resume_from, log)
+        resume_machine(rerun, start.rerun_state, start.rerun_layout_changed, state.rank, log)
+        if rerun is not None:
+            log(rerun_mode_line(config.training, config.sources.get("rerun_mode")))
         log(describe_model(settings, state, built, threads))
         writer = open_metrics(config, state, claimed.identity, start.iteration, log)
         on_failure.callback(writer.close)
-        save = checkpoint_saver(config, state, built, tokenizer, claimed.identity, batch)
+        save = checkpoint_saver(config, state, built, tokenizer, claimed.identity, batch, rerun)
         if save is not None:
             on_failure.callback(save.abandon)
             log(save.mode_line)
         run = Run(settings=settings, state=state, tokenizer=tokenizer, data=data, built=built, start=start,
                   writer=writer, memory_check=memory_check,
                   exit_conditions=ExitConditions(config.checkpoint, state, log_interval=config.training.log_interval),
-                  save=save, log=log, claimed=claimed)
+                  save=save, log=log, claimed=claimed, rerun=rerun)
         on_failure.pop_all()
     return run
 

@@ -17,11 +17,13 @@ fatal check, for a checkpoint and exit 16 (EXIT_CODE_RESUME_TO_DISAMBIGUATE) to 
 on for a non-fatal one. The first iteration of a process is never validated, as in Megatron (no checkpoint could
 be taken before its first optimizer step).
 
-What is not here: Megatron saves this machine's state in the exit-16 checkpoint, so the resumed job re-runs the
-iteration once more and ends with 17 (EXIT_CODE_FAILED_ON_RESULT_VALIDATION, "persistent error" or "correct
-result") or 16 again (rescheduled on the same GPU). Here the checkpoint holds the weights and the samples
-consumed only: a resumed job trains that iteration afresh. --rerun-mode report_stats is refused at start-up
-(arguments/config.py).
+The exit-16 checkpoint holds this machine's state (training/rerun_resume.py), so the job resumed from it runs the
+iteration once more (RERUNNING_FROM_CHECKPOINT) and ends with 17 ("Possible persistent error" when the result
+differs on this other node or device, "Correct result" when it is the same) or, landed on the node and device that
+reproduced it, 16 again with no new checkpoint (RERUNNING_AGAIN_FROM_CHECKPOINT).
+
+--rerun-mode report_stats (Megatron-Core's REPORT_DETERMINISM_STATS) re-runs every iteration and records how much
+each validated result differs between the two runs (training/rerun_stats.py); nothing is rejected.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from training.rerun_stats import REPORTING_INTERVAL_ITERATIONS, GatherToFirst, QuickStats, report_stats
+
 EXIT_CODE_RESUME_TO_DISAMBIGUATE = 16
 EXIT_CODE_FAILED_ON_RESULT_VALIDATION = 17
 SPIKY_LOSS_FACTOR = 10  # Megatron-LM's pretrain_gpt.py: a loss 10x the largest of the first 100 is a spike
@@ -47,13 +51,18 @@ COMPARISON_MATCH, COMPARISON_MISMATCH = 0.0, math.inf
 class RerunMode(str, Enum):
     DISABLED = "disabled"
     VALIDATE_RESULTS = "validate_results"
+    # Megatron-Core's member is REPORT_DETERMINISM_STATS = "report_determinism_stats"; Megatron-LM's flag takes
+    # "report_stats" (its RerunStateMachineConfig), the value here
+    REPORT_DETERMINISM_STATS = "report_stats"
 
 
 class RerunState(Enum):
     NOT_RUNNING_YET = 0
     INITIAL_RUN = 1
     RERUNNING_IN_PLACE = 2
-    WILL_RERUN_FROM_CHECKPOINT = 3
+    WILL_RERUN_FROM_CHECKPOINT = 3  # after the exit-16 checkpoint, and in the job resumed from it
+    RERUNNING_FROM_CHECKPOINT = 4  # the resumed job's run of that iteration
+    RERUNNING_AGAIN_FROM_CHECKPOINT = 5  # it ran on the node and device that reproduced the result: exit 16 again
 
 
 class RerunDiagnostic(str, Enum):  # --error-injection-type
@@ -77,7 +86,7 @@ class RerunExit(Exception):
 
 class ErrorInjector:
     """Megatron-Core's RerunErrorInjector: on average one validation in `rate` (per rank: the draw is offset by the
-    rank) is rejected whatever its value, and the re-run's comparison is forced to what `kind` would give."""
+    rank) is rejected whatever its value, and the re-runs' comparisons are forced to what `kind` would give."""
 
     def __init__(self, rate: int, kind: RerunDiagnostic, rank: int, log: Callable[[str], None]) -> None:
         self.rate, self.kind, self.rank, self.log = rate, kind, rank, log
@@ -92,14 +101,21 @@ class ErrorInjector:
         self.log(f"Injecting error type {_ERROR_NAMES[self.kind]}")
         return True
 
-    def maybe_miscompare(self, compare: Callable[[Any, Any], float], initial: Any, result: Any) -> float:
-        """On the in-place re-run: a transient error mismatches (and is done), the other two match."""
+    def maybe_miscompare(self, compare: Callable[[Any, Any], float], initial: Any, result: Any,
+                         state: RerunState) -> float:
+        """In place, a transient error mismatches (and is done) and the other two match; on the resumed job's
+        re-run a persistent error mismatches and a correct result matches (both are done then)."""
         if self.injected is None:
             return compare(initial, result)
-        if self.injected == RerunDiagnostic.TRANSIENT_ERROR:
-            self.injected = None
-            return COMPARISON_MISMATCH
-        return COMPARISON_MATCH
+        if state == RerunState.RERUNNING_IN_PLACE:
+            if self.injected == RerunDiagnostic.TRANSIENT_ERROR:
+                self.injected = None
+                return COMPARISON_MISMATCH
+            return COMPARISON_MATCH
+        if state == RerunState.RERUNNING_FROM_CHECKPOINT and self.injected != RerunDiagnostic.TRANSIENT_ERROR:
+            persistent, self.injected = self.injected == RerunDiagnostic.PERSISTENT_ERROR, None
+            return COMPARISON_MISMATCH if persistent else COMPARISON_MATCH
+        raise RuntimeError(f"an injected {self.injected.value} cannot be compared in state {state.name}")
 
 
 def compare_floats(a: float, b: float) -> float:
@@ -141,17 +157,21 @@ class ReplayingBatches:
 class RerunStateMachine:
     """One per process. `reduce_any(flags)`: each flag OR-ed over every rank (one all-reduce); `save_rng` /
     `restore_rng`: the generator states a re-run starts from (the model's dropout streams included);
-    `where`: this rank's node and device, named in each failure line and in the tracker file."""
+    `where`: this rank's node and device, named in each failure line and in the tracker file, and compared by the
+    resumed job's re-run with those that reproduced the result; `gather_to_first`: every rank's report_stats
+    records to the first (training/rerun_stats.py)."""
 
     def __init__(self, mode: RerunMode, *, rank: int, reduce_any: Callable[[list[bool]], list[bool]],
                  save_rng: Callable[[], Any], restore_rng: Callable[[Any], None], where: tuple[str, str],
                  injector: Optional[ErrorInjector] = None, tracker_file: Optional[str] = None,
-                 log: Callable[[str], None] = print, log_once: Optional[Callable[[str], None]] = None) -> None:
+                 log: Callable[[str], None] = print, log_once: Optional[Callable[[str], None]] = None,
+                 gather_to_first: Optional[GatherToFirst] = None) -> None:
         self.mode, self.rank, self.reduce_any = mode, rank, reduce_any
         self.save_rng, self.restore_rng, self.where = save_rng, restore_rng, where
         self.injector = injector or ErrorInjector(0, RerunDiagnostic.TRANSIENT_ERROR, rank, log)
         self.tracker_file, self.log = tracker_file, log
         self.log_once = log_once or (log if rank == 0 else (lambda _: None))
+        self.gather_to_first = gather_to_first or (lambda records: [records])
         if tracker_file is not None:
             with open(tracker_file, "a"):  # Megatron refuses a file it cannot append to, before training
                 pass
@@ -159,17 +179,25 @@ class RerunStateMachine:
         self.current_iteration = 0  # 1-based here: the loop's own iteration number
         self.first_iteration_complete = False
         self.rerun_requested = self.checkpoint_requested = self.continue_requested = False
+        self.restart_again_requested = False
         self.validation_counts: dict[str, int] = {}
         self.failed_call: Optional[tuple[str, int]] = None
         self.initial_result: Optional[float] = None
+        self.suspicious_where: Optional[tuple[str, str]] = None  # the node and device that reproduced it
         self.saved_rng: Any = None
         self.max_values: dict[str, float] = {}
         self.value_counts: dict[str, int] = {}
+        self.saved_results: dict[tuple[str, int], float] = {}  # report_stats: the first run's, by call
+        self.stats: dict[str, QuickStats] = {}  # report_stats: the differences, by validation message
         self.logged_enabled = False
 
     @property
     def enabled(self) -> bool:
         return self.mode != RerunMode.DISABLED
+
+    @property
+    def reporting_stats(self) -> bool:
+        return self.mode == RerunMode.REPORT_DETERMINISM_STATS
 
     def should_run_forward_backward(self, iteration: int, batches: Optional[ReplayingBatches]) -> bool:
         """Megatron's should_run_forward_backward: True to (re-)run the iteration's micro-batches."""
@@ -182,16 +210,24 @@ class RerunStateMachine:
                 if batches is not None:
                     batches.advance()
                 self.rerun_requested = self.checkpoint_requested = self.continue_requested = False
+                self.restart_again_requested = False
             return True
         if self.state == RerunState.INITIAL_RUN:
             if not self.enabled or not self.reduce_any([self.rerun_requested])[0]:
                 self.state = RerunState.NOT_RUNNING_YET
                 return False
-            self.log_once("Need to rerun step to check reproducibility of initial result")
+            if not self.reporting_stats:
+                self.log_once("Need to rerun step to check reproducibility of initial result")
             self.state = RerunState.RERUNNING_IN_PLACE
             self._rewind(batches)
             return True
         if self.state == RerunState.RERUNNING_IN_PLACE:
+            if self.reporting_stats:  # every iteration runs twice, then goes on
+                self.state = RerunState.NOT_RUNNING_YET
+                if self.current_iteration % REPORTING_INTERVAL_ITERATIONS == 0:
+                    report_stats(self.stats, self.gather_to_first, self.log_once)
+                self.saved_results = {}
+                return False
             will_continue, will_checkpoint = self.reduce_any([self.continue_requested, self.checkpoint_requested])
             if will_continue:
                 self.log_once("Continuing normal execution because failed validation was not fatal")
@@ -201,12 +237,27 @@ class RerunStateMachine:
                 self.state = RerunState.WILL_RERUN_FROM_CHECKPOINT
             self._rewind(batches)
             return False
+        if self.state == RerunState.WILL_RERUN_FROM_CHECKPOINT:  # the job resumed from the exit-16 checkpoint
+            self.current_iteration = iteration
+            self.state = RerunState.RERUNNING_FROM_CHECKPOINT
+            return True
+        if self.state == RerunState.RERUNNING_FROM_CHECKPOINT:
+            will_restart_again, will_continue = self.reduce_any([self.restart_again_requested,
+                                                                 self.continue_requested])
+            if will_restart_again:
+                self.log_once("Need to restart job from the same checkpoint because it was scheduled on the same "
+                              "node/GPU")
+                self.state = RerunState.RERUNNING_AGAIN_FROM_CHECKPOINT
+            elif will_continue:
+                self.log_once("Continuing normal execution because failed validation was not fatal")
+                self.state = RerunState.NOT_RUNNING_YET
+            return False
         raise RuntimeError(f"the rerun state machine cannot run an iteration in state {self.state.name}")
 
     def should_checkpoint_and_exit(self) -> tuple[bool, bool, int]:
         """Megatron's should_checkpoint_and_exit, after the micro-batches and before the optimizer step."""
         self.first_iteration_complete = True
-        if not self.enabled:
+        if not self.enabled or self.reporting_stats:
             return False, False, 0
         if self.state == RerunState.RERUNNING_IN_PLACE:
             self.log_once("Exiting now. The job can be resumed from a previous checkpoint")
@@ -215,11 +266,19 @@ class RerunStateMachine:
             self.log_once("Saving a checkpoint and exiting now. Please resume the job from the checkpoint to rerun "
                           "the last iteration and establish a diagnostic")
             return True, True, EXIT_CODE_RESUME_TO_DISAMBIGUATE
+        if self.state == RerunState.RERUNNING_FROM_CHECKPOINT:
+            self.log_once("Exiting now. A checkpoint at the last iteration already exists if further examination "
+                          "is needed")
+            return False, True, EXIT_CODE_FAILED_ON_RESULT_VALIDATION
+        if self.state == RerunState.RERUNNING_AGAIN_FROM_CHECKPOINT:
+            self.log_once("Exiting now. Please resume the job from the same checkpoint to rerun the last iteration "
+                          "and establish a diagnostic")
+            return False, True, EXIT_CODE_RESUME_TO_DISAMBIGUATE
         return False, False, 0
 
     def validate_result(self, result: float, rejected: Callable[[float], bool], message: str, *,
                         tolerance: float = 0.0, fatal: bool = True) -> None:
-        """Megatron's validate_result for one float: `rejected(result)` flags it; the re-run compares. (Disabled,
+        """Megatron's validate_result for one float: `rejected(result)` flags it; the re-runs compare. (Disabled,
         Megatron still raises on a fatal rejection; here no machine exists then, and the step's own check stops a
         non-finite loss: training/train_step.py.)"""
         if not self.enabled:
@@ -227,6 +286,13 @@ class RerunStateMachine:
         count = self.validation_counts.get(message, 0) + 1
         self.validation_counts[message] = count
         call = (message, count)
+        if self.reporting_stats:  # every result of the first run kept, every re-run's difference recorded
+            if self.state == RerunState.INITIAL_RUN:
+                self.rerun_requested = True
+                self.saved_results[call] = result
+            elif self.state == RerunState.RERUNNING_IN_PLACE:
+                self.stats.setdefault(message, QuickStats()).record(compare_floats(self.saved_results[call], result))
+            return
         if not self.logged_enabled:
             self.logged_enabled = True
             self.log_once("Result validation enabled")
@@ -238,23 +304,52 @@ class RerunStateMachine:
                 self._track("initial_run", result, message)
                 self.log(f"Unexpected result {result} on rank {self.rank} at iteration #{self.current_iteration} "
                          f"invocation #{count} (message='{message}')")
-        elif self.state == RerunState.RERUNNING_IN_PLACE and call == self.failed_call:
-            if self.injector.maybe_miscompare(compare_floats, self.initial_result, result) > tolerance:
-                if not fatal:
-                    self.continue_requested = True
-                self._fail("First rerun: unexpected result is not reproducible within the tolerance "
-                           f"({result} != {self.initial_result})")
-                self._track("first_rerun_not_reproducible", result, message)
-                self._fail("Possible transient error!")
+        elif self.state in (RerunState.RERUNNING_IN_PLACE, RerunState.RERUNNING_FROM_CHECKPOINT) \
+                and call == self.failed_call:
+            comparison = self.injector.maybe_miscompare(compare_floats, self.initial_result, result, self.state)
+            if self.state == RerunState.RERUNNING_IN_PLACE:
+                self._judge_first_rerun(result, message, comparison > tolerance, fatal)
             else:
-                if fatal:
-                    self.checkpoint_requested = True
-                else:
-                    self.continue_requested = True
-                self._track("first_rerun_reproducible", result, message)
-                self._fail("First rerun: unexpected result is reproducible within the tolerance "
-                           f"({result} = {self.initial_result}). Need to rerun on a different GPU to verify "
-                           "correctness.")
+                self._judge_second_rerun(result, message, comparison > tolerance, fatal)
+
+    def _judge_first_rerun(self, result: float, message: str, differs: bool, fatal: bool) -> None:
+        if differs:
+            if not fatal:
+                self.continue_requested = True
+            self._fail("First rerun: unexpected result is not reproducible within the tolerance "
+                       f"({result} != {self.initial_result})")
+            self._track("first_rerun_not_reproducible", result, message)
+            self._fail("Possible transient error!")
+            return
+        if fatal:
+            self.checkpoint_requested = True
+        else:
+            self.continue_requested = True
+        self.suspicious_where = self.where  # the resumed job checks that it is not on them again
+        self._track("first_rerun_reproducible", result, message)
+        self._fail("First rerun: unexpected result is reproducible within the tolerance "
+                   f"({result} = {self.initial_result}). Need to rerun on a different GPU to verify correctness.")
+
+    def _judge_second_rerun(self, result: float, message: str, differs: bool, fatal: bool) -> None:
+        """The resumed job's re-run of the iteration: on another node or device, a different result says the first
+        machine computed it wrongly, the same one that it was right."""
+        if self.where == self.suspicious_where:
+            self.log(f"Got rescheduled on the same GPU. Need to resume again from the same checkpoint "
+                     f"(node: {self.where[0]}, gpu: {self.where[1]})")
+            self.restart_again_requested = True
+            return
+        if differs:
+            self._track("second_rerun_not_reproducible", result, message)
+            self.log("Second rerun: unexpected result is not reproducible on a different GPU, therefore was likely "
+                     f"incorrect ({result} != {self.initial_result})")
+            self._fail("Possible persistent error!")
+        else:
+            self._track("second_rerun_reproducible", result, message)
+            self.log("Second rerun: unexpected result is reproducible on a different GPU, therefore it was likely "
+                     f"correct ({result} = {self.initial_result})")
+            self._fail(f"Correct result (but possible Application error) ({message})")
+        if not fatal:
+            self.continue_requested = True
 
     def is_unexpectedly_large(self, value: float, threshold: float, context: str,
                               num_samples: int = SPIKY_LOSS_SAMPLES) -> bool:
@@ -351,35 +446,3 @@ def torch_rng_saver(rng, device: torch.device) -> tuple[Callable[[], Any], Calla
             if on_cuda:
                 torch.cuda.set_rng_state(saved["cuda"], device)
     return save, restore
-
-
-def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) -> RerunStateMachine:
-    """The machine a run's TrainingConfig (`training`) asks for, on `state`'s ranks: its verdicts are OR-ed over
-    every rank (one all-reduce of at most two int32 per decision, as Megatron's _reduce_any over the world)."""
-    import socket
-
-    import torch.distributed as dist
-    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() and state.world_size > 1 else None
-
-    def reduce_any(flags: list[bool]) -> list[bool]:
-        votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=state.device)
-        if world is not None:  # a vote over every rank, as training/fault_tolerance.py's: no group of the mesh's
-            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=world)
-        return [vote > 0 for vote in votes.tolist()]
-
-    def say(line: str) -> None:
-        print(f" {line}", flush=True)
-
-    # Megatron-LM's _set_random_seed (initialize.py) seeds Python's and NumPy's generators with --seed + 100 x the
-    # pipeline rank; the injector draws from Python's, so a run's injections follow from its --seed as there
-    seed = training.seed + 100 * state.pipeline_parallel_rank
-    random.seed(seed)
-    np.random.seed(seed)
-    save, restore = torch_rng_saver(rng, state.device)
-    mode = RerunMode(training.rerun_mode)
-    injector = ErrorInjector(training.error_injection_rate, RerunDiagnostic(training.error_injection_type),
-                             state.rank, say)
-    return RerunStateMachine(mode, rank=state.rank, reduce_any=reduce_any, save_rng=save, restore_rng=restore,
-                             where=(socket.gethostname(), str(state.device)), injector=injector,
-                             tracker_file=training.result_rejected_tracker_filename, log=say,
-                             log_once=log)

@@ -13,6 +13,8 @@ from data.tokenizer import GPTTokenizer, RunTokenizer
 from parallel.state import ParallelState
 from training.build import Built
 from training.metrics import MetricsWriter, count_records, drop_redone_records, end_last_line, start_wandb
+from training.rerun_resume import machine_checkpoint_state
+from training.rerun_state import RerunStateMachine
 from training.tensorboard_sink import open_tensorboard
 
 # Writes a checkpoint: (iteration, consumed samples, learning rate, the schedule's samples) -> None.
@@ -51,8 +53,9 @@ class CheckpointSaves:
     do nothing then."""
 
     def __init__(self, config: PretrainConfig, state: ParallelState, built: Built, tokenizer: RunTokenizer,
-                 identity: RunIdentity, batch=None) -> None:
+                 identity: RunIdentity, batch=None, rerun: Optional[RerunStateMachine] = None) -> None:
         self.config, self.state, self.built, self.identity, self.batch = config, state, built, identity, batch
+        self.rerun = rerun  # its pending re-run goes into each save (training/rerun_resume.py)
         # --ckpt-format torch_dist: Megatron-LM's layout (checkpoint/megatron_writer.py), written synchronously
         self.megatron = config.checkpoint.ckpt_format == TORCH_DIST and config.megatron_format_unwritten() is None
         # A NullTokenizer has no files, and a SentencePiece .model is not what scripts/convert_to_hf.py reads from
@@ -70,12 +73,17 @@ class CheckpointSaves:
                 # TE keeps them in each module's pickled _extra_state, which this writer does not produce
                 self.mode_line += ("; without delayed FP8 scaling's amax histories (TransformerEngine's _extra_state): "
                                    "a resume from these starts them fresh at scale 1, said again at the load")
+            if rerun is not None and config.training.rerun_mode == "validate_results":
+                # Megatron-LM's torch_dist save holds its machine's state; this writer does not write it
+                self.mode_line += ("; without the rerun state machine's state: a job resumed from the checkpoint of an "
+                                   "exit 16 trains that iteration afresh instead of re-running it to decide")
 
     def __call__(self, iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
         checkpoint, built = self.config.checkpoint, self.built
         arguments = (checkpoint.save, iteration, consumed_samples, built.model, built.zero.optimizer, built.rng,
                      self.config)
-        settings = dict(tokenizer=self.tokenizer, lr=lr, identity=self.identity, schedule_samples=schedule_samples)
+        settings = dict(tokenizer=self.tokenizer, lr=lr, identity=self.identity, schedule_samples=schedule_samples,
+                        rerun_state=machine_checkpoint_state(self.rerun))
         if self.megatron:
             # imported here: torch.distributed.checkpoint imports DTensor and with it sympy, which --help and
             # --print-config must not pay for (tests/test_startup.py)
@@ -111,9 +119,10 @@ class CheckpointSaves:
                           self.identity.run_id)
 
 
-def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
-                     tokenizer: RunTokenizer, identity: RunIdentity, batch=None) -> Optional[CheckpointSaves]:
+def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built, tokenizer: RunTokenizer,
+                     identity: RunIdentity, batch=None,
+                     rerun: Optional[RerunStateMachine] = None) -> Optional[CheckpointSaves]:
     """Saves to --save and prunes to --keep-last; None without --save. With --ckpt-format torch_dist, in
     Megatron-LM's layout (checkpoint/megatron_writer.py; `batch` is the run's batch schedule, which its scheduler
     state is counted in)."""
-    return CheckpointSaves(config, state, built, tokenizer, identity, batch) if config.checkpoint.save else None
+    return CheckpointSaves(config, state, built, tokenizer, identity, batch, rerun) if config.checkpoint.save else None

@@ -22,7 +22,6 @@ from training.memory_report import FirstIterationMemory
 from training.metrics import perplexity
 from training.pipeline_step import PipelineForward, PipelineTrainStep
 from training.prepare import Run
-from training.rerun_state import rerun_state_machine_for
 from training.restart_progress import RestartProgress, restarts_possible
 from training.stragglers import StragglerReport
 from training.train_step import DataParallelTrainStep, TrainingDiverged
@@ -45,10 +44,10 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
                                        data.eod_mask_loss,
                                        (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None)
-        # --rerun-mode validate_results (training/rerun_state.py); disabled: the step runs as it always has
-        rerun = rerun_state_machine_for(training, state, built.rng, log) if training.rerun_mode != "disabled" else None
+        # --rerun-mode validate_results or report_stats (training/rerun_state.py, made by prepare); disabled: None,
+        # and the step runs as it always has
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents,
-                          rerun=rerun)
+                          rerun=run.rerun)
         logged = config.logging
         stragglers = (StragglerReport(state.comm, logged.straggler_minmax_count)
                       if logged.log_straggler and not logged.disable_straggler_on_startup else None)

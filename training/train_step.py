@@ -108,7 +108,8 @@ class DataParallelTrainStep:
         self.model, self.zero = model, zero
         self.settings, self.state, self.activations = settings, state, activations
         self.documents, self.observer = documents, observer
-        # --rerun-mode validate_results (training/rerun_state.py): the micro-batches kept so that a re-run replays them
+        # --rerun-mode validate_results or report_stats (training/rerun_state.py): the micro-batches kept so that a
+        # re-run replays them
         self.rerun = rerun
         self.replay = ReplayingBatches(train_batches) if rerun is not None and rerun.enabled else None
         self.train_batches = self.replay if self.replay is not None else train_batches
@@ -209,8 +210,9 @@ class DataParallelTrainStep:
     def validate_loss(self, loss: torch.Tensor, accumulation_steps: int) -> None:
         """Megatron-LM's loss_func checks (pretrain_gpt.py), on this rank's micro-batch loss before the data-parallel
         average: NaN and Inf (fatal; --no-check-for-nan-in-loss-and-grad turns them off) and, with
-        --check-for-spiky-loss, a loss SPIKY_LOSS_FACTOR times the largest of the first 100 (not fatal). Only in
-        --rerun-mode validate_results: otherwise a non-finite loss stops the run after the step, as it always has."""
+        --check-for-spiky-loss, a loss SPIKY_LOSS_FACTOR times the largest of the first 100 (not fatal). Only with a
+        rerun state machine (--rerun-mode validate_results, or report_stats, where each loss is kept to compare with
+        the re-run's): disabled, a non-finite loss stops the run after the step, as it always has."""
         rerun, training = self.rerun, self.settings.config.training
         if rerun is None or not rerun.enabled:
             return

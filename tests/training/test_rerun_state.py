@@ -7,8 +7,10 @@ training/rerun_state.py, driven by the data-parallel step (training/train_step.p
   exit 17; persistent and correct_result: a checkpoint of the iteration before and exit 16; on a non-fatal check
   (--check-for-spiky-loss) training goes on, and its losses equal the plain run's bitwise (the re-run replays the
   same micro-batches from the same RNG states, dropout on);
-- report_stats is refused in one line; a Megatron launch takes Megatron's default mode (validate_results), a
-  preset launch is disabled.
+- a Megatron launch takes Megatron's default mode (validate_results) and says so in one start-up line, a preset
+  launch is disabled.
+The resumed job's second re-run: tests/training/test_rerun_resume.py; --rerun-mode report_stats:
+tests/training/test_rerun_stats.py.
 """
 
 from __future__ import annotations
@@ -26,93 +28,28 @@ import pytest
 from arguments.parser import parse_arguments
 from base.errors import ConfigError
 from tests.reliability_helpers import TINY, metrics_records, train
+from tests.training.rerun_machines import (
+    drive_megatron,
+    drive_ours,
+    megatron_machine_of,
+    megatron_rerun_module,
+    our_machine,
+)
 from training.late_checks import LATE_CHECKS
 from training.rerun_state import (
     EXIT_CODE_FAILED_ON_RESULT_VALIDATION,
     EXIT_CODE_RESUME_TO_DISAMBIGUATE,
-    ErrorInjector,
-    RerunDiagnostic,
-    RerunMode,
-    RerunStateMachine,
     iterations_megatron_skips,
-    python_rng_state,
-    restore_python_rng_state,
 )
 
 REPO = Path(__file__).resolve().parents[2]
-NAN_CHECK = "found NaN in local forward loss calculation"
-MICRO_BATCHES = 2
-
-
-def our_machine(rate: int, kind: str, tracker=None) -> RerunStateMachine:
-    lines: list[str] = []
-    machine = RerunStateMachine(
-        RerunMode.VALIDATE_RESULTS, rank=0, reduce_any=lambda flags: list(flags), save_rng=python_rng_state,
-        restore_rng=restore_python_rng_state, where=("node", "cpu"),
-        injector=ErrorInjector(rate, RerunDiagnostic(kind), 0, lines.append), tracker_file=tracker, log=lines.append)
-    machine.lines = lines
-    return machine
-
-
-def drive_ours(machine: RerunStateMachine, losses: list[float], fatal: bool, spike_samples=None) -> list[tuple]:
-    """Train-step calls as training/train_step.py makes them: per iteration, (runs, checkpoint, exit, code)."""
-    trace = []
-    for iteration, loss in enumerate(losses, start=1):
-        runs = 0
-        while machine.should_run_forward_backward(iteration, None):
-            runs += 1
-            for _ in range(MICRO_BATCHES):
-                if spike_samples is None:
-                    machine.validate_result(loss, math.isnan, NAN_CHECK, fatal=fatal)
-                else:
-                    machine.validate_result(loss, lambda v: machine.is_unexpectedly_large(v, 10, "loss", spike_samples),
-                                            "Spiky loss", fatal=fatal)
-        decision = machine.should_checkpoint_and_exit()
-        trace.append((iteration, runs, *decision))
-        if decision[1]:
-            break
-    return trace
-
-
-def drive_megatron(machine, losses: list[float], fatal: bool, spike_samples=None) -> list[tuple]:
-    """The same calls as Megatron-LM's train_step and pretrain_gpt.py's loss_func make them."""
-    import torch
-    trace = []
-    for iteration, loss in enumerate(losses, start=1):
-        runs = 0
-        while machine.should_run_forward_backward(None):
-            runs += 1
-            for _ in range(MICRO_BATCHES):
-                result = torch.tensor(loss)
-                if spike_samples is None:
-                    machine.validate_result(result, torch.isnan, NAN_CHECK, fatal=fatal)
-                else:
-                    machine.validate_result(result, partial(machine.is_unexpectedly_large, threshold=10,
-                                                            context="loss", num_samples=spike_samples),
-                                            "Spiky loss", fatal=fatal)
-        decision = machine.should_checkpoint_and_exit()
-        trace.append((iteration, runs, *decision))
-        if decision[1]:
-            break
-    return trace
 
 
 @pytest.fixture
 def megatron_machine(monkeypatch):
-    """Megatron-Core's RerunStateMachine on a CPU, one process: its CUDA calls answered as one GPU would (device 0,
-    an RNG state it saves and restores) and its all-reduce over one rank (the flags themselves)."""
-    rsm = pytest.importorskip("megatron.core.rerun_state_machine")
-    import torch
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda *a, **k: torch.zeros(8, dtype=torch.uint8))
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(rsm.RerunStateMachine, "_reduce_any",
-                        lambda self, value: tuple(value) if isinstance(value, list) else value)
-
-    def make(rate: int, kind: str):
-        injector = rsm.RerunErrorInjector(error_injection_rate=rate, error_injection_type=rsm.RerunDiagnostic(kind))
-        return rsm.RerunStateMachine(mode=rsm.RerunMode.VALIDATE_RESULTS, error_injector=injector)
-    return rsm, make
+    """Megatron-Core's RerunStateMachine on a CPU, one process (tests/training/rerun_machines.py)."""
+    rsm = megatron_rerun_module(monkeypatch)
+    return rsm, partial(megatron_machine_of, rsm)
 
 
 def megatron_checkpoint_on_17(rsm) -> bool:
@@ -213,24 +150,32 @@ def test_a_non_fatal_rerun_goes_on_with_the_plain_runs_losses_bitwise(corpus_cac
     assert (tmp_path / "rejected.txt").read_text().count("status=first_rerun_not_reproducible") == 3
 
 
-def test_report_stats_is_refused_in_one_line_and_the_defaults_are_megatrons_in_a_megatron_launch():
-    with pytest.raises(ConfigError, match="--rerun-mode report_stats: not implemented"):
-        parse_arguments(["--device", "cpu", "--rerun-mode", "report_stats"])
+def test_the_defaults_are_megatrons_in_a_megatron_launch_and_the_start_up_line_says_so(corpus_cache_300, tmp_path):
     # Megatron-LM's RerunStateMachineConfig: rerun_mode "validate_results", check_for_nan_in_loss True; a launch
     # that sets the model by flags takes Megatron's defaults (arguments/megatron/defaults.py), a preset ours
     assert parse_arguments(TINY).config.training.rerun_mode == "validate_results"
     training = parse_arguments(["--device", "cpu"]).config.training
     assert (training.rerun_mode, training.check_for_nan_in_loss_and_grad, training.error_injection_rate) == \
         ("disabled", True, 0)
+    outcome = train(corpus_cache_300, tmp_path, "--train-iters", "1")
+    assert outcome.code == 0, outcome.err[-2000:]
+    assert ("> rerun state machine: --rerun-mode validate_results (Megatron-LM's default for a flags launch; a NaN or "
+            "Inf loss re-runs the iteration on the same data: exit 17 when the re-run differs, a checkpoint and exit 16 "
+            "when it reproduces; --rerun-mode disabled turns it off)") in outcome.out.splitlines()
+    assert "Result validation enabled" in outcome.out  # Megatron's own words, which its functional tests look for
 
 
 @pytest.mark.slow
 def test_two_pipeline_stages_re_run_together_and_go_on_with_the_plain_runs_losses(corpus_cache_300, tmp_path):
     """Two ranks, PP 2: only the last stage validates its loss (Megatron's loss_func runs there), the verdict is
-    all-reduced, and both stages re-run the iteration from the same batches and RNG states."""
+    all-reduced, and both stages re-run the iteration from the same batches and RNG states. With --rerun-mode
+    report_stats every iteration re-runs, and the first rank (the first stage: it validates nothing) prints the
+    records the last stage's rank sent it (training/rerun_stats.py, Megatron's gather_object)."""
     losses = []
-    for name, flags in (("plain", ["--rerun-mode", "disabled"]), ("rerun", RUN[8:] + ["--no-check-for-nan-in-loss-and-grad",
-                                                          "--check-for-spiky-loss"])):
+    runs = (("plain", ["--rerun-mode", "disabled"]),
+            ("rerun", RUN[8:] + ["--no-check-for-nan-in-loss-and-grad", "--check-for-spiky-loss"]),
+            ("report", ["--rerun-mode", "report_stats"]))
+    for name, flags in runs:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                    str(REPO / "pretrain_gpt.py"), *TINY, "--num-layers", "2", "--pipeline-model-parallel-size", "2",
                    *RUN[:8], "--data-cache-dir", corpus_cache_300, "--metrics-file", str(tmp_path / f"{name}.jsonl"),
@@ -241,4 +186,8 @@ def test_two_pipeline_stages_re_run_together_and_go_on_with_the_plain_runs_losse
         losses.append([r["loss"] for r in metrics_records(tmp_path / f"{name}.jsonl") if "loss" in r])
         if name == "rerun":
             assert done.stdout.count("Need to rerun step to check reproducibility") == 3, done.stdout[-3000:]
-    assert len(losses[0]) == 4 and losses[0] == losses[1]
+        if name == "report":  # iterations 2 and 4, 2 micro-batches each, NaN and Inf checks
+            lines = done.stdout.splitlines()
+            assert [line.strip() for line in lines if "samples, all identical" in line] == \
+                ["4 samples, all identical"] * 2 + ["8 samples, all identical"] * 2, done.stdout[-3000:]
+    assert len(losses[0]) == 4 and losses[0] == losses[1] == losses[2]
