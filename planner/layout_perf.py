@@ -34,7 +34,9 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 overlaps them with VP > 1); and where the layer split leaves the output layer's stage as
                 many layers as the others (Megatron's even split: account_for_loss_in_pipeline_split off, no
                 --pipeline-model-parallel-layout), that stage also runs the logits GEMM of every token, and the
-                1F1B schedule runs at its pace: (PP - 1) x the logits' evenly spread time more
+                1F1B schedule runs at its pace: (PP - 1) x the logits' evenly spread time more; where the
+                split is given (the search's layout string, planner/pipeline_split.py), the most loaded rank's
+                excess over an even spread of the layers and the output layer
     dp          the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather
                 (bf16) over the DP group (the expert-DP group for expert weights), hidden behind backward
                 and forward with --overlap-grad-reduce / --overlap-param-gather up to their length
@@ -58,6 +60,7 @@ from gpt.model_config import ModelConfig
 from gpt.shape import AttentionShape, LinearShape, model_shape
 from parallel.layers import padded_vocab_size
 from planner.perf_model import CALIBRATION_DIR, Hardware
+from planner.pipeline_split import rank_loads
 
 BF16_BYTES, FP32_BYTES = 2, 4
 # Elementwise bytes per token per layer in forward, in units of h (bf16): each norm reads and writes h
@@ -91,6 +94,9 @@ class Layout:
     # 70B "...|tL", or --account-for-loss-in-pipeline-split): False is Megatron's even split, where that stage
     # carries the logits on top of its share of the blocks.
     output_stage_balanced: bool = True
+    # The layers of each pipeline rank's model chunks where the split is given (planner/pipeline_split.py, the
+    # search's --pipeline-model-parallel-layout): the step is priced at its slowest rank's load.
+    stage_counts: Optional[tuple[tuple[int, ...], ...]] = None
 
     @property
     def dp(self) -> int:
@@ -227,6 +233,23 @@ def even_split_output_stage_s(counts: ModelCounts, layout: Layout, hardware: Har
     return (layout.pp - 1) * logits_s
 
 
+def output_layer_units(counts: ModelCounts, layout: Layout) -> float:
+    """The output layer's work (forward and backward of the logits GEMM) in transformer layers' work (forward,
+    backward, the recomputed forward; attention as its masked kernels run): the unit of planner/pipeline_split.py."""
+    per_layer = (counts.blocks_flops_per_token - counts.attention_flops_per_token
+                 + counts.attention_executed_flops_per_token) / counts.layers
+    return 3 * counts.logits_flops_per_token / ((3 + layout.recompute_fraction) * per_layer)
+
+
+def stage_split_s(counts: ModelCounts, layout: Layout, compute_s: float) -> float:
+    """What the given split (`layout.stage_counts`) costs over a perfectly even spread of the pipeline's work:
+    the pipeline runs at its most loaded rank's pace. `compute_s`: the rank's GEMM and attention time under an
+    even spread (the whole pipeline's work is PP x it, in layers + the output layer's units)."""
+    units = output_layer_units(counts, layout)
+    heaviest = max(rank_loads(layout.stage_counts, units))
+    return compute_s * (heaviest * layout.pp / (counts.layers + units) - 1.0)
+
+
 def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
                    fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
     """The step time of `layout`, term by term (the module docstring says what each term is)."""
@@ -300,8 +323,11 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
              + expert_here / (expert_dp if layout.distributed_optimizer else 1))
     optimizer_s = shard * ADAM_SHARD_BYTES / hardware.hbm_bandwidth
 
-    imbalance_s = 0.0 if layout.output_stage_balanced else \
-        even_split_output_stage_s(counts, layout, hardware, constants, fp8_peak_flops)
+    if layout.stage_counts is not None and layout.pp > 1:
+        imbalance_s = stage_split_s(counts, layout, gemm_s + attention_s)
+    else:
+        imbalance_s = 0.0 if layout.output_stage_balanced else \
+            even_split_output_stage_s(counts, layout, hardware, constants, fp8_peak_flops)
 
     terms = {"gemm": gemm_s, "attention": attention_s, "elementwise": elementwise_s, "tp": tp_s, "cp": cp_s,
              "ep": ep_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "pp_output_stage": imbalance_s, "dp": dp_s,
