@@ -36,7 +36,9 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 --pipeline-model-parallel-layout), that stage also runs the logits GEMM of every token, and the
                 1F1B schedule runs at its pace: (PP - 1) x the logits' evenly spread time more; where the
                 split is given (the search's layout string, planner/pipeline_split.py), the most loaded rank's
-                excess over an even spread of the layers and the output layer
+                excess over an even spread of the layers and the output layer. Both waits cost nothing where
+                ranks share cores (a CPU profile's cores_per_node) and one stage's ranks alone fill them: the
+                waiting ranks' cores run the others' work (pipeline_waits_idle_no_core)
     dp          the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather
                 (bf16) over the DP group (the expert-DP group for expert weights), hidden behind backward
                 and forward with --overlap-grad-reduce / --overlap-param-gather up to their length
@@ -250,6 +252,17 @@ def stage_split_s(counts: ModelCounts, layout: Layout, compute_s: float) -> floa
     return compute_s * (heaviest * layout.pp / (counts.layers + units) - 1.0)
 
 
+def pipeline_waits_idle_no_core(layout: Layout, hardware: Hardware) -> bool:
+    """Whether a pipeline's waits (its bubble, a lighter stage waiting for the slowest) cost nothing: where a
+    node's ranks share fewer cores than they are (`cores_per_node`, a CPU profile) and one stage's ranks alone
+    are at least the cores, a waiting rank's core runs another rank's work, so the step is the work over the
+    cores, which the compute terms already price (they run at the rate one rank gets with all ranks busy)."""
+    if hardware.cores_per_node is None or layout.pp <= 1:
+        return False
+    ranks_here = min(layout.gpus, hardware.gpus_per_node)
+    return ranks_here // layout.pp >= hardware.cores_per_node
+
+
 def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
                    fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
     """The step time of `layout`, term by term (the module docstring says what each term is)."""
@@ -328,6 +341,9 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     else:
         imbalance_s = 0.0 if layout.output_stage_balanced else \
             even_split_output_stage_s(counts, layout, hardware, constants, fp8_peak_flops)
+
+    if pipeline_waits_idle_no_core(layout, hardware):
+        bubble_s = imbalance_s = 0.0
 
     terms = {"gemm": gemm_s, "attention": attention_s, "elementwise": elementwise_s, "tp": tp_s, "cp": cp_s,
              "ep": ep_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "pp_output_stage": imbalance_s, "dp": dp_s,

@@ -148,7 +148,9 @@ def layout_memory_bytes(counts: ModelCounts, layout: Layout) -> float:
 
 
 def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, precision: str,
-                      gpus_per_node: int) -> Iterator[Layout]:
+                      gpus_per_node: int, tp_comm_overlap: bool = True) -> Iterator[Layout]:
+    """`tp_comm_overlap`: TP layouts run with --tp-comm-overlap (Transformer Engine's userbuffers, CUDA only:
+    a CPU profile's TP collectives are priced exposed)."""
     heads = model.num_attention_heads
     groups = model.num_query_groups or heads
     experts = model.moe.num_experts if model.moe is not None else 1
@@ -175,7 +177,8 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
                             for recompute in (0.0, 1.0):
                                 for distributed in (True, False):
                                     yield Layout(gpus, tp, pp, vp, cp, ep, micro, global_batch, precision,
-                                                 recompute, distributed, tp_comm_overlap=tp > 1)
+                                                 recompute, distributed,
+                                                 tp_comm_overlap=tp_comm_overlap and tp > 1)
 
 
 def _rank_key(candidate: Candidate) -> tuple:
@@ -192,7 +195,8 @@ def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardwa
     counts = model_counts(model, vocab)
     constants = load_layout_constants(hardware.layout_calibration or "h100-bridge-llama3-8b")
     fitting, rest = [], []
-    for layout in enumerate_layouts(model, counts, gpus, global_batch, precision, hardware.gpus_per_node):
+    for layout in enumerate_layouts(model, counts, gpus, global_batch, precision, hardware.gpus_per_node,
+                                    tp_comm_overlap=hardware.device_type == "cuda"):
         if layout.pp > 1:  # priced and printed with the same split
             layout = dataclasses.replace(layout, stage_counts=balanced_stage_counts(
                 counts.layers, layout.pp, layout.vp, output_layer_units(counts, layout)))

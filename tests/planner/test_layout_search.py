@@ -173,3 +173,14 @@ def test_the_balanced_split_gives_the_output_layers_rank_fewer_layers_where_that
                            load_layout_constants(hardware.layout_calibration))
     # the even split priced from its counts equals the even-split term the Bridge rows use
     assert given.terms["pp_output_stage"] == pytest.approx(even.terms["pp_output_stage"], rel=1e-9)
+
+
+def test_a_cpu_profile_prices_tp_exposed():
+    # --tp-comm-overlap is Transformer Engine's userbuffers (CUDA): on a CPU profile TP layouts pay their collectives
+    from arguments.parser import parse_config
+
+    model = parse_config(["--config", "llama-tiny"]).model
+    _, on_cpu = search(model, 4, 16, "bf16", load_hardware("cpu-2core-4proc"))
+    tp = [c for c in on_cpu if c.fits and c.layout.tp > 1]
+    assert tp and all(not c.layout.tp_comm_overlap and c.prediction.terms["tp"] > 0 for c in tp)
+    assert all("--tp-comm-overlap" not in c.flags() for c in tp)
