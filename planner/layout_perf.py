@@ -41,7 +41,9 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 waiting ranks' cores run the others' work (pipeline_waits_idle_no_core)
     dp          the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather
                 (bf16) over the DP group (the expert-DP group for expert weights), hidden behind backward
-                and forward with --overlap-grad-reduce / --overlap-param-gather up to their length
+                and forward with --overlap-grad-reduce / --overlap-param-gather up to their length (not at all
+                where ranks share cores: ranks_share_cores); a CPU profile's (fp32) runs move 4-byte
+                activations and parameters where a GPU's move 2
     optimizer   Adam over this rank's shard through HBM
 
 Model TFLOP/s per GPU are Megatron's (training/metrics.py: no recompute counted) over the predicted step.
@@ -252,6 +254,11 @@ def stage_split_s(counts: ModelCounts, layout: Layout, compute_s: float) -> floa
     return compute_s * (heaviest * layout.pp / (counts.layers + units) - 1.0)
 
 
+def ranks_share_cores(layout: Layout, hardware: Hardware) -> bool:
+    """More ranks on a node than it has cores (a CPU profile's cores_per_node): no work overlaps another."""
+    return hardware.cores_per_node is not None and min(layout.gpus, hardware.gpus_per_node) > hardware.cores_per_node
+
+
 def pipeline_waits_idle_no_core(layout: Layout, hardware: Hardware) -> bool:
     """Whether a pipeline's waits (its bubble, a lighter stage waiting for the slowest) cost nothing: where a
     node's ranks share fewer cores than they are (`cores_per_node`, a CPU profile) and one stage's ranks alone
@@ -267,6 +274,8 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
                    fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
     """The step time of `layout`, term by term (the module docstring says what each term is)."""
     b, s, h = layout.micro_batch_size, counts.seq_length, counts.hidden
+    # activations and gathered parameters move in the run's 16-bit type; a CPU profile's runs are fp32 throughout
+    value_bytes = FP32_BYTES if hardware.precision == "fp32" else BF16_BYTES
     tokens = layout.global_batch_size * s
     world = layout.gpus
     gemm_peak = (fp8_peak_flops or 2 * hardware.peak_flops) if layout.precision == "fp8" else hardware.peak_flops
@@ -284,10 +293,10 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     units = (NORM_AND_RESIDUAL_UNITS * layers_here
              + 3 * ((layers_here - moe_here) * counts.gated_width_dense + moe_here * counts.gated_width_moe) / h
              + 4 * counts.topk * moe_here)
-    elementwise_s = m * passes * tokens_here * h * units * BF16_BYTES / hardware.hbm_bandwidth
+    elementwise_s = m * passes * tokens_here * h * units * value_bytes / hardware.hbm_bandwidth
 
     compute_per_micro = (gemm_s + attention_s + elementwise_s) / m
-    activation = b * s * h * BF16_BYTES / layout.cp
+    activation = b * s * h * value_bytes / layout.cp
     tp_s = 0.0
     if layout.tp > 1:
         tp_bytes = 8 * (layout.tp - 1) / layout.tp * activation * layers_here
@@ -297,13 +306,13 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
             tp_s = max(0.0, tp_s - gemm_s)
     cp_s = 0.0
     if layout.cp > 1:
-        kv_chunk = b * (s / layout.cp) * counts.kv_width / layout.tp * BF16_BYTES
+        kv_chunk = b * (s / layout.cp) * counts.kv_width / layout.tp * value_bytes
         ring = 3 * (layout.cp - 1) * kv_chunk * layers_here  # K, V forward; K, V, dK, dV backward
         cp_s = m * ring / _link(layout.tp * layout.cp > hardware.gpus_per_node, hardware)
         cp_s = max(0.0, cp_s - attention_s)
     ep_s = 0.0
     if layout.ep > 1 and counts.moe_layers:
-        per_call = tokens_here * counts.topk * h * BF16_BYTES
+        per_call = tokens_here * counts.topk * h * value_bytes
         ep_s = m * 4 * moe_here * _all_to_all_seconds(per_call, layout.ep, hardware)
 
     per_micro = compute_per_micro + (tp_s + cp_s + ep_s) / m
@@ -319,19 +328,21 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     dp_group = layout.dp * layout.cp
     expert_dp = max(world // (layout.ep * layout.pp), 1)
     dp_s = 0.0
+    shared = ranks_share_cores(layout, hardware)
     for parameters, group in ((dense_here, dp_group), (expert_here, expert_dp)):
         if group > 1 and parameters:
             spans = world // layout.pp > hardware.gpus_per_node
             reduce_bytes = (group - 1) / group * parameters * FP32_BYTES
-            gather_bytes = (group - 1) / group * parameters * BF16_BYTES if layout.distributed_optimizer else 0.0
+            gather_bytes = (group - 1) / group * parameters * value_bytes if layout.distributed_optimizer else 0.0
             if not layout.distributed_optimizer:
                 reduce_bytes *= 2  # an all-reduce moves twice a reduce-scatter
             reduce_s = reduce_bytes / _link(spans, hardware)
             gather_s = gather_bytes / _link(spans, hardware)
             backward = (gemm_s + attention_s) * 2 / 3
             forward = (gemm_s + attention_s) / 3
-            dp_s += max(0.0, reduce_s - backward) if layout.overlap_grad_reduce else reduce_s
-            dp_s += max(0.0, gather_s - forward) if layout.overlap_param_gather else gather_s
+            # ranks sharing cores hide nothing: the cores run backward, gloo's copies and sums need them too
+            dp_s += max(0.0, reduce_s - backward) if layout.overlap_grad_reduce and not shared else reduce_s
+            dp_s += max(0.0, gather_s - forward) if layout.overlap_param_gather and not shared else gather_s
     shard = (dense_here / (dp_group if layout.distributed_optimizer else 1)
              + expert_here / (expert_dp if layout.distributed_optimizer else 1))
     optimizer_s = shard * ADAM_SHARD_BYTES / hardware.hbm_bandwidth

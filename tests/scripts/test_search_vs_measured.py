@@ -24,8 +24,9 @@ def test_two_layouts_train_side_by_side_and_the_ratio_is_the_measured_one(tmp_pa
     report = json.loads(out.read_text())
     rows = {row["layout"]: row for row in report["layouts"]}
     assert sorted(rows) == ["1", "2"] and report["rounds"] == 1
-    # the top pick, then the best pipelined layout, trained with the split the search priced
-    assert rows["2"]["pp"] == 2 and "--pipeline-model-parallel-layout 'Et|tL'" in rows["2"]["flags"]
+    # the top pick and the best pipelined layout (the top pick itself on this box) among them, trained with the
+    # split the search priced
+    assert any(row["pp"] == 2 and "--pipeline-model-parallel-layout 'Et|tL'" in row["flags"] for row in rows.values())
     assert all(row["steady_steps"] == 1 and row["measured_s"] > 0 and row["predicted_s"] > 0 for row in rows.values())
     fastest = min(rows.values(), key=lambda row: row["measured_s"])
     assert report["top_pick_over_fastest"] == pytest.approx(rows["1"]["measured_s"] / fastest["measured_s"], rel=1e-3)
