@@ -34,10 +34,16 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 overlaps them with VP > 1); and where the layer split leaves the output layer's stage as
                 many layers as the others (Megatron's even split: account_for_loss_in_pipeline_split off, no
                 --pipeline-model-parallel-layout), that stage also runs the logits GEMM of every token, and the
-                1F1B schedule runs at its pace: (PP - 1) x the logits' evenly spread time more
+                1F1B schedule runs at its pace: (PP - 1) x the logits' evenly spread time more; where the
+                split is given (the search's layout string, planner/pipeline_split.py), the most loaded rank's
+                excess over an even spread of the layers and the output layer. Both waits cost nothing where
+                ranks share cores (a CPU profile's cores_per_node) and one stage's ranks alone fill them: the
+                waiting ranks' cores run the others' work (pipeline_waits_idle_no_core)
     dp          the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather
                 (bf16) over the DP group (the expert-DP group for expert weights), hidden behind backward
-                and forward with --overlap-grad-reduce / --overlap-param-gather up to their length
+                and forward with --overlap-grad-reduce / --overlap-param-gather up to their length (not at all
+                where ranks share cores: ranks_share_cores); a CPU profile's (fp32) runs move 4-byte
+                activations and parameters where a GPU's move 2
     optimizer   Adam over this rank's shard through HBM
 
 Model TFLOP/s per GPU are Megatron's (training/metrics.py: no recompute counted) over the predicted step.
@@ -58,6 +64,7 @@ from gpt.model_config import ModelConfig
 from gpt.shape import AttentionShape, LinearShape, model_shape
 from parallel.layers import padded_vocab_size
 from planner.perf_model import CALIBRATION_DIR, Hardware, gemm_peak_flops
+from planner.pipeline_split import rank_loads
 
 BF16_BYTES, FP32_BYTES = 2, 4
 # Elementwise bytes per token per layer in forward, in units of h (bf16): each norm reads and writes h
@@ -91,6 +98,9 @@ class Layout:
     # 70B "...|tL", or --account-for-loss-in-pipeline-split): False is Megatron's even split, where that stage
     # carries the logits on top of its share of the blocks.
     output_stage_balanced: bool = True
+    # The layers of each pipeline rank's model chunks where the split is given (planner/pipeline_split.py, the
+    # search's --pipeline-model-parallel-layout): the step is priced at its slowest rank's load.
+    stage_counts: Optional[tuple[tuple[int, ...], ...]] = None
 
     @property
     def dp(self) -> int:
@@ -227,10 +237,45 @@ def even_split_output_stage_s(counts: ModelCounts, layout: Layout, hardware: Har
     return (layout.pp - 1) * logits_s
 
 
+def output_layer_units(counts: ModelCounts, layout: Layout) -> float:
+    """The output layer's work (forward and backward of the logits GEMM) in transformer layers' work (forward,
+    backward, the recomputed forward; attention as its masked kernels run): the unit of planner/pipeline_split.py."""
+    per_layer = (counts.blocks_flops_per_token - counts.attention_flops_per_token
+                 + counts.attention_executed_flops_per_token) / counts.layers
+    return 3 * counts.logits_flops_per_token / ((3 + layout.recompute_fraction) * per_layer)
+
+
+def stage_split_s(counts: ModelCounts, layout: Layout, compute_s: float) -> float:
+    """What the given split (`layout.stage_counts`) costs over a perfectly even spread of the pipeline's work:
+    the pipeline runs at its most loaded rank's pace. `compute_s`: the rank's GEMM and attention time under an
+    even spread (the whole pipeline's work is PP x it, in layers + the output layer's units)."""
+    units = output_layer_units(counts, layout)
+    heaviest = max(rank_loads(layout.stage_counts, units))
+    return compute_s * (heaviest * layout.pp / (counts.layers + units) - 1.0)
+
+
+def ranks_share_cores(layout: Layout, hardware: Hardware) -> bool:
+    """More ranks on a node than it has cores (a CPU profile's cores_per_node): no work overlaps another."""
+    return hardware.cores_per_node is not None and min(layout.gpus, hardware.gpus_per_node) > hardware.cores_per_node
+
+
+def pipeline_waits_idle_no_core(layout: Layout, hardware: Hardware) -> bool:
+    """Whether a pipeline's waits (its bubble, a lighter stage waiting for the slowest) cost nothing: where a
+    node's ranks share fewer cores than they are (`cores_per_node`, a CPU profile) and one stage's ranks alone
+    are at least the cores, a waiting rank's core runs another rank's work, so the step is the work over the
+    cores, which the compute terms already price (they run at the rate one rank gets with all ranks busy)."""
+    if hardware.cores_per_node is None or layout.pp <= 1:
+        return False
+    ranks_here = min(layout.gpus, hardware.gpus_per_node)
+    return ranks_here // layout.pp >= hardware.cores_per_node
+
+
 def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
                    fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
     """The step time of `layout`, term by term (the module docstring says what each term is)."""
     b, s, h = layout.micro_batch_size, counts.seq_length, counts.hidden
+    # activations and gathered parameters move in the run's 16-bit type; a CPU profile's runs are fp32 throughout
+    value_bytes = FP32_BYTES if hardware.precision == "fp32" else BF16_BYTES
     tokens = layout.global_batch_size * s
     world = layout.gpus
     gemm_peak = gemm_peak_flops(hardware, layout.precision == "fp8", fp8_peak_flops)
@@ -248,10 +293,10 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     units = (NORM_AND_RESIDUAL_UNITS * layers_here
              + 3 * ((layers_here - moe_here) * counts.gated_width_dense + moe_here * counts.gated_width_moe) / h
              + 4 * counts.topk * moe_here)
-    elementwise_s = m * passes * tokens_here * h * units * BF16_BYTES / hardware.hbm_bandwidth
+    elementwise_s = m * passes * tokens_here * h * units * value_bytes / hardware.hbm_bandwidth
 
     compute_per_micro = (gemm_s + attention_s + elementwise_s) / m
-    activation = b * s * h * BF16_BYTES / layout.cp
+    activation = b * s * h * value_bytes / layout.cp
     tp_s = 0.0
     if layout.tp > 1:
         tp_bytes = 8 * (layout.tp - 1) / layout.tp * activation * layers_here
@@ -261,13 +306,13 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
             tp_s = max(0.0, tp_s - gemm_s)
     cp_s = 0.0
     if layout.cp > 1:
-        kv_chunk = b * (s / layout.cp) * counts.kv_width / layout.tp * BF16_BYTES
+        kv_chunk = b * (s / layout.cp) * counts.kv_width / layout.tp * value_bytes
         ring = 3 * (layout.cp - 1) * kv_chunk * layers_here  # K, V forward; K, V, dK, dV backward
         cp_s = m * ring / _link(layout.tp * layout.cp > hardware.gpus_per_node, hardware)
         cp_s = max(0.0, cp_s - attention_s)
     ep_s = 0.0
     if layout.ep > 1 and counts.moe_layers:
-        per_call = tokens_here * counts.topk * h * BF16_BYTES
+        per_call = tokens_here * counts.topk * h * value_bytes
         ep_s = m * 4 * moe_here * _all_to_all_seconds(per_call, layout.ep, hardware)
 
     per_micro = compute_per_micro + (tp_s + cp_s + ep_s) / m
@@ -283,25 +328,33 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     dp_group = layout.dp * layout.cp
     expert_dp = max(world // (layout.ep * layout.pp), 1)
     dp_s = 0.0
+    shared = ranks_share_cores(layout, hardware)
     for parameters, group in ((dense_here, dp_group), (expert_here, expert_dp)):
         if group > 1 and parameters:
             spans = world // layout.pp > hardware.gpus_per_node
             reduce_bytes = (group - 1) / group * parameters * FP32_BYTES
-            gather_bytes = (group - 1) / group * parameters * BF16_BYTES if layout.distributed_optimizer else 0.0
+            gather_bytes = (group - 1) / group * parameters * value_bytes if layout.distributed_optimizer else 0.0
             if not layout.distributed_optimizer:
                 reduce_bytes *= 2  # an all-reduce moves twice a reduce-scatter
             reduce_s = reduce_bytes / _link(spans, hardware)
             gather_s = gather_bytes / _link(spans, hardware)
             backward = (gemm_s + attention_s) * 2 / 3
             forward = (gemm_s + attention_s) / 3
-            dp_s += max(0.0, reduce_s - backward) if layout.overlap_grad_reduce else reduce_s
-            dp_s += max(0.0, gather_s - forward) if layout.overlap_param_gather else gather_s
+            # ranks sharing cores hide nothing: the cores run backward, gloo's copies and sums need them too
+            dp_s += max(0.0, reduce_s - backward) if layout.overlap_grad_reduce and not shared else reduce_s
+            dp_s += max(0.0, gather_s - forward) if layout.overlap_param_gather and not shared else gather_s
     shard = (dense_here / (dp_group if layout.distributed_optimizer else 1)
              + expert_here / (expert_dp if layout.distributed_optimizer else 1))
     optimizer_s = shard * ADAM_SHARD_BYTES / hardware.hbm_bandwidth
 
-    imbalance_s = 0.0 if layout.output_stage_balanced else \
-        even_split_output_stage_s(counts, layout, hardware, constants, fp8_peak_flops)
+    if layout.stage_counts is not None and layout.pp > 1:
+        imbalance_s = stage_split_s(counts, layout, gemm_s + attention_s)
+    else:
+        imbalance_s = 0.0 if layout.output_stage_balanced else \
+            even_split_output_stage_s(counts, layout, hardware, constants, fp8_peak_flops)
+
+    if pipeline_waits_idle_no_core(layout, hardware):
+        bubble_s = imbalance_s = 0.0
 
     terms = {"gemm": gemm_s, "attention": attention_s, "elementwise": elementwise_s, "tp": tp_s, "cp": cp_s,
              "ep": ep_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "pp_output_stage": imbalance_s, "dp": dp_s,

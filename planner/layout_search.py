@@ -10,9 +10,10 @@ megatron/core/parallel_state.py initialize_model_parallel):
   TP      divides the attention heads and the query groups, at most one node (a TP group over InfiniBand
           is never faster: Narayanan et al. 2021, figure 13)
   CP      the sequence splits in 2 x CP chunks (the causal load balancing TE's ring uses)
-  PP, VP  PP x VP model chunks of at least one layer each (a layer count PP x VP does not divide is run as
-          Megatron's --pipeline-model-parallel-layout would, its stages a layer apart, priced as even);
-          interleaving needs the micro-batches to be a multiple of PP
+  PP, VP  PP x VP model chunks, every rank holding a layer, split so that the slowest rank (the output
+          layer's counted) is least loaded (planner/pipeline_split.py), priced at that split and printed as
+          the --pipeline-model-parallel-layout that realises it; interleaving needs the micro-batches to be a
+          multiple of PP
   EP      divides the experts and the ranks of a pipeline stage (the expert grid folds EP into DP x CP x TP
           with expert TP 1)
   MBS     1, 2, 4 or 8, dividing GBS / DP
@@ -25,7 +26,9 @@ costs it most over the best one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
@@ -39,12 +42,13 @@ from planner.layout_perf import (
     Layout,
     LayoutPrediction,
     ModelCounts,
-    even_split_output_stage_s,
     load_layout_constants,
     model_counts,
+    output_layer_units,
     predict_layout,
 )
 from planner.perf_model import Hardware, load_hardware
+from planner.pipeline_split import balanced_stage_counts, layout_string
 from zero.memory import format_bytes
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -60,23 +64,30 @@ class Candidate:
     lost_to: str = ""
     dry_run_bytes: Optional[int] = None   # the meta-device dry run's peak, where --dry-run-check planned it
 
-    def flags(self, counts: ModelCounts) -> str:
+    def flag_words(self) -> list[str]:
+        """The layout as pretrain_gpt.py arguments; a pipelined one with the --pipeline-model-parallel-layout
+        of the split it was priced with (planner/pipeline_split.py), its virtual stages included."""
         layout = self.layout
-        words = [f"--tensor-model-parallel-size {layout.tp}", f"--pipeline-model-parallel-size {layout.pp}"]
-        if layout.vp > 1:
-            words.append(f"--num-layers-per-virtual-pipeline-stage {max(counts.layers // (layout.pp * layout.vp), 1)}")
+        words = ["--tensor-model-parallel-size", str(layout.tp), "--pipeline-model-parallel-size", str(layout.pp)]
+        if layout.pp > 1:
+            words += ["--pipeline-model-parallel-layout", layout_string(layout.stage_counts)]
         if layout.cp > 1:
-            words.append(f"--context-parallel-size {layout.cp}")
+            words += ["--context-parallel-size", str(layout.cp)]
         if layout.ep > 1:
-            words.append(f"--expert-model-parallel-size {layout.ep}")
+            words += ["--expert-model-parallel-size", str(layout.ep)]
         if layout.tp > 1:
-            words.append("--sequence-parallel" + (" --tp-comm-overlap" if layout.tp_comm_overlap else ""))
-        words += [f"--micro-batch-size {layout.micro_batch_size}", f"--global-batch-size {layout.global_batch_size}"]
+            words += ["--sequence-parallel"] + (["--tp-comm-overlap"] if layout.tp_comm_overlap else [])
+        words += ["--micro-batch-size", str(layout.micro_batch_size), "--global-batch-size",
+                  str(layout.global_batch_size)]
         if layout.distributed_optimizer:
-            words.append("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
+            words += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
         if layout.recompute_fraction >= 1.0:
-            words.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
-        return " ".join(words)
+            words += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        return words
+
+    def flags(self) -> str:
+        """flag_words as one shell line (the layout string quoted: it holds `|`)."""
+        return shlex.join(self.flag_words())
 
     def to_json(self) -> dict:
         layout = self.layout
@@ -137,7 +148,9 @@ def layout_memory_bytes(counts: ModelCounts, layout: Layout) -> float:
 
 
 def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, precision: str,
-                      gpus_per_node: int) -> Iterator[Layout]:
+                      gpus_per_node: int, tp_comm_overlap: bool = True) -> Iterator[Layout]:
+    """`tp_comm_overlap`: TP layouts run with --tp-comm-overlap (Transformer Engine's userbuffers, CUDA only:
+    a CPU profile's TP collectives are priced exposed)."""
     heads = model.num_attention_heads
     groups = model.num_query_groups or heads
     experts = model.moe.num_experts if model.moe is not None else 1
@@ -164,7 +177,8 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
                             for recompute in (0.0, 1.0):
                                 for distributed in (True, False):
                                     yield Layout(gpus, tp, pp, vp, cp, ep, micro, global_batch, precision,
-                                                 recompute, distributed, tp_comm_overlap=tp > 1)
+                                                 recompute, distributed,
+                                                 tp_comm_overlap=tp_comm_overlap and tp > 1)
 
 
 def _rank_key(candidate: Candidate) -> tuple:
@@ -181,7 +195,11 @@ def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardwa
     counts = model_counts(model, vocab)
     constants = load_layout_constants(hardware.layout_calibration or "h100-bridge-llama3-8b")
     fitting, rest = [], []
-    for layout in enumerate_layouts(model, counts, gpus, global_batch, precision, hardware.gpus_per_node):
+    for layout in enumerate_layouts(model, counts, gpus, global_batch, precision, hardware.gpus_per_node,
+                                    tp_comm_overlap=hardware.device_type == "cuda"):
+        if layout.pp > 1:  # priced and printed with the same split
+            layout = dataclasses.replace(layout, stage_counts=balanced_stage_counts(
+                counts.layers, layout.pp, layout.vp, output_layer_units(counts, layout)))
         memory = layout_memory_bytes(counts, layout)
         if memory > hardware.gpu_memory_bytes:
             rest.append(Candidate(layout, memory, False, lost_to=f"memory: {memory / 1e9:,.0f} GB > "
@@ -201,11 +219,8 @@ def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardwa
     return counts, fitting + rest
 
 
-def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, seconds: float,
-                  model_flags: str = "", hardware: Optional[Hardware] = None) -> str:
-    """The top layouts as pretrain_gpt.py flag lines (the model's own flags first), and why the rest lost;
-    with `hardware`, what the flag lines' even layer split costs the best pipelined layout over the balanced
-    split it was ranked with."""
+def format_search(candidates: list[Candidate], top: int, seconds: float, model_flags: str = "") -> str:
+    """The top layouts as pretrain_gpt.py flag lines (the model's own flags first), and why the rest lost."""
     fitting = [c for c in candidates if c.fits]
     lines = [f"{len(candidates):,} layouts enumerated, {len(fitting):,} fit, searched in {seconds:.1f} s"]
     for rank, candidate in enumerate(fitting[:top], 1):
@@ -213,14 +228,7 @@ def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, se
         dry = f" (dry run {format_bytes(candidate.dry_run_bytes)})" if candidate.dry_run_bytes else ""
         lines.append(f"{rank}. {p.step_s * 1e3:,.1f} ms/step, {p.model_tflops_per_gpu:,.0f} TFLOP/s/GPU, "
                      f"{format_bytes(candidate.memory_bytes)}{dry}" + (f"  [{candidate.lost_to}]" if rank > 1 else ""))
-        lines.append(f"   {model_flags + ' ' if model_flags else ''}{candidate.flags(counts)}")
-    pipelined = next((c for c in fitting[:top] if c.layout.pp > 1), None)
-    if pipelined is not None and hardware is not None:
-        constants = load_layout_constants(hardware.layout_calibration or "h100-bridge-llama3-8b")
-        extra = even_split_output_stage_s(counts, pipelined.layout, hardware, constants, hardware.fp8_peak_flops)
-        lines.append(f"ranked with a balanced pipeline split (a --pipeline-model-parallel-layout giving the output "
-                     f"layer's stage fewer layers); the flag lines split the layers evenly, so the last stage also "
-                     f"runs the logits: +{extra * 1e3:,.1f} ms/step for layout {fitting.index(pipelined) + 1}")
+        lines.append(f"   {model_flags + ' ' if model_flags else ''}{candidate.flags()}")
     reasons: dict[str, int] = {}
     for candidate in candidates[top:]:
         key = candidate.lost_to.split(" +")[0].split(":")[0]
@@ -230,7 +238,7 @@ def format_search(counts: ModelCounts, candidates: list[Candidate], top: int, se
     return "\n".join(lines)
 
 
-def dry_run_check(candidates: list[Candidate], counts: ModelCounts, model_flags: Sequence[str], hardware: Hardware,
+def dry_run_check(candidates: list[Candidate], model_flags: Sequence[str], hardware: Hardware,
                   checks: int, progress=None) -> list[Candidate]:
     """The best `checks` layouts planned again with the meta-device dry run (planner/dry_run.py), every pipeline
     stage's rank 0 of its (DP, TP) grid (the stages differ; TP, CP and EP ranks of a stage hold the same
@@ -241,7 +249,7 @@ def dry_run_check(candidates: list[Candidate], counts: ModelCounts, model_flags:
 
     checked = []
     for candidate in [c for c in candidates if c.fits][:checks]:
-        config = parse_config([*model_flags, *candidate.flags(counts).split()])
+        config = parse_config([*model_flags, *candidate.flag_words()])
         cluster = Cluster(candidate.layout.gpus, hardware.gpus_per_node, hardware.gpu_memory_bytes,
                           hardware.device_type)
         vocab, _ = launch_vocab(config)
@@ -278,13 +286,13 @@ def search_command(argv: Sequence[str]) -> int:
     counts, candidates = search(config.model, args.gpus, config.training.global_batch_size, precision, hardware,
                                 vocab)
     if args.dry_run_check:
-        dry_run_check(candidates, counts, rest, hardware, args.dry_run_check)
+        dry_run_check(candidates, rest, hardware, args.dry_run_check)
         candidates = sorted((c for c in candidates if c.fits), key=_rank_key) + \
             sorted((c for c in candidates if not c.fits), key=lambda c: c.memory_bytes)
     seconds = time.perf_counter() - start
     if args.json:
-        print(json.dumps([c.to_json() | {"flags": " ".join([*rest, c.flags(counts)])} for c in candidates if c.fits]))
+        print(json.dumps([c.to_json() | {"flags": shlex.join([*rest, *c.flag_words()])} for c in candidates if c.fits]))
     else:
-        print(format_search(counts, candidates, args.top, seconds, " ".join(rest), hardware))
+        print(format_search(candidates, args.top, seconds, shlex.join(rest)))
     return 0
 

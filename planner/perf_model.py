@@ -86,6 +86,7 @@ class Hardware:
     calibration: str                  # a file in configs/hardware/calibrations/
     fp8_peak_flops: Optional[float] = None   # dense FP8 tensor-core peak, where the GPU has one
     layout_calibration: Optional[str] = None  # the layout model's constant (planner/layout_perf.py)
+    cores_per_node: Optional[int] = None      # where a node's ranks share fewer processors (a CPU profile); None: one each
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def load_hardware(name_or_path: str) -> Hardware:
             precision=str(data["precision"]), device_type=str(data["device_type"]),
             calibration=str(data["calibration"]),
             fp8_peak_flops=float(data["fp8_peak_tflops"]) * 1e12 if "fp8_peak_tflops" in data else None,
-            layout_calibration=data.get("layout_calibration"))
+            layout_calibration=data.get("layout_calibration"),
+            cores_per_node=int(data["cores_per_node"]) if "cores_per_node" in data else None)
     except KeyError as missing:
         raise ConfigError(f"{path}: missing key {missing}") from None
 

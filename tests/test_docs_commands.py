@@ -119,6 +119,8 @@ EXPENSIVE_SCRIPTS = {
     "scripts/benchmark_index.py": "writes a 2 GB synthetic corpus, then builds its indices in rounds",
     "scripts/zero_paper/mini_reproduction.py": "trains C1-C5 as 4 gloo processes (about 11 minutes)",
     "scripts/zero_paper/calibrate_cpu.py": "trains six small GPTs (about 1.5 minutes)",
+    "scripts/search_vs_measured.py": "trains 16 layouts on 4 gloo ranks in 3 rounds (about 30 minutes on a loaded box)",
+    "scripts/probe_cpu_ranks.py": "times GEMMs, copies and gloo collectives on 4 ranks at once (about 20 s)",
     "scripts/zero_paper/report.py": "about 200 dry runs on a cold plan cache (about 25 minutes)",
     "scripts/zero_paper/compare.py": "about 150 dry runs of 1B-200B models on a cold plan cache (about 5 minutes)",
     "scripts/zero_to_fp32.py": "reads the user's checkpoint `ckpt`, which the page does not provide",

@@ -92,3 +92,18 @@ def test_an_even_layer_split_leaves_the_output_layer_on_the_last_stage(llama):
     assert balanced.terms["pp_output_stage"] == 0.0
     assert even.terms["pp_output_stage"] == pytest.approx(3 * logits_s)
     assert predict(llama, gpus=8, global_batch_size=64, output_stage_balanced=False).terms["pp_output_stage"] == 0.0
+
+
+def test_ranks_sharing_cores_lose_nothing_to_a_pipelines_waits(llama):
+    # 4 ranks on 2 cores (configs/hardware/cpu-2core-4proc.yaml): at PP 2 one stage's 2 ranks fill both cores while
+    # the other waits, so neither the bubble nor a lighter stage's wait idles a core; at PP 4 one rank would
+    # leave a core idle, and with a core per rank (a GPU profile) every wait is paid.
+    cpu = load_hardware("cpu-2core-4proc")
+    shared = dict(gpus=4, pp=2, global_batch_size=8, stage_counts=((20,), (12,)))
+    on_cpu = predict_layout(llama, Layout(**shared), cpu, CONSTANTS)
+    on_gpu = predict_layout(llama, Layout(**shared), dataclasses.replace(cpu, cores_per_node=None), CONSTANTS)
+    assert on_cpu.terms["pp_bubble"] == on_cpu.terms["pp_output_stage"] == 0.0
+    assert on_gpu.terms["pp_bubble"] > 0 and on_gpu.terms["pp_output_stage"] > 0
+    assert on_cpu.terms["gemm"] == on_gpu.terms["gemm"]
+    deep = predict_layout(llama, Layout(gpus=4, pp=4, global_batch_size=8, stage_counts=((8,),) * 4), cpu, CONSTANTS)
+    assert deep.terms["pp_bubble"] > 0

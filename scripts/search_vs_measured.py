@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""The layout search's pick against every layout measured side by side: a 2-layer GPT on 4 gloo CPU ranks.
+
+    nice -n 10 python scripts/search_vs_measured.py --output docs/search-vs-measured-cpu.json \\
+        [--hardware cpu-2core-4proc] [--rounds 3] [--iterations 8] [--layouts K]
+
+Runs `python -m zero.plan search`'s search (planner/layout_search.py) for the model below on --gpus 4 with the
+hardware file (configs/hardware/cpu-2core-4proc.yaml: 4 processes sharing this machine's 2 cores, its numbers
+from scripts/probe_cpu_ranks.py), keeps the layouts that fit without context parallelism or recompute (TP x PP x
+DP x the optimizer's sharding x micro-batch; a layout whose run is the same as a better-ranked one's, the
+distributed optimizer at DP 1, is dropped), then trains each of them with its own flag line on 4 ranks
+(scripts/launch.py, gloo, one thread a rank) for --iterations steps, in --rounds interleaved rounds (every
+layout once per round, the order rotated a place each round), so the other work on the machine weighs on every
+layout alike. A layout's figure is the median of its steady steps (the first --skip of each run dropped) over
+all rounds. Reported: the measured and predicted rankings, and the top pick's measured step over the fastest's.
+`--layouts K` measures only the top pick, the best pipelined layout (its --pipeline-model-parallel-layout
+trained) and then the best-ranked others, K in all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from arguments.config import ConfigError  # noqa: E402
+from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+
+RANKS = 4
+VOCAB = 512
+# Wide and long enough that a step's GEMMs outweigh the launch's fixed costs; a run of 8 steps is seconds.
+MODEL = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
+         "--max-position-embeddings", "256", "--tokenizer-vocab-size", str(VOCAB), "--global-batch-size", "4"]
+TRAINING = ["--device", "cpu", "--log-interval", "1", "--eval-iters", "0", "--hidden-dropout", "0",
+            "--attention-dropout", "0", "--lr-warmup-iters", "0"]
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def candidates_to_measure(hardware_name: str, layouts: Optional[int]) -> list:
+    from arguments.parser import parse_config
+    from planner.layout_search import search
+    from planner.perf_model import load_hardware
+    from planner.vocabulary import launch_vocab
+
+    config = parse_config(MODEL)
+    hardware = load_hardware(hardware_name)
+    _, candidates = search(config.model, RANKS, config.training.global_batch_size, "bf16", hardware,
+                           launch_vocab(config)[0])
+    kept, runs = [], set()
+    for candidate in candidates:
+        layout = candidate.layout
+        if not candidate.fits or layout.cp > 1 or layout.recompute_fraction > 0:
+            continue
+        run = (layout.tp, layout.pp, layout.vp, layout.micro_batch_size, layout.distributed_optimizer and layout.dp > 1)
+        if run not in runs:
+            runs.add(run)
+            kept.append(candidate)
+    if layouts is not None and layouts < len(kept):
+        pipelined = next((c for c in kept if c.layout.pp > 1), None)
+        first = [kept[0]] + ([pipelined] if pipelined is not None and pipelined is not kept[0] else [])
+        kept = (first + [c for c in kept if all(c is not f for f in first)])[:layouts]
+    return kept
+
+
+def run_layout(flags: Sequence[str], iterations: int, cache_dir: str, scratch: Path) -> list[float]:
+    """One launch on RANKS gloo ranks; each step's iter_time_s from rank 0's metrics file."""
+    metrics = scratch / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    argv = [*MODEL, *TRAINING, *flags, "--train-iters", str(iterations), "--data-cache-dir", cache_dir,
+            "--metrics-file", str(metrics)]
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "launch.py"), "--standalone", "--nproc_per_node",
+               str(RANKS), str(REPO_ROOT / "pretrain_gpt.py"), *argv]
+    result = subprocess.run(command, cwd=scratch, capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ConfigError(f"the layout {shlex.join(flags)} failed ({result.returncode}): {tail}")
+    return [json.loads(line)["iter_time_s"] for line in metrics.read_text(encoding="utf-8").splitlines() if line]
+
+
+def ranking(values: dict[str, float]) -> list[str]:
+    return sorted(values, key=values.get)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = OneLineArgumentParser(prog="scripts/search_vs_measured.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hardware", default="cpu-2core-4proc")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--skip", type=int, default=2, help="steps dropped from the start of each run")
+    parser.add_argument("--layouts", type=int, default=None, help="measure K layouts, not all")
+    parser.add_argument("--output", default=None, help="write the results as JSON here")
+    parser.add_argument("--data-cache-dir", default=None)
+    args = parser.parse_args(argv)
+    if args.iterations <= args.skip:
+        raise ConfigError(f"--iterations {args.iterations} with --skip {args.skip}: no steady step is left")
+    from data.corpus import prepare_default_corpus
+
+    cache_dir = args.data_cache_dir or str(Path.home() / ".cache" / "zero-gpt")
+    prepare_default_corpus(cache_dir, VOCAB)  # once, before the ranks start
+    kept = candidates_to_measure(args.hardware, args.layouts)
+    names = [f"{rank}" for rank in range(1, len(kept) + 1)]  # the search's predicted rank among those measured
+    steady: dict[str, list[float]] = {name: [] for name in names}
+    loads = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for round_index in range(args.rounds):
+            loads.append(load_average())
+            print(f"round {round_index + 1}/{args.rounds}, load average {loads[-1]}", flush=True)
+            order = list(range(len(kept)))
+            order = order[round_index % len(order):] + order[:round_index % len(order)]
+            for index in order:
+                times = run_layout(kept[index].flag_words(), args.iterations, cache_dir, Path(scratch))
+                steady[names[index]] += times[args.skip:]
+                print(f"  layout {names[index]}: steps {', '.join(f'{t:.3f}' for t in times)} s", flush=True)
+    loads.append(load_average())
+    measured = {name: statistics.median(steady[name]) for name in names}
+    predicted = {name: candidate.prediction.step_s for name, candidate in zip(names, kept)}
+    fastest = ranking(measured)[0]
+    ratio = measured[names[0]] / measured[fastest]
+    rows = [{"layout": name, "flags": candidate.flags(), "predicted_s": round(predicted[name], 5),
+             "measured_s": round(measured[name], 5), "steady_steps": len(steady[name]),
+             "terms_s": {k: round(v, 5) for k, v in candidate.prediction.terms.items()},
+             **{k: candidate.to_json()[k] for k in ("tp", "pp", "dp", "micro_batch_size", "zero")}}
+            for name, candidate in zip(names, kept)]
+    for row in rows:
+        print(f"layout {row['layout']:>2}: predicted {row['predicted_s'] * 1e3:8.1f} ms, measured "
+              f"{row['measured_s'] * 1e3:8.1f} ms  (TP {row['tp']} PP {row['pp']} DP {row['dp']} MBS "
+              f"{row['micro_batch_size']}, {row['zero']})")
+    print(f"measured ranking (fastest first): {' '.join(ranking(measured))}")
+    print(f"predicted ranking:                {' '.join(ranking(predicted))}")
+    print(f"top pick (layout 1) measured {measured[names[0]] * 1e3:.1f} ms, the fastest (layout {fastest}) "
+          f"{measured[fastest] * 1e3:.1f} ms: {ratio:.3f}x")
+    print(f"load average (1, 5, 15 min) at each round's start and the end: {' | '.join(loads)}")
+    if args.output:
+        result = {"command": "nice -n 10 python scripts/search_vs_measured.py " + shlex.join(list(argv or sys.argv[1:])),
+                  "model": shlex.join(MODEL), "ranks": RANKS, "hardware": args.hardware, "rounds": args.rounds,
+                  "iterations": args.iterations, "skip": args.skip, "load_average": loads,
+                  "measured_ranking": ranking(measured), "predicted_ranking": ranking(predicted),
+                  "top_pick_over_fastest": round(ratio, 4), "layouts": rows}
+        Path(args.output).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool("scripts/search_vs_measured.py", main, (ConfigError,)))
