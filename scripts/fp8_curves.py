@@ -72,10 +72,10 @@ def read_run(metrics: Path) -> dict:
     guard = {key: sum(r.get(key) or 0 for r in training) for key in ("fp8_cast_values", "fp8_saturated",
                                                                       "fp8_flushed")}
     fallbacks = sorted({layer for r in training for layer in (r.get("fp8_high_precision_layers") or [])})
+    fallback_iterations = [r["iteration"] for r in training if r.get("fp8_high_precision_layers")]
     return {"iterations": len(training), "losses": [r["loss"] for r in training],
             "training_s": round(sum(r.get("iter_time_s") or 0 for r in training), 1),
-            "skipped_iterations": sum(1 for r in training if r.get("skipped")),
-            "guard": {**guard, "high_precision_layers": fallbacks}}
+            "guard": {**guard, "high_precision_layers": fallbacks, "fallback_iterations": fallback_iterations}}
 
 
 def compare(run: dict, base: dict) -> dict:
@@ -98,6 +98,20 @@ def summarize(names: list[str], out_dir: Path, command: list[str], loads: dict) 
             **loads, "runs": runs}
 
 
+def markdown_table(runs: dict) -> str:
+    """One row per run, as docs/fp8.md shows them."""
+    rows = [f"| run | iterations | final loss | vs bf16 | mean of the last {LAST} | vs bf16 | high-precision "
+            f"fallbacks (iterations) | saturated / cast values | time of the iterations |", "|---" * 9 + "|"]
+    for name, run in runs.items():
+        fallbacks = run["guard"]["fallback_iterations"]
+        rows.append(f"| {name} | {run['at_iteration']} | {run['final_loss']:.4f} | {run['final_vs_bf16']:+.2%} | "
+                    f"{run[f'mean_last_{LAST}']:.4f} | {run[f'mean_last_{LAST}_vs_bf16']:+.2%} | "
+                    f"{', '.join(map(str, fallbacks)) or 'none'} | "
+                    f"{run['guard']['fp8_saturated']:,} / {run['guard']['fp8_cast_values']:,} | "
+                    f"{run['training_s']:.0f} s |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="scripts/fp8_curves.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path)
@@ -113,7 +127,7 @@ def main(argv: list[str]) -> int:
     args.out_dir = args.out_dir.resolve()  # each run's working directory, so its paths are absolute
     args.out_dir.mkdir(parents=True, exist_ok=True)
     names = ["bf16"] + [f"{recipe}-{fmt}" for fmt in args.formats for recipe in args.recipes]
-    loads = {"load_average_before": os.getloadavg()}
+    loads = {"load_average_at_report" if args.report_only else "load_average_before": os.getloadavg()}
     if not args.report_only:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             walls = dict(zip(names, pool.map(lambda name: train(name, args.iterations, args.out_dir, extra), names)))
@@ -126,10 +140,7 @@ def main(argv: list[str]) -> int:
                              env=dict(os.environ, PYTHONPATH=str(REPO)))
     if plotted.returncode:
         raise SystemExit(f"fp8_curves.py: training.plot exited {plotted.returncode}: {plotted.stderr.strip()}")
-    for name, run in summary["runs"].items():
-        print(f"{name:18s} iteration {run['at_iteration']}: loss {run['final_loss']:.5f} ({run['final_vs_bf16']:+.3%} "
-              f"vs bf16), mean of the last {LAST} {run[f'mean_last_{LAST}']:.5f} "
-              f"({run[f'mean_last_{LAST}_vs_bf16']:+.3%}); {run['training_s']:.0f} s of iterations", flush=True)
+    print(markdown_table(summary["runs"]), flush=True)
     return 0
 
 
