@@ -128,6 +128,8 @@ EXPENSIVE_SCRIPTS = {
     "scripts/convert_to_hf.py": "reads the user's checkpoint `ckpt`, which the page does not provide",
     "scripts/deepspeed_checkpoint_fixtures.py": "trains DeepSpeed's runs (requirements-bench.txt) on gloo ranks for "
                                                 "minutes (about 5 on the shared 2-core machine)",
+    "scripts/fp8_curves.py": "trains a 4-layer GPT 300 iterations in bf16 and each FP8 recipe (46 min at --jobs 5 "
+                             "on the shared 2-core machine; tests/scripts/test_fp8_curves.py runs it 2 iterations)",
     "data.preprocess": "reads the user's corpus.jsonl; tests/training/test_first_hour.py runs this command on a corpus it writes",
     "training.plot": "reads the user's metrics.jsonl; tests/training/test_plot.py runs the command a training run "
                      "prints on the metrics it wrote",

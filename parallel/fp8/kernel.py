@@ -11,6 +11,18 @@ call could fail on a GPU:
 - both operands float8, never both e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported");
 - tensorwise scales: fp32 singletons. Row- and block-wise scales are not used: on sm90 torch's row-wise
   scaling returns bf16 only, and the block recipes accumulate fp32 partials per K block (block_scaling.py).
+
+On the CPU torch has two implementations of _scaled_mm (aten/src/ATen/native/Blas.cpp, `_scaled_mm_out_cpu`):
+oneDNN's, which it picks for two operands of one float8 dtype on a CPU with AMX-int8, and its emulated one
+(`_scaled_mm_out_cpu_emulated`: each operand upcast to fp32 and multiplied by its scale, an fp32 matmul, one
+cast to out_dtype), which it picks for mixed dtypes (the hybrid format's e5m2 x e4m3 GEMMs) or with oneDNN
+off. oneDNN's FP8 GEMM is a reference loop on this machine's CPU: 1.9 s for one 512x128x384 e4m3 x e4m3 GEMM
+against 1.0 ms emulated (1 thread, measured), which made a 4-layer GPT of hidden 128 take 30 s an iteration.
+So every CPU call here runs the emulated implementation (oneDNN switched off for the call alone; bf16 and
+fp32 matmuls elsewhere keep it): one implementation for every dtype pair, exact float8 products summed in
+fp32. It differs from oneDNN's by the fp32 rounding of the sums (and of x * scale for a scale
+that is not a power of two; CUDA applies the scales to the fp32 sum): 5.7e-6 absolute on that GEMM's fp32
+outputs of magnitude ~1e2.
 """
 
 from __future__ import annotations
@@ -71,12 +83,26 @@ def scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
     """(a * scale_a) @ (b * scale_b) in out_dtype: a row-major (m x k), b column-major (k x n), float8; the
     scales are the dequantizing ones (TransformerEngine's scale_inv, 1 / the quantizing scale)."""
     check_operands(a, b, scale_a, scale_b, out_dtype)
-    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    if a.device.type != "cpu":
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    return cpu_emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype)
+
+
+def cpu_emulated_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                           out_dtype: torch.dtype) -> torch.Tensor:
+    """torch._scaled_mm on the CPU through torch's emulated implementation (the module's docstring says why):
+    oneDNN is off for this call only, then restored as it was."""
+    previous = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    finally:
+        torch.backends.mkldnn.enabled = previous
 
 
 def kernel_name(device: torch.device, recipe: str) -> str:
     """How a recipe's GEMMs run on a device, for the start-up line."""
-    gemm = f"{'CUDA' if device.type == 'cuda' else 'CPU'} _scaled_mm"
+    gemm = "CUDA _scaled_mm" if device.type == "cuda" else "CPU _scaled_mm (torch's fp32 emulation)"
     if recipe in ("delayed", "tensorwise"):
         return gemm
     block = 128 if recipe == "blockwise" else 32

@@ -140,9 +140,9 @@ def train_losses(tmp_path, corpus_cache, name, *extra):
 
 @pytest.mark.slow
 def test_a_tiny_gpt_trains_20_iterations_in_fp8_close_to_bf16(tmp_path, corpus_cache, capsys):
-    """Megatron's default recipe (delayed, here hybrid), two micro-batches a step. One recipe only: CPU
-    _scaled_mm with two e4m3 operands is a slow reference kernel (about 50 ms a call); the others are checked
-    bitwise per linear (tests/parallel/test_fp8_linear.py) and run forward and backward in a model above."""
+    """Megatron's default recipe (delayed, here hybrid), two micro-batches a step. One recipe only
+    (scripts/fp8_curves.py trains all four against bf16: docs/fp8.md); the others are checked bitwise per
+    linear (tests/parallel/test_fp8_linear.py) and run forward and backward in a model above."""
     bf16 = train_losses(tmp_path, corpus_cache, "bf16")
     losses = train_losses(tmp_path, corpus_cache, "fp8", "--fp8-format", "hybrid", "--fp8-recipe", "delayed")
     assert "> FP8: --fp8-format hybrid --fp8-recipe delayed: 4 linears in FP8" in capsys.readouterr().out

@@ -39,6 +39,21 @@ def test_scaled_matmul_is_one_scaled_mm_call_and_equals_the_dequantized_product(
     assert torch.allclose(out, (a.float() * 0.25) @ (b_t.float().t() * 8.0), rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_runs_torchs_emulated_scaled_mm_whatever_the_operand_dtypes(out_dtype):
+    """Two e4m3 operands would take oneDNN's _scaled_mm on a CPU with AMX-int8 (a reference loop: seconds a
+    GEMM); the kernel path takes torch's emulated implementation for every pair (aten/src/ATen/native/Blas.cpp,
+    _scaled_mm_out_cpu_emulated), written out here: each operand upcast and multiplied by its scale in fp32, an
+    fp32 matmul, one cast. Non-power-of-two scales, so that oneDNN's result (scales on the sum) differs."""
+    a, b_t = fp8(64, 32, seed=2), fp8(48, 32, seed=3)
+    scale_a, scale_b = torch.tensor(0.37), torch.tensor(0.011)
+    enabled = torch.backends.mkldnn.enabled
+    out = scaled_matmul(a, b_t.t(), scale_a, scale_b, out_dtype)
+    assert torch.backends.mkldnn.enabled == enabled  # switched off for the call alone
+    written_out = ((a.float() * scale_a) @ (b_t.float().t() * scale_b)).to(out_dtype)
+    assert torch.equal(out, written_out)
+
+
 @pytest.mark.parametrize("case, words", [
     ("a column-major", "A row-major"),
     ("b row-major", "B column-major"),
@@ -73,10 +88,12 @@ def test_cuda_operand_rules_are_enforced_on_the_cpu_too(case, words):
 
 
 def test_kernel_names_say_which_recipes_are_emulated():
-    assert kernel_name(torch.device("cpu"), "delayed") == "CPU _scaled_mm"
+    assert kernel_name(torch.device("cpu"), "delayed") == "CPU _scaled_mm (torch's fp32 emulation)"
     assert kernel_name(torch.device("cuda"), "tensorwise") == "CUDA _scaled_mm"
-    assert kernel_name(torch.device("cpu"), "mxfp8").startswith("emulated: one CPU _scaled_mm per 32-wide K block")
-    assert kernel_name(torch.device("cpu"), "blockwise").startswith("emulated: one CPU _scaled_mm per 128-wide")
+    assert kernel_name(torch.device("cpu"), "mxfp8").startswith("emulated: one CPU _scaled_mm (torch's fp32 emulation) "
+                                                                "per 32-wide K block")
+    assert kernel_name(torch.device("cpu"), "blockwise").startswith("emulated: one CPU _scaled_mm (torch's fp32 "
+                                                                    "emulation) per 128-wide")
 
 
 def te_compute_scale_from_amax(amax, fp8_max, power_of_two, value_for_inf):

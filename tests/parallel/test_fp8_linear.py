@@ -1,7 +1,8 @@
 """The FP8 linear (parallel/fp8/linear.py), forward, dgrad and wgrad, for each recipe and format: bitwise
 equal on the CPU to the recipe written out here (quantize with the scale the recipe computes, torch's
-_scaled_mm, dequantize), over three steps for delayed scaling (its history in use), one for the others. (CPU _scaled_mm with two e4m3
-operands is slow, a reference kernel: the shapes stay small.)
+_scaled_mm, dequantize), over three steps for delayed scaling (its history in use), one for the others. The
+reference's torch._scaled_mm runs with oneDNN off (the `emulated_scaled_mm` fixture), the CPU implementation
+the kernel path uses (parallel/fp8/kernel.py says why).
 
 What is written out, and where it comes from:
 - Megatron (megatron/core/fp8_utils.py, get_fp8_recipe): e4m3 -> Format.E4M3, hybrid -> Format.HYBRID
@@ -27,6 +28,14 @@ from parallel.fp8.recipes import Fp8Recipe
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 MAX = {E4M3: 448.0, E5M2: 57344.0}
 TOKENS, IN, OUT = 32, 160, 64  # 160: a partial last 128-block; every size a multiple of 32 for MXFP8
+
+
+@pytest.fixture(autouse=True)
+def emulated_scaled_mm():
+    """torch's CPU _scaled_mm takes its emulated implementation (aten/src/ATen/native/Blas.cpp,
+    _scaled_mm_out_cpu_emulated) with oneDNN off; with oneDNN on it takes oneDNN's for two e4m3 operands."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
 
 
 def f32(value):
