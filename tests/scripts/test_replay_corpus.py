@@ -52,21 +52,7 @@ from tests.replay_corpus.shrink import (
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-# Torch 2.13's CPU _scaled_mm with two e4m3 operands (oneDNN's emulated FP8 matmul) is about 1000x slower than with
-# an e5m2 one (32x256 @ 256x256: 295 ms against 0.3 ms, measured), and every FP8 forward GEMM is e4m3 x e4m3; these
-# two keep multi-latent attention's widths as written (--q-lora-rank 1536, --kv-lora-rank 512: the shrink leaves
-# them), so linear_q_up_proj's forward GEMM (32 x 1536 @ 1536 x 384) takes 2.0 s a call, linear_kv_up_proj's
-# (32 x 512 @ 512 x 512) 1.0 s, against 0.014 and 0.018 s with an e5m2 operand (measured at load average 18). They
-# train (measured: iterations 1-3 in 130, 221 and 138 s, losses finite, on 2 ranks at load average 19), far past
-# the 180 s a launch gets.
-_E4M3_CPU_GEMM = ("trains, but past the replay's time limit: torch's CPU _scaled_mm with two e4m3 operands and MLA's "
-                  "widths as written (q_lora_rank 1536) make an iteration take minutes")
-KNOWN_FAILING_TODAY: dict[str, str] = {
-    "megatron-lm-ft-moe-gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8": _E4M3_CPU_GEMM,
-    "megatron-lm-ft-moe-gpt3_mcore_te_tp2_pp2_ep4_etp1_resume_torch_dist_attn_cudagraph": _E4M3_CPU_GEMM,
-}
-# A launch known to run past the limit fails at this one instead (a strict xfail still catches it passing).
-KNOWN_SLOW_TIMEOUT = 30
+KNOWN_FAILING_TODAY: dict[str, str] = {}
 
 
 def _params(launches):
@@ -134,8 +120,7 @@ def stderr_of_rank0(out_dir: Path) -> str:
 def test_launch_trains(launch: Launch, prepared, tmp_path, request):
     status = run_distributed(replay_on_rank, WORLD_SIZE, shrunk_argv(launch, corpus_for(launch, prepared, request),
                                                                      tmp_path), str(tmp_path),
-                             timeout=KNOWN_SLOW_TIMEOUT if KNOWN_FAILING_TODAY.get(launch.name) == _E4M3_CPU_GEMM
-                             else 180)
+                             timeout=180)
     assert status == [0, 0], f"{launch.name} did not train: {stderr_of_rank0(tmp_path).strip()[-3000:]}"
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     training = [record for record in records if "split" not in record]
