@@ -10,9 +10,11 @@ from scripts/probe_cpu_ranks.py), keeps the layouts that fit without context par
 DP x the optimizer's sharding x micro-batch; a layout whose run is the same as a better-ranked one's, the
 distributed optimizer at DP 1, is dropped), then trains each of them with its own flag line on 4 ranks
 (scripts/launch.py, gloo, one thread a rank) for --iterations steps, in --rounds interleaved rounds (every
-layout once per round, the order rotated a place each round), so the other work on the machine weighs on every
-layout alike. A layout's figure is the median of its steady steps (the first --skip of each run dropped) over
-all rounds. Reported: the measured and predicted rankings, and the top pick's measured step over the fastest's.
+layout once per round, forward in even rounds and reversed in odd ones, so over an even number of rounds every
+layout's mean place is the same), so the other work on the machine weighs on every layout alike. A layout's
+figure is the median of its steady steps (the first --skip of each run dropped) over all rounds, and each
+round's own medians give the top pick over that round's fastest. Reported: the measured and predicted rankings,
+and the top pick's measured step over the fastest's.
 `--layouts K` measures only the top pick, the best pipelined layout (its --pipeline-model-parallel-layout
 trained) and then the best-ranked others, K in all.
 """
@@ -113,22 +115,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     kept = candidates_to_measure(args.hardware, args.layouts)
     names = [f"{rank}" for rank in range(1, len(kept) + 1)]  # the search's predicted rank among those measured
     steady: dict[str, list[float]] = {name: [] for name in names}
+    per_round: list[dict[str, float]] = []  # each round's median steady step per layout
     loads = []
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
             loads.append(load_average())
             print(f"round {round_index + 1}/{args.rounds}, load average {loads[-1]}", flush=True)
-            order = list(range(len(kept)))
-            order = order[round_index % len(order):] + order[:round_index % len(order)]
+            # forward in even rounds, reversed in odd ones: over an even number of rounds every layout's mean
+            # place in the order is the same, so a load that falls (or rises) through the run favours none
+            order = list(range(len(kept)))[::-1 if round_index % 2 else 1]
+            per_round.append({})
             for index in order:
                 times = run_layout(kept[index].flag_words(), args.iterations, cache_dir, Path(scratch))
                 steady[names[index]] += times[args.skip:]
+                per_round[-1][names[index]] = statistics.median(times[args.skip:])
                 print(f"  layout {names[index]}: steps {', '.join(f'{t:.3f}' for t in times)} s", flush=True)
     loads.append(load_average())
     measured = {name: statistics.median(steady[name]) for name in names}
     predicted = {name: candidate.prediction.step_s for name, candidate in zip(names, kept)}
     fastest = ranking(measured)[0]
     ratio = measured[names[0]] / measured[fastest]
+    round_ratios = [round(medians[names[0]] / min(medians.values()), 4) for medians in per_round]
     rows = [{"layout": name, "flags": candidate.flags(), "predicted_s": round(predicted[name], 5),
              "measured_s": round(measured[name], 5), "steady_steps": len(steady[name]),
              "terms_s": {k: round(v, 5) for k, v in candidate.prediction.terms.items()},
@@ -142,13 +149,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"predicted ranking:                {' '.join(ranking(predicted))}")
     print(f"top pick (layout 1) measured {measured[names[0]] * 1e3:.1f} ms, the fastest (layout {fastest}) "
           f"{measured[fastest] * 1e3:.1f} ms: {ratio:.3f}x")
+    print(f"the top pick over each round's fastest: {', '.join(f'{r:.3f}x' for r in round_ratios)}")
     print(f"load average (1, 5, 15 min) at each round's start and the end: {' | '.join(loads)}")
     if args.output:
         result = {"command": "nice -n 10 python scripts/search_vs_measured.py " + shlex.join(list(argv or sys.argv[1:])),
                   "model": shlex.join(MODEL), "ranks": RANKS, "hardware": args.hardware, "rounds": args.rounds,
                   "iterations": args.iterations, "skip": args.skip, "load_average": loads,
                   "measured_ranking": ranking(measured), "predicted_ranking": ranking(predicted),
-                  "top_pick_over_fastest": round(ratio, 4), "layouts": rows}
+                  "top_pick_over_fastest": round(ratio, 4), "top_pick_over_fastest_per_round": round_ratios,
+                  "layouts": rows}
         Path(args.output).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
 

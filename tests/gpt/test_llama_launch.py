@@ -35,36 +35,28 @@ def test_a_llama_shaped_launch_trains_under_either_programs_flags(corpus_cache, 
     assert losses(corpus_cache, tmp_path / "gpt2", []) != megatron_lm  # the flags changed the model
 
 
-def test_megatron_lms_llama3_example_is_refused_only_for_what_it_lacks_beside_the_blocks():
+def test_megatron_lms_llama3_example_is_taken_whole_with_its_fp8_parameter_gathers():
     """NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh (the replay corpus's
-    megatron-lm-llama-train-llama3-8b-h100-fp8, shrunk as tests/scripts/test_replay_corpus.py shrinks it):
-    its Llama 3 blocks (--normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 1000000
-    --group-query-attention --num-query-groups 8 --kv-channels 128 --untie-embeddings-and-output-weights
+    megatron-lm-llama-train-llama3-8b-h100-fp8, shrunk as tests/scripts/test_replay_corpus.py shrinks it, which
+    trains it): its Llama 3 blocks (--normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base
+    1000000 --group-query-attention --num-query-groups 8 --kv-channels 128 --untie-embeddings-and-output-weights
     --disable-bias-linear) are accepted, and so are --decoupled-lr 5.0e-4 --decoupled-min-lr 4.5e-5 (the embedding
     and output layer's own rate, tests/zero/test_decoupled_lr.py), --split "'99,1,0'" (its unquoted array keeps
     the quotes; Megatron's parse_and_normalize_split reads the numbers with a regex,
-    tests/data/test_split_as_megatron.py) and --vocab-size 128256 beside its HuggingFaceTokenizer (not read, as
-    in Megatron: tests/training/test_vocab_size_beside_tokenizer.py); what it is refused for is what this
-    program lacks: FP8 parameter all-gathers (its delayed FP8 recipe beside --save is taken since the amax histories
-    are checkpointed, docs/fp8.md; its --sequence-parallel exists: tests/parallel/test_sequence_parallel.py)."""
-    import pytest
-
+    tests/data/test_split_as_megatron.py), --vocab-size 128256 beside its HuggingFaceTokenizer (not read, as
+    in Megatron: tests/training/test_vocab_size_beside_tokenizer.py), its delayed hybrid FP8 beside --save (the amax
+    histories are checkpointed) and --fp8-param-gather under its distributed optimizer (the FP8 weights gathered as
+    e4m3 bytes, tests/gpt/test_fp8_param_gather.py)."""
     from arguments.parser import parse_arguments
-    from base.errors import ConfigError
     from tests.replay_corpus import CORPUS
     from tests.replay_corpus.shrink import LocalFiles, shrink
     from training.late_checks import LATE_CHECKS
 
     launch = next(launch for launch in CORPUS if launch.name == "megatron-lm-llama-train-llama3-8b-h100-fp8")
+    assert launch.refusal is None
     argv = shrink(launch, LocalFiles("/nonexistent/corpus_text_document", "/nonexistent/tokenizer", 512,
                                      "/nonexistent/out")).argv
-    with pytest.raises(ConfigError) as error:
-        parse_arguments(argv, late_checks=LATE_CHECKS)
-    message = str(error.value)
-    assert launch.refusal in message and "--fp8-format hybrid" not in message  # only the param gather
-    for accepted in ("--decoupled-lr", "--decoupled-min-lr", "--split", "--vocab-size", "--sequence-parallel"):
-        assert accepted not in message, (accepted, message)
-    for flag in ("--normalization", "--swiglu", "--position-embedding-type", "--rotary", "--group-query-attention",
-                 "--num-query-groups", "--kv-channels", "--untie-embeddings-and-output-weights",
-                 "--disable-bias-linear", "--ffn-hidden-size", "--apply-layernorm-1p"):
-        assert flag not in message, (flag, message)
+    model = parse_arguments(argv, late_checks=LATE_CHECKS).config.model
+    assert (model.fp8, model.fp8_recipe, model.fp8_param_gather) == ("hybrid", "delayed", True)
+    assert model.swiglu and model.normalization == "RMSNorm" and model.position_embedding_type == "rope"
+    assert model.untie_embeddings_and_output_weights  # the sizes are the shrink's
