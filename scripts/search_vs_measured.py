@@ -152,7 +152,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"the top pick over each round's fastest: {', '.join(f'{r:.3f}x' for r in round_ratios)}")
     print(f"load average (1, 5, 15 min) at each round's start and the end: {' | '.join(loads)}")
     if args.output:
-        result = {"command": "nice -n 10 python scripts/search_vs_measured.py " + shlex.join(list(argv or sys.argv[1:])),
+        result = {"command": "python scripts/search_vs_measured.py " + shlex.join(list(argv or sys.argv[1:])),
                   "model": shlex.join(MODEL), "ranks": RANKS, "hardware": args.hardware, "rounds": args.rounds,
                   "iterations": args.iterations, "skip": args.skip, "load_average": loads,
                   "measured_ranking": ranking(measured), "predicted_ranking": ranking(predicted),
