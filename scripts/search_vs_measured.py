@@ -17,6 +17,11 @@ round's own medians give the top pick over that round's fastest. Reported: the m
 and the top pick's measured step over the fastest's.
 `--layouts K` measures only the top pick, the best pipelined layout (its --pipeline-model-parallel-layout
 trained) and then the best-ranked others, K in all.
+
+On a GPU (one rank: the micro-batch and recompute choices, the search's whole space there):
+
+    python scripts/search_vs_measured.py --device cuda --ranks 1 --hardware h100-sxm --recompute \
+        --model "--config gpt2-350m --seq-length 1024 --global-batch-size 32 --bf16" --output docs/...json
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ VOCAB = 512
 # Wide and long enough that a step's GEMMs outweigh the launch's fixed costs; a run of 8 steps is seconds.
 MODEL = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
          "--max-position-embeddings", "256", "--tokenizer-vocab-size", str(VOCAB), "--global-batch-size", "4"]
-TRAINING = ["--device", "cpu", "--log-interval", "1", "--eval-iters", "0", "--hidden-dropout", "0",
+TRAINING = ["--log-interval", "1", "--eval-iters", "0", "--hidden-dropout", "0",
             "--attention-dropout", "0", "--lr-warmup-iters", "0"]
 
 
@@ -50,22 +55,24 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def candidates_to_measure(hardware_name: str, layouts: Optional[int]) -> list:
+def candidates_to_measure(model: Sequence[str], ranks: int, hardware_name: str, layouts: Optional[int],
+                          recompute: bool = False) -> list:
     from arguments.parser import parse_config
     from planner.layout_search import search
     from planner.perf_model import load_hardware
     from planner.vocabulary import launch_vocab
 
-    config = parse_config(MODEL)
+    config = parse_config(list(model))
     hardware = load_hardware(hardware_name)
-    _, candidates = search(config.model, RANKS, config.training.global_batch_size, "bf16", hardware,
+    _, candidates = search(config.model, ranks, config.training.global_batch_size, "bf16", hardware,
                            launch_vocab(config)[0])
     kept, runs = [], set()
     for candidate in candidates:
         layout = candidate.layout
-        if not candidate.fits or layout.cp > 1 or layout.recompute_fraction > 0:
+        if not candidate.fits or layout.cp > 1 or (layout.recompute_fraction > 0 and not recompute):
             continue
-        run = (layout.tp, layout.pp, layout.vp, layout.micro_batch_size, layout.distributed_optimizer and layout.dp > 1)
+        run = (layout.tp, layout.pp, layout.vp, layout.micro_batch_size, layout.distributed_optimizer and layout.dp > 1,
+               layout.recompute_fraction)
         if run not in runs:
             runs.add(run)
             kept.append(candidate)
@@ -76,14 +83,17 @@ def candidates_to_measure(hardware_name: str, layouts: Optional[int]) -> list:
     return kept
 
 
-def run_layout(flags: Sequence[str], iterations: int, cache_dir: str, scratch: Path) -> list[float]:
-    """One launch on RANKS gloo ranks; each step's iter_time_s from rank 0's metrics file."""
+def run_layout(model: Sequence[str], ranks: int, device: str, flags: Sequence[str], iterations: int,
+               cache_dir: str, scratch: Path) -> list[float]:
+    """One launch on `ranks` ranks (gloo on the CPU); each step's iter_time_s from rank 0's metrics file."""
     metrics = scratch / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    argv = [*MODEL, *TRAINING, *flags, "--train-iters", str(iterations), "--data-cache-dir", cache_dir,
-            "--metrics-file", str(metrics)]
-    command = [sys.executable, str(REPO_ROOT / "scripts" / "launch.py"), "--standalone", "--nproc_per_node",
-               str(RANKS), str(REPO_ROOT / "pretrain_gpt.py"), *argv]
+    argv = [*model, *TRAINING, "--device", device, *flags, "--train-iters", str(iterations), "--data-cache-dir",
+            cache_dir, "--metrics-file", str(metrics)]
+    # one rank needs no launcher (and the launcher's torchrun arguments follow this repository's pinned torch)
+    launcher = [] if ranks == 1 else [str(REPO_ROOT / "scripts" / "launch.py"), "--standalone", "--nproc_per_node",
+                                      str(ranks)]
+    command = [sys.executable, *launcher, str(REPO_ROOT / "pretrain_gpt.py"), *argv]
     result = subprocess.run(command, cwd=scratch, capture_output=True, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     if result.returncode != 0:
@@ -99,6 +109,10 @@ def ranking(values: dict[str, float]) -> list[str]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineArgumentParser(prog="scripts/search_vs_measured.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hardware", default="cpu-2core-4proc")
+    parser.add_argument("--model", default=shlex.join(MODEL), help="the model's pretrain_gpt.py flags, one string")
+    parser.add_argument("--ranks", type=int, default=RANKS)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--recompute", action="store_true", help="measure the full-recompute layouts too")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--skip", type=int, default=2, help="steps dropped from the start of each run")
@@ -110,9 +124,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise ConfigError(f"--iterations {args.iterations} with --skip {args.skip}: no steady step is left")
     from data.corpus import prepare_default_corpus
 
+    model = shlex.split(args.model)
     cache_dir = args.data_cache_dir or str(Path.home() / ".cache" / "zero-gpt")
-    prepare_default_corpus(cache_dir, VOCAB)  # once, before the ranks start
-    kept = candidates_to_measure(args.hardware, args.layouts)
+    if "--tokenizer-vocab-size" in model:
+        prepare_default_corpus(cache_dir, int(model[model.index("--tokenizer-vocab-size") + 1]))  # before the ranks
+    kept = candidates_to_measure(model, args.ranks, args.hardware, args.layouts, args.recompute)
     names = [f"{rank}" for rank in range(1, len(kept) + 1)]  # the search's predicted rank among those measured
     steady: dict[str, list[float]] = {name: [] for name in names}
     per_round: list[dict[str, float]] = []  # each round's median steady step per layout
@@ -126,7 +142,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             order = list(range(len(kept)))[::-1 if round_index % 2 else 1]
             per_round.append({})
             for index in order:
-                times = run_layout(kept[index].flag_words(), args.iterations, cache_dir, Path(scratch))
+                times = run_layout(model, args.ranks, args.device, kept[index].flag_words(), args.iterations,
+                                   cache_dir, Path(scratch))
                 steady[names[index]] += times[args.skip:]
                 per_round[-1][names[index]] = statistics.median(times[args.skip:])
                 print(f"  layout {names[index]}: steps {', '.join(f'{t:.3f}' for t in times)} s", flush=True)
@@ -139,12 +156,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = [{"layout": name, "flags": candidate.flags(), "predicted_s": round(predicted[name], 5),
              "measured_s": round(measured[name], 5), "steady_steps": len(steady[name]),
              "terms_s": {k: round(v, 5) for k, v in candidate.prediction.terms.items()},
-             **{k: candidate.to_json()[k] for k in ("tp", "pp", "dp", "micro_batch_size", "zero")}}
+             **{k: candidate.to_json()[k] for k in ("tp", "pp", "dp", "micro_batch_size", "zero", "recompute")}}
             for name, candidate in zip(names, kept)]
     for row in rows:
         print(f"layout {row['layout']:>2}: predicted {row['predicted_s'] * 1e3:8.1f} ms, measured "
               f"{row['measured_s'] * 1e3:8.1f} ms  (TP {row['tp']} PP {row['pp']} DP {row['dp']} MBS "
-              f"{row['micro_batch_size']}, {row['zero']})")
+              f"{row['micro_batch_size']}, {row['zero']}, recompute {row['recompute']})")
     print(f"measured ranking (fastest first): {' '.join(ranking(measured))}")
     print(f"predicted ranking:                {' '.join(ranking(predicted))}")
     print(f"top pick (layout 1) measured {measured[names[0]] * 1e3:.1f} ms, the fastest (layout {fastest}) "
@@ -153,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"load average (1, 5, 15 min) at each round's start and the end: {' | '.join(loads)}")
     if args.output:
         result = {"command": "python scripts/search_vs_measured.py " + shlex.join(list(argv or sys.argv[1:])),
-                  "model": shlex.join(MODEL), "ranks": RANKS, "hardware": args.hardware, "rounds": args.rounds,
+                  "model": args.model, "ranks": args.ranks, "device": args.device, "hardware": args.hardware, "rounds": args.rounds,
                   "iterations": args.iterations, "skip": args.skip, "load_average": loads,
                   "measured_ranking": ranking(measured), "predicted_ranking": ranking(predicted),
                   "top_pick_over_fastest": round(ratio, 4), "top_pick_over_fastest_per_round": round_ratios,

@@ -83,7 +83,7 @@ def _per_tensor_forward(ctx, x2, weight, state, counts):
         # ZeRO's gathered weight (gathered again for the backward), not an activation: kept beside the saved tensors
         ctx.gathered_weight, saved_w_q = w_q, None
     ctx.saved = (x_q, x_scale, saved_w_q, w_scale, None if recipe.wgrad_in_fp8 else x2)
-    return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, torch.float32)
+    return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, ctx.out_dtype)
 
 
 def _per_tensor_saved(ctx):
@@ -95,9 +95,11 @@ def _per_tensor_backward(ctx, g2, state, counts):
     recipe = state.recipe
     x_q, x_scale, w_q, w_scale, x_high = _per_tensor_saved(ctx)
     g_q, g_scale = state.quantize_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype, counts)
-    grad_x = scaled_matmul(g_q, w_q.t().contiguous().t(), g_scale, w_scale, torch.float32)
+    # Each GEMM's fp32 sum rounded once, in the cuBLASLt epilogue, to the dtype the caller casts it to (the same bits
+    # as an fp32 output cast afterwards, without writing and reading the fp32 matrix: measured on an H100, docs/fp8.md)
+    grad_x = scaled_matmul(g_q, w_q.t().contiguous().t(), g_scale, w_scale, ctx.x_dtype)
     if x_high is None:
-        grad_w = scaled_matmul(g_q.t().contiguous(), x_q.t().contiguous().t(), g_scale, x_scale, torch.float32)
+        grad_w = scaled_matmul(g_q.t().contiguous(), x_q.t().contiguous().t(), g_scale, x_scale, ctx.weight_dtype)
     else:
         grad_w = g2.t().to(x_high.dtype) @ x_high
     return grad_x, grad_w
@@ -180,6 +182,9 @@ class _Fp8LinearFunction(torch.autograd.Function):
         counts = None if guard is None else CastCounts()
         detached = weight.detach()
         ctx.gathered_weight = None
+        # The per-tensor recipes' forward GEMM writes x's dtype at once where no bias is added in fp32 after it
+        ctx.out_dtype = torch.float32 if bias is not None else x.dtype
+        ctx.x_dtype, ctx.weight_dtype = x.dtype, weight.dtype
         out = _FORWARD[state.recipe.recipe](ctx, x2, detached, state, counts)
         # Through autograd's saved tensors, so what a step keeps for the backward (the FP8 copies of x and W) is
         # what the saved-tensor meter measures, live and in the planner's dry run; the weight itself as the
@@ -199,8 +204,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
                 ctx.high_precision = (x2, weight.detach().clone())
                 result = torch.nn.functional.linear(x2, weight.detach().to(x2.dtype),
                                                     None if bias is None else bias.detach().to(x2.dtype))
-        ctx.state, ctx.x_shape, ctx.x_dtype, ctx.has_bias = state, x.shape, x.dtype, bias is not None
-        ctx.weight_dtype = weight.dtype
+        ctx.state, ctx.x_shape, ctx.has_bias = state, x.shape, bias is not None
         return result.reshape(*x.shape[:-1], weight.size(0))
 
     @staticmethod
