@@ -45,6 +45,13 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 where ranks share cores: ranks_share_cores); a CPU profile's (fp32) runs move 4-byte
                 activations and parameters where a GPU's move 2
     optimizer   Adam over this rank's shard through HBM
+    host        the host's issue time of each micro-batch (this repository's step: Python, autograd, the kernel
+                launches, the gradient hooks), per layer forward (again for a recomputed forward) and backward,
+                whatever the micro-batch's size: the hardware profile's host_forward_ms_per_layer and
+                host_backward_ms_per_layer, measured by scripts/probe_host_overhead.py (absent: no term). A GPU
+                runs behind its host, so only the excess over the device's own time per micro-batch is exposed; on
+                a CPU profile the host is the device and the whole of it adds. On the lent H100 it decides the
+                micro-batch: gpt2-350m's MBS 1 is host-bound at 8x its device time (docs/planning.md)
 
 Model TFLOP/s per GPU are Megatron's (training/metrics.py: no recompute counted) over the predicted step.
 """
@@ -270,6 +277,17 @@ def pipeline_waits_idle_no_core(layout: Layout, hardware: Hardware) -> bool:
     return ranks_here // layout.pp >= hardware.cores_per_node
 
 
+def host_exposed_s(layout: Layout, layers_here: float, device_per_micro_s: float, hardware: Hardware) -> float:
+    """The host's issue time of a step's micro-batches that the device does not hide (module docstring, `host`)."""
+    if hardware.host_forward_s_per_layer is None or hardware.host_backward_s_per_layer is None:
+        return 0.0
+    host_per_micro = layers_here * (hardware.host_forward_s_per_layer * (1 + layout.recompute_fraction)
+                                    + hardware.host_backward_s_per_layer)
+    if hardware.device_type == "cpu":
+        return layout.micro_batches * host_per_micro
+    return layout.micro_batches * max(0.0, host_per_micro - device_per_micro_s)
+
+
 def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
                    fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
     """The step time of `layout`, term by term (the module docstring says what each term is)."""
@@ -316,6 +334,7 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
         ep_s = m * 4 * moe_here * _all_to_all_seconds(per_call, layout.ep, hardware)
 
     per_micro = compute_per_micro + (tp_s + cp_s + ep_s) / m
+    host_s = host_exposed_s(layout, layers_here, per_micro, hardware)
     bubble_s = (layout.pp - 1) / layout.vp * per_micro
     p2p_s = 0.0
     if layout.pp > 1 and layout.vp == 1:
@@ -358,7 +377,7 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
 
     terms = {"gemm": gemm_s, "attention": attention_s, "elementwise": elementwise_s, "tp": tp_s, "cp": cp_s,
              "ep": ep_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "pp_output_stage": imbalance_s, "dp": dp_s,
-             "optimizer": optimizer_s}
+             "optimizer": optimizer_s, "host": host_s}
     step = sum(terms.values())
     model_flops = 3 * tokens * (counts.blocks_flops_per_token + counts.logits_flops_per_token)
     return LayoutPrediction(step_s=step, terms=terms, model_tflops_per_gpu=model_flops / world / step / 1e12,

@@ -87,6 +87,10 @@ class Hardware:
     fp8_peak_flops: Optional[float] = None   # dense FP8 tensor-core peak, where the GPU has one
     layout_calibration: Optional[str] = None  # the layout model's constant (planner/layout_perf.py)
     cores_per_node: Optional[int] = None      # where a node's ranks share fewer processors (a CPU profile); None: one each
+    # This repository's training step on the profile's host: seconds to issue one layer's forward (and its recompute)
+    # and backward per micro-batch, whatever its size (scripts/probe_host_overhead.py); None: not measured, no term
+    host_forward_s_per_layer: Optional[float] = None
+    host_backward_s_per_layer: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,10 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+def _milliseconds(data: dict, key: str) -> Optional[float]:
+    return float(data[key]) * 1e-3 if key in data else None
+
+
 def load_hardware(name_or_path: str) -> Hardware:
     path = hardware_path(name_or_path)
     data = _read_yaml(path)
@@ -136,7 +144,9 @@ def load_hardware(name_or_path: str) -> Hardware:
             calibration=str(data["calibration"]),
             fp8_peak_flops=float(data["fp8_peak_tflops"]) * 1e12 if "fp8_peak_tflops" in data else None,
             layout_calibration=data.get("layout_calibration"),
-            cores_per_node=int(data["cores_per_node"]) if "cores_per_node" in data else None)
+            cores_per_node=int(data["cores_per_node"]) if "cores_per_node" in data else None,
+            host_forward_s_per_layer=_milliseconds(data, "host_forward_ms_per_layer"),
+            host_backward_s_per_layer=_milliseconds(data, "host_backward_ms_per_layer"))
     except KeyError as missing:
         raise ConfigError(f"{path}: missing key {missing}") from None
 
