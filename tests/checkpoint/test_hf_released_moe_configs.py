@@ -14,7 +14,8 @@ Where each file comes from (the Hugging Face releases' config.json, as public re
   Hugging Face repository openai/gpt-oss-20b pushed to GitHub, its history the release's commits ("Upload folder using
   huggingface_hub" by the OpenAI team, August 2025; config.json unchanged since) beside generation_config.json,
   model.safetensors.index.json and the model card; aiconfigurator's copy (GPT_OSS_20B_config.json at the commit
-  above) is the same bytes less the final newline;
+  above) is the same bytes less the final newline. That repository also holds 52971a17 ("Update config.json", an
+  unmerged Hugging Face pull request on no branch, quant_method 'gptq'): not the release;
 - qwen3-30b-a3b, qwen3-235b-a22b: alibaba/InferSim hf_configs/qwen3-30B-A3B_config.json and qwen3-235B-A22B_config.json
   (f2293dab6d23fe2780356eb71e0ffc3b4baf61dd; the 235B one is the 2507 upload's, 262144 positions).
 
