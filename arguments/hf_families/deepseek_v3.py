@@ -13,7 +13,8 @@ configuration_deepseek_v3.py and modeling_deepseek_v3.py), as Megatron-Core's fl
 - num_nextn_predict_layers: transformers' model has no MTP layer and drops their weights (mtp_note).
 The released file's own keys that only its remote code read (topk_method, scoring_func, moe_layer_freq, ep_size,
 aux_loss_alpha, seq_aux) are checked where they would change the math; a quantization_config (the released weights
-are fp8 blocks) changes no shape: its weights are refused where read (checkpoint/hf_families/deepseek_v3.py).
+are fp8 blocks) changes no shape and no math of the dequantized model: it is named at the start
+(arguments/hf_families/quantized_release.py) and its weights are refused where read (checkpoint/hf_families/layout.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from arguments.hf_families.moe_common import (
     mtp_note,
     sigmoid_router_settings,
 )
+from arguments.hf_families.quantized_release import quantization_note
 from arguments.hf_fields import (
     BOOLEAN,
     INTEGER,
@@ -115,7 +117,8 @@ def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
                       moe_ffn=values["moe_intermediate_size"], layers=layers, norm_topk_prob=values["norm_topk_prob"],
                       values=values, shared=shared,
                       notes=mtp_note(path, values["num_hidden_layers"], values["num_nextn_predict_layers"],
-                                     "num_nextn_predict_layers", ARCHITECTURES[0]))
+                                     "num_nextn_predict_layers", ARCHITECTURES[0])
+                      + quantization_note(path, values["quantization_config"], ARCHITECTURES[0]))
 
 
 def settings(config: HFConfig) -> dict[str, FolderValue]:

