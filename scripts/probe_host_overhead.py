@@ -2,7 +2,7 @@
 """The host's cost of issuing one transformer layer's forward and backward, per micro-batch, for a hardware
 profile's `host_forward_ms_per_layer` and `host_backward_ms_per_layer` (planner/layout_perf.py's `host` term).
 
-    python scripts/probe_host_overhead.py --device cuda --model "--config gpt2-350m --bf16"
+    python scripts/probe_host_overhead.py --device cuda --model="--config gpt2-350m --bf16"
     nice -n 10 python scripts/probe_host_overhead.py --device cpu --model "--num-layers 2 ..." --seq-length 8
 
 On a GPU the host runs ahead of the device: Python, autograd and the kernel launches of each layer, the gradient

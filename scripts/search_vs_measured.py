@@ -21,7 +21,7 @@ trained) and then the best-ranked others, K in all.
 On a GPU (one rank: the micro-batch and recompute choices, the search's whole space there):
 
     python scripts/search_vs_measured.py --device cuda --ranks 1 --hardware h100-sxm --recompute \
-        --model "--config gpt2-350m --seq-length 1024 --global-batch-size 32 --bf16" --output docs/...json
+        --model="--config gpt2-350m --seq-length 1024 --global-batch-size 32 --bf16" --output docs/...json
 """
 
 from __future__ import annotations
