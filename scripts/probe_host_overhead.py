@@ -3,12 +3,13 @@
 profile's `host_forward_ms_per_layer` and `host_backward_ms_per_layer` (planner/layout_perf.py's `host` term).
 
     python scripts/probe_host_overhead.py --device cuda --model="--config gpt2-350m --bf16"
-    nice -n 10 python scripts/probe_host_overhead.py --device cpu --model "--num-layers 2 ..." --seq-length 8
+    nice -n 10 python scripts/probe_host_overhead.py --device cpu --ranks 4 --model="--num-layers 2 ..." --seq-length 8
 
 On a GPU the host runs ahead of the device: Python, autograd and the kernel launches of each layer, the gradient
 hooks, whatever the training step does per micro-batch. Where that takes longer than the device's work, the device
 waits and the step is the host's. This probe makes the device's work negligible (a short sequence, --seq-length,
-one sample per micro-batch) and times whole training steps of pretrain_gpt.py with M and 2M micro-batches, with and
+one sample per micro-batch) and times whole training steps of pretrain_gpt.py with M and 2M micro-batches a rank
+(--ranks data-parallel ranks, through scripts/launch.py where more than one), with and
 without full recompute: per micro-batch = (step(2M) - step(M)) / M, which drops what an iteration does once (the
 optimizer, the logging); the recomputed forward is a second forward's host work, so
 
@@ -40,11 +41,15 @@ from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
 
 
-def median_step_s(argv: Sequence[str], skip: int, scratch: Path) -> float:
+def median_step_s(argv: Sequence[str], ranks: int, skip: int, scratch: Path) -> float:
     metrics = scratch / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "pretrain_gpt.py"), *argv, "--metrics-file", str(metrics)],
-                            cwd=scratch, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    launcher = [] if ranks == 1 else [str(REPO_ROOT / "scripts" / "launch.py"), "--standalone", "--nproc_per_node",
+                                      str(ranks)]
+    result = subprocess.run([sys.executable, *launcher, str(REPO_ROOT / "pretrain_gpt.py"), *argv, "--metrics-file",
+                             str(metrics)], cwd=scratch, capture_output=True, text=True,
+                            env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"} if ranks > 1 else
+                            {**os.environ, "WANDB_MODE": "disabled"})
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ConfigError(f"pretrain_gpt.py {shlex.join(argv)} failed ({result.returncode}): {tail}")
@@ -56,6 +61,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineArgumentParser(prog="scripts/probe_host_overhead.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="the model's pretrain_gpt.py flags, one string")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="data-parallel ranks run at once (a CPU profile's ranks share its cores), one thread each")
     parser.add_argument("--seq-length", type=int, default=64)
     parser.add_argument("--micro-batches", type=int, default=8, help="M: steps of M and 2M micro-batches are timed")
     parser.add_argument("--iterations", type=int, default=8)
@@ -79,8 +86,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for recompute in (False, True):
             for count in (args.micro_batches, 2 * args.micro_batches):
                 name = f"{'full' if recompute else 'none'}_{count}"
-                steps[name] = median_step_s([*common, "--global-batch-size", str(count),
-                                             *(RECOMPUTE if recompute else [])], args.skip, Path(scratch))
+                steps[name] = median_step_s([*common, "--global-batch-size", str(count * args.ranks),
+                                             *(RECOMPUTE if recompute else [])], args.ranks, args.skip, Path(scratch))
                 print(f"recompute {'full' if recompute else 'none'}, {count} micro-batches: "
                       f"{steps[name] * 1e3:.1f} ms a step", flush=True)
     m = args.micro_batches
@@ -94,7 +101,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.output:
         command = "python scripts/probe_host_overhead.py " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
         Path(args.output).write_text(json.dumps({
-            "command": command, "layers": layers, "steps_s": {k: round(v, 5) for k, v in steps.items()},
+            "command": command, "layers": layers, "ranks": args.ranks, "steps_s": {k: round(v, 5) for k, v in steps.items()},
             "per_micro_batch_ms": round(plain * 1e3, 3), "per_micro_batch_recompute_ms": round(recomputed * 1e3, 3),
             "host_forward_ms_per_layer": round(forward * 1e3, 4),
             "host_backward_ms_per_layer": round(backward * 1e3, 4)}, indent=1) + "\n", encoding="utf-8")
