@@ -222,6 +222,10 @@ def test_an_moe_checkpoint_exports_as_its_family_and_transformers_computes_our_l
     with torch.no_grad():
         ours = model(tokens[:, :-1])
         assert (ours - theirs(tokens[:, :-1]).logits).abs().max() <= 1e-5
+        # and the loss (issue 63: the export's loss within 1e-5 of ours), transformers' own loss on the same tokens
+        our_loss = model(tokens[:, :-1], tokens[:, 1:]).mean().item()
+    shifted = theirs(tokens, labels=tokens).loss.item()  # transformers shifts the labels itself
+    assert shifted == pytest.approx(our_loss, rel=1e-5)
 
 
 def test_an_moe_model_no_transformers_class_holds_is_refused_at_export_in_one_line():
