@@ -112,6 +112,10 @@ class Layout:
     # search's --pipeline-model-parallel-layout): the step is priced at its slowest rank's load.
     stage_counts: Optional[tuple[tuple[int, ...], ...]] = None
 
+    def __post_init__(self) -> None:
+        if self.zero_stage is not None and (self.zero_stage not in (2, 3) or not self.distributed_optimizer):
+            raise ValueError(f"zero_stage {self.zero_stage}: 2 or 3, with the optimizer sharded (distributed_optimizer)")
+
     @property
     def dp(self) -> int:
         return self.gpus // (self.tp * self.pp * self.cp)

@@ -23,8 +23,8 @@ megatron/core/parallel_state.py initialize_model_parallel):
           (planner/layout_zero.py)
 Each layout's memory is counted analytically (`layout_memory_bytes`: weights, fp32 gradients, optimizer
 state, ZeRO-2/3's reduce buckets and stage 3's gathered chunks, the first stage's in-flight activations, the
-logits); a layout over the GPU's memory is dropped with its size as the reason. What fits is priced, best first, and each of the rest is told by the term that
-costs it most over the best one.
+logits); a layout over the GPU's memory is dropped with its size as the reason. What fits is priced, best
+first, and each of the rest is told by the term that costs it most over the best one.
 """
 
 from __future__ import annotations
