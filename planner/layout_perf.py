@@ -43,7 +43,13 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 (bf16) over the DP group (the expert-DP group for expert weights), hidden behind backward
                 and forward with --overlap-grad-reduce / --overlap-param-gather up to their length (not at all
                 where ranks share cores: ranks_share_cores); a CPU profile's (fp32) runs move 4-byte
-                activations and parameters where a GPU's move 2
+                activations and parameters where a GPU's move 2. This project's --zero-stage 2 and 3
+                (planner/layout_zero.py, its docstring names each source): stage 2 reduce-scatters every
+                micro-batch's gradients (m per step, each behind its backward) and all-gathers once behind
+                the forward; stage 3 gathers every chunk before its forward and again before its backward
+                and reduce-scatters, every micro-batch (the ZeRO paper's 3 Psi, section 7.2.2, per micro-
+                batch), hidden behind compute except the chunks that open each pass (the root chunk in
+                forward and backward, the first block in forward)
     optimizer   Adam over this rank's shard through HBM
     host        the host's issue time of each micro-batch (this repository's step: Python, autograd, the kernel
                 launches, the gradient hooks), per layer forward (again for a recomputed forward) and backward,
@@ -70,6 +76,7 @@ from gpt.attention_window import layer_windows
 from gpt.model_config import ModelConfig
 from gpt.shape import AttentionShape, LinearShape, model_shape
 from parallel.layers import padded_vocab_size
+from planner.layout_zero import sharded_dp_seconds, stage3_opening_elements
 from planner.perf_model import CALIBRATION_DIR, Hardware, gemm_peak_flops
 from planner.pipeline_split import rank_loads
 
@@ -98,6 +105,9 @@ class Layout:
     precision: str = "bf16"     # bf16 or fp8
     recompute_fraction: float = 0.0   # of the blocks' forward FLOPs recomputed in backward (full: 1.0)
     distributed_optimizer: bool = True
+    # This project's --zero-stage 2 or 3 (gradients, then parameters, sharded too: planner/layout_zero.py), the
+    # optimizer sharded as with distributed_optimizer; None: the stage distributed_optimizer says (1 or 0).
+    zero_stage: Optional[int] = None
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
@@ -109,6 +119,10 @@ class Layout:
     # search's --pipeline-model-parallel-layout): the step is priced at its slowest rank's load.
     stage_counts: Optional[tuple[tuple[int, ...], ...]] = None
 
+    def __post_init__(self) -> None:
+        if self.zero_stage is not None and (self.zero_stage not in (2, 3) or not self.distributed_optimizer):
+            raise ValueError(f"zero_stage {self.zero_stage}: 2 or 3, with the optimizer sharded (distributed_optimizer)")
+
     @property
     def dp(self) -> int:
         return self.gpus // (self.tp * self.pp * self.cp)
@@ -116,6 +130,11 @@ class Layout:
     @property
     def micro_batches(self) -> int:
         return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def stage(self) -> int:
+        """The ZeRO stage the layout runs: 0 plain DDP, 1 the distributed optimizer, 2 or 3 --zero-stage."""
+        return self.zero_stage if self.zero_stage is not None else int(self.distributed_optimizer)
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,9 @@ class ModelCounts:
     gated_width_dense: int             # the dense MLP's activation width (ffn, x2 counted in the units)
     gated_width_moe: int               # an MoE layer's: k experts' widths plus the shared expert's
     topk: int
+    root_parameters: int = 0           # outside the blocks: embeddings, final norm, an untied output layer
+    block_dense_parameters: int = 0    # the largest block's, its routed experts left out
+    block_expert_parameters: int = 0   # an MoE block's routed experts (0 without MoE)
 
 
 def visible_keys_per_query(seq_length: int, window_left: Optional[int]) -> float:
@@ -213,7 +235,11 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
         expert_parameters=expert_parameters,
         kv_width=kv_heads * (attention_matmul.head_dim + (attention_matmul.value_head_dim or attention_matmul.head_dim)),
         gated_width_dense=model.ffn_hidden_size or 4 * model.hidden_size,
-        gated_width_moe=topk * moe_ffn + shared, topk=topk)
+        gated_width_moe=topk * moe_ffn + shared, topk=topk,
+        root_parameters=vocab * shape.parameters_per_vocabulary_row + shape.parameters_outside_blocks,
+        block_dense_parameters=max(shape.parameters_per_block if shape.dense_layers else 0,
+                                   shape.parameters_per_moe_block - per_expert * experts if moe is not None else 0),
+        block_expert_parameters=per_expert * experts)
 
 
 def _link(spans_nodes: bool, hardware: Hardware) -> float:
@@ -288,6 +314,16 @@ def host_exposed_s(layout: Layout, layers_here: float, device_per_micro_s: float
     return layout.micro_batches * max(0.0, host_per_micro - device_per_micro_s)
 
 
+def _sharded_dp_s(counts: ModelCounts, layout: Layout, parameters: float, group: int, experts: bool, link: float,
+                  value_bytes: int, compute_s: float, hidden: bool) -> float:
+    """ZeRO-2/3's data-parallel time (planner/layout_zero.py), its compute split into the forward's pass and
+    backward's (2 passes, and the recomputed forward, which under stage 3 reuses the backward's gather)."""
+    passes = 3 + layout.recompute_fraction
+    return sharded_dp_seconds(layout.stage, parameters, group, stage3_opening_elements(counts, layout, experts),
+                              link, value_bytes, layout.micro_batches, compute_s / passes,
+                              compute_s * (passes - 1) / passes, hidden)
+
+
 def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
                    fp8_peak_flops: Optional[float] = None) -> LayoutPrediction:
     """The step time of `layout`, term by term (the module docstring says what each term is)."""
@@ -348,9 +384,13 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
     expert_dp = max(world // (layout.ep * layout.pp), 1)
     dp_s = 0.0
     shared = ranks_share_cores(layout, hardware)
-    for parameters, group in ((dense_here, dp_group), (expert_here, expert_dp)):
+    for parameters, group, experts in ((dense_here, dp_group, False), (expert_here, expert_dp, True)):
         if group > 1 and parameters:
             spans = world // layout.pp > hardware.gpus_per_node
+            if layout.stage >= 2:  # this project's ZeRO-2/3 (planner/layout_zero.py)
+                dp_s += _sharded_dp_s(counts, layout, parameters, group, experts, _link(spans, hardware),
+                                      value_bytes, gemm_s + attention_s, layout.overlap_grad_reduce and not shared)
+                continue
             reduce_bytes = (group - 1) / group * parameters * FP32_BYTES
             gather_bytes = (group - 1) / group * parameters * value_bytes if layout.distributed_optimizer else 0.0
             if not layout.distributed_optimizer:

@@ -17,11 +17,14 @@ megatron/core/parallel_state.py initialize_model_parallel):
   EP      divides the experts and the ranks of a pipeline stage (the expert grid folds EP into DP x CP x TP
           with expert TP 1)
   MBS     1, 2, 4 or 8, dividing GBS / DP
-  recompute  none or full; the optimizer: the distributed optimizer (ZeRO-1) or plain DDP
+  recompute  none or full
+  ZeRO    the distributed optimizer (ZeRO-1), plain DDP, or this project's --zero-stage 2 or 3 (3 without
+          PP, which refuses it); at data-parallel size 1 they are one run, listed once as plain DDP
+          (planner/layout_zero.py)
 Each layout's memory is counted analytically (`layout_memory_bytes`: weights, fp32 gradients, optimizer
-state, the first stage's in-flight activations, the logits); a layout over the GPU's memory is dropped with
-its size as the reason. What fits is priced, best first, and each of the rest is told by the term that
-costs it most over the best one.
+state, ZeRO-2/3's reduce buckets and stage 3's gathered chunks, the first stage's in-flight activations, the
+logits); a layout over the GPU's memory is dropped with its size as the reason. What fits is priced, best
+first, and each of the rest is told by the term that costs it most over the best one.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from planner.layout_perf import (
     output_layer_units,
     predict_layout,
 )
+from planner.layout_zero import sharded_state_bytes, zero_flag_words, zero_label, zero_stages
 from planner.perf_model import Hardware, load_hardware
 from planner.pipeline_split import balanced_stage_counts, layout_string
 from zero.memory import format_bytes
@@ -79,8 +83,7 @@ class Candidate:
             words += ["--sequence-parallel"] + (["--tp-comm-overlap"] if layout.tp_comm_overlap else [])
         words += ["--micro-batch-size", str(layout.micro_batch_size), "--global-batch-size",
                   str(layout.global_batch_size)]
-        if layout.distributed_optimizer:
-            words += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+        words += zero_flag_words(layout.stage)
         if layout.recompute_fraction >= 1.0:
             words += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
         return words
@@ -94,7 +97,7 @@ class Candidate:
         return {"tp": layout.tp, "pp": layout.pp, "vp": layout.vp, "cp": layout.cp, "ep": layout.ep,
                 "dp": layout.dp, "micro_batch_size": layout.micro_batch_size,
                 "recompute": "full" if layout.recompute_fraction >= 1.0 else "none",
-                "zero": "distributed optimizer (ZeRO-1)" if layout.distributed_optimizer else "none",
+                "zero": zero_label(layout.stage), "zero_stage": layout.stage,
                 "memory_gb": round(self.memory_bytes / 1e9, 2),
                 "dry_run_memory_gb": round(self.dry_run_bytes / 1e9, 2) if self.dry_run_bytes else None,
                 "step_s": round(self.prediction.step_s, 4) if self.prediction else None,
@@ -122,6 +125,8 @@ def layout_memory_bytes(counts: ModelCounts, layout: Layout) -> float:
     expert_dp = max(layout.gpus // (layout.ep * layout.pp), 1)
     shard = dense / (layout.dp * layout.cp) + experts / expert_dp if layout.distributed_optimizer else dense + experts
     states = (dense + experts) * (BF16_BYTES + FP32_BYTES) + shard * OPTIMIZER_STATE_BYTES
+    if layout.stage >= 2:  # planner/layout_zero.py: gradients (and parameters) sharded, with their buffers
+        states = sharded_state_bytes(counts, layout, dense, experts, layout.dp * layout.cp, expert_dp)
     h = counts.hidden
     tokens = layout.micro_batch_size * counts.seq_length / (layout.tp * layout.cp)
     layers = counts.layers / layout.pp
@@ -173,11 +178,12 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
                         micro_batches = global_batch // (micro * dp)
                         vps = [1] if pp == 1 else [v for v in _virtual_stages(counts.layers, pp)
                                                   if v == 1 or micro_batches % pp == 0]
+                        stages = zero_stages(dp * cp, max(gpus // (ep * pp), 1) if model.moe is not None else 1, pp)
                         for vp in vps:
                             for recompute in (0.0, 1.0):
-                                for distributed in (True, False):
+                                for stage in stages:
                                     yield Layout(gpus, tp, pp, vp, cp, ep, micro, global_batch, precision,
-                                                 recompute, distributed,
+                                                 recompute, stage >= 1, zero_stage=stage if stage >= 2 else None,
                                                  tp_comm_overlap=tp_comm_overlap and tp > 1)
 
 

@@ -7,8 +7,7 @@
 Runs `python -m zero.plan search`'s search (planner/layout_search.py) for the model below on --gpus 4 with the
 hardware file (configs/hardware/cpu-2core-4proc.yaml: 4 processes sharing this machine's 2 cores, its numbers
 from scripts/probe_cpu_ranks.py), keeps the layouts that fit without context parallelism or recompute (TP x PP x
-DP x the optimizer's sharding x micro-batch; a layout whose run is the same as a better-ranked one's, the
-distributed optimizer at DP 1, is dropped), then trains each of them with its own flag line on 4 ranks
+DP x the ZeRO stage x micro-batch; a layout whose run is the same as a better-ranked one's is dropped), then trains each of them with its own flag line on 4 ranks
 (scripts/launch.py, gloo, one thread a rank) for --iterations steps, in --rounds interleaved rounds (every
 layout once per round, forward in even rounds and reversed in odd ones, so over an even number of rounds every
 layout's mean place is the same), so the other work on the machine weighs on every layout alike. A layout's
@@ -71,7 +70,7 @@ def candidates_to_measure(model: Sequence[str], ranks: int, hardware_name: str, 
         layout = candidate.layout
         if not candidate.fits or layout.cp > 1 or (layout.recompute_fraction > 0 and not recompute):
             continue
-        run = (layout.tp, layout.pp, layout.vp, layout.micro_batch_size, layout.distributed_optimizer and layout.dp > 1,
+        run = (layout.tp, layout.pp, layout.vp, layout.micro_batch_size, layout.stage if layout.dp > 1 else 0,
                layout.recompute_fraction)
         if run not in runs:
             runs.add(run)
@@ -156,7 +155,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = [{"layout": name, "flags": candidate.flags(), "predicted_s": round(predicted[name], 5),
              "measured_s": round(measured[name], 5), "steady_steps": len(steady[name]),
              "terms_s": {k: round(v, 5) for k, v in candidate.prediction.terms.items()},
-             **{k: candidate.to_json()[k] for k in ("tp", "pp", "dp", "micro_batch_size", "zero", "recompute")}}
+             **{k: candidate.to_json()[k] for k in ("tp", "pp", "dp", "micro_batch_size", "zero", "zero_stage",
+                                                     "recompute")}}
             for name, candidate in zip(names, kept)]
     for row in rows:
         print(f"layout {row['layout']:>2}: predicted {row['predicted_s'] * 1e3:8.1f} ms, measured "
