@@ -23,10 +23,8 @@ optimizer, the logging); the recomputed forward is a second forward's host work,
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,23 +35,13 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from arguments.config import ConfigError  # noqa: E402
 from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from scripts.timed_launch import step_times  # noqa: E402
 
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
 
 
 def median_step_s(argv: Sequence[str], ranks: int, skip: int, scratch: Path) -> float:
-    metrics = scratch / "metrics.jsonl"
-    metrics.unlink(missing_ok=True)
-    launcher = [] if ranks == 1 else [str(REPO_ROOT / "scripts" / "launch.py"), "--standalone", "--nproc_per_node",
-                                      str(ranks)]
-    result = subprocess.run([sys.executable, *launcher, str(REPO_ROOT / "pretrain_gpt.py"), *argv, "--metrics-file",
-                             str(metrics)], cwd=scratch, capture_output=True, text=True,
-                            env={**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"} if ranks > 1 else
-                            {**os.environ, "WANDB_MODE": "disabled"})
-    if result.returncode != 0:
-        tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ConfigError(f"pretrain_gpt.py {shlex.join(argv)} failed ({result.returncode}): {tail}")
-    steps = [json.loads(line)["iter_time_s"] for line in metrics.read_text(encoding="utf-8").splitlines() if line]
+    steps = step_times(argv, ranks, scratch, f"pretrain_gpt.py {shlex.join(argv)}", one_thread=ranks > 1)
     return statistics.median(steps[skip:])
 
 

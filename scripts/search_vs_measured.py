@@ -29,7 +29,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +39,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from arguments.config import ConfigError  # noqa: E402
 from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
+from scripts.timed_launch import step_times  # noqa: E402
 
 RANKS = 4
 VOCAB = 512
@@ -84,21 +84,10 @@ def candidates_to_measure(model: Sequence[str], ranks: int, hardware_name: str, 
 
 def run_layout(model: Sequence[str], ranks: int, device: str, flags: Sequence[str], iterations: int,
                cache_dir: str, scratch: Path) -> list[float]:
-    """One launch on `ranks` ranks (gloo on the CPU); each step's iter_time_s from rank 0's metrics file."""
-    metrics = scratch / "metrics.jsonl"
-    metrics.unlink(missing_ok=True)
+    """One launch on `ranks` ranks (gloo on the CPU), one thread a rank; each step's iter_time_s."""
     argv = [*model, *TRAINING, "--device", device, *flags, "--train-iters", str(iterations), "--data-cache-dir",
-            cache_dir, "--metrics-file", str(metrics)]
-    # one rank needs no launcher (and the launcher's torchrun arguments follow this repository's pinned torch)
-    launcher = [] if ranks == 1 else [str(REPO_ROOT / "scripts" / "launch.py"), "--standalone", "--nproc_per_node",
-                                      str(ranks)]
-    command = [sys.executable, *launcher, str(REPO_ROOT / "pretrain_gpt.py"), *argv]
-    result = subprocess.run(command, cwd=scratch, capture_output=True, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
-    if result.returncode != 0:
-        tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ConfigError(f"the layout {shlex.join(flags)} failed ({result.returncode}): {tail}")
-    return [json.loads(line)["iter_time_s"] for line in metrics.read_text(encoding="utf-8").splitlines() if line]
+            cache_dir]
+    return step_times(argv, ranks, scratch, f"the layout {shlex.join(flags)}")
 
 
 def ranking(values: dict[str, float]) -> list[str]:
