@@ -1,29 +1,45 @@
 """Megatron-Bridge's published DGX-H100 pre-training rows (configs/benchmarks/bridge_h100.yaml) as layouts
 this project can plan: each row's model as pretrain_gpt.py flags, its layout, and the recipe settings
-Bridge's table does not print but its H100 perf recipes set (recompute, TP overlap, gradient overlap).
+Bridge's table does not print but the release's perf scripts set (recompute, TP overlap, gradient overlap, the MoE
+dispatcher and its overlap, the pipeline split).
 
-The recipe settings are read from Megatron-Bridge's src/megatron/bridge/perf_recipes/*/h100/*.py (the
-repository's current recipes; an older release's recipe may have differed, which the table cannot tell):
-  llama3.py   llama3_8b_pretrain_8gpu_h100_fp8cs_config: recompute_granularity full, method block,
-              recompute_num_layers 5 (of 32); tp_comm_overlap off.
-              llama3_70b_pretrain_64gpu_h100_*: tp_comm_overlap with userbuffers, no recompute.
-  llama31.py  llama31_405b_pretrain_1024gpu_h100_*: tp_comm_overlap with userbuffers, no recompute.
-  gpt_oss.py  gpt_oss_120b_pretrain_64gpu_h100_*: selective recompute of layernorm and moe_act
-              (elementwise only: no GEMM recomputed, so 0 here); its base recipe
-              (recipes/gpt_oss/h100/gpt_oss.py) sets no pipeline layout and account_for_embedding/loss_in_
-              pipeline_split False: Megatron's even split, the last of PP 4 stages also runs the 201,088-row
-              output layer (`output_stage_balanced` False).
-  Llama 3 70B's recipe gives a pipeline layout ("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL": the loss's chunk one layer),
-  DeepSeek-V3's one with the loss on its own ("...mL"); Llama 3.1 405B's 126 layers and Qwen3 235B's 94 do
-  not divide by PP x VP without such a layout. Those are priced balanced.
-  deepseek_v3.py  deepseek_v3_pretrain_1024gpu_h100_*: recompute_modules mla_up_proj and mlp (the MLP's
-              GEMMs run twice: `recompute_mlp` below), overlap_grad_reduce off, a multi-token-prediction
-              layer in its pipeline layout ("Et|(tt|)*30mL").
-  Qwen3 MoE   no H100 recipe in the repository any more: no recompute, Megatron's defaults. Its last one
-              (scripts/performance/configs/qwen3/, at Bridge commit 47f330e4d) ran 30B-A3B at PP 2 x VP 12 with
-              no pipeline layout, and recipes/qwen/qwen3_moe.py leaves 30B-A3B's account_for_*_in_pipeline_split
-              False (Megatron's even split: `output_stage_balanced` False) while 235B-A22B's are True (94 + 2
-              layers over PP 8 x VP 4: balanced).
+Each row is priced with the settings of its own release: the NeMo container 25.09 ran Megatron-Bridge 0.1.0rc3, 25.11
+v0.2.0, 26.02 v0.3.0, 26.02.01 v0.3.1, 26.04 v0.4.0, 26.04.01 v0.4.2 and 26.06 v0.5.0 (Bridge's
+docs/versions1.json and docs/releases/software-versions.md), and the settings are those tags' scripts/performance/
+configs/<model>/*workload_base_configs.py (25.09: the *.yaml matrices) through utils/overrides.py (25.09, 25.11:
+utils/helpers.py) into the library recipes under src/megatron/bridge/recipes/. The refs each value was read at are
+in the comments of RECIPES and RELEASE_RECIPES. Which commit of scripts/performance ran a benchmark is recorded
+nowhere; the release's own is assumed.
+  Llama 3 8B      25.11: recompute full, method block, 5 of 32 layers (v0.2.0 configs/llama3/workload_base_configs.py
+                  and utils/helpers.py set_recompute); 25.09: Megatron-FSDP, no recompute (v0.1.0rc3
+                  llama3_8b_llm_pretrain.yaml, utils/helpers.py).
+  Llama 3 70B     TP overlap with userbuffers; no pipeline layout and account_for_*_in_pipeline_split unset in every
+                  release up to v0.4.2 (recipes/llama/llama3.py llama3_70b_pretrain_config: layout None): Megatron's
+                  even split of 80 layers over PP 8 x VP 5, the last chunk also running the output layer
+                  (`output_stage_balanced` False). The layout string today's recipe gives came after every row.
+  Llama 3.1 405B  TP overlap; account_for_embedding and _loss_in_pipeline_split True: 126 + 2 over PP 8 x VP 8,
+                  balanced (priced so).
+  DeepSeek-V3     25.09: selective recompute of mla_up_proj and mlp (the 3 dense layers' MLPs: Megatron-Core skips
+                  an MoE layer's; with MLA's up-projections, their GEMMs run twice: `recompute_modules`),
+                  overlap_grad_reduce off, the flex dispatcher with DeepEP, the EP overlap with delayed weight
+                  gradients, a multi-token-prediction layer in its layout "Et|(tt|)*30mL" (v0.1.0rc3 run_script.py,
+                  recipes/deepseek/deepseek_v3.py). Priced balanced.
+  GPT-OSS 120B    every release: the alltoall dispatcher, no EP overlap, no CUDA graphs, no pipeline layout and
+                  account_for_* False (the last of PP 4 even stages also runs the 201,088-row output layer); selective
+                  recompute of layernorm and moe_act from 26.02 (elementwise only: no GEMM recomputed, so 0 here).
+  Qwen3 30B-A3B   25.09: alltoall, token-dropping, no overlap; 25.11: alltoall with the EP overlap; 26.02: DeepEP
+                  with the EP overlap; 26.02.01 onward: HybridEP at PP 1 x EP 16, no overlap. account_for_* False
+                  (the even split) where PP > 1.
+  Qwen3 235B-A22B alltoall in every release (26.02.01's config names DeepEP, its H100 function forces alltoall);
+                  25.09: TP overlap, no EP overlap, token-dropping; 25.11 onward: the EP overlap, no TP overlap.
+                  account_for_* True: 94 + 2 layers over PP 8 x VP 4, balanced.
+
+Where the table's printed layout is not what its release's code ran (RELEASE_LAYOUTS), the row is priced at the
+code's: 26.02.01's Qwen3 30B-A3B row prints v0.3.0's PP 2 x VP 12 x EP 8, while v0.3.1's config (PR #2477, cherry-
+picked before the tag) is PP 1 x EP 16 with HybridEP, and its figure (9,058 tokens/s/GPU) is that of the EP 16 rows
+of 26.04 to 26.06 (8,826-8,960), not of 26.02's PP 2 run (5,113). Other mismatches are left as printed, for want of
+such evidence: 25.11 prints GPT-OSS at MBS 4 and Qwen3 30B-A3B at MBS 2 x VP 24 where v0.2.0's configs give MBS 1
+(and VP 12).
 """
 
 from __future__ import annotations
@@ -54,7 +70,9 @@ MODEL_FLAGS: dict[str, list[str]] = {
                    "--ffn-hidden-size", "28672", *LLAMA3],
     "LLAMA3.1_405B": ["--num-layers", "126", "--hidden-size", "16384", "--num-attention-heads", "128",
                       "--ffn-hidden-size", "53248", *LLAMA3],
-    "DeepSeekV3": ["--init-from-hf", str(HF_CONFIGS / "deepseek-v3")],
+    # Bridge's recipe keeps its multi-token-prediction layer (v0.1.0rc3 recipes/deepseek/deepseek_v3.py:174,
+    # mtp_num_layers 1); the released config.json's num_nextn_predict_layers is not read by --init-from-hf
+    "DeepSeekV3": ["--init-from-hf", str(HF_CONFIGS / "deepseek-v3"), "--mtp-num-layers", "1"],
     "GPT OSS 120B": ["--init-from-hf", str(HF_CONFIGS / "gpt-oss-120b")],
     "Qwen3_30B_a3B": ["--init-from-hf", str(HF_CONFIGS / "qwen3-30b-a3b")],
     "Qwen3_235B_a22B": ["--init-from-hf", str(HF_CONFIGS / "qwen3-235b-a22b")],
@@ -66,20 +84,62 @@ UNBUILDABLE = {"Nemotron_3_Nano": "a hybrid Mamba model: this project builds no 
 @dataclass(frozen=True)
 class RecipeSettings:
     recompute_blocks: float = 0.0   # fraction of the blocks recomputed whole
-    recompute_mlp: bool = False     # the MLPs' GEMMs recomputed
+    # Megatron's selective recompute_modules that recompute GEMMs: "mlp" (the dense layers' MLPs only: Megatron-Core's
+    # TransformerLayer leaves an MoE layer's out, transformer_layer.py `if not isinstance(self.mlp, MoELayer)`) and
+    # "mla_up_proj" (MLA's q and kv up-projections); the elementwise modules (layernorm, moe_act) recompute no GEMM
+    recompute_modules: tuple[str, ...] = ()
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
     output_stage_balanced: bool = True
+    moe_dispatcher: str = "alltoall"   # alltoall, or the flex dispatcher's deepep / hybridep (planner/layout_ep.py)
+    ep_overlap: bool = False           # --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute)
 
 
+# Settings a model's rows share (refs: the module docstring).
 RECIPES = {
-    "LLAMA3_8B": RecipeSettings(recompute_blocks=5 / 32),
-    "LLAMA3_70B": RecipeSettings(tp_comm_overlap=True),
+    "LLAMA3_70B": RecipeSettings(tp_comm_overlap=True, output_stage_balanced=False),
     "LLAMA3.1_405B": RecipeSettings(tp_comm_overlap=True),
-    "DeepSeekV3": RecipeSettings(recompute_mlp=True, overlap_grad_reduce=False),
+    "DeepSeekV3": RecipeSettings(recompute_modules=("mla_up_proj", "mlp"), overlap_grad_reduce=False,
+                                 moe_dispatcher="deepep", ep_overlap=True),
     "GPT OSS 120B": RecipeSettings(output_stage_balanced=False),
     "Qwen3_30B_a3B": RecipeSettings(output_stage_balanced=False),
 }
+# What a release ran differently from its model's RECIPES entry.
+RELEASE_RECIPES: dict[tuple[str, str], dict] = {
+    # v0.2.0 scripts/performance/configs/llama3/workload_base_configs.py:232 (recompute_num_layers 5) ->
+    # utils/helpers.py:174-177 (full, block); v0.1.0rc3's 25.09 matrix sets none
+    ("LLAMA3_8B", "25.11"): {"recompute_blocks": 5 / 32},
+    # v0.2.0 configs/qwen3/workload_base_configs.py:238 moe_a2a_overlap -> utils/helpers.py:182-186; dispatcher
+    # alltoall (the backend None is not applied: training/flex_dispatcher_backend.py:61-64)
+    ("Qwen3_30B_a3B", "25.11"): {"ep_overlap": True},
+    # v0.3.0 configs/qwen/qwen3_workload_base_configs.py:427-428 (moe_a2a_overlap, deepep)
+    ("Qwen3_30B_a3B", "26.02"): {"ep_overlap": True, "moe_dispatcher": "deepep"},
+    # v0.3.1 :408-415, v0.4.0 :425-428, v0.4.2 :427-430, v0.5.0 :473-476: hybridep, moe_a2a_overlap False
+    ("Qwen3_30B_a3B", "26.02.01"): {"moe_dispatcher": "hybridep"},
+    ("Qwen3_30B_a3B", "26.04"): {"moe_dispatcher": "hybridep"},
+    ("Qwen3_30B_a3B", "26.04.01"): {"moe_dispatcher": "hybridep"},
+    ("Qwen3_30B_a3B", "26.06"): {"moe_dispatcher": "hybridep"},
+    # v0.1.0rc3 scripts/performance/run_script.py:107 CommOverlapConfig(tp_comm_overlap=True), TP 2 with SP
+    ("Qwen3_235B_a22B", "25.09"): {"tp_comm_overlap": True},
+    # v0.2.0 configs/qwen3/workload_base_configs.py:143; v0.3.0 and v0.3.1 configs/qwen/qwen3_workload_base_configs.py
+    # :179; v0.4.0 :181; v0.4.2 :183 (moe_a2a_overlap True; alltoall: qwen3_llm_pretrain.py forces it)
+    ("Qwen3_235B_a22B", "25.11"): {"ep_overlap": True},
+    ("Qwen3_235B_a22B", "26.02"): {"ep_overlap": True},
+    ("Qwen3_235B_a22B", "26.02.01"): {"ep_overlap": True},
+    ("Qwen3_235B_a22B", "26.04"): {"ep_overlap": True},
+    ("Qwen3_235B_a22B", "26.04.01"): {"ep_overlap": True},
+}
+# Rows whose printed layout is not what the release's code ran (module docstring): the code's.
+RELEASE_LAYOUTS: dict[tuple[str, str], dict] = {
+    # v0.3.1 scripts/performance/configs/qwen/qwen3_workload_base_configs.py:408-415 (EP 16; PP and VP unset: 1, none)
+    ("Qwen3_30B_a3B", "26.02.01"): {"pp": 1, "vp": None, "ep": 16},
+}
+
+
+def recipe_settings(row: "BridgeRow") -> RecipeSettings:
+    """The recipe settings row.release ran for row.model."""
+    return dataclasses.replace(RECIPES.get(row.model, RecipeSettings()),
+                               **RELEASE_RECIPES.get((row.model, row.release), {}))
 
 
 @dataclass(frozen=True)
@@ -118,17 +178,26 @@ def row_precision(row: BridgeRow) -> str:
     return "bf16" if row.precision == "BF16" else "fp8"
 
 
-def row_layout(row: BridgeRow, counts: ModelCounts) -> Layout:
-    recipe = RECIPES.get(row.model, RecipeSettings())
+def code_layout(row: BridgeRow) -> dict:
+    """The row's layout as its release's code ran it: the printed one, or RELEASE_LAYOUTS' correction."""
+    return {**row.layout, **RELEASE_LAYOUTS.get((row.model, row.release), {})}
+
+
+def row_layout(row: BridgeRow, counts: ModelCounts, printed: bool = False) -> Layout:
+    """The row as a Layout with its release's recipe settings, at the layout its code ran (`printed`: the table's)."""
+    recipe = recipe_settings(row)
     recompute = recipe.recompute_blocks
-    if recipe.recompute_mlp:
-        recompute = counts.mlp_flops_per_token / counts.blocks_flops_per_token
-    r = row.layout
+    if recipe.recompute_modules:  # as a fraction of the blocks' GEMMs, which the layout model's recompute scales
+        recomputed = {"mlp": counts.dense_mlp_flops_per_token, "mla_up_proj": counts.mla_up_flops_per_token}
+        recompute = sum(recomputed[name] for name in recipe.recompute_modules) / \
+            (counts.blocks_flops_per_token - counts.attention_flops_per_token)
+    r = row.layout if printed else code_layout(row)
     return Layout(gpus=r["gpus"], tp=r["tp"], pp=r["pp"], vp=r["vp"] or 1, cp=r["cp"], ep=r["ep"] or 1,
                   micro_batch_size=r["micro_batch_size"], global_batch_size=r["global_batch_size"],
                   precision=row_precision(row), recompute_fraction=recompute,
                   tp_comm_overlap=recipe.tp_comm_overlap, overlap_grad_reduce=recipe.overlap_grad_reduce,
-                  output_stage_balanced=recipe.output_stage_balanced)
+                  output_stage_balanced=recipe.output_stage_balanced, moe_dispatcher=recipe.moe_dispatcher,
+                  ep_overlap=recipe.ep_overlap)
 
 
 def with_layout(row: BridgeRow, **changes) -> BridgeRow:

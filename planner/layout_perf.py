@@ -3,8 +3,9 @@
 The layout search (planner/layout_search.py) ranks thousands of TP x PP x VP x CP x EP x micro-batch x
 recompute layouts; a meta-device dry run of each would take hours for a 1,024-GPU DeepSeek-V3, so this is
 the cheap model every candidate gets. Every quantity is a count of the model (gpt/shape.py, the same walk
-training/metrics.py's FLOPs come from) or a number in configs/hardware/*.yaml; the one fitted constant is
-GEMM_EFFICIENCY, from the calibration file the hardware profile names for layouts (`layout_calibration`).
+training/metrics.py's FLOPs come from) or a number in configs/hardware/*.yaml; the fitted constants are
+GEMM_EFFICIENCY and, for MoE layers, the host's per-layer sync time (`moe_sync`), from the calibration file the hardware
+profile names for layouts (`layout_calibration`), each fitted to one published run (planner/layout_calibration.py).
 
 Per rank and iteration, with m = micro-batches per pipeline (GBS / (MBS x DP)), b = MBS, s = sequence,
 and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work evenly; PP by stages):
@@ -25,10 +26,20 @@ and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work ev
                 hidden behind the GEMMs with --tp-comm-overlap (Transformer Engine's userbuffers)
     cp          the ring passes K and V (CP - 1) times in forward, K, V, dK, dV in backward, overlapped with
                 the attention kernel of each step (TE's ring attention): only the excess is exposed
-    ep          the all-to-all dispatcher: each MoE layer's dispatch and combine, forward and backward,
-                b s k h / (TP CP) bytes per rank, (EP - 1) / EP of them leaving the GPU; an EP group over
-                8 GPUs sends (EP - 8) / EP across InfiniBand; not overlapped (Megatron's
-                --overlap-moe-expert-parallel-comm is off by default)
+    ep          each MoE layer's dispatch and combine, forward and backward, of the rank's b s / (TP CP) tokens:
+                the copies each dispatcher sends over NVLink and InfiniBand (planner/layout_ep.py: the all-to-all
+                dispatcher k per token, DeepEP and HybridEP one per node and rank they reach), the slower link's
+                time; exposed whole (Megatron's default), or with --overlap-moe-expert-parallel-comm only beyond
+                the compute of the pass it runs beside (planner/layout_ep.py)
+    moe_sync    every MoE layer's forward (twice under full recompute) stops the host at the dispatcher's device-to-host
+                sync: Megatron-Core's alltoall dispatcher reads the all-to-all's split sizes on the host
+                (token_dispatcher.py: "A synchronization is needed before expert parallel AlltoAll communication to get
+                the input_splits and output_splits CPU values"; HybridEP's dynamic-size path syncs likewise, Megatron-LM
+                PR #6999), so the host cannot run ahead of the device there, and the device waits while it issues the
+                rest of the layer. A fixed time per MoE layer forward and micro-batch, whatever its size: the
+                calibration's moe_layer_sync_ms (the second fitted constant: planner/layout_calibration.py). It grows
+                with the MoE layer-micro-batches a rank runs, GBS x layers x TP x CP / (MBS x GPUs): Megatron-Core's MoE
+                README gives the same two remedies for a host-bound MoE run, a smaller TP and a larger micro-batch
     pp          the bubble: (PP - 1) / VP micro-batches of one stage's time (Narayanan et al. 2021,
                 section 2.2); the point-to-point sends exposed only without interleaving (Megatron
                 overlaps them with VP > 1); and where the layer split leaves the output layer's stage as
@@ -76,6 +87,7 @@ from gpt.attention_window import layer_windows
 from gpt.model_config import ModelConfig
 from gpt.shape import AttentionShape, LinearShape, model_shape
 from parallel.layers import padded_vocab_size
+from planner.layout_ep import copies_per_token, exposed_ep_seconds, unpaired_fraction
 from planner.layout_zero import sharded_dp_seconds, stage3_opening_elements
 from planner.perf_model import CALIBRATION_DIR, Hardware, gemm_peak_flops
 from planner.pipeline_split import rank_loads
@@ -109,6 +121,10 @@ class Layout:
     # optimizer sharded as with distributed_optimizer; None: the stage distributed_optimizer says (1 or 0).
     zero_stage: Optional[int] = None
     tp_comm_overlap: bool = False
+    # Megatron's MoE dispatcher (planner/layout_ep.py): alltoall (this project's too), or the flex dispatcher's deepep or
+    # hybridep backend; and --overlap-moe-expert-parallel-comm (the combined 1F1B schedule; this project has none)
+    moe_dispatcher: str = "alltoall"
+    ep_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     # The output layer's stage given fewer layers (a --pipeline-model-parallel-layout such as Bridge's Llama 3
@@ -141,6 +157,8 @@ class Layout:
 class LayoutConstants:
     gemm_efficiency: float
     source: str
+    # The device's wait for the host at each MoE layer's forward (the `moe_sync` term): 0 where the calibration has none
+    moe_sync_s: float = 0.0
 
 
 @dataclass
@@ -158,7 +176,8 @@ def load_layout_constants(name: str) -> LayoutConstants:
     path = Path(name) if name.endswith((".yaml", ".yml")) else CALIBRATION_DIR / f"{name}.yaml"
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return LayoutConstants(float(data["gemm_efficiency"]), str(path.name))
+        return LayoutConstants(float(data["gemm_efficiency"]), str(path.name),
+                               float(data.get("moe_layer_sync_ms", 0.0)) / 1e3)
     except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
         raise ConfigError(f"{path}: cannot read the layout calibration ({error})") from None
 
@@ -186,6 +205,11 @@ class ModelCounts:
     root_parameters: int = 0           # outside the blocks: embeddings, final norm, an untied output layer
     block_dense_parameters: int = 0    # the largest block's, its routed experts left out
     block_expert_parameters: int = 0   # an MoE block's routed experts (0 without MoE)
+    experts: int = 0                   # routed experts per MoE layer
+    dense_mlp_flops_per_token: float = 0.0   # forward, the dense blocks' MLPs (Megatron's recompute_modules "mlp")
+    mla_up_flops_per_token: float = 0.0      # forward, MLA's q and kv up-projections, every layer ("mla_up_proj")
+    router_groups: Optional[int] = None      # group-limited routing: the groups and those a token may use
+    router_group_topk: Optional[int] = None
 
 
 def visible_keys_per_query(seq_length: int, window_left: Optional[int]) -> float:
@@ -212,6 +236,10 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     attention_executed = flops_per_key * sum(visible_keys_per_query(model.seq_length, w) for w in windows)
     attention_linear = sum(2 * m.in_features * m.out_features for m in shape.block_matmuls
                            if isinstance(m, LinearShape) and m.name.startswith("attention."))
+    dense_mlp = sum(2 * m.in_features * m.out_features for m in shape.block_matmuls
+                    if isinstance(m, LinearShape) and m.name.startswith("mlp."))
+    mla_up = sum(2 * m.in_features * m.out_features for m in shape.block_matmuls if isinstance(m, LinearShape)
+                 and m.name in ("attention.linear_q_up_proj", "attention.linear_kv_up_proj"))
     blocks = shape.blocks_forward_flops_per_token()
     logits = shape.logits_forward_flops_per_token(vocab)
     total = shape.parameter_count(vocab)
@@ -239,22 +267,25 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
         root_parameters=vocab * shape.parameters_per_vocabulary_row + shape.parameters_outside_blocks,
         block_dense_parameters=max(shape.parameters_per_block if shape.dense_layers else 0,
                                    shape.parameters_per_moe_block - per_expert * experts if moe is not None else 0),
-        block_expert_parameters=per_expert * experts)
+        block_expert_parameters=per_expert * experts, experts=experts,
+        dense_mlp_flops_per_token=float(dense_mlp * shape.dense_layers),
+        mla_up_flops_per_token=float(mla_up * attention_layers),
+        router_groups=moe.router_num_groups if moe is not None else None,
+        router_group_topk=moe.router_group_topk if moe is not None else None)
 
 
 def _link(spans_nodes: bool, hardware: Hardware) -> float:
     return hardware.inter_node_bandwidth if spans_nodes else hardware.intra_node_bandwidth
 
 
-def _all_to_all_seconds(bytes_per_rank: float, group: int, hardware: Hardware) -> float:
-    """One all-to-all of `bytes_per_rank` over `group` consecutive ranks: the share for peers in this node at
-    NVLink, the share for other nodes at the NIC, the slower of the two (they run at once)."""
-    if group <= 1:
-        return 0.0
-    local = min(group, hardware.gpus_per_node)
-    intra = bytes_per_rank * (local - 1) / group / hardware.intra_node_bandwidth
-    inter = bytes_per_rank * (group - local) / group / hardware.inter_node_bandwidth
-    return max(intra, inter) + hardware.intra_node_latency_s
+def _dispatch_seconds(counts: ModelCounts, layout: Layout, tokens: float, value_bytes: int, hardware: Hardware) -> float:
+    """One dispatch (or combine) of `tokens` over the EP group: the copies for this node's ranks at NVLink and for the
+    other nodes at the NIC (planner/layout_ep.py), the slower of the two (they run at once)."""
+    nvlink, infiniband = copies_per_token(layout.moe_dispatcher, counts.experts, counts.topk, layout.ep,
+                                          hardware.gpus_per_node, counts.router_groups, counts.router_group_topk)
+    token_bytes = tokens * counts.hidden * value_bytes
+    return max(nvlink * token_bytes / hardware.intra_node_bandwidth,
+               infiniband * token_bytes / hardware.inter_node_bandwidth) + hardware.intra_node_latency_s
 
 
 def even_split_output_stage_s(counts: ModelCounts, layout: Layout, hardware: Hardware, constants: LayoutConstants,
@@ -366,10 +397,15 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
         cp_s = max(0.0, cp_s - attention_s)
     ep_s = 0.0
     if layout.ep > 1 and counts.moe_layers:
-        per_call = tokens_here * counts.topk * h * value_bytes
-        ep_s = m * 4 * moe_here * _all_to_all_seconds(per_call, layout.ep, hardware)
+        ep_s = m * 4 * moe_here * _dispatch_seconds(counts, layout, tokens_here, value_bytes, hardware)
+        ep_s = exposed_ep_seconds(ep_s, gemm_s + attention_s + elementwise_s, layout.ep_overlap,
+                                  unpaired_fraction(layout.pp, layout.vp, m))
 
-    per_micro = compute_per_micro + (tp_s + cp_s + ep_s) / m
+    # each MoE layer's forward (and its recomputed forward under full recompute) stops the host at the dispatcher's
+    # device-to-host sync; the device then waits while the host issues the rest of the layer (module docstring)
+    moe_forwards = 2 if layout.recompute_fraction >= 1.0 else 1
+    moe_sync_s = m * moe_here * moe_forwards * constants.moe_sync_s
+    per_micro = compute_per_micro + (tp_s + cp_s + ep_s + moe_sync_s) / m
     host_s = host_exposed_s(layout, layers_here, per_micro, hardware)
     bubble_s = (layout.pp - 1) / layout.vp * per_micro
     p2p_s = 0.0
@@ -416,7 +452,7 @@ def predict_layout(counts: ModelCounts, layout: Layout, hardware: Hardware, cons
         bubble_s = imbalance_s = 0.0
 
     terms = {"gemm": gemm_s, "attention": attention_s, "elementwise": elementwise_s, "tp": tp_s, "cp": cp_s,
-             "ep": ep_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "pp_output_stage": imbalance_s, "dp": dp_s,
+             "ep": ep_s, "moe_sync": moe_sync_s, "pp_bubble": bubble_s, "pp_p2p": p2p_s, "pp_output_stage": imbalance_s, "dp": dp_s,
              "optimizer": optimizer_s, "host": host_s}
     step = sum(terms.values())
     model_flops = 3 * tokens * (counts.blocks_flops_per_token + counts.logits_flops_per_token)

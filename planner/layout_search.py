@@ -199,7 +199,7 @@ def search(model, gpus: int, global_batch: int, precision: str, hardware: Hardwa
     """Every layout, the fitting ones priced and sorted best first, then the rest by memory. `vocab`: the
     launch's vocabulary (planner/vocabulary.py), for a model config that has none yet (--init-from-hf)."""
     counts = model_counts(model, vocab)
-    constants = load_layout_constants(hardware.layout_calibration or "h100-bridge-llama3-8b")
+    constants = load_layout_constants(hardware.layout_calibration or "h100-bridge")
     fitting, rest = [], []
     for layout in enumerate_layouts(model, counts, gpus, global_batch, precision, hardware.gpus_per_node,
                                     tp_comm_overlap=hardware.device_type == "cuda"):

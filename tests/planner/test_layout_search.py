@@ -49,7 +49,9 @@ def test_bridge_layout_fits_and_the_top_pick_is_not_slower(row, searches):
     hardware, found = searches
     counts, candidates = found[(row.model, row.layout["gpus"], row.layout["global_batch_size"],
                                 row.layout["seq_length"], row.precision == "BF16")]
-    bridge = row_layout(row, counts)
+    # Bridge's layout as this project runs it, which the search's layouts are: the all-to-all dispatcher and no
+    # combined 1F1B EP overlap (Megatron's flex dispatcher and --overlap-moe-expert-parallel-comm are not built here)
+    bridge = dataclasses.replace(row_layout(row, counts), moe_dispatcher="alltoall", ep_overlap=False)
     if bridge.pp > 1 and bridge.output_stage_balanced:
         # a balanced row is priced at the best whole-layer split, as the search prices its own layouts (a layout
         # string places whole layers: 405B's 126 over PP 8 leaves some rank 16 while the mean is 15.8)
