@@ -27,9 +27,9 @@ combined_1f1b.py): one micro-batch's forward runs beside another's backward, lay
 all-to-alls run behind the other pass's compute; only the all-to-all time beyond that compute is exposed. The forward
 passes the schedule runs before its first backward (and as many backward passes at its end) have no partner:
 megatron/core/pipeline_parallel/schedules.py's get_pp_rank_microbatches gives the first pipeline rank
-(PP - 1) x 2 + (VP - 1) x PP + 1 of them with interleaving, PP - 1 without; with no pipeline,
-combined_1f1b_schedule_for_no_pipelining runs the first forward and the last backward alone. Their all-to-alls are
-exposed whole.
+(PP - 1) x 2 + (VP - 1) x PP + 1 of them (Megatron-Core refuses the overlap with PP > 1 and no interleaving:
+transformer_config.py); with no pipeline, combined_1f1b_schedule_for_no_pipelining runs the first forward and the last
+backward alone. Their all-to-alls are exposed whole.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def unpaired_fraction(pp: int, vp: int, micro_batches: int) -> float:
     if pp <= 1:
         return min(1.0, 1.0 / micro_batches)
     chunks = micro_batches * vp
-    warmup = (pp - 1) * 2 + (vp - 1) * pp + 1 if vp > 1 else pp - 1
+    warmup = (pp - 1) * 2 + (vp - 1) * pp + 1 if vp > 1 else pp - 1  # (PP > 1 without VP: not a Megatron run)
     return min(1.0, warmup / chunks)
 
 
