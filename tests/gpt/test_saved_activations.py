@@ -1,8 +1,8 @@
 """What a block keeps for backward, and that keeping less changed no bit.
 
-RMSNorm keeps only its input (gpt/norms.py rms_norm), the gated MLP only its gate and up projections (gpt/glu.py
-GatedActivation), both recomputing the rest in backward (gpt/recomputed.py); rotary casts its angles once for q and
-k (gpt/model.py). The plain formulation, autograd through gpt/norms.py rms_norm_math and GatedActivation.math, is
+RMSNorm keeps only its input (gpt/norms.py rms_norm, its fp32 work run again in backward: gpt/recomputed.py), the gated
+MLP only its gate and up projections (gpt/glu.py GatedActivation, whose own backward makes the activation again);
+rotary casts its angles once for q and k (gpt/model.py). The plain formulation, autograd through gpt/norms.py rms_norm_math and GatedActivation.math, is
 put back here by monkeypatching those two, and outputs and every gradient are compared with torch.equal.
 
 The figure is computed from the shapes, by what each op keeps (SavedTensorMeter, zero/activations.py: a storage
