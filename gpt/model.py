@@ -242,6 +242,9 @@ class SelfAttention(nn.Module):
             cos, sin = self._rotary_angles(whole, hidden.device)
             if positions is not None:  # each token's angles at its global position
                 cos, sin = cos[positions], sin[positions]
+            # cast once for both: apply_rotary's own cast (then a no-op) made a copy for q and one for k, and the
+            # products' backward kept all four
+            cos, sin = cos.to(query.dtype), sin.to(query.dtype)
             query = apply_rotary(query, cos, sin, self.rotary_interleaved)
             key = apply_rotary(key, cos, sin, self.rotary_interleaved)
         if per_group > 1 and not self.native_gqa:

@@ -12,12 +12,14 @@ _allreduce_layernorm_grads); here it happens in backward, before ZeRO's hooks se
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt.recomputed import recomputed_in_backward
 from parallel.init import InitMethod, set_init_method
 from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
@@ -25,8 +27,32 @@ from parallel.state import ParallelState
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
+    """RMSNorm keeping only its input (and the gain) for backward, the fp32 work done again there
+    (gpt/recomputed.py). Autograd through `rms_norm_math` keeps the input's fp32 copy and the normed values: of a
+    16-bit input 4 + 2 bytes a value (4 + 4 with `zero_centered`, whose normed values stay fp32), where this keeps
+    the input's 2; of an fp32 input, the input and the normed values (4 + 4), where this keeps the input. The output
+    and every gradient are bit-identical to autograd's through `rms_norm_math` (tests/gpt/test_saved_activations.py).
+    """
+    if hidden.dtype == torch.float32:
+        # `.float()` is then the input itself, which the product and the mean of squares read: autograd sends their
+        # two gradients to the input's node one after the other (the product's first, after what reached it before,
+        # the residual's), where the fp32 sums them in that order. So the input goes in twice, the product's first,
+        # and the recompute's two gradients are summed there as before; a 16-bit input's two are summed in the
+        # recompute itself, by its cast's backward, as before too.
+        return recomputed_in_backward(
+            lambda scaled, squared, gain: rms_norm_math(scaled, gain, eps, zero_centered, squared=squared),
+            hidden, hidden, weight)
+    return recomputed_in_backward(functools.partial(rms_norm_math, eps=eps, zero_centered=zero_centered),
+                                  hidden, weight)
+
+
+def rms_norm_math(hidden: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
+                  squared: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * gain, x = `hidden` (in the mean of squares `squared`, the same values where given:
+    rms_norm's fp32 input, passed twice)."""
     as_float = hidden.float()
-    normed = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + eps)
+    of_squares = as_float if squared is None else squared.float()
+    normed = as_float * torch.rsqrt(of_squares.pow(2).mean(-1, keepdim=True) + eps)
     if zero_centered:
         # --apply-layernorm-1p: Gemma's RMSNorm, `output * (1.0 + self.weight.float())` in fp32, then the cast
         return (normed * (1.0 + weight.float())).to(hidden.dtype)

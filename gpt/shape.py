@@ -21,6 +21,7 @@ from typing import Optional, Union
 
 from torch import nn
 
+from gpt.glu import GatedActivation
 from gpt.mla import MLASelfAttention, ReplicatedLinear
 from gpt.mlp import SwiGLUMLP
 from gpt.model import MLP, GPTModel, SelfAttention
@@ -76,7 +77,8 @@ class ModelShape:
     activations: LayerActivationTerms  # one block's, every TP rank's
     # The features per token of the activation gradients the dense MLP's backward holds at once, one TP rank's
     # (beside its saved tensors; its peak in a block's backward): GPT-2's activation hands back one ffn-wide
-    # gradient, SwiGLU's product silu(gate) x up two (gate's and up's, both alive until the input's is summed).
+    # gradient; the gated activation keeps only gate and up and makes the rest again in backward, where it holds
+    # three ffn-wide tensors at once for SwiGLU (gpt/glu.py GatedActivation.backward_widths).
     mlp_gradient_features: int = 0
     # Mixture of experts (gpt/moe/): the MoE layers among num_layers, one MoE block's parameters (all experts)
     # and those one token uses (router, its k experts, the shared expert), and one MoE block's forward matmul
@@ -227,15 +229,17 @@ def _moe_block(block: nn.Module, topk: int, tensor_parallel_size: int) -> dict:
         flops += weight_flops(moe.residual_mlp)
     every_token = [mlp for mlp in (moe.shared_experts, moe.residual_mlp) if mlp is not None]
     return dict(parameters_per_moe_block=total, active_parameters_per_moe_block=total - (len(experts) - topk) * per_expert,
-                moe_block_linear_flops=flops, moe_expert_gradient_features=_input_features(experts[0]),
-                moe_shared_gradient_features=max((_input_features(mlp) for mlp in every_token), default=0))
+                moe_block_linear_flops=flops, moe_expert_gradient_features=_input_features(experts[0], moe.experts.glu),
+                moe_shared_gradient_features=max((_input_features(mlp, mlp.glu) for mlp in every_token), default=0))
 
 
-def _input_features(mlp: nn.Module) -> int:
-    """An expert-style MLP's (gpt/moe/: dense_h_to_4h, or SwiGLU's gate and up) activation-gradient features per
-    row on one TP rank: the outputs of its input projections, as _mlp_gradient_features reads the dense MLP's."""
-    names = ("dense_h_to_4h_gate", "dense_h_to_4h_up") if hasattr(mlp, "dense_h_to_4h_gate") else ("dense_h_to_4h",)
-    return sum(getattr(mlp, name).weight.shape[0] for name in names)
+def _input_features(mlp: nn.Module, glu: GatedActivation) -> int:
+    """An MLP's (gpt/moe/: dense_h_to_4h, or the gated activation's gate and up; gpt/mlp.py's) activation-gradient
+    features per row on one TP rank, as _mlp_gradient_features reads the dense MLP's: its input projection's outputs,
+    or `glu`'s backward's widths of the gate's (gpt/glu.py backward_widths)."""
+    if hasattr(mlp, "dense_h_to_4h_gate"):
+        return glu.backward_widths() * mlp.dense_h_to_4h_gate.weight.shape[0]
+    return mlp.dense_h_to_4h.weight.shape[0]
 
 
 def _read_shape(model: GPTModel, tensor_parallel_size: int) -> ModelShape:
@@ -259,14 +263,15 @@ def _read_shape(model: GPTModel, tensor_parallel_size: int) -> ModelShape:
 
 
 def _mlp_gradient_features(block: nn.Module) -> int:
-    """The dense MLP's activation gradients alive at once in its backward, features per token on one TP rank: the
-    outputs of the column-parallel weights its activation reads. A CPU profile of one block's recompute and
-    backward (sequence 512, micro batch 8, hidden 256) read, beside the saved tensors, one ffn-wide gradient (4
-    hidden-wide) at GPT-2's peak and two (gate's and up's, 5 hidden-wide at ffn 640) at SwiGLU's: the
-    product's backward (autograd's MulBackward0) makes both before the up-projection's input gradient is summed."""
+    """The dense MLP's activation gradients alive at once in its backward, features per token on one TP rank. A CPU
+    profile of one block's recompute and backward (sequence 512, micro batch 8, hidden 256) read, beside the saved
+    tensors, one ffn-wide gradient (4 hidden-wide) at GPT-2's peak. SwiGLU's read two (gate's and up's, 5
+    hidden-wide at ffn 640) while autograd kept the activation silu(gate) for the product's backward; the gated
+    activation keeps only gate and up now and makes the rest again in backward (gpt/glu.py): three ffn-wide
+    tensors at once there (7.5 hidden-wide), as many as `backward_widths` says for each variant."""
     mlp = block.mlp
     if isinstance(mlp, SwiGLUMLP):
-        return mlp.dense_h_to_4h_gate.weight.shape[0] + mlp.dense_h_to_4h_up.weight.shape[0]
+        return _input_features(mlp, mlp.glu)
     if isinstance(mlp, MLP):
         return mlp.dense_h_to_4h.weight.shape[0]
     return 0

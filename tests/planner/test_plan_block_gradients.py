@@ -17,6 +17,13 @@ Llama-style block (RMSNorm, SwiGLU at ffn 2.5 x hidden, rotary, grouped-query at
 the recomputed output and, at the MLP's backward, its activation gradients, one ffn-wide for GPT-2's GeLU and two for
 SwiGLU's product (gate's and up's, autograd's MulBackward0 makes both). The plan counted 4 hidden-wide for both
 before (b8cd6ba): 0.64 and 0.57 of it.
+
+The gated activation keeps only gate and up now (gpt/glu.py) and makes the activation again in backward, where the
+Llama-style block holds 9.5 hidden-wide beside its saved tensors (three ffn-wide: the activation's gradient, up's and
+the activation made again; its backward's peak is 2 hidden-wide lower than before, the norms' fp32 values no longer
+kept); GPT-OSS's quick_gelu with the clamp and the offset 23 (five ffn-wide at ffn 4 x hidden, its sigmoid and the
+clamped gate besides, and the clamp's bool mask: planned 22 without it), Gemma's GeGLU 14 (three):
+GatedActivation.backward_widths.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ BLOCKS = {
     "llama": ["--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "2", "--normalization",
               "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--disable-bias-linear"],
 }
+_LLAMA_BUT_THE_MLP = [flag for flag in BLOCKS["llama"] if flag != "--swiglu"]
+BLOCKS["gpt-oss-glu"] = [*_LLAMA_BUT_THE_MLP, "--quick-geglu", "--glu-linear-offset", "1", "--activation-func-clamp-value",
+                         "7"]
+BLOCKS["geglu"] = [*_LLAMA_BUT_THE_MLP, "--gated-linear-unit", "--activation", "gelu_tanh"]
 
 
 def measured_block_gradients(config, micro_batch: int) -> int:

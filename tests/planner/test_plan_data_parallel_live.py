@@ -35,6 +35,10 @@ measured), where GPT-2's block read 1.05 (dp2-recompute). It was SwiGLU's backwa
 back two ffn-wide gradients at once (gate's and up's), where GPT-2's GeLU hands back one, and the estimate counted
 four hidden-wide tensors for any block. From the block's shapes (seven hidden-wide at ffn 2.5 x hidden): 1.03 (206.7
 planned, 213.0 measured); hence its band 0.95-1.05 again.
+Since RMSNorm keeps only its input and the gated activation only gate and up, each making the rest again in backward
+(gpt/norms.py, gpt/glu.py), the GQA runs hold less: 1.02 at DP 1 (233.0 MiB planned, 238.7 measured, from 267.5 and
+272.4), 1.03 with recompute (198.7 planned, 204.9 measured, from 206.7 and 213.0: only the norms' fp32 values leave the
+recomputed block's peak, the activation being made again at its MLP's backward).
 """
 
 from __future__ import annotations
