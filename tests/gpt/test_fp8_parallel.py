@@ -13,7 +13,8 @@ cast here): they differ from TP 1 by FP8 rounding, and the start-up line says so
 
 Bitwise, with gradient clipping off: the FP8 casts absorb the last-bit differences of fp32 TP (a
 row-parallel linear's all-reduced K halves; the fp32 runs without FP8 differ from iteration 2 in the last
-bits), and delayed and MXFP8 TP 2 give one process's losses bit for bit (measured over 5 iterations too).
+bits), and delayed and MXFP8 TP 2 give one process's losses bit for bit (measured over 5 iterations too), except where
+an fp32 value falls on an FP8 rounding boundary (MXFP8 under SP on a Zen 4 CPU: 7.7e-8 relative at iteration 2).
 With clipping on, the gradient norm sums its squares over the TP ranks in another order, the clipped weights
 move by an ulp, and a delayed scale computed from them moves by an ulp: 1.2e-6 relative at iteration 3 there.
 Data parallelism: 2 ranks of micro-batch 1 (ZeRO 0 and 3) against one process's micro-batch of 2, the same 2
@@ -35,8 +36,12 @@ FP8 = ["--train-iters", str(ITERS), "--num-attention-heads", "2", "--global-batc
 TP2 = ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2"]
 SP = ["--sequence-parallel"]
 # name: (recipe, extra flags, relative tolerance against one process)
+# MXFP8 under SP: bitwise on the Zen 3 machine it was first measured on; on a Zen 4 one (AVX-512 BF16, the same
+# torch) one cast at iteration 2 lands on the other side of an FP8 rounding boundary: 7.7e-8 relative (a row-parallel
+# linear's K halves are summed in another order than one process's, and the casts absorb that only away from a
+# boundary). The delayed runs stayed bitwise on both.
 TENSOR_PARALLEL = {"delayed-tp2": ("delayed", TP2, 0.0), "delayed-tp2-sp": ("delayed", TP2 + SP, 0.0),
-                   "mxfp8-tp2-sp": ("mxfp8", TP2 + SP, 0.0),
+                   "mxfp8-tp2-sp": ("mxfp8", TP2 + SP, 1e-6),
                    # each shard its own scales (TE's): FP8 rounding of the weights apart, not the same casts
                    "tensorwise-tp2-sp": ("tensorwise", TP2 + SP, 1e-2), "blockwise-tp2": ("blockwise", TP2, 1e-2)}
 

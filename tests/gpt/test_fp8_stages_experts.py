@@ -8,7 +8,8 @@ the tensor x context x data parallel ranks of one pipeline stage (_TENSOR_AND_DA
 - PP 2 x TP 2 computes one process's casts: each stage's layers, their amax over the stage's TP ranks (a weight
   shard's amax is the whole weight's); delayed scaling with an MTP layer (on the last stage, in FP8 as Megatron's
   global FP8 context for MTP) gives one process's losses bit for bit, and so does a MoE (4 experts, a shared
-  expert, SP) whose experts split over the TP ranks (ETP 2). --first-last-layers-bf16 counts global layer
+  expert, SP) whose experts split over the TP ranks (ETP 2), but where an fp32 value falls on an FP8 rounding
+  boundary (on a Zen 4 CPU: 2.8e-6 relative at iteration 2, 8.3e-5 at 3). --first-last-layers-bf16 counts global layer
   numbers (is_first_last_bf16_layer; the blocks are named by them on every stage): with one layer at the start in
   bf16, stage 1's layer 1 is in FP8 (stage-local numbers would put it in bf16 too). That run is within 1e-5
   relative, not bitwise: its layer 0 computes in fp32, where TP 2's row-parallel linear sums its K halves in
@@ -66,8 +67,11 @@ STAGES = {
                                   "1", "--num-layers-at-end-in-bf16", "0"], 1e-5),
     # the experts split over the TP ranks (ETP = TP 2: each expert's fc1 column- and fc2 row-parallel), the guard's
     # verdicts reduced over the expert tensor-parallel group
+    # bitwise on the Zen 3 machine it was first measured on; on a Zen 4 (AVX-512 BF16) 2.8e-6 relative at iteration 2
+    # and 8.3e-5 at 3: the expert's row-parallel fc2 sums its K halves in another order, one cast lands across an FP8
+    # boundary and the runs part from there (a wrong amax group parts them by 1e-3: the EP test below)
     "delayed-pp2-tp2-moe": (["--fp8-recipe", "delayed", *MOE_PP, *TP2, "--pipeline-model-parallel-size", "2"],
-                            ["--fp8-recipe", "delayed", *MOE_PP], 0.0),
+                            ["--fp8-recipe", "delayed", *MOE_PP], 2e-4),
     "delayed-cp2-tp2": (["--fp8-recipe", "delayed", *TP2, "--context-parallel-size", "2"],
                         ["--fp8-recipe", "delayed"], 3e-4),
 }
