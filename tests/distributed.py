@@ -19,6 +19,7 @@ threads, no process group and no CUDA context, as spawned ones would.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import queue
@@ -52,26 +53,39 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_port() -> int:
+def _bindable(ports: range) -> bool:
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port(consecutive: int = 1) -> int:
     """A port free now, picked BELOW the ephemeral range. A test picks the ports of its later launches up front and
     binds them seconds or minutes later; a port from the ephemeral range (bind to 0) can be taken meanwhile by any
     process's outgoing connection - gloo's pair connections of another test's ranks, on the other xdist worker -
     and the launch then fails with EADDRINUSE (CI once did, 2026-11-24). Below the range only a listener can take
-    it, and listeners pick their ports the same way, at random among ~20,000."""
+    it, and listeners pick their ports the same way, at random among ~20,000. `consecutive`: the first of that many
+    ports in a row, all free now (the in-process restart's store listens at MASTER_PORT + 1, parallel/restart_store.py:
+    CI once failed with it taken, 2026-11-25)."""
     low = _ephemeral_low()
+    rng = random.SystemRandom()
     if low > 12000:
-        rng = random.SystemRandom()
         for _ in range(64):
-            port = rng.randrange(10000, low)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
+            port = rng.randrange(10000, low - consecutive)
+            if _bindable(range(port, port + consecutive)):
                 return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if _bindable(range(port, port + consecutive)):
+            return port
+    raise OSError(f"no {consecutive} free ports in a row")
 
 
 def _child(module: str, name: str, sys_path: list, environ: dict, rank: int, world_size: int, port: int,

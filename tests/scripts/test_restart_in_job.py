@@ -15,7 +15,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Optional
 
 import pytest
 
+from tests import distributed
 from tests.reliability_helpers import TINY, metrics_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,9 +32,9 @@ TWELVE = TINY + ["--tokenizer-vocab-size", "512", "--micro-batch-size", "1", "--
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """MASTER_PORT for a restarting launch: below the ephemeral range, and the port after it free too (the in-process
+    restart's store listens there: parallel/restart_store.py)."""
+    return distributed.free_port(consecutive=2)
 
 
 def launch_environment() -> dict[str, str]:
