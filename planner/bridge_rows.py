@@ -53,7 +53,8 @@ import yaml
 
 from arguments.config import PretrainConfig
 from arguments.parser import parse_config
-from planner.layout_perf import Layout, ModelCounts
+from planner.layout_perf import Layout, ModelCounts, model_counts
+from planner.vocabulary import launch_vocab
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 BRIDGE_H100 = REPOSITORY / "configs" / "benchmarks" / "bridge_h100.yaml"
@@ -171,6 +172,12 @@ def load_rows(path: Path = BRIDGE_H100) -> list[BridgeRow]:
 def row_config(row: BridgeRow) -> PretrainConfig:
     seq = str(row.layout["seq_length"])
     return parse_config([*MODEL_FLAGS[row.model], "--seq-length", seq, "--max-position-embeddings", seq])
+
+
+def row_counts(row: BridgeRow) -> ModelCounts:
+    """What the layout model reads off the row's model, its vocabulary the launch's (planner/vocabulary.py)."""
+    config = row_config(row)
+    return model_counts(config.model, launch_vocab(config)[0])
 
 
 def row_precision(row: BridgeRow) -> str:

@@ -19,10 +19,9 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from planner.bridge_rows import BridgeRow, load_rows, row_config, row_layout
-from planner.layout_perf import LayoutConstants, model_counts, predict_layout
+from planner.bridge_rows import BridgeRow, load_rows, row_counts, row_layout
+from planner.layout_perf import LayoutConstants, predict_layout
 from planner.perf_model import CALIBRATION_DIR, Hardware, load_hardware
-from planner.vocabulary import launch_vocab
 
 GEMM_ROW = ("LLAMA3_8B", "25.11")
 MOE_SYNC_ROW = ("Qwen3_30B_a3B", "26.04.01")
@@ -34,8 +33,7 @@ def find_row(model: str, release: str) -> BridgeRow:
 
 
 def _predicted_tokens(row: BridgeRow, hardware: Hardware) -> Callable[[LayoutConstants], float]:
-    config = row_config(row)
-    counts = model_counts(config.model, launch_vocab(config)[0])
+    counts = row_counts(row)
     layout = row_layout(row, counts)
     return lambda constants: predict_layout(counts, layout, hardware, constants,
                                             hardware.fp8_peak_flops).tokens_per_s_per_gpu

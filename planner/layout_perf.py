@@ -234,12 +234,13 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     windows = layer_windows(model.window_size, model.window_attn_skip_freq, model.num_layers)
     windows += (None,) * (attention_layers - len(windows))  # an MTP layer's attention has no window
     attention_executed = flops_per_key * sum(visible_keys_per_query(model.seq_length, w) for w in windows)
-    attention_linear = sum(2 * m.in_features * m.out_features for m in shape.block_matmuls
-                           if isinstance(m, LinearShape) and m.name.startswith("attention."))
-    dense_mlp = sum(2 * m.in_features * m.out_features for m in shape.block_matmuls
-                    if isinstance(m, LinearShape) and m.name.startswith("mlp."))
-    mla_up = sum(2 * m.in_features * m.out_features for m in shape.block_matmuls if isinstance(m, LinearShape)
-                 and m.name in ("attention.linear_q_up_proj", "attention.linear_kv_up_proj"))
+    def linear_flops(chosen) -> int:  # one dense block's forward FLOPs per token in the linears `chosen` names
+        return sum(2 * m.in_features * m.out_features for m in shape.block_matmuls
+                   if isinstance(m, LinearShape) and chosen(m.name))
+
+    attention_linear = linear_flops(lambda name: name.startswith("attention."))
+    dense_mlp = linear_flops(lambda name: name.startswith("mlp."))
+    mla_up = linear_flops(lambda name: name in ("attention.linear_q_up_proj", "attention.linear_kv_up_proj"))
     blocks = shape.blocks_forward_flops_per_token()
     logits = shape.logits_forward_flops_per_token(vocab)
     total = shape.parameter_count(vocab)

@@ -11,11 +11,10 @@ import dataclasses
 
 import pytest
 
-from planner.bridge_rows import MODEL_FLAGS, UNBUILDABLE, load_rows, row_config, row_layout
+from planner.bridge_rows import MODEL_FLAGS, UNBUILDABLE, load_rows, row_counts, row_layout
 from planner.layout_calibration import fit
-from planner.layout_perf import load_layout_constants, model_counts, predict_layout
+from planner.layout_perf import load_layout_constants, predict_layout
 from planner.perf_model import load_hardware
-from planner.vocabulary import launch_vocab
 
 TOLERANCE = 0.20
 # Each row the model misses by more than 20%, and the term that explains the miss (docs/planning.md).
@@ -43,8 +42,7 @@ def predictions():
             continue
         key = (row.model, row.layout["seq_length"])
         if key not in counts:
-            config = row_config(row)
-            counts[key] = model_counts(config.model, launch_vocab(config)[0])
+            counts[key] = row_counts(row)
         prediction = predict_layout(counts[key], row_layout(row, counts[key]), hardware, constants,
                                     hardware.fp8_peak_flops)
         found.append((row, prediction))
@@ -98,8 +96,7 @@ def test_deepseek_v3_miss_is_the_ep_overlap(predictions):
     --overlap-moe-expert-parallel-comm, the row is within 20%."""
     row, prediction = next((r, p) for r, p in predictions if r.model == "DeepSeekV3")
     hardware = load_hardware("h100-sxm")
-    config = row_config(row)
-    counts = model_counts(config.model, launch_vocab(config)[0])
+    counts = row_counts(row)
     exposed = predict_layout(counts, dataclasses.replace(row_layout(row, counts), ep_overlap=False), hardware,
                              load_layout_constants(hardware.layout_calibration), hardware.fp8_peak_flops)
     assert prediction.tokens_per_s_per_gpu / row.tokens_per_s_per_gpu > 1 + TOLERANCE
