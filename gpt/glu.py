@@ -15,9 +15,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
-from torch.autograd.graph import get_gradient_edge
 
-from gpt.recomputed import plain_call
+from gpt.recomputed import gradients_made_again, plain_call
 
 QUICK_GELU_ALPHA = 1.702  # megatron/core/activations.py quick_gelu; GPT-OSS's swiglu_alpha
 
@@ -100,7 +99,7 @@ class _GatedProduct(torch.autograd.Function):
                 grad_linear = _clamp_gradient(grad_linear, linear, -clamp, clamp)
         if need_gate:
             if glu.activation is not None:
-                grad_gate = _function_gradient(glu.activation, gate_in, grad_activated)
+                (grad_gate,) = gradients_made_again(glu.activation, (gate_in,), (True,), grad_activated)
             elif sigmoid is not None:
                 # in place on this backward's own tensors (the same kernels, so the same bits): the gradient arriving
                 # stays alive through this backward, where autograd's had dropped it by now
@@ -125,17 +124,6 @@ def _clamp_gradient(grad: torch.Tensor, before: torch.Tensor, low: Optional[floa
     return torch.where(inside, grad, zero)
 
 
-def _function_gradient(function: Callable[[torch.Tensor], torch.Tensor], value: torch.Tensor,
-                       grad: torch.Tensor) -> torch.Tensor:
-    """The gradient at `value` of `function`, given `grad` at its output, from its graph made again; the output is
-    dropped before autograd runs (its gradient edge stands for it)."""
-    with torch.enable_grad():
-        leaf = value.detach().requires_grad_()
-        output = function(leaf)
-    edge = get_gradient_edge(output)
-    del output
-    (found,) = torch.autograd.grad(edge, leaf, grad)
-    return found
 
 
 SWIGLU = GatedActivation()

@@ -21,7 +21,7 @@ Not for functions that draw random numbers (their recompute would draw other one
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -47,16 +47,21 @@ class _RecomputedInBackward(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # the recompute's graph is dropped after it: no gradient of a gradient through here
     def backward(ctx, grad: torch.Tensor):
-        needs = ctx.needs_input_grad[1:]
-        with torch.enable_grad():
-            inputs = [saved.detach().requires_grad_(need) for saved, need in zip(ctx.saved_tensors, needs)]
-            output = ctx.function(*inputs)
-        # the output made again is not needed, only its node: dropped before autograd runs through the graph
-        edge = get_gradient_edge(output)
-        del output
-        wanted = [tensor for tensor, need in zip(inputs, needs) if need]
-        found = iter(torch.autograd.grad(edge, wanted, grad))
-        return (None, *(next(found) if need else None for need in needs))
+        return (None, *gradients_made_again(ctx.function, ctx.saved_tensors, ctx.needs_input_grad[1:], grad))
+
+
+def gradients_made_again(function: Callable[..., torch.Tensor], saved: Sequence[torch.Tensor],
+                         needs: Sequence[bool], grad: torch.Tensor) -> list[Optional[torch.Tensor]]:
+    """The gradients at `saved` (where `needs` says) of `function`, given `grad` at its output: its graph made again
+    from them under autograd. The output made again is not needed, only its node: it is dropped before autograd runs
+    through the graph, so what the graph keeps lives only while it runs."""
+    with torch.enable_grad():
+        inputs = [tensor.detach().requires_grad_(need) for tensor, need in zip(saved, needs)]
+        output = function(*inputs)
+    edge = get_gradient_edge(output)
+    del output
+    found = iter(torch.autograd.grad(edge, [tensor for tensor, need in zip(inputs, needs) if need], grad))
+    return [next(found) if need else None for need in needs]
 
 
 def recomputed_in_backward(function: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
