@@ -116,6 +116,8 @@ EXPENSIVE_SCRIPTS = {
                                 "--rounds 3 --stages 1,2 on the shared 2-core machine)",
     "scripts/benchmark_model.py": "rounds of a 124M model's training steps on the CPU, tens of seconds each",
     "scripts/benchmark_gpu.py": "needs a CUDA GPU: rounds of a 1.5B model's training steps (docs/performance.md)",
+    "scripts/gpu_side_by_side.py": "needs a CUDA GPU: 17 training launches of 124M-1.5B models (--budget-s 450 by "
+                                   "default); tests/scripts/test_gpu_side_by_side.py runs it on the CPU at 2 layers",
     "scripts/benchmark_index.py": "writes a 2 GB synthetic corpus, then builds its indices in rounds",
     "scripts/zero_paper/mini_reproduction.py": "trains C1-C5 as 4 gloo processes (about 11 minutes)",
     "scripts/zero_paper/calibrate_cpu.py": "trains six small GPTs (about 1.5 minutes)",
