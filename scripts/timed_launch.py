@@ -1,5 +1,6 @@
-"""One pretrain_gpt.py launch timed step by step, for the measuring scripts (scripts/search_vs_measured.py,
-scripts/probe_host_overhead.py): each step's iter_time_s from rank 0's metrics file."""
+"""One pretrain_gpt.py launch and what its first rank's metrics file holds, for the measuring and checking scripts
+(scripts/search_vs_measured.py and scripts/probe_host_overhead.py read each step's time, scripts/layout_fuzz.py each
+iteration's loss and grad norm)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,48 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from arguments.config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def step_times(argv: Sequence[str], ranks: int, scratch: Path, what: str, one_thread: bool = True) -> list[float]:
+@dataclass(frozen=True)
+class Launched:
+    returncode: int
+    records: list          # the metrics file's training-step records (those with an iter_time_s), in order
+    last_error: str        # the last line of stderr, or of stdout where stderr is empty
+
+
+def launch(argv: Sequence[str], ranks: int, scratch: Path, one_thread: bool = True,
+           timeout_s: Optional[float] = None) -> Launched:
     """pretrain_gpt.py with `argv` on `ranks` ranks (scripts/launch.py where more than one: gloo on the CPU; one
     rank needs no launcher, whose torchrun arguments follow this repository's pinned torch), run in `scratch`;
-    `one_thread`: OMP_NUM_THREADS=1. A failed launch raises ConfigError naming `what` and its last error line."""
+    `one_thread`: OMP_NUM_THREADS=1. A launch past `timeout_s` is stopped and reported with returncode 124."""
     metrics = scratch / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
     launcher = [] if ranks == 1 else [str(REPO_ROOT / "scripts" / "launch.py"), "--standalone", "--nproc_per_node",
                                       str(ranks)]
     env = {**os.environ, "WANDB_MODE": "disabled", **({"OMP_NUM_THREADS": "1"} if one_thread else {})}
-    result = subprocess.run([sys.executable, *launcher, str(REPO_ROOT / "pretrain_gpt.py"), *argv, "--metrics-file",
-                             str(metrics)], cwd=scratch, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ConfigError(f"{what} failed ({result.returncode}): {tail}")
-    return [json.loads(line)["iter_time_s"] for line in metrics.read_text(encoding="utf-8").splitlines() if line]
+    try:
+        result = subprocess.run([sys.executable, *launcher, str(REPO_ROOT / "pretrain_gpt.py"), *argv,
+                                 "--metrics-file", str(metrics)], cwd=scratch, capture_output=True, text=True,
+                                env=env, timeout=timeout_s)
+        returncode, output = result.returncode, (result.stderr.strip() or result.stdout.strip())
+    except subprocess.TimeoutExpired:
+        returncode, output = 124, f"stopped after {timeout_s:g} s"
+    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line] \
+        if metrics.exists() else []
+    return Launched(returncode, [record for record in records if "iter_time_s" in record],
+                    (output.splitlines() or ["(no output)"])[-1])
+
+
+def step_times(argv: Sequence[str], ranks: int, scratch: Path, what: str, one_thread: bool = True) -> list[float]:
+    """Each step's iter_time_s of `launch`; a failed launch raises ConfigError naming `what` and its last error line."""
+    launched = launch(argv, ranks, scratch, one_thread)
+    if launched.returncode != 0:
+        raise ConfigError(f"{what} failed ({launched.returncode}): {launched.last_error}")
+    return [record["iter_time_s"] for record in launched.records]

@@ -116,6 +116,8 @@ EXPENSIVE_SCRIPTS = {
                                 "--rounds 3 --stages 1,2 on the shared 2-core machine)",
     "scripts/benchmark_model.py": "rounds of a 124M model's training steps on the CPU, tens of seconds each",
     "scripts/benchmark_gpu.py": "needs a CUDA GPU: rounds of a 1.5B model's training steps (docs/performance.md)",
+    "scripts/layout_fuzz.py": "trains each draw on 2-8 gloo ranks and on one rank (about 15 s a draw on 2 cores); "
+                              "tests/scripts/test_layout_fuzz.py runs 3 draws, and 8 in the slow tier",
     "scripts/gpu_side_by_side.py": "needs a CUDA GPU: 17 training launches of 124M-1.5B models (--budget-s 450 by "
                                    "default); tests/scripts/test_gpu_side_by_side.py runs it on the CPU at 2 layers",
     "scripts/benchmark_index.py": "writes a 2 GB synthetic corpus, then builds its indices in rounds",

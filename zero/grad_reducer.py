@@ -302,6 +302,8 @@ class FullGradients(GradientReducer):
         return _PendingReduction(work, finish, self._release_all(released))
 
     def reduced_shard(self, unit: Unit) -> torch.Tensor:
+        if self.host_partition is not None:  # offloaded, the step reads the host copy the reduction finished into
+            return unit.in_partition(self.host_partition)
         lo, hi = unit.shard_bounds(self.layout.part)
         return unit.in_buffer(self.buffer)[lo:hi]
 

@@ -1,0 +1,249 @@
+#!/usr/bin/env python
+"""Random layouts against one rank (issue 77 item 6): no layout may change the math.
+
+    python scripts/layout_fuzz.py --seed 1 --draws 20                 # 20 draws, each against its one-rank run
+    python scripts/layout_fuzz.py --seed 1 --draw 13                  # draw 13 of seed 1 again, alone
+    python scripts/layout_fuzz.py --seed 1 --draws 5 --model "--num-layers 8 --hidden-size 64 --num-attention-heads 8"
+
+Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, GPT-2's or
+Llama's blocks, tied or untied output, block features that add replicated or head-sharded parameters, FP8) and of a
+layout over 2-8 gloo ranks: tensor (with or without sequence) parallelism, context parallelism in its three kinds,
+pipeline stages (1F1B, virtual stages, an uneven first stage, a layout string), data parallelism under ZeRO 0-3 or
+the distributed optimizer (with the overlapped gather and reduce, optimizer offload), expert and expert-tensor
+parallelism, `--moe-layer-freq` with dense first layers, gradient accumulation, and recomputation (Megatron's full
+and selective, ZeRO-R's checkpoints with P_a and M_D). The draw trains 3 iterations of fp32 with dropout off on
+`--mock-data`; so does the same model on one rank with the same global batch, which reads the same samples
+(a sample is a function of its index). The draw holds when every loss is within 1e-5 and every grad norm within 1e-4
+(relative) of the one rank's (FP8 within 1e-3: a layout casts other partial sums, docs/fp8.md); it may also be
+refused before any work, in one line, which the report keeps for review: a refusal is right only where
+Megatron-LM refuses too. Anything else - a traceback, a hang, a difference - is a finding.
+
+`--model` replaces the drawn model with your own flags (the layouts are still drawn; those your model cannot take
+are refused in one line). Results go to `--output` as JSON lines, one a draw, and a summary at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
+from scripts.timed_launch import launch  # noqa: E402
+
+ITERATIONS = 3
+LOSS_TOLERANCE, GRAD_NORM_TOLERANCE, FP8_TOLERANCE = 1e-5, 1e-4, 1e-3
+COMMON = ["--device", "cpu", "--tokenizer-type", "NullTokenizer", "--mock-data", "--vocab-size", "128",
+          "--train-iters", str(ITERATIONS), "--log-interval", "1", "--eval-iters", "0", "--hidden-dropout", "0",
+          "--attention-dropout", "0", "--lr", "1e-3", "--clip-grad", "1.0", "--seed", "1234"]
+
+
+@dataclass(frozen=True)
+class Draw:
+    seed: int
+    index: int
+    ranks: int
+    model: tuple[str, ...]    # the model's flags: the one-rank run takes them too
+    layout: tuple[str, ...]   # the layout's flags: this draw's alone
+    batch: tuple[str, ...]    # micro and global batch: the global batch is the one-rank run's too
+    fp8: bool = False
+
+    def argv(self) -> list[str]:
+        return [*COMMON, *self.model, *self.batch, *self.layout]
+
+    def one_rank_argv(self) -> list[str]:
+        """The same model and global batch on one rank: micro-batches of the same size, accumulated."""
+        return [*COMMON, *self.model, *self.batch]
+
+    def describe(self) -> dict:
+        return {"seed": self.seed, "draw": self.index, "ranks": self.ranks, "model": shlex.join(self.model),
+                "layout": shlex.join(self.layout), "batch": shlex.join(self.batch)}
+
+
+def _divisors(n: int, among: Sequence[int]) -> list[int]:
+    return [d for d in among if n % d == 0]
+
+
+@dataclass
+class _Model:
+    layers: int
+    heads: int = 4
+    moe: bool = False
+    experts: int = 4
+    flags: list = field(default_factory=list)
+
+
+def _draw_model(rng: random.Random, layers: int, tensor_parallel: int) -> _Model:
+    model = _Model(layers=layers, moe=rng.random() < 0.5)
+    flags = ["--num-layers", str(layers), "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+             "--max-position-embeddings", "32"]
+    if rng.random() < 0.5:  # Llama's blocks
+        flags += ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+                  "--disable-bias-linear"]
+        if rng.random() < 0.5 and 2 % tensor_parallel == 0:  # grouped-query attention: 2 groups over TP 1 or 2
+            flags += ["--group-query-attention", "--num-query-groups", "2"]
+    if rng.random() < 0.5:
+        flags.append("--untie-embeddings-and-output-weights")
+    if rng.random() < 0.2:  # replicated under TP: the norms over each head's query and key
+        flags.append("--qk-layernorm")
+    if model.moe:
+        topk = rng.choice(["1", "2"])
+        flags += ["--num-experts", str(model.experts), "--moe-router-topk", topk, "--moe-ffn-hidden-size", "32",
+                  "--moe-token-dispatcher-type", rng.choice(["alltoall", "allgather"])]
+        if topk == "1":  # a softmax over one chosen score is 1: Megatron-Core asks for the softmax before top-k
+            flags.append("--moe-router-pre-softmax")
+        dense_first = rng.choice([0, 0, 1, layers // 2])
+        if dense_first:  # DeepSeek's first-k-dense, as Megatron-LM's --moe-layer-freq expression
+            flags += ["--moe-layer-freq", f"([0]*{dense_first}+[1]*{layers - dense_first})"]
+        if rng.random() < 0.3:
+            flags += ["--moe-shared-expert-intermediate-size", "32"]
+        if rng.random() < 0.3:
+            flags.append("--moe-grouped-gemm")
+    model.flags = flags
+    return model
+
+
+def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> Draw:
+    """Draw `index` of `seed`: the same launch every time."""
+    rng = random.Random(f"layout-fuzz {seed} {index}")
+    ranks = rng.choice([2, 4, 4, 8])
+    tensor_parallel = rng.choice(_divisors(ranks, [1, 1, 2, 4]))
+    context_parallel = rng.choice(_divisors(ranks // tensor_parallel, [1, 1, 2]))
+    pipeline = rng.choice(_divisors(ranks // (tensor_parallel * context_parallel), [1, 1, 2, 4]))
+    data_parallel = ranks // (tensor_parallel * context_parallel * pipeline)
+    layers = pipeline * rng.choice([1, 2])
+    model = _draw_model(rng, layers, tensor_parallel)
+    layout = ["--tensor-model-parallel-size", str(tensor_parallel)]
+    # Megatron-Core's MoE layer takes tensor parallelism only with sequence parallelism in training
+    if tensor_parallel > 1 and (model.moe or rng.random() < 0.6):
+        layout.append("--sequence-parallel")
+    if context_parallel > 1:  # Ulysses' all-to-all splits each TP rank's heads over the CP ranks
+        kinds = ["p2p", "all_gather"] + (["a2a"] if (model.heads // tensor_parallel) % context_parallel == 0 else [])
+        layout += ["--context-parallel-size", str(context_parallel), "--cp-comm-type", rng.choice(kinds)]
+    if pipeline > 1:
+        layout += ["--pipeline-model-parallel-size", str(pipeline)]
+        split = rng.random()
+        if layers // pipeline >= 2 and split < 0.3:
+            layout += ["--num-layers-per-virtual-pipeline-stage", "1"]
+        elif pipeline == 2 and layers >= 3 and split < 0.5:
+            layout += ["--decoder-first-pipeline-num-layers", "1"]
+    zero = rng.choice(["0", "1", "2", "3", "distributed-optimizer"] if pipeline == 1 else
+                      ["0", "1", "2", "distributed-optimizer"])
+    layout += ["--use-distributed-optimizer"] if zero == "distributed-optimizer" else ["--zero-stage", zero]
+    if zero in ("1", "2", "distributed-optimizer") and data_parallel > 1:
+        if rng.random() < 0.4:
+            layout.append("--overlap-param-gather")
+        if rng.random() < 0.4:
+            layout.append("--overlap-grad-reduce")
+    if zero != "0" and rng.random() < 0.15:
+        layout.append("--offload-optimizer")
+    recompute = rng.choice(["none", "none", "full", "selective", "zero-r"])
+    if recompute == "full":
+        layout += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif recompute == "selective":
+        layout += ["--recompute-granularity", "selective"]
+    elif recompute == "zero-r":
+        layout.append("--checkpoint-activations")
+        if tensor_parallel > 1 and rng.random() < 0.5:
+            layout.append("--partition-activations")
+        if rng.random() < 0.4:
+            layout.append("--contiguous-checkpointing")
+    if model.moe:
+        expert_tensor = rng.choice([1, tensor_parallel])
+        expert_ranks = tensor_parallel * context_parallel * data_parallel // expert_tensor
+        expert_parallel = rng.choice(_divisors(expert_ranks, [d for d in (1, 2, 4) if model.experts % d == 0]))
+        layout += ["--expert-model-parallel-size", str(expert_parallel), "--expert-tensor-parallel-size",
+                   str(expert_tensor)]
+    fp8 = model_flags is None and rng.random() < 0.1
+    flags = list(model_flags) if model_flags is not None else model.flags
+    if fp8:
+        flags += ["--fp8-format", "hybrid", "--fp8-recipe", rng.choice(["delayed", "tensorwise"])]
+    micro = rng.choice([1, 2])
+    accumulation = pipeline * rng.choice([1, 2]) if pipeline > 1 else rng.choice([1, 2, 3])
+    batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation)]
+    return Draw(seed, index, ranks, tuple(flags), tuple(layout), tuple(batch), fp8)
+
+
+def compare(draw_: Draw, records: list, reference: list) -> dict:
+    """The draw's verdict against the one-rank run: equal (bitwise or within tolerance), or where it differs."""
+    loss_tolerance = FP8_TOLERANCE if draw_.fp8 else LOSS_TOLERANCE
+    norm_tolerance = FP8_TOLERANCE if draw_.fp8 else GRAD_NORM_TOLERANCE
+    if len(records) != len(reference):
+        return {"verdict": "differs", "why": f"{len(records)} iterations against the one rank's {len(reference)}"}
+    worst = {"loss": 0.0, "grad_norm": 0.0}
+    for ours, one in zip(records, reference):
+        for key in worst:
+            scale = max(abs(one[key]), 1e-30)
+            worst[key] = max(worst[key], abs(ours[key] - one[key]) / scale)
+    bitwise = all(ours[key] == one[key] for ours, one in zip(records, reference) for key in worst)
+    holds = worst["loss"] <= loss_tolerance and worst["grad_norm"] <= norm_tolerance
+    return {"verdict": "bitwise" if bitwise else "equal" if holds else "differs",
+            "loss_relative": worst["loss"], "grad_norm_relative": worst["grad_norm"],
+            "losses": [record["loss"] for record in records], "one_rank_losses": [record["loss"] for record in reference]}
+
+
+def run_draw(draw_: Draw, scratch: Path, one_rank_cache: dict, timeout_s: float) -> dict:
+    result = draw_.describe()
+    launched = launch(draw_.argv(), draw_.ranks, scratch, timeout_s=timeout_s)
+    if launched.returncode == 2 and not launched.records:  # refused before any work, in one line
+        return {**result, "verdict": "refused", "why": launched.last_error}
+    if launched.returncode != 0:
+        return {**result, "verdict": "failed", "why": f"exit {launched.returncode}: {launched.last_error}"}
+    key = tuple(draw_.one_rank_argv())
+    if key not in one_rank_cache:
+        one_rank_cache[key] = launch(draw_.one_rank_argv(), 1, scratch, timeout_s=timeout_s)
+    reference = one_rank_cache[key]
+    if reference.returncode != 0:
+        return {**result, "verdict": "one rank failed", "why": f"exit {reference.returncode}: {reference.last_error}"}
+    return {**result, **compare(draw_, launched.records, reference.records)}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = OneLineArgumentParser(prog="scripts/layout_fuzz.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--draws", type=int, default=10, help="draws 0 .. N-1 of the seed")
+    parser.add_argument("--draw", type=int, default=None, help="only this draw of the seed")
+    parser.add_argument("--model", default=None, help="your model's flags, one string, in place of the drawn model")
+    parser.add_argument("--output", default=None, help="JSON lines: one a draw, then the summary")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="per launch")
+    parser.add_argument("--list", action="store_true", help="print each draw's launch and stop")
+    args = parser.parse_args(argv)
+    model = shlex.split(args.model) if args.model else None
+    indices = [args.draw] if args.draw is not None else range(args.draws)
+    draws = [draw(args.seed, index, model) for index in indices]
+    if args.list:
+        for each in draws:
+            print(f"draw {each.index}: {each.ranks} ranks: pretrain_gpt.py {shlex.join(each.argv())}")
+        return 0
+    output = open(args.output, "w", encoding="utf-8") if args.output else None
+    verdicts: dict = {}
+    one_rank_cache: dict = {}
+    with tempfile.TemporaryDirectory(prefix="layout-fuzz-") as scratch:
+        for each in draws:
+            result = run_draw(each, Path(scratch), one_rank_cache, args.timeout_s)
+            verdicts[result["verdict"]] = verdicts.get(result["verdict"], 0) + 1
+            kind = "MoE" if "--num-experts" in each.model else "dense"
+            print(f"draw {each.index} ({kind}, {each.ranks} ranks) {result['verdict']}: {shlex.join(each.layout)}"
+                  + (f" | {result['why']}" if "why" in result else
+                     f" | loss {result['loss_relative']:.1e}, grad norm {result['grad_norm_relative']:.1e}"), flush=True)
+            if output:
+                output.write(json.dumps(result) + "\n")
+                output.flush()
+    summary = {"seed": args.seed, "draws": len(draws), "verdicts": verdicts}
+    print(f"summary: {json.dumps(summary)}")
+    if output:
+        output.write(json.dumps({"summary": summary}) + "\n")
+        output.close()
+    return 0 if set(verdicts) <= {"bitwise", "equal", "refused"} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_tool("scripts/layout_fuzz.py", main, (ConfigError,)))
