@@ -230,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for each in draws:
             result = run_draw(each, Path(scratch), one_rank_cache, args.timeout_s)
             verdicts[result["verdict"]] = verdicts.get(result["verdict"], 0) + 1
-            kind = "MoE" if "--num-experts" in each.model else "dense"
+            kind = ("MoE" if "--num-experts" in each.model else "dense") + (" FP8" if each.fp8 else "")
             print(f"draw {each.index} ({kind}, {each.ranks} ranks) {result['verdict']}: {shlex.join(each.layout)}"
                   + (f" | {result['why']}" if "why" in result else
                      f" | loss {result['loss_relative']:.1e}, grad norm {result['grad_norm_relative']:.1e}"), flush=True)
