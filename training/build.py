@@ -26,7 +26,7 @@ from parallel.state import ParallelState
 from training.run_settings import RunSettings
 from zero.activations import ActivationCheckpointing, ActivationMonitor, apply_activation_checkpointing
 from zero.apply import ZeroParts, apply_zero
-from zero.experts import build_zero_with_experts
+from zero.experts import build_zero_with_experts, holds_expert_parameters
 from zero.flat_buffer import mark_weight_decay
 
 
@@ -107,8 +107,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     mark_weight_decay(decayed_norm_params(model, config))
     # Where the experts' grid is not the dense one (expert parallelism, or expert TP 1 beside TP: each TP rank's
     # experts see its own sequence slice) the experts' states get a ZeRO of their own over the expert data-parallel
-    # group (gpt/moe/layer.py tags them).
-    own_experts = state.expert_grid is not None and config.model.moe is not None
+    # group (gpt/moe/layer.py tags them); a pipeline stage whose layers hold no expert has none (zero/experts.py).
+    own_experts = state.expert_grid is not None and config.model.moe is not None and holds_expert_parameters(model)
     zero = apply_zero(model, config, state, blocks=model.blocks, own_units=shared,                # 4. ZeRO, DP
                       decoupled_lr_params=decoupled_lr_params(model, config),
                       muon_excluded_params=embedding_and_output_weights(model),

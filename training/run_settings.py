@@ -30,6 +30,7 @@ from arguments.config_sources import FLAG, JSON, PRESET
 from arguments.hf_config import read_hf_config
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, train_iterations
 from gpt.attention_backend import backend_for_device
+from training.moe_notes import moe_notes
 from zero.optimizer import PRECISION_DTYPES
 
 
@@ -65,7 +66,8 @@ def resolve_run_settings(config: PretrainConfig, vocab_size: int, tensor_paralle
     batch = batch if batch is not None else batch_schedule(config, data_parallel_size)
     training, notes = resolve_precision(config, device_type)
     attention_backend, fallback = resolve_attention_backend(config, training.precision, device_type)
-    notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config) + moe_notes(config)
+    notes += fallback + vocabulary_notes(config, vocab_size) + document_masking_notes(config) \
+        + moe_notes(config, tensor_parallel_size, data_parallel_size)
     notes += longrope_notes(config)
     model = dataclasses.replace(config.model, vocab_size=vocab_size, attention_backend=attention_backend)
     training = dataclasses.replace(training, global_batch_size=batch.global_batch_size,
@@ -148,16 +150,6 @@ def _vocab_words(config: PretrainConfig) -> str:
     source = config.sources.get("vocab_size")
     where = f" (vocab_size of the preset {source.origin})" if source is not None and source.kind == PRESET else ""
     return f"--vocab-size {config.model.vocab_size}{where}"
-
-
-def moe_notes(config: PretrainConfig) -> tuple[str, ...]:
-    """A negative --moe-expert-capacity-factor is no capacity, as Megatron-Core reads it (TransformerConfig.__post_init__
-    sets it to None; gpt/model_config.py's `moe` does the same), said once: the value typed is not the one used."""
-    factor = config.model.moe_expert_capacity_factor
-    if config.model.moe is None or config.model.moe_gating != "megatron" or factor is None or factor >= 0:
-        return ()
-    return (f"> --moe-expert-capacity-factor {factor:g}: a negative factor is no capacity, every routed token kept "
-            f"(dropless), as Megatron-Core's TransformerConfig reads it",)
 
 
 def document_masking_notes(config: PretrainConfig) -> tuple[str, ...]:

@@ -14,10 +14,17 @@ parameters' own optimizer over the expert data-parallel group; ChainedOptimizer 
               1 / data_parallel_world_size): every DP rank's loss is a mean over its own tokens, and an
               expert sums the tokens of every DP rank that routed to it
 
-The step clips both by ONE gradient norm over all parameters (ChainedOptimizer.get_grad_norm: the square roots
-of each part's sum of squares, combined): the dense squares summed over TP, DP (and PP), the experts' over ETP,
-the expert DP group and the expert-parallel group (different ranks hold different experts: each is counted
-once). One loss scaler serves both; an overflow anywhere skips both updates.
+The step clips both by ONE gradient norm over all parameters (ChainedOptimizer.get_grad_norm: with the
+distributed optimizer one sum of squares over every rank): within a pipeline stage the dense squares summed
+over TP and DP, the experts' over ETP, the expert DP group and the expert-parallel group (different ranks hold
+different experts: each is counted once), the two added; then that sum over the stages, once. One loss scaler
+serves both; an overflow anywhere skips both updates.
+
+A pipeline stage whose layers hold no expert (dense first layers, --moe-layer-freq, a pipeline layout) has no
+experts' part at all: training/build.py builds it build_zero alone, as Megatron-Core builds its expert optimizer
+only `if len(moe_param_groups) > 0` (megatron/core/optimizer/__init__.py). The experts' groups are its stage's
+(parallel/mesh.py), so no other rank waits for it in one of them; its norm joins the others' in the one sum
+over the stages, which both kinds of stage make once.
 
 At stage 3 each part gathers its own chunks (the experts' over the expert DP group) as the modules run; an
 expert with no rows still runs on its empty slice, so its chunk is gathered and reduced on every rank. The
@@ -47,6 +54,11 @@ from zero.optimizer_state import NamedFragment, ShardedOptimizerState
 
 def is_expert_parameter(param: nn.Parameter) -> bool:
     return record_of(param).is_expert
+
+
+def holds_expert_parameters(model: nn.Module) -> bool:
+    """Whether `model` (this rank's pipeline stage) trains an expert parameter."""
+    return any(is_expert_parameter(param) for param in model.parameters() if param.requires_grad)
 
 
 def expert_data_parallel_state(state: ParallelState) -> ParallelState:
@@ -150,6 +162,7 @@ class ChainedStep(CheckpointableChain):
         self.data_parallel_rank, self.expert_data_parallel_rank = data_parallel_rank, expert_data_parallel_rank
         self.loss_scaler = loss_scaler
         self.comm = dense.comm
+        self.pipeline_group = None  # set with pipeline stages (zero/pipeline_grads.py): the norm's sum over them
 
     @property
     def param_groups(self) -> list[dict]:
@@ -188,12 +201,20 @@ class ChainedStep(CheckpointableChain):
     def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
         return max(part.step_working_bytes(gather_copy_bytes) for part in self.parts)
 
+    def grad_norm_squared(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The squared norm over both parts' partition gradients `grads` (dense, experts) and every stage (module
+        docstring): the stages sum once, whichever of them hold experts."""
+        dense = self.dense.stage_grad_norm_squared(grads[0])
+        experts = self.experts.stage_grad_norm_squared(grads[1])
+        self.comm.all_reduce(experts, self.expert_parallel_group, "ep")
+        total = dense + experts
+        self.comm.all_reduce(total, self.pipeline_group, "pp")
+        return total
+
     def step_collectives_only(self) -> None:
-        """`step`'s collectives without its arithmetic (the dry run's step, planner/dry_run.py): both parts'
-        norms, the experts' summed over the expert-parallel group, and both publishes."""
-        self.dense.grad_norm_squared(self.dense.gradients.partition_gradients())
-        expert_squared = self.experts.grad_norm_squared(self.experts.gradients.partition_gradients())
-        self.comm.all_reduce(expert_squared, self.expert_parallel_group, "ep")
+        """`step`'s collectives without its arithmetic (the dry run's step, planner/dry_run.py): the norm's and
+        both publishes."""
+        self.grad_norm_squared([part.gradients.partition_gradients() for part in self.parts])
         for part in self.parts:
             part.publish_parameters()
 
@@ -203,10 +224,7 @@ class ChainedStep(CheckpointableChain):
         if scale != 1.0:
             for grad in grads:
                 grad.mul_(1.0 / scale)
-        dense_squared = self.dense.grad_norm_squared(grads[0])
-        expert_squared = self.experts.grad_norm_squared(grads[1])
-        self.comm.all_reduce(expert_squared, self.expert_parallel_group, "ep")
-        norm = (dense_squared + expert_squared).sqrt().item()
+        norm = self.grad_norm_squared(grads).sqrt().item()
         if not math.isfinite(norm) and self.loss_scaler.skips_on_overflow:
             self.loss_scaler.update(overflow=True)
             return StepResult(norm, skipped=True, loss_scale=scale)
@@ -244,9 +262,10 @@ def build_zero_with_experts(model: nn.Module, zero_config, optimizer_config, sta
                             **kwargs) -> ExpertZeroParts:
     """build_zero for a model some of whose parameters are experts (module docstring); the
     keyword arguments are build_zero's (`own_units` and `decoupled_lr_params`, never experts, go to the dense
-    part only)."""
-    if not any(is_expert_parameter(param) for param in model.parameters() if param.requires_grad):
-        raise ValueError("build_zero_with_experts: the model has no expert parameter (a record replicated over edp)")
+    part only). A model without experts (a pipeline stage of dense layers) takes build_zero (module docstring)."""
+    if not holds_expert_parameters(model):
+        raise ValueError("build_zero_with_experts: the model has no expert parameter (a record replicated over edp): "
+                         "build it with build_zero")
     scaler = loss_scaler or LossScaler(1.0)
     expert_ids = {id(param) for param in model.parameters() if is_expert_parameter(param)}
     dense = _build_part(model, lambda param: id(param) not in expert_ids, zero_config, optimizer_config, state,

@@ -102,8 +102,9 @@ class GradientReducer(ABC):
         self._pending: list[_PendingReduction] = []
         self._ready = [0] * len(layout.units)
         self._syncing = True
-        # Whether the backward in progress reduces: fixed by its first gradient, so that a
-        # finish_grad_sync() called after leaving no_sync() still knows what that backward was.
+        # Whether the backward in progress reduces, so that a finish_grad_sync() called after leaving no_sync()
+        # still knows what that backward was: fixed by entering no_sync() or by its first gradient, whichever
+        # comes first (see no_sync).
         self._backward_syncs: Optional[bool] = None
         self._listeners: list[ReductionListener] = []
         self._hooks = []
@@ -124,7 +125,15 @@ class GradientReducer(ABC):
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients locally where the storage allows (full
-        gradients); partitioned gradients are reduced every micro-batch regardless."""
+        gradients); partitioned gradients are reduced every micro-batch regardless.
+
+        Entering marks the backward to come as one that does not reduce, even if it brings this reducer no
+        gradient at all: a pipeline rank's model chunk without any of its parameters (the experts' reducer,
+        zero/experts.py, in a virtual stage with no MoE layer). Left to its first gradient, such a backward
+        had no mark, and the finish_grad_sync() after it, outside no_sync(), reduced the accumulation
+        half-way: the gradients were divided by the data-parallel size again at the real reduction."""
+        if self._backward_syncs is None:
+            self._backward_syncs = False
         self._syncing = False
         try:
             yield

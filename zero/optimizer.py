@@ -261,8 +261,15 @@ class ShardedAdamW:
         return self.grad_norm_squared(grads).sqrt().item()
 
     def grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
-        """The squared global norm as a 1-element fp32 tensor, summed over TP and the partition group
-        (its collectives are the step's only ones besides publishing: see step_collectives_only)."""
+        """The squared global norm as a 1-element fp32 tensor, summed over TP, the partition group and the
+        pipeline stages (its collectives are the step's only ones besides publishing: see step_collectives_only)."""
+        total = self.stage_grad_norm_squared(grads)
+        self.comm.all_reduce(total, self.pipeline_group, "pp")
+        return total
+
+    def stage_grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
+        """This pipeline stage's share of the squared norm: summed over TP and the partition group only (a
+        chain of optimizers, zero/experts.py, adds its parts' shares before summing over the stages once)."""
         counted = [s for s in self._segments
                    if not any(lo <= s.start and s.end <= hi for lo, hi in self.norm_excluded)]
         sharded = [grads[s.start:s.end] for s in counted if s.kind.tensor_parallel]
@@ -276,7 +283,6 @@ class ShardedAdamW:
         total = total.reshape(1).to(device=self.parameters.device, dtype=torch.float32)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
-        self.comm.all_reduce(total, self.pipeline_group, "pp")
         return total
 
     def step(self) -> StepResult:

@@ -25,10 +25,10 @@ from zero.apply import ZeroParts
 class PipelineGradients:
     def __init__(self, zero: ZeroParts, shared_embedding: Optional[nn.Parameter], embedding_group,
                  pipeline_group, first_stage: bool) -> None:
-        # With expert parallelism (zero/experts.py) the tied embedding is in the dense part, and both parts'
-        # norms sum over the stages.
-        parts = (zero.dense, zero.experts) if hasattr(zero, "dense") else (zero,)
-        zero = parts[0]
+        # The norm sums over the stages once, after a chain of optimizers (zero/experts.py) has added its parts'
+        # shares; the tied embedding is in the dense part.
+        zero.optimizer.pipeline_group = pipeline_group
+        zero = zero.dense if hasattr(zero, "dense") else zero
         self.zero, self.embedding_group = zero, embedding_group
         self.unit = None
         layout = zero.optimizer.layout
@@ -39,8 +39,6 @@ class PipelineGradients:
             if not first_stage:  # counted once, on the first stage
                 start = self.unit.partition_offset
                 zero.optimizer.norm_excluded.append((start, start + self.unit.shard_numel))
-        for part in parts:
-            part.optimizer.pipeline_group = pipeline_group
 
     def sum_shared_embedding(self) -> None:
         """After the last micro-batch's `finish_grad_sync`, before the step."""

@@ -182,3 +182,17 @@ def test_the_planner_runs_megatrons_grouped_interleaved_schedule():
         planned = plan(stage, *flags, world=2)
         assert planned.pipeline.simulated_micro_batches == planned.pipeline.micro_batches == 8
         assert planned.pipeline.peak_chunk_forwards_in_flight == (2 - stage - 1) * 2 + (2 - 1) * 4 + 1
+
+
+def test_a_stage_without_moe_layers_is_planned_with_the_others(capsys):
+    """Issue 77: with `--moe-layer-freq [0,0,1,1]` at TP 2 x PP 2 (expert TP 1) the first stage holds no expert. Its
+    dry run used to build the experts' ZeRO and die ("the model has no expert parameter"), so a launch's memory check
+    said only "memory not checked before the build"; now it has none (zero/experts.py) and every stage is planned."""
+    assert plan_main(["dry-run", *MODEL, "--world-size", "4", "--gpu-memory", "1GB", "--global-batch-size", "8",
+                      "--num-experts", "4", "--moe-layer-freq", "[0,0,1,1]", "--tensor-model-parallel-size", "2",
+                      "--sequence-parallel", "--pipeline-model-parallel-size", "2",
+                      "--expert-tensor-parallel-size", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "PP rank 0" in out and "PP 2 x TP 2 x DP 1" in out and "worst stage: " in out
+    assert "stage   0 rank     0:" in out and "stage   1 rank     2:" in out
+    assert "the experts'" not in out  # the first stage's rank: no experts' states, no experts' rows
