@@ -9,15 +9,21 @@ them; on the CPU nothing waits, so this module counts the operations that would:
   `index_put` with a bool mask, `masked_select`, `argwhere`), `bincount`, the `unique` family, `equal`,
   `is_nonzero`, and `repeat_interleave` without `output_size` (it sums its repeats on the host);
 - the Tensor methods that copy to host memory without an aten operator on a CPU tensor: `tolist`, `numpy`,
-  `cpu`, and `to` a CPU device.
+  `cpu`, and `to` a CPU device unless `non_blocking=True` (such a copy is ordered by the stream, the host does not
+  wait: the train step moves each batch to its device so, which on a CPU run is a `to` the CPU).
+
+Not seen: a copy from pageable host memory to the device (`torch.tensor(values, device="cuda")`), which waits for
+the stream on CUDA but on a CPU run is no copy at all; code on the step's path builds device tensors from host
+values by fills or from pinned memory instead (gpt/moe/experts.py counts_on).
 
 The operators are seen through a TorchDispatchMode, which the autograd engine carries into backward; the methods
 by replacing them on `torch.Tensor` for the duration (a function mode is not carried into an autograd Function's
 backward). Each call is counted with the innermost line of this repository that made it.
 
-`SyncCountingObserver` (a train step's observer, training/step_observer.py) counts only between a micro-batch's
-start and end: forward, backward and the gradient synchronisation the reducer does inside it; what a step does once
-per iteration (the loss read back, the optimizer's norm) is counted apart, as `outside`.
+`SyncCountingObserver` (a train step's observer, training/step_observer.py) names the window each count falls in:
+`micro_batch <i>` from a micro-batch's start to its end (forward, backward and the gradient synchronisation the
+reducer does inside it), `slot <i> <F|B> <micro-batch>` for a pipeline schedule's slot, and `outside` for what a
+step does once per iteration (the losses read back, the optimizer's norm).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from parallel.pipeline_schedules import Slot
 from training.step_observer import NoObserver
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,13 +83,22 @@ class HostSyncCounter:
         self.counts: collections.Counter = collections.Counter()
         self.active = False
         self.window = "outside"
+        self.opened: list[str] = []  # every window but `outside`, as it opened: what the counts were watched over
+
+    def open(self, window: str) -> None:
+        self.window = window
+        if self.active:
+            self.opened.append(window)
+
+    def close(self) -> None:
+        self.window = "outside"
 
     def count(self, what: str) -> None:
         if self.active:
             self.counts[(self.window, what, _site())] += 1
 
-    def in_windows(self, prefix: str) -> dict:
-        """{(what, site): count} over the windows whose name starts with `prefix`."""
+    def in_windows(self, prefix) -> dict:
+        """{(what, site): count} over the windows whose name starts with `prefix` (a string, or a tuple of them)."""
         merged: collections.Counter = collections.Counter()
         for (window, what, site), count in self.counts.items():
             if window.startswith(prefix):
@@ -113,7 +129,8 @@ class HostSyncCounter:
 
         def to(tensor, *args, **kwargs):
             target = kwargs.get("device", args[0] if args else None)
-            if isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu":
+            waits = not kwargs.get("non_blocking", False)  # given by name (positionally it is rare and ambiguous)
+            if isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu" and waits:
                 counter.count("Tensor.to(cpu)")
             return originals["to"](tensor, *args, **kwargs)
 
@@ -128,15 +145,24 @@ class HostSyncCounter:
                 setattr(torch.Tensor, name, original)
 
 
+IN_A_MICRO_BATCH = ("micro_batch ", "slot ")  # the windows' prefixes of the step's per-micro-batch work
+
+
 class SyncCountingObserver(NoObserver):
-    """A live step's observer that turns the counter's windows: `micro_batch <i>` from a micro-batch's start to its
-    end, `outside` between them."""
+    """A live step's observer that turns the counter's windows (module docstring): a micro-batch's, a pipeline
+    slot's, and `outside` between them."""
 
     def __init__(self, counter: HostSyncCounter) -> None:
         self.counter = counter
 
     def micro_batch_start(self, micro_batch: int) -> None:
-        self.counter.window = f"micro_batch {micro_batch}"
+        self.counter.open(f"micro_batch {micro_batch}")
 
     def micro_batch_end(self, micro_batch: int) -> None:
-        self.counter.window = "outside"
+        self.counter.close()
+
+    def slot_start(self, index: int, slot: Slot) -> None:
+        self.counter.open(f"slot {index} {slot.kind} {slot.micro_batch}")
+
+    def slot_end(self, index: int, slot: Slot) -> None:
+        self.counter.close()

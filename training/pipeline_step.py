@@ -85,7 +85,7 @@ class PipelineTrainStep(DataParallelTrainStep):
                     output = self._forward(slot, tokens, labels, inputs, accumulation_steps, masks)
                 outputs[(slot.micro_batch, slot.chunk)] = output
                 if self._ends_model(slot):  # the last stage validates, as Megatron's loss_func runs there
-                    self.validate_loss(output, accumulation_steps)
+                    self.loss_checks.keep(output, accumulation_steps)
                     iteration_loss += output.detach()
             else:
                 with contextlib.nullcontext() if index == last_backward else reducer.no_sync():

@@ -5,7 +5,8 @@ Driven from the train step (training/train_step.py; the pipeline step's last sta
 train_step drives its own:
 
     while machine.should_run_forward_backward():   # the batches replay, the RNG states are restored
-        zero grads; micro-batches, each loss -> machine.validate_result(...)  (the step's validate_loss)
+        zero grads; micro-batches, each loss kept on the device;
+        then each loss -> machine.validate_result(...)  (training/loss_checks.py: one read after the micro-batches)
     should_checkpoint, should_exit, exit_code = machine.should_checkpoint_and_exit()
     (exit before the optimizer step: the checkpoint holds the weights the suspect iteration started from)
 

@@ -28,8 +28,9 @@ from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, split_micro_batch
+from training.loss_checks import LossChecks
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
-from training.rerun_state import SPIKY_LOSS_FACTOR, ReplayingBatches, RerunExit, RerunStateMachine
+from training.rerun_state import ReplayingBatches, RerunExit, RerunStateMachine
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from zero.activations import ActivationMonitor
@@ -112,6 +113,9 @@ class DataParallelTrainStep:
         # re-run replays them
         self.rerun = rerun
         self.replay = ReplayingBatches(train_batches) if rerun is not None and rerun.enabled else None
+        # Megatron-LM's loss_func checks of each micro-batch's loss for that machine, made after the micro-batches
+        training = settings.config.training
+        self.loss_checks = LossChecks(rerun, training.check_for_nan_in_loss_and_grad, training.check_for_spiky_loss)
         self.train_batches = self.replay if self.replay is not None else train_batches
         self.consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
         model.train()
@@ -205,24 +209,10 @@ class DataParallelTrainStep:
         begin_moe_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps,
                             self.state.context_parallel_size)
         begin_mtp_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps)
-        return self.forward_backward(accumulation_steps, measure_activations)
-
-    def validate_loss(self, loss: torch.Tensor, accumulation_steps: int) -> None:
-        """Megatron-LM's loss_func checks (pretrain_gpt.py), on this rank's micro-batch loss before the data-parallel
-        average: NaN and Inf (fatal; --no-check-for-nan-in-loss-and-grad turns them off) and, with
-        --check-for-spiky-loss, a loss SPIKY_LOSS_FACTOR times the largest of the first 100 (not fatal). Only with a
-        rerun state machine (--rerun-mode validate_results, or report_stats, where each loss is kept to compare with
-        the re-run's): disabled, a non-finite loss stops the run after the step, as it always has."""
-        rerun, training = self.rerun, self.settings.config.training
-        if rerun is None or not rerun.enabled:
-            return
-        value = loss.item() * accumulation_steps  # the micro-batch's own mean, whatever the accumulation
-        if training.check_for_nan_in_loss_and_grad:
-            rerun.validate_result(value, math.isnan, "found NaN in local forward loss calculation")
-            rerun.validate_result(value, math.isinf, "found Inf in local forward loss calculation")
-        if training.check_for_spiky_loss:
-            rerun.validate_result(
-                value, lambda v: rerun.is_unexpectedly_large(v, SPIKY_LOSS_FACTOR, "loss"), "Spiky loss", fatal=False)
+        self.loss_checks.start()
+        iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
+        self.loss_checks.validate()  # the micro-batches' losses read back once, outside them (training/loss_checks.py)
+        return iteration_loss
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         """The micro-batches of one iteration (those the observer runs: all in a live run); their mean loss, still
@@ -253,7 +243,7 @@ class DataParallelTrainStep:
                         loss = mean_token_loss(self.model(inputs, labels), self.state) / accumulation_steps
                     else:
                         loss = masked_token_mean(self.model(inputs, labels, masks), masks) / accumulation_steps
-                    self.validate_loss(loss, accumulation_steps)
+                    self.loss_checks.keep(loss, accumulation_steps)
                 with observer.phase("backward"):
                     self.zero.scale_loss(loss).backward()
             reducer.finish_grad_sync()

@@ -8,9 +8,10 @@ the two calls. `LocalDispatcher` is the one for expert-parallel size 1 (every ex
 Megatron-Core's MoEAllGatherTokenDispatcher and MoEAlltoAllTokenDispatcher (token_dispatcher.py) implement
 the same two steps over an expert-parallel group.
 
-Index -1 is an empty choice: a token's choice dropped by the expert capacity, or a row of `indices` padded
-past the token's choices (--moe-pad-expert-input-to-capacity can route a token to more than k experts). Its
-probability is 0; it is not dispatched.
+Index -1 is an empty choice: a token's choice dropped by the expert capacity. Its probability is 0; it is not
+dispatched. With --moe-pad-expert-input-to-capacity (every expert takes exactly its capacity of rows, a token any
+number of them) the layer hands `dispatch_to_capacity` each expert's tokens instead (gpt/moe/expert_rows.py
+CapacityRouting): the same rows in the same order, with no count read back to the host.
 """
 
 from __future__ import annotations
@@ -19,12 +20,24 @@ from typing import Optional, Protocol
 
 import torch
 
+from gpt.moe.expert_rows import (
+    CapacityRouting,
+    choices_per_expert,
+    grouped_order,
+    read_counts,
+    sum_rows_per_token,
+)
+
 
 class TokenDispatcher(Protocol):
     def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, list[int]]:
         """hidden [T, H], probs [T, K], indices [T, K] int64 -> (expert inputs [N, H] grouped by local expert,
-        tokens per local expert: int64 [num_local_experts])."""
+        rows per local expert, read back once to the host: gpt/moe/expert_rows.py read_counts)."""
+
+    def dispatch_to_capacity(self, hidden: torch.Tensor, routing: CapacityRouting) -> tuple[torch.Tensor, list[int]]:
+        """`dispatch` for drop-and-pad routing: every local expert's rows, as many as the shapes say (nothing read
+        back)."""
 
     def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
         """expert outputs [N, H] in dispatch's order -> [T, H]: each row times its probability, summed over
@@ -33,42 +46,48 @@ class TokenDispatcher(Protocol):
 
 class LocalDispatcher:
     """Every expert on this rank. Rows are grouped by expert and, within an expert, in token order - the order
-    of Megatron-Core's permute (moe_utils.permute: `routing_map.T` row by row) - and combine scatter-adds the
-    weighted rows back as its unpermute does."""
+    of Megatron-Core's permute (moe_utils.permute: `routing_map.T` row by row) - and combine adds the weighted
+    rows back in that order, as its unpermute does."""
 
     def __init__(self, num_experts: int) -> None:
         self.num_experts = num_experts
         self._tokens: Optional[torch.Tensor] = None
         self._weights: Optional[torch.Tensor] = None
+        self._capacity_tokens: Optional[torch.Tensor] = None
         self._num_tokens = 0
 
     def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, list[int]]:
         num_tokens, k = indices.shape
-        token_of_choice = torch.arange(num_tokens, device=indices.device).unsqueeze(1).expand(num_tokens, k)
-        chosen = indices >= 0
-        experts, tokens, weights = indices[chosen], token_of_choice[chosen], probs[chosen]
-        # expert-major, then token order: one stable sort on expert * T + token
-        order = torch.argsort(experts * num_tokens + tokens)
-        self._tokens, self._weights, self._num_tokens = tokens[order], weights[order], num_tokens
-        tokens_per_expert = torch.bincount(experts, minlength=self.num_experts)
+        tokens_per_expert = read_counts(choices_per_expert(indices, self.num_experts))
+        # (token, choice) positions expert-major, then token order; the empty choices (-1) sort last and are cut
+        order = grouped_order(indices.reshape(-1), self.num_experts)[:sum(tokens_per_expert)]
+        self._tokens, self._weights, self._num_tokens = order // k, probs.reshape(-1)[order], num_tokens
+        self._capacity_tokens = None
         return hidden.index_select(0, self._tokens), tokens_per_expert
+
+    def dispatch_to_capacity(self, hidden: torch.Tensor, routing: CapacityRouting) -> tuple[torch.Tensor, list[int]]:
+        self._tokens, self._weights = routing.tokens.reshape(-1), routing.probs.reshape(-1)
+        self._capacity_tokens, self._num_tokens = routing.tokens, hidden.shape[0]
+        return hidden.index_select(0, self._tokens), [routing.capacity] * self.num_experts
 
     def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
         weighted = expert_outputs * self._weights.unsqueeze(-1).to(expert_outputs.dtype)
-        output = torch.zeros(self._num_tokens, expert_outputs.shape[-1], dtype=expert_outputs.dtype,
-                             device=expert_outputs.device)
-        output.index_add_(0, self._tokens, weighted)
-        self._tokens = self._weights = None
+        if self._capacity_tokens is not None:
+            output = sum_rows_per_token(weighted, self._capacity_tokens, self._num_tokens)
+        else:
+            output = torch.zeros(self._num_tokens, expert_outputs.shape[-1], dtype=expert_outputs.dtype,
+                                 device=expert_outputs.device)
+            output.index_add_(0, self._tokens, weighted)
+        self._tokens = self._weights = self._capacity_tokens = None
         return output
 
 
-def choices_of(probs: torch.Tensor, routing_map: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The router's sparse (probs, routing_map) [T, E] as the dispatcher's (probs, indices) [T, K'] with the
-    chosen experts in increasing order; K' = k when no token has more choices (dropless, or dropping), else
-    the most choices of any token (padding to capacity); empty slots are index -1, probability 0."""
-    counts = routing_map.sum(dim=1)
-    width = max(topk, int(counts.max())) if routing_map.numel() else topk
+def choices_of(probs: torch.Tensor, routing_map: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's sparse (probs, routing_map) [T, E] as the dispatcher's (probs, indices) [T, width] with the
+    chosen experts in increasing order; empty slots are index -1, probability 0. `width`: at least the most choices
+    of any token - k without padding (dropless or dropping); a padded map (any number of choices a token) goes to
+    the experts as gpt/moe/expert_rows.py's CapacityRouting instead, whose shapes need no count read back."""
     experts = torch.arange(routing_map.shape[1], device=routing_map.device)
     # chosen experts first (in expert order), the rest after: sort keys expert for chosen, E + expert otherwise
     keys = torch.where(routing_map, experts, experts + routing_map.shape[1])

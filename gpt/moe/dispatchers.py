@@ -7,7 +7,10 @@ the ranks holding its chosen experts, and after the experts ran, brings the outp
 
     dispatch(hidden [T, H], probs [T, K], indices [T, K] int64)
         -> expert_inputs [N, H]: the rows of this rank's local experts, grouped by local expert in expert order
-           tokens_per_expert: LongTensor [num_local] (rows of each local expert; a 0 is an expert with no rows)
+           tokens_per_expert: list[int] [num_local] (rows of each local expert; a 0 is an expert with no rows),
+           read back to the host once, with every count the exchanges need (gpt/moe/expert_rows.py read_counts)
+    dispatch_to_capacity(hidden [T, H], CapacityRouting [E, capacity])  (--moe-pad-expert-input-to-capacity)
+        -> the same, every count a shape: capacity x the ranks sending, nothing counted or read back
     combine(expert_outputs [N, H]) -> [T, H]: each output row weighted by its prob (in the probs' dtype, as
            Megatron-Core's unpermute promotes) and summed over the token's K choices, in k order
 
@@ -18,7 +21,9 @@ combine: a dispatcher keeps the routing of its last dispatch until its combine.
 AllToAllDispatcher (Megatron-Core's MoEAlltoAllTokenDispatcher, megatron/core/transformer/moe/token_dispatcher.py):
   1. permute: this rank's T x K (token, choice) rows sorted by expert, stably (so tokens stay in order within an
      expert: Megatron's permute with a routing map, moe_utils.py);
-  2. the counts: every EP rank's tokens per expert, all-gathered over the EP group (int64, counted on "ep");
+  2. the counts: every EP rank's tokens per expert, all-gathered over the EP group (int64, counted on "ep"), and
+     read back with this rank's own in one copy, the layer's one host sync (Megatron's `cuda_sync_point`);
+     padded to capacity, every count is known and neither happens (Megatron's drop_and_pad preprocess);
   3. all-to-all of the rows over the EP group, split by destination rank (a split may be 0);
   4. with expert tensor parallelism (ETP > 1), the rows each ETP peer received gathered over the ETP group
      (Megatron's all-gather with output split sizes; here an all-to-all, as the peers' counts differ), so every
@@ -53,10 +58,11 @@ output differs from EP 1 only where the expert's matmul rounds differently for a
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from gpt.moe.expert_rows import CapacityRouting, choices_per_expert, grouped_order, read_counts, sum_rows_per_token
 from parallel.comm import Communicator
 from parallel.mappings import all_to_all, gather_along_first_dim, reduce_scatter_along_first_dim
 from parallel.state import ExpertParallel
@@ -71,15 +77,14 @@ def _local_experts(experts: ExpertParallel, num_experts: int) -> tuple[int, int]
     return num_local, experts.model_rank * num_local
 
 
-def _check_routing(hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor, num_experts: int) -> None:
+def _check_routing(hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor) -> None:
+    """The shapes and dtype; not the indices' values, which the router made in [0, E) or -1 (an empty choice, its
+    prob 0, not dispatched): checking them would read them back to the host every layer (gpt/moe/expert_rows.py)."""
     if hidden.dim() != 2 or probs.shape != indices.shape or probs.dim() != 2 or probs.shape[0] != hidden.shape[0]:
         raise ValueError(f"dispatch takes hidden [T, H], probs [T, K] and indices [T, K]; got {tuple(hidden.shape)}, "
                          f"{tuple(probs.shape)} and {tuple(indices.shape)}")
     if indices.dtype != torch.int64:
         raise ValueError(f"dispatch: indices must be int64, got {indices.dtype}")
-    # -1 is an empty choice (a token dropped by the capacity, or padding; its prob is 0): not dispatched
-    if indices.numel() and (int(indices.min()) < -1 or int(indices.max()) >= num_experts):
-        raise ValueError(f"dispatch: an expert index is outside [0, {num_experts}) (or -1, an empty choice)")
 
 
 def equal_shares(rows: int, parts: int) -> list[int]:
@@ -92,13 +97,17 @@ def _any_rows(count: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(count, dtype=torch.int64, device=device)
 
 
-def _regroup(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """`rows` in chunks of counts [A, B] (A-major) -> the same chunks B-major (sort_chunks_by_idxs)."""
-    a, b = counts.shape
+def _regroup(rows: torch.Tensor, counts: list[list[int]]) -> torch.Tensor:
+    """`rows` in chunks of counts [A][B] (A-major; host values) -> the same chunks B-major (sort_chunks_by_idxs)."""
+    a, b = len(counts), len(counts[0])
     if a == 1 or b == 1:
         return rows
-    chunks = rows.split(counts.reshape(-1).tolist())
+    chunks = rows.split([count for row in counts for count in row])
     return torch.cat([chunks[i * b + j] for j in range(b) for i in range(a)])
+
+
+def _transposed(counts: list[list[int]]) -> list[list[int]]:
+    return [list(column) for column in zip(*counts)]
 
 
 def _weighted_sum_over_choices(rows: torch.Tensor, order: torch.Tensor, probs: torch.Tensor,
@@ -109,6 +118,13 @@ def _weighted_sum_over_choices(rows: torch.Tensor, order: torch.Tensor, probs: t
     weighted = rows * probs.reshape(-1)[order].unsqueeze(-1)  # promotes to the probs' dtype, as Megatron's unpermute
     placed = weighted.new_zeros((num_rows, rows.shape[-1])).index_copy(0, order, weighted)
     return placed.view(tokens, k, rows.shape[-1]).sum(dim=1)
+
+
+def _weighted_sum_over_experts(rows: torch.Tensor, routing: CapacityRouting, num_tokens: int) -> torch.Tensor:
+    """rows [E' x C, H] in the order of `routing`'s tokens: each weighted by its prob (promoted to the probs' dtype, as
+    _weighted_sum_over_choices) and summed per token in expert order - the order in which a padded token's choices
+    sit in [T, K'], so the same sums."""
+    return sum_rows_per_token(rows * routing.probs.reshape(-1).unsqueeze(-1), routing.tokens, num_tokens)
 
 
 def _gather_rows_of_peers(rows: torch.Tensor, comm: Communicator, experts: ExpertParallel,
@@ -142,35 +158,53 @@ class AllToAllDispatcher:
         self._routing: Optional[dict] = None
 
     def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor):
-        _check_routing(hidden, probs, indices, self.num_experts)
-        experts, group = self.experts, self.experts.model_group
+        _check_routing(hidden, probs, indices)
+        experts, num_experts = self.experts, self.num_experts
         ep, etp = experts.model_size, experts.tensor_size
         k = indices.shape[1]
         flat = indices.reshape(-1)
-        chosen = torch.nonzero(flat >= 0).reshape(-1)  # an empty choice (-1) sends no row
-        # (token, choice) rows, expert-major, token order within
-        order = chosen[torch.argsort(flat[chosen], stable=True)]
-        permuted = hidden.index_select(0, order // k)
-        sent_per_expert = torch.bincount(flat[chosen], minlength=self.num_experts)  # [E], this rank's rows per expert
-        # Every rank's rows per expert over the ETP x EP group (ETP fastest), as [ETP, EP source, E]: what this rank
-        # and its ETP peers receive for each local expert from each EP rank.
-        every_rank = sent_per_expert.new_empty((etp * ep * self.num_experts,))
-        group_name = "etp_ep" if etp > 1 else "ep"
-        self.comm.all_gather(every_rank, sent_per_expert, experts.tensor_and_model_group, group_name)
-        received = every_rank.view(ep, etp, self.num_experts).transpose(0, 1)[
-            :, :, self.first_local:self.first_local + self.num_local]  # [ETP peer, EP source, num_local]
-        input_splits = sent_per_expert.view(ep, self.num_local).sum(dim=1).tolist()
-        output_splits = received[experts.tensor_rank].sum(dim=1).tolist()
-        arrived = all_to_all(permuted, self.comm, group, "ep", output_splits, input_splits)
+        sent_per_expert = choices_per_expert(flat, num_experts)  # [E], this rank's rows per expert
+        # Every rank's rows per expert over the ETP x EP group (ETP fastest): what this rank and its ETP peers receive
+        # for each local expert from each EP rank. Read back with this rank's own, in one copy: the splits below.
+        every_rank = sent_per_expert.new_empty((etp * ep * num_experts,))
+        self.comm.all_gather(every_rank, sent_per_expert, experts.tensor_and_model_group, "etp_ep" if etp > 1 else "ep")
+        counts = read_counts(torch.cat([sent_per_expert, every_rank]))
+        sent, every = counts[:num_experts], counts[num_experts:]
+        # (token, choice) rows, expert-major, token order within; an empty choice (-1) sorts last and sends no row
+        order = grouped_order(flat, num_experts)[:sum(sent)]
+        received = [every[(source * etp + peer) * num_experts + self.first_local:][:self.num_local]
+                    for peer in range(etp) for source in range(ep)]  # [(ETP peer, EP source)][local expert]
+        input_splits = [sum(sent[rank * self.num_local:(rank + 1) * self.num_local]) for rank in range(ep)]
+        return self._exchange(hidden.index_select(0, order // k), input_splits, received, hidden.dtype,
+                              lambda back: _weighted_sum_over_choices(back, order, probs, flat.numel()))
+
+    def dispatch_to_capacity(self, hidden: torch.Tensor, routing: CapacityRouting):
+        """Drop-and-pad: every expert takes `capacity` rows from every rank, so every split is known from the shapes
+        and nothing is counted or read back (Megatron-Core's drop_and_pad preprocess: no all-gather of the counts)."""
+        ep, etp, capacity = self.experts.model_size, self.experts.tensor_size, routing.capacity
+        received = [[capacity] * self.num_local for _ in range(etp * ep)]
+        return self._exchange(hidden.index_select(0, routing.tokens.reshape(-1)), [capacity * self.num_local] * ep,
+                              received, hidden.dtype,
+                              lambda back: _weighted_sum_over_experts(back, routing, hidden.shape[0]))
+
+    def _exchange(self, permuted: torch.Tensor, input_splits: list[int], received: list[list[int]],
+                  dtype: torch.dtype, weighted_sum: Callable[[torch.Tensor], torch.Tensor]):
+        """Steps 3-5 of the module docstring: `permuted` (this rank's rows, expert-major) sent `input_splits` to each
+        EP rank; `received` [(ETP peer, EP source)][local expert] the rows each local expert gets from each (host
+        values). Returns the local experts' rows grouped by local expert and their counts; combine calls
+        `weighted_sum` on the rows that came back (in `permuted`'s order)."""
+        experts = self.experts
+        ep = experts.model_size
+        output_splits = [sum(row) for row in received[experts.tensor_rank * ep:(experts.tensor_rank + 1) * ep]]
+        arrived = all_to_all(permuted, self.comm, experts.model_group, "ep", output_splits, input_splits)
         # Expert tensor parallelism: the ETP peers' arrivals gathered (their counts differ), every peer then runs
         # its slice of the same experts on the same rows.
-        peer_rows = received.sum(dim=(1, 2)).tolist()
+        peer_rows = [sum(map(sum, received[peer * ep:(peer + 1) * ep])) for peer in range(experts.tensor_size)]
         arrived = _gather_rows_of_peers(arrived, self.comm, experts, peer_rows)
-        received = received.reshape(etp * ep, self.num_local)
         expert_inputs = _regroup(arrived, received)  # (peer, source)-major -> local-expert-major
-        self._routing = dict(order=order, probs=probs, rows=flat.numel(), received=received, peer_rows=peer_rows,
-                             input_splits=input_splits, output_splits=output_splits, dtype=hidden.dtype)
-        return expert_inputs, received.sum(dim=0)
+        self._routing = dict(received=received, peer_rows=peer_rows, input_splits=input_splits,
+                             output_splits=output_splits, dtype=dtype, weighted_sum=weighted_sum)
+        return expert_inputs, [sum(column) for column in zip(*received)]
 
     def dispatch_balanced(self, hidden: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """`dispatch` for the stated balanced routing (module docstring): probs [T, K] are each row's weights. This
@@ -188,9 +222,10 @@ class AllToAllDispatcher:
         arrived = all_to_all(permuted, self.comm, experts.model_group, "ep", output_splits, input_splits)
         peer_rows = [sum(output_splits)] * etp
         arrived = _gather_rows_of_peers(arrived, self.comm, experts, peer_rows)
-        self._routing = dict(order=_any_rows(tokens * k, hidden.device), probs=probs, rows=tokens * k, received=None,
-                             peer_rows=peer_rows, input_splits=input_splits, output_splits=output_splits,
-                             dtype=hidden.dtype)
+        order = _any_rows(tokens * k, hidden.device)
+        self._routing = dict(received=None, peer_rows=peer_rows, input_splits=input_splits,
+                             output_splits=output_splits, dtype=hidden.dtype,
+                             weighted_sum=lambda back: _weighted_sum_over_choices(back, order, probs, tokens * k))
         return arrived, equal_shares(arrived.shape[0], self.num_local)
 
     def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
@@ -198,11 +233,11 @@ class AllToAllDispatcher:
             raise RuntimeError("combine() without a dispatch() before it")
         routing, self._routing = self._routing, None
         by_source = expert_outputs if routing["received"] is None else \
-            _regroup(expert_outputs, routing["received"].t())  # local-expert-major -> source-major
+            _regroup(expert_outputs, _transposed(routing["received"]))  # local-expert-major -> source-major
         by_source = _sum_rows_of_peers(by_source, self.comm, self.experts, routing["peer_rows"])
         back = all_to_all(by_source, self.comm, self.experts.model_group, "ep", routing["input_splits"],
                           routing["output_splits"])
-        return _weighted_sum_over_choices(back, routing["order"], routing["probs"], routing["rows"]).to(routing["dtype"])
+        return routing["weighted_sum"](back).to(routing["dtype"])
 
 
 class AllGatherDispatcher:
@@ -217,40 +252,61 @@ class AllGatherDispatcher:
         self.group_name = "etp_ep" if experts.tensor_size > 1 else "ep"
         self._routing: Optional[dict] = None
 
+    def _gathered(self, tensor: torch.Tensor) -> torch.Tensor:
+        return gather_along_first_dim(tensor, self.comm, self.group, self.group_name)
+
     def dispatch(self, hidden: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor):
-        _check_routing(hidden, probs, indices, self.num_experts)
+        _check_routing(hidden, probs, indices)
         k = indices.shape[1]
-        every_hidden = gather_along_first_dim(hidden, self.comm, self.group, self.group_name)
-        every_probs = gather_along_first_dim(probs, self.comm, self.group, self.group_name)
+        every_hidden, every_probs = self._gathered(hidden), self._gathered(probs)
         with torch.no_grad():
-            every_indices = gather_along_first_dim(indices, self.comm, self.group, self.group_name)
+            every_indices = self._gathered(indices)
         flat = every_indices.reshape(-1)
-        local = flat - self.first_local
-        mine = torch.nonzero((local >= 0) & (local < self.num_local)).reshape(-1)
-        order = mine[torch.argsort(local[mine], stable=True)]  # local-expert-major, token order within
-        expert_inputs = every_hidden.index_select(0, order // k)
-        tokens_per_expert = torch.bincount(local[mine], minlength=self.num_local)
-        self._routing = dict(order=order, probs=every_probs, rows=flat.numel(), dtype=hidden.dtype)
-        return expert_inputs, tokens_per_expert
+        local = flat - self.first_local  # outside [0, num_local): another rank's expert, or an empty choice
+        tokens_per_expert = read_counts(choices_per_expert(local, self.num_local))
+        order = grouped_order(local, self.num_local)[:sum(tokens_per_expert)]  # local-expert-major, token order within
+        self._routing = dict(dtype=hidden.dtype, weighted_sum=lambda outputs: _weighted_sum_over_choices(
+            outputs, order, every_probs, flat.numel()))
+        return every_hidden.index_select(0, order // k), tokens_per_expert
+
+    def dispatch_to_capacity(self, hidden: torch.Tensor, routing: CapacityRouting):
+        """Drop-and-pad: every rank's routing gathered as each expert's tokens ([E, capacity] a rank: the same shape on
+        every rank of the group, as the tokens are); this rank's experts take their rows from every source rank, in
+        rank then token order, `capacity` x the group's ranks each."""
+        tokens, group_size = hidden.shape[0], self.experts.tensor_size * self.experts.model_size
+        capacity = routing.capacity
+        every_hidden, every_probs = self._gathered(hidden), self._gathered(routing.probs)
+        with torch.no_grad():
+            every_tokens = self._gathered(routing.tokens)
+        mine = slice(self.first_local, self.first_local + self.num_local)
+        offsets = torch.arange(group_size, device=hidden.device).view(group_size, 1, 1) * tokens
+        local = CapacityRouting(  # [local expert, (source rank, its token)], as rows of every rank's tokens
+            tokens=(every_tokens.view(group_size, self.num_experts, capacity)[:, mine] + offsets).transpose(0, 1)
+            .reshape(self.num_local, -1),
+            probs=every_probs.view(group_size, self.num_experts, capacity)[:, mine].transpose(0, 1)
+            .reshape(self.num_local, -1))
+        self._routing = dict(dtype=hidden.dtype, weighted_sum=lambda outputs: _weighted_sum_over_experts(
+            outputs, local, tokens * group_size))
+        return every_hidden.index_select(0, local.tokens.reshape(-1)), [local.capacity] * self.num_local
 
     def dispatch_balanced(self, hidden: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """`dispatch` for the stated balanced routing (module docstring): the same gathers; of the group's rows,
         the local experts' equal share. Returns those rows and each local expert's share (a list)."""
         tokens, k = probs.shape
         indices = torch.empty((tokens, k), dtype=torch.int64, device=hidden.device)
-        every_hidden = gather_along_first_dim(hidden, self.comm, self.group, self.group_name)
-        every_probs = gather_along_first_dim(probs, self.comm, self.group, self.group_name)
+        every_hidden, every_probs = self._gathered(hidden), self._gathered(probs)
         with torch.no_grad():
-            every_indices = gather_along_first_dim(indices, self.comm, self.group, self.group_name)
+            every_indices = self._gathered(indices)
         rows = every_indices.numel() * self.num_local // self.num_experts
         order = _any_rows(rows, hidden.device)
         expert_inputs = every_hidden.index_select(0, order)
-        self._routing = dict(order=order, probs=every_probs, rows=every_indices.numel(), dtype=hidden.dtype)
+        self._routing = dict(dtype=hidden.dtype, weighted_sum=lambda outputs: _weighted_sum_over_choices(
+            outputs, order, every_probs, every_indices.numel()))
         return expert_inputs, equal_shares(rows, self.num_local)
 
     def combine(self, expert_outputs: torch.Tensor) -> torch.Tensor:
         if self._routing is None:
             raise RuntimeError("combine() without a dispatch() before it")
         routing, self._routing = self._routing, None
-        summed = _weighted_sum_over_choices(expert_outputs, routing["order"], routing["probs"], routing["rows"])
+        summed = routing["weighted_sum"](expert_outputs)
         return reduce_scatter_along_first_dim(summed, self.comm, self.group, self.group_name).to(routing["dtype"])

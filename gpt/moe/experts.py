@@ -155,8 +155,8 @@ class Experts(nn.Module):
         if self.fp8_align is not None and not rows.is_meta:
             return self.forward_fp8(rows, tokens_per_expert)
         if self.grouped and can_group(rows, list(self.children()), self.planned_device):
-            if not torch.is_tensor(tokens_per_expert):  # the planner's balanced shares (a list)
-                tokens_per_expert = torch.tensor(tokens_per_expert, dtype=torch.int64, device=rows.device)
+            if not torch.is_tensor(tokens_per_expert):  # the dispatcher's counts, known on the host
+                tokens_per_expert = counts_on(rows.device, tokens_per_expert)
             return self.forward_grouped(rows, tokens_per_expert)
         return self.forward_loop(rows, tokens_per_expert)
 
@@ -164,7 +164,7 @@ class Experts(nn.Module):
         return self.glu(inputs[0], inputs[1]) if self.swiglu else self.activation(inputs[0])
 
     def forward_loop(self, rows: torch.Tensor, tokens_per_expert) -> torch.Tensor:
-        """`tokens_per_expert`: a tensor, or a list of ints."""
+        """`tokens_per_expert`: a list of ints (what a dispatcher gives), or a tensor (read back to the host)."""
         sizes = tokens_per_expert.tolist() if torch.is_tensor(tokens_per_expert) else list(tokens_per_expert)
         outputs = []
         for expert, chunk in zip(self.children(), torch.split(rows, sizes)):
@@ -217,6 +217,16 @@ class Experts(nn.Module):
         else:
             activated = self._activate(inputs)
         return grouped_linear(activated, [expert.dense_4h_to_h for expert in experts], last=True)
+
+
+def counts_on(device: torch.device, sizes: list[int]) -> torch.Tensor:
+    """Rows per expert known on the host as the int64 tensor on `device` the grouped matmul's offsets come from,
+    without the host waiting for the device: a fill where every expert has as many (padding to capacity), else a
+    copy from pinned memory, which the stream orders (from pageable memory CUDA's copy waits for the stream)."""
+    if sizes and all(size == sizes[0] for size in sizes):
+        return torch.full((len(sizes),), sizes[0], dtype=torch.int64, device=device)
+    host = torch.tensor(sizes, dtype=torch.int64)
+    return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
 
 class _GroupedMatmulShapes(torch.autograd.Function):

@@ -31,8 +31,9 @@ from gpt.glu import SWIGLU, GatedActivation
 from gpt.moe.balancing import MoELossTracker, attach
 from gpt.moe.deepspeed_gating import top1gating, top2gating, topkgating
 from gpt.moe.dispatcher import LocalDispatcher, TokenDispatcher, choices_of
+from gpt.moe.expert_rows import capacity_routing, choices_per_expert
 from gpt.moe.experts import ExpertMLP, Experts, expert_linear
-from gpt.moe.router import TopKRouter
+from gpt.moe.router import TopKRouter, padded_capacity
 from gpt.moe.settings import MoESettings
 from parallel.init import InitMethod, set_init_method
 from parallel.mappings import copy_to_tensor_parallel_region
@@ -198,8 +199,16 @@ class MoELayer(nn.Module):
         return moe_output * coef[..., 0:1] + self.residual_mlp(tokens) * coef[..., 1:]
 
     def _routed(self, tokens: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
-        choice_probs, indices = choices_of(probs, routing_map, self.settings.router_topk)
-        return self._experts_of(tokens, choice_probs, indices)
+        settings = self.settings
+        if settings.pad_expert_input_to_capacity:  # every expert takes exactly its capacity: shapes, no reads
+            capacity = padded_capacity(tokens.shape[0], settings.num_experts, settings.router_topk,
+                                       settings.expert_capacity_factor)
+            rows, tokens_per_expert = self.dispatcher.dispatch_to_capacity(
+                tokens, capacity_routing(probs, routing_map, capacity))
+            self._count_tokens(torch.full((settings.num_experts,), capacity, dtype=torch.int64, device=tokens.device))
+            return self.dispatcher.combine(self.experts(rows, tokens_per_expert))
+        # at most k choices a token without padding (dropless, or dropping past the capacity)
+        return self._experts_of(tokens, *choices_of(probs, routing_map, settings.router_topk))
 
     def _deepspeed_gated(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """DeepSpeed-MoE's TopKGate (gpt/moe/deepspeed_gating.py): fp32 logits, its gating for k, l_aux x
@@ -224,15 +233,17 @@ class MoELayer(nn.Module):
 
     def _experts_of(self, tokens: torch.Tensor, choice_probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         rows, tokens_per_expert = self.dispatcher.dispatch(tokens, choice_probs, indices)
-        # This rank's tokens per expert, every expert (under expert parallelism the dispatcher's count is of
-        # the local experts' received rows): what the expert bias and the logs reduce over the data-parallel
-        # ranks, as Megatron-Core's router counts its own tokens (router.py, local_tokens_per_expert).
-        routed = torch.bincount(indices[indices >= 0], minlength=self.settings.num_experts).detach()
+        self._count_tokens(choices_per_expert(indices.detach(), self.settings.num_experts))
+        return self.dispatcher.combine(self.experts(rows, tokens_per_expert))
+
+    def _count_tokens(self, routed: torch.Tensor) -> None:
+        """This rank's rows per expert, every expert (under expert parallelism the dispatcher's count is of the local
+        experts' received rows), on the device: what the expert bias and the logs reduce over the data-parallel ranks
+        once per iteration, as Megatron-Core's router counts its own tokens (router.py, local_tokens_per_expert)."""
         self.last_tokens_per_expert = routed
         tracker = self.router.tracker
         if tracker is not None and self.training and torch.is_grad_enabled():
             tracker.count_tokens(self.router.layer_number, routed)
-        return self.dispatcher.combine(self.experts(rows, tokens_per_expert))
 
     def _balanced_on_meta(self, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """On the meta device (the planner's dry run, planner/dry_run.py) no routing decision exists: every

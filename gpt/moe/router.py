@@ -59,6 +59,14 @@ def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float, min_
     return max(capacity, min_capacity) if min_capacity is not None else capacity
 
 
+def padded_capacity(num_tokens: int, num_experts: int, topk: int, capacity_factor: float) -> int:
+    """How many rows each expert receives from `num_tokens` tokens under --moe-pad-expert-input-to-capacity: its
+    capacity (get_capacity of the tokens x topk), or every token where that exceeds them (drop_tokens' all-ones
+    mask; Megatron-Core's dispatcher would then count `capacity` rows where permute takes num_tokens). A shape, known
+    on the host: the padded dispatch reads nothing back (gpt/moe/expert_rows.py)."""
+    return min(get_capacity(num_tokens * topk, num_experts, capacity_factor), num_tokens)
+
+
 def group_limited_topk(scores: torch.Tensor, topk: int, num_groups: int, group_topk: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """moe_utils.group_limited_topk: choose `group_topk` groups per token by the sum of each group's top

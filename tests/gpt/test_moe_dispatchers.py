@@ -47,13 +47,13 @@ def _run_layer(dispatcher, weights: dict, hidden, probs, indices, loss_weights, 
     row-parallel Linear: its partial output, which the dispatcher's combine sums over the ETP peers)."""
     hidden, probs = hidden.clone().requires_grad_(), probs.clone().requires_grad_()
     expert_inputs, tokens_per_expert = dispatcher.dispatch(hidden, probs, indices)
-    assert tokens_per_expert.dtype == torch.int64 and tokens_per_expert.shape == (len(weights),)
-    rows = expert_inputs.split(tokens_per_expert.tolist())
+    assert all(isinstance(count, int) for count in tokens_per_expert) and len(tokens_per_expert) == len(weights)
+    rows = expert_inputs.split(tokens_per_expert)
     outputs = torch.cat([chunk[:, columns] @ weights[expert].t() for chunk, expert in zip(rows, sorted(weights))])
     output = dispatcher.combine(outputs)
     (output * loss_weights).sum().backward()
     return dict(output=output.detach(), hidden_grad=hidden.grad, probs_grad=probs.grad,
-                tokens_per_expert=tokens_per_expert.tolist(),
+                tokens_per_expert=tokens_per_expert,
                 weight_grads={expert: weight.grad for expert, weight in weights.items()})
 
 

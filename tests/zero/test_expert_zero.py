@@ -50,7 +50,7 @@ class TinyMoE(nn.Module):
 
     def forward(self, dispatcher, hidden, probs, indices, target):
         expert_inputs, tokens_per_expert = dispatcher.dispatch(torch.tanh(self.dense(hidden)), probs, indices)
-        chunks = expert_inputs.split(tokens_per_expert.tolist())
+        chunks = expert_inputs.split(tokens_per_expert)
         output = dispatcher.combine(torch.cat([linear(chunk) for linear, chunk in zip(self.experts, chunks)]))
         return ((output - target) ** 2).mean()
 
