@@ -8,9 +8,10 @@ A `GraphedRegion` is a function of tensors (a transformer block, or half of one)
 its `GraphSet` captures, a call runs the function. The capture, of every region at once at the first call after
 `request_capture()`, follows make_graphed_callables:
 
-1. each region gets static input buffers shaped like the call's inputs (leaves: the backward graph differentiates
-   with respect to them), and runs a few warm-up passes on zeros, forward and `autograd.grad` (lazy
-   initialisations happen there, not in a capture);
+1. each region gets static input buffers holding copies of the call's inputs (leaves: the backward graph
+   differentiates with respect to them; real values rather than Megatron's zeros, so that no warm-up runs attention
+   under a mask that hides every key), and runs a few warm-up passes on copies of them, forward and `autograd.grad`
+   (lazy initialisations happen there, not in a capture);
 2. every region's forward is captured, in the order a micro-batch calls them; its outputs and the tensors it saves
    for backward live in the backend's pool;
 3. every region's backward, `autograd.grad` of its output with respect to its static inputs and its parameters, is
@@ -164,17 +165,17 @@ class GraphedRegion:
         return calls
 
     def allocate(self, template: Sequence[torch.Tensor], comm: Communicator, backend: GraphBackend) -> None:
-        """Static input buffers shaped like `template` (leaves), and what the captures need."""
+        """Static input buffers holding copies of `template` (leaves), and what the captures need."""
         self.comm, self.backend = comm, backend
-        self.static_inputs = tuple(torch.zeros_like(tensor).requires_grad_(tensor.requires_grad) for tensor in template)
+        self.static_inputs = _leaf_copies(template)
         self.replay_hooks = self.hooks_before_replay()
 
     def warm_up(self, passes: int) -> None:
-        """`passes` forwards on zeros, each with `autograd.grad` of its output with respect to its inputs and the
-        parameters it reaches (make_graphed_callables' warm-up; autograd.grad accumulates into no `.grad`, so no
-        gradient hook fires)."""
+        """`passes` forwards on copies of the static inputs, each with `autograd.grad` of its output with respect to its
+        inputs and the parameters it reaches (make_graphed_callables' warm-up; autograd.grad accumulates into no
+        `.grad`, so no gradient hook fires)."""
         for _ in range(passes):
-            inputs = tuple(torch.zeros_like(tensor).requires_grad_(tensor.requires_grad) for tensor in self.static_inputs)
+            inputs = _leaf_copies(self.static_inputs)
             output = self.fn(*inputs)
             surface = [tensor for tensor in inputs if tensor.requires_grad] + \
                 list(connected_parameters(output, self.module))
@@ -236,6 +237,10 @@ class GraphedRegion:
         grads = iter(self.static_input_grads)
         input_grads = [next(grads).detach() if static.requires_grad else None for static in self.static_inputs]
         return input_grads, self.arena.handed_out(self.params)
+
+
+def _leaf_copies(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return tuple(tensor.detach().clone().requires_grad_(tensor.requires_grad) for tensor in tensors)
 
 
 class _ReplayedRegion(torch.autograd.Function):
