@@ -138,6 +138,9 @@ def test_the_graphs_run_no_host_synchronisation(single_process):
     (["--fp8-format", "hybrid"], "not yet free of host synchronisation"),
     (["--compile"], "--compile: compiled blocks are not captured here"),
     (["--context-parallel-size", "2"], "context parallelism"),
+    (["--position-embedding-type", "longrope", "--longrope-short-factor", "1,1,1,1,1,1,1,1",
+      "--longrope-long-factor", "1,1,1,1,1,1,1,1", "--longrope-original-max-position-embeddings", "8"],
+     "its factors are copied from the host"),
     (["--cuda-graph-impl", "full_iteration", "--no-check-for-nan-in-loss-and-grad"],
      "a graph of the whole forward-backward is not built here"),
 ])
