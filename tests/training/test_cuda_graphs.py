@@ -1,8 +1,8 @@
 """CUDA graphs of the GPT blocks (training/cuda_graphs.py) trained through the CPU stand-in (parallel/graph_backends.py
 RerunBackend, passed to training.build.build), which runs everything a CUDA capture and replay run but the kernels'
 recording: a tiny GPT trained with graphs gives the eager run's fp32 losses and gradient norms bit for bit (whole blocks,
-the attention and MLP halves, an attention mask as a second input; TP 2 with and without sequence parallelism on two
-gloo ranks, its comm bytes too); the capture comes where Megatron-LM's schedule puts it; what the graphs run makes no
+the attention and MLP halves, an attention mask as a second input; on two gloo ranks TP 2 with and without sequence
+parallelism, and ZeRO-1 over DP 2 with its parameter gathers overlapped, comm bytes too); the capture comes where Megatron-LM's schedule puts it; what the graphs run makes no
 host synchronisation (tests/host_syncs.py); and what a run cannot capture runs eagerly and is named, not refused.
 The same training on a GPU (CUDAGraph itself): `test_on_a_gpu_graphed_training_follows_eager`, skipped without one.
 """
@@ -161,27 +161,37 @@ def test_a_capturing_run_names_what_megatron_would_capture_and_it_does_not():
     assert "--cuda-graph-modules mamba: no effect (no Mamba layers here)" in line
 
 
-def _tensor_parallel_rank(rank, world_size):
-    state = initialize("cpu", tensor_parallel_size=2)
+PARALLEL_RUNS = {
+    "tp": (2, ["--tensor-model-parallel-size", "2"], "tp"),
+    "sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"], "tp"),
+    # ZeRO-1 over DP 2, its parameter gathers overlapped with the forward: the forward pre-hooks that wait for them run
+    # before each replay (base/graph_replay_hooks.py), and the gradients reach the reducer's hooks outside the graphs
+    "dp": (1, ["--use-distributed-optimizer", "--overlap-param-gather", "--overlap-grad-reduce",
+               "--global-batch-size", "8"], "dp"),
+}
+
+
+def _parallel_rank(rank, world_size, tensor_parallel: int, names: list[str]):
+    state = initialize("cpu", tensor_parallel_size=tensor_parallel)
     try:
-        results = {}
-        for name, flags in (("tp", ["--tensor-model-parallel-size", "2"]),
-                            ("sp", ["--tensor-model-parallel-size", "2", "--sequence-parallel"])):
-            results[name] = (train(state, flags)[:2],
-                             train(state, flags + ["--cuda-graph-impl", "local"], RerunBackend())[:2])
-        return results
+        return {name: (train(state, PARALLEL_RUNS[name][1])[:2],
+                       train(state, PARALLEL_RUNS[name][1] + ["--cuda-graph-impl", "local"], RerunBackend())[:2])
+                for name in names}
     finally:
         destroy(state)
 
 
 @pytest.mark.slow
-def test_tensor_parallel_graphed_training_gives_the_eager_losses_and_comm_bytes():
-    for rank_results in run_distributed(_tensor_parallel_rank, 2, timeout=300):
+def test_parallel_graphed_training_gives_the_eager_losses_and_comm_bytes():
+    results = [result for tensor_parallel in (2, 1) for result in run_distributed(
+        _parallel_rank, 2, tensor_parallel, [name for name, run in PARALLEL_RUNS.items() if run[0] == tensor_parallel],
+        timeout=300)]
+    for rank_results in results:
         for name, ((eager, eager_sent), (graphed, graphed_sent)) in rank_results.items():
             assert graphed == eager, name
             # every iteration's bytes, those of the replayed iterations counted from their captures
-            assert graphed_sent == eager_sent and all(sent["tp"]["all_reduce"] + sent["tp"]["all_gather"] > 0
-                                                      for sent in graphed_sent), name
+            group = PARALLEL_RUNS[name][2]
+            assert graphed_sent == eager_sent and all(sum(sent[group].values()) > 0 for sent in graphed_sent), name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDAGraph capture and replay")
