@@ -2,8 +2,9 @@
 RerunBackend, passed to training.build.build), which runs everything a CUDA capture and replay run but the kernels'
 recording: a tiny GPT trained with graphs gives the eager run's fp32 losses and gradient norms bit for bit (whole blocks,
 the attention and MLP halves, an attention mask as a second input; on two gloo ranks TP 2 with and without sequence
-parallelism, and ZeRO-1 over DP 2 with its parameter gathers overlapped, comm bytes too); the capture comes where Megatron-LM's schedule puts it; what the graphs run makes no
-host synchronisation (tests/host_syncs.py); and what a run cannot capture runs eagerly and is named, not refused.
+parallelism, and ZeRO-1 over DP 2 with its parameter gathers overlapped, comm bytes too); the capture comes where
+Megatron-LM's schedule puts it; what the graphs run makes no host synchronisation (tests/host_syncs.py); and what a run
+cannot capture runs eagerly and is named, not refused.
 The same training on a GPU (CUDAGraph itself): `test_on_a_gpu_graphed_training_follows_eager`, skipped without one.
 """
 
