@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from arguments.cuda_graphs import PER_LAYER_IMPLS
+from arguments.cuda_graphs import PER_LAYER_IMPLS, normalize_modules
 from data.documents import DocumentMasks
 from gpt.model import GPTModel, TransformerBlock
 from gpt.moe.layer import MoELayer
@@ -48,10 +48,9 @@ from zero.memory import format_bytes
 
 # Why a run captures nothing: (applies to the config, the reason). Each names what Megatron-LM would capture and why
 # this program does not yet; the run is the same math, eagerly.
+NO_WHOLE_ITERATION = ("--cuda-graph-impl full_iteration: a graph of the whole forward-backward is not built here (use "
+                      "--cuda-graph-impl local for per-layer graphs)")
 NOT_CAPTURED: tuple[tuple[Callable, str], ...] = (
-    (lambda config: config.training.cuda_graph_impl == "full_iteration",
-     "--cuda-graph-impl full_iteration: a graph of the whole forward-backward is not built here (use --cuda-graph-impl "
-     "local for per-layer graphs)"),
     (lambda config: config.parallel.pipeline_model_parallel_size > 1,
      "pipeline stages: Megatron captures a graph per micro-batch a schedule keeps in flight, which is not built here"),
     (lambda config: config.zero.stage == 3,
@@ -106,8 +105,8 @@ class CudaGraphPlan:
         what = "each dense transformer block whole" if self.whole_blocks else " and ".join(
             part for part, module in (("each transformer block's attention half", "attn"),
                                       ("each dense block's MLP half", "mlp")) if module in self.modules)
-        when = ("after iteration 1, with --cuda-graph-warmup-steps {} warm-up passes each (Megatron-Core's local "
-                "implementation)".format(self.warmup_steps) if self.impl == "local" else
+        when = (f"after iteration 1, with --cuda-graph-warmup-steps {self.warmup_steps} warm-up passes each "
+                f"(Megatron-Core's local implementation)" if self.impl == "local" else
                 f"after {self.warmup_steps} eager iterations (Transformer Engine's schedule; its make_graphed_callables "
                 f"is not here: this program's graphs stand in)")
         eager = "".join(f"; {part}" for part in self.eager)
@@ -122,8 +121,12 @@ def cuda_graph_plan(config, device_type: str, stand_in: bool = False) -> Optiona
     training = config.training
     if training.cuda_graph_impl == "none":
         return None
-    modules = tuple(training.cuda_graph_modules)
+    # as the flags resolved them (arguments/megatron/cuda_graph_flags.py); again for a config built in code
+    normalized = normalize_modules(training.cuda_graph_modules, training.cuda_graph_impl)
+    modules = normalized.modules
     why_not = [reason for applies, reason in NOT_CAPTURED if applies(config)]
+    if normalized.impl == "full_iteration":
+        why_not.insert(0, NO_WHOLE_ITERATION)
     if device_type != "cuda" and not stand_in:
         why_not.insert(0, f"the device is {device_type}, and a CUDA graph records CUDA kernels (Megatron-LM runs on "
                           f"CUDA only)")
@@ -138,8 +141,7 @@ def cuda_graph_plan(config, device_type: str, stand_in: bool = False) -> Optiona
                      f"built; its MLP half runs eagerly)")
     if "mamba" in modules:
         eager.append("--cuda-graph-modules mamba: no effect (no Mamba layers here)")
-    return CudaGraphPlan(training.cuda_graph_impl, modules, training.cuda_graph_warmup_steps, tuple(why_not),
-                         tuple(eager))
+    return CudaGraphPlan(normalized.impl, modules, training.cuda_graph_warmup_steps, tuple(why_not), tuple(eager))
 
 
 @dataclass(frozen=True)
