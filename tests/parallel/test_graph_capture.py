@@ -141,7 +141,7 @@ def test_a_replay_counts_what_its_capture_counted_and_the_capture_counts_apart()
     assert regions[0].forward_bytes["tp"]["all_reduce"] == regions[0].backward_bytes["tp"]["all_reduce"] == 4 * 16 * 4 // 2
 
 
-class Gathered(nn.Module):
+class Gathered:
     """Stands for ZeRO's parameter storage (zero/param_storage.py): a forward pre-hook that waits for a gather."""
 
     def __init__(self) -> None:
