@@ -67,6 +67,7 @@ class TensorParallelRNG:
 
     def _cuda_generator(self) -> torch.Generator:
         """The default CUDA generator of this state's device."""
+        torch.cuda.init()  # default_generators is empty until CUDA is initialised (torch.cuda.get_rng_state does it)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         return torch.cuda.default_generators[index]
 
