@@ -21,6 +21,9 @@ from base.errors import ConfigError
 DEPRECATED_IMPL_FLAGS = {"enable_cuda_graph": ("--enable-cuda-graph", "local"),
                          "external_cuda_graph": ("--external-cuda-graph", "transformer_engine")}
 SCOPE_ADD = {"nargs": "+", "choices": MODULE_CHOICES, "metavar": "SCOPE"}
+# cuda_graph_config.py ALLOWED_INFERENCE_SCOPES: the inference scopes each --cuda-graph-impl takes
+ALLOWED_INFERENCE_SCOPES = {"none": ("none",), "local": ("layer", "block"), "transformer_engine": ("none",),
+                            "full_iteration": ("none",)}
 # TransformerConfig.recompute_modules when --recompute-modules is not given (megatron/core/transformer/
 # transformer_config.py: `if self.recompute_modules is None: self.recompute_modules = ["core_attn"]`)
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
@@ -68,7 +71,26 @@ def resolve_cuda_graph_flags(given: dict[str, Any], settings: dict[str, Any], op
         change("cuda_graph_impl", normalized.impl, moved or "cuda_graph_modules",
                "Megatron-LM moves --cuda-graph-modules full_iteration to --cuda-graph-impl full_iteration")
     resolved.notes.extend(normalized.notes)
+    _check_inference_scope(harvested.get("--inference-cuda-graph-scope"), normalized.impl, modules, resolved)
     _check_selective_recompute(given, settings, harvested, normalized.impl, set(normalized.modules), resolved)
+
+
+def _check_inference_scope(scope: Optional[str], impl: str, modules: list, resolved) -> None:
+    """--inference-cuda-graph-scope has no effect on training here, but Megatron-LM refuses a launch whose value does
+    not fit its --cuda-graph-impl (cuda_graph_config.py: ALLOWED_INFERENCE_SCOPES, and the deprecated module values'
+    validate_deprecated_cuda_graph_modules_migration_inputs), and so does this program."""
+    if scope is None:
+        return
+    if "full_iteration" in modules and scope != "none":
+        resolved.refused.append(f"--cuda-graph-modules full_iteration with --inference-cuda-graph-scope {scope}: "
+                                f"Megatron-LM asserts they cannot be combined")
+    elif "full_iteration_inference" in modules and scope != "block":
+        resolved.refused.append(f"--cuda-graph-modules full_iteration_inference with --inference-cuda-graph-scope "
+                                f"{scope}: Megatron-LM asserts they cannot be combined")
+    elif scope not in ALLOWED_INFERENCE_SCOPES[impl]:
+        resolved.refused.append(f"--inference-cuda-graph-scope {scope} with --cuda-graph-impl {impl}: Megatron-LM "
+                                f"asserts an invalid inference CUDA graph scope for it (allowed: "
+                                f"{', '.join(ALLOWED_INFERENCE_SCOPES[impl])})")
 
 
 def _check_selective_recompute(given: dict[str, Any], settings: dict[str, Any], harvested: dict[str, Any], impl: str,

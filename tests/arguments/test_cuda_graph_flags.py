@@ -105,6 +105,17 @@ def test_full_iteration_moves_to_the_impl_and_asks_what_megatron_asks():
     assert (impl, modules) == ("local", []) and "no effect on training" in notes[0]
 
 
+def test_the_inference_scope_must_fit_the_impl_as_megatron_asserts():
+    # cuda_graph_config.py ALLOWED_INFERENCE_SCOPES: local takes layer or block, the others none
+    assert "invalid inference CUDA graph scope" in refusal("--cuda-graph-impl", "transformer_engine",
+                                                           "--inference-cuda-graph-scope", "layer")
+    assert "invalid inference CUDA graph scope" in refusal("--inference-cuda-graph-scope", "block")
+    assert settings("--cuda-graph-impl", "local", "--inference-cuda-graph-scope", "block")[0] == "local"
+    # validate_deprecated_cuda_graph_modules_migration_inputs
+    assert "cannot be combined" in refusal("--cuda-graph-impl", "local", "--cuda-graph-modules",
+                                           "full_iteration_inference", "--inference-cuda-graph-scope", "layer")
+
+
 def test_the_moe_scopes_follow_transformer_config():
     # local: "doesn't currently distinguish between moe_preprocess or moe_router so just set both"
     assert settings("--cuda-graph-impl", "local", "--cuda-graph-modules", "moe_router", *MOE)[1] == \
