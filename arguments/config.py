@@ -35,6 +35,7 @@ import torch
 
 from arguments.bounds import check_bounds
 from arguments.config_sources import FLAG
+from arguments.cuda_graphs import CUDA_GRAPH_IMPLS, MODULE_CHOICES, check_cuda_graphs
 from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
 from base.fault_injector import FaultInjectorSettings
@@ -348,6 +349,22 @@ class TrainingConfig:
     # gpt.model.compile_blocks
     compile: bool = option(False, help="torch.compile each transformer block (the first iterations compile; every "
                                        "TP size and ZeRO stage)")
+    # Megatron-LM's CUDA graph flags (arguments/cuda_graphs.py; what is captured: training/cuda_graphs.py)
+    cuda_graph_impl: str = option(
+        "none", choices=CUDA_GRAPH_IMPLS,
+        help="local: each transformer block's forward and backward captured as CUDA graphs after the first iteration, "
+             "replayed every micro-batch after (Megatron-Core's local implementation); transformer_engine: the same "
+             "graphs, captured after --cuda-graph-warmup-steps iterations as Megatron-LM's Transformer Engine path "
+             "does; full_iteration: accepted, the whole-iteration graph is not built (the blocks run eagerly); a CPU "
+             "captures nothing")
+    cuda_graph_modules: list[str] = option(
+        default_factory=list, nargs="+", choices=MODULE_CHOICES,
+        help="what of each layer is captured: empty, the whole layer; attn its attention half, mlp a dense layer's "
+             "MLP half (Megatron-LM's CudaGraphModule); moe, moe_router, moe_preprocess and mamba are accepted and "
+             "not captured here (said at the start)")
+    cuda_graph_warmup_steps: int = option(
+        3, help="local: warm-up passes of each graph before its capture; transformer_engine: eager iterations before "
+                "the capture (Megatron-LM's meaning under each)")
     # A dead or hung rank ends the job after this.
     distributed_timeout_minutes: float = option(
         10.0, group="checkpoint",
@@ -1264,6 +1281,7 @@ class PretrainConfig:
         self._check_context_parallel()
         self._check_multi_token_prediction()
         self._check_hf_model_type()
+        check_cuda_graphs(self)
         self.activations.validate_for_layers(self.model.num_layers)
         if self.training.step_batch_size_schedule is not None:
             self._check_step_schedule()

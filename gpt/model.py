@@ -366,8 +366,16 @@ class TransformerBlock(nn.Module):
         self.mlp_output_layernorm = norm("mlp_output_layernorm") if places != "input" else None
 
     def forward(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
+        return self.mlp_half(self.attention_half(hidden, documents))
+
+    # The block's two halves, each with its norms, dropout and residual add: Megatron-Core's
+    # TransformerLayer._forward_attention and _forward_mlp, the regions --cuda-graph-modules attn and mlp capture
+    # (training/cuda_graphs.py).
+    def attention_half(self, hidden: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
         branch = self.attention(_normed(self.input_layernorm, hidden), documents)
-        hidden = hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
+        return hidden + self._residual_dropout(_normed(self.attention_output_layernorm, branch))
+
+    def mlp_half(self, hidden: torch.Tensor) -> torch.Tensor:
         branch = self.mlp(_normed(self.post_attention_layernorm, hidden))
         return hidden + self._residual_dropout(_normed(self.mlp_output_layernorm, branch))
 

@@ -41,7 +41,8 @@ counts is what a live rank would count.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import contextlib
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -116,6 +117,15 @@ class CommStats:
             kinds = {**GROUP_KINDS, **EXPERT_GROUP_KINDS}[group_name]
             raise ValueError(f"unknown kind {kind!r} on the {group_name} group; expected one of {', '.join(kinds)}")
         self._bytes[group_name][kind] += int(num_bytes)
+
+    def add_counts(self, counts: dict[str, dict[str, int]], times: int = 1) -> None:
+        """Add `times` x each count of a snapshot ({group: {kind: bytes}}): the bytes of collectives that ran
+        once and stand for more (a dry run's micro-batches not simulated; a CUDA graph's replays of what its
+        capture counted, parallel/graph_capture.py). A zero adds nothing, so no group appears that sent nothing."""
+        for group, kinds in counts.items():
+            for kind, num_bytes in kinds.items():
+                if num_bytes * times:
+                    self.add(group, kind, num_bytes * times)
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         return {group: dict(kinds) for group, kinds in self._bytes.items()}
@@ -257,6 +267,17 @@ class Communicator:
         # The ring of the last collectives and the time spent in them (parallel/collective_log.py): set by
         # --flight-recorder-dump-path or --log-straggler, else None and nothing is recorded.
         self.log: Optional[CollectiveLog] = None
+
+    @contextlib.contextmanager
+    def counted_apart(self) -> Iterator[CommStats]:
+        """Count what the body sends in a CommStats of its own (yielded), not in `stats`: a CUDA graph's capture
+        (parallel/graph_capture.py) counts once what each replay will send, and a replay that runs Python again
+        (the CPU stand-in) must not count it a second time. Nests: the outer count resumes after."""
+        kept, self.stats = self.stats, CommStats()
+        try:
+            yield self.stats
+        finally:
+            self.stats = kept
 
     def where(self) -> str:
         """'during all_reduce on the dp group at iteration 14', or what is known of it."""

@@ -16,6 +16,15 @@ when the same TP group is replicated more or fewer times.
 The tracker swaps the CPU generator and, on CUDA, the generator of the state's device (dropout on a
 GPU draws from the CUDA generator; CPU-side draws from the CPU one). `get_states()`/`set_states()`
 capture all four states, for checkpoints and for replaying a forward pass in activation recompute.
+
+Under CUDA graphs (training/cuda_graphs.py) a fork runs inside a capture, where a CUDA generator's state may not
+be read or written as a tensor (`get_state` raises while capturing). `graph_safe` keeps the private CUDA stream as
+a generator state object instead, swapped in and out of the device's default generator by reference
+(`graphsafe_set_state`/`graphsafe_get_state`), and each graph registers it (`graph_generators`) so a replay
+advances it: Megatron-Core's CudaRNGStatesTracker with use_cudagraphable_rng (megatron/core/tensor_parallel/
+random.py, `_get_cuda_rng_state(graph_safe=True)`, `_set_cuda_rng_state(graph_safe=True)`), which Megatron-LM
+turns on exactly when --cuda-graph-impl is not none (megatron/training/initialize.py). Outside a capture the
+stream draws the same numbers either way: the same philox seed and offset, held by reference instead of copied.
 """
 
 from __future__ import annotations
@@ -38,16 +47,34 @@ class TensorParallelRNG:
     with `seed`: build it once, at the start of a run, before any randomness that must agree.
     """
 
-    def __init__(self, seed: int, state: ParallelState):
+    def __init__(self, seed: int, state: ParallelState, graph_safe: bool = False):
+        """`graph_safe`: the private CUDA stream as a state object a CUDA graph can register (see the module);
+        nothing changes on a CPU."""
         self.device = state.device
         self.on_cuda = state.device.type == "cuda"
+        self.graph_safe = graph_safe and self.on_cuda
         self.tensor_parallel_seed = seed + TENSOR_PARALLEL_SEED_OFFSET + state.tensor_parallel_rank
         self._forked = False
         # Draw the private states by seeding the real generators, then set the shared seed last.
         torch.manual_seed(self.tensor_parallel_seed)
         self._tp_cpu = torch.get_rng_state()
-        self._tp_cuda = torch.cuda.get_rng_state(self.device) if self.on_cuda else None
+        self._tp_cuda = None
+        if self.graph_safe:  # Megatron-Core's tracker.add: `_get_cuda_rng_state(clone=True, graph_safe=True)`
+            self._tp_cuda = self._cuda_generator().clone_state()
+        elif self.on_cuda:
+            self._tp_cuda = torch.cuda.get_rng_state(self.device)
         torch.manual_seed(seed)
+
+    def _cuda_generator(self) -> torch.Generator:
+        """The default CUDA generator of this state's device."""
+        torch.cuda.init()  # default_generators is empty until CUDA is initialised (torch.cuda.get_rng_state does it)
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+
+    def graph_generators(self) -> list[torch.Generator]:
+        """The CUDA generator states a graph capturing a fork must register: the device's default one and this
+        rank's private one (graph_safe only; none otherwise)."""
+        return [self._cuda_generator(), self._tp_cuda] if self.graph_safe else []
 
     @contextlib.contextmanager
     def fork(self) -> Iterator[None]:
@@ -57,7 +84,11 @@ class TensorParallelRNG:
         self._forked = True
         default_cpu = torch.get_rng_state()
         torch.set_rng_state(self._tp_cpu)
-        if self.on_cuda:
+        if self.graph_safe:  # by reference, as Megatron-Core's fork under use_cudagraphable_rng
+            generator = self._cuda_generator()
+            default_cuda = generator.graphsafe_get_state()
+            generator.graphsafe_set_state(self._tp_cuda)
+        elif self.on_cuda:
             default_cuda = torch.cuda.get_rng_state(self.device)
             torch.cuda.set_rng_state(self._tp_cuda, self.device)
         try:
@@ -65,7 +96,10 @@ class TensorParallelRNG:
         finally:
             self._tp_cpu = torch.get_rng_state()
             torch.set_rng_state(default_cpu)
-            if self.on_cuda:
+            if self.graph_safe:
+                self._tp_cuda = generator.graphsafe_get_state()
+                generator.graphsafe_set_state(default_cuda)
+            elif self.on_cuda:
                 self._tp_cuda = torch.cuda.get_rng_state(self.device)
                 torch.cuda.set_rng_state(default_cuda, self.device)
             self._forked = False
@@ -79,8 +113,12 @@ class TensorParallelRNG:
             "default_cpu": torch.get_rng_state(),
             "default_cuda": torch.cuda.get_rng_state(self.device) if on_cuda else None,
             "tensor_parallel_cpu": self._tp_cpu.clone(),
-            "tensor_parallel_cuda": self._tp_cuda.clone() if on_cuda else None,
+            "tensor_parallel_cuda": self._private_cuda_state() if on_cuda else None,
         }
+
+    def _private_cuda_state(self) -> torch.Tensor:
+        """A copy of the private CUDA stream's state as a tensor, whichever way it is held."""
+        return self._tp_cuda.get_state() if self.graph_safe else self._tp_cuda.clone()
 
     def set_states(self, states: dict[str, torch.Tensor | None]) -> None:
         if self._forked:
@@ -94,4 +132,7 @@ class TensorParallelRNG:
         self._tp_cpu = states["tensor_parallel_cpu"].clone()
         if self.on_cuda:
             torch.cuda.set_rng_state(states["default_cuda"], self.device)
-            self._tp_cuda = states["tensor_parallel_cuda"].clone()
+            if self.graph_safe:  # into the same state object, which captured graphs have registered
+                self._tp_cuda.set_state(states["tensor_parallel_cuda"])
+            else:
+                self._tp_cuda = states["tensor_parallel_cuda"].clone()

@@ -59,6 +59,7 @@ from planner.moe_plan import ExpertRowProbe, MoEFigures, moe_figures
 from planner.pipeline_plan import PipelineFigures, PipelinePlanObserver, message_bytes
 from planner.plan_observer import PlanObserver
 from training.build import build
+from training.cuda_graphs import cuda_graph_plan, static_buffer_bytes
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
 from training.pipeline_step import PipelineTrainStep
 from training.run_settings import resolve_run_settings
@@ -141,6 +142,12 @@ class RankPlan:
     # FP8 (gpt/fp8.py): delayed scaling's amax histories and scales, and --fp8-param-gather's FP8 bytes held
     # between steps (zero/fp8_params.py: each rank's shards, and under ZeRO 1-2 the gathered weights)
     fp8_state_bytes: int = 0
+    # --cuda-graph-impl local/transformer_engine on CUDA (training/cuda_graphs.py): the captured regions' static input
+    # and incoming-gradient buffers and the gradient arena, held the whole run; and the graphs' pool, which keeps the
+    # captured regions' activations and temporaries reserved through the optimizer step (an upper bound: every
+    # activation saved at the forward's peak and the block gradients in flight)
+    cuda_graph_static_bytes: int = 0
+    cuda_graph_pool_bytes: int = 0
     ranks_per_node: int = 1
     host_budget_bytes: Optional[int] = None  # per node, shared by its ranks
     host_budget_source: str = ""         # "" for --host-memory; else whose memory it is (this machine's)
@@ -537,13 +544,20 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         passes = max(transients + max(meter.peak["device"], observer.copy_peak_bytes if copied else 0),
                      in_backward + probe.samples["recompute"]["any"])
     result.fp8_state_bytes = fp8_state_bytes(model, optimizer.parameters)
-    result.total_bytes = held["total"] + result.fp8_state_bytes + result.buffer_bytes + max(passes,
-                                                                                           result.step_working_bytes)
+    graphs = cuda_graph_plan(config, cluster.device_type)
+    if graphs is not None and graphs.captures:
+        result.cuda_graph_static_bytes = static_buffer_bytes(model, graphs, hidden_bytes)
+        result.cuda_graph_pool_bytes = meter.peak["device"] + block_gradients
+        result.notes.append(f"CUDA graphs ({graphs.impl}): from their capture on, their pool stays reserved through "
+                            f"the optimizer step (counted beside it); an attention mask's copy per region is not "
+                            f"counted")
+    result.total_bytes = held["total"] + result.fp8_state_bytes + result.buffer_bytes \
+        + result.cuda_graph_static_bytes + max(passes, result.step_working_bytes + result.cuda_graph_pool_bytes)
     # Iteration 1 holds less than the later ones: the constant buffers appear at its first reduction (late in the
     # last micro-batch's backward, after the forward's peak), and are held from then on. Its peak, what a live run's
     # line after iteration 1 measures, takes each figure with the buffers that exist when it is reached.
     result.first_iteration_bytes = result.total_bytes
-    if pipeline is None:
+    if pipeline is None and not (graphs is not None and graphs.captures and graphs.capture_iteration == 1):
         first_passes = max(transients + max(probe.first_iteration_forward(meter.peak["device"]),
                                             probe.first_iteration("copy") if copied else 0),
                            in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))

@@ -162,11 +162,8 @@ class PipelinePlanObserver(PlanObserver):
             sum(not virtual.ends_model(chunk) for chunk in range(self.chunks))
         self.comm.stats.add("pp", "send", unsimulated * sends_per_micro_batch * self.message)
         self.comm.stats.add("pp", "recv", unsimulated * sends_per_micro_batch * self.message)
-        if unsimulated:
-            for slot_bytes in self.slot_repeated.values():
-                for group, kinds in slot_bytes.items():
-                    for kind, num_bytes in kinds.items():
-                        self.comm.stats.add(group, kind, num_bytes * unsimulated)
+        for slot_bytes in self.slot_repeated.values():
+            self.comm.stats.add_counts(slot_bytes, times=unsimulated)
         self.point_to_point = self.comm.stats.snapshot()["pp"]
         self.passes_copy = self.comm.take_largest_transport_copy()
 

@@ -147,6 +147,10 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                      plan.transport_copy_bytes["passes"]))
     rows.append(("optimizer step's temporaries (fused AdamW: none, AdEMAMix: 3 windows; gradient partition or publishing"
                  + (", gloo's copy" if plan.transport_copy_bytes["step"] else "") + ")", plan.step_working_bytes))
+    if plan.cuda_graph_static_bytes:
+        rows += [("CUDA graphs' static buffers (inputs, incoming gradients, gradient arena)", plan.cuda_graph_static_bytes),
+                 ("CUDA graphs' pool, held through the step (saved activations, block gradients)",
+                  plan.cuda_graph_pool_bytes)]
     width = max(len(name) for name, _ in rows) + 2
     lines += [f"  {name:<{width}} {format_bytes(value):>12}" for name, value in rows]
     lines.append(f"  {'total (states + buffers + the larger of the passes and the step)':<{width}} "

@@ -88,9 +88,7 @@ class PlanObserver(NoObserver):
             self._repeated = comm_difference(self.comm.stats.snapshot(), self._before)
 
     def passes_end(self) -> None:
-        for group, kinds in self._repeated.items():
-            for kind, num_bytes in kinds.items():
-                self.comm.stats.add(group, kind, num_bytes * (self.steps - len(self.simulated)))
+        self.comm.stats.add_counts(self._repeated, times=self.steps - len(self.simulated))
         self.comm.on_transport_copy = None
         self.passes_copy = self.comm.take_largest_transport_copy()
 

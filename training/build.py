@@ -6,7 +6,8 @@ Everything `build` depends on is an argument: the resolved run settings, the ran
 device, its groups and its communicator: a launched process group and the live communicator in
 training; `virtual_state` on the meta device with the `DryRunCommunicator` in a dry run), and the
 two things a dry run does differently, named at each call: whether the dropout RNG streams are made
-and whether the blocks are compiled.
+and whether the blocks are compiled. (A dry run on the meta device captures no CUDA graph: the planner counts
+their buffers from the plan, planner/dry_run.py.)
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
 from gpt.stage_layers import StageLayers, stage_layers
 from parallel.fp8.guard import GuardMonitor
+from parallel.graph_backends import CudaGraphBackend, GraphBackend
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
+from training.cuda_graphs import CudaGraphPlan, CudaGraphs, apply_cuda_graphs, cuda_graph_plan
 from training.run_settings import RunSettings
 from zero.activations import ActivationCheckpointing, ActivationMonitor, apply_activation_checkpointing
 from zero.apply import ZeroParts, apply_zero
@@ -39,9 +42,11 @@ class Built:
     checkpointing: Optional[ActivationCheckpointing]  # None without --checkpoint-activations
     rng: Optional[TensorParallelRNG]                  # the dropout streams; None when not asked for (dry run)
     fp8: Optional[str] = None                         # --fp8-format's start-up line (gpt/fp8.py); None without
+    cuda_graphs: Optional[CudaGraphs] = None          # --cuda-graph-impl's (training/cuda_graphs.py); None without
 
 
-def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, torch_compile: bool) -> Built:
+def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, torch_compile: bool,
+          graph_backend: Optional[GraphBackend] = None) -> Built:
     """Build this rank's model on `state.device` as `settings.config` (resolved) asks.
 
     `dropout_rng`: make the dropout streams (`TensorParallelRNG`, which reseeds torch's default
@@ -50,6 +55,9 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
     on the default stream and its recompute replays no RNG state, with the same shapes and saved bytes.
     `torch_compile`: torch.compile each block (a live run with --compile; never a dry run, which has no
     kernels to compile).
+    `graph_backend`: what captures the CUDA graphs --cuda-graph-impl asks for. None: CUDA's on a GPU, and nothing on
+    another device (training/cuda_graphs.py says why in its line); tests pass the CPU stand-in
+    (parallel/graph_backends.py RerunBackend) to run the capture code without a GPU.
     """
     # The RNG streams, first: the model and the checkpointing hold them (attention forks the per-TP-rank
     # stream, recompute replays both), and creating them reseeds torch's generators, so nothing drawn before
@@ -57,12 +65,18 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
     # seed and each parameter's name, filled in by ZeRO).
     if torch_compile:
         keep_marked_methods_eager()  # before anything registers a hook that binds a marked method
-    rng = TensorParallelRNG(settings.config.training.seed, state) if dropout_rng else None
-    return parallelize(settings, state, rng, torch_compile=torch_compile)
+    graphs = cuda_graph_plan(settings.config, state.device.type, stand_in=graph_backend is not None)
+    # A fork of the dropout streams inside a CUDA capture swaps generator states by reference (parallel/random.py)
+    graph_safe = graphs is not None and graphs.captures and state.device.type == "cuda"
+    rng = TensorParallelRNG(settings.config.training.seed, state, graph_safe=graph_safe) if dropout_rng else None
+    if graph_safe and graph_backend is None:
+        graph_backend = CudaGraphBackend(state.device, rng.graph_generators() if rng is not None else [])
+    return parallelize(settings, state, rng, torch_compile=torch_compile, graphs=graphs, graph_backend=graph_backend)
 
 
 def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[TensorParallelRNG], *,
-                torch_compile: bool) -> Built:
+                torch_compile: bool, graphs: Optional[CudaGraphPlan] = None,
+                graph_backend: Optional[GraphBackend] = None) -> Built:
     """Every dimension of this rank's model, applied in this order, as torchtitan's
     models/llama3/parallelize.py applies TP, activation checkpointing, compile and FSDP in one function:
 
@@ -78,9 +92,15 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
        shards, the master weights and the optimizer states live: --offload-param/-optimizer): the flat
        layout from the meta parameters, then each rank allocates and fills only what it owns, the
        parameters become views of that storage, and the gradient hooks (and stage 3's gather hooks) go on.
-    5. torch.compile of each block, last: compile_blocks wants parallelism applied, so that the compiled
+    5. torch.compile of each block: compile_blocks wants parallelism applied, so that the compiled
        blocks are the ones ZeRO left (parameters that are views of its storage, its hooks in place).
        Compilation itself happens at the first forward.
+    6. CUDA graphs of the blocks (training/cuda_graphs.py), last, for the same reason: a graph reads the parameters
+       at the addresses ZeRO gave them (the optimizer writes them in place) and ZeRO's hooks must be in place to be
+       checked (its gradient hooks then fire outside the graphs, as autograd hands the parameters their gradients).
+       It installs itself as the model's run_blocks, which activation checkpointing (step 3) would have replaced:
+       the two exclude each other, as Megatron-LM's per-layer graphs exclude full recompute; a compiled block is not
+       captured (the plan runs it eagerly and says so). The capture itself happens in training, after the warm-up.
     """
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP
@@ -116,7 +136,9 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
                       fp8_gathered=fp8_gathered_weights(model) if config.model.fp8_param_gather else None)
     if torch_compile:                                                                      # 5. compile
         compile_blocks(model)
-    return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng, fp8=fp8)
+    cuda_graphs = apply_cuda_graphs(model, graphs, state, graph_backend)                   # 6. CUDA graphs
+    return Built(model=model, zero=zero, activations=activations, checkpointing=checkpointing, rng=rng, fp8=fp8,
+                 cuda_graphs=cuda_graphs)
 
 
 def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[StageLayers]:

@@ -6,7 +6,12 @@ back in one list, before any process group, data or model work.
 
 from __future__ import annotations
 
+import os
+
+import torch
+
 from arguments.config import PretrainConfig
+from arguments.cuda_graphs import PER_LAYER_IMPLS
 from base.errors import ConfigError
 from checkpoint.start_decision import decide_start
 from checkpoint.unfinished_save import needs_finishing
@@ -60,4 +65,21 @@ def check_rejected_results_tracker(config: PretrainConfig) -> None:
                           flags=("--result-rejected-tracker-filename",))
 
 
-LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag, check_rejected_results_tracker)
+def check_cuda_graph_allocator(config: PretrainConfig) -> None:
+    """Megatron-LM refuses per-layer CUDA graphs beside PyTorch's expandable segments unless NCCL's graph registration
+    is off: validate_args for --cuda-graph-impl transformer_engine, CudaGraphManager for local on a GPU below compute
+    capability 10 (megatron/training/arguments.py, megatron/core/transformer/cuda_graphs.py), with this message."""
+    impl = config.training.cuda_graph_impl
+    if impl not in PER_LAYER_IMPLS or "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") \
+            or os.environ.get("NCCL_GRAPH_REGISTER", "") == "0":
+        return
+    if impl == "local" and not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 10):
+        return  # local checks it where it captures: a GPU before Blackwell
+    raise ConfigError(f"--cuda-graph-impl {impl} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: Megatron-LM "
+                      f"asserts 'Setting NCCL_GRAPH_REGISTER=0 to avoid illegal memory access when using CUDA Graph with "
+                      f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.'; export NCCL_GRAPH_REGISTER=0",
+                      flags=("--cuda-graph-impl",))
+
+
+LATE_CHECKS = (check_load, check_vocabulary_flags, check_fp8_flag, check_rejected_results_tracker,
+               check_cuda_graph_allocator)

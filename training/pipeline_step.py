@@ -32,6 +32,7 @@ from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
+from training.cuda_graphs import CudaGraphs
 from training.evaluation import mean_token_loss, split_micro_batch
 from training.rerun_state import RerunStateMachine
 from training.run_settings import RunSettings
@@ -48,8 +49,10 @@ class PipelineTrainStep(DataParallelTrainStep):
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
                  documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
-                 rerun: Optional[RerunStateMachine] = None) -> None:
-        super().__init__(model, zero, train_batches, settings, state, activations, documents, observer, rerun)
+                 rerun: Optional[RerunStateMachine] = None, cuda_graphs: Optional[CudaGraphs] = None) -> None:
+        # pipeline stages capture nothing (training/cuda_graphs.py): the graphs object only counts iterations
+        super().__init__(model, zero, train_batches, settings, state, activations, documents, observer, rerun,
+                         cuda_graphs)
         self.chunks = len(model.stage.chunks)
         self.virtual = VirtualStages(state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks)
         group = settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage

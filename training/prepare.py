@@ -112,6 +112,8 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         built = build(settings, state, dropout_rng=True, torch_compile=config.training.compile)
         if built.fp8:
             log(built.fp8)
+        if built.cuda_graphs is not None:  # what is captured and when, or why nothing is (training/cuda_graphs.py)
+            log(built.cuda_graphs.line)
         # the rerun state machine before the load, as Megatron-LM's initialize makes it: the load restores the random
         # states it seeded, and a pending re-run saved in the checkpoint (exit 16) goes into it
         rerun = rerun_state_machine_for(config.training, state, built.rng, log)

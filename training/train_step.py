@@ -26,6 +26,7 @@ from arguments.schedule import tokens_seen_by_schedule
 from data.documents import DocumentMasking, masked_token_mean
 from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
+from training.cuda_graphs import CudaGraphs
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, split_micro_batch
 from training.loss_checks import LossChecks
@@ -105,8 +106,10 @@ class DataParallelTrainStep:
     def __init__(self, model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
                  documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
-                 rerun: Optional[RerunStateMachine] = None) -> None:
+                 rerun: Optional[RerunStateMachine] = None, cuda_graphs: Optional[CudaGraphs] = None) -> None:
         self.model, self.zero = model, zero
+        # --cuda-graph-impl's graphs (training/cuda_graphs.py): told each iteration, as their capture waits for one
+        self.cuda_graphs = cuda_graphs
         self.settings, self.state, self.activations = settings, state, activations
         self.documents, self.observer = documents, observer
         # --rerun-mode validate_results or report_stats (training/rerun_state.py): the micro-batches kept so that a
@@ -158,6 +161,9 @@ class DataParallelTrainStep:
             print(f" iteration {iteration}: gradient overflow at loss scale {step.loss_scale:g}; step "
                   f"skipped, loss scale now {optimizer.loss_scaler.scale:g}", flush=True)
         loss = mean_loss.item()  # waits for the device: the time is complete
+        captured = self.cuda_graphs.take_capture_line() if self.cuda_graphs is not None else None
+        if captured and state.is_first_rank:
+            print(captured, flush=True)
         fp8_figures = fp8_guard.finish_iteration() if fp8_guard is not None else {}  # reads its counts back
         seconds = time.perf_counter() - started
         collective_wait_s = state.comm.log.take_wait_s() if state.comm.log is not None else 0.0
@@ -189,6 +195,8 @@ class DataParallelTrainStep:
         on the device, and the step's result. The dry run (planner/dry_run.py) calls this on the meta device."""
         state, rerun = self.state, self.rerun
         state.comm.iteration = iteration  # named in the line a lost peer ends in
+        if self.cuda_graphs is not None:
+            self.cuda_graphs.begin_iteration(accumulation_steps)
         if rerun is None:
             iteration_loss = self.forward_backward_from_zero(accumulation_steps, measure_activations)
         else:  # Megatron-LM's train_step: `while rerun_state_machine.should_run_forward_backward(data_iterator)`

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from base.eager_under_compile import eager_under_compile
+from base.graph_replay_hooks import runs_before_graph_replay
 from parallel.init import CHUNK_ELEMENTS, ParameterInitializer, replace_parameters
 from zero.flat_buffer import FlatLayout, Unit
 from zero.fp8_params import Fp8WeightBytes
@@ -174,6 +175,7 @@ class ReplicatedParameters(ParameterStorage):
                 self._hooks.append(module.register_forward_pre_hook(functools.partial(self._wait_for, units)))
 
     @eager_under_compile  # waits on Python-held work handles: stays out of compiled blocks
+    @runs_before_graph_replay  # and out of CUDA graphs: called before each replay (base/graph_replay_hooks.py)
     def _wait_for(self, units: list[int], module, args) -> None:
         for index in units:
             self._wait(index)

@@ -186,7 +186,8 @@ def _megatron_value(action: argparse.Action, harvested_flags: dict, generation: 
     if generation and action.dest not in GENERATION_DEFAULT_NOT_TAKEN:
         stated = _stated(generation, action.option_strings, harvested_flags)
     found, theirs = stated if stated is not None else megatron_default(action.option_strings[0], harvested_flags)
-    return found and theirs is not None and theirs != "", one_value(action, theirs)
+    # an empty list (--cuda-graph-modules' []) cannot be written as a flag's value: it is the setting's own default
+    return found and theirs is not None and theirs != "" and theirs != [], one_value(action, theirs)
 
 
 def one_value(action: argparse.Action, theirs: Any) -> Any:

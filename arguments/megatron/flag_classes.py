@@ -57,9 +57,8 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --bias-gelu-fusion --bias-dropout-fusion --scaled-masked-softmax-fusion --no-rope-fusion
         --scaled-upper-triang-masked-softmax-fusion --no-bias-swiglu-fusion --no-persist-layer-norm
         --disable-mem-efficient-ln --disable-jit-fuser --cross-entropy-fusion-impl
-        --no-gradient-reduce-div-fusion --abort-on-unmet-fused-kernel-constraints --enable-cuda-graph
-        --cuda-graph-impl --cuda-graph-modules --cuda-graph-scope --cuda-graph-warmup-steps --external-cuda-graph
-        --optimizer-cuda-graph --disable-bf16-reduced-precision-matmul --deterministic-mode --batch-invariant-mode
+        --no-gradient-reduce-div-fusion --abort-on-unmet-fused-kernel-constraints
+        --disable-bf16-reduced-precision-matmul --deterministic-mode --batch-invariant-mode
         --batch-invariant-backend --transformer-impl --use-mcore-models --use-legacy-models
         --use-transformer-engine-op-fuser --use-te-activation-func --te-rng-tracker --inference-rng-tracker
         --flash-attention-version --ds_fused_adam --no-create-attention-mask-in-dataloader --mlp-chunks-for-training
@@ -67,6 +66,10 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --train-sync-interval --recompute-modules --enable-experimental
         --export-te-mcore-model --export-default-te-spec --export-force-local-attention
         --export-legacy-megatron""")),
+    ("Megatron-LM's CUDA graph of the optimizer step (OptimizerCudaGraphWrapper, megatron/training/training.py, over a "
+     "capturable Adam): the step here reads the gradient norm and fp16's overflow verdict back to the host, which a "
+     "graph cannot, so it runs eagerly: the same update (the blocks' graphs are --cuda-graph-impl's)",
+     _names("--optimizer-cuda-graph")),
     ("a communication or overlap choice: data parallelism here is ZeRO's bucketed reducer (--reduce-bucket-size, "
      "--overlap-comm, --overlap-param-gather) and sums the same gradients", _names("""
         --DDP-impl --no-contiguous-buffers-in-local-ddp --use-contiguous-buffers-in-ddp

@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 from arguments.config import PretrainConfig
 from arguments.config_sources import FLAG, JSON, Source
+from arguments.megatron.cuda_graph_flags import SCOPE_ADD, resolve_cuda_graph_flags
 from arguments.megatron.harvested_flags import resolve_harvested
 from arguments.option_table import OptionTable, option_table
 from base.errors import ConfigError
@@ -215,6 +216,12 @@ MEANINGS: list[Meaning] = [
     Meaning(("--ds-sequence-parallel-size",), "ds_sequence_parallel_size", "Megatron-DeepSpeed", {"type": int},
             "DeepSpeed-Ulysses over N ranks: --context-parallel-size N --cp-comm-type a2a (the all-to-all that "
             "turns the sequence split into a head split around attention; gradients average over DP x N)"),
+    Meaning(("--enable-cuda-graph",), "enable_cuda_graph", "Megatron-LM (deprecated)", {"action": "store_true"},
+            "--cuda-graph-impl local (arguments/megatron/cuda_graph_flags.py)"),
+    Meaning(("--external-cuda-graph",), "external_cuda_graph", "Megatron-LM (deprecated)", {"action": "store_true"},
+            "--cuda-graph-impl transformer_engine"),
+    Meaning(("--cuda-graph-scope",), "cuda_graph_scope", "Megatron-LM (deprecated)", SCOPE_ADD,
+            "--cuda-graph-modules (full: the whole layer, as an empty list)"),
     Meaning(("--pipe-parallel-size",), "pipe_parallel_size", "DeepSpeedExamples' Megatron 3D", {"type": int},
             "DeepSpeed's pipeline engine stages: N > 0 is --pipeline-model-parallel-size N (the same even split of "
             "the transformer layers), 0 (no engine) one stage"),
@@ -311,6 +318,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     _resolve_pipe_parallel_size(given, settings, sources, change, resolved)
     _resolve_ulysses(given, settings, sources, change, resolved)
     _resolve_positions(given, settings, change)
+    resolve_cuda_graph_flags(given, settings, option_used, change, resolved, harvested or {})
     if resolved.refused:
         raise RefusedFlags(resolved)
     return resolved

@@ -96,6 +96,48 @@ def test_fork_swaps_the_cuda_generator():
     assert torch.equal(draws[0][0], draws[1][0]) and not torch.equal(draws[0][1], draws[1][1])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_graph_safe_tracker_draws_what_the_tensor_state_one_draws_and_a_captured_fork_replays_new_draws():
+    """parallel/random.py's graph_safe mode (Megatron-Core's use_cudagraphable_rng): outside a capture the same streams
+    as the tensor-state tracker, and its checkpoint states the same; inside a CUDA graph a fork registers with the
+    graph, so each replay draws new numbers from the private stream, as eager forks would in turn."""
+    device = torch.device("cuda", 0)
+    state = ParallelState(device=device, dims=ParallelDims.of_rank(1, {"tp": 2}))
+    streams = []
+    for graph_safe in (False, True):
+        tracker = TensorParallelRNG(5, state, graph_safe=graph_safe)
+        draws = []
+        for _ in range(2):
+            with tracker.fork():
+                draws.append(torch.rand(4, device=device))
+            draws.append(torch.rand(4, device=device))
+        streams.append((draws, tracker.get_states()))
+    (tensor_draws, tensor_states), (safe_draws, safe_states) = streams
+    assert all(torch.equal(a, b) for a, b in zip(tensor_draws, safe_draws))
+    assert all(torch.equal(tensor_states[key], safe_states[key]) for key in tensor_states)
+
+    tracker = TensorParallelRNG(5, state, graph_safe=True)
+    eager = []
+    for _ in range(5):
+        with tracker.fork():
+            eager.append(torch.rand(4, device=device))
+    tracker = TensorParallelRNG(5, state, graph_safe=True)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
+    for generator in tracker.graph_generators():
+        graph.register_generator_state(generator)
+    with torch.cuda.graph(graph, stream=stream):
+        with tracker.fork():
+            captured = torch.rand(4, device=device)
+    replays = []
+    for _ in range(3):
+        graph.replay()
+        replays.append(captured.clone())
+    assert not torch.equal(replays[0], replays[1]) and not torch.equal(replays[1], replays[2])
+    # the replays continue the private stream as forks in turn would (whether the capture itself took one fork's
+    # offsets is the graph's business)
+    assert any(all(torch.equal(a, b) for a, b in zip(eager[start:], replays)) for start in (0, 1))
+
+
 def _real_ranks_worker(rank, world_size):
     state = initialize("cpu", tensor_parallel_size=2)
     draws = _draws(TensorParallelRNG(31, state))
