@@ -215,6 +215,16 @@ def summarize_megatron(log: str, skip: int) -> dict:
             **({"measured_peak_mib": float(memory[-1])} if memory else {})}
 
 
+NOTED = ("CUDA graph", "captured", "FP8", "compile", "nothing captured")
+
+
+def startup_notes(log: str) -> list[str]:
+    """The run's own lines on what it did with the variant's flags (graphs captured or not, FP8's kernels, the
+    compiler), so a row that ran eagerly where it was asked for graphs says so beside its time."""
+    return [line.strip()[:300] for line in log.splitlines()
+            if line.lstrip().startswith(">") and any(word in line for word in NOTED)]
+
+
 def last_error(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
     errors = [line for line in lines if re.search(r"error|Error|refused|Traceback", line)]
@@ -232,7 +242,7 @@ def run_ours(run: Run, args, scratch: Path, data_cache: Path) -> dict:
     (scratch / "output.log").write_text(result["log"], encoding="utf-8")
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line] if metrics.exists() else []
     figures = {**summarize_metrics(records, args.skip), **memory_figures(result["log"])}
-    return {**_outcome(result, argv), **figures}
+    return {**_outcome(result, argv), **figures, "notes": startup_notes(result["log"])}
 
 
 def run_megatron(run: Run, args, scratch: Path, kit: Optional["MegatronKit"]) -> dict:

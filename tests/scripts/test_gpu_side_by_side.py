@@ -18,6 +18,7 @@ from scripts.gpu_side_by_side import (
     markdown_table,
     memory_figures,
     plan_runs,
+    startup_notes,
     summarize_megatron,
 )
 
@@ -120,3 +121,13 @@ def test_the_harness_runs_the_table_on_the_cpu_and_reports_each_runs_own_figures
     log = (logs / "01-gpt2-124m-mbs1-eager" / "output.log").read_text()
     assert memory_figures(log)["predicted_peak_mib"] == eager["predicted_peak_mib"]
     assert "| gpt2-124m-mbs1 | eager |" in done.stdout
+
+
+def test_a_run_keeps_its_own_lines_on_graphs_fp8_and_the_compiler():
+    log = ("> model: 124M parameters\n"
+           "> --cuda-graph-impl local: nothing captured, the blocks run eagerly (the same math): the device is cpu\n"
+           " iteration 1/12 | loss 10.9\n"
+           "> FP8: --fp8-format hybrid --fp8-recipe tensorwise: 64 linears in FP8\n")
+    assert startup_notes(log) == [
+        "> --cuda-graph-impl local: nothing captured, the blocks run eagerly (the same math): the device is cpu",
+        "> FP8: --fp8-format hybrid --fp8-recipe tensorwise: 64 linears in FP8"]
