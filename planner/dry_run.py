@@ -493,7 +493,9 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         block_saved_bytes=dict(probe.peak),
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp_num_layers),
         gradient_working_bytes=logits + block_gradients,
-        step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
+        # on a CPU the norm's fp64 conversion is one block at a time (zero/grad_norm.py); CUDA's kernel copies nothing
+        step_working_bytes=optimizer.step_working_bytes(copies["step"], norm_in_blocks=cluster.device_type == "cpu"),
+        transport_copy_bytes=copies,
         checkpoint_read_bytes=load_read_bytes(model, optimizer),
         parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
         pipeline=pipeline,

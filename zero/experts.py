@@ -185,8 +185,8 @@ class ChainedStep(CheckpointableChain):
         """The dense part's parameter storage (its stage-3 gatherer is the one the planner reads)."""
         return self.dense.parameters
 
-    def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
-        return max(part.step_working_bytes(gather_copy_bytes) for part in self.parts)
+    def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
+        return max(part.step_working_bytes(gather_copy_bytes, norm_in_blocks) for part in self.parts)
 
     def step_collectives_only(self) -> None:
         """`step`'s collectives without its arithmetic (the dry run's step, planner/dry_run.py): both parts'
