@@ -72,6 +72,7 @@ from parallel.mappings import (
 from parallel.random import TensorParallelRNG
 from parallel.sharding import also_replicated_over
 from parallel.state import ParallelState
+from zero.gated_parameters import wait_at_region_entry
 
 if TYPE_CHECKING:  # the model reads the masks' tensors; importing it loads no data pipeline (tests/test_layering.py)
     from data.documents import DocumentMasks
@@ -584,8 +585,11 @@ def compile_blocks(model: GPTModel) -> None:
     """torch.compile each transformer block in place (nn.Module.compile: names, parameters and hooks
     stay as they are). Call it after parallelism is applied. What must stay eager is marked so where
     it is defined: the communicator's collectives (byte accounting) and ZeRO stage 3's gather hooks
-    (Python bookkeeping that would otherwise be traced and recompiled every step)."""
+    (Python bookkeeping that would otherwise be traced and recompiled every step). With
+    --overlap-param-gather a block waits for its parameters' gathers as it is entered
+    (zero/gated_parameters.py), so the compiled forward never sees a gather in flight."""
     for block in model.blocks:
+        wait_at_region_entry(block)
         block.compile()
 
 

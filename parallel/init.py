@@ -150,19 +150,20 @@ class ParameterInitializer:
         return out
 
 
-def replace_parameters(module: nn.Module, replacements: dict[int, tuple[nn.Parameter, torch.Tensor]]
-                       ) -> dict[int, nn.Parameter]:
+def replace_parameters(module: nn.Module, replacements: dict[int, tuple[nn.Parameter, torch.Tensor]],
+                       parameter_class: type = nn.Parameter) -> dict[int, nn.Parameter]:
     """For each `id(old): (old, data)`, put a new Parameter over `data` in every module that holds
     `old` (a tied parameter has several owners), keeping its attributes (its sharding record,
     init_method). Returns id(old) -> the new parameter. Needed to leave the meta device: a meta
     tensor's `.data` cannot be set to a real one. One walk over the modules, whatever the count.
+    `parameter_class`: nn.Parameter or a subclass of it (ZeRO's overlapped gather makes gated ones).
 
     The new parameter's data is *set* to `data`, not wrapped: a view wrapped as a Parameter would share
     its base's version counter, and ZeRO writes into the base (gathering a stage-3 chunk again for
     backward) while autograd still holds the parameter for that backward."""
     new_params = {}
     for key, (old, data) in replacements.items():
-        new = nn.Parameter(torch.empty(0, dtype=data.dtype, device=data.device), requires_grad=old.requires_grad)
+        new = parameter_class(torch.empty(0, dtype=data.dtype, device=data.device), requires_grad=old.requires_grad)
         new.data = data
         new.__dict__.update(old.__dict__)
         new_params[key] = new

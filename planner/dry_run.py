@@ -114,7 +114,9 @@ class RankPlan:
     stage3_live_chunk_bytes: int         # the most gathered parameter bytes at once (stage 3)
     stage3_prefetch_elements: int
     checkpoint_bytes: dict[str, int]     # checkpointed inputs kept: {"device", "host"}
-    contiguous_checkpoint_buffer_bytes: int
+    # M_D's buffer (zero/checkpoint_buffer.py): a slot set per micro-batch in flight, allocated whole at the first
+    # checkpoint and held; the checkpoints in it are not in saved_activation_bytes. {"device", "host" (P_a+cpu)}
+    contiguous_checkpoint_buffer_bytes: dict[str, int]
     saved_activation_bytes: dict[str, int]  # peak saved for backward over the iteration: {"device", "host"}
     block_saved_bytes: dict[str, int]    # one block's saved tensors: {"forward", "backward"} (recompute)
     logits_bytes: int                    # one micro-batch's logits shard, in the training dtype
@@ -495,12 +497,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         stage3_live_chunk_bytes=gatherer.peak_live_numel * param_bytes if gatherer is not None else 0,
         stage3_prefetch_elements=config.zero.stage3_prefetch_bucket_size if gatherer is not None else 0,
         checkpoint_bytes=dict(meter.checkpointed_peak),
-        contiguous_checkpoint_buffer_bytes=_buffer_bytes(checkpointing),
+        contiguous_checkpoint_buffer_bytes=_buffer_bytes(checkpointing, config.activations.cpu_checkpointing),
         saved_activation_bytes=dict(meter.peak),
         block_saved_bytes=dict(probe.peak),
         logits_bytes=logits, loss_softmax_bytes=micro * seq * local_vocab * 4 * (1 + config.model.mtp_num_layers),
         gradient_working_bytes=logits + block_gradients,
-        step_working_bytes=optimizer.step_working_bytes(copies["step"]), transport_copy_bytes=copies,
+        # on a CPU the norm's fp64 conversion is one block at a time (zero/grad_norm.py); CUDA's kernel copies nothing
+        step_working_bytes=optimizer.step_working_bytes(copies["step"], norm_in_blocks=cluster.device_type == "cpu"),
+        transport_copy_bytes=copies,
         checkpoint_read_bytes=load_read_bytes(model, optimizer),
         parameter_gradient_bytes=_parameter_gradient_bytes(model, param_bytes),
         pipeline=pipeline,
@@ -551,7 +555,9 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         result.notes.append(f"CUDA graphs ({graphs.impl}): from their capture on, their pool stays reserved through "
                             f"the optimizer step (counted beside it); an attention mask's copy per region is not "
                             f"counted")
-    result.total_bytes = held["total"] + result.fp8_state_bytes + result.buffer_bytes \
+    # M_D's buffer, allocated at iteration 1's first checkpoint and held
+    device_contiguous = result.contiguous_checkpoint_buffer_bytes["device"]
+    result.total_bytes = held["total"] + result.fp8_state_bytes + result.buffer_bytes + device_contiguous \
         + result.cuda_graph_static_bytes + max(passes, result.step_working_bytes + result.cuda_graph_pool_bytes)
     # Iteration 1 holds less than the later ones: the constant buffers appear at its first reduction (late in the
     # last micro-batch's backward, after the forward's peak), and are held from then on. Its peak, what a live run's
@@ -561,13 +567,14 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         first_passes = max(transients + max(probe.first_iteration_forward(meter.peak["device"]),
                                             probe.first_iteration("copy") if copied else 0),
                            in_backward + max(probe.first_iteration("recompute"), probe.first_iteration("saved")))
-        result.first_iteration_bytes = held["total"] + result.fp8_state_bytes + max(first_passes,
-                                                           result.buffer_bytes + result.step_working_bytes)
+        result.first_iteration_bytes = held["total"] + result.fp8_state_bytes + device_contiguous \
+            + max(first_passes, result.buffer_bytes + result.step_working_bytes)
     if config.checkpoint.saves_in_background:  # the partition: the fp32 master and the moments, wherever they live
         partition = sum(held[key] + host_held[key] for key in ("master_weights", "optimizer_states"))
         result.checkpoint_staging_bytes = staged_bytes_bound(sum(param.numel() for param in model.parameters()),
                                                              param_bytes, partition)
     result.host_total_bytes = host_held["total"] + result.host_buffer_bytes + meter.peak["host"] \
+        + result.contiguous_checkpoint_buffer_bytes["host"] \
         + result.checkpoint_staging_bytes
     result.ranks_per_node = cluster.ranks_per_node
     result.host_budget_bytes = cluster.host_memory_bytes
@@ -635,7 +642,7 @@ def fp8_state_bytes(model, parameter_storage) -> int:
     return held + (gathered.resident_bytes() if gathered is not None else 0)
 
 
-def _buffer_bytes(checkpointing) -> int:
-    if checkpointing is None or checkpointing.buffer is None:
-        return 0
-    return checkpointing.buffer.numel() * checkpointing.buffer.element_size()
+def _buffer_bytes(checkpointing, on_host: bool) -> dict[str, int]:
+    """M_D's buffer by where it lives: the device, or host memory with P_a+cpu."""
+    held = checkpointing.contiguous.nbytes() if checkpointing is not None and checkpointing.contiguous else 0
+    return {"device": 0 if on_host else held, "host": held if on_host else 0}

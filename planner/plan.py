@@ -128,13 +128,18 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
     if plan.stage == 3:
         rows.append((f"stage-3 gathered chunks, peak (prefetch {plan.stage3_prefetch_elements:,} elements)",
                      plan.stage3_live_chunk_bytes))
+    contiguous = activations.contiguous_checkpointing and activations.checkpoint_activations
+    checkpoints = "activation checkpoints" + (" (1/TP each, P_a)" if activations.partition_activations else "")
     rows += [("saved for backward, peak over the iteration", plan.saved_activation_bytes["device"]),
-             ("  of which activation checkpoints" + (" (1/TP each, P_a)" if activations.partition_activations else ""),
-              plan.checkpoint_bytes["device"]),
+             (f"  {checkpoints} alive at once (in the contiguous buffer below)" if contiguous else
+              f"  of which {checkpoints}", plan.checkpoint_bytes["device"]),
              ("  of which the loss's fp32 softmax", plan.loss_softmax_bytes),
              ("  one block's saved tensors in forward", plan.block_saved_bytes["forward"]),
              ("  one block's saved tensors in backward (recompute: in the total beside the checkpoints kept then)",
               plan.block_saved_bytes["backward"]),
+             *([("contiguous checkpoint buffer (M_D: a slot set per micro-batch in flight, held)",
+                 plan.contiguous_checkpoint_buffer_bytes["device"])] if plan.contiguous_checkpoint_buffer_bytes["device"]
+               else []),
              ("logits of one micro-batch (transient)", plan.logits_bytes),
              *([("pipeline sends held at once (until a receive two slots on)", plan.p2p_held_bytes),
                 ("  peak of saved activations, held sends and gloo's copy over the schedule",
@@ -259,6 +264,7 @@ def _host_lines(plan: RankPlan, width: int, moments: str = "Adam moments") -> li
              ("fp32 master weights", "master_weights"), (moments, "optimizer_states"))]
     rows += [("host: constant buffers", plan.host_buffer_bytes),
              ("host: activation checkpoints (P_a+cpu)", plan.saved_activation_bytes["host"]),
+             ("host: contiguous checkpoint buffer (P_a+cpu with M_D)", plan.contiguous_checkpoint_buffer_bytes["host"]),
              ("host: checkpoint staged (--async-save)", plan.checkpoint_staging_bytes)]
     rows = [(name, value) for name, value in rows if value]
     if not rows:

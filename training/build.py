@@ -23,6 +23,7 @@ from gpt.pipeline_layout import pipeline_layout_counts
 from gpt.stage_layers import StageLayers, stage_layers
 from parallel.fp8.guard import GuardMonitor
 from parallel.graph_backends import CudaGraphBackend, GraphBackend
+from parallel.pipeline_schedules import peak_held_by_forwards, schedule
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
 from training.cuda_graphs import CudaGraphPlan, CudaGraphs, apply_cuda_graphs, cuda_graph_plan
@@ -104,7 +105,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     """
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP
-    model = GPTModel(config.model, state, rng=rng, stage=pipeline_stage(settings, state), plan=plan)  # 2. PP
+    stage = pipeline_stage(settings, state)
+    model = GPTModel(config.model, state, rng=rng, stage=stage, plan=plan)                 # 2. PP
     # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. On the meta device
     # too, so the dry run keeps what the FP8 linears keep (planner/dry_run.py); the guard, which reads its
     # counts' values, only where there are values.
@@ -119,7 +121,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     activations = ActivationMonitor(state.device)
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute
-        checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations)
+        checkpointing = apply_activation_checkpointing(model, config.activations, state, rng, activations,
+                                                       slot_sets=checkpoint_slot_sets(settings, state, stage))
     # A tied embedding (or the MTP layers' copy, gpt/mtp.py) on two stages is a ZeRO unit of its own, so the two copies' gradients can be summed
     # shard by shard (zero/pipeline_grads.py).
     shared = [model.word_embeddings.weight] if state.pipeline_parallel_size > 1 and model.shares_word_embedding \
@@ -153,6 +156,20 @@ def pipeline_stage(settings: RunSettings, state: ParallelState) -> Optional[Stag
                         account_for_embedding=parallel.account_for_embedding_in_pipeline_split,
                         account_for_loss=parallel.account_for_loss_in_pipeline_split,
                         layout_counts=pipeline_layout_counts(settings.config.model, parallel))
+
+
+def checkpoint_slot_sets(settings: RunSettings, state: ParallelState, stage: Optional[StageLayers]) -> int:
+    """How many micro-batches' checkpoints --contiguous-checkpointing's buffer holds (zero/checkpoint_buffer.py):
+    one without pipeline stages; with them, the most checkpoints this rank's schedule keeps awaiting their backward
+    at the run's largest batch, in whole micro-batches (1F1B: min(P - s, M) on stage s)."""
+    if stage is None:
+        return 1
+    # a chunk's blocks are grouped from its first (zero/activations.py)
+    by_chunk = [settings.config.activations.num_checkpoints(len(chunk)) for chunk in stage.chunks]
+    slots = schedule(settings.batch.final_accumulation_steps, state.pipeline_parallel_size,
+                     state.pipeline_parallel_rank, len(stage.chunks),
+                     settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage)
+    return max(1, -(-peak_held_by_forwards(slots, by_chunk) // max(1, sum(by_chunk))))
 
 
 def decayed_norm_params(model: GPTModel, config) -> list:

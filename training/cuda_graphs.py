@@ -44,6 +44,7 @@ from gpt.moe.layer import MoELayer
 from parallel.graph_backends import GraphBackend
 from parallel.graph_capture import GradientArena, GraphedRegion, GraphSet
 from parallel.state import ParallelState
+from zero.gated_parameters import wait_at_region_entry
 from zero.memory import format_bytes
 
 # Why a run captures nothing: (applies to the config, the reason). Each names what Megatron-LM would capture and why
@@ -272,6 +273,8 @@ def apply_cuda_graphs(model: GPTModel, plan: Optional[CudaGraphPlan], state: Par
     by_block: dict[int, dict[str, GraphedRegion]] = {}
     ordered = []
     for spec in graph_regions(model, plan):
+        for module in spec.modules:  # --overlap-param-gather: the region's gathers waited for before each replay
+            wait_at_region_entry(module)
         region = GraphedRegion(spec.name, _region_function(spec), spec.block, spec.modules, reads_mask=spec.reads_mask)
         by_block.setdefault(id(spec.block), {})[spec.kind] = region
         ordered.append(region)

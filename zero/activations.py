@@ -13,9 +13,10 @@ blocks), so:
               the TP group rebuilds the input right before the recompute.
     P_a+cpu   (`--cpu-checkpointing`) the kept slice lives in host memory (pinned and copied
               asynchronously on CUDA) and comes back before the recompute.
-    M_D       (`--contiguous-checkpointing`) the slices of every checkpoint of a micro-batch go into
-              one buffer allocated once (sized by `--number-checkpoints`) and reused every iteration,
-              instead of one allocation per block, so long runs do not fragment memory.
+    M_D       (`--contiguous-checkpointing`) the slices of every checkpoint go into one buffer allocated
+              once and reused every iteration, instead of one allocation per block, so long runs do not
+              fragment memory: a slot set of `--number-checkpoints` for each micro-batch the pipeline
+              schedule keeps in flight (zero/checkpoint_buffer.py).
 
 Under sequence parallelism (`--sequence-parallel`) the kept input is already this rank's 1/TP slice of
 the sequence, different on every TP rank: P_a has nothing left to split and keeps it as it is (no
@@ -43,6 +44,7 @@ import torch
 from torch import nn
 
 from parallel.fp8.recompute import delayed_scalings_in, recomputing, stash_for_recompute
+from zero.checkpoint_buffer import ContiguousCheckpoints, SlotLease
 from zero.memory import storage_identity
 
 
@@ -67,7 +69,9 @@ def _set_rng_states(rng, device: torch.device, states: dict) -> None:
 class SavedTensorMeter:
     """Peak bytes of tensors autograd saves for backward, by location ("device" or "host"), and the
     peak of those that are checkpointed block inputs. Parameters (model states, not activations) are
-    not counted; a storage saved by several ops counts once while it is saved."""
+    not counted; a storage saved by several ops counts once while it is saved. Checkpoints in M_D's
+    contiguous buffer count among the checkpointed inputs but not in `live`/`peak`: the buffer is
+    allocated whole and held for the run (the planner counts it once, zero/checkpoint_buffer.py)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -79,7 +83,7 @@ class SavedTensorMeter:
         # Checkpointed inputs announced by the checkpoint function, by where they start: autograd
         # packs a custom Function's saved tensors after its forward returns, so they are recognised
         # when they arrive rather than by a flag set around save_for_backward.
-        self._expected: dict[tuple, str] = {}
+        self._expected: dict[tuple, tuple[str, bool]] = {}  # where -> (location, in the contiguous buffer)
 
     @staticmethod
     def _where(tensor: torch.Tensor) -> tuple:
@@ -87,8 +91,8 @@ class SavedTensorMeter:
         included: the planner measures a rank on the meta device)."""
         return (*storage_identity(tensor), tensor.storage_offset(), tensor.numel())
 
-    def expect_checkpoint(self, tensor: torch.Tensor, location: str) -> None:
-        self._expected[self._where(tensor)] = location
+    def expect_checkpoint(self, tensor: torch.Tensor, location: str, in_contiguous_buffer: bool = False) -> None:
+        self._expected[self._where(tensor)] = (location, in_contiguous_buffer)
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -99,10 +103,9 @@ class SavedTensorMeter:
         # Where it lives: by device, except that on a CPU-only run the host copies P_a+cpu makes are
         # known only from the checkpoint function's announcement.
         location = "host" if tensor.device.type == "cpu" and self.device.type != "cpu" else "device"
-        announced = self._expected.pop(self._where(tensor), None)
-        checkpointed = announced is not None
-        location = announced or location
-        key = (self._where(tensor), tensor.numel() * tensor.element_size(), location, checkpointed)
+        location, in_buffer = self._expected.pop(self._where(tensor), (location, None))
+        checkpointed = in_buffer is not None
+        key = (self._where(tensor), tensor.numel() * tensor.element_size(), location, checkpointed, bool(in_buffer))
         self._counts[key] = self._counts.get(key, 0) + 1
         if self._counts[key] == 1:
             self._add(key, +1)
@@ -119,9 +122,10 @@ class SavedTensorMeter:
             self._add(key, -1)
 
     def _add(self, key, sign: int) -> None:
-        _, nbytes, location, checkpointed = key
-        self.live[location] += sign * nbytes
-        self.peak[location] = max(self.peak[location], self.live[location])
+        _, nbytes, location, checkpointed, in_buffer = key
+        if not in_buffer:
+            self.live[location] += sign * nbytes
+            self.peak[location] = max(self.peak[location], self.live[location])
         if checkpointed:
             self.checkpointed_live[location] += sign * nbytes
             self.checkpointed_peak[location] = max(self.checkpointed_peak[location],
@@ -174,8 +178,12 @@ class ActivationCheckpointing:
     """Runs a model's blocks under activation checkpointing with the ZeRO-R options of `config`
     (an ActivationCheckpointConfig). One instance per model; it owns the contiguous buffer."""
 
-    def __init__(self, config, state, rng=None, num_layers: Optional[int] = None,
-                 monitor: Optional[ActivationMonitor] = None, input_is_split: bool = False) -> None:
+    def __init__(self, config, state, rng=None, chunk_layers: Sequence[int] = (),
+                 monitor: Optional[ActivationMonitor] = None, input_is_split: bool = False,
+                 slot_sets: int = 1) -> None:
+        """`chunk_layers`: the blocks of each model chunk this rank runs (one chunk without interleaving); with
+        --contiguous-checkpointing they size a micro-batch's slot set, and `slot_sets` is how many micro-batches'
+        sets the pipeline schedule keeps in flight (training/build.py `checkpoint_slot_sets`)."""
         self.config = config
         self.state = state
         self.rng = rng
@@ -184,12 +192,11 @@ class ActivationCheckpointing:
         # `input_is_split`: the blocks' input is already this rank's slice (sequence parallelism).
         self.partition = config.partition_activations and state.tensor_parallel_size > 1 and not input_is_split
         self.offload = config.cpu_checkpointing
-        self.num_checkpoints = config.number_checkpoints or (
-            math.ceil(num_layers / self.group_size) if num_layers else None)
-        self.buffer: Optional[torch.Tensor] = None
-        self.buffer_allocations = 0       # how many times the contiguous buffer was allocated
+        self.pin = self.offload and self.device.type == "cuda"  # host checkpoints copied asynchronously
         self.monitor = monitor or ActivationMonitor(self.device)
-        self._next_slot = 0
+        self.contiguous = ContiguousCheckpoints(config.buffer_checkpoints(*chunk_layers), slot_sets,
+                                                self.host if self.offload else self.device, self.pin) \
+            if config.contiguous_checkpointing else None
 
     @property
     def host(self) -> torch.device:
@@ -205,7 +212,6 @@ class ActivationCheckpointing:
             for block in blocks:
                 hidden = block(hidden) if documents is None else block(hidden, documents)
             return hidden
-        self._next_slot = 0
         for start in range(0, len(blocks), self.group_size):
             group = list(blocks[start:start + self.group_size])
             hidden = _CheckpointFunction.apply(_BlockGroup(group, documents), self, hidden)
@@ -219,53 +225,44 @@ class ActivationCheckpointing:
         start = self.state.tensor_parallel_rank * slice_numel
         return start, slice_numel
 
-    def _destination(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Where one checkpoint's kept slice goes: a slot of the contiguous buffer, or a fresh tensor."""
-        where = self.host if self.offload else self.device
-        pin = self.offload and self.device.type == "cuda"
-        if not self.config.contiguous_checkpointing:
-            return torch.empty(numel, dtype=dtype, device=where, pin_memory=pin)
-        if self.num_checkpoints is None:
-            raise ValueError("--contiguous-checkpointing needs the number of checkpoints (--number-checkpoints)")
-        slot = self._next_slot
-        self._next_slot += 1
-        if slot >= self.num_checkpoints:
-            raise RuntimeError(f"the model made more than --number-checkpoints {self.num_checkpoints} "
-                               f"checkpoints in one forward; raise it")
-        needed = self.num_checkpoints * numel
-        if self.buffer is None or self.buffer.numel() != needed or self.buffer.dtype != dtype:
-            # Once per run, unless the micro-batch shape changes.
-            self.buffer = torch.empty(needed, dtype=dtype, device=where, pin_memory=pin)
-            self.buffer_allocations += 1
-        # A tensor of its own over the slot's bytes, not a view: views share the buffer's version
-        # counter, and writing the next slot would make autograd reject this one as modified.
-        kept = torch.empty(0, dtype=dtype, device=where)
-        return kept.set_(self.buffer.untyped_storage(), slot * numel, (numel,))
+    def _destination(self, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, Optional[SlotLease]]:
+        """Where one checkpoint's kept slice goes: a slot of the contiguous buffer (and its lease), or a fresh
+        tensor."""
+        if self.contiguous is not None:
+            return self.contiguous.take(numel, dtype)
+        return torch.empty(numel, dtype=dtype, device=self.host if self.offload else self.device, pin_memory=self.pin), \
+            None
 
-    def store(self, hidden: torch.Tensor) -> torch.Tensor:
+    def store(self, hidden: torch.Tensor) -> tuple[torch.Tensor, Optional[SlotLease]]:
         """The part of a block group's input this rank keeps: all of it, or its 1/TP slice (P_a), on
-        the device or the host (P_a+cpu), in its own tensor or the contiguous buffer (M_D)."""
+        the device or the host (P_a+cpu), in its own tensor or a slot of the contiguous buffer (M_D: with
+        the lease that gives the slot back)."""
         flat = hidden.detach().reshape(-1)
         if self.partition:
             start, slice_numel = self._slice_bounds(flat.numel())
             piece = flat[start:start + slice_numel]
-            kept = self._destination(slice_numel, flat.dtype)
+            kept, lease = self._destination(slice_numel, flat.dtype)
             kept[:piece.numel()].copy_(piece, non_blocking=True)
             kept[piece.numel():].zero_()  # the last rank's padding
         else:
-            kept = self._destination(flat.numel(), flat.dtype)
+            kept, lease = self._destination(flat.numel(), flat.dtype)
             kept.copy_(flat, non_blocking=True)
-        return kept
+        return kept, lease
 
-    def restore(self, kept: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        """Rebuild the full input from what `store` kept: back to the device, then one TP all-gather."""
+    def restore(self, kept: torch.Tensor, shape: torch.Size, lease: Optional[SlotLease] = None) -> torch.Tensor:
+        """Rebuild the full input from what `store` kept: back to the device, then one TP all-gather; the
+        slot, if any, is free again once read (a copy on the host's stream is ordered before any later write)."""
         piece = kept.to(self.device, non_blocking=True) if kept.device != self.device else kept
         if not self.partition:
-            return piece.clone().view(shape)  # a fresh tensor: the kept one may be a reused buffer slot
-        gathered = torch.empty(piece.numel() * self.state.tensor_parallel_size, dtype=piece.dtype,
-                               device=self.device)
-        self.state.comm.all_gather(gathered, piece, self.state.tensor_parallel_group, "tp")
-        return gathered[:shape.numel()].view(shape)
+            restored = piece.clone().view(shape)  # a fresh tensor: the kept one may be a reused buffer slot
+        else:
+            gathered = torch.empty(piece.numel() * self.state.tensor_parallel_size, dtype=piece.dtype,
+                                   device=self.device)
+            self.state.comm.all_gather(gathered, piece, self.state.tensor_parallel_group, "tp")
+            restored = gathered[:shape.numel()].view(shape)
+        if lease is not None:
+            lease.give_back()
+        return restored
 
     def synchronize(self) -> None:
         if self.config.synchronize_checkpoint_boundary and self.device.type == "cuda":
@@ -299,9 +296,10 @@ class _CheckpointFunction(torch.autograd.Function):
         stash_for_recompute(run.fp8_scalings)
         with torch.no_grad():
             output = run(hidden)
-        kept = checkpointing.store(hidden)
+        kept, ctx.lease = checkpointing.store(hidden)
         if checkpointing.monitor.meter is not None:
-            checkpointing.monitor.meter.expect_checkpoint(kept, "host" if checkpointing.offload else "device")
+            checkpointing.monitor.meter.expect_checkpoint(kept, "host" if checkpointing.offload else "device",
+                                                          in_contiguous_buffer=ctx.lease is not None)
         ctx.save_for_backward(kept)
         if checkpointing.config.profile_checkpointing:
             checkpointing.monitor.record_timing("forward", time.perf_counter() - started)
@@ -313,7 +311,7 @@ class _CheckpointFunction(torch.autograd.Function):
         checkpointing.synchronize()
         started = time.perf_counter()
         (kept,) = ctx.saved_tensors
-        hidden = checkpointing.restore(kept, ctx.shape).detach().requires_grad_(True)
+        hidden = checkpointing.restore(kept, ctx.shape, ctx.lease).detach().requires_grad_(True)
         current = _rng_states(checkpointing.rng, checkpointing.device)
         _set_rng_states(checkpointing.rng, checkpointing.device, ctx.rng_states)
         try:
@@ -328,13 +326,19 @@ class _CheckpointFunction(torch.autograd.Function):
 
 
 def apply_activation_checkpointing(model: nn.Module, config, state, rng=None,
-                                   monitor: Optional[ActivationMonitor] = None) -> ActivationCheckpointing:
+                                   monitor: Optional[ActivationMonitor] = None,
+                                   slot_sets: int = 1) -> ActivationCheckpointing:
     """Make `model` run its blocks under activation checkpointing (`config`: ActivationCheckpointConfig).
-    The model must run its blocks through a `run_blocks(blocks, hidden[, documents])` hook, as GPTModel does."""
+    The model must run its blocks through a `run_blocks(blocks, hidden[, documents])` hook, as GPTModel does;
+    a pipeline stage's model chunks are its `chunk_blocks`. `slot_sets`: with --contiguous-checkpointing, the
+    micro-batches whose checkpoints the schedule keeps at once (training/build.py `checkpoint_slot_sets`)."""
     if not hasattr(model, "run_blocks") or not hasattr(model, "blocks"):
         raise TypeError(f"{type(model).__name__} has no run_blocks hook: activation checkpointing applies to "
                         "models that run their blocks through model.run_blocks(blocks, hidden), like GPTModel")
-    checkpointing = ActivationCheckpointing(config, state, rng, len(model.blocks), monitor,
-                                            input_is_split=getattr(model, "sequence_parallel", False))
+    chunks = getattr(model, "chunk_blocks", None) or [model.blocks]
+    checkpointing = ActivationCheckpointing(config, state, rng, [len(chunk) for chunk in chunks], monitor,
+                                            input_is_split=getattr(model, "sequence_parallel", False),
+                                            slot_sets=slot_sets)
     model.run_blocks = checkpointing.run
     return checkpointing
+

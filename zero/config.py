@@ -193,9 +193,19 @@ class ActivationCheckpointConfig:
         """Checkpointed groups per micro-batch: ceil(num_layers / checkpoint_num_layers)."""
         return -(-num_layers // self.checkpoint_num_layers)
 
-    def buffer_checkpoints(self, num_layers: int) -> int:
-        """Checkpoints the contiguous buffer is sized for: --number-checkpoints, else one per group."""
-        return self.number_checkpoints if self.number_checkpoints is not None else self.num_checkpoints(num_layers)
+    def buffer_checkpoints(self, *chunk_layers: int) -> int:
+        """Checkpoints a slot set of the contiguous buffer holds, one micro-batch's (zero/checkpoint_buffer.py):
+        --number-checkpoints, else one per group of each model chunk's layers (a group never spans two chunks)."""
+        made = sum(self.num_checkpoints(layers) for layers in chunk_layers)
+        if self.number_checkpoints is None:
+            return made
+        if self.number_checkpoints < made:  # a stage's chunks can make more than the whole model's groups
+            raise ConfigError(f"--number-checkpoints {self.number_checkpoints} is fewer than the {made} checkpoints "
+                              f"a micro-batch's forward makes on this pipeline stage (model chunks of "
+                              f"{', '.join(map(str, chunk_layers))} layers, --checkpoint-num-layers "
+                              f"{self.checkpoint_num_layers} a group within a chunk); raise it or leave it unset",
+                              flags=("--number-checkpoints",))
+        return self.number_checkpoints
 
 
 def activation_flag(name: str) -> str:

@@ -198,8 +198,8 @@ class ChainedStep(CheckpointableChain):
         """The dense part's parameter storage (its stage-3 gatherer is the one the planner reads)."""
         return self.dense.parameters
 
-    def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
-        return max(part.step_working_bytes(gather_copy_bytes) for part in self.parts)
+    def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
+        return max(part.step_working_bytes(gather_copy_bytes, norm_in_blocks) for part in self.parts)
 
     def grad_norm_squared(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """The squared norm over both parts' partition gradients `grads` (dense, experts) and every stage (module
@@ -232,6 +232,7 @@ class ChainedStep(CheckpointableChain):
         for part, grad in zip((self.dense, self.experts), grads):
             if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
                 grad.mul_(max_norm / (norm + 1e-6))
+            part.parameters.wait_all()  # an overlapped gather may still read the master the update writes
             part.update(grad)
             part.publish_parameters()
         self.loss_scaler.update(overflow=False)

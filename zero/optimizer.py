@@ -4,7 +4,8 @@ What a rank keeps depends only on its partition (zero.flat_buffer.FlatLayout): t
 with one part (stage 0), 1/N of it with N parts (stages 1-3). The step never asks which stage it is:
 
     1. take this rank's partition of the averaged gradient from the reducer (fp32), unscale it;
-    2. the global gradient norm: squares summed over the partition's segments, all-reduced over the
+    2. the global gradient norm: squares summed in fp64 over the partition's segments (zero/grad_norm.py:
+       the sum does not depend on how the partition is cut), all-reduced over the
        TP group (TP-replicated elements counted on TP rank 0 only) and over the group the partition
        is cut across (none with one part);
     3. with fp16 loss scaling, an overflow (the norm every rank agrees on is not finite) skips the step;
@@ -47,6 +48,7 @@ from zero.ademamix import TEMPORARIES as ADEMAMIX_TEMPORARIES
 from zero.ademamix import WINDOW as ADEMAMIX_WINDOW
 from zero.ademamix import AdEMAMix
 from zero.flat_buffer import FlatLayout, Unit
+from zero.grad_norm import block_copy_bytes, sum_of_squares
 from zero.grad_reducer import GradientReducer
 from zero.loss_scaler import LossScaler
 from zero.muon import MuonMatrix, muon_ranges, muon_step
@@ -261,7 +263,7 @@ class ShardedAdamW:
         return self.grad_norm_squared(grads).sqrt().item()
 
     def grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
-        """The squared global norm as a 1-element fp32 tensor, summed over TP, the partition group and the
+        """The squared global norm as a 1-element fp64 tensor, summed over TP, the partition group and the
         pipeline stages (its collectives are the step's only ones besides publishing: see step_collectives_only)."""
         total = self.stage_grad_norm_squared(grads)
         self.comm.all_reduce(total, self.pipeline_group, "pp")
@@ -269,21 +271,24 @@ class ShardedAdamW:
 
     def stage_grad_norm_squared(self, grads: torch.Tensor) -> torch.Tensor:
         """This pipeline stage's share of the squared norm: summed over TP and the partition group only (a
-        chain of optimizers, zero/experts.py, adds its parts' shares before summing over the stages once)."""
-        counted = [s for s in self._segments
-                   if not any(lo <= s.start and s.end <= hi for lo, hi in self.norm_excluded)]
-        sharded = [grads[s.start:s.end] for s in counted if s.kind.tensor_parallel]
-        replicated = [grads[s.start:s.end] for s in counted if not s.kind.tensor_parallel]
-        if self.parallel_state.tensor_parallel_rank != 0:
-            replicated = []
-        pieces = sharded + replicated
-        squares = [norm.square() for norm in torch._foreach_norm(pieces)] if pieces else []
-        total = torch.stack(squares).sum() if squares else torch.zeros((), device=grads.device)
+        chain of optimizers, zero/experts.py, adds its parts' shares before summing over the stages once). fp64
+        from each rank's partial sum on (zero/grad_norm.py), so the norm does not depend on how the partition is
+        cut."""
+        pieces = [grads[s.start:s.end] for s in self._norm_segments()]
         # On the training device whatever `grads`' (the host, with offload): NCCL reaches only it.
-        total = total.reshape(1).to(device=self.parameters.device, dtype=torch.float32)
+        total = sum_of_squares(pieces, grads.device).reshape(1).to(self.parameters.device)
         self.comm.all_reduce(total, self.parallel_state.tensor_parallel_group, "tp")
         self.comm.all_reduce(total, self.partition_group, "dp")
         return total
+
+    def _norm_segments(self) -> list:
+        """The segments this rank's squares count: not those the pipeline leaves out, and TP-replicated ones
+        on TP rank 0 only (every TP rank holds the same values)."""
+        counted = [s for s in self._segments
+                   if not any(lo <= s.start and s.end <= hi for lo, hi in self.norm_excluded)]
+        if self.parallel_state.tensor_parallel_rank != 0:
+            counted = [s for s in counted if s.kind.tensor_parallel]
+        return counted
 
     def step(self) -> StepResult:
         """Unscale, agree on overflow, clip by the global norm, update this rank's partition with AdamW
@@ -301,6 +306,7 @@ class ShardedAdamW:
         max_norm = self.optimizer_config.clip_grad
         if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
             grads.mul_(max_norm / (norm + 1e-6))
+        self.parameters.wait_all()  # an overlapped gather may still read the master the update writes (param_storage)
         self.update(grads)
         del grads
         self.publish_parameters()
@@ -328,16 +334,19 @@ class ShardedAdamW:
                       self.optimizer_config, lambda t: self.comm.all_reduce(t, self.partition_group, "dp"))
             self._muon_steps += 1
 
-    def step_working_bytes(self, gather_copy_bytes: int = 0) -> int:
+    def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
         """What the step allocates on top of the model states at its peak: the fp32 gradient
         partition where the reducer cannot hand over its own (stages 0-1 without offload), and then publishing's
         copies (zero.param_storage) plus what the transport copies of its largest gather
         (`gather_copy_bytes`: gloo's, on CPU); nothing for AdamW, whose fused kernel updates in place
         (the foreach kernel would hold +1x the fp32 partition). Unscaling and clipping scale the
-        gradient partition in place; the norm is a handful of scalars. The gradient partition is
-        dropped before publishing, so the two are never alive together."""
+        gradient partition in place; the norm, before the update, converts a block at a time to fp64 where
+        it runs on a CPU (`norm_in_blocks`; CUDA's kernel accumulates in fp64 without a copy: zero/grad_norm.py).
+        The gradient partition is dropped before publishing, so the two are never alive together."""
         publishing = self.parameters.publish_working_bytes() + gather_copy_bytes
-        return max(self.gradients.partition_working_bytes() + self.update_working_bytes(), publishing)
+        norm = block_copy_bytes(max((s.end - s.start for s in self._norm_segments()), default=0)) \
+            if norm_in_blocks else 0
+        return max(self.gradients.partition_working_bytes() + max(norm, self.update_working_bytes()), publishing)
 
     def update_working_bytes(self) -> int:
         """What the update itself allocates: nothing for fused AdamW; Muon's temporaries over its largest matrix;

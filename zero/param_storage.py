@@ -17,18 +17,16 @@ master and 16-bit parameters agree exactly as if the fp32 model had been rounded
 from __future__ import annotations
 
 import contextlib
-import functools
 from abc import ABC, abstractmethod
 from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import nn
 
-from base.eager_under_compile import eager_under_compile
-from base.graph_replay_hooks import runs_before_graph_replay
 from parallel.init import CHUNK_ELEMENTS, ParameterInitializer, replace_parameters
 from zero.flat_buffer import FlatLayout, Unit
 from zero.fp8_params import Fp8WeightBytes
+from zero.gated_parameters import GatedParameter, UnitGate
 from zero.placement import Placement
 from zero.stage3 import ParameterGatherer
 
@@ -89,6 +87,9 @@ class ParameterStorage(ABC):
         """A context in which `unit`'s parameters hold their full values."""
         return contextlib.nullcontext()
 
+    def wait_all(self) -> None:
+        """Wait for every gather still in flight (none but an overlapped publish's, ReplicatedParameters)."""
+
     def publish_working_bytes(self) -> int:
         """The most bytes `publish` allocates at once on top of the model states (the planner's
         "step temporaries"); zero where it writes in place."""
@@ -115,8 +116,9 @@ class ReplicatedParameters(ParameterStorage):
 
     With `overlap_param_gather` (Megatron's overlap-param-gather; stages 1-2), publishing after a step
     only *starts* every unit's all-gather, in the order the next forward needs them (units are reduce
-    buckets, laid out last layer first); each module that owns parameters waits, just before its
-    forward, for the units that hold them. The gathers then run while the first layers compute.
+    buckets, laid out last layer first), and closes the unit's gate; the parameters are GatedParameters
+    (zero/gated_parameters.py), and the first operation that reads one waits for its unit, whoever calls
+    it. The gathers then run while the first layers compute.
 
     With --fp8-param-gather (`fp8_states`, zero/fp8_params.py) the FP8 linears' weights are units of their own,
     gathered as FP8 bytes and dequantized into the buffer when published, before the other units' gathers
@@ -130,8 +132,8 @@ class ReplicatedParameters(ParameterStorage):
         self.allgather_bucket_numel = allgather_bucket_numel
         self.overlap = overlap_param_gather and group is not None  # with one part there is nothing to gather
         self.flat = torch.zeros(layout.numel, dtype=dtype, device=device)
-        self._in_flight: dict[int, tuple[object, torch.Tensor]] = {}  # unit index -> (work, its input)
-        self._hooks: list = []
+        # With the overlap, each unit's gather in flight, which a read of its parameters waits for
+        self._gates = [UnitGate() for _ in layout.units] if self.overlap else []
         self.fp8 = Fp8WeightBytes(layout, fp8_states, dtype, device, comm, group, released_between_uses=False) \
             if fp8_states else None
         self._units_in_dtype = [unit for unit in layout.units if self.fp8 is None or not self.fp8.holds(unit)]
@@ -162,36 +164,24 @@ class ReplicatedParameters(ParameterStorage):
             unit_flat = unit.in_buffer(self.flat)
             for slot in unit.slots:
                 views[id(slot.param)] = (slot.param, unit_flat[slot.start:slot.end].view(slot.shape))
-        self.layout = _rebuilt_layout(self.layout, replace_parameters(model, views))
-        if self.overlap:
-            self._hook_owners(model)
+        parameter_class = GatedParameter if self.overlap else nn.Parameter
+        self.layout = _rebuilt_layout(self.layout, replace_parameters(model, views, parameter_class))
+        for gate, unit in zip(self._gates, self.layout.units):
+            for slot in unit.slots:
+                slot.param.gate = gate
         return self.layout
 
-    def _hook_owners(self, model: nn.Module) -> None:
-        for module in model.modules():
-            units = sorted({self.layout.unit_of[id(p)].index for p in module._parameters.values()
-                            if p is not None and id(p) in self.layout.unit_of})
-            if units:
-                self._hooks.append(module.register_forward_pre_hook(functools.partial(self._wait_for, units)))
-
-    @eager_under_compile  # waits on Python-held work handles: stays out of compiled blocks
-    @runs_before_graph_replay  # and out of CUDA graphs: called before each replay (base/graph_replay_hooks.py)
-    def _wait_for(self, units: list[int], module, args) -> None:
-        for index in units:
-            self._wait(index)
-
-    def _wait(self, index: int) -> None:
-        pending = self._in_flight.pop(index, None)
-        if pending is not None:
-            pending[0].wait()
-
     def wait_all(self) -> None:
-        for index in list(self._in_flight):
-            self._wait(index)
+        """Every gate open. Before the optimizer updates the master too: in fp32 a unit's gather reads the master's
+        own memory (`.to` of the same device and dtype is no copy), so one never read since the last publish (a
+        forward that skipped it) would still be reading what the update writes."""
+        for gate in self._gates:
+            gate.wait()
 
     @contextlib.contextmanager
     def gathered(self, unit: Unit) -> Iterator[None]:
-        self._wait(unit.index)
+        if self._gates:
+            self._gates[unit.index].wait()
         yield
 
     def publish(self, master: torch.Tensor) -> None:
@@ -204,7 +194,7 @@ class ReplicatedParameters(ParameterStorage):
             for unit in reversed(self._units_in_dtype):  # forward order
                 owned = unit.in_partition(master).to(self.device, self.dtype)
                 work = self.comm.all_gather(unit.in_buffer(self.flat), owned, self.group, "dp", async_op=True)
-                self._in_flight[unit.index] = (work, owned)
+                self._gates[unit.index].close(work, owned)
             return
         for bucket in self._gather_buckets():
             works, inputs = [], []

@@ -74,6 +74,7 @@ def _batches(tokens: torch.Tensor, dp_size: int, dp_rank: int):
 class Trained(NamedTuple):
     outcomes: list[tuple[float, float]]  # (loss, grad norm) per iteration
     comm_bytes: list[dict]  # what parallel/comm.py counted in each iteration (the record's comm_bytes)
+    contiguous_buffer_bytes: int = 0  # --contiguous-checkpointing's buffer after the last iteration
 
 
 def _train(flags: list[str], tensor_parallel_size: int) -> Trained:
@@ -99,7 +100,8 @@ def _train(flags: list[str], tensor_parallel_size: int) -> Trained:
             consumed += outcome.global_batch_size
             trained.outcomes.append((outcome.loss, outcome.grad_norm))
             trained.comm_bytes.append(state.comm.stats.snapshot())  # the step restarts the counts each iteration
-        return trained
+        contiguous = getattr(built.checkpointing, "contiguous", None)
+        return trained._replace(contiguous_buffer_bytes=contiguous.nbytes() if contiguous is not None else 0)
     finally:
         destroy(state)
 

@@ -63,7 +63,7 @@ def compare_options(rank, world_size, tensor_parallel_size):
                 "grads_equal": all(torch.equal(a, b) for a, b in zip(grads, reference_grads)),
                 "tp_bytes": state.comm.stats.snapshot()["tp"],
                 "checkpointed_peak": dict(meter.checkpointed_peak),
-                "allocations": checkpointing.buffer_allocations if checkpointing else 0,
+                "allocations": checkpointing.contiguous.allocations if checkpointing and checkpointing.contiguous else 0,
             }
         return results
     finally:
