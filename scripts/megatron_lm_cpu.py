@@ -205,8 +205,9 @@ def _patch_megatron_training(record: str | None) -> None:
     fused_kernels.load = lambda args: None
     initialize._warmup_jit_function = lambda: None
 
-    initialize = training.initialize_megatron
-    training.initialize_megatron = lambda *args, **kwargs: initialize(*args, **{**kwargs, "allow_no_cuda": True})
+    initialize_megatron = training.initialize_megatron
+    training.initialize_megatron = lambda *args, **kwargs: initialize_megatron(*args,
+                                                                               **{**kwargs, "allow_no_cuda": True})
     if record:
         training.training_log = _recording(training.training_log, record)
 
