@@ -41,7 +41,8 @@ from base.errors import ConfigError
 from base.fault_injector import FaultInjectorSettings
 from base.options import Const, count, flag_of, option
 from data import DataError
-from data.gpt_dataset import parse_split
+from data.gpt_dataset import APPENDABLE_ORDER, parse_split
+from data.megatron_order import MEGATRON_ORDER
 from data.per_split import SPLIT_FLAGS, DataSources, data_sources
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from gpt.model_config import ACTIVATIONS, ATTENTION_BACKENDS, ModelConfig  # noqa: F401 - part of the config
@@ -872,6 +873,24 @@ TORCH_DIST = "torch_dist"
 CKPT_FORMATS = {TORCH_DIST: "distributed checkpoint", "torch": "legacy per-rank files",
                 "torch_dcp": "plain torch.distributed.checkpoint files", "fsdp_dtensor": "Megatron-FSDP DTensor files",
                 "zarr": "deprecated zarr files"}
+# The orders a run reads its samples in (data/gpt_dataset.py's, data/megatron_order.py's), as a start line names them
+SAMPLE_ORDER_NAMES = {APPENDABLE_ORDER: "this project's order", MEGATRON_ORDER: "Megatron-Core's order"}
+
+
+def sample_order(ckpt_format: Optional[str]) -> str:
+    """The order a run reads its samples in: Megatron-Core's where it writes Megatron-LM's checkpoint (--ckpt-format
+    torch_dist, Megatron-LM's default), since Megatron-LM continues such a save from its consumed-samples count in
+    its own order, and a run continuing Megatron-LM's save names the format it continues; else this project's."""
+    return MEGATRON_ORDER if ckpt_format == TORCH_DIST else APPENDABLE_ORDER
+
+
+def sample_order_kept_note(order: str, ckpt_format: Optional[str]) -> str:
+    """The start line of a resume whose checkpoint's sample order is not the one its --ckpt-format starts a run in."""
+    line = (f"> data: samples in {SAMPLE_ORDER_NAMES[order]}, the checkpoint's (a resume keeps its order); "
+            f"--ckpt-format {ckpt_format or '(left out)'} starts a run in {SAMPLE_ORDER_NAMES[sample_order(ckpt_format)]}")
+    if ckpt_format == TORCH_DIST:
+        line += ", in which this run's torch_dist saves are continued, here and by Megatron-LM"
+    return line
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ load through checkpoint/global_load.py over checkpoint/megatron_source.py.
 
 The checks read the settings Megatron-LM saved (common.pt's args) as the fields our own metadata.json records
 (`metadata_view`), so one set of rules decides: the data, split, sequence length and seed that define the samples
-(checkpoint/start_decision.py), the samples left for this run's schedule, the block settings
+(checkpoint/start_decision.py), the samples left for this run's schedule (counted in Megatron-Core's sample order,
+which the continuing run reads: checkpoint/lineage.py), the block settings
 (checkpoint/resume_model.py: a setting Megatron's args do not name is not compared), and the learning-rate schedule
 (Megatron's rule, arguments/schedule.py). The checkpoint's files are verified first (`verify_megatron`): every file
 DCP's index names lies inside the directory (checkpoint/inside.py), exists and is long enough to hold every chunk the
@@ -23,9 +24,11 @@ from checkpoint.format import METADATA_FILE
 from checkpoint.global_load import ResumePoint, load_from_source, parameter_records
 from checkpoint.global_state import MODEL_KEY
 from checkpoint.inside import inside
+from checkpoint.lineage import SAMPLE_ORDER_KEY
 from checkpoint.megatron_common import COMMON_FILE, check_backend, load_common, saved_args
 from checkpoint.megatron_source import MegatronSource
 from checkpoint.resume_model import COMPARED
+from data.megatron_order import MEGATRON_ORDER
 from parallel.state import ParallelState
 
 # Megatron-LM's args -> our settings of another name (the rest share Megatron's dest names)
@@ -94,7 +97,8 @@ def metadata_view(common: dict, config) -> dict:
     optimizer = {name: values[name] for name in vars(config.optimizer) if name in values}
     return {"iteration": int(common["iteration"]),
             "consumed_samples": int(getattr(args, "consumed_train_samples", 0) or 0),
-            "config": {"model": model, "data": data, "training": training, "optimizer": optimizer}}
+            "config": {"model": model, "data": data, "training": training, "optimizer": optimizer},
+            SAMPLE_ORDER_KEY: MEGATRON_ORDER}  # its consumed samples count positions in Megatron-Core's order
 
 
 def megatron_metadata(iteration_dir: Path, config) -> dict:

@@ -197,8 +197,16 @@ class MegatronSource:
 
     def _adam_step(self) -> Optional[int]:
         """Adam's step count: the plain optimizer keeps it as state.common_step, the distributed optimizer in its
-        param groups (common.pt for fully_reshardable, each TP x PP rank's object for dp_reshardable)."""
+        param groups (common.pt for fully_reshardable, each TP x PP rank's object for dp_reshardable); a model with
+        experts chains one optimizer per kind of parameter (Megatron-Core's ChainedOptimizer: {0: ..., 1: ...}),
+        which step together."""
         saved = self.common.get("optimizer") or {}
+        if saved and all(isinstance(key, int) for key in saved):  # a ChainedOptimizer's (dense, then experts'): one step
+            steps = {self._step_of(part) for part in saved.values()}
+            return steps.pop() if len(steps) == 1 else None
+        return self._step_of(saved)
+
+    def _step_of(self, saved: dict) -> Optional[int]:
         common_step = (saved.get("state") or {}).get("common_step")
         if common_step is not None:
             return int(common_step)

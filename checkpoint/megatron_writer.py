@@ -26,7 +26,6 @@ tracker written last and atomically; a non-finite state is never committed.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import shutil
@@ -51,6 +50,7 @@ from checkpoint.format import (
     write_text_atomic,
 )
 from checkpoint.global_load import parameter_records
+from checkpoint.megatron_args import megatron_args
 from checkpoint.megatron_common import COMMON_FILE, TORCH_DIST_BACKEND
 from checkpoint.megatron_names import LAYERS, megatron_placement
 from checkpoint.regions import box_numel, flat_range_boxes, flat_start, shift
@@ -158,60 +158,6 @@ def _extra_states(model, config, state: ParallelState) -> dict[str, None]:
     total = config.model.num_layers
     return {f"{LAYERS}{module}._extra_state/shard_{layer}_{total}": None
             for layer in layers for module in EXTRA_STATE_MODULES}
-
-
-def megatron_args(config, state: ParallelState, iteration: int, consumed_samples: int) -> argparse.Namespace:
-    """The args common.pt holds: what Megatron-LM's load reads of them (check_checkpoint_args, the TP/PP/DP sizes, the
-    consumed samples, no_save_optim/no_save_rng) and the model's settings --use-checkpoint-args takes, under
-    Megatron-LM's names."""
-    model, adam, training, parallel, data = (config.model, config.optimizer, config.training, config.parallel,
-                                             config.data)
-    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
-    gated_gelu = model.activation == "gelu_tanh" and model.add_bias_linear and not model.swiglu
-    values = dict(
-        num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
-        num_attention_heads=model.num_attention_heads, kv_channels=model.kv_channels,
-        group_query_attention=model.num_query_groups is not None,
-        num_query_groups=model.num_query_groups or model.num_attention_heads, seq_length=model.seq_length,
-        max_position_embeddings=model.max_position_embeddings, position_embedding_type=model.position_embedding_type,
-        add_position_embedding=model.position_embedding_type == "learned_absolute",
-        use_rotary_position_embeddings=model.position_embedding_type == "rope", rotary_base=model.rotary_base,
-        rotary_percent=model.rotary_percent, rotary_interleaved=model.rotary_interleaved,
-        normalization=model.normalization, norm_epsilon=model.layernorm_epsilon, swiglu=model.swiglu,
-        squared_relu=model.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,
-        add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_bias_linear or model.add_qkv_bias,
-        qk_layernorm=model.qk_layernorm, untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
-        vocab_size=model.vocab_size, make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
-        padded_vocab_size=model.padded_vocab_size(tp), init_method_std=model.init_method_std,
-        hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
-        tokenizer_type=data.tokenizer_type, data_path=list(data.data_path or []) or None, split=data.split,
-        mock_data=data.mock_data, seed=training.seed, micro_batch_size=training.micro_batch_size,
-        global_batch_size=training.global_batch_size, train_iters=training.train_iters,
-        train_samples=training.train_samples, lr=adam.lr, min_lr=adam.min_lr,
-        lr_decay_style=adam.lr_decay_style, lr_decay_iters=adam.lr_decay_iters,
-        lr_warmup_iters=adam.lr_warmup_iters, lr_warmup_fraction=adam.lr_warmup_fraction,
-        weight_decay=adam.weight_decay, clip_grad=adam.clip_grad, adam_beta1=adam.adam_beta1,
-        adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, optimizer=adam.optimizer,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=_virtual_stages(parallel, model.num_layers),
-        context_parallel_size=parallel.context_parallel_size, sequence_parallel=parallel.sequence_parallel,
-        world_size=state.world_size, data_parallel_size=state.data_parallel_size,
-        use_distributed_optimizer=config.zero.stage >= 1, fp16=training.fp16, bf16=training.bf16,
-        params_dtype=torch.bfloat16 if training.bf16 else torch.float16 if training.fp16 else torch.float32, ckpt_format=TORCH_DIST_BACKEND,
-        use_dist_ckpt=True, dist_ckpt_optim_fully_reshardable=config.zero.stage >= 1,
-        iteration=iteration, consumed_train_samples=consumed_samples, skipped_train_samples=0,
-        consumed_valid_samples=0, no_save_optim=False, no_save_rng=True, data_parallel_random_init=False,
-        num_experts=None, transformer_impl="local")
-    return argparse.Namespace(**values)
-
-
-def _virtual_stages(parallel, num_layers: int) -> Optional[int]:
-    """Megatron-LM's args.virtual_pipeline_model_parallel_size (validate_args derives it from either flag)."""
-    if parallel.num_virtual_stages_per_pipeline_rank:
-        return parallel.num_virtual_stages_per_pipeline_rank
-    if parallel.num_layers_per_virtual_pipeline_stage:
-        return num_layers // parallel.pipeline_model_parallel_size // parallel.num_layers_per_virtual_pipeline_stage
-    return None
 
 
 def _param_groups(config, lr: float, step: Optional[int]) -> list[dict]:

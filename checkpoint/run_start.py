@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
+from arguments.config import sample_order
 from arguments.schedule import LearningRateSchedule, schedule_on_resume
 from base.errors import ALWAYS_EXPECTED, CheckpointError
 from base.output_locks import MetricsFileLock, RunLock
@@ -122,7 +123,8 @@ def claim_run_start(config, state: ParallelState, cache_dir: Optional[str], log:
             started.lr_schedule = check_deepspeed_start(config, state, deepspeed, log, batch)
         elif decision.resume_from is not None:
             started.lr_schedule, metadata = check_resume(config, state, decision.resume_from, log, batch)
-        started.identity = identity_on_start(metadata, checkpoint.finetune, fresh_run_id, launch_id)
+        started.identity = identity_on_start(metadata, checkpoint.finetune, fresh_run_id, launch_id,
+                                              sample_order(checkpoint.ckpt_format))
     except BaseException:
         started.release()
         raise

@@ -212,7 +212,7 @@ def finish_save(progress: SaveInProgress, outcome: RankOutcome, state: ParallelS
                               for listing, holds in rank_listings])
         metadata["lr_schedule_samples"] = progress.consumed_samples if progress.schedule_samples is None \
             else progress.schedule_samples
-        metadata.update(progress.identity.fields() if progress.identity is not None else {})
+        metadata.update(progress.identity.metadata_fields() if progress.identity is not None else {})
         saved_biases = {name: values for *_, rank_biases, _ in outcomes for name, values in rank_biases.items()}
         if saved_biases:
             metadata["expert_bias"] = saved_biases

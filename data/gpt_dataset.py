@@ -46,6 +46,8 @@ _SAMPLE_ORDER_STREAM = 2
 
 # Bump when the meaning of the cached arrays changes, so stale caches are never loaded.
 _CACHE_FORMAT = 1
+# This module's sample order, whose samples only append as more are asked for; data/megatron_order.py has Megatron's.
+APPENDABLE_ORDER = "appendable"
 _INDEX_KINDS = ("document", "sample", "shuffle")
 
 
@@ -223,8 +225,11 @@ class GPTDataset(torch.utils.data.Dataset):
 
     Documents (not sequences) are the unit of shuffling, so a document split into sentences keeps
     its sentences in order. For data with one sequence per document, as Megatron's preprocessing
-    writes for GPT, documents and sequences coincide.
+    writes for GPT, documents and sequences coincide. This class reads them in this project's order
+    (the module docstring); data/megatron_order.py's subclass in Megatron-Core's.
     """
+
+    order = APPENDABLE_ORDER
 
     def __init__(
         self,
@@ -255,7 +260,7 @@ class GPTDataset(torch.utils.data.Dataset):
         self.tokens_per_epoch = int(self.document_lengths[self.document_ids].sum())
         if self.tokens_per_epoch == 0:
             raise DataError(f"{indexed.prefix}: the {name} split has {self.document_ids.size} documents but no tokens")
-        self.num_epochs = epochs_needed(self.tokens_per_epoch, seq_length, num_samples)
+        self.num_epochs = self._epochs_needed()
 
         self.cache_paths = self._cache_paths(cache_dir)
         self.loaded_from_cache = False
@@ -277,6 +282,9 @@ class GPTDataset(torch.utils.data.Dataset):
         else:
             self.loaded_from_cache = True
         self.document_index, self.sample_index, self.shuffle_index = indices
+
+    def _epochs_needed(self) -> int:
+        return epochs_needed(self.tokens_per_epoch, self.seq_length, self.num_samples)
 
     def _build_indices(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         boundaries = epoch_sample_boundaries(self.tokens_per_epoch, self.seq_length, self.num_epochs)
@@ -303,6 +311,7 @@ class GPTDataset(torch.utils.data.Dataset):
                         "index_mtime_ns": stat.st_mtime_ns}
         return cache_key({
             "format": _CACHE_FORMAT,
+            **({"order": self.order} if self.order != APPENDABLE_ORDER else {}),  # keys of this order unchanged
             **identity,
             "documents": _describe_ids(self.document_ids),
             "num_samples": self.num_samples,
@@ -412,6 +421,7 @@ def build_train_valid_test_datasets(
     num_samples: tuple[int, int, int],
     cache_dir: str | None = None,
     vocab_size: int | None = None,
+    dataset_class: type[GPTDataset] = GPTDataset,
 ) -> tuple[torch.utils.data.Dataset | None, torch.utils.data.Dataset | None, torch.utils.data.Dataset | None]:
     """Train, valid and test datasets, each None when it gets no samples or no documents.
 
@@ -421,7 +431,8 @@ def build_train_valid_test_datasets(
     Megatron-Core's BlendedMegatronDatasetBuilder weighs them (megatron/core/datasets/
     blended_megatron_dataset_builder.py, `_build_blended_dataset_splits`: weights None -> `len(megatron_dataset)`
     of each one-epoch dataset); a prefix whose split holds no whole sample is left out of that split. With
-    `vocab_size`, every token id of every prefix is checked to be below it (data/token_range.py).
+    `vocab_size`, every token id of every prefix is checked to be below it (data/token_range.py). `dataset_class`
+    reads each prefix's samples in its order (data/megatron_order.py's for Megatron-Core's).
     """
     if len(num_samples) != 3 or any(n < 0 for n in num_samples):
         raise ValueError(f"num_samples must be three non-negative counts, got {num_samples}")
@@ -448,13 +459,13 @@ def build_train_valid_test_datasets(
             if document_ranges[s][1] > document_ranges[s][0]
         ]
         results.append(blend_split(members, weights is not None, num_samples[s], seq_length, seed, split_name,
-                                   cache_dir))
+                                   cache_dir, dataset_class))
     return results[0], results[1], results[2]
 
 
 def blend_split(members: list[tuple[IndexedDataset, tuple[int, int], float | None]], weighted: bool, num_samples: int,
-                seq_length: int, seed: int, split_name: str, cache_dir: str | None
-                ) -> torch.utils.data.Dataset | None:
+                seq_length: int, seed: int, split_name: str, cache_dir: str | None,
+                dataset_class: type[GPTDataset] = GPTDataset) -> torch.utils.data.Dataset | None:
     """One split's dataset from its members (prefix, its documents in this split, its weight): one member's
     GPTDataset, or the members blended by their weights, or (`weighted` False) by the samples one epoch of each holds
     (`epoch_samples`, Megatron-Core's `len(megatron_dataset)` of one-epoch datasets), a member holding no whole
@@ -469,7 +480,7 @@ def blend_split(members: list[tuple[IndexedDataset, tuple[int, int], float | Non
     member_weights = [weight / total_weight for _, _, weight in members]
     counts = [num_samples] if len(members) == 1 else samples_per_dataset(member_weights, num_samples)
     parts = [
-        GPTDataset(ds, np.arange(*document_range, dtype=np.int64), count, seq_length, seed, split_name, cache_dir)
+        dataset_class(ds, np.arange(*document_range, dtype=np.int64), count, seq_length, seed, split_name, cache_dir)
         for (ds, document_range, _), count in zip(members, counts)
     ]
     if len(parts) == 1:

@@ -10,7 +10,9 @@ model config.
     python -c "from transformers import GPT2LMHeadModel, AutoTokenizer as T; \
                GPT2LMHeadModel.from_pretrained('hf-gpt'); T.from_pretrained('hf-gpt')"
 
-CKPT is a `--save` directory (its `latest` iteration) or one iteration directory. The weights are
+CKPT is a `--save` directory (its `latest` iteration, or Megatron-LM's tracker file's) or one iteration directory,
+this project's or a Megatron-LM torch_dist one (at any TP x PP x EP: the model its args describe, its saved fp32
+weights, checkpoint/megatron_hf.py; no tokenizer, which Megatron-LM does not save). The weights are
 the fp32 master copy from the optimizer partitions, consolidated over every TP and DP rank, so the
 conversion needs neither a GPU nor a process group, and reads only safetensors and JSON. OUT_DIR
 gets config.json, model.safetensors in --dtype, and the run's tokenizer files when the checkpoint
@@ -38,6 +40,7 @@ from checkpoint.format import read_metadata, resolve_checkpoint  # noqa: E402
 from checkpoint.hf import check_output_folder, checkpoint_to_hf_state, class_of, write_hf_folder  # noqa: E402
 from checkpoint.inside import inside  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
+from checkpoint.megatron_common import is_megatron_checkpoint, load_common, saved_args  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 
@@ -62,23 +65,44 @@ def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, 
         # Replacing OUT_DIR would delete the checkpoint being converted.
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")
     refuse_inside_checkpoint(out_dir, "OUT_DIR", include_self=True)
-    metadata = read_metadata(iteration_dir)
-    tokenizer = metadata.get("tokenizer")
-    tokenizer_dir = inside(iteration_dir, tokenizer) if tokenizer is not None else None
-    # Checked before any weight is read, so a refused OUT_DIR costs nothing; write_hf_folder checks
-    # again just before the old folder goes.
-    check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
-    prepare_output_directory(Path(os.path.abspath(out_dir)).parent, "OUT_DIR's parent")
-    verify_or_raise(iteration_dir, metadata, check_content=verify)
-    print(f"reading {iteration_dir}: iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
-          f"DP {metadata['data_parallel_size']}, ZeRO stage {metadata['zero_stage']}", flush=True)
-    model_config, hf_state = checkpoint_to_hf_state(iteration_dir, progress=True)
+    if is_megatron_checkpoint(iteration_dir):
+        tokenizer_dir = None  # Megatron-LM saves none
+        check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
+        prepare_output_directory(Path(os.path.abspath(out_dir)).parent, "OUT_DIR's parent")
+        model_config, hf_state = read_megatron(iteration_dir)
+    else:
+        metadata = read_metadata(iteration_dir)
+        tokenizer = metadata.get("tokenizer")
+        tokenizer_dir = inside(iteration_dir, tokenizer) if tokenizer is not None else None
+        # Checked before any weight is read, so a refused OUT_DIR costs nothing; write_hf_folder checks
+        # again just before the old folder goes.
+        check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
+        prepare_output_directory(Path(os.path.abspath(out_dir)).parent, "OUT_DIR's parent")
+        verify_or_raise(iteration_dir, metadata, check_content=verify)
+        print(f"reading {iteration_dir}: iteration {metadata['iteration']}, TP {metadata['tensor_parallel_size']} x "
+              f"DP {metadata['data_parallel_size']}, ZeRO stage {metadata['zero_stage']}", flush=True)
+        model_config, hf_state = checkpoint_to_hf_state(iteration_dir, progress=True)
     print(f"writing {out_dir} ({len(hf_state)} tensors in {dtype}, "
           f"{'with the tokenizer' if tokenizer_dir else 'no tokenizer in the checkpoint'})", flush=True)
     write_hf_folder(out_dir, hf_state, model_config, tokenizer_dir, dtype=dtype, overwrite=overwrite)
     model_class = class_of(model_config)
     print(f"done in {time.perf_counter() - started:.1f} s: {model_class}.from_pretrained({str(out_dir)!r})",
           flush=True)
+
+
+def read_megatron(iteration_dir: Path):
+    """A Megatron-LM torch_dist iteration directory's model and weights (checkpoint/megatron_hf.py), its files
+    verified first as a --load verifies them (present, inside it, not truncated)."""
+    from checkpoint.megatron_hf import megatron_to_hf_state  # DCP imports sympy: only for Megatron's folders
+    from checkpoint.megatron_resume import verify_megatron
+
+    verify_megatron(iteration_dir)
+    common = load_common(iteration_dir)
+    args = saved_args(common)
+    print(f"reading Megatron-LM torch_dist checkpoint {iteration_dir}: iteration {common['iteration']}, TP "
+          f"{getattr(args, 'tensor_model_parallel_size', 1)} x PP {getattr(args, 'pipeline_model_parallel_size', 1)} "
+          f"x EP {getattr(args, 'expert_model_parallel_size', 1)}", flush=True)
+    return megatron_to_hf_state(iteration_dir)
 
 
 def main(argv=None) -> int:

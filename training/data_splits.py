@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from arguments.config import PretrainConfig
+from arguments.config import SAMPLE_ORDER_NAMES, PretrainConfig
 from data.corpus import prepare_default_corpus
 from data.corpus_list import build_corpus_list_datasets
 from data.fim import FIMConfig, FIMDataset, FIMTokenizer, FIMTransform
-from data.gpt_dataset import build_train_valid_test_datasets
+from data.gpt_dataset import APPENDABLE_ORDER, GPTDataset, build_train_valid_test_datasets
+from data.megatron_order import MEGATRON_ORDER, MegatronOrderGPTDataset
 from data.mock import build_mock_datasets
 from data.per_split import DataSources, build_per_split_datasets, describe_sources
 from data.sampler import build_data_loader
@@ -69,11 +70,19 @@ class KeptAcrossRestarts:
         return self._loaded
 
 
+def sample_dataset_class(order: str, sources: DataSources) -> type[GPTDataset]:
+    """The dataset reading the run's sample order (checkpoint/lineage.py): Megatron-Core's for one --data-path
+    prefix, the form Megatron-LM's continuations here are checked on; a blend keeps this project's order, said in
+    the data line."""
+    return MegatronOrderGPTDataset if order == MEGATRON_ORDER and len(sources.blend) == 1 else GPTDataset
+
+
 def build_data(settings: RunSettings, state: ParallelState, sources: DataSources,
-               tokenizer: Optional[RunTokenizer] = None) -> DataSplits:
+               tokenizer: Optional[RunTokenizer] = None, order: str = APPENDABLE_ORDER) -> DataSplits:
     """Datasets sized for the run (every iteration's batch of settings.batch, a ramp's included) and
     loaders that start at a number of consumed samples; with --mock-data, over Megatron's mock documents in
-    `tokenizer`'s vocabulary and end-of-document id (data/mock.py)."""
+    `tokenizer`'s vocabulary and end-of-document id (data/mock.py). `order`: the run's sample order
+    (checkpoint/lineage.py), Megatron-Core's read for one --data-path prefix (`sample_dataset_class`)."""
     config, batch = settings.config, settings.batch
     training = config.training
     eval_samples = training.eval_iters * batch.global_batch_size
@@ -104,10 +113,11 @@ def build_data(settings: RunSettings, state: ParallelState, sources: DataSources
         # Megatron-LM's --data-cache-path (here also --data-cache-dir) is where its GPTDataset writes the index
         # caches (megatron/core/datasets/gpt_dataset.py, _build_document_sample_shuffle_indices: path_to_cache);
         # without it they go beside the data, as before
+        dataset_class = sample_dataset_class(order, sources)
         train_set, valid_set, test_set = build_train_valid_test_datasets(
             list(sources.blend), config.data.split, config.model.seq_length, training.seed, num_samples,
-            cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size)
-        summary = describe_sources(sources, config.data.split)
+            cache_dir=config.data.data_cache_dir, vocab_size=settings.vocab_size, dataset_class=dataset_class)
+        summary = f"{describe_sources(sources, config.data.split)}, {SAMPLE_ORDER_NAMES[dataset_class.order]}"
     counts = ", ".join(f"{name} {len(dataset):,}" if dataset is not None else f"{name} none"
                        for name, dataset in zip(("train", "valid", "test"), (train_set, valid_set, test_set)))
     summary = f"> data: {summary}; samples of {config.model.seq_length + 1} tokens: {counts}"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
-from arguments.config import PretrainConfig
+from arguments.config import PretrainConfig, sample_order, sample_order_kept_note
 from checkpoint.deepspeed_files import find_deepspeed_checkpoint
 from checkpoint.deepspeed_resume import load_deepspeed_checkpoint
 from checkpoint.megatron_common import is_megatron_checkpoint
@@ -101,8 +101,10 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         config = settings.config  # from here on, the resolved copy
         for note in settings.notes:  # what resolving changed (an attention kernel this device lacks, ...)
             log(note)
-        data = build_data(settings, state, data_sources, tokenizer)
+        data = build_data(settings, state, data_sources, tokenizer, claimed.identity.sample_order)
         log(data.summary)
+        if claimed.identity.sample_order != sample_order(config.checkpoint.ckpt_format):
+            log(sample_order_kept_note(claimed.identity.sample_order, config.checkpoint.ckpt_format))
         predicted, predicted_host, why_not = predict_peak(config, state, settings.vocab_size, batch)
         memory_check = MemoryCheck(predicted, state.device, why_not, predicted_host_bytes=predicted_host)  # its baseline: before the model
         # The model, built as the dry run builds it, with the dropout streams (shared across TP ranks, and

@@ -1,0 +1,128 @@
+"""The args a `--ckpt-format torch_dist` save writes into common.pt: what Megatron-LM's own parse_args (with
+validate_args, and the fields its training loop sets before a save) gives the same command line, for every field
+its load reads, so that Megatron-LM continues the save with `--load` and no other flag.
+
+What Megatron-LM's load reads of them (megatron/training/checkpointing.py, core_v0.16.1) is `READ_AT_LOAD`:
+check_checkpoint_args compares the model's shape and the layout with the running args (an assertion each);
+load_checkpoint reads the layout, the progress and whether the optimizer and RNG were saved; and
+_load_args_from_checkpoint (--use-checkpoint-args) sets the model's settings from them. Two fields are written
+otherwise than Megatron-LM would, each for a reason: no_save_rng is True (this project's random generators are not
+Megatron-Core's CUDA tracker states, so none are saved and Megatron-LM starts its streams from --seed, as its own
+load does at another layout), and iteration is the saved one. tests/checkpoint/test_megatron_args.py compares
+these args with the ones Megatron-LM's own runs saved in tests/fixtures/megatron_*.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+import torch
+
+from checkpoint.megatron_common import TORCH_DIST_BACKEND
+from parallel.state import ParallelState
+
+# checkpointing.py: check_checkpoint_args, load_checkpoint's reads of state_dict['args'], and the `_set_arg` calls
+# of _load_args_from_checkpoint
+READ_AT_LOAD = (
+    "num_layers", "hidden_size", "num_attention_heads", "add_position_embedding", "max_position_embeddings",
+    "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type", "data_parallel_random_init",
+    "global_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size", "world_size",
+    "data_parallel_size", "no_save_rng", "no_save_optim", "ckpt_fully_parallel_save", "consumed_train_samples",
+    "skipped_train_samples", "consumed_valid_samples", "add_bias_linear", "add_qkv_bias",
+    "apply_query_key_layer_scaling", "attention_dropout", "ckpt_format", "expert_model_parallel_size",
+    "ffn_hidden_size", "group_query_attention", "heterogeneous_layers_config_encoded_json",
+    "heterogeneous_layers_config_path", "hidden_dropout", "hybrid_attention_ratio", "hybrid_mlp_ratio",
+    "hybrid_override_pattern", "is_hybrid_model", "kv_channels", "mamba_head_dim", "mamba_num_groups",
+    "mamba_num_heads", "mamba_state_dim", "moe_ffn_hidden_size", "moe_grouped_gemm", "moe_latent_size",
+    "moe_layer_freq", "moe_router_enable_expert_bias", "moe_router_pre_softmax", "moe_router_score_function",
+    "moe_router_topk", "moe_router_topk_scaling_factor", "moe_shared_expert_intermediate_size",
+    "moe_token_dispatcher_type", "normalization", "num_experts", "num_layers_per_virtual_pipeline_stage",
+    "num_query_groups", "position_embedding_type", "rotary_base", "rotary_interleaved", "rotary_percent",
+    "seq_length", "spec", "squared_relu", "swiglu", "tiktoken_pattern", "tokenizer_model",
+    "untie_embeddings_and_output_weights", "use_rotary_position_embeddings", "virtual_pipeline_model_parallel_size")
+# Megatron-LM's defaults (arguments.py) of fields its load reads that name nothing this project's torch_dist save
+# holds (Mamba and hybrid stacks, heterogeneous layers, the MoE layers, which that save refuses): written as its
+# parser leaves them where the command line does not give them
+NOT_OURS = dict(
+    apply_query_key_layer_scaling=False, heterogeneous_layers_config_encoded_json=None,
+    heterogeneous_layers_config_path=None, hybrid_attention_ratio=0.0, hybrid_mlp_ratio=0.0,
+    hybrid_override_pattern=None, is_hybrid_model=False, mamba_head_dim=64, mamba_num_groups=8, mamba_num_heads=None,
+    mamba_state_dim=128, spec=None, tiktoken_pattern=None, tokenizer_model=None, expert_model_parallel_size=1,
+    num_experts=None, moe_ffn_hidden_size=None, moe_grouped_gemm=False, moe_latent_size=None, moe_layer_freq=1,
+    moe_router_enable_expert_bias=False, moe_router_pre_softmax=False, moe_router_score_function="softmax",
+    moe_router_topk=2, moe_router_topk_scaling_factor=None, moe_shared_expert_intermediate_size=None,
+    moe_token_dispatcher_type="allgather")
+NULL_TOKENIZER = "NullTokenizer"
+
+
+def _typed_vocab_size(config) -> Optional[int]:
+    """args.vocab_size: the --vocab-size typed, which NullTokenizer's vocabulary extends by its end-of-document id
+    (this run's model vocabulary counts it); None where none was typed (a tokenizer's files size the vocabulary)."""
+    if config.data.tokenizer_type == NULL_TOKENIZER:
+        return config.model.vocab_size - 1
+    return config.model.vocab_size if config.sources.get("vocab_size") is not None else None
+
+
+def _integral(value):
+    """Megatron-LM parses --rotary-base as an int."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def megatron_args(config, state: ParallelState, iteration: int, consumed_samples: int) -> argparse.Namespace:
+    """common.pt's args (module docstring), under Megatron-LM's names, from the resolved config."""
+    model, adam, training, parallel, data = (config.model, config.optimizer, config.training, config.parallel,
+                                             config.data)
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+    gated_gelu = model.activation == "gelu_tanh" and model.add_bias_linear and not model.swiglu
+    # training.py get_optimizer_param_scheduler sets lr_decay_iters to --train-iters where it is not given
+    decay_iters = adam.lr_decay_iters or (training.train_iters if training.train_samples is None else None)
+    values = dict(
+        NOT_OURS,
+        num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_size,
+        num_attention_heads=model.num_attention_heads, kv_channels=model.head_dim,
+        group_query_attention=model.num_query_groups is not None,
+        num_query_groups=model.num_query_groups or model.num_attention_heads, seq_length=model.seq_length,
+        max_position_embeddings=model.max_position_embeddings, position_embedding_type=model.position_embedding_type,
+        # --no-position-embedding (dest add_position_embedding, default True) is deprecated for
+        # --position-embedding-type, which alone decides: a rope run's args keep True
+        add_position_embedding=True,
+        use_rotary_position_embeddings=False, rotary_base=_integral(model.rotary_base),
+        rotary_percent=model.rotary_percent, rotary_interleaved=model.rotary_interleaved,
+        normalization=model.normalization, layernorm_epsilon=model.layernorm_epsilon, swiglu=model.swiglu,
+        squared_relu=model.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,
+        add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_bias_linear or model.add_qkv_bias,
+        qk_layernorm=model.qk_layernorm, untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
+        vocab_size=_typed_vocab_size(config), make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
+        padded_vocab_size=model.padded_vocab_size(tp), init_method_std=model.init_method_std,
+        hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
+        tokenizer_type=data.tokenizer_type, data_path=list(data.data_path or []) or None, split=data.split,
+        mock_data=data.mock_data, seed=training.seed, micro_batch_size=training.micro_batch_size,
+        global_batch_size=training.global_batch_size, train_iters=training.train_iters,
+        train_samples=training.train_samples, lr=adam.lr, min_lr=adam.min_lr,
+        lr_decay_style=adam.lr_decay_style, lr_decay_iters=decay_iters,
+        lr_warmup_iters=adam.lr_warmup_iters, lr_warmup_fraction=adam.lr_warmup_fraction,
+        weight_decay=adam.weight_decay, clip_grad=adam.clip_grad, adam_beta1=adam.adam_beta1,
+        adam_beta2=adam.adam_beta2, adam_eps=adam.adam_eps, optimizer=adam.optimizer,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=_virtual_stages(parallel, model.num_layers),
+        num_layers_per_virtual_pipeline_stage=parallel.num_layers_per_virtual_pipeline_stage,
+        context_parallel_size=parallel.context_parallel_size, sequence_parallel=parallel.sequence_parallel,
+        world_size=state.world_size, data_parallel_size=state.data_parallel_size,
+        use_distributed_optimizer=config.zero.stage >= 1, fp16=training.fp16, bf16=training.bf16,
+        params_dtype=torch.bfloat16 if training.bf16 else torch.float16 if training.fp16 else torch.float32,
+        ckpt_format=TORCH_DIST_BACKEND, use_dist_ckpt=True, ckpt_fully_parallel_save=True,
+        dist_ckpt_optim_fully_reshardable=config.zero.stage >= 1,
+        iteration=iteration, consumed_train_samples=consumed_samples, skipped_train_samples=0,
+        consumed_valid_samples=0, no_save_optim=None, no_save_rng=True, data_parallel_random_init=False,
+        transformer_impl="local")
+    return argparse.Namespace(**values)
+
+
+def _virtual_stages(parallel, num_layers: int) -> Optional[int]:
+    """Megatron-LM's args.virtual_pipeline_model_parallel_size (validate_args derives it from either flag)."""
+    if parallel.num_virtual_stages_per_pipeline_rank:
+        return parallel.num_virtual_stages_per_pipeline_rank
+    if parallel.num_layers_per_virtual_pipeline_stage:
+        return num_layers // parallel.pipeline_model_parallel_size // parallel.num_layers_per_virtual_pipeline_stage
+    return None

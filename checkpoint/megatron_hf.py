@@ -1,0 +1,51 @@
+"""A Megatron-LM torch_dist checkpoint as a Hugging Face state: the model its args describe and its saved weights.
+
+The model: Megatron-LM's args (common.pt) under this project's names, read as a resume reads them
+(checkpoint/megatron_resume.py metadata_view: the block settings, the activation Megatron-Core computed) plus the
+shape, with the vocabulary the saved rows hold (`padded_vocab_size`): Megatron-Core's cross entropy takes the padding
+rows' logits into its softmax, and so does transformers' over a vocabulary of that size, so the exported model's
+loss is Megatron-LM's. The weights: the fp32 weights Megatron-Core saved (an fp32 run's model tensors, a 16-bit run's fp32
+master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP), read whole by our names through
+checkpoint/megatron_source.py, then written under
+transformers' names (checkpoint/hf.py to_hf_state_dict).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from checkpoint.hf import check_convertible, to_hf_state_dict
+from checkpoint.megatron_common import load_common, saved_args
+from checkpoint.megatron_resume import metadata_view
+from checkpoint.megatron_source import MegatronSource
+from gpt.model_config import ModelConfig
+
+MASTER = "master"  # the exact weights: an fp32 run's model tensors, a 16-bit run's fp32 copies (megatron_source.py)
+# The shape: Megatron-LM's args of the same names
+SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "kv_channels", "ffn_hidden_size", "seq_length",
+         "max_position_embeddings", "init_method_std")
+
+
+def megatron_model_config(common: dict) -> ModelConfig:
+    """The model Megatron-LM's args describe (module docstring)."""
+    from arguments.config import PretrainConfig  # the defaults a setting its args lack takes
+
+    args = vars(saved_args(common))
+    model = dict(metadata_view(common, PretrainConfig())["config"]["model"])
+    model.update({name: args[name] for name in SHAPE if args.get(name) is not None})
+    model["vocab_size"] = args["padded_vocab_size"]
+    if model.get("num_experts") is not None and args.get("moe_ffn_hidden_size") is not None:
+        model["moe_ffn_hidden_size"] = args["moe_ffn_hidden_size"]
+    return ModelConfig(**{name: value for name, value in model.items() if name in ModelConfig.__dataclass_fields__})
+
+
+def megatron_to_hf_state(iteration_dir: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The model config and its weights under transformers' names (module docstring)."""
+    config = megatron_model_config(load_common(iteration_dir))
+    check_convertible(config, "the Hugging Face export")  # before any weight is read
+    source = MegatronSource(iteration_dir)
+    weights = {name: source.read(MASTER, name, tuple(slice(0, n) for n in info.shape)).reshape(info.shape)
+               for name, info in source.tensors(MASTER).items()}
+    return config, to_hf_state_dict(weights, config)

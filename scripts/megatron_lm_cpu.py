@@ -1,0 +1,272 @@
+#!/usr/bin/env python
+"""Megatron-LM's own pretrain_gpt.py on a CPU over gloo: its training loop and command line, its device plumbing
+patched at run time (its files are never edited).
+
+    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] -- FLAGS...
+
+TREE is Megatron-LM's tree at tag core_v0.16.1 beyond megatron.core (pretrain_gpt.py, gpt_builders.py,
+model_provider.py, megatron/training, ...: the extracted megatron-lm-core_v0.16.1-min.tar.xz); megatron.core is the
+megatron-core 0.16.1 wheel of the benchmark venv (requirements-bench.txt). FLAGS are Megatron-LM's, passed to its
+parse_args untouched; the launch adds `--distributed-backend gloo` when FLAGS do not name a backend. With --record,
+the last rank appends one JSON line per logged iteration to FILE: the iteration, the loss dict training_log receives
+(the losses at full precision, where its printed line keeps seven digits), the grad norm, the learning rate and the
+loss scale.
+
+The patches (`apply_cpu_patches`), each for a CUDA call that has no CPU meaning in torch's CPU build, or for what
+Megatron-Core computes otherwise without the GPU libraries:
+- device queries: torch.cuda.is_available() and device_count() answer True and 1, since initialize.py's
+  _initialize_distributed builds the model-parallel groups only `if device_count > 0` and initialize_megatron
+  asserts CUDA; torch.cuda.set_device and current_device answer for the CPU (its DDP buffers, MoE aux-loss scale
+  and batch broadcasts allocate on torch.cuda.current_device()); torch.cuda.synchronize, empty_cache and the memory
+  queries (training_log's memory report) do nothing or answer zero; the device-architecture queries
+  (get_device_properties, get_device_capability) answer an H100's 9.0, below the Blackwell 10.x that validate_args'
+  CUDA_DEVICE_MAX_CONNECTIONS checks single out (the launch sets that variable to 1, as Megatron-LM's scripts do).
+- tensors placed on "cuda": a TorchFunctionMode puts every tensor a factory asks for on device "cuda" (or a CUDA
+  index) on the CPU, and Tensor.cuda(), Module.cuda() return their CPU selves (get_model's model_module.cuda,
+  the loss reductions' device='cuda' tensors, get_batch_on_this_tp_rank's .cuda(non_blocking=True)); Tensor.type()
+  answers a CPU float tensor's type with its CUDA name, which Megatron-Core's optimizers assert
+  (`param.type() in ['torch.cuda.FloatTensor', ...]`).
+- streams and events: torch.cuda.Stream, stream(), current_stream() and Event are no-op stand-ins (get_model
+  builds DDP on a side stream and waits for it); a CPU runs one stream, so waiting is nothing.
+- the CUDA RNG tracker (megatron.core.tensor_parallel.random): its named states ('model-parallel-rng', ...) are
+  CPU generator states seeded as model_parallel_cuda_manual_seed seeds them, and fork() swaps the CPU generator to
+  the named state and back, as on a GPU it swaps the CUDA generator: draws inside a fork leave the default stream
+  untouched. torch.cuda.get_rng_state / set_rng_state / manual_seed act on a separate CPU generator standing in
+  for the device's, so checkpointing.py's get_rng_state saves and restores a state of the right kind.
+- the JIT fuser: megatron.core.jit's jit_fuser is torch.compile, which on a GPU compiles small elementwise functions
+  (SwiGLU, GeLU, bias-dropout-add, the MoE router's helpers) to Triton kernels; torch.compile is made to return the
+  function before megatron.core binds it (its --disable-jit-fuser acts after the modules applied the decorator at
+  import), so they run eagerly, the same functions. set_jit_fusion_options' warm-up, which runs them on random device
+  tensors to compile them, is skipped: nothing is compiled, and its draws would come from the CPU generator, which
+  on a GPU they never touch.
+- initialize_megatron's allow_no_cuda (pretrain passes none): True, the CUDA assertion being the one above.
+- the dataset helpers: the wheel ships megatron.core.datasets' C++ helpers prebuilt; compile_helpers (a `make` in
+  the wheel's folder) is skipped; and megatron.legacy.fused_kernels.load, which at this tag compiles nothing (it
+  reads `nvcc -V` under CUDA_HOME and makes a build folder inside the tree), is skipped, as the GPU kit does.
+- the MoE router's gating reads moe_utils.te_general_gemm, bound only where TransformerEngine imports: None here
+  (the torch matmul path the code takes without TE).
+- Megatron-Core's optimizer path without apex or TransformerEngine (torch's AdamW, as here) cannot resume its own
+  distributed-optimizer saves as its GPU path does: scripts/megatron_lm_torch_adamw.py, which names its three faults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from megatron_lm_torch_adamw import patch_torch_adamw_resume
+
+CPU = torch.device("cpu")
+
+
+class _CudaTensorsOnCpu(torch.overrides.TorchFunctionMode):
+    """A tensor factory's device="cuda" (or torch.device("cuda"), or a CUDA index) is the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and (isinstance(device, int) or str(device).startswith("cuda")):
+            kwargs = {**kwargs, "device": CPU}
+        return func(*args, **kwargs)
+
+
+# What the device-architecture queries answer: an H100's compute capability, below the Blackwell (10.x) that
+# validate_args' CUDA_DEVICE_MAX_CONNECTIONS checks single out; they decide CUDA stream settings, nothing computed
+_H100 = SimpleNamespace(name="cpu (answering as an H100)", major=9, minor=0, total_memory=80 * 2**30,
+                        multi_processor_count=132)
+
+
+class _NoStream:
+    """A CPU runs one stream: waiting on, recording into or synchronizing a stream is nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None if name != "query" else True
+
+
+def _cpu_type(original):
+    def type_(self, *args, **kwargs):
+        name = original(self, *args, **kwargs)
+        if not args and not kwargs and self.device.type == "cpu" and isinstance(name, str) and ".cuda." not in name:
+            return name.replace("torch.", "torch.cuda.", 1)
+        return name
+    return type_
+
+
+def _patch_device_queries() -> None:
+    cuda = torch.cuda
+    cuda.is_available = lambda: True
+    cuda.device_count = lambda: 1
+    cuda.set_device = lambda device: None
+    cuda.current_device = lambda: CPU
+    cuda.synchronize = lambda *args, **kwargs: None
+    cuda.empty_cache = lambda: None
+    for query in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        setattr(cuda, query, lambda *args, **kwargs: 0)
+    cuda.memory_stats = lambda *args, **kwargs: {}
+    cuda.get_device_properties = lambda *args, **kwargs: _H100
+    cuda.get_device_capability = lambda *args, **kwargs: (_H100.major, _H100.minor)
+    cuda.get_device_name = lambda *args, **kwargs: _H100.name
+    cuda.Stream = cuda.Event = _NoStream
+    cuda.stream = lambda stream=None: contextlib.nullcontext()
+    cuda.current_stream = lambda *args, **kwargs: _NoStream()
+
+
+def _patch_placement() -> None:
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    torch.nn.Module.cuda = lambda self, *args, **kwargs: self
+    torch.Tensor.type = _cpu_type(torch.Tensor.type)
+    _CudaTensorsOnCpu().__enter__()
+
+
+class _DeviceGenerator:
+    """The generator torch.cuda.* RNG calls stand for: one CPU generator, apart from the default one."""
+
+    generator = torch.Generator()
+
+    @classmethod
+    def patch(cls) -> None:
+        cuda = torch.cuda
+        cuda.get_rng_state = cuda.random.get_rng_state = lambda device="cuda": cls.generator.get_state()
+        cuda.set_rng_state = cuda.random.set_rng_state = lambda state, device="cuda": cls.generator.set_state(state)
+        cuda.manual_seed = cuda.random.manual_seed = lambda seed: cls.generator.manual_seed(int(seed))
+        cuda.manual_seed_all = cuda.random.manual_seed_all = cuda.manual_seed
+        cuda.get_rng_state_all = lambda: [cls.generator.get_state()]
+
+
+def _patch_rng_tracker() -> None:
+    from megatron.core.tensor_parallel import random as tp_random
+
+    class CpuRngStatesTracker(tp_random.CudaRNGStatesTracker):
+        """Named CPU generator states; fork swaps the CPU generator to one and back (module docstring)."""
+
+        def add(self, name, seed):
+            self._is_initialized = True
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            self.seeds_.add(seed)
+            if name in self.states_:
+                raise Exception(f"cuda rng state {name} already exists")
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name=tp_random._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise Exception(f"cuda rng state {name} is not added")
+            outside = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outside)
+
+    def initialize_rng_tracker(*args, force_reset=False, **kwargs):
+        if tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED and not force_reset:
+            return
+        tp_random._CUDA_RNG_STATE_TRACKER = CpuRngStatesTracker()
+        tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+    tp_random.initialize_rng_tracker = initialize_rng_tracker
+    tp_random._set_cuda_rng_state = lambda state, *args, **kwargs: _DeviceGenerator.generator.set_state(state)
+    tp_random._get_cuda_rng_state = lambda *args, **kwargs: _DeviceGenerator.generator.get_state()
+
+
+def _patch_megatron_core() -> None:
+    import megatron.core.datasets.utils as dataset_utils
+    from megatron.core.transformer.moe import moe_utils
+
+    dataset_utils.compile_helpers = lambda: None
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    patch_torch_adamw_resume()
+
+
+def _patch_megatron_training(record: str | None) -> None:
+    import megatron.legacy.fused_kernels as fused_kernels
+    from megatron.training import initialize, training
+
+    fused_kernels.load = lambda args: None
+    initialize._warmup_jit_function = lambda: None
+
+    initialize_megatron = training.initialize_megatron
+    training.initialize_megatron = lambda *args, **kwargs: initialize_megatron(*args,
+                                                                               **{**kwargs, "allow_no_cuda": True})
+    if record:
+        training.training_log = _recording(training.training_log, record)
+
+
+def _recording(training_log, path: str):
+    """training_log, writing its iteration's losses at full precision to `path` first, from the last rank (the last
+    pipeline stage, which holds the losses; Megatron-LM prints its log line there too: print_rank_last)."""
+    def log(loss_dict, total_loss_dict, learning_rate, iteration, loss_scale, report_memory_flag, skipped_iter,
+            grad_norm, *args, **kwargs):
+        if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+            line = {"iteration": iteration, "losses": {k: float(v) for k, v in loss_dict.items()},
+                    "grad_norm": None if grad_norm is None else float(grad_norm),
+                    "learning_rate": None if learning_rate is None else float(learning_rate),
+                    "loss_scale": float(loss_scale), "skipped": int(skipped_iter)}
+            with open(path, "a") as file:
+                file.write(json.dumps(line) + "\n")
+        return training_log(loss_dict, total_loss_dict, learning_rate, iteration, loss_scale, report_memory_flag,
+                            skipped_iter, grad_norm, *args, **kwargs)
+    return log
+
+
+def _eager(model=None, **options):
+    """torch.compile standing aside: the function itself, as a decorator with or without options."""
+    return model if model is not None else (lambda function: function)
+
+
+def _patch_compile() -> None:
+    torch.compile = _eager  # before megatron.core.jit binds jit_fuser to it
+
+
+def apply_cpu_patches(record: str | None = None) -> None:
+    """Every patch of the module docstring; call before pretrain_gpt.py runs."""
+    _patch_compile()
+    _patch_device_queries()
+    _patch_placement()
+    _DeviceGenerator.patch()
+    _patch_rng_tracker()
+    _patch_megatron_core()
+    _patch_megatron_training(record)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--megatron-lm", required=True, type=Path, help="Megatron-LM's tree (core_v0.16.1)")
+    parser.add_argument("--record", help="append each logged iteration's losses here (the last rank)")
+    parser.add_argument("flags", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    flags = [flag for flag in ns.flags if flag != "--"] if ns.flags[:1] == ["--"] else ns.flags
+    if "--distributed-backend" not in flags:
+        flags += ["--distributed-backend", "gloo"]
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    tree = str(ns.megatron_lm.resolve())
+    sys.path.insert(0, tree)
+    torch.set_num_threads(1)
+    apply_cpu_patches(ns.record)
+    script = os.path.join(tree, "pretrain_gpt.py")
+    sys.argv = [script, *flags]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
