@@ -65,6 +65,13 @@ def verify_megatron_records(iteration_dir: Path, rank: int, world_size: int) -> 
     return None
 
 
+def verify_megatron_completely(iteration_dir: Path) -> None:
+    """`verify_megatron`, then every stored item's CRC-32, in this one process (an unfinished save's last step,
+    checkpoint/unfinished_save.py)."""
+    verify_megatron(iteration_dir)
+    DcpReader(iteration_dir).verify()
+
+
 def _activation(args: argparse.Namespace) -> Optional[str]:
     """The MLP activation Megatron-Core computed (None for SwiGLU, whose gate is SiLU either way): squared ReLU,
     OpenAI's tanh GeLU, the fused bias-GeLU (megatron/core/fusions/fused_bias_gelu.py: the tanh approximation; on by

@@ -49,6 +49,7 @@ from checkpoint.format import (
     STAGING_SUFFIX,
     TRACKER_FILE,
     iteration_dir_name,
+    remove_stale_saves,
     replace_directory,
     write_text_atomic,
 )
@@ -295,8 +296,7 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
     if state.is_first_rank:
         try:
             save_dir.mkdir(parents=True, exist_ok=True)
-            if staging.exists():
-                shutil.rmtree(staging)
+            remove_stale_saves(save_dir)  # what killed saves left (.partial folders, pointers' temporaries)
             staging.mkdir()
         except OSError as failure:
             problem = f"cannot create {staging}: {failure}"
