@@ -419,7 +419,8 @@ class TrainingConfig:
              "checkpoint (--load = --save) in the same process")
     inprocess_max_iterations: Optional[int] = option(
         None, group="checkpoint",
-        help="with --inprocess-restart: the most incarnations (the first run and its restarts); none: no bound")
+        help="with --inprocess-restart: the most incarnations (the first run and its restarts); 10 when not given "
+             "(Megatron-LM hands nvidia-resiliency-ext no bound, so a fault met at every restart restarts for ever)")
     inprocess_heartbeat_interval: float = option(
         30.0, group="checkpoint", help="with --inprocess-restart: seconds between a process's heartbeats")
     inprocess_heartbeat_timeout: float = option(

@@ -159,16 +159,24 @@ class FaultPlan:
 
     def describe(self, settings: FaultInjectorSettings) -> str:
         anchor = ("from the start of training" if settings.delay_start_iteration is None else
-                  f"after iteration {settings.delay_start_iteration + 1} (--fault-injector-delay-start-iteration "
-                  f"{settings.delay_start_iteration}, Megatron's 0-based count)")
+                  f"after iteration {settings.delay_start_iteration + 1} and its save, if it saves "
+                  f"(--fault-injector-delay-start-iteration {settings.delay_start_iteration}, Megatron's 0-based count)")
         who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}"
         return f"fault injector: {self.fault} on {who}, {self.delay_s:.3f} s {anchor}"
 
 
-def draw_plan(settings: FaultInjectorSettings, world_size: int, seed: Optional[int]) -> FaultPlan:
+def draw_plan(settings: FaultInjectorSettings, world_size: int, seed: Optional[int], index: int = 0) -> FaultPlan:
     """Megatron-Core's draws in its order (get_fault_ranks, get_fault, get_fault_delay) from one
-    random.Random(seed): the same plan on every rank for the same seed."""
+    random.Random(seed): the same plan on every rank for the same seed. `index`: the plan of the index-th set-up of
+    the job (a restart's), drawn on from the same stream, as Megatron-Core's module-level rng, made once per process,
+    draws on at each setup_fault_injection."""
     rng = random.Random(seed)
+    for _ in range(index):
+        _draw(settings, world_size, rng)
+    return _draw(settings, world_size, rng)
+
+
+def _draw(settings: FaultInjectorSettings, world_size: int, rng: random.Random) -> FaultPlan:
     if settings.ranks is not None:
         ranks = tuple(int(r) for r in settings.ranks.split(","))
     else:
