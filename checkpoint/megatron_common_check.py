@@ -73,6 +73,9 @@ def common_problem(common: dict) -> Optional[tuple[str, Any, str]]:
     version = common.get("checkpoint_version")
     if version is not None and not is_number(version):
         return "checkpoint_version", version, FINITE
+    for key in ("optimizer", "opt_param_scheduler", "content_metadata"):  # read as dicts wherever they are present
+        if common.get(key) is not None and not isinstance(common[key], dict):
+            return key, common[key], "a dict (Megatron-LM's state_dict of it)"
     args = common.get("args")
     values = dict(vars(args)) if args is not None and hasattr(args, "__dict__") else {}
     problem = number_problem(values, "args")
@@ -93,8 +96,6 @@ def common_problem(common: dict) -> Optional[tuple[str, Any, str]]:
                 f"at least its 'iteration' ({iteration}): every iteration consumes a global batch of samples")
     scheduler = common.get("opt_param_scheduler")
     if scheduler is not None:
-        if not isinstance(scheduler, dict):
-            return "opt_param_scheduler", scheduler, "OptimizerParamScheduler's state (a dict)"
         problem = number_problem(scheduler, "opt_param_scheduler")
         if problem:
             return problem
