@@ -17,8 +17,10 @@ import os
 from dataclasses import fields
 from typing import Optional
 
+from arguments.resiliency_bounds import check_launch_bounds
 from base.errors import ConfigError
 from base.options import flag_of
+from base.waits import LONGEST_WAIT_S
 
 INT64_MAX = 2**63 - 1
 # Megatron's index arrays per sample (megatron/core/datasets/gpt_dataset.py): sample_index two int32
@@ -30,7 +32,7 @@ ACTIVATION_BYTES = 2  # a 16-bit activation element
 FP32_BYTES = 4
 # c10d takes the timeout as a timedelta and, in C++, as milliseconds; a collective that may wait a year
 # is already no timeout at all. Below a few seconds, the rendezvous itself times out on a loaded machine.
-MAX_TIMEOUT_MINUTES = 365 * 24 * 60
+MAX_TIMEOUT_MINUTES = LONGEST_WAIT_S // 60
 MIN_TIMEOUT_MINUTES = 5 / 60
 
 
@@ -200,6 +202,7 @@ def check_machine_bounds(config, world_size: Optional[int] = None, memory: Optio
         raise ConfigError(f"{sizes} make at least {parameters:.3g} parameters ({_gib(parameters * MIN_PARAMETER_BYTES)} "
                           f"in 16 bits), more than {world_size} rank(s) of {_gib(memory)} can hold even fully sharded: "
                           f"lower them", flags=sized_by)
+    check_launch_bounds(training, world_size, host_memory)
     samples = sample_count(training)
     if samples * INDEX_BYTES_PER_SAMPLE > host_memory:
         raise ConfigError(f"--train-iters/--train-samples, --global-batch-size and --eval-iters ask for {samples:.3g} "

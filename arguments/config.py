@@ -40,6 +40,7 @@ from arguments.step_batch_schedule import parse_step_schedule
 from base.errors import ConfigError
 from base.fault_injector import FaultInjectorSettings
 from base.options import Const, count, flag_of, option
+from base.waits import LONGEST_WAIT_TEXT, is_wait
 from data import DataError
 from data.gpt_dataset import APPENDABLE_ORDER, parse_split
 from data.megatron_order import MEGATRON_ORDER
@@ -436,7 +437,8 @@ class TrainingConfig:
              "checkpoint (--load = --save) in the same process")
     inprocess_max_iterations: Optional[int] = option(
         None, group="checkpoint",
-        help="with --inprocess-restart: the most incarnations (the first run and its restarts); none: no bound")
+        help="with --inprocess-restart: the most incarnations (the first run and its restarts); 10 when not given "
+             "(Megatron-LM hands nvidia-resiliency-ext no bound, so a fault met at every restart restarts for ever)")
     inprocess_heartbeat_interval: float = option(
         30.0, group="checkpoint", help="with --inprocess-restart: seconds between a process's heartbeats")
     inprocess_heartbeat_timeout: float = option(
@@ -564,14 +566,22 @@ class TrainingConfig:
         if not self.distributed_timeout_minutes > 0:
             raise ConfigError(f"--distributed-timeout-minutes must be positive, got {self.distributed_timeout_minutes}",
                               flags=("--distributed-timeout-minutes",))
-        if not (self.heartbeat_timeout_seconds == 0 or MIN_HEARTBEAT_TIMEOUT_S <= self.heartbeat_timeout_seconds < float("inf")):
-            raise ConfigError(f"--heartbeat-timeout-seconds must be 0 (no watch) or a finite number of seconds of at "
-                              f"least {MIN_HEARTBEAT_TIMEOUT_S:g} (a few heartbeats, one a second), got "
-                              f"{self.heartbeat_timeout_seconds}", flags=("--heartbeat-timeout-seconds",))
+        if not (self.heartbeat_timeout_seconds == 0 or MIN_HEARTBEAT_TIMEOUT_S <= self.heartbeat_timeout_seconds
+                and is_wait(self.heartbeat_timeout_seconds)):
+            raise ConfigError(f"--heartbeat-timeout-seconds must be 0 (no watch) or a number of seconds from "
+                              f"{MIN_HEARTBEAT_TIMEOUT_S:g} (a few heartbeats, one a second) up to {LONGEST_WAIT_TEXT}, "
+                              f"got {self.heartbeat_timeout_seconds}", flags=("--heartbeat-timeout-seconds",))
         if self.flight_recorder_trace_buffer_size < 0:
             raise ConfigError(f"--flight-recorder-trace-buffer-size must be 0 (no ring) or more, got "
                               f"{self.flight_recorder_trace_buffer_size}", flags=("--flight-recorder-trace-buffer-size",))
         check_inprocess_settings(self)
+        start = self.fault_injector_delay_start_iteration
+        if self.fault_injector.enabled and start is not None and self.train_iters is not None \
+                and start >= self.train_iters:
+            raise ConfigError(f"--fault-injector-delay-start-iteration {start}: Megatron's 0-based iteration count "
+                              f"never reaches it in --train-iters {self.train_iters} (its last is "
+                              f"{self.train_iters - 1}), so the injector would never fire",
+                              flags=("--fault-injector-delay-start-iteration", "--train-iters"))
         if self.ft_num_warmup_iters < 0:
             raise ConfigError(f"--ft-num-warmup-iters must be 0 or more, got {self.ft_num_warmup_iters}",
                               flags=("--ft-num-warmup-iters",))
@@ -604,8 +614,9 @@ def check_inprocess_settings(training: "TrainingConfig") -> None:
     for name in ("inprocess_heartbeat_interval", "inprocess_heartbeat_timeout", "inprocess_barrier_timeout",
                  "inprocess_completion_timeout"):
         value = getattr(training, name)
-        if not 0 < value < float("inf"):
-            raise ConfigError(f"{_flag(name)} must be a positive number of seconds, got {value}", flags=(_flag(name),))
+        if not is_wait(value, zero_allowed=False):
+            raise ConfigError(f"{_flag(name)} must be a number of seconds above 0 up to {LONGEST_WAIT_TEXT}, got "
+                              f"{value}", flags=(_flag(name),))
     if training.inprocess_heartbeat_timeout <= training.inprocess_heartbeat_interval:
         raise ConfigError(f"--inprocess-heartbeat-timeout ({training.inprocess_heartbeat_timeout:g} s) must be longer "
                           f"than --inprocess-heartbeat-interval ({training.inprocess_heartbeat_interval:g} s): a live "

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from arguments.hf_families import FAMILIES as REGISTERED
 from arguments.hf_families import FAMILY_READERS
+from arguments.hf_families.quantized_release import quantization_note
 from arguments.hf_fields import (  # noqa: F401 - HFConfig and RopeConfig are this reader's result, named here too
     BOOLEAN,
     INTEGER,
@@ -142,8 +143,32 @@ def read_hf_config(hf_dir: str | os.PathLike) -> HFConfig:
 
 
 def check_hf_config_json(raw: dict, path: str | os.PathLike = CONFIG_FILE) -> HFConfig:
-    """`raw` (a config.json's object) checked; `path` names it in every error."""
+    """`raw` (a config.json's object) checked; `path` names it in every error. A quantization_config is checked
+    and said for every family (`_quantization`)."""
     path = Path(path)
+    return _quantization(_checked(raw, path), raw, path)
+
+
+def _quantization(config: HFConfig, raw: dict, path: Path) -> HFConfig:
+    """A quantization_config says how a release stores its weights (arguments/hf_families/quantized_release.py):
+    the families that declare it (GPT-OSS, DeepSeek-V3) check and name it; in any other folder (a Llama or GPT-2
+    quantized by GPTQ, AWQ, bitsandbytes...) it was passed over in silence, and one that is not an object failed
+    only once transformers read it, after the data was prepared. Now: an object (or null), named in one start-up
+    line."""
+    if "quantization_config" in config.values:  # the family's own field and note
+        return config
+    block = raw.get("quantization_config")
+    if block is None:
+        return config
+    if not OBJECT.accepts(block):
+        raise ConfigError(wrong_value(path, "quantization_config", block, OBJECT, nullable=True))
+    architectures = raw.get("architectures")
+    name = architectures[0] if isinstance(architectures, list) and architectures and \
+        isinstance(architectures[0], str) else f"model_type {config.family}"
+    return dataclasses.replace(config, notes=config.notes + quantization_note(path, block, name))
+
+
+def _checked(raw: dict, path: Path) -> HFConfig:
     family = _family(raw, path)
     registered, reader = registered_family(family), FAMILY_READERS.get(family)
     if registered is not None and registered.section is not None:  # the model is one object of a larger config

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, registered_family
+from arguments.hf_dropout import folder_dropouts
 from arguments.hf_families import FAMILY_READERS
 from arguments.hf_fields import PLAIN_BLOCKS
 from arguments.hf_settings import LLAMA3_FIXED, LLAMA_ARCHITECTURE, FolderValue, llama_settings  # noqa: F401 - read from here too
@@ -205,6 +206,15 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
 
     for name, given in architecture_settings(config).items():
         offer(name, given.value, f"{where}: {given.key}")
+    dropouts, dropout_notes = folder_dropouts(config)
+    for name, given in dropouts.items():  # a training choice: a flag that differs wins, said (arguments/hf_dropout.py)
+        origin = f"{where}: {given.key}"
+        if name in explicit and settings[name] != given.value:
+            layer.notes.append(f"> {explicit[name]} overrides the folder's {as_flag(name, given.value)} ({origin}): "
+                               f"the run trains with the flag's, and an export writes it")
+        else:
+            offer(name, given.value, origin)
+    layer.notes += dropout_notes
     seq_length, positions = settings["seq_length"], config.max_position_embeddings
     if "max_position_embeddings" in explicit and "max_position_embeddings" in may_change:
         positions = settings["max_position_embeddings"]

@@ -117,8 +117,9 @@ def run_tool(program: str, action: Callable[[], object],
     except KeyboardInterrupt:
         _report(f"{program}: interrupted (SIGINT); stopped without saving")
         status = EXIT_INTERRUPTED
-    except PeerLostError as error:
-        print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
+    except PeerLostError as error:  # each survivor's own line, unless the survivors agreed one speaks for all
+        if getattr(error, "speaks", True):
+            print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)
         status = EXIT_PEER_LOST
     except LaunchEnvironmentError as error:
         print(f"{program}: error: {one_line(error)}", file=sys.stderr, flush=True)

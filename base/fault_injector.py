@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from base.errors import ConfigError, InjectedFault
+from base.waits import LONGEST_WAIT_TEXT, is_wait
 
 # nvidia-resiliency-ext's Fault enum, in its order (lower case, as the flag is written; Megatron upper-cases it).
 FAULT_TYPES = ("gpu_error", "gpu_sleep", "workload_exc", "async_exc", "signal_exc", "os_abort", "lock_gil",
@@ -85,9 +86,15 @@ class FaultInjectorSettings:
             except ValueError:
                 raise ConfigError(f"--fault-injector-ranks {self.ranks}: a comma-separated list of ranks",
                                   flags=("--fault-injector-ranks",)) from None
-        if self.num_ranks is not None and self.num_ranks < 0:
-            raise ConfigError(f"--fault-injector-num-ranks must be >= 0, got {self.num_ranks}",
+        if self.num_ranks is not None and self.num_ranks < 1:
+            why = ("no rank is drawn, so the injector would never fire" if self.num_ranks == 0
+                   else "Megatron-Core: 'Sample larger than population or is negative'")
+            raise ConfigError(f"--fault-injector-num-ranks must be at least 1, got {self.num_ranks} ({why})",
                               flags=("--fault-injector-num-ranks",))
+        if self.delay_start_iteration is not None and self.delay_start_iteration < 0:
+            raise ConfigError(f"--fault-injector-delay-start-iteration {self.delay_start_iteration}: Megatron's 0-based "
+                              f"iteration count never equals it, so the injector would never fire; give 0 or more",
+                              flags=("--fault-injector-delay-start-iteration",))
         if self.fault_types is None:
             raise ConfigError("--fault-injector-ranks/--fault-injector-num-ranks need --fault-injector-fault-types "
                               f"(Megatron-Core asserts it), one or more of {', '.join(FAULT_TYPES)}",
@@ -106,32 +113,42 @@ class FaultInjectorSettings:
                 weights = [float(p) for p in self.fault_probabilities.split(",")]
             except ValueError:
                 weights = []
-            if len(weights) != len(self.fault_types_list()) or min(weights, default=-1) < 0 or sum(weights) <= 0:
-                raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: one non-negative "
-                                  f"weight per fault type ({len(self.fault_types_list())}), not all zero",
+            if len(weights) != len(self.fault_types_list()):
+                raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: one weight per "
+                                  f"fault type ({len(self.fault_types_list())}; Megatron-Core: 'Number of fault types "
+                                  f"and fault probabilities must match')",
                                   flags=("--fault-injector-fault-probabilities", "--fault-injector-fault-types"))
+            # NaN compares false with everything, so `min(weights) < 0` let it through to random.choices
+            if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < sum(weights) < math.inf:
+                raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: finite, "
+                                  f"non-negative weights, not all zero (they are normalized by their sum)",
+                                  flags=("--fault-injector-fault-probabilities",))
         if self.fault_delay is None and self.mtti_seconds is None:
             raise ConfigError("give --fault-injector-fault-delay or --fault-injector-mtti-seconds (Megatron-Core "
                               "asserts one): when the fault comes", flags=("--fault-injector-fault-delay",
                                                                             "--fault-injector-mtti-seconds"))
-        for flag, value in (("--fault-injector-fault-delay", self.fault_delay),
-                            ("--fault-injector-offset-seconds", self.offset_seconds)):
-            if value is not None and not 0 <= value < math.inf:
-                raise ConfigError(f"{flag} must be a finite number of seconds >= 0, got {value}", flags=(flag,))
-        if self.mtti_seconds is not None and not 0 < self.mtti_seconds < math.inf:
-            raise ConfigError(f"--fault-injector-mtti-seconds must be positive, got {self.mtti_seconds}",
-                              flags=("--fault-injector-mtti-seconds",))
+        for flag, value, zero in (("--fault-injector-fault-delay", self.fault_delay, True),
+                                  ("--fault-injector-offset-seconds", self.offset_seconds, True),
+                                  ("--fault-injector-mtti-seconds", self.mtti_seconds, False)):
+            if value is not None and not is_wait(value, zero_allowed=zero):
+                raise ConfigError(f"{flag} must be a number of seconds {'from 0' if zero else 'above 0'} up to "
+                                  f"{LONGEST_WAIT_TEXT}, got {value:g}", flags=(flag,))
 
     def check_world(self, world_size: int) -> None:
-        """The checks that need the world size (Megatron-Core's get_fault_ranks)."""
+        """The checks that need the world size (Megatron-Core's get_fault_ranks), in its words; called before any
+        work with the world the launch will train on (arguments/resiliency_bounds.py) and again by every rank."""
+        if not self.enabled:
+            return
         if self.ranks is not None:
             ranks = [int(r) for r in self.ranks.split(",")]
             if not all(0 <= r < world_size for r in ranks):
-                raise ConfigError(f"--fault-injector-ranks {self.ranks}: ranks must be between 0 and {world_size - 1}",
+                raise ConfigError(f"--fault-injector-ranks {self.ranks}: Fault ranks must be between 0 and "
+                                  f"{world_size - 1} (Megatron-Core's words; {world_size} ranks train)",
                                   flags=("--fault-injector-ranks",))
         elif self.num_ranks is not None and self.num_ranks > world_size - 1:
             raise ConfigError(f"--fault-injector-num-ranks {self.num_ranks}: at most {world_size - 1}, the ranks "
-                              f"other than rank 0 of {world_size}", flags=("--fault-injector-num-ranks",))
+                              f"other than rank 0 of {world_size} (Megatron-Core: 'Sample larger than population "
+                              f"or is negative')", flags=("--fault-injector-num-ranks",))
 
 
 @dataclass(frozen=True)
@@ -142,16 +159,24 @@ class FaultPlan:
 
     def describe(self, settings: FaultInjectorSettings) -> str:
         anchor = ("from the start of training" if settings.delay_start_iteration is None else
-                  f"after iteration {settings.delay_start_iteration + 1} (--fault-injector-delay-start-iteration "
-                  f"{settings.delay_start_iteration}, Megatron's 0-based count)")
+                  f"after iteration {settings.delay_start_iteration + 1} and its save, if it saves "
+                  f"(--fault-injector-delay-start-iteration {settings.delay_start_iteration}, Megatron's 0-based count)")
         who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}"
         return f"fault injector: {self.fault} on {who}, {self.delay_s:.3f} s {anchor}"
 
 
-def draw_plan(settings: FaultInjectorSettings, world_size: int, seed: Optional[int]) -> FaultPlan:
+def draw_plan(settings: FaultInjectorSettings, world_size: int, seed: Optional[int], index: int = 0) -> FaultPlan:
     """Megatron-Core's draws in its order (get_fault_ranks, get_fault, get_fault_delay) from one
-    random.Random(seed): the same plan on every rank for the same seed."""
+    random.Random(seed): the same plan on every rank for the same seed. `index`: the plan of the index-th set-up of
+    the job (a restart's), drawn on from the same stream, as Megatron-Core's module-level rng, made once per process,
+    draws on at each setup_fault_injection."""
     rng = random.Random(seed)
+    for _ in range(index):
+        _draw(settings, world_size, rng)
+    return _draw(settings, world_size, rng)
+
+
+def _draw(settings: FaultInjectorSettings, world_size: int, rng: random.Random) -> FaultPlan:
     if settings.ranks is not None:
         ranks = tuple(int(r) for r in settings.ranks.split(","))
     else:

@@ -6,6 +6,13 @@ holding them, and byte objects (its ShardedObjects: RNG states, bucket sizes) be
 load (`torch.distributed.checkpoint.load` with a planner that asks exactly the wanted region of each tensor:
 `create_read_items_for_chunk_list` picks the saved chunks overlapping it), never a reader of `.distcp` files of ours.
 
+Every byte read is verified: each chunk and object DCP stored is a torch.save zip archive of its own, back to back in
+the `.distcp` files, and each record in it carries the CRC-32 of its bytes, which torch.load does not check. The
+reader checks it, as `zipfile` does (checkpoint/zip_records.py), for every stored item before DCP unpickles it, so a
+flipped bit is one line naming the file, the tensor and the bytes, never a number trained on; `verify` does the same
+for a share of every stored item before any work. A failure inside DCP (its CheckpointException derives from
+BaseException) is one line too (checkpoint/dcp_failures.py).
+
 Nothing read runs code: DCP stores each chunk as a `torch.save` it loads with weights_only=True; its `.metadata`
 is a plain pickle DCP loads with `pickle.load`, so here it is unpickled by a reader that accepts only DCP's own
 metadata classes, torch.Size and dtypes (any other global: the checkpoint is refused in one line); a byte object is
@@ -26,7 +33,7 @@ from typing import Iterable, Optional
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -38,6 +45,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from base.errors import CheckpointError
+from checkpoint.dcp_failures import DCP_FAILURES, failure_line
+from checkpoint.zip_records import zip_damage
 
 DCP_METADATA_FILE = ".metadata"
 CACHE_BYTES = 64 * 2**20  # the chunks kept between reads (a chunk larger than this is still read, then dropped)
@@ -75,14 +84,50 @@ class _SafeReader(FileSystemReader):
         except pickle.UnpicklingError as error:
             raise CheckpointError(f"{path}: names {error}, which is not DCP metadata; refusing to unpickle it (a "
                                   f"checkpoint is read without running its code)") from None
-        except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as error:
-            raise CheckpointError(f"{path}: unreadable DCP metadata ({type(error).__name__}: {error}); the "
-                                  f"checkpoint is corrupt or truncated") from None
+        except OSError as error:
+            raise CheckpointError(f"{path}: cannot be read ({error.strerror or error})") from None
+        except Exception as error:  # noqa: BLE001 - a damaged pickle fails in any of a dozen ways
+            raise CheckpointError(f"{path}: unreadable DCP metadata ({type(error).__name__}: {str(error)[:200]}); "
+                                  f"the checkpoint is corrupt or truncated") from None
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path}: holds a {type(metadata).__name__}, not DCP metadata")
         if getattr(metadata, "storage_meta", None) is not None:
             metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def _slice_file(self, file, sinfo: _StorageInfo):
+        """The stored item's bytes, verified (module docstring), for DCP to unpickle."""
+        names = getattr(self, "_names", None)
+        if names is None or names[0] is not self.storage_data:
+            names = self._names = (self.storage_data, {id(info): index for index, info in self.storage_data.items()})
+        index = names[1].get(id(sinfo))
+        file.seek(sinfo.offset)
+        data = file.read(sinfo.length)
+        check_record(Path(self.path) / sinfo.relative_path, index, sinfo, data)
+        return io.BytesIO(data)
+
+
+def _item_name(index: Optional[MetadataIndex]) -> str:
+    if index is None:
+        return "an item"
+    offsets = f" (its chunk at {tuple(index.offset)})" if index.offset is not None else ""
+    return f"{index.fqn}{offsets}"
+
+
+def check_record(path: Path, index: Optional[MetadataIndex], sinfo: _StorageInfo, data: bytes) -> None:
+    """Raise CheckpointError naming the file, the tensor and the bytes when the stored item is not an intact torch
+    archive of the length DCP's index gives."""
+    end = sinfo.offset + sinfo.length
+    if len(data) != sinfo.length:
+        raise CheckpointError(f"{path}: ends at byte {sinfo.offset + len(data)}, inside {_item_name(index)} (bytes "
+                              f"{sinfo.offset}-{end}); the file is truncated")
+    if sinfo.transform_descriptors:  # DCP's stream extensions (compression, ...): Megatron-Core writes none
+        raise CheckpointError(f"{path}: {_item_name(index)} is stored through DCP's stream transforms "
+                              f"({', '.join(map(str, sinfo.transform_descriptors))}), which this reader does not read")
+    damage = zip_damage(memoryview(data))
+    if damage:
+        raise CheckpointError(f"{path}: {_item_name(index)} (bytes {sinfo.offset}-{end}) is {damage}; the "
+                              f"checkpoint is damaged")
 
 
 class _RegionPlanner(LoadPlanner):
@@ -202,6 +247,23 @@ class DcpReader:
                 self._cached_bytes -= dropped.numel() * dropped.element_size()
         return values
 
+    def verify(self, rank: int = 0, world_size: int = 1) -> None:
+        """Every stored item of this rank's share (one in `world_size`, by file and offset) read and verified as a
+        load verifies it (module docstring)."""
+        items = sorted(self.metadata.storage_data.items(), key=lambda item: (item[1].relative_path, item[1].offset))
+        by_file: dict[str, list] = {}
+        for index, sinfo in items[rank::world_size]:
+            by_file.setdefault(sinfo.relative_path, []).append((index, sinfo))
+        for name, stored in by_file.items():
+            path = self.path / name
+            try:
+                with open(path, "rb") as file:
+                    for index, sinfo in stored:
+                        file.seek(sinfo.offset)
+                        check_record(path, index, sinfo, file.read(sinfo.length))
+            except OSError as error:
+                raise CheckpointError(f"{path}: cannot be read ({error.strerror or error})") from None
+
     def _load(self, targets: dict, objects: dict) -> None:
         try:
             with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": yes
@@ -209,8 +271,9 @@ class DcpReader:
                 dcp.load({}, storage_reader=self._reader, planner=_RegionPlanner(targets, objects), no_dist=True)
         except CheckpointError:
             raise
-        except Exception as error:  # DCP wraps a rank's failure (a missing or truncated .distcp file) in its own
-            first = str(error).strip().splitlines()
-            detail = next((line for line in reversed(first) if line.strip()), type(error).__name__)
-            raise CheckpointError(f"{self.path}: reading it failed ({detail.strip()[:240]}); the checkpoint is "
-                                  f"corrupt or incomplete") from None
+        except DCP_FAILURES as error:  # DCP wraps a rank's failure (a missing or damaged .distcp file) in its own
+            failure = failure_line(error)
+            if isinstance(failure, CheckpointError):
+                raise failure from None
+            raise CheckpointError(f"{self.path}: reading it failed ({failure}); the checkpoint is corrupt or "
+                                  f"incomplete") from None

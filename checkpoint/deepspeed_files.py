@@ -39,6 +39,7 @@ import torch
 from base.errors import CheckpointError
 from checkpoint.inside import inside
 from checkpoint.unpickler import unpickler_reason
+from checkpoint.zip_records import zip_damage
 
 LATEST = "latest"                      # DeepSpeed's pointer to the tag folder
 LATEST_UNIVERSAL = "latest_universal"  # ds_to_universal's
@@ -147,17 +148,12 @@ def verify_pt(path: Path, check_content: bool = True) -> Optional[str]:
     """Why `path` is not an intact torch file (None when it is): a zip archive whose every record matches the
     CRC-32 stored beside it (`check_content`: read every byte; else only the archive's directory)."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip() if check_content else None
+        damage = zip_damage(path, check_content)
     except FileNotFoundError:
         return f"{path}: missing from the checkpoint"
-    except zipfile.BadZipFile as error:
-        return f"{path}: truncated or corrupt, not a complete torch zip archive ({error})"
     except OSError as error:
         return f"{path}: cannot be read ({error.strerror or error})"
-    if bad is not None:
-        return f"{path}: corrupt, its record {bad} does not match the CRC-32 saved with it"
-    return None
+    return f"{path}: {damage}" if damage else None
 
 
 # ---- which folder --load names ------------------------------------------------------------------------------------

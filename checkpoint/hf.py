@@ -23,9 +23,11 @@ what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read 
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
+import socket
 import warnings
 from pathlib import Path
 from typing import Callable, Optional
@@ -37,6 +39,7 @@ from arguments.config import ModelConfig
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object, registered_family
 from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
+from base.output_locks import process_is_running
 from checkpoint import hf_dense, hf_llama
 from checkpoint.format import read_metadata, save_tensors
 from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
@@ -294,8 +297,12 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_state: dict[str, torch.Tensor
     check_output_folder(out_dir, overwrite, tokenizer_dir)
     tensors = _tensors_to_write(hf_state, dtype, tied=not model_config.untie_embeddings_and_output_weights)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging_prefix = f".{out_dir.name}.partial-{socket.gethostname()}-"
+    for stale in out_dir.parent.glob(f"{glob.escape(staging_prefix)}*"):  # an export killed on this host left it
+        pid = stale.name[len(staging_prefix):]
+        if pid.isdigit() and (int(pid) == os.getpid() or not process_is_running(int(pid))):
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = out_dir.with_name(f"{staging_prefix}{os.getpid()}")
     staging.mkdir()
     try:
         _folder_config(model_config, tokenizer_dir, dtype).save_pretrained(str(staging))

@@ -30,10 +30,16 @@ import torch
 
 from base.errors import CheckpointError
 from checkpoint.format import METADATA_FILE
+from checkpoint.megatron_common_check import check_common
+from checkpoint.zip_records import zip_damage
 
 COMMON_FILE = "common.pt"
 FORMAT_NAME = "megatron torch_dist"
 TORCH_DIST_BACKEND = "torch_dist"
+# The (backend, version) pairs megatron-core 0.16.1 registers a default load strategy for (strategies/torch.py
+# register_default_torch_strategies, strategies/common.py register_default_torch_strategies); its zarr backend is
+# deprecated and not read here.
+LOAD_STRATEGIES = {"load_sharded": ((TORCH_DIST_BACKEND, 1),), "load_common": (("torch", 1),)}
 
 
 @dataclass(frozen=True)
@@ -78,19 +84,39 @@ def is_megatron_checkpoint(iteration_dir: Path) -> bool:
 
 
 def check_backend(iteration_dir: Path) -> None:
-    """The backend this reader takes: torch_dist (Megatron's zarr backend is deprecated and not read here)."""
-    config = json.loads((Path(iteration_dir) / METADATA_FILE).read_text())
-    backend = config.get("sharded_backend")
-    if backend != TORCH_DIST_BACKEND:
-        raise CheckpointError(f"{iteration_dir}: a Megatron-Core checkpoint with sharded backend {backend!r}; only "
-                              f"{TORCH_DIST_BACKEND!r} (--ckpt-format torch_dist) is read here")
+    """The backends metadata.json names are ones Megatron-Core loads (module docstring): its
+    verify_checkpoint_and_load_strategy (dist_checkpointing/validation.py, core_v0.16.1) asks get_default_strategy for
+    a load strategy of (sharded_backend, sharded_backend_version) and of (common_backend, common_backend_version),
+    the fields' defaults 1, 'torch' and 1 where they are absent, and refuses a pair it has none for."""
+    path = Path(iteration_dir) / METADATA_FILE
+    config = json.loads(path.read_text())
+    for action, backend_key, version_key, default in (("load_sharded", "sharded_backend", "sharded_backend_version",
+                                                       None),
+                                                      ("load_common", "common_backend", "common_backend_version",
+                                                       "torch")):
+        pair = (config.get(backend_key, default), config.get(version_key, 1))
+        try:
+            known = pair in LOAD_STRATEGIES[action]
+        except TypeError:  # an unhashable value: no strategy is registered under it either
+            known = False
+        if not known:
+            raise CheckpointError(f"{path}: names {backend_key} {pair[0]!r} version {pair[1]!r}, which Megatron-Core "
+                                  f"has no load strategy for (\"Cannot find a default strategy for: "
+                                  f"{(action, *pair)}\"); only {LOAD_STRATEGIES[action][0]} is read here")
 
 
 def load_common(iteration_dir: Path) -> dict:
-    """common.pt, read without running code (module docstring)."""
+    """common.pt, its records' CRC-32 checked, read without running code and its numbers range-checked (module
+    docstring, checkpoint/megatron_common_check.py)."""
     path = Path(iteration_dir) / COMMON_FILE
     if not path.is_file():
         raise CheckpointError(f"{iteration_dir}: no {COMMON_FILE}; the Megatron-LM save did not finish")
+    try:
+        damage = zip_damage(path)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot be read ({error.strerror or error})") from None
+    if damage:
+        raise CheckpointError(f"{path}: {damage}")
     try:
         with torch.serialization.safe_globals(safe_globals()):
             common = torch.load(path, map_location="cpu", weights_only=True)
@@ -101,6 +127,7 @@ def load_common(iteration_dir: Path) -> dict:
             from None
     if not isinstance(common, dict) or "iteration" not in common:
         raise CheckpointError(f"{path}: not Megatron-LM's common state (no iteration)")
+    check_common(common, path)
     return common
 
 

@@ -6,10 +6,13 @@ The checks read the settings Megatron-LM saved (common.pt's args) as the fields 
 (checkpoint/start_decision.py), the samples left for this run's schedule (counted in Megatron-Core's sample order,
 which the continuing run reads: checkpoint/lineage.py), the block settings
 (checkpoint/resume_model.py: a setting Megatron's args do not name is not compared), and the learning-rate schedule
-(Megatron's rule, arguments/schedule.py). The checkpoint's files are verified first (`verify_megatron`): every file
-DCP's index names lies inside the directory (checkpoint/inside.py), exists and is long enough to hold every chunk the
-index places in it; common.pt and the index read without running code. Megatron's format has no content hashes: a
-flipped byte inside a chunk is found only where torch.load's zip reader notices it.
+(Megatron's rule, arguments/schedule.py). The checkpoint's files are verified first (`verify_megatron`): metadata.json
+names backends Megatron-Core loads, every file DCP's index names lies inside the directory (checkpoint/inside.py),
+exists and is long enough to hold every chunk the index places in it; common.pt and the index read without running
+code, common.pt's records matching their CRC-32 and its numbers in range (checkpoint/megatron_common_check.py). Then
+(`verify_megatron_records`) each rank reads a share of the stored items and checks each against the CRC-32 its zip
+records carry (checkpoint/dcp_reader.py), before any work; --no-verify-checkpoint skips that read (the load still
+checks every item it reads).
 """
 
 from __future__ import annotations
@@ -54,6 +57,22 @@ def verify_megatron(iteration_dir: Path) -> None:
         if size < end:
             raise CheckpointError(f"{path}: {size} bytes, but the checkpoint's index places data up to byte {end}; "
                                   f"the file is truncated")
+
+
+def verify_megatron_records(iteration_dir: Path, rank: int, world_size: int) -> Optional[str]:
+    """This rank's share of the stored items verified (module docstring): the first problem, or None."""
+    try:
+        DcpReader(iteration_dir).verify(rank, world_size)
+    except CheckpointError as error:
+        return str(error)
+    return None
+
+
+def verify_megatron_completely(iteration_dir: Path) -> None:
+    """`verify_megatron`, then every stored item's CRC-32, in this one process (an unfinished save's last step,
+    checkpoint/unfinished_save.py)."""
+    verify_megatron(iteration_dir)
+    DcpReader(iteration_dir).verify()
 
 
 def _activation(args: argparse.Namespace) -> Optional[str]:

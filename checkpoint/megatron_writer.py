@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -41,11 +42,13 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
 from base.errors import CheckpointError
+from checkpoint.dcp_failures import DCP_FAILURES, failure_line
 from checkpoint.format import (
     METADATA_FILE,
     STAGING_SUFFIX,
     TRACKER_FILE,
     iteration_dir_name,
+    remove_stale_saves,
     replace_directory,
     write_text_atomic,
 )
@@ -239,8 +242,7 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
     if state.is_first_rank:
         try:
             save_dir.mkdir(parents=True, exist_ok=True)
-            if staging.exists():
-                shutil.rmtree(staging)
+            remove_stale_saves(save_dir)  # what killed saves left (.partial folders, pointers' temporaries)
             staging.mkdir()
         except OSError as failure:
             problem = f"cannot create {staging}: {failure}"
@@ -250,11 +252,13 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
         objects = _extra_states(model, config, state)
         # DCP's global plan needs each key's size and dtype from whichever rank writes a chunk of it
         distributed = dist.is_available() and dist.is_initialized() and state.world_size > 1
-        dcp.save({}, storage_writer=dcp.FileSystemWriter(staging), planner=_Planner(tensors, shapes, objects),
-                 no_dist=not distributed)
+        with warnings.catch_warnings():  # "torch.distributed is disabled ... save in a single process": yes
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save({}, storage_writer=dcp.FileSystemWriter(staging), planner=_Planner(tensors, shapes, objects),
+                     no_dist=not distributed)
         del tensors
-    except Exception as failure:  # noqa: BLE001 - disk full, DCP's own errors: every rank must hear of it
-        problem = f"{type(failure).__name__}: {failure}"
+    except DCP_FAILURES as failure:  # disk full, DCP's own errors (BaseException-derived): every rank must hear
+        problem = f"cannot write {staging}: {failure_line(failure)}"
     _raise_if_any(state, problem, staging)
     if state.is_first_rank:
         try:

@@ -1,4 +1,4 @@
-"""A resume continues the model that was trained: its blocks' settings (normalization, SwiGLU, positions
+"""A resume continues the model that was trained: its head count and its blocks' settings (normalization, SwiGLU, positions
 and every rotary setting, key/value groups, tied output, biases, q/k norms, the attention output gate, the
 norm epsilon, the activation, the MoE layers' structure and routing, multi-latent attention's sizes and YaRN)
 equal the checkpoint's.
@@ -33,9 +33,11 @@ MLA_COMPARED = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_hea
 # --position-embedding-type yarn's (gpt/rotary.py yarn_angles), with the scaling factor and mscales MLA shares
 YARN_SETTINGS = ("rotary_scaling_factor", "mscale", "mscale_all_dim", "yarn_original_max_position_embeddings",
                  "yarn_beta_fast", "yarn_beta_slow", "yarn_correction_range_round_to_int")
-# (--max-position-embeddings only where it sets LongRoPE's default attention factor: gpt/longrope.py)
-COMPARED = tuple(dict.fromkeys((*Architecture.__dataclass_fields__, "layernorm_epsilon", "activation", *MOE_COMPARED,
-                                *MLA_COMPARED, "max_position_embeddings")))
+# (--max-position-embeddings only where it sets LongRoPE's default attention factor: gpt/longrope.py). The head count
+# first, as Megatron-LM's check_checkpoint_args compares it (megatron/training/checkpointing.py): at a given hidden
+# size the heads change no parameter shape, only how the rows of the attention's projections are grouped.
+COMPARED = tuple(dict.fromkeys(("num_attention_heads", *Architecture.__dataclass_fields__, "layernorm_epsilon",
+                                "activation", *MOE_COMPARED, *MLA_COMPARED, "max_position_embeddings")))
 
 
 def _compared_values(model: dict) -> dict:
@@ -73,9 +75,8 @@ def _compared_values(model: dict) -> dict:
     if not values["num_experts"] or values["num_experts"] == 1:  # a dense model: the MoE settings are not read
         for name in MOE_COMPARED:
             values.pop(name)
-    heads = model.get("num_attention_heads", defaults.num_attention_heads)
     if values["num_query_groups"] is None:
-        values["num_query_groups"] = heads
+        values["num_query_groups"] = values["num_attention_heads"]
     return values
 
 
@@ -97,11 +98,16 @@ def _flag_and_value(name: str, value) -> tuple[str, str]:
 
 def model_differences(saved_model: dict, model: ModelConfig) -> list[str]:
     """Each block setting that differs: the flag, this run's value and the checkpoint's."""
-    saved = _compared_values(saved_model)
-    ours = _compared_values({name: getattr(model, name) for name in (*COMPARED, "num_attention_heads")})
+    typed = {name: getattr(model, name) for name in COMPARED}
+    saved, ours = _compared_values(saved_model), _compared_values(typed)
+    unsaid = set()
+    if "num_attention_heads" not in saved_model:  # a record without them (a plain DeepSpeed script's): not compared
+        unsaid.add("num_attention_heads")
+    if typed["num_query_groups"] is None and saved_model.get("num_query_groups") is None:
+        unsaid.add("num_query_groups")  # plain multi-head attention on both sides: its groups are the heads
     differences = []
     for name in ours:
-        if name in saved and ours[name] != saved[name]:
+        if name in saved and name not in unsaid and ours[name] != saved[name]:
             flag, mine = _flag_and_value(name, ours[name])
             differences.append(f"{flag} {mine} (the checkpoint's: {_flag_and_value(name, saved[name])[1]})")
     return differences

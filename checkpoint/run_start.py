@@ -157,7 +157,7 @@ def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callabl
     checkpoint = config.checkpoint
     megatron = is_megatron_checkpoint(iteration_dir)  # a Megatron-LM save folder: its common.pt, checked alike
     if megatron:  # imported only then: DCP imports DTensor and sympy, which --help must not pay for (test_startup.py)
-        from checkpoint.megatron_resume import megatron_metadata
+        from checkpoint.megatron_resume import megatron_metadata, verify_megatron_records
     metadata, error = _attempt(lambda: megatron_metadata(iteration_dir, config) if megatron
                                else read_metadata(iteration_dir))
     agree(state, error)
@@ -177,6 +177,12 @@ def check_resume(config, state: ParallelState, iteration_dir: Path, log: Callabl
         schedule, note = outcome
         if note:
             log(note)
-    if not megatron:  # megatron_metadata verified its files
+    if megatron:  # megatron_metadata verified its files' presence and sizes; now their records' CRC-32
+        if checkpoint.verify_checkpoint:
+            problem = verify_megatron_records(iteration_dir, state.rank, state.world_size)
+            problems = [p for p in state.comm.all_gather_object(problem) if p]
+            if problems:
+                raise CheckpointError(problems[0])
+    else:
         verify_for_job(iteration_dir, metadata, state, check_content=checkpoint.verify_checkpoint)
     return schedule, metadata

@@ -52,15 +52,15 @@ ANY_INT = "an integer within int64 (-2**63 to 2**63 - 1)"
 FINITE = "a finite number"
 
 
-def _is_int(value: Any, minimum: int = 0) -> bool:
+def is_int(value: Any, minimum: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= INT64_MAX
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     """A finite real: a float that is not NaN or infinite, or an int within int64."""
     if isinstance(value, float):
         return math.isfinite(value)
-    return _is_int(value, INT64_MIN)
+    return is_int(value, INT64_MIN)
 
 
 def _is_plain_name(value: Any) -> bool:
@@ -73,7 +73,7 @@ def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 def _is_int32(value: Any) -> bool:
-    return _is_int(value, -2 ** 31) and value < 2 ** 31
+    return is_int(value, -2 ** 31) and value < 2 ** 31
 
 
 def _fp8_entry(entry: Any) -> bool:
@@ -88,27 +88,27 @@ def _fp8_entry(entry: Any) -> bool:
 
 def _parameter_entry(entry: Any) -> bool:
     """{shape, tensor_parallel_dim} and, since the sharding records, split_over, replicated_over, real_rows."""
-    if not isinstance(entry, dict) or not _list_of(_is_int)(entry.get("shape")):
+    if not isinstance(entry, dict) or not _list_of(is_int)(entry.get("shape")):
         return False
     dim, rows = entry.get("tensor_parallel_dim"), entry.get("real_rows")
-    return ((dim is None or (_is_int(dim) and dim < len(entry["shape"])))
-            and (rows is None or (_is_int(rows) and bool(entry["shape"]) and rows <= entry["shape"][0]))
+    return ((dim is None or (is_int(dim) and dim < len(entry["shape"])))
+            and (rows is None or (is_int(rows) and bool(entry["shape"]) and rows <= entry["shape"][0]))
             and entry.get("split_over") in (None, "tp", "etp")
             and _list_of(lambda name: name in ("pp", "dp", "cp", "tp", "edp", "etp", "ep"))(
                 entry.get("replicated_over", [])))
 
 
 def _shard(entry: Any) -> bool:  # [tp rank, dp rank, file name]
-    return (isinstance(entry, list) and len(entry) == 3 and _is_int(entry[0]) and _is_int(entry[1])
+    return (isinstance(entry, list) and len(entry) == 3 and is_int(entry[0]) and is_int(entry[1])
             and _is_plain_name(entry[2]))
 
 
 def _model_entry(entry: Any) -> bool:  # [tp rank, file name]
-    return isinstance(entry, list) and len(entry) == 2 and _is_int(entry[0]) and _is_plain_name(entry[1])
+    return isinstance(entry, list) and len(entry) == 2 and is_int(entry[0]) and _is_plain_name(entry[1])
 
 
 def _expert_model_entry(entry: Any) -> bool:  # [tp rank, ep rank, file name, [parameter names]]
-    return (isinstance(entry, list) and len(entry) == 4 and _is_int(entry[0]) and _is_int(entry[1])
+    return (isinstance(entry, list) and len(entry) == 4 and is_int(entry[0]) and is_int(entry[1])
             and _is_plain_name(entry[2]) and _list_of(lambda name: isinstance(name, str))(entry[3]))
 
 
@@ -119,35 +119,35 @@ def _pipeline_stage(entry: Any) -> bool:  # {parameters: [names], files: [file n
 
 # Entry -> (what it must be, in words; the check). Entries every save writes come first.
 REQUIRED = {
-    "iteration": (NON_NEGATIVE, _is_int),
-    "consumed_samples": (NON_NEGATIVE, _is_int),
-    "tensor_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
-    "data_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
-    "zero_stage": ("0, 1, 2 or 3", lambda v: _is_int(v) and v <= 3),
-    "adam_step": (NON_NEGATIVE, _is_int),
+    "iteration": (NON_NEGATIVE, is_int),
+    "consumed_samples": (NON_NEGATIVE, is_int),
+    "tensor_parallel_size": (POSITIVE, lambda v: is_int(v, 1)),
+    "data_parallel_size": (POSITIVE, lambda v: is_int(v, 1)),
+    "zero_stage": ("0, 1, 2 or 3", lambda v: is_int(v) and v <= 3),
+    "adam_step": (NON_NEGATIVE, is_int),
     "parameters": ("an object of {shape, tensor_parallel_dim[, split_over, replicated_over, real_rows]} entries",
                    lambda v: isinstance(v, dict) and all(isinstance(k, str) and _parameter_entry(e)
                                                          for k, e in v.items())),
     "optimizer_shards": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),
     "files": ("an object of file name -> size in bytes (int64)",
-              lambda v: isinstance(v, dict) and all(_is_plain_name(k) and _is_int(n) for k, n in v.items())),
+              lambda v: isinstance(v, dict) and all(_is_plain_name(k) and is_int(n) for k, n in v.items())),
 }
 OPTIONAL = {
     "precision": (f"one of {', '.join(PRECISIONS)}", lambda v: v in PRECISIONS),
-    "lr": ("a non-negative finite number or null", lambda v: v is None or (_is_number(v) and v >= 0)),
+    "lr": ("a non-negative finite number or null", lambda v: v is None or (is_number(v) and v >= 0)),
     # the samples of the updates taken, where the learning-rate schedule continues (fp16 skips excluded)
-    "lr_schedule_samples": (NON_NEGATIVE, _is_int),
+    "lr_schedule_samples": (NON_NEGATIVE, is_int),
     "loss_scaler": ("an object or null",
                     lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("state", {}), dict))),
     "model_files": ("a list of [tp rank, file name]", _list_of(_model_entry)),
     "rng_files": ("a list of [tp rank, dp rank, file name]", _list_of(_shard)),
     # written with expert parallelism: each expert-parallel rank's experts in their own model file
-    "expert_model_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
+    "expert_model_parallel_size": (POSITIVE, lambda v: is_int(v, 1)),
     "expert_model_files": ("a list of [tp rank, ep rank, file name, [parameter names]]",
                            _list_of(_expert_model_entry)),
     # the routers' aux-loss-free balancing bias (checkpoint/router_state.py), fp32 values by name
     "expert_bias": ("an object of router name -> list of numbers",
-                    lambda v: isinstance(v, dict) and all(isinstance(k, str) and _list_of(_is_number)(e)
+                    lambda v: isinstance(v, dict) and all(isinstance(k, str) and _list_of(is_number)(e)
                                                           for k, e in v.items())),
     # delayed FP8 scaling's amax histories and scales by linear (checkpoint/fp8_state.py), fp32 bit patterns
     "fp8_amax_history": ("an object of linear name -> {amax_history: [[int32 bits]], scale: [int32 bits]}",
@@ -155,9 +155,9 @@ OPTIONAL = {
                                                                for k, e in v.items())),
     # the rerun state machine's pending re-run, one part per rank (checkpoint/rerun_machine_entry.py)
     "rerun_state_machine": ("an object of {mode, state, current_iteration, ranks: [one part per rank]}", _rerun_entry),
-    "pipeline_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
+    "pipeline_parallel_size": (POSITIVE, lambda v: is_int(v, 1)),
     # written with context parallelism: ZeRO's partitions are cut over DP x CP, one optimizer file each
-    "context_parallel_size": (POSITIVE, lambda v: _is_int(v, 1)),
+    "context_parallel_size": (POSITIVE, lambda v: is_int(v, 1)),
     "pipeline_stages": ("a list of {parameters: [names], files: [file names]}, one per stage",
                         _list_of(_pipeline_stage)),
     "tokenizer": ("a directory name or null", lambda v: v is None or _is_plain_name(v)),
@@ -173,18 +173,18 @@ OPTIONAL = {
 }
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     shown = repr(value)
     return shown[:80] + "..." if len(shown) > 80 else shown
 
 
-def _number_problem(value: Any, where: str) -> Optional[tuple[str, Any, str]]:
+def number_problem(value: Any, where: str) -> Optional[tuple[str, Any, str]]:
     """(entry, value, what it must be) for the first number under `value` beyond its type's range:
     an int beyond int64, a float that is NaN or infinite."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return None
     if isinstance(value, (int, float)):
-        return None if _is_number(value) else (where, value, ANY_INT if isinstance(value, int) else FINITE)
+        return None if is_number(value) else (where, value, ANY_INT if isinstance(value, int) else FINITE)
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, list):
@@ -193,7 +193,7 @@ def _number_problem(value: Any, where: str) -> Optional[tuple[str, Any, str]]:
         return None
     for key, item in items:
         key = str(key)
-        problem = _number_problem(item, where + key if key.startswith("[") else f"{where}.{key}")
+        problem = number_problem(item, where + key if key.startswith("[") else f"{where}.{key}")
         if problem:
             return problem
     return None
@@ -214,12 +214,12 @@ def _setting_kinds() -> dict[str, dict[str, str]]:
 # A setting's annotation -> (what its recorded value must be, the check). Settings of other types (flags,
 # names, paths) are no numbers.
 _SETTING_CHECKS = {
-    "int": (ANY_INT, lambda v: _is_int(v, INT64_MIN)),
-    "Optional[int]": (f"{ANY_INT} or null", lambda v: v is None or _is_int(v, INT64_MIN)),
-    "float": (FINITE, _is_number),
-    "Optional[float]": (f"{FINITE} or null", lambda v: v is None or _is_number(v)),
+    "int": (ANY_INT, lambda v: is_int(v, INT64_MIN)),
+    "Optional[int]": (f"{ANY_INT} or null", lambda v: v is None or is_int(v, INT64_MIN)),
+    "float": (FINITE, is_number),
+    "Optional[float]": (f"{FINITE} or null", lambda v: v is None or is_number(v)),
     "Optional[list[int]]": ("a list of integers within int64, or null",
-                            lambda v: v is None or _list_of(lambda i: _is_int(i, INT64_MIN))(v)),
+                            lambda v: v is None or _list_of(lambda i: is_int(i, INT64_MIN))(v)),
 }
 
 
@@ -238,7 +238,7 @@ def _config_problem(config: dict) -> Optional[tuple[str, Any, str]]:
                 if kind in ("float", "Optional[float]") and isinstance(value, int):
                     values[name] = float(value)  # a real setting written as 1: read as 1.0, as a flag's would be
             else:
-                problem = _number_problem(value, f"config.{section}.{name}")
+                problem = number_problem(value, f"config.{section}.{name}")
                 if problem:
                     return problem
     return None
@@ -327,13 +327,13 @@ def _meaning_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
     state = scaler.get("state") or {}
     if "scale" in state:
         scale = state["scale"]
-        if not _is_number(scale) or scale <= 0:
+        if not is_number(scale) or scale <= 0:
             return "loss_scaler.state.scale", scale, "a positive finite number"
         if metadata.get("precision", "fp32") != "fp16" and scale != 1:
             return ("loss_scaler.state.scale", scale,
                     f"1: a {metadata.get('precision', 'fp32')} run does not scale its loss")
     for key in ("good_steps", "hysteresis_left"):  # DynamicLossScaler's counters
-        if key in state and not _is_int(state[key], 0 if key == "good_steps" else INT64_MIN):
+        if key in state and not is_int(state[key], 0 if key == "good_steps" else INT64_MIN):
             return f"loss_scaler.state.{key}", state[key], NON_NEGATIVE if key == "good_steps" else ANY_INT
     return None
 
@@ -349,13 +349,13 @@ def check_metadata(metadata: Any, path: Path) -> None:
     for table, required in ((REQUIRED, True), (OPTIONAL, False)):
         for key, (meaning, check) in table.items():
             if (required or key in metadata) and not check(metadata[key]):
-                raise CheckpointError(f"{path}: corrupt, its {key!r} must be {meaning}, got {_shown(metadata[key])}")
+                raise CheckpointError(f"{path}: corrupt, its {key!r} must be {meaning}, got {shown_value(metadata[key])}")
     problem = (_config_problem(metadata.get("config") or {})
-               or _number_problem({key: value for key, value in metadata.items() if key != "config"}, "")
+               or number_problem({key: value for key, value in metadata.items() if key != "config"}, "")
                or _meaning_problem(metadata) or _model_problem(metadata))
     if problem:
         where, value, meaning = problem
-        got = "" if value is _UNSHOWN else f", got {_shown(value)}"
+        got = "" if value is _UNSHOWN else f", got {shown_value(value)}"
         raise CheckpointError(f"{path}: corrupt, its {where.lstrip('.')!r} must be {meaning}{got}")
     listed = set(metadata["files"])
     for name in listed_files(metadata):

@@ -11,11 +11,16 @@ is pointed at it, as the save would have done next. One that does not
 verify is renamed `iter_N.unverified-<time>` (never deleted: the user may want to look at it) and
 the run starts fresh, as Megatron's would.
 
+A Megatron-LM torch_dist iteration directory (ours written with `--ckpt-format torch_dist`) is committed by the
+tracker file alone: its save renames iter_N.partial to iter_N, then writes the tracker. A kill between the two leaves
+a complete directory the tracker does not name, and Megatron-LM would start from random. So the same rule holds for
+it: when the save directory has neither `latest` nor the tracker and holds exactly one complete iteration, of our
+format or of Megatron's, that iteration is verified (a torch_dist one: its backends, common.pt and every stored
+item's CRC-32, checkpoint/megatron_resume.py) and adopted, the tracker pointing at it (a torch_dist save writes no
+`latest`), or set aside. A torch_dist directory the tracker names is committed and never touched.
+
 Only for `--load` equal to `--save` (a requeued job's own directory), and only under the save
-directory's lock, so no other run is writing into it meanwhile. Only for this project's own format: a
-Megatron-LM torch_dist iteration directory (ours written with `--ckpt-format torch_dist`, or Megatron-LM's)
-is committed by the tracker file alone and has no `latest`, so it is never taken for an unfinished save and
-never set aside; without the tracker it is not read, as Megatron-LM does not read it.
+directory's lock, so no other run is writing into it meanwhile.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from base.errors import CheckpointError
-from checkpoint.format import LATEST_FILE, METADATA_FILE, TRACKER_FILE, point_at, read_metadata
+from checkpoint.format import LATEST_FILE, METADATA_FILE, TRACKER_FILE, point_at, read_metadata, write_text_atomic
 from checkpoint.integrity import verify_or_raise
 from checkpoint.megatron_common import is_megatron_checkpoint
 
@@ -37,34 +42,58 @@ def same_directory(load: Optional[str], save: Optional[str]) -> bool:
     return bool(load) and bool(save) and Path(load).resolve() == Path(save).resolve()
 
 
-def complete_iterations(save_dir: Path) -> list[Path]:
-    """The `iter_N` directories holding this project's metadata.json (not Megatron-Core's), newest (highest N)
-    first."""
+def _iterations(save_dir: Path, megatron: bool) -> list[Path]:
     if not save_dir.is_dir():
         return []
     found = [path for path in save_dir.iterdir()
              if re.fullmatch(r"iter_\d+", path.name) and (path / METADATA_FILE).is_file()
-             and not is_megatron_checkpoint(path)]
+             and is_megatron_checkpoint(path) == megatron]
     return sorted(found, key=lambda path: int(path.name[len("iter_"):]), reverse=True)
+
+
+def complete_iterations(save_dir: Path) -> list[Path]:
+    """The `iter_N` directories holding this project's metadata.json (not Megatron-Core's), newest (highest N)
+    first."""
+    return _iterations(save_dir, megatron=False)
+
+
+def _unnamed(save_dir: Path) -> list[Path]:
+    """The complete iterations no pointer names where a killed first save leaves them (module docstring): ours
+    without `latest`, or Megatron's torch_dist ones without `latest` and the tracker; never the two kinds mixed."""
+    if (save_dir / LATEST_FILE).exists():
+        return []
+    ours, megatron = complete_iterations(save_dir), _iterations(save_dir, megatron=True)
+    if ours and megatron:
+        return []
+    if megatron and (save_dir / TRACKER_FILE).exists():
+        return []
+    return ours or megatron
 
 
 def needs_finishing(load: Optional[str], save: Optional[str]) -> bool:
     """Whether `--save DIR --load DIR` finds DIR as a killed first save leaves it: one complete
-    iteration directory and no `latest`. Every later save replaces an existing `latest` atomically,
-    so several complete iterations without `latest` mean it was removed by hand: that stays an error
+    iteration directory and no pointer naming it. Every later save replaces an existing pointer atomically,
+    so several complete iterations without it mean it was removed by hand: that stays an error
     (checkpoint/start_decision.py), as the user must say which one to resume."""
-    if not same_directory(load, save):
-        return False
-    save_dir = Path(save)
-    return not (save_dir / LATEST_FILE).exists() and len(complete_iterations(save_dir)) == 1
+    return same_directory(load, save) and len(_unnamed(Path(save))) == 1
+
+
+def _verify(candidate: Path) -> None:
+    if is_megatron_checkpoint(candidate):
+        from checkpoint.megatron_resume import verify_megatron_completely  # DCP: imported only where needed
+
+        verify_megatron_completely(candidate)
+    else:
+        verify_or_raise(candidate, read_metadata(candidate))
 
 
 def finish_unfinished_save(save_dir: Path, log: Callable[[str], None]) -> Optional[Path]:
-    """Point `latest` at the iteration directory the killed save left if it verifies, else set it
-    aside (the run then starts fresh); returns the adopted directory, or None."""
-    for candidate in complete_iterations(save_dir):
+    """Point `latest` (a torch_dist iteration: the tracker) at the iteration directory the killed save left if it
+    verifies, else set it aside (the run then starts fresh); returns the adopted directory, or None."""
+    for candidate in _unnamed(save_dir):
+        megatron = is_megatron_checkpoint(candidate)
         try:
-            verify_or_raise(candidate, read_metadata(candidate))
+            _verify(candidate)
         except (CheckpointError, OSError) as error:
             aside = candidate.with_name(f"{candidate.name}{UNVERIFIED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S')}")
             candidate.rename(aside)
@@ -73,12 +102,16 @@ def finish_unfinished_save(save_dir: Path, log: Callable[[str], None]) -> Option
                 == str(int(candidate.name[len("iter_"):]))
             if named:  # the pointer to what was set aside goes, so the run starts fresh as said
                 tracker.unlink()
-            log(f"> {candidate} has no '{LATEST_FILE}' and does not verify ({error}); set aside as {aside}"
-                + (f"; {TRACKER_FILE} named it and is removed" if named else ""))
+            log(f"> {candidate} has no '{TRACKER_FILE if megatron else LATEST_FILE}' and does not verify ({error}); "
+                f"set aside as {aside}" + (f"; {TRACKER_FILE} named it and is removed" if named else ""))
             continue
-        # Megatron's tracker too, unless it is there: then the save wrote it, or a user did (their word)
-        point_at(save_dir, candidate.name, tracker=not (save_dir / TRACKER_FILE).exists())
-        log(f"> {save_dir} had no '{LATEST_FILE}': a save was killed before writing it; {candidate} is complete "
-            f"and verified, so '{LATEST_FILE}' now names it")
+        if megatron:  # Megatron-LM's layout has no `latest`: its tracker is the commit
+            write_text_atomic(save_dir / TRACKER_FILE, str(int(candidate.name[len("iter_"):])))
+            pointer = TRACKER_FILE
+        else:  # Megatron's tracker too, unless it is there: then the save wrote it, or a user did (their word)
+            point_at(save_dir, candidate.name, tracker=not (save_dir / TRACKER_FILE).exists())
+            pointer = LATEST_FILE
+        log(f"> {save_dir} had no '{pointer}': a save was killed before writing it; {candidate} is complete "
+            f"and verified, so '{pointer}' now names it")
         return candidate
     return None

@@ -61,6 +61,10 @@ def recipe_of(model_config) -> Fp8Recipe:
                      amax_compute_algo=model_config.fp8_amax_compute_algo, wgrad=model_config.fp8_wgrad)
 
 
+# the largest margin whose 2**margin is an int64, as torch takes the divisor (2**63 raises "int too big to convert")
+MAX_FP8_MARGIN = 62
+
+
 @dataclass(frozen=True)
 class Fp8Launch:
     """What the refusals read besides the model's settings (arguments/ is above this floor)."""
@@ -88,6 +92,10 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                           f"(of one cast's values)")
     if model_config.fp8_amax_history_len < 1:
         raise ConfigError(f"--fp8-amax-history-len {model_config.fp8_amax_history_len} must be at least 1")
+    if model_config.fp8_margin > MAX_FP8_MARGIN:
+        raise ConfigError(f"--fp8-margin {model_config.fp8_margin}: delayed scaling divides by 2**margin as an integer "
+                          f"(TransformerEngine's _default_sf_compute, parallel/fp8/recipes.py), which a tensor cannot "
+                          f"take beyond int64: at most {MAX_FP8_MARGIN}")
     if model_config.first_last_layers_bf16:
         if recipe == "delayed":  # Megatron-Core's TransformerConfig.__post_init__
             raise ConfigError(f"{what} --first-last-layers-bf16: delayed scaling does not support first / last "

@@ -705,6 +705,11 @@ class ModelConfig:
         if self.mtp_num_layers < 0:
             raise ConfigError(f"--mtp-num-layers must be 0 or more, got {self.mtp_num_layers}", 
                               flags=("--mtp-num-layers",))
+        if self.mtp_num_layers >= self.seq_length:  # before, 100000 of them built for minutes at --seq-length 16
+            raise ConfigError(f"--mtp-num-layers {self.mtp_num_layers}: MTP depth k predicts the token k + 1 ahead, its "
+                              f"labels rolled k places with zeros (Megatron-Core's roll_tensor), so at depth "
+                              f"--seq-length {self.seq_length} or more no position has a target: at most "
+                              f"{self.seq_length - 1}", flags=("--mtp-num-layers", "--seq-length"))
         if self.z_loss_strength < 0:
             raise ConfigError(f"--z-loss-strength must be 0 or more, got {self.z_loss_strength}",
                               flags=("--z-loss-strength",))

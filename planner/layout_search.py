@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-from arguments.config import ConfigError
 from arguments.parser import parse_config
 from base.errors import OneLineArgumentParser
+from planner.input_bounds import check_gpu_count, check_model_fits_gpus, check_search_counts
 from planner.layout_perf import (
     BF16_BYTES,
     FP32_BYTES,
@@ -285,10 +285,11 @@ def search_command(argv: Sequence[str]) -> int:
     own.add_argument("--dry-run-check", type=int, default=0, metavar="K",
                      help="plan the best K layouts again with the meta-device dry run; drop those over memory")
     args, rest = own.parse_known_args(list(argv))
-    if args.gpus < 1:
-        raise ConfigError(f"--gpus {args.gpus}: give at least 1")
+    check_gpu_count("--gpus", args.gpus)
+    check_search_counts(args.top, args.dry_run_check)
     config = parse_config(list(rest))
     hardware = load_hardware(args.hardware)
+    check_model_fits_gpus(config.model, args.gpus, hardware.gpu_memory_bytes)
     precision = "fp8" if config.model.fp8 else "bf16"
     start = time.perf_counter()
     from planner.vocabulary import launch_vocab

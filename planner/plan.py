@@ -43,6 +43,7 @@ from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
 from data.per_split import describe_sources
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
+from planner.input_bounds import check_gpu_count
 from planner.levers import Lever, find_levers, format_levers
 from planner.moe_plan import moe_lines, moe_state_rows
 from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
@@ -421,8 +422,7 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
 
     planner, rest = planner_arguments(prog).parse_known_args(list(argv))
     for name in ("world_size", "gpus_per_node"):
-        if getattr(planner, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(planner, name)}")
+        check_gpu_count(f"--{name.replace('_', '-')}", getattr(planner, name))
     if not 0 <= planner.rank < planner.world_size:
         raise ConfigError(f"--rank {planner.rank} is not a rank of --world-size {planner.world_size}; "
                           f"give one from 0 to {planner.world_size - 1}")

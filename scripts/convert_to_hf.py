@@ -36,12 +36,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402  (the imports below need the path above)
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
-from checkpoint.format import read_metadata, resolve_checkpoint  # noqa: E402
+from checkpoint.format import read_metadata  # noqa: E402
 from checkpoint.hf import check_output_folder, checkpoint_to_hf_state, class_of, write_hf_folder  # noqa: E402
 from checkpoint.inside import inside  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
 from checkpoint.megatron_common import is_megatron_checkpoint, load_common, saved_args  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
+from checkpoint.tool_input import tool_checkpoint  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 
 PROGRAM = "convert_to_hf.py"
@@ -60,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, verify: bool = True) -> None:
     started = time.perf_counter()
-    iteration_dir = resolve_checkpoint(checkpoint)
+    iteration_dir = tool_checkpoint(checkpoint, "scripts/convert_to_hf.py")
     if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
         # Replacing OUT_DIR would delete the checkpoint being converted.
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")

@@ -55,7 +55,6 @@ from checkpoint.format import (  # noqa: E402
     metadata_text,
     read_metadata,
     remove_stale_saves,
-    resolve_checkpoint,
     save_tensors,
     write_text_atomic,
 )
@@ -63,6 +62,7 @@ from checkpoint.inside import folder_files  # noqa: E402
 from checkpoint.integrity import hash_files, verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
+from checkpoint.tool_input import tool_checkpoint  # noqa: E402
 from checkpoint.zero_gpt_source import ZeroGptSource, saved_moment_dtypes  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
@@ -254,7 +254,7 @@ def reshard(checkpoint: str | os.PathLike, output: str | os.PathLike, tensor_par
     point its `latest` at it; returns the new iteration directory."""
     if tensor_parallel_size < 1:
         raise CheckpointError(f"--tensor-model-parallel-size must be at least 1, got {tensor_parallel_size}")
-    source = resolve_checkpoint(checkpoint)
+    source = tool_checkpoint(checkpoint, "scripts/reshard_checkpoint.py")
     metadata = read_metadata(source)
     output = Path(output)
     final = output / iteration_dir_name(metadata["iteration"])

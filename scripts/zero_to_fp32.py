@@ -29,9 +29,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are not on the path
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
-from checkpoint.format import atomic_file, read_metadata, resolve_checkpoint, save_tensors  # noqa: E402
+from checkpoint.format import atomic_file, read_metadata, save_tensors  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_existing, refuse_inside_checkpoint  # noqa: E402
+from checkpoint.tool_input import tool_checkpoint  # noqa: E402
 from checkpoint.zero_gpt_source import consolidate  # noqa: E402
 
 DEFAULT_FILE_NAME = "model_fp32.safetensors"
@@ -74,7 +75,7 @@ def export_fp32(checkpoint: str | os.PathLike, output: str | os.PathLike, log=pr
                 verify: bool = True) -> Path:
     """Write the master weights of `checkpoint` to `output` (see the module docstring); returns the
     file written."""
-    iteration_dir = resolve_checkpoint(checkpoint)
+    iteration_dir = tool_checkpoint(checkpoint, "scripts/zero_to_fp32.py")
     metadata = read_metadata(iteration_dir)
     output = output_path(output)
     refuse_inside_checkpoint(output, "OUT")

@@ -12,6 +12,11 @@ checkpoint/writer.py) and `commit`
   tracker      Megatron's tracker file `latest_checkpointed_iteration.txt` written, `latest` not yet
   latest-temp  `latest`'s temporary file written and fsynced, not yet renamed over `latest`
   latest       `latest` written: the save is complete, the prune and the log line are not done
+With --ckpt-format torch_dist the steps are `save_megatron_checkpoint`'s (checkpoint/megatron_writer.py):
+  files        DCP's files (.distcp and its index) written into iter_N.partial, common.pt and metadata.json not yet
+  renamed      iter_N.partial, complete, renamed to iter_N; the tracker file not written yet
+  tracker-temp the tracker's temporary file written and fsynced, not yet renamed over the tracker
+  tracker      the tracker file written: the save is complete, the log line not printed
 The kill is a real SIGKILL: no handler, no cleanup, no flush.
 """
 
@@ -24,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pretrain_gpt  # noqa: E402
 from checkpoint import format as checkpoint_format  # noqa: E402
-from checkpoint import sharded, writer  # noqa: E402
+from checkpoint import megatron_writer, sharded, writer  # noqa: E402
 
 POINT = os.environ["KILL_SAVE_POINT"]
 POINTS = ("files", "metadata", "renamed", "tracker", "latest-temp", "latest")
+TORCH_DIST_POINTS = ("files", "renamed", "tracker-temp", "tracker")
 
 
 def die() -> None:
@@ -44,7 +50,8 @@ def after(function, point):
 
 
 def write_latest_then(path, text):
-    if path.name == checkpoint_format.LATEST_FILE and POINT == "latest-temp":
+    if (path.name, POINT) in ((checkpoint_format.LATEST_FILE, "latest-temp"),
+                              (checkpoint_format.TRACKER_FILE, "tracker-temp")):
         temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # as atomic_file names it
         temporary.write_text(text, encoding="utf-8")
         checkpoint_format.fsync_path(temporary)
@@ -54,12 +61,16 @@ def write_latest_then(path, text):
         die()
 
 
-assert POINT in POINTS, POINT
+assert POINT in POINTS + TORCH_DIST_POINTS, POINT
 writer.save_tensors = after(writer.save_tensors, "files")  # write_files looks it up at call time
 sharded.write_text_atomic = after(sharded.write_text_atomic, "metadata")  # sharded writes only metadata.json with it
 checkpoint_format.replace_directory = after(checkpoint_format.replace_directory, "renamed")
 original_write_text_atomic = checkpoint_format.write_text_atomic
 checkpoint_format.write_text_atomic = write_latest_then  # commit() looks it up in the module at call time
+# the torch_dist writer imported both by name; DCP's save it looks up in torch.distributed.checkpoint at call time
+megatron_writer.dcp.save = after(megatron_writer.dcp.save, "files")
+megatron_writer.replace_directory = after(megatron_writer.replace_directory, "renamed")
+megatron_writer.write_text_atomic = write_latest_then
 
 if __name__ == "__main__":
     sys.exit(pretrain_gpt.main())

@@ -1,10 +1,23 @@
 """The fault injector driven from the training loop (training/loop.py), as Megatron-LM's train() drives
 Megatron-Core's (megatron/training/training.py): the plan drawn once on every rank from
 --fault-injector-seed (base/fault_injector.py), a start-up line saying what will be injected where and
-when, the fault armed on its ranks at the start of training or after the step of
---fault-injector-delay-start-iteration, and the workload exception polled after every step but the run's
-first. The gpu_* faults act as nvidia-resiliency-ext's do (an out-of-bounds index on the device; a kernel
-that sleeps forever)."""
+when, the fault armed on its ranks at the start of training or once the iteration of
+--fault-injector-delay-start-iteration is done, its save included, and the workload exception polled after every
+step but the run's first. The gpu_* faults act as nvidia-resiliency-ext's do (an out-of-bounds index on the device; a
+kernel that sleeps forever).
+
+An injected fault is one fault. After a recovery (an in-process restart's next incarnation, a torchrun restart)
+Megatron-LM sets the injector up again: with --fault-injector-fault-delay the same fault at the same point, which
+fires again and again (a run reached in-process restart 547 that way), and with the delay-start iteration inside the
+checkpoint interval every restart resumes from the save before it and meets it again. Here:
+- a plan with a fixed delay is armed in the job's first start only; a restart says in one line that it is not armed
+  again;
+- an MTTI plan draws the next fault from the recovery on: the restart's plan is the next one of the seed's stream,
+  as Megatron-Core's module-level rng draws on at each set-up in one process;
+- the clock of --fault-injector-delay-start-iteration starts once that iteration's save (if it saves) has
+  completed, not before it as in Megatron-LM, where a fault of delay 0 lands inside the save and a restart resumes
+  from the save before (with --async-save, once the save is staged: its background write may be lost with the
+  fault, and the restart resumes from the save before it, which the rule above keeps from looping)."""
 
 from __future__ import annotations
 
@@ -32,11 +45,15 @@ class FaultSchedule:
             self._arm()
 
     def after_step(self, iteration: int) -> None:
-        """After the step logged as `iteration` (1-based; Megatron's counter is iteration - 1 there)."""
-        completed_before = iteration - 1
-        if completed_before != self.start_iteration:
+        """After the step logged as `iteration` (1-based; Megatron's counter is iteration - 1 there): the workload
+        exception's poll, before the step is logged or saved."""
+        if iteration - 1 != self.start_iteration:
             self.injector.poll(f"after iteration {iteration}")
-        if self.settings.delay_start_iteration == completed_before:
+
+    def after_iteration(self, iteration: int) -> None:
+        """Once iteration `iteration` is done, its save included: the clock of --fault-injector-delay-start-iteration
+        starts (module docstring)."""
+        if self.settings.delay_start_iteration == iteration - 1:
             self._arm()
 
     def _arm(self) -> None:
@@ -45,17 +62,22 @@ class FaultSchedule:
 
 
 def plan_faults(settings: FaultInjectorSettings, state: ParallelState, start_iteration: int,
-                log: Callable[[str], None]) -> Optional[FaultSchedule]:
-    """The run's schedule, or None when the injector is off. Without --fault-injector-seed rank 0 draws a seed
-    every rank takes (Megatron-Core draws on rank 0 and broadcasts the plan)."""
+                log: Callable[[str], None], restart: int = 0) -> Optional[FaultSchedule]:
+    """The run's schedule, or None when the injector is off or, at `restart` > 0, its one fault was planned already
+    (module docstring). Without --fault-injector-seed rank 0 draws a seed every rank takes (Megatron-Core draws on
+    rank 0 and broadcasts the plan)."""
     if not settings.enabled:
         return None
     settings.check_world(state.world_size)
+    if restart and settings.fault_delay is not None:
+        log(f"> fault injector: not armed again at restart {restart}: --fault-injector-fault-delay plans one fault, "
+            f"injected before the recovery (an MTTI plan, --fault-injector-mtti-seconds, draws the next one)")
+        return None
     seed = settings.seed
     if seed is None:
         seed = state.comm.all_gather_object(secrets.randbits(63))[0] if state.world_size > 1 else secrets.randbits(63)
-    plan = draw_plan(settings, state.world_size, seed)
-    log(f"> {plan.describe(settings)} (seed {seed})")
+    plan = draw_plan(settings, state.world_size, seed, index=restart)
+    log(f"> {plan.describe(settings)} (seed {seed}{f', plan {restart + 1} of its stream' if restart else ''})")
     return FaultSchedule(settings, plan, state, start_iteration)
 
 

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from arguments.config import ConfigError, PretrainConfig
+from base.waits import LONGEST_WAIT_TEXT, is_wait
 
 FT_TIMEOUTS_VARIABLE = "ZERO_GPT_FT_TIMEOUTS"  # JSON: {"setup": s, "step": s, "checkpointing": s, "out_of_section": s}
 SECTIONS = ("setup", "step", "checkpointing")
@@ -57,8 +58,8 @@ def parse_timeout(value: str) -> Optional[float]:
     if value.strip().lower() in ("", "null", "none"):
         return None
     seconds = float(value)
-    if not seconds > 0:
-        raise ValueError(f"a timeout must be a positive number of seconds, got {value!r}")
+    if not is_wait(seconds, zero_allowed=False):  # inf and 1e300 too: the monitor's wait would overflow
+        raise ValueError(f"a timeout must be a number of seconds above 0 up to {LONGEST_WAIT_TEXT}, got {value!r}")
     return seconds
 
 

@@ -51,24 +51,41 @@ RunOnGrid = Callable[[PretrainConfig, ParallelState, Optional[FaultTolerance], K
 NOT_RESTARTED = (ConfigError, DataError)
 
 
+# Without --inprocess-max-iterations Megatron-LM hands nvidia-resiliency-ext's RetryController no bound, so a fault
+# met again at every restart restarts for ever (an injected one reached restart 547): bounded here by default
+DEFAULT_MAX_INCARNATIONS = 10
+
+
 class RestartsExhausted(PeerLostError):
-    """--inprocess-max-iterations incarnations failed, or too few processes are left to train: the job ends, each
-    process with its one line and exit 3, as when a peer is lost without --inprocess-restart."""
+    """The incarnations' bound is reached, or too few processes are left to train: the job ends with exit 3, as when a
+    peer is lost without --inprocess-restart. Every live process decides it alike from the store, so one of them
+    (`speaks`: the lowest live launch rank) prints the line; a process taken for gone says its own."""
+
+    def __init__(self, message: str, speaks: bool = True) -> None:
+        super().__init__(message)
+        self.speaks = speaks
+
+
+def incarnation_bound(training: TrainingConfig) -> int:
+    """The most incarnations (the first run and its restarts): --inprocess-max-iterations, or the default here."""
+    return training.inprocess_max_iterations or DEFAULT_MAX_INCARNATIONS
 
 
 def inprocess_notes(training: TrainingConfig) -> list[str]:
     """The start-up lines that say what --inprocess-restart does here where Megatron-LM's would differ."""
     if not training.inprocess_restart:
         return []
-    notes = [f"in-process restart: a failed incarnation is re-run in the same processes"
-             f"{'' if training.inprocess_max_iterations is None else f' (at most {training.inprocess_max_iterations} incarnations)'}; "
-             f"a process is gone when its heartbeat (every {training.inprocess_heartbeat_interval:g} s) is "
-             f"{training.inprocess_heartbeat_timeout:g} s old; the heartbeat watch of --heartbeat-timeout-seconds "
+    bound = incarnation_bound(training)
+    notes = [f"in-process restart: a failed incarnation is re-run in the same processes (at most {bound} "
+             f"incarnations); a process is gone when its heartbeat (every {training.inprocess_heartbeat_interval:g} s) "
+             f"is {training.inprocess_heartbeat_timeout:g} s old; the heartbeat watch of --heartbeat-timeout-seconds "
              f"and the flight recorder are off under it (its heartbeats serve)"]
-    if training.inprocess_max_iterations is not None:
-        notes.append(f"in-process restart: --inprocess-max-iterations {training.inprocess_max_iterations} bounds the "
-                     "incarnations, as nvidia-resiliency-ext's RetryController(max_iterations) does; Megatron-LM's "
-                     "inprocess_restart.py does not hand the flag on (its RetryController gets min_world_size only)")
+    given = "" if training.inprocess_max_iterations is None else f" {training.inprocess_max_iterations}"
+    notes.append(f"in-process restart: --inprocess-max-iterations{given} bounds the incarnations"
+                 f"{'' if given else f' ({DEFAULT_MAX_INCARNATIONS} by default here)'}, as nvidia-resiliency-ext's "
+                 "RetryController(max_iterations) does; Megatron-LM's inprocess_restart.py does not hand the flag on "
+                 "(its RetryController gets min_world_size only), so there a fault met at every restart restarts "
+                 "without end")
     if training.inprocess_granularity == "node":
         notes.append("in-process restart: --inprocess-granularity node takes out every rank of a host with CUDA "
                      "devices in Megatron-LM (a layer of torch.cuda.device_count() ranks per host); here each rank "
@@ -85,9 +102,9 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
     kept = KeptAcrossRestarts()
     try:
         assignment = first_assignment(launch.world_size, training.inprocess_active_world_size or launch.world_size)
-        incarnation = 0
+        incarnation, bound = 0, incarnation_bound(training)
         while True:
-            _set_incarnation(assignment, launch.rank, incarnation, training.inprocess_max_iterations)
+            _set_incarnation(assignment, launch.rank, incarnation, bound)
             rank = assignment.rank_of(launch.rank)
             role = "waits as a spare" if rank is None else f"trains as rank {rank} of {assignment.active_world_size}"
             print(f"> in-process incarnation {incarnation}: launch rank {launch.rank} (pid {os.getpid()}) {role}",
@@ -108,16 +125,20 @@ def run_restarting(config: PretrainConfig, run: RunOnGrid, program: str,
             if launch.rank in gone:  # taken for dead by the others (nvidia-resiliency-ext's RankDiscarded)
                 raise RestartsExhausted(f"launch rank {launch.rank} was taken for gone at in-process restart "
                                         f"{incarnation + 1} (its heartbeat older than --inprocess-heartbeat-timeout)")
+            speaks = launch.rank == min(launch for launch in alive if launch not in gone)  # one line for the job
             try:
                 following = reassign(assignment, gone)
-            except TooFewProcesses as error:
-                raise RestartsExhausted(f"in-process restart {incarnation + 1}: {error}") from None
+            except TooFewProcesses as error:  # the cause first: which rank stopped, or failed, and how
+                raise RestartsExhausted(f"in-process restart {incarnation + 1}: "
+                                        f"{restart_cause(store, incarnation, assignment, gone)}; {error}",
+                                        speaks) from None
             cause = restart_line(store, incarnation, assignment, following, gone, config.checkpoint.load)
             # nvidia-resiliency-ext's RetryController(max_iterations): Megatron-LM's inprocess_restart.py passes it
             # only min_world_size, so there the flag bounds nothing; here it bounds the incarnations, as its help says
-            if training.inprocess_max_iterations is not None and incarnation + 1 >= training.inprocess_max_iterations:
-                raise RestartsExhausted(f"{cause}: no restart left (--inprocess-max-iterations "
-                                        f"{training.inprocess_max_iterations})")
+            if incarnation + 1 >= bound:
+                raise RestartsExhausted(f"{cause}: no restart left (--inprocess-max-iterations {bound}"
+                                        f"{'' if training.inprocess_max_iterations else ', the default here'})",
+                                        speaks)
             if following.rank_of(launch.rank) == 0:
                 print(f"{program}: {cause}", file=sys.stderr, flush=True)
             assignment, incarnation = following, incarnation + 1
@@ -152,21 +173,26 @@ def _train_once(config: PretrainConfig, run: RunOnGrid, store: RestartStore, inc
             gc.collect()  # the failed run's model, optimizer and loaders go before the next are built
 
 
-def restart_line(store: RestartStore, incarnation: int, before: Assignment, after: Assignment, gone: list[int],
-                 load: Optional[str]) -> str:
-    """One line: which rank failed, with what, at which iteration; who takes a gone rank's place; from where."""
+def restart_cause(store: RestartStore, incarnation: int, before: Assignment, gone: list[int]) -> str:
+    """Which rank is gone (stopped or dead: no heartbeat), or which failed, with what, at which iteration."""
     causes = []
     for launch in gone:
-        causes.append(f"rank {before.rank_of(launch)} (launch rank {launch}) is gone: no heartbeat within "
-                      f"--inprocess-heartbeat-timeout")
+        who = f"rank {before.rank_of(launch)}" if before.rank_of(launch) is not None else "a spare"
+        causes.append(f"{who} (launch rank {launch}) is gone: no heartbeat within --inprocess-heartbeat-timeout")
     failures = store.failures(incarnation, sorted(before.active_ranks))
     if failures and not gone:
         first = failures[0]
         at = f" at iteration {first.iteration}" if first.iteration is not None else " before training"
         causes.append(f"rank {first.rank} failed{at} with {first.error}")
+    return "; ".join(causes) or "a trainer failed"
+
+
+def restart_line(store: RestartStore, incarnation: int, before: Assignment, after: Assignment, gone: list[int],
+                 load: Optional[str]) -> str:
+    """One line: which rank failed, with what, at which iteration; who takes a gone rank's place; from where."""
     spares = [f"launch rank {launch} (a spare) becomes rank {after.rank_of(launch)}" for launch in after.active_ranks
               if before.rank_of(launch) is None and after.rank_of(launch) is not None]
-    return (f"in-process restart {incarnation + 1}: {'; '.join(causes) or 'a trainer failed'}"
+    return (f"in-process restart {incarnation + 1}: {restart_cause(store, incarnation, before, gone)}"
             f"{'; ' + ', '.join(spares) if spares else ''}; every process stays, resuming from "
             f"{_latest_checkpoint(load)}")
 
@@ -178,8 +204,7 @@ def _latest_checkpoint(load: Optional[str]) -> str:
     return f"the checkpoint at iteration {tracker.read_text().strip()} in --load"
 
 
-def _set_incarnation(assignment: Assignment, launch_rank: int, incarnation: int,
-                     max_iterations: Optional[int]) -> None:
+def _set_incarnation(assignment: Assignment, launch_rank: int, incarnation: int, max_iterations: int) -> None:
     """The launch variables of this incarnation, as nvidia-resiliency-ext sets RANK and WORLD_SIZE for each of its
     iterations; the restart count for the recovery line (training/restart_progress.py)."""
     rank = assignment.rank_of(launch_rank)
@@ -187,4 +212,4 @@ def _set_incarnation(assignment: Assignment, launch_rank: int, incarnation: int,
         os.environ["RANK"] = str(rank)
         os.environ["WORLD_SIZE"] = str(assignment.active_world_size)
     os.environ[INPROCESS_RESTART] = str(incarnation)
-    os.environ[INPROCESS_MAX_ITERATIONS] = str(max_iterations or 0)
+    os.environ[INPROCESS_MAX_ITERATIONS] = str(max_iterations)

@@ -137,8 +137,9 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
     consumed samples and schedule position: each iteration's batch follows from the samples consumed before
     it, its learning rate from the samples of the updates taken before it). With `save_checkpoint`: every --save-interval, at the end, and before an early exit.
     `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote.
-    `faults` (training/fault_injection.py) is armed at the start and after each step, where Megatron-LM's loop
-    polls its fault injector: before the step is logged or saved."""
+    `faults` (training/fault_injection.py) is polled after each step, where Megatron-LM's loop polls its fault
+    injector: before the step is logged or saved; it is armed at the start, or once an iteration is done, its save
+    included."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
     summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples,
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
@@ -175,6 +176,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
             summary.final_valid_loss = evaluator.run("valid", iteration, summary.consumed_samples)
         if save_interval is not None and iteration % save_interval == 0:
             save(iteration)
+        if faults is not None:  # a fault armed by this iteration lands after its save (training/fault_injection.py)
+            faults.after_iteration(iteration)
         if (reason := early_exit(exit_conditions, iteration, state, save)) is not None:
             summary.exit_reason = reason
             return summary

@@ -22,7 +22,7 @@ from training.memory_report import FirstIterationMemory
 from training.metrics import perplexity
 from training.pipeline_step import PipelineForward, PipelineTrainStep
 from training.prepare import Run
-from training.restart_progress import RestartProgress, restarts_possible
+from training.restart_progress import RestartProgress, restart_count, restarts_possible
 from training.stragglers import StragglerReport
 from training.train_step import DataParallelTrainStep, TrainingDiverged
 
@@ -66,7 +66,8 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
                         consumed_samples=start.consumed_samples, schedule_samples=start.schedule_samples,
                         save_checkpoint=events.around_save(run.save), exit_conditions=run.exit_conditions,
                         commit_saves=run.save.poll if run.save is not None else None,
-                        faults=plan_faults(training.fault_injector, state, start.iteration, log))
+                        faults=plan_faults(training.fault_injector, state, start.iteration, log,
+                                           restart=restart_count(os.environ)[0]))
         if run.save is not None:  # the end of training and every early exit: the last save is committed first
             run.save.finish()
     except TrainingDiverged as error:

@@ -203,6 +203,14 @@ class MoESettings:
                                   f"--moe-router-group-topk {group_topk} must be at most the groups and divide "
                                   f"--moe-router-topk {self.router_topk}",
                                   flags=("--moe-router-num-groups", "--moe-router-group-topk"))
+            if self.router_topk // group_topk > experts // groups:
+                # Megatron-Core's group_limited_topk takes the top topk/group_topk scores of each group: past the
+                # group's experts it is torch.topk's "selected index k out of range" (a traceback, there and before)
+                raise ConfigError(f"--moe-router-topk {self.router_topk} over --moe-router-group-topk {group_topk} "
+                                  f"groups takes {self.router_topk // group_topk} experts of each, more than the "
+                                  f"{experts // groups} of a group (--num-experts {experts} / --moe-router-num-groups "
+                                  f"{groups})", flags=("--moe-router-topk", "--moe-router-group-topk",
+                                                       "--moe-router-num-groups"))
         if self.router_enable_expert_bias and self.router_score_function != "sigmoid":
             raise ConfigError("--moe-router-enable-expert-bias (aux-loss-free balancing) needs "
                               "--moe-router-score-function sigmoid (as Megatron-LM requires)",

@@ -92,7 +92,11 @@ def test_zero_plan_dry_run_at_size_extremes_is_one_line_or_a_plan(tmp_path, monk
 
 
 @pytest.mark.parametrize("argv, words", [(["--num-experts", "1000000000"], "a dry run plans at most 4096 experts"),
-                                         (["--mtp-num-layers", "1000000000"], "at most 1024 layers, MTP layers included")])
+                                         # a sequence long enough for the depths (gpt/model_config.py: at most
+                                         # --seq-length - 1 of them have a target)
+                                         (["--mtp-num-layers", "4000", "--seq-length", "4096",
+                                           "--max-position-embeddings", "4096"],
+                                          "at most 1024 layers, MTP layers included")])
 def test_zero_plan_dry_run_of_a_huge_count_of_experts_or_mtp_layers_is_one_line(tmp_path, monkeypatch, argv, words):
     """Issue 60: a dry run built 10^9 expert modules or MTP layers on the meta device (no machine bound applies to
     a plan of other machines): it never ended."""
@@ -241,12 +245,27 @@ def test_mtp_layers_count_in_the_models_size_bound():
     from base.errors import ConfigError
 
     gib = 2**30
-    for argv in (["--mtp-num-layers", "100000"], ["--num-layers", "100000"]):
+    long = ["--seq-length", "131072", "--max-position-embeddings", "131072"]  # room for 100000 MTP depths
+    for argv in (["--mtp-num-layers", "100000", *long], ["--num-layers", "100000"]):
         with pytest.raises(ConfigError, match="more than 1 rank.* of 24 GiB can hold even fully sharded") as error:
             check_machine_bounds(parse_arguments(argv).config, world_size=1, memory=24 * gib, host_memory=24 * gib)
         assert f"{argv[0]} 100000" in str(error.value) and "\n" not in str(error.value)
     check_machine_bounds(parse_arguments(["--mtp-num-layers", "1"]).config, world_size=1, memory=24 * gib,
                          host_memory=24 * gib)
+
+
+def test_mtp_depths_past_the_sequence_are_one_line_before_any_build():
+    """Issue 79 (round 5's): --mtp-num-layers 100000 on a 16-token model of width 32 passed the size bound and built
+    for minutes. Depth k's labels are the sequence rolled k places with zeros (Megatron-Core's roll_tensor in
+    multi_token_prediction.py), so from depth --seq-length on no position has a target."""
+    from base.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no position has a target: at most 15") as error:
+        parse_arguments(["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+                         "--max-position-embeddings", "16", "--mtp-num-layers", "100000"])
+    assert "\n" not in str(error.value)
+    assert parse_arguments(["--seq-length", "16", "--max-position-embeddings", "16", "--mtp-num-layers",
+                            "15"]).config.model.mtp_num_layers == 15
 
 
 def test_a_negative_capacity_factor_is_dropless_as_megatron_reads_it(tmp_path, corpus_cache_300):

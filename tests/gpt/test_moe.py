@@ -307,6 +307,8 @@ def test_a_shared_expert_with_gate_adds_sigmoid_gated_output():
     (dict(moe_router_enable_expert_bias=True), "sigmoid"),
     (dict(moe_pad_expert_input_to_capacity=True), "--moe-expert-capacity-factor"),
     (dict(moe_router_num_groups=3, moe_router_group_topk=1), "--moe-router-num-groups 3 must divide"),
+    # issue 79 (round 5's): group_limited_topk takes topk / group_topk of each group's 2 experts; before, a traceback
+    (dict(moe_router_num_groups=2, moe_router_group_topk=1, moe_router_topk=4), "takes 4 experts of each, more than"),
     (dict(moe_router_topk=5), "between 1 and --num-experts 4"),
 ])
 def test_megatrons_moe_assertions_are_one_line_refusals(moe, message):

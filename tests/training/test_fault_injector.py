@@ -67,7 +67,8 @@ def test_the_flags_have_megatrons_names_and_defaults_and_its_assertions_are_refu
         ("--fault-injector-num-ranks", "1", "--fault-injector-fault-types", "hang"): "hang is no nvidia-resiliency",
         ("--fault-injector-ranks", "1", "--fault-injector-fault-types", "sigkill"): "fault-delay or --fault-inj",
         ("--fault-injector-ranks", "1", "--fault-injector-fault-types", "sigkill,os_abort",
-         "--fault-injector-fault-probabilities", "1", "--fault-injector-fault-delay", "0"): "one non-negative weight",
+         "--fault-injector-fault-probabilities", "1", "--fault-injector-fault-delay", "0"):
+            "Number of fault types and fault probabilities must match",
         ("--fault-injector-ranks", "1", "--fault-injector-fault-types", "gpu_error",
          "--fault-injector-fault-delay", "0"): "gpu_error acts on a CUDA device",
     }

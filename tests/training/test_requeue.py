@@ -24,6 +24,13 @@ from tests.reliability_helpers import TINY, metrics_records, train
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = ["--tokenizer-vocab-size", "512"]  # the session corpus's vocabulary (tests/conftest.py)
 SAVE_POINTS = ("files", "metadata", "renamed", "tracker", "latest-temp", "latest")  # tests/kill_in_save.py
+TORCH_DIST_POINTS = ("files", "renamed", "tracker-temp", "tracker")  # the same, for --ckpt-format torch_dist
+# (format flags, the point) for every kill; torch_dist with --async-save saves synchronously (said at start-up), so
+# its table is the synchronous one's, run again under the flag (slow)
+KILLS = ([pytest.param([], point, id=point) for point in SAVE_POINTS]
+         + [pytest.param(["--ckpt-format", "torch_dist"], point, id=f"torch_dist-{point}") for point in TORCH_DIST_POINTS]
+         + [pytest.param(["--ckpt-format", "torch_dist", "--async-save", "--use-persistent-ckpt-worker"], point,
+                         id=f"torch_dist-async-{point}", marks=pytest.mark.slow) for point in TORCH_DIST_POINTS])
 
 
 def losses(path: Path) -> dict[int, float]:
@@ -40,25 +47,34 @@ def straight(corpus_cache, tmp_path_factory):
     return losses(work / "metrics.jsonl")
 
 
-@pytest.mark.parametrize("point", SAVE_POINTS)
+@pytest.mark.parametrize("layout,point", KILLS)
 def test_a_kill_at_each_point_of_the_first_save_then_the_same_command_resumes(corpus_cache, straight, tmp_path,
-                                                                              point):
+                                                                              layout, point):
+    """torch_dist: before, a kill after the .partial folder was renamed and before the tracker was written left a
+    folder the same command refused every time ('holds checkpoints (iter_0000002) but no latest ...'), and the
+    two-head model could not resume its own save ('--num-query-groups 2 (the checkpoint's: 4)')."""
     ck, metrics = tmp_path / "ck", tmp_path / "metrics.jsonl"
-    command = TINY + VOCAB + ["--data-cache-dir", corpus_cache, "--metrics-file", str(metrics), "--train-iters", "4",
-                              "--save", str(ck), "--load", str(ck), "--save-interval", "2"]
+    command = TINY + VOCAB + layout + ["--data-cache-dir", corpus_cache, "--metrics-file", str(metrics),
+                                       "--train-iters", "4", "--save", str(ck), "--load", str(ck), "--save-interval",
+                                       "2"]
     killed = subprocess.run([sys.executable, str(REPO / "tests" / "kill_in_save.py"), *command], cwd=REPO,
                             env={**os.environ, "KILL_SAVE_POINT": point}, capture_output=True, text=True,
                             timeout=300)
     assert killed.returncode == -9, (killed.returncode, killed.stderr[-2000:])
     assert not (ck / "iter_0000004").exists()  # it died in the first save, at iteration 2
 
-    again = train(corpus_cache, tmp_path, *VOCAB, "--train-iters", "4", "--save", ck, "--load", ck,
+    again = train(corpus_cache, tmp_path, *VOCAB, *layout, "--train-iters", "4", "--save", ck, "--load", ck,
                   "--save-interval", "2")  # the same command: metrics.jsonl in tmp_path, as above
     assert again.code == 0, again.err
     assert losses(metrics) == straight
-    assert (ck / "latest").read_text() == "iter_0000004\n"
-    assert (ck / "latest_checkpointed_iteration.txt").read_text() == "4\n"
-    if point in ("renamed", "tracker", "latest-temp", "latest"):  # iteration 2 was complete: resumed, not redone
+    if layout:  # Megatron-LM's layout: the tracker alone commits a save
+        assert (ck / "latest_checkpointed_iteration.txt").read_text() == "4"
+        assert sorted(path.name for path in ck.iterdir()) == ["iter_0000002", "iter_0000004",
+                                                              "latest_checkpointed_iteration.txt"]
+    else:
+        assert (ck / "latest").read_text() == "iter_0000004\n"
+        assert (ck / "latest_checkpointed_iteration.txt").read_text() == "4\n"
+    if point != "files" and point != "metadata":  # iteration 2 was complete: resumed, not redone
         assert "resuming after iteration 2" in again.out, again.out
 
 
@@ -111,6 +127,31 @@ def test_a_megatron_torch_dist_iteration_is_never_taken_for_an_unfinished_save(t
     lines: list[str] = []
     assert finish_unfinished_save(tmp_path, lines.append) is None and lines == []
     assert sorted(path.name for path in tmp_path.iterdir()) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
+
+
+@pytest.mark.parametrize("damaged", [False, True], ids=["verified", "damaged"])
+def test_a_torch_dist_iteration_no_pointer_names_is_verified_then_adopted_or_set_aside(tmp_path, damaged):
+    """A torch_dist save killed after its rename and before its tracker leaves one complete iteration and no pointer:
+    adopted once every stored item's CRC-32 verifies (the tracker then names it), else set aside, never deleted."""
+    import shutil
+
+    from checkpoint.unfinished_save import finish_unfinished_save, needs_finishing
+    from tests.torch_dist_damage import flip_bit, tensor_bytes
+
+    ck = tmp_path / "ck"
+    iteration = Path(shutil.copytree(REPO / "tests" / "fixtures" / "megatron_tp1" / "iter_0000002",
+                                     ck / "iter_0000002"))
+    if damaged:
+        path, at, length = tensor_bytes(iteration, "embedding.word_embeddings.weight")
+        flip_bit(path, at + length - 1)
+    assert needs_finishing(str(ck), str(ck))
+    lines: list[str] = []
+    adopted = finish_unfinished_save(ck, lines.append)
+    if damaged:
+        assert adopted is None and "does not match the CRC-32" in lines[0], lines
+        assert [p.name.split("-")[0] for p in ck.iterdir()] == ["iter_0000002.unverified"]
+    else:
+        assert adopted == iteration and (ck / "latest_checkpointed_iteration.txt").read_text() == "2", lines
 
 
 def test_a_lock_naming_our_own_pid_is_a_previous_life_of_this_container(tmp_path):

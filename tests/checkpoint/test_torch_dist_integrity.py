@@ -1,0 +1,164 @@
+"""A torch_dist checkpoint (Megatron-LM's layout, ours written with --ckpt-format torch_dist) is never trained on
+damaged, never resumed into another model, and its own run resumes it (issue 79, items 1 and 2).
+
+- Every byte read is checked against the CRC-32 its torch.save zip record carries (checkpoint/dcp_reader.py): before,
+  one bit flipped inside a tensor's values loaded and trained, exit 0; a damaged zip header was 79 lines (DCP's
+  CheckpointException derives from BaseException and escaped `except Exception`).
+- metadata.json's backends are the ones Megatron-Core 0.16.1 has load strategies for (its
+  verify_checkpoint_and_load_strategy asks get_default_strategy for ('load_sharded', backend, version) and
+  ('load_common', backend, version)); before, an unknown version or common backend was read silently.
+- common.pt's numbers range-checked (checkpoint/megatron_common_check.py); before, an iteration of 10**30 or a
+  consumed-samples count below the iteration was taken.
+- The head count compared on resume as Megatron-LM's check_checkpoint_args compares it
+  (megatron/training/checkpointing.py: `_compare('num_attention_heads')`), and read from the checkpoint's args: before,
+  a run with 8 plain heads could not resume its own save ("--num-query-groups 8 (the checkpoint's: 4)": the heads were
+  not read, so the default 4 stood in), and an 8-head checkpoint resumed under --num-attention-heads 4 silently.
+- A torch_dist save that fails (a full disk) is one line and leaves no .partial; before, 70 lines and the .partial.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.reliability_helpers import metrics_records, snapshot, train
+from tests.torch_dist_damage import flip_bit, read_common, tensor_bytes, write_common
+
+HEADS = ["--num-attention-heads", "8"]  # plain multi-head attention with a head count other than 4
+TORCH_DIST = ["--ckpt-format", "torch_dist"]
+WEIGHT = "decoder.layers.self_attention.linear_qkv.weight"
+
+
+def losses(path: Path) -> dict[int, float]:
+    return {r["iteration"]: r["loss"] for r in metrics_records(path) if "loss" in r and "split" not in r}
+
+
+@pytest.fixture(scope="module")
+def saved(corpus_cache_300, tmp_path_factory):
+    """An 8-head run's torch_dist save at iteration 2, and the same run's uninterrupted losses to iteration 3."""
+    work = tmp_path_factory.mktemp("torch-dist")
+    straight = train(corpus_cache_300, work / "straight", *HEADS, "--train-iters", "3")
+    assert straight.code == 0, straight.err
+    first = train(corpus_cache_300, work, *HEADS, *TORCH_DIST, "--train-iters", "3", "--save", work / "ck",
+                  "--load", work / "ck", "--exit-interval", "2")
+    assert first.code == 0, first.err
+    return work / "ck", losses(work / "straight" / "metrics.jsonl")
+
+
+def trained_nothing(workdir: Path) -> bool:
+    metrics = workdir / "metrics.jsonl"
+    return not metrics.exists() or not losses(metrics)
+
+
+def copy(saved_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(saved_dir, tmp_path / "ck"))
+
+
+def resume(cache: str, tmp_path: Path, ck: Path, *extra):
+    """The same command as the save's: --save and --load the same folder."""
+    return train(cache, tmp_path, *HEADS, *TORCH_DIST, "--train-iters", "3", "--save", ck, "--load", ck, *extra)
+
+
+def test_a_run_with_eight_plain_heads_resumes_its_own_torch_dist_save(saved, corpus_cache_300, tmp_path):
+    ck, straight = saved
+    again = resume(corpus_cache_300, tmp_path, copy(ck, tmp_path))
+    assert again.code == 0, again.err
+    assert losses(tmp_path / "metrics.jsonl")[3] == straight[3]
+
+
+def test_a_checkpoint_of_eight_heads_is_refused_under_four_in_megatrons_words(saved, corpus_cache_300, tmp_path):
+    ck = copy(saved[0], tmp_path)
+    before = snapshot(ck)
+    outcome = train(corpus_cache_300, tmp_path, "--num-attention-heads", "4", *TORCH_DIST, "--train-iters", "3",
+                    "--save", ck, "--load", ck)
+    line = outcome.one_error_line("--num-attention-heads 4 (the checkpoint's: 8)")
+    assert "--num-query-groups" not in line  # plain attention on both sides: the groups are the heads
+    assert snapshot(ck) == before and trained_nothing(tmp_path)
+
+
+@pytest.mark.parametrize("verify", [[], ["--no-verify-checkpoint"]], ids=["verified-before", "at-the-read"])
+def test_a_bit_flipped_inside_a_tensor_is_one_line_naming_the_file_and_the_tensor(saved, corpus_cache_300, tmp_path,
+                                                                                  verify):
+    ck = copy(saved[0], tmp_path)
+    path, at, length = tensor_bytes(ck / "iter_0000002", WEIGHT)
+    flip_bit(path, at + length // 2, 3)
+    before = snapshot(ck)
+    outcome = resume(corpus_cache_300, tmp_path, ck, *verify)
+    outcome.one_error_line(str(path), WEIGHT, "does not match the CRC-32 saved with it")
+    # verified before any work (each rank a share of the items), or, with --no-verify-checkpoint, at the read
+    assert ("> loading Megatron-LM torch_dist checkpoint" in outcome.out) == bool(verify), outcome.out
+    assert snapshot(ck) == before and trained_nothing(tmp_path)
+
+
+def test_a_damaged_zip_header_inside_a_distcp_file_is_one_line(saved, corpus_cache_300, tmp_path):
+    """Before: 79 lines, DCP's CheckpointException (a BaseException) escaping the reader."""
+    ck = copy(saved[0], tmp_path)
+    path, at, _ = tensor_bytes(ck / "iter_0000002", WEIGHT)
+    data = bytearray(path.read_bytes())
+    header = data.rfind(b"PK\x03\x04", 0, at)  # the values' record's local header
+    data[header:header + 4] = b"XXXX"
+    path.write_bytes(bytes(data))
+    resume(corpus_cache_300, tmp_path, ck, "--no-verify-checkpoint").one_error_line(str(path), WEIGHT)
+
+
+@pytest.mark.parametrize("entry,value", [("sharded_backend_version", 2), ("common_backend", "zarr"),
+                                         ("common_backend_version", "1"), ("sharded_backend_version", [1])])
+def test_a_backend_megatron_core_has_no_load_strategy_for_is_refused_in_its_words(saved, corpus_cache_300, tmp_path,
+                                                                                  entry, value):
+    ck = copy(saved[0], tmp_path)
+    metadata = ck / "iter_0000002" / "metadata.json"
+    written = json.loads(metadata.read_text())
+    metadata.write_text(json.dumps({**written, entry: value}))
+    resume(corpus_cache_300, tmp_path, ck).one_error_line(str(metadata), "Cannot find a default strategy for")
+
+
+def _iteration(common):
+    common["iteration"] = 10**30
+
+
+def _consumed_below_iteration(common):
+    common["args"].consumed_train_samples = 1
+
+
+def _scheduler_ahead(common):
+    common["opt_param_scheduler"]["num_steps"] = 10**6
+
+
+def _nan_rate(common):
+    common["opt_param_scheduler"]["max_lr"] = float("nan")
+
+
+def _heads_zero(common):
+    common["args"].num_attention_heads = 0
+
+
+@pytest.mark.parametrize("change,entry", [(_iteration, "'iteration'"),
+                                          (_consumed_below_iteration, "'args.consumed_train_samples'"),
+                                          (_scheduler_ahead, "'opt_param_scheduler.num_steps'"),
+                                          (_nan_rate, "'opt_param_scheduler.max_lr'"),
+                                          (_heads_zero, "'args.num_attention_heads'")])
+def test_common_pt_numbers_out_of_range_are_one_line_naming_the_entry(saved, corpus_cache_300, tmp_path, change,
+                                                                      entry):
+    ck = copy(saved[0], tmp_path)
+    common = read_common(ck / "iter_0000002")
+    change(common)
+    write_common(ck / "iter_0000002", common)
+    resume(corpus_cache_300, tmp_path, ck).one_error_line("common.pt: corrupt, its " + entry)
+
+
+def test_a_torch_dist_save_on_a_full_disk_is_one_line_and_leaves_no_partial(corpus_cache_300, tmp_path,
+                                                                            monkeypatch):
+    import torch.distributed.checkpoint.filesystem as dcp_files
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dcp_files, "_write_item", full)
+    ck = tmp_path / "ck"
+    outcome = train(corpus_cache_300, tmp_path, *TORCH_DIST, "--save", ck, "--save-interval", "2")
+    outcome.one_error_line("iter_0000002.partial", "No space left on device")
+    assert list(ck.iterdir()) == []

@@ -1,0 +1,54 @@
+"""Ways to damage a torch_dist checkpoint's files, for tests/checkpoint/test_torch_dist_integrity.py and
+tests/checkpoint/test_torch_dist_fuzz.py: where a tensor's bytes lie inside a `.distcp` file (each stored item is a
+torch.save zip archive; its `archive/data/0` record holds the values), and common.pt rewritten with one entry
+changed."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+from pathlib import Path
+
+import torch
+
+from checkpoint.dcp_reader import DcpReader
+from checkpoint.megatron_common import COMMON_FILE, safe_globals
+
+LOCAL_HEADER = 30  # a zip local file header's fixed part; its name and extra field follow
+
+
+def stored_items(iteration_dir: Path) -> list[tuple[str, Path, int, int]]:
+    """(key, file, offset, length) of every item DCP's index places, in file order."""
+    reader = DcpReader(iteration_dir)
+    items = [(index.fqn, iteration_dir / info.relative_path, info.offset, info.length)
+             for index, info in reader.metadata.storage_data.items()]
+    return sorted(items, key=lambda item: (item[1].name, item[2]))
+
+
+def tensor_bytes(iteration_dir: Path, key: str) -> tuple[Path, int, int]:
+    """(file, first byte, length) of tensor `key`'s values inside its `.distcp` file (its first chunk)."""
+    for fqn, path, offset, length in stored_items(iteration_dir):
+        if fqn == key:
+            data = path.read_bytes()[offset:offset + length]
+            info = zipfile.ZipFile(io.BytesIO(data)).getinfo(next(
+                name for name in zipfile.ZipFile(io.BytesIO(data)).namelist() if name.endswith("/data/0")))
+            at = info.header_offset
+            name_length, extra_length = struct.unpack("<HH", data[at + 26:at + 30])
+            return path, offset + at + LOCAL_HEADER + name_length + extra_length, info.file_size
+    raise KeyError(key)
+
+
+def flip_bit(path: Path, at: int, bit: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def read_common(iteration_dir: Path) -> dict:
+    with torch.serialization.safe_globals(safe_globals()):
+        return torch.load(iteration_dir / COMMON_FILE, weights_only=True)
+
+
+def write_common(iteration_dir: Path, common: dict) -> None:
+    torch.save(common, iteration_dir / COMMON_FILE)
