@@ -1,5 +1,6 @@
 """The checkpoint an offline tool (scripts/convert_to_hf.py, zero_to_fp32.py, reshard_checkpoint.py) reads: this
-project's format, or one line saying how to bring another format over.
+project's format (and, for convert_to_hf.py, Megatron-LM's torch_dist), or one line saying how to bring another
+format over.
 
 `--load` also reads a Megatron-LM torch_dist folder (checkpoint/megatron_resume.py) and a DeepSpeed one
 (checkpoint/deepspeed_resume.py), and a user who trained from one reasonably hands it to the tools next; they read
@@ -20,8 +21,10 @@ from checkpoint.format import resolve_checkpoint
 from checkpoint.megatron_common import is_megatron_checkpoint
 
 
-def tool_checkpoint(checkpoint: str | os.PathLike, tool: str) -> Path:
-    """`resolve_checkpoint` for a tool: the iteration directory of this project's format (module docstring)."""
+def tool_checkpoint(checkpoint: str | os.PathLike, tool: str, reads_megatron: bool = False) -> Path:
+    """`resolve_checkpoint` for a tool: the iteration directory of this project's format (module docstring), or of
+    Megatron-LM's torch_dist where the tool reads that too (`reads_megatron`: scripts/convert_to_hf.py, through
+    checkpoint/megatron_hf.py)."""
     how = (f"pretrain_gpt.py --load reads it: resume it with the same flags and a --save (this project's format, "
            f"no --ckpt-format torch_dist) and give {tool} that folder")
     deepspeed = find_deepspeed_checkpoint(Path(checkpoint), False)
@@ -29,7 +32,7 @@ def tool_checkpoint(checkpoint: str | os.PathLike, tool: str) -> Path:
         raise CheckpointError(f"{checkpoint} is DeepSpeed's checkpoint ({deepspeed.path.name}), which {tool} does "
                               f"not read; {how}")
     iteration_dir = resolve_checkpoint(checkpoint)
-    if is_megatron_checkpoint(iteration_dir):
+    if is_megatron_checkpoint(iteration_dir) and not reads_megatron:
         raise CheckpointError(f"{iteration_dir} is a Megatron-LM torch_dist checkpoint, which {tool} does not read; "
                               f"{how}")
     return iteration_dir

@@ -61,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, verify: bool = True) -> None:
     started = time.perf_counter()
-    iteration_dir = tool_checkpoint(checkpoint, "scripts/convert_to_hf.py")
+    iteration_dir = tool_checkpoint(checkpoint, "scripts/convert_to_hf.py", reads_megatron=True)
     if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
         # Replacing OUT_DIR would delete the checkpoint being converted.
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")
