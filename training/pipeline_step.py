@@ -48,8 +48,8 @@ class PipelineTrainStep(DataParallelTrainStep):
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
                  documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
-                 rerun: Optional[RerunStateMachine] = None) -> None:
-        super().__init__(model, zero, train_batches, settings, state, activations, documents, observer, rerun)
+                 rerun: Optional[RerunStateMachine] = None, rng=None) -> None:
+        super().__init__(model, zero, train_batches, settings, state, activations, documents, observer, rerun, rng)
         self.chunks = len(model.stage.chunks)
         self.virtual = VirtualStages(state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks)
         group = settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage

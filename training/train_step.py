@@ -24,12 +24,14 @@ from torch import nn
 
 from arguments.schedule import tokens_seen_by_schedule
 from data.documents import DocumentMasking, masked_token_mean
+from gpt.fp8 import delayed_states
 from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, split_micro_batch
+from training.fp8_guard_replay import Fp8GuardReplay
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
-from training.rerun_state import SPIKY_LOSS_FACTOR, ReplayingBatches, RerunExit, RerunStateMachine
+from training.rerun_state import SPIKY_LOSS_FACTOR, ReplayingBatches, RerunExit, RerunStateMachine, torch_rng_saver
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from zero.activations import ActivationMonitor
@@ -99,20 +101,28 @@ class DataParallelTrainStep:
     """Micro-batches on this rank's model under ZeRO's reducer (tensor and data parallelism), then
     ZeRO's sharded optimizer step. `documents`: --reset-position-ids, --reset-attention-mask and --eod-mask-loss
     (data/documents.py), None without them. `observer` (training/step_observer.py) is told the phases and
-    micro-batches as they run; a live run's tells no one and changes nothing."""
+    micro-batches as they run; a live run's tells no one and changes nothing. `rng`: the model's dropout streams
+    (parallel/random.py; None: torch's default generators), which a re-run of the iteration restores."""
 
     def __init__(self, model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
                  documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
-                 rerun: Optional[RerunStateMachine] = None) -> None:
+                 rerun: Optional[RerunStateMachine] = None, rng=None) -> None:
         self.model, self.zero = model, zero
         self.settings, self.state, self.activations = settings, state, activations
         self.documents, self.observer = documents, observer
-        # --rerun-mode validate_results or report_stats (training/rerun_state.py): the micro-batches kept so that a
-        # re-run replays them
+        # --rerun-mode validate_results or report_stats (training/rerun_state.py) and --fp8-guard
+        # (training/fp8_guard_replay.py) re-run an iteration: the micro-batches kept so that a re-run replays them
         self.rerun = rerun
-        self.replay = ReplayingBatches(train_batches) if rerun is not None and rerun.enabled else None
+        reruns = rerun is not None and rerun.enabled
+        fp8_guard = getattr(model, "fp8_guard", None)
+        self.replay = ReplayingBatches(train_batches) if reruns or fp8_guard is not None else None
         self.train_batches = self.replay if self.replay is not None else train_batches
+        self.fp8_replay = None
+        if fp8_guard is not None:
+            save_rng, restore_rng = torch_rng_saver(rng, state.device)
+            self.fp8_replay = Fp8GuardReplay(fp8_guard, list(delayed_states(model).values()), self.replay,
+                                             save_rng, restore_rng, rerun if reruns else None)
         self.consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
         model.train()
 
@@ -139,7 +149,7 @@ class DataParallelTrainStep:
         accumulation_steps = self.settings.batch.accumulation_steps_at(consumed_samples)
         fp8_guard = getattr(self.model, "fp8_guard", None)
         if fp8_guard is not None:
-            fp8_guard.begin_iteration(iteration)  # named in its fallback lines
+            fp8_guard.begin_iteration(iteration)  # named in its lines; its figures from zero
         mean_loss, step = self.run_iteration(iteration, accumulation_steps, measure_activations)
         # The MoE layers' expert-bias update and logged losses read the routing counts back, so they run here rather
         # than in run_iteration (the dry run's path): their reductions are a few float64 values per MoE loss and
@@ -154,7 +164,7 @@ class DataParallelTrainStep:
             print(f" iteration {iteration}: gradient overflow at loss scale {step.loss_scale:g}; step "
                   f"skipped, loss scale now {optimizer.loss_scaler.scale:g}", flush=True)
         loss = mean_loss.item()  # waits for the device: the time is complete
-        fp8_figures = fp8_guard.finish_iteration() if fp8_guard is not None else {}  # reads its counts back
+        fp8_figures = fp8_guard.finish_iteration() if fp8_guard is not None else {}  # read with its verdict
         seconds = time.perf_counter() - started
         collective_wait_s = state.comm.log.take_wait_s() if state.comm.log is not None else 0.0
         try:
@@ -185,16 +195,25 @@ class DataParallelTrainStep:
         on the device, and the step's result. The dry run (planner/dry_run.py) calls this on the meta device."""
         state, rerun = self.state, self.rerun
         state.comm.iteration = iteration  # named in the line a lost peer ends in
+        if self.replay is not None:
+            self.replay.advance()  # this iteration's micro-batches from here on (the rerun machine says so too)
         if rerun is None:
-            iteration_loss = self.forward_backward_from_zero(accumulation_steps, measure_activations)
+            iteration_loss = self.forward_backward_checked(accumulation_steps, measure_activations)
         else:  # Megatron-LM's train_step: `while rerun_state_machine.should_run_forward_backward(data_iterator)`
             while rerun.should_run_forward_backward(iteration, self.replay):
-                iteration_loss = self.forward_backward_from_zero(accumulation_steps, measure_activations)
+                iteration_loss = self.forward_backward_checked(accumulation_steps, measure_activations)
             should_checkpoint, should_exit, exit_code = rerun.should_checkpoint_and_exit()
             if should_exit:  # before the update: a checkpoint holds the weights this iteration started from
                 raise RerunExit(exit_code, should_checkpoint)
         step = self.observer.optimizer_step(self.zero.optimizer)
         return average_over_data_parallel(iteration_loss, state), step
+
+    def forward_backward_checked(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
+        """The iteration's micro-batches; under --fp8-guard run again until no layer running in FP8 failed its check
+        (training/fp8_guard_replay.py)."""
+        def passes() -> torch.Tensor:
+            return self.forward_backward_from_zero(accumulation_steps, measure_activations)
+        return passes() if self.fp8_replay is None else self.fp8_replay.run(passes)
 
     def forward_backward_from_zero(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         """The iteration's micro-batches from zeroed gradients (a re-run starts where the first run did)."""
