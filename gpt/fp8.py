@@ -15,7 +15,8 @@ names MLA's replicated down-projections, which stay in high precision here (TE l
 
 Built and checked on the CPU: tensor (and sequence), data (ZeRO 0-3; with --fp8-param-gather under ZeRO 1-3 the
 FP8 weights are gathered as FP8 bytes, zero/fp8_params.py), pipeline (virtual stages too), context and expert
-parallelism, dense and MoE models, MTP; no --compile. Under activation recomputation delayed scaling recomputes with
+parallelism, dense and MoE models, MTP, and under --compile (the FP8 linears traced into the compiled blocks:
+docs/fp8.md). Under activation recomputation delayed scaling recomputes with
 the original forward's scales and updates no history twice (parallel/fp8/recompute.py, as TransformerEngine's
 checkpoint); its histories and scales are in this project's checkpoints (checkpoint/fp8_state.py), not in a
 Megatron-LM torch_dist save (said at start-up).
@@ -71,7 +72,6 @@ class Fp8Launch:
     context_parallel: int
     expert_parallel: int
     recompute: bool  # no refusal reads it since delayed scaling recomputes as TE does (parallel/fp8/recompute.py)
-    compile: bool
     zero_stage: int = 0
 
 
@@ -102,11 +102,6 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                                   f"({model_config.num_layers})")
     if model_config.fp8_param_gather:
         _check_param_gather(what, recipe, launch.zero_stage)
-    unbuilt = [(launch.compile, "--compile")]
-    for unsupported, setting in unbuilt:
-        if unsupported:
-            raise ConfigError(f"{what} with {setting}: its amax reductions and layers are not built yet (issue 65); "
-                              f"drop --fp8-format or that setting")
 
 
 def _check_param_gather(what: str, recipe: str, zero_stage: int) -> None:
@@ -234,7 +229,8 @@ def guard_log(parallel: Optional[ParallelState]):
 
 def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
               device: torch.device, parallel: Optional[ParallelState] = None,
-              monitor: Optional[GuardMonitor] = None, mtp_layers: Optional[nn.ModuleList] = None) -> Optional[str]:
+              monitor: Optional[GuardMonitor] = None, mtp_layers: Optional[nn.ModuleList] = None,
+              compiled: bool = False) -> Optional[str]:
     """Run the GEMMs Megatron-Core runs in FP8 in FP8 (each linear, and each expert's projection, its own state,
     Fp8LinearState) and return the start-up line naming the format, recipe, kernel and layers; None without
     --fp8-format. `blocks`: this pipeline rank's blocks, named by their global layer number; `mtp_layers`: its
@@ -242,7 +238,8 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
     MultiTokenPredictionLayer enters get_fp8_context(config) with no layer number. `tokens_per_micro_batch`: the
     rows of this rank's dense GEMMs. `parallel` (None: one process) gives the line its words (delayed scaling's
     amax reduction is delayed_scaling_passes'). With --fp8-guard each linear gets a guard (parallel/fp8/guard.py),
-    gathered in `monitor` (guard_monitor), which takes the verdicts and the metrics."""
+    gathered in `monitor` (guard_monitor), which takes the verdicts and the metrics. `compiled`: the blocks will be
+    compiled (--compile), said in the line."""
     if model_config.fp8 is None:
         return None
     recipe = recipe_of(model_config)
@@ -295,12 +292,12 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             experts_in_fp8.append(f"{prefix}.{name}")
     return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
                         reduced, guarded, threshold, bool(mtp_layers), sorted(replicated),
-                        model_config.fp8_param_gather)
+                        model_config.fp8_param_gather, compiled)
 
 
 def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[ParallelState], in_fp8: list,
                  experts_in_fp8: list, high_precision_layers: list, off_shape: list, reduced: bool, guarded: bool,
-                 threshold: float, mtp: bool, replicated: list, param_gather: bool) -> str:
+                 threshold: float, mtp: bool, replicated: list, param_gather: bool, compiled: bool = False) -> str:
     """apply_fp8's one line: format, recipe, the layers in FP8, the kernel, and every difference from Megatron."""
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
@@ -315,10 +312,15 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
     words[-1] += f", kernel {kernel_name(device, recipe.recipe)}"
     if mtp:
         words.append("the MTP layers' linears in FP8 (Megatron's global FP8 context for MTP)")
+    if compiled:
+        words.append("compiled (--compile): each FP8 linear traced into its block's graph, forward and backward, its "
+                     "casts, amaxes and guard counts left to inductor to fuse"
+                     + ("; delayed scaling's amax reduction and scale update outside the blocks, once a pass"
+                        if recipe.recipe == "delayed" else ""))
     if device.type == "cuda":
         words.append("eager FP8 slower than bf16 on a GPU: measured on one H100, gpt2-1.5b's step 3.3x bf16's with "
                      "--no-fp8-guard (tensorwise; the casts, amaxes and scales are unfused eager kernels, bound by "
-                     "their launches; docs/fp8.md)")
+                     "their launches; docs/fp8.md)" + ("; compiled, not measured on a GPU yet" if compiled else ""))
     if recipe.recipe == "delayed":
         words.append(f"amax history {recipe.amax_history_len} ({recipe.amax_compute_algo}), margin {recipe.margin}"
                      + ("" if recipe.wgrad else ", weight gradients in high precision (--no-fp8-wgrad)"))

@@ -94,7 +94,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     fp8 = apply_fp8(
         model.blocks, config.model,
         config.training.micro_batch_size * config.model.seq_length // state.context_parallel_size, state.device,
-        state, model.fp8_guard, mtp_layers=model.mtp_layers)
+        state, model.fp8_guard, mtp_layers=model.mtp_layers, compiled=torch_compile)
     model.fp8_passes = delayed_scaling_passes(model, config.model, state)  # delayed scaling's update, once a pass
     activations = ActivationMonitor(state.device)
     checkpointing = None
