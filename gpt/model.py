@@ -515,7 +515,8 @@ class GPTModel(nn.Module):
     def hidden_states(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None,
                       fp8_parts: tuple = (0,)) -> torch.Tensor:
         """The final norm's output, [batch, seq, hidden] (a slice of the sequence under sequence parallelism).
-        `fp8_parts`: what this forward runs besides the blocks, for delayed scaling's backward update."""
+        `fp8_parts`: the parts of the model this forward runs (its one chunk, and MTP_PASS where the MTP layers
+        run after it), for delayed scaling's once-a-pass update."""
         hidden = self.fp8_pass_starts(self.embed(tokens, documents), fp8_parts)
         hidden = self.run_blocks(self.blocks, hidden) if documents is None else \
             self.run_blocks(self.blocks, hidden, documents)

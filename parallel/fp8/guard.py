@@ -153,18 +153,38 @@ class GuardMonitor:
     def finish_passes(self) -> bool:
         """After the iteration's micro-batches: reduce, read once, decide. True when a layer that ran in FP8
         failed its check on some rank: the failed layers are in high precision now and every rank must run the
-        iteration again (from the state it started in). False: the iteration stands; layers in high precision
-        whose forward check passed go back to FP8 from the next iteration."""
+        iteration again (from the state it started in). False: the iteration stands (its figures are kept for
+        finish_iteration); layers in high precision whose forward check passed go back to FP8 from the next
+        iteration."""
         layers = self._ordered()
-        if self._running_fp8 is None:
-            self._running_fp8 = torch.ones(len(layers), dtype=torch.float64, device=self.device)
-            for index, layer in enumerate(layers):
-                if layer.in_high_precision:
-                    self._running_fp8[index] = 0.0
+        verdicts, figures, run_again = self._reduce_and_read(layers)
+        for index, (layer, (forward_worst, forward_non_finite, backward_worst, backward_non_finite)) in \
+                enumerate(zip(layers, verdicts)):
+            reason = (_failure(forward_worst, forward_non_finite, self.threshold, "forward")
+                      or _failure(backward_worst, backward_non_finite, self.threshold, "backward"))
+            if reason is not None and not layer.in_high_precision:
+                layer.log(f" FP8 guard: {layer.name} runs in high precision from iteration {self.iteration}: "
+                          f"{reason}; the iteration runs again with its GEMMs in high precision")
+                self._switch(index, layer, True)
+        if run_again:
+            return True
+        self._keep_figures(layers, figures)
+        for index, (layer, verdict) in enumerate(zip(layers, verdicts)):
+            if layer.in_high_precision and _failure(verdict[0], verdict[1], self.threshold, "forward") is None:
+                layer.log(f" FP8 guard: {layer.name} back in FP8 from iteration {self.iteration + 1}: its forward "
+                          f"check passed at iteration {self.iteration}")
+                self._switch(index, layer, False)
+        return False
+
+    def _reduce_and_read(self, layers: list[LayerGuard]) -> tuple[list, list, bool]:
+        """Per layer (in `layers`' order) its verdict [forward worst, forward non-finite, backward worst, backward
+        non-finite] reduced over its group, and this rank's figures [values, saturated, flushed, worst fraction,
+        input amax]; and whether a layer that ran in FP8 failed on any rank. One collective per group, one over
+        every rank, and one host read."""
+        running_fp8 = self._fp8_mask(layers)
         if layers:
             forward = torch.stack([layer.forward_figures for layer in layers])
             backward = torch.stack([layer.backward_figures for layer in layers])
-            # per layer: forward worst, forward non-finite, backward worst, backward non-finite
             verdicts = torch.cat([forward[:, WORST:NON_FINITE + 1], backward[:, WORST:NON_FINITE + 1]], dim=1)
             start = 0
             for group in (DENSE, EXPERT):
@@ -176,45 +196,40 @@ class GuardMonitor:
                     verdicts[start:start + size] = block
                 start += size
             failed = ((verdicts[:, 0::2] > self.threshold) | (verdicts[:, 1::2] > 0)).any(dim=1)
-            failed_in_fp8 = (failed.double() * self._running_fp8).amax().reshape(1)
-            local = torch.cat([forward[:, VALUES:FLUSHED + 1] + backward[:, VALUES:FLUSHED + 1],
-                               torch.maximum(forward[:, WORST], backward[:, WORST]).unsqueeze(1),
-                               forward[:, INPUT_AMAX:]], dim=1)
+            failed_in_fp8 = (failed.double() * running_fp8).amax().reshape(1)
+            figures = torch.cat([forward[:, VALUES:FLUSHED + 1] + backward[:, VALUES:FLUSHED + 1],
+                                 torch.maximum(forward[:, WORST], backward[:, WORST]).unsqueeze(1),
+                                 forward[:, INPUT_AMAX:]], dim=1)
         else:
-            verdicts = local = torch.zeros(0, dtype=torch.float64, device=self.device)
+            verdicts = figures = torch.zeros(0, dtype=torch.float64, device=self.device)
             failed_in_fp8 = torch.zeros(1, dtype=torch.float64, device=self.device)
         if self.any_rank is not None:
             self.any_rank(failed_in_fp8)  # every rank runs the iteration again, or none
         # The one host read of the iteration (a device synchronisation on a GPU).
-        read = torch.cat([verdicts.flatten(), local.flatten(), failed_in_fp8]).tolist()
+        read = torch.cat([verdicts.flatten(), figures.flatten(), failed_in_fp8]).tolist()
         count = len(layers)
-        verdict_rows = [read[4 * index:4 * index + 4] for index in range(count)]
-        local_rows = [read[4 * count + 5 * index:4 * count + 5 * index + 5] for index in range(count)]
-        run_again = read[-1] > 0
-        for index, (layer, (forward_worst, forward_non_finite, backward_worst, backward_non_finite)) in \
-                enumerate(zip(layers, verdict_rows)):
-            reason = (_failure(forward_worst, forward_non_finite, self.threshold, "forward")
-                      or _failure(backward_worst, backward_non_finite, self.threshold, "backward"))
-            if reason is not None and not layer.in_high_precision:
-                layer.log(f" FP8 guard: {layer.name} runs in high precision from iteration {self.iteration}: "
-                          f"{reason}; the iteration runs again with its GEMMs in high precision")
-                self._switch(index, layer, True)
-        if run_again:
-            return True
+        return ([read[4 * index:4 * index + 4] for index in range(count)],
+                [read[4 * count + 5 * index:4 * count + 5 * index + 5] for index in range(count)], read[-1] > 0)
+
+    def _fp8_mask(self, layers: list[LayerGuard]) -> torch.Tensor:
+        """1.0 for each layer that runs in FP8 (made once; _switch keeps it up to date)."""
+        if self._running_fp8 is None:
+            self._running_fp8 = torch.ones(len(layers), dtype=torch.float64, device=self.device)
+            for index, layer in enumerate(layers):
+                if layer.in_high_precision:
+                    self._running_fp8[index] = 0.0
+        return self._running_fp8
+
+    def _keep_figures(self, layers: list[LayerGuard], figures: list) -> None:
+        """The iteration's figures by layer, for finish_iteration, with each input amax's growth."""
         self._figures = {}
-        for index, (layer, verdict, figures) in enumerate(zip(layers, verdict_rows, local_rows)):
-            values, saturated, flushed, worst, input_amax = figures
+        for layer, (values, saturated, flushed, worst, input_amax) in zip(layers, figures):
             previous = self._input_amax_before.get(layer.name, 0.0)
             self._figures[layer.name] = {
                 "values": int(values), "saturated": int(saturated), "flushed": int(flushed), "worst_fraction": worst,
                 "input_amax": input_amax, "amax_growth": input_amax / previous if previous > 0 else None,
                 "fell_back": layer.in_high_precision}
-            if layer.in_high_precision and _failure(verdict[0], verdict[1], self.threshold, "forward") is None:
-                layer.log(f" FP8 guard: {layer.name} back in FP8 from iteration {self.iteration + 1}: its forward "
-                          f"check passed at iteration {self.iteration}")
-                self._switch(index, layer, False)
         self._input_amax_before = {name: figures["input_amax"] for name, figures in self._figures.items()}
-        return False
 
     def _switch(self, index: int, layer: LayerGuard, high_precision: bool) -> None:
         """A layer's path for the passes to come; the device mask follows (a scalar written: no read)."""
