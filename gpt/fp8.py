@@ -15,7 +15,8 @@ names MLA's replicated down-projections, which stay in high precision here (TE l
 
 Built and checked on the CPU: tensor (and sequence), data (ZeRO 0-3; with --fp8-param-gather under ZeRO 1-3 the
 FP8 weights are gathered as FP8 bytes, zero/fp8_params.py), pipeline (virtual stages too), context and expert
-parallelism, dense and MoE models, MTP; no --compile. Under activation recomputation delayed scaling recomputes with
+parallelism, dense and MoE models, MTP, and under --compile (the FP8 linears traced into the compiled blocks:
+docs/fp8.md). Under activation recomputation delayed scaling recomputes with
 the original forward's scales and updates no history twice (parallel/fp8/recompute.py, as TransformerEngine's
 checkpoint); its histories and scales are in this project's checkpoints (checkpoint/fp8_state.py), not in a
 Megatron-LM torch_dist save (said at start-up).
@@ -42,14 +43,17 @@ from torch import nn
 
 from base.errors import ConfigError
 from gpt.mla import ReplicatedLinear
+from gpt.model import MTP_PASS
 from gpt.moe.experts import Experts
 from gpt.moe.layer import SharedExperts
 from parallel.fp8 import grouped
-from parallel.fp8.guard import GuardMonitor, LayerGuard
+from parallel.fp8.delayed_updates import DelayedScalingPasses
+from parallel.fp8.guard import DENSE, EXPERT, GuardMonitor, LayerGuard
 from parallel.fp8.kernel import kernel_name
 from parallel.fp8.linear import Fp8LinearState, fp8_linear, shape_rule_broken
 from parallel.fp8.param_gather import GATHERED_RECIPES
 from parallel.fp8.recipes import Fp8Recipe
+from parallel.fp8.recompute import delayed_scalings_in
 from parallel.layers import ColumnParallelLinear, RowParallelLinear
 from parallel.state import ParallelState
 
@@ -72,7 +76,6 @@ class Fp8Launch:
     context_parallel: int
     expert_parallel: int
     recompute: bool  # no refusal reads it since delayed scaling recomputes as TE does (parallel/fp8/recompute.py)
-    compile: bool
     zero_stage: int = 0
 
 
@@ -107,11 +110,6 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
                                   f"({model_config.num_layers})")
     if model_config.fp8_param_gather:
         _check_param_gather(what, recipe, launch.zero_stage)
-    unbuilt = [(launch.compile, "--compile")]
-    for unsupported, setting in unbuilt:
-        if unsupported:
-            raise ConfigError(f"{what} with {setting}: its amax reductions and layers are not built yet (issue 65); "
-                              f"drop --fp8-format or that setting")
 
 
 def _check_param_gather(what: str, recipe: str, zero_stage: int) -> None:
@@ -185,7 +183,7 @@ def amax_group_size(parallel: Optional[ParallelState]) -> int:
 
 
 def verdict_reduction(parallel: Optional[ParallelState]):
-    """The guard's verdict all-reduced (max) over the TP group, so every TP rank of a layer takes the same
+    """The guard's verdicts all-reduced (max) over the TP group, so every TP rank of a layer takes the same
     path (a rank in high precision beside one in FP8 would compute another layer); None at TP 1."""
     if parallel is None or parallel.tensor_parallel_size == 1:
         return None
@@ -203,6 +201,30 @@ def expert_verdict_reduction(parallel: Optional[ParallelState]):
     return lambda flags: comm.all_reduce(flags, group, "etp", op=dist.ReduceOp.MAX)
 
 
+def guard_monitor(model_config, parallel: Optional[ParallelState], device: torch.device) -> GuardMonitor:
+    """--fp8-guard's monitor for this rank (apply_fp8 adds each FP8 linear's guard): the threshold, each verdict's
+    reduction (the TP group; a routed expert's expert-TP group), and the vote over every rank on running the
+    iteration again (parallel/fp8/guard.py)."""
+    any_rank = None
+    if parallel is not None and parallel.world_size > 1:
+        any_rank = parallel.comm.max_over_world
+    return GuardMonitor(threshold=model_config.fp8_guard_saturation_threshold,
+                        reductions={DENSE: verdict_reduction(parallel), EXPERT: expert_verdict_reduction(parallel)},
+                        any_rank=any_rank, device=device)
+
+
+def delayed_scaling_passes(model: nn.Module, model_config,
+                           parallel: Optional[ParallelState]) -> Optional[DelayedScalingPasses]:
+    """Delayed scaling's per-pass update (parallel/fp8/delayed_updates.py) over this rank's model: each model chunk's
+    blocks (by chunk index) and the MTP layers ("mtp"), reduced over Megatron-Core's amax reduction group
+    (amax_reduction); None without delayed scaling."""
+    if model_config.fp8 is None or model_config.fp8_recipe != "delayed":
+        return None
+    groups = {chunk: delayed_scalings_in(blocks) for chunk, blocks in enumerate(model.chunk_blocks)}
+    groups[MTP_PASS] = delayed_scalings_in(model.mtp_layers)
+    return DelayedScalingPasses(groups, amax_reduction(parallel))
+
+
 def guard_log(parallel: Optional[ParallelState]):
     """The guard's lines: from the first TP rank of each data-parallel rank (its verdict is its TP group's),
     named by rank when there are several."""
@@ -215,31 +237,32 @@ def guard_log(parallel: Optional[ParallelState]):
 
 def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
               device: torch.device, parallel: Optional[ParallelState] = None,
-              monitor: Optional[GuardMonitor] = None, mtp_layers: Optional[nn.ModuleList] = None) -> Optional[str]:
+              monitor: Optional[GuardMonitor] = None, mtp_layers: Optional[nn.ModuleList] = None,
+              compiled: bool = False) -> Optional[str]:
     """Run the GEMMs Megatron-Core runs in FP8 in FP8 (each linear, and each expert's projection, its own state,
     Fp8LinearState) and return the start-up line naming the format, recipe, kernel and layers; None without
     --fp8-format. `blocks`: this pipeline rank's blocks, named by their global layer number; `mtp_layers`: its
     multi-token prediction layers (the last stage's), in FP8 whatever --first-last-layers-bf16 says, as Megatron's
     MultiTokenPredictionLayer enters get_fp8_context(config) with no layer number. `tokens_per_micro_batch`: the
-    rows of this rank's dense GEMMs. `parallel` (None: one process) gives delayed scaling its amax reduction and
-    the line its words. With --fp8-guard each linear gets a guard (parallel/fp8/guard.py), gathered in `monitor`
-    for the metrics."""
+    rows of this rank's dense GEMMs. `parallel` (None: one process) gives the line its words (delayed scaling's
+    amax reduction is delayed_scaling_passes'). With --fp8-guard each linear gets a guard (parallel/fp8/guard.py),
+    gathered in `monitor` (guard_monitor), which takes the verdicts and the metrics. `compiled`: the blocks will be
+    compiled (--compile), said in the line."""
     if model_config.fp8 is None:
         return None
     recipe = recipe_of(model_config)
-    reduce_amax = amax_reduction(parallel) if recipe.recipe == "delayed" else None
+    reduced = recipe.recipe == "delayed" and amax_reduction(parallel) is not None
     guarded = model_config.fp8_guard and device.type != "meta"  # a planner's meta rank: no values to check
-    if guarded and monitor is None:  # a caller that reads no metrics: the guards still check and fall back
-        monitor = GuardMonitor()
+    if guarded and monitor is None:  # a caller that reads no verdicts: the guards count, nothing falls back
+        monitor = guard_monitor(model_config, parallel, device)
     threshold = model_config.fp8_guard_saturation_threshold
 
     def state_for(name: str, expert: bool = False) -> Fp8LinearState:
         guard = None
         if guarded:
-            verdict = expert_verdict_reduction(parallel) if expert else verdict_reduction(parallel)
-            guard = LayerGuard(name, threshold, verdict, guard_log(parallel))
+            guard = LayerGuard(name, EXPERT if expert else DENSE, guard_log(parallel), device)
             monitor.layers.append(guard)
-        return Fp8LinearState(recipe, device, reduce_amax, guard)
+        return Fp8LinearState(recipe, device, guard)
 
     in_fp8, experts_in_fp8, high_precision_layers, off_shape, replicated = [], [], [], [], set()
     modules = [(f"blocks.{name}", block, int(name)) for name, block in blocks.named_children()]
@@ -276,13 +299,13 @@ def apply_fp8(blocks: nn.ModuleList, model_config, tokens_per_micro_batch: int,
             experts.fp8_align = grouped.alignment(recipe.recipe)
             experts_in_fp8.append(f"{prefix}.{name}")
     return startup_line(recipe, device, parallel, in_fp8, experts_in_fp8, high_precision_layers, off_shape,
-                        reduce_amax is not None, guarded, threshold, bool(mtp_layers), sorted(replicated),
-                        model_config.fp8_param_gather)
+                        reduced, guarded, threshold, bool(mtp_layers), sorted(replicated),
+                        model_config.fp8_param_gather, compiled)
 
 
 def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[ParallelState], in_fp8: list,
                  experts_in_fp8: list, high_precision_layers: list, off_shape: list, reduced: bool, guarded: bool,
-                 threshold: float, mtp: bool, replicated: list, param_gather: bool) -> str:
+                 threshold: float, mtp: bool, replicated: list, param_gather: bool, compiled: bool = False) -> str:
     """apply_fp8's one line: format, recipe, the layers in FP8, the kernel, and every difference from Megatron."""
     names = sorted(set(in_fp8))
     words = [f"> FP8: --fp8-format {recipe.fp8_format} --fp8-recipe {recipe.recipe}: {len(in_fp8)} linears in FP8 "
@@ -297,10 +320,15 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
     words[-1] += f", kernel {kernel_name(device, recipe.recipe)}"
     if mtp:
         words.append("the MTP layers' linears in FP8 (Megatron's global FP8 context for MTP)")
+    if compiled:
+        words.append("compiled (--compile): each FP8 linear traced into its block's graph, forward and backward, its "
+                     "casts, amaxes and guard counts left to inductor to fuse"
+                     + ("; delayed scaling's amax reduction and scale update outside the blocks, once a pass"
+                        if recipe.recipe == "delayed" else ""))
     if device.type == "cuda":
-        words.append("slower than bf16 on a GPU: measured on one H100, gpt2-1.5b's step 3.3x bf16's with --no-fp8-guard and "
-                     "5.7x with the guard (tensorwise; the casts, amaxes and guard counts are unfused eager kernels, "
-                     "bound by their launches; docs/fp8.md)")
+        words.append("eager FP8 slower than bf16 on a GPU: measured on one H100, gpt2-1.5b's step 3.3x bf16's with "
+                     "--no-fp8-guard (tensorwise; the casts, amaxes and scales are unfused eager kernels, bound by "
+                     "their launches; docs/fp8.md)" + ("; compiled, not measured on a GPU yet" if compiled else ""))
     if recipe.recipe == "delayed":
         words.append(f"amax history {recipe.amax_history_len} ({recipe.amax_compute_algo}), margin {recipe.margin}"
                      + ("" if recipe.wgrad else ", weight gradients in high precision (--no-fp8-wgrad)"))
@@ -329,8 +357,9 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
     words.append(kept)
     if guarded:
         words.append(f"guard on: a layer whose FP8 output is not finite or one of whose casts saturates more than "
-                     f"{threshold:g} of its values runs that pass's GEMMs again in high precision "
-                     f"(--fp8-guard-saturation-threshold; counts in the metrics)")
+                     f"{threshold:g} of its values switches to high precision and the iteration runs again "
+                     f"(--fp8-guard-saturation-threshold; the verdicts reduced and read once an iteration; counts in "
+                     f"the metrics)")
     else:
         words.append("guard off (--no-fp8-guard): FP8 numerics neither counted nor checked")
     if off_shape:

@@ -87,6 +87,11 @@ def sdpa_takes_grouped_kv(attention_backend: str) -> bool:
     return attention_backend != "fused"
 
 
+# The key of the multi-token prediction layers among a forward's parts (GPTModel.fp8_pass_starts); model chunks are
+# keyed by their index on this pipeline rank
+MTP_PASS = "mtp"
+
+
 class SelfAttention(nn.Module):
     """Causal attention with one fused QKV projection; multi-head, or grouped-query (a key/value head per
     group of query heads; one group is multi-query).
@@ -488,6 +493,9 @@ class GPTModel(nn.Module):
         # How the blocks run: in a plain loop, or under activation checkpointing once
         # zero.activations.apply_activation_checkpointing has replaced it.
         self.run_blocks = run_in_order
+        # FP8 delayed scaling's once-a-pass amax reduction and scale update (parallel/fp8/delayed_updates.py, set by
+        # gpt/fp8.py's delayed_scaling_passes), keyed by model chunk and MTP_PASS; None without delayed scaling
+        self.fp8_passes = None
 
     def embed(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None,
               positions: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -513,12 +521,26 @@ class GPTModel(nn.Module):
         with dropout_stream(self.split_dropout_rng):
             return self.embedding_dropout(hidden)
 
-    def hidden_states(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None) -> torch.Tensor:
-        """The final norm's output, [batch, seq, hidden] (a slice of the sequence under sequence parallelism)."""
-        hidden = self.embed(tokens, documents)
+    def hidden_states(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None,
+                      fp8_parts: tuple = (0,)) -> torch.Tensor:
+        """The final norm's output, [batch, seq, hidden] (a slice of the sequence under sequence parallelism).
+        `fp8_parts`: the parts of the model this forward runs (its one chunk, and MTP_PASS where the MTP layers
+        run after it), for delayed scaling's once-a-pass update."""
+        hidden = self.fp8_pass_starts(self.embed(tokens, documents), fp8_parts)
         hidden = self.run_blocks(self.blocks, hidden) if documents is None else \
             self.run_blocks(self.blocks, hidden, documents)
         return self.final_layernorm(hidden)
+
+    def fp8_pass_starts(self, hidden: torch.Tensor, parts: tuple) -> torch.Tensor:
+        """`hidden` enters the FP8 layers of `parts` (model chunks, MTP_PASS): under delayed scaling their
+        output-gradient scales move once the backward through them is complete."""
+        return hidden if self.fp8_passes is None else self.fp8_passes.mark_backward(hidden, parts)
+
+    def fp8_pass_ends(self, parts: tuple) -> None:
+        """The forward through the FP8 layers of `parts` is complete: under delayed scaling their input and weight
+        scales move (once a pass, as TransformerEngine's autocast exit)."""
+        if self.fp8_passes is not None:
+            self.fp8_passes.forward_done(parts)
 
     def chunk_forward(self, chunk: int, inputs: torch.Tensor, labels: torch.Tensor | None = None,
                       documents: Optional[DocumentMasks] = None, tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -528,16 +550,22 @@ class GPTModel(nn.Module):
         embedding) and attention mask (every chunk's attention), where the document-masking flags are set.
         `tokens`: the micro-batch's tokens, which the last chunk's MTP layers embed (gpt/mtp.py)."""
         hidden = self.embed(inputs, documents) if self.stage.first and chunk == 0 else inputs
+        ends_model = self.stage.last and chunk == len(self.stage.chunks) - 1
+        mtp = ends_model and self.mtp_tracker is not None and labels is not None and self.training
+        parts = (chunk, MTP_PASS) if mtp else (chunk,)
+        hidden = self.fp8_pass_starts(hidden, parts)
         hidden = self.run_blocks(self.chunk_blocks[chunk], hidden) if documents is None else \
             self.run_blocks(self.chunk_blocks[chunk], hidden, documents)
-        if self.stage.last and chunk == len(self.stage.chunks) - 1:
+        if ends_model:
             final_hidden = self.final_layernorm(hidden)
-            if self.mtp_tracker is not None and labels is not None and self.training:
+            if mtp:
                 # the MTP layers on the last stage (Megatron-Core's default placement) read the micro-batch's tokens
                 if tokens is None:
                     raise ValueError("the last stage's MTP layers need the micro-batch's tokens")
                 final_hidden = attach_mtp_loss(self, final_hidden, tokens, labels, documents)
+            self.fp8_pass_ends(parts)
             return self.output(final_hidden, labels)
+        self.fp8_pass_ends(parts)
         return hidden
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
@@ -550,10 +578,13 @@ class GPTModel(nn.Module):
         padding changes nothing. `documents` (data/documents.py): per-document positions and attention
         (--reset-position-ids, --reset-attention-mask); the loss mask is the caller's (masked_token_mean).
         """
-        final_hidden = self.hidden_states(tokens, documents)
-        if self.mtp_tracker is not None and labels is not None and self.training:
+        mtp = self.mtp_tracker is not None and labels is not None and self.training
+        parts = (0, MTP_PASS) if mtp else (0,)
+        final_hidden = self.hidden_states(tokens, documents, parts)
+        if mtp:
             # the MTP losses ride on the hidden states' backward (gpt/mtp.py); the returned loss is the LM's alone
             final_hidden = attach_mtp_loss(self, final_hidden, tokens, labels, documents)
+        self.fp8_pass_ends(parts)
         return self.output(final_hidden, labels)
 
     def output(self, final_hidden: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:

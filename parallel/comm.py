@@ -479,10 +479,17 @@ class Communicator:
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             return list(flags)
         tensor = torch.tensor([float(flag) for flag in flags], device=device)
+        self.max_over_world(tensor)
+        return [bool(value) for value in tensor.tolist()]
+
+    def max_over_world(self, tensor: torch.Tensor) -> None:
+        """In place, the element-wise max of `tensor` over the whole world, on the device (nothing read back:
+        the caller reads it with whatever else it reads); a control message, not counted."""
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+            return
         self.last_collective = ("all_reduce", "world")
         entry = self._start("all_reduce", "world", None, _num_bytes(tensor))
         self._finish(entry, dist.all_reduce(tensor, op=dist.ReduceOp.MAX), async_op=False)
-        return [bool(value) for value in tensor.tolist()]
 
 
 def _copy_unless_same(output: torch.Tensor, input: torch.Tensor) -> None:
@@ -550,3 +557,6 @@ class DryRunCommunicator(Communicator):
 
     def any_rank(self, flags: list[bool], device: torch.device) -> list[bool]:
         return list(flags)
+
+    def max_over_world(self, tensor: torch.Tensor) -> None:
+        return None

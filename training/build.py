@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from base.eager_under_compile import keep_marked_methods_eager
-from gpt.fp8 import apply_fp8, fp8_gathered_weights
+from gpt.fp8 import apply_fp8, delayed_scaling_passes, fp8_gathered_weights, guard_monitor
 from gpt.model import GPTModel, compile_blocks
 from gpt.parallel_plan import tensor_parallel_plan
 from gpt.pipeline_layout import pipeline_layout_counts
 from gpt.stage_layers import StageLayers, stage_layers
-from parallel.fp8.guard import GuardMonitor
 from parallel.graph_backends import CudaGraphBackend, GraphBackend
 from parallel.pipeline_schedules import peak_held_by_forwards, schedule
 from parallel.random import TensorParallelRNG
@@ -110,14 +109,15 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     # FP8 (gpt/fp8.py): the blocks' TP linears call the FP8 linear; it touches no parameter. On the meta device
     # too, so the dry run keeps what the FP8 linears keep (planner/dry_run.py); the guard, which reads its
     # counts' values, only where there are values.
-    # --fp8-guard's counts and fallbacks (parallel/fp8/guard.py), read by the train step for the metrics
+    # --fp8-guard's verdicts, fallbacks and counts (parallel/fp8/guard.py), taken by the train step once an iteration
     guarded = config.model.fp8 is not None and config.model.fp8_guard and state.device.type != "meta"
-    model.fp8_guard = GuardMonitor() if guarded else None
+    model.fp8_guard = guard_monitor(config.model, state, state.device) if guarded else None
     # A dense GEMM's rows: this rank's tokens of a micro-batch (its 1/CP of the sequence under context parallelism).
     fp8 = apply_fp8(
         model.blocks, config.model,
         config.training.micro_batch_size * config.model.seq_length // state.context_parallel_size, state.device,
-        state, model.fp8_guard, mtp_layers=model.mtp_layers)
+        state, model.fp8_guard, mtp_layers=model.mtp_layers, compiled=torch_compile)
+    model.fp8_passes = delayed_scaling_passes(model, config.model, state)  # delayed scaling's update, once a pass
     activations = ActivationMonitor(state.device)
     checkpointing = None
     if config.activations.checkpoint_activations:                                          # 3. recompute

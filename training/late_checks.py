@@ -40,7 +40,7 @@ def check_fp8_flag(config: PretrainConfig) -> None:
     check_fp8(config.model, Fp8Launch(
         pipeline_parallel=parallel.pipeline_model_parallel_size, context_parallel=parallel.context_parallel_size,
         expert_parallel=parallel.expert_model_parallel_size, recompute=config.activations.checkpoint_activations,
-        compile=config.training.compile, zero_stage=config.zero.stage))
+        zero_stage=config.zero.stage))
 
 
 def check_load(config: PretrainConfig) -> None:

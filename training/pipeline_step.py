@@ -49,10 +49,11 @@ class PipelineTrainStep(DataParallelTrainStep):
     def __init__(self, model: GPTModel, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
                  documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
-                 rerun: Optional[RerunStateMachine] = None, cuda_graphs: Optional[CudaGraphs] = None) -> None:
+                 rerun: Optional[RerunStateMachine] = None, cuda_graphs: Optional[CudaGraphs] = None,
+                 rng=None) -> None:
         # pipeline stages capture nothing (training/cuda_graphs.py): the graphs object only counts iterations
         super().__init__(model, zero, train_batches, settings, state, activations, documents, observer, rerun,
-                         cuda_graphs)
+                         cuda_graphs, rng)
         self.chunks = len(model.stage.chunks)
         self.virtual = VirtualStages(state.pipeline_parallel_size, state.pipeline_parallel_rank, self.chunks)
         group = settings.config.parallel.microbatch_group_size_per_virtual_pipeline_stage

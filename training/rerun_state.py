@@ -255,6 +255,18 @@ class RerunStateMachine:
             return False
         raise RuntimeError(f"the rerun state machine cannot run an iteration in state {self.state.name}")
 
+    def discard_run(self) -> None:
+        """The run now under way is thrown away and its micro-batches start again (--fp8-guard's replay,
+        training/fp8_guard_replay.py): what it validated and asked for is forgotten, so that the run that stands is
+        the one judged (its log lines and tracker entries stay written)."""
+        self.validation_counts = {}
+        if self.state == RerunState.INITIAL_RUN:
+            self.rerun_requested = False
+            self.failed_call = self.initial_result = None
+            self.saved_results = {}
+        else:
+            self.continue_requested = self.checkpoint_requested = self.restart_again_requested = False
+
     def should_checkpoint_and_exit(self) -> tuple[bool, bool, int]:
         """Megatron's should_checkpoint_and_exit, after the micro-batches and before the optimizer step."""
         self.first_iteration_complete = True

@@ -47,7 +47,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         # --rerun-mode validate_results or report_stats (training/rerun_state.py, made by prepare); disabled: None,
         # and the step runs as it always has
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents,
-                          rerun=run.rerun, cuda_graphs=built.cuda_graphs)
+                          rerun=run.rerun, cuda_graphs=built.cuda_graphs, rng=built.rng)
         logged = config.logging
         stragglers = (StragglerReport(state.comm, logged.straggler_minmax_count)
                       if logged.log_straggler and not logged.disable_straggler_on_startup else None)

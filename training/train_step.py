@@ -24,14 +24,16 @@ from torch import nn
 
 from arguments.schedule import tokens_seen_by_schedule
 from data.documents import DocumentMasking, masked_token_mean
+from gpt.fp8 import delayed_states
 from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
 from training.cuda_graphs import CudaGraphs
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, split_micro_batch
+from training.fp8_guard_replay import Fp8GuardReplay
 from training.loss_checks import LossChecks
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
-from training.rerun_state import ReplayingBatches, RerunExit, RerunStateMachine
+from training.rerun_state import ReplayingBatches, RerunExit, RerunStateMachine, torch_rng_saver
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from zero.activations import ActivationMonitor
@@ -101,25 +103,34 @@ class DataParallelTrainStep:
     """Micro-batches on this rank's model under ZeRO's reducer (tensor and data parallelism), then
     ZeRO's sharded optimizer step. `documents`: --reset-position-ids, --reset-attention-mask and --eod-mask-loss
     (data/documents.py), None without them. `observer` (training/step_observer.py) is told the phases and
-    micro-batches as they run; a live run's tells no one and changes nothing."""
+    micro-batches as they run; a live run's tells no one and changes nothing. `rng`: the model's dropout streams
+    (parallel/random.py; None: torch's default generators), which a re-run of the iteration restores."""
 
     def __init__(self, model: nn.Module, zero: ZeroParts, train_batches: Iterator[dict], settings: RunSettings,
                  state: ParallelState, activations: ActivationMonitor,
                  documents: Optional[DocumentMasking] = None, observer: StepObserver = NO_OBSERVER,
-                 rerun: Optional[RerunStateMachine] = None, cuda_graphs: Optional[CudaGraphs] = None) -> None:
+                 rerun: Optional[RerunStateMachine] = None, cuda_graphs: Optional[CudaGraphs] = None,
+                 rng=None) -> None:
         self.model, self.zero = model, zero
         # --cuda-graph-impl's graphs (training/cuda_graphs.py): told each iteration, as their capture waits for one
         self.cuda_graphs = cuda_graphs
         self.settings, self.state, self.activations = settings, state, activations
         self.documents, self.observer = documents, observer
-        # --rerun-mode validate_results or report_stats (training/rerun_state.py): the micro-batches kept so that a
-        # re-run replays them
+        # --rerun-mode validate_results or report_stats (training/rerun_state.py) and --fp8-guard
+        # (training/fp8_guard_replay.py) re-run an iteration: the micro-batches kept so that a re-run replays them
         self.rerun = rerun
-        self.replay = ReplayingBatches(train_batches) if rerun is not None and rerun.enabled else None
+        reruns = rerun is not None and rerun.enabled
+        fp8_guard = getattr(model, "fp8_guard", None)
+        self.replay = ReplayingBatches(train_batches) if reruns or fp8_guard is not None else None
         # Megatron-LM's loss_func checks of each micro-batch's loss for that machine, made after the micro-batches
         training = settings.config.training
         self.loss_checks = LossChecks(rerun, training.check_for_nan_in_loss_and_grad, training.check_for_spiky_loss)
         self.train_batches = self.replay if self.replay is not None else train_batches
+        self.fp8_replay = None
+        if fp8_guard is not None:
+            save_rng, restore_rng = torch_rng_saver(rng, state.device)
+            self.fp8_replay = Fp8GuardReplay(fp8_guard, list(delayed_states(model).values()), self.replay,
+                                             save_rng, restore_rng, rerun if reruns else None)
         self.consecutive_skips = 0  # fp16 steps skipped in a row; every rank counts the same agreed verdicts
         model.train()
 
@@ -146,7 +157,7 @@ class DataParallelTrainStep:
         accumulation_steps = self.settings.batch.accumulation_steps_at(consumed_samples)
         fp8_guard = getattr(self.model, "fp8_guard", None)
         if fp8_guard is not None:
-            fp8_guard.begin_iteration(iteration)  # named in its fallback lines
+            fp8_guard.begin_iteration(iteration)  # named in its lines; its figures from zero
         mean_loss, step = self.run_iteration(iteration, accumulation_steps, measure_activations)
         # The MoE layers' expert-bias update and logged losses read the routing counts back, so they run here rather
         # than in run_iteration (the dry run's path): their reductions are a few float64 values per MoE loss and
@@ -164,7 +175,7 @@ class DataParallelTrainStep:
         captured = self.cuda_graphs.take_capture_line() if self.cuda_graphs is not None else None
         if captured and state.is_first_rank:
             print(captured, flush=True)
-        fp8_figures = fp8_guard.finish_iteration() if fp8_guard is not None else {}  # reads its counts back
+        fp8_figures = fp8_guard.finish_iteration() if fp8_guard is not None else {}  # read with its verdict
         seconds = time.perf_counter() - started
         collective_wait_s = state.comm.log.take_wait_s() if state.comm.log is not None else 0.0
         try:
@@ -197,16 +208,25 @@ class DataParallelTrainStep:
         state.comm.iteration = iteration  # named in the line a lost peer ends in
         if self.cuda_graphs is not None:
             self.cuda_graphs.begin_iteration(accumulation_steps)
+        if self.replay is not None:
+            self.replay.advance()  # this iteration's micro-batches from here on (the rerun machine says so too)
         if rerun is None:
-            iteration_loss = self.forward_backward_from_zero(accumulation_steps, measure_activations)
+            iteration_loss = self.forward_backward_checked(accumulation_steps, measure_activations)
         else:  # Megatron-LM's train_step: `while rerun_state_machine.should_run_forward_backward(data_iterator)`
             while rerun.should_run_forward_backward(iteration, self.replay):
-                iteration_loss = self.forward_backward_from_zero(accumulation_steps, measure_activations)
+                iteration_loss = self.forward_backward_checked(accumulation_steps, measure_activations)
             should_checkpoint, should_exit, exit_code = rerun.should_checkpoint_and_exit()
             if should_exit:  # before the update: a checkpoint holds the weights this iteration started from
                 raise RerunExit(exit_code, should_checkpoint)
         step = self.observer.optimizer_step(self.zero.optimizer)
         return average_over_data_parallel(iteration_loss, state), step
+
+    def forward_backward_checked(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
+        """The iteration's micro-batches; under --fp8-guard run again until no layer running in FP8 failed its check
+        (training/fp8_guard_replay.py)."""
+        def passes() -> torch.Tensor:
+            return self.forward_backward_from_zero(accumulation_steps, measure_activations)
+        return passes() if self.fp8_replay is None else self.fp8_replay.run(passes)
 
     def forward_backward_from_zero(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         """The iteration's micro-batches from zeroed gradients (a re-run starts where the first run did)."""

@@ -58,8 +58,12 @@ def quantize_blocks_2d(tensor: torch.Tensor, dtype: torch.dtype, block: int = BL
 
 
 def expand_2d_scales(scale_inv: torch.Tensor, rows: int, block: int = BLOCK) -> torch.Tensor:
-    """[row blocks, col blocks] -> [rows, col blocks]: each row's scale per K block, for the GEMM."""
-    return scale_inv.repeat_interleave(block, dim=0)[:rows]
+    """[row blocks, col blocks] -> [rows, col blocks]: each row's scale per K block, for the GEMM. Each row block's
+    scales repeated over its rows and the blocks concatenated, not repeat_interleave'd and sliced: torch 2.13's
+    inductor reads past a gather whose index `row // block` ends in a partial block on the CPU (garbage scales for
+    the rows of a weight's last, partial 128-row tile, under --compile)."""
+    return torch.cat([scale_inv[index:index + 1].expand(min(block, rows - start), -1)
+                      for index, start in enumerate(range(0, rows, block))])
 
 
 def e8m0_exponent(value: torch.Tensor) -> torch.Tensor:

@@ -1,23 +1,24 @@
-"""FP8 that guards itself (--fp8-guard, issue 65 item 4): each FP8 linear counts, per cast, the values
-saturated (|x * scale| above the format's largest value, clipped there) and flushed to zero (non-zero values
-whose cast is 0), tracks its input's amax, and checks every GEMM pass it runs:
+"""FP8 that guards itself (--fp8-guard, issue 65 item 4), with no host read inside a micro-batch (issue 76 item 1).
 
-- forward: the FP8 output non-finite, or a forward cast (input or weight) saturating more than `threshold`
-  of its values -> that micro-batch's forward GEMM runs again in high precision (the activations' dtype,
-  bf16 in a bf16 run), and its backward GEMMs too;
-- backward: the FP8 data or weight gradient non-finite, or the gradient cast saturating more than
-  `threshold` -> the backward GEMMs run again in high precision.
+Each FP8 linear counts, per cast, the values saturated (|x * scale| above the format's largest value, clipped there)
+and flushed to zero (non-zero values whose cast is 0), tracks its input's amax, and checks every GEMM pass it runs:
+its FP8 output (forward) or gradients (backward) not finite, or one of its casts saturating more than `threshold` of
+its values. What the passes saw accumulates on the device, per layer, forward and backward apart (counts summed,
+verdicts as maxima): nothing is read back while the micro-batches run.
 
-The FP8 pass always runs first and is the check: delayed scaling's histories and amax reductions see the
-same casts as without the guard (every rank joins the same collectives), and a layer in high precision goes
-back to FP8 the first time its FP8 pass passes ("stays in bf16 until the next check passes"). Under tensor
-parallelism the verdict is all-reduced (max) over the TP group, so every TP rank of a layer takes the same
-path and the ranks never diverge. One log line when a layer falls back (layer, reason, iteration) and one
-when it returns.
+A layer's path is host state, known when the iteration starts (`LayerGuard.in_high_precision`): FP8, or high
+precision (the activations' dtype: bf16 in a bf16 run) with the FP8 pass still run first as the check, so that
+delayed scaling's histories and amax reductions see every cast as without the guard and every rank joins the same
+collectives.
 
-Counting is two reductions per cast over tensors the cast already reads (a compare-and-sum for the
-saturated, a compare-and-sum for the flushed), accumulated on the device: nothing is read back until the
-iteration's metrics (GuardMonitor.finish_iteration)."""
+Once per iteration, after its micro-batches (GuardMonitor.finish_passes): each layer's verdict is all-reduced (max)
+over its TP group (a routed expert's over its expert tensor-parallel group: the ranks holding its shards), so that
+every rank of a layer takes the same path; whether a layer that ran in FP8 failed is all-reduced over every rank (all
+must run the iteration again together); and all of it, with the counts for the metrics, comes back in one read. A
+layer that failed in FP8 switches to high precision and the caller runs the iteration again from its start
+(training/fp8_guard_replay.py); each such replay adds at least one layer, so there are at most as many replays as
+layers. A layer in high precision goes back to FP8 after the first iteration whose forward check passed. One log line
+when a layer falls back (layer, reason, iteration) and one when it returns."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ import torch
 # (delayed scaling: 1.8% at worst in docs/fp8.md's healthy 20-iteration run), while a scale 2x too large
 # clips every value above half the amax (about 8% of a normally distributed tensor of 2048 values).
 
+# A pass's figures, per layer (float64: the counts stay exact far past fp32's 2^24): values cast, saturated,
+# flushed to zero, the worst single cast's saturated fraction, and whether an output was not finite; the forward's
+# also its input's amax.
+VALUES, SATURATED, FLUSHED, WORST, NON_FINITE, INPUT_AMAX = range(6)
+DENSE, EXPERT = "tp", "etp"  # the group a layer's verdict is reduced over
+
 
 class CastCounts:
     """The counts of the casts of one GEMM pass (forward, or backward), as device tensors: values cast,
@@ -39,9 +46,9 @@ class CastCounts:
 
     def __init__(self) -> None:
         self.values = 0
-        self.saturated: torch.Tensor | int = 0
-        self.flushed: torch.Tensor | int = 0
-        self.worst_fraction: torch.Tensor | float = 0.0
+        self.saturated: Optional[torch.Tensor] = None
+        self.flushed: Optional[torch.Tensor] = None
+        self.worst_fraction: Optional[torch.Tensor] = None
 
     def add(self, scaled: torch.Tensor, clamped: torch.Tensor, data: torch.Tensor) -> None:
         """`scaled`: the values before the cast (fp32, scale applied); `clamped`: them clamped to +-fp8_max;
@@ -53,97 +60,188 @@ class CastCounts:
         saturated = torch.count_nonzero(torch.nan_to_num_(scaled - clamped))
         cast_zeros = count - torch.count_nonzero(data.view(torch.uint8) & 0x7F)
         flushed = cast_zeros - (count - torch.count_nonzero(scaled))
+        fraction = saturated.float() / max(count, 1)
         self.values += count
-        self.saturated = self.saturated + saturated
-        self.flushed = self.flushed + flushed
-        self.worst_fraction = torch.maximum(torch.as_tensor(self.worst_fraction, dtype=torch.float32),
-                                            saturated.float() / max(count, 1))
+        if self.saturated is None:
+            self.saturated, self.flushed, self.worst_fraction = saturated, flushed, fraction
+        else:
+            self.saturated = self.saturated + saturated
+            self.flushed = self.flushed + flushed
+            self.worst_fraction = torch.maximum(self.worst_fraction, fraction)
+
+    def figures(self, outputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The pass's five figures (VALUES .. NON_FINITE), float64, on the outputs' device."""
+        non_finite = torch.stack([torch.isfinite(out).all().logical_not() for out in outputs]).any()
+        return torch.stack([torch.full_like(self.saturated, self.values, dtype=torch.float64),
+                            self.saturated.double(), self.flushed.double(), self.worst_fraction.double(),
+                            non_finite.double()])
+
+
+def _accumulate(total: torch.Tensor, figures: torch.Tensor) -> None:
+    """Counts summed, the worst fraction and the non-finite flag as maxima, in place (a compiled pass mutates
+    its own accumulator: the forward's and the backward's are separate tensors)."""
+    total[:WORST] += figures[:WORST]
+    total[WORST:NON_FINITE + 1] = torch.maximum(total[WORST:NON_FINITE + 1], figures[WORST:NON_FINITE + 1])
 
 
 @dataclass
 class LayerGuard:
-    """One FP8 linear's guard: its name, the threshold, the TP verdict reduction (an in-place max all-reduce
-    of the pass's two figures, non-finite and worst saturated fraction; None in one process or TP 1), and what
-    it saw this iteration."""
+    """One FP8 linear's guard: its name, the group its verdict is reduced over (DENSE: the TP group; EXPERT: the
+    expert tensor-parallel group), where its lines go, its path (host state, changed only by GuardMonitor between
+    iterations) and this iteration's figures on the device."""
     name: str
-    threshold: float
-    reduce_verdict: Optional[Callable[[torch.Tensor], None]] = None
+    group: str = DENSE
     log: Callable[[str], None] = print
-    iteration: int = 0
+    device: torch.device | str = "cpu"
     in_high_precision: bool = False
-    # this iteration's totals (device tensors until read)
-    values: int = 0
-    saturated: torch.Tensor | int = 0
-    flushed: torch.Tensor | int = 0
-    worst_fraction: torch.Tensor | float = 0.0
-    input_amax: torch.Tensor | float = 0.0
-    previous_input_amax: float = 0.0
-    fell_back: bool = False  # at least one pass this iteration ran in high precision
+    forward_figures: torch.Tensor = field(init=False)
+    backward_figures: torch.Tensor = field(init=False)
 
-    def record(self, counts: CastCounts) -> None:
-        self.values += counts.values
-        self.saturated = self.saturated + counts.saturated
-        self.flushed = self.flushed + counts.flushed
-        self.worst_fraction = torch.maximum(torch.as_tensor(self.worst_fraction, dtype=torch.float32),
-                                            torch.as_tensor(counts.worst_fraction, dtype=torch.float32))
+    def __post_init__(self) -> None:
+        self.forward_figures = torch.zeros(INPUT_AMAX + 1, dtype=torch.float64, device=self.device)
+        self.backward_figures = torch.zeros(NON_FINITE + 1, dtype=torch.float64, device=self.device)
 
-    def record_input_amax(self, amax: torch.Tensor) -> None:
-        self.input_amax = torch.maximum(torch.as_tensor(self.input_amax, dtype=torch.float32), amax.float())
+    def record_forward(self, counts: CastCounts, output: torch.Tensor, input_amax: torch.Tensor) -> None:
+        _accumulate(self.forward_figures, counts.figures((output,)))
+        self.forward_figures[INPUT_AMAX] = torch.maximum(self.forward_figures[INPUT_AMAX], input_amax.double())
 
-    def verdict(self, counts: CastCounts, outputs: tuple[torch.Tensor, ...], what: str) -> bool:
-        """Record `counts`; True when this pass must run again in high precision (the same on every TP rank).
-        Logs the transitions into and out of high precision. Only a forward check brings the layer back to
-        FP8: a backward after a high-precision forward runs in high precision whatever its check says."""
-        self.record(counts)
-        non_finite = torch.stack([torch.isfinite(out).all().logical_not() for out in outputs]).any()
-        figures = torch.stack([non_finite.float(), torch.as_tensor(counts.worst_fraction, dtype=torch.float32)])
-        if self.reduce_verdict is not None:
-            self.reduce_verdict(figures)  # the TP group's worst: every rank of the layer takes the same path
-        # The host reads the verdict to choose the path: one read-back (a device sync on a GPU) per linear and pass.
-        non_finite, worst_fraction = figures.tolist()
-        non_finite, saturating = non_finite > 0, worst_fraction > self.threshold
-        bad = non_finite or saturating
-        if bad:
-            self.fell_back = True
-            if not self.in_high_precision:
-                reason = (f"its FP8 {what} is not finite" if non_finite else
-                          f"a {what} cast saturated {worst_fraction * 100:.3g}% of its values "
-                          f"(threshold {self.threshold * 100:g}%)")
-                self.log(f" FP8 guard: {self.name} runs in high precision from iteration {self.iteration}: {reason}; "
-                         f"the {what} GEMMs ran again in high precision")
-            self.in_high_precision = True
-        elif self.in_high_precision and what == "forward":
-            self.log(f" FP8 guard: {self.name} back in FP8 at iteration {self.iteration}: its forward check passed")
-            self.in_high_precision = False
-        return bad
+    def record_backward(self, counts: CastCounts, outputs: tuple[torch.Tensor, ...]) -> None:
+        _accumulate(self.backward_figures, counts.figures(outputs))
 
-    def take_iteration(self) -> dict:
-        """This iteration's figures (read back now), and the counters reset for the next."""
-        amax = float(self.input_amax)
-        figures = {"values": self.values, "saturated": int(self.saturated), "flushed": int(self.flushed),
-                   "worst_fraction": float(self.worst_fraction), "input_amax": amax,
-                   "amax_growth": amax / self.previous_input_amax if self.previous_input_amax > 0 else None,
-                   "fell_back": self.fell_back}
-        self.previous_input_amax = amax
-        self.values, self.saturated, self.flushed, self.worst_fraction = 0, 0, 0, 0.0
-        self.input_amax, self.fell_back = 0.0, False
-        return figures
+
+def _failure(worst: float, non_finite: float, threshold: float, what: str) -> Optional[str]:
+    """Why a pass's check failed, or None."""
+    if non_finite > 0:
+        return f"its FP8 {what} is not finite"
+    if worst > threshold:
+        return f"a {what} cast saturated {worst * 100:.3g}% of its values (threshold {threshold * 100:g}%)"
+    return None
 
 
 @dataclass
 class GuardMonitor:
-    """Every FP8 linear's guard of this rank's model, and the iteration's metrics from them."""
+    """Every FP8 linear's guard of this rank's model: the iteration's verdict (finish_passes) and metrics
+    (finish_iteration). `reductions`: the in-place max all-reduce of a verdict block over each group (DENSE,
+    EXPERT; missing or None: one rank); `any_rank`: the in-place max all-reduce over every rank (None: one
+    process); `device`: where the verdicts are reduced (the run's device)."""
+    threshold: float = 0.05
+    reductions: dict = field(default_factory=dict)
+    any_rank: Optional[Callable[[torch.Tensor], None]] = None
+    device: torch.device | str = "cpu"
     layers: list = field(default_factory=list)
+    iteration: int = 0
+    _figures: dict = field(default_factory=dict)  # the last iteration's read, by layer name
+    _input_amax_before: dict = field(default_factory=dict)  # each layer's input amax at the iteration before
+    _running_fp8: Optional[torch.Tensor] = None  # 1.0 per layer (in `_ordered()`'s order) that runs in FP8
+
+    def _ordered(self) -> list[LayerGuard]:
+        """The layers grouped by their verdict's group, each group's in the model's order: one block per group."""
+        return [layer for group in (DENSE, EXPERT) for layer in self.layers if layer.group == group]
 
     def begin_iteration(self, iteration: int) -> None:
-        for layer in self.layers:
-            layer.iteration = iteration
+        """A new iteration: its number (for the lines) and zeroed figures (an evaluation's casts since the last
+        iteration are not this one's)."""
+        self.iteration = iteration
+        self.begin_replay()
+
+    def begin_replay(self) -> None:
+        """The iteration's passes run (again) from zeroed figures."""
+        tensors = [tensor for layer in self.layers for tensor in (layer.forward_figures, layer.backward_figures)]
+        if tensors:
+            torch._foreach_zero_(tensors)
+
+    def finish_passes(self) -> bool:
+        """After the iteration's micro-batches: reduce, read once, decide. True when a layer that ran in FP8
+        failed its check on some rank: the failed layers are in high precision now and every rank must run the
+        iteration again (from the state it started in). False: the iteration stands (its figures are kept for
+        finish_iteration); layers in high precision whose forward check passed go back to FP8 from the next
+        iteration."""
+        layers = self._ordered()
+        verdicts, figures, run_again = self._reduce_and_read(layers)
+        for index, (layer, (forward_worst, forward_non_finite, backward_worst, backward_non_finite)) in \
+                enumerate(zip(layers, verdicts)):
+            reason = (_failure(forward_worst, forward_non_finite, self.threshold, "forward")
+                      or _failure(backward_worst, backward_non_finite, self.threshold, "backward"))
+            if reason is not None and not layer.in_high_precision:
+                layer.log(f" FP8 guard: {layer.name} runs in high precision from iteration {self.iteration}: "
+                          f"{reason}; the iteration runs again with its GEMMs in high precision")
+                self._switch(index, layer, True)
+        if run_again:
+            return True
+        self._keep_figures(layers, figures)
+        for index, (layer, verdict) in enumerate(zip(layers, verdicts)):
+            if layer.in_high_precision and _failure(verdict[0], verdict[1], self.threshold, "forward") is None:
+                layer.log(f" FP8 guard: {layer.name} back in FP8 from iteration {self.iteration + 1}: its forward "
+                          f"check passed at iteration {self.iteration}")
+                self._switch(index, layer, False)
+        return False
+
+    def _reduce_and_read(self, layers: list[LayerGuard]) -> tuple[list, list, bool]:
+        """Per layer (in `layers`' order) its verdict [forward worst, forward non-finite, backward worst, backward
+        non-finite] reduced over its group, and this rank's figures [values, saturated, flushed, worst fraction,
+        input amax]; and whether a layer that ran in FP8 failed on any rank. One collective per group, one over
+        every rank, and one host read."""
+        running_fp8 = self._fp8_mask(layers)
+        if layers:
+            forward = torch.stack([layer.forward_figures for layer in layers])
+            backward = torch.stack([layer.backward_figures for layer in layers])
+            verdicts = torch.cat([forward[:, WORST:NON_FINITE + 1], backward[:, WORST:NON_FINITE + 1]], dim=1)
+            start = 0
+            for group in (DENSE, EXPERT):
+                size = sum(1 for layer in layers if layer.group == group)
+                reduce = self.reductions.get(group)
+                if size and reduce is not None:  # the group's worst: every rank of a layer takes the same path
+                    block = verdicts[start:start + size].clone()
+                    reduce(block)
+                    verdicts[start:start + size] = block
+                start += size
+            failed = ((verdicts[:, 0::2] > self.threshold) | (verdicts[:, 1::2] > 0)).any(dim=1)
+            failed_in_fp8 = (failed.double() * running_fp8).amax().reshape(1)
+            figures = torch.cat([forward[:, VALUES:FLUSHED + 1] + backward[:, VALUES:FLUSHED + 1],
+                                 torch.maximum(forward[:, WORST], backward[:, WORST]).unsqueeze(1),
+                                 forward[:, INPUT_AMAX:]], dim=1)
+        else:
+            verdicts = figures = torch.zeros(0, dtype=torch.float64, device=self.device)
+            failed_in_fp8 = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if self.any_rank is not None:
+            self.any_rank(failed_in_fp8)  # every rank runs the iteration again, or none
+        # The one host read of the iteration (a device synchronisation on a GPU).
+        read = torch.cat([verdicts.flatten(), figures.flatten(), failed_in_fp8]).tolist()
+        count = len(layers)
+        return ([read[4 * index:4 * index + 4] for index in range(count)],
+                [read[4 * count + 5 * index:4 * count + 5 * index + 5] for index in range(count)], read[-1] > 0)
+
+    def _fp8_mask(self, layers: list[LayerGuard]) -> torch.Tensor:
+        """1.0 for each layer that runs in FP8 (made once; _switch keeps it up to date)."""
+        if self._running_fp8 is None:
+            self._running_fp8 = torch.ones(len(layers), dtype=torch.float64, device=self.device)
+            for index, layer in enumerate(layers):
+                if layer.in_high_precision:
+                    self._running_fp8[index] = 0.0
+        return self._running_fp8
+
+    def _keep_figures(self, layers: list[LayerGuard], figures: list) -> None:
+        """The iteration's figures by layer, for finish_iteration, with each input amax's growth."""
+        self._figures = {}
+        for layer, (values, saturated, flushed, worst, input_amax) in zip(layers, figures):
+            previous = self._input_amax_before.get(layer.name, 0.0)
+            self._figures[layer.name] = {
+                "values": int(values), "saturated": int(saturated), "flushed": int(flushed), "worst_fraction": worst,
+                "input_amax": input_amax, "amax_growth": input_amax / previous if previous > 0 else None,
+                "fell_back": layer.in_high_precision}
+        self._input_amax_before = {name: figures["input_amax"] for name, figures in self._figures.items()}
+
+    def _switch(self, index: int, layer: LayerGuard, high_precision: bool) -> None:
+        """A layer's path for the passes to come; the device mask follows (a scalar written: no read)."""
+        layer.in_high_precision = high_precision
+        self._running_fp8[index] = 0.0 if high_precision else 1.0
 
     def finish_iteration(self) -> dict:
-        """The metrics record's FP8 fields (this rank's casts): totals over the layers, the worst layer by its
-        worst cast's saturated fraction, the largest input amax and its largest growth from the last
-        iteration (the amax trend), and the layers that ran any pass in high precision."""
-        per_layer = [(layer.name, layer.take_iteration()) for layer in self.layers]
+        """The metrics record's FP8 fields (this rank's casts), from finish_passes' read: totals over the layers,
+        the worst layer by its worst cast's saturated fraction, the largest input amax and its largest growth from
+        the last iteration (the amax trend), and the layers that ran in high precision."""
+        per_layer = list(self._figures.items())
+        self._figures = {}
         if not per_layer:
             return {}
         worst_name, worst = max(per_layer, key=lambda item: item[1]["worst_fraction"])

@@ -88,16 +88,24 @@ def scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
     return cpu_emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype)
 
 
+@torch.library.custom_op("fp8_kernel::cpu_emulated_scaled_mm", mutates_args=(), device_types="cpu")
 def cpu_emulated_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                            out_dtype: torch.dtype) -> torch.Tensor:
     """torch._scaled_mm on the CPU through torch's emulated implementation (the module's docstring says why):
-    oneDNN is off for this call only, then restored as it was."""
+    oneDNN is off for this call only, then restored as it was. A custom operator, so that torch.compile keeps
+    it as one opaque call in the compiled graph (dynamo cannot trace the switch, and a compiled _scaled_mm would
+    take whichever implementation the switch says when it runs): the same kernel, eager or compiled."""
     previous = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
     try:
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     finally:
         torch.backends.mkldnn.enabled = previous
+
+
+@cpu_emulated_scaled_mm.register_fake
+def _cpu_emulated_scaled_mm_shape(a, b, scale_a, scale_b, out_dtype):
+    return a.new_empty((a.size(0), b.size(1)), dtype=out_dtype)
 
 
 def kernel_name(device: torch.device, recipe: str) -> str:

@@ -37,17 +37,17 @@ from parallel.fp8.recipes import (
 
 class Fp8LinearState:
     """What one FP8 linear keeps between steps: its recipe and, for delayed scaling, the amax histories and
-    scales (state_dict / load_state_dict for the checkpoint), reduced by `reduce_amax` (DelayedScaling).
-    The stateless recipes reduce nothing: TE's current-scaling and block quantizers cast each rank's own
-    tensor (a weight shard with its own amax), except the input of a column-parallel linear and the output
-    gradient of a row-parallel one under sequence parallelism, whose amax TE reduces over the TP group
-    before an FP8 all-gather (module/linear.py, set_quantizer_amax_reduction_group). The TP layers here
-    gather those in high precision before the linear, so casting the gathered tensor is that same cast."""
+    scales (state_dict / load_state_dict for the checkpoint), reduced and updated once per pass
+    (parallel/fp8/delayed_updates.py). The stateless recipes reduce nothing: TE's current-scaling and block
+    quantizers cast each rank's own tensor (a weight shard with its own amax), except the input of a
+    column-parallel linear and the output gradient of a row-parallel one under sequence parallelism, whose amax TE
+    reduces over the TP group before an FP8 all-gather (module/linear.py, set_quantizer_amax_reduction_group). The
+    TP layers here gather those in high precision before the linear, so casting the gathered tensor is that same
+    cast."""
 
-    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", reduce_amax=None,
-                 guard: Optional[LayerGuard] = None):
+    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu", guard: Optional[LayerGuard] = None):
         self.recipe = recipe
-        self.delayed = DelayedScaling(recipe, device, reduce_amax) if recipe.recipe == "delayed" else None
+        self.delayed = DelayedScaling(recipe, device) if recipe.recipe == "delayed" else None
         self.guard = guard  # --fp8-guard (parallel/fp8/guard.py); None: no counts, no fallback
         # --fp8-param-gather (parallel/fp8/param_gather.py): the weight as ZeRO gathered it, already in e4m3 with
         # its scale; None: the forward casts the weight.
@@ -70,52 +70,56 @@ def shape_rule_broken(in_features: int, out_features: int, tokens: int, recipe: 
     return f"{', '.join(odd)} not a multiple of {multiple}" if odd else None
 
 
-def _per_tensor_forward(ctx, x2, weight, state, counts):
+# Each recipe's forward: (x2, the weight parameter, state, counts, the GEMM's output dtype) -> (output, the tensors the
+# backward needs, ZeRO's gathered FP8 weight or None); its backward: (those tensors, the gathered weight, the output
+# gradient, state, counts, the input's and the weight's dtypes) -> (data gradient, weight gradient). Plain functions
+# of tensors and the state's tensors, so that torch.compile traces them into the block's graph.
+
+def _per_tensor_forward(x2, weight, state, counts, out_dtype):
     recipe = state.recipe
     x_q, x_scale = state.quantize_per_tensor(x2, INPUT, recipe.forward_dtype, counts)
+    gathered = None
     if state.fp8_weight is None:
-        w_q, w_scale = state.quantize_per_tensor(weight, WEIGHT, recipe.forward_dtype, counts)
+        w_q, w_scale = state.quantize_per_tensor(weight.detach(), WEIGHT, recipe.forward_dtype, counts)
         saved_w_q = w_q
     else:  # cast after the optimizer step and gathered as bytes: no second cast (the guard does not count that one)
         w_q, w_scale = state.fp8_weight.data, state.fp8_weight.scale_inv.clone()
-        if state.delayed is not None:
-            state.delayed.update_recorded(WEIGHT, recipe.forward_dtype)
         # ZeRO's gathered weight (gathered again for the backward), not an activation: kept beside the saved tensors
-        ctx.gathered_weight, saved_w_q = w_q, None
-    ctx.saved = (x_q, x_scale, saved_w_q, w_scale, None if recipe.wgrad_in_fp8 else x2)
-    return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, ctx.out_dtype)
+        gathered, saved_w_q = w_q, None
+    saved = (x_q, x_scale) + ((saved_w_q,) if saved_w_q is not None else ()) + (w_scale,)
+    if not recipe.wgrad_in_fp8:
+        saved += (x2,)
+    return scaled_matmul(x_q, w_q.t(), x_scale, w_scale, out_dtype), saved, gathered
 
 
-def _per_tensor_saved(ctx):
-    x_q, x_scale, w_q, w_scale, x_high = ctx.saved
-    return x_q, x_scale, (ctx.gathered_weight if w_q is None else w_q), w_scale, x_high
-
-
-def _per_tensor_backward(ctx, g2, state, counts):
+def _per_tensor_backward(saved, gathered, g2, state, counts, x_dtype, weight_dtype):
     recipe = state.recipe
-    x_q, x_scale, w_q, w_scale, x_high = _per_tensor_saved(ctx)
+    if gathered is None:
+        x_q, x_scale, w_q, w_scale, *x_high = saved
+    else:
+        (x_q, x_scale, w_scale, *x_high), w_q = saved, gathered
     g_q, g_scale = state.quantize_per_tensor(g2, GRAD_OUTPUT, recipe.backward_dtype, counts)
     # Each GEMM's fp32 sum rounded once, in the cuBLASLt epilogue, to the dtype the caller casts it to (the same bits
     # as an fp32 output cast afterwards, without writing and reading the fp32 matrix: measured on an H100, docs/fp8.md)
-    grad_x = scaled_matmul(g_q, w_q.t().contiguous().t(), g_scale, w_scale, ctx.x_dtype)
-    if x_high is None:
-        grad_w = scaled_matmul(g_q.t().contiguous(), x_q.t().contiguous().t(), g_scale, x_scale, ctx.weight_dtype)
+    grad_x = scaled_matmul(g_q, w_q.t().contiguous().t(), g_scale, w_scale, x_dtype)
+    if not x_high:
+        grad_w = scaled_matmul(g_q.t().contiguous(), x_q.t().contiguous().t(), g_scale, x_scale, weight_dtype)
     else:
-        grad_w = g2.t().to(x_high.dtype) @ x_high
+        grad_w = g2.t().to(x_high[0].dtype) @ x_high[0]
     return grad_x, grad_w
 
 
-def _blockwise_forward(ctx, x2, weight, state, counts):
+def _blockwise_forward(x2, weight, state, counts, out_dtype):
     x_q, x_scale = blocks.quantize_blocks_1d(x2, state.recipe.forward_dtype, counts=counts)
-    w_q, w_scale = blocks.quantize_blocks_2d(weight, state.recipe.forward_dtype, counts=counts)
-    ctx.saved = (x2, w_q, w_scale)
-    return blocks.block_scaled_matmul(x_q, x_scale, w_q, blocks.expand_2d_scales(w_scale, weight.size(0)),
-                                      blocks.BLOCK, torch.float32)
+    w_q, w_scale = blocks.quantize_blocks_2d(weight.detach(), state.recipe.forward_dtype, counts=counts)
+    out = blocks.block_scaled_matmul(x_q, x_scale, w_q, blocks.expand_2d_scales(w_scale, weight.size(0)),
+                                     blocks.BLOCK, torch.float32)
+    return out, (x2, w_q, w_scale), None
 
 
-def _blockwise_backward(ctx, g2, state, counts):
+def _blockwise_backward(saved, gathered, g2, state, counts, x_dtype, weight_dtype):
     recipe = state.recipe
-    x2, w_q, w_scale = ctx.saved
+    x2, w_q, w_scale = saved
     g_rows, g_rows_scale = blocks.quantize_blocks_1d(g2, recipe.backward_dtype, counts=counts)
     grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_q.t().contiguous(),
                                         blocks.expand_2d_scales(w_scale.t(), w_q.size(1)), blocks.BLOCK,
@@ -126,18 +130,18 @@ def _blockwise_backward(ctx, g2, state, counts):
     return grad_x, grad_w
 
 
-def _mx_forward(ctx, x2, weight, state, counts):
+def _mx_forward(x2, weight, state, counts, out_dtype):
     x_q, x_scale = blocks.quantize_mx(x2, state.recipe.forward_dtype, counts)
-    w_q, w_scale = blocks.quantize_mx(weight, state.recipe.forward_dtype, counts)
-    ctx.saved = (x2, weight)
-    return blocks.block_scaled_matmul(x_q, x_scale, w_q, w_scale, blocks.MX_BLOCK, torch.float32)
+    w_q, w_scale = blocks.quantize_mx(weight.detach(), state.recipe.forward_dtype, counts)
+    # the parameter itself (a model state, not an activation) for the backward's casts along the other dimension
+    return blocks.block_scaled_matmul(x_q, x_scale, w_q, w_scale, blocks.MX_BLOCK, torch.float32), (x2, weight), None
 
 
-def _mx_backward(ctx, g2, state, counts):
+def _mx_backward(saved, gathered, g2, state, counts, x_dtype, weight_dtype):
     recipe = state.recipe
-    x2, weight = ctx.saved
+    x2, weight = saved
     g_rows, g_rows_scale = blocks.quantize_mx(g2, recipe.backward_dtype, counts)
-    w_cols, w_cols_scale = blocks.quantize_mx(weight.t(), recipe.forward_dtype, counts)
+    w_cols, w_cols_scale = blocks.quantize_mx(weight.detach().t(), recipe.forward_dtype, counts)
     grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_cols, w_cols_scale, blocks.MX_BLOCK, torch.float32)
     g_cols, g_cols_scale = blocks.quantize_mx(g2.t(), recipe.backward_dtype, counts)
     x_cols, x_cols_scale = blocks.quantize_mx(x2.t(), recipe.forward_dtype, counts)
@@ -151,79 +155,58 @@ _BACKWARD = {"delayed": _per_tensor_backward, "tensorwise": _per_tensor_backward
              "blockwise": _blockwise_backward, "mxfp8": _mx_backward}
 
 
-def _dequantized_operands(ctx, recipe: str):
-    """x and W as the forward's casts hold them, in fp32: the high-precision backward's operands when only
-    the backward fails its check (the forward's casts passed theirs, so they hold x and W to FP8 rounding;
-    W's parameter itself may be released by then under ZeRO-3)."""
-    if recipe in ("delayed", "tensorwise"):
-        x_q, x_scale, w_q, w_scale, x_high = _per_tensor_saved(ctx)
-        x = x_high.float() if x_high is not None else x_q.float() * x_scale
-        return x, w_q.float() * w_scale
-    if recipe == "blockwise":
-        x2, w_q, w_scale = ctx.saved
-        rows, cols = w_q.shape
-        scale = w_scale.repeat_interleave(blocks.BLOCK, 0)[:rows].repeat_interleave(blocks.BLOCK, 1)[:, :cols]
-        return x2.float(), w_q.float() * scale
-    x2, weight = ctx.saved
-    return x2.float(), weight.float()
-
-
-def _high_precision_backward(g2, x2, weight):
-    """The data and weight gradients in fp32 from high-precision operands (the guard's fallback)."""
-    g = g2.float()
-    return g @ weight.float(), g.t() @ x2.float()
-
-
 class _Fp8LinearFunction(torch.autograd.Function):
+    """The linear's forward and backward. Everything that changes between calls is a tensor (the delayed
+    scales and histories, the guard's figures, written in place) or host state read once per call (the guard's
+    path, fixed for an iteration): no value is read back, and torch.compile traces it whole (docs/fp8.md)."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, state):
         x2 = x.detach().reshape(-1, x.size(-1))
         guard = state.guard
         counts = None if guard is None else CastCounts()
-        detached = weight.detach()
-        ctx.gathered_weight = None
         # The per-tensor recipes' forward GEMM writes x's dtype at once where no bias is added in fp32 after it
-        ctx.out_dtype = torch.float32 if bias is not None else x.dtype
-        ctx.x_dtype, ctx.weight_dtype = x.dtype, weight.dtype
-        out = _FORWARD[state.recipe.recipe](ctx, x2, detached, state, counts)
-        # Through autograd's saved tensors, so what a step keeps for the backward (the FP8 copies of x and W) is
-        # what the saved-tensor meter measures, live and in the planner's dry run; the weight itself as the
-        # parameter (a model state, not an activation).
-        ctx.save_for_backward(*(weight if tensor is detached else tensor for tensor in ctx.saved))
-        ctx.saved = None
+        out_dtype = torch.float32 if bias is not None else x.dtype
+        out, saved, gathered = _FORWARD[state.recipe.recipe](x2, weight, state, counts, out_dtype)
         if bias is not None:
             out = out + bias.detach().float()
         result = out.to(x.dtype)
-        # The guard's check of this forward (parallel/fp8/guard.py): the output as the model sees it, and the casts.
-        ctx.high_precision = None
+        high_precision = guard is not None and guard.in_high_precision
+        kept = ()
         if guard is not None:
-            guard.record_input_amax(x2.abs().amax())
-            if guard.verdict(counts, (result,), "forward"):
-                # That micro-batch's GEMMs in high precision: x and a copy of W (a ZeRO-3 parameter may be
-                # released before the backward) kept for the backward's.
-                ctx.high_precision = (x2, weight.detach().clone())
+            # The check of this forward (parallel/fp8/guard.py): the output as the model sees it, and the casts.
+            guard.record_forward(counts, result, x2.abs().amax())
+            if high_precision:
+                # The layer runs in high precision this iteration: x and a copy of W (a ZeRO-3 parameter may be
+                # released before the backward) kept for the backward's GEMMs.
+                kept = (x2, weight.detach().clone())
                 result = torch.nn.functional.linear(x2, weight.detach().to(x2.dtype),
                                                     None if bias is None else bias.detach().to(x2.dtype))
+        # Through autograd's saved tensors, so what a step keeps for the backward (the FP8 copies of x and W) is
+        # what the saved-tensor meter measures, live and in the planner's dry run.
+        ctx.save_for_backward(*saved, *kept)
+        ctx.fp8_saved, ctx.high_precision, ctx.gathered_weight = len(saved), high_precision, gathered
         ctx.state, ctx.x_shape, ctx.has_bias = state, x.shape, bias is not None
+        ctx.x_dtype, ctx.weight_dtype = x.dtype, weight.dtype
         return result.reshape(*x.shape[:-1], weight.size(0))
 
     @staticmethod
     def backward(ctx, grad_out):
         g2 = grad_out.reshape(-1, grad_out.size(-1))
         state, guard = ctx.state, ctx.state.guard
-        ctx.saved = ctx.saved_tensors
+        saved = ctx.saved_tensors
         counts = None if guard is None else CastCounts()
-        # Under the guard the FP8 backward runs first even after a high-precision forward: it is the check, and
-        # delayed scaling's gradient history and amax reduction see every cast as without the guard.
-        grad_x, grad_w = _BACKWARD[state.recipe.recipe](ctx, g2, state, counts)
+        # Under the guard the FP8 backward runs even in high precision: it is the check, and delayed scaling's
+        # gradient history and amax reduction see every cast as without the guard.
+        grad_x, grad_w = _BACKWARD[state.recipe.recipe](saved[:ctx.fp8_saved], ctx.gathered_weight, g2, state,
+                                                        counts, ctx.x_dtype, ctx.weight_dtype)
         if guard is not None:
-            failed = guard.verdict(counts, (grad_x.to(ctx.x_dtype), grad_w.to(ctx.weight_dtype)), "backward")
-            if ctx.high_precision is not None:
-                grad_x, grad_w = _high_precision_backward(g2, *ctx.high_precision)
-            elif failed:
-                grad_x, grad_w = _high_precision_backward(g2, *_dequantized_operands(ctx, state.recipe.recipe))
+            guard.record_backward(counts, (grad_x.to(ctx.x_dtype), grad_w.to(ctx.weight_dtype)))
+            if ctx.high_precision:
+                x2, weight = saved[ctx.fp8_saved:]
+                g = g2.float()
+                grad_x, grad_w = g @ weight.float(), g.t() @ x2.float()
         grad_bias = g2.sum(0) if ctx.has_bias else None
-        ctx.saved = ctx.high_precision = ctx.gathered_weight = None
         return grad_x.to(ctx.x_dtype).reshape(ctx.x_shape), grad_w.to(ctx.weight_dtype), grad_bias, None
 
 

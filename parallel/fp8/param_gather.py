@@ -44,9 +44,8 @@ def weight_scale(state, amax: torch.Tensor, model_dtype: torch.dtype) -> torch.T
     the current scale; current scaling computes the scale from the amax with TE's formula, value_for_inf the
     model dtype's largest value (the forward casts a weight of that dtype)."""
     if state.delayed is not None:
-        history = state.delayed.amax_history
-        history[0, WEIGHT] = torch.maximum(history[0, WEIGHT], amax)
-        return state.delayed.scale[WEIGHT].clone()
+        state.delayed.record_amax(WEIGHT, amax)
+        return state.delayed.scale_of(WEIGHT)
     return current_scale(amax, FP8_MAX[E4M3], False, torch.finfo(model_dtype).max)
 
 

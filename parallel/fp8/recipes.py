@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
@@ -109,98 +108,113 @@ def input_type_max(tensor: torch.Tensor) -> float:
 
 
 class DelayedScaling:
-    """TE's DelayedScaling state for one linear: an amax history (history_len x 3 roles) and a scale per
-    role, fp32, starting at 1 (TE's initial scale). A role's tensor is cast with the scale its history gave
-    (computed after the previous use), its amax is written to the history's row 0, and then
-    (TE's _default_get_amax_and_update_history, _update_amax_history, _default_sf_compute):
+    """TE's DelayedScaling state for one linear: an amax history (history_len rows) and a scale per role,
+    fp32, starting at 1 (TE's initial scale). A role's tensor is cast with the scale its history gave and its
+    amax is recorded (a max) in the history's row 0; once per pass (parallel/fp8/delayed_updates.py) every
+    linear's recorded amaxes are reduced over the run's amax group and the scales updated, as TE does when its
+    autocast region ends (quantization.py, reduce_and_update_fp8_tensors: _default_get_amax_and_update_history,
+    _update_amax_history, _default_sf_compute):
       amax = max over the history ('max') or row 0 ('most_recent');
       the history rolls by -1 and row 0 is zeroed (the oldest entry leaves);
       scale = (fp8_max / amax) / 2^margin.
-    TE runs the update when the autocast region ends; Megatron opens one region per micro-batch forward,
-    and each role is cast once in it, so updating right after the cast is the same sequence of scales.
+    Megatron-Core opens one region around a micro-batch's forward over the blocks (and TE updates the backward's
+    scales when that backward ends), and each role is cast once in it, so this is the sequence of scales an update
+    right after each cast would give.
 
-    Over several ranks, TE all-reduces (max) the new amax (history row 0) over the autocast's fp8_group
-    before the update (quantization.py, reduce_and_update_fp8_tensors); Megatron-Core passes
-    parallel_state.get_amax_reduction_group(with_context_parallel=True), the tensor x data (x context)
-    parallel ranks (megatron/core/fp8_utils.py, get_fp8_context). That is `reduce_amax` here (an in-place
-    max all-reduce over that group, through the run's communicator; None in one process): after it a
-    weight shard's amax is the whole weight's, a row-parallel input's the whole input's, and every rank of
-    the group holds the same history and scales. A max is exact in any order, so the reduction is bitwise
-    the one process's amax of the same tensors."""
+    Under torch.compile (docs/fp8.md) the forward roles (input, weight) and the backward's (the output gradient)
+    live in tensors of their own, each written where its role needs:
+    - `forward_scale` is replaced, never written in place: a compiled block's backward may compute a dequantizing
+      scale again from the scale tensor its forward read (AOTAutograd's partitioner recomputes cheap operations
+      from the graph's inputs), so that tensor must keep its value until then, however many passes run between
+      (pipeline schedules); a version check stops the backward if it was written;
+    - `backward_scale` is written in place: the backward reads it when it runs, as TE's does;
+    - the histories are written in place (row 0 by the casts, in the compiled graphs), and no backward reads the
+      forward's."""
 
-    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu",
-                 reduce_amax: Optional[Callable[[torch.Tensor], None]] = None):
+    def __init__(self, recipe: Fp8Recipe, device: torch.device | str = "cpu"):
         self.recipe = recipe
-        self.reduce_amax = reduce_amax
-        self.amax_history = torch.zeros(recipe.amax_history_len, 3, dtype=torch.float32, device=device)
-        self.scale = torch.ones(3, dtype=torch.float32, device=device)
-        # Activation recomputation (parallel/fp8/recompute.py): the forward roles' scales each checkpointed forward
-        # cast with, oldest first, and whether a recomputed forward is running now.
+        rows = recipe.amax_history_len
+        self.forward_history = torch.zeros(rows, 2, dtype=torch.float32, device=device)  # INPUT, WEIGHT
+        self.forward_scale = torch.ones(2, dtype=torch.float32, device=device)
+        self.backward_history = torch.zeros(rows, 1, dtype=torch.float32, device=device)  # GRAD_OUTPUT
+        self.backward_scale = torch.ones(1, dtype=torch.float32, device=device)
+        # Activation recomputation (parallel/fp8/recompute.py): the forward roles' history and scales each
+        # checkpointed forward cast with, oldest first.
         self._recompute_stash: deque = deque()
-        self.recomputing = False
+
+    def _role(self, role: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The history and scale tensors holding `role`, and its column in them."""
+        if role == GRAD_OUTPUT:
+            return self.backward_history, self.backward_scale, 0
+        return self.forward_history, self.forward_scale, role
 
     def quantize(self, tensor: torch.Tensor, role: int, dtype: torch.dtype, counts=None):
-        """Cast with this role's current scale, record the amax, update the role's scale; returns
-        (fp8 data, dequantizing scale)."""
-        scale = self.scale[role].clone()
-        data, scale_inv = quantize_tensorwise(tensor, scale, dtype, counts)
-        if self.recomputing:  # the original forward's scale, nothing recorded (TE: restored after the recompute)
-            return data, scale_inv
-        self.amax_history[0, role] = torch.maximum(self.amax_history[0, role], amax_of(tensor))
-        self.update_recorded(role, dtype)
+        """Cast with this role's current scale and record the tensor's amax; returns (fp8 data, dequantizing
+        scale). The scale changes only at the pass's update (delayed_updates.py)."""
+        history, scale, column = self._role(role)
+        data, scale_inv = quantize_tensorwise(tensor, scale[column], dtype, counts)
+        self.record_amax(role, amax_of(tensor))
         return data, scale_inv
 
-    def update_recorded(self, role: int, dtype: torch.dtype) -> None:
-        """Reduce the amax the history's newest row holds for this role and update its scale: after this
-        forward's cast, or, for a weight cast elsewhere (--fp8-param-gather, parallel/fp8/param_gather.py), at the
-        forward that uses it, as TE's autocast exit does with FP8 parameters (0 when nothing was cast since the
-        last update: the scale then stays, _default_sf_compute)."""
-        if self.recomputing:
-            return
-        amax = self.amax_history[0, role].reshape(1).clone()
-        if self.reduce_amax is not None:
-            self.reduce_amax(amax)
-        self.amax_history[0, role] = amax[0]
-        self._update(role, FP8_MAX[dtype])
+    def record_amax(self, role: int, amax: torch.Tensor) -> None:
+        """Row 0 of the role's history takes the max with `amax`: a cast here, or a weight cast elsewhere
+        (--fp8-param-gather, parallel/fp8/param_gather.py), updated at the end of the forward that uses it."""
+        history, _, column = self._role(role)
+        history[0, column] = torch.maximum(history[0, column], amax)
 
-    def _update(self, role: int, fp8_max: float) -> None:
-        history = self.amax_history[:, role]
-        amax = history.amax() if self.recipe.amax_compute_algo == "max" else history[0].clone()
-        if history.numel() > 1:
-            history.copy_(torch.roll(history, -1, 0))
-        history[0] = 0.0
-        self.scale[role] = delayed_scale(amax, self.scale[role], fp8_max, self.recipe.margin)
+    def scale_of(self, role: int) -> torch.Tensor:
+        history, scale, column = self._role(role)
+        return scale[column].clone()
+
+    @property
+    def amax_history(self) -> torch.Tensor:
+        """[history_len, 3], TE's fp8 meta order (input, weight, grad output): a copy, for reading."""
+        return torch.cat([self.forward_history, self.backward_history], dim=1)
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """[3] in the same order: a copy, for reading."""
+        return torch.cat([self.forward_scale, self.backward_scale])
 
     def stash_for_recompute(self) -> None:
         """Before a forward that will be recomputed: keep the forward roles' history and scales, as TE's
         copy_forward_fp8_meta_tensors_for_recompute keeps its scaling_fwd meta (amax_history, scale clones) in a
         FIFO per module (transformer_engine/pytorch/quantization.py, FP8GlobalStateManager)."""
-        forward = [INPUT, WEIGHT]
-        self._recompute_stash.append((self.amax_history[:, forward].clone(), self.scale[forward].clone()))
+        self._recompute_stash.append((self.forward_history.clone(), self.forward_scale.clone()))
 
     def begin_recompute(self) -> tuple:
         """Switch the forward roles to the oldest stash for a recomputed forward (TE's
         get_old_fp8_meta_tensors_for_recompute: the updated values kept aside, the stashed ones in); returns
-        the updated values for end_recompute. While recomputing nothing is recorded, reduced or updated: TE's
+        the updated values for end_recompute, which puts them back over whatever the recompute recorded: TE's
         recompute-phase modules join no amax reduction, and what their casts record is discarded."""
-        forward = [INPUT, WEIGHT]
-        updated = (self.amax_history[:, forward].clone(), self.scale[forward].clone())
+        updated = (self.forward_history, self.forward_scale)
         history, scale = self._recompute_stash.popleft()
-        self.amax_history[:, forward] = history
-        self.scale[forward] = scale
-        self.recomputing = True
+        self.forward_history, self.forward_scale = history.clone(), scale  # the recompute writes its own rows
         return updated
 
     def end_recompute(self, updated: tuple) -> None:
         """TE's restore_fp8_meta_tensors: the values the original forward left, back in place."""
-        forward = [INPUT, WEIGHT]
-        self.amax_history[:, forward] = updated[0]
-        self.scale[forward] = updated[1]
-        self.recomputing = False
+        self.forward_history, self.forward_scale = updated
+
+    def snapshot(self) -> tuple:
+        """Everything a pass changes (histories, scales, the recompute stash), to run an iteration again from
+        where it started (--fp8-guard's replay, training/fp8_guard_replay.py)."""
+        return (self.forward_history.clone(), self.forward_scale.clone(), self.backward_history.clone(),
+                self.backward_scale.clone(), [tuple(entry) for entry in self._recompute_stash])
+
+    def restore(self, snapshot: tuple) -> None:
+        forward_history, forward_scale, backward_history, backward_scale, stash = snapshot
+        self.forward_history.copy_(forward_history)
+        self.forward_scale = forward_scale.clone()
+        self.backward_history.copy_(backward_history)
+        self.backward_scale.copy_(backward_scale)
+        self._recompute_stash = deque(stash)
 
     def state_dict(self) -> dict:
-        return {"amax_history": self.amax_history.clone(), "scale": self.scale.clone()}
+        return {"amax_history": self.amax_history, "scale": self.scale}
 
     def load_state_dict(self, state: dict) -> None:
-        self.amax_history.copy_(state["amax_history"])
-        self.scale.copy_(state["scale"])
+        self.forward_history.copy_(state["amax_history"][:, :2])
+        self.backward_history.copy_(state["amax_history"][:, 2:])
+        self.forward_scale = state["scale"][:2].to(self.forward_scale).clone()
+        self.backward_scale.copy_(state["scale"][2:])

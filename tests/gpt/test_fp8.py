@@ -22,8 +22,7 @@ from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 from tests.gpt.test_llama_blocks import tiny_config
 
-ONE_PROCESS = Fp8Launch(pipeline_parallel=1, context_parallel=1, expert_parallel=1,
-                        recompute=False, compile=False)
+ONE_PROCESS = Fp8Launch(pipeline_parallel=1, context_parallel=1, expert_parallel=1, recompute=False)
 SINGLE = ParallelState(device=torch.device("cpu"))
 
 
@@ -53,7 +52,6 @@ def _launch(**changes):
 
 
 @pytest.mark.parametrize("recipe, launch, extra, words", [
-    ("tensorwise", _launch(compile=True), {}, "with --compile: its amax reductions"),
     ("delayed", ONE_PROCESS, {"first_last_layers_bf16": True}, "delayed scaling does not support first / last"),
     ("custom", ONE_PROCESS, {}, "the custom recipe (--fp8-quantizer-factory"),
     ("tensorwise", ONE_PROCESS, {"fp8_guard_saturation_threshold": 1.5},
@@ -79,7 +77,7 @@ def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe="delayed"), _launch(recompute=True))  # test_fp8_recompute.py
     # tensor (and sequence) and data parallelism are no refusal's business any more (tests/gpt/test_fp8_parallel.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe), ONE_PROCESS)
-    check_fp8(tiny_config(), _launch(compile=True))  # no --fp8-format: nothing to check
+    check_fp8(tiny_config(), _launch(zero_stage=0))  # no --fp8-format: nothing to check
     # nor pipeline, context and expert parallelism, the experts and MTP (tests/gpt/test_fp8_stages_experts.py)
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe, num_experts=4, mtp_num_layers=1),
               _launch(pipeline_parallel=2, context_parallel=2, expert_parallel=2))
@@ -91,9 +89,11 @@ def test_what_is_built_passes_the_check(recipe):
 
 def test_a_cpu_run_with_a_refused_combination_stops_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("training.prepare.build_data", lambda *args: pytest.fail("data work started"))
-    argv = ["--fp8-format", "hybrid", "--compile", "--device", "cpu", "--metrics-file", str(tmp_path / "m.jsonl")]
+    argv = ["--fp8-format", "hybrid", "--fp8-param-gather", "--device", "cpu", "--metrics-file",
+            str(tmp_path / "m.jsonl")]
     assert pretrain_gpt.main(argv) == 2
-    assert "--fp8-format hybrid --fp8-recipe delayed with --compile: its amax reductions" in capsys.readouterr().err
+    assert "--fp8-format hybrid --fp8-recipe delayed --fp8-param-gather needs sharded parameters" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "blockwise", "mxfp8"])

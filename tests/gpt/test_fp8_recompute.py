@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import pretrain_gpt
+from parallel.fp8.delayed_updates import FORWARD, update_delayed_scales
 from parallel.fp8.recipes import INPUT, WEIGHT, DelayedScaling, Fp8Recipe
 from parallel.fp8.recompute import recomputing, stash_for_recompute
 from tests.zero.test_zero_training import COMMON
@@ -40,12 +41,13 @@ def test_a_recomputed_cast_uses_the_stashed_scale_and_leaves_the_state_as_the_fo
     scaling = DelayedScaling(Fp8Recipe(amax_history_len=2))
     x = torch.full((16, 16), 3.0)
     stash_for_recompute([scaling])
-    first, _ = scaling.quantize(x, INPUT, torch.float8_e4m3fn)  # the original forward: scale 1, then updated
+    first, _ = scaling.quantize(x, INPUT, torch.float8_e4m3fn)  # the original forward: scale 1
+    update_delayed_scales([scaling], FORWARD)  # then its pass's update
     after_forward = (scaling.amax_history.clone(), scaling.scale.clone())
     assert scaling.scale[INPUT] != 1.0
     with recomputing([scaling]):
         again, _ = scaling.quantize(x * 2, INPUT, torch.float8_e4m3fn)  # cast with the stashed scale 1
-        scaling.update_recorded(WEIGHT, torch.float8_e4m3fn)  # a weight gathered in FP8: no update either
+        scaling.record_amax(WEIGHT, torch.tensor(5.0))  # a weight gathered in FP8: recorded, then put back too
     assert torch.equal(again.float(), (x * 2).to(torch.float8_e4m3fn).float())
     assert torch.equal(scaling.amax_history, after_forward[0]) and torch.equal(scaling.scale, after_forward[1])
-    assert not scaling.recomputing and len(scaling._recompute_stash) == 0
+    assert len(scaling._recompute_stash) == 0

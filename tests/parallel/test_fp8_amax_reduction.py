@@ -1,7 +1,7 @@
 """Delayed scaling's amax reduction over data-parallel ranks, one FP8 linear (issue 65 item 3).
 
-TransformerEngine all-reduces (max) the amax of every cast over the autocast's fp8_group before it updates
-the scales (transformer_engine/pytorch/quantization.py, reduce_and_update_fp8_tensors), and Megatron-Core
+TransformerEngine all-reduces (max) the amaxes of a pass's casts over the autocast's fp8_group before it updates
+the scales (here once a pass, parallel/fp8/delayed_updates.py) (transformer_engine/pytorch/quantization.py, reduce_and_update_fp8_tensors), and Megatron-Core
 passes its amax reduction group, the tensor x data parallel ranks (megatron/core/fp8_utils.py,
 get_fp8_context). So 2 ranks, each casting half of a batch's tokens, hold after every step the scales and
 amax histories one process holds for the whole batch, bit for bit (a max is exact in any order), and cast
@@ -17,6 +17,7 @@ twice as high in e5m2's subnormals as one process's), which is why this test hol
 import pytest
 import torch
 
+from parallel.fp8.delayed_updates import BACKWARD, FORWARD, update_delayed_scales
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
 from parallel.fp8.recipes import Fp8Recipe
 
@@ -37,13 +38,15 @@ def _batches():
 def _train(x_rows, g_rows, reduce_amax):
     """STEPS forward and backward steps of one FP8 linear on the given token rows; what each step gave."""
     weight, steps = _batches()
-    state = Fp8LinearState(RECIPE, reduce_amax=reduce_amax)
+    state = Fp8LinearState(RECIPE)
     results = []
     for x, g in steps:
         x = x[x_rows].clone().requires_grad_(True)
         w = weight.clone().requires_grad_(True)
         out = fp8_linear(x, w, None, state)
+        update_delayed_scales([state.delayed], FORWARD, reduce_amax)  # the pass's reduction and update
         out.backward(g[g_rows])
+        update_delayed_scales([state.delayed], BACKWARD, reduce_amax)
         results.append({"out": out.detach(), "grad_x": x.grad, "grad_w": w.grad,
                         **{name: value.clone() for name, value in state.delayed.state_dict().items()}})
     return results

@@ -10,6 +10,7 @@ to fp32 rounding of sums of 32 products up to 60 in size, not bitwise: the point
 
 import torch
 
+from parallel.fp8.delayed_updates import FORWARD, update_delayed_scales
 from parallel.fp8.grouped import alignment, fp8_grouped_linear, padded_rows
 from parallel.fp8.linear import Fp8LinearState
 from parallel.fp8.recipes import INPUT, WEIGHT, Fp8Recipe
@@ -67,6 +68,7 @@ def test_an_expert_with_no_rows_casts_its_weight_and_records_an_empty_amax():
     recipe = Fp8Recipe(fp8_format="hybrid", recipe="delayed", amax_history_len=2)
     states = [Fp8LinearState(recipe) for _ in SIZES]
     fp8_grouped_linear(rows, SIZES, weights, [None] * len(SIZES), states, alignment("delayed"))
+    update_delayed_scales([state.delayed for state in states], FORWARD)  # the forward pass's update
     empty = states[1].delayed
     assert empty.scale[INPUT] == 1.0 and empty.amax_history[-1, INPUT] == 0.0
     assert empty.amax_history[-1, WEIGHT] == weights[1].abs().amax()

@@ -1,14 +1,18 @@
-"""--fp8-guard (issue 65 item 4, parallel/fp8/guard.py): the counters of each cast against counts written out
-by hand, and one FP8 linear that falls back to high precision when a cast saturates or its output is not
-finite, and comes back to FP8 when its next check passes; under TP the verdict is the TP group's."""
+"""--fp8-guard (issue 65 item 4, parallel/fp8/guard.py; issue 76 item 1): the counters of each cast against counts
+written out by hand, and one FP8 linear whose iteration runs again in high precision when a cast saturates or its
+output is not finite (training/fp8_guard_replay.py), and that comes back to FP8 after an iteration whose forward check
+passed; under TP the verdict is the TP group's."""
 
 import pytest
 import torch
 
-from parallel.fp8.guard import CastCounts, GuardMonitor, LayerGuard, merge_iterations
+from parallel.fp8.delayed_updates import BACKWARD, FORWARD, update_delayed_scales
+from parallel.fp8.guard import DENSE, CastCounts, GuardMonitor, LayerGuard, merge_iterations
 from parallel.fp8.kernel import E4M3, E5M2
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
-from parallel.fp8.recipes import GRAD_OUTPUT, INPUT, WEIGHT, Fp8Recipe, quantize_tensorwise, saturating_cast
+from parallel.fp8.recipes import INPUT, WEIGHT, Fp8Recipe, quantize_tensorwise, saturating_cast
+from training.fp8_guard_replay import Fp8GuardReplay
+from training.rerun_state import ReplayingBatches
 
 # e4m3: largest 448, smallest subnormal 2^-9 (half of it, 2^-10, rounds to even: 0). e5m2: 57344, 2^-16.
 E4M3_VALUES = [500.0, -449.0, 448.0, -448.0, 2.0 ** -10 * 0.9, -(2.0 ** -11), 2.0 ** -10 * 1.1, 0.0, -0.0, 1.0,
@@ -46,20 +50,47 @@ def test_the_counters_over_a_scaled_cast_are_the_elementwise_count():
 
 RECIPE = Fp8Recipe(fp8_format="hybrid", recipe="delayed")
 TOKENS, FEATURES = 32, 32
+NAME = "blocks.0.mlp.dense_h_to_4h"
 
 
-def _linear(threshold=0.05, guarded=True):
-    lines = []
-    guard = LayerGuard("blocks.0.mlp.dense_h_to_4h", threshold, log=lines.append) if guarded else None
-    return Fp8LinearState(RECIPE, guard=guard), guard, lines
+def _linear(threshold=0.05, guarded=True, recipe=RECIPE):
+    """One FP8 linear and, guarded, its monitor (which counts its reductions: none in one process, but the calls
+    are what a run over ranks makes) and the lines it prints."""
+    lines, reductions = [], []
+    monitor = GuardMonitor(threshold=threshold, reductions={DENSE: lambda block: reductions.append("tp")},
+                           any_rank=lambda flag: reductions.append("world"))
+    guard = None
+    if guarded:
+        guard = LayerGuard(NAME, log=lines.append)
+        monitor.layers.append(guard)
+    return Fp8LinearState(recipe, guard=guard), monitor, lines, reductions
 
 
 def _step(state, x, weight, grad):
+    """One micro-batch, forward and backward, each pass followed by delayed scaling's update, as a model's."""
     x = x.clone().requires_grad_(True)
     w = weight.clone().requires_grad_(True)
     out = fp8_linear(x, w, None, state)
+    if state.delayed is not None:
+        update_delayed_scales([state.delayed], FORWARD)
     out.backward(grad)
+    if state.delayed is not None:
+        update_delayed_scales([state.delayed], BACKWARD)
     return out.detach(), x.grad, w.grad
+
+
+def _iteration(state, monitor, iteration, x, weight, grad):
+    """One iteration of one micro-batch under the guard's replay (training/fp8_guard_replay.py): what the standing
+    run gave, and how many times it ran again."""
+    monitor.begin_iteration(iteration)
+    replay = Fp8GuardReplay(monitor, [state.delayed], ReplayingBatches(iter(())), lambda: None, lambda saved: None)
+    results = []
+
+    def passes():
+        results.append(_step(state, x, weight, grad))
+        return torch.zeros(())
+    replay.run(passes)
+    return results[-1], replay.replays
 
 
 def _reference(x, weight, grad):
@@ -76,44 +107,49 @@ def _data():
                                                                      (TOKENS, FEATURES))]
 
 
-def test_a_saturating_cast_falls_back_for_that_pass_and_comes_back_when_its_check_passes():
+def test_a_saturating_cast_runs_the_iteration_again_in_high_precision_and_comes_back_when_its_check_passes():
     """The injection: delayed scaling's input scale 1e6 times too large (as after an input 1e6 times smaller,
-    the amax spike delayed scaling is known for). Guarded, that forward and its backward run in fp32 here
-    (the activations' dtype): F.linear's values; unguarded, the FP8 output is garbage."""
+    the amax spike delayed scaling is known for). Guarded, iteration 2 runs again with the layer in fp32 here (the
+    activations' dtype): F.linear's values; unguarded, the FP8 output is garbage. The verdict costs one reduction
+    per group an iteration, however many passes ran."""
     x, weight, grad = _data()
-    results = {}
-    for guarded in (True, False):
-        state, guard, lines = _linear(guarded=guarded)
-        _step(state, x, weight, grad)  # step 1: the histories see x, the scales fit it
-        state.delayed.scale[INPUT] *= 1e6
-        if guard is not None:
-            guard.iteration = 2
-        results[guarded] = (_step(state, x, weight, grad), state, guard, lines)
+    state, monitor, lines, reductions = _linear()
+    _iteration(state, monitor, 1, x, weight, grad)  # the histories see x, the scales fit it
+    assert reductions == ["tp", "world"] and not lines
+    state.delayed.forward_scale[INPUT] *= 1e6
+    (out, grad_x, grad_w), replays = _iteration(state, monitor, 2, x, weight, grad)
     reference = _reference(x, weight, grad)
-    (out, grad_x, grad_w), state, guard, lines = results[True]
     torch.testing.assert_close(out, reference[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad_x, reference[1], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad_w, reference[2], rtol=1e-6, atol=1e-6)
-    assert len(lines) == 1 and "blocks.0.mlp.dense_h_to_4h runs in high precision from iteration 2" in lines[0]
-    assert "forward cast saturated" in lines[0]
-    figures = guard.take_iteration()
-    assert figures["fell_back"] and figures["worst_fraction"] > 0.05
-    unguarded_out = results[False][0][0]
+    assert replays == 1 and reductions == ["tp", "world"] * 3  # once per run of the iteration
+    assert len(lines) == 1 and f"{NAME} runs in high precision from iteration 2" in lines[0]
+    assert "a forward cast saturated 100% of its values" in lines[0] and "the iteration runs again" in lines[0]
+    figures = monitor.finish_iteration()
+    assert figures["fp8_high_precision_layers"] == [NAME] and figures["fp8_worst_saturated_fraction"] > 0.05
+    unguarded, _, _, _ = _linear(guarded=False)
+    _step(unguarded, x, weight, grad)
+    unguarded.delayed.forward_scale[INPUT] *= 1e6
+    unguarded_out = _step(unguarded, x, weight, grad)[0]
     assert (unguarded_out - reference[0]).abs().max() > 0.5 * reference[0].abs().max()  # the injection bites
-    # step 3: the history recorded x's true amax, the scale fits again, the check passes: back in FP8
-    guard.iteration = 3
-    out3, _, _ = _step(state, x, weight, grad)
-    assert len(lines) == 2 and "back in FP8 at iteration 3" in lines[1]
-    assert not torch.equal(out3, reference[0])  # FP8 again (its rounding), close to the reference
-    assert (out3 - reference[0]).abs().max() < 0.1 * reference[0].abs().max()
-    assert not guard.take_iteration()["fell_back"]
+    # iteration 3: the replay's forward recorded x's true amax, the scale fits again: the check passes (the layer
+    # still runs in high precision), and it is back in FP8 from iteration 4
+    out3, replays = _iteration(state, monitor, 3, x, weight, grad)
+    assert replays == 0 and torch.equal(out3[0], reference[0])
+    assert len(lines) == 2 and f"{NAME} back in FP8 from iteration 4: its forward check passed at iteration 3" \
+        in lines[1]
+    out4, _ = _iteration(state, monitor, 4, x, weight, grad)
+    assert not torch.equal(out4[0], reference[0])  # FP8 again (its rounding), close to the reference
+    assert (out4[0] - reference[0]).abs().max() < 0.1 * reference[0].abs().max()
+    assert not monitor.finish_iteration()["fp8_high_precision_layers"]
 
 
 def test_a_non_finite_output_falls_back_and_says_why():
     x, weight, grad = _data()
-    state, guard, lines = _linear()
-    state.delayed.scale[WEIGHT] = float("nan")
-    out, grad_x, grad_w = _step(state, x, weight, grad)
+    state, monitor, lines, _ = _linear()
+    state.delayed.forward_scale[WEIGHT] = float("nan")
+    (out, grad_x, grad_w), replays = _iteration(state, monitor, 1, x, weight, grad)
+    assert replays == 1
     assert torch.isfinite(out).all() and torch.isfinite(grad_x).all() and torch.isfinite(grad_w).all()
     assert len(lines) == 1 and "its FP8 forward is not finite" in lines[0]
 
@@ -123,14 +159,15 @@ def test_the_monitor_keeps_the_record_small_and_merges_an_interval():
     monitor = GuardMonitor()
     states = []
     for name in ("blocks.0.a", "blocks.0.b"):
-        guard = LayerGuard(name, 0.05, log=lambda line: None)
+        guard = LayerGuard(name, log=lambda line: None)
         monitor.layers.append(guard)
-        states.append(Fp8LinearState(RECIPE, guard=guard))
+        states.append(Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe="tensorwise"), guard=guard))
     records = []
     for iteration in (1, 2):
         monitor.begin_iteration(iteration)
         for state in states:
             _step(state, x * iteration, weight, grad)
+        assert not monitor.finish_passes()
         records.append(monitor.finish_iteration())
     # 3 casts of TOKENS x FEATURES or FEATURES x FEATURES values per linear and iteration
     assert records[0]["fp8_cast_values"] == 2 * (2 * TOKENS * FEATURES + FEATURES * FEATURES)
@@ -142,17 +179,19 @@ def test_the_monitor_keeps_the_record_small_and_merges_an_interval():
 
 
 def _tp_rank(rank, world_size):
-    """Two TP ranks, one of whose inputs saturates: both take the high-precision path."""
+    """Two TP ranks, one of whose inputs saturates: both run the iteration again and take the high-precision
+    path."""
     import torch.distributed as dist
     dist.init_process_group("gloo")
     x, weight, grad = _data()
-    state, guard, lines = _linear()
-    guard.reduce_verdict = lambda flags: dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    _step(state, x, weight, grad)
+    state, monitor, lines, _ = _linear()
+    monitor.reductions = {DENSE: lambda block: dist.all_reduce(block, op=dist.ReduceOp.MAX)}
+    monitor.any_rank = lambda flag: dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    _iteration(state, monitor, 1, x, weight, grad)
     if rank == 1:
-        state.delayed.scale[INPUT] *= 1e6
-    out, _, _ = _step(state, x, weight, grad)
-    return out.tolist(), lines
+        state.delayed.forward_scale[INPUT] *= 1e6
+    (out, _, _), replays = _iteration(state, monitor, 2, x, weight, grad)
+    return out.tolist(), lines, replays
 
 
 @pytest.mark.slow
@@ -161,9 +200,9 @@ def test_under_tp_every_rank_takes_the_verdict_of_the_group():
 
     x, weight, grad = _data()
     reference = _reference(x, weight, grad)[0]
-    for out, lines in run_distributed(_tp_rank, 2):
+    for out, lines, replays in run_distributed(_tp_rank, 2):
         torch.testing.assert_close(torch.tensor(out), reference, rtol=1e-6, atol=1e-6)  # rank 0's check passed
-        assert len(lines) == 1 and "runs in high precision" in lines[0]
+        assert replays == 1 and len(lines) == 1 and "runs in high precision" in lines[0]
         assert "a forward cast saturated 100% of its values" in lines[0]  # the group's worst, on both ranks
 
 
@@ -183,48 +222,30 @@ def test_every_cast_of_every_recipe_is_counted(recipe, casts):
     generator = torch.Generator().manual_seed(2)
     weight, grad = torch.randn(2 * FEATURES, FEATURES, generator=generator), torch.randn(TOKENS, 2 * FEATURES,
                                                                                           generator=generator)
-    guard = LayerGuard("l", 0.05, log=lambda line: None)
-    _step(Fp8LinearState(Fp8Recipe(fp8_format="hybrid", recipe=recipe), guard=guard), x, weight, grad)
-    assert guard.take_iteration()["values"] == sum(rows * cols for rows, cols in casts)
+    state, monitor, _, _ = _linear(recipe=Fp8Recipe(fp8_format="hybrid", recipe=recipe))
+    monitor.begin_iteration(1)
+    _step(state, x, weight, grad)
+    assert not monitor.finish_passes()
+    assert monitor.finish_iteration()["fp8_cast_values"] == sum(rows * cols for rows, cols in casts)
 
 
-def test_a_saturating_gradient_cast_reruns_the_backward_in_high_precision():
-    """The gradient's delayed scale 1e6 too large: the forward stays in FP8, the backward's GEMMs run again
-    from dy in high precision and the forward's x and W dequantized (close to F.linear's gradients, FP8
-    rounding of x and W only); unguarded, the gradients are garbage."""
+def test_a_saturating_gradient_cast_runs_the_iteration_again_with_the_backward_in_high_precision():
+    """The gradient's delayed scale 1e6 too large: the backward's check fails, the iteration runs again with the
+    layer in high precision (F.linear's gradients); its forward check passed, so it is back in FP8 from the next
+    iteration. Unguarded, the gradients are garbage."""
     x, weight, grad = _data()
-    grads = {}
-    for guarded in (True, False):
-        state, guard, lines = _linear(guarded=guarded)
-        _step(state, x, weight, grad)
-        state.delayed.scale[GRAD_OUTPUT] *= 1e6
-        grads[guarded] = _step(state, x, weight, grad)[1:]
-        if guarded:
-            assert len(lines) == 1 and "a backward cast saturated" in lines[0]
-            assert "the backward GEMMs ran again in high precision" in lines[0]
+    state, monitor, lines, _ = _linear()
+    _iteration(state, monitor, 1, x, weight, grad)
+    state.delayed.backward_scale[0] *= 1e6
+    (_, *guarded), replays = _iteration(state, monitor, 2, x, weight, grad)
+    assert replays == 1 and len(lines) == 2
+    assert "a backward cast saturated" in lines[0] and "the iteration runs again" in lines[0]
+    assert f"{NAME} back in FP8 from iteration 3" in lines[1]
+    unguarded, _, _, _ = _linear(guarded=False)
+    _step(unguarded, x, weight, grad)
+    unguarded.delayed.backward_scale[0] *= 1e6
+    unguarded_grads = _step(unguarded, x, weight, grad)[1:]
     reference = _reference(x, weight, grad)[1:]
-    for got, unguarded, expected in zip(grads[True], grads[False], reference):
-        assert (got - expected).abs().max() < 0.1 * expected.abs().max()
-        assert (unguarded - expected).abs().max() > 0.5 * expected.abs().max()
-
-
-def test_the_blockwise_fallback_dequantizes_the_weight_block_by_block():
-    """_dequantized_operands for blockwise, over a weight that crosses block boundaries (160 x 200) with blocks
-    of other magnitudes: each element is its block's cast written out, (w x s).to(e4m3) / s with s the
-    block's power-of-two scale (the largest power of two <= 448 / the block's amax)."""
-    from types import SimpleNamespace
-
-    from parallel.fp8.block_scaling import quantize_blocks_2d
-    from parallel.fp8.linear import _dequantized_operands
-
-    generator = torch.Generator().manual_seed(3)
-    weight = torch.randn(160, 200, generator=generator)
-    weight[:, 128:] *= 1e3
-    weight[128:, :] *= 1e-2
-    w_q, w_scale = quantize_blocks_2d(weight, E4M3)
-    _, dequantized = _dequantized_operands(SimpleNamespace(saved=(torch.zeros(1, 200), w_q, w_scale)), "blockwise")
-    for rows in (slice(0, 128), slice(128, 160)):
-        for cols in (slice(0, 128), slice(128, 200)):
-            block = weight[rows, cols]
-            s = 2.0 ** torch.floor(torch.log2(448.0 / block.abs().max()))
-            assert torch.equal(dequantized[rows, cols], (block * s).to(E4M3).float() / s)
+    for got, garbage, expected in zip(guarded, unguarded_grads, reference):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        assert (garbage - expected).abs().max() > 0.5 * expected.abs().max()

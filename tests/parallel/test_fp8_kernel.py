@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from parallel.fp8 import block_scaling as blocks
+from parallel.fp8.delayed_updates import BACKWARD, FORWARD, update_delayed_scales
 from parallel.fp8.kernel import E4M3, E5M2, Fp8OperandError, kernel_name, scaled_matmul
 from parallel.fp8.recipes import DelayedScaling, Fp8Recipe, current_scale, saturating_cast
 
@@ -132,12 +133,14 @@ def test_cast_saturates_as_te_does_instead_of_overflowing():
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("margin", [0, 2])
 def test_delayed_scaling_follows_the_amax_history(algo, margin):
-    """Five casts of one role through a history of 3; the scales TE's update would give, step by step."""
+    """Five casts of one role through a history of 3, each followed by its pass's update
+    (parallel/fp8/delayed_updates.py); the scales TE's update would give, step by step."""
     state = DelayedScaling(Fp8Recipe(recipe="delayed", margin=margin, amax_history_len=3, amax_compute_algo=algo))
     history, scale, used = [0.0, 0.0, 0.0], 1.0, []
     for amax in (3.0, 4.0, 2.9, 0.5, 0.0):  # 3.0 and 2.9: reciprocal-then-multiply differs from 448 / amax
         tensor = torch.tensor([amax, -amax / 3])
         data, scale_inv = state.quantize(tensor, 0, E4M3)
+        update_delayed_scales([state], FORWARD)
         used.append(scale)
         assert scale_inv.item() == float(torch.reciprocal(torch.tensor(scale, dtype=torch.float32)))
         # TE: amax into row 0; reduce; roll by -1 and zero row 0; scale = (448 / amax) / 2^margin
@@ -158,6 +161,9 @@ def test_delayed_scaling_state_round_trips():
     state, restored = DelayedScaling(recipe), DelayedScaling(recipe)
     for role in range(3):
         state.quantize(torch.randn(8) * (role + 1), role, E4M3)
+    update_delayed_scales([state], FORWARD)
+    update_delayed_scales([state], BACKWARD)
+    assert (state.scale != 1.0).all()  # every role moved: the round trip carries real values
     restored.load_state_dict(state.state_dict())
     assert torch.equal(restored.amax_history, state.amax_history) and torch.equal(restored.scale, state.scale)
 

@@ -29,6 +29,7 @@ from arguments.parser import parse_arguments
 from base.errors import ConfigError
 from tests.reliability_helpers import TINY, metrics_records, train
 from tests.training.rerun_machines import (
+    NAN_CHECK,
     drive_megatron,
     drive_ours,
     megatron_machine_of,
@@ -191,3 +192,19 @@ def test_two_pipeline_stages_re_run_together_and_go_on_with_the_plain_runs_losse
             assert [line.strip() for line in lines if "samples, all identical" in line] == \
                 ["4 samples, all identical"] * 2 + ["8 samples, all identical"] * 2, done.stdout[-3000:]
     assert len(losses[0]) == 4 and losses[0] == losses[1] == losses[2]
+
+
+def test_a_run_the_fp8_guard_discards_is_forgotten_and_the_run_that_stands_is_judged():
+    """--fp8-guard runs an iteration's micro-batches again where an FP8 layer failed (training/fp8_guard_replay.py):
+    a NaN its first run met (the FP8 layer's doing) asks for no re-run once that run is discarded, and the run that
+    stands is validated as the first (its calls counted from 1)."""
+    machine = our_machine(0, "transient_error")
+    drive_ours(machine, [1.0])  # iteration 1 is never validated
+    assert machine.should_run_forward_backward(2, None)
+    machine.validate_result(math.nan, math.isnan, NAN_CHECK)
+    assert machine.rerun_requested and machine.validation_counts == {NAN_CHECK: 1}
+    machine.discard_run()
+    machine.validate_result(2.0, math.isnan, NAN_CHECK)
+    assert not machine.rerun_requested and machine.validation_counts == {NAN_CHECK: 1}
+    assert not machine.should_run_forward_backward(2, None)  # no re-run: the iteration stands
+    assert machine.should_checkpoint_and_exit() == (False, False, 0)

@@ -1,0 +1,110 @@
+"""Delayed scaling's amax reduction and scale update, once per pass for every linear of the pass, as
+TransformerEngine does at the end of an fp8_autocast region (transformer_engine/pytorch/quantization.py,
+reduce_and_update_fp8_tensors): the amaxes the pass's casts recorded (parallel/fp8/recipes.py, DelayedScaling) go
+into one buffer, one all-reduce (max) over the run's amax reduction group takes it, and every history rolls and
+every scale is computed from it in a few batched operations.
+
+Megatron-Core enters one autocast around a micro-batch's forward over a model chunk's blocks (delayed scaling takes
+the outer context in transformer_block.py) and TE updates the backward's scales when that backward ends, so here a
+model chunk's forward ends with `forward_done` and the backward of its blocks with the boundary `mark_backward`
+puts at their input. Each role of a linear is cast once in a pass, so the scales are those an update right after
+each cast would give, bit for bit (a max is exact in any order, and the update is elementwise).
+
+Over several ranks: Megatron-Core passes parallel_state.get_amax_reduction_group(with_context_parallel=True), the
+tensor x data (x context) parallel ranks of a pipeline stage (megatron/core/fp8_utils.py, get_fp8_context). That is
+`reduce_amax` here (an in-place max all-reduce through the run's communicator; None in one process): after it a
+weight shard's amax is the whole weight's, a row-parallel input's the whole input's, and every rank of the group
+holds the same histories and scales. The buffer holds each rank's linears in the same order (its modules, then each
+expert by local index), so under expert parallelism an expert's amax is reduced with those of the experts at the
+same local index on the other expert-parallel ranks, as TE's buffer is reduced by position.
+
+Nothing here runs inside a compiled block (the collective, and the boundary's backward, stay eager): a compiled
+block only casts and records (docs/fp8.md, "Under --compile").
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable, Iterable, Optional, Sequence
+
+import torch
+
+from parallel.fp8.recipes import FP8_MAX, DelayedScaling, delayed_scale
+
+FORWARD, BACKWARD = "forward", "backward"
+
+
+def update_delayed_scales(scalings: Sequence[DelayedScaling], which: str,
+                          reduce_amax: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+    """Reduce the amaxes `scalings` recorded in this pass (`which`: FORWARD for the input and weight roles,
+    BACKWARD for the output gradient's) and update their histories and scales: one collective and a handful of
+    operations over all of them."""
+    if not scalings:
+        return
+    recipe = scalings[0].recipe
+    if which == FORWARD:
+        histories = [scaling.forward_history for scaling in scalings]
+        scales = [scaling.forward_scale for scaling in scalings]
+        fp8_max = FP8_MAX[recipe.forward_dtype]
+    else:
+        histories = [scaling.backward_history for scaling in scalings]
+        scales = [scaling.backward_scale for scaling in scalings]
+        fp8_max = FP8_MAX[recipe.backward_dtype]
+    history = torch.stack(histories)  # [linears, history_len, roles]
+    newest = history[:, 0].clone()  # contiguous for the collective; kept apart from the row zeroed below
+    if reduce_amax is not None:
+        reduce_amax(newest)
+    history[:, 0] = newest
+    amax = history.amax(dim=1) if recipe.amax_compute_algo == "max" else newest
+    if history.size(1) > 1:
+        history = torch.roll(history, -1, 1)
+    history[:, 0] = 0.0
+    updated = delayed_scale(amax, torch.stack(scales), fp8_max, recipe.margin)
+    torch._foreach_copy_(histories, list(history.unbind(0)))
+    if which == FORWARD:  # replaced, not written: a compiled backward may still read the old (recipes.py says why)
+        for scaling, scale in zip(scalings, updated.unbind(0)):
+            scaling.forward_scale = scale
+    else:  # written in place: a backward reads it when it runs
+        torch._foreach_copy_(scales, list(updated.unbind(0)))
+
+
+class _AfterBackward(torch.autograd.Function):
+    """The identity; its backward calls `done` once the gradient of its output is complete, i.e. after the
+    backward of every layer that consumed it."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, done: Callable[[], None]) -> torch.Tensor:
+        ctx.done = done
+        return hidden.view_as(hidden)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.done()
+        return grad, None
+
+
+class DelayedScalingPasses:
+    """A model's delayed-scaling linears by the part of it a pass runs (`groups`: a model chunk's blocks, the
+    multi-token prediction layers), updated once per pass: `forward_done` after a forward over some parts, and,
+    for the backward, `mark_backward` on the input of the first of them. None of it without delayed scaling."""
+
+    def __init__(self, groups: dict[Hashable, list[DelayedScaling]],
+                 reduce_amax: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+        self.groups, self.reduce_amax = groups, reduce_amax
+
+    def _scalings(self, parts: Iterable[Hashable]) -> list[DelayedScaling]:
+        return [scaling for part in parts for scaling in self.groups.get(part, [])]
+
+    def forward_done(self, parts: Iterable[Hashable]) -> None:
+        """A forward over `parts` ended (training or evaluation): their input and weight scales move."""
+        update_delayed_scales(self._scalings(parts), FORWARD, self.reduce_amax)
+
+    def mark_backward(self, hidden: torch.Tensor, parts: Iterable[Hashable]) -> torch.Tensor:
+        """`hidden`, the input of the first of `parts` in the forward now starting; once its gradient is complete
+        (every one of their layers ran its backward), their output-gradient scales move. Without autograd (an
+        evaluation) there is no backward to mark."""
+        if not (torch.is_grad_enabled() and hidden.requires_grad):
+            return hidden
+        scalings = self._scalings(parts)
+        if not scalings:
+            return hidden
+        return _AfterBackward.apply(hidden, lambda: update_delayed_scales(scalings, BACKWARD, self.reduce_amax))
