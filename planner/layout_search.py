@@ -182,11 +182,11 @@ def _splits(counts: ModelCounts, layout: Layout, pins: Pins) -> Iterator[tuple[t
         yield split
 
 
-def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, pins: Pins, gpus_per_node: int,
-                      tp_comm_overlap: bool = False) -> Iterator[Layout]:
+def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, pins: Pins,
+                      gpus_per_node: int) -> Iterator[Layout]:
     """Every layout Megatron accepts (the module docstring) within what `pins` fixes, pipelined ones with their
-    split. `tp_comm_overlap`: TP priced hidden behind the GEMMs (Transformer Engine's userbuffers): not this
-    repository's trainer, which accepts --tp-comm-overlap with no effect, so the search's own layouts never have it."""
+    split. None hides TP behind the GEMMs (Transformer Engine's userbuffers, --tp-comm-overlap): this repository's
+    trainer accepts that flag with no effect."""
     heads = model.num_attention_heads
     groups = model.num_query_groups or heads
     experts = model.moe.num_experts if model.moe is not None else 1
@@ -224,7 +224,6 @@ def enumerate_layouts(model, counts: ModelCounts, gpus: int, global_batch: int, 
                                     layout = Layout(
                                         gpus, tp, pp, vp, cp, ep, micro, global_batch, pins.precision, recompute,
                                         stage >= 1, zero_stage=stage if stage >= 2 else None,
-                                        tp_comm_overlap=tp_comm_overlap and tp > 1,
                                         moe_dispatcher=pins.dispatcher or
                                         ("alltoall" if ep > 1 else pins.configured_dispatcher),
                                         overlap_grad_reduce=True if pins.overlap_grad_reduce is None
