@@ -150,3 +150,16 @@ def test_with_the_check_on_every_printed_pick_is_one_the_dry_run_planned_and_fit
     picks = [line for line in out.splitlines() if line[:3] in ("1. ", "2. ", "3. ")]
     assert len(picks) == 1 and "dry run" in picks[0] and "not checked" not in out
     assert "stopped at --max-dry-runs 1" in out
+
+
+def test_the_users_data_and_checkpoint_flags_reach_the_command_and_several_nodes_get_the_multi_node_launcher(capsys):
+    from planner.layout_flags import launch_command
+
+    data = ["--data-path", "corpus_text_document", "--tokenizer-type", "NullTokenizer", "--vocab-size", "4096",
+            "--save", "checkpoints/run1"]
+    assert main(["search", *DENSE, *data, "--gpus", "4", "--hardware", "h100-sxm", "--no-dry-run-check",
+                 "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    command = next(line for line in out.splitlines() if line.startswith("   torchrun"))
+    assert shlex.join(data) in command and "as printed" not in out
+    assert launch_command(16, 8, ["--bf16"]) == "NNODES=2 GPUS_PER_NODE=8 scripts/launch_multi_node.sh --bf16"
