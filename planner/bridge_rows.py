@@ -1,7 +1,9 @@
 """Megatron-Bridge's published DGX-H100 pre-training rows (configs/benchmarks/bridge_h100.yaml) as layouts
-this project can plan: each row's model as pretrain_gpt.py flags, its layout, and the recipe settings
-Bridge's table does not print but the release's perf scripts set (recompute, TP overlap, gradient overlap, the MoE
-dispatcher and its overlap, the pipeline split).
+this project can plan: each row as pretrain_gpt.py flags (`row_flags`: its model, its layout, and the recipe settings
+Bridge's table does not print but the release's perf scripts set: recompute, TP overlap, gradient overlap, the MoE
+dispatcher and its overlap, the pipeline split), priced as `python -m zero.plan dry-run --hardware h100-sxm
+--trainer megatron-lm` prices those flags (`row_layout`: planner/layout_of_config.py), so the table and the dry run
+are one model.
 
 Each row is priced with the settings of its own release: the NeMo container 25.09 ran Megatron-Bridge 0.1.0rc3, 25.11
 v0.2.0, 26.02 v0.3.0, 26.02.01 v0.3.1, 26.04 v0.4.0, 26.04.01 v0.4.2 and 26.06 v0.5.0 (Bridge's
@@ -16,14 +18,15 @@ nowhere; the release's own is assumed.
   Llama 3 70B     TP overlap with userbuffers; no pipeline layout and account_for_*_in_pipeline_split unset in every
                   release up to v0.4.2 (recipes/llama/llama3.py llama3_70b_pretrain_config: layout None): Megatron's
                   even split of 80 layers over PP 8 x VP 5, the last chunk also running the output layer
-                  (`output_stage_balanced` False). The layout string today's recipe gives came after every row.
-  Llama 3.1 405B  TP overlap; account_for_embedding and _loss_in_pipeline_split True: 126 + 2 over PP 8 x VP 8,
-                  balanced (priced so).
+                  (no split flag: the trainer's even split, priced at its slowest rank). The layout string today's
+                  recipe gives came after every row.
+  Llama 3.1 405B  TP overlap; account_for_embedding and _loss_in_pipeline_split True: 126 + 2 over PP 8 x VP 8
+                  (--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split).
   DeepSeek-V3     25.09: selective recompute of mla_up_proj and mlp (the 3 dense layers' MLPs: Megatron-Core skips
                   an MoE layer's; with MLA's up-projections, their GEMMs run twice: `recompute_modules`),
                   overlap_grad_reduce off, the flex dispatcher with DeepEP, the EP overlap with delayed weight
                   gradients, a multi-token-prediction layer in its layout "Et|(tt|)*30mL" (v0.1.0rc3 run_script.py,
-                  recipes/deepseek/deepseek_v3.py). Priced balanced.
+                  recipes/deepseek/deepseek_v3.py), given as --pipeline-model-parallel-layout.
   GPT-OSS 120B    every release: the alltoall dispatcher, no EP overlap, no CUDA graphs, no pipeline layout and
                   account_for_* False (the last of PP 4 even stages also runs the 201,088-row output layer); selective
                   recompute of layernorm and moe_act from 26.02 (elementwise only: no GEMM recomputed, so 0 here).
@@ -32,7 +35,9 @@ nowhere; the release's own is assumed.
                   (the even split) where PP > 1.
   Qwen3 235B-A22B alltoall in every release (26.02.01's config names DeepEP, its H100 function forces alltoall);
                   25.09: TP overlap, no EP overlap, token-dropping; 25.11 onward: the EP overlap, no TP overlap.
-                  account_for_* True: 94 + 2 layers over PP 8 x VP 4, balanced.
+                  account_for_* True: 94 + 2 layers over PP 8 x VP 4.
+Each pipelined row is priced at the split its flags make here (training/build.py config_stage_layers), its slowest
+rank's load; Llama 3 8B 25.09's Megatron-FSDP is given as the distributed optimizer, as it has always been priced.
 
 Where the table's printed layout is not what its release's code ran (RELEASE_LAYOUTS), the row is priced at the
 code's: 26.02.01's Qwen3 30B-A3B row prints v0.3.0's PP 2 x VP 12 x EP 8, while v0.3.1's config (PR #2477, cherry-
@@ -52,7 +57,8 @@ from typing import Optional
 import yaml
 
 from arguments.config import PretrainConfig
-from arguments.parser import parse_config
+from arguments.parser import parse_arguments, parse_config
+from planner.layout_of_config import MEGATRON_LM, layout_of_config, split_block_recompute
 from planner.layout_perf import Layout, ModelCounts, model_counts
 from planner.vocabulary import launch_vocab
 
@@ -84,32 +90,34 @@ UNBUILDABLE = {"Nemotron_3_Nano": "a hybrid Mamba model: this project builds no 
 
 @dataclass(frozen=True)
 class RecipeSettings:
-    recompute_blocks: float = 0.0   # fraction of the blocks recomputed whole
+    recompute_block_layers: int = 0  # Megatron's block recompute: the first N layers of each chunk recomputed whole
     # Megatron's selective recompute_modules that recompute GEMMs: "mlp" (the dense layers' MLPs only: Megatron-Core's
     # TransformerLayer leaves an MoE layer's out, transformer_layer.py `if not isinstance(self.mlp, MoELayer)`) and
     # "mla_up_proj" (MLA's q and kv up-projections); the elementwise modules (layernorm, moe_act) recompute no GEMM
     recompute_modules: tuple[str, ...] = ()
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = True
-    output_stage_balanced: bool = True
+    # the pipeline split's flags: none is Megatron's even split (the last stage also runs the output layer)
+    pipeline_split: tuple[str, ...] = ()
     moe_dispatcher: str = "alltoall"   # alltoall, or the flex dispatcher's deepep / hybridep (planner/layout_ep.py)
     ep_overlap: bool = False           # --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute)
 
 
+ACCOUNT_FOR_EMBEDDING_AND_LOSS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 # Settings a model's rows share (refs: the module docstring).
 RECIPES = {
-    "LLAMA3_70B": RecipeSettings(tp_comm_overlap=True, output_stage_balanced=False),
-    "LLAMA3.1_405B": RecipeSettings(tp_comm_overlap=True),
+    "LLAMA3_70B": RecipeSettings(tp_comm_overlap=True),
+    "LLAMA3.1_405B": RecipeSettings(tp_comm_overlap=True, pipeline_split=ACCOUNT_FOR_EMBEDDING_AND_LOSS),
     "DeepSeekV3": RecipeSettings(recompute_modules=("mla_up_proj", "mlp"), overlap_grad_reduce=False,
-                                 moe_dispatcher="deepep", ep_overlap=True),
-    "GPT OSS 120B": RecipeSettings(output_stage_balanced=False),
-    "Qwen3_30B_a3B": RecipeSettings(output_stage_balanced=False),
+                                 moe_dispatcher="deepep", ep_overlap=True,
+                                 pipeline_split=("--pipeline-model-parallel-layout", "Et|(tt|)*30mL")),
+    "Qwen3_235B_a22B": RecipeSettings(pipeline_split=ACCOUNT_FOR_EMBEDDING_AND_LOSS),
 }
 # What a release ran differently from its model's RECIPES entry.
 RELEASE_RECIPES: dict[tuple[str, str], dict] = {
     # v0.2.0 scripts/performance/configs/llama3/workload_base_configs.py:232 (recompute_num_layers 5) ->
     # utils/helpers.py:174-177 (full, block); v0.1.0rc3's 25.09 matrix sets none
-    ("LLAMA3_8B", "25.11"): {"recompute_blocks": 5 / 32},
+    ("LLAMA3_8B", "25.11"): {"recompute_block_layers": 5},
     # v0.2.0 configs/qwen3/workload_base_configs.py:238 moe_a2a_overlap -> utils/helpers.py:182-186; dispatcher
     # alltoall (the backend None is not applied: training/flex_dispatcher_backend.py:61-64)
     ("Qwen3_30B_a3B", "25.11"): {"ep_overlap": True},
@@ -190,21 +198,45 @@ def code_layout(row: BridgeRow) -> dict:
     return {**row.layout, **RELEASE_LAYOUTS.get((row.model, row.release), {})}
 
 
+def row_flags(row: BridgeRow, printed: bool = False) -> list[str]:
+    """The row as pretrain_gpt.py flags, with its release's recipe settings, at the layout its code ran (`printed`:
+    the table's). Megatron-FSDP (Llama 3 8B in 25.09) is given as the distributed optimizer, as it has been priced;
+    the flags this trainer accepts with no effect (TP overlap, the EP overlap, the selective recompute modules) and
+    Megatron's block recompute, which it refuses, are what --trainer megatron-lm prices (planner/layout_of_config.py)."""
+    recipe, r = recipe_settings(row), (row.layout if printed else code_layout(row))
+    seq, tp, pp, vp, ep = str(r["seq_length"]), r["tp"], r["pp"], r["vp"] or 1, r["ep"] or 1
+    words = [*MODEL_FLAGS[row.model], "--seq-length", seq, "--max-position-embeddings", seq,
+             "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
+    if pp > 1:
+        words += [*(["--num-virtual-stages-per-pipeline-rank", str(vp)] if vp > 1 and not
+                    recipe.pipeline_split[:1] == ("--pipeline-model-parallel-layout",) else []), *recipe.pipeline_split]
+    if r["cp"] > 1:
+        words += ["--context-parallel-size", str(r["cp"])]
+    if tp > 1:
+        words += ["--sequence-parallel", *(["--tp-comm-overlap"] if recipe.tp_comm_overlap else [])]
+    if ep > 1:
+        words += ["--expert-model-parallel-size", str(ep), *(["--expert-tensor-parallel-size", "1"] if tp > 1 else []),
+                  *(["--moe-token-dispatcher-type", "alltoall"] if recipe.moe_dispatcher == "alltoall" else
+                    ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", recipe.moe_dispatcher]),
+                  *(["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"] if recipe.ep_overlap else [])]
+    words += ["--micro-batch-size", str(r["micro_batch_size"]), "--global-batch-size", str(r["global_batch_size"]),
+              "--use-distributed-optimizer", "--overlap-param-gather", "--bf16",
+              *(["--fp8-format", "hybrid"] if row_precision(row) == "fp8" else []),
+              *([] if recipe.overlap_grad_reduce else ["--no-overlap-grad-reduce"])]
+    if recipe.recompute_block_layers:
+        words += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                  str(recipe.recompute_block_layers)]
+    if recipe.recompute_modules:
+        words += ["--recompute-granularity", "selective", "--recompute-modules", *recipe.recompute_modules]
+    return words
+
+
 def row_layout(row: BridgeRow, counts: ModelCounts, printed: bool = False) -> Layout:
-    """The row as a Layout with its release's recipe settings, at the layout its code ran (`printed`: the table's)."""
-    recipe = recipe_settings(row)
-    recompute = recipe.recompute_blocks
-    if recipe.recompute_modules:  # as a fraction of the blocks' GEMMs, which the layout model's recompute scales
-        recomputed = {"mlp": counts.dense_mlp_flops_per_token, "mla_up_proj": counts.mla_up_flops_per_token}
-        recompute = sum(recomputed[name] for name in recipe.recompute_modules) / \
-            (counts.blocks_flops_per_token - counts.attention_flops_per_token)
-    r = row.layout if printed else code_layout(row)
-    return Layout(gpus=r["gpus"], tp=r["tp"], pp=r["pp"], vp=r["vp"] or 1, cp=r["cp"], ep=r["ep"] or 1,
-                  micro_batch_size=r["micro_batch_size"], global_batch_size=r["global_batch_size"],
-                  precision=row_precision(row), recompute_fraction=recompute,
-                  tp_comm_overlap=recipe.tp_comm_overlap, overlap_grad_reduce=recipe.overlap_grad_reduce,
-                  output_stage_balanced=recipe.output_stage_balanced, moe_dispatcher=recipe.moe_dispatcher,
-                  ep_overlap=recipe.ep_overlap)
+    """The row's flags (row_flags) read back as Megatron-LM runs them: what `python -m zero.plan dry-run --hardware
+    h100-sxm --trainer megatron-lm` prices for them."""
+    argv, block_layers = split_block_recompute(row_flags(row, printed))
+    parsed = parse_arguments(argv)
+    return layout_of_config(parsed.config, row.layout["gpus"], counts, MEGATRON_LM, parsed.harvested, block_layers)
 
 
 def with_layout(row: BridgeRow, **changes) -> BridgeRow:

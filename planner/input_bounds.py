@@ -4,7 +4,7 @@
   largest cluster built (a few hundred thousand GPUs), and where the layout search's enumeration of divisors and
   splits stays seconds (measured on the 2-core CI machine: 6 s at 2**16, 14 s at 2**20 for the tiny preset, past a
   minute at 2**24); before, `--world-size 2**63` was planned and a huge `--gpus` searched for days.
-- `search --top` at least 1 and `--dry-run-check` from 0 to MAX_DRY_RUN_CHECKS: each check is a meta-device dry run
+- `search --top` at least 1 and `--max-dry-runs` from 1 to MAX_DRY_RUN_CHECKS: each check is a meta-device dry run
   of seconds; before, a negative value was taken (`--top -3` printed all but the last three).
 - A model whose parameters cannot fit the GPUs searched even in 16 bits and fully sharded is refused at once
   (arguments/bounds.py parameter_lower_bound), not after the search has planned every layout of it.
@@ -25,12 +25,12 @@ def check_gpu_count(flag: str, value: int) -> None:
                           f"built; the search's enumeration stays within seconds there)")
 
 
-def check_search_counts(top: int, dry_run_check: int) -> None:
+def check_search_counts(top: int, max_dry_runs: int) -> None:
     if top < 1:
         raise ConfigError(f"--top {top}: give at least 1 (the number of layouts to show)")
-    if not 0 <= dry_run_check <= MAX_DRY_RUN_CHECKS:
-        raise ConfigError(f"--dry-run-check {dry_run_check}: give from 0 to {MAX_DRY_RUN_CHECKS} (each is a "
-                          f"meta-device dry run of seconds)")
+    if not 1 <= max_dry_runs <= MAX_DRY_RUN_CHECKS:
+        raise ConfigError(f"--max-dry-runs {max_dry_runs}: give from 1 to {MAX_DRY_RUN_CHECKS} (each is a "
+                          f"meta-device dry run of seconds; --no-dry-run-check plans none)")
 
 
 def check_model_fits_gpus(model, gpus: int, gpu_memory_bytes: int) -> None:

@@ -8,6 +8,9 @@ Dispatchers (Megatron-Core's --moe-token-dispatcher-type, --moe-flex-dispatcher-
             to the rank holding that expert; so on average k / G copies go to each of the G ranks of the EP group,
             (L - 1) of them in this node (NVLink) and G - L in the others (InfiniBand), L the group's ranks per node.
             This project's dispatcher (gpt/moe/) sends the same.
+  allgather MoEAllGatherTokenDispatcher: every rank's tokens are all-gathered over the EP group (and the combine
+            reduce-scattered back), so a token goes to every other rank of the group whatever it selected: L - 1
+            copies over NVLink and G - L over InfiniBand (this project's allgather dispatcher, its default, the same).
   deepep, hybridep  the flex dispatcher's backends: DeepEP's normal kernels and NVIDIA's HybridEP send a token once
             to each node holding one of its experts (over RDMA, to the rank of the same local index), which forwards
             it once over NVLink to each rank of that node holding one (DeepEP's README: kernels "optimized for
@@ -39,7 +42,7 @@ from functools import lru_cache
 from math import comb
 from typing import Optional
 
-DISPATCHERS = ("alltoall", "deepep", "hybridep")
+DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 
 
 @lru_cache(maxsize=None)
@@ -89,6 +92,8 @@ def copies_per_token(dispatcher: str, experts: int, topk: int, group: int, ranks
     local = min(group, ranks_per_node)
     if dispatcher == "alltoall":
         return topk * (local - 1) / group, topk * (group - local) / group
+    if dispatcher == "allgather":
+        return float(local - 1), float(group - local)
     if dispatcher not in DISPATCHERS:
         raise ValueError(f"dispatcher {dispatcher!r}: one of {', '.join(DISPATCHERS)}")
     groups, group_topk = (groups, group_topk) if groups and group_topk else (1, 1)

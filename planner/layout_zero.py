@@ -1,4 +1,4 @@
-"""ZeRO stages 2 and 3 as choices of the layout search: which stages a layout may run, their flags, their
+"""ZeRO stages 2 and 3 as choices of the layout search: which stages a layout may run, their
 memory and their data-parallel communication, as this project runs them (zero/, docs/zero.md).
 
 The search (planner/layout_search.py) chooses per layout among plain DDP (stage 0), Megatron's distributed
@@ -79,13 +79,6 @@ def zero_stages(dp_group: int, expert_dp_group: int, pp: int) -> tuple[int, ...]
 def zero_label(stage: int) -> str:
     return {0: "none", 1: "distributed optimizer (ZeRO-1)", 2: "ZeRO-2 (--zero-stage 2)",
             3: "ZeRO-3 (--zero-stage 3)"}[stage]
-
-
-def zero_flag_words(stage: int) -> list[str]:
-    """The pretrain_gpt.py flags that run `stage` here (stage 3 gathers ahead by itself: --overlap-param-gather
-    changes nothing there, docs/zero.md; --overlap-grad-reduce is on by default for stages 1-3)."""
-    return {0: [], 1: ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"],
-            2: ["--zero-stage", "2", "--overlap-param-gather"], 3: ["--zero-stage", "3"]}[stage]
 
 
 def chunk_elements(counts: ChunkCounts, layout: ShardingLayout) -> tuple[float, float]:

@@ -35,9 +35,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return calibrate_command(args.calibrate, hardware, args.output, argv)
     constants = load_constants(args.constants or hardware.calibration)
     # The profile decides the node size and the attention kernel; the rest are zero.plan's flags.
-    planner, config, cluster = parse_planner(
+    planner, parsed, cluster = parse_planner(
         [*rest, "--gpus-per-node", str(hardware.gpus_per_node), "--target", hardware.device_type],
         "python -m zero.perf_model")
+    config = parsed.config
     vocab, _ = launch_vocab(config)
     plan = dry_run(config, cluster, vocab, planner.rank)
     prediction = predict(plan, config, vocab, cluster.world_size, hardware, constants)

@@ -1,5 +1,9 @@
 """Iteration time and TFLOP/s per GPU, predicted from a dry run (planner/dry_run.py) on a hardware profile.
 
+`python -m zero.plan dry-run --hardware P` prints this model's figure only where P has no layout calibration
+(dgx2-v100, cpu-2core: the ZeRO paper's reproduction, this repository's one-process CPU runs); where it has one
+(h100-sxm), it prints the layout model's, the one the layout search ranks with (planner/layout_prediction.py).
+
     python -m zero.perf_model --hardware dgx2-v100 [zero.plan dry-run flags]     # one prediction
     python -m zero.perf_model --hardware h100-sxm --calibrate RUN/metrics.jsonl docs/h100-benchmark-gpu-mb1.json
 

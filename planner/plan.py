@@ -5,7 +5,7 @@
         --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \\
         --zero-stage 2 --checkpoint-activations --partition-activations --micro-batch-size 4 --fp16 [--json]
     python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \\
-        --seq-length 8192 [--json]                   # rank every layout (planner/layout_search.py)
+        --seq-length 8192 [--json]                   # rank every layout, print commands (planner/search_cli.py)
     python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
         --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
 
@@ -19,7 +19,11 @@ world size / TP, as in a real launch. A dry run builds the real model and the re
 rank on the meta device and runs one iteration through them (planner/dry_run.py); `max-size` repeats it
 to find the most layers that fit under each of the paper's configurations C1-C5. A dry run that does not fit
 its `--gpu-memory` plans its levers (planner/levers.py) and names the one that fits, with the headroom after it;
-without `--host-memory` the host total is checked against this machine's available memory.
+without `--host-memory` the host total is checked against this machine's available memory. With `--hardware P`
+a dry run adds the predicted step time: the layout model's, the one `search` ranks with
+(planner/layout_prediction.py), for the flags as this repository's trainer runs them (`--trainer megatron-lm`:
+as Megatron-LM runs them, Megatron-Bridge's published rows). `dry-run --help` and `search --help` list the planner's
+own flags, `--help-model` pretrain_gpt.py's.
 
 Bad flags end in one line on stderr and exit status 2 before anything is planned. The work is bounded:
 a dry run plans at most 1,024 layers (planner/dry_run.py says why) and reports progress on stderr when it
@@ -39,15 +43,18 @@ import sys
 from typing import Optional, Sequence
 
 from arguments.config import ConfigError, PretrainConfig
+from arguments.parser import ParsedArguments
 from base.errors import OneLineArgumentParser, run_tool
 from data import DataError
 from data.per_split import describe_sources
 from planner.dry_run import MAX_PLAN_LAYERS, Cluster, RankPlan, check_plannable, dry_run
 from planner.input_bounds import check_gpu_count
+from planner.layout_of_config import PRETRAIN_GPT, TRAINERS
 from planner.levers import Lever, find_levers, format_levers
 from planner.moe_plan import moe_lines, moe_state_rows
 from planner.paper_tables import PAPER_FIGURE6, PAPER_TABLE2_MEASURED, format_parameters, format_table1, format_table2
 from planner.pipeline_plan import PipelineFigures
+from planner.stage_plans import run_plans, stage_plans
 from planner.vocabulary import launch_vocab
 from training.memory_fit import available_host_memory
 from zero.memory import format_bytes
@@ -210,15 +217,6 @@ def _pipeline_lines(stages: PipelineFigures) -> list[str]:
             f"{stages.peak_chunk_forwards_in_flight} chunk forwards await their backward on this stage "
             f"(planned from {stages.simulated_micro_batches} micro-batches, the rest's sends added); bubble "
             f"{stages.bubble_fraction:.1%} of the iteration ((P-1)/(vp*M+P-1), Narayanan et al. 2021)"]
-
-
-def stage_plans(config: PretrainConfig, cluster: Cluster, vocab: int, rank: int,
-                progress=None) -> list[RankPlan]:
-    """With pipeline stages, every stage's rank at `rank`'s (DP, TP) coordinates, planned: the stages hold
-    different layers and activations, so the worst stage decides whether the run fits."""
-    per_stage = cluster.world_size // config.parallel.pipeline_model_parallel_size
-    return [dry_run(config, cluster, vocab, stage * per_stage + rank % per_stage, progress=progress)
-            for stage in range(config.parallel.pipeline_model_parallel_size)]
 
 
 def format_stage_table(plans: list[RankPlan], levers: Optional[list[Lever]] = None) -> str:
@@ -400,8 +398,24 @@ def binding_budget(too_deep: Optional[RankPlan]) -> str:
 
 # ---- the command line -----------------------------------------------------------------------------
 
+MODEL_FLAGS_NOTE = ("Every other flag is pretrain_gpt.py's: the model (--config, --init-from-hf or the shape flags), the "
+                    "layout (--tensor-model-parallel-size, --zero-stage, ...), the batch, the precision; "
+                    "`--help-model` lists them.")
+
+
+def print_help(command: str, rest: Sequence[str]) -> int:
+    """`dry-run --help` / `max-size --help`: the planner's own flags; `--help-model`: pretrain_gpt.py's."""
+    if "--help-model" in rest:
+        from arguments.parser import build_parser
+
+        build_parser().print_help()
+    else:
+        print(planner_arguments(f"python -m zero.plan {command}").format_help())
+    return 0
+
+
 def planner_arguments(prog: str) -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog=prog, add_help=False)
+    p = OneLineArgumentParser(prog=prog, add_help=False, epilog=MODEL_FLAGS_NOTE)
     p.add_argument("--world-size", type=int, default=1, help="GPUs in the job")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--gpu-memory", default=None, help="per-GPU budget: 32GB, 80GiB, ... (no verdict without it)")
@@ -413,12 +427,23 @@ def planner_arguments(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
     p.add_argument("--hardware", default=None,
                    help="dry-run: a profile in configs/hardware; its node size, memory and device replace the "
-                        "cluster flags, and the plan gains the predicted step time (planner/perf_model.py)")
+                        "cluster flags, and the plan gains the predicted step time: the layout model's, the search's "
+                        "(planner/layout_prediction.py), where the profile has a layout calibration")
+    p.add_argument("--trainer", choices=TRAINERS, default=PRETRAIN_GPT,
+                   help="with --hardware: who runs the flags: this repository's pretrain_gpt.py (Megatron-LM flags it "
+                        "accepts with no effect price as nothing) or megatron-lm (--tp-comm-overlap, "
+                        "--overlap-moe-expert-parallel-comm, --recompute-modules, the flex dispatcher's backends and "
+                        "--recompute-method block priced as Megatron-LM runs them: Megatron-Bridge's rows)")
     return p
 
 
-def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, PretrainConfig, Cluster]:
-    from arguments.parser import parse_config
+def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, ParsedArguments, Cluster]:
+    """The planner's own flags, and the rest as pretrain_gpt.py parses them (`ParsedArguments`: the config, and the
+    Megatron-LM flags it accepts with no effect, which --trainer megatron-lm prices). Under --trainer megatron-lm,
+    Megatron's block recompute, which this trainer refuses, is taken off first (planner/layout_of_config.py) and set
+    on the namespace as `block_recompute_layers`."""
+    from arguments.parser import parse_arguments
+    from planner.layout_of_config import MEGATRON_LM, split_block_recompute
 
     planner, rest = planner_arguments(prog).parse_known_args(list(argv))
     for name in ("world_size", "gpus_per_node"):
@@ -428,12 +453,15 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
                           f"give one from 0 to {planner.world_size - 1}")
     budget = parse_memory(planner.gpu_memory) if planner.gpu_memory is not None else None
     host_budget = parse_memory(planner.host_memory, "--host-memory") if planner.host_memory is not None else None
-    config = parse_config(rest)
-    tp = config.parallel.tensor_model_parallel_size
+    planner.block_recompute_layers = None
+    if planner.trainer == MEGATRON_LM:
+        rest, planner.block_recompute_layers = split_block_recompute(rest)
+    parsed = parse_arguments(rest)
+    tp = parsed.config.parallel.tensor_model_parallel_size
     if planner.world_size % tp:
         raise ConfigError(f"--tensor-model-parallel-size {tp} does not divide --world-size {planner.world_size} "
                           f"(DP is world size / TP); choose a TP size that divides it")
-    return planner, config, Cluster(planner.world_size, planner.gpus_per_node, budget, planner.target, host_budget)
+    return planner, parsed, Cluster(planner.world_size, planner.gpus_per_node, budget, planner.target, host_budget)
 
 
 def this_machines_host_memory(cluster: Cluster) -> Cluster:
@@ -459,15 +487,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         raise ConfigError(f"usage: python -m zero.plan {{{','.join(commands)}}} [flags]; see --help")
     command, rest = argv[0], argv[1:]
-    if command == "search":  # the layout search (planner/layout_search.py): no dry run per layout
-        from planner.layout_search import search_command
+    if command == "search":  # the layout search (planner/search_cli.py): a dry run of its picks only
+        from planner.search_cli import search_command
         return search_command(rest)
+    if command in ("dry-run", "max-size") and {"-h", "--help", "--help-model"} & set(rest):
+        return print_help(command, rest)
     if command == "tables":
         if rest:  # the tables are the paper's, from its formulas: there is nothing to set
             raise ConfigError(f"tables takes no flags; got {' '.join(rest)}")
         print(format_table1() + "\n\n" + format_table2())
         return 0
-    planner, config, cluster = parse_planner(rest, f"python -m zero.plan {command}")
+    planner, parsed, cluster = parse_planner(rest, f"python -m zero.plan {command}")
+    config = parsed.config
     hardware = None
     if planner.hardware is not None:
         from planner.perf_model import load_hardware
@@ -490,19 +521,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         levers = None
         if any(each.fits_device is False for each in stages or [plan]):
             def plan_stages(changed: PretrainConfig, on: Cluster) -> list[RankPlan]:
-                return stage_plans(changed, on, vocab, 0) if changed.parallel.pipeline_model_parallel_size > 1 \
-                    else [dry_run(changed, on, vocab, 0)]
+                return run_plans(changed, on, vocab)
 
             levers = find_levers(config, cluster, plan.data_parallel_size, plan_stages, progress=stderr_line)
         predicted, predicted_text = {}, ""
-        if hardware is not None:  # the step time of the planned layout, from the same dry run
-            from planner.perf_model import format_prediction, load_constants, predict
-
-            constants = load_constants(hardware.calibration)
-            prediction = predict(plan, config, vocab, cluster.world_size, hardware, constants)
-            predicted = {"step_s": prediction.iteration_s, "tflops_per_gpu": prediction.model_tflops_per_gpu,
-                         "prediction": prediction.to_json()}
-            predicted_text = "\n\n" + format_prediction(prediction, hardware, constants)
+        if hardware is not None:  # the step time of the planned layout
+            predicted, predicted_text = _predicted_step(plan, config, parsed.harvested, planner, vocab, cluster,
+                                                        hardware)
         if planner.json:
             print(json.dumps({**plan.to_json(), **({"stages": [stage.to_json() for stage in stages]} if stages else {}),
                               **({"levers": [lever.to_json() for lever in levers]} if levers is not None else {}),
@@ -531,6 +556,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         print(format_max_size(results, cluster, config, binds))
     return 0
+
+
+def _predicted_step(plan: RankPlan, config: PretrainConfig, megatron_flags: dict, planner: argparse.Namespace,
+                    vocab: int, cluster: Cluster, hardware) -> tuple[dict, str]:
+    """The planned layout's step time, as JSON fields and text: the layout model's (the search's) where the profile
+    has a layout calibration, else the dry-run-based model's (planner/layout_prediction.py says why)."""
+    if hardware.layout_calibration is not None:
+        from planner.layout_prediction import format_layout_prediction, predict_config, prediction_json
+
+        try:
+            _, prediction, constants = predict_config(config, cluster.world_size, vocab, hardware, planner.trainer,
+                                                      megatron_flags, planner.block_recompute_layers)
+        except ConfigError as error:  # a run the layout model does not price: the plan stands, the step is said
+            return {"step_s": None, "no_prediction": str(error)}, f"\n\nno predicted step: {error}"
+        return prediction_json(prediction, planner.trainer), \
+            "\n\n" + format_layout_prediction(prediction, hardware, constants, planner.trainer)
+    from planner.perf_model import format_prediction, load_constants, predict
+
+    constants = load_constants(hardware.calibration)
+    prediction = predict(plan, config, vocab, cluster.world_size, hardware, constants)
+    return {"step_s": prediction.iteration_s, "tflops_per_gpu": prediction.model_tflops_per_gpu,
+            "prediction": prediction.to_json()}, "\n\n" + format_prediction(prediction, hardware, constants)
 
 
 def command(argv: Optional[Sequence[str]] = None) -> int:

@@ -63,8 +63,7 @@ def candidates_to_measure(model: Sequence[str], ranks: int, hardware_name: str, 
 
     config = parse_config(list(model))
     hardware = load_hardware(hardware_name)
-    _, candidates = search(config.model, ranks, config.training.global_batch_size, "bf16", hardware,
-                           launch_vocab(config)[0])
+    _, candidates = search(config, ranks, hardware, launch_vocab(config)[0])
     kept, runs = [], set()
     for candidate in candidates:
         layout = candidate.layout
@@ -130,7 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             order = list(range(len(kept)))[::-1 if round_index % 2 else 1]
             per_round.append({})
             for index in order:
-                times = run_layout(model, args.ranks, args.device, kept[index].flag_words(), args.iterations,
+                times = run_layout(model, args.ranks, args.device, kept[index].flag_words, args.iterations,
                                    cache_dir, Path(scratch))
                 steady[names[index]] += times[args.skip:]
                 per_round[-1][names[index]] = statistics.median(times[args.skip:])

@@ -1,5 +1,8 @@
 """Megatron-Bridge's published DGX-H100 pre-training rows (configs/benchmarks/bridge_h100.yaml) against the
-layout model (planner/layout_perf.py) at Bridge's own layouts: the issue 67 acceptance table.
+layout model (planner/layout_perf.py) at Bridge's own layouts: the issue 67 acceptance table. Each row is priced
+from its pretrain_gpt.py flags (planner/bridge_rows.py row_flags) read back as Megatron-LM runs them
+(planner/layout_of_config.py), the path `python -m zero.plan dry-run --hardware h100-sxm --trainer megatron-lm` takes
+(issue 80; one row through that command below).
 
 Predicted and measured are compared in tokens/s/GPU: Bridge's TFLOP/s column uses its own FLOPs per token
 (Megatron-LM's training.py num_floating_point_operations, which halves causal attention), ours counts the
@@ -8,6 +11,7 @@ predicted TFLOP/s in Bridge's accounting is the predicted tokens/s times the row
 """
 
 import dataclasses
+import json
 
 import pytest
 
@@ -79,6 +83,21 @@ def test_bridge_layouts_predicted_within_20_percent_or_their_miss_named(predicti
         if (row.model, row.release) in FITTED_ROWS:
             assert prediction.tokens_per_s_per_gpu == pytest.approx(row.tokens_per_s_per_gpu, rel=1e-3), row.label
     assert len(within) == 29 and len(predictions) == 32  # 29 of 32 (91%); 27 of the 30 not fitted (90%)
+
+
+def test_a_row_through_zero_plan_dry_run_is_priced_as_in_the_table(predictions, capsys):
+    """The fitted Llama 3 8B row's flags given to `zero.plan dry-run --hardware h100-sxm --trainer megatron-lm`: the
+    step the table prices (its memory is planned without the block recompute this trainer refuses, so the budget is
+    raised to spare the levers' dry runs)."""
+    from planner.bridge_rows import row_flags
+    from planner.plan import main
+
+    row, prediction = next((r, p) for r, p in predictions if (r.model, r.release) == ("LLAMA3_8B", "25.11"))
+    assert main(["dry-run", "--hardware", "h100-sxm", "--trainer", "megatron-lm", "--world-size", "8",
+                 "--gpu-memory", "1TB", "--json", *row_flags(row)]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["step_s"] == pytest.approx(prediction.step_s, rel=1e-12)
+    assert planned["prediction"]["tokens_per_s_per_gpu"] == pytest.approx(row.tokens_per_s_per_gpu, rel=1e-3)
 
 
 def test_the_calibration_file_holds_what_its_rows_fit():

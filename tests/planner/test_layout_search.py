@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from planner.bridge_rows import UNBUILDABLE, load_rows, row_config, row_layout
-from planner.layout_perf import load_layout_constants, output_layer_units, predict_layout
-from planner.layout_search import layout_memory_bytes, search, search_command
+from arguments.parser import parse_config
+from planner.bridge_rows import MODEL_FLAGS, UNBUILDABLE, load_rows, row_layout
+from planner.layout_perf import load_layout_constants, predict_layout
+from planner.layout_search import layout_memory_bytes, search
 from planner.perf_model import load_hardware
-from planner.pipeline_split import balanced_stage_counts
+from planner.search_cli import search_command
 from planner.vocabulary import launch_vocab
 
 
@@ -30,38 +31,47 @@ def _distinct_rows():
 ROWS = _distinct_rows()
 
 
+def search_flags(row) -> list[str]:
+    """The row's model, batch and precision as the search is given them; its CP pinned where it has one (the search
+    chooses CP only where the user gives it: planner/layout_search.py says why)."""
+    seq = str(row.layout["seq_length"])
+    return [*MODEL_FLAGS[row.model], "--seq-length", seq, "--max-position-embeddings", seq, "--global-batch-size",
+            str(row.layout["global_batch_size"]), "--bf16", *([] if row.precision == "BF16" else ["--fp8-format", "hybrid"]),
+            *(["--context-parallel-size", str(row.layout["cp"])] if row.layout["cp"] > 1 else [])]
+
+
 @pytest.fixture(scope="module")
 def searches():
     hardware = load_hardware("h100-sxm")
     found = {}
     for row in ROWS:
-        config = row_config(row)
-        key = (row.model, row.layout["gpus"], row.layout["global_batch_size"], row.layout["seq_length"],
-               row.precision == "BF16")
+        config = parse_config(search_flags(row))
+        key = tuple(search_flags(row)) + (row.layout["gpus"],)
         if key not in found:
-            found[key] = search(config.model, row.layout["gpus"], row.layout["global_batch_size"],
-                                "bf16" if row.precision == "BF16" else "fp8", hardware, launch_vocab(config)[0])
+            found[key] = search(config, row.layout["gpus"], hardware, launch_vocab(config)[0])
     return hardware, found
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.label.replace(" ", "_"))
 def test_bridge_layout_fits_and_the_top_pick_is_not_slower(row, searches):
     hardware, found = searches
-    counts, candidates = found[(row.model, row.layout["gpus"], row.layout["global_batch_size"],
-                                row.layout["seq_length"], row.precision == "BF16")]
-    # Bridge's layout as this project runs it, which the search's layouts are: the all-to-all dispatcher and no
-    # combined 1F1B EP overlap (Megatron's flex dispatcher and --overlap-moe-expert-parallel-comm are not built here)
-    bridge = dataclasses.replace(row_layout(row, counts), moe_dispatcher="alltoall", ep_overlap=False)
-    if bridge.pp > 1 and bridge.output_stage_balanced:
-        # a balanced row is priced at the best whole-layer split, as the search prices its own layouts (a layout
-        # string places whole layers: 405B's 126 over PP 8 leaves some rank 16 while the mean is 15.8)
-        bridge = dataclasses.replace(bridge, stage_counts=balanced_stage_counts(
-            counts.layers, bridge.pp, bridge.vp, output_layer_units(counts, bridge)))
+    counts, candidates = found[tuple(search_flags(row)) + (row.layout["gpus"],)]
+    # Bridge's layout as this project runs it, which the search's layouts are: the all-to-all dispatcher, no combined
+    # 1F1B EP overlap and no TP overlap (Megatron's flex dispatcher, --overlap-moe-expert-parallel-comm and
+    # --tp-comm-overlap have no effect here), at the split its flags make here
+    bridge = dataclasses.replace(row_layout(row, counts), moe_dispatcher="alltoall", ep_overlap=False,
+                                 tp_comm_overlap=False)
     shape = (bridge.tp, bridge.pp, bridge.vp, bridge.cp, bridge.ep, bridge.micro_batch_size)
     same = [c for c in candidates if (c.layout.tp, c.layout.pp, c.layout.vp, c.layout.cp, c.layout.ep,
                                       c.layout.micro_batch_size) == shape]
-    assert any(c.fits for c in same), (row.label, [c.lost_to for c in same][:3],
-                                       layout_memory_bytes(counts, bridge) / 1e9)
+    if (row.model, row.layout["vp"]) == ("Qwen3_30B_a3B", 24):
+        # 48 layers as PP 2 x VP 24: one layer a chunk, so the balanced split, which gives the output layer's rank
+        # fewer, would leave it an empty chunk (the search does not choose one); and this trainer's last stage holds
+        # the fp32 logits twice at MBS 2 (10 GB), over 80 GB by the count (Megatron's fused loss does not)
+        assert not any(c.fits for c in same)
+    else:
+        assert any(c.fits for c in same), (row.label, [c.lost_to for c in same][:3],
+                                           layout_memory_bytes(counts, bridge) / 1e9)
     constants = load_layout_constants(hardware.layout_calibration)
     bridge_step = predict_layout(counts, bridge, hardware, constants, hardware.fp8_peak_flops).step_s
     assert candidates[0].fits and candidates[0].prediction.step_s <= bridge_step * (1 + 1e-9)
@@ -69,7 +79,7 @@ def test_bridge_layout_fits_and_the_top_pick_is_not_slower(row, searches):
 
 def test_search_json_lists_fitting_layouts_best_first(capsys):
     assert search_command(["--config", "llama3-8b", "--gpus", "8", "--hardware", "h100-sxm",
-                           "--global-batch-size", "128", "--seq-length", "8192", "--json"]) == 0
+                           "--global-batch-size", "128", "--seq-length", "8192", "--json", "--no-dry-run-check"]) == 0
     layouts = json.loads(capsys.readouterr().out)
     steps = [each["step_s"] for each in layouts]
     assert steps == sorted(steps) and len(layouts) > 10
@@ -80,53 +90,56 @@ def test_dry_run_with_hardware_adds_the_predicted_step(capsys):
     from planner.plan import main
 
     argv = ["dry-run", "--config", "tiny", "--world-size", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
-            "--json"]
+            "--bf16", "--json"]
     assert main(argv) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main([*argv, "--hardware", "h100-sxm"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert "step_s" not in plain and planned["step_s"] > 0 and planned["tflops_per_gpu"] > 0
-    assert planned["step_s"] == pytest.approx(planned["prediction"]["iteration_s"])
+    assert planned["step_s"] == pytest.approx(planned["prediction"]["step_s"])
     assert planned["tflops_per_gpu"] == pytest.approx(planned["prediction"]["model_tflops_per_gpu"])
+    # an fp32 run on a 16-bit profile: the plan stands and says why there is no step (the layout model prices
+    # 16-bit and FP8 runs there)
+    assert main([*[word for word in argv if word != "--bf16"], "--hardware", "h100-sxm"]) == 0
+    fp32 = json.loads(capsys.readouterr().out)
+    assert fp32["step_s"] is None and "fp32" in fp32["no_prediction"]
 
 
 def test_the_dry_run_check_replans_the_best_and_drops_what_its_count_missed():
-    import dataclasses
-
-    from arguments.parser import parse_config
-    from planner.layout_search import dry_run_check
+    from planner.search_check import check_picks
 
     flags = ["--config", "llama-tiny", "--global-batch-size", "16"]
     hardware = load_hardware("h100-sxm")
-    counts, candidates = search(parse_config(flags).model, 4, 16, "bf16", hardware)
-    checked = dry_run_check(candidates, flags, hardware, 1)
-    assert checked[0].fits and checked[0].dry_run_bytes > 0
+    _, candidates = search(parse_config(flags), 4, hardware)
+    check_picks(candidates, flags, hardware, 1, 5)
+    assert candidates[0].fits and candidates[0].dry_run_bytes > candidates[0].memory_bytes
     # A GPU just big enough for the analytic count but not for the dry run's (which sees the real buffers):
-    tight = dataclasses.replace(hardware, gpu_memory_bytes=int(checked[0].memory_bytes) + 1)
-    assert checked[0].dry_run_bytes > tight.gpu_memory_bytes
-    counts, candidates = search(parse_config(flags).model, 4, 16, "bf16", tight)
-    first = next(c for c in candidates if c.fits)
-    dry_run_check([first], flags, tight, 1)
-    assert not first.fits and first.lost_to.startswith("memory (dry run)")
+    tight = dataclasses.replace(hardware, gpu_memory_bytes=int(candidates[0].memory_bytes) + 1)
+    _, candidates = search(parse_config(flags), 4, tight)
+    first = candidates[0]
+    summary = check_picks(candidates, flags, tight, 1, 1)
+    assert not first.fits and first.lost_to.startswith("memory (dry run)") and summary.capped
+    assert first not in [c for c in candidates if c.fits]
 
 
 def test_search_of_an_hf_folder_counts_its_output_layer(capsys):
     # The folder's vocab_size reaches the counts (planner/vocabulary.py, as at launch): the logits GEMM and the
     # output layer's weights are in every layout's step and memory.
-    from arguments.parser import parse_config
     from planner.bridge_rows import HF_CONFIGS
 
     model_flags = ["--init-from-hf", str(HF_CONFIGS / "gpt-oss-20b"), "--seq-length", "4096",
                    "--max-position-embeddings", "4096"]
     assert search_command([*model_flags, "--gpus", "8", "--hardware", "h100-sxm", "--global-batch-size", "64",
-                           "--json"]) == 0
+                           "--json", "--no-dry-run-check"]) == 0
     # the best distributed-optimizer layout (the top pick runs ZeRO-2, whose exposed per-micro-batch reduce-scatters,
     # the same with or without the output layer, dilute the share to 8%)
     best = next(each for each in json.loads(capsys.readouterr().out) if each["zero_stage"] == 1)
-    counts, candidates = search(parse_config(model_flags).model, 8, 64, "bf16", load_hardware("h100-sxm"))
+    counts, candidates = search(parse_config([*model_flags, "--global-batch-size", "64"]), 8, load_hardware("h100-sxm"))
     shape = ("tp", "pp", "vp", "cp", "ep", "micro_batch_size", "recompute", "zero")
     without = next(c for c in candidates if c.fits and all(c.to_json()[key] == best[key] for key in shape))
-    assert best["step_s"] > 1.1 * without.prediction.step_s  # GPT-OSS 20B: the 201,088-row output layer, 16% here
+    # GPT-OSS 20B: the 201,088-row output layer, 9% of the step at the layout picked here (16% at the one picked before
+    # the count held the last stage's logits and the recomputed block apart from them)
+    assert best["step_s"] > 1.05 * without.prediction.step_s
 
 
 @pytest.mark.parametrize("config, gpus, gbs, pp", [("llama3-8b", 16, 128, 4), ("llama3-8b", 16, 128, 8),
@@ -136,11 +149,10 @@ def test_the_printed_layout_string_builds_the_split_the_search_priced(config, gp
     # gpt/pipeline_layout.py, places the layers per rank and chunk the layout model priced, interleaved ones included.
     import shlex
 
-    from arguments.parser import parse_config
     from gpt.pipeline_layout import pipeline_layout_counts
 
-    model = parse_config(["--config", config]).model
-    counts, candidates = search(model, gpus, gbs, "bf16", load_hardware("h100-sxm"))
+    counts, candidates = search(parse_config(["--config", config, "--global-batch-size", str(gbs)]), gpus,
+                                load_hardware("h100-sxm"))
     pipelined = [c for c in candidates if c.fits and c.layout.pp == pp]
     picks = pipelined[:1] + [c for c in pipelined if c.layout.vp > 1][:1]
     assert picks
@@ -164,7 +176,6 @@ def test_the_balanced_split_gives_the_output_layers_rank_fewer_layers_where_that
     # Llama 3 8B (32 layers, 128,256-row output layer) on PP 4: the output layer is worth ~2.1 layers, so its rank
     # gets 6 and the slowest rank's load drops from 8 + 2.1 to 9
     hardware = load_hardware("h100-sxm")
-    from arguments.parser import parse_config
     from planner.layout_perf import model_counts
 
     counts = model_counts(parse_config(["--config", "llama3-8b"]).model)
@@ -181,10 +192,9 @@ def test_the_balanced_split_gives_the_output_layers_rank_fewer_layers_where_that
 
 def test_a_cpu_profile_prices_tp_exposed():
     # --tp-comm-overlap is Transformer Engine's userbuffers (CUDA): on a CPU profile TP layouts pay their collectives
-    from arguments.parser import parse_config
 
-    model = parse_config(["--config", "llama-tiny"]).model
-    _, on_cpu = search(model, 4, 16, "bf16", load_hardware("cpu-2core-4proc"))
+    _, on_cpu = search(parse_config(["--config", "llama-tiny", "--global-batch-size", "16"]), 4,
+                       load_hardware("cpu-2core-4proc"))
     tp = [c for c in on_cpu if c.fits and c.layout.tp > 1]
     assert tp and all(not c.layout.tp_comm_overlap and c.prediction.terms["tp"] > 0 for c in tp)
     assert all("--tp-comm-overlap" not in c.flags() for c in tp)

@@ -2,7 +2,7 @@
 
 Before: `search --gpus 2**24` ran past a minute on the 2-core machine (days at larger counts), `dry-run --world-size
 2**63` was planned (its only complaint a batch-size remainder), `--top -3` printed all but three layouts,
-`--dry-run-check -2` was taken, and a model no cluster of the size searched could hold was searched layout by layout
+`--dry-run-check -2` (now `--max-dry-runs`) was taken, and a model no cluster of the size searched could hold was searched layout by layout
 (20 s at 10^5 layers) before each lost to memory.
 """
 
@@ -22,8 +22,8 @@ CASES = {
     "--gpus-per-node 2**40": (["dry-run", "--gpus-per-node", str(2**40), "--config", "tiny"], "--gpus-per-node"),
     "--top -3": (["search", "--gpus", "8", "--hardware", "h100-sxm", "--config", "tiny", "--top", "-3"],
                  "--top -3: give at least 1"),
-    "--dry-run-check -2": (["search", "--gpus", "8", "--hardware", "h100-sxm", "--config", "tiny",
-                            "--dry-run-check", "-2"], "--dry-run-check -2: give from 0 to 50"),
+    "--max-dry-runs -2": (["search", "--gpus", "8", "--hardware", "h100-sxm", "--config", "tiny",
+                           "--max-dry-runs", "-2"], "--max-dry-runs -2: give from 1 to 50"),
     "a model no cluster of --gpus holds": (["search", "--gpus", "8", "--hardware", "h100-sxm", "--num-layers", "1000",
                                             "--hidden-size", "65536", "--num-attention-heads", "64", "--seq-length",
                                             "128", "--max-position-embeddings", "128", "--global-batch-size", "8"],

@@ -1,0 +1,88 @@
+"""A searched layout as the pretrain_gpt.py flags that run it, and the launch command around them (issue 80).
+
+Only the dimensions the user left to the search get a flag: a pinned one (planner/layout_pins.py) keeps the user's
+flag, so every flag is on the line once. The precision is always on it (`--bf16` unless the user gave --bf16 or
+--fp16: an --init-from-hf model otherwise trains in fp32), except on a CPU profile, whose runs are fp32 (the
+trainer's default). No flag the trainer accepts with no effect is printed (--tp-comm-overlap: this trainer has no
+userbuffers, so TP is priced exposed), and the user's own such flags are left out of the command with a note
+(`drop_no_effect_flags`). `python -m zero.plan dry-run` of the printed flags reads them back into the same Layout
+(planner/layout_of_config.py; tests/planner/test_one_model.py).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Iterable, Sequence
+
+from planner.layout_perf import Layout
+from planner.layout_pins import Pins
+from planner.pipeline_split import layout_string
+
+RECOMPUTE_WORDS = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+ZERO_WORDS = {0: [], 1: ["--use-distributed-optimizer"], 2: ["--zero-stage", "2"], 3: ["--zero-stage", "3"]}
+
+
+def gathers_behind_forward(stage: int) -> bool:
+    """Whether the search runs `stage` with --overlap-param-gather: stages 1 and 2 publish the parameters after the
+    step and can gather them behind the next forward; stage 0 gathers nothing and stage 3 gathers ahead by itself
+    (docs/zero.md), so the flag would change nothing there."""
+    return stage in (1, 2)
+
+
+def layout_flag_words(layout: Layout, pins: Pins, moe: bool, fp32_runs: bool = False) -> list[str]:
+    """The flags for what the search chose of `layout` (module docstring). `moe`: the model has experts (the
+    dispatcher and expert TP are then set); `fp32_runs`: the profile runs fp32 (a CPU's), no precision flag."""
+    words = []
+    if pins.tp is None:
+        words += ["--tensor-model-parallel-size", str(layout.tp)]
+    if pins.pp is None:
+        words += ["--pipeline-model-parallel-size", str(layout.pp)]
+    if layout.pp > 1 and pins.stage_counts is None:
+        words += ["--pipeline-model-parallel-layout", layout_string(layout.stage_counts)]
+    if layout.cp > 1 and pins.cp is None:
+        words += ["--context-parallel-size", str(layout.cp)]
+    if layout.ep > 1 and pins.ep is None:
+        words += ["--expert-model-parallel-size", str(layout.ep)]
+    if moe and layout.tp > 1 and not pins.expert_tp:
+        words += ["--expert-tensor-parallel-size", "1"]  # Bridge's MoE recipes' expert TP: the one priced
+    if moe and layout.ep > 1 and pins.dispatcher is None:
+        words += ["--moe-token-dispatcher-type", layout.moe_dispatcher]
+    if layout.tp > 1 and not pins.sequence_parallel:
+        words += ["--sequence-parallel"]
+    if pins.micro_batch_size is None:
+        words += ["--micro-batch-size", str(layout.micro_batch_size)]
+    if pins.zero_stage is None:
+        words += ZERO_WORDS[layout.stage]
+    if pins.overlap_param_gather is None and layout.overlap_param_gather:
+        words += ["--overlap-param-gather"]
+    if pins.recompute is None and layout.recompute_fraction >= 1.0:
+        words += RECOMPUTE_WORDS
+    if not pins.sixteen_bit and not fp32_runs:
+        words += ["--bf16"]
+    return words
+
+
+def drop_no_effect_flags(argv: Sequence[str], no_effect: Iterable[str]) -> tuple[list[str], list[str]]:
+    """`argv` without the flags in `no_effect` (each with the values that follow it), and those dropped."""
+    no_effect = set(no_effect)
+    kept, dropped, dropping = [], [], False
+    for word in argv:
+        name = word.split("=", 1)[0]
+        if name.startswith("--"):
+            dropping = name in no_effect
+            if dropping:
+                dropped.append(name)
+                continue
+        if not dropping:
+            kept.append(word)
+    return kept, dropped
+
+
+def launch_command(gpus: int, gpus_per_node: int, flags: Sequence[str]) -> str:
+    """The command that trains with `flags` on `gpus` GPUs: torchrun on one node; on several, the repository's
+    multi-node launcher (scripts/launch_multi_node.sh: torchrun's static rendezvous through scripts/launch.py), run
+    on every node with its NODE_RANK and node 0's MASTER_ADDR set."""
+    if gpus <= gpus_per_node:
+        return f"torchrun --nproc-per-node {gpus} {shlex.join(['pretrain_gpt.py', *flags])}"
+    nodes = -(-gpus // gpus_per_node)
+    return f"NNODES={nodes} GPUS_PER_NODE={gpus_per_node} {shlex.join(['scripts/launch_multi_node.sh', *flags])}"

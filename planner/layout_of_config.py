@@ -1,0 +1,141 @@
+"""A launch's flags as the layout model's Layout: what `python -m zero.plan dry-run --hardware P` prices, so that the
+dry run and the layout search (planner/layout_search.py) give one layout one step time (issue 80).
+
+The search prints each layout as pretrain_gpt.py flags; this reads flags back, so a printed line priced again is
+the same Layout (tests/planner/test_one_model.py holds the round trip). Everything comes from the parsed config,
+as the trainer builds it: the parallel sizes, the pipeline split the build makes (training/build.py
+config_stage_layers: even, uneven, interleaved, the embedding and loss counted, or a layout string), the micro and
+global batch, the precision, full recompute, the ZeRO stage and the gradient and parameter overlaps, the MoE
+dispatcher.
+
+Which trainer runs the flags decides what a few of them are worth (`trainer`):
+  pretrain_gpt.py  this repository's (the default). Megatron-LM flags it accepts with no effect price as nothing:
+                   --tp-comm-overlap (no userbuffers here: TP is exposed), --overlap-moe-expert-parallel-comm,
+                   --recompute-modules; the flex dispatcher runs the alltoall one here (arguments/megatron/
+                   flag_classes.py says why for each).
+  megatron-lm      Megatron-LM with Transformer Engine, what Megatron-Bridge's published rows ran
+                   (configs/benchmarks/bridge_h100.yaml): those flags are priced as Megatron runs them, and
+                   --recompute-method block --recompute-num-layers N (refused by this trainer's parser, so
+                   taken off the argv first: `split_block_recompute`) recomputes the first N layers of each chunk.
+Expert tensor parallelism is priced at 1, as Megatron-Bridge's MoE recipes run it; another expert TP is refused
+here rather than priced as 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from arguments.config import ConfigError, PretrainConfig
+from planner.layout_ep import DISPATCHERS
+from planner.layout_perf import Layout, ModelCounts
+from training.build import config_stage_layers
+
+PRETRAIN_GPT, MEGATRON_LM = "pretrain_gpt.py", "megatron-lm"
+TRAINERS = (PRETRAIN_GPT, MEGATRON_LM)
+BLOCK_RECOMPUTE = ("--recompute-method", "block")
+
+
+def split_block_recompute(argv: Sequence[str]) -> tuple[list[str], Optional[int]]:
+    """Megatron-LM's block recompute (the first --recompute-num-layers layers of each model chunk), which this
+    trainer's parser refuses: the argv without it and its layer count (None where it is not asked)."""
+    words = list(argv)
+    if not any(words[i:i + 2] == list(BLOCK_RECOMPUTE) for i in range(len(words) - 1)):
+        return words, None
+    kept, layers, skip = [], None, 0
+    for i, word in enumerate(words):
+        if skip:
+            skip -= 1
+            continue
+        if word in ("--recompute-method", "--recompute-granularity"):
+            skip = 1
+        elif word == "--recompute-num-layers":
+            layers, skip = int(words[i + 1]), 1
+        else:
+            kept.append(word)
+    if layers is None:
+        raise ConfigError("--recompute-method block needs --recompute-num-layers N (the layers of each chunk "
+                          "recomputed)", flags=("--recompute-method", "--recompute-num-layers"))
+    return kept, layers
+
+
+def stage_counts_of(config: PretrainConfig) -> Optional[tuple[tuple[int, ...], ...]]:
+    """[pipeline rank][model chunk] -> the transformer layers the build gives it; None without stages."""
+    pp = config.parallel.pipeline_model_parallel_size
+    if pp == 1:
+        return None
+    return tuple(tuple(len(chunk) for chunk in config_stage_layers(config, rank).chunks) for rank in range(pp))
+
+
+def precision_of(config: PretrainConfig) -> Optional[str]:
+    """The layout model's precision: fp8 (--fp8-format), bf16 for 16-bit training (fp16's GEMMs run at the same
+    peak), None for fp32, which the layout model does not price on a 16-bit GPU profile."""
+    if config.model.fp8 is not None:
+        return "fp8"
+    return None if config.training.precision == "fp32" else "bf16"
+
+
+def _recompute_fraction(config: PretrainConfig, counts: ModelCounts, stage_counts, megatron: bool,
+                        megatron_flags: Mapping[str, Any], block_layers: Optional[int]) -> float:
+    """Of the blocks' forward GEMMs, the share recomputed in backward."""
+    if config.activations.checkpoint_activations:
+        return 1.0  # full recompute: every block, in whatever groups
+    if not megatron:
+        return 0.0  # selective recompute here keeps nothing more than flash attention does (arguments/megatron/flags.py)
+    if block_layers:
+        chunk_layers = min(layers for rank in (stage_counts or ((config.model.num_layers,),)) for layers in rank)
+        return min(1.0, block_layers / max(chunk_layers, 1))
+    # Megatron's selective modules that recompute GEMMs: "mlp" (the dense layers' MLPs: Megatron-Core's
+    # TransformerLayer leaves an MoE layer's out) and "mla_up_proj"; the elementwise ones recompute no GEMM
+    recomputed = {"mlp": counts.dense_mlp_flops_per_token, "mla_up_proj": counts.mla_up_flops_per_token}
+    modules = megatron_flags.get("--recompute-modules") or ()
+    return sum(recomputed.get(name, 0.0) for name in modules) / \
+        (counts.blocks_flops_per_token - counts.attention_flops_per_token)
+
+
+def _dispatcher(config: PretrainConfig, megatron: bool) -> str:
+    parallel = config.parallel
+    if parallel.moe_token_dispatcher_type != "flex":
+        return parallel.moe_token_dispatcher_type
+    if not megatron:
+        return "alltoall"  # this trainer runs flex as alltoall
+    if parallel.flex_backend not in DISPATCHERS:
+        raise ConfigError(f"--moe-flex-dispatcher-backend {parallel.flex_backend}: the layout model prices "
+                          f"{', '.join(DISPATCHERS)}", flags=("--moe-flex-dispatcher-backend",))
+    return parallel.flex_backend
+
+
+def check_expert_tp(config: PretrainConfig, tp: int) -> None:
+    """Refuse an MoE run at TP `tp` whose expert TP is not 1 (the default is the TP size): the layout model prices
+    the experts split by EP alone, as Megatron-Bridge's MoE recipes run them."""
+    expert_tp = config.parallel.expert_tensor_parallel_size or tp
+    if config.model.moe is not None and expert_tp != 1:
+        raise ConfigError(f"expert tensor-parallel size {expert_tp} (--expert-tensor-parallel-size, default the TP "
+                          f"size): the layout model prices expert TP 1, as Megatron-Bridge's MoE recipes run it; "
+                          f"give --expert-tensor-parallel-size 1", flags=("--expert-tensor-parallel-size",))
+
+
+def layout_of_config(config: PretrainConfig, gpus: int, counts: ModelCounts, trainer: str = PRETRAIN_GPT,
+                     megatron_flags: Optional[Mapping[str, Any]] = None,
+                     block_recompute_layers: Optional[int] = None) -> Layout:
+    """`config` on `gpus` GPUs as `trainer` runs it (module docstring). `megatron_flags`: the Megatron-LM flags given
+    that this trainer accepts with no effect (arguments.parser's ParsedArguments.harvested)."""
+    if trainer not in TRAINERS:
+        raise ConfigError(f"--trainer {trainer}: one of {', '.join(TRAINERS)}")
+    parallel, megatron, flags = config.parallel, trainer == MEGATRON_LM, megatron_flags or {}
+    tp = parallel.tensor_model_parallel_size
+    check_expert_tp(config, tp)
+    precision = "fp8" if precision_of(config) == "fp8" else "bf16"  # fp32: planner/layout_prediction.py decides
+    stage_counts = stage_counts_of(config)
+    stage = config.zero.stage
+    return Layout(
+        gpus=gpus, tp=tp, pp=parallel.pipeline_model_parallel_size,
+        vp=len(stage_counts[0]) if stage_counts else 1, cp=parallel.context_parallel_size,
+        ep=parallel.expert_model_parallel_size, micro_batch_size=config.training.micro_batch_size,
+        global_batch_size=config.training.global_batch_size, precision=precision,
+        recompute_fraction=_recompute_fraction(config, counts, stage_counts, megatron, flags, block_recompute_layers),
+        distributed_optimizer=stage >= 1, zero_stage=stage if stage >= 2 else None,
+        tp_comm_overlap=megatron and tp > 1 and "--tp-comm-overlap" in flags,
+        moe_dispatcher=_dispatcher(config, megatron),
+        ep_overlap=megatron and "--overlap-moe-expert-parallel-comm" in flags,
+        overlap_grad_reduce=config.zero.overlap_comm, overlap_param_gather=config.zero.overlap_param_gather,
+        stage_counts=stage_counts)

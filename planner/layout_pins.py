@@ -1,0 +1,88 @@
+"""What the user fixed by giving the layout search a trainer flag (issue 80): each dimension a flag sets is searched at
+that value only, and the printed command keeps the user's flag, once, instead of the search's own.
+
+A setting counts as given when pretrain_gpt.py's parser took it from the command line or the DeepSpeed JSON
+(arguments/config_sources.py); a preset's or an --init-from-hf folder's value is the model's, not a choice of
+layout, and the search may replace it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from arguments.config import PretrainConfig
+from arguments.config_sources import FLAG, JSON
+from planner.layout_of_config import precision_of, stage_counts_of
+
+# The settings that fix the pipeline split (planner/pipeline_split.py is the search's own)
+SPLIT_SETTINGS = ("pipeline_model_parallel_layout", "num_layers_per_virtual_pipeline_stage",
+                  "num_virtual_stages_per_pipeline_rank", "decoder_first_pipeline_num_layers",
+                  "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
+                  "account_for_loss_in_pipeline_split")
+
+
+DIMENSION_NAMES = {"tp": "TP", "pp": "PP", "cp": "CP", "ep": "EP", "micro_batch_size": "micro-batch",
+                   "recompute": "recompute", "zero_stage": "ZeRO stage", "dispatcher": "MoE dispatcher",
+                   "overlap_grad_reduce": "gradient-reduce overlap", "overlap_param_gather": "parameter-gather overlap"}
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Each searched dimension's value where the user's flags fix it, None where the search chooses."""
+    tp: Optional[int] = None
+    pp: Optional[int] = None
+    stage_counts: Optional[tuple[tuple[int, ...], ...]] = None   # the split, with its virtual stages
+    cp: Optional[int] = None
+    ep: Optional[int] = None
+    micro_batch_size: Optional[int] = None
+    recompute: Optional[float] = None        # 1.0 full, 0.0 none
+    zero_stage: Optional[int] = None
+    dispatcher: Optional[str] = None         # the MoE dispatcher the trainer runs (flex runs alltoall here)
+    configured_dispatcher: str = "allgather"  # the config's, pinned or not: what a layout without EP runs
+    overlap_grad_reduce: Optional[bool] = None
+    overlap_param_gather: Optional[bool] = None
+    expert_tp: bool = False                  # --expert-tensor-parallel-size given (the layout model takes 1 only)
+    sequence_parallel: bool = False          # --sequence-parallel given
+    sixteen_bit: bool = False                # --bf16 or --fp16 given: the precision flag is the user's
+    precision: str = "bf16"                  # what the search prices: fp8 where --fp8-format is given
+
+    def names(self) -> list[str]:
+        """The pinned dimensions, for the search's header line."""
+        names = [name for field, name in DIMENSION_NAMES.items() if getattr(self, field) is not None]
+        return names + (["the pipeline split"] if self.stage_counts is not None else []) + \
+            (["expert TP"] if self.expert_tp else []) + \
+            (["precision"] if self.sixteen_bit or self.precision == "fp8" else [])
+
+
+def given(config: PretrainConfig, setting: str) -> bool:
+    source = config.sources.get(setting)
+    return source is not None and source.kind in (FLAG, JSON)
+
+
+def pins_of(config: PretrainConfig) -> Pins:
+    """The dimensions `config`'s own flags fix (module docstring)."""
+    parallel, zero = config.parallel, config.zero
+
+    def value(setting: str, current):
+        return current if given(config, setting) else None
+
+    recompute_given = given(config, "checkpoint_activations") or given(config, "recompute_granularity")
+    dispatcher = parallel.moe_token_dispatcher_type
+    return Pins(
+        tp=value("tensor_model_parallel_size", parallel.tensor_model_parallel_size),
+        pp=value("pipeline_model_parallel_size", parallel.pipeline_model_parallel_size),
+        stage_counts=stage_counts_of(config) if any(given(config, setting) for setting in SPLIT_SETTINGS) else None,
+        cp=value("context_parallel_size", parallel.context_parallel_size),
+        ep=value("expert_model_parallel_size", parallel.expert_model_parallel_size),
+        micro_batch_size=value("micro_batch_size", config.training.micro_batch_size),
+        recompute=(1.0 if config.activations.checkpoint_activations else 0.0) if recompute_given else None,
+        zero_stage=value("stage", zero.stage),
+        dispatcher=value("moe_token_dispatcher_type", "alltoall" if dispatcher == "flex" else dispatcher),
+        configured_dispatcher="alltoall" if dispatcher == "flex" else dispatcher,
+        overlap_grad_reduce=value("overlap_comm", zero.overlap_comm),
+        overlap_param_gather=value("overlap_param_gather", zero.overlap_param_gather),
+        expert_tp=given(config, "expert_tensor_parallel_size"),
+        sequence_parallel=given(config, "sequence_parallel"),
+        sixteen_bit=given(config, "bf16") or given(config, "fp16"),
+        precision="fp8" if precision_of(config) == "fp8" else "bf16")

@@ -1,0 +1,72 @@
+"""The layout search's picks planned by the meta-device dry run before they are printed (issue 80: the analytic count
+runs under the dry run's figure, and a top pick it let through did not fit by the planner's own dry run).
+
+On by default (`python -m zero.plan search --no-dry-run-check` turns it off). The search's candidates are walked best
+first: each is parsed from the model's flags and its own, as `python -m zero.plan dry-run --hardware P --world-size N`
+parses that line, and every pipeline stage's first rank is planned (planner/stage_plans.py, the dry run's own
+function); a candidate whose worst stage is over the GPU's memory loses with that figure, and the walk goes on until
+`picks` fit or `max_dry_runs` plans were made (a dry run of a large model's stage takes seconds to minutes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from arguments.config import ConfigError
+from arguments.parser import parse_config
+from planner.dry_run import Cluster
+from planner.layout_search import Candidate, rank_key
+from planner.perf_model import Hardware
+from planner.stage_plans import run_plans
+from planner.vocabulary import launch_vocab
+
+
+@dataclass(frozen=True)
+class CheckSummary:
+    checked: int      # candidates planned by the dry run
+    fit: int          # of those, the ones that fit
+    capped: bool      # the walk stopped at max_dry_runs before `picks` fit
+
+
+def hardware_cluster(gpus: int, hardware: Hardware) -> Cluster:
+    """The cluster `zero.plan dry-run --hardware` plans on: the profile's node size, memory and device."""
+    return Cluster(gpus, hardware.gpus_per_node, hardware.gpu_memory_bytes, hardware.device_type)
+
+
+def stage_bytes(flags: Sequence[str], gpus: int, hardware: Hardware,
+                progress: Optional[Callable[[str], None]] = None) -> list[int]:
+    """Each pipeline stage's dry-run peak (its first rank) for the launch `flags` on `gpus` GPUs of `hardware`."""
+    config = parse_config(list(flags))
+    vocab, _ = launch_vocab(config)
+    return [plan.total_bytes for plan in run_plans(config, hardware_cluster(gpus, hardware), vocab, 0, progress)]
+
+
+def check_picks(candidates: list[Candidate], model_flags: Sequence[str], hardware: Hardware, picks: int,
+                max_dry_runs: int, progress: Optional[Callable[[str], None]] = None) -> CheckSummary:
+    """Plan the best candidates until `picks` fit by the dry run (module docstring); each planned one gets
+    `stage_bytes`, and one over the memory `fits` False. Reorders `candidates`: the checked ones that fit first
+    (ties now decided on the dry run's memory), then the unchecked that fit by the count, then the rest."""
+    checked = fit = 0
+    for candidate in [c for c in candidates if c.fits]:
+        if fit == picks or checked == max_dry_runs:
+            break
+        if progress:
+            progress(f"> dry run of {candidate.flags()}")
+        checked += 1
+        try:
+            candidate.stage_bytes = stage_bytes([*model_flags, *candidate.flag_words], candidate.layout.gpus, hardware)
+        except ConfigError as error:  # a combination the trainer refuses, which the enumeration let through
+            candidate.fits, candidate.lost_to = False, f"refused by pretrain_gpt.py: {error}"
+            continue
+        worst = max(range(len(candidate.stage_bytes)), key=candidate.stage_bytes.__getitem__)
+        if candidate.stage_bytes[worst] > hardware.gpu_memory_bytes:
+            candidate.fits = False
+            candidate.lost_to = (f"memory (dry run): {candidate.stage_bytes[worst] / 1e9:,.1f} GB on stage {worst} > "
+                                 f"{hardware.gpu_memory_bytes / 1e9:,.0f} GB")
+        else:
+            fit += 1
+    confirmed = sorted((c for c in candidates if c.fits and c.stage_bytes), key=rank_key)
+    unchecked = [c for c in candidates if c.fits and not c.stage_bytes]
+    candidates[:] = confirmed + unchecked + sorted((c for c in candidates if not c.fits), key=lambda c: c.memory_bytes)
+    return CheckSummary(checked, fit, fit < picks and checked == max_dry_runs)

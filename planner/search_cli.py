@@ -1,0 +1,110 @@
+"""`python -m zero.plan search`: its own flags, the trainer's flags for the model (and any layout the user fixes), the
+search (planner/layout_search.py), the dry-run check of its picks (planner/search_check.py) and the report
+(planner/search_report.py).
+
+    python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \\
+        --seq-length 8192 [--zero-stage 1] [--top 5] [--json] [--no-dry-run-check]
+
+Everything that is not one of the search's own flags is a pretrain_gpt.py flag: the model (--config, --init-from-hf
+or the shape flags), the batch and sequence, the data and checkpoint flags (passed on to the printed commands), and
+any layout flag, which fixes that dimension (planner/layout_pins.py). `--help-model` lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Sequence
+
+from arguments.parser import build_parser, parse_arguments
+from base.errors import OneLineArgumentParser
+from planner.input_bounds import check_gpu_count, check_model_fits_gpus, check_search_counts
+from planner.layout_flags import drop_no_effect_flags, launch_command
+from planner.layout_pins import pins_of
+from planner.layout_search import search
+from planner.perf_model import load_hardware
+from planner.search_check import check_picks
+from planner.search_report import explain_losses, format_picks
+from planner.vocabulary import launch_vocab
+
+MODEL_FLAGS_NOTE = ("Every other flag is pretrain_gpt.py's (the model: --config, --init-from-hf or the shape flags; "
+                    "--global-batch-size, --seq-length; data and checkpoint flags, passed on to the printed commands); "
+                    "a layout flag among them (--tensor-model-parallel-size, --zero-stage, --bf16, "
+                    "--recompute-granularity, --expert-model-parallel-size, --sequence-parallel, ...) fixes that "
+                    "dimension. `--help-model` lists them.")
+
+
+def search_arguments() -> OneLineArgumentParser:
+    own = OneLineArgumentParser(prog="python -m zero.plan search", add_help=False,
+                                description="Every layout of a model on N GPUs, ranked by the layout model's step "
+                                            "time; the best checked by the dry run; each printed as a command.",
+                                epilog=MODEL_FLAGS_NOTE)
+    own.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    own.add_argument("--hardware", required=True, help="a profile in configs/hardware with a layout calibration "
+                                                       "(h100-sxm, cpu-2core-4proc)")
+    own.add_argument("--top", type=int, default=5, help="layouts printed (default 5)")
+    own.add_argument("--json", action="store_true", help="every layout that fits, best first, as JSON")
+    own.add_argument("--no-dry-run-check", dest="dry_run_check", action="store_false",
+                     help="print the picks by the analytic count alone, without planning them by the dry run "
+                          "(faster for large models; the count runs under the dry run's figure)")
+    own.add_argument("--max-dry-runs", type=int, default=20, metavar="N",
+                     help="plan at most N candidates by the dry run while looking for --top that fit (default 20)")
+    own.add_argument("-h", "--help", action="store_true", help="this help")
+    own.add_argument("--help-model", action="store_true", help="pretrain_gpt.py's flags, which give the model")
+    return own
+
+
+def data_note(config) -> list[str]:
+    """Where the printed commands get their data and save to: the user's flags, or what to add."""
+    if config.data.user_data and config.checkpoint.save:
+        return []
+    missing = [what for what, given in (("--data-path with its tokenizer flags", config.data.user_data),
+                                        ("--save DIR", config.checkpoint.save)) if not given]
+    return [f"as printed, each command {'trains on the embedded corpus' if not config.data.user_data else 'reads your data'}"
+            f" and {'saves nothing' if not config.checkpoint.save else 'saves where you said'}: add "
+            f"{' and '.join(missing)} (docs/data.md), or give them to search, which passes them on"]
+
+
+def search_command(argv: Sequence[str]) -> int:
+    own = search_arguments()
+    if {"-h", "--help"} & set(argv):
+        print(own.format_help())
+        return 0
+    if "--help-model" in argv:
+        build_parser().print_help()
+        return 0
+    args, rest = own.parse_known_args(list(argv))
+    check_gpu_count("--gpus", args.gpus)
+    check_search_counts(args.top, args.max_dry_runs)
+    parsed = parse_arguments(list(rest))
+    config, hardware = parsed.config, load_hardware(args.hardware)
+    check_model_fits_gpus(config.model, args.gpus, hardware.gpu_memory_bytes)
+    model_flags, dropped = drop_no_effect_flags(rest, parsed.harvested or {})
+    start = time.perf_counter()
+    vocab, _ = launch_vocab(config)  # an --init-from-hf model's comes from its folder: the output layer counts
+    _, candidates = search(config, args.gpus, hardware, vocab)
+    fitting = sum(c.fits for c in candidates)
+    checked = ""
+    if args.dry_run_check:
+        summary = check_picks(candidates, model_flags, hardware, args.top, args.max_dry_runs,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+        checked = (f"; the best planned by the dry run until {args.top} fit: {summary.checked} planned, "
+                   f"{summary.fit} fit" + (f" (stopped at --max-dry-runs {args.max_dry_runs}: raise it to print "
+                                           f"{args.top})" if summary.capped else ""))
+    explain_losses(candidates)
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps([c.to_json() | {"flags": [*model_flags, *c.flag_words],
+                                         "command": launch_command(args.gpus, hardware.gpus_per_node,
+                                                                   [*model_flags, *c.flag_words])}
+                          for c in candidates if c.fits]))
+        return 0
+    pinned = pins_of(config).names()
+    header = (f"{len(candidates):,} layouts enumerated, {fitting:,} fit by the count{checked}; {seconds:.1f} s"
+              + (f"; fixed by your flags: {', '.join(pinned)}" if pinned else ""))
+    notes = data_note(config) + ([f"left out of the commands: {' '.join(dropped)} (pretrain_gpt.py accepts "
+                                  f"{'them' if len(dropped) > 1 else 'it'} with no effect)"] if dropped else [])
+    print(format_picks(candidates, args.top, model_flags, hardware.gpus_per_node, hardware.gpu_memory_bytes, header,
+                       notes, checked_only=args.dry_run_check))
+    return 0

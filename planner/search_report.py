@@ -1,0 +1,70 @@
+"""What `python -m zero.plan search` prints: the top picks, each with its dry-run figure and its launch command, why each
+pick after the first ranks below it, and what the rest lost to.
+
+A pick that ties the best (the same predicted step: communication hidden on both) says so and names the tie-break
+that placed it (fewer model-parallel ranks first, then less memory); a slower one names the term that costs it most
+over the best, only a term that differs (issue 80: ties used to read "gemm +0 ms").
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from planner.layout_flags import launch_command
+from planner.layout_search import Candidate, model_parallel_ranks, rank_key
+from zero.memory import format_bytes
+
+
+def loss_reason(candidate: Candidate, best: Candidate) -> str:
+    """Why `candidate` ranks below `best` (module docstring)."""
+    mine, theirs = candidate.prediction, best.prediction
+    if rank_key(candidate)[0] == rank_key(best)[0]:
+        tie = f"tie with 1. at {mine.step_s * 1e3:,.1f} ms; after it by the tie-break"
+        ranks, best_ranks = model_parallel_ranks(candidate.layout), model_parallel_ranks(best.layout)
+        if ranks != best_ranks:
+            return f"{tie}: fewer model-parallel ranks first ({ranks} against {best_ranks})"
+        memory, best_memory = rank_key(candidate)[2], rank_key(best)[2]
+        if memory != best_memory:
+            which = "dry run" if candidate.dry_run_bytes and best.dry_run_bytes else "count"
+            return f"{tie}: less memory first ({format_bytes(memory)} against {format_bytes(best_memory)}, {which})"
+        return f"{tie}: equal there too, listed in the search's order"
+    excess = {term: seconds - theirs.terms[term] for term, seconds in mine.terms.items()}
+    term = max(excess, key=excess.get)
+    return f"{term} +{excess[term] * 1e3:,.1f} ms (step {mine.step_s / theirs.step_s:.3f}x the best)"
+
+
+def explain_losses(candidates: list[Candidate]) -> None:
+    """Set `lost_to` of every fitting candidate after the best."""
+    fitting = [c for c in candidates if c.fits]
+    for candidate in fitting[1:]:
+        candidate.lost_to = loss_reason(candidate, fitting[0])
+
+
+def memory_text(candidate: Candidate, budget: int) -> str:
+    if candidate.stage_bytes is None:
+        return f"counted {format_bytes(candidate.memory_bytes)} (not checked by the dry run)"
+    stages = candidate.stage_bytes
+    worst = max(range(len(stages)), key=stages.__getitem__)
+    where = f" (worst of {len(stages)} stages: {worst})" if len(stages) > 1 else ""
+    return f"dry run {format_bytes(stages[worst])} of {format_bytes(budget)}{where}"
+
+
+def format_picks(candidates: list[Candidate], top: int, model_flags: list[str], gpus_per_node: int,
+                 budget: int, header: str, notes: Optional[list[str]] = None, checked_only: bool = False) -> str:
+    """The header, the notes, the top `top` fitting candidates as commands (`checked_only`: only those the dry run
+    planned, so every printed pick fits by it), and what the rest lost to."""
+    fitting = [c for c in candidates if c.fits and (c.stage_bytes or not checked_only)]
+    lines = [header, *(notes or [])]
+    for rank, candidate in enumerate(fitting[:top], 1):
+        p = candidate.prediction
+        lines.append(f"{rank}. {p.step_s * 1e3:,.1f} ms/step, {p.model_tflops_per_gpu:,.0f} TFLOP/s/GPU, "
+                     f"{memory_text(candidate, budget)}" + (f"  [{candidate.lost_to}]" if rank > 1 else ""))
+        lines.append("   " + launch_command(candidate.layout.gpus, gpus_per_node,
+                                            [*model_flags, *candidate.flag_words]))
+    reasons: dict[str, int] = {}
+    for candidate in candidates[min(top, len(fitting)):]:
+        key = candidate.lost_to.split(" +")[0].split(":")[0].split(" at ")[0] or "not ranked"
+        reasons[key] = reasons.get(key, 0) + 1
+    lines.append("the rest lost to: " + ", ".join(f"{term} ({n:,})" for term, n in
+                                                 sorted(reasons.items(), key=lambda kv: -kv[1])))
+    return "\n".join(lines)
