@@ -17,7 +17,8 @@ fp64 inside its kernel (ForeachReduceOp.cu: its accumulator is the output dtype'
 memory traffic as the fp32 norm, the fp64 adds hidden behind it on a bandwidth-bound pass. On a CPU torch
 converts each tensor to fp64 first: the pieces go in blocks of NORM_BLOCK elements, so that copy is one
 block (2 MiB) at a time; `block_copy_bytes` is what the planner counts for it among the step's temporaries of a
-CPU run.
+CPU run. Only a CPU's pieces are cut: elsewhere (CUDA, and the planner's meta tensors, whose sizes may be
+anything a user typed) a list of blocks would be Python objects in proportion to the model for no gain.
 """
 
 from __future__ import annotations
@@ -31,10 +32,14 @@ NORM_BLOCK = 1 << 18  # elements per fp64 conversion on a CPU: bounds the copy t
 
 def sum_of_squares(pieces: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The sum of the squares of every element of `pieces` (one-dimensional), as an fp64 scalar on `device`."""
-    blocks = [block for piece in pieces for block in piece.split(NORM_BLOCK)]
+    blocks = [block for piece in pieces for block in _blocks(piece)]
     if not blocks:
         return torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack(torch._foreach_norm(blocks, dtype=torch.float64)).square().sum()
+
+
+def _blocks(piece: torch.Tensor) -> Sequence[torch.Tensor]:
+    return piece.split(NORM_BLOCK) if piece.device.type == "cpu" else (piece,)
 
 
 def block_copy_bytes(largest_piece: int) -> int:
