@@ -83,11 +83,18 @@ def test_class_counts(classes):
 
 # ---- (b) every harvested flag with a value of its harvested shape --------------------------------------
 
+# Flags whose harvested choices are an expression (an enum's names), not a list: a value from that enum.
+# Megatron-LM's InferenceCudaGraphScope (none, layer, block); "none" is the one it allows with --cuda-graph-impl none.
+EXPRESSION_CHOICE = {"--inference-cuda-graph-scope": "none"}
+
+
 def sample_values(option):
     """A value list that the first source's parser accepts for `option`."""
     shape = harvested()["flags"][option]["shapes"][0]
     if shape["action"] in ("store_true", "store_false", "store_const", "BooleanOptionalAction", "count"):
         return []
+    if option in EXPRESSION_CHOICE:
+        return [EXPRESSION_CHOICE[option]]
     choices = shape.get("choices")
     value = (str(choices[0]) if isinstance(choices, list) and choices and choices[0] is not None
              else {"int": "1", "float": "0.5"}.get(shape.get("type"), "x"))

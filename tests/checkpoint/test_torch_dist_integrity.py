@@ -39,9 +39,10 @@ def losses(path: Path) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def saved(corpus_cache_300, tmp_path_factory):
-    """An 8-head run's torch_dist save at iteration 2, and the same run's uninterrupted losses to iteration 3."""
+    """An 8-head run's torch_dist save at iteration 2, and the same run's uninterrupted losses to iteration 3 (with
+    --ckpt-format torch_dist too: it reads its samples in Megatron-Core's order, arguments/config.py sample_order)."""
     work = tmp_path_factory.mktemp("torch-dist")
-    straight = train(corpus_cache_300, work / "straight", *HEADS, "--train-iters", "3")
+    straight = train(corpus_cache_300, work / "straight", *HEADS, *TORCH_DIST, "--train-iters", "3")
     assert straight.code == 0, straight.err
     first = train(corpus_cache_300, work, *HEADS, *TORCH_DIST, "--train-iters", "3", "--save", work / "ck",
                   "--load", work / "ck", "--exit-interval", "2")

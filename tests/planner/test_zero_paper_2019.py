@@ -42,7 +42,9 @@ from planning import Planner  # noqa: E402
 DOCS = ROOT / "docs" / "zero-paper-2019-conditions.md"
 SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--vocab-size", "512", "--fp16", "--no-bf16", "--checkpoint-activations"]
-# What the code at 59416a9, before any condition existed, predicts for two of Figure 2's points on dgx2.
+# What the code at 59416a9, before any condition existed, predicts for two of Figure 2's points on dgx2. Issue 80's one
+# time model (planner/layout_prediction.py) sums the same terms in another order: 37.38136807721812 for zero-100b,
+# 3.4e-12 (relative) from this figure, so the two are compared to 1e-10, rounding only.
 TODAY_DGX2 = {"zero-100b": 37.381368077343716, "megatron-40b": 5.740608617547693}
 
 
@@ -91,7 +93,7 @@ def test_dgx2_keeps_todays_predictions(tmp_path):
     planner = Planner(tmp_path)
     for point in experiments.load_points("fig2", "dgx2"):
         if point.point in TODAY_DGX2:
-            assert planner.predict(point).hardware_tflops_per_gpu == pytest.approx(TODAY_DGX2[point.point], rel=1e-12)
+            assert planner.predict(point).hardware_tflops_per_gpu == pytest.approx(TODAY_DGX2[point.point], rel=1e-10)
 
 
 def test_the_terms_follow_the_2019_code():
