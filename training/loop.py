@@ -130,16 +130,14 @@ def rerun_exit(verdict: RerunExit, iteration: int, summary: TrainingSummary,
 def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memory: FirstIterationMemory,
           settings: RunSettings, state: ParallelState, *, start_iteration: int = 0, consumed_samples: int = 0,
           schedule_samples: Optional[int] = None, save_checkpoint: Optional[SaveCheckpoint] = None,
-          exit_conditions: Optional[ExitConditions] = None,
-          commit_saves: Optional[Callable[[int], None]] = None,
+          exit_conditions: Optional[ExitConditions] = None, commit_saves: Optional[Callable[[int], None]] = None,
           faults: Optional[FaultSchedule] = None) -> TrainingSummary:
-    """Train from `start_iteration` + 1 to --train-iters (a resume passes the checkpoint's iteration,
-    consumed samples and schedule position: each iteration's batch follows from the samples consumed before
-    it, its learning rate from the samples of the updates taken before it). With `save_checkpoint`: every --save-interval, at the end, and before an early exit.
+    """Train from `start_iteration` + 1 to --train-iters (a resume passes the checkpoint's iteration, consumed samples
+    and schedule position: each iteration's batch follows from the samples consumed before it, its learning rate from
+    the samples of the updates taken before it). `save_checkpoint`: every --save-interval, at the end, at an early exit.
     `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote.
-    `faults` (training/fault_injection.py) is polled after each step, where Megatron-LM's loop polls its fault
-    injector: before the step is logged or saved; it is armed at the start, or once an iteration is done, its save
-    included."""
+    `faults` (training/fault_injection.py): polled after each step, before it is logged or saved, where Megatron-LM's
+    loop polls its fault injector; armed at the start, or once an iteration is done, its save included."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
     summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples,
                               schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
