@@ -1177,16 +1177,9 @@ class PretrainConfig:
             raise ConfigError(f"--sequence-parallel splits each context-parallel rank's {local} tokens over "
                               f"--tensor-model-parallel-size {tp}: choose --seq-length divisible by CP x TP",
                               flags=("--sequence-parallel", "--seq-length", "--context-parallel-size"))
-        masking = [flag for flag, on in (("--reset-position-ids", self.data.reset_position_ids),
-                                         ("--reset-attention-mask", self.data.reset_attention_mask),
-                                         ("--eod-mask-loss", self.data.eod_mask_loss),
-                                         ("--goldfish-loss", self.data.goldfish_loss)) if on]
-        if masking:
-            # data/documents.py builds the masks of the whole sequence; per-chunk positions, block-diagonal masks over
-            # the ring and a loss mask's count summed over CP are not built
-            raise ConfigError(f"{', '.join(masking)} with --context-parallel-size {cp} is not implemented here: "
-                              f"document masking runs without context parallelism",
-                              flags=(*masking, "--context-parallel-size"))
+        # document masking (--reset-position-ids, --reset-attention-mask, --eod-mask-loss, --goldfish-loss) runs
+        # under context parallelism: the whole sample's masks split with the tokens (data/documents_cp.py), as
+        # Megatron-LM's get_batch_on_this_cp_rank splits them, which asserts nothing about them
         if self.zero.distributed_optimizer_instances > 1:
             raise ConfigError("--num-distributed-optimizer-instances > 1 with --context-parallel-size is not "
                               "implemented here: use one optimizer instance",

@@ -67,10 +67,14 @@ def goldfish_kept(labels: torch.Tensor, k: int, h: int) -> torch.Tensor:
 class DocumentMasks:
     """One micro-batch's masks; each None where its flag is off. position_ids [batch, seq] (long);
     attention_mask [batch, 1, seq, seq] (bool, True where the query row may attend to the key column, causal
-    included: SDPA's convention, the inverse of Megatron's); loss_mask [batch, seq] (float, 1 where trained)."""
+    included: SDPA's convention, the inverse of Megatron's); loss_mask [batch, seq] (float, 1 where trained).
+    document_ids [batch, whole seq] (long; --reset-attention-mask): each token's document, counted from 0 along
+    the whole sample; context parallelism's attention builds its blocks' masks from it (data/documents_cp.py)
+    where the [seq, seq] mask of the whole sample is not built."""
     position_ids: Optional[torch.Tensor] = None
     attention_mask: Optional[torch.Tensor] = None
     loss_mask: Optional[torch.Tensor] = None
+    document_ids: Optional[torch.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -91,13 +95,15 @@ class DocumentMasking:
             return None
         return cls(int(eod_id), reset_position_ids, reset_attention_mask, eod_mask_loss, goldfish)
 
-    def masks(self, inputs: torch.Tensor, labels: Optional[torch.Tensor] = None) -> DocumentMasks:
+    def masks(self, inputs: torch.Tensor, labels: Optional[torch.Tensor] = None,
+              dense_attention_mask: bool = True) -> DocumentMasks:
         """The masks of `inputs` [batch, seq], the input tokens (Megatron builds them from `tokens`, text[:-1]);
-        the goldfish loss reads `labels` [batch, seq] (text[1:])."""
+        the goldfish loss reads `labels` [batch, seq] (text[1:]). `dense_attention_mask` False: --reset-attention-mask
+        gives only the document ids, not the [seq, seq] mask (context parallelism builds its own per block)."""
         is_eod = inputs == self.eod_id
         seq = inputs.shape[1]
         index = torch.arange(seq, device=inputs.device)
-        position_ids = attention_mask = loss_mask = None
+        position_ids = attention_mask = loss_mask = document = None
         if self.reset_position_ids:
             # A document starts after the last EOD before it: start[i] = max over j < i of (j + 1 if EOD at j),
             # 0 for the first; the position is i - start[i].
@@ -108,8 +114,9 @@ class DocumentMasking:
         if self.reset_attention_mask:
             # The document of token i counts the EODs before it (an EOD belongs to the document it ends).
             document = torch.cumsum(is_eod, dim=1) - is_eod.long()
-            causal = torch.ones(seq, seq, dtype=torch.bool, device=inputs.device).tril()
-            attention_mask = ((document[:, :, None] == document[:, None, :]) & causal).unsqueeze(1)
+            if dense_attention_mask:
+                causal = torch.ones(seq, seq, dtype=torch.bool, device=inputs.device).tril()
+                attention_mask = ((document[:, :, None] == document[:, None, :]) & causal).unsqueeze(1)
         if self.eod_mask_loss:
             loss_mask = (~is_eod).float()
         if self.goldfish is not None:
@@ -117,7 +124,7 @@ class DocumentMasking:
                 raise ValueError("the goldfish loss's mask needs the micro-batch's labels")
             kept = goldfish_kept(labels, *self.goldfish)
             loss_mask = kept if loss_mask is None else loss_mask * kept
-        return DocumentMasks(position_ids, attention_mask, loss_mask)
+        return DocumentMasks(position_ids, attention_mask, loss_mask, document)
 
 
 def masked_token_mean(per_token_loss: torch.Tensor, documents: Optional[DocumentMasks]) -> torch.Tensor:

@@ -25,6 +25,16 @@ are computed explicitly in fp32 (no fused kernel per block), a transient of [bat
 The dropout ring computes every block whole under a mask (rows with no visible key get a log-sum-exp of about
 -1e30 and weigh exactly 0 in the merge): the same math at up to twice the FLOPs.
 
+Documents (--reset-attention-mask): a query sees only the keys of its own document, on top of the causal mask
+(data/documents.py). Every CP rank holds the whole sample's document ids ([batch, S], data/documents_cp.py), so
+each path compares them between its queries and the keys at hand, without communication: all_gather against the
+gathered keys, a2a over the whole sequence in order, and the ring per block, the block's rows and keys being
+those `_block_plan` picks, a row that sees none of a block's keys weighing 0 in the merge as above (a query
+always sees itself, so every row of the final softmax has a key). The [S, S] mask of the whole sample is never
+built. Megatron-LM splits its [b, 1, S, S] attention_mask along the queries (get_batch_on_this_cp_rank,
+`seq_dim = 2` for it) and hands Transformer Engine the rank's rows; the block-diagonal attention is the one the
+single process computes here (SDPA under the mask).
+
 Attention sinks (--softmax-type, gpt/attention_sinks.py) on every path: all_gather and a2a through
 attention_with_sinks (the gathered keys' mask gains the sink's column; a2a's rank takes its head group's sinks), the
 ring by one more merge, the sink as a block of one key of value zero (sink_rescaled), its own backward giving the
@@ -42,7 +52,14 @@ import torch.nn.functional as F
 from gpt.attention_sinks import attention_with_sinks, sink_rescaled
 from gpt.attention_softcap import softcapped_attention
 from gpt.attention_window import window_visible
-from parallel.context_parallel import all_gather_sequence, all_to_all, local_positions, ring_shift, shift
+from parallel.context_parallel import (
+    all_gather_sequence,
+    all_to_all,
+    local_positions,
+    ring_shift,
+    shift,
+    take_local_chunks,
+)
 from parallel.state import ParallelState
 
 MASKED = -1.0e30  # a finite "minus infinity": a row with no visible key keeps finite gradients (zero weight)
@@ -54,13 +71,27 @@ def group_positions(local_length: int, state: ParallelState, device: torch.devic
     return torch.cat([local_positions(local_length, size, rank, device) for rank in range(size)])
 
 
+def same_document(query_documents: torch.Tensor, key_documents: torch.Tensor,
+                  visible: Optional[torch.Tensor]) -> torch.Tensor:
+    """[batch, 1, queries, keys]: `visible` ([queries, keys] or None: every key) where the key's document
+    ([batch, keys]) is the query's ([batch, queries])."""
+    same = (query_documents[:, :, None] == key_documents[:, None, :]).unsqueeze(1)
+    return same if visible is None else same & visible
+
+
+def rank_documents(document_ids: torch.Tensor, state: ParallelState, cp_rank: int) -> torch.Tensor:
+    """The document ids of CP rank `cp_rank`'s tokens, [batch, S / CP], from the whole sample's [batch, S]."""
+    return take_local_chunks(document_ids, state.context_parallel_size, cp_rank, dim=1)
+
+
 def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                          dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
                          scale: Optional[float] = None, softcap: Optional[float] = None,
-                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         sinks: Optional[torch.Tensor] = None,
+                         document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position (and
     within `window` keys before each query where one is given); `scale` and `softcap` as gpt/model.py's; `sinks`: a
-    sink logit per query head."""
+    sink logit per query head; `document_ids` (the whole sample's, [batch, S]): only the query's document's keys."""
     local = query.shape[2]
     keys = all_gather_sequence(key, state, dim=2)
     values = all_gather_sequence(value, state, dim=2)
@@ -68,6 +99,11 @@ def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     key_positions = group_positions(local, state, query.device)
     visible = key_positions[None, :] <= query_positions[:, None] if window is None else \
         window_visible(query_positions, key_positions, window)
+    if document_ids is not None:  # the gathered keys are in CP-rank order
+        key_documents = torch.cat([rank_documents(document_ids, state, rank)
+                                   for rank in range(state.context_parallel_size)], dim=1)
+        visible = same_document(rank_documents(document_ids, state, state.context_parallel_rank), key_documents,
+                                visible)
     return _masked_attention(query, keys, values, visible, dropout_p, enable_gqa, scale, softcap, sinks)
 
 
@@ -135,6 +171,17 @@ def _block_plan(local: int, state: ParallelState, source: int,
     return slice(half, None), every, None
 
 
+def _block_mask(local: int, state: ParallelState, source: int, device: torch.device,
+                document_ids: Optional[torch.Tensor]) -> tuple[slice, slice, Optional[torch.Tensor]]:
+    """`_block_plan`, its mask narrowed to each query's document where `document_ids` (the whole sample's) are
+    given: [batch, 1, rows, keys] then."""
+    rows, keys, visible = _block_plan(local, state, source, device)
+    if document_ids is None:
+        return rows, keys, visible
+    query_documents = rank_documents(document_ids, state, state.context_parallel_rank)[:, rows]
+    return rows, keys, same_document(query_documents, rank_documents(document_ids, state, source)[:, keys], visible)
+
+
 def _per_query_head(tensor: torch.Tensor, heads: int) -> torch.Tensor:
     """Key/value heads [b, groups, s, d] as one per query head (query head i reads group i // (heads / groups))."""
     return tensor if tensor.shape[1] == heads else tensor.repeat_interleave(heads // tensor.shape[1], dim=1)
@@ -154,7 +201,7 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                sinks: Optional[torch.Tensor] = None):
+                sinks: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None):
         size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
                                     query.shape[1])
         key_value = torch.stack((key, value))
@@ -162,7 +209,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(size):
             if step > 0:
                 key_value = shift(key_value, state, 1, tag=81)
-            rows, keys, visible = _block_plan(local, state, (rank - step) % size, query.device)
+            rows, keys, visible = _block_mask(local, state, (rank - step) % size, query.device, document_ids)
             block_output, block_lse = block_attention(query[:, :, rows], _per_query_head(key_value[0][:, :, keys], heads),
                                                       _per_query_head(key_value[1][:, :, keys], heads), visible)
             if output is None:  # step 0: the rank's own block, every row
@@ -177,7 +224,7 @@ class _RingAttention(torch.autograd.Function):
         # copy of its own beside the output kept here (one [b, s/CP, h] tensor a layer more than CP 1 saved:
         # tests/training/test_context_parallel_activation_memory.py).
         output = output.transpose(1, 2).contiguous().transpose(1, 2)
-        ctx.state, ctx.has_sinks = state, sinks is not None
+        ctx.state, ctx.has_sinks, ctx.document_ids = state, sinks is not None, document_ids  # ids: no gradient
         ctx.save_for_backward(query, key, value, output, lse, *(() if sinks is None else (sinks,)))
         return output.to(query.dtype)
 
@@ -198,7 +245,7 @@ class _RingAttention(torch.autograd.Function):
             if step > 0:
                 key_value = shift(key_value, state, 1, tag=82)
                 grad_key_value = shift(grad_key_value, state, 1, tag=83)
-            rows, keys, visible = _block_plan(local, state, (rank - step) % size, query.device)
+            rows, keys, visible = _block_mask(local, state, (rank - step) % size, query.device, ctx.document_ids)
             block_key, block_value = (_per_query_head(part[:, :, keys], heads).float() for part in key_value)
             block_query, block_grad = query32[:, :, rows], grad_output[:, :, rows]
             scores = torch.matmul(block_query, block_key.transpose(-2, -1)) * scale
@@ -221,23 +268,26 @@ class _RingAttention(torch.autograd.Function):
             share = torch.exp(sink.float().view(1, -1, 1) - lse)
             grad_sinks = (-(share * delta.squeeze(-1)).sum(dim=(0, 2))).to(sink.dtype)
         return (grad_query.to(query.dtype), grad_key_value[0].to(key.dtype), grad_key_value[1].to(value.dtype),
-                None, grad_sinks)
+                None, grad_sinks, None)
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
-                   dropout_p: float = 0.0, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   dropout_p: float = 0.0, sinks: Optional[torch.Tensor] = None,
+                   document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[batch, heads, local seq, d] queries against every CP rank's K/V, passed round the ring (see the module);
-    key and value may hold one head per group of query heads (grouped-query); `sinks`: a sink logit per head."""
+    key and value may hold one head per group of query heads (grouped-query); `sinks`: a sink logit per head;
+    `document_ids` (the whole sample's, [batch, S]): only the query's document's keys."""
     if dropout_p == 0.0:
-        return _RingAttention.apply(query, key, value, state, sinks)
+        return _RingAttention.apply(query, key, value, state, sinks, document_ids)
     heads = query.shape[1]
     return ring_attention_through_autograd(query, _per_query_head(key, heads), _per_query_head(value, heads), state,
-                                           dropout_p, sinks)
+                                           dropout_p, sinks, document_ids)
 
 
 def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                     state: ParallelState, dropout_p: float = 0.0,
-                                    sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                                    sinks: Optional[torch.Tensor] = None,
+                                    document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The ring with autograd through its shifts (each shift's backward sends the gradient back): what runs with
     attention dropout, whose masks autograd keeps; every block's K/V stays alive until backward."""
     size, rank = state.context_parallel_size, state.context_parallel_rank
@@ -250,6 +300,9 @@ def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, valu
             key_value = ring_shift(key_value, state)
         source = (rank - step) % size  # whose chunks arrived at this step
         visible = local_positions(local, size, source, query.device)[None, :] <= query_positions[:, None]
+        if document_ids is not None:
+            visible = same_document(rank_documents(document_ids, state, rank),
+                                    rank_documents(document_ids, state, source), visible)
         block_output, block_lse = block_attention(query, key_value[0], key_value[1], visible, dropout_p)
         if output is None:
             output, lse = block_output, block_lse
@@ -284,12 +337,14 @@ def heads_to_sequence(tensor: torch.Tensor, state: ParallelState, positions: tor
 def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                          dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
                          scale: Optional[float] = None, softcap: Optional[float] = None,
-                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         sinks: Optional[torch.Tensor] = None,
+                         document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
     one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
     split, each rank attends over the whole sequence with H / CP heads (plain causal attention), and the
     all-to-all back turns it into the sequence split again. The heads must divide by CP (DeepSpeed asserts it
-    too); key/value heads that do not are copied per query head first."""
+    too); key/value heads that do not are copied per query head first. `document_ids` (the whole sample's, in
+    order, as the sequence is here): only the query's document's keys."""
     size = state.context_parallel_size
     if key.shape[1] % size:  # grouped-query with fewer key/value heads than ranks: one copy per query head
         per_group = query.shape[1] // key.shape[1]
@@ -305,6 +360,9 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         sinks = sinks[state.context_parallel_rank * group:(state.context_parallel_rank + 1) * group]
     whole = torch.arange(query.shape[2], device=query.device)
     visible = None if window is None else window_visible(whole, whole, window)
+    if document_ids is not None:
+        causal = visible if visible is not None else whole[None, :] <= whole[:, None]
+        visible = same_document(document_ids, document_ids, causal)
     context = _masked_attention(query, key, value, visible, dropout_p, grouped, scale, softcap, sinks)
     return heads_to_sequence(context, state, positions)
 
@@ -312,18 +370,21 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                                comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False,
                                window: Optional[int] = None, scale: Optional[float] = None,
-                               softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                               softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None,
+                               document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`; with a sliding `window`
     (gpt/attention_window.py), a `scale` or soft-capped scores over all_gather's or a2a's positions (the ring takes
-    none of them: arguments/config.py); `sinks`: a sink logit per query head (gpt/attention_sinks.py), on every
-    path."""
+    none of them: arguments/config.py); `sinks`: a sink logit per query head (gpt/attention_sinks.py), and
+    `document_ids` (--reset-attention-mask: the whole sample's, [batch, S]), on every path."""
     if comm_type == "all_gather":
-        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks)
+        return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks,
+                                    document_ids)
     if comm_type == "p2p":
         if (window, scale, softcap) != (None, None, None):
             raise ValueError("the ring (--cp-comm-type p2p) computes plain causal attention: no sliding window, "
                              "softmax scale or soft-capping")
-        return ring_attention(query, key, value, state, dropout_p, sinks)
+        return ring_attention(query, key, value, state, dropout_p, sinks, document_ids)
     if comm_type == "a2a":
-        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks)
+        return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks,
+                                    document_ids)
     raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather or a2a")

@@ -115,14 +115,15 @@ def check_fp8(model_config, launch: Fp8Launch) -> None:
 def _check_param_gather(what: str, recipe: str, zero_stage: int) -> None:
     """--fp8-param-gather where it is not built. Megatron-LM asserts the distributed optimizer or FSDP
     (megatron/training/arguments.py: "--fp8-param-gather only supported with distributed optimizer, torch fsdp2,
-    megatron fsdp"): ZeRO 0 is refused as there (stage 1 is the distributed optimizer, stage 3 FSDP); the block
-    recipes (Megatron casts them through TE's blockwise and MXFP8 tensors) are not built here."""
+    megatron fsdp"): ZeRO 0 is refused as there (stage 1 is the distributed optimizer, stage 3 FSDP); MXFP8 (Megatron
+    casts it through TE's MXFP8 tensors) is not built here."""
     if zero_stage == 0:
         raise ConfigError(f"{what} --fp8-param-gather needs sharded parameters, as in Megatron-LM (distributed "
                           f"optimizer or FSDP): use --use-distributed-optimizer or --zero-stage 1, 2 or 3")
     if recipe not in GATHERED_RECIPES:
-        raise ConfigError(f"{what} --fp8-param-gather: the {recipe} recipe's block-scaled weights are not cast from "
-                          f"the master here (built: {', '.join(GATHERED_RECIPES)}); drop --fp8-param-gather")
+        raise ConfigError(f"{what} --fp8-param-gather: the {recipe} recipe's weights (1x32 blocks along each "
+                          f"direction) are not cast from the master here (built: {', '.join(GATHERED_RECIPES)}); "
+                          f"drop --fp8-param-gather")
 
 
 def fp8_gathered_weights(model: nn.Module) -> dict:
@@ -368,8 +369,13 @@ def startup_line(recipe: Fp8Recipe, device: torch.device, parallel: Optional[Par
         words.append(f"MLA's {', '.join(sorted(replicated))} in high precision (replicated linears here; TE linears, "
                      f"in FP8, in Megatron: not built)")
     if param_gather:
-        words.append("--fp8-param-gather: ZeRO keeps these linears' weights as e4m3 bytes cast from the fp32 master "
-                     "after each step (scale from the whole weight's amax, max all-reduced over the shard owners) and "
+        scaled = ("each 128x128 block's scale from the whole block's amax of the fp32 master, max all-reduced over "
+                  "the shard owners, and the fp32 master cast to e4m3 as TransformerEngine's blockwise cast does, "
+                  "where without the flag the forward casts the weight in the model's dtype: in 16-bit runs a byte "
+                  "or a block's scale may differ by that rounding" if recipe.recipe == "blockwise" else
+                  "scale from the whole weight's amax, max all-reduced over the shard owners")
+        words.append(f"--fp8-param-gather: ZeRO keeps these linears' weights as e4m3 bytes cast from the fp32 master "
+                     f"after each step ({scaled}) and "
                      "gathers 1 byte per element, the GEMMs taking them with no second cast; the gathered weights are "
                      "also dequantized into the high-precision parameters (the autograd leaves), so device memory is "
                      "not reduced; under ZeRO 1-2 these gathers run at the step, not overlapped with the forward; the "

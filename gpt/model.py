@@ -197,10 +197,12 @@ class SelfAttention(nn.Module):
         sinks = None if self.softmax_type == "vanilla" else sink_logits(self.softmax_offset, self.heads_per_rank,
                                                                         query)
         with dropout_stream(self.rng), attention_kernels(self.attention_backend):
-            if self.context_parallel is not None:  # document masks are refused with CP (arguments/config.py)
+            if self.context_parallel is not None:  # --reset-attention-mask's documents by their ids
+                document_ids = documents.document_ids if documents is not None else None
                 context = context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type,
                                                      dropout_p, enable_gqa=self.native_gqa, window=self.window,
-                                                     scale=self.softmax_scale, softcap=self.softcap, sinks=sinks)
+                                                     scale=self.softmax_scale, softcap=self.softcap, sinks=sinks,
+                                                     document_ids=document_ids)
             elif sinks is not None:  # (with soft-capping refused: gpt/model_config.py)
                 if self.window is not None:  # the sliding window, over the documents' mask where there is one
                     attention_mask = causal_window_mask(seq, self.window, query.device, attention_mask)
@@ -508,11 +510,12 @@ class GPTModel(nn.Module):
             # (`self.embed_scale.to(self.weight.dtype)`); elementwise, so also on a sequence-parallel slice
             hidden = hidden * torch.tensor(math.sqrt(self.config.hidden_size), dtype=hidden.dtype)
         if self.position_embeddings is not None:
-            # --reset-position-ids' per-document positions; with context parallelism, this rank's chunks at their
-            # global positions (the two are not combined: arguments/config.py refuses it)
+            # --reset-position-ids' per-document positions (with context parallelism, this rank's chunks of the
+            # whole sample's: data/documents_cp.py); else, with context parallelism, its chunks' global positions
             if positions is None:
-                positions = documents.position_ids if documents is not None else \
-                    positions_on_this_rank(tokens.shape[1], self.state, tokens.device)
+                positions = documents.position_ids if documents is not None else None
+            if positions is None:
+                positions = positions_on_this_rank(tokens.shape[1], self.state, tokens.device)
             if positions is None:
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
             hidden = hidden + self.position_embeddings(positions)

@@ -26,14 +26,14 @@ from typing import Iterator, Optional
 
 import torch
 
-from data.documents import DocumentMasking, DocumentMasks, masked_token_mean
+from data.documents import DocumentMasking, DocumentMasks
 from gpt.model import GPTModel
 from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
 from training.cuda_graphs import CudaGraphs
-from training.evaluation import mean_token_loss, split_micro_batch
+from training.evaluation import mean_token_loss, micro_batch_loss, split_micro_batch
 from training.rerun_state import RerunStateMachine
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
@@ -127,8 +127,9 @@ class PipelineTrainStep(DataParallelTrainStep):
         with self.observer.phase("forward"):
             if masks is not None:
                 if self._ends_model(slot):
-                    return masked_token_mean(self.model.chunk_forward(slot.chunk, chunk_input, labels, masks,
-                                                                      tokens=tokens), masks) / accumulation_steps
+                    return micro_batch_loss(self.model.chunk_forward(slot.chunk, chunk_input, labels, masks,
+                                                                     tokens=tokens), masks, self.state) \
+                        / accumulation_steps
                 output = self.model.chunk_forward(slot.chunk, chunk_input, None, masks)
             elif self._ends_model(slot):
                 return mean_token_loss(self.model.chunk_forward(slot.chunk, chunk_input, labels, tokens=tokens),

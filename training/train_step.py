@@ -23,13 +23,13 @@ import torch
 from torch import nn
 
 from arguments.schedule import tokens_seen_by_schedule
-from data.documents import DocumentMasking, masked_token_mean
+from data.documents import DocumentMasking
 from gpt.fp8 import delayed_states
 from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
 from training.cuda_graphs import CudaGraphs
 from training.divergence import DivergenceHistory
-from training.evaluation import average_over_data_parallel, mean_token_loss, split_micro_batch
+from training.evaluation import average_over_data_parallel, mean_token_loss, micro_batch_loss, split_micro_batch
 from training.fp8_guard_replay import Fp8GuardReplay
 from training.loss_checks import LossChecks
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
@@ -245,8 +245,8 @@ class DataParallelTrainStep:
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:
         """The micro-batches of one iteration (those the observer runs: all in a live run); their mean loss, still
         on the device. Each micro-batch's loss is its token mean, or with --eod-mask-loss its masked mean
-        (data/documents.py masked_token_mean: Megatron-Core's sum(loss x mask) / num_tokens per micro-batch),
-        divided by the accumulation steps; the data-parallel reducer averages the gradients over the ranks, as
+        (training/evaluation.py micro_batch_loss: Megatron-Core's sum(loss x mask) / num_tokens per micro-batch, the
+        count summed over the CP group under context parallelism), divided by the accumulation steps; the data-parallel reducer averages the gradients over the ranks, as
         Megatron's does. The recorded loss is the same mean over micro-batches and ranks (Megatron-DeepSpeed's
         average_losses_across_data_parallel_group; Megatron-LM's log weighs the ranks' micro-batches by their
         unmasked tokens instead)."""
@@ -263,14 +263,15 @@ class DataParallelTrainStep:
                 # Autocast would only add fp32 copies of each LayerNorm's input and output, rounded back
                 # to 16 bits before the next matmul: without them an eager 1.5B iteration on an H100 is
                 # 8% faster with 1.3 GiB less memory (benchmark_gpu.py --impls ours,ours-autocast).
-                # With context parallelism this rank's share of the sequence's mean (mean_token_loss); the reducer
+                # With context parallelism this rank's share of the sequence's mean (micro_batch_loss); the reducer
                 # averages the gradients over DP x CP, which makes them the whole sequence's.
                 with observer.phase("forward"), \
                         activations.measuring() if measure_activations else contextlib.nullcontext():
                     if masks is None:
                         loss = mean_token_loss(self.model(inputs, labels), self.state) / accumulation_steps
                     else:
-                        loss = masked_token_mean(self.model(inputs, labels, masks), masks) / accumulation_steps
+                        loss = micro_batch_loss(self.model(inputs, labels, masks), masks, self.state) \
+                            / accumulation_steps
                     self.loss_checks.keep(loss, accumulation_steps)
                 with observer.phase("backward"):
                     self.zero.scale_loss(loss).backward()

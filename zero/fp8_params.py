@@ -18,7 +18,17 @@ import torch
 import torch.distributed as dist
 
 from parallel.fp8.kernel import E4M3
-from parallel.fp8.param_gather import Fp8Weight, cast_shard, weight_scale
+from parallel.fp8.param_gather import (
+    Fp8Weight,
+    block_amax,
+    block_index,
+    block_scale,
+    cast_block_shard,
+    cast_shard,
+    dequantized,
+    scale_shape,
+    weight_scale,
+)
 from zero.flat_buffer import FlatLayout, Unit
 
 
@@ -41,7 +51,8 @@ class Fp8WeightBytes:
             flat = self.flat[unit.index]
             self.weights[unit.index] = [
                 Fp8Weight(flat[slot.start:slot.end].view(E4M3).view(slot.shape),
-                          torch.ones((), dtype=torch.float32, device=device)) for slot in unit.slots]
+                          torch.ones(scale_shape(state.recipe.recipe, slot.shape), dtype=torch.float32, device=device))
+                for slot, state in zip(unit.slots, self.states[unit.index])]
             for state, weight in zip(self.states[unit.index], self.weights[unit.index]):
                 state.fp8_weight = weight
             if released_between_uses:  # the views above were taken while the storage had its size
@@ -63,35 +74,48 @@ class Fp8WeightBytes:
 
     def quantize(self, master: torch.Tensor) -> None:
         """Cast this rank's shard of every FP8 weight from the fp32 master partition. Collective over `group`:
-        one max all-reduce of every weight's shard amax, so each weight is scaled by the whole tensor's."""
+        one max all-reduce of every weight's shard amaxes (one a tensor, or blockwise one a 128 x 128 block,
+        parallel/fp8/param_gather.py), so each scale is the whole tensor's or the whole block's."""
         pieces, amax = [], []
         # on the device the casts and collectives run on (the master may live in host memory: --offload-optimizer)
         device = self.shard[self.units[0].index].device if self.units else master.device
         for unit in self.units:
             for position, slot in enumerate(unit.slots):
+                blockwise = self.states[unit.index][position].recipe.recipe == "blockwise"
                 fragments = [f for f in unit.fragments(self.layout.part) if f.slot.start == slot.start]
-                local = torch.zeros((), dtype=torch.float32, device=device)
+                blocks = self.weights[unit.index][position].scale_inv.numel()
+                local = torch.zeros(blocks if blockwise else (), dtype=torch.float32, device=device)
                 for fragment in fragments:
                     piece = master[fragment.partition_offset:fragment.partition_offset + fragment.numel].to(device)
-                    local = torch.maximum(local, piece.to(self.model_dtype).abs().amax().float())
-                    pieces.append((unit, position, fragment, piece))
-                amax.append(local)
+                    if blockwise:  # from the fp32 master itself, as TE's blockwise cast
+                        index = block_index(fragment.param_offset, fragment.numel, slot.shape, device)
+                        local = torch.maximum(local, block_amax(piece, index, blocks))
+                    else:
+                        index = None
+                        local = torch.maximum(local, piece.to(self.model_dtype).abs().amax().float())
+                    pieces.append((unit, position, fragment, piece, index))
+                amax.append(local.reshape(-1))
         if not amax:
             return
-        amaxes = torch.stack(amax)
+        amaxes = torch.cat(amax)
         if self.group is not None:
             self.comm.all_reduce(amaxes, self.group, "dp", op=dist.ReduceOp.MAX)
         scales, k = {}, 0
         for unit in self.units:
             for position, (state, weight) in enumerate(zip(self.states[unit.index], self.weights[unit.index])):
-                scale = weight_scale(state, amaxes[k], self.model_dtype)
+                count = weight.scale_inv.numel()
+                if state.recipe.recipe == "blockwise":
+                    scale = block_scale(amaxes[k:k + count]).reshape(weight.scale_inv.shape)
+                else:
+                    scale = weight_scale(state, amaxes[k], self.model_dtype)
                 weight.scale_inv.copy_(torch.reciprocal(scale))
                 scales[unit.index, position] = scale
-                k += 1
-        for unit, position, fragment, piece in pieces:
+                k += count
+        for unit, position, fragment, piece, index in pieces:
             at = fragment.partition_offset - unit.partition_offset
-            self.shard[unit.index][at:at + fragment.numel] = cast_shard(piece, scales[unit.index, position],
-                                                                        self.model_dtype)
+            scale = scales[unit.index, position]
+            self.shard[unit.index][at:at + fragment.numel] = cast_shard(piece, scale, self.model_dtype) \
+                if index is None else cast_block_shard(piece, index, scale)
 
     def start_gather(self, unit: Unit, async_op: bool):
         """All-gather `unit`'s bytes into its (re-sized) gathered flat: the unit's elements, 1 byte each."""
@@ -102,7 +126,7 @@ class Fp8WeightBytes:
     def dequantize(self, unit: Unit, chunk: torch.Tensor) -> None:
         """Write the gathered weights, dequantized, into the unit's high-precision chunk (its parameters)."""
         for slot, weight in zip(unit.slots, self.weights[unit.index]):
-            chunk[slot.start:slot.end] = (weight.data.float() * weight.scale_inv).to(chunk.dtype).reshape(-1)
+            chunk[slot.start:slot.end] = dequantized(weight).to(chunk.dtype).reshape(-1)
 
     def release(self, unit: Unit) -> None:
         self.flat[unit.index].untyped_storage().resize_(0)

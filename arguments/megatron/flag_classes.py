@@ -476,6 +476,32 @@ def _without_moe(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
     return settings is None or largest_expert_count(settings.get("num_experts")) is None
 DENSE = "one expert is the dense model; the MoE loss coefficients then have no effect"
 
+
+def _router_padding_allowed(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """Megatron-Core's TransformerConfig.__post_init__ (core_v0.13 on) raises without FP8 ("fp8 must be specified
+    when moe_router_padding_for_fp8 is True") and with the allgather or alltoall_seq dispatcher ("... dispatcher
+    does not support moe_router_padding_for_fp8"), experts or not."""
+    if settings is None:
+        return True
+    return settings.get("fp8") is not None and settings.get("moe_token_dispatcher_type") not in ("allgather",
+                                                                                                 "alltoall_seq")
+
+
+# megatron/core/transformer/moe/moe_utils.py pad_routing_map: each expert's column of the routing map gains its first
+# (-count mod 16) unrouted tokens (32 for MXFP8), at routing weight 0 (the router's dense probs are 0 there), so
+# that TEGroupedMLP can skip TE's Fp8Padding (skip_routed_expert_padding); the aux losses and the expert-bias counts
+# read the map before it (router.py). The FP8 experts here always pad each expert's rows to that multiple, with
+# zero rows as Fp8Padding does (parallel/fp8/grouped.py); tests/gpt/test_moe_router_padding.py checks both give
+# the same outputs and gradients outside FP8.
+ROUTER_PADDING = AtValue(
+    _router_padding_allowed,
+    "each expert's rows padded to a multiple of the FP8 alignment (16, 32 for MXFP8), which the FP8 experts here "
+    "always do, with zero rows (TE's Fp8Padding); Megatron pads with tokens routed at weight 0 instead, the same "
+    "outputs and gradients but for FP8 rounding where one scale spans the padding: tensorwise and delayed "
+    "scaling's input amax, blockwise and MXFP8's weight-gradient blocks along the tokens",
+    "Megatron-Core refuses it without FP8 and with the allgather (or alltoall_seq) token dispatcher: add "
+    "--fp8-format, use --moe-token-dispatcher-type alltoall or flex, or drop the flag")
+
 MODELOPT = ("ModelOpt's quantized export is not implemented (Megatron-LM's megatron/post_training): use the default, "
             "or run it with Megatron-LM and nvidia-modelopt")
 
@@ -490,13 +516,14 @@ AT_VALUE: dict[str, AtValue] = {
         --moe-dispatch-fwd-dtype --moe-enable-routing-replay --moe-extended-tp --moe-input-jitter-eps
         --moe-latent-size --moe-mlp-glu-interleave-size --moe-pad-experts-for-cuda-graph-inference
         --moe-paged-stash --moe-paged-stash-buffer-size-factor-cpu --moe-paged-stash-buffer-size-factor-cuda
-        --moe-paged-stash-page-size --moe-router-force-biased --moe-router-padding-for-fp8
-        --moe-router-padding-for-quantization --moe-router-quantile-balancing-ema
+        --moe-paged-stash-page-size --moe-router-force-biased --moe-router-quantile-balancing-ema
         --moe-routing-trace-capture-hidden-states --moe-routing-trace-capture-logits
         --moe-routing-trace-dump-weights --moe-routing-trace-max-training-iters --moe-routing-trace-path
         --moe-shared-expert-glu-interleave-size --moe-single-grouped-bias --moe-single-grouped-weight
         --moe-upcycling-granularity --moe-use-grouped-tensor --moe-use-upcycling
         --expert-tensor-parallel-num-weight-shards --gtp-expert-remat-nccl-ub""")},
+    "--moe-router-padding-for-fp8": ROUTER_PADDING,
+    "--moe-router-padding-for-quantization": ROUTER_PADDING,  # its name since core_v0.16 (FP4 too, not built here)
     "--enable-expert-tensor-parallelism": AtValue(_without_moe, "mixture-of-experts knob: no effect on a dense "
                                                                 "model (no --num-experts, or 1)",
                                                   "not implemented: experts are not tensor-parallel here"),

@@ -111,15 +111,24 @@ def _per_tensor_backward(saved, gathered, g2, state, counts, x_dtype, weight_dty
 
 def _blockwise_forward(x2, weight, state, counts, out_dtype):
     x_q, x_scale = blocks.quantize_blocks_1d(x2, state.recipe.forward_dtype, counts=counts)
-    w_q, w_scale = blocks.quantize_blocks_2d(weight.detach(), state.recipe.forward_dtype, counts=counts)
+    gathered = None
+    if state.fp8_weight is None:
+        w_q, w_scale = blocks.quantize_blocks_2d(weight.detach(), state.recipe.forward_dtype, counts=counts)
+        saved = (x2, w_q, w_scale)
+    else:  # --fp8-param-gather: the 128x128 blocks cast from the master and gathered as bytes, with their scales
+        w_q, w_scale = state.fp8_weight.data, state.fp8_weight.scale_inv.clone()
+        gathered, saved = w_q, (x2, w_scale)  # ZeRO's gathered weight, gathered again for the backward
     out = blocks.block_scaled_matmul(x_q, x_scale, w_q, blocks.expand_2d_scales(w_scale, weight.size(0)),
                                      blocks.BLOCK, torch.float32)
-    return out, (x2, w_q, w_scale), None
+    return out, saved, gathered
 
 
 def _blockwise_backward(saved, gathered, g2, state, counts, x_dtype, weight_dtype):
     recipe = state.recipe
-    x2, w_q, w_scale = saved
+    if gathered is None:
+        x2, w_q, w_scale = saved
+    else:
+        (x2, w_scale), w_q = saved, gathered
     g_rows, g_rows_scale = blocks.quantize_blocks_1d(g2, recipe.backward_dtype, counts=counts)
     grad_x = blocks.block_scaled_matmul(g_rows, g_rows_scale, w_q.t().contiguous(),
                                         blocks.expand_2d_scales(w_scale.t(), w_q.size(1)), blocks.BLOCK,

@@ -13,7 +13,17 @@ transformer_engine/pytorch/tensor/utils.py) casts each data-parallel rank's shar
   all-reduced (max) over the data-parallel group, goes to the history's newest row; the history is updated at
   the end of the next forward (TE's autocast exit), as when the forward cast the weight itself. With several
   micro-batches per step the weight is cast once per step, where without the flag each micro-batch's forward
-  casts it again with the scale the previous one updated: TE's behaviour with FP8 parameters, said at start-up.
+  casts it again with the scale the previous one updated: TE's behaviour with FP8 parameters, said at start-up;
+- blockwise (Float8BlockScaling's 128x128 weight blocks; TE's _cast_master_weights_to_fp8_blockwise_scaling, which
+  Megatron-Core calls from core_v0.13 with TE 2.3+): each rank's amax of every block over its shard's elements of
+  the fp32 master (fp8_block_scaling_compute_partial_amax: 0 for a block it holds none of), max all-reduced over
+  the data-parallel group, so each block's amax is the whole block's; the scale from it by
+  multi_tensor_compute_scale_and_scale_inv (compute_scale_from_amax with power-of-two scales, the fp32 maximum where
+  the scale overflows), and the fp32 master times its block's scale cast to e4m3 (fp8_block_scaling_partial_cast):
+  no cast to the model's dtype first, unlike the forward's own cast of the 16-bit weight. In an fp32 run the bytes
+  and scales are those the forward casts (parallel/fp8/block_scaling.py quantize_blocks_2d); in a 16-bit one a
+  byte or a scale may differ by the fp32 -> 16-bit rounding of the value or the amax, said at start-up.
+MXFP8's weights (1x32 blocks along each direction) are not cast from the master here.
 """
 
 from __future__ import annotations
@@ -22,11 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
+from parallel.fp8.block_scaling import BLOCK
 from parallel.fp8.kernel import E4M3
-from parallel.fp8.recipes import FP8_MAX, WEIGHT, current_scale, saturating_cast
+from parallel.fp8.recipes import FP8_MAX, FP32_MAX, WEIGHT, current_scale, saturating_cast
 
-# The recipes whose weights are cast per tensor here; blockwise and MXFP8 weights (block scales) are not built.
-GATHERED_RECIPES = ("delayed", "tensorwise")
+# The recipes whose weights are cast from the master here; MXFP8's (1x32 blocks both ways) are not built.
+GATHERED_RECIPES = ("delayed", "tensorwise", "blockwise")
 
 
 @dataclass
@@ -53,3 +64,49 @@ def cast_shard(master_piece: torch.Tensor, scale: torch.Tensor, model_dtype: tor
     """A piece of the fp32 master cast as the forward casts the model's weight: to the model dtype, then
     (x * scale) saturated to e4m3; returned as bytes (uint8) for the gather."""
     return saturating_cast(master_piece.to(model_dtype).float() * scale, E4M3).view(torch.uint8)
+
+
+# ---- blockwise: one scale per 128 x 128 block of the (row-major, 2-D) weight ---------------------------------------
+
+def scale_shape(recipe: str, shape: torch.Size) -> tuple[int, ...]:
+    """The dequantizing scale a gathered weight carries: a scalar, or blockwise one per 128 x 128 block."""
+    if recipe != "blockwise":
+        return ()
+    rows, cols = shape
+    return (-(-rows // BLOCK), -(-cols // BLOCK))
+
+
+def block_index(param_offset: int, numel: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """The block (row-major over the [row blocks, col blocks] scales) of each element param_offset ..
+    param_offset + numel - 1 of the flattened weight of `shape`."""
+    cols = shape[1]
+    flat = torch.arange(param_offset, param_offset + numel, device=device)
+    return (flat // cols // BLOCK) * -(-cols // BLOCK) + flat % cols // BLOCK
+
+
+def block_amax(master_piece: torch.Tensor, index: torch.Tensor, blocks: int) -> torch.Tensor:
+    """fp8_block_scaling_compute_partial_amax: each block's amax over this piece of the fp32 master, 0 where the
+    piece holds none of its elements ([blocks], fp32)."""
+    amax = torch.zeros(blocks, dtype=torch.float32, device=master_piece.device)
+    return amax.scatter_reduce_(0, index, master_piece.float().abs(), "amax")
+
+
+def block_scale(amax: torch.Tensor) -> torch.Tensor:
+    """TE's multi_tensor_compute_scale_and_scale_inv for the weight's quantizer: power-of-two scales (Float8BlockScaling's
+    default), amax_epsilon 0, the fp32 maximum where fp8_max / amax overflows."""
+    return current_scale(amax, FP8_MAX[E4M3], True, FP32_MAX)
+
+
+def cast_block_shard(master_piece: torch.Tensor, index: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8_block_scaling_partial_cast: each fp32 master element times its block's scale, saturated to e4m3;
+    returned as bytes (uint8) for the gather."""
+    return saturating_cast(master_piece.float() * scale.reshape(-1)[index], E4M3).view(torch.uint8)
+
+
+def dequantized(weight: Fp8Weight) -> torch.Tensor:
+    """The gathered weight's values in fp32: its bytes times their scale (the tensor's, or each one's block's)."""
+    scale_inv = weight.scale_inv
+    if scale_inv.dim() == 2:  # blockwise: each block's scale over its rows and columns
+        rows, cols = weight.data.shape
+        scale_inv = scale_inv.repeat_interleave(BLOCK, 0)[:rows].repeat_interleave(BLOCK, 1)[:, :cols]
+    return weight.data.float() * scale_inv

@@ -74,3 +74,24 @@ def test_masked_loss_is_megatron_cores_sum_over_num_tokens():
     assert masked_token_mean(losses, DocumentMasks(loss_mask=mask)).item() == pytest.approx((1 + 3 + 6) / 3)
     assert masked_token_mean(losses, DocumentMasks(loss_mask=torch.zeros(2, 3))).item() == 0.0
     assert masked_token_mean(losses, None).item() == pytest.approx(3.5)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_ranks_hold_their_chunks_of_the_whole_samples_masks(cp):
+    """data/documents_cp.py, as Megatron-LM's get_batch_on_this_cp_rank splits loss_mask and position_ids: rank r's
+    position ids and loss mask are chunks r and 2CP-1-r of the whole sample's (a document's positions go on across
+    a chunk's edge), and the document ids stay whole; the dense [S, S] mask is not built."""
+    from data.documents_cp import masks_on_this_rank
+    from parallel.context_parallel import take_local_chunks
+
+    tokens = torch.randint(0, 10, (3, 24), generator=torch.Generator().manual_seed(1))
+    masking = DocumentMasking.of(EOD, True, True, True)
+    whole = masking.masks(tokens)
+    for rank in range(cp):
+        local = masks_on_this_rank(masking, tokens, tokens, cp, rank)
+        assert torch.equal(local.position_ids, take_local_chunks(whole.position_ids, cp, rank))
+        assert torch.equal(local.loss_mask, take_local_chunks(whole.loss_mask, cp, rank))
+        assert torch.equal(local.document_ids, whole.document_ids) and local.attention_mask is None
+    # the document ids say what the dense mask says: same document and not later
+    same = whole.document_ids[:, :, None] == whole.document_ids[:, None, :]
+    assert torch.equal(whole.attention_mask[:, 0], same & torch.ones(24, 24, dtype=torch.bool).tril())

@@ -148,9 +148,7 @@ def test_flags_defaults_and_refusals():
     for argv_, match in ((["--goldfish-k", "0"], "--goldfish-k must be a positive integer, got 0"),
                          (["--goldfish-h", "-1"], "--goldfish-h must be a positive integer, got -1"),
                          (["--goldfish-h", "50", "--seq-length", "16", "--max-position-embeddings", "16"],
-                          "--goldfish-h 50 is longer than a sample's 16 labels"),
-                         (["--context-parallel-size", "2"], "--goldfish-loss with --context-parallel-size 2 is not "
-                                                            "implemented")):
+                          "--goldfish-h 50 is longer than a sample's 16 labels")):
         with pytest.raises(ConfigError, match=match) as error:
             parse_config(["--goldfish-loss", "--goldfish-h", "4", *argv_])
         assert "\n" not in str(error.value)

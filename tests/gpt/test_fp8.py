@@ -60,8 +60,7 @@ def _launch(**changes):
      "--num-layers-at-end-in-bf16 3 must be between 0 and the number of layers (2)"),
     # --fp8-param-gather: Megatron-LM's assertion (distributed optimizer or FSDP), then what is not built here
     ("tensorwise", ONE_PROCESS, {"fp8_param_gather": True}, "needs sharded parameters, as in Megatron-LM"),
-    ("blockwise", _launch(zero_stage=3), {"fp8_param_gather": True}, "the blockwise recipe's block-scaled weights"),
-    ("mxfp8", _launch(zero_stage=3), {"fp8_param_gather": True}, "the mxfp8 recipe's block-scaled weights"),
+    ("mxfp8", _launch(zero_stage=3), {"fp8_param_gather": True}, "the mxfp8 recipe's weights (1x32 blocks"),
 ])
 def test_every_combination_not_built_is_refused_in_one_line(recipe, launch, extra, words):
     config = tiny_config(fp8="hybrid", fp8_recipe=recipe, **extra)
@@ -82,8 +81,8 @@ def test_what_is_built_passes_the_check(recipe):
     check_fp8(tiny_config(fp8="hybrid", fp8_recipe=recipe, num_experts=4, mtp_num_layers=1),
               _launch(pipeline_parallel=2, context_parallel=2, expert_parallel=2))
     for stage in (1, 2, 3):  # FP8 parameter gathers (tests/gpt/test_fp8_param_gather.py)
-        for per_tensor in ("delayed", "tensorwise"):
-            check_fp8(tiny_config(fp8="hybrid", fp8_recipe=per_tensor, fp8_param_gather=True), _launch(zero_stage=stage))
+        for gathered in ("delayed", "tensorwise", "blockwise"):
+            check_fp8(tiny_config(fp8="hybrid", fp8_recipe=gathered, fp8_param_gather=True), _launch(zero_stage=stage))
     assert parse_config(["--fp8-param-gather"]).model.fp8_param_gather is True  # Megatron-LM's flag and dest
 
 

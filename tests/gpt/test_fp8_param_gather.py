@@ -10,6 +10,7 @@ step with the flag, once per micro-batch without it (TE's FP8 parameters; said a
 """
 
 import pytest
+import torch
 
 from tests.zero.test_zero_training import COMMON, Runs, losses_of
 
@@ -69,3 +70,78 @@ def test_fp8_param_gather_equals_zero0_and_gathers_one_byte_per_weight(tmp_path,
     padding = 4 * 2 * 64 * 4 // 2  # at most 4 buckets' padding more, fp32, half sent by each of the 2 ranks
     for before, after in zip(gathered("delayed-zero1"), gathered("delayed-zero1-gather")):
         assert 0 <= before - after - saved_per_gather <= padding, (before, after)
+
+
+def test_blockwise_shards_cast_to_the_whole_weights_blocks():
+    """TE's _cast_master_weights_to_fp8_blockwise_scaling (transformer_engine/pytorch/tensor/utils.py, TE 2.4 on):
+    each shard's per-block amax of the fp32 master, max-reduced, the power-of-two scales, each element cast with its
+    block's: shards cut anywhere (mid-row, mid-block) give quantize_blocks_2d's bytes and scales of the fp32 master,
+    the forward's own cast in an fp32 run. The master is cast from fp32, not first to the model's dtype (the
+    forward's cast of a bf16 weight), which the start-up line names for 16-bit runs."""
+    from parallel.fp8.block_scaling import quantize_blocks_2d
+    from parallel.fp8.kernel import E4M3
+    from parallel.fp8.param_gather import (
+        Fp8Weight,
+        block_amax,
+        block_index,
+        block_scale,
+        cast_block_shard,
+        dequantized,
+        scale_shape,
+    )
+
+    generator = torch.Generator().manual_seed(0)
+    master = torch.randn(300, 200, generator=generator) * torch.rand(300, 1, generator=generator) * 4
+    shape, flat = master.shape, master.reshape(-1)
+    blocks = scale_shape("blockwise", shape)
+    assert blocks == (3, 2) and scale_shape("tensorwise", shape) == ()
+    cuts = [0, 12_345, 12_346, 40_001, flat.numel()]  # three shards, one of a single element
+    pieces = [(start, flat[start:end], block_index(start, end - start, shape, master.device))
+              for start, end in zip(cuts, cuts[1:])]
+    amax = torch.stack([block_amax(piece, index, 6) for _, piece, index in pieces]).amax(dim=0)
+    scale = block_scale(amax).reshape(blocks)
+    data = torch.cat([cast_block_shard(piece, index, scale) for _, piece, index in pieces]).view(E4M3).view(shape)
+    want_data, want_scale_inv = quantize_blocks_2d(master, E4M3)
+    assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
+    assert torch.equal(torch.reciprocal(scale), want_scale_inv)
+    back = dequantized(Fp8Weight(data, torch.reciprocal(scale)))
+    assert torch.equal(back, want_data.float() * want_scale_inv.repeat_interleave(128, 0)[:300].repeat_interleave(
+        128, 1)[:, :200])
+    # a bf16 run's forward casts the bf16 weight: the master's own cast differs from it somewhere (double rounding)
+    bf16_data, _ = quantize_blocks_2d(master.bfloat16(), E4M3)
+    assert not torch.equal(data.view(torch.uint8), bf16_data.view(torch.uint8))
+
+
+@pytest.mark.slow
+def test_blockwise_fp8_param_gather_equals_zero0(tmp_path, corpus_cache):
+    """--fp8-recipe blockwise with --fp8-param-gather at ZeRO 3 and ZeRO 1 (2 gloo ranks, fp32, 3 iterations): the
+    weights' 128x128 blocks cast from the master shards (a shard ends mid-block here: 64-wide weights of 64 to 256
+    rows cut in two) give ZeRO 0's losses bit for bit, and ZeRO 3 gathers 3 bytes fewer per FP8 weight element."""
+    runs = Runs(tmp_path, corpus_cache)
+    blockwise = [*FP8, "--fp8-recipe", "blockwise"]
+    runs.add("zero0", *blockwise)
+    runs.add("zero3", *blockwise, "--zero-stage", "3")
+    runs.add("zero3-gather", *blockwise, *GATHER)
+    runs.add("zero1-gather", *blockwise, "--use-distributed-optimizer", "--fp8-param-gather")
+    launched = runs.launch(2, 1)
+    reference = losses_of(launched["zero0"])
+    assert len(reference) == ITERS
+    for name in ("zero3", "zero3-gather", "zero1-gather"):
+        assert losses_of(launched[name]) == reference, name
+    plain, fp8 = ([r["comm_bytes"]["dp"]["all_gather"] for r in launched[name] if "loss" in r]
+                  for name in ("zero3", "zero3-gather"))
+    for before, after in zip(plain, fp8):
+        assert before - after == 2 * (3 * _elements_of_fp8_weights() // 2), (before, after)
+
+
+def test_the_start_up_line_names_the_blockwise_cast():
+    """The blockwise difference is said at the start; the per-tensor recipes' words stay theirs."""
+    from gpt.fp8 import startup_line
+    from parallel.fp8.recipes import Fp8Recipe
+
+    def line(recipe):
+        return startup_line(Fp8Recipe(fp8_format="hybrid", recipe=recipe), torch.device("cpu"), None, ["x"], [], [],
+                            [], False, False, 0.0, False, [], True)
+
+    assert "each 128x128 block's scale" in line("blockwise") and "in 16-bit runs a byte" in line("blockwise")
+    assert "scale from the whole weight's amax" in line("tensorwise") and "128x128" not in line("tensorwise")

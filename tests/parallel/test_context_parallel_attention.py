@@ -195,3 +195,70 @@ def test_a_sliding_window_over_the_ranks_chunks_equals_the_full_sequences(comm_t
         for name, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
             torch.testing.assert_close(torch.from_numpy(got), take_local_chunks(whole, cp, rank, dim=2), rtol=1e-5,
                                        atol=1e-6, msg=f"{comm_type} {rule} rank {rank} {name}")
+
+
+# ---- --reset-attention-mask's documents (data/documents_cp.py: the whole sample's document ids on every rank) ----
+
+EOD = 99
+
+
+def _document_tokens():
+    """Two samples of SEQ tokens with end-of-document tokens at irregular places: documents of 1 to 13 tokens,
+    some inside one chunk of CP 4 (4 tokens), some across chunks and across ranks, and the first token an EOD
+    (a one-token document)."""
+    tokens = torch.zeros(BATCH, SEQ, dtype=torch.long)
+    for row, ends in enumerate(([0, 3, 4, 17, 30], [12, 13, 14, 27])):
+        tokens[row, ends] = EOD
+    return tokens
+
+
+def _full_documents(kv_heads):
+    """The single process's attention: SDPA under data/documents.py's dense block-diagonal causal mask."""
+    from data.documents import DocumentMasking
+
+    mask = DocumentMasking.of(EOD, False, True, False).masks(_document_tokens()).attention_mask
+    q, k, v, grad = _inputs(kv_heads)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv_heads != HEADS)
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _documents_cp_rank(rank, world_size, comm_type, kv_heads):
+    from data.documents import DocumentMasking
+    from data.documents_cp import masks_on_this_rank
+
+    state = initialize("cpu", context_parallel_size=world_size)
+    try:
+        masks = masks_on_this_rank(DocumentMasking.of(EOD, False, True, False), _document_tokens(), _document_tokens(),
+                                   world_size, state.context_parallel_rank)
+        assert masks.attention_mask is None  # the [S, S] mask is not built under CP
+        q, k, v, grad = _inputs(kv_heads)
+        local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
+                 for t in (q, k, v)]
+        if comm_type == "p2p-autograd":
+            query, key, value = local
+            key, value = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (key, value))
+            out = ring_attention_through_autograd(query, key, value, state, document_ids=masks.document_ids)
+        else:
+            out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS,
+                                             document_ids=masks.document_ids)
+        out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
+        return [t.numpy() for t in (out.detach(), *(t.grad for t in local))]
+    finally:
+        destroy(state)
+
+
+@pytest.mark.parametrize("comm_type", ["all_gather", "p2p", "a2a", "p2p-autograd"])
+def test_documents_over_the_ranks_chunks_equal_the_full_sequences_block_diagonal_attention(comm_type):
+    """--reset-attention-mask under context parallelism, CP 4 with grouped-query K/V: each rank's output and q/k/v
+    gradients are the full sequence's under the dense block-diagonal mask, at the rank's chunks. At CP 4 the ring's
+    blocks hold rows that see no key of the block (their document starts later), which weigh 0 in the merge."""
+    cp, kv_heads = 4, 2
+    full = _full_documents(kv_heads)
+    plain = _full(kv_heads)[0]
+    assert not torch.allclose(full[0], plain, atol=1e-3)  # the documents change the attention
+    for rank, pieces in enumerate(run_distributed(_documents_cp_rank, cp, comm_type, kv_heads, timeout=120)):
+        for name, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
+            torch.testing.assert_close(torch.from_numpy(got), take_local_chunks(whole, cp, rank, dim=2), rtol=1e-5,
+                                       atol=1e-6, msg=f"{comm_type} rank {rank} {name}")

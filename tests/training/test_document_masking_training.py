@@ -149,6 +149,57 @@ def test_data_parallel_is_gradient_accumulation_over_the_same_micro_batches(tmp_
     assert [r["grad_norm"] for r in dp2] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
 
 
+def train_context_parallel_grid(rank, world_size, runs):
+    """One CP group of `world_size` ranks (DP 1), several training runs in it, one after the other."""
+    from arguments.parser import parse_config
+    from parallel.state import destroy, initialize
+
+    state = initialize("cpu", context_parallel_size=world_size)
+    try:
+        for args in runs:
+            pretrain_gpt.run(parse_config(args), state)
+    finally:
+        destroy(state)
+
+
+GOLDFISH = ["--eod-mask-loss", "--goldfish-loss", "--goldfish-k", "3", "--goldfish-h", "2"]
+CP_RUNS = {  # name: (the masking flags, --cp-comm-type)
+    "eod-p2p": (["--eod-mask-loss"], "p2p"),
+    "all-p2p": (FLAGS, "p2p"), "all-all_gather": (FLAGS, "all_gather"), "all-a2a": (FLAGS, "a2a"),
+    "goldfish-p2p": (GOLDFISH, "p2p"),
+}
+
+
+@pytest.mark.slow
+def test_context_parallel_gives_the_single_process_losses(tmp_path):
+    """fp32 on gloo, CP 2 (one launch of 2 ranks running each configuration in turn): the masks are the whole
+    sample's, split with the tokens (data/documents_cp.py, as Megatron-LM's get_batch_on_this_cp_rank splits
+    loss_mask and position_ids beside tokens and labels), and each micro-batch's loss is the masked sum over the
+    ranks' counts (training/evaluation.py micro_batch_loss), so the training and validation losses and the gradient
+    norms are the single process's. Documents of 2 to 12 tokens in 32-token samples cut in 8-token chunks: the
+    ranks hold different numbers of EODs (masked tokens), documents run across chunks and ranks, and the goldfish
+    loss's 2-label windows cross the chunks' edges. Not bitwise: the CP attention merges partial softmaxes (p2p)
+    or softmaxes a masked row of the gathered keys, and the loss sums in another order; relative 1e-6 is the bound
+    of tests/training/test_context_parallel_training.py."""
+    both = ["--num-layers", "2", "--split", "90,10,0", "--eval-iters", "1", "--eval-interval", "2"]
+    references = {"eod": ["--eod-mask-loss"], "all": FLAGS, "goldfish": GOLDFISH}
+    for name, flags in references.items():
+        assert pretrain_gpt.main(argv(tmp_path, f"single-{name}", *flags, *both)) == 0
+    runs = [argv(tmp_path, f"cp2-{name}", *flags, *both, "--context-parallel-size", "2", "--cp-comm-type", comm)
+            for name, (flags, comm) in CP_RUNS.items()]
+    run_distributed(train_context_parallel_grid, 2, runs, timeout=600)
+    for name in CP_RUNS:
+        single, cp2 = records(tmp_path, f"single-{name.split('-')[0]}"), records(tmp_path, f"cp2-{name}")
+        assert len(cp2) == len(single) == 4, name
+        assert [r["loss"] for r in cp2] == pytest.approx([r["loss"] for r in single], rel=1e-6), name
+        assert [r["grad_norm"] for r in cp2] == pytest.approx([r["grad_norm"] for r in single], rel=1e-6), name
+        assert validation_losses(tmp_path, f"cp2-{name}") == pytest.approx(
+            validation_losses(tmp_path, f"single-{name.split('-')[0]}"), rel=1e-6), name
+    # the masks changed the losses: the plain run's first loss is another
+    assert pretrain_gpt.main(argv(tmp_path, "plain", *both)) == 0
+    assert records(tmp_path, "plain")[0]["loss"] != pytest.approx(records(tmp_path, "single-eod")[0]["loss"], rel=1e-4)
+
+
 def test_activation_checkpointing_recomputes_with_the_same_masks(tmp_path):
     """The recompute in backward runs each block group with the micro-batch's masks again
     (zero/activations.py _BlockGroup holds them): the gradients, hence the losses after the first update, are
