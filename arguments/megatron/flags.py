@@ -141,6 +141,12 @@ SELECTIVE_RECOMPUTE = ("Megatron's selective recompute keeps the s x s attention
                        "recomputing the core attention; here SDPA's fused kernels never store them (flash and "
                        "memory-efficient on CUDA, flash on a CPU without attention dropout), so nothing is "
                        "checkpointed (--recompute-granularity full checkpoints whole blocks for more memory savings)")
+# Megatron-LM's --calculate-per-token-loss sums every micro-batch's masked losses and divides the gradients by the
+# iteration's token count summed over DP x CP (schedules.py forward_step_calc_loss; finalize_model_grads); here each
+# micro-batch is its own masked mean (data/documents.py masked_token_mean). Without a loss mask the two are equal.
+PER_TOKEN_LOSS_WITH_A_MASK = ("--calculate-per-token-loss with a loss mask (--eod-mask-loss, --goldfish-loss) is not "
+                              "implemented: the loss here is each micro-batch's masked mean, Megatron-LM's divides the "
+                              "iteration's masked sum by its token count over DP x CP, another gradient")
 NO_BLOCK_RECOMPUTE = ("--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not "
                       "implemented; use --recompute-method uniform (every block, in groups of "
                       "--recompute-num-layers)")
@@ -319,6 +325,9 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
     _resolve_ulysses(given, settings, sources, change, resolved)
     _resolve_positions(given, settings, change)
     resolve_cuda_graph_flags(given, settings, option_used, change, resolved, harvested or {})
+    if (harvested or {}).get("--calculate-per-token-loss") and (settings.get("eod_mask_loss")
+                                                               or settings.get("goldfish_loss")):
+        resolved.refused.append(PER_TOKEN_LOSS_WITH_A_MASK)
     if resolved.refused:
         raise RefusedFlags(resolved)
     return resolved
