@@ -80,6 +80,30 @@ def test_the_dry_run_keeps_the_block_recomputed_layers_inputs_and_the_other_laye
         < none.saved_activation_bytes["device"]
 
 
+def test_the_flops_and_the_layout_model_count_the_share_block_recomputes():
+    """A recompute's FLOPs are one more forward of the blocks recomputed (training/metrics.py): under block 1 of 2
+    layers a stage, half of them; interleaved at one layer a chunk, all. The layout model (planner/layout_of_config.py)
+    prices the same share for this trainer and for Megatron-LM, the parser taking block for both now."""
+    from planner.layout_of_config import MEGATRON_LM, PRETRAIN_GPT, layout_of_config
+    from planner.layout_perf import model_counts
+    from training.metrics import flops_per_iteration
+    from training.recompute_share import recomputed_share
+
+    block = parse_config([*MODEL, *STAGES, *BLOCK_1])
+    interleaved = parse_config([*MODEL, *STAGES, *BLOCK_1, "--num-layers-per-virtual-pipeline-stage", "1"])
+    uniform = parse_config([*MODEL, *STAGES, "--recompute-granularity", "full"])
+    assert [recomputed_share(config) for config in (parse_config(MODEL), block, interleaved, uniform)] == \
+        [0.0, 0.5, 1.0, 1.0]
+    assert recomputed_share(block, pipeline_rank=1) == 0.5
+    model = block.model
+    none, every = (flops_per_iteration(model, 16, activation_recompute=share) for share in (False, True))
+    assert flops_per_iteration(model, 16, activation_recompute=recomputed_share(block)) == pytest.approx(
+        none + (every - none) / 2, rel=1e-12)
+    one_stage = parse_config([*MODEL, *BLOCK_1, "--bf16"])
+    for trainer in (PRETRAIN_GPT, MEGATRON_LM):
+        assert layout_of_config(one_stage, 1, model_counts(one_stage.model, 128), trainer).recompute_fraction == 0.25
+
+
 def _train_counting_block_forwards(rank: int, world_size: int, configs: dict, ports: list[int]) -> dict:
     """Each configuration trained in turn on this rank: its (loss, norm) per iteration and the forward calls of each
     of the stage's blocks, in the order the first forward called them (a checkpointed block runs again in
@@ -123,3 +147,22 @@ def test_block_recompute_at_two_stages_trains_the_losses_of_one_rank_without_rec
     for rank in range(2):
         assert per_rank[rank]["pp2"][1] == [runs, runs], rank
         assert per_rank[rank]["pp2-block-1"][1] == [2 * runs, runs], rank
+
+
+def test_the_layout_search_refuses_block_recompute_it_cannot_price():
+    """The search's memory model (planner/layout_search.py layout_memory_bytes) knows every layer recomputed or none,
+    so a launch pinning block is told how to price it rather than searched as full recompute."""
+    from base.errors import ConfigError
+    from planner.layout_pins import pins_of
+
+    with pytest.raises(ConfigError, match="--recompute-method block: the layout search prices the recompute of"):
+        pins_of(parse_config([*MODEL, *BLOCK_1]))
+    assert pins_of(parse_config([*MODEL, "--recompute-granularity", "full"])).recompute == 1.0
+
+
+def test_a_run_that_does_not_fit_names_uniform_recompute_beside_block():
+    """training/memory_fit.py's refusal before work names the levers: under block, recomputing every layer."""
+    from training.memory_fit import _device_levers
+
+    assert "--recompute-method uniform" in _device_levers(parse_config([*MODEL, *BLOCK_1]))
+    assert "--recompute-method uniform" not in _device_levers(parse_config([*MODEL, "--recompute-granularity", "full"]))
