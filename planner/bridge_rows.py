@@ -58,7 +58,7 @@ import yaml
 
 from arguments.config import PretrainConfig
 from arguments.parser import parse_arguments, parse_config
-from planner.layout_of_config import MEGATRON_LM, layout_of_config, split_block_recompute
+from planner.layout_of_config import MEGATRON_LM, layout_of_config
 from planner.layout_perf import Layout, ModelCounts, model_counts
 from planner.vocabulary import launch_vocab
 
@@ -201,8 +201,8 @@ def code_layout(row: BridgeRow) -> dict:
 def row_flags(row: BridgeRow, printed: bool = False) -> list[str]:
     """The row as pretrain_gpt.py flags, with its release's recipe settings, at the layout its code ran (`printed`:
     the table's). Megatron-FSDP (Llama 3 8B in 25.09) is given as the distributed optimizer, as it has been priced;
-    the flags this trainer accepts with no effect (TP overlap, the EP overlap, the selective recompute modules) and
-    Megatron's block recompute, which it refuses, are what --trainer megatron-lm prices (planner/layout_of_config.py)."""
+    the flags this trainer accepts with no effect (TP overlap, the EP overlap, the selective recompute modules) are
+    what --trainer megatron-lm prices (planner/layout_of_config.py); Megatron's block recompute both trainers run."""
     recipe, r = recipe_settings(row), (row.layout if printed else code_layout(row))
     seq, tp, pp, vp, ep = str(r["seq_length"]), r["tp"], r["pp"], r["vp"] or 1, r["ep"] or 1
     words = [*MODEL_FLAGS[row.model], "--seq-length", seq, "--max-position-embeddings", seq,
@@ -234,9 +234,8 @@ def row_flags(row: BridgeRow, printed: bool = False) -> list[str]:
 def row_layout(row: BridgeRow, counts: ModelCounts, printed: bool = False) -> Layout:
     """The row's flags (row_flags) read back as Megatron-LM runs them: what `python -m zero.plan dry-run --hardware
     h100-sxm --trainer megatron-lm` prices for them."""
-    argv, block_layers = split_block_recompute(row_flags(row, printed))
-    parsed = parse_arguments(argv)
-    return layout_of_config(parsed.config, row.layout["gpus"], counts, MEGATRON_LM, parsed.harvested, block_layers)
+    parsed = parse_arguments(row_flags(row, printed))
+    return layout_of_config(parsed.config, row.layout["gpus"], counts, MEGATRON_LM, parsed.harvested)
 
 
 def with_layout(row: BridgeRow, **changes) -> BridgeRow:

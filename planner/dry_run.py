@@ -62,6 +62,7 @@ from training.build import build
 from training.cuda_graphs import cuda_graph_plan, static_buffer_bytes
 from training.metrics import current_rss_bytes, flops_per_iteration, parameter_count
 from training.pipeline_step import PipelineTrainStep
+from training.recompute_share import recomputed_share
 from training.run_settings import resolve_run_settings
 from training.train_step import DataParallelTrainStep
 from zero.activations import ActivationMonitor, SavedTensorMeter
@@ -511,7 +512,7 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
         process_baseline_bytes=baseline,
         comm_bytes=state.comm.stats.snapshot(),
         flops_per_iteration=flops_per_iteration(config.model, plan.batch.global_batch_size,
-                                                activation_recompute=config.activations.checkpoint_activations,
+                                                activation_recompute=recomputed_share(config),
                                                 padded_vocab_size=plan.padded_vocab_size),
         flops_per_gpu=0.0)
     result.flops_per_gpu = result.flops_per_iteration / cluster.world_size

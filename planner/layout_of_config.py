@@ -5,8 +5,8 @@ The search prints each layout as pretrain_gpt.py flags; this reads flags back, s
 the same Layout (tests/planner/test_one_model.py holds the round trip). Everything comes from the parsed config,
 as the trainer builds it: the parallel sizes, the pipeline split the build makes (training/build.py
 config_stage_layers: even, uneven, interleaved, the embedding and loss counted, or a layout string), the micro and
-global batch, the precision, full recompute, the ZeRO stage and the gradient and parameter overlaps, the MoE
-dispatcher.
+global batch, the precision, the recompute (full, or --recompute-method block's first N layers of each chunk), the
+ZeRO stage and the gradient and parameter overlaps, the MoE dispatcher.
 
 Which trainer runs the flags decides what a few of them are worth (`trainer`):
   pretrain_gpt.py  this repository's (the default). Megatron-LM flags it accepts with no effect price as nothing:
@@ -14,16 +14,15 @@ Which trainer runs the flags decides what a few of them are worth (`trainer`):
                    --recompute-modules; the flex dispatcher runs the alltoall one here (arguments/megatron/
                    flag_classes.py says why for each).
   megatron-lm      Megatron-LM with Transformer Engine, what Megatron-Bridge's published rows ran
-                   (configs/benchmarks/bridge_h100.yaml): those flags are priced as Megatron runs them, and
-                   --recompute-method block --recompute-num-layers N (refused by this trainer's parser, so
-                   taken off the argv first: `split_block_recompute`) recomputes the first N layers of each chunk.
+                   (configs/benchmarks/bridge_h100.yaml): those flags are priced as Megatron runs them.
+Both run --recompute-method block --recompute-num-layers N alike: the first N layers of each chunk recomputed.
 Expert tensor parallelism is priced at 1, as Megatron-Bridge's MoE recipes run it; another expert TP is refused
 here rather than priced as 1.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from arguments.config import ConfigError, PretrainConfig
 from planner.layout_ep import DISPATCHERS
@@ -32,30 +31,6 @@ from training.build import config_stage_layers
 
 PRETRAIN_GPT, MEGATRON_LM = "pretrain_gpt.py", "megatron-lm"
 TRAINERS = (PRETRAIN_GPT, MEGATRON_LM)
-BLOCK_RECOMPUTE = ("--recompute-method", "block")
-
-
-def split_block_recompute(argv: Sequence[str]) -> tuple[list[str], Optional[int]]:
-    """Megatron-LM's block recompute (the first --recompute-num-layers layers of each model chunk), which this
-    trainer's parser refuses: the argv without it and its layer count (None where it is not asked)."""
-    words = list(argv)
-    if not any(words[i:i + 2] == list(BLOCK_RECOMPUTE) for i in range(len(words) - 1)):
-        return words, None
-    kept, layers, skip = [], None, 0
-    for i, word in enumerate(words):
-        if skip:
-            skip -= 1
-            continue
-        if word in ("--recompute-method", "--recompute-granularity"):
-            skip = 1
-        elif word == "--recompute-num-layers":
-            layers, skip = int(words[i + 1]), 1
-        else:
-            kept.append(word)
-    if layers is None:
-        raise ConfigError("--recompute-method block needs --recompute-num-layers N (the layers of each chunk "
-                          "recomputed)", flags=("--recompute-method", "--recompute-num-layers"))
-    return kept, layers
 
 
 def stage_counts_of(config: PretrainConfig) -> Optional[tuple[tuple[int, ...], ...]]:
@@ -75,15 +50,17 @@ def precision_of(config: PretrainConfig) -> Optional[str]:
 
 
 def _recompute_fraction(config: PretrainConfig, counts: ModelCounts, stage_counts, megatron: bool,
-                        megatron_flags: Mapping[str, Any], block_layers: Optional[int]) -> float:
+                        megatron_flags: Mapping[str, Any]) -> float:
     """Of the blocks' forward GEMMs, the share recomputed in backward."""
-    if config.activations.checkpoint_activations:
+    activations = config.activations
+    if activations.checkpoint_activations and activations.recompute_method == "block":
+        # the first N layers of each chunk (zero/config.py checkpointed_groups), priced at the shortest chunk's share
+        chunk_layers = min(layers for rank in (stage_counts or ((config.model.num_layers,),)) for layers in rank)
+        return min(1.0, activations.checkpoint_num_layers / max(chunk_layers, 1))
+    if activations.checkpoint_activations:
         return 1.0  # full recompute: every block, in whatever groups
     if not megatron:
         return 0.0  # selective recompute here keeps nothing more than flash attention does (arguments/megatron/flags.py)
-    if block_layers:
-        chunk_layers = min(layers for rank in (stage_counts or ((config.model.num_layers,),)) for layers in rank)
-        return min(1.0, block_layers / max(chunk_layers, 1))
     # Megatron's selective modules that recompute GEMMs: "mlp" (the dense layers' MLPs: Megatron-Core's
     # TransformerLayer leaves an MoE layer's out) and "mla_up_proj"; the elementwise ones recompute no GEMM
     recomputed = {"mlp": counts.dense_mlp_flops_per_token, "mla_up_proj": counts.mla_up_flops_per_token}
@@ -115,8 +92,7 @@ def check_expert_tp(config: PretrainConfig, tp: int) -> None:
 
 
 def layout_of_config(config: PretrainConfig, gpus: int, counts: ModelCounts, trainer: str = PRETRAIN_GPT,
-                     megatron_flags: Optional[Mapping[str, Any]] = None,
-                     block_recompute_layers: Optional[int] = None) -> Layout:
+                     megatron_flags: Optional[Mapping[str, Any]] = None) -> Layout:
     """`config` on `gpus` GPUs as `trainer` runs it (module docstring). `megatron_flags`: the Megatron-LM flags given
     that this trainer accepts with no effect (arguments.parser's ParsedArguments.harvested)."""
     if trainer not in TRAINERS:
@@ -132,7 +108,7 @@ def layout_of_config(config: PretrainConfig, gpus: int, counts: ModelCounts, tra
         vp=len(stage_counts[0]) if stage_counts else 1, cp=parallel.context_parallel_size,
         ep=parallel.expert_model_parallel_size, micro_batch_size=config.training.micro_batch_size,
         global_batch_size=config.training.global_batch_size, precision=precision,
-        recompute_fraction=_recompute_fraction(config, counts, stage_counts, megatron, flags, block_recompute_layers),
+        recompute_fraction=_recompute_fraction(config, counts, stage_counts, megatron, flags),
         distributed_optimizer=stage >= 1, zero_stage=stage if stage >= 2 else None,
         tp_comm_overlap=megatron and tp > 1 and "--tp-comm-overlap" in flags,
         moe_dispatcher=_dispatcher(config, megatron),

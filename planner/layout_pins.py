@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from arguments.config import PretrainConfig
+from arguments.config import ConfigError, PretrainConfig
 from arguments.config_sources import FLAG, JSON
 from planner.layout_of_config import precision_of, stage_counts_of
 
@@ -68,6 +68,11 @@ def pins_of(config: PretrainConfig) -> Pins:
         return current if given(config, setting) else None
 
     recompute_given = given(config, "checkpoint_activations") or given(config, "recompute_granularity")
+    if config.activations.checkpoint_activations and config.activations.recompute_method == "block":
+        # the search's memory model (layout_search.py layout_memory_bytes) knows every layer recomputed or none
+        raise ConfigError("--recompute-method block: the layout search prices the recompute of every layer or of "
+                          "none; give --recompute-method uniform or no recompute flag, or price this launch as it is "
+                          "with `python -m zero.plan dry-run --hardware`", flags=("--recompute-method",))
     dispatcher = parallel.moe_token_dispatcher_type
     return Pins(
         tp=value("tensor_model_parallel_size", parallel.tensor_model_parallel_size),

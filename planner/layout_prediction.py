@@ -26,15 +26,15 @@ from planner.perf_model import Hardware
 
 
 def predict_config(config: PretrainConfig, gpus: int, vocab: int, hardware: Hardware, trainer: str = PRETRAIN_GPT,
-                   megatron_flags: Optional[Mapping[str, Any]] = None,
-                   block_recompute_layers: Optional[int] = None) -> tuple[Layout, LayoutPrediction, LayoutConstants]:
+                   megatron_flags: Optional[Mapping[str, Any]] = None) -> tuple[Layout, LayoutPrediction,
+                                                                                LayoutConstants]:
     """`config` on `gpus` GPUs of `hardware` as `trainer` runs it: its Layout, the prediction and the constants."""
     if precision_of(config) is None and hardware.precision != "fp32":
         raise ConfigError(f"an fp32 run on {hardware.name}, whose runs are {hardware.precision}: the layout model "
                           f"prices 16-bit and FP8 training there (--bf16, --fp16, --fp8-format)", flags=("--bf16",))
     constants = load_layout_constants(hardware.layout_calibration)
     counts = model_counts(config.model, vocab)
-    layout = layout_of_config(config, gpus, counts, trainer, megatron_flags, block_recompute_layers)
+    layout = layout_of_config(config, gpus, counts, trainer, megatron_flags)
     return layout, predict_layout(counts, layout, hardware, constants, hardware.fp8_peak_flops), constants
 
 

@@ -3,7 +3,7 @@
 A dry run that is short of the budget names the levers a user would reach for, in the order that costs the run the
 least, and plans each (the same dry run, every pipeline stage's worst): recompute (`--recompute-granularity full`,
 Megatron-LM's name for `--checkpoint-activations`: a block keeps only its input and recomputes the rest in backward,
-about a third more compute), the next ZeRO stage (shards one more kind of model state over DP; nothing to shard at
+about a third more compute; under `--recompute-method block`, which leaves layers out, `--recompute-method uniform`), the next ZeRO stage (shards one more kind of model state over DP; nothing to shard at
 DP 1), `--offload-optimizer` (the fp32 master and the Adam moments to host memory; it needs a ZeRO stage). When no
 lever alone fits, all of them together; when that still does not fit, more pipeline stages, then a wider TP (no
 wider than a node), each doubled up to three times on top of recompute and the next stage, until one fits (on more
@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 from arguments.config import ConfigError, PretrainConfig
 from planner.dry_run import Cluster, RankPlan
+from training.recompute_share import recomputed_share
 from zero.memory import format_bytes
 
 # (config, cluster) -> the plans of every pipeline stage at rank 0's DP and TP coordinates (one without stages)
@@ -74,6 +75,9 @@ def single_levers(config: PretrainConfig, data_parallel_size: int) -> list[tuple
     levers = []
     if not config.activations.checkpoint_activations:
         levers.append((("--recompute-granularity full",), {"activations": {"checkpoint_activations": True}}))
+    elif recomputed_share(config) < 1:  # --recompute-method block leaves layers keeping their activations
+        levers.append((("--recompute-method uniform", "--recompute-num-layers 1"),
+                       {"activations": {"recompute_method": "uniform", "checkpoint_num_layers": 1}}))
     stage = config.zero.stage
     if stage < 3 and data_parallel_size > 1:
         levers.append(((f"--zero-stage {stage + 1}",), {"zero": {"stage": stage + 1}}))

@@ -33,6 +33,7 @@ from typing import Callable, Optional
 from gpt.moe.deepspeed_gating import deepspeed_capacity
 from gpt.moe.experts import Experts, can_group
 from gpt.moe.router import get_capacity
+from training.build import config_stage_layers
 from zero.memory import MODEL_STATE_CATEGORIES, host_resident_tensors, measure_by_placement
 
 
@@ -104,6 +105,29 @@ class MoEFigures:
     worst_total_bytes: int = 0             # the plan's total with them
 
 
+def _moe_layers_held(config, pipeline_rank: int, moe_layers: int, in_flight: int) -> int:
+    """The MoE layers of this rank whose experts' saved tensors are alive together at the peak. Without checkpointing,
+    every one of them for each forward in flight; under checkpointing the forwards in flight hold their checkpoints
+    only and one layer's experts are recomputed at a time; under --recompute-method block the MoE layers past the
+    first N of their chunk (zero/config.py checkpointed_groups) keep theirs for each forward in flight, and where one
+    of the first N is an MoE layer its recompute comes after the backward of those of its own micro-batch, beside
+    the other forwards' still in flight."""
+    activations = config.activations
+    if not activations.checkpoint_activations:
+        return moe_layers * in_flight
+    if activations.recompute_method != "block":
+        return 1
+    chunks = config_stage_layers(config, pipeline_rank).chunks if config.parallel.pipeline_model_parallel_size > 1 \
+        else (tuple(range(config.model.num_layers)),)
+    is_moe = config.model.moe_layers()
+    kept = recomputed = 0
+    for chunk in chunks:
+        for first, end, checkpointed in activations.checkpointed_groups(len(chunk)):
+            moe = sum(is_moe[layer] for layer in chunk[first:end])
+            recomputed, kept = (recomputed + moe, kept) if checkpointed else (recomputed, kept + moe)
+    return max(kept * in_flight, kept * (in_flight - 1) + (1 if recomputed else 0))
+
+
 def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_in_flight: int) -> MoEFigures:
     """This rank's MoEFigures from the dry run's build and its probe (module docstring)."""
     moe = config.model.moe
@@ -134,8 +158,7 @@ def moe_figures(config, state, optimizer, probe: ExpertRowProbe, micro_forwards_
         if moe.pad_expert_input_to_capacity:  # every expert takes exactly its capacity from every source
             worst_rank = local * sources * capacity
     layers = sum(1 for _ in rows_and_bytes)
-    # under checkpointing the micro-batches in flight hold their checkpoints only: one layer's experts are recomputed
-    held = 1 if config.activations.checkpoint_activations else layers * max(1, micro_forwards_in_flight)
+    held = _moe_layers_held(config, state.pipeline_parallel_rank, layers, max(1, micro_forwards_in_flight))
     figures = MoEFigures(
         num_experts=moe.num_experts, local_experts=local, expert_parallel_size=experts.model_size,
         expert_data_parallel_size=experts.data_size,

@@ -52,6 +52,7 @@ from parallel.comm import ring_bytes_sent
 from parallel.fp8.linear import shape_rule_broken
 from planner.dry_run import RankPlan
 from training.metrics import flops_per_iteration
+from training.recompute_share import recomputed_share
 from training.run_settings import resolve_run_settings
 
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
@@ -274,13 +275,14 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     tp, dp = plan.tensor_parallel_size, plan.data_parallel_size
     run = resolve_run_settings(config, vocab_size, tp, dp)
     config, micro_batches = run.config, run.batch.final_accumulation_steps
-    model, activations = config.model, config.activations
+    model = config.model
     element = ELEMENT_BYTES[config.training.precision]
     grad_element = ELEMENT_BYTES[config.training.gradient_precision]
-    recompute = activations.checkpoint_activations
 
-    # Compute of one micro-batch: forward, backward (2x forward's products) and the recompute.
+    # Compute of one micro-batch: forward, backward (2x forward's products) and the recompute (of the stage's blocks
+    # --recompute-method picks: all, or under block the first N of each chunk).
     stages = plan.pipeline
+    recompute = recomputed_share(config, stages.pipeline_parallel_rank if stages is not None else None)
     pp, chunks = (stages.pipeline_parallel_size, stages.chunks) if stages is not None else (1, 1)
     layers = model.num_layers // pp  # this rank's stage (Megatron's split is even)
     # (the GEMMs of a stage's layers; a per-layer window list, of the whole model's layers, shapes none of them)
@@ -295,8 +297,7 @@ def predict(plan: RankPlan, config: PretrainConfig, vocab_size: int, world_size:
     loss_s = LOSS_SOFTMAX_PASSES * plan.loss_softmax_bytes / hardware.hbm_bandwidth
     forward_s = block_s + logits_s + elementwise_pass_s + loss_s / LOSS_SOFTMAX_PASSES
     backward_s = 2 * (block_s + logits_s + elementwise_pass_s) + loss_s * (LOSS_SOFTMAX_PASSES - 1) / LOSS_SOFTMAX_PASSES
-    if recompute:
-        backward_s += block_s + elementwise_pass_s
+    backward_s += recompute * (block_s + elementwise_pass_s)
     compute_s = micro_batches * (forward_s + backward_s)
 
     # Tensor parallelism: consecutive ranks, so a group spans nodes only when it outgrows one.

@@ -118,7 +118,10 @@ def format_plan(plan: RankPlan, cluster: Cluster, config: PretrainConfig, vocab_
                 f" ({plan.simulated_micro_batches} planned: the first and the last, which reduces; they run one at a "
                 f"time and the others repeat the first)")
              + "; checkpointing "
-             + (("on" + (", P_a" if activations.partition_activations else "")
+             + (("on" + (f", the first {activations.checkpoint_num_layers} layer"
+                         f"{'s' if activations.checkpoint_num_layers != 1 else ''} of each chunk (--recompute-method "
+                         f"block)" if activations.recompute_method == "block" else "")
+                 + (", P_a" if activations.partition_activations else "")
                  + (", P_a+cpu" if activations.cpu_checkpointing else "")
                  + (", contiguous (M_D)" if activations.contiguous_checkpointing else ""))
                 if activations.checkpoint_activations else "off"),
@@ -432,18 +435,15 @@ def planner_arguments(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--trainer", choices=TRAINERS, default=PRETRAIN_GPT,
                    help="with --hardware: who runs the flags: this repository's pretrain_gpt.py (Megatron-LM flags it "
                         "accepts with no effect price as nothing) or megatron-lm (--tp-comm-overlap, "
-                        "--overlap-moe-expert-parallel-comm, --recompute-modules, the flex dispatcher's backends and "
-                        "--recompute-method block priced as Megatron-LM runs them: Megatron-Bridge's rows)")
+                        "--overlap-moe-expert-parallel-comm, --recompute-modules and the flex dispatcher's backends "
+                        "priced as Megatron-LM runs them: Megatron-Bridge's rows)")
     return p
 
 
 def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, ParsedArguments, Cluster]:
     """The planner's own flags, and the rest as pretrain_gpt.py parses them (`ParsedArguments`: the config, and the
-    Megatron-LM flags it accepts with no effect, which --trainer megatron-lm prices). Under --trainer megatron-lm,
-    Megatron's block recompute, which this trainer refuses, is taken off first (planner/layout_of_config.py) and set
-    on the namespace as `block_recompute_layers`."""
+    Megatron-LM flags it accepts with no effect, which --trainer megatron-lm prices)."""
     from arguments.parser import parse_arguments
-    from planner.layout_of_config import MEGATRON_LM, split_block_recompute
 
     planner, rest = planner_arguments(prog).parse_known_args(list(argv))
     for name in ("world_size", "gpus_per_node"):
@@ -453,9 +453,6 @@ def parse_planner(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, P
                           f"give one from 0 to {planner.world_size - 1}")
     budget = parse_memory(planner.gpu_memory) if planner.gpu_memory is not None else None
     host_budget = parse_memory(planner.host_memory, "--host-memory") if planner.host_memory is not None else None
-    planner.block_recompute_layers = None
-    if planner.trainer == MEGATRON_LM:
-        rest, planner.block_recompute_layers = split_block_recompute(rest)
     parsed = parse_arguments(rest)
     tp = parsed.config.parallel.tensor_model_parallel_size
     if planner.world_size % tp:
@@ -567,7 +564,7 @@ def _predicted_step(plan: RankPlan, config: PretrainConfig, megatron_flags: dict
 
         try:
             _, prediction, constants = predict_config(config, cluster.world_size, vocab, hardware, planner.trainer,
-                                                      megatron_flags, planner.block_recompute_layers)
+                                                      megatron_flags)
         except ConfigError as error:  # a run the layout model does not price: the plan stands, the step is said
             return {"step_s": None, "no_prediction": str(error)}, f"\n\nno predicted step: {error}"
         return prediction_json(prediction, planner.trainer), \

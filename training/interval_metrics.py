@@ -19,6 +19,7 @@ from training.metrics import (
     remaining_seconds,
     run_peak_tflops,
 )
+from training.recompute_share import recomputed_share
 from training.run_settings import RunSettings
 from training.stragglers import StragglerReport, format_stragglers
 from training.train_step import StepOutcome
@@ -40,8 +41,10 @@ class IntervalMetrics:
         # Between iteration lines far apart (--log-interval 10 of a slow model: a minute or more on a CPU), a
         # short line every REPORT_EVERY_S with the ETA, so the run is never silent for long; no record.
         self.heartbeat = ProgressLines()
+        # the share of the blocks whose forward runs again in backward, counted in the TFLOP/s
+        self.recomputed_share = recomputed_share(settings.config)
 
-    def flops_for(self, global_batch_size: int, recompute: bool) -> float:
+    def flops_for(self, global_batch_size: int, recompute: float) -> float:
         config = self.settings.config
         return flops_per_iteration(config.model, global_batch_size, activation_recompute=recompute,
                                    padded_vocab_size=self.settings.padded_vocab_size)
@@ -80,7 +83,7 @@ class IntervalMetrics:
         """The interval's record and its console line."""
         settings, state, training = self.settings, self.state, self.training
         interval_s = sum(self.times)
-        recompute = settings.config.activations.checkpoint_activations
+        recompute = self.recomputed_share
         record = {
             "iteration": iteration,
             "consumed_samples": consumed_samples,

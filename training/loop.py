@@ -17,6 +17,7 @@ from training.evaluation import Evaluator
 from training.exit_conditions import ExitConditions
 from training.fault_injection import FaultSchedule
 from training.interval_metrics import IntervalMetrics
+from training.leading_skips import LeadingSkips
 from training.memory_report import FirstIterationMemory
 from training.rerun_state import RerunExit
 from training.run_outputs import SaveCheckpoint
@@ -43,6 +44,8 @@ class TrainingSummary:
     exit_code: int = 0  # the process's status: 16 or 17 when the rerun state machine ended it (training/rerun_state.py)
     saved_iterations: list[int] = field(default_factory=list)
     iteration_seconds: float = 0.0  # the time of the iterations this process trained (all kept: it ends after them)
+    # fp16 from the initial loss scale: the iterations skipped before the first step (training/leading_skips.py)
+    leading_skips: Optional[LeadingSkips] = None
 
     def add(self, iteration: int, outcome: StepOutcome) -> None:
         self.train_losses.append(outcome.loss)
@@ -69,6 +72,8 @@ class TrainingSummary:
         skips = f"{skipped} skipped for fp16 gradient overflow" if skipped else "none skipped"
         lines = [f"> trained {trained} iteration{'s' if trained != 1 else ''} ({span}): {trained - skipped} "
                  f"optimizer step{'s' if trained - skipped != 1 else ''} taken, {skips}"]
+        if self.leading_skips is not None and (why := self.leading_skips.at_end()) is not None:
+            lines.append(why)
         if skipped == trained:
             lines.append(f"> warning: every step of this run ({skipped} of {trained}) was skipped for gradient overflow "
                          f"(loss scale now {self.loss_scale:g}): the weights are still those it started from; lower "
@@ -140,7 +145,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
     loop polls its fault injector; armed at the start, or once an iteration is done, its save included."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
     summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples,
-                              schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
+                              schedule_samples=consumed_samples if schedule_samples is None else schedule_samples,
+                              leading_skips=LeadingSkips.of(training, start_iteration))
     lr = 0.0  # the rate of the last update, saved with the checkpoint
 
     def save(iteration: int, again: bool = False) -> None:  # with --save, once an iteration unless `again`
@@ -168,6 +174,10 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
             faults.after_step(iteration)
         lr = outcome.lr
         summary.add(iteration, outcome)
+        if summary.leading_skips is not None:
+            why = summary.leading_skips.after(iteration, outcome.skipped, outcome.loss_scale)
+            if why is not None and state.is_first_rank:
+                print(why, flush=True)
         metrics.add(iteration, summary.consumed_samples, summary.skipped_iterations, outcome)
         memory.after(iteration)
         if evaluator.due("valid", iteration, last=iteration == training.train_iters):

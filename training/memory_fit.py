@@ -228,6 +228,8 @@ def _device_levers(config: PretrainConfig) -> str:
         levers.append("--offload-param")
     if not config.activations.checkpoint_activations:
         levers.append("--checkpoint-activations")
+    elif config.activations.recompute_method == "block":  # its layers past the first N keep their activations
+        levers.append("--recompute-method uniform")
     levers.append("a smaller --micro-batch-size or model")
     return ", ".join(levers[:-1]) + " or " + levers[-1]
 

@@ -109,7 +109,7 @@ def saved_activation_record(meter: SavedTensorMeter, settings: RunSettings, stat
             num_layers, model.seq_length, config.training.micro_batch_size, model.hidden_size,
             model.num_attention_heads, element, state.tensor_parallel_size,
             activations.checkpoint_num_layers if activations.checkpoint_activations else None,
-            activations.partition_activations)["checkpointed_inputs"]
+            activations.partition_activations, recompute_method=activations.recompute_method)["checkpointed_inputs"]
 
     stage = pipeline_stage(settings, state)
     pipeline: dict = {}

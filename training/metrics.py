@@ -43,7 +43,7 @@ def forward_flops_per_token(config: ModelConfig, padded_vocab_size: Optional[int
     return shape.blocks_forward_flops_per_token(), shape.logits_forward_flops_per_token(vocab)
 
 
-def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_recompute: bool = False,
+def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_recompute: float = False,
                         padded_vocab_size: Optional[int] = None) -> float:
     """Matmul FLOPs of one training iteration, Megatron's accounting (Narayanan et al., 2021).
 
@@ -53,10 +53,12 @@ def flops_per_iteration(config: ModelConfig, global_batch_size: int, activation_
     forward; full recompute adds one more forward of the blocks:
         no recompute: 72 B s l h^2 (1 + s/(6h) + V/(12 l h))
         recompute:    96 B s l h^2 (1 + s/(6h) + V/(16 l h))
+    `activation_recompute`: the share of the blocks recomputed (True: all of them; --recompute-method block's
+    share is training/recompute_share.py's), each adding one forward of its own.
     """
     blocks_forward, logits_forward = forward_flops_per_token(config, padded_vocab_size)
     tokens = global_batch_size * config.seq_length
-    block_passes = 4 if activation_recompute else 3
+    block_passes = 3 + float(activation_recompute)
     return float(block_passes * tokens * blocks_forward + 3 * tokens * logits_forward)
 
 

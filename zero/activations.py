@@ -2,9 +2,12 @@
 
 With `--checkpoint-activations` each group of `--checkpoint-num-layers` transformer blocks runs its
 forward without keeping anything for backward except its *input*, and runs again in backward to
-rebuild what it needs (full recompute). The RNG streams (CPU, CUDA, and the TP-private one that
-attention dropout draws from) are captured before the forward and restored for the recompute, so the
-recomputed dropout masks are the ones the forward used.
+rebuild what it needs (full recompute). Under `--recompute-method block` only the first
+`--checkpoint-num-layers` blocks of each model chunk are checkpointed, one block a group, and the rest
+run keeping their activations (ActivationCheckpointConfig.checkpointed_groups: Megatron-Core's split).
+The RNG streams (CPU, CUDA, and the TP-private one that attention dropout draws from) are captured
+before the forward and restored for the recompute, so the recomputed dropout masks are the ones the
+forward used.
 
 The kept input is identical on every TP rank (Megatron TP replicates the hidden states between
 blocks), so:
@@ -188,7 +191,6 @@ class ActivationCheckpointing:
         self.state = state
         self.rng = rng
         self.device = state.device
-        self.group_size = config.checkpoint_num_layers
         # `input_is_split`: the blocks' input is already this rank's slice (sequence parallelism).
         self.partition = config.partition_activations and state.tensor_parallel_size > 1 and not input_is_split
         self.offload = config.cpu_checkpointing
@@ -205,16 +207,17 @@ class ActivationCheckpointing:
         return torch.device("meta") if self.device.type == "meta" else torch.device("cpu")
 
     def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, documents=None) -> torch.Tensor:
-        """`hidden` through every block, checkpointing groups of `checkpoint_num_layers` blocks
-        (a plain loop when no gradient is being recorded, e.g. in evaluation). `documents`: the micro-batch's
-        masks (data/documents.py) each block's attention reads, in the forward and in the recompute alike."""
+        """`hidden` through every block of one model chunk, checkpointing the groups --recompute-method picks
+        (`checkpointed_groups`: every group of `checkpoint_num_layers` blocks, or under block the first
+        `checkpoint_num_layers` blocks one by one), the other blocks in a plain loop, as are all of them when no
+        gradient is being recorded (evaluation). `documents`: the micro-batch's masks (data/documents.py) each
+        block's attention reads, in the forward and in the recompute alike."""
         if not torch.is_grad_enabled():
-            for block in blocks:
-                hidden = block(hidden) if documents is None else block(hidden, documents)
-            return hidden
-        for start in range(0, len(blocks), self.group_size):
-            group = list(blocks[start:start + self.group_size])
-            hidden = _CheckpointFunction.apply(_BlockGroup(group, documents), self, hidden)
+            return _run_in_order(blocks, hidden, documents)
+        for first, end, checkpointed in self.config.checkpointed_groups(len(blocks)):
+            group = blocks[first:end]
+            hidden = _CheckpointFunction.apply(_BlockGroup(list(group), documents), self, hidden) if checkpointed \
+                else _run_in_order(group, hidden, documents)
         return hidden
 
     # ---- what is kept for backward ------------------------------------------------------------
@@ -278,9 +281,13 @@ class _BlockGroup:
         self.fp8_scalings = delayed_scalings_in(blocks)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            hidden = block(hidden) if self.documents is None else block(hidden, self.documents)
-        return hidden
+        return _run_in_order(self.blocks, hidden, self.documents)
+
+
+def _run_in_order(blocks: Sequence[nn.Module], hidden: torch.Tensor, documents=None) -> torch.Tensor:
+    for block in blocks:
+        hidden = block(hidden) if documents is None else block(hidden, documents)
+    return hidden
 
 
 class _CheckpointFunction(torch.autograd.Function):

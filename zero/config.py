@@ -18,6 +18,8 @@ from base.errors import ConfigError
 from base.options import count, flag_of_setting, option
 
 ZERO_STAGES = (0, 1, 2, 3)
+# Megatron-LM's --recompute-method choices (megatron/core/transformer/transformer_config.py, recompute_method)
+RECOMPUTE_METHODS = ("uniform", "block")
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,10 @@ class ActivationCheckpointConfig:
 
     checkpoint_activations: bool = option(
         False, help="keep only each group's input in forward and recompute the group in backward")
-    checkpoint_num_layers: int = option(1, help="transformer blocks per checkpointed group",
-                                        aliases={"--recompute-num-layers": "Megatron-LM (with --recompute-method "
-                                                                           "uniform)",
+    checkpoint_num_layers: int = option(1, help="transformer blocks per checkpointed group (--recompute-method "
+                                                "uniform), or blocks checkpointed at the start of each model chunk "
+                                                "(block)",
+                                        aliases={"--recompute-num-layers": "Megatron-LM",
                                                  "--activations-checkpoint-num-layers": "Megatron-LM 2.x"})
     partition_activations: bool = option(
         False, help="P_a: each tensor-parallel rank keeps 1/TP of every checkpointed input and they are all-gathered "
@@ -147,13 +150,19 @@ class ActivationCheckpointConfig:
                     "contiguous_memory_optimization)",
         aliases={"--contigious-checkpointing": "DeepSpeed-Megatron (their spelling)"})
     number_checkpoints: Optional[int] = option(
-        None, help="checkpoints the contiguous buffer holds (None: one per group, ceil(num layers / checkpoint num "
-                   "layers))")
+        None, help="checkpoints the contiguous buffer holds (None: one per checkpointed group, ceil(num layers / "
+                   "checkpoint num layers) under --recompute-method uniform)")
     synchronize_checkpoint_boundary: bool = option(False, help="CUDA synchronize at each checkpoint boundary "
                                                                "(debugging)",
                                                    aliases={"--synchronize-each-layer": "DeepSpeed-Megatron"})
     profile_checkpointing: bool = option(False, help="time each checkpoint's forward and recompute (DeepSpeed's "
                                                      "profile)")
+    # Last, so that a positional ActivationCheckpointConfig(True, 2, ...) keeps its meaning
+    recompute_method: str = option(
+        "uniform", choices=RECOMPUTE_METHODS, aliases={"--activations-checkpoint-method": "Megatron-LM 2.x"},
+        help="with --checkpoint-activations, which blocks are recomputed, as in Megatron-LM: uniform, every block, in "
+             "groups of --checkpoint-num-layers; block, only the first --checkpoint-num-layers blocks of each "
+             "pipeline stage's model chunk, one checkpoint each, the rest keeping their activations")
 
     # The options that only mean something with --checkpoint-activations.
     NEEDS_CHECKPOINTING = ("partition_activations", "cpu_checkpointing", "contiguous_checkpointing",
@@ -175,10 +184,12 @@ class ActivationCheckpointConfig:
                                       flags=(activation_flag(name), "--checkpoint-activations"))
 
     def validate_for_layers(self, num_layers: int) -> None:
-        """The checks against the model's depth; they apply only with --checkpoint-activations."""
+        """The checks against the model's depth; they apply only with --checkpoint-activations. Under
+        --recompute-method block a count above the blocks is taken, as Megatron-LM takes it: every block of the
+        chunk is then checkpointed (`checkpointed_groups`)."""
         if not self.checkpoint_activations:
             return
-        if self.checkpoint_num_layers > num_layers:
+        if self.recompute_method == "uniform" and self.checkpoint_num_layers > num_layers:
             raise ConfigError(f"--checkpoint-num-layers {self.checkpoint_num_layers} is larger than --num-layers "
                               f"{num_layers}; a checkpointed group cannot span more blocks than the model has",
                               flags=("--checkpoint-num-layers", "--num-layers"))
@@ -189,9 +200,23 @@ class ActivationCheckpointConfig:
                               f"{self.checkpoint_num_layers} (rounded up); raise it or leave it unset",
                               flags=("--number-checkpoints", "--num-layers", "--checkpoint-num-layers"))
 
+    def checkpointed_groups(self, chunk_layers: int) -> list[tuple[int, int, bool]]:
+        """How a model chunk of `chunk_layers` blocks runs under --checkpoint-activations: its groups of consecutive
+        blocks in order, as (first, end, checkpointed). Megatron-Core's checkpointed_forward (megatron/core/
+        recompute.py, called by transformer_block.py for each model chunk, num_layers_per_pipeline_rank being the
+        chunk's len(self.layers)): "uniform" checkpoints every group of recompute_num_layers blocks, the last one
+        shorter where they do not divide; "block" checkpoints each of the first recompute_num_layers blocks on its
+        own (`chunk_runner(layer_idx, layer_idx + 1, use_checkpoint)`) and runs the rest keeping their
+        activations, all of them checkpointed where the count is the chunk's or more."""
+        size = self.checkpoint_num_layers
+        if self.recompute_method == "block":
+            return [(layer, layer + 1, layer < size) for layer in range(chunk_layers)]
+        return [(first, min(first + size, chunk_layers), True) for first in range(0, chunk_layers, size)]
+
     def num_checkpoints(self, num_layers: int) -> int:
-        """Checkpointed groups per micro-batch: ceil(num_layers / checkpoint_num_layers)."""
-        return -(-num_layers // self.checkpoint_num_layers)
+        """Checkpointed groups per micro-batch of `num_layers` blocks (one model chunk): ceil(num_layers /
+        checkpoint_num_layers) under uniform, min(checkpoint_num_layers, num_layers) under block."""
+        return sum(checkpointed for _, _, checkpointed in self.checkpointed_groups(num_layers))
 
     def buffer_checkpoints(self, *chunk_layers: int) -> int:
         """Checkpoints a slot set of the contiguous buffer holds, one micro-batch's (zero/checkpoint_buffer.py):

@@ -151,17 +151,21 @@ class LayerActivationTerms:
 def predict_saved_activation_bytes(num_layers: int, seq_length: int, micro_batch_size: int, hidden_size: int,
                                    num_attention_heads: int, bytes_per_element: int, tensor_parallel_size: int,
                                    checkpoint_num_layers: Optional[int], partitioned: bool,
-                                   layer: Optional[LayerActivationTerms] = None) -> dict[str, int]:
+                                   layer: Optional[LayerActivationTerms] = None,
+                                   recompute_method: str = "uniform") -> dict[str, int]:
     """Per-rank bytes of the transformer blocks' activations saved for backward in one micro-batch.
 
     - `checkpointed_inputs`: with checkpointing (`checkpoint_num_layers` not None), the inputs of the
-      ceil(num_layers / checkpoint_num_layers) groups, each `checkpointed_input_bytes`; 0 without.
+      ceil(num_layers / checkpoint_num_layers) groups, each `checkpointed_input_bytes`; 0 without. Under
+      `recompute_method` "block" (`num_layers` being one model chunk's) the first min(checkpoint_num_layers,
+      num_layers) blocks' inputs, one each (zero/config.py checkpointed_groups).
     - `per_layer_without_recompute`: one block's activations when nothing is recomputed, from `layer`
       (LayerActivationTerms; without it the paper's block of `hidden_size` and `num_attention_heads`):
       s*b*(replicated + partitioned/t + score_bytes*a*s/t) bytes in 16-bit, which for the paper's block is
       s*b*h*(10 + 24/t + 5*a*s/(h*t)), scaled by bytes_per_element / 2 for other precisions and rounded
       up. It is the paper's estimate (dropout masks as 1 byte, no fused kernels), not a measurement.
-    - `total`: `checkpointed_inputs` with checkpointing, else num_layers x `per_layer_without_recompute`.
+    - `total`: `checkpointed_inputs` with checkpointing, plus under block the blocks not checkpointed x
+      `per_layer_without_recompute`; without checkpointing num_layers x `per_layer_without_recompute`.
 
     Not included: embeddings, the final LayerNorm and logits, and, with checkpointing, the transient
     activations of the one group being recomputed in backward (checkpoint_num_layers x per-layer).
@@ -179,6 +183,10 @@ def predict_saved_activation_bytes(num_layers: int, seq_length: int, micro_batch
     if checkpoint_num_layers is None:
         checkpointed = 0
         total = num_layers * per_layer
+    elif recompute_method == "block":
+        recomputed = min(checkpoint_num_layers, num_layers)
+        checkpointed = recomputed * one_input
+        total = checkpointed + (num_layers - recomputed) * per_layer
     else:
         checkpointed = -(-num_layers // checkpoint_num_layers) * one_input
         total = checkpointed

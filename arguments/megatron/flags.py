@@ -9,7 +9,7 @@ Four kinds:
   our settings (`--use-distributed-optimizer` is ZeRO stage 1, `--recompute-granularity full` is
   `--checkpoint-activations`), or that has no effect on the math here (`--deepspeed`,
   `--no-masked-softmax-fusion`), said once at the start, or that would change the math in a way not
-  implemented (`--recompute-method block`), refused in one line naming
+  implemented (`--main-params-dtype fp16`), refused in one line naming
   what to use instead.
 - `SPELLINGS`: another name for one value of one of our settings (`--use-flash-attn` is
   `--attention-backend flash`), a store_const entry of its own.
@@ -147,9 +147,6 @@ SELECTIVE_RECOMPUTE = ("Megatron's selective recompute keeps the s x s attention
 PER_TOKEN_LOSS_WITH_A_MASK = ("--calculate-per-token-loss with a loss mask (--eod-mask-loss, --goldfish-loss) is not "
                               "implemented: the loss here is each micro-batch's masked mean, Megatron-LM's divides the "
                               "iteration's masked sum by its token count over DP x CP, another gradient")
-NO_BLOCK_RECOMPUTE = ("--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not "
-                      "implemented; use --recompute-method uniform (every block, in groups of "
-                      "--recompute-num-layers)")
 
 
 MEANINGS: list[Meaning] = [
@@ -205,11 +202,9 @@ MEANINGS: list[Meaning] = [
             f"selective recompute: {SELECTIVE_RECOMPUTE}"),
     Meaning(("--recompute-granularity",), "recompute_granularity", "Megatron-LM",
             {"choices": ("full", "selective")},
-            f"full: --checkpoint-activations, in groups of --recompute-num-layers blocks; selective: "
+            f"full: --checkpoint-activations, the blocks --recompute-method picks (uniform: every block, in groups "
+            f"of --recompute-num-layers; block: the first --recompute-num-layers of each model chunk); selective: "
             f"{SELECTIVE_RECOMPUTE}"),
-    Meaning(("--recompute-method", "--activations-checkpoint-method"), "recompute_method", "Megatron-LM",
-            {"choices": ("uniform", "block")},
-            "uniform: groups of --recompute-num-layers blocks (--checkpoint-num-layers); block is not implemented"),
     Meaning(("--group-query-attention",), "group_query_attention", "Megatron-LM", {"action": "store_true"},
             "grouped-query attention with --num-query-groups key/value heads (Megatron-LM's default: 1)"),
     Meaning(("--use-rotary-position-embeddings",), "use_rotary_position_embeddings", "Megatron-DeepSpeed",
@@ -306,12 +301,10 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
         granularity = "selective"  # Megatron: --recompute-activations means selective recompute
     if granularity == "full":
         change("checkpoint_activations", True, "recompute_granularity",
-               "full recompute is activation checkpointing of every block, in groups of --recompute-num-layers")
+               "full recompute is activation checkpointing of the blocks --recompute-method picks")
     elif granularity == "selective":
         resolved.notes.append(f"{option_used('recompute_granularity') or '--recompute-activations'} selective: "
                               f"{SELECTIVE_RECOMPUTE}")
-    if given.get("recompute_method") == "block":
-        resolved.refused.append(NO_BLOCK_RECOMPUTE)
     if settings.get("sequence_parallel") and settings.get("tensor_model_parallel_size") == 1:
         resolved.notes.append("--sequence-parallel with --tensor-model-parallel-size 1: accepted, no effect (one "
                               "tensor-parallel rank holds the whole sequence)")

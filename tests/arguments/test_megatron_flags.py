@@ -47,6 +47,11 @@ def test_megatron_meanings_become_our_settings():
     config = parse_config(["--recompute-granularity", "full", "--recompute-method", "uniform",
                            "--recompute-num-layers", "2"])
     assert config.activations.checkpoint_activations and config.activations.checkpoint_num_layers == 2
+    # Megatron's block method, once refused here: the first N layers of each model chunk (tests/training/
+    # test_block_recompute.py trains it); Megatron-LM 2.x's spelling too
+    for spelling in ("--recompute-method", "--activations-checkpoint-method"):
+        block = parse_config(["--recompute-granularity", "full", spelling, "block", "--recompute-num-layers", "2"])
+        assert block.activations.recompute_method == "block" and block.activations.checkpoint_num_layers == 2
     assert parse_config(["--use-flash-attn"]).model.attention_backend == "flash"
     assert parse_config(["--lr-warmup-fraction", "0.1"]).optimizer.lr_warmup_fraction == 0.1
 
@@ -70,14 +75,12 @@ def test_selective_recompute_and_no_effect_flags_are_said_once():
 def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alternative():
     with pytest.raises(ConfigError) as error:
         parse_config(["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-split-rank", "1",
-                      "--use-mup", "--recompute-method", "block"])
+                      "--use-mup"])
     message = str(error.value)
     assert "\n" not in message
     assert "--pipeline-model-parallel-split-rank 1: a pipeline split or schedule not implemented: with " \
            "--pipeline-model-parallel-size > 1 the layers split evenly" in message
     assert "--use-mup: not implemented: Megatron-Core's maximal update parameterization (muP)" in message
-    assert "--recompute-method block (checkpoint only the first --recompute-num-layers blocks) is not " \
-           "implemented; use --recompute-method uniform" in message
     with pytest.raises(ConfigError, match="--use-distributed-optimizer .ZeRO stage 1. contradicts ZeRO stage 0"):
         parse_config(["--use-distributed-optimizer", "--zero-stage", "0"])
 

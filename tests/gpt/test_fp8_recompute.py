@@ -35,6 +35,10 @@ def test_delayed_scaling_with_full_recompute_equals_no_recompute_bitwise(tmp_pat
     recomputed = _losses(tmp_path, corpus_cache, "recomputed", "--recompute-granularity", "full",
                          "--recompute-method", "uniform", "--recompute-num-layers", "1")
     assert len(plain) == 3 and recomputed == plain
+    # Megatron's block method: the first layer recomputed, the other run once, each casting with its own scales
+    block = _losses(tmp_path, corpus_cache, "block", "--recompute-granularity", "full", "--recompute-method", "block",
+                    "--recompute-num-layers", "1")
+    assert block == plain
 
 
 def test_a_recomputed_cast_uses_the_stashed_scale_and_leaves_the_state_as_the_forward_left_it():

@@ -87,8 +87,8 @@ def test_bridge_layouts_predicted_within_20_percent_or_their_miss_named(predicti
 
 def test_a_row_through_zero_plan_dry_run_is_priced_as_in_the_table(predictions, capsys):
     """The fitted Llama 3 8B row's flags given to `zero.plan dry-run --hardware h100-sxm --trainer megatron-lm`: the
-    step the table prices (its memory is planned without the block recompute this trainer refuses, so the budget is
-    raised to spare the levers' dry runs)."""
+    step the table prices (the budget is raised to spare the levers' dry runs: the dry run plans the row's block
+    recompute of 5 of 32 layers, and the rest keep their activations)."""
     from planner.bridge_rows import row_flags
     from planner.plan import main
 

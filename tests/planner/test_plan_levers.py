@@ -121,3 +121,16 @@ def test_a_step_plans_two_micro_batches_and_says_so(steps, capsys):
                                             capsys)["total_bytes"]
     assert planner_cli.main(["dry-run", *argv]) == 0
     assert f"micro batch 1, {steps} micro-batches a step on each DP rank" in capsys.readouterr().out
+
+
+def test_block_recompute_short_of_memory_names_uniform_recompute(capsys):
+    """--recompute-method block leaves layers keeping their activations (Megatron-LM's first N of each chunk): the
+    lever is to recompute every layer, uniform, each planned on its own."""
+    block = [*WIDE, "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"]
+    uniform = planned([*block, "--recompute-method", "uniform", "--recompute-num-layers", "1"], capsys)["total_bytes"]
+    with_block = planned(block, capsys)["total_bytes"]
+    assert uniform < with_block < planned(WIDE, capsys)["total_bytes"]
+    budget = (uniform + with_block) // 2
+    lever = planned([*block, "--gpu-memory", str(budget)], capsys)["levers"][0]
+    assert (lever["flags"], lever["total_bytes"], lever["fits"]) == \
+        ("--recompute-method uniform --recompute-num-layers 1", uniform, True)

@@ -102,6 +102,18 @@ def test_with_activation_checkpointing_one_layers_experts_are_recomputed_at_a_ti
     assert plan.moe.saved_bytes_per_row == (HIDDEN + 2 * FFN) * 4 + 2 * 8
 
 
+def test_under_block_recompute_the_layers_not_recomputed_hold_their_experts_rows():
+    """--recompute-method block over 3 MoE layers (Megatron-Core's first N layers of a chunk, tests/training/
+    test_block_recompute.py): the layers past the first N keep their experts' rows at the end of the forward; the
+    first ones are recomputed after those are freed, one at a time."""
+    def held(*extra):
+        return plan_of("--num-layers", "3", *extra)[0].moe.layers_held
+
+    block = ("--checkpoint-activations", "--recompute-method", "block", "--checkpoint-num-layers")
+    assert [held(), held(*block, "1"), held(*block, "2"), held(*block, "3"), held("--checkpoint-activations")] == \
+        [3, 2, 1, 1, 1]
+
+
 def test_the_backward_working_set_counts_the_experts_own_width_and_rows_and_the_shared_experts():
     """An MoE block's MLP backward holds its experts' activation gradients (one expert's --moe-ffn-hidden-size,
     features per row as gpt/shape.py reads the dense MLP's) for the rows its matmul takes at once, and the shared

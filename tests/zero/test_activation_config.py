@@ -20,6 +20,7 @@ FLAGS = {
     "number_checkpoints": "--number-checkpoints",
     "synchronize_checkpoint_boundary": "--synchronize-checkpoint-boundary",
     "profile_checkpointing": "--profile-checkpointing",
+    "recompute_method": "--recompute-method",
 }
 
 
@@ -43,8 +44,9 @@ def test_every_field_is_a_flag_in_its_own_group():
 def test_every_flag_sets_its_field():
     config = parse_config(["--checkpoint-activations", "--checkpoint-num-layers", "2", "--partition-activations",
                            "--cpu-checkpointing", "--contiguous-checkpointing", "--number-checkpoints", "3",
-                           "--synchronize-checkpoint-boundary", "--profile-checkpointing"])
-    assert config.activations == ActivationCheckpointConfig(True, 2, True, True, True, 3, True, True)
+                           "--synchronize-checkpoint-boundary", "--profile-checkpointing", "--recompute-method",
+                           "block"])
+    assert config.activations == ActivationCheckpointConfig(True, 2, True, True, True, 3, True, True, "block")
     assert config.to_dict()["activations"]["number_checkpoints"] == 3
     off = parse_config(["--checkpoint-activations", "--partition-activations", "--no-partition-activations"])
     assert off.activations.checkpoint_activations and not off.activations.partition_activations

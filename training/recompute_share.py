@@ -1,0 +1,33 @@
+"""How much of the blocks' forward runs again in backward under --checkpoint-activations: every block under
+--recompute-method uniform, the first --checkpoint-num-layers blocks of each model chunk under block
+(zero/config.py `checkpointed_groups`, Megatron-Core's split). The FLOPs a run counts (training/metrics.py
+flops_per_iteration) and the planner's time models price that share, not a whole recompute, for block."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from arguments.config import PretrainConfig
+from training.build import config_stage_layers
+
+
+def chunk_layer_counts(config: PretrainConfig, pipeline_rank: Optional[int] = None) -> list[int]:
+    """The blocks of each model chunk of pipeline rank `pipeline_rank` (of every rank where None), as the build
+    splits them; the whole model is one chunk without pipeline stages."""
+    stages = config.parallel.pipeline_model_parallel_size
+    if stages == 1:
+        return [config.model.num_layers]
+    ranks = range(stages) if pipeline_rank is None else (pipeline_rank,)
+    return [len(chunk) for rank in ranks for chunk in config_stage_layers(config, rank).chunks]
+
+
+def recomputed_share(config: PretrainConfig, pipeline_rank: Optional[int] = None) -> float:
+    """Of the blocks of pipeline rank `pipeline_rank` (of the whole model where None), the share whose forward runs
+    again in backward: 0 without checkpointing, 1 under uniform."""
+    activations = config.activations
+    chunks = chunk_layer_counts(config, pipeline_rank)
+    if not activations.checkpoint_activations or not sum(chunks):
+        return 0.0
+    recomputed = sum(end - first for layers in chunks
+                     for first, end, checkpointed in activations.checkpointed_groups(layers) if checkpointed)
+    return recomputed / sum(chunks)
