@@ -83,8 +83,9 @@ class ZeroConfig:
         True, help="with --offload-optimizer / --offload-param: page-lock the host buffers where CUDA is present (faster copies; "
                    "DeepSpeed's pin_memory, whose default there is false)")
     sub_group_size: int = option(1_000_000_000, type=count,
-                                 help="with --offload-optimizer: partition elements the host step updates at once "
-                                      "(bounds its gradient buffer; DeepSpeed's default 1e9)")
+                                 help="with --offload-optimizer of the whole partition (--optimizer-offload-fraction "
+                                      "1): partition elements the host step updates at once (bounds its gradient "
+                                      "buffer; DeepSpeed's default 1e9)")
 
     def validate(self) -> None:
         if self.stage not in ZERO_STAGES:
