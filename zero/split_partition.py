@@ -55,11 +55,12 @@ class SplitPartition:
 
     def __setitem__(self, span: slice, values: torch.Tensor) -> None:
         start, end = self._bounds(span)
-        if start < self.cut:
-            self.host[start:min(end, self.cut)] = values[:max(0, min(end, self.cut) - start)]
+        if start < self.cut:  # copy_: `values` may be on the other side's device
+            stop = min(end, self.cut)
+            self.host[start:stop].copy_(values[:stop - start])
         if end > self.cut:
             at = max(start, self.cut)
-            self.device_part[at - self.cut:end - self.cut] = values[at - start:]
+            self.device_part[at - self.cut:end - self.cut].copy_(values[at - start:end - start])
 
     def copy_(self, source: torch.Tensor) -> "SplitPartition":
         """Fill from a flat tensor of the whole partition (a checkpoint's, loaded)."""
