@@ -86,9 +86,14 @@ def host_placement(config: PretrainConfig) -> str:
     nothing is: the device holds everything else."""
     zero, activations = config.zero, config.activations
     on_host = []
-    if zero.offload_optimizer:
+    fraction = zero.optimizer_offload_fraction if zero.offload_optimizer else 0.0
+    if fraction == 1.0:
         on_host.append("optimizer states: fp32 master partition, Adam moments, gradient partition, AdamW step "
                        "(--offload-optimizer)")
+    elif fraction > 0.0:  # Megatron-LM's hybrid optimizer (zero/hybrid_offload.py)
+        on_host.append(f"optimizer states of the first {fraction:g} of the partition: fp32 master, Adam moments, AdamW "
+                       f"step and a copy of their gradients (--offload-optimizer --optimizer-offload-fraction "
+                       f"{fraction:g}; the rest on the device)")
     if zero.offload_param:
         on_host.append(f"{config.training.precision} parameter shards (--offload-param)")  # the model's dtype
     if activations.checkpoint_activations and activations.cpu_checkpointing:

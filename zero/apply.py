@@ -33,6 +33,7 @@ from parallel.init import ParameterInitializer
 from zero.flat_buffer import DEFAULT_ALIGNMENT, FlatLayout, bucket_params, unique_trainable_parameters
 from zero.grad_reducer import FullGradients, GradientReducer, PartitionedGradients
 from zero.host_memory import return_freed_blocks_to_system
+from zero.hybrid_offload import HybridDeviceAdamW, host_cut, split_zeros
 from zero.loss_scaler import LossScaler, build_loss_scaler
 from zero.muon import muon_matrices, takes_muon
 from zero.offload import HOST, HostOffloadedAdamW, OffloadSettings, host_zeros
@@ -160,6 +161,9 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
         else None
     if offload is not None:  # the master lives in host memory (a planner's meta rank keeps shapes only)
         master = host_zeros(layout.partition_numel, offload.pins, device if device.type == "meta" else HOST)
+    elif placement.optimizer_split:  # Megatron-LM's hybrid optimizer: its first part in host memory
+        master = split_zeros(layout.partition_numel, host_cut(layout, placement.optimizer_host_fraction),
+                             placement.pins, device)
     else:
         master = torch.zeros(layout.partition_numel, dtype=torch.float32, device=device)  # padding stays 0
     if device.type != "meta":  # a planner's rank (planner.plan) has shapes only: nothing to fill
@@ -197,8 +201,13 @@ def build_zero(model: nn.Module, zero_config, optimizer_config, state, *, param_
     reducer.zero_grad()
     optimizer_args = (layout, master, reducer, storage, optimizer_config, loss_scaler or LossScaler(1.0), state,
                       partition_group, stage, decoupled, muon)
-    optimizer = ShardedAdamW(*optimizer_args) if offload is None else \
-        HostOffloadedAdamW(*optimizer_args, offload=offload)
+    optimizer: ShardedAdamW
+    if offload is not None:
+        optimizer = HostOffloadedAdamW(*optimizer_args, offload=offload)
+    elif placement.optimizer_split:  # its gradient partition stays on the device, as Megatron-LM's grad buffer
+        optimizer = HybridDeviceAdamW(*optimizer_args, pin_memory=placement.pin_memory)
+    else:
+        optimizer = ShardedAdamW(*optimizer_args)
     return ZeroParts(reducer, optimizer, placement)
 
 

@@ -71,6 +71,13 @@ class ZeroConfig:
         # Megatron-DeepSpeed's flag builds DeepSpeedCPUAdam, which only runs with DeepSpeed's offload on
         # (megatron/optimizer/__init__.py, get_megatron_optimizer: `if args.cpu_optimizer`).
         aliases={"--cpu-optimizer": "Megatron-DeepSpeed (its CPU Adam steps the offloaded optimizer states)"})
+    # Megatron-LM's hybrid CPU optimizer (--optimizer-cpu-offload --optimizer-offload-fraction F,
+    # megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py): how much of the offload above is offloaded.
+    optimizer_offload_fraction: float = option(
+        1.0, help="with --offload-optimizer (Megatron-LM's --optimizer-cpu-offload): the fraction of this rank's "
+                  "optimizer partition whose fp32 master, Adam moments and step live on the host, taken as Megatron-LM's "
+                  "HybridDeviceOptimizer takes it (whole parameters in order until that share of the elements); the "
+                  "rest steps on the device. 1.0: all of it (ZeRO-Offload); 0.0: none (zero/hybrid_offload.py)")
     offload_param: bool = option(
         False, help="stage 3: keep this rank's 16-bit parameter shard in host memory; each gather copies its "
                     "piece to the device first (ZeRO-3 Offload)")
@@ -78,8 +85,9 @@ class ZeroConfig:
         True, help="with --offload-optimizer / --offload-param: page-lock the host buffers where CUDA is present (faster copies; "
                    "DeepSpeed's pin_memory, whose default there is false)")
     sub_group_size: int = option(1_000_000_000, type=count,
-                                 help="with --offload-optimizer: partition elements the host step updates at once "
-                                      "(bounds its gradient buffer; DeepSpeed's default 1e9)")
+                                 help="with --offload-optimizer of the whole partition (--optimizer-offload-fraction "
+                                      "1): partition elements the host step updates at once (bounds its gradient "
+                                      "buffer; DeepSpeed's default 1e9)")
 
     def validate(self) -> None:
         if self.stage not in ZERO_STAGES:
@@ -95,6 +103,9 @@ class ZeroConfig:
             raise ConfigError("--offload-optimizer needs --zero-stage 1, 2 or 3 (DeepSpeed offloads only its ZeRO "
                               "optimizer, which stage 0 does not build): add --zero-stage 1, or drop --offload-optimizer",
                               flags=("--offload-optimizer", "--zero-stage"))
+        if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
+            raise ConfigError(f"--optimizer-offload-fraction must be a fraction from 0 to 1, got "
+                              f"{self.optimizer_offload_fraction}", flags=("--optimizer-offload-fraction",))
         if self.distributed_optimizer_instances < 1:
             raise ConfigError(f"--num-distributed-optimizer-instances must be at least 1, got "
                               f"{self.distributed_optimizer_instances}", flags=("--num-distributed-optimizer-instances",))

@@ -249,15 +249,14 @@ PLACEMENTS = ("device", "host")
 def host_resident_tensors(optimizer) -> list[torch.Tensor]:
     """The tensors offload keeps in host memory: with --offload-optimizer the fp32 master, the Adam
     moments (AdEMAMix's three) (zero/offload.py) and the fp32 gradient partition the reducer moves each reduced shard into
-    (zero/grad_reducer.py); with --offload-param the 16-bit parameter shard (zero/param_storage.py's
-    placement). Named by which buffer a tensor is, not by
+    (zero/grad_reducer.py), or with --optimizer-offload-fraction below 1 the host part of the master and the moments
+    and the host copy of its gradient (zero/hybrid_offload.py); with --offload-param the 16-bit parameter shard
+    (zero/param_storage.py's placement). Named by which buffer a tensor is, not by
     `tensor.device`: on a CPU run the host is the device too, and a planner's rank keeps every tensor
     on the meta device, yet both must say where a CUDA run would put each byte."""
     if hasattr(optimizer, "parts"):  # the dense and the expert optimizers of expert parallelism (zero/experts.py)
         return [tensor for part in optimizer.parts for tensor in host_resident_tensors(part)]
-    tensors = []
-    if getattr(optimizer, "offload", None) is not None:
-        tensors += [optimizer.master, *optimizer.moments().values(), *optimizer.gradients.host_tensors()]
+    tensors = list(optimizer.host_state_tensors())
     parameters = optimizer.parameters
     if getattr(getattr(parameters, "placement", None), "parameter_shard_on_host", False):
         tensors.append(parameters.shard)

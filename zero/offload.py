@@ -119,6 +119,10 @@ class HostOffloadedAdamW(ShardedAdamW):
             for param, _ in group:
                 param.grad = None
 
+    def host_state_tensors(self) -> list[torch.Tensor]:
+        """The master, the moments and the reducer's host gradient partition: all of them live in host memory."""
+        return [self.master, *self.moments().values(), *self.gradients.host_tensors()]
+
     @property
     def num_sub_groups(self) -> int:
         return len(self._sub_groups)

@@ -179,14 +179,6 @@ class ShardedAdamW:
         self._muon_ranges = muon_ranges(self._muon)
         self._pieces = self.step_pieces()
         self._segment_params = [nn.Parameter(master[p.start:p.end]) for p in self._pieces]
-        groups = []
-        for decoupled in (False, True):  # the usual groups first, as without a decoupled rate
-            for decay in (True, False):
-                members = [p for p, s in zip(self._segment_params, self._pieces)
-                           if s.weight_decay == decay and s.decoupled_lr == decoupled]
-                if members:
-                    groups.append({"params": members, "weight_decay": optimizer_config.weight_decay if decay else 0.0,
-                                   "decoupled_lr": decoupled})
         if self._muon:
             if type(self) is not ShardedAdamW:
                 raise ValueError("--optimizer muon steps on the training device, not in the offloaded host step")
@@ -195,10 +187,10 @@ class ShardedAdamW:
             self._muon_group = {"params": [], "weight_decay": optimizer_config.weight_decay, "lr": optimizer_config.lr,
                                 "decoupled_lr": False, "muon": True}
             self._muon_steps = 0
-        # (a partition with Muon's pieces only has no AdamW)
-        self.optimizer = build_step_optimizer(groups, optimizer_config, self.device) if groups else None
-        self.param_groups = (self.optimizer.param_groups if self.optimizer is not None else []) + \
-            ([self._muon_group] if self._muon else [])
+        # (a partition with Muon's pieces only has no AdamW; the hybrid host/device split has two, zero/hybrid_offload.py)
+        self._step_optimizers = self.build_step_optimizers()
+        self.optimizer = self._step_optimizers[0] if self._step_optimizers else None
+        self.param_groups = self._adam_groups() + ([self._muon_group] if self._muon else [])
         # The moments exist from the start (the zeros AdamW would create at its first step), as views
         # of two flat tensors beside the master (in host memory when it is offloaded); AdEMAMix's slow
         # momentum is a third.
@@ -207,15 +199,34 @@ class ShardedAdamW:
         self.exp_avg = self.new_partition_tensor(dtypes["exp_avg"])
         self.exp_avg_sq = self.new_partition_tensor(dtypes["exp_avg_sq"])
         self.exp_avg_slow = self.new_partition_tensor() if uses_ademamix(optimizer_config) else None
-        for group in self._adam_groups():
-            step_on_device = group.get("fused") or group.get("capturable")
-            for param, piece in zip(group["params"], self._group_pieces(group)):
-                self.optimizer.state[param] = {
-                    "step": torch.zeros((), dtype=torch.float32, device=self.device if step_on_device else "cpu"),
-                    **{key: moment[piece.start:piece.end] for key, moment in self.moments().items()}}
+        for optimizer in self._step_optimizers:
+            for group in optimizer.param_groups:
+                step_on_device = group.get("fused") or group.get("capturable")  # then beside its parameter
+                for param, piece in zip(group["params"], self._group_pieces(group)):
+                    optimizer.state[param] = {
+                        "step": torch.zeros((), dtype=torch.float32, device=param.device if step_on_device else "cpu"),
+                        **{key: moment[piece.start:piece.end] for key, moment in self.moments().items()}}
+
+    def build_step_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers that step the partition's pieces: one here (none for Muon's pieces only)."""
+        groups = self.step_groups(self._segment_params, self._pieces)
+        return [build_step_optimizer(groups, self.optimizer_config, self.device)] if groups else []
+
+    def step_groups(self, params: Sequence[nn.Parameter], pieces: Sequence[StepPiece]) -> list[dict]:
+        """`params` (views of `pieces`) in parameter groups: one with weight decay, one without, and the same two
+        at the decoupled learning rate, marked "decoupled_lr" for whoever sets the rates."""
+        groups = []
+        for decoupled in (False, True):  # the usual groups first, as without a decoupled rate
+            for decay in (True, False):
+                members = [p for p, s in zip(params, pieces) if s.weight_decay == decay and s.decoupled_lr == decoupled]
+                if members:
+                    groups.append({"params": members,
+                                   "weight_decay": self.optimizer_config.weight_decay if decay else 0.0,
+                                   "decoupled_lr": decoupled})
+        return groups
 
     def _adam_groups(self) -> list[dict]:
-        return [] if self.optimizer is None else self.optimizer.param_groups
+        return [group for optimizer in self._step_optimizers for group in optimizer.param_groups]
 
     def moments(self) -> dict[str, torch.Tensor]:
         """The optimizer's flat state tensors beside the master, by name: Adam's two, AdEMAMix's three."""
@@ -324,8 +335,8 @@ class ShardedAdamW:
         """AdamW on the master partition from the unscaled, clipped gradient partition `grads`."""
         for param, piece in zip(self._segment_params, self._pieces):
             param.grad = grads[piece.start:piece.end]
-        if self.optimizer is not None:
-            self.optimizer.step()
+        for optimizer in self._step_optimizers:
+            optimizer.step()
         for param in self._segment_params:
             param.grad = None
         if self._muon:
@@ -365,6 +376,11 @@ class ShardedAdamW:
         largest = max((piece.end - piece.start for piece in self._pieces), default=0)
         return temporaries * min(window, largest) * self.master.element_size()
 
+    def host_state_tensors(self) -> list[torch.Tensor]:
+        """The model-state tensors this optimizer keeps in host memory whatever the device (zero/memory.py's
+        host_resident_tensors): none here; offload's (zero/offload.py, zero/hybrid_offload.py)."""
+        return []
+
     def host_working_bytes(self) -> int:
         """Host memory the step holds besides the model states: nothing, offloaded or not (the offloaded
         step reads the reducer's host gradient partition in place, zero/offload.py)."""
@@ -397,11 +413,12 @@ class ShardedAdamW:
     def adam_step(self, step: int) -> None:
         if self._muon:
             self._muon_steps = step
-        for group in self._adam_groups():
-            if "step" in group:
-                group["step"] = step
-            for param in group["params"]:
-                self.optimizer.state[param]["step"].fill_(step)
+        for optimizer in self._step_optimizers:
+            for group in optimizer.param_groups:
+                if "step" in group:
+                    group["step"] = step
+                for param in group["params"]:
+                    optimizer.state[param]["step"].fill_(step)
 
     def gathered_parameters(self, unit: Unit):
         """A context in which `unit`'s parameters hold their full values (stage 3 gathers the chunk,
@@ -409,7 +426,12 @@ class ShardedAdamW:
         return self.parameters.gathered(unit)
 
     def _partition_tensors(self) -> dict[str, torch.Tensor]:
+        """The live partition states, by name (what a load fills)."""
         return {"master": self.master, **self.moments()}
+
+    def _saved_partition_tensors(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint writes of them: the live tensors themselves here."""
+        return self._partition_tensors()
 
     # ---- checkpointing (the interface of zero/optimizer_state.py) -------------------------------
 
@@ -435,7 +457,7 @@ class ShardedAdamW:
         fragments = [NamedFragment(names[id(f.slot.param)], f.param_offset, f.partition_offset, f.numel)
                      for f in self.layout.fragments()]
         return ShardedOptimizerState(
-            tensors=self._partition_tensors(), fragments=fragments, replicated=not self.partitioned,
+            tensors=self._saved_partition_tensors(), fragments=fragments, replicated=not self.partitioned,
             zero_stage=self.stage, adam_step=self.adam_step, loss_scaler_type=type(self.loss_scaler).__name__,
             loss_scaler_state=self.loss_scaler.state_dict(), param_dtype=self.parameters.dtype,
             optimizer=self.optimizer_name)

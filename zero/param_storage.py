@@ -28,6 +28,7 @@ from zero.flat_buffer import FlatLayout, Unit
 from zero.fp8_params import Fp8WeightBytes
 from zero.gated_parameters import GatedParameter, UnitGate
 from zero.placement import Placement
+from zero.split_partition import copy_partition
 from zero.stage3 import ParameterGatherer
 
 
@@ -280,7 +281,7 @@ class ShardedParameters(ParameterStorage):
         return self.layout
 
     def publish(self, master: torch.Tensor) -> None:
-        self.shard.copy_(master)
+        copy_partition(self.shard, master)  # the master may be split between host and device (zero/split_partition.py)
         if self.fp8 is not None:
             self.fp8.quantize(master)
         self.gatherer.refresh_persistent()

@@ -228,13 +228,25 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --fp8-interval --fp8-quantizer-factory --keep-fp8-transpose-cache
         --reuse-grad-buf-for-mxfp8-param-ag --fp4-recipe --fp4-param-gather --fp4-quantizer-factory
         --kitchen-attention-backend""")),
-    ("CPU offload's knob: the offloaded step here (--offload-optimizer, alias --cpu-optimizer) is always PyTorch's "
-     "fused AdamW over the whole optimizer state, pinned where CUDA is (Megatron-LM's --optimizer-cpu-offload is "
-     "refused), so it has no effect", _names("""
-        --cpu_torch_adam --use-pin-memory --optimizer-offload-fraction --use-torch-optimizer-for-cpu-offload
-        --overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads --no-pin-cpu-params --activation-offload-fraction
+    ("CPU offload's knob: the offloaded step here (--offload-optimizer, alias --cpu-optimizer; Megatron-LM's "
+     "--optimizer-cpu-offload) is PyTorch's fused AdamW, pinned where CUDA is, and Megatron-LM's layer and "
+     "activation offloading are refused, so it has no effect", _names("""
+        --cpu_torch_adam --use-pin-memory --activation-offload-fraction
         --offload-modules --min-offloaded-tensor-size --cpu-offloading-retain-pinned-cpu-buffers
         --delay-offload-until-cuda-graph --fine-grained-offloading-max-inflight-offloads""")),
+    # Megatron-LM's hybrid CPU optimizer (--optimizer-cpu-offload, arguments/megatron/cpu_offload_flags.py): its knobs
+    # that change no value computed.
+    ("the hybrid optimizer's overlapped copies: Megatron-LM moves the gradients to the host and the updated "
+     "parameters back on side streams while the host steps (hybrid_optimizer.py, overlap_cpu_optimizer_d2h_h2d); "
+     "here those copies are synchronous, the same values either way, and a CPU run has no copies at all",
+     _names("--overlap-cpu-optimizer-d2h-h2d")),
+    ("the hybrid optimizer's device-side class: Megatron-LM's get_megatron_optimizer sets it back to its fused Adam "
+     "right after reading this flag (megatron/core/optimizer/__init__.py), so its host step is torch's AdamW and "
+     "its device step the fused Adam either way, as here (torch's fused AdamW on the host)",
+     _names("--use-torch-optimizer-for-cpu-offload")),
+    ("page-locking the hybrid optimizer's host gradients and parameters (Megatron-LM's pin_cpu_grads, "
+     "pin_cpu_params) speeds the copies and changes no value; the host buffers here are pinned by "
+     "--offload-pin-memory, where CUDA is present", _names("--no-pin-cpu-grads --no-pin-cpu-params")),
     ("another optimizer's knob (SGD, Lion, weight-decay ramps, Muon's Triton SYRK kernel): the "
      "optimizers here are Adam(W), AdEMAMix and Muon with a constant --weight-decay, so it has no effect", _names("""
         --sgd-momentum --muon-use-syrk --lion-beta1 --lion-beta2 --start-weight-decay
@@ -391,10 +403,10 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: the optimizer here is Adam(W) with fp32 states, and all parameters trained",
      _names("""
         --use-bnb-optimizer --qk-clip --freeze-all-layers""")),
-    ("not implemented (Megatron-LM's hybrid CPU/GPU optimizer and layer offloading): use --offload-optimizer "
-     "(ZeRO-Offload's optimizer states on the host) with --zero-stage 1-3, and --checkpoint-activations "
-     "--cpu-checkpointing for activations", _names("""
-        --optimizer-cpu-offload --cpu-offloading-num-layers --fine-grained-activation-offloading""")),
+    ("not implemented (Megatron-LM's layer and activation offloading): use --checkpoint-activations "
+     "--cpu-checkpointing for activations (and --offload-optimizer or --optimizer-cpu-offload for the optimizer "
+     "states)", _names("""
+        --cpu-offloading-num-layers --fine-grained-activation-offloading""")),
     ("knowledge distillation is not implemented: train the model on its data", _names("""
         --kd --mos --logits-load-dir""")),
     ("not implemented: a fake process group skips the communication, so the results are not a training run's",

@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 from arguments.config import PretrainConfig
 from arguments.config_sources import FLAG, JSON, Source
+from arguments.megatron.cpu_offload_flags import ignored_state_dtypes, resolve_cpu_offload_flags
 from arguments.megatron.cuda_graph_flags import SCOPE_ADD, resolve_cuda_graph_flags
 from arguments.megatron.harvested_flags import resolve_harvested
 from arguments.option_table import OptionTable, option_table
@@ -193,6 +194,11 @@ MEANINGS: list[Meaning] = [
             "--exp-avg-sq-dtype, --main-grads-dtype, --main-params-dtype); with fp32 ones (the defaults) it is the fp32 "
             "AdamW here, bf16 moments are stored as bf16 between fp32 updates; as in Megatron-LM, only with the "
             "distributed optimizer (ZeRO stage 1 or above)"),
+    Meaning(("--optimizer-cpu-offload",), "optimizer_cpu_offload", "Megatron-LM", {"action": "store_true"},
+            "Megatron-LM's hybrid CPU optimizer: --offload-optimizer for --optimizer-offload-fraction (default 1.0) of "
+            "each rank's optimizer partition, its fp32 master, Adam moments and step in host memory; as in "
+            "Megatron-LM only with --use-precision-aware-optimizer (so the distributed optimizer) and Adam, the "
+            "state dtypes then fp32 (arguments/megatron/cpu_offload_flags.py)"),
     Meaning(("--main-grads-dtype",), "main_grads_dtype", "Megatron-LM", {"choices": ("fp32", "bf16")},
             "the precision-aware optimizer's main gradients: bf16 with --bf16 is --no-accumulate-allreduce-grads-in-"
             "fp32 (gradients accumulated and reduced in bf16); fp32 is the default for bf16 here as there"),
@@ -312,6 +318,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
         change("apply_wd_to_qk_layernorm", True, "no_weight_decay_cond_type",
                "Megatron-LM's deprecated spelling of --apply-wd-to-qk-layernorm")
     _resolve_precision_aware_optimizer(given, settings, option_used, resolved)
+    resolve_cpu_offload_flags(given, settings, sources, option_used, change, resolved)
     _resolve_main_grads_dtype(given, settings, sources, change, resolved)
     _resolve_query_groups(given, settings, option_used, change, resolved)
     _resolve_pipe_parallel_size(given, settings, sources, change, resolved)
@@ -399,9 +406,10 @@ def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str
     aware = bool(given.get("use_precision_aware_optimizer"))
     values = {dest: (settings.get(dest, "fp32") if dest in STORED_MOMENT_DTYPES else given.get(dest, "fp32"))
               for dest in PRECISION_AWARE_DTYPES}
+    ignored = ignored_state_dtypes(given, settings)  # --optimizer-cpu-offload's fp32 states: said there
     for dest, what in PRECISION_AWARE_DTYPES.items():
         value = values[dest]
-        if value == "fp32":
+        if value == "fp32" or dest in ignored:
             continue
         requires = ("" if aware else f"; Megatron-LM takes {option_used(dest)} other than fp32 only with "
                                      f"--use-precision-aware-optimizer (OptimizerConfig)")
@@ -427,7 +435,8 @@ def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str
                                 f"fp32 or bf16 here; TransformerEngine's FusedAdam keeps {value} ones with a "
                                 f"per-tensor scale){requires}; use fp32 (or bf16 for the moments), or drop the flag")
     accepted = [f"{option_used(dest)} {values[dest]}" for dest in PRECISION_AWARE_DTYPES
-                if dest != "main_grads_dtype" and option_used(dest) and values[dest] in ("fp32", "bf16")]
+                if dest != "main_grads_dtype" and option_used(dest) and values[dest] in ("fp32", "bf16")
+                and dest not in ignored]
     if aware:
         stage = resolved.changes["stage"][0] if "stage" in resolved.changes else settings["stage"]
         if given.get("use_torch_fsdp2"):
@@ -440,7 +449,7 @@ def _resolve_precision_aware_optimizer(given: dict[str, Any], settings: dict[str
                                     "--use-distributed-optimizer (ZeRO stage 1 here), or drop the flag")
         accepted.insert(0, "--use-precision-aware-optimizer")
     if accepted:
-        stored = {dest: values[dest] for dest in STORED_MOMENT_DTYPES}
+        stored = {dest: "fp32" if dest in ignored else values[dest] for dest in STORED_MOMENT_DTYPES}
         moments = ("fp32" if set(stored.values()) == {"fp32"} else
                    ", ".join(f"{'first' if dest == 'exp_avg_dtype' else 'second'} {value}"
                              for dest, value in stored.items()))

@@ -10,7 +10,11 @@ rank the device holds the 16-bit parameters, the reduce buckets and at stage 1 t
 the micro-batches accumulate in, and the host 16 bytes per parameter of the rank's shard (fp32 master,
 moments and gradient; +2 for a 16-bit accumulation partition at stages 2-3, +2 with parameter offload).
 
-The acceptance: for each placement (none, optimizer, optimizer + parameters) and stage, the dry run's
+Megatron-LM's hybrid optimizer (--optimizer-offload-fraction 0.5, zero/hybrid_offload.py) keeps the master and the
+moments of the first part of the partition on the host, with a host copy of that part's gradient for its step, and
+the rest, the gradient partition included, on the device.
+
+The acceptance: for each placement (none, optimizer, optimizer + parameters, hybrid) and stage, the dry run's
 device and host bytes of every rank equal what a live 2-rank run holds after one iteration, measured over
 the same tensors (`optimizer.model_state_tensors()`). On this CPU the "device" is the CPU too, so the live
 side cannot split by `tensor.device`: both sides split by which buffer a tensor is
@@ -41,6 +45,8 @@ PLACEMENTS = {
     "none": [],
     "optimizer": ["--offload-optimizer", *SUB_GROUP],
     "optimizer+param": ["--offload-optimizer", "--offload-param", *SUB_GROUP],
+    # Megatron-LM's hybrid optimizer (zero/hybrid_offload.py): [0, cut) of the partition's states on the host
+    "hybrid": ["--offload-optimizer", "--optimizer-offload-fraction", "0.5"],
 }
 PRECISIONS = {"fp32": [], "bf16": ["--bf16"],
               # 16-bit gradients: stages 2-3 accumulate the micro-batches in a bf16 host partition
@@ -97,7 +103,8 @@ def measured_after_one_iteration(rank, world_size):
                              "whole": measure_tensor_bytes(optimizer.model_state_tensors()),
                              "host_working_bytes": optimizer.host_working_bytes(),
                              "stage3_device_peak": device_peak and device_peak["bytes"],
-                             "partition": optimizer.layout.partition_numel}
+                             "partition": optimizer.layout.partition_numel,
+                             "cut": getattr(optimizer, "cut", None)}
         return results
     finally:
         destroy(state)
@@ -123,8 +130,19 @@ def test_dry_run_device_and_host_bytes_equal_the_live_run(live, case):
         # Nothing is lost or counted twice by the split.
         assert device["total"] + host["total"] == measured["whole"]["total"]
         assert device["buffers"] + host["buffers"] == measured["whole"]["buffers"]
+        if stage == 3:  # the gathered chunks' and offload's device copies' peak is the planned one
+            assert plan.stage3_live_chunk_bytes + plan.offload_copy_bytes == measured["stage3_device_peak"]
+            assert (plan.offload_copy_bytes > 0) == (placement == "optimizer+param")
         # What lives where, in the terms of the offload (independent of the planner's code path).
         partition = measured["partition"]
+        if placement == "hybrid":  # the host part's master and moments, and the copy of its gradient for its step
+            cut = measured["cut"]
+            assert 0 < cut < partition
+            assert (host["master_weights"], host["optimizer_states"], host["buffers"]) == (4 * cut, 8 * cut, 4 * cut)
+            assert device["master_weights"] + device["optimizer_states"] == 12 * (partition - cut)
+            assert host["gradients"] == host["parameters"] == 0 and device["gradients"] > 0
+            assert plan.host_total_bytes == host["total"] + host["buffers"]
+            continue
         offloaded = placement != "none"
         assert host["master_weights"] == (4 * partition if offloaded else 0)
         assert host["optimizer_states"] == (8 * partition if offloaded else 0)
@@ -140,9 +158,6 @@ def test_dry_run_device_and_host_bytes_equal_the_live_run(live, case):
         shard_bytes = partition * (4 if precision == "fp32" else 2)
         assert host["parameters"] == (shard_bytes if placement == "optimizer+param" else 0)
         assert plan.host_total_bytes == host["total"] + host["buffers"]  # no P_a+cpu here
-        if stage == 3:  # the gathered chunks' and offload's device copies' peak is the planned one
-            assert plan.stage3_live_chunk_bytes + plan.offload_copy_bytes == measured["stage3_device_peak"]
-            assert (plan.offload_copy_bytes > 0) == (placement == "optimizer+param")
 
 
 def test_offload_param_adds_the_gathers_device_copies_and_host_memory_binds(live):

@@ -1,0 +1,97 @@
+"""Megatron-LM's hybrid CPU optimizer flag (--optimizer-cpu-offload) with its meaning and its rules.
+
+Megatron-LM (NVIDIA/Megatron-LM at d98e8a64, megatron/core/optimizer/__init__.py
+_get_megatron_optimizer_based_on_param_groups) wraps the distributed optimizer's shard of each rank in a
+HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py): the first parameters of the
+shard, whole, until --optimizer-offload-fraction of its elements (default 1.0), get fp32 master copies in host
+memory that torch's AdamW steps there (their gradients copied to the host each step, the new values copied back);
+the others keep fp32 masters on the device, stepped by the fused Adam. Here that is --offload-optimizer with
+--optimizer-offload-fraction, a ZeRO setting (zero/config.py): 1.0 is ZeRO-Offload's host step of the whole
+partition (zero/offload.py), a fraction below 1 the same split of the partition (zero/hybrid_offload.py), 0 none.
+
+What Megatron-LM asserts, asserted here in its words:
+- validate_args (megatron/training/arguments.py): "The optimizer cpu offload must be used in conjunction with
+  `--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the code path of this flag.", and that
+  flag needs the distributed optimizer ("--use-precision-aware-optimizer only supported with distributed optimizer",
+  get_megatron_optimizer: arguments/megatron/flags.py _resolve_precision_aware_optimizer says it);
+- validate_args: "When `--fp8-param-gather` is enabled, the optimizer cpu offload must be used in conjunction with
+  `--fp8-recipe delayed`.";
+- OptimizerConfig.__post_init__ (megatron/core/optimizer/optimizer_config.py): "--use-precision-aware-optimizer only
+  supported with adam" (the hybrid optimizer steps Adam or SGD; the other optimizers here are not Adam).
+What it does without saying so, said once: the hybrid optimizer is built with no state dtypes
+(param_update_in_fp32=True, torch's AdamW beside the fused Adam, and OptimizerConfig returns before checking
+TransformerEngine's dtypes), so --main-params-dtype, --exp-avg-dtype and --exp-avg-sq-dtype have no effect under it:
+the master weights and moments are fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from arguments.config_sources import FLAG, JSON, Source
+
+CPU_OFFLOAD = "--optimizer-cpu-offload"
+# The precision-aware optimizer's state dtypes the hybrid optimizer does not read (see the module docstring).
+STATE_DTYPES_IGNORED = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+STORED_MOMENTS = ("exp_avg_dtype", "exp_avg_sq_dtype")  # settings here (OptimizerConfig); the other one a meaning
+
+
+def ignored_state_dtypes(given: dict[str, Any], settings: dict[str, Any]) -> dict[str, str]:
+    """{dest: value} of the state dtypes other than fp32 that --optimizer-cpu-offload makes no effect of (empty
+    without it): arguments/megatron/flags.py neither refuses nor takes them then."""
+    if not given.get("optimizer_cpu_offload"):
+        return {}
+    values = {dest: settings.get(dest, "fp32") if dest in STORED_MOMENTS else given.get(dest, "fp32")
+              for dest in STATE_DTYPES_IGNORED}
+    return {dest: value for dest, value in values.items() if value != "fp32"}
+
+
+def resolve_cpu_offload_flags(given: dict[str, Any], settings: dict[str, Any], sources: dict[str, Source],
+                              option_used: Callable[[str], Optional[str]], change: Callable, resolved) -> None:
+    """--optimizer-cpu-offload as --offload-optimizer, with Megatron-LM's assertions (into `resolved.refused`), what
+    it says into `resolved.notes`, and the ignored state dtypes set back to fp32 (through `change`)."""
+    fraction = settings["optimizer_offload_fraction"]
+    fraction_typed = sources["optimizer_offload_fraction"].kind in (FLAG, JSON)
+    if not given.get("optimizer_cpu_offload"):
+        if fraction_typed and not settings["offload_optimizer"]:
+            resolved.notes.append(f"--optimizer-offload-fraction {fraction} without {CPU_OFFLOAD} (or "
+                                  f"--offload-optimizer): accepted, no effect, as in Megatron-LM, which reads it only "
+                                  f"in its hybrid optimizer")
+        return
+    if not given.get("use_precision_aware_optimizer"):
+        resolved.refused.append(f"{CPU_OFFLOAD} without --use-precision-aware-optimizer: Megatron-LM asserts 'The "
+                                f"optimizer cpu offload must be used in conjunction with "
+                                f"`--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the code "
+                                f"path of this flag.'; add --use-precision-aware-optimizer --use-distributed-optimizer")
+    if settings["fp8_param_gather"] and settings["fp8_recipe"] != "delayed":
+        resolved.refused.append(f"{CPU_OFFLOAD} with --fp8-param-gather --fp8-recipe {settings['fp8_recipe']}: "
+                                f"Megatron-LM asserts 'When `--fp8-param-gather` is enabled, the optimizer cpu offload "
+                                f"must be used in conjunction with `--fp8-recipe delayed`.'")
+    if settings["optimizer"] != "adam":
+        resolved.refused.append(f"{CPU_OFFLOAD} with --optimizer {settings['optimizer']}: Megatron-LM asserts "
+                                f"'--use-precision-aware-optimizer only supported with adam', which "
+                                f"{CPU_OFFLOAD} requires (its hybrid optimizer steps torch's AdamW on the host); use "
+                                f"--optimizer adam")
+    change("offload_optimizer", True, "optimizer_cpu_offload",
+           "Megatron-LM's hybrid CPU optimizer: the optimizer states and step of --optimizer-offload-fraction of each "
+           "rank's partition on the host")
+    ignored = ignored_state_dtypes(given, settings)
+    for dest in STORED_MOMENTS:
+        if dest in ignored:
+            change(dest, "fp32", "optimizer_cpu_offload", "Megatron-LM's hybrid optimizer keeps fp32 Adam moments "
+                                                          "(torch's AdamW, built with no state dtype)")
+    where = ("the whole optimizer partition of each rank (its fp32 master, Adam moments and AdamW step) in host "
+             "memory, as --offload-optimizer" if fraction == 1.0 else
+             f"the first {fraction:g} of each rank's optimizer partition, whole parameters in order as Megatron-LM "
+             f"takes them (their fp32 master, Adam moments and AdamW step) in host memory, the rest on the device"
+             if fraction > 0 else "none of the optimizer partition in host memory (--optimizer-offload-fraction 0): "
+                                  "the plain step on the device")
+    note = f"{CPU_OFFLOAD}: Megatron-LM's hybrid CPU optimizer, {where}"
+    if ignored:
+        note += (f"; {', '.join(f'{option_used(dest) or _flag(dest)} {value}' for dest, value in ignored.items())} "
+                 f"no effect under it, as in Megatron-LM (its hybrid optimizer keeps fp32 master weights and moments)")
+    resolved.notes.append(note)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
