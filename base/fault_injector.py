@@ -28,7 +28,6 @@ import re
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -189,12 +188,16 @@ def _draw(settings: FaultInjectorSettings, world_size: int, rng: random.Random) 
 
 
 class FaultInjector:
-    """Arms one fault on this rank (`arm`) and raises a workload exception where the loop polls it (`poll`)."""
+    """Arms one fault on this rank (`arm`) and raises a workload exception where the loop polls it (`poll`); `cancel`
+    when training is over, so a fault not yet due never lands in what follows it (the run's last lines and exit, or an
+    in-process restart's next incarnation): a daemon thread's sleep would fire into either, an async_exc there ending
+    the process with status 1 and no line."""
 
     def __init__(self, describe: str, gpu_faults: Optional[dict[str, Callable[[], None]]] = None) -> None:
         self.describe = describe  # begins the exception's message
         self.gpu_faults = gpu_faults or {}
         self._workload_raise = threading.Event()
+        self._cancelled = threading.Event()
 
     def poll(self, where: str) -> None:
         """Megatron's maybe_raise_workload_exception: raise the workload exception once it is due."""
@@ -208,12 +211,16 @@ class FaultInjector:
             signal.signal(signal.SIGUSR1, self._raise_on_signal)
 
         def fire() -> None:
-            time.sleep(delay_s)
-            act()
+            if not self._cancelled.wait(delay_s):
+                act()
 
         thread = threading.Thread(target=fire, name=f"fault-injector-{fault}", daemon=True)
         thread.start()
         return thread
+
+    def cancel(self) -> None:
+        """A fault armed and not yet due is never injected."""
+        self._cancelled.set()
 
     def _action(self, fault: str) -> Callable[[], None]:
         main_thread = threading.main_thread().ident

@@ -22,6 +22,7 @@ checkpoint interval every restart resumes from the save before it and meets it a
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Callable, Optional
 
 import torch
@@ -38,6 +39,7 @@ class FaultSchedule:
         self.settings, self.plan, self.start_iteration = settings, plan, start_iteration
         self.targeted = state.rank in plan.ranks
         self.injector = FaultInjector("fault injector", gpu_faults=_gpu_faults(state.device))
+        self.armed_at: Optional[float] = None  # time.monotonic() when the clock started
 
     def start(self) -> None:
         """At the start of training: the clock starts now unless --fault-injector-delay-start-iteration is given."""
@@ -56,7 +58,16 @@ class FaultSchedule:
         if self.settings.delay_start_iteration == iteration - 1:
             self._arm()
 
+    def end(self, log: Optional[Callable[[str], None]] = None) -> None:
+        """Training is over (returned, or raised): a fault not yet due is not injected. `log` (when it returned): one
+        line where the plan's delay had not run out, on every rank, since every rank holds the plan."""
+        self.injector.cancel()
+        if log is not None and self.armed_at is not None and time.monotonic() - self.armed_at < self.plan.delay_s:
+            log(f"> fault injector: training ended {time.monotonic() - self.armed_at:.3f} s after the injector was "
+                f"armed, before its {self.plan.fault} was due ({self.plan.delay_s:.3f} s): nothing injected")
+
     def _arm(self) -> None:
+        self.armed_at = time.monotonic()
         if self.targeted:
             self.injector.arm(self.plan.fault, self.plan.delay_s)
 

@@ -61,13 +61,19 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
                                       run.memory_check, first_iteration=start.iteration + 1,
                                       micro_batches=settings.batch.accumulation_steps_at(start.consumed_samples))
         events = loop_events(run, fault_tolerance)
-        summary = train(events.around_step(step), metrics, evaluator, memory, settings, state,
-                        start_iteration=start.iteration,
-                        consumed_samples=start.consumed_samples, schedule_samples=start.schedule_samples,
-                        save_checkpoint=events.around_save(run.save), exit_conditions=run.exit_conditions,
-                        commit_saves=run.save.poll if run.save is not None else None,
-                        faults=plan_faults(training.fault_injector, state, start.iteration, log,
-                                           restart=restart_count(os.environ)[0]))
+        faults = plan_faults(training.fault_injector, state, start.iteration, log, restart=restart_count(os.environ)[0])
+        try:
+            summary = train(events.around_step(step), metrics, evaluator, memory, settings, state,
+                            start_iteration=start.iteration,
+                            consumed_samples=start.consumed_samples, schedule_samples=start.schedule_samples,
+                            save_checkpoint=events.around_save(run.save), exit_conditions=run.exit_conditions,
+                            commit_saves=run.save.poll if run.save is not None else None, faults=faults)
+        except BaseException:
+            if faults is not None:
+                faults.end()
+            raise
+        if faults is not None:
+            faults.end(log)
         if run.save is not None:  # the end of training and every early exit: the last save is committed first
             run.save.finish()
     except TrainingDiverged as error:

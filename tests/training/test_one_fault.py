@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from base.fault_injector import FaultInjectorSettings, draw_plan
+from base.fault_injector import FaultInjector, FaultInjectorSettings, draw_plan
 from tests.reliability_helpers import TINY
 from tests.scripts.test_restart_in_job import REPO, TWELVE, finish, free_port, launch_environment, start
 from tests.training.test_inprocess_restart import FAST_HEARTBEATS, incarnations
@@ -75,11 +75,33 @@ def test_an_async_exception_with_a_fixed_delay_is_injected_once_under_inprocess_
     then the job ends 0 (before, a restart per incarnation without end)."""
     injector = ["--fault-injector-ranks", "1", "--fault-injector-fault-types", "async_exc",
                 "--fault-injector-fault-delay", "0.5", "--fault-injector-seed", "1"]
-    code, out, err = finish(start(tmp_path, corpus_cache, [], [*FAST_HEARTBEATS, *injector]), tmp_path)
+    # 400 iterations, a few seconds: twelve took 0.11 s once the corpus was cached, over before the fault was due
+    longer = ["--train-iters", "400", "--save-interval", "100"]
+    code, out, err = finish(start(tmp_path, corpus_cache, [], [*FAST_HEARTBEATS, *injector, *longer]), tmp_path)
     assert code == 0, (err[-3000:], out[-3000:])
     assert {incarnation for incarnation, _ in incarnations(out)[1]} == {0, 1}, out[-3000:]
     assert "> fault injector: not armed again at restart 1" in out, out[-3000:]
     assert "> in-process restart: --inprocess-max-iterations bounds the incarnations (10 by default here)" in out
+
+
+def test_a_fault_not_due_when_training_ends_is_not_injected_and_said_so(corpus_cache_300, tmp_path):
+    """async_exc due an hour after the start of a run of 2 iterations: before, the injector's thread slept on and a
+    fault due during the run's last lines ended the process with status 1 and no line; now the end of training
+    cancels it, exit 0, said in one line."""
+    command = [sys.executable, str(REPO / "pretrain_gpt.py"), *TINY, "--train-iters", "2", "--data-cache-dir",
+               corpus_cache_300, "--metrics-file", str(tmp_path / "metrics.jsonl"), "--fault-injector-ranks", "0",
+               "--fault-injector-fault-types", "async_exc", "--fault-injector-fault-delay", "3600"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "before its async_exc was due (3600.000 s): nothing injected" in done.stdout, done.stdout[-2000:]
+
+
+def test_a_cancelled_injector_never_fires():
+    injector = FaultInjector("test")
+    fired = injector.arm("workload_exc", 0.2)
+    injector.cancel()
+    fired.join(timeout=5)
+    injector.poll("after the delay")  # raises InjectedFault had the workload exception been set
 
 
 def _two_ranks(tmp_path: Path, corpus_cache: str, kill: dict[str, str], *flags) -> list[subprocess.Popen]:
