@@ -47,7 +47,8 @@ class TrainingSummary:
     # fp16 from the initial loss scale: the iterations skipped before the first step (training/leading_skips.py)
     leading_skips: Optional[LeadingSkips] = None
 
-    def add(self, iteration: int, outcome: StepOutcome) -> None:
+    def add(self, iteration: int, outcome: StepOutcome) -> Optional[str]:
+        """Counts the iteration in; returns the line to say where it ends fp16's leading overflow skips."""
         self.train_losses.append(outcome.loss)
         self.iterations = iteration
         self.consumed_samples += outcome.global_batch_size
@@ -57,6 +58,9 @@ class TrainingSummary:
         self.trained_iterations += 1
         self.loss_scale = outcome.loss_scale
         self.iteration_seconds += outcome.seconds
+        if self.leading_skips is not None:
+            return self.leading_skips.after(iteration, outcome.skipped, outcome.loss_scale)
+        return None
 
     def step_lines(self) -> list[str]:
         """The run's last words on its optimizer steps: how many were taken and skipped and, when every
@@ -140,13 +144,11 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
     """Train from `start_iteration` + 1 to --train-iters (a resume passes the checkpoint's iteration, consumed samples
     and schedule position: each iteration's batch follows from the samples consumed before it, its learning rate from
     the samples of the updates taken before it). `save_checkpoint`: every --save-interval, at the end, at an early exit.
-    `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote.
-    `faults` (training/fault_injection.py): polled after each step, before it is logged or saved, where Megatron-LM's
-    loop polls its fault injector; armed at the start, or once an iteration is done, its save included."""
+    `commit_saves(iteration)` before each iteration commits a background save (--async-save) every rank wrote; `faults`
+    (training/fault_injection.py) is polled after each step, before its log and save, as Megatron-LM's loop polls."""
     training, save_interval = settings.config.training, settings.config.checkpoint.save_interval
-    summary = TrainingSummary(iterations=start_iteration, consumed_samples=consumed_samples,
-                              schedule_samples=consumed_samples if schedule_samples is None else schedule_samples,
-                              leading_skips=LeadingSkips.of(training, start_iteration))
+    summary = TrainingSummary(start_iteration, consumed_samples, leading_skips=LeadingSkips.of(training, start_iteration),
+                              schedule_samples=consumed_samples if schedule_samples is None else schedule_samples)
     lr = 0.0  # the rate of the last update, saved with the checkpoint
 
     def save(iteration: int, again: bool = False) -> None:  # with --save, once an iteration unless `again`
@@ -173,11 +175,8 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
         if faults is not None:
             faults.after_step(iteration)
         lr = outcome.lr
-        summary.add(iteration, outcome)
-        if summary.leading_skips is not None:
-            why = summary.leading_skips.after(iteration, outcome.skipped, outcome.loss_scale)
-            if why is not None and state.is_first_rank:
-                print(why, flush=True)
+        if (why := summary.add(iteration, outcome)) is not None and state.is_first_rank:
+            print(why, flush=True)
         metrics.add(iteration, summary.consumed_samples, summary.skipped_iterations, outcome)
         memory.after(iteration)
         if evaluator.due("valid", iteration, last=iteration == training.train_iters):
