@@ -81,6 +81,7 @@ from arguments.megatron.flags import (
     resolve_meanings,
 )
 from arguments.megatron.harvested_flags import add_harvested, classified_options, harvested
+from arguments.megatron.limited_devices import apply_limited_devices
 from arguments.option_table import OptionTable, option_table, stores_a_constant
 from arguments.run_lengths import check_run_lengths, use_sample_based_lengths
 from base.errors import CheckpointError, OneLineArgumentParser
@@ -385,6 +386,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         dense_notes.append(f"--expert-tensor-parallel-size {settings['expert_tensor_parallel_size']}: no effect "
                            f"on a dense model (no --num-experts), as in Megatron-LM")
         settings["expert_tensor_parallel_size"] = None
+    limited_problem, limited_note = apply_limited_devices(settings, sources)
+    problems += [limited_problem] if limited_problem else []
+    dense_notes += [limited_note] if limited_note else []
     if is_deepspeed_moe_launch(settings.get("num_experts"), generation, bool(meanings["deepspeed"])) \
             and sources["moe_gating"].kind == DEFAULT:
         # Megatron-DeepSpeed's --num-experts: DeepSpeed-MoE's gating (gpt/moe/deepspeed_gating.py)

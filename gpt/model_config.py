@@ -349,6 +349,10 @@ class ModelConfig:
                                                   help="group-limited routing: the experts in this many groups")
     moe_router_group_topk: Optional[int] = option(None,
                                                   help="group-limited routing: each token chooses in this many groups")
+    # Megatron-Core's deprecated name for it (swiss-ai's fork parses it): arguments/megatron/limited_devices.py
+    moe_router_topk_limited_devices: Optional[int] = option(
+        None, help="device-limited routing (deprecated in Megatron-Core): --moe-router-group-topk N over "
+                   "--moe-router-num-groups equal to the expert-parallel ranks")
     moe_router_enable_expert_bias: bool = option(
         False, action="store_true",
         help="aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the sigmoid scores chooses the experts, "

@@ -37,8 +37,6 @@ FORK_NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{SWISS_AI}: the query/key norm's implementation (te, torch or apex compute the same norm)",
      _names("--qknorm-impl")),
     # (--moe-token-dropping is ours: DeepSpeed-MoE's switch, gpt/model_config.py moe_token_dropping)
-    (f"{LLM_JP} and {SWISS_AI}: mixture-of-experts knob: this GPT's MLP is dense, as with --num-experts 1, so it "
-     "has no effect", _names("--moe-router-topk-limited-devices")),
     (f"{ALCF}: its pretrain_gpt_alcf.py builds the legacy megatron.model GPTModel, whose word embedding is drawn "
      "from normal(0, --init-method-std) (language_model.py Embedding: init_method=config.init_method); these set "
      "megatron/core's TransformerConfig.world_embedding_init_method, which only megatron/core's GPT embedding reads, "

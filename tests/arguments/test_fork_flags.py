@@ -222,3 +222,23 @@ def test_moe_token_dropping_is_refused_with_megatron_cores_router_as_llm_jps_for
     with pytest.raises(ConfigError, match="--moe-token-dropping with Megatron-Core's router"):
         parse_arguments(base + ["--num-experts", "4", "--moe-token-dropping"])
     parse_arguments(base + ["--num-experts", "4", "--moe-gating", "deepspeed", "--moe-token-dropping"])
+
+
+def test_topk_limited_devices_is_group_limited_routing_over_the_expert_parallel_ranks():
+    """swiss-ai's fork parses --moe-router-topk-limited-devices and hands it to Megatron-Core's TransformerConfig,
+    whose __post_init__ (megatron/core/transformer/transformer_config.py, core_v0.16.1) sets
+    `moe_router_group_topk = moe_router_topk_limited_devices` and `moe_router_num_groups =
+    expert_model_parallel_size`, and raises with --moe-router-group-topk given too. Round 5 found it called dense."""
+    moe = ["--num-experts", "8", "--moe-router-topk", "2", "--expert-model-parallel-size", "4"]
+    parsed = parse_arguments(moe + ["--moe-router-topk-limited-devices", "2"])
+    routing = parsed.config.model.moe_of(0)
+    assert (routing.router_num_groups, routing.router_group_topk) == (4, 2)
+    assert any("--moe-router-topk-limited-devices 2: deprecated in Megatron-Core, which routes as "
+               "--moe-router-num-groups 4" in note for note in parsed.notes)
+    assert not any("dense" in note and "limited-devices" in note for note in parsed.notes)
+    with pytest.raises(ConfigError, match="moe_router_topk_limited_devices is deprecated and replaced by"):
+        parse_arguments(moe + ["--moe-router-topk-limited-devices", "2", "--moe-router-num-groups", "4",
+                               "--moe-router-group-topk", "2"])
+    dense = parse_arguments(["--moe-router-topk-limited-devices", "2"])
+    assert "> --moe-router-topk-limited-devices 2: no effect on a dense model (no --num-experts)" in dense.notes
+    assert dense.config.model.moe_router_group_topk is None
