@@ -27,7 +27,7 @@ from typing import Optional, Union
 import torch
 
 from base.errors import ConfigError
-from gpt.layer_pattern import list_expression
+from gpt.layer_pattern import layer_flags
 
 
 def window_size_value(text) -> tuple[int, int]:
@@ -73,11 +73,7 @@ def layer_windows(window_size: Optional[tuple[int, int]], skip_freq: Union[None,
             raise ConfigError(f"--window-attn-skip-freq must be at least 1, got {every}",
                               flags=("--window-attn-skip-freq",))
         return tuple(left if (layer + 1) % every else None for layer in range(num_layers))
-    pattern = list_expression(text, "--window-attn-skip-freq")
-    if len(pattern) != num_layers or any(value not in (0, 1) for value in pattern):
-        raise ConfigError(f"--window-attn-skip-freq {text!r} gives {len(pattern)} values; it needs one 1 (sliding "
-                          f"window) or 0 (full attention) per layer, {num_layers} in all",
-                          flags=("--window-attn-skip-freq", "--num-layers"))
+    pattern = layer_flags(text, "--window-attn-skip-freq", num_layers, "1 (sliding window) or 0 (full attention)")
     return tuple(left if value else None for value in pattern)
 
 

@@ -1,6 +1,7 @@
 """Megatron-LM's per-layer patterns given as a list expression (its moe_freq_type, the type of --moe-layer-freq and
 --window-attn-skip-freq): "([1]*3+[0]*1)*2" is one 0 or 1 per layer. Megatron evaluates the text with eval(); here
-only list literals of integers, +, * and parentheses are read."""
+only list literals of integers, +, * and parentheses are read, and the list's length is worked out from the
+expression before it is built, so "[1]*10**9"-sized patterns are refused at once instead of filling the memory."""
 
 from __future__ import annotations
 
@@ -9,22 +10,67 @@ import ast
 from base.errors import ConfigError
 
 
-def list_expression(text: str, flag: str) -> list:
-    """The list `text` writes; anything else is one ConfigError naming `flag`."""
-    def value(node: ast.AST):
-        if isinstance(node, ast.List):
-            return [value(item) for item in node.elts]
-        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-            return node.value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            left, right = value(node.left), value(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
-        raise ValueError(text)
+def _read(text: str, flag: str) -> ast.AST:
     try:
-        result = value(ast.parse(text, mode="eval").body)
-    except (SyntaxError, ValueError, TypeError, RecursionError):
-        result = None
-    if not isinstance(result, list):
-        raise ConfigError(f"{flag} {text!r} is not a list expression of 0s and 1s such as '([1]*3+[0]*1)*2'",
-                          flags=(flag,))
-    return result
+        return ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        raise _not_a_list(text, flag) from None
+
+
+def _not_a_list(text: str, flag: str) -> ConfigError:
+    return ConfigError(f"{flag} {text!r} is not a list expression of 0s and 1s such as '([1]*3+[0]*1)*2'",
+                       flags=(flag,))
+
+
+def _is_int(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _length(node: ast.AST) -> tuple[bool, int]:
+    """(True, the list's length) or (False, the integer's value), worked out without building the list."""
+    if isinstance(node, ast.List):
+        if not all(_is_int(item) for item in node.elts):
+            raise ValueError(node)
+        return True, len(node.elts)
+    if _is_int(node):
+        return False, node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        (left_list, left), (right_list, right) = _length(node.left), _length(node.right)
+        if isinstance(node.op, ast.Add):
+            if left_list != right_list:  # a list plus an integer: eval's TypeError
+                raise ValueError(node)
+            return left_list, left + right
+        if left_list and right_list:
+            raise ValueError(node)
+        if left_list or right_list:  # a list times n repeats it n times (none for n <= 0)
+            return True, (left * max(right, 0) if left_list else right * max(left, 0))
+        return False, left * right
+    raise ValueError(node)
+
+
+def _value(node: ast.AST):
+    if isinstance(node, ast.List):
+        return [_value(item) for item in node.elts]
+    if isinstance(node, ast.Constant):
+        return node.value
+    left, right = _value(node.left), _value(node.right)
+    return left + right if isinstance(node.op, ast.Add) else left * right
+
+
+def layer_flags(text: str, flag: str, num_layers: int, meaning: str) -> list[int]:
+    """The one 0/1 per layer that `text` writes; anything else is one ConfigError naming `flag` (`meaning`: what
+    each value says, e.g. "0 (dense) or 1 (MoE)")."""
+    try:
+        is_list, length = _length(_read(text, flag))
+    except (ValueError, RecursionError):
+        is_list, length = False, 0
+    if not is_list:
+        raise _not_a_list(text, flag)
+    if length != num_layers:
+        raise ConfigError(f"{flag} {text!r} gives {length} values; it needs one {meaning} per layer, {num_layers} "
+                          f"in all", flags=(flag, "--num-layers"))
+    pattern = _value(_read(text, flag))
+    if any(value not in (0, 1) for value in pattern):
+        raise ConfigError(f"{flag} {text!r} holds {sorted(set(pattern) - {0, 1})[0]}; it needs one {meaning} per "
+                          f"layer", flags=(flag,))
+    return pattern

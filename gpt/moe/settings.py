@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from base.errors import ConfigError
-from gpt.layer_pattern import list_expression
+from gpt.layer_pattern import layer_flags
 
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -105,10 +105,7 @@ def moe_layer_pattern(freq: str, num_layers: int) -> tuple[bool, ...]:
         if every < 1:
             raise ConfigError(f"--moe-layer-freq must be at least 1, got {every}", flags=("--moe-layer-freq",))
         return tuple(layer % every == 0 for layer in range(num_layers))
-    pattern = list_expression(text, "--moe-layer-freq")
-    if len(pattern) != num_layers or any(value not in (0, 1) for value in pattern):
-        raise ConfigError(f"--moe-layer-freq {text!r} gives {len(pattern)} values; it needs one 0 (dense) or 1 "
-                          f"(MoE) per layer, {num_layers} in all", flags=("--moe-layer-freq", "--num-layers"))
+    pattern = layer_flags(text, "--moe-layer-freq", num_layers, "0 (dense) or 1 (MoE)")
     return tuple(bool(value) for value in pattern)
 
 

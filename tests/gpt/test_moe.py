@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -262,6 +264,13 @@ def test_layer_freq_reads_megatrons_int_and_list_expression():
         moe_layer_pattern("[1,0]", 4)
     with pytest.raises(ConfigError, match="list expression"):
         moe_layer_pattern("[__import__('os')]", 1)
+    # round 5: a repeat of 2e9 took 34 s and gigabytes to be refused; its length is read from the expression
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match="gives 2000000000 values; it needs one 0 \\(dense\\) or 1"):
+        moe_layer_pattern("([0,1]*1000000000)", 2)
+    assert time.perf_counter() - started < 1
+    with pytest.raises(ConfigError, match="holds 2; it needs one"):
+        moe_layer_pattern("[2]*4", 4)
 
 
 def tiny_moe(**moe) -> ModelConfig:
