@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-
 import time
 
 import pytest
