@@ -215,7 +215,8 @@ def load_from_source(source: GlobalStateSource, model: nn.Module, optimizer: Che
             f"correction continues from the iteration, {progress.iteration}", flush=True)
 
     biases = getattr(source, "expert_biases", None)
-    missing = restore_expert_biases(model, biases() if biases is not None else None, state.device)
+    missing = restore_expert_biases(model, biases() if biases is not None else None, state.device,
+                                    str(source.path))
     if missing and state.is_first_rank:
         log(f" note: {source.path} holds no expert bias for {missing[0]} (saved without "
             f"--moe-router-enable-expert-bias?); it starts at 0", flush=True)

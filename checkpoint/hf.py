@@ -657,7 +657,7 @@ def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_
     optimizer.load_sharded_state_dict({"master": master})
     # the routers' correction bias (DeepSeek-V3's e_score_correction_bias): our expert bias, not a parameter
     restore_expert_biases(model, {name: tensor.tolist() for name, tensor in full.items() if name.endswith(EXPERT_BIAS)},
-                          state.device)
+                          state.device, str(hf_dir))
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from base.errors import CheckpointError
 from gpt.moe.router import TopKRouter
 
 SUFFIX = ".expert_bias"
@@ -30,19 +31,23 @@ def expert_biases(model: nn.Module) -> dict[str, list[float]]:
             if isinstance(module, TopKRouter) and module.expert_bias is not None}
 
 
-def restore_expert_biases(model: nn.Module, saved: Optional[dict[str, list[float]]], device: torch.device
-                          ) -> list[str]:
+def restore_expert_biases(model: nn.Module, saved: Optional[dict[str, list[float]]], device: torch.device,
+                          where: str) -> list[str]:
     """Put the saved biases into this rank's routers that use one (their token counts zero, as between
-    iterations); returns the names of those routers the checkpoint holds no bias for (they start at 0)."""
+    iterations); returns the names of those routers the checkpoint holds no bias for (they start at 0). A bias
+    of another length is refused, naming `where` (the checkpoint): it would route as another model."""
     saved = saved or {}
     missing = []
     for name, module in model.named_modules():
         if not isinstance(module, TopKRouter) or not module.settings.router_enable_expert_bias:
             continue
         values = saved.get(name + SUFFIX)
-        if values is None or len(values) != module.settings.num_experts:
+        if values is None:
             missing.append(name + SUFFIX)
             continue
+        if len(values) != module.settings.num_experts:
+            raise CheckpointError(f"{where}: its {name + SUFFIX} holds {len(values)} values; this router has "
+                                  f"{module.settings.num_experts} experts (--num-experts), one value each")
         module.expert_bias = torch.tensor(values, dtype=torch.float32, device=device)
         module.local_tokens_per_expert = torch.zeros_like(module.expert_bias)
     return missing

@@ -314,6 +314,13 @@ def _meaning_problem(metadata: dict) -> Optional[tuple[str, Any, str]]:
                                                f"'context_parallel_size' ({dp_size * cp_size})")
         elif dp is not None and dp >= dp_size:
             return f"{key} ({name})", dp, f"a data-parallel rank below its 'data_parallel_size' ({dp_size})"
+    ep_size = metadata.get("expert_model_parallel_size", 1)
+    for tp, ep, name, _ in metadata.get("expert_model_files", []):
+        if tp >= tp_size:
+            return f"expert_model_files ({name})", tp, f"a tensor-parallel rank below its 'tensor_parallel_size' ({tp_size})"
+        if ep >= ep_size:
+            return (f"expert_model_files ({name})", ep,
+                    f"an expert-parallel rank below its 'expert_model_parallel_size' ({ep_size})")
     for name, entry in metadata["parameters"].items():
         dim = entry["tensor_parallel_dim"]
         if dim is not None and entry["shape"][dim] % tp_size:
