@@ -33,10 +33,12 @@ MLA_COMPARED = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_hea
 # --position-embedding-type yarn's (gpt/rotary.py yarn_angles), with the scaling factor and mscales MLA shares
 YARN_SETTINGS = ("rotary_scaling_factor", "mscale", "mscale_all_dim", "yarn_original_max_position_embeddings",
                  "yarn_beta_fast", "yarn_beta_slow", "yarn_correction_range_round_to_int")
-# (--max-position-embeddings only where it sets LongRoPE's default attention factor: gpt/longrope.py). The head count
-# first, as Megatron-LM's check_checkpoint_args compares it (megatron/training/checkpointing.py): at a given hidden
-# size the heads change no parameter shape, only how the rows of the attention's projections are grouped.
-COMPARED = tuple(dict.fromkeys(("num_attention_heads", *Architecture.__dataclass_fields__, "layernorm_epsilon",
+# (--max-position-embeddings only where it sets LongRoPE's default attention factor: gpt/longrope.py). The depth,
+# width and head count first, as Megatron-LM's check_checkpoint_args compares them (megatron/training/checkpointing.py):
+# said at start-up in one line, not as the dozens of parameter shapes they change; at a given hidden size the heads
+# change no shape, only how the rows of the attention's projections are grouped.
+SHAPE_FIRST = ("num_layers", "hidden_size", "num_attention_heads")
+COMPARED = tuple(dict.fromkeys((*SHAPE_FIRST, *Architecture.__dataclass_fields__, "layernorm_epsilon",
                                 "activation", *MOE_COMPARED, *MLA_COMPARED, "max_position_embeddings")))
 
 
@@ -101,8 +103,8 @@ def model_differences(saved_model: dict, model: ModelConfig) -> list[str]:
     typed = {name: getattr(model, name) for name in COMPARED}
     saved, ours = _compared_values(saved_model), _compared_values(typed)
     unsaid = set()
-    if "num_attention_heads" not in saved_model:  # a record without them (a plain DeepSpeed script's): not compared
-        unsaid.add("num_attention_heads")
+    unsaid.update(name for name in SHAPE_FIRST if name not in saved_model)  # a record without them (a plain
+    # DeepSpeed script's): not compared
     if typed["num_query_groups"] is None and saved_model.get("num_query_groups") is None:
         unsaid.add("num_query_groups")  # plain multi-head attention on both sides: its groups are the heads
     differences = []

@@ -252,6 +252,26 @@ def test_the_tp2_checkpoint_continues_at_tp2(tmp_path):
     assert losses == pytest.approx(megatrons_losses(name), rel=1e-6, abs=0)
 
 
+@pytest.mark.parametrize("flag, value, said", [("--num-layers", "3", "--num-layers 3 (the checkpoint's: 2)"),
+                                               ("--hidden-size", "32", "--hidden-size 32 (the checkpoint's: 16)")])
+def test_another_depth_or_width_than_common_pts_args_is_one_line_at_start_up(tmp_path, monkeypatch, flag, value,
+                                                                             said):
+    """Megatron-LM's check_checkpoint_args compares num_layers and hidden_size first (megatron/training/
+    checkpointing.py); so does the start-up here, from common.pt's args, before any tensor is read (issue 79)."""
+    import pretrain_gpt
+    from tests.reliability_helpers import run_main
+
+    monkeypatch.chdir(data_workdir(tmp_path))
+    flags = our_flags("megatron_tp1")
+    assert [flags[flags.index(name) + 1] for name in ("--num-layers", "--hidden-size")] == ["2", "16"]
+    flags[flags.index(flag) + 1] = value
+    checkpoint = shutil.copytree(FIXTURES / "megatron_tp1", tmp_path / "megatron_tp1")
+    outcome = run_main(pretrain_gpt.main, flags + ["--load", checkpoint, "--device", "cpu", "--data-cache-dir",
+                                                   tmp_path / "cache", "--metrics-file", tmp_path / "m.jsonl"])
+    line = outcome.one_error_line(said, "the model would not be the one trained")
+    assert "mismatched keys" not in line
+
+
 def test_a_padded_vocabulary_is_named_at_the_load():
     """Megatron-Core's softmax takes the padding rows' logits, ours leaves them out: a checkpoint whose vocabulary
     is padded beyond the real ids is said to continue with other losses (here 101 real ids in its 128 rows)."""

@@ -36,6 +36,10 @@ def saved(model: ModelConfig, **drop) -> dict:
     ({"rotary_interleaved": True}, "--rotary-interleaved on (the checkpoint's: off)"),
     ({"activation": "squared_relu"}, "--activation squared_relu (the checkpoint's: gelu_tanh)"),
     ({"attention_output_gate": True}, "--attention-output-gate on (the checkpoint's: off)"),
+    # these change shapes, and Megatron-LM's check_checkpoint_args compares them first (megatron/training/
+    # checkpointing.py): one line at start-up, not a list of every parameter's shape (issue 79)
+    ({"num_layers": 8}, "--num-layers 8 (the checkpoint's: 4)"),
+    ({"hidden_size": 64}, "--hidden-size 64 (the checkpoint's: 128)"),
 ])
 def test_each_block_setting_that_differs_is_named_with_both_values(change, named):
     with pytest.raises(ConfigError) as error:
