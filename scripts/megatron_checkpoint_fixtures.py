@@ -10,8 +10,12 @@ under torchrun: Megatron-LM's training loop and command line, its device plumbin
         the corpus (megatron_data/varied_docs: 200 documents of 8-60 random tokens, by Megatron-Core's
         IndexedDatasetBuilder), then per fixture: one launch trains iterations 1-4 saving at 2 (the uninterrupted
         run), the iteration-2 save is kept, and a second launch --load-s it and trains 3-4 (Megatron-LM's own
-        resume); the losses and gradient norms of both go to NAME/megatron_losses.json. The first fixture's
-        GPTDataset index files (Megatron-Core's sample order) go to megatron_data/megatron_index/.
+        resume); the losses and gradient norms of both go to NAME/megatron_losses.json, and the resume's forward of
+        iteration 3 (the iteration-2 weights on samples 8-11) to NAME/megatron_logits.safetensors: its tokens and
+        fp32 logits. The first fixture's GPTDataset index files (Megatron-Core's sample order) go to
+        megatron_data/megatron_index/.
+    python scripts/megatron_checkpoint_fixtures.py logits --megatron-lm KIT [--only NAME] [--out tests/fixtures]
+        only the resume launch of a fixture already written (a copy of its save), for its megatron_logits.safetensors
     python scripts/megatron_checkpoint_fixtures.py continue --megatron-lm KIT --load DIR --nproc N -- FLAGS...
         Megatron-LM --load-s DIR (a copy) with its flags FLAGS and trains to --train-iters; prints one JSON line,
         {"losses": {iteration: loss}, "grad_norms": {...}}
@@ -38,6 +42,7 @@ DOCUMENTS, SHORTEST, LONGEST, CORPUS_SEED = 200, 8, 60, 78
 INDEX_DIR = "megatron_index"  # Megatron-Core's GPTDataset index files of the first fixture's training split
 VOCAB = 127  # NullTokenizer's --vocab-size: ids 0-126, its end-of-document 127; 128 rows, no padding at TP 1 or 2
 SAVE_ITERATION, TRAIN_ITERATIONS = 2, 4
+LOGITS = "megatron_logits.safetensors"  # {"tokens": [4, 16] int64, "logits": [4, 16, 128] fp32}: 33 KB
 # The model and run every fixture shares: tiny, fp32, dropout 0, Megatron's NullTokenizer and torch-only path
 # (--transformer-impl local and the fusions it lacks off, as Megatron-LM requires there).
 COMMON_FLAGS = [
@@ -84,11 +89,13 @@ def megatron_tree(kit: Path, scratch: Path) -> Path:
     return scratch / "megatron-lm"
 
 
-def launch(tree: Path, ranks: int, flags: list[str], scratch: Path) -> dict:
-    """One torchrun launch of Megatron-LM's pretrain_gpt.py; its record: {iteration: the line training_log got}."""
+def launch(tree: Path, ranks: int, flags: list[str], scratch: Path, logits: Path | None = None) -> dict:
+    """One torchrun launch of Megatron-LM's pretrain_gpt.py; its record: {iteration: the line training_log got}.
+    With `logits`, its first step's tokens and logits are written there (megatron_lm_cpu.py --logits)."""
     record = Path(tempfile.mkstemp(suffix=".jsonl", dir=scratch)[1])
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               str(LAUNCHER), "--megatron-lm", str(tree), "--record", str(record), "--", *flags]
+               str(LAUNCHER), "--megatron-lm", str(tree), "--record", str(record),
+               *(["--logits", str(logits)] if logits else []), "--", *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -138,9 +145,7 @@ def write_fixture(tree: Path, name: str, out: Path, scratch: Path, keep_index: b
         if later.name != f"iter_{SAVE_ITERATION:07d}":
             shutil.rmtree(later)
     (target / "latest_checkpointed_iteration.txt").write_text(str(SAVE_ITERATION))
-    copy = scratch / f"{name}-resume"
-    shutil.copytree(target, copy)
-    resumed = launch(tree, ranks, flags + ["--load", str(copy), "--data-cache-path", str(cache)], scratch)
+    resumed = resume(tree, name, ranks, flags, target, scratch, cache)
     if keep_index:
         index = out / DATA_DIR / INDEX_DIR
         shutil.rmtree(index, ignore_errors=True)
@@ -160,19 +165,30 @@ def write_fixture(tree: Path, name: str, out: Path, scratch: Path, keep_index: b
     print(f"{name}: uninterrupted {record['uninterrupted_losses']}, resumed {record['resumed_losses']}")
 
 
+def resume(tree: Path, name: str, ranks: int, flags: list[str], target: Path, scratch: Path, cache: Path) -> dict:
+    """Megatron-LM --load-ing a copy of the fixture's save and training iterations 3-4; its forward of iteration 3
+    goes to the fixture's LOGITS."""
+    copy = scratch / f"{name}-resume"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(target, copy)
+    return launch(tree, ranks, flags + ["--load", str(copy), "--data-cache-path", str(cache)], scratch,
+                  logits=target / LOGITS)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    fixtures = sub.add_parser("fixtures")
-    fixtures.add_argument("--only", choices=sorted(FIXTURES))
-    fixtures.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
-    resume = sub.add_parser("continue")
-    resume.add_argument("--load", required=True, type=Path)
-    resume.add_argument("--nproc", type=int, default=1)
-    for command in (fixtures, resume):
+    fixtures, logits = sub.add_parser("fixtures"), sub.add_parser("logits")
+    for command in (fixtures, logits):
+        command.add_argument("--only", choices=sorted(FIXTURES))
+        command.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
+    continue_ = sub.add_parser("continue")
+    continue_.add_argument("--load", required=True, type=Path)
+    continue_.add_argument("--nproc", type=int, default=1)
+    for command in (fixtures, logits, continue_):
         command.add_argument("--megatron-lm", required=True, type=Path,
                              help="megatron-lm-core_v0.16.1-min.tar.xz, or the folder it was extracted to")
-    resume.add_argument("flags", nargs=argparse.REMAINDER)
+    continue_.add_argument("flags", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="megatron-lm-runs-") as scratch_name:
         scratch = Path(scratch_name)
@@ -182,6 +198,19 @@ def main(argv=None) -> int:
             names = [ns.only] if ns.only else list(FIXTURES)
             for name in names:
                 write_fixture(tree, name, ns.out, scratch, keep_index=name == next(iter(FIXTURES)))
+            return 0
+        if ns.command == "logits":
+            for name in [ns.only] if ns.only else list(FIXTURES):
+                ranks, extra = FIXTURES[name]
+                saved = json.loads((ns.out / name / "megatron_losses.json").read_text())
+                if saved["flags"] != COMMON_FLAGS + extra:
+                    sys.exit(f"{name} was written with other flags than FIXTURES': write it again (fixtures --only)")
+                resumed = losses(resume(tree, name, ranks, saved["flags"], ns.out / name, scratch,
+                                        scratch / f"{name}-cache"))
+                # the launch must be the one the fixture recorded, or its logits are of another run
+                if resumed != saved["resumed_losses"]:
+                    sys.exit(f"{name}: resumed losses {resumed}, the fixture recorded {saved['resumed_losses']}")
+                print(f"{name}: {ns.out / name / LOGITS}, resumed losses {resumed} as recorded")
             return 0
         copy = scratch / "load"
         shutil.copytree(ns.load, copy)

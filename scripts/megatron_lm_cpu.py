@@ -2,7 +2,7 @@
 """Megatron-LM's own pretrain_gpt.py on a CPU over gloo: its training loop and command line, its device plumbing
 patched at run time (its files are never edited).
 
-    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] -- FLAGS...
+    torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] [--logits FILE] -- FLAGS...
 
 TREE is Megatron-LM's tree at tag core_v0.16.1 beyond megatron.core (pretrain_gpt.py, gpt_builders.py,
 model_provider.py, megatron/training, ...: the extracted megatron-lm-core_v0.16.1-min.tar.xz); megatron.core is the
@@ -198,7 +198,7 @@ def _patch_megatron_core() -> None:
     patch_torch_adamw_resume()
 
 
-def _patch_megatron_training(record: str | None) -> None:
+def _patch_megatron_training(record: str | None, logits: str | None = None) -> None:
     import megatron.legacy.fused_kernels as fused_kernels
     from megatron.training import initialize, training
 
@@ -210,6 +210,8 @@ def _patch_megatron_training(record: str | None) -> None:
                                                                                **{**kwargs, "allow_no_cuda": True})
     if record:
         training.training_log = _recording(training.training_log, record)
+    if logits:
+        training.train_step = _capturing_logits(training.train_step, logits)
 
 
 def _recording(training_log, path: str):
@@ -229,6 +231,49 @@ def _recording(training_log, path: str):
     return log
 
 
+def _capturing_logits(train_step, path: str):
+    """train_step, its first call's forward recorded: each micro-batch's input tokens and the output layer's logits
+    (fp32, gathered over the tensor-parallel ranks as Megatron's gather_from_tensor_model_parallel_region does) on
+    the last pipeline stage; the last rank writes every data-parallel rank's, in the global batch's order (micro-batch,
+    then data-parallel rank: Megatron's sampler hands each rank consecutive slices), to `path` as safetensors
+    {"tokens": [B, S] int64, "logits": [B, S, V] fp32}. The training step itself runs untouched."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+    from megatron.core.utils import unwrap_model
+    from safetensors.torch import save_file
+
+    def step(forward_step_func, data_iterator, model, *args, **kwargs):
+        if step.done:
+            return train_step(forward_step_func, data_iterator, model, *args, **kwargs)
+        step.done = True
+        tokens, logits, hooks = [], [], []
+        for chunk in unwrap_model(model):
+            if getattr(chunk, "post_process", False):
+                hooks.append(chunk.register_forward_pre_hook(lambda module, args: tokens.append(args[0].clone())))
+                # cloned: the loss (vocab_parallel_cross_entropy) then turns the logits into exponentials in place
+                hooks.append(chunk.output_layer.register_forward_hook(
+                    lambda module, args, output: logits.append(
+                        gather_from_tensor_model_parallel_region(output[0].detach().clone()).transpose(0, 1).float())))
+        try:
+            result = train_step(forward_step_func, data_iterator, model, *args, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        mine = (mpu.get_data_parallel_rank(), list(zip(tokens, logits))) if (
+            mpu.is_pipeline_last_stage(ignore_virtual=True) and mpu.get_tensor_model_parallel_rank() == 0) else None
+        everyone = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(everyone, mine)
+        if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+            ranks = dict(entry for entry in everyone if entry is not None)
+            ordered = [ranks[rank][micro] for micro in range(len(ranks[0])) for rank in sorted(ranks)]
+            save_file({"tokens": torch.cat([t for t, _ in ordered]).long().contiguous(),
+                       "logits": torch.cat([lg for _, lg in ordered]).contiguous()}, path)
+        return result
+
+    step.done = False
+    return step
+
+
 def _eager(model=None, **options):
     """torch.compile standing aside: the function itself, as a decorator with or without options."""
     return model if model is not None else (lambda function: function)
@@ -238,7 +283,7 @@ def _patch_compile() -> None:
     torch.compile = _eager  # before megatron.core.jit binds jit_fuser to it
 
 
-def apply_cpu_patches(record: str | None = None) -> None:
+def apply_cpu_patches(record: str | None = None, logits: str | None = None) -> None:
     """Every patch of the module docstring; call before pretrain_gpt.py runs."""
     _patch_compile()
     _patch_device_queries()
@@ -246,13 +291,14 @@ def apply_cpu_patches(record: str | None = None) -> None:
     _DeviceGenerator.patch()
     _patch_rng_tracker()
     _patch_megatron_core()
-    _patch_megatron_training(record)
+    _patch_megatron_training(record, logits)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--megatron-lm", required=True, type=Path, help="Megatron-LM's tree (core_v0.16.1)")
     parser.add_argument("--record", help="append each logged iteration's losses here (the last rank)")
+    parser.add_argument("--logits", help="write the first training step's tokens and logits here (the last rank)")
     parser.add_argument("flags", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     flags = [flag for flag in ns.flags if flag != "--"] if ns.flags[:1] == ["--"] else ns.flags
@@ -262,7 +308,7 @@ def main(argv=None) -> None:
     tree = str(ns.megatron_lm.resolve())
     sys.path.insert(0, tree)
     torch.set_num_threads(1)
-    apply_cpu_patches(ns.record)
+    apply_cpu_patches(ns.record, ns.logits)
     script = os.path.join(tree, "pretrain_gpt.py")
     sys.argv = [script, *flags]
     runpy.run_path(script, run_name="__main__")

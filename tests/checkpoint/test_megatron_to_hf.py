@@ -1,11 +1,14 @@
-"""A Megatron-LM torch_dist checkpoint -> `scripts/convert_to_hf.py` -> a folder transformers loads, whose loss is
-Megatron-LM's (issue 78 item 4).
+"""A Megatron-LM torch_dist checkpoint -> `scripts/convert_to_hf.py` -> a folder transformers loads, whose logits and
+loss are Megatron-LM's (issue 78 item 4).
 
 The checkpoints are the fixtures Megatron-LM's own pretrain_gpt.py saved at iteration 2 (tests/fixtures/megatron_*,
-scripts/megatron_checkpoint_fixtures.py). The loss Megatron-LM logged at iteration 3 is the mean cross entropy of
-those weights over iteration 3's global batch: the samples 8-11 of Megatron-Core's order (data/megatron_order.py).
-transformers' model of the exported folder, on the same tokens, gives the same loss within 1e-5 relative (fp32).
-GPT-2's block at TP 1, the Llama-shaped model, and the mixture of experts saved over 2 expert-parallel ranks.
+scripts/megatron_checkpoint_fixtures.py). Iteration 3's global batch is the samples 8-11 of Megatron-Core's order
+(data/megatron_order.py); Megatron-LM's forward of it, in the launch that --load-ed the save, left its tokens and
+fp32 logits in NAME/megatron_logits.safetensors, and the loss it logged is their mean cross entropy. transformers'
+model of the exported folder, on the same tokens, gives the same logits within 1e-5 of the largest |logit| (measured:
+1.5e-7, a few fp32 roundings) and the same loss within 1e-5 relative. GPT-2's block at TP 1 and over 2 pipeline
+stages, the Llama-shaped model (also saved at TP 2 x DP 2, its logits gathered over the vocabulary's two halves), and
+the mixture of experts saved over 2 expert-parallel ranks.
 """
 
 from __future__ import annotations
@@ -32,10 +35,20 @@ def iteration_3_tokens(tmp_path: Path) -> torch.Tensor:
     return torch.stack([train[i]["tokens"] for i in range(SAVED_AT * BATCH, (SAVED_AT + 1) * BATCH)])
 
 
+def megatron_logits(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens Megatron-LM's iteration-3 forward read and the logits its output layer gave (fp32, [4, 16, 128])."""
+    from safetensors.torch import load_file
+
+    saved = load_file(FIXTURES / name / "megatron_logits.safetensors")
+    return saved["tokens"], saved["logits"]
+
+
 @pytest.mark.parametrize("name,hf_class", [("megatron_tp1", "GPT2LMHeadModel"),
                                            ("megatron_llama", "LlamaForCausalLM"),
+                                           ("megatron_distopt_dp_reshardable", "LlamaForCausalLM"),
+                                           ("megatron_pp2_distopt_dp_reshardable", "GPT2LMHeadModel"),
                                            ("megatron_moe_ep2", "MixtralForCausalLM")])
-def test_the_exported_folders_loss_is_megatron_lms(tmp_path, name, hf_class):
+def test_the_exported_folders_logits_and_loss_are_megatron_lms(tmp_path, name, hf_class):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "hf"
@@ -45,5 +58,11 @@ def test_the_exported_folders_loss_is_megatron_lms(tmp_path, name, hf_class):
     tokens = iteration_3_tokens(tmp_path)
     with torch.no_grad():
         logits = model(tokens[:, :-1]).logits
+    megatron_tokens, expected = megatron_logits(name)
+    assert torch.equal(megatron_tokens, tokens[:, :-1])  # the same batch, in the same order
+    # relative to the largest logit: these barely trained logits are all small (|logit| < 0.4), so an elementwise
+    # rtol would ask the near-zero ones for more than fp32 sums of 16-32 terms in another order give
+    assert logits.shape == expected.shape
+    assert float((logits - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
     assert float(loss) == pytest.approx(record(name)["uninterrupted_losses"]["3"], rel=1e-5, abs=0)
