@@ -17,6 +17,7 @@ loading a checkpoint never runs code it holds.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
 import signal
@@ -29,11 +30,15 @@ import numpy as np
 import torch
 
 from base.errors import CheckpointError
+from checkpoint.dcp_reader import DCP_METADATA_FILE
 from checkpoint.format import METADATA_FILE
 from checkpoint.megatron_common_check import check_common
 from checkpoint.zip_records import zip_damage
 
 COMMON_FILE = "common.pt"
+# common.pt's entry for the SHA-256 of DCP's .metadata, in our torch_dist saves (Megatron-LM reads common.pt's entries
+# by name and ignores this one)
+INDEX_DIGEST_KEY = "zero_gpt_dcp_metadata_sha256"
 FORMAT_NAME = "megatron torch_dist"
 TORCH_DIST_BACKEND = "torch_dist"
 # The (backend, version) pairs megatron-core 0.16.1 registers a default load strategy for (strategies/torch.py
@@ -128,7 +133,30 @@ def load_common(iteration_dir: Path) -> dict:
     if not isinstance(common, dict) or "iteration" not in common:
         raise CheckpointError(f"{path}: not Megatron-LM's common state (no iteration)")
     check_common(common, path)
+    check_index_digest(Path(iteration_dir), common)
     return common
+
+
+def index_digest(iteration_dir: Path) -> str:
+    """The SHA-256 of DCP's `.metadata` (the index of every chunk), which our torch_dist writer records in common.pt."""
+    return hashlib.sha256((iteration_dir / DCP_METADATA_FILE).read_bytes()).hexdigest()
+
+
+def check_index_digest(iteration_dir: Path, common: dict) -> None:
+    """Where this project wrote the checkpoint, its `.metadata` matches the digest saved beside it: the index is a
+    plain pickle with no checksum of its own, and a changed chunk offset in it would place a verified chunk at the
+    wrong rows. Megatron-LM's own saves carry no digest (their index is checked for reading and tiling only)."""
+    saved = common.get(INDEX_DIGEST_KEY)
+    if saved is None:
+        return
+    path = iteration_dir / DCP_METADATA_FILE
+    try:
+        digest = index_digest(iteration_dir)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot be read ({error.strerror or error})") from None
+    if digest != saved:
+        raise CheckpointError(f"{path}: corrupt, its SHA-256 is not the one common.pt recorded when the checkpoint "
+                              f"was written ({str(saved)[:16]}..., now {digest[:16]}...)")
 
 
 def saved_args(common: dict) -> argparse.Namespace:

@@ -54,7 +54,7 @@ from checkpoint.format import (
 )
 from checkpoint.global_load import parameter_records
 from checkpoint.megatron_args import megatron_args
-from checkpoint.megatron_common import COMMON_FILE, TORCH_DIST_BACKEND
+from checkpoint.megatron_common import COMMON_FILE, INDEX_DIGEST_KEY, TORCH_DIST_BACKEND, index_digest
 from checkpoint.megatron_names import LAYERS, megatron_placement
 from checkpoint.regions import box_numel, flat_range_boxes, flat_start, shift
 from checkpoint.save_plan import coordinates, named_fragments
@@ -263,8 +263,9 @@ def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samp
     if state.is_first_rank:
         try:
             with open(staging / COMMON_FILE, "wb") as file:
-                torch.save(_common(config, state, shard, iteration, consumed_samples, lr, batch,
-                                   consumed_samples if schedule_samples is None else schedule_samples), file)
+                common = _common(config, state, shard, iteration, consumed_samples, lr, batch,
+                                 consumed_samples if schedule_samples is None else schedule_samples)
+                torch.save({**common, INDEX_DIGEST_KEY: index_digest(staging)}, file)
             (staging / METADATA_FILE).write_text(json.dumps(BACKEND_CONFIG))
             replace_directory(staging, final)
             write_text_atomic(save_dir / TRACKER_FILE, str(iteration))

@@ -14,6 +14,8 @@ damaged, never resumed into another model, and its own run resumes it (issue 79,
   a run with 8 plain heads could not resume its own save ("--num-query-groups 8 (the checkpoint's: 4)": the heads were
   not read, so the default 4 stood in), and an 8-head checkpoint resumed under --num-attention-heads 4 silently.
 - A torch_dist save that fails (a full disk) is one line and leaves no .partial; before, 70 lines and the .partial.
+- DCP's `.metadata` (the index, a plain pickle with no checksum) matches the SHA-256 our writer records in common.pt:
+  before, two same-sized tensors' index entries swapped loaded each from the other's verified bytes, silently.
 """
 
 from __future__ import annotations
@@ -104,6 +106,29 @@ def test_a_damaged_zip_header_inside_a_distcp_file_is_one_line(saved, corpus_cac
     data[header:header + 4] = b"XXXX"
     path.write_bytes(bytes(data))
     resume(corpus_cache_300, tmp_path, ck, "--no-verify-checkpoint").one_error_line(str(path), WEIGHT)
+
+
+def test_an_index_whose_entries_were_swapped_is_refused_by_its_digest(saved, corpus_cache_300, tmp_path):
+    import pickle
+
+    ck = copy(saved[0], tmp_path)
+    index_path = ck / "iter_0000002" / ".metadata"
+    with open(index_path, "rb") as file:
+        index = pickle.load(file)  # the index this test's own run wrote
+    # (without the digest, e.g. final_layernorm's weight and bias swapped trained on, exit 0: checked by hand)
+    by_length: dict[int, list] = {}
+    for key, info in index.storage_data.items():  # model tensors: two layer-norm vectors, say
+        if "_extra_state" not in key.fqn and "optimizer" not in key.fqn:
+            by_length.setdefault(info.length, []).append(key)
+    first, second = next(keys for keys in by_length.values() if len(keys) >= 2 and keys[0].fqn != keys[1].fqn)[:2]
+    index.storage_data[first], index.storage_data[second] = index.storage_data[second], index.storage_data[first]
+    with open(index_path, "wb") as file:
+        pickle.dump(index, file)
+    assert "zero_gpt_dcp_metadata_sha256" in read_common(ck / "iter_0000002")
+    before = snapshot(ck)
+    resume(corpus_cache_300, tmp_path, ck).one_error_line(str(index_path), "its SHA-256 is not the one common.pt "
+                                                                            "recorded")
+    assert snapshot(ck) == before and trained_nothing(tmp_path)
 
 
 @pytest.mark.parametrize("entry,value", [("sharded_backend_version", 2), ("common_backend", "zarr"),
