@@ -149,12 +149,14 @@ def test_data_parallel_is_gradient_accumulation_over_the_same_micro_batches(tmp_
     assert [r["grad_norm"] for r in dp2] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
 
 
-def train_context_parallel_grid(rank, world_size, runs):
-    """One CP group of `world_size` ranks (DP 1), several training runs in it, one after the other."""
+def train_context_parallel_grid(rank, world_size, runs, pipeline_parallel_size=1):
+    """CP groups of `world_size` / `pipeline_parallel_size` ranks (DP 1) on each stage, several training runs in
+    them, one after the other."""
     from arguments.parser import parse_config
     from parallel.state import destroy, initialize
 
-    state = initialize("cpu", context_parallel_size=world_size)
+    state = initialize("cpu", context_parallel_size=world_size // pipeline_parallel_size,
+                       pipeline_parallel_size=pipeline_parallel_size)
     try:
         for args in runs:
             pretrain_gpt.run(parse_config(args), state)
@@ -188,13 +190,18 @@ def test_context_parallel_gives_the_single_process_losses(tmp_path):
     runs = [argv(tmp_path, f"cp2-{name}", *flags, *both, "--context-parallel-size", "2", "--cp-comm-type", comm)
             for name, (flags, comm) in CP_RUNS.items()]
     run_distributed(train_context_parallel_grid, 2, runs, timeout=600)
-    for name in CP_RUNS:
-        single, cp2 = records(tmp_path, f"single-{name.split('-')[0]}"), records(tmp_path, f"cp2-{name}")
+    # CP 2 x PP 2: each micro-batch's masks and positions travel with it through the stages (the last one's loss
+    # mask, every stage's attention mask); measured 1e-7 relative to the single process, p2p and a2a alike
+    run_distributed(train_context_parallel_grid, 4, [argv(tmp_path, "cp2-pp2-all-p2p", *FLAGS, *both,
+                                                          "--context-parallel-size", "2", "--cp-comm-type", "p2p",
+                                                          "--pipeline-model-parallel-size", "2")], 2, timeout=600)
+    for name in [*CP_RUNS, "pp2-all-p2p"]:
+        single, cp2 = records(tmp_path, f"single-{name.split('-')[-2]}"), records(tmp_path, f"cp2-{name}")
         assert len(cp2) == len(single) == 4, name
         assert [r["loss"] for r in cp2] == pytest.approx([r["loss"] for r in single], rel=1e-6), name
         assert [r["grad_norm"] for r in cp2] == pytest.approx([r["grad_norm"] for r in single], rel=1e-6), name
         assert validation_losses(tmp_path, f"cp2-{name}") == pytest.approx(
-            validation_losses(tmp_path, f"single-{name.split('-')[0]}"), rel=1e-6), name
+            validation_losses(tmp_path, f"single-{name.split('-')[-2]}"), rel=1e-6), name
     # the masks changed the losses: the plain run's first loss is another
     assert pretrain_gpt.main(argv(tmp_path, "plain", *both)) == 0
     assert records(tmp_path, "plain")[0]["loss"] != pytest.approx(records(tmp_path, "single-eod")[0]["loss"], rel=1e-4)
