@@ -46,9 +46,9 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from base.errors import CheckpointError
 from checkpoint.dcp_failures import DCP_FAILURES, failure_line
+from checkpoint.file_names import DCP_METADATA_FILE
 from checkpoint.zip_records import zip_damage
 
-DCP_METADATA_FILE = ".metadata"
 CACHE_BYTES = 64 * 2**20  # the chunks kept between reads (a chunk larger than this is still read, then dropped)
 
 # Every global DCP's `.metadata` pickle names (torch 2.13, written by DCP's FileSystemWriter and Megatron-Core's

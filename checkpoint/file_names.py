@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+# torch.distributed.checkpoint's index of a torch_dist folder (checkpoint/dcp_reader.py reads it); a constant here so
+# that naming it does not import DCP (and with it DTensor and sympy: tests/test_startup.py)
+DCP_METADATA_FILE = ".metadata"
+
 
 def _stage_prefix(pipeline_rank: Optional[int]) -> str:
     # Megatron's get_checkpoint_name adds the pipeline rank only when there are stages

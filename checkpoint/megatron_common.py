@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.dcp_reader import DCP_METADATA_FILE
+from checkpoint.file_names import DCP_METADATA_FILE
 from checkpoint.format import METADATA_FILE
 from checkpoint.megatron_common_check import check_common
 from checkpoint.zip_records import zip_damage

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from base.errors import CheckpointError
-from checkpoint.dcp_reader import DCP_METADATA_FILE, DcpReader
+from checkpoint.dcp_reader import DcpReader
+from checkpoint.file_names import DCP_METADATA_FILE
 from checkpoint.format import METADATA_FILE
 from checkpoint.global_load import ResumePoint, load_from_source, parameter_records
 from checkpoint.global_state import MODEL_KEY
