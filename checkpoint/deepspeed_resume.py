@@ -32,6 +32,7 @@ from typing import Callable, Optional
 
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, resumed_schedule
 from base.errors import CheckpointError, ConfigError
+from checkpoint.agreement import agree, attempt
 from checkpoint.deepspeed_files import (
     UNIVERSAL_STATES,
     DeepSpeedCheckpoint,
@@ -42,16 +43,12 @@ from checkpoint.deepspeed_files import (
 from checkpoint.deepspeed_source import DeepSpeedSource, open_deepspeed_source
 from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.inside import inside
+from checkpoint.resume_checks import agreed_problem
 from checkpoint.resume_model import check_resume_model
 from checkpoint.start_decision import check_resume_matches, check_samples_fit
 
 # Megatron-DeepSpeed's args -> our model settings (checkpoint/resume_model.py compares them)
 NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-
-
-def deepspeed_resume_from(load: Optional[str], universal: bool) -> Optional[DeepSpeedCheckpoint]:
-    """The DeepSpeed checkpoint --load names, or None (then it is ours, or nothing)."""
-    return find_deepspeed_checkpoint(Path(load), universal) if load else None
 
 
 def refuse_save_into_deepspeed(save: Optional[str]) -> None:
@@ -213,3 +210,26 @@ def load_deepspeed_checkpoint(checkpoint: DeepSpeedCheckpoint, model, optimizer,
         log(f" note: not carried from {checkpoint.path}: {'; '.join(not_carried)}", flush=True)
     return load_from_source(source, model, optimizer, rng, state, load_optimizer=load_optimizer, load_rng=load_rng,
                             finetune=finetune, log=log)
+
+
+def check_start(config, state, folder: Path, log, batch) -> tuple[Optional[LearningRateSchedule], Optional[dict]]:
+    """The format registry's call before any work (checkpoint/formats.py): every file verified by a share of the
+    ranks, then the checks above on the first rank; the checkpoint's schedule when it is kept (no metadata of ours:
+    the run's lineage starts fresh)."""
+    checkpoint = find_deepspeed_checkpoint(folder, False)
+    agreed_problem(state, verify_deepspeed(checkpoint, state.rank, state.world_size,
+                                           config.checkpoint.verify_checkpoint))
+    lines: list[str] = []
+    schedule, error = attempt(lambda: check_deepspeed_resume(config, batch, checkpoint, lines.append)) \
+        if state.is_first_rank else (None, None)
+    agree(state, error)
+    for line in lines:
+        log(line)
+    return state.comm.all_gather_object(schedule)[0], None
+
+
+def load_resume(folder: Path, model, optimizer, rng, state, model_config, *, load_optimizer: bool, load_rng: bool,
+                finetune: bool) -> ResumePoint:
+    """The format registry's load (checkpoint/formats.py)."""
+    return load_deepspeed_checkpoint(find_deepspeed_checkpoint(folder, False), model, optimizer, rng, state,
+                                     model_config, load_optimizer=load_optimizer, load_rng=load_rng, finetune=finetune)

@@ -31,6 +31,7 @@ from checkpoint.inside import inside
 from checkpoint.lineage import SAMPLE_ORDER_KEY
 from checkpoint.megatron_common import COMMON_FILE, check_backend, load_common, saved_args
 from checkpoint.megatron_source import MegatronSource
+from checkpoint.resume_checks import agreed_problem, check_resume
 from checkpoint.resume_model import COMPARED
 from data.megatron_order import MEGATRON_ORDER
 from parallel.state import ParallelState
@@ -123,9 +124,27 @@ def metadata_view(common: dict, config) -> dict:
 
 def megatron_metadata(iteration_dir: Path, config) -> dict:
     """The checkpoint's files verified (`verify_megatron`), then its common.pt as the metadata our resume checks
-    read (run_start.check_resume runs the same checks on it as on ours)."""
+    read (checkpoint/resume_checks.py runs the same checks on it as on ours)."""
     verify_megatron(iteration_dir)
     return metadata_view(load_common(iteration_dir), config)
+
+
+def _verify_records(iteration_dir: Path, metadata: dict, state: ParallelState, check_content: bool) -> None:
+    """megatron_metadata verified the files' presence and sizes; now their records' CRC-32, each rank a share."""
+    if check_content:
+        agreed_problem(state, verify_megatron_records(iteration_dir, state.rank, state.world_size))
+
+
+def check_start(config, state: ParallelState, iteration_dir: Path, log, batch):
+    """The format registry's call before any work (checkpoint/formats.py)."""
+    return check_resume(megatron_metadata, _verify_records, config, state, iteration_dir, log, batch)
+
+
+def load_resume(iteration_dir: Path, model, optimizer, rng, state: ParallelState, model_config, *,
+                load_optimizer: bool, load_rng: bool, finetune: bool) -> ResumePoint:
+    """The format registry's load (checkpoint/formats.py)."""
+    return load_megatron_checkpoint(iteration_dir, model, optimizer, rng, state, load_optimizer=load_optimizer,
+                                    load_rng=load_rng, finetune=finetune)
 
 
 def _vocabulary_padding(source: MegatronSource, model) -> int:

@@ -225,6 +225,21 @@ def _raise_if_any(state: ParallelState, problem: Optional[str], staging: Path) -
         raise CheckpointError(problems[0])
 
 
+def saving_mode_line(config, rerun_validates: bool) -> str:
+    """The start-up line of a run that saves in this layout: what it does not hold."""
+    line = ("> checkpoints: saved synchronously in Megatron-LM's torch_dist layout"
+            + (" (--async-save writes this project's format only)" if config.checkpoint.async_save else ""))
+    if config.model.fp8 is not None and config.model.fp8_recipe == "delayed":
+        # TE keeps them in each module's pickled _extra_state, which this writer does not produce
+        line += ("; without delayed FP8 scaling's amax histories (TransformerEngine's _extra_state): a resume from "
+                 "these starts them fresh at scale 1, said again at the load")
+    if rerun_validates:
+        # Megatron-LM's torch_dist save holds its machine's state; this writer does not write it
+        line += ("; without the rerun state machine's state: a job resumed from the checkpoint of an exit 16 trains "
+                 "that iteration afresh instead of re-running it to decide")
+    return line
+
+
 def save_megatron_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int, model,
                              optimizer: CheckpointableOptimizer, config, state: ParallelState, batch, *, lr: float,
                              schedule_samples: Optional[int] = None) -> Path:

@@ -40,7 +40,6 @@ from typing import Optional
 from arguments.batch_schedule import BatchSchedule
 from arguments.schedule import train_iterations
 from base.errors import CheckpointError, ConfigError
-from checkpoint.deepspeed_files import find_deepspeed_checkpoint
 from checkpoint.format import (
     LATEST_FILE,
     METADATA_FILE,
@@ -49,6 +48,7 @@ from checkpoint.format import (
     pointed_checkpoint,
     resolve_checkpoint,
 )
+from checkpoint.formats import format_of, locate
 from checkpoint.save_directory import holds_checkpoints
 from data import DataError
 from data.gpt_dataset import parse_split
@@ -70,6 +70,11 @@ TRAINING_BLEND_SETTINGS = ("data_path", "data_args_path", "train_data_path", "pe
 class StartDecision:
     resume_from: Optional[Path]  # the iteration directory to load; None: a fresh start
     note: Optional[str] = None   # one line to print about the decision
+    format_name: Optional[str] = None  # resume_from's format, as the registry told it (checkpoint/formats.py)
+
+
+def _resume(resume_from: Path, note: Optional[str] = None) -> StartDecision:
+    return StartDecision(resume_from, note, format_of(resume_from).name)
 
 
 def decide_start(load: Optional[str], save: Optional[str], universal: bool = False) -> StartDecision:
@@ -77,10 +82,11 @@ def decide_start(load: Optional[str], save: Optional[str], universal: bool = Fal
     `universal`: --universal-checkpoint, the folder `latest_universal` names) or ours."""
     if not load:
         return StartDecision(None)
-    deepspeed = find_deepspeed_checkpoint(Path(load), universal)
-    if deepspeed is not None:
-        return StartDecision(deepspeed.path, f"> --load {load}: DeepSpeed's checkpoint {deepspeed.path}"
-                                             + (f" (its '{deepspeed.named_by}' names it)" if deepspeed.named_by else ""))
+    located = locate(Path(load), universal)  # a format whose save directories point their own way (DeepSpeed's)
+    if located is not None:
+        fmt, folder, named_by = located
+        return StartDecision(folder, f"> --load {load}: {fmt.name} checkpoint {folder}"
+                                     + (f" (its '{named_by}' names it)" if named_by else ""), fmt.name)
     path = Path(load)
     also_save = save is not None and path.resolve() == Path(save).resolve()
     if path.is_file():
@@ -91,7 +97,7 @@ def decide_start(load: Optional[str], save: Optional[str], universal: bool = Fal
             resume_from = resolve_checkpoint(path)  # a broken one is an error naming what is wrong
             note = None if (path / METADATA_FILE).exists() or not is_save_directory(path) \
                 else pointed_checkpoint(path)[2]  # `latest` and Megatron's tracker disagreeing: which won
-            return StartDecision(resume_from, note)
+            return _resume(resume_from, note)
         complete = [name for name in holds_checkpoints(path) if name not in (LATEST_FILE, TRACKER_FILE)]
         if complete:
             raise CheckpointError(f"--load {load} holds checkpoints ({', '.join(complete[-3:])}) but no "

@@ -16,9 +16,8 @@ import os
 from pathlib import Path
 
 from base.errors import CheckpointError
-from checkpoint.deepspeed_files import find_deepspeed_checkpoint
 from checkpoint.format import resolve_checkpoint
-from checkpoint.megatron_common import is_megatron_checkpoint
+from checkpoint.formats import MEGATRON, ZERO_GPT, format_of, locate
 
 
 def tool_checkpoint(checkpoint: str | os.PathLike, tool: str, reads_megatron: bool = False) -> Path:
@@ -27,12 +26,13 @@ def tool_checkpoint(checkpoint: str | os.PathLike, tool: str, reads_megatron: bo
     checkpoint/megatron_hf.py)."""
     how = (f"pretrain_gpt.py --load reads it: resume it with the same flags and a --save (this project's format, "
            f"no --ckpt-format torch_dist) and give {tool} that folder")
-    deepspeed = find_deepspeed_checkpoint(Path(checkpoint), False)
-    if deepspeed is not None:
-        raise CheckpointError(f"{checkpoint} is DeepSpeed's checkpoint ({deepspeed.path.name}), which {tool} does "
-                              f"not read; {how}")
-    iteration_dir = resolve_checkpoint(checkpoint)
-    if is_megatron_checkpoint(iteration_dir) and not reads_megatron:
-        raise CheckpointError(f"{iteration_dir} is a Megatron-LM torch_dist checkpoint, which {tool} does not read; "
+    located = locate(Path(checkpoint), False)
+    if located is not None:
+        fmt, folder, _ = located
+        raise CheckpointError(f"{checkpoint} is {fmt.name} checkpoint ({folder.name}), which {tool} does not read; "
                               f"{how}")
+    iteration_dir = resolve_checkpoint(checkpoint)
+    fmt = format_of(iteration_dir)
+    if fmt is not ZERO_GPT and not (fmt is MEGATRON and reads_megatron):
+        raise CheckpointError(f"{iteration_dir} is {fmt.name} checkpoint, which {tool} does not read; {how}")
     return iteration_dir

@@ -32,8 +32,8 @@ from typing import Callable, Optional
 
 from base.errors import CheckpointError
 from checkpoint.format import LATEST_FILE, METADATA_FILE, TRACKER_FILE, point_at, read_metadata, write_text_atomic
+from checkpoint.formats import MEGATRON, format_of
 from checkpoint.integrity import verify_or_raise
-from checkpoint.megatron_common import is_megatron_checkpoint
 
 UNVERIFIED_SUFFIX = ".unverified-"
 
@@ -47,7 +47,7 @@ def _iterations(save_dir: Path, megatron: bool) -> list[Path]:
         return []
     found = [path for path in save_dir.iterdir()
              if re.fullmatch(r"iter_\d+", path.name) and (path / METADATA_FILE).is_file()
-             and is_megatron_checkpoint(path) == megatron]
+             and (format_of(path) is MEGATRON) == megatron]
     return sorted(found, key=lambda path: int(path.name[len("iter_"):]), reverse=True)
 
 
@@ -79,7 +79,7 @@ def needs_finishing(load: Optional[str], save: Optional[str]) -> bool:
 
 
 def _verify(candidate: Path) -> None:
-    if is_megatron_checkpoint(candidate):
+    if format_of(candidate) is MEGATRON:
         from checkpoint.megatron_resume import verify_megatron_completely  # DCP: imported only where needed
 
         verify_megatron_completely(candidate)
@@ -91,7 +91,7 @@ def finish_unfinished_save(save_dir: Path, log: Callable[[str], None]) -> Option
     """Point `latest` (a torch_dist iteration: the tracker) at the iteration directory the killed save left if it
     verifies, else set it aside (the run then starts fresh); returns the adopted directory, or None."""
     for candidate in _unnamed(save_dir):
-        megatron = is_megatron_checkpoint(candidate)
+        megatron = format_of(candidate) is MEGATRON
         try:
             _verify(candidate)
         except (CheckpointError, OSError) as error:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from checkpoint.run_saves import SaveCheckpoint
 from parallel.state import ParallelState
 from training.divergence import DivergenceHistory
 from training.evaluation import Evaluator
@@ -20,7 +21,6 @@ from training.interval_metrics import IntervalMetrics
 from training.leading_skips import LeadingSkips
 from training.memory_report import FirstIterationMemory
 from training.rerun_state import RerunExit
-from training.run_outputs import SaveCheckpoint
 from training.run_settings import RunSettings
 from training.train_step import StepOutcome, TrainingDiverged, TrainStep
 

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig, sample_order, sample_order_kept_note
-from checkpoint.deepspeed_files import find_deepspeed_checkpoint
-from checkpoint.deepspeed_resume import load_deepspeed_checkpoint
-from checkpoint.megatron_common import is_megatron_checkpoint
+from checkpoint.global_load import ResumePoint
+from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
-from checkpoint.sharded import ResumePoint, load_checkpoint
 from data.tokenizer import RunTokenizer
 from parallel.state import ParallelState, read_launch_environment
 from training.build import Built, build
@@ -40,7 +37,7 @@ from training.rerun_resume import resume_machine
 from training.rerun_setup import rerun_mode_line, rerun_state_machine_for
 from training.rerun_state import RerunStateMachine
 from training.run_description import describe_model
-from training.run_outputs import CheckpointSaves, checkpoint_saver, open_metrics
+from training.run_outputs import checkpoint_saver, open_metrics
 from training.run_settings import RunSettings, model_vocabulary, resolve_run_settings
 from training.start_checks import Log
 from training.threads import set_intra_op_threads
@@ -119,7 +116,7 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
         # the rerun state machine before the load, as Megatron-LM's initialize makes it: the load restores the random
         # states it seeded, and a pending re-run saved in the checkpoint (exit 16) goes into it
         rerun = rerun_state_machine_for(config.training, state, built.rng, log)
-        start = load_weights(config, state, built, claimed.resume_from, log)
+        start = load_weights(config, state, built, claimed, log)
         resume_machine(rerun, start.rerun_state, start.rerun_layout_changed, state.rank, log)
         if rerun is not None:
             log(rerun_mode_line(config.training, config.sources.get("rerun_mode")))
@@ -138,34 +135,20 @@ def prepare(config: PretrainConfig, state: ParallelState, batch: BatchSchedule, 
     return run
 
 
-def load_weights(config: PretrainConfig, state: ParallelState, built: Built, resume_from: Optional[Path],
+def load_weights(config: PretrainConfig, state: ParallelState, built: Built, claimed: RunStart,
                  log: Log) -> ResumePoint:
-    """The checkpoint claim_run_start verified, or --init-from-hf's weights on a fresh start."""
+    """The checkpoint claim_run_start verified (loaded by its format's handler), or --init-from-hf's weights on a
+    fresh start."""
     checkpoint = config.checkpoint
-    if checkpoint.init_from_hf and resume_from is None:
+    if checkpoint.init_from_hf and claimed.resume_from is None:
         from checkpoint.hf import initialize_from_hf  # transformers is only imported when it is needed
 
         log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}")
         initialize_from_hf(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
-    if resume_from is None:
+    if claimed.resume_from is None:
         return ResumePoint(0, 0, None)
-    deepspeed = find_deepspeed_checkpoint(resume_from, False)  # in the order claim_run_start checked it
-    if deepspeed is not None:  # a DeepSpeed run's (checkpoint/deepspeed_resume.py)
-        start = load_deepspeed_checkpoint(deepspeed, built.model, built.zero.optimizer, built.rng, state, config.model,
-                                          load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
-                                          finetune=checkpoint.finetune)
-    elif is_megatron_checkpoint(resume_from):  # a Megatron-LM run's torch_dist folder (checkpoint/megatron_resume.py)
-        # imported here: torch.distributed.checkpoint imports DTensor and with it sympy, which --help and
-        # --print-config must not pay for (tests/test_startup.py)
-        from checkpoint.megatron_resume import load_megatron_checkpoint
-
-        start = load_megatron_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
-                                         load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
-                                         finetune=checkpoint.finetune)
-    else:
-        start = load_checkpoint(resume_from, built.model, built.zero.optimizer, built.rng, state,
-                                load_optimizer=checkpoint.load_optim, load_rng=checkpoint.load_rng,
-                                finetune=checkpoint.finetune, verify=False)  # claim_run_start verified every file
+    start = claimed.load(built, state, config.model, load_optimizer=checkpoint.load_optim,
+                         load_rng=checkpoint.load_rng, finetune=checkpoint.finetune)
     log(f"> loaded {start.path}: " + (f"resuming after iteration {start.iteration} "
                                       f"({start.consumed_samples} samples consumed)"
                                       if not checkpoint.finetune else "weights only, from iteration 0"))

@@ -23,7 +23,7 @@ from scripts import convert_to_hf, reshard_checkpoint, zero_to_fp32
 from tests.reliability_helpers import run_main, snapshot
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-FOREIGN = {"megatron torch_dist": (FIXTURES / "megatron_tp1", "a Megatron-LM torch_dist checkpoint"),
+FOREIGN = {"megatron torch_dist": (FIXTURES / "megatron_tp1", "is Megatron-LM's torch_dist checkpoint"),
            "deepspeed": (FIXTURES / "deepspeed_checkpoints" / "megatron_deepspeed_zero1", "DeepSpeed's checkpoint")}
 TOOLS = {"convert_to_hf": lambda ck, out: (convert_to_hf.main, [ck, out / "hf"]),
          "zero_to_fp32": lambda ck, out: (zero_to_fp32.main, [ck, out / "model.safetensors"]),
