@@ -1325,17 +1325,10 @@ class PretrainConfig:
 
     def _check_muon(self) -> None:
         """Muon's Newton-Schulz needs each whole matrix: zero/muon.py gathers it over the ZeRO partition and, per
-        --muon-tp-mode, over TP; an expert cut over expert TP (Megatron-LM takes its expt_tp group) and the host
-        step of --offload-optimizer (PyTorch's fused AdamW) are not built for it."""
+        --muon-tp-mode, over TP (an expert's over expert TP); the host step of --offload-optimizer (PyTorch's fused
+        AdamW) is not built for it."""
         if self.optimizer.optimizer != "muon":
             return
-        parallel = self.parallel
-        if self.model.moe is not None and (parallel.expert_tensor_parallel_size
-                                           or parallel.tensor_model_parallel_size) > 1:
-            raise ConfigError("--optimizer muon with --num-experts runs with expert TP 1 here (it defaults to "
-                              "--tensor-model-parallel-size): Newton-Schulz over an expert cut over expert TP is not "
-                              "built; give --expert-tensor-parallel-size 1",
-                              flags=("--optimizer", "--expert-tensor-parallel-size"))
         if self.zero.offload_optimizer:
             raise ConfigError("--optimizer muon steps on the training device: --offload-optimizer's host step is "
                               "AdamW's only", flags=("--optimizer", "--offload-optimizer"))

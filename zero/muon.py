@@ -45,7 +45,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from parallel.sharding import TENSOR_PARALLEL, record_of
+from parallel.sharding import EXPERT_TENSOR_PARALLEL, TENSOR_PARALLEL, record_of
 
 # emerging_optimizers' muon_utils._COEFFICIENT_SETS
 COEFFICIENT_SETS = {
@@ -206,7 +206,9 @@ def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
                 split = getattr(slot.param, "qkv_split_shapes", None)
                 decays = getattr(slot.param, "apply_weight_decay", True)
                 record = record_of(slot.param)
-                tp_dim = record.split_dim if record.split_over == TENSOR_PARALLEL else None
+                # an expert cut over expert TP is stepped by the experts' ZeRO, whose TP group is that one
+                # (zero/experts.py; Megatron's expt_tp), or by the dense one when the two groups are the same ranks
+                tp_dim = record.split_dim if record.split_over in (TENSOR_PARALLEL, EXPERT_TENSOR_PARALLEL) else None
                 matrices.append(MuonMatrix(slot.shape, None if split is None else tuple(split), decays,
                                            mine.get(id(slot.param)), tp_dim))
     return matrices

@@ -38,14 +38,13 @@ def test_every_tp_mode_is_accepted_at_tp_2(mode):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--tensor-model-parallel-size", "2", "--num-experts", "2"], ("--optimizer muon", "--expert-tensor-parallel-size 1")),
     (["--zero-stage", "1", "--offload-optimizer"], ("--optimizer muon", "--offload-optimizer")),
     (["--muon-num-ns-steps", "4"], ("--muon-num-ns-steps 4", "quintic", "multiple of 5")),
     (["--muon-scalar-optimizer", "lion"], ("--muon-scalar-optimizer lion is not implemented",)),
     (["--muon-tp-mode", "rowwise"], ("--muon-tp-mode", "rowwise")),
 ])
 def test_what_muon_does_not_build_here_is_refused_in_one_line(argv, words):
-    """Newton-Schulz over an expert cut over expert TP, the offloaded host step and Lion are not built;
+    """The offloaded host step and Lion are not built;
     emerging_optimizers' newton_schulz refuses a step count its coefficient sets do not fit; a TP mode Megatron
     does not have is refused by its choices."""
     with pytest.raises(ConfigError) as error:

@@ -37,6 +37,21 @@ def test_tp_2_muon_losses_are_one_ranks(tmp_path, corpus_cache, mode):
         assert zero == pytest.approx(single, rel=TOLERANCE, abs=0)
 
 
+@pytest.mark.slow
+def test_tp_2_muon_losses_with_experts_cut_over_expert_tp_are_one_ranks(tmp_path, corpus_cache):
+    """TensorParallelMuon.orthogonalize takes pg_collection.expt_tp for an expert's weights: ours gathers an expert
+    cut over expert TP (2, the TP size by default) over that group, whether the dense ZeRO steps it (EP 1: the same
+    ranks as TP) or the experts' own (EP 2, 4 ranks: zero/experts.py). Measured 8e-8 relative."""
+    moe = [*MUON, "--muon-tp-mode", "duplicated", "--num-experts", "2", "--moe-router-topk", "2",
+           "--moe-token-dispatcher-type", "alltoall"]
+    single = train(tmp_path, corpus_cache, "single", 1, *moe)
+    etp2 = train(tmp_path, corpus_cache, "etp2", 2, *moe, *TP2, "--sequence-parallel")
+    ep2 = train(tmp_path, corpus_cache, "ep2", 4, *moe, *TP2, "--sequence-parallel", "--expert-model-parallel-size", "2")
+    assert single[-1] < single[0] - 0.3
+    assert etp2 == pytest.approx(single, rel=TOLERANCE, abs=0)
+    assert ep2 == pytest.approx(single, rel=TOLERANCE, abs=0)
+
+
 def blockwise_oracle(orthogonalize, parts):
     """One rank's NS of each of the `parts` TP shards of a matrix alone, as a TP rank under blockwise runs it."""
     def each_shard(update, config, split=None, tp_dim=None, tp=None):
