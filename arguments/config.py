@@ -88,6 +88,7 @@ def optimizer_name(name: str) -> str:
 MUON_SCALE_MODES = ("spectral", "shape_scaling", "unit_rms_norm")
 MUON_COEFFICIENT_TYPES = ("quintic", "simple", "polar_express", "aol")
 MUON_MATMUL_PRECISIONS = ("low", "medium", "high")
+MUON_TP_MODES = ("blockwise", "duplicated", "distributed")  # zero/muon.py scaled_orthogonalize: what each does
 # Megatron-LM's --exp-avg-dtype / --exp-avg-sq-dtype choices (megatron/training/arguments.py); of these fp32 and bf16
 # are implemented (zero/precision_aware.py), the others refused (arguments/megatron/flags.py)
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
@@ -181,8 +182,11 @@ class OptimizerConfig:
     muon_coefficient_type: str = option("quintic", choices=MUON_COEFFICIENT_TYPES,
                                         help="with --optimizer muon: the Newton-Schulz coefficients")
     muon_num_ns_steps: int = option(5, help="with --optimizer muon: Newton-Schulz iterations")
-    muon_tp_mode: str = option("duplicated", help="with --optimizer muon: Megatron-LM's tensor-parallel mode; "
-                                                  "only duplicated (its default; TP 1 here)")
+    # duplicated is Megatron-LM main's default (d98e8a64); its core_v0.16.1 defaulted to blockwise
+    muon_tp_mode: str = option("duplicated", choices=MUON_TP_MODES,
+                               help="with --optimizer muon and TP > 1: Newton-Schulz of each TP shard alone, scaled "
+                                    "by its shape (blockwise), of the whole matrix gathered over TP on every rank "
+                                    "(duplicated), or over the shards with X X^T summed over TP (distributed)")
     muon_extra_scale_factor: float = option(1.0, help="with --optimizer muon: a further factor on the update")
     muon_scalar_optimizer: str = option("adam", help="with --optimizer muon: the optimizer of embeddings, the "
                                                      "output layer, biases and norms: adam (Megatron-LM's default)")
@@ -273,7 +277,7 @@ class OptimizerConfig:
 
     def validate_muon(self) -> None:
         """emerging_optimizers' checks (newton_schulz: a step count that fits the coefficient sets) and what is not
-        built here: Lion as the scalar optimizer, the blockwise and distributed tensor-parallel modes."""
+        built here: Lion as the scalar optimizer."""
         steps, kind = self.muon_num_ns_steps, self.muon_coefficient_type
         sets = {"quintic": 5, "aol": 4, "polar_express": 8, "simple": 1}[kind]
         if steps < 1 or (kind == "polar_express" and steps < sets) or (kind in ("quintic", "aol") and steps % sets):
@@ -283,9 +287,6 @@ class OptimizerConfig:
         if self.muon_scalar_optimizer != "adam":
             raise ConfigError(f"--muon-scalar-optimizer {self.muon_scalar_optimizer} is not implemented: adam "
                               f"(Megatron-LM's default)", flags=("--muon-scalar-optimizer",))
-        if self.muon_tp_mode != "duplicated":
-            raise ConfigError(f"--muon-tp-mode {self.muon_tp_mode} is not implemented: duplicated (Megatron-LM's "
-                              f"default)", flags=("--muon-tp-mode",))
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ConfigError(f"--muon-momentum must be in [0, 1), got {self.muon_momentum}", flags=("--muon-momentum",))
 
@@ -1323,15 +1324,11 @@ class PretrainConfig:
                               f"{', '.join(known)}", flags=("--hf-model-type",))
 
     def _check_muon(self) -> None:
-        """Muon's Newton-Schulz needs each whole matrix: zero/muon.py gathers it over the ZeRO partition; a matrix
-        split over tensor-parallel ranks (Megatron-LM's duplicated mode all-gathers it over TP) and the host step of
-        --offload-optimizer (PyTorch's fused AdamW) are not built for it."""
+        """Muon's Newton-Schulz needs each whole matrix: zero/muon.py gathers it over the ZeRO partition and, per
+        --muon-tp-mode, over TP (an expert's over expert TP); the host step of --offload-optimizer (PyTorch's fused
+        AdamW) is not built for it."""
         if self.optimizer.optimizer != "muon":
             return
-        if self.parallel.tensor_model_parallel_size > 1 or self.parallel.expert_tensor_parallel_size not in (None, 1):
-            raise ConfigError("--optimizer muon runs with --tensor-model-parallel-size 1 (and expert TP 1) here: "
-                              "Newton-Schulz over a TP-split matrix is not built",
-                              flags=("--optimizer", "--tensor-model-parallel-size"))
         if self.zero.offload_optimizer:
             raise ConfigError("--optimizer muon steps on the training device: --offload-optimizer's host step is "
                               "AdamW's only", flags=("--optimizer", "--offload-optimizer"))

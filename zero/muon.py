@@ -32,15 +32,20 @@ no broadcast, and the update of each element is the one an unsharded run compute
 twice the bytes of an all-gather; the simplicity is that every rank, whatever it holds, calls the same
 collectives in the same order.) The momentum is kept in Adam's exp_avg tensor at the matrix's elements, so it
 is partitioned and checkpointed as Adam's first moment is; exp_avg_sq stays zero there.
+
+Under tensor parallelism a matrix cut over TP (its sharding record) is this rank's shard once the partition is
+summed; --muon-tp-mode says what NS sees, as TensorParallelMuon and newton_schulz_tp: docs/configuration.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
+
+from parallel.sharding import EXPERT_TENSOR_PARALLEL, TENSOR_PARALLEL, record_of
 
 # emerging_optimizers' muon_utils._COEFFICIENT_SETS
 COEFFICIENT_SETS = {
@@ -70,17 +75,28 @@ def coefficients(kind: str, steps: int) -> list[tuple[float, float, float]]:
     return sets * (steps // len(sets))
 
 
-def newton_schulz(x: torch.Tensor, steps: int, kind: str = "quintic", bf16: bool = True,
-                  eps: float = 1e-7) -> torch.Tensor:
-    """emerging_optimizers' newton_schulz on an fp32 2-D `x` (see the module docstring)."""
-    transpose = x.size(-2) > x.size(-1)
+def newton_schulz(x: torch.Tensor, steps: int, kind: str = "quintic", bf16: bool = True, eps: float = 1e-7,
+                  transpose: Optional[bool] = None,
+                  all_reduce: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
+    """emerging_optimizers' newton_schulz on an fp32 2-D `x` (see the module docstring). `all_reduce` (its tp_group,
+    the distributed mode): `x` is one TP rank's columns after the transpose, so the squared norm and each A = X X^T
+    are summed over TP (distributed_normalize_p2, newton_schulz_step); `transpose` then comes from the cut."""
+    if transpose is None:
+        transpose = x.size(-2) > x.size(-1)
     if transpose:
         x = x.mT
-    X = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=eps)
+    if all_reduce is None:
+        X = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=eps)
+    else:
+        squares = (x * x).sum()
+        all_reduce(squares)
+        X = x / torch.sqrt(squares).clamp_min(eps)
     if bf16:
         X = X.to(torch.bfloat16)
     for a, b, c in coefficients(kind, steps):
         A = X @ X.mT
+        if all_reduce is not None:
+            all_reduce(A)
         B = torch.addmm(A, A, A, alpha=c, beta=b)
         X = torch.addmm(X, B, X, alpha=1.0, beta=a)
     X = X.to(torch.float32)
@@ -98,14 +114,46 @@ def scale_factor(size_out: int, size_in: int, mode: str = "spectral") -> float:
     raise ValueError(f"Invalid mode for Muon update scale factor: {mode}")
 
 
-def scaled_orthogonalize(update: torch.Tensor, config, split: Optional[Sequence[int]] = None) -> torch.Tensor:
-    """O of the module docstring for one whole matrix `update`; `split`: the QKV row blocks of one query group
-    (`TensorParallelMuon.orthogonalize` with split_qkv), orthogonalized block by block."""
+@dataclass(frozen=True)
+class MuonTensorParallel:
+    """The TP group as Muon's step uses it: --muon-tp-mode, this rank's place, and the two collectives over TP
+    (`all_gather(output, input)`: every rank's input along dim 0 in rank order; `all_reduce(t)`: sum in place)."""
+    mode: str
+    size: int
+    rank: int
+    all_gather: Callable[[torch.Tensor, torch.Tensor], None]
+    all_reduce: Callable[[torch.Tensor], None]
+
+    def gather(self, shard: torch.Tensor, dim: int) -> torch.Tensor:
+        """The whole matrix from every rank's `shard`, concatenated along `dim` (newton_schulz_tp's torch.cat)."""
+        rows, cols = shard.shape
+        pieces = torch.empty((self.size * rows, cols), dtype=shard.dtype, device=shard.device)
+        self.all_gather(pieces, shard.contiguous())
+        return torch.cat(pieces.view(self.size, rows, cols).unbind(0), dim=dim)
+
+
+def scaled_orthogonalize(update: torch.Tensor, config, split: Optional[Sequence[int]] = None,
+                         tp_dim: Optional[int] = None, tp: Optional[MuonTensorParallel] = None) -> torch.Tensor:
+    """O of the module docstring for `update`, this rank's piece of a matrix cut along `tp_dim` over `tp` (None:
+    whole); `split`: the QKV row blocks of one query group (`TensorParallelMuon.orthogonalize` with split_qkv),
+    orthogonalized block by block. Per `tp.mode`, as scaled_orthogonalize_fn and newton_schulz_tp: blockwise NS
+    on the shard, scaled by its own shape; duplicated NS on the gathered whole, this rank's part kept; distributed
+    NS over the shards (transposed when cut along rows), both scaled by the whole shape."""
+    mode = "blockwise" if tp is None or tp_dim is None else tp.mode
+
     def one(matrix: torch.Tensor) -> torch.Tensor:
-        orth = newton_schulz(matrix, config.muon_num_ns_steps, config.muon_coefficient_type,
-                             bf16=config.muon_fp32_matmul_prec == "medium")
-        return orth * scale_factor(matrix.size(0), matrix.size(1), config.muon_scale_mode) \
-            * config.muon_extra_scale_factor
+        steps, kind, bf16 = config.muon_num_ns_steps, config.muon_coefficient_type, \
+            config.muon_fp32_matmul_prec == "medium"
+        shape = list(matrix.shape)
+        if mode == "duplicated":
+            orth = newton_schulz(tp.gather(matrix, tp_dim), steps, kind, bf16).chunk(tp.size, dim=tp_dim)[tp.rank]
+            shape[tp_dim] *= tp.size
+        elif mode == "distributed":
+            orth = newton_schulz(matrix, steps, kind, bf16, transpose=tp_dim == 0, all_reduce=tp.all_reduce)
+            shape[tp_dim] *= tp.size
+        else:
+            orth = newton_schulz(matrix, steps, kind, bf16)
+        return orth * scale_factor(shape[0], shape[1], config.muon_scale_mode) * config.muon_extra_scale_factor
 
     if split is None or not config.muon_split_qkv:
         return one(update)
@@ -123,16 +171,27 @@ def takes_muon(param: nn.Parameter, excluded_ids: set[int]) -> bool:
 
 @dataclass(frozen=True)
 class MuonMatrix:
-    """One Muon parameter as the step sees it: its shape, its QKV blocks (None: one matrix), whether it decays,
-    and this rank's piece of it (partition offset, offset in the flattened parameter, elements), None if none."""
+    """One Muon parameter as the step sees it: its shape (this TP rank's), its QKV blocks (None: one matrix),
+    whether it decays, this rank's piece of it (partition offset, offset in the flattened parameter, elements),
+    None if none, and the dimension it is cut along over TP (None: whole on every TP rank)."""
     shape: torch.Size
     split: Optional[tuple[int, ...]]
     weight_decay: bool
     fragment: Optional[tuple[int, int, int]]
+    tp_dim: Optional[int] = None
 
     @property
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
+
+    def newton_schulz_numel(self, mode: str, tp_size: int) -> int:
+        """The elements of the largest matrix NS holds for it: the whole under duplicated, the shard and the whole
+        kept dimension's A = X X^T under distributed, the shard otherwise."""
+        if self.tp_dim is None or tp_size == 1 or mode == "blockwise":
+            return self.numel
+        if mode == "duplicated":
+            return self.numel * tp_size
+        return max(self.numel, self.shape[1 - self.tp_dim] ** 2)
 
 
 def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
@@ -146,8 +205,12 @@ def muon_matrices(layout, params: Sequence[nn.Parameter]) -> list[MuonMatrix]:
             if id(slot.param) in wanted:
                 split = getattr(slot.param, "qkv_split_shapes", None)
                 decays = getattr(slot.param, "apply_weight_decay", True)
+                record = record_of(slot.param)
+                # an expert cut over expert TP is stepped by the experts' ZeRO, whose TP group is that one
+                # (zero/experts.py; Megatron's expt_tp), or by the dense one when the two groups are the same ranks
+                tp_dim = record.split_dim if record.split_over in (TENSOR_PARALLEL, EXPERT_TENSOR_PARALLEL) else None
                 matrices.append(MuonMatrix(slot.shape, None if split is None else tuple(split), decays,
-                                           mine.get(id(slot.param))))
+                                           mine.get(id(slot.param)), tp_dim))
     return matrices
 
 
@@ -158,9 +221,10 @@ def muon_ranges(matrices: Sequence[MuonMatrix]) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def muon_step(matrices: Sequence[MuonMatrix], master: torch.Tensor, momentum: torch.Tensor, grads: torch.Tensor,
-              lr: float, weight_decay: float, config, all_reduce) -> None:
+              lr: float, weight_decay: float, config, all_reduce,
+              tp: Optional[MuonTensorParallel] = None) -> None:
     """One Muon update of this rank's pieces of `matrices` (module docstring). `all_reduce(t)` sums t over the
-    partition group in place (nothing without one)."""
+    partition group in place (nothing without one); `tp`: the TP group the matrices with a tp_dim are cut over."""
     beta = config.muon_momentum
     for matrix in matrices:
         full = torch.zeros(matrix.numel, dtype=torch.float32, device=master.device)
@@ -170,7 +234,7 @@ def muon_step(matrices: Sequence[MuonMatrix], master: torch.Tensor, momentum: to
             buf.lerp_(grad, 1 - beta)
             full[offset:offset + numel] = grad.lerp(buf, beta) if config.muon_nesterov else buf
         all_reduce(full)
-        orth = scaled_orthogonalize(full.view(matrix.shape), config, matrix.split)
+        orth = scaled_orthogonalize(full.view(matrix.shape), config, matrix.split, matrix.tp_dim, tp)
         if matrix.fragment is not None:
             weights = master[start:start + numel]
             decay = weight_decay if matrix.weight_decay else 0.0

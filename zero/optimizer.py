@@ -51,7 +51,7 @@ from zero.flat_buffer import FlatLayout, Unit
 from zero.grad_norm import block_copy_bytes, sum_of_squares
 from zero.grad_reducer import GradientReducer
 from zero.loss_scaler import LossScaler
-from zero.muon import MuonMatrix, muon_ranges, muon_step
+from zero.muon import MuonMatrix, MuonTensorParallel, muon_ranges, muon_step
 from zero.optimizer_state import NamedFragment, ShardedOptimizerState, check_partition_tensors
 from zero.param_storage import ParameterStorage
 from zero.precision_aware import TEMPORARIES as PRECISION_AWARE_TEMPORARIES
@@ -110,6 +110,14 @@ def uses_ademamix(config) -> bool:
 def uses_sophiag(config) -> bool:
     """Whether `config` (an OptimizerConfig) asks for ALCF's Sophia-G (--optimizer sophiag, zero/sophia.py)."""
     return getattr(config, "optimizer", "adam") == "sophiag"
+
+
+def muon_tensor_parallel(mode: str, state) -> MuonTensorParallel:
+    """The TP group the Muon matrices cut over TP are stepped over, per --muon-tp-mode (zero/muon.py)."""
+    group, comm = state.tensor_parallel_group, state.comm
+    return MuonTensorParallel(mode, state.tensor_parallel_size, state.tensor_parallel_rank,
+                              lambda output, shard: comm.all_gather(output, shard, group, "tp"),
+                              lambda tensor: comm.all_reduce(tensor, group, "tp"))
 
 
 def uses_muon(config) -> bool:
@@ -187,6 +195,7 @@ class ShardedAdamW:
             self._muon_group = {"params": [], "weight_decay": optimizer_config.weight_decay, "lr": optimizer_config.lr,
                                 "decoupled_lr": False, "muon": True}
             self._muon_steps = 0
+            self._muon_tp = muon_tensor_parallel(getattr(optimizer_config, "muon_tp_mode", "duplicated"), state)
         # (a partition with Muon's pieces only has no AdamW; the hybrid host/device split has two, zero/hybrid_offload.py)
         self._step_optimizers = self.build_step_optimizers()
         self.optimizer = self._step_optimizers[0] if self._step_optimizers else None
@@ -326,9 +335,13 @@ class ShardedAdamW:
 
     def step_collectives_only(self) -> None:
         """The collectives `step` makes when it updates, without its arithmetic (which needs values): the
-        gradient partition's norm over TP, the partition group and the stages, and publishing. The dry run
-        (planner/dry_run.py) runs a train step on the meta device with this in place of `step`."""
-        self.grad_norm_squared(self.gradients.partition_gradients())
+        gradient partition's norm over TP, the partition group and the stages, Muon's gathers (its arithmetic on
+        meta tensors is shapes only), and publishing. The dry run (planner/dry_run.py) runs a train step on the
+        meta device with this in place of `step`."""
+        grads = self.gradients.partition_gradients()
+        self.grad_norm_squared(grads)
+        if self._muon:  # on the meta device its arithmetic costs nothing: its collectives are counted
+            self._muon_update(grads)
         self.publish_parameters()
 
     def update(self, grads: torch.Tensor) -> None:
@@ -340,10 +353,13 @@ class ShardedAdamW:
         for param in self._segment_params:
             param.grad = None
         if self._muon:
-            group = self._muon_group
-            muon_step(self._muon, self.master, self.exp_avg, grads, group["lr"], group["weight_decay"],
-                      self.optimizer_config, lambda t: self.comm.all_reduce(t, self.partition_group, "dp"))
+            self._muon_update(grads)
             self._muon_steps += 1
+
+    def _muon_update(self, grads: torch.Tensor) -> None:
+        group = self._muon_group
+        muon_step(self._muon, self.master, self.exp_avg, grads, group["lr"], group["weight_decay"],
+                  self.optimizer_config, lambda t: self.comm.all_reduce(t, self.partition_group, "dp"), self._muon_tp)
 
     def step_working_bytes(self, gather_copy_bytes: int = 0, norm_in_blocks: bool = False) -> int:
         """What the step allocates on top of the model states at its peak: the fp32 gradient
@@ -364,7 +380,8 @@ class ShardedAdamW:
         AdEMAMix's three fp32 temporaries of one window (zero/ademamix.py), Sophia-G's two (zero/sophia.py), no larger
         than the largest piece it steps; with bf16 moments, two fp32 windows (zero/precision_aware.py)."""
         if self._muon:  # the gathered matrix, Newton-Schulz's X, A, B and the scaled result, about 5 fp32 matrices
-            return 5 * max(m.numel for m in self._muon) * self.master.element_size()
+            tp = self._muon_tp
+            return 5 * max(m.newton_schulz_numel(tp.mode, tp.size) for m in self._muon) * self.master.element_size()
         if self.exp_avg_slow is not None:
             temporaries, window = ADEMAMIX_TEMPORARIES, ADEMAMIX_WINDOW
         elif isinstance(self.optimizer, SophiaG):

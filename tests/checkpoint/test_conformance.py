@@ -42,6 +42,8 @@ OPTIMIZERS = {
     "adam": [],
     "ademamix": ["--optimizer", "ademamix", "--ademamix-alpha", "8", "--ademamix-beta3", "0.9999"],
     "muon": ["--optimizer", "muon", "--muon-momentum", "0.95", "--muon-nesterov"],
+    # Newton-Schulz in fp32: in bf16 TP's last-bit gradient differences become bf16 ones (docs/configuration.md)
+    "muon-fp32-ns": ["--optimizer", "muon", "--muon-momentum", "0.95", "--muon-fp32-matmul-prec", "high"],
     "adam-bf16-moments": ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"],
 }
 TP2, SP, EP2 = ["--tensor-model-parallel-size", "2"], ["--sequence-parallel"], ["--expert-model-parallel-size", "2"]
@@ -112,6 +114,7 @@ ROWS = [
     Row("TP 2 + SP, expert TP 1", "EP 2, ZeRO 3", model="moe"),
     Row("TP 2, ZeRO 1", "DP 2, ZeRO 2", optimizer="ademamix"),
     Row("DP 2, ZeRO 1", "1 rank, ZeRO 1", optimizer="muon"),
+    Row("TP 2, ZeRO 1", "1 rank, ZeRO 1", optimizer="muon-fp32-ns"),  # its momentum saved from TP shards
     Row("TP 2, ZeRO 1", "1 rank, ZeRO 1", optimizer="adam-bf16-moments"),
 ]
 

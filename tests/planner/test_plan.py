@@ -214,6 +214,8 @@ LIVE = {  # name: (world size, TP, flags); one iteration each, memory reported
                                      "--partition-activations", "--cpu-checkpointing",
                                      "--contiguous-checkpointing"]),
     "tp2-stage0": (2, 2, ["--zero-stage", "0", "--micro-batch-size", "4"]),
+    # Muon's step: each matrix summed over DP, then gathered over TP (--muon-tp-mode duplicated, zero/muon.py)
+    "tp2xdp2-stage1-muon": (4, 2, ["--zero-stage", "1", "--micro-batch-size", "4", "--optimizer", "muon"]),
     "single-stage0-checkpoint": (1, 1, ["--zero-stage", "0", "--micro-batch-size", "4", "--checkpoint-activations"]),
 }
 EXTRA = ["--train-iters", "1", "--report-memory", "--global-batch-size", "8"]

@@ -37,3 +37,24 @@ def test_the_prediction_is_what_the_live_muon_optimizer_holds():
         assert measured["optimizer_states"] == 8 * (zero.sharded.num_parameters + zero.sharded.padding)
     finally:
         destroy(state)
+
+
+def test_the_dry_run_counts_muons_tp_collectives_per_mode(capsys):
+    """The dry run steps Muon on the meta device (ShardedAdamW.step_collectives_only), so its collectives over TP
+    are the plan's: duplicated all-gathers each TP-cut matrix whole in fp32 (emerging_optimizers' newton_schulz_tp:
+    all_gather, then NS), blockwise gathers nothing, distributed all-reduces the squared norm (fp32) and each
+    step's A = X X^T (bf16 under --muon-fp32-matmul-prec medium) of the kept dimension, 64 x 64 here."""
+    def tp_bytes(mode):
+        assert planner_cli.main(["dry-run", "--world-size", "2", "--json", *SMALL, "--optimizer", "muon",
+                                 "--tensor-model-parallel-size", "2", "--muon-tp-mode", mode]) == 0
+        return json.loads(capsys.readouterr().out)["comm_bytes"]["tp"]
+
+    blockwise, duplicated, distributed = (tp_bytes(mode) for mode in ("blockwise", "duplicated", "distributed"))
+    hidden = 64
+    # per block: QKV (3h x h, its query, key and value blocks gathered apart), dense (h x h), the MLP's two 4h x h
+    whole = 2 * (3 * hidden * hidden + hidden * hidden + 2 * 4 * hidden * hidden)
+    assert blockwise["all_gather"] == 0
+    assert duplicated["all_gather"] == whole * 4 // 2  # ring all-gather: (N - 1) / N of the output
+    ns_calls = 2 * (3 + 1 + 2)  # per block: the three QKV blocks, dense, the MLP's two
+    assert distributed["all_reduce"] - blockwise["all_reduce"] == ns_calls * (4 + 5 * hidden * hidden * 2)
+    assert duplicated["all_reduce"] == blockwise["all_reduce"]
