@@ -64,3 +64,15 @@ def test_a_parameter_without_a_record_is_refused_in_one_line_naming_it_and_its_m
     assert "\n" not in line
     assert "blocks.0.mlp.stray (made by gpt.model.MLP) has no sharding record" in line
 
+
+def test_an_experts_xielu_scalars_are_held_as_its_weights_under_expert_parallelism():
+    """They were read as dense (the silent whole record), so ZeRO over the whole data-parallel group would have held
+    one expert-parallel rank's experts' scalars beside another's; now they are the expert data-parallel group's."""
+    config = parse_config([*SMALL, *BUILDS["moe xielu"], "--expert-model-parallel-size", "2"])
+    state = virtual_state(2, 1, rank=1, expert_model_parallel_size=2)
+    params = dict(GPTModel(config.model, state, plan=tensor_parallel_plan(state, config.parallel)).named_parameters())
+    experts = {name: param for name, param in params.items() if ".mlp.experts." in name}
+    assert experts and all(param.sharding.is_expert for param in experts.values())
+    assert {"blocks.0.mlp.experts.2.activation_func.alpha_p", "blocks.0.mlp.experts.3.activation_func.alpha_n"} \
+        <= set(experts)
+    assert not params["blocks.0.mlp.shared_experts.activation_func.alpha_p"].sharding.is_expert
