@@ -1,4 +1,4 @@
-"""Where a tensor lives: one record per parameter, written where its layout is decided.
+"""Where a tensor lives: one record per parameter, written where its layout is decided, and the one rule over them.
 
 A `ShardingRecord` says what part of which whole tensor a rank's parameter is: the whole (global) shape, the
 global offset of the slice this rank holds, the grid dimension the slice is cut over (TP for the dense layers,
@@ -14,6 +14,14 @@ and over "tp" when it is whole; an expert held by its expert data-parallel group
 "etp" when whole); the last pipeline stage's copy of a tied word embedding over "pp" (the first stage's is the
 one saved). The replicas of an expert are also what tells ZeRO to build its state over the expert data-parallel
 group (zero/experts.py).
+
+The rule, Megatron-Core's replica id (a ShardedTensor whose replica id is not 0 is not saved): **a rank writes a
+slice when it is the first replica of it, coordinate 0 on every dimension the slice is replicated over.** So a
+TP-split weight is written by each TP rank of the first data-parallel rank, a whole norm by TP rank 0 only, an
+expert by the first rank of its expert data-parallel group (and of its expert TP group when whole), the tied word
+embedding by the first stage; each element once (checkpoint/save_plan.py). A load asks each record's region of
+the whole tensor (checkpoint/global_state.py), so a checkpoint saved at any layout loads at any other and no rank
+reads the whole model. This docstring is where the rule is told; the checkpoint modules point here.
 
 Every layer writes its parameters' records where it makes them, a whole tensor's too (norms, a row-parallel
 layer's bias, the router: `whole_record`); the split ones in parallel/layers.py and the experts in
