@@ -2,10 +2,7 @@
 
 A checkpoint in any format (ours, Megatron-LM's torch_dist, DeepSpeed's ZeRO or universal files) is opened
 as a `GlobalStateSource`: every tensor under this project's parameter name, at its *global* shape, read a
-slice at a time. The loader asks each rank's own global slices of it (the sharding record of each
-parameter says which), so a checkpoint saved at any layout loads at any other and no rank reads the whole
-model. The model is Megatron-Core's ShardedTensor (global shape and offset) and torchtitan's DCP state
-dicts, where the file knows the global tensor and the reader asks a region of it.
+slice at a time, as torchtitan's DCP state dicts: each rank asks its own regions (the rule: parallel/sharding.py).
 
 The global form of a tensor is what a one-rank run (TP 1, PP 1, EP 1, no ZeRO) of the same model holds
 under that name: the parameter's `model.named_parameters()` tensor, and the optimizer's states of the same

@@ -1,5 +1,6 @@
 """Weight mapping between `GPTModel` and transformers' `GPT2LMHeadModel`, and Hugging Face folders; a model
-with Llama's blocks maps to `LlamaForCausalLM` instead (checkpoint/hf_llama.py), through the same folders.
+with Llama's blocks maps to `LlamaForCausalLM` instead (checkpoint/hf_llama.py), the other dense families to
+theirs (checkpoint/hf_dense.py) and the MoE families to theirs (checkpoint/hf_families/), through the same folders.
 
 Two differences in layout, besides the names:
 - transformers' GPT-2 uses `Conv1D`, whose weight is the transpose of a Linear's ([in, out]).
@@ -15,8 +16,8 @@ what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read 
   read, its type and range; one line naming the field), so transformers only ever sees a checked one. It
   reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a file
   from the internet may be a pickle whose payload runs code, and it must be refused, never executed.
-- `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after `check_hf_config`
-  has compared its shape with the run's flags; each TP rank copies in its own slice.
+- `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's shape has been
+  compared with the run's flags (`check_hf_config`, or its family's check); each TP rank copies in its own slice.
 - `checkpoint_to_hf_state` turns a training checkpoint's fp32 master weights into transformers' names
   (what `scripts/convert_to_hf.py` writes out).
 """
@@ -591,9 +592,9 @@ def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tup
 
 def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                     held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
-    """A Hugging Face GPT-2 folder's weights under our names and layout (vocabulary padded for this
-    TP size), after checking that its config and tensors fit `model_config`. With `held_experts`
-    ((layer, expert) pairs: expert parallelism), a Mixtral's or Qwen2-MoE's other experts are not read."""
+    """A Hugging Face folder's weights, of any family read here (GPT-2, Llama's, the dense and MoE families), under
+    our names and layout (vocabulary padded for this TP size), after checking that its config and tensors fit
+    `model_config`. With `held_experts` ((layer, expert) pairs: expert parallelism), the other experts are not read."""
     refuse_mtp(model_config, "--init-from-hf")
     hf_dir = Path(hf_dir)
     keep = expert_filter(held_experts)
@@ -627,10 +628,10 @@ _OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
                        model_config: ModelConfig, state: ParallelState) -> None:
-    """Start a run from a Hugging Face GPT-2 folder's weights: this rank's fp32 master partition (the
-    ZeRO optimizer's) is filled from its TP slice of them, then published into the 16-bit parameters.
-    The folder is read whole on every rank (a GPT-2 folder is at most a few GB). The partition is
-    staged on the CPU and handed over whole, so a weight found not to fit changes nothing."""
+    """Start a run from a Hugging Face folder's weights (any family load_hf_weights reads): this rank's fp32 master
+    partition (the ZeRO optimizer's) is filled from its TP slice of them, then published into the 16-bit
+    parameters. Every rank reads the whole folder but for the experts other expert-parallel ranks hold. The
+    partition is staged on the CPU and handed over whole, so a weight found not to fit changes nothing."""
     hf_dir = Path(hf_dir)
     params = dict(model.named_parameters())
     # expert parallelism: each rank reads only its own experts (named by global index) from the folder

@@ -1,11 +1,4 @@
-"""The save plan: what each rank writes, by one rule over the sharding records.
-
-Every parameter's record (parallel/sharding.py) names the grid dimensions whose ranks hold the same slice of it.
-The rule, Megatron-Core's replica id (megatron/core/dist_checkpointing/mapping.py: a ShardedTensor with a
-replica id other than 0 is not saved): **a rank writes a slice when it is the first replica of it, coordinate 0
-on every dimension the slice is replicated over.** So a TP-split weight is written by each TP rank of the first
-data-parallel rank, a whole norm by TP rank 0 only, an expert by the first rank of its expert data-parallel group
-(and of its expert TP group when whole), the tied word embedding by the first stage only; each element once.
+"""The save plan: what each rank writes, by the one rule over the sharding records (told in parallel/sharding.py).
 
 The optimizer's state of a slice is replicated where its weights are, except that ZeRO (stage 1 and above)
 partitions it over the data-parallel dimensions: there the partition's copies are the optimizer instances'

@@ -1,7 +1,7 @@
 """Save and load a training run's sharded state (the format is in `checkpoint/format.py`).
 
-Saving: every rank writes what the save plan gives it (checkpoint/save_plan.py: one rule over the sharding
-records, the first replica of each slice writes it) through the writer (checkpoint/writer.py) into
+Saving: every rank writes what the save plan gives it (checkpoint/save_plan.py, by the sharding rule told in
+parallel/sharding.py) through the writer (checkpoint/writer.py) into
 `iter_NNNNNNN.partial/`; the ranks then agree that all of them succeeded, and only then does rank 0 write
 `metadata.json`, rename the directory into place and replace `latest`. A rank that fails (disk full, permissions) makes every rank raise
 `CheckpointError`, and a process killed midway leaves only a `.partial` directory that nothing reads:
@@ -9,9 +9,8 @@ either way the previous checkpoint and `latest` are untouched. The steps are `be
 `finish_save` (below), so --async-save (checkpoint/async_save.py) writes the same files in the background.
 
 Loading goes through `checkpoint/global_load.py`: the checkpoint is opened as whole tensors by name
-(`checkpoint/zero_gpt_source.py`) and each rank reads the global regions its parameters' sharding records and its
-optimizer partition's fragments say it owns, so a checkpoint written at any layout (TP, PP, EP, expert TP, DP,
-ZeRO stage, offload) resumes at any other.
+(`checkpoint/zero_gpt_source.py`) and each rank reads the regions its records (parallel/sharding.py) and its
+optimizer partition's fragments name.
 
 The optimizer is read and restored only through the interface of zero/optimizer_state.py (its
 `model_state_dict`, `sharded_state_dict` and `load_sharded_state_dict`): how it lays out its state is

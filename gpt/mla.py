@@ -42,7 +42,7 @@ from gpt.model_config import ModelConfig
 from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, inverse_frequencies, yarn_angles, yarn_get_mscale
-from parallel.init import InitMethod, set_init_method
+from parallel.init import InitMethod
 from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_sequence_parallel_region
 from parallel.random import TensorParallelRNG
@@ -85,8 +85,7 @@ class ReplicatedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, init_std: float, sequence_parallel_state):
         super().__init__()
-        self.weight = set_init_method(nn.Parameter(torch.empty(out_features, in_features, device="meta")),
-                                      InitMethod.normal(init_std))
+        self.weight = meta_parameter((out_features, in_features), InitMethod.normal(init_std))
         self.weight.sequence_parallel = sequence_parallel_state is not None
         self.sequence_parallel_state = sequence_parallel_state
 

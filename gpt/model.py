@@ -70,7 +70,7 @@ from parallel.mappings import (
     scatter_to_sequence_parallel_region,
 )
 from parallel.random import TensorParallelRNG
-from parallel.sharding import also_replicated_over
+from parallel.sharding import also_replicated_over, check_recorded, record_whole
 from parallel.state import ParallelState
 from zero.gated_parameters import wait_at_region_entry
 
@@ -455,7 +455,7 @@ class GPTModel(nn.Module):
             self.position_embeddings = nn.Embedding(
                 config.max_position_embeddings, config.hidden_size,
                 _weight=torch.empty(config.max_position_embeddings, config.hidden_size, device="meta"))
-            set_init_method(self.position_embeddings.weight, InitMethod.normal(config.init_method_std))
+            set_init_method(record_whole(self.position_embeddings.weight), InitMethod.normal(config.init_method_std))
         else:
             self.position_embeddings = None
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
@@ -498,6 +498,9 @@ class GPTModel(nn.Module):
         # FP8 delayed scaling's once-a-pass amax reduction and scale update (parallel/fp8/delayed_updates.py, set by
         # gpt/fp8.py's delayed_scaling_passes), keyed by model chunk and MTP_PASS; None without delayed scaling
         self.fp8_passes = None
+        # Every parameter must say where it lives (parallel/sharding.py): read as whole by default, GPT-OSS's split
+        # attention sinks once loaded whole into a TP half.
+        check_recorded(self)
 
     def embed(self, tokens: torch.Tensor, documents: Optional[DocumentMasks] = None,
               positions: Optional[torch.Tensor] = None) -> torch.Tensor:

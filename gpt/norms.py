@@ -23,6 +23,7 @@ from gpt.recomputed import recomputed_in_backward
 from parallel.init import InitMethod, set_init_method
 from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, reduce_from_tensor_parallel_region
+from parallel.sharding import record_whole
 from parallel.state import ParallelState
 
 
@@ -74,7 +75,7 @@ class RMSNorm(nn.Module):
                  zero_centered: bool = False):
         super().__init__()
         self.eps, self.sequence_parallel_state, self.zero_centered = eps, sequence_parallel_state, zero_centered
-        self.weight = set_init_method(nn.Parameter(torch.empty(hidden_size, device="meta")), _gain_init(zero_centered))
+        self.weight = meta_parameter((hidden_size,), _gain_init(zero_centered))
         self.weight.sequence_parallel = sequence_parallel_state is not None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -117,8 +118,8 @@ def layer_norm(hidden_size: int, eps: float, sequence_parallel_state: Optional[P
         norm = nn.LayerNorm(hidden_size, eps=eps, device="meta")
     else:
         norm = SequenceParallelLayerNorm(hidden_size, eps, sequence_parallel_state, zero_centered)
-    set_init_method(norm.weight, _gain_init(zero_centered))
-    set_init_method(norm.bias, InitMethod.zeros())
+    set_init_method(record_whole(norm.weight), _gain_init(zero_centered))
+    set_init_method(record_whole(norm.bias), InitMethod.zeros())
     norm.weight.sequence_parallel = norm.bias.sequence_parallel = sequence_parallel_state is not None
     return norm
 
@@ -143,11 +144,11 @@ class HeadNorm(nn.Module):
     def __init__(self, kind: str, head_dim: int, eps: float, state: ParallelState, zero_centered: bool = False):
         super().__init__()
         self.kind, self.head_dim, self.eps, self.state, self.zero_centered = kind, head_dim, eps, state, zero_centered
-        self.weight = set_init_method(nn.Parameter(torch.empty(head_dim, device="meta")), _gain_init(zero_centered))
+        self.weight = meta_parameter((head_dim,), _gain_init(zero_centered))
         if kind == "RMSNorm":
             self.register_parameter("bias", None)
         else:
-            self.bias = set_init_method(nn.Parameter(torch.empty(head_dim, device="meta")), InitMethod.zeros())
+            self.bias = meta_parameter((head_dim,), InitMethod.zeros())
 
     def forward(self, heads: torch.Tensor) -> torch.Tensor:
         weight = copy_to_tensor_parallel_region(self.weight, self.state)

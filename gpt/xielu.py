@@ -29,8 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parallel.init import InitMethod, set_init_method
+from parallel.init import InitMethod
+from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region
+from parallel.sharding import DENSE_DATA, TENSOR_PARALLEL, record_whole
 from parallel.state import ParallelState
 
 # What autograd keeps for xielu's backward beyond its input, per element, in bf16 (the comparison masks, 1 byte
@@ -62,15 +64,17 @@ class XIELU(nn.Module):
     """One MLP's activation with its two learned scalars (named alpha_p, alpha_n as the fork's and
     transformers' parameters), replicated on every TP rank."""
 
-    def __init__(self, state: Optional[ParallelState] = None):
+    def __init__(self, state: Optional[ParallelState] = None,
+                 replicated_over: tuple[str, ...] = (TENSOR_PARALLEL, *DENSE_DATA)):
         """`state`: the TP state whose group sums the scalars' gradients (a dense MLP's); None for an expert's
-        MLP, which no TP rank splits here (under expert parallelism the scalars are its rank's, as its weights)."""
+        MLP, which no TP rank splits here (under expert parallelism the scalars are its rank's, as its weights).
+        `replicated_over`: the ranks holding the same scalars, as the MLP's weights (parallel/sharding.py)."""
         super().__init__()
         self.state = state
-        self.alpha_p = set_init_method(nn.Parameter(torch.empty(1, device="meta")),
-                                       InitMethod(constant=inverse_softplus_in_bf16(XIELU_ALPHA_P_INIT)))
-        self.alpha_n = set_init_method(nn.Parameter(torch.empty(1, device="meta")),
-                                       InitMethod(constant=inverse_softplus_in_bf16(XIELU_ALPHA_N_INIT - XIELU_BETA)))
+        self.alpha_p = record_whole(meta_parameter((1,), InitMethod(
+            constant=inverse_softplus_in_bf16(XIELU_ALPHA_P_INIT))), replicated_over)
+        self.alpha_n = record_whole(meta_parameter((1,), InitMethod(
+            constant=inverse_softplus_in_bf16(XIELU_ALPHA_N_INIT - XIELU_BETA))), replicated_over)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.state is None:

@@ -44,19 +44,19 @@ from parallel.mappings import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_parallel_region,
 )
-from parallel.sharding import TENSOR_PARALLEL, set_record, split_record
+from parallel.sharding import TENSOR_PARALLEL, set_record, split_record, whole_record
 from parallel.state import ParallelState
 
 
 def meta_parameter(shape: tuple[int, ...], init: InitMethod, state: Optional[ParallelState] = None,
                    split_dim: int | None = None, real_rows: Optional[int] = None) -> nn.Parameter:
-    """A parameter with a shape and an initialisation but no memory yet; with `split_dim`, this TP rank's slice
-    along it of the whole tensor (its sharding record, parallel/sharding.py, says which)."""
+    """A parameter with a shape and an initialisation but no memory yet: with `split_dim`, this TP rank's slice
+    along it of the whole tensor, without, the whole tensor (its sharding record, parallel/sharding.py, says which)."""
     param = set_init_method(nn.Parameter(torch.empty(shape, device="meta")), init)
-    if split_dim is not None:
-        set_record(param, split_record(shape, split_dim, state.tensor_parallel_size, state.tensor_parallel_rank,
-                                       TENSOR_PARALLEL, real_rows))
-    return param
+    if split_dim is None:
+        return set_record(param, whole_record(shape, real_rows))
+    return set_record(param, split_record(shape, split_dim, state.tensor_parallel_size, state.tensor_parallel_rank,
+                                          TENSOR_PARALLEL, real_rows))
 
 
 def _check_divisible(size: int, state: ParallelState, what: str) -> None:

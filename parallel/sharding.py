@@ -1,4 +1,4 @@
-"""Where a tensor lives: one record per parameter, written where its layout is decided.
+"""Where a tensor lives: one record per parameter, written where its layout is decided, and the one rule over them.
 
 A `ShardingRecord` says what part of which whole tensor a rank's parameter is: the whole (global) shape, the
 global offset of the slice this rank holds, the grid dimension the slice is cut over (TP for the dense layers,
@@ -15,12 +15,22 @@ and over "tp" when it is whole; an expert held by its expert data-parallel group
 one saved). The replicas of an expert are also what tells ZeRO to build its state over the expert data-parallel
 group (zero/experts.py).
 
-The layers that split a tensor write its record (parallel/layers.py, the experts in gpt/moe/experts.py, the
-stage's tied copy in gpt/model.py); a parameter without one is whole and dense (norms, a row-parallel layer's
-bias, the router). Whoever asks "which elements of which tensor are here, and who else holds them" reads
-`record_of(param)`: the initializer (parallel/init.py), ZeRO's layout (zero/flat_buffer.py), the checkpoint's
-save plan and its loader at any layout (checkpoint/save_plan.py, checkpoint/global_load.py), the HF import and
-the model's shape counts (gpt/shape.py).
+The rule, Megatron-Core's replica id (a ShardedTensor whose replica id is not 0 is not saved): **a rank writes a
+slice when it is the first replica of it, coordinate 0 on every dimension the slice is replicated over.** So a
+TP-split weight is written by each TP rank of the first data-parallel rank, a whole norm by TP rank 0 only, an
+expert by the first rank of its expert data-parallel group (and of its expert TP group when whole), the tied word
+embedding by the first stage; each element once (checkpoint/save_plan.py). A load asks each record's region of
+the whole tensor (checkpoint/global_state.py), so a checkpoint saved at any layout loads at any other and no rank
+reads the whole model. This docstring is where the rule is told; the checkpoint modules point here.
+
+Every layer writes its parameters' records where it makes them, a whole tensor's too (norms, a row-parallel
+layer's bias, the router: `whole_record`); the split ones in parallel/layers.py and the experts in
+gpt/moe/experts.py, the stage's tied copy in gpt/model.py. A parameter without one is refused when the model is
+built (`check_recorded`, at the end of GPTModel's construction), as torchtitan's resolve_placements raises: read
+as whole, GPT-OSS's attention sinks once loaded whole into a TP half. Whoever asks "which elements of which tensor
+are here, and who else holds them" reads `record_of(param)`: the initializer (parallel/init.py), ZeRO's layout
+(zero/flat_buffer.py), the checkpoint's save plan and its loader at any layout (checkpoint/save_plan.py,
+checkpoint/global_load.py), the HF import and the model's shape counts (gpt/shape.py).
 """
 
 from __future__ import annotations
@@ -29,6 +39,9 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
+from torch import nn
+
+from base.errors import ConfigError
 
 TENSOR_PARALLEL, EXPERT_TENSOR_PARALLEL = "tp", "etp"  # the grid dimensions a slice may be cut over
 DENSE_DATA = ("dp", "cp")  # the ranks holding a dense parameter's same slice (besides TP when whole)
@@ -90,8 +103,26 @@ def also_replicated_over(param: torch.Tensor, *dims: str) -> torch.Tensor:
     return set_record(param, replace(record, replicated_over=record.replicated_over + dims))
 
 
+def record_whole(param: torch.Tensor, replicated_over: tuple[str, ...] = (TENSOR_PARALLEL, *DENSE_DATA)
+                 ) -> torch.Tensor:
+    """`param` recorded as held whole (a norm's gain, a router), replicated over `replicated_over`."""
+    return set_record(param, whole_record(param.shape, replicated_over=replicated_over))
+
+
+def check_recorded(model: nn.Module) -> None:
+    """Refuse a parameter of `model` that no layer gave a record, naming it and the module class that holds it."""
+    for prefix, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if getattr(param, "sharding", None) is None:
+                made_by = f"{type(module).__module__}.{type(module).__qualname__}"
+                raise ConfigError(f"the model's parameter {prefix + '.' if prefix else ''}{name} (made by {made_by}) "
+                                  f"has no sharding record: the layer that makes it must say how it is split, or "
+                                  f"that it is whole (parallel/sharding.py)")
+
+
 def record_of(param: torch.Tensor) -> ShardingRecord:
-    """The record a layer gave `param`; a parameter without one is whole."""
+    """The record a layer gave `param`. A built model has one on every parameter (check_recorded); a module
+    made elsewhere (a test's toy model) is read as whole."""
     record = getattr(param, "sharding", None)
     return record if record is not None else whole_record(param.shape)
 

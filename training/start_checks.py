@@ -1,5 +1,5 @@
-"""What a training run checks before it claims any output: the batch arithmetic, the vocabulary flags and
-BigScience's kill switch. Every rank takes the same branch."""
+"""What a training run checks before it claims any output: the batch arithmetic and BigScience's kill switch.
+Every rank takes the same branch. (The vocabulary flags are checked once, with the flags: training/late_checks.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from arguments.batch_schedule import BatchSchedule, batch_schedule
 from arguments.config import PretrainConfig
 from arguments.schedule import train_iterations
 from parallel.state import ParallelState
-from training.late_checks import check_vocabulary_flags
 
 Log = Callable[[str], None]
 
@@ -27,7 +26,6 @@ def check_before_claim(config: PretrainConfig, state: ParallelState, log: Log) -
     precision) is resolved with the rest in training/run_settings.py."""
     batch = batch_schedule(config, state.data_parallel_size)
     train_iterations(config, batch)  # a --train-samples too short for one iteration is refused here
-    check_vocabulary_flags(config)
     config.training.fault_injector.check_world(state.world_size)  # Megatron-Core's get_fault_ranks asserts it
     if batch.notes:  # DeepSpeed JSON batch values the run does not use, now that the DP size is known
         log("> warning: " + "; ".join(batch.notes))

@@ -101,8 +101,9 @@ class ExpertMLP(nn.Module):
         for name in inputs:
             _linear_parameters(self, name, hidden_size, ffn_size, init_std, bias, 0 if split else None,
                                tensor_parallel_size, tensor_parallel_rank, data)
-        if xielu:
-            self.activation_func = XIELU()
+        if xielu:  # its scalars held as the expert's weights are: by its expert data-parallel group under EP
+            self.activation_func = XIELU(replicated_over=(
+                EXPERT_TENSOR_PARALLEL if data == EXPERT_DATA else TENSOR_PARALLEL, *data))
         _linear_parameters(self, "dense_4h_to_h", ffn_size, hidden_size, output_init_std, bias, 1 if split else None,
                            tensor_parallel_size, tensor_parallel_rank, data)
 

@@ -35,7 +35,8 @@ from gpt.moe.expert_rows import capacity_routing, choices_per_expert
 from gpt.moe.experts import ExpertMLP, Experts, expert_linear
 from gpt.moe.router import TopKRouter, padded_capacity
 from gpt.moe.settings import MoESettings
-from parallel.init import InitMethod, set_init_method
+from parallel.init import InitMethod
+from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region
 from parallel.state import ParallelState
 
@@ -50,8 +51,7 @@ class SharedExperts(ExpertMLP):
                          bias=bias, xielu=xielu)
         self.activation, self.xielu, self.glu = activation, xielu, glu
         if gate:
-            self.gate_weight = nn.Parameter(torch.empty(1, hidden_size, device="meta"))
-            set_init_method(self.gate_weight, InitMethod.normal(init_std))
+            self.gate_weight = meta_parameter((1, hidden_size), InitMethod.normal(init_std))
         else:
             self.gate_weight = None
 
@@ -86,8 +86,7 @@ class TensorParallelSharedExperts(nn.Module):
         self.dense_4h_to_h = plan.linear("mlp.shared_experts.dense_4h_to_h", ffn_size, hidden_size,
                                          init_std=output_init_std, bias=bias)
         if gate:
-            self.gate_weight = nn.Parameter(torch.empty(1, hidden_size, device="meta"))
-            set_init_method(self.gate_weight, InitMethod.normal(init_std))
+            self.gate_weight = meta_parameter((1, hidden_size), InitMethod.normal(init_std))
         else:
             self.gate_weight = None
 
@@ -161,10 +160,8 @@ class MoELayer(nn.Module):
             # nn.Linear(hidden_size, 2) there, with its bias; drawn here as every weight (normal(init_std), the
             # bias zero: the two outputs start mixed half and half), not by torch's default uniform draw
             self.coefficient = nn.Module()
-            self.coefficient.weight = nn.Parameter(torch.empty(2, hidden_size, device="meta"))
-            set_init_method(self.coefficient.weight, InitMethod.normal(init_std))
-            self.coefficient.bias = nn.Parameter(torch.empty(2, device="meta"))
-            set_init_method(self.coefficient.bias, InitMethod.zeros())
+            self.coefficient.weight = meta_parameter((2, hidden_size), InitMethod.normal(init_std))
+            self.coefficient.bias = meta_parameter((2,), InitMethod.zeros())
         else:
             self.residual_mlp = self.coefficient = None
         self.last_tokens_per_expert: Optional[torch.Tensor] = None

@@ -48,7 +48,8 @@ from gpt.moe.balancing import (
     z_loss,
 )
 from gpt.moe.settings import MoESettings
-from parallel.init import InitMethod, set_init_method
+from parallel.init import InitMethod
+from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region
 from parallel.state import ParallelState
 
@@ -211,11 +212,9 @@ class TopKRouter(nn.Module):
         self.settings, self.state, self.layer_number = settings, state, layer_number
         self.tracker = tracker
         experts = settings.num_experts
-        self.weight = nn.Parameter(torch.empty(experts, hidden_size, device="meta"))
-        set_init_method(self.weight, InitMethod.normal(init_std))
+        self.weight = meta_parameter((experts, hidden_size), InitMethod.normal(init_std))
         if bias:
-            self.bias = nn.Parameter(torch.empty(experts, device="meta"))
-            set_init_method(self.bias, InitMethod.normal(init_std))
+            self.bias = meta_parameter((experts,), InitMethod.normal(init_std))
         else:
             self.bias = None
         # Not parameters (the optimizer never sees them) and not registered buffers: made on the first forward's

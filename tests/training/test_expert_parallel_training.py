@@ -59,6 +59,16 @@ def test_expert_parallel_2_trains_as_expert_parallel_1_under_each_zero_stage_and
 
 
 @pytest.mark.slow
+def test_experts_with_xielu_train_at_expert_parallel_2_as_at_1(corpus_cache_300, tmp_path):
+    """Each expert's xIELU scalars are held as its weights are, by its expert data-parallel group (their sharding
+    record, gpt/moe/experts.py). Read as dense, they went into the dense ZeRO over the whole data-parallel group,
+    whose ranks hold different experts, and the gradient norm differed from EP 1's from the second iteration."""
+    runs = run_variants(corpus_cache_300, tmp_path, 2, ["--global-batch-size", "4", "--zero-stage", "1", "--xielu"], {
+        "ep1": [], "ep2": ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]})
+    assert_equal_runs(runs)
+
+
+@pytest.mark.slow
 def test_pipeline_2_by_expert_parallel_2_trains_as_expert_parallel_1(corpus_cache_300, tmp_path):
     """4 ranks: 2 stages x 2 data-parallel ranks, the experts of each stage's MoE layer split over its 2 DP
     ranks; both parts' gradient norms summed over the stages (zero/pipeline_grads.py)."""
