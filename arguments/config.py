@@ -1245,33 +1245,36 @@ class PretrainConfig:
     def _check_moe_tensor_parallel(self) -> None:
         """MoE under tensor parallelism (gpt/moe/layer.py): Megatron-Core's MoELayer.forward raises in training
         with TP > 1 and no sequence parallelism; each expert's ffn splits evenly over the expert TP ranks
-        (--expert-tensor-parallel-size, default TP as Megatron-LM's validate_args)."""
+        (--expert-tensor-parallel-size, default TP as Megatron-LM's validate_args; any size whose grid divides the
+        ranks, parallel/mesh.py, TP 1 included)."""
         tp = self.parallel.tensor_model_parallel_size
         moe = self.model.moe
-        if moe is None or tp == 1:
+        if moe is None:
             return
+        etp = self.parallel.expert_tensor_parallel_size
+        etp = tp if etp is None else etp
         flags = ("--num-experts", "--tensor-model-parallel-size")
-        if not self.parallel.sequence_parallel:
+        if tp > 1 and not self.parallel.sequence_parallel:
             raise ConfigError(f"--num-experts with --tensor-model-parallel-size {tp} needs --sequence-parallel "
                               f"(Megatron-Core's MoE layer refuses tensor parallelism without it in training): add "
                               f"--sequence-parallel", flags=(*flags, "--sequence-parallel"))
-        if moe.gating == "deepspeed":
+        if tp > 1 and moe.gating == "deepspeed":
             raise ConfigError(f"DeepSpeed-MoE's gating (Megatron-DeepSpeed's MoE flags) with "
                               f"--tensor-model-parallel-size {tp} is not implemented here: use Megatron-Core's "
                               f"--moe-* flags, or --tensor-model-parallel-size 1", flags=flags)
-        if self.model.activation == "xielu":
+        if self.model.activation == "xielu" and max(tp, etp) > 1:
             # each expert's two xIELU scalars would need their gradient summed over the expert-TP peers (and the
             # tensor-parallel shared experts' over TP), which the experts here do not do
-            raise ConfigError(f"--xielu with --num-experts and --tensor-model-parallel-size {tp} is not implemented: "
-                              f"the experts' xIELU scalars are not tensor-parallel here; run it at "
-                              f"--tensor-model-parallel-size 1", flags=("--xielu", *flags))
+            raise ConfigError(f"--xielu with --num-experts and --tensor-model-parallel-size {tp} / "
+                              f"--expert-tensor-parallel-size {etp} is not implemented: the experts' xIELU scalars "
+                              f"are not tensor-parallel here; run it at --tensor-model-parallel-size 1 and "
+                              f"--expert-tensor-parallel-size 1",
+                              flags=("--xielu", *flags, "--expert-tensor-parallel-size"))
         shared = moe.shared_expert_intermediate_size
-        if shared is not None and shared % tp:
+        if tp > 1 and shared is not None and shared % tp:
             raise ConfigError(f"--moe-shared-expert-intermediate-size {shared} is not divisible by "
                               f"--tensor-model-parallel-size {tp}: the shared experts split over the TP ranks",
                               flags=("--moe-shared-expert-intermediate-size", "--tensor-model-parallel-size"))
-        etp = self.parallel.expert_tensor_parallel_size
-        etp = tp if etp is None else etp
         if moe.ffn_hidden_size % etp:
             raise ConfigError(f"--moe-ffn-hidden-size {moe.ffn_hidden_size} is not divisible by "
                               f"--expert-tensor-parallel-size {etp} (the default: --tensor-model-parallel-size); "

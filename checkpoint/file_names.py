@@ -26,9 +26,14 @@ def model_file(tensor_parallel_rank: int, pipeline_rank: Optional[int] = None) -
     return f"model_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}.safetensors"
 
 
-def expert_model_file(tensor_parallel_rank: int, expert_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:
-    """One expert-parallel rank's experts (Megatron's get_checkpoint_name appends the expert rank, `_{ep:03d}`)."""
-    return f"model_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_ep{expert_parallel_rank:03d}.safetensors"
+def expert_model_file(tensor_parallel_rank: int, expert_parallel_rank: int, pipeline_rank: Optional[int] = None,
+                      expert_tensor_rank: Optional[int] = None) -> str:
+    """One expert-parallel rank's experts (Megatron's get_checkpoint_name appends the expert rank, `_{ep:03d}`).
+    `expert_tensor_rank` where the expert TP size exceeds the TP size: its writers (one per ETP x EP rank) then
+    share TP ranks, so the ETP rank tells their files apart (`_etp{etp:02d}`)."""
+    etp = "" if expert_tensor_rank is None else f"_etp{expert_tensor_rank:02d}"
+    return (f"model_{_stage_prefix(pipeline_rank)}tp{tensor_parallel_rank:02d}_ep{expert_parallel_rank:03d}{etp}"
+            ".safetensors")
 
 
 def optimizer_file(tensor_parallel_rank: int, data_parallel_rank: int, pipeline_rank: Optional[int] = None) -> str:

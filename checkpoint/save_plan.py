@@ -103,7 +103,9 @@ def plan_rank_files(model: nn.Module, optimizer: CheckpointableOptimizer, shard:
     if mine is not None:
         ep, weights = mine
         kept = {name: tensor for name, tensor in weights.items() if writes[name]}
-        name = expert_model_file(tp, ep, pp)
+        experts = state.experts
+        name = expert_model_file(tp, ep, pp, experts.tensor_rank if experts.tensor_size > state.tensor_parallel_size
+                                 else None)
         yield StagedFile(name, kept, {RECORDS: record_entries(records, kept)},
                          ("expert_model_files", [tp, ep, name, sorted(kept)]), tuple(kept))
     del mine

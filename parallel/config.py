@@ -80,7 +80,9 @@ class ParallelismConfig:
              "travel by --moe-token-dispatcher-type); must divide the data-parallel size and --num-experts")
     expert_tensor_parallel_size: Optional[int] = option(
         None, help="tensor parallelism inside each expert (Megatron's default: --tensor-model-parallel-size): 1 "
-                   "(whole experts) or --tensor-model-parallel-size (each expert's ffn split over the TP ranks)")
+                   "(whole experts) or more (each expert's ffn split over that many ranks); the experts' grid "
+                   "(this x --expert-model-parallel-size x the expert data-parallel size) folds over the same "
+                   "ranks as TP x CP x DP, as Megatron-Core's, so it may differ from the TP size")
     # Megatron-Core's --moe-token-dispatcher-type (megatron/core/transformer/moe/token_dispatcher.py); its default.
     moe_token_dispatcher_type: str = option(
         "allgather", choices=("allgather", "alltoall", "flex"),
@@ -105,13 +107,9 @@ class ParallelismConfig:
                            ("expert_model_parallel_size", "--expert-model-parallel-size")):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)}", flags=(flag,))
-        tp = self.tensor_model_parallel_size
-        if self.expert_tensor_parallel_size not in (None, 1, tp):
-            # Megatron allows any ETP whose grid divides the ranks; here an expert's slices lie on the TP ranks
-            raise ConfigError(f"--expert-tensor-parallel-size {self.expert_tensor_parallel_size} with "
-                              f"--tensor-model-parallel-size {tp}: expert tensor parallelism is 1 or the "
-                              f"tensor-parallel size here; use 1 or {tp}",
-                              flags=("--expert-tensor-parallel-size", "--tensor-model-parallel-size"))
+        if self.expert_tensor_parallel_size is not None and self.expert_tensor_parallel_size < 1:
+            raise ConfigError(f"--expert-tensor-parallel-size must be at least 1, got {self.expert_tensor_parallel_size}",
+                              flags=("--expert-tensor-parallel-size",))
         self.validate_flex()
 
     def validate_flex(self) -> None:

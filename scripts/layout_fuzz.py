@@ -161,8 +161,10 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
         if rng.random() < 0.4:
             layout.append("--contiguous-checkpointing")
     if model.moe:
-        expert_tensor = rng.choice([1, tensor_parallel])
-        expert_ranks = tensor_parallel * context_parallel * data_parallel // expert_tensor
+        # any expert TP the experts' grid folds over a stage's ranks, as Megatron-Core's (below, at or above TP)
+        stage_ranks = tensor_parallel * context_parallel * data_parallel
+        expert_tensor = rng.choice(_divisors(stage_ranks, [1, tensor_parallel, 2, 4]))
+        expert_ranks = stage_ranks // expert_tensor
         expert_parallel = rng.choice(_divisors(expert_ranks, [d for d in (1, 2, 4) if model.experts % d == 0]))
         layout += ["--expert-model-parallel-size", str(expert_parallel), "--expert-tensor-parallel-size",
                    str(expert_tensor)]

@@ -14,9 +14,10 @@ batch] token order (gpt/moe/router.py). At expert-parallel size 1 the dispatcher
 
 Under tensor parallelism the layer runs on this TP rank's slice of the sequence (sequence parallelism, which
 Megatron-Core's MoELayer.forward requires with TP in training): the router routes the slice's tokens
-(gpt/moe/router.py), and the experts either are whole on every TP rank (--expert-tensor-parallel-size 1: the
-expert-parallel group is then made of TP ranks, Megatron-Core's parallel folding) or split over the expert
-tensor-parallel group (ETP = TP, Megatron's default; gpt/moe/experts.py), the dispatcher gathering the peers' rows.
+(gpt/moe/router.py), and the experts either are whole on every rank (--expert-tensor-parallel-size 1: the
+expert-parallel group may then be made of TP ranks, Megatron-Core's parallel folding) or split over the expert
+tensor-parallel group (ETP = TP, Megatron's default, or any ETP the grid takes: ETP 2 at TP 1 splits them over DP
+ranks; gpt/moe/experts.py), the dispatcher gathering the peers' rows.
 """
 
 from __future__ import annotations

@@ -331,21 +331,23 @@ def test_print_config_shows_each_given_flag_with_what_it_does(capsys, monkeypatc
                "Megatron's name for --reduce-bucket-size)" in row for row in rows)
 
 
-def test_expert_tensor_parallel_size_is_no_effect_on_a_dense_model_and_1_or_the_tp_size_with_experts():
+def test_expert_tensor_parallel_size_is_no_effect_on_a_dense_model_and_any_size_with_experts():
     """Megatron-LM reads --expert-tensor-parallel-size for the experts' grid only (megatron/core/parallel_state.py
     initialize_model_parallel builds the expert groups from it; a dense model has none), so its dense
-    functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*): accepted there; with experts 1 or the
-    tensor-parallel size (each expert split over the TP ranks), another size refused."""
+    functional tests give it (gpt3_mcore_te_tp2_pp2_cp2_etp4_*): accepted there; with experts any size the
+    parse takes, as initialize_model_parallel does (ETP 2 at TP 1, ETP 4 at TP 2: whether it divides the ranks
+    is the grid's check, parallel/mesh.py), and one that does not split the experts' ffn evenly is refused."""
     settings_argv = ["--hidden-size", "128", "--num-attention-heads", "4", "--num-layers", "4"]
     dense = parse_arguments(settings_argv + ["--expert-tensor-parallel-size", "4"])
     assert dense.config.parallel.expert_tensor_parallel_size is None
     assert any("--expert-tensor-parallel-size 4: no effect on a dense model" in note for note in dense.notes)
-    parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "1"])
-    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1: "
-                                          "expert tensor parallelism is 1 or the tensor-parallel size here"):
-        parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "2"])
-    parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "2",
-                                     "--tensor-model-parallel-size", "2", "--sequence-parallel"])
+    for etp, tp in (("1", []), ("2", []), ("2", ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+                    ("4", ["--tensor-model-parallel-size", "2", "--sequence-parallel"])):
+        parsed = parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", etp] + tp)
+        assert parsed.config.parallel.expert_tensor_parallel_size == int(etp)
+    with pytest.raises(ConfigError, match="--moe-ffn-hidden-size 6 is not divisible by --expert-tensor-parallel-size 4"):
+        parse_arguments(settings_argv + ["--num-experts", "4", "--expert-tensor-parallel-size", "4",
+                                         "--moe-ffn-hidden-size", "6"])
 
 
 def test_use_mup_is_refused_naming_megatrons_mup_rules():

@@ -18,7 +18,8 @@ two launches per world size in all, saves then resumes.
 The rows cover TP, sequence parallelism, PP, virtual stages, EP, expert TP, DP, ZeRO 0-3 and offload, Adam,
 AdEMAMix, Muon and bf16 moments, and the issue's named cases: TP 2 x PP 2 with the distributed optimizer resumed on
 one rank; one rank resumed at TP 2 + SP; an MoE saved at TP 2 + SP x EP 2 resumed on one rank and at PP 2 x EP 2;
-and issue 69's MoE at TP 2 + SP with expert TP 1, which could not resume its own checkpoint.
+and issue 69's MoE at TP 2 + SP with expert TP 1, which could not resume its own checkpoint; and an MoE whose experts
+are split over 2 data-parallel ranks at TP 1 (expert TP above TP, issue 81) resumed at TP 2 + SP x EP 2, expert TP 1.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ LAYOUTS = {layout.name: layout for layout in [
     Layout("PP 2 x EP 2", (*PP2, *EP2, "--moe-token-dispatcher-type", "alltoall", *zero(1)), 4),
     Layout("TP 2 + SP, expert TP 1", (*TP2, *SP, "--expert-tensor-parallel-size", "1", *zero(1)), 2),
     Layout("EP 2, ZeRO 3", (*EP2, "--moe-token-dispatcher-type", "alltoall", *zero(3)), 2),
+    # Megatron-Core's parallel folding with the expert TP above the TP size: each expert split over the 2 DP ranks
+    Layout("DP 2, expert TP 2", ("--expert-tensor-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                                 *zero(1)), 2),
 ]}
 
 
@@ -112,6 +116,7 @@ ROWS = [
     Row("TP 2 + SP x EP 2, expert TP 1", "TP 2 + SP x EP 2", model="moe"),
     Row("TP 2 + SP, expert TP 1", "TP 2 + SP, expert TP 1", model="moe", bitwise=True),
     Row("TP 2 + SP, expert TP 1", "EP 2, ZeRO 3", model="moe"),
+    Row("DP 2, expert TP 2", "TP 2 + SP x EP 2, expert TP 1", model="moe"),
     Row("TP 2, ZeRO 1", "DP 2, ZeRO 2", optimizer="ademamix"),
     Row("DP 2, ZeRO 1", "1 rank, ZeRO 1", optimizer="muon"),
     Row("TP 2, ZeRO 1", "1 rank, ZeRO 1", optimizer="muon-fp32-ns"),  # its momentum saved from TP shards

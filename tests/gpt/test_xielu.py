@@ -116,6 +116,10 @@ def test_xielu_flag_and_its_refusals():
     with pytest.raises(ConfigError, match="--xielu with --num-experts and --tensor-model-parallel-size 2") as error:
         parse_config(["--xielu", "--num-experts", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel"])
     assert "\n" not in str(error.value)
+    # and at TP 1 with each expert split over 2 expert-TP ranks (the same unsummed scalars)
+    with pytest.raises(ConfigError, match="--tensor-model-parallel-size 1 / --expert-tensor-parallel-size 2") as error:
+        parse_config(["--xielu", "--num-experts", "4", "--expert-tensor-parallel-size", "2"])
+    assert "\n" not in str(error.value)
 
 
 def _xielu_experts():

@@ -205,12 +205,15 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         new_tp = new_cp = 1  # the data-parallel ranks must hold several optimizer instances, as they did
     new_dp = max(1, WORLD_SIZE // (new_tp * new_pp * new_cp))
     new_instances = max(1, min(instances, new_dp))
-    # Expert parallelism folds into the data-, context- and tensor-parallel ranks of a stage (parallel/mesh.py): at
-    # most those (a power of two, as every original here, so it still divides the experts), beside the expert
-    # tensor-parallel size (at most the new TP size; Megatron's default is the TP size).
+    # The experts' grid folds into the data-, context- and tensor-parallel ranks of a stage (parallel/mesh.py,
+    # Megatron-Core's parallel folding): the given expert tensor-parallel size is kept where it divides those ranks
+    # (ETP 2 at TP 1 stays 2 on the 2 ranks of a stage), else cut to the largest size that does (their gcd; the
+    # default stays the default, the new TP size); the expert-parallel size at most what ETP leaves (a power of two,
+    # as every original here, so it still divides the experts).
+    stage_ranks = new_dp * new_cp * new_tp
     given_etp = first(scalar, EXPERT_TENSOR_PARALLEL, None)
-    new_etp = None if given_etp is None else min(given_etp, new_tp)
-    new_ep = min(first(scalar, EXPERT_PARALLEL, 1), max(1, new_dp * new_cp * new_tp // (new_etp or new_tp)))
+    new_etp = None if given_etp is None else math.gcd(given_etp, stage_ranks)
+    new_ep = min(first(scalar, EXPERT_PARALLEL, 1), max(1, stage_ranks // (new_etp or new_tp)))
     if new_ep > 1 or (new_etp or new_tp) != new_tp:
         # the experts' optimizer is cut into the same instances over the expert data-parallel ranks, which must
         # hold them (Megatron asserts it divides the expert DP size): at most those
@@ -330,9 +333,11 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str(max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"])))]
         elif flag in MOE_WIDTHS and "--hidden-size" in scalar:
             # each expert's (and the shared expert's) width in its proportion to the hidden size, a multiple of the
-            # new TP size as the original's was of its (they split over the TP or expert TP ranks)
+            # new TP size as the original's was of its (the shared experts split over the TP ranks), and the routed
+            # experts' of the new expert TP size too (they split over the expert TP ranks)
             width = max(1, round(value / scalar["--hidden-size"] * TINY["--hidden-size"]))
-            new = [str(-(-width // new_tp) * new_tp)]
+            split = math.lcm(new_tp, new_etp or new_tp) if flag == "--moe-ffn-hidden-size" else new_tp
+            new = [str(-(-width // split) * split)]
         elif flag == "--kv-channels" and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
             head_dim, tiny_head_dim = (scalar["--hidden-size"] / scalar["--num-attention-heads"],
                                        TINY["--hidden-size"] / TINY["--num-attention-heads"])

@@ -448,3 +448,37 @@ def test_a_list_moe_layer_freq_shrinks_with_its_layers():
     after = {flag: values for flag, values, _ in split_flags(_shrunk_offline(example)[1].argv)}
     assert after["--num-layers"] == ["2"] and after["--moe-layer-freq"] == ["[0]*1+[1]*1"]
     assert shrunk_ones >= 3
+
+
+def test_the_shrink_keeps_the_expert_tensor_parallel_size_the_two_ranks_allow():
+    """The experts' grid folds over the ranks of a stage (Megatron-Core's initialize_model_parallel takes any ETP x
+    EP dividing them, parallel/mesh.py): the shrink keeps a given --expert-tensor-parallel-size where it divides the
+    new stage's ranks, even above the new TP size, and cuts it (to their gcd) only where it does not; EP takes what
+    is left, and the experts' width stays a multiple of the expert TP size. Megatron-LM's dense CP 2 x ETP 4
+    launches (gpt3_mcore_te_tp2_pp2_cp2_etp4_*_1node: TP 1 x CP 2 on the 2 ranks) keep ETP 2; its PP 2 ones, whose
+    stage is one rank, ETP 1."""
+    def sizes(argv, names=("--tensor-model-parallel-size", "--context-parallel-size", "--expert-model-parallel-size",
+                           "--expert-tensor-parallel-size", "--moe-ffn-hidden-size")):
+        given = {flag: values for flag, values, _ in split_flags(argv)}
+        return tuple(int(given[name][0]) if name in given else None for name in names)
+
+    moe = ("--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "128",
+           "--max-position-embeddings", "128", "--micro-batch-size", "1", "--global-batch-size", "8",
+           "--num-experts", "8", "--moe-ffn-hidden-size", "72")
+    for parallel, expected in ((("--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "2",
+                                 "--expert-model-parallel-size", "4"), (1, None, 1, 2, 10)),
+                               (("--tensor-model-parallel-size", "2", "--context-parallel-size", "2",
+                                 "--expert-tensor-parallel-size", "4"), (1, 2, None, 2, 10)),
+                               (("--tensor-model-parallel-size", "4", "--expert-tensor-parallel-size", "2",
+                                 "--expert-model-parallel-size", "2"), (2, None, 1, 2, 10)),
+                               (("--tensor-model-parallel-size", "1", "--expert-tensor-parallel-size", "1",
+                                 "--expert-model-parallel-size", "8"), (1, None, 2, 1, 9))):
+        launch = Launch(name="etp", script=None, program="pretrain_gpt.py", world_size=8, expanded="",
+                        argv=moe + parallel, outcome="trains")
+        assert sizes(_shrunk_offline(launch)[1].argv) == expected, parallel
+    etp4 = [launch for launch in EVERY_FUNCTIONAL_TEST if "_cp2_etp4_" in launch.name]
+    assert len(etp4) == 8
+    for launch in etp4:
+        stage_of_one = "--pipeline-model-parallel-size" in launch.argv and \
+            launch.argv[launch.argv.index("--pipeline-model-parallel-size") + 1] != "1"
+        assert sizes(_shrunk_offline(launch)[1].argv)[3] == (1 if stage_of_one else 2), launch.name

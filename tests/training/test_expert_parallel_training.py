@@ -128,7 +128,7 @@ def test_expert_parallelism_refuses_what_it_cannot_run_in_one_line(corpus_cache_
                                                                      "--expert-model-parallel-size 3"),
                        (MOE + ["--moe-token-dispatcher-type", "flex"], "DeepEP dispatcher requires TPxEP > 1"),
                        (MOE + ["--expert-tensor-parallel-size", "2"],
-                        "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1"),
+                        "--expert-model-parallel-size 1 x --expert-tensor-parallel-size 2 does not divide the 1 ranks"),
                        (MOE + ["--expert-model-parallel-size", "2"], "does not divide")):
         refused = run_main(pretrain_gpt.main, base + argv)
         assert refused.code == 2 and says in refused.err, (argv, refused.err[-1500:])

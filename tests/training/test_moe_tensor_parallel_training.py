@@ -153,7 +153,7 @@ def test_a_tp_2_by_ep_2_checkpoint_consolidates_to_the_tp_1_model(corpus_cache_3
 def test_moe_under_tensor_parallelism_refuses_what_it_cannot_run_in_one_line(corpus_cache_300, tmp_path):
     """Megatron-Core's MoELayer.forward raises in training with TP > 1 and no sequence parallelism (moe_layer.py:
     "performance may degrade if MoE and tensor parallelism are enabled without also enabling sequence
-    parallelism"); expert TP is 1 or the TP size here (Megatron's default is the TP size; it allows others);
+    parallelism"); expert TP any size whose grid divides the ranks (parallel/mesh.py, as initialize_model_parallel);
     DeepSpeed-MoE's gating is not tensor-parallel here, and the experts' and shared experts' ffn must split evenly.
     Each refused in one line, exit 2, before any process group exists."""
     import pretrain_gpt
@@ -161,10 +161,8 @@ def test_moe_under_tensor_parallelism_refuses_what_it_cannot_run_in_one_line(cor
     base = TINY + MOE + ["--data-cache-dir", corpus_cache_300]
     tp2 = ["--tensor-model-parallel-size", "2"]
     for argv, says in ((tp2, "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel"),
-                       (["--expert-tensor-parallel-size", "2"],
-                        "--expert-tensor-parallel-size 2 with --tensor-model-parallel-size 1"),
-                       (tp2 + ["--sequence-parallel", "--expert-tensor-parallel-size", "4"],
-                        "--expert-tensor-parallel-size 4 with --tensor-model-parallel-size 2"),
+                       (["--expert-tensor-parallel-size", "2", "--moe-ffn-hidden-size", "33"],
+                        "--moe-ffn-hidden-size 33 is not divisible by --expert-tensor-parallel-size 2"),
                        (tp2 + ["--sequence-parallel", "--moe-shared-expert-intermediate-size", "33"],
                         "--moe-shared-expert-intermediate-size 33 is not divisible by --tensor-model-parallel-size 2"),
                        (tp2 + ["--sequence-parallel", "--moe-ffn-hidden-size", "33"],
