@@ -618,7 +618,8 @@ def initialize_grid(device_name: str, parallel: "ParallelismConfig", timeout_min
                       pipeline_parallel_size=parallel.pipeline_model_parallel_size,
                       optimizer_instances=optimizer_instances, context_parallel_size=parallel.context_parallel_size,
                       expert_model_parallel_size=parallel.expert_model_parallel_size,
-                      expert_tensor_parallel_size=parallel.expert_tensor_parallel_size)
+                      expert_tensor_parallel_size=parallel.expert_tensor_parallel_size,
+                      hierarchical_context_parallel_sizes=parallel.hierarchical_context_parallel_sizes)
 
 
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
