@@ -2,7 +2,8 @@
 gloo, CP 4 = an all-to-all over CP ranks {0,1} and {2,3} and a ring over {0,2} and {1,3} (Megatron-Core's
 parallel_state.py create_hierarchical_groups; TransformerEngine's AttnFuncWithCPAndKVP2P with cp_group = [a2a, p2p]),
 trains to one rank's losses and gradient norms over 4 iterations, for GPT-2, a Llama-shaped model with 2 key/value
-groups (one per all-to-all rank) and --reset-position-ids --reset-attention-mask --eod-mask-loss on short documents.
+groups (one per all-to-all rank) and --reset-position-ids --reset-attention-mask --eod-mask-loss on short documents;
+and GPT-2 at CP 4 beside 2 pipeline stages (Megatron-LM's functional test of a2a+p2p), 8 ranks.
 
 One launch of 4 ranks runs the three in turn; its grid comes from the first configuration's parallel section through
 `initialize_grid`, as pretrain_gpt.py builds it. Not bitwise: the ring merges partial softmaxes and the gradients
@@ -82,3 +83,17 @@ def _counted_bytes(config):
     return {"all_reduce": steps * 6, "reduce_scatter": 0, "all_gather": 0, "broadcast": 0,
             "send": model.num_layers * steps * ring, "recv": model.num_layers * steps * ring,
             "all_to_all": model.num_layers * steps * all_to_all}
+
+
+@pytest.mark.slow
+def test_a2a_p2p_at_cp4_beside_two_pipeline_stages_gives_one_ranks_losses(tmp_path, corpus_cache):
+    """Megatron-LM's functional test of a2a+p2p is gpt3_mcore_te_tp1_pp2_cp4_a2a_p2p_nondeterministic: CP 4 = 2 x 2
+    beside 2 pipeline stages (8 gloo ranks here, one launch); a stage's sends are its CP rank's chunks."""
+    iters = ["--train-iters", str(ITERS)]
+    assert pretrain_gpt.main(_argv(tmp_path, corpus_cache, "single", *iters)) == 0
+    run_distributed(train_hierarchical_grid, 8, [_argv(tmp_path, corpus_cache, "pp2", *iters, *HIERARCHICAL,
+                                                       "--pipeline-model-parallel-size", "2")], timeout=600)
+    got, want = _steps(tmp_path, "pp2"), _steps(tmp_path, "single")
+    assert len(got) == len(want) == ITERS
+    assert [loss for loss, _ in got] == pytest.approx([loss for loss, _ in want], rel=1e-6)
+    assert [norm for _, norm in got] == pytest.approx([norm for _, norm in want], rel=1e-6)
