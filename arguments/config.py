@@ -1145,23 +1145,23 @@ class PretrainConfig:
             raise ConfigError(f"--multi-latent-attention with --context-parallel-size {cp} is not implemented: "
                               f"multi-latent attention here runs over the whole sequence on each rank; use "
                               f"--context-parallel-size 1", flags=("--multi-latent-attention", "--context-parallel-size"))
-        if model.cp_comm_type not in ("p2p", "all_gather", "a2a"):
-            raise ConfigError(f"--cp-comm-type {model.cp_comm_type} is not implemented here: use p2p (the ring), "
-                              f"all_gather or a2a (DeepSpeed-Ulysses)", flags=("--cp-comm-type", "--context-parallel-size"))
+        comm = model.cp_comm_type
         scored = [flag for flag, value in (("--softmax-scale", model.softmax_scale),
                                            ("--attn-logit-softcapping", model.attn_logit_softcapping)) if value]
-        if model.cp_comm_type == "p2p" and scored:
-            raise ConfigError(f"{', '.join(scored)} with --cp-comm-type p2p (the ring) is not implemented: the ring "
-                              f"computes plain causal attention; use --cp-comm-type all_gather or a2a with "
+        if comm in ("p2p", "a2a+p2p") and scored:
+            raise ConfigError(f"{', '.join(scored)} with --cp-comm-type {comm} (the ring) is not implemented: the "
+                              f"ring computes plain causal attention; use --cp-comm-type all_gather or a2a with "
                               f"--context-parallel-size {cp}", flags=(*scored, "--cp-comm-type"))
-        if model.cp_comm_type == "p2p" and model.has_windows():
+        if comm in ("p2p", "a2a+p2p") and model.has_windows():
             # the ring's blocks other than a rank's own are half visible and unmasked (gpt/cp_attention.py); Transformer
             # Engine too runs sliding windows under context parallelism only with all_gather or a2a
-            raise ConfigError(f"--window-size with --cp-comm-type p2p (the ring) is not implemented: the ring computes "
-                              f"plain causal attention; use --cp-comm-type all_gather or a2a with "
+            raise ConfigError(f"--window-size with --cp-comm-type {comm} (the ring) is not implemented: the ring "
+                              f"computes plain causal attention; use --cp-comm-type all_gather or a2a with "
                               f"--context-parallel-size {cp}", flags=("--window-size", "--cp-comm-type"))
         tp = self.parallel.tensor_model_parallel_size
         heads = model.num_attention_heads // tp
+        if comm == "a2a+p2p":
+            self._check_hierarchical_context_parallel(heads, (model.num_query_groups or model.num_attention_heads) // tp)
         if model.cp_comm_type == "a2a" and heads % cp:
             # DeepSpeed's single_all_to_all asserts it: "Number of heads must be divisible by the sequence parallel
             # size"; Megatron-DeepSpeed's ParallelAttention too (num_attention_heads % sequence parallel size).
@@ -1185,6 +1185,22 @@ class PretrainConfig:
             raise ConfigError("--num-distributed-optimizer-instances > 1 with --context-parallel-size is not "
                               "implemented here: use one optimizer instance",
                               flags=("--context-parallel-size", "--num-distributed-optimizer-instances"))
+
+    def _check_hierarchical_context_parallel(self, heads: int, groups: int) -> None:
+        """--cp-comm-type a2a+p2p: Megatron-LM's validate_args asserts --hierarchical-context-parallel-sizes is given,
+        TransformerEngine (attn_forward_func_with_cp) takes two levels, and its flash_attn_a2a_communicate splits a
+        TP rank's query and key/value heads over the all-to-all level."""
+        levels = self.parallel.hierarchical_context_parallel_sizes
+        if not levels or len(levels) != 2:
+            raise ConfigError("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A B (two sizes: the "
+                              "all-to-all over A adjacent CP ranks, the ring over B), as Megatron-LM asserts",
+                              flags=("--cp-comm-type", "--hierarchical-context-parallel-sizes"))
+        if heads % levels[0] or groups % levels[0]:
+            raise ConfigError(f"--cp-comm-type a2a+p2p splits each tensor-parallel rank's {heads} attention heads and "
+                              f"{groups} key/value groups over the all-to-all level's {levels[0]} ranks: choose "
+                              f"--num-attention-heads and --num-query-groups divisible by TP x {levels[0]}",
+                              flags=("--num-attention-heads", "--num-query-groups",
+                                     "--hierarchical-context-parallel-sizes"))
 
     def _check_expert_parallel(self) -> None:
         """--expert-model-parallel-size splits each MoE layer's experts evenly over its ranks (Megatron-LM's

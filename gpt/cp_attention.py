@@ -3,7 +3,8 @@ Megatron-LM's --context-parallel-size with --cp-comm-type all_gather or p2p.
 
 Each rank's queries are its own tokens; the keys and values of every token are needed, and a query at global
 position i attends to the keys at global positions <= i. Two ways to bring the keys and values (and a third,
-`a2a`, DeepSpeed-Ulysses, that moves heads instead: `all_to_all_attention`), as
+`a2a`, DeepSpeed-Ulysses, that moves heads instead: `all_to_all_attention`; `a2a+p2p` is the third then the ring:
+`hierarchical_attention`), as
 Megatron-Core's TransformerEngine attention offers (transformer_engine/pytorch/attention/dot_product_attention/
 context_parallel.py: AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P):
 
@@ -53,8 +54,11 @@ from gpt.attention_sinks import attention_with_sinks, sink_rescaled
 from gpt.attention_softcap import softcapped_attention
 from gpt.attention_window import window_visible
 from parallel.context_parallel import (
+    CPRanks,
     all_gather_sequence,
     all_to_all,
+    cp_ranks,
+    hierarchical_cp_ranks,
     local_positions,
     ring_shift,
     shift,
@@ -71,6 +75,12 @@ def group_positions(local_length: int, state: ParallelState, device: torch.devic
     return torch.cat([local_positions(local_length, size, rank, device) for rank in range(size)])
 
 
+def _concatenated_positions(local_length: int, cp_size: int, cp_ranks_in_order: list[int],
+                            device: torch.device) -> torch.Tensor:
+    """The global positions of these CP ranks' tokens, concatenated in the order given (an all-to-all's)."""
+    return torch.cat([local_positions(local_length, cp_size, rank, device) for rank in cp_ranks_in_order])
+
+
 def same_document(query_documents: torch.Tensor, key_documents: torch.Tensor,
                   visible: Optional[torch.Tensor]) -> torch.Tensor:
     """[batch, 1, queries, keys]: `visible` ([queries, keys] or None: every key) where the key's document
@@ -79,9 +89,9 @@ def same_document(query_documents: torch.Tensor, key_documents: torch.Tensor,
     return same if visible is None else same & visible
 
 
-def rank_documents(document_ids: torch.Tensor, state: ParallelState, cp_rank: int) -> torch.Tensor:
+def rank_documents(document_ids: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
     """The document ids of CP rank `cp_rank`'s tokens, [batch, S / CP], from the whole sample's [batch, S]."""
-    return take_local_chunks(document_ids, state.context_parallel_size, cp_rank, dim=1)
+    return take_local_chunks(document_ids, cp_size, cp_rank, dim=1)
 
 
 def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
@@ -100,9 +110,9 @@ def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     visible = key_positions[None, :] <= query_positions[:, None] if window is None else \
         window_visible(query_positions, key_positions, window)
     if document_ids is not None:  # the gathered keys are in CP-rank order
-        key_documents = torch.cat([rank_documents(document_ids, state, rank)
-                                   for rank in range(state.context_parallel_size)], dim=1)
-        visible = same_document(rank_documents(document_ids, state, state.context_parallel_rank), key_documents,
+        size = state.context_parallel_size
+        key_documents = torch.cat([rank_documents(document_ids, size, rank) for rank in range(size)], dim=1)
+        visible = same_document(rank_documents(document_ids, size, state.context_parallel_rank), key_documents,
                                 visible)
     return _masked_attention(query, keys, values, visible, dropout_p, enable_gqa, scale, softcap, sinks)
 
@@ -149,37 +159,38 @@ def merge_partial(output: torch.Tensor, lse: torch.Tensor, block_output: torch.T
             + block_output * torch.exp(block_lse - merged).unsqueeze(-1)), merged
 
 
-def _visible(local: int, state: ParallelState, source: int, device: torch.device) -> torch.Tensor:
-    """[local, local]: which of CP rank `source`'s keys each of this rank's queries sees (key position <= its own)."""
-    size, rank = state.context_parallel_size, state.context_parallel_rank
+def _visible(local: int, ring: CPRanks, source: int, device: torch.device) -> torch.Tensor:
+    """[local, local]: which of ring rank `source`'s keys each of this rank's queries sees (key position <= its own)."""
+    size, rank = ring.size, ring.rank
     return local_positions(local, size, source, device)[None, :] <= local_positions(local, size, rank, device)[:, None]
 
 
-def _block_plan(local: int, state: ParallelState, source: int,
+def _block_plan(local: int, ring: CPRanks, source: int,
                 device: torch.device) -> tuple[slice, slice, Optional[torch.Tensor]]:
-    """Which of this rank's queries (rows) attend to which of CP rank `source`'s keys, and the mask among them:
+    """Which of this rank's queries (rows) attend to which of ring rank `source`'s keys, and the mask among them:
     with the load-balanced chunks every block but the rank's own is half of it, unmasked (TransformerEngine's
     AttnFuncWithCPAndKVP2P splits the same way). Rank r holds chunks (r, 2CP-1-r), source c holds (c, 2CP-1-c):
       c == r: all queries, all keys, causal in local order (the positions increase along it);
       c <  r: all queries see chunk c whole and nothing of chunk 2CP-1-c (later than 2CP-1-r);
       c >  r: chunk r sees nothing of c's (both later), chunk 2CP-1-r sees both whole."""
     half, every = local // 2, slice(None)
-    if source == state.context_parallel_rank:
-        return every, every, _visible(local, state, source, device)
-    if source < state.context_parallel_rank:
+    if source == ring.rank:
+        return every, every, _visible(local, ring, source, device)
+    if source < ring.rank:
         return every, slice(0, half), None
     return slice(half, None), every, None
 
 
-def _block_mask(local: int, state: ParallelState, source: int, device: torch.device,
+def _block_mask(local: int, ring: CPRanks, source: int, device: torch.device,
                 document_ids: Optional[torch.Tensor]) -> tuple[slice, slice, Optional[torch.Tensor]]:
     """`_block_plan`, its mask narrowed to each query's document where `document_ids` (the whole sample's) are
     given: [batch, 1, rows, keys] then."""
-    rows, keys, visible = _block_plan(local, state, source, device)
+    rows, keys, visible = _block_plan(local, ring, source, device)
     if document_ids is None:
         return rows, keys, visible
-    query_documents = rank_documents(document_ids, state, state.context_parallel_rank)[:, rows]
-    return rows, keys, same_document(query_documents, rank_documents(document_ids, state, source)[:, keys], visible)
+    query_documents = rank_documents(document_ids, ring.size, ring.rank)[:, rows]
+    return rows, keys, same_document(query_documents, rank_documents(document_ids, ring.size, source)[:, keys],
+                                     visible)
 
 
 def _per_query_head(tensor: torch.Tensor, heads: int) -> torch.Tensor:
@@ -200,16 +211,15 @@ class _RingAttention(torch.autograd.Function):
     only its visible half (`_block_plan`), so the ring costs the FLOPs of causal attention."""
 
     @staticmethod
-    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+    def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ring: CPRanks,
                 sinks: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None):
-        size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
-                                    query.shape[1])
+        size, rank, local, heads = ring.size, ring.rank, query.shape[2], query.shape[1]
         key_value = torch.stack((key, value))
         output = lse = None
         for step in range(size):
             if step > 0:
-                key_value = shift(key_value, state, 1, tag=81)
-            rows, keys, visible = _block_mask(local, state, (rank - step) % size, query.device, document_ids)
+                key_value = shift(key_value, ring, 1, tag=81)
+            rows, keys, visible = _block_mask(local, ring, (rank - step) % size, query.device, document_ids)
             block_output, block_lse = block_attention(query[:, :, rows], _per_query_head(key_value[0][:, :, keys], heads),
                                                       _per_query_head(key_value[1][:, :, keys], heads), visible)
             if output is None:  # step 0: the rank's own block, every row
@@ -224,16 +234,15 @@ class _RingAttention(torch.autograd.Function):
         # copy of its own beside the output kept here (one [b, s/CP, h] tensor a layer more than CP 1 saved:
         # tests/training/test_context_parallel_activation_memory.py).
         output = output.transpose(1, 2).contiguous().transpose(1, 2)
-        ctx.state, ctx.has_sinks, ctx.document_ids = state, sinks is not None, document_ids  # ids: no gradient
+        ctx.ring, ctx.has_sinks, ctx.document_ids = ring, sinks is not None, document_ids  # ids: no gradient
         ctx.save_for_backward(query, key, value, output, lse, *(() if sinks is None else (sinks,)))
         return output.to(query.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         query, key, value, output, lse, *sinks = ctx.saved_tensors
-        state = ctx.state
-        size, rank, local, heads = (state.context_parallel_size, state.context_parallel_rank, query.shape[2],
-                                    query.shape[1])
+        ring = ctx.ring
+        size, rank, local, heads = ring.size, ring.rank, query.shape[2], query.shape[1]
         groups = key.shape[1]
         scale = 1.0 / math.sqrt(query.shape[-1])
         grad_output, query32 = grad_output.float(), query.float()
@@ -243,9 +252,9 @@ class _RingAttention(torch.autograd.Function):
         grad_key_value = torch.zeros(key_value.shape, dtype=torch.float32, device=key_value.device)
         for step in range(size):
             if step > 0:
-                key_value = shift(key_value, state, 1, tag=82)
-                grad_key_value = shift(grad_key_value, state, 1, tag=83)
-            rows, keys, visible = _block_mask(local, state, (rank - step) % size, query.device, ctx.document_ids)
+                key_value = shift(key_value, ring, 1, tag=82)
+                grad_key_value = shift(grad_key_value, ring, 1, tag=83)
+            rows, keys, visible = _block_mask(local, ring, (rank - step) % size, query.device, ctx.document_ids)
             block_key, block_value = (_per_query_head(part[:, :, keys], heads).float() for part in key_value)
             block_query, block_grad = query32[:, :, rows], grad_output[:, :, rows]
             scores = torch.matmul(block_query, block_key.transpose(-2, -1)) * scale
@@ -261,7 +270,7 @@ class _RingAttention(torch.autograd.Function):
             grad_key_value[1][:, :, keys] += _per_group(torch.matmul(probabilities.transpose(-2, -1), block_grad),
                                                         groups)
         if size > 1:  # the block held now is rank + 1's: its accumulated gradient goes home
-            grad_key_value = shift(grad_key_value, state, 1, tag=84)
+            grad_key_value = shift(grad_key_value, ring, 1, tag=84)
         grad_sinks = None
         if sinks:  # the sink's share p = exp(o_h - lse) of each row; dL/do_h = -sum over rows of p D
             sink = sinks[0]
@@ -271,38 +280,39 @@ class _RingAttention(torch.autograd.Function):
                 None, grad_sinks, None)
 
 
-def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ring: CPRanks,
                    dropout_p: float = 0.0, sinks: Optional[torch.Tensor] = None,
                    document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[batch, heads, local seq, d] queries against every CP rank's K/V, passed round the ring (see the module);
-    key and value may hold one head per group of query heads (grouped-query); `sinks`: a sink logit per head;
-    `document_ids` (the whole sample's, [batch, S]): only the query's document's keys."""
+    """[batch, heads, local seq, d] queries against every `ring` rank's K/V, passed round the ring (see the module;
+    `cp_ranks(state)`, or a2a+p2p's outer ring); key and value may hold one head per group of query heads
+    (grouped-query); `sinks`: a sink logit per head; `document_ids` (the whole sample's, [batch, S]): only the
+    query's document's keys."""
     if dropout_p == 0.0:
-        return _RingAttention.apply(query, key, value, state, sinks, document_ids)
+        return _RingAttention.apply(query, key, value, ring, sinks, document_ids)
     heads = query.shape[1]
-    return ring_attention_through_autograd(query, _per_query_head(key, heads), _per_query_head(value, heads), state,
+    return ring_attention_through_autograd(query, _per_query_head(key, heads), _per_query_head(value, heads), ring,
                                            dropout_p, sinks, document_ids)
 
 
 def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                    state: ParallelState, dropout_p: float = 0.0,
+                                    ring: CPRanks, dropout_p: float = 0.0,
                                     sinks: Optional[torch.Tensor] = None,
                                     document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The ring with autograd through its shifts (each shift's backward sends the gradient back): what runs with
     attention dropout, whose masks autograd keeps; every block's K/V stays alive until backward."""
-    size, rank = state.context_parallel_size, state.context_parallel_rank
+    size, rank = ring.size, ring.rank
     local = query.shape[2]
     query_positions = local_positions(local, size, rank, query.device)
     key_value = torch.stack((key, value))  # one message a step
     output = lse = None
     for step in range(size):
         if step > 0:
-            key_value = ring_shift(key_value, state)
+            key_value = ring_shift(key_value, ring)
         source = (rank - step) % size  # whose chunks arrived at this step
         visible = local_positions(local, size, source, query.device)[None, :] <= query_positions[:, None]
         if document_ids is not None:
-            visible = same_document(rank_documents(document_ids, state, rank),
-                                    rank_documents(document_ids, state, source), visible)
+            visible = same_document(rank_documents(document_ids, size, rank),
+                                    rank_documents(document_ids, size, source), visible)
         block_output, block_lse = block_attention(query, key_value[0], key_value[1], visible, dropout_p)
         if output is None:
             output, lse = block_output, block_lse
@@ -313,24 +323,28 @@ def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, valu
     return output.to(query.dtype)
 
 
-def sequence_to_heads(tensor: torch.Tensor, state: ParallelState, order: torch.Tensor) -> torch.Tensor:
-    """[b, H, local seq, d] on each CP rank -> [b, H / CP, whole seq, d] in global order: CP rank j gets head
-    group j of every rank's tokens (an all-to-all), put in sequence order (`order`: CP-rank order -> global)."""
-    size = state.context_parallel_size
+def sequence_to_heads(tensor: torch.Tensor, group: CPRanks, order: torch.Tensor) -> torch.Tensor:
+    """[b, H, local seq, d] on each of the N `group` ranks -> [b, H / N, N x local seq, d]: group rank j gets head
+    group j of every group rank's tokens (an all-to-all), put in position order (`order`: the argsort of the
+    group-rank-order tokens' positions). Over the whole CP group that is the whole sequence."""
+    size = group.size
     batch, heads, local, dim = tensor.shape
-    rows = tensor.reshape(batch, size, heads // size, local, dim).movedim(1, 0)  # [CP (head group), b, H/CP, s, d]
-    arrived = all_to_all(rows, state)  # [CP (source rank), b, H/CP, s, d]
-    whole = arrived.movedim(0, 2).reshape(batch, heads // size, size * local, dim)  # CP-rank order
+    if heads % size:
+        raise ValueError(f"{heads} heads do not split over {size} ranks")
+    rows = tensor.reshape(batch, size, heads // size, local, dim).movedim(1, 0)  # [N (head group), b, H/N, s, d]
+    arrived = all_to_all(rows, group)  # [N (source rank), b, H/N, s, d]
+    whole = arrived.movedim(0, 2).reshape(batch, heads // size, size * local, dim)  # group-rank order
     return whole.index_select(2, order)
 
 
-def heads_to_sequence(tensor: torch.Tensor, state: ParallelState, positions: torch.Tensor) -> torch.Tensor:
-    """The inverse of `sequence_to_heads` (`positions`: each CP-rank-order token's global position)."""
-    size = state.context_parallel_size
+def heads_to_sequence(tensor: torch.Tensor, group: CPRanks, positions: torch.Tensor) -> torch.Tensor:
+    """The inverse of `sequence_to_heads` (`positions`: the group-rank-order tokens' places in its result, which
+    for the whole sequence are their global positions)."""
+    size = group.size
     batch, group_heads, whole, dim = tensor.shape
     local = whole // size
     rows = tensor.index_select(2, positions).reshape(batch, group_heads, size, local, dim).movedim(2, 0)
-    arrived = all_to_all(rows, state)  # [CP (head group), b, H/CP, s, d]
+    arrived = all_to_all(rows, group)  # [N (head group), b, H/N, s, d]
     return arrived.movedim(0, 1).reshape(batch, size * group_heads, local, dim)
 
 
@@ -352,7 +366,8 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         enable_gqa = False
     positions = group_positions(query.shape[2], state, query.device)
     order = torch.argsort(positions)
-    query, key, value = (sequence_to_heads(t, state, order) for t in (query, key, value))
+    group_ranks = cp_ranks(state)
+    query, key, value = (sequence_to_heads(t, group_ranks, order) for t in (query, key, value))
     grouped = enable_gqa and key.shape[1] != query.shape[1]
     # the whole sequence in order: plain causal attention, or the sliding window's mask over it
     if sinks is not None:  # this rank's head group's (CP rank j holds group j of the heads)
@@ -364,7 +379,31 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         causal = visible if visible is not None else whole[None, :] <= whole[:, None]
         visible = same_document(document_ids, document_ids, causal)
     context = _masked_attention(query, key, value, visible, dropout_p, grouped, scale, softcap, sinks)
-    return heads_to_sequence(context, state, positions)
+    return heads_to_sequence(context, group_ranks, positions)
+
+
+def hierarchical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
+                           dropout_p: float = 0.0, sinks: Optional[torch.Tensor] = None,
+                           document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """--cp-comm-type a2a+p2p (TransformerEngine's AttnFuncWithCPAndKVP2P with cp_group = [a2a group, p2p group],
+    Megatron-Core's get_hierarchical_context_parallel_groups): over the all-to-all group of A adjacent CP ranks
+    o A .. o A + A-1, `sequence_to_heads` gives this rank H / A heads of their chunks {o A + j} and
+    {2CP-1-o A-j}, in position order (TE's get_seq_chunk_ids_for_reordering_before_attn): outer chunks o and
+    2B-1-o of the sequence cut in 2B, the load-balanced layout of the ring over the B ranks with this rank's head
+    group. So the ring runs unchanged there, with this head group's sinks, and the all-to-all turns back.
+    Key/value heads must divide by A (arguments/config.py refuses others, as TE's a2a view would fail)."""
+    inner, outer = hierarchical_cp_ranks(state)
+    cp, local = state.context_parallel_size, query.shape[2]
+    # CP rank o A + j is member j of its all-to-all group and member o of its ring (parallel/mesh.py)
+    positions = _concatenated_positions(local, cp, [outer.rank * inner.size + j for j in range(inner.size)],
+                                        query.device)
+    order = torch.argsort(positions)
+    query, key, value = (sequence_to_heads(t, inner, order) for t in (query, key, value))
+    if sinks is not None:  # member j holds head group j
+        group = query.shape[1]
+        sinks = sinks[inner.rank * group:(inner.rank + 1) * group]
+    context = ring_attention(query, key, value, outer, dropout_p, sinks, document_ids)
+    return heads_to_sequence(context, inner, torch.argsort(order))
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
@@ -383,8 +422,13 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
         if (window, scale, softcap) != (None, None, None):
             raise ValueError("the ring (--cp-comm-type p2p) computes plain causal attention: no sliding window, "
                              "softmax scale or soft-capping")
-        return ring_attention(query, key, value, state, dropout_p, sinks, document_ids)
+        return ring_attention(query, key, value, cp_ranks(state), dropout_p, sinks, document_ids)
     if comm_type == "a2a":
         return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks,
                                     document_ids)
-    raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather or a2a")
+    if comm_type == "a2a+p2p":
+        if (window, scale, softcap) != (None, None, None):
+            raise ValueError("a2a+p2p's ring computes plain causal attention: no sliding window, softmax scale or "
+                             "soft-capping")
+        return hierarchical_attention(query, key, value, state, dropout_p, sinks, document_ids)
+    raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather, a2a or a2a+p2p")

@@ -251,8 +251,9 @@ class ModelConfig:
     cp_comm_type: str = option(
         "p2p", choices=CP_COMM_TYPES, group="training",
         help="with --context-parallel-size > 1, how attention reaches the other ranks' keys and values: p2p (the "
-             "ring, partial softmaxes merged) or all_gather (gathered once), for every layer; a2a and a2a+p2p "
-             "are refused")
+             "ring, partial softmaxes merged), all_gather (gathered once), a2a (DeepSpeed-Ulysses: heads split "
+             "over the CP ranks) or a2a+p2p (a2a over the first of --hierarchical-context-parallel-sizes, the ring "
+             "over the second), for every layer")
     # Issue 40's lever 1 (gpt/attention_padding.py): acts only on CUDA, so CPU math is unchanged.
     pad_attention_head_dim: bool = option(
         True, help="on CUDA, zero-pad a head dim that is not a multiple of 8 (the paper's 1.5B: 100 -> 104) so "

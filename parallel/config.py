@@ -20,6 +20,7 @@ before and after read alike.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -44,6 +45,12 @@ class ParallelismConfig:
         1, help="context parallelism (Megatron's rank order: TP, then CP, then DP, then PP): each rank holds 2 of "
                 "the sequence's 2 x CP chunks (r and 2CP-1-r), attention exchanges keys and values (--cp-comm-type), "
                 "gradients average over DP x CP")
+    # Megatron's (model_parallel_config.py): the CP group cut in levels, parallel/state.py building each level's
+    # groups as parallel_state.py's create_hierarchical_groups; --cp-comm-type a2a+p2p runs on two
+    hierarchical_context_parallel_sizes: Optional[list[int]] = option(
+        None, nargs="+", type=int, metavar="SIZE",
+        help="the context-parallel group in levels whose sizes multiply to --context-parallel-size: with "
+             "--cp-comm-type a2a+p2p, A B = an all-to-all over A adjacent CP ranks, then the ring over B of them")
     # training/pipeline_step.py; the layers each stage holds: gpt/stage_layers.py
     pipeline_model_parallel_size: int = option(
         1, help="pipeline stages (Megatron's rank order: TP fastest, then DP, then PP); the layers split evenly, "
@@ -107,6 +114,12 @@ class ParallelismConfig:
                            ("expert_model_parallel_size", "--expert-model-parallel-size")):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag} must be at least 1, got {getattr(self, name)}", flags=(flag,))
+        levels, cp = self.hierarchical_context_parallel_sizes, self.context_parallel_size
+        if levels and (min(levels) < 1 or math.prod(levels) != cp):
+            # Megatron-LM's validate_args: `args.context_parallel_size == prod(args.hierarchical_context_parallel_sizes)`
+            raise ConfigError(f"--hierarchical-context-parallel-sizes {' '.join(map(str, levels))} must multiply to "
+                              f"--context-parallel-size {cp} (sizes of at least 1)",
+                              flags=("--hierarchical-context-parallel-sizes", "--context-parallel-size"))
         if self.expert_tensor_parallel_size is not None and self.expert_tensor_parallel_size < 1:
             raise ConfigError(f"--expert-tensor-parallel-size must be at least 1, got {self.expert_tensor_parallel_size}",
                               flags=("--expert-tensor-parallel-size",))

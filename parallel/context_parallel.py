@@ -16,11 +16,14 @@ attention needs the whole sequence's keys and values, which the exchanges below 
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 
+from parallel.comm import Communicator
 from parallel.mappings import all_to_all as rows_all_to_all
+from parallel.mesh import hierarchical_groups
 from parallel.state import ParallelState
 
 
@@ -68,6 +71,39 @@ def positions_on_this_rank(local_length: int, state: ParallelState, device: torc
     return local_positions(local_length, state.context_parallel_size, state.context_parallel_rank, device)
 
 
+# ---- the ranks an exchange runs over ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CPRanks:
+    """The CP ranks one exchange runs over: the whole CP group (`cp_ranks`), or one level of the hierarchical
+    groups (`hierarchical_cp_ranks`: --cp-comm-type a2a+p2p's all-to-all group and its ring). Counted as "cp"."""
+    size: int
+    rank: int  # this rank's place among them
+    group: Any  # the process group (a VirtualGroup in a dry run); None while size is 1
+    global_ranks: tuple[int, ...]
+    comm: Communicator = field(compare=False, repr=False)
+
+
+def cp_ranks(state: ParallelState) -> CPRanks:
+    """This rank's whole CP group."""
+    return CPRanks(state.context_parallel_size, state.context_parallel_rank, state.context_parallel_group,
+                   tuple(state.dims.group_ranks("cp")), state.comm)
+
+
+def hierarchical_cp_ranks(state: ParallelState) -> list[CPRanks]:
+    """This rank's group at each level of --hierarchical-context-parallel-sizes (Megatron-Core's
+    get_hierarchical_context_parallel_groups); ValueError where the state has none."""
+    if not state.hierarchical_context_sizes:
+        raise ValueError("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes (the state has no "
+                         "hierarchical context-parallel groups)")
+    levels = hierarchical_groups(state.dims.group_ranks("cp"), state.hierarchical_context_sizes)
+    views = []
+    for size, groups, group in zip(state.hierarchical_context_sizes, levels, state.hierarchical_context_groups):
+        ranks = next(ranks for ranks in groups if state.rank in ranks)
+        views.append(CPRanks(size, ranks.index(state.rank), group, tuple(ranks), state.comm))
+    return views
+
+
 # ---- the exchanges (autograd functions: each backward is the forward's transpose) ----------------------------
 
 def _gather_along(tensor: torch.Tensor, dim: int, state: ParallelState) -> torch.Tensor:
@@ -108,16 +144,15 @@ def all_gather_sequence(tensor: torch.Tensor, state: ParallelState, dim: int) ->
     return _AllGatherSequence.apply(tensor, dim, state)
 
 
-def shift(tensor: torch.Tensor, state: ParallelState, steps: int, tag: int) -> torch.Tensor:
-    """`tensor` sent `steps` places on round the CP ring (to cp rank r + steps); what rank r - steps sent."""
-    size, rank = state.context_parallel_size, state.context_parallel_rank
-    group_ranks = state.dims.group_ranks("cp")
-    to, source = group_ranks[(rank + steps) % size], group_ranks[(rank - steps) % size]
+def shift(tensor: torch.Tensor, ring: CPRanks, steps: int, tag: int) -> torch.Tensor:
+    """`tensor` sent `steps` places on round the `ring` (to its rank r + steps); what rank r - steps sent."""
+    size, rank = ring.size, ring.rank
+    to, source = ring.global_ranks[(rank + steps) % size], ring.global_ranks[(rank - steps) % size]
     tensor = tensor.contiguous()
     received = torch.empty_like(tensor)
     # Both posted before either is waited: every rank sends and receives at once round the ring.
-    works = state.comm.send(tensor, to, tag, group_name="cp") + state.comm.receive(received, source, tag,
-                                                                                    group_name="cp")
+    works = ring.comm.send(tensor, to, tag, group_name="cp") + ring.comm.receive(received, source, tag,
+                                                                                  group_name="cp")
     for work in works:
         work.wait()
     return received
@@ -128,26 +163,26 @@ class _RingShift(torch.autograd.Function):
     sends the gradient the other way (the gradient of what arrived belongs to the rank it came from)."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-        ctx.state = state
-        return shift(tensor, state, 1, tag=71)
+    def forward(ctx, tensor: torch.Tensor, ring: CPRanks) -> torch.Tensor:
+        ctx.ring = ring
+        return shift(tensor, ring, 1, tag=71)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return shift(grad, ctx.state, -1, tag=72), None
+        return shift(grad, ctx.ring, -1, tag=72), None
 
 
-def ring_shift(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """What the previous CP rank holds (it receives this rank's in turn), differentiable."""
-    return _RingShift.apply(tensor, state)
+def ring_shift(tensor: torch.Tensor, ring: CPRanks) -> torch.Tensor:
+    """What the previous rank of `ring` holds (it receives this rank's in turn), differentiable."""
+    return _RingShift.apply(tensor, ring)
 
 
-def all_to_all(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """`tensor` [CP, ...]: row j sent to CP rank j; row j of the result is what CP rank j sent (differentiable:
-    the expert dispatchers' all-to-all of parallel/mappings.py with equal splits, whose backward is the same
-    exchange of the gradients, as DeepSpeed's _SeqAllToAll in deepspeed/sequence/layer.py)."""
-    splits = [tensor.shape[0] // state.context_parallel_size] * state.context_parallel_size
-    return rows_all_to_all(tensor, state.comm, state.context_parallel_group, "cp", splits, splits)
+def all_to_all(tensor: torch.Tensor, ranks: CPRanks) -> torch.Tensor:
+    """`tensor` [N, ...] over N `ranks`: row j sent to their rank j; row j of the result is what rank j sent
+    (differentiable: the expert dispatchers' all-to-all of parallel/mappings.py with equal splits, whose backward is
+    the same exchange of the gradients, as DeepSpeed's _SeqAllToAll in deepspeed/sequence/layer.py)."""
+    splits = [tensor.shape[0] // ranks.size] * ranks.size
+    return rows_all_to_all(tensor, ranks.comm, ranks.group, "cp", splits, splits)
 
 
 def all_reduce_over_context_parallel(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:

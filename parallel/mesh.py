@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 MESH_DIM_NAMES = ("pp", "dp", "cp", "tp")  # outermost first
 
@@ -170,3 +170,20 @@ def _product(sizes: Mapping[str, int]) -> list[dict[str, int]]:
     for name, size in sizes.items():
         points = [{**point, name: index} for point in points for index in range(size)]
     return points
+
+
+# ---- hierarchical context parallelism (--hierarchical-context-parallel-sizes) ------------------------------------
+
+def hierarchical_groups(ranks: Sequence[int], sizes: Sequence[int]) -> list[list[list[int]]]:
+    """Megatron-Core's create_hierarchical_groups (parallel_state.py) over one group's `ranks`: per level k, the
+    groups of sizes[k] ranks, `einops.rearrange(ranks, "(l s u) -> (l u) s")` with u = prod(sizes[:k]) and
+    l = prod(sizes[k+1:]). Over a CP group of 4 at sizes (2, 2): level 0 (a2a+p2p's all-to-all) {0,1} {2,3}, level 1
+    (its ring) {0,2} {1,3}: CP rank r is member r % 2 of the first and r // 2 of the second."""
+    if math.prod(sizes) != len(ranks):
+        raise ValueError(f"hierarchical sizes {list(sizes)} multiply to {math.prod(sizes)}, not the {len(ranks)} ranks")
+    levels = []
+    for level, size in enumerate(sizes):
+        inner, outer = math.prod(sizes[:level]), math.prod(sizes[level + 1:])
+        levels.append([[ranks[(block * size + member) * inner + offset] for member in range(size)]
+                       for block in range(outer) for offset in range(inner)])
+    return levels

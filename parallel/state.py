@@ -29,12 +29,13 @@ the one door to collectives and its byte counters: `state.comm`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Mapping, MutableMapping, Optional
+from typing import TYPE_CHECKING, Mapping, MutableMapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from base.errors import LaunchEnvironmentError
 from parallel.attempt_store import process_group_store
 from parallel.comm import Communicator, DryRunCommunicator, VirtualGroup
-from parallel.mesh import ParallelDims, expert_coordinates, expert_groups, expert_mesh_sizes
+from parallel.mesh import ParallelDims, expert_coordinates, expert_groups, expert_mesh_sizes, hierarchical_groups
 
 if TYPE_CHECKING:
     from parallel.config import ParallelismConfig
@@ -79,6 +80,11 @@ class ParallelState:
     # reduction group, gpt/fp8.py). None while PP is 1 (every rank is the stage: the default group) or the
     # stage is one rank.
     stage_group: Optional[dist.ProcessGroup] = field(default=None, compare=False, repr=False)
+    # --hierarchical-context-parallel-sizes (Megatron's _HIERARCHICAL_CONTEXT_PARALLEL_GROUPS): the sizes, and this
+    # rank's group at each level (parallel/mesh.py hierarchical_groups over its CP group; None where a level is one
+    # rank); () without them. --cp-comm-type a2a+p2p runs its all-to-all over level 0 and its ring over level 1.
+    hierarchical_context_sizes: tuple[int, ...] = ()
+    hierarchical_context_groups: tuple = field(default=(), compare=False, repr=False)
 
     # Read-only views of `dims`, the names every other module uses. A group is None while its size is 1:
     # collectives over a group of one are skipped.
@@ -612,14 +618,15 @@ def initialize_grid(device_name: str, parallel: "ParallelismConfig", timeout_min
                       pipeline_parallel_size=parallel.pipeline_model_parallel_size,
                       optimizer_instances=optimizer_instances, context_parallel_size=parallel.context_parallel_size,
                       expert_model_parallel_size=parallel.expert_model_parallel_size,
-                      expert_tensor_parallel_size=parallel.expert_tensor_parallel_size)
+                      expert_tensor_parallel_size=parallel.expert_tensor_parallel_size,
+                      hierarchical_context_parallel_sizes=parallel.hierarchical_context_parallel_sizes)
 
 
 def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout_minutes: float = 10,
                gpus_per_node: Optional[int] = None, pipeline_parallel_size: int = 1,
                optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
-               expert_tensor_parallel_size: Optional[int] = None, store: Optional[dist.Store] = None
-               ) -> ParallelState:
+               expert_tensor_parallel_size: Optional[int] = None, store: Optional[dist.Store] = None,
+               hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None) -> ParallelState:
     """Build the PP x DP x CP x TP grid for this launch (torchrun, SLURM, or a plain single process), and the
     experts' grid over the same ranks. `store`: the rendezvous store to build the groups on, where the caller keeps
     one (an in-process restart's incarnation, training/inprocess_restart.py); else torchrun's or MASTER_PORT's.
@@ -643,6 +650,7 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
             f"{launch.world_size} launched processes; launch a multiple of {model_grid} processes or pick sizes "
             f"whose product divides {launch.world_size}")
     check_optimizer_instances(optimizer_instances, launch.world_size // model_grid, context_parallel_size)
+    hierarchical = check_hierarchical_sizes(hierarchical_context_parallel_sizes, context_parallel_size)
     expert_sizes = expert_mesh_sizes({"pp": pipeline_parallel_size, "tp": tensor_parallel_size,
                                       "cp": context_parallel_size, "dp": launch.world_size // model_grid},
                                      expert_model_parallel_size, expert_tensor_parallel_size or tensor_parallel_size)
@@ -681,7 +689,9 @@ def initialize(device_name: str = "auto", tensor_parallel_size: int = 1, timeout
     groups = {name: mesh.get_group(name) for name in sizes if sizes[name] > 1}
     dims = ParallelDims.of_rank(launch.rank, sizes, groups=groups)
     state = ParallelState(device=device, dims=dims, mesh=mesh, embedding_group=_embedding_group(dims),
-                          data_context_group=_data_context_group(dims), stage_group=_stage_group(dims))
+                          data_context_group=_data_context_group(dims), stage_group=_stage_group(dims),
+                          hierarchical_context_sizes=hierarchical,
+                          hierarchical_context_groups=_hierarchical_context_groups(dims, hierarchical))
     state = with_expert_parallel(state, expert_model_parallel_size, expert_tensor_parallel_size)
     return with_optimizer_instances(state, optimizer_instances)
 
@@ -722,6 +732,37 @@ def _data_context_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
     return mine
 
 
+def check_hierarchical_sizes(sizes: Optional[Sequence[int]], context_parallel_size: int) -> tuple[int, ...]:
+    """--hierarchical-context-parallel-sizes as a tuple (() where not given); ValueError unless each is at least 1
+    and they multiply to --context-parallel-size (Megatron-LM's validate_args and parallel_state assert the
+    product)."""
+    if not sizes:
+        return ()
+    if min(sizes) < 1 or math.prod(sizes) != context_parallel_size:
+        raise ValueError(f"--hierarchical-context-parallel-sizes {' '.join(map(str, sizes))} must be sizes of at "
+                         f"least 1 whose product is --context-parallel-size {context_parallel_size}")
+    return tuple(sizes)
+
+
+def _hierarchical_context_groups(dims: ParallelDims, sizes: tuple[int, ...]) -> tuple:
+    """This rank's group at each level of `sizes` (Megatron-Core's create_hierarchical_groups over each CP group,
+    parallel/mesh.py): every rank creates every group of more than one rank, as new_group requires, in the same
+    order; a level of one rank is None."""
+    if not sizes:
+        return ()
+    mine: list = [None] * len(sizes)
+    for pp in range(dims["pp"].size):
+        for dp in range(dims["dp"].size):
+            for tp in range(dims["tp"].size):
+                cp_ranks = [dims.rank_at({"pp": pp, "dp": dp, "cp": cp, "tp": tp}) for cp in range(dims["cp"].size)]
+                for level, groups in enumerate(hierarchical_groups(cp_ranks, sizes)):
+                    for ranks in groups if sizes[level] > 1 else ():
+                        group = dist.new_group(ranks)
+                        if dims.rank in ranks:
+                            mine[level] = group
+    return tuple(mine)
+
+
 def _stage_group(dims: ParallelDims) -> Optional[dist.ProcessGroup]:
     """The DP x CP x TP ranks of this rank's pipeline stage (Megatron's "tp-cp-dp" group of each stage), in global
     rank order. Every rank creates every such group, as new_group requires, and keeps its own; None while PP is 1
@@ -754,7 +795,8 @@ def _warn_if_tensor_parallel_spans_nodes(tensor_parallel_size: int, device: torc
 def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
                   device: torch.device | str = "meta", pipeline_parallel_size: int = 1,
                   optimizer_instances: int = 1, context_parallel_size: int = 1, expert_model_parallel_size: int = 1,
-                  expert_tensor_parallel_size: Optional[int] = None) -> ParallelState:
+                  expert_tensor_parallel_size: Optional[int] = None,
+                  hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None) -> ParallelState:
     """One rank of a grid that is not launched (the planner, planner/plan.py): the ranks, sizes and
     layout `initialize` would give rank `rank` of `world_size` processes, with groups that are only
     their sizes and a communicator that counts and sends nothing."""
@@ -782,9 +824,14 @@ def virtual_state(world_size: int, tensor_parallel_size: int = 1, rank: int = 0,
     instances = OptimizerInstances() if optimizer_instances == 1 else OptimizerInstances(
         optimizer_instances, sizes["dp"] // optimizer_instances, VirtualGroup(sizes["dp"] // optimizer_instances),
         VirtualGroup(optimizer_instances))
+    hierarchical = check_hierarchical_sizes(hierarchical_context_parallel_sizes, context_parallel_size)
+    levels = hierarchical_groups(dims.group_ranks("cp"), hierarchical) if hierarchical else []
+    member = [next(group.index(rank) for group in groups if rank in group) for groups in levels]
     state = ParallelState(device=torch.device(device), dims=dims, comm=DryRunCommunicator(rank),
                           embedding_group=embedding_group, optimizer_instances=instances,
-                          data_context_group=data_context)
+                          data_context_group=data_context, hierarchical_context_sizes=hierarchical,
+                          hierarchical_context_groups=tuple(VirtualGroup(size, index) if size > 1 else None
+                                                            for size, index in zip(hierarchical, member)))
     experts = _virtual_experts(state, expert_model_parallel_size, expert_tensor_parallel_size)
     if optimizer_instances > 1:
         check_expert_optimizer_instances(optimizer_instances, experts.data_size)

@@ -409,7 +409,8 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
                               optimizer_instances=config.zero.distributed_optimizer_instances,
                               context_parallel_size=config.parallel.context_parallel_size,
                               expert_model_parallel_size=config.parallel.expert_model_parallel_size,
-                              expert_tensor_parallel_size=config.parallel.expert_tensor_parallel_size)
+                              expert_tensor_parallel_size=config.parallel.expert_tensor_parallel_size,
+                              hierarchical_context_parallel_sizes=config.parallel.hierarchical_context_parallel_sizes)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     plan = resolve_run_settings(config, vocab_size, tp, state.data_parallel_size, cluster.device_type, batch=batch)
@@ -584,13 +585,15 @@ def dry_run(config: PretrainConfig, cluster: Cluster, vocab_size: int, rank: int
             (optimizer.stage == 3 and not config.zero.offload_param or plan.param_dtype == torch.float32):
         result.notes.append("not counted: the device temporary of copying the host master into the parameters "
                             "(stage 3's copy_ across devices and dtypes; stages 1-2 in fp32)")
-    if state.context_parallel_size > 1 and config.model.cp_comm_type == "p2p":
+    if state.context_parallel_size > 1 and config.model.cp_comm_type in ("p2p", "a2a+p2p"):
         # gpt/cp_attention.py computes each ring block's scores explicitly (no fused kernel per block): a transient
-        # the saved-tensor meter does not see
-        heads = config.model.num_attention_heads // tp
-        scores = micro * heads * seq * seq * 4
-        result.notes.append(f"not counted: the ring's per-block attention scores, fp32 [micro-batch, heads, "
-                            f"{seq}, {seq}] = {format_bytes(scores)} a few at a time in each layer's forward and "
+        # the saved-tensor meter does not see; a2a+p2p's ring holds 1/A of the heads over A times the tokens
+        heads, ring_seq = config.model.num_attention_heads // tp, seq
+        if config.model.cp_comm_type == "a2a+p2p":
+            heads, ring_seq = heads // state.hierarchical_context_sizes[0], seq * state.hierarchical_context_sizes[0]
+        scores = micro * heads * ring_seq * ring_seq * 4
+        result.notes.append(f"not counted: the ring's per-block attention scores, fp32 [micro-batch, {heads} heads, "
+                            f"{ring_seq}, {ring_seq}] = {format_bytes(scores)} a few at a time in each layer's forward and "
                             f"backward (computed explicitly, not by a fused kernel)")
     if checkpointing is not None and config.activations.contiguous_checkpointing and \
             config.activations.cpu_checkpointing:

@@ -189,6 +189,7 @@ CONTEXT = {
     "--train-data-path": ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128"],
     "--overlap-param-gather": ["--zero-stage", "1"], "--cpu-optimizer": ["--zero-stage", "1"],
     "--exit-signal-handler": ["--save", "{tmp}/save"],
+    "--hierarchical-context-parallel-sizes": ["--context-parallel-size", "4"],  # the sizes multiply to it
 }
 
 

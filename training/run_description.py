@@ -61,7 +61,10 @@ def parallel_sizes(config: PretrainConfig, state: ParallelState) -> str:
     if config.parallel.sequence_parallel and state.tensor_parallel_size == 1:
         words += " (--sequence-parallel has nothing to split at TP 1, as in Megatron-LM)"
     if state.context_parallel_size > 1:  # only then: the line of every other run stays as it was
-        words += (f", CP {state.context_parallel_size} ({config.model.cp_comm_type}; gradients averaged and ZeRO's "
+        comm = config.model.cp_comm_type
+        if comm == "a2a+p2p":
+            comm += " = all-to-all over {} x ring over {}".format(*state.hierarchical_context_sizes)
+        words += (f", CP {state.context_parallel_size} ({comm}; gradients averaged and ZeRO's "
                   f"partition cut over DP x CP = {state.data_context_parallel_size})")
     experts = state.experts
     if experts.model_size > 1:

@@ -175,9 +175,9 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --use-ring-exchange-p2p --no-scatter-gather-tensors-in-pipeline
         --pipeline-model-parallel-comm-backend --delta-offload-bytes-across-pp-ranks
         --inference-batch-times-seqlen-threshold""")),
-    ("context parallelism's knob for what is not built here (hierarchical a2a+p2p groups, hybrid or packed-sequence "
-     "CP): without it the ring or all-gather over --context-parallel-size runs as Megatron's default", _names("""
-        --hierarchical-context-parallel-sizes --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
+    ("context parallelism's knob for what is not built here (hybrid or packed-sequence CP): without it the ring or "
+     "all-gather over --context-parallel-size runs as Megatron's default", _names("""
+        --hybrid-context-parallel --max-seqlen-per-dp-cp-rank""")),
     ("DeepSpeed sequence parallelism's knob: forced at size 1 it computes the same attention, and FPDT (Ulysses "
      "in chunks, offloaded) the same attention as the all-to-all of --ds-sequence-parallel-size here", _names("""
         --force-ds-sequence-parallel --ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size

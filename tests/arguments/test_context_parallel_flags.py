@@ -1,6 +1,6 @@
-"""Megatron-LM's --context-parallel-size and --cp-comm-type as settings (issue 52): accepted (they were refused
-or taken with no effect before), the sizes and layouts Megatron also asserts refused in one line naming the
-flags, and what is not built here (a2a+p2p) refused the same way."""
+"""Megatron-LM's --context-parallel-size, --cp-comm-type and --hierarchical-context-parallel-sizes as settings
+(issues 52, 81): accepted (they were refused or taken with no effect before), and the sizes and layouts Megatron
+(or TransformerEngine under it) also asserts refused in one line naming the flags."""
 
 import pytest
 
@@ -23,12 +23,28 @@ def test_context_parallel_size_and_comm_type_are_settings():
     config = parse_config([*TINY, "--context-parallel-size", "2", "--cp-comm-type", "all_gather"])
     assert config.parallel.context_parallel_size == 2 and config.model.cp_comm_type == "all_gather"
     assert parse_config(TINY).model.cp_comm_type == "p2p"  # Megatron-Core's default (TransformerConfig)
+    config = parse_config([*TINY, "--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+                           "--hierarchical-context-parallel-sizes", "2", "2"])
+    assert (config.model.cp_comm_type, config.parallel.hierarchical_context_parallel_sizes) == ("a2a+p2p", [2, 2])
 
 
 @pytest.mark.parametrize("argv, words", [
     # megatron/training/utils.py get_batch_on_this_cp_rank views the sequence as 2 x CP equal chunks
     (["--context-parallel-size", "3"], "--seq-length 32 must be divisible by 2 x --context-parallel-size (6)"),
-    (["--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"], "--cp-comm-type a2a+p2p is not implemented"),
+    # megatron/training/arguments.py validate_args: a2a+p2p needs the sizes, and their product is the CP size
+    (["--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"],
+     "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A B"),
+    (["--context-parallel-size", "4", "--hierarchical-context-parallel-sizes", "2", "3"],
+     "--hierarchical-context-parallel-sizes 2 3 must multiply to --context-parallel-size 4"),
+    # TransformerEngine's attn_forward_func_with_cp takes cp_group = [a2a group, p2p group]
+    (["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "4"],
+     "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A B"),
+    # and its flash_attn_a2a_communicate views each of q, k, v's heads as [A, heads / A]
+    (["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "2",
+      "--group-query-attention", "--num-query-groups", "1"],
+     "splits each tensor-parallel rank's 4 attention heads and 1 key/value groups over the all-to-all level's 2"),
+    (["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "2",
+      "--window-size", "4,0"], "--window-size with --cp-comm-type a2a+p2p (the ring) is not implemented"),
     (["--context-parallel-size", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length",
       "40", "--max-position-embeddings", "40"], "--sequence-parallel splits each context-parallel rank's 10 tokens"),
     (["--context-parallel-size", "0"], "--context-parallel-size must be at least 1"),

@@ -8,7 +8,8 @@ the full computation's at this rank's chunks r and 2CP-1-r. And the same for `a2
 split (DeepSpeed's tests/unit/sequence_parallelism checks its loss against the run without it), with key/value
 heads that divide by CP and ones that do not (grouped-query 2 and 1 at CP 4). `p2p` runs the ring's own backward
 (K/V and their gradient accumulators round the ring again); `p2p-autograd` the ring autograd differentiates,
-which runs under attention dropout.
+which runs under attention dropout. `a2a+p2p` (hierarchical: the all-to-all over adjacent CP ranks, the ring over
+the others) at CP 4 = 2 x 2.
 """
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt.cp_attention import context_parallel_attention, ring_attention_through_autograd
-from parallel.context_parallel import chunk_ids, local_positions, take_local_chunks
+from parallel.context_parallel import chunk_ids, cp_ranks, hierarchical_cp_ranks, local_positions, take_local_chunks
 from parallel.state import destroy, initialize
 from tests.distributed import run_distributed
 
@@ -51,7 +52,7 @@ def _cp_rank(rank, world_size, comm_type, kv_heads):
             # i // (HEADS / kv_heads)), the repeat's backward summing each group's gradients
             query, key, value = local
             key, value = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (key, value))
-            out = ring_attention_through_autograd(query, key, value, state)
+            out = ring_attention_through_autograd(query, key, value, cp_ranks(state))
         else:
             out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS)
         out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
@@ -114,7 +115,7 @@ def _cp_rank_with_sinks(rank, world_size, comm_type, kv_heads):
         if comm_type == "p2p-autograd":
             query, key, value = local
             key, value = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (key, value))
-            out = ring_attention_through_autograd(query, key, value, state, sinks=sinks)
+            out = ring_attention_through_autograd(query, key, value, cp_ranks(state), sinks=sinks)
         else:
             out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS, sinks=sinks)
         out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
@@ -239,7 +240,7 @@ def _documents_cp_rank(rank, world_size, comm_type, kv_heads):
         if comm_type == "p2p-autograd":
             query, key, value = local
             key, value = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (key, value))
-            out = ring_attention_through_autograd(query, key, value, state, document_ids=masks.document_ids)
+            out = ring_attention_through_autograd(query, key, value, cp_ranks(state), document_ids=masks.document_ids)
         else:
             out = context_parallel_attention(*local, state, comm_type, enable_gqa=kv_heads != HEADS,
                                              document_ids=masks.document_ids)
@@ -262,3 +263,58 @@ def test_documents_over_the_ranks_chunks_equal_the_full_sequences_block_diagonal
         for name, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
             torch.testing.assert_close(torch.from_numpy(got), take_local_chunks(whole, cp, rank, dim=2), rtol=1e-5,
                                        atol=1e-6, msg=f"{comm_type} rank {rank} {name}")
+
+
+# ---- --cp-comm-type a2a+p2p over --hierarchical-context-parallel-sizes 2 2 -------------------------------------------
+
+HIERARCHICAL_CASES = {"plain": {}, "gqa": {"kv_heads": 2}, "documents": {"kv_heads": 2, "documents": True},
+                      "sinks": {"kv_heads": 2, "sinks": True}}
+
+
+def _hierarchical_rank(rank, world_size):
+    """Every case of HIERARCHICAL_CASES on one CP 4 = 2 (all-to-all) x 2 (ring) group."""
+    from data.documents import DocumentMasking
+    from data.documents_cp import masks_on_this_rank
+
+    state = initialize("cpu", context_parallel_size=world_size, hierarchical_context_parallel_sizes=[2, 2])
+    results = {}
+    try:
+        inner, outer = hierarchical_cp_ranks(state)
+        cp_rank = state.context_parallel_rank
+        # Megatron-Core's groups: the all-to-all over adjacent CP ranks, the ring over those 2 apart
+        results["groups"] = (inner.global_ranks, outer.global_ranks, inner.rank, outer.rank)
+        for name, case in HIERARCHICAL_CASES.items():
+            kv_heads = case.get("kv_heads", HEADS)
+            q, k, v, grad = _inputs(kv_heads)
+            local = [take_local_chunks(t, world_size, cp_rank, dim=2).clone().requires_grad_() for t in (q, k, v)]
+            sinks = _sinks().requires_grad_() if case.get("sinks") else None
+            document_ids = None
+            if case.get("documents"):
+                document_ids = masks_on_this_rank(DocumentMasking.of(EOD, False, True, False), _document_tokens(),
+                                                  _document_tokens(), world_size, cp_rank).document_ids
+            out = context_parallel_attention(*local, state, "a2a+p2p", enable_gqa=kv_heads != HEADS, sinks=sinks,
+                                             document_ids=document_ids)
+            out.backward(take_local_chunks(grad, world_size, cp_rank, dim=2))
+            results[name] = [t.numpy() for t in (out.detach(), *(t.grad for t in local),
+                                                 *(() if sinks is None else (sinks.grad,)))]
+        return results
+    finally:
+        destroy(state)
+
+
+def test_hierarchical_a2a_p2p_output_and_gradients_equal_the_full_sequence():
+    """TransformerEngine's a2a+p2p (context_parallel.py AttnFuncWithCPAndKVP2P with cp_group = [a2a, p2p]) at CP 4 =
+    2 x 2, one launch: each rank's output and q/k/v gradients are the full sequence's at its chunks, for MHA,
+    grouped-query K/V (2 groups: one per all-to-all rank), --reset-attention-mask's documents (the ring's blocks
+    over the documents' ids by the outer layout) and sinks (their gradient summed over the ranks)."""
+    fulls = {"plain": _full(HEADS), "gqa": _full(2), "documents": _full_documents(2), "sinks": _full_with_sinks(2)}
+    results = run_distributed(_hierarchical_rank, 4, timeout=180)
+    assert [r["groups"] for r in results] == [((0, 1), (0, 2), 0, 0), ((0, 1), (1, 3), 1, 0),
+                                              ((2, 3), (0, 2), 0, 1), ((2, 3), (1, 3), 1, 1)]
+    for name, full in fulls.items():
+        for rank, pieces in enumerate(r[name] for r in results):
+            for label, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
+                torch.testing.assert_close(torch.from_numpy(got), take_local_chunks(whole, 4, rank, dim=2),
+                                           rtol=1e-5, atol=1e-6, msg=f"{name} rank {rank} {label}")
+    summed = sum(torch.from_numpy(r["sinks"][4]) for r in results)
+    torch.testing.assert_close(summed, fulls["sinks"][4], rtol=1e-5, atol=1e-6)

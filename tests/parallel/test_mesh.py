@@ -9,7 +9,7 @@ outermost and tp innermost."""
 import pytest
 import torch
 
-from parallel.mesh import MESH_DIM_NAMES, ParallelDims
+from parallel.mesh import MESH_DIM_NAMES, ParallelDims, hierarchical_groups
 from parallel.state import ParallelState, virtual_state
 
 
@@ -74,3 +74,21 @@ def test_context_parallel_sits_between_tp_and_dp_as_megatrons_order():
         assert (state.context_parallel_size, state.data_parallel_size) == (2, 2)
         assert (state.partition_size, state.partition_rank) == (4, (rank // 4) * 2 + rank // 2 % 2)
         assert state.partition_group.size() == 4
+
+
+def test_hierarchical_groups_are_megatrons():
+    """megatron/core/parallel_state.py create_hierarchical_groups' docstring: 16 ranks at sizes [2, 2, 4] give 8
+    level-1 groups [g0, g1] ..., 8 level-2 groups [g0, g2], [g1, g3], [g4, g6] ... and 4 level-3 groups
+    [g0, g4, g8, g12] ...; the planned (virtual) state finds a rank's group at each level the same way."""
+    levels = hierarchical_groups(list(range(16)), [2, 2, 4])
+    assert levels[0] == [[2 * i, 2 * i + 1] for i in range(8)]
+    assert levels[1] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert levels[2] == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+    # CP 4 x TP 2 (world 8): CP group of rank 3 is {1, 3, 5, 7}; at sizes 2 2 its a2a group {1, 3}, its ring {3, 7}
+    from parallel.context_parallel import hierarchical_cp_ranks
+
+    inner, outer = hierarchical_cp_ranks(virtual_state(8, 2, rank=3, context_parallel_size=4,
+                                                       hierarchical_context_parallel_sizes=[2, 2]))
+    assert (inner.global_ranks, inner.rank, outer.global_ranks, outer.rank) == ((1, 3), 1, (3, 7), 0)
+    with pytest.raises(ValueError, match="must be sizes of at least 1 whose product is --context-parallel-size 4"):
+        virtual_state(8, 2, context_parallel_size=4, hierarchical_context_parallel_sizes=[4, 2])

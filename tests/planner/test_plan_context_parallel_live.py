@@ -19,7 +19,9 @@ planner/pipeline_plan.py does for a stage's backward). Measured after, on this m
 under a mask: planner/dry_run.py _AttentionKernelOf), Ulysses 2 (--ds-sequence-parallel-size) 0.93, CP 2 x DP 2 p2p with attention dropout (autograd through
 the ring) 0.96. Since the line compares with iteration 1's peak (RankPlan.first_iteration_bytes: the constant
 buffers appear at its first reduction; tests/planner/test_plan_data_parallel_live.py): p2p 1.00-1.03, all_gather
-1.03-1.04, Ulysses 1.00, CP 2 x DP 2 1.00 (two runs). What the planner does not count:
+1.03-1.04, Ulysses 1.00, CP 2 x DP 2 1.00 (two runs); a2a+p2p at CP 4 = 2 x 2 (sequence 512) 1.01-1.03 (at sequence
+256 its blocks fall under the threshold and freed ones stay in the heap: 1.24-1.30, as p2p's 1.13-1.17 there).
+What the planner does not count:
 the ring's per-block scores ([2, 4, 128, 128] fp32, 512 KiB, a note in the plan), the data loader and the
 allocator's slack.
 """
@@ -45,6 +47,10 @@ CASES = {
     "ulysses2": (2, ["--ds-sequence-parallel-size", "2", *NO_DROPOUT]),
     # GPT-2's dropout: autograd runs through the ring and keeps every block; CP 2 x DP 2
     "cp2xdp2-p2p-dropout": (4, [*CP2, "--cp-comm-type", "p2p"]),
+    # hierarchical: the all-to-all over 2 ranks, then the ring (its own backward) over 2; sequence 512, so a rank's
+    # activation blocks stay [2, 128, 256] at CP 4
+    "cp4-a2a+p2p": (4, ["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes",
+                        "2", "2", *NO_DROPOUT, "--seq-length", "512", "--max-position-embeddings", "512"]),
 }
 
 

@@ -20,7 +20,8 @@ What changes, and only this:
   (--num-layers twice --expert-interval), as that fork asserts one count per MoE layer;
 - parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
   layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size) above what the
-  stages leave of the 2 ranks becomes that, then a tensor-parallel size above what is left becomes that (1 where
+  stages leave of the 2 ranks becomes that (--hierarchical-context-parallel-sizes with it, each level at most what
+  the levels before it leave of the new size), then a tensor-parallel size above what is left becomes that (1 where
   --num-distributed-optimizer-instances needs data-parallel ranks to cut into instances; the instances then at
   most the data-parallel size, and with experts on their own grid at most the expert data-parallel size), an expert tensor-parallel size above the new TP size becomes it, and an
   expert-parallel size above what the stage's ranks leave beside the expert TP size (the TP size where none is
@@ -74,6 +75,7 @@ TENSOR_PARALLEL = ("--tensor-model-parallel-size", "--model-parallel-size")
 MOE_WIDTHS = ("--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size")
 PIPELINE_PARALLEL = ("--pipeline-model-parallel-size", "--pipe-parallel-size")
 CONTEXT_PARALLEL = ("--context-parallel-size", "--ds-sequence-parallel-size")
+HIERARCHICAL_CONTEXT_PARALLEL = ("--hierarchical-context-parallel-sizes",)
 EXPERT_PARALLEL = ("--expert-model-parallel-size", "--moe-expert-parallel-size")
 EXPERT_TENSOR_PARALLEL = ("--expert-tensor-parallel-size",)
 MICRO_BATCH = ("--micro-batch-size", "--batch-size")
@@ -97,7 +99,7 @@ CHANGED_FLAGS = frozenset({
     "--decoder-last-pipeline-num-layers", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--num-distributed-optimizer-instances",
     "--max-position-embeddings", "--encoder-seq-length", "--decoder-seq-length", "--pad-vocab-size-to", "--goldfish-h",
-    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *EXPERT_PARALLEL, *EXPERT_TENSOR_PARALLEL, *MICRO_BATCH,
+    *TENSOR_PARALLEL, *PIPELINE_PARALLEL, *CONTEXT_PARALLEL, *HIERARCHICAL_CONTEXT_PARALLEL, *EXPERT_PARALLEL, *EXPERT_TENSOR_PARALLEL, *MICRO_BATCH,
     "--global-batch-size", *ACCUMULATION, "--rampup-batch-size", "--step-batch-size-schedule", "--train-iters",
     "--train-samples",
     "--train-tokens", *SCHEDULE_ITERS, *SCHEDULE_SAMPLES, *SCHEDULE_TOKENS, "--log-interval", "--save-interval",
@@ -176,6 +178,17 @@ def rank_map(values) -> dict[int, int]:
 
 def number(text: str) -> int:
     return int(float(text.replace("_", "")))
+
+
+def shrink_levels(sizes: list[int], context_parallel_size: int) -> list[int]:
+    """Hierarchical CP levels over a smaller CP size: each level its greatest common divisor with what the levels
+    before it leave, the last taking any rest, so they still multiply to the size (Megatron asserts it)."""
+    levels, rest = [], context_parallel_size
+    for size in sizes:
+        levels.append(math.gcd(size, rest))
+        rest //= levels[-1]
+    levels[-1] *= rest
+    return levels
 
 
 def first(flags: dict, names, default=None):
@@ -359,6 +372,8 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
             new = [str(new_pp)]
         elif flag in CONTEXT_PARALLEL:
             new = [str(new_cp)]
+        elif flag in HIERARCHICAL_CONTEXT_PARALLEL and all(value.isdigit() for value in values):
+            new = [str(size) for size in shrink_levels([int(value) for value in values], new_cp)]
         elif flag in EXPERT_PARALLEL:
             new = [str(new_ep)]
         elif flag in EXPERT_TENSOR_PARALLEL:
