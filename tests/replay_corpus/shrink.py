@@ -5,7 +5,7 @@ What changes, and only this:
 - model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 (and what follows from them:
   --ffn-hidden-size in the script's proportion to the hidden size, --moe-ffn-hidden-size and
   --moe-shared-expert-intermediate-size too, rounded up to a multiple of the new tensor-parallel size, --kv-channels in its proportion to the
-  head dim (hidden / heads), rounded to an even number, --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
+  head dim (hidden / heads), rounded to an even number (whose --rotary-percent share is even too), --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
   to the heads, rounded up to whole groups per tensor-parallel rank where the original had that), --seq-length
   16 (--max-position-embeddings in the script's proportion to it; swiss-ai's --goldfish-h at most 16, the
   window its goldfish loss hashes within a sample), --pad-vocab-size-to just above the local
@@ -13,17 +13,20 @@ What changes, and only this:
   number of chunks (--num-layers then the stages x chunks, less the embedding and loss where Megatron's
   --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
   first or last stage (--decoder-first/last-pipeline-num-layers) one layer; a list --moe-layer-freq (one 0 or 1
-  per layer, its length --num-layers) written as runs ("[0]*3+[1]*58") shrinks with the layers, each run one layer
-  and the last run the rest (the dense-first pattern stays; at least one layer a run); a list of another form, or
-  one beside a --pipeline-model-parallel-layout, keeps --num-layers as written, its length; a Megatron-DeepSpeed --num-experts list with different
+  per layer, its length --num-layers) written as runs ("[0]*3+[1]*58") or one per layer ("[0,1,1,1]") shrinks
+  with the layers, each run one layer and the last run the rest (the dense-first pattern stays; at least one
+  layer a run); a list of another form, or one beside a --pipeline-model-parallel-layout, keeps --num-layers as
+  written, its length; a Megatron-DeepSpeed --num-experts list with different
   counts per MoE layer (PR-MoE's pyramid, "32 ... 32 64 64") becomes its first and last counts, on two MoE layers
   (--num-layers twice --expert-interval), as that fork asserts one count per MoE layer;
-- parallel sizes the 2 ranks cannot hold: a pipeline size above 2 becomes 2 (Megatron's even split of the 2
-  layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size) above what the
-  stages leave of the 2 ranks becomes that (--hierarchical-context-parallel-sizes with it, each level at most what
-  the levels before it leave of the new size), then a tensor-parallel size above what is left becomes that (1 where
+ - parallel sizes the 2 ranks cannot hold (4 ranks, 2 stages of 2, where 2 stages of 1 would leave Megatron's DeepEP
+  flex dispatcher the TP x EP of 1 it asserts against: `ranks_for`): a pipeline size above 2 becomes 2 (Megatron's
+  even split of the 2 layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size)
+  above what the stages leave of the 2 ranks becomes that (--hierarchical-context-parallel-sizes with it, each level
+  at most what the levels before it leave of the new size), then a tensor-parallel size above what is left becomes
+  that (1 where
   --num-distributed-optimizer-instances needs data-parallel ranks to cut into instances; the instances then at
-  most the data-parallel size, and with experts on their own grid at most the expert data-parallel size), an expert tensor-parallel size above the new TP size becomes it, and an
+  most the data-parallel size, and with experts on their own grid at most the expert data-parallel size), an expert tensor-parallel size is kept where it divides a stage's new ranks, else cut to their gcd, and an
   expert-parallel size above what the stage's ranks leave beside the expert TP size (the TP size where none is
   given, Megatron's default) becomes that; an interleaved schedule's micro-batch group as far above the stages as
   it was;
@@ -57,11 +60,13 @@ Anything else is kept token for token, including flags this repository does not 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Optional
 
 from data.sentencepiece_tokenizer import SENTENCEPIECE_MODEL_FILE, SENTENCEPIECE_TYPES
@@ -138,6 +143,20 @@ def uses_sentencepiece(launch: Launch) -> bool:
     return given.get("--tokenizer-type", [None])[0] in SENTENCEPIECE_TYPES
 
 
+def ranks_for(launch: Launch) -> int:
+    """WORLD_SIZE, or 4 (2 stages of 2 ranks) for a pipelined launch whose MoE dispatcher is Megatron-LM's flex one
+    with the DeepEP backend (its default) over TP x EP > 1: Megatron-Core asserts TP x EP > 1 there, which 2 stages
+    of 1 rank could not keep (slime's DeepSeek-V3 and GLM-4.5 launches)."""
+    pairs = split_flags(launch.argv)
+    given = {flag: values for flag, values, _ in pairs}
+    scalar = {flag: number(values[0]) for flag, values in given.items() if len(values) == 1 and values[0].isdigit()}
+    dispatcher = given.get("--moe-token-dispatcher-type", [None])[-1]
+    backend = "deepep" if "--moe-enable-deepep" in given else given.get("--moe-flex-dispatcher-backend", ["deepep"])[-1]
+    deepep = dispatcher == "flex" and backend == "deepep" and \
+        first(scalar, TENSOR_PARALLEL, 1) * first(scalar, EXPERT_PARALLEL, 1) > 1
+    return 2 * WORLD_SIZE if deepep and first(scalar, PIPELINE_PARALLEL, 1) > 1 else WORLD_SIZE
+
+
 def split_flags(argv) -> list[tuple[str, list[str], bool]]:
     """[(flag, values, inline)] in order. A value is any token after a flag up to the next `--` token;
     `--flag=value` is one token (inline). Negative numbers are values."""
@@ -210,13 +229,14 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     pp = first(scalar, PIPELINE_PARALLEL, 1)
     cp = first(scalar, CONTEXT_PARALLEL, 1)
     dp = max(1, launch.world_size // (tp * pp * cp))
+    world = ranks_for(launch)
     new_pp = min(pp, WORLD_SIZE)
-    new_cp = min(cp, WORLD_SIZE // new_pp)
-    new_tp = min(tp, WORLD_SIZE // (new_pp * new_cp))
+    new_cp = min(cp, world // new_pp)
+    new_tp = min(tp, world // (new_pp * new_cp))
     instances = scalar.get("--num-distributed-optimizer-instances", 1)
-    if instances > 1 and WORLD_SIZE // (new_tp * new_pp * new_cp) < 2:
+    if instances > 1 and world // (new_tp * new_pp * new_cp) < 2:
         new_tp = new_cp = 1  # the data-parallel ranks must hold several optimizer instances, as they did
-    new_dp = max(1, WORLD_SIZE // (new_tp * new_pp * new_cp))
+    new_dp = max(1, world // (new_tp * new_pp * new_cp))
     new_instances = max(1, min(instances, new_dp))
     # The experts' grid folds into the data-, context- and tensor-parallel ranks of a stage (parallel/mesh.py,
     # Megatron-Core's parallel folding): the given expert tensor-parallel size is kept where it divides those ranks
@@ -254,9 +274,9 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
     freq_runs = None
     if "[" in given.get("--moe-layer-freq", [""])[-1] and "--num-layers" in scalar:
         # a list --moe-layer-freq (Megatron-LM's "([0]*3+[1]*5)") names each layer dense or MoE, and Megatron asserts
-        # its length is --num-layers: a list of runs shrinks with the layers, each run keeping at least one layer
-        # (the dense-first pattern stays); a list of another form, or one a --pipeline-model-parallel-layout places
-        # layer by layer, keeps its layers as written
+        # its length is --num-layers: a list of runs (or of one 0/1 per layer) shrinks with the layers, each run
+        # keeping at least one layer (the dense-first pattern stays); a list of another form, or one a
+        # --pipeline-model-parallel-layout places layer by layer, keeps its layers as written
         freq_runs = layer_runs(given["--moe-layer-freq"][-1])
         if freq_runs is None or "--pipeline-model-parallel-layout" in given:
             freq_runs, new_layers = None, scalar["--num-layers"]
@@ -354,8 +374,10 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
         elif flag == "--kv-channels" and "--hidden-size" in scalar and "--num-attention-heads" in scalar:
             head_dim, tiny_head_dim = (scalar["--hidden-size"] / scalar["--num-attention-heads"],
                                        TINY["--hidden-size"] / TINY["--num-attention-heads"])
-            # even, as the original's: rotary positions rotate pairs of a head's dims
-            new = [str(max(2, 2 * round(value / head_dim * tiny_head_dim / 2)))]
+            # even, as the original's: rotary positions rotate pairs of a head's dims (an even number of them under a
+            # --rotary-percent below 1: a multiple of 4 at GLM-4.5's 0.5)
+            step = 2 * Fraction(float(given.get("--rotary-percent", ["1"])[-1])).limit_denominator(64).denominator
+            new = [str(max(step, step * round(value / head_dim * tiny_head_dim / step)))]
         elif flag in ("--num-key-value-heads", "--num-query-groups") and "--num-attention-heads" in scalar:
             groups = max(1, value * TINY["--num-attention-heads"] // scalar["--num-attention-heads"])
             # each tensor-parallel rank holds whole groups, as it did at the original sizes
@@ -482,9 +504,15 @@ def shrink(launch: Launch, files: LocalFiles) -> Shrunk:
 LAYER_RUN = re.compile(r"\[([01])\]\*(\d+)")
 
 
+LAYER_LIST = re.compile(r"\[\s*[01](\s*,\s*[01])*\s*\]")
+
+
 def layer_runs(expression: str) -> Optional[list[tuple[str, int]]]:
-    """[(0 or 1, layers)] of a --moe-layer-freq list written as runs, "([0]*3+[1]*58)"; None for another form."""
+    """[(0 or 1, layers)] of a --moe-layer-freq list written as runs, "([0]*3+[1]*58)", or one 0/1 per layer,
+    "[0,1,1,1]" (slime's model scripts print theirs so); None for another form."""
     body = expression.strip()
+    if LAYER_LIST.fullmatch(body):
+        return [(value, len(list(group))) for value, group in itertools.groupby(re.findall(r"[01]", body))]
     if body.startswith("(") and body.endswith(")"):
         body = body[1:-1]
     runs = [LAYER_RUN.fullmatch(part.strip()) for part in body.split("+")]
@@ -493,8 +521,12 @@ def layer_runs(expression: str) -> Optional[list[tuple[str, int]]]:
 
 def shrink_layer_runs(expression: str, runs: list[tuple[str, int]], layers: int) -> str:
     """The expression with one layer per run and the rest in its last run (its MoE layers, after the dense first
-    ones), `layers` in all; its spacing and parentheses as written."""
-    counts = iter([1] * (len(runs) - 1) + [layers - len(runs) + 1])
+    ones), `layers` in all; its spacing and parentheses as written (a list of one 0/1 per layer stays one)."""
+    counts = [1] * (len(runs) - 1) + [layers - len(runs) + 1]
+    if LAYER_LIST.fullmatch(expression.strip()):
+        separator = ", " if ", " in expression else ","
+        return "[" + separator.join(value for (value, _), count in zip(runs, counts) for _ in range(count)) + "]"
+    counts = iter(counts)
     return LAYER_RUN.sub(lambda match: f"[{match.group(1)}]*{next(counts)}", expression)
 
 

@@ -5,8 +5,8 @@ other flag and JSON key as written) and runs `pretrain_gpt.main` on 2 CPU ranks 
 SentencePiece tokenizer type gets the embedded corpus tokenized with a SentencePiece model trained on it
 (tests/conftest.py). Its `outcome` is the target:
 
-- "trains": both ranks exit 0, and the metrics file's last training record is iteration 3, every loss
-  finite. Each such launch gets its own pair of processes.
+- "trains": both ranks (all 4 where shrink.ranks_for says so) exit 0, and the metrics file's last training
+  record is iteration 3, every loss finite. Each such launch gets its own processes.
 - "refused: TEXT": both ranks exit 2 and rank 0 prints exactly one line on stderr, containing TEXT and
   not "unrecognized arguments" (a refusal is for a feature this program knows and does not have; a flag
   it does not know is a failure to accept the script). These launches share one pair of processes, one
@@ -44,6 +44,7 @@ from tests.replay_corpus.shrink import (
     SHORTENED_LISTS,
     WORLD_SIZE,
     LocalFiles,
+    ranks_for,
     shrink,
     split_flags,
     uses_sentencepiece,
@@ -118,10 +119,11 @@ def stderr_of_rank0(out_dir: Path) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", list(_params(TRAINING)))
 def test_launch_trains(launch: Launch, prepared, tmp_path, request):
-    status = run_distributed(replay_on_rank, WORLD_SIZE, shrunk_argv(launch, corpus_for(launch, prepared, request),
-                                                                     tmp_path), str(tmp_path),
+    ranks = ranks_for(launch)
+    status = run_distributed(replay_on_rank, ranks, shrunk_argv(launch, corpus_for(launch, prepared, request),
+                                                                tmp_path), str(tmp_path),
                              timeout=180)
-    assert status == [0, 0], f"{launch.name} did not train: {stderr_of_rank0(tmp_path).strip()[-3000:]}"
+    assert status == [0] * ranks, f"{launch.name} did not train: {stderr_of_rank0(tmp_path).strip()[-3000:]}"
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     training = [record for record in records if "split" not in record]
     assert training and training[-1]["iteration"] == ITERATIONS, training
