@@ -33,10 +33,12 @@ def _inputs(kv_heads=HEADS):
     return q, k, v, grad
 
 
-def _full(kv_heads):
+def _full(kv_heads, attn_mask=None):
+    """The whole sequence through SDPA: causal, or under `attn_mask` (a window's, the documents')."""
     q, k, v, grad = _inputs(kv_heads)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != HEADS)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
+                                         enable_gqa=kv_heads != HEADS)
     out.backward(grad)
     return out.detach(), q.grad, k.grad, v.grad
 
@@ -151,18 +153,18 @@ def _full_windowed(kv_heads, rule):
     from gpt.attention_softcap import softcapped_attention
     from gpt.attention_window import causal_window_mask
 
+    mask = causal_window_mask(SEQ, WINDOW, torch.device("cpu"))
+    if not rule:
+        return _full(kv_heads, mask)
     q, k, v, grad = _inputs(kv_heads)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    mask = causal_window_mask(SEQ, WINDOW, q.device)
     if rule.get("sinks"):  # SoftmaxOne's sink column beside the window's scores, as _full_with_sinks
         keys, values = (t.repeat_interleave(HEADS // kv_heads, dim=1) for t in (k, v))
         scores = (q @ keys.transpose(-2, -1) * rule["scale"]).masked_fill(~mask, float("-inf"))
         sink = _sinks().reshape(1, -1, 1, 1).expand(BATCH, -1, SEQ, -1)
         out = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ values
-    elif rule.get("softcap") is not None:
-        out = softcapped_attention(q, k, v, rule["softcap"], rule["scale"], mask)
     else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv_heads != HEADS)
+        out = softcapped_attention(q, k, v, rule["softcap"], rule["scale"], mask)
     out.backward(grad)
     return out.detach(), q.grad, k.grad, v.grad
 
@@ -217,12 +219,7 @@ def _full_documents(kv_heads):
     """The single process's attention: SDPA under data/documents.py's dense block-diagonal causal mask."""
     from data.documents import DocumentMasking
 
-    mask = DocumentMasking.of(EOD, False, True, False).masks(_document_tokens()).attention_mask
-    q, k, v, grad = _inputs(kv_heads)
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv_heads != HEADS)
-    out.backward(grad)
-    return out.detach(), q.grad, k.grad, v.grad
+    return _full(kv_heads, DocumentMasking.of(EOD, False, True, False).masks(_document_tokens()).attention_mask)
 
 
 def _documents_cp_rank(rank, world_size, comm_type, kv_heads):
