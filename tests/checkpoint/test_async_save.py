@@ -58,12 +58,14 @@ class SlowWrites:
 
     def __init__(self, monkeypatch, delay: float = None) -> None:
         self.release, self.delay, self.written = threading.Event(), delay, []
+        self.started = threading.Event()  # the writer thread is inside its first file's write
         self.original = file_writer.save_tensors
         monkeypatch.setattr(file_writer, "save_tensors", self)
 
     def __call__(self, path, tensors, metadata=None):
         if threading.current_thread().name != WRITER_THREAD_NAME:
             return self.original(path, tensors, metadata)
+        self.started.set()
         if self.delay is not None:
             time.sleep(self.delay)
         else:
@@ -176,7 +178,10 @@ def test_an_abandoned_save_commits_nothing_and_the_writer_stops(tmp_path, traine
     writes = SlowWrites(monkeypatch)
     saver = AsyncCheckpointSaver(state)
     saver.save(save_dir, 2, 16, model, optimizer, rng, config)
-    threading.Timer(0.2, writes.release.set).start()  # the file being written when the error came is finished
+    # the error comes while the first file is being written, and that file is finished (on a loaded machine the
+    # writer thread had not begun it 0.2 s after the save and wrote nothing: a CI failure)
+    assert writes.started.wait(60)
+    threading.Timer(0.2, writes.release.set).start()
     saver.abandon()
     assert not saver.writer.alive
     assert WRITER_THREAD_NAME not in [thread.name for thread in threading.enumerate()]

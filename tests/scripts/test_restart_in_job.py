@@ -127,7 +127,8 @@ def assert_recovery_said(out: str) -> None:
     assert resumed, out[-3000:]
     recovered = [line for line in out.splitlines() if line.startswith("> recovered (torchrun restart 1 of 2)")]
     assert len(recovered) == 1, out[-3000:]
-    assert f"this one resumed from the checkpoint at iteration {resumed}: iteration" in recovered[0], recovered
+    # "iteration 5 redone", or none redone where rank 1 stopped after the save at 6 (a CI run's timing)
+    assert f"this one resumed from the checkpoint at iteration {resumed}: " in recovered[0], recovered
     assert " redone; " in recovered[0] and " s to iteration " in recovered[0], recovered
 
 
@@ -149,7 +150,8 @@ def test_a_rank_hung_past_its_step_timeout_is_ended_by_its_monitor_and_the_job_r
         with contextlib.suppress(ProcessLookupError):  # never leave a stopped process behind
             os.kill(stopped, signal.SIGKILL)
     assert code == 0, (err[-3000:], out[-3000:])
-    assert re.search(r"^pretrain_gpt.py: error: rank 1: its (step section has run \S+ s, over its 3 s|checkpointing "
+    # rank 1's monitor, or rank 0's where its wait in the collective passed its timeout first (a loaded machine)
+    assert re.search(r"^pretrain_gpt.py: error: rank [01]: its (step section has run \S+ s, over its 3 s|checkpointing "
                      r"section has run \S+ s, over its 6 s|time out of any section has run \S+ s, over its 3 s) "
                      r"timeout \(--enable-ft-package\)", err, re.M), err[-3000:]
     assert "> FT (--enable-ft-package): section timeouts setup 120 s, step 3 s, checkpointing 6 s, out_of_section 3 s" in out
