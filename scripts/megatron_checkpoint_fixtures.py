@@ -1,18 +1,15 @@
 #!/usr/bin/env python
 """Megatron-LM's own runs and torch_dist checkpoints for tests/fixtures/, written by its own pretrain_gpt.py.
 
-Runs in the benchmark venv (requirements-bench.txt: megatron-core 0.16.1, torch CPU) with Megatron-LM's tree at tag
-core_v0.16.1 beyond megatron.core (its pretrain_gpt.py, megatron/training, ...): --megatron-lm names the tarball
-megatron-lm-core_v0.16.1-min.tar.xz or a folder it was extracted to. Every launch is scripts/megatron_lm_cpu.py
-under torchrun: Megatron-LM's training loop and command line, its device plumbing patched for a CPU with gloo.
+Runs in the benchmark venv (requirements-bench.txt) with Megatron-LM's core_v0.16.1 tree (--megatron-lm: the tarball
+or its folder); every launch is scripts/megatron_lm_cpu.py under torchrun, Megatron-LM's own loop on CPU with gloo.
 
     python scripts/megatron_checkpoint_fixtures.py fixtures --megatron-lm KIT [--only NAME] [--out tests/fixtures]
         the corpus (megatron_data/varied_docs: 200 documents of 8-60 random tokens, by Megatron-Core's
         IndexedDatasetBuilder), then per fixture: one launch trains iterations 1-4 saving at 2 (the uninterrupted
         run), the iteration-2 save is kept, and a second launch --load-s it and trains 3-4 (Megatron-LM's own
-        resume); the losses and gradient norms of both go to NAME/megatron_losses.json, and the resume's forward of
-        iteration 3 (the iteration-2 weights on samples 8-11) to NAME/megatron_logits.safetensors: its tokens and
-        fp32 logits. The first fixture's GPTDataset index files (Megatron-Core's sample order) go to
+        resume); both runs' losses and grad norms go to NAME/megatron_losses.json, the resume's iteration-3 tokens
+        and fp32 logits to NAME/megatron_logits.safetensors, the first fixture's GPTDataset index files to
         megatron_data/megatron_index/.
     python scripts/megatron_checkpoint_fixtures.py logits --megatron-lm KIT [--only NAME] [--out tests/fixtures]
         only the resume launch of a fixture already written (a copy of its save), for its megatron_logits.safetensors

@@ -1,35 +1,18 @@
 """Megatron-LM's hybrid CPU optimizer: the first part of a rank's optimizer partition stepped on the host, the rest
-on the device (--offload-optimizer, or Megatron-LM's --optimizer-cpu-offload, with --optimizer-offload-fraction F
-between 0 and 1; F = 1 is zero/offload.py's whole host step).
+on the device (--offload-optimizer or --optimizer-cpu-offload, with --optimizer-offload-fraction F; F = 1 is
+zero/offload.py's whole host step). docs/zero.md tells the rule and Megatron-LM's code it follows
+(cpu_offloading/hybrid_optimizer.py HybridDeviceOptimizer: whole parameters, in order, until F of the elements).
 
-Megatron-LM (NVIDIA/Megatron-LM at d98e8a64, megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
-HybridDeviceOptimizer) is handed a rank's shard of the distributed optimizer as its parameters and
-`_get_sub_optimizer_param_groups` walks them in order, moving each whole one to the host while the elements moved
-are fewer than F x all of them. Each moved parameter gets an fp32 master copy in pinned host memory that torch's
-AdamW (fused) steps there; the others keep fp32 masters on the device, stepped by the fused Adam. At each step
-`_set_sub_optimizer_grads` copies the moved parameters' gradients from the device into pinned host tensors, the
-host optimizers step, and a post-step hook copies the new values back into the device's parameters. The gradient
-buffer itself stays on the device.
-
-Here the same, in partition coordinates:
-- `host_cut`: the partition's fragments (its parameters' pieces, in partition order) walked the same way give the
-  cut; elements [0, cut) are the host's, [cut, end) the device's. The cut is then moved up to a multiple of
-  PIECE_ALIGNMENT elements from the start of the segment it falls in, so PyTorch's fused CPU AdamW runs the same
-  elements through its vector loop as the run without the split (zero/offload.py) and the step changes no bit: a
-  parameter there may be split between the two sides, which the elementwise update does not see.
-- The master and every moment are `SplitPartition`s (zero/split_partition.py): a host tensor and a device tensor.
-  The pieces AdamW steps are cut at `cut`; the host's are stepped by one optimizer on the host, the device's by
-  another on the device (`build_step_optimizer` for each: PyTorch's fused AdamW on the host, as Megatron-LM's
-  CPUAdam; on CUDA apex's FusedAdam when the real apex is installed, else PyTorch's, as the plain step).
-- The reducer keeps its gradient partition on the device, as without offload (and as Megatron-LM's grad buffer);
-  the step unscales, takes the norm and clips there, then copies the host part into `host_gradient` (Megatron-LM's
-  pinned `cpu_copy_map_grad`, allocated once here) for the host's update. Publishing reads the master by slices,
-  each a view of one side, or for the unit the cut falls in a device copy of its shard (counted in the step's
-  working bytes).
-- Checkpoints hold each state as one flat tensor (the two sides put together), so a split run resumes unsplit and
-  the other way round.
-The copies are synchronous here: Megatron-LM's --overlap-cpu-optimizer-d2h-h2d (side streams) has no counterpart,
-and on a CPU run the host is the device, so the host gradient copy is a copy in the same memory.
+Here, in partition coordinates:
+- `host_cut`: elements [0, cut) are the host's, [cut, end) the device's; the cut is moved up to PIECE_ALIGNMENT from
+  its segment's start, so the fused CPU AdamW runs the same elements through its vector loop as without the split
+  and the step changes no bit.
+- The master and every moment are `SplitPartition`s (zero/split_partition.py), each side stepped by its own
+  optimizer (`build_step_optimizer`).
+- The gradient partition stays on the device; after unscaling, the norm and clipping there, the host part is
+  copied into `host_gradient` (Megatron-LM's pinned cpu_copy_map_grad, allocated once).
+- Checkpoints hold each state as one flat tensor, so a split run resumes unsplit and the other way round.
+The copies are synchronous: --overlap-cpu-optimizer-d2h-h2d (side streams) has no counterpart here.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """Megatron-LM's hybrid CPU optimizer flag (--optimizer-cpu-offload) with its meaning and its rules.
 
-Megatron-LM (NVIDIA/Megatron-LM at d98e8a64, megatron/core/optimizer/__init__.py
-_get_megatron_optimizer_based_on_param_groups) wraps the distributed optimizer's shard of each rank in a
-HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py): the first parameters of the
-shard, whole, until --optimizer-offload-fraction of its elements (default 1.0), get fp32 master copies in host
-memory that torch's AdamW steps there (their gradients copied to the host each step, the new values copied back);
-the others keep fp32 masters on the device, stepped by the fused Adam. Here that is --offload-optimizer with
---optimizer-offload-fraction, a ZeRO setting (zero/config.py): 1.0 is ZeRO-Offload's host step of the whole
-partition (zero/offload.py), a fraction below 1 the same split of the partition (zero/hybrid_offload.py), 0 none.
-
-What Megatron-LM asserts, asserted here in its words:
-- validate_args (megatron/training/arguments.py): "The optimizer cpu offload must be used in conjunction with
-  `--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the code path of this flag.", and that
-  flag needs the distributed optimizer ("--use-precision-aware-optimizer only supported with distributed optimizer",
-  get_megatron_optimizer: arguments/megatron/flags.py _resolve_precision_aware_optimizer says it);
-- validate_args: "When `--fp8-param-gather` is enabled, the optimizer cpu offload must be used in conjunction with
-  `--fp8-recipe delayed`.";
-- OptimizerConfig.__post_init__ (megatron/core/optimizer/optimizer_config.py): "--use-precision-aware-optimizer only
-  supported with adam" (the hybrid optimizer steps Adam or SGD; the other optimizers here are not Adam).
-What it does without saying so, said once: the hybrid optimizer is built with no state dtypes
-(param_update_in_fp32=True, torch's AdamW beside the fused Adam, and OptimizerConfig returns before checking
-TransformerEngine's dtypes), so --main-params-dtype, --exp-avg-dtype and --exp-avg-sq-dtype have no effect under it:
-the master weights and moments are fp32.
+It is --offload-optimizer with --optimizer-offload-fraction here, a ZeRO setting (zero/config.py; the split:
+zero/hybrid_offload.py, docs/zero.md). What Megatron-LM asserts, asserted in its words:
+- validate_args (megatron/training/arguments.py): the offload needs --use-precision-aware-optimizer, which needs the
+  distributed optimizer (arguments/megatron/flags.py _resolve_precision_aware_optimizer);
+- validate_args: with --fp8-param-gather it needs --fp8-recipe delayed;
+- OptimizerConfig.__post_init__: --use-precision-aware-optimizer only with adam.
+What it does without saying so, said once: the hybrid optimizer is built with no state dtypes, so
+--main-params-dtype, --exp-avg-dtype and --exp-avg-sq-dtype have no effect under it (fp32 masters and moments).
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Megatron-Core's MoELayer (megatron/core/transformer/moe/moe_layer.py): route, dispatch, run the experts,
-combine, and add the shared experts' output (shared_experts.py SharedExpertMLP: an MLP of
---moe-shared-expert-intermediate-size that sees every token, its output multiplied by sigmoid(x . gate) with
---moe-shared-expert-gate, as Qwen2-MoE's shared_expert_gate).
+combine, and add the shared experts' output (SharedExpertMLP of --moe-shared-expert-intermediate-size, gated by
+sigmoid(x . gate) with --moe-shared-expert-gate, as Qwen2-MoE's shared_expert_gate).
 
-With --mlp-type residual (PR-MoE, a Megatron-DeepSpeed launch), DeepSpeed-MoE's residual MoE
-(deepspeed/moe/layer.py, MoE.forward with use_residual): a dense MLP of the experts' shape sees every token
-beside the experts, and a Linear(hidden, 2) `coefficient` mixes the two per token:
-`coef = softmax(coefficient(x), -1); output = moe(x) * coef[..., 0:1] + mlp(x) * coef[..., 1:]`.
+With --mlp-type residual (PR-MoE, Megatron-DeepSpeed), DeepSpeed-MoE's residual MoE (deepspeed/moe/layer.py): a
+dense MLP beside the experts, mixed per token by softmax(coefficient(x)) over the two outputs.
 
-Hidden states arrive [batch, sequence, hidden]; the router and dispatcher see them in Megatron's [sequence,
-batch] token order (gpt/moe/router.py). At expert-parallel size 1 the dispatcher is `LocalDispatcher`
-(gpt/moe/dispatcher.py); an expert-parallel dispatcher takes its place through `dispatcher`.
-
-Under tensor parallelism the layer runs on this TP rank's slice of the sequence (sequence parallelism, which
-Megatron-Core's MoELayer.forward requires with TP in training): the router routes the slice's tokens
-(gpt/moe/router.py), and the experts either are whole on every rank (--expert-tensor-parallel-size 1: the
-expert-parallel group may then be made of TP ranks, Megatron-Core's parallel folding) or split over the expert
-tensor-parallel group (ETP = TP, Megatron's default, or any ETP the grid takes: ETP 2 at TP 1 splits them over DP
-ranks; gpt/moe/experts.py), the dispatcher gathering the peers' rows.
+Hidden states arrive [batch, sequence, hidden]; the router and dispatcher see Megatron's [sequence, batch] token
+order. At expert-parallel size 1 the dispatcher is `LocalDispatcher` (gpt/moe/dispatcher.py). Under tensor
+parallelism the layer runs on this TP rank's sequence slice (sequence parallelism, which Megatron-Core requires
+with TP), and the experts are whole (expert TP 1) or split over the expert tensor-parallel group, any size the grid
+takes (gpt/moe/experts.py), the dispatcher gathering the peers' rows.
 """
 
 from __future__ import annotations

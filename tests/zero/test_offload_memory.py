@@ -1,25 +1,15 @@
 """Issue 36 point 5: the planner knows where every byte lives, on the device or on the host, with offload.
 
-ZeRO-Offload keeps the fp32 master partition and both Adam moments in host memory and steps them there
-(deepspeedai/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py @edaa722: `weights_partition ...
-.to(device='cpu')` at lines 492-497, the offloaded step at 2321-2341); ZeRO-3 Offload also keeps the 16-bit
-parameter shard there (deepspeed/runtime/zero/partition_parameters.py, `remote_device` "cpu"); the reduced
-gradient partition goes to the host as each bucket's reduction completes (stage_1_and_2.py
-`copy_grads_in_partition`, 1650-1670; stage3.py's pinned `grad_partitions_flat_buffer`, 742-750). So per
-rank the device holds the 16-bit parameters, the reduce buckets and at stage 1 the full gradient buffer
-the micro-batches accumulate in, and the host 16 bytes per parameter of the rank's shard (fp32 master,
-moments and gradient; +2 for a 16-bit accumulation partition at stages 2-3, +2 with parameter offload).
-
-Megatron-LM's hybrid optimizer (--optimizer-offload-fraction 0.5, zero/hybrid_offload.py) keeps the master and the
-moments of the first part of the partition on the host, with a host copy of that part's gradient for its step, and
-the rest, the gradient partition included, on the device.
+ZeRO-Offload keeps the fp32 master partition, both Adam moments and the reduced gradient partition in host memory
+(DeepSpeed's stage_1_and_2.py `.to(device='cpu')` and `copy_grads_in_partition`); ZeRO-3 Offload also the 16-bit
+parameter shard (partition_parameters.py `remote_device`). Megatron-LM's hybrid optimizer (fraction 0.5,
+zero/hybrid_offload.py) keeps the first part's master, moments and a gradient copy on the host, the rest on the
+device.
 
 The acceptance: for each placement (none, optimizer, optimizer + parameters, hybrid) and stage, the dry run's
-device and host bytes of every rank equal what a live 2-rank run holds after one iteration, measured over
-the same tensors (`optimizer.model_state_tensors()`). On this CPU the "device" is the CPU too, so the live
-side cannot split by `tensor.device`: both sides split by which buffer a tensor is
-(`zero.memory.host_resident_tensors`: offload's host buffers, the rest on the device), the rule a CUDA
-run's tensor.device agrees with.
+device and host bytes of every rank equal what a live 2-rank run holds after one iteration, over the same tensors
+(`optimizer.model_state_tensors()`). On a CPU the "device" is the CPU too, so both sides split by which buffer a
+tensor is (`zero.memory.host_resident_tensors`), the rule a CUDA run's tensor.device agrees with.
 """
 
 import pytest
