@@ -1,28 +1,22 @@
 """Blending datasets in fixed proportions: Megatron's greedy assignment, computed with numpy, cached.
 
 Global sample i (step t = max(i, 1)) goes to the dataset d with the largest deficit
-``weights[d] * t - count[d]`` (the one furthest behind its share; ties go to the lowest d) and takes
-that dataset's next sample: Megatron's rule (megatron/core/datasets/helpers.cpp, build_blending_indices:
-`sample_idx_double = std::max(static_cast<double>(sample_idx), 1.0)`; Megatron-DeepSpeed's helpers.cpp the
-same), so a blend draws Megatron's samples in Megatron's order. Each choice depends on every earlier one, so the obvious program is a
-Python loop: about 0.4 s per million samples, a minute for a 300B-token run.
+``weights[d] * t - count[d]`` (ties to the lowest d) and takes that dataset's next sample: Megatron's rule
+(megatron/core/datasets/helpers.cpp, build_blending_indices; Megatron-DeepSpeed's the same), so a blend draws
+Megatron's samples in Megatron's order. As a Python loop that is 0.4 s per million samples.
 
-What lets numpy do it is that the greedy corrects itself: two runs that start at the same step from
-different counts choose differently only until their counts agree, and from then on they are one
-run. They agree within a few steps, or within about 1/w steps when the count of a dataset of
-weight w was off. So:
+The greedy corrects itself: two runs from different counts at the same step agree within a few steps (about
+1/w steps when a dataset of weight w was off), and from then on are one run. So:
 
-1. cut the samples into chunks and guess the counts at each chunk's start (the shares w * t rounded
-   by largest remainder: usually right, and exact for the first chunk);
+1. cut the samples into chunks and guess each chunk's starting counts (w * t by largest remainder: usually
+   right, exact for the first chunk);
 2. run all chunks at once, one vectorised step per position in a chunk;
-3. repair: a chunk whose guessed start differs from the end of the chunk before it is run again
-   from that end until its counts meet its first run's (from there on the first run was right).
-   A chunk that never meets its first run gets a new end, so the next chunk is checked again;
-   this repeats until every start agrees.
+3. repair: a chunk whose guessed start differs from the previous chunk's end is rerun from that end until
+   its counts meet its first run's; one that never meets gets a new end and the next chunk is checked again,
+   until every start agrees.
 
-Each decision evaluates the loop's float64 expression with the loop's tie rule, so the result is the
-loop's, sample for sample, whatever the guesses were (`tests/data/test_blending.py` compares them).
-"""
+Each decision evaluates the loop's float64 expression with its tie rule, so the result is the loop's, sample
+for sample (`tests/data/test_blending.py` compares them)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,19 @@
 """ALCF's --data-file-list: weighted prefixes grouped by corpus, as its Megatron-DeepSpeed fork builds them.
 
 argonne-lcf/Megatron-DeepSpeed at ffa3456d: pretrain_gpt_alcf.py reads the file (one `weight prefix corpus` line
-per dataset, blank lines skipped, a prefix's `.bin` suffix cut off); megatron/data/gpt_dataset.py
-build_train_valid_test_datasets and megatron/data/dataset_utils.py get_datasets_corpuses_weights_and_num_samples
-build each split that --split gives a share (as three integers):
+per dataset, blank lines skipped, a `.bin` suffix cut off); megatron/data/gpt_dataset.py and dataset_utils.py
+get_datasets_corpuses_weights_and_num_samples build each split that --split gives a share:
 
-- the weights normalized over every line; line i gets n_i = ceil(N x w_i x 1.005) samples of a split of N, from its
-  prefix's documents of that split (--split cuts each prefix);
-- the lines of one corpus make one dataset of sum n_i samples: line after line (helpers.build_concat_indices), or
-  with --blend-sample-in-corpus interleaved by the greedy blend of weights n_i / sum (build_blending_indices); with
-  --shuffle-sample-in-corpus its samples are read in the order of `np.random.RandomState(--seed).shuffle` of their
-  indices (BuildCorpusDataset);
-- the corpora, in sorted order of their names, are blended by the greedy rule with weights n_C / sum over all
-  (BlendableDataset).
+- weights normalized over every line; line i gets n_i = ceil(N x w_i x 1.005) of a split's N samples, from its
+  prefix's documents of that split;
+- one corpus's lines make one dataset of sum n_i samples: line after line (helpers.build_concat_indices), or with
+  --blend-sample-in-corpus by the greedy blend of weights n_i / sum; with --shuffle-sample-in-corpus read in the
+  order of `np.random.RandomState(--seed).shuffle` of their indices (BuildCorpusDataset);
+- the corpora, in sorted name order, are blended greedily with weights n_C / sum over all (BlendableDataset).
 
-Each line's samples are this repository's GPTDataset over its documents (docs/data.md); which line and which of its
-samples each sample of a split is, is the fork's (tests/data/test_corpus_list.py runs the fork's index code, copied
-there). The corpus order depends on the split's sample count, as the fork's does: a run resumed with a longer
-schedule reads another order from there.
-"""
+Each line's samples are this repository's GPTDataset over its documents (docs/data.md); which line and sample each
+split's sample is, is the fork's (tests/data/test_corpus_list.py runs the fork's index code, copied there). The
+corpus order depends on the split's sample count, as the fork's: a resume with a longer schedule reads another order."""
 
 from __future__ import annotations
 

@@ -1,34 +1,22 @@
 """Document masking: Megatron's --reset-position-ids, --reset-attention-mask and --eod-mask-loss.
 
-A training sample is seq_length + 1 tokens cut from documents laid end to end, each ending in the tokenizer's
-end-of-document (EOD) id. By default every token attends to every earlier one and is predicted, across the
-documents' boundaries (GPT-2's training). Megatron-LM's `_get_ltor_masks_and_position_ids`
-(megatron/core/datasets/gpt_dataset.py; the older `get_ltor_masks_and_position_ids` in Megatron-DeepSpeed's
-megatron/utils.py is the same arithmetic) builds, from a sample's input tokens (the sample without its last
-token) and the EOD id:
+A sample is seq_length + 1 tokens cut from documents laid end to end, each ending in the end-of-document (EOD) id.
+Megatron-LM's `_get_ltor_masks_and_position_ids` (megatron/core/datasets/gpt_dataset.py; Megatron-DeepSpeed's
+megatron/utils.py the same) builds from a sample's input tokens, for each EOD index i:
 
-- position ids that restart after each EOD (--reset-position-ids): `position_ids[(i + 1):] -= i + 1 - prev`
-  for each EOD index i;
-- an attention mask that stops a token attending to anything at or before an earlier EOD
-  (--reset-attention-mask): `attention_mask[0, (i + 1):, :(i + 1)] = 0`, on top of the causal mask, so attention
-  is block-diagonal and causal, one block per document (an EOD belongs to the document it ends);
-- a loss mask that is 0 where the input token is the EOD (--eod-mask-loss): `loss_mask[data == eod_token] = 0`,
-  so the EOD's prediction of the next document's first token is not trained.
+- --reset-position-ids: position ids restart after each EOD, `position_ids[(i + 1):] -= i + 1 - prev`;
+- --reset-attention-mask: `attention_mask[0, (i + 1):, :(i + 1)] = 0` on the causal mask: block-diagonal, one
+  block per document (an EOD belongs to the document it ends);
+- --eod-mask-loss: `loss_mask[data == eod_token] = 0`, the EOD's prediction of the next document is not trained.
 
-Megatron computes them per sample in the dataset with a Python loop over the EODs; here they are computed per
-micro-batch, vectorized, on the device where the tokens are, by every pipeline stage that reads the micro-batch
-(training/pipeline_step.py), and only when a flag asks: the default path builds nothing.
+Megatron loops over the EODs per sample in the dataset; here they are vectorized per micro-batch, on the device,
+by every stage that reads the micro-batch (training/pipeline_step.py), and only when a flag asks.
 
-swiss-ai's Megatron-LM fork adds the goldfish loss to the same loss mask (--goldfish-loss --goldfish-k K
---goldfish-h H; https://github.com/ahans30/goldfish-loss's hash-table strategy, megatron/core/datasets/gpt_dataset.py
-`apply_goldfish`, called in GPTDataset.__getitem__ after the EOD and padding masks): the product of each window of
-H consecutive labels (int64, wrapping as the fork's does), modulo 1,000,003, indexes a table of 1,000,003 uniform
-floats drawn once from a CPU generator seeded 2971215073 (`_create_hash_table`); where the value is below 1/K,
-the window's last label gets no loss (`masked_labels[h-1:][hashed_keys < 1 / k]`). The same H tokens always drop
-the token that ends them, wherever they occur, so about 1 in K tokens is never trained on; the first H-1 labels
-of a sample are never dropped. A dropped token leaves the loss's sum and its token count alike
-(masked_token_mean), as Megatron's loss_func sums `losses * loss_mask` over `loss_mask.sum()` tokens.
-"""
+swiss-ai's fork adds the goldfish loss (--goldfish-loss --goldfish-k K --goldfish-h H; its gpt_dataset.py
+`apply_goldfish`): the product of each window of H consecutive labels (int64, wrapping), modulo 1,000,003, indexes a
+table of uniform floats drawn once from a CPU generator seeded 2971215073 (`_create_hash_table`); below 1/K the
+window's last label gets no loss. About 1 in K tokens is never trained on, the first H-1 labels of a sample never
+dropped; a dropped token leaves the loss's sum and its token count alike (masked_token_mean), as Megatron's loss_func."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The layout is Megatron-LM's ``MMIDIDX`` format, byte for byte, so data prepared 
 and ours works there. All integers are little-endian::
 
     <prefix>.idx
-        magic            9 bytes   b"MMIDIDX\\x00\\x00"
+        magic            9 bytes   b"MMIDIDX\x00\x00"
         version          <Q        1
         dtype code       <B        see DTYPE_CODES
         sequence count   <Q        N
@@ -15,10 +15,8 @@ and ours works there. All integers are little-endian::
     <prefix>.bin
         the token arrays of all sequences, concatenated, in the dtype
 
-A *document* is one or more consecutive sequences (one, unless the text was split into sentences).
-Because sequences are stored back to back, a document is also one contiguous run of tokens in .bin,
-which is what lets ``IndexedDataset.get_document`` read a slice of it without touching the rest.
-"""
+A *document* is one or more consecutive sequences, so also one contiguous run of tokens in .bin: that is
+what lets ``IndexedDataset.get_document`` read a slice of it without touching the rest."""
 
 from __future__ import annotations
 

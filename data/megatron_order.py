@@ -1,24 +1,20 @@
 """Megatron-Core's sample order: the document, sample and shuffle indices its GPTDataset builds, value for value.
 
-This project's own order (data/gpt_dataset.py) shuffles each epoch on its own, so that asking for more samples only
-appends to them. Megatron-Core's depends on how many samples are asked for: megatron/core/datasets/gpt_dataset.py
-(core_v0.16.1), GPTDataset._build_document_sample_shuffle_indices:
+This project's own order (data/gpt_dataset.py) shuffles each epoch on its own, so asking for more samples only
+appends. Megatron-Core's depends on how many are asked for (core_v0.16.1 gpt_dataset.py,
+GPTDataset._build_document_sample_shuffle_indices):
 
-- epochs: the fewest E >= 1 with E x (tokens of the split's documents) >= samples x seq_length + 1
-  (`_get_num_epochs`, add_extra_token_to_sequence 1);
-- with E > 1, the last epoch is shuffled apart when it contributes fewer than 80% of an epoch's samples
-  (`separate_final_epoch`);
-- one numpy RandomState(seed) draws, in this order, the document index (`_build_document_index`: the split's
-  document ids repeated E times, as int32, shuffled as one array; or the first E - 1 epochs, then the last) and the
-  shuffle index (`_build_shuffle_index`: a permutation of every sample the epochs hold, or of those before the
-  separate last epoch and then of the rest);
-- the sample index (helpers.cpp build_sample_idx, drop_last_partial_sequence for training): row k is where token
-  k x seq_length lies, for the (E x tokens - 1) // seq_length whole samples; the same rule as this project's
-  `build_sample_index`, which is used on Megatron's document index.
+- epochs: the fewest E >= 1 with E x (the split's tokens) >= samples x seq_length + 1 (`_get_num_epochs`);
+- with E > 1, the last epoch is shuffled apart when it gives under 80% of an epoch's samples (`separate_final_epoch`);
+- one numpy RandomState(seed) draws the document index (`_build_document_index`: the split's document ids
+  repeated E times, int32, shuffled as one array, or the first E - 1 epochs then the last) and then the shuffle
+  index (`_build_shuffle_index`: a permutation of all samples, or of those before the separate last epoch, then
+  of the rest);
+- the sample index (helpers.cpp build_sample_idx, dropping the last partial sample): this project's
+  `build_sample_index`, run on Megatron's document index.
 
 A run that writes or reads Megatron-LM's checkpoints reads its samples in this order (arguments/config.py,
-`PretrainConfig.sample_order`): the consumed-samples count of such a checkpoint is a position in it.
-"""
+`PretrainConfig.sample_order`): such a checkpoint's consumed-samples count is a position in it."""
 
 from __future__ import annotations
 

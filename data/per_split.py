@@ -1,30 +1,22 @@
 """Megatron-LM's data sources: one blend split into train/valid/test by --split, or one blend per split.
 
 A launch names its data one of four ways (megatron/training/utils/common_utils.py get_blend_and_blend_per_split,
-at d98e8a64):
+at d98e8a64): `--data-path` (prefixes, or weight/prefix pairs) split by --split; `--data-args-path FILE`, the same
+list read from a file (`f.read().split()`); `--train-data-path`, `--valid-data-path`, `--test-data-path`, a blend
+per split, each read whole; `--per-split-data-args-path FILE`, a JSON object whose `train`, `valid` and `test` hold
+those lists (a string split on whitespace, null no data for that split).
 
-- `--data-path` (a prefix, prefixes, or weight/prefix pairs), split by --split;
-- `--data-args-path FILE`: the same list read from a file (Megatron: `f.read().split()`), for lists too long for a
-  command line;
-- `--train-data-path`, `--valid-data-path`, `--test-data-path`: a blend per split, each read whole (no --split);
-- `--per-split-data-args-path FILE`: a JSON object whose `train`, `valid` and `test` hold those lists (a string is
-  split on whitespace, null is no data for that split).
+Megatron-LM's rules, refused in one line each: --data-path and --data-args-path exclude each other, as do the
+per-split paths and the per-split file (validate_args); one data source at most, --mock-data counting as one. A
+split without a blend has no dataset (no validation or test); the training split must have one here. --split
+beside per-split blends is not read and said at start-up (arguments/config.py split_unread_note): Megatron-Core
+asserts against the pair since January 2024, but LLM360's K2-V2 mid-training launches give both and trained on the
+Megatron-LM their container held, so the launch is accepted and the difference named.
 
-Megatron-LM's rules, refused here in one line each: --data-path and --data-args-path exclude each other, and so do
-the per-split paths and the per-split file (validate_args); one data source at most, --mock-data counting as one
-(`A single data source must be provided`). A split without a blend has no dataset: no validation (or test)
-runs; the training split must have one here (Megatron would have no training data). --split typed beside per-split
-blends is not read (each split's blend is read whole) and said at start-up (arguments/config.py
-split_unread_note): Megatron-Core asserts against the pair since January 2024 (BlendedMegatronDatasetConfig:
-`split and blend_per_split are incompatible`), but LLM360's K2-V2 mid-training launches give both and trained on
-the Megatron-LM their container held, so the launch is accepted and the difference named.
-
-Each per-split blend is built as Megatron-Core's BlendedMegatronDatasetBuilder builds it with `blend_per_split`
-(blended_megatron_dataset_builder.py `_build_blended_dataset_splits`, the separate-distributions branch): every
-prefix contributes all its documents to that split (`split_spoof[i] = (0.0, 1.0)`), one prefix is that prefix's
-dataset, several are blended by their weights, or, without weights, by the samples one epoch of each holds
-(data/gpt_dataset.py `blend_split`, shared with the --data-path blends).
-"""
+Each per-split blend is built as BlendedMegatronDatasetBuilder builds `blend_per_split` (the separate-distributions
+branch of `_build_blended_dataset_splits`): every prefix gives all its documents to that split, one prefix is its
+dataset, several are blended by their weights or, without weights, by one epoch's samples of each
+(data/gpt_dataset.py `blend_split`, shared with the --data-path blends)."""
 
 from __future__ import annotations
 
