@@ -5,32 +5,19 @@
     python scripts/benchmark_gpu.py --models gpt2-1.5b --compile off --rounds 5
     python scripts/benchmark_gpu.py --smoke                      # tiny, CPU, fp32, a few steps (CI)
 
-Both models train the same shape (the preset's layers, hidden, heads and sequence length, GPT-2's 50257
-token vocabulary, dropout 0) on the same random token batches, one optimizer step per micro-batch:
+Both train the preset's shape (GPT-2's 50257-token vocabulary, dropout 0) on the same random batches, one step
+per micro-batch. ours: GPTModel under ZeRO on one rank as pretrain_gpt.py runs it (bf16 parameters, fp32
+gradients, master and moments, no autocast, SDPA's flash kernel, fused AdamW or the real apex's FusedAdam);
+ours-autocast: the same under bf16 autocast (an ablation, `--impls ours,ours-autocast`); hf: GPT2LMHeadModel,
+sdpa, fp32 parameters, bf16 autocast, torch's fused AdamW. `--compile on` compiles each block of both
+(nn.Module.compile, as --compile). Rounds alternate ours and hf, eager then compiled; a variant's figure is its
+best round (--steps timed steps after --warmup-steps, synchronised around each round).
 
-    ours  GPTModel under ZeRO on one rank (pretrain_gpt.py's path): bf16 parameters, gradients
-          accumulated in fp32, fp32 master weights and Adam moments, no autocast (the parameters are
-          bf16 already), attention through SDPA restricted to the flash kernel, fused AdamW (apex's
-          FusedAdam when the real apex is installed).
-    ours-autocast  the same under bf16 autocast, as pretrain_gpt.py ran before 2026-11-22 (an
-          ablation: `--impls ours,ours-autocast`).
-    hf    GPT2LMHeadModel with attn_implementation="sdpa", the usual transformers recipe: fp32
-          parameters, bf16 autocast, torch's fused AdamW.
-
-`--compile on` compiles each transformer block of both models (nn.Module.compile), as pretrain_gpt.py's
---compile does. Eager rounds alternate ours and hf; then both are compiled in place and the compiled
-rounds alternate the same way. Each variant's figure is its best round (a round is --steps timed steps
-after --warmup-steps; the device is synchronised around each round).
-
-Reported per variant: tokens/s; model TFLOP/s from training.metrics.flops_per_iteration (Megatron's formula,
-no recompute, the vocabulary each model really has: ours pads 50257 to 50304); MFU over the device's
-dense 16-bit peak (training.metrics.device_peak_tflops, or --peak-tflops); and peak memory: the variant's
-resident states when its rounds start plus the most the device allocator held above that during them
-(both models stay resident, so the raw device peak would count the other model too).
-
-The table is printed last, then one verdict line against the goals (>= 50% MFU at the largest size,
->= 1.1x transformers' tokens/s). --json FILE writes every figure.
-"""
+Reported per variant: tokens/s; model TFLOP/s (training.metrics.flops_per_iteration, Megatron's formula, each
+model's real vocabulary: ours pads to 50304); MFU over the dense 16-bit peak (training.metrics.device_peak_tflops
+or --peak-tflops); peak memory: resident states at the rounds' start plus the most the allocator held above that
+(both models stay resident). Then one verdict line against the goals (>= 50% MFU at the largest size, >= 1.1x
+transformers' tokens/s). --json FILE writes every figure."""
 
 from __future__ import annotations
 

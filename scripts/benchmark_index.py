@@ -5,27 +5,18 @@
     python scripts/benchmark_index.py --tokens 3e9 --rounds 5 --data-dir /scratch/synthetic
     python scripts/benchmark_index.py --small              # 2e6 tokens: checks the script runs (CI)
 
-A synthetic corpus of --tokens tokens is written with our writer (data/indexed.py, Megatron's
-.bin/.idx format) as three sources with document lengths drawn from lognormal distributions:
-web text (median 400 tokens, sigma 1.2: mean about 820, a heavy tail, like C4-style crawls), code
-(median 300, sigma 1.4) and books (median 60,000, sigma 0.7), blended 0.6/0.3/0.1, each source
-holding its share of the tokens. The blend asks for --tokens / --seq-length samples: one pass.
+A synthetic corpus of --tokens tokens (our writer, Megatron's .bin/.idx) holds three sources with lognormal
+document lengths: web text (median 400, sigma 1.2), code (300, 1.4), books (60,000, 0.7), blended 0.6/0.3/0.1;
+the blend asks for one pass, --tokens / --seq-length samples. Each round builds, alternately first:
+ours (data.gpt_dataset.build_train_valid_test_datasets: three GPTDatasets and a BlendedDataset) and megatron
+(megatron.core.datasets' BlendedMegatronDatasetBuilder with GPTDataset, its C++ build_sample_idx and
+build_blending_indices), each into a fresh cache; then loads both warm, then times each stage alone on its
+builder's inputs (opening the sources is one: ours validates every .idx pointer). Figures are the best round.
 
-Each round builds, alternately ours first and Megatron-Core first:
-    ours      data.gpt_dataset.build_train_valid_test_datasets: three GPTDatasets (document, sample
-              and shuffle indices) and a BlendedDataset, every index written to a fresh cache.
-    megatron  megatron.core.datasets BlendedMegatronDatasetBuilder with GPTDataset: the same three
-              indices per source (its C++ build_sample_idx) and its BlendedDataset (its C++
-              build_blending_indices), written to a fresh cache.
-then loads both from their caches ("warm"), then times each stage on its own on the inputs each
-builder used (opening the three sources is one: ours validates every .idx pointer on open). Figures are the best round. The document, shuffle and blending orders of the two
-are different algorithms (different generators and step conventions), so they are checked for
-their properties; the sample index is the same algorithm, so ours is run on Megatron-Core's
-document index and must equal Megatron-Core's sample index exactly.
-
-The table is printed last, then `ours/megatron index build ratio: X.XX` (cold end-to-end build).
-Without megatron-core installed (`pip install -r requirements-bench.txt`), ours is timed alone.
-"""
+The document, shuffle and blending orders are different algorithms, checked for their properties; the sample
+index is the same algorithm, so ours is run on Megatron-Core's document index and must equal its sample index.
+The table is printed last, then `ours/megatron index build ratio: X.XX` (cold end-to-end build). Without
+megatron-core (`pip install -r requirements-bench.txt`), ours is timed alone."""
 
 from __future__ import annotations
 

@@ -5,23 +5,19 @@
     python scripts/benchmark_init.py --num-layers 24 --hidden-size 2048 --rounds 3
     python scripts/benchmark_init.py --quick               # a tiny model, to check the script runs
 
-Each configuration runs in fresh processes (one per rank, gloo, one intra-op thread each, the way the
-ranks of a CPU job share this machine), so each rank's peak RSS is its own. A rank builds GPTModel on
-the meta device, then `zero.apply.build_zero` materializes it at stage 3 (bf16 parameters, fp32
-gradients, fp32 master and Adam moments): it allocates its shards and fills them from the counter-based
-initializer, computing only the elements it owns. Reported per rank:
+Each configuration runs in fresh processes (one per rank, gloo, one intra-op thread each), so each rank's
+peak RSS is its own. A rank builds GPTModel on the meta device, then `zero.apply.build_zero` materializes it
+at stage 3 (bf16 parameters, fp32 gradients, master and moments), filling only the elements it owns from the
+counter-based initializer. Reported per rank:
 
-    init time        build_zero's wall time (layout, allocation, filling, binding), and the CPU time
-                     of the rank's process over it: the work it did, which on a shared machine is the
-                     fairer measure (wall time also counts waiting for a core)
-    peak RSS growth  ru_maxrss after build_zero minus ru_maxrss before it
-    model states     bytes of every tensor the rank holds (zero.memory.measure_tensor_bytes), plus one
-                     block's gathered chunk (the most construction may hold at once)
+    init time        build_zero's wall time and the process's CPU time over it (the work done, the fairer
+                     measure on a shared machine)
+    peak RSS growth  ru_maxrss after build_zero minus before it
+    model states     bytes of every tensor the rank holds (zero.memory.measure_tensor_bytes) plus one
+                     block's gathered chunk (the most construction holds at once)
     ratio            peak RSS growth / (model states + one chunk); the goal is <= 1.3
 
-and the time ratios of DP=2 to DP=1, wall and CPU (best of --rounds; the goal is <= 0.6). The load
-average is printed: this machine is shared, and single rounds vary.
-"""
+and the time ratios of DP=2 to DP=1, wall and CPU (best of --rounds; the goal is <= 0.6), with the load average."""
 
 from __future__ import annotations
 

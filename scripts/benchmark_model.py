@@ -5,28 +5,16 @@
     python scripts/benchmark_model.py --profile        # and where each spends its time, op by op
     python scripts/benchmark_model.py --quick          # a tiny model: checks the script runs (under a minute)
 
-Both models have the same shape (the preset's layers, hidden size and heads at --seq-length, GPT-2's
-50257-token vocabulary, which ours pads to 50304), start from the same seed, train on the same
-random token batches in fp32 with dropout 0, one AdamW step per iteration (ours: torch's fused kernel,
-as training runs it; hf: torch's foreach kernel on CPU, fused on CUDA):
+Same shape (GPT-2's 50257-token vocabulary; ours pads to 50304), same seed, same random batches, fp32, dropout
+0, one AdamW step per iteration. ours: GPTModel under ZeroOptimizer stage 0 on one rank, pretrain_gpt.py's path
+(flat buffers, fp32 master, clipping at 1.0, torch's fused AdamW); hf: GPT2LMHeadModel, sdpa, torch.optim.AdamW
+(foreach on CPU), no clipping. The trainers are scripts/benchmark_gpu.py's (build_ours, build_hf).
 
-    ours  GPTModel under ZeroOptimizer stage 0 on one rank, the path pretrain_gpt.py trains with:
-          flat parameter and gradient buffers, fp32 master weights, gradient clipping at 1.0
-    hf    GPT2LMHeadModel with attn_implementation="sdpa" and torch.optim.AdamW (no clipping)
-
-The trainers are scripts/benchmark_gpu.py's (build_ours, build_hf). After one untimed iteration
-each, every round times one iteration of each model, the order alternating, so the two see the
-same moments of a shared machine; tokens/s comes from each model's best round (other work only
-ever slows a round down). Each iteration's process CPU time (all threads) is recorded too: it
-counts the work done rather than the wait for a core, so its median is the steadier comparison
-where other jobs share the cores. One torch thread by default (--threads 0: torch's choice): on a
-shared 2-core machine a second thread mostly waits for the other core.
-
---profile then profiles --profile-rounds iterations of each, alternating, and prints every op's
-self CPU time in each model's quickest profiled iteration, side by side.
-
-The table is printed last; its last line is `ours/hf tokens/s ratio: X.XX` (best rounds).
-"""
+After one untimed iteration each, every round times one iteration of each, the order alternating; tokens/s is
+each model's best round. Each iteration's process CPU time is recorded too (its median is the steadier figure
+on a shared machine). One torch thread by default (--threads 0: torch's choice). --profile then profiles
+--profile-rounds iterations of each and prints every op's self CPU time side by side. The table's last line is
+`ours/hf tokens/s ratio: X.XX` (best rounds)."""
 
 from __future__ import annotations
 

@@ -5,36 +5,19 @@
     python scripts/benchmark_moe.py --systems ours --steps 2 --warmup-steps 1   # ours alone (no DeepSpeed)
     python scripts/benchmark_moe.py --stages 1,2 --disable-moe-token-dropping --output moe.md --json moe.json
 
-Needs requirements-bench.txt for the DeepSpeed side. Both sides train the same small GPT (our
-gpt.model.GPTModel, fp32, dropout 0) whose MLPs are mixture-of-experts layers with DeepSpeed-MoE's gating
-(top-1 or top-2, capacity factor, min capacity, token dropping), on `--world-size` gloo ranks with expert
-parallelism `--expert-parallel-size` (each rank holds num_experts / EP of each layer's experts), the same
-ZeRO stage, the same seeded token batches and torch AdamW hyperparameters, in fresh processes (one per rank,
-one intra-op thread each):
+Needs requirements-bench.txt for DeepSpeed. Both sides train the same small GPT (fp32, dropout 0) with
+DeepSpeed-MoE gating (top-1/2, capacity factor, min capacity, token dropping) on `--world-size` gloo ranks at
+expert parallelism `--expert-parallel-size`, the same ZeRO stage, seeded batches and AdamW, in fresh processes.
+ours: Megatron-DeepSpeed's flags (--moe-gating deepspeed --num-experts E --topk k --moe-expert-parallel-size EP),
+our dispatcher and ZeRO with the experts' part (zero/experts.py). deepspeed: each MoE layer replaced by
+deepspeed.moe.layer.MoE over experts of the same shape, in deepspeed.initialize's engine, the optimizer groups
+split by split_params_into_different_moe_groups_for_optimizer, l_aux x --moe-loss-coeff added to the loss.
 
-    ours        --moe-gating deepspeed --num-experts E --topk k --moe-expert-parallel-size EP (Megatron-DeepSpeed's
-                flags), the --moe-token-dispatcher-type dispatcher, our ZeRO with the experts' own part
-                (zero/experts.py); training/build.py's construction
-    deepspeed   every MoE layer of the same model replaced by deepspeed.moe.layer.MoE(ep_size=EP, k, capacity
-                factor, min capacity, drop_tokens) over experts of the same shape, inside deepspeed.initialize's
-                engine with a torch AdamW client optimizer whose groups DeepSpeed's
-                split_params_into_different_moe_groups_for_optimizer splits (as Megatron-DeepSpeed does);
-                l_aux x --moe-loss-coeff added to the loss (Megatron-DeepSpeed's pretrain_gpt.py loss_func)
-
-The DeepSpeed side starts from our model's weights (the gate's `wg` from our router, each local expert from our
-expert of the same global index; DeepSpeed's EP rank r holds experts r*E/EP ... as ours does), and its MoE layer
-sees the tokens in our [sequence, batch] order, so with the second expert chosen by argmax (top-2 sampling off,
-the default here) both route, keep and drop the same tokens: the loss trajectories are printed side by side with
-their largest difference, a check that the two sides compute the same training. The parameter counts (per rank
-and in all) are printed for both.
-
-Per system the table reports the median over the timed steps of the slowest rank's step time (after warmup
-steps), best of --rounds interleaved rounds (on a shared machine, load from other work only slows a round down;
-every round's median is listed), the peak RSS per rank, the bytes each rank sends per step (ring volumes, counted
-by scripts/bench_comm.py's shim over torch.distributed's collectives), and the 1-minute load average before and
-after each run. Progress goes to stderr, tables to stdout. This process only orchestrates (it imports neither
-torch nor DeepSpeed).
-"""
+DeepSpeed starts from our weights (gate `wg` from our router, EP rank r's experts from ours) and sees tokens in
+our [sequence, batch] order, so with top-2 sampling off both keep and drop the same tokens: the loss
+trajectories are printed side by side with their largest difference, and the parameter counts. Per system: the median slowest-rank step time (best of --rounds interleaved rounds, each listed), peak RSS per
+rank, bytes sent per rank per step (scripts/bench_comm.py's shim), the load average around each run. This
+process only orchestrates (it imports neither torch nor DeepSpeed)."""
 
 from __future__ import annotations
 

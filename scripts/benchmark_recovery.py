@@ -3,25 +3,19 @@
 
     python scripts/benchmark_recovery.py --rounds 3 --json recovery.json
 
-The same fault on the same model in both: a 2-rank data-parallel run of 12 iterations of the tiny GPT
-(tests/scripts/test_restart_in_job.py's flags) that saves every 2, rank 1 SIGKILLed once rank 0's metrics hold
-iteration 5.
+The same fault in both: a 2-rank data-parallel run of 12 iterations of the tiny GPT (tests/scripts/
+test_restart_in_job.py's flags), saving every 2, rank 1 SIGKILLed once rank 0's metrics hold iteration 5.
 
-- torchrun: `scripts/launch.py --max-restarts 2` with `--enable-ft-package`; torchrun's agent sees the dead worker,
-  stops the other and starts both again, which import, rebuild and resume from the latest checkpoint.
-- in-process: 3 processes launched one per rank (as SLURM's srun does; torchrun's agent would stop every worker
-  once one died) with `--inprocess-restart --inprocess-active-world-size 2` and heartbeats every 0.25 s, gone after
-  2 s; the spare takes rank 1's place and every process resumes from the checkpoint in its own process.
+- torchrun: `scripts/launch.py --max-restarts 2` with `--enable-ft-package`: the agent stops the other worker,
+  starts both again, and they resume from the latest checkpoint.
+- in-process: 3 processes one per rank (as srun starts them) with `--inprocess-restart
+  --inprocess-active-world-size 2`, heartbeats every 0.25 s, gone after 2 s: the spare takes rank 1's place.
+- a third side: the in-process restart after an exception (the fault injector's workload_exc on rank 1 after
+  iteration 5, tests/training/test_inprocess_restart.py's flags).
 
-A third side shows the in-process restart after an exception instead (no process lost, nothing to wait for):
-`scripts/launch.py` with `--inprocess-restart` and the fault injector's workload_exc raised on rank 1 after
-iteration 5 (tests/training/test_inprocess_restart.py's flags).
-
-Each prints the recovery line (training/restart_progress.py): the seconds from the last iteration the first
-incarnation finished to the first iteration after the restart, and to that iteration again (the iterations
-between the checkpoint and the fault are redone). The rounds interleave the sides, each going first in turn;
-the medians and every figure are printed with the load average (os.getloadavg) before each run.
-"""
+Each prints the recovery line (training/restart_progress.py): seconds from the last iteration finished to the
+first after the restart, and to that iteration again. Rounds interleave the sides, each first in turn; the
+medians and every figure are printed with the load average before each run."""
 
 from __future__ import annotations
 

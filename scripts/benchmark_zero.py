@@ -6,26 +6,15 @@
     python scripts/benchmark_zero.py --bf16 --output bench.md --json bench.json
     python scripts/benchmark_zero.py --systems ours,fsdp2 --stages 3 --world-sizes 2,4   # tables per size
 
-Needs requirements-bench.txt (DeepSpeed; FSDP2 and DDP come with torch). Every configuration runs in
-fresh processes (one per rank, gloo, one intra-op thread each) that train the same small GPT on the
-same seeded token batches, so peak RSS is per configuration. Per configuration the table reports:
-
-    step time       median over the timed steps of the slowest rank's step (after warmup steps)
-    peak RSS/rank   max over ranks of ru_maxrss read at the end of the run
-    sent/rank/step  bytes this rank sends per step, by ring volumes (parallel.comm.ring_bytes_sent),
-                    counted by a shim over torch.distributed's collectives (scripts/bench_comm.py);
-                    max over ranks
-
-and the ratios ours/theirs: our stage k / DeepSpeed stage k, our stage 3 / FSDP2, our stage 0 / DDP.
-A second table cross-checks the byte counts: the shim, an audit of one extra step at the dispatcher
-(which also sees collectives that bypass torch.distributed's Python functions), and, for our stages,
-our own `state.comm.stats`. Another follows each rank's RSS high-water mark through model+optimizer
-setup and the first step's forward, backward and optimizer step, where memory promises break first.
-Progress goes to stderr, tables to stdout.
-
-This process only orchestrates: it imports neither torch nor the systems, so the rank processes it
-starts (fresh interpreters) inherit no memory high-water mark from it.
-"""
+Needs requirements-bench.txt (DeepSpeed). Every configuration runs in fresh processes (one per rank, gloo, one
+intra-op thread each) on the same small GPT and seeded batches. Per configuration: step time (median slowest
+rank's step after warmup), peak RSS per rank (ru_maxrss at the end), bytes sent per rank per step (ring volumes,
+parallel.comm.ring_bytes_sent, counted by scripts/bench_comm.py's shim; max over ranks), and the ratios our stage
+k / DeepSpeed stage k, our stage 3 / FSDP2, our stage 0 / DDP. A second table cross-checks the byte counts (the
+shim, an audit of one extra step at the dispatcher, and our `state.comm.stats`); another follows each rank's RSS
+high-water mark through setup and the first step's forward, backward and optimizer step. Progress goes to
+stderr, tables to stdout. This process imports neither torch nor the systems, so the rank processes inherit no
+memory high-water mark from it."""
 
 from __future__ import annotations
 

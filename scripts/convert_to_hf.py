@@ -1,27 +1,22 @@
 #!/usr/bin/env python
 """Convert a training checkpoint into a Hugging Face folder that transformers loads as is: a GPT-2
-(GPT2LMHeadModel) or, for a model with Llama's blocks, the class of its family (LlamaForCausalLM, MixtralForCausalLM,
-Qwen3MoeForCausalLM, DeepseekV3ForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM, ...: docs/checkpoints.md's family
-tables; a dense family by --hf-model-type, which --init-from-hf sets to the folder's), chosen by the checkpoint's
-model config.
+(GPT2LMHeadModel) or, for a model with Llama's blocks, its family's class (LlamaForCausalLM, MixtralForCausalLM,
+Qwen3MoeForCausalLM, DeepseekV3ForCausalLM, ...: docs/checkpoints.md's family tables; a dense family by
+--hf-model-type, which --init-from-hf sets to the folder's), chosen by the checkpoint's model config.
 
     python scripts/convert_to_hf.py runs/gpt/checkpoints hf-gpt            # the latest iteration
     python scripts/convert_to_hf.py runs/gpt/checkpoints/iter_0002000 hf-gpt --dtype bf16
-    python -c "from transformers import GPT2LMHeadModel, AutoTokenizer as T; \
-               GPT2LMHeadModel.from_pretrained('hf-gpt'); T.from_pretrained('hf-gpt')"
+    python -c "from transformers import GPT2LMHeadModel, AutoTokenizer as T;                GPT2LMHeadModel.from_pretrained('hf-gpt'); T.from_pretrained('hf-gpt')"
 
 CKPT is a `--save` directory (its `latest` iteration, or Megatron-LM's tracker file's) or one iteration directory,
-this project's or a Megatron-LM torch_dist one (at any TP x PP x EP: the model its args describe, its saved fp32
-weights, checkpoint/megatron_hf.py; no tokenizer, which Megatron-LM does not save). The weights are
-the fp32 master copy from the optimizer partitions, consolidated over every TP and DP rank, so the
-conversion needs neither a GPU nor a process group, and reads only safetensors and JSON. OUT_DIR
-gets config.json, model.safetensors in --dtype, and the run's tokenizer files when the checkpoint
-has them. Every file of the checkpoint is verified first (--no-verify-checkpoint skips the content
-hashes). The folder appears only once it is complete; it is never a checkpoint or inside one. A
-non-empty OUT_DIR is replaced only with --overwrite, and only when it holds nothing but an earlier
-export's files (config.json, model.safetensors, the tokenizer files): any other file or subfolder
-there is named and the conversion refused, before any weight is read. Errors are one line on stderr and exit code 2.
-"""
+ours or a Megatron-LM torch_dist one (any TP x PP x EP: its args' model, its saved fp32 weights,
+checkpoint/megatron_hf.py; no tokenizer, which Megatron-LM does not save). The weights are the fp32 master copy,
+consolidated over every TP and DP rank: no GPU or process group, only safetensors and JSON read. OUT_DIR gets
+config.json, model.safetensors in --dtype and the run's tokenizer files when saved. Every file is verified first
+(--no-verify-checkpoint skips the content hashes). The folder appears only once complete, never inside a
+checkpoint. A non-empty OUT_DIR is replaced only with --overwrite and only when it holds nothing but an earlier
+export's files: any other file there is named and the conversion refused before any weight is read. Errors are
+one line on stderr and exit code 2."""
 
 from __future__ import annotations
 

@@ -4,53 +4,20 @@
     DS_ACCELERATOR=cpu python scripts/deepspeed_checkpoint_fixtures.py                 # (re)write the fixtures
     DS_ACCELERATOR=cpu python scripts/deepspeed_checkpoint_fixtures.py --out DIR       # elsewhere (the check)
 
-Needs requirements-bench.txt (DeepSpeed 0.19, transformers). Every case trains on 2 gloo ranks (data parallel,
-micro-batch 2, global batch 4), saves at iteration 2 and goes on to iteration 3; then DeepSpeed itself continues
-from each checkpoint for one more step, from the ZeRO files (`engine.load_checkpoint`) and from their universal
-form (deepspeed/checkpoint/ds_to_universal.py, loaded with `"checkpoint": {"load_universal": true}`, as
-Megatron-DeepSpeed's --universal-checkpoint asks), and losses.json records each of those losses.
+Needs requirements-bench.txt (DeepSpeed 0.19, transformers). Each case trains on 2 gloo ranks (data parallel,
+micro-batch 2, global batch 4), saves at iteration 2, goes on to 3; then DeepSpeed itself continues each
+checkpoint one step, from the ZeRO files (`engine.load_checkpoint`) and from their universal form
+(ds_to_universal.py, `"load_universal": true`), and losses.json records those losses. The cases:
+Megatron-DeepSpeed's GPT (scripts/megatron_deepspeed_gpt.py) at ZeRO 1, 2, 3 saved as its save_checkpoint saves
+with --deepspeed --no-pipeline-parallel (client state, tracker file, its OptimizerParamScheduler stepped by each
+update's samples); the same as GPTModelPipe, its default module (pipeline engine at one stage, ZeRO 1); a
+transformers GPT2LMHeadModel trained by a plain DeepSpeed script (no client state; universal form via
+--inject_missing_state). DeepSpeed 0.19.8's converter fails on the ZeRO 1/2 GPTModel files (recorded).
 
-    megatron_deepspeed_zero{1,2,3}/  Megatron-DeepSpeed's GPT (scripts/megatron_deepspeed_gpt.py) saved the way its
-                                     megatron/checkpointing.py save_checkpoint saves with --deepspeed
-                                     --no-pipeline-parallel: DeepSpeed's `latest` and global_step2/ with its
-                                     client state (args, iteration, tokens, rng_state, universal_checkpoint_info),
-                                     then Megatron's tracker file; its learning-rate scheduler is
-                                     Megatron-DeepSpeed's OptimizerParamScheduler (below), stepped by the samples of
-                                     each update (train_step: `model[0].step(lr_kwargs={'increment': ...})`)
-        global_step2_universal/      ds_to_universal's output, and `latest_universal` naming it (ZeRO 3 only:
-                                     DeepSpeed 0.19.8's converter fails on GPTModel's ZeRO 1 and 2 files, whose
-                                     `module` entry is Megatron-DeepSpeed's nested dict: its fallback for
-                                     parameters without optimizer fragments calls .float() on each top-level
-                                     entry; losses.json records its error)
-    megatron_deepspeed_pipe_zero1/   the same GPT as GPTModelPipe, Megatron-DeepSpeed's default module (a run without
-                                     --no-pipeline-parallel; DeepSpeed's pipeline engine at one stage, ZeRO 1, its
-                                     train_batch stepping the scheduler by train_batch_size()), the layers' weights
-                                     in layer_NN-model_states.pt, and its universal form
-    hf_gpt2_zero2/                   a transformers GPT2LMHeadModel trained by a plain DeepSpeed script (no client
-                                     state: the engine's global_steps and global_samples say where it stood),
-                                     and its universal form (ds_to_universal --inject_missing_state, the
-                                     converter's flag for a client that saved no universal_checkpoint_info)
-    data/tokens.{bin,idx}            the token documents both sides read
-    losses.json                      each case's losses, DeepSpeed's versions, and our command that continues it
-
-Data: this script builds the samples with this project's own data path (data/gpt_dataset.py over data/tokens,
-the split, sequence length, seed and sample count of our run), and feeds DeepSpeed's ranks the micro-batches our
-sampler gives each data-parallel rank (data/sampler.py: rank r reads slice [2r, 2r + 2) of each global batch), so
-both sides see the same tokens in the same order.
-
-The optimizer is torch.optim.AdamW as DeepSpeed's client optimizer (`zero_allow_untested_optimizer`): the update
-ours computes (zero/optimizer.py builds torch's AdamW), and the one Megatron-DeepSpeed's GPU path computes (apex
-FusedAdam, adam_w_mode), with Megatron's parameter groups (get_param_groups: no weight decay for biases and norms).
-fp32 throughout, dropout 0.
-
-The Megatron-DeepSpeed vocabulary is 128 tokens (NullTokenizer --vocab-size 127), a multiple of 128, so it has no
-padding rows: Megatron-DeepSpeed's cross entropy takes the padding columns into its softmax and this project's
-leaves them out (parallel/cross_entropy.py), so only an unpadded vocabulary makes the two losses the same function.
-The GPT-2 case keeps GPT2LMHeadModel's own 101-token vocabulary, padded to 128 on our side.
-
-DeepSpeed copies its zero_to_fp32.py and zero_to_torch.py into each checkpoint folder; they are tools, not
-checkpoint content, and are removed here (the repository's lint and references would otherwise cover them).
-"""
+Data: our data path's samples (data/gpt_dataset.py), each DeepSpeed rank fed our sampler's micro-batches. Optimizer: torch AdamW as DeepSpeed's client optimizer, Megatron's parameter
+groups (no decay for biases and norms); fp32, dropout 0. The vocabulary is 128 tokens (NullTokenizer 127), no
+padding rows: Megatron-DeepSpeed's cross entropy counts padding columns and ours leaves them out, so only an
+unpadded vocabulary makes the losses one function. DeepSpeed's copied zero_to_fp32.py tools are removed."""
 
 from __future__ import annotations
 

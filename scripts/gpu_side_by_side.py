@@ -7,20 +7,17 @@ table's model shapes; one JSON naming the device, torch and the commit.
     python scripts/gpu_side_by_side.py --only llama-1.2b --variants eager,compile,fp8-tensorwise-compile
     python scripts/gpu_side_by_side.py --list          # the runs and their command lines, nothing run
 
-Every run is a real launch of `pretrain_gpt.py` with `--metrics-file`: its step time is the median `iter_time_s` of
-the iterations after `--skip` (the first ones compile, capture graphs or warm the allocator), its tokens/s, TFLOP/s
-and MFU are the metrics records' own, and its memory is the start-up check's line: the planner's predicted peak
-against CUDA's max_memory_allocated. Megatron-LM's rows need its kit in an ignored folder of the checkout
-(`--megatron-kit`, default .gpu/sbs: Megatron-LM core_v0.16.1's files beyond megatron.core as
-megatron-lm-core_v0.16.1-min.tar.xz and its launcher mlm_gpu.py; `--wheels`, default .gpu/whl: the megatron-core
-0.16.1 wheel and what it imports); without it they are recorded as skipped. Megatron-LM runs there without
-Transformer Engine or apex, its torch-only path (--transformer-impl local: unfused attention, torch norms and
-AdamW): a real peer, but not Megatron-Core at its best, and every ratio to it says so.
+Every run is a real launch of `pretrain_gpt.py` with `--metrics-file`: its step time is the median `iter_time_s`
+after `--skip` iterations, its tokens/s, TFLOP/s and MFU the metrics records' own, its memory the start-up
+check's line (the planner's predicted peak against CUDA's max_memory_allocated). Megatron-LM's rows need its kit
+in an ignored folder of the checkout (`--megatron-kit`, default .gpu/sbs: Megatron-LM core_v0.16.1's files as
+megatron-lm-core_v0.16.1-min.tar.xz and its launcher mlm_gpu.py; `--wheels`, default .gpu/whl); without it they
+are recorded as skipped. Megatron-LM runs there without Transformer Engine or apex (--transformer-impl local):
+a real peer, not Megatron-Core at its best, and every ratio to it says so.
 
-Runs that fail are recorded with their exit status and last error line; the table goes on. `--budget-s` stops
-starting runs once that much wall time is spent (the rest are recorded as skipped), so one device call ends in
-time. On a CPU (`--device cpu --tiny`) the same runs shrink to a 2-layer model: what the tests run.
-"""
+A failed run is recorded with its exit status and last error line; the table goes on. `--budget-s` stops
+starting runs once that much wall time is spent (the rest recorded as skipped). On a CPU (`--device cpu --tiny`)
+the same runs shrink to a 2-layer model: what the tests run."""
 
 from __future__ import annotations
 

@@ -1,35 +1,23 @@
 """Harvest Megatron-LM's GPT and MoE pretraining functional-test configurations into the replay corpus.
 
-Each `tests/functional_tests/test_cases/gpt/gpt3_*/model_config.yaml` of a Megatron-LM commit (`--suite gpt`),
-or each of `test_cases/moe/*/` and `test_cases/mixtral/*/` (`--suite moe`), of a Megatron-LM commit (a git
-repository on this machine, read with `git show`: no work tree needed) becomes one launch: its MODEL_ARGS as
-the command line Megatron-LM's CI builds from them (tests/functional_tests/shell_test_utils/_run_training.sh:
-`yq '... comments="" | .MODEL_ARGS | to_entries | .[] | ...'`, then one case per value: `true` a bare flag, a
-value in ( ) or with spaces one quoted argument, a value in [ ] its items, anything else one argument), the
-keys in file order, repeated keys repeated (argparse keeps the last). ${...} paths stay as written, as in
-tests/replay_corpus/megatron_lm_functional.py; the one variable that is not a path, ${REPEAT} (a --seed), is
-the CI's first repeat, 1 (tests/functional_tests/shell_test_utils/run_ci_test.sh: `for i in $(seq 1
-$N_REPEAT); ... export REPEAT=$i`). The CI's --exit-duration-in-mins (a property of the Slurm job)
-is left out. GPUs: the recipes' one node of 8 (tests/test_utils/recipes/h100/gpt.yaml: nodes 1, gpus 8).
+Each `tests/functional_tests/test_cases/gpt/gpt3_*/model_config.yaml` (`--suite gpt`), or `test_cases/moe/*/` and
+`test_cases/mixtral/*/` (`--suite moe`), of a Megatron-LM commit (read with `git show` from a git directory)
+becomes one launch: its MODEL_ARGS as the command line the CI builds (shell_test_utils/_run_training.sh's yq:
+`true` a bare flag, a value in ( ) or with spaces one quoted argument, [ ] its items, else one argument), keys in
+file order, repeats kept. ${...} paths stay as written; ${REPEAT} (a --seed) is the CI's first repeat, 1
+(run_ci_test.sh). The CI's --exit-duration-in-mins (a Slurm job property) is left out. GPUs: one node of 8
+(tests/test_utils/recipes/h100/gpt.yaml).
 
-Only pretraining is harvested. A configuration's `MODE` key says which program its CI runs
-(tests/functional_tests/shell_test_utils/_run_training.sh; absent means pretraining, pretrain_gpt.py). In
-`--suite moe` at d98e8a64, 14 configurations are skipped for it: the 13 `MODE: inference` ones
-(moe/gpt_static_inference_* and moe/gpt_dynamic_inference_*: they load a trained 16B DeepSeek or gpt-oss
-checkpoint and generate text, Megatron's inference engines, which this repository does not have and which train
-nothing) and the one `MODE: rl` (moe/gpt_grpo_*: GRPO reinforcement learning from a loaded checkpoint, not
-pretraining). None of the folders fine-tunes or exports.
+Only pretraining is harvested (a `MODE` key names another program): at d98e8a64 `--suite moe` skips 13
+`MODE: inference` (Megatron's inference engines, absent here) and one `MODE: rl` (GRPO).
 
-The outcome of each launch is the one this repository gives it at harvest time (`--outcomes`): "trains" when
-the shrunk launch is accepted by the parser, else "refused: " and what its one-line error refuses first (the
-flag as given, without the reason, so that rewording a reason does not move a target).
-Review the refusals the script prints grouped by reason: each must be a feature that does not exist here.
+Each launch's outcome is the one this repository gives at harvest time (`--outcomes`): "trains" when the shrunk
+launch parses, else "refused: " and the flag its one-line error refuses first (without the reason, so rewording
+a reason moves no target). Review the refusals printed by reason: each must be a feature absent here.
 
-    python scripts/harvest_megatron_functional_tests.py --git-dir MEGATRON_LM_GIT_DIR --commit REV \\
+    python scripts/harvest_megatron_functional_tests.py --git-dir MEGATRON_LM_GIT_DIR --commit REV \
         --out tests/replay_corpus/megatron_lm_functional_tests.json
-    python scripts/harvest_megatron_functional_tests.py --git-dir MEGATRON_LM_GIT_DIR --commit REV --suite moe \\
-        --out tests/replay_corpus/megatron_lm_moe_functional_tests.json
-"""
+    (add --suite moe and --out tests/replay_corpus/megatron_lm_moe_functional_tests.json for the MoE suite)"""
 
 from __future__ import annotations
 

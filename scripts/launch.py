@@ -5,42 +5,20 @@
 
 Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes five things:
 
-- The exit status is the job's: each rank records the status its error boundary exits with
-  (base/errors.py, through ZERO_GPT_EXIT_STATUS_DIR), and the launcher exits with the first non-zero
-  one in rank order (2 for a bad input, 130 for Ctrl-C, 0 after a signal-triggered save). torchrun
-  itself exits 1 for any failure, and 1 after forwarding SIGTERM even when every rank saved and
-  exited 0. A rank that died without recording a status gives torchrun's view: its exit code, or
-  128 + the signal that killed it.
-- torchrun's own report of a failure (a "ChildFailedError" traceback and log lines on every node)
-  is not printed. Where a rank said what went wrong (it recorded a non-zero status: its one line is
-  out), nothing is added. Where none did -- a rank killed (SIGKILL, the OOM killer) or crashed, after
-  which torchrun's agent stops the survivors with SIGTERM before their heartbeat (parallel/
-  liveness.py) can name the dead rank -- the launcher says it, in one line from torchrun's report:
-  "launch.py: error: rank 1 (local rank 1 on host h) died: killed by SIGKILL; torchrun stopped the
-  other ranks". Where a rank failed on an error of its own (one the other ranks did not meet: base/errors.py
-  leaves its line in the status directory), the launcher ends with a summary naming the first to fail and
-  its line: "launch.py: rank 1 failed first: pretrain_gpt.py: error: rank 1 (TP 1/2, ...): ...".
-- SIGTERM, SIGINT and SIGUSR1 (SLURM's `--signal=USR1@120`) are forwarded to every rank, and the
-  launcher, whose process serves the rendezvous store, stays until the ranks have exited: a run with
-  --exit-signal-handler saves and exits 0, and so does the launcher. (torchrun alone handles SIGTERM,
-  SIGINT, SIGHUP and SIGQUIT, its --signals_to_handle, and dies of SIGUSR1, taking the store with it:
-  the ranks stopped without saving.) The first of these signals goes to torchrun's agent as its own
-  handler would hand it over (SignalException: the agent sends it to each rank's process group, waits
-  up to --shutdown-timeout, then kills). One that comes while the agent waits does not end the wait
-  (torchrun's handler would raise again, out of it, and the launcher would exit with its ranks still
-  saving): a second SIGINT, a second Ctrl-C, is sent on, and a rank takes it as one (it stops at once,
-  status 130, no save); a repeated SIGTERM or SIGUSR1 is not, every rank has had one. One that comes
-  after the ranks exited is ignored. So SIGTERM or SIGUSR1 sent to the launcher's process group, again,
-  or to every process of the job as SLURM signals a job step (each rank then gets it directly and
-  forwarded), makes one save and exit 0; SIGINT sent to every process of the job reaches a rank twice,
-  a second Ctrl-C. The second SIGINT reaches the ranks on Linux (the launcher's children are read from
-  /proc); elsewhere it does not. Other signals in --signals_to_handle stay torchrun's.
-- ft_launcher's `--ft-rank-section-timeouts setup:600,step:180,checkpointing:420` and
-  `--ft-rank-out-of-section-timeout S` (nvidia-resiliency-ext), given before the training script, are taken
-  off torchrun's arguments and handed to the ranks for --enable-ft-package (training/fault_tolerance.py).
-- Ranks get --shutdown-timeout 300 unless given: the time torchrun's agent waits after forwarding a
-  signal before it kills; a run with --exit-signal-handler needs that long to save.
-"""
+- The exit status is the job's: the first non-zero status a rank's error boundary recorded (base/errors.py,
+  ZERO_GPT_EXIT_STATUS_DIR), in rank order: 2 a bad input, 130 Ctrl-C, 0 after a signal-triggered save (torchrun
+  exits 1 for any failure). A rank that recorded none gives its exit code or 128 + the signal that killed it.
+- torchrun's failure report (a ChildFailedError traceback) is not printed. A rank that said what went wrong needs
+  nothing more; a rank killed or crashed is said in one line ("launch.py: error: rank 1 (local rank 1 on host h)
+  died: killed by SIGKILL; torchrun stopped the other ranks"); a rank's own error ends in a summary naming the
+  first rank to fail and its line.
+- SIGTERM, SIGINT and SIGUSR1 (SLURM's `--signal=USR1@120`) are forwarded to every rank, and the launcher (which
+  serves the rendezvous store) stays until the ranks exit: a run with --exit-signal-handler saves and exits 0, and
+  so does the launcher (torchrun alone dies of SIGUSR1, taking the store with it). A repeated SIGTERM or SIGUSR1
+  while the agent waits is not sent on; a second SIGINT is (on Linux: children read from /proc), a second Ctrl-C,
+  and the rank stops at once with 130.
+- ft_launcher's `--ft-rank-section-timeouts`, `--ft-rank-out-of-section-timeout` go to the ranks (--enable-ft-package).
+- Ranks get --shutdown-timeout 300 unless given: time enough for a signal-triggered save before torchrun kills."""
 
 from __future__ import annotations
 

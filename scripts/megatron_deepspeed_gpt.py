@@ -1,33 +1,22 @@
 """Megatron-DeepSpeed's GPT at tensor and pipeline size 1, small enough to train on a CPU under DeepSpeed's engine:
 the module trees, parameter names and forward of microsoft/Megatron-DeepSpeed's `megatron/model/gpt_model.py`
-(GPTModel, --no-pipeline-parallel, as ZeRO 2 and 3 need; and GPTModelPipe, its default, a DeepSpeed pipeline module),
-`language_model.py` (Embedding, EmbeddingPipe, TransformerLanguageModel) and `transformer.py` (ParallelTransformer,
-ParallelTransformerLayer(Pipe), ParallelAttention, CoreAttention, ParallelMLP), with their GPT-2 defaults: LayerNorm, learned absolute positions, biases, GeLU, the
-word embedding tied to the output layer. It writes the DeepSpeed checkpoints of tests/fixtures/deepspeed_checkpoints
-(scripts/deepspeed_checkpoint_fixtures.py), so their files hold what a Megatron-DeepSpeed run's hold.
+(GPTModel, --no-pipeline-parallel, as ZeRO 2 and 3 need; GPTModelPipe, its default pipeline module),
+`language_model.py` and `transformer.py`, with their GPT-2 defaults (LayerNorm, learned positions, biases, GeLU,
+tied output layer). It writes the DeepSpeed checkpoints of tests/fixtures/deepspeed_checkpoints
+(scripts/deepspeed_checkpoint_fixtures.py). Written here, not imported: Megatron-DeepSpeed is not a package and
+needs its global args, mpu and fused kernels. The forward follows its code line for line where values depend on it:
 
-What is written here rather than imported: Megatron-DeepSpeed is not a package, and its modules need its global
-args, mpu and fused kernels. The forward follows its code line for line where the values depend on it:
-
-- ParallelAttention.forward after commit 676a482c (2024-12-04, "Adding the new feature of FPDT (#441)"): the fused
-  query_key_value output is cut into three blocks, all heads' queries, then keys, then values
-  (`each_hidden_size = mixed_x_layer.shape[-1] // 3`). Before it, the same weight's rows were grouped per key/value
-  head, [group][its queries, key, value][head_dim] (`split_tensor`), as Megatron-LM's. A checkpoint tells the two
-  apart by its args: that commit added --ds-sequence-parallel-fpdt (`args.ds_sequence_parallel_fpdt`).
-- CoreAttention: scores q.k / sqrt(head_dim) (`baddbmm`, alpha 1/norm_factor); the causal mask filled with -10000.0
-  (`attention_mask_func`) before an fp32 softmax. (--apply-query-key-layer-scaling divides by the layer number and
-  multiplies it back inside the softmax: the same values in fp32.)
-- ParallelTransformerLayer: residual + (attention output + dense bias) (`bias_dropout_add` at dropout 0), the same
-  around the MLP; ParallelMLP with --no-bias-gelu-fusion computes F.gelu (exact); with the default fusion
-  (`bias_gelu_impl`, megatron/model/fused_bias_gelu.py) it is GeLU's tanh approximation.
-- GPTModel.forward -> post_language_model_processing: logits against the word embedding (`parallel_lm_logits`), a
-  per-token cross entropy in fp32 over the padded vocabulary, averaged over the loss mask (pretrain_gpt.py
-  loss_func).
-- `state_dict_for_save_checkpoint`: the nested dict Megatron-DeepSpeed's save_checkpoint hands DeepSpeed under
-  --no-pipeline-parallel (megatron/checkpointing.py replaces the module's state_dict with it), so the `module` entry
-  of the model states file is nested the same way; `load_state_dict` reads it back, as GPTModel's and
-  TransformerLanguageModel's own load_state_dict do.
-"""
+- ParallelAttention after commit 676a482c (2024-12-04, FPDT): the fused query_key_value output is three blocks,
+  all queries, keys, values (`each_hidden_size = mixed_x_layer.shape[-1] // 3`); before it rows were grouped per
+  key/value head (`split_tensor`), as Megatron-LM's. Checkpoints tell them apart by --ds-sequence-parallel-fpdt.
+- CoreAttention: q.k / sqrt(head_dim) (`baddbmm`), the causal mask filled with -10000.0, fp32 softmax
+  (--apply-query-key-layer-scaling gives the same values in fp32).
+- ParallelTransformerLayer: residual + (output + dense bias) around attention and MLP (dropout 0); ParallelMLP's
+  GeLU exact with --no-bias-gelu-fusion, tanh-approximated with the default fusion (fused_bias_gelu.py).
+- GPTModel.forward: logits against the word embedding, fp32 per-token cross entropy over the padded vocabulary,
+  averaged over the loss mask (pretrain_gpt.py loss_func).
+- `state_dict_for_save_checkpoint`: the nested dict save_checkpoint hands DeepSpeed under --no-pipeline-parallel,
+  so the model states file's `module` entry nests the same way; `load_state_dict` reads it back."""
 
 from __future__ import annotations
 

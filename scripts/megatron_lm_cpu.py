@@ -4,50 +4,20 @@ patched at run time (its files are never edited).
 
     torchrun --nproc-per-node N scripts/megatron_lm_cpu.py --megatron-lm TREE [--record FILE] [--logits FILE] -- FLAGS...
 
-TREE is Megatron-LM's tree at tag core_v0.16.1 beyond megatron.core (pretrain_gpt.py, gpt_builders.py,
-model_provider.py, megatron/training, ...: the extracted megatron-lm-core_v0.16.1-min.tar.xz); megatron.core is the
-megatron-core 0.16.1 wheel of the benchmark venv (requirements-bench.txt). FLAGS are Megatron-LM's, passed to its
-parse_args untouched; the launch adds `--distributed-backend gloo` when FLAGS do not name a backend. With --record,
-the last rank appends one JSON line per logged iteration to FILE: the iteration, the loss dict training_log receives
-(the losses at full precision, where its printed line keeps seven digits), the grad norm, the learning rate and the
-loss scale.
+TREE is Megatron-LM's tree at core_v0.16.1 beyond megatron.core (the extracted megatron-lm-core_v0.16.1-min.tar.xz);
+megatron.core is the benchmark venv's megatron-core 0.16.1 wheel. FLAGS go to its parse_args untouched
+(`--distributed-backend gloo` added when none is named). --record: the last rank appends one JSON line per logged
+iteration (the loss dict at full precision, grad norm, learning rate, loss scale). --logits: the first step's
+inputs and fp32 output-layer logits.
 
-The patches (`apply_cpu_patches`), each for a CUDA call that has no CPU meaning in torch's CPU build, or for what
-Megatron-Core computes otherwise without the GPU libraries:
-- device queries: torch.cuda.is_available() and device_count() answer True and 1, since initialize.py's
-  _initialize_distributed builds the model-parallel groups only `if device_count > 0` and initialize_megatron
-  asserts CUDA; torch.cuda.set_device and current_device answer for the CPU (its DDP buffers, MoE aux-loss scale
-  and batch broadcasts allocate on torch.cuda.current_device()); torch.cuda.synchronize, empty_cache and the memory
-  queries (training_log's memory report) do nothing or answer zero; the device-architecture queries
-  (get_device_properties, get_device_capability) answer an H100's 9.0, below the Blackwell 10.x that validate_args'
-  CUDA_DEVICE_MAX_CONNECTIONS checks single out (the launch sets that variable to 1, as Megatron-LM's scripts do).
-- tensors placed on "cuda": a TorchFunctionMode puts every tensor a factory asks for on device "cuda" (or a CUDA
-  index) on the CPU, and Tensor.cuda(), Module.cuda() return their CPU selves (get_model's model_module.cuda,
-  the loss reductions' device='cuda' tensors, get_batch_on_this_tp_rank's .cuda(non_blocking=True)); Tensor.type()
-  answers a CPU float tensor's type with its CUDA name, which Megatron-Core's optimizers assert
-  (`param.type() in ['torch.cuda.FloatTensor', ...]`).
-- streams and events: torch.cuda.Stream, stream(), current_stream() and Event are no-op stand-ins (get_model
-  builds DDP on a side stream and waits for it); a CPU runs one stream, so waiting is nothing.
-- the CUDA RNG tracker (megatron.core.tensor_parallel.random): its named states ('model-parallel-rng', ...) are
-  CPU generator states seeded as model_parallel_cuda_manual_seed seeds them, and fork() swaps the CPU generator to
-  the named state and back, as on a GPU it swaps the CUDA generator: draws inside a fork leave the default stream
-  untouched. torch.cuda.get_rng_state / set_rng_state / manual_seed act on a separate CPU generator standing in
-  for the device's, so checkpointing.py's get_rng_state saves and restores a state of the right kind.
-- the JIT fuser: megatron.core.jit's jit_fuser is torch.compile, which on a GPU compiles small elementwise functions
-  (SwiGLU, GeLU, bias-dropout-add, the MoE router's helpers) to Triton kernels; torch.compile is made to return the
-  function before megatron.core binds it (its --disable-jit-fuser acts after the modules applied the decorator at
-  import), so they run eagerly, the same functions. set_jit_fusion_options' warm-up, which runs them on random device
-  tensors to compile them, is skipped: nothing is compiled, and its draws would come from the CPU generator, which
-  on a GPU they never touch.
-- initialize_megatron's allow_no_cuda (pretrain passes none): True, the CUDA assertion being the one above.
-- the dataset helpers: the wheel ships megatron.core.datasets' C++ helpers prebuilt; compile_helpers (a `make` in
-  the wheel's folder) is skipped; and megatron.legacy.fused_kernels.load, which at this tag compiles nothing (it
-  reads `nvcc -V` under CUDA_HOME and makes a build folder inside the tree), is skipped, as the GPU kit does.
-- the MoE router's gating reads moe_utils.te_general_gemm, bound only where TransformerEngine imports: None here
-  (the torch matmul path the code takes without TE).
-- Megatron-Core's optimizer path without apex or TransformerEngine (torch's AdamW, as here) cannot resume its own
-  distributed-optimizer saves as its GPU path does: scripts/megatron_lm_torch_adamw.py, which names its three faults.
-"""
+The patches (`apply_cpu_patches`; each _patch_* says why), each for a CUDA call with no CPU meaning or for what
+Megatron-Core computes otherwise without the GPU libraries: device queries answer one H100; tensors asked on
+"cuda" are made on the CPU (a TorchFunctionMode) and Tensor.type() answers CUDA names; streams and events are
+no-ops (a CPU runs one stream); the CUDA RNG tracker's states are CPU generator states and torch.cuda's RNG calls
+act on a separate CPU generator; the jit fuser runs eagerly, the same functions; the GPU-only builds and
+warm-ups are skipped; the router runs the torch path without TransformerEngine. Megatron-Core's optimizer path
+without apex or TransformerEngine cannot resume its own distributed-optimizer saves: the patches of
+scripts/megatron_lm_torch_adamw.py."""
 
 from __future__ import annotations
 
@@ -110,6 +80,11 @@ def _cpu_type(original):
 
 
 def _patch_device_queries() -> None:
+    """One device, an H100's: initialize.py builds the model-parallel groups only `if device_count > 0` and
+    initialize_megatron asserts CUDA; set_device/current_device answer for the CPU (DDP buffers, the MoE aux-loss
+    scale and batch broadcasts allocate on current_device()); synchronize, empty_cache and the memory queries do
+    nothing or answer zero; the capability is 9.0, below the Blackwell 10.x that validate_args' CUDA_DEVICE_MAX_
+    CONNECTIONS check singles out (the launch sets that variable to 1, as Megatron-LM's scripts do)."""
     cuda = torch.cuda
     cuda.is_available = lambda: True
     cuda.device_count = lambda: 1
@@ -129,6 +104,9 @@ def _patch_device_queries() -> None:
 
 
 def _patch_placement() -> None:
+    """Tensor.cuda() and Module.cuda() return their CPU selves (get_model's .cuda, get_batch_on_this_tp_rank's
+    .cuda(non_blocking=True)); Tensor.type() answers a CPU float tensor's type with its CUDA name, which
+    Megatron-Core's optimizers assert (`param.type() in ['torch.cuda.FloatTensor', ...]`)."""
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     torch.nn.Module.cuda = lambda self, *args, **kwargs: self
     torch.Tensor.type = _cpu_type(torch.Tensor.type)
@@ -151,6 +129,9 @@ class _DeviceGenerator:
 
 
 def _patch_rng_tracker() -> None:
+    """The CUDA RNG tracker's named states ('model-parallel-rng', ...) as CPU generator states seeded as
+    model_parallel_cuda_manual_seed seeds them; fork() swaps the CPU generator to the named state and back, as a GPU
+    swaps the CUDA generator, so draws inside a fork leave the default stream untouched."""
     from megatron.core.tensor_parallel import random as tp_random
 
     class CpuRngStatesTracker(tp_random.CudaRNGStatesTracker):
@@ -189,6 +170,9 @@ def _patch_rng_tracker() -> None:
 
 
 def _patch_megatron_core() -> None:
+    """The wheel ships megatron.core.datasets' C++ helpers prebuilt: compile_helpers (a `make` in the wheel's
+    folder) is skipped. The MoE router's moe_utils.te_general_gemm, bound only where TransformerEngine imports, is
+    None: the torch matmul path the code takes without TE."""
     import megatron.core.datasets.utils as dataset_utils
     from megatron.core.transformer.moe import moe_utils
 
@@ -199,6 +183,10 @@ def _patch_megatron_core() -> None:
 
 
 def _patch_megatron_training(record: str | None, logits: str | None = None) -> None:
+    """initialize_megatron's allow_no_cuda is True (the CUDA assertion is answered by the device queries);
+    megatron.legacy.fused_kernels.load, which at this tag compiles nothing but reads `nvcc -V` and makes a build
+    folder inside the tree, is skipped, as the GPU kit does; so is the jit warm-up (nothing is compiled, and its
+    draws would come from the CPU generator, which a GPU's never touch); the recording and logits hooks wrap in."""
     import megatron.legacy.fused_kernels as fused_kernels
     from megatron.training import initialize, training
 
@@ -280,6 +268,9 @@ def _eager(model=None, **options):
 
 
 def _patch_compile() -> None:
+    """megatron.core.jit's jit_fuser is torch.compile (Triton kernels on a GPU for SwiGLU, GeLU, bias-dropout-add,
+    the router's helpers): it returns the function before megatron.core binds it (--disable-jit-fuser acts too late,
+    after the decorators ran at import), so they run eagerly, the same functions."""
     torch.compile = _eager  # before megatron.core.jit binds jit_fuser to it
 
 

@@ -2,27 +2,19 @@
 time so that Megatron-LM resumes its own distributed-optimizer saves exactly, as its GPU path (FusedAdam) does; part
 of scripts/megatron_lm_cpu.py. Three faults, each met by a CPU run of Megatron-LM's own pretrain_gpt.py:
 
-- torch's AdamW (Megatron-Core's optimizer without apex or TransformerEngine, as here) holds its states only after a
-  first step, and DistributedOptimizer.state_dict reads the step from them (`assert len(steps) == 1`), so a load
-  of a distributed-optimizer checkpoint fails before reading anything: before such a load the states are made by
-  Megatron-Core's own _init_optimizer_states_with_dummy_values (a step on zero gradients at the scheduler's
-  starting rate, which it runs itself for its fsdp_dtensor loads), and the load then overwrites them.
-
-- DistributedOptimizer.load_state_dict, without apex or TransformerEngine, puts ONE step tensor into every
-  parameter's AdamW state (`for s in state_dict_state.values(): s["step"] = step`), and torch's AdamW adds 1 to each
-  parameter's step in place: the shared tensor then advances once per parameter at every step, and the bias
-  correction after a load is wrong (Megatron-LM's own resume of its own distributed-optimizer save logged an
-  iteration 4 of 4.860010 against the uninterrupted 4.859449). After the load each parameter gets its own copy, as
-  its first step had made them; FusedAdam, its GPU optimizer, keeps the step per group and never shares one.
-
-- DistributedOptimizer._set_main_param_and_optimizer_states copies a checkpoint's states into torch AdamW's state
-  outside torch.no_grad(); with fp32 parameters (no separate master copy) the main params are the model's leaves,
-  which refuse an in-place copy: the copy runs under no_grad (on a GPU the usual bf16 run has fp32 copies); and it
-  copies every key of AdamW's state, "step" included, which a checkpoint does not hold as a state: the per-parameter
-  step keeps the value load_state_dict set from the saved param groups (a dp_reshardable load would otherwise copy
-  back the step of the states made before the load, and Megatron-LM's own resume logged an iteration 4 of 4.868995
-  against the uninterrupted 4.869027).
-"""
+- torch's AdamW holds states only after a first step, and DistributedOptimizer.state_dict reads the step from them
+  (`assert len(steps) == 1`), so a distributed-optimizer load fails before reading anything: the states are first
+  made by Megatron-Core's own _init_optimizer_states_with_dummy_values (which it runs itself for fsdp_dtensor
+  loads), and the load overwrites them.
+- DistributedOptimizer.load_state_dict puts ONE step tensor into every parameter's state, which torch's AdamW
+  advances in place once per parameter at every step: the bias correction after a load is wrong (iteration 4 of
+  4.860010 against the uninterrupted 4.859449). Each parameter gets its own copy after the load; FusedAdam keeps
+  the step per group and never shares one.
+- _set_main_param_and_optimizer_states copies states outside torch.no_grad(): with fp32 parameters (no separate
+  master) the main params are the model's leaves, which refuse an in-place copy, so the copy runs under no_grad;
+  and it copies "step", which a checkpoint does not hold as a state: the per-parameter step keeps the value
+  load_state_dict set (else a dp_reshardable load copied back the dummy step: iteration 4 of 4.868995 against the
+  uninterrupted 4.869027)."""
 
 from __future__ import annotations
 

@@ -4,27 +4,20 @@
     python scripts/reshard_checkpoint.py runs/ckpt runs/ckpt_tp4 --tensor-model-parallel-size 4
     python pretrain_gpt.py ... --tensor-model-parallel-size 4 --load runs/ckpt_tp4
 
-A run loads a checkpoint at any layout by itself (checkpoint/global_load.py), so this tool is not needed to
-change TP: it is kept for a checkpoint to hand over already cut, say to a tool that reads one TP rank's files.
-It is a thin wrapper over the loader's code: the checkpoint is opened as whole tensors by name
-(checkpoint/zero_gpt_source.py, which reads any layout and any version through the sharding records), and
-each new TP rank's slice of every tensor is read as a region of it (the parameter table's split dimension cut in
-equal slices; the vocabulary re-padded for the new size: rows the new padding drops are dropped, rows it adds are
-zeros), for the fp32 master and every state the checkpoint's optimizer keeps (AdEMAMix's slow momentum too), each
-in the dtype the checkpoint stored it. Each new TP rank gets one optimizer partition at DP=1 (its slices end to
-end, one fragment per parameter, with their records) and a model file in the training dtype, which `--load` then
-reads at any DP size and stage. The iteration, consumed samples, Adam step, loss scaler and learning rate carry
-over. RNG states do not: the TP-private streams belong to the old TP ranks, so the resumed run notes it and seeds
-them from --seed. The same TP size is accepted too: a re-layout to DP=1.
+A run loads a checkpoint at any layout by itself (checkpoint/global_load.py): this tool hands over a checkpoint
+already cut, say to a tool that reads one TP rank's files. It is a thin wrapper over the loader: the checkpoint is
+opened as whole tensors (checkpoint/zero_gpt_source.py, any layout and version) and each new TP rank's slice of
+every tensor read as a region (the vocabulary re-padded: dropped rows dropped, added rows zeros), for the fp32
+master and every optimizer state, each in its stored dtype. Each new TP rank gets one optimizer partition at DP=1
+and a model file in the training dtype, which `--load` reads at any DP size and stage. The iteration, consumed
+samples, Adam step, loss scaler and learning rate carry over; RNG states do not (the TP-private streams belong to
+the old ranks: the resumed run says so and seeds them from --seed). The same TP size is a re-layout to DP=1.
 
-OUT is a --save style directory: the checkpoint is written to OUT/iter_NNNNNNN.partial and renamed
-into place, and OUT/latest is replaced atomically, so an interrupted rewrite leaves nothing a run
-would load. OUT is held with the same lock a training run takes (checkpoint/save_directory.py), is never
-inside a checkpoint, and if it already holds checkpoints they are replaced only with --overwrite.
-Every file of CKPT is verified before it is read (--no-verify-checkpoint skips the content hashes).
-Memory: one new TP rank's slices of every state, read a region at a time. No GPU and no process group.
-Errors are one line on stderr and exit status 2.
-"""
+OUT is a --save style directory: written to OUT/iter_NNNNNNN.partial and renamed into place, OUT/latest replaced
+atomically, so an interrupted rewrite leaves nothing a run would load. OUT is held with a training run's lock
+(checkpoint/save_directory.py), never inside a checkpoint, and existing checkpoints there are replaced only with
+--overwrite. Every file of CKPT is verified before it is read (--no-verify-checkpoint skips the content hashes).
+Memory: one new TP rank's slices, a region at a time; no GPU, no process group. Errors: one line, exit status 2."""
 
 from __future__ import annotations
 

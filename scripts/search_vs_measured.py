@@ -1,27 +1,21 @@
 #!/usr/bin/env python
 """The layout search's pick against every layout measured side by side: a 2-layer GPT on 4 gloo CPU ranks.
 
-    nice -n 10 python scripts/search_vs_measured.py --output docs/search-vs-measured-cpu.json \\
+    nice -n 10 python scripts/search_vs_measured.py --output docs/search-vs-measured-cpu.json \
         [--hardware cpu-2core-4proc] [--rounds 3] [--iterations 8] [--layouts K]
 
 Runs `python -m zero.plan search`'s search (planner/layout_search.py) for the model below on --gpus 4 with the
-hardware file (configs/hardware/cpu-2core-4proc.yaml: 4 processes sharing this machine's 2 cores, its numbers
-from scripts/probe_cpu_ranks.py), keeps the layouts that fit without context parallelism or recompute (TP x PP x
-DP x the ZeRO stage x micro-batch; a layout whose run is the same as a better-ranked one's is dropped), then trains each of them with its own flag line on 4 ranks
-(scripts/launch.py, gloo, one thread a rank) for --iterations steps, in --rounds interleaved rounds (every
-layout once per round, forward in even rounds and reversed in odd ones, so over an even number of rounds every
-layout's mean place is the same), so the other work on the machine weighs on every layout alike. A layout's
-figure is the median of its steady steps (the first --skip of each run dropped) over all rounds, and each
-round's own medians give the top pick over that round's fastest. Reported: the measured and predicted rankings,
-and the top pick's measured step over the fastest's.
-`--layouts K` measures only the top pick, the best pipelined layout (its --pipeline-model-parallel-layout
-trained) and then the best-ranked others, K in all.
+hardware file (configs/hardware/cpu-2core-4proc.yaml, from scripts/probe_cpu_ranks.py), keeps the layouts that fit
+without CP or recompute (one per distinct run), then trains each with its own flag line on 4 ranks
+(scripts/launch.py) for --iterations steps, in --rounds interleaved rounds (forward in even rounds, reversed in
+odd ones, so every layout's mean place is the same). A layout's figure is the median of its steady steps (the
+first --skip dropped) over all rounds; each round's medians give the top pick over that round's fastest. Reported:
+the measured and predicted rankings and the top pick's measured step over the fastest's. `--layouts K` measures
+only the top pick, the best pipelined layout and the best-ranked others, K in all.
 
 On a GPU (one rank: the micro-batch and recompute choices, the search's whole space there):
 
-    python scripts/search_vs_measured.py --device cuda --ranks 1 --hardware h100-sxm --recompute \
-        --model="--config gpt2-350m --seq-length 1024 --global-batch-size 32 --bf16" --output docs/...json
-"""
+    python scripts/search_vs_measured.py --device cuda --ranks 1 --hardware h100-sxm --recompute         --model="--config gpt2-350m --seq-length 1024 --global-batch-size 32 --bf16" --output docs/...json"""
 
 from __future__ import annotations
 
