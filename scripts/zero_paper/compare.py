@@ -6,26 +6,18 @@ under one profile, against the paper's value.
     python scripts/zero_paper/compare.py --profile dgx2                     # today's predictions
     python scripts/zero_paper/compare.py --profile dgx2-2019 --fit          # refit its one free parameter
 
-Profiles: `dgx2` (the paper's cluster as configs/hardware/dgx2-v100.yaml has it, planning this
-repository's code) and `dgx2-2019` (the same cluster with the software the paper ran on: the named,
-sourced conditions of paper_conditions.py). It prints one table and, with --json, writes
+Profiles: `dgx2` (configs/hardware/dgx2-v100.yaml planning this repository's code) and `dgx2-2019` (the same
+cluster with the paper's 2019 software: paper_conditions.py's sourced conditions). It prints one table and, with
+--json, writes {"profile", "conditions", "fitted", "rows", "summary"}. A numeric row is within 10% when
+predicted / paper is in [0.9, 1.1] for an "about" value, >= 0.9 for "over", <= 1.1 for "under". Rows: Figures 2,
+3, 4, 6 (largest models, throughput, superlinearity), Figures 7 and 8's observations, Table 2's measured columns,
+the activation sizes of sections 3.2 and 6.1. Where the profile cannot reach the paper the row says by how much;
+nothing is tuned to close it.
 
-    {"profile", "conditions": [{name, value, unit, phase, source, why, stacks}], "fitted": {...} or null,
-     "rows": [{figure, claim, paper, predicted, ratio, ...} or {figure, claim, holds, ...}], "summary"}
-
-A numeric row is within 10% when predicted / paper is in [0.9, 1.1] for a value the paper gives as
-"about", at least 0.9 for "over" and at most 1.1 for "under". Rows: Figure 2 (ZeRO at 100B, the
-aggregate, Megatron at 40B), Figure 3 (superlinear), Figure 4 (largest models and throughput with and
-without ZeRO), Figure 6 (the largest model of C1, C2, C4, C5), Figures 7 and 8 (their observations),
-Table 2's measured columns and the activation sizes of sections 3.2 and 6.1. Where the profile cannot
-reach the paper the row says so and by how much; nothing is tuned to close it.
-
-One parameter of dgx2-2019 is fitted, on one figure: the micro batch of Figures 6-8 (the paper's
-"fixed batch size", which it does not state), on Figure 6. `--fit` refits it and writes
-configs/hardware/calibrations/dgx2-2019-figure6-batch.yaml, which the other runs read; every other
-figure is a prediction. Dry runs are cached as report.py caches them (~/.cache/zero-gpt/plans,
-ZERO_GPT_PLAN_CACHE), so a second run takes seconds.
-"""
+One parameter of dgx2-2019 is fitted, on one figure: the micro batch of Figures 6-8 (the paper's unstated "fixed
+batch size"), on Figure 6; `--fit` writes configs/hardware/calibrations/dgx2-2019-figure6-batch.yaml, which the
+other runs read; every other figure is a prediction. Dry runs are cached as report.py caches them
+(~/.cache/zero-gpt/plans, ZERO_GPT_PLAN_CACHE)."""
 
 from __future__ import annotations
 

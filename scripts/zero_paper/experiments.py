@@ -1,8 +1,8 @@
 """The ZeRO paper's experiments as data: one definition file per figure, each row one run.
 
-A definition (scripts/zero_paper/experiments/figN.dat) is a whitespace table in the shape of the
-authors' DeepSpeedExamples `exp.dat` sweeps: `#` starts a comment, the first other line names the
-columns, every later line is one point. Columns:
+A definition (scripts/zero_paper/experiments/figN.dat) is a whitespace table in the shape of the authors'
+DeepSpeedExamples `exp.dat` sweeps: `#` starts a comment, the first other line names the columns, each later
+line is one point. Columns:
 
     profile     the hardware profile (configs/hardware/PROFILE.yaml: dgx2-v100 or h100-sxm)
     point       a name unique within the figure and profile (the run directory, W&B run name and tag)
@@ -10,15 +10,13 @@ columns, every later line is one point. Columns:
     nodes gpus_per_node mp          the grid: world size = nodes x gpus_per_node, TP = mp
     layers hidden heads             the model: one of configs/models/zero_paper (checked)
     micro_batch global_batch        per-GPU micro batch and the global batch
-    zero_stage pa pa_cpu md         ZeRO-DP stage; P_a, P_a+cpu and the contiguous checkpoint buffer
-                                    (M_D) as 0/1 (every point checkpoints activations, one layer each)
+    zero_stage pa pa_cpu md         ZeRO-DP stage; P_a, P_a+cpu and M_D as 0/1 (every point checkpoints
+                                    activations, one layer each)
     reduce_bucket allgather_bucket  the constant buffers (C_B), in elements
     iterations                      how many to run
 
-`Point.pretrain_argv()` is the point as pretrain_gpt.py flags; `Point.cluster()` its grid for the
-planner. Precision comes from the profile: fp16 on the V100 (no bf16 there), bf16 with 16-bit
-gradients on the H100 (the paper's accounting of 2 bytes per gradient).
-"""
+`Point.pretrain_argv()` is the point as pretrain_gpt.py flags, `Point.cluster()` its grid for the planner.
+Precision comes from the profile: fp16 on the V100, bf16 with 16-bit gradients on the H100."""
 
 from __future__ import annotations
 

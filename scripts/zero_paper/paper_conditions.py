@@ -1,26 +1,21 @@
 """The software the ZeRO paper ran on, as the planner and the performance model see it: named
 conditions, each one quantity with its value, unit and source, applied on top of a dry run.
 
-The dry run (planner/dry_run.py) plans *this* repository's code: flash attention, one fused loss, a
-reducer whose buckets are views, and a budget of "32 GB" that stands in for everything it cannot see.
-The paper's runs (Rajbhandari et al. 2019/2020) used Megatron-LM (September 2019, and DeepSpeed's
-copy of it in DeepSpeedExamples) with PyTorch 1.x on V100s, under one of four software stacks:
+The dry run (planner/dry_run.py) plans *this* repository's code (flash attention, one fused loss, a reducer
+whose buckets are views, a "32 GB" budget standing in for what it cannot see). The paper's runs used
+Megatron-LM (September 2019, and DeepSpeedExamples' copy) with PyTorch 1.x on V100s, under one of four stacks:
 
     torch-ddp       stage 0 without MP: Megatron-LM's model and FP16_Optimizer under PyTorch's DDP
-                    (the paper's Figure 4 and Table 2 baseline: "torch's distributed data parallel")
-    megatron-ddp    stage 0 with MP: Megatron-LM (September 2019) with its own DDP (Figure 2's
-                    Megatron baseline, Table 2's baseline with MP)
+                    (Figure 4's and Table 2's baseline)
+    megatron-ddp    stage 0 with MP: Megatron-LM with its own DDP (Figure 2's and Table 2's MP baseline)
     deepspeed-0.2   stages 1 and 2: ZeRO-100B as DeepSpeed 0.2 shipped it (Figures 2-4 and 6-8)
     deepspeed-0.1   stage 1 as ZeRO-OS, the paper's first implementation (Table 2's measured P_os)
 
-A `ConditionSet` holds the conditions of one profile; `condition_plan` adds their bytes to a rank's
-plan (each term named after its condition, in the plan's notes), and `condition_prediction` applies
-the time terms to the performance model's prediction. The empty set changes nothing, so the `dgx2`
-and `h100` profiles plan and predict exactly as before. Every condition names a source: a line of
-the 2019-2020 code in a public repository, a PyTorch or NVIDIA document, or the paper; the test suite
-refuses one without (tests/planner/test_zero_paper_2019.py). What could not be sourced is not here, and
-docs/zero-paper-2019-conditions.md says what it would take.
-"""
+A `ConditionSet` holds one profile's conditions; `condition_plan` adds their bytes to a rank's plan (named in
+its notes), `condition_prediction` applies the time terms to the prediction. The empty set changes nothing, so
+`dgx2` and `h100` plan and predict as before. Every condition names a source (a line of the 2019-2020 code, a
+PyTorch or NVIDIA document, or the paper); tests/planner/test_zero_paper_2019.py refuses one without. What
+could not be sourced is not here: docs/zero-paper-2019-conditions.md says what it would take."""
 
 from __future__ import annotations
 

@@ -4,28 +4,19 @@ planner and the performance model everywhere.
 
     python scripts/zero_paper/report.py --output-dir DIR [--runs RUNS_DIR ...]
 
-Writes DIR/fig2.png, fig3.png, fig4.png, fig6.png, fig7.png, fig8.png and DIR/report.md. For every
-point of every figure (scripts/zero_paper/experiments/*.dat) and profile (dgx2, h100):
+Writes DIR/fig2.png ... fig8.png and DIR/report.md. For every point of every figure
+(scripts/zero_paper/experiments/*.dat) and profile (dgx2, h100): predicted (rank 0's dry run, planner/dry_run.py,
+and the performance model's iteration time, planner/perf_model.py with the profile's calibration); measured (the
+run in RUNS_DIR/PROFILE/FIGURE/POINT, run.py's layout, when one exists); the paper's stated values
+(planner/paper_tables.py, paper_values.py); and every stated value under dgx2 and dgx2-2019 side by side
+(compare.py; --no-compare leaves it out). Figures 4 and 6 add the search for the largest model
+(planner.plan.largest_layers); Figures 6 and 7 the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json)
+when it exists. Dry runs are cached under ~/.cache/zero-gpt/plans (--no-cache plans afresh): a first report plans
+about 200 large models (tens of minutes on two cores), a later one takes seconds.
 
-- predicted: the planner's dry run of rank 0 (planner/dry_run.py: per-GPU memory, fits or not, bytes per
-  collective) and the performance model's iteration time (planner/perf_model.py with the profile's
-  calibration);
-- measured: the run in RUNS_DIR/PROFILE/FIGURE/POINT (run.py's layout; measurements.py), when one
-  exists;
-- paper: the values the paper states (planner/paper_tables.py, paper_values.py), beside the points they are about;
-- side by side, every stated value under the dgx2 profile and under dgx2-2019, the paper's own 2019
-  software as sourced conditions (compare.py, paper_conditions.py; --no-compare leaves it out).
-
-Figures 4 and 6 add the planner's search for the largest model (planner.plan.largest_layers); Figures 6
-and 7 add the CPU mini-reproduction (docs/zero-paper/mini-reproduction.json, mini_reproduction.py)
-when it exists. Dry runs are cached under ~/.cache/zero-gpt/plans (--no-cache to plan afresh): a
-first report plans about 200 large models (tens of minutes on two cores), a later one takes seconds.
-
-Every input is checked before anything is written, the output directory included: each --runs
-directory exists, the definitions parse, and a --mini-reproduction (the committed one by default,
-skipped only when that default is absent) is mini_reproduction.py's JSON. A bad one is one line on
-stderr and exit status 2.
-"""
+Every input is checked before anything is written: each --runs directory exists, the definitions parse, and a
+--mini-reproduction (the committed one by default) is mini_reproduction.py's JSON. A bad one is one line on
+stderr and exit status 2."""
 
 from __future__ import annotations
 

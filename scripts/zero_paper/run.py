@@ -7,22 +7,17 @@
     python scripts/zero_paper/run.py fig8 --profile dgx2 --dry-run [--largest-batch]
     python scripts/zero_paper/run.py fig2 --profile dgx2 --points zero-100b -- --compile
 
-FIGURE is fig2, fig3, fig4, fig6, fig7 or fig8; its points are scripts/zero_paper/experiments/FIGURE.dat
-(`experiments.py` describes the columns). PROFILE is dgx2 (the paper's 25 DGX-2 nodes of 16 V100
-32GB) or h100 (nodes of 8 H100 80GB). Each point runs pretrain_gpt.py into its own directory,
-RUNS_DIR/PROFILE/FIGURE/POINT/ (metrics.jsonl, and launch.json, written here, which says what ran:
-report.py and `python -m zero.perf_model --calibrate` read it), logs to W&B project --wandb-project
-with the group zero-paper-FIGURE-PROFILE and the tags zero-paper, FIGURE, PROFILE, the series and the
-point. Flags after `--` go to every pretrain_gpt.py command; each command is parsed by pretrain_gpt.py's
-own parser and checks first, so a flag it would refuse (a typo, a bad value) is one line here and
-nothing is printed, written or submitted. Without --data-path and the GPT-2 vocab files the commands
-read them from $DATA_PATH, $VOCAB_FILE and $MERGE_FILE.
+FIGURE's points are scripts/zero_paper/experiments/FIGURE.dat (experiments.py). PROFILE is dgx2 (the paper's 25
+DGX-2 nodes of 16 V100 32GB) or h100 (nodes of 8 H100 80GB). Each point runs pretrain_gpt.py into
+RUNS_DIR/PROFILE/FIGURE/POINT/ (metrics.jsonl and launch.json, which report.py and `python -m zero.perf_model
+--calibrate` read), logging to W&B project --wandb-project, group zero-paper-FIGURE-PROFILE, tagged with the
+figure, profile, series and point. Flags after `--` go to every command; each command goes through
+pretrain_gpt.py's own parser and checks first, so a flag it would refuse is one line here and nothing is printed,
+written or submitted. Without --data-path and the vocab files, $DATA_PATH, $VOCAB_FILE and $MERGE_FILE are read.
 
---dry-run launches nothing and writes nothing: it plans rank 0 of every point (planner/dry_run.py, cached
-under ~/.cache/zero-gpt/plans) and prints the per-GPU memory against the GPU's, flagging every point
-that will not fit, with the performance model's throughput (planner/perf_model.py). --largest-batch adds
-the largest micro batch each point fits with 10% of the GPU to spare.
-"""
+--dry-run launches and writes nothing: it plans rank 0 of every point (cached) and prints the per-GPU memory
+against the GPU's, flagging points that will not fit, with the performance model's throughput. --largest-batch
+adds the largest micro batch each point fits with 10% of the GPU to spare."""
 
 from __future__ import annotations
 
