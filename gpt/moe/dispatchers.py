@@ -1,60 +1,23 @@
 """Token dispatchers across expert-parallel ranks: alltoall and allgather (--moe-token-dispatcher-type).
 
-With expert parallelism EP, the layer's `num_experts` experts are split over the EP group: rank r holds the
-`num_local = num_experts / EP` experts r x num_local ... (r + 1) x num_local - 1 (expert e lives on EP rank
-e // num_local). A dispatcher takes this rank's tokens and the router's choice for each, brings every token to
-the ranks holding its chosen experts, and after the experts ran, brings the outputs back:
+With expert parallelism EP, rank r holds experts r x num_local ... (r + 1) x num_local - 1 (num_local = num_experts /
+EP). A dispatcher brings each of this rank's tokens to the ranks holding its chosen experts and, after the experts
+ran, brings the outputs back, with the interface of the EP-1 dispatcher (a structural match with the Protocol in
+gpt/moe/dispatcher.py); one dispatch, then one combine, which reuses the dispatch's routing:
 
-    dispatch(hidden [T, H], probs [T, K], indices [T, K] int64)
-        -> expert_inputs [N, H]: the rows of this rank's local experts, grouped by local expert in expert order
-           tokens_per_expert: list[int] [num_local] (rows of each local expert; a 0 is an expert with no rows),
-           read back to the host once, with every count the exchanges need (gpt/moe/expert_rows.py read_counts)
-    dispatch_to_capacity(hidden [T, H], CapacityRouting [E, capacity])  (--moe-pad-expert-input-to-capacity)
-        -> the same, every count a shape: capacity x the ranks sending, nothing counted or read back
-    combine(expert_outputs [N, H]) -> [T, H]: each output row weighted by its prob (in the probs' dtype, as
-           Megatron-Core's unpermute promotes) and summed over the token's K choices, in k order
+    dispatch(hidden [T, H], probs [T, K], indices [T, K]) -> expert_inputs [N, H] grouped by local expert, and
+        tokens_per_expert [num_local], read back once with every count the exchanges need (expert_rows.read_counts)
+    dispatch_to_capacity(hidden, CapacityRouting)  (--moe-pad-expert-input-to-capacity): every count a shape
+    combine(expert_outputs [N, H]) -> [T, H]: each row weighted by its prob (in the probs' dtype, as Megatron-Core's
+        unpermute promotes) and summed over the token's K choices, in k order
 
-The same interface as the EP-1 dispatcher the layer uses without expert parallelism (a structural match: the
-Protocol lives beside that one, in gpt/moe/dispatcher.py, and is not imported here). One dispatch, then one
-combine: a dispatcher keeps the routing of its last dispatch until its combine.
-
-AllToAllDispatcher (Megatron-Core's MoEAlltoAllTokenDispatcher, megatron/core/transformer/moe/token_dispatcher.py):
-  1. permute: this rank's T x K (token, choice) rows sorted by expert, stably (so tokens stay in order within an
-     expert: Megatron's permute with a routing map, moe_utils.py);
-  2. the counts: every EP rank's tokens per expert, all-gathered over the EP group (int64, counted on "ep"), and
-     read back with this rank's own in one copy, the layer's one host sync (Megatron's `cuda_sync_point`);
-     padded to capacity, every count is known and neither happens (Megatron's drop_and_pad preprocess);
-  3. all-to-all of the rows over the EP group, split by destination rank (a split may be 0);
-  4. with expert tensor parallelism (ETP > 1), the rows each ETP peer received gathered over the ETP group
-     (Megatron's all-gather with output split sizes; here an all-to-all, as the peers' counts differ), so every
-     peer runs its slice of the same experts on the same rows;
-  5. the rows are grouped by (ETP peer,) source rank, then local expert; regroup them by local expert, then
-     (peer,) source (Megatron's sort_chunks_by_idxs).
-  combine runs the reverse: ungroup, sum the ETP peers' partial outputs of this rank's rows, all-to-all back
-  (splits swapped), unpermute, weight, sum over K.
-
-AllGatherDispatcher (Megatron-Core's MoEAllGatherTokenDispatcher): every rank of the expert tensor-and-model group
-(ETP x EP) all-gathers the tokens, probs and choices, keeps the rows routed to its local experts; combine puts
-each weighted output row back at its (token, choice), sums over K, and reduce-scatters over the group so each
-rank gets its own tokens' sums. Every rank of the group must hold the same number of tokens T (Megatron's
-assumption too: the sequence-parallel slices of one micro-batch). With expert tensor parallelism (ETP > 1) the
-ETP ranks compute partial outputs of the same rows and the reduce-scatter sums them.
-
-Zero tokens (Megatron-LM #1877; DeepSpeed #4808, a ZeRO-3 hang): every rank joins every collective of a
-dispatch and a combine whatever its counts, with zero-row splits and zero-row tensors where it has nothing,
-so an expert or a whole rank with no tokens neither crashes nor leaves a peer waiting. For the backward
-exchanges to run on every rank, the layer passes to combine outputs computed from `expert_inputs` (an expert
-with no rows runs on its empty slice, which keeps its weights in the graph with a zero gradient).
-
-On the meta device (the planner's dry run, planner/dry_run.py) no routing decision exists: `dispatch_balanced`
-runs the same collectives, with the same autograd functions, for a stated routing in which every expert receives
-an equal share of every rank's T x K rows (the layer's _balanced_on_meta assumption), so the plan counts each
-exchange's bytes with the live communicator's accounting; `combine` is the same call.
-
-fp32 equality with EP 1 (tests/gpt/test_moe_dispatchers.py): the rows an expert sees are the same rows in the
-same order as at EP 1, and the weighted sum over K runs in k order on the token's own rank, so the alltoall
-output differs from EP 1 only where the expert's matmul rounds differently for a different row count.
-"""
+Zero tokens (Megatron-LM #1877; DeepSpeed #4808, a ZeRO-3 hang): every rank joins every collective whatever its
+counts, with zero-row splits and tensors, so an expert or rank with no tokens neither crashes nor leaves a peer
+waiting; the layer passes combine outputs computed from `expert_inputs` (an empty expert keeps its weights in the
+graph with a zero gradient), so the backward exchanges run on every rank. On the meta device (the planner's dry
+run) `dispatch_balanced` runs the same collectives for a routing that gives every expert an equal share, so the
+plan counts each exchange's bytes as the live communicator does. Equal to EP 1 in fp32 (tests/gpt/test_moe_dispatchers.py)
+but where a matmul rounds differently for another row count: same rows, same order, the sum over K in k order."""
 
 from __future__ import annotations
 
@@ -150,7 +113,21 @@ def _sum_rows_of_peers(rows: torch.Tensor, comm: Communicator, experts: ExpertPa
 
 
 class AllToAllDispatcher:
-    """Tokens to their experts' EP ranks by all-to-all over the expert-parallel group (module docstring)."""
+    """Tokens to their experts' EP ranks by all-to-all over the expert-parallel group: Megatron-Core's
+    MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py).
+
+    1. permute: this rank's T x K (token, choice) rows sorted by expert, stably (tokens stay in order within an
+       expert: Megatron's permute with a routing map, moe_utils.py);
+    2. counts: every EP rank's tokens per expert, all-gathered over EP (int64, counted on "ep") and read back with
+       ours in one copy, the layer's one host sync (Megatron's `cuda_sync_point`); padded to capacity every count
+       is known and neither happens (Megatron's drop_and_pad preprocess);
+    3. all-to-all of the rows over EP, split by destination rank (a split may be 0);
+    4. with ETP > 1, the rows each ETP peer received gathered over ETP (Megatron's all-gather with output split
+       sizes; here an all-to-all, the peers' counts differing), so every peer runs its slice of the same experts;
+    5. rows grouped by (peer,) source rank then local expert are regrouped by local expert, then (peer,) source
+       (Megatron's sort_chunks_by_idxs).
+    combine runs the reverse: ungroup, sum the ETP peers' partial outputs, all-to-all back, unpermute, weight, sum
+    over K."""
 
     def __init__(self, experts: ExpertParallel, num_experts: int, comm: Communicator) -> None:
         self.experts, self.num_experts, self.comm = experts, num_experts, comm
@@ -241,8 +218,12 @@ class AllToAllDispatcher:
 
 
 class AllGatherDispatcher:
-    """Every token to every rank of the ETP x EP group by all-gather; each keeps its local experts' rows
-    (module docstring)."""
+    """Every token to every rank of the ETP x EP group by all-gather; each keeps its local experts' rows:
+    Megatron-Core's MoEAllGatherTokenDispatcher. Tokens, probs and choices are all-gathered over the expert
+    tensor-and-model group; combine puts each weighted output row back at its (token, choice), sums over K and
+    reduce-scatters over the group, so each rank gets its own tokens' sums (with ETP > 1 that also sums the ETP
+    peers' partial outputs). Every rank of the group holds the same number of tokens T, as Megatron assumes too
+    (the sequence-parallel slices of one micro-batch)."""
 
     def __init__(self, experts: ExpertParallel, num_experts: int, comm: Communicator) -> None:
         self.experts, self.num_experts, self.comm = experts, num_experts, comm

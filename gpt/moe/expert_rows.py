@@ -9,20 +9,15 @@ no local expert takes last.
 
 Two routings reach a dispatcher:
 
-- choices, `indices` [T, K] (an expert per choice, -1 an empty one): without --moe-pad-expert-input-to-capacity how
-  many rows each expert gets depends on the routing, and the host must know it to size the exchanges and the
-  experts' splits. `read_counts` is that read, the one host synchronisation of an MoE layer that does not pad, as
-  Megatron-Core's alltoall dispatcher has one (megatron/core/transformer/moe/token_dispatcher.py at Megatron-LM
-  d98e8a64, MoEAlltoAllTokenDispatcher: preprocess sets the sync point, line 594 "A synchronization is needed before
-  expert parallel AlltoAll communication to get the `input_splits` and `output_splits` CPU values";
-  _maybe_dtoh_and_synchronize, line 921, copies the counts to the host and waits, line 958
-  `self.d2h_event.synchronize()`);
-- `CapacityRouting`, drop-and-pad: every expert receives exactly `capacity` rows, a number the host knows from the
-  shapes (gpt/moe/router.py padded_capacity), so nothing is read; Megatron-Core's drop_and_pad path
-  (token_dispatcher.py preprocess, line 527: `num_tokens_per_local_expert = torch.full(..., self.capacity * tp *
-  ep)`, and its sync point stays "no_sync", line 457; moe_utils.py permute with drop_and_pad, line 446: an argsort of
-  the map per expert).
-"""
+- choices, `indices` [T, K] (an expert per choice, -1 an empty one): how many rows each expert gets depends on the
+  routing, and the host must know it to size the exchanges. `read_counts` is that read, the one host sync of an MoE
+  layer that does not pad, as Megatron-Core's alltoall dispatcher has one (token_dispatcher.py at d98e8a64,
+  MoEAlltoAllTokenDispatcher: preprocess sets the sync point; _maybe_dtoh_and_synchronize copies the counts to the
+  host and waits on `self.d2h_event.synchronize()`);
+- `CapacityRouting`, drop-and-pad: every expert receives exactly `capacity` rows, known from the shapes
+  (gpt/moe/router.py padded_capacity), so nothing is read; Megatron-Core's drop_and_pad path
+  (`num_tokens_per_local_expert = torch.full(..., self.capacity * tp * ep)`, its sync point "no_sync";
+  moe_utils.py permute with drop_and_pad: an argsort of the map per expert)."""
 
 from __future__ import annotations
 

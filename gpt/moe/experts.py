@@ -4,24 +4,18 @@ weights, so a checkpoint reshards across expert-parallel sizes by name (Megatron
 them `local_experts.<e>.linear_fc1` the same way).
 
 They run as one grouped matmul per projection where torch has one for the tensors at hand
-(torch.nn.functional.grouped_mm: on CPU it takes rows whose byte widths are multiples of 16; Megatron-Core's
-TEGroupedMLP / --moe-grouped-gemm), else as a loop over the experts (SequentialMLP). Both compute each row
-with the same expert weights; tests/gpt/test_moe.py checks that outputs and gradients agree.
-
-On the meta device (the planner's dry run) the choice is the one the planned run's device would make
-(`planned_device`, set by planner/moe_plan.py), so the plan keeps what that path keeps for backward: the grouped
-matmul saves its operands, the experts' weights stacked into one tensor per projection among them (a copy the
-loop does not make). Torch's meta kernel of grouped_mm takes bf16 only, so on meta `_GroupedMatmulShapes`
-stands in for it: the same output shape and the same saved tensors.
+(torch.nn.functional.grouped_mm: on CPU rows whose byte widths are multiples of 16; Megatron-Core's TEGroupedMLP /
+--moe-grouped-gemm), else as a loop over the experts (SequentialMLP); tests/gpt/test_moe.py checks that they agree.
+On the meta device (the planner's dry run) the choice is the planned device's (`planned_device`, set by
+planner/moe_plan.py), so the plan keeps what that path saves for backward (the grouped matmul's stacked weights
+among them); torch's meta grouped_mm takes bf16 only, so `_GroupedMatmulShapes` stands in for it.
 
 Expert tensor parallelism (--expert-tensor-parallel-size ETP > 1, Megatron-Core's experts.py: linear_fc1
 column-parallel and linear_fc2 row-parallel over the expert tensor-parallel group, with no communication of their
-own): each ETP rank holds 1/ETP of every expert's ffn features - the input projections' rows (and biases) and the
-output projection's columns, their sharding records saying so as the dense TP layers' do - and computes a partial output
-of the rows the dispatcher gave every peer alike; the dispatcher's combine sums the peers' partials
-(gpt/moe/dispatchers.py). The output projection's bias is whole on every peer and added by the first peer only,
-its gradient summed over the ETP group (so every peer holds the same bias and update).
-"""
+own): each ETP rank holds 1/ETP of every expert's ffn features (the input projections' rows and biases, the output
+projection's columns; their sharding records say so) and computes a partial output of the rows the dispatcher gave
+every peer alike; the dispatcher's combine sums the partials (gpt/moe/dispatchers.py). The output projection's bias
+is whole on every peer, added by the first peer only, its gradient summed over the ETP group."""
 
 from __future__ import annotations
 

@@ -2,33 +2,22 @@
 (moe_utils.py: topk_routing_with_score_function, group_limited_topk, sinkhorn, apply_router_token_dropping,
 get_capacity, get_updated_expert_bias), in plain PyTorch.
 
-The router sees the tokens in Megatron's order, [sequence, batch] flattened (the layer transposes our
-[batch, sequence] hidden states first), so that what depends on the order - the sequence aux loss, which tokens
-a position drop policy keeps, the order of rows within an expert - is Megatron's.
+The router sees the tokens in Megatron's [sequence, batch] order (the layer transposes ours first), so what depends
+on the order (the sequence aux loss, which tokens a position drop policy keeps, the rows' order within an expert) is
+Megatron's. Expert bias (aux-loss-free balancing, DeepSeek-V3): each forward that builds a graph counts each
+expert's tokens; `update_expert_bias` (after the backward, as Megatron's finalize_model_grads) sums them over TP x DP
+x CP and moves each bias by `rate` toward the mean load, bias + sign(mean - tokens) * rate; the bias only chooses,
+the weights are the unbiased scores.
 
-Expert bias (aux-loss-free balancing, DeepSeek-V3): each forward that builds a graph counts the tokens each
-expert received; `update_expert_bias` (after the iteration's backward, as Megatron's finalize_model_grads)
-sums the counts over TP x DP x CP (every rank's own tokens) and moves each expert's bias by `rate` toward the
-mean load: bias + sign(mean - tokens) * rate. The bias only chooses experts; the weights are the unbiased scores.
-
-Under tensor parallelism the MoE layer runs with sequence parallelism (Megatron-Core's MoELayer refuses it without),
-so each TP rank routes its own slice of the sequence, as Megatron-Core's TopKRouter does: the router's weight is
-replicated over TP and its gradient summed over the TP group (Router marks it `sequence_parallel`, and
-finalize_model_grads sums such gradients over TP; here in backward, as the sequence-parallel norms'). Under context
-parallelism each CP rank routes its two chunks of every sequence (parallel/context_parallel.py). Either way a rank
-holds a slice of the tokens, and the router counts as Megatron-Core's does over its tp_cp group (router.py
-TopKRouter.__init__: `self.tp_cp_group = pg_collection.tp_cp`; here two all-reduces, over TP then CP): the
-balancing losses' token counts are summed over TP x CP and the token total is the local count x TP x CP
-(moe_utils.get_tokens_per_expert_and_token_count: `total_num_tokens = local_num_tokens * reduce_group.size()`),
-so each rank's loss is its slice's share and the shares sum to the TP 1 CP 1 loss; seq_aux_loss's per-sequence
-counts are summed over the same ranks (_apply_seq_aux_loss: reduce_group=self.tp_cp_group: a sequence's chunks
-are spread over the CP ranks); the z-loss coefficient is divided by TP x CP (apply_z_loss: `moe_z_loss_coeff /
-self.tp_cp_group.size()`); the global aux loss and the expert bias count over TP x DP x CP (_apply_global_aux_loss's
-tp_dp_cp_group; finalize_model_grads._update_router_expert_bias -> moe_utils.get_updated_expert_bias over
-`get_tensor_and_data_parallel_group(with_context_parallel=True)`). The shares' gradients reach CP 1's because the
-backward scale carries the CP size (training/moe_metrics.py begin_moe_iteration) and the gradients are averaged
-over DP x CP, as the LM loss's.
-"""
+Under TP the MoE layer runs with sequence parallelism (Megatron-Core refuses it without) and under CP each rank
+routes its two chunks of every sequence, so a rank routes a slice of the tokens: the router's weight is replicated
+and its gradient summed over TP (`sequence_parallel`, in backward here), and the counts follow Megatron-Core's
+tp_cp group (here two all-reduces, TP then CP): the balancing losses' token counts are summed over TP x CP and the
+token total is the local count x TP x CP (get_tokens_per_expert_and_token_count), so the ranks' shares sum to the
+TP 1 CP 1 loss; seq_aux_loss's per-sequence counts over the same ranks; the z-loss coefficient divided by TP x CP
+(apply_z_loss); the global aux loss and the expert bias over TP x DP x CP (tp_dp_cp_group). The shares' gradients
+reach CP 1's because the backward scale carries the CP size (training/moe_metrics.py begin_moe_iteration) and
+gradients are averaged over DP x CP, as the LM loss's."""
 
 from __future__ import annotations
 
