@@ -3,22 +3,19 @@ DotProductAttention.softmax_offset with fused_softmax.SoftmaxOne; GPT-OSS's self
 
     p_ij = exp(s_ij) / (exp(o_h) + sum_k exp(s_ik)),   out_i = sum_j p_ij v_j
 
-with o_h learned per head (`learnable`, drawn from --init-method-std as Megatron's init_method draws it) or 0
-(`off-by-one`: "+1" in the denominator). SoftmaxOne appends o_h as one more column of the scores and drops it after
-the softmax; transformers' GPT-OSS (eager_attention_forward) does the same.
+with o_h learned per head (`learnable`, drawn from --init-method-std) or 0 (`off-by-one`). SoftmaxOne appends o_h as
+one more column of the scores and drops it after the softmax, as transformers' GPT-OSS does.
 
-SDPA takes no extra column, but one more key gives it exactly: a sink key, first in the sequence, whose value is zero
-and whose score with query head h is o_h. Its score comes from one more dim: each query head carries o_h / scale
-there, each real key 0 and the sink key 1, so q.k of a real key gains an exact 0 and the sink's is o_h (the scale is
-passed explicitly: 1/sqrt of the true head dim). The extra dims are zero-padded to a multiple of 8 (and the values
-with them), so the fused CUDA kernels still take the heads. Causality without a mask: a dummy query is put first too,
-so SDPA's is_causal over the longer sequence lets query i + 1 see the sink and the real keys 0..i (the dummy row is
-dropped); with an explicit mask (documents, context parallelism's gathered keys) the sink's column is added to it
-instead. Dropout drops the sink's probability with the others, which changes nothing: its value is zero.
+SDPA takes no extra column, but one more key gives it exactly: a sink key, first, with value zero and score o_h
+with query head h, from one more dim (each query head carries o_h / scale there, each real key 0, the sink key 1;
+the scale passed explicitly). The extra dims are zero-padded to a multiple of 8 (the values too) so the fused CUDA
+kernels still take the heads. Causality without a mask: a dummy query goes first too, so SDPA's is_causal over the
+longer sequence lets query i + 1 see the sink and keys 0..i (the dummy row dropped); with an explicit mask
+(documents, CP's gathered keys) the sink's column is added to it. Dropout of the sink's probability changes
+nothing: its value is zero.
 
 Context parallelism's ring (gpt/cp_attention.py) merges partial softmaxes by their log-sum-exp; there the sink is
-one more block: out x sigmoid(lse - o_h) (`sink_rescaled`), its gradient for o_h -sum_i p_i,sink D_i.
-"""
+one more block: out x sigmoid(lse - o_h) (`sink_rescaled`), its gradient for o_h -sum_i p_i,sink D_i."""
 
 from __future__ import annotations
 

@@ -2,34 +2,21 @@
 --fp8-amax-history-len, --fp8-amax-compute-algo, --no-fp8-wgrad, --first-last-layers-bf16) applied through
 parallel/fp8's one kernel path, and every combination not built yet refused before any work, in one line naming why.
 
-Which GEMMs run in FP8 follows Megatron-Core with TransformerEngine: the linears of each transformer block's
-attention and MLP (TE's Linear / LayerNormLinear inside fp8_autocast), a shared expert's projections (its
-SharedExpertMLP is TE linears), the routed experts' projections (TEGroupedMLP's GroupedLinear: per local expert one
-FP8 GEMM, its rows padded as Fp8Padding, parallel/fp8/grouped.py) and the multi-token prediction layers' eh_proj and
-block (MultiTokenPredictionLayer's global FP8 context); never the embedding, the output layer, the norms or a
-router. --first-last-layers-bf16 keeps the first --num-layers-at-start-in-bf16 and the last
---num-layers-at-end-in-bf16 blocks in high precision (megatron/core/fp8_utils.py, is_first_last_bf16_layer: global
-layer numbers, which name the blocks on every pipeline stage). A linear whose shape breaks CUDA's FP8 rules (a
-multiple of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision and the start-up line names it, as it
-names MLA's replicated down-projections, which stay in high precision here (TE linears in Megatron).
+Which GEMMs run in FP8 follows Megatron-Core with TransformerEngine: each block's attention and MLP linears, a shared
+expert's projections, the routed experts' (TEGroupedMLP's GroupedLinear: one FP8 GEMM per local expert, rows padded
+as Fp8Padding, parallel/fp8/grouped.py) and the MTP layers' eh_proj and block; never the embedding, the output
+layer, the norms or a router. --first-last-layers-bf16 keeps the first and last --num-layers-at-{start,end}-in-bf16
+blocks in high precision (fp8_utils.py is_first_last_bf16_layer: global layer numbers). A linear whose shape breaks
+CUDA's FP8 rules (multiples of 16; 32 for MXFP8, parallel/fp8/linear.py) runs in high precision, named at start-up,
+as are MLA's replicated down-projections (TE linears in Megatron).
 
-Built and checked on the CPU: tensor (and sequence), data (ZeRO 0-3; with --fp8-param-gather under ZeRO 1-3 the
-FP8 weights are gathered as FP8 bytes, zero/fp8_params.py), pipeline (virtual stages too), context and expert
-parallelism, dense and MoE models, MTP, and under --compile (the FP8 linears traced into the compiled blocks:
-docs/fp8.md). Under activation recomputation delayed scaling recomputes with
-the original forward's scales and updates no history twice (parallel/fp8/recompute.py, as TransformerEngine's
-checkpoint); its histories and scales are in this project's checkpoints (checkpoint/fp8_state.py), not in a
-Megatron-LM torch_dist save (said at start-up).
-
-Over several ranks, delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group, the
-tensor x context x data parallel ranks of a pipeline stage (amax_reduction). Under expert parallelism that mixes the
-experts at the same local index on the expert-parallel ranks, as TE's elementwise reduction of its amax buffer does
-(said at start-up). The stateless recipes reduce nothing, as TE's current-scaling and block quantizers
-(parallel/fp8/linear.py): under TP each rank casts its weight shard with the shard's own amax (and blocks), so
-tensorwise and blockwise TP N differ from TP 1 by FP8 rounding, which the start-up line says; MXFP8's 1x32 blocks
-never cross a shard boundary (the shape rule keeps each local dimension a multiple of 32), so it computes TP 1's
-casts.
-"""
+Built and checked on the CPU: TP (and SP), ZeRO 0-3 (--fp8-param-gather gathers FP8 bytes, zero/fp8_params.py), PP
+(virtual too), CP, EP, dense and MoE, MTP, --compile (docs/fp8.md). Under recomputation delayed scaling reuses the
+forward's scales and updates no history twice (parallel/fp8/recompute.py); its histories are in our checkpoints
+(checkpoint/fp8_state.py), not in a torch_dist save (said at start-up). Delayed scaling's amax is all-reduced (max) over Megatron-Core's amax reduction group, the TP x CP x DP ranks of a
+stage; under EP that mixes the experts at the same local index across EP ranks, as TE does (said at start-up). The
+stateless recipes reduce nothing, as TE's: under TP each rank casts its shard with its own amax, so tensorwise and
+blockwise TP N differ from TP 1 by FP8 rounding (said at start-up); MXFP8's 1x32 blocks never cross a shard boundary."""
 
 from __future__ import annotations
 

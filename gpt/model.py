@@ -3,30 +3,20 @@ the Llama-shaped variants an `Architecture` (gpt/architecture.py) selects: RMSNo
 positions, grouped-query attention, an untied output layer, linears without biases; and Megatron-LM's
 squared ReLU, interleaved rotary and attention output gate.
 
-Every linear and the token embedding come from `parallel.layers`, built through the declared
-tensor-parallel plan (gpt/parallel_plan.py: which is column-, row- or vocab-parallel, which regions split
-the sequence), so one model definition serves every tensor-parallel size. Tensors are laid out
-[batch, sequence, hidden].
+Every linear and the token embedding come from `parallel.layers`, built through the declared tensor-parallel plan
+(gpt/parallel_plan.py), so one model definition serves every TP size. Tensors are [batch, sequence, hidden]. With
+a plan that splits the sequence (--sequence-parallel) everything outside the TP regions (embedding dropout, norms,
+residual adds, dropout) holds this rank's slice of the sequence: column-parallel linears gather it, row-parallel
+ones reduce-scatter it, the output layer gathers it before the vocab-parallel loss, as Megatron-Core's GPTModel
+(parallel/mappings.py); dropout there draws from the rank's private stream, as Megatron-Core's TransformerBlock
+under `get_cuda_rng_tracker().fork()`.
 
-With a plan that splits the sequence (Megatron's --sequence-parallel with TP > 1) everything outside the
-tensor-parallel regions - embedding dropout, norms, residual adds, the blocks' dropout - holds this rank's
-slice of the sequence (dim 1): the embedding's output is split, each column-parallel linear gathers the
-sequence, each row-parallel linear reduce-scatters it, and the output layer gathers it before the
-vocab-parallel loss, as Megatron-Core's GPTModel does (parallel/mappings.py). Dropout in the split
-regions draws from the rank's private stream, as Megatron-Core's TransformerBlock runs its layers under
-`get_cuda_rng_tracker().fork()` when sequence_parallel is set.
-
-Initialisation follows GPT-2/Megatron: normal(0, 0.02) for weights, zeros for biases, ones for
-LayerNorm gains, and the output projection of each residual branch (attention `dense`, MLP
-`dense_4h_to_h`) scaled by 1/sqrt(2 * num_layers) so the residual stream's variance does not grow with
-depth.
-
-`GPTModel(...)` builds the structure on the meta device: no memory, no random draws, in milliseconds
-even for the ZeRO paper's 170B model. Each parameter carries its initialisation, a pure function of
-(seed, parameter name, element index) (parallel/init.py). Memory comes afterwards and only for what
-this rank owns: `zero.apply.apply_zero` fills ZeRO's flat buffers directly, and `build_gpt_model`
-(tests, tools, single-process use) materializes the whole TP slice.
-"""
+Initialisation follows GPT-2/Megatron: normal(0, 0.02) weights, zero biases, unit LayerNorm gains, and each
+residual branch's output projection (attention `dense`, MLP `dense_4h_to_h`) scaled by 1/sqrt(2 * num_layers).
+`GPTModel(...)` builds the structure on the meta device (no memory, no draws: milliseconds even at 170B); each
+parameter carries its initialisation, a pure function of (seed, name, element index) (parallel/init.py). Memory
+comes afterwards, only for what this rank owns: `zero.apply.apply_zero` fills ZeRO's flat buffers directly, and
+`build_gpt_model` (tests, tools, one process) materializes the whole TP slice."""
 
 from __future__ import annotations
 

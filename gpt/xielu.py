@@ -5,21 +5,16 @@
     xielu(x) = alpha_p x^2 + beta x                                    where x > 0
              = alpha_n expm1(min(x, eps)) - alpha_n x + beta x          elsewhere
 
-with beta = 0.5, eps = -1e-6 held in bf16 (the fork's `torch.tensor(eps, dtype=torch.bfloat16)`, so -9.98e-7),
-and two learned scalars per MLP (each a parameter of shape [1]) whose raw values start at the inverse softplus
-of 0.8 and of 0.8 - beta, computed in bf16 as the fork does (`torch.log(torch.exp(torch.tensor(init,
-dtype=torch.bfloat16)) - 1.0)`): 0.2109375 and -1.046875, so alpha_p and alpha_n start at about 0.8.
-Megatron's MLP (megatron/core/transformer/mlp.py) applies it between linear_fc1 and linear_fc2, without a gate, and
-so does each expert (Megatron-Core's experts are MLPs: each has its own two scalars, `local_experts.<e>.
-activation_func.alpha_p` in the fork's tools/checkpoint/schema_core.py) and the shared expert (an MLP too);
-transformers' ApertusMLP (`XIELUActivation`, act_fn.alpha_p / act_fn.alpha_n) is the same function.
+with beta = 0.5, eps = -1e-6 held in bf16 (so -9.98e-7), and two learned scalars per MLP (shape [1]) whose raw
+values start at the inverse softplus of 0.8 and of 0.8 - beta computed in bf16 as the fork does: 0.2109375 and
+-1.046875. Megatron's MLP applies it between linear_fc1 and linear_fc2, without a gate, as does each expert (each
+with its own two scalars, `local_experts.<e>.activation_func.alpha_p` in the fork's schema_core.py) and the shared
+expert; transformers' ApertusMLP (`XIELUActivation`) is the same function.
 
-Under tensor parallelism each rank holds a slice of the MLP's ffn columns and the same two scalars, so each
-rank's gradient of a scalar is a partial sum over its columns: the scalars enter the tensor-parallel region
-through `copy`, whose backward all-reduces the gradient over the TP group (as gpt/norms.py HeadNorm's gains),
-so every TP rank steps the same scalars by the gradient a TP-1 run computes. (The fork leaves these gradients
-unreduced: finalize_model_grads all-reduces only the sequence-parallel norms', so its TP ranks' copies drift.)
-"""
+Under TP each rank holds a slice of the ffn columns and the same two scalars, whose gradient on a rank is a partial
+sum over its columns: the scalars enter the TP region through `copy`, whose backward all-reduces the gradient over
+TP (as gpt/norms.py HeadNorm's gains), so every rank steps them by TP 1's gradient. (The fork leaves them
+unreduced: finalize_model_grads reduces only the sequence-parallel norms', so its TP ranks' copies drift.)"""
 
 from __future__ import annotations
 
