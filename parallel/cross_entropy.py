@@ -9,17 +9,12 @@ traffic; instead only three [batch, seq] statistics cross the group (Megatron-Co
 
     loss = log(sum_exp) - target_logit,   d loss / d logits = softmax - one_hot(target)
 
-The backward needs no communication: each rank's gradient is its shard of softmax - one_hot.
+The backward needs no communication: each rank's gradient is its shard of softmax - one_hot. With a z-loss
+strength s > 0 (llm-jp's fork, --z-loss-strength / --use-z-loss: its tensor_parallel/cross_entropy.py) each token's
+loss gains s * log(Z)^2 (log(Z) = log(sum_exp) + max) and the gradient is softmax * (1 + 2 s log(Z)) - one_hot.
 
-With a z-loss strength s > 0 (llm-jp's Megatron-LM fork, --z-loss-strength / --use-z-loss: its
-megatron/core/tensor_parallel/cross_entropy.py, _VocabParallelCrossEntropy.forward) each token's loss
-gains s * log(Z)^2, log(Z) = log(sum_exp) + max the log-sum-exp of the logits, and the gradient becomes
-softmax * (1 + 2 s log(Z)) - one_hot, still without communication.
-
-Vocabulary padding (global column >= `vocab_size`) is excluded from the softmax, so the loss does not
-depend on how far the vocabulary was padded for the TP size. Everything is computed in fp32 (or
-fp64 for fp64 logits), whatever the logits' dtype; the gradient comes back in that dtype.
-"""
+Vocabulary padding (global column >= `vocab_size`) is excluded from the softmax, so the loss does not depend on the
+padding. Everything is computed in fp32 (fp64 for fp64 logits); the gradient comes back in the logits' dtype."""
 
 from __future__ import annotations
 

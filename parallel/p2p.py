@@ -1,24 +1,19 @@
 """Point-to-point between pipeline stages: a send completes at a later receive of its rank, a receive is
 waited before use.
 
-Megatron-Core's p2p_communication.py batches a slot's sends with the next receive (send_forward_recv_backward,
-send_backward_recv_forward; interleaved, it also posts the next slot's receive early) and waits them together, so
-a rank holds no send for long. Here a send is posted at once, tagged with its slot; a receive posts its irecv
-first, then waits for the sends of every slot before the previous one (`SEND_LAG`), then for itself; the sends
-left complete at the end of the iteration (`finish_sends`). Posting the receive before waiting lets two
-neighbours that send to each other both complete; leaving the previous slot's sends open is what interleaved
-1F1B needs (a neighbour posts their receives one slot later there). tests/parallel/test_pipeline_schedules.py
-simulates this rule (a send completes only once its receive is posted) on every schedule up to 8 stages x 4
-chunks: none deadlocks, and the sends held at once stay at most P + 1 (they grew with the micro-batches when all
-were held to the iteration's end: 144 GiB a GPU at Megatron's GPT-3 175B). The shapes are known on both sides
-([micro-batch, sequence, hidden], the sequence a TP rank's slice under sequence parallelism: the caller says),
-so no shape is exchanged. Activations and gradients travel with different
-tags: with interleaving, one pair of ranks carries both, in orders that differ.
+Megatron-Core's p2p_communication.py batches a slot's sends with the next receive and waits them together, so a rank
+holds no send for long. Here a send is posted at once, tagged with its slot; a receive posts its irecv first, then
+waits for the sends of every slot before the previous one (`SEND_LAG`), then for itself; the sends left complete at
+the iteration's end (`finish_sends`). Posting the receive first lets two neighbours that send to each other both
+complete; leaving the previous slot's sends open is what interleaved 1F1B needs. tests/parallel/
+test_pipeline_schedules.py simulates this rule on every schedule up to 8 stages x 4 chunks: none deadlocks, and the
+sends held at once stay at most P + 1 (held to the iteration's end they grew with the micro-batches: 144 GiB a GPU
+at Megatron's GPT-3 175B). The shapes are known on both sides ([micro-batch, sequence, hidden], the sequence a TP
+rank's slice under SP: the caller says), so none is exchanged; activations and gradients travel with different tags.
 
-The messages go through the Communicator (parallel/comm.py's `send` / `receive`), which counts them on the "pp"
-group like every other byte a rank moves; with the planner's DryRunCommunicator the same class runs a planned
-stage on the meta device (planner/pipeline_plan.py), so what it counts and holds is what a live rank would.
-"""
+The messages go through the Communicator (parallel/comm.py's `send` / `receive`), counted on the "pp" group like
+every other byte; with the planner's DryRunCommunicator the same class runs a planned stage on the meta device
+(planner/pipeline_plan.py), so what it counts and holds is what a live rank would."""
 
 from __future__ import annotations
 

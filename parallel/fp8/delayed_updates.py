@@ -4,23 +4,17 @@ reduce_and_update_fp8_tensors): the amaxes the pass's casts recorded (parallel/f
 into one buffer, one all-reduce (max) over the run's amax reduction group takes it, and every history rolls and
 every scale is computed from it in a few batched operations.
 
-Megatron-Core enters one autocast around a micro-batch's forward over a model chunk's blocks (delayed scaling takes
-the outer context in transformer_block.py) and TE updates the backward's scales when that backward ends, so here a
-model chunk's forward ends with `forward_done` and the backward of its blocks with the boundary `mark_backward`
-puts at their input. Each role of a linear is cast once in a pass, so the scales are those an update right after
-each cast would give, bit for bit (a max is exact in any order, and the update is elementwise).
+Megatron-Core enters one autocast around a micro-batch's forward over a model chunk's blocks and TE updates the
+backward's scales when that backward ends, so here a chunk's forward ends with `forward_done` and its blocks'
+backward with the boundary `mark_backward` puts at their input. Each role is cast once in a pass, so the scales are
+those an update right after each cast would give, bit for bit (a max is exact in any order).
 
-Over several ranks: Megatron-Core passes parallel_state.get_amax_reduction_group(with_context_parallel=True), the
-tensor x data (x context) parallel ranks of a pipeline stage (megatron/core/fp8_utils.py, get_fp8_context). That is
-`reduce_amax` here (an in-place max all-reduce through the run's communicator; None in one process): after it a
-weight shard's amax is the whole weight's, a row-parallel input's the whole input's, and every rank of the group
-holds the same histories and scales. The buffer holds each rank's linears in the same order (its modules, then each
-expert by local index), so under expert parallelism an expert's amax is reduced with those of the experts at the
-same local index on the other expert-parallel ranks, as TE's buffer is reduced by position.
-
-Nothing here runs inside a compiled block (the collective, and the boundary's backward, stay eager): a compiled
-block only casts and records (docs/fp8.md, "Under --compile").
-"""
+Over several ranks Megatron-Core reduces over get_amax_reduction_group(with_context_parallel=True), the TP x DP (x
+CP) ranks of a stage (fp8_utils.py get_fp8_context): `reduce_amax` here (a max all-reduce; None in one process).
+After it a weight shard's amax is the whole weight's and every rank of the group holds the same histories and
+scales. The buffer holds each rank's linears in one order (its modules, then each expert by local index), so under
+EP an expert's amax is reduced with the experts at the same local index on the other EP ranks, as TE's buffer is
+reduced by position. Nothing here runs inside a compiled block (docs/fp8.md, "Under --compile")."""
 
 from __future__ import annotations
 

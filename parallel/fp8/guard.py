@@ -1,24 +1,21 @@
 """FP8 that guards itself (--fp8-guard, issue 65 item 4), with no host read inside a micro-batch (issue 76 item 1).
 
-Each FP8 linear counts, per cast, the values saturated (|x * scale| above the format's largest value, clipped there)
-and flushed to zero (non-zero values whose cast is 0), tracks its input's amax, and checks every GEMM pass it runs:
-its FP8 output (forward) or gradients (backward) not finite, or one of its casts saturating more than `threshold` of
-its values. What the passes saw accumulates on the device, per layer, forward and backward apart (counts summed,
-verdicts as maxima): nothing is read back while the micro-batches run.
+Each FP8 linear counts, per cast, the values saturated (|x * scale| above the format's largest, clipped) and flushed
+to zero, tracks its input's amax, and checks every GEMM pass: its FP8 output (forward) or gradients (backward) not
+finite, or a cast saturating more than `threshold` of its values. What the passes saw accumulates on the device, per
+layer, forward and backward apart: nothing is read back while the micro-batches run.
 
 A layer's path is host state, known when the iteration starts (`LayerGuard.in_high_precision`): FP8, or high
-precision (the activations' dtype: bf16 in a bf16 run) with the FP8 pass still run first as the check, so that
-delayed scaling's histories and amax reductions see every cast as without the guard and every rank joins the same
-collectives.
+precision with the FP8 pass still run first as the check, so delayed scaling's histories and amax reductions see
+every cast as without the guard and every rank joins the same collectives.
 
-Once per iteration, after its micro-batches (GuardMonitor.finish_passes): each layer's verdict is all-reduced (max)
-over its TP group (a routed expert's over its expert tensor-parallel group: the ranks holding its shards), so that
-every rank of a layer takes the same path; whether a layer that ran in FP8 failed is all-reduced over every rank (all
-must run the iteration again together); and all of it, with the counts for the metrics, comes back in one read. A
-layer that failed in FP8 switches to high precision and the caller runs the iteration again from its start
-(training/fp8_guard_replay.py); each such replay adds at least one layer, so there are at most as many replays as
-layers. A layer in high precision goes back to FP8 after the first iteration whose forward check passed. One log line
-when a layer falls back (layer, reason, iteration) and one when it returns."""
+Once per iteration (GuardMonitor.finish_passes): each layer's verdict is all-reduced (max) over its TP group (a
+routed expert's over its ETP group), so every rank of a layer takes the same path; whether a layer that ran in FP8
+failed is all-reduced over every rank; all of it, with the counts for the metrics, comes back in one read. A layer
+that failed switches to high precision and the iteration runs again from its start (training/fp8_guard_replay.py);
+each replay adds at least one layer, so there are at most as many replays as layers. A layer in high precision
+returns to FP8 after the first iteration whose forward check passed. One log line when a layer falls back (layer,
+reason, iteration) and one when it returns."""
 
 from __future__ import annotations
 

@@ -2,28 +2,19 @@
 torch._scaled_mm, and CUDA's operand rules are checked here on every device, so what the CPU ran and a
 test checked is exactly what an H100 runs.
 
-CUDA's rules, from torch's `_scaled_mm_out_cuda` (aten/src/ATen/native/cuda/Blas.cpp) and cuBLASLt's FP8
-requirements; the CPU kernel accepts more (any layout, any size), so without these checks a CPU-tested
-call could fail on a GPU:
-- A is row-major and B column-major (cuBLASLt's "TN" layout, the only one it has for FP8);
-- every dimension a multiple of 16 (torch checks K and B's N; the older rule, both of A's dimensions too,
-  is the stricter one and is kept so that no torch version refuses what passed here);
-- both operands float8, never both e5m2 ("Multiplication of two Float8_e5m2 matrices is not supported");
-- tensorwise scales: fp32 singletons. Row- and block-wise scales are not used: on sm90 torch's row-wise
-  scaling returns bf16 only, and the block recipes accumulate fp32 partials per K block (block_scaling.py).
+CUDA's rules (torch's `_scaled_mm_out_cuda`, aten/src/ATen/native/cuda/Blas.cpp, and cuBLASLt's FP8 requirements;
+the CPU kernel accepts more): A row-major and B column-major ("TN", cuBLASLt's only FP8 layout); every dimension a
+multiple of 16 (the older, stricter rule, so no torch version refuses what passed here); both operands float8,
+never both e5m2; tensorwise scales as fp32 singletons (row-wise scaling returns bf16 only on sm90, and the block
+recipes accumulate fp32 partials per K block, block_scaling.py).
 
-On the CPU torch has two implementations of _scaled_mm (aten/src/ATen/native/Blas.cpp, `_scaled_mm_out_cpu`):
-oneDNN's, which it picks for two operands of one float8 dtype on a CPU with AMX-int8, and its emulated one
-(`_scaled_mm_out_cpu_emulated`: each operand upcast to fp32 and multiplied by its scale, an fp32 matmul, one
-cast to out_dtype), which it picks for mixed dtypes (the hybrid format's e5m2 x e4m3 GEMMs) or with oneDNN
-off. oneDNN's FP8 GEMM is a reference loop on this machine's CPU: 1.9 s for one 512x128x384 e4m3 x e4m3 GEMM
-against 1.0 ms emulated (1 thread, measured), which made a 4-layer GPT of hidden 128 take 30 s an iteration.
-So every CPU call here runs the emulated implementation (oneDNN switched off for the call alone; bf16 and
-fp32 matmuls elsewhere keep it): one implementation for every dtype pair, exact float8 products summed in
-fp32. It differs from oneDNN's by the fp32 rounding of the sums (and of x * scale for a scale
-that is not a power of two; CUDA applies the scales to the fp32 sum): 5.7e-6 absolute on that GEMM's fp32
-outputs of magnitude ~1e2.
-"""
+On the CPU torch has two _scaled_mm implementations (aten/src/ATen/native/Blas.cpp): oneDNN's, for two operands of
+one float8 dtype on a CPU with AMX-int8, and the emulated one (each operand upcast to fp32 times its scale, an fp32
+matmul, one cast to out_dtype), for mixed dtypes or with oneDNN off. oneDNN's FP8 GEMM is a reference loop on this
+machine: 1.9 s for one 512x128x384 e4m3 GEMM against 1.0 ms emulated (1 thread, measured; a 4-layer GPT of hidden
+128 took 30 s an iteration). So every CPU call runs the emulated implementation (oneDNN off for the call alone):
+exact float8 products summed in fp32, one implementation for every dtype pair. It differs from oneDNN's by the
+fp32 rounding of the sums (CUDA applies the scales to the fp32 sum): 5.7e-6 absolute on outputs of magnitude ~1e2."""
 
 from __future__ import annotations
 

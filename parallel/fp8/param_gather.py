@@ -2,29 +2,20 @@
 fp32 master weights after each optimizer step, so that ZeRO gathers 1 byte per weight element and the FP8 GEMM
 takes the gathered bytes with no second cast (zero/fp8_params.py keeps the bytes and gathers them).
 
-Megatron-Core (megatron/core/fp8_utils.py, quantize_param_shard; with TE 2.2+ TE's cast_master_weights_to_fp8 in
-transformer_engine/pytorch/tensor/utils.py) casts each data-parallel rank's shard of the master weight:
-- the master is first cast to the model's dtype ("to keep numerical consistency" with the run without the flag,
-  whose forward casts the 16-bit weight), then scaled and cast to e4m3 (saturating, TE's casts);
-- current scaling (tensorwise): the amax of each shard, all-reduced (max) over the data-parallel group, is the
-  whole tensor's; scale = fp8_max / amax as TE's compute_scale_from_amax, the forward's own formula, so the
-  bytes are those the run without the flag casts in its forward;
-- delayed scaling: the shard is cast with the weight's current scale (from its history) and the cast's amax,
-  all-reduced (max) over the data-parallel group, goes to the history's newest row; the history is updated at
-  the end of the next forward (TE's autocast exit), as when the forward cast the weight itself. With several
-  micro-batches per step the weight is cast once per step, where without the flag each micro-batch's forward
-  casts it again with the scale the previous one updated: TE's behaviour with FP8 parameters, said at start-up;
-- blockwise (Float8BlockScaling's 128x128 weight blocks; TE's _cast_master_weights_to_fp8_blockwise_scaling, which
-  Megatron-Core calls from core_v0.13 with TE 2.3+): each rank's amax of every block over its shard's elements of
-  the fp32 master (fp8_block_scaling_compute_partial_amax: 0 for a block it holds none of), max all-reduced over
-  the data-parallel group, so each block's amax is the whole block's; the scale from it by
-  multi_tensor_compute_scale_and_scale_inv (compute_scale_from_amax with power-of-two scales, the fp32 maximum where
-  the scale overflows), and the fp32 master times its block's scale cast to e4m3 (fp8_block_scaling_partial_cast):
-  no cast to the model's dtype first, unlike the forward's own cast of the 16-bit weight. In an fp32 run the bytes
-  and scales are those the forward casts (parallel/fp8/block_scaling.py quantize_blocks_2d); in a 16-bit one a
-  byte or a scale may differ by the fp32 -> 16-bit rounding of the value or the amax, said at start-up.
-MXFP8's weights (1x32 blocks along each direction) are not cast from the master here.
-"""
+Megatron-Core (fp8_utils.py quantize_param_shard; with TE 2.2+ TE's cast_master_weights_to_fp8) casts each DP rank's
+shard of the master weight, first cast to the model's dtype (as the run without the flag casts the 16-bit weight):
+- current scaling (tensorwise): each shard's amax, max all-reduced over DP, is the whole tensor's; scale = fp8_max /
+  amax (TE's compute_scale_from_amax), so the bytes are those the forward would cast;
+- delayed scaling: the shard is cast with the weight's current scale and the cast's amax (max over DP) goes to the
+  history's newest row, updated at the end of the next forward. With several micro-batches a step the weight is cast
+  once per step, not once per micro-batch: TE's behaviour with FP8 parameters, said at start-up;
+- blockwise (Float8BlockScaling's 128x128 weight blocks; TE's _cast_master_weights_to_fp8_blockwise_scaling, called
+  from core_v0.13 with TE 2.3+): each block's amax over the rank's elements of the fp32 master (0 for a block it holds
+  none of), max over DP; power-of-two scales from it (multi_tensor_compute_scale_and_scale_inv; the fp32 maximum
+  where it overflows); the fp32 master times its block's scale cast to e4m3, with no cast to the model's dtype
+  first. In an fp32 run the bytes and scales are the forward's (block_scaling.py quantize_blocks_2d); in a 16-bit one
+  a byte or scale may differ by the 16-bit rounding of a value or amax, said at start-up.
+MXFP8's weights (1x32 blocks along each direction) are not cast from the master here."""
 
 from __future__ import annotations
 

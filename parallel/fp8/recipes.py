@@ -117,11 +117,8 @@ class DelayedScaling:
       amax = max over the history ('max') or row 0 ('most_recent');
       the history rolls by -1 and row 0 is zeroed (the oldest entry leaves);
       scale = (fp8_max / amax) / 2^margin.
-    Megatron-Core opens one region around a micro-batch's forward over the blocks (and TE updates the backward's
-    scales when that backward ends), and each role is cast once in it, so this is the sequence of scales an update
-    right after each cast would give.
-
-    Under torch.compile (docs/fp8.md) the forward roles (input, weight) and the backward's (the output gradient)
+    Each role is cast once in a region (parallel/fp8/delayed_updates.py says why), so these are the scales an
+    update right after each cast would give. Under torch.compile (docs/fp8.md) the forward roles (input, weight) and the backward's (the output gradient)
     live in tensors of their own, each written where its role needs:
     - `forward_scale` is replaced, never written in place: a compiled block's backward may compute a dequantizing
       scale again from the scale tensor its forward read (AOTAutograd's partitioner recomputes cheap operations
