@@ -1,43 +1,23 @@
 """The one door to collectives: every all-reduce, reduce-scatter, all-gather and broadcast in the repo
 goes through a `Communicator`, which also counts the bytes this rank sends.
 
-Byte accounting uses the volumes of the ring algorithms (what NCCL runs for large messages and what
-the ZeRO paper's communication analysis assumes). For a full tensor of M bytes over N ranks, one rank
-sends:
+Byte accounting uses the ring algorithms' volumes (what NCCL runs for large messages and the ZeRO paper assumes).
+For a full tensor of M bytes over N ranks, one rank sends:
 
     reduce-scatter   M (N-1) / N      (M is the size of the unreduced input)
     all-gather       M (N-1) / N      (M is the size of the gathered output)
     all-reduce       2 M (N-1) / N    (a reduce-scatter followed by an all-gather)
-    broadcast        M on the source rank, 0 on the others
-    all-to-all       M (N-1) / N      (M is the size of the input; its own 1/N stays: context parallelism's a2a)
+    broadcast        M on the source rank, 0 on the others (a lower bound on what NCCL's chain carries)
+    all-to-all       M (N-1) / N      (M is the size of the input; its own 1/N stays)
 
-Broadcast is charged to the source only: it is the data that has to leave the owner, the same on
-every topology. (NCCL's chain broadcast also forwards M through every rank but the last, so the
-figure is a lower bound on what the links carry.) Fractions of a byte are rounded down per call.
-
-A group of size 1 -- and `None`, which here means "no group", never torch's default world group --
-is skipped entirely: no call, no bytes. That is how TP=1 and DP=1 cost nothing without any caller
-checking sizes.
-
-Point-to-point messages between pipeline stages (parallel/p2p.py) go through `send` and `receive` and are
-counted on the "pp" group: "send" the bytes this rank posts to a neighbour stage, "recv" the bytes it receives
-(a message's bytes, as posted: no ring factor). "recv" is not in `total()`, which stays the bytes sent. The
-pipeline group's own collectives (the gradient norm's sum, the loss's broadcast) are its "all_reduce" and
-"broadcast"; the "embedding" group (first and last stage) all-reduces a tied word embedding's gradient.
-
-Expert parallelism (parallel/state.py's ExpertParallel) adds its own groups: "ep" (the expert-parallel group,
-whose token dispatch is an `all_to_all` with variable split sizes: one rank sends every row of its input but
-the rows it keeps, so the bytes counted are exactly those that leave it; and the all-gather dispatcher's
-collectives), "etp" (one expert's tensor-parallel split; the alltoall dispatcher's uneven gather of the rows
-its peers received is an all-to-all there too), "edp" (the ranks holding the same experts) and
-"etp_ep" (ETP x EP, the all-gather dispatcher's group when experts are tensor-parallel). A dense model never
-touches them, so their counters appear in a snapshot from their first collective on and stay from then on.
-
-`DryRunCommunicator` is the planner's (planner/plan.py): the same checks and the same byte accounting,
-but the transport does nothing and the groups are `VirtualGroup`s, which are only a size. One rank of
-a 400-GPU grid can thus run the real model and ZeRO code with no process group at all, and what it
-counts is what a live rank would count.
-"""
+Fractions of a byte are rounded down per call. A group of size 1, or `None` ("no group", never torch's world
+group), is skipped: no call, no bytes, so TP=1 and DP=1 cost nothing without any caller checking sizes.
+Pipeline messages (parallel/p2p.py) go through `send`/`receive`, counted on "pp" ("send" posted, "recv" received,
+as posted; "recv" is not in `total()`); the "embedding" group all-reduces a tied embedding's gradient. Expert
+parallelism adds "ep" (the dispatch all-to-all counts exactly the rows that leave), "etp", "edp" and "etp_ep"
+(ETP x EP); their counters appear from their first collective on. `DryRunCommunicator` is the planner's: the same
+checks and accounting, a transport that does nothing and `VirtualGroup`s that are only a size, so one rank of a
+400-GPU grid runs the real model and ZeRO code with no process group and counts what a live rank would."""
 
 from __future__ import annotations
 

@@ -1,45 +1,22 @@
 """Regions of a model captured as graphs with their backward, and replayed every micro-batch after: the machinery of
-Megatron-Core's local CUDA graphs (megatron/core/transformer/cuda_graphs.py: `_CudaGraphRunner`, its
+Megatron-Core's local CUDA graphs (megatron/core/transformer/cuda_graphs.py: `_CudaGraphRunner`,
 `_CudagraphReplayNode`) and of torch.cuda.make_graphed_callables, written for this repository's communicator and
 ZeRO. What is captured and when is decided above (training/cuda_graphs.py); how a graph is recorded is the
-backend's (parallel/graph_backends.py: CUDA, or the CPU stand-in).
+backend's (parallel/graph_backends.py: CUDA, or the CPU stand-in). A `GraphedRegion` is a function of tensors (a block, or half of one). The capture, of every region at once at the
+first call after `request_capture()`, follows make_graphed_callables: static input buffers holding copies of the
+call's real inputs (not Megatron's zeros, so no warm-up runs attention under a mask that hides every key) and a few
+warm-up passes; every forward captured in call order, then every backward (`autograd.grad` with respect to the
+static inputs and the parameters) in reverse, all in one pool, whose replay order `GraphSet` checks. Then a
+training-mode call is `_ReplayedRegion`: copy inputs in, replay forward; in backward copy the gradient in, replay,
+return the input and parameter gradients, so autograd accumulates `param.grad` outside any graph and ZeRO's hooks
+fire as in eager. In eval mode or without autograd a region runs its function.
 
-A `GraphedRegion` is a function of tensors (a transformer block, or half of one) and the module it belongs to. Until
-its `GraphSet` captures, a call runs the function. The capture, of every region at once at the first call after
-`request_capture()`, follows make_graphed_callables:
-
-1. each region gets static input buffers holding copies of the call's inputs (leaves: the backward graph
-   differentiates with respect to them; real values rather than Megatron's zeros, so that no warm-up runs attention
-   under a mask that hides every key), and runs a few warm-up passes on copies of them, forward and `autograd.grad`
-   (lazy initialisations happen there, not in a capture);
-2. every region's forward is captured, in the order a micro-batch calls them; its outputs and the tensors it saves
-   for backward live in the backend's pool;
-3. every region's backward, `autograd.grad` of its output with respect to its static inputs and its parameters, is
-   captured in reverse order. One pool serves all the graphs because they replay in the order they were captured
-   (a region's memory is reused by a later capture only once the earlier one no longer needs it); `GraphSet` checks
-   that order on every replay.
-
-From then on a call in training mode with autograd on is `_ReplayedRegion`, an autograd Function whose inputs are the
-region's inputs and its parameters: its forward copies the inputs into the static buffers and replays the forward
-graph, returning the static output; its backward copies the incoming gradient into a static buffer, replays the
-backward graph and returns the input gradients and the parameter gradients, so autograd accumulates the latter into
-`param.grad` outside any graph and ZeRO's post-accumulate-grad hooks (zero/grad_reducer.py) fire as in eager. In eval
-mode, or with autograd off, a region runs its function: the graph was captured in training mode (make_graphed_callables
-runs the original forward when the module's training state differs).
-
-What a replay does not run is accounted for here:
-
-- collectives: the communicator counts bytes in Python (parallel/comm.py), which a replay does not run. A capture
-  counts, apart, what its region sends once (`Communicator.counted_apart`); each replay adds that count. The warm-up
-  passes and captures are counted apart too: they are not an iteration's traffic.
-- forward pre-hooks of the captured modules: those marked `runs_before_graph_replay` (ZeRO's wait for an overlapped
-  parameter gather) are called before each replay; any other is refused (base/graph_replay_hooks.py).
-- parameter gradients: every region's backward graph writes them into one shared arena per dtype, as large as the
-  largest region's (`GradientArena`), and a replay hands autograd a copy of its slice, as Megatron's replay node clones
-  its weight gradients ("replaying the next bwd graph destroys the data held in static_grad_inputs"). Without the
-  arena each region's graph would keep a parameter-sized output of its own: a second copy of every captured
-  parameter's gradient, held for the whole run.
-"""
+What a replay does not run is accounted for: collectives' byte counts (a capture counts its region's apart,
+`Communicator.counted_apart`, and each replay adds it; warm-ups and captures are not an iteration's traffic);
+forward pre-hooks (those marked `runs_before_graph_replay` run before each replay, any other is refused,
+base/graph_replay_hooks.py); parameter gradients (every backward graph writes into one shared arena per dtype, as
+large as the largest region's, `GradientArena`, and a replay hands autograd a copy of its slice, as Megatron's
+replay node clones them: without it each graph would hold a second copy of its parameters' gradients)."""
 
 from __future__ import annotations
 

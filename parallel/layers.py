@@ -1,30 +1,19 @@
 """Linear and embedding layers that own a tensor-parallel slice of their weight.
 
-The GPT model is built only from these classes, so the same model code serves every tensor-parallel
-size. Layers are built on the meta device: construction allocates nothing and draws nothing. Each
-parameter carries its `InitMethod` (parallel/init.py), which defines its values on the whole TP=1
-tensor element by element, so whoever materializes it (`parallel.init.materialize`, or ZeRO filling
-its flat buffers) computes only this rank's slice, and a model at TP=k holds exactly the slices of
-the model at TP=1. At TP=1 each layer is exactly `nn.Linear` / `nn.Embedding`.
+The GPT model is built only from these classes, so the same model code serves every TP size. Layers are built on the
+meta device: construction allocates and draws nothing. Each parameter carries its `InitMethod` (parallel/init.py),
+defining its values on the whole TP=1 tensor element by element, so whoever materializes it computes only this
+rank's slice, and a model at TP=k holds exactly the slices of the model at TP=1. At TP=1 each layer is exactly
+`nn.Linear` / `nn.Embedding`. Sharded parameters carry a sharding record (parallel/sharding.py) so the initializer,
+ZeRO's gradient norm and the checkpoint tell them from replicated ones without knowing the model.
 
-Sharded parameters carry a sharding record (parallel/sharding.py: the whole shape, this rank's slice of it)
-so that the initializer, ZeRO's gradient norm and the checkpoint can tell them from replicated parameters
-without knowing the model.
-
-The collectives that make the slices add up to the unsplit layer are the autograd mappings of
-`parallel.mappings`: a column-parallel linear enters its TP region with `copy` (all-reduce of the input
-gradient), a row-parallel linear leaves it with `reduce` (all-reduce of the partial outputs). With TP=1
-they are identities and add nothing to the graph.
-
-With `sequence_parallel=True` (Megatron-Core's ColumnParallelLinear / RowParallelLinear `sequence_parallel`
-argument, megatron/core/tensor_parallel/layers.py) the tensors outside the TP regions hold this rank's
-slice of the sequence: a column-parallel linear enters by all-gathering the sequence (backward:
-reduce-scatter), a row-parallel linear leaves by reduce-scattering its partial sums over the sequence
-(backward: all-gather), and the embedding reduce-scatters its partial lookups the same way (Megatron's
-`reduce_scatter_embeddings`). Megatron's linear keeps its input split and all-gathers it again in
-backward for the weight gradient; here autograd keeps the gathered input, which sends no extra bytes
-but holds the linear's input whole (gpt/shape.py counts it so).
-"""
+A column-parallel linear enters its TP region with `copy`, a row-parallel one leaves with `reduce`
+(parallel/mappings.py). With `sequence_parallel=True` (Megatron-Core's ColumnParallelLinear / RowParallelLinear
+argument) the tensors outside the TP regions hold this rank's slice of the sequence: a column-parallel linear
+all-gathers the sequence (backward: reduce-scatter), a row-parallel linear reduce-scatters its partial sums (backward:
+all-gather), and the embedding reduce-scatters its partial lookups (Megatron's `reduce_scatter_embeddings`).
+Megatron's linear keeps its input split and gathers it again in backward; here autograd keeps the gathered input,
+no extra bytes sent but the linear's input held whole (gpt/shape.py counts it so)."""
 
 from __future__ import annotations
 

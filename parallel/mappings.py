@@ -7,26 +7,17 @@ Each function is one half of a pair whose forward and backward are each other's 
     scatter_to_tensor_parallel_region   forward: keep my chunk     backward: all-gather   (last dim)
     gather_from_tensor_parallel_region  forward: all-gather        backward: keep my chunk (last dim)
 
-A column-parallel linear enters with `copy` (every rank needs the whole input; the input's gradient
-is the sum of every rank's partial gradient), a row-parallel linear leaves with `reduce`. With TP=1
-every function returns its input unchanged and adds no autograd node.
-
-Under sequence parallelism (`--sequence-parallel`, Korthikanti et al. 2022) the regions between the
-tensor-parallel ones hold each rank's slice of the sequence, and three more pairs move tensors in and
-out of them (Megatron-Core's megatron/core/tensor_parallel/mappings.py: _ScatterToSequenceParallelRegion,
-_GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion). Our tensors are
-[batch, sequence, hidden], so the sequence is dim 1 (Megatron's are [s, b, h]: its dim 0):
+A column-parallel linear enters with `copy`, a row-parallel linear leaves with `reduce`; at TP=1 every function
+returns its input and adds no autograd node. Under sequence parallelism (Korthikanti et al. 2022) the regions
+between hold each rank's slice of the sequence, dim 1 of our [batch, sequence, hidden] (Megatron-Core's
+tensor_parallel/mappings.py, its dim 0), moved by three more pairs:
 
     scatter_to_sequence_parallel_region         forward: keep my chunk     backward: all-gather
     gather_from_sequence_parallel_region        forward: all-gather        backward: reduce-scatter
     reduce_scatter_to_sequence_parallel_region  forward: reduce-scatter    backward: all-gather
 
-The gather's backward reduce-scatters because what follows it (a column-parallel linear) hands each rank
-a partial gradient of the whole sequence; the all-reduce `copy` did becomes a reduce-scatter, the
-all-reduce `reduce` did becomes a reduce-scatter plus the next gather's all-gather: the same bytes.
-
-All collectives run over the TP group through the state's Communicator, counted under "tp".
-"""
+The gather's backward reduce-scatters because the column-parallel linear after it hands each rank a partial gradient
+of the whole sequence: the same bytes as `copy`'s all-reduce. All run over the TP group's Communicator ("tp")."""
 
 from __future__ import annotations
 

@@ -1,31 +1,21 @@
 """Random-number streams for tensor parallelism: one shared by the TP group, one private to each rank.
 
-Dropout must agree across TP ranks wherever they hold the same activation (the residual stream, after
-a row-parallel reduce): there the default generator is used, seeded with the run's seed on every rank.
-Inside a TP region each rank holds a different slice (its own attention heads), and identical masks on
-different slices would correlate them; there code runs under `tracker.fork()`, which swaps in a
-generator seeded with `seed + 2718 + tensor_parallel_rank` (Megatron's offset).
-Under sequence parallelism the residual stream is split along the sequence too, so its dropout (and
-the embedding's) runs under `fork()` as well (gpt/model.py), as Megatron-Core's TransformerBlock and
-LanguageModelEmbedding fork the tracker when sequence_parallel is set.
+Dropout must agree across TP ranks wherever they hold the same activation (the residual stream, after a
+row-parallel reduce): there the default generator is used, seeded with the run's seed on every rank. Inside a TP
+region each rank holds its own slice (its heads), and identical masks would correlate them: there code runs under
+`tracker.fork()`, a generator seeded with `seed + 2718 + tensor_parallel_rank` (Megatron's offset). Under sequence
+parallelism the residual stream is split too, so its dropout (and the embedding's) runs under `fork()` as well
+(gpt/model.py), as Megatron-Core's TransformerBlock and LanguageModelEmbedding do.
 
-The data-parallel rank is deliberately not part of either seed: DP ranks see different samples, so
-shared masks do not correlate anything, and keeping DP out means a run's dropout does not change
-when the same TP group is replicated more or fewer times.
+The DP rank is deliberately in neither seed: DP ranks see different samples, and keeping it out means dropout does
+not change when the TP group is replicated more or fewer times. The tracker swaps the CPU generator and, on CUDA,
+the device's; `get_states()`/`set_states()` capture all four states, for checkpoints and for recompute.
 
-The tracker swaps the CPU generator and, on CUDA, the generator of the state's device (dropout on a
-GPU draws from the CUDA generator; CPU-side draws from the CPU one). `get_states()`/`set_states()`
-capture all four states, for checkpoints and for replaying a forward pass in activation recompute.
-
-Under CUDA graphs (training/cuda_graphs.py) a fork runs inside a capture, where a CUDA generator's state may not
-be read or written as a tensor (`get_state` raises while capturing). `graph_safe` keeps the private CUDA stream as
-a generator state object instead, swapped in and out of the device's default generator by reference
-(`graphsafe_set_state`/`graphsafe_get_state`), and each graph registers it (`graph_generators`) so a replay
-advances it: Megatron-Core's CudaRNGStatesTracker with use_cudagraphable_rng (megatron/core/tensor_parallel/
-random.py, `_get_cuda_rng_state(graph_safe=True)`, `_set_cuda_rng_state(graph_safe=True)`), which Megatron-LM
-turns on exactly when --cuda-graph-impl is not none (megatron/training/initialize.py). Outside a capture the
-stream draws the same numbers either way: the same philox seed and offset, held by reference instead of copied.
-"""
+Under CUDA graphs (training/cuda_graphs.py) a capture may not read or write a CUDA generator's state as a tensor:
+`graph_safe` keeps the private CUDA stream as a generator state object swapped by reference
+(`graphsafe_set_state`/`graphsafe_get_state`), registered with each graph (`graph_generators`) so a replay advances
+it: Megatron-Core's CudaRNGStatesTracker with use_cudagraphable_rng (tensor_parallel/random.py), which Megatron-LM
+turns on exactly when --cuda-graph-impl is not none. Outside a capture the stream draws the same numbers either way."""
 
 from __future__ import annotations
 
