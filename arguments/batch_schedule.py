@@ -1,33 +1,21 @@
 """The global batch of every iteration, as a pure function of the samples consumed before it.
 
-Without a ramp it is one number: micro batch x accumulation steps x data-parallel size. Which two of
-the three batch settings determine the third follows DeepSpeed's rule ("specify two of the three"):
-the settings given explicitly (on the command line or in the DeepSpeed JSON) win over a preset's or
-the defaults, and three explicit ones must agree. Where the command line and the JSON both speak, the
-real Megatron-DeepSpeed + DeepSpeed pair decides (arguments/deepspeed/precedence.py): Megatron's flags
-win, and the JSON fills in what they leave open, in the order DeepSpeed's set_train_batch_size
-keeps them -- the micro batch, then the global batch; the accumulation steps follow from those two --
-except beside a micro batch from the command line, where the JSON's accumulation steps come first
-(DeepSpeedExamples' Megatron forks had no global batch: their engine stepped every
-gradient_accumulation_steps micro-batches, and train_batch_size was DeepSpeed's own view)
-(`json_batch_settings_not_used`). The JSON's own three keys are also checked against the
-data-parallel size as DeepSpeed checks them at initialize (`check_deepspeed_batch`), whatever the
-command line made the run use.
+Without a ramp it is one number: micro batch x accumulation steps x data-parallel size. Which two of the three
+settings determine the third follows DeepSpeed's "specify two of the three": explicit settings (command line or
+DeepSpeed JSON) win over a preset's or the defaults, and three explicit ones must agree. Where the command line and
+the JSON both speak, the real Megatron-DeepSpeed + DeepSpeed pair decides (arguments/deepspeed/precedence.py):
+Megatron's flags win and the JSON fills in what they leave open in the order of DeepSpeed's set_train_batch_size
+(the micro batch, then the global batch) except beside a command-line micro batch, where the JSON's accumulation
+steps come first (DeepSpeedExamples' forks had no global batch) (`json_batch_settings_not_used`). The JSON's own
+three keys are also checked against the DP size as DeepSpeed's initialize checks them (`check_deepspeed_batch`).
 
-With Megatron's `--rampup-batch-size START INCREMENT SAMPLES`, the global batch starts at START and
-grows by INCREMENT each time another SAMPLES / ((GLOBAL - START) / INCREMENT) samples have been
-consumed, reaching --global-batch-size once SAMPLES have (Megatron's
-RampupBatchsizeNumMicroBatchesCalculator, the same arithmetic). Because the batch depends only on
-consumed samples, a run resumed from a checkpoint (which records them) continues the ramp exactly;
-the sampler needs no state beyond consumed samples either, since every batch of the ramp is a whole
-number of micro batch x data-parallel chunks.
-
-With Megatron-LM main's `--step-batch-size-schedule "THRESHOLD:BATCH ..."` (arguments/step_batch_schedule.py)
-the global batch is the BATCH of the last THRESHOLD at or below the consumed samples, and the run's
-global batch is the last entry's. As in Megatron-LM (megatron/training/arguments.py, validate_args) it
-cannot be combined with --global-batch-size; every entry must split into whole micro batch x
-data-parallel chunks (Megatron asserts that for the current entry as the run reaches it).
-"""
+With Megatron's `--rampup-batch-size START INCREMENT SAMPLES` the global batch starts at START and grows by INCREMENT
+each time another SAMPLES / ((GLOBAL - START) / INCREMENT) samples are consumed, reaching --global-batch-size once
+SAMPLES have (RampupBatchsizeNumMicroBatchesCalculator's arithmetic). The batch depending only on consumed samples,
+a resumed run continues the ramp exactly, and the sampler needs no other state. With Megatron-LM main's `--step-batch-size-schedule "THRESHOLD:BATCH ..."` (arguments/step_batch_schedule.py) the
+global batch is the BATCH of the last THRESHOLD at or below the consumed samples, the run's the last entry's; as in
+Megatron-LM's validate_args it excludes --global-batch-size, and every entry must split into whole micro batch x DP
+chunks."""
 
 from __future__ import annotations
 

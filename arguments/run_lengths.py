@@ -1,8 +1,7 @@
 """How long a run is counted: in iterations (--train-iters) or in samples (--train-samples), and which
 schedule lengths go with each, by Megatron-LM's rules.
 
-Megatron-LM's validate_args (megatron/training/arguments.py; the same block in Megatron-DeepSpeed's
-megatron/arguments.py):
+Megatron-LM's validate_args (megatron/training/arguments.py; the same block in Megatron-DeepSpeed's):
 
     if args.train_iters:                      if args.train_samples:
         assert args.train_samples is None         assert args.train_iters is None
@@ -11,17 +10,12 @@ megatron/arguments.py):
         if args.lr_warmup_fraction is not None:   if args.lr_warmup_fraction is not None:
             assert args.lr_warmup_iters == 0          assert args.lr_warmup_samples == 0
 
-It compares values, not whether a flag was typed: the other kind's lengths must hold their unset
-values (None, or 0 for a warmup), so `--lr-warmup-samples 0` beside `--train-iters` (Megatron's default,
-written out as its functional tests do) is accepted, and only a value that would mean something is a
-conflict. Here a value counts as given when it comes from the command line or the DeepSpeed JSON; a
-preset's or a default's value for the other kind is dropped instead (this repository's defaults are
-iteration-based: --train-iters 250, --lr-warmup-iters 20).
-
-Megatron-DeepSpeed (and Megatron-LM until its step batch schedules, NVIDIA/Megatron-LM#4411) also asserts
-`args.rampup_batch_size is None` with --train-iters; Megatron-LM's main branch dropped that assert, and
-here a ramp runs with either count (arguments/batch_schedule.py), so it is no conflict.
-"""
+It compares values, not whether a flag was typed: `--lr-warmup-samples 0` beside `--train-iters` (as Megatron's
+functional tests write it) is accepted; only a value that would mean something is a conflict. Here a value counts
+as given when it comes from the command line or the DeepSpeed JSON; a preset's or default's value for the other kind
+is dropped (this repository's defaults are iteration-based: --train-iters 250, --lr-warmup-iters 20).
+Megatron-DeepSpeed (and Megatron-LM until NVIDIA/Megatron-LM#4411) also asserts `args.rampup_batch_size is None`
+with --train-iters; Megatron-LM main dropped it, and a ramp runs here with either count (arguments/batch_schedule.py)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """How long a run trains and its learning rate, computed as Megatron computes them.
 
-The rate is a pure function of what the run has consumed (no scheduler object with hidden state), so a
-resumed run needs only its consumed samples to continue the schedule exactly.
-
-Megatron-LM's OptimizerParamScheduler counts its steps in samples: after each optimizer step it
-advances by that iteration's global batch, so the update of iteration k uses the rate at the samples
-consumed *before* k. Iteration 1 thus runs at --lr-warmup-init (0) when there is a warmup, and at --lr
-without one. Lengths are samples too:
+The rate is a pure function of what the run has consumed (no scheduler object with hidden state), so a resumed run
+needs only its consumed samples to continue the schedule exactly. Megatron-LM's OptimizerParamScheduler counts in
+samples: after each step it advances by that iteration's global batch, so iteration k's update uses the rate at the
+samples consumed *before* k (iteration 1 runs at --lr-warmup-init with a warmup, at --lr without). Lengths:
 
     iteration-based (--train-iters)   decay = (--lr-decay-iters or --train-iters) x --global-batch-size
                                       warmup = --lr-warmup-iters x --global-batch-size
@@ -14,18 +11,12 @@ without one. Lengths are samples too:
                                       warmup = --lr-warmup-samples
     either                            warmup = --lr-warmup-fraction x decay, when given
 
-With a batch ramp the schedule therefore moves by each iteration's batch, so small early batches move
-it less. A sample-based run trains `train_iterations` iterations: --train-samples // --global-batch-size,
-or, with a ramp, the ramp's iterations plus whole batches of the rest (Megatron's update_train_iters;
-a last partial batch is dropped).
-
-Megatron-DeepSpeed adds tokens: --lr-warmup-tokens and --lr-decay-tokens make the warmup and the decay
-follow consumed tokens instead, and --train-tokens stops the run once that many are consumed. Its
-scheduler reads the token counter before the iteration that has just ended is added to it, so in an
-uninterrupted run the tokens the rate sees lag the samples by one iteration; `tokens_seen_by_schedule`
-says which count that is. A warmup in samples followed by a decay in tokens decays from the tokens the
-scheduler saw when the warmup ended, as there.
-"""
+With a batch ramp the schedule moves by each iteration's batch. A sample-based run trains `train_iterations`
+iterations: --train-samples // --global-batch-size, or with a ramp the ramp's iterations plus whole batches of the
+rest (Megatron's update_train_iters; a last partial batch is dropped). Megatron-DeepSpeed adds tokens: --lr-warmup-tokens and --lr-decay-tokens follow consumed tokens, --train-tokens stops
+the run. Its scheduler reads the token counter before the ended iteration is added, so the tokens the rate sees lag
+the samples by one iteration (`tokens_seen_by_schedule`); a warmup in samples followed by a decay in tokens decays
+from the tokens the scheduler saw when the warmup ended, as there."""
 
 from __future__ import annotations
 

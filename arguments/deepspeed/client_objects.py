@@ -1,33 +1,22 @@
 """Under a Megatron launch, the JSON blocks DeepSpeed never reads because Megatron hands it its own objects.
 
 Every Megatron generation builds its optimizer from its flags and hands it to `deepspeed.initialize`
-(arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine uses a client optimizer instead of the
-JSON's `optimizer` block (the 2020 fork, since October 2020, hands it param groups its own Adam already
-filled, whose values win over the JSON's in the optimizer DeepSpeed builds). The same holds for the
-learning-rate scheduler since DeepSpeed v0.14.5 (SCHEDULER): the client scheduler Megatron-DeepSpeed passes
-replaces the JSON's `scheduler` block. So under a launch that sets the model from flags
-(arguments/megatron/defaults.py, `is_megatron_launch`), these blocks set nothing: whatever the flags leave out
-takes Megatron's default, as in the real pair, and each value of theirs that differs from what runs is named
-in one warning line.
+(arguments/deepspeed/precedence.py, OPTIMIZER), and DeepSpeed's engine then ignores the JSON's `optimizer` block
+(the 2020 fork's param groups, filled by its own Adam, win over the JSON's values). The same holds for the
+learning-rate scheduler since DeepSpeed v0.14.5 (SCHEDULER). So under a launch that sets the model from flags
+(arguments/megatron/defaults.py, `is_megatron_launch`) these blocks set nothing: what the flags leave out takes
+Megatron's default, as in the real pair, and each value of theirs that differs from what runs is named in one line.
 
-One exception, by generation: DeepSpeedExamples' 2020-21 Megatron-LM forks step the engine without
-arguments (`model.step()`), and the DeepSpeed of their time (before v0.14.5) used the JSON's scheduler
-in place of the client's, so a fork launch keeps the JSON's scheduler where no schedule flag is given.
-(Beside a schedule flag, arguments/parser.py's `layer_sources` still drops the block as a whole, as today's
-DeepSpeed does, where the fork's DeepSpeed ran the JSON's: not yet followed here.)
-
-The `activation_checkpointing` block is the same class: every Megatron generation configures DeepSpeed's
-checkpointing only under `--deepspeed-activation-checkpointing`, and only DeepSpeedExamples' 2020 fork hands
-that call the JSON; Megatron-DeepSpeed and the v1.1.5 forks hand it their own store_true flags, which
-overwrite each of the block's keys. In no generation does the block turn checkpointing on: that is
---checkpoint-activations. So under a Megatron launch the block sets nothing, but in the 2020 fork under the
-flag, where it sets what it configures (and still not the number of checkpoints, which the fork passes as
---num-layers).
-
-A launch that names a preset is DeepSpeed's own use: its engine builds the optimizer and scheduler from
-the JSON when no client object is given, so the blocks stay honoured there (and the block there also turns
-checkpointing on: arguments/deepspeed/translation.py).
-"""
+By generation: DeepSpeedExamples' 2020-21 forks step the engine without arguments and their DeepSpeed (before
+v0.14.5) used the JSON's scheduler, so a fork launch keeps the JSON's scheduler where no schedule flag is given
+(beside a schedule flag, arguments/parser.py's `layer_sources` drops the whole block as today's DeepSpeed does,
+where the fork's ran the JSON's: not yet followed here). The `activation_checkpointing` block is the same class: Megatron configures DeepSpeed's checkpointing only under
+`--deepspeed-activation-checkpointing`, only the 2020 fork hands that call the JSON (the others their own flags,
+which overwrite each key), and no generation turns checkpointing on from it (that is --checkpoint-activations). So
+under a Megatron launch the block sets nothing, but in the 2020 fork under the flag it sets what it configures
+(not the number of checkpoints, which the fork passes as --num-layers). A launch naming a preset is DeepSpeed's own
+use: the engine builds optimizer and scheduler from the JSON, so the blocks are honoured there (and the checkpointing
+block turns checkpointing on: arguments/deepspeed/translation.py)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,20 @@
 """Every key of DeepSpeed's config JSON, classified: honoured (and the flags it becomes), accepted with
 no effect on the math (and why), or unsupported (and what to use instead).
 
-The keys are those of DeepSpeed's documented configuration (https://www.deepspeed.ai/docs/config-json/,
-the source `docs/_pages/config-json.md` of deepspeedai/DeepSpeed), plus the keys earlier revisions of
-that page documented and that configs in the wild still carry (`memory_breakdown`, `amp`,
-`sparse_attention`, `elasticity`, `bfloat16`, `zero_allow_untested_optimizer`, ...).
+The keys are those of DeepSpeed's documented configuration (https://www.deepspeed.ai/docs/config-json/, the source
+`docs/_pages/config-json.md` of deepspeedai/DeepSpeed), plus keys earlier revisions documented that configs in the
+wild still carry (`memory_breakdown`, `amp`, `sparse_attention`, `elasticity`, `bfloat16`, ...).
 
-A key is looked up by its dotted path (`zero_optimization.offload_optimizer`); a classifier gets the
-key's value and returns a `Verdict`. A key that becomes flags also names, on its row, which side wins
-where a flag sets the same thing (`to_flag(..., wins=ZERO)`, `@wins({...})`: the behaviours of
-arguments/deepspeed/precedence.py); `precedence_of` reads them back. Blocks whose keys only mean something together (`optimizer`,
-`scheduler`, `tensorboard`, `wandb`) are classified as a whole and may return one verdict per sub-key.
-Sections whose sub-keys each map to a setting (`fp16`, `bf16`, `zero_optimization`,
+A key is looked up by its dotted path (`zero_optimization.offload_optimizer`); a classifier gets its value and
+returns a `Verdict`. A key that becomes flags also names on its row which side wins where a flag sets the same thing
+(`to_flag(..., wins=ZERO)`, `@wins({...})`: arguments/deepspeed/precedence.py's behaviours; `precedence_of` reads
+them back). Blocks whose keys only mean something together (`optimizer`, `scheduler`, `tensorboard`, `wandb`) are
+classified as a whole; sections whose sub-keys each map to a setting (`fp16`, `bf16`, `zero_optimization`,
 `activation_checkpointing`, `checkpoint`, `data_types`) are listed key by key in `SECTION_KEYS`.
 
-The keys stay here, in DeepSpeed's order, rather than beside the settings' fields (where each flag's help
-and other names are, base/options.py): about a quarter of the honoured keys are not one key for one flag
-(`scheduler`, `optimizer.params.betas`, `fp16.initial_scale_power`, `tensorboard`), most keys set no
-setting at all, and a section reads as DeepSpeed documents it only when all its keys are in one place.
-"""
+The keys stay here, in DeepSpeed's order, rather than beside the settings' fields (base/options.py): a quarter of
+the honoured keys are not one key for one flag, most set no setting at all, and a section reads as DeepSpeed
+documents it only when all its keys are in one place."""
 
 from __future__ import annotations
 

@@ -1,25 +1,21 @@
 """Which side wins where a DeepSpeed JSON key and a command-line flag set the same thing: the side that
 wins in the real Megatron-DeepSpeed + DeepSpeed pair (docs/coming-from-megatron-deepspeed.md, after the JSON table).
 
-Read from the real code (microsoft/Megatron-DeepSpeed f4157bea, microsoft/DeepSpeed 38327e07, and the
-older fork DeepSpeedExamples' Megatron-LM-v1.1.5-3D_parallelism): Megatron-DeepSpeed builds its own
-model, optimizer, scheduler and data loader from its flags and hands the first three to
-`deepspeed.initialize(model, optimizer, lr_scheduler, config=<the JSON>)`. What DeepSpeed's engine
-does on its own (ZeRO, mixed precision, loss scaling, clipping) it takes from the JSON; what
-Megatron does (the data, the micro-steps, the optimizer's hyperparameters, the schedule) it takes
-from the flags. Four outcomes:
+Read from the real code (microsoft/Megatron-DeepSpeed f4157bea, microsoft/DeepSpeed 38327e07, and DeepSpeedExamples'
+Megatron-LM-v1.1.5-3D_parallelism): Megatron-DeepSpeed builds model, optimizer, scheduler and data loader from its
+flags and hands the first three to `deepspeed.initialize(..., config=<the JSON>)`. What DeepSpeed's engine does on
+its own (ZeRO, mixed precision, loss scaling, clipping) it takes from the JSON; what Megatron does (the data, the
+micro-steps, the optimizer's hyperparameters, the schedule) from the flags. Four outcomes:
 
 - FLAG_WINS: the flag's value runs; the JSON's is said once at start, and in --print-config.
 - JSON_WINS: the JSON's value runs; the flag's is said the same way.
 - INDEPENDENT: two settings that only look alike; neither changes the other.
 - MUST_AGREE: DeepSpeed itself refuses a disagreement, so this program refuses it too.
 
-This module names those behaviours; each JSON key that `arguments/deepspeed/keys.py` turns into flags
-points at one on its own row there (`to_flag(..., wins=ZERO)`, `@wins({...})` on a block's classifier),
-beside its verdict, so a key's classification and its precedence are read in one place, and a new key
-cannot overlap a flag without a decision (a test checks every such key declares one). A behaviour's `why`
-finishes the sentence "as in Megatron-DeepSpeed, ..." in the warning line; `code` names the real code path.
-"""
+Each JSON key that `arguments/deepspeed/keys.py` turns into flags points at one of these on its own row
+(`to_flag(..., wins=ZERO)`, `@wins({...})`), so a key's classification and precedence are read in one place, and a
+new key cannot overlap a flag without a decision (a test checks it). A behaviour's `why` finishes the sentence "as
+in Megatron-DeepSpeed, ..." in the warning line; `code` names the real code path."""
 
 from __future__ import annotations
 
