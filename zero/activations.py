@@ -1,40 +1,22 @@
 """ZeRO-R for activations: checkpointing with P_a (partitioned over TP), P_a+cpu and M_D (one buffer).
 
-With `--checkpoint-activations` each group of `--checkpoint-num-layers` transformer blocks runs its
-forward without keeping anything for backward except its *input*, and runs again in backward to
-rebuild what it needs (full recompute). Under `--recompute-method block` only the first
-`--checkpoint-num-layers` blocks of each model chunk are checkpointed, one block a group, and the rest
-run keeping their activations (ActivationCheckpointConfig.checkpointed_groups: Megatron-Core's split).
-The RNG streams (CPU, CUDA, and the TP-private one that attention dropout draws from) are captured
-before the forward and restored for the recompute, so the recomputed dropout masks are the ones the
-forward used.
+With `--checkpoint-activations` each group of `--checkpoint-num-layers` blocks runs its forward keeping only its
+*input* and runs again in backward (full recompute); under `--recompute-method block` only the first
+`--checkpoint-num-layers` blocks of each model chunk are checkpointed, one a group (ActivationCheckpointConfig.
+checkpointed_groups: Megatron-Core's split). The RNG streams (CPU, CUDA, the TP-private one) are captured before the
+forward and restored for the recompute, so the recomputed dropout masks are the forward's. The kept input is the
+same on every TP rank (TP replicates the hidden states between blocks), so:
 
-The kept input is identical on every TP rank (Megatron TP replicates the hidden states between
-blocks), so:
-
-    P_a       (`--partition-activations`) each TP rank keeps only its 1/TP slice; one all-gather over
-              the TP group rebuilds the input right before the recompute.
-    P_a+cpu   (`--cpu-checkpointing`) the kept slice lives in host memory (pinned and copied
-              asynchronously on CUDA) and comes back before the recompute.
-    M_D       (`--contiguous-checkpointing`) the slices of every checkpoint go into one buffer allocated
-              once and reused every iteration, instead of one allocation per block, so long runs do not
-              fragment memory: a slot set of `--number-checkpoints` for each micro-batch the pipeline
-              schedule keeps in flight (zero/checkpoint_buffer.py).
-
-Under sequence parallelism (`--sequence-parallel`) the kept input is already this rank's 1/TP slice of
-the sequence, different on every TP rank: P_a has nothing left to split and keeps it as it is (no
-all-gather before the recompute); P_a+cpu and M_D apply to it unchanged.
-
-`apply_activation_checkpointing(model, config, state, rng, monitor)` installs this on a model as a
-transform (the model's `run_blocks` hook); the training loop never touches it. What the loop reads
-(`--report-memory`'s saved-tensor measurement, `--profile-checkpointing`'s timings) goes through an
-`ActivationMonitor` that both are handed. `SavedTensorMeter` measures what autograd keeps for backward
-(via `saved_tensors_hooks`), split by device and host, and which part of it is checkpointed inputs.
-
-The checkpoint is a custom autograd Function (the "reentrant" form Megatron uses), so what is kept
-is exactly what this file stores. Under ZeRO stage 3, zero/stage3.py recognises a forward that runs
-after backward has begun as a recompute and serves it, and the block's backward, from one gather.
-"""
+    P_a       (`--partition-activations`) each TP rank keeps its 1/TP slice; one all-gather over TP rebuilds
+              the input right before the recompute.
+    P_a+cpu   (`--cpu-checkpointing`) the kept slice lives in host memory until the recompute.
+    M_D       (`--contiguous-checkpointing`) every checkpoint's slice goes into one buffer allocated once and
+              reused, `--number-checkpoints` slots per micro-batch in flight (zero/checkpoint_buffer.py).
+Under --sequence-parallel the kept input is already this rank's 1/TP slice: P_a keeps it as is (no all-gather).
+`apply_activation_checkpointing` installs this as a transform (the model's `run_blocks` hook); what the loop reads
+(--report-memory's `SavedTensorMeter`, --profile-checkpointing's timings) goes through an `ActivationMonitor`. The
+checkpoint is a custom autograd Function (Megatron's "reentrant" form), so what is kept is what this file stores;
+under ZeRO 3, zero/stage3.py serves a recompute and the block's backward from one gather."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """AdEMAMix: Adam with a second, slow momentum, as swiss-ai's Megatron-LM fork steps it
 (swiss-ai/Megatron-LM, megatron/core/optimizer/ademamix.py: `AdEMAMix.step`, `linear_warmup_scheduler`,
-`linear_hl_warmup_scheduler`; built in megatron/core/optimizer/__init__.py with betas (--adam-beta1,
---adam-beta2, --ademamix-beta3), --ademamix-alpha, the two warmups and --adam-eps).
-
-Per element, at step t (counted from 1; a skipped fp16 step is not a step):
+`linear_hl_warmup_scheduler`; built with betas (--adam-beta1, --adam-beta2, --ademamix-beta3), --ademamix-alpha,
+the two warmups and --adam-eps). Per element, at step t (from 1; a skipped fp16 step is not a step):
 
     m1 = beta1 m1 + (1 - beta1) g          the fast EMA (Adam's first moment)
     m2 = beta3 m2 + (1 - beta3) g          the slow EMA, no bias correction
@@ -11,16 +9,14 @@ Per element, at step t (counted from 1; a skipped fp16 step is not a step):
     p -= lr ((m1 / (1 - beta1^t) + alpha m2) / (sqrt(nu) / sqrt(1 - beta2^t) + eps) + wd p)
 
 with alpha rising linearly from 0 over --ademamix-alpha-warmup steps and beta3 rising from beta1 over
---ademamix-beta3-warmup steps by half-life; a warmup <= 0 (the fork's default is -1) is none. The three
-states are views the sharded optimizer (zero/optimizer.py) hands in, in partition coordinates like Adam's
-two, so ZeRO partitions, offloads and checkpoints them the same way. The step counts per parameter (as
-PyTorch's AdamW does) rather than per group (the fork's `group["step"]`): the host step of zero/offload.py
-calls `step()` once per sub-group, each stepping only the pieces that have a gradient.
+--ademamix-beta3-warmup steps by half-life; a warmup <= 0 (the fork's default -1) is none. The three states are
+views the sharded optimizer (zero/optimizer.py) hands in, in partition coordinates like Adam's, so ZeRO partitions,
+offloads and checkpoints them alike. The step counts per parameter (as PyTorch's AdamW) rather than per group (the
+fork's `group["step"]`): zero/offload.py's host step steps only the pieces that have a gradient.
 
-The arithmetic is the fork's, operation for operation, over windows of WINDOW elements (a multiple of 64
-from the piece's start, so the vector loop and its scalar tail see the elements they would see over the
-whole piece): the temporaries are three windows, not three copies of the partition.
-"""
+The arithmetic is the fork's, operation for operation, over windows of WINDOW elements (a multiple of 64 from the
+piece's start, so the vector loop and its tail see what they would over the whole piece): the temporaries are three
+windows, not three copies of the partition."""
 
 from __future__ import annotations
 

@@ -8,18 +8,15 @@ The stage is decided here, once, by which storage each model state gets; nothing
     2       ReplicatedParameters     PartitionedGradients     reduce-scatter   1/N
     3       ShardedParameters        PartitionedGradients     reduce-scatter   1/N
 
-(DeepSpeed's `reduce_scatter: false` swaps reduce-scatter for all-reduce in stages 1-3.) Units are
-reduce buckets in stages 0-2 and one chunk per transformer block (plus the root chunk) in stage 3.
+(DeepSpeed's `reduce_scatter: false` swaps reduce-scatter for all-reduce in stages 1-3.) Units are reduce buckets in
+stages 0-2 and one chunk per transformer block (plus the root chunk) in stage 3.
 
-The model may be built on the meta device (our GPTModel always is): then nothing of it is ever held
-whole. Each rank allocates only its own storage and fills it from the counter-based initializer:
-its TP shard in 16 bits (stages 0-2) or its DP shard of it (stage 3), and the fp32 master for its
-partition. A model that is already materialized (transformers' GPT-2 in the tests) is copied in
-instead. Either way the parameters end up as views into ZeRO's buffers.
-
-The loop then reads: per micro-batch `scale_loss(loss).backward()` (under `reducer.no_sync()` for all
-but the last) and `reducer.finish_grad_sync()`; then `optimizer.step()`.
-"""
+A model built on the meta device (our GPTModel always is) is never held whole: each rank allocates only its own
+storage and fills it from the counter-based initializer (its TP shard in 16 bits, stages 0-2, or its DP shard of it,
+stage 3, and the fp32 master of its partition). A materialized model (transformers' GPT-2 in the tests) is copied
+in. Either way the parameters end up as views into ZeRO's buffers. The loop then reads: per micro-batch
+`scale_loss(loss).backward()` (under `reducer.no_sync()` but the last) and `reducer.finish_grad_sync()`; then
+`optimizer.step()`."""
 
 from __future__ import annotations
 

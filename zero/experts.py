@@ -1,37 +1,23 @@
 """ZeRO for a model with expert-parallel parameters: the experts' states over the expert data-parallel group.
 
-An expert parameter (its sharding record replicated over "edp", parallel/sharding.py; Megatron-Core tags its
-experts `allreduce = False`)
-is held by the ranks of one expert data-parallel group only (parallel/state.py's ExpertParallel: the ranks with
-the same experts); the other parameters by the whole data-parallel group. So ZeRO is built twice, as
-Megatron-Core builds two DistributedOptimizers chained (megatron/core/optimizer/__init__.py, the expert
-parameters' own optimizer over the expert data-parallel group; ChainedOptimizer in optimizer.py):
+An expert parameter (its sharding record replicated over "edp", parallel/sharding.py; Megatron-Core tags experts
+`allreduce = False`) is held by the ranks of one expert DP group only; the others by the whole DP group. So ZeRO is
+built twice, as Megatron-Core chains two DistributedOptimizers (optimizer/__init__.py; ChainedOptimizer):
 
     dense     buckets, reduction and optimizer partition over the DP group, as build_zero alone does
-    experts   over the expert DP group, the experts' tensor-parallel group standing for TP; the gradient
-              is still divided by the DENSE DP size before it is summed, as Megatron's
-              distributed_data_parallel.py scales expert gradients (expert_gradient_scaling_factor =
-              1 / data_parallel_world_size): every DP rank's loss is a mean over its own tokens, and an
-              expert sums the tokens of every DP rank that routed to it
+    experts   over the expert DP group, the experts' TP group standing for TP; the gradient still divided by the
+              DENSE DP size before it is summed, as Megatron's expert_gradient_scaling_factor = 1 /
+              data_parallel_world_size (each DP rank's loss is a mean over its own tokens)
 
-The step clips both by ONE gradient norm over all parameters (ChainedOptimizer.get_grad_norm: with the
-distributed optimizer one sum of squares over every rank): within a pipeline stage the dense squares summed
-over TP and DP, the experts' over ETP, the expert DP group and the expert-parallel group (different ranks hold
-different experts: each is counted once), the two added; then that sum over the stages, once. One loss scaler
-serves both; an overflow anywhere skips both updates.
+The step clips both by ONE gradient norm (ChainedOptimizer.get_grad_norm): within a stage the dense squares summed
+over TP and DP, the experts' over ETP, expert DP and EP (each expert counted once), added, then summed over the
+stages once. One loss scaler serves both; an overflow anywhere skips both updates. A stage whose layers hold no
+expert has no experts' part (training/build.py, as Megatron-Core builds its expert optimizer only `if
+len(moe_param_groups) > 0`); the experts' groups are the stage's (parallel/mesh.py), so no other rank waits for it.
 
-A pipeline stage whose layers hold no expert (dense first layers, --moe-layer-freq, a pipeline layout) has no
-experts' part at all: training/build.py builds it build_zero alone, as Megatron-Core builds its expert optimizer
-only `if len(moe_param_groups) > 0` (megatron/core/optimizer/__init__.py). The experts' groups are its stage's
-(parallel/mesh.py), so no other rank waits for it in one of them; its norm joins the others' in the one sum
-over the stages, which both kinds of stage make once.
-
-At stage 3 each part gathers its own chunks (the experts' over the expert DP group) as the modules run; an
-expert with no rows still runs on its empty slice, so its chunk is gathered and reduced on every rank. The
-expert part's
-reductions are counted on the communicator's "dp" and "tp" counters (its data-parallel and tensor-parallel
-traffic; the groups are the experts'), the norm's sum over the expert-parallel group on "ep".
-"""
+At stage 3 each part gathers its own chunks as the modules run; an expert with no rows still runs on its empty
+slice, so its chunk is gathered and reduced on every rank. The expert part's reductions are counted on the
+communicator's "dp" and "tp" counters (the groups are the experts'), the norm's sum over EP on "ep"."""
 
 from __future__ import annotations
 

@@ -1,33 +1,22 @@
 """Parameters whose every read first waits for their unit's all-gather (--overlap-param-gather).
 
-With the overlap, publishing after a step only starts each unit's all-gather into the flat parameter buffer;
-the next forward runs while the gathers do. No read of a parameter may come before its unit's gather is
-waited for: the read would see the buffer before (or while) the gather writes it.
+With the overlap, publishing after a step only starts each unit's all-gather into the flat parameter buffer; the
+next forward runs while the gathers do, and no read of a parameter may come before its unit's gather is waited for.
+Megatron-Core waits in a forward pre-hook of every module for the parameters it owns (distributed_data_parallel.py
+`_make_forward_pre_hook`), and other readers must call `ensure_params_ready` (megatron/core/utils.py): both tied to a
+read path, so a parameter read outside its owner's forward (our output layer's weight in F.linear or the fused
+cross entropy, a tied output layer, MTP's shared head) or by a new path that forgets the call reads un-waited.
 
-Megatron-Core waits in a forward pre-hook of every module, for the parameters that module owns
-(`module.parameters(recurse=False)`: distributed_data_parallel.py, `_make_forward_pre_hook`), and a
-consumer that reads a parameter anywhere else must call `ensure_params_ready` on it first
-(megatron/core/utils.py). Either is tied to a read path: a parameter read outside its owner's forward (our
-GPTModel.output reads `self.output_layer.weight` into F.linear or the fused cross entropy; a tied output
-layer, MTP's shared head) skips the hook, and a new read path that forgets the call reads un-waited. Here
-the wait is on the read itself. Each parameter of a gathered unit is a `GatedParameter`, holding its unit's
-`UnitGate`. torch calls a tensor subclass's `__torch_function__` for every operation that takes it as an
-argument (F.linear, an embedding lookup, `.t()`, `.data`, `.detach()`, a view, an autograd.Function's first
-op on it), before the operation runs; ours waits for the gates of the gated parameters among the
-arguments, then runs the operation as a plain Parameter would (results are plain tensors). Whoever reads a
-parameter (a module, an ancestor, a loss function, a checkpoint writer, evaluation) reads it after its
-gather, whatever the path. Backward reuses what forward read (the C++ autograd engine calls no Python),
-and that was read after the wait.
+Here the wait is on the read itself: each parameter of a gathered unit is a `GatedParameter` holding its unit's
+`UnitGate`, and its `__torch_function__` (called for every operation that takes it: F.linear, a lookup, `.t()`,
+`.data`, a view, ...) waits for the gates among the arguments, then runs the operation as a plain Parameter would.
+Whoever reads a parameter reads it after its gather; backward reuses what forward read. What does not go through a
+parameter is ZeRO's own: the flat buffer (publishing waits for every gate before writing it again;
+`ParameterStorage.gathered` waits for the unit) and tensors derived before the step (nothing here caches one).
 
-What does not go through a parameter is ZeRO's own: the flat buffer behind it (publishing waits for every
-gate before it writes it again; `ParameterStorage.gathered` waits for the unit) and a tensor derived from a
-parameter before the step (nothing in this repository caches one across steps).
-
-Cost: a Python call per operation that takes a gated parameter (about 4 us on this CPU; on a GPU the
-host runs ahead of the kernels, so it shows only where the host is the bottleneck). Only the overlap makes
-gated parameters. Under torch.compile dynamo inlines `__torch_function__`; `UnitGate.wait` runs eagerly
-(a graph break, only while a gather is in flight: a guard on the gate's state).
-"""
+Cost: a Python call per operation on a gated parameter (about 4 us on this CPU; on a GPU it shows only where the
+host is the bottleneck); only the overlap makes gated parameters. Under torch.compile dynamo inlines
+`__torch_function__`; `UnitGate.wait` runs eagerly (a graph break only while a gather is in flight)."""
 
 from __future__ import annotations
 
