@@ -1,48 +1,23 @@
 """Gradient reduction over the data-parallel group: hooks, buckets, all-reduce or reduce-scatter, overlap.
 
-A reducer owns where gradients live and how they are averaged across DP ranks. Which ZeRO stage a run
-has is decided once, by which class `zero.apply.apply_zero` builds:
-
-    FullGradients         stages 0-1: a full flat gradient buffer (every parameter's gradient is a view
-                          into it, or, with fp32 accumulation under 16-bit parameters, a main-gradient
-                          slice that a hook adds each 16-bit gradient into). Micro-batches accumulate
-                          locally under `no_sync()`; the last one reduces unit by unit as backward
-                          produces them: all-reduce (stage 0) or reduce-scatter into the rank's own
-                          slice (stage 1).
-    PartitionedGradients  stages 2-3: no full gradient ever exists. A gradient is copied into a
-                          constant-size bucket the moment autograd produces it, then freed; a complete
-                          bucket is reduce-scattered (or all-reduced, keeping the rank's shard) and
-                          added into the rank's gradient partition. This must happen every micro-batch.
-
-With --offload-optimizer (ZeRO-Offload) both take a `host_partition`: a tensor in host memory, the size
-of this rank's partition, that each unit's reduced shard goes into as its reduction completes (copied
-into an fp32 one at stage 1, where a unit reduces once per step; added at stages 2-3, which reduce
-every micro-batch, so the host partition accumulates the micro-batches, in the gradient dtype as
-without offload, and a 16-bit one is converted into a second, fp32 host partition for the step). The
-optimizer's host step reads the fp32 one in place: the device then holds no gradient partition, only the buckets (stages 2-3) or the full
-buffer stage 1 accumulates in. This is DeepSpeed's ZeRO-Offload (deepspeedai/DeepSpeed
-deepspeed/runtime/zero/stage_1_and_2.py @edaa722: `copy_grads_in_partition`, 1650-1670, called from
-`reduce_ipg_grads` for the parameters of this rank's partition, 1742-1754; at stage 1 only at the
-accumulation boundary, `reduce_ready_partitions_and_remove_grads`, 1767-1769). DeepSpeed keeps the
-running sum on the host between micro-batches and adds the next reduced gradient to it on the device
-(`async_accumulate_grad_in_cpu_via_gpu`, 1516-1560); stage3.py keeps its gradient partitions in one
-pinned host buffer (`grad_partitions_flat_buffer`, 742-750) and copies into it at the first micro-batch,
-adding after (`partition_grads`, 1886-1933). Adding on the host instead gives the same fp32 sums,
-without a device copy of the running sum.
-
-Reductions are issued with `async_op=True` and completed at `finish_grad_sync()` (or earlier, when a
-scratch buffer is needed again), so they overlap with the backward of earlier layers. On CUDA the
-collectives run on NCCL's stream; the small copies around them stay on the compute stream, which
-orders every buffer reuse without extra events.
-
-Listeners (`subscribe`) hear `unit_reduced(unit)` as soon as a unit's reduction is issued (every
-parameter of the unit has its gradient, so nothing will read the unit's parameters again in this
-backward) and `grad_sync_finished()` at the end of each `finish_grad_sync()`. ZeRO stage 3's
-parameter gatherer frees chunks on those events.
-
-The training loop calls, per micro-batch, `loss.backward()` (under `no_sync()` for all but the last
-one) and `finish_grad_sync()`; the optimizer then takes `partition_gradients()`.
-"""
+Which ZeRO stage a run has is decided once, by which class `zero.apply.apply_zero` builds:
+    FullGradients         stages 0-1: a full flat gradient buffer (each gradient a view into it, or with fp32
+                          accumulation under 16-bit parameters a main-gradient slice a hook adds into).
+                          Under `no_sync()` micro-batches accumulate; the last reduces unit by unit: all-reduce
+                          (stage 0) or reduce-scatter into the rank's slice (stage 1).
+    PartitionedGradients  stages 2-3: no full gradient exists. A gradient is copied into a constant-size bucket
+                          when autograd produces it, then freed; a full bucket is reduce-scattered (or all-reduced,
+                          keeping the shard) into the rank's partition, every micro-batch.
+With --offload-optimizer (ZeRO-Offload) both take a `host_partition` that each unit's reduced shard goes into as its
+reduction completes (copied at stage 1, added at stages 2-3 so the host accumulates the micro-batches; a 16-bit one
+is converted into a second, fp32 host partition for the step), so the device holds no gradient partition. This is
+DeepSpeed's ZeRO-Offload (stage_1_and_2.py @edaa722 `copy_grads_in_partition`), which adds the running sum on the
+device (`async_accumulate_grad_in_cpu_via_gpu`), here on the host: the same fp32 sums without a device copy.
+Reductions are issued with `async_op=True` and completed at `finish_grad_sync()` (or when a scratch buffer is needed
+again), overlapping the backward of earlier layers; on CUDA on NCCL's stream, the small copies on the compute
+stream, which orders every buffer reuse. Listeners (`subscribe`) hear `unit_reduced(unit)` when a unit's reduction is
+issued and `grad_sync_finished()` at each `finish_grad_sync()`: ZeRO 3's gatherer frees chunks on them; the optimizer
+takes `partition_gradients()`."""
 
 from __future__ import annotations
 

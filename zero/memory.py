@@ -1,26 +1,20 @@
 """Model-state memory: what ZeRO's accounting predicts, and what the optimizer actually holds; and an
 analytic model of the activations a micro-batch saves for backward (ZeRO-R).
 
-The prediction follows the ZeRO paper (section 5, Table 1): mixed-precision Adam keeps 2Ψ bytes of
-16-bit parameters, 2Ψ of 16-bit gradients and KΨ (K = 12) of fp32 master weights, momentum and
-variance; stage 1 partitions the fp32 states over the N data-parallel ranks, stage 2 also the
-gradients, stage 3 also the parameters. `predict_model_state_bytes` gives the per-rank bytes of our
-implementation (ceil division, since a rank's shard is padded up to Ψ/N rounded up);
-`paper_model_state_gb` is the paper's own formula, kept separate so a test can pin it to Table 1.
+The prediction follows the ZeRO paper (section 5, Table 1): mixed-precision Adam keeps 2Ψ bytes of 16-bit
+parameters, 2Ψ of 16-bit gradients and KΨ (K = 12) of fp32 master, momentum and variance; stage 1 partitions the fp32
+states over the N DP ranks, stage 2 the gradients too, stage 3 the parameters too. `predict_model_state_bytes` gives
+the per-rank bytes of our implementation (a shard padded up to ceil(Ψ/N)); `paper_model_state_gb` is the paper's
+own formula, kept apart so a test can pin it to Table 1.
 
-The measurement walks the tensors the optimizer reports through `model_state_tensors()` instead of
-reading `torch.cuda.memory_allocated`: that works on CPU as well as CUDA, and it counts exactly the
-model states, not activations, caching-allocator slack or another module's scratch tensors.
-Tensors are summed by *storage*, de-duplicated: a flat buffer that backs many parameter views is
-one allocation, so it must count once and at its full size (alignment padding included), and a
-storage reported under two categories (a gradient bucket that is also a communication buffer) is
-still one allocation.
+The measurement walks the tensors the optimizer reports (`model_state_tensors()`) rather than reading
+`torch.cuda.memory_allocated`: it works on CPU and CUDA and counts exactly the model states. Tensors are summed by
+*storage*, de-duplicated: a flat buffer behind many views counts once at its full size (padding included), and a
+storage under two categories (a bucket that is also a communication buffer) is one allocation.
 
-The activation model (`checkpointed_input_bytes`, `predict_saved_activation_bytes`) counts what
-stays alive between a micro-batch's forward and its backward: with checkpointing, one s x b x h input
-per checkpointed group (1/TP of it per rank with P_a); without it, the per-layer estimate of
-Korthikanti et al. 2022.
-"""
+The activation model (`checkpointed_input_bytes`, `predict_saved_activation_bytes`) counts what stays alive between
+a micro-batch's forward and backward: with checkpointing, one s x b x h input per checkpointed group (1/TP of it
+per rank with P_a); without it, the per-layer estimate of Korthikanti et al. 2022."""
 
 from __future__ import annotations
 

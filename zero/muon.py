@@ -1,14 +1,8 @@
 """Muon, as Megatron-LM steps it with --optimizer muon (megatron/core/optimizer/emerging_optimizers.py:
-`TensorParallelMuon`, `_is_muon_excluded`, `_muon_config_to_kwargs`; the arithmetic is NVIDIA's
-emerging_optimizers package, which Megatron imports: orthogonalized_optimizers/orthogonalized_optimizer.py
-`OrthogonalizedOptimizer.step`, muon_utils.py `newton_schulz` and its coefficient sets, muon.py
-`get_muon_scale_factor`). Written here from those, not imported.
-
-Which parameters: Muon takes every parameter of exactly two dimensions that is not the word embedding or the
-output layer (Megatron's `is_embedding_or_output_parameter`); the rest (embeddings, output layer, biases,
-norms) take Adam, as `_is_muon_excluded` routes them with --muon-scalar-optimizer adam.
-
-Per Muon matrix W with gradient G, momentum M (zeros at first) and the learning rate and decay of its group:
+`TensorParallelMuon`, `_is_muon_excluded`, `_muon_config_to_kwargs`; the arithmetic is NVIDIA's emerging_optimizers
+package: `OrthogonalizedOptimizer.step`, `newton_schulz`, `get_muon_scale_factor`), written here. Muon takes every 2-D parameter but the word
+embedding and output layer; the rest take Adam (`_is_muon_excluded` with --muon-scalar-optimizer adam). Per matrix
+W with gradient G and momentum M (zeros at first):
 
     W -= lr wd W                                        decoupled weight decay, before the update
     M  = beta M + (1 - beta) G                          (exp_avg.lerp_(grad, 1 - beta))
@@ -16,26 +10,14 @@ Per Muon matrix W with gradient G, momentum M (zeros at first) and the learning 
     O  = NS(U) * scale(out, in) * --muon-extra-scale-factor
     W -= lr O
 
-NS normalizes U by its Frobenius norm (eps 1e-7), works on the wider orientation (transposed when rows >
-columns) and repeats X = a X + (b A + c A A) X with A = X X^T, coefficients (a, b, c) per step from the set
---muon-coefficient-type names; with --muon-fp32-matmul-prec medium (the default) the iteration runs in bf16
-(emerging_optimizers casts X to bf16 under "medium" matmul precision). scale: spectral sqrt(max(out, in)),
-shape_scaling sqrt(max(1, out / in)), unit_rms_norm sqrt(out / in). The fused QKV weight (--muon-split-qkv,
-Megatron's default) is orthogonalized per block: viewed as [query groups, rows per group, in], each of the
-query (and gate), key and value rows is one matrix over all groups, as `TensorParallelMuon.orthogonalize`.
-
-Under ZeRO a rank's partition holds a flat piece of a matrix, and NS needs the whole matrix. Each rank updates
-the momentum of its own elements (elementwise, as Adam's moments), writes its piece of U into a zeroed
-matrix, and the matrix is summed over the partition group (the pieces do not overlap: the sum is the
-gathered U, bit for bit). Every rank then runs the same NS on the same bits and keeps its own elements of O:
-no broadcast, and the update of each element is the one an unsharded run computes. (An all-reduce moves about
-twice the bytes of an all-gather; the simplicity is that every rank, whatever it holds, calls the same
-collectives in the same order.) The momentum is kept in Adam's exp_avg tensor at the matrix's elements, so it
-is partitioned and checkpointed as Adam's first moment is; exp_avg_sq stays zero there.
-
-Under tensor parallelism a matrix cut over TP (its sharding record) is this rank's shard once the partition is
-summed; --muon-tp-mode says what NS sees, as TensorParallelMuon and newton_schulz_tp: docs/configuration.md.
-"""
+NS normalizes U by its Frobenius norm (eps 1e-7), works on the wider orientation and repeats X = a X + (b A + c A A)
+X with A = X X^T, (a, b, c) per step from --muon-coefficient-type's set; with --muon-fp32-matmul-prec medium (the
+default) in bf16. scale: spectral sqrt(max(out, in)), shape_scaling sqrt(max(1, out / in)), unit_rms_norm sqrt(out /
+in). A fused QKV weight is orthogonalized per block (--muon-split-qkv, `TensorParallelMuon.orthogonalize`). Under ZeRO each rank updates its elements' momentum, writes its
+piece of U into a zeroed matrix summed over the partition group (the gathered U, bit for bit: the pieces do not
+overlap), runs the same NS as every rank and keeps its own elements of O. The momentum is kept in Adam's exp_avg
+slot (partitioned and checkpointed as Adam's); exp_avg_sq stays zero. Under TP, --muon-tp-mode says what NS sees
+(as TensorParallelMuon and newton_schulz_tp: docs/configuration.md)."""
 
 from __future__ import annotations
 

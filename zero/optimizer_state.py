@@ -1,26 +1,21 @@
 """How the sharded optimizer describes its own state to a checkpoint, so the checkpoint code never
 reads the optimizer's internals (its flat layout, storages, AdamW groups or loss scaler).
 
-The idea is Megatron-Core's `DistributedOptimizer.sharded_state_dict` and torchtitan's `Stateful`:
-the object that owns the shards says what they are. Three calls make up the interface
-(`CheckpointableOptimizer`):
+The idea is Megatron-Core's `DistributedOptimizer.sharded_state_dict` and torchtitan's `Stateful`: the object that
+owns the shards says what they are. The interface (`CheckpointableOptimizer`):
 
     model_state_dict(model)            every parameter whole, by name: what the model file holds
     sharded_state_dict(model)          this rank's partition tensors, the fragment table saying which
                                        parameter elements they hold, and the scalar state
     load_sharded_state_dict(tensors)   tensors laid out by that same fragment table back in, then the
                                        16-bit parameters published from them
+    expert_model_state_dict(model)     optional, where ranks hold different parameters (zero/experts.py):
+                                       (EP rank, this rank's experts whole by name) on the rank that writes
+                                       them, None on the others
 
-and one optional call, of an optimizer whose ranks hold different parameters (expert parallelism,
-zero/experts.py; `model_state_dict` then gives the parameters every data-parallel rank shares):
-
-    expert_model_state_dict(model)     (expert-parallel rank, this rank's experts whole by name) on the
-                                       rank that writes them, None on the ranks that only take part
-
-How these are written (file names, tensor names, metadata keys) is checkpoint/format.py's business;
-this module says only what they are. Fragments are named by the model's parameter names, which is
-why the calls take the model: the optimizer itself knows its parameters only as tensors.
-"""
+How these are written (file names, tensor names, metadata keys) is checkpoint/format.py's business; this module
+says only what they are. Fragments are named by the model's parameter names, which is why the calls take the
+model: the optimizer knows its parameters only as tensors."""
 
 from __future__ import annotations
 

@@ -1,24 +1,19 @@
 """Sophia-G as ALCF's Megatron-DeepSpeed fork steps it (--optimizer sophiag).
 
-argonne-lcf/Megatron-DeepSpeed at ffa3456d: megatron/optimizer/sophia.py `SophiaG` (copied there from
-Liuhong99/Sophia), built in megatron/optimizer/__init__.py as `SophiaG(param_groups, lr=--lr, betas=(--sophiag-beta1,
---sophiag-beta2), rho=--sophiag-rho, weight_decay=--weight-decay)` and stepped by DeepSpeed's engine with
-`optimizer.step()` (its default `bs=5120`). Per element, `_single_tensor_sophiag`:
+argonne-lcf/Megatron-DeepSpeed at ffa3456d: megatron/optimizer/sophia.py `SophiaG` (from Liuhong99/Sophia), built
+in megatron/optimizer/__init__.py as `SophiaG(param_groups, lr=--lr, betas=(--sophiag-beta1, --sophiag-beta2),
+rho=--sophiag-rho, weight_decay=--weight-decay)` and stepped by DeepSpeed's engine with `optimizer.step()` (its
+default `bs=5120`). Per element, `_single_tensor_sophiag`:
 
     p *= 1 - lr * wd                                  decoupled weight decay first
     m = beta1 m + (1 - beta1) g                       the momentum
     p -= lr * sign(m) * min(|m| / (rho * bs * h + 1e-15), 1)
 
-where h is the Hessian estimate, the state `hessian`, which `SophiaG.update_hessian` would move toward g * g (an
-EMA of decay beta2). The fork's training never calls update_hessian (nor does DeepSpeed's engine: the only caller of
-optimizer methods there is `step`), so h stays at its zero start and each update is lr x sign(m), its size clipped to
-1 wherever |m| >= 1e-15: what AuroraGPT's Sophia-G runs computed. Here h is kept as the fork keeps it, the second
-fp32 state beside the momentum (in the partition's `exp_avg_sq` slot, so ZeRO partitions, offloads and checkpoints it
-as Adam's second moment), and the clipped ratio reads it: the same arithmetic wherever h holds values.
-
-The arithmetic runs over windows of WINDOW elements (the ratio's two temporaries are a window's, not the
-partition's).
-"""
+where h is the Hessian estimate, the state `hessian`, which `SophiaG.update_hessian` would move toward g * g. The
+fork's training never calls update_hessian (nor does DeepSpeed's engine), so h stays zero and each update is lr x
+sign(m), clipped to 1 wherever |m| >= 1e-15: what AuroraGPT's Sophia-G runs computed. Here h is kept as the fork
+keeps it, the second fp32 state (in the partition's `exp_avg_sq` slot, so ZeRO partitions, offloads and checkpoints
+it as Adam's second moment), and the clipped ratio reads it. The arithmetic runs over windows of WINDOW elements."""
 
 from __future__ import annotations
 

@@ -1,34 +1,23 @@
 """ZeRO stage 3 (P_os+g+p): parameters live as 1/N shards and are gathered only while in use.
 
-The unit of gathering is one flat chunk per transformer block, plus one *root* chunk for every
-parameter outside the blocks (embeddings and final LayerNorm for our GPT; the tied output layer uses
-the word embedding, so the root chunk is needed at both ends of the model and stays gathered for the
-whole of the model's forward). The caller passes the blocks (our GPTModel's `model.blocks`); for a
-model we did not write (transformers' GPT2LMHeadModel) they are found as the children of its largest
-`nn.ModuleList`, so such a model works unchanged.
+The unit of gathering is one flat chunk per transformer block, plus one *root* chunk for every parameter outside the
+blocks (embeddings and final norm; the tied output layer uses the word embedding, so the root chunk stays gathered
+for the whole forward). The caller passes the blocks (GPTModel's `model.blocks`); for a model we did not write
+(transformers' GPT2LMHeadModel) they are the children of its largest `nn.ModuleList`. A chunk's life, driven by
+module hooks, autograd tensor hooks and the gradient reducer's events (nothing calls into the gatherer in a step):
 
-Lifecycle of a chunk, driven by module hooks, autograd tensor hooks and the gradient reducer's events
-(the gatherer subscribes to them; nothing calls into it during a step):
-
-    forward pre-hook   gather (waiting for a prefetch if one is in flight); prefetch the next chunks
+    forward pre-hook   gather (waiting for a prefetch in flight); prefetch the next chunks
     forward hook       hook the outputs' gradients, then free the chunk
     output grad hook   (backward reaches the block) gather again; prefetch the chunks backward needs next
-    unit reduced       free the chunk (every parameter of the chunk has its gradient, so every autograd
-                       node that reads it has run)
+    unit reduced       free the chunk (every autograd node that reads it has run)
     grad sync finished free whatever backward left gathered; the next forward starts afresh
 
-Each parameter is a permanent view into its chunk's flat tensor; freeing resizes that tensor's
-storage to zero bytes and gathering resizes it back and all-gathers into it. Because the storage
-object never changes, tensors autograd saved during forward (such as `weight.t()` inside a linear)
-see the re-gathered values in backward, and no module code has to change.
-
-Activation checkpointing: a recompute runs a block's forward again *during* its backward. With
-torch's non-reentrant checkpoint the output grad hook has already gathered the chunk; with the
-reentrant form (zero/activations.py) the original forward ran without gradients, so no hook was
-registered, and the pre-hook, seeing a forward after this backward has begun (the root chunk's output
-hook fires first in every backward), starts the chunk's backward there. Either way the forward hook
-keeps the chunk, and recompute and backward share one gather.
-"""
+Each parameter is a permanent view into its chunk's flat tensor; freeing resizes that storage to zero bytes and
+gathering resizes it back and all-gathers into it, so tensors autograd saved (`weight.t()` in a linear) see the
+re-gathered values in backward and no module code changes. A recompute runs a block's forward during its backward:
+with the reentrant checkpoint (zero/activations.py) the original forward registered no hook, so the pre-hook, seeing
+a forward after this backward began (the root chunk's output hook fires first in every backward), starts the chunk's
+backward there; either way recompute and backward share one gather."""
 
 from __future__ import annotations
 
