@@ -6,46 +6,14 @@ dispatcher and its overlap, the pipeline split), priced as `python -m zero.plan 
 are one model.
 
 Each row is priced with the settings of its own release: the NeMo container 25.09 ran Megatron-Bridge 0.1.0rc3, 25.11
-v0.2.0, 26.02 v0.3.0, 26.02.01 v0.3.1, 26.04 v0.4.0, 26.04.01 v0.4.2 and 26.06 v0.5.0 (Bridge's
-docs/versions1.json and docs/releases/software-versions.md), and the settings are those tags' scripts/performance/
-configs/<model>/*workload_base_configs.py (25.09: the *.yaml matrices) through utils/overrides.py (25.09, 25.11:
-utils/helpers.py) into the library recipes under src/megatron/bridge/recipes/. The refs each value was read at are
-in the comments of RECIPES and RELEASE_RECIPES. Which commit of scripts/performance ran a benchmark is recorded
-nowhere; the release's own is assumed.
-  Llama 3 8B      25.11: recompute full, method block, 5 of 32 layers (v0.2.0 configs/llama3/workload_base_configs.py
-                  and utils/helpers.py set_recompute); 25.09: Megatron-FSDP, no recompute (v0.1.0rc3
-                  llama3_8b_llm_pretrain.yaml, utils/helpers.py).
-  Llama 3 70B     TP overlap with userbuffers; no pipeline layout and account_for_*_in_pipeline_split unset in every
-                  release up to v0.4.2 (recipes/llama/llama3.py llama3_70b_pretrain_config: layout None): Megatron's
-                  even split of 80 layers over PP 8 x VP 5, the last chunk also running the output layer
-                  (no split flag: the trainer's even split, priced at its slowest rank). The layout string today's
-                  recipe gives came after every row.
-  Llama 3.1 405B  TP overlap; account_for_embedding and _loss_in_pipeline_split True: 126 + 2 over PP 8 x VP 8
-                  (--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split).
-  DeepSeek-V3     25.09: selective recompute of mla_up_proj and mlp (the 3 dense layers' MLPs: Megatron-Core skips
-                  an MoE layer's; with MLA's up-projections, their GEMMs run twice: `recompute_modules`),
-                  overlap_grad_reduce off, the flex dispatcher with DeepEP, the EP overlap with delayed weight
-                  gradients, a multi-token-prediction layer in its layout "Et|(tt|)*30mL" (v0.1.0rc3 run_script.py,
-                  recipes/deepseek/deepseek_v3.py), given as --pipeline-model-parallel-layout.
-  GPT-OSS 120B    every release: the alltoall dispatcher, no EP overlap, no CUDA graphs, no pipeline layout and
-                  account_for_* False (the last of PP 4 even stages also runs the 201,088-row output layer); selective
-                  recompute of layernorm and moe_act from 26.02 (elementwise only: no GEMM recomputed, so 0 here).
-  Qwen3 30B-A3B   25.09: alltoall, token-dropping, no overlap; 25.11: alltoall with the EP overlap; 26.02: DeepEP
-                  with the EP overlap; 26.02.01 onward: HybridEP at PP 1 x EP 16, no overlap. account_for_* False
-                  (the even split) where PP > 1.
-  Qwen3 235B-A22B alltoall in every release (26.02.01's config names DeepEP, its H100 function forces alltoall);
-                  25.09: TP overlap, no EP overlap, token-dropping; 25.11 onward: the EP overlap, no TP overlap.
-                  account_for_* True: 94 + 2 layers over PP 8 x VP 4.
-Each pipelined row is priced at the split its flags make here (training/build.py config_stage_layers), its slowest
-rank's load; Llama 3 8B 25.09's Megatron-FSDP is given as the distributed optimizer, as it has always been priced.
-
-Where the table's printed layout is not what its release's code ran (RELEASE_LAYOUTS), the row is priced at the
-code's: 26.02.01's Qwen3 30B-A3B row prints v0.3.0's PP 2 x VP 12 x EP 8, while v0.3.1's config (PR #2477, cherry-
-picked before the tag) is PP 1 x EP 16 with HybridEP, and its figure (9,058 tokens/s/GPU) is that of the EP 16 rows
-of 26.04 to 26.06 (8,826-8,960), not of 26.02's PP 2 run (5,113). Other mismatches are left as printed, for want of
-such evidence: 25.11 prints GPT-OSS at MBS 4 and Qwen3 30B-A3B at MBS 2 x VP 24 where v0.2.0's configs give MBS 1
-(and VP 12).
-"""
+v0.2.0, 26.02 v0.3.0, 26.02.01 v0.3.1, 26.04 v0.4.0, 26.04.01 v0.4.2 and 26.06 v0.5.0 (Bridge's docs/versions1.json
+and docs/releases/software-versions.md), the settings those tags' scripts/performance/configs/<model>/
+*workload_base_configs.py (25.09: the *.yaml matrices) through utils/overrides.py (25.09, 25.11: utils/helpers.py)
+into the library recipes under src/megatron/bridge/recipes/. What each model's rows ran and the refs each value was
+read at are in the comments of RECIPES and RELEASE_RECIPES. Which commit of scripts/performance ran a benchmark is
+recorded nowhere; the release's own is assumed. Each pipelined row is priced at the split its flags make here
+(training/build.py config_stage_layers), its slowest rank's load. Where the table's printed layout is not what its
+release's code ran (RELEASE_LAYOUTS, with the evidence), the row is priced at the code's."""
 
 from __future__ import annotations
 
@@ -104,7 +72,26 @@ class RecipeSettings:
 
 
 ACCOUNT_FOR_EMBEDDING_AND_LOSS = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
-# Settings a model's rows share (refs: the module docstring).
+# Settings a model's rows share, read at each release's scripts/performance configs and library recipes:
+#   Llama 3 8B      25.11: recompute full, method block, 5 of 32 layers (v0.2.0 configs/llama3/workload_base_configs.py
+#                   and utils/helpers.py set_recompute); 25.09: Megatron-FSDP, no recompute (v0.1.0rc3
+#                   llama3_8b_llm_pretrain.yaml), priced as the distributed optimizer.
+#   Llama 3 70B     TP overlap with userbuffers; no pipeline layout and account_for_*_in_pipeline_split unset up to
+#                   v0.4.2 (recipes/llama/llama3.py: layout None): Megatron's even split of 80 layers over PP 8 x VP 5,
+#                   the last chunk also running the output layer. Today's recipe's layout string came after every row.
+#   Llama 3.1 405B  TP overlap; account_for_embedding and _loss_in_pipeline_split True: 126 + 2 over PP 8 x VP 8.
+#   DeepSeek-V3     25.09: selective recompute of mla_up_proj and mlp (the 3 dense layers' MLPs: Megatron-Core skips
+#                   an MoE layer's), overlap_grad_reduce off, the flex dispatcher with DeepEP, the EP overlap with
+#                   delayed weight gradients, an MTP layer in its layout "Et|(tt|)*30mL" (v0.1.0rc3 run_script.py,
+#                   recipes/deepseek/deepseek_v3.py).
+#   GPT-OSS 120B    every release: alltoall, no EP overlap, no CUDA graphs, no pipeline layout, account_for_* False
+#                   (the last of PP 4 even stages also runs the 201,088-row output layer); selective recompute of
+#                   layernorm and moe_act from 26.02 (elementwise: no GEMM recomputed, so 0 here).
+#   Qwen3 30B-A3B   25.09: alltoall, token-dropping, no overlap; 25.11: alltoall with the EP overlap; 26.02: DeepEP
+#                   with the EP overlap; 26.02.01 onward: HybridEP at PP 1 x EP 16, no overlap; the even split.
+#   Qwen3 235B-A22B alltoall in every release (26.02.01's config names DeepEP, its H100 function forces alltoall);
+#                   25.09: TP overlap, no EP overlap, token-dropping; 25.11 onward: the EP overlap, no TP overlap;
+#                   account_for_* True: 94 + 2 layers over PP 8 x VP 4.
 RECIPES = {
     "LLAMA3_70B": RecipeSettings(tp_comm_overlap=True),
     "LLAMA3.1_405B": RecipeSettings(tp_comm_overlap=True, pipeline_split=ACCOUNT_FOR_EMBEDDING_AND_LOSS),
@@ -138,7 +125,11 @@ RELEASE_RECIPES: dict[tuple[str, str], dict] = {
     ("Qwen3_235B_a22B", "26.04"): {"ep_overlap": True},
     ("Qwen3_235B_a22B", "26.04.01"): {"ep_overlap": True},
 }
-# Rows whose printed layout is not what the release's code ran (module docstring): the code's.
+# Rows whose printed layout is not what the release's code ran: the code's. 26.02.01's Qwen3 30B-A3B row prints
+# v0.3.0's PP 2 x VP 12 x EP 8, while v0.3.1's config (PR #2477, cherry-picked before the tag) is PP 1 x EP 16 with
+# HybridEP, and its figure (9,058 tokens/s/GPU) is that of the EP 16 rows of 26.04 to 26.06 (8,826-8,960), not of
+# 26.02's PP 2 run (5,113). Other mismatches are left as printed, for want of such evidence: 25.11 prints GPT-OSS at
+# MBS 4 and Qwen3 30B-A3B at MBS 2 x VP 24 where v0.2.0's configs give MBS 1 (and VP 12).
 RELEASE_LAYOUTS: dict[tuple[str, str], dict] = {
     # v0.3.1 scripts/performance/configs/qwen/qwen3_workload_base_configs.py:408-415 (EP 16; PP and VP unset: 1, none)
     ("Qwen3_30B_a3B", "26.02.01"): {"pp": 1, "vp": None, "ep": 16},

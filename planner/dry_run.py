@@ -1,35 +1,22 @@
 """One rank of any grid, planned from the real code: build, materialize on the meta device, run one
 iteration, and measure what the rank would hold and send.
 
-`dry_run(config, cluster, rank)` does what `pretrain_gpt.py` does for that rank, with three changes:
-the device is `meta` (shapes, no memory, no arithmetic), the process grid is `virtual_state` (groups
-that are only sizes) and collectives go through `DryRunCommunicator` (the live byte accounting, no
-transport). The model, activation checkpointing, ZeRO's layout and storages, the gradient hooks and
-buckets (all built by the trainer's own `training.build.build`, without the dropout streams or
-compilation), the stage-3 gatherer and the train step itself (training/train_step.py's DataParallelTrainStep, or
-training/pipeline_step.py's PipelineTrainStep, with an observer: planner/plan_observer.py) all run as they would
-live. So:
+`dry_run(config, cluster, rank)` does what `pretrain_gpt.py` does for that rank, with three changes: the device is
+`meta` (shapes, no memory, no arithmetic), the process grid is `virtual_state` (groups that are only sizes) and
+collectives go through `DryRunCommunicator` (the live byte accounting, no transport). The model, activation
+checkpointing, ZeRO's layout and storages, the gradient hooks and buckets (the trainer's own `training.build.build`,
+without dropout streams or compilation), the stage-3 gatherer and the train step itself (DataParallelTrainStep or
+PipelineTrainStep, with an observer: planner/plan_observer.py) run as live. So model-state bytes are the live
+measurement's (`zero.memory.measure_tensor_bytes`, equal to --report-memory), bytes per group and kind are the live
+`comm_bytes` of iteration 1, saved activations the live `SavedTensorMeter`'s; what a meta device cannot know is
+listed, not guessed (`UNKNOWNS`). With pipeline stages the rank runs its stage's slots (planner/pipeline_plan.py).
 
-- model-state bytes are measured by the live measurement (`zero.memory.measure_tensor_bytes`) over
-  the same tensors (meta storages count what they would hold): equal to `--report-memory`;
-- bytes per group and kind are the live `comm_bytes` of iteration 1, counted by the same code;
-- saved activations are measured by the live `SavedTensorMeter`;
-
-and what a meta device cannot know is listed, not guessed (`UNKNOWNS`). With pipeline stages the build gives
-the rank its stage's layers and the step runs the rank's slots of the schedule (planner/pipeline_plan.py).
-
-Its cost is bounded. Every layer is a real module with its hooks and autograd graph (about 0.02 s and
-0.1 MB of host memory per layer and micro-batch on one core of a 2-core CI machine, measured at 100 and
-400 layers of the paper's hidden 8192; many ops' meta kernels are torch's Python decompositions, a few
-milliseconds each, so a repeat on the same shapes is answered from `planner/meta_kernels.py`'s cache,
-0.053 s a layer without it), so a dry run plans at most
-`MAX_PLAN_LAYERS` layers: the deepest Transformers published have about 1,000 (DeepNet), and a
-million-layer typo would otherwise take a day and more memory than the host has; MTP layers count among them.
-Each expert of an MoE layer is a module of its own too (about 4 ms a layer each), so a dry run plans at most
-`MAX_PLAN_EXPERTS` experts per layer, twice the most a published MoE has (Switch-C's 2,048). Within the caps a
-dry run can still take minutes (the layers times the micro-batches of one iteration), so one that is
-still running after `PROGRESS_INTERVAL_S` says how far it is, one line at most that often.
-"""
+Its cost is bounded: every layer is a real module with hooks and graph (about 0.02 s and 0.1 MB per layer and
+micro-batch on one core, measured at 100 and 400 layers of hidden 8192; repeated meta kernels are answered from
+planner/meta_kernels.py's cache, 0.053 s a layer without it), so a dry run plans at most `MAX_PLAN_LAYERS` layers
+(the deepest published Transformers have about 1,000; a million-layer typo would take a day), MTP layers among them,
+and at most `MAX_PLAN_EXPERTS` experts per layer (twice Switch-C's 2,048; about 4 ms each). A dry run still running
+after `PROGRESS_INTERVAL_S` says how far it is, one line at most that often."""
 
 from __future__ import annotations
 
@@ -203,33 +190,21 @@ class RankPlan:
 class _AttentionKernelOf(TorchFunctionMode):
     """Make scaled_dot_product_attention on meta tensors save what it saves on `device_type`.
 
-    On meta, SDPA falls back to the math path, which keeps the [b, heads, s, s] attention weights for
-    backward. A GPU runs the flash kernel (it keeps q, k, v, the output and a [b, heads, s] logsumexp,
-    dropout or not), and so does a CPU without dropout; a CPU with dropout runs the math path. The
-    flash kernel's CPU op has a meta implementation with the same saved tensors, so it stands in.
+    On meta, SDPA falls back to the math path, which keeps the [b, heads, s, s] weights for backward. A GPU runs
+    the flash kernel (keeping q, k, v, the output and a [b, heads, s] logsumexp), and so does a CPU without dropout
+    (with dropout, the math path); the flash kernel's CPU op has a meta implementation with the same saved tensors,
+    so it stands in. With an explicit mask (CP's all_gather, --reset-attention-mask) a CPU without dropout runs
+    the same kernel with the mask, turned into the query's dtype, which it keeps too (the math path planned
+    tests/training/test_context_parallel_activation_memory.py's all_gather CP 2 rank 18% high); a GPU runs the
+    memory-efficient kernel, which keeps the same tensors.
 
-    With an explicit mask (context parallelism's all_gather, --reset-attention-mask's documents) a CPU without
-    dropout runs the same kernel with the mask, which SDPA first turns from bool into the query's dtype (0 where
-    visible, -inf elsewhere) and the kernel keeps too; on the math path the meta run planned the all_gather CP 2
-    rank of tests/training/test_context_parallel_activation_memory.py 18% above its measured saved tensors. A GPU
-    runs the memory-efficient kernel there, which keeps the same tensors (its log-sum-exp padded).
-
-    With grouped-query attention (enable_gqa, gpt/model.py's native_gqa: key and value with one head per group)
-    a kernel that takes it reads each group's key/value head itself and keeps k and v as given, a head per group;
-    the math path repeats them per query head (torch's attention.cpp pre_process_group_query_attention_input) and
-    keeps the [b, heads, s, s] weights, which is what the meta call did. torch's CPU flash kernel takes it, with a
-    mask or without (its backward node, ScaledDotProductFlashAttentionForCpuBackward0, saves the grouped k and v).
-    On CUDA, in the torch this project pins (2.13), only the flash kernel does among flash and memory-efficient
-    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: can_use_flash_attention checks the heads with
-    check_batch_size_and_num_heads_dense<true>; the memory-efficient kernel took GQA only with pytorch/pytorch#191085,
-    which added the supports_mqa argument 2.13's sdp_utils_cpp.h does not have), and flash takes neither a mask nor
-    fp32: there a GQA call runs the math path (cuDNN's kernel, which takes GQA and a mask in 16 bits, runs first only
-    where torch prefers it: sm90/sm100 with cuDNN above 9.15, check_prefer_cudnn_attention), and the plan keeps the
-    math path's tensors, the larger.
-
-    --attention-backend unfused and local restrict SDPA to the math kernel on a real run (gpt/attention_backend.py
-    KERNELS, entered around the call in gpt/model.py), on every device: there the meta call's own math path is
-    what the run keeps ([b, heads, s, s] weights, k and v repeated per query head), so nothing stands in."""
+    With grouped-query attention (enable_gqa) a kernel that takes it keeps k and v a head per group; the math path
+    repeats them per query head and keeps the weights. torch's CPU flash kernel takes GQA, masked or not. On CUDA in
+    torch 2.13 only flash does among flash and memory-efficient (sdp_utils.cpp; memory-efficient took GQA only with
+    pytorch/pytorch#191085), and flash takes neither a mask nor fp32: there a GQA call runs the math path (cuDNN's
+    kernel runs first only where torch prefers it, sm90/sm100 with cuDNN above 9.15), and the plan keeps the math
+    path's tensors, the larger. --attention-backend unfused and local restrict SDPA to the math kernel on a real
+    run (gpt/attention_backend.py), so there the meta call's own math path is what the run keeps."""
 
     def __init__(self, device_type: str, attention_backend: str = "auto") -> None:
         super().__init__()

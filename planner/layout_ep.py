@@ -1,39 +1,23 @@
 """The expert-parallel dispatch and combine in the layout model (planner/layout_perf.py's `ep` term): how many copies of
 each token a dispatcher sends over NVLink and over InfiniBand, and how much of that time Megatron-Core's combined 1F1B
-schedule hides.
-
-Dispatchers (Megatron-Core's --moe-token-dispatcher-type, --moe-flex-dispatcher-backend):
-  alltoall  MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py): the tokens are permuted
-            per expert and one all-to-all over the EP group sends a token once per expert it selected, k copies, each
-            to the rank holding that expert; so on average k / G copies go to each of the G ranks of the EP group,
-            (L - 1) of them in this node (NVLink) and G - L in the others (InfiniBand), L the group's ranks per node.
-            This project's dispatcher (gpt/moe/) sends the same.
-  allgather MoEAllGatherTokenDispatcher: every rank's tokens are all-gathered over the EP group (and the combine
-            reduce-scattered back), so a token goes to every other rank of the group whatever it selected: L - 1
-            copies over NVLink and G - L over InfiniBand (this project's allgather dispatcher, its default, the same).
-  deepep, hybridep  the flex dispatcher's backends: DeepEP's normal kernels and NVIDIA's HybridEP send a token once
-            to each node holding one of its experts (over RDMA, to the rank of the same local index), which forwards
-            it once over NVLink to each rank of that node holding one (DeepEP's README: kernels "optimized for
-            asymmetric-domain bandwidth forwarding, such as forwarding data from NVLink domain to RDMA domain";
-            Megatron-Core's moe/README.md: the DeepEP backend "removes redundant tokens during cross-node
-            communication"), and a rank receives a token once however many of its experts it selected (DeepEP issue
-            #58: the received tokens are not expanded per expert).
-Routing: Bridge's benchmarks force-balance the tokens (moe_router_force_load_balancing replaces the router's logits
-with random ones: moe_utils.py RandomSTE), so a token's k experts are a uniform draw of k of the E experts, or under
-group-limited routing (moe_router_num_groups groups of contiguous experts, moe_router_group_topk of them per token:
-DeepSeek-V3's 8 and 4) k / group_topk from each of group_topk uniformly drawn groups (`_p_untouched`). The expected
-counts below are exact for those draws; an EP rank holds E / G contiguous experts, a node L ranks' worth (Megatron's
-expert grid keeps the EP ranks consecutive: megatron/core/parallel_state.py orders it expert-TP fastest, then EP).
-
-Overlap (--overlap-moe-expert-parallel-comm, with --delay-wgrad-compute; megatron/core/pipeline_parallel/
-combined_1f1b.py): one micro-batch's forward runs beside another's backward, layer by layer, so each pass's
-all-to-alls run behind the other pass's compute; only the all-to-all time beyond that compute is exposed. The forward
-passes the schedule runs before its first backward (and as many backward passes at its end) have no partner:
-megatron/core/pipeline_parallel/schedules.py's get_pp_rank_microbatches gives the first pipeline rank
-(PP - 1) x 2 + (VP - 1) x PP + 1 of them (Megatron-Core refuses the overlap with PP > 1 and no interleaving:
-transformer_config.py); with no pipeline, combined_1f1b_schedule_for_no_pipelining runs the first forward and the last
-backward alone. Their all-to-alls are exposed whole.
-"""
+schedule hides. Dispatchers (--moe-token-dispatcher-type, --moe-flex-dispatcher-backend), L an EP group's ranks per
+node, G its size:
+  alltoall  MoEAlltoAllTokenDispatcher: one all-to-all sends a token once per selected expert, k copies, k / G to each
+            rank on average, (L - 1) of them over NVLink and G - L over InfiniBand (this project's alltoall the same).
+  allgather MoEAllGatherTokenDispatcher: a token goes to every other rank: L - 1 copies over NVLink, G - L over IB.
+  deepep, hybridep  the flex dispatcher's backends send a token once to each node holding one of its experts (RDMA, to
+            the rank of the same local index), which forwards it once over NVLink to each rank there holding one
+            (DeepEP's README; Megatron-Core's moe/README.md: "removes redundant tokens during cross-node
+            communication"); a rank receives a token once however many experts it selected there (DeepEP #58).
+Routing: Bridge's benchmarks force-balance the tokens (moe_router_force_load_balancing: RandomSTE), so a token's k
+experts are a uniform draw of k of E, or under group-limited routing k / group_topk from each of group_topk uniformly
+drawn groups (`_p_untouched`); the expected counts are exact for those draws, an EP rank holding E / G contiguous
+experts (Megatron's expert grid keeps EP ranks consecutive: parallel_state.py orders expert-TP fastest, then EP).
+Overlap (--overlap-moe-expert-parallel-comm with --delay-wgrad-compute; combined_1f1b.py): one micro-batch's forward
+runs beside another's backward, so each pass's all-to-alls hide behind the other's compute and only the excess is
+exposed. The forwards before the first backward (and as many backwards at the end) have no partner: schedules.py's
+get_pp_rank_microbatches gives the first pipeline rank (PP - 1) x 2 + (VP - 1) x PP + 1 of them (the overlap needs
+interleaving with PP > 1); with no pipeline the first forward and last backward run alone. Theirs are exposed whole."""
 
 from __future__ import annotations
 

@@ -1,24 +1,20 @@
 """A launch's flags as the layout model's Layout: what `python -m zero.plan dry-run --hardware P` prices, so that the
 dry run and the layout search (planner/layout_search.py) give one layout one step time (issue 80).
 
-The search prints each layout as pretrain_gpt.py flags; this reads flags back, so a printed line priced again is
-the same Layout (tests/planner/test_one_model.py holds the round trip). Everything comes from the parsed config,
-as the trainer builds it: the parallel sizes, the pipeline split the build makes (training/build.py
-config_stage_layers: even, uneven, interleaved, the embedding and loss counted, or a layout string), the micro and
-global batch, the precision, the recompute (full, or --recompute-method block's first N layers of each chunk), the
-ZeRO stage and the gradient and parameter overlaps, the MoE dispatcher.
+The search prints each layout as pretrain_gpt.py flags; this reads flags back, so a printed line priced again is the
+same Layout (tests/planner/test_one_model.py holds the round trip). Everything comes from the parsed config as the
+trainer builds it: parallel sizes, the pipeline split the build makes (training/build.py config_stage_layers), micro
+and global batch, precision, recompute (full, or --recompute-method block's first N layers of each chunk), the ZeRO
+stage and overlaps, the MoE dispatcher.
 
-Which trainer runs the flags decides what a few of them are worth (`trainer`):
+Which trainer runs the flags decides what a few are worth (`trainer`):
   pretrain_gpt.py  this repository's (the default). Megatron-LM flags it accepts with no effect price as nothing:
-                   --tp-comm-overlap (no userbuffers here: TP is exposed), --overlap-moe-expert-parallel-comm,
-                   --recompute-modules; the flex dispatcher runs the alltoall one here (arguments/megatron/
-                   flag_classes.py says why for each).
+                   --tp-comm-overlap (no userbuffers here), --overlap-moe-expert-parallel-comm, --recompute-modules;
+                   the flex dispatcher runs the alltoall one here (arguments/megatron/flag_classes.py says why).
   megatron-lm      Megatron-LM with Transformer Engine, what Megatron-Bridge's published rows ran
                    (configs/benchmarks/bridge_h100.yaml): those flags are priced as Megatron runs them.
-Both run --recompute-method block --recompute-num-layers N alike: the first N layers of each chunk recomputed.
 Expert tensor parallelism is priced at 1, as Megatron-Bridge's MoE recipes run it; another expert TP is refused
-here rather than priced as 1.
-"""
+here rather than priced as 1."""
 
 from __future__ import annotations
 
