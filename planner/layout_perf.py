@@ -1,77 +1,23 @@
 """Step time of one parallel layout, from the model's shape and the hardware's datasheet, without a dry run.
 
-The layout search (planner/layout_search.py) ranks thousands of TP x PP x VP x CP x EP x micro-batch x
-recompute layouts; a meta-device dry run of each would take hours for a 1,024-GPU DeepSeek-V3, so this is
-the cheap model every candidate gets. Every quantity is a count of the model (gpt/shape.py, the same walk
-training/metrics.py's FLOPs come from) or a number in configs/hardware/*.yaml; the fitted constants are
-GEMM_EFFICIENCY and, for MoE layers, the host's per-layer sync time (`moe_sync`), from the calibration file the hardware
-profile names for layouts (`layout_calibration`), each fitted to one published run (planner/layout_calibration.py).
+The layout search (planner/layout_search.py) ranks thousands of layouts; a dry run of each would take hours, so
+this is the cheap model every candidate gets. Every quantity is a count of the model (gpt/shape.py, the walk training/metrics.py's FLOPs come from)
+or a number in configs/hardware/*.yaml; the fitted constants are GEMM_EFFICIENCY and the MoE layers' host sync time
+(`moe_sync`), from the calibration file the hardware profile names (planner/layout_calibration.py), each fitted to
+one published run. Per rank and iteration (m micro-batches per pipeline, each rank 1 / world of the FLOPs), the terms
+of `predict_layout`, each told in docs/planning.md, "The layout model":
 
-Per rank and iteration, with m = micro-batches per pipeline (GBS / (MBS x DP)), b = MBS, s = sequence,
-and every rank doing 1 / world of the model's FLOPs (TP, CP and EP split work evenly; PP by stages):
-
-    gemm        every linear layer's FLOPs (forward, 2x backward, the recomputed forward) at
-                GEMM_EFFICIENCY of the dense peak of the run's precision: FP8 GEMMs at the FP8 peak
-                (Transformer Engine runs forward, dgrad and wgrad in FP8), BF16 at the BF16 peak
-    attention   the scores and context products at the BF16 peak (TE's fused attention stays BF16 under
-                FP8 unless fp8_dot_product_attention is set, Megatron's default off), only the keys a query
-                sees executed: half of Megatron's counted square under the causal mask, and in a sliding-window
-                layer (--window-size L,0, --window-attn-skip-freq) the L + 1 keys of the window (cuDNN's and
-                FlashAttention's kernels skip the key tiles outside the mask; tile rounding is ignored, as on
-                the causal diagonal)
-    elementwise norms, residual adds, the gated activation and, under MoE, the permute and unpermute of the
-                tokens' k copies: bytes through HBM (ELEMENTWISE_BYTES below, counted, not fitted)
-    tp          sequence parallelism: 2 all-gathers + 2 reduce-scatters of b s h / CP per layer in forward,
-                as many in backward (Korthikanti et al. 2022, section 4.2.2), NVLink inside a node;
-                hidden behind the GEMMs with --tp-comm-overlap (Transformer Engine's userbuffers)
-    cp          the ring passes K and V (CP - 1) times in forward, K, V, dK, dV in backward, overlapped with
-                the attention kernel of each step (TE's ring attention): only the excess is exposed
-    ep          each MoE layer's dispatch and combine, forward and backward, of the rank's b s / (TP CP) tokens:
-                the copies each dispatcher sends over NVLink and InfiniBand (planner/layout_ep.py: the all-to-all
-                dispatcher k per token, DeepEP and HybridEP one per node and rank they reach), the slower link's
-                time; exposed whole (Megatron's default), or with --overlap-moe-expert-parallel-comm only beyond
-                the compute of the pass it runs beside (planner/layout_ep.py)
-    moe_sync    every MoE layer's forward (twice under full recompute) stops the host at the dispatcher's device-to-host
-                sync: Megatron-Core's alltoall dispatcher reads the all-to-all's split sizes on the host
-                (token_dispatcher.py: "A synchronization is needed before expert parallel AlltoAll communication to get
-                the input_splits and output_splits CPU values"; HybridEP's dynamic-size path syncs likewise, Megatron-LM
-                PR #6999), so the host cannot run ahead of the device there, and the device waits while it issues the
-                rest of the layer. A fixed time per MoE layer forward and micro-batch, whatever its size: the
-                calibration's moe_layer_sync_ms (the second fitted constant: planner/layout_calibration.py). It grows
-                with the MoE layer-micro-batches a rank runs, GBS x layers x TP x CP / (MBS x GPUs): Megatron-Core's MoE
-                README gives the same two remedies for a host-bound MoE run, a smaller TP and a larger micro-batch
-    pp          the bubble: (PP - 1) / VP micro-batches of one stage's time (Narayanan et al. 2021,
-                section 2.2); the point-to-point sends exposed only without interleaving (Megatron
-                overlaps them with VP > 1); and where the layer split leaves the output layer's stage as
-                many layers as the others (Megatron's even split: account_for_loss_in_pipeline_split off, no
-                --pipeline-model-parallel-layout), that stage also runs the logits GEMM of every token, and the
-                1F1B schedule runs at its pace: (PP - 1) x the logits' evenly spread time more; where the
-                split is given (the search's layout string, planner/pipeline_split.py), the most loaded rank's
-                excess over an even spread of the layers and the output layer. Both waits cost nothing where
-                ranks share cores (a CPU profile's cores_per_node) and one stage's ranks alone fill them: the
-                waiting ranks' cores run the others' work (pipeline_waits_idle_no_core)
-    dp          the distributed optimizer's gradient reduce-scatter (fp32) and parameter all-gather
-                (bf16) over the DP group (the expert-DP group for expert weights), hidden behind backward
-                and forward with --overlap-grad-reduce / --overlap-param-gather up to their length (not at all
-                where ranks share cores: ranks_share_cores); a CPU profile's (fp32) runs move 4-byte
-                activations and parameters where a GPU's move 2. This project's --zero-stage 2 and 3
-                (planner/layout_zero.py, its docstring names each source): stage 2 reduce-scatters every
-                micro-batch's gradients (m per step, each behind its backward) and all-gathers once behind
-                the forward; stage 3 gathers every chunk before its forward and again before its backward
-                and reduce-scatters, every micro-batch (the ZeRO paper's 3 Psi, section 7.2.2, per micro-
-                batch), hidden behind compute except the chunks that open each pass (the root chunk in
-                forward and backward, the first block in forward)
-    optimizer   Adam over this rank's shard through HBM
-    host        the host's issue time of each micro-batch (this repository's step: Python, autograd, the kernel
-                launches, the gradient hooks), per layer forward (again for a recomputed forward) and backward,
-                whatever the micro-batch's size: the hardware profile's host_forward_ms_per_layer and
-                host_backward_ms_per_layer, measured by scripts/probe_host_overhead.py (absent: no term). A GPU
-                runs behind its host, so only the excess over the device's own time per micro-batch is exposed; on
-                a CPU profile the host is the device and the whole of it adds. On the lent H100 it decides the
-                micro-batch: gpt2-350m's MBS 1 is host-bound at 8x its device time (docs/planning.md)
-
-Model TFLOP/s per GPU are Megatron's (training/metrics.py: no recompute counted) over the predicted step.
-"""
+    gemm, attention   the linears' FLOPs (forward, 2x backward, recomputed forward) at GEMM_EFFICIENCY of the
+                      precision's peak; attention at the BF16 peak over the keys each query sees (causal, window)
+    elementwise       norms, residual adds, the gated activation, MoE's permutes: HBM bytes (ELEMENTWISE_BYTES)
+    tp, cp, ep        SP's collectives (hidden with --tp-comm-overlap), the CP ring, EP's dispatches (layout_ep.py)
+    moe_sync          each MoE layer forward's device-to-host sync (the alltoall dispatcher's split sizes)
+    pp                the bubble (PP - 1) / VP, the p2p sends without interleaving, the output stage's excess
+    dp                the distributed optimizer's reduce-scatter and all-gather beyond backward and forward (ZeRO 2
+                      and 3: planner/layout_zero.py); none hidden where ranks share cores (`ranks_share_cores`)
+    optimizer, host   Adam over the shard through HBM; the host's issue time per micro-batch beyond the device's
+                      (host_*_ms_per_layer from scripts/probe_host_overhead.py; on a CPU profile all of it)
+Model TFLOP/s per GPU are Megatron's (training/metrics.py: no recompute counted) over the predicted step."""
 
 from __future__ import annotations
 

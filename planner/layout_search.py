@@ -1,39 +1,24 @@
 """`python -m zero.plan search`: every layout Megatron would accept for a model on N GPUs, pruned by memory,
 ranked by predicted step time (planner/layout_perf.py).
 
-    python -m zero.plan search --init-from-hf DIR --gpus 1024 --hardware h100-sxm \\
+    python -m zero.plan search --init-from-hf DIR --gpus 1024 --hardware h100-sxm \
         --global-batch-size 8192 --seq-length 4096 [--fp8-format hybrid] [--top 5] [--json]
 
-The model is given as pretrain_gpt.py flags (--config PRESET, --init-from-hf DIR or the shape flags); any layout
-flag among them fixes its dimension (planner/layout_pins.py). The command line is planner/search_cli.py; the top
-picks are checked by the dry run (planner/search_check.py).
-Enumerated, with Megatron-LM's rules (megatron/training/arguments.py validate_args and
-megatron/core/parallel_state.py initialize_model_parallel):
-  TP      divides the attention heads and the query groups, at most one node (a TP group over InfiniBand
-          is never faster: Narayanan et al. 2021, figure 13)
-  CP      only where the user gives --context-parallel-size: the sequence splits in 2 x CP chunks (the causal load
-          balancing TE's ring uses), priced as TE's fused ring attention, while this repository's p2p ring computes
-          each block's scores explicitly in fp32 (gpt/cp_attention.py), slower and larger than priced (the dry run
-          names those scores in a note and does not count them), so the search does not choose it
-  PP, VP  PP x VP model chunks, every chunk holding a layer, split so that the slowest rank (the output
-          layer's counted) is least loaded (planner/pipeline_split.py), priced at that split and printed as
-          the --pipeline-model-parallel-layout that realises it; interleaving needs the micro-batches to be a
-          multiple of PP
-  EP      divides the experts and the ranks of a pipeline stage (the expert grid folds EP into DP x CP x TP
-          with expert TP 1, as Megatron-Bridge's MoE recipes run it), with the alltoall dispatcher
-  MBS     1, 2, 4 or 8, dividing GBS / DP
-  recompute  none or full
-  ZeRO    the distributed optimizer (ZeRO-1), plain DDP, or this project's --zero-stage 2 or 3 (3 without
-          PP, which refuses it); at data-parallel size 1 they are one run, listed once as plain DDP
-          (planner/layout_zero.py)
-Each layout's memory is counted analytically (`layout_memory_bytes`: weights, fp32 gradients, optimizer
-state, ZeRO-2/3's reduce buckets and stage 3's gathered chunks, the in-flight activations of the first stage and
-the logits of the last): a fast count that leaves out what only the dry run sees (the passes' transients, this
-repository's own saved tensors), so it runs under the dry run's figure and only prunes; a layout over the GPU's
-memory by it is dropped with its size as the reason. What it keeps is priced by the layout model, the one
-`zero.plan dry-run --hardware` prints (planner/layout_prediction.py), best first; the top picks' memory is then the
-dry run's own, per pipeline stage (planner/search_check.py).
-"""
+The model is given as pretrain_gpt.py flags; a layout flag among them fixes its dimension (planner/layout_pins.py).
+The command line is planner/search_cli.py; the top picks are checked by the dry run (planner/search_check.py).
+Enumerated with Megatron-LM's rules (validate_args, parallel_state.py initialize_model_parallel): TP dividing the heads
+and query groups, within a node (Narayanan et al. 2021, figure 13); CP only where --context-parallel-size is given
+(priced as TE's fused ring, while this repository's ring computes fp32 scores explicitly, gpt/cp_attention.py, so the
+search does not choose it); PP x VP chunks each holding a layer, split so the slowest rank is least loaded
+(planner/pipeline_split.py) and printed as the --pipeline-model-parallel-layout realising it, interleaving needing
+micro-batches a multiple of PP; EP dividing the experts and a stage's ranks (expert TP 1, as Megatron-Bridge's MoE
+recipes; the alltoall dispatcher); MBS 1, 2, 4 or 8 dividing GBS / DP; recompute none or full; the distributed
+optimizer, plain DDP, or --zero-stage 2 or 3 (3 without PP; one run at DP 1: planner/layout_zero.py).
+Each layout's memory is counted analytically (`layout_memory_bytes`: weights, fp32 gradients, optimizer state, ZeRO
+2/3's buckets and gathered chunks, the first stage's in-flight activations, the last's logits), a count that runs
+under the dry run's figure and only prunes (a layout over the GPU's memory is dropped, its size the reason). What it
+keeps is priced by the layout model `zero.plan dry-run --hardware` prints, best first; the top picks' memory is then
+the dry run's own, per pipeline stage."""
 
 from __future__ import annotations
 

@@ -1,47 +1,22 @@
 """ZeRO stages 2 and 3 as choices of the layout search: which stages a layout may run, their
 memory and their data-parallel communication, as this project runs them (zero/, docs/zero.md).
 
-The search (planner/layout_search.py) chooses per layout among plain DDP (stage 0), Megatron's distributed
-optimizer (stage 1, `--use-distributed-optimizer`; priced in planner/layout_perf.py) and this project's
-`--zero-stage 2` and `--zero-stage 3`, priced here:
-
-  stage 2  the optimizer state and the fp32 gradients 1/DP. No full gradient exists, so every micro-batch
-           reduce-scatters its gradients as backward produces them (zero/grad_reducer.py,
-           PartitionedGradients: "This must happen every micro-batch"), overlapped with that backward
-           (--overlap-grad-reduce, on by default); the 16-bit parameters are all-gathered once after the
-           step, hidden behind the next forward with --overlap-param-gather (zero/param_storage.py). Per
-           step: m reduce-scatters and one all-gather, against stage 1's one and one (the ZeRO paper's 2 Psi
-           per step, Rajbhandari et al. 2020 section 7.2.1, is the m = 1 case). Memory: one reduce bucket of
-           --reduce-bucket-size elements (5e8 by default, capped at the rank's parameters; a bucket fills
-           after the previous one's reduction is waited for, zero/grad_reducer.py _bucket_for) and one
-           reduce-scatter output of its shard: below 5e8 parameters a rank holds a whole fp32 gradient in its
-           bucket, as stage 1 holds its gradient buffer, so stage 2 saves memory only above it.
-  stage 3  parameters 1/DP too. One chunk per transformer block and one root chunk (embeddings, final norm,
-           an untied output layer) are all-gathered before their forward and again before their backward,
-           every micro-batch, and the gradients reduce-scattered every micro-batch (zero/stage3.py): 3 Psi
-           per micro-batch, the ZeRO paper's 3 Psi per step (section 7.2.2) times m. The next chunks are
-           prefetched within --stage3-prefetch-bucket-size elements (5e7; always at least the next one), so
-           a gather is hidden behind the compute of the chunks before it, except where a pass opens: the
-           root chunk's gather opens both the forward (its pre-hook runs first) and the backward (the output
-           layer's gradient needs it first), and the first block's follows only the embedding lookup, so
-           those are exposed every micro-batch. In backward the gathers and the reduce-scatters share the
-           link. Memory: 16-bit parameters, fp32 gradients and optimizer state all 1/DP; gathered: the root
-           chunk (gathered for the whole forward), the block in use and the blocks the prefetch window holds;
-           two reduce buckets of the largest chunk (the root chunk's gradients arrive at both ends of the backward,
-           its tied or untied output layer's first, while each block's bucket fills and reduces: BufferPool
-           holds two) and one reduce-scatter output.
-           Refused with pipeline parallelism here (arguments/config.py: DeepSpeed's pipeline engine refuses
-           ZeRO-2/3; stage 3's per-block gathers are not wired to stages), so the search pairs it with PP 1.
-
-At data-parallel size 1 (and an expert data-parallel size 1) every stage is the same run as plain DDP: the
-search lists such a layout once, as plain DDP.
-
-Megatron-LM's own switches for sharded gradients and parameters (--use-megatron-fsdp with
---data-parallel-sharding-strategy optim_grads / optim_grads_params, --use-torch-fsdp2) are translated here to
-the same stages (arguments/megatron/flags.py, _resolve_fsdp); the search prints --zero-stage 2 / 3 because
-what it prices is this project's implementation of them (its chunks, buckets and prefetch), and because
---use-torch-fsdp2 would also need an untied output layer (Megatron's validate_args).
-"""
+Beside plain DDP and Megatron's distributed optimizer (planner/layout_perf.py), this project's `--zero-stage 2` and
+`3`, priced here (docs/planning.md, "ZeRO stages 2 and 3 in the search", has the measured comparison):
+  stage 2  optimizer state and fp32 gradients 1/DP. No full gradient exists, so every micro-batch reduce-scatters its
+           gradients behind its backward (zero/grad_reducer.py PartitionedGradients); the 16-bit parameters are
+           all-gathered once after the step, behind the next forward with --overlap-param-gather: m reduce-scatters
+           and one all-gather a step (the ZeRO paper's 2 Psi, section 7.2.1, is m = 1). Memory: one reduce bucket of
+           --reduce-bucket-size elements (5e8, capped at the rank's parameters) and one reduce-scatter output.
+  stage 3  parameters 1/DP too. Each block's chunk and the root chunk are gathered before their forward and again
+           before their backward, and gradients reduce-scattered, every micro-batch (zero/stage3.py): 3 Psi per
+           micro-batch (section 7.2.2). Prefetch within --stage3-prefetch-bucket-size (5e7) hides a gather behind
+           the chunks before it, except where a pass opens (the root chunk in forward and backward, the first block
+           in forward). Memory: the root chunk, the block in use and the prefetch window gathered, two reduce buckets
+           of the largest chunk (BufferPool) and one reduce-scatter output. Refused with PP (arguments/config.py), so
+           the search pairs it with PP 1.
+At DP 1 every stage is plain DDP's run: listed once. Megatron-LM's --use-megatron-fsdp / --use-torch-fsdp2 translate
+to these stages (arguments/megatron/flags.py); the search prints --zero-stage: it prices this project's implementation."""
 
 from __future__ import annotations
 

@@ -2,27 +2,20 @@
 experts' working set if the routing is the worst it can be.
 
 A meta device has no routing decision, so the dry run routes every token's k rows to the experts in equal shares
-(gpt/moe/layer.py _balanced_on_meta) and, under expert parallelism, runs the dispatcher's exchanges for that routing
-(gpt/moe/dispatchers.py dispatch_balanced): the plan's peak and bytes are those of a balanced step. A live step is
-not balanced. What the imbalance can cost is bounded, and stated here:
+(gpt/moe/layer.py _balanced_on_meta) and runs the dispatcher's exchanges for that routing (dispatch_balanced): the
+plan's peak and bytes are a balanced step's. A live step is not balanced; what the imbalance can cost is bounded:
 
-- rows: `ExpertRowProbe` watches each MoE layer's experts in the first micro-batch's forward (or, under activation
-  checkpointing, its recompute in backward) and reads the rows
-  they receive on this rank and the bytes they save for backward (the monitor's saved-tensor meter, the one
-  --report-memory uses), less the grouped matmul's stacked weights (a copy whose size does not follow the rows):
-  bytes per row, measured on the real experts;
-- the worst case, dropless: every token the dispatcher brings to this rank (its own at EP 1; every EP rank's under
-  expert parallelism) routes its k choices to this rank's experts, as far as its k distinct choices reach:
-  tokens x min(k, local experts) rows a layer; one expert takes at most every token (a token picks an expert once);
-- with a capacity (Megatron-Core's --moe-expert-capacity-factor: moe_utils.get_capacity(num_tokens x k, experts,
-  factor) = ceil(T x k / E x factor), computed by each rank over its own T tokens; DeepSpeed-MoE's
-  sharded_moe._capacity, ceil(T / E x factor x k) and at least --moe-min-capacity), each source rank keeps at most
-  `capacity` rows an expert: an expert takes at most sources x capacity, the rank its local experts' sum of those
-  (and never more than the dropless bound);
-- the working set: the rows beyond the balanced step's, times the measured bytes a row, in every MoE layer whose
-  saved tensors are alive together at the peak (every one of the rank's without activation checkpointing, the one
-  being recomputed with it; under pipeline stages times the micro-batches whose forward awaits its backward).
-"""
+- rows: `ExpertRowProbe` watches each MoE layer's experts in the first micro-batch's forward (or its recompute) and
+  reads the rows they receive on this rank and the bytes they save for backward (--report-memory's saved-tensor
+  meter), less the grouped matmul's stacked weights: bytes per row, measured on the real experts;
+- the worst case, dropless: every token the dispatcher brings to this rank routes its k choices to this rank's
+  experts as far as they reach: tokens x min(k, local experts) rows a layer (an expert takes each token at most once);
+- with a capacity (Megatron-Core's --moe-expert-capacity-factor: ceil(T x k / E x factor) per rank's T tokens;
+  DeepSpeed-MoE's sharded_moe._capacity, at least --moe-min-capacity), each source rank keeps at most `capacity`
+  rows an expert: an expert takes at most sources x capacity (never more than the dropless bound);
+- the working set: the rows beyond the balanced step's times the measured bytes a row, in every MoE layer whose saved
+  tensors are alive together at the peak (all of the rank's without checkpointing, the one being recomputed with it;
+  under pipeline stages times the micro-batches whose forward awaits its backward)."""
 
 from __future__ import annotations
 

@@ -1,40 +1,22 @@
 """Iteration time and TFLOP/s per GPU, predicted from a dry run (planner/dry_run.py) on a hardware profile.
 
 `python -m zero.plan dry-run --hardware P` prints this model's figure only where P has no layout calibration
-(dgx2-v100, cpu-2core: the ZeRO paper's reproduction, this repository's one-process CPU runs); where it has one
-(h100-sxm), it prints the layout model's, the one the layout search ranks with (planner/layout_prediction.py).
-
+(dgx2-v100, cpu-2core); where it has one (h100-sxm), the layout model's (planner/layout_prediction.py).
     python -m zero.perf_model --hardware dgx2-v100 [zero.plan dry-run flags]     # one prediction
     python -m zero.perf_model --hardware h100-sxm --calibrate RUN/metrics.jsonl docs/h100-benchmark-gpu-mb1.json
 
-What it adds up, per rank and per iteration (each term from the dry run's counts and a number in the
-hardware profile, configs/hardware/*.yaml):
+Per rank and iteration, each term from the dry run's counts and the profile (configs/hardware/*.yaml): compute (every
+GEMM of forward, backward and recompute at GEMM_EFFICIENCY of the dense peak, FP8 linears at the FP8 peak, plus
+moving its operands through HBM, so thin GEMMs fall off the peak by the hardware's FLOP-per-byte ratio; the
+memory-bound kernels, ELEMENTWISE_PASSES x b s h per layer and pass; the loss's softmax; Adam over the partition);
+TP traffic (at the intra- or inter-node link, never overlapped: what collapses Megatron beyond one DGX-2 in Figure
+2); DP traffic (reductions hide behind backward up to DP_OVERLAP; gathers after the step do not, unless
+--overlap-param-gather); P_a+cpu (2 x the host bytes per micro-batch at PCIe speed); pipeline (the stage's compute,
+the bubble (P - 1) / vp micro-batches, Narayanan et al. 2021 section 2.2, and the p2p sends on the critical path).
 
-    compute      every GEMM of forward, backward and recompute, each at GEMM_EFFICIENCY of the dense peak
-                 (with --fp8-format, the blocks' linears that run in FP8, gpt/fp8.py's choice, at the FP8 peak
-                 with 1-byte operands, as Transformer Engine runs fprop, dgrad and wgrad in FP8; the attention
-                 products and the logits stay at the 16-bit peak) plus the time to move its operands through HBM: small or thin GEMMs (a TP rank's
-                 slice) fall off the peak by the hardware's own FLOP-per-byte ratio, not by a fitted
-                 curve; plus the memory-bound kernels around them (LayerNorm, GeLU, dropout, residual
-                 adds, casts), ELEMENTWISE_PASSES x b s h elements per layer and pass, through HBM;
-                 the loss's fp32 softmax; and Adam over this rank's partition, through HBM
-    TP traffic   the dry run's TP bytes at the intra-node link, or the inter-node one when a TP group
-                 spans nodes (what collapses Megatron beyond one DGX-2 in Figure 2); never overlapped
-    DP traffic   the dry run's DP bytes at the link their group crosses; gradient reductions hide
-                 behind backward up to DP_OVERLAP of their time (the last bucket of each backward
-                 cannot), parameter all-gathers after the step do not (unless --overlap-param-gather)
-    P_a+cpu      checkpoints to the host and back, 2 x the host bytes per micro-batch at PCIe speed
-    pipeline     with stages, compute is the rank's stage's (L / P layers, the logits on the last stage only);
-                 the bubble adds (P - 1) / vp micro-batches' forward and backward of the stage (Narayanan et
-                 al. 2021, section 2.2: (p - 1) / (v m) of the ideal time, equal stages assumed), and the
-                 point-to-point sends the dry run counted go at the link between neighbouring stages, on the
-                 critical path (the executor waits each receive before its slot runs)
-
-Three named constants (`Constants`), each from a calibration file (configs/hardware/calibrations/)
-that says what it was fitted to: GEMM_EFFICIENCY, ELEMENTWISE_PASSES and DP_OVERLAP. Everything else
-is a hardware specification or a count the dry run measured. `--calibrate` fits the constants to real
-runs (planner/perf_calibration.py).
-"""
+Three named constants (`Constants`), each from a calibration file (configs/hardware/calibrations/) that says what it
+was fitted to: GEMM_EFFICIENCY, ELEMENTWISE_PASSES and DP_OVERLAP; everything else is a specification or a count.
+`--calibrate` fits them to real runs (planner/perf_calibration.py)."""
 
 from __future__ import annotations
 

@@ -2,25 +2,18 @@
 the meta device, and PipelinePlanObserver (the step's observer, training/step_observer.py) measures what the rank
 holds at each slot and the figures only stages have (p2p bytes, the bubble).
 
-The slots are the executor's own (parallel/pipeline_schedules.py, Megatron-Core's 1F1B and interleaved 1F1B), and
-each forward slot runs the stage's model chunk (`GPTModel.chunk_forward`) under the live activation meter, so
-what autograd saves is measured, not modelled: a forward's saved tensors stay until its backward slot, so 1F1B
-keeps min(P - s, M) micro-batches' activations on stage s (the first stage most) and interleaving keeps
-Megatron's warm-up count (P - s - 1) x 2 + (vp - 1) x P + 1 chunk-forwards of L / (P x vp) layers.
+The slots are the executor's own (parallel/pipeline_schedules.py: 1F1B and interleaved 1F1B), each forward running
+the stage's chunk (`GPTModel.chunk_forward`) under the live activation meter, so what autograd saves is measured:
+a forward's saved tensors stay until its backward, so 1F1B keeps min(P - s, M) micro-batches' activations on stage s
+and interleaving Megatron's warm-up count (P - s - 1) x 2 + (vp - 1) x P + 1 chunk-forwards of L / (P x vp) layers.
+What the executor adds is counted too: PipelineP2P completes each send at a receive SEND_LAG slots later
+(parallel/p2p.py), so each sent activation and input gradient stays alive until then, and a received gradient
+while its backward runs; the slots run through the step's own PipelineP2P over the dry run's communicator, so the
+sends held and the "pp" bytes are counted by the live code.
 
-What the executor adds on top, counted here: PipelineP2P posts every send at once and completes it at a receive
-of its rank SEND_LAG slots later (parallel/p2p.py), so each sent activation [micro_batch, seq, hidden] (the
-sequence a TP rank's slice under sequence parallelism; every forward that does not end the model) and each sent
-input gradient (every backward that does not start it) stays alive until then; and the gradient received for a
-backward is alive while it runs. The slots run through the step's own PipelineP2P over the dry run's
-communicator, so the sends held are its count and the point-to-point bytes (comm_bytes' "pp" group, sent and
-received) are counted by the code that counts them live.
-
-A plan must not cost M forward and backward passes of a stage when M is in the thousands (Megatron's GPT-3 175B
-at DP 1 runs 1536), so it simulates M' = the fewest micro-batches that reach the schedule's steady state (after
-the warm-up, one forward and one backward), where the saved activations peak, and adds the sends and the TP
-and DP traffic of the M - M' micro-batches it did not run, as the plain dry run does for accumulation steps.
-"""
+A plan must not cost M passes when M is in the thousands (GPT-3 175B at DP 1 runs 1536): it simulates M' = the fewest
+micro-batches that reach the steady state (one forward and one backward after the warm-up), where the saved
+activations peak, and adds the sends and the TP and DP traffic of the M - M' it did not run."""
 
 from __future__ import annotations
 

@@ -1,37 +1,23 @@
 """The planner: will it fit, and what will it send, for any model on any cluster, without GPUs.
 
     python -m zero.plan tables                       # the ZeRO paper's Tables 1 and 2, from the formulas
-    python -m zero.plan dry-run --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
-        --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \\
+    python -m zero.plan dry-run --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \
+        --num-layers 212 --hidden-size 8192 --num-attention-heads 64 --tensor-model-parallel-size 16 \
         --zero-stage 2 --checkpoint-activations --partition-activations --micro-batch-size 4 --fp16 [--json]
-    python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \\
+    python -m zero.plan search --config llama3-8b --gpus 8 --hardware h100-sxm --global-batch-size 128 \
         --seq-length 8192 [--json]                   # rank every layout, print commands (planner/search_cli.py)
-    python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \\
+    python -m zero.plan max-size --world-size 400 --gpus-per-node 16 --gpu-memory 32GB \
         --tensor-model-parallel-size 16 --hidden-size 8192 --num-attention-heads 64 --micro-batch-size 16 --fp16
 
-`dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`,
-`--gpus-per-node`, `--gpu-memory` (e.g. 32GB = 32e9 bytes, 32GiB = 32 x 2^30), `--host-memory` (per node,
-shared by its ranks: offloaded states and P_a+cpu checkpoints live there) and `--rank` (which rank to
-plan; default 0). The vocabulary is the one `pretrain_gpt.py` with the same flags builds (planner/launch.py's
-launch_vocab): the tokenizer the flags name (NullTokenizer's `--vocab-size` plus the end-of-document id), else
-the preset's or `--vocab-size`, else the embedded corpus's BPE (`--tokenizer-vocab-size`, 4096). DP is
-world size / TP, as in a real launch. A dry run builds the real model and the real ZeRO setup for one
-rank on the meta device and runs one iteration through them (planner/dry_run.py); `max-size` repeats it
-to find the most layers that fit under each of the paper's configurations C1-C5. A dry run that does not fit
-its `--gpu-memory` plans its levers (planner/levers.py) and names the one that fits, with the headroom after it;
-without `--host-memory` the host total is checked against this machine's available memory. With `--hardware P`
-a dry run adds the predicted step time: the layout model's, the one `search` ranks with
-(planner/layout_prediction.py), for the flags as this repository's trainer runs them (`--trainer megatron-lm`:
-as Megatron-LM runs them, Megatron-Bridge's published rows). `dry-run --help` and `search --help` list the planner's
-own flags, `--help-model` pretrain_gpt.py's.
-
-Bad flags end in one line on stderr and exit status 2 before anything is planned. The work is bounded:
-a dry run plans at most 1,024 layers (planner/dry_run.py says why) and reports progress on stderr when it
-takes more than ten seconds; `--gpu-memory` is at most 16 TB (more than any GPU, or any CPU host the
-planner's `--target cpu` plans for, holds); `max-size` plans no depth beyond the 1,024-layer cap (a
-model that fits even there is reported as "at least 1024") and after its secant estimate closes in
-on the boundary in doubling steps and bisection, a few dozen dry runs at most.
-"""
+`dry-run` and `max-size` take every `pretrain_gpt.py` flag plus the cluster: `--world-size`, `--gpus-per-node`,
+`--gpu-memory` (32GB = 32e9 bytes, 32GiB = 32 x 2^30), `--host-memory` (per node) and `--rank`. The vocabulary is the
+one `pretrain_gpt.py` builds with the same flags (planner/launch.py launch_vocab). A dry run builds the real model and
+ZeRO setup for one rank on the meta device and runs one iteration (planner/dry_run.py); `max-size` repeats it to find
+the most layers that fit under the paper's C1-C5. A dry run that does not fit plans its levers (planner/levers.py);
+with `--hardware P` it adds the layout model's step time (planner/layout_prediction.py; `--trainer megatron-lm` as
+Megatron-LM runs the flags). `dry-run --help` and `search --help` list the planner's flags, `--help-model`
+pretrain_gpt.py's. Bad flags: one line on stderr, exit status 2. Bounded: at most 1,024 layers, progress after ten
+seconds, `--gpu-memory` at most 16 TB, `max-size` a few dozen dry runs (a fit at 1,024 is "at least 1024")."""
 
 from __future__ import annotations
 
