@@ -17,8 +17,7 @@ optimizer, plain DDP, or --zero-stage 2 or 3 (3 without PP; one run at DP 1: pla
 Each layout's memory is counted analytically (`layout_memory_bytes`: weights, fp32 gradients, optimizer state, ZeRO
 2/3's buckets and gathered chunks, the first stage's in-flight activations, the last's logits), a count that runs
 under the dry run's figure and only prunes (a layout over the GPU's memory is dropped, its size the reason). What it
-keeps is priced by the layout model `zero.plan dry-run --hardware` prints, best first; the top picks' memory is then
-the dry run's own, per pipeline stage."""
+keeps is priced by the layout model, best first; the top picks' memory is then the dry run's, per stage."""
 
 from __future__ import annotations
 
