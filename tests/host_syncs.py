@@ -1,30 +1,21 @@
 """Count, on the CPU, every call that would make the host wait for the device on a GPU (issue 76 item 2).
 
-A CUDA graph replays a micro-batch only if nothing inside it reads a device value back to Python, and every
-such read stalls the host's kernel queue even without graphs. On a GPU `torch.cuda.set_sync_debug_mode` reports
-them; on the CPU nothing waits, so this module counts the operations that would:
+A CUDA graph replays a micro-batch only if nothing inside it reads a device value back to Python, and every such read
+stalls the host's kernel queue even without graphs. On a GPU `torch.cuda.set_sync_debug_mode` reports them; on the
+CPU nothing waits, so this module counts the operations that would:
 
-- the aten operators whose CUDA kernels copy a value to the host: `_local_scalar_dense` (what `.item()`,
-  `bool()`, `int()`, `float()` and an `if tensor:` come down to), `nonzero` (and boolean indexing, `index` /
-  `index_put` with a bool mask, `masked_select`, `argwhere`), `bincount`, the `unique` family, `equal`,
-  `is_nonzero`, and `repeat_interleave` without `output_size` (it sums its repeats on the host);
-- the Tensor methods that copy to host memory without an aten operator on a CPU tensor: `tolist`, `numpy`,
-  `cpu`, and `to` a CPU device unless `non_blocking=True` (such a copy is ordered by the stream, the host does not
-  wait: the train step moves each batch to its device so, which on a CPU run is a `to` the CPU).
+- the aten operators whose CUDA kernels copy a value to the host: `_local_scalar_dense` (`.item()`, `bool()`,
+  `int()`, `if tensor:`), `nonzero` (and boolean indexing, `masked_select`, `argwhere`), `bincount`, the `unique`
+  family, `equal`, `is_nonzero`, and `repeat_interleave` without `output_size`;
+- the Tensor methods that copy to host memory with no aten operator on a CPU tensor: `tolist`, `numpy`, `cpu`, and
+  `to` a CPU device unless `non_blocking=True` (ordered by the stream: the train step moves each batch so).
+Not seen: a pageable host-to-device copy (`torch.tensor(values, device="cuda")`), no copy at all on a CPU run; the
+step's path builds device tensors by fills or from pinned memory instead (gpt/moe/experts.py counts_on).
 
-Not seen: a copy from pageable host memory to the device (`torch.tensor(values, device="cuda")`), which waits for
-the stream on CUDA but on a CPU run is no copy at all; code on the step's path builds device tensors from host
-values by fills or from pinned memory instead (gpt/moe/experts.py counts_on).
-
-The operators are seen through a TorchDispatchMode, which the autograd engine carries into backward; the methods
-by replacing them on `torch.Tensor` for the duration (a function mode is not carried into an autograd Function's
-backward). Each call is counted with the innermost line of this repository that made it.
-
-`SyncCountingObserver` (a train step's observer, training/step_observer.py) names the window each count falls in:
-`micro_batch <i>` from a micro-batch's start to its end (forward, backward and the gradient synchronisation the
-reducer does inside it), `slot <i> <F|B> <micro-batch>` for a pipeline schedule's slot, and `outside` for what a
-step does once per iteration (the losses read back, the optimizer's norm).
-"""
+The operators are seen through a TorchDispatchMode (carried into backward), the methods by replacing them on
+`torch.Tensor` for the duration; each call is counted with the innermost repository line that made it.
+`SyncCountingObserver` (a train step's observer) names the window: `micro_batch <i>`, `slot <i> <F|B>
+<micro-batch>` for a pipeline slot, `outside` for what a step does once per iteration."""
 
 from __future__ import annotations
 

@@ -3,9 +3,8 @@ node lost) while it saves.
 
     KILL_SAVE_POINT=renamed python tests/kill_in_save.py <pretrain_gpt flags>
 
-The points are the steps of `save_checkpoint` (checkpoint/sharded.py, its files through
-checkpoint/writer.py) and `commit`
-(checkpoint/format.py), in order:
+The points are the steps of `save_checkpoint` (checkpoint/sharded.py, its files through checkpoint/writer.py) and
+`commit` (checkpoint/format.py), in order:
   files        the first of the rank's safetensors files written into iter_N.partial, no more
   metadata     every file and metadata.json written into iter_N.partial, not yet renamed
   renamed      iter_N.partial renamed to iter_N, neither pointer written yet
@@ -13,12 +12,11 @@ checkpoint/writer.py) and `commit`
   latest-temp  `latest`'s temporary file written and fsynced, not yet renamed over `latest`
   latest       `latest` written: the save is complete, the prune and the log line are not done
 With --ckpt-format torch_dist the steps are `save_megatron_checkpoint`'s (checkpoint/megatron_writer.py):
-  files        DCP's files (.distcp and its index) written into iter_N.partial, common.pt and metadata.json not yet
+  files        DCP's files written into iter_N.partial, common.pt and metadata.json not yet
   renamed      iter_N.partial, complete, renamed to iter_N; the tracker file not written yet
   tracker-temp the tracker's temporary file written and fsynced, not yet renamed over the tracker
   tracker      the tracker file written: the save is complete, the log line not printed
-The kill is a real SIGKILL: no handler, no cleanup, no flush.
-"""
+The kill is a real SIGKILL: no handler, no cleanup, no flush."""
 
 import os
 import signal

@@ -2,32 +2,20 @@
 under --deepspeed-activation-checkpointing, and only in DeepSpeedExamples' 2020 fork; in no generation does
 the block turn checkpointing on. Each ignored value that differs from what runs is named in the one "not
 read" warning line (arguments/deepspeed/client_objects.py). A preset launch (DeepSpeed used alone) keeps
-reading the block, and the block there still implies --checkpoint-activations.
-
-The real code:
-- Megatron-DeepSpeed (github:deepspeedai/Megatron-DeepSpeed 4efb479d) megatron/initialize.py lines 266-267:
-  `if args.deepspeed and args.deepspeed_activation_checkpointing: setup_deepspeed_random_and_activation_
-  checkpointing(args)`, whose lines 186-194 call deepspeed.checkpointing.configure(mpu,
-  deepspeed_config=args.deepspeed_config, partition_activations=args.partition_activations,
-  contiguous_checkpointing=args.contigious_checkpointing, num_checkpoints=num_layers,
-  checkpoint_in_cpu=args.checkpoint_in_cpu, synchronize=args.synchronize_each_layer,
-  profile=args.profile_backward); megatron/arguments.py lines 1524-1535 make each of those flags store_true
-  (False, never None, when not given).
-- DeepSpeed (github:microsoft/DeepSpeed 38327e07) deepspeed/runtime/activation_checkpointing/checkpointing.py
-  configure (lines 1029-1103): _configure_using_config_file(deepspeed_config) first (lines 998-1010: the
-  block's six keys), then every argument that is not None overwrites it; so in Megatron-DeepSpeed every key
-  of the block is overwritten by a flag. DeepSpeed's engine never calls configure itself.
-- DeepSpeedExamples' v1.1.5 forks (github:microsoft/DeepSpeedExamples 5c6b1c8f) Megatron-LM-v1.1.5-ZeRO3/
-  megatron/initialize.py lines 110-117 and 169-170, Megatron-LM-v1.1.5-3D_parallelism/megatron/initialize.py
-  lines 108-115 and 187: the same call under the same flag, with no deepspeed_config at all.
-- DeepSpeedExamples' 2020 fork (same commit) Megatron-LM/pretrain_gpt2.py lines 542-544 and 576-577: under
-  the flag, configure(mpu, deepspeed_config=args.deepspeed_config, num_checkpoints=args.num_layers): the
-  block's keys but number_checkpoints stand. Its arguments.py (lines 109-115) has --checkpoint-activations
-  and --deepspeed-activation-checkpointing only: the block's values have no flag to lose to.
-- Checkpointing itself is --checkpoint-activations in every generation (Megatron-DeepSpeed
-  megatron/model/transformer.py ParallelTransformer.forward: `if self.checkpoint_activations`); the flag
-  only swaps in DeepSpeed's checkpoint function (transformer.py line 1910).
-"""
+reading the block, and the block there still implies --checkpoint-activations. The real code:
+- Megatron-DeepSpeed 4efb479d megatron/initialize.py 266-267 calls setup_deepspeed_random_and_activation_checkpointing
+  only under both flags; its 186-194 pass configure(mpu, deepspeed_config, partition_activations,
+  contiguous_checkpointing, num_checkpoints=num_layers, checkpoint_in_cpu, synchronize, profile), each a store_true
+  flag (megatron/arguments.py 1524-1535: False, never None).
+- DeepSpeed 38327e07 activation_checkpointing/checkpointing.py configure (1029-1103): the block's six keys first
+  (_configure_using_config_file, 998-1010), then every argument not None overwrites them, so in Megatron-DeepSpeed
+  every key is a flag's. The engine never calls configure itself.
+- DeepSpeedExamples 5c6b1c8f: the v1.1.5 forks (Megatron-LM-v1.1.5-ZeRO3/megatron/initialize.py 110-117, 169-170;
+  -3D_parallelism 108-115, 187) make the same call with no deepspeed_config; the 2020 fork (Megatron-LM/
+  pretrain_gpt2.py 542-544, 576-577) calls configure(mpu, deepspeed_config, num_checkpoints=args.num_layers), so the
+  block's keys but number_checkpoints stand (its arguments.py 109-115 has no flag for them).
+- Checkpointing itself is --checkpoint-activations in every generation (Megatron-DeepSpeed transformer.py
+  ParallelTransformer.forward `if self.checkpoint_activations`); the flag only swaps in DeepSpeed's function (1910)."""
 
 from __future__ import annotations
 

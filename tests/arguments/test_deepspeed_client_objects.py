@@ -1,40 +1,23 @@
 """Issue 34, point 2 (every precedence row re-checked): under a Megatron launch with a DeepSpeed JSON, the JSON's
 `optimizer` block (and, where the real pair's DeepSpeed prefers Megatron's scheduler, its `scheduler` block)
 sets nothing, since the real pair never reads it; each value of theirs that differs from what runs is named
-in one warning line. Under a preset launch (DeepSpeed's own use) both blocks stay honoured.
-
-The real pair's code, per generation:
-- Megatron-DeepSpeed (github:deepspeedai/Megatron-DeepSpeed 4efb479d): megatron/optimizer/__init__.py
-  get_megatron_optimizer (lines 68-116) builds Adam(param_groups, lr=args.lr, weight_decay=args.weight_decay,
-  betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps) and returns it bare under args.deepspeed;
-  megatron/training.py setup_model_and_optimizer (lines 566-576) builds it and opt_param_scheduler =
-  get_optimizer_param_scheduler(optimizer) (None only under --inference or for a teacher), and lines 606-623
-  pass both: deepspeed.initialize(optimizer=optimizer, lr_scheduler=opt_param_scheduler, ...). Its train_step
-  steps the engine with model[0].step(lr_kwargs={'increment': increment}) (line 746), which a JSON WarmupLR,
-  whose step() takes no increment, could not take.
-- DeepSpeedExamples' v1.1.5 forks (github:microsoft/DeepSpeedExamples 5c6b1c8f,
-  Megatron-LM-v1.1.5-ZeRO3/megatron/training.py get_optimizer lines 161-196: torch.optim.AdamW(param_groups,
-  lr, weight_decay, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps), returned bare under
-  args.deepspeed; setup_model_and_optimizer lines 240-256: deepspeed.initialize(model, optimizer=optimizer,
-  lr_scheduler=lr_scheduler, ...); train_step line 344: model.step() with no lr_kwargs.
-  Megatron-LM-v1.1.5-3D_parallelism/megatron/training.py: the same with apex Adam, lines 157-191 and 232-248).
-- DeepSpeedExamples' 2020 fork (same commit, Megatron-LM/pretrain_gpt2.py): get_optimizer (lines 99-120)
-  builds apex FusedAdam(param_groups, lr=args.lr, weight_decay=args.weight_decay) and returns it with its
-  param_groups; setup_model_and_optimizer (lines 157-174) passes deepspeed.initialize(model=model,
-  model_parameters=param_groups, lr_scheduler=lr_scheduler) and no optimizer. DeepSpeed then builds the
-  JSON's optimizer over those groups, FusedAdam(model_parameters, **the JSON's params), but torch's
-  Optimizer.add_param_group only setdefault()s its defaults into each group, and the fork's Adam already
-  filled every group with lr, weight_decay, betas (0.9, 0.999) and eps 1e-8: the JSON's values run nowhere.
-- DeepSpeed (github:deepspeedai/DeepSpeed). v0.19.5 deepspeed/runtime/engine.py: _configure_optimizer
-  (lines 1982-1994) uses a client optimizer, and builds from the JSON (_configure_basic_optimizer) only when
-  none is given; _do_sanity_check (lines 1650-1653) checks the JSON's optimizer name only without one;
-  _configure_lr_scheduler (lines 1517-1529) uses the client scheduler first and the JSON's only when none is
-  passed. Before v0.14.5 it was the reverse for the scheduler: v0.3.13 engine.py _configure_lr_scheduler
-  (lines 433-445) takes the JSON's scheduler first ("First check for scheduler in json configuration") and
-  the client's only without one; commit f994fb2c (PR #5846, 2024-08-14, first in v0.14.5) swapped them. So
-  the forks, whose engine step passes no lr_kwargs and whose DeepSpeed was of that time, ran the JSON's
-  scheduler, and keep it here (arguments/deepspeed/client_objects.py, JSON_SCHEDULER_GENERATIONS).
-"""
+in one warning line. Under a preset launch (DeepSpeed's own use) both blocks stay honoured. The real code:
+- Megatron-DeepSpeed 4efb479d: optimizer/__init__.py get_megatron_optimizer (68-116) returns Adam(lr, weight_decay,
+  betas, eps from the flags) bare under --deepspeed; training.py setup_model_and_optimizer (566-576, 606-623)
+  passes it and get_optimizer_param_scheduler's scheduler to deepspeed.initialize; train_step steps
+  model[0].step(lr_kwargs={'increment': ...}) (746), which a JSON WarmupLR could not take.
+- DeepSpeedExamples 5c6b1c8f v1.1.5 forks: Megatron-LM-v1.1.5-ZeRO3/megatron/training.py get_optimizer (161-196,
+  torch AdamW from the flags) and setup_model_and_optimizer (240-256, deepspeed.initialize(model, optimizer,
+  lr_scheduler)); train_step (344) model.step(), no lr_kwargs; -3D_parallelism alike with apex Adam (157-191, 232-248).
+- The 2020 fork (Megatron-LM/pretrain_gpt2.py): get_optimizer (99-120) returns FusedAdam's param_groups and
+  setup_model_and_optimizer (157-174) passes those groups and no optimizer; DeepSpeed builds the JSON's optimizer
+  over them, but add_param_group only setdefault()s its defaults and the fork's Adam filled every group: the JSON's
+  values run nowhere.
+- DeepSpeed v0.19.5 runtime/engine.py: _configure_optimizer (1982-1994) uses a client optimizer, the JSON's only
+  without one (_do_sanity_check 1650-1653 likewise); _configure_lr_scheduler (1517-1529) the client scheduler
+  first. Before v0.14.5 the reverse for the scheduler (v0.3.13 engine.py 433-445: "First check for scheduler in json
+  configuration"; swapped by f994fb2c, PR #5846): so the forks ran the JSON's scheduler and keep it here
+  (arguments/deepspeed/client_objects.py, JSON_SCHEDULER_GENERATIONS)."""
 
 from __future__ import annotations
 

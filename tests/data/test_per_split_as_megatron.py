@@ -2,23 +2,17 @@
 BlendedMegatronDatasetBuilder builds for the same blends and seed (issue 64 item 1).
 
 tests/fixtures/megatron_per_split_samples.json is what megatron-core 0.16.1's own builder built
-(scripts/megatron_per_split_samples.py runs BlendedMegatronDatasetBuilder(GPTDataset, sizes, ...).build() with
-`blend_per_split`, the separate-distributions branch of `_build_blended_dataset_splits`); the last test re-runs it
-where megatron-core is installed (the bench venv) and finds the committed file. For each split of each case the
-datasets here must hold the same thing:
+(scripts/megatron_per_split_samples.py runs BlendedMegatronDatasetBuilder(GPTDataset, ...).build() with
+`blend_per_split`); the last test re-runs it where megatron-core is installed (the bench venv) and finds the
+committed file. For each split of each case the datasets here must hold the same thing: no dataset where Megatron
+builds none; one prefix's dataset over all of its documents (`split_spoof[i] = (0.0, 1.0)`); a blend of the same
+prefixes, in order, with Megatron's normalised weights (given, or each prefix's one-epoch sample count), whose
+samples come from the same prefix and sample number as Megatron's blend's (`dataset_index`,
+`dataset_sample_index`), for every sample the split reads.
 
-- no dataset where Megatron builds none (a split without a blend, or without samples);
-- one prefix's dataset where Megatron builds that prefix's GPTDataset, over all of its documents
-  (`split_spoof[i] = (0.0, 1.0)`: a per-split blend reads each prefix whole);
-- a blend of the same prefixes, in order, each over all its documents, with Megatron's normalised weights (given,
-  or without weights each prefix's one-epoch sample count, `len(megatron_dataset)`), whose samples come from the same
-  prefix and the same sample number of that prefix as Megatron's blend's (`dataset_index`,
-  `dataset_sample_index`), for every sample the split reads.
-
-Which tokens a prefix's sample number k holds follows this repository's per-epoch shuffle of that prefix's
-documents (docs/data.md), not Megatron's numpy RandomState order: the identity is the prefix and its sample
-number, as for every --data-path blend here (tests/data/test_blend_by_size.py).
-"""
+Which tokens a prefix's sample number k holds follows this repository's per-epoch shuffle (docs/data.md), not
+Megatron's numpy order: the identity is the prefix and its sample number, as for every --data-path blend here
+(tests/data/test_blend_by_size.py)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,17 @@
 """Llama-shaped blocks (issue 37): our fp32 logits equal transformers' LlamaForCausalLM built from the
 same weights, for MHA, GQA (2 groups) and MQA, rotary base 1e4 and 5e5, tied and untied output, with
 and without biases, at TP 1 and TP 2 (one 2-rank gloo launch for every TP 2 variant). The TP 2 ranks
-build their slices from the seed alone, and the reference is the TP 1 model: so the same launch checks
-that initial values do not depend on the TP size.
-
-The math checked against its sources:
-- RMSNorm, rotate-half rotary with fp32 inverse frequencies, repeat_kv's head -> group map, SwiGLU as
-  down(silu(gate(x)) * up(x)): transformers/models/llama/modeling_llama.py (LlamaRMSNorm, rotate_half,
-  apply_rotary_pos_emb, repeat_kv, LlamaMLP), executed here as the reference.
-- Megatron-Core agrees: megatron/core/models/common/embeddings/rotary_pos_embedding.py
-  (RotaryEmbedding.__init__: `inv_freq = 1.0 / (rotary_base ** (torch.arange(0, dim, 2,
-  dtype=torch.float32) / dim))`, `dim = int(dim * rotary_percent)`; get_emb: `torch.cat((freqs, freqs))`)
-  and rope_utils.py (_rotate_half: `x1, x2 = torch.chunk(x, 2, dim=-1); torch.cat((-x2, x1))`;
-  _apply_rotary_pos_emb_bshd: the first rot_dim dims rotate, `t_pass` is concatenated back), in
-  github:NVIDIA/Megatron-LM at d98e8a64.
-- The fused QKV layout [group][its query heads, k, v][head_dim]: megatron/core/transformer/attention.py,
-  SelfAttention.get_query_key_value_tensors (`[sq, b, ng, (np/ng + 2) * hn]` split into np/ng * hn, hn,
-  hn), and its q_layernorm / k_layernorm applied there to the split heads, before rotary (--qk-layernorm;
-  transformers' Qwen3Attention applies q_norm / k_norm at the same place and is the reference for it).
-- SwiGLU's default ffn: megatron/training/arguments.py (validate_args) in the same commit:
-  `args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64` - rounded down, not up.
-"""
+build their slices from the seed alone and the reference is the TP 1 model, so the same launch checks
+that initial values do not depend on the TP size. The math against its sources (NVIDIA/Megatron-LM at d98e8a64):
+- RMSNorm, rotate-half rotary with fp32 inverse frequencies, repeat_kv, SwiGLU as down(silu(gate(x)) * up(x)):
+  transformers' modeling_llama.py, executed here as the reference.
+- Megatron-Core agrees: rotary_pos_embedding.py RotaryEmbedding (`inv_freq = 1.0 / (rotary_base ** (torch.arange(0,
+  dim, 2, dtype=torch.float32) / dim))`, `dim = int(dim * rotary_percent)`, `torch.cat((freqs, freqs))`) and
+  rope_utils.py (_rotate_half `torch.cat((-x2, x1))`; _apply_rotary_pos_emb_bshd rotates the first rot_dim dims).
+- The fused QKV layout [group][its query heads, k, v][head_dim]: attention.py SelfAttention.
+  get_query_key_value_tensors (`[sq, b, ng, (np/ng + 2) * hn]`), q_layernorm / k_layernorm on the split heads before
+  rotary (--qk-layernorm; transformers' Qwen3Attention applies q_norm / k_norm at the same place).
+- SwiGLU's default ffn (arguments.py validate_args): `int((4 * args.hidden_size * 2 / 3) / 64) * 64`, rounded down."""
 
 from __future__ import annotations
 
