@@ -1,29 +1,22 @@
 """The pages' claims about flags and DeepSpeed JSON keys hold in the code (README.md and docs/*.md).
-
 tests/test_docs_commands.py runs the pages' commands; this test reads what the pages *say*:
-
 - a flag or JSON key a page calls refused, unsupported or not implemented must be refused by
-  `arguments.parser.parse_arguments` (with the entry point's late checks, as pretrain_gpt.py runs
-  them): a ConfigError whose message names it, not argparse's complaint about a missing value;
-- a flag a page says works must parse and reach a setting: some setting's source is that flag as
-  typed (an alias shows as "--norm-epsilon (Megatron-LM's name for --layernorm-epsilon)");
-- a flag a page says is accepted with no effect must parse and be named in the one line said at
-  the start.
+  `arguments.parser.parse_arguments` (with the entry point's late checks): a ConfigError naming it;
+- a flag a page says works must parse and reach a setting whose source is that flag as typed (an alias shows as
+  "--norm-epsilon (Megatron-LM's name for --layernorm-epsilon)");
+- a flag a page says is accepted with no effect must parse and be named in the one line said at the start.
 
 How claims are found (`page_claims`):
+- tables: a row whose first cell holds backticked flags (or, under a "DeepSpeed JSON" header, keys) and whose
+  verdict cell (the last) starts with "refused" or "unsupported" is a refusal of each; "1: accepted. More: refused"
+  is both; "accepted", "no effect" or "nothing to do" says accepted with no effect; any other verdict of a flag
+  table ("Megatron-LM" or "DeepSpeed-Megatron" | "here") says the flag works;
+- sentences: backticked flags in parentheses right after "refused", "not implemented", "unsupported" or "not
+  supported", and backticked flags right before "is refused" / "are refused" (also "are being implemented; until
+  then they are refused").
 
-- tables: a row whose first cell holds backticked flags (or, under a "DeepSpeed JSON" header, keys)
-  and whose verdict cell (the last) starts with "refused" or "unsupported" is a refusal of each of
-  them; "1: accepted. More: refused" is both (that value works, the next one is refused); "accepted",
-  "no effect" or "nothing to do" says accepted with no effect; any other verdict of a flag table
-  ("Megatron-LM" or "DeepSpeed-Megatron" | "here") says the flag works;
-- sentences: backticked flags in parentheses right after "refused", "not implemented", "unsupported"
-  or "not supported" ("is not implemented (`--qk-l2-norm`, ...)"), and backticked flags right before "is
-  refused" / "are refused" (also "are being implemented; until then they are refused").
-
-A placeholder (N, F, DIR, FILE, ...) stands for a value: VALUES gives one that this code accepts for
-the flag, so a refusal is the flag's own and not a bad value's.
-"""
+A placeholder (N, F, DIR, FILE, ...) stands for a value: VALUES gives one this code accepts for the flag, so a
+refusal is the flag's own and not a bad value's."""
 
 from __future__ import annotations
 

@@ -2,29 +2,19 @@
 gradient_working_bytes less the logits) against one real block's recompute and backward on the CPU.
 
 The measure: torch.profiler's allocation trace (profile_memory) of one block run as the checkpoint's backward runs it
-(zero/activations.py, the checkpoint Function's backward: the forward again under enable_grad, then
-torch.autograd.backward(output, grad_output), the output held until it returns; Megatron-LM's
-tensor_parallel/random.py CheckpointFunction.backward does the same). Its peak in backward, less the block's saved
-activations (the storages autograd's saved-tensor hooks see, without the parameters and the checkpointed input),
-plus the gradient arriving at the block's output (allocated before, by the block above) is what the plan must
-count beside the saved tensors. Each parameter's gradient is dropped as it is accumulated, as the ZeRO reducer's
-hook takes it (the planner counts the largest apart: parameter_gradient_bytes); the one alive at GPT-2's peak
-(dense_4h_to_h's, [hidden, ffn]) is in the measure, a quarter of a hidden-wide tensor at these 2048 tokens, hence
-the band's lower end.
+(zero/activations.py: the forward again under enable_grad, then torch.autograd.backward(output, grad_output), the
+output held until it returns, as Megatron-LM's CheckpointFunction.backward). Its peak in backward, less the block's
+saved activations (what autograd's saved-tensor hooks see, without parameters and the checkpointed input), plus the
+gradient arriving at the block's output, is what the plan must count beside the saved tensors. Each parameter's
+gradient is dropped as it is accumulated, as the ZeRO reducer's hook takes it (the planner counts the largest apart:
+parameter_gradient_bytes); the one alive at GPT-2's peak (dense_4h_to_h's) is in the measure, hence the band's
+lower end.
 
-GPT-2's block (ffn 4 x hidden) held 6.25 hidden-wide tensors there (6.0 and its weight gradient) and the
-Llama-style block (RMSNorm, SwiGLU at ffn 2.5 x hidden, rotary, grouped-query attention) 7.0: the gradient arriving,
-the recomputed output and, at the MLP's backward, its activation gradients, one ffn-wide for GPT-2's GeLU and two for
-SwiGLU's product (gate's and up's, autograd's MulBackward0 makes both). The plan counted 4 hidden-wide for both
-before (b8cd6ba): 0.64 and 0.57 of it.
-
-The gated activation keeps only gate and up now (gpt/glu.py) and makes the activation again in backward, where the
-Llama-style block holds 9.5 hidden-wide beside its saved tensors (three ffn-wide: the activation's gradient, up's and
-the activation made again; its backward's peak is 2 hidden-wide lower than before, the norms' fp32 values no longer
-kept); GPT-OSS's quick_gelu with the clamp and the offset 23 (five ffn-wide at ffn 4 x hidden, its sigmoid and the
-clamped gate besides, and the clamp's bool mask: planned 22 without it), Gemma's GeGLU 14 (three):
-GatedActivation.backward_widths.
-"""
+Held there, in hidden-wide tensors: GPT-2's block (ffn 4 x hidden) 6.25, the arriving gradient, the recomputed output
+and the MLP's activation gradient (one ffn-wide for GeLU); the Llama-style block (RMSNorm, SwiGLU at ffn 2.5 x
+hidden, rotary, GQA) 9.5, three ffn-wide (the gated activation keeps only gate and up and makes the activation again
+in backward, gpt/glu.py: its gradient, up's and the activation made again); GPT-OSS's clamped quick_gelu 23 (five
+ffn-wide at ffn 4 x hidden and the clamp's bool mask), Gemma's GeGLU 14 (three): GatedActivation.backward_widths."""
 
 from __future__ import annotations
 

@@ -5,26 +5,16 @@ planner/launch.py) and, over every rank, the measured peak RSS growth since befo
 mapped since) divided by that rank's prediction. tests/planner/test_plan_pipeline_live.py is the model.
 
 The model (8 x 256, sequence 256, micro batch 2) keeps each rank's activation blocks at CP 2 ([2, 128, 256] fp32,
-256 KiB) at the malloc threshold the run sets (zero/host_memory.py: the smallest weight matrix, 256 x 256 fp32), so
-freed activations go back to the system and the peak RSS follows what is live; about 110-160 MiB planned a rank,
-above MemoryCheck's RATIO_FROM_BYTES.
+256 KiB) at the malloc threshold the run sets (zero/host_memory.py: the smallest weight matrix), so freed
+activations go back to the system and the peak RSS follows what is live; about 110-160 MiB planned a rank.
 
-Before this test the plan of a run without pipeline stages added gloo's copy of the largest collective (at CP 2,
-the whole gradient buffer reduced over DP x CP: 24.9 MiB here) on top of the activations' peak; the reduction starts
-at the end of the last micro-batch's backward, when autograd has freed them. Measured before (3f5f491): CP 2 p2p
-0.79-0.80, CP 2 all_gather 0.77, Ulysses 2 0.78-0.79, CP 2 x DP 2 0.83 (170.5 of 206.9 MiB planned with dropout at CP 2 alone: 0.82).
-planner/plan_observer.py now reads the copy at its collective, beside the activations still saved then (as
-planner/pipeline_plan.py does for a stage's backward). Measured after, on this machine: CP 2 p2p without dropout
-(the ring's own backward) 0.94-0.98, CP 2 all_gather 0.94 (its plan also keeps what the CPU's flash kernel keeps
-under a mask: planner/dry_run.py _AttentionKernelOf), Ulysses 2 (--ds-sequence-parallel-size) 0.93, CP 2 x DP 2 p2p with attention dropout (autograd through
-the ring) 0.96. Since the line compares with iteration 1's peak (RankPlan.first_iteration_bytes: the constant
-buffers appear at its first reduction; tests/planner/test_plan_data_parallel_live.py): p2p 1.00-1.03, all_gather
-1.03-1.04, Ulysses 1.00, CP 2 x DP 2 1.00 (two runs); a2a+p2p at CP 4 = 2 x 2 (sequence 512) 1.01-1.03 (at sequence
-256 its blocks fall under the threshold and freed ones stay in the heap: 1.24-1.30, as p2p's 1.13-1.17 there).
-What the planner does not count:
-the ring's per-block scores ([2, 4, 128, 128] fp32, 512 KiB, a note in the plan), the data loader and the
-allocator's slack.
-"""
+The plan reads gloo's copy of the largest collective at its collective, beside the activations still saved then
+(planner/plan_observer.py), and compares with iteration 1's peak (RankPlan.first_iteration_bytes). Measured on this
+machine: p2p 1.00-1.03, all_gather 1.03-1.04 (its plan keeps what the CPU's flash kernel keeps under a mask:
+planner/dry_run.py _AttentionKernelOf), Ulysses 2 (--ds-sequence-parallel-size) 1.00, CP 2 x DP 2 with attention
+dropout 1.00, a2a+p2p at CP 4 = 2 x 2 (sequence 512) 1.01-1.03 (at sequence 256 its blocks fall under the threshold
+and freed ones stay in the heap: 1.24-1.30). Not counted: the ring's per-block scores ([2, 4, 128, 128] fp32, a
+note in the plan), the data loader and the allocator's slack."""
 
 from __future__ import annotations
 

@@ -2,44 +2,21 @@
 tests/planner/test_plan_context_parallel_live.py reads it for CP 2 (its docstring: the malloc threshold, why a
 ratio). Same model: 8 x 256, sequence 256, micro batch 2, ZeRO 1, 2 gloo ranks, about 160 MiB planned a rank.
 
-The line after iteration 1 measures iteration 1, which holds less than the run: the constant buffers (C_B, 12.4 MiB
-here; zero/flat_buffer.py BufferPool) are created at the first reduction, late in the last micro-batch's backward,
-after the forward's peak, and held from then on. The plan's total held them under that peak, which iteration 1 never
-reaches: measured/predicted 0.92 before (0c0fe8a; 170.6 MiB planned, 156.9 measured), while iteration 3 measured 1.00
-of it (171.4 MiB). The plan now says both (planner/dry_run.py: RankPlan.total_bytes, the run's, and
-first_iteration_bytes, iteration 1's, which the line compares with): 0.99 here (158.6 planned; 158.1 before the
-block gradients below). Hence 0.95-1.05.
+The line after iteration 1 measures iteration 1, which holds less than the run: the constant buffers (C_B, 12.4 MiB;
+zero/flat_buffer.py BufferPool) appear at the first reduction, after the forward's peak. The plan says both
+(RankPlan.total_bytes and first_iteration_bytes, which the line compares with): 0.99 here. Hence 0.95-1.05.
 
-With full recompute (Megatron's --recompute-granularity full --recompute-method uniform --recompute-num-layers 1,
-megatron/core/recompute.py checkpointed_forward, tensor_parallel.checkpoint: a block's forward is run again in backward,
-inside the checkpoint's backward, and its saved tensors live there beside every checkpoint not yet used) at
-sequence 512 and micro batch 8 the recomputed block (about 64 MiB: [8, 512, 256] fp32 blocks of 4 MiB) is the
-peak's largest part. The plan displayed it and left it out of the total: 1.16 before (181.5 MiB planned, 211.2
-measured). It is in the total now, with the attention kernel the planned device runs (flash on a CPU without
-dropout; the recompute had taken the math path, since torch runs a custom Function's backward without the dry run's
-torch-function mode): 1.05 (201.0 planned). The gradients a block's backward holds beside its saved tensors were a
-GPT-2 estimate of four hidden-wide tensors; they are read from the block's shapes now (planner/dry_run.py, gpt/shape.py
-mlp_gradient_features; tests/planner/test_plan_block_gradients.py holds them to a CPU profile of one block's recompute
-and backward): the gradient arriving, the recomputed output and the MLP's activation gradients, six hidden-wide for
-GPT-2's block: 1.01 (209.0 planned, 210.8 measured). What is left is the first iteration's fixed costs
-(training/metrics.py MemoryCheck).
-With grouped-query attention (Llama-style: RMSNorm, SwiGLU, rotary, 8 heads in 2 groups, SDPA's enable_gqa,
-gpt/model.py native_gqa) at sequence 512 the meta SDPA had taken the math path, which repeats k and v per query head
-and keeps the fp32 [b, heads, s, s] weights (16 MiB a layer at micro batch 2): 0.67 at DP 1 before (84529ef; 405.3 MiB
-planned, 272.4 measured), and 0.81 with full recompute at DP 2 and micro batch 8 (264.6 planned, 213.0 measured). The
-dry run now stands in the flash kernel there too, with k and v a head per group as the CPU's and CUDA's fused kernels
-keep them (planner/dry_run.py _AttentionKernelOf; tests/planner/test_plan_gqa_attention.py holds its saved bytes to the
-measured ones): 1.03 at DP 1 (265.5 planned), 1.09 with recompute (194.7 planned, 212.8 measured). The recompute's
-gap was not the attention's: the same Llama-style model with 8 key/value heads (no GQA) read 1.10 (211.4 planned, 232.0
-measured), where GPT-2's block read 1.05 (dp2-recompute). It was SwiGLU's backward: its product silu(gate) x up hands
-back two ffn-wide gradients at once (gate's and up's), where GPT-2's GeLU hands back one, and the estimate counted
-four hidden-wide tensors for any block. From the block's shapes (seven hidden-wide at ffn 2.5 x hidden): 1.03 (206.7
-planned, 213.0 measured); hence its band 0.95-1.05 again.
-Since RMSNorm keeps only its input and the gated activation only gate and up, each making the rest again in backward
-(gpt/norms.py, gpt/glu.py), the GQA runs hold less: 1.02 at DP 1 (233.0 MiB planned, 238.7 measured, from 267.5 and
-272.4), 1.03 with recompute (198.7 planned, 204.9 measured, from 206.7 and 213.0: only the norms' fp32 values leave the
-recomputed block's peak, the activation being made again at its MLP's backward).
-"""
+With full recompute (Megatron's --recompute-granularity full --recompute-method uniform --recompute-num-layers 1) at
+sequence 512 and micro batch 8 the recomputed block (about 64 MiB) is the peak's largest part; the plan counts it
+with the attention kernel the planned device runs (flash on a CPU without dropout) and the gradients a block's
+backward holds from its shapes (gpt/shape.py mlp_gradient_features; tests/planner/test_plan_block_gradients.py):
+1.01 (209.0 MiB planned, 210.8 measured). What is left is the first iteration's fixed costs (MemoryCheck).
+
+With grouped-query attention (Llama-style: RMSNorm, SwiGLU, rotary, 8 heads in 2 groups, SDPA's enable_gqa) at
+sequence 512 the dry run stands in the flash kernel with k and v a head per group, as the fused kernels keep them
+(planner/dry_run.py _AttentionKernelOf; tests/planner/test_plan_gqa_attention.py): 1.02 at DP 1 (233.0 MiB planned,
+238.7 measured), 1.03 with recompute at DP 2 and micro batch 8 (198.7 planned, 204.9 measured). SwiGLU's backward
+hands back two ffn-wide gradients at once where GeLU's hands one: counted from the block's shapes. Band 0.95-1.05."""
 
 from __future__ import annotations
 

@@ -3,22 +3,18 @@
 gpt/model.py calls SDPA with key and value a head per group and enable_gqa (native_gqa). A CPU without dropout runs
 torch's flash kernel there, which reads each group's key/value head itself: its backward node
 (ScaledDotProductFlashAttentionForCpuBackward0) keeps q, the grouped k and v, the output and a [b, heads, s]
-log-sum-exp. On CUDA the flash kernel takes grouped k/v too (16 bits, no mask; torch's
-aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, can_use_flash_attention), and where it cannot run torch 2.13
-takes the math path (the last test here; the kernels and torch's source: _AttentionKernelOf's docstring). Only the
-math path repeats k and v per query head (attention.cpp pre_process_group_query_attention_input) and keeps the fp32
-[b, heads, s, s] weights, which is the path SDPA takes on the meta device: planner/dry_run.py _AttentionKernelOf
-stood in the flash kernel only for calls without enable_gqa, so a GQA plan (Llama-3, Mixtral) counted those weights.
+log-sum-exp. On CUDA the flash kernel takes grouped k/v too (16 bits, no mask), and where it cannot run torch 2.13
+takes the math path (the last test here; _AttentionKernelOf's docstring). Only the math path repeats k and v per
+query head and keeps the fp32 [b, heads, s, s] weights, the path SDPA takes on the meta device, so without the
+stand-in a GQA plan (Llama-3, Mixtral) counted those weights (1.78x the measured saved bytes, 1.93x the recomputed
+block's, at 84529ef).
 
 The measure is --report-memory's saved-for-backward peak of a real CPU run (zero/activations.py SavedTensorMeter), as
 tests/training/test_context_parallel_activation_memory.py reads it. A Llama-style model (RMSNorm, SwiGLU, rotary, 8
 heads in 2 groups, head dim 16) at sequence 256, micro batch 2: the math path's weights, 4 MiB a layer, nearly as
 much as all a block keeps with the flash kernel. One block's saved bytes are the difference between 2 and 1 layers,
 measured; the plan's block figure is held to it in forward and, under full recompute, in the recompute
-(block_saved_bytes "backward": the recompute re-enters the kernel stand-in, planner/dry_run.py _BlockSavedProbe).
-Before (84529ef): the plan read 1.78x the measured saved bytes (19.8 MiB planned, 11.1 measured) and 1.93x the
-recomputed block's (9.0 MiB, 4.7).
-"""
+(block_saved_bytes "backward": planner/dry_run.py _BlockSavedProbe)."""
 
 from __future__ import annotations
 
