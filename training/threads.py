@@ -5,7 +5,7 @@ on one node would then start that many, and the default single-process run on a 
 spent 3.5x longer per iteration with torch's 2 threads than with one (issue 49: 12,990 against 3,706 ms,
 the same losses). The figures behind the rule are docs/cpu-benchmark-threads-*.json
 (scripts/benchmark_threads.py, with the load average beside every figure) and
-docs/cpu-benchmark-model-124m-*.json; docs/performance-notes.md reads them.
+docs/cpu-benchmark-model-124m-*.json; docs/performance.md reads them.
 
 The rule (choose_intra_op_threads), the same on every device:
 - OMP_NUM_THREADS set: torch already took it at start; it is kept (what a user or a launcher asked for:
