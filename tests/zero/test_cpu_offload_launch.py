@@ -34,9 +34,10 @@ from zero.memory import MODEL_STATE_CATEGORIES
 # GLM-4.5-Air: 2 pipeline stages x CP 2 x EP 2 on 4 ranks (its partitions cut over CP, the experts on their own
 # grid), QKV biases, half-rotary heads; slime's scripts give it no --save, so no resume.
 COMPARED = ("slime-qwen3-30b-a3b", "slime-moonlight-16b-a3b", "slime-glm4.5-106b-a12b")
-# Equal bit for bit at F 1.0 and 0.5 (and GLM-4.5 355B at 0.25 and 0.9), measured by hand (2026-11-26; seconds for
-# the runs of one launch on the shared 2-core machine): Qwen3-235B-A22B (2 stages of 1 rank, 11 s), GLM-4.5 355B
-# (GLM-4.5-Air's grid with QK norms, 12 s), Kimi-K2 (2 stages, MLA, 16 s). Each adds no property COMPARED lacks.
+# Equal bit for bit at F 1.0 and 0.5 (GLM-4.5 355B at 0.25 and 0.9 too, Kimi-K2 at 0.1 and 0.75), measured by hand
+# (2026-11-26; seconds for one launch's runs on the shared 2-core machine): Qwen3-235B-A22B (2 stages of 1 rank,
+# 11 s), GLM-4.5 355B (GLM-4.5-Air's grid with QK norms, 12 s), Kimi-K2 (2 stages, MLA, 16 s); those that save resume
+# too. Each adds no property COMPARED lacks.
 # At slime's lr 1e-6 their fp32 losses rarely move in a step; the gradient norms do: GLM-4.5 355B's tell an lr
 # 1e-5 higher (relative) apart, so a weight one ulp off shows.
 BY_HAND = ("slime-qwen3-235b-a22b", "slime-glm4.5-355b-a32b", "slime-kimi-k2")
