@@ -1,4 +1,4 @@
-"""The replay corpus, round 6 of real launches (issue 81): public 2025-2026 GPT pretraining launches on Megatron-LM
+"""The replay corpus, round 6 of real launches (issue 81): public 2024-2026 GPT pretraining launches on Megatron-LM
 and its forks. See launch.py for what an entry holds and how the lists were taken.
 
 Ant Group's Ling 2.0 (inclusionAI/Ling-V2, examples/pretrain/run_pretrain_{4k,8k,32k}.sh) runs Megatron-LM core_v0.13.0
@@ -448,4 +448,73 @@ LOLA = (
     ),
 )
 
-LAUNCHES = (*LING, *(with_upstream_flags(launch, LING_PATCH_FLAGS) for launch in LING), *AWS, *OPENGPTX, *OPENEUROLLM, *LOLA)
+# SURF's Megatron-LM on Snellius (SURF-ML/Megatron-LM-Snellius 3_train/train-gpt.job): `sbatch` on its 4 nodes x 4 H100s
+# (SLURM_NTASKS 16), srun stubbed to record what follows launch.sh; USER, SLURM_JOBID and PROJECT_SPACE left as
+# written. Its variables are meant to be redefined in the script; FSDP=1, its own switch, takes Megatron-LM's
+# --use-torch-fsdp2 path instead of TP/PP/CP and the distributed optimizer, beside its tied embeddings
+# (TIE_WORD_EMBEDDINGS=1), which Megatron-LM refuses (validate_args: "--use-torch-fsdp2 requires
+# --untie-embeddings-and-output-weights"), and so does this program; Megatron asserts its --ckpt-format torch_dist or
+# torch_dcp just before that, which the script's --ckpt-format torch also fails.
+_SURF_EXPANDED = ("the 1.7B FineWeb model at the script's values (TRAIN_TOKENS 350_000_000 / SEQ_LENGTH 4096 = "
+                  "85449 samples, LR_WARMUP_ITERS 500 x GLOBAL_BATCH_SIZE 64 warmup samples)")
+SURF = (
+    Launch(
+        name='surf-snellius-train-gpt-1.7b',
+        script=Source('SURF-ML/Megatron-LM-Snellius', '3_train/train-gpt.job', '7adecbb9ddad5745c0d9707de4a97ce5bddab568'),
+        program='pretrain_gpt.py', world_size=16,
+        expanded=f"{_SURF_EXPANDED}; FSDP=0 as written",
+        argv=(
+            '--num-layers', '24', '--hidden-size', '2048', '--ffn-hidden-size', '8192', '--num-attention-heads', '32',
+            '--use-flash-attn', '--attention-softmax-in-fp32', '--max-position-embeddings', '4096', '--seq-length',
+            '4096', '--position-embedding-type', 'rope', '--rotary-base', '10000', '--disable-bias-linear',
+            '--init-method-std', '0.02', '--attention-dropout', '0.0', '--hidden-dropout', '0.0', '--normalization',
+            'RMSNorm', '--micro-batch-size', '4', '--global-batch-size', '64', '--train-samples', '85449', '--bf16',
+            '--swiglu', '--no-async-tensor-model-parallel-allreduce', '--no-masked-softmax-fusion',
+            '--no-gradient-accumulation-fusion', '--no-bias-dropout-fusion', '--no-rope-fusion',
+            '--distributed-timeout-minutes', '30', '--overlap-grad-reduce', '--optimizer', 'adam', '--adam-beta1',
+            '0.9', '--adam-beta2', '0.95', '--adam-eps', '1e-8', '--lr', '3e-4', '--min-lr', '3e-5',
+            '--lr-decay-style', 'cosine', '--lr-decay-samples', '85449', '--lr-warmup-samples', '32000',
+            '--clip-grad', '1.0', '--weight-decay', '1e-1', '--tensor-model-parallel-size', '1',
+            '--pipeline-model-parallel-size', '1', '--context-parallel-size', '1', '--sequence-parallel',
+            '--use-distributed-optimizer', '--eval-interval', '5000', '--eval-iters', '100', '--tensorboard-dir',
+            '/scratch-shared/$USER/Megatron-LM/output/tensorboard/train-gpt-$SLURM_JOBID', '--tensorboard-queue-size',
+            '5', '--log-throughput', '--log-progress', '--log-interval', '1', '--ckpt-format', 'torch', '--load',
+            '/scratch-shared/$USER/Megatron-LM/output/checkpoints', '--save',
+            '/scratch-shared/$USER/Megatron-LM/output/checkpoints', '--save-interval', '500', '--data-path',
+            '$PROJECT_SPACE/datasets/FineWeb/fineweb-10BT_text_document', '--data-cache-path',
+            '/scratch-shared/$USER/megatron_cache', '--tokenizer-type', 'HuggingFaceTokenizer', '--tokenizer-model',
+            'gpt2', '--make-vocab-size-divisible-by', '128', '--dataloader-type', 'single', '--num-workers', '2',
+        ),
+        outcome='trains',
+    ),
+    Launch(
+        name='surf-snellius-train-gpt-1.7b-fsdp2',
+        script=Source('SURF-ML/Megatron-LM-Snellius', '3_train/train-gpt.job', '7adecbb9ddad5745c0d9707de4a97ce5bddab568'),
+        program='pretrain_gpt.py', world_size=16,
+        expanded=f"{_SURF_EXPANDED}; FSDP=1, the script's switch for Megatron-LM's FSDP2",
+        argv=(
+            '--num-layers', '24', '--hidden-size', '2048', '--ffn-hidden-size', '8192', '--num-attention-heads', '32',
+            '--use-flash-attn', '--attention-softmax-in-fp32', '--max-position-embeddings', '4096', '--seq-length',
+            '4096', '--position-embedding-type', 'rope', '--rotary-base', '10000', '--disable-bias-linear',
+            '--init-method-std', '0.02', '--attention-dropout', '0.0', '--hidden-dropout', '0.0', '--normalization',
+            'RMSNorm', '--micro-batch-size', '4', '--global-batch-size', '64', '--train-samples', '85449', '--bf16',
+            '--swiglu', '--no-async-tensor-model-parallel-allreduce', '--no-masked-softmax-fusion',
+            '--no-gradient-accumulation-fusion', '--no-bias-dropout-fusion', '--no-rope-fusion',
+            '--distributed-timeout-minutes', '30', '--overlap-grad-reduce', '--optimizer', 'adam', '--adam-beta1',
+            '0.9', '--adam-beta2', '0.95', '--adam-eps', '1e-8', '--lr', '3e-4', '--min-lr', '3e-5',
+            '--lr-decay-style', 'cosine', '--lr-decay-samples', '85449', '--lr-warmup-samples', '32000',
+            '--clip-grad', '1.0', '--weight-decay', '1e-1', '--use-torch-fsdp2', '--eval-interval', '5000',
+            '--eval-iters', '100', '--tensorboard-dir',
+            '/scratch-shared/$USER/Megatron-LM/output/tensorboard/train-gpt-$SLURM_JOBID', '--tensorboard-queue-size',
+            '5', '--log-throughput', '--log-progress', '--log-interval', '1', '--ckpt-format', 'torch', '--load',
+            '/scratch-shared/$USER/Megatron-LM/output/checkpoints', '--save',
+            '/scratch-shared/$USER/Megatron-LM/output/checkpoints', '--save-interval', '500', '--data-path',
+            '$PROJECT_SPACE/datasets/FineWeb/fineweb-10BT_text_document', '--data-cache-path',
+            '/scratch-shared/$USER/megatron_cache', '--tokenizer-type', 'HuggingFaceTokenizer', '--tokenizer-model',
+            'gpt2', '--make-vocab-size-divisible-by', '128', '--dataloader-type', 'single', '--num-workers', '2',
+        ),
+        outcome='refused: --use-torch-fsdp2 with a tied output layer',
+    ),
+)
+
+LAUNCHES = (*LING, *(with_upstream_flags(launch, LING_PATCH_FLAGS) for launch in LING), *AWS, *OPENGPTX, *OPENEUROLLM, *LOLA, *SURF)
