@@ -266,9 +266,10 @@ OPENGPTX = (
 )
 
 # OpenEuroLLM's Megatron-LM port (OpenEuroLLM/NVIDIA-Megatron-LM, on LUMI): the Qwen3-30B-A3B script its scaling
-# sweep (slurm_scripts/sweep.sh) submits, at its parallel defaults, as `sbatch` on its 4 nodes x 8 GPUs. The commit is
-# not in the repository's published branches (the stored copy of the file is), so the list was expanded by hand from
-# the script's arrays in its COMMAND's order; srun runs slurm_scripts/launcher.sh, which runs `python3 -u` on them.
+# sweep (slurm_scripts/sweep.sh) submits, at its parallel defaults, as `sbatch` on its 4 nodes x 8 GPUs, and its
+# Qwen3-235B-A22B script on 64 nodes. The commit is not in the repository's published branches (the stored copies of
+# the files are), so the lists were expanded by hand from the scripts' arrays in their COMMAND's order; srun runs
+# slurm_scripts/launcher.sh, which runs `python3 -u` on them.
 OPENEUROLLM = (
     Launch(
         name='openeurollm-qwen3-30b-a3b',
@@ -305,6 +306,45 @@ OPENEUROLLM = (
             '--moe-aux-loss-coeff', '0.001', '--moe-grouped-gemm', '--moe-token-dispatcher-type', 'allgather',
             '--moe-router-force-load-balancing', '--num-experts', '128', '--moe-router-topk', '8',
             '--moe-router-dtype', 'fp64',
+        ),
+        outcome='trains',
+    ),
+    Launch(
+        name='openeurollm-qwen3-235b-a22b',
+        script=Source('OpenEuroLLM/NVIDIA-Megatron-LM', 'slurm_scripts/qwen3_235B_A22B.slurm',
+                      '1a9917ed7b7916d33be8095be3b38c22a15aa487'),
+        program='pretrain_gpt.py', world_size=512,
+        expanded=('64 nodes x 8 GPUs (WORLD_SIZE is SLURM_NTASKS); PP 16 with 5 layers on the first and last stages, '
+                  'EP 8, RECOMPUTATION 1, PROFILE 0, CHECKPOINT_ARGS empty (all commented out); SLURM_SUBMIT_DIR, '
+                  'SLURM_JOBID and USER left as written'),
+        argv=(
+            '--use-mcore-models', '--disable-bias-linear', '--max-position-embeddings', '32768', '--num-layers', '94',
+            '--hidden-size', '4096', '--ffn-hidden-size', '12288', '--moe-ffn-hidden-size', '1536',
+            '--num-attention-heads', '64', '--init-method-std', '0.02', '--attention-dropout', '0.0',
+            '--hidden-dropout', '0.0', '--qk-layernorm', '--normalization', 'RMSNorm', '--position-embedding-type',
+            'rope', '--swiglu', '--untie-embeddings-and-output-weights', '--group-query-attention',
+            '--num-query-groups', '4', '--no-masked-softmax-fusion', '--no-position-embedding', '--rotary-base',
+            '1000000', '--micro-batch-size', '1', '--global-batch-size', '2048', '--bf16', '--num-experts', '64',
+            '--moe-router-topk', '8', '--moe-router-dtype', 'fp64', '--kv-channels', '128', '--rerun-mode',
+            'disabled', '--use-flash-attn', '--attention-softmax-in-fp32', '--seq-length', '4096', '--train-iters',
+            '50', '--no-gradient-accumulation-fusion', '--no-bias-dropout-fusion', '--no-rope-fusion',
+            '--distributed-timeout-minutes', '30', '--overlap-grad-reduce', '--overlap-param-gather',
+            '--recompute-activations', '--recompute-granularity', 'selective', '--optimizer', 'adam', '--adam-beta1',
+            '0.9', '--adam-beta2', '0.95', '--adam-eps', '1e-8', '--lr', '3e-4', '--min-lr', '3e-5',
+            '--lr-decay-style', 'cosine', '--clip-grad', '1.0', '--weight-decay', '1e-1',
+            '--pipeline-model-parallel-size', '16', '--expert-model-parallel-size', '8',
+            '--decoder-first-pipeline-num-layers', '5', '--decoder-last-pipeline-num-layers', '5',
+            '--use-distributed-optimizer', '--sequence-parallel', '--context-parallel-size', '1',
+            '--tensor-model-parallel-size', '1', '--tensorboard-dir',
+            '${SLURM_SUBMIT_DIR}/output/tensorboard/meglm-qwen3-dev-235B-${SLURM_JOBID}', '--tensorboard-queue-size',
+            '5', '--log-throughput', '--log-progress', '--log-interval', '1', '--log-memory-to-tensorboard',
+            '--log-world-size-to-tensorboard', '--data-cache-path',
+            '/flash/project_462000963/users/${USER}/megatron_cache/', '--tokenizer-type', 'HuggingFaceTokenizer',
+            '--tokenizer-model', 'openeurollm/tokenizer-256k', '--data-path',
+            '/scratch/project_462000963/users/vitiugin/data_tok/oellm/hplt/fin_Latn/fin_Latn', '--num-workers', '4',
+            '--vocab-size', '256000', '--moe-router-load-balancing-type', 'aux_loss', '--moe-aux-loss-coeff', '0.001',
+            '--moe-grouped-gemm', '--moe-token-dispatcher-type', 'allgather', '--moe-router-force-load-balancing',
+            '--disable-gloo-process-groups',
         ),
         outcome='trains',
     ),
