@@ -70,12 +70,18 @@ def values_set_by(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str,
 
 def options_typed(parser: argparse.ArgumentParser, argv: Iterable[str]) -> dict[str, str]:
     """{dest: the option string the user typed for it (the last one, which wins)}."""
-    typed = {}
+    return {dest: options[-1] for dest, options in every_option_typed(parser, argv).items()}
+
+
+def every_option_typed(parser: argparse.ArgumentParser, argv: Iterable[str]) -> dict[str, list[str]]:
+    """{dest: the option strings the user typed for it, in order}: several where two spellings set one setting
+    (`--use-flash-attn ... --attention-backend auto`), of which the last wins."""
+    typed: dict[str, list[str]] = {}
     for token in argv:
         option = token.split("=", 1)[0]
         action = option_table(parser).action_for(option) if token.startswith("--") else None
         if action is not None:
-            typed[action.dest] = option
+            typed.setdefault(action.dest, []).append(option)
     return typed
 
 

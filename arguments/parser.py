@@ -47,6 +47,7 @@ from arguments.config_sources import (
     MEGATRON_DEFAULTS,
     PRESET,
     Source,
+    every_option_typed,
     name_inherited_values,
     options_typed,
     show_value,
@@ -604,6 +605,7 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
             json_values[dest] = (value, setting.key, " ".join(setting.flags))
             sources[dest] = Source(JSON, where)
     typed = options_typed(parser, argv)
+    every_typed = every_option_typed(parser, argv)
     flag_values = values_set_by(parser, argv)
 
     def not_used(dest: str) -> None:  # the JSON's value for `dest` is not used: back to the layer below
@@ -652,6 +654,10 @@ def layer_sources(parser: argparse.ArgumentParser, preset_name: str, preset_argv
                 json = f"{_json_value(key, json_value, json_flags)} in {translation.source}"
                 source = _precedence(layers, key, _typed_value(option, value), json, source, dest, json_value,
                                      translation.source)
+        earlier = [other for other in dict.fromkeys(every_typed.get(dest, ())) if other != option]
+        if earlier and not source.overrides:  # --print-config names every flag typed, the overridden ones too
+            source = dataclasses.replace(source, overrides=f"wins over {', '.join(earlier)} typed before it "
+                                                           f"(the last flag for one setting wins)")
         sources[dest] = source
     if "scheduler.params" in layers.won:
         real = f"as in Megatron-DeepSpeed, {precedence_of('scheduler.params').why}"

@@ -13,13 +13,14 @@ from tests.replay_corpus import (
                                  megatron_lm_functional,
                                  megatron_lm_functional_tests,
                                  open_runs,
+                                 round6,
                                  slime,
 )
 
 CORPUS = (*megatron_lm.LAUNCHES, *megatron_deepspeed.LAUNCHES, *megatron_deepspeed_moe.LAUNCHES,
           *deepspeed_examples.LAUNCHES, *deepspeed.LAUNCHES,
           *bigscience.LAUNCHES, *megatron_lm_functional.LAUNCHES, *forks.LAUNCHES, *open_runs.LAUNCHES,
-          *slime.LAUNCHES)
+          *slime.LAUNCHES, *round6.LAUNCHES)
 # Every GPT and MoE pretraining functional test of Megatron-LM at one commit, harvested whole: counted by outcome
 # in the docs, not listed there one by one (megatron_lm_functional_tests.py).
 HARVESTED = (*megatron_lm_functional_tests.LAUNCHES, *megatron_lm_functional_tests.MOE_HARVESTED)
