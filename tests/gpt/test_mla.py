@@ -360,3 +360,22 @@ def test_mla_under_context_parallelism_trains_to_the_cp1_losses(cp_runs, name):
     for iteration, ((loss, norm), (want_loss, want_norm)) in enumerate(zip(got, reference), start=1):
         assert abs(loss - want_loss) <= 1e-6 * abs(want_loss), f"{name} iteration {iteration}: {loss} vs {want_loss}"
         assert abs(norm - want_norm) <= 1e-6 * abs(want_norm), f"{name} iteration {iteration}: {norm} vs {want_norm}"
+
+
+def test_the_planner_counts_the_mla_rings_keys_and_values_at_their_own_widths():
+    """The ring passes K (qk_head_dim + qk_pos_emb_head_dim wide) and V (v_head_dim) as one message per head: the
+    planner's dry run (the model's own code on the meta device) and its performance model's K/V width both count
+    MLA's widths, not one head width. Per layer and micro-batch a rank sends the message CP - 1 times in forward and
+    again in backward, and its fp32 gradient accumulator CP times."""
+    from planner.dry_run import Cluster, dry_run
+    from planner.layout_perf import model_counts
+    from tests.reliability_helpers import TINY
+
+    config = parse_config(TINY + MLA_FLAGS + ["--context-parallel-size", "2", "--global-batch-size", "4"])
+    model, micro, cp = config.model, config.training.micro_batch_size, 2
+    steps = config.training.global_batch_size // micro
+    widths = model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim
+    assert model_counts(model).kv_width == model.num_attention_heads * widths == 2 * (24 + 16)
+    message = micro * model.num_attention_heads * (model.seq_length // cp) * widths * 4  # fp32
+    sent = dry_run(config, Cluster(2, 2, device_type="cpu"), 300).comm_bytes["cp"]["send"]
+    assert sent == model.num_layers * steps * ((cp - 1) * message * 2 + cp * message)
