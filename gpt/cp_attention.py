@@ -98,11 +98,12 @@ def rank_documents(document_ids: torch.Tensor, cp_size: int, cp_rank: int) -> to
 def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                          dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
                          scale: Optional[float] = None, softcap: Optional[float] = None,
-                         sinks: Optional[torch.Tensor] = None,
-                         document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         sinks: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
+                         pad_value: bool = False) -> torch.Tensor:
     """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position (and
     within `window` keys before each query where one is given); `scale` and `softcap` as gpt/model.py's; `sinks`: a
-    sink logit per query head; `document_ids` (the whole sample's, [batch, S]): only the query's document's keys."""
+    sink logit per query head; `document_ids` (the whole sample's, [batch, S]): only the query's document's keys;
+    `pad_value`: as `_masked_attention`'s."""
     local = query.shape[2]
     keys = all_gather_sequence(key, state, dim=2)
     values = all_gather_sequence(value, state, dim=2)
@@ -115,15 +116,21 @@ def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         key_documents = torch.cat([rank_documents(document_ids, size, rank) for rank in range(size)], dim=1)
         visible = same_document(rank_documents(document_ids, size, state.context_parallel_rank), key_documents,
                                 visible)
-    return _masked_attention(query, keys, values, visible, dropout_p, enable_gqa, scale, softcap, sinks)
+    return _masked_attention(query, keys, values, visible, dropout_p, enable_gqa, scale, softcap, sinks, pad_value)
 
 
 def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: Optional[torch.Tensor],
                       dropout_p: float, enable_gqa: bool, scale: Optional[float], softcap: Optional[float],
-                      sinks: Optional[torch.Tensor]) -> torch.Tensor:
+                      sinks: Optional[torch.Tensor], pad_value: bool = False) -> torch.Tensor:
     """SDPA under the bool mask `visible` (causal over equal lengths where None; at `scale` where given), with
     `sinks` through gpt/attention_sinks.py, or with `softcap` the explicit scores of gpt/attention_softcap.py
-    (sinks with soft-capping are refused: gpt/model_config.py)."""
+    (sinks with soft-capping are refused: gpt/model_config.py). `pad_value`: values narrower than the queries
+    zero-padded to their width for the kernel and the output cut back (gpt/mla.py value_needs_padding), here after
+    the exchanges so that they carry the values at their own width."""
+    if pad_value and value.shape[-1] != query.shape[-1]:
+        width = value.shape[-1]
+        value = F.pad(value, (0, query.shape[-1] - width))
+        return _masked_attention(query, key, value, visible, dropout_p, enable_gqa, scale, softcap, sinks)[..., :width]
     if sinks is not None:
         return attention_with_sinks(query, key, value, sinks, dropout_p, enable_gqa, attention_mask=visible,
                                     scale=scale)
@@ -379,8 +386,8 @@ def heads_to_sequence(tensor: torch.Tensor, group: CPRanks, positions: torch.Ten
 def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                          dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
                          scale: Optional[float] = None, softcap: Optional[float] = None,
-                         sinks: Optional[torch.Tensor] = None,
-                         document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         sinks: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
+                         pad_value: bool = False) -> torch.Tensor:
     """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
     one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
     split, each rank attends over the whole sequence with H / CP heads (plain causal attention), and the
@@ -406,7 +413,7 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     if document_ids is not None:
         causal = visible if visible is not None else whole[None, :] <= whole[:, None]
         visible = same_document(document_ids, document_ids, causal)
-    context = _masked_attention(query, key, value, visible, dropout_p, grouped, scale, softcap, sinks)
+    context = _masked_attention(query, key, value, visible, dropout_p, grouped, scale, softcap, sinks, pad_value)
     return heads_to_sequence(context, group_ranks, positions)
 
 
@@ -439,15 +446,16 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
                                comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False,
                                window: Optional[int] = None, scale: Optional[float] = None,
                                softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None,
-                               document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                               document_ids: Optional[torch.Tensor] = None, pad_value: bool = False) -> torch.Tensor:
     """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`; with a sliding `window`
     (gpt/attention_window.py) or soft-capped scores over all_gather's or a2a's positions (the ring takes neither:
     arguments/config.py); the scores' `scale` (None: 1/sqrt(d)), `sinks` (a sink logit per query head:
     gpt/attention_sinks.py) and `document_ids` (--reset-attention-mask: the whole sample's, [batch, S]) on every
-    path. The values may be narrower than the queries and keys (multi-latent attention: gpt/mla.py)."""
+    path. The values may be narrower than the queries and keys (multi-latent attention: gpt/mla.py); `pad_value`
+    pads them for all_gather's and a2a's kernel (`_masked_attention`), the ring computing its blocks itself."""
     if comm_type == "all_gather":
         return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks,
-                                    document_ids)
+                                    document_ids, pad_value)
     if comm_type == "p2p":
         if (window, softcap) != (None, None):
             raise ValueError("the ring (--cp-comm-type p2p) computes causal attention: no sliding window or "
@@ -455,7 +463,7 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
         return ring_attention(query, key, value, cp_ranks(state), dropout_p, sinks, document_ids, scale)
     if comm_type == "a2a":
         return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks,
-                                    document_ids)
+                                    document_ids, pad_value)
     if comm_type == "a2a+p2p":
         if (window, softcap) != (None, None):
             raise ValueError("a2a+p2p's ring computes causal attention: no sliding window or soft-capping")

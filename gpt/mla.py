@@ -207,17 +207,13 @@ class MLASelfAttention(nn.Module):
                                     documents: Optional[DocumentMasks], dropout_p: float,
                                     pad_value: bool) -> torch.Tensor:
         """Over the whole sequence by --cp-comm-type (gpt/cp_attention.py), at MLA's softmax scale, the values at
-        their own width: the ring passes K and V as one flat message and computes each block explicitly; the
-        all-gather and all-to-all paths call SDPA, whose values are padded where `pad_value` says (as at CP 1)."""
-        pad_value = pad_value and self.cp_comm_type in ("all_gather", "a2a")
-        v_head_dim = value.shape[-1]
-        if pad_value:
-            value = F.pad(value, (0, self.q_head_dim - v_head_dim))
+        their own width through the exchanges and padded only at an SDPA call where `pad_value` says (as at CP 1);
+        the ring computes its blocks itself."""
         sinks = None if self.softmax_type == "vanilla" else sink_logits(self.softmax_offset, self.heads_per_rank, query)
-        context = context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type, dropout_p,
-                                             scale=self.softmax_scale, sinks=sinks,
-                                             document_ids=documents.document_ids if documents is not None else None)
-        return context[..., :v_head_dim] if pad_value else context
+        return context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type, dropout_p,
+                                          scale=self.softmax_scale, sinks=sinks,
+                                          document_ids=documents.document_ids if documents is not None else None,
+                                          pad_value=pad_value)
 
 
 def value_needs_padding(backend: str, device_type: str, q_head_dim: int, v_head_dim: int) -> bool:
