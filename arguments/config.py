@@ -1141,17 +1141,12 @@ class PretrainConfig:
         cp, model = self.parallel.context_parallel_size, self.model
         if cp == 1:
             return
-        if model.multi_latent_attention:
-            raise ConfigError(f"--multi-latent-attention with --context-parallel-size {cp} is not implemented: "
-                              f"multi-latent attention here runs over the whole sequence on each rank; use "
-                              f"--context-parallel-size 1", flags=("--multi-latent-attention", "--context-parallel-size"))
         comm = model.cp_comm_type
-        scored = [flag for flag, value in (("--softmax-scale", model.softmax_scale),
-                                           ("--attn-logit-softcapping", model.attn_logit_softcapping)) if value]
-        if comm in ("p2p", "a2a+p2p") and scored:
-            raise ConfigError(f"{', '.join(scored)} with --cp-comm-type {comm} (the ring) is not implemented: the "
-                              f"ring computes plain causal attention; use --cp-comm-type all_gather or a2a with "
-                              f"--context-parallel-size {cp}", flags=(*scored, "--cp-comm-type"))
+        # the ring takes the scores' scale (--softmax-scale, multi-latent attention's) but not their soft-capping
+        if comm in ("p2p", "a2a+p2p") and model.attn_logit_softcapping:
+            raise ConfigError(f"--attn-logit-softcapping with --cp-comm-type {comm} (the ring) is not implemented: the "
+                              f"ring does not soft-cap its scores; use --cp-comm-type all_gather or a2a with "
+                              f"--context-parallel-size {cp}", flags=("--attn-logit-softcapping", "--cp-comm-type"))
         if comm in ("p2p", "a2a+p2p") and model.has_windows():
             # the ring's blocks other than a rank's own are half visible and unmasked (gpt/cp_attention.py); Transformer
             # Engine too runs sliding windows under context parallelism only with all_gather or a2a
@@ -1160,8 +1155,10 @@ class PretrainConfig:
                               f"--context-parallel-size {cp}", flags=("--window-size", "--cp-comm-type"))
         tp = self.parallel.tensor_model_parallel_size
         heads = model.num_attention_heads // tp
-        if comm == "a2a+p2p":
-            self._check_hierarchical_context_parallel(heads, (model.num_query_groups or model.num_attention_heads) // tp)
+        if comm == "a2a+p2p":  # multi-latent attention's key heads are its query heads (gpt/mla.py)
+            groups = model.num_attention_heads if model.multi_latent_attention else \
+                (model.num_query_groups or model.num_attention_heads)
+            self._check_hierarchical_context_parallel(heads, groups // tp)
         if model.cp_comm_type == "a2a" and heads % cp:
             # DeepSpeed's single_all_to_all asserts it: "Number of heads must be divisible by the sequence parallel
             # size"; Megatron-DeepSpeed's ParallelAttention too (num_attention_heads % sequence parallel size).

@@ -10,8 +10,9 @@ context_parallel.py: AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P):
 
 - `all_gather`: every rank's K and V gathered once; the local queries attend to them under the mask
   "key position <= query position" (one SDPA call). Backward: the K/V gradients reduce-scattered back.
-- `p2p`: the ring. K and V (one message) travel round the CP group in CP - 1 steps; at each step the local
-  queries attend to the block at hand, and the partial results merge by the log-sum-exp rule:
+- `p2p`: the ring. K and V (one flat message: the values may be narrower, as multi-latent attention's are) travel
+  round the CP group in CP - 1 steps; at each step the local queries attend to the block at hand, and the partial
+  results merge by the log-sum-exp rule:
       lse = logaddexp(lse_a, lse_b),  out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)
   Its backward is its own (`_RingAttention`, as TransformerEngine's AttnFuncWithCPAndKVP2P.backward): it keeps
   only q, this rank's k and v, the output and the log-sum-exp, passes K/V round the ring again, recomputes
@@ -97,11 +98,12 @@ def rank_documents(document_ids: torch.Tensor, cp_size: int, cp_rank: int) -> to
 def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                          dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
                          scale: Optional[float] = None, softcap: Optional[float] = None,
-                         sinks: Optional[torch.Tensor] = None,
-                         document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         sinks: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
+                         pad_value: bool = False) -> torch.Tensor:
     """[batch, heads, local seq, d] queries against the group's gathered keys and values, causal by position (and
     within `window` keys before each query where one is given); `scale` and `softcap` as gpt/model.py's; `sinks`: a
-    sink logit per query head; `document_ids` (the whole sample's, [batch, S]): only the query's document's keys."""
+    sink logit per query head; `document_ids` (the whole sample's, [batch, S]): only the query's document's keys;
+    `pad_value`: as `_masked_attention`'s."""
     local = query.shape[2]
     keys = all_gather_sequence(key, state, dim=2)
     values = all_gather_sequence(value, state, dim=2)
@@ -114,15 +116,21 @@ def all_gather_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         key_documents = torch.cat([rank_documents(document_ids, size, rank) for rank in range(size)], dim=1)
         visible = same_document(rank_documents(document_ids, size, state.context_parallel_rank), key_documents,
                                 visible)
-    return _masked_attention(query, keys, values, visible, dropout_p, enable_gqa, scale, softcap, sinks)
+    return _masked_attention(query, keys, values, visible, dropout_p, enable_gqa, scale, softcap, sinks, pad_value)
 
 
 def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: Optional[torch.Tensor],
                       dropout_p: float, enable_gqa: bool, scale: Optional[float], softcap: Optional[float],
-                      sinks: Optional[torch.Tensor]) -> torch.Tensor:
+                      sinks: Optional[torch.Tensor], pad_value: bool = False) -> torch.Tensor:
     """SDPA under the bool mask `visible` (causal over equal lengths where None; at `scale` where given), with
     `sinks` through gpt/attention_sinks.py, or with `softcap` the explicit scores of gpt/attention_softcap.py
-    (sinks with soft-capping are refused: gpt/model_config.py)."""
+    (sinks with soft-capping are refused: gpt/model_config.py). `pad_value`: values narrower than the queries
+    zero-padded to their width for the kernel and the output cut back (gpt/mla.py value_needs_padding), here after
+    the exchanges so that they carry the values at their own width."""
+    if pad_value and value.shape[-1] != query.shape[-1]:
+        width = value.shape[-1]
+        value = F.pad(value, (0, query.shape[-1] - width))
+        return _masked_attention(query, key, value, visible, dropout_p, enable_gqa, scale, softcap, sinks)[..., :width]
     if sinks is not None:
         return attention_with_sinks(query, key, value, sinks, dropout_p, enable_gqa, attention_mask=visible,
                                     scale=scale)
@@ -136,10 +144,11 @@ def _masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 
 def block_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: Optional[torch.Tensor],
-                    dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention of the queries over one block of keys, in fp32: (output [b, h, s, d], its log-sum-exp
-    [b, h, s]); a row that sees no key of the block gets a log-sum-exp of about -1e30. `visible` None: every key."""
-    scale = 1.0 / math.sqrt(query.shape[-1])
+                    dropout_p: float = 0.0, scale: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of the queries over one block of keys at `scale` (None: 1/sqrt(query width)), in fp32:
+    (output [b, h, s, value width], its log-sum-exp [b, h, s]); a row that sees no key of the block gets a
+    log-sum-exp of about -1e30. `visible` None: every key."""
+    scale = _scale(query, scale)
     scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * scale
     if visible is not None:
         scores = scores.masked_fill(~visible, MASKED)
@@ -193,6 +202,24 @@ def _block_mask(local: int, ring: CPRanks, source: int, device: torch.device,
                                      visible)
 
 
+def _scale(query: torch.Tensor, scale: Optional[float]) -> float:
+    """The scores' scale: `scale` where given (MLA's, --softmax-scale's), else 1/sqrt(query width) as SDPA's."""
+    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+
+
+def _packed(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """K and V as one flat message (TransformerEngine's p2p_comm_buffers: `torch.cat((k.view(-1), v.view(-1)))`),
+    so that their head widths may differ (multi-latent attention's values are narrower than its keys)."""
+    return torch.cat((key.reshape(-1), value.reshape(-1)))
+
+
+def _unpacked(message: torch.Tensor, key_shape: torch.Size, value_shape: torch.Size
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_packed`'s K and V again, views of `message` (writing into them writes into it)."""
+    split = math.prod(key_shape)
+    return message[:split].view(key_shape), message[split:].view(value_shape)
+
+
 def _per_query_head(tensor: torch.Tensor, heads: int) -> torch.Tensor:
     """Key/value heads [b, groups, s, d] as one per query head (query head i reads group i // (heads / groups))."""
     return tensor if tensor.shape[1] == heads else tensor.repeat_interleave(heads // tensor.shape[1], dim=1)
@@ -212,16 +239,19 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ring: CPRanks,
-                sinks: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None):
+                sinks: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
+                scale: Optional[float] = None):
         size, rank, local, heads = ring.size, ring.rank, query.shape[2], query.shape[1]
-        key_value = torch.stack((key, value))
+        message = _packed(key, value)
         output = lse = None
         for step in range(size):
             if step > 0:
-                key_value = shift(key_value, ring, 1, tag=81)
+                message = shift(message, ring, 1, tag=81)
+            block_key, block_value = _unpacked(message, key.shape, value.shape)
             rows, keys, visible = _block_mask(local, ring, (rank - step) % size, query.device, document_ids)
-            block_output, block_lse = block_attention(query[:, :, rows], _per_query_head(key_value[0][:, :, keys], heads),
-                                                      _per_query_head(key_value[1][:, :, keys], heads), visible)
+            block_output, block_lse = block_attention(query[:, :, rows], _per_query_head(block_key[:, :, keys], heads),
+                                                      _per_query_head(block_value[:, :, keys], heads), visible,
+                                                      scale=scale)
             if output is None:  # step 0: the rank's own block, every row
                 output, lse = block_output, block_lse
             else:
@@ -235,6 +265,7 @@ class _RingAttention(torch.autograd.Function):
         # tests/training/test_context_parallel_activation_memory.py).
         output = output.transpose(1, 2).contiguous().transpose(1, 2)
         ctx.ring, ctx.has_sinks, ctx.document_ids = ring, sinks is not None, document_ids  # ids: no gradient
+        ctx.scale = _scale(query, scale)
         ctx.save_for_backward(query, key, value, output, lse, *(() if sinks is None else (sinks,)))
         return output.to(query.dtype)
 
@@ -243,19 +274,20 @@ class _RingAttention(torch.autograd.Function):
         query, key, value, output, lse, *sinks = ctx.saved_tensors
         ring = ctx.ring
         size, rank, local, heads = ring.size, ring.rank, query.shape[2], query.shape[1]
-        groups = key.shape[1]
-        scale = 1.0 / math.sqrt(query.shape[-1])
+        groups, scale = key.shape[1], ctx.scale
         grad_output, query32 = grad_output.float(), query.float()
         delta = (grad_output * output).sum(-1, keepdim=True)  # FlashAttention's D = rowsum(dO * O)
         grad_query = torch.zeros_like(query32)
-        key_value = torch.stack((key, value))
-        grad_key_value = torch.zeros(key_value.shape, dtype=torch.float32, device=key_value.device)
+        message = _packed(key, value)
+        grad_message = torch.zeros(message.shape, dtype=torch.float32, device=message.device)
         for step in range(size):
             if step > 0:
-                key_value = shift(key_value, ring, 1, tag=82)
-                grad_key_value = shift(grad_key_value, ring, 1, tag=83)
+                message = shift(message, ring, 1, tag=82)
+                grad_message = shift(grad_message, ring, 1, tag=83)
+            grad_key, grad_value = _unpacked(grad_message, key.shape, value.shape)
             rows, keys, visible = _block_mask(local, ring, (rank - step) % size, query.device, ctx.document_ids)
-            block_key, block_value = (_per_query_head(part[:, :, keys], heads).float() for part in key_value)
+            block_key, block_value = (_per_query_head(part[:, :, keys], heads).float()
+                                      for part in _unpacked(message, key.shape, value.shape))
             block_query, block_grad = query32[:, :, rows], grad_output[:, :, rows]
             scores = torch.matmul(block_query, block_key.transpose(-2, -1)) * scale
             if visible is not None:
@@ -265,55 +297,58 @@ class _RingAttention(torch.autograd.Function):
             grad_scores = probabilities * (torch.matmul(block_grad, block_value.transpose(-2, -1))
                                            - delta[:, :, rows])
             grad_query[:, :, rows] += torch.matmul(grad_scores, block_key) * scale
-            grad_key_value[0][:, :, keys] += _per_group(
-                torch.matmul(grad_scores.transpose(-2, -1), block_query) * scale, groups)
-            grad_key_value[1][:, :, keys] += _per_group(torch.matmul(probabilities.transpose(-2, -1), block_grad),
-                                                        groups)
+            grad_key[:, :, keys] += _per_group(torch.matmul(grad_scores.transpose(-2, -1), block_query) * scale,
+                                               groups)
+            grad_value[:, :, keys] += _per_group(torch.matmul(probabilities.transpose(-2, -1), block_grad), groups)
         if size > 1:  # the block held now is rank + 1's: its accumulated gradient goes home
-            grad_key_value = shift(grad_key_value, ring, 1, tag=84)
+            grad_message = shift(grad_message, ring, 1, tag=84)
+        grad_key, grad_value = _unpacked(grad_message, key.shape, value.shape)
         grad_sinks = None
         if sinks:  # the sink's share p = exp(o_h - lse) of each row; dL/do_h = -sum over rows of p D
             sink = sinks[0]
             share = torch.exp(sink.float().view(1, -1, 1) - lse)
             grad_sinks = (-(share * delta.squeeze(-1)).sum(dim=(0, 2))).to(sink.dtype)
-        return (grad_query.to(query.dtype), grad_key_value[0].to(key.dtype), grad_key_value[1].to(value.dtype),
-                None, grad_sinks, None)
+        return (grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype), None, grad_sinks, None,
+                None)
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ring: CPRanks,
                    dropout_p: float = 0.0, sinks: Optional[torch.Tensor] = None,
-                   document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   document_ids: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
     """[batch, heads, local seq, d] queries against every `ring` rank's K/V, passed round the ring (see the module;
     `cp_ranks(state)`, or a2a+p2p's outer ring); key and value may hold one head per group of query heads
-    (grouped-query); `sinks`: a sink logit per head; `document_ids` (the whole sample's, [batch, S]): only the
-    query's document's keys."""
+    (grouped-query), and the values their own head width (multi-latent attention's); `sinks`: a sink logit per
+    head; `document_ids` (the whole sample's, [batch, S]): only the query's document's keys; `scale`: the scores'
+    (None: 1/sqrt(d))."""
     if dropout_p == 0.0:
-        return _RingAttention.apply(query, key, value, ring, sinks, document_ids)
+        return _RingAttention.apply(query, key, value, ring, sinks, document_ids, scale)
     heads = query.shape[1]
     return ring_attention_through_autograd(query, _per_query_head(key, heads), _per_query_head(value, heads), ring,
-                                           dropout_p, sinks, document_ids)
+                                           dropout_p, sinks, document_ids, scale)
 
 
 def ring_attention_through_autograd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                     ring: CPRanks, dropout_p: float = 0.0,
                                     sinks: Optional[torch.Tensor] = None,
-                                    document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                                    document_ids: Optional[torch.Tensor] = None,
+                                    scale: Optional[float] = None) -> torch.Tensor:
     """The ring with autograd through its shifts (each shift's backward sends the gradient back): what runs with
     attention dropout, whose masks autograd keeps; every block's K/V stays alive until backward."""
     size, rank = ring.size, ring.rank
     local = query.shape[2]
     query_positions = local_positions(local, size, rank, query.device)
-    key_value = torch.stack((key, value))  # one message a step
+    message = _packed(key, value)  # one message a step
     output = lse = None
     for step in range(size):
         if step > 0:
-            key_value = ring_shift(key_value, ring)
+            message = ring_shift(message, ring)
         source = (rank - step) % size  # whose chunks arrived at this step
         visible = local_positions(local, size, source, query.device)[None, :] <= query_positions[:, None]
         if document_ids is not None:
             visible = same_document(rank_documents(document_ids, size, rank),
                                     rank_documents(document_ids, size, source), visible)
-        block_output, block_lse = block_attention(query, key_value[0], key_value[1], visible, dropout_p)
+        block_output, block_lse = block_attention(query, *_unpacked(message, key.shape, value.shape), visible,
+                                                  dropout_p, scale)
         if output is None:
             output, lse = block_output, block_lse
         else:
@@ -351,8 +386,8 @@ def heads_to_sequence(tensor: torch.Tensor, group: CPRanks, positions: torch.Ten
 def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                          dropout_p: float = 0.0, enable_gqa: bool = False, window: Optional[int] = None,
                          scale: Optional[float] = None, softcap: Optional[float] = None,
-                         sinks: Optional[torch.Tensor] = None,
-                         document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         sinks: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
+                         pad_value: bool = False) -> torch.Tensor:
     """DeepSpeed-Ulysses (deepspeed/sequence/layer.py, DistributedAttention: a _SeqAllToAll before attention and
     one after), which Megatron-Core runs as --cp-comm-type a2a: an all-to-all turns the sequence split into a head
     split, each rank attends over the whole sequence with H / CP heads (plain causal attention), and the
@@ -378,13 +413,14 @@ def all_to_all_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     if document_ids is not None:
         causal = visible if visible is not None else whole[None, :] <= whole[:, None]
         visible = same_document(document_ids, document_ids, causal)
-    context = _masked_attention(query, key, value, visible, dropout_p, grouped, scale, softcap, sinks)
+    context = _masked_attention(query, key, value, visible, dropout_p, grouped, scale, softcap, sinks, pad_value)
     return heads_to_sequence(context, group_ranks, positions)
 
 
 def hierarchical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ParallelState,
                            dropout_p: float = 0.0, sinks: Optional[torch.Tensor] = None,
-                           document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           document_ids: Optional[torch.Tensor] = None, scale: Optional[float] = None
+                           ) -> torch.Tensor:
     """--cp-comm-type a2a+p2p (TransformerEngine's AttnFuncWithCPAndKVP2P with cp_group = [a2a group, p2p group],
     Megatron-Core's get_hierarchical_context_parallel_groups): over the all-to-all group of A adjacent CP ranks
     o A .. o A + A-1, `sequence_to_heads` gives this rank H / A heads of their chunks {o A + j} and
@@ -402,7 +438,7 @@ def hierarchical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     if sinks is not None:  # member j holds head group j
         group = query.shape[1]
         sinks = sinks[inner.rank * group:(inner.rank + 1) * group]
-    context = ring_attention(query, key, value, outer, dropout_p, sinks, document_ids)
+    context = ring_attention(query, key, value, outer, dropout_p, sinks, document_ids, scale)
     return heads_to_sequence(context, inner, torch.argsort(order))
 
 
@@ -410,25 +446,26 @@ def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: to
                                comm_type: str, dropout_p: float = 0.0, enable_gqa: bool = False,
                                window: Optional[int] = None, scale: Optional[float] = None,
                                softcap: Optional[float] = None, sinks: Optional[torch.Tensor] = None,
-                               document_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+                               document_ids: Optional[torch.Tensor] = None, pad_value: bool = False) -> torch.Tensor:
     """Causal attention of this CP rank's queries over the whole sequence, by `comm_type`; with a sliding `window`
-    (gpt/attention_window.py), a `scale` or soft-capped scores over all_gather's or a2a's positions (the ring takes
-    none of them: arguments/config.py); `sinks`: a sink logit per query head (gpt/attention_sinks.py), and
-    `document_ids` (--reset-attention-mask: the whole sample's, [batch, S]), on every path."""
+    (gpt/attention_window.py) or soft-capped scores over all_gather's or a2a's positions (the ring takes neither:
+    arguments/config.py); the scores' `scale` (None: 1/sqrt(d)), `sinks` (a sink logit per query head:
+    gpt/attention_sinks.py) and `document_ids` (--reset-attention-mask: the whole sample's, [batch, S]) on every
+    path. The values may be narrower than the queries and keys (multi-latent attention: gpt/mla.py); `pad_value`
+    pads them for all_gather's and a2a's kernel (`_masked_attention`), the ring computing its blocks itself."""
     if comm_type == "all_gather":
         return all_gather_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks,
-                                    document_ids)
+                                    document_ids, pad_value)
     if comm_type == "p2p":
-        if (window, scale, softcap) != (None, None, None):
-            raise ValueError("the ring (--cp-comm-type p2p) computes plain causal attention: no sliding window, "
-                             "softmax scale or soft-capping")
-        return ring_attention(query, key, value, cp_ranks(state), dropout_p, sinks, document_ids)
+        if (window, softcap) != (None, None):
+            raise ValueError("the ring (--cp-comm-type p2p) computes causal attention: no sliding window or "
+                             "soft-capping")
+        return ring_attention(query, key, value, cp_ranks(state), dropout_p, sinks, document_ids, scale)
     if comm_type == "a2a":
         return all_to_all_attention(query, key, value, state, dropout_p, enable_gqa, window, scale, softcap, sinks,
-                                    document_ids)
+                                    document_ids, pad_value)
     if comm_type == "a2a+p2p":
-        if (window, scale, softcap) != (None, None, None):
-            raise ValueError("a2a+p2p's ring computes plain causal attention: no sliding window, softmax scale or "
-                             "soft-capping")
-        return hierarchical_attention(query, key, value, state, dropout_p, sinks, document_ids)
+        if (window, softcap) != (None, None):
+            raise ValueError("a2a+p2p's ring computes causal attention: no sliding window or soft-capping")
+        return hierarchical_attention(query, key, value, state, dropout_p, sinks, document_ids, scale)
     raise ValueError(f"--cp-comm-type {comm_type!r} is not implemented here: use p2p, all_gather, a2a or a2a+p2p")

@@ -23,6 +23,11 @@ Tensor parallelism splits the heads: the up projections (and linear_q_proj) are 
 row-parallel; the down projections and the latent norms are replicated, run on this rank's slice of the sequence
 under sequence parallelism with their gradients summed over the TP group, as Megatron's duplicated
 linear_q_down_proj / linear_kv_down_proj (their gradients all-reduced as sequence-parallel parameters).
+
+Context parallelism (--context-parallel-size, every --cp-comm-type): everything before attention is per token, on
+this rank's two chunks; the rotary angles are the whole sequence's at the chunks' global positions, and attention
+runs over the whole sequence through gpt/cp_attention.py at MLA's softmax scale, the values at v_head_dim (as
+TransformerEngine's context-parallel attention takes a value head width of its own under Megatron-Core's MLA).
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ from torch import nn
 from gpt.attention_backend import attention_kernels
 from gpt.attention_padding import FUSED_CAPABLE_BACKENDS
 from gpt.attention_sinks import attention_with_sinks, sink_logits
+from gpt.cp_attention import context_parallel_attention
 from gpt.model_config import ModelConfig
 from gpt.norms import _summed_over_sequence_slices, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, inverse_frequencies, yarn_angles, yarn_get_mscale
+from parallel.context_parallel import positions_on_this_rank
 from parallel.init import InitMethod
 from parallel.layers import meta_parameter
 from parallel.mappings import copy_to_tensor_parallel_region, gather_from_sequence_parallel_region
@@ -106,6 +113,9 @@ class MLASelfAttention(nn.Module):
         self.softmax_scale = mla_softmax_scale(config)
         self.dropout_p = config.attention_dropout
         self.attention_backend = config.attention_backend
+        # under context parallelism the sequence here is this rank's two chunks (parallel/context_parallel.py)
+        self.context_parallel = plan.state if plan.state.context_parallel_size > 1 else None
+        self.cp_comm_type = config.cp_comm_type
         h, std, heads = config.hidden_size, config.init_method_std, config.num_attention_heads
         # the down projections and the latent norms run where the input layernorm's output is: the sequence slice
         latent_state = plan.norm_state("input_layernorm")
@@ -163,7 +173,7 @@ class MLASelfAttention(nn.Module):
         kv = kv.view(batch, seq, self.heads_per_rank, config.qk_head_dim + config.v_head_dim).transpose(1, 2)
         q_nope, q_pos = query.split([config.qk_head_dim, config.qk_pos_emb_head_dim], dim=-1)
         k_nope, value = kv.split([config.qk_head_dim, config.v_head_dim], dim=-1)
-        cos, sin = mla_rotary_angles(config, seq, hidden.device)
+        cos, sin = self._rotary_angles(seq, hidden.device)
         q_pos = apply_rotary(_deinterleaved(q_pos), cos, sin)
         k_pos = apply_rotary(_deinterleaved(k_pos.unsqueeze(1)), cos, sin)
         query = torch.cat((q_nope, q_pos), dim=-1)
@@ -172,7 +182,9 @@ class MLASelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         pad_value = value_needs_padding(self.attention_backend, query.device.type, self.q_head_dim, config.v_head_dim)
         with _dropout_stream(self.rng), attention_kernels(self.attention_backend):
-            if self.softmax_type != "vanilla":
+            if self.context_parallel is not None:
+                context = self._context_parallel_attention(query, key, value, documents, dropout_p, pad_value)
+            elif self.softmax_type != "vanilla":
                 context = attention_with_sinks(query, key, value, sink_logits(self.softmax_offset, self.heads_per_rank,
                                                                               query),
                                                dropout_p, attention_mask=attention_mask, scale=self.softmax_scale)
@@ -181,6 +193,27 @@ class MLASelfAttention(nn.Module):
                                              pad_value)
         context = context.transpose(1, 2).reshape(batch, seq, self.heads_per_rank * config.v_head_dim)
         return self.linear_proj(context)
+
+    def _rotary_angles(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of this rank's tokens: under context parallelism the whole sequence's at their global
+        positions (Megatron-Core's rotary embeddings with cp_group: get_pos_emb_on_this_cp_rank)."""
+        if self.context_parallel is None:
+            return mla_rotary_angles(self.config, seq, device)
+        cos, sin = mla_rotary_angles(self.config, seq * self.context_parallel.context_parallel_size, device)
+        positions = positions_on_this_rank(seq, self.context_parallel, device)
+        return cos[positions], sin[positions]
+
+    def _context_parallel_attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                    documents: Optional[DocumentMasks], dropout_p: float,
+                                    pad_value: bool) -> torch.Tensor:
+        """Over the whole sequence by --cp-comm-type (gpt/cp_attention.py), at MLA's softmax scale, the values at
+        their own width through the exchanges and padded only at an SDPA call where `pad_value` says (as at CP 1);
+        the ring computes its blocks itself."""
+        sinks = None if self.softmax_type == "vanilla" else sink_logits(self.softmax_offset, self.heads_per_rank, query)
+        return context_parallel_attention(query, key, value, self.context_parallel, self.cp_comm_type, dropout_p,
+                                          scale=self.softmax_scale, sinks=sinks,
+                                          document_ids=documents.document_ids if documents is not None else None,
+                                          pad_value=pad_value)
 
 
 def value_needs_padding(backend: str, device_type: str, q_head_dim: int, v_head_dim: int) -> bool:

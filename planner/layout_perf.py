@@ -199,7 +199,10 @@ def model_counts(model: ModelConfig, vocab: Optional[int] = None) -> ModelCounts
     expert_parameters = per_expert * experts * shape.moe_blocks
     shared = (moe.shared_expert_intermediate_size or 0) if moe is not None else 0
     attention_matmul = next(m for m in shape.block_matmuls if isinstance(m, AttentionShape))
-    kv_heads = model.num_query_groups or model.num_attention_heads
+    # the keys and values the ring passes: a head each per group, or multi-latent attention's per head (its keys
+    # qk_head_dim + qk_pos_emb_head_dim wide, its values v_head_dim: gpt/mla.py)
+    kv_heads = model.num_attention_heads if model.multi_latent_attention else \
+        (model.num_query_groups or model.num_attention_heads)
     return ModelCounts(
         layers=model.num_layers, moe_layers=shape.moe_blocks, hidden=model.hidden_size, seq_length=model.seq_length,
         padded_vocab=vocab, linear_flops_per_token=float(blocks - attention + logits),

@@ -26,6 +26,11 @@ def test_context_parallel_size_and_comm_type_are_settings():
     config = parse_config([*TINY, "--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
                            "--hierarchical-context-parallel-sizes", "2", "2"])
     assert (config.model.cp_comm_type, config.parallel.hierarchical_context_parallel_sizes) == ("a2a+p2p", [2, 2])
+    # the ring at a given softmax scale, and multi-latent attention (its own scale and value width) on every path
+    assert parse_config([*TINY, "--context-parallel-size", "2", "--softmax-scale", "0.3"]).model.softmax_scale == 0.3
+    for comm in ("p2p", "all_gather", "a2a"):
+        config = parse_config([*TINY, "--context-parallel-size", "2", "--cp-comm-type", comm, "--multi-latent-attention"])
+        assert config.model.multi_latent_attention and config.parallel.context_parallel_size == 2
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -45,6 +50,9 @@ def test_context_parallel_size_and_comm_type_are_settings():
      "splits each tensor-parallel rank's 4 attention heads and 1 key/value groups over the all-to-all level's 2"),
     (["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "2",
       "--window-size", "4,0"], "--window-size with --cp-comm-type a2a+p2p (the ring) is not implemented"),
+    # the ring takes a softmax scale (gpt/cp_attention.py) but computes no soft-capped scores
+    (["--context-parallel-size", "2", "--attn-logit-softcapping", "30"],
+     "--attn-logit-softcapping with --cp-comm-type p2p (the ring) is not implemented"),
     (["--context-parallel-size", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length",
       "40", "--max-position-embeddings", "40"], "--sequence-parallel splits each context-parallel rank's 10 tokens"),
     (["--context-parallel-size", "0"], "--context-parallel-size must be at least 1"),

@@ -171,9 +171,7 @@ def test_mla_trains_a_tiny_model_for_two_iterations(corpus_cache, tmp_path):
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
 
 
-def test_mla_refusals_context_parallel_rope_type_and_hf_export():
-    with pytest.raises(ConfigError, match="--multi-latent-attention with --context-parallel-size 2 is not implemented"):
-        parse_config(["--multi-latent-attention", "--context-parallel-size", "2", "--seq-length", "128"])
+def test_mla_refusals_rope_type_and_hf_export():
     # megatron/training/argument_utils.py: 'Common attention only support rope_type="rope"'
     with pytest.raises(ConfigError, match="--rope-type yarn is multi-latent attention's"):
         parse_config(["--rope-type", "yarn"])
@@ -277,3 +275,107 @@ def test_mla_pads_the_values_only_where_a_fused_cuda_kernel_may_run_and_padding_
     padded = mla_core_attention(q, k, v, 0.3, 0.0, None, pad_value=True)
     assert padded.shape == plain.shape == (2, 3, 7, 5)
     torch.testing.assert_close(padded, plain, rtol=0, atol=1e-12)
+
+
+
+# ---- context parallelism: CP 2 (and 4) train to the CP 1 run's losses --------------------------------------------
+
+CP_ITERS = 3
+_Q_LORA = MLA_FLAGS.index("--q-lora-rank")
+NO_Q_LORA = MLA_FLAGS[:_Q_LORA] + MLA_FLAGS[_Q_LORA + 2:]
+FOUR_HEADS = ["--num-attention-heads", "4"]  # a2a+p2p's all-to-all splits each rank's heads over 2
+CP_RUNS = {  # name: (world, its reference at CP 1, the flags beside MLA_FLAGS or NO_Q_LORA)
+    "p2p": (2, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
+    "all_gather": (2, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "all_gather"]),
+    "a2a": (2, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "a2a"]),
+    "p2p-no-q-lora": (2, "cp1-no-q-lora", ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
+    "tp2-sp-p2p": (4, "cp1", ["--context-parallel-size", "2", "--cp-comm-type", "p2p",
+                              "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+    "a2a+p2p": (4, "cp1-4-heads", ["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+                                   "--hierarchical-context-parallel-sizes", "2", "2", *FOUR_HEADS]),
+}
+CP_REFERENCES = {"cp1": [], "cp1-no-q-lora": [], "cp1-4-heads": FOUR_HEADS}
+
+
+def _cp_argv(corpus, directory, name, flags):
+    from tests.reliability_helpers import TINY
+
+    model = NO_Q_LORA if "no-q-lora" in name else MLA_FLAGS
+    # weights 10x Megatron's default std: scores large enough that a position off shows in the loss
+    return TINY + model + ["--train-iters", str(CP_ITERS), "--global-batch-size", "4", "--init-method-std", "0.2",
+                           "--data-cache-dir", corpus, "--metrics-file", str(directory / f"{name}.jsonl"), *flags]
+
+
+def _grid(rank, world_size, runs):
+    """One grid for runs of one parallel layout (pretrain_gpt.py's initialize_grid), the runs one after the other."""
+    import pretrain_gpt
+    from parallel.state import destroy, initialize_grid
+
+    state = initialize_grid("cpu", parse_config(runs[0]).parallel, timeout_minutes=5)
+    try:
+        for argv in runs:
+            pretrain_gpt.run(parse_config(argv), state)
+    finally:
+        destroy(state)
+
+
+@pytest.fixture(scope="module")
+def cp_runs(corpus_cache_300, tmp_path_factory):
+    """The CP 1 references in this process, then one launch per parallel layout (CP 2; TP 2 x CP 2; CP 4)."""
+    import pretrain_gpt
+    from tests.reliability_helpers import run_main
+
+    directory = tmp_path_factory.mktemp("mla-cp")
+    for name, flags in CP_REFERENCES.items():
+        outcome = run_main(pretrain_gpt.main, _cp_argv(corpus_cache_300, directory, name, flags))
+        assert outcome.code == 0, outcome.err[-3000:]
+    layouts = {}
+    for name, (world, _, flags) in CP_RUNS.items():
+        argv = _cp_argv(corpus_cache_300, directory, name, flags)
+        config = parse_config(argv)
+        layouts.setdefault((world, config.parallel.tensor_model_parallel_size,
+                            config.parallel.context_parallel_size), []).append(argv)
+    for (world, _, _), runs in layouts.items():
+        run_distributed(_grid, world, runs, timeout=600)
+    return directory
+
+
+def _losses_and_norms(directory, name):
+    return [(r["loss"], r["grad_norm"]) for r in metrics_records(directory / f"{name}.jsonl")
+            if "loss" in r and "split" not in r]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CP_RUNS)
+def test_mla_under_context_parallelism_trains_to_the_cp1_losses(cp_runs, name):
+    """Megatron-LM runs --multi-latent-attention under --context-parallel-size (TransformerEngine's context-parallel
+    attention takes MLA's value width and softmax scale): each rank's chunks get the rotary angles of their global
+    positions (YaRN at --rotary-scaling-factor 40, its concentration and MLA's mscale^2 scale), attention runs over
+    the whole sequence by each --cp-comm-type, with and without --q-lora-rank, beside TP 2 with --sequence-parallel.
+    fp32, 3 iterations: the losses and gradient norms of one rank's run, relative 1e-6 (the chunks' attention merges
+    partial softmaxes and the gradients are summed over the CP ranks in another order: not bitwise)."""
+    reference = _losses_and_norms(cp_runs, CP_RUNS[name][1])
+    got = _losses_and_norms(cp_runs, name)
+    assert len(got) == len(reference) == CP_ITERS
+    for iteration, ((loss, norm), (want_loss, want_norm)) in enumerate(zip(got, reference), start=1):
+        assert abs(loss - want_loss) <= 1e-6 * abs(want_loss), f"{name} iteration {iteration}: {loss} vs {want_loss}"
+        assert abs(norm - want_norm) <= 1e-6 * abs(want_norm), f"{name} iteration {iteration}: {norm} vs {want_norm}"
+
+
+def test_the_planner_counts_the_mla_rings_keys_and_values_at_their_own_widths():
+    """The ring passes K (qk_head_dim + qk_pos_emb_head_dim wide) and V (v_head_dim) as one message per head: the
+    planner's dry run (the model's own code on the meta device) and its performance model's K/V width both count
+    MLA's widths, not one head width. Per layer and micro-batch a rank sends the message CP - 1 times in forward and
+    again in backward, and its fp32 gradient accumulator CP times."""
+    from planner.dry_run import Cluster, dry_run
+    from planner.layout_perf import model_counts
+    from tests.reliability_helpers import TINY
+
+    config = parse_config(TINY + MLA_FLAGS + ["--context-parallel-size", "2", "--global-batch-size", "4"])
+    model, micro, cp = config.model, config.training.micro_batch_size, 2
+    steps = config.training.global_batch_size // micro
+    widths = model.qk_head_dim + model.qk_pos_emb_head_dim + model.v_head_dim
+    assert model_counts(model).kv_width == model.num_attention_heads * widths == 2 * (24 + 16)
+    message = micro * model.num_attention_heads * (model.seq_length // cp) * widths * 4  # fp32
+    sent = dry_run(config, Cluster(2, 2, device_type="cpu"), 300).comm_bytes["cp"]["send"]
+    assert sent == model.num_layers * steps * ((cp - 1) * message * 2 + cp * message)

@@ -315,3 +315,58 @@ def test_hierarchical_a2a_p2p_output_and_gradients_equal_the_full_sequence():
                                            rtol=1e-5, atol=1e-6, msg=f"{name} rank {rank} {label}")
     summed = sum(torch.from_numpy(r["sinks"][4]) for r in results)
     torch.testing.assert_close(summed, fulls["sinks"][4], rtol=1e-5, atol=1e-6)
+
+
+# ---- multi-latent attention's shape: values narrower than queries and keys, its own softmax scale -----------------
+
+MLA_QK, MLA_V, MLA_SCALE = 12, 6, 0.3  # qk_head_dim + qk_pos_emb_head_dim, v_head_dim, mscale^2 / sqrt(q width)
+# "-padded": the values zero-padded to the queries' width at the SDPA call (as on CUDA), after the exchanges
+MLA_PATHS = ("all_gather", "p2p", "a2a", "a2a+p2p", "p2p-autograd", "all_gather-padded", "a2a-padded")
+
+
+def _mla_inputs():
+    generator = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(BATCH, HEADS, SEQ, MLA_QK, generator=generator) for _ in range(2))
+    v, grad = (torch.randn(BATCH, HEADS, SEQ, MLA_V, generator=generator) for _ in range(2))
+    return q, k, v, grad
+
+
+def _mla_rank(rank, world_size):
+    """Every --cp-comm-type on one CP 4 = 2 (all-to-all) x 2 (ring) group."""
+    state = initialize("cpu", context_parallel_size=world_size, hierarchical_context_parallel_sizes=[2, 2])
+    results = {}
+    try:
+        q, k, v, grad = _mla_inputs()
+        for path in MLA_PATHS:
+            local = [take_local_chunks(t, world_size, state.context_parallel_rank, dim=2).clone().requires_grad_()
+                     for t in (q, k, v)]
+            if path == "p2p-autograd":
+                out = ring_attention_through_autograd(*local, cp_ranks(state), scale=MLA_SCALE)
+            else:
+                comm_type, padded = path.removesuffix("-padded"), path.endswith("-padded")
+                out = context_parallel_attention(*local, state, comm_type, scale=MLA_SCALE, pad_value=padded)
+            out.backward(take_local_chunks(grad, world_size, state.context_parallel_rank, dim=2))
+            results[path] = [t.numpy() for t in (out.detach(), *(t.grad for t in local))]
+        return results
+    finally:
+        destroy(state)
+
+
+def test_mla_shaped_attention_equals_the_full_sequence_on_every_comm_type():
+    """Multi-latent attention under CP (gpt/mla.py): q and k 12 wide, v 6 wide, scores at MLA's scale (not
+    1/sqrt(12)). TransformerEngine's context-parallel attention takes the same (its ring passes K and V as one flat
+    buffer, `torch.cat((k.view(-1), v.view(-1)))`, as the ring here does). CP 4, one launch, every path (all_gather
+    and a2a also with the values padded at the kernel, as on CUDA): each rank's output and q/k/v gradients are the
+    full sequence's at its chunks."""
+    q, k, v, grad = (t.clone().requires_grad_() for t in _mla_inputs())
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=MLA_SCALE)
+    out.backward(grad.detach())
+    full = (out.detach(), q.grad, k.grad, v.grad)
+    unscaled = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(unscaled, out, atol=1e-3)  # the scale matters
+    results = run_distributed(_mla_rank, 4, timeout=180)
+    for path in MLA_PATHS:
+        for rank, pieces in enumerate(r[path] for r in results):
+            for label, got, whole in zip(("out", "dq", "dk", "dv"), pieces, full):
+                torch.testing.assert_close(torch.from_numpy(got), take_local_chunks(whole, 4, rank, dim=2),
+                                           rtol=1e-5, atol=1e-6, msg=f"{path} rank {rank} {label}")

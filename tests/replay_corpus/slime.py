@@ -9,8 +9,7 @@ What slime sets on Megatron's arguments itself whatever the script gives (the di
 batch 1, a placeholder --seq-length 4096, the Hugging Face tokenizer of --hf-checkpoint, --rope-type; --train-iters
 and a global batch from its rollout sizes) follows as the flags that set those values. The scripts at 478b8070 (the
 last commit with GLM-4.5's run script, renamed GLM-4.7 by the next) ran with the stubs launch.py describes;
-BASE_DIR, BASE_FOLDER and MASTER_ADDR stay as written. DeepSeek-V3 is refused for multi-latent attention under
-context parallelism, which Megatron-LM has and this program does not yet. The program is train.py and the world size
+BASE_DIR, BASE_FOLDER and MASTER_ADDR stay as written. The program is train.py and the world size
 --actor-num-nodes x --actor-num-gpus-per-node, as the scripts say. See launch.py for what an entry holds."""
 
 from tests.replay_corpus.launch import Launch, Source
@@ -285,7 +284,7 @@ LAUNCHES = (
             '--max-position-embeddings', '4096', '--tokenizer-type', 'HuggingFaceTokenizer', '--tokenizer-model',
             '$BASE_DIR/DeepSeek-R1/', '--global-batch-size', '256', '--train-iters', '12000', '--rope-type', 'yarn',
         ),
-        outcome='refused: --multi-latent-attention with --context-parallel-size 2 is not implemented',
+        outcome='trains',
     ),
 
     Launch(

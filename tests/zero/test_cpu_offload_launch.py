@@ -9,9 +9,9 @@ run's save of iteration 2 resume without offload to iteration 3's records (the s
 lived); and GLM-4.5-Air's split run's bytes by placement, every rank's, are the dry run's (planner/dry_run.py).
 The split over several data-parallel ranks is tests/zero/test_hybrid_offload.py's.
 
-slime's other flag sets (but DeepSeek-V3, refused for MLA under CP) are equal bit for bit too, measured by hand
-(BY_HAND); `SLIME_OFFLOAD_LAUNCHES=slime-qwen3-235b-a22b,slime-glm4.5-355b-a32b,slime-kimi-k2 python -m pytest -n 0
-tests/zero/test_cpu_offload_launch.py` compares them (any names of slime.py, comma-separated, instead of COMPARED).
+slime's other flag sets are equal bit for bit too, measured by hand (BY_HAND);
+`SLIME_OFFLOAD_LAUNCHES=slime-qwen3-235b-a22b,slime-glm4.5-355b-a32b,slime-kimi-k2,slime-deepseek-v3 python -m pytest
+-n 0 tests/zero/test_cpu_offload_launch.py` compares them (any names of slime.py, comma-separated, instead of COMPARED).
 """
 import os
 import shutil
@@ -40,7 +40,7 @@ COMPARED = ("slime-qwen3-30b-a3b", "slime-moonlight-16b-a3b", "slime-glm4.5-106b
 # too. Each adds no property COMPARED lacks.
 # At slime's lr 1e-6 their fp32 losses rarely move in a step; the gradient norms do: GLM-4.5 355B's tell an lr
 # 1e-5 higher (relative) apart, so a weight one ulp off shows.
-BY_HAND = ("slime-qwen3-235b-a22b", "slime-glm4.5-355b-a32b", "slime-kimi-k2")
+BY_HAND = ("slime-qwen3-235b-a22b", "slime-glm4.5-355b-a32b", "slime-kimi-k2", "slime-deepseek-v3")
 SELECTION = "SLIME_OFFLOAD_LAUNCHES"
 PLANNED = "slime-glm4.5-106b-a12b"  # its split run reports its memory (--report-memory) for the planner's check
 
