@@ -1,47 +1,23 @@
 """Causal attention over the whole sequence when each CP rank holds two chunks of it (parallel/context_parallel.py):
-Megatron-LM's --context-parallel-size with --cp-comm-type all_gather or p2p.
+Megatron-LM's --context-parallel-size with --cp-comm-type all_gather, p2p, a2a or a2a+p2p, as TransformerEngine's
+context_parallel.py offers them (AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P). A query at global position i
+attends to the keys at positions <= i; `a2a` (DeepSpeed-Ulysses) moves heads instead (`all_to_all_attention`), and
+`a2a+p2p` is a2a then the ring (`hierarchical_attention`).
+- `all_gather`: K and V gathered once, one masked SDPA call; backward reduce-scatters their gradients.
+- `p2p`: the ring. K and V (one flat message: values may be narrower, as multi-latent attention's) travel round the
+  group in CP - 1 steps; each step's partial result merges by log-sum-exp (lse = logaddexp(lse_a, lse_b), out =
+  out_a exp(lse_a - lse) + out_b exp(lse_b - lse)). Its own backward (`_RingAttention`, as TE's) keeps only q, this
+  rank's k and v, the output and the lse, passes K/V round again, recomputes each block's probabilities, adds dq
+  here and sends the block's dk/dv accumulator on: one block at a time in both passes. A foreign block of the
+  load-balanced chunks is half visible and unmasked (`_block_plan`): only those halves are computed, as TE does,
+  scores explicit in fp32. With attention dropout (masks this backward cannot replay) autograd runs through the
+  ring, every block whole under a mask (rows seeing no key weigh 0), kept until backward.
 
-Each rank's queries are its own tokens; the keys and values of every token are needed, and a query at global
-position i attends to the keys at global positions <= i. Two ways to bring the keys and values (and a third,
-`a2a`, DeepSpeed-Ulysses, that moves heads instead: `all_to_all_attention`; `a2a+p2p` is the third then the ring:
-`hierarchical_attention`), as
-Megatron-Core's TransformerEngine attention offers (transformer_engine/pytorch/attention/dot_product_attention/
-context_parallel.py: AttnFuncWithCPAndKVAllGather, AttnFuncWithCPAndKVP2P):
-
-- `all_gather`: every rank's K and V gathered once; the local queries attend to them under the mask
-  "key position <= query position" (one SDPA call). Backward: the K/V gradients reduce-scattered back.
-- `p2p`: the ring. K and V (one flat message: the values may be narrower, as multi-latent attention's are) travel
-  round the CP group in CP - 1 steps; at each step the local queries attend to the block at hand, and the partial
-  results merge by the log-sum-exp rule:
-      lse = logaddexp(lse_a, lse_b),  out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)
-  Its backward is its own (`_RingAttention`, as TransformerEngine's AttnFuncWithCPAndKVP2P.backward): it keeps
-  only q, this rank's k and v, the output and the log-sum-exp, passes K/V round the ring again, recomputes
-  each block's probabilities exp(s - lse), adds the block's dq here and sends the block's dk/dv accumulator
-  on with it, and after the last step one more shift hands each accumulator to its owner. So a rank holds one
-  block's K/V and scores at a time in both passes (with attention dropout, whose masks this backward cannot
-  replay, autograd runs through the ring instead and keeps every block until backward).
-
-With the load-balanced chunks the ring's blocks other than a rank's own are half visible and unmasked
-(`_block_plan`), so its own backward computes only those halves, as TransformerEngine does. The blocks' scores
-are computed explicitly in fp32 (no fused kernel per block), a transient of [batch, heads, s/CP, s/CP] at most.
-The dropout ring computes every block whole under a mask (rows with no visible key get a log-sum-exp of about
--1e30 and weigh exactly 0 in the merge): the same math at up to twice the FLOPs.
-
-Documents (--reset-attention-mask): a query sees only the keys of its own document, on top of the causal mask
-(data/documents.py). Every CP rank holds the whole sample's document ids ([batch, S], data/documents_cp.py), so
-each path compares them between its queries and the keys at hand, without communication: all_gather against the
-gathered keys, a2a over the whole sequence in order, and the ring per block, the block's rows and keys being
-those `_block_plan` picks, a row that sees none of a block's keys weighing 0 in the merge as above (a query
-always sees itself, so every row of the final softmax has a key). The [S, S] mask of the whole sample is never
-built. Megatron-LM splits its [b, 1, S, S] attention_mask along the queries (get_batch_on_this_cp_rank,
-`seq_dim = 2` for it) and hands Transformer Engine the rank's rows; the block-diagonal attention is the one the
-single process computes here (SDPA under the mask).
-
-Attention sinks (--softmax-type, gpt/attention_sinks.py) on every path: all_gather and a2a through
-attention_with_sinks (the gathered keys' mask gains the sink's column; a2a's rank takes its head group's sinks), the
-ring by one more merge, the sink as a block of one key of value zero (sink_rescaled), its own backward giving the
-sinks' gradient -sum_i p_i,sink D_i.
-"""
+Documents (--reset-attention-mask): every rank holds the sample's document ids (data/documents_cp.py) and each
+path compares them between its queries and the keys at hand: no communication, no [S, S] mask. Attention sinks
+(--softmax-type, gpt/attention_sinks.py) on every path: the gathered keys' mask gains the sink's column (a2a's rank
+takes its head group's sinks); the ring merges the sink as one more block (sink_rescaled), its own backward giving
+the sinks' gradient -sum_i p_i,sink D_i."""
 
 from __future__ import annotations
 

@@ -1,34 +1,22 @@
 """Multi-latent attention (DeepSeek-V2/V3), as Megatron-Core's MLASelfAttention computes it
 (megatron/core/transformer/multi_latent_attention.py; Megatron-LM's --multi-latent-attention).
 
-The query comes from the hidden state through `linear_q_proj` (no --q-lora-rank) or through a low-rank
-`linear_q_down_proj` (hidden -> q_lora_rank), a norm, and `linear_q_up_proj` (-> heads x (qk_head_dim +
-qk_pos_emb_head_dim)). The key and value come from one latent: `linear_kv_down_proj` (hidden -> kv_lora_rank +
-qk_pos_emb_head_dim) splits into the compressed kv (normed, then `linear_kv_up_proj` -> heads x (qk_head_dim +
-v_head_dim)) and one positional key shared by every head. Rotary positions turn only the positional parts of
-query and key (de-interleaved first: rope_utils._apply_rotary_pos_emb_bshd with mla_rotary_interleaved); the
-query and key heads are [nope, pos], the value heads v_head_dim wide, and the softmax scale is
-mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim).
-
-The latent norms are the model's --normalization and exist only under --qk-layernorm (QKNormConfigResolver:
-without it q_layernorm and kv_layernorm are IdentityOp); with --qk-layernorm and no --q-lora-rank the query's
-norm is over the hidden state before linear_q_proj (the resolver fuses a norm into linear_q_proj then).
-
-Rotary: --rope-type yarn (MLATransformerConfig's default) is YarnRotaryEmbedding with --rotary-scaling-factor,
---mscale, --mscale-all-dim and MLATransformerConfig's beta_fast 32, beta_slow 1, original_max_position_embeddings
-4096 (Megatron's --yarn-* flags set the yarn_* fields of a non-MLA model, not these); at factor 1 it is plain
-rope. --rope-type rope is RotaryEmbedding with --rotary-base.
-
-Tensor parallelism splits the heads: the up projections (and linear_q_proj) are column-parallel, linear_proj
-row-parallel; the down projections and the latent norms are replicated, run on this rank's slice of the sequence
-under sequence parallelism with their gradients summed over the TP group, as Megatron's duplicated
-linear_q_down_proj / linear_kv_down_proj (their gradients all-reduced as sequence-parallel parameters).
-
-Context parallelism (--context-parallel-size, every --cp-comm-type): everything before attention is per token, on
-this rank's two chunks; the rotary angles are the whole sequence's at the chunks' global positions, and attention
-runs over the whole sequence through gpt/cp_attention.py at MLA's softmax scale, the values at v_head_dim (as
-TransformerEngine's context-parallel attention takes a value head width of its own under Megatron-Core's MLA).
-"""
+The query comes through `linear_q_proj` (no --q-lora-rank) or a low-rank `linear_q_down_proj` (hidden ->
+q_lora_rank), a norm and `linear_q_up_proj` (-> heads x (qk_head_dim + qk_pos_emb_head_dim)). Key and value come
+from one latent: `linear_kv_down_proj` (hidden -> kv_lora_rank + qk_pos_emb_head_dim) splits into the compressed kv
+(normed, then `linear_kv_up_proj` -> heads x (qk_head_dim + v_head_dim)) and one positional key shared by every
+head. Rotary turns only the positional parts (de-interleaved first: _apply_rotary_pos_emb_bshd with
+mla_rotary_interleaved); heads are [nope, pos], values v_head_dim wide, and the softmax scale is
+mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim). The latent norms are
+the model's --normalization and exist only under --qk-layernorm (QKNormConfigResolver; without --q-lora-rank the
+query's norm is over the hidden state before linear_q_proj). --rope-type yarn (MLATransformerConfig's default) is
+YarnRotaryEmbedding with --rotary-scaling-factor, --mscale, --mscale-all-dim, beta_fast 32, beta_slow 1, original
+max positions 4096 (the --yarn-* flags set a non-MLA model's); --rope-type rope is RotaryEmbedding. TP splits the heads: the up projections (and linear_q_proj) column-parallel, linear_proj row-parallel; the down
+projections and latent norms replicated, on this rank's sequence slice under SP, their gradients summed over TP
+(Megatron's duplicated down projections, all-reduced as sequence-parallel parameters). CP (every --cp-comm-type):
+everything before attention is per token on this rank's two chunks, the rotary angles the whole sequence's at the
+chunks' global positions, and attention runs through gpt/cp_attention.py at MLA's scale with values at v_head_dim
+(as TE's context-parallel attention takes a value width of its own under Megatron-Core's MLA)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,19 @@
 """Host memory that an iteration frees goes back to the system, not into the C allocator's heap.
 
-Every iteration frees large blocks and requests them again: stage 3's gathered chunks (one malloc and
-one free per block, forward and backward), gloo's copy of each collective's buffer, each weight's
-gradient before the reducer takes it. glibc serves a request of at least its *mmap threshold* with a
-fresh mapping that `free` unmaps, and anything smaller from its heap, which keeps freed memory
-resident. The threshold starts at 128 KiB but is dynamic: each free of a mapped block raises it to
-that block's size (up to 32 MiB), so after the first such free every later block of that size comes
-from the heap, and the heap grows by what was ever live at once plus its fragmentation. Measured on
-the 2-rank 307M stage-3 run (24 MiB chunks): about 0.6 GiB per rank held by the allocator after one
-iteration, none of it in use; on a 4-rank stage-1 run whose reduce-scatter went in 16 MiB pieces, one
-rank peaked 1.24x the plan and the others 1.07x.
+Every iteration frees large blocks and requests them again: stage 3's gathered chunks, gloo's copy of each
+collective's buffer, each weight's gradient before the reducer takes it. glibc serves a request of at least its
+*mmap threshold* with a fresh mapping that `free` unmaps, anything smaller from its heap, which keeps freed memory
+resident. The threshold is dynamic: each free of a mapped block raises it to that block's size (up to 32 MiB), so
+later blocks of that size come from the heap, which grows by what was ever live at once plus fragmentation
+(measured: about 0.6 GiB per rank held, none in use, on the 2-rank 307M stage-3 run).
 
-Setting the threshold explicitly (mallopt M_MMAP_THRESHOLD) turns the dynamic adjustment off. We set
-it to the size of the model's smallest weight matrix (h x h elements in the parameter dtype), because
-what matters of what an iteration frees is at least that big. Those blocks are mapped when allocated
-and unmapped when freed, so RSS follows what is live, while smaller tensors keep glibc's heap and its
-speed. Measured on the 4-rank fp32 stage-3 run of the same model (peak RSS growth over the planner's
-prediction): threshold at the chunk size (32 MiB, glibc's cap) 1.14-1.18 over the ranks, at the
-largest weight (16 MiB) 1.07-1.12, at half of it 1.03, at 1 MiB 1.02-1.03; on the 12 x 1024 fp32
-benchmark model 1 MiB cost 5-7% of step time against 32 MiB, and 4 MiB (its h x h) none measurable.
-A caching allocator (CUDA's) reuses blocks of equal size on its own and needs none of this.
-
-Other C libraries (musl, macOS) keep their own policies; there this is a no-op (it returns False).
-"""
+Setting the threshold explicitly (mallopt M_MMAP_THRESHOLD) turns the adjustment off. We set it to the model's
+smallest weight matrix (h x h elements in the parameter dtype): blocks at least that big are mapped when allocated
+and unmapped when freed, so RSS follows what is live, while smaller tensors keep glibc's heap and its speed.
+Measured on a 4-rank fp32 stage-3 run (peak RSS growth over the plan): threshold 32 MiB 1.14-1.18, 16 MiB
+1.07-1.12, 1 MiB 1.02-1.03; on the 12 x 1024 benchmark model 1 MiB cost 5-7% of step time, its h x h (4 MiB) none
+measurable. A caching allocator (CUDA's) reuses equal blocks itself and needs none of this. Other C libraries
+(musl, macOS) keep their own policies; there this is a no-op (it returns False)."""
 
 from __future__ import annotations
 

@@ -1,33 +1,22 @@
 """ZeRO-Offload's optimizer half: the fp32 master partition and both Adam moments in host memory, the
 step on the host in sub-groups.
 
-The gradient partition is in host memory already: the reducer moves each unit's reduced shard into a
-host fp32 partition as its reduction completes, accumulating the micro-batches there (zero/
-grad_reducer.py), so the device never holds a gradient partition. The step of zero/optimizer.py then
-runs unchanged on that host partition: it is unscaled, its global norm computed (overflow agreed on)
-and clipped in place, the same operations on the same values as without offload. Then, one sub-group
-of `sub_group_size` partition elements at a time, AdamW updates that window of the host master and
-moments, reading the window of the host gradient in place (no gradient temporary: DeepSpeed's
-`temp_grad_buffer_for_cpu_offload` is not needed where the gradient partition is a host tensor).
-Publishing then copies the updated master back into the device's parameter buffer, cast to the
-training dtype (zero/param_storage.py moves it to the device first).
+The gradient partition is in host memory already: the reducer moves each unit's reduced shard into a host fp32
+partition as its reduction completes, accumulating the micro-batches there (zero/grad_reducer.py), so the device
+never holds one. zero/optimizer.py's step runs unchanged on it: unscaled, its global norm computed (overflow agreed
+on) and clipped in place. Then, one sub-group of `sub_group_size` partition elements at a time, AdamW updates that
+window of the host master and moments, reading the host gradient in place (no `temp_grad_buffer_for_cpu_offload`
+as DeepSpeed needs). Publishing copies the master back into the device's parameters in the training dtype
+(zero/param_storage.py).
 
-Following DeepSpeed (deepspeedai/DeepSpeed, deepspeed/runtime/zero/stage_1_and_2.py @edaa722:
-`weights_partition ... .to(device='cpu')` and `get_accelerator().pin_memory(weights_partition)` at
-lines 492-497, the offloaded step `unscale_and_clip_grads`, `_optimizer_step(i)` and the copy of the
-fp32 partition into the bit16 partition at 2321-2341; sub-groups: stage3.py `_create_fp16_sub_groups`,
-1160-1183). Where DeepSpeed's sub-group takes whole parameters until it reaches the size (so one can be
-larger), ours cuts the partition's segments in aligned pieces and packs them into sub-groups of at
-most that size, so what one fused AdamW call touches is bounded by the size itself.
-
-The host step is PyTorch's fused CPU AdamW, the kernel the non-offloaded step runs on a CPU: its update
-is elementwise, so cutting a segment into aligned pieces changes no bit (tests/zero/test_offload.py checks
-the losses and norms of offloaded and plain runs are equal). On CUDA the device step may run apex's
-FusedAdam or PyTorch's CUDA kernel instead: the same AdamW, not the same bits.
-
-Where the states live does not enter checkpoints: the partition tensors are saved and loaded through
-the same fragment table (zero/optimizer_state.py), wherever they are.
-"""
+Following DeepSpeed (stage_1_and_2.py @edaa722: the pinned cpu `weights_partition`, 492-497; the offloaded
+`unscale_and_clip_grads`, `_optimizer_step(i)` and the copy into the bit16 partition, 2321-2341; stage3.py
+`_create_fp16_sub_groups`, 1160-1183). DeepSpeed's sub-group takes whole parameters until it reaches the size (one
+can be larger); ours packs aligned pieces of the segments into sub-groups of at most that size, bounding what one
+fused AdamW call touches. The host step is PyTorch's fused CPU AdamW, the non-offloaded CPU step's kernel: cutting at
+aligned pieces changes no bit (tests/zero/test_offload.py). On CUDA the device step may be apex's FusedAdam or
+PyTorch's CUDA kernel: the same AdamW, not the same bits. Where the states live does not enter checkpoints (the same
+fragment table, zero/optimizer_state.py)."""
 
 from __future__ import annotations
 

@@ -1,39 +1,24 @@
 """The sharded optimizer: this rank's fp32 master partition, its Adam moments, and the step.
 
-What a rank keeps depends only on its partition (zero.flat_buffer.FlatLayout): the whole TP shard
-with one part (stage 0), 1/N of it with N parts (stages 1-3). The step never asks which stage it is:
+What a rank keeps depends only on its partition (zero.flat_buffer.FlatLayout): the whole TP shard with one part
+(stage 0), 1/N of it with N parts (stages 1-3). The step never asks which stage it is:
 
     1. take this rank's partition of the averaged gradient from the reducer (fp32), unscale it;
-    2. the global gradient norm: squares summed in fp64 over the partition's segments (zero/grad_norm.py:
-       the sum does not depend on how the partition is cut), all-reduced over the
-       TP group (TP-replicated elements counted on TP rank 0 only) and over the group the partition
-       is cut across (none with one part);
-    3. with fp16 loss scaling, an overflow (the norm every rank agrees on is not finite) skips the step;
-    4. clip by the norm, update the master partition with AdamW (PyTorch's fused kernel, on CUDA and
-       CPU alike, or apex's FusedAdam on CUDA when the real apex is installed): in place, so the step
-       allocates nothing the size of the partition;
+    2. the global gradient norm: squares summed in fp64 (zero/grad_norm.py), all-reduced over TP (TP-replicated
+       elements counted on TP rank 0 only) and over the group the partition is cut across;
+    3. with fp16 loss scaling, an overflow (the agreed norm not finite) skips the step;
+    4. clip, update the master with AdamW (PyTorch's fused kernel on CUDA and CPU, or the real apex's FusedAdam on
+       CUDA): in place, nothing allocated the size of the partition;
     5. publish: the parameter storage makes the 16-bit parameters equal the new master weights.
 
-AdamW sees the master partition as a handful of segment views (one run of one kind each), split into a
-group with weight decay and one without, and, with a decoupled learning rate (Megatron-LM's --decoupled-lr),
-the same two for the embedding and output weights, whose pieces are cut out of the segments (the norm still
-reads whole segments). AdamW is elementwise, but PyTorch's fused CPU kernel steps a tensor's last
-numel % (vector width) elements in a scalar loop (zero/offload.py's PIECE_ALIGNMENT): a cut a multiple
-of 64 elements from its segment's start changes no bit; elsewhere the elements beside it may differ in
-the last bit from a run without --decoupled-lr. Its moments are two flat tensors in partition coordinates
-too, so a checkpoint saves each as one tensor and an elastic resume refills them element by element.
-
-With --optimizer ademamix the update is swiss-ai's AdEMAMix (zero/ademamix.py) over the same views, with a
-third flat state beside the two (exp_avg_slow, the slow momentum): partitioned, offloaded, checkpointed and
-measured like the others.
-
-With --optimizer sophiag the update is ALCF's Sophia-G (zero/sophia.py): its momentum in exp_avg, its Hessian estimate
-in exp_avg_sq's place (the fork's two states).
-
-With --optimizer muon (zero/muon.py) the partition's ranges of Muon's matrices (two-dimensional, not the embedding
-or output layer) leave AdamW's pieces: Muon steps them after AdamW, its momentum in exp_avg at their elements, each
-matrix gathered over the partition group for its Newton-Schulz iteration.
-"""
+AdamW sees the master as a handful of segment views (one run of one kind each), with and without weight decay, and
+with Megatron-LM's --decoupled-lr the same two for the embedding and output weights, cut out of the segments (the
+norm still reads whole segments): a cut a multiple of 64 elements from its segment's start changes no bit of the
+fused CPU kernel's result (zero/offload.py PIECE_ALIGNMENT); elsewhere a neighbour may differ in the last bit. The
+moments are flat tensors in partition coordinates, so a checkpoint saves each as one tensor and an elastic resume
+refills them element by element. --optimizer ademamix (zero/ademamix.py) adds a third state, exp_avg_slow, treated
+alike; --optimizer sophiag (zero/sophia.py) keeps its Hessian estimate in exp_avg_sq's place; --optimizer muon
+(zero/muon.py) takes its matrices' ranges out of AdamW's pieces and steps them after AdamW, its momentum in exp_avg."""
 
 from __future__ import annotations
 
