@@ -2,7 +2,6 @@
 
 What a rank keeps depends only on its partition (zero.flat_buffer.FlatLayout): the whole TP shard with one part
 (stage 0), 1/N of it with N parts (stages 1-3). The step never asks which stage it is:
-
     1. take this rank's partition of the averaged gradient from the reducer (fp32), unscale it;
     2. the global gradient norm: squares summed in fp64 (zero/grad_norm.py), all-reduced over TP (TP-replicated
        elements counted on TP rank 0 only) and over the group the partition is cut across;
