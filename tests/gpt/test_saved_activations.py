@@ -79,7 +79,7 @@ def test_a_llama_block_keeps_what_megatrons_blocks_keep(plain):
     plain()
     before = expected + tokens * (2 * (4 * h + 4) + bf16 * f)
     assert _block_saved_bytes(torch.bfloat16) == before == 3_237_888
-    # and the parent commit's (2e60db1) rotary copies for k besides: 3,254,272, 1.44x (docs/planning.md)
+    # and the parent commit's (2e60db1) rotary copies for k besides: 3,254,272, 1.44x
 
 
 def _logits_and_gradients(config: ModelConfig, dtype: torch.dtype):
