@@ -17,7 +17,8 @@ what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read 
   reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a file
   from the internet may be a pickle whose payload runs code, and it must be refused, never executed.
 - `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's shape has been
-  compared with the run's flags (`check_hf_config`, or its family's check); each TP rank copies in its own slice.
+  compared with the run's flags (`check_hf_config`, or its family's check): loaded as a checkpoint is, each rank
+  reading its own shard's regions (checkpoint/hf_source.py).
 - `checkpoint_to_hf_state` turns a training checkpoint's fp32 master weights into transformers' names
   (what `scripts/convert_to_hf.py` writes out).
 """
@@ -43,11 +44,11 @@ from base.errors import ConfigError
 from base.output_locks import process_is_running
 from checkpoint import hf_dense, hf_llama
 from checkpoint.format import read_metadata, save_tensors
+from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
-from checkpoint.hf_families.layout import EXPERT_BIAS, canonical_names, tensor_shapes
+from checkpoint.hf_families.layout import canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
-from checkpoint.router_state import restore_expert_biases
 from checkpoint.unpickler import unpickler_reason
 from checkpoint.zero_gpt_source import consolidate
 from parallel.sharding import record_of
@@ -175,7 +176,7 @@ def _qkv_hf_to_ours(tensor: torch.Tensor, heads: int) -> torch.Tensor:
 
 # How each tensor moves: "same" as is, "linear" transposed (Linear <-> Conv1D), "qkv_weight" and
 # "qkv_bias" re-ordered between our per-head layout and transformers' [q | k | v] layout.
-def _name_table(config: ModelConfig) -> list[tuple[str, str, str]]:
+def name_table(config: ModelConfig) -> list[tuple[str, str, str]]:
     """(our name, transformers' name, how it converts) for every tensor except the token embedding."""
     table = [("position_embeddings.weight", "transformer.wpe.weight", "same"),
              ("final_layernorm.weight", "transformer.ln_f.weight", "same"),
@@ -230,7 +231,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
         return hf_llama.to_llama_state_dict(state_dict, config)
     heads = config.num_attention_heads
     out = {"transformer.wte.weight": state_dict["word_embeddings.weight"][: config.vocab_size]}
-    for ours, hf, how in _name_table(config):
+    for ours, hf, how in name_table(config):
         out[hf] = _to_hf(state_dict[ours], how, heads)
     out["lm_head.weight"] = out["transformer.wte.weight"]
     return {name: tensor.contiguous() for name, tensor in out.items()}
@@ -256,7 +257,7 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
     wte = hf_state["transformer.wte.weight"]
     padding = wte.new_zeros(padded_vocab_size - wte.shape[0], wte.shape[1])
     out = {"word_embeddings.weight": torch.cat([wte, padding])}
-    for ours, hf, how in _name_table(config):
+    for ours, hf, how in name_table(config):
         out[ours] = _from_hf(hf_state[hf], how, heads)
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
@@ -421,7 +422,7 @@ def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool
     if config.family in hf_llama.LLAMA_FAMILIES:
         state = hf_llama.canonical_names(_read_weights(hf_dir, keep), config.family)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
-    return config, _gpt2_lm_head_names(_read_weights(hf_dir))
+    return config, gpt2_lm_head_names(_read_weights(hf_dir))
 
 
 def _read_weights(hf_dir: Path, keep: Optional[Callable[[str], bool]] = None) -> dict[str, torch.Tensor]:
@@ -481,7 +482,7 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _gpt2_lm_head_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def gpt2_lm_head_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Names as GPT2LMHeadModel has them: a GPT2Model's file (openai-community/gpt2's own) lacks the
     `transformer.` prefix. The saved causal-mask buffers are dropped."""
     out = {}
@@ -592,9 +593,19 @@ def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tup
 
 def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                     held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
-    """A Hugging Face folder's weights, of any family read here (GPT-2, Llama's, the dense and MoE families), under
-    our names and layout (vocabulary padded for this TP size), after checking that its config and tensors fit
-    `model_config`. With `held_experts` ((layer, expert) pairs: expert parallelism), the other experts are not read."""
+    """A Hugging Face folder's weights, of any family read here (GPT-2, Llama's, the dense and MoE families), whole,
+    under our names and layout (vocabulary padded for this TP size), after checking that its config and tensors fit
+    `model_config`: every tensor of its source (checkpoint/hf_source.py) read whole. With `held_experts` ((layer,
+    expert) pairs: expert parallelism), the other experts are not read."""
+    from checkpoint.hf_source import open_hf_source
+
+    return open_hf_source(hf_dir, model_config, state, held_experts).whole()
+
+
+def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
+                      held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
+    """What checkpoint/hf_source.py cannot read by offset (its module docstring says which families), read whole
+    but for the experts not in `held_experts`, checked against `model_config` and under our names."""
     refuse_mtp(model_config, "--init-from-hf")
     hf_dir = Path(hf_dir)
     keep = expert_filter(held_experts)
@@ -627,38 +638,18 @@ _OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
 def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
-                       model_config: ModelConfig, state: ParallelState) -> None:
-    """Start a run from a Hugging Face folder's weights (any family load_hf_weights reads): this rank's fp32 master
-    partition (the ZeRO optimizer's) is filled from its TP slice of them, then published into the 16-bit
-    parameters. Every rank reads the whole folder but for the experts other expert-parallel ranks hold. The
-    partition is staged on the CPU and handed over whole, so a weight found not to fit changes nothing."""
-    hf_dir = Path(hf_dir)
+                       model_config: ModelConfig, state: ParallelState, log=print) -> ResumePoint:
+    """Start a run from a Hugging Face folder's weights (any family checkpoint/hf_source.py reads): loaded as every
+    checkpoint is (checkpoint/global_load.py's `load_from_source`, weights only), so each rank reads its own shard's
+    regions and the fp32 master partition is staged and handed over whole. Under expert parallelism a rank's source
+    holds only its own experts (named by global index)."""
+    from checkpoint.hf_source import open_hf_source
+
     params = dict(model.named_parameters())
-    # expert parallelism: each rank reads only its own experts (named by global index) from the folder
     held = {(int(match.group(1)), int(match.group(2))) for match in map(_OUR_EXPERT.match, params) if match}
     expert_parallel = any(record_of(param).is_expert for param in params.values())
-    full = load_hf_weights(hf_dir, model_config, state, held if expert_parallel else None)
-    shard = optimizer.sharded_state_dict(model)
-    master = torch.zeros(shard.tensors["master"].shape, dtype=torch.float32)  # alignment padding stays 0
-    slices: dict[str, torch.Tensor] = {}
-    for name, param_offset, partition_offset, numel in shard.fragments:
-        if name not in slices:
-            if name not in full:
-                raise ConfigError(f"{hf_dir}: no weight maps to our parameter {name}")
-            param, record = params[name], record_of(params[name])
-            if list(full[name].shape) != list(record.global_shape):
-                raise ConfigError(f"{hf_dir}: {name} maps to shape {list(full[name].shape)}, the model's whole "
-                                  f"{name} is {list(record.global_shape)}")
-            piece = full[name][record.region]  # this rank's slice (its sharding record, parallel/sharding.py)
-            if piece.shape != param.shape:
-                raise ConfigError(f"{hf_dir}: {name} maps to shape {list(piece.shape)} on TP rank "
-                                  f"{state.tensor_parallel_rank}, the model has {list(param.shape)}")
-            slices[name] = piece.reshape(-1)
-        master[partition_offset:partition_offset + numel].copy_(slices[name][param_offset:param_offset + numel])
-    optimizer.load_sharded_state_dict({"master": master})
-    # the routers' correction bias (DeepSeek-V3's e_score_correction_bias): our expert bias, not a parameter
-    restore_expert_biases(model, {name: tensor.tolist() for name, tensor in full.items() if name.endswith(EXPERT_BIAS)},
-                          state.device, str(hf_dir))
+    source = open_hf_source(hf_dir, model_config, state, held if expert_parallel else None)
+    return load_from_source(source, model, optimizer, None, state, finetune=True, log=log)
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False
