@@ -16,9 +16,9 @@ what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read 
   read, its type and range; one line naming the field), so transformers only ever sees a checked one. It
   reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a file
   from the internet may be a pickle whose payload runs code, and it must be refused, never executed.
-- `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's shape has been
-  compared with the run's flags (`check_hf_config`, or its family's check): loaded as a checkpoint is, each rank
-  reading its own shard's regions (checkpoint/hf_source.py).
+- checkpoint/hf_source.py's `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its
+  config's shape has been compared with the run's flags (`check_hf_config`, or its family's check): loaded as a
+  checkpoint is, each rank reading its own shard's regions.
 - `checkpoint_to_hf_state` turns a training checkpoint's fp32 master weights into transformers' names
   (what `scripts/convert_to_hf.py` writes out).
 """
@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-from torch import nn
 
 from arguments.config import ModelConfig
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object, registered_family
@@ -44,16 +43,13 @@ from base.errors import ConfigError
 from base.output_locks import process_is_running
 from checkpoint import hf_dense, hf_llama
 from checkpoint.format import read_metadata, save_tensors
-from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
 from checkpoint.hf_families.layout import canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from checkpoint.unpickler import unpickler_reason
 from checkpoint.zero_gpt_source import consolidate
-from parallel.sharding import record_of
 from parallel.state import ParallelState
-from zero.optimizer_state import CheckpointableOptimizer
 
 # transformers' "relu2" is ReLUSquaredActivation (transformers/activations.py: square(relu(x))), which GPT2MLP
 # takes as its activation_function: --squared-relu exports as it.
@@ -591,22 +587,10 @@ def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tup
                           f"{_listing(problems)}")
 
 
-def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
-                    held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
-    """A Hugging Face folder's weights, of any family read here (GPT-2, Llama's, the dense and MoE families), whole,
-    under our names and layout (vocabulary padded for this TP size), after checking that its config and tensors fit
-    `model_config`: every tensor of its source (checkpoint/hf_source.py) read whole. With `held_experts` ((layer,
-    expert) pairs: expert parallelism), the other experts are not read."""
-    from checkpoint.hf_source import open_hf_source
-
-    return open_hf_source(hf_dir, model_config, state, held_experts).whole()
-
-
 def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                       held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
     """What checkpoint/hf_source.py cannot read by offset (its module docstring says which families), read whole
     but for the experts not in `held_experts`, checked against `model_config` and under our names."""
-    refuse_mtp(model_config, "--init-from-hf")
     hf_dir = Path(hf_dir)
     keep = expert_filter(held_experts)
     config, hf_state = read_hf_model(hf_dir, keep)
@@ -632,24 +616,6 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
     check_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
     check_hf_tensors(hf_state, model_config, hf_dir)
     return shifted_gains(from_hf_state_dict(hf_state, model_config, padded_vocab), model_config, None, -1)
-
-
-_OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
-
-
-def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
-                       model_config: ModelConfig, state: ParallelState, log=print) -> ResumePoint:
-    """Start a run from a Hugging Face folder's weights (any family checkpoint/hf_source.py reads): loaded as every
-    checkpoint is (checkpoint/global_load.py's `load_from_source`, weights only), so each rank reads its own shard's
-    regions and the fp32 master partition is staged and handed over whole. Under expert parallelism a rank's source
-    holds only its own experts (named by global index)."""
-    from checkpoint.hf_source import open_hf_source
-
-    params = dict(model.named_parameters())
-    held = {(int(match.group(1)), int(match.group(2))) for match in map(_OUR_EXPERT.match, params) if match}
-    expert_parallel = any(record_of(param).is_expert for param in params.values())
-    source = open_hf_source(hf_dir, model_config, state, held if expert_parallel else None)
-    return load_from_source(source, model, optimizer, None, state, finetune=True, log=log)
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False

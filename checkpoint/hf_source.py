@@ -22,21 +22,26 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+from torch import nn
 
 from arguments.config import ModelConfig
 from arguments.hf_config import CONFIG_FILE, read_hf_config, read_json_object, registered_family
 from base.errors import CheckpointError, ConfigError
 from checkpoint import hf, hf_dense, hf_llama
+from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
 from checkpoint.hf_families import FAMILY_WEIGHTS
 from checkpoint.hf_families.layout import EXPERT_BIAS
+from parallel.sharding import record_of
 from parallel.state import ParallelState
+from zero.optimizer_state import CheckpointableOptimizer
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -186,7 +191,7 @@ class HFSource:
         return {name: GlobalTensorInfo(shape, self._dtypes[name]) for name, (_, shape) in self._runs.items()}
 
     def whole(self) -> dict[str, torch.Tensor]:
-        """Every tensor read whole (the vocabulary's padding rows zeros), as checkpoint/hf.py's load_hf_weights."""
+        """Every tensor read whole (the vocabulary's padding rows zeros), as `load_hf_weights` gives them."""
         return {name: self.read(MODEL_KEY, name, tuple(slice(0, size) for size in shape))
                 for name, (_, shape) in self._runs.items()}
 
@@ -235,7 +240,8 @@ class HFSource:
 
 
 class WholeFolderSource:
-    """The families read whole (the module docstring), served from memory; `bytes_read` the tensors' bytes."""
+    """The families read whole (the module docstring), served from memory; `bytes_read` the bytes it holds (what it
+    read, with the vocabulary's padding rows)."""
 
     format_name = "hugging face (whole folder)"
 
@@ -319,3 +325,27 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         return hf.shifted_gains({name: values}, model_config, family, -1)[name]
     return HFSource(hf_dir, runs, header_bytes, shift, head)
 
+
+def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
+                    held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
+    """A Hugging Face folder's weights, of any family read here (GPT-2, Llama's, the dense and MoE families), whole,
+    under our names and layout (vocabulary padded for this TP size), after checking that its config and tensors fit
+    `model_config`: every tensor of its source read whole. With `held_experts` ((layer, expert) pairs: expert
+    parallelism), the other experts are not read."""
+    return open_hf_source(hf_dir, model_config, state, held_experts).whole()
+
+
+_OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
+                       model_config: ModelConfig, state: ParallelState, log=print) -> ResumePoint:
+    """Start a run from a Hugging Face folder's weights (`--init-from-hf`): loaded as every checkpoint is
+    (checkpoint/global_load.py's `load_from_source`, weights only), so each rank reads its own shard's regions and
+    the fp32 master partition is staged and handed over whole. Under expert parallelism a rank's source holds only
+    its own experts (named by global index)."""
+    params = dict(model.named_parameters())
+    held = {(int(match.group(1)), int(match.group(2))) for match in map(_OUR_EXPERT.match, params) if match}
+    expert_parallel = any(record_of(param).is_expert for param in params.values())
+    source = open_hf_source(hf_dir, model_config, state, held if expert_parallel else None)
+    return load_from_source(source, model, optimizer, None, state, finetune=True, log=log)

@@ -48,7 +48,7 @@ def load_then_train(rank: int, world_size: int, argv: list[str], ports: list[int
     """This rank's (bytes read, shard bytes) from --init-from-hf's load as a run builds it, then the run itself."""
     import pretrain_gpt
     from arguments.parser import parse_config
-    from checkpoint.hf import initialize_from_hf
+    from checkpoint.hf_source import initialize_from_hf
     from parallel.state import destroy, initialize_grid
     from training.build import build
     from training.run_settings import resolve_run_settings
