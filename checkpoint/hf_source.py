@@ -11,10 +11,10 @@ and transposes rows (fused q/k/v by group or by head, [gate; up], GPT-2's Conv1D
 name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own, zeros as built.
 The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
 
-Families whose conversion is more than moving rows (the MoE families of checkpoint/hf_families/ with their fused
-or quantized experts, Mixtral's and Qwen2-MoE's per-expert split of a fused file, Apertus's xIELU constants
-checked by value) and pickle folders (no offsets) are read as before, the whole folder but for other ranks'
-experts (checkpoint/hf.py's `read_whole_folder`), and served from memory: the load path is the same.
+Families whose conversion is more than moving rows (the MoE families of checkpoint/hf_families/ with their stacked,
+interleaved or quantized experts, a Mixtral or Qwen2-MoE file with fused experts, Apertus's xIELU constants checked
+by value) and pickle folders (no offsets) are read as before, the whole folder but for other ranks' experts
+(checkpoint/hf.py's `read_whole_folder`), and served from memory: the load path is the same.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ _ROW_BITS = 32  # a stand-in id is (folder tensor index + 1) << _ROW_BITS | row;
 
 @dataclass(frozen=True)
 class StoredTensor:
-    """One tensor of a safetensors file: where its data starts (absolute), its dtype and shape."""
+    """One tensor of a safetensors file: its name there, where its data starts (absolute), its dtype and shape."""
+    name: str
     path: Path
     start: int
     dtype: torch.dtype
@@ -73,7 +74,7 @@ def safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], int]:
             begin, end = entry["data_offsets"]
             if end - begin != dtype.itemsize * torch.Size(shape).numel():
                 raise ValueError(f"{name}'s data_offsets do not fit its shape")
-            tensors[name] = StoredTensor(path, base + begin, dtype, shape)
+            tensors[name] = StoredTensor(name, path, base + begin, dtype, shape)
     except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
         raise ConfigError(f"{path}: not a valid safetensors file ({error})") from None
     return tensors, 8 + length
@@ -284,19 +285,22 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
     config = read_hf_config(hf_dir)
     files = safetensors_files(hf_dir)
     family = registered_family(config.family)
-    # GPT-2 is every model_type the others do not claim (checkpoint/hf.py's check_hf_config refuses the rest)
-    by_offset = files is not None and config.family not in FAMILY_WEIGHTS and \
-        (family is not None or config.family == hf_llama.MODEL_TYPE or config.family not in hf_llama.LLAMA_FAMILIES)
-    if not by_offset:
-        return WholeFolderSource(hf_dir, hf.read_whole_folder(hf_dir, model_config, state, held_experts))
     stored, header_bytes = {}, 0
-    for path in files:
+    for path in files or ():
         tensors, size = safetensors_header(path)
         stored.update(tensors)
         header_bytes += size
+    llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
+    # GPT-2 is every model_type the others do not claim (checkpoint/hf.py's check_hf_config refuses the rest); a
+    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory (checkpoint/hf_llama.py's canonical_names)
+    by_offset = files is not None and config.family not in FAMILY_WEIGHTS and \
+        (family is not None or config.family in llama or config.family not in hf_llama.LLAMA_FAMILIES) and \
+        not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)
+    if not by_offset:
+        return WholeFolderSource(hf_dir, hf.read_whole_folder(hf_dir, model_config, state, held_experts))
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
     transposed: set[str] = set()
-    if family is not None or config.family == hf_llama.MODEL_TYPE:
+    if family is not None or config.family in llama:
         # the canonical names are a name-only pass: it keeps the values it is given
         stored = hf_dense.canonical_names(stored, family) if family is not None else \
             hf_llama.canonical_names(stored, config.family)

@@ -1,8 +1,9 @@
 """--init-from-hf reads each rank's shard only (checkpoint/hf_source.py).
 
 - Any region of any tensor of a GPT-2 (Conv1D transposes, per-head q/k/v), a Llama (GQA, tied, biases; also with
-  --apply-layernorm-1p's gain shift) and a Phi-3 folder (fused qkv_proj and gate_up_proj) reads the values the
-  whole-folder conversion gives, bit for bit, and exactly that region's bytes.
+  --apply-layernorm-1p's gain shift), a Phi-3 (fused qkv_proj and gate_up_proj), a Mixtral and a Qwen2-MoE folder
+  (experts, routers, a gated shared expert) reads the values the whole-folder conversion gives, bit for bit, and
+  exactly that region's bytes.
 - A tiny random Llama folder loaded at TP 2 x PP 2 on 4 gloo ranks: each rank reads at most its own shard's bytes
   plus 10% (the safetensors headers, which every rank reads, included), the figures the load's start-up line
   states; three iterations from it log the one-rank run's losses and gradient norms to 1e-6 relative (fp32; TP's
@@ -75,6 +76,10 @@ def folder_of(family: str, path: Path) -> Path:
         from tests.checkpoint.test_hf_checkpoint import random_hf_folder
 
         return random_hf_folder(path, seed=2)
+    if family in ("mixtral", "qwen2_moe"):
+        from tests.checkpoint import test_hf_moe
+
+        return getattr(test_hf_moe, f"{family}_folder")(path)
     import transformers
 
     from tests.checkpoint.test_hf_dense_families import COMMON, FAMILIES
@@ -87,7 +92,7 @@ def folder_of(family: str, path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "llama-1p", "phi3"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "llama-1p", "phi3", "mixtral", "qwen2_moe"])
 def test_a_region_reads_the_whole_folders_values_and_only_its_bytes(tmp_path, family):
     from arguments.parser import parse_config
     from checkpoint.global_state import MODEL_KEY
