@@ -147,23 +147,23 @@ def traced_runs(stored: dict[str, StoredTensor], transposed: set[str],
     for ours, traced in convert(stand_ins).items():
         if traced.dtype != torch.int64 or traced.dim() > 2 or (traced.dim() == 2 and traced.shape[1] != 1):
             raise ValueError(f"{ours} is not a reordering of rows")
+        flat = traced.reshape(-1)
+        index, row = (flat >> _ROW_BITS) - 1, flat & ((1 << _ROW_BITS) - 1)
+        # a run ends where the folder tensor changes or its rows stop following one another (padding runs on)
+        goes_on = (index[1:] == index[:-1]) & ((index[1:] < 0) | (row[1:] == row[:-1] + 1))
+        starts = [0, *(torch.nonzero(~goes_on).reshape(-1) + 1).tolist()]
         runs: list[Run] = []
         trailing: Optional[tuple[int, ...]] = None
-        for at, value in enumerate(traced.reshape(-1).tolist()):
-            index, row = (value >> _ROW_BITS) - 1, value & ((1 << _ROW_BITS) - 1)
-            tensor = stored[names[index]] if index >= 0 else None
-            flipped = tensor is not None and names[index] in transposed
+        for start, stop in zip(starts, [*starts[1:], flat.numel()]):
+            at = int(index[start])
+            tensor = stored[names[at]] if at >= 0 else None
+            flipped = tensor is not None and names[at] in transposed
             if tensor is not None:
                 theirs = (tensor.shape[0],) if flipped else tuple(tensor.shape[1:])
                 if trailing not in (None, theirs):
                     raise ValueError(f"{ours} joins rows of different widths")
                 trailing = theirs
-            last = runs[-1] if runs else None
-            if last is not None and last.stored is tensor and last.transposed == flipped and \
-                    (tensor is None or last.row + last.count == row):
-                runs[-1] = Run(last.start, last.count + 1, tensor, last.row, flipped)
-            else:
-                runs.append(Run(at, 1, tensor, row, flipped))
+            runs.append(Run(start, stop - start, tensor, int(row[start]), flipped))
         shape = (traced.shape[0], *trailing) if traced.dim() else ()
         out[ours] = (runs, shape)
     return out
