@@ -1,8 +1,9 @@
 """A checkpoint seen as whole tensors: the one interface every format's reader gives the loader.
 
-A checkpoint in any format (ours, Megatron-LM's torch_dist, DeepSpeed's ZeRO or universal files) is opened
-as a `GlobalStateSource`: every tensor under this project's parameter name, at its *global* shape, read a
-slice at a time, as torchtitan's DCP state dicts: each rank asks its own regions (the rule: parallel/sharding.py).
+A checkpoint in any format (ours, Megatron-LM's torch_dist, DeepSpeed's ZeRO or universal files, a Hugging Face
+folder's weights) is opened as a `GlobalStateSource`: every tensor under this project's parameter name, at its
+*global* shape, read a slice at a time, as torchtitan's DCP state dicts: each rank asks its own regions (the rule:
+parallel/sharding.py).
 
 The global form of a tensor is what a one-rank run (TP 1, PP 1, EP 1, no ZeRO) of the same model holds
 under that name: the parameter's `model.named_parameters()` tensor, and the optimizer's states of the same

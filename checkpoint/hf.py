@@ -16,8 +16,9 @@ what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read 
   read, its type and range; one line naming the field), so transformers only ever sees a checked one. It
   reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a file
   from the internet may be a pickle whose payload runs code, and it must be refused, never executed.
-- `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's shape has been
-  compared with the run's flags (`check_hf_config`, or its family's check); each TP rank copies in its own slice.
+- checkpoint/hf_source.py's `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its
+  config's shape has been compared with the run's flags (`check_hf_config`, or its family's check): loaded as a
+  checkpoint is, each rank reading its own shard's regions.
 - `checkpoint_to_hf_state` turns a training checkpoint's fp32 master weights into transformers' names
   (what `scripts/convert_to_hf.py` writes out).
 """
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-from torch import nn
 
 from arguments.config import ModelConfig
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object, registered_family
@@ -44,15 +44,12 @@ from base.output_locks import process_is_running
 from checkpoint import hf_dense, hf_llama
 from checkpoint.format import read_metadata, save_tensors
 from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
-from checkpoint.hf_families.layout import EXPERT_BIAS, canonical_names, tensor_shapes
+from checkpoint.hf_families.layout import canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
 from checkpoint.output_paths import check_replaceable_folder, install_folder
-from checkpoint.router_state import restore_expert_biases
 from checkpoint.unpickler import unpickler_reason
 from checkpoint.zero_gpt_source import consolidate
-from parallel.sharding import record_of
 from parallel.state import ParallelState
-from zero.optimizer_state import CheckpointableOptimizer
 
 # transformers' "relu2" is ReLUSquaredActivation (transformers/activations.py: square(relu(x))), which GPT2MLP
 # takes as its activation_function: --squared-relu exports as it.
@@ -175,7 +172,7 @@ def _qkv_hf_to_ours(tensor: torch.Tensor, heads: int) -> torch.Tensor:
 
 # How each tensor moves: "same" as is, "linear" transposed (Linear <-> Conv1D), "qkv_weight" and
 # "qkv_bias" re-ordered between our per-head layout and transformers' [q | k | v] layout.
-def _name_table(config: ModelConfig) -> list[tuple[str, str, str]]:
+def name_table(config: ModelConfig) -> list[tuple[str, str, str]]:
     """(our name, transformers' name, how it converts) for every tensor except the token embedding."""
     table = [("position_embeddings.weight", "transformer.wpe.weight", "same"),
              ("final_layernorm.weight", "transformer.ln_f.weight", "same"),
@@ -230,7 +227,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
         return hf_llama.to_llama_state_dict(state_dict, config)
     heads = config.num_attention_heads
     out = {"transformer.wte.weight": state_dict["word_embeddings.weight"][: config.vocab_size]}
-    for ours, hf, how in _name_table(config):
+    for ours, hf, how in name_table(config):
         out[hf] = _to_hf(state_dict[ours], how, heads)
     out["lm_head.weight"] = out["transformer.wte.weight"]
     return {name: tensor.contiguous() for name, tensor in out.items()}
@@ -256,7 +253,7 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
     wte = hf_state["transformer.wte.weight"]
     padding = wte.new_zeros(padded_vocab_size - wte.shape[0], wte.shape[1])
     out = {"word_embeddings.weight": torch.cat([wte, padding])}
-    for ours, hf, how in _name_table(config):
+    for ours, hf, how in name_table(config):
         out[ours] = _from_hf(hf_state[hf], how, heads)
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
@@ -421,7 +418,7 @@ def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool
     if config.family in hf_llama.LLAMA_FAMILIES:
         state = hf_llama.canonical_names(_read_weights(hf_dir, keep), config.family)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
-    return config, _gpt2_lm_head_names(_read_weights(hf_dir))
+    return config, gpt2_lm_head_names(_read_weights(hf_dir))
 
 
 def _read_weights(hf_dir: Path, keep: Optional[Callable[[str], bool]] = None) -> dict[str, torch.Tensor]:
@@ -481,7 +478,7 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _gpt2_lm_head_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def gpt2_lm_head_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Names as GPT2LMHeadModel has them: a GPT2Model's file (openai-community/gpt2's own) lacks the
     `transformer.` prefix. The saved causal-mask buffers are dropped."""
     out = {}
@@ -590,12 +587,10 @@ def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tup
                           f"{_listing(problems)}")
 
 
-def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
-                    held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
-    """A Hugging Face folder's weights, of any family read here (GPT-2, Llama's, the dense and MoE families), under
-    our names and layout (vocabulary padded for this TP size), after checking that its config and tensors fit
-    `model_config`. With `held_experts` ((layer, expert) pairs: expert parallelism), the other experts are not read."""
-    refuse_mtp(model_config, "--init-from-hf")
+def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
+                      held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
+    """What checkpoint/hf_source.py cannot read by offset (its module docstring says which families), read whole
+    but for the experts not in `held_experts`, checked against `model_config` and under our names."""
     hf_dir = Path(hf_dir)
     keep = expert_filter(held_experts)
     config, hf_state = read_hf_model(hf_dir, keep)
@@ -621,44 +616,6 @@ def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state:
     check_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
     check_hf_tensors(hf_state, model_config, hf_dir)
     return shifted_gains(from_hf_state_dict(hf_state, model_config, padded_vocab), model_config, None, -1)
-
-
-_OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
-
-
-def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
-                       model_config: ModelConfig, state: ParallelState) -> None:
-    """Start a run from a Hugging Face folder's weights (any family load_hf_weights reads): this rank's fp32 master
-    partition (the ZeRO optimizer's) is filled from its TP slice of them, then published into the 16-bit
-    parameters. Every rank reads the whole folder but for the experts other expert-parallel ranks hold. The
-    partition is staged on the CPU and handed over whole, so a weight found not to fit changes nothing."""
-    hf_dir = Path(hf_dir)
-    params = dict(model.named_parameters())
-    # expert parallelism: each rank reads only its own experts (named by global index) from the folder
-    held = {(int(match.group(1)), int(match.group(2))) for match in map(_OUR_EXPERT.match, params) if match}
-    expert_parallel = any(record_of(param).is_expert for param in params.values())
-    full = load_hf_weights(hf_dir, model_config, state, held if expert_parallel else None)
-    shard = optimizer.sharded_state_dict(model)
-    master = torch.zeros(shard.tensors["master"].shape, dtype=torch.float32)  # alignment padding stays 0
-    slices: dict[str, torch.Tensor] = {}
-    for name, param_offset, partition_offset, numel in shard.fragments:
-        if name not in slices:
-            if name not in full:
-                raise ConfigError(f"{hf_dir}: no weight maps to our parameter {name}")
-            param, record = params[name], record_of(params[name])
-            if list(full[name].shape) != list(record.global_shape):
-                raise ConfigError(f"{hf_dir}: {name} maps to shape {list(full[name].shape)}, the model's whole "
-                                  f"{name} is {list(record.global_shape)}")
-            piece = full[name][record.region]  # this rank's slice (its sharding record, parallel/sharding.py)
-            if piece.shape != param.shape:
-                raise ConfigError(f"{hf_dir}: {name} maps to shape {list(piece.shape)} on TP rank "
-                                  f"{state.tensor_parallel_rank}, the model has {list(param.shape)}")
-            slices[name] = piece.reshape(-1)
-        master[partition_offset:partition_offset + numel].copy_(slices[name][param_offset:param_offset + numel])
-    optimizer.load_sharded_state_dict({"master": master})
-    # the routers' correction bias (DeepSeek-V3's e_score_correction_bias): our expert bias, not a parameter
-    restore_expert_biases(model, {name: tensor.tolist() for name, tensor in full.items() if name.endswith(EXPERT_BIAS)},
-                          state.device, str(hf_dir))
 
 
 def checkpoint_to_hf_state(iteration_dir: str | os.PathLike, progress: bool = False

@@ -141,7 +141,7 @@ def load_weights(config: PretrainConfig, state: ParallelState, built: Built, cla
     fresh start."""
     checkpoint = config.checkpoint
     if checkpoint.init_from_hf and claimed.resume_from is None:
-        from checkpoint.hf import initialize_from_hf  # transformers is only imported when it is needed
+        from checkpoint.hf_source import initialize_from_hf  # transformers is only imported when it is needed
 
         log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}")
         initialize_from_hf(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)

@@ -103,24 +103,25 @@ def test_each_expert_parallel_rank_writes_only_its_own_experts_and_each_element_
 # ---- --init-from-hf into expert parallelism --------------------------------------------------------------------
 
 def record_reads(rank, world_size, argv_by_launch, ports):
-    """launch_rank, with the expert tensors this rank reads from the Hugging Face folder recorded, per launch."""
-    import checkpoint.hf
+    """launch_rank, with the expert tensors this rank reads from the Hugging Face folder recorded, per launch (the
+    folder is read by offset: checkpoint/hf_source.py)."""
+    import checkpoint.hf_source
 
     reads: list[set[str]] = []
-    real = checkpoint.hf._read_safetensors
+    real = checkpoint.hf_source.read_rows
 
-    def recording(path, *keep):
-        tensors = real(path, *keep)
-        reads[-1].update(name for name in tensors if ".experts." in name)
-        return tensors
+    def recording(stored, *where):
+        if ".experts." in stored.name:
+            reads[-1].add(stored.name)
+        return real(stored, *where)
 
-    checkpoint.hf._read_safetensors = recording
+    checkpoint.hf_source.read_rows = recording
     try:
         for argv, port in zip(argv_by_launch, ports):
             reads.append(set())
             launch_rank(rank, world_size, [argv], [port])
     finally:
-        checkpoint.hf._read_safetensors = real
+        checkpoint.hf_source.read_rows = real
     return reads
 
 
@@ -151,9 +152,10 @@ def moe_folder(path, family: str):
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_init_from_hf_at_expert_parallel_2_reads_each_ranks_own_experts_and_trains_as_at_1(tmp_path, family):
     """--init-from-hf of a Mixtral / Qwen2-MoE folder at --expert-model-parallel-size 2: each rank reads only the
-    experts it holds from the folder (expert 2r and 2r+1 of each layer on rank r; at EP 1 both ranks read all
-    four), and the losses are the EP-1 load's: iteration 1's (the folder's weights, before any update) and the
-    next two, to 1e-6 relative as EP 2 trains like EP 1 (tests/training/test_expert_parallel_training.py)."""
+    experts it holds from the folder (expert 2r and 2r+1 of each layer on rank r; at EP 1 the two ZeRO 1
+    partitions read all four between them), and the losses are the EP-1 load's: iteration 1's (the folder's
+    weights, before any update) and the next two, to 1e-6 relative as EP 2 trains like EP 1
+    (tests/training/test_expert_parallel_training.py)."""
     from tests.checkpoint.test_hf_folder_is_the_model import RUN
 
     folder = moe_folder(tmp_path / "hf", family)
@@ -163,9 +165,11 @@ def test_init_from_hf_at_expert_parallel_2_reads_each_ranks_own_experts_and_trai
     argv = [common + extra + ["--metrics-file", str(tmp_path / f"{name}.jsonl")] for name, extra in launches.items()]
     reads = run_distributed(record_reads, 2, argv, [free_port() for _ in argv], timeout=600)
 
-    for rank, (ep1, ep2) in enumerate(reads):
-        assert {int(HF_EXPERT.search(name).group(1)) for name in ep1} == {0, 1, 2, 3}
-        assert {int(HF_EXPERT.search(name).group(1)) for name in ep2} == {2 * rank, 2 * rank + 1}, rank
+    def experts(names):
+        return {int(HF_EXPERT.search(name).group(1)) for name in names}
+    assert set().union(*(experts(ep1) for ep1, _ in reads)) == {0, 1, 2, 3}
+    for rank, (_, ep2) in enumerate(reads):
+        assert experts(ep2) == {2 * rank, 2 * rank + 1}, rank
     losses = {name: [r["loss"] for r in map(json.loads, (tmp_path / f"{name}.jsonl").read_text().splitlines())
                      if "loss" in r and "split" not in r] for name in launches}
     assert len(losses["ep1"]) == 3

@@ -24,11 +24,10 @@ from checkpoint.hf import (
     check_hf_config,
     checkpoint_to_hf_state,
     hf_config,
-    initialize_from_hf,
-    load_hf_weights,
     read_hf_folder,
     write_hf_folder,
 )
+from checkpoint.hf_source import initialize_from_hf, load_hf_weights
 from checkpoint.sharded import save_checkpoint
 from data.tokenizer import train_tokenizer
 from gpt.model import GPTModel

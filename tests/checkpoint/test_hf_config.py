@@ -10,7 +10,7 @@ heads in a ZeroDivisionError; what it does not check (a negative size, NaN, a to
 rope_parameters) and every GPT-2 field (compared without transformers) became a confusing line such as
 `pass --hidden-size 64 (config.json n_embd; this run has 64)` for `"n_embd": "64"`.
 
-The many variants go through `load_hf_weights`, the function `--init-from-hf` calls; two launches (one a
+The many variants go through `load_hf_weights`, which opens the folder as `--init-from-hf` does; two launches (one a
 real `python pretrain_gpt.py` process) check the wiring. The folders are saved by transformers'
 save_pretrained (tests/checkpoint/test_hf_checkpoint.py, test_hf_llama.py) and their config.json edited.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from base.errors import ConfigError
-from checkpoint.hf import load_hf_weights
+from checkpoint.hf_source import load_hf_weights
 from tests.checkpoint.test_hf_checkpoint import CPU, HF_VOCAB, pretrain_config, random_hf_folder
 from tests.checkpoint.test_hf_llama import llama_run_config, random_llama_folder
 from tests.reliability_helpers import TINY, train

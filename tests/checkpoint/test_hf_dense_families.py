@@ -149,7 +149,7 @@ def test_a_multimodal_gemma3_folder_is_its_language_model(tmp_path):
     from arguments.hf_config import read_hf_config
     from arguments.hf_folder import architecture_settings
     from arguments.parser import parse_arguments
-    from checkpoint.hf import initialize_from_hf
+    from checkpoint.hf_source import initialize_from_hf
     from gpt.model import GPTModel
     from parallel.state import ParallelState
     from tests.zero_harness import ZeroHarness

@@ -18,7 +18,7 @@ from arguments.config import PretrainConfig
 from arguments.hf_config import read_hf_config
 from arguments.hf_folder import architecture_settings
 from base.errors import ConfigError
-from checkpoint.hf import initialize_from_hf
+from checkpoint.hf_source import initialize_from_hf
 from gpt.model import GPTModel
 from parallel.state import ParallelState
 from tests.zero_harness import ZeroHarness

@@ -1,0 +1,355 @@
+"""A Hugging Face folder as a `GlobalStateSource` (checkpoint/global_state.py): `--init-from-hf` loads it through
+checkpoint/global_load.py's `load_from_source`, as every other format, and a rank reads only its shard's bytes.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and
+data_offsets) and the raw row-major data, so any rows of a tensor, or a column range of each row, are read by
+byte offset. The source presents each of our parameters at its global shape, in the folder's dtype. Where our
+rows come from is found once, without reading a weight: the family's own conversion (checkpoint/hf.py's
+`from_hf_state_dict`, checkpoint/hf_llama.py's `from_llama_state_dict`, checkpoint/hf_dense.py's `from_hf`) is
+run on stand-ins that hold, per row, (which folder tensor, which row) ids; it only concatenates, splits, reorders
+and transposes rows (fused q/k/v by group or by head, [gate; up], GPT-2's Conv1D transposes), so its output's ids
+name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own, zeros as built.
+The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
+
+Families whose conversion is more than moving rows (the MoE families of checkpoint/hf_families/ with their stacked,
+interleaved or quantized experts, a Mixtral or Qwen2-MoE file with fused experts, Apertus's xIELU constants checked
+by value) and pickle folders (no offsets) are read as before, the whole folder but for other ranks' experts
+(checkpoint/hf.py's `read_whole_folder`), and served from memory: the load path is the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from arguments.config import ModelConfig
+from arguments.hf_config import CONFIG_FILE, read_hf_config, read_json_object, registered_family
+from base.errors import CheckpointError, ConfigError
+from checkpoint import hf, hf_dense, hf_llama
+from checkpoint.global_load import ResumePoint, load_from_source
+from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
+from checkpoint.hf_families import FAMILY_WEIGHTS
+from checkpoint.hf_families.layout import EXPERT_BIAS
+from parallel.sharding import record_of
+from parallel.state import ParallelState
+from zero.optimizer_state import CheckpointableOptimizer
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                      "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+                      "F8_E5M2": torch.float8_e5m2}
+_ROW_BITS = 32  # a stand-in id is (folder tensor index + 1) << _ROW_BITS | row; 0 is a padding row
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a safetensors file: its name there, where its data starts (absolute), its dtype and shape."""
+    name: str
+    path: Path
+    start: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], int]:
+    """The file's tensors by name and the header's size in bytes (its length field included)."""
+    try:
+        with open(path, "rb") as file:
+            length = struct.unpack("<Q", file.read(8))[0]
+            header = json.loads(file.read(length))
+        base, tensors = 8 + length, {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
+            begin, end = entry["data_offsets"]
+            if end - begin != dtype.itemsize * torch.Size(shape).numel():
+                raise ValueError(f"{name}'s data_offsets do not fit its shape")
+            tensors[name] = StoredTensor(name, path, base + begin, dtype, shape)
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as error:
+        raise ConfigError(f"{path}: not a valid safetensors file ({error})") from None
+    return tensors, 8 + length
+
+
+def safetensors_files(hf_dir: Path) -> Optional[list[Path]]:
+    """The folder's safetensors files (one, or those its index names), or None for a pickle folder."""
+    if (hf_dir / hf.SAFETENSORS_FILE).is_file():
+        return [hf_dir / hf.SAFETENSORS_FILE]
+    index = hf_dir / hf.SAFETENSORS_INDEX_FILE
+    if not index.is_file():
+        return None
+    weight_map = read_json_object(index, "the safetensors index names the weight files").get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ConfigError(f"{index}: has no weight_map")
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        if not isinstance(name, str) or Path(name).name != name:  # only files beside the index
+            raise ConfigError(f"{index}: names {name!r}, which is not a file in the folder")
+    return [hf_dir / name for name in names]
+
+
+def read_rows(stored: StoredTensor, rows: slice, columns: Optional[slice]) -> torch.Tensor:
+    """Rows `rows` of `stored` (its first dimension), only `columns` of each where given (a 2-D tensor): one read
+    for whole rows, one per row for a column range."""
+    shape, item = stored.shape, stored.dtype.itemsize
+    if not shape:
+        rows, columns = slice(0, 1), None
+    row_elements = torch.Size(shape[1:]).numel()
+    with open(stored.path, "rb") as file:
+        if columns is None or (columns.start == 0 and columns.stop == shape[1]):
+            data = os.pread(file.fileno(), (rows.stop - rows.start) * row_elements * item,
+                            stored.start + rows.start * row_elements * item)
+            out_shape = (rows.stop - rows.start, *shape[1:]) if shape else ()
+        else:
+            width = columns.stop - columns.start
+            data = b"".join(os.pread(file.fileno(), width * item, stored.start + (row * row_elements + columns.start)
+                                     * item) for row in range(rows.start, rows.stop))
+            out_shape = (rows.stop - rows.start, width)
+    if len(data) != torch.Size(out_shape).numel() * item:
+        raise CheckpointError(f"{stored.path}: ends inside a tensor's data (the file is truncated)")
+    return torch.frombuffer(bytearray(data), dtype=stored.dtype).reshape(out_shape) if data else \
+        torch.empty(out_shape, dtype=stored.dtype)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Rows [start, start + count) of one of our tensors: rows [row, row + count) of a folder tensor (its columns,
+    for a `transposed` one), or padding rows (`stored` None)."""
+    start: int
+    count: int
+    stored: Optional[StoredTensor]
+    row: int
+    transposed: bool
+
+
+def traced_runs(stored: dict[str, StoredTensor], transposed: set[str],
+                convert: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+                ) -> dict[str, tuple[list[Run], tuple[int, ...]]]:
+    """Each of our tensors as runs of folder rows, and its global shape: `convert` (a family's mapping) run on
+    stand-ins of one id per row (per column for a `transposed` tensor, which our rows take as GPT-2's Conv1D's)."""
+    names = list(stored)
+    stand_ins = {}
+    for index, name in enumerate(names):
+        shape = stored[name].shape
+        ids = ((index + 1) << _ROW_BITS) + torch.arange(shape[1] if name in transposed else (shape[0] if shape else 1))
+        stand_ins[name] = ids.reshape(1, -1) if name in transposed else \
+            ids.reshape(-1, *([1] if len(shape) > 1 else [])) if shape else ids[0]
+    out = {}
+    for ours, traced in convert(stand_ins).items():
+        if traced.dtype != torch.int64 or traced.dim() > 2 or (traced.dim() == 2 and traced.shape[1] != 1):
+            raise ValueError(f"{ours} is not a reordering of rows")
+        flat = traced.reshape(-1)
+        index, row = (flat >> _ROW_BITS) - 1, flat & ((1 << _ROW_BITS) - 1)
+        # a run ends where the folder tensor changes or its rows stop following one another (padding runs on)
+        goes_on = (index[1:] == index[:-1]) & ((index[1:] < 0) | (row[1:] == row[:-1] + 1))
+        starts = [0, *(torch.nonzero(~goes_on).reshape(-1) + 1).tolist()]
+        runs: list[Run] = []
+        trailing: Optional[tuple[int, ...]] = None
+        for start, stop in zip(starts, [*starts[1:], flat.numel()]):
+            at = int(index[start])
+            tensor = stored[names[at]] if at >= 0 else None
+            flipped = tensor is not None and names[at] in transposed
+            if tensor is not None:
+                theirs = (tensor.shape[0],) if flipped else tuple(tensor.shape[1:])
+                if trailing not in (None, theirs):
+                    raise ValueError(f"{ours} joins rows of different widths")
+                trailing = theirs
+            runs.append(Run(start, stop - start, tensor, int(row[start]), flipped))
+        shape = (traced.shape[0], *trailing) if traced.dim() else ()
+        out[ours] = (runs, shape)
+    return out
+
+
+class HFSource:
+    """A Hugging Face folder's weights under our names at their global shapes, read a region at a time."""
+
+    format_name = "hugging face"
+
+    def __init__(self, hf_dir: Path, runs: dict[str, tuple[list[Run], tuple[int, ...]]], header_bytes: int,
+                 shift: Callable[[str, torch.Tensor], torch.Tensor], tied_head: Optional[StoredTensor]):
+        self.path = hf_dir
+        self._runs = runs
+        self._shift = shift  # the gain shift of --apply-layernorm-1p, elementwise
+        self._tied_head = tied_head  # a tied model's lm_head, compared with the embedding rows read
+        self.bytes_read = header_bytes  # every file's header is read on every rank (the tensors' shapes)
+        # as the family's conversion gives it: torch.cat of pieces of several dtypes promotes
+        self._dtypes = {name: functools.reduce(torch.promote_types, [run.stored.dtype for run in runs if run.stored])
+                        for name, (runs, _) in runs.items()}
+
+    def keys(self) -> tuple[str, ...]:
+        return (MODEL_KEY,)
+
+    def tensors(self, key: str) -> dict[str, GlobalTensorInfo]:
+        return {name: GlobalTensorInfo(shape, self._dtypes[name]) for name, (_, shape) in self._runs.items()}
+
+    def whole(self) -> dict[str, torch.Tensor]:
+        """Every tensor read whole (the vocabulary's padding rows zeros), as `load_hf_weights` gives them."""
+        return {name: self.read(MODEL_KEY, name, tuple(slice(0, size) for size in shape))
+                for name, (_, shape) in self._runs.items()}
+
+    def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
+        runs, shape = self._runs[name]
+        if not shape:  # a scalar
+            return self._shift(name, self._read(runs[0], slice(0, 1), None, self._dtypes[name]))
+        rows, rest = region[0], region[1:]
+        pieces = []
+        for run in runs:
+            start, stop = max(rows.start, run.start), min(rows.stop, run.start + run.count)
+            if start < stop:
+                pieces.append(self._read(run, slice(start - run.start + run.row, stop - run.start + run.row),
+                                         rest[0] if rest else None, self._dtypes[name]))
+        values = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        if name == "word_embeddings.weight" and self._tied_head is not None:
+            self._check_tied(values, rows, rest)
+        return self._shift(name, values)
+
+    def _read(self, run: Run, rows: slice, columns: Optional[slice], dtype: torch.dtype) -> torch.Tensor:
+        """`rows` of the run's folder tensor (columns for a transposed one), `columns` of our tensor's."""
+        if run.stored is None:
+            width = () if columns is None else (columns.stop - columns.start,)
+            return torch.zeros((rows.stop - rows.start, *width), dtype=dtype)
+        if run.transposed:  # our rows are its columns: read our columns' span of its rows, narrowed
+            values = read_rows(run.stored, columns, rows).t()
+        else:
+            values = read_rows(run.stored, rows, columns)
+        self.bytes_read += values.numel() * values.element_size()
+        return values.reshape(-1) if not run.stored.shape else values
+
+    def _check_tied(self, values: torch.Tensor, rows: slice, rest: tuple[slice, ...]) -> None:
+        """Our output layer is the embedding: a folder's lm_head must equal it (the rows this rank reads)."""
+        stop = min(rows.stop, self._tied_head.shape[0])
+        head = read_rows(self._tied_head, slice(rows.start, stop), rest[0] if rest else None)
+        self.bytes_read += head.numel() * head.element_size()
+        if not torch.equal(head, values[:stop - rows.start]):
+            raise CheckpointError(f"{self.path}: lm_head.weight differs from the token embedding: our output layer "
+                                  f"is tied to the token embedding")
+
+    def progress(self) -> SourceProgress:
+        return SourceProgress(iteration=0)
+
+    def not_carried(self) -> list[str]:
+        return []
+
+
+class WholeFolderSource:
+    """The families read whole (the module docstring), served from memory; `bytes_read` the bytes it holds (what it
+    read, with the vocabulary's padding rows)."""
+
+    format_name = "hugging face (whole folder)"
+
+    def __init__(self, hf_dir: Path, weights: dict[str, torch.Tensor]):
+        self.path = hf_dir
+        self._all = weights
+        self._weights = {name: t for name, t in weights.items() if not name.endswith(EXPERT_BIAS)}
+        self._biases = {name: t.tolist() for name, t in weights.items() if name.endswith(EXPERT_BIAS)}
+        self.bytes_read = sum(t.numel() * t.element_size() for t in weights.values())
+
+    def keys(self) -> tuple[str, ...]:
+        return (MODEL_KEY,)
+
+    def tensors(self, key: str) -> dict[str, GlobalTensorInfo]:
+        return {name: GlobalTensorInfo(tuple(t.shape), t.dtype) for name, t in self._weights.items()}
+
+    def read(self, key: str, name: str, region: tuple[slice, ...]) -> torch.Tensor:
+        return self._weights[name][region]
+
+    def whole(self) -> dict[str, torch.Tensor]:
+        return self._all
+
+    def expert_biases(self) -> Optional[dict[str, list]]:
+        """DeepSeek-V3's e_score_correction_bias: the routers' expert bias, not a parameter."""
+        return self._biases or None
+
+    def progress(self) -> SourceProgress:
+        return SourceProgress(iteration=0)
+
+    def not_carried(self) -> list[str]:
+        return []
+
+
+def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
+                   held_experts: Optional[set[tuple[int, int]]] = None):
+    """The folder as a source for `model_config` at this run's TP size, after its config and tensor shapes are
+    checked (ConfigError naming every misfit); `held_experts` as checkpoint/hf.py's `read_whole_folder`."""
+    hf.refuse_mtp(model_config, "--init-from-hf")
+    hf_dir = Path(hf_dir)
+    config = read_hf_config(hf_dir)
+    files = safetensors_files(hf_dir)
+    family = registered_family(config.family)
+    stored, header_bytes = {}, 0
+    for path in files or ():
+        tensors, size = safetensors_header(path)
+        stored.update(tensors)
+        header_bytes += size
+    llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
+    # GPT-2 is every model_type the others do not claim (checkpoint/hf.py's check_hf_config refuses the rest); a
+    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory (checkpoint/hf_llama.py's canonical_names)
+    by_offset = files is not None and config.family not in FAMILY_WEIGHTS and \
+        (family is not None or config.family in llama or config.family not in hf_llama.LLAMA_FAMILIES) and \
+        not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)
+    if not by_offset:
+        return WholeFolderSource(hf_dir, hf.read_whole_folder(hf_dir, model_config, state, held_experts))
+    padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
+    transposed: set[str] = set()
+    if family is not None or config.family in llama:
+        # the canonical names are a name-only pass: it keeps the values it is given
+        stored = hf_dense.canonical_names(stored, family) if family is not None else \
+            hf_llama.canonical_names(stored, config.family)
+        hf_llama.check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
+        shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
+            hf_llama.llama_tensor_shapes(model_config, config.family)
+        embedding, tied = "model.embed_tokens.weight", not model_config.untie_embeddings_and_output_weights
+        convert = (lambda ids: hf_dense.from_hf(ids, model_config, padded_vocab, family)) if family is not None else \
+            (lambda ids: hf_llama.from_llama_state_dict(ids, model_config, padded_vocab, config.family))
+    else:
+        stored = hf.gpt2_lm_head_names(stored)
+        hf.check_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
+        shapes, embedding, tied = hf.hf_tensor_shapes(model_config), "transformer.wte.weight", True
+        transposed = {theirs for _, theirs, how in hf.name_table(model_config) if how in ("qkv_weight", "linear")}
+        convert = lambda ids: hf.from_hf_state_dict(ids, model_config, padded_vocab)  # noqa: E731
+    meta = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in stored.items()}
+    head = stored.get("lm_head.weight") if tied else None
+    hf.check_tensors_fit({name: t for name, t in meta.items() if not (tied and name == "lm_head.weight")}, shapes,
+                         hf_dir, embedding, tied)
+    if head is not None and head.shape != stored[embedding].shape:
+        raise ConfigError(f"{hf_dir}: lm_head.weight has shape {list(head.shape)}, {embedding} "
+                          f"{list(stored[embedding].shape)}: our output layer is tied to the token embedding")
+    runs = traced_runs(stored, transposed, convert)
+
+    def shift(name: str, values: torch.Tensor) -> torch.Tensor:
+        return hf.shifted_gains({name: values}, model_config, family, -1)[name]
+    return HFSource(hf_dir, runs, header_bytes, shift, head)
+
+
+def load_hf_weights(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
+                    held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
+    """A Hugging Face folder's weights, of any family read here (GPT-2, Llama's, the dense and MoE families), whole,
+    under our names and layout (vocabulary padded for this TP size), after checking that its config and tensors fit
+    `model_config`: every tensor of its source read whole. With `held_experts` ((layer, expert) pairs: expert
+    parallelism), the other experts are not read."""
+    return open_hf_source(hf_dir, model_config, state, held_experts).whole()
+
+
+_OUR_EXPERT = re.compile(r"^blocks\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+def initialize_from_hf(optimizer: CheckpointableOptimizer, model: nn.Module, hf_dir: str | os.PathLike,
+                       model_config: ModelConfig, state: ParallelState, log=print) -> ResumePoint:
+    """Start a run from a Hugging Face folder's weights (`--init-from-hf`): loaded as every checkpoint is
+    (checkpoint/global_load.py's `load_from_source`, weights only), so each rank reads its own shard's regions and
+    the fp32 master partition is staged and handed over whole. Under expert parallelism a rank's source holds only
+    its own experts (named by global index)."""
+    params = dict(model.named_parameters())
+    held = {(int(match.group(1)), int(match.group(2))) for match in map(_OUR_EXPERT.match, params) if match}
+    expert_parallel = any(record_of(param).is_expert for param in params.values())
+    source = open_hf_source(hf_dir, model_config, state, held if expert_parallel else None)
+    return load_from_source(source, model, optimizer, None, state, finetune=True, log=log)
