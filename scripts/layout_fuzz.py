@@ -7,19 +7,15 @@
 
 Each draw is a seeded choice (draw i of seed s always gives the same launch) of a model (dense or MoE, GPT-2's or
 Llama's blocks, tied or untied output, block features that add replicated or head-sharded parameters, FP8) and of a
-layout over 2-8 gloo ranks: tensor (with or without sequence) parallelism, context parallelism in its three kinds,
-pipeline stages (1F1B, virtual stages, an uneven first stage, a layout string), data parallelism under ZeRO 0-3 or
-the distributed optimizer (with the overlapped gather and reduce, optimizer offload), expert and expert-tensor
-parallelism, `--moe-layer-freq` with dense first layers, gradient accumulation, and recomputation (Megatron's full
-and selective, ZeRO-R's checkpoints with P_a and M_D). The draw trains 3 iterations of fp32 with dropout off on
-`--mock-data`; so does the same model on one rank with the same global batch, which reads the same samples
-(a sample is a function of its index). The draw holds when every loss is within 1e-5 and every grad norm within 1e-4
-(relative) of the one rank's (FP8: 1e-3 and 1e-2, as a layout casts other tensors, docs/fp8.md); it may also be
-refused before any work, in one line, which the report keeps for review: a refusal is right only where
-Megatron-LM refuses too. Anything else - a traceback, a hang, a difference - is a finding.
-
-`--model` replaces the drawn model with your own flags (the layouts are still drawn; those your model cannot take
-are refused in one line). Results go to `--output` as JSON lines, one a draw, and a summary at the end.
+layout over 2-8 gloo ranks, a `Layout` of the combination table (tests/training/combinations.py): TP with or without
+SP, CP in its three kinds, PP (1F1B, virtual stages, an uneven first stage), ZeRO 0-3 or the distributed optimizer
+(the overlapped gather and reduce, optimizer offload), EP and expert TP, Megatron's and ZeRO-R's recomputation; and
+`--moe-layer-freq`, accumulation. The draw trains 3 iterations of fp32 with dropout off on `--mock-data`, as does
+the same model on one rank with the same global batch (a sample is a function of its index). It holds when every
+loss is within 1e-5 and every grad norm within 1e-4 (relative) of the one rank's (FP8: 1e-3 and 1e-2, docs/fp8.md);
+or it is refused before any work, in one line, kept for review (right only where Megatron-LM refuses too). Anything
+else - a traceback, a hang, a difference - is a finding. `--model` puts your flags in place of the drawn model.
+Results go to `--output` as JSON lines, one a draw, and a summary at the end.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ import random
 import shlex
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -38,6 +34,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from scripts.timed_launch import launch  # noqa: E402
+from tests.training.combinations import Layout  # noqa: E402
 
 ITERATIONS = 3
 LOSS_TOLERANCE, GRAD_NORM_TOLERANCE = 1e-5, 1e-4
@@ -56,12 +53,12 @@ class Draw:
     index: int
     ranks: int
     model: tuple[str, ...]    # the model's flags: the one-rank run takes them too
-    layout: tuple[str, ...]   # the layout's flags: this draw's alone
+    layout: Layout            # this draw's alone: the combination table's dimensions
     batch: tuple[str, ...]    # micro and global batch: the global batch is the one-rank run's too
     fp8: bool = False
 
     def argv(self) -> list[str]:
-        return [*COMMON, *self.model, *self.batch, *self.layout]
+        return [*COMMON, *self.model, *self.batch, *self.layout.flags()]
 
     def one_rank_argv(self) -> list[str]:
         """The same model and global batch on one rank: micro-batches of the same size, accumulated."""
@@ -69,7 +66,7 @@ class Draw:
 
     def describe(self) -> dict:
         return {"seed": self.seed, "draw": self.index, "ranks": self.ranks, "model": shlex.join(self.model),
-                "layout": shlex.join(self.layout), "batch": shlex.join(self.batch)}
+                "layout": shlex.join(self.layout.flags()), "batch": shlex.join(self.batch)}
 
 
 def _divisors(n: int, among: Sequence[int]) -> list[int]:
@@ -125,49 +122,41 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
     data_parallel = ranks // (tensor_parallel * context_parallel * pipeline)
     layers = pipeline * rng.choice([1, 2])
     model = _draw_model(rng, layers, tensor_parallel)
-    layout = ["--tensor-model-parallel-size", str(tensor_parallel)]
+    layout = Layout(tp=tensor_parallel)
     # Megatron-Core's MoE layer takes tensor parallelism only with sequence parallelism in training
     if tensor_parallel > 1 and (model.moe or rng.random() < 0.6):
-        layout.append("--sequence-parallel")
+        layout = replace(layout, sp=True)
     if context_parallel > 1:  # Ulysses' all-to-all splits each TP rank's heads over the CP ranks
         kinds = ["p2p", "all_gather"] + (["a2a"] if (model.heads // tensor_parallel) % context_parallel == 0 else [])
-        layout += ["--context-parallel-size", str(context_parallel), "--cp-comm-type", rng.choice(kinds)]
+        layout = replace(layout, cp=context_parallel, cp_comm=rng.choice(kinds))
     if pipeline > 1:
-        layout += ["--pipeline-model-parallel-size", str(pipeline)]
+        layout = replace(layout, pp=pipeline)
         split = rng.random()
         if layers // pipeline >= 2 and split < 0.3:
-            layout += ["--num-layers-per-virtual-pipeline-stage", "1"]
+            layout = replace(layout, vp_layers=1)
         elif pipeline == 2 and layers >= 3 and split < 0.5:
-            layout += ["--decoder-first-pipeline-num-layers", "1"]
+            layout = replace(layout, first_stage_layers=1)
     zero = rng.choice(["0", "1", "2", "3", "distributed-optimizer"] if pipeline == 1 else
                       ["0", "1", "2", "distributed-optimizer"])
-    layout += ["--use-distributed-optimizer"] if zero == "distributed-optimizer" else ["--zero-stage", zero]
+    layout = replace(layout, zero=zero)
     if zero in ("1", "2", "distributed-optimizer") and data_parallel > 1:
-        if rng.random() < 0.4:
-            layout.append("--overlap-param-gather")
-        if rng.random() < 0.4:
-            layout.append("--overlap-grad-reduce")
+        layout = replace(layout, overlap_param_gather=rng.random() < 0.4, overlap_grad_reduce=rng.random() < 0.4)
     if zero != "0" and rng.random() < 0.15:
-        layout.append("--offload-optimizer")
+        layout = replace(layout, offload_optimizer=True)
     recompute = rng.choice(["none", "none", "full", "selective", "zero-r"])
-    if recompute == "full":
-        layout += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    elif recompute == "selective":
-        layout += ["--recompute-granularity", "selective"]
+    if recompute in ("full", "selective"):
+        layout = replace(layout, recompute=recompute)
     elif recompute == "zero-r":
-        layout.append("--checkpoint-activations")
-        if tensor_parallel > 1 and rng.random() < 0.5:
-            layout.append("--partition-activations")
-        if rng.random() < 0.4:
-            layout.append("--contiguous-checkpointing")
+        layout = replace(layout, checkpoint_activations=True,
+                         partition_activations=tensor_parallel > 1 and rng.random() < 0.5)
+        layout = replace(layout, contiguous_checkpointing=rng.random() < 0.4)
     if model.moe:
         # any expert TP the experts' grid folds over a stage's ranks, as Megatron-Core's (below, at or above TP)
         stage_ranks = tensor_parallel * context_parallel * data_parallel
         expert_tensor = rng.choice(_divisors(stage_ranks, [1, tensor_parallel, 2, 4]))
         expert_ranks = stage_ranks // expert_tensor
         expert_parallel = rng.choice(_divisors(expert_ranks, [d for d in (1, 2, 4) if model.experts % d == 0]))
-        layout += ["--expert-model-parallel-size", str(expert_parallel), "--expert-tensor-parallel-size",
-                   str(expert_tensor)]
+        layout = replace(layout, ep=expert_parallel, etp=expert_tensor)
     fp8 = model_flags is None and rng.random() < 0.1
     flags = list(model_flags) if model_flags is not None else model.flags
     if fp8:
@@ -175,7 +164,7 @@ def draw(seed: int, index: int, model_flags: Optional[Sequence[str]] = None) -> 
     micro = rng.choice([1, 2])
     accumulation = pipeline * rng.choice([1, 2]) if pipeline > 1 else rng.choice([1, 2, 3])
     batch = ["--micro-batch-size", str(micro), "--global-batch-size", str(micro * data_parallel * accumulation)]
-    return Draw(seed, index, ranks, tuple(flags), tuple(layout), tuple(batch), fp8)
+    return Draw(seed, index, ranks, tuple(flags), layout, tuple(batch), fp8)
 
 
 def compare(draw_: Draw, records: list, reference: list) -> dict:
@@ -237,7 +226,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = run_draw(each, Path(scratch), one_rank_cache, args.timeout_s)
             verdicts[result["verdict"]] = verdicts.get(result["verdict"], 0) + 1
             kind = ("MoE" if "--num-experts" in each.model else "dense") + (" FP8" if each.fp8 else "")
-            print(f"draw {each.index} ({kind}, {each.ranks} ranks) {result['verdict']}: {shlex.join(each.layout)}"
+            layout = shlex.join(each.layout.flags())
+            print(f"draw {each.index} ({kind}, {each.ranks} ranks) {result['verdict']}: {layout}"
                   + (f" | {result['why']}" if "why" in result else
                      f" | loss {result['loss_relative']:.1e}, grad norm {result['grad_norm_relative']:.1e}"), flush=True)
             if output:

@@ -14,6 +14,7 @@ import pytest
 
 from arguments.parser import parse_arguments
 from scripts.layout_fuzz import FP8_GRAD_NORM_TOLERANCE, FP8_LOSS_TOLERANCE, LOSS_TOLERANCE, Draw, compare, draw
+from tests.training.combinations import DIMENSIONS, Layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,12 +28,14 @@ def test_a_draw_is_the_same_launch_every_time_and_another_index_another():
 
 def test_two_hundred_draws_parse_and_cover_every_dimension():
     """Each draw is taken by the parser (a refusal there would waste the draw), and over 200 draws every dimension of
-    the issue varies: a generator that stopped drawing one would stop testing it."""
+    the issue, and of the combination table's Layout, varies: a generator that stopped drawing one would stop testing
+    it."""
     seen: collections.Counter = collections.Counter()
     for index in range(200):
         each = draw(11, index)
         parse_arguments(each.argv())
-        flags = [*each.model, *each.layout]
+        flags = [*each.model, *each.layout.flags()]
+        seen.update(name for name in DIMENSIONS if getattr(each.layout, name) != getattr(Layout(), name))
         value = {flag: flags[i + 1] if i + 1 < len(flags) else "" for i, flag in enumerate(flags)}
         seen[f"ranks {each.ranks}"] += 1
         sizes = ("--tensor-model-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size")
@@ -50,7 +53,7 @@ def test_two_hundred_draws_parse_and_cover_every_dimension():
                   "--moe-layer-freq", "--moe-shared-expert-intermediate-size", "--moe-grouped-gemm",
                   "--untie-embeddings-and-output-weights", "--qk-layernorm", "--num-query-groups", "--swiglu",
                   "--fp8-recipe delayed", "--fp8-recipe tensorwise"]
-    assert [dimension for dimension in dimensions if not seen[dimension]] == []
+    assert [dimension for dimension in [*dimensions, *DIMENSIONS] if not seen[dimension]] == []
 
 
 def _records(losses, norms):
@@ -58,7 +61,7 @@ def _records(losses, norms):
 
 
 def test_the_verdict_holds_losses_to_1e_5_and_grad_norms_to_1e_4_and_fp8_to_1e_3_and_1e_2():
-    dense, fp8 = draw(3, 0), Draw(3, 0, 2, (), (), (), fp8=True)
+    dense, fp8 = draw(3, 0), Draw(3, 0, 2, (), Layout(), (), fp8=True)
     one = _records([4.0, 3.0, 2.0], [1.0, 1.0, 1.0])
     assert compare(dense, one, one)["verdict"] == "bitwise"
     assert compare(dense, _records([4.0, 3.0, 2.0 * (1 + 0.5 * LOSS_TOLERANCE)], [1.0] * 3), one)["verdict"] == "equal"

@@ -1,4 +1,5 @@
-"""--optimizer muon at TP 2 logs one rank's losses (issue 81: "Muon at TP 2: losses equal one rank's").
+"""--optimizer muon --muon-tp-mode blockwise at TP 2 logs its one-rank oracle's losses (issue 81); duplicated and
+distributed against one rank are rows of the combination table (tests/training/combinations.py).
 
 Megatron-LM (main) megatron/core/optimizer/emerging_optimizers.py `TensorParallelMuon.orthogonalize` and
 Emerging-Optimizers muon_utils.py `newton_schulz_tp`: duplicated gathers each TP-cut matrix (column-parallel rows,
@@ -14,42 +15,14 @@ import pytest
 import torch
 
 import zero.muon
+from tests.training.combinations import MUON_OPTIMIZER
 from tests.training.test_tensor_parallel_training import NO_DROPOUT, train
 
-MUON = [*NO_DROPOUT, "--optimizer", "muon", "--muon-fp32-matmul-prec", "high", "--lr", "0.01",
-        "--group-query-attention", "--num-query-groups", "2", "--train-iters", "8"]
+MUON = [*NO_DROPOUT, *MUON_OPTIMIZER]
 TP2 = ["--tensor-model-parallel-size", "2"]
-# TP sums reorder the last bits of the gradients (tests/training/test_tensor_parallel_training.py compares Adam's
-# TP runs at rel 1e-4); Muon's measured losses here differ by at most 9e-8 relative (1e-5 with bf16 NS)
+# TP sums reorder the last bits of the gradients (the combination table holds Adam's TP runs to rel 1e-4); Muon's
+# measured losses differ by at most 9e-8 relative (1e-5 with bf16 NS)
 TOLERANCE = 1e-5
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["duplicated", "distributed"])
-def test_tp_2_muon_losses_are_one_ranks(tmp_path, corpus_cache, mode):
-    mode_flag = ["--muon-tp-mode", mode]
-    single = train(tmp_path, corpus_cache, "single", 1, *MUON, *mode_flag)
-    tp2 = train(tmp_path, corpus_cache, "tp2", 2, *MUON, *mode_flag, *TP2)
-    assert len(single) == 8 and single[-1] < single[0] - 0.3
-    assert tp2 == pytest.approx(single, rel=TOLERANCE, abs=0)
-    if mode == "duplicated":  # TP 2 x DP 2, ZeRO 1: the partition's pieces summed first, then gathered over TP
-        zero = train(tmp_path, corpus_cache, "tp2dp2", 4, *MUON, *mode_flag, *TP2, "--zero-stage", "1")
-        assert zero == pytest.approx(single, rel=TOLERANCE, abs=0)
-
-
-@pytest.mark.slow
-def test_tp_2_muon_losses_with_experts_cut_over_expert_tp_are_one_ranks(tmp_path, corpus_cache):
-    """TensorParallelMuon.orthogonalize takes pg_collection.expt_tp for an expert's weights: ours gathers an expert
-    cut over expert TP (2, the TP size by default) over that group, whether the dense ZeRO steps it (EP 1: the same
-    ranks as TP) or the experts' own (EP 2, 4 ranks: zero/experts.py). Measured 8e-8 relative."""
-    moe = [*MUON, "--muon-tp-mode", "duplicated", "--num-experts", "2", "--moe-router-topk", "2",
-           "--moe-token-dispatcher-type", "alltoall"]
-    single = train(tmp_path, corpus_cache, "single", 1, *moe)
-    etp2 = train(tmp_path, corpus_cache, "etp2", 2, *moe, *TP2, "--sequence-parallel")
-    ep2 = train(tmp_path, corpus_cache, "ep2", 4, *moe, *TP2, "--sequence-parallel", "--expert-model-parallel-size", "2")
-    assert single[-1] < single[0] - 0.3
-    assert etp2 == pytest.approx(single, rel=TOLERANCE, abs=0)
-    assert ep2 == pytest.approx(single, rel=TOLERANCE, abs=0)
 
 
 def blockwise_oracle(orthogonalize, parts):
