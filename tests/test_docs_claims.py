@@ -18,7 +18,7 @@ How claims are found (`page_claims`):
   "no effect" or "nothing to do" says accepted with no effect; any other verdict of a flag table
   ("Megatron-LM" or "DeepSpeed-Megatron" | "here") says the flag works;
 - sentences: backticked flags in parentheses right after "refused", "not implemented", "unsupported"
-  or "not supported" ("is not implemented (`--qk-l2-norm`, ...)"), and backticked flags right before "is
+  or "not supported" ("is not implemented (`--use-mup`, ...)"), and backticked flags right before "is
   refused" / "are refused" (also "are being implemented; until then they are refused").
 
 A placeholder (N, F, DIR, FILE, ...) stands for a value: VALUES gives one that this code accepts for
@@ -303,7 +303,7 @@ def test_claims_are_found_in_every_kind_of_place():
     assert {(page, "refused", False), (page, "works", False), (page, "no effect", False),
             (page, "refused", True)} <= verdicts
     items = {claim.item for claim in CLAIMS if claim.verdict == "refused"}
-    assert {"--qk-l2-norm", "--dataloader-inter-document-masking", "--lr nan", "sparse_attention"} <= items
+    assert {"--apply-residual-connection-post-layernorm", "--dataloader-inter-document-masking", "--lr nan", "sparse_attention"} <= items
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=str)
