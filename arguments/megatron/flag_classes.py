@@ -420,8 +420,8 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: a checkpoint is converted here by scripts/reshard_checkpoint.py and scripts/convert_to_hf.py "
      "(--load reads DeepSpeed's ZeRO and universal checkpoints as they are)", _names("""
         --ckpt-convert-format --ckpt-convert-save""")),
-    ("not implemented: pretrain_gpt.py always trains (--train-iters iterations); --eval-iters sets evaluation",
-     _names("--skip-train --eval-only --inference --use-dataset-only")),
+    ("not implemented: pretrain_gpt.py trains --train-iters iterations, or with --skip-train evaluates only",
+     _names("--eval-only --inference --use-dataset-only")),
     ("not implemented: the vocabulary is the tokenizer's own (--tokenizer-file, --vocab-file); add tokens to the "
      "tokenizer file", _names("--tokenizer-special-tokens")),
     ("not implemented: Megatron's YAML config has its own keys; --config FILE.yaml takes flag names as keys",
