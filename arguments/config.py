@@ -492,6 +492,11 @@ class TrainingConfig:
         help="append one line per rejected result and re-run verdict (Megatron's format) to FILE")
     eval_interval: int = 50
     eval_iters: int = option(10, help="batches per evaluation; 0 disables")
+    # Megatron-LM's --skip-train (megatron/training/training.py pretrain @ d98e8a64: no train(), then the valid and
+    # test evaluations at the loaded iteration): training/loop.py
+    skip_train: bool = option(False, action="store_true",
+                              help="train nothing: evaluate the model (--load's, or the initial one) on the valid "
+                                   "and test splits, --eval-iters batches each")
     log_interval: int = 10
     # Megatron-Core's fault injector (megatron/core/fault_injector.py, FaultInjectorConfig: every field None by
     # default, injection on when ranks or num-ranks is given); base/fault_injector.py, training/fault_injection.py.

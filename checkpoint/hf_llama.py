@@ -51,6 +51,8 @@ def beyond_llama(config: ModelConfig) -> dict[str, bool]:
     architecture = config.architecture
     return {"no --window-size": config.has_windows(),
             "no --qk-layernorm-over-projection": architecture.qk_layernorm_over_projection,
+            "no --qk-l2-norm": architecture.qk_l2_norm,
+            "no --no-rope-freq": bool(architecture.no_rope_freq),
             "--sublayer-norms input": architecture.sublayer_norms != "input",
             "no --gated-linear-unit": architecture.gated_linear_unit,
             "no --scale-embeddings-by-sqrt-hidden": architecture.scale_embeddings_by_sqrt_hidden,

@@ -92,7 +92,7 @@ def megatron_args(config, state: ParallelState, iteration: int, consumed_samples
         normalization=model.normalization, layernorm_epsilon=model.layernorm_epsilon, swiglu=model.swiglu,
         squared_relu=model.activation == "squared_relu", openai_gelu=False, bias_gelu_fusion=gated_gelu,
         add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_bias_linear or model.add_qkv_bias,
-        qk_layernorm=model.qk_layernorm, untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
+        qk_layernorm=model.qk_layernorm, qk_l2_norm=model.qk_l2_norm, untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
         vocab_size=_typed_vocab_size(config), make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         padded_vocab_size=model.padded_vocab_size(tp), init_method_std=model.init_method_std,
         hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,

@@ -17,6 +17,7 @@ from typing import Optional, Union
 
 from base.errors import ConfigError
 from gpt.attention_window import any_layer_windowed, layer_windows
+from gpt.layer_pattern import no_rope_layers
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron-LM's --normalization choices we build
 # of Megatron-LM's --position-embedding-type; yarn is Megatron-Core's YarnRotaryEmbedding (gpt/rotary.py yarn_angles);
@@ -51,6 +52,12 @@ class Architecture:
     add_qkv_bias: bool = False
     # Megatron-LM's --qk-layernorm: the model's normalization over each query and key head (Qwen3).
     qk_layernorm: bool = False
+    # Megatron-LM's --qk-l2-norm: each query and key head over its root mean square, no gain (gpt/norms.py L2HeadNorm);
+    # it takes --qk-layernorm's place where both are given, as Megatron-Core's SelfAttention picks L2Norm first
+    qk_l2_norm: bool = False
+    # Megatron-LM's --no-rope-freq: the layers whose attention skips the rotary positions (Llama 4's NoPE layers;
+    # gpt/layer_pattern.py no_rope_layers)
+    no_rope_freq: Union[None, int, str] = None
     # With it: the norms over the whole query and key projections instead of each head (OLMo 2; gpt/norms.py
     # ProjectionNorm)
     qk_layernorm_over_projection: bool = False
@@ -123,6 +130,12 @@ class Architecture:
         """Per layer (0-based): the keys before each query its attention sees, or None for the whole causal
         context."""
         return layer_windows(self.window_size, self.window_attn_skip_freq, num_layers)
+
+    def rotary_layers(self, num_layers: int) -> tuple[bool, ...]:
+        """Per layer (0-based): whether its attention rotates queries and keys (--position-embedding-type and
+        --no-rope-freq)."""
+        skipped = no_rope_layers(self.no_rope_freq, num_layers)
+        return tuple(self.rotary and not skip for skip in skipped)
 
     def has_windows(self, num_layers: int) -> bool:
         """Whether some layer has a sliding window (cheap at any depth)."""

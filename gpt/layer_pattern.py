@@ -1,5 +1,5 @@
 """Megatron-LM's per-layer patterns given as a list expression (its moe_freq_type, the type of --moe-layer-freq and
---window-attn-skip-freq): "([1]*3+[0]*1)*2" is one 0 or 1 per layer. Megatron evaluates the text with eval(); here
+--window-attn-skip-freq, and no_rope_freq_type, --no-rope-freq's): "([1]*3+[0]*1)*2" is one 0 or 1 per layer. Megatron evaluates the text with eval(); here
 only list literals of integers, +, * and parentheses are read, and the list's length is worked out from the
 expression before it is built, so "[1]*10**9"-sized patterns are refused at once instead of filling the memory."""
 
@@ -74,3 +74,35 @@ def layer_flags(text: str, flag: str, num_layers: int, meaning: str) -> list[int
         raise ConfigError(f"{flag} {text!r} holds {sorted(set(pattern) - {0, 1})[0]}; it needs one {meaning} per "
                           f"layer", flags=(flag,))
     return pattern
+
+
+def no_rope_layers(freq, num_layers: int) -> tuple[bool, ...]:
+    """--no-rope-freq per layer (0-based): True where attention skips the rotary positions. As Megatron-Core's
+    TransformerConfig.__post_init__ (@ d98e8a64): an integer N, which must divide the layers, is `[0] * (N - 1) + [1]`
+    repeated (each N-th layer skips); a list expression one 0 or 1 per layer; None or 0 none."""
+    if not freq:
+        return (False,) * num_layers
+    every = check_no_rope_freq(freq, num_layers)
+    if every is None:
+        return tuple(bool(value) for value in layer_flags(str(freq), "--no-rope-freq", num_layers, NO_ROPE_VALUES))
+    return tuple((layer + 1) % every == 0 for layer in range(num_layers))
+
+
+NO_ROPE_VALUES = "1 (no rotary) or 0 (rotary)"
+
+
+def check_no_rope_freq(freq, num_layers: int):
+    """A bad --no-rope-freq as one ConfigError, without a value per layer for an integer (any --num-layers stays
+    cheap); the integer, or None for a list expression."""
+    text = str(freq).strip()
+    if "[" in text:
+        layer_flags(text, "--no-rope-freq", num_layers, NO_ROPE_VALUES)
+        return None
+    try:
+        every = int(text)
+    except ValueError:
+        raise _not_a_list(text, "--no-rope-freq") from None
+    if every < 1 or num_layers % every:
+        raise ConfigError(f"--no-rope-freq {every} must be a divisor of --num-layers {num_layers} (each N-th layer "
+                          f"skips rotary, as Megatron-Core asserts)", flags=("--no-rope-freq", "--num-layers"))
+    return every

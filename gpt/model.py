@@ -43,7 +43,7 @@ from gpt.model_config import ModelConfig
 from gpt.moe.balancing import MoELossTracker
 from gpt.moe.layer import MoELayer
 from gpt.mtp import MTPLossTracker, MultiTokenPredictionLayer, attach_mtp_loss
-from gpt.norms import HeadNorm, ProjectionNorm, normalization
+from gpt.norms import HeadNorm, L2HeadNorm, ProjectionNorm, normalization
 from gpt.parallel_plan import TensorParallelPlan
 from gpt.rotary import apply_rotary, rotary_angles, yarn_angles
 from gpt.stage_layers import StageLayers, whole_model
@@ -99,9 +99,9 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, plan: TensorParallelPlan, rng: Optional[TensorParallelRNG],
-                 architecture: Architecture = GPT2, window: Optional[int] = None):
+                 architecture: Architecture = GPT2, window: Optional[int] = None, rotary: bool = True):
         """`window`: this layer's sliding window, the keys before each query it sees (gpt/attention_window.py), or
-        None for the whole causal context."""
+        None for the whole causal context; `rotary`: False on a --no-rope-freq layer."""
         super().__init__()
         self.rng = rng
         self.window = window
@@ -114,7 +114,8 @@ class SelfAttention(nn.Module):
         self.attention_backend = config.attention_backend
         self.pad_head_dim = config.pad_attention_head_dim
         self.native_gqa = self.groups_per_rank < self.heads_per_rank and sdpa_takes_grouped_kv(config.attention_backend)
-        self.rotary = architecture.rotary
+        # --no-rope-freq's layers skip the rotation (Megatron-Core's Attention.forward: `rotary_pos_emb = None`)
+        self.rotary = architecture.rotary and rotary
         self.architecture = architecture
         # --local-rotary-base: a sliding-window layer's own rotary, unscaled (Gemma 3's rope_parameters for its
         # "sliding_attention" layers); the other layers' base, Llama 3 scaling and interpolation
@@ -133,7 +134,9 @@ class SelfAttention(nn.Module):
         self.cp_comm_type = config.cp_comm_type
         self.norm_over_projection = architecture.qk_layernorm and architecture.qk_layernorm_over_projection
         kind, eps, zero_centered = architecture.normalization, config.layernorm_epsilon, architecture.apply_layernorm_1p
-        if self.norm_over_projection:  # OLMo 2's: over all heads' features (their TP slices: gpt/norms.py)
+        if architecture.qk_l2_norm:  # before --qk-layernorm, as Megatron-Core's SelfAttention picks its norm class
+            self.q_layernorm = self.k_layernorm = L2HeadNorm(eps)
+        elif self.norm_over_projection:  # OLMo 2's: over all heads' features (their TP slices: gpt/norms.py)
             groups = architecture.query_groups(config.num_attention_heads)
             self.q_layernorm = ProjectionNorm(kind, config.num_attention_heads * config.head_dim, eps, state,
                                               zero_centered)
@@ -329,7 +332,9 @@ class TransformerBlock(nn.Module):
         # the sliding window of this layer's kind (--window-size, --window-attn-skip-freq), or None
         window = architecture.attention_windows(config.num_layers)[kind_of]
         self.attention = MLASelfAttention(config, plan, rng, _output_layer_std(config)) \
-            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window)
+            if config.multi_latent_attention else SelfAttention(config, plan, rng, architecture, window=window,
+                                                                 rotary=architecture.rotary_layers(
+                                                                     config.num_layers)[kind_of])
         self.post_attention_layernorm = norm("post_attention_layernorm") if places != "output" else None
         self.split_dropout_rng = plan.dropout_rng("hidden_dropout", rng)
         if config.moe_layers()[kind_of]:

@@ -16,6 +16,7 @@ from base.errors import ConfigError
 from base.options import Const, flag_of_setting, option
 from gpt.architecture import NORMALIZATIONS, SOFTMAX_TYPES, SUBLAYER_NORM_PLACES, Architecture
 from gpt.attention_window import check_window_size, window_size_value
+from gpt.layer_pattern import check_no_rope_freq
 from gpt.longrope import LongRope, factor_list_value
 from gpt.moe.settings import (
     MoESettings,
@@ -121,6 +122,9 @@ class ModelConfig:
                                 help="keep the query-key-value bias when --disable-bias-linear drops the others (Qwen)")
     qk_layernorm: bool = option(False, action="store_true",
                                 help="--normalization over each query and key head before attention (Qwen3)")
+    qk_l2_norm: bool = option(False, action="store_true",
+                              help="each query and key head scaled to a mean square of 1 before attention, no gain "
+                                   "(Megatron-Core's L2Norm; Llama 4); with --qk-layernorm it takes that norm's place")
     qk_layernorm_over_projection: bool = option(
         False, action="store_true",
         help="with --qk-layernorm: the norms act over the whole query projection (heads x head dim) and the whole "
@@ -214,6 +218,11 @@ class ModelConfig:
         help="with --window-size, which layers have the window: N gives every layer but each N-th (1-based) a "
              "window; a list expression gives one 1 (window) or 0 (full attention) per layer, e.g. '([1]*5+[0])*4'; "
              "default: every layer")
+    no_rope_freq: Union[None, int, str] = option(
+        None, type=moe_freq_value,
+        help="layers whose attention skips the rotary positions (Llama 4's NoPE layers): N skips each N-th layer "
+             "(1-based; N divides --num-layers); a list expression gives one 1 (skip) or 0 per layer, e.g. "
+             "'([0]*3+[1])*2'; default: none")
     # Megatron-LM's multi-latent attention (DeepSeek-V2/V3; gpt/mla.py), its flags and dests: MLATransformerConfig's
     # fields, with megatron/training/arguments.py's defaults (kv_lora_rank 32 there, rotary_scaling_factor 1.0).
     multi_latent_attention: bool = option(
@@ -728,6 +737,19 @@ class ModelConfig:
         self.architecture.validate(self.num_attention_heads, self.hidden_size, self.ffn_hidden_size,
                                    head_dim=self.head_dim)
         self._check_gemma_features()
+        if self.qk_l2_norm and (self.multi_latent_attention or self.qk_layernorm_over_projection):
+            # gpt_layer_specs.py: "qk_l2_norm is not supported with MLA."; Megatron-Core has no norm over projections
+            other = "--multi-latent-attention" if self.multi_latent_attention else "--qk-layernorm-over-projection"
+            raise ConfigError(f"--qk-l2-norm with {other} is not implemented: the L2 norm acts over each head of "
+                              f"multi-head or grouped-query attention, as in Megatron-Core", flags=("--qk-l2-norm", other))
+        if self.no_rope_freq:
+            check_no_rope_freq(self.no_rope_freq, self.num_layers)
+        if self.no_rope_freq and (self.multi_latent_attention or self.mtp_num_layers):
+            # MLA rotates inside its own projections (Megatron-Core's MLASelfAttention never reads the rotary that
+            # Attention.forward drops), and an MTP layer's layer number is its own, not a decoder layer's
+            other = "--multi-latent-attention" if self.multi_latent_attention else "--mtp-num-layers"
+            raise ConfigError(f"--no-rope-freq with {other} is not implemented: drop one of them",
+                              flags=("--no-rope-freq", other))
         if self.qk_layernorm_over_projection and not self.qk_layernorm:
             raise ConfigError("--qk-layernorm-over-projection says where --qk-layernorm's query and key norms act: add "
                               "--qk-layernorm", flags=("--qk-layernorm-over-projection", "--qk-layernorm"))

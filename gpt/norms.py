@@ -1,6 +1,6 @@
 """The blocks' normalization: LayerNorm (GPT-2, with bias) or RMSNorm (Llama, gain only); and the
-per-head norms of --qk-layernorm, or with --qk-layernorm-over-projection its norms over the whole query and key
-projections (OLMo 2).
+per-head norms of --qk-layernorm (or --qk-l2-norm's, without a gain), or with --qk-layernorm-over-projection its
+norms over the whole query and key projections (OLMo 2).
 
 Under sequence parallelism a block's norms see only this rank's slice of the sequence, so the gradient
 of their (replicated) gain and bias is a partial sum: they enter through `copy`, whose backward
@@ -158,6 +158,20 @@ class HeadNorm(nn.Module):
         if self.zero_centered:
             return zero_centered_layer_norm(heads, (self.head_dim,), weight, bias, self.eps)
         return F.layer_norm(heads, (self.head_dim,), weight, bias, self.eps)
+
+
+class L2HeadNorm(nn.Module):
+    """--qk-l2-norm: Megatron-Core's L2Norm (megatron/core/transformer/torch_norm.py @ d98e8a64) over each head,
+    `(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x)`: RMSNorm without a gain, so no parameter and
+    nothing for tensor parallelism to sum."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, heads: torch.Tensor) -> torch.Tensor:
+        as_float = heads.float()
+        return (as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(heads)
 
 
 class ProjectionNorm(nn.Module):

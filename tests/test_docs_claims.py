@@ -296,7 +296,7 @@ def test_claims_are_found_in_every_kind_of_place():
     assert {(page, "refused", False), (page, "works", False), (page, "no effect", False),
             (page, "refused", True)} <= verdicts
     items = {claim.item for claim in CLAIMS if claim.verdict == "refused"}
-    assert {"--qk-l2-norm", "--dataloader-inter-document-masking", "--lr nan", "sparse_attention"} <= items
+    assert {"--apply-residual-connection-post-layernorm", "--dataloader-inter-document-masking", "--lr nan", "sparse_attention"} <= items
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=str)

@@ -158,7 +158,7 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
 
     if faults is not None:
         faults.start()
-    for iteration in range(start_iteration + 1, training.train_iters + 1):
+    for iteration in range(start_iteration + 1, (start_iteration if training.skip_train else training.train_iters) + 1):
         if tokens_used_up(settings, summary.consumed_samples, iteration, state):
             break
         if commit_saves is not None:  # Megatron-LM's maybe_finalize_async_save, at the top of its loop too
@@ -192,6 +192,14 @@ def train(step: TrainStep, metrics: IntervalMetrics, evaluator: Evaluator, memor
         save(summary.iterations)  # the end of training is always kept
     if exit_conditions is not None and summary.iterations >= training.train_iters:
         exit_conditions.training_finished()
+    final_evaluations(evaluator, training.skip_train, summary)
+    return summary
+
+
+def final_evaluations(evaluator: Evaluator, skip_train: bool, summary: TrainingSummary) -> None:
+    """The test split at the last iteration; with --skip-train (no step, so no valid evaluation in the loop) the
+    valid split first, as Megatron-LM's pretrain evaluates both at the loaded iteration without training."""
+    if skip_train and evaluator.due("valid", summary.iterations, last=True):
+        summary.final_valid_loss = evaluator.run("valid", summary.iterations, summary.consumed_samples)
     if evaluator.due("test", summary.iterations, last=True):
         summary.final_test_loss = evaluator.run("test", summary.iterations, summary.consumed_samples)
-    return summary

@@ -33,7 +33,10 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
     training, checkpoint = config.training, config.checkpoint
     finished = start.iteration >= training.train_iters or (
         training.train_tokens is not None and settings.tokens_in(start.consumed_samples) >= training.train_tokens)
-    if finished:
+    if training.skip_train:
+        finished = True
+        log(f"> --skip-train: evaluating iteration {start.iteration}, training nothing")
+    elif finished:
         log(f"> the checkpoint is already at {training.train_iters} iterations"
             f"{f' or {training.train_tokens} tokens' if training.train_tokens is not None else ''}; nothing to train")
     built, state, writer = run.built, run.state, run.writer

@@ -66,6 +66,10 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --train-sync-interval --recompute-modules --enable-experimental
         --export-te-mcore-model --export-default-te-spec --export-force-local-attention
         --export-legacy-megatron""")),
+    ("Megatron-LM's layer and activation offloading (Transformer Engine's CPU offload context, "
+     "megatron/core/pipeline_parallel/fine_grained_activation_offload.py) moves saved activations to the host and "
+     "back: the same values; not built here, they stay on the device (--cpu-checkpointing offloads checkpoints)",
+     _names("--cpu-offloading-num-layers --fine-grained-activation-offloading")),
     ("Megatron-LM's CUDA graph of the optimizer step (OptimizerCudaGraphWrapper, megatron/training/training.py, over a "
      "capturable Adam): the step here reads the gradient norm and fp16's overflow verdict back to the host, which a "
      "graph cannot, so it runs eagerly: the same update (the blocks' graphs are --cuda-graph-impl's)",
@@ -230,7 +234,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
         --kitchen-attention-backend""")),
     ("CPU offload's knob: the offloaded step here (--offload-optimizer, alias --cpu-optimizer; Megatron-LM's "
      "--optimizer-cpu-offload) is PyTorch's fused AdamW, pinned where CUDA is, and Megatron-LM's layer and "
-     "activation offloading are refused, so it has no effect", _names("""
+     "activation offloading are not built, so it has no effect", _names("""
         --cpu_torch_adam --use-pin-memory --activation-offload-fraction
         --offload-modules --min-offloaded-tensor-size --cpu-offloading-retain-pinned-cpu-buffers
         --delay-offload-until-cuda-graph --fine-grained-offloading-max-inflight-offloads""")),
@@ -351,13 +355,13 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: the MLP here is GeLU (--activation gelu or gelu_tanh), squared ReLU (--squared-relu), "
      "SwiGLU (--swiglu) or quick-GeGLU (--quick-geglu)", _names("""
         --glu-activation""")),
-    ("not implemented: rotary positions here are Megatron-LM's default RoPE, the same at every layer: each head's "
-     "first --rotary-percent of dims in two rotated halves (or adjacent pairs, --rotary-interleaved), "
-     "--rotary-base, and Llama 3.1's --use-rope-scaling",
-     _names("--no-rope-freq")),
-    ("not implemented: --normalization before each sublayer and after the last block (--qk-layernorm over query "
-     "and key heads), as in GPT-2 and Llama", _names("""
-        --apply-residual-connection-post-layernorm --qk-l2-norm --embed-layernorm""")),
+    ("not implemented: --normalization before each sublayer and after the last block (--qk-layernorm or "
+     "--qk-l2-norm over query and key heads), as in GPT-2 and Llama", _names("--embed-layernorm")),
+    # megatron/core/transformer/transformer_config.py @ d98e8a64 declares apply_residual_connection_post_layernorm and
+    # nothing reads it; megatron/model/transformer.py of Megatron-LM 23.04 and Megatron-DeepSpeed does
+    ("not implemented: the residual here is each sublayer's input; Megatron-LM's legacy models and Megatron-DeepSpeed "
+     "take it after the input norm (BERT's order), while Megatron-Core never reads the flag: drop it",
+     _names("--apply-residual-connection-post-layernorm")),
     ("not implemented: multi-head, grouped-query (--num-query-groups) or multi-latent (--multi-latent-attention) "
      "attention over the causal context (or a sliding window of it, --window-size)",
      _names("""
@@ -390,11 +394,11 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: pretraining on the .bin/.idx data only; without --data-path the embedded corpus is used",
      _names("--sft")),
     ("not implemented: weights are drawn from normal(0, --init-method-std), output projections scaled by "
-     "1/sqrt(2 x layers), the same on every data-parallel rank", _names("""
-        --init-method-xavier-uniform --data-parallel-random-init""")),
+     "1/sqrt(2 x layers) (Megatron-LM's Xavier-uniform draws each tensor-parallel shard by its own fan-in and "
+     "fan-out)", _names("--init-method-xavier-uniform")),
     ("not implemented: every parameter and activation follows --bf16 or --fp16 (fp32 master weights and Adam "
      "states in the ZeRO optimizer)", _names("""
-        --fp32-residual-connection --fp32-embedding --fp32-layernorm --fp32-tokentypes --embedding-weights-in-fp32""")),
+        --fp32-embedding --fp32-layernorm --fp32-tokentypes --embedding-weights-in-fp32""")),
     ("fp8/fp4 training is not implemented: use --bf16 or --fp16", _names("""
         --fp4-format --te-precision-config-file --kitchen-config-file
         --kitchen-recipe-number --use-kitchen-attention""")),
@@ -403,29 +407,23 @@ REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("not implemented: the optimizer here is Adam(W) with fp32 states, and all parameters trained",
      _names("""
         --use-bnb-optimizer --qk-clip --freeze-all-layers""")),
-    ("not implemented (Megatron-LM's layer and activation offloading): use --checkpoint-activations "
-     "--cpu-checkpointing for activations (and --offload-optimizer or --optimizer-cpu-offload for the optimizer "
-     "states)", _names("""
-        --cpu-offloading-num-layers --fine-grained-activation-offloading""")),
     ("knowledge distillation is not implemented: train the model on its data", _names("""
         --kd --mos --logits-load-dir""")),
     ("not implemented: a fake process group skips the communication, so the results are not a training run's",
      _names("--fake-process-group")),
     ("not implemented: give the model's flags on the command line (--load checks that they match the checkpoint)",
      _names("--use-checkpoint-args")),
-    ("not implemented: --load DIR/iter_NNNNNNN loads one iteration's checkpoint", _names("""
-        --ckpt-step --load-tag --override-ckpt-iteration""")),
+    ("not implemented: --load DIR/iter_NNNNNNN (or --ckpt-step N) loads one iteration's checkpoint, and resumes "
+     "at its iteration and consumed samples", _names("--load-tag --override-ckpt-iteration")),
     ("not implemented: --load DIR --finetune starts from a checkpoint's weights at iteration 0", _names("""
         --pretrained-checkpoint --reset-iteration""")),
     ("not implemented: a checkpoint is converted here by scripts/reshard_checkpoint.py and scripts/convert_to_hf.py "
      "(--load reads DeepSpeed's ZeRO and universal checkpoints as they are)", _names("""
         --ckpt-convert-format --ckpt-convert-save""")),
-    ("not implemented: pretrain_gpt.py always trains (--train-iters iterations); --eval-iters sets evaluation",
-     _names("--skip-train --eval-only --inference --use-dataset-only")),
+    ("not implemented: pretrain_gpt.py trains --train-iters iterations, or with --skip-train evaluates only",
+     _names("--eval-only --inference --use-dataset-only")),
     ("not implemented: the vocabulary is the tokenizer's own (--tokenizer-file, --vocab-file); add tokens to the "
      "tokenizer file", _names("--tokenizer-special-tokens")),
-    ("not implemented: with --tokenizer-type NullTokenizer the end-of-document id is --vocab-size",
-     _names("--null-tokenizer-eod-id")),
     ("not implemented: Megatron's YAML config has its own keys; --config FILE.yaml takes flag names as keys",
      _names("--yaml-cfg")),
 )
@@ -515,6 +513,29 @@ ROUTER_PADDING = AtValue(
     "Megatron-Core refuses it without FP8 and with the allgather (or alltoall_seq) token dispatcher: add "
     "--fp8-format, use --moe-token-dispatcher-type alltoall or flex, or drop the flag")
 
+
+def _fp32_run(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """--fp32-residual-connection casts the residual stream to fp32 (megatron/core/transformer/transformer_layer.py
+    @ d98e8a64): the identity in an fp32 run."""
+    return settings is None or not (settings.get("bf16") or settings.get("fp16"))
+
+
+def _no_random_draws(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """--data-parallel-random-init seeds each data-parallel rank's streams with --seed + 10 x its rank and then
+    broadcasts DP rank 0's weights (megatron/training/initialize.py _set_random_seed, models/dist_utils.py
+    broadcast_params @ d98e8a64): the weights are --seed's, as here; only what a step draws (dropout, the experts'
+    random routing) differs, so it is a no-op without dropout on a dense model."""
+    return settings is None or (not settings.get("hidden_dropout") and not settings.get("attention_dropout")
+                                and largest_expert_count(settings.get("num_experts")) is None)
+
+
+def _null_tokenizer_eod(value: Any, settings: Optional[Mapping[str, Any]]) -> bool:
+    """Megatron-LM reads --null-tokenizer-eod-id only for NullTokenizer (megatron/core/tokenizers/utils/
+    build_tokenizer.py @ d98e8a64), whose end-of-document id here is --vocab-size (data/tokenizer.py)."""
+    return (settings is None or settings.get("tokenizer_type") != "NullTokenizer"
+            or value == settings.get("vocab_size"))
+
+
 MODELOPT = ("ModelOpt's quantized export is not implemented (Megatron-LM's megatron/post_training): use the default, "
             "or run it with Megatron-LM and nvidia-modelopt")
 
@@ -564,6 +585,19 @@ AT_VALUE: dict[str, AtValue] = {
                                  "not implemented: the vocabulary is the tokenizer's own"),
     "--num-unique-layers": AtValue(_matches(lambda s: s["num_layers"]), "every layer unique, as here",
                                    "not implemented: parameter sharing between layers"),
+    "--fp32-residual-connection": AtValue(
+        _fp32_run, "the residual stream is fp32 already in an fp32 run (no --bf16 or --fp16)",
+        "not implemented: the residual stream follows --bf16 or --fp16 (Megatron-LM keeps it, and the embedding's "
+        "output, in fp32); run without it"),
+    "--data-parallel-random-init": AtValue(
+        _no_random_draws, "every data-parallel rank starts from DP rank 0's weights, drawn from --seed as here, "
+                          "and no step draws random numbers (dropout 0, no experts)",
+        "not implemented: the dropout and routing streams here are the same on every data-parallel rank (Megatron "
+        "offsets them by 10 x the DP rank); drop the flag"),
+    "--null-tokenizer-eod-id": AtValue(
+        _null_tokenizer_eod, "read only by --tokenizer-type NullTokenizer, whose end-of-document id here is "
+                             "--vocab-size",
+        "not implemented: with --tokenizer-type NullTokenizer the end-of-document id is --vocab-size"),
     "--embedding-init-method-std": AtValue(_matches(lambda s: s["init_method_std"]),
                                            "the same std as --init-method-std",
                                            "not implemented: embeddings are drawn with --init-method-std"),

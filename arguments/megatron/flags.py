@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 from arguments.config import PretrainConfig
 from arguments.config_sources import FLAG, JSON, Source
+from arguments.megatron.ckpt_step import resolve_ckpt_step
 from arguments.megatron.cpu_offload_flags import ignored_state_dtypes, resolve_cpu_offload_flags
 from arguments.megatron.cuda_graph_flags import SCOPE_ADD, resolve_cuda_graph_flags
 from arguments.megatron.harvested_flags import resolve_harvested
@@ -204,6 +205,9 @@ MEANINGS: list[Meaning] = [
             "fp32 (gradients accumulated and reduced in bf16); fp32 is the default for bf16 here as there"),
     Meaning(("--main-params-dtype",), "main_params_dtype", "Megatron-LM", {"choices": ("fp32", "fp16")},
             "the precision-aware optimizer's master weights: fp32, as here; fp16 is not implemented"),
+    Meaning(("--ckpt-step",), "ckpt_step", "Megatron-LM", {"type": int, "metavar": "N"},
+            "the iteration --load loads instead of the one its tracker file names: --load DIR/iter_000000N "
+            "(arguments/megatron/ckpt_step.py)"),
     Meaning(("--recompute-activations",), "recompute_activations", "Megatron-LM", {"action": "store_true"},
             f"selective recompute: {SELECTIVE_RECOMPUTE}"),
     Meaning(("--recompute-granularity",), "recompute_granularity", "Megatron-LM",
@@ -318,6 +322,7 @@ def resolve_meanings(values: dict[str, Any], settings: dict[str, Any], sources: 
         change("apply_wd_to_qk_layernorm", True, "no_weight_decay_cond_type",
                "Megatron-LM's deprecated spelling of --apply-wd-to-qk-layernorm")
     _resolve_precision_aware_optimizer(given, settings, option_used, resolved)
+    resolve_ckpt_step(given, settings, change, resolved)
     resolve_cpu_offload_flags(given, settings, sources, option_used, change, resolved)
     _resolve_main_grads_dtype(given, settings, sources, change, resolved)
     _resolve_query_groups(given, settings, option_used, change, resolved)

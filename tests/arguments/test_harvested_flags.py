@@ -160,7 +160,8 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
                                         # MTP's knobs, refused where set with MTP built (tests/gpt/test_mtp.py)
                                         and not option.startswith("--mtp-")
                                         # switches accepted with FP8: tests/gpt/test_moe_router_padding.py
-                                        and not option.startswith("--moe-router-padding-for-")}
+                                        and not option.startswith("--moe-router-padding-for-")
+                                        and option not in NO_OP_WITH_SETTINGS}
     parsed = parse_arguments(settings_argv + [token for option, value in no_op.items() for token in (option, value)])
     line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
     for option, value in no_op.items():
@@ -171,6 +172,45 @@ def test_at_value_flags_are_accepted_at_their_no_op_value_and_refused_elsewhere(
     assert "\n" not in message
     for option, value in other.items():
         assert f"{option} {value}: {AT_VALUE[option].refused}" in message, option
+
+
+# Issue 81 item 5's sweep: no-ops only under other settings (arguments/megatron/flag_classes.py says why), each with
+# the settings where it is one and where it is not.
+NO_OP_WITH_SETTINGS = {
+    "--fp32-residual-connection": ([], ["--bf16"]),
+    "--data-parallel-random-init": (["--hidden-dropout", "0", "--attention-dropout", "0"],
+                                    ["--hidden-dropout", "0", "--attention-dropout", "0", "--num-experts", "4"]),
+    "--null-tokenizer-eod-id": (["--tokenizer-type", "NullTokenizer", "--mock-data", "--vocab-size", "500"],
+                                ["--tokenizer-type", "NullTokenizer", "--mock-data", "--vocab-size", "400"]),
+}
+
+
+@pytest.mark.parametrize("option", sorted(NO_OP_WITH_SETTINGS))
+def test_flags_that_are_no_ops_under_some_settings_are_accepted_there_and_refused_elsewhere(option):
+    value = ["500"] if option == "--null-tokenizer-eod-id" else []
+    no_op, changes = NO_OP_WITH_SETTINGS[option]
+    line = next(note for note in parse_arguments([*no_op, option, *value]).notes if note.startswith(NO_EFFECT_LINE))
+    assert option in line and AT_VALUE[option].no_effect in line
+    if option == "--null-tokenizer-eod-id":  # only NullTokenizer reads it
+        assert option in next(note for note in parse_arguments([option, "7"]).notes if note.startswith(NO_EFFECT_LINE))
+    if option == "--data-parallel-random-init":  # Megatron-LM's default dropout, 0.1, is drawn per DP rank
+        with pytest.raises(ConfigError) as error:
+            parse_arguments([option])
+        assert f"{option}: {AT_VALUE[option].refused}" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        parse_arguments([*changes, option, *value])
+    assert f"{show(option, value)}: {AT_VALUE[option].refused}" in str(error.value)
+
+
+def show(option, value):
+    return " ".join([option, *value])
+
+
+def test_layer_and_activation_offloading_move_the_same_values_and_have_no_effect():
+    parsed = parse_arguments(["--cpu-offloading-num-layers", "2", "--fine-grained-activation-offloading"])
+    line = next(note for note in parsed.notes if note.startswith(NO_EFFECT_LINE))
+    assert "--cpu-offloading-num-layers 2" in line and "--fine-grained-activation-offloading" in line
+    assert parsed.config.to_dict() == parse_config([]).to_dict()
 
 
 def test_pipeline_split_knobs_have_no_effect_without_stages_and_are_refused_with_them():

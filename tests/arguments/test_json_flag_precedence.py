@@ -453,10 +453,10 @@ def test_an_unknown_flag_an_unsupported_json_key_and_a_refused_combination_come_
 def test_a_bad_json_value_and_a_refused_megatron_flag_come_back_with_the_unknown_flags(tmp_path):
     ds = write(tmp_path, {"zero_optimization": {"overlap_comm": "true"}, "gradient_clipping": 1.0})
     with pytest.raises(ConfigError) as error:
-        parse_arguments(["--zero-config", ds, "--qk-l2-norm", "--use-mup", "--lr", "nan"])
-    message = str(error.value)  # --qk-l2-norm is a known Megatron flag, refused with the other refusals
+        parse_arguments(["--zero-config", ds, "--apply-residual-connection-post-layernorm", "--use-mup", "--lr", "nan"])
+    message = str(error.value)  # --apply-residual-connection-post-layernorm is a known Megatron flag, refused with the other refusals
     assert message.startswith(f"3 problems: (1) {ds}: zero_optimization.overlap_comm must be true or false"), message
-    assert "(2) " in message and "--qk-l2-norm: not implemented" in message
+    assert "(2) " in message and "--apply-residual-connection-post-layernorm: not implemented" in message
     assert "--use-mup: not implemented" in message
     assert "(3) --lr must be a finite number, got nan" in message
 

@@ -87,12 +87,13 @@ def test_flags_that_would_change_the_math_are_refused_in_one_line_naming_the_alt
 
 def test_unknown_flags_get_did_you_mean_with_the_refused_megatron_flags_all_at_once():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--num-layer", "2", "--lr-warmup-samples", "100", "--qk-l2-norm", "--zzzzzz"])
+        parse_config(["--num-layer", "2", "--lr-warmup-samples", "100", "--apply-residual-connection-post-layernorm", "--zzzzzz"])
     assert str(error.value) == (
         "3 problems: (1) unrecognized arguments: --num-layer 2 --zzzzzz (--num-layer: did you mean --num-layers?; "
-        "--zzzzzz: no flag of that name or near it (python pretrain_gpt.py --help lists them)); (2) --qk-l2-norm: "
-        "not implemented: --normalization before each sublayer and after the last block (--qk-layernorm over query "
-        "and key heads), as in GPT-2 and Llama; (3) "
+        "--zzzzzz: no flag of that name or near it (python pretrain_gpt.py --help lists them)); (2) --apply-residual-connection-post-layernorm: "
+        "not implemented: the residual here is each sublayer's input; Megatron-LM's legacy models and "
+        "Megatron-DeepSpeed take it after the input norm (BERT's order), while Megatron-Core never reads the flag: "
+        "drop it; (3) "
         "--lr-warmup-samples 100 on the command line is a length in samples, and this run counts iterations "
         "(--train-iters 250, preset tiny (configs/models/tiny.yaml)): give --train-samples to count samples, or drop "
         "--lr-warmup-samples (Megatron-LM refuses the two kinds together)")

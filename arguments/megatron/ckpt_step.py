@@ -1,0 +1,24 @@
+"""Megatron-LM's --ckpt-step N: load iteration N of --load instead of the one its tracker file names.
+
+megatron/training/checkpointing.py @ d98e8a64 (load_checkpoint's _load_base_checkpoint and get_checkpoint_path):
+`if getattr(args, 'ckpt_step', None): iteration = args.ckpt_step`, then get_checkpoint_name reads DIR/iter_%07d. Here
+--load takes one iteration directory as well as a --save directory, so the flag is --load DIR/iter_000000N; N 0 (or
+not given) changes nothing, as `if` reads it there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+
+def resolve_ckpt_step(given: dict[str, Any], settings: dict[str, Any], change: Callable, resolved) -> None:
+    """--ckpt-step N as --load's iteration directory (through `change`); without --load, one refusal."""
+    step = given.get("ckpt_step")
+    if not step:
+        return
+    if not settings.get("load"):
+        resolved.refused.append(f"--ckpt-step {step} names an iteration of --load's checkpoints: add --load DIR")
+        return
+    change("load", str(Path(settings["load"]) / f"iter_{step:07d}"), "ckpt_step",
+           f"--load {settings['load']} --ckpt-step {step}: that iteration's directory, as Megatron-LM loads it")

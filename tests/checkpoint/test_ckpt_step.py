@@ -1,0 +1,23 @@
+"""Megatron-LM's --ckpt-step N (arguments/megatron/ckpt_step.py): --load DIR's iteration N instead of the one its
+tracker file names (megatron/training/checkpointing.py @ d98e8a64: `if getattr(args, 'ckpt_step', None): iteration
+= args.ckpt_step`), so the run resumes at N with the losses a resume from DIR/iter_000000N logs."""
+
+from __future__ import annotations
+
+from tests.reliability_helpers import metrics_records, train
+
+
+def test_a_resume_from_the_named_iteration_logs_what_loading_its_directory_logs(tmp_path, corpus_cache):
+    save = tmp_path / "ckpt"
+    assert train(corpus_cache, tmp_path / "first", "--train-iters", "4", "--save", save, "--save-interval",
+                 "2").code == 0
+    assert (save / "iter_0000002").is_dir() and (save / "iter_0000004").is_dir()
+    runs = {}
+    for name, load in (("step", ["--load", save, "--ckpt-step", "2"]), ("dir", ["--load", save / "iter_0000002"])):
+        (tmp_path / name).mkdir()
+        outcome = train(corpus_cache, tmp_path / name, "--train-iters", "4", *load)
+        assert outcome.code == 0, outcome.err[-2000:]
+        runs[name] = [(record["iteration"], record["loss"])
+                      for record in metrics_records(tmp_path / name / "metrics.jsonl") if "loss" in record]
+    assert [iteration for iteration, _ in runs["step"]] == [3, 4]
+    assert runs["step"] == runs["dir"]
