@@ -1,27 +1,19 @@
 """Configuration dataclasses for a pretraining run, and their validation.
 
-Every field name here is also a CLI flag (`num_layers` <-> `--num-layers`) and a YAML preset key, so
-there is one name for each setting wherever it is written. Two fields keep the name their flag would
-collide with: `zero.stage` is `--zero-stage` and `training.accumulation_steps` is
-`--gradient-accumulation-steps` (`FLAG_NAMES`). Each flag's help text, argparse shape and other
-programs' names for it are declared on its field (`option()`, base/options.py); arguments/parser.py
-builds the parser from them. The defaults below are the `tiny` preset: a GPT that trains on a laptop
-CPU in a couple of minutes.
+Every field name here is also a CLI flag (`num_layers` <-> `--num-layers`) and a YAML preset key, so there is one
+name for each setting wherever it is written; two fields keep another name (`zero.stage` is `--zero-stage`,
+`training.accumulation_steps` `--gradient-accumulation-steps`: `FLAG_NAMES`). Each flag's help, argparse shape and
+other programs' names are declared on its field (`option()`, base/options.py); arguments/parser.py builds the
+parser from them. The defaults are the `tiny` preset: a GPT that trains on a laptop CPU in minutes. Validation
+happens in `PretrainConfig.validate()`, before any work, and raises `ConfigError` naming the flag and the fix.
 
-Validation happens in `PretrainConfig.validate()`, before any work starts, and raises `ConfigError`
-with a message that names the flag and the fix.
-
-Every class here (and `ModelConfig`, `ZeroConfig`, `ActivationCheckpointConfig` below it) is a frozen
-dataclass: a config is what the user asked for, and nothing changes it after parsing. The parser
-(arguments/parser.py) and the Megatron and DeepSpeed translations work on a flat draft, {setting:
-value}, which layers presets, JSON and flags by plain dict updates; `PretrainConfig.from_flat` freezes
-it once at the end, each section built by its constructor. A draft rather than a chain of
-`dataclasses.replace` calls because the layers and the translations write settings by name, from many
-sections at once, and a dict says that directly. What depends on the tokenizer, the grid or the device
-(the vocabulary, the batch of every iteration, the precision, the attention kernel) is not written back
-here: training/run_settings.py resolves it once into a new, also frozen, copy. Code and tests that want
-a variant build one with `dataclasses.replace`.
-"""
+Every class here (and `ModelConfig`, `ZeroConfig`, `ActivationCheckpointConfig`) is a frozen dataclass: a config
+is what the user asked for, and nothing changes it after parsing. The parser and the Megatron and DeepSpeed
+translations work on a flat draft, {setting: value}, layering presets, JSON and flags by plain dict updates (they
+write settings by name, from many sections at once); `PretrainConfig.from_flat` freezes it once at the end. What
+depends on the tokenizer, the grid or the device (the vocabulary, each iteration's batch, the precision, the
+attention kernel) is resolved once by training/run_settings.py into a new frozen copy; a variant is built with
+`dataclasses.replace`."""
 
 from __future__ import annotations
 

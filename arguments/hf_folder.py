@@ -1,30 +1,22 @@
 """`--init-from-hf DIR`: the Hugging Face folder is the model, as `from_pretrained` and Megatron-Bridge's
 AutoBridge take it.
 
-The folder is a layer of settings of its own, between the preset (or Megatron's defaults) and the
-DeepSpeed JSON and command line (arguments/parser.py): its architecture comes from config.json, read by
-arguments/hf_config.py (the one reader of that file), and its tokenizer from the files beside it. Each
-value's source is "DIR/config.json: key" (or "DIR/tokenizer.json"), so --print-config and errors say
-where it came from. A setting typed on the command line (or in the JSON) that equals the folder's is
-taken; one that differs is a problem naming both, since it would describe another model than the
-weights. Megatron-Bridge reads a folder the same way (src/megatron/bridge/models/llama/llama_bridge.py,
-LlamaBridge.provider_bridge: num_hidden_layers -> num_layers, intermediate_size -> ffn_hidden_size,
-num_key_value_heads -> num_query_groups, rms_norm_eps -> layernorm_epsilon, rope_theta -> rotary_base,
-tie_word_embeddings -> share_embeddings_and_output_weights, and vocab_size as the model's). Where it takes
-seq_length = max_position_embeddings, the sequence here stays the preset's unless that is longer than
-the folder's positions (a laptop's 128, not Llama 3's 131072): it is then cut to them.
+The folder is a layer of settings of its own, between the preset (or Megatron's defaults) and the DeepSpeed JSON and
+command line (arguments/parser.py): its architecture from config.json (read by arguments/hf_config.py), its
+tokenizer from the files beside it. Each value's source is "DIR/config.json: key" (or "DIR/tokenizer.json"). A
+setting typed on the command line (or in the JSON) that equals the folder's is taken; one that differs is a problem
+naming both. Megatron-Bridge reads a folder the same way (llama_bridge.py LlamaBridge.provider_bridge:
+num_hidden_layers -> num_layers, intermediate_size -> ffn_hidden_size, num_key_value_heads -> num_query_groups,
+rms_norm_eps -> layernorm_epsilon, rope_theta -> rotary_base, tie_word_embeddings ->
+share_embeddings_and_output_weights, vocab_size as the model's); where it takes seq_length =
+max_position_embeddings, the sequence here stays the preset's unless longer than the folder's positions.
 
-The vocabulary: the folder's `vocab_size` is the model's (training/run_settings.py's model_vocabulary);
-the tokenizer's ids must fall inside it. Which tokenizer, by one rule (_tokenizer), said in the start-up line:
-- one given explicitly (--tokenizer-type with its files, or NullTokenizer with --vocab-size) wins over the
-  folder's and the embedded corpus's, as Megatron-LM reads only its tokenizer flags; with NullTokenizer the
-  folder must hold --vocab-size + 1 rows (Megatron's NullTokenizer adds the end-of-document id), and without
-  --vocab-size its ids fill vocab_size;
-- else the folder's tokenizer.json (else its vocab.json + merges.txt);
-- none in the folder, and no --data-path: the embedded corpus's byte-level BPE is trained with at most
-  the folder's vocab_size tokens (--tokenizer-vocab-size, at most that);
-- none in the folder, with --data-path: the data's own tokenizer must be named, as without a folder.
-"""
+The folder's `vocab_size` is the model's (training/run_settings.py model_vocabulary). The tokenizer, by one rule
+(_tokenizer), said in the start-up line: one given explicitly (--tokenizer-type with its files, or NullTokenizer
+with --vocab-size, whose folder must hold --vocab-size + 1 rows) wins, as Megatron-LM reads only its tokenizer
+flags; else the folder's tokenizer.json (or vocab.json + merges.txt); else, without --data-path, the embedded
+corpus's BPE trained with at most the folder's vocab_size tokens; with --data-path the data's tokenizer must be
+named, as without a folder."""
 
 from __future__ import annotations
 

@@ -1,30 +1,20 @@
 """Megatron-style command-line flags merged over a YAML preset.
 
-Every setting's flag is generated from its field in arguments/config.py's PretrainConfig sections: the
-help text, argparse shape and other programs' names for it are declared there, beside the field
-(`option()`, base/options.py).
+Every setting's flag is generated from its field in arguments/config.py's PretrainConfig sections (help, argparse
+shape and other programs' names declared beside the field: `option()`, base/options.py).
 
-A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose keys are flag names
-(`num_layers: 48` or `num-layers: 48`). Its values are turned into flags placed *before* the user's
-flags, so argparse checks their types the same way and a flag given on the command line wins.
-`--zero-config ds.json` (a DeepSpeed JSON, arguments/deepspeed/translation.py) is turned into flags the same way
-and placed between the two, so the precedence is YAML preset < JSON < command line, except where the
-JSON and a flag set one setting differently: there the side wins that wins in the real
-Megatron-DeepSpeed + DeepSpeed pair (arguments/deepspeed/precedence.py), said in one warning line at the
-start and in --print-config. `--init-from-hf DIR` adds the folder's architecture and tokenizer as a layer
-over the preset (arguments/hf_folder.py): a flag or JSON value may only repeat what the folder says.
-Megatron-LM's and DeepSpeed-Megatron's flags are aliases or meanings (arguments/megatron/flags.py); every
-other flag those programs define is accepted with no effect or refused with the alternative
-(arguments/megatron/harvested_flags.py, arguments/megatron/flag_classes.py), so none ends in
-"unrecognized arguments". Each value keeps its
-source (arguments/config_sources.py) for --print-config and for errors about values the user did not type.
-Every bad input ends in `ConfigError` with one line naming the key or flag; the problems of every layer
-(unknown flags, JSON keys, refused combinations) are collected and reported together.
-
-The layers, the Megatron meanings and the JSON's overrides all write into one flat draft, {setting: value};
-`PretrainConfig.from_flat` freezes it once at the end (why a draft: arguments/config.py's docstring), and
-nothing assigns into the config after.
-"""
+A preset (`--config tiny` or `--config path/to/x.yaml`) is a flat mapping whose keys are flag names. Its values
+become flags placed *before* the user's, so argparse checks them alike and the command line wins. `--zero-config
+ds.json` (arguments/deepspeed/translation.py) becomes flags placed between the two: YAML preset < JSON < command
+line, except where the JSON and a flag set one setting differently: there the side that wins in the real
+Megatron-DeepSpeed + DeepSpeed pair wins (arguments/deepspeed/precedence.py), said in one line and in
+--print-config. `--init-from-hf DIR` adds the folder as a layer over the preset (arguments/hf_folder.py): a flag or
+JSON value may only repeat what the folder says. Megatron-LM's and DeepSpeed-Megatron's flags are aliases or
+meanings (arguments/megatron/flags.py); every other flag they define is accepted with no effect or refused with the
+alternative (harvested_flags.py, flag_classes.py), so none ends in "unrecognized arguments". Each value keeps its
+source (arguments/config_sources.py) for --print-config and errors. Every bad input ends in `ConfigError` with one
+line naming the key or flag; the problems of every layer are collected and reported together. The layers, meanings
+and JSON overrides write into one flat draft that `PretrainConfig.from_flat` freezes once (arguments/config.py)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,21 @@
 """Megatron-LM's and DeepSpeed-Megatron's flags, honoured with their meaning.
 
-Four kinds:
+- `ALIASES`: another name for one of our flags (`--batch-size` is `--micro-batch-size`), declared beside the
+  setting's field (`option(aliases={"--batch-size": "DeepSpeed-Megatron"})`, base/options.py) and gathered here;
+  `build_parser` adds the alias to the flag itself, so the value lands in the same setting.
+- `MEANINGS` (flags with a dest of their own): a Megatron flag whose meaning becomes our settings
+  (`--use-distributed-optimizer` is ZeRO stage 1, `--recompute-granularity full` is `--checkpoint-activations`), or
+  that has no effect on the math here (`--deepspeed`, `--no-masked-softmax-fusion`), said once at the start, or
+  that would change the math in a way not implemented (`--main-params-dtype fp16`), refused in one line naming what
+  to use instead.
+- `SPELLINGS`: another name for one value of one of our settings (`--use-flash-attn` is `--attention-backend
+  flash`), a store_const entry of its own.
 
-- `ALIASES`: another name for one of our flags (`--batch-size` is `--micro-batch-size`), declared beside
-  the setting's field (`option(aliases={"--batch-size": "DeepSpeed-Megatron"})`, base/options.py) and
-  gathered here; `build_parser` adds the alias to the flag itself, so the value lands in the same setting.
-- `MEANINGS` (flags with a dest of their own, not a setting): a Megatron flag whose meaning becomes
-  our settings (`--use-distributed-optimizer` is ZeRO stage 1, `--recompute-granularity full` is
-  `--checkpoint-activations`), or that has no effect on the math here (`--deepspeed`,
-  `--no-masked-softmax-fusion`), said once at the start, or that would change the math in a way not
-  implemented (`--main-params-dtype fp16`), refused in one line naming
-  what to use instead.
-- `SPELLINGS`: another name for one value of one of our settings (`--use-flash-attn` is
-  `--attention-backend flash`), a store_const entry of its own.
-
-`MEANINGS` and `SPELLINGS` stay tables here rather than going beside the fields: they are the other
-programs' vocabulary, read as a whole (each says whose name it is and what it means here, for
---print-config, the README and `classify_harvested`), and a meaning may set several settings or none.
-
-Every other flag that Megatron-LM, Megatron-DeepSpeed or DeepSpeed defines (harvested into
-arguments/megatron/flags_harvested.json) is classified in arguments/megatron/flag_classes.py and parsed by
-arguments/megatron/harvested_flags.py. `resolve_meanings` turns the parsed values of `MEANINGS` and of those flags into
-setting changes, notes (the flags with no effect on the math in one line) and refusals (one error).
-"""
+`MEANINGS` and `SPELLINGS` stay tables here rather than beside the fields: they are the other programs' vocabulary,
+read as a whole (whose name, what it means here: for --print-config, the README and `classify_harvested`), and a
+meaning may set several settings or none. Every other flag that Megatron-LM, Megatron-DeepSpeed or DeepSpeed defines
+(arguments/megatron/flags_harvested.json) is classified in flag_classes.py and parsed by harvested_flags.py;
+`resolve_meanings` turns the parsed values into setting changes, notes (no effect, in one line) and refusals."""
 
 from __future__ import annotations
 
