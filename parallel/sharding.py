@@ -1,37 +1,23 @@
 """Where a tensor lives: one record per parameter, written where its layout is decided, and the one rule over them.
 
-A `ShardingRecord` says what part of which whole tensor a rank's parameter is: the whole (global) shape, the
-global offset of the slice this rank holds, the grid dimension the slice is cut over (TP for the dense layers,
-the experts' own TP for expert tensor parallelism), the grid dimensions whose ranks hold identical copies of
-the slice, and how many rows of the whole are real where the rest is vocabulary padding. It is Megatron-Core's
-`ShardedTensor` (megatron/core/dist_checkpointing/mapping.py: global shape, global offset, replica id) and
-torchtitan's per-module placements, kept on the parameter itself (`param.sharding`), so it travels with the
-parameter through ZeRO's materialization (parallel/init.py replace_parameters keeps a parameter's attributes).
+A `ShardingRecord` says what part of which whole tensor a rank's parameter is: the whole shape, the global offset
+of this rank's slice, the grid dimension it is cut over (TP, or the experts' own TP), the grid dimensions whose
+ranks hold identical copies, and how many rows of the whole are real beside vocabulary padding. It is
+Megatron-Core's `ShardedTensor` (dist_checkpointing/mapping.py: global shape, global offset, replica id) and
+torchtitan's placements, kept on the parameter (`param.sharding`) through ZeRO's materialization. The dimensions are
+the mesh's ("pp", "dp", "cp", "tp", parallel/mesh.py) and the experts' ("edp", "etp", "ep"): a dense parameter is
+replicated over "dp" and "cp", and "tp" when whole; an expert over "edp" (and "etp" when whole), which also tells
+ZeRO to build its state over the expert DP group (zero/experts.py); the last stage's tied embedding copy over "pp".
 
-The grid dimensions are the mesh's (parallel/mesh.py: "pp", "dp", "cp", "tp") and the experts' own ("edp",
-"etp", "ep"). A dense parameter is replicated over "dp" and "cp" (context-parallel ranks hold the same weights),
-and over "tp" when it is whole; an expert held by its expert data-parallel group is replicated over "edp" (and
-"etp" when whole); the last pipeline stage's copy of a tied word embedding over "pp" (the first stage's is the
-one saved). The replicas of an expert are also what tells ZeRO to build its state over the expert data-parallel
-group (zero/experts.py).
-
-The rule, Megatron-Core's replica id (a ShardedTensor whose replica id is not 0 is not saved): **a rank writes a
-slice when it is the first replica of it, coordinate 0 on every dimension the slice is replicated over.** So a
-TP-split weight is written by each TP rank of the first data-parallel rank, a whole norm by TP rank 0 only, an
-expert by the first rank of its expert data-parallel group (and of its expert TP group when whole), the tied word
-embedding by the first stage; each element once (checkpoint/save_plan.py). A load asks each record's region of
-the whole tensor (checkpoint/global_state.py), so a checkpoint saved at any layout loads at any other and no rank
-reads the whole model. This docstring is where the rule is told; the checkpoint modules point here.
-
-Every layer writes its parameters' records where it makes them, a whole tensor's too (norms, a row-parallel
-layer's bias, the router: `whole_record`); the split ones in parallel/layers.py and the experts in
-gpt/moe/experts.py, the stage's tied copy in gpt/model.py. A parameter without one is refused when the model is
-built (`check_recorded`, at the end of GPTModel's construction), as torchtitan's resolve_placements raises: read
-as whole, GPT-OSS's attention sinks once loaded whole into a TP half. Whoever asks "which elements of which tensor
-are here, and who else holds them" reads `record_of(param)`: the initializer (parallel/init.py), ZeRO's layout
-(zero/flat_buffer.py), the checkpoint's save plan and its loader at any layout (checkpoint/save_plan.py,
-checkpoint/global_load.py), the HF import and the model's shape counts (gpt/shape.py).
-"""
+The rule, Megatron-Core's replica id: **a rank writes a slice when it is the first replica of it, coordinate 0 on
+every dimension the slice is replicated over.** So a TP-split weight is written by each TP rank of the first DP
+rank, a whole norm by TP rank 0, an expert by the first rank of its expert DP group, the tied embedding by the
+first stage: each element once (checkpoint/save_plan.py). A load asks each record's region of the whole tensor
+(checkpoint/global_state.py), so any layout loads at any other and no rank reads the whole model. The rule is told
+here; the checkpoint modules point here. Every layer records its parameters where it makes them, whole ones too
+(`whole_record`); a parameter without one is refused when the model is built (`check_recorded`), as torchtitan's
+resolve_placements raises. Readers of `record_of(param)`: the initializer, ZeRO's layout, the save plan and loader,
+the HF import, gpt/shape.py."""
 
 from __future__ import annotations
 

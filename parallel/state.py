@@ -1,31 +1,22 @@
 """The process grid every other module is handed: ranks, groups, the device and the communicator.
 
-A `ParallelState` is built once by `initialize()` and passed explicitly to whatever needs a group or
-a rank; nothing in the repo reads parallel layout from module globals. With one process it describes a
-single process with no process group at all, which is what `python pretrain_gpt.py` runs on a laptop.
-
-The grid is the named mesh of parallel/mesh.py, ("pp", "dp", "cp", "tp") (--pipeline-model-parallel-size
-stages and --context-parallel-size, 1 by default): each dimension's size, this rank's coordinate and its group, as `state.dims["tp"]`. The flat
-fields other modules read (tensor_parallel_size, data_parallel_rank, tensor_parallel_group, ...) are
-read-only views of it. TP groups are runs of consecutive ranks, so with torchrun/SLURM's node-major rank
-order a TP group stays inside a node, where tensor parallelism's per-layer all-reduces can use NVLink; DP
-groups are strided across nodes:
+A `ParallelState` is built once by `initialize()` and passed explicitly to whatever needs a group or a rank; nothing
+reads parallel layout from module globals. With one process it describes a single process with no process group,
+what `python pretrain_gpt.py` runs on a laptop. The grid is parallel/mesh.py's named mesh ("pp", "dp", "cp", "tp"):
+each dimension's size, this rank's coordinate and its group (`state.dims["tp"]`); the flat fields
+(tensor_parallel_size, data_parallel_rank, ...) are read-only views of it. TP groups are runs of consecutive ranks,
+so with node-major rank order a TP group stays inside a node (NVLink for its per-layer all-reduces); DP groups are
+strided across nodes:
 
     world 8, TP 4:   TP groups {0,1,2,3} {4,5,6,7}      DP groups {0,4} {1,5} {2,6} {3,7}
     tensor_parallel_rank = rank % TP,   data_parallel_rank = rank // TP
 
-Launched, the groups come from a torch `DeviceMesh`: of shape (DP, TP) without pipeline stages, (PP, DP, TP)
-with them (`state.mesh`); with stages, each rank also keeps Megatron's embedding group (first and last stage of
-its pipeline), where a tied word embedding's gradient is summed.
-
-A mixture-of-experts model's experts lay the same ranks out on a grid of their own (Megatron-Core's parallel
-folding, parallel/mesh.py): `with_expert_parallel` (which initialize() and virtual_state() call with
---expert-model-parallel-size and --expert-tensor-parallel-size) gives `state.experts` its expert-parallel,
-expert tensor-parallel and expert data-parallel groups; without it they are the dense grid's (EP 1).
-
-The state also carries the process's `Communicator` (parallel/comm.py), so whoever holds the state holds
-the one door to collectives and its byte counters: `state.comm`.
-"""
+Launched, the groups come from a torch `DeviceMesh` ((DP, TP), or (PP, DP, TP) with stages: `state.mesh`); with
+stages each rank also keeps Megatron's embedding group (first and last stage), where a tied embedding's gradient is
+summed. An MoE model's experts lay the same ranks out on a grid of their own (Megatron-Core's parallel folding):
+`with_expert_parallel` gives `state.experts` its expert-parallel, expert tensor-parallel and expert data-parallel
+groups (without it the dense grid's, EP 1). The state also carries the process's `Communicator` (parallel/comm.py),
+the one door to collectives and its byte counters: `state.comm`."""
 
 from __future__ import annotations
 

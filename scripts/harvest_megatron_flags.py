@@ -3,23 +3,20 @@ DeepSpeed and the pretraining forks (llm-jp's and swiss-ai's Megatron-LM, Pai-Me
 `patch_if_not_exist(group, "--name", ...)` is read as an add_argument) from their own argument files, into
 arguments/megatron/flags_harvested.json.
 
-Each source is a file at one commit of a git repository on this machine (a mirror: no work tree is
-needed; files are read with `git show`). The file is parsed with `ast`, never imported: every
-`*.add_argument(...)` call gives its option strings and argparse shape (dest, action, type, nargs,
-choices, and the default and const when they are literals). Megatron-LM's newer arguments.py also
-builds groups from dataclasses (`ArgumentGroupFactory(SomeConfig, exclude=[...])`); those groups are
-rebuilt here the way its megatron/training/argument_utils.py does, from the dataclass's annotated
-fields found in the same tree (a bool field is `--name` store_true, or `--no-name`/`--disable-name`
-store_false when its default is True; `metadata={"argparse_meta": {...}}` overrides).
+Each source is a file at one commit of a git repository on this machine (read with `git show`, no work tree),
+parsed with `ast`, never imported: every `*.add_argument(...)` call gives its option strings and argparse shape
+(dest, action, type, nargs, choices, literal default and const). Megatron-LM's newer arguments.py also builds
+groups from dataclasses (`ArgumentGroupFactory(SomeConfig, exclude=[...])`), rebuilt here as its
+argument_utils.py does from the dataclass's annotated fields in the same tree (a bool field `--name` store_true,
+or `--no-name`/`--disable-name` store_false when its default is True; `metadata={"argparse_meta": {...}}`
+overrides).
 
-    python scripts/harvest_megatron_flags.py --out arguments/megatron/flags_harvested.json \\
+    python scripts/harvest_megatron_flags.py --out arguments/megatron/flags_harvested.json \
         --source LABEL OWNER/NAME GIT_DIR REV PATH [--source ...] [--unavailable "OWNER/NAME PATH: why"]
 
-The data file is the committed artefact; arguments/megatron/harvested_flags.py reads it, arguments/megatron/flag_classes.py
-classifies every option string that is not ours, nor an alias of ours. Re-run this script
-(scripts/harvest_megatron_flags.sh has the sources) to refresh it; tests/arguments/test_harvested_flags.py then
-names every new option string that needs a class.
-"""
+The data file is the committed artefact; harvested_flags.py reads it and flag_classes.py classifies every option
+string not ours nor an alias of ours. Re-run this script (scripts/harvest_megatron_flags.sh has the sources) to
+refresh it; tests/arguments/test_harvested_flags.py then names every new option string that needs a class."""
 
 from __future__ import annotations
 

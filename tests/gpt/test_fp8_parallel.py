@@ -1,30 +1,22 @@
 """FP8 under tensor (and sequence) parallelism and delayed scaling over data-parallel ranks (issue 65 item 3),
 against one process with the same global batch, fp32 master weights and activations.
 
-What is reduced follows TransformerEngine with Megatron-Core: delayed scaling all-reduces (max) every amax
-over the amax reduction group, the tensor x data parallel ranks (megatron/core/fp8_utils.py get_fp8_context,
-parallel_state.get_amax_reduction_group; TE quantization.py reduce_and_update_fp8_tensors), so a weight
-shard is cast with the whole weight's scale and TP 2 computes TP 1's casts. MXFP8's 1x32 blocks never cross
-a shard boundary here (every local dimension a multiple of 32, head size 32), so it needs no reduction.
-Tensorwise and blockwise cast each shard with its own amax, as TE's Float8CurrentScaling and
-Float8BlockScaling quantizers do (module/linear.py sets an amax reduction group only for the sequence-parallel
-input of a column-parallel linear and output gradient of a row-parallel one, which are gathered before the
-cast here): they differ from TP 1 by FP8 rounding, and the start-up line says so.
+What is reduced follows TransformerEngine with Megatron-Core: delayed scaling all-reduces (max) every amax over the
+amax reduction group, the TP x DP ranks (fp8_utils.py get_fp8_context; TE's reduce_and_update_fp8_tensors), so a
+weight shard is cast with the whole weight's scale and TP 2 computes TP 1's casts. MXFP8's 1x32 blocks never cross
+a shard boundary here (local dimensions multiples of 32). Tensorwise and blockwise cast each shard with its own
+amax, as TE's Float8CurrentScaling and Float8BlockScaling quantizers do: they differ from TP 1 by FP8 rounding,
+and the start-up line says so.
 
-Bitwise, with gradient clipping off: the FP8 casts absorb the last-bit differences of fp32 TP (a
-row-parallel linear's all-reduced K halves; the fp32 runs without FP8 differ from iteration 2 in the last
-bits), and delayed and MXFP8 TP 2 give one process's losses bit for bit (measured over 5 iterations too), except where
-an fp32 value falls on an FP8 rounding boundary (MXFP8 under SP on a Zen 4 CPU: 7.7e-8 relative at iteration 2).
-With clipping on, the gradient norm sums its squares over the TP ranks in another order, the clipped weights
-move by an ulp, and a delayed scale computed from them moves by an ulp: 1.2e-6 relative at iteration 3 there.
-Data parallelism: 2 ranks of micro-batch 1 (ZeRO 0 and 3) against one process's micro-batch of 2, the same 2
-samples, within 2e-4 relative (measured: 6.5e-5 at iteration 2). The max over ranks is the amax of the one
-process's tensor, but each rank's loss is its own mean, so its output gradients are twice the one process's,
-and at the first step TE's initial scale 1 casts them into e5m2's subnormals, where rounding is not the same
-at twice the value; the weights part there. (From the second step a delayed scale moves by exactly 1/2 and the
-bits agree.) That the ranks cast as one process does, bit for bit, with equal gradients, is
-tests/parallel/test_fp8_amax_reduction.py.
-"""
+Bitwise, with gradient clipping off: the FP8 casts absorb the last-bit differences of fp32 TP, and delayed and
+MXFP8 TP 2 give one process's losses bit for bit, except where an fp32 value falls on an FP8 rounding boundary
+(MXFP8 under SP on a Zen 4 CPU: 7.7e-8 relative at iteration 2). With clipping on, the norm's squares summed in
+another order move a delayed scale by an ulp: 1.2e-6 at iteration 3. Data parallelism: 2 ranks of micro-batch 1
+(ZeRO 0 and 3) against one process's micro-batch of 2, within 2e-4 relative (measured 6.5e-5): each rank's loss is
+its own mean, so its output gradients are twice the one process's, and at the first step TE's initial scale 1
+casts them into e5m2's subnormals, where rounding differs at twice the value (from the second step a delayed scale
+moves by exactly 1/2 and the bits agree). That the ranks cast as one process does, bit for bit, with equal
+gradients, is tests/parallel/test_fp8_amax_reduction.py."""
 
 import pytest
 

@@ -1,40 +1,23 @@
 """FP8 under pipeline, context and expert parallelism, with the routed experts, the shared expert and the MTP layers
 in FP8 (issue 65), against one process (or EP 1) with the same global batch, fp32 master weights and activations.
+Delayed scaling all-reduces (max) every amax over get_amax_reduction_group(with_context_parallel=True), the TP x CP
+x DP ranks of one stage (fp8_utils.py get_fp8_context), so:
 
-What is reduced follows Megatron-Core with TransformerEngine: delayed scaling all-reduces (max) every amax over
-parallel_state.get_amax_reduction_group(with_context_parallel=True) (megatron/core/fp8_utils.py get_fp8_context),
-the tensor x context x data parallel ranks of one pipeline stage (_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP), so:
-
-- PP 2 x TP 2 computes one process's casts: each stage's layers, their amax over the stage's TP ranks (a weight
-  shard's amax is the whole weight's); delayed scaling with an MTP layer (on the last stage, in FP8 as Megatron's
-  global FP8 context for MTP) gives one process's losses bit for bit, and so does a MoE (4 experts, a shared
-  expert, SP) whose experts split over the TP ranks (ETP 2), but where an fp32 value falls on an FP8 rounding
-  boundary (on a Zen 4 CPU: 2.8e-6 relative at iteration 2, 8.3e-5 at 3). --first-last-layers-bf16 counts global layer
-  numbers (is_first_last_bf16_layer; the blocks are named by them on every stage): with one layer at the start in
-  bf16, stage 1's layer 1 is in FP8 (stage-local numbers would put it in bf16 too). That run is within 1e-5
-  relative, not bitwise: its layer 0 computes in fp32, where TP 2's row-parallel linear sums its K halves in
-  another order than one process (measured 1.3e-6 at iteration 3); the FP8 casts absorb such last-bit differences
-  in the FP8 layers only.
-- CP 2 x TP 2: each CP rank holds half the sequence and the amax over the CP ranks is the whole sequence's, so
-  the forward casts are one process's. Within 3e-4 relative, not bitwise (measured: iteration 1 equal, 1.8e-4 at
-  iteration 2, 7e-5 at 3), for the reason the data-parallel test gives: each CP rank's loss is its tokens' sum x CP
-  / the sequence's count (Megatron-LM's loss_func, training/evaluation.py mean_token_loss), so its output gradients
-  are twice one process's, and at the first step TE's initial scale 1 casts them into e5m2's subnormals, where
-  rounding is not the same at twice the value (from the second step a delayed scale moves by exactly 1/2). fp32 CP 2
-  without FP8 is within 1e-7 of one process. (Tensorwise CP 2 is not one process's casts at all: TE's current
-  scaling reduces no amax over CP, each rank scales its own half; 1.4e-4 at iteration 1, not tested here.)
-- EP 2 against EP 1 (both over 2 data-parallel ranks): neither is bitwise, for reasons TE has too. Under a
-  stateless recipe an expert casts the rows it computes with their own amax: at EP 1 each data-parallel rank's
-  expert casts that rank's tokens, at EP 2 the expert's one owner casts both ranks' tokens together (the
-  all-to-all brought them), another amax. Under delayed scaling TE reduces the amax buffer of the whole autocast elementwise
-  (transformer_engine/pytorch/quantization.py reduce_and_update_fp8_tensors: torch.cat of every module's amaxes,
-  one all-reduce over the group), and a GroupedLinear's buffer holds its local experts' amaxes by local index, so
-  the max is taken over the experts at the same local index on the EP ranks (expert 0 with expert 2 here): the
-  scales are not EP 1's and the losses part by FP8 rounding (here 1e-3 relative: measured in the test's comment).
-
-Gradient clipping is off: with it, the gradient norm sums its squares over ranks in another order (the existing
-TP test's note, tests/gpt/test_fp8_parallel.py).
-"""
+- PP 2 x TP 2 computes one process's casts: delayed scaling with an MTP layer (last stage, in FP8 as Megatron's
+  global FP8 context) gives one process's losses bit for bit, and so does a MoE (4 experts, a shared expert, SP)
+  at ETP 2, but where an fp32 value falls on an FP8 rounding boundary (Zen 4: 2.8e-6 at iteration 2, 8.3e-5 at 3).
+  --first-last-layers-bf16 counts global layer numbers (is_first_last_bf16_layer): with one layer at the start in
+  bf16, stage 1's layer 1 is in FP8; within 1e-5 relative, its bf16 layer 0 computing in fp32 where TP 2 sums K
+  halves in another order (1.3e-6 at iteration 3).
+- CP 2 x TP 2: the amax over the CP ranks is the whole sequence's, so the forward casts are one process's; within
+  3e-4 relative (iteration 1 equal, 1.8e-4 at 2, 7e-5 at 3): each CP rank's output gradients are twice one
+  process's (Megatron's loss_func), and TE's initial scale 1 casts them into e5m2's subnormals at the first step,
+  as in the data-parallel test. fp32 CP 2 without FP8 is within 1e-7. (Tensorwise CP 2 scales each rank's half on
+  its own, as TE's current scaling reduces no amax over CP: 1.4e-4 at iteration 1, not tested.)
+- EP 2 against EP 1 (both over 2 DP ranks), not bitwise, as in TE: a stateless recipe's expert casts the rows it
+  computes with their own amax (at EP 2 both ranks' tokens together); delayed scaling reduces the autocast's amax
+  buffer elementwise (TE's torch.cat of every module's amaxes), a GroupedLinear's by local index, so the max spans
+  the experts at one local index across EP ranks: the scales are not EP 1's (1e-3 relative). Clipping is off."""
 
 import json
 import os
