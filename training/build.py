@@ -86,9 +86,7 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     2. Pipeline parallelism: this rank's stage (its model chunks' layers, gpt/stage_layers.py). The model
        is built with both on the meta device: shapes only, no memory, no draws. With --fp8-format the
        blocks' TP linears then run their GEMMs in FP8 (gpt/fp8.py).
-    3. Activation checkpointing, which only installs itself as the model's run_blocks and reports to the
-       monitor: it allocates nothing and touches no parameter, so it commutes with step 4; it comes first
-       as it always has.
+    3. Activation checkpointing: it installs itself as the model's run_blocks and allocates nothing.
     4. ZeRO over the data-parallel group (zero/apply.py, which also decides once where the parameter
        shards, the master weights and the optimizer states live: --offload-param/-optimizer): the flat
        layout from the meta parameters, then each rank allocates and fills only what it owns, the
@@ -99,9 +97,8 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     6. CUDA graphs of the blocks (training/cuda_graphs.py), last, for the same reason: a graph reads the parameters
        at the addresses ZeRO gave them (the optimizer writes them in place) and ZeRO's hooks must be in place to be
        checked (its gradient hooks then fire outside the graphs, as autograd hands the parameters their gradients).
-       It installs itself as the model's run_blocks, which activation checkpointing (step 3) would have replaced:
-       the two exclude each other, as Megatron-LM's per-layer graphs exclude full recompute; a compiled block is not
-       captured (the plan runs it eagerly and says so). The capture itself happens in training, after the warm-up.
+       It replaces run_blocks as step 3 would (the two exclude each other, as in Megatron-LM); a compiled block is
+       not captured (said). The capture itself happens in training, after the warm-up.
     """
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP

@@ -1,31 +1,22 @@
 """CUDA graphs of the transformer blocks under Megatron-LM's flags (arguments/cuda_graphs.py): what a run captures,
 when, and the lines that say so. The capture and replay themselves are parallel/graph_capture.py's.
 
-What is captured, as Megatron-Core's local implementation captures a TransformerLayer (megatron/core/transformer/
-transformer_layer.py, create_mcore_cudagraph_manager and _get_submodules_under_cudagraphs):
-
-- --cuda-graph-modules empty: each block whole, forward and backward;
-- attn: each block's attention half (its input norm, attention, dropout and residual add; Megatron's
-  _forward_attention, TransformerBlock.attention_half here);
-- mlp: each dense block's MLP half (_forward_mlp, TransformerBlock.mlp_half).
-
-The embedding, the final norm, the loss, the MTP layers and the optimizer step run eagerly, as in Megatron's
-per-layer implementations.
-
-When (megatron/core/pipeline_parallel/schedules.py, megatron/training/training.py):
-
-- local: the run's first iteration is eager (Megatron records its layers' order during it and creates the graphs at
-  the end of its forward-backward); here they are captured at the start of the second iteration's first forward,
-  after the optimizer step, which changes no address a graph reads. Each graph gets --cuda-graph-warmup-steps
-  warm-up passes first (_CudaGraphRunner.create_fwd_graph: `for _ in range(self.num_warmup_steps)`).
-- transformer_engine (Transformer Engine's make_graphed_callables is not here: the same per-layer graphs are this
-  program's): --cuda-graph-warmup-steps eager iterations, then the capture (`iteration - start_iteration ==
-  args.cuda_graph_warmup_steps`), each graph warmed up as TECudaGraphHelper asks of make_graphed_callables:
-  max(1, ceil((10 - steps x M) / M)) passes for each of M micro-batches.
-
-A graph changes no number, so nothing it cannot capture is refused (only Megatron-LM's own refusals are,
-arguments/cuda_graphs.py): what runs eagerly instead is named in the start-up line (`CudaGraphPlan.line`).
-"""
+What is captured, as Megatron-Core's local implementation captures a TransformerLayer (transformer_layer.py,
+create_mcore_cudagraph_manager and _get_submodules_under_cudagraphs): with --cuda-graph-modules empty each block
+whole, forward and backward; attn: each block's attention half (input norm, attention, dropout, residual add:
+Megatron's _forward_attention, TransformerBlock.attention_half here); mlp: each dense block's MLP half
+(_forward_mlp, TransformerBlock.mlp_half). The embedding, final norm, loss, MTP layers and optimizer step run
+eagerly, as in Megatron's per-layer implementations. When (pipeline_parallel/schedules.py, training/training.py):
+- local: the first iteration is eager (Megatron records its layers' order then and creates the graphs at the end
+  of its forward-backward); here they are captured at the start of the second iteration's first forward, after the
+  optimizer step, which changes no address a graph reads; each graph gets --cuda-graph-warmup-steps warm-up passes
+  first (_CudaGraphRunner.create_fwd_graph).
+- transformer_engine (the same per-layer graphs, this program's own): --cuda-graph-warmup-steps eager iterations,
+  then the capture (`iteration - start_iteration == args.cuda_graph_warmup_steps`), each graph warmed up as
+  TECudaGraphHelper asks of make_graphed_callables: max(1, ceil((10 - steps x M) / M)) passes for each of M
+  micro-batches.
+A graph changes no number, so nothing it cannot capture is refused (only Megatron-LM's own refusals are): what runs
+eagerly instead is named in the start-up line (`CudaGraphPlan.line`)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,21 @@
 """Memory before the build: the planner's figures for every rank against what each host and device has free.
 
-arguments/bounds.py refuses what no machine could hold from lower bounds (2 bytes a parameter); this
-check uses the planner's own per-rank peak, the dry run of the rank (planner/dry_run.py, which
-training/prepare.py also hands the memory line after iteration 1): device bytes (model states, buffers,
-the working set) and host bytes (offloaded master, Adam moments, gradient partition and 16-bit shard,
-P_a+cpu checkpoints). It runs after the process group is up and before any output is claimed, data
-built or model materialized, so a run that cannot fit is one line and exit 2 instead of an OOM kill
-half an hour in.
+arguments/bounds.py refuses what no machine could hold from lower bounds (2 bytes a parameter); this check uses the
+planner's own per-rank peak, the dry run of the rank (planner/dry_run.py): device bytes (model states, buffers, the
+working set) and host bytes (offloaded master, moments, gradient partition and 16-bit shard, P_a+cpu checkpoints).
+It runs after the process group is up and before any output is claimed, data built or model materialized, so a run
+that cannot fit is one line and exit 2 instead of an OOM kill half an hour in.
 
-- What a host has: MemAvailable (/proc/meminfo), or a cgroup's limit less what the cgroup uses
-  (memory.max / memory.limit_in_bytes, less memory.current / memory.usage_in_bytes without the
-  reclaimable inactive file cache, as the kubelet counts a working set) where that is lower. Ranks on
-  one host share it: their needs add up (every rank says its host name).
-- What a device has: torch.cuda.mem_get_info's free bytes on CUDA. On a CPU the device is the host,
-  so a rank's device and host bytes both come out of the host's memory.
+- A host has MemAvailable (/proc/meminfo), or a cgroup's limit less its usage without the reclaimable inactive file
+  cache (memory.max / memory.limit_in_bytes, memory.current / memory.usage_in_bytes, as the kubelet counts a working
+  set) where lower. Ranks on one host share it: their needs add up (every rank says its host name).
+- A device has torch.cuda.mem_get_info's free bytes on CUDA; on a CPU the device is the host.
 - Every rank gathers every rank's figures and reaches the same verdict, so all raise the same line.
 
-The planner's figure leaves out what it lists as unknown (the CUDA context, NCCL's buffers, allocator
-fragmentation) and the process's own baseline, which MemAvailable already excludes; so a refusal is a
-run whose named peak alone does not fit. Neither Megatron-LM nor DeepSpeed checks this before building
-(DeepSpeed's deepspeed/runtime/zero/stage_1_and_2.py `estimate_zero2_model_states_mem_needs` is an
-estimator a user calls by hand), so there is no flag to skip it: the levers are in the line.
-"""
+The planner's figure leaves out what it lists as unknown (the CUDA context, NCCL's buffers, fragmentation) and the
+process's baseline, which MemAvailable already excludes: a refusal is a run whose named peak alone does not fit.
+Neither Megatron-LM nor DeepSpeed checks this before building (DeepSpeed's `estimate_zero2_model_states_mem_needs`
+is an estimator called by hand), so there is no flag to skip it: the levers are in the line."""
 
 from __future__ import annotations
 

@@ -1,24 +1,19 @@
-"""The MoE layers' side of a training iteration (gpt/moe/): before the micro-batches, the balancing losses'
-backward scale (the main loss's: the fp16 loss scale over the micro-batches, as Megatron-Core's
-schedules.forward_step sets MoEAuxLossAutoScaler's); after backward, the expert-bias update (Megatron-Core's
-finalize_model_grads -> _update_router_expert_bias) and the values to log.
+"""The MoE layers' side of a training iteration (gpt/moe/): before the micro-batches, the balancing losses' backward
+scale (the main loss's: the fp16 loss scale over the micro-batches, as Megatron-Core's schedules.forward_step sets
+MoEAuxLossAutoScaler's); after backward, the expert-bias update (finalize_model_grads -> _update_router_expert_bias)
+and the values to log.
 
 Logged as Megatron-Core's MoEMetricsTracker.report does: per loss (load_balancing_loss, seq_load_balancing_loss,
-global_load_balancing_loss, z_loss; each the loss over its coefficient), summed over the micro-batches times
-1 / micro-batches, summed over the MoE layers and divided by their number, averaged over the data-parallel group;
-DeepSpeed-MoE's moe_loss (l_aux x --moe-loss-coeff) summed over the layers, as Megatron-DeepSpeed logs it.
-Under tensor and context parallelism each TP x CP rank's router records its slice's share (gpt/moe/router.py), and
-the shares and token counts are summed over the TP and CP groups first (Megatron-Core records the balancing losses
-with reduce_group = tp_cp_group, the global one with tp_dp_cp_group and no DP average, and averages the z-loss,
-whose shares here carry 1/(TP x CP), over tp_dp_cp_group). The balancing losses' backward scale carries the CP
-size, as Megatron-Core's schedules.forward_step_calc_loss sets it (`loss_scale * cp_size_for_scaling /
-num_microbatches`): each CP rank's LM loss is its chunks' share x CP and the gradients are averaged over DP x CP
-(training/train_step.py), so the shares' gradients must carry CP too. DeepSpeed-MoE's moe_loss is each rank's own,
-logged as its mean over CP; its gradient, under the same backward scale, is the sum over the CP ranks of theirs, as
-in Megatron-DeepSpeed under Ulysses (each sequence-parallel rank adds its own l_aux to its loss, and DeepSpeed's
-engine._reduce_non_expert_gradients divides the gradients by DP only: `dp_world_size = ... / sequence_parallel_size`).
-They are logged beside the LM loss, never added to its value (only their gradients are).
-"""
+global_load_balancing_loss, z_loss; each over its coefficient), summed over the micro-batches times 1 /
+micro-batches, averaged over the MoE layers and the DP group; DeepSpeed-MoE's moe_loss (l_aux x --moe-loss-coeff)
+summed over the layers, as Megatron-DeepSpeed logs it. Under TP and CP each router records its slice's share
+(gpt/moe/router.py), summed over the TP and CP groups first (Megatron-Core's reduce_group = tp_cp_group; the global
+loss over tp_dp_cp_group with no DP average; the z-loss, whose shares carry 1/(TP x CP), averaged over
+tp_dp_cp_group). The backward scale carries the CP size, as schedules.forward_step_calc_loss (`loss_scale *
+cp_size_for_scaling / num_microbatches`): each CP rank's LM loss is its chunks' share x CP and gradients are
+averaged over DP x CP, so the shares' gradients carry CP too. DeepSpeed-MoE's moe_loss is each rank's own, logged as
+its mean over CP, its gradient the sum over the CP ranks (as under Ulysses, where DeepSpeed divides gradients by DP
+only). They are logged beside the LM loss, never added to its value (only their gradients are)."""
 
 from __future__ import annotations
 
