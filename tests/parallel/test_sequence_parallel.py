@@ -1,24 +1,20 @@
 """--sequence-parallel in the model: the same losses and gradients as without it (GPT-2 and Llama-shaped
 blocks), the same TP bytes, dropout masks private to each TP rank in the split regions, and the flag's
-checks.
-
-The reference is Megatron-Core (github:NVIDIA/Megatron-LM):
-- megatron/core/tensor_parallel/mappings.py: _ScatterToSequenceParallelRegion (forward: split along the
-  sequence, backward: all-gather), _GatherFromSequenceParallelRegion (forward: all-gather, backward with
-  tensor_parallel_output_grad: reduce-scatter), _ReduceScatterToSequenceParallelRegion (forward:
-  reduce-scatter, backward: all-gather), all along dim 0 of its [s, b, h] tensors; ours are [b, s, h],
-  so dim 1.
-- megatron/core/tensor_parallel/layers.py: ColumnParallelLinear with sequence_parallel all-gathers its
-  input (LinearWithGradAccumulationAndAsyncCommunication), RowParallelLinear reduce-scatters its output
-  (`reduce_scatter_to_sequence_parallel_region`) and asserts input_is_parallel.
-- megatron/core/models/common/embeddings/language_model_embedding.py: `reduce_scatter_embeddings` when
-  nothing is added after the lookup, else `scatter_to_sequence_parallel_region` after the position
-  embedding, and the embedding dropout under `get_cuda_rng_tracker().fork()`.
-- megatron/core/transformer/transformer_block.py: the layers run under `get_cuda_rng_tracker().fork()`
-  when config.sequence_parallel (their dropout draws from the TP-private stream).
-- megatron/core/distributed/finalize_model_grads.py (_allreduce_layernorm_grads / the `sequence_parallel`
-  parameter attribute): the norms' gradients all-reduced over the TP group.
-"""
+checks. The reference is Megatron-Core (github:NVIDIA/Megatron-LM):
+- tensor_parallel/mappings.py: _ScatterToSequenceParallelRegion (split; backward all-gather),
+  _GatherFromSequenceParallelRegion (all-gather; backward with tensor_parallel_output_grad reduce-scatter),
+  _ReduceScatterToSequenceParallelRegion (reduce-scatter; backward all-gather), along dim 0 of its [s, b, h]
+  tensors; ours are [b, s, h], so dim 1.
+- tensor_parallel/layers.py: ColumnParallelLinear with sequence_parallel all-gathers its input
+  (LinearWithGradAccumulationAndAsyncCommunication), RowParallelLinear reduce-scatters its output and asserts
+  input_is_parallel.
+- embeddings/language_model_embedding.py: `reduce_scatter_embeddings` when nothing is added after the lookup, else
+  `scatter_to_sequence_parallel_region` after the position embedding, the embedding dropout under
+  `get_cuda_rng_tracker().fork()`.
+- transformer/transformer_block.py: the layers run under `get_cuda_rng_tracker().fork()` when
+  config.sequence_parallel.
+- distributed/finalize_model_grads.py (_allreduce_layernorm_grads, the `sequence_parallel` attribute): the norms'
+  gradients all-reduced over the TP group."""
 
 import dataclasses
 

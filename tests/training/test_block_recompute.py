@@ -2,8 +2,7 @@
 pipeline stage's model chunk are checkpointed, one layer a checkpoint, and the rest run keeping their activations.
 
 The spec is Megatron-Core's checkpointed_forward (github:NVIDIA/Megatron-LM megatron/core/recompute.py, called by
-megatron/core/transformer/transformer_block.py for each model chunk with num_layers_per_pipeline_rank =
-len(self.layers)):
+transformer_block.py for each model chunk with num_layers_per_pipeline_rank = len(self.layers)):
 
     elif self.config.recompute_method == 'block':
         for layer_idx in range(self.num_layers_per_pipeline_rank):
@@ -12,13 +11,9 @@ len(self.layers)):
             chunk_runner(layer_idx, layer_idx + 1, use_checkpoint)
 
 (recompute_skip_num_layers stays 0 but under FP8 with an input that needs no gradient). Megatron asserts nothing of N
-against a stage's layers (transformer_config.py only requires it to be set under full granularity): an N of the
-chunk's layers or more checkpoints every one of them.
-
-Recompute changes what is kept, never the math: the losses and norms of a PP 2 run with block recompute are the PP 2
-run's without it, bitwise (fp32, gloo), and the one-rank run's within the pipeline tests' bound
-(tests/training/test_pipeline_training.py says why stages are not bitwise to one rank).
-"""
+against a stage's layers: an N of the chunk's layers or more checkpoints every one of them. Recompute changes what is
+kept, never the math: a PP 2 run with block recompute logs the PP 2 run's losses and norms bitwise (fp32, gloo), and
+the one-rank run's within the pipeline tests' bound (tests/training/test_pipeline_training.py says why)."""
 
 from __future__ import annotations
 

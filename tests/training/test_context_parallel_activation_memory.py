@@ -2,29 +2,22 @@
 activation figure for both.
 
 The measure: what autograd holds for backward, every storage once, parameters excluded, at its peak over the first
-iteration (--report-memory's "saved for backward": zero/activations.py's SavedTensorMeter, a
-torch.autograd.graph.saved_tensors_hooks pair that counts a tensor when autograd packs it and frees it when
-autograd drops it). That is the quantity context parallelism divides: each rank keeps its own tokens' activations.
-Peak RSS growth would add the model states (not divided: every CP rank holds the whole model), the allocator's
-slack and transients, which tests/planner/test_plan_context_parallel_live.py compares with the plan instead.
+iteration (--report-memory's "saved for backward": zero/activations.py's SavedTensorMeter). That is what context
+parallelism divides; peak RSS would add the undivided model states and the allocator's slack, which
+tests/planner/test_plan_context_parallel_live.py compares with the plan instead.
 
 The same model (4 x 256, 4 heads, sequence 256, micro batch 2, fp32, no dropout: the ring runs its own backward) at
-CP 1 (one process) and CP 2 (two gloo ranks) with each --cp-comm-type. What does not halve, by name, per layer:
-- p2p: nothing. The ring keeps q, this rank's k and v, the output and the log-sum-exp: each [b, h, s/CP, d] (the
-  log-sum-exp [b, h, s/CP]), half of what SDPA keeps at CP 1. Before its output was made sequence-major
-  (gpt/cp_attention.py), the output projection kept a copy of the output beside it: one [b, s/CP, h] more a layer,
-  measured 18.04 MiB, 0.529 of CP 1 here. Its per-block scores are a transient, not saved (the plan notes them).
-- all_gather: SDPA keeps the gathered K and V, the whole sequence's ([b, h, s, d] each, where CP 1 has the same:
-  so they do not halve), and the visibility mask, which SDPA turns into a float [s/CP, s].
-- a2a (Ulysses): the attention's output is kept twice, in the head split (SDPA's, [b, h/CP, s, d]) and in the
-  sequence split after the all-to-all back (the projection's input, [b, s/CP, h]); at CP 1 both are one tensor.
-Everything else (embeddings, norms, MLP, logits, loss) is per token and halves. Measured here (MiB, both ranks the
-same): CP 1 34.08; CP 2 p2p 17.04 (0.500), all_gather 19.54 (0.573), a2a 18.05 (0.530). The test holds each to
-CP 1 / 2 plus its named parts within 1% of CP 1 (the loss's scalars and the position ids are the rest), and the
-planner's dry run (planner/dry_run.py, the same code on the meta device) to the measured figure within 1%, at CP 1
-and at CP 2. The planner's all_gather figure was 18% high before its meta run kept what the CPU's flash kernel
-keeps under an explicit mask (planner/dry_run.py _AttentionKernelOf), not the math path's attention weights.
-"""
+CP 1 and CP 2 (two gloo ranks) with each --cp-comm-type. What does not halve, per layer:
+- p2p: nothing. The ring keeps q, this rank's k and v, the output and the log-sum-exp, half of what SDPA keeps at CP
+  1 (its per-block scores are a transient, not saved: the plan notes them).
+- all_gather: SDPA keeps the gathered whole-sequence K and V ([b, h, s, d] each, as at CP 1) and the visibility
+  mask, turned into a float [s/CP, s].
+- a2a (Ulysses): the attention's output kept twice, in the head split (SDPA's) and the sequence split (the
+  projection's input); at CP 1 both are one tensor.
+Everything else is per token and halves. Measured (MiB, both ranks alike): CP 1 34.08; CP 2 p2p 17.04 (0.500),
+all_gather 19.54 (0.573), a2a 18.05 (0.530). The test holds each to CP 1 / 2 plus its named parts within 1% of CP 1,
+and the planner's dry run (the same code on the meta device, keeping what the CPU's flash kernel keeps under a mask:
+planner/dry_run.py _AttentionKernelOf) to the measured figure within 1%, at CP 1 and CP 2."""
 
 from __future__ import annotations
 

@@ -1,26 +1,19 @@
 """MoE beside context parallelism (issues 51 x 52): CP 2 trains to the losses, gradient norms and logged balancing
 losses of CP 1, 4 experts, top-2, dropless, fp32 on CPU gloo, 5 iterations, <= 1e-6 relative.
 
-Megatron-Core is the spec. A CP rank holds chunks r and 2CP-1-r of every sequence, so its router sees a slice of
-the tokens, and Megatron-Core counts over the tp_cp group (megatron/core/transformer/moe/router.py TopKRouter:
-`self.tp_cp_group = pg_collection.tp_cp`):
-- aux_loss and seq_aux_loss: the tokens per expert summed over tp_cp and the token total local x tp_cp size
-  (_apply_aux_loss / _apply_seq_aux_loss -> moe_utils.get_tokens_per_expert_and_token_count, `reduce_group=
-  self.tp_cp_group`, `total_num_tokens = local_num_tokens * reduce_group.size()`); seq_aux_loss's per-sequence
-  counts thereby sum a sequence's chunks over the CP ranks;
+Megatron-Core is the spec. A CP rank holds chunks r and 2CP-1-r of every sequence, so its router sees a slice of the
+tokens, and Megatron-Core counts over the tp_cp group (moe/router.py TopKRouter: `self.tp_cp_group =
+pg_collection.tp_cp`):
+- aux_loss and seq_aux_loss: tokens per expert summed over tp_cp, the token total local x tp_cp size
+  (moe_utils.get_tokens_per_expert_and_token_count); seq_aux_loss's per-sequence counts so sum a sequence's chunks;
 - z-loss: `moe_z_loss_coeff = self.config.moe_z_loss_coeff / self.tp_cp_group.size()` (apply_z_loss);
-- global_aux_loss and the expert bias over tp_dp_cp (_apply_global_aux_loss; finalize_model_grads
-  _update_router_expert_bias -> moe_utils.get_updated_expert_bias);
-- the losses' backward scale carries the CP size (pipeline_parallel/schedules.py forward_step_calc_loss:
-  `MoEAuxLossAutoScaler.set_loss_scale(loss_scale * cp_size_for_scaling / num_microbatches)`), since the gradients
-  are averaged over DP x CP.
-Counting over TP only (the code before) makes each CP rank's losses a whole sequence's computed on half its tokens:
-the logged losses and the router's gradients differ from CP 1's.
-
-Each grid runs its configurations in sequence in one launch (2 ranks, then 4); the references run in this process
-(CP 1).
-Not bitwise: the chunks' attention merges partial softmaxes and the gradients are summed over the CP ranks.
-"""
+- global_aux_loss and the expert bias over tp_dp_cp (_apply_global_aux_loss; get_updated_expert_bias);
+- the losses' backward scale carries the CP size (schedules.py forward_step_calc_loss:
+  `MoEAuxLossAutoScaler.set_loss_scale(loss_scale * cp_size_for_scaling / num_microbatches)`), the gradients being
+  averaged over DP x CP.
+Counting over TP only would make each CP rank's losses a whole sequence's computed on half its tokens. Each grid runs
+its configurations in one launch (2 ranks, then 4); the references run in this process (CP 1). Not bitwise: the
+chunks' attention merges partial softmaxes and the gradients are summed over the CP ranks."""
 
 from __future__ import annotations
 

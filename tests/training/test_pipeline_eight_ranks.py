@@ -1,26 +1,16 @@
 """Issue 38's acceptance at its largest grids, 8 ranks (fp32 on gloo): PP 2 x TP 2 x DP 2 (1F1B, ZeRO 1),
 PP 2 interleaved (2 chunks a stage) x TP 2 x DP 2 (ZeRO 2) and PP 4 x TP 2 (ZeRO 1) train with the one-stage run's
 losses and gradient norms over 5 iterations of >= 4 micro-batches per rank, in ONE 8-rank launch that runs the
-grids in turn. test_pipeline_training.py holds the 4-rank grids and the machinery reused here (the same tiny model,
-the same global batches at every DP size, the same single-process reference).
+grids in turn. test_pipeline_training.py holds the 4-rank grids and the machinery reused here.
 
-Rank order is Megatron's, TP fastest, then DP, then PP (github:NVIDIA/Megatron-LM megatron/core/parallel_state.py
-line 617, initialize_model_parallel's default order="tp-cp-ep-dp-pp"; parallel/mesh.py builds the same): with
-TP 2 x DP 2 x PP 2 the ranks 0-3 are the first stage and 4-7 the last, so the tied embedding's gradient is
-all-reduced between ranks r and r + 4, the DP (ZeRO) groups are {0, 2}, {1, 3}, {4, 6}, {5, 7}, and every one of
-them is exercised at once here.
-
-Interleaving needs at least PP micro-batches, here a multiple of PP (parallel/pipeline_schedules.py's
-check_interleaving, after Megatron-Core's older assert; github:NVIDIA/Megatron-LM
-megatron/core/pipeline_parallel/schedules.py lines 1160-1168 now ask microbatch_group_size_per_vp_stage, PP by
-default (megatron/core/model_parallel_config.py line 568), to lie in [PP, number of micro-batches]):
-16 samples / (MB 2 x DP 2) = 4 per rank, a multiple of 2.
-
-Every rank's point-to-point bytes (comm_bytes' "pp" group) are the schedule's messages, as in the 4-rank test.
-
-Not bitwise, as in the 4-rank test (the tied embedding's two gradient halves and the norm's per-stage squares are
-summed in another order); the bound is the issue's 1e-6 relative.
-"""
+Rank order is Megatron's, TP fastest, then DP, then PP (parallel_state.py initialize_model_parallel's default
+order="tp-cp-ep-dp-pp"; parallel/mesh.py builds the same): with TP 2 x DP 2 x PP 2 ranks 0-3 are the first stage and
+4-7 the last, the tied embedding's gradient all-reduced between r and r + 4, the ZeRO groups {0, 2}, {1, 3}, {4, 6},
+{5, 7}, every one exercised at once. Interleaving needs a multiple of PP micro-batches (parallel/pipeline_schedules.py
+check_interleaving, after Megatron-Core's older assert; schedules.py now asks microbatch_group_size_per_vp_stage, PP
+by default, to lie in [PP, micro-batches]): 16 samples / (MB 2 x DP 2) = 4 per rank. Every rank's point-to-point
+bytes ("pp") are the schedule's messages, as in the 4-rank test. Not bitwise (the tied embedding's two gradient
+halves and the norm's per-stage squares are summed in another order); the bound is the issue's 1e-6 relative."""
 
 from __future__ import annotations
 
