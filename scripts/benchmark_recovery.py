@@ -15,9 +15,9 @@ iteration 5.
 
 A third side shows the in-process restart after an exception instead (no process lost, nothing to wait for):
 `scripts/launch.py` with `--inprocess-restart` and the fault injector's workload_exc raised on rank 1 after
-iteration 5 (tests/training/test_inprocess_restart.py's flags).
+iteration 5 (tests/resilience/test_inprocess_restart.py's flags).
 
-Each prints the recovery line (training/restart_progress.py): the seconds from the last iteration the first
+Each prints the recovery line (resilience/run/restart_progress.py): the seconds from the last iteration the first
 incarnation finished to the first iteration after the restart, and to that iteration again (the iterations
 between the checkpoint and the fault are redone). The rounds interleave the sides, each going first in turn;
 the medians and every figure are printed with the load average (os.getloadavg) before each run.

@@ -37,7 +37,7 @@ Takes exactly torchrun's arguments (it calls torch.distributed.run) and changes 
   /proc); elsewhere it does not. Other signals in --signals_to_handle stay torchrun's.
 - ft_launcher's `--ft-rank-section-timeouts setup:600,step:180,checkpointing:420` and
   `--ft-rank-out-of-section-timeout S` (nvidia-resiliency-ext), given before the training script, are taken
-  off torchrun's arguments and handed to the ranks for --enable-ft-package (training/fault_tolerance.py).
+  off torchrun's arguments and handed to the ranks for --enable-ft-package (resilience/run/fault_tolerance.py).
 - Ranks get --shutdown-timeout 300 unless given: the time torchrun's agent waits after forwarding a
   signal before it kills; a run with --exit-signal-handler needs that long to save.
 """
@@ -193,8 +193,8 @@ FT_OUT_OF_SECTION_TIMEOUT = ("--ft-rank-out-of-section-timeout", "--ft-rank_out_
 def take_ft_timeouts(argv: list[str]) -> tuple[list[str], dict]:
     """ft_launcher's `--ft-rank-section-timeouts setup:600,step:180,checkpointing:420` and
     `--ft-rank-out-of-section-timeout 300` (either spelling, `=` or a separate value), given before the training
-    script: (the rest of the arguments for torchrun, the timeouts for training/fault_tolerance.py)."""
-    from training.fault_tolerance import parse_section_timeouts, parse_timeout
+    script: (the rest of the arguments for torchrun, the timeouts for resilience/run/fault_tolerance.py)."""
+    from resilience.run.fault_tolerance import parse_section_timeouts, parse_timeout
 
     rest, timeouts, index = [], {}, 0
     script_at = next((i for i, token in enumerate(argv) if token.endswith(".py")), len(argv))
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from training.fault_tolerance import FT_TIMEOUTS_VARIABLE
+    from resilience.run.fault_tolerance import FT_TIMEOUTS_VARIABLE
 
     argv, ft_timeouts = take_ft_timeouts(list(sys.argv[1:] if argv is None else argv))
     if ft_timeouts:
