@@ -17,14 +17,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Lowest first. A package's modules may import any package whose floor is at most their own.
-FLOORS = ("base", "parallel", "data", "zero", "gpt", "arguments", "checkpoint", "training", "planner")
+# Lowest first. A package's modules may import any package whose floor is at most their own. resilience/ spans two:
+# what a rank does through the launch's store sits below parallel/ (comm.py keeps its collective log), and what runs
+# with a training run (the rerun machine in the step, the fault injector polled by the loop) below training/.
+FLOORS = ("base", "resilience", "parallel", "data", "zero", "gpt", "arguments", "checkpoint", "resilience.run",
+          "training", "planner")
+PACKAGES = tuple(dict.fromkeys(floor.split(".")[0] for floor in FLOORS))  # the top-level folders
 ENTRY_POINTS = frozenset({"zero.plan", "zero.perf_model"})
 
 
 def library_modules(root: Path) -> dict[str, Path]:
     modules = {}
-    for package in FLOORS:  # sub-packages too (arguments/megatron/, arguments/deepspeed/)
+    for package in PACKAGES:  # sub-packages too (arguments/megatron/, resilience/run/)
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -56,7 +60,9 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def floor(module: str) -> int:
-    return FLOORS.index(module.split(".")[0])
+    """The floor of the longest entry of FLOORS that is the module or a package holding it."""
+    parts = module.split(".")
+    return next(FLOORS.index(".".join(parts[:n])) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in FLOORS)
 
 
 def layering_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -97,20 +103,25 @@ def test_no_import_cycles_between_modules():
 def test_every_package_is_on_a_floor():
     """A new top-level package must be given a floor, or the checks above would not see it."""
     packages = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests", "scripts"}
-    assert packages <= set(FLOORS), sorted(packages - set(FLOORS))
+    assert packages <= set(PACKAGES), sorted(packages - set(PACKAGES))
 
 
 def test_the_checks_fail_on_a_deliberate_violation(tmp_path):
     for package in FLOORS:
-        (tmp_path / package).mkdir()
-        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package.replace(".", "/")).mkdir()
+        (tmp_path / package.replace(".", "/") / "__init__.py").write_text("")
     (tmp_path / "base" / "errors.py").write_text("from planner.dry_run import dry_run\n")  # upward
+    (tmp_path / "resilience" / "liveness.py").write_text("from resilience.run.loop import poll\n")  # upward within
+    (tmp_path / "resilience" / "run" / "loop.py").write_text("from resilience.liveness import beat\n")  # downward
     (tmp_path / "planner" / "dry_run.py").write_text("def dry_run():\n    from planner import plan\n")
     (tmp_path / "planner" / "plan.py").write_text("import planner.dry_run\n")  # a loop with dry_run
     (tmp_path / "zero" / "plan.py").write_text("from planner.plan import command\n")  # an entry point: allowed
     graph = import_graph(tmp_path)
-    assert layering_violations(graph) == ["base.errors (floor base) imports planner.dry_run (floor planner)"]
-    assert import_cycles(graph) == [["planner.dry_run", "planner.plan", "planner.dry_run"]]
+    assert layering_violations(graph) == [
+        "base.errors (floor base) imports planner.dry_run (floor planner)",
+        "resilience.liveness (floor resilience) imports resilience.run.loop (floor resilience.run)"]
+    assert import_cycles(graph) == [["planner.dry_run", "planner.plan", "planner.dry_run"],
+                                    ["resilience.liveness", "resilience.run.loop", "resilience.liveness"]]
 
 
 def test_importing_the_model_does_not_import_the_data_pipeline():
@@ -132,6 +143,6 @@ def test_the_test_folders_mirror_the_packages():
     """tests/<floor>/ holds the tests of that package; tests/scripts/ those of scripts/; beside them only
     shared helpers, the fixtures and the replay corpus (real inputs, kept as their authors wrote them)."""
     folders = {path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and path.name != "__pycache__"}
-    assert folders - set(FLOORS) == {"scripts", "fixtures", "replay_corpus"}, sorted(folders)
-    for folder in folders & set(FLOORS):
+    assert folders - set(PACKAGES) == {"scripts", "fixtures", "replay_corpus"}, sorted(folders)
+    for folder in folders & set(PACKAGES):
         assert any((ROOT / "tests" / folder).glob("test_*.py")), f"tests/{folder}/ holds no tests"

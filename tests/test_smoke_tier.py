@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.test_layering import FLOORS
+from tests.test_layering import PACKAGES
 
 TESTS = Path(__file__).resolve().parent
 
@@ -32,7 +32,7 @@ def marked_tests(path: Path) -> dict[str, set[str]]:
 def test_every_package_has_a_smoke_test_and_no_smoke_test_is_slow():
     smoke = {package: [f"{path.name}::{name}" for path in sorted((TESTS / package).glob("test_*.py"))
                        for name, marks in marked_tests(path).items() if "smoke" in marks]
-             for package in FLOORS}
+             for package in PACKAGES}
     assert [package for package, tests in smoke.items() if not tests] == []
     slow = [f"{path.relative_to(TESTS)}::{name}" for path in sorted(TESTS.rglob("test_*.py"))
             for name, marks in marked_tests(path).items() if {"smoke", "slow"} <= marks]

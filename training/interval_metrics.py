@@ -9,6 +9,7 @@ from typing import Optional
 from base.progress import ProgressLines
 from parallel.fp8.guard import merge_iterations
 from parallel.state import ParallelState
+from resilience.run.stragglers import StragglerReport, format_stragglers
 from training.metrics import (
     MetricsWriter,
     flops_per_iteration,
@@ -21,7 +22,6 @@ from training.metrics import (
 )
 from training.recompute_share import recomputed_share
 from training.run_settings import RunSettings
-from training.stragglers import StragglerReport, format_stragglers
 from training.train_step import StepOutcome
 from zero.activations import ActivationMonitor
 

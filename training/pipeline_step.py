@@ -32,9 +32,9 @@ from gpt.stage_layers import activation_shape
 from parallel.p2p import ACTIVATION, GRADIENT, PipelineP2P, send_lag
 from parallel.pipeline_schedules import Slot, VirtualStages, schedule
 from parallel.state import ParallelState
+from resilience.run.rerun_state import RerunStateMachine
 from training.cuda_graphs import CudaGraphs
 from training.evaluation import mean_token_loss, micro_batch_loss, split_micro_batch
-from training.rerun_state import RerunStateMachine
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from training.train_step import DataParallelTrainStep

@@ -11,10 +11,12 @@ from typing import Optional
 
 from base.process_clock import seconds_since_process_start
 from data.documents import DocumentMasking
+from resilience.run.fault_injection import plan_faults
+from resilience.run.fault_tolerance import FaultTolerance
+from resilience.run.restart_progress import RestartProgress, restart_count, restarts_possible
+from resilience.run.stragglers import StragglerReport
 from training.divergence import resumable_checkpoint
 from training.evaluation import Evaluator
-from training.fault_injection import plan_faults
-from training.fault_tolerance import FaultTolerance
 from training.interval_metrics import IntervalMetrics
 from training.loop import TrainingSummary, train
 from training.loop_events import LoopEvents
@@ -22,8 +24,6 @@ from training.memory_report import FirstIterationMemory
 from training.metrics import perplexity
 from training.pipeline_step import PipelineForward, PipelineTrainStep
 from training.prepare import Run
-from training.restart_progress import RestartProgress, restart_count, restarts_possible
-from training.stragglers import StragglerReport
 from training.train_step import DataParallelTrainStep, TrainingDiverged
 
 
@@ -47,7 +47,7 @@ def train_run(run: Run, fault_tolerance: Optional[FaultTolerance] = None) -> Tra
         documents = DocumentMasking.of(run.tokenizer.eod_id, data.reset_position_ids, data.reset_attention_mask,
                                        data.eod_mask_loss,
                                        (data.goldfish_k, data.goldfish_h) if data.goldfish_loss else None)
-        # --rerun-mode validate_results or report_stats (training/rerun_state.py, made by prepare); disabled: None,
+        # --rerun-mode validate_results or report_stats (resilience/run/rerun_state.py, made by prepare); disabled: None,
         # and the step runs as it always has
         step = step_class(built.model, built.zero, train_batches, settings, state, built.activations, documents=documents,
                           rerun=run.rerun, cuda_graphs=built.cuda_graphs, rng=built.rng)

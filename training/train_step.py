@@ -27,13 +27,13 @@ from data.documents import DocumentMasking
 from gpt.fp8 import delayed_states
 from gpt.mtp import begin_mtp_iteration, finish_mtp_iteration
 from parallel.state import ParallelState
+from resilience.run.loss_checks import LossChecks
+from resilience.run.rerun_state import ReplayingBatches, RerunExit, RerunStateMachine, torch_rng_saver
 from training.cuda_graphs import CudaGraphs
 from training.divergence import DivergenceHistory
 from training.evaluation import average_over_data_parallel, mean_token_loss, micro_batch_loss, split_micro_batch
 from training.fp8_guard_replay import Fp8GuardReplay
-from training.loss_checks import LossChecks
 from training.moe_metrics import begin_moe_iteration, finish_moe_iteration, moe_per_layer_values
-from training.rerun_state import ReplayingBatches, RerunExit, RerunStateMachine, torch_rng_saver
 from training.run_settings import RunSettings
 from training.step_observer import NO_OBSERVER, StepObserver
 from zero.activations import ActivationMonitor
@@ -50,7 +50,7 @@ class StepOutcome:
     global_batch_size: int  # the samples this iteration consumed (a ramp changes it)
     lr: float               # the rate the update used
     seconds: float          # wall time of the iteration, the device waited for
-    # of `seconds`, the time inside collectives (parallel/collective_log.py: only with --log-straggler or the
+    # of `seconds`, the time inside collectives (resilience/collective_log.py: only with --log-straggler or the
     # flight recorder, else 0): the rest is this rank's own compute, what the straggler report compares
     collective_wait_s: float = 0.0
     # the MoE balancing losses (each over its coefficient), logged beside the loss (training/moe_metrics.py)
@@ -116,7 +116,7 @@ class DataParallelTrainStep:
         self.cuda_graphs = cuda_graphs
         self.settings, self.state, self.activations = settings, state, activations
         self.documents, self.observer = documents, observer
-        # --rerun-mode validate_results or report_stats (training/rerun_state.py) and --fp8-guard
+        # --rerun-mode validate_results or report_stats (resilience/run/rerun_state.py) and --fp8-guard
         # (training/fp8_guard_replay.py) re-run an iteration: the micro-batches kept so that a re-run replays them
         self.rerun = rerun
         reruns = rerun is not None and rerun.enabled
@@ -239,7 +239,7 @@ class DataParallelTrainStep:
         begin_mtp_iteration(self.model, self.zero.optimizer.loss_scaler.scale, accumulation_steps)
         self.loss_checks.start()
         iteration_loss = self.forward_backward(accumulation_steps, measure_activations)
-        self.loss_checks.validate()  # the micro-batches' losses read back once, outside them (training/loss_checks.py)
+        self.loss_checks.validate()  # the micro-batches' losses read back once, outside them (resilience/run/loss_checks.py)
         return iteration_loss
 
     def forward_backward(self, accumulation_steps: int, measure_activations: bool) -> torch.Tensor:

@@ -11,8 +11,8 @@ from parallel.fp8.guard import DENSE, CastCounts, GuardMonitor, LayerGuard, merg
 from parallel.fp8.kernel import E4M3, E5M2
 from parallel.fp8.linear import Fp8LinearState, fp8_linear
 from parallel.fp8.recipes import INPUT, WEIGHT, Fp8Recipe, quantize_tensorwise, saturating_cast
+from resilience.run.rerun_state import ReplayingBatches
 from training.fp8_guard_replay import Fp8GuardReplay
-from training.rerun_state import ReplayingBatches
 
 # e4m3: largest 448, smallest subnormal 2^-9 (half of it, 2^-10, rounds to even: 0). e5m2: 57344, 2^-16.
 E4M3_VALUES = [500.0, -449.0, 448.0, -448.0, 2.0 ** -10 * 0.9, -(2.0 ** -11), 2.0 ** -10 * 1.1, 0.0, -0.0, 1.0,

@@ -1,0 +1,264 @@
+"""Megatron-Core's fault injector (megatron/core/fault_injector.py) with nvidia-resiliency-ext's faults
+(nvidia_resiliency_ext/shared_utils/inject_fault.py), for testing what a run does when a rank fails.
+
+The plan is Megatron-Core's: injection is on when --fault-injector-ranks or --fault-injector-num-ranks is
+given; from a `random.Random(--fault-injector-seed)` the ranks are drawn first (num-ranks of ranks 1..N-1,
+rank 0 spared), then one fault type by --fault-injector-fault-probabilities (normalized; even without), then
+the delay: --fault-injector-fault-delay, or --fault-injector-offset-seconds plus an exponential draw of mean
+--fault-injector-mtti-seconds. The clock starts at the start of training, or after the step at which
+Megatron's 0-based iteration counter equals --fault-injector-delay-start-iteration (training.py: the check
+follows train_step, before `iteration += 1`; so N starts it after the step logged as iteration N + 1).
+Each fault acts as nvidia-resiliency-ext's does, from a daemon thread after the delay: workload_exc sets a
+flag the training loop polls after each step (not the run's first, as Megatron polls) and raises
+InjectedFault there; async_exc raises it in the main thread wherever it is; signal_exc sends SIGUSR1 with a
+handler that raises it; os_abort, segfault and lock_gil abort, crash and hold the GIL; sigint, sigkill,
+sigterm and sigstop send the signal to this process. (nvidia-resiliency-ext sends the signals from a forked
+child; a thread sends the same signal here, and a fork of a process running gloo's threads is avoided.)
+The gpu_* faults need CUDA and are refused without it. Nothing here imports torch: the driver that draws
+the plan on every rank and arms it is resilience/run/fault_injection.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import random
+import re
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from base.errors import ConfigError, InjectedFault
+from base.waits import LONGEST_WAIT_TEXT, is_wait
+
+# nvidia-resiliency-ext's Fault enum, in its order (lower case, as the flag is written; Megatron upper-cases it).
+FAULT_TYPES = ("gpu_error", "gpu_sleep", "workload_exc", "async_exc", "signal_exc", "os_abort", "lock_gil",
+               "segfault", "sigint", "sigkill", "sigterm", "sigstop")
+GPU_FAULTS = ("gpu_error", "gpu_sleep")
+SIGNAL_FAULTS = {"sigint": signal.SIGINT, "sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM,
+                 "sigstop": signal.SIGSTOP}
+
+
+@dataclass(frozen=True)
+class FaultInjectorSettings:
+    """The nine --fault-injector-* flags as Megatron-Core's FaultInjectorConfig holds them (all None by default)."""
+    ranks: Optional[str] = None
+    num_ranks: Optional[int] = None
+    fault_types: Optional[str] = None
+    fault_probabilities: Optional[str] = None
+    fault_delay: Optional[float] = None
+    delay_start_iteration: Optional[int] = None
+    mtti_seconds: Optional[float] = None
+    offset_seconds: Optional[float] = None
+    seed: Optional[int] = None
+
+    @property
+    def enabled(self) -> bool:
+        """Megatron-LM's training.py sets the injector up only when ranks or num-ranks is given."""
+        return self.ranks is not None or self.num_ranks is not None
+
+    def fault_types_list(self) -> list[str]:
+        return [name.strip().lower() for name in (self.fault_types or "").split(",")]
+
+    def probabilities(self) -> list[float]:
+        types = self.fault_types_list()
+        if self.fault_probabilities is None:
+            return [1 / len(types) for _ in types]
+        weights = [float(p) for p in self.fault_probabilities.split(",")]
+        return [w / sum(weights) for w in weights]
+
+    def check(self, cuda: bool) -> None:
+        """What Megatron-Core asserts when it sets the injector up (get_fault_ranks, get_fault,
+        get_fault_delay), refused before any work, in one line naming the flag."""
+        if not self.enabled:
+            return
+        if self.ranks is not None and self.num_ranks is not None:
+            raise ConfigError("--fault-injector-ranks and --fault-injector-num-ranks are exclusive (Megatron-Core: "
+                              "'Cannot specify both force_ranks and num_ranks'): give one",
+                              flags=("--fault-injector-ranks", "--fault-injector-num-ranks"))
+        if self.ranks is not None:
+            try:
+                [int(r) for r in self.ranks.split(",")]
+            except ValueError:
+                raise ConfigError(f"--fault-injector-ranks {self.ranks}: a comma-separated list of ranks",
+                                  flags=("--fault-injector-ranks",)) from None
+        if self.num_ranks is not None and self.num_ranks < 1:
+            why = ("no rank is drawn, so the injector would never fire" if self.num_ranks == 0
+                   else "Megatron-Core: 'Sample larger than population or is negative'")
+            raise ConfigError(f"--fault-injector-num-ranks must be at least 1, got {self.num_ranks} ({why})",
+                              flags=("--fault-injector-num-ranks",))
+        if self.delay_start_iteration is not None and self.delay_start_iteration < 0:
+            raise ConfigError(f"--fault-injector-delay-start-iteration {self.delay_start_iteration}: Megatron's 0-based "
+                              f"iteration count never equals it, so the injector would never fire; give 0 or more",
+                              flags=("--fault-injector-delay-start-iteration",))
+        if self.fault_types is None:
+            raise ConfigError("--fault-injector-ranks/--fault-injector-num-ranks need --fault-injector-fault-types "
+                              f"(Megatron-Core asserts it), one or more of {', '.join(FAULT_TYPES)}",
+                              flags=("--fault-injector-fault-types",))
+        unknown = [name for name in self.fault_types_list() if name not in FAULT_TYPES]
+        if unknown:
+            raise ConfigError(f"--fault-injector-fault-types {self.fault_types}: {', '.join(unknown)} is no "
+                              f"nvidia-resiliency-ext fault; choose from {', '.join(FAULT_TYPES)}",
+                              flags=("--fault-injector-fault-types",))
+        gpu = [name for name in self.fault_types_list() if name in GPU_FAULTS]
+        if gpu and not cuda:
+            raise ConfigError(f"--fault-injector-fault-types {self.fault_types}: {', '.join(gpu)} acts on a CUDA "
+                              "device and this run has none", flags=("--fault-injector-fault-types",))
+        if self.fault_probabilities is not None:
+            try:
+                weights = [float(p) for p in self.fault_probabilities.split(",")]
+            except ValueError:
+                weights = []
+            if len(weights) != len(self.fault_types_list()):
+                raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: one weight per "
+                                  f"fault type ({len(self.fault_types_list())}; Megatron-Core: 'Number of fault types "
+                                  f"and fault probabilities must match')",
+                                  flags=("--fault-injector-fault-probabilities", "--fault-injector-fault-types"))
+            # NaN compares false with everything, so `min(weights) < 0` let it through to random.choices
+            if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < sum(weights) < math.inf:
+                raise ConfigError(f"--fault-injector-fault-probabilities {self.fault_probabilities}: finite, "
+                                  f"non-negative weights, not all zero (they are normalized by their sum)",
+                                  flags=("--fault-injector-fault-probabilities",))
+        if self.fault_delay is None and self.mtti_seconds is None:
+            raise ConfigError("give --fault-injector-fault-delay or --fault-injector-mtti-seconds (Megatron-Core "
+                              "asserts one): when the fault comes", flags=("--fault-injector-fault-delay",
+                                                                            "--fault-injector-mtti-seconds"))
+        for flag, value, zero in (("--fault-injector-fault-delay", self.fault_delay, True),
+                                  ("--fault-injector-offset-seconds", self.offset_seconds, True),
+                                  ("--fault-injector-mtti-seconds", self.mtti_seconds, False)):
+            if value is not None and not is_wait(value, zero_allowed=zero):
+                raise ConfigError(f"{flag} must be a number of seconds {'from 0' if zero else 'above 0'} up to "
+                                  f"{LONGEST_WAIT_TEXT}, got {value:g}", flags=(flag,))
+
+    def check_world(self, world_size: int) -> None:
+        """The checks that need the world size (Megatron-Core's get_fault_ranks), in its words; called before any
+        work with the world the launch will train on (arguments/resiliency_bounds.py) and again by every rank."""
+        if not self.enabled:
+            return
+        if self.ranks is not None:
+            ranks = [int(r) for r in self.ranks.split(",")]
+            if not all(0 <= r < world_size for r in ranks):
+                raise ConfigError(f"--fault-injector-ranks {self.ranks}: Fault ranks must be between 0 and "
+                                  f"{world_size - 1} (Megatron-Core's words; {world_size} ranks train)",
+                                  flags=("--fault-injector-ranks",))
+        elif self.num_ranks is not None and self.num_ranks > world_size - 1:
+            raise ConfigError(f"--fault-injector-num-ranks {self.num_ranks}: at most {world_size - 1}, the ranks "
+                              f"other than rank 0 of {world_size} (Megatron-Core: 'Sample larger than population "
+                              f"or is negative')", flags=("--fault-injector-num-ranks",))
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    ranks: tuple[int, ...]
+    fault: str
+    delay_s: float
+
+    def describe(self, settings: FaultInjectorSettings) -> str:
+        anchor = ("from the start of training" if settings.delay_start_iteration is None else
+                  f"after iteration {settings.delay_start_iteration + 1} and its save, if it saves "
+                  f"(--fault-injector-delay-start-iteration {settings.delay_start_iteration}, Megatron's 0-based count)")
+        who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}"
+        return f"fault injector: {self.fault} on {who}, {self.delay_s:.3f} s {anchor}"
+
+
+def draw_plan(settings: FaultInjectorSettings, world_size: int, seed: Optional[int], index: int = 0) -> FaultPlan:
+    """Megatron-Core's draws in its order (get_fault_ranks, get_fault, get_fault_delay) from one
+    random.Random(seed): the same plan on every rank for the same seed. `index`: the plan of the index-th set-up of
+    the job (a restart's), drawn on from the same stream, as Megatron-Core's module-level rng, made once per process,
+    draws on at each setup_fault_injection."""
+    rng = random.Random(seed)
+    for _ in range(index):
+        _draw(settings, world_size, rng)
+    return _draw(settings, world_size, rng)
+
+
+def _draw(settings: FaultInjectorSettings, world_size: int, rng: random.Random) -> FaultPlan:
+    if settings.ranks is not None:
+        ranks = tuple(int(r) for r in settings.ranks.split(","))
+    else:
+        ranks = tuple(rng.sample(range(1, world_size), k=settings.num_ranks))
+    fault = rng.choices(settings.fault_types_list(), settings.probabilities(), k=1)[0]
+    delay = settings.fault_delay
+    if delay is None:
+        delay = (settings.offset_seconds or 0.0) + (-math.log(1.0 - rng.random()) * settings.mtti_seconds)
+    return FaultPlan(ranks, fault, float(delay))
+
+
+class FaultInjector:
+    """Arms one fault on this rank (`arm`) and raises a workload exception where the loop polls it (`poll`); `cancel`
+    when training is over, so a fault not yet due never lands in what follows it (the run's last lines and exit, or an
+    in-process restart's next incarnation): a daemon thread's sleep would fire into either, an async_exc there ending
+    the process with status 1 and no line."""
+
+    def __init__(self, describe: str, gpu_faults: Optional[dict[str, Callable[[], None]]] = None) -> None:
+        self.describe = describe  # begins the exception's message
+        self.gpu_faults = gpu_faults or {}
+        self._workload_raise = threading.Event()
+        self._cancelled = threading.Event()
+
+    def poll(self, where: str) -> None:
+        """Megatron's maybe_raise_workload_exception: raise the workload exception once it is due."""
+        if self._workload_raise.is_set():
+            self._workload_raise.clear()
+            raise InjectedFault(f"{self.describe}: workload_exc raised {where} (--fault-injector-fault-types)")
+
+    def arm(self, fault: str, delay_s: float) -> threading.Thread:
+        act = self._action(fault)
+        if fault == "signal_exc":  # installed now, from the main thread, as nvidia-resiliency-ext does
+            signal.signal(signal.SIGUSR1, self._raise_on_signal)
+
+        def fire() -> None:
+            if not self._cancelled.wait(delay_s):
+                act()
+
+        thread = threading.Thread(target=fire, name=f"fault-injector-{fault}", daemon=True)
+        thread.start()
+        return thread
+
+    def cancel(self) -> None:
+        """A fault armed and not yet due is never injected."""
+        self._cancelled.set()
+
+    def _action(self, fault: str) -> Callable[[], None]:
+        main_thread = threading.main_thread().ident
+        me = os.getpid()
+        if fault in SIGNAL_FAULTS:
+            return lambda: os.kill(me, SIGNAL_FAULTS[fault])
+        actions: dict[str, Callable[[], None]] = {
+            "workload_exc": self._workload_raise.set,
+            "async_exc": lambda: _raise_in_thread(main_thread, self._async_fault()),
+            "signal_exc": lambda: os.kill(me, signal.SIGUSR1),
+            "os_abort": os.abort,
+            "segfault": lambda: ctypes.string_at(1),
+            # nvidia-resiliency-ext's lock_gil: a regular expression that backtracks for hours in C, holding the GIL
+            "lock_gil": lambda: re.match(r"(a?){40}a{40}", "a" * 40),
+            **self.gpu_faults,
+        }
+        return actions[fault]
+
+    def _async_fault(self) -> type[InjectedFault]:
+        """InjectedFault with this injector's message: an exception raised in another thread is a class, built
+        there without arguments."""
+        message = f"{self.describe}: async_exc raised in the main thread (--fault-injector-fault-types)"
+
+        class AsyncInjectedFault(InjectedFault):
+            def __init__(self, *args) -> None:
+                super().__init__(*(args or (message,)))
+
+        return AsyncInjectedFault
+
+    def _raise_on_signal(self, signum, frame) -> None:
+        if not sys.is_finalizing():
+            raise InjectedFault(f"{self.describe}: signal_exc raised (SIGUSR1, --fault-injector-fault-types)")
+
+
+def _raise_in_thread(thread_id: int, exception: type[BaseException]) -> None:
+    """nvidia-resiliency-ext's async_raise: `exception` raised in the thread at its next bytecode."""
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+    set_async_exc.restype = ctypes.c_int
+    if not sys.is_finalizing() and set_async_exc(thread_id, exception) > 1:
+        set_async_exc(thread_id, None)

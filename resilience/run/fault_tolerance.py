@@ -1,0 +1,239 @@
+"""--enable-ft-package, --calc-ft-timeouts, --ft-num-warmup-iters: Megatron-LM's fault tolerance sections
+(megatron/training/ft_integration.py) over nvidia-resiliency-ext's semantics, with the monitor of
+resilience/run/ft_monitor.py in the place of its rank monitor server.
+
+Sections, as Megatron-LM opens them: "setup" from the start until the first training step; "step" around each
+training step after the first --ft-num-warmup-iters (5) of this incarnation; "checkpointing" around each save.
+Their timeouts come from the launcher, as ft_launcher's `--ft-rank-section-timeouts setup:600,step:180,...` and
+`--ft-rank-out-of-section-timeout S` (scripts/launch.py takes both and hands them to the ranks in
+FT_TIMEOUTS_VARIABLE); a section without a timeout is not watched (nvidia-resiliency-ext's config default: none
+is). With --calc-ft-timeouts each is learned from this run's own times, as ft_integration.py does: after each
+save and at the end, the longest time every rank spent in a section (all ranks' maximum) times the safety factor
+5 (FaultToleranceConfig.safety_factor), merged with an earlier learned value by an even average
+(timeouts_calc.py `_ema`), once there is enough to learn from (the step after 16 iterations, setup after a
+checkpoint was loaded, checkpointing after a save, out-of-section at the end when all three were); kept in
+`<save>/ft_state.json`, which the next start (a restart) reads.
+
+A rank past a timeout is ended by its monitor; a rank that died or went silent is named by the heartbeat watch
+(resilience/liveness.py), whose survivors exit; either way torchrun's agent restarts the job (--max-restarts) and
+it resumes from the latest checkpoint in --load (= --save, Megatron's way)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+import torch
+import torch.distributed as dist
+
+from arguments.config import ConfigError, PretrainConfig
+from base.waits import LONGEST_WAIT_TEXT, is_wait
+
+FT_TIMEOUTS_VARIABLE = "ZERO_GPT_FT_TIMEOUTS"  # JSON: {"setup": s, "step": s, "checkpointing": s, "out_of_section": s}
+SECTIONS = ("setup", "step", "checkpointing")
+SAFETY_FACTOR = 5.0  # nvidia-resiliency-ext's FaultToleranceConfig.safety_factor
+MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE = 16  # ft_integration.py's _MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE
+STATE_FILE = "ft_state.json"  # ft_integration.py's name, in --save
+
+
+def parse_section_timeouts(text: str) -> dict[str, Optional[float]]:
+    """ft_launcher's `name1:value1,name2:value2` (FaultToleranceConfig._parse_section_timeouts_arg); a value of
+    null, none or nothing is no timeout."""
+    timeouts: dict[str, Optional[float]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition(":")
+        if not sep or name.strip() not in SECTIONS:
+            raise ValueError(f"{item!r} is not section:seconds with a section of {', '.join(SECTIONS)}")
+        timeouts[name.strip()] = parse_timeout(value)
+    return timeouts
+
+
+def parse_timeout(value: str) -> Optional[float]:
+    if value.strip().lower() in ("", "null", "none"):
+        return None
+    seconds = float(value)
+    if not is_wait(seconds, zero_allowed=False):  # inf and 1e300 too: the monitor's wait would overflow
+        raise ValueError(f"a timeout must be a number of seconds above 0 up to {LONGEST_WAIT_TEXT}, got {value!r}")
+    return seconds
+
+
+def launch_timeouts(environ: Mapping[str, str]) -> dict[str, Optional[float]]:
+    """The timeouts the launcher handed over; every one None where it handed none."""
+    given = json.loads(environ.get(FT_TIMEOUTS_VARIABLE, "{}"))
+    return {name: given.get(name) for name in (*SECTIONS, "out_of_section")}
+
+
+@dataclass
+class LearnedTimes:
+    """The longest time this rank spent in each section (and outside all), as timeouts_calc.py's TimeoutsCalc."""
+    longest: dict[str, float] = field(default_factory=lambda: {name: -1.0 for name in (*SECTIONS, "out_of_section")})
+    open: dict[str, float] = field(default_factory=dict)
+    last_close: float = field(default_factory=time.monotonic)
+
+    def opened(self, section: str, now: float) -> None:
+        if not self.open:
+            self.longest["out_of_section"] = max(self.longest["out_of_section"], now - self.last_close)
+        self.open[section] = now
+
+    def closed(self, section: str, now: float) -> None:
+        self.longest[section] = max(self.longest[section], now - self.open.pop(section))
+        if not self.open:
+            self.last_close = now
+
+
+def merged(current: Optional[float], new: float, current_learned: bool) -> float:
+    """timeouts_calc.py `_get_merged_section_timeouts`: an even average with a learned value, else the new one."""
+    return 0.5 * new + 0.5 * current if current_learned and current is not None else new
+
+
+class FaultTolerance:
+    """This rank's sections, reported to its monitor process, and the timeouts learned with --calc-ft-timeouts."""
+
+    def __init__(self, rank: int, save_dir: str, calc_timeouts: bool, warmup_iterations: int,
+                 timeouts: dict[str, Optional[float]], log=print) -> None:
+        self.rank, self.calc_timeouts, self.warmup_iterations = rank, calc_timeouts, warmup_iterations
+        self.state_path = Path(save_dir) / STATE_FILE
+        self.log = log
+        self.timeouts = dict(timeouts)
+        self.learned: set[str] = set()
+        if self.state_path.exists():  # ft_integration.py `_load_state_if_exists`: what an earlier start learned
+            state = json.loads(self.state_path.read_text())
+            self.timeouts.update(state["timeouts"])
+            self.learned = set(state["learned"])
+            log(f"> FT: loaded timeouts from {self.state_path}")
+        self.times = LearnedTimes()
+        self.iterations = 0  # training steps this incarnation finished
+        self.saves = 0
+        self.loaded_checkpoint = False
+        self._closed = False
+        self._monitor = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("ft_monitor.py")), str(os.getpid()), str(rank),
+             str(warmup_iterations), json.dumps(self.timeouts)], stdin=subprocess.PIPE, text=True, bufsize=1,
+            start_new_session=False)
+        self._open("setup")
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{name} {'none' if value is None else f'{value:g} s'}"
+                          f"{' (learned)' if name in self.learned else ''}" for name, value in self.timeouts.items())
+        how = ("learned from this run's times after each save and at the end (--calc-ft-timeouts)"
+               if self.calc_timeouts else "as the launcher gave them (scripts/launch.py --ft-rank-section-timeouts)")
+        return (f"> FT (--enable-ft-package): section timeouts {shown}, {how}; a rank past one is ended by its "
+                f"monitor, a dead or silent one named by the heartbeat watch, and the launcher's --max-restarts "
+                f"restarts the job from the latest checkpoint; the step section starts after "
+                f"{self.warmup_iterations} warm-up iterations; evaluation and an --async-save's commit count as "
+                f"out-of-section time here (Megatron-LM times evaluation steps as step and the commit as checkpointing)")
+
+    # ---- the loop's events (ft_integration.py's on_* calls) ---------------------------------------------------
+
+    def step_start(self) -> None:
+        if "setup" in self.times.open:
+            self._close("setup")
+        if self.iterations >= self.warmup_iterations:
+            self._open("step")
+
+    def step_end(self) -> None:
+        if "step" in self.times.open:
+            self._close("step")
+        self.iterations += 1
+        self._send(f"iterations {self.iterations}")
+
+    def checkpoint_loaded(self) -> None:
+        self.loaded_checkpoint = True
+
+    def checkpointing_start(self) -> None:
+        self._open("checkpointing")
+
+    def checkpointing_end(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        self._close("checkpointing")
+        self.saves += 1
+        self._maybe_learn(closing=False, group=group)
+
+    def close(self, group: Optional[dist.ProcessGroup] = None, finished: bool = True) -> None:
+        """At the run's end (`finished`: every rank there, the process group up): the last learning, then the
+        monitor goes (ft_integration.py `shutdown`). Once only: later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if finished:
+                for section in list(self.times.open):  # a run that ended before training: setup still open
+                    self._close(section)
+                self._maybe_learn(closing=True, group=group)
+        finally:
+            if self._monitor.stdin is not None:
+                self._monitor.stdin.close()
+            self._monitor.wait()
+
+    # ---- internals ----------------------------------------------------------------------------------------------
+
+    def _open(self, section: str) -> None:
+        self.times.opened(section, time.monotonic())
+        self._send(f"open {section}")
+
+    def _close(self, section: str) -> None:
+        self.times.closed(section, time.monotonic())
+        self._send(f"close {section}")
+
+    def _send(self, line: str) -> None:
+        try:
+            self._monitor.stdin.write(line + "\n")
+        except (BrokenPipeError, ValueError):
+            pass  # the monitor is gone (it ended this rank, which is on its way out)
+
+    def _maybe_learn(self, closing: bool, group: Optional[dist.ProcessGroup]) -> None:
+        """ft_integration.py `_maybe_update_timeouts`: which sections have been seen enough to learn from."""
+        if not self.calc_timeouts:
+            return
+        sections = [name for name, ready in (("setup", self.loaded_checkpoint),
+                                             ("step", self.iterations >= MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE),
+                                             ("checkpointing", self.saves > 0)) if ready]
+        if closing and {"setup", "step"} <= set(sections) and self.saves > 0:
+            sections.append("out_of_section")
+        longest = torch.tensor([self.times.longest[name] for name in (*SECTIONS, "out_of_section")], dtype=torch.float64)
+        if dist.is_initialized():  # timeouts_calc.py synchronize_all: every rank's longest
+            dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+        longest_of = dict(zip((*SECTIONS, "out_of_section"), longest.tolist()))
+        updated = [name for name in sections if longest_of[name] > 0]
+        if not updated:
+            return
+        for name in updated:
+            self.timeouts[name] = merged(self.timeouts[name], SAFETY_FACTOR * longest_of[name], name in self.learned)
+            self.learned.add(name)
+        self._send("timeouts " + json.dumps({name: self.timeouts[name] for name in updated}))
+        if self.rank == 0:
+            temporary = self.state_path.with_suffix(".tmp")
+            temporary.write_text(json.dumps({"timeouts": self.timeouts, "learned": sorted(self.learned)}))
+            os.replace(temporary, self.state_path)
+            self.log(f"> FT: timeouts learned for {', '.join(updated)}: "
+                     + ", ".join(f"{name} {self.timeouts[name]:.2f} s" for name in updated)
+                     + f"; saved to {self.state_path}")
+
+
+def start_fault_tolerance(config: PretrainConfig, rank: int) -> Optional[FaultTolerance]:
+    """--enable-ft-package's sections and monitor for this rank (None without it), the setup section open. Like
+    ft_integration.py `setup`, refused without --save ("checkpointing save dir must be set to enable fault
+    tolerance"), which it creates."""
+    training = config.training
+    if not training.enable_ft_package:
+        return None
+    save_dir = config.checkpoint.save
+    if not save_dir:
+        raise ConfigError("--enable-ft-package needs --save (and --load, the same directory, to resume after a "
+                          "restart): Megatron-LM's ft_integration.setup refuses it without a save directory",
+                          flags=("--enable-ft-package", "--save"))
+    try:
+        timeouts = launch_timeouts(os.environ)
+    except ValueError as error:
+        raise ConfigError(f"{FT_TIMEOUTS_VARIABLE}: {error}") from None
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
+    fault_tolerance = FaultTolerance(rank, save_dir, training.calc_ft_timeouts, training.ft_num_warmup_iters,
+                                     timeouts, log)
+    log(fault_tolerance.describe())
+    return fault_tolerance

@@ -1,0 +1,86 @@
+"""The run's rerun state machine (resilience/run/rerun_state.py), made before the checkpoint is loaded as Megatron-LM's
+initialize makes its own (initialize_rerun_state_machine, after _set_random_seed and before load_checkpoint), and
+the start-up line that says what it does."""
+
+from __future__ import annotations
+
+import random
+import socket
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from arguments.config_sources import MEGATRON_DEFAULTS, Source
+from resilience.run.rerun_state import ErrorInjector, RerunDiagnostic, RerunMode, RerunStateMachine, torch_rng_saver
+from resilience.run.rerun_stats import REPORTING_INTERVAL_ITERATIONS
+
+
+def rerun_mode_line(training, source: Optional[Source]) -> str:
+    """What --rerun-mode does in this run, in one start-up line ("" when disabled). Megatron says only "Result
+    validation enabled", and that at the first validated loss (said here too: its functional tests look for it).
+    `source`: where --rerun-mode's value came from (arguments/config_sources.py): Megatron-LM's default under a
+    launch that sets the model by flags (arguments/megatron/defaults.py), or as given."""
+    mode = training.rerun_mode
+    if mode == "disabled":
+        return ""
+    megatron_default = source is not None and source.origin == MEGATRON_DEFAULTS
+    origin = "Megatron-LM's default for a flags launch" if megatron_default else "as given"
+    nan, spiky = training.check_for_nan_in_loss_and_grad, training.check_for_spiky_loss
+    if not nan and not spiky:
+        return (f"> rerun state machine: --rerun-mode {mode} ({origin}) with nothing validated "
+                f"(--no-check-for-nan-in-loss-and-grad, no --check-for-spiky-loss): no iteration re-runs")
+    if mode == "report_stats":
+        checked = " and ".join(name for name, on in (("NaN/Inf", nan), ("spiky-loss", spiky)) if on)
+        return (f"> rerun state machine: --rerun-mode report_stats ({origin}): every iteration runs twice on the "
+                f"same data and RNG states; how much the losses its {checked} checks see differ between the runs is "
+                f"printed every {REPORTING_INTERVAL_ITERATIONS} iterations, nothing is rejected; --rerun-mode "
+                f"disabled turns it off")
+    what = []
+    if nan:
+        what.append("a NaN or Inf loss re-runs the iteration on the same data: exit 17 when the re-run differs, a "
+                    "checkpoint and exit 16 when it reproduces")
+    if spiky:
+        what.append("a spiky loss (10x the largest of the first 100) re-runs it and goes on")
+    return f"> rerun state machine: --rerun-mode validate_results ({origin}; {'; '.join(what)}; --rerun-mode " \
+           f"disabled turns it off)"
+
+
+def rerun_state_machine_for(training, state, rng, log: Callable[[str], None]) -> Optional[RerunStateMachine]:
+    """The machine a run's TrainingConfig (`training`) asks for (None when --rerun-mode disabled), on `state`'s
+    ranks: its verdicts are OR-ed over every rank (one all-reduce of at most two int32 per decision, as Megatron's
+    _reduce_any over the world), report_stats' records gathered to the first rank (Megatron's gather_object)."""
+    if training.rerun_mode == "disabled":
+        return None
+    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() and state.world_size > 1 else None
+
+    def reduce_any(flags: list[bool]) -> list[bool]:
+        votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=state.device)
+        if world is not None:  # a vote over every rank, as resilience/run/fault_tolerance.py's: no group of the mesh's
+            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=world)
+        return [vote > 0 for vote in votes.tolist()]
+
+    def gather_to_first(records: dict) -> Optional[list]:
+        if world is None:
+            return [records]
+        gathered = [None] * state.world_size if state.rank == 0 else None
+        dist.gather_object(records, gathered, dst=0, group=world)
+        return gathered
+
+    def say(line: str) -> None:
+        print(f" {line}", flush=True)
+
+    # Megatron-LM's _set_random_seed (initialize.py) seeds Python's and NumPy's generators with --seed + 100 x the
+    # pipeline rank before the checkpoint is loaded (a resume then takes the saved states); the injector draws from
+    # Python's, so a run's injections follow from its --seed as there
+    seed = training.seed + 100 * state.pipeline_parallel_rank
+    random.seed(seed)
+    np.random.seed(seed)
+    save, restore = torch_rng_saver(rng, state.device)
+    injector = ErrorInjector(training.error_injection_rate, RerunDiagnostic(training.error_injection_type),
+                             state.rank, say)
+    return RerunStateMachine(RerunMode(training.rerun_mode), rank=state.rank, reduce_any=reduce_any, save_rng=save,
+                             restore_rng=restore, where=(socket.gethostname(), str(state.device)), injector=injector,
+                             tracker_file=training.result_rejected_tracker_filename, log=say, log_once=log,
+                             gather_to_first=gather_to_first)
