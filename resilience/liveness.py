@@ -1,65 +1,21 @@
-"""Who stopped answering: a heartbeat per rank in the rendezvous store, so that the survivors of a dead
-or stalled peer name it in one line, promptly, instead of printing a transport's traceback or waiting
-for the collective timeout.
-
-Every rank runs a thread with its own client of the rendezvous store (the TCPStore that torchrun's
-agent serves at MASTER_ADDR:MASTER_PORT, or rank 0 when there is no agent). Once a second it adds 1
-to its own counter and reads two keys: its ring neighbour's counter and the verdict. That is three
-small store round trips a second per rank and nothing per collective; the training's traffic is
-untouched. Identity never comes from the transport's error text (gloo's "Connection reset by peer"
-names an address, NCCL's timeout names nobody): a rank is silent when its counter stops moving.
-
-A loss is found in one of four ways:
-
-1. A collective raises (gloo notices a closed socket at once). The main thread calls
-   `explain_failure()`; the thread reads every rank's counter for up to SILENT_AFTER_S, and the ranks
-   whose counter did not move are the lost ones. The first survivor to conclude writes the verdict
-   (compare-and-set, so all survivors name the same ranks). If every counter moves, no peer is lost:
-   the error is this rank's own and keeps its traceback.
-2. The neighbour's counter stands still for --heartbeat-timeout-seconds while this rank may be
-   blocked in a collective that only the collective timeout would end (a SIGSTOPped or hung peer; or
-   NCCL, which never notices a dead peer). The thread writes the verdict and reports.
-3. A verdict appears: another survivor found the loss, or a rank wrote that it fails alone (an error
-   of its own, whose traceback it prints). The thread reports it.
-4. The store stops answering (its host died or hung). A dead host closes its connections, which an
-   idle socket beside the store client sees before any call is made (`StoreConnection`), so that
-   no call goes to a host known to be gone. A call to a stopped host blocks with no timeout, so a
-   second thread, which never touches the store, watches when the store last answered.
-
-   A SIGKILLed host is first silent, then closed: its kernel tears down the process's memory before
-   it closes its sockets, one by one in the order of their descriptors (35-120 ms from the kill to
-   the idle connection's close for a torch process on a 2-core machine, measured). A call sent in
-   between is neither answered nor refused until the close resets it. torch's client would then
-   print a dozen lines of C++ warnings above the one line; the threads' client
-   (resilience/store_wire.py) raises and prints nothing, and the reset reads as the host's loss like
-   any other, so the once-a-second round may fall in that window harmlessly. Where the server does
-   not speak that client's protocol (another torch), torch's client is used, and two rules keep
-   most calls out of the window: after a collective failed (way 1: the host's gloo sockets, opened
-   before the store's connections, are closing), the thread waits SETTLE_S before its first call,
-   and then the idle socket tells; and the idle socket is opened before the store client, so that
-   the host closes it first. A round that falls in the window by chance before any collective
-   fails (odds of about the window over the interval, a few in a hundred, each time a store-hosting
-   rank 0 dies) then still prints the warning. Under torchrun the agent hosts the store, and a
-   rank's death leaves it answering.
-
-A rank that was itself stopped (SIGSTOP, a suspended job, a VM paused) and then continued must not
-blame a healthy peer: on waking, its own watch sees the neighbour's or the store's last answer far in
-the past. The watchdog thread, which never touches the store, wakes once a second; a gap of
---heartbeat-timeout-seconds between two of its wakes means the whole process did not run, and the
-rank says that about itself (`PeerLoss.paused_for_s`) before any verdict about others. Its peers give
-up on it after a silence they measure from its last beat, which can precede its watchdog's last wake
-by an interval, and it may be continued the moment they go: so the gap it sees can be up to two
-intervals short of the timeout. Every blame (a still neighbour, a silent store, a verdict, the main
-thread's failed collective) therefore first asks whether this process had a gap of that size since the
-silence it is about to blame began (`Liveness._paused_since`); if so, the pause is the report.
-
-Reporting is the caller's `on_lost(loss)`, called from a thread while the main thread may be blocked
-for good (pretrain_gpt.py prints one line and ends the process). A rank that leaves marks its
-counter: LEFT (its own end: success, its own error) or LEFT_AFTER_LOSS (it reported someone else),
-so that watchers stop watching it and survivors do not blame a rank that only left first. When rank 0
-hosts the store, it waits (briefly) at the end until every rank has left (`linger`), so that no rank
-is left talking to a store that just went away.
-"""
+"""Who stopped answering: a heartbeat per rank in the rendezvous store, so that the survivors of a dead or stalled
+peer name it in one line, promptly, instead of a transport's traceback or the collective timeout. Every rank runs a thread with its own client of the rendezvous store (torchrun's agent's TCPStore, or rank 0's):
+once a second it adds 1 to its own counter and reads its ring neighbour's counter and the verdict, three small
+round trips a second and nothing per collective. Identity never comes from the transport's error text: a rank is
+silent when its counter stops moving. A loss is found in one of four ways:
+1. A collective raises (gloo notices a closed socket at once): `explain_failure()` reads every counter for up to
+   SILENT_AFTER_S; those that did not move are the lost ranks, and the first survivor to conclude writes the verdict
+   (compare-and-set: all survivors name the same ranks). If every counter moves, the error is this rank's own.
+2. The neighbour's counter stands still for --heartbeat-timeout-seconds while this rank may be blocked in a
+   collective only the collective timeout would end (a stopped or hung peer; NCCL never notices a dead one).
+3. A verdict appears: another survivor found the loss, or a rank wrote that it fails alone.
+4. The store stops answering: a dead host closes its connections, which an idle socket beside the client sees
+   before any call (`StoreConnection`, whose comment tells the window a SIGKILL leaves); a call to a stopped host
+   blocks with no timeout, so a second thread, which never touches the store, watches when it last answered.
+That watchdog thread also measures this process's own gaps: a rank that was itself stopped and continued reports
+its pause rather than blaming a healthy peer (`Liveness._paused_since`). Reporting is the caller's `on_lost(loss)`,
+called from a thread while the main thread may be blocked for good. A rank that leaves marks its counter (LEFT, or
+LEFT_AFTER_LOSS), so nobody blames a rank that only left first; a store-hosting rank 0 waits for all (`linger`)."""
 
 from __future__ import annotations
 
@@ -106,6 +62,16 @@ class StoreGone(ConnectionError):
     """The store's host closed its connections: it died."""
 
 
+# A SIGKILLed store host is first silent, then closed: its kernel tears down the process's memory before it closes
+# its sockets, in descriptor order (35-120 ms from the kill to the idle connection's close for a torch process on a
+# 2-core machine, measured). A call sent in between is neither answered nor refused until the close resets it.
+# torch's client would print a dozen lines of C++ warnings above the one line; the threads' client
+# (resilience/store_wire.py) raises and prints nothing, and the reset reads as the host's loss. Where the server does
+# not speak that client's protocol (another torch), torch's client is used, and two rules keep most calls out of the
+# window: after a collective failed, the thread waits SETTLE_S before its first call, and the idle socket is opened
+# before the store client, so the host closes it first. A round that falls in the window by chance (a few in a
+# hundred, each time a store-hosting rank 0 dies) then still prints the warning. Under torchrun the agent hosts the
+# store, and a rank's death leaves it answering.
 class StoreConnection:
     """An idle TCP connection to the store's port, opened beside the store client. When the host's
     process dies, its kernel closes the connection, and a zero-timeout select sees that without a
@@ -450,6 +416,11 @@ class Liveness:
             if self.clock() - self._answered_at >= self.stall_timeout_s:
                 self._blame(PeerLoss(store_host=self.store_host), since=self._answered_at, mark=False)
 
+    # A rank that was itself stopped (SIGSTOP, a suspended job, a paused VM) and continued must not blame a healthy
+    # peer: its peers give up on it after a silence measured from its last beat, which can precede its watchdog's
+    # last wake by an interval, and it may be continued the moment they go, so the gap it sees can be up to two
+    # intervals short of the timeout. Every blame therefore first asks whether this process had such a gap since the
+    # silence it is about to blame began; if so, the pause is the report (`PeerLoss.paused_for_s`).
     def _paused_since(self, since: float) -> Optional[float]:
         """How long this process did not run, when that was at or after `since` (the watchdog, which
         wakes every interval and waits on nothing else, did not wake for `_pause_s`, or has not yet

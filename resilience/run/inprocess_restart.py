@@ -1,30 +1,23 @@
 """--inprocess-restart: the training re-run in the same processes after a fault, as Megatron-LM wraps `pretrain` in
 nvidia-resiliency-ext's `inprocess.Wrapper` (megatron/training/inprocess_restart.py). nvidia-resiliency-ext needs
-CUDA and NCCL pieces (its abort of NCCL communicators, its CUDA health check, its monitor process); this module
-builds the same behaviour on torch.distributed alone, tested on gloo.
-
-Each incarnation (Megatron's in-process "iteration"):
+CUDA and NCCL pieces (its NCCL abort, CUDA health check, monitor process); this module builds the same behaviour on
+torch.distributed alone, tested on gloo. Each incarnation (Megatron's in-process "iteration"):
 1. the processes' assignment (resilience/rank_assignment.py: the first --inprocess-active-world-size launch ranks
    train, the rest wait as hot spares); RANK and WORLD_SIZE are set to this incarnation's, as the Wrapper sets them
-   (nvidia_resiliency_ext/inprocess/state.py, `set_distributed_vars`), so every reader of the launch agrees;
+   (nvidia_resiliency_ext/inprocess/state.py `set_distributed_vars`);
 2. a trainer builds its process group on the incarnation's own prefix of the restart store
    (resilience/restart_store.py) and runs the training (`run`: the checks, prepare, train);
-3. on an exception the trainer records it in the store and destroys its group: its gloo connections close, and
-   every peer blocked in a collective with it fails at once (a SIGKILLed peer's close the same way); they record
-   theirs and destroy their groups too (the abort: Megatron's `AbortTorchDistributed`);
+3. on an exception the trainer records it in the store and destroys its group: its gloo connections close, so every
+   peer blocked in a collective with it fails at once, records its own and destroys its group too (Megatron's
+   `AbortTorchDistributed`);
 4. every live process, trainers and spares, meets at the next incarnation's rendezvous; a process that neither
    arrives nor beats within --inprocess-heartbeat-timeout is gone; a spare takes each gone trainer's rank.
-
-What a new incarnation rebuilds, and why: the process group (the old one is aborted), and everything `prepare`
-makes from it: the model, the optimizer and their state reloaded from the latest checkpoint in --load (the
-failed incarnation's in-memory state is past that checkpoint, and on a spare absent), the data loaders (they
-resume at the checkpoint's consumed samples), the metrics writer and the save locks (closed when the failed run
-left). What it does not: the modules (imported once per process), the parsed and checked configuration, the
-restart store and its heartbeat, the tokenizer and the data sources (training/data_splits.py's KeptAcrossRestarts,
-bound into `run` by pretrain_gpt.py: a function of the configuration alone, loaded once per process; a spare loads
-them at its first incarnation);
-the dataset index is read back from its cache on disk (data/index_cache.py), not rebuilt.
-"""
+A new incarnation rebuilds the process group and everything `prepare` makes from it: model, optimizer and state
+reloaded from the latest checkpoint in --load (the failed state is past it, and on a spare absent), data loaders
+(resumed at its consumed samples), metrics writer and save locks. It keeps the modules, the checked configuration,
+the restart store and its heartbeat, the tokenizer and data sources (training/data_splits.py's KeptAcrossRestarts,
+bound into `run` by pretrain_gpt.py: loaded once per process, a spare at its first incarnation); the dataset index
+is read back from its cache on disk (data/index_cache.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Megatron-Core's rerun state machine (megatron/core/rerun_state_machine.py, RerunStateMachine): a NaN, Inf or
 spiky loss re-runs the iteration on the same data and RNG state to tell a transient fault from a reproducible one.
 
-Driven from the train step (training/train_step.py; the pipeline step's last stage validates) as Megatron-LM's
-train_step drives its own:
-
+Driven from the train step (training/train_step.py; the pipeline's last stage validates) as Megatron-LM's:
     while machine.should_run_forward_backward():   # the batches replay, the RNG states are restored
         zero grads; micro-batches, each loss kept on the device;
         then each loss -> machine.validate_result(...)  (resilience/run/loss_checks.py: one read after the micro-batches)
@@ -11,21 +9,14 @@ train_step drives its own:
     (exit before the optimizer step: the checkpoint holds the weights the suspect iteration started from)
 
 The decisions are Megatron-Core's, state for state (tests/resilience/test_rerun_state.py drives both machines with
-the same sequence): an unexpected result on the initial run asks every rank to re-run in place. A re-run that
-differs ("Possible transient error!") ends the job with 17 (EXIT_CODE_FAILED_ON_RESULT_VALIDATION) before the
-update when the check is fatal (NaN/Inf), and goes on when it is not (spiky loss); one that reproduces asks, for a
-fatal check, for a checkpoint and exit 16 (EXIT_CODE_RESUME_TO_DISAMBIGUATE) to re-run it on another GPU, and goes
-on for a non-fatal one. The first iteration of a process is never validated, as in Megatron (no checkpoint could
-be taken before its first optimizer step).
-
-The exit-16 checkpoint holds this machine's state (resilience/run/rerun_resume.py), so the job resumed from it runs the
-iteration once more (RERUNNING_FROM_CHECKPOINT) and ends with 17 ("Possible persistent error" when the result
-differs on this other node or device, "Correct result" when it is the same) or, landed on the node and device that
-reproduced it, 16 again with no new checkpoint (RERUNNING_AGAIN_FROM_CHECKPOINT).
-
---rerun-mode report_stats (Megatron-Core's REPORT_DETERMINISM_STATS) re-runs every iteration and records how much
-each validated result differs between the two runs (resilience/run/rerun_stats.py); nothing is rejected.
-"""
+one sequence): an unexpected result re-runs in place; a re-run that differs ("Possible transient error!") ends the
+job with 17 before the update when the check is fatal (NaN/Inf) and goes on when not (spiky loss); one that
+reproduces asks, for a fatal check, for a checkpoint and exit 16 to re-run it on another GPU. A process's first
+iteration is never validated, as in Megatron. The exit-16 checkpoint holds this machine's state
+(resilience/run/rerun_resume.py), so the resumed job runs the iteration once more and ends with 17 ("Possible
+persistent error" / "Correct result") or, on the node and device that reproduced it, 16 again with no new
+checkpoint. --rerun-mode report_stats re-runs every iteration and records how much each validated result differs
+(resilience/run/rerun_stats.py); nothing is rejected."""
 
 from __future__ import annotations
 
