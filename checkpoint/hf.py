@@ -46,10 +46,10 @@ from checkpoint.format import read_metadata, save_tensors
 from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
 from checkpoint.hf_families.layout import EXPERT_BIAS, canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
+from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from checkpoint.router_state import restore_expert_biases
 from checkpoint.unpickler import unpickler_reason
-from checkpoint.zero_gpt_source import consolidate
 from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer

@@ -7,7 +7,7 @@
 A run loads a checkpoint at any layout by itself (checkpoint/global_load.py), so this tool is not needed to
 change TP: it is kept for a checkpoint to hand over already cut, say to a tool that reads one TP rank's files.
 It is a thin wrapper over the loader's code: the checkpoint is opened as whole tensors by name
-(checkpoint/zero_gpt_source.py, which reads any layout and any version through the sharding records), and
+(checkpoint/ours/source.py, which reads any layout and any version through the sharding records), and
 each new TP rank's slice of every tensor is read as a region of it (the parameter table's split dimension cut in
 equal slices; the vocabulary re-padded for the new size: rows the new padding drops are dropped, rows it adds are
 zeros), for the fp32 master and every state the checkpoint's optimizer keeps (AdEMAMix's slow momentum too), each
@@ -60,10 +60,10 @@ from checkpoint.format import (  # noqa: E402
 )
 from checkpoint.inside import folder_files  # noqa: E402
 from checkpoint.integrity import hash_files, verify_or_raise  # noqa: E402
+from checkpoint.ours.source import ZeroGptSource, saved_moment_dtypes  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
 from checkpoint.tool_input import tool_checkpoint  # noqa: E402
-from checkpoint.zero_gpt_source import ZeroGptSource, saved_moment_dtypes  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 

@@ -21,8 +21,8 @@ from checkpoint.format import (
     open_tensors,
     read_metadata,
 )
-from checkpoint.sharded import load_checkpoint, save_checkpoint
-from checkpoint.zero_gpt_source import consolidate
+from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
+from checkpoint.ours.source import consolidate
 from parallel.state import ParallelState
 from zero.optimizer_state import PARTITION_TENSORS, NamedFragment, ShardedOptimizerState
 

@@ -29,7 +29,7 @@ from checkpoint.hf import (
     read_hf_folder,
     write_hf_folder,
 )
-from checkpoint.sharded import save_checkpoint
+from checkpoint.ours.sharded import save_checkpoint
 from data.tokenizer import train_tokenizer
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG

@@ -22,7 +22,7 @@ import torch
 from arguments.config import PretrainConfig
 from base.errors import ConfigError
 from checkpoint.hf import check_convertible, initialize_from_hf, load_hf_weights, read_hf_folder
-from checkpoint.sharded import load_checkpoint, save_checkpoint
+from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from gpt.model import GPTModel
 from parallel.state import ParallelState
 from scripts import convert_to_hf

@@ -6,10 +6,10 @@ parallel/sharding.py) through the writer (checkpoint/writer.py) into
 `metadata.json`, rename the directory into place and replace `latest`. A rank that fails (disk full, permissions) makes every rank raise
 `CheckpointError`, and a process killed midway leaves only a `.partial` directory that nothing reads:
 either way the previous checkpoint and `latest` are untouched. The steps are `begin_save`, `rank_files` and
-`finish_save` (below), so --async-save (checkpoint/async_save.py) writes the same files in the background.
+`finish_save` (below), so --async-save (checkpoint/ours/async_save.py) writes the same files in the background.
 
 Loading goes through `checkpoint/global_load.py`: the checkpoint is opened as whole tensors by name
-(`checkpoint/zero_gpt_source.py`) and each rank reads the regions its records (parallel/sharding.py) and its
+(`checkpoint/ours/source.py`) and each rank reads the regions its records (parallel/sharding.py) and its
 optimizer partition's fragments name.
 
 The optimizer is read and restored only through the interface of zero/optimizer_state.py (its
@@ -49,13 +49,13 @@ from checkpoint.fp8_state import saved_fp8_histories
 from checkpoint.global_load import ResumePoint, load_from_source, parameter_records
 from checkpoint.integrity import verify_checkpoint
 from checkpoint.lineage import RunIdentity
+from checkpoint.ours.source import ZeroGptSource
 from checkpoint.pipeline_stages import gather_stage_tables, whole_table
 from checkpoint.rerun_machine_entry import ENTRY as RERUN_ENTRY
 from checkpoint.rerun_machine_entry import saved_rerun_state
 from checkpoint.router_state import expert_biases
 from checkpoint.save_plan import plan_rank_files
 from checkpoint.writer import StagedFile, write_files
-from checkpoint.zero_gpt_source import ZeroGptSource
 from data.identity import data_identity
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -82,7 +82,7 @@ def parameter_table(model: nn.Module) -> dict[str, dict]:
 
 # ---- saving -----------------------------------------------------------------------------------
 #
-# A save is three steps, so that it can be written in the background (checkpoint/async_save.py) as well as
+# A save is three steps, so that it can be written in the background (checkpoint/ours/async_save.py) as well as
 # in place: `begin_save` (the checks and the staging directory, on every rank), `rank_files` (the save plan's
 # files of this rank, one at a time, through which every rank must iterate to the end) and `finish_save` (the
 # ranks' agreement that every file is in, then the commit). `save_checkpoint` writes the files as they come
@@ -237,7 +237,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
                     identity: Optional[RunIdentity] = None, schedule_samples: Optional[int] = None,
                     rerun_state: Optional[dict] = None) -> Path:
     """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this, and training
-    waits for it (checkpoint/async_save.py writes in the background instead, through the same three steps).
+    waits for it (checkpoint/ours/async_save.py writes in the background instead, through the same three steps).
     `identity` (the run's lineage and launch) goes into its metadata: --keep-last prunes only its lineage.
     Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
     progress = begin_save(save_dir, iteration, consumed_samples, model, optimizer, config, state,
@@ -367,7 +367,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
                     rng: Optional[TensorParallelRNG], state: ParallelState, *, load_optimizer: bool = True,
                     load_rng: bool = True, finetune: bool = False, verify: bool = True) -> ResumePoint:
     """Restore this rank's state from a checkpoint of ours saved at any layout (checkpoint/global_load.py over
-    checkpoint/zero_gpt_source.py): the fp32 master weights, with `load_optimizer` the optimizer's moments, step
+    checkpoint/ours/source.py): the fp32 master weights, with `load_optimizer` the optimizer's moments, step
     and loss scaler, with `load_rng` the random streams where the layout allows. `finetune` takes the weights
     only and starts at iteration 0. `verify` checks every file of the checkpoint first (`verify_for_job`); pass
     False only when that was just done."""
