@@ -27,7 +27,7 @@ import torch
 
 from base.errors import CheckpointError
 from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
-from checkpoint.ours.source import Piece, read_pieces
+from checkpoint.pieces import Piece, read_pieces
 from checkpoint.random_states import random_states_problem
 from checkpoint.torch_dist.buckets import (
     DENSE_DTYPE,

@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
 from base.errors import CheckpointError
+from checkpoint.finite_check import non_finite_training_state
 from checkpoint.format import (
     METADATA_FILE,
     STAGING_SUFFIX,
@@ -52,7 +53,6 @@ from checkpoint.format import (
     write_text_atomic,
 )
 from checkpoint.global_load import parameter_records
-from checkpoint.ours.sharded import non_finite_training_state
 from checkpoint.regions import box_numel, flat_range_boxes, flat_start, shift
 from checkpoint.save_plan import coordinates, named_fragments
 from checkpoint.torch_dist.args import megatron_args

@@ -248,12 +248,12 @@ def test_a_write_that_fails_on_one_rank_fails_the_commit_on_every_rank(tmp_path)
 
 
 def test_the_finite_check_before_a_save_counts_what_isfinite_counts(monkeypatch):
-    """checkpoint/ours/sharded.py count_non_finite proves a chunk clean by its sum (or, for a cast, its smallest and largest
+    """checkpoint/finite_check.py count_non_finite proves a chunk clean by its sum (or, for a cast, its smallest and largest
     values) before counting element by element: against the plain count, on chunks whose sum overflows with no bad
     element, with NaN and inf, and with values beyond fp16's and bf16's ranges."""
-    from checkpoint.ours import sharded
+    from checkpoint import finite_check
 
-    monkeypatch.setattr(sharded, "NON_FINITE_CHECK_CHUNK", 64)
+    monkeypatch.setattr(finite_check, "NON_FINITE_CHECK_CHUNK", 64)
     generator = torch.Generator().manual_seed(0)
     cases = [torch.randn(1000, generator=generator), torch.full((300,), 3e38),  # the sum overflows, nothing is bad
              torch.randn(500, generator=generator) * 1e5, torch.zeros(0)]
@@ -263,7 +263,7 @@ def test_the_finite_check_before_a_save_counts_what_isfinite_counts(monkeypatch)
     for tensor in cases:
         for dtype in (None, torch.float16, torch.bfloat16):
             plain = int((~torch.isfinite(tensor if dtype is None else tensor.to(dtype))).sum())
-            assert sharded.count_non_finite(tensor, as_dtype=dtype) == plain, (tensor[:4], dtype)
+            assert finite_check.count_non_finite(tensor, as_dtype=dtype) == plain, (tensor[:4], dtype)
 
 
 def test_a_safetensors_file_is_a_function_of_what_it_holds(tmp_path):
