@@ -946,7 +946,7 @@ class CheckpointConfig:
         False, help="resume although --data-path, --split, --seq-length or --seed differ from the checkpoint's (the "
                     "samples then differ from the original run's)")
     # Megatron-DeepSpeed's --universal-checkpoint: its training.py puts {"load_universal": true} in DeepSpeed's
-    # checkpoint config, so the engine loads the folder `latest_universal` names (checkpoint/deepspeed_files.py)
+    # checkpoint config, so the engine loads the folder `latest_universal` names (checkpoint/deepspeed/files.py)
     universal_checkpoint: bool = option(
         False, help="--load a DeepSpeed save directory's universal checkpoint (the folder its latest_universal names, "
                     "ds_to_universal's output) instead of the ZeRO checkpoint its latest names")
@@ -955,14 +955,14 @@ class CheckpointConfig:
                    "size, header and dtype checks and skips reading whole files)")
     # Megatron-LM's asynchronous save (megatron/training/config/training_config.py, CheckpointConfig); it saves
     # in the background only with its persistent worker: validate_args turns --async-save off without it, and so
-    # does `saves_in_background` (checkpoint/async_save.py).
+    # does `saves_in_background` (checkpoint/ours/async_save.py).
     async_save: bool = option(
         False, help="write checkpoints in the background while training goes on (with --use-persistent-ckpt-worker, "
                     "as Megatron-LM requires; the commit waits until every rank's files are written)")
     use_persistent_ckpt_worker: bool = option(
         False, help="the background writer --async-save needs: one writer thread per rank, for the whole run")
     # None: Megatron-LM's 10 and 3 on CUDA, where the CPU mostly waits for the device; on a CPU the training is the
-    # CPU's work, and a writer at nice 10 got a tenth of a core against it (checkpoint/async_save.py)
+    # CPU's work, and a writer at nice 10 got a tenth of a core against it (checkpoint/ours/async_save.py)
     async_ckpt_cpu_priority: Optional[int] = option(
         None, help="the background writer's CPU nice value (0-19, higher yields more to training; raised to it, never "
                    "lowered; default Megatron-LM's 10 on CUDA, the training's own on a CPU)")
@@ -977,7 +977,7 @@ class CheckpointConfig:
         Disabling --async-save.")."""
         return bool(self.save and self.async_save and self.use_persistent_ckpt_worker)
 
-    # Megatron-LM's --ckpt-format. Left out: this project's own format (checkpoint/sharded.py). Megatron-LM's other
+    # Megatron-LM's --ckpt-format. Left out: this project's own format (checkpoint/ours/sharded.py). Megatron-LM's other
     # formats are accepted as Megatron-LM launches give them (its functional tests' --ckpt-format torch) and write
     # this project's format, said at start-up (`unwritten_format_note`): the format changes no math.
     ckpt_format: Optional[str] = option(
@@ -1096,7 +1096,7 @@ class PretrainConfig:
                               flags=("--zero-stage", "--pipeline-model-parallel-size"))
 
     def megatron_format_unwritten(self) -> Optional[str]:
-        """Why --save cannot write Megatron-LM's torch_dist layout for this run (checkpoint/megatron_writer.py), in
+        """Why --save cannot write Megatron-LM's torch_dist layout for this run (checkpoint/torch_dist/writer.py), in
         one start line; None where it can or is not asked. Such a run is accepted, as Megatron-LM launches give the
         flag beside these settings, and saves this project's format: the format changes no math."""
         if self.checkpoint.ckpt_format != TORCH_DIST or not self.checkpoint.save:

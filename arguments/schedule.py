@@ -204,7 +204,7 @@ def schedule_on_resume(config: PretrainConfig, batch: BatchSchedule, saved: dict
 def resumed_schedule(config: PretrainConfig, ours: LearningRateSchedule, theirs: LearningRateSchedule,
                      iteration_dir) -> tuple[Optional[LearningRateSchedule], Optional[str]]:
     """Megatron's rule between this run's schedule and the checkpoint's (`schedule_on_resume`), whatever format
-    recorded the checkpoint's (a Megatron-DeepSpeed run's OptimizerParamScheduler state: checkpoint/deepspeed_resume.py)."""
+    recorded the checkpoint's (a Megatron-DeepSpeed run's OptimizerParamScheduler state: checkpoint/deepspeed/resume.py)."""
     differences = [f"{label} {getattr(ours, name)} (the checkpoint's: {getattr(theirs, name)})"
                    for name, label in COMPARED_ON_RESUME if getattr(ours, name) != getattr(theirs, name)]
     if not differences:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-# torch.distributed.checkpoint's index of a torch_dist folder (checkpoint/dcp_reader.py reads it); a constant here so
+# torch.distributed.checkpoint's index of a torch_dist folder (checkpoint/torch_dist/dcp_reader.py reads it); a constant here so
 # that naming it does not import DCP (and with it DTensor and sympy: tests/test_startup.py)
 DCP_METADATA_FILE = ".metadata"
 

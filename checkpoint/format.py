@@ -23,7 +23,7 @@ A partition is a flat tensor; its *fragment table* says which elements of which 
 stretch holds: `[name, param_offset, partition_offset, numel]`, offsets into the parameter flattened
 at the saving rank's local shape, and its *records* (`RECORDS`, since the sharding records) where that
 rank's slice sits in the whole tensor. With the parameter table (one record per tensor in metadata.json)
-that is all it takes to read any region of any whole tensor (checkpoint/zero_gpt_source.py): to load at
+that is all it takes to read any region of any whole tensor (checkpoint/ours/source.py): to load at
 another layout, or to consolidate the whole model (`consolidate` there). Who writes which slice is the
 save plan's (checkpoint/save_plan.py): at stage 0 the one partition (everything) by DP rank 0 alone; a
 whole parameter by TP rank 0 alone (a checkpoint written before the records held it on every TP rank,

@@ -6,8 +6,9 @@ Each entry knows how to recognise its checkpoints and names the module that resu
 and `load_resume(path, model, optimizer, rng, state, model_config, *, load_optimizer, load_rng, finetune)`, the
 load into the built model (checkpoint/global_load.py's `load_from_source` under each). The order decides: DeepSpeed's
 first (a save directory whose `latest` names one of its tag folders, or that folder), then Megatron-LM's torch_dist
-(an iteration directory whose metadata.json is Megatron-Core's), then this project's own. A new read-only format is
-one entry here and its modules (docs/layout.md).
+(an iteration directory whose metadata.json is Megatron-Core's), then this project's own. Each format is a package
+(checkpoint/ours/, torch_dist/, deepspeed/; its handler is the package's resume.py) over the core beside this file: a
+new read-only format is one package and one entry here (docs/layout.md).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from checkpoint.deepspeed_files import find_deepspeed_checkpoint
-from checkpoint.megatron_common import is_megatron_checkpoint
+from checkpoint.deepspeed.files import find_deepspeed_checkpoint
+from checkpoint.torch_dist.common import is_megatron_checkpoint
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,9 @@ def _locate_deepspeed(load: Path, universal: bool) -> Optional[tuple[Path, Optio
 
 
 DEEPSPEED = CheckpointFormat("DeepSpeed's", lambda path: find_deepspeed_checkpoint(path, False) is not None,
-                             "checkpoint.deepspeed_resume", _locate_deepspeed)
-MEGATRON = CheckpointFormat("Megatron-LM's torch_dist", is_megatron_checkpoint, "checkpoint.megatron_resume")
-ZERO_GPT = CheckpointFormat("this project's", lambda path: True, "checkpoint.zero_gpt_resume")
+                             "checkpoint.deepspeed.resume", _locate_deepspeed)
+MEGATRON = CheckpointFormat("Megatron-LM's torch_dist", is_megatron_checkpoint, "checkpoint.torch_dist.resume")
+ZERO_GPT = CheckpointFormat("this project's", lambda path: True, "checkpoint.ours.resume")
 FORMATS = (DEEPSPEED, MEGATRON, ZERO_GPT)  # in the order they are asked; ours, the last, takes the rest
 
 

@@ -67,7 +67,7 @@ class GlobalStateSource(Protocol):
     def not_carried(self) -> list[str]:
         """What the checkpoint holds that this project does not carry over (said in one start-up line)."""
 
-    # Optional, read by the loader where a source has them (checkpoint/zero_gpt_source.py has all four):
+    # Optional, read by the loader where a source has them (checkpoint/ours/source.py has all four):
     #   bytes_read: int                                   what the source has read so far (said at load, tested)
     #   expert_biases() -> Optional[dict[str, list]]      the routers' expert bias by "<router>.expert_bias"
     #   fp8_histories() -> Optional[dict[str, dict]]     delayed FP8 scaling's amax histories (checkpoint/fp8_state.py)

@@ -46,9 +46,9 @@ from checkpoint.format import read_metadata, save_tensors
 from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
 from checkpoint.hf_families.layout import canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
+from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from checkpoint.unpickler import unpickler_reason
-from checkpoint.zero_gpt_source import consolidate
 from parallel.state import ParallelState
 
 # transformers' "relu2" is ReLUSquaredActivation (transformers/activations.py: square(relu(x))), which GPT2MLP

@@ -12,7 +12,7 @@ record names its run:
 A lineage also reads its samples in one order, chosen at its start (arguments/config.py `sample_order`: Megatron-Core's
 where the run writes Megatron-LM's torch_dist checkpoints, else this project's) and kept by every resume, since a
 checkpoint's consumed-samples count is a position in the order it was trained in: each save of ours records it,
-and a Megatron-LM checkpoint's is Megatron-Core's (checkpoint/megatron_resume.py).
+and a Megatron-LM checkpoint's is Megatron-Core's (checkpoint/torch_dist/resume.py).
 
 A checkpoint saved before identities existed has no `run_id`; a run resuming it adopts a new lineage
 (its own older saves and records then count as another run's: kept, never removed).

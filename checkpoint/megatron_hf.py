@@ -1,12 +1,12 @@
 """A Megatron-LM torch_dist checkpoint as a Hugging Face state: the model its args describe and its saved weights.
 
 The model: Megatron-LM's args (common.pt) under this project's names, read as a resume reads them
-(checkpoint/megatron_resume.py metadata_view: the block settings, the activation Megatron-Core computed) plus the
+(checkpoint/torch_dist/resume.py metadata_view: the block settings, the activation Megatron-Core computed) plus the
 shape, with the vocabulary the saved rows hold (`padded_vocab_size`): Megatron-Core's cross entropy takes the padding
 rows' logits into its softmax, and so does transformers' over a vocabulary of that size, so the exported model's
 loss is Megatron-LM's. The weights: the fp32 weights Megatron-Core saved (an fp32 run's model tensors, a 16-bit run's fp32
 master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP), read whole by our names through
-checkpoint/megatron_source.py, then written under
+checkpoint/torch_dist/source.py, then written under
 transformers' names (checkpoint/hf.py to_hf_state_dict).
 """
 
@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 
 from checkpoint.hf import check_convertible, to_hf_state_dict
-from checkpoint.megatron_common import load_common, saved_args
-from checkpoint.megatron_resume import metadata_view
-from checkpoint.megatron_source import MegatronSource
+from checkpoint.torch_dist.common import load_common, saved_args
+from checkpoint.torch_dist.resume import metadata_view
+from checkpoint.torch_dist.source import MegatronSource
 from gpt.model_config import ModelConfig
 
-MASTER = "master"  # the exact weights: an fp32 run's model tensors, a 16-bit run's fp32 copies (megatron_source.py)
+MASTER = "master"  # the exact weights: an fp32 run's model tensors, a 16-bit run's fp32 copies (torch_dist/source.py)
 # The shape: Megatron-LM's args of the same names
 SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "kv_channels", "ffn_hidden_size", "seq_length",
          "max_position_embeddings", "init_method_std")

@@ -1,5 +1,5 @@
 """metadata.json's `rerun_state_machine`: the rerun state machine's pending re-run (resilience/run/rerun_resume.py
-makes and reads its content; checkpoint/sharded.py writes it, one part per rank gathered into `ranks`).
+makes and reads its content; checkpoint/ours/sharded.py writes it, one part per rank gathered into `ranks`).
 
 Megatron-LM's load_checkpoint (megatron/training/checkpointing.py) takes the machine's state only when the job's
 world, tensor-, pipeline- and data-parallel sizes are the checkpoint's ("Job sharding has changed: Rerun state

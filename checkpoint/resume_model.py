@@ -4,7 +4,7 @@ norm epsilon, the activation, the MoE layers' structure and routing, multi-laten
 equal the checkpoint's.
 
 Most of them change no parameter shape (--rotary-base, --rotary-percent, --use-rope-scaling, --norm-epsilon;
---num-query-groups at equal rows), so the load's shape check (checkpoint/sharded.py check_compatible)
+--num-query-groups at equal rows), so the load's shape check (checkpoint/ours/sharded.py check_compatible)
 would let such a resume through and train a different function from the saved weights. A fine-tune
 (--finetune) starts a new run from the weights and may change them (a longer context's rotary base).
 """

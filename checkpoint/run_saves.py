@@ -1,15 +1,15 @@
 """A run's saves to --save, pruned to --keep-last, in the format the registry writes for the run's flags
 (checkpoint/formats.py `writer_for`): this project's format, synchronous or in the background (--async-save,
-checkpoint/async_save.py), or Megatron-LM's torch_dist layout (checkpoint/megatron_writer.py), synchronous."""
+checkpoint/ours/async_save.py), or Megatron-LM's torch_dist layout (checkpoint/torch_dist/writer.py), synchronous."""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from checkpoint.async_save import AsyncCheckpointSaver, saving_mode_line, writer_priorities
 from checkpoint.formats import MEGATRON, writer_for
 from checkpoint.lineage import RunIdentity
-from checkpoint.sharded import prune_checkpoints, save_checkpoint
+from checkpoint.ours.async_save import AsyncCheckpointSaver, saving_mode_line, writer_priorities
+from checkpoint.ours.sharded import prune_checkpoints, save_checkpoint
 from data.tokenizer import GPTTokenizer, RunTokenizer
 from parallel.state import ParallelState
 
@@ -38,7 +38,7 @@ class CheckpointSaves:
         self.background = AsyncCheckpointSaver(state, *writer_priorities(checkpoint, state.device.type)) \
             if checkpoint.saves_in_background and self.format is not MEGATRON else None
         if self.format is MEGATRON:
-            from checkpoint.megatron_writer import saving_mode_line as megatron_mode_line  # DCP: only when used
+            from checkpoint.torch_dist.writer import saving_mode_line as megatron_mode_line  # DCP: only when used
 
             self.mode_line = megatron_mode_line(config, rerun_validates)
         else:
@@ -48,7 +48,7 @@ class CheckpointSaves:
     def __call__(self, iteration: int, consumed_samples: int, lr: float, schedule_samples: int) -> None:
         checkpoint = self.config.checkpoint
         if self.format is MEGATRON:
-            from checkpoint.megatron_writer import save_megatron_checkpoint  # DCP: only when used
+            from checkpoint.torch_dist.writer import save_megatron_checkpoint  # DCP: only when used
 
             save_megatron_checkpoint(checkpoint.save, iteration, consumed_samples, self.model, self.optimizer,
                                      self.config, self.state, self.batch, lr=lr, schedule_samples=schedule_samples)

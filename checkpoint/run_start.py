@@ -20,7 +20,7 @@ from arguments.config import sample_order
 from arguments.schedule import LearningRateSchedule
 from base.output_locks import MetricsFileLock, RunLock
 from checkpoint.agreement import agree, attempt
-from checkpoint.deepspeed_resume import refuse_save_into_deepspeed
+from checkpoint.deepspeed.resume import refuse_save_into_deepspeed
 from checkpoint.formats import format_named
 from checkpoint.global_load import ResumePoint
 from checkpoint.lineage import RunIdentity, identity_on_start, new_id

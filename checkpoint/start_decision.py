@@ -3,7 +3,7 @@ its data settings allow that. Pure decisions from the config and the file system
 
 The rules (docs/checkpoints.md, "What is guaranteed"):
 
-- `--load` may name a DeepSpeed checkpoint (checkpoint/deepspeed_files.py: a save directory whose `latest`, or with
+- `--load` may name a DeepSpeed checkpoint (checkpoint/deepspeed/files.py: a save directory whose `latest`, or with
   --universal-checkpoint `latest_universal`, names a tag folder of DeepSpeed's, or that folder).
 - Else `--load` must name a checkpoint: a save directory with `latest` or Megatron-LM's tracker file
   `latest_checkpointed_iteration.txt` (where they differ, the one written last wins, said in one

@@ -2,8 +2,8 @@
 project's format (and, for convert_to_hf.py, Megatron-LM's torch_dist), or one line saying how to bring another
 format over.
 
-`--load` also reads a Megatron-LM torch_dist folder (checkpoint/megatron_resume.py) and a DeepSpeed one
-(checkpoint/deepspeed_resume.py), and a user who trained from one reasonably hands it to the tools next; they read
+`--load` also reads a Megatron-LM torch_dist folder (checkpoint/torch_dist/resume.py) and a DeepSpeed one
+(checkpoint/deepspeed/resume.py), and a user who trained from one reasonably hands it to the tools next; they read
 this project's files (metadata.json's file table, safetensors), and before this such a folder was met with
 "format version None" or "'global_step2' is not an iteration directory name". The way over is a run: one resumed
 from the folder with --save (and no --ckpt-format torch_dist) writes this project's checkpoint, which every tool

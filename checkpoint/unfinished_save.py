@@ -16,7 +16,7 @@ tracker file alone: its save renames iter_N.partial to iter_N, then writes the t
 a complete directory the tracker does not name, and Megatron-LM would start from random. So the same rule holds for
 it: when the save directory has neither `latest` nor the tracker and holds exactly one complete iteration, of our
 format or of Megatron's, that iteration is verified (a torch_dist one: its backends, common.pt and every stored
-item's CRC-32, checkpoint/megatron_resume.py) and adopted, the tracker pointing at it (a torch_dist save writes no
+item's CRC-32, checkpoint/torch_dist/resume.py) and adopted, the tracker pointing at it (a torch_dist save writes no
 `latest`), or set aside. A torch_dist directory the tracker names is committed and never touched.
 
 Only for `--load` equal to `--save` (a requeued job's own directory), and only under the save
@@ -80,7 +80,7 @@ def needs_finishing(load: Optional[str], save: Optional[str]) -> bool:
 
 def _verify(candidate: Path) -> None:
     if format_of(candidate) is MEGATRON:
-        from checkpoint.megatron_resume import verify_megatron_completely  # DCP: imported only where needed
+        from checkpoint.torch_dist.resume import verify_megatron_completely  # DCP: imported only where needed
 
         verify_megatron_completely(candidate)
     else:

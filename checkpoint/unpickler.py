@@ -1,5 +1,5 @@
 """What torch's weights-only unpickler objected to, in a line: a Hugging Face `.bin` (checkpoint/hf.py) and a
-DeepSpeed `.pt` (checkpoint/deepspeed_files.py) are both read with `torch.load(weights_only=True)`, and a file that
+DeepSpeed `.pt` (checkpoint/deepspeed/files.py) are both read with `torch.load(weights_only=True)`, and a file that
 holds more than tensors is refused with this reason."""
 
 from __future__ import annotations

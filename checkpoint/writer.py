@@ -6,7 +6,7 @@ until the write returns) and its header metadata (JSON-able: a partition's fragm
 slices it holds, a rank's RNG states). It writes each as a safetensors file into the staging directory, fsynced,
 and returns each file's size and content hash; it knows nothing of models, optimizers or process groups. The
 commit (metadata.json, `latest`, Megatron's tracker file) is the caller's, once every rank's write has finished
-(checkpoint/sharded.py), so a background writer can take the same input after staging the tensors to host memory.
+(checkpoint/ours/sharded.py), so a background writer can take the same input after staging the tensors to host memory.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ beside it, as Python's `zipfile` checks them.
 
 torch.save writes a zip archive (each tensor's storage a record, with its CRC-32); torch.load does not check the
 CRC, so a flipped bit inside a tensor loads as another number. Every reader of a torch file here asks this first: a
-DeepSpeed .pt file (checkpoint/deepspeed_files.py), a Megatron-LM common.pt (checkpoint/megatron_common.py) and
+DeepSpeed .pt file (checkpoint/deepspeed/files.py), a Megatron-LM common.pt (checkpoint/torch_dist/common.py) and
 each record of a torch.distributed.checkpoint `.distcp` file, which is one torch.save archive per tensor chunk or
-object, back to back (checkpoint/dcp_reader.py).
+object, back to back (checkpoint/torch_dist/dcp_reader.py).
 """
 
 from __future__ import annotations

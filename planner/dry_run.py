@@ -34,8 +34,8 @@ from arguments.batch_schedule import BatchSchedule
 from arguments.bounds import check_tensor_sizes
 from arguments.config import ConfigError, PretrainConfig
 from base.progress import ProgressLines
-from checkpoint.async_save import staged_bytes_bound
 from checkpoint.global_load import load_read_bytes
+from checkpoint.ours.async_save import staged_bytes_bound
 from gpt.attention_backend import KERNELS
 from gpt.fp8 import delayed_states
 from gpt.shape import model_shape
@@ -127,7 +127,7 @@ class RankPlan:
     host_total_bytes: int = 0            # this rank's host memory: offloaded states, buffer, P_a+cpu checkpoints,
                                          # the staged checkpoint
     # --async-save: the copy of this rank's checkpoint files a save stages in host memory and holds until they are
-    # written (checkpoint/async_save.py staged_bytes_bound); 0 when saves are synchronous
+    # written (checkpoint/ours/async_save.py staged_bytes_bound); 0 when saves are synchronous
     checkpoint_staging_bytes: int = 0
     # FP8 (gpt/fp8.py): delayed scaling's amax histories and scales, and --fp8-param-gather's FP8 bytes held
     # between steps (zero/fp8_params.py: each rank's shards, and under ZeRO 1-2 the gathered weights)

@@ -33,7 +33,7 @@ def bench(gigabytes: float, directory: Path) -> None:
     import torch
 
     from arguments.config import PretrainConfig
-    from checkpoint.sharded import save_checkpoint
+    from checkpoint.ours.sharded import save_checkpoint
     from gpt.model import GPTModel
     from parallel.state import ParallelState
     from zero.apply import apply_zero

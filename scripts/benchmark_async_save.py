@@ -6,7 +6,7 @@
 
 Each round trains the same run three times, in an order that rotates from round to round so that each mode sees
 the same moments of a shared machine: without saves, with a save every --save-interval iterations written
-synchronously, and with the same saves and --async-save --use-persistent-ckpt-worker (checkpoint/async_save.py).
+synchronously, and with the same saves and --async-save --use-persistent-ckpt-worker (checkpoint/ours/async_save.py).
 A run's span is from its "> run ..." line (the last line before training starts) to the end of the process: every
 iteration, every save, the wait for the last background write and the commit. What the saves add is a run's span
 less the same round's run without saves. The run's own lines give the rest: each synchronous save's time, each

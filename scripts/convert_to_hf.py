@@ -36,9 +36,9 @@ from checkpoint.formats import MEGATRON, format_of  # noqa: E402
 from checkpoint.hf import check_output_folder, checkpoint_to_hf_state, class_of, write_hf_folder  # noqa: E402
 from checkpoint.inside import inside  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
-from checkpoint.megatron_common import load_common, saved_args  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.tool_input import tool_checkpoint  # noqa: E402
+from checkpoint.torch_dist.common import load_common, saved_args  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 
 PROGRAM = "convert_to_hf.py"
@@ -91,7 +91,7 @@ def read_megatron(iteration_dir: Path):
     """A Megatron-LM torch_dist iteration directory's model and weights (checkpoint/megatron_hf.py), its files
     verified first as a --load verifies them (present, inside it, not truncated)."""
     from checkpoint.megatron_hf import megatron_to_hf_state  # DCP imports sympy: only for Megatron's folders
-    from checkpoint.megatron_resume import verify_megatron
+    from checkpoint.torch_dist.resume import verify_megatron
 
     verify_megatron(iteration_dir)
     common = load_common(iteration_dir)

@@ -6,7 +6,7 @@
 
 A run loads a checkpoint at any layout by itself (checkpoint/global_load.py): this tool hands over a checkpoint
 already cut, say to a tool that reads one TP rank's files. It is a thin wrapper over the loader: the checkpoint is
-opened as whole tensors (checkpoint/zero_gpt_source.py, any layout and version) and each new TP rank's slice of
+opened as whole tensors (checkpoint/ours/source.py, any layout and version) and each new TP rank's slice of
 every tensor read as a region (the vocabulary re-padded: dropped rows dropped, added rows zeros), for the fp32
 master and every optimizer state, each in its stored dtype. Each new TP rank gets one optimizer partition at DP=1
 and a model file in the training dtype, which `--load` reads at any DP size and stage. The iteration, consumed
@@ -53,10 +53,10 @@ from checkpoint.format import (  # noqa: E402
 )
 from checkpoint.inside import folder_files  # noqa: E402
 from checkpoint.integrity import hash_files, verify_or_raise  # noqa: E402
+from checkpoint.ours.source import ZeroGptSource, saved_moment_dtypes  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.save_directory import SaveDirectoryLock, holds_checkpoints  # noqa: E402
 from checkpoint.tool_input import tool_checkpoint  # noqa: E402
-from checkpoint.zero_gpt_source import ZeroGptSource, saved_moment_dtypes  # noqa: E402
 from parallel.layers import padded_vocab_size  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 

@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script, the repo's packages are n
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from checkpoint.format import atomic_file, read_metadata, save_tensors  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
+from checkpoint.ours.source import consolidate  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_existing, refuse_inside_checkpoint  # noqa: E402
 from checkpoint.tool_input import tool_checkpoint  # noqa: E402
-from checkpoint.zero_gpt_source import consolidate  # noqa: E402
 
 DEFAULT_FILE_NAME = "model_fp32.safetensors"
 EXPORT_HEADER_KEYS = ("iteration", "vocab_size", "model_config")  # the safetensors metadata every export has

@@ -3,7 +3,7 @@ node lost) while it saves.
 
     KILL_SAVE_POINT=renamed python tests/kill_in_save.py <pretrain_gpt flags>
 
-The points are the steps of `save_checkpoint` (checkpoint/sharded.py, its files through checkpoint/writer.py) and
+The points are the steps of `save_checkpoint` (checkpoint/ours/sharded.py, its files through checkpoint/writer.py) and
 `commit` (checkpoint/format.py), in order:
   files        the first of the rank's safetensors files written into iter_N.partial, no more
   metadata     every file and metadata.json written into iter_N.partial, not yet renamed
@@ -11,7 +11,7 @@ The points are the steps of `save_checkpoint` (checkpoint/sharded.py, its files 
   tracker      Megatron's tracker file `latest_checkpointed_iteration.txt` written, `latest` not yet
   latest-temp  `latest`'s temporary file written and fsynced, not yet renamed over `latest`
   latest       `latest` written: the save is complete, the prune and the log line are not done
-With --ckpt-format torch_dist the steps are `save_megatron_checkpoint`'s (checkpoint/megatron_writer.py):
+With --ckpt-format torch_dist the steps are `save_megatron_checkpoint`'s (checkpoint/torch_dist/writer.py):
   files        DCP's files written into iter_N.partial, common.pt and metadata.json not yet
   renamed      iter_N.partial, complete, renamed to iter_N; the tracker file not written yet
   tracker-temp the tracker's temporary file written and fsynced, not yet renamed over the tracker
@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pretrain_gpt  # noqa: E402
 from checkpoint import format as checkpoint_format  # noqa: E402
-from checkpoint import megatron_writer, sharded, writer  # noqa: E402
+from checkpoint import writer  # noqa: E402
+from checkpoint.ours import sharded  # noqa: E402
+from checkpoint.torch_dist import writer as torch_dist_writer  # noqa: E402
 
 POINT = os.environ["KILL_SAVE_POINT"]
 POINTS = ("files", "metadata", "renamed", "tracker", "latest-temp", "latest")
@@ -66,9 +68,9 @@ checkpoint_format.replace_directory = after(checkpoint_format.replace_directory,
 original_write_text_atomic = checkpoint_format.write_text_atomic
 checkpoint_format.write_text_atomic = write_latest_then  # commit() looks it up in the module at call time
 # the torch_dist writer imported both by name; DCP's save it looks up in torch.distributed.checkpoint at call time
-megatron_writer.dcp.save = after(megatron_writer.dcp.save, "files")
-megatron_writer.replace_directory = after(megatron_writer.replace_directory, "renamed")
-megatron_writer.write_text_atomic = write_latest_then
+torch_dist_writer.dcp.save = after(torch_dist_writer.dcp.save, "files")
+torch_dist_writer.replace_directory = after(torch_dist_writer.replace_directory, "renamed")
+torch_dist_writer.write_text_atomic = write_latest_then
 
 if __name__ == "__main__":
     sys.exit(pretrain_gpt.main())

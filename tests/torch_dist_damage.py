@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from checkpoint.dcp_reader import DcpReader
-from checkpoint.megatron_common import COMMON_FILE, safe_globals
+from checkpoint.torch_dist.common import COMMON_FILE, safe_globals
+from checkpoint.torch_dist.dcp_reader import DcpReader
 
 LOCAL_HEADER = 30  # a zip local file header's fixed part; its name and extra field follow
 

@@ -44,8 +44,8 @@ def checkpoint_saver(config: PretrainConfig, state: ParallelState, built: Built,
                      identity: RunIdentity, batch=None,
                      rerun: Optional[RerunStateMachine] = None) -> Optional[CheckpointSaves]:
     """Saves to --save and prunes to --keep-last (checkpoint/run_saves.py), in the format the registry writes for
-    the run's flags; None without --save. `batch` is the run's batch schedule (a torch_dist save's scheduler state is
-    counted in it)."""
+    the run's flags; None without --save. `batch` is the run's batch schedule (a writer that saves the learning-rate
+    scheduler's state counts it in the schedule's samples)."""
     if not config.checkpoint.save:
         return None
     return CheckpointSaves(config, state, built.model, built.zero.optimizer, built.rng, tokenizer, identity, batch,

@@ -118,7 +118,7 @@ NO_EFFECT: tuple[tuple[str, tuple[str, ...]], ...] = (
      _names("--presplit-sentences --loose-json --text-key --delim --shuffle")),
     ("which background writer --async-save uses (nvidia-resiliency-ext's or Megatron-Core's process) and whether "
      "it stages into shared memory for it: here one writer thread per rank writes from the rank's own host copy "
-     "(checkpoint/async_save.py)", _names("--async-strategy --async-ckpt-use-cpu-shm")),
+     "(checkpoint/ours/async_save.py)", _names("--async-strategy --async-ckpt-use-cpu-shm")),
     ("how checkpoints are written or read (format, parallel and asynchronous I/O, extra local copies, "
      "integrity checks); checkpoints here are sharded safetensors with a metadata.json, always verified on load "
      "and holding the optimizer state and random streams (--no-load-optim, --no-load-rng choose what a resume "

@@ -5,7 +5,7 @@ Megatron-Core's RerunStateMachine.state_dict / load_state_dict (megatron/core/re
 Megatron-LM's checkpointing.py around them: the state common to every rank (mode, state, iteration) and each
 rank's own (its verdict flags, its error injector's pending injection, the validation call that failed and its
 result, the node and device that reproduced it, the spiky-loss maxima). Here they go into metadata.json's
-`rerun_state_machine` (checkpoint/sharded.py: {mode, state, current_iteration, ranks: [one per rank]}), written
+`rerun_state_machine` (checkpoint/ours/sharded.py: {mode, state, current_iteration, ranks: [one per rank]}), written
 when a re-run is pending. A resume takes them, as Megatron-LM's load_checkpoint does, only when the state is not
 NOT_RUNNING_YET, the world, tensor-, pipeline- and data-parallel sizes are the checkpoint's and the load is no
 --finetune; the machine then runs the iteration from the checkpoint (RERUNNING_FROM_CHECKPOINT).

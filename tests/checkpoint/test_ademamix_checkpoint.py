@@ -103,7 +103,7 @@ def test_the_live_memory_record_predicts_the_three_states(corpus_cache_300, tmp_
 def test_an_expert_parallel_ademamix_run_saves_the_slow_momentum_and_resumes_exactly(corpus_cache_300, tmp_path,
                                                                                      stage):
     """EP 2 on 2 ranks: each rank's optimizer file holds its dense part and its experts' (at stage 0 only the span
-    its rank owns, checkpoint/sharded.py _owned_partition), the slow momentum among them; resumed, the losses and
+    its rank owns, checkpoint/ours/sharded.py _owned_partition), the slow momentum among them; resumed, the losses and
     gradient norms are the straight run's bitwise. (Merged beside expert-parallel checkpoints, the owned span was
     first cut from Adam's three tensors only, and the slow momentum was not written.)"""
     from tests.checkpoint.test_expert_parallel_checkpoint import MOE

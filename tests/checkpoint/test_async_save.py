@@ -1,4 +1,4 @@
-"""--async-save through the Python API (checkpoint/async_save.py), on one process unless named.
+"""--async-save through the Python API (checkpoint/ours/async_save.py), on one process unless named.
 
 The files a background save writes are byte for byte those of a synchronous save of the same state (metadata.json
 but its time stamp); what it writes is the state at the save, though training goes on while the writer writes;
@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import async_save
 from checkpoint import writer as file_writer
-from checkpoint.async_save import WRITER_THREAD_NAME, AsyncCheckpointSaver
 from checkpoint.format import LATEST_FILE, METADATA_FILE, STAGING_SUFFIX, TRACKER_FILE, CheckpointError
-from checkpoint.sharded import load_checkpoint, save_checkpoint
+from checkpoint.ours import async_save
+from checkpoint.ours.async_save import WRITER_THREAD_NAME, AsyncCheckpointSaver
+from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from tests.checkpoint.test_checkpoint_safety import (
     VOCAB,
     build,
@@ -248,12 +248,12 @@ def test_a_write_that_fails_on_one_rank_fails_the_commit_on_every_rank(tmp_path)
 
 
 def test_the_finite_check_before_a_save_counts_what_isfinite_counts(monkeypatch):
-    """checkpoint/sharded.py count_non_finite proves a chunk clean by its sum (or, for a cast, its smallest and largest
+    """checkpoint/finite_check.py count_non_finite proves a chunk clean by its sum (or, for a cast, its smallest and largest
     values) before counting element by element: against the plain count, on chunks whose sum overflows with no bad
     element, with NaN and inf, and with values beyond fp16's and bf16's ranges."""
-    from checkpoint import sharded
+    from checkpoint import finite_check
 
-    monkeypatch.setattr(sharded, "NON_FINITE_CHECK_CHUNK", 64)
+    monkeypatch.setattr(finite_check, "NON_FINITE_CHECK_CHUNK", 64)
     generator = torch.Generator().manual_seed(0)
     cases = [torch.randn(1000, generator=generator), torch.full((300,), 3e38),  # the sum overflows, nothing is bad
              torch.randn(500, generator=generator) * 1e5, torch.zeros(0)]
@@ -263,7 +263,7 @@ def test_the_finite_check_before_a_save_counts_what_isfinite_counts(monkeypatch)
     for tensor in cases:
         for dtype in (None, torch.float16, torch.bfloat16):
             plain = int((~torch.isfinite(tensor if dtype is None else tensor.to(dtype))).sum())
-            assert sharded.count_non_finite(tensor, as_dtype=dtype) == plain, (tensor[:4], dtype)
+            assert finite_check.count_non_finite(tensor, as_dtype=dtype) == plain, (tensor[:4], dtype)
 
 
 def test_a_safetensors_file_is_a_function_of_what_it_holds(tmp_path):

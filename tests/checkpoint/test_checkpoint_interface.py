@@ -21,8 +21,8 @@ from checkpoint.format import (
     open_tensors,
     read_metadata,
 )
-from checkpoint.sharded import load_checkpoint, save_checkpoint
-from checkpoint.zero_gpt_source import consolidate
+from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
+from checkpoint.ours.source import consolidate
 from parallel.state import ParallelState
 from zero.optimizer_state import PARTITION_TENSORS, NamedFragment, ShardedOptimizerState
 
@@ -152,7 +152,8 @@ IMPLEMENTATION = {"zero.optimizer", "zero.flat_buffer", "zero.param_storage", "z
                   "zero.apply"}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "checkpoint").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "checkpoint").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT / "checkpoint")))
 def test_checkpoint_modules_use_only_the_optimizer_interface(path):
     """Every `optimizer.X` in checkpoint/ is one of the interface's calls, and nothing there imports
     the ZeRO runtime rather than its interface (zero.optimizer_state)."""

@@ -29,7 +29,6 @@ import pytest
 import torch
 
 from arguments.config import PretrainConfig
-from checkpoint import sharded as checkpointing
 from checkpoint import writer as file_writer
 from checkpoint.file_names import model_file, optimizer_file, rng_file
 from checkpoint.format import (
@@ -44,8 +43,9 @@ from checkpoint.format import (
     resolve_checkpoint,
 )
 from checkpoint.lineage import RunIdentity
-from checkpoint.sharded import load_checkpoint, prune_checkpoints, save_checkpoint
-from checkpoint.zero_gpt_source import consolidate
+from checkpoint.ours import sharded as checkpointing
+from checkpoint.ours.sharded import load_checkpoint, prune_checkpoints, save_checkpoint
+from checkpoint.ours.source import consolidate
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState, destroy, initialize
@@ -246,7 +246,7 @@ def test_checkpoint_saved_without_a_tensor_parallel_rng_loads_into_a_run_with_on
 CRASHING_SAVE = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {repo!r})
-    import checkpoint.sharded as checkpointing
+    import checkpoint.ours.sharded as checkpointing
     import checkpoint.writer as writer
     from tests.checkpoint.test_checkpoint_safety import build, cpu_state, make_config
 

@@ -31,8 +31,8 @@ from checkpoint.format import (
     read_metadata,
     resolve_checkpoint,
 )
-from checkpoint.sharded import load_checkpoint, parameter_names, save_checkpoint
-from checkpoint.zero_gpt_source import consolidate
+from checkpoint.ours.sharded import load_checkpoint, parameter_names, save_checkpoint
+from checkpoint.ours.source import consolidate
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG
 from parallel.sharding import record_of

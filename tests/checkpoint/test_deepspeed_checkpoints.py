@@ -27,9 +27,9 @@ import pytest
 import torch
 
 import pretrain_gpt
-from checkpoint.deepspeed_files import find_deepspeed_checkpoint
-from checkpoint.deepspeed_names import Attention, qkv_rows_from_blocks
-from checkpoint.deepspeed_source import DeepSpeedSource
+from checkpoint.deepspeed.files import find_deepspeed_checkpoint
+from checkpoint.deepspeed.names import Attention, qkv_rows_from_blocks
+from checkpoint.deepspeed.source import DeepSpeedSource
 from tests.reliability_helpers import metrics_records, run_main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "deepspeed_checkpoints"
@@ -91,7 +91,7 @@ def test_transformers_qkv_reorder_is_the_hugging_face_exports_own():
 
 def test_a_block_layout_with_fewer_key_value_heads_is_refused_as_megatron_deepspeed_cannot_split_it():
     from base.errors import CheckpointError
-    from checkpoint.deepspeed_names import megatron_deepspeed_map
+    from checkpoint.deepspeed.names import megatron_deepspeed_map
 
     shapes = {"language_model.encoder.layers.0.self_attention.query_key_value.weight": (32, 16)}
     with pytest.raises(CheckpointError, match="three equal blocks, which holds only for multi-head attention"):
@@ -105,7 +105,7 @@ def test_a_block_layout_with_fewer_key_value_heads_is_refused_as_megatron_deepsp
 def test_a_pipeline_modules_names_are_gpt_models():
     """GPTModelPipe's specs (megatron/model/gpt_model.py): a cast, the embedding, the layers, the final norm, the
     output layer; parameters named by their spec's index, the tied embedding under tied_modules.embed."""
-    from checkpoint.deepspeed_names import pipeline_module_names
+    from checkpoint.deepspeed.names import pipeline_module_names
 
     layer = ["input_layernorm.weight", "self_attention.query_key_value.weight", "mlp.dense_4h_to_h.bias"]
     tied = ["tied_modules.embed.word_embeddings.weight", "tied_modules.embed.position_embeddings.weight",
@@ -366,8 +366,8 @@ def test_deepspeeds_dynamic_loss_scaler_continues_as_its_own_would(seed):
     overflows, and backs off at the same overflows (the hysteresis) while every step does."""
     import random
 
-    from checkpoint.deepspeed_files import DynamicLossScaler
-    from checkpoint.deepspeed_source import our_loss_scaler
+    from checkpoint.deepspeed.files import DynamicLossScaler
+    from checkpoint.deepspeed.source import our_loss_scaler
     from zero.loss_scaler import DynamicLossScaler as Ours
 
     generator = random.Random(seed)

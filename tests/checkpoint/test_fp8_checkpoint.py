@@ -91,7 +91,7 @@ def test_a_history_of_another_length_is_cut_or_padded_as_te_does_and_a_missing_o
 
 @pytest.mark.slow
 def test_a_megatron_torch_dist_save_says_it_leaves_the_histories_out(tmp_path, corpus_cache, capsys):
-    """Megatron-LM's layout keeps them in TE's pickled _extra_state, which checkpoint/megatron_writer.py does not
+    """Megatron-LM's layout keeps them in TE's pickled _extra_state, which checkpoint/torch_dist/writer.py does not
     write: the launch trains (Megatron-LM's fp8_no_model_parallel functional test gives this pair) and says so."""
     import pretrain_gpt
 

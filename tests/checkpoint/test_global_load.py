@@ -1,5 +1,5 @@
 """The any-layout loader (checkpoint/global_load.py) and our format as a GlobalStateSource
-(checkpoint/zero_gpt_source.py): each rank asks for exactly the global regions it owns.
+(checkpoint/ours/source.py): each rank asks for exactly the global regions it owns.
 
 - checkpoint/regions.py: a ZeRO fragment's flat stretch is cut into the boxes it is made of, and a box read back
   a contiguous stretch at a time, element for element (checked exhaustively on small shapes).
@@ -94,7 +94,7 @@ def whole_from_model_files(iteration_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("fixture", [BEFORE_MESHES, TP2_PP2], ids=["84ae2c6", "54c4492-tp2-pp2"])
 def test_any_region_of_a_checkpoint_written_before_the_records_reads_as_written(fixture):
     from checkpoint.format import read_metadata, resolve_checkpoint
-    from checkpoint.zero_gpt_source import ZeroGptSource
+    from checkpoint.ours.source import ZeroGptSource
 
     iteration_dir = resolve_checkpoint(fixture)
     assert read_metadata(iteration_dir)["precision"] == "fp32"
@@ -143,7 +143,7 @@ def load_at_layouts(rank: int, world_size: int, checkpoint: str, cache: str, lay
     figure for this rank) per layout."""
     from arguments.parser import parse_config
     from checkpoint.format import read_metadata, resolve_checkpoint
-    from checkpoint.sharded import load_checkpoint
+    from checkpoint.ours.sharded import load_checkpoint
     from parallel.state import destroy, initialize_grid
     from planner.dry_run import Cluster, dry_run
     from training.build import build

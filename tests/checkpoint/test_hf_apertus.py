@@ -22,7 +22,7 @@ from arguments.config import PretrainConfig
 from base.errors import ConfigError
 from checkpoint.hf import check_convertible
 from checkpoint.hf_source import load_hf_weights
-from checkpoint.sharded import save_checkpoint
+from checkpoint.ours.sharded import save_checkpoint
 from scripts import convert_to_hf
 from tests.checkpoint.test_hf_llama import CPU, TOLERANCE, VOCAB, build, our_logits, step
 
@@ -113,7 +113,7 @@ def test_an_apertus_folder_imports_trains_exports_and_resumes_exactly(tmp_path):
     resume that takes the same next steps bit for bit."""
     from arguments.parser import parse_config
     from checkpoint.hf_source import initialize_from_hf
-    from checkpoint.sharded import load_checkpoint
+    from checkpoint.ours.sharded import load_checkpoint
 
     source = random_apertus_folder(tmp_path / "source")
     read = parse_config(["--init-from-hf", str(source), "--seq-length", "16"]).model

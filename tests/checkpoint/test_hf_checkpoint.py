@@ -28,7 +28,7 @@ from checkpoint.hf import (
     write_hf_folder,
 )
 from checkpoint.hf_source import initialize_from_hf, load_hf_weights
-from checkpoint.sharded import save_checkpoint
+from checkpoint.ours.sharded import save_checkpoint
 from data.tokenizer import train_tokenizer
 from gpt.model import GPTModel
 from parallel.random import TensorParallelRNG

@@ -23,7 +23,7 @@ from arguments.config import PretrainConfig
 from base.errors import ConfigError
 from checkpoint.hf import check_convertible, read_hf_folder
 from checkpoint.hf_source import initialize_from_hf, load_hf_weights
-from checkpoint.sharded import load_checkpoint, save_checkpoint
+from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from gpt.model import GPTModel
 from parallel.state import ParallelState
 from scripts import convert_to_hf

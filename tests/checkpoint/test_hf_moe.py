@@ -197,7 +197,7 @@ def test_an_moe_checkpoint_exports_as_its_family_and_transformers_computes_our_l
 
     from transformers import AutoModelForCausalLM
 
-    from checkpoint.sharded import save_checkpoint
+    from checkpoint.ours.sharded import save_checkpoint
     from scripts import convert_to_hf
 
     folder = (mixtral_folder if family == "mixtral" else qwen2_moe_folder)(tmp_path / "source")

@@ -2,8 +2,8 @@
 command line (issue 78 item 3), on every field Megatron-LM's load reads and every field we write.
 
 The reference is the args Megatron-LM's own pretrain_gpt.py saved in tests/fixtures/megatron_* (scripts/
-megatron_checkpoint_fixtures.py): for each fixture's command line and layout, checkpoint/megatron_args.py's args
-equal them field for field, except the two written otherwise on purpose (checkpoint/megatron_args.py) and the
+megatron_checkpoint_fixtures.py): for each fixture's command line and layout, checkpoint/torch_dist/args.py's args
+equal them field for field, except the two written otherwise on purpose (checkpoint/torch_dist/args.py) and the
 optimizer layout flag of the fixtures Megatron saved dp_reshardable (ours is always written fully_reshardable, and
 Megatron-LM's load reads the layout from the content metadata, not from this flag). The fixture with experts is
 left out: this project's torch_dist save does not write MoE layers (arguments/config.py megatron_format_unwritten).
@@ -18,11 +18,11 @@ import types
 
 import pytest
 
-from checkpoint.megatron_args import READ_AT_LOAD, megatron_args
-from checkpoint.megatron_common import ForeignValue, load_common
+from checkpoint.torch_dist.args import READ_AT_LOAD, megatron_args
+from checkpoint.torch_dist.common import ForeignValue, load_common
 from tests.checkpoint.test_megatron_checkpoint import NAMES, iteration_dir, record
 
-WRITTEN_OTHERWISE = {"no_save_rng", "iteration"}  # checkpoint/megatron_args.py says why
+WRITTEN_OTHERWISE = {"no_save_rng", "iteration"}  # checkpoint/torch_dist/args.py says why
 WITH_EXPERTS = "megatron_moe_ep2"
 
 

@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint.megatron_common import is_megatron_checkpoint
-from checkpoint.megatron_names import our_placements
-from checkpoint.megatron_source import MegatronSource
+from checkpoint.torch_dist.common import is_megatron_checkpoint
+from checkpoint.torch_dist.names import our_placements
+from checkpoint.torch_dist.source import MegatronSource
 from tests.readme import ROOT as REPO_ROOT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -100,7 +100,7 @@ def test_the_distributed_optimizers_fp32_master_is_the_model_tensor_element_for_
     """An fp32 run's master weights are its weights: read through the optimizer's layout (the buckets of each TP
     rank, rebuilt here; or the per-parameter states), each of our tensors equals the model tensor Megatron-Core
     saved under its own key, in every region a rank might ask."""
-    from checkpoint.dcp_reader import DcpReader
+    from checkpoint.torch_dist.dcp_reader import DcpReader
 
     source = MegatronSource(iteration_dir(name))
     assert source.layout == name.rsplit("_", 2)[-2] + "_reshardable"
@@ -128,8 +128,8 @@ def test_a_resume_reads_its_checkpoints_sample_order_and_a_fresh_start_its_forma
     from arguments.parser import parse_config
     from base.errors import CheckpointError
     from checkpoint.lineage import identity_on_start
-    from checkpoint.megatron_common import load_common
-    from checkpoint.megatron_resume import metadata_view
+    from checkpoint.torch_dist.common import load_common
+    from checkpoint.torch_dist.resume import metadata_view
     from data.gpt_dataset import APPENDABLE_ORDER
     from data.megatron_order import MEGATRON_ORDER
 
@@ -276,7 +276,7 @@ def test_a_padded_vocabulary_is_named_at_the_load():
     """Megatron-Core's softmax takes the padding rows' logits, ours leaves them out: a checkpoint whose vocabulary
     is padded beyond the real ids is said to continue with other losses (here 101 real ids in its 128 rows)."""
     from arguments.parser import parse_config
-    from checkpoint.megatron_resume import _vocabulary_padding
+    from checkpoint.torch_dist.resume import _vocabulary_padding
     from gpt.model import GPTModel
     from parallel.state import ParallelState
     from training.run_settings import model_vocabulary

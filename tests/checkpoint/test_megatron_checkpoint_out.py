@@ -6,7 +6,7 @@ at TP 1 with the plain optimizer, SwiGLU with GQA at TP 2, and the Llama-shaped 
 embeddings, SwiGLU, GQA) under the distributed optimizer on two data-parallel ranks, whose ZeRO partitions cut the
 tensors into boxes (written as Megatron's fully_reshardable layout).
 
-- Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/megatron_source.py reads it) and trains
+- Here (CI): each save resumes in pretrain_gpt.py on one rank (checkpoint/torch_dist/source.py reads it) and trains
   iterations 3 and 4 to the losses the same run logs uninterrupted: bitwise for the saves at TP 1 (the same kernels
   in the same order), within 1e-6 for the one at TP 2.
 - With Megatron-LM (the benchmark venv and MEGATRON_LM_KIT naming megatron-lm-core_v0.16.1-min.tar.xz or its
@@ -83,7 +83,7 @@ def our_save(request, tmp_path_factory):
 def test_our_torch_dist_save_is_megatrons_layout_and_resumes_here_to_the_uninterrupted_loss(our_save, tmp_path,
                                                                                           monkeypatch):
     import pretrain_gpt
-    from checkpoint.megatron_common import is_megatron_checkpoint, load_common
+    from checkpoint.torch_dist.common import is_megatron_checkpoint, load_common
     from tests.reliability_helpers import run_main
 
     case, saved, expected = our_save

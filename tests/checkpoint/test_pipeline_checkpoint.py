@@ -54,7 +54,7 @@ def _resave_at_one_stage(common: list[str], source, target, port: int) -> None:
     """The PP 2 checkpoint loaded at PP 1 (DP 4 here) and saved again, through the API a run uses."""
     from arguments.parser import parse_config
     from checkpoint.format import read_metadata
-    from checkpoint.sharded import load_checkpoint, save_checkpoint
+    from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
     from parallel.state import destroy, initialize
     from training.build import build
     from training.run_settings import resolve_run_settings
@@ -97,7 +97,7 @@ def test_save_at_pp2_resumes_at_pp1_and_pp4_and_exports_as_the_one_stage_checkpo
     from checkpoint.format import read_metadata, resolve_checkpoint
     from checkpoint.hf import checkpoint_to_hf_state
     from checkpoint.integrity import verify_or_raise
-    from checkpoint.zero_gpt_source import consolidate
+    from checkpoint.ours.source import consolidate
     from scripts.reshard_checkpoint import reshard
     from scripts.zero_to_fp32 import export_fp32
 

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from arguments.config import OptimizerConfig, PretrainConfig
-from checkpoint.sharded import load_checkpoint, save_checkpoint
+from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from parallel.state import ParallelState
 from tests.checkpoint.test_checkpoint_interface import InterfaceOnlyOptimizer, tiny_model
 from tests.reliability_helpers import TINY, straight_and_resumed

@@ -1,13 +1,13 @@
 """A torch_dist checkpoint (Megatron-LM's layout, ours written with --ckpt-format torch_dist) is never trained on
 damaged, never resumed into another model, and its own run resumes it (issue 79, items 1 and 2).
 
-- Every byte read is checked against the CRC-32 its torch.save zip record carries (checkpoint/dcp_reader.py): before,
+- Every byte read is checked against the CRC-32 its torch.save zip record carries (checkpoint/torch_dist/dcp_reader.py): before,
   one bit flipped inside a tensor's values loaded and trained, exit 0; a damaged zip header was 79 lines (DCP's
   CheckpointException derives from BaseException and escaped `except Exception`).
 - metadata.json's backends are the ones Megatron-Core 0.16.1 has load strategies for (its
   verify_checkpoint_and_load_strategy asks get_default_strategy for ('load_sharded', backend, version) and
   ('load_common', backend, version)); before, an unknown version or common backend was read silently.
-- common.pt's numbers range-checked (checkpoint/megatron_common_check.py); before, an iteration of 10**30 or a
+- common.pt's numbers range-checked (checkpoint/torch_dist/common_check.py); before, an iteration of 10**30 or a
   consumed-samples count below the iteration was taken.
 - The head count compared on resume as Megatron-LM's check_checkpoint_args compares it
   (megatron/training/checkpointing.py: `_compare('num_attention_heads')`), and read from the checkpoint's args: before,

@@ -23,9 +23,9 @@ COMMITTED = ROOT / "tests" / "fixtures" / "deepspeed_checkpoints"
 
 
 def read_case(folder: Path, case: str, universal: bool) -> tuple[dict, object]:
-    from checkpoint.deepspeed_files import find_deepspeed_checkpoint
-    from checkpoint.deepspeed_names import Attention
-    from checkpoint.deepspeed_source import DeepSpeedSource
+    from checkpoint.deepspeed.files import find_deepspeed_checkpoint
+    from checkpoint.deepspeed.names import Attention
+    from checkpoint.deepspeed.source import DeepSpeedSource
 
     src = DeepSpeedSource(find_deepspeed_checkpoint(folder / case, universal), Attention(2, 2, 8))
     tensors = {key: {name: src.read(key, name, tuple(slice(0, d) for d in info.shape))

@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from checkpoint import async_save
-from checkpoint.async_save import WRITER_THREAD_NAME
+from checkpoint.ours import async_save
+from checkpoint.ours.async_save import WRITER_THREAD_NAME
 from tests.checkpoint.test_async_save import SlowWrites
 from tests.reliability_helpers import train
 from training import exit_conditions, train_step

@@ -38,7 +38,7 @@ from checkpoint.format import (
     CheckpointError,
     resolve_checkpoint,
 )
-from checkpoint.sharded import load_checkpoint, save_checkpoint
+from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from data import DataError
 from data.gpt_dataset import build_train_valid_test_datasets
 from data.indexed import IndexedDataset

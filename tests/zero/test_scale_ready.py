@@ -269,7 +269,7 @@ def test_a_checkpoint_saved_by_the_previous_construction_loads_exactly(stage):
     --micro-batch-size 2 --train-iters 2 --zero-stage 1 --seed 3 --save ...`. It loads into a model
     built on the meta device and materialized by ZeRO: master, moments, step and weights as saved."""
     from checkpoint.format import open_tensors, read_metadata, resolve_checkpoint
-    from checkpoint.sharded import load_checkpoint
+    from checkpoint.ours.sharded import load_checkpoint
     from parallel.random import TensorParallelRNG
 
     iteration_dir = resolve_checkpoint(LEGACY)

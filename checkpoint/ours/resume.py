@@ -1,14 +1,14 @@
 """A resume from this project's own checkpoint, as the format registry calls it (checkpoint/formats.py): its
 metadata.json read and checked like every format's (checkpoint/resume_checks.py), every file verified by a share of
-the ranks (checkpoint/sharded.py verify_for_job), then the load (checkpoint/sharded.py load_checkpoint)."""
+the ranks (checkpoint/ours/sharded.py verify_for_job), then the load (checkpoint/ours/sharded.py load_checkpoint)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from checkpoint.format import read_metadata
+from checkpoint.ours.sharded import ResumePoint, load_checkpoint, verify_for_job
 from checkpoint.resume_checks import check_resume
-from checkpoint.sharded import ResumePoint, load_checkpoint, verify_for_job
 
 
 def _metadata(iteration_dir: Path, config) -> dict:

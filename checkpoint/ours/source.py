@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -30,8 +29,9 @@ import torch
 from base.errors import CheckpointError
 from checkpoint.format import RECORDS, open_tensors, optimizer_shards, read_metadata
 from checkpoint.global_state import GlobalTensorInfo, SourceProgress
+from checkpoint.pieces import Piece, read_pieces, refuse_short
 from checkpoint.random_states import restore_random_states
-from checkpoint.regions import Box, box_numel, box_runs, flat_range_boxes, flat_start, intersect, relative, shift
+from checkpoint.regions import box_numel, flat_start, shift
 from zero.optimizer_state import PARTITION_TENSORS_OF
 
 FORMAT_NAME = "zero-gpt"
@@ -47,62 +47,6 @@ def saved_moment_dtypes(metadata: dict) -> dict[str, str]:
     checkpoints from before the settings)."""
     section = (metadata.get("config") or {}).get("optimizer") or {}
     return {key: section.get(f"{key}_dtype", "fp32") for key in ("exp_avg", "exp_avg_sq")}
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Elements [param_offset, param_offset + numel) of a saved slice (local shape, at a global offset) of one
-    parameter, at `partition_offset` of `file`'s flat tensors."""
-    file: str
-    param_offset: int
-    partition_offset: int
-    numel: int
-    local_shape: tuple[int, ...]
-    global_offset: tuple[int, ...]
-
-    def boxes(self) -> list[Box]:
-        """The piece as boxes of the whole tensor."""
-        return [shift(box, self.global_offset)
-                for box in flat_range_boxes(self.local_shape, self.param_offset, self.param_offset + self.numel)]
-
-
-def read_pieces(pieces: list[Piece], name: str, region: tuple[slice, ...], dtype: torch.dtype, fetch,
-                where: Path) -> torch.Tensor:
-    """`region` of tensor `name` from the flat `pieces` holding it, each overlapping stretch read with
-    `fetch(file, begin, end)` (flat positions in that file's tensor); an element no piece holds is an incomplete
-    checkpoint, named in one line (before allocating, where the pieces together hold fewer elements: a parameter
-    table whose shape was edited would otherwise ask for more memory than exists)."""
-    refuse_short(pieces, name, region, where)
-    out = torch.empty([part.stop - part.start for part in region], dtype=dtype)
-    filled = 0
-    for piece in pieces:
-        for box in piece.boxes():
-            overlap = intersect(box, region)
-            if overlap is None:
-                continue
-            values = torch.empty(box_numel(overlap), dtype=dtype)
-            local = shift(overlap, [-o for o in piece.global_offset])
-            for start, at, length in box_runs(piece.local_shape, local):
-                begin = piece.partition_offset + start - piece.param_offset
-                values[at:at + length] = fetch(piece.file, begin, begin + length)
-            out[relative(overlap, region)] = values.view([p.stop - p.start for p in overlap])
-            filled += values.numel()
-    if filled != out.numel():
-        _incomplete(where, name, filled, out.numel(), region)
-    return out
-
-
-def refuse_short(pieces: list[Piece], name: str, region: tuple[slice, ...], where: Path) -> None:
-    """Refuse `region` of `name` when its pieces together hold fewer elements, before anything is allocated."""
-    available = sum(piece.numel for piece in pieces)
-    if box_numel(region) > available:
-        _incomplete(where, name, available, box_numel(region), region)
-
-
-def _incomplete(where: Path, name: str, found: int, needed: int, region: tuple[slice, ...]) -> None:
-    shown = ", ".join(f"{p.start}:{p.stop}" for p in region)
-    raise CheckpointError(f"{where}: found {found} of the {needed} elements of {name}[{shown}] asked for; "
-                          f"the checkpoint is incomplete")
 
 
 def legacy_record(entry: dict, tensor_parallel_size: int, tensor_parallel_rank: int

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from checkpoint.megatron_common import TORCH_DIST_BACKEND
+from checkpoint.torch_dist.common import TORCH_DIST_BACKEND
 from parallel.state import ParallelState
 
 # checkpointing.py: check_checkpoint_args, load_checkpoint's reads of state_dict['args'], and the `_set_arg` calls

@@ -1,6 +1,6 @@
 """Which tensor of a DeepSpeed run's model each of our parameters is, and how its layout differs.
 
-Two model families are read (checkpoint/deepspeed_source.py): Megatron-DeepSpeed's GPT, as GPTModel
+Two model families are read (checkpoint/deepspeed/source.py): Megatron-DeepSpeed's GPT, as GPTModel
 (--no-pipeline-parallel, the module tree of its megatron/model/gpt_model.py, language_model.py and transformer.py) or
 as GPTModelPipe (its default, a DeepSpeed pipeline module whose parameters are named by their layer's index), and
 transformers' GPT2LMHeadModel trained by a plain DeepSpeed script. Each of our parameters (the names and layouts of our TP 1

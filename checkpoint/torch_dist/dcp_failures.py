@@ -4,7 +4,7 @@ DCP runs each step of a load or save on every rank and gathers the outcomes: a r
 a `CheckpointException`, which derives from BaseException (torch/distributed/checkpoint/api.py), so an
 `except Exception` lets it through with a traceback per rank. `DCP_FAILURES` is what a caller catches around a DCP
 call, and `failure_line` the message to raise instead: the first failed rank's own exception, or, where that is a
-`CheckpointError` of ours (a record whose CRC-32 does not match, checkpoint/dcp_reader.py), that error itself.
+`CheckpointError` of ours (a record whose CRC-32 does not match, checkpoint/torch_dist/dcp_reader.py), that error itself.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ the `.distcp` files, and each record in it carries the CRC-32 of its bytes, whic
 reader checks it, as `zipfile` does (checkpoint/zip_records.py), for every stored item before DCP unpickles it, so a
 flipped bit is one line naming the file, the tensor and the bytes, never a number trained on; `verify` does the same
 for a share of every stored item before any work. A failure inside DCP (its CheckpointException derives from
-BaseException) is one line too (checkpoint/dcp_failures.py).
+BaseException) is one line too (checkpoint/torch_dist/dcp_failures.py).
 
 Nothing read runs code: DCP stores each chunk as a `torch.save` it loads with weights_only=True; its `.metadata`
 is a plain pickle DCP loads with `pickle.load`, so here it is unpickled by a reader that accepts only DCP's own
@@ -45,8 +45,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from base.errors import CheckpointError
-from checkpoint.dcp_failures import DCP_FAILURES, failure_line
 from checkpoint.file_names import DCP_METADATA_FILE
+from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line
 from checkpoint.zip_records import zip_damage
 
 CACHE_BYTES = 64 * 2**20  # the chunks kept between reads (a chunk larger than this is still read, then dropped)

@@ -6,10 +6,10 @@ parallel/sharding.py) through the writer (checkpoint/writer.py) into
 `metadata.json`, rename the directory into place and replace `latest`. A rank that fails (disk full, permissions) makes every rank raise
 `CheckpointError`, and a process killed midway leaves only a `.partial` directory that nothing reads:
 either way the previous checkpoint and `latest` are untouched. The steps are `begin_save`, `rank_files` and
-`finish_save` (below), so --async-save (checkpoint/async_save.py) writes the same files in the background.
+`finish_save` (below), so --async-save (checkpoint/ours/async_save.py) writes the same files in the background.
 
 Loading goes through `checkpoint/global_load.py`: the checkpoint is opened as whole tensors by name
-(`checkpoint/zero_gpt_source.py`) and each rank reads the regions its records (parallel/sharding.py) and its
+(`checkpoint/ours/source.py`) and each rank reads the regions its records (parallel/sharding.py) and its
 optimizer partition's fragments name.
 
 The optimizer is read and restored only through the interface of zero/optimizer_state.py (its
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-import torch
 from torch import nn
 
+from checkpoint.finite_check import non_finite_training_state
 from checkpoint.format import (
     FORMAT_VERSION,
     METADATA_FILE,
@@ -49,13 +49,13 @@ from checkpoint.fp8_state import saved_fp8_histories
 from checkpoint.global_load import ResumePoint, load_from_source, parameter_records
 from checkpoint.integrity import verify_checkpoint
 from checkpoint.lineage import RunIdentity
+from checkpoint.ours.source import ZeroGptSource
 from checkpoint.pipeline_stages import gather_stage_tables, whole_table
 from checkpoint.rerun_machine_entry import ENTRY as RERUN_ENTRY
 from checkpoint.rerun_machine_entry import saved_rerun_state
 from checkpoint.router_state import expert_biases
 from checkpoint.save_plan import plan_rank_files
 from checkpoint.writer import StagedFile, write_files
-from checkpoint.zero_gpt_source import ZeroGptSource
 from data.identity import data_identity
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -82,7 +82,7 @@ def parameter_table(model: nn.Module) -> dict[str, dict]:
 
 # ---- saving -----------------------------------------------------------------------------------
 #
-# A save is three steps, so that it can be written in the background (checkpoint/async_save.py) as well as
+# A save is three steps, so that it can be written in the background (checkpoint/ours/async_save.py) as well as
 # in place: `begin_save` (the checks and the staging directory, on every rank), `rank_files` (the save plan's
 # files of this rank, one at a time, through which every rank must iterate to the end) and `finish_save` (the
 # ranks' agreement that every file is in, then the commit). `save_checkpoint` writes the files as they come
@@ -237,7 +237,7 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
                     identity: Optional[RunIdentity] = None, schedule_samples: Optional[int] = None,
                     rerun_state: Optional[dict] = None) -> Path:
     """Write iteration `iteration`'s checkpoint and point `latest` at it; every rank calls this, and training
-    waits for it (checkpoint/async_save.py writes in the background instead, through the same three steps).
+    waits for it (checkpoint/ours/async_save.py writes in the background instead, through the same three steps).
     `identity` (the run's lineage and launch) goes into its metadata: --keep-last prunes only its lineage.
     Raises `CheckpointError` on every rank if any rank failed, leaving the previous checkpoint."""
     progress = begin_save(save_dir, iteration, consumed_samples, model, optimizer, config, state,
@@ -248,51 +248,6 @@ def save_checkpoint(save_dir: str | Path, iteration: int, consumed_samples: int,
         print(f" saved checkpoint {final} ({progress.total_bytes / 2**20:.1f} MiB in "
               f"{time.perf_counter() - progress.started:.1f} s)", flush=True)
     return final
-
-
-NON_FINITE_CHECK_CHUNK = 1 << 24  # elements per check: the bool and cast temporaries stay a few MiB
-
-
-def count_non_finite(tensor: torch.Tensor, as_dtype: Optional[torch.dtype] = None) -> int:
-    """NaN/inf elements of `tensor`, or of its cast to `as_dtype`, in bounded chunks. A chunk is first proven clean
-    in one pass that makes no temporary: its sum is finite only if every element is (a NaN or an inf makes it NaN or
-    inf), and every element casts to a finite `as_dtype` when its smallest and largest are within that dtype's range.
-    Only a chunk not proven so (an overflowing sum, a value out of range) is counted element by element: isfinite
-    makes temporaries and was 28 times slower than the sum (16M fp32 elements, 367 ms against 13 ms on one core of
-    the 2-core CI machine, loaded), 14-17 s of every save of GPT-2 124M's partition there."""
-    flat = tensor.detach().reshape(-1)
-    limit = torch.finfo(as_dtype).max if as_dtype is not None else None
-    bad = 0
-    for start in range(0, flat.numel(), NON_FINITE_CHECK_CHUNK):
-        chunk = flat[start:start + NON_FINITE_CHECK_CHUNK]
-        if limit is None and bool(torch.isfinite(chunk.sum())):
-            continue
-        if limit is not None and chunk.numel():
-            low, high = torch.aminmax(chunk)
-            if bool(low >= -limit) and bool(high <= limit):
-                continue
-        bad += int((~torch.isfinite(chunk if as_dtype is None else chunk.to(as_dtype))).sum())
-    return bad
-
-
-def non_finite_training_state(shard: ShardedOptimizerState) -> Optional[str]:
-    """Why this rank's state must not be saved (NaN or inf in it), or None. A checkpoint of a
-    diverged run would become `latest` and every restart would load the divergence. The master is
-    also checked in the 16-bit training dtype: a master of 1e9 is finite in fp32 and inf in fp16,
-    and the 16-bit parameters (the master cast, saved as the model file) are what a restart
-    computes its first forward with. Only this rank's own partition is read."""
-    for key in shard.tensors:
-        bad = count_non_finite(shard.tensors[key])
-        if bad:
-            return (f"the fp32 {key} holds {bad} non-finite values (NaN or inf); the run diverged, so nothing "
-                    f"is saved")
-    dtype = shard.param_dtype
-    if dtype != torch.float32:
-        bad = count_non_finite(shard.tensors["master"], as_dtype=dtype)
-        if bad:
-            return (f"{bad} master weights are beyond {str(dtype).replace('torch.', '')}'s range, so the parameters "
-                    f"the model file would hold are inf; the run diverged, so nothing is saved")
-    return None
 
 
 def _raise_if_any_failed(state: ParallelState, error: Optional[str], iteration: int, staging: Path) -> None:
@@ -367,7 +322,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: Checkpointabl
                     rng: Optional[TensorParallelRNG], state: ParallelState, *, load_optimizer: bool = True,
                     load_rng: bool = True, finetune: bool = False, verify: bool = True) -> ResumePoint:
     """Restore this rank's state from a checkpoint of ours saved at any layout (checkpoint/global_load.py over
-    checkpoint/zero_gpt_source.py): the fp32 master weights, with `load_optimizer` the optimizer's moments, step
+    checkpoint/ours/source.py): the fp32 master weights, with `load_optimizer` the optimizer's moments, step
     and loss scaler, with `load_rng` the random streams where the layout allows. `finetune` takes the weights
     only and starts at iteration 0. `verify` checks every file of the checkpoint first (`verify_for_job`); pass
     False only when that was just done."""

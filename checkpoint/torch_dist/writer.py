@@ -7,7 +7,7 @@ torch.distributed.checkpoint (DCP) save (written here by DCP's own writer: each 
 rank 0 writes the index), `common.pt` (the state beside them: args, checkpoint_version 3.0, iteration, the
 optimizer's param groups and step, the scheduler, the content metadata) and `metadata.json`; the tracker file
 `latest_checkpointed_iteration.txt` names it last. The tensors are Megatron-Core's, by its keys, at its global shapes
-(checkpoint/megatron_names.py): the model weights, and the optimizer's states in the layout the Megatron run that
+(checkpoint/torch_dist/names.py): the model weights, and the optimizer's states in the layout the Megatron run that
 loads it builds from the same flags: without --use-distributed-optimizer (ZeRO stage 0 here) its plain
 optimizer's (`optimizer.state.exp_avg.<key>`, `...exp_avg_sq.<key>`, `...fp32_param.<key>` in bf16), with it the
 distributed optimizer's fully_reshardable layout (`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), which it loads
@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
 from base.errors import CheckpointError
-from checkpoint.dcp_failures import DCP_FAILURES, failure_line
+from checkpoint.finite_check import non_finite_training_state
 from checkpoint.format import (
     METADATA_FILE,
     STAGING_SUFFIX,
@@ -53,12 +53,12 @@ from checkpoint.format import (
     write_text_atomic,
 )
 from checkpoint.global_load import parameter_records
-from checkpoint.megatron_args import megatron_args
-from checkpoint.megatron_common import COMMON_FILE, INDEX_DIGEST_KEY, TORCH_DIST_BACKEND, index_digest
-from checkpoint.megatron_names import LAYERS, megatron_placement
 from checkpoint.regions import box_numel, flat_range_boxes, flat_start, shift
 from checkpoint.save_plan import coordinates, named_fragments
-from checkpoint.sharded import non_finite_training_state
+from checkpoint.torch_dist.args import megatron_args
+from checkpoint.torch_dist.common import COMMON_FILE, INDEX_DIGEST_KEY, TORCH_DIST_BACKEND, index_digest
+from checkpoint.torch_dist.dcp_failures import DCP_FAILURES, failure_line
+from checkpoint.torch_dist.names import LAYERS, megatron_placement
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
 

@@ -1,13 +1,13 @@
 """A Megatron-LM torch_dist checkpoint (one iter_NNNNNNN directory) as a `GlobalStateSource`
 (checkpoint/global_state.py): our whole tensors by our names, read a region at a time through
-torch.distributed.checkpoint (checkpoint/dcp_reader.py).
+torch.distributed.checkpoint (checkpoint/torch_dist/dcp_reader.py).
 
-- The weights: Megatron-Core's model tensors at their global shapes (checkpoint/megatron_names.py maps the keys).
+- The weights: Megatron-Core's model tensors at their global shapes (checkpoint/torch_dist/names.py maps the keys).
   When the run trained in fp32 they are also the fp32 master; in bf16/fp16 the master is the optimizer's copy.
 - The optimizer, in each of Megatron-Core's layouts (the content metadata common.pt records says which):
   the plain optimizer's and the distributed optimizer's fully_reshardable states are per parameter, at the model
   tensor's global shape (`optimizer.state.<exp_avg|exp_avg_sq|param|fp32_param>.<model key>`); dp_reshardable's are
-  the gradient buckets of each TP x PP rank (checkpoint/megatron_buckets.py rebuilds where each parameter lies).
+  the gradient buckets of each TP x PP rank (checkpoint/torch_dist/buckets.py rebuilds where each parameter lies).
 - The progress: the iteration, args.consumed_train_samples (where Megatron's sampler continues), the scheduler's
   num_steps (samples, Megatron's OptimizerParamScheduler position) and Adam's step.
 - The RNG: Python's, NumPy's and torch's CPU generator of this rank's TP x PP rank, when the layout is the saved one
@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.dcp_reader import DcpReader
 from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
-from checkpoint.megatron_buckets import (
+from checkpoint.pieces import Piece, read_pieces
+from checkpoint.random_states import random_states_problem
+from checkpoint.torch_dist.buckets import (
     DENSE_DTYPE,
     ModelShape,
     UnreadLayout,
@@ -36,7 +37,7 @@ from checkpoint.megatron_buckets import (
     check_layout,
     local_parameters,
 )
-from checkpoint.megatron_common import (
+from checkpoint.torch_dist.common import (
     FORMAT_NAME,
     arg,
     check_backend,
@@ -45,9 +46,8 @@ from checkpoint.megatron_common import (
     saved_args,
     sharding_type,
 )
-from checkpoint.megatron_names import Placement, our_placements
-from checkpoint.random_states import random_states_problem
-from checkpoint.zero_gpt_source import Piece, read_pieces
+from checkpoint.torch_dist.dcp_reader import DcpReader
+from checkpoint.torch_dist.names import Placement, our_placements
 
 OPTIMIZER_STATE = "optimizer.state."
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -218,7 +218,7 @@ class MegatronSource:
 
 
 class _Buckets:
-    """The dp_reshardable states of every TP x PP rank as pieces of our whole tensors (checkpoint/megatron_buckets.py)."""
+    """The dp_reshardable states of every TP x PP rank as pieces of our whole tensors (checkpoint/torch_dist/buckets.py)."""
 
     def __init__(self, source: MegatronSource) -> None:
         self.source, self.path = source, source.path

@@ -2,8 +2,8 @@
 TP 1 shape and layout, read a region at a time; the iteration, consumed samples, learning-rate schedule position and
 Adam step where the run recorded them.
 
-The tag folder (checkpoint/deepspeed_files.py finds it) is ZeRO 1/2, ZeRO 3 or universal (checkpoint/deepspeed_stores.py
-reads each), of a Megatron-DeepSpeed GPTModel or a transformers GPT2LMHeadModel (checkpoint/deepspeed_names.py maps
+The tag folder (checkpoint/deepspeed/files.py finds it) is ZeRO 1/2, ZeRO 3 or universal (checkpoint/deepspeed/stores.py
+reads each), of a Megatron-DeepSpeed GPTModel or a transformers GPT2LMHeadModel (checkpoint/deepspeed/names.py maps
 their names and layouts). Where the run stood:
 
 - Megatron-DeepSpeed (megatron/checkpointing.py save_checkpoint: its client state in the model states file): the
@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.deepspeed_files import (
+from checkpoint.deepspeed.files import (
     DeepSpeedCheckpoint,
     DynamicLossScaler,
     LossScaler,
@@ -34,7 +34,7 @@ from checkpoint.deepspeed_files import (
     model_state_files,
     pickle_bytes,
 )
-from checkpoint.deepspeed_names import (
+from checkpoint.deepspeed.names import (
     GPT2,
     MEGATRON_DEEPSPEED,
     MEGATRON_DEEPSPEED_PIPE,
@@ -45,7 +45,7 @@ from checkpoint.deepspeed_names import (
     model_family,
     read_mapped,
 )
-from checkpoint.deepspeed_stores import UniversalStore, Zero3Store, ZeroStore, optimizer_files, read_region
+from checkpoint.deepspeed.stores import UniversalStore, Zero3Store, ZeroStore, optimizer_files, read_region
 from checkpoint.global_state import GlobalTensorInfo, SourceProgress
 
 OUR_KEYS = {"master": "fp32", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}

@@ -4,7 +4,7 @@ Megatron-LM's asynchronous save (megatron/training/checkpointing.py with async_u
 megatron/core/dist_checkpointing/strategies/async_utils.py) is the model: at a save each rank copies what it
 writes to host memory and hands it to a background writer; the loop checks at every iteration, in one small
 all-reduce over the ranks, whether every rank's writer is done (maybe_finalize_async_save), and only then the
-save is finalized: here that is the same `finish_save` a synchronous save ends with (checkpoint/sharded.py), so
+save is finalized: here that is the same `finish_save` a synchronous save ends with (checkpoint/ours/sharded.py), so
 metadata.json, the rename of `iter_N.partial`, Megatron's tracker file and `latest` come last, after every file
 of every rank. A save waits for the previous one to be committed first; the end of a run waits for the last
 (train_run), and an error lets it go (`abandon`): what was not committed is a `.partial` directory nothing
@@ -45,7 +45,7 @@ from torch import nn
 
 from arguments.config import CheckpointConfig
 from checkpoint.lineage import RunIdentity
-from checkpoint.sharded import RankOutcome, SaveInProgress, begin_save, finish_save, rank_files
+from checkpoint.ours.sharded import RankOutcome, SaveInProgress, begin_save, finish_save, rank_files
 from checkpoint.writer import StagedFile, write_files
 from parallel.random import TensorParallelRNG
 from parallel.state import ParallelState
@@ -72,7 +72,7 @@ def saving_mode_line(checkpoint: CheckpointConfig, writer_note: str = "", device
                                                                checkpoint.async_ckpt_io_priority)
                    else "; Megatron-LM's nice 10 and idle I/O class for its writer apply on CUDA (or with "
                         "--async-ckpt-cpu-priority, --async-ckpt-io-priority): on a CPU the training is the CPU's work"))
-    if checkpoint.async_save:
+    if checkpoint.ours.async_save:
         return ("> checkpoints: saved synchronously: --async-save without --use-persistent-ckpt-worker is turned off, "
                 "as Megatron-LM turns it off (validate_args: \"not supported without --use-persistent-ckpt-worker\"); "
                 "add --use-persistent-ckpt-worker to save in the background")

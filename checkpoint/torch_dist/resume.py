@@ -1,5 +1,5 @@
 """`--load` of a Megatron-LM torch_dist save folder: the same checks before any work as a resume of ours, then the
-load through checkpoint/global_load.py over checkpoint/megatron_source.py.
+load through checkpoint/global_load.py over checkpoint/torch_dist/source.py.
 
 The checks read the settings Megatron-LM saved (common.pt's args) as the fields our own metadata.json records
 (`metadata_view`), so one set of rules decides: the data, split, sequence length and seed that define the samples
@@ -9,9 +9,9 @@ which the continuing run reads: checkpoint/lineage.py), the block settings
 (Megatron's rule, arguments/schedule.py). The checkpoint's files are verified first (`verify_megatron`): metadata.json
 names backends Megatron-Core loads, every file DCP's index names lies inside the directory (checkpoint/inside.py),
 exists and is long enough to hold every chunk the index places in it; common.pt and the index read without running
-code, common.pt's records matching their CRC-32 and its numbers in range (checkpoint/megatron_common_check.py). Then
+code, common.pt's records matching their CRC-32 and its numbers in range (checkpoint/torch_dist/common_check.py). Then
 (`verify_megatron_records`) each rank reads a share of the stored items and checks each against the CRC-32 its zip
-records carry (checkpoint/dcp_reader.py), before any work; --no-verify-checkpoint skips that read (the load still
+records carry (checkpoint/torch_dist/dcp_reader.py), before any work; --no-verify-checkpoint skips that read (the load still
 checks every item it reads).
 """
 
@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Optional
 
 from base.errors import CheckpointError
-from checkpoint.dcp_reader import DcpReader
 from checkpoint.file_names import DCP_METADATA_FILE
 from checkpoint.format import METADATA_FILE
 from checkpoint.global_load import ResumePoint, load_from_source, parameter_records
 from checkpoint.global_state import MODEL_KEY
 from checkpoint.inside import inside
 from checkpoint.lineage import SAMPLE_ORDER_KEY
-from checkpoint.megatron_common import COMMON_FILE, check_backend, load_common, saved_args
-from checkpoint.megatron_source import MegatronSource
 from checkpoint.resume_checks import agreed_problem, check_resume
 from checkpoint.resume_model import COMPARED
+from checkpoint.torch_dist.common import COMMON_FILE, check_backend, load_common, saved_args
+from checkpoint.torch_dist.dcp_reader import DcpReader
+from checkpoint.torch_dist.source import MegatronSource
 from data.megatron_order import MEGATRON_ORDER
 from parallel.state import ParallelState
 

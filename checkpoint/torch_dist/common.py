@@ -32,7 +32,7 @@ import torch
 from base.errors import CheckpointError
 from checkpoint.file_names import DCP_METADATA_FILE
 from checkpoint.format import METADATA_FILE
-from checkpoint.megatron_common_check import check_common
+from checkpoint.torch_dist.common_check import check_common
 from checkpoint.zip_records import zip_damage
 
 COMMON_FILE = "common.pt"
@@ -112,7 +112,7 @@ def check_backend(iteration_dir: Path) -> None:
 
 def load_common(iteration_dir: Path) -> dict:
     """common.pt, its records' CRC-32 checked, read without running code and its numbers range-checked (module
-    docstring, checkpoint/megatron_common_check.py)."""
+    docstring, checkpoint/torch_dist/common_check.py)."""
     path = Path(iteration_dir) / COMMON_FILE
     if not path.is_file():
         raise CheckpointError(f"{iteration_dir}: no {COMMON_FILE}; the Megatron-LM save did not finish")

@@ -1,6 +1,6 @@
 """A run that continues a DeepSpeed checkpoint: the checks before any work, the verification, the load.
 
-`--load` names a DeepSpeed save directory or tag folder (checkpoint/deepspeed_files.py); `--universal-checkpoint`
+`--load` names a DeepSpeed save directory or tag folder (checkpoint/deepspeed/files.py); `--universal-checkpoint`
 (or the DeepSpeed JSON's "checkpoint": {"load_universal": true}) takes the folder `latest_universal` names. The checks
 are our own checkpoints' (checkpoint/start_decision.py, checkpoint/resume_model.py, arguments/schedule.py), fed from
 what the DeepSpeed run recorded:
@@ -18,7 +18,7 @@ what the DeepSpeed run recorded:
 - The torch optimizer's hyperparameters (betas, eps, weight decay), which DeepSpeed's own resume restores with the
   state: this run's flags set them here, and a difference is said in one line.
 
-Every .pt file of the tag folder is verified before anything is loaded (checkpoint/deepspeed_files.py verify_pt:
+Every .pt file of the tag folder is verified before anything is loaded (checkpoint/deepspeed/files.py verify_pt:
 present, inside the checkpoint, every record's CRC-32; --no-verify-checkpoint reads only the zip directories), each
 rank a share, and the ranks agree. A --save directory that holds DeepSpeed's checkpoints is refused: our save would
 replace DeepSpeed's `latest` and Megatron-DeepSpeed's tracker file with pointers to our own iterations.
@@ -33,14 +33,14 @@ from typing import Callable, Optional
 from arguments.schedule import LearningRateSchedule, build_lr_schedule, resumed_schedule
 from base.errors import CheckpointError, ConfigError
 from checkpoint.agreement import agree, attempt
-from checkpoint.deepspeed_files import (
+from checkpoint.deepspeed.files import (
     UNIVERSAL_STATES,
     DeepSpeedCheckpoint,
     find_deepspeed_checkpoint,
     holds_deepspeed_checkpoints,
     verify_pt,
 )
-from checkpoint.deepspeed_source import DeepSpeedSource, open_deepspeed_source
+from checkpoint.deepspeed.source import DeepSpeedSource, open_deepspeed_source
 from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.inside import inside
 from checkpoint.resume_checks import agreed_problem

@@ -1,7 +1,7 @@
 """The elements of each parameter in a DeepSpeed checkpoint's files, by the parameter's name in the run that saved it.
 
 A store answers "elements [start, end) of parameter `name` flattened, for the fp32 master or an Adam moment" from
-whichever files hold them, reading those elements only (the files are memory-mapped: checkpoint/deepspeed_files.py).
+whichever files hold them, reading those elements only (the files are memory-mapped: checkpoint/deepspeed/files.py).
 The layouts, as DeepSpeed 0.19 writes and reads them:
 
 - ZeRO 1 and 2 (deepspeed/runtime/zero/stage_1_and_2.py, state_dict; its own reader deepspeed/utils/zero_to_fp32.py
@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from base.errors import CheckpointError
-from checkpoint.deepspeed_files import OPTIMIZER_STATES_SUFFIX, UNIVERSAL_STATES, ZERO3_FILE, load_pt, pickle_bytes
+from checkpoint.deepspeed.files import OPTIMIZER_STATES_SUFFIX, UNIVERSAL_STATES, ZERO3_FILE, load_pt, pickle_bytes
 from checkpoint.inside import inside
 from checkpoint.regions import box_runs
 
