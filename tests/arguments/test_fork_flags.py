@@ -206,7 +206,8 @@ def test_every_fork_only_flag_names_its_fork_or_is_a_setting_here():
     from arguments.parser import build_parser
 
     names = {"llm-jp-megatron-lm-v4": "llm-jp", "llm-jp-megatron-lm-nii-geniac": "llm-jp",
-             "swiss-ai-megatron-lm": "swiss-ai", "pai-megatron-patch": "Pai-Megatron-Patch"}
+             "swiss-ai-megatron-lm": "swiss-ai", "pai-megatron-patch": "Pai-Megatron-Patch",
+             "lola-megatron-deepspeed": "LOLA"}
     table = option_table(build_parser())
     fork_only = {option: entry["sources"] for option, entry in harvested()["flags"].items()
                  if set(entry["sources"]) <= set(names)}
