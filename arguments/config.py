@@ -58,6 +58,8 @@ OTHER_TOKENIZER_TYPES.update({
     for name in ("BertWordPieceLowerCase", "BertWordPieceCase", "MultimodalTokenizer", "NullMultimodalTokenizer",
                  "SFTTokenizer")})
 SEED_LIMIT = 2**32
+# Matsuo Lab's GENIAC teams ran it (ucllm_nedo_dev's README checks out its tags)
+GENIAC_FORK = "GENIAC's Megatron-DeepSpeed fork"
 # Below a few heartbeats (one a second), a rank busy on a loaded machine would be taken for a hung one.
 MIN_HEARTBEAT_TIMEOUT_S = 5.0
 # Megatron-LM's --lr-decay-style choices (megatron/core/optimizer_param_scheduler.py, get_lr)
@@ -832,13 +834,15 @@ class DataConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     metrics_file: str = option("runs/metrics.jsonl", help="JSON lines, one record per log/eval")
+    # GENIAC's fork (hotsuyuki/Megatron-DeepSpeed, megatron/arguments.py) spells its W&B flags with underscores
+    # too; its --use-wandb, --wandb-group and --wandb-tag are in arguments/megatron/flags.py.
     wandb_project: Optional[str] = option(None, help="log to W&B (offline unless W&B is configured on this "
-                                                     "machine)")
+                                                     "machine)", aliases={"--wandb_project": GENIAC_FORK})
     # llm-jp's Megatron-LM fork (nii-geniac: megatron/training/global_vars.py, _set_wandb_writer) names the run
     # --wandb-name plus its start time; W&B tells runs apart by id, so the name is taken as given.
     wandb_run_name: Optional[str] = option(None, aliases={"--wandb-exp-name": "Megatron-LM",
                                                           "--wandb-name": "llm-jp's Megatron-LM fork"})
-    wandb_entity: Optional[str] = None
+    wandb_entity: Optional[str] = option(None, aliases={"--wandb_entity": GENIAC_FORK})
     report_memory: bool = option(False, help="log per-rank model-state bytes held and the zero/memory.py "
                                              "prediction")
     # None: looked up by the CUDA device's name (omitted on CPU).

@@ -20,6 +20,9 @@ PAI=$MIRRORS/alibaba+Pai-Megatron-Patch/repo
 # ALCF's Megatron-DeepSpeed fork (argonne-lcf/Megatron-DeepSpeed): its train_alcf.sh / ALCF/helpers.sh launch the
 # AuroraGPT runs with its pretrain_gpt_alcf.py, whose flags its megatron/arguments.py defines (issue 64).
 ALCF=$MIRRORS/argonne-lcf+Megatron-DeepSpeed/repo
+# LOLA's Megatron-DeepSpeed fork (dice-group/LOLA, megatron/ at its root): its lola_ws/gpt scripts launch the
+# fork's pretrain_gpt.py, whose --lola-enable-static-moe-gate routes each token by its language (issue 81).
+LOLA=$MIRRORS/dice-group+LOLA/repo
 # DeepSpeedExamples removed its Megatron forks in 127c7a10 (2023-03-30); 89ce0d5a is the last commit
 # that touched them (it moved them under megatron/).
 DSE_FORKS=89ce0d5a40cec1772c8673bf01c532828ce3d31d
@@ -40,6 +43,7 @@ python scripts/harvest_megatron_flags.py --out arguments/megatron/flags_harveste
   --source swiss-ai-megatron-lm swiss-ai/Megatron-LM "$SWISSAI" 81d44dbe25c22190989fa8a12284bdb8d1303b40 megatron/training/arguments.py \
   --source pai-megatron-patch alibaba/Pai-Megatron-Patch "$PAI" a098ca5acbdeaf7172ce0393fa309b39a77506db megatron_patch/arguments.py \
   --source alcf-megatron-deepspeed argonne-lcf/Megatron-DeepSpeed "$ALCF" ffa3456d68b630192fcaefcc3288bd18525b8d95 megatron/arguments.py \
+  --source lola-megatron-deepspeed dice-group/LOLA "$LOLA" 7e8605c197a762c67f84777aedb50856e9a6ad55 megatron/arguments.py \
   --source deepspeed microsoft/DeepSpeed "$DS" 38327e07f6cd39b63418f60cedd1651b0be3e7c3 deepspeed/__init__.py \
   --source deepspeed-v0.13.0 microsoft/DeepSpeed "$DS" v0.13.0 deepspeed/__init__.py \
   "$@"

@@ -23,7 +23,7 @@ import argparse
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
-from arguments.config import PretrainConfig
+from arguments.config import GENIAC_FORK, PretrainConfig
 from arguments.config_sources import FLAG, JSON, Source
 from arguments.megatron.ckpt_step import resolve_ckpt_step
 from arguments.megatron.cpu_offload_flags import ignored_state_dtypes, resolve_cpu_offload_flags
@@ -130,6 +130,11 @@ NO_EFFECT_FLAGS: dict[str, str] = {
     "no_bias_gelu_fusion": "a kernel fusion switch: the bias and GeLU compute the same values either way",
     "no_bias_dropout_fusion": "a kernel fusion switch: the bias, dropout and residual add compute the same values",
     "no_gradient_accumulation_fusion": "a kernel fusion switch: gradients accumulate to the same values",
+    # GENIAC's fork: megatron/training.py calls wandb.init(entity, project, group) under --use-wandb; --wandb-tag is
+    # parsed and never read
+    "use_wandb": "W&B logging is on here whenever --wandb-project names a project",
+    "wandb_group": "the W&B run's group, a label: runs here are not grouped",
+    "wandb_tag": "GENIAC's fork parses it and never reads it",
 }
 
 SELECTIVE_RECOMPUTE = ("Megatron's selective recompute keeps the s x s attention scores out of memory by "
@@ -164,6 +169,10 @@ MEANINGS: list[Meaning] = [
             NO_EFFECT_FLAGS["no_bias_dropout_fusion"]),
     Meaning(("--no-gradient-accumulation-fusion",), "no_gradient_accumulation_fusion", "Megatron-LM",
             {"action": "store_true"}, NO_EFFECT_FLAGS["no_gradient_accumulation_fusion"]),
+    Meaning(("--use-wandb", "--use_wandb"), "use_wandb", GENIAC_FORK, {"action": "store_true"},
+            NO_EFFECT_FLAGS["use_wandb"]),
+    Meaning(("--wandb-group", "--wandb_group"), "wandb_group", GENIAC_FORK, {}, NO_EFFECT_FLAGS["wandb_group"]),
+    Meaning(("--wandb-tag", "--wandb_tag"), "wandb_tag", GENIAC_FORK, {}, NO_EFFECT_FLAGS["wandb_tag"]),
     Meaning(("--distributed-backend",), "distributed_backend", "Megatron-LM",
             {"choices": ("nccl", "gloo", "ccl", "hccl")},
             "torch.distributed's backend; here it follows the device: NCCL for CUDA processes, gloo for CPU ones"),

@@ -1,6 +1,7 @@
 """What the pretraining forks' own flags do here: llm-jp's Megatron-LM fork (branches v4 and nii-geniac, the
-ones llm-jp/scripts installs), swiss-ai's Megatron-LM fork (main) and Pai-Megatron-Patch (alibaba), harvested
-into arguments/megatron/flags_harvested.json beside Megatron-LM's (scripts/harvest_megatron_flags.sh).
+ones llm-jp/scripts installs), swiss-ai's Megatron-LM fork (main), Pai-Megatron-Patch (alibaba), ALCF's and LOLA's
+Megatron-DeepSpeed forks, harvested into arguments/megatron/flags_harvested.json beside Megatron-LM's
+(scripts/harvest_megatron_flags.sh).
 
 The flags their current pretraining scripts pass are settings here with the fork's meaning (--use-mpi,
 --use-z-loss, --z-loss-strength, --wandb-name, --trigger-path, --rope-theta, --xielu, --goldfish-loss,
@@ -22,6 +23,8 @@ LLM_JP = "llm-jp's Megatron-LM fork"
 SWISS_AI = "swiss-ai's Megatron-LM fork"
 # argonne-lcf/Megatron-DeepSpeed at ffa3456d: its pretrain_gpt_alcf.py, launched by train_alcf.sh / ALCF/helpers.sh
 ALCF = "ALCF's Megatron-DeepSpeed fork"
+# dice-group/LOLA at 7e8605c1: its megatron/ is a Megatron-DeepSpeed fork, launched by its lola_ws/gpt scripts
+LOLA = "LOLA's Megatron-DeepSpeed fork"
 # the fork's learning-rate variants (megatron/optimizer_param_scheduler.py get_lr), read only by its infinite-cosine
 # and infinite-inv-square-root --lr-decay-style, which are not among Megatron-LM's styles here, or (the frac) under
 # --lr_constant_plus_cooldown, refused
@@ -61,6 +64,8 @@ FORK_REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
      "steps here", _names("--train-iters-to-skip")),
     (f"not implemented ({ALCF}: DeepSpeed's MiCS, ZeRO-3 sharded within groups and replicated across them): use "
      "--zero-stage 3", _names("--use-mics")),
+    (f"not implemented ({LOLA}'s static gate: one DeepSpeed-MoE TopKGate, lola_ws/overriden_classes/layer.py, "
+     "shared by every MoE layer): each MoE layer has its own router here", _names("--lola-enable-static-moe-gate")),
     (f"not implemented ({SWISS_AI}'s activations xIPReLU and xIPReLUP, with learned parameters): use "
      "--xielu (its xIELU), --swiglu, --activation gelu/gelu_tanh/squared_relu", _names("--xiprelu --xiprelup")),
     (f"not implemented ({SWISS_AI}'s block variants: norms removed, post-norm blocks, norm gains initialized "

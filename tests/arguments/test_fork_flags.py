@@ -109,6 +109,17 @@ def test_fork_flags_with_no_effect_are_said_once():
         assert flag in line
 
 
+def test_geniac_forks_underscore_wandb_flags_are_its_wandb_settings():
+    """hotsuyuki/Megatron-DeepSpeed (ucllm_nedo_dev tags), megatron/arguments.py: `--use-wandb`/`--use_wandb`,
+    `--wandb-entity`/`--wandb_entity`, `--wandb-project`/`--wandb_project`, `--wandb-group`/`--wandb_group`,
+    `--wandb-tag`/`--wandb_tag`; training.py's wandb.init(entity, project, group) under --use-wandb."""
+    parsed = parse_arguments(["--use_wandb", "--wandb_entity", "team", "--wandb_project", "pretrain",
+                              "--wandb_group", "g", "--wandb-tag", "t"])
+    assert (parsed.config.logging.wandb_entity, parsed.config.logging.wandb_project) == ("team", "pretrain")
+    line = next(note for note in parsed.notes if "--use_wandb" in note)
+    assert "--wandb_group" in line and "--wandb-tag" in line
+
+
 def test_pai_megatron_patch_flags_are_refused_naming_the_project_and_what_it_would_take():
     """alibaba/Pai-Megatron-Patch megatron_patch/arguments.py get_patch_args adds --patch-tokenizer-type,
     --dataset, --extra-vocab-size ... through patch_if_not_exist (its examples' run_mcore_*.sh pass them)."""
@@ -195,7 +206,8 @@ def test_every_fork_only_flag_names_its_fork_or_is_a_setting_here():
     from arguments.parser import build_parser
 
     names = {"llm-jp-megatron-lm-v4": "llm-jp", "llm-jp-megatron-lm-nii-geniac": "llm-jp",
-             "swiss-ai-megatron-lm": "swiss-ai", "pai-megatron-patch": "Pai-Megatron-Patch"}
+             "swiss-ai-megatron-lm": "swiss-ai", "pai-megatron-patch": "Pai-Megatron-Patch",
+             "lola-megatron-deepspeed": "LOLA"}
     table = option_table(build_parser())
     fork_only = {option: entry["sources"] for option, entry in harvested()["flags"].items()
                  if set(entry["sources"]) <= set(names)}

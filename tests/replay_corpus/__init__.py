@@ -7,6 +7,7 @@ from tests.replay_corpus import (
                                  deepspeed,
                                  deepspeed_examples,
                                  forks,
+                                 geniac,
                                  megatron_deepspeed,
                                  megatron_deepspeed_moe,
                                  megatron_lm,
@@ -15,12 +16,14 @@ from tests.replay_corpus import (
                                  open_runs,
                                  round6,
                                  slime,
+                                 zyphra,
 )
 
 CORPUS = (*megatron_lm.LAUNCHES, *megatron_deepspeed.LAUNCHES, *megatron_deepspeed_moe.LAUNCHES,
           *deepspeed_examples.LAUNCHES, *deepspeed.LAUNCHES,
           *bigscience.LAUNCHES, *megatron_lm_functional.LAUNCHES, *forks.LAUNCHES, *open_runs.LAUNCHES,
-          *slime.LAUNCHES, *round6.LAUNCHES)
+          *slime.LAUNCHES, *round6.LAUNCHES, *geniac.LAUNCHES,
+          *zyphra.LAUNCHES)
 # Every GPT and MoE pretraining functional test of Megatron-LM at one commit, harvested whole: counted by outcome
 # in the docs, not listed there one by one (megatron_lm_functional_tests.py).
 HARVESTED = (*megatron_lm_functional_tests.LAUNCHES, *megatron_lm_functional_tests.MOE_HARVESTED)

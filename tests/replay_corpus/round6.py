@@ -354,8 +354,8 @@ OPENEUROLLM = (
 # the README's default run on noctua2 (24 nodes x 4 GPUs, the 1.3B model, 16 experts, micro batch 8), and the same
 # with `--static_gate`, run from lola_ws/gpt with sbatch stubbed to run gpt3-moe-pretrain.sh (LIB_DIR ../../) and
 # srun to run its `bash -c`; the JSON is the sed-filled lola_ws/cfg/ds_config_gpt_Zero2_TEMPLATE.json. The static
-# gate's `--lola-enable-static-moe-gate` is LOLA's own (it routes each token by its language, a gate this program
-# does not have).
+# gate's `--lola-enable-static-moe-gate` is LOLA's own (one DeepSpeed-MoE TopKGate shared by every MoE layer, a
+# router this program does not have).
 _LOLA_JSON = """\
 {
   "train_batch_size" : 768,

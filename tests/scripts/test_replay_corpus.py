@@ -53,11 +53,7 @@ from tests.replay_corpus.shrink import (
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-KNOWN_FAILING_TODAY: dict[str, str] = {
-    "lola-gpt3-moe-1.3b-16e-static-gate": "LOLA's own --lola-enable-static-moe-gate is an unrecognized argument here, "
-                                          "not refused as LOLA's flag: its fork is not a harvested source "
-                                          "(arguments/megatron/flags_harvested.json), as Pai-Megatron-Patch's is",
-}
+KNOWN_FAILING_TODAY: dict[str, str] = {}
 
 
 def _params(launches):
