@@ -1,48 +1,23 @@
 """The on-disk checkpoint format, readable with no process group, no GPU and none of the model code.
 
-    SAVE_DIR/
-      latest                          "iter_0000010": replaced atomically once a save is complete
-      latest_checkpointed_iteration.txt
-                                      "10": Megatron-LM's tracker file, written just before `latest`
-      iter_0000010/
-        metadata.json                 written last: format version, iteration, consumed samples, grid,
-                                      resolved config, loss scaler, parameter table, file manifest
+    SAVE_DIR/latest                   "iter_0000010", replaced atomically once a save is complete
+    SAVE_DIR/latest_checkpointed_iteration.txt   "10": Megatron-LM's tracker file, written just before `latest`
+    SAVE_DIR/iter_0000010/
+        metadata.json                 written last: iteration, samples, grid, config, parameter table, manifest
         model_tp00.safetensors        TP rank 0's parameters in the training dtype, by name
-        optim_tp00_dp000.safetensors  (TP 0, DP 0)'s partition: fp32 master, exp_avg, exp_avg_sq
-                                      (and exp_avg_slow with --optimizer ademamix), flat, with its
-                                      fragment table in the file's metadata
+        optim_tp00_dp000.safetensors  (TP 0, DP 0)'s partition, flat: fp32 master, exp_avg, exp_avg_sq (and
+                                      exp_avg_slow with ademamix), its fragment table in the file's metadata
         rng_tp00_dp000.safetensors    that rank's RNG states (Python, NumPy, torch CPU/CUDA, TP stream)
         tokenizer/                    the tokenizer the run trained with
-
-With pipeline stages each file name carries the stage (`model_pp001_tp00`, `optim_pp001_tp00_dp000`, ...),
-and metadata.json's `pipeline_stages` lists, per stage, the parameter names its files hold and the files
-(checkpoint/pipeline_stages.py). Parameters keep their global names, so the optimizer entries below are
-read by name whatever stage wrote them: `optimizer_shards` lists every stage's partitions.
-
-A partition is a flat tensor; its *fragment table* says which elements of which parameter each
-stretch holds: `[name, param_offset, partition_offset, numel]`, offsets into the parameter flattened
-at the saving rank's local shape, and its *records* (`RECORDS`, since the sharding records) where that
-rank's slice sits in the whole tensor. With the parameter table (one record per tensor in metadata.json)
-that is all it takes to read any region of any whole tensor (checkpoint/ours/source.py): to load at
-another layout, or to consolidate the whole model (`consolidate` there). Who writes which slice is the
-save plan's (checkpoint/save_plan.py): at stage 0 the one partition (everything) by DP rank 0 alone; a
-whole parameter by TP rank 0 alone (a checkpoint written before the records held it on every TP rank,
-and its files carry no records: the parameter table's `tensor_parallel_dim` says how they were cut).
-
-A `--save` directory names its checkpoint twice: `latest` (ours) and Megatron-LM's tracker file, which
-its scripts and functional tests read and write (checkpointing.py's get_checkpoint_tracker_filename /
-read_metadata). Both are written at each save, the tracker first, so they name the same iteration.
-Where they differ, the one written last wins: someone wrote it after the save (Megatron's ckpt-resume
-tests delete the last checkpoint and write an earlier iteration into the tracker; a user of ours may
-edit `latest`), or a save stopped between the two writes, and the tracker names the newer complete
-checkpoint. Written at the same time (a coarse file-system clock), the tracker wins, the one Megatron
-reads. The load says which in one line (`pointed_checkpoint`), and the winner naming no complete
-checkpoint is an error, never a fallback to the other.
-
-Only safetensors and JSON are ever read, so loading a checkpoint cannot run code. Every file's size
-and content hash is in the manifest; checkpoint/schema.py checks what metadata.json and `latest`
-hold, and checkpoint/integrity.py verifies each listed file before a load or a tool reads it.
-"""
+With pipeline stages file names carry the stage (`model_pp001_tp00`, ...) and metadata.json's `pipeline_stages`
+lists each stage's parameter names and files (checkpoint/pipeline_stages.py); names stay global. A partition's
+*fragment table* says which elements of which parameter each stretch holds (`[name, param_offset, partition_offset,
+numel]`) and its *records* (`RECORDS`) where that slice sits in the whole tensor: with the parameter table that is all
+it takes to read any region (checkpoint/ours/source.py). Who writes which slice is checkpoint/save_plan.py's. Of
+`latest` and Megatron-LM's tracker file, written at each save (tracker first), the one written last wins where they
+differ (a tie: the tracker, which Megatron reads), said in one line (`pointed_checkpoint`); the winner naming no
+complete checkpoint is an error. Only safetensors and JSON are read, so a load cannot run code; checkpoint/schema.py
+checks metadata.json and `latest`, checkpoint/integrity.py each listed file's size and hash."""
 
 from __future__ import annotations
 

@@ -2,26 +2,19 @@
 with Llama's blocks maps to `LlamaForCausalLM` instead (checkpoint/hf_llama.py), the other dense families to
 theirs (checkpoint/hf_dense.py) and the MoE families to theirs (checkpoint/hf_families/), through the same folders.
 
-Two differences in layout, besides the names:
-- transformers' GPT-2 uses `Conv1D`, whose weight is the transpose of a Linear's ([in, out]).
-- its fused QKV orders output features [q | k | v], each head by head; ours orders them head by head,
-  [head][q, k, v], so that a contiguous tensor-parallel slice holds whole heads.
-Our vocabulary may be padded; transformers' is the tokenizer's exact size.
-
-A Hugging Face folder (config.json, model.safetensors, the tokenizer files) is what people share and
-what `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer.from_pretrained` read with no code of ours:
-- `write_hf_folder` builds one in a staging directory beside OUT_DIR and renames it into place, so a
-  conversion that fails never leaves a half-written folder that loads as a model.
-- `read_hf_folder` checks config.json with our own reader first (arguments/hf_config.py: each field we
-  read, its type and range; one line naming the field), so transformers only ever sees a checked one. It
-  reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a file
-  from the internet may be a pickle whose payload runs code, and it must be refused, never executed.
-- checkpoint/hf_source.py's `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its
-  config's shape has been compared with the run's flags (`check_hf_config`, or its family's check): loaded as a
-  checkpoint is, each rank reading its own shard's regions.
-- `checkpoint_to_hf_state` turns a training checkpoint's fp32 master weights into transformers' names
-  (what `scripts/convert_to_hf.py` writes out).
-"""
+Two differences in layout, besides the names: transformers' GPT-2 uses `Conv1D`, whose weight is a Linear's
+transpose ([in, out]); its fused QKV orders output features [q | k | v], each head by head, ours head by head,
+[head][q, k, v], so that a contiguous TP slice holds whole heads. Our vocabulary may be padded; transformers' is the
+tokenizer's exact size. A Hugging Face folder (config.json, model.safetensors, tokenizer files) is what people share
+and what `from_pretrained` reads with no code of ours:
+- `write_hf_folder` builds one in a staging directory beside OUT_DIR and renames it into place, so a failed
+  conversion never leaves a half-written folder that loads as a model.
+- `read_hf_folder` checks config.json with our own reader first (arguments/hf_config.py: one line naming a bad
+  field), and reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a pickle
+  from the internet that runs code is refused, never executed.
+- checkpoint/hf_source.py's `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's
+  shape was compared with the run's flags (`check_hf_config`), each rank reading its own shard's regions.
+- `checkpoint_to_hf_state` turns a checkpoint's fp32 master weights into transformers' names (scripts/convert_to_hf.py)."""
 
 from __future__ import annotations
 

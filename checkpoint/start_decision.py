@@ -1,35 +1,23 @@
 """How a run starts -- fresh, or resumed from which checkpoint -- and whether its save directory and
 its data settings allow that. Pure decisions from the config and the file system, no process group.
 
-The rules (docs/checkpoints.md, "What is guaranteed"):
-
-- `--load` may name a DeepSpeed checkpoint (checkpoint/deepspeed/files.py: a save directory whose `latest`, or with
-  --universal-checkpoint `latest_universal`, names a tag folder of DeepSpeed's, or that folder).
-- Else `--load` must name a checkpoint: a save directory with `latest` or Megatron-LM's tracker file
-  `latest_checkpointed_iteration.txt` (where they differ, the one written last wins, said in one
-  line: checkpoint/format.py), or an iteration directory with metadata.json. A file, an `iter_*` directory without metadata, or a directory of checkpoints
-  without `latest` is an error (except `--load` equal to `--save`, where checkpoint/unfinished_save.py
-  first finishes the save that was killed before writing `latest`).
-- A `--load` directory that does not exist or is empty is a fresh start, said in one line: Megatron-LM's
-  scripts pass `--save $CK --load $CK` from the first run, and its functional tests a `--load` of an
-  empty folder other than `--save`; Megatron warns and starts from random weights (load_checkpoint,
-  "could not find the metadata file ... will not load any checkpoints and will start from random").
-  A directory that holds something but no checkpoint stays an error: nothing is silently thrown away.
-- A run writes into a save directory that already holds checkpoints only when it resumed from one
-  of them, or with `--overwrite-save`. `--finetune` starts at iteration 0, so it does not count as
-  resuming.
-- A resume whose data, split, sequence length or seed differ from the checkpoint's would not continue
-  its sample sequence: refused without `--override-data-on-resume`. The data is compared as the
-  files' content (data/identity.py) where the checkpoint recorded it, else as the paths typed.
-- A resume reads the samples after the checkpoint's consumed samples, from a train set sized for this
-  run's schedule (--train-iters x --global-batch-size, or --train-samples). A checkpoint at or past
-  --train-iters trains nothing and ends at once, as Megatron-LM's loop does (`while iteration <
-  args.train_iters`, megatron/training/training.py). One with iterations left whose samples would
-  run past that train set -- saved at a larger global batch, or with its consumed samples edited --
-  is refused in one line naming the flag that makes it consistent, before any data or model work;
-  Megatron asserts instead (MegatronPretrainingSampler.__init__, megatron/training/datasets/
-  data_samplers.py: "no samples left to consume").
-"""
+- `--load` may name a DeepSpeed checkpoint (checkpoint/deepspeed/files.py). Else it must name a checkpoint: a save
+  directory with `latest` or Megatron-LM's tracker file (where they differ, the one written last wins, said in one
+  line: checkpoint/format.py), or an iteration directory with metadata.json; anything else holding something is an
+  error (except `--load` equal to `--save`, where checkpoint/unfinished_save.py first finishes a save killed before
+  `latest`). A `--load` directory that does not exist or is empty is a fresh start, said in one line, as Megatron-LM
+  warns and starts from random weights (its scripts pass `--save $CK --load $CK` from the first run).
+- A run writes into a save directory that already holds checkpoints only when it resumed from one of them, or with
+  `--overwrite-save` (`--finetune` starts at iteration 0: not resuming).
+- A resume whose data, split, sequence length or seed differ from the checkpoint's would not continue its sample
+  sequence: refused without `--override-data-on-resume` (the data compared as the files' content, data/identity.py,
+  where recorded, else as the paths typed).
+- A resume reads the samples after the checkpoint's consumed samples, from a train set sized for this run's schedule.
+  A checkpoint at or past --train-iters trains nothing and ends at once, as Megatron-LM's loop (`while iteration <
+  args.train_iters`); one whose samples would run past that train set (saved at a larger global batch, or edited) is
+  refused in one line naming the flag that makes it consistent, before any work (Megatron asserts instead:
+  MegatronPretrainingSampler, "no samples left to consume").
+docs/checkpoints.md tells the user's side of these rules."""
 
 from __future__ import annotations
 

@@ -1,27 +1,21 @@
 """A save that was killed after its iteration directory was renamed in but before `latest` was
 written (checkpoint/format.py's `commit`): finished, or set aside, so the same command resumes.
 
-Megatron-LM writes its tracker file `latest_checkpointed_iteration.txt` only after every rank's
-files are saved, and a `--load` directory without it starts from random with a warning: the folder it
-left is then overwritten by the next save of the same number. Here the directory is complete when
-metadata.json exists (it is written last, inside the staging directory), so such a directory that
-also verifies (every file's size, header and hash, checkpoint/integrity.py) is what the killed
-save finished writing: `latest` (and Megatron's tracker file, where the save had not written it yet)
-is pointed at it, as the save would have done next. One that does not
-verify is renamed `iter_N.unverified-<time>` (never deleted: the user may want to look at it) and
-the run starts fresh, as Megatron's would.
+Megatron-LM writes its tracker file only after every rank's files are saved, and a `--load` directory without it
+starts from random with a warning, the folder then overwritten by the next save of the same number. Here the
+directory is complete when metadata.json exists (written last, inside the staging directory), so one that also
+verifies (every file's size, header and hash, checkpoint/integrity.py) is what the killed save finished writing:
+`latest` (and the tracker, where the save had not written it yet) is pointed at it, as the save would have done
+next. One that does not verify is renamed `iter_N.unverified-<time>` (never deleted) and the run starts fresh, as
+Megatron's would.
 
-A Megatron-LM torch_dist iteration directory (ours written with `--ckpt-format torch_dist`) is committed by the
-tracker file alone: its save renames iter_N.partial to iter_N, then writes the tracker. A kill between the two leaves
-a complete directory the tracker does not name, and Megatron-LM would start from random. So the same rule holds for
-it: when the save directory has neither `latest` nor the tracker and holds exactly one complete iteration, of our
-format or of Megatron's, that iteration is verified (a torch_dist one: its backends, common.pt and every stored
-item's CRC-32, checkpoint/torch_dist/resume.py) and adopted, the tracker pointing at it (a torch_dist save writes no
-`latest`), or set aside. A torch_dist directory the tracker names is committed and never touched.
-
-Only for `--load` equal to `--save` (a requeued job's own directory), and only under the save
-directory's lock, so no other run is writing into it meanwhile.
-"""
+A torch_dist directory (ours with `--ckpt-format torch_dist`) is committed by the tracker alone: its save renames
+iter_N.partial, then writes the tracker, and a kill between leaves a complete directory the tracker does not name.
+So the same rule holds: when the save directory has neither `latest` nor the tracker and holds exactly one complete
+iteration, of either format, it is verified (a torch_dist one: its backends, common.pt and every stored item's
+CRC-32, checkpoint/torch_dist/resume.py) and adopted, the tracker pointing at it, or set aside. A torch_dist
+directory the tracker names is committed and never touched. Only for `--load` equal to `--save` (a requeued job's
+own directory), and only under the save directory's lock, so no other run writes into it meanwhile."""
 
 from __future__ import annotations
 

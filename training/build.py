@@ -78,9 +78,7 @@ def build(settings: RunSettings, state: ParallelState, *, dropout_rng: bool, tor
 def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[TensorParallelRNG], *,
                 torch_compile: bool, graphs: Optional[CudaGraphPlan] = None,
                 graph_backend: Optional[GraphBackend] = None) -> Built:
-    """Every dimension of this rank's model, applied in this order, as torchtitan's
-    models/llama3/parallelize.py applies TP, activation checkpointing, compile and FSDP in one function:
-
+    """Every dimension of this rank's model, in this order, as torchtitan's models/llama3/parallelize.py:
     1. Tensor and sequence parallelism: the declared plan (gpt/parallel_plan.py), decided here once from
        the `parallel` section and the TP group; the constructors build each layer as the plan names it.
     2. Pipeline parallelism: this rank's stage (its model chunks' layers, gpt/stage_layers.py). The model
@@ -94,11 +92,9 @@ def parallelize(settings: RunSettings, state: ParallelState, rng: Optional[Tenso
     5. torch.compile of each block: compile_blocks wants parallelism applied, so that the compiled
        blocks are the ones ZeRO left (parameters that are views of its storage, its hooks in place).
        Compilation itself happens at the first forward.
-    6. CUDA graphs of the blocks (training/cuda_graphs.py), last, for the same reason: a graph reads the parameters
-       at the addresses ZeRO gave them (the optimizer writes them in place) and ZeRO's hooks must be in place to be
-       checked (its gradient hooks then fire outside the graphs, as autograd hands the parameters their gradients).
-       It replaces run_blocks as step 3 would (the two exclude each other, as in Megatron-LM); a compiled block is
-       not captured (said). The capture itself happens in training, after the warm-up.
+    6. CUDA graphs of the blocks (training/cuda_graphs.py), last: a graph reads the parameters at the addresses ZeRO
+       gave them and ZeRO's hooks must be in place to be checked. It replaces run_blocks as step 3 would (the two
+       exclude each other, as in Megatron-LM); a compiled block is not captured (said); the capture is in training.
     """
     config = settings.config
     plan = tensor_parallel_plan(state, config.parallel)                                   # 1. TP, SP

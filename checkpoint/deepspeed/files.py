@@ -1,26 +1,22 @@
 """A DeepSpeed checkpoint's folders and files: which one `--load` names, and each .pt file read safely.
 
-DeepSpeed's engine (deepspeed/runtime/engine.py, save_checkpoint) writes into a save directory a tag folder,
-`global_stepN` by default, and a file `latest` holding that tag; Megatron-DeepSpeed adds its own tracker file
-`latest_checkpointed_iteration.txt` (megatron/checkpointing.py) but loads through DeepSpeed, which reads `latest`.
-In the tag folder: per model-parallel rank `mp_rank_00_model_states.pt` (ZeRO 1 and 2; under ZeRO 3 one
-`zero_pp_rank_{dp}_mp_rank_00_model_states.pt` per data-parallel rank), and per data-parallel rank
-`zero_pp_rank_{dp}_mp_rank_00_optim_states.pt` (`bf16_zero_pp_rank_...` under bf16 without ZeRO). ds_to_universal
-(deepspeed/checkpoint/ds_to_universal.py) writes a universal checkpoint: a folder with the model states files copied
-and `zero/<parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt`, and `latest_universal` naming it; DeepSpeed loads
-it instead of `latest` under `"checkpoint": {"load_universal": true}` (Megatron-DeepSpeed's --universal-checkpoint).
+DeepSpeed's engine (runtime/engine.py save_checkpoint) writes into a save directory a tag folder, `global_stepN` by
+default, and a file `latest` holding that tag; Megatron-DeepSpeed adds its tracker file
+`latest_checkpointed_iteration.txt` but loads through DeepSpeed, which reads `latest`. In the tag folder: per
+model-parallel rank `mp_rank_00_model_states.pt` (ZeRO 1 and 2; under ZeRO 3 one per data-parallel rank,
+`zero_pp_rank_{dp}_mp_rank_00_model_states.pt`), and per data-parallel rank `zero_pp_rank_{dp}_mp_rank_00_optim_
+states.pt` (`bf16_zero_pp_rank_...` under bf16 without ZeRO). ds_to_universal writes a universal checkpoint: the
+model states files copied and `zero/<parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt`, named by
+`latest_universal`, which DeepSpeed loads under `"checkpoint": {"load_universal": true}` (Megatron-DeepSpeed's
+--universal-checkpoint). Told from ours: our `latest` names `iter_NNNNNNN` holding metadata.json, DeepSpeed's a folder
+holding `*_model_states.pt` files (with `zero/`, a universal one).
 
-Told apart from ours: our `latest` names `iter_NNNNNNN` holding metadata.json, DeepSpeed's names a folder holding
-`*_model_states.pt` files. A folder named directly is DeepSpeed's when it holds those files (with `zero/`, a
-universal one).
-
-The .pt files are pickles. They are read with torch's weights-only unpickler, which rebuilds tensors and plain
-containers and refuses every other global, plus only the globals these files hold, each named below, so a file
-carrying code is refused rather than run. DeepSpeed's and Megatron's own classes are not imported (neither is a
-dependency here): an inert stand-in of the same name receives each object's fields. Every file is first checked
-against the CRC-32 of each record that torch's zip format stores (torch.load does not check it), so a flipped
-byte is found before it is loaded; a truncated file has no zip directory.
-"""
+The .pt files are pickles, read with torch's weights-only unpickler, which rebuilds tensors and plain containers
+and refuses every other global but the ones these files hold, each named below, so a file carrying code is refused
+rather than run; DeepSpeed's and Megatron's own classes are not imported: an inert stand-in of the same name
+receives each object's fields. Every file is first checked against the CRC-32 of each record torch's zip format
+stores (torch.load does not check it), so a flipped byte is found before the load; a truncated file has no zip
+directory."""
 
 from __future__ import annotations
 

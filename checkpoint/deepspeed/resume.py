@@ -1,28 +1,22 @@
 """A run that continues a DeepSpeed checkpoint: the checks before any work, the verification, the load.
 
-`--load` names a DeepSpeed save directory or tag folder (checkpoint/deepspeed/files.py); `--universal-checkpoint`
-(or the DeepSpeed JSON's "checkpoint": {"load_universal": true}) takes the folder `latest_universal` names. The checks
-are our own checkpoints' (checkpoint/start_decision.py, checkpoint/resume_model.py, arguments/schedule.py), fed from
-what the DeepSpeed run recorded:
-
-- Megatron-DeepSpeed's `args` (megatron/arguments.py's names) give the sample-defining settings (--seq-length,
-  --seed, --split: a resume with others is refused, as ours is, unless --override-data-on-resume; its --data-path is
-  compared as typed, in a note only: it records no content identity, and a path typed on another machine differs),
-  the global batch the consumed samples were counted in, and the blocks' settings (normalization, SwiGLU or which
-  GeLU, positions, biases, tied output, key/value heads, norm epsilon), refused on a difference as ours are. Its
-  GeLU is the tanh approximation unless --no-bias-gelu-fusion (megatron/model/transformer.py ParallelMLP:
-  `bias_gelu_impl`, megatron/model/fused_bias_gelu.py) or --openai-gelu's.
-- Its OptimizerParamScheduler state is the checkpoint's learning-rate schedule, compared with this run's by
-  Megatron's rule (--override-opt_param-scheduler, --use-checkpoint-opt_param-scheduler).
+`--load` names a DeepSpeed save directory or tag folder (checkpoint/deepspeed/files.py); `--universal-checkpoint` (or
+the JSON's "checkpoint": {"load_universal": true}) takes the folder `latest_universal` names. The checks are our own
+checkpoints' (checkpoint/start_decision.py, resume_model.py, arguments/schedule.py), fed from what the run recorded:
+- Megatron-DeepSpeed's `args` give the sample-defining settings (--seq-length, --seed, --split: others refused unless
+  --override-data-on-resume; its --data-path compared as typed, in a note only), the global batch the consumed
+  samples were counted in, and the blocks' settings (normalization, SwiGLU or which GeLU, positions, biases, tied
+  output, key/value heads, epsilon), refused on a difference. Its GeLU is the tanh approximation unless
+  --no-bias-gelu-fusion (transformer.py ParallelMLP `bias_gelu_impl`) or --openai-gelu's.
+- Its OptimizerParamScheduler state is the checkpoint's schedule, compared with this run's by Megatron's rule
+  (--override-opt_param-scheduler, --use-checkpoint-opt_param-scheduler).
 - A plain DeepSpeed script records none of these: said in one line, and this run's settings are used.
-- The torch optimizer's hyperparameters (betas, eps, weight decay), which DeepSpeed's own resume restores with the
-  state: this run's flags set them here, and a difference is said in one line.
-
-Every .pt file of the tag folder is verified before anything is loaded (checkpoint/deepspeed/files.py verify_pt:
-present, inside the checkpoint, every record's CRC-32; --no-verify-checkpoint reads only the zip directories), each
-rank a share, and the ranks agree. A --save directory that holds DeepSpeed's checkpoints is refused: our save would
-replace DeepSpeed's `latest` and Megatron-DeepSpeed's tracker file with pointers to our own iterations.
-"""
+- The torch optimizer's hyperparameters (betas, eps, weight decay), which DeepSpeed's resume restores with the state:
+  this run's flags set them here, a difference said in one line.
+Every .pt file of the tag folder is verified before anything is loaded (files.py verify_pt: present, inside the
+checkpoint, every record's CRC-32; --no-verify-checkpoint reads only the zip directories), each rank a share, the
+ranks agreeing. A --save directory holding DeepSpeed's checkpoints is refused: our save would replace DeepSpeed's
+`latest` and Megatron-DeepSpeed's tracker file with pointers to our own iterations."""
 
 from __future__ import annotations
 

@@ -1,33 +1,22 @@
 """--async-save: a checkpoint written while training goes on, committed once every rank's files are in.
 
-Megatron-LM's asynchronous save (megatron/training/checkpointing.py with async_utils.py and
-megatron/core/dist_checkpointing/strategies/async_utils.py) is the model: at a save each rank copies what it
-writes to host memory and hands it to a background writer; the loop checks at every iteration, in one small
-all-reduce over the ranks, whether every rank's writer is done (maybe_finalize_async_save), and only then the
-save is finalized: here that is the same `finish_save` a synchronous save ends with (checkpoint/ours/sharded.py), so
-metadata.json, the rename of `iter_N.partial`, Megatron's tracker file and `latest` come last, after every file
-of every rank. A save waits for the previous one to be committed first; the end of a run waits for the last
-(train_run), and an error lets it go (`abandon`): what was not committed is a `.partial` directory nothing
-reads, removed by the next save. A rank killed at any moment of the background write leaves the previous
-checkpoint as `latest`.
+Megatron-LM's asynchronous save (checkpointing.py with async_utils.py, dist_checkpointing/strategies/async_utils.py)
+is the model: each rank copies what it writes to host memory and hands it to a background writer; the loop checks at
+every iteration, in one small all-reduce, whether every rank's writer is done (maybe_finalize_async_save), and only
+then is the save finalized, here by the same `finish_save` a synchronous save ends with (checkpoint/ours/sharded.py):
+metadata.json, the rename of `iter_N.partial`, the tracker file and `latest` come after every file of every rank. A
+save waits for the previous one's commit; the end of a run waits for the last, and an error lets it go (`abandon`):
+what was not committed is a `.partial` directory nothing reads, removed by the next save.
 
-The writer is a thread, one per rank, for the whole run (Megatron-LM too saves in the background only with its
-persistent worker: `saves_in_background`). A thread rather than Megatron's process because the writes here do
-not hold the GIL: safetensors serializes and writes in Rust with the GIL released (measured: the training
-thread's longest pause while it wrote 400 MB was 14 ms), and fsync and xxHash release it too; so the training
-thread keeps running in Python while the file is written. A process would need the staged tensors in shared
-memory, a second interpreter importing torch, and a SIGKILLed rank would leave it writing into the save
-directory after a restart began; a thread dies with its rank. Megatron's priorities for its persistent worker
-are applied to the thread (Linux keeps a nice value and an I/O priority per thread): --async-ckpt-cpu-priority
-(a nice value, only ever raised) and --async-ckpt-io-priority (`ionice -c`).
-
-What a rank stages is a copy it owns: the model and expert files are copies already (the optimizer interface's
-model_state_dict), the optimizer partition's file holds views of the live partition (checkpoint/save_plan.py),
-copied into buffers kept for the next save (pinned when it is on CUDA); any tensor sharing memory with the live
-partition or a parameter is copied so. The writer thread then takes the staged files as the synchronous save
-does, through checkpoint/writer.py. The bytes are the rank's files' (the planner's `checkpoint_staging_bytes` bounds
-them): the model files' until they are written, the partition's copy for the rest of the run.
-"""
+The writer is a thread, one per rank, for the whole run (Megatron-LM saves in the background only with its persistent
+worker: `saves_in_background`). A thread, not Megatron's process, because the writes do not hold the GIL
+(safetensors writes in Rust with it released: the training thread's longest pause while 400 MB were written was 14
+ms; fsync and xxHash release it too), and a process would need shared memory, a second torch, and could outlive a
+SIGKILLed rank; a thread dies with its rank. Megatron's priorities for its worker apply to the thread:
+--async-ckpt-cpu-priority (a nice value, only raised) and --async-ckpt-io-priority (`ionice -c`). What a rank stages
+is a copy it owns: the model files are copies already, the optimizer partition's file (views of the live partition,
+checkpoint/save_plan.py) is copied into buffers kept for the next save (pinned on CUDA). The bytes are the rank's
+files' (the planner's `checkpoint_staging_bytes`): the model files' until written, the partition's copy for the run."""
 
 from __future__ import annotations
 

@@ -1,26 +1,21 @@
 """A torch.distributed.checkpoint (DCP) folder read a region at a time, in one process and without a process group.
 
-Megatron-Core's torch_dist format is DCP underneath (megatron/core/dist_checkpointing/strategies/torch.py): a
-`.metadata` file naming every tensor at its global shape and the chunks each saving rank wrote, `__R_I.distcp` files
-holding them, and byte objects (its ShardedObjects: RNG states, bucket sizes) beside. Reading goes through DCP's own
-load (`torch.distributed.checkpoint.load` with a planner that asks exactly the wanted region of each tensor:
-`create_read_items_for_chunk_list` picks the saved chunks overlapping it), never a reader of `.distcp` files of ours.
+Megatron-Core's torch_dist format is DCP underneath (dist_checkpointing/strategies/torch.py): a `.metadata` file
+naming every tensor at its global shape and the chunks each rank wrote, `__R_I.distcp` files holding them, and byte
+objects (its ShardedObjects: RNG states, bucket sizes) beside. Reading goes through DCP's own load
+(`torch.distributed.checkpoint.load` with a planner asking exactly the wanted region of each tensor:
+`create_read_items_for_chunk_list`), never a reader of `.distcp` files of ours.
 
-Every byte read is verified: each chunk and object DCP stored is a torch.save zip archive of its own, back to back in
-the `.distcp` files, and each record in it carries the CRC-32 of its bytes, which torch.load does not check. The
-reader checks it, as `zipfile` does (checkpoint/zip_records.py), for every stored item before DCP unpickles it, so a
-flipped bit is one line naming the file, the tensor and the bytes, never a number trained on; `verify` does the same
-for a share of every stored item before any work. A failure inside DCP (its CheckpointException derives from
-BaseException) is one line too (checkpoint/torch_dist/dcp_failures.py).
+Every byte read is verified: each stored item is a torch.save zip archive whose records carry a CRC-32 torch.load
+does not check; the reader checks it (checkpoint/zip_records.py) before DCP unpickles the item, so a flipped bit is
+one line naming the file, tensor and bytes; `verify` does the same for a share of every item before any work. A
+failure inside DCP (its CheckpointException derives from BaseException) is one line too (dcp_failures.py).
 
-Nothing read runs code: DCP stores each chunk as a `torch.save` it loads with weights_only=True; its `.metadata`
-is a plain pickle DCP loads with `pickle.load`, so here it is unpickled by a reader that accepts only DCP's own
-metadata classes, torch.Size and dtypes (any other global: the checkpoint is refused in one line); a byte object is
-loaded with torch.load(weights_only=True) and the few data-only types its caller names.
-
-DCP loads a whole saved chunk to hand out part of it: the chunks a load needs are kept in a small cache (bounded in
-bytes), so a rank reading its shard a box at a time loads each chunk once. `bytes_read` counts the chunk bytes read.
-"""
+Nothing read runs code: chunks load with weights_only=True; `.metadata`, a plain pickle DCP loads with
+`pickle.load`, is unpickled here by a reader that accepts only DCP's metadata classes, torch.Size and dtypes (any
+other global: refused in one line); a byte object loads weights-only with the few data types its caller names. DCP
+loads a whole chunk to hand out part of it, so the chunks a load needs are kept in a small cache bounded in bytes (a
+rank reading its shard a box at a time loads each chunk once); `bytes_read` counts the chunk bytes read."""
 
 from __future__ import annotations
 

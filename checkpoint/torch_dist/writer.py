@@ -1,28 +1,22 @@
 """`--ckpt-format torch_dist`: --save writes Megatron-LM's distributed checkpoint, which Megatron-LM `--load`s and
 continues, optimizer and learning-rate schedule included.
 
-The layout is what megatron/training/checkpointing.py's save_checkpoint writes through
-megatron.core.dist_checkpointing.save (core_v0.16.1): `iter_NNNNNNN/` holding the sharded tensors as a
-torch.distributed.checkpoint (DCP) save (written here by DCP's own writer: each rank plans the chunks it holds,
-rank 0 writes the index), `common.pt` (the state beside them: args, checkpoint_version 3.0, iteration, the
-optimizer's param groups and step, the scheduler, the content metadata) and `metadata.json`; the tracker file
-`latest_checkpointed_iteration.txt` names it last. The tensors are Megatron-Core's, by its keys, at its global shapes
-(checkpoint/torch_dist/names.py): the model weights, and the optimizer's states in the layout the Megatron run that
-loads it builds from the same flags: without --use-distributed-optimizer (ZeRO stage 0 here) its plain
-optimizer's (`optimizer.state.exp_avg.<key>`, `...exp_avg_sq.<key>`, `...fp32_param.<key>` in bf16), with it the
-distributed optimizer's fully_reshardable layout (`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), which it loads
-at any TP x PP x DP. Each rank writes the global regions of its own ZeRO partition (a tensor whole on every TP rank
-by TP rank 0 only), so nothing per rank grows with the model: the save's working set is one copy of the rank's
-shard of each state, staged for DCP.
+The layout is what checkpointing.py's save_checkpoint writes through dist_checkpointing.save (core_v0.16.1):
+`iter_NNNNNNN/` holding the sharded tensors as a DCP save (DCP's own writer: each rank plans its chunks, rank 0 the
+index), `common.pt` (args, checkpoint_version 3.0, iteration, the optimizer's param groups and step, the scheduler,
+the content metadata) and `metadata.json`; the tracker file names it last. The tensors are Megatron-Core's, by its
+keys, at its global shapes (checkpoint/torch_dist/names.py): the weights, and the optimizer's states in the layout
+the loading Megatron run builds from the same flags: without --use-distributed-optimizer its plain optimizer's
+(`optimizer.state.exp_avg.<key>`, ..., `fp32_param`), with it the distributed optimizer's fully_reshardable layout
+(`optimizer.state.param|exp_avg|exp_avg_sq.<key>`), loadable at any TP x PP x DP. Each rank writes the global
+regions of its own ZeRO partition (a tensor whole on every TP rank by TP rank 0 only): the working set is one copy
+of the rank's shard of each state, staged for DCP.
 
-Not written, said once at the save: the random states (args.no_save_rng: this project's generators are not
-Megatron-Core's CUDA tracker states, so Megatron-LM starts its streams from --seed, as its load does at another
-layout). What is refused before any work (arguments/config.py): mixture-of-experts layers, multi-token prediction,
-multi-latent attention, optimizers other than Adam, fp16's loss scaler and --keep-last.
-
-Like every save here the directory appears whole or not at all: written as iter_NNNNNNN.partial and renamed, the
-tracker written last and atomically; a non-finite state is never committed.
-"""
+Not written, said once: the random states (args.no_save_rng: ours are not Megatron-Core's CUDA tracker states, so
+Megatron-LM starts its streams from --seed, as at another layout). Refused before any work (arguments/config.py):
+MoE layers, MTP, MLA, optimizers other than Adam, fp16's loss scaler and --keep-last. As every save here the
+directory appears whole or not at all (iter_NNNNNNN.partial renamed, the tracker written last and atomically), and
+a non-finite state is never committed."""
 
 from __future__ import annotations
 
