@@ -9,7 +9,7 @@ and any bit flip inside the tensor data. The header checks here know what each k
 The hash is xxHash's XXH3-128 when the `xxhash` package is importable (it ships with `datasets`, a
 requirement), else SHA-256 from the standard library; each file's entry names its algorithm, so a
 checkpoint verifies wherever either is available. Measured on this repo's CI machine (2 cores): see
-docs/checkpoints.md, "What is guaranteed".
+docs/checkpoints.md, "Safety and integrity".
 
 Verification is spread over the ranks of a job (rank r checks files r, r + world, ...), so each file
 is read once however many ranks load it, and the ranks agree on the verdict before anyone proceeds.
