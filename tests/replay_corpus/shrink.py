@@ -1,62 +1,23 @@
 """The one shrink the replay corpus goes through: tiny sizes and local paths, every other flag and JSON key as written.
-
-What changes, and only this:
-
-- model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 (and what follows from them:
-  --ffn-hidden-size in the script's proportion to the hidden size, --moe-ffn-hidden-size and
-  --moe-shared-expert-intermediate-size too, rounded up to a multiple of the new tensor-parallel size, --kv-channels in its proportion to the
-  head dim (hidden / heads), rounded to an even number (whose --rotary-percent share is even too), --num-key-value-heads and Megatron-LM's --num-query-groups in its proportion
-  to the heads, rounded up to whole groups per tensor-parallel rank where the original had that), --seq-length
-  16 (--max-position-embeddings in the script's proportion to it; swiss-ai's --goldfish-h at most 16, the
-  window its goldfish loss hashes within a sample), --pad-vocab-size-to just above the local
-  tokenizer's vocabulary; with interleaved pipeline stages, one layer per model chunk, each stage keeping its
-  number of chunks (--num-layers then the stages x chunks, less the embedding and loss where Megatron's
-  --account-for-embedding/loss-in-pipeline-split count them as layers; --num-layers-per-virtual-pipeline-stage 1); an uneven
-  first or last stage (--decoder-first/last-pipeline-num-layers) one layer; a list --moe-layer-freq (one 0 or 1
-  per layer, its length --num-layers) written as runs ("[0]*3+[1]*58") or one per layer ("[0,1,1,1]") shrinks
-  with the layers, each run one layer and the last run the rest (the dense-first pattern stays; at least one
-  layer a run); a list of another form, or one beside a --pipeline-model-parallel-layout, keeps --num-layers as
-  written, its length; a Megatron-DeepSpeed --num-experts list with different
-  counts per MoE layer (PR-MoE's pyramid, "32 ... 32 64 64") becomes its first and last counts, on two MoE layers
-  (--num-layers twice --expert-interval), as that fork asserts one count per MoE layer;
- - parallel sizes the 2 ranks cannot hold (4 ranks, 2 stages of 2, where 2 stages of 1 would leave Megatron's DeepEP
-  flex dispatcher the TP x EP of 1 it asserts against: `ranks_for`): a pipeline size above 2 becomes 2 (Megatron's
-  even split of the 2 layers), then a context-parallel size (--context-parallel-size, --ds-sequence-parallel-size)
-  above what the stages leave of the 2 ranks becomes that (--hierarchical-context-parallel-sizes with it, each level
-  at most what the levels before it leave of the new size), then a tensor-parallel size above what is left becomes
-  that (1 where
-  --num-distributed-optimizer-instances needs data-parallel ranks to cut into instances; the instances then at
-  most the data-parallel size, and with experts on their own grid at most the expert data-parallel size), an expert tensor-parallel size is kept where it divides a stage's new ranks, else cut to their gcd, and an
-  expert-parallel size above what the stage's ranks leave beside the expert TP size (the TP size where none is
-  given, Megatron's default) becomes that; an interleaved schedule's micro-batch group as far above the stages as
-  it was;
-- batch sizes, the same way on both sides: every micro-batch number (the flags' --micro-batch-size or
-  --batch-size, the JSON's train_micro_batch_size_per_gpu, or the micro batch DeepSpeed derives from
-  train_batch_size / (gradient_accumulation_steps x data-parallel size)) goes through one map, 1 staying 1
-  and the others becoming 2, 3, ... in order; accumulation numbers (--gradient-accumulation-steps, the
-  accumulation a --global-batch-size implies, the JSON's gradient_accumulation_steps or the one it implies)
-  through another such map (rounded up to a multiple of the stages under Megatron's interleaved schedule,
-  which asserts it); each global batch is then micro x accumulation x the new data-parallel size.
-  Numbers that agreed in the original still agree and numbers that disagreed still disagree: a
-  contradiction between a script and its JSON is kept, for the code under test to resolve as the real
-  pair would. A --rampup-batch-size starts at one micro batch per rank and grows by the same step; a
-  --step-batch-size-schedule keeps its thresholds, its batches becoming 1, 2, 3, ... times the new global batch;
-- lengths: --train-iters 3, and --train-samples / --train-tokens to what 3 iterations consume (the ramp
-  included); lr schedules in iterations, samples or tokens keep their share of the run (at least 1; 0 stays 0);
-  fractions (--lr-warmup-fraction, --warmup) stay;
-- intervals: --log-interval and the JSON's steps_per_print through one map (1 stays 1, the others become
-  2, 3, ... in order), --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0);
-- paths: data prefixes become the local corpus (blend weights stay), tokenizer files the local tokenizer it
-  was made with (GPT-2-format files; a SentencePiece type's --tokenizer-model its tokenizer.model),
-  save/load/TensorBoard/cache/codecarbon/trigger directories folders under `out_dir`, the JSON a file there,
-  BigScience's weighted-split-path files and ALCF's --data-file-list files there that name the local corpus
-  (the per-split --train/valid/test-data-path blends keep their weights, as --data-path's). A GPT2BPETokenizer that
-  the script let download GPT-2's files gets them as --vocab-file and --merge-file;
-- a launch that leaves --eval-iters to its default (100 batches) gets --eval-iters 1, as one giving it
-  does. These three are the only flags added.
-
-Anything else is kept token for token, including flags this repository does not know.
-"""
+- model sizes: --num-layers 2, --hidden-size 32, --num-attention-heads 2 and what follows in the script's proportions
+  (--ffn-hidden-size, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size rounded up to a multiple of the new
+  TP size; --kv-channels even, its --rotary-percent share even too; --num-key-value-heads / --num-query-groups whole
+  per TP rank), --seq-length 16 (positions in proportion; --goldfish-h at most 16), --pad-vocab-size-to just above the
+  local vocabulary; interleaved stages one layer a chunk, an uneven end stage one layer; a --moe-layer-freq list of runs
+  or per-layer entries shrinks with the layers (else --num-layers stays); a --num-experts pyramid its first and last;
+- parallel sizes the 2 ranks cannot hold (4 ranks where 2 stages of 1 would leave DeepEP the TP x EP of 1 it asserts
+  against: `ranks_for`): PP above 2 becomes 2, then CP, TP (1 where optimizer instances need DP ranks) and EP to what
+  the ranks leave, in that order; expert TP kept where it divides a stage's ranks, else their gcd;
+- batch sizes alike on both sides: every micro-batch number (flags or JSON, given or derived) through one map (1 stays
+  1, the others 2, 3, ... in order), accumulation numbers through another (a multiple of the stages under interleaving),
+  global batch = micro x accumulation x new DP, so agreements and contradictions between script and JSON survive; a
+  ramp starts at one micro batch per rank; a step schedule keeps its thresholds, its batches 1, 2, 3, ... x the global;
+- lengths: --train-iters 3 (--train-samples / --train-tokens what 3 iterations consume), schedules keep their share
+  (at least 1; 0 stays 0), fractions stay; intervals: --log-interval and steps_per_print through one map,
+  --save-interval and --eval-interval 1 or 2, --eval-iters 1 (0 stays 0; added where left to the default of 100);
+- paths: data prefixes the local corpus (weights stay), tokenizer files the local tokenizer's, save/load/TensorBoard/
+  cache directories folders under `out_dir`, the JSON and split-list files there; a GPT2BPETokenizer left to download
+  gets --vocab-file and --merge-file. Anything else is kept token for token, including flags this project does not know."""
 
 from __future__ import annotations
 
