@@ -16,6 +16,7 @@ import re
 import pytest
 import torch
 
+from tests.checkpoint.hf_random import fill_random
 from tests.distributed import free_port, run_distributed
 from tests.reliability_helpers import TINY
 from tests.training.test_expert_parallel_training import MOE
@@ -140,10 +141,7 @@ def moe_folder(path, family: str):
     else:
         model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**common, intermediate_size=80, moe_intermediate_size=48,
                                                    shared_expert_intermediate_size=40, num_experts=4))
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.2 + (1.0 if param.ndim == 1 else 0.0))
+    fill_random(model, seed=7, scale=0.2)
     model.save_pretrained(str(path))
     return path
 

@@ -24,6 +24,7 @@ from arguments.parser import parse_arguments
 from arguments.print_config import format_config
 from data.corpus import default_corpus_documents
 from data.tokenizer import load_tokenizer, train_tokenizer
+from tests.checkpoint.hf_random import fill_random
 from training.late_checks import LATE_CHECKS
 
 VOCAB = 320  # the embedded corpus's BPE is trained to fit it (the folder has no tokenizer)
@@ -33,10 +34,7 @@ RUN = ["--train-iters", "1", "--eval-iters", "0", "--micro-batch-size", "2", "--
 
 
 def random_weights(model: torch.nn.Module, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.2 + (1.0 if param.ndim == 1 else 0.0))
+    fill_random(model, seed, scale=0.2)
 
 
 def llama_folder(path: Path) -> Path:

@@ -27,6 +27,7 @@ from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from gpt.model import GPTModel
 from parallel.state import ParallelState
 from scripts import convert_to_hf
+from tests.checkpoint.hf_random import fill_random
 from tests.zero_harness import ZeroHarness
 
 CPU = ParallelState(device=torch.device("cpu"))
@@ -72,10 +73,7 @@ def random_llama_folder(path: Path, variant: str, vocab_size: int = VOCAB) -> Pa
                                num_attention_heads=4, max_position_embeddings=16, rms_norm_eps=1e-6,
                                bos_token_id=None, eos_token_id=None, pad_token_id=None, **VARIANTS[variant][1])
     model = LlamaForCausalLM(their_config)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.1 + (1.0 if param.ndim == 1 else 0.0))
+    fill_random(model, seed=3, scale=0.1)
     model.save_pretrained(str(path))
     return path
 

@@ -21,6 +21,7 @@ from base.errors import ConfigError
 from checkpoint.hf_source import initialize_from_hf
 from gpt.model import GPTModel
 from parallel.state import ParallelState
+from tests.checkpoint.hf_random import fill_random
 from tests.zero_harness import ZeroHarness
 
 CPU = ParallelState(device=torch.device("cpu"))
@@ -36,10 +37,7 @@ def mixtral_folder(path: Path, **overrides) -> Path:
                            rms_norm_eps=1e-6, num_local_experts=EXPERTS, num_experts_per_tok=TOPK,
                            bos_token_id=None, eos_token_id=None, pad_token_id=None, **overrides)
     model = MixtralForCausalLM(config)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.1 + (1.0 if param.ndim == 1 else 0.0))
+    fill_random(model, seed=3, scale=0.1)
     model.save_pretrained(str(path))
     return path
 
@@ -102,10 +100,7 @@ def test_a_mixtral_launch_with_init_from_hf_trains_and_its_first_loss_is_transfo
                            rms_norm_eps=1e-6, num_local_experts=EXPERTS, num_experts_per_tok=TOPK,
                            bos_token_id=None, eos_token_id=None, pad_token_id=None)
     model = MixtralForCausalLM(config)
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.2 + (1.0 if param.ndim == 1 else 0.0))
+    fill_random(model, seed=5, scale=0.2)
     folder = tmp_path / "hf"
     model.save_pretrained(str(folder))
     built = []
@@ -147,10 +142,7 @@ def qwen2_moe_folder(path: Path, **overrides) -> Path:
                     num_key_value_heads=2, max_position_embeddings=16, rms_norm_eps=1e-6, num_experts=EXPERTS,
                     num_experts_per_tok=TOPK, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**{**settings, **overrides}))
-    generator = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.1 + (1.0 if param.ndim == 1 else 0.0))
+    fill_random(model, seed=4, scale=0.1)
     model.save_pretrained(str(path))
     return path
 

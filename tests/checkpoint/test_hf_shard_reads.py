@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.checkpoint.hf_random import fill_random
 from tests.distributed import free_port, run_distributed
 
 VOCAB = 320
@@ -37,10 +38,7 @@ def llama_folder(path: Path) -> Path:
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-6, tie_word_embeddings=True,
         attention_bias=True, mlp_bias=True, bos_token_id=None, eos_token_id=None, pad_token_id=None))
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * 0.1 + (1.0 if param.ndim == 1 else 0.0))
+    fill_random(model, seed=3, scale=0.1)
     model.save_pretrained(str(path))
     return path
 

@@ -175,6 +175,23 @@ def check_gradients_are_tp1_slices(ours, reference, tokens, state: ParallelState
         torch.testing.assert_close(param.grad, expected, rtol=1e-5, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
+def tp2_difference_from_tp1(rank, world_size, config_overrides: dict) -> float:
+    """On each of 2 TP ranks: the largest loss difference between the TP 2 model and the TP 1 model of the same seed,
+    after checking its gradients are its slices of the TP 1 model's (run_distributed(fn, 2, overrides))."""
+    state = initialize("cpu", tensor_parallel_size=2)
+    try:
+        config = tiny_config(**config_overrides)
+        reference = build_gpt_model(config, SINGLE, seed=11)
+        ours = build_gpt_model(config, state, seed=11)
+        tokens = tokens_for(config)
+        with torch.no_grad():
+            difference = (ours(tokens[:, :-1], tokens[:, 1:]) - reference(tokens[:, :-1], tokens[:, 1:])).abs().max()
+        check_gradients_are_tp1_slices(ours, reference, tokens, state)
+        return difference.item()
+    finally:
+        destroy(state)
+
+
 @pytest.mark.parametrize("name", [name for name, (_, sizes) in VARIANTS.items() if 1 in sizes])
 def test_logits_equal_transformers_llama_at_tp1(name):
     assert compare_with_transformers(name, SINGLE) <= TOLERANCE

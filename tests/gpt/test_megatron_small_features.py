@@ -33,9 +33,9 @@ from base.errors import ConfigError
 from gpt.model import build_gpt_model
 from gpt.rotary import apply_rotary, inverse_frequencies, rotary_angles
 from gpt.shape import model_shape
-from parallel.state import ParallelState, destroy, initialize, virtual_state
+from parallel.state import ParallelState, virtual_state
 from tests.distributed import run_distributed
-from tests.gpt.test_llama_blocks import check_gradients_are_tp1_slices, tiny_config, tokens_for
+from tests.gpt.test_llama_blocks import tiny_config, tokens_for, tp2_difference_from_tp1
 from tests.reliability_helpers import metrics_records, train
 from training.build import build
 from training.run_settings import resolve_run_settings
@@ -156,26 +156,14 @@ def test_attention_equals_megatron_cores_with_the_output_gate_and_interleaved_ro
                               expected)
 
 
-def _gated_tp2(rank, world_size):
-    state = initialize("cpu", tensor_parallel_size=2)
-    try:
-        config = tiny_config(num_query_groups=2, attention_output_gate=True, normalization="RMSNorm", swiglu=True,
-                             position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=True)
-        reference = build_gpt_model(config, SINGLE, seed=11)
-        ours = build_gpt_model(config, state, seed=11)
-        tokens = tokens_for(config)
-        with torch.no_grad():
-            difference = (ours(tokens[:, :-1], tokens[:, 1:]) - reference(tokens[:, :-1], tokens[:, 1:])).abs().max()
-        check_gradients_are_tp1_slices(ours, reference, tokens, state)
-        return difference.item()
-    finally:
-        destroy(state)
+GATED = dict(num_query_groups=2, attention_output_gate=True, normalization="RMSNorm", swiglu=True,
+             position_embedding_type="rope", add_bias_linear=False, add_qkv_bias=True)
 
 
 def test_output_gate_at_tp2_equals_tp1_and_each_rank_holds_its_heads_gates():
     """The gate rows are column-parallel with the rest of QKV (whole groups per rank): each TP 2 rank's
     losses equal the TP 1 model's and its gradients are its row slices of the TP 1 model's."""
-    assert all(difference <= 1e-6 for difference in run_distributed(_gated_tp2, 2, timeout=300))
+    assert all(difference <= 1e-6 for difference in run_distributed(tp2_difference_from_tp1, 2, GATED, timeout=300))
 
 
 def test_output_gate_adds_the_gate_projection_to_the_counted_parameters_and_flops():

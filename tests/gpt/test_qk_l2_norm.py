@@ -18,9 +18,9 @@ from arguments.parser import parse_config
 from base.errors import ConfigError
 from gpt.model import build_gpt_model
 from gpt.norms import L2HeadNorm
-from parallel.state import ParallelState, destroy, initialize
+from parallel.state import ParallelState
 from tests.distributed import run_distributed
-from tests.gpt.test_llama_blocks import check_gradients_are_tp1_slices, tiny_config, tokens_for
+from tests.gpt.test_llama_blocks import tiny_config, tokens_for, tp2_difference_from_tp1
 
 SINGLE = ParallelState(device=torch.device("cpu"))
 LLAMA = dict(normalization="RMSNorm", swiglu=True, position_embedding_type="rope", add_bias_linear=False)
@@ -64,23 +64,9 @@ def test_the_model_equals_one_with_rmsnorm_query_key_norms_at_unit_gains():
         torch.testing.assert_close(param.grad, theirs[name].grad, rtol=1e-6, atol=1e-7)
 
 
-def _tp2(rank, world_size):
-    state = initialize("cpu", tensor_parallel_size=2)
-    try:
-        config = tiny_config(num_query_groups=2, qk_l2_norm=True, **LLAMA)
-        reference = build_gpt_model(config, SINGLE, seed=11)
-        ours = build_gpt_model(config, state, seed=11)
-        tokens = tokens_for(config)
-        with torch.no_grad():
-            difference = (ours(tokens[:, :-1], tokens[:, 1:]) - reference(tokens[:, :-1], tokens[:, 1:])).abs().max()
-        check_gradients_are_tp1_slices(ours, reference, tokens, state)
-        return difference.item()
-    finally:
-        destroy(state)
-
-
 def test_at_tp2_each_rank_normalizes_its_own_heads_and_equals_tp1():
-    assert all(difference <= 1e-6 for difference in run_distributed(_tp2, 2, timeout=300))
+    overrides = dict(num_query_groups=2, qk_l2_norm=True, **LLAMA)
+    assert all(difference <= 1e-6 for difference in run_distributed(tp2_difference_from_tp1, 2, overrides, timeout=300))
 
 
 def test_the_flag_sets_the_setting_and_is_refused_where_megatron_has_no_such_norm():
