@@ -330,7 +330,7 @@ class FolderValue:
 
 
 # The block settings of issue 63 as the families read before it have them: none of those blocks. (Not
-# --apply-layernorm-1p: it stores each norm's gain less one, which the import and export shift: checkpoint/hf.py.)
+# --apply-layernorm-1p: it stores each norm's gain less one, which the import and export shift: checkpoint/hf/folders.py.)
 PLAIN_BLOCKS = {"qk_l2_norm": False, "no_rope_freq": None, "qk_layernorm_over_projection": False, "window_size": None,
                 "window_attn_skip_freq": None, "sublayer_norms": "input", "gated_linear_unit": False,
                 "scale_embeddings_by_sqrt_hidden": False, "softmax_scale": None, "attn_logit_softcapping": None,

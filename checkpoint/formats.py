@@ -70,3 +70,13 @@ def writer_for(config) -> CheckpointFormat:
     holds the run (arguments/config.py megatron_format_unwritten says what it does not), else this project's."""
     torch_dist = config.checkpoint.ckpt_format == "torch_dist" and config.megatron_format_unwritten() is None
     return MEGATRON if torch_dist else ZERO_GPT
+
+
+# The weights a fresh run starts from instead of its initializer (--init-from-hf): a Hugging Face folder, read as a
+# GlobalStateSource each rank reads its own shard of; the package is imported only when a run asks for it.
+PRETRAINED_HANDLER = "checkpoint.hf.source"
+
+
+def initialize_from_pretrained(optimizer, model, folder, model_config, state) -> None:
+    """Fill the built model and its optimizer's master from the pretrained `folder` (--init-from-hf)."""
+    importlib.import_module(PRETRAINED_HANDLER).initialize_from_hf(optimizer, model, folder, model_config, state)

@@ -7,7 +7,7 @@ rows' logits into its softmax, and so does transformers' over a vocabulary of th
 loss is Megatron-LM's. The weights: the fp32 weights Megatron-Core saved (an fp32 run's model tensors, a 16-bit run's fp32
 master copies; its stacked layers, fused QKV and SwiGLU halves, at any TP x PP x EP), read whole by our names through
 checkpoint/torch_dist/source.py, then written under
-transformers' names (checkpoint/hf.py to_hf_state_dict).
+transformers' names (checkpoint/hf/folders.py to_hf_state_dict).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from checkpoint.hf import check_convertible, to_hf_state_dict
+from checkpoint.hf.folders import check_convertible, to_hf_state_dict
 from checkpoint.torch_dist.common import load_common, saved_args
 from checkpoint.torch_dist.resume import metadata_view
 from checkpoint.torch_dist.source import MegatronSource

@@ -1,4 +1,4 @@
-"""What torch's weights-only unpickler objected to, in a line: a Hugging Face `.bin` (checkpoint/hf.py) and a
+"""What torch's weights-only unpickler objected to, in a line: a Hugging Face `.bin` (checkpoint/hf/folders.py) and a
 DeepSpeed `.pt` (checkpoint/deepspeed/files.py) are both read with `torch.load(weights_only=True)`, and a file that
 holds more than tensors is refused with this reason."""
 

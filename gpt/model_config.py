@@ -162,7 +162,7 @@ class ModelConfig:
                    "--use-rope-scaling (Gemma 3's rope_local_base_freq); default: the other layers' rotary")
     rotary_seq_len_interpolation_factor: Optional[float] = option(
         None, help="rotary positions divided by this factor (Megatron-LM; transformers' linear rope scaling)")
-    # Not the math: which transformers class scripts/convert_to_hf.py writes (checkpoint/hf_dense.py), where the
+    # Not the math: which transformers class scripts/convert_to_hf.py writes (checkpoint/hf/dense.py), where the
     # blocks fit several (a Phi-3 and a Mistral are the same blocks); --init-from-hf sets the folder's
     hf_model_type: Optional[str] = option(
         None, help="the transformers family the Hugging Face export writes this model as (config.json's "

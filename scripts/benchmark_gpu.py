@@ -43,7 +43,7 @@ if str(REPO_ROOT) not in sys.path:
 from arguments.config import ModelConfig, OptimizerConfig  # noqa: E402
 from arguments.parser import resolve_preset  # noqa: E402
 from base.errors import OneLineArgumentParser, run_tool  # noqa: E402
-from checkpoint.hf import hf_config  # noqa: E402
+from checkpoint.hf.folders import hf_config  # noqa: E402
 from gpt.model import GPTModel  # noqa: E402
 from parallel.state import ParallelState, resolve_device  # noqa: E402
 from training.metrics import device_peak_tflops, flops_per_iteration, parameter_count  # noqa: E402

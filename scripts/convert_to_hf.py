@@ -33,7 +33,7 @@ import torch  # noqa: E402  (the imports below need the path above)
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from checkpoint.format import read_metadata  # noqa: E402
 from checkpoint.formats import MEGATRON, format_of  # noqa: E402
-from checkpoint.hf import check_output_folder, checkpoint_to_hf_state, class_of, write_hf_folder  # noqa: E402
+from checkpoint.hf.folders import check_output_folder, checkpoint_to_hf_state, class_of, write_hf_folder  # noqa: E402
 from checkpoint.inside import inside  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from arguments.batch_schedule import BatchSchedule
 from arguments.config import PretrainConfig, sample_order, sample_order_kept_note
+from checkpoint.formats import initialize_from_pretrained
 from checkpoint.global_load import ResumePoint
 from checkpoint.run_saves import CheckpointSaves
 from checkpoint.run_start import RunStart, claim_run_start
@@ -141,10 +142,8 @@ def load_weights(config: PretrainConfig, state: ParallelState, built: Built, cla
     fresh start."""
     checkpoint = config.checkpoint
     if checkpoint.init_from_hf and claimed.resume_from is None:
-        from checkpoint.hf_source import initialize_from_hf  # transformers is only imported when it is needed
-
         log(f"> initializing from the Hugging Face model in {checkpoint.init_from_hf}")
-        initialize_from_hf(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
+        initialize_from_pretrained(built.zero.optimizer, built.model, checkpoint.init_from_hf, config.model, state)
     if claimed.resume_from is None:
         return ResumePoint(0, 0, None)
     start = claimed.load(built, state, config.model, load_optimizer=checkpoint.load_optim,

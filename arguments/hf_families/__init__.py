@@ -1,13 +1,13 @@
 """The Hugging Face families beyond GPT-2, Llama, Mixtral, Qwen2-MoE and Apertus (arguments/hf_config.py,
-arguments/hf_folder.py, checkpoint/hf_llama.py hold those), one module each, in two tables:
+arguments/hf_folder.py, checkpoint/hf/llama.py hold those), one module each, in two tables:
 
 - FAMILIES, model_type -> DenseFamily (arguments/hf_families/dense.py): the dense families (Qwen2/2.5, Qwen3,
   Mistral, Gemma 2/3, OLMo 2, Phi-3): its config.json field table (type, meaning, transformers' default), the
-  settings a folder gives, the config.json the export writes, and its weights' names (checkpoint/hf_dense.py maps
+  settings a folder gives, the config.json the export writes, and its weights' names (checkpoint/hf/dense.py maps
   them); the export tries them in this order where --hf-model-type does not name one.
 - FAMILY_READERS, model_type -> FamilyReader (arguments/hf_settings.py): the MoE families (Qwen3-MoE, DeepSeek-V3,
   GPT-OSS, OLMoE, GLM-4.5): the field table, the rules between fields, the settings it gives; each family's weights
-  are mapped in checkpoint/hf_families/, registered the same way.
+  are mapped in checkpoint/hf/families/, registered the same way.
 
 arguments/hf_config.py and arguments/hf_folder.py look a family up in both before their own.
 """

@@ -14,7 +14,7 @@ configuration_deepseek_v3.py and modeling_deepseek_v3.py), as Megatron-Core's fl
 The released file's own keys that only its remote code read (topk_method, scoring_func, moe_layer_freq, ep_size,
 aux_loss_alpha, seq_aux) are checked where they would change the math; a quantization_config (the released weights
 are fp8 blocks) changes no shape and no math of the dequantized model: it is named at the start
-(arguments/hf_families/quantized_release.py) and its weights are refused where read (checkpoint/hf_families/layout.py).
+(arguments/hf_families/quantized_release.py) and its weights are refused where read (checkpoint/hf/families/layout.py).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def saving_mode_line(checkpoint: CheckpointConfig, writer_note: str = "", device
                                                                checkpoint.async_ckpt_io_priority)
                    else "; Megatron-LM's nice 10 and idle I/O class for its writer apply on CUDA (or with "
                         "--async-ckpt-cpu-priority, --async-ckpt-io-priority): on a CPU the training is the CPU's work"))
-    if checkpoint.ours.async_save:
+    if checkpoint.async_save:
         return ("> checkpoints: saved synchronously: --async-save without --use-persistent-ckpt-worker is turned off, "
                 "as Megatron-LM turns it off (validate_args: \"not supported without --use-persistent-ckpt-worker\"); "
                 "add --use-persistent-ckpt-worker to save in the background")

@@ -5,7 +5,7 @@ from each checkpoint in losses.json), read without DeepSpeed installed.
 - The fused query/key/value rows: Megatron-DeepSpeed's split after commit 676a482c (three blocks per TP rank,
   megatron/model/transformer.py ParallelAttention.forward, copied below as the reference) gives each head the rows
   our grouped split (gpt/model.py SelfAttention._query_key_value) gives it after the reorder; transformers' [q | k | v]
-  reorder equals checkpoint/hf.py's own.
+  reorder equals checkpoint/hf/folders.py's own.
 - Every layout reads the same tensors: ZeRO 1 and 2 of one run bitwise, ZeRO 3 and its universal form (DeepSpeed's
   own consolidation, ds_to_universal) bitwise, ZeRO 3 against ZeRO 1 to DeepSpeed's rounding (1e-6 relative), the
   GPT-2 run's ZeRO 2 and universal forms bitwise, GPTModelPipe's ZeRO 1 and universal forms as GPTModel's ZeRO 1
@@ -83,7 +83,7 @@ def test_megatron_deepspeeds_query_key_value_blocks_give_each_head_the_rows_our_
 
 
 def test_transformers_qkv_reorder_is_the_hugging_face_exports_own():
-    from checkpoint.hf import _qkv_hf_to_ours
+    from checkpoint.hf.folders import _qkv_hf_to_ours
 
     rows = torch.arange(4 * 3 * 5)
     assert torch.equal(rows[qkv_rows_from_blocks(4, 4, 5)], _qkv_hf_to_ours(rows, 4))

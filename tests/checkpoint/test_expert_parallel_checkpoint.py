@@ -105,24 +105,24 @@ def test_each_expert_parallel_rank_writes_only_its_own_experts_and_each_element_
 
 def record_reads(rank, world_size, argv_by_launch, ports):
     """launch_rank, with the expert tensors this rank reads from the Hugging Face folder recorded, per launch (the
-    folder is read by offset: checkpoint/hf_source.py)."""
-    import checkpoint.hf_source
+    folder is read by offset: checkpoint/hf/source.py)."""
+    import checkpoint.hf.source
 
     reads: list[set[str]] = []
-    real = checkpoint.hf_source.read_rows
+    real = checkpoint.hf.source.read_rows
 
     def recording(stored, *where):
         if ".experts." in stored.name:
             reads[-1].add(stored.name)
         return real(stored, *where)
 
-    checkpoint.hf_source.read_rows = recording
+    checkpoint.hf.source.read_rows = recording
     try:
         for argv, port in zip(argv_by_launch, ports):
             reads.append(set())
             launch_rank(rank, world_size, [argv], [port])
     finally:
-        checkpoint.hf_source.read_rows = real
+        checkpoint.hf.source.read_rows = real
     return reads
 
 

@@ -17,9 +17,12 @@ from tests.readme import ROOT
 FIXTURES = ROOT / "tests" / "fixtures"
 # each format's package (checkpoint/ours/, torch_dist/, deepspeed/): training/ reaches them only through the registry
 # (checkpoint/formats.py, run_start.py, run_saves.py)
-FORMAT_PACKAGES = tuple(sorted({fmt.handler.rpartition(".")[0] for fmt in FORMATS}))
+# every format's package, the pretrained weights' (a Hugging Face folder, --init-from-hf) included
+FORMAT_PACKAGES = tuple(sorted({fmt.handler.rpartition(".")[0] for fmt in FORMATS}
+                               | {formats.PRETRAINED_HANDLER.rpartition(".")[0]}))
 FORMAT_NAMES = {"is_megatron_checkpoint", "find_deepspeed_checkpoint", "TORCH_DIST", "MEGATRON", "DEEPSPEED",
-                "ZERO_GPT", "load_checkpoint", "load_megatron_checkpoint", "load_deepspeed_checkpoint"}
+                "ZERO_GPT", "load_checkpoint", "load_megatron_checkpoint", "load_deepspeed_checkpoint",
+                "initialize_from_hf", "load_hf_weights"}
 
 
 def test_each_real_checkpoint_is_told_by_the_registry():
@@ -34,11 +37,13 @@ def test_each_real_checkpoint_is_told_by_the_registry():
 
 
 def test_each_format_is_a_package_whose_resume_is_the_handler():
-    assert FORMAT_PACKAGES == ("checkpoint.deepspeed", "checkpoint.ours", "checkpoint.torch_dist")
+    assert FORMAT_PACKAGES == ("checkpoint.deepspeed", "checkpoint.hf", "checkpoint.ours", "checkpoint.torch_dist")
     for fmt in FORMATS:
         package, _, name = fmt.handler.rpartition(".")
         assert name == "resume" and (ROOT / package.replace(".", "/") / "__init__.py").is_file(), fmt.handler
         assert callable(fmt.module().check_start) and callable(fmt.module().load_resume), fmt.handler
+    pretrained = importlib.import_module(formats.PRETRAINED_HANDLER)  # the Hugging Face package's source
+    assert (ROOT / "checkpoint" / "hf" / "__init__.py").is_file() and callable(pretrained.initialize_from_hf)
 
 
 THEIRS = {  # a whole read-only format: its package, as a new one under checkpoint/ would be written

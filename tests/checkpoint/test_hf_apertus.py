@@ -20,8 +20,8 @@ import torch
 
 from arguments.config import PretrainConfig
 from base.errors import ConfigError
-from checkpoint.hf import check_convertible
-from checkpoint.hf_source import load_hf_weights
+from checkpoint.hf.folders import check_convertible
+from checkpoint.hf.source import load_hf_weights
 from checkpoint.ours.sharded import save_checkpoint
 from scripts import convert_to_hf
 from tests.checkpoint.test_hf_llama import CPU, TOLERANCE, VOCAB, build, our_logits, step
@@ -112,7 +112,7 @@ def test_an_apertus_folder_imports_trains_exports_and_resumes_exactly(tmp_path):
     imported logits equal transformers' (so its alpha_p/alpha_n reached our scalars); 3 steps, the export, and a
     resume that takes the same next steps bit for bit."""
     from arguments.parser import parse_config
-    from checkpoint.hf_source import initialize_from_hf
+    from checkpoint.hf.source import initialize_from_hf
     from checkpoint.ours.sharded import load_checkpoint
 
     source = random_apertus_folder(tmp_path / "source")

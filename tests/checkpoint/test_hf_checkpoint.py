@@ -18,7 +18,7 @@ import torch
 from arguments.config import PretrainConfig
 from base.errors import ConfigError
 from checkpoint.format import iteration_dir_name
-from checkpoint.hf import (
+from checkpoint.hf.folders import (
     PICKLE_FILE,
     SAFETENSORS_FILE,
     check_hf_config,
@@ -27,7 +27,7 @@ from checkpoint.hf import (
     read_hf_folder,
     write_hf_folder,
 )
-from checkpoint.hf_source import initialize_from_hf, load_hf_weights
+from checkpoint.hf.source import initialize_from_hf, load_hf_weights
 from checkpoint.ours.sharded import save_checkpoint
 from data.tokenizer import train_tokenizer
 from gpt.model import GPTModel

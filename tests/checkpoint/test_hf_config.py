@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from base.errors import ConfigError
-from checkpoint.hf_source import load_hf_weights
+from checkpoint.hf.source import load_hf_weights
 from tests.checkpoint.test_hf_checkpoint import CPU, HF_VOCAB, pretrain_config, random_hf_folder
 from tests.checkpoint.test_hf_llama import llama_run_config, random_llama_folder
 from tests.reliability_helpers import TINY, train

@@ -1,4 +1,4 @@
-"""The dense families of issue 63 (arguments/hf_families/, checkpoint/hf_dense.py), each a tiny random folder made
+"""The dense families of issue 63 (arguments/hf_families/, checkpoint/hf/dense.py), each a tiny random folder made
 and saved by transformers (2 layers; where the family has a sliding window, one of 5 keys, shorter than the
 32-token sequence; weights drawn away from their initial values): `pretrain_gpt.py --init-from-hf DIR` with no
 shape flag trains it, iteration 1's logged loss is transformers' loss on that iteration's batch (<= 1e-5
@@ -122,7 +122,7 @@ def test_hf_model_type_names_the_class_and_a_model_it_cannot_hold_is_refused_in_
     """--hf-model-type (which --init-from-hf sets to the folder's model_type) picks the class where the blocks fit
     several (a Mistral's are a Phi-3's); where they do not fit it, the export says which flags they would need."""
     from base.errors import ConfigError
-    from checkpoint.hf import check_convertible, dense_family
+    from checkpoint.hf.folders import check_convertible, dense_family
     from gpt.model_config import ModelConfig
 
     mistral = ModelConfig(normalization="RMSNorm", swiglu=True, position_embedding_type="rope", add_bias_linear=False,
@@ -149,7 +149,7 @@ def test_a_multimodal_gemma3_folder_is_its_language_model(tmp_path):
     from arguments.hf_config import read_hf_config
     from arguments.hf_folder import architecture_settings
     from arguments.parser import parse_arguments
-    from checkpoint.hf_source import initialize_from_hf
+    from checkpoint.hf.source import initialize_from_hf
     from gpt.model import GPTModel
     from parallel.state import ParallelState
     from tests.zero_harness import ZeroHarness

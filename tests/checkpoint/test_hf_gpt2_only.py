@@ -11,7 +11,7 @@ import torch
 
 from arguments.config import ConfigError, ModelConfig
 from arguments.parser import parse_arguments
-from checkpoint.hf import check_gpt2_shaped, to_hf_state_dict
+from checkpoint.hf.folders import check_gpt2_shaped, to_hf_state_dict
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 from training.late_checks import LATE_CHECKS

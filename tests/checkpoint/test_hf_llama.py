@@ -2,7 +2,7 @@
 transformers -> --init-from-hf's import -> 3 iterations -> scripts/convert_to_hf.py -> loaded by transformers:
 its logits equal our model's (1e-5, fp32), and a resume from the saved checkpoint continues exactly.
 
-The layout claims checked here (checkpoint/hf_llama.py's docstring): transformers' LlamaForCausalLM and our
+The layout claims checked here (checkpoint/hf/llama.py's docstring): transformers' LlamaForCausalLM and our
 rotary both rotate halves (transformers/models/llama/modeling_llama.py rotate_half; Megatron-Core
 rope_utils._rotate_half without interleaving), so a folder saved by transformers needs no q/k permutation -
 transformers' own models/llama/convert_llama_weights_to_hf.py applies `permute` ("permute for sliced
@@ -21,8 +21,8 @@ import torch
 
 from arguments.config import PretrainConfig
 from base.errors import ConfigError
-from checkpoint.hf import check_convertible, read_hf_folder
-from checkpoint.hf_source import initialize_from_hf, load_hf_weights
+from checkpoint.hf.folders import check_convertible, read_hf_folder
+from checkpoint.hf.source import initialize_from_hf, load_hf_weights
 from checkpoint.ours.sharded import load_checkpoint, save_checkpoint
 from gpt.model import GPTModel
 from parallel.state import ParallelState
@@ -193,8 +193,8 @@ def test_only_models_a_gpt2_or_llama_folder_can_hold_are_converted():
         with pytest.raises(ConfigError, match="LlamaForCausalLM") as error:
             check_convertible(model, "--init-from-hf")
         assert needs in str(error.value) and "\n" not in str(error.value)
-    # without it, per-head q/k norms are a Qwen3ForCausalLM's (checkpoint/hf_dense.py)
-    from checkpoint.hf import dense_family
+    # without it, per-head q/k norms are a Qwen3ForCausalLM's (checkpoint/hf/dense.py)
+    from checkpoint.hf.folders import dense_family
 
     check_convertible(dataclasses.replace(qk_norm, hf_model_type=None), "--init-from-hf")
     assert dense_family(dataclasses.replace(qk_norm, hf_model_type=None)).architecture == "Qwen3ForCausalLM"

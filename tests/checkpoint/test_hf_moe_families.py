@@ -6,7 +6,7 @@ at iteration 2 (computed with the weights and the routers' expert biases after s
 
 transformers' modeling file of each family is the spec (Qwen3MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM,
 OlmoeForCausalLM, Glm4MoeForCausalLM); what each maps to is in arguments/hf_families/ (the settings) and
-checkpoint/hf_families/ (the weights)."""
+checkpoint/hf/families/ (the weights)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_quantized_weights_are_refused_and_the_mtp_layers_named(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from arguments.hf_config import read_hf_config
-    from checkpoint.hf import read_hf_model
+    from checkpoint.hf.folders import read_hf_model
 
     folder = family_folder("deepseek_v3", tmp_path / "hf")
     assert "num_nextn_predict_layers 1: DeepseekV3ForCausalLM has no multi-token prediction layers" in \

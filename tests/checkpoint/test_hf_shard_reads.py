@@ -1,4 +1,4 @@
-"""--init-from-hf reads each rank's shard only (checkpoint/hf_source.py).
+"""--init-from-hf reads each rank's shard only (checkpoint/hf/source.py).
 
 - Any region of any tensor of a GPT-2 (Conv1D transposes, per-head q/k/v), a Llama (GQA, tied, biases; also with
   --apply-layernorm-1p's gain shift), a Phi-3 (fused qkv_proj and gate_up_proj), a Mixtral and a Qwen2-MoE folder
@@ -47,7 +47,7 @@ def load_then_train(rank: int, world_size: int, argv: list[str], ports: list[int
     """This rank's (bytes read, shard bytes) from --init-from-hf's load as a run builds it, then the run itself."""
     import pretrain_gpt
     from arguments.parser import parse_config
-    from checkpoint.hf_source import initialize_from_hf
+    from checkpoint.hf.source import initialize_from_hf
     from parallel.state import destroy, initialize_grid
     from training.build import build
     from training.run_settings import resolve_run_settings
@@ -94,8 +94,8 @@ def folder_of(family: str, path: Path) -> Path:
 def test_a_region_reads_the_whole_folders_values_and_only_its_bytes(tmp_path, family):
     from arguments.parser import parse_config
     from checkpoint.global_state import MODEL_KEY
-    from checkpoint.hf import read_whole_folder
-    from checkpoint.hf_source import HFSource, open_hf_source
+    from checkpoint.hf.folders import read_whole_folder
+    from checkpoint.hf.source import HFSource, open_hf_source
     from parallel.state import ParallelState
     from training.run_settings import resolve_run_settings
 

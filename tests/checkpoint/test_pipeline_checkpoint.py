@@ -87,7 +87,7 @@ def _training_records(path) -> list[dict]:
 def test_save_at_pp2_resumes_at_pp1_and_pp4_and_exports_as_the_one_stage_checkpoint(tmp_path, corpus_cache):
     from base.errors import CheckpointError
     from checkpoint.format import read_metadata, resolve_checkpoint
-    from checkpoint.hf import checkpoint_to_hf_state
+    from checkpoint.hf.folders import checkpoint_to_hf_state
     from checkpoint.integrity import verify_or_raise
     from checkpoint.ours.source import consolidate
     from scripts.reshard_checkpoint import reshard

@@ -49,7 +49,7 @@ def test_a_tool_given_another_frameworks_checkpoint_says_so_in_one_line(tool, ki
 def test_an_export_killed_before_leaves_nothing_after_the_next(tmp_path):
     """The staging folder of an export whose process is gone (a SIGKILL) is removed by the next export on the
     host; one of a live process is not touched."""
-    from checkpoint.hf import read_hf_folder, write_hf_folder
+    from checkpoint.hf.folders import read_hf_folder, write_hf_folder
     from tests.checkpoint.test_hf_checkpoint import HF_VOCAB, pretrain_config, random_hf_folder
 
     _, hf_state = read_hf_folder(random_hf_folder(tmp_path / "source"))

@@ -71,7 +71,7 @@ def test_squared_relu_exports_as_transformers_relu2_gpt2():
     """transformers' GPT2MLP takes ACT2FN[activation_function]; "relu2" is ReLUSquaredActivation."""
     from transformers import GPT2LMHeadModel
 
-    from checkpoint.hf import hf_config, to_hf_state_dict
+    from checkpoint.hf.folders import hf_config, to_hf_state_dict
 
     config = tiny_config(activation="squared_relu", layernorm_epsilon=1e-5)
     ours = build_gpt_model(config, SINGLE, seed=5).eval()
@@ -202,7 +202,7 @@ def test_the_planners_dry_run_counts_the_gate_as_megatron_counts_it(capsys):
 
 
 def test_hf_export_refuses_the_gate_and_interleaved_rotary_in_one_line():
-    from checkpoint.hf import check_convertible
+    from checkpoint.hf.folders import check_convertible
 
     with pytest.raises(ConfigError, match="would need .*no --attention-output-gate"):
         check_convertible(tiny_config(attention_output_gate=True), "the Hugging Face export")

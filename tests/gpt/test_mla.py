@@ -175,7 +175,7 @@ def test_mla_refusals_rope_type_and_hf_export():
     # megatron/training/argument_utils.py: 'Common attention only support rope_type="rope"'
     with pytest.raises(ConfigError, match="--rope-type yarn is multi-latent attention's"):
         parse_config(["--rope-type", "yarn"])
-    from checkpoint.hf import check_convertible
+    from checkpoint.hf.folders import check_convertible
 
     with pytest.raises(ConfigError, match="no --multi-latent-attention"):
         check_convertible(mla_config(swiglu=True), "the Hugging Face export")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from arguments.config import ModelConfig
-from checkpoint.hf import from_hf_state_dict, hf_config, to_hf_state_dict
+from checkpoint.hf.folders import from_hf_state_dict, hf_config, to_hf_state_dict
 from gpt.model import build_gpt_model
 from parallel.state import ParallelState
 from training.metrics import flops_per_iteration, parameter_count

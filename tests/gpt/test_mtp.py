@@ -116,7 +116,7 @@ def test_mtp_flags_parse_and_what_is_not_built_is_refused():
                          "--position-embedding-type", "rope"]).model.mtp_num_layers == 1
     with pytest.raises(ConfigError, match="--mtp-detach-heads"):
         parse_config(["--mtp-num-layers", "1", "--mtp-detach-heads"])
-    from checkpoint.hf import check_convertible
+    from checkpoint.hf.folders import check_convertible
 
     with pytest.raises(ConfigError, match="--mtp-num-layers 1 is not implemented: transformers' GPT-2 and Llama"):
         check_convertible(tiny_config(mtp_num_layers=1), "the Hugging Face export")

@@ -70,7 +70,7 @@ def test_the_flag_parses_as_megatron_reads_it_and_is_refused_where_it_would_not_
                            ("--multi-latent-attention", dict(multi_latent_attention=True))):
         with pytest.raises(ConfigError, match=f"--no-rope-freq with {other} is not implemented"):
             tiny_config(no_rope_freq=2, **setting, **ROPE).validate()
-    from checkpoint.hf import check_convertible
+    from checkpoint.hf.folders import check_convertible
 
     with pytest.raises(ConfigError, match="no --no-rope-freq"):
         check_convertible(tiny_config(no_rope_freq=2, **ROPE), "the Hugging Face export")

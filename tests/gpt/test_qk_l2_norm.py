@@ -79,7 +79,7 @@ def test_the_flag_sets_the_setting_and_is_refused_where_megatron_has_no_such_nor
 
 def test_the_hugging_face_export_refuses_it():
     """No LlamaForCausalLM (nor any family exported here) normalizes queries and keys without a gain."""
-    from checkpoint.hf import check_convertible
+    from checkpoint.hf.folders import check_convertible
 
     with pytest.raises(ConfigError, match="no --qk-l2-norm"):
         check_convertible(tiny_config(qk_l2_norm=True, **LLAMA), "the Hugging Face export")

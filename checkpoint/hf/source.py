@@ -4,17 +4,17 @@ checkpoint/global_load.py's `load_from_source`, as every other format, and a ran
 A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and
 data_offsets) and the raw row-major data, so any rows of a tensor, or a column range of each row, are read by
 byte offset. The source presents each of our parameters at its global shape, in the folder's dtype. Where our
-rows come from is found once, without reading a weight: the family's own conversion (checkpoint/hf.py's
-`from_hf_state_dict`, checkpoint/hf_llama.py's `from_llama_state_dict`, checkpoint/hf_dense.py's `from_hf`) is
+rows come from is found once, without reading a weight: the family's own conversion (checkpoint/hf/folders.py's
+`from_hf_state_dict`, checkpoint/hf/llama.py's `from_llama_state_dict`, checkpoint/hf/dense.py's `from_hf`) is
 run on stand-ins that hold, per row, (which folder tensor, which row) ids; it only concatenates, splits, reorders
 and transposes rows (fused q/k/v by group or by head, [gate; up], GPT-2's Conv1D transposes), so its output's ids
 name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own, zeros as built.
 The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
 
-Families whose conversion is more than moving rows (the MoE families of checkpoint/hf_families/ with their stacked,
+Families whose conversion is more than moving rows (the MoE families of checkpoint/hf/families/ with their stacked,
 interleaved or quantized experts, a Mixtral or Qwen2-MoE file with fused experts, Apertus's xIELU constants checked
 by value) and pickle folders (no offsets) are read as before, the whole folder but for other ranks' experts
-(checkpoint/hf.py's `read_whole_folder`), and served from memory: the load path is the same.
+(checkpoint/hf/folders.py's `read_whole_folder`), and served from memory: the load path is the same.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ from torch import nn
 from arguments.config import ModelConfig
 from arguments.hf_config import CONFIG_FILE, read_hf_config, read_json_object, registered_family
 from base.errors import CheckpointError, ConfigError
-from checkpoint import hf, hf_dense, hf_llama
 from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
-from checkpoint.hf_families import FAMILY_WEIGHTS
-from checkpoint.hf_families.layout import EXPERT_BIAS
+from checkpoint.hf import dense as hf_dense
+from checkpoint.hf import folders as hf
+from checkpoint.hf import llama as hf_llama
+from checkpoint.hf.families import FAMILY_WEIGHTS
+from checkpoint.hf.families.layout import EXPERT_BIAS
 from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -279,7 +281,7 @@ class WholeFolderSource:
 def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                    held_experts: Optional[set[tuple[int, int]]] = None):
     """The folder as a source for `model_config` at this run's TP size, after its config and tensor shapes are
-    checked (ConfigError naming every misfit); `held_experts` as checkpoint/hf.py's `read_whole_folder`."""
+    checked (ConfigError naming every misfit); `held_experts` as checkpoint/hf/folders.py's `read_whole_folder`."""
     hf.refuse_mtp(model_config, "--init-from-hf")
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
@@ -291,8 +293,8 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         stored.update(tensors)
         header_bytes += size
     llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
-    # GPT-2 is every model_type the others do not claim (checkpoint/hf.py's check_hf_config refuses the rest); a
-    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory (checkpoint/hf_llama.py's canonical_names)
+    # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest); a
+    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory (checkpoint/hf/llama.py's canonical_names)
     by_offset = files is not None and config.family not in FAMILY_WEIGHTS and \
         (family is not None or config.family in llama or config.family not in hf_llama.LLAMA_FAMILIES) and \
         not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)

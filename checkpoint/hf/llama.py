@@ -1,5 +1,5 @@
 """Weight mapping between a Llama-shaped `GPTModel` (issue 37's blocks) and transformers' `LlamaForCausalLM`,
-and the config.json that describes it; checkpoint/hf.py reads and writes the folders and picks GPT-2 or
+and the config.json that describes it; checkpoint/hf/folders.py reads and writes the folders and picks GPT-2 or
 Llama by the model config (export) or by config.json's model_type (import).
 
 Layout, besides the names:
@@ -47,7 +47,7 @@ BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 def beyond_llama(config: ModelConfig) -> dict[str, bool]:
     """Issue 63's blocks, which no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM
     holds ({the flag it would need: whether the model has the block}); arguments/hf_families/ has the classes that
-    do (checkpoint/hf_dense.py)."""
+    do (checkpoint/hf/dense.py)."""
     architecture = config.architecture
     return {"no --window-size": config.has_windows(),
             "no --qk-layernorm-over-projection": architecture.qk_layernorm_over_projection,

@@ -3,7 +3,7 @@ attention names with every bias, self_attn.sinks (our attention.softmax_offset),
 layer's experts fused as GptOssExperts holds and saves them: gate_up_proj [experts, hidden, 2 x ffn] used as
 x @ W, its columns interleaved (gate = [..., ::2], up = [..., 1::2]: GptOssExperts._apply_gate), gate_up_proj_bias
 [experts, 2 x ffn] interleaved the same way, down_proj [experts, ffn, hidden] and down_proj_bias [experts, hidden].
-The canonical names (checkpoint/hf_families/layout.py) hold one expert each (mlp.experts.<e>.gate_up_proj ...), so
+The canonical names (checkpoint/hf/families/layout.py) hold one expert each (mlp.experts.<e>.gate_up_proj ...), so
 expert parallelism keeps a rank's own; `pack` stacks them back into the file's tensors."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 
 from arguments.config import ModelConfig
 from base.errors import ConfigError
-from checkpoint.hf_families.common_config import common_fields
-from checkpoint.hf_families.layout import (
+from checkpoint.hf.families.common_config import common_fields
+from checkpoint.hf.families.layout import (
     FamilyWeights,
     attention_names,
     canonical_names,

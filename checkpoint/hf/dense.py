@@ -1,7 +1,7 @@
 """The weights of the dense families of arguments/hf_families/ (Qwen2/2.5, Qwen3, Mistral, Gemma 2, Gemma 3, OLMo 2,
 Phi-3) between our GPTModel and their transformers classes, and which family the export writes a model as.
 
-Every one is Llama's layout (checkpoint/hf_llama.py's module docstring: our fused QKV rows [group][its query heads,
+Every one is Llama's layout (checkpoint/hf/llama.py's module docstring: our fused QKV rows [group][its query heads,
 k, v][head_dim] against q_proj, k_proj, v_proj; SwiGLU's or GeGLU's gate and up as two weights; no rotary
 permutation) with the names its family's module lists for the rest (norms, q/k norms), and for Phi-3 q/k/v in one
 qkv_proj ([q; k; v] rows) and gate/up in one gate_up_proj ([gate; up] rows). Gemma's RMSNorm weights are stored
@@ -18,7 +18,7 @@ import torch
 from arguments.hf_families import FAMILIES
 from arguments.hf_families.dense import DenseFamily
 from base.errors import ConfigError
-from checkpoint.hf_llama import BUFFER_SUFFIXES, ends_from_hf, ends_to_hf, fused_qkv, split_qkv
+from checkpoint.hf.llama import BUFFER_SUFFIXES, ends_from_hf, ends_to_hf, fused_qkv, split_qkv
 from gpt.model_config import ModelConfig
 
 # A multimodal Gemma 3's language model (transformers >= 4.52 saves model.language_model.*, older
@@ -32,7 +32,7 @@ NOT_THE_LANGUAGE_MODEL = ("model.vision_tower.", "vision_tower.", "model.multi_m
 def export_family(model: ModelConfig, older_classes_hold: bool) -> Optional[DenseFamily]:
     """The family the export writes `model` as: --hf-model-type's (refused in one line naming what the model would
     need, where it does not fit), else None where GPT-2's or Llama's classes hold it (`older_classes_hold`:
-    checkpoint/hf.py) or --hf-model-type names one of theirs, else the first of FAMILIES that holds it."""
+    checkpoint/hf/folders.py) or --hf-model-type names one of theirs, else the first of FAMILIES that holds it."""
     wanted = "gemma3_text" if model.hf_model_type == "gemma3" else model.hf_model_type
     if wanted is not None and wanted in FAMILIES:
         family = FAMILIES[wanted]

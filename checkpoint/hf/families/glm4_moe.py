@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Optional
 
 from arguments.config import ModelConfig
-from checkpoint.hf_families.common_config import common_fields
-from checkpoint.hf_families.layout import (
+from checkpoint.hf.families.common_config import common_fields
+from checkpoint.hf.families.layout import (
     FamilyWeights,
     attention_names,
     by_layer_names,

@@ -1,10 +1,10 @@
-"""What the weight mappings of checkpoint/hf_families/ share: a family's entry in the registry (`FamilyWeights`), the
+"""What the weight mappings of checkpoint/hf/families/ share: a family's entry in the registry (`FamilyWeights`), the
 names a Llama-shaped layer's tensors have on both sides, the loop over layers both ways, the tensors' shapes read
 from our own meta model through the same mapping, and a folder's names made canonical (transformers 5 keeps the
 experts of one layer fused, [experts, ...], in memory and saves them per expert; the multi-token prediction layers
 DeepSeek-V3 and GLM-4.5 files hold after the decoder are dropped, as transformers drops them).
 
-Tensors under our names are the TP 1 layout (checkpoint/hf_llama.py's module docstring: the fused QKV rows group
+Tensors under our names are the TP 1 layout (checkpoint/hf/llama.py's module docstring: the fused QKV rows group
 by group); a router's expert bias (--moe-router-enable-expert-bias, not a parameter: checkpoint/router_state.py)
 travels as `blocks.<i>.mlp.router.expert_bias`, transformers' e_score_correction_bias.
 """
@@ -20,7 +20,7 @@ import torch
 from arguments.config import ModelConfig
 from arguments.hf_families.dense import flag_for
 from base.errors import ConfigError
-from checkpoint.hf_llama import ends_from_hf, ends_to_hf, fused_qkv, split_qkv
+from checkpoint.hf.llama import ends_from_hf, ends_to_hf, fused_qkv, split_qkv
 
 EXPERT_BIAS = "mlp.router.expert_bias"  # our name inside a block (checkpoint/router_state.py's SUFFIX)
 # Tensors of quantized releases (DeepSeek-V3's fp8 blocks: weight_scale_inv; GPT-OSS's MXFP4: *_blocks, *_scales)
@@ -29,7 +29,7 @@ QUANTIZED_SUFFIXES = ("_scale_inv", "_blocks", "_scales")
 
 @dataclass(frozen=True)
 class FamilyWeights:
-    """One family's weights (checkpoint/hf_families/<model_type>.py) as checkpoint/hf.py takes them:
+    """One family's weights (checkpoint/hf/families/<model_type>.py) as checkpoint/hf/folders.py takes them:
     `claims(config)`: whether a model exports as this family (the feature no other family has); `misfits(config)`: what
     keeps it from being one (flags, each a phrase); `hf_config(config, eod_id)`: transformers' config object;
     `to_hf(state, config)`: our whole state under the family's canonical names (one tensor per expert), and
@@ -105,7 +105,7 @@ def rope_parameters(config: ModelConfig) -> dict:
     """transformers' rope_parameters for our rotary settings (plain, Llama 3's scaling, or YaRN: transformers'
     _compute_yarn_parameters reads mscale and mscale_all_dim only together, else YaRN's default concentration,
     Megatron's at --mscale 1 --mscale-all-dim 0)."""
-    from checkpoint.hf_llama import rope_parameters as llama_rope
+    from checkpoint.hf.llama import rope_parameters as llama_rope
 
     if config.position_embedding_type == "yarn":
         parameters = {"rope_type": "yarn", "rope_theta": config.rotary_base, "factor": config.rotary_scaling_factor,
@@ -186,7 +186,7 @@ def from_hf_layers(hf_state: dict, config: ModelConfig, padded_vocab: int,
                    layer_names: Callable[[int], list[tuple[str, str]]], fused_qkv_names: bool = True
                    ) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf_layers`: padding rows of the vocabulary zero; a tensor `hf_state` lacks is left out (an
-    expert another expert-parallel rank holds, checkpoint/hf.py expert_filter)."""
+    expert another expert-parallel rank holds, checkpoint/hf/folders.py expert_filter)."""
     out = ends_from_hf(hf_state, config, padded_vocab)
     for i in range(config.num_layers):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."

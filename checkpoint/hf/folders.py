@@ -1,6 +1,6 @@
 """Weight mapping between `GPTModel` and transformers' `GPT2LMHeadModel`, and Hugging Face folders; a model
-with Llama's blocks maps to `LlamaForCausalLM` instead (checkpoint/hf_llama.py), the other dense families to
-theirs (checkpoint/hf_dense.py) and the MoE families to theirs (checkpoint/hf_families/), through the same folders.
+with Llama's blocks maps to `LlamaForCausalLM` instead (checkpoint/hf/llama.py), the other dense families to
+theirs (checkpoint/hf/dense.py) and the MoE families to theirs (checkpoint/hf/families/), through the same folders.
 
 Two differences in layout, besides the names: transformers' GPT-2 uses `Conv1D`, whose weight is a Linear's
 transpose ([in, out]); its fused QKV orders output features [q | k | v], each head by head, ours head by head,
@@ -12,7 +12,7 @@ and what `from_pretrained` reads with no code of ours:
 - `read_hf_folder` checks config.json with our own reader first (arguments/hf_config.py: one line naming a bad
   field), and reads weights with safetensors, or a `pytorch_model.bin` with torch's weights-only unpickler: a pickle
   from the internet that runs code is refused, never executed.
-- checkpoint/hf_source.py's `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's
+- checkpoint/hf/source.py's `initialize_from_hf` starts a run from such a folder (`--init-from-hf`) after its config's
   shape was compared with the run's flags (`check_hf_config`), each rank reading its own shard's regions.
 - `checkpoint_to_hf_state` turns a checkpoint's fp32 master weights into transformers' names (scripts/convert_to_hf.py)."""
 
@@ -34,10 +34,11 @@ from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json
 from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
 from base.output_locks import process_is_running
-from checkpoint import hf_dense, hf_llama
 from checkpoint.format import read_metadata, save_tensors
-from checkpoint.hf_families import FAMILY_WEIGHTS, family_of
-from checkpoint.hf_families.layout import canonical_names, tensor_shapes
+from checkpoint.hf import dense as hf_dense
+from checkpoint.hf import llama as hf_llama
+from checkpoint.hf.families import FAMILY_WEIGHTS, family_of
+from checkpoint.hf.families.layout import canonical_names, tensor_shapes
 from checkpoint.inside import folder_files, inside
 from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
@@ -60,16 +61,16 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
                 "--qk-layernorm": config.qk_layernorm,
-                # swiss-ai's xIELU: an Apertus MLP (checkpoint/hf_llama.py refuses it), never GPT-2's
+                # swiss-ai's xIELU: an Apertus MLP (checkpoint/hf/llama.py refuses it), never GPT-2's
                 "--xielu": config.activation == "xielu",
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
                 "--attention-output-gate": config.attention_output_gate,
                 # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
                 "--multi-latent-attention": config.multi_latent_attention,
-                # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf_llama.py), never a GPT2LMHeadModel
+                # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf/llama.py), never a GPT2LMHeadModel
                 f"--num-experts {_counts(config.num_experts)}": config.moe is not None,
-                # issue 63's blocks: their families' classes (checkpoint/hf_dense.py), never GPT-2's
+                # issue 63's blocks: their families' classes (checkpoint/hf/dense.py), never GPT-2's
                 **{need.removeprefix("no "): on for need, on in hf_llama.beyond_llama(config).items()}}
     return [flag for flag, differs in features.items() if differs]
 
@@ -80,7 +81,7 @@ def _counts(num_experts) -> str:
 
 
 def dense_family(config: ModelConfig):
-    """The family of arguments/hf_families/ the export writes `config` as (checkpoint/hf_dense.py), or None where
+    """The family of arguments/hf_families/ the export writes `config` as (checkpoint/hf/dense.py), or None where
     GPT2LMHeadModel or LlamaForCausalLM (Mixtral, Qwen2-MoE, Apertus) holds it."""
     return hf_dense.export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
 
@@ -99,7 +100,7 @@ def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
 
 
 def check_dense(config: ModelConfig, what: str) -> None:
-    """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through checkpoint/hf_llama.py)."""
+    """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through checkpoint/hf/llama.py)."""
     if config.moe is not None:
         raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {_counts(config.num_experts)}: "
                           f"experts come from a MixtralForCausalLM or Qwen2MoeForCausalLM folder")
@@ -120,7 +121,7 @@ def check_convertible(config: ModelConfig, what: str) -> None:
     multi-token prediction's layers (refuse_mtp)."""
     refuse_mtp(config, what)
     family = family_of(config)
-    if family is not None:  # an MoE family of checkpoint/hf_families/
+    if family is not None:  # an MoE family of checkpoint/hf/families/
         misfits = family.misfits(config)
         if misfits:
             raise ConfigError(f"{what} converts each model as the transformers class it is; as a "
@@ -207,7 +208,7 @@ def _from_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or
-    its family's (an MoE family's: checkpoint/hf_families/; a dense family's: checkpoint/hf_dense.py)."""
+    its family's (an MoE family's: checkpoint/hf/families/; a dense family's: checkpoint/hf/dense.py)."""
     moe_family = family_of(config)
     if moe_family is not None:
         check_convertible(config, "the Hugging Face export")
@@ -582,7 +583,7 @@ def check_tensors_fit(hf_state: dict[str, torch.Tensor], expected: dict[str, tup
 
 def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, state: ParallelState,
                       held_experts: Optional[set[tuple[int, int]]] = None) -> dict[str, torch.Tensor]:
-    """What checkpoint/hf_source.py cannot read by offset (its module docstring says which families), read whole
+    """What checkpoint/hf/source.py cannot read by offset (its module docstring says which families), read whole
     but for the experts not in `held_experts`, checked against `model_config` and under our names."""
     hf_dir = Path(hf_dir)
     keep = expert_filter(held_experts)

@@ -1,4 +1,4 @@
-"""The transformers config fields every Llama-shaped family's export writes the same way (checkpoint/hf_families/):
+"""The transformers config fields every Llama-shaped family's export writes the same way (checkpoint/hf/families/):
 sizes, norms, rotary positions, the output layer's tie, and our end-of-document id as BOS and EOS."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from arguments.config import ModelConfig
-from checkpoint.hf_families.layout import rope_parameters
+from checkpoint.hf.families.layout import rope_parameters
 
 
 def common_fields(config: ModelConfig, eod_token_id: Optional[int]) -> dict:
