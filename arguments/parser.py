@@ -290,7 +290,7 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
     same list (not run for --print-config, which reads no checkpoint)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    problems: list[str] = []
+    problems, argv = _invalid_choices(argv, option_table(parser))
     known, unknown = parser.parse_known_args(argv)
     if unknown:
         problems.append(unknown_flags_message(unknown, parser))
@@ -510,6 +510,34 @@ def one_error(problems: list[str]) -> str:
         return problems[0]
     return f"{len(problems)} problems: " + "; ".join(f"({number}) {problem}"
                                                        for number, problem in enumerate(problems, 1))
+
+
+def _invalid_choices(argv: list[str], table: OptionTable) -> tuple[list[str], list[str]]:
+    """Each value outside its flag's choices as a problem in argparse's words, and `argv` without that flag and value:
+    argparse would end the parse at the first one, before the launch's other problems are collected."""
+    problems, kept, index = [], [], 0
+    while index < len(argv):
+        token = argv[index]
+        option, _, attached = token.partition("=")
+        action = table.action_for(option) if token.startswith("--") else None
+        if action is None or action.choices is None or action.nargs is not None:
+            kept.append(token)
+            index += 1
+            continue
+        value = attached if attached or "=" in token else (argv[index + 1] if index + 1 < len(argv) else None)
+        width = 1 if attached or "=" in token else 2
+        try:
+            converted = action.type(value) if action.type is not None and value is not None else value
+        except (TypeError, ValueError):
+            converted = None  # argparse's own message names a value it cannot convert
+        if value is None or converted is None or converted in action.choices:
+            kept.append(token)
+            index += 1
+            continue
+        choices = ", ".join(repr(choice) for choice in action.choices)
+        problems.append(f"argument {'/'.join(action.option_strings)}: invalid choice: {value!r} (choose from {choices})")
+        index += width
+    return problems, kept
 
 
 def _without(argv: list[str], unknown: list[str]) -> list[str]:

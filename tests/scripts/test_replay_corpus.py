@@ -53,7 +53,15 @@ from tests.replay_corpus.shrink import (
 # Why each launch misses its target today, first error first ("then": what the next error would be once
 # the first is fixed, found by dropping the offending flags or keys by hand).
 _TENSORBOARD_LOGGING = "--tensorboard-queue-size, --log-{timers,batch-size,validation-ppl}-to-tensorboard"
-KNOWN_FAILING_TODAY: dict[str, str] = {}
+_PATCH_FLAG = ("its refusal now comes with the launch's other problems (an invalid choice no longer ends the parse), "
+               "and among them {flag}, {program}'s own flag, is an unrecognized argument: its flags are not harvested")
+KNOWN_FAILING_TODAY: dict[str, str] = {
+    **{f"ling-2.0-mini-pretrain-{length}": _PATCH_FLAG.format(flag="--bias-zero-mean-update",
+                                                             program="inclusionAI's Megatron-LM patch")
+       for length in ("4k", "8k", "32k")},
+    "opengptx-teuken-7b-part3": _PATCH_FLAG.format(flag="--t5-swiglu", program="OpenGPT-X's Megatron-LM fork"),
+    "zyphra-moe-1.3b-8e-megarun": _PATCH_FLAG.format(flag="--hf_autotokenizer_model", program="Zyphra's Megatron-LM fork"),
+}
 
 
 def _params(launches):
