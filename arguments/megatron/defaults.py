@@ -124,6 +124,7 @@ PRETRAINING_FORKS = ("llm-jp-megatron-lm-v4", "llm-jp-megatron-lm-nii-geniac", "
 # --batch-size, --warmup and --model-parallel-size as Megatron-DeepSpeed's does; a launch it fits no better than
 # Megatron-DeepSpeed's own file is Megatron-DeepSpeed's
 ALCF_FORK = "alcf-megatron-deepspeed"
+LOLA_FORK = "lola-megatron-deepspeed"  # dice-group/LOLA's Megatron-DeepSpeed fork, its own flags only (fork_flag_classes.py)
 PAI_MEGATRON_PATCH = "pai-megatron-patch"  # its own flags only (megatron_patch/arguments.py), all refused
 
 # Flags a generation parses only to refuse them: from Megatron-LM v2.6 on, and in Megatron-DeepSpeed and
@@ -131,7 +132,7 @@ PAI_MEGATRON_PATCH = "pai-megatron-patch"  # its own flags only (megatron_patch/
 # longer valid, use --micro-batch-size instead"), and the same of --warmup and --model-parallel-size. A launch
 # that types one ran where it is read (DeepSpeedExamples' forks), so it counts for none of these generations.
 REFUSING_GENERATIONS = ("megatron-lm", "megatron-lm-core_v0.15.0", "megatron-lm-23.04", "megatron-lm-v2.6",
-                        "megatron-deepspeed", "bigscience-megatron-deepspeed", *PRETRAINING_FORKS, ALCF_FORK)
+                        "megatron-deepspeed", "bigscience-megatron-deepspeed", *PRETRAINING_FORKS, ALCF_FORK, LOLA_FORK)
 REFUSED_WHERE_PARSED = {flag: REFUSING_GENERATIONS for flag in ("--batch-size", "--warmup", "--model-parallel-size")}
 # DeepSpeedExamples' forks, newest Megatron-LM first (their harvested files share one commit date): the v1.1.5
 # forks before the 2020 fork of an older Megatron-LM, so a tie goes to the newest code, as between Megatron-LM's.
@@ -153,7 +154,7 @@ def equally_fitting_generations(argv: Iterable[str], harvested_flags: dict, sour
              if not source["label"].startswith("deepspeed") and source["label"] not in DEFAULT_SOURCES]
     forks.sort(key=lambda label: (FORKS_NEWEST_FIRST.index(label) if label in FORKS_NEWEST_FIRST
                                   else len(FORKS_NEWEST_FIRST) if label in (*PRETRAINING_FORKS, PAI_MEGATRON_PATCH,
-                                                                            ALCF_FORK)
+                                                                            ALCF_FORK, LOLA_FORK)
                                   else -1))
     preference = [label for label in DEFAULT_SOURCES if any(s["label"] == label for s in sources)] + forks
     defined = {label: 0 for label in preference}

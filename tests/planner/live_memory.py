@@ -14,9 +14,10 @@ from tests.distributed import run_distributed
 def launch_rank(rank, world_size, argv):
     import pretrain_gpt
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert pretrain_gpt.main(argv) == 0
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = pretrain_gpt.main(argv)
+    assert status == 0, f"rank {rank}: exit {status}: {err.getvalue()[-2000:]}"  # the run's own line says why
     return out.getvalue()
 
 
