@@ -139,7 +139,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120) -> list:
                 _fail_on_dead_or_late(processes, outputs, dead_since, deadline, timeout)
                 continue
             if status == "error":
-                raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{payload}")
+                raise DistributedTestError(_failures(rank, payload, world_size, results, processes, outputs))
             outputs[rank] = payload
         for process in processes:
             process.join(timeout=max(1.0, deadline - time.monotonic()))
@@ -147,6 +147,27 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120) -> list:
         _stop(processes)
         results.close()
     return [outputs[rank] for rank in range(world_size)]
+
+
+def _failures(rank: int, payload: str, world_size: int, results, processes, outputs: dict,
+              grace_s: float = 5.0) -> str:
+    """The first failed rank's report and those of the ranks that fail within `grace_s` after it: a rank
+    that met a bad input every rank met is silent (rank 0 prints it, base/errors.py), so the first failure
+    to arrive may say nothing of why (CI once reported only rank 1's bare exit 2, 2026-11-26)."""
+    reports = {rank: payload}
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and len(reports) + len(outputs) < world_size:
+        try:
+            other, status, text = results.get(timeout=0.2)
+        except queue.Empty:
+            if all(process.exitcode is not None for process in processes):
+                break
+            continue
+        if status == "error":
+            reports[other] = text
+        else:
+            outputs[other] = text
+    return "\n".join(f"rank {failed} of {world_size} failed:\n{text}" for failed, text in sorted(reports.items()))
 
 
 def _fail_on_dead_or_late(processes, outputs: dict, dead_since: dict, deadline: float, timeout: float) -> None:
