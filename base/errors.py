@@ -30,6 +30,8 @@ SILENT_RANK_EXIT_DELAY_S = 3.0  # how long a rank that does not print a bad-inpu
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 EXIT_PEER_LOST = 3  # another rank died or hung (resilience/liveness.py); this one stopped too
 EXIT_INJECTED_FAULT = 1  # an uncaught exception's status, as Megatron-LM's injected one ends
+EXIT_AT_ONCE_WAIT_S = 30.0  # how long another thread waits for exit_at_once's os._exit before making it itself
+_EXITING_AT_ONCE = threading.Event()  # set by exit_at_once: the process is ending with a lost peer's status
 
 # Set by scripts/launch.py: each rank writes its exit status here, so the launcher can exit with the
 # job's own status instead of torchrun's generic 1.
@@ -112,7 +114,10 @@ def run_tool(program: str, action: Callable[[], object],
     else handles SIGINT) is one line and status 130. Anything else is a bug and keeps its traceback."""
     reporter: Optional[Reporter] = None
     try:
-        result = action()
+        try:
+            result = action()
+        finally:
+            _wait_for_exit_at_once()  # a watchdog thread ending the process has the last word (exit_at_once)
         status = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except KeyboardInterrupt:
         _report(f"{program}: interrupted (SIGINT); stopped without saving")
@@ -163,6 +168,7 @@ def exit_at_once(program: str, error: PeerLostError) -> None:
     consequence (a DataLoader worker resetting the connection multiprocessing's resource sharer was
     serving it, seen when a stopped rank was continued), so sys.excepthook and threading.excepthook,
     through which such threads print, are silenced first."""
+    _EXITING_AT_ONCE.set()
     sys.excepthook = threading.excepthook = _silent
     try:
         sys.stdout.flush()  # what the run printed so far comes before the line, as it would in run_tool
@@ -178,7 +184,19 @@ def _report(line: str) -> None:
 
 
 def _silent(*args) -> None:
-    """An exception hook that prints nothing (exit_at_once)."""
+    """An exception hook that prints nothing (exit_at_once) and leaves the end to it: an exception reaching the main
+    thread's hook would otherwise end the process first, with status 1."""
+    _wait_for_exit_at_once()
+
+
+def _wait_for_exit_at_once() -> None:
+    """Once a thread is in exit_at_once, no other may end the process before it: the main thread returning from, or
+    failing out of, its work meanwhile (its collective broken by the peers that gave up) would end it with another
+    status, or a second line (CI saw a continued rank exit with a status other than 3 after its one line). Its os._exit
+    comes within moments; the bound is for a thread stuck writing its line."""
+    if _EXITING_AT_ONCE.is_set():
+        time.sleep(EXIT_AT_ONCE_WAIT_S)
+        os._exit(EXIT_PEER_LOST)
 
 
 def _record_failure(line: str) -> None:

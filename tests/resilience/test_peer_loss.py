@@ -202,7 +202,7 @@ def test_a_stopped_peer_is_named_within_the_heartbeat_timeout(stopped_rank_run):
     run = stopped_rank_run
     assert run.still_stopped_when_the_survivor_exited
     line = the_one_line(run.tmp_path, run.survivor)
-    assert run.survivor_code == 3, line
+    assert run.survivor_code == 3, f"exit {run.survivor_code}: {line}"
     who = "rank 0 \\(it hosts the rendezvous store\\)" if run.stalled_rank == 0 else "rank 1"
     assert re.fullmatch(rf"pretrain_gpt\.py: error: {who} stopped answering \(died or hung\) during \w+ on the "
                         rf"(dp|tp|world) group at iteration {KILL_AT + 1}; this rank \({run.survivor}\) stops too",
@@ -591,7 +591,7 @@ def test_a_continued_rank_says_it_was_stopped_and_blames_nobody(stopped_rank_run
     its one line is about itself (it said "rank 0 ... stopped answering (died or hung)" before)."""
     run = stopped_rank_run
     line = the_one_line(run.tmp_path, run.stalled_rank)
-    assert run.continued_code == 3, line
+    assert run.continued_code == 3, f"exit {run.continued_code}: {line}"
     assert re.fullmatch(rf"pretrain_gpt\.py: error: this rank \({run.stalled_rank}\) did not run for \d+ s \(it was "
                         r"stopped, .*\) .*longer than --heartbeat-timeout-seconds: its peers have given up on it, so "
                         r"it stops too", line), line
