@@ -59,6 +59,7 @@ from arguments.megatron.defaults import (
     is_megatron_launch,
     megatron_default_argv,
     megatron_default_note,
+    null_tokenizer_note,
 )
 from arguments.megatron.flag_classes import is_deepspeed_moe_launch
 from arguments.megatron.flags import (
@@ -429,6 +430,9 @@ def parse_arguments(argv: Optional[Sequence[str]] = None,
         notes.append("> --fim-data: each sample's fill-in-the-middle draws come from a RandomState seeded with (--seed, "
                      "its index), so a resume or any --num-workers reads the same samples; Megatron-LM draws from one "
                      "stream per dataset in reading order, so which samples it permutes differs (docs/data.md)")
+    null_note = null_tokenizer_note(config.data.tokenizer_type, config.model.vocab_size, generation)
+    if null_note:
+        notes.append(null_note)
     if config.model.moe is not None and config.model.moe.use_residual:
         notes.append("> --mlp-type residual: the residual MoE's coefficient Linear(hidden, 2) is drawn "
                      "normal(--init-method-std) with a zero bias, as every weight here; DeepSpeed-MoE keeps torch's "

@@ -10,11 +10,11 @@ import pytest
 
 import pretrain_gpt
 from arguments.config import ConfigError
-from arguments.parser import parse_config
+from arguments.parser import parse_arguments, parse_config
 from checkpoint.format import read_metadata, resolve_checkpoint
 from data.corpus import default_corpus_documents
 from data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype
-from data.tokenizer import train_tokenizer
+from data.tokenizer import NullTokenizer, train_tokenizer
 from planner.launch import launch_vocab
 
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
@@ -61,6 +61,26 @@ def test_null_tokenizer_refuses_an_id_past_its_vocabulary(tmp_path, capsys):
                                      "--metrics-file", str(tmp_path / "m.jsonl")])
     assert code == 2
     assert f"outside the tokenizer's vocabulary [0, {NULL_VOCAB + 1})" in capsys.readouterr().err
+
+
+def test_a_null_tokenizer_launch_of_the_newest_generation_names_the_other_reading_of_vocab_size():
+    """Megatron-LM's NullTokenizer read --vocab-size N as N ids plus an end-of-document id N up to core_v0.17
+    (megatron/training/tokenizer/tokenizer.py _NullTokenizer, and megatron/core/tokenizers/.../null_tokenizer.py
+    @ core_v0.16.1), as data/tokenizer.py does; from core_v0.18.0 on (null_tokenizer.py @ d98e8a64: `self._eod_id =
+    vocab_size - 1`, vocab_size as given) as N ids, the last ending a document. A launch of that generation is
+    told so in one start-up line with the flag that gives that model here."""
+    argv = [*TINY, "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--data-path", "x"]
+    parsed = parse_arguments(argv)
+    assert parsed.megatron_generation == "megatron-lm"
+    line = next(note for note in parsed.notes if "NullTokenizer" in note)
+    assert "ids 0-999 and the end-of-document id 1000" in line and "from core_v0.18.0 on it reads 1000 ids" in line
+    assert line.endswith("pass --vocab-size 999")
+    offered = NullTokenizer(999)  # the line's remedy is the newer reading: 1000 ids, the last (999) ending a document
+    assert (offered.vocab_size, offered.eod_id) == (1000, 999)
+    # --legacy-tokenizer, which core_v0.18 removed, makes the launch core_v0.15.0's: read as here, no line
+    older = parse_arguments([*argv, "--legacy-tokenizer"])
+    assert older.megatron_generation == "megatron-lm-core_v0.15.0"
+    assert not [note for note in older.notes if "NullTokenizer --vocab-size" in note]
 
 
 @pytest.mark.parametrize("argv, words", [
