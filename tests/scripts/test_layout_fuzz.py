@@ -91,5 +91,7 @@ def test_a_handful_of_draws_train_as_one_rank(tmp_path):
 
 @pytest.mark.slow
 def test_more_draws_train_as_one_rank(tmp_path):
-    results = _fuzz(tmp_path, 78, 8)
+    """Seed 78's first 5 draws, at 2 and 4 ranks. Its draws 5-7 (4 and 8 ranks, each rank a fresh process) run by
+    hand, `--seed 78 --draws 8`; seed 77's draw 0 keeps an 8-rank launch in the suite."""
+    results = _fuzz(tmp_path, 78, 5)
     assert {result["verdict"] for result in results} <= {"bitwise", "equal"}, results
