@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from arguments.hf_fields import HFConfig
-from arguments.hf_settings import FolderValue
+from families.common.fields import HFConfig
+from families.common.reader import FolderValue
 
 # (hidden dropout's key, the embedding dropout's, the attention dropout's, transformers' defaults of the three)
 DROPOUT_KEYS = {"gpt2": ("resid_pdrop", "embd_pdrop", "attn_pdrop", (0.1, 0.1, 0.1)),

@@ -31,18 +31,19 @@ import torch
 
 from arguments.config import ModelConfig
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object, registered_family
-from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
 from base.output_locks import process_is_running
 from checkpoint.format import read_metadata, save_tensors
-from checkpoint.hf import dense as hf_dense
-from checkpoint.hf import llama as hf_llama
-from checkpoint.hf.families import FAMILY_WEIGHTS, family_of
-from checkpoint.hf.families.layout import canonical_names, tensor_shapes
+from checkpoint.hf.config_check import check_llama_hf_config
 from checkpoint.inside import folder_files, inside
 from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from checkpoint.unpickler import unpickler_reason
+from families.common import dense_weights as hf_dense
+from families.common import llama_shaped as hf_llama
+from families.common.layout import canonical_names, tensor_shapes
+from families.gpt2.config import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
+from families.registry import export_family, family_of, family_weights, llama_families
 from parallel.state import ParallelState
 
 # transformers' "relu2" is ReLUSquaredActivation (transformers/activations.py: square(relu(x))), which GPT2MLP
@@ -83,7 +84,7 @@ def _counts(num_experts) -> str:
 def dense_family(config: ModelConfig):
     """The family of arguments/hf_families/ the export writes `config` as (checkpoint/hf/dense.py), or None where
     GPT2LMHeadModel or LlamaForCausalLM (Mixtral, Qwen2-MoE, Apertus) holds it."""
-    return hf_dense.export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
+    return export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
 
 
 def is_llama_shaped(config: ModelConfig) -> bool:
@@ -401,15 +402,15 @@ def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool
     safetensors file is read tensor by tensor, so the others are never loaded)."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
-    if config.family in FAMILY_WEIGHTS:
-        unpack = FAMILY_WEIGHTS[config.family].unpack or canonical_names
+    if config.family in family_weights():
+        unpack = family_weights()[config.family].unpack or canonical_names
         state = unpack(_read_weights(hf_dir, keep), config.num_layers)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
     family = registered_family(config.family)
     if family is not None:
         state = hf_dense.canonical_names(_read_weights(hf_dir, keep), family)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
-    if config.family in hf_llama.LLAMA_FAMILIES:
+    if config.family in llama_families():
         state = hf_llama.canonical_names(_read_weights(hf_dir, keep), config.family)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
     return config, gpt2_lm_head_names(_read_weights(hf_dir))
@@ -590,16 +591,16 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
     config, hf_state = read_hf_model(hf_dir, keep)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
-    if config.family in FAMILY_WEIGHTS:
-        hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
-        moe_family = FAMILY_WEIGHTS[config.family]
+    if config.family in family_weights():
+        check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+        moe_family = family_weights()[config.family]
         shapes = tensor_shapes(moe_family, model_config)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
         return shifted_gains(moe_family.from_hf(hf_state, model_config, padded_vocab), model_config, None, -1)
     family = registered_family(config.family)
-    if family is not None or config.family in hf_llama.LLAMA_FAMILIES:
-        hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+    if family is not None or config.family in llama_families():
+        check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
         shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
             hf_llama.llama_tensor_shapes(model_config, config.family)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,

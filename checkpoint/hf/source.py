@@ -36,11 +36,12 @@ from arguments.hf_config import CONFIG_FILE, read_hf_config, read_json_object, r
 from base.errors import CheckpointError, ConfigError
 from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
-from checkpoint.hf import dense as hf_dense
 from checkpoint.hf import folders as hf
-from checkpoint.hf import llama as hf_llama
-from checkpoint.hf.families import FAMILY_WEIGHTS
-from checkpoint.hf.families.layout import EXPERT_BIAS
+from checkpoint.hf.config_check import check_llama_hf_config
+from families.common import dense_weights as hf_dense
+from families.common import llama_shaped as hf_llama
+from families.common.layout import EXPERT_BIAS
+from families.registry import family_weights, llama_families
 from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -295,8 +296,8 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
     llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
     # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest); a
     # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory (checkpoint/hf/llama.py's canonical_names)
-    by_offset = files is not None and config.family not in FAMILY_WEIGHTS and \
-        (family is not None or config.family in llama or config.family not in hf_llama.LLAMA_FAMILIES) and \
+    by_offset = files is not None and config.family not in family_weights() and \
+        (family is not None or config.family in llama or config.family not in llama_families()) and \
         not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)
     if not by_offset:
         return WholeFolderSource(hf_dir, hf.read_whole_folder(hf_dir, model_config, state, held_experts))
@@ -306,7 +307,7 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         # the canonical names are a name-only pass: it keeps the values it is given
         stored = hf_dense.canonical_names(stored, family) if family is not None else \
             hf_llama.canonical_names(stored, config.family)
-        hf_llama.check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
+        check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
         shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
             hf_llama.llama_tensor_shapes(model_config, config.family)
         embedding, tied = "model.embed_tokens.weight", not model_config.untie_embeddings_and_output_weights

@@ -11,9 +11,9 @@ import json
 import pytest
 
 from arguments.hf_config import read_hf_config
-from arguments.hf_families import FAMILIES
 from arguments.hf_folder import architecture_settings
 from base.errors import ConfigError
+from families.registry import FAMILIES
 
 SINGLE_MODEL_FAMILIES = sorted(name for name, family in FAMILIES.items() if family.section is None)
 
