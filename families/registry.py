@@ -69,6 +69,12 @@ def architectures() -> dict[str, tuple[str, ...]]:
             **{model_type: dense.architectures for model_type, dense in dense_families().items()}}
 
 
+def fallback_family() -> Family:
+    """The family a model no other family claims exports as: the last in claim order with a mapping of its own
+    (GPT-2)."""
+    return next(family for family in reversed(registered()) if family.export is not None)
+
+
 def family_of(config: ModelConfig) -> Optional[FamilyWeights]:
     """The MoE family a model exports as, or None (checkpoint/hf/folders.py's own order decides; a --xielu model is
     always an Apertus there)."""

@@ -2,6 +2,6 @@
 the export writes a model as GPT-2 where no other family claims it."""
 
 from families.common.family import Family
-from families.gpt2 import config
+from families.gpt2 import config, weights
 
-FAMILY = Family(claim_order=300, readers=(config.READER,))
+FAMILY = Family(claim_order=300, readers=(config.READER,), export=weights)
