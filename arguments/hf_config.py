@@ -5,7 +5,7 @@ transformers 5 checks a config with huggingface_hub's strict dataclasses: a wron
 traceback, and what it does not check (a negative size, `"rms_norm_eps": NaN`, any GPT-2 field, which
 we compare without handing the dict to transformers) reaches our comparisons or the model as nonsense.
 `read_hf_config` reads the file, picks the family by `model_type` (else by `architectures`), checks
-every field in the family's table below wherever the file has it, then the rules between fields that
+every field in the family's table (its folder of families/, from families/registry.py) wherever the file has it, then the rules between fields that
 transformers or our model need, and returns an `HFConfig`: the architecture in typed fields
 (transformers' default where a key is left out) and the file's object for transformers, its float
 fields as floats (transformers 5 refuses `"rms_norm_eps": 1`). Every refusal is one ConfigError line

@@ -29,7 +29,7 @@ def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[st
     logging.set_verbosity_error()
     import transformers
 
-    # a family of arguments/hf_families/'s own class (a multimodal Gemma 3's text_config is a Gemma3TextConfig), else
+    # a family of families/'s own class (a multimodal Gemma 3's text_config is a Gemma3TextConfig), else
     # the model_type's (MixtralConfig, DeepseekV3Config, ...); a file without model_type is a Llama's
     model_type = hf.get("model_type")
     dense = dense_families()

@@ -1,11 +1,6 @@
-"""Weight mapping between `GPTModel` and transformers' `GPT2LMHeadModel`, and Hugging Face folders; a model
-with Llama's blocks maps to `LlamaForCausalLM` instead (checkpoint/hf/llama.py), the other dense families to
-theirs (checkpoint/hf/dense.py) and the MoE families to theirs (checkpoint/hf/families/), through the same folders.
-
-Two differences in layout, besides the names: transformers' GPT-2 uses `Conv1D`, whose weight is a Linear's
-transpose ([in, out]); its fused QKV orders output features [q | k | v], each head by head, ours head by head,
-[head][q, k, v], so that a contiguous TP slice holds whole heads. Our vocabulary may be padded; transformers' is the
-tokenizer's exact size. A Hugging Face folder (config.json, model.safetensors, tokenizer files) is what people share
+"""Hugging Face folders in and out, and which family's mapping a model takes (families/registry.py): an MoE family's
+that claims it, a dense family's, the Llama-shaped one (families/common/llama_shaped.py), else GPT-2's
+(families/gpt2/weights.py). A Hugging Face folder (config.json, model.safetensors, tokenizer files) is what people share
 and what `from_pretrained` reads with no code of ours:
 - `write_hf_folder` builds one in a staging directory beside OUT_DIR and renames it into place, so a failed
   conversion never leaves a half-written folder that loads as a model.
@@ -56,7 +51,7 @@ name_table, from_hf_state_dict, gpt2_lm_head_names, hf_tensor_shapes, _qkv_hf_to
     GPT2.name_table, GPT2.from_hf_state_dict, GPT2.canonical_names, GPT2.tensor_shapes, GPT2.qkv_hf_to_ours
 
 def dense_family(config: ModelConfig):
-    """The family of arguments/hf_families/ the export writes `config` as (checkpoint/hf/dense.py), or None where
+    """The family of families/ the export writes `config` as (families/common/dense_weights.py), or None where
     GPT2LMHeadModel or LlamaForCausalLM (Mixtral, Qwen2-MoE, Apertus) holds it."""
     return export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
 
@@ -81,7 +76,7 @@ def check_convertible(config: ModelConfig, what: str) -> None:
     multi-token prediction's layers (refuse_mtp)."""
     refuse_mtp(config, what)
     family = family_of(config)
-    if family is not None:  # an MoE family of checkpoint/hf/families/
+    if family is not None:  # an MoE family of families/
         misfits = family.misfits(config)
         if misfits:
             raise ConfigError(f"{what} converts each model as the transformers class it is; as a "
@@ -100,7 +95,7 @@ def class_of(config: ModelConfig) -> str:
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or
-    its family's (an MoE family's: checkpoint/hf/families/; a dense family's: checkpoint/hf/dense.py)."""
+    its family's (an MoE family's: families/; a dense family's: families/common/dense_weights.py)."""
     moe_family = family_of(config)
     if moe_family is not None:
         check_convertible(config, "the Hugging Face export")

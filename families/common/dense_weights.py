@@ -1,8 +1,9 @@
-"""The weights of the dense families of arguments/hf_families/ (Qwen2/2.5, Qwen3, Mistral, Gemma 2, Gemma 3, OLMo 2,
-Phi-3) between our GPTModel and their transformers classes, and which family the export writes a model as.
+"""The weights of the dense families of families/ (Qwen2/2.5, Qwen3, Mistral, Gemma 2, Gemma 3, OLMo 2,
+Phi-3) between our GPTModel and their transformers classes (which family the export writes a model as:
+families/registry.py export_family).
 
-Every one is Llama's layout (checkpoint/hf/llama.py's module docstring: our fused QKV rows [group][its query heads,
-k, v][head_dim] against q_proj, k_proj, v_proj; SwiGLU's or GeGLU's gate and up as two weights; no rotary
+Every one is Llama's layout (families/common/llama_shaped.py's module docstring: our fused QKV rows [group][its
+query heads, k, v][head_dim] against q_proj, k_proj, v_proj; SwiGLU's or GeGLU's gate and up as two weights; no rotary
 permutation) with the names its family's module lists for the rest (norms, q/k norms), and for Phi-3 q/k/v in one
 qkv_proj ([q; k; v] rows) and gate/up in one gate_up_proj ([gate; up] rows). Gemma's RMSNorm weights are stored
 as the gain less one there and here (--apply-layernorm-1p), so they move as they are. A multimodal Gemma 3 folder's

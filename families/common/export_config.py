@@ -1,4 +1,4 @@
-"""The transformers config fields every Llama-shaped family's export writes the same way (checkpoint/hf/families/):
+"""The transformers config fields every MoE family's export writes the same way (families/<name>/weights.py):
 sizes, norms, rotary positions, the output layer's tie, and our end-of-document id as BOS and EOS."""
 
 from __future__ import annotations

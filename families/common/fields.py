@@ -1,6 +1,6 @@
-"""What every Hugging Face family's config.json reader builds on, below the readers (arguments/hf_config.py
-reads GPT-2's, Llama's, Mixtral's, Qwen2-MoE's and Apertus's; arguments/hf_families/ the other families, one
-module each; arguments/hf_folder.py their settings): the kinds of values a field may hold, a field's row (its
+"""What every Hugging Face family's config.json reader builds on, below the readers (each family's folder of
+families/ holds its table and rules; arguments/hf_config.py reads a folder by them, arguments/hf_folder.py takes
+their settings): the kinds of values a field may hold, a field's row (its
 kind, transformers' default, whether null is allowed), Llama's table (the base of the Llama-shaped families),
 the check of one field (one ConfigError line naming the file, the field, its value as written and what it must
 be), the typed result `HFConfig`, the rules a Llama-shaped family's fields share (head sizes, rotary
@@ -183,7 +183,7 @@ class HFConfig:
     qkv_bias: bool = False  # Qwen2's bias on q, k and v alone
     moe_layers: Optional[tuple] = None  # per layer, whether it is an MoE layer (None: every layer)
     # every field of the family's table as checked (transformers' default where left out): what a family of
-    # arguments/hf_families/ reads beyond the fields above
+    # families/ reads beyond the fields above
     values: dict = field(default_factory=dict, repr=False, compare=False)
     notes: tuple[str, ...] = ()  # said once at the start (what the folder holds that the run leaves out)
 

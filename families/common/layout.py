@@ -1,11 +1,11 @@
-"""What the weight mappings of checkpoint/hf/families/ share: a family's entry in the registry (`FamilyWeights`), the
+"""What the MoE families' weight mappings (families/<name>/weights.py) share: their record (`FamilyWeights`), the
 names a Llama-shaped layer's tensors have on both sides, the loop over layers both ways, the tensors' shapes read
 from our own meta model through the same mapping, and a folder's names made canonical (transformers 5 keeps the
 experts of one layer fused, [experts, ...], in memory and saves them per expert; the multi-token prediction layers
 DeepSeek-V3 and GLM-4.5 files hold after the decoder are dropped, as transformers drops them).
 
-Tensors under our names are the TP 1 layout (checkpoint/hf/llama.py's module docstring: the fused QKV rows group
-by group); a router's expert bias (--moe-router-enable-expert-bias, not a parameter: checkpoint/router_state.py)
+Tensors under our names are the TP 1 layout (families/common/llama_shaped.py's module docstring: the fused QKV rows
+group by group); a router's expert bias (--moe-router-enable-expert-bias, not a parameter: checkpoint/router_state.py)
 travels as `blocks.<i>.mlp.router.expert_bias`, transformers' e_score_correction_bias.
 """
 
@@ -29,7 +29,7 @@ QUANTIZED_SUFFIXES = ("_scale_inv", "_blocks", "_scales")
 
 @dataclass(frozen=True)
 class FamilyWeights:
-    """One family's weights (checkpoint/hf/families/<model_type>.py) as checkpoint/hf/folders.py takes them:
+    """One family's weights (families/<name>/weights.py) as checkpoint/hf/folders.py takes them:
     `claims(config)`: whether a model exports as this family (the feature no other family has); `misfits(config)`: what
     keeps it from being one (flags, each a phrase); `hf_config(config, eod_id)`: transformers' config object;
     `to_hf(state, config)`: our whole state under the family's canonical names (one tensor per expert), and

@@ -40,8 +40,8 @@ BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
 def beyond_llama(config: ModelConfig) -> dict[str, bool]:
     """Issue 63's blocks, which no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM
-    holds ({the flag it would need: whether the model has the block}); arguments/hf_families/ has the classes that
-    do (checkpoint/hf/dense.py)."""
+    holds ({the flag it would need: whether the model has the block}); families/ has the classes that
+    do (families/common/dense_weights.py)."""
     architecture = config.architecture
     return {"no --window-size": config.has_windows(),
             "no --qk-layernorm-over-projection": architecture.qk_layernorm_over_projection,

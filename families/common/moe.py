@@ -1,4 +1,4 @@
-"""What the MoE families of arguments/hf_families/ share: which layers hold experts (--moe-layer-freq's list), the
+"""What the MoE families of families/ share: which layers hold experts (--moe-layer-freq's list), the
 DeepSeek-style router (sigmoid scores, the correction bias, group-limited top-k, the scaling factor; DeepSeek-V3 and
 GLM-4.5) as Megatron-Core's flags, and the multi-token prediction layers a folder may hold that transformers drops.
 """

@@ -3,8 +3,8 @@ release stores its weights, not what the model computes. transformers trains suc
 (Mxfp4HfQuantizer.is_trainable is False and asks for Mxfp4Config(dequantize=True)), and a dequantized load drops
 the block (quantizers/base.py: `if self.pre_quantized and quantization_config.dequantize:
 remove_quantization_config(model)`), leaving the plain bf16 model of the same shapes. That model is the one
---init-from-hf builds; quantized weights themselves are refused where they are read (checkpoint/hf/families/
-layout.py canonical_names). So the block is accepted and named in one start-up line, not silently passed over."""
+--init-from-hf builds; quantized weights themselves are refused where they are read (families/common/layout.py
+canonical_names). So the block is accepted and named in one start-up line, not silently passed over."""
 
 from __future__ import annotations
 

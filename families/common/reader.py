@@ -1,6 +1,6 @@
-"""The settings every Llama-shaped family's folder gives (arguments/hf_folder.py's layer of settings): a setting's
-value with the config.json key it comes from, and a LlamaForCausalLM's settings, which the other Llama-shaped
-families (arguments/hf_families/) start from and change.
+"""How a family read by a reader of its own (GPT-2, the Llama-shaped and the MoE families of families/) is given
+(FamilyReader), and a LlamaForCausalLM's settings, which the other Llama-shaped families start from and change:
+each setting's value with the config.json key it comes from (arguments/hf_folder.py's layer of settings).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ LLAMA_ARCHITECTURE = "LlamaForCausalLM"
 
 @dataclass(frozen=True)
 class FamilyReader:
-    """A family of arguments/hf_families/, as the readers of config.json (arguments/hf_config.py) and of the folder's
+    """A family of families/ read by its own reader, as the readers of config.json (arguments/hf_config.py) and of the folder's
     settings (arguments/hf_folder.py) take it: its model_type, the `architectures` it is named by (the first is the
     class --init-from-hf reads it as and the export writes), its field table, `read` (the checked values, the file's
     object, its path and the object handed to transformers -> the typed HFConfig, the rules between fields applied)

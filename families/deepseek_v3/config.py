@@ -8,13 +8,13 @@ configuration_deepseek_v3.py and modeling_deepseek_v3.py), as Megatron-Core's fl
   of the rope dims (rope_interleave, which gpt/mla.py de-interleaves as Megatron's MLA does), YaRN (rope_type yarn:
   --rope-type yarn --rotary-scaling-factor --mscale --mscale-all-dim) or plain (--rope-type rope).
 - the first first_k_dense_replace layers' MLP is dense (intermediate_size), the rest are DeepseekV3MoE: the
-  DeepSeek router (arguments/hf_families/moe_common.py sigmoid_router_settings), n_routed_experts SwiGLU experts of
+  DeepSeek router (families/common/moe.py sigmoid_router_settings), n_routed_experts SwiGLU experts of
   moe_intermediate_size and an ungated shared expert of n_shared_experts x moe_intermediate_size.
 - num_nextn_predict_layers: transformers' model has no MTP layer and drops their weights (mtp_note).
 The released file's own keys that only its remote code read (topk_method, scoring_func, moe_layer_freq, ep_size,
 aux_loss_alpha, seq_aux) are checked where they would change the math; a quantization_config (the released weights
 are fp8 blocks) changes no shape and no math of the dequantized model: it is named at the start
-(arguments/hf_families/quantized_release.py) and its weights are refused where read (checkpoint/hf/families/layout.py).
+(families/common/quantized_release.py) and its weights are refused where read (families/common/layout.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DeepSeek-V3's weights (transformers' DeepseekV3ForCausalLM; arguments/hf_families/deepseek_v3.py reads its
+"""DeepSeek-V3's weights (transformers' DeepseekV3ForCausalLM; families/deepseek_v3/config.py reads its
 config.json): multi-latent attention's projections and latent norms under their names (gpt/mla.py lays out the
 heads as DeepseekV3Attention does: each query/key head [nope, rope], each kv_b_proj head [k_nope, v], the positional
 key after the latent in kv_a_proj_with_mqa), then mlp.gate with its e_score_correction_bias (our router's expert

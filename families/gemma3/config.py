@@ -24,7 +24,7 @@ from families.common.dense import (
     rotary_settings,
 )
 from families.common.fields import POSITIVE_INT, POSITIVE_NUMBER, Field, FolderValue, HFConfig, rope_object
-from families.gemma2.config import (
+from families.common.gemma import (
     GEMMA_BLOCKS,
     GEMMA_NORMS,
     gemma_fields,

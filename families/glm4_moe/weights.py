@@ -1,4 +1,4 @@
-"""GLM-4.5's weights (transformers' Glm4MoeForCausalLM; arguments/hf_families/glm4_moe.py reads its config.json):
+"""GLM-4.5's weights (transformers' Glm4MoeForCausalLM; families/glm4_moe/config.py reads its config.json):
 Llama's layer names with q, k and v biases (--add-qkv-bias; o_proj has none), self_attn.q_norm / k_norm under
 use_qk_norm, and DeepSeek-V3's MoE layer names (mlp.gate with e_score_correction_bias, mlp.experts.<e>,
 mlp.shared_experts); dense MLPs in the first layers."""

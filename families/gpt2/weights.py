@@ -34,16 +34,16 @@ def gpt2_misfits(config: ModelConfig) -> list[str]:
                 "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
                 "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
                 "--qk-layernorm": config.qk_layernorm,
-                # swiss-ai's xIELU: an Apertus MLP (checkpoint/hf/llama.py refuses it), never GPT-2's
+                # swiss-ai's xIELU: an Apertus MLP (families/common/llama_shaped.py refuses it), never GPT-2's
                 "--xielu": config.activation == "xielu",
                 f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
                 # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
                 "--attention-output-gate": config.attention_output_gate,
                 # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
                 "--multi-latent-attention": config.multi_latent_attention,
-                # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf/llama.py), never a GPT2LMHeadModel
+                # experts: a Mixtral or a Qwen2-MoE (families/common/llama_shaped.py), never a GPT2LMHeadModel
                 f"--num-experts {_counts(config.num_experts)}": config.moe is not None,
-                # issue 63's blocks: their families' classes (checkpoint/hf/dense.py), never GPT-2's
+                # issue 63's blocks: their families' classes (families/common/dense_weights.py), never GPT-2's
                 **{need.removeprefix("no "): on for need, on in beyond_llama(config).items()}}
     return [flag for flag, differs in features.items() if differs]
 
@@ -62,7 +62,7 @@ def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
 
 
 def check_dense(config: ModelConfig, what: str) -> None:
-    """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through checkpoint/hf/llama.py)."""
+    """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through families/common/llama_shaped.py)."""
     if config.moe is not None:
         raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {_counts(config.num_experts)}: "
                           f"experts come from a MixtralForCausalLM or Qwen2MoeForCausalLM folder")

@@ -12,7 +12,7 @@ modeling_gpt_oss.py), as Megatron-Core's flags (Megatron-Bridge's GPT-OSS provid
   (up + 1) -> down_proj, with biases: --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value swiglu_limit
   (gpt/glu.py; quick_gelu's 1.702 is swiglu_alpha).
 A quantization_config (the released experts' weights are MXFP4 blocks) changes no shape and no math of the dequantized
-model transformers trains: it is named at the start (arguments/hf_families/quantized_release.py) and its weights are
+model transformers trains: it is named at the start (families/common/quantized_release.py) and its weights are
 refused where read.
 """
 

@@ -1,9 +1,9 @@
-"""GPT-OSS's weights (transformers' GptOssForCausalLM; arguments/hf_families/gpt_oss.py reads its config.json): Llama's
+"""GPT-OSS's weights (transformers' GptOssForCausalLM; families/gpt_oss/config.py reads its config.json): Llama's
 attention names with every bias, self_attn.sinks (our attention.softmax_offset), mlp.router.{weight,bias}, and each
 layer's experts fused as GptOssExperts holds and saves them: gate_up_proj [experts, hidden, 2 x ffn] used as
 x @ W, its columns interleaved (gate = [..., ::2], up = [..., 1::2]: GptOssExperts._apply_gate), gate_up_proj_bias
 [experts, 2 x ffn] interleaved the same way, down_proj [experts, ffn, hidden] and down_proj_bias [experts, hidden].
-The canonical names (checkpoint/hf/families/layout.py) hold one expert each (mlp.experts.<e>.gate_up_proj ...), so
+The canonical names (families/common/layout.py) hold one expert each (mlp.experts.<e>.gate_up_proj ...), so
 expert parallelism keeps a rank's own; `pack` stacks them back into the file's tensors."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OLMoE's weights (transformers' OlmoeForCausalLM; arguments/hf_families/olmoe.py reads its config.json): Llama's layer
+"""OLMoE's weights (transformers' OlmoeForCausalLM; families/olmoe/config.py reads its config.json): Llama's layer
 names with self_attn.q_norm / k_norm over the whole projections (our attention.q_layernorm / k_layernorm under
 --qk-layernorm-over-projection), mlp.gate (the router) and mlp.experts.<e>.{gate,up,down}_proj in every layer."""
 

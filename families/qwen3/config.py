@@ -15,7 +15,7 @@ from families.common.dense import (
     fixed_settings,
 )
 from families.common.fields import BOOLEAN, Field, FolderValue, HFConfig
-from families.qwen2.config import SLIDING_FIELDS, qwen_window_settings, qwen_window_write
+from families.common.qwen_windows import SLIDING_FIELDS, qwen_window_settings, qwen_window_write
 from gpt.model_config import ModelConfig
 
 MODEL_TYPE = "qwen3"

@@ -1,4 +1,4 @@
-"""Qwen3-MoE's weights (transformers' Qwen3MoeForCausalLM; arguments/hf_families/qwen3_moe.py reads its config.json):
+"""Qwen3-MoE's weights (transformers' Qwen3MoeForCausalLM; families/qwen3_moe/config.py reads its config.json):
 Llama's layer names with self_attn.q_norm / k_norm (our attention.q_layernorm / k_layernorm, one gain per head
 width), and in an MoE layer mlp.gate (the router) and mlp.experts.<e>.{gate,up,down}_proj."""
 

@@ -1,4 +1,4 @@
-"""The dense families' config.json field tables (arguments/hf_families/): each default is transformers' own (the
+"""The dense families' config.json field tables (families/): each default is transformers' own (the
 config class's dataclass default, transformers 5), the windows and rotary each family derives are the layer_types
 and rope_parameters transformers derives from the same file, and a field that changes the math and is not built
 is refused in one line naming it."""

@@ -61,6 +61,16 @@ def test_no_module_outside_families_imports_a_family_folder():
     assert offenders == []
 
 
+def test_a_family_folder_imports_no_other_family():
+    """What two families share lives in families/common/, so a folder stands (and goes) alone."""
+    folders = family_folders()
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for folder in sorted(folders)
+                 for path in sorted((FAMILIES_DIR / folder).rglob("*.py")) for name in _imported(path)
+                 if name.split(".")[0] == "families" and len(name.split(".")) > 1
+                 and name.split(".")[1] in folders - {folder}]
+    assert offenders == []
+
+
 NEW = "tiny_qwen3"  # a copy of families/qwen3/ under another name and model_type
 
 
