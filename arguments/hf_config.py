@@ -4,12 +4,12 @@ transformers 5 checks a config with huggingface_hub's strict dataclasses: a wron
 (`"num_hidden_layers": "2"`, `"hidden_size": null`) ends in a StrictDataclassFieldValidationError
 traceback, and what it does not check (a negative size, `"rms_norm_eps": NaN`, any GPT-2 field, which
 we compare without handing the dict to transformers) reaches our comparisons or the model as nonsense.
-`read_hf_config` reads the file, picks the family by `model_type` (else by `architectures`), checks
-every field in the family's table (its folder of families/, from families/registry.py) wherever the file has it, then the rules between fields that
-transformers or our model need, and returns an `HFConfig`: the architecture in typed fields
-(transformers' default where a key is left out) and the file's object for transformers, its float
-fields as floats (transformers 5 refuses `"rms_norm_eps": 1`). Every refusal is one ConfigError line
-naming the file, the field, its value as written and what it must be.
+`read_hf_config` reads the file, picks the family by `model_type` (else by `architectures`), checks every field in
+the family's table (its folder of families/, from families/registry.py) wherever the file has it, then the rules
+between fields that transformers or our model need, and returns an `HFConfig`: the architecture in typed fields
+(transformers' default where a key is left out) and the file's object for transformers, its float fields as floats
+(transformers 5 refuses `"rms_norm_eps": 1`). Every refusal is one ConfigError line naming the file, the field, its
+value as written and what it must be.
 
 JSON as Python reads it: `true` is also an int in Python, but not a valid layer count; `2.0` is a float,
 not an integer (transformers refuses it too); NaN and Infinity parse, and are no size or epsilon.

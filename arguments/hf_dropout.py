@@ -2,8 +2,8 @@
 
 Dropout changes the math of every training step, so `--init-from-hf` takes it from config.json as it takes the
 architecture (arguments/hf_folder.py), and the export writes the run's values back (checkpoint/hf/folders.py,
-families/common/llama_shaped.py, the families' writers): a folder saying `attention_dropout: 0.0` (Llama, Qwen, DeepSeek-V3,
-most releases since 2024) trains at 0.0, where Megatron's defaults (0.1 each) stood before and were written back into
+families/common/llama_shaped.py, the families' writers): a folder saying `attention_dropout: 0.0` (Llama, Qwen,
+DeepSeek-V3, most releases since 2024) trains at 0.0, where Megatron's defaults (0.1 each) stood before and were written back into
 the exported config.json. Unlike the architecture, a dropout is a training choice: a flag typed on the command line
 (or in the DeepSpeed JSON) that differs wins, and one start-up line says it overrides the folder.
 

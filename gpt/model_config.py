@@ -162,8 +162,8 @@ class ModelConfig:
                    "--use-rope-scaling (Gemma 3's rope_local_base_freq); default: the other layers' rotary")
     rotary_seq_len_interpolation_factor: Optional[float] = option(
         None, help="rotary positions divided by this factor (Megatron-LM; transformers' linear rope scaling)")
-    # Not the math: which transformers class scripts/convert_to_hf.py writes (families/common/dense_weights.py), where the
-    # blocks fit several (a Phi-3 and a Mistral are the same blocks); --init-from-hf sets the folder's
+    # Not the math: which transformers class scripts/convert_to_hf.py writes (families/registry.py export_family),
+    # where the blocks fit several (a Phi-3 and a Mistral are the same blocks); --init-from-hf sets the folder's
     hf_model_type: Optional[str] = option(
         None, help="the transformers family the Hugging Face export writes this model as (config.json's "
                    "model_type: llama, qwen2, qwen3, mistral, gemma2, gemma3_text, olmo2, phi3, ...); default: "

@@ -51,7 +51,7 @@ name_table, from_hf_state_dict, gpt2_lm_head_names, hf_tensor_shapes, _qkv_hf_to
     GPT2.name_table, GPT2.from_hf_state_dict, GPT2.canonical_names, GPT2.tensor_shapes, GPT2.qkv_hf_to_ours
 
 def dense_family(config: ModelConfig):
-    """The family of families/ the export writes `config` as (families/common/dense_weights.py), or None where
+    """The dense family the export writes `config` as (families/registry.py export_family), or None where
     GPT2LMHeadModel or LlamaForCausalLM (Mixtral, Qwen2-MoE, Apertus) holds it."""
     return export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
 
@@ -95,7 +95,7 @@ def class_of(config: ModelConfig) -> str:
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or
-    its family's (an MoE family's: families/; a dense family's: families/common/dense_weights.py)."""
+    its family's (an MoE family's: families/<name>/weights.py; a dense family's: families/common/dense_weights.py)."""
     moe_family = family_of(config)
     if moe_family is not None:
         check_convertible(config, "the Hugging Face export")

@@ -2,14 +2,14 @@
 checkpoint/global_load.py's `load_from_source`, as every other format, and a rank reads only its shard's bytes.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and
-data_offsets) and the raw row-major data, so any rows of a tensor, or a column range of each row, are read by
-byte offset. The source presents each of our parameters at its global shape, in the folder's dtype. Where our
-rows come from is found once, without reading a weight: the family's own conversion (checkpoint/hf/folders.py's
-`from_hf_state_dict`, families/common/llama_shaped.py's `from_llama_state_dict`, families/common/dense_weights.py's `from_hf`) is
-run on stand-ins that hold, per row, (which folder tensor, which row) ids; it only concatenates, splits, reorders
-and transposes rows (fused q/k/v by group or by head, [gate; up], GPT-2's Conv1D transposes), so its output's ids
-name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own, zeros as built.
-The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
+data_offsets) and the raw row-major data, so any rows of a tensor, or a column range of each row, are read by byte
+offset. The source presents each of our parameters at its global shape, in the folder's dtype. Where our rows come
+from is found once, without reading a weight: the family's own conversion (families/gpt2/weights.py's
+`from_hf_state_dict`, families/common/llama_shaped.py's `from_llama_state_dict`, families/common/dense_weights.py's
+`from_hf`) is run on stand-ins that hold, per row, (which folder tensor, which row) ids; it only concatenates,
+splits, reorders and transposes rows (fused q/k/v by group or by head, [gate; up], GPT-2's Conv1D transposes), so
+its output's ids name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own,
+zeros as built. The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
 
 Families whose conversion is more than moving rows (the MoE families of families/ with their stacked,
 interleaved or quantized experts, a Mixtral or Qwen2-MoE file with fused experts, Apertus's xIELU constants checked
@@ -295,7 +295,8 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         header_bytes += size
     llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
     # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest); a
-    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory (families/common/llama_shaped.py's canonical_names)
+    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory
+    # (families/common/llama_shaped.py's canonical_names)
     by_offset = files is not None and config.family not in family_weights() and \
         (family is not None or config.family in llama or config.family not in llama_families()) and \
         not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)

@@ -2,11 +2,11 @@
 core (its fields, the settings it gives, the config.json keys it writes back), and the sliding windows and rotary
 scalings as transformers writes them.
 
-A family is Llama's core plus what its module says: the settings every folder of it has (`fixed`, e.g. Qwen2's
-q/k/v biases), the ones its config.json chooses (`read`), the keys the export writes (`write`), and its weights'
-names (`layer_names`, with Phi-3's fused `qkv_proj` and `gate_up_proj`), which families/common/dense_weights.py maps. The
-export takes the model to a family only where it fits: every `fixed` setting equal, and the family's own `needs`
-(a window pattern it can write, ...) met; else the one line names each flag it would need.
+A family is Llama's core plus what its module says: the settings every folder of it has (`fixed`, e.g. Qwen2's q/k/v
+biases), the ones its config.json chooses (`read`), the keys the export writes (`write`), and its weights' names
+(`layer_names`, with Phi-3's fused `qkv_proj` and `gate_up_proj`), which families/common/dense_weights.py maps. The
+export takes the model to a family only where it fits: every `fixed` setting equal, and the family's own `needs` (a
+window pattern it can write, ...) met; else the one line names each flag it would need.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ LLAMA_ARCHITECTURE = "LlamaForCausalLM"
 
 @dataclass(frozen=True)
 class FamilyReader:
-    """A family of families/ read by its own reader, as the readers of config.json (arguments/hf_config.py) and of the folder's
-    settings (arguments/hf_folder.py) take it: its model_type, the `architectures` it is named by (the first is the
+    """A family of families/ read by its own reader, as the readers of config.json (arguments/hf_config.py) and of
+    the folder's settings (arguments/hf_folder.py) take it: its model_type, the `architectures` it is named by (the first is the
     class --init-from-hf reads it as and the export writes), its field table, `read` (the checked values, the file's
     object, its path and the object handed to transformers -> the typed HFConfig, the rules between fields applied)
     and `settings` (the HFConfig -> the ModelConfig settings, each with its key; what is not built refused in one

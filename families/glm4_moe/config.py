@@ -3,8 +3,8 @@ modeling_glm4_moe.py), as Megatron-Core's flags: Llama's attention with a bias o
 attention_bias (--add-qkv-bias; o_proj has none), an RMSNorm over each query and key head under use_qk_norm
 (--qk-layernorm), rotary positions on each head's first partial_rotary_factor of dims in two halves (--rotary-percent;
 Glm4MoeConfig's default 0.5), an explicit head_dim (--kv-channels); the first first_k_dense_replace layers' MLP dense
-(intermediate_size), the rest Glm4MoeMoE: DeepSeek-V3's router (families/common/moe.py sigmoid_router_settings), SwiGLU experts
-of moe_intermediate_size and an ungated shared expert of n_shared_experts x moe_intermediate_size. Its
+(intermediate_size), the rest Glm4MoeMoE: DeepSeek-V3's router (families/common/moe.py sigmoid_router_settings),
+SwiGLU experts of moe_intermediate_size and an ungated shared expert of n_shared_experts x moe_intermediate_size. Its
 num_nextn_predict_layers MTP layers are dropped, as transformers drops them (families/common/moe.py mtp_note).
 """
 
