@@ -1,6 +1,7 @@
-"""Weight mapping between a Llama-shaped `GPTModel` (issue 37's blocks) and transformers' `LlamaForCausalLM`,
-and the config.json that describes it; checkpoint/hf/folders.py reads and writes the folders and picks GPT-2 or
-Llama by the model config (export) or by config.json's model_type (import).
+"""Weight mapping between a Llama-shaped `GPTModel` (issue 37's blocks) and transformers' `LlamaForCausalLM`
+(`MixtralForCausalLM`, `Qwen2MoeForCausalLM`, `ApertusForCausalLM`: the four families whose folders say
+`llama_shaped`), and the config.json that describes it; the conversions every family on Llama's layout uses
+(split_qkv, fused_qkv, ends_*). checkpoint/hf/folders.py reads and writes the folders and picks the mapping.
 
 Layout, besides the names:
 - Our fused QKV rows are [group][its query heads, k, v][head_dim] (Megatron-Core's
