@@ -2,8 +2,8 @@
 
 Dropout changes the math of every training step, so `--init-from-hf` takes it from config.json as it takes the
 architecture (arguments/hf_folder.py), and the export writes the run's values back (checkpoint/hf/folders.py,
-checkpoint/hf/llama.py, the families' writers): a folder saying `attention_dropout: 0.0` (Llama, Qwen, DeepSeek-V3,
-most releases since 2024) trains at 0.0, where Megatron's defaults (0.1 each) stood before and were written back into
+families/common/llama_shaped.py, the families' writers): a folder saying `attention_dropout: 0.0` (Llama, Qwen,
+DeepSeek-V3, most releases since 2024) trains at 0.0, where Megatron's defaults (0.1 each) stood before and were written back into
 the exported config.json. Unlike the architecture, a dropout is a training choice: a flag typed on the command line
 (or in the DeepSpeed JSON) that differs wins, and one start-up line says it overrides the folder.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from arguments.hf_fields import HFConfig
-from arguments.hf_settings import FolderValue
+from families.common.fields import HFConfig
+from families.common.reader import FolderValue
 
 # (hidden dropout's key, the embedding dropout's, the attention dropout's, transformers' defaults of the three)
 DROPOUT_KEYS = {"gpt2": ("resid_pdrop", "embd_pdrop", "attn_pdrop", (0.1, 0.1, 0.1)),

@@ -20,7 +20,6 @@ named, as without a folder."""
 
 from __future__ import annotations
 
-import dataclasses
 import filecmp
 import os
 from dataclasses import dataclass, field
@@ -29,21 +28,13 @@ from typing import Any, Callable, Optional
 
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, registered_family
 from arguments.hf_dropout import folder_dropouts
-from arguments.hf_families import FAMILY_READERS
-from arguments.hf_fields import PLAIN_BLOCKS
-from arguments.hf_settings import LLAMA3_FIXED, LLAMA_ARCHITECTURE, FolderValue, llama_settings  # noqa: F401 - read from here too
-from base.errors import ConfigError
 from data import DataError
 from data.sentencepiece_tokenizer import SENTENCEPIECE_TYPES
 from data.tokenizer import MERGES_FILE, MIN_VOCAB_SIZE, TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
+from families.common.fields import PLAIN_BLOCKS
+from families.common.reader import FolderValue
+from families.registry import family_readers
 
-GPT2_ARCHITECTURE = "GPT2LMHeadModel"
-# transformers' GPT-2 activation names -> ours ("relu2" is transformers' ReLUSquaredActivation).
-ACTIVATION_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
-                      "relu2": "squared_relu"}
-# Their GPT-2 attention variants we do not implement: key -> the value our attention corresponds to.
-HF_ATTENTION_OPTIONS = {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                        "add_cross_attention": False, "tie_word_embeddings": True}
 # The tokenizer settings an explicit tokenizer is given by.
 TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_file", "vocab_file", "merge_file")
 
@@ -52,110 +43,11 @@ def architecture_settings(config: HFConfig) -> dict[str, FolderValue]:
     """The ModelConfig settings (by field name) of the folder's model; a config.json our blocks cannot
     compute is refused in one line naming each key."""
     family = registered_family(config.family)
-    if family is not None:  # a dense family of its own module (arguments/hf_families/)
+    if family is not None:  # a dense family (families/<name>/config.py)
         return family.read(config)
-    settings = _family_settings(config)
+    settings = family_readers()[config.family].settings(config)
     plain = {name: FolderValue(value, f"model_type {config.family}") for name, value in PLAIN_BLOCKS.items()}
     return {**plain, **settings, "hf_model_type": FolderValue(config.family, "model_type")}
-
-
-def _family_settings(config: HFConfig) -> dict[str, FolderValue]:
-    if config.family in FAMILY_READERS:  # an MoE family of its own module (arguments/hf_families/)
-        return FAMILY_READERS[config.family].settings(config)
-    if config.family == "llama":
-        return llama_settings(config)
-    if config.family == "mixtral":
-        return _mixtral(config)
-    if config.family == "qwen2_moe":
-        return _qwen2_moe(config)
-    if config.family == "apertus":
-        return _apertus(config)
-    return _gpt2(config)
-
-
-def _gpt2(config: HFConfig) -> dict[str, FolderValue]:
-    problems = []
-    if config.activation not in ACTIVATION_FROM_HF:
-        problems.append(f"activation_function {config.activation!r} (supported: {', '.join(ACTIVATION_FROM_HF)})")
-    for key, supported in HF_ATTENTION_OPTIONS.items():
-        value = config.fields.get(key, supported)
-        if value is not None and value != supported:
-            problems.append(f"{key} {value!r} (our model supports only {supported!r})")
-    if problems:
-        raise ConfigError(f"{config.path}: this {GPT2_ARCHITECTURE} cannot be represented here: {'; '.join(problems)}")
-    v = FolderValue
-    return {"num_layers": v(config.num_layers, "n_layer"), "hidden_size": v(config.hidden_size, "n_embd"),
-            "num_attention_heads": v(config.num_attention_heads, "n_head"),
-            "kv_channels": v(config.head_dim, "n_embd / n_head"),
-            "ffn_hidden_size": v(config.ffn_hidden_size, "n_inner" if config.fields.get("n_inner") else "4 x n_embd"),
-            "num_query_groups": v(config.num_key_value_heads, "n_head (one key/value head per query head)"),
-            "max_position_embeddings": v(config.max_position_embeddings, "n_positions"),
-            "layernorm_epsilon": v(config.norm_epsilon, "layer_norm_epsilon"),
-            "activation": v(ACTIVATION_FROM_HF[config.activation], "activation_function"),
-            "normalization": v("LayerNorm", "model_type gpt2"), "swiglu": v(False, "model_type gpt2"),
-            "position_embedding_type": v("learned_absolute", "model_type gpt2"),
-            "untie_embeddings_and_output_weights": v(False, "tie_word_embeddings"),
-            "add_bias_linear": v(True, "model_type gpt2"), "add_qkv_bias": v(False, "model_type gpt2"),
-            "qk_layernorm": v(False, "model_type gpt2"), "qk_layernorm_over_projection": v(False, "model_type gpt2"),
-            "attention_output_gate": v(False, "model_type gpt2")}
-
-
-def _apertus(config: HFConfig) -> dict[str, FolderValue]:
-    """ApertusForCausalLM (transformers/models/apertus/modeling_apertus.py): Llama's attention with q_norm and k_norm
-    (--qk-layernorm), an MLP down_proj(xielu(up_proj(x))) without biases (--xielu, --disable-bias-linear)."""
-    problems = []
-    if config.activation != "xielu":
-        problems.append(f"hidden_act {config.activation!r} (Apertus's MLP here is xIELU's)")
-    if config.attention_bias:
-        problems.append("attention_bias true (its MLP has no bias, and --disable-bias-linear drops both here)")
-    if problems:
-        raise ConfigError(f"{config.path}: this ApertusForCausalLM cannot be represented here: {'; '.join(problems)}")
-    # Llama's rules for everything else; its hidden_act check is Apertus's above
-    settings = llama_settings(dataclasses.replace(config, activation="silu"))
-    v = FolderValue
-    return {**settings, "activation": v("xielu", "hidden_act"), "swiglu": v(False, "hidden_act"),
-            "qk_layernorm": v(True, "model_type apertus"), "normalization": v("RMSNorm", "model_type apertus"),
-            "position_embedding_type": v("rope", "model_type apertus")}
-
-
-def _mixtral(config: HFConfig) -> dict[str, FolderValue]:
-    """MixtralForCausalLM: a Llama's blocks with Megatron-Core's MoE layer in every MLP's place
-    (transformers' MixtralSparseMoeBlock: a softmax over all experts' logits, its top k renormalized - the
-    same weights as a softmax over the top k logits, Megatron's default - and SwiGLU experts of
-    intermediate_size). Its router jitter is not built here; its aux loss coefficient is a training choice
-    (--moe-aux-loss-coeff)."""
-    if config.fields.get("router_jitter_noise"):
-        raise ConfigError(f"{config.path}: this MixtralForCausalLM cannot be represented here: router_jitter_noise "
-                          f"{config.fields['router_jitter_noise']!r} (the router here adds no noise)")
-    v = FolderValue
-    return {**llama_settings(config), "num_experts": v(config.num_experts, "num_local_experts"),
-            "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
-            "moe_ffn_hidden_size": v(config.ffn_hidden_size, "intermediate_size")}
-
-
-def _qwen2_moe(config: HFConfig) -> dict[str, FolderValue]:
-    """Qwen2MoeForCausalLM (transformers/models/qwen2_moe/modeling_qwen2_moe.py): Llama's blocks with a bias on q,
-    k and v alone (--add-qkv-bias), and in the MoE layers Megatron-Core's MoE layer with a shared expert gated by
-    sigmoid(x . shared_expert_gate) (--moe-shared-expert-gate); its router takes the top k of a softmax over all
-    experts, renormalized only with norm_topk_prob (else --moe-router-pre-softmax). Dense layers (mlp_only_layers,
-    decoder_sparse_step) become --moe-layer-freq's list."""
-    fields = config.fields
-    if fields.get("use_sliding_window"):
-        raise ConfigError(f"{config.path}: this Qwen2MoeForCausalLM cannot be represented here: use_sliding_window "
-                          f"true (attention here sees the whole sequence)")
-    # its sliding_window is read only under use_sliding_window
-    llama = llama_settings(dataclasses.replace(config, fields={k: v for k, v in fields.items() if k != "sliding_window"}))
-    v = FolderValue
-    pattern = config.moe_layers
-    freq = 1 if all(pattern) else "[" + ",".join(str(int(moe)) for moe in pattern) + "]"
-    return {**llama, "add_bias_linear": v(False, "model_type qwen2_moe"), "add_qkv_bias": v(config.qkv_bias, "qkv_bias"),
-            "num_experts": v(config.num_experts, "num_experts"),
-            "moe_router_topk": v(config.experts_per_token, "num_experts_per_tok"),
-            "moe_ffn_hidden_size": v(config.moe_ffn_hidden_size, "moe_intermediate_size"),
-            "moe_router_pre_softmax": v(not config.norm_topk_prob, "norm_topk_prob"),
-            "moe_shared_expert_intermediate_size": v(config.shared_expert_size, "shared_expert_intermediate_size"),
-            "moe_shared_expert_gate": v(True, "model_type qwen2_moe"),
-            "moe_layer_freq": v(freq, "decoder_sparse_step, mlp_only_layers")}
 
 
 # ---- the layer ----------------------------------------------------------------------------------
@@ -217,11 +109,7 @@ def folder_layer(folder: str | os.PathLike, settings: dict[str, Any], explicit: 
                                       f"folder's positions")
     _tokenizer(layer, settings, explicit)
     registered = registered_family(config.family)
-    family = registered.architecture if registered is not None else \
-        {"llama": LLAMA_ARCHITECTURE, "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-         "apertus": "ApertusForCausalLM",
-         **{model_type: reader.architectures[0] for model_type, reader in FAMILY_READERS.items()}
-         }.get(config.family, GPT2_ARCHITECTURE)
+    family = registered.architecture if registered is not None else family_readers()[config.family].architectures[0]
     layer.notes[:0] = list(config.notes)
     layer.notes.insert(0, f"> the model is {folder}'s {family} ({config.num_layers} layers, hidden "
                           f"{config.hidden_size}, vocabulary {config.vocab_size}; --print-config names each key)")

@@ -15,7 +15,7 @@ computes the same: the top-level original context, long factors once max(positio
 attention factor from max_position_embeddings / original_max_position_embeddings.
 
 Megatron-LM and Megatron-Core have no LongRoPE (no flag, no RotaryEmbedding of it): it is a Hugging Face folder's
-setting, read by arguments/hf_families/phi3.py into --position-embedding-type longrope and the --longrope-* settings.
+setting, read by families/phi3/config.py into --position-embedding-type longrope and the --longrope-* settings.
 """
 
 from __future__ import annotations

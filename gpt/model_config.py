@@ -162,8 +162,8 @@ class ModelConfig:
                    "--use-rope-scaling (Gemma 3's rope_local_base_freq); default: the other layers' rotary")
     rotary_seq_len_interpolation_factor: Optional[float] = option(
         None, help="rotary positions divided by this factor (Megatron-LM; transformers' linear rope scaling)")
-    # Not the math: which transformers class scripts/convert_to_hf.py writes (checkpoint/hf/dense.py), where the
-    # blocks fit several (a Phi-3 and a Mistral are the same blocks); --init-from-hf sets the folder's
+    # Not the math: which transformers class scripts/convert_to_hf.py writes (families/registry.py export_family),
+    # where the blocks fit several (a Phi-3 and a Mistral are the same blocks); --init-from-hf sets the folder's
     hf_model_type: Optional[str] = option(
         None, help="the transformers family the Hugging Face export writes this model as (config.json's "
                    "model_type: llama, qwen2, qwen3, mistral, gemma2, gemma3_text, olmo2, phi3, ...); default: "
@@ -191,7 +191,7 @@ class ModelConfig:
     yarn_correction_range_round_to_int: bool = option(
         True, help="with --position-embedding-type yarn: round the correction range to whole dims")
     # --position-embedding-type longrope's: Phi-3's LongRoPE (gpt/longrope.py), which Megatron-LM has no flag for;
-    # --init-from-hf sets them from a Phi-3 folder's rope_scaling (arguments/hf_families/phi3.py)
+    # --init-from-hf sets them from a Phi-3 folder's rope_scaling (families/phi3/config.py)
     longrope_short_factor: Optional[tuple] = option(
         None, type=factor_list_value, metavar="F1,F2,...",
         help="with --position-embedding-type longrope: each rotary frequency's divisor while the sequence is at most "

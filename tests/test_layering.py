@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Lowest first. A package's modules may import any package whose floor is at most their own. resilience/ spans two:
 # what a rank does through the launch's store sits below parallel/ (comm.py keeps its collective log), and what runs
 # with a training run (the rerun machine in the step, the fault injector polled by the loop) below training/.
-FLOORS = ("base", "resilience", "parallel", "data", "zero", "gpt", "arguments", "checkpoint", "resilience.run",
-          "training", "planner")
+FLOORS = ("base", "resilience", "parallel", "data", "zero", "gpt", "families", "arguments", "checkpoint",
+          "resilience.run", "training", "planner")
 PACKAGES = tuple(dict.fromkeys(floor.split(".")[0] for floor in FLOORS))  # the top-level folders
 ENTRY_POINTS = frozenset({"zero.plan", "zero.perf_model"})
 

@@ -1,11 +1,6 @@
-"""Weight mapping between `GPTModel` and transformers' `GPT2LMHeadModel`, and Hugging Face folders; a model
-with Llama's blocks maps to `LlamaForCausalLM` instead (checkpoint/hf/llama.py), the other dense families to
-theirs (checkpoint/hf/dense.py) and the MoE families to theirs (checkpoint/hf/families/), through the same folders.
-
-Two differences in layout, besides the names: transformers' GPT-2 uses `Conv1D`, whose weight is a Linear's
-transpose ([in, out]); its fused QKV orders output features [q | k | v], each head by head, ours head by head,
-[head][q, k, v], so that a contiguous TP slice holds whole heads. Our vocabulary may be padded; transformers' is the
-tokenizer's exact size. A Hugging Face folder (config.json, model.safetensors, tokenizer files) is what people share
+"""Hugging Face folders in and out, and which family's mapping a model takes (families/registry.py): an MoE family's
+that claims it, a dense family's, the Llama-shaped one (families/common/llama_shaped.py), else GPT-2's
+(families/gpt2/weights.py). A Hugging Face folder (config.json, model.safetensors, tokenizer files) is what people share
 and what `from_pretrained` reads with no code of ours:
 - `write_hf_folder` builds one in a staging directory beside OUT_DIR and renames it into place, so a failed
   conversion never leaves a half-written folder that loads as a model.
@@ -31,79 +26,39 @@ import torch
 
 from arguments.config import ModelConfig
 from arguments.hf_config import CONFIG_FILE, HFConfig, read_hf_config, read_json_object, registered_family
-from arguments.hf_folder import ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS
 from base.errors import ConfigError
 from base.output_locks import process_is_running
 from checkpoint.format import read_metadata, save_tensors
-from checkpoint.hf import dense as hf_dense
-from checkpoint.hf import llama as hf_llama
-from checkpoint.hf.families import FAMILY_WEIGHTS, family_of
-from checkpoint.hf.families.layout import canonical_names, tensor_shapes
+from checkpoint.hf.config_check import check_llama_hf_config
 from checkpoint.inside import folder_files, inside
 from checkpoint.ours.source import consolidate
 from checkpoint.output_paths import check_replaceable_folder, install_folder
 from checkpoint.unpickler import unpickler_reason
+from families.common import dense_weights as hf_dense
+from families.common import llama_shaped as hf_llama
+from families.common.layout import canonical_names, tensor_shapes
+from families.registry import export_family, fallback_family, family_of, family_weights, llama_families
 from parallel.state import ParallelState
 
-# transformers' "relu2" is ReLUSquaredActivation (transformers/activations.py: square(relu(x))), which GPT2MLP
-# takes as its activation_function: --squared-relu exports as it.
-ACTIVATION_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "squared_relu": "relu2"}
-
-
-def gpt2_misfits(config: ModelConfig) -> list[str]:
-    """The flags by which `config` differs from GPT-2's blocks (issue 37's Llama-shaped ones)."""
-    default = ModelConfig()
-    features = {"--normalization RMSNorm": config.normalization != default.normalization,
-                "--swiglu": config.swiglu,
-                f"--position-embedding-type {config.position_embedding_type}":
-                    config.position_embedding_type != default.position_embedding_type,
-                "--num-query-groups": config.num_query_groups not in (None, config.num_attention_heads),
-                "--untie-embeddings-and-output-weights": config.untie_embeddings_and_output_weights,
-                "--disable-bias-linear": not config.add_bias_linear, "--add-qkv-bias": config.add_qkv_bias,
-                "--qk-layernorm": config.qk_layernorm,
-                # swiss-ai's xIELU: an Apertus MLP (checkpoint/hf/llama.py refuses it), never GPT-2's
-                "--xielu": config.activation == "xielu",
-                f"--kv-channels {config.head_dim}": config.head_dim * config.num_attention_heads != config.hidden_size,
-                # No GPT2LMHeadModel or LlamaForCausalLM gates attention's output (check_llama_shaped refuses it)
-                "--attention-output-gate": config.attention_output_gate,
-                # DeepSeek's attention: no GPT2LMHeadModel or LlamaForCausalLM has it (check_llama_shaped refuses it)
-                "--multi-latent-attention": config.multi_latent_attention,
-                # experts: a Mixtral or a Qwen2-MoE (checkpoint/hf/llama.py), never a GPT2LMHeadModel
-                f"--num-experts {_counts(config.num_experts)}": config.moe is not None,
-                # issue 63's blocks: their families' classes (checkpoint/hf/dense.py), never GPT-2's
-                **{need.removeprefix("no "): on for need, on in hf_llama.beyond_llama(config).items()}}
-    return [flag for flag, differs in features.items() if differs]
-
-
-def _counts(num_experts) -> str:
-    """--num-experts as typed: one count, or a Megatron-DeepSpeed list of one per MoE layer."""
-    return " ".join(map(str, num_experts)) if isinstance(num_experts, tuple) else str(num_experts)
-
+# GPT-2's mapping (families/gpt2/weights.py): what a model no other family claims exports as, under the names this
+# module has always given its parts
+GPT2 = fallback_family().export
+ACTIVATION_FROM_HF, HF_ATTENTION_OPTIONS, HF_BUFFER_SUFFIXES = \
+    GPT2.ACTIVATION_FROM_HF, GPT2.HF_ATTENTION_OPTIONS, GPT2.BUFFER_SUFFIXES
+gpt2_misfits, check_gpt2_shaped, check_dense, hf_config = \
+    GPT2.gpt2_misfits, GPT2.check_gpt2_shaped, GPT2.check_dense, GPT2.hf_config
+name_table, from_hf_state_dict, gpt2_lm_head_names, hf_tensor_shapes, _qkv_hf_to_ours = \
+    GPT2.name_table, GPT2.from_hf_state_dict, GPT2.canonical_names, GPT2.tensor_shapes, GPT2.qkv_hf_to_ours
 
 def dense_family(config: ModelConfig):
-    """The family of arguments/hf_families/ the export writes `config` as (checkpoint/hf/dense.py), or None where
+    """The dense family the export writes `config` as (families/registry.py export_family), or None where
     GPT2LMHeadModel or LlamaForCausalLM (Mixtral, Qwen2-MoE, Apertus) holds it."""
-    return hf_dense.export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
+    return export_family(config, not gpt2_misfits(config) or not hf_llama.llama_misfits(config))
 
 
 def is_llama_shaped(config: ModelConfig) -> bool:
     """Converted as transformers' LlamaForCausalLM rather than GPT2LMHeadModel."""
     return bool(gpt2_misfits(config))
-
-
-def check_gpt2_shaped(config: ModelConfig, what: str) -> None:
-    """GPT-2's weight mapping applies: a Llama-shaped model is refused in one line naming what differs,
-    not turned into a KeyError halfway."""
-    differing = gpt2_misfits(config)
-    if differing:
-        raise ConfigError(f"{what} reads GPT-2-shaped models only; this one has {', '.join(differing)}")
-
-
-def check_dense(config: ModelConfig, what: str) -> None:
-    """A GPT2LMHeadModel holds no experts (Mixtral and Qwen2-MoE folders go through checkpoint/hf/llama.py)."""
-    if config.moe is not None:
-        raise ConfigError(f"{what} of a GPT2LMHeadModel has no experts for --num-experts {_counts(config.num_experts)}: "
-                          f"experts come from a MixtralForCausalLM or Qwen2MoeForCausalLM folder")
 
 
 def refuse_mtp(config: ModelConfig, what: str) -> None:
@@ -121,7 +76,7 @@ def check_convertible(config: ModelConfig, what: str) -> None:
     multi-token prediction's layers (refuse_mtp)."""
     refuse_mtp(config, what)
     family = family_of(config)
-    if family is not None:  # an MoE family of checkpoint/hf/families/
+    if family is not None:  # an MoE family of families/
         misfits = family.misfits(config)
         if misfits:
             raise ConfigError(f"{what} converts each model as the transformers class it is; as a "
@@ -138,77 +93,9 @@ def class_of(config: ModelConfig) -> str:
     return hf_llama.architecture_of(config) if is_llama_shaped(config) else "GPT2LMHeadModel"
 
 
-def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
-    """A transformers GPT2Config describing the same network (dropouts as configured). Its BOS/EOS
-    ids are our tokenizer's end-of-document id, or None: GPT2Config's default is GPT-2's own 50256,
-    which lies outside a smaller vocabulary."""
-    from transformers import GPT2Config
-
-    return GPT2Config(
-        bos_token_id=eod_token_id, eos_token_id=eod_token_id,
-        vocab_size=config.vocab_size, n_positions=config.max_position_embeddings, n_embd=config.hidden_size,
-        n_layer=config.num_layers, n_head=config.num_attention_heads, n_inner=config.ffn_size,
-        activation_function=ACTIVATION_TO_HF[config.activation], layer_norm_epsilon=config.layernorm_epsilon,
-        resid_pdrop=config.hidden_dropout, embd_pdrop=config.hidden_dropout,
-        attn_pdrop=config.attention_dropout, initializer_range=config.init_method_std, tie_word_embeddings=True)
-
-
-def _qkv_ours_to_hf(tensor: torch.Tensor, heads: int) -> torch.Tensor:
-    """[heads*3*d, ...] in [head][qkv][d] order -> [3*heads*d, ...] in [qkv][head][d] order."""
-    rest = tensor.shape[1:]
-    return tensor.reshape(heads, 3, -1, *rest).transpose(0, 1).reshape(-1, *rest)
-
-
-def _qkv_hf_to_ours(tensor: torch.Tensor, heads: int) -> torch.Tensor:
-    rest = tensor.shape[1:]
-    return tensor.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
-
-
-# How each tensor moves: "same" as is, "linear" transposed (Linear <-> Conv1D), "qkv_weight" and
-# "qkv_bias" re-ordered between our per-head layout and transformers' [q | k | v] layout.
-def name_table(config: ModelConfig) -> list[tuple[str, str, str]]:
-    """(our name, transformers' name, how it converts) for every tensor except the token embedding."""
-    table = [("position_embeddings.weight", "transformer.wpe.weight", "same"),
-             ("final_layernorm.weight", "transformer.ln_f.weight", "same"),
-             ("final_layernorm.bias", "transformer.ln_f.bias", "same")]
-    for i in range(config.num_layers):
-        ours, hf = f"blocks.{i}.", f"transformer.h.{i}."
-        table += [
-            (ours + "input_layernorm.weight", hf + "ln_1.weight", "same"),
-            (ours + "input_layernorm.bias", hf + "ln_1.bias", "same"),
-            (ours + "attention.query_key_value.weight", hf + "attn.c_attn.weight", "qkv_weight"),
-            (ours + "attention.query_key_value.bias", hf + "attn.c_attn.bias", "qkv_bias"),
-            (ours + "attention.dense.weight", hf + "attn.c_proj.weight", "linear"),
-            (ours + "attention.dense.bias", hf + "attn.c_proj.bias", "same"),
-            (ours + "post_attention_layernorm.weight", hf + "ln_2.weight", "same"),
-            (ours + "post_attention_layernorm.bias", hf + "ln_2.bias", "same"),
-            (ours + "mlp.dense_h_to_4h.weight", hf + "mlp.c_fc.weight", "linear"),
-            (ours + "mlp.dense_h_to_4h.bias", hf + "mlp.c_fc.bias", "same"),
-            (ours + "mlp.dense_4h_to_h.weight", hf + "mlp.c_proj.weight", "linear"),
-            (ours + "mlp.dense_4h_to_h.bias", hf + "mlp.c_proj.bias", "same"),
-        ]
-    return table
-
-
-def _to_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
-    if how == "qkv_weight":
-        return _qkv_ours_to_hf(tensor, heads).t()
-    if how == "qkv_bias":
-        return _qkv_ours_to_hf(tensor, heads)
-    return tensor.t() if how == "linear" else tensor
-
-
-def _from_hf(tensor: torch.Tensor, how: str, heads: int) -> torch.Tensor:
-    if how == "qkv_weight":
-        return _qkv_hf_to_ours(tensor.t(), heads)
-    if how == "qkv_bias":
-        return _qkv_hf_to_ours(tensor, heads)
-    return tensor.t() if how == "linear" else tensor
-
-
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our whole state dict under GPT2LMHeadModel's names, or LlamaForCausalLM's for a Llama-shaped model, or
-    its family's (an MoE family's: checkpoint/hf/families/; a dense family's: checkpoint/hf/dense.py)."""
+    its family's (an MoE family's: families/<name>/weights.py; a dense family's: families/common/dense_weights.py)."""
     moe_family = family_of(config)
     if moe_family is not None:
         check_convertible(config, "the Hugging Face export")
@@ -219,12 +106,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
     state_dict = shifted_gains(state_dict, config, None, +1)
     if is_llama_shaped(config):
         return hf_llama.to_llama_state_dict(state_dict, config)
-    heads = config.num_attention_heads
-    out = {"transformer.wte.weight": state_dict["word_embeddings.weight"][: config.vocab_size]}
-    for ours, hf, how in name_table(config):
-        out[hf] = _to_hf(state_dict[ours], how, heads)
-    out["lm_head.weight"] = out["transformer.wte.weight"]
-    return {name: tensor.contiguous() for name, tensor in out.items()}
+    return GPT2.to_hf(state_dict, config)
 
 
 def shifted_gains(state_dict: dict[str, torch.Tensor], config: ModelConfig, family, sign: int
@@ -238,27 +120,11 @@ def shifted_gains(state_dict: dict[str, torch.Tensor], config: ModelConfig, fami
             for name, tensor in state_dict.items()}
 
 
-def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
-                       padded_vocab_size: int) -> dict[str, torch.Tensor]:
-    """The inverse of `to_hf_state_dict`; padding rows of the vocabulary are zeros."""
-    check_dense(config, "the Hugging Face import (--init-from-hf)")
-    check_gpt2_shaped(config, "the Hugging Face import (--init-from-hf)")
-    heads = config.num_attention_heads
-    wte = hf_state["transformer.wte.weight"]
-    padding = wte.new_zeros(padded_vocab_size - wte.shape[0], wte.shape[1])
-    out = {"word_embeddings.weight": torch.cat([wte, padding])}
-    for ours, hf, how in name_table(config):
-        out[ours] = _from_hf(hf_state[hf], how, heads)
-    return {name: tensor.contiguous() for name, tensor in out.items()}
-
-
 # ---- Hugging Face folders -----------------------------------------------------------------------
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"  # what save_pretrained writes for big models
 PICKLE_FILE = "pytorch_model.bin"
-# The causal-mask buffers older transformers versions saved with the weights; they are not weights.
-HF_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 MAX_LISTED = 12  # problems listed in one error before "... and N more"
 
 
@@ -401,15 +267,15 @@ def read_hf_model(hf_dir: str | os.PathLike, keep: Optional[Callable[[str], bool
     safetensors file is read tensor by tensor, so the others are never loaded)."""
     hf_dir = Path(hf_dir)
     config = read_hf_config(hf_dir)
-    if config.family in FAMILY_WEIGHTS:
-        unpack = FAMILY_WEIGHTS[config.family].unpack or canonical_names
+    if config.family in family_weights():
+        unpack = family_weights()[config.family].unpack or canonical_names
         state = unpack(_read_weights(hf_dir, keep), config.num_layers)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
     family = registered_family(config.family)
     if family is not None:
         state = hf_dense.canonical_names(_read_weights(hf_dir, keep), family)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
-    if config.family in hf_llama.LLAMA_FAMILIES:
+    if config.family in llama_families():
         state = hf_llama.canonical_names(_read_weights(hf_dir, keep), config.family)
         return config, state if keep is None else {name: t for name, t in state.items() if keep(name)}
     return config, gpt2_lm_head_names(_read_weights(hf_dir))
@@ -472,19 +338,6 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def gpt2_lm_head_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Names as GPT2LMHeadModel has them: a GPT2Model's file (openai-community/gpt2's own) lacks the
-    `transformer.` prefix. The saved causal-mask buffers are dropped."""
-    out = {}
-    for name, tensor in tensors.items():
-        if name.endswith(HF_BUFFER_SUFFIXES):
-            continue
-        if not name.startswith(("transformer.", "lm_head.")):
-            name = "transformer." + name
-        out[name] = tensor
-    return out
-
-
 def check_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike = CONFIG_FILE) -> None:
     """Raise ConfigError listing every way the folder's config.json differs from this run's model,
     each with the flag and value that would make them agree."""
@@ -540,23 +393,6 @@ def _listing(problems: list[str]) -> str:
     return shown + (f"; ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else "")
 
 
-def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The shape of every GPT2LMHeadModel weight for `config` (Conv1D weights are [in, out])."""
-    h, ffn = config.hidden_size, config.ffn_size
-    shapes = {"transformer.wte.weight": (config.vocab_size, h),
-              "transformer.wpe.weight": (config.max_position_embeddings, h),
-              "transformer.ln_f.weight": (h,), "transformer.ln_f.bias": (h,)}
-    for i in range(config.num_layers):
-        layer = f"transformer.h.{i}."
-        shapes.update({layer + "ln_1.weight": (h,), layer + "ln_1.bias": (h,),
-                       layer + "attn.c_attn.weight": (h, 3 * h), layer + "attn.c_attn.bias": (3 * h,),
-                       layer + "attn.c_proj.weight": (h, h), layer + "attn.c_proj.bias": (h,),
-                       layer + "ln_2.weight": (h,), layer + "ln_2.bias": (h,),
-                       layer + "mlp.c_fc.weight": (h, ffn), layer + "mlp.c_fc.bias": (ffn,),
-                       layer + "mlp.c_proj.weight": (ffn, h), layer + "mlp.c_proj.bias": (h,)})
-    return shapes
-
-
 def check_hf_tensors(hf_state: dict[str, torch.Tensor], model_config: ModelConfig, source: str | os.PathLike) -> None:
     """Every weight present with the shape config.json implies, none left over, and an lm_head (when
     the file has one) equal to the token embedding, since ours is tied to it."""
@@ -590,16 +426,16 @@ def read_whole_folder(hf_dir: str | os.PathLike, model_config: ModelConfig, stat
     config, hf_state = read_hf_model(hf_dir, keep)
     hf = config.fields
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
-    if config.family in FAMILY_WEIGHTS:
-        hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
-        moe_family = FAMILY_WEIGHTS[config.family]
+    if config.family in family_weights():
+        check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+        moe_family = family_weights()[config.family]
         shapes = tensor_shapes(moe_family, model_config)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,
                           "model.embed_tokens.weight", tied=not model_config.untie_embeddings_and_output_weights)
         return shifted_gains(moe_family.from_hf(hf_state, model_config, padded_vocab), model_config, None, -1)
     family = registered_family(config.family)
-    if family is not None or config.family in hf_llama.LLAMA_FAMILIES:
-        hf_llama.check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
+    if family is not None or config.family in llama_families():
+        check_llama_hf_config(hf, model_config, hf_dir / CONFIG_FILE)
         shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
             hf_llama.llama_tensor_shapes(model_config, config.family)
         check_tensors_fit(hf_state, shapes if keep is None else {n: s for n, s in shapes.items() if keep(n)}, hf_dir,

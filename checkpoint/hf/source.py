@@ -2,16 +2,16 @@
 checkpoint/global_load.py's `load_from_source`, as every other format, and a rank reads only its shard's bytes.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and
-data_offsets) and the raw row-major data, so any rows of a tensor, or a column range of each row, are read by
-byte offset. The source presents each of our parameters at its global shape, in the folder's dtype. Where our
-rows come from is found once, without reading a weight: the family's own conversion (checkpoint/hf/folders.py's
-`from_hf_state_dict`, checkpoint/hf/llama.py's `from_llama_state_dict`, checkpoint/hf/dense.py's `from_hf`) is
-run on stand-ins that hold, per row, (which folder tensor, which row) ids; it only concatenates, splits, reorders
-and transposes rows (fused q/k/v by group or by head, [gate; up], GPT-2's Conv1D transposes), so its output's ids
-name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own, zeros as built.
-The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
+data_offsets) and the raw row-major data, so any rows of a tensor, or a column range of each row, are read by byte
+offset. The source presents each of our parameters at its global shape, in the folder's dtype. Where our rows come
+from is found once, without reading a weight: the family's own conversion (families/gpt2/weights.py's
+`from_hf_state_dict`, families/common/llama_shaped.py's `from_llama_state_dict`, families/common/dense_weights.py's
+`from_hf`) is run on stand-ins that hold, per row, (which folder tensor, which row) ids; it only concatenates,
+splits, reorders and transposes rows (fused q/k/v by group or by head, [gate; up], GPT-2's Conv1D transposes), so
+its output's ids name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own,
+zeros as built. The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
 
-Families whose conversion is more than moving rows (the MoE families of checkpoint/hf/families/ with their stacked,
+Families whose conversion is more than moving rows (the MoE families of families/ with their stacked,
 interleaved or quantized experts, a Mixtral or Qwen2-MoE file with fused experts, Apertus's xIELU constants checked
 by value) and pickle folders (no offsets) are read as before, the whole folder but for other ranks' experts
 (checkpoint/hf/folders.py's `read_whole_folder`), and served from memory: the load path is the same.
@@ -36,11 +36,12 @@ from arguments.hf_config import CONFIG_FILE, read_hf_config, read_json_object, r
 from base.errors import CheckpointError, ConfigError
 from checkpoint.global_load import ResumePoint, load_from_source
 from checkpoint.global_state import MODEL_KEY, GlobalTensorInfo, SourceProgress
-from checkpoint.hf import dense as hf_dense
 from checkpoint.hf import folders as hf
-from checkpoint.hf import llama as hf_llama
-from checkpoint.hf.families import FAMILY_WEIGHTS
-from checkpoint.hf.families.layout import EXPERT_BIAS
+from checkpoint.hf.config_check import check_llama_hf_config
+from families.common import dense_weights as hf_dense
+from families.common import llama_shaped as hf_llama
+from families.common.layout import EXPERT_BIAS
+from families.registry import family_weights, llama_families
 from parallel.sharding import record_of
 from parallel.state import ParallelState
 from zero.optimizer_state import CheckpointableOptimizer
@@ -294,9 +295,10 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         header_bytes += size
     llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
     # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest); a
-    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory (checkpoint/hf/llama.py's canonical_names)
-    by_offset = files is not None and config.family not in FAMILY_WEIGHTS and \
-        (family is not None or config.family in llama or config.family not in hf_llama.LLAMA_FAMILIES) and \
+    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory
+    # (families/common/llama_shaped.py's canonical_names)
+    by_offset = files is not None and config.family not in family_weights() and \
+        (family is not None or config.family in llama or config.family not in llama_families()) and \
         not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)
     if not by_offset:
         return WholeFolderSource(hf_dir, hf.read_whole_folder(hf_dir, model_config, state, held_experts))
@@ -306,7 +308,7 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         # the canonical names are a name-only pass: it keeps the values it is given
         stored = hf_dense.canonical_names(stored, family) if family is not None else \
             hf_llama.canonical_names(stored, config.family)
-        hf_llama.check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
+        check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
         shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
             hf_llama.llama_tensor_shapes(model_config, config.family)
         embedding, tied = "model.embed_tokens.weight", not model_config.untie_embeddings_and_output_weights

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face folders of the MoE families read by arguments/hf_families/ (issue 63), made and saved by
+"""Tiny random Hugging Face folders of the MoE families read by families/ (issue 63), made and saved by
 transformers: 2 layers, every weight random (norm gains around 1), the routers' biases non-zero (DeepSeek-V3's and
 GLM-4.5's e_score_correction_bias, GPT-OSS's router bias) and GPT-OSS's attention sinks; GPT-OSS with a sliding
 window shorter than the sequence and YaRN positions (truncate false), DeepSeek-V3 with MLA's YaRN, GLM-4.5 with

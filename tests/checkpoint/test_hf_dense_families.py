@@ -1,4 +1,4 @@
-"""The dense families of issue 63 (arguments/hf_families/, checkpoint/hf/dense.py), each a tiny random folder made
+"""The dense families of issue 63 (families/, families/common/dense_weights.py), each a tiny random folder made
 and saved by transformers (2 layers; where the family has a sliding window, one of 5 keys, shorter than the
 32-token sequence; weights drawn away from their initial values): `pretrain_gpt.py --init-from-hf DIR` with no
 shape flag trains it, iteration 1's logged loss is transformers' loss on that iteration's batch (<= 1e-5

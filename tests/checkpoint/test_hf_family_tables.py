@@ -1,4 +1,4 @@
-"""The dense families' config.json field tables (arguments/hf_families/): each default is transformers' own (the
+"""The dense families' config.json field tables (families/): each default is transformers' own (the
 config class's dataclass default, transformers 5), the windows and rotary each family derives are the layer_types
 and rope_parameters transformers derives from the same file, and a field that changes the math and is not built
 is refused in one line naming it."""
@@ -11,9 +11,9 @@ import json
 import pytest
 
 from arguments.hf_config import read_hf_config
-from arguments.hf_families import FAMILIES
 from arguments.hf_folder import architecture_settings
 from base.errors import ConfigError
+from families.registry import FAMILIES
 
 SINGLE_MODEL_FAMILIES = sorted(name for name, family in FAMILIES.items() if family.section is None)
 

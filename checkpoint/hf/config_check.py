@@ -1,0 +1,99 @@
+"""A Llama-shaped folder's config.json against this run's model (--init-from-hf, the export's checks): read as
+transformers reads it (its own config class, its log lines kept out of the run's output), its settings compared with
+the run's, each difference named with the flag that would make them agree."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from arguments.hf_config import check_hf_config_json
+from arguments.hf_folder import architecture_settings
+from base.errors import ConfigError
+from families.common.dense import flag_for
+from families.common.llama_shaped import ARCHITECTURE
+from families.registry import dense_families
+from gpt.model_config import ModelConfig
+
+
+def parsed_llama_config(hf: dict, source: str | os.PathLike, family: Optional[str] = None):
+    """config.json read as transformers reads it (defaults for keys left out; an older file's rope_theta and
+    rope_scaling become rope_parameters), its log lines kept out of the run's output; `family` the model_type read
+    (a multimodal Gemma 3's text_config is read as a Gemma3TextConfig). `hf` has been through
+    arguments/hf_config.py; a field that reader has no row for and transformers' strict dataclass refuses
+    (`"output_hidden_states": "yes"`) is still one line, not huggingface_hub's traceback."""
+    from transformers import CONFIG_MAPPING, LlamaConfig
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    import transformers
+
+    # a family of families/'s own class (a multimodal Gemma 3's text_config is a Gemma3TextConfig), else
+    # the model_type's (MixtralConfig, DeepseekV3Config, ...); a file without model_type is a Llama's
+    model_type = hf.get("model_type")
+    dense = dense_families()
+    registered = dense.get(model_type) or dense.get(family or "")
+    config_class = getattr(transformers, registered.config_class) if registered is not None else \
+        CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else LlamaConfig
+    try:
+        return config_class.from_dict(hf)
+    except (TypeError, ValueError, KeyError, *_strict_dataclass_errors()) as error:
+        reason = " ".join(str(error).split())
+        raise ConfigError(f"{source}: transformers cannot read it as a {config_class.__name__} ({reason})") from None
+    finally:
+        logging.set_verbosity(verbosity)
+
+
+def _strict_dataclass_errors() -> tuple[type[Exception], ...]:
+    """huggingface_hub's error for a field its strict dataclasses refuse (transformers 5's configs);
+    older versions have none."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
+def llama_settings(hf: dict, source: str | os.PathLike) -> dict:
+    """The ModelConfig settings (by field name) the folder's LlamaForCausalLM has, as --init-from-hf's layer
+    of settings takes them (arguments/hf_folder.py), with its vocab_size; a config.json that our blocks
+    cannot compute is refused in one line naming each key. transformers reads it too, so a field its
+    strict dataclass refuses is one line here rather than later."""
+    config = check_hf_config_json(hf, source)
+    parsed_llama_config(config.fields, source, config.family)
+    settings = {name: given.value for name, given in architecture_settings(config).items()}
+    return {**settings, "vocab_size": config.vocab_size}
+
+
+def _ours(config: ModelConfig, name: str):
+    """This run's value of a setting, as comparable to config.json's."""
+    if name == "ffn_hidden_size":
+        return config.ffn_size
+    if name == "num_query_groups":
+        return config.architecture.query_groups(config.num_attention_heads)
+    if name == "kv_channels":  # the width, given or not (Megatron's default is hidden / heads)
+        return config.head_dim
+    if name == "moe_ffn_hidden_size":  # the experts' width, given or not (default: the MLP's)
+        return config.moe.ffn_hidden_size if config.moe is not None else None
+    return getattr(config, name)
+
+
+def check_llama_hf_config(hf: dict, model_config: ModelConfig, source: str | os.PathLike) -> None:
+    """Raise ConfigError listing every way the folder's LlamaForCausalLM differs from this run's model,
+    each with the flag and value that would make them agree."""
+    settings = llama_settings(hf, source)
+    problems = []
+    for name, theirs in settings.items():
+        # rotary positions need no table of them; the class the export writes is not the math
+        if name in ("vocab_size", "max_position_embeddings", "hf_model_type"):
+            continue
+        mine = _ours(model_config, name)
+        if theirs != mine:
+            problems.append(f"pass {flag_for(name, theirs)} (this run has {mine})")
+    if settings["vocab_size"] != model_config.vocab_size:
+        problems.append(f"pass the folder's tokenizer.json as --tokenizer-file: config.json vocab_size is "
+                        f"{settings['vocab_size']}, this run's tokenizer has {model_config.vocab_size} tokens")
+    if problems:
+        architecture = (hf.get("architectures") or [ARCHITECTURE])[0]
+        raise ConfigError(f"{source} ({architecture}) does not match this run's model: {'; '.join(problems)}")

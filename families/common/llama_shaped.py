@@ -1,0 +1,465 @@
+"""Weight mapping between a Llama-shaped `GPTModel` (issue 37's blocks) and transformers' `LlamaForCausalLM`
+(`MixtralForCausalLM`, `Qwen2MoeForCausalLM`, `ApertusForCausalLM`: the four families whose folders say
+`llama_shaped`), and the config.json that describes it; the conversions every family on Llama's layout uses
+(split_qkv, fused_qkv, ends_*). checkpoint/hf/folders.py reads and writes the folders and picks the mapping.
+
+Layout, besides the names:
+- Our fused QKV rows are [group][its query heads, k, v][head_dim] (Megatron-Core's
+  SelfAttention.get_query_key_value_tensors), so a contiguous tensor-parallel slice holds whole key/value
+  groups; transformers keeps q_proj, k_proj and v_proj apart, each head by head.
+- No rotary permutation: transformers' Llama and ours both rotate halves ([x0..x_{d/2-1}] against
+  [x_{d/2}..]), and a Hugging Face folder is already in that layout. Only Meta's original interleaved
+  checkpoints need one, which is why transformers' models/llama/convert_llama_weights_to_hf.py applies
+  `permute` ("permute for sliced rotary": view(n_heads, dim // n_heads // 2, 2, dim).transpose(1, 2)) when
+  it reads Meta's consolidated.*.pth, and nothing when a folder is saved by transformers itself.
+- SwiGLU's gate and up are two weights here as there (gate_proj, up_proj), so each TP rank's slice of
+  each is a slice of theirs; nothing is interleaved.
+Our vocabulary may be padded; transformers' is the tokenizer's exact size.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from base.errors import ConfigError
+from families.common.fields import LLAMA3_FIXED
+from gpt.model_config import ModelConfig
+from gpt.xielu import XIELU_BETA, XIELU_EPS
+
+MODEL_TYPE = "llama"
+ARCHITECTURE = "LlamaForCausalLM"
+# Mixtral: the Llama family's blocks with a mixture of experts (issue 51); read by --init-from-hf
+MIXTRAL_TYPE = "mixtral"
+QWEN2_MOE_TYPE = "qwen2_moe"  # Qwen2-MoE: a gated shared expert beside the routed ones, q/k/v biases
+MOE_TYPES = (MIXTRAL_TYPE, QWEN2_MOE_TYPE)
+APERTUS_TYPE, APERTUS_ARCHITECTURE = "apertus", "ApertusForCausalLM"  # --xielu (swiss-ai's Apertus)
+# Old transformers versions saved the rotary inverse frequencies with the weights; they are not weights.
+BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def beyond_llama(config: ModelConfig) -> dict[str, bool]:
+    """Issue 63's blocks, which no LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or ApertusForCausalLM
+    holds ({the flag it would need: whether the model has the block}); families/ has the classes that
+    do (families/common/dense_weights.py)."""
+    architecture = config.architecture
+    return {"no --window-size": config.has_windows(),
+            "no --qk-layernorm-over-projection": architecture.qk_layernorm_over_projection,
+            "no --qk-l2-norm": architecture.qk_l2_norm,
+            "no --no-rope-freq": bool(architecture.no_rope_freq),
+            "--sublayer-norms input": architecture.sublayer_norms != "input",
+            "no --gated-linear-unit": architecture.gated_linear_unit,
+            "no --scale-embeddings-by-sqrt-hidden": architecture.scale_embeddings_by_sqrt_hidden,
+            "no --softmax-scale": architecture.softmax_scale is not None,
+            "no --attn-logit-softcapping": architecture.attn_logit_softcapping is not None,
+            "no --final-logit-softcapping": architecture.final_logit_softcapping is not None,
+            "no --local-rotary-base": architecture.local_rotary_base is not None,
+            "no --rotary-seq-len-interpolation-factor": architecture.rotary_seq_len_interpolation_factor is not None}
+
+
+def llama_misfits(config: ModelConfig) -> list[str]:
+    """What keeps `config` from being a LlamaForCausalLM: the flag each needs, or the setting it lacks."""
+    architecture = config.architecture
+    needs = {**beyond_llama(config), "--normalization RMSNorm": architecture.normalization != "RMSNorm",
+             "--swiglu": not architecture.swiglu,
+             "--position-embedding-type rope": architecture.position_embedding_type != "rope",
+             "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
+             "no --qk-layernorm": architecture.qk_layernorm,
+             # transformers' Llama rotates halves (rotate_half); an interleaved model's query and key rows would
+             # need a permutation that is not written here.
+             "no --rotary-interleaved": architecture.rotary_interleaved,
+             "no --attention-output-gate": architecture.attention_output_gate,
+             # DeepSeek's multi-latent attention is not exported (transformers' DeepseekV3 would take it)
+             "no --multi-latent-attention": config.multi_latent_attention,
+             "no --add-qkv-bias without the other biases (transformers' attention_bias covers o_proj too)":
+                 architecture.add_qkv_bias and not architecture.add_bias_linear and moe_family(config) != QWEN2_MOE_TYPE}
+    if config.moe is not None:
+        needs = {need: missing for need, missing in needs.items() if missing}
+        needs.update({need: True for need in moe_misfits(config)})
+    if is_apertus(config):
+        needs = {**beyond_llama(config), **apertus_needs(config)}
+    return [need for need, missing in needs.items() if missing]
+
+
+def is_apertus(config: ModelConfig) -> bool:
+    """--xielu: exported as transformers' ApertusForCausalLM (swiss-ai's Apertus: a Llama whose MLP is
+    up_proj -> xIELU -> down_proj, with per-head query and key RMSNorms)."""
+    return config.activation == "xielu"
+
+
+def apertus_needs(config: ModelConfig) -> dict[str, bool]:
+    """What keeps a --xielu model from being an ApertusForCausalLM (transformers' modeling_apertus.py: RMSNorms,
+    rotary positions, q_norm and k_norm over each head, no MLP bias, attention_bias over q, k, v and o alike, head
+    width hidden / heads: ApertusConfig has no head_dim)."""
+    architecture = config.architecture
+    return {"--normalization RMSNorm": architecture.normalization != "RMSNorm",
+            "--position-embedding-type rope": architecture.position_embedding_type != "rope",
+            "--rotary-percent 1.0": architecture.rotary_percent != 1.0,
+            "no --rotary-interleaved": architecture.rotary_interleaved,
+            "no --attention-output-gate": architecture.attention_output_gate,
+            "no --multi-latent-attention": config.multi_latent_attention,
+            "--qk-layernorm (Apertus normalizes each query and key head)": not architecture.qk_layernorm,
+            "no --qk-layernorm-over-projection (Apertus's norms act over each head)":
+                architecture.qk_layernorm_over_projection,
+            "--disable-bias-linear (Apertus's linears have no biases)": config.add_bias_linear,
+            "no --add-qkv-bias": architecture.add_qkv_bias,
+            "no --num-experts (Apertus has no experts)": config.moe is not None,
+            "no --kv-channels other than hidden / heads (ApertusConfig has no head_dim)":
+                config.head_dim * config.num_attention_heads != config.hidden_size}
+
+
+def moe_family(config: ModelConfig) -> Optional[str]:
+    """The transformers class family an MoE model exports as: Qwen2-MoE with a gated shared expert, else Mixtral."""
+    if config.moe is None:
+        return None
+    return QWEN2_MOE_TYPE if config.moe.shared_expert_intermediate_size is not None else MIXTRAL_TYPE
+
+
+def moe_misfits(config: ModelConfig) -> list[str]:
+    """What keeps an MoE model from being a MixtralForCausalLM (no shared expert) or a Qwen2MoeForCausalLM (a gated
+    shared expert): both route by a softmax over all experts' logits, take the top k, drop no token and add no
+    bias to the experts."""
+    moe, family = config.moe, moe_family(config)
+    needs = {"--moe-gating megatron (DeepSpeed-MoE's capacity and sampling are not theirs)": moe.gating != "megatron",
+             "one --num-experts for every MoE layer (their config has one count)": config.per_layer_experts,
+             "--mlp-type standard (PR-MoE's residual MLP and coefficient have no place there)": moe.use_residual,
+             "--moe-router-score-function softmax": moe.router_score_function != "softmax",
+             "no --moe-router-topk-scaling-factor": bool(moe.router_topk_scaling_factor),
+             "no group-limited routing": moe.router_group_topk is not None,
+             "no --moe-router-enable-expert-bias": moe.router_enable_expert_bias,
+             "no --moe-expert-capacity-factor (transformers drops no token)": moe.expert_capacity_factor is not None,
+             "no --add-bias-linear (no bias in their experts)": config.add_bias_linear}
+    if family == MIXTRAL_TYPE:
+        needs.update({"no --moe-router-pre-softmax (Mixtral renormalizes the top k)": moe.router_pre_softmax,
+                      "an MoE layer in every layer (Mixtral has no dense layers)": not all(config.moe_layers()),
+                      "no --add-qkv-bias (Mixtral's attention has no bias)": config.add_qkv_bias})
+    else:
+        needs["--moe-shared-expert-gate (Qwen2-MoE's shared expert is gated)"] = not moe.shared_expert_gate
+    return [need for need, missing in needs.items() if missing]
+
+
+def check_llama_shaped(config: ModelConfig, what: str) -> None:
+    misfits = llama_misfits(config)
+    if misfits:
+        raise ConfigError(f"{what} converts GPT-2- or Llama-shaped models; as a {architecture_of(config)} this one "
+                          f"would need {', '.join(misfits)}")
+
+
+def architecture_of(config: ModelConfig) -> str:
+    if is_apertus(config):
+        return APERTUS_ARCHITECTURE
+    return {MIXTRAL_TYPE: "MixtralForCausalLM", QWEN2_MOE_TYPE: "Qwen2MoeForCausalLM"}.get(moe_family(config),
+                                                                                          ARCHITECTURE)
+
+
+def rope_parameters(config: ModelConfig) -> dict:
+    if not config.use_rope_scaling:
+        return {"rope_type": "default", "rope_theta": config.rotary_base}
+    return {"rope_type": "llama3", "rope_theta": config.rotary_base, "factor": config.rope_scaling_factor,
+            **LLAMA3_FIXED}
+
+
+def llama_hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
+    """A transformers LlamaConfig (MixtralConfig, Qwen2MoeConfig for an MoE model) describing the same network.
+    BOS and EOS are our end-of-document id."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
+
+    architecture = config.architecture
+    common = dict(bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
+                  vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+                  num_attention_heads=config.num_attention_heads,
+                  num_key_value_heads=architecture.query_groups(config.num_attention_heads), head_dim=config.head_dim,
+                  max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
+                  rope_parameters=rope_parameters(config), hidden_act="silu",
+                  tie_word_embeddings=not config.untie_embeddings_and_output_weights,
+                  attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+    if is_apertus(config):
+        from transformers import ApertusConfig
+
+        return ApertusConfig(**{key: value for key, value in common.items() if key not in ("head_dim", "hidden_act")},
+                             intermediate_size=config.ffn_size, hidden_act="xielu", attention_bias=False)
+    moe = config.moe
+    if moe_family(config) == MIXTRAL_TYPE:
+        return MixtralConfig(**common, intermediate_size=moe.ffn_hidden_size, num_local_experts=moe.num_experts,
+                             num_experts_per_tok=moe.router_topk, router_jitter_noise=0.0, sliding_window=None,
+                             router_aux_loss_coef=moe.aux_loss_coeff)
+    if moe_family(config) == QWEN2_MOE_TYPE:
+        return Qwen2MoeConfig(**common, intermediate_size=config.ffn_size, moe_intermediate_size=moe.ffn_hidden_size,
+                              shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
+                              num_experts=moe.num_experts, num_experts_per_tok=moe.router_topk,
+                              norm_topk_prob=not moe.router_pre_softmax, qkv_bias=architecture.qkv_bias,
+                              decoder_sparse_step=1, use_sliding_window=False, router_aux_loss_coef=moe.aux_loss_coeff,
+                              mlp_only_layers=[i for i, is_moe in enumerate(config.moe_layers()) if not is_moe])
+    return LlamaConfig(
+        bos_token_id=eod_token_id, eos_token_id=eod_token_id, pad_token_id=None,
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.ffn_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=architecture.query_groups(config.num_attention_heads), head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.layernorm_epsilon,
+        rope_parameters=rope_parameters(config), hidden_act="silu",
+        tie_word_embeddings=not config.untie_embeddings_and_output_weights,
+        attention_bias=config.add_bias_linear, mlp_bias=config.add_bias_linear,
+        attention_dropout=config.attention_dropout, initializer_range=config.init_method_std)
+
+
+# ---- weights ------------------------------------------------------------------------------------
+
+def canonical_names(tensors: dict[str, torch.Tensor], family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
+    """Names as LlamaForCausalLM has them: a LlamaModel's file lacks the `model.` prefix; saved rotary
+    buffers are dropped."""
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith(BUFFER_SUFFIXES):
+            continue
+        if not name.startswith(("model.", "lm_head.")):
+            name = "model." + name
+        out.update(_per_expert(name, tensor, family) if family in MOE_TYPES else {name: tensor})
+    return out
+
+
+def _per_expert(name: str, tensor: torch.Tensor, family: str) -> dict[str, torch.Tensor]:
+    """transformers 5 keeps the experts fused in memory (mlp.experts.gate_up_proj [E, 2 x ffn, h], gate rows
+    first; mlp.experts.down_proj [E, h, ffn]) and saves them per expert under the older names - a Mixtral's
+    block_sparse_moe.experts.<e>.w1 (gate), w3 (up), w2 (down) and block_sparse_moe.gate (the router), a
+    Qwen2-MoE's mlp.experts.<e>.gate_proj, up_proj, down_proj: a fused file is read as those."""
+    layer, _, rest = name.partition(".mlp.")
+    mixtral = family == MIXTRAL_TYPE
+    experts = f"{layer}.block_sparse_moe.experts" if mixtral else f"{layer}.mlp.experts"
+    gate_name, up_name, down_name = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    if mixtral and rest == "gate.weight":
+        return {f"{layer}.block_sparse_moe.gate.weight": tensor}
+    if rest == "experts.gate_up_proj":
+        gate, up = tensor.chunk(2, dim=1)
+        return {f"{experts}.{e}.{w}.weight": part[e]
+                for e in range(tensor.shape[0]) for w, part in ((gate_name, gate), (up_name, up))}
+    if rest == "experts.down_proj":
+        return {f"{experts}.{e}.{down_name}.weight": tensor[e] for e in range(tensor.shape[0])}
+    return {name: tensor}
+
+
+# (our name inside a block, transformers' name inside a layer) for the tensors that move as they are.
+_SAME = (("input_layernorm.weight", "input_layernorm.weight"),
+         ("post_attention_layernorm.weight", "post_attention_layernorm.weight"),
+         ("attention.dense.weight", "self_attn.o_proj.weight"), ("attention.dense.bias", "self_attn.o_proj.bias"),
+         ("mlp.dense_h_to_4h_gate.weight", "mlp.gate_proj.weight"), ("mlp.dense_h_to_4h_gate.bias", "mlp.gate_proj.bias"),
+         ("mlp.dense_h_to_4h_up.weight", "mlp.up_proj.weight"), ("mlp.dense_h_to_4h_up.bias", "mlp.up_proj.bias"),
+         ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"), ("mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"))
+
+
+# An ApertusForCausalLM layer's names (transformers' modeling_apertus.py ApertusDecoderLayer, ApertusMLP,
+# ApertusAttention) for ours; no biases (apertus_needs).
+_APERTUS_SAME = (("input_layernorm.weight", "attention_layernorm.weight"),
+                 ("post_attention_layernorm.weight", "feedforward_layernorm.weight"),
+                 ("attention.q_layernorm.weight", "self_attn.q_norm.weight"),
+                 ("attention.k_layernorm.weight", "self_attn.k_norm.weight"),
+                 ("attention.dense.weight", "self_attn.o_proj.weight"),
+                 ("mlp.dense_h_to_4h.weight", "mlp.up_proj.weight"), ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"),
+                 ("mlp.activation_func.alpha_p", "mlp.act_fn.alpha_p"),
+                 ("mlp.activation_func.alpha_n", "mlp.act_fn.alpha_n"))
+
+
+def _kinds(config: ModelConfig) -> tuple[str, ...]:
+    return ("weight", "bias") if config.add_bias_linear else ("weight",)
+
+
+def ends_to_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A Llama-shaped model's tensors outside its layers under transformers' names: the embedding (our padding rows
+    cut), the final norm and an untied output layer (a tied model has no lm_head)."""
+    vocab = config.vocab_size
+    out = {"model.embed_tokens.weight": state["word_embeddings.weight"][:vocab],
+           "model.norm.weight": state["final_layernorm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = state["output_layer.weight"][:vocab]
+    return out
+
+
+def ends_from_hf(hf_state: dict[str, torch.Tensor], config: ModelConfig, padded_vocab_size: int
+                 ) -> dict[str, torch.Tensor]:
+    """The inverse of `ends_to_hf`: the vocabulary's padding rows are zeros (as our initial values leave them)."""
+    out = {"word_embeddings.weight": padded_rows(hf_state["model.embed_tokens.weight"], padded_vocab_size),
+           "final_layernorm.weight": hf_state["model.norm.weight"]}
+    if config.untie_embeddings_and_output_weights:
+        out["output_layer.weight"] = padded_rows(hf_state["lm_head.weight"], padded_vocab_size)
+    return out
+
+
+def to_llama_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our whole (TP 1 layout) state dict under LlamaForCausalLM's names; a tied model has no lm_head."""
+    check_llama_shaped(config, "the Hugging Face export")
+    out = ends_to_hf(state_dict, config)
+    for i in range(config.num_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        if is_apertus(config):
+            out.update({theirs + their_name: state_dict[ours + our_name] for our_name, their_name in _APERTUS_SAME})
+            # XIELUActivation's buffers: beta and eps, in our values (gpt/xielu.py: eps is the fork's bf16 -1e-6)
+            out[theirs + "mlp.act_fn.beta"] = torch.tensor(XIELU_BETA)
+            out[theirs + "mlp.act_fn.eps"] = torch.tensor(XIELU_EPS)
+        for kind in _qkv_kinds(config):
+            q, k, v = split_qkv(state_dict[ours + "attention.query_key_value." + kind], config)
+            out.update({theirs + f"self_attn.{p}_proj." + kind: part for p, part in zip("qkv", (q, k, v))})
+        for our_name, their_name in _SAME if not is_apertus(config) else ():
+            if config.moe_layers()[i] and our_name.startswith("mlp."):
+                continue
+            if our_name.endswith("weight") or config.add_bias_linear:
+                out[theirs + their_name] = state_dict[ours + our_name]
+        if config.moe_layers()[i]:
+            out.update({theirs + their_name: state_dict[ours + our_name]
+                        for our_name, their_name in _moe_names(config, moe_family(config))})
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def from_llama_state_dict(hf_state: dict[str, torch.Tensor], config: ModelConfig,
+                          padded_vocab_size: int, family: str = MODEL_TYPE) -> dict[str, torch.Tensor]:
+    """The inverse of `to_llama_state_dict`; padding rows of the vocabulary are zeros (as our initial
+    values leave them)."""
+    out = ends_from_hf(hf_state, config, padded_vocab_size)
+    for i in range(config.num_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        if is_apertus(config):
+            _check_xielu_constants(hf_state, theirs)
+            out.update({ours + our_name: hf_state[theirs + their_name] for our_name, their_name in _APERTUS_SAME})
+        for kind in _qkv_kinds(config):
+            out[ours + "attention.query_key_value." + kind] = fused_qkv(
+                *(hf_state[theirs + f"self_attn.{p}_proj." + kind] for p in "qkv"), config)
+        for our_name, their_name in _SAME if not is_apertus(config) else ():
+            if config.moe_layers()[i] and our_name.startswith("mlp."):
+                continue
+            if our_name.endswith("weight") or config.add_bias_linear:
+                out[ours + our_name] = hf_state[theirs + their_name]
+        if config.moe_layers()[i]:  # with expert parallelism a rank read only its own experts (hf.expert_filter)
+            out.update({ours + our_name: hf_state[theirs + their_name]
+                        for our_name, their_name in _moe_names(config, family) if theirs + their_name in hf_state})
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def padded_rows(tensor: torch.Tensor, padded_vocab_size: int) -> torch.Tensor:
+    """A vocabulary's rows with zero rows after them up to our padded size (as our initial values leave them)."""
+    return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
+
+
+def split_qkv(qkv: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our fused QKV weight (or bias) as transformers' q_proj, k_proj and v_proj (the module docstring's layout)."""
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, rest = heads // groups, qkv.shape[1:]
+    qkv = qkv.reshape(groups, per_group + 2, d, *rest)
+    return (qkv[:, :per_group].reshape(heads * d, *rest), qkv[:, per_group].reshape(groups * d, *rest),
+            qkv[:, per_group + 1].reshape(groups * d, *rest))
+
+
+def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """The inverse of `split_qkv`."""
+    heads, groups, d = config.num_attention_heads, config.architecture.query_groups(config.num_attention_heads), \
+        config.head_dim
+    per_group, rest = heads // groups, q.shape[1:]
+    fused = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
+                       v.reshape(groups, 1, d, *rest)], dim=1)
+    return fused.reshape(-1, *rest)
+
+
+def _check_xielu_constants(hf_state: dict[str, torch.Tensor], layer: str) -> None:
+    """XIELUActivation's beta and eps buffers: ours are fixed (gpt/xielu.py: 0.5 and the fork's bf16 -1e-6), so a
+    folder with others describes another function (eps compared at bf16's precision: transformers keeps it in the
+    model's dtype)."""
+    for name, ours in (("beta", XIELU_BETA), ("eps", XIELU_EPS)):
+        tensor = hf_state.get(f"{layer}mlp.act_fn.{name}")
+        if tensor is not None and abs(float(tensor) - ours) > abs(ours) * 2 ** -8:
+            raise ConfigError(f"{layer}mlp.act_fn.{name} is {float(tensor)!r}: xIELU's {name} is {ours!r} here "
+                              f"(swiss-ai's Megatron-LM fork fixes it)")
+
+
+def _qkv_kinds(config: ModelConfig) -> tuple[str, ...]:
+    """q, k and v have biases with --add-bias-linear, or alone with --add-qkv-bias (Qwen2)."""
+    return ("weight", "bias") if config.architecture.qkv_bias else ("weight",)
+
+
+def _moe_names(config: ModelConfig, family: str) -> list[tuple[str, str]]:
+    if family == QWEN2_MOE_TYPE:
+        return _qwen2_moe_names(config.moe.num_experts)
+    return _mixtral_names(config.moe.num_experts)
+
+
+def _qwen2_moe_names(num_experts: int) -> list[tuple[str, str]]:
+    """(our name inside a block, a Qwen2-MoE layer's): the router, each expert's and the shared expert's SwiGLU
+    weights, and the shared expert's gate."""
+    projections = (("dense_h_to_4h_gate", "gate_proj"), ("dense_h_to_4h_up", "up_proj"), ("dense_4h_to_h", "down_proj"))
+    names = [("mlp.router.weight", "mlp.gate.weight"), ("mlp.shared_experts.gate_weight", "mlp.shared_expert_gate.weight")]
+    names += [(f"mlp.shared_experts.{ours}.weight", f"mlp.shared_expert.{theirs}.weight") for ours, theirs in projections]
+    for e in range(num_experts):
+        names += [(f"mlp.experts.{e}.{ours}.weight", f"mlp.experts.{e}.{theirs}.weight") for ours, theirs in projections]
+    return names
+
+
+def _mixtral_names(num_experts: int) -> list[tuple[str, str]]:
+    """(our name inside a block, a Mixtral layer's) for the router and each expert's SwiGLU weights."""
+    names = [("mlp.router.weight", "block_sparse_moe.gate.weight")]
+    for e in range(num_experts):
+        names += [(f"mlp.experts.{e}.dense_h_to_4h_gate.weight", f"block_sparse_moe.experts.{e}.w1.weight"),
+                  (f"mlp.experts.{e}.dense_h_to_4h_up.weight", f"block_sparse_moe.experts.{e}.w3.weight"),
+                  (f"mlp.experts.{e}.dense_4h_to_h.weight", f"block_sparse_moe.experts.{e}.w2.weight")]
+    return names
+
+
+def llama_tensor_shapes(config: ModelConfig, family: str = MODEL_TYPE) -> dict[str, tuple[int, ...]]:
+    """The shape of every LlamaForCausalLM weight for `config` (lm_head only when untied)."""
+    h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
+    q_rows, kv_rows = config.num_attention_heads * d, config.architecture.query_groups(config.num_attention_heads) * d
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    if config.untie_embeddings_and_output_weights:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    bias = config.add_bias_linear
+    if is_apertus(config):
+        return {**shapes, **_apertus_shapes(config, q_rows, kv_rows)}
+    for i in range(config.num_layers):
+        layer = f"model.layers.{i}."
+        mlp = (("mlp.gate_proj", (ffn, h), ffn), ("mlp.up_proj", (ffn, h), ffn), ("mlp.down_proj", (h, ffn), h))
+        if config.moe_layers()[i]:
+            mlp = ()
+            shapes.update(_moe_shapes(config, family, layer))
+        for name, shape, bias_rows in (("self_attn.q_proj", (q_rows, h), q_rows), ("self_attn.k_proj", (kv_rows, h), kv_rows),
+                                       ("self_attn.v_proj", (kv_rows, h), kv_rows), ("self_attn.o_proj", (h, q_rows), h),
+                                       *mlp):
+            shapes[layer + name + ".weight"] = shape
+            if bias or (config.architecture.qkv_bias and name in ("self_attn.q_proj", "self_attn.k_proj",
+                                                                  "self_attn.v_proj")):
+                shapes[layer + name + ".bias"] = (bias_rows,)
+        shapes[layer + "input_layernorm.weight"] = (h,)
+        shapes[layer + "post_attention_layernorm.weight"] = (h,)
+    return shapes
+
+
+def _apertus_shapes(config: ModelConfig, q_rows: int, kv_rows: int) -> dict[str, tuple[int, ...]]:
+    """An ApertusForCausalLM's layers (no biases), with XIELUActivation's two scalars and two buffers."""
+    h, ffn, d = config.hidden_size, config.ffn_size, config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(config.num_layers):
+        layer = f"model.layers.{i}."
+        shapes.update({layer + name: shape for name, shape in (
+            ("self_attn.q_proj.weight", (q_rows, h)), ("self_attn.k_proj.weight", (kv_rows, h)),
+            ("self_attn.v_proj.weight", (kv_rows, h)), ("self_attn.o_proj.weight", (h, q_rows)),
+            ("self_attn.q_norm.weight", (d,)), ("self_attn.k_norm.weight", (d,)),
+            ("attention_layernorm.weight", (h,)), ("feedforward_layernorm.weight", (h,)),
+            ("mlp.up_proj.weight", (ffn, h)), ("mlp.down_proj.weight", (h, ffn)),
+            ("mlp.act_fn.alpha_p", (1,)), ("mlp.act_fn.alpha_n", (1,)), ("mlp.act_fn.beta", ()),
+            ("mlp.act_fn.eps", ()))})
+    return shapes
+
+
+def _moe_shapes(config: ModelConfig, family: str, layer: str) -> dict[str, tuple[int, ...]]:
+    """One MoE layer's weights as a Mixtral or Qwen2-MoE folder holds them."""
+    h, experts, ffn = config.hidden_size, config.moe.num_experts, config.moe.ffn_hidden_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    if family == QWEN2_MOE_TYPE:
+        shared = config.moe.shared_expert_intermediate_size
+        shapes[layer + "mlp.gate.weight"] = (experts, h)
+        shapes[layer + "mlp.shared_expert_gate.weight"] = (1, h)
+        for prefix, width in ([("mlp.shared_expert.", shared)] + [(f"mlp.experts.{e}.", ffn) for e in range(experts)]):
+            shapes.update({layer + prefix + "gate_proj.weight": (width, h), layer + prefix + "up_proj.weight": (width, h),
+                           layer + prefix + "down_proj.weight": (h, width)})
+        return shapes
+    shapes[layer + "block_sparse_moe.gate.weight"] = (experts, h)
+    for e in range(experts):
+        for w, shape in (("w1", (ffn, h)), ("w3", (ffn, h)), ("w2", (h, ffn))):
+            shapes[f"{layer}block_sparse_moe.experts.{e}.{w}.weight"] = shape
+    return shapes

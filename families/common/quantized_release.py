@@ -1,0 +1,21 @@
+"""A released config.json's quantization_config (GPT-OSS's MXFP4 experts, DeepSeek-V3's fp8 blocks): it says how the
+release stores its weights, not what the model computes. transformers trains such a release only dequantized
+(Mxfp4HfQuantizer.is_trainable is False and asks for Mxfp4Config(dequantize=True)), and a dequantized load drops
+the block (quantizers/base.py: `if self.pre_quantized and quantization_config.dequantize:
+remove_quantization_config(model)`), leaving the plain bf16 model of the same shapes. That model is the one
+--init-from-hf builds; quantized weights themselves are refused where they are read (families/common/layout.py
+canonical_names). So the block is accepted and named in one start-up line, not silently passed over."""
+
+from __future__ import annotations
+
+
+def quantization_note(path, quantization_config, class_name: str) -> tuple[str, ...]:
+    """The start-up line for a config.json's quantization_config (none when the file has none)."""
+    if quantization_config is None:
+        return ()
+    method = quantization_config.get("quant_method")
+    kept = quantization_config.get("modules_to_not_convert")
+    unquantized = f"; modules_to_not_convert: {', '.join(map(str, kept))}" if isinstance(kept, list) and kept else ""
+    return (f"> {path}: quantization_config quant_method {method!r} is how the release stores its weights"
+            f"{unquantized}; the run is the unquantized {class_name} transformers trains after dequantizing them "
+            f"(it then drops the block), and --init-from-hf reads bf16/fp16/fp32 weights only",)

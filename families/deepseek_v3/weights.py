@@ -1,0 +1,98 @@
+"""DeepSeek-V3's weights (transformers' DeepseekV3ForCausalLM; families/deepseek_v3/config.py reads its
+config.json): multi-latent attention's projections and latent norms under their names (gpt/mla.py lays out the
+heads as DeepseekV3Attention does: each query/key head [nope, rope], each kv_b_proj head [k_nope, v], the positional
+key after the latent in kv_a_proj_with_mqa), then mlp.gate with its e_score_correction_bias (our router's expert
+bias), mlp.experts.<e>.{gate,up,down}_proj and mlp.shared_experts; dense MLPs in the first layers."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from families.common.export_config import common_fields
+from families.common.layout import (
+    FamilyWeights,
+    attention_names,
+    by_layer_names,
+    first_dense_count,
+    first_dense_misfits,
+    layer_mlp_names,
+    llama_block_misfits,
+    needs,
+)
+from gpt.model_config import ModelConfig
+
+MODEL_TYPE, ARCHITECTURE = "deepseek_v3", "DeepseekV3ForCausalLM"
+MLA_NAMES = (("attention.linear_q_down_proj.weight", "self_attn.q_a_proj.weight"),
+             ("attention.q_layernorm.weight", "self_attn.q_a_layernorm.weight"),
+             ("attention.linear_q_up_proj.weight", "self_attn.q_b_proj.weight"),
+             ("attention.linear_kv_down_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+             ("attention.kv_layernorm.weight", "self_attn.kv_a_layernorm.weight"),
+             ("attention.linear_kv_up_proj.weight", "self_attn.kv_b_proj.weight"),
+             ("attention.linear_proj.weight", "self_attn.o_proj.weight"))
+LATENT_NORM_EPS = 1e-6  # DeepseekV3RMSNorm's default, at which its latent norms run
+
+
+def claims(config: ModelConfig) -> bool:
+    return config.moe is not None and config.multi_latent_attention
+
+
+def misfits(config: ModelConfig) -> list[str]:
+    moe = config.moe
+    found = llama_block_misfits(config) + first_dense_misfits(config) + needs(config, {
+        "swiglu": True, "qk_layernorm": True, "add_bias_linear": False, "multi_latent_attention": True,
+        "q_lora_rank": (lambda v: v is not None, "--q-lora-rank"),
+        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+        "moe_shared_expert_gate": False, "window_size": None,
+        "layernorm_epsilon": (lambda v: v == LATENT_NORM_EPS, f"--norm-epsilon {LATENT_NORM_EPS} (DeepseekV3's "
+                                                              f"latent norms run at it)")})
+    if moe.router_topk == 1:
+        found.append("--moe-router-topk above 1 (DeepseekV3's norm_topk_prob renormalizes one expert's score to 1)")
+    group_topk = moe.router_group_topk
+    if group_topk and moe.router_topk // group_topk != 2:
+        found.append("--moe-router-topk / --moe-router-group-topk 2 (DeepseekV3 scores a group by its 2 best experts)")
+    return found
+
+
+def hf_config(config: ModelConfig, eod_token_id: Optional[int] = None):
+    from transformers import DeepseekV3Config
+
+    moe, shared = config.moe, config.moe.shared_expert_intermediate_size
+    if shared is not None and shared % moe.ffn_hidden_size:
+        from base.errors import ConfigError
+
+        raise ConfigError(f"--moe-shared-expert-intermediate-size {shared} is not a multiple of the experts' "
+                          f"{moe.ffn_hidden_size}: DeepseekV3Config gives the shared expert n_shared_experts x "
+                          f"moe_intermediate_size", flags=("--moe-shared-expert-intermediate-size",))
+    fields = common_fields(config, eod_token_id)
+    fields["num_key_value_heads"] = config.num_attention_heads
+    fields["rope_parameters"] = _rope(config)
+    return DeepseekV3Config(**fields, intermediate_size=config.ffn_size, moe_intermediate_size=moe.ffn_hidden_size,
+                            n_routed_experts=moe.num_experts, n_shared_experts=(shared or 0) // moe.ffn_hidden_size,
+                            num_experts_per_tok=moe.router_topk, n_group=moe.router_num_groups or 1,
+                            topk_group=moe.router_group_topk or 1,
+                            routed_scaling_factor=moe.router_topk_scaling_factor or 1.0, norm_topk_prob=True,
+                            first_k_dense_replace=first_dense_count(config), q_lora_rank=config.q_lora_rank,
+                            kv_lora_rank=config.kv_lora_rank, qk_nope_head_dim=config.qk_head_dim,
+                            qk_rope_head_dim=config.qk_pos_emb_head_dim, v_head_dim=config.v_head_dim,
+                            rope_interleave=True, attention_bias=False, num_nextn_predict_layers=0)
+
+
+def _rope(config: ModelConfig) -> dict:
+    """gpt/mla.py's rotary positions: plain (--rope-type rope) or MLA's YaRN with its fixed betas and original length."""
+    if config.rope_type == "rope" or config.rotary_scaling_factor == 1.0:
+        return {"rope_type": "default", "rope_theta": config.rotary_base}
+    from gpt.mla import MLA_YARN_BETA_FAST, MLA_YARN_BETA_SLOW, MLA_YARN_ORIGINAL_MAX_POSITIONS
+
+    return {"rope_type": "yarn", "rope_theta": config.rotary_base, "factor": config.rotary_scaling_factor,
+            "mscale": config.mscale, "mscale_all_dim": config.mscale_all_dim, "beta_fast": MLA_YARN_BETA_FAST,
+            "beta_slow": MLA_YARN_BETA_SLOW, "original_max_position_embeddings": MLA_YARN_ORIGINAL_MAX_POSITIONS}
+
+
+def _layer_names(config: ModelConfig, layer: int) -> list[tuple[str, str]]:
+    return attention_names(config)[:2] + list(MLA_NAMES) + layer_mlp_names(config, layer)
+
+
+to_hf, from_hf = by_layer_names(_layer_names, fused_qkv_names=False)
+
+
+WEIGHTS = FamilyWeights(MODEL_TYPE, ARCHITECTURE, claims, misfits, hf_config, to_hf, from_hf)

@@ -1,0 +1,6 @@
+"""GPT-OSS: an MoE family (config.py: its config.json fields, rules and settings; weights.py: its weights)."""
+
+from families.common.family import Family
+from families.gpt_oss import config, weights
+
+FAMILY = Family(claim_order=10, readers=(config.READER,), weights=weights.WEIGHTS)

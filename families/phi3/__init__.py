@@ -1,0 +1,7 @@
+"""Phi-3: a dense family (config.py: its config.json fields, settings, export and weight names; its weights
+move through families/common/dense_weights.py)."""
+
+from families.common.family import Family
+from families.phi3 import config
+
+FAMILY = Family(claim_order=170, dense=(config.FAMILY,))
