@@ -17,12 +17,18 @@ from pathlib import Path
 
 from base.errors import CheckpointError
 from checkpoint.format import resolve_checkpoint
-from checkpoint.formats import MEGATRON, ZERO_GPT, format_of, locate
+from checkpoint.formats import MEGATRON, ZERO_GPT, CheckpointFormat, format_of, locate
 
 
-def tool_checkpoint(checkpoint: str | os.PathLike, tool: str, reads_megatron: bool = False) -> Path:
-    """`resolve_checkpoint` for a tool: the iteration directory of this project's format (module docstring), or of
-    Megatron-LM's torch_dist where the tool reads that too (`reads_megatron`: scripts/convert_to_hf.py, through
+def tool_checkpoint(checkpoint: str | os.PathLike, tool: str) -> Path:
+    """`resolve_checkpoint` for a tool that reads this project's format alone (module docstring)."""
+    return tool_checkpoint_and_format(checkpoint, tool)[0]
+
+
+def tool_checkpoint_and_format(checkpoint: str | os.PathLike, tool: str, reads_megatron: bool = False
+                               ) -> tuple[Path, CheckpointFormat]:
+    """`resolve_checkpoint` for a tool, and the format it found: this project's (module docstring), or Megatron-LM's
+    torch_dist where the tool reads that too (`reads_megatron`: scripts/convert_to_hf.py, through
     checkpoint/megatron_hf.py)."""
     how = (f"pretrain_gpt.py --load reads it: resume it with the same flags and a --save (this project's format, "
            f"no --ckpt-format torch_dist) and give {tool} that folder")
@@ -35,4 +41,4 @@ def tool_checkpoint(checkpoint: str | os.PathLike, tool: str, reads_megatron: bo
     fmt = format_of(iteration_dir)
     if fmt is not ZERO_GPT and not (fmt is MEGATRON and reads_megatron):
         raise CheckpointError(f"{iteration_dir} is {fmt.name} checkpoint, which {tool} does not read; {how}")
-    return iteration_dir
+    return iteration_dir, fmt

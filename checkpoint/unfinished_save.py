@@ -72,8 +72,8 @@ def needs_finishing(load: Optional[str], save: Optional[str]) -> bool:
     return same_directory(load, save) and len(_unnamed(Path(save))) == 1
 
 
-def _verify(candidate: Path) -> None:
-    if format_of(candidate) is MEGATRON:
+def _verify(candidate: Path, megatron: bool) -> None:
+    if megatron:
         from checkpoint.torch_dist.resume import verify_megatron_completely  # DCP: imported only where needed
 
         verify_megatron_completely(candidate)
@@ -87,7 +87,7 @@ def finish_unfinished_save(save_dir: Path, log: Callable[[str], None]) -> Option
     for candidate in _unnamed(save_dir):
         megatron = format_of(candidate) is MEGATRON
         try:
-            _verify(candidate)
+            _verify(candidate, megatron)
         except (CheckpointError, OSError) as error:
             aside = candidate.with_name(f"{candidate.name}{UNVERIFIED_SUFFIX}{time.strftime('%Y%m%d-%H%M%S')}")
             candidate.rename(aside)

@@ -32,12 +32,12 @@ import torch  # noqa: E402  (the imports below need the path above)
 
 from base.errors import ConfigError, OneLineArgumentParser, run_tool  # noqa: E402
 from checkpoint.format import read_metadata  # noqa: E402
-from checkpoint.formats import MEGATRON, format_of  # noqa: E402
+from checkpoint.formats import MEGATRON  # noqa: E402
 from checkpoint.hf.folders import check_output_folder, checkpoint_to_hf_state, class_of, write_hf_folder  # noqa: E402
 from checkpoint.inside import inside  # noqa: E402
 from checkpoint.integrity import verify_or_raise  # noqa: E402
 from checkpoint.output_paths import prepare_output_directory, refuse_inside_checkpoint  # noqa: E402
-from checkpoint.tool_input import tool_checkpoint  # noqa: E402
+from checkpoint.tool_input import tool_checkpoint_and_format  # noqa: E402
 from checkpoint.torch_dist.common import load_common, saved_args  # noqa: E402
 from zero.optimizer import PRECISION_DTYPES  # noqa: E402
 
@@ -57,12 +57,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def convert(checkpoint: str, out_dir: str, dtype: torch.dtype, overwrite: bool, verify: bool = True) -> None:
     started = time.perf_counter()
-    iteration_dir = tool_checkpoint(checkpoint, "scripts/convert_to_hf.py", reads_megatron=True)
+    iteration_dir, fmt = tool_checkpoint_and_format(checkpoint, "scripts/convert_to_hf.py", reads_megatron=True)
     if Path(out_dir).resolve() in (iteration_dir.resolve(), *iteration_dir.resolve().parents):
         # Replacing OUT_DIR would delete the checkpoint being converted.
         raise ConfigError(f"{out_dir} holds the checkpoint {iteration_dir}; write the folder somewhere else")
     refuse_inside_checkpoint(out_dir, "OUT_DIR", include_self=True)
-    if format_of(iteration_dir) is MEGATRON:
+    if fmt is MEGATRON:
         tokenizer_dir = None  # Megatron-LM saves none
         check_output_folder(Path(out_dir), overwrite, tokenizer_dir)
         prepare_output_directory(Path(os.path.abspath(out_dir)).parent, "OUT_DIR's parent")
