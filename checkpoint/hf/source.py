@@ -11,10 +11,11 @@ splits, reorders and transposes rows (fused q/k/v by group or by head, [gate; up
 its output's ids name the folder row of each of our rows. The vocabulary's padding rows (id 0) are this run's own,
 zeros as built. The norms' gain shift (--apply-layernorm-1p) is elementwise and is applied to what is read.
 
-Families whose conversion is more than moving rows (the MoE families of families/ with their stacked,
-interleaved or quantized experts, a Mixtral or Qwen2-MoE file with fused experts, Apertus's xIELU constants checked
-by value) and pickle folders (no offsets) are read as before, the whole folder but for other ranks' experts
-(checkpoint/hf/folders.py's `read_whole_folder`), and served from memory: the load path is the same.
+The MoE families of families/ load the same way where their files keep one tensor per expert; the routers' expert
+bias (not a parameter) is served apart, whole. Files whose conversion is more than moving rows (fused experts:
+GPT-OSS's, or any family's saved as transformers 5 holds them; Apertus's xIELU constants checked by value) and pickle
+folders (no offsets) are read whole but for other ranks' experts (checkpoint/hf/folders.py's `read_whole_folder`),
+and served from memory: the load path is the same. Quantized weights are refused in one line either way.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from checkpoint.hf import folders as hf
 from checkpoint.hf.config_check import check_llama_hf_config
 from families.common import dense_weights as hf_dense
 from families.common import llama_shaped as hf_llama
-from families.common.layout import EXPERT_BIAS
+from families.common.layout import EXPERT_BIAS, canonical_names, tensor_shapes
 from families.registry import family_weights, llama_families
 from parallel.sharding import record_of
 from parallel.state import ParallelState
@@ -192,7 +193,14 @@ class HFSource:
         return (MODEL_KEY,)
 
     def tensors(self, key: str) -> dict[str, GlobalTensorInfo]:
-        return {name: GlobalTensorInfo(shape, self._dtypes[name]) for name, (_, shape) in self._runs.items()}
+        return {name: GlobalTensorInfo(shape, self._dtypes[name]) for name, (_, shape) in self._runs.items()
+                if not name.endswith(EXPERT_BIAS)}
+
+    def expert_biases(self) -> Optional[dict[str, list]]:
+        """DeepSeek-V3's and GLM-4.5's e_score_correction_bias: the routers' expert bias, not a parameter, read whole
+        by every rank (one value per expert)."""
+        return {name: self.read(MODEL_KEY, name, (slice(0, shape[0]),)).tolist()
+                for name, (_, shape) in self._runs.items() if name.endswith(EXPERT_BIAS)} or None
 
     def whole(self) -> dict[str, torch.Tensor]:
         """Every tensor read whole (the vocabulary's padding rows zeros), as `load_hf_weights` gives them."""
@@ -294,24 +302,30 @@ def open_hf_source(hf_dir: str | os.PathLike, model_config: ModelConfig, state: 
         stored.update(tensors)
         header_bytes += size
     llama = (hf_llama.MODEL_TYPE, *hf_llama.MOE_TYPES)
-    # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest); a
-    # Mixtral's or Qwen2-MoE's experts saved fused (one tensor for all) are split in memory
-    # (families/common/llama_shaped.py's canonical_names)
-    by_offset = files is not None and config.family not in family_weights() and \
-        (family is not None or config.family in llama or config.family not in llama_families()) and \
-        not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)
+    moe = family_weights().get(config.family)
+    # GPT-2 is every model_type the others do not claim (checkpoint/hf/folders.py's check_hf_config refuses the rest);
+    # experts saved fused (one tensor for all: a Mixtral's, a Qwen2-MoE's, an MoE family's in transformers 5's layout,
+    # GPT-OSS's always) are split in memory (families/common/llama_shaped.py's and layout.py's canonical_names)
+    by_offset = files is not None and (moe is None or moe.unpack is None) and \
+        (moe is not None or family is not None or config.family in llama or config.family not in llama_families()) \
+        and not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in stored)
     if not by_offset:
         return WholeFolderSource(hf_dir, hf.read_whole_folder(hf_dir, model_config, state, held_experts))
     padded_vocab = model_config.padded_vocab_size(state.tensor_parallel_size)
     transposed: set[str] = set()
-    if family is not None or config.family in llama:
+    embedding, tied = "model.embed_tokens.weight", not model_config.untie_embeddings_and_output_weights
+    if moe is not None:  # a name-only pass too (quantized weights refused in one line, MTP layers dropped)
+        stored = canonical_names(stored, config.num_layers)
+        check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
+        shapes = tensor_shapes(moe, model_config)
+        convert = lambda ids: moe.from_hf(ids, model_config, padded_vocab)  # noqa: E731
+    elif family is not None or config.family in llama:
         # the canonical names are a name-only pass: it keeps the values it is given
         stored = hf_dense.canonical_names(stored, family) if family is not None else \
             hf_llama.canonical_names(stored, config.family)
         check_llama_hf_config(config.fields, model_config, hf_dir / CONFIG_FILE)
         shapes = hf_dense.tensor_shapes(model_config, family) if family is not None else \
             hf_llama.llama_tensor_shapes(model_config, config.family)
-        embedding, tied = "model.embed_tokens.weight", not model_config.untie_embeddings_and_output_weights
         convert = (lambda ids: hf_dense.from_hf(ids, model_config, padded_vocab, family)) if family is not None else \
             (lambda ids: hf_llama.from_llama_state_dict(ids, model_config, padded_vocab, config.family))
     else:

@@ -2,8 +2,9 @@
 
 - Any region of any tensor of a GPT-2 (Conv1D transposes, per-head q/k/v), a Llama (GQA, tied, biases; also with
   --apply-layernorm-1p's gain shift), a Phi-3 (fused qkv_proj and gate_up_proj), a Mixtral and a Qwen2-MoE folder
-  (experts, routers, a gated shared expert) reads the values the whole-folder conversion gives, bit for bit, and
-  exactly that region's bytes.
+  (experts, routers, a gated shared expert), and the MoE families of families/ whose files keep an expert a tensor
+  (Qwen3-MoE, DeepSeek-V3 with MLA, OLMoE, GLM-4.5; the routers' expert bias served apart, whole) reads the values
+  the whole-folder conversion gives, bit for bit, and exactly that region's bytes.
 - A tiny random Llama folder loaded at TP 2 x PP 2 on 4 gloo ranks: each rank reads at most its own shard's bytes
   plus 10% (the safetensors headers, which every rank reads, included), the figures the load's start-up line
   states; three iterations from it log the one-rank run's losses and gradient norms to 1e-6 relative (fp32; TP's
@@ -78,6 +79,10 @@ def folder_of(family: str, path: Path) -> Path:
         from tests.checkpoint import test_hf_moe
 
         return getattr(test_hf_moe, f"{family}_folder")(path)
+    if family in MOE_FAMILIES:
+        from tests.checkpoint.moe_family_folders import family_folder
+
+        return family_folder(family, path)
     import transformers
 
     from tests.checkpoint.test_hf_dense_families import COMMON, FAMILIES
@@ -90,12 +95,17 @@ def folder_of(family: str, path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "llama-1p", "phi3", "mixtral", "qwen2_moe"])
+# the MoE families of families/ whose files keep one tensor per expert (GPT-OSS's fused experts are read whole)
+MOE_FAMILIES = ("qwen3_moe", "deepseek_v3", "olmoe", "glm4_moe")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "llama-1p", "phi3", "mixtral", "qwen2_moe", *MOE_FAMILIES])
 def test_a_region_reads_the_whole_folders_values_and_only_its_bytes(tmp_path, family):
     from arguments.parser import parse_config
     from checkpoint.global_state import MODEL_KEY
     from checkpoint.hf.folders import read_whole_folder
     from checkpoint.hf.source import HFSource, open_hf_source
+    from families.common.layout import EXPERT_BIAS
     from parallel.state import ParallelState
     from training.run_settings import resolve_run_settings
 
@@ -108,7 +118,9 @@ def test_a_region_reads_the_whole_folders_values_and_only_its_bytes(tmp_path, fa
     source, whole = open_hf_source(folder, model, cpu), read_whole_folder(folder, model, cpu)
     assert isinstance(source, HFSource)
     infos = source.tensors(MODEL_KEY)
-    assert infos.keys() == whole.keys()
+    biases = {name: tensor.tolist() for name, tensor in whole.items() if name.endswith(EXPERT_BIAS)}
+    assert infos.keys() == whole.keys() - biases.keys()
+    assert source.expert_biases() == (biases or None)  # DeepSeek-V3's and GLM-4.5's e_score_correction_bias
     draw = random.Random(0)
     for name, info in infos.items():
         assert (info.shape, info.dtype) == (tuple(whole[name].shape), whole[name].dtype), name
