@@ -24,6 +24,7 @@ def family_folders() -> set[str]:
     return {path.name for path in FAMILIES_DIR.iterdir() if (path / "__init__.py").is_file()} - registry.SHARED
 
 
+@pytest.mark.smoke
 def test_every_family_folder_is_registered_in_its_claim_order():
     found = registry.registered()
     assert {family.name for family in found} == family_folders()
