@@ -14,6 +14,8 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Iterator, Sequence
 
 import torch
@@ -130,8 +132,24 @@ def die_with_the_rank(rank_pid: int, worker_id: int) -> None:
     # (Ignoring the signals instead would hang the rank's exit: multiprocessing ends its daemonic
     # children with SIGTERM and joins them.)
     os.setpgrp()
+    sys.excepthook = functools.partial(unless_the_rank_is_gone, rank_pid, sys.excepthook)
+    threading.excepthook = functools.partial(unless_the_rank_is_gone, rank_pid, threading.excepthook)
     if not sys.platform.startswith("linux"):
         return
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != rank_pid:  # the rank died before the line above
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+ORPHAN_GRACE_S = 1.0  # how long a worker's thread error waits for the kernel's SIGKILL of a rank that is gone
+
+
+def unless_the_rank_is_gone(rank_pid: int, hook, *args) -> None:
+    """A worker's thread error (multiprocessing's resource sharer serving its rank a tensor's file descriptor),
+    printed by `hook` only while the rank lives. A rank that ends at once (a lost peer's one line, base/errors.py
+    exit_at_once) closes its connections before the kernel's SIGKILL (PR_SET_PDEATHSIG) reaches the worker, whose
+    traceback then followed the rank's last word (CI, a continued stopped rank, 2026-11-26): it waits for that
+    SIGKILL first."""
+    time.sleep(ORPHAN_GRACE_S)
+    if os.getppid() == rank_pid:
+        hook(*args)

@@ -99,3 +99,19 @@ def test_a_daemonic_rank_with_workers_loads_in_process_the_same_batches():
     expected = [batch["tokens"][:, 0].tolist() for batch in build_data_loader(
         CountingDataset(), consumed_samples=0, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=2)]
     assert got == expected == [list(range(start, start + 4)) for start in range(0, 40, 4)]
+
+
+def test_a_workers_thread_error_is_printed_only_while_its_rank_lives(monkeypatch):
+    """A DataLoader worker's thread error (multiprocessing's resource sharer) waits for the SIGKILL of a rank that is
+    gone (data/sampler.py unless_the_rank_is_gone): after a rank's last word (base/errors.py exit_at_once) a worker's
+    traceback must not follow it (CI saw one, 2026-11-26)."""
+    import os
+
+    import data.sampler as sampler
+
+    monkeypatch.setattr(sampler, "ORPHAN_GRACE_S", 0.0)
+    printed = []
+    sampler.unless_the_rank_is_gone(os.getppid(), lambda *args: printed.append(args), "type", "value", "tb")
+    assert printed == [("type", "value", "tb")]  # the rank (the worker's parent) lives: its hook prints
+    sampler.unless_the_rank_is_gone(-1, lambda *args: printed.append(args), 1)
+    assert len(printed) == 1  # the worker's parent is no longer the rank: silent
