@@ -76,7 +76,9 @@ def resident_after_releasing_eight_chunks(mode: str) -> int:
 
 @pytest.mark.skipif(not GLIBC, reason="the dynamic mmap threshold is glibc's")
 def test_released_chunks_are_not_kept_by_the_c_heap():
-    assert resident_after_releasing_eight_chunks("glibc-default") >= 4 * 24  # the failure this fixes
+    # the failure this fixes: the heap keeps released chunks resident (how many varies with where glibc puts the
+    # small allocations between them: 4 or more of the 8 in most runs, 2 in one CI run of 2026-11-26)
+    assert resident_after_releasing_eight_chunks("glibc-default") >= 2 * 24
     assert resident_after_releasing_eight_chunks("fixed") <= 8
 
 
